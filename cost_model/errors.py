@@ -1,0 +1,25 @@
+"""The one exception type a user can cause, shared by every package.
+
+The command line prints a :class:`TunerError` on one line to stderr and exits 2,
+without a traceback (``--debug`` shows it).
+"""
+
+from __future__ import annotations
+
+
+class TunerError(ValueError):
+    """A user input was rejected: the message names the input and what would be accepted."""
+
+
+class InfeasibleLayout(TunerError):
+    """A layout breaks a rule (Megatron validity or memory).
+
+    Attributes:
+        rule_id: short id of the rule, e.g. ``"heads_div_tp"`` or ``"memory"``.
+        reason: one sentence naming the values involved.
+    """
+
+    def __init__(self, rule_id: str, reason: str) -> None:
+        super().__init__(f"[{rule_id}] {reason}")
+        self.rule_id = rule_id
+        self.reason = reason

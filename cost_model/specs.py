@@ -1,0 +1,563 @@
+"""Model, hardware and workload descriptions: the inputs of the cost model.
+
+Everything here is in SI units (bytes, FLOP/s, bytes/s, seconds); only reports
+convert to GiB or TFLOP/s.  Field names follow Megatron-core's
+``TransformerConfig`` spelling where one exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cost_model.errors import TunerError
+
+__all__ = [
+    "Precision",
+    "ModelSpec",
+    "GPUSpec",
+    "Cluster",
+    "Workload",
+    "load_model",
+    "list_models",
+    "load_gpu",
+    "list_gpus",
+    "parse_gpus",
+    "DEFAULT_INTER_NODE_BYTES_PER_S",
+    "DEFAULT_USD_PER_GPU_HOUR",
+]
+
+#: Per-node network bandwidth of the seed's cluster: AWS p5en.48xlarge, 3.2 Tb/s EFA
+#: per node (seeds/001 ``stack.network``) = 400e9 bytes/s.
+DEFAULT_INTER_NODE_BYTES_PER_S = 3.2e12 / 8
+
+#: Price per GPU-hour that the seed implies: $1.08 per 1M tokens at 2,034.42
+#: tokens/s/GPU (seeds/001 ``result``): 1.08 * 2034.42 * 3600 / 1e6 = 7.91 $/GPU-h.
+DEFAULT_USD_PER_GPU_HOUR = round(1.08 * 2034.42 * 3600 / 1e6, 2)
+
+
+class Precision(str, Enum):
+    """Training precision of the GEMMs (weights are kept in bf16 in every case)."""
+
+    bf16 = "bf16"
+    fp8 = "fp8"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# --------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelSpec:
+    """A decoder-only transformer, dense or mixture-of-experts.
+
+    Field names are Megatron-core's (``TransformerConfig``). Built from a Hugging
+    Face ``config.json`` by :func:`load_model`.
+    """
+
+    name: str
+    """Preset name or the path the config was read from."""
+    num_layers: int
+    """Decoder layers (``--num-layers``), MTP layers not included."""
+    hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    """Key/value heads (GQA groups); equals ``num_attention_heads`` for MHA."""
+    kv_channels: int
+    """Head dimension (``--kv-channels``)."""
+    ffn_hidden_size: int
+    """FFN width of the dense layers (0 when every layer is MoE and no dense FFN exists)."""
+    vocab_size: int
+    num_experts: int = 0
+    """Routed experts per MoE layer; 0 for a dense model."""
+    moe_router_topk: int = 0
+    moe_ffn_hidden_size: int = 0
+    moe_shared_expert_intermediate_size: int = 0
+    """Total width of the shared experts of a MoE layer (0: none)."""
+    moe_layer_freq: tuple[int, ...] = ()
+    """One entry per decoder layer: 1 = MoE layer, 0 = dense (Megatron's list form)."""
+    gated_linear_unit: bool = True
+    """SwiGLU-style MLP (3 weight matrices) when True, else 2."""
+    untie_embeddings_and_output_weights: bool = True
+    qk_layernorm: bool = False
+    qk_layernorm_full_dim: bool = False
+    """MiniMax-M2 style QK norm over all heads (weights of size heads*kv_channels)."""
+    mtp_num_layers: int = 0
+    # Multi-latent attention (DeepSeek-V2/V3); all 0 when not MLA.
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_head_dim: int = 0
+    qk_pos_emb_head_dim: int = 0
+    v_head_dim: int = 0
+    max_position_embeddings: int = 0
+    source: str = ""
+    """Where the numbers come from (URL or file)."""
+
+    def __post_init__(self) -> None:
+        for f in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size"):
+            if getattr(self, f) <= 0:
+                raise TunerError(f"model {self.name!r}: {f} must be > 0, got {getattr(self, f)}")
+        if self.num_experts and (self.moe_router_topk <= 0 or self.moe_ffn_hidden_size <= 0):
+            raise TunerError(
+                f"model {self.name!r}: a MoE model needs moe_router_topk and moe_ffn_hidden_size > 0 "
+                f"(got {self.moe_router_topk}, {self.moe_ffn_hidden_size})"
+            )
+        if len(self.moe_layer_freq) != self.num_layers:
+            raise TunerError(
+                f"model {self.name!r}: moe_layer_freq has {len(self.moe_layer_freq)} entries, needs {self.num_layers}"
+            )
+
+    # ---- derived --------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.moe_layer_freq)
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices per MLP: 3 for gated (SwiGLU), 2 otherwise."""
+        return 3 if self.gated_linear_unit else 2
+
+    # ---- per-layer parameter counts (elements) -------------------------------
+    def attention_params(self) -> int:
+        """Matmul weights of one attention block (QKV and output projections).
+
+        Non-MLA: ``h*d*(n + 2g) + n*d*h`` (Megatron ``theoretical_memory_usage.py``).
+        MLA: DeepSeek-V3's down/up projections (same file, MLA branch), without norms.
+        """
+        h, n, g, d = self.hidden_size, self.num_attention_heads, self.num_query_groups, self.kv_channels
+        if not self.is_mla:
+            return h * d * (n + 2 * g) + n * d * h
+        qk = self.qk_head_dim + self.qk_pos_emb_head_dim
+        if self.q_lora_rank:
+            q = self.q_lora_rank * (h + n * qk)
+        else:
+            q = h * n * qk
+        kv = self.kv_lora_rank * (h + n * (self.qk_head_dim + self.v_head_dim)) + h * self.qk_pos_emb_head_dim
+        return q + kv + n * self.v_head_dim * h
+
+    def attention_norm_params(self) -> int:
+        """Norm weights inside attention: QK norm (per head or full width) and MLA's latent norms."""
+        n, g, d = self.num_attention_heads, self.num_query_groups, self.kv_channels
+        p = 0
+        if self.qk_layernorm:
+            p += (n * d + g * d) if self.qk_layernorm_full_dim else 2 * d
+        if self.is_mla:
+            p += self.kv_lora_rank + (self.q_lora_rank or 0)
+        return p
+
+    def dense_mlp_params(self) -> int:
+        return self.mlp_matrices * self.hidden_size * self.ffn_hidden_size
+
+    def expert_params(self) -> int:
+        """Weights of ONE routed expert."""
+        return self.mlp_matrices * self.hidden_size * self.moe_ffn_hidden_size
+
+    def shared_expert_params(self) -> int:
+        return self.mlp_matrices * self.hidden_size * self.moe_shared_expert_intermediate_size
+
+    def router_params(self) -> int:
+        return self.hidden_size * self.num_experts
+
+    def embedding_params(self) -> int:
+        """Input embedding (vocab x hidden); the output layer has as many again when untied."""
+        return self.vocab_size * self.hidden_size
+
+    def active_params(self) -> int:
+        """Parameters a token's matmuls pass through, N in MFU = 6 N tokens/s / peak.
+
+        Counts every matmul weight a token passes through: attention projections,
+        the router, its top-k routed experts, shared experts, dense MLPs, MTP
+        layers when enabled (their projection and layer) and the output layer.
+        Not counted: the input embedding (a lookup, not a matmul) and norm weights.
+        For MiniMax-M2 this gives the seed's N = 10,415,112,192
+        (seeds/001 ``result.mfu``).
+
+        Returns:
+            Number of parameters (elements).
+        """
+        attn = self.attention_params()
+        moe_layer = attn + self.router_params() + self.moe_router_topk * self.expert_params() + self.shared_expert_params()
+        dense_layer = attn + self.dense_mlp_params()
+        n = self.num_moe_layers * moe_layer + self.num_dense_layers * dense_layer
+        if self.mtp_num_layers:
+            last = moe_layer if self.moe_layer_freq[-1] else dense_layer
+            n += self.mtp_num_layers * (last + 2 * self.hidden_size * self.hidden_size)
+        return n + self.vocab_size * self.hidden_size
+
+    def total_params(self) -> int:
+        """Every weight: embeddings, output layer (if untied), layers, norms, MTP.
+
+        Returns:
+            Number of parameters (elements).
+        """
+        h = self.hidden_size
+        attn = self.attention_params() + self.attention_norm_params()
+        moe_layer = attn + self.router_params() + self.num_experts * self.expert_params() + self.shared_expert_params()
+        dense_layer = attn + self.dense_mlp_params()
+        n = self.num_moe_layers * moe_layer + self.num_dense_layers * dense_layer + 2 * h * self.num_layers
+        if self.mtp_num_layers:
+            last = moe_layer if self.moe_layer_freq[-1] else dense_layer
+            n += self.mtp_num_layers * (last + 2 * h * h + 5 * h)
+        n += self.embedding_params() * (2 if self.untie_embeddings_and_output_weights else 1) + h
+        return n
+
+    def replace(self, **changes: Any) -> ModelSpec:
+        return dataclasses.replace(self, **changes)
+
+
+def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
+    for k in keys:
+        if k in cfg and cfg[k] is not None:
+            return cfg[k]
+    return default
+
+
+def model_from_hf_config(cfg: dict[str, Any], *, name: str) -> ModelSpec:
+    """Build a :class:`ModelSpec` from a Hugging Face ``config.json`` dictionary.
+
+    Understands the key names of Llama, Mixtral, Qwen3 / Qwen3-MoE, DeepSeek-V3 /
+    Kimi-K2 (MLA), GPT-OSS and MiniMax-M2. A ``"tuner"`` section may override
+    derived fields (e.g. ``{"mtp_num_layers": 0}``); a ``text_config`` section
+    (multimodal checkpoints) is used when present.
+
+    Raises:
+        TunerError: if a required field is missing or not a positive integer.
+    """
+    if "text_config" in cfg and "hidden_size" not in cfg:
+        cfg = {**cfg["text_config"], "tuner": cfg.get("tuner", {})}
+    over = dict(cfg.get("tuner") or {})
+    required = {
+        "hidden_size": ("hidden_size", "n_embd", "d_model"),
+        "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+        "num_attention_heads": ("num_attention_heads", "n_head"),
+        "vocab_size": ("vocab_size",),
+    }
+    vals: dict[str, Any] = {}
+    missing = []
+    for k, alts in required.items():
+        v = _first(cfg, *alts)
+        if v is None:
+            missing.append(k)
+        vals[k] = v
+    num_experts = int(_first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
+    inter = _first(cfg, "intermediate_size", "ffn_hidden_size", "n_inner")
+    moe_inter = _first(cfg, "moe_intermediate_size", "expert_intermediate_size")
+    if num_experts and moe_inter is None:
+        moe_inter = inter  # Mixtral / MiniMax / GPT-OSS: intermediate_size is the expert width
+    if inter is None and not num_experts:
+        missing.append("intermediate_size")
+    if num_experts and _first(cfg, "num_experts_per_tok", "moe_topk", "top_k") is None:
+        missing.append("num_experts_per_tok")
+    if missing:
+        raise TunerError(
+            f"model config {name!r} is missing {', '.join(missing)}; a Hugging Face config.json with "
+            "hidden_size, num_hidden_layers, num_attention_heads, vocab_size and intermediate_size "
+            "(plus num_local_experts/num_experts_per_tok for MoE) is accepted"
+        )
+    for k, v in vals.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise TunerError(f"model config {name!r}: {k} must be a positive integer, got {v!r}")
+    h, L, n = vals["hidden_size"], vals["num_hidden_layers"], vals["num_attention_heads"]
+    g = int(_first(cfg, "num_key_value_heads", "num_query_groups", default=n))
+    d = int(_first(cfg, "head_dim", "kv_channels", default=h // n))
+    topk = int(_first(cfg, "num_experts_per_tok", "moe_topk", "top_k", default=0) or 0)
+    # Shared experts.
+    shared = _first(cfg, "shared_intermediate_size", "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")
+    if shared is None and _first(cfg, "n_shared_experts", "num_shared_experts"):
+        shared = int(_first(cfg, "n_shared_experts", "num_shared_experts")) * int(moe_inter)
+    shared = int(shared or 0)
+    # Which layers are MoE.
+    freq: list[int]
+    if "moe_layer_freq" in over:
+        freq = list(over.pop("moe_layer_freq"))
+    elif not num_experts:
+        freq = [0] * L
+    elif "first_k_dense_replace" in cfg:
+        k = int(cfg["first_k_dense_replace"])
+        step = int(cfg.get("moe_layer_freq", 1) or 1)
+        freq = [1 if (i >= k and (i - k) % step == 0) else 0 for i in range(L)]
+    elif "mlp_only_layers" in cfg or "decoder_sparse_step" in cfg:
+        only = set(cfg.get("mlp_only_layers") or [])
+        step = int(cfg.get("decoder_sparse_step", 1) or 1)
+        freq = [0 if (i in only or (i + 1) % step) else 1 for i in range(L)]
+    else:
+        freq = [1] * L
+    mla = {
+        "q_lora_rank": int(cfg.get("q_lora_rank") or 0),
+        "kv_lora_rank": int(cfg.get("kv_lora_rank") or 0),
+        "qk_head_dim": int(cfg.get("qk_nope_head_dim") or 0),
+        "qk_pos_emb_head_dim": int(cfg.get("qk_rope_head_dim") or 0),
+        "v_head_dim": int(cfg.get("v_head_dim") or 0),
+    }
+    if mla["kv_lora_rank"]:
+        d = mla["qk_head_dim"] + mla["qk_pos_emb_head_dim"]
+    mtp = int(_first(cfg, "num_nextn_predict_layers", default=0) or 0)
+    if cfg.get("use_mtp") and not mtp:
+        mtp = int(cfg.get("num_mtp_modules") or 0)
+    qk_norm = bool(_first(cfg, "use_qk_norm", "qk_layernorm", default=str(cfg.get("model_type", "")).startswith("qwen3")))
+    spec = dict(
+        name=name,
+        num_layers=L,
+        hidden_size=h,
+        num_attention_heads=n,
+        num_query_groups=g,
+        kv_channels=d,
+        ffn_hidden_size=int(inter or 0) if not (num_experts and moe_inter == inter and "moe_intermediate_size" not in cfg) else 0,
+        vocab_size=vals["vocab_size"],
+        num_experts=num_experts,
+        moe_router_topk=topk,
+        moe_ffn_hidden_size=int(moe_inter or 0) if num_experts else 0,
+        moe_shared_expert_intermediate_size=shared,
+        moe_layer_freq=tuple(int(x) for x in freq),
+        gated_linear_unit=str(_first(cfg, "hidden_act", default="silu")) in ("silu", "swiglu", "gelu_pytorch_tanh", "geglu"),
+        untie_embeddings_and_output_weights=not bool(cfg.get("tie_word_embeddings", False)),
+        qk_layernorm=qk_norm,
+        qk_layernorm_full_dim=str(cfg.get("qk_norm_type", "")) == "per_layer",
+        mtp_num_layers=mtp,
+        max_position_embeddings=int(cfg.get("max_position_embeddings") or 0),
+        source=str(cfg.get("_source", "")),
+        **mla,
+    )
+    unknown = set(over) - {f.name for f in dataclasses.fields(ModelSpec)}
+    if unknown:
+        raise TunerError(f"model config {name!r}: unknown keys in its 'tuner' section: {sorted(unknown)}")
+    spec.update(over)
+    if isinstance(spec.get("moe_layer_freq"), list):
+        spec["moe_layer_freq"] = tuple(spec["moe_layer_freq"])
+    return ModelSpec(**spec)
+
+
+_MODEL_DIR = "data/models"
+_GPU_DIR = "data/gpus"
+
+
+def _data_files(sub: str, suffix: str) -> dict[str, Any]:
+    base = resources.files("cost_model").joinpath(sub)
+    return {p.name[: -len(suffix)]: p for p in base.iterdir() if p.name.endswith(suffix)}
+
+
+def list_models() -> list[str]:
+    """Names of the bundled model presets, sorted."""
+    return sorted(_data_files(_MODEL_DIR, ".json"))
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A bundled preset by name (case-insensitive) or a ``config.json`` path.
+
+    Raises:
+        TunerError: unknown name (with close names suggested), unreadable or
+            malformed file, or missing fields.
+    """
+    p = Path(name_or_path)
+    if p.suffix == ".json" or p.exists():
+        if not p.is_file():
+            raise TunerError(f"--model {name_or_path!r}: no such file; give a preset name ({', '.join(list_models())}) or a config.json path")
+        try:
+            cfg = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise TunerError(f"--model {name_or_path!r}: cannot read it as JSON ({e})") from None
+        if not isinstance(cfg, dict):
+            raise TunerError(f"--model {name_or_path!r}: expected a JSON object (a Hugging Face config.json)")
+        cfg.setdefault("_source", str(p))
+        return model_from_hf_config(cfg, name=str(p))
+    files = _data_files(_MODEL_DIR, ".json")
+    by_lower = {k.lower(): k for k in files}
+    key = by_lower.get(name_or_path.lower())
+    if key is None:
+        close = difflib.get_close_matches(name_or_path.lower(), list(by_lower), n=3, cutoff=0.4)
+        hint = f" Did you mean {', '.join(by_lower[c] for c in close)}?" if close else ""
+        raise TunerError(
+            f"--model {name_or_path!r}: unknown model.{hint} Known presets: {', '.join(sorted(files))}; "
+            "or give the path of a Hugging Face config.json."
+        )
+    cfg = json.loads(files[key].read_text())
+    return model_from_hf_config(cfg, name=key)
+
+
+# --------------------------------------------------------------------------- hardware
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GPUSpec:
+    """One accelerator, from a bundled YAML datasheet file (``cost_model/data/gpus``)."""
+
+    name: str
+    hbm_bytes: float
+    """Memory the framework can use (bytes), as ``nvidia-smi`` reports it."""
+    peak_flops_bf16: float
+    """Dense (non-sparse) bf16 tensor-core peak, FLOP/s."""
+    peak_flops_fp8: float
+    """Dense fp8 peak, FLOP/s (0 if the GPU has no fp8)."""
+    hbm_bytes_per_s: float
+    nvlink_bytes_per_s: float
+    """NVLink bandwidth per GPU per direction (bytes/s)."""
+    pcie_bytes_per_s: float
+    """Host <-> GPU bandwidth per direction (bytes/s)."""
+    gpus_per_node: int
+    """GPUs per server in the usual system (HGX / DGX)."""
+    nvlink_domain: int
+    """GPUs that share one NVLink domain (8 for HGX, 72 for an NVL72 rack)."""
+    family: str
+    """Architecture family (ampere, hopper, blackwell) for calibration constants."""
+    source: str
+
+
+def list_gpus() -> list[str]:
+    return sorted(_data_files(_GPU_DIR, ".yaml"))
+
+
+def load_gpu(name: str) -> GPUSpec:
+    """A bundled GPU by name (case-insensitive, e.g. ``H200``).
+
+    Raises:
+        TunerError: unknown GPU, with the known ones listed.
+    """
+    files = _data_files(_GPU_DIR, ".yaml")
+    by_lower = {k.lower(): k for k in files}
+    key = by_lower.get(name.lower())
+    if key is None:
+        close = difflib.get_close_matches(name.lower(), list(by_lower), n=2, cutoff=0.5)
+        hint = f" Did you mean {', '.join(by_lower[c] for c in close)}?" if close else ""
+        raise TunerError(f"unknown GPU {name!r}.{hint} Known GPUs: {', '.join(sorted(files))}")
+    d = yaml.safe_load(files[key].read_text())
+    return GPUSpec(
+        name=d["name"],
+        hbm_bytes=float(d["hbm_mib"]) * 2**20,
+        peak_flops_bf16=float(d["peak_tflops_bf16_dense"]) * 1e12,
+        peak_flops_fp8=float(d.get("peak_tflops_fp8_dense") or 0) * 1e12,
+        hbm_bytes_per_s=float(d["hbm_tb_per_s"]) * 1e12,
+        nvlink_bytes_per_s=float(d["nvlink_gb_per_s_per_direction"]) * 1e9,
+        pcie_bytes_per_s=float(d["pcie_gb_per_s_per_direction"]) * 1e9,
+        gpus_per_node=int(d["gpus_per_node"]),
+        nvlink_domain=int(d["nvlink_domain"]),
+        family=str(d["family"]),
+        source=str(d["source"]),
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Cluster:
+    """The GPUs a job runs on."""
+
+    gpu: GPUSpec
+    num_gpus: int
+    gpus_per_node: int
+    inter_node_bytes_per_s: float = DEFAULT_INTER_NODE_BYTES_PER_S
+    """Network bandwidth per node per direction (bytes/s), shared by its GPUs."""
+    usd_per_gpu_hour: float = DEFAULT_USD_PER_GPU_HOUR
+
+    def __post_init__(self) -> None:
+        if self.num_gpus <= 0:
+            raise TunerError(f"--gpus: the GPU count must be at least 1, got {self.num_gpus}")
+        if self.gpus_per_node <= 0:
+            raise TunerError(f"--gpus-per-node must be at least 1, got {self.gpus_per_node}")
+        if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
+            lo = self.num_gpus // self.gpus_per_node * self.gpus_per_node
+            raise TunerError(
+                f"--gpus {self.num_gpus}x{self.gpu.name}: {self.num_gpus} GPUs are not a whole number of "
+                f"{self.gpus_per_node}-GPU nodes; use {lo or self.gpus_per_node} or {lo + self.gpus_per_node}, "
+                "or set --gpus-per-node"
+            )
+        if self.inter_node_bytes_per_s <= 0 or self.usd_per_gpu_hour < 0:
+            raise TunerError("--network-gbps must be > 0 and --usd-per-gpu-hour >= 0")
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.num_gpus // self.gpus_per_node)
+
+    @property
+    def label(self) -> str:
+        if self.num_nodes > 1:
+            return f"{self.num_nodes}x{self.gpus_per_node}x{self.gpu.name}"
+        return f"{self.num_gpus}x{self.gpu.name}"
+
+
+_GPUS_RE = re.compile(r"^\s*(?:(\d+)\s*[xX*]\s*)?(\d+)\s*[xX*]\s*([A-Za-z][A-Za-z0-9_-]*)\s*$")
+
+
+def parse_gpus(
+    text: str,
+    *,
+    gpus_per_node: int | None = None,
+    inter_node_bytes_per_s: float | None = None,
+    usd_per_gpu_hour: float | None = None,
+) -> Cluster:
+    """Parse ``64xH200`` (GPUs) or ``8x8xH200`` (nodes x GPUs per node).
+
+    Raises:
+        TunerError: malformed text, unknown GPU, zero GPUs, or a count that is
+            not a whole number of nodes.
+    """
+    m = _GPUS_RE.match(text or "")
+    if not m:
+        raise TunerError(
+            f"--gpus {text!r}: expected COUNTxGPU such as 64xH200, or NODESxPER_NODExGPU such as 8x8xH200 "
+            f"(GPUs: {', '.join(list_gpus())})"
+        )
+    nodes, count, gname = m.group(1), int(m.group(2)), m.group(3)
+    gpu = load_gpu(gname)
+    if nodes is not None:
+        per = count
+        total = int(nodes) * count
+        if gpus_per_node is not None and gpus_per_node != per:
+            raise TunerError(f"--gpus {text!r} says {per} GPUs per node but --gpus-per-node is {gpus_per_node}")
+    else:
+        total = count
+        per = gpus_per_node or min(gpu.gpus_per_node, max(count, 1))
+    if total <= 0 or per <= 0:
+        raise TunerError(f"--gpus {text!r}: the GPU count must be at least 1")
+    return Cluster(
+        gpu=gpu,
+        num_gpus=total,
+        gpus_per_node=per,
+        inter_node_bytes_per_s=inter_node_bytes_per_s or DEFAULT_INTER_NODE_BYTES_PER_S,
+        usd_per_gpu_hour=DEFAULT_USD_PER_GPU_HOUR if usd_per_gpu_hour is None else usd_per_gpu_hour,
+    )
+
+
+# --------------------------------------------------------------------------- workload
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Workload:
+    """What one optimizer step trains on."""
+
+    seq_length: int = 8192
+    """Tokens per row (``--seq-length``)."""
+    global_batch_size: int = 128
+    """Rows per optimizer step (``--global-batch-size``)."""
+    precision: Precision = Precision.bf16
+    dataset: str = "synthetic fixed-length rows"
+
+    def __post_init__(self) -> None:
+        if self.seq_length <= 0:
+            raise TunerError(f"--seq-len must be a positive integer, got {self.seq_length}")
+        if self.global_batch_size <= 0:
+            raise TunerError(f"--global-batch must be a positive integer, got {self.global_batch_size}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_length * self.global_batch_size

@@ -1,0 +1,301 @@
+"""The parallel layout of one training job, and a columnar table of many.
+
+Field names are Megatron-core's (``ModelParallelConfig`` / ``TransformerConfig``
+/ ``OptimizerConfig``) so that a layout maps flag for flag onto a run command.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+from cost_model.errors import TunerError
+
+__all__ = [
+    "RecomputeGranularity",
+    "RecomputeMethod",
+    "Dispatcher",
+    "RECOMPUTE_MODULES",
+    "Layout",
+    "LayoutTable",
+]
+
+
+class RecomputeGranularity(str, Enum):
+    """``--recompute-granularity``; ``none`` means the flag is not given."""
+
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class RecomputeMethod(str, Enum):
+    """``--recompute-method`` (full recompute only); ``none`` when unset."""
+
+    none = "none"
+    uniform = "uniform"
+    block = "block"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Dispatcher(str, Enum):
+    """MoE token dispatcher: ``--moe-token-dispatcher-type`` plus, for flex, ``--moe-flex-dispatcher-backend``."""
+
+    alltoall = "alltoall"
+    allgather = "allgather"
+    flex_deepep = "flex+deepep"
+    flex_hybridep = "flex+hybridep"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def moe_token_dispatcher_type(self) -> str:
+        return self.value.split("+")[0]
+
+    @property
+    def moe_flex_dispatcher_backend(self) -> str | None:
+        return self.value.split("+")[1] if "+" in self.value else None
+
+
+#: ``--recompute-modules`` values accepted by megatron-core 0.16 (slime's pin 1dcf0da),
+#: transformer_config.py ``recompute_modules`` docstring / validation.
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Layout:
+    """One candidate parallel layout of a training job.
+
+    ``dp`` and ``edp`` are derived (Megatron's ``parallel_state``):
+    ``dp = world_size / (tp * pp * cp)`` and ``edp = world_size / (etp * ep * pp)``.
+    """
+
+    world_size: int
+    """GPUs in the job."""
+    tp: int = 1
+    """``--tensor-model-parallel-size``."""
+    pp: int = 1
+    """``--pipeline-model-parallel-size``."""
+    vpp: int = 1
+    """Virtual pipeline stages per pipeline rank; 1 = not interleaved."""
+    cp: int = 1
+    """``--context-parallel-size``."""
+    ep: int = 1
+    """``--expert-model-parallel-size``."""
+    etp: int = 1
+    """``--expert-tensor-parallel-size``."""
+    micro_batch_size: int = 1
+    """Rows (sequences of ``seq_length`` tokens) per micro-batch."""
+    sequence_parallel: bool = False
+    """``--sequence-parallel``; the search turns it on whenever tp > 1."""
+    recompute_granularity: RecomputeGranularity = RecomputeGranularity.none
+    recompute_method: RecomputeMethod = RecomputeMethod.none
+    recompute_num_layers: int = 0
+    """Layers per recompute group (uniform) or recomputed per chunk (block); 0 when unset."""
+    recompute_modules: tuple[str, ...] = ()
+    """``--recompute-modules`` for selective recompute."""
+    optimizer_offload_fraction: float = 0.0
+    """Share of optimizer states kept and stepped on the CPU (``--optimizer-cpu-offload``); 0 = none."""
+    overlap_cpu_optimizer_d2h_h2d: bool = True
+    """``--overlap-cpu-optimizer-d2h-h2d`` when offloading."""
+    dispatcher: Dispatcher = Dispatcher.alltoall
+    use_distributed_optimizer: bool = True
+    use_precision_aware_optimizer: bool = True
+    exp_avg_dtype: str = "fp32"
+    """``--exp-avg-dtype`` (fp32 or bf16; bf16 needs the precision-aware optimizer)."""
+    exp_avg_sq_dtype: str = "fp32"
+    """``--exp-avg-sq-dtype``."""
+    num_layers_in_first_pipeline_stage: int = 0
+    """Decoder layers on pipeline rank 0 (over all its virtual stages); 0 = even split."""
+    num_layers_in_last_pipeline_stage: int = 0
+    """Decoder layers on the last pipeline rank; 0 = even split."""
+
+    def __post_init__(self) -> None:
+        for f in ("world_size", "tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                raise TunerError(f"layout {f} must be a positive integer, got {v!r}")
+        if not 0.0 <= self.optimizer_offload_fraction <= 1.0:
+            raise TunerError(f"optimizer_offload_fraction must be in [0, 1], got {self.optimizer_offload_fraction}")
+        for m in self.recompute_modules:
+            if m not in RECOMPUTE_MODULES:
+                raise TunerError(f"recompute module {m!r} is unknown; accepted: {', '.join(RECOMPUTE_MODULES)}")
+        for f in ("exp_avg_dtype", "exp_avg_sq_dtype"):
+            if getattr(self, f) not in ("fp32", "bf16"):
+                raise TunerError(f"{f} must be fp32 or bf16, got {getattr(self, f)!r}")
+        # Normalise enums given as strings.
+        object.__setattr__(self, "recompute_granularity", RecomputeGranularity(self.recompute_granularity))
+        object.__setattr__(self, "recompute_method", RecomputeMethod(self.recompute_method))
+        object.__setattr__(self, "dispatcher", Dispatcher(self.dispatcher))
+        object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
+
+    # ---- derived ----------------------------------------------------------------
+    @property
+    def dp(self) -> int:
+        """Data-parallel size of the dense grid, ``world / (tp*pp*cp)`` (floor; rules check divisibility)."""
+        return self.world_size // (self.tp * self.pp * self.cp)
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel size, ``world / (etp*ep*pp)`` (CP folds into it)."""
+        return self.world_size // (self.etp * self.ep * self.pp)
+
+    @property
+    def offload_label(self) -> str:
+        if self.optimizer_offload_fraction <= 0:
+            return "none"
+        return f"optimizer {self.optimizer_offload_fraction:g}"
+
+    @property
+    def recompute_label(self) -> str:
+        g = self.recompute_granularity
+        if g == RecomputeGranularity.none:
+            return "none"
+        if g == RecomputeGranularity.selective:
+            return "selective " + "+".join(self.recompute_modules or ("core_attn",))
+        return f"full {self.recompute_method.value} {self.recompute_num_layers}"
+
+    @property
+    def label(self) -> str:
+        """Short label in the seed's style, e.g. ``TP1 PP8 VPP4 EP8 DP8``."""
+        parts = [f"TP{self.tp}", f"PP{self.pp}"]
+        if self.vpp > 1:
+            parts.append(f"VPP{self.vpp}")
+        if self.cp > 1:
+            parts.append(f"CP{self.cp}")
+        if self.ep > 1:
+            parts.append(f"EP{self.ep}")
+        if self.etp != 1:
+            parts.append(f"ETP{self.etp}")
+        parts.append(f"DP{self.dp}")
+        return " ".join(parts)
+
+    def key(self) -> str:
+        """A canonical string that identifies the layout (used to never run one twice)."""
+        d = self.to_dict()
+        return "|".join(f"{k}={d[k]}" for k in sorted(d))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python dict (enums as strings, tuples as lists) for YAML/JSON."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Enum):
+                v = v.value
+            elif isinstance(v, tuple):
+                v = list(v)
+            elif isinstance(v, np.generic):
+                v = v.item()
+            out[f.name] = v
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Layout:
+        """Inverse of :meth:`to_dict`; unknown keys raise :class:`TunerError`."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names - {"dp", "edp", "label"}
+        if unknown:
+            raise TunerError(f"unknown layout keys {sorted(unknown)}; accepted: {sorted(names)}")
+        kw = {k: v for k, v in d.items() if k in names}
+        if "recompute_modules" in kw:
+            mods = kw["recompute_modules"]
+            kw["recompute_modules"] = tuple(mods.split(",")) if isinstance(mods, str) else tuple(mods or ())
+            kw["recompute_modules"] = tuple(m for m in kw["recompute_modules"] if m)
+        return cls(**kw)
+
+    def replace(self, **changes: Any) -> Layout:
+        return dataclasses.replace(self, **changes)
+
+
+#: Column dtypes of a :class:`LayoutTable` (one per Layout field).
+_COLUMNS: dict[str, Any] = {
+    "world_size": np.int64,
+    "tp": np.int64,
+    "pp": np.int64,
+    "vpp": np.int64,
+    "cp": np.int64,
+    "ep": np.int64,
+    "etp": np.int64,
+    "micro_batch_size": np.int64,
+    "sequence_parallel": np.bool_,
+    "recompute_granularity": "U9",
+    "recompute_method": "U7",
+    "recompute_num_layers": np.int64,
+    "recompute_modules": "U64",
+    "optimizer_offload_fraction": np.float64,
+    "overlap_cpu_optimizer_d2h_h2d": np.bool_,
+    "dispatcher": "U13",
+    "use_distributed_optimizer": np.bool_,
+    "use_precision_aware_optimizer": np.bool_,
+    "exp_avg_dtype": "U4",
+    "exp_avg_sq_dtype": "U4",
+    "num_layers_in_first_pipeline_stage": np.int64,
+    "num_layers_in_last_pipeline_stage": np.int64,
+}
+
+
+class LayoutTable:
+    """Many layouts as numpy columns (struct of arrays), for vectorised rules and estimates.
+
+    ``recompute_modules`` is stored comma-joined. Columns are the :class:`Layout`
+    field names; ``dp`` and ``edp`` are derived properties.
+    """
+
+    __slots__ = ("cols",)
+
+    def __init__(self, cols: Mapping[str, np.ndarray]) -> None:
+        missing = set(_COLUMNS) - set(cols)
+        if missing:
+            raise ValueError(f"LayoutTable is missing columns {sorted(missing)}")
+        n = {len(np.asarray(v)) for v in cols.values()}
+        if len(n) > 1:
+            raise ValueError(f"LayoutTable columns differ in length: {n}")
+        self.cols = {k: np.asarray(cols[k]).astype(_COLUMNS[k], copy=False) for k in _COLUMNS}
+
+    def __len__(self) -> int:
+        return len(self.cols["tp"])
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.cols[name]
+
+    @property
+    def dp(self) -> np.ndarray:
+        return self.cols["world_size"] // (self.cols["tp"] * self.cols["pp"] * self.cols["cp"])
+
+    @property
+    def edp(self) -> np.ndarray:
+        return self.cols["world_size"] // (self.cols["etp"] * self.cols["ep"] * self.cols["pp"])
+
+    @classmethod
+    def from_layouts(cls, layouts: list[Layout]) -> LayoutTable:
+        cols: dict[str, list[Any]] = {k: [] for k in _COLUMNS}
+        for lay in layouts:
+            d = lay.to_dict()
+            for k in _COLUMNS:
+                v = d[k]
+                cols[k].append(",".join(v) if k == "recompute_modules" else v)
+        return cls({k: np.array(v, dtype=_COLUMNS[k]) if v else np.zeros(0, dtype=_COLUMNS[k]) for k, v in cols.items()})
+
+    def select(self, mask_or_index: np.ndarray) -> LayoutTable:
+        return LayoutTable({k: v[mask_or_index] for k, v in self.cols.items()})
+
+    def row(self, i: int) -> Layout:
+        d: dict[str, Any] = {}
+        for k in _COLUMNS:
+            v = self.cols[k][i]
+            d[k] = v.item() if isinstance(v, np.generic) else v
+        return Layout.from_dict(d)
+
+    def __iter__(self) -> Iterator[Layout]:
+        for i in range(len(self)):
+            yield self.row(i)
