@@ -1,0 +1,154 @@
+"""Named efficiency and overhead constants of the cost model, with their sources.
+
+Every number the analytical model uses that is not a datasheet figure or an
+exact count lives here, as one field of :class:`Calibration`. A calibration file
+(YAML, ``{field: value}``) overrides them; ``tune calibrate`` (a later issue)
+fits them. The defaults below are the shipped calibration: what each one
+approximates, and what it was checked against, is in its docstring.
+
+Anchors used to set the defaults (seeds/001, 64 H200, MiniMax-M2, seq 8,192,
+global batch 128): the tuned layout measured 2,034.42 tokens/s/GPU and the
+reference port 557.8. The tuned layout was used to choose the two MoE overhead
+constants (``moe_dispatch_latency_s`` and ``moe_load_imbalance``) - it is a
+calibration point, not an independent check. The reference port (CPU optimizer
+offload, TP 2, PP 2) and the EP 4 out-of-memory case were not fitted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cost_model.errors import TunerError
+
+__all__ = ["Calibration", "DEFAULT_CALIBRATION", "load_calibration"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Calibration:
+    """Efficiency constants (fractions of a datasheet peak) and fixed overheads (bytes, seconds)."""
+
+    # ---- compute ------------------------------------------------------------------
+    gemm_efficiency: float = 0.70
+    """Achieved fraction of dense peak for large bf16 GEMMs in training (attention
+    projections, dense MLP, output layer). cuBLAS reaches ~790 TFLOP/s = 0.80 of
+    989 on a lone large bf16 GEMM on H200 (/work/.library device notes); Megatron
+    reports ~0.5-0.55 model-FLOP MFU end to end for dense GPT at scale
+    (Megatron-LM README weak-scaling table), the rest being attention, comm and
+    elementwise work modelled separately."""
+    gemm_half_size_flops: float = 2.0e10
+    """A GEMM of this many FLOPs reaches half of ``gemm_efficiency``: efficiency =
+    gemm_efficiency * F / (F + this). Small (TP-split or few-token) GEMMs are
+    latency bound; 2e10 FLOP ~ 20 us at 1 PFLOP/s (typical kernel launch + tail)."""
+    grouped_gemm_efficiency: float = 0.55
+    """Fraction of peak for MoE expert GEMMs (Transformer Engine GroupedLinear /
+    cuBLAS grouped GEMM) at large rows per expert, before the rows-per-expert
+    penalty below. NVIDIA's MoE guide (megatron/core/transformer/moe/README.md)
+    reports grouped GEMM below dense GEMM efficiency."""
+    grouped_gemm_half_rows: float = 256.0
+    """Rows (token copies) per local expert at which grouped-GEMM efficiency halves."""
+    attention_efficiency: float = 0.45
+    """Fraction of peak for causal flash attention, forward plus backward (FlashAttention-2
+    paper, Dao 2023: ~50-70% fwd, ~35-45% bwd on A100/H100 with head dim 128)."""
+    elementwise_bytes_per_token_attn: float = 48.0
+    """HBM bytes moved per token per layer per hidden unit by the memory-bound ops around
+    attention (norms, RoPE, residual adds, casts), forward+backward, in units of hidden_size."""
+    elementwise_bytes_per_copy_moe: float = 40.0
+    """HBM bytes moved per routed token copy per hidden unit by permute, unpermute,
+    probability scaling and SwiGLU, forward+backward, in units of hidden_size."""
+    hbm_efficiency: float = 0.75
+    """Achieved fraction of HBM bandwidth for memory-bound kernels (STREAM-like)."""
+    moe_load_imbalance: float = 1.20
+    """Slowest expert rank's tokens over the mean, natural (not force-balanced) routing
+    with aux-loss-free expert bias (MiniMax-M2, slime). Set with the seed's tuned layout."""
+    moe_dispatch_latency_s: float = 3.0e-3
+    """Fixed cost per MoE layer per micro-batch per pass for the alltoall dispatcher:
+    host synchronisation for the token counts (a device-to-host copy that stalls the
+    stream), permutation index kernels and the router's small kernels. Set with the seed's
+    tuned layout."""
+    # ---- communication ------------------------------------------------------------
+    nvlink_efficiency: float = 0.75
+    """Achieved fraction of NVLink per-direction bandwidth by NCCL ring collectives
+    (nccl-tests bus bandwidth ~360 of 450 GB/s on H100 SXM)."""
+    alltoall_nvlink_efficiency: float = 0.55
+    """Achieved fraction of NVLink bandwidth by NCCL all-to-all inside a node (lower than
+    rings: many small peer transfers)."""
+    network_efficiency: float = 0.80
+    """Achieved fraction of per-node network bandwidth (EFA / InfiniBand) by NCCL."""
+    flex_dispatch_speedup: float = 1.4
+    """DeepEP/HybridEP dispatch+combine time relative to NCCL all-to-all is 1/this
+    (DeepEP README: ~150 GB/s intranode vs NCCL a2a ~100 GB/s), and no host sync."""
+    dp_overlap: float = 0.0
+    """Fraction of data-parallel gradient reduce-scatter / param all-gather hidden behind
+    compute. 0: the seed's run block has no --overlap-grad-reduce / --overlap-param-gather."""
+    pp_p2p_overlap: float = 0.8
+    """Fraction of pipeline send/recv time hidden (overlap_p2p_comm is on by default with VPP)."""
+    # ---- optimizer and offload ----------------------------------------------------
+    optimizer_bytes_per_param: float = 32.0
+    """HBM bytes moved per parameter by the fused Adam step on the GPU (read p,g,m,v; write p,m,v)."""
+    cpu_adam_params_per_s_per_node: float = 2.0e9
+    """Parameters per second a host's CPUs step with Adam (Megatron's HybridDeviceOptimizer
+    with torch.optim.AdamW on fp32 states), shared by the node's GPUs. Derived, not fitted:
+    torch's single-tensor AdamW makes ~6 elementwise passes, ~80 bytes of host memory traffic
+    per parameter, plus ~12 bytes for the gradient and parameter copies; ~180 GB/s achieved by
+    eight processes sharing a 2-socket host (about a third of DDR5 peak, given thread
+    oversubscription) -> ~2e9 parameters/s. ZeRO-Offload (arXiv 2101.06840) reports the same
+    order for PyTorch's CPU Adam. The seed's reference port (557.8 tokens/s/GPU) was not used
+    to set it; it is checked against it."""
+    pcie_efficiency: float = 0.70
+    """Achieved fraction of PCIe bandwidth for pinned host<->device copies."""
+    offload_overlap: float = 0.3
+    """Fraction of the offload copies hidden by --overlap-cpu-optimizer-d2h-h2d."""
+    # ---- memory -------------------------------------------------------------------
+    cuda_context_bytes: float = 0.75 * 2**30
+    """CUDA context and cuBLAS/cuDNN workspaces per process (~0.5-1 GiB on Hopper)."""
+    nccl_bytes_per_communicator: float = 0.2 * 2**30
+    """NCCL buffers per process group a rank belongs to (NCCL_BUFFSIZE 4 MiB x channels x peers)."""
+    allocator_overhead_fraction: float = 0.08
+    """Caching-allocator fragmentation on top of dynamic (activation) memory."""
+    flex_dispatcher_buffer_bytes: float = 2.0 * 2**30
+    """DeepEP / HybridEP communication buffers per rank (DeepEP's default NVL buffer ~1 GB
+    plus RDMA buffer)."""
+    logits_bytes_per_element: float = 6.0
+    """Bytes per logit element held on the last stage: fp32 softmax kept for backward (4)
+    plus the bf16 logits / gradient in flight (2) (megatron/core/tensor_parallel/cross_entropy.py)."""
+
+    def to_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def replace(self, **kw: Any) -> Calibration:
+        return dataclasses.replace(self, **kw)
+
+
+DEFAULT_CALIBRATION = Calibration()
+
+
+def load_calibration(path: str | Path | None) -> Calibration:
+    """Read a calibration YAML (``{constant: value}``); None gives the shipped defaults.
+
+    Raises:
+        TunerError: unreadable file, unknown constant names, or non-numeric values.
+    """
+    if path is None:
+        return DEFAULT_CALIBRATION
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise TunerError(f"--calibration {str(p)!r}: cannot read it ({e})") from None
+    if isinstance(data, dict) and "constants" in data:
+        data = data["constants"]
+    if not isinstance(data, dict):
+        raise TunerError(f"--calibration {str(p)!r}: expected a mapping of constant names to numbers")
+    names = {f.name for f in dataclasses.fields(Calibration)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise TunerError(f"--calibration {str(p)!r}: unknown constants {unknown}; accepted: {sorted(names)}")
+    bad = [k for k, v in data.items() if not isinstance(v, (int, float)) or isinstance(v, bool)]
+    if bad:
+        raise TunerError(f"--calibration {str(p)!r}: values of {bad} are not numbers")
+    return Calibration(**{k: float(v) for k, v in data.items()})

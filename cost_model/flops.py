@@ -1,0 +1,75 @@
+"""FLOPs accounting: Megatron's model FLOPs and the seed's MFU convention."""
+
+from __future__ import annotations
+
+from cost_model.specs import ModelSpec
+
+__all__ = ["megatron_flops_per_token", "mfu", "usd_per_million_tokens"]
+
+
+def megatron_flops_per_token(model: ModelSpec, seq_length: int) -> float:
+    """Model FLOPs per token of one training step (forward + backward), as Megatron counts them.
+
+    Mirrors ``num_floating_point_operations`` in ``megatron/training/training.py``
+    (shared/notes/megatron_rules.md §6.3) for fixed-length BSHD rows: GQA or MLA
+    attention projections, causal core attention (half of the s x s scores),
+    dense / routed / shared-expert MLPs, MTP layers (counted with the type of the
+    last layer) and their projections, and the logits of the main and each MTP
+    head. The router is not counted (Megatron does not count it either).
+
+    Args:
+        model: the model.
+        seq_length: tokens per row (s).
+
+    Returns:
+        FLOPs per token (``total FLOPs / (global_batch * s)``).
+    """
+    h, n, g, d = model.hidden_size, model.num_attention_heads, model.num_query_groups, model.kv_channels
+    mats = model.mlp_matrices
+    mtp = model.mtp_num_layers
+    last_is_moe = bool(model.moe_layer_freq and model.moe_layer_freq[-1])
+    n_moe = model.num_moe_layers + (mtp if last_is_moe else 0)
+    n_dense = model.num_dense_layers + (0 if last_is_moe else mtp)
+    layers = model.num_layers + mtp
+    mlp = 6 * h * (
+        model.ffn_hidden_size * mats * n_dense
+        + model.moe_ffn_hidden_size * model.moe_router_topk * mats * n_moe
+        + model.moe_shared_expert_intermediate_size * mats * n_moe
+    )
+    if model.is_mla:
+        qk = model.qk_head_dim + model.qk_pos_emb_head_dim
+        if model.q_lora_rank:
+            q_term = model.q_lora_rank * (h + n * qk + 1)
+        else:
+            q_term = h * n * qk
+        attn_lin = 6 * (
+            q_term
+            + model.kv_lora_rank * (h + n * (model.qk_head_dim + model.v_head_dim) + 1)
+            + h * model.qk_pos_emb_head_dim
+            + n * model.v_head_dim * h
+        )
+        attn_core_per_s = 6 * (n * qk / 2 + n * model.v_head_dim / 2)
+    else:
+        q, kv = d * n, d * g
+        attn_lin = 6 * (h * (q + 2 * kv) + q * h)
+        attn_core_per_s = 6 * q  # 6 * q/2 * 2: causal half, QK^T and PV
+    total = mlp + attn_lin * layers + 6 * mtp * (3 * h + 2 * h * h) + 6 * h * model.vocab_size * (mtp + 1)
+    total += seq_length * attn_core_per_s * layers
+    return float(total)
+
+
+def mfu(model: ModelSpec, tokens_per_s_per_gpu: float, peak_flops_bf16: float) -> float:
+    """Model FLOP utilisation by the seed's convention: ``6 * N_active * tokens/s / peak``.
+
+    ``N_active`` is :meth:`ModelSpec.active_params`; ``peak`` is the GPU's dense bf16
+    peak (FLOP/s). At 2,034.42 tokens/s/GPU on H200 (989.4 TFLOP/s) MiniMax-M2 gives
+    0.1285 (seeds/001 ``result.mfu``). Attention's s^2 term is not counted.
+    """
+    return 6.0 * model.active_params() * tokens_per_s_per_gpu / peak_flops_bf16
+
+
+def usd_per_million_tokens(usd_per_gpu_hour: float, tokens_per_s_per_gpu: float) -> float:
+    """Dollars per million trained tokens: ``price per GPU-hour / (tokens/s/GPU * 3600) * 1e6``."""
+    if tokens_per_s_per_gpu <= 0:
+        return float("inf")
+    return usd_per_gpu_hour / (tokens_per_s_per_gpu * 3600.0) * 1e6

@@ -1,0 +1,36 @@
+"""The ``model`` backend: the analytical estimate stands in for a trial."""
+
+from __future__ import annotations
+
+from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
+from cost_model.estimate import estimate
+from cost_model.specs import Cluster, ModelSpec, Workload
+from launch.base import Measurement, TrialBackend
+from search_spaces.layout import Layout
+
+__all__ = ["ModelBackend"]
+
+
+class ModelBackend(TrialBackend):
+    """Evaluates a layout with :func:`cost_model.estimate.estimate`; never touches a GPU.
+
+    Its measurements carry ``source == "predicted"``.
+    """
+
+    name = "model"
+    source = "predicted"
+
+    def __init__(self, *, calibration: Calibration = DEFAULT_CALIBRATION, memory_headroom: float = 0.10) -> None:
+        self.calibration = calibration
+        self.memory_headroom = memory_headroom
+
+    def run(self, layout: Layout, *, model: ModelSpec, cluster: Cluster, workload: Workload) -> Measurement:
+        e = estimate(model, cluster, workload, layout, calibration=self.calibration, memory_headroom=self.memory_headroom)
+        return Measurement(
+            layout=layout,
+            source=self.source,
+            tokens_per_s_per_gpu=e.tokens_per_s_per_gpu,
+            peak_bytes=e.peak_bytes,
+            step_times_s=(e.step_time_s,),
+            extra={"estimate": e},
+        )

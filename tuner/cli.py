@@ -1,0 +1,584 @@
+"""The ``tune`` command line (typer + rich).
+
+``tune --model MiniMax-M2 --gpus 64xH200`` is the main job; subcommands:
+``estimate``, ``check``, ``pareto``, ``export``, ``models``, ``gpus``.
+User errors (:class:`TunerError`) print one red line to stderr and exit 2; the
+traceback appears only with ``--debug``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from cost_model.errors import TunerError
+
+app = typer.Typer(
+    name="tune",
+    help="Parallel-layout tuner for Megatron-core training: predicts, searches and exports the fastest layout that fits.",
+    add_completion=False,
+    no_args_is_help=False,
+    pretty_exceptions_enable=False,
+)
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+_DEBUG = {"on": False}
+
+GIB = 2**30
+
+# ---- shared option aliases ------------------------------------------------------------
+ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Preset name (see `tune models`) or a Hugging Face config.json path.", rich_help_panel="Job")]
+GpusOpt = Annotated[Optional[str], typer.Option("--gpus", "-g", help="GPUs as COUNTxGPU (64xH200) or NODESxPER_NODExGPU (8x8xH200).", rich_help_panel="Job")]
+PerNodeOpt = Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs per node (default: the GPU's usual server, 8 for HGX).", rich_help_panel="Cluster")]
+NetOpt = Annotated[Optional[float], typer.Option("--network-gbps", help="Network bandwidth per node, Gb/s (default 3200: the seed's EFA).", rich_help_panel="Cluster")]
+PriceOpt = Annotated[Optional[float], typer.Option("--usd-per-gpu-hour", help="Price per GPU-hour (default 7.91, the seed's).", rich_help_panel="Cluster")]
+SeqOpt = Annotated[int, typer.Option("--seq-len", help="Tokens per row (--seq-length).", rich_help_panel="Workload")]
+GbsOpt = Annotated[int, typer.Option("--global-batch", help="Rows per optimizer step (--global-batch-size).", rich_help_panel="Workload")]
+PrecOpt = Annotated[str, typer.Option("--precision", help="bf16 or fp8.", rich_help_panel="Workload")]
+HeadroomOpt = Annotated[float, typer.Option("--memory-headroom", help="Fraction of HBM kept free (default 0.10).", rich_help_panel="Search")]
+CalOpt = Annotated[Optional[Path], typer.Option("--calibration", help="Calibration YAML overriding the cost model's constants.", rich_help_panel="Search")]
+StudyOpt = Annotated[Optional[str], typer.Option("--study", help="Study name (default: model-gpus-seq-gbs).", rich_help_panel="Study")]
+StorageOpt = Annotated[Optional[str], typer.Option("--storage", help="Optuna storage URL (default sqlite:///results/<study>/study.db).", rich_help_panel="Study")]
+ResultsOpt = Annotated[Path, typer.Option("--results-dir", help="Where study folders go.", rich_help_panel="Study")]
+
+
+def _fail(e: BaseException) -> None:
+    if _DEBUG["on"]:
+        raise e
+    msg = str(e).strip() or type(e).__name__
+    err.print(f"[bold red]error:[/] {msg}", markup=True, soft_wrap=True)
+    raise typer.Exit(code=2)
+
+
+def _require(value: Any, flag: str, example: str) -> Any:
+    if value is None or value == "":
+        raise TunerError(f"{flag} is required, e.g. {flag} {example}")
+    return value
+
+
+def _fmt_int(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+@app.callback(invoke_without_command=True)
+def main_job(
+    ctx: typer.Context,
+    model: ModelOpt = None,
+    gpus: GpusOpt = None,
+    gpus_per_node: PerNodeOpt = None,
+    network_gbps: NetOpt = None,
+    usd_per_gpu_hour: PriceOpt = None,
+    seq_len: SeqOpt = 8192,
+    global_batch: GbsOpt = 128,
+    precision: PrecOpt = "bf16",
+    space: Annotated[Optional[Path], typer.Option("--space", help="Search-space YAML (copy search_spaces/default_space.yaml).", rich_help_panel="Search")] = None,
+    calibration: CalOpt = None,
+    memory_headroom: HeadroomOpt = 0.10,
+    trials: Annotated[Optional[int], typer.Option("--trials", help="Trials to evaluate (default: the predicted front + 32).", rich_help_panel="Search")] = None,
+    backend: Annotated[str, typer.Option("--backend", help="model (analytical, default); local, ray, command: later versions.", rich_help_panel="Search")] = "model",
+    study: StudyOpt = None,
+    storage: StorageOpt = None,
+    results_dir: ResultsOpt = Path("results"),
+    seed: Annotated[int, typer.Option("--seed", help="Sampler seed.", rich_help_panel="Study")] = 0,
+    top: Annotated[int, typer.Option("--top", help="Rows of the Pareto table to print (0 = all).", rich_help_panel="Output")] = 15,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+) -> None:
+    """Find the fastest layout that fits: `tune --model MiniMax-M2 --gpus 64xH200`."""
+    _DEBUG["on"] = debug
+    if ctx.invoked_subcommand is not None:
+        return
+    if model is None and gpus is None:
+        out.print(ctx.get_help())
+        raise typer.Exit(code=0)
+    try:
+        from tuner.study import TuneConfig
+
+        if trials is not None and trials < 1:
+            raise TunerError(f"--trials must be at least 1, got {trials}")
+        if precision not in ("bf16", "fp8"):
+            raise TunerError(f"--precision {precision!r}: accepted bf16 or fp8")
+        cfg = TuneConfig(
+            model=_require(model, "--model", "MiniMax-M2"),
+            gpus=_require(gpus, "--gpus", "64xH200"),
+            gpus_per_node=gpus_per_node,
+            network_gbps=network_gbps,
+            usd_per_gpu_hour=usd_per_gpu_hour,
+            seq_length=seq_len,
+            global_batch_size=global_batch,
+            precision=precision,
+            space=str(space) if space else None,
+            calibration=str(calibration) if calibration else None,
+            memory_headroom=memory_headroom,
+            study=study,
+            storage=storage,
+            trials=trials,
+            backend=backend,
+            seed=seed,
+            results_dir=str(results_dir),
+        )
+        _run_main(cfg, top)
+    except TunerError as e:
+        _fail(e)
+
+
+def _run_main(cfg: Any, top: int) -> None:
+    from launch import get_backend
+    from tuner.report import export_files, front_rows, pipeline_layout_of, plot_front, write_pareto_csv
+    from tuner.study import prepare, run_study, trial_rows
+
+    get_backend(cfg.backend)  # reject unknown / unavailable backends before any work
+    prep = prepare(cfg)
+    en = prep.enumeration
+    c = prep.cluster
+    w = prep.workload
+    src_word = "predicted" if cfg.backend == "model" else "measured"
+    out.print(
+        f"[bold]{prep.model.name}[/] on [bold]{c.label}[/] ({c.num_gpus} GPUs, {c.gpu.hbm_bytes / GIB:.1f} GiB each), "
+        f"seq {w.seq_length:,}, global batch {w.global_batch_size}, {w.precision.value}; "
+        f"backend [bold]{cfg.backend}[/] ({'every number below is a prediction of the analytical model; nothing was measured' if cfg.backend == 'model' else 'trials are measured'})"
+    )
+    n_rule = en.considered - len(en.valid)
+    n_nofit = prep.n_valid - prep.n_fit
+    out.print(f"Layouts considered: [bold]{_fmt_int(en.considered)}[/]")
+    out.print(f"  break a Megatron rule: {_fmt_int(n_rule)}")
+    for rid, cnt in sorted(en.rule_counts.items(), key=lambda kv: -kv[1]):
+        if cnt:
+            out.print(f"    {rid:<34} {_fmt_int(cnt):>12}")
+    out.print(
+        f"  valid: {_fmt_int(prep.n_valid)}; predicted not to fit in {prep.estimates.usable_bytes / GIB:.1f} GiB "
+        f"({cfg.memory_headroom:.0%} headroom): {_fmt_int(n_nofit)}; candidates: [bold]{_fmt_int(prep.n_fit)}[/]"
+    )
+    for note in getattr(en, "notes", []) or []:
+        out.print(f"  note: {note}")
+    out.print(f"  (enumerated and checked in {prep.enumerate_seconds:.2f} s, estimated in {prep.estimate_seconds:.2f} s)")
+
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=out,
+        transient=False,
+    ) as progress:
+        task = progress.add_task(f"Optuna search ({cfg.backend} backend)", total=None)
+
+        def on_trial(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        try:
+            res = run_study(prep, on_trial=on_trial)
+        except KeyboardInterrupt:
+            progress.stop()
+            err.print("[yellow]interrupted:[/] finished trials are kept in the study; re-run the same command to resume.")
+            raise typer.Exit(code=130) from None
+
+    rows = trial_rows(res.study)
+    front = front_rows(rows, prep.model)
+    out.print(
+        f"Study [bold]{res.study_name}[/] ({res.storage}): {len(rows)} layouts evaluated in total "
+        f"({res.evaluated_now} now; {res.skipped_now} sampled layouts skipped as invalid, not fitting or already evaluated)"
+    )
+    _print_front(front, top, title=f"Pareto front: tokens/s/GPU vs peak memory per GPU ({src_word})")
+    if not front:
+        raise TunerError("the study has no finished trial; nothing to export")
+    best = front[0]
+    lay = best["layout"]
+    pls = pipeline_layout_of(lay, prep.model)
+    files = {
+        "pareto": res.out_dir / "pareto.csv",
+        "plot": res.out_dir / "pareto.png",
+    }
+    write_pareto_csv(files["pareto"], front)
+    plot_front(
+        files["plot"], rows, front,
+        title=f"{prep.model.name} on {c.label}, seq {w.seq_length}, gbs {w.global_batch_size} ({src_word})",
+        usable_gib=prep.estimates.usable_bytes / GIB,
+    )
+    files.update(export_files(res.out_dir, prep.model, c, w, lay, study=res.study_name, calibration=prep.calibration, memory_headroom=cfg.memory_headroom))
+    out.print(
+        f"\n[bold green]Best layout[/] ({best['source']}): [bold]{best['label']}[/], {best['recompute']} recompute, "
+        f"offload {best['offload']}, {best['dispatcher']} dispatcher, micro-batch {best['micro_batch_size']}, layer split {best['layer_split']}"
+    )
+    out.print(
+        f"  {best['source']}: {best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU, MFU {best['mfu']:.1%}, "
+        f"${best['usd_per_million_tokens']:.2f} per 1M tokens, peak {best['peak_gib']:.1f} GiB "
+        f"(headroom {best['headroom_gib']:.1f} GiB), step {best['step_time_s']:.2f} s"
+    )
+    if pls:
+        out.print(f"  --pipeline-model-parallel-layout '{pls}'")
+    out.print("Files:")
+    for kind, p in files.items():
+        out.print(f"  {p}")
+    out.print(
+        "The recipe's status is 'predicted': confirm with real trials before training "
+        "(and run a convergence check against a reference layout)."
+        if best["source"] == "predicted" else ""
+    )
+
+
+def _print_front(front: list[dict[str, Any]], top: int, title: str) -> None:
+    t = Table(title=title, title_justify="left", show_lines=False)
+    for col, just in [
+        ("#", "right"), ("layout", "left"), ("recompute", "left"), ("offload", "left"), ("dispatcher", "left"),
+        ("mbs", "right"), ("split", "left"), ("tokens/s/GPU", "right"), ("MFU", "right"), ("$/1M tok", "right"),
+        ("peak GiB", "right"), ("headroom GiB", "right"), ("source", "left"),
+    ]:
+        t.add_column(col, justify=just, no_wrap=col in ("layout", "recompute"))
+    rows = front if top <= 0 else front[:top]
+    for r in rows:
+        t.add_row(
+            str(r["trial"]), r["label"], r["recompute"], r["offload"], r["dispatcher"], str(r["micro_batch_size"]),
+            "even" if r["layer_split"] == "even" else r["layer_split"].replace("first ", "").replace(", last ", "/"),
+            f"{r['tokens_per_s_per_gpu']:,.1f}", f"{r['mfu']:.1%}", f"{r['usd_per_million_tokens']:.2f}",
+            f"{r['peak_gib']:.1f}", f"{r['headroom_gib']:.1f}", r["source"],
+        )
+    out.print(t)
+    if top > 0 and len(front) > top:
+        out.print(f"  ({len(front) - top} more on the front: see pareto.csv or `tune pareto --top 0`)")
+
+
+# ---- layout from flags (estimate, check) ------------------------------------------------
+
+
+def _layout_from_flags(world: int, **kw: Any) -> Any:
+    from search_spaces.layout import Layout
+
+    mods = tuple(m for m in (kw.pop("recompute_modules") or "").replace(" ", ",").split(",") if m)
+    gran = kw.pop("recompute")
+    method = kw.pop("recompute_method")
+    num = kw.pop("recompute_num_layers")
+    if gran == "full":
+        method = method or "uniform"
+        num = 1 if num is None else num
+    disp = kw.pop("dispatcher")
+    tp = kw["tp"]
+    sp = kw.pop("sequence_parallel")
+    return Layout(
+        world_size=world,
+        sequence_parallel=(tp > 1) if sp is None else sp,
+        recompute_granularity=gran,
+        recompute_method=method or "none",
+        recompute_num_layers=num or 0,
+        recompute_modules=mods if gran == "selective" else (),
+        dispatcher=disp,
+        **kw,
+    )
+
+
+def _layout_options(f: Any) -> Any:
+    return f
+
+
+LayoutHelp = "Layout"
+
+
+def _common_layout(
+    tp: int, pp: int, vpp: int, cp: int, ep: int, etp: int, micro_batch_size: int, sequence_parallel: Optional[bool],
+    recompute: str, recompute_method: Optional[str], recompute_num_layers: Optional[int], recompute_modules: Optional[str],
+    offload: float, dispatcher: str, first: int, last: int, exp_avg_dtype: str, no_precision_aware: bool, no_distributed_optimizer: bool,
+) -> dict[str, Any]:
+    return dict(
+        tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel,
+        recompute=recompute, recompute_method=recompute_method, recompute_num_layers=recompute_num_layers,
+        recompute_modules=recompute_modules, optimizer_offload_fraction=offload, dispatcher=dispatcher,
+        num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last,
+        exp_avg_dtype=exp_avg_dtype, exp_avg_sq_dtype=exp_avg_dtype,
+        use_precision_aware_optimizer=not no_precision_aware, use_distributed_optimizer=not no_distributed_optimizer,
+    )
+
+
+TpOpt = Annotated[int, typer.Option("--tp", help="--tensor-model-parallel-size", rich_help_panel="Layout")]
+PpOpt = Annotated[int, typer.Option("--pp", help="--pipeline-model-parallel-size", rich_help_panel="Layout")]
+VppOpt = Annotated[int, typer.Option("--vpp", help="virtual stages per pipeline rank (1 = none)", rich_help_panel="Layout")]
+CpOpt = Annotated[int, typer.Option("--cp", help="--context-parallel-size", rich_help_panel="Layout")]
+EpOpt = Annotated[int, typer.Option("--ep", help="--expert-model-parallel-size", rich_help_panel="Layout")]
+EtpOpt = Annotated[int, typer.Option("--etp", help="--expert-tensor-parallel-size", rich_help_panel="Layout")]
+MbsOpt = Annotated[int, typer.Option("--micro-batch-size", "--mbs", help="rows per micro-batch", rich_help_panel="Layout")]
+SpOpt = Annotated[Optional[bool], typer.Option("--sequence-parallel/--no-sequence-parallel", help="default: on when tp > 1", rich_help_panel="Layout")]
+RecOpt = Annotated[str, typer.Option("--recompute", help="none, selective or full", rich_help_panel="Layout")]
+RecMethOpt = Annotated[Optional[str], typer.Option("--recompute-method", help="uniform or block (full only; default uniform)", rich_help_panel="Layout")]
+RecNumOpt = Annotated[Optional[int], typer.Option("--recompute-num-layers", help="full only; default 1", rich_help_panel="Layout")]
+RecModOpt = Annotated[Optional[str], typer.Option("--recompute-modules", help="selective only, comma-separated, e.g. core_attn,moe_act", rich_help_panel="Layout")]
+OffOpt = Annotated[float, typer.Option("--optimizer-offload-fraction", help="0 (none) .. 1", rich_help_panel="Layout")]
+DispOpt = Annotated[str, typer.Option("--dispatcher", help="alltoall, allgather, flex+deepep, flex+hybridep", rich_help_panel="Layout")]
+FirstOpt = Annotated[int, typer.Option("--first-stage-layers", help="decoder layers on pipeline rank 0 (0 = even split)", rich_help_panel="Layout")]
+LastOpt = Annotated[int, typer.Option("--last-stage-layers", help="decoder layers on the last pipeline rank (0 = even)", rich_help_panel="Layout")]
+AvgOpt = Annotated[str, typer.Option("--exp-avg-dtype", help="Adam moments dtype: fp32 or bf16", rich_help_panel="Layout")]
+NoPaOpt = Annotated[bool, typer.Option("--no-precision-aware-optimizer", help="turn off --use-precision-aware-optimizer", rich_help_panel="Layout")]
+NoDoOpt = Annotated[bool, typer.Option("--no-distributed-optimizer", help="turn off --use-distributed-optimizer", rich_help_panel="Layout")]
+
+
+def _inputs(model: Optional[str], gpus: Optional[str], gpus_per_node: Optional[int], network_gbps: Optional[float], usd: Optional[float], seq_len: int, global_batch: int, precision: str) -> tuple[Any, Any, Any]:
+    from cost_model.specs import Workload, load_model, parse_gpus
+
+    if precision not in ("bf16", "fp8"):
+        raise TunerError(f"--precision {precision!r}: accepted bf16 or fp8")
+    m = load_model(_require(model, "--model", "MiniMax-M2"))
+    c = parse_gpus(_require(gpus, "--gpus", "64xH200"), gpus_per_node=gpus_per_node,
+                   inter_node_bytes_per_s=network_gbps * 1e9 / 8 if network_gbps else None, usd_per_gpu_hour=usd)
+    w = Workload(seq_length=seq_len, global_batch_size=global_batch, precision=precision)
+    return m, c, w
+
+
+@app.command()
+def estimate(
+    model: ModelOpt = None, gpus: GpusOpt = None, gpus_per_node: PerNodeOpt = None, network_gbps: NetOpt = None, usd_per_gpu_hour: PriceOpt = None,
+    seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
+    tp: TpOpt = 1, pp: PpOpt = 1, vpp: VppOpt = 1, cp: CpOpt = 1, ep: EpOpt = 1, etp: EtpOpt = 1, micro_batch_size: MbsOpt = 1,
+    sequence_parallel: SpOpt = None, recompute: RecOpt = "none", recompute_method: RecMethOpt = None, recompute_num_layers: RecNumOpt = None,
+    recompute_modules: RecModOpt = None, optimizer_offload_fraction: OffOpt = 0.0, dispatcher: DispOpt = "alltoall",
+    first_stage_layers: FirstOpt = 0, last_stage_layers: LastOpt = 0, exp_avg_dtype: AvgOpt = "fp32",
+    no_precision_aware_optimizer: NoPaOpt = False, no_distributed_optimizer: NoDoOpt = False,
+    calibration: CalOpt = None, memory_headroom: HeadroomOpt = 0.10,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as JSON.")] = False,
+) -> None:
+    """Predict one layout: memory per GPU (worst pipeline rank) and step time, with their parts."""
+    try:
+        from cost_model.calibration import load_calibration
+        from cost_model.estimate import estimate as _estimate
+
+        m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd_per_gpu_hour, seq_len, global_batch, precision)
+        lay = _layout_from_flags(c.num_gpus, **_common_layout(tp, pp, vpp, cp, ep, etp, micro_batch_size, sequence_parallel, recompute, recompute_method, recompute_num_layers, recompute_modules, optimizer_offload_fraction, dispatcher, first_stage_layers, last_stage_layers, exp_avg_dtype, no_precision_aware_optimizer, no_distributed_optimizer))
+        e = _estimate(m, c, w, lay, calibration=load_calibration(calibration), memory_headroom=memory_headroom)
+    except TunerError as ex:
+        _fail(ex)
+        return
+    from tuner.report import pipeline_layout_of
+
+    d = e.to_dict()
+    d["pipeline_model_parallel_layout"] = pipeline_layout_of(lay, m)
+    if as_json:
+        sys.stdout.write(json.dumps(d, indent=2) + "\n")
+        return
+    out.print(f"[bold]{lay.label}[/] ({m.name} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}) - [bold]predicted[/] by the analytical model")
+    out.print(f"  recompute {lay.recompute_label}, offload {lay.offload_label}, {lay.dispatcher.value} dispatcher, micro-batch {lay.micro_batch_size}")
+    if d["pipeline_model_parallel_layout"]:
+        out.print(f"  --pipeline-model-parallel-layout '{d['pipeline_model_parallel_layout']}'")
+    out.print(f"  predicted tokens/s/GPU {e.tokens_per_s_per_gpu:,.1f}; step {e.step_time_s:.2f} s; MFU {e.mfu:.1%}; model TFLOP/s/GPU {e.model_tflops_per_gpu:.0f}; ${e.usd_per_million_tokens:.2f} per 1M tokens")
+    fit = "fits" if e.fits else "[red]does NOT fit[/]"
+    out.print(f"  predicted peak {e.peak_gib:.1f} GiB of {e.hbm_bytes / GIB:.1f} GiB ({fit} with {memory_headroom:.0%} headroom; headroom {e.headroom_gib:.1f} GiB)")
+    t = Table(title="predicted memory per GPU (worst pipeline rank)", title_justify="left")
+    t.add_column("part"); t.add_column("GiB", justify="right")
+    for k, v in e.memory.items():
+        t.add_row(k, f"{v / GIB:.2f}")
+    out.print(t)
+    t = Table(title="predicted step time", title_justify="left")
+    t.add_column("part"); t.add_column("s", justify="right")
+    for k, v in e.time.items():
+        t.add_row(k, f"{v:.3f}")
+    out.print(t)
+
+
+@app.command()
+def check(
+    model: ModelOpt = None, gpus: GpusOpt = None, gpus_per_node: PerNodeOpt = None,
+    seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
+    tp: TpOpt = 1, pp: PpOpt = 1, vpp: VppOpt = 1, cp: CpOpt = 1, ep: EpOpt = 1, etp: EtpOpt = 1, micro_batch_size: MbsOpt = 1,
+    sequence_parallel: SpOpt = None, recompute: RecOpt = "none", recompute_method: RecMethOpt = None, recompute_num_layers: RecNumOpt = None,
+    recompute_modules: RecModOpt = None, optimizer_offload_fraction: OffOpt = 0.0, dispatcher: DispOpt = "alltoall",
+    first_stage_layers: FirstOpt = 0, last_stage_layers: LastOpt = 0, exp_avg_dtype: AvgOpt = "fp32",
+    no_precision_aware_optimizer: NoPaOpt = False, no_distributed_optimizer: NoDoOpt = False,
+    layout_string: Annotated[Optional[str], typer.Option("--pipeline-layout", help="Also check a --pipeline-model-parallel-layout string against --pp.", rich_help_panel="Layout")] = None,
+) -> None:
+    """Is a layout valid under Megatron's rules? Lists every rule it breaks (exit 2 if any)."""
+    try:
+        from search_spaces.rules import check_layout
+
+        m, c, w = _inputs(model, gpus, gpus_per_node, None, None, seq_len, global_batch, precision)
+        lay = _layout_from_flags(c.num_gpus, **_common_layout(tp, pp, vpp, cp, ep, etp, micro_batch_size, sequence_parallel, recompute, recompute_method, recompute_num_layers, recompute_modules, optimizer_offload_fraction, dispatcher, first_stage_layers, last_stage_layers, exp_avg_dtype, no_precision_aware_optimizer, no_distributed_optimizer))
+        broken = list(check_layout(lay, m, w))
+        if layout_string:
+            from cost_model.errors import InfeasibleLayout
+            from search_spaces.pipeline import layer_counts_from_string
+
+            try:
+                layer_counts_from_string(layout_string, pp, m.num_layers, m.mtp_num_layers)
+            except InfeasibleLayout as ex:
+                broken.append((ex.rule_id, ex.reason))
+    except TunerError as ex:
+        _fail(ex)
+        return
+    if not broken:
+        from tuner.report import pipeline_layout_of
+
+        out.print(f"[green]valid[/]: {lay.label} ({m.name}, {c.num_gpus} GPUs, seq {w.seq_length}, gbs {w.global_batch_size})")
+        pls = pipeline_layout_of(lay, m)
+        if pls:
+            out.print(f"  --pipeline-model-parallel-layout '{pls}'")
+        return
+    err.print(f"[red]invalid[/]: {lay.label} breaks {len(broken)} rule(s):")
+    for rid, reason in broken:
+        err.print(f"  [{rid}] {reason}", markup=False)
+    raise typer.Exit(code=2)
+
+
+def _load_study(study: Optional[str], storage: Optional[str], results_dir: Path) -> Any:
+    import optuna
+
+    name = _require(study, "--study", "MiniMax-M2-8x8xH200-s8192-gbs128")
+    url = storage or f"sqlite:///{(results_dir / name / 'study.db').as_posix()}"
+    if not storage and not (results_dir / name / "study.db").exists():
+        raise TunerError(f"--study {name!r}: no study database at {results_dir / name / 'study.db'}; run `tune --model ... --gpus ... --study {name}` first, or give --storage")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return optuna.load_study(study_name=name, storage=url)
+    except KeyError:
+        raise TunerError(f"--study {name!r}: no such study in {url}") from None
+    except Exception as e:  # noqa: BLE001 - storage errors
+        raise TunerError(f"--study {name!r}: cannot open {url} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+
+
+def _study_context(st: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
+    from cost_model.specs import Workload, load_model, parse_gpus
+
+    cfg = st.user_attrs.get("config") or {}
+    m = load_model(cfg["model"])
+    c = parse_gpus(cfg["gpus"], gpus_per_node=cfg.get("gpus_per_node"),
+                   inter_node_bytes_per_s=cfg["network_gbps"] * 1e9 / 8 if cfg.get("network_gbps") else None,
+                   usd_per_gpu_hour=cfg.get("usd_per_gpu_hour"))
+    w = Workload(seq_length=cfg["seq_length"], global_batch_size=cfg["global_batch_size"], precision=cfg.get("precision", "bf16"))
+    return m, c, w, cfg
+
+
+@app.command()
+def pareto(
+    study: StudyOpt = None, storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
+    top: Annotated[int, typer.Option("--top", help="Rows to print (0 = all).")] = 0,
+    csv_out: Annotated[Optional[Path], typer.Option("--csv", help="Also write the front as CSV here.")] = None,
+) -> None:
+    """Show a study's Pareto front (throughput vs peak memory) with predicted vs measured values."""
+    try:
+        from tuner.report import front_rows, write_pareto_csv
+        from tuner.study import trial_rows
+
+        st = _load_study(study, storage, results_dir)
+        m, c, w, cfg = _study_context(st)
+        rows = trial_rows(st)
+        front = front_rows(rows, m)
+        if not front:
+            raise TunerError(f"study {st.study_name!r} has no finished trial yet")
+    except TunerError as ex:
+        _fail(ex)
+        return
+    srcs = {r["source"] for r in front}
+    out.print(f"Study [bold]{st.study_name}[/]: {m.name} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}; backend {cfg.get('backend')}; {len(rows)} layouts evaluated")
+    _print_front(front, top, title=f"Pareto front ({' and '.join(sorted(srcs))})")
+    if any("pred_tokens_per_s_per_gpu" in r for r in rows) and "measured" in srcs:
+        t = Table(title="predicted vs measured", title_justify="left")
+        for col in ("trial", "layout", "pred tokens/s/GPU", "meas tokens/s/GPU", "err %", "pred GiB", "meas GiB"):
+            t.add_column(col)
+        for r in rows:
+            if r.get("source") == "measured":
+                t.add_row(str(r["trial"]), r["label"], f"{r['pred_tokens_per_s_per_gpu']:,.1f}", f"{r['tokens_per_s_per_gpu']:,.1f}",
+                          f"{(r['pred_tokens_per_s_per_gpu'] / r['tokens_per_s_per_gpu'] - 1) * 100:+.1f}", f"{r['pred_peak_gib']:.1f}", f"{r['peak_gib']:.1f}")
+        out.print(t)
+    if csv_out:
+        write_pareto_csv(csv_out, front)
+        out.print(f"wrote {csv_out}")
+
+
+@app.command("export")
+def export_cmd(
+    study: StudyOpt = None, storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
+    trial: Annotated[Optional[int], typer.Option("--trial", help="Trial number (default: the fastest on the front).")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="recipe, slime or megatron")] = "recipe",
+    out_file: Annotated[Optional[Path], typer.Option("--out", help="File to write (default: stdout).")] = None,
+) -> None:
+    """Export a study's layout as a recipe YAML, a slime run script or a Megatron-LM argument file."""
+    try:
+        from cost_model.estimate import estimate as _estimate
+        from launch import export
+        from search_spaces.layout import Layout
+        from tuner.report import front_rows
+        from tuner.study import trial_rows
+
+        if fmt not in ("recipe", "slime", "megatron"):
+            raise TunerError(f"--format {fmt!r}: accepted recipe, slime or megatron")
+        st = _load_study(study, storage, results_dir)
+        m, c, w, cfg = _study_context(st)
+        rows = trial_rows(st)
+        if trial is None:
+            front = front_rows(rows, m)
+            if not front:
+                raise TunerError(f"study {st.study_name!r} has no finished trial to export")
+            lay = front[0]["layout"]
+        else:
+            match = [r for r in rows if r["trial"] == trial]
+            if not match:
+                done = sorted(r["trial"] for r in rows)
+                raise TunerError(f"--trial {trial}: not a finished trial of {st.study_name!r}; finished trials: {done[:20]}{' ...' if len(done) > 20 else ''}")
+            lay = Layout.from_dict(match[0]["layout"])
+        if fmt == "recipe":
+            from cost_model.calibration import load_calibration
+
+            e = _estimate(m, c, w, lay, calibration=load_calibration(cfg.get("calibration")), memory_headroom=cfg.get("memory_headroom", 0.10))
+            rec = export.recipe_dict(m, c, w, lay, estimate=e, study=st.study_name)
+            export.validate_recipe(rec)
+            text = export.dump_recipe(rec)
+        elif fmt == "slime":
+            text = export.slime_script(m, c, w, lay)
+        else:
+            text = export.megatron_args_script(m, c, w, lay)
+    except TunerError as ex:
+        _fail(ex)
+        return
+    if out_file:
+        try:
+            out_file.write_text(text)
+        except OSError as e:
+            _fail(TunerError(f"--out {str(out_file)!r}: cannot write ({e.strerror})"))
+        err.print(f"wrote {out_file}")
+    else:
+        sys.stdout.write(text)
+
+
+@app.command()
+def models() -> None:
+    """List the bundled model presets."""
+    from cost_model.specs import list_models, load_model
+
+    t = Table(title="bundled models (or give --model path/to/config.json)", title_justify="left")
+    for col in ("name", "layers", "hidden", "heads/groups", "experts (top-k)", "active params", "total params", "source"):
+        t.add_column(col, overflow="fold")
+    for n in list_models():
+        m = load_model(n)
+        t.add_row(n, str(m.num_layers), str(m.hidden_size), f"{m.num_attention_heads}/{m.num_query_groups}",
+                  f"{m.num_experts} ({m.moe_router_topk})" if m.is_moe else "dense",
+                  f"{m.active_params() / 1e9:.2f} B", f"{m.total_params() / 1e9:.1f} B", m.source.split(" ")[0])
+    out.print(t)
+
+
+@app.command()
+def gpus() -> None:
+    """List the bundled GPU types and their datasheet numbers."""
+    from cost_model.specs import list_gpus, load_gpu
+
+    t = Table(title="bundled GPUs", title_justify="left")
+    for col in ("name", "memory GiB", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM TB/s", "NVLink GB/s/dir", "per node", "NVLink domain"):
+        t.add_column(col)
+    for n in list_gpus():
+        g = load_gpu(n)
+        t.add_row(g.name, f"{g.hbm_bytes / GIB:.1f}", f"{g.peak_flops_bf16 / 1e12:.0f}", f"{g.peak_flops_fp8 / 1e12:.0f}" if g.peak_flops_fp8 else "-",
+                  f"{g.hbm_bytes_per_s / 1e12:.2f}", f"{g.nvlink_bytes_per_s / 1e9:.0f}", str(g.gpus_per_node), str(g.nvlink_domain))
+    out.print(t)
+    out.print("Dense (non-sparse) peaks from NVIDIA datasheets; memory as nvidia-smi reports it. Sources: cost_model/data/gpus/*.yaml")
+
+
+def main() -> None:
+    """Console entry point: run the app; user errors exit 2 without a traceback."""
+    try:
+        app()
+    except TunerError as e:  # raised outside a command's own handler
+        err.print(f"[bold red]error:[/] {e}")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

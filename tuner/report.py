@@ -1,0 +1,159 @@
+"""What a tuning run writes and prints: Pareto CSV and plot, exported recipe and run commands."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cost_model.estimate import estimate
+from cost_model.specs import Cluster, ModelSpec, Workload
+from search_spaces.layout import Layout
+from search_spaces.pipeline import emit_layout_string
+from tuner.pareto import pareto_mask
+
+__all__ = ["front_rows", "write_pareto_csv", "plot_front", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
+
+FRONT_COLUMNS = (
+    "trial",
+    "source",
+    "label",
+    "recompute",
+    "offload",
+    "dispatcher",
+    "micro_batch_size",
+    "layer_split",
+    "pipeline_model_parallel_layout",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "usd_per_million_tokens",
+    "peak_gib",
+    "headroom_gib",
+    "step_time_s",
+)
+
+
+def pipeline_layout_of(layout: Layout, model: ModelSpec) -> str:
+    """The ``--pipeline-model-parallel-layout`` string of a layout ('' when pp == 1)."""
+    if layout.pp == 1:
+        return ""
+    return emit_layout_string(
+        model.num_layers,
+        layout.pp,
+        layout.vpp,
+        layout.num_layers_in_first_pipeline_stage,
+        layout.num_layers_in_last_pipeline_stage,
+        model.mtp_num_layers,
+    )
+
+
+def front_rows(rows: list[dict[str, Any]], model: ModelSpec) -> list[dict[str, Any]]:
+    """The Pareto-optimal trials (max tokens/s/GPU, min peak memory), fastest first, as table rows."""
+    ok = [r for r in rows if "tokens_per_s_per_gpu" in r and "peak_gib" in r]
+    if not ok:
+        return []
+    thr = np.array([r["tokens_per_s_per_gpu"] for r in ok])
+    mem = np.array([r["peak_gib"] for r in ok])
+    keep = pareto_mask(thr, mem)
+    out = []
+    for r in sorted((r for r, k in zip(ok, keep) if k), key=lambda r: -r["tokens_per_s_per_gpu"]):
+        lay = Layout.from_dict(r["layout"])
+        first, last = lay.num_layers_in_first_pipeline_stage, lay.num_layers_in_last_pipeline_stage
+        out.append(
+            {
+                "trial": r["trial"],
+                "source": r.get("source", "predicted"),
+                "label": lay.label,
+                "recompute": lay.recompute_label,
+                "offload": lay.offload_label,
+                "dispatcher": lay.dispatcher.value,
+                "micro_batch_size": lay.micro_batch_size,
+                "layer_split": "even" if not (first or last) else f"first {first}, last {last}",
+                "pipeline_model_parallel_layout": pipeline_layout_of(lay, model),
+                "tokens_per_s_per_gpu": r["tokens_per_s_per_gpu"],
+                "mfu": r.get("mfu", float("nan")),
+                "usd_per_million_tokens": r.get("usd_per_million_tokens", float("nan")),
+                "peak_gib": r["peak_gib"],
+                "headroom_gib": r.get("headroom_gib", float("nan")),
+                "step_time_s": r.get("step_time_s", float("nan")),
+                "layout": lay,
+            }
+        )
+    return out
+
+
+def write_pareto_csv(path: Path, front: list[dict[str, Any]]) -> None:
+    """One row per Pareto-optimal trial; the ``source`` column says predicted or measured."""
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(FRONT_COLUMNS)
+        for r in front:
+            w.writerow([r[c] if not isinstance(r[c], float) else f"{r[c]:.6g}" for c in FRONT_COLUMNS])
+
+
+def plot_front(path: Path, rows: list[dict[str, Any]], front: list[dict[str, Any]], title: str, usable_gib: float) -> None:
+    """PNG scatter of every evaluated trial and the front (peak GiB vs tokens/s/GPU)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    ok = [r for r in rows if "tokens_per_s_per_gpu" in r]
+    src = {r.get("source", "predicted") for r in ok}
+    ax.scatter([r["peak_gib"] for r in ok], [r["tokens_per_s_per_gpu"] for r in ok], s=12, c="#9aa5b1", label="evaluated trials")
+    fx = [r["peak_gib"] for r in front]
+    fy = [r["tokens_per_s_per_gpu"] for r in front]
+    ax.step(fx[::-1], fy[::-1], where="post", color="#c0392b", lw=1.2)
+    ax.scatter(fx, fy, s=30, c="#c0392b", label="Pareto front", zorder=3)
+    for r in front[:6]:
+        ax.annotate(r["label"], (r["peak_gib"], r["tokens_per_s_per_gpu"]), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    ax.axvline(usable_gib, color="#555", ls="--", lw=0.8, label=f"usable memory ({usable_gib:.0f} GiB)")
+    kind = "predicted" if src <= {"predicted"} else "measured" if src <= {"measured"} else "predicted and measured"
+    ax.set_xlabel(f"peak memory per GPU, GiB ({kind})")
+    ax.set_ylabel(f"tokens/s/GPU ({kind})")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def export_files(
+    out_dir: Path,
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Workload,
+    layout: Layout,
+    *,
+    study: str,
+    calibration: Any = None,
+    memory_headroom: float = 0.10,
+    measurement: Any = None,
+) -> dict[str, Path]:
+    """Write ``recipe.yaml``, ``run_slime.sh`` and ``megatron_args.sh`` for ``layout``.
+
+    Returns:
+        The paths written, by kind.
+    """
+    from launch import export
+
+    kw = {"memory_headroom": memory_headroom}
+    if calibration is not None:
+        kw["calibration"] = calibration
+    est = estimate(model, cluster, workload, layout, **kw)
+    recipe = export.recipe_dict(model, cluster, workload, layout, estimate=est, measurement=measurement, study=study)
+    export.validate_recipe(recipe)
+    paths = {
+        "recipe": out_dir / "recipe.yaml",
+        "slime": out_dir / "run_slime.sh",
+        "megatron": out_dir / "megatron_args.sh",
+    }
+    export.write_recipe(paths["recipe"], recipe)
+    paths["slime"].write_text(export.slime_script(model, cluster, workload, layout))
+    paths["slime"].chmod(0o755)
+    paths["megatron"].write_text(export.megatron_args_script(model, cluster, workload, layout))
+    return paths
