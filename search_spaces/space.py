@@ -1,0 +1,620 @@
+"""The search space (a YAML file) and its enumeration into valid layouts.
+
+:class:`SearchSpace` holds one list of candidates per dimension; the bundled
+``default_space.yaml`` documents each key. :func:`enumerate_layouts` crosses
+the dimensions with numpy index arrays and applies :data:`~search_spaces.rules.RULES`
+stage by stage: a rule is evaluated as soon as the dimensions it reads are
+crossed in, so most combinations are rejected on small partial products and the
+count of each rejection is the number of rows times the size of the dimensions
+not yet crossed. Because the rules are applied in their fixed order, the counts
+are exactly those :func:`~search_spaces.rules.check_table` gives on the full
+product.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+import yaml
+
+from cost_model.errors import TunerError
+from cost_model.specs import ModelSpec, Workload
+from search_spaces.layout import (
+    RECOMPUTE_MODULES,
+    Dispatcher,
+    Layout,
+    LayoutTable,
+    RecomputeGranularity,
+    RecomputeMethod,
+)
+from search_spaces.rules import RULES, Rule, applicable_recompute_modules
+
+__all__ = [
+    "RecomputeOption",
+    "PipelineSplitSpace",
+    "SearchSpace",
+    "Enumeration",
+    "enumerate_layouts",
+    "DEFAULT_SPACE_FILE",
+]
+
+#: Name of the bundled default space inside the ``search_spaces`` package.
+DEFAULT_SPACE_FILE = "default_space.yaml"
+
+_DTYPES = ("fp32", "bf16")
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecomputeOption:
+    """One recompute candidate (``--recompute-granularity/-method/-num-layers/-modules``)."""
+
+    granularity: RecomputeGranularity = RecomputeGranularity.none
+    method: RecomputeMethod = RecomputeMethod.none
+    """uniform or block for full recompute; none otherwise."""
+    num_layers: int = 0
+    """Layers per group (uniform) or per chunk (block) for full recompute; 0 otherwise."""
+    modules: tuple[str, ...] = ()
+    """Modules for selective recompute; empty otherwise."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The YAML form: ``{granularity: none}``, ``{granularity: selective, modules: [...]}`` or
+        ``{granularity: full, method: ..., num_layers: N}``."""
+        if self.granularity == RecomputeGranularity.selective:
+            return {"granularity": "selective", "modules": list(self.modules)}
+        if self.granularity == RecomputeGranularity.full:
+            return {"granularity": "full", "method": self.method.value, "num_layers": self.num_layers}
+        return {"granularity": "none"}
+
+    @staticmethod
+    def parse(entry: Any, where: str) -> list[RecomputeOption]:
+        """Options from one YAML entry (``num_layers`` may be a list: one option each).
+
+        Raises:
+            TunerError: if the entry is not a mapping, has unknown keys, or a value is
+                not accepted; the message names the entry and the accepted values.
+        """
+        if not isinstance(entry, Mapping):
+            raise TunerError(f"{where}: expected a mapping such as {{granularity: none}}, got {entry!r}")
+        gran = entry.get("granularity")
+        accepted = {
+            "none": {"granularity"},
+            "selective": {"granularity", "modules"},
+            "full": {"granularity", "method", "num_layers"},
+        }
+        if gran not in accepted:
+            raise TunerError(f"{where}: granularity must be one of none, selective, full; got {gran!r}")
+        unknown = set(entry) - accepted[gran]
+        if unknown:
+            raise TunerError(
+                f"{where}: unknown keys {sorted(map(str, unknown))} for granularity {gran}; "
+                f"accepted: {sorted(accepted[gran])}"
+            )
+        if gran == "none":
+            return [RecomputeOption()]
+        if gran == "selective":
+            mods = entry.get("modules", ["core_attn"])
+            if isinstance(mods, str):
+                mods = [mods]
+            if not isinstance(mods, list) or not mods or not all(isinstance(x, str) for x in mods):
+                raise TunerError(
+                    f"{where}: modules must be a non-empty list of names from {', '.join(RECOMPUTE_MODULES)}"
+                )
+            bad = [x for x in mods if x not in RECOMPUTE_MODULES]
+            if bad:
+                raise TunerError(f"{where}: unknown recompute modules {bad}; accepted: {', '.join(RECOMPUTE_MODULES)}")
+            return [RecomputeOption(granularity=RecomputeGranularity.selective, modules=tuple(dict.fromkeys(mods)))]
+        method = entry.get("method")
+        if method not in ("uniform", "block"):
+            raise TunerError(f"{where}: full recompute needs method uniform or block, got {method!r}")
+        counts = _ints(entry.get("num_layers"), f"{where}.num_layers")
+        return [
+            RecomputeOption(granularity=RecomputeGranularity.full, method=RecomputeMethod(method), num_layers=n)
+            for n in counts
+        ]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PipelineSplitSpace:
+    """Which pipeline splits to try (see :func:`search_spaces.pipeline.stage_layer_counts`)."""
+
+    even: bool = True
+    """Try the even split (``first = last = 0``)."""
+    max_stage_deficit: int = 2
+    """Try uneven splits whose first/last ranks hold up to this many layers fewer than a middle rank."""
+
+    def options(self, num_layers: int, pp: int) -> list[tuple[int, int]]:
+        """``(first, last)`` candidates for one pipeline size; ``(0, 0)`` = even.
+
+        For deficits ``d_f, d_l`` in ``0..max_stage_deficit`` (not both 0) with
+        ``(num_layers + d_f + d_l) % pp == 0``, the middle ranks hold
+        ``m = (num_layers + d_f + d_l) / pp`` layers and the pair is
+        ``(m - d_f, m - d_l)``, both written out. Deficits that leave no whole
+        middle size define no split and are not candidates. Duplicate pairs are
+        listed once; ``pp == 1`` has only the even split.
+
+        Returns:
+            Distinct ``(first, last)`` pairs, even first.
+        """
+        out: list[tuple[int, int]] = [(0, 0)] if self.even else []
+        if pp < 2:
+            return out
+        for d_f in range(self.max_stage_deficit + 1):
+            for d_l in range(self.max_stage_deficit + 1):
+                total = num_layers + d_f + d_l
+                if (d_f == 0 and d_l == 0) or total % pp:
+                    continue
+                m = total // pp
+                pair = (m - d_f, m - d_l)
+                if min(pair) >= 1 and pair not in out:
+                    out.append(pair)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"even": self.even, "max_stage_deficit": self.max_stage_deficit}
+
+
+# --------------------------------------------------------------------------- parsing helpers
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _unique(values: Sequence[T]) -> tuple[T, ...]:
+    return tuple(dict.fromkeys(values))
+
+
+def _ints(value: Any, key: str) -> tuple[int, ...]:
+    vals = _as_list(value)
+    if not vals or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in vals):
+        raise TunerError(f"{key}: expected a positive integer or a non-empty list of them, got {value!r}")
+    return _unique(vals)
+
+
+def _bools(value: Any, key: str) -> tuple[bool, ...]:
+    vals = _as_list(value)
+    if not vals or not all(isinstance(v, bool) for v in vals):
+        raise TunerError(f"{key}: expected true, false or a list of them, got {value!r}")
+    return _unique(vals)
+
+
+def _fractions(value: Any, key: str) -> tuple[float, ...]:
+    vals = _as_list(value)
+    ok = vals and all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0 for v in vals)
+    if not ok:
+        raise TunerError(f"{key}: expected numbers in [0, 1] (a list or one), got {value!r}")
+    return _unique([float(v) for v in vals])
+
+
+def _choices(value: Any, key: str, accepted: Sequence[str]) -> tuple[str, ...]:
+    vals = _as_list(value)
+    bad = [v for v in vals if v not in accepted]
+    if not vals or bad:
+        raise TunerError(f"{key}: unknown values {bad or vals!r}; accepted: {', '.join(accepted)}")
+    return _unique([str(v) for v in vals])
+
+
+# --------------------------------------------------------------------------- the space
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchSpace:
+    """Candidates per dimension; every combination is a candidate layout.
+
+    Made with :meth:`load` (the bundled default, or a YAML file over it) or
+    :meth:`from_dict`; :meth:`to_dict` gives the resolved space back for saving
+    with a study. ``default_space.yaml`` documents each field.
+    """
+
+    tp: tuple[int, ...]
+    pp: tuple[int, ...]
+    vpp: tuple[int, ...]
+    cp: tuple[int, ...]
+    ep: tuple[int, ...]
+    etp: tuple[int, ...]
+    micro_batch_size: tuple[int, ...]
+    recompute: tuple[RecomputeOption, ...]
+    optimizer_offload_fraction: tuple[float, ...]
+    overlap_cpu_optimizer_d2h_h2d: tuple[bool, ...]
+    dispatcher: tuple[Dispatcher, ...]
+    pipeline_split: PipelineSplitSpace
+    exp_avg_dtype: tuple[str, ...]
+    exp_avg_sq_dtype: tuple[str, ...]
+    use_precision_aware_optimizer: tuple[bool, ...]
+    use_distributed_optimizer: tuple[bool, ...]
+
+    @staticmethod
+    def keys() -> tuple[str, ...]:
+        """The accepted top-level YAML keys."""
+        return (
+            "tp",
+            "pp",
+            "vpp",
+            "cp",
+            "ep",
+            "etp",
+            "micro_batch_size",
+            "recompute",
+            "optimizer_offload_fraction",
+            "overlap_cpu_optimizer_d2h_h2d",
+            "dispatcher",
+            "pipeline_split",
+            "exp_avg_dtype",
+            "exp_avg_sq_dtype",
+            "use_precision_aware_optimizer",
+            "use_distributed_optimizer",
+        )
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> SearchSpace:
+        """The bundled default space, or a YAML file laid over it.
+
+        Args:
+            path: a YAML file (``tune --space FILE``); None = the bundled default.
+                Keys the file leaves out keep their default values.
+
+        Returns:
+            The resolved space.
+
+        Raises:
+            TunerError: if the file cannot be read or parsed, is not a mapping, has
+                unknown keys (listed with the accepted ones), or a value is not accepted.
+        """
+        default = _read_default()
+        if path is None:
+            return cls.from_dict(default, source="the default space")
+        p = Path(path)
+        try:
+            data = yaml.safe_load(p.read_text())
+        except OSError as e:
+            raise TunerError(f"--space {str(p)!r}: cannot read it ({e.strerror or e})") from None
+        except yaml.YAMLError as e:
+            raise TunerError(f"--space {str(p)!r}: not valid YAML ({e})") from None
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise TunerError(f"--space {str(p)!r}: expected a mapping of dimension names to candidates")
+        cls._reject_unknown(data, f"--space {str(p)!r}")
+        return cls.from_dict({**default, **data}, source=f"--space {str(p)!r}")
+
+    @classmethod
+    def _reject_unknown(cls, data: Mapping[str, Any], source: str) -> None:
+        unknown = [str(k) for k in data if k not in cls.keys()]
+        if unknown:
+            raise TunerError(f"{source}: unknown keys {unknown}; accepted keys: {', '.join(cls.keys())}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "search space") -> SearchSpace:
+        """Build from a mapping; missing keys take the bundled default's values.
+
+        Raises:
+            TunerError: unknown keys (listed with the accepted ones) or a bad value.
+        """
+        cls._reject_unknown(data, source)
+        d = {**_read_default(), **data}
+
+        def where(key: str) -> str:
+            return f"{source}: {key}"
+
+        rec_raw = d["recompute"]
+        if not isinstance(rec_raw, list) or not rec_raw:
+            raise TunerError(
+                f"{where('recompute')}: expected a non-empty list of options, e.g. [{{granularity: none}}]"
+            )
+        rec: list[RecomputeOption] = []
+        for i, entry in enumerate(rec_raw):
+            rec += RecomputeOption.parse(entry, f"{where('recompute')}[{i}]")
+
+        split_raw = d["pipeline_split"]
+        if not isinstance(split_raw, Mapping):
+            raise TunerError(
+                f"{where('pipeline_split')}: expected {{even: true, max_stage_deficit: 2}}, got {split_raw!r}"
+            )
+        unknown = [str(k) for k in split_raw if k not in ("even", "max_stage_deficit")]
+        if unknown:
+            raise TunerError(f"{where('pipeline_split')}: unknown keys {unknown}; accepted: even, max_stage_deficit")
+        even = split_raw.get("even", True)
+        deficit = split_raw.get("max_stage_deficit", 0)
+        if not isinstance(even, bool):
+            raise TunerError(f"{where('pipeline_split.even')}: expected true or false, got {even!r}")
+        if not isinstance(deficit, int) or isinstance(deficit, bool) or deficit < 0:
+            raise TunerError(f"{where('pipeline_split.max_stage_deficit')}: expected an integer >= 0, got {deficit!r}")
+        if not even and deficit == 0:
+            raise TunerError(
+                f"{where('pipeline_split')}: even is false and max_stage_deficit is 0, so no split is left"
+            )
+
+        return cls(
+            tp=_ints(d["tp"], where("tp")),
+            pp=_ints(d["pp"], where("pp")),
+            vpp=_ints(d["vpp"], where("vpp")),
+            cp=_ints(d["cp"], where("cp")),
+            ep=_ints(d["ep"], where("ep")),
+            etp=_ints(d["etp"], where("etp")),
+            micro_batch_size=_ints(d["micro_batch_size"], where("micro_batch_size")),
+            recompute=_unique(rec),
+            optimizer_offload_fraction=_fractions(d["optimizer_offload_fraction"], where("optimizer_offload_fraction")),
+            overlap_cpu_optimizer_d2h_h2d=_bools(
+                d["overlap_cpu_optimizer_d2h_h2d"], where("overlap_cpu_optimizer_d2h_h2d")
+            ),
+            dispatcher=tuple(
+                Dispatcher(v) for v in _choices(d["dispatcher"], where("dispatcher"), [x.value for x in Dispatcher])
+            ),
+            pipeline_split=PipelineSplitSpace(even=even, max_stage_deficit=deficit),
+            exp_avg_dtype=_choices(d["exp_avg_dtype"], where("exp_avg_dtype"), _DTYPES),
+            exp_avg_sq_dtype=_choices(d["exp_avg_sq_dtype"], where("exp_avg_sq_dtype"), _DTYPES),
+            use_precision_aware_optimizer=_bools(
+                d["use_precision_aware_optimizer"], where("use_precision_aware_optimizer")
+            ),
+            use_distributed_optimizer=_bools(d["use_distributed_optimizer"], where("use_distributed_optimizer")),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved space as plain YAML/JSON data; ``from_dict(to_dict())`` gives it back."""
+        return {
+            "tp": list(self.tp),
+            "pp": list(self.pp),
+            "vpp": list(self.vpp),
+            "cp": list(self.cp),
+            "ep": list(self.ep),
+            "etp": list(self.etp),
+            "micro_batch_size": list(self.micro_batch_size),
+            "recompute": [r.to_dict() for r in self.recompute],
+            "optimizer_offload_fraction": list(self.optimizer_offload_fraction),
+            "overlap_cpu_optimizer_d2h_h2d": list(self.overlap_cpu_optimizer_d2h_h2d),
+            "dispatcher": [d.value for d in self.dispatcher],
+            "pipeline_split": self.pipeline_split.to_dict(),
+            "exp_avg_dtype": list(self.exp_avg_dtype),
+            "exp_avg_sq_dtype": list(self.exp_avg_sq_dtype),
+            "use_precision_aware_optimizer": list(self.use_precision_aware_optimizer),
+            "use_distributed_optimizer": list(self.use_distributed_optimizer),
+        }
+
+    def replace(self, **changes: Any) -> SearchSpace:
+        """A copy with some dimensions changed (values as the dataclass holds them)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _read_default() -> dict[str, Any]:
+    text = resources.files("search_spaces").joinpath(DEFAULT_SPACE_FILE).read_text()
+    data = yaml.safe_load(text)
+    assert isinstance(data, dict), "the bundled default space must be a mapping"
+    return data
+
+
+# --------------------------------------------------------------------------- enumeration
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Enumeration:
+    """What :func:`enumerate_layouts` found.
+
+    ``sum(rule_counts.values()) + len(valid) == considered``.
+    """
+
+    considered: int
+    """Every combination of the space's dimensions (after the model-specific collapsing in ``notes``)."""
+    rule_counts: dict[str, int]
+    """Per rule id (check order), the layouts whose first failing rule it is."""
+    valid: LayoutTable
+    """The layouts that pass every rule."""
+    notes: list[str] = field(default_factory=list)
+    """How the space was adapted to the model (e.g. EP collapsed for a dense model)."""
+
+    @property
+    def rejected(self) -> int:
+        return sum(self.rule_counts.values())
+
+
+@dataclass(frozen=True, slots=True)
+class _Dim:
+    """One dimension of the product: ``size`` options, each a value per column."""
+
+    name: str
+    cols: dict[str, npt.NDArray[Any]]
+    size: int
+
+
+#: Column dtypes of a LayoutTable, read from an empty one.
+_COL_DTYPES: dict[str, np.dtype[Any]] = {k: v.dtype for k, v in LayoutTable.from_layouts([]).cols.items()}
+
+
+def _dim(name: str, cols: Mapping[str, Sequence[Any]]) -> _Dim:
+    arrays = {k: np.asarray(list(v)).astype(_COL_DTYPES[k]) for k, v in cols.items()}
+    sizes = {len(a) for a in arrays.values()}
+    assert len(sizes) == 1, (name, sizes)
+    return _Dim(name, arrays, sizes.pop())
+
+
+def _build_dims(space: SearchSpace, model: ModelSpec, notes: list[str]) -> list[_Dim]:
+    ep, etp, dispatcher = space.ep, space.etp, space.dispatcher
+    if not model.is_moe:
+        if (ep, etp, dispatcher) != ((1,), (1,), (Dispatcher.alltoall,)):
+            notes.append(f"model {model.name!r} is dense: ep, etp and dispatcher collapsed to [1], [1], [alltoall]")
+        ep, etp, dispatcher = (1,), (1,), (Dispatcher.alltoall,)
+
+    allowed = set(applicable_recompute_modules(model))
+    rec: list[RecomputeOption] = []
+    dropped: set[str] = set()
+    for opt in space.recompute:
+        if opt.granularity == RecomputeGranularity.selective:
+            keep = tuple(m for m in opt.modules if m in allowed)
+            dropped |= set(opt.modules) - set(keep)
+            if not keep:
+                continue
+            opt = RecomputeOption(granularity=opt.granularity, modules=keep)
+        if opt not in rec:
+            rec.append(opt)
+    if dropped:
+        notes.append(
+            f"recompute modules {sorted(dropped)} have nothing to recompute in model {model.name!r} and were "
+            "dropped from the selective options (options left empty were removed)"
+        )
+    if not rec:
+        raise TunerError(
+            f"the search space's recompute options leave nothing to try for model {model.name!r}; "
+            f"accepted modules for it: {', '.join(sorted(allowed))}"
+        )
+
+    pipe_pp: list[int] = []
+    pipe_first: list[int] = []
+    pipe_last: list[int] = []
+    for pp in space.pp:
+        for first, last in space.pipeline_split.options(model.num_layers, pp):
+            pipe_pp.append(pp)
+            pipe_first.append(first)
+            pipe_last.append(last)
+
+    return [
+        _dim(
+            "pipeline",
+            {
+                "pp": pipe_pp,
+                "num_layers_in_first_pipeline_stage": pipe_first,
+                "num_layers_in_last_pipeline_stage": pipe_last,
+            },
+        ),
+        _dim("tp", {"tp": space.tp, "sequence_parallel": [t > 1 for t in space.tp]}),
+        _dim("cp", {"cp": space.cp}),
+        _dim("ep", {"ep": ep}),
+        _dim("etp", {"etp": etp}),
+        _dim("micro_batch_size", {"micro_batch_size": space.micro_batch_size}),
+        _dim("vpp", {"vpp": space.vpp}),
+        _dim(
+            "recompute",
+            {
+                "recompute_granularity": [r.granularity.value for r in rec],
+                "recompute_method": [r.method.value for r in rec],
+                "recompute_num_layers": [r.num_layers for r in rec],
+                "recompute_modules": [",".join(r.modules) for r in rec],
+            },
+        ),
+        _dim("optimizer_offload_fraction", {"optimizer_offload_fraction": space.optimizer_offload_fraction}),
+        _dim("overlap_cpu_optimizer_d2h_h2d", {"overlap_cpu_optimizer_d2h_h2d": space.overlap_cpu_optimizer_d2h_h2d}),
+        _dim("use_distributed_optimizer", {"use_distributed_optimizer": space.use_distributed_optimizer}),
+        _dim("use_precision_aware_optimizer", {"use_precision_aware_optimizer": space.use_precision_aware_optimizer}),
+        _dim("exp_avg_dtype", {"exp_avg_dtype": space.exp_avg_dtype}),
+        _dim("exp_avg_sq_dtype", {"exp_avg_sq_dtype": space.exp_avg_sq_dtype}),
+        _dim("dispatcher", {"dispatcher": [d.value for d in dispatcher]}),
+    ]
+
+
+class _Product:
+    """A partial cartesian product of dimensions, as one index array per crossed dimension."""
+
+    def __init__(self, dims: list[_Dim], world_size: int) -> None:
+        self.dims = {d.name: d for d in dims}
+        self.order = [d.name for d in dims]
+        self.col_dim = {c: d.name for d in dims for c in d.cols}
+        self.idx: dict[str, npt.NDArray[np.int32]] = {}
+        self.rows = 1
+        self.world_size = world_size
+        fill = LayoutTable.from_layouts([Layout(world_size=world_size)])
+        self.fill = {k: v[:1] for k, v in fill.cols.items()}
+
+    def missing(self, columns: Sequence[str]) -> list[str]:
+        need = {self.col_dim[c] for c in columns if c in self.col_dim}
+        return [n for n in self.order if n in need and n not in self.idx]
+
+    def rest_size(self) -> int:
+        return math.prod(self.dims[n].size for n in self.order if n not in self.idx)
+
+    def cross(self, names: Sequence[str]) -> None:
+        """Cross in dimensions: every current row is repeated once per option (row-major)."""
+        for name in names:
+            n = self.dims[name].size
+            if n == 1:
+                self.idx[name] = np.zeros(self.rows, dtype=np.int32)
+                continue
+            self.idx = {k: np.repeat(v, n) for k, v in self.idx.items()}
+            self.idx[name] = np.tile(np.arange(n, dtype=np.int32), self.rows)
+            self.rows *= n
+
+    def keep(self, mask: npt.NDArray[np.bool_]) -> None:
+        self.idx = {k: v[mask] for k, v in self.idx.items()}
+        self.rows = int(np.count_nonzero(mask))
+
+    def table(self, columns: Sequence[str] | None = None) -> LayoutTable:
+        """The rows so far; only ``columns`` (default: all) hold real values, the rest a placeholder."""
+        want = set(_COL_DTYPES if columns is None else columns)
+        cols: dict[str, npt.NDArray[Any]] = {}
+        for c, dtype in _COL_DTYPES.items():
+            d = self.col_dim.get(c)
+            if d is not None and d in self.idx and c in want:
+                cols[c] = self.dims[d].cols[c][self.idx[d]]
+            elif c == "world_size":
+                cols[c] = np.full(self.rows, self.world_size, dtype=dtype)
+            else:
+                cols[c] = np.broadcast_to(self.fill[c], (self.rows,))
+        return LayoutTable(cols)
+
+
+def enumerate_layouts(space: SearchSpace, model: ModelSpec, cluster_world_size: int, workload: Workload) -> Enumeration:
+    """Every combination of the space, checked against the rules.
+
+    Dimensions: pipeline (pp with its first/last split candidates, see
+    :meth:`PipelineSplitSpace.options`), tp (with ``sequence_parallel = tp > 1``),
+    cp, ep, etp, micro_batch_size, vpp, recompute, and the optimizer and
+    dispatcher settings. For a dense model ep/etp/dispatcher collapse to
+    ``[1]/[1]/[alltoall]``; recompute modules the model lacks are dropped from
+    the selective options (both reported in ``notes``). ``world_size`` is
+    ``cluster_world_size`` in every row.
+
+    Rules are applied in :data:`~search_spaces.rules.RULES` order on partial
+    products (a rule as soon as the dimensions it reads are crossed in), so
+    ``rule_counts`` equals what :func:`~search_spaces.rules.check_table` would
+    give on the full product.
+
+    Args:
+        space: the candidates.
+        model: the model to train.
+        cluster_world_size: GPUs in the job.
+        workload: sequence length and global batch.
+
+    Returns:
+        The count of combinations, the count rejected by each rule (first failure),
+        the valid layouts and notes.
+
+    Raises:
+        TunerError: if ``cluster_world_size`` is not positive or the space leaves no
+            recompute option for the model.
+    """
+    if not isinstance(cluster_world_size, int) or cluster_world_size < 1:
+        raise TunerError(f"the GPU count must be a positive integer, got {cluster_world_size!r}")
+    notes: list[str] = []
+    dims = _build_dims(space, model, notes)
+    prod = _Product(dims, cluster_world_size)
+    considered = math.prod(d.size for d in dims)
+    counts = {r.id: 0 for r in RULES}
+
+    i = 0
+    while i < len(RULES) and prod.rows:
+        prod.cross(prod.missing(RULES[i].columns))
+        batch: list[Rule] = []
+        while i < len(RULES) and not prod.missing(RULES[i].columns):
+            batch.append(RULES[i])
+            i += 1
+        table = prod.table([c for rule in batch for c in rule.columns])
+        rest = prod.rest_size()
+        alive = np.ones(prod.rows, dtype=np.bool_)
+        for rule in batch:
+            ok = rule.check(table, model, workload)
+            counts[rule.id] += int(np.count_nonzero(alive & ~ok)) * rest
+            alive &= ok
+        prod.keep(alive)
+    prod.cross([n for n in prod.order if n not in prod.idx])
+    valid = prod.table()
+    assert sum(counts.values()) + len(valid) == considered, (sum(counts.values()), len(valid), considered)
+    return Enumeration(considered=considered, rule_counts=counts, valid=valid, notes=notes)

@@ -1,0 +1,318 @@
+"""Megatron validity rules (search_spaces/rules.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cost_model.specs import ModelSpec, Workload, load_model
+from search_spaces.layout import Layout, LayoutTable
+from search_spaces.rules import RULE_IDS, RULES, check_layout, check_table
+
+WORKLOAD = Workload(seq_length=8192, global_batch_size=128)
+
+
+@pytest.fixture(scope="module")
+def minimax() -> ModelSpec:
+    return load_model("MiniMax-M2")
+
+
+@pytest.fixture(scope="module")
+def llama8b() -> ModelSpec:
+    return load_model("Llama-3.1-8B")
+
+
+def seed_layout(**changes: Any) -> Layout:
+    """The seed recipe: TP1 PP8 VPP4 EP8 ETP1 DP8, mbs 1, full uniform 1, first/last 7, alltoall, 64 GPUs."""
+    base = Layout(
+        world_size=64,
+        tp=1,
+        pp=8,
+        vpp=4,
+        cp=1,
+        ep=8,
+        etp=1,
+        micro_batch_size=1,
+        recompute_granularity="full",
+        recompute_method="uniform",
+        recompute_num_layers=1,
+        num_layers_in_first_pipeline_stage=7,
+        num_layers_in_last_pipeline_stage=7,
+        dispatcher="alltoall",
+        use_distributed_optimizer=True,
+        use_precision_aware_optimizer=True,
+    )
+    return base.replace(**changes)
+
+
+def slime_reference_layout() -> Layout:
+    """slime's MiniMax-M2 layout ported to 64 GPUs: TP2 SP PP2 EP8 ETP1, full uniform 1, CPU Adam (1.0)."""
+    return Layout(
+        world_size=64,
+        tp=2,
+        sequence_parallel=True,
+        pp=2,
+        ep=8,
+        etp=1,
+        recompute_granularity="full",
+        recompute_method="uniform",
+        recompute_num_layers=1,
+        optimizer_offload_fraction=1.0,
+        overlap_cpu_optimizer_d2h_h2d=True,
+        use_precision_aware_optimizer=True,
+        use_distributed_optimizer=True,
+    )
+
+
+def test_rules_have_ids_and_sources() -> None:
+    assert len(RULE_IDS) == len(set(RULE_IDS)) == len(RULES)
+    for rule in RULES:
+        assert rule.description and (".py" in rule.description or "policy" in rule.description), rule.id
+        assert rule.columns
+
+
+def test_seed_layout_is_valid(minimax: ModelSpec) -> None:
+    lay = seed_layout()
+    assert lay.label == "TP1 PP8 VPP4 EP8 DP8"
+    assert check_layout(lay, minimax, WORKLOAD) == []
+
+
+def test_slime_reference_layout_is_valid(minimax: ModelSpec) -> None:
+    assert check_layout(slime_reference_layout(), minimax, WORKLOAD) == []
+
+
+# rule id -> (layout, model name or changes to MiniMax-M2, workload, substrings of the reason)
+BAD: dict[str, tuple[Layout, str | dict[str, Any], Workload, tuple[str, ...]]] = {
+    "world_div_tp_pp_cp": (seed_layout(cp=16), {}, WORKLOAD, ("world_size (64)", "1*8*16 = 128")),
+    "world_div_etp_ep_pp": (seed_layout(ep=16), {}, WORKLOAD, ("world_size (64)", "1*16*8 = 128")),
+    "heads_div_tp": (
+        seed_layout(tp=32, pp=1, vpp=1, sequence_parallel=True),
+        {},
+        WORKLOAD,
+        ("num_attention_heads (48)", "tp (32)"),
+    ),
+    "query_groups_tp": (
+        seed_layout(tp=4, sequence_parallel=True),
+        {"num_query_groups": 6},
+        WORKLOAD,
+        ("num_query_groups (6)", "tp (4)", ">= 0.16"),
+    ),
+    "ffn_div_tp": (
+        seed_layout(
+            tp=32,
+            pp=2,
+            vpp=1,
+            ep=1,
+            sequence_parallel=True,
+            num_layers_in_first_pipeline_stage=0,
+            num_layers_in_last_pipeline_stage=0,
+        ),
+        "Llama-3.1-8B:ffn_hidden_size=14000",
+        WORKLOAD,
+        ("ffn_hidden_size (14000)", "tp (32)"),
+    ),
+    "experts_div_ep": (
+        seed_layout(ep=64, pp=1, vpp=1, num_layers_in_first_pipeline_stage=0, num_layers_in_last_pipeline_stage=0),
+        {"num_experts": 96},
+        WORKLOAD,
+        ("num_experts (96)", "ep (64)"),
+    ),
+    "moe_ffn_div_etp": (
+        seed_layout(etp=16, ep=1),
+        {"moe_ffn_hidden_size": 1000},
+        WORKLOAD,
+        ("moe_ffn_hidden_size (1000)", "etp (16)"),
+    ),
+    "dense_no_expert_parallel": (
+        seed_layout(pp=2, vpp=1, num_layers_in_first_pipeline_stage=0, num_layers_in_last_pipeline_stage=0),
+        "Llama-3.1-8B",
+        WORKLOAD,
+        ("ep (8)", "etp (1)", "dense"),
+    ),
+    "seq_div_2cp": (
+        seed_layout(cp=2, ep=4),
+        {},
+        Workload(seq_length=8190, global_batch_size=128),
+        ("seq_length (8190)", "2*cp = 4"),
+    ),
+    "sequence_parallel": (
+        seed_layout(tp=2, sequence_parallel=False, ep=4),
+        {},
+        WORKLOAD,
+        ("tp is 2", "sequence_parallel is off"),
+    ),
+    "sp_seq_div_tp": (
+        seed_layout(
+            tp=8,
+            cp=2,
+            sequence_parallel=True,
+            pp=1,
+            vpp=1,
+            num_layers_in_first_pipeline_stage=0,
+            num_layers_in_last_pipeline_stage=0,
+        ),
+        {},
+        Workload(seq_length=8200, global_batch_size=128),
+        ("8200/2", "4100", "tp (8)"),
+    ),
+    "batch_div_mbs_dp": (seed_layout(micro_batch_size=3), {}, WORKLOAD, ("global_batch_size (128)", "3*8 = 24")),
+    "pipeline_split": (
+        seed_layout(num_layers_in_first_pipeline_stage=5),
+        {},
+        WORKLOAD,
+        ("first (5)", "last (7)", "50 layers"),
+    ),
+    "pipeline_split_canonical": (
+        seed_layout(pp=2, vpp=1, num_layers_in_first_pipeline_stage=31, num_layers_in_last_pipeline_stage=31),
+        {},
+        WORKLOAD,
+        ("first (31)", "last (31)", "[[31], [31]]"),
+    ),
+    "interleaved_schedule": (
+        seed_layout(),
+        {},
+        Workload(seq_length=8192, global_batch_size=120),
+        ("M = global_batch_size/(micro_batch_size*dp) = 120/(1*8) = 15", "pp (8)"),
+    ),
+    "recompute_full": (
+        seed_layout(recompute_method="block", recompute_num_layers=3),
+        {},
+        WORKLOAD,
+        ("block recompute of 3 layers", "largest chunk (2 layers)"),
+    ),
+    "recompute_selective": (
+        seed_layout(
+            recompute_granularity="selective",
+            recompute_method="none",
+            recompute_num_layers=1,
+            recompute_modules=("core_attn",),
+        ),
+        {},
+        WORKLOAD,
+        ("recompute_num_layers unset (0), got 1",),
+    ),
+    "recompute_none": (
+        seed_layout(recompute_granularity="none"),
+        {},
+        WORKLOAD,
+        ("recompute_method (uniform)", "recompute_num_layers (1)"),
+    ),
+    "recompute_modules_model": (
+        seed_layout(
+            pp=2,
+            vpp=1,
+            ep=1,
+            num_layers_in_first_pipeline_stage=0,
+            num_layers_in_last_pipeline_stage=0,
+            recompute_granularity="selective",
+            recompute_method="none",
+            recompute_num_layers=0,
+            recompute_modules=("core_attn", "moe"),
+        ),
+        "Llama-3.1-8B",
+        WORKLOAD,
+        ("['moe']", "Llama-3.1-8B", "core_attn, layernorm, mlp"),
+    ),
+    "offload_needs_precision_aware": (
+        seed_layout(optimizer_offload_fraction=0.5, use_precision_aware_optimizer=False),
+        {},
+        WORKLOAD,
+        ("optimizer_offload_fraction 0.5", "use_precision_aware_optimizer"),
+    ),
+    "precision_aware_needs_distopt": (
+        seed_layout(use_distributed_optimizer=False),
+        {},
+        WORKLOAD,
+        ("use_distributed_optimizer (it is off)",),
+    ),
+    "optimizer_dtypes": (
+        seed_layout(exp_avg_dtype="bf16", use_precision_aware_optimizer=False),
+        {},
+        WORKLOAD,
+        ("exp_avg_dtype (bf16)", "exp_avg_sq_dtype (fp32)"),
+    ),
+    "dispatcher": (seed_layout(ep=1, dispatcher="flex+deepep"), {}, WORKLOAD, ("flex+deepep", "etp 1 * ep 1 = 1")),
+}
+
+
+def _model(spec: str | dict[str, Any], minimax: ModelSpec) -> ModelSpec:
+    if isinstance(spec, dict):
+        return minimax.replace(**spec)
+    name, _, change = spec.partition(":")
+    model = load_model(name)
+    if change:
+        key, val = change.split("=")
+        model = model.replace(**{key: int(val)})
+    return model
+
+
+def test_every_rule_has_a_bad_example() -> None:
+    assert set(BAD) == set(RULE_IDS)
+
+
+@pytest.mark.parametrize("rule_id", list(BAD))
+def test_rule_rejects_bad_layout(rule_id: str, minimax: ModelSpec) -> None:
+    layout, model_spec, workload, needles = BAD[rule_id]
+    model = _model(model_spec, minimax)
+    problems = dict(check_layout(layout, model, workload))
+    assert rule_id in problems, problems
+    for needle in needles:
+        assert needle in problems[rule_id], (needle, problems[rule_id])
+    # The table check agrees on this row.
+    rule = next(r for r in RULES if r.id == rule_id)
+    assert not rule.check(LayoutTable.from_layouts([layout]), model, workload)[0]
+
+
+def test_more_reasons(minimax: ModelSpec, llama8b: ModelSpec) -> None:
+    def reasons(layout: Layout, model: ModelSpec, workload: Workload = WORKLOAD) -> dict[str, str]:
+        return dict(check_layout(layout, model, workload))
+
+    r = reasons(seed_layout(recompute_num_layers=2), minimax)  # chunks [1,2,2,2]: groups of 2 overrun chunk 0
+    assert "chunks hold [1] layers" in r["recompute_full"]
+    r = reasons(seed_layout(recompute_method="none"), minimax)
+    assert "recompute_method uniform or block, got none" in r["recompute_full"]
+    r = reasons(seed_layout(recompute_num_layers=2), minimax.replace(mtp_num_layers=1))
+    assert "uniform recompute needs recompute_num_layers 1, got 2" in r["recompute_full"]
+    r = reasons(seed_layout(tp=1, sequence_parallel=True), minimax)
+    assert "sequence_parallel needs tp > 1, got tp 1" in r["sequence_parallel"]
+    r = reasons(
+        seed_layout(pp=1, vpp=2, num_layers_in_first_pipeline_stage=0, num_layers_in_last_pipeline_stage=0), minimax
+    )
+    assert r["interleaved_schedule"] == "vpp (2) > 1 needs pp > 1, got pp 1"
+    dense = seed_layout(
+        pp=2,
+        vpp=1,
+        ep=1,
+        num_layers_in_first_pipeline_stage=0,
+        num_layers_in_last_pipeline_stage=0,
+        dispatcher="allgather",
+    )
+    assert "dispatcher must be alltoall (got allgather)" in reasons(dense, llama8b)["dispatcher"]
+    assert reasons(dense.replace(dispatcher="alltoall"), llama8b) == {}
+    # core 0.16 query-group rule: tp a multiple of the 8 groups is accepted.
+    assert "query_groups_tp" not in reasons(seed_layout(tp=16, sequence_parallel=True), minimax)
+
+
+def test_check_layout_lists_every_broken_rule(minimax: ModelSpec) -> None:
+    bad = seed_layout(micro_batch_size=3, use_distributed_optimizer=False, ep=1, dispatcher="flex+hybridep")
+    ids = [rule_id for rule_id, _ in check_layout(bad, minimax, WORKLOAD)]
+    assert ids == ["batch_div_mbs_dp", "precision_aware_needs_distopt", "dispatcher"]
+
+
+def test_check_table_first_failures(minimax: ModelSpec) -> None:
+    layouts = [seed_layout(), slime_reference_layout()] + [
+        BAD[k][0] for k in ("world_div_etp_ep_pp", "batch_div_mbs_dp", "dispatcher")
+    ]
+    ok, counts = check_table(LayoutTable.from_layouts(layouts), minimax, WORKLOAD)
+    assert ok.tolist() == [True, True, False, False, False]
+    assert list(counts) == list(RULE_IDS)
+    assert {k: v for k, v in counts.items() if v} == {"world_div_etp_ep_pp": 1, "batch_div_mbs_dp": 1, "dispatcher": 1}
+    assert sum(counts.values()) + int(ok.sum()) == len(layouts)
+
+
+def test_check_table_empty(minimax: ModelSpec) -> None:
+    ok, counts = check_table(LayoutTable.from_layouts([]), minimax, WORKLOAD)
+    assert ok.shape == (0,) and ok.dtype == np.bool_
+    assert sum(counts.values()) == 0
