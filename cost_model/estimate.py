@@ -2,8 +2,8 @@
 
 One implementation serves both one layout (:func:`estimate`) and a whole search
 space (:func:`estimate_table`): every quantity is a numpy array with one entry
-per layout (shape ``(n,)``) or per layout and pipeline rank (shape ``(n, R)``,
-``R`` = the largest ``pp`` in the table, ranks past a row's ``pp`` masked out).
+per layout (shape ``(n,)``) or per layout and pipeline-rank class (shape ``(n, K)``:
+ranks that hold the same layers form one class, so K is 1 to 4, whatever ``pp``).
 
 Sources of the formulas:
 - weights, gradients and optimizer states: Megatron's
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Callable
 
 import numpy as np
 
@@ -104,14 +105,21 @@ class EstimateTable:
 
 
 @lru_cache(maxsize=4096)
-def _rank_structure(
+def _rank_classes(
     moe_layer_freq: tuple[int, ...], pp: int, vpp: int, first: int, last: int
-) -> tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, ...], ...]]:
-    """Per pipeline rank: decoder layers, MoE layers among them, and layers per chunk.
+) -> tuple[tuple[int, int, int, int, tuple[int, ...]], ...]:
+    """Pipeline ranks grouped into classes that have the same layers.
 
     Layers are assigned in execution order, stage ``i = v*pp + r`` (Megatron's
     VPP-major layout), so a model whose first layers are dense (DeepSeek-V3)
-    puts them on rank 0's first chunk.
+    puts them on rank 0's first chunk. Ranks with the same (layers, MoE layers,
+    chunk sizes, first/last role) take the same time per micro-batch; among
+    them the lowest rank holds the most in-flight micro-batches, so it stands
+    for the class in memory.
+
+    Returns:
+        One tuple per class: (lowest rank, decoder layers, MoE layers, number of
+        ranks, layers per chunk).
     """
     from search_spaces.pipeline import stage_layer_counts
 
@@ -125,29 +133,79 @@ def _rank_structure(
             n_layers[r] += c
             n_moe[r] += sum(moe_layer_freq[pos : pos + c])
             pos += c
-    return tuple(n_layers), tuple(n_moe), tuple(tuple(c) for c in counts)
+    classes: dict[tuple[object, ...], list[int]] = {}
+    for r in range(pp):
+        key = (r == 0, r == pp - 1, n_layers[r], n_moe[r], tuple(counts[r]))
+        classes.setdefault(key, []).append(r)
+    return tuple((rs[0], k[2], k[3], len(rs), k[4]) for k, rs in classes.items())  # type: ignore[misc]
 
 
-def _per_rank_arrays(model: ModelSpec, t: LayoutTable, R: int, V: int) -> dict[str, np.ndarray]:
-    """Arrays (n, R) of layers and MoE layers per rank, and (n, R, V) chunk sizes."""
-    keys = np.stack(
-        [t["pp"], t["vpp"], t["num_layers_in_first_pipeline_stage"], t["num_layers_in_last_pipeline_stage"]], axis=1
-    )
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+def _rank_arrays(model: ModelSpec, t: LayoutTable) -> dict[str, np.ndarray]:
+    """Per row and rank class (n, K): representative rank, layers, MoE layers, ranks in the class,
+    and layers under block recompute (the first ``recompute_num_layers`` of every chunk)."""
+    pp = t["pp"]
+    vpp = t["vpp"]
+    first = t["num_layers_in_first_pipeline_stage"]
+    last = t["num_layers_in_last_pipeline_stage"]
+    code = ((pp * 64 + vpp) * 4096 + first) * 4096 + last
+    uniq, first_row, inv = np.unique(code, return_index=True, return_inverse=True)
     inv = inv.reshape(-1)
-    nl = np.zeros((len(uniq), R))
-    nm = np.zeros((len(uniq), R))
-    ch = np.zeros((len(uniq), R, V))
-    for u, (pp, vpp, first, last) in enumerate(uniq.tolist()):
-        a, b, c = _rank_structure(model.moe_layer_freq, pp, vpp, first, last)
-        nl[u, :pp] = a
-        nm[u, :pp] = b
-        for r in range(pp):
-            ch[u, r, :vpp] = c[r]
-    return {"layers": nl[inv], "moe": nm[inv], "chunks": ch[inv]}
+    per = [
+        _rank_classes(model.moe_layer_freq, int(pp[i]), int(vpp[i]), int(first[i]), int(last[i])) for i in first_row
+    ]
+    K = max(len(c) for c in per) if per else 1
+    nmax = max((max(max(ch) for *_, ch in c) for c in per), default=1) + 1
+    rep = np.full((len(per), K), -1.0)
+    nl = np.zeros((len(per), K))
+    nm = np.zeros((len(per), K))
+    cnt = np.zeros((len(per), K))
+    blk = np.zeros((len(per), K, nmax + 1))
+    for u, classes in enumerate(per):
+        for k_, (r, a, b, c, ch) in enumerate(classes):
+            rep[u, k_], nl[u, k_], nm[u, k_], cnt[u, k_] = r, a, b, c
+            chunks = np.array(ch, dtype=float)
+            blk[u, k_] = [np.minimum(chunks, N).sum() for N in range(nmax + 1)]
+    rnl = np.clip(t["recompute_num_layers"], 1, nmax)
+    return {
+        "rank": rep[inv],
+        "layers": nl[inv],
+        "moe": nm[inv],
+        "count": cnt[inv],
+        "block_layers": blk[inv[:, None], np.arange(K)[None, :], rnl[:, None]],
+    }
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _categories(values: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """Distinct strings of a unicode column and each row's index into them.
+
+    Hashes the UCS-4 code points (only the character positions used by some row)
+    to uint64 first: ``np.unique`` on unicode arrays sorts strings and is several
+    times slower on the ~10^6-row tables of a search space.
+    """
+    if len(values) == 0:
+        return [], np.zeros(0, dtype=np.int64)
+    width = values.dtype.itemsize // 4
+    cps = np.ascontiguousarray(values).view(np.uint32).reshape(len(values), width)
+    used = np.flatnonzero(cps.any(axis=0))
+    h = np.zeros(len(values), dtype=np.uint64)
+    for j in used:
+        h = h * np.uint64(1_000_003) ^ cps[:, j].astype(np.uint64)
+    _, first, inv = np.unique(h, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    uniq = values[first]
+    if not np.array_equal(uniq[inv], values):  # a hash collision: fall back to sorting strings
+        u2, inv2 = np.unique(values, return_inverse=True)
+        return [str(v) for v in u2], inv2.reshape(-1)
+    return [str(v) for v in uniq], inv
+
+
+def _str_mask(values: np.ndarray, pred: Callable[[str], bool]) -> np.ndarray:
+    """``pred`` applied to each distinct string of ``values`` (fast for few distinct values)."""
+    uniq, inv = _categories(values)
+    return np.array([pred(u) for u in uniq], dtype=bool)[inv]
 
 
 def _gemm_eff(flops: np.ndarray, cal: Calibration) -> np.ndarray:
@@ -228,11 +286,10 @@ def estimate_table(
     edp = table.edp.astype(float)
     M = np.maximum(np.floor(gbs / (mbs * dp)), 1.0)  # micro-batches per step per DP rank
 
-    R = int(pp_i.max()) if n else 1
-    V = int(table["vpp"].max()) if n else 1
-    ranks = _per_rank_arrays(model, table, R, V)
-    r_idx = np.arange(R)[None, :]
-    live = r_idx < pp_i[:, None]  # (n, R)
+    ranks = _rank_arrays(model, table)
+    r_idx = ranks["rank"]  # (n, K): representative pipeline rank of each rank class
+    live = ranks["count"] > 0
+    rank_count = ranks["count"]
     is_first = r_idx == 0
     is_last = r_idx == (pp_i[:, None] - 1)
     n_layers = ranks["layers"]
@@ -290,8 +347,8 @@ def estimate_table(
     # only the 16 remainder bits of the FP32 master (store_param_remainders, default True in
     # megatron/core/optimizer/optimizer_config.py) -> 2 bytes; else 4.
     master_b = np.where(pa, 2.0, FP32)
-    m_b = np.where(table["exp_avg_dtype"][:, None] == "bf16", BF16, FP32)
-    v_b = np.where(table["exp_avg_sq_dtype"][:, None] == "bf16", BF16, FP32)
+    m_b = np.where(_str_mask(table["exp_avg_dtype"], lambda v: v == "bf16")[:, None], BF16, FP32)
+    v_b = np.where(_str_mask(table["exp_avg_sq_dtype"], lambda v: v == "bf16")[:, None], BF16, FP32)
     opt_bpp = master_b + m_b + v_b
     dense_shard = np.where(distopt, (dp * cp)[:, None], 1.0)
     exp_shard = np.where(distopt, edp[:, None], 1.0)
@@ -327,10 +384,13 @@ def estimate_table(
     rnl = np.maximum(table["recompute_num_layers"].astype(float), 1.0)[:, None]
     mods = table["recompute_modules"]
 
-    def has(mod: str) -> np.ndarray:
-        return np.char.find(np.char.add(np.char.add(",", mods), ","), f",{mod},")[:, None] >= 0
+    mod_values, mod_inv = _categories(mods)
+    mod_sets = [set(v.split(",")) for v in mod_values]
 
-    sel = (gran == "selective")[:, None]
+    def has(mod: str) -> np.ndarray:
+        return np.array([mod in ms for ms in mod_sets], dtype=bool)[mod_inv][:, None]
+
+    sel = _str_mask(gran, lambda v: v == "selective")[:, None]
     sav_attn = np.where(sel & has("core_attn"), a_core, 0) + np.where(sel & has("layernorm"), a_norms, 0)
     sav_moe = np.where(sel & has("moe"), a_moe - layer_in, np.where(sel & has("moe_act"), a_moe_act, 0))
     sav_moe = sav_moe + np.where(sel & has("shared_experts") & ~has("moe"), a_shared, 0)
@@ -338,12 +398,11 @@ def estimate_table(
     kept_moe = full_moe - sav_attn - sav_moe
     kept_dense = full_dense - sav_attn - sav_dense
 
-    full = (gran == "full")[:, None]
-    uniform = (meth == "uniform")[:, None]
+    full = _str_mask(gran, lambda v: v == "full")[:, None]
+    uniform = _str_mask(meth, lambda v: v == "uniform")[:, None]
     # Full recompute, uniform: only each group's input is kept (one per recompute_num_layers).
     # Block: the first recompute_num_layers layers of every chunk keep their input only.
-    chunks = ranks["chunks"]  # (n, R, V)
-    block_layers = np.minimum(chunks, rnl[:, :, None]).sum(axis=2)  # recomputed layers per rank
+    block_layers = ranks["block_layers"]  # recomputed layers per rank under block recompute
     frac_rec = np.where(n_layers > 0, block_layers / np.maximum(n_layers, 1), 0.0)
     stored_moe = np.where(full, np.where(uniform, layer_in / rnl, frac_rec * layer_in + (1 - frac_rec) * kept_moe), kept_moe)
     stored_dense = np.where(full, np.where(uniform, layer_in / rnl, frac_rec * layer_in + (1 - frac_rec) * kept_dense), kept_dense)
@@ -360,8 +419,8 @@ def estimate_table(
                     np.maximum(full_moe * (n_moe > 0), full_dense * (n_dense > 0)) * 0.5)
     mem_act = (act_rank * inflight + emb_act + work) * live
     logits = is_last * cal.logits_bytes_per_element * tok * Vv / tpc * (1 + mtp)
-    disp = table["dispatcher"][:, None]
-    flex = np.char.startswith(disp, "flex")
+    disp_values, disp_inv = _categories(table["dispatcher"])
+    flex = np.array([v.startswith("flex") for v in disp_values], dtype=bool)[disp_inv][:, None]
     if model.is_moe:
         buf = np.where(flex, cal.flex_dispatcher_buffer_bytes, 2 * BF16 * R_copies * h)
         mem_disp = np.where(n_moe > 0, buf, 0.0) * live
@@ -437,7 +496,7 @@ def estimate_table(
         ep_span = etp * ep  # EP peers are etp apart in the expert rank order (etp-ep-edp-pp)
         local_peers = np.minimum(ep, np.maximum(gpn // np.maximum(etp, 1), 1))
         remote_frac = np.where(ep_span > gpn, 1 - local_peers / ep, 0.0)[:, None]
-        is_ag = disp == "allgather"
+        is_ag = np.array([v == "allgather" for v in disp_values], dtype=bool)[disp_inv][:, None]
         send = np.where(
             is_ag,
             BF16 * tok / tpc * h * (ep[:, None] - 1),  # every token to every EP rank
@@ -476,12 +535,12 @@ def estimate_table(
     comp_r = comp_r + logit_t
     per_mb = (comp_r + tpc_r + cpc_r + epc_r + rec_r) * live  # seconds per micro-batch per rank
     slow = per_mb.max(axis=1)
-    mean = per_mb.sum(axis=1) / pp
+    mean = (per_mb * rank_count).sum(axis=1) / pp
     # Pipeline: M micro-batches at the slowest rank's pace, plus fill/drain of (pp-1)/vpp of a
     # micro-batch (Narayanan et al. 2021: bubble fraction (pp-1)/(m*vpp)).
     t_pipe = M * slow + (pp - 1) / vpp * mean
     busy = M * mean
-    frac = lambda part: (part * live).sum(axis=1) / pp / np.maximum(mean, 1e-30)  # noqa: E731
+    frac = lambda part: (part * live * rank_count).sum(axis=1) / pp / np.maximum(mean, 1e-30)  # noqa: E731
     time = {
         "compute": busy * frac(comp_r),
         "recompute": busy * frac(rec_r),

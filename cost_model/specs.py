@@ -557,6 +557,10 @@ class Workload:
             raise TunerError(f"--seq-len must be a positive integer, got {self.seq_length}")
         if self.global_batch_size <= 0:
             raise TunerError(f"--global-batch must be a positive integer, got {self.global_batch_size}")
+        try:
+            object.__setattr__(self, "precision", Precision(self.precision))
+        except ValueError:
+            raise TunerError(f"--precision {self.precision!r}: accepted {', '.join(p.value for p in Precision)}") from None
 
     @property
     def tokens_per_step(self) -> int:

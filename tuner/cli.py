@@ -578,6 +578,14 @@ def main() -> None:
     except TunerError as e:  # raised outside a command's own handler
         err.print(f"[bold red]error:[/] {e}")
         sys.exit(2)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+    except Exception as e:  # a bug, not a user error: one line unless --debug
+        if _DEBUG["on"] or "--debug" in sys.argv:
+            raise
+        err.print(f"[bold red]internal error:[/] {type(e).__name__}: {e} (re-run with --debug for the traceback, and report it)")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

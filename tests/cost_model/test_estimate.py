@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cost_model.calibration import Calibration, load_calibration
+from cost_model.errors import InfeasibleLayout, TunerError
+from cost_model.estimate import estimate, estimate_table
+from cost_model.specs import Workload, load_model, parse_gpus
+from search_spaces.layout import Layout, LayoutTable
+
+GIB = 2**30
+
+
+def test_dense_weights_and_optimizer_match_megatron_formula():
+    """Megatron's theoretical_memory_usage.py: (P_tp + P_rep) * (6 + 12/DP) with the distributed optimizer."""
+    m = load_model("Llama-3.1-8B")
+    c = parse_gpus("8xH100")
+    w = Workload(seq_length=4096, global_batch_size=64)
+    lay = Layout(world_size=8, tp=2, sequence_parallel=True, pp=1, use_precision_aware_optimizer=False)
+    e = estimate(m, c, w, lay)
+    h, L = m.hidden_size, m.num_layers
+    attn = m.attention_params()
+    mlp = m.dense_mlp_params()
+    emb = m.embedding_params()
+    p_tp = ((attn + mlp) * L + emb) / 2 + emb / 2  # untied and PP == 1: output layer on the same rank
+    p_rep = 2 * h * L + h
+    dp = 4
+    megatron = (p_tp + p_rep) * (6 + 12 / dp)
+    ours = e.memory["weights"] + e.memory["main_grads"] + e.memory["optimizer"]
+    assert ours == pytest.approx(megatron, rel=1e-9)
+
+
+def test_table_equals_single_estimates(minimax, h200x64, seed_workload, seed_tuned, seed_reference):
+    lays = [seed_tuned, seed_reference, seed_tuned.replace(micro_batch_size=1, vpp=2), seed_reference.replace(ep=16)]
+    tab = estimate_table(minimax, h200x64, seed_workload, LayoutTable.from_layouts(lays))
+    for i, lay in enumerate(lays):
+        one = estimate(minimax, h200x64, seed_workload, lay)
+        assert tab.tokens_per_s_per_gpu[i] == pytest.approx(one.tokens_per_s_per_gpu)
+        assert tab.peak_bytes[i] == pytest.approx(one.peak_bytes)
+
+
+def test_parts_add_up(minimax, h200x64, seed_workload, seed_tuned):
+    e = estimate(minimax, h200x64, seed_workload, seed_tuned)
+    assert sum(e.memory.values()) == pytest.approx(e.peak_bytes)
+    assert sum(e.time.values()) == pytest.approx(e.step_time_s)
+    assert e.tokens_per_s_per_gpu == pytest.approx(8192 * 128 / e.step_time_s / 64)
+    assert all(v >= 0 for v in e.time.values())
+
+
+def test_offload_moves_optimizer_to_cpu_and_costs_time(minimax, h200x64, seed_workload, seed_reference):
+    on = estimate(minimax, h200x64, seed_workload, seed_reference)
+    off = estimate(minimax, h200x64, seed_workload, seed_reference.replace(optimizer_offload_fraction=0.0))
+    half = estimate(minimax, h200x64, seed_workload, seed_reference.replace(optimizer_offload_fraction=0.5))
+    assert on.memory["optimizer"] == 0.0
+    assert half.memory["optimizer"] == pytest.approx(off.memory["optimizer"] / 2)
+    assert on.time["offload"] > half.time["offload"] > off.time["offload"] == 0.0
+
+
+def test_recompute_trades_memory_for_time():
+    m = load_model("Mixtral-8x7B")
+    c = parse_gpus("16xH100")
+    w = Workload(seq_length=4096, global_batch_size=64)
+    base = Layout(world_size=16, tp=2, sequence_parallel=True, pp=2, ep=4)
+    none = estimate(m, c, w, base)
+    sel = estimate(m, c, w, base.replace(recompute_granularity="selective", recompute_modules=("core_attn", "moe_act")))
+    full = estimate(m, c, w, base.replace(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1))
+    assert none.memory["activations"] > sel.memory["activations"] > full.memory["activations"]
+    assert none.time["recompute"] == 0 < sel.time["recompute"] < full.time["recompute"]
+
+
+def test_more_microbatches_shrink_the_bubble(minimax, h200x64, seed_tuned):
+    a = estimate(minimax, h200x64, Workload(seq_length=8192, global_batch_size=128), seed_tuned)
+    b = estimate(minimax, h200x64, Workload(seq_length=8192, global_batch_size=512), seed_tuned)
+    assert b.time["pp_bubble"] / b.step_time_s < a.time["pp_bubble"] / a.step_time_s
+
+
+def test_expert_memory_scales_with_ep(minimax, h200x64, seed_workload, seed_reference):
+    e8 = estimate(minimax, h200x64, seed_workload, seed_reference)
+    e16 = estimate(minimax, h200x64, seed_workload, seed_reference.replace(ep=16))
+    assert e16.memory["weights"] < 0.6 * e8.memory["weights"]
+
+
+def test_bf16_moments_shrink_optimizer(minimax, h200x64, seed_workload, seed_tuned):
+    a = estimate(minimax, h200x64, seed_workload, seed_tuned)
+    b = estimate(minimax, h200x64, seed_workload, seed_tuned.replace(exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16"))
+    # master remainder 2 + moments 4 + 4 = 10 bytes -> 2 + 2 + 2 = 6 bytes
+    assert b.memory["optimizer"] == pytest.approx(a.memory["optimizer"] * 6 / 10)
+
+
+def test_ep_across_nodes_is_slower(minimax, h200x64, seed_workload, seed_tuned):
+
+    lay8 = Layout(world_size=64, tp=1, pp=4, ep=8, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1, num_layers_in_first_pipeline_stage=15, num_layers_in_last_pipeline_stage=15)
+    lay16 = lay8.replace(ep=16)
+    e8 = estimate(minimax, h200x64, seed_workload, lay8)
+    e16 = estimate(minimax, h200x64, seed_workload, lay16)
+    # EP 16 spans two 8-GPU nodes: the all-to-all crosses EFA
+    assert e16.time["ep_comm"] > 2 * e8.time["ep_comm"]
+
+
+def test_invalid_layout_raises_with_rule(minimax, h200x64, seed_workload):
+    with pytest.raises(InfeasibleLayout) as e:
+        estimate(minimax, h200x64, seed_workload, Layout(world_size=64, tp=32, sequence_parallel=True, pp=2))
+    assert e.value.rule_id
+
+
+def test_calibration_file(tmp_path, minimax, h200x64, seed_workload, seed_tuned):
+    p = tmp_path / "cal.yaml"
+    p.write_text("gemm_efficiency: 0.35\n")
+    cal = load_calibration(p)
+    assert cal.gemm_efficiency == 0.35 and cal.attention_efficiency == Calibration().attention_efficiency
+    slow = estimate(minimax, h200x64, seed_workload, seed_tuned, calibration=cal)
+    fast = estimate(minimax, h200x64, seed_workload, seed_tuned)
+    assert slow.tokens_per_s_per_gpu < fast.tokens_per_s_per_gpu
+    p.write_text("gemm_eficiency: 0.35\n")
+    with pytest.raises(TunerError, match="unknown constants"):
+        load_calibration(p)
+
+
+def test_headroom_bounds(minimax, h200x64, seed_workload, seed_tuned):
+    with pytest.raises(TunerError):
+        estimate(minimax, h200x64, seed_workload, seed_tuned, memory_headroom=1.5)
