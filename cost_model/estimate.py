@@ -34,7 +34,7 @@ from cost_model.errors import TunerError
 from cost_model.flops import megatron_flops_per_token
 from cost_model.specs import Cluster, ModelSpec, Precision, Workload
 from cost_model.types import Estimate
-from search_spaces.layout import Layout, LayoutTable
+from search_spaces.layout import Layout, LayoutTable, categories as _categories
 
 __all__ = ["EstimateTable", "estimate", "estimate_table", "MEMORY_PARTS", "TIME_PARTS"]
 
@@ -176,30 +176,6 @@ def _rank_arrays(model: ModelSpec, t: LayoutTable) -> dict[str, np.ndarray]:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _categories(values: np.ndarray) -> tuple[list[str], np.ndarray]:
-    """Distinct strings of a unicode column and each row's index into them.
-
-    Hashes the UCS-4 code points (only the character positions used by some row)
-    to uint64 first: ``np.unique`` on unicode arrays sorts strings and is several
-    times slower on the ~10^6-row tables of a search space.
-    """
-    if len(values) == 0:
-        return [], np.zeros(0, dtype=np.int64)
-    width = values.dtype.itemsize // 4
-    cps = np.ascontiguousarray(values).view(np.uint32).reshape(len(values), width)
-    used = np.flatnonzero(cps.any(axis=0))
-    h = np.zeros(len(values), dtype=np.uint64)
-    for j in used:
-        h = h * np.uint64(1_000_003) ^ cps[:, j].astype(np.uint64)
-    _, first, inv = np.unique(h, return_index=True, return_inverse=True)
-    inv = inv.reshape(-1)
-    uniq = values[first]
-    if not np.array_equal(uniq[inv], values):  # a hash collision: fall back to sorting strings
-        u2, inv2 = np.unique(values, return_inverse=True)
-        return [str(v) for v in u2], inv2.reshape(-1)
-    return [str(v) for v in uniq], inv
 
 
 def _str_mask(values: np.ndarray, pred: Callable[[str], bool]) -> np.ndarray:
@@ -506,7 +482,7 @@ def estimate_table(
         net_a2a = cluster.inter_node_bytes_per_s / gpn * cal.network_efficiency
         one = np.maximum(send * (1 - remote_frac) / nv_a2a, send * remote_frac / net_a2a)
         one = np.where(flex, one / cal.flex_dispatch_speedup, one)
-        lat = np.where(flex, 0.0, cal.moe_dispatch_latency_s)
+        lat = cal.moe_layer_overhead_s + np.where(flex, 0.0, cal.alltoall_sync_latency_s)
         ep_one_pass = np.where(ep[:, None] > 1, 2 * one, 0.0) + lat  # dispatch + combine
         ep_layer = 2 * ep_one_pass  # forward and backward
     else:

@@ -27,8 +27,9 @@ app = typer.Typer(
     no_args_is_help=False,
     pretty_exceptions_enable=False,
 )
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+# Wide enough for the Pareto table when output is piped (rich falls back to 80 columns).
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
 _DEBUG = {"on": False}
 
 GIB = 2**30
@@ -81,8 +82,9 @@ def main_job(
     space: Annotated[Optional[Path], typer.Option("--space", help="Search-space YAML (copy search_spaces/default_space.yaml).", rich_help_panel="Search")] = None,
     calibration: CalOpt = None,
     memory_headroom: HeadroomOpt = 0.10,
-    trials: Annotated[Optional[int], typer.Option("--trials", help="Trials to evaluate (default: the predicted front + 32).", rich_help_panel="Search")] = None,
+    trials: Annotated[Optional[int], typer.Option("--trials", help="Trials to run (default 48): the predicted front and fastest candidates first, then NSGA-II.", rich_help_panel="Search")] = None,
     backend: Annotated[str, typer.Option("--backend", help="model (analytical, default); local, ray, command: later versions.", rich_help_panel="Search")] = "model",
+    stack: Annotated[str, typer.Option("--stack", help="slime (default; leaves out allgather, which slime rewrites) or megatron.", rich_help_panel="Search")] = "slime",
     study: StudyOpt = None,
     storage: StorageOpt = None,
     results_dir: ResultsOpt = Path("results"),
@@ -120,6 +122,7 @@ def main_job(
             storage=storage,
             trials=trials,
             backend=backend,
+            stack=stack,
             seed=seed,
             results_dir=str(results_dir),
         )
@@ -226,16 +229,18 @@ def _run_main(cfg: Any, top: int) -> None:
 def _print_front(front: list[dict[str, Any]], top: int, title: str) -> None:
     t = Table(title=title, title_justify="left", show_lines=False)
     for col, just in [
-        ("#", "right"), ("layout", "left"), ("recompute", "left"), ("offload", "left"), ("dispatcher", "left"),
-        ("mbs", "right"), ("split", "left"), ("tokens/s/GPU", "right"), ("MFU", "right"), ("$/1M tok", "right"),
+        ("trial", "right"), ("layout", "left"), ("recompute", "left"), ("offload", "left"), ("dispatcher", "left"),
+        ("mbs", "right"), ("first/last", "left"), ("tokens/s/GPU", "right"), ("MFU", "right"), ("$/1M tok", "right"),
         ("peak GiB", "right"), ("headroom GiB", "right"), ("source", "left"),
     ]:
-        t.add_column(col, justify=just, no_wrap=col in ("layout", "recompute"))
+        t.add_column(col, justify=just, no_wrap=True)
     rows = front if top <= 0 else front[:top]
     for r in rows:
+        lay = r["layout"]
+        split = "even" if r["layer_split"] == "even" else f"{lay.num_layers_in_first_pipeline_stage}/{lay.num_layers_in_last_pipeline_stage}"
         t.add_row(
-            str(r["trial"]), r["label"], r["recompute"], r["offload"], r["dispatcher"], str(r["micro_batch_size"]),
-            "even" if r["layer_split"] == "even" else r["layer_split"].replace("first ", "").replace(", last ", "/"),
+            str(r["trial"]), r["label"], r["recompute"].replace("selective ", "sel. ").replace("+", ","), "none" if r["offload"] == "none" else r["offload"].replace("optimizer ", "optim "),
+            r["dispatcher"], str(r["micro_batch_size"]), split,
             f"{r['tokens_per_s_per_gpu']:,.1f}", f"{r['mfu']:.1%}", f"{r['usd_per_million_tokens']:.2f}",
             f"{r['peak_gib']:.1f}", f"{r['headroom_gib']:.1f}", r["source"],
         )
@@ -270,13 +275,6 @@ def _layout_from_flags(world: int, **kw: Any) -> Any:
         dispatcher=disp,
         **kw,
     )
-
-
-def _layout_options(f: Any) -> Any:
-    return f
-
-
-LayoutHelp = "Layout"
 
 
 def _common_layout(

@@ -26,30 +26,17 @@ from cost_model.errors import InfeasibleLayout, TunerError
 from cost_model.estimate import EstimateTable, estimate_table
 from cost_model.specs import Cluster, ModelSpec, Workload, load_model, parse_gpus
 from launch import TrialBackend, TrialFailed, get_backend
-from search_spaces.layout import Layout, LayoutTable
+from search_spaces.layout import Dispatcher, Layout, LayoutTable, categories
 from search_spaces.rules import check_layout
 from search_spaces.space import Enumeration, SearchSpace, enumerate_layouts
 from tuner.pareto import pareto_mask
 
-__all__ = ["TuneConfig", "Prepared", "TuneResult", "prepare", "run_study", "trial_rows", "PARAM_NAMES"]
+__all__ = ["TuneConfig", "Prepared", "TuneResult", "CandidateIndex", "DIMENSIONS", "prepare", "run_study", "trial_rows"]
 
 log = logging.getLogger(__name__)
 
-#: Layout dimensions the sampler chooses, in the order they are suggested.
-PARAM_NAMES = (
-    "tp",
-    "pp",
-    "vpp",
-    "cp",
-    "ep",
-    "etp",
-    "micro_batch_size",
-    "recompute",
-    "optimizer_offload_fraction",
-    "dispatcher",
-    "pipeline_split",
-)
-
+#: Training stacks a recipe can target.
+STACKS = ("slime", "megatron")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TuneConfig:
@@ -70,8 +57,11 @@ class TuneConfig:
     study: str | None = None
     storage: str | None = None
     trials: int | None = None
-    """Trials to evaluate; None = the predicted front plus 32."""
+    """Trials to run (evaluated or skipped); None = 48."""
     backend: str = "model"
+    stack: str = "slime"
+    """Training stack the recipe targets: ``slime`` (drops the allgather dispatcher, which
+    slime rewrites to alltoall) or ``megatron`` (Megatron-LM / Megatron-Bridge)."""
     seed: int = 0
     results_dir: str = "results"
 
@@ -103,8 +93,6 @@ class Prepared:
     """Indices (into the valid table) of the predicted Pareto front among fitting layouts."""
     enumerate_seconds: float
     estimate_seconds: float
-    keys: dict[str, int] = field(default_factory=dict)
-    """Layout key -> row index of the valid table, for fitting layouts."""
 
     @property
     def n_valid(self) -> int:
@@ -115,29 +103,8 @@ class Prepared:
         return int(self.fits.sum())
 
 
-def _recompute_label(row: dict[str, Any]) -> str:
-    lay = Layout.from_dict(row)
-    return lay.recompute_label
-
-
 def _split_label(first: int, last: int) -> str:
     return "even" if not first and not last else f"{first}/{last}"
-
-
-def _params_of(layout: Layout) -> dict[str, Any]:
-    return {
-        "tp": layout.tp,
-        "pp": layout.pp,
-        "vpp": layout.vpp,
-        "cp": layout.cp,
-        "ep": layout.ep,
-        "etp": layout.etp,
-        "micro_batch_size": layout.micro_batch_size,
-        "recompute": layout.recompute_label,
-        "optimizer_offload_fraction": layout.optimizer_offload_fraction,
-        "dispatcher": layout.dispatcher.value,
-        "pipeline_split": _split_label(layout.num_layers_in_first_pipeline_stage, layout.num_layers_in_last_pipeline_stage),
-    }
 
 
 def prepare(config: TuneConfig) -> Prepared:
@@ -156,9 +123,19 @@ def prepare(config: TuneConfig) -> Prepared:
     )
     workload = Workload(seq_length=config.seq_length, global_batch_size=config.global_batch_size, precision=config.precision)
     space = SearchSpace.load(config.space)
+    if config.stack not in STACKS:
+        raise TunerError(f"--stack {config.stack!r}: accepted {', '.join(STACKS)}")
+    stack_notes: list[str] = []
+    if config.stack == "slime" and Dispatcher.allgather in space.dispatcher:
+        kept = tuple(d for d in space.dispatcher if d != Dispatcher.allgather)
+        if not kept:
+            raise TunerError("--stack slime: the search space allows only the allgather dispatcher, which slime rewrites to alltoall; add alltoall or use --stack megatron")
+        space = space.replace(dispatcher=kept)
+        stack_notes.append("--stack slime: the allgather dispatcher is left out (slime rewrites it to alltoall); use --stack megatron to include it")
     cal = load_calibration(config.calibration)
     t0 = time.perf_counter()
     en = enumerate_layouts(space, model, cluster.num_gpus, workload)
+    en.notes.extend(stack_notes)
     t1 = time.perf_counter()
     est = estimate_table(model, cluster, workload, en.valid, calibration=cal, memory_headroom=config.memory_headroom)
     t2 = time.perf_counter()
@@ -209,11 +186,12 @@ def _no_fit_message(
         f"{best:.1f} GiB per GPU against {est.usable_bytes / 2**30:.1f} GiB usable "
         f"({cluster.gpu.hbm_bytes / 2**30:.1f} GiB less {config.memory_headroom:.0%} headroom)."
     )
-    step = cluster.gpus_per_node
-    for mult in range(2, 65):
-        n = cluster.num_gpus * mult if cluster.num_gpus < step else (cluster.num_nodes * mult) * step
-        if n > 16384:
-            break
+    per = cluster.gpus_per_node
+    node_counts = sorted({k * 2**e for k in (1, 3) for e in range(0, 14)})
+    sizes = [n for n in (k * per for k in node_counts) if cluster.num_gpus < n <= 16384]
+    if cluster.num_gpus < per:
+        sizes = [n for n in (2, 4, 8) if cluster.num_gpus < n < per] + sizes
+    for n in sizes:
         try:
             c2 = dataclasses.replace(cluster, num_gpus=n)
             en2 = enumerate_layouts(space, model, n, workload)
@@ -245,11 +223,18 @@ def _storage_url(config: TuneConfig, out_dir: Path) -> str:
     return f"sqlite:///{(out_dir / 'study.db').as_posix()}"
 
 
-def _check_study_config(study: optuna.Study, config: TuneConfig, name: str) -> None:
+def _check_study_config(study: optuna.Study, config: TuneConfig, name: str, calibration: Calibration) -> None:
     old = study.user_attrs.get("config")
     if not old:
         return
-    keys = ("model", "gpus", "gpus_per_node", "seq_length", "global_batch_size", "precision", "backend")
+    old_cal = study.user_attrs.get("calibration")
+    if old_cal is not None and old_cal != calibration.to_dict():
+        changed = sorted(k for k in set(old_cal) | set(calibration.to_dict()) if old_cal.get(k) != calibration.to_dict().get(k))
+        raise TunerError(
+            f"study {name!r} was evaluated with other cost-model constants ({', '.join(changed)} differ); its "
+            "predictions would mix with new ones. Use another --study name, or the same --calibration to resume."
+        )
+    keys = ("model", "gpus", "gpus_per_node", "stack", "network_gbps", "usd_per_gpu_hour", "seq_length", "global_batch_size", "precision", "backend", "memory_headroom")
     diff = [k for k in keys if old.get(k) != config.to_dict().get(k)]
     if diff:
         was = ", ".join(f"{k}={old.get(k)!r}" for k in diff)
@@ -264,11 +249,128 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
     """Finished trials of a study as flat dicts (layout fields plus results), for reports and export."""
     rows = []
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        ua = t.user_attrs
-        if "layout" not in ua:
+        res = t.user_attrs.get("result")
+        if not res or "layout" not in res:
             continue
-        rows.append({"trial": t.number, **ua})
+        rows.append({"trial": t.number, "key": t.user_attrs.get("key", ""), **res})
     return rows
+
+
+#: Search dimensions (Optuna parameters) and the LayoutTable columns each one sets.
+DIMENSIONS: dict[str, tuple[str, ...]] = {
+    "tp": ("tp", "sequence_parallel"),
+    "pp": ("pp",),
+    "vpp": ("vpp",),
+    "cp": ("cp",),
+    "ep": ("ep",),
+    "etp": ("etp",),
+    "micro_batch_size": ("micro_batch_size",),
+    "recompute": ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules"),
+    "optimizer_offload_fraction": ("optimizer_offload_fraction",),
+    "overlap_cpu_optimizer_d2h_h2d": ("overlap_cpu_optimizer_d2h_h2d",),
+    "dispatcher": ("dispatcher",),
+    "pipeline_split": ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"),
+    "use_distributed_optimizer": ("use_distributed_optimizer",),
+    "use_precision_aware_optimizer": ("use_precision_aware_optimizer",),
+    "exp_avg_dtype": ("exp_avg_dtype",),
+    "exp_avg_sq_dtype": ("exp_avg_sq_dtype",),
+}
+
+
+def _label(dim: str, layout: Layout) -> str:
+    if dim == "recompute":
+        return layout.recompute_label
+    if dim == "pipeline_split":
+        return _split_label(layout.num_layers_in_first_pipeline_stage, layout.num_layers_in_last_pipeline_stage)
+    if dim == "tp":
+        return str(layout.tp)
+    v = getattr(layout, dim)
+    if isinstance(v, float):
+        return f"{v:g}"
+    if hasattr(v, "value"):
+        return str(v.value)
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+class CandidateIndex:
+    """Maps search-dimension labels to rows of the valid layout table, vectorised.
+
+    Each dimension's distinct column values get an integer code; a row's code is
+    the mixed-radix number of its dimension codes. Looking a layout up is a
+    binary search, so a study never builds Python objects for every candidate.
+    """
+
+    def __init__(self, valid: LayoutTable, fits: np.ndarray) -> None:
+        self.valid = valid
+        n = len(valid)
+        self.codes: dict[str, np.ndarray] = {}
+        self.labels: dict[str, list[str]] = {}
+        self.rep_row: dict[str, list[int]] = {}
+        code = np.zeros(n, dtype=np.int64)
+        for dim, cols in DIMENSIONS.items():
+            key = np.zeros(n, dtype=np.int64)
+            for c in cols:
+                col = valid[c]
+                if col.dtype.kind == "U":
+                    _, inv = categories(col)
+                else:
+                    _, inv = np.unique(col, return_inverse=True)
+                    inv = inv.reshape(-1)
+                key = key * (int(inv.max()) + 1 if n else 1) + inv
+            _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+            inv = inv.reshape(-1)
+            reps = [int(i) for i in first]
+            self.codes[dim] = inv
+            self.rep_row[dim] = reps
+            self.labels[dim] = [_label(dim, valid.row(i)) for i in reps]
+            code = code * len(reps) + inv
+        self.row_code = code
+        fit_rows = np.flatnonzero(fits)
+        order = np.argsort(code[fit_rows])
+        self._fit_sorted_codes = code[fit_rows][order]
+        self._fit_sorted_rows = fit_rows[order]
+        self._label_index = {d: {lab: i for i, lab in enumerate(labs)} for d, labs in self.labels.items()}
+
+    @property
+    def params(self) -> list[str]:
+        """Dimensions with more than one choice: the Optuna parameters."""
+        return [d for d in DIMENSIONS if len(self.labels[d]) > 1]
+
+    def params_of_row(self, row: int) -> dict[str, str]:
+        return {d: self.labels[d][int(self.codes[d][row])] for d in self.params}
+
+    def find_fitting(self, params: dict[str, str]) -> int | None:
+        """Row of the valid table with these labels, if it exists and fits; else None."""
+        code = 0
+        for d in DIMENSIONS:
+            idx = self._label_index[d].get(params.get(d, self.labels[d][0]))
+            if idx is None:
+                return None
+            code = code * len(self.labels[d]) + idx
+        pos = int(np.searchsorted(self._fit_sorted_codes, code))
+        if pos < len(self._fit_sorted_codes) and self._fit_sorted_codes[pos] == code:
+            return int(self._fit_sorted_rows[pos])
+        return None
+
+    def build(self, params: dict[str, str]) -> Layout:
+        """A layout with these labels, valid or not (to explain why it was skipped)."""
+        base = self.valid.row(0).to_dict()
+        for d, cols in DIMENSIONS.items():
+            lab = params.get(d, self.labels[d][0])
+            rep = self.valid.row(self.rep_row[d][self._label_index[d][lab]]).to_dict()
+            for c in cols:
+                base[c] = rep[c]
+        base["sequence_parallel"] = base["tp"] > 1
+        return Layout.from_dict(base)
+
+
+def _spread(front: np.ndarray, peak: np.ndarray, k: int) -> list[int]:
+    """Up to ``k`` points of the front spread evenly over its memory range, both ends included."""
+    if len(front) <= k:
+        return [int(i) for i in front]
+    by_mem = front[np.argsort(peak[front])]
+    picks = np.unique(np.round(np.linspace(0, len(by_mem) - 1, k)).astype(int))
+    return [int(by_mem[i]) for i in picks]
 
 
 def run_study(
@@ -278,6 +380,12 @@ def run_study(
     backend: TrialBackend | None = None,
 ) -> TuneResult:
     """Create or resume the study and evaluate trials through the backend.
+
+    The predicted Pareto front (spread over its memory range) and the fastest
+    predicted candidates are enqueued first; NSGA-II (Optuna's multi-objective
+    default) samples the remaining quarter of the trials. A sampled combination
+    that breaks a rule, is predicted not to fit, or was already evaluated in this
+    study is recorded as PRUNED with the reason and never reaches the backend.
 
     Args:
         prep: the pruned candidates from :func:`prepare`.
@@ -293,7 +401,10 @@ def run_study(
     cfg = prep.config
     name = cfg.study_name(prep.model, prep.cluster)
     out_dir = Path(cfg.results_dir) / name
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TunerError(f"--results-dir {cfg.results_dir!r}: cannot create {out_dir} ({e.strerror})") from None
     storage = _storage_url(cfg, out_dir)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
@@ -301,7 +412,7 @@ def run_study(
             study_name=name,
             storage=storage,
             directions=["maximize", "minimize"],
-            sampler=optuna.samplers.TPESampler(seed=cfg.seed, multivariate=True, group=True, n_startup_trials=8),
+            sampler=optuna.samplers.NSGAIISampler(seed=cfg.seed, population_size=16),
             load_if_exists=True,
         )
     except (ValueError, ImportError) as e:  # bad storage URL, missing DB driver
@@ -310,8 +421,9 @@ def run_study(
         if type(e).__module__.startswith("sqlalchemy"):
             raise TunerError(f"--storage {storage!r}: cannot open the study ({type(e).__name__}: {str(e).splitlines()[0]})") from None
         raise
-    _check_study_config(study, cfg, name)
+    _check_study_config(study, cfg, name, prep.calibration)
     study.set_user_attr("config", cfg.to_dict())
+    study.set_user_attr("calibration", prep.calibration.to_dict())
     study.set_user_attr("space", prep.space.to_dict())
     (out_dir / "config.yaml").write_text(
         yaml.safe_dump({"config": cfg.to_dict(), "space": prep.space.to_dict(), "calibration": prep.calibration.to_dict()}, sort_keys=False)
@@ -320,117 +432,81 @@ def run_study(
 
     valid = prep.enumeration.valid
     est = prep.estimates
-    fit_idx = np.flatnonzero(prep.fits)
-    fit_layouts = {valid.row(int(i)).key(): int(i) for i in fit_idx}
-    prep.keys = fit_layouts
-    seen: set[str] = {t.user_attrs["key"] for t in study.get_trials(deepcopy=False) if "key" in t.user_attrs and t.state.is_finished()}
+    index = CandidateIndex(valid, prep.fits)
+    params = index.params
+    seen: set[str] = {
+        t.user_attrs["key"] for t in study.get_trials(deepcopy=False) if "key" in t.user_attrs and t.state.is_finished()
+    }
 
-    # Enqueue: the predicted front, then the fastest predicted candidates, not yet evaluated.
-    order = list(prep.front) + [int(i) for i in fit_idx[np.argsort(-est.tokens_per_s_per_gpu[fit_idx])]]
-    n_trials = cfg.trials if cfg.trials is not None else len(prep.front) + 32
+    # Enqueue: the predicted front spread over memory, then the fastest predicted candidates.
+    n_trials = cfg.trials if cfg.trials is not None else 48
+    fit_idx = np.flatnonzero(prep.fits)
+    fastest = fit_idx[np.argsort(-est.tokens_per_s_per_gpu[fit_idx])[: 4 * n_trials]]
+    order = _spread(prep.front, est.peak_bytes, max(2, n_trials // 2)) + [int(i) for i in fastest]
     queued: list[int] = []
     qkeys: set[str] = set()
     for i in order:
-        if len(queued) >= n_trials:
+        if len(queued) >= max(1, (3 * n_trials) // 4):
             break
-        lay = valid.row(int(i))
-        k = lay.key()
+        k = valid.row(i).key()
         if k in seen or k in qkeys:
             continue
-        queued.append(int(i))
+        queued.append(i)
         qkeys.add(k)
-    for i in queued[: max(n_trials // 2, min(len(prep.front), n_trials))]:
-        study.enqueue_trial(_params_of(valid.row(i)), user_attrs={"enqueued": "predicted front / top candidate"})
-
-    # Choices the sampler sees, from the valid table.
-    choices = {
-        "tp": sorted(set(valid["tp"].tolist())),
-        "pp": sorted(set(valid["pp"].tolist())),
-        "vpp": sorted(set(valid["vpp"].tolist())),
-        "cp": sorted(set(valid["cp"].tolist())),
-        "ep": sorted(set(valid["ep"].tolist())),
-        "etp": sorted(set(valid["etp"].tolist())),
-        "micro_batch_size": sorted(set(valid["micro_batch_size"].tolist())),
-        "recompute": sorted({valid.row(int(i)).recompute_label for i in _first_of_each(valid, "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules")}),
-        "optimizer_offload_fraction": sorted(set(valid["optimizer_offload_fraction"].tolist())),
-        "dispatcher": sorted(set(valid["dispatcher"].tolist())),
-        "pipeline_split": sorted({_split_label(int(a), int(b)) for a, b in zip(valid["num_layers_in_first_pipeline_stage"], valid["num_layers_in_last_pipeline_stage"])}),
-    }
-    label_to_row = {}
-    for i in _first_of_each(valid, "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules"):
-        lay = valid.row(int(i))
-        label_to_row[lay.recompute_label] = lay
-    template = valid.row(0)
-
-    def build(params: dict[str, Any]) -> Layout:
-        rec = label_to_row[params["recompute"]]
-        split = params["pipeline_split"]
-        first, last = (0, 0) if split == "even" else (int(x) for x in split.split("/"))
-        return template.replace(
-            tp=int(params["tp"]),
-            pp=int(params["pp"]),
-            vpp=int(params["vpp"]),
-            cp=int(params["cp"]),
-            ep=int(params["ep"]),
-            etp=int(params["etp"]),
-            micro_batch_size=int(params["micro_batch_size"]),
-            sequence_parallel=int(params["tp"]) > 1,
-            recompute_granularity=rec.recompute_granularity,
-            recompute_method=rec.recompute_method,
-            recompute_num_layers=rec.recompute_num_layers,
-            recompute_modules=rec.recompute_modules,
-            optimizer_offload_fraction=float(params["optimizer_offload_fraction"]),
-            dispatcher=params["dispatcher"],
-            num_layers_in_first_pipeline_stage=first,
-            num_layers_in_last_pipeline_stage=last,
-        )
+    for i in queued:
+        study.enqueue_trial(index.params_of_row(i), user_attrs={"enqueued": "predicted front / fastest predicted"})
 
     counters = {"evaluated": 0, "skipped": 0}
+    gpu = prep.cluster.gpu
+    n_active = prep.model.active_params()
 
     def objective(trial: optuna.Trial) -> tuple[float, float]:
-        params = {p: trial.suggest_categorical(p, choices[p]) for p in PARAM_NAMES}
-        lay = build(params)
+        chosen = {p: trial.suggest_categorical(p, index.labels[p]) for p in params}
+        row = index.find_fitting(chosen)
+        lay = valid.row(row) if row is not None else index.build(chosen)
         key = lay.key()
         trial.set_user_attr("key", key)
-        trial.set_user_attr("label", lay.label)
         if key in seen:
             counters["skipped"] += 1
             trial.set_user_attr("skipped", "duplicate: this layout was already evaluated in this study")
             raise optuna.TrialPruned("duplicate layout")
-        if key not in fit_layouts:
+        seen.add(key)
+        if row is None:
             counters["skipped"] += 1
             broken = check_layout(lay, prep.model, prep.workload)
             why = "; ".join(f"[{r}] {m}" for r, m in broken) if broken else "predicted not to fit in memory"
             trial.set_user_attr("skipped", why)
-            seen.add(key)
             raise optuna.TrialPruned(why)
-        seen.add(key)
         try:
             m = backend.run(lay, model=prep.model, cluster=prep.cluster, workload=prep.workload)
         except TrialFailed as e:
-            trial.set_user_attr("failure", e.kind.value)
-            trial.set_user_attr("log_path", e.log_path)
-            trial.set_user_attr("layout", lay.to_dict())
+            trial.set_user_attr("failure", {"kind": e.kind.value, "message": str(e), "log_path": e.log_path, "layout": lay.to_dict()})
             raise
         except InfeasibleLayout as e:
             counters["skipped"] += 1
             trial.set_user_attr("skipped", str(e))
             raise optuna.TrialPruned(str(e)) from None
-        row = fit_layouts[key]
-        trial.set_user_attr("layout", lay.to_dict())
-        trial.set_user_attr("source", m.source)
-        trial.set_user_attr("tokens_per_s_per_gpu", m.tokens_per_s_per_gpu)
-        trial.set_user_attr("peak_gib", m.peak_bytes / 2**30)
-        trial.set_user_attr("headroom_gib", (prep.cluster.gpu.hbm_bytes - m.peak_bytes) / 2**30)
-        trial.set_user_attr("pred_tokens_per_s_per_gpu", float(est.tokens_per_s_per_gpu[row]))
-        trial.set_user_attr("pred_peak_gib", float(est.peak_bytes[row]) / 2**30)
-        trial.set_user_attr("pred_step_time_s", float(est.step_time_s[row]))
-        trial.set_user_attr("mfu", 6.0 * prep.model.active_params() * m.tokens_per_s_per_gpu / prep.cluster.gpu.peak_flops_bf16)
-        trial.set_user_attr("pred_model_tflops_per_gpu", float(est.model_tflops_per_gpu[row]))
-        trial.set_user_attr("usd_per_million_tokens", prep.cluster.usd_per_gpu_hour / (m.tokens_per_s_per_gpu * 3600) * 1e6)
-        trial.set_user_attr("step_time_s", float(np.median(m.step_times_s)) if m.step_times_s else float("nan"))
+        tps = m.tokens_per_s_per_gpu
+        trial.set_user_attr(
+            "result",
+            {
+                "layout": lay.to_dict(),
+                "label": lay.label,
+                "source": m.source,
+                "tokens_per_s_per_gpu": tps,
+                "peak_gib": m.peak_bytes / 2**30,
+                "headroom_gib": (gpu.hbm_bytes - m.peak_bytes) / 2**30,
+                "step_time_s": float(np.median(m.step_times_s)) if m.step_times_s else float("nan"),
+                "mfu": 6.0 * n_active * tps / gpu.peak_flops_bf16,
+                "usd_per_million_tokens": prep.cluster.usd_per_gpu_hour / (tps * 3600) * 1e6,
+                "pred_tokens_per_s_per_gpu": float(est.tokens_per_s_per_gpu[row]),
+                "pred_peak_gib": float(est.peak_bytes[row]) / 2**30,
+                "pred_step_time_s": float(est.step_time_s[row]),
+                "pred_model_tflops_per_gpu": float(est.model_tflops_per_gpu[row]),
+            },
+        )
         counters["evaluated"] += 1
-        return m.tokens_per_s_per_gpu, m.peak_bytes / 2**30
+        return tps, m.peak_bytes / 2**30
 
     done = {"n": 0}
 
@@ -453,14 +529,3 @@ def run_study(
         skipped_now=counters["skipped"],
         backend=backend.name,
     )
-
-
-def _first_of_each(table: LayoutTable, *cols: str) -> list[int]:
-    """Row index of the first occurrence of each distinct combination of ``cols``."""
-    if len(table) == 0:
-        return []
-    key = table[cols[0]].astype(str)
-    for c in cols[1:]:
-        key = np.char.add(np.char.add(key, "|"), table[c].astype(str))
-    _, first = np.unique(key, return_index=True)
-    return sorted(int(i) for i in first)

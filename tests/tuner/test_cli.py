@@ -1,0 +1,193 @@
+"""The `tune` command line, end to end (CliRunner; the analytical backend; no GPU)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from launch.export import validate_recipe
+from search_spaces.pipeline import layer_counts_from_string
+from tuner.cli import app
+
+runner = CliRunner()
+
+
+def _run(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def main_run(tmp_path_factory):
+    """One real main job: MiniMax-M2 on 64 H200 (the seed's job), 16 trials."""
+    d = tmp_path_factory.mktemp("results")
+    r = _run("--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "16", "--results-dir", str(d), "--study", "m2")
+    return r, d / "m2"
+
+
+def test_main_job_reports_counts_front_and_files(main_run):
+    r, out = main_run
+    assert r.exit_code == 0, r.output
+    text = r.output
+    assert "Layouts considered:" in text and "break a Megatron rule" in text and "predicted not to fit" in text
+    assert "world_div_etp_ep_pp" in text  # grouped by rule
+    assert "Pareto front" in text and "(predicted)" in text
+    assert "nothing was measured" in text
+    assert "--pipeline-model-parallel-layout '" in text
+    for f in ("pareto.csv", "pareto.png", "recipe.yaml", "run_slime.sh", "megatron_args.sh", "study.db", "config.yaml"):
+        assert (out / f).exists(), f
+    assert (out / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_exported_recipe_is_valid_and_predicted(main_run):
+    _, out = main_run
+    rec = yaml.safe_load((out / "recipe.yaml").read_text())
+    validate_recipe(rec)
+    assert rec["status"] == "predicted" and rec["result"] is None
+    assert rec["prediction"]["note"] == "predicted, not measured"
+    lay = rec["layout"]
+    assert lay["tp"] * lay["pp"] * lay["cp"] * lay["dp"] == 64
+    if lay["pp"] > 1:
+        counts = layer_counts_from_string(lay["pipeline_model_parallel_layout"], lay["pp"], 62)
+        assert sum(map(sum, counts)) == 62
+        assert f"--pipeline-model-parallel-layout '{lay['pipeline_model_parallel_layout']}'" in (out / "run_slime.sh").read_text()
+    # bash accepts both scripts
+    for f in ("run_slime.sh", "megatron_args.sh"):
+        assert subprocess.run(["bash", "-n", str(out / f)]).returncode == 0
+
+
+def test_pareto_csv_rows_are_non_dominated(main_run):
+    import csv
+
+    _, out = main_run
+    rows = list(csv.DictReader((out / "pareto.csv").open()))
+    assert rows and all(r["source"] == "predicted" for r in rows)
+    pts = [(float(r["tokens_per_s_per_gpu"]), float(r["peak_gib"])) for r in rows]
+    for a in pts:
+        assert not any(b[0] >= a[0] and b[1] <= a[1] and b != a for b in pts)
+
+
+def test_resume_never_evaluates_a_layout_twice(main_run):
+    import optuna
+
+    r, out = main_run
+    again = _run("--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "12", "--results-dir", str(out.parent), "--study", "m2")
+    assert again.exit_code == 0, again.output
+    st = optuna.load_study(study_name="m2", storage=f"sqlite:///{out / 'study.db'}")
+    done = [t for t in st.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    keys = [t.user_attrs["key"] for t in done]
+    assert len(keys) == len(set(keys))
+    assert len(st.trials) == 28  # 16 + 12 trials kept
+
+
+def test_resume_with_other_inputs_is_refused(main_run):
+    _, out = main_run
+    r = runner.invoke(app, ["--model", "MiniMax-M2", "--gpus", "128xH200", "--results-dir", str(out.parent), "--study", "m2"])
+    assert r.exit_code == 2
+    assert "already exists with" in r.output and "gpus='64xH200'" in r.output
+
+
+def test_pareto_and_export_commands(main_run, tmp_path):
+    _, out = main_run
+    r = _run("pareto", "--study", "m2", "--results-dir", str(out.parent), "--top", "3")
+    assert r.exit_code == 0 and "Pareto front (predicted)" in r.output
+    r = _run("export", "--study", "m2", "--results-dir", str(out.parent), "--format", "megatron", "--out", str(tmp_path / "a.sh"))
+    assert r.exit_code == 0
+    text = (tmp_path / "a.sh").read_text()
+    assert text.startswith("#") and "MEGATRON_ARGS=(" in text and "--tensor-model-parallel-size" in text
+    r = _run("export", "--study", "m2", "--results-dir", str(out.parent), "--format", "recipe")
+    assert r.exit_code == 0
+    validate_recipe(yaml.safe_load(r.stdout))
+    r = runner.invoke(app, ["export", "--study", "m2", "--results-dir", str(out.parent), "--trial", "99999"])
+    assert r.exit_code == 2 and "not a finished trial" in r.output
+
+
+def test_estimate_json_seed_layout():
+    r = _run(
+        "estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "8", "--vpp", "4", "--ep", "8",
+        "--recompute", "full", "--first-stage-layers", "7", "--last-stage-layers", "7", "--json",
+    )
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["source"] == "predicted" and d["label"] == "TP1 PP8 VPP4 EP8 DP8"
+    assert d["pipeline_model_parallel_layout"] == "Et|(tt|)*30tL"
+    assert 0.8 * 2034.42 <= d["tokens_per_s_per_gpu"] <= 1.2 * 2034.42
+
+
+def test_check_lists_every_broken_rule():
+    r = runner.invoke(app, ["check", "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "32", "--pp", "3", "--ep", "7"])
+    assert r.exit_code == 2
+    for rule in ("world_div_tp_pp_cp", "heads_div_tp", "experts_div_ep"):
+        assert rule in r.output
+    ok = _run("check", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "8", "--vpp", "4", "--ep", "8",
+              "--recompute", "full", "--first-stage-layers", "7", "--last-stage-layers", "7")
+    assert ok.exit_code == 0 and "Et|(tt|)*30tL" in ok.output
+    bad = runner.invoke(app, ["check", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "8", "--ep", "8", "--pipeline-layout", "Et|(tt|)*29tL"])
+    assert bad.exit_code == 2 and "pipeline_layout" in bad.output
+
+
+def test_models_and_gpus():
+    r = _run("models")
+    assert r.exit_code == 0 and "MiniMax-M2" in r.output and "10.42 B" in r.output
+    r = _run("gpus")
+    assert r.exit_code == 0 and "H200" in r.output and "989" in r.output
+
+
+def _write(tmp_path: Path, name: str, text: str) -> str:
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--model", "NoSuchModel", "--gpus", "64xH200"], "unknown model"),
+        (["--model", "MiniMax-M2x", "--gpus", "64xH200"], "Did you mean MiniMax-M2"),
+        (["--model", "MiniMax-M2", "--gpus", "64xH2000"], "unknown GPU 'H2000'"),
+        (["--model", "MiniMax-M2", "--gpus", "60xH200"], "not a whole number of 8-GPU nodes"),
+        (["--model", "MiniMax-M2", "--gpus", "0xH200"], "at least 1"),
+        (["--model", "MiniMax-M2", "--gpus", "lots"], "expected COUNTxGPU"),
+        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--backend", "local"], "not available in this version"),
+        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--backend", "slurm"], "unknown backend"),
+        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "0"], "--trials must be at least 1"),
+        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--seq-len", "0"], "--seq-len must be a positive integer"),
+        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--memory-headroom", "1.5"], "--memory-headroom"),
+        (["--model", "MiniMax-M2", "--gpus", "8xH100"], "The fewest GPUs on which a layout of this space fits: 32"),
+        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--stack", "nemo"], "--stack 'nemo'"),
+        (["--model", "MiniMax-M2"], "--gpus is required"),
+    ],
+)
+def test_bad_input_one_clear_message(args, needle, tmp_path):
+    r = runner.invoke(app, args + ["--results-dir", str(tmp_path)])
+    assert r.exit_code == 2, r.output
+    assert needle in r.output
+    assert "Traceback" not in r.output
+    assert not any(tmp_path.iterdir()), "a rejected input must not leave a study behind"
+
+
+def test_bad_files(tmp_path):
+    cfg = _write(tmp_path, "config.json", json.dumps({"hidden_size": 1024, "num_attention_heads": 8}))
+    r = runner.invoke(app, ["--model", cfg, "--gpus", "8xH100", "--results-dir", str(tmp_path / "r")])
+    assert r.exit_code == 2 and "missing num_hidden_layers" in r.output
+    space = _write(tmp_path, "space.yaml", "tp: [1, 2]\nzero_stage: [1]\n")
+    r = runner.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--space", space, "--results-dir", str(tmp_path / "r")])
+    assert r.exit_code == 2 and "zero_stage" in r.output
+    cal = _write(tmp_path, "cal.yaml", "gemm_eff: 0.5\n")
+    r = runner.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--calibration", cal, "--results-dir", str(tmp_path / "r")])
+    assert r.exit_code == 2 and "unknown constants" in r.output
+
+
+def test_console_script_has_no_traceback():
+    p = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "--model", "NoSuchModel", "--gpus", "64xH200"],
+        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2],
+    )
+    assert p.returncode == 2
+    assert "unknown model" in p.stderr and "Traceback" not in p.stderr + p.stdout
+    assert len(p.stderr.strip().splitlines()) <= 3

@@ -1,0 +1,104 @@
+"""The study machinery with fake backends: failures are outcomes, interrupts keep finished trials."""
+
+from __future__ import annotations
+
+import numpy as np
+import optuna
+import pytest
+
+from cost_model.errors import TunerError
+from launch.base import FailureKind, Measurement, TrialBackend, TrialFailed
+from tuner.pareto import pareto_mask
+from tuner.study import CandidateIndex, TuneConfig, prepare, run_study, trial_rows
+
+
+@pytest.fixture(scope="module")
+def prep():
+    return prepare(TuneConfig(model="Mixtral-8x7B", gpus="16xH100", seq_length=4096, global_batch_size=64))
+
+
+class FlakyBackend(TrialBackend):
+    """Measures every third layout as out of memory and the rest at 1000 tokens/s."""
+
+    name = "fake"
+    source = "measured"
+
+    def __init__(self, interrupt_after: int | None = None) -> None:
+        self.calls = 0
+        self.interrupt_after = interrupt_after
+
+    def run(self, layout, *, model, cluster, workload):
+        self.calls += 1
+        if self.interrupt_after is not None and self.calls > self.interrupt_after:
+            raise KeyboardInterrupt
+        if self.calls % 3 == 0:
+            raise TrialFailed(FailureKind.oom, "CUDA out of memory (fake)", log_path="/tmp/x.log")
+        return Measurement(layout=layout, source="measured", tokens_per_s_per_gpu=1000.0 + self.calls, peak_bytes=50 * 2**30, step_times_s=(1.0, 1.1))
+
+
+def _cfg(prep, tmp_path, **kw):
+    import dataclasses
+
+    return dataclasses.replace(prep, config=dataclasses.replace(prep.config, results_dir=str(tmp_path), **kw))
+
+
+def test_failures_are_outcomes(prep, tmp_path):
+    p = _cfg(prep, tmp_path, trials=9, study="flaky")
+    res = run_study(p, backend=FlakyBackend())
+    states = [t.state for t in res.study.trials]
+    assert states.count(optuna.trial.TrialState.FAIL) >= 2
+    failed = [t for t in res.study.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert all(t.user_attrs["failure"]["kind"] == "oom" for t in failed)
+    rows = trial_rows(res.study)
+    assert rows and all(r["source"] == "measured" for r in rows)
+    assert all("pred_tokens_per_s_per_gpu" in r for r in rows)  # predicted vs measured kept side by side
+
+
+def test_interrupt_keeps_finished_trials(prep, tmp_path):
+    p = _cfg(prep, tmp_path, trials=10, study="intr")
+    with pytest.raises(KeyboardInterrupt):
+        run_study(p, backend=FlakyBackend(interrupt_after=4))
+    st = optuna.load_study(study_name="intr", storage=f"sqlite:///{tmp_path / 'intr' / 'study.db'}")
+    done = [t for t in st.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) >= 2
+    # resuming goes on and does not repeat a layout
+    res = run_study(p, backend=FlakyBackend())
+    keys = [t.user_attrs["key"] for t in res.study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(keys) == len(set(keys)) > len(done)
+
+
+def test_enqueued_first_trials_are_the_predicted_front(prep, tmp_path):
+    p = _cfg(prep, tmp_path, trials=8, study="front")
+    res = run_study(p)
+    est = prep.estimates
+    best_pred = float(est.tokens_per_s_per_gpu[prep.fits].max())
+    rows = trial_rows(res.study)
+    assert max(r["tokens_per_s_per_gpu"] for r in rows) == pytest.approx(best_pred)
+    assert all(r["source"] == "predicted" for r in rows)
+
+
+def test_candidate_index_round_trip(prep):
+    idx = CandidateIndex(prep.enumeration.valid, prep.fits)
+    fit_rows = np.flatnonzero(prep.fits)
+    rng = np.random.default_rng(0)
+    for row in rng.choice(fit_rows, size=min(50, len(fit_rows)), replace=False):
+        params = idx.params_of_row(int(row))
+        assert idx.find_fitting(params) == int(row)
+        assert idx.build(params) == prep.enumeration.valid.row(int(row))
+    not_fit = np.flatnonzero(~prep.fits)
+    if len(not_fit):
+        assert idx.find_fitting(idx.params_of_row(int(not_fit[0]))) is None
+
+
+def test_pareto_mask():
+    thr = np.array([10.0, 9.0, 8.0, 10.0, 7.0])
+    mem = np.array([5.0, 4.0, 6.0, 5.0, 1.0])
+    assert pareto_mask(thr, mem).tolist() == [True, True, False, False, True]
+
+
+def test_no_valid_layout_message(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("tp: [3]\n")  # 32 heads are not divisible by 3
+    with pytest.raises(TunerError, match="no layout of the search space is valid") as e:
+        prepare(TuneConfig(model="Mixtral-8x7B", gpus="16xH100", seq_length=4096, global_batch_size=64, space=str(space)))
+    assert "heads_div_tp" in str(e.value) or "world_div_tp_pp_cp" in str(e.value)
