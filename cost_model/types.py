@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from search_spaces.layout import Layout
+if TYPE_CHECKING:
+    from search_spaces.layout import Layout
 
 __all__ = ["Estimate"]
 

@@ -1,0 +1,26 @@
+"""Layouts, Megatron's validity rules, pipeline layout strings and the search space."""
+
+from __future__ import annotations
+
+from search_spaces.layout import Dispatcher, Layout, LayoutTable, RecomputeGranularity, RecomputeMethod
+from search_spaces.pipeline import emit_layout_string, layer_counts_from_string, parse_layout_string, stage_layer_counts
+from search_spaces.rules import RULES, check_layout, check_table
+from search_spaces.space import Enumeration, SearchSpace, enumerate_layouts
+
+__all__ = [
+    "Dispatcher",
+    "Enumeration",
+    "Layout",
+    "LayoutTable",
+    "RULES",
+    "RecomputeGranularity",
+    "RecomputeMethod",
+    "SearchSpace",
+    "check_layout",
+    "check_table",
+    "emit_layout_string",
+    "enumerate_layouts",
+    "layer_counts_from_string",
+    "parse_layout_string",
+    "stage_layer_counts",
+]

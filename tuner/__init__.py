@@ -1,0 +1,1 @@
+"""The Optuna study over pruned candidates, the Pareto front and the `tune` command line."""
