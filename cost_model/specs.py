@@ -101,6 +101,28 @@ class ModelSpec:
     qk_pos_emb_head_dim: int = 0
     v_head_dim: int = 0
     max_position_embeddings: int = 0
+    # Numerics that do not change the cost but must reach the run command (``--norm-epsilon`` etc.).
+    norm_epsilon: float = 1e-5
+    """RMSNorm epsilon (HF ``rms_norm_eps``)."""
+    rotary_base: float = 10000.0
+    """RoPE base (HF ``rope_theta``)."""
+    rotary_percent: float = 1.0
+    """Share of each head's dims that get RoPE (HF ``partial_rotary_factor`` or ``rotary_dim / head_dim``)."""
+    rope_scaling_type: str = ""
+    """HF ``rope_scaling.rope_type``: "" (none), "llama3" or "yarn"."""
+    rope_scaling_factor: float = 1.0
+    rope_scaling_mscale: float = 1.0
+    rope_scaling_mscale_all_dim: float = 0.0
+    moe_router_score_function: str = "softmax"
+    """"softmax" or "sigmoid" (HF ``scoring_func``)."""
+    moe_router_enable_expert_bias: bool = False
+    """Aux-loss-free balancing bias (HF ``use_routing_bias`` / ``topk_method: noaux_tc``)."""
+    moe_router_topk_scaling_factor: float = 0.0
+    """HF ``routed_scaling_factor``; 0 = none."""
+    moe_router_num_groups: int = 0
+    moe_router_group_topk: int = 0
+    extra_megatron_args: tuple[str, ...] = ()
+    """Further Megatron flags the recipe needs (from a preset's ``tuner`` section)."""
     source: str = ""
     """Where the numbers come from (URL or file)."""
 
@@ -161,12 +183,11 @@ class ModelSpec:
     def attention_norm_params(self) -> int:
         """Norm weights inside attention: QK norm (per head or full width) and MLA's latent norms."""
         n, g, d = self.num_attention_heads, self.num_query_groups, self.kv_channels
-        p = 0
+        if self.is_mla:  # the q and kv latent norms
+            return self.kv_lora_rank + (self.q_lora_rank or 0)
         if self.qk_layernorm:
-            p += (n * d + g * d) if self.qk_layernorm_full_dim else 2 * d
-        if self.is_mla:
-            p += self.kv_lora_rank + (self.q_lora_rank or 0)
-        return p
+            return (n * d + g * d) if self.qk_layernorm_full_dim else 2 * d
+        return 0
 
     def dense_mlp_params(self) -> int:
         return self.mlp_matrices * self.hidden_size * self.ffn_hidden_size
@@ -235,7 +256,7 @@ def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
-def model_from_hf_config(cfg: dict[str, Any], *, name: str) -> ModelSpec:
+def model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") -> ModelSpec:
     """Build a :class:`ModelSpec` from a Hugging Face ``config.json`` dictionary.
 
     Understands the key names of Llama, Mixtral, Qwen3 / Qwen3-MoE, DeepSeek-V3 /
@@ -246,6 +267,7 @@ def model_from_hf_config(cfg: dict[str, Any], *, name: str) -> ModelSpec:
     Raises:
         TunerError: if a required field is missing or not a positive integer.
     """
+    name_for_errors = where or name
     if "text_config" in cfg and "hidden_size" not in cfg:
         cfg = {**cfg["text_config"], "tuner": cfg.get("tuner", {})}
     over = dict(cfg.get("tuner") or {})
@@ -273,13 +295,13 @@ def model_from_hf_config(cfg: dict[str, Any], *, name: str) -> ModelSpec:
         missing.append("num_experts_per_tok")
     if missing:
         raise TunerError(
-            f"model config {name!r} is missing {', '.join(missing)}; a Hugging Face config.json with "
+            f"model config {name_for_errors!r} is missing {', '.join(missing)}; a Hugging Face config.json with "
             "hidden_size, num_hidden_layers, num_attention_heads, vocab_size and intermediate_size "
             "(plus num_local_experts/num_experts_per_tok for MoE) is accepted"
         )
     for k, v in vals.items():
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            raise TunerError(f"model config {name!r}: {k} must be a positive integer, got {v!r}")
+            raise TunerError(f"model config {name_for_errors!r}: {k} must be a positive integer, got {v!r}")
     h, L, n = vals["hidden_size"], vals["num_hidden_layers"], vals["num_attention_heads"]
     g = int(_first(cfg, "num_key_value_heads", "num_query_groups", default=n))
     d = int(_first(cfg, "head_dim", "kv_channels", default=h // n))
@@ -314,10 +336,36 @@ def model_from_hf_config(cfg: dict[str, Any], *, name: str) -> ModelSpec:
     }
     if mla["kv_lora_rank"]:
         d = mla["qk_head_dim"] + mla["qk_pos_emb_head_dim"]
+        # MLA always normalises its q and kv latents (Megatron: --qk-layernorm with --multi-latent-attention).
+        cfg = {**cfg, "qk_layernorm": True}
     mtp = int(_first(cfg, "num_nextn_predict_layers", default=0) or 0)
     if cfg.get("use_mtp") and not mtp:
         mtp = int(cfg.get("num_mtp_modules") or 0)
     qk_norm = bool(_first(cfg, "use_qk_norm", "qk_layernorm", default=str(cfg.get("model_type", "")).startswith("qwen3")))
+    rs = cfg.get("rope_scaling") or {}
+    if not isinstance(rs, dict):
+        rs = {}
+    rs_type = str(rs.get("rope_type") or rs.get("type") or "")
+    if rs_type in ("default", "linear", "dynamic"):
+        rs_type = ""
+    partial = cfg.get("partial_rotary_factor")
+    if partial is None and cfg.get("rotary_dim") and d:
+        partial = float(cfg["rotary_dim"]) / d
+    topk_method = str(cfg.get("topk_method", ""))
+    numerics = dict(
+        norm_epsilon=float(_first(cfg, "rms_norm_eps", "layer_norm_eps", "norm_epsilon", default=1e-5)),
+        rotary_base=float(_first(cfg, "rope_theta", "rotary_base", default=10000.0)),
+        rotary_percent=float(partial if partial is not None else 1.0),
+        rope_scaling_type=rs_type,
+        rope_scaling_factor=float(rs.get("factor") or 1.0),
+        rope_scaling_mscale=float(rs.get("mscale") or 1.0),
+        rope_scaling_mscale_all_dim=float(rs.get("mscale_all_dim") or 0.0),
+        moe_router_score_function="sigmoid" if str(cfg.get("scoring_func", "softmax")) == "sigmoid" else "softmax",
+        moe_router_enable_expert_bias=bool(cfg.get("use_routing_bias")) or topk_method == "noaux_tc",
+        moe_router_topk_scaling_factor=float(cfg.get("routed_scaling_factor") or 0.0) if num_experts else 0.0,
+        moe_router_num_groups=int(cfg.get("n_group") or 0) if topk_method in ("group_limited_greedy", "noaux_tc") and int(cfg.get("n_group") or 1) > 1 else 0,
+        moe_router_group_topk=int(cfg.get("topk_group") or 0) if topk_method in ("group_limited_greedy", "noaux_tc") and int(cfg.get("n_group") or 1) > 1 else 0,
+    )
     spec = dict(
         name=name,
         num_layers=L,
@@ -340,13 +388,15 @@ def model_from_hf_config(cfg: dict[str, Any], *, name: str) -> ModelSpec:
         max_position_embeddings=int(cfg.get("max_position_embeddings") or 0),
         source=str(cfg.get("_source", "")),
         **mla,
+        **numerics,
     )
     unknown = set(over) - {f.name for f in dataclasses.fields(ModelSpec)}
     if unknown:
-        raise TunerError(f"model config {name!r}: unknown keys in its 'tuner' section: {sorted(unknown)}")
+        raise TunerError(f"model config {name_for_errors!r}: unknown keys in its 'tuner' section: {sorted(unknown)}")
     spec.update(over)
-    if isinstance(spec.get("moe_layer_freq"), list):
-        spec["moe_layer_freq"] = tuple(spec["moe_layer_freq"])
+    for k in ("moe_layer_freq", "extra_megatron_args"):
+        if isinstance(spec.get(k), list):
+            spec[k] = tuple(spec[k])
     return ModelSpec(**spec)
 
 
@@ -382,7 +432,9 @@ def load_model(name_or_path: str) -> ModelSpec:
         if not isinstance(cfg, dict):
             raise TunerError(f"--model {name_or_path!r}: expected a JSON object (a Hugging Face config.json)")
         cfg.setdefault("_source", str(p))
-        return model_from_hf_config(cfg, name=str(p))
+        # Hugging Face layout: <model name>/config.json
+        display = p.resolve().parent.name if p.name == "config.json" and p.resolve().parent.name else p.stem
+        return model_from_hf_config(cfg, name=display, where=str(p))
     files = _data_files(_MODEL_DIR, ".json")
     by_lower = {k.lower(): k for k in files}
     key = by_lower.get(name_or_path.lower())

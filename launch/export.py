@@ -86,14 +86,6 @@ MISC_ARGS: tuple[str, ...] = tuple(a for line in _MISC_LINES for a in line)
 
 #: slime's MiniMax-M2 layer spec (scripts/models/minimax-m2.sh): full-width QK RMSNorm.
 _MINIMAX_M2_SPEC = ("--spec", "slime_plugins.models.minimax_m2", "get_minimax_m2_layer_spec")
-#: Router flags of slime's scripts/models/minimax-m2.sh (shared/notes/slime_minimax_bridge.md §2).
-_MINIMAX_M2_ROUTER = (
-    "--moe-router-pre-softmax",
-    "--moe-router-score-function", "sigmoid",
-    "--moe-router-enable-expert-bias",
-    "--moe-router-load-balancing-type", "none",
-    "--moe-aux-loss-coeff", "0",
-)  # fmt: skip
 
 _STACK_FRAMEWORK = "slime or Megatron-LM (any version with --pipeline-model-parallel-layout)"
 _PREDICTION_SOURCE = "analytical cost model (cost_model/)"
@@ -145,10 +137,6 @@ def _check(layout: Layout, model: ModelSpec, workload: Workload, cluster: Cluste
 # --------------------------------------------------------------------------- model flags
 
 
-def _is_minimax_m2(model: ModelSpec) -> bool:
-    return model.qk_layernorm_full_dim and "minimax-m2" in model.name.lower()
-
-
 def _layer_freq_expr(freq: Sequence[int]) -> str:
     """``moe_layer_freq`` as the Python-list expression Megatron evaluates, run-length coded.
 
@@ -163,32 +151,35 @@ def _layer_freq_expr(freq: Sequence[int]) -> str:
     return "+".join(f"[{v}]*{n}" for v, n in runs)
 
 
+def _flag_num(x: float) -> str:
+    """A number as a flag value: ``1e-6`` (not ``1e-06``), ``0.5``, ``5000000``."""
+    if float(x).is_integer() and abs(x) >= 1:
+        return str(int(x))
+    return f"{x:g}".replace("e-0", "e-").replace("e+0", "e+")
+
+
 def model_args(model: ModelSpec) -> list[str]:
     """Megatron-LM model-architecture flags for ``model``, as argv elements.
 
-    Emits the flags slime's ``scripts/models/*.sh`` pass in ``MODEL_ARGS``:
-    sizes, attention (GQA or MLA), RMSNorm, SwiGLU, untied embeddings, vocabulary,
-    QK norm, RoPE, no linear biases, the MoE block (experts, expert FFN, top-k,
-    ``--moe-layer-freq`` as a list expression, shared experts, grouped GEMM, fp32
-    router) and MTP. ``--ffn-hidden-size`` is ``moe_ffn_hidden_size`` when the
-    model has no dense FFN, as slime's MiniMax-M2 script does. The token
-    dispatcher is a layout choice, so it is in :func:`layout_args`;
-    ``--attention-softmax-in-fp32`` is in :data:`MISC_ARGS`.
+    Emits what slime's ``scripts/models/*.sh`` pass in ``MODEL_ARGS``: sizes,
+    attention (GQA or MLA), RMSNorm with its epsilon, SwiGLU, untied embeddings,
+    vocabulary, QK norm, RoPE (base, partial rotary, Llama-3 scaling
+    ``--use-rope-scaling --rope-scaling-factor`` or YaRN ``--rotary-scaling-factor
+    --mscale --mscale-all-dim``), no linear biases, the MoE block (experts, expert
+    FFN, top-k, ``--moe-layer-freq`` as a list expression, shared experts, router
+    score function, expert bias, top-k scaling, group-limited routing, fp32 router,
+    grouped GEMM) and MTP, then the preset's ``extra_megatron_args``.
+    ``--ffn-hidden-size`` is ``moe_ffn_hidden_size`` when the model has no dense
+    FFN, as slime's MiniMax-M2 script does. The token dispatcher is a layout
+    choice (:func:`layout_args`); ``--attention-softmax-in-fp32`` is in
+    :data:`MISC_ARGS`.
 
     MiniMax-M2 (``qk_layernorm_full_dim``) normalises q and k over all heads at
     once, which no megatron-core layer spec does: slime adds its own
     ``--spec slime_plugins.models.minimax_m2 get_minimax_m2_layer_spec``
     (slime_plugins must be importable, also under plain Megatron-LM, whose
-    ``pretrain_gpt.py`` honours ``--spec``). For a model named MiniMax-M2 the
-    flags of slime's ``scripts/models/minimax-m2.sh`` that the ModelSpec does not
-    carry are added too: ``--norm-epsilon 1e-6``, ``--rotary-percent 0.5``,
-    ``--rotary-base 5000000``, ``--no-rope-fusion``, ``--moe-permute-fusion`` and
-    the router flags ``--moe-router-pre-softmax --moe-router-score-function
-    sigmoid --moe-router-enable-expert-bias --moe-router-load-balancing-type none
-    --moe-aux-loss-coeff 0`` (shared/notes/slime_minimax_bridge.md §2).
-
-    For other models the RoPE base and scaling, the norm epsilon and router
-    options are not part of :class:`ModelSpec` and must be added by hand.
+    ``pretrain_gpt.py`` honours ``--spec``). For MiniMax-M2 the result equals
+    slime's ``scripts/models/minimax-m2.sh`` flag for flag (shared/notes/slime_minimax_bridge.md §2).
     Multi-latent attention omits ``--kv-channels`` (MLA sizes its heads with the
     ``--qk-*``/``--v-head-dim`` flags).
 
@@ -201,7 +192,6 @@ def model_args(model: ModelSpec) -> list[str]:
     Raises:
         TunerError: if a MoE model has no MoE layer in ``moe_layer_freq``.
     """
-    minimax = _is_minimax_m2(model)
     a: list[str] = []
     if model.qk_layernorm_full_dim:
         a += _MINIMAX_M2_SPEC
@@ -212,20 +202,22 @@ def model_args(model: ModelSpec) -> list[str]:
         a += ["--kv-channels", str(model.kv_channels)]
         if model.num_query_groups < model.num_attention_heads:
             a += ["--group-query-attention", "--num-query-groups", str(model.num_query_groups)]
-    a += ["--normalization", "RMSNorm", "--position-embedding-type", "rope"]
-    if minimax:
-        a += ["--norm-epsilon", "1e-6"]
+    a += ["--normalization", "RMSNorm", "--position-embedding-type", "rope", "--norm-epsilon", _flag_num(model.norm_epsilon)]
     if model.gated_linear_unit:
         a += ["--swiglu"]
     if model.untie_embeddings_and_output_weights:
         a += ["--untie-embeddings-and-output-weights"]
     a += ["--vocab-size", str(model.vocab_size)]
-    if minimax:
-        a += ["--rotary-percent", "0.5", "--rotary-base", "5000000"]
+    if model.rotary_percent != 1.0:
+        a += ["--rotary-percent", _flag_num(model.rotary_percent)]
+    a += ["--rotary-base", _flag_num(model.rotary_base)]
+    if model.rope_scaling_type == "llama3":
+        a += ["--use-rope-scaling", "--rope-scaling-factor", _flag_num(model.rope_scaling_factor)]
+    elif model.rope_scaling_type == "yarn":
+        a += ["--rotary-scaling-factor", _flag_num(model.rope_scaling_factor), "--mscale", _flag_num(model.rope_scaling_mscale),
+              "--mscale-all-dim", _flag_num(model.rope_scaling_mscale_all_dim)]  # fmt: skip
     if model.qk_layernorm:
         a += ["--qk-layernorm"]
-    if minimax:
-        a += ["--no-rope-fusion"]
     if model.is_mla:
         a += ["--multi-latent-attention"]
         if model.q_lora_rank:
@@ -247,14 +239,20 @@ def model_args(model: ModelSpec) -> list[str]:
         ]  # fmt: skip
         if model.moe_shared_expert_intermediate_size > 0:
             a += ["--moe-shared-expert-intermediate-size", str(model.moe_shared_expert_intermediate_size)]
-        if minimax:
-            a += _MINIMAX_M2_ROUTER
+        if model.moe_router_score_function != "softmax":
+            a += ["--moe-router-score-function", model.moe_router_score_function]
+        if model.moe_router_enable_expert_bias:
+            a += ["--moe-router-enable-expert-bias"]
+        if model.moe_router_topk_scaling_factor:
+            a += ["--moe-router-topk-scaling-factor", _flag_num(model.moe_router_topk_scaling_factor)]
+        if model.moe_router_num_groups:
+            a += ["--moe-router-num-groups", str(model.moe_router_num_groups), "--moe-router-group-topk", str(model.moe_router_group_topk)]
         a += ["--moe-router-dtype", "fp32", "--moe-grouped-gemm"]
-        if minimax:
-            a += ["--moe-permute-fusion"]
     if model.mtp_num_layers > 0:
         a += ["--mtp-num-layers", str(model.mtp_num_layers)]
+    a += list(model.extra_megatron_args)
     return a
+
 
 
 # --------------------------------------------------------------------------- layout flags

@@ -359,3 +359,20 @@ def test_recipe_yaml_round_trips(tmp_path, model, cluster, workload, seed_layout
     p = write_recipe(tmp_path / "out" / "recipe.yaml", rec)
     assert p.read_text().startswith("# recipe.yaml\n")
     assert yaml.safe_load(p.read_text()) == rec
+
+
+def test_model_args_carry_rope_norm_and_router_numerics():
+    """Without these a run would train a different model than the checkpoint (Megatron defaults differ)."""
+    from cost_model.specs import load_model
+    from launch.export import model_args
+
+    llama = _argv_flags(model_args(load_model("Llama-3.1-70B")))
+    assert llama["--rotary-base"] == ("500000",) and llama["--norm-epsilon"] == ("1e-5",)
+    assert "--use-rope-scaling" in llama and llama["--rope-scaling-factor"] == ("8",)
+    ds = _argv_flags(model_args(load_model("DeepSeek-V3")))
+    assert ds["--moe-router-score-function"] == ("sigmoid",) and "--moe-router-enable-expert-bias" in ds
+    assert ds["--moe-router-topk-scaling-factor"] == ("2.5",)
+    assert ds["--moe-router-num-groups"] == ("8",) and ds["--moe-router-group-topk"] == ("4",)
+    assert ds["--rotary-scaling-factor"] == ("40",) and "--qk-layernorm" in ds
+    qwen = _argv_flags(model_args(load_model("Qwen3-30B-A3B")))
+    assert qwen["--rotary-base"] == ("1000000",) and qwen["--norm-epsilon"] == ("1e-6",)
