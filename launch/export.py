@@ -796,14 +796,17 @@ def _sig(x: float, n: int = 3) -> float:
 
 def _min_megatron_core(layout: Layout, model: ModelSpec) -> tuple[str, list[str]]:
     """Oldest megatron-core release known to accept the exported flags, with the reasons."""
-    version, why = "0.14.0", ["--pipeline-model-parallel-layout, --use-precision-aware-optimizer and the flags used"]
+    need = [("0.14.0", "--pipeline-model-parallel-layout, --use-precision-aware-optimizer and the flags used")]
     if layout.tp > model.num_query_groups:
-        version = "0.16.0"
-        why.append(f"TP {layout.tp} above the {model.num_query_groups} query groups (TP % groups == 0 since 0.16)")
-    elif layout.ep > 1 and layout.tp > 1 and not layout.sequence_parallel:
-        version = "0.15.0"
-        why.append("EP and TP without sequence parallelism (an error before 0.15)")
-    return version, why
+        need.append(("0.16.0", f"TP {layout.tp} above the {model.num_query_groups} query groups (TP % groups == 0 since 0.16)"))
+    if layout.ep > 1 and layout.tp > 1 and not layout.sequence_parallel:
+        need.append(("0.15.0", "EP and TP without sequence parallelism (an error before 0.15)"))
+    if layout.dispatcher.moe_flex_dispatcher_backend and model.is_moe:
+        # core 0.14 had only --moe-enable-deepep; --moe-flex-dispatcher-backend {deepep,hybridep}
+        # arrived with HybridEP (megatron/core/transformer/moe/README.md, core 0.15).
+        need.append(("0.15.0", f"--moe-flex-dispatcher-backend {layout.dispatcher.moe_flex_dispatcher_backend}"))
+    version = max((v for v, _ in need), key=lambda v: tuple(int(x) for x in v.split(".")))
+    return version, [w for _, w in need]
 
 
 def _date(value: Any) -> _dt.date:

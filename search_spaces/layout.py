@@ -178,7 +178,8 @@ class Layout:
             parts.append(f"EP{self.ep}")
         if self.etp != 1:
             parts.append(f"ETP{self.etp}")
-        parts.append(f"DP{self.dp}")
+        mp = self.tp * self.pp * self.cp
+        parts.append(f"DP{self.dp}" if self.world_size % mp == 0 else "DP?")
         return " ".join(parts)
 
     def key(self) -> str:

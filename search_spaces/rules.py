@@ -33,6 +33,7 @@ __all__ = [
     "RULES",
     "RULE_IDS",
     "MOE_RECOMPUTE_MODULES",
+    "POLICY_RULES",
     "check_table",
     "check_layout",
     "applicable_recompute_modules",
@@ -42,6 +43,10 @@ BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.int64]
 CheckFn = Callable[[LayoutTable, ModelSpec, Workload], BoolArray]
 ExplainFn = Callable[[Layout, ModelSpec, Workload], str]
+
+#: Rules that are the tuner's own conventions (one canonical form per layout), not Megatron checks:
+#: ``tune check`` reports them as notes, the enumeration still uses them to avoid duplicates.
+POLICY_RULES = frozenset({"pipeline_split_canonical", "recompute_none"})
 
 #: ``--recompute-modules`` entries that exist only in MoE layers.
 MOE_RECOMPUTE_MODULES = ("moe_act", "moe")

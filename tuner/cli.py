@@ -16,9 +16,10 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.markup import escape
 from rich.table import Table
 
-from cost_model.errors import TunerError
+from cost_model.errors import InfeasibleLayout, TunerError
 
 app = typer.Typer(
     name="tune",
@@ -54,7 +55,9 @@ def _fail(e: BaseException) -> None:
     if _DEBUG["on"]:
         raise e
     msg = str(e).strip() or type(e).__name__
-    err.print(f"[bold red]error:[/] {msg}", markup=True, soft_wrap=True)
+    if isinstance(e, InfeasibleLayout):
+        msg = f"the layout breaks rule {e.rule_id}: {e.reason}"
+    err.print(f"[bold red]error:[/] {escape(msg)}", markup=True, soft_wrap=True)
     raise typer.Exit(code=2)
 
 
@@ -93,7 +96,7 @@ def main_job(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     """Find the fastest layout that fits: `tune --model MiniMax-M2 --gpus 64xH200`."""
-    _DEBUG["on"] = debug
+    _DEBUG["on"] = _DEBUG["on"] or debug
     if ctx.invoked_subcommand is not None:
         return
     if model is None and gpus is None:
@@ -159,7 +162,7 @@ def _run_main(cfg: Any, top: int) -> None:
         f"({cfg.memory_headroom:.0%} headroom): {_fmt_int(n_nofit)}; candidates: [bold]{_fmt_int(prep.n_fit)}[/]"
     )
     for note in getattr(en, "notes", []) or []:
-        out.print(f"  note: {note}")
+        out.print(f"  note: {note}", markup=False)
     out.print(f"  (enumerated and checked in {prep.enumerate_seconds:.2f} s, estimated in {prep.estimate_seconds:.2f} s)")
 
     with Progress(
@@ -210,7 +213,7 @@ def _run_main(cfg: Any, top: int) -> None:
         f"offload {best['offload']}, {best['dispatcher']} dispatcher, micro-batch {best['micro_batch_size']}, layer split {best['layer_split']}"
     )
     out.print(
-        f"  {best['source']}: {best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU, MFU {best['mfu']:.1%}, "
+        f"  {best['source']}: {best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU, MFU {best['mfu']:.1%} (6 x N_active x tokens/s over dense bf16 peak), "
         f"${best['usd_per_million_tokens']:.2f} per 1M tokens, peak {best['peak_gib']:.1f} GiB "
         f"(headroom {best['headroom_gib']:.1f} GiB), step {best['step_time_s']:.2f} s"
     )
@@ -230,7 +233,7 @@ def _print_front(front: list[dict[str, Any]], top: int, title: str) -> None:
     t = Table(title=title, title_justify="left", show_lines=False)
     for col, just in [
         ("trial", "right"), ("layout", "left"), ("recompute", "left"), ("offload", "left"), ("dispatcher", "left"),
-        ("mbs", "right"), ("first/last", "left"), ("tokens/s/GPU", "right"), ("MFU", "right"), ("$/1M tok", "right"),
+        ("mbs", "right"), ("first/last", "left"), ("tokens/s/GPU", "right"), ("MFU (6N)", "right"), ("$/1M tok", "right"),
         ("peak GiB", "right"), ("headroom GiB", "right"), ("source", "left"),
     ]:
         t.add_column(col, justify=just, no_wrap=True)
@@ -335,6 +338,7 @@ def estimate(
     first_stage_layers: FirstOpt = 0, last_stage_layers: LastOpt = 0, exp_avg_dtype: AvgOpt = "fp32",
     no_precision_aware_optimizer: NoPaOpt = False, no_distributed_optimizer: NoDoOpt = False,
     calibration: CalOpt = None, memory_headroom: HeadroomOpt = 0.10,
+    layout_string: Annotated[Optional[str], typer.Option("--pipeline-layout", help="A --pipeline-model-parallel-layout string (sets VPP and the first/last split).", rich_help_panel="Layout")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as JSON.")] = False,
 ) -> None:
     """Predict one layout: memory per GPU (worst pipeline rank) and step time, with their parts."""
@@ -344,7 +348,15 @@ def estimate(
 
         m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd_per_gpu_hour, seq_len, global_batch, precision)
         lay = _layout_from_flags(c.num_gpus, **_common_layout(tp, pp, vpp, cp, ep, etp, micro_batch_size, sequence_parallel, recompute, recompute_method, recompute_num_layers, recompute_modules, optimizer_offload_fraction, dispatcher, first_stage_layers, last_stage_layers, exp_avg_dtype, no_precision_aware_optimizer, no_distributed_optimizer))
-        e = _estimate(m, c, w, lay, calibration=load_calibration(calibration), memory_headroom=memory_headroom)
+        if layout_string is not None:
+            lay, odd, _ = _apply_layout_string(lay, m, layout_string, vpp_given=vpp != 1, split_given=bool(first_stage_layers or last_stage_layers))
+            if odd:
+                raise TunerError(f"--pipeline-layout {layout_string!r} is valid for Megatron, but the cost model handles only even splits and first/last-rank splits; `tune check` accepts it")
+        try:
+            e = _estimate(m, c, w, lay, calibration=load_calibration(calibration), memory_headroom=memory_headroom)
+        except InfeasibleLayout as ex:
+            hint = _split_hint(m, lay) if ex.rule_id.startswith("pipeline_split") else ""
+            raise TunerError(f"the layout breaks rule {ex.rule_id}: {ex.reason}{hint}") from None
     except TunerError as ex:
         _fail(ex)
         return
@@ -359,7 +371,9 @@ def estimate(
     out.print(f"  recompute {lay.recompute_label}, offload {lay.offload_label}, {lay.dispatcher.value} dispatcher, micro-batch {lay.micro_batch_size}")
     if d["pipeline_model_parallel_layout"]:
         out.print(f"  --pipeline-model-parallel-layout '{d['pipeline_model_parallel_layout']}'")
-    out.print(f"  predicted tokens/s/GPU {e.tokens_per_s_per_gpu:,.1f}; step {e.step_time_s:.2f} s; MFU {e.mfu:.1%}; model TFLOP/s/GPU {e.model_tflops_per_gpu:.0f}; ${e.usd_per_million_tokens:.2f} per 1M tokens")
+    out.print(f"  predicted tokens/s/GPU {e.tokens_per_s_per_gpu:,.1f}; step {e.step_time_s:.2f} s; ${e.usd_per_million_tokens:.2f} per 1M tokens")
+    out.print(f"  predicted MFU {e.mfu:.1%} (6 x N_active x tokens/s over dense bf16 peak, the seed's convention; no attention term); "
+              f"model TFLOP/s/GPU {e.model_tflops_per_gpu:.0f} (Megatron's FLOPs formula, with attention)")
     fit = "fits" if e.fits else "[red]does NOT fit[/]"
     out.print(f"  predicted peak {e.peak_gib:.1f} GiB of {e.hbm_bytes / GIB:.1f} GiB ({fit} with {memory_headroom:.0%} headroom; headroom {e.headroom_gib:.1f} GiB)")
     t = Table(title="predicted memory per GPU (worst pipeline rank)", title_justify="left")
@@ -383,38 +397,113 @@ def check(
     recompute_modules: RecModOpt = None, optimizer_offload_fraction: OffOpt = 0.0, dispatcher: DispOpt = "alltoall",
     first_stage_layers: FirstOpt = 0, last_stage_layers: LastOpt = 0, exp_avg_dtype: AvgOpt = "fp32",
     no_precision_aware_optimizer: NoPaOpt = False, no_distributed_optimizer: NoDoOpt = False,
-    layout_string: Annotated[Optional[str], typer.Option("--pipeline-layout", help="Also check a --pipeline-model-parallel-layout string against --pp.", rich_help_panel="Layout")] = None,
+    layout_string: Annotated[Optional[str], typer.Option("--pipeline-layout", help="Check this --pipeline-model-parallel-layout string (it sets VPP and the first/last split).", rich_help_panel="Layout")] = None,
 ) -> None:
-    """Is a layout valid under Megatron's rules? Lists every rule it breaks (exit 2 if any)."""
+    """Is a layout valid under Megatron's rules? Lists every rule it breaks (exit 2 if any).
+
+    With --pipeline-layout the string is checked with Megatron's layout grammar and rules, and the
+    split (VPP, layers on the first and last rank) is taken from it instead of --vpp/--first/--last.
+    """
+    notes: list[str] = []
     try:
-        from search_spaces.rules import check_layout
+        from search_spaces.rules import POLICY_RULES, check_layout
 
         m, c, w = _inputs(model, gpus, gpus_per_node, None, None, seq_len, global_batch, precision)
         lay = _layout_from_flags(c.num_gpus, **_common_layout(tp, pp, vpp, cp, ep, etp, micro_batch_size, sequence_parallel, recompute, recompute_method, recompute_num_layers, recompute_modules, optimizer_offload_fraction, dispatcher, first_stage_layers, last_stage_layers, exp_avg_dtype, no_precision_aware_optimizer, no_distributed_optimizer))
-        broken = list(check_layout(lay, m, w))
-        if layout_string:
-            from cost_model.errors import InfeasibleLayout
-            from search_spaces.pipeline import layer_counts_from_string
-
+        string_broken: list[tuple[str, str]] = []
+        skip_split = False
+        if layout_string is not None:
             try:
-                layer_counts_from_string(layout_string, pp, m.num_layers, m.mtp_num_layers)
+                lay, skip_split, note = _apply_layout_string(lay, m, layout_string, vpp_given=vpp != 1, split_given=bool(first_stage_layers or last_stage_layers))
+                if note:
+                    notes.append(note)
             except InfeasibleLayout as ex:
-                broken.append((ex.rule_id, ex.reason))
+                string_broken.append((ex.rule_id, ex.reason))
+                skip_split = True
+        broken = string_broken + [
+            (r, why) for r, why in check_layout(lay, m, w) if not (skip_split and r.startswith("pipeline_split"))
+        ]
     except TunerError as ex:
         _fail(ex)
         return
+    policy = [(r, why) for r, why in broken if r in POLICY_RULES]
+    broken = [(r, why) for r, why in broken if r not in POLICY_RULES]
     if not broken:
         from tuner.report import pipeline_layout_of
 
-        out.print(f"[green]valid[/]: {lay.label} ({m.name}, {c.num_gpus} GPUs, seq {w.seq_length}, gbs {w.global_batch_size})")
-        pls = pipeline_layout_of(lay, m)
+        out.print(f"[green]valid[/]: {lay.label} ({escape(m.name)}, {c.num_gpus} GPUs, seq {w.seq_length}, gbs {w.global_batch_size})")
+        pls = layout_string or pipeline_layout_of(lay, m)
         if pls:
-            out.print(f"  --pipeline-model-parallel-layout '{pls}'")
+            out.print(f"  --pipeline-model-parallel-layout '{pls}'", markup=False)
+        for rid, reason in policy:
+            out.print(f"  note [{rid}] (the tuner's own convention; Megatron accepts it): {reason}", markup=False)
+        for note in notes:
+            out.print(f"  note: {note}", markup=False)
         return
-    err.print(f"[red]invalid[/]: {lay.label} breaks {len(broken)} rule(s):")
+    out.print(f"[red]invalid[/]: {lay.label} breaks {len(broken)} rule(s):")
     for rid, reason in broken:
-        err.print(f"  [{rid}] {reason}", markup=False)
+        hint = _split_hint(m, lay) if rid == "pipeline_split" and layout_string is None else ""
+        out.print(f"  [{rid}] {reason}{hint}", markup=False)
+    for rid, reason in policy:
+        out.print(f"  note [{rid}] (the tuner's own convention; Megatron accepts it): {reason}", markup=False)
     raise typer.Exit(code=2)
+
+
+def _split_hint(model: Any, lay: Any) -> str:
+    """'; try --first-stage-layers F --last-stage-layers L' with the nearest split that works, or ''."""
+    from search_spaces.pipeline import stage_layer_counts
+
+    best = None
+    for d in range(0, 2 * lay.pp * lay.vpp + 1):
+        for df in sorted(range(d + 1), key=lambda x: (abs(2 * x - d), x)):  # symmetric first
+            dl = d - df
+            if (model.num_layers + df + dl) % lay.pp:
+                continue
+            mid = (model.num_layers + df + dl) // lay.pp
+            try:
+                stage_layer_counts(model.num_layers, lay.pp, lay.vpp, mid - df, mid - dl)
+            except InfeasibleLayout:
+                continue
+            best = (mid - df, mid - dl)
+            break
+        if best:
+            break
+    return f"; try --first-stage-layers {best[0]} --last-stage-layers {best[1]}" if best else ""
+
+
+def _apply_layout_string(lay: Any, model: Any, text: str, *, vpp_given: bool, split_given: bool) -> tuple[Any, bool, str]:
+    """Take VPP and the first/last split from a ``--pipeline-model-parallel-layout`` string.
+
+    Returns:
+        (layout with vpp / first / last from the string, whether the split rules must be
+        skipped because the string is valid but not of the first/last form, a note).
+
+    Raises:
+        InfeasibleLayout: the string breaks Megatron's grammar or layout rules, or
+            contradicts --vpp / --first-stage-layers / --last-stage-layers.
+    """
+    from search_spaces.pipeline import LAYOUT_RULE_ID, layer_counts_from_string, stage_layer_counts
+
+    counts = layer_counts_from_string(text, lay.pp, model.num_layers, model.mtp_num_layers)
+    vpp_s = len(counts[0])
+    if vpp_given and lay.vpp != vpp_s:
+        raise InfeasibleLayout(LAYOUT_RULE_ID, f"the string has {len(counts) * vpp_s} stages = pp {lay.pp} x {vpp_s} virtual stages per rank, but --vpp is {lay.vpp}; leave --vpp out or make them agree")
+    first, last = sum(counts[0]), sum(counts[-1])
+    if split_given and (lay.num_layers_in_first_pipeline_stage, lay.num_layers_in_last_pipeline_stage) not in ((first, last), (0, 0)):
+        raise InfeasibleLayout(
+            LAYOUT_RULE_ID,
+            f"the string puts {first} layers on the first rank and {last} on the last, but --first-stage-layers/--last-stage-layers say "
+            f"{lay.num_layers_in_first_pipeline_stage}/{lay.num_layers_in_last_pipeline_stage}; leave them out (the string decides)",
+        )
+    for f, l in ((0, 0), (first, last)):
+        try:
+            if stage_layer_counts(model.num_layers, lay.pp, vpp_s, f, l) == counts:
+                return lay.replace(vpp=vpp_s, num_layers_in_first_pipeline_stage=f, num_layers_in_last_pipeline_stage=l), False, ""
+        except InfeasibleLayout:
+            continue
+    note = (f"the string is valid for Megatron but not of the first/last form the tuner generates and models "
+            f"(per-rank layers {[sum(c) for c in counts]}); rules other than the split were checked")
+    return lay.replace(vpp=vpp_s), True, note
 
 
 def _load_study(study: Optional[str], storage: Optional[str], results_dir: Path) -> Any:
@@ -571,10 +660,13 @@ def gpus() -> None:
 
 def main() -> None:
     """Console entry point: run the app; user errors exit 2 without a traceback."""
+    if "--debug" in sys.argv[1:]:  # accepted anywhere, also after a subcommand
+        _DEBUG["on"] = True
+        sys.argv = [sys.argv[0], "--debug"] + [a for a in sys.argv[1:] if a != "--debug"]
     try:
         app()
     except TunerError as e:  # raised outside a command's own handler
-        err.print(f"[bold red]error:[/] {e}")
+        err.print(f"[bold red]error:[/] {escape(str(e))}")
         sys.exit(2)
     except KeyboardInterrupt:
         err.print("interrupted")
@@ -582,7 +674,7 @@ def main() -> None:
     except Exception as e:  # a bug, not a user error: one line unless --debug
         if _DEBUG["on"] or "--debug" in sys.argv:
             raise
-        err.print(f"[bold red]internal error:[/] {type(e).__name__}: {e} (re-run with --debug for the traceback, and report it)")
+        err.print(f"[bold red]internal error:[/] {escape(f'{type(e).__name__}: {e}')} (re-run with --debug for the traceback, and report it)")
         sys.exit(1)
 
 

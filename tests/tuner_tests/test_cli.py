@@ -191,3 +191,37 @@ def test_console_script_has_no_traceback():
     assert p.returncode == 2
     assert "unknown model" in p.stderr and "Traceback" not in p.stderr + p.stdout
     assert len(p.stderr.strip().splitlines()) <= 3
+
+
+def test_check_takes_split_from_layout_string():
+    base = ["check", "--model", "MiniMax-M2", "--gpus", "64xH200", "--ep", "8", "--recompute", "full"]
+    r = _run(*base, "--pp", "8", "--pipeline-layout", "Et|(tt|)*30tL")
+    assert r.exit_code == 0 and "TP1 PP8 VPP4 EP8 DP8" in r.output
+    # 64 stages contradict --vpp 4
+    r = runner.invoke(app, base + ["--pp", "8", "--vpp", "4", "--pipeline-layout", "E|(t|)*62L"])
+    assert r.exit_code == 2 and "--vpp is 4" in r.output
+    # contradicts --first/--last
+    r = runner.invoke(app, base + ["--pp", "8", "--first-stage-layers", "8", "--last-stage-layers", "6", "--pipeline-layout", "Et|(tt|)*30tL"])
+    assert r.exit_code == 2 and "leave them out" in r.output
+    # an even split that does not divide suggests a first/last split
+    r = runner.invoke(app, base + ["--pp", "8", "--vpp", "4"])
+    assert r.exit_code == 2 and "try --first-stage-layers 7 --last-stage-layers 7" in r.output
+
+
+def test_check_reports_tuner_policy_as_note():
+    r = _run("check", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "2", "--ep", "8", "--recompute", "full",
+             "--first-stage-layers", "31", "--last-stage-layers", "31")
+    assert r.exit_code == 0, r.output
+    assert "pipeline_split_canonical" in r.output and "Megatron accepts it" in r.output
+
+
+def test_estimate_error_is_not_eaten_by_markup():
+    r = runner.invoke(app, ["estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "8", "--ep", "8"])
+    assert r.exit_code == 2
+    assert "rule pipeline_split" in r.output and "try --first-stage-layers 7 --last-stage-layers 7" in r.output
+
+
+def test_dense_model_note_is_printed_whole(tmp_path):
+    r = _run("--model", "Llama-3.1-8B", "--gpus", "8xH100", "--trials", "4", "--results-dir", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    assert "collapsed to [1], [1], [alltoall]" in r.output
