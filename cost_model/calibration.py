@@ -121,12 +121,38 @@ class Calibration:
     """Bytes per logit element held on the last stage: fp32 softmax kept for backward (4)
     plus the bf16 logits / gradient in flight (2) (megatron/core/tensor_parallel/cross_entropy.py)."""
 
+    def __post_init__(self) -> None:
+        import math
+
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise TunerError(f"calibration constant {f.name} must be a finite number, got {v!r}")
+            lo, hi, lo_open = _RANGES.get(f.name, (0.0, math.inf, False))
+            if v < lo or v > hi or (lo_open and v == lo):
+                bound = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+                raise TunerError(f"calibration constant {f.name} = {v!r} is outside {bound}")
+
     def to_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     def replace(self, **kw: Any) -> Calibration:
         return dataclasses.replace(self, **kw)
 
+
+#: Accepted ranges (low, high, low excluded?): efficiencies are fractions of a peak, overlaps are
+#: fractions hidden, the imbalance and speedup are ratios >= 1 / > 0; the rest are non-negative.
+_RANGES: dict[str, tuple[float, float, bool]] = {
+    **{k: (0.0, 1.0, True) for k in (
+        "gemm_efficiency", "grouped_gemm_efficiency", "attention_efficiency", "hbm_efficiency",
+        "nvlink_efficiency", "alltoall_nvlink_efficiency", "network_efficiency", "pcie_efficiency",
+    )},
+    **{k: (0.0, 1.0, False) for k in ("dp_overlap", "pp_p2p_overlap", "offload_overlap", "allocator_overhead_fraction")},
+    "moe_load_imbalance": (1.0, float("inf"), False),
+    "flex_dispatch_speedup": (0.0, float("inf"), True),
+    "cpu_adam_params_per_s_per_node": (0.0, float("inf"), True),
+    "grouped_gemm_half_rows": (0.0, float("inf"), False),
+}
 
 DEFAULT_CALIBRATION = Calibration()
 
@@ -142,7 +168,7 @@ def load_calibration(path: str | Path | None) -> Calibration:
     p = Path(path)
     try:
         data = yaml.safe_load(p.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise TunerError(f"--calibration {str(p)!r}: cannot read it ({e})") from None
     if isinstance(data, dict) and "constants" in data:
         data = data["constants"]
@@ -155,4 +181,7 @@ def load_calibration(path: str | Path | None) -> Calibration:
     bad = [k for k, v in data.items() if not isinstance(v, (int, float)) or isinstance(v, bool)]
     if bad:
         raise TunerError(f"--calibration {str(p)!r}: values of {bad} are not numbers")
-    return Calibration(**{k: float(v) for k, v in data.items()})
+    try:
+        return Calibration(**{k: float(v) for k, v in data.items()})
+    except TunerError as e:
+        raise TunerError(f"--calibration {str(p)!r}: {e}") from None

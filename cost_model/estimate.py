@@ -189,8 +189,9 @@ def _gemm_eff(flops: np.ndarray, cal: Calibration) -> np.ndarray:
     return cal.gemm_efficiency * f / (f + cal.gemm_half_size_flops)
 
 
-def _span_crosses_node(span: np.ndarray, gpus_per_node: int) -> np.ndarray:
-    return span > gpus_per_node
+def _span_crosses_node(span: np.ndarray, nvlink_size: int) -> np.ndarray:
+    """A group of ``span`` consecutive ranks leaves the NVLink domain (Megatron packs groups on consecutive ranks)."""
+    return span > nvlink_size
 
 
 def _collective_bw(crosses: np.ndarray, cluster: Cluster, cal: Calibration) -> np.ndarray:
@@ -246,7 +247,8 @@ def estimate_table(
     gpu = cluster.gpu
     n = len(table)
     world = cluster.num_gpus
-    gpn = cluster.gpus_per_node
+    gpn = cluster.gpus_per_node  # GPUs sharing a node's network links and CPUs
+    nvl = cluster.nvlink_size  # GPUs that reach each other over NVLink
     s = float(workload.seq_length)
     gbs = float(workload.global_batch_size)
 
@@ -456,22 +458,22 @@ def estimate_table(
 
     # TP (sequence parallel): all-gather + reduce-scatter around attention and around the dense MLP,
     # forward and backward; ETP > 1 adds the same on the dispatched tokens.
-    tp_bw = _collective_bw(_span_crosses_node(tp, gpn)[:, None], cluster, cal)
+    tp_bw = _collective_bw(_span_crosses_node(tp, nvl)[:, None], cluster, cal)
     act_full = BF16 * tok * h
     coll_tp = _ring_time(act_full, tpc, tp_bw)
     tp_attn = 4 * coll_tp
     tp_dense = 4 * coll_tp
     tp_shared = np.where(fs > 0, 4 * coll_tp, 0.0)
-    etp_bw = _collective_bw(_span_crosses_node(etp, gpn)[:, None], cluster, cal)
+    etp_bw = _collective_bw(_span_crosses_node(etp, nvl)[:, None], cluster, cal)
     tp_moe = tp_shared + 4 * _ring_time(BF16 * R_copies * h, etpc, etp_bw)
     # CP ring: K/V blocks passed cp-1 times forward, twice that backward, half hidden behind attention.
-    cp_bw = _collective_bw(_span_crosses_node(tp * cp, gpn)[:, None], cluster, cal)
+    cp_bw = _collective_bw(_span_crosses_node(tp * cp, nvl)[:, None], cluster, cal)
     cp_t = np.where(cp[:, None] > 1, 3 * (cp[:, None] - 1) * BF16 * tok * kv_dim / tpc / cp_bw * 0.5, 0.0)
     # EP all-to-all (dispatch + combine), forward and backward.
     if model.is_moe:
         ep_span = etp * ep  # EP peers are etp apart in the expert rank order (etp-ep-edp-pp)
-        local_peers = np.minimum(ep, np.maximum(gpn // np.maximum(etp, 1), 1))
-        remote_frac = np.where(ep_span > gpn, 1 - local_peers / ep, 0.0)[:, None]
+        local_peers = np.minimum(ep, np.maximum(nvl // np.maximum(etp, 1), 1))
+        remote_frac = np.where(ep_span > nvl, 1 - local_peers / ep, 0.0)[:, None]
         is_ag = np.array([v == "allgather" for v in disp_values], dtype=bool)[disp_inv][:, None]
         send = np.where(
             is_ag,
@@ -526,7 +528,7 @@ def estimate_table(
         "pp_bubble": t_pipe - busy,
     }
     # Pipeline p2p: each chunk boundary sends the (SP-sharded) activation forward and its grad back.
-    pp_cross = (world / pp) >= gpn
+    pp_cross = (world / pp) >= nvl
     p2p_bw = np.where(pp_cross, cluster.inter_node_bytes_per_s / gpn * cal.network_efficiency, gpu.nvlink_bytes_per_s * cal.nvlink_efficiency)
     p2p_bytes = BF16 * (mbs * s / cp) * h / tp
     p2p_exposed = np.where(vpp > 1, 1 - cal.pp_p2p_overlap, 1.0)
@@ -535,8 +537,8 @@ def estimate_table(
     dpcp = dp * cp
     dense_span = tp * cp * dp
     exp_span = etp * ep * edp
-    dbw = _collective_bw(_span_crosses_node(dense_span, gpn)[:, None], cluster, cal)
-    ebw = _collective_bw(_span_crosses_node(exp_span, gpn)[:, None], cluster, cal)
+    dbw = _collective_bw(_span_crosses_node(dense_span, nvl)[:, None], cluster, cal)
+    ebw = _collective_bw(_span_crosses_node(exp_span, nvl)[:, None], cluster, cal)
     grad_b = FP32  # --accumulate-allreduce-grads-in-fp32 (the seed's run block)
     dense_factor = np.where(distopt, grad_b + BF16, 2 * grad_b)  # RS + AG, or all-reduce = 2 x RS
     dp_r = _ring_time(dense_factor * P_dense, dpcp[:, None], dbw) + _ring_time(dense_factor * P_exp, edp[:, None], ebw)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from enum import Enum
@@ -43,6 +44,9 @@ DEFAULT_INTER_NODE_BYTES_PER_S = 3.2e12 / 8
 #: Price per GPU-hour that the seed implies: $1.08 per 1M tokens at 2,034.42
 #: tokens/s/GPU (seeds/001 ``result``): 1.08 * 2034.42 * 3600 / 1e6 = 7.91 $/GPU-h.
 DEFAULT_USD_PER_GPU_HOUR = round(1.08 * 2034.42 * 3600 / 1e6, 2)
+
+#: Largest cluster the tool accepts.
+MAX_GPUS = 1_000_000
 
 
 class Precision(str, Enum):
@@ -127,9 +131,28 @@ class ModelSpec:
     """Where the numbers come from (URL or file)."""
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.type in ("int",) and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise TunerError(f"model {self.name!r}: {f.name} must be a non-negative integer, got {v!r}")
+            if f.type in ("float",) and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+                raise TunerError(f"model {self.name!r}: {f.name} must be a finite number, got {v!r}")
         for f in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size"):
             if getattr(self, f) <= 0:
                 raise TunerError(f"model {self.name!r}: {f} must be > 0, got {getattr(self, f)}")
+        if self.num_attention_heads % self.num_query_groups:
+            raise TunerError(
+                f"model {self.name!r}: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_query_groups})"
+            )
+        if self.num_experts and self.moe_router_topk > self.num_experts:
+            raise TunerError(f"model {self.name!r}: num_experts_per_tok ({self.moe_router_topk}) exceeds num_experts ({self.num_experts})")
+        if any(x not in (0, 1) for x in self.moe_layer_freq):
+            raise TunerError(f"model {self.name!r}: moe_layer_freq entries must be 0 or 1")
+        if self.num_layers > sum(self.moe_layer_freq) and self.ffn_hidden_size <= 0:
+            raise TunerError(f"model {self.name!r}: dense layers need intermediate_size > 0")
+        if self.norm_epsilon <= 0 or self.rotary_base <= 0 or not 0 < self.rotary_percent <= 1:
+            raise TunerError(f"model {self.name!r}: rms_norm_eps and rope_theta must be > 0 and the rotary share in (0, 1]")
         if self.num_experts and (self.moe_router_topk <= 0 or self.moe_ffn_hidden_size <= 0):
             raise TunerError(
                 f"model {self.name!r}: a MoE model needs moe_router_topk and moe_ffn_hidden_size > 0 "
@@ -249,6 +272,19 @@ class ModelSpec:
         return dataclasses.replace(self, **changes)
 
 
+def _as_int(value: Any, key: str, where: str) -> int:
+    """An integer field of a config: ints and integral floats; anything else is an error."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not value.is_integer()):
+        raise TunerError(f"model config {where!r}: {key} must be an integer, got {value!r}")
+    return int(value)
+
+
+def _as_float(value: Any, key: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+        raise TunerError(f"model config {where!r}: {key} must be a finite number, got {value!r}")
+    return float(value)
+
+
 def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
     for k in keys:
         if k in cfg and cfg[k] is not None:
@@ -257,6 +293,20 @@ def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
 
 
 def model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") -> ModelSpec:
+    """Build a :class:`ModelSpec` from a Hugging Face ``config.json`` dictionary (see :func:`_model_from_hf_config`).
+
+    Raises:
+        TunerError: a required field is missing, or any field has a wrong type or value.
+    """
+    try:
+        return _model_from_hf_config(cfg, name=name, where=where)
+    except (TypeError, ValueError, AttributeError, KeyError) as e:
+        if isinstance(e, TunerError):
+            raise
+        raise TunerError(f"model config {(where or name)!r}: a field has a wrong type or value ({type(e).__name__}: {e})") from None
+
+
+def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") -> ModelSpec:
     """Build a :class:`ModelSpec` from a Hugging Face ``config.json`` dictionary.
 
     Understands the key names of Llama, Mixtral, Qwen3 / Qwen3-MoE, DeepSeek-V3 /
@@ -269,7 +319,11 @@ def model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") -> 
     """
     name_for_errors = where or name
     if "text_config" in cfg and "hidden_size" not in cfg:
+        if not isinstance(cfg["text_config"], dict):
+            raise TunerError(f"model config {name_for_errors!r}: text_config must be an object")
         cfg = {**cfg["text_config"], "tuner": cfg.get("tuner", {})}
+    if not isinstance(cfg.get("tuner") or {}, dict):
+        raise TunerError(f"model config {name_for_errors!r}: its 'tuner' section must be an object")
     over = dict(cfg.get("tuner") or {})
     required = {
         "hidden_size": ("hidden_size", "n_embd", "d_model"),
@@ -284,7 +338,7 @@ def model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") -> 
         if v is None:
             missing.append(k)
         vals[k] = v
-    num_experts = int(_first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
+    num_experts = _as_int(_first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0, "num_local_experts", name_for_errors)
     inter = _first(cfg, "intermediate_size", "ffn_hidden_size", "n_inner")
     moe_inter = _first(cfg, "moe_intermediate_size", "expert_intermediate_size")
     if num_experts and moe_inter is None:
@@ -303,14 +357,14 @@ def model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") -> 
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise TunerError(f"model config {name_for_errors!r}: {k} must be a positive integer, got {v!r}")
     h, L, n = vals["hidden_size"], vals["num_hidden_layers"], vals["num_attention_heads"]
-    g = int(_first(cfg, "num_key_value_heads", "num_query_groups", default=n))
-    d = int(_first(cfg, "head_dim", "kv_channels", default=h // n))
-    topk = int(_first(cfg, "num_experts_per_tok", "moe_topk", "top_k", default=0) or 0)
+    g = _as_int(_first(cfg, "num_key_value_heads", "num_query_groups", default=n), "num_key_value_heads", name_for_errors)
+    d = _as_int(_first(cfg, "head_dim", "kv_channels", default=h // n), "head_dim", name_for_errors)
+    topk = _as_int(_first(cfg, "num_experts_per_tok", "moe_topk", "top_k", default=0) or 0, "num_experts_per_tok", name_for_errors)
     # Shared experts.
     shared = _first(cfg, "shared_intermediate_size", "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")
     if shared is None and _first(cfg, "n_shared_experts", "num_shared_experts"):
-        shared = int(_first(cfg, "n_shared_experts", "num_shared_experts")) * int(moe_inter)
-    shared = int(shared or 0)
+        shared = _as_int(_first(cfg, "n_shared_experts", "num_shared_experts"), "n_shared_experts", name_for_errors) * _as_int(moe_inter, "moe_intermediate_size", name_for_errors)
+    shared = _as_int(shared or 0, "shared_intermediate_size", name_for_errors)
     # Which layers are MoE.
     freq: list[int]
     if "moe_layer_freq" in over:
@@ -318,29 +372,29 @@ def model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") -> 
     elif not num_experts:
         freq = [0] * L
     elif "first_k_dense_replace" in cfg:
-        k = int(cfg["first_k_dense_replace"])
-        step = int(cfg.get("moe_layer_freq", 1) or 1)
+        k = _as_int(cfg["first_k_dense_replace"], "first_k_dense_replace", name_for_errors)
+        step = _as_int(cfg.get("moe_layer_freq", 1) or 1, "moe_layer_freq", name_for_errors)
         freq = [1 if (i >= k and (i - k) % step == 0) else 0 for i in range(L)]
     elif "mlp_only_layers" in cfg or "decoder_sparse_step" in cfg:
         only = set(cfg.get("mlp_only_layers") or [])
-        step = int(cfg.get("decoder_sparse_step", 1) or 1)
+        step = _as_int(cfg.get("decoder_sparse_step", 1) or 1, "decoder_sparse_step", name_for_errors)
         freq = [0 if (i in only or (i + 1) % step) else 1 for i in range(L)]
     else:
         freq = [1] * L
     mla = {
-        "q_lora_rank": int(cfg.get("q_lora_rank") or 0),
-        "kv_lora_rank": int(cfg.get("kv_lora_rank") or 0),
-        "qk_head_dim": int(cfg.get("qk_nope_head_dim") or 0),
-        "qk_pos_emb_head_dim": int(cfg.get("qk_rope_head_dim") or 0),
-        "v_head_dim": int(cfg.get("v_head_dim") or 0),
+        "q_lora_rank": _as_int(cfg.get("q_lora_rank") or 0, "q_lora_rank", name_for_errors),
+        "kv_lora_rank": _as_int(cfg.get("kv_lora_rank") or 0, "kv_lora_rank", name_for_errors),
+        "qk_head_dim": _as_int(cfg.get("qk_nope_head_dim") or 0, "qk_nope_head_dim", name_for_errors),
+        "qk_pos_emb_head_dim": _as_int(cfg.get("qk_rope_head_dim") or 0, "qk_rope_head_dim", name_for_errors),
+        "v_head_dim": _as_int(cfg.get("v_head_dim") or 0, "v_head_dim", name_for_errors),
     }
     if mla["kv_lora_rank"]:
         d = mla["qk_head_dim"] + mla["qk_pos_emb_head_dim"]
         # MLA always normalises its q and kv latents (Megatron: --qk-layernorm with --multi-latent-attention).
         cfg = {**cfg, "qk_layernorm": True}
-    mtp = int(_first(cfg, "num_nextn_predict_layers", default=0) or 0)
+    mtp = _as_int(_first(cfg, "num_nextn_predict_layers", default=0) or 0, "num_nextn_predict_layers", name_for_errors)
     if cfg.get("use_mtp") and not mtp:
-        mtp = int(cfg.get("num_mtp_modules") or 0)
+        mtp = _as_int(cfg.get("num_mtp_modules") or 0, "num_mtp_modules", name_for_errors)
     qk_norm = bool(_first(cfg, "use_qk_norm", "qk_layernorm", default=str(cfg.get("model_type", "")).startswith("qwen3")))
     rs = cfg.get("rope_scaling") or {}
     if not isinstance(rs, dict):
@@ -353,8 +407,8 @@ def model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") -> 
         partial = float(cfg["rotary_dim"]) / d
     topk_method = str(cfg.get("topk_method", ""))
     numerics = dict(
-        norm_epsilon=float(_first(cfg, "rms_norm_eps", "layer_norm_eps", "norm_epsilon", default=1e-5)),
-        rotary_base=float(_first(cfg, "rope_theta", "rotary_base", default=10000.0)),
+        norm_epsilon=_as_float(_first(cfg, "rms_norm_eps", "layer_norm_eps", "norm_epsilon", default=1e-5), "rms_norm_eps", name_for_errors),
+        rotary_base=_as_float(_first(cfg, "rope_theta", "rotary_base", default=10000.0), "rope_theta", name_for_errors),
         rotary_percent=float(partial if partial is not None else 1.0),
         rope_scaling_type=rs_type,
         rope_scaling_factor=float(rs.get("factor") or 1.0),
@@ -373,11 +427,11 @@ def model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") -> 
         num_attention_heads=n,
         num_query_groups=g,
         kv_channels=d,
-        ffn_hidden_size=int(inter or 0) if not (num_experts and moe_inter == inter and "moe_intermediate_size" not in cfg) else 0,
+        ffn_hidden_size=_as_int(inter or 0, "intermediate_size", name_for_errors) if not (num_experts and moe_inter == inter and "moe_intermediate_size" not in cfg) else 0,
         vocab_size=vals["vocab_size"],
         num_experts=num_experts,
         moe_router_topk=topk,
-        moe_ffn_hidden_size=int(moe_inter or 0) if num_experts else 0,
+        moe_ffn_hidden_size=_as_int(moe_inter or 0, "moe_intermediate_size", name_for_errors) if num_experts else 0,
         moe_shared_expert_intermediate_size=shared,
         moe_layer_freq=tuple(int(x) for x in freq),
         gated_linear_unit=str(_first(cfg, "hidden_act", default="silu")) in ("silu", "swiglu", "gelu_pytorch_tanh", "geglu"),
@@ -385,7 +439,7 @@ def model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") -> 
         qk_layernorm=qk_norm,
         qk_layernorm_full_dim=str(cfg.get("qk_norm_type", "")) == "per_layer",
         mtp_num_layers=mtp,
-        max_position_embeddings=int(cfg.get("max_position_embeddings") or 0),
+        max_position_embeddings=_as_int(cfg.get("max_position_embeddings") or 0, "max_position_embeddings", name_for_errors),
         source=str(cfg.get("_source", "")),
         **mla,
         **numerics,
@@ -427,7 +481,7 @@ def load_model(name_or_path: str) -> ModelSpec:
             raise TunerError(f"--model {name_or_path!r}: no such file; give a preset name ({', '.join(list_models())}) or a config.json path")
         try:
             cfg = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise TunerError(f"--model {name_or_path!r}: cannot read it as JSON ({e})") from None
         if not isinstance(cfg, dict):
             raise TunerError(f"--model {name_or_path!r}: expected a JSON object (a Hugging Face config.json)")
@@ -526,6 +580,8 @@ class Cluster:
             raise TunerError(f"--gpus: the GPU count must be at least 1, got {self.num_gpus}")
         if self.gpus_per_node <= 0:
             raise TunerError(f"--gpus-per-node must be at least 1, got {self.gpus_per_node}")
+        if self.gpus_per_node > self.num_gpus:
+            raise TunerError(f"--gpus-per-node {self.gpus_per_node} exceeds the {self.num_gpus} GPUs of --gpus")
         if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
             lo = self.num_gpus // self.gpus_per_node * self.gpus_per_node
             raise TunerError(
@@ -533,8 +589,19 @@ class Cluster:
                 f"{self.gpus_per_node}-GPU nodes; use {lo or self.gpus_per_node} or {lo + self.gpus_per_node}, "
                 "or set --gpus-per-node"
             )
-        if self.inter_node_bytes_per_s <= 0 or self.usd_per_gpu_hour < 0:
-            raise TunerError("--network-gbps must be > 0 and --usd-per-gpu-hour >= 0")
+        if not math.isfinite(self.inter_node_bytes_per_s) or self.inter_node_bytes_per_s <= 0:
+            raise TunerError(f"--network-gbps must be a positive number, got {self.inter_node_bytes_per_s * 8 / 1e9:g}")
+        if not math.isfinite(self.usd_per_gpu_hour) or self.usd_per_gpu_hour < 0:
+            raise TunerError(f"--usd-per-gpu-hour must be a non-negative number, got {self.usd_per_gpu_hour:g}")
+        if self.num_gpus > MAX_GPUS:
+            raise TunerError(f"--gpus: {self.num_gpus:,} GPUs is more than this tool models (at most {MAX_GPUS:,})")
+
+    @property
+    def nvlink_size(self) -> int:
+        """GPUs that reach each other over NVLink: the node, or the rack for rack-scale NVLink (GB200 NVL72)."""
+        if self.gpu.nvlink_domain > self.gpu.gpus_per_node:
+            return min(self.gpu.nvlink_domain, self.num_gpus)
+        return min(self.gpus_per_node, self.gpu.nvlink_domain)
 
     @property
     def num_nodes(self) -> int:
@@ -571,6 +638,12 @@ def parse_gpus(
         )
     nodes, count, gname = m.group(1), int(m.group(2)), m.group(3)
     gpu = load_gpu(gname)
+    if gpus_per_node is not None and gpus_per_node <= 0:
+        raise TunerError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
+    if inter_node_bytes_per_s is not None and not (math.isfinite(inter_node_bytes_per_s) and inter_node_bytes_per_s > 0):
+        raise TunerError(f"--network-gbps must be a positive number, got {inter_node_bytes_per_s * 8 / 1e9:g}")
+    if count > MAX_GPUS or (nodes is not None and int(nodes) * count > MAX_GPUS):
+        raise TunerError(f"--gpus {text!r}: more GPUs than this tool models (at most {MAX_GPUS:,})")
     if nodes is not None:
         per = count
         total = int(nodes) * count
@@ -585,7 +658,7 @@ def parse_gpus(
         gpu=gpu,
         num_gpus=total,
         gpus_per_node=per,
-        inter_node_bytes_per_s=inter_node_bytes_per_s or DEFAULT_INTER_NODE_BYTES_PER_S,
+        inter_node_bytes_per_s=DEFAULT_INTER_NODE_BYTES_PER_S if inter_node_bytes_per_s is None else inter_node_bytes_per_s,
         usd_per_gpu_hour=DEFAULT_USD_PER_GPU_HOUR if usd_per_gpu_hour is None else usd_per_gpu_hour,
     )
 
@@ -609,6 +682,8 @@ class Workload:
             raise TunerError(f"--seq-len must be a positive integer, got {self.seq_length}")
         if self.global_batch_size <= 0:
             raise TunerError(f"--global-batch must be a positive integer, got {self.global_batch_size}")
+        if self.seq_length > 2**24 or self.global_batch_size > 2**24:
+            raise TunerError(f"--seq-len and --global-batch must be at most {2**24:,}")
         try:
             object.__setattr__(self, "precision", Precision(self.precision))
         except ValueError:

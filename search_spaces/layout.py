@@ -135,9 +135,16 @@ class Layout:
             if getattr(self, f) not in ("fp32", "bf16"):
                 raise TunerError(f"{f} must be fp32 or bf16, got {getattr(self, f)!r}")
         # Normalise enums given as strings.
-        object.__setattr__(self, "recompute_granularity", RecomputeGranularity(self.recompute_granularity))
-        object.__setattr__(self, "recompute_method", RecomputeMethod(self.recompute_method))
-        object.__setattr__(self, "dispatcher", Dispatcher(self.dispatcher))
+        for name, enum, flag in (
+            ("recompute_granularity", RecomputeGranularity, "--recompute"),
+            ("recompute_method", RecomputeMethod, "--recompute-method"),
+            ("dispatcher", Dispatcher, "--dispatcher"),
+        ):
+            try:
+                object.__setattr__(self, name, enum(getattr(self, name)))
+            except ValueError:
+                accepted = ", ".join(e.value for e in enum)
+                raise TunerError(f"{flag} {getattr(self, name)!r}: accepted {accepted}") from None
         object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
 
     # ---- derived ----------------------------------------------------------------

@@ -178,8 +178,8 @@ def _unique(values: Sequence[T]) -> tuple[T, ...]:
 
 def _ints(value: Any, key: str) -> tuple[int, ...]:
     vals = _as_list(value)
-    if not vals or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in vals):
-        raise TunerError(f"{key}: expected a positive integer or a non-empty list of them, got {value!r}")
+    if not vals or not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1_000_000 for v in vals):
+        raise TunerError(f"{key}: expected a positive integer (at most 1,000,000) or a non-empty list of them, got {value!r}")
     return _unique(vals)
 
 
@@ -280,6 +280,8 @@ class SearchSpace:
             data = yaml.safe_load(p.read_text())
         except OSError as e:
             raise TunerError(f"--space {str(p)!r}: cannot read it ({e.strerror or e})") from None
+        except UnicodeDecodeError:
+            raise TunerError(f"--space {str(p)!r}: not a text file (a YAML search space is expected)") from None
         except yaml.YAMLError as e:
             raise TunerError(f"--space {str(p)!r}: not valid YAML ({e})") from None
         if data is None:
@@ -329,8 +331,8 @@ class SearchSpace:
         deficit = split_raw.get("max_stage_deficit", 0)
         if not isinstance(even, bool):
             raise TunerError(f"{where('pipeline_split.even')}: expected true or false, got {even!r}")
-        if not isinstance(deficit, int) or isinstance(deficit, bool) or deficit < 0:
-            raise TunerError(f"{where('pipeline_split.max_stage_deficit')}: expected an integer >= 0, got {deficit!r}")
+        if not isinstance(deficit, int) or isinstance(deficit, bool) or not 0 <= deficit <= 64:
+            raise TunerError(f"{where('pipeline_split.max_stage_deficit')}: expected an integer from 0 to 64, got {deficit!r}")
         if not even and deficit == 0:
             raise TunerError(
                 f"{where('pipeline_split')}: even is false and max_stage_deficit is 0, so no split is left"

@@ -137,7 +137,7 @@ def main_job(
 def _run_main(cfg: Any, top: int) -> None:
     from launch import get_backend
     from tuner.report import export_files, front_rows, pipeline_layout_of, plot_front, write_pareto_csv
-    from tuner.study import prepare, run_study, trial_rows
+    from tuner.study import _mask, prepare, run_study, trial_rows
 
     get_backend(cfg.backend)  # reject unknown / unavailable backends before any work
     prep = prepare(cfg)
@@ -146,7 +146,7 @@ def _run_main(cfg: Any, top: int) -> None:
     w = prep.workload
     src_word = "predicted" if cfg.backend == "model" else "measured"
     out.print(
-        f"[bold]{prep.model.name}[/] on [bold]{c.label}[/] ({c.num_gpus} GPUs, {c.gpu.hbm_bytes / GIB:.1f} GiB each), "
+        f"[bold]{escape(prep.model.name)}[/] on [bold]{c.label}[/] ({c.num_gpus} GPUs, {c.gpu.hbm_bytes / GIB:.1f} GiB each), "
         f"seq {w.seq_length:,}, global batch {w.global_batch_size}, {w.precision.value}; "
         f"backend [bold]{cfg.backend}[/] ({'every number below is a prediction of the analytical model; nothing was measured' if cfg.backend == 'model' else 'trials are measured'})"
     )
@@ -188,7 +188,7 @@ def _run_main(cfg: Any, top: int) -> None:
     rows = trial_rows(res.study)
     front = front_rows(rows, prep.model)
     out.print(
-        f"Study [bold]{res.study_name}[/] ({res.storage}): {len(rows)} layouts evaluated in total "
+        f"Study [bold]{escape(res.study_name)}[/] ({escape(_mask(res.storage))}): {len(rows)} layouts evaluated in total "
         f"({res.evaluated_now} now; {res.skipped_now} sampled layouts skipped as invalid, not fitting or already evaluated)"
     )
     _print_front(front, top, title=f"Pareto front: tokens/s/GPU vs peak memory per GPU ({src_word})")
@@ -201,13 +201,16 @@ def _run_main(cfg: Any, top: int) -> None:
         "pareto": res.out_dir / "pareto.csv",
         "plot": res.out_dir / "pareto.png",
     }
-    write_pareto_csv(files["pareto"], front)
-    plot_front(
-        files["plot"], rows, front,
-        title=f"{prep.model.name} on {c.label}, seq {w.seq_length}, gbs {w.global_batch_size} ({src_word})",
-        usable_gib=prep.estimates.usable_bytes / GIB,
-    )
-    files.update(export_files(res.out_dir, prep.model, c, w, lay, study=res.study_name, calibration=prep.calibration, memory_headroom=cfg.memory_headroom))
+    try:
+        write_pareto_csv(files["pareto"], front)
+        plot_front(
+            files["plot"], rows, front,
+            title=f"{prep.model.name} on {c.label}, seq {w.seq_length}, gbs {w.global_batch_size} ({src_word})",
+            usable_gib=prep.estimates.usable_bytes / GIB,
+        )
+        files.update(export_files(res.out_dir, prep.model, c, w, lay, study=res.study_name, calibration=prep.calibration, memory_headroom=cfg.memory_headroom))
+    except OSError as e:
+        raise TunerError(f"cannot write the results to {res.out_dir} ({e.strerror or e}: {e.filename}); the study and its trials are kept in {_mask(res.storage)}") from None
     out.print(
         f"\n[bold green]Best layout[/] ({best['source']}): [bold]{best['label']}[/], {best['recompute']} recompute, "
         f"offload {best['offload']}, {best['dispatcher']} dispatcher, micro-batch {best['micro_batch_size']}, layer split {best['layer_split']}"
@@ -221,7 +224,7 @@ def _run_main(cfg: Any, top: int) -> None:
         out.print(f"  --pipeline-model-parallel-layout '{pls}'")
     out.print("Files:")
     for kind, p in files.items():
-        out.print(f"  {p}")
+        out.print(f"  {p}", markup=False)
     out.print(
         "The recipe's status is 'predicted': confirm with real trials before training "
         "(and run a convergence check against a reference layout)."
@@ -260,6 +263,10 @@ def _layout_from_flags(world: int, **kw: Any) -> Any:
 
     mods = tuple(m for m in (kw.pop("recompute_modules") or "").replace(" ", ",").split(",") if m)
     gran = kw.pop("recompute")
+    if mods and gran != "selective":
+        raise TunerError(f"--recompute-modules needs --recompute selective (got --recompute {gran})")
+    if gran == "selective" and not mods:
+        mods = ("core_attn",)  # Megatron's default --recompute-modules
     method = kw.pop("recompute_method")
     num = kw.pop("recompute_num_layers")
     if gran == "full":
@@ -323,8 +330,10 @@ def _inputs(model: Optional[str], gpus: Optional[str], gpus_per_node: Optional[i
         raise TunerError(f"--precision {precision!r}: accepted bf16 or fp8")
     m = load_model(_require(model, "--model", "MiniMax-M2"))
     c = parse_gpus(_require(gpus, "--gpus", "64xH200"), gpus_per_node=gpus_per_node,
-                   inter_node_bytes_per_s=network_gbps * 1e9 / 8 if network_gbps else None, usd_per_gpu_hour=usd)
+                   inter_node_bytes_per_s=network_gbps * 1e9 / 8 if network_gbps is not None else None, usd_per_gpu_hour=usd)
     w = Workload(seq_length=seq_len, global_batch_size=global_batch, precision=precision)
+    if precision == "fp8" and not c.gpu.peak_flops_fp8:
+        raise TunerError(f"--precision fp8: {c.gpu.name} has no fp8 tensor cores; use --precision bf16")
     return m, c, w
 
 
@@ -519,18 +528,25 @@ def _load_study(study: Optional[str], storage: Optional[str], results_dir: Path)
     except KeyError:
         raise TunerError(f"--study {name!r}: no such study in {url}") from None
     except Exception as e:  # noqa: BLE001 - storage errors
-        raise TunerError(f"--study {name!r}: cannot open {url} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        from tuner.study import _mask
+
+        raise TunerError(f"--study {name!r}: cannot open {_mask(url)} ({type(e).__name__}: {_mask(str(e).splitlines()[0]) if str(e) else ''})") from None
 
 
 def _study_context(st: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
     from cost_model.specs import Workload, load_model, parse_gpus
 
+    from tuner.study import model_spec_from_dict
+
     cfg = st.user_attrs.get("config") or {}
-    m = load_model(cfg["model"])
-    c = parse_gpus(cfg["gpus"], gpus_per_node=cfg.get("gpus_per_node"),
-                   inter_node_bytes_per_s=cfg["network_gbps"] * 1e9 / 8 if cfg.get("network_gbps") else None,
-                   usd_per_gpu_hour=cfg.get("usd_per_gpu_hour"))
-    w = Workload(seq_length=cfg["seq_length"], global_batch_size=cfg["global_batch_size"], precision=cfg.get("precision", "bf16"))
+    res = st.user_attrs.get("resolved") or {}
+    if not cfg or not res or "model_spec" not in st.user_attrs:
+        raise TunerError(f"study {st.study_name!r} was not made by `tune` (its inputs are not stored in it)")
+    # The study stores what it was evaluated with: a moved or edited config.json does not change it.
+    m = model_spec_from_dict(st.user_attrs["model_spec"])
+    c = parse_gpus(f"{res['num_gpus']}x{res['gpu']}", gpus_per_node=res["gpus_per_node"],
+                   inter_node_bytes_per_s=res["inter_node_bytes_per_s"], usd_per_gpu_hour=res["usd_per_gpu_hour"])
+    w = Workload(seq_length=res["seq_length"], global_batch_size=res["global_batch_size"], precision=res.get("precision", "bf16"))
     return m, c, w, cfg
 
 
@@ -567,8 +583,11 @@ def pareto(
                           f"{(r['pred_tokens_per_s_per_gpu'] / r['tokens_per_s_per_gpu'] - 1) * 100:+.1f}", f"{r['pred_peak_gib']:.1f}", f"{r['peak_gib']:.1f}")
         out.print(t)
     if csv_out:
-        write_pareto_csv(csv_out, front)
-        out.print(f"wrote {csv_out}")
+        try:
+            write_pareto_csv(csv_out, front)
+        except OSError as e:
+            _fail(TunerError(f"--csv {str(csv_out)!r}: cannot write it ({e.strerror or e})"))
+        out.print(f"wrote {csv_out}", markup=False)
 
 
 @app.command("export")
@@ -603,9 +622,10 @@ def export_cmd(
                 raise TunerError(f"--trial {trial}: not a finished trial of {st.study_name!r}; finished trials: {done[:20]}{' ...' if len(done) > 20 else ''}")
             lay = Layout.from_dict(match[0]["layout"])
         if fmt == "recipe":
-            from cost_model.calibration import load_calibration
+            from cost_model.calibration import Calibration
 
-            e = _estimate(m, c, w, lay, calibration=load_calibration(cfg.get("calibration")), memory_headroom=cfg.get("memory_headroom", 0.10))
+            cal = Calibration(**st.user_attrs["calibration"]) if "calibration" in st.user_attrs else Calibration()
+            e = _estimate(m, c, w, lay, calibration=cal, memory_headroom=cfg.get("memory_headroom", 0.10))
             rec = export.recipe_dict(m, c, w, lay, estimate=e, study=st.study_name)
             export.validate_recipe(rec)
             text = export.dump_recipe(rec)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,6 +108,30 @@ def _split_label(first: int, last: int) -> str:
     return "even" if not first and not last else f"{first}/{last}"
 
 
+_STUDY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+#: Most trials one run accepts, and most layouts it enqueues.
+MAX_TRIALS = 100_000
+MAX_ENQUEUED = 256
+
+
+def _validate_config(config: TuneConfig) -> None:
+    if config.study is not None and not _STUDY_NAME_RE.match(config.study):
+        raise TunerError(
+            f"--study {config.study!r}: a study name is 1-128 letters, digits, '.', '_' or '-', starting with a letter or "
+            "digit (it names the folder results/<study>/)"
+        )
+    if config.trials is not None and not 1 <= config.trials <= MAX_TRIALS:
+        raise TunerError(f"--trials must be from 1 to {MAX_TRIALS:,}, got {config.trials}")
+    if config.seed < 0 or config.seed >= 2**32:
+        raise TunerError(f"--seed must be from 0 to 2**32 - 1, got {config.seed}")
+
+
+def _mask(url: str) -> str:
+    """A storage URL with its password hidden."""
+    return re.sub(r"(://[^:/@]+:)[^@/]*@", r"\1***@", url)
+
+
 def prepare(config: TuneConfig) -> Prepared:
     """Load inputs, enumerate, check rules and estimate every valid layout.
 
@@ -114,14 +139,17 @@ def prepare(config: TuneConfig) -> Prepared:
         TunerError: bad input (model, GPUs, space, calibration), or no layout of
             the space fits in memory (the message names the fewest GPUs that would).
     """
+    _validate_config(config)
     model = load_model(config.model)
     cluster = parse_gpus(
         config.gpus,
         gpus_per_node=config.gpus_per_node,
-        inter_node_bytes_per_s=config.network_gbps * 1e9 / 8 if config.network_gbps else None,
+        inter_node_bytes_per_s=config.network_gbps * 1e9 / 8 if config.network_gbps is not None else None,
         usd_per_gpu_hour=config.usd_per_gpu_hour,
     )
     workload = Workload(seq_length=config.seq_length, global_batch_size=config.global_batch_size, precision=config.precision)
+    if workload.precision.value == "fp8" and not cluster.gpu.peak_flops_fp8:
+        raise TunerError(f"--precision fp8: {cluster.gpu.name} has no fp8 tensor cores; use --precision bf16")
     space = SearchSpace.load(config.space)
     if config.stack not in STACKS:
         raise TunerError(f"--stack {config.stack!r}: accepted {', '.join(STACKS)}")
@@ -174,7 +202,7 @@ def _no_fit_message(
     est: EstimateTable,
 ) -> str:
     if len(en.valid) == 0:
-        worst = ", ".join(f"{k} ({v})" for k, v in sorted(en.rule_counts.items(), key=lambda kv: -kv[1])[:3])
+        worst = ", ".join(f"{k} ({v})" for k, v in sorted(en.rule_counts.items(), key=lambda kv: -kv[1])[:3] if v)
         return (
             f"no layout of the search space is valid for {model.name} on {cluster.num_gpus} GPUs "
             f"(seq {workload.seq_length}, global batch {workload.global_batch_size}); most common rules broken: {worst}. "
@@ -193,7 +221,7 @@ def _no_fit_message(
         sizes = [n for n in (2, 4, 8) if cluster.num_gpus < n < per] + sizes
     for n in sizes:
         try:
-            c2 = dataclasses.replace(cluster, num_gpus=n)
+            c2 = dataclasses.replace(cluster, num_gpus=n, gpus_per_node=min(max(cluster.gpus_per_node, min(n, cluster.gpu.gpus_per_node)), n))
             en2 = enumerate_layouts(space, model, n, workload)
             if len(en2.valid) == 0:
                 continue
@@ -223,25 +251,51 @@ def _storage_url(config: TuneConfig, out_dir: Path) -> str:
     return f"sqlite:///{(out_dir / 'study.db').as_posix()}"
 
 
-def _check_study_config(study: optuna.Study, config: TuneConfig, name: str, calibration: Calibration) -> None:
-    old = study.user_attrs.get("config")
-    if not old:
-        return
+def _resolved(prep: Prepared) -> dict[str, Any]:
+    """The inputs that decide a study's numbers, resolved (so 64xH200 and 8x8xH200 compare equal)."""
+    c = prep.cluster
+    return {
+        "model": prep.model.name,
+        "gpu": c.gpu.name,
+        "num_gpus": c.num_gpus,
+        "gpus_per_node": c.gpus_per_node,
+        "inter_node_bytes_per_s": c.inter_node_bytes_per_s,
+        "usd_per_gpu_hour": c.usd_per_gpu_hour,
+        "seq_length": prep.workload.seq_length,
+        "global_batch_size": prep.workload.global_batch_size,
+        "precision": prep.workload.precision.value,
+        "backend": prep.config.backend,
+        "stack": prep.config.stack,
+        "memory_headroom": prep.config.memory_headroom,
+    }
+
+
+def model_spec_to_dict(model: ModelSpec) -> dict[str, Any]:
+    """A ModelSpec as plain JSON-able values (stored with a study, so reports survive a moved config file)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(model).items()}
+
+
+def model_spec_from_dict(d: dict[str, Any]) -> ModelSpec:
+    return ModelSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+def _check_study_config(study: optuna.Study, config: TuneConfig, name: str, calibration: Calibration, resolved: dict[str, Any]) -> None:
+    old_res = study.user_attrs.get("resolved")
+    if old_res is not None:
+        diff = [k for k in resolved if old_res.get(k) != resolved[k]]
+        if diff:
+            was = ", ".join(f"{k}={old_res.get(k)!r}" for k in diff)
+            now = ", ".join(f"{k}={resolved[k]!r}" for k in diff)
+            raise TunerError(
+                f"study {name!r} already exists with {was}; this run asks for {now}. "
+                "Use another --study name (or the same inputs to resume it)."
+            )
     old_cal = study.user_attrs.get("calibration")
     if old_cal is not None and old_cal != calibration.to_dict():
         changed = sorted(k for k in set(old_cal) | set(calibration.to_dict()) if old_cal.get(k) != calibration.to_dict().get(k))
         raise TunerError(
             f"study {name!r} was evaluated with other cost-model constants ({', '.join(changed)} differ); its "
             "predictions would mix with new ones. Use another --study name, or the same --calibration to resume."
-        )
-    keys = ("model", "gpus", "gpus_per_node", "stack", "network_gbps", "usd_per_gpu_hour", "seq_length", "global_batch_size", "precision", "backend", "memory_headroom")
-    diff = [k for k in keys if old.get(k) != config.to_dict().get(k)]
-    if diff:
-        was = ", ".join(f"{k}={old.get(k)!r}" for k in diff)
-        now = ", ".join(f"{k}={config.to_dict().get(k)!r}" for k in diff)
-        raise TunerError(
-            f"study {name!r} already exists with {was}; this run asks for {now}. "
-            "Use another --study name (or the same inputs to resume it)."
         )
 
 
@@ -416,18 +470,23 @@ def run_study(
             load_if_exists=True,
         )
     except (ValueError, ImportError) as e:  # bad storage URL, missing DB driver
-        raise TunerError(f"--storage {storage!r}: cannot open the study ({e})") from None
+        raise TunerError(f"--storage {_mask(storage)!r}: cannot open the study ({_mask(str(e))})") from None
     except Exception as e:  # SQLAlchemy errors: unwritable path, locked or corrupt file
         if type(e).__module__.startswith("sqlalchemy"):
-            raise TunerError(f"--storage {storage!r}: cannot open the study ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+            raise TunerError(f"--storage {_mask(storage)!r}: cannot open the study ({type(e).__name__}: {_mask(str(e).splitlines()[0])})") from None
         raise
-    _check_study_config(study, cfg, name, prep.calibration)
+    _check_study_config(study, cfg, name, prep.calibration, _resolved(prep))
     study.set_user_attr("config", cfg.to_dict())
+    study.set_user_attr("resolved", _resolved(prep))
+    study.set_user_attr("model_spec", model_spec_to_dict(prep.model))
     study.set_user_attr("calibration", prep.calibration.to_dict())
     study.set_user_attr("space", prep.space.to_dict())
-    (out_dir / "config.yaml").write_text(
-        yaml.safe_dump({"config": cfg.to_dict(), "space": prep.space.to_dict(), "calibration": prep.calibration.to_dict()}, sort_keys=False)
-    )
+    try:
+        (out_dir / "config.yaml").write_text(
+            yaml.safe_dump({"config": cfg.to_dict(), "resolved": _resolved(prep), "space": prep.space.to_dict(), "calibration": prep.calibration.to_dict()}, sort_keys=False)
+        )
+    except OSError as e:
+        raise TunerError(f"cannot write {out_dir / 'config.yaml'} ({e.strerror or e})") from None
     backend = backend or get_backend(cfg.backend, calibration=prep.calibration, memory_headroom=cfg.memory_headroom)
 
     valid = prep.enumeration.valid
@@ -437,16 +496,23 @@ def run_study(
     seen: set[str] = {
         t.user_attrs["key"] for t in study.get_trials(deepcopy=False) if "key" in t.user_attrs and t.state.is_finished()
     }
+    # Layouts still queued by an interrupted run: run them before enqueuing more.
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    if cfg.backend == "model":
+        # A model-backend trial takes milliseconds: one still RUNNING was cut off by an interrupt.
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
 
     # Enqueue: the predicted front spread over memory, then the fastest predicted candidates.
     n_trials = cfg.trials if cfg.trials is not None else 48
     fit_idx = np.flatnonzero(prep.fits)
-    fastest = fit_idx[np.argsort(-est.tokens_per_s_per_gpu[fit_idx])[: 4 * n_trials]]
+    fastest = fit_idx[np.argsort(-est.tokens_per_s_per_gpu[fit_idx])[: 4 * min(n_trials, MAX_ENQUEUED)]]
     order = _spread(prep.front, est.peak_bytes, max(2, n_trials // 2)) + [int(i) for i in fastest]
     queued: list[int] = []
     qkeys: set[str] = set()
+    budget = min(MAX_ENQUEUED, max(1, (3 * n_trials) // 4)) - len(waiting)
     for i in order:
-        if len(queued) >= max(1, (3 * n_trials) // 4):
+        if len(queued) >= budget:
             break
         k = valid.row(i).key()
         if k in seen or k in qkeys:

@@ -89,7 +89,7 @@ def test_resume_with_other_inputs_is_refused(main_run):
     _, out = main_run
     r = runner.invoke(app, ["--model", "MiniMax-M2", "--gpus", "128xH200", "--results-dir", str(out.parent), "--study", "m2"])
     assert r.exit_code == 2
-    assert "already exists with" in r.output and "gpus='64xH200'" in r.output
+    assert "already exists with" in r.output and "num_gpus=64" in r.output and "num_gpus=128" in r.output
 
 
 def test_pareto_and_export_commands(main_run, tmp_path):
@@ -161,6 +161,19 @@ def _write(tmp_path: Path, name: str, text: str) -> str:
         (["--model", "MiniMax-M2", "--gpus", "8xH100"], "The fewest GPUs on which a layout of this space fits: 32"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--stack", "nemo"], "--stack 'nemo'"),
         (["--model", "MiniMax-M2"], "--gpus is required"),
+        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--study", ".."], "a study name is"),
+        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--study", "../escape"], "a study name is"),
+        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "99999999999"], "--trials must be from 1"),
+        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--seed", "-1"], "--seed must be"),
+        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--gpus-per-node", "0"], "--gpus-per-node must be at least 1"),
+        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--gpus-per-node", "128"], "exceeds the 64 GPUs"),
+        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--network-gbps", "0"], "--network-gbps must be a positive number"),
+        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--network-gbps", "nan"], "--network-gbps must be a positive number"),
+        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--usd-per-gpu-hour", "nan"], "--usd-per-gpu-hour must be"),
+        (["--model", "MiniMax-M2", "--gpus", "100000000000000000000xH200"], "more GPUs than this tool models"),
+        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--global-batch", "99999999999999999999"], "at most"),
+        (["--model", "Llama-3.1-8B", "--gpus", "8xA100", "--precision", "fp8"], "A100 has no fp8"),
+        (["--model", "[/x]", "--gpus", "64xH200"], "unknown model"),
     ],
 )
 def test_bad_input_one_clear_message(args, needle, tmp_path):
@@ -225,3 +238,84 @@ def test_dense_model_note_is_printed_whole(tmp_path):
     r = _run("--model", "Llama-3.1-8B", "--gpus", "8xH100", "--trials", "4", "--results-dir", str(tmp_path))
     assert r.exit_code == 0, r.output
     assert "collapsed to [1], [1], [alltoall]" in r.output
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--recompute", "bogus"], "--recompute 'bogus': accepted none, selective, full"),
+        (["--dispatcher", "nccl"], "--dispatcher 'nccl': accepted alltoall"),
+        (["--recompute", "full", "--recompute-modules", "core_attn"], "--recompute-modules needs --recompute selective"),
+        (["--pipeline-layout", "E(t|)*100000000L"], "expands to more than"),
+        (["--pipeline-layout", ""], "pipeline_layout"),
+    ],
+)
+def test_estimate_bad_layout_flags(extra, needle):
+    r = runner.invoke(app, ["estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "2", "--ep", "8"] + extra)
+    assert r.exit_code == 2, r.output
+    assert needle in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize(
+    "cfg,needle",
+    [
+        ({"num_local_experts": -8}, "non-negative"),
+        ({"intermediate_size": 14336.7}, "intermediate_size must be an integer"),
+        ({"num_key_value_heads": 64}, "must be a multiple of num_key_value_heads"),
+        ({"num_experts_per_tok": 16, "num_local_experts": 8}, "exceeds num_experts"),
+        ({"head_dim": "x"}, "head_dim must be an integer"),
+        ({"tuner": [1, 2]}, "'tuner' section must be an object"),
+        ({"text_config": "x", "hidden_size": None}, "text_config must be an object"),
+    ],
+)
+def test_bad_model_config_values(cfg, needle, tmp_path):
+    base = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "intermediate_size": 14336, "vocab_size": 32000, "num_local_experts": 8, "num_experts_per_tok": 2}
+    base.update(cfg)
+    base = {k: v for k, v in base.items() if v is not None}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(base))
+    r = runner.invoke(app, ["estimate", "--model", str(p), "--gpus", "8xH100"])
+    assert r.exit_code == 2, r.output
+    assert needle in r.output and "Traceback" not in r.output
+
+
+def test_binary_files_are_rejected_cleanly(tmp_path):
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(bytes(range(256)) * 4)
+    for args in (["--model", str(junk), "--gpus", "8xH100"], ["--model", "MiniMax-M2", "--gpus", "64xH200", "--space", str(junk)],
+                 ["--model", "MiniMax-M2", "--gpus", "64xH200", "--calibration", str(junk)]):
+        r = runner.invoke(app, args + ["--results-dir", str(tmp_path / "r")])
+        assert r.exit_code == 2 and "Traceback" not in r.output, (args, r.output)
+
+
+def test_calibration_values_are_range_checked(tmp_path):
+    p = tmp_path / "cal.yaml"
+    for text in ("gemm_efficiency: -0.5\n", "gemm_efficiency: 0\n", "hbm_efficiency: .nan\n", "moe_load_imbalance: 0.5\n"):
+        p.write_text(text)
+        r = runner.invoke(app, ["estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "2", "--ep", "8", "--calibration", str(p)])
+        assert r.exit_code == 2 and "calibration" in r.output, (text, r.output)
+
+
+def test_equivalent_inputs_resume_the_same_study(tmp_path):
+    a = _run("--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "3", "--results-dir", str(tmp_path), "--study", "eq")
+    assert a.exit_code == 0, a.output
+    b = _run("--model", "minimax-m2", "--gpus", "8x8xH200", "--network-gbps", "3200", "--trials", "3", "--results-dir", str(tmp_path), "--study", "eq")
+    assert b.exit_code == 0, b.output
+
+
+def test_reports_survive_a_moved_model_config(tmp_path):
+    from importlib import resources
+
+    cfgdir = tmp_path / "MyModel"
+    cfgdir.mkdir()
+    cfg = cfgdir / "config.json"
+    cfg.write_text(resources.files("cost_model").joinpath("data/models/Mixtral-8x7B.json").read_text())
+    r = _run("--model", str(cfg), "--gpus", "16xH100", "--trials", "4", "--results-dir", str(tmp_path / "r"))
+    assert r.exit_code == 0, r.output
+    study = next((tmp_path / "r").iterdir()).name
+    assert study.startswith("MyModel-")
+    cfg.unlink()
+    r = _run("export", "--study", study, "--results-dir", str(tmp_path / "r"), "--format", "recipe")
+    assert r.exit_code == 0, r.output
+    assert yaml.safe_load(r.stdout)["model"] == "MyModel"
