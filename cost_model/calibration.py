@@ -8,9 +8,9 @@ approximates, and what it was checked against, is in its docstring.
 
 Anchors used to set the defaults (seeds/001, 64 H200, MiniMax-M2, seq 8,192,
 global batch 128): the tuned layout measured 2,034.42 tokens/s/GPU and the
-reference port 557.8. The tuned layout was used to choose four MoE constants
-(``grouped_gemm_efficiency``, ``moe_load_imbalance``, ``moe_layer_overhead_s``,
-``alltoall_sync_latency_s``): it is a calibration point, not an independent check. The reference port (CPU optimizer
+reference port 557.8. The tuned layout was used to choose three MoE constants
+(``grouped_gemm_efficiency``, ``moe_load_imbalance``, ``expert_gemm_overhead_s``): it is a
+calibration point, not an independent check. The reference port (CPU optimizer
 offload, TP 2, PP 2) and the EP 4 out-of-memory case were not fitted.
 """
 
@@ -65,15 +65,20 @@ class Calibration:
     moe_load_imbalance: float = 1.20
     """Slowest expert rank's tokens over the mean, natural (not force-balanced) routing
     with aux-loss-free expert bias (MiniMax-M2, slime). Set with the seed's tuned layout."""
-    moe_layer_overhead_s: float = 2.0e-3
+    moe_layer_overhead_s: float = 0.3e-3
     """Fixed cost per MoE layer per micro-batch per pass (forward, backward, recomputed forward),
     whatever the dispatcher: router top-k and score kernels, permutation index kernels and the
-    host-side launch work of ~30 small kernels. Set with the seed's tuned layout."""
-    alltoall_sync_latency_s: float = 1.0e-3
+    host-side launch work of their small kernels."""
+    alltoall_sync_latency_s: float = 0.5e-3
     """Extra cost per MoE layer per micro-batch per pass for the alltoall / allgather dispatchers:
     the device-to-host copy of the token counts that stalls the stream
     (megatron/core/transformer/moe/token_dispatcher.py, ``.cpu()`` of the splits). The flex
-    dispatcher (DeepEP / HybridEP) has no such sync. Set with the seed's tuned layout."""
+    dispatcher (DeepEP / HybridEP) has no such sync."""
+    expert_gemm_overhead_s: float = 30e-6
+    """Fixed cost per local expert per expert GEMM (fc1, fc2 forward; their dgrad and wgrad
+    backward): Transformer Engine's GroupedLinear runs one cuBLAS GEMM per local expert, each
+    with launch latency and a partial last wave. Set with the seed's tuned layout (32 local
+    experts at EP 8)."""
     # ---- communication ------------------------------------------------------------
     nvlink_efficiency: float = 0.75
     """Achieved fraction of NVLink per-direction bandwidth by NCCL ring collectives

@@ -484,9 +484,16 @@ def estimate_table(
         net_a2a = cluster.inter_node_bytes_per_s / gpn * cal.network_efficiency
         one = np.maximum(send * (1 - remote_frac) / nv_a2a, send * remote_frac / net_a2a)
         one = np.where(flex, one / cal.flex_dispatch_speedup, one)
+        # Fixed costs per pass: router / permutation kernels, the alltoall dispatcher's host sync, and
+        # one GEMM launch per local expert per expert GEMM (fc1 and fc2 forward; dgrad and wgrad of
+        # each backward).
+        local_experts = (E / ep)[:, None]
         lat = cal.moe_layer_overhead_s + np.where(flex, 0.0, cal.alltoall_sync_latency_s)
-        ep_one_pass = np.where(ep[:, None] > 1, 2 * one, 0.0) + lat  # dispatch + combine
-        ep_layer = 2 * ep_one_pass  # forward and backward
+        lat_fwd = lat + 2 * local_experts * cal.expert_gemm_overhead_s
+        lat_bwd = lat + 4 * local_experts * cal.expert_gemm_overhead_s
+        comm_one_pass = np.where(ep[:, None] > 1, 2 * one, 0.0)  # dispatch + combine
+        ep_one_pass = comm_one_pass + lat_fwd  # a forward pass (also a recomputed one)
+        ep_layer = 2 * comm_one_pass + lat_fwd + lat_bwd  # forward and backward
     else:
         ep_one_pass = 0 * tok
         ep_layer = 0 * tok
