@@ -94,8 +94,10 @@ def test_ep_across_nodes_is_slower(minimax, h200x64, seed_workload, seed_tuned):
     lay16 = lay8.replace(ep=16)
     e8 = estimate(minimax, h200x64, seed_workload, lay8)
     e16 = estimate(minimax, h200x64, seed_workload, lay16)
-    # EP 16 spans two 8-GPU nodes: the all-to-all crosses EFA
-    assert e16.time["ep_comm"] > 2 * e8.time["ep_comm"]
+    # EP 16 spans two 8-GPU nodes: the all-to-all crosses EFA (its per-expert fixed costs halve, the data
+    # volume barely changes, the bandwidth drops ~7x)
+    assert e16.time["ep_comm"] > 1.5 * e8.time["ep_comm"]
+    assert e16.tokens_per_s_per_gpu < e8.tokens_per_s_per_gpu
 
 
 def test_invalid_layout_raises_with_rule(minimax, h200x64, seed_workload):
