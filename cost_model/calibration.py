@@ -25,7 +25,7 @@ import yaml
 
 from cost_model.errors import TunerError
 
-__all__ = ["Calibration", "DEFAULT_CALIBRATION", "load_calibration"]
+__all__ = ["Calibration", "BASE_CALIBRATION", "DEFAULT_CALIBRATION", "SHIPPED_CALIBRATION_FILE", "load_calibration"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,6 +60,21 @@ class Calibration:
     elementwise_bytes_per_copy_moe: float = 40.0
     """HBM bytes moved per routed token copy per hidden unit by permute, unpermute,
     probability scaling and SwiGLU, forward+backward, in units of hidden_size."""
+    gemm_family_factor_ampere: float = 1.0
+    """Compute efficiencies (dense GEMM, grouped GEMM, attention) on Ampere relative to Hopper,
+    whose values are the fields above. Fitted by ``tune calibrate`` where rows exist."""
+    gemm_family_factor_blackwell: float = 1.0
+    """The same for Blackwell (B200, GB200, B300, GB300)."""
+    fp8_gemm_efficiency_ratio: float = 1.0
+    """Achieved fraction of the fp8 peak relative to the bf16 fraction, per-tensor fp8 recipes
+    (quantisation kernels and amax reductions are inside the GEMM time here)."""
+    fp8_blockwise_gemm_efficiency_ratio: float = 1.0
+    """The same for blockwise fp8 (128x128 / 1x128 scales, DeepSeek-V3 recipe)."""
+    mxfp8_gemm_efficiency_ratio: float = 1.0
+    """The same for MXFP8 (Blackwell)."""
+    nvfp4_gemm_efficiency_ratio: float = 1.0
+    """Achieved fraction of the fp4 peak relative to the bf16 fraction (NVFP4 recipe; Megatron
+    keeps some layers and the wgrad of others in higher precision, which this ratio absorbs)."""
     hbm_efficiency: float = 0.75
     """Achieved fraction of HBM bandwidth for memory-bound kernels (STREAM-like)."""
     moe_load_imbalance: float = 1.20
@@ -93,7 +108,21 @@ class Calibration:
     (DeepEP README: ~150 GB/s intranode vs NCCL a2a ~100 GB/s), and no host sync."""
     dp_overlap: float = 0.0
     """Fraction of data-parallel gradient reduce-scatter / param all-gather hidden behind
-    compute. 0: the seed's run block has no --overlap-grad-reduce / --overlap-param-gather."""
+    compute when ``--overlap-grad-reduce`` / ``--overlap-param-gather`` are on
+    (:class:`cost_model.specs.RunOptions`); without them (the seed's run block) nothing is hidden."""
+    tp_comm_overlap_fraction: float = 0.5
+    """Fraction of TP / sequence-parallel collectives hidden with ``--tp-comm-overlap``
+    (Transformer Engine userbuffers pipelining the all-gather / reduce-scatter with the GEMM)."""
+    cp_p2p_overlap: float = 0.5
+    """Fraction of the context-parallel K/V ring (``--cp-comm-type p2p``) hidden behind attention
+    (Megatron overlaps each block's send with the previous block's attention)."""
+    ep_a2a_overlap: float = 0.5
+    """Fraction of EP all-to-all time hidden with ``--overlap-moe-expert-parallel-comm``
+    (dispatch / combine of one micro-batch under the compute of another)."""
+    cuda_graph_overhead_factor: float = 0.3
+    """Share of the fixed per-layer MoE costs (``moe_layer_overhead_s``, and with whole-iteration
+    graphs also ``expert_gemm_overhead_s``) left when CUDA graphs capture them (kernel launches
+    replayed from the graph, ``--cuda-graph-scope``)."""
     pp_p2p_overlap: float = 0.8
     """Fraction of pipeline send/recv time hidden (overlap_p2p_comm is on by default with VPP)."""
     # ---- optimizer and offload ----------------------------------------------------
@@ -138,6 +167,19 @@ class Calibration:
                 bound = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
                 raise TunerError(f"calibration constant {f.name} = {v!r} is outside {bound}")
 
+    def family_factor(self, family: str) -> float:
+        """Compute-efficiency multiplier of a GPU family (``GPUSpec.family``); Hopper is 1."""
+        return {"ampere": self.gemm_family_factor_ampere, "blackwell": self.gemm_family_factor_blackwell}.get(family, 1.0)
+
+    def precision_ratio(self, precision: str) -> float:
+        """GEMM efficiency at ``precision`` (a :class:`cost_model.specs.Precision` value) relative to bf16."""
+        return {
+            "fp8": self.fp8_gemm_efficiency_ratio,
+            "fp8_blockwise": self.fp8_blockwise_gemm_efficiency_ratio,
+            "mxfp8": self.mxfp8_gemm_efficiency_ratio,
+            "nvfp4": self.nvfp4_gemm_efficiency_ratio,
+        }.get(str(precision), 1.0)
+
     def to_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
@@ -150,27 +192,32 @@ class Calibration:
 _RANGES: dict[str, tuple[float, float, bool]] = {
     **{k: (0.0, 1.0, True) for k in (
         "gemm_efficiency", "grouped_gemm_efficiency", "attention_efficiency", "hbm_efficiency",
+        "cuda_graph_overhead_factor",
         "nvlink_efficiency", "alltoall_nvlink_efficiency", "network_efficiency", "pcie_efficiency",
     )},
-    **{k: (0.0, 1.0, False) for k in ("dp_overlap", "pp_p2p_overlap", "offload_overlap", "allocator_overhead_fraction")},
+    **{k: (0.0, 1.0, False) for k in (
+        "dp_overlap", "pp_p2p_overlap", "offload_overlap", "allocator_overhead_fraction",
+        "tp_comm_overlap_fraction", "cp_p2p_overlap", "ep_a2a_overlap",
+    )},
+    **{k: (0.0, 2.0, True) for k in (
+        "gemm_family_factor_ampere", "gemm_family_factor_blackwell", "fp8_gemm_efficiency_ratio",
+        "fp8_blockwise_gemm_efficiency_ratio", "mxfp8_gemm_efficiency_ratio", "nvfp4_gemm_efficiency_ratio",
+    )},
     "moe_load_imbalance": (1.0, float("inf"), False),
     "flex_dispatch_speedup": (0.0, float("inf"), True),
     "cpu_adam_params_per_s_per_node": (0.0, float("inf"), True),
     "grouped_gemm_half_rows": (0.0, float("inf"), False),
 }
 
-DEFAULT_CALIBRATION = Calibration()
+#: The class defaults above, before any fit (kept for reference and for tests of the fit itself).
+BASE_CALIBRATION = Calibration()
+
+#: The shipped calibration file: ``constants`` fitted by ``tune calibrate`` plus its ``provenance``
+#: (data, command, date, k-fold errors). Loaded by default by every estimating command.
+SHIPPED_CALIBRATION_FILE = Path(__file__).parent / "data" / "calibration.yaml"
 
 
-def load_calibration(path: str | Path | None) -> Calibration:
-    """Read a calibration YAML (``{constant: value}``); None gives the shipped defaults.
-
-    Raises:
-        TunerError: unreadable file, unknown constant names, or non-numeric values.
-    """
-    if path is None:
-        return DEFAULT_CALIBRATION
-    p = Path(path)
+def _read_constants(p: Path, base: Calibration) -> Calibration:
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
@@ -187,6 +234,24 @@ def load_calibration(path: str | Path | None) -> Calibration:
     if bad:
         raise TunerError(f"--calibration {str(p)!r}: values of {bad} are not numbers")
     try:
-        return Calibration(**{k: float(v) for k, v in data.items()})
+        return base.replace(**{k: float(v) for k, v in data.items()})
     except TunerError as e:
         raise TunerError(f"--calibration {str(p)!r}: {e}") from None
+
+
+DEFAULT_CALIBRATION = _read_constants(SHIPPED_CALIBRATION_FILE, BASE_CALIBRATION) if SHIPPED_CALIBRATION_FILE.is_file() else BASE_CALIBRATION
+
+
+def load_calibration(path: str | Path | None) -> Calibration:
+    """Read a calibration YAML (``{constant: value}``, or a ``tune calibrate`` output with a
+    ``constants`` section); None gives the shipped calibration (``cost_model/data/calibration.yaml``).
+    Constants the file does not name keep their shipped values.
+
+    Raises:
+        TunerError: unreadable file, unknown constant names, or non-numeric values.
+    """
+    if path is None:
+        return DEFAULT_CALIBRATION
+    p = Path(path)
+    return _read_constants(p, DEFAULT_CALIBRATION)
+

@@ -32,7 +32,7 @@ import numpy as np
 from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
 from cost_model.errors import TunerError
 from cost_model.flops import megatron_flops_per_token
-from cost_model.specs import Cluster, ModelSpec, Precision, Workload
+from cost_model.specs import DEFAULT_RUN_OPTIONS, Cluster, ModelSpec, Precision, RunOptions, Workload
 from cost_model.types import Estimate
 from search_spaces.layout import Layout, LayoutTable, categories as _categories
 
@@ -219,6 +219,7 @@ def estimate_table(
     *,
     calibration: Calibration = DEFAULT_CALIBRATION,
     memory_headroom: float = 0.10,
+    options: RunOptions = DEFAULT_RUN_OPTIONS,
 ) -> EstimateTable:
     """Predict peak memory and step time for every layout of ``table``.
 
@@ -234,17 +235,25 @@ def estimate_table(
         calibration: efficiency constants.
         memory_headroom: fraction of HBM kept free; a layout fits when its
             predicted peak is at most ``(1 - memory_headroom) * HBM``.
+        options: run flags shared by every row (routing, overlaps, CUDA graphs, FSDP,
+            CP communication type); the default is the seed's run.
 
     Returns:
         An :class:`EstimateTable` with arrays of shape ``(n,)``.
 
     Raises:
-        TunerError: ``memory_headroom`` outside [0, 1).
+        TunerError: ``memory_headroom`` outside [0, 1), or a precision the GPU has no
+            tensor cores for.
     """
     if not 0.0 <= memory_headroom < 1.0:
         raise TunerError(f"--memory-headroom must be in [0, 1), got {memory_headroom}")
     cal = calibration
+    opt = options
     gpu = cluster.gpu
+    prec = Precision(workload.precision)
+    if prec != Precision.bf16 and not gpu.peak_flops(prec):
+        raise TunerError(f"precision {prec.value}: {gpu.name} has no tensor cores for it")
+    fam = cal.family_factor(gpu.family)
     n = len(table)
     world = cluster.num_gpus
     gpn = cluster.gpus_per_node  # GPUs sharing a node's network links and CPUs
@@ -330,9 +339,12 @@ def estimate_table(
     opt_bpp = master_b + m_b + v_b
     dense_shard = np.where(distopt, (dp * cp)[:, None], 1.0)
     exp_shard = np.where(distopt, edp[:, None], 1.0)
-    fp8_extra = 1.0 if workload.precision == Precision.fp8 else 0.0  # fp8 weight copy
-    mem_weights = (BF16 + fp8_extra) * (P_dense + P_exp)
+    lp_extra = prec.low_precision_weight_bytes  # quantised weight copy (fp8 / MX / NVFP4)
+    mem_weights = (BF16 + lp_extra) * (P_dense + P_exp)
     mem_grads = FP32 * (P_dense + P_exp)
+    if opt.use_megatron_fsdp:  # ZeRO-3: weights and gradients sharded like the optimizer states
+        mem_weights = (BF16 + lp_extra) * (P_dense / dense_shard + P_exp / exp_shard)
+        mem_grads = FP32 * (P_dense / dense_shard + P_exp / exp_shard)
     opt_params_per_gpu = P_dense / dense_shard + P_exp / exp_shard  # elements whose optimizer state this GPU owns
     mem_opt = opt_bpp * opt_params_per_gpu * (1.0 - off)
 
@@ -340,7 +352,7 @@ def estimate_table(
     tok = (mbs * s / cp)[:, None]  # tokens per micro-batch on one TP group
     tpc = tp[:, None]
     etpc = etp[:, None]
-    imb = cal.moe_load_imbalance if model.is_moe else 1.0
+    imb = cal.moe_load_imbalance if (model.is_moe and not opt.moe_router_force_load_balancing) else 1.0
     R_copies = tok * k * etpc / tpc * imb  # routed token copies per GPU (slowest expert rank)
     layer_in = BF16 * tok * h / tpc  # the layer's input (sequence-parallel shard)
     a_attn = BF16 * tok / tpc * (3 * h + q_dim + kv_dim + 2 * ctx_dim) + FP32 * tok * nh / tpc
@@ -430,12 +442,19 @@ def estimate_table(
     peak = total_r[rows, worst]
 
     # ---- time per micro-batch per rank ------------------------------------------------
-    peak_f = gpu.peak_flops_fp8 if (workload.precision == Precision.fp8 and gpu.peak_flops_fp8) else gpu.peak_flops_bf16
-    peak_bf16 = gpu.peak_flops_bf16
+    # GEMMs at the workload's precision reach ``precision_ratio`` x the bf16 efficiency of its peak;
+    # the family factor scales every compute efficiency (folded into the peaks here).
+    peak_f = gpu.peak_flops(prec) * cal.precision_ratio(prec.value) * fam
+    peak_bf16 = gpu.peak_flops_bf16 * fam
     hbm = gpu.hbm_bytes_per_s * cal.hbm_efficiency
     # forward FLOPs per layer on one GPU
     F_attn_lin = 2 * tok * attn_p / tpc
-    F_core = tok * s * (q_dim + ctx_dim) / 2 / tpc if not model.is_mla else tok * s * (q_dim + ctx_dim) / 2 / tpc
+    # Causal core attention: each query sees (s+1)/2 keys on average, or fewer in a sliding window.
+    keys_full = model.attended_keys_per_query(workload.seq_length, windowed=False)
+    keys_win = model.attended_keys_per_query(workload.seq_length, windowed=True)
+    win_share = model.num_window_layers / model.num_layers
+    keys = (1 - win_share) * keys_full + win_share * keys_win
+    F_core = tok * s * (q_dim + ctx_dim) / 2 / tpc * (keys / keys_full)
     F_moe = 2 * tok * k * mats * h * fm / tpc
     F_router = 2 * tok * h * E / tpc if model.is_moe else 0 * tok
     F_shared = 2 * tok * mats * h * fs / tpc
@@ -466,9 +485,17 @@ def estimate_table(
     tp_shared = np.where(fs > 0, 4 * coll_tp, 0.0)
     etp_bw = _collective_bw(_span_crosses_node(etp, nvl)[:, None], cluster, cal)
     tp_moe = tp_shared + 4 * _ring_time(BF16 * R_copies * h, etpc, etp_bw)
+    if opt.tp_comm_overlap:
+        tp_keep = 1.0 - cal.tp_comm_overlap_fraction
+        tp_attn, tp_dense, tp_moe = tp_attn * tp_keep, tp_dense * tp_keep, tp_moe * tp_keep
     # CP ring: K/V blocks passed cp-1 times forward, twice that backward, half hidden behind attention.
     cp_bw = _collective_bw(_span_crosses_node(tp * cp, nvl)[:, None], cluster, cal)
-    cp_t = np.where(cp[:, None] > 1, 3 * (cp[:, None] - 1) * BF16 * tok * kv_dim / tpc / cp_bw * 0.5, 0.0)
+    if opt.cp_comm_type == "a2a":
+        # Ulysses-style: all-to-all of Q, K, V before and of the output after attention, x3 for fwd+bwd.
+        cp_bytes = BF16 * tok * (q_dim + kv_dim + ctx_dim) / tpc * (cp[:, None] - 1) / cp[:, None]
+        cp_t = np.where(cp[:, None] > 1, 3 * cp_bytes / cp_bw, 0.0)
+    else:
+        cp_t = np.where(cp[:, None] > 1, 3 * (cp[:, None] - 1) * BF16 * tok * kv_dim / tpc / cp_bw * (1 - cal.cp_p2p_overlap), 0.0)
     # EP all-to-all (dispatch + combine), forward and backward.
     if model.is_moe:
         ep_span = etp * ep  # EP peers are etp apart in the expert rank order (etp-ep-edp-pp)
@@ -488,9 +515,13 @@ def estimate_table(
         # one GEMM launch per local expert per expert GEMM (fc1 and fc2 forward; dgrad and wgrad of
         # each backward).
         local_experts = (E / ep)[:, None]
-        lat = cal.moe_layer_overhead_s + np.where(flex, 0.0, cal.alltoall_sync_latency_s)
-        lat_fwd = lat + 2 * local_experts * cal.expert_gemm_overhead_s
-        lat_bwd = lat + 4 * local_experts * cal.expert_gemm_overhead_s
+        layer_oh = cal.moe_layer_overhead_s * (cal.cuda_graph_overhead_factor if opt.cuda_graph_moe else 1.0)
+        gemm_oh = cal.expert_gemm_overhead_s * (cal.cuda_graph_overhead_factor if opt.cuda_graph_full else 1.0)
+        lat = layer_oh + np.where(flex, 0.0, cal.alltoall_sync_latency_s)
+        lat_fwd = lat + 2 * local_experts * gemm_oh
+        lat_bwd = lat + 4 * local_experts * gemm_oh
+        if opt.overlap_moe_expert_parallel_comm:
+            one = one * (1.0 - cal.ep_a2a_overlap)
         comm_one_pass = np.where(ep[:, None] > 1, 2 * one, 0.0)  # dispatch + combine
         ep_one_pass = comm_one_pass + lat_fwd  # a forward pass (also a recomputed one)
         ep_layer = 2 * comm_one_pass + lat_fwd + lat_bwd  # forward and backward
@@ -549,7 +580,13 @@ def estimate_table(
     grad_b = FP32  # --accumulate-allreduce-grads-in-fp32 (the seed's run block)
     dense_factor = np.where(distopt, grad_b + BF16, 2 * grad_b)  # RS + AG, or all-reduce = 2 x RS
     dp_r = _ring_time(dense_factor * P_dense, dpcp[:, None], dbw) + _ring_time(dense_factor * P_exp, edp[:, None], ebw)
-    time["dp_comm"] = (dp_r * live).max(axis=1) * (1 - cal.dp_overlap)
+    if opt.use_megatron_fsdp:
+        # ZeRO-3: parameters all-gathered (bf16) for forward and again for backward, gradients
+        # reduce-scattered, every micro-batch.
+        fsdp_b = 2 * BF16 + grad_b
+        dp_r = M[:, None] * (_ring_time(fsdp_b * P_dense, dpcp[:, None], dbw) + _ring_time(fsdp_b * P_exp, edp[:, None], ebw))
+    dp_hidden = cal.dp_overlap if (opt.overlap_grad_reduce or opt.use_megatron_fsdp) else 0.0
+    time["dp_comm"] = (dp_r * live).max(axis=1) * (1 - dp_hidden)
     time["optimizer"] = (cal.optimizer_bytes_per_param * opt_params_per_gpu * (1 - off) / hbm * live).max(axis=1)
     # CPU optimizer offload: the node's CPUs step the offloaded states of all its GPUs; gradients
     # go down (fp32) and parameters come back (bf16) over PCIe.
@@ -587,6 +624,7 @@ def estimate(
     *,
     calibration: Calibration = DEFAULT_CALIBRATION,
     memory_headroom: float = 0.10,
+    options: RunOptions = DEFAULT_RUN_OPTIONS,
 ) -> Estimate:
     """Predict one layout's peak memory per GPU and step time.
 
@@ -607,4 +645,6 @@ def estimate(
         rule_id, reason = broken[0]
         raise InfeasibleLayout(rule_id, reason)
     t = LayoutTable.from_layouts([layout])
-    return estimate_table(model, cluster, workload, t, calibration=calibration, memory_headroom=memory_headroom).row(0, layout)
+    return estimate_table(
+        model, cluster, workload, t, calibration=calibration, memory_headroom=memory_headroom, options=options
+    ).row(0, layout)

@@ -16,6 +16,8 @@ def megatron_flops_per_token(model: ModelSpec, seq_length: int) -> float:
     dense / routed / shared-expert MLPs, MTP layers (counted with the type of the
     last layer) and their projections, and the logits of the main and each MTP
     head. The router is not counted (Megatron does not count it either).
+    Sliding-window layers (``ModelSpec.window_size``, GPT-OSS) count the keys inside the
+    window instead of ``s/2``.
 
     Args:
         model: the model.
@@ -54,7 +56,13 @@ def megatron_flops_per_token(model: ModelSpec, seq_length: int) -> float:
         attn_lin = 6 * (h * (q + 2 * kv) + q * h)
         attn_core_per_s = 6 * q  # 6 * q/2 * 2: causal half, QK^T and PV
     total = mlp + attn_lin * layers + 6 * mtp * (3 * h + 2 * h * h) + 6 * h * model.vocab_size * (mtp + 1)
-    total += seq_length * attn_core_per_s * layers
+    # Core attention: Megatron counts s/2 keys per query (causal half) on full-attention layers;
+    # on sliding-window layers a query sees at most window_size + 1 keys (Megatron-Bridge
+    # flop_utils counts the window's context the same way).
+    n_win = model.num_window_layers
+    keys_win = model.attended_keys_per_query(seq_length, windowed=True)
+    total += seq_length * attn_core_per_s * (layers - n_win)
+    total += 2 * keys_win * attn_core_per_s * n_win
     return float(total)
 
 

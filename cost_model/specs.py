@@ -28,6 +28,8 @@ __all__ = [
     "GPUSpec",
     "Cluster",
     "Workload",
+    "RunOptions",
+    "DEFAULT_RUN_OPTIONS",
     "load_model",
     "list_models",
     "load_gpu",
@@ -50,13 +52,47 @@ MAX_GPUS = 1_000_000
 
 
 class Precision(str, Enum):
-    """Training precision of the GEMMs (weights are kept in bf16 in every case)."""
+    """Training precision of the GEMMs (weights are kept in bf16 in every case).
+
+    ``fp8`` is Transformer Engine's per-tensor scaling (delayed or current scaling,
+    Megatron ``--fp8-recipe delayed|tensorwise``); ``fp8_blockwise`` is DeepSeek-style
+    128x128 weight / 1x128 activation blocks (``--fp8-recipe blockwise``, Hopper);
+    ``mxfp8`` is the OCP MX format with one E8M0 scale per 32 elements
+    (``--fp8-recipe mxfp8``, Blackwell); ``nvfp4`` is NVIDIA's FP4 with one FP8 scale per
+    16 elements (``--fp4-format e2m1``, Blackwell).
+    """
 
     bf16 = "bf16"
     fp8 = "fp8"
+    fp8_blockwise = "fp8_blockwise"
+    mxfp8 = "mxfp8"
+    nvfp4 = "nvfp4"
 
     def __str__(self) -> str:
         return self.value
+
+    @property
+    def is_fp8(self) -> bool:
+        """True for the three fp8 recipes (GEMMs at the GPU's fp8 peak)."""
+        return self in (Precision.fp8, Precision.fp8_blockwise, Precision.mxfp8)
+
+    @property
+    def low_precision_weight_bytes(self) -> float:
+        """Bytes per parameter of the quantised weight copy kept beside the bf16 weight.
+
+        Sources (Transformer Engine ``Float8Tensor`` / ``MXFP8Tensor`` / ``NVFP4Tensor``):
+        per-tensor and blockwise fp8 keep one fp8 copy (1 B; the transpose is made on the fly
+        on Hopper, block scales add 4 B per 128x128 block, negligible); MX formats need both
+        a row-wise and a column-wise quantised copy (their scales run along one axis), so
+        mxfp8 keeps 2 x (1 + 1/32) B and nvfp4 2 x (0.5 + 1/16) B. bf16: 0.
+        """
+        return {
+            Precision.bf16: 0.0,
+            Precision.fp8: 1.0,
+            Precision.fp8_blockwise: 1.0,
+            Precision.mxfp8: 2.0 * (1.0 + 1.0 / 32),
+            Precision.nvfp4: 2.0 * (0.5 + 1.0 / 16),
+        }[self]
 
 
 # --------------------------------------------------------------------------- model
@@ -105,6 +141,13 @@ class ModelSpec:
     qk_pos_emb_head_dim: int = 0
     v_head_dim: int = 0
     max_position_embeddings: int = 0
+    # Sliding-window attention (GPT-OSS); 0 / () when every layer attends to the whole sequence.
+    window_size: int = 0
+    """Left window of sliding-window attention layers, tokens (Megatron ``--window-size``'s
+    left value; HF ``sliding_window``); 0 = no sliding window."""
+    window_attn_skip_freq: tuple[int, ...] = ()
+    """One entry per decoder layer: 1 = full (causal) attention, 0 = sliding window (Megatron's
+    list form of ``window_attn_skip_freq``; HF ``layer_types``). Empty = every layer full."""
     # Numerics that do not change the cost but must reach the run command (``--norm-epsilon`` etc.).
     norm_epsilon: float = 1e-5
     """RMSNorm epsilon (HF ``rms_norm_eps``)."""
@@ -158,6 +201,13 @@ class ModelSpec:
                 f"model {self.name!r}: a MoE model needs moe_router_topk and moe_ffn_hidden_size > 0 "
                 f"(got {self.moe_router_topk}, {self.moe_ffn_hidden_size})"
             )
+        if self.window_attn_skip_freq and (
+            len(self.window_attn_skip_freq) != self.num_layers or any(x not in (0, 1) for x in self.window_attn_skip_freq)
+        ):
+            raise TunerError(
+                f"model {self.name!r}: window_attn_skip_freq needs {self.num_layers} entries of 0 (sliding window) "
+                f"or 1 (full attention), got {len(self.window_attn_skip_freq)}"
+            )
         if len(self.moe_layer_freq) != self.num_layers:
             raise TunerError(
                 f"model {self.name!r}: moe_layer_freq has {len(self.moe_layer_freq)} entries, needs {self.num_layers}"
@@ -171,6 +221,28 @@ class ModelSpec:
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
+
+    @property
+    def num_window_layers(self) -> int:
+        """Decoder layers with sliding-window attention (0 when ``window_size`` is 0)."""
+        if not self.window_size:
+            return 0
+        if not self.window_attn_skip_freq:
+            return self.num_layers
+        return self.num_layers - sum(self.window_attn_skip_freq)
+
+    def attended_keys_per_query(self, seq_length: int, windowed: bool) -> float:
+        """Mean keys a query attends to under a causal mask, optionally limited to ``window_size``.
+
+        Causal full attention: ``(s + 1) / 2``; with a left window ``w`` a query at position
+        ``i`` (1-based) sees ``min(i, w + 1)`` keys (itself and ``w`` before it, Megatron /
+        flash-attention ``window_size=(w, 0)``).
+        """
+        s = float(seq_length)
+        if not windowed or not self.window_size or self.window_size + 1 >= s:
+            return (s + 1) / 2
+        w1 = float(self.window_size + 1)
+        return (w1 * (w1 + 1) / 2 + (s - w1) * w1) / s
 
     @property
     def num_moe_layers(self) -> int:
@@ -392,6 +464,14 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
         d = mla["qk_head_dim"] + mla["qk_pos_emb_head_dim"]
         # MLA always normalises its q and kv latents (Megatron: --qk-layernorm with --multi-latent-attention).
         cfg = {**cfg, "qk_layernorm": True}
+    window = 0
+    skip: tuple[int, ...] = ()
+    if cfg.get("sliding_window") and cfg.get("layer_types"):
+        types = cfg["layer_types"]
+        if not isinstance(types, list) or len(types) != L:
+            raise TunerError(f"model config {name_for_errors!r}: layer_types must list one entry per layer ({L})")
+        window = _as_int(cfg["sliding_window"], "sliding_window", name_for_errors)
+        skip = tuple(0 if str(t) == "sliding_attention" else 1 for t in types)
     mtp = _as_int(_first(cfg, "num_nextn_predict_layers", default=0) or 0, "num_nextn_predict_layers", name_for_errors)
     if cfg.get("use_mtp") and not mtp:
         mtp = _as_int(cfg.get("num_mtp_modules") or 0, "num_mtp_modules", name_for_errors)
@@ -440,6 +520,8 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
         qk_layernorm_full_dim=str(cfg.get("qk_norm_type", "")) == "per_layer",
         mtp_num_layers=mtp,
         max_position_embeddings=_as_int(cfg.get("max_position_embeddings") or 0, "max_position_embeddings", name_for_errors),
+        window_size=window,
+        window_attn_skip_freq=skip,
         source=str(cfg.get("_source", "")),
         **mla,
         **numerics,
@@ -448,7 +530,7 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
     if unknown:
         raise TunerError(f"model config {name_for_errors!r}: unknown keys in its 'tuner' section: {sorted(unknown)}")
     spec.update(over)
-    for k in ("moe_layer_freq", "extra_megatron_args"):
+    for k in ("moe_layer_freq", "extra_megatron_args", "window_attn_skip_freq"):
         if isinstance(spec.get(k), list):
             spec[k] = tuple(spec[k])
     return ModelSpec(**spec)
@@ -517,6 +599,11 @@ class GPUSpec:
     """Dense (non-sparse) bf16 tensor-core peak, FLOP/s."""
     peak_flops_fp8: float
     """Dense fp8 peak, FLOP/s (0 if the GPU has no fp8)."""
+    peak_flops_fp4: float = 0.0
+    """Dense fp4 (NVFP4) peak, FLOP/s (0 if the GPU has no fp4 tensor cores)."""
+    network_bytes_per_s_per_gpu: float = 0.0
+    """Scale-out NIC bandwidth per GPU per direction in the reference system (bytes/s; DGX / NVL72
+    racks have one NIC per GPU); 0 = unknown. Used by ``tune validate`` for published runs."""
     hbm_bytes_per_s: float
     nvlink_bytes_per_s: float
     """NVLink bandwidth per GPU per direction (bytes/s)."""
@@ -529,6 +616,16 @@ class GPUSpec:
     family: str
     """Architecture family (ampere, hopper, blackwell) for calibration constants."""
     source: str
+
+    def peak_flops(self, precision: Precision) -> float:
+        """Dense tensor-core peak (FLOP/s) of the GEMMs at ``precision``; 0 if the GPU lacks it."""
+        if precision == Precision.bf16:
+            return self.peak_flops_bf16
+        if precision == Precision.nvfp4:
+            return self.peak_flops_fp4
+        if precision == Precision.mxfp8 and self.family != "blackwell":
+            return 0.0  # MX formats need Blackwell tensor cores
+        return self.peak_flops_fp8
 
 
 def list_gpus() -> list[str]:
@@ -554,6 +651,8 @@ def load_gpu(name: str) -> GPUSpec:
         hbm_bytes=float(d["hbm_mib"]) * 2**20,
         peak_flops_bf16=float(d["peak_tflops_bf16_dense"]) * 1e12,
         peak_flops_fp8=float(d.get("peak_tflops_fp8_dense") or 0) * 1e12,
+        peak_flops_fp4=float(d.get("peak_tflops_fp4_dense") or 0) * 1e12,
+        network_bytes_per_s_per_gpu=float(d.get("network_gb_per_s_per_gpu") or 0) * 1e9,
         hbm_bytes_per_s=float(d["hbm_tb_per_s"]) * 1e12,
         nvlink_bytes_per_s=float(d["nvlink_gb_per_s_per_direction"]) * 1e9,
         pcie_bytes_per_s=float(d["pcie_gb_per_s_per_direction"]) * 1e9,
@@ -692,3 +791,54 @@ class Workload:
     @property
     def tokens_per_step(self) -> int:
         return self.seq_length * self.global_batch_size
+
+
+#: ``--cuda-graph-scope`` values (Megatron-core ``transformer_config.py``) that capture the MoE
+#: router and token preprocessing, whose small kernels make up the fixed per-layer MoE cost.
+CUDA_GRAPH_MOE_SCOPES = ("moe_router", "moe_preprocess", "moe", "full_iteration")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunOptions:
+    """Run flags that change the cost but are not searched over (one value for the whole table).
+
+    Defaults are the seed's run (seeds/001: slime, natural routing, no overlap flags, no CUDA
+    graphs), so a model built without options predicts what it did before these existed.
+    NVIDIA's published Megatron-Bridge runs set most of them (``tune validate`` reads them
+    from each CSV row).
+    """
+
+    moe_router_force_load_balancing: bool = False
+    """``--moe-router-force-load-balancing``: tokens are routed uniformly (benchmarks); False =
+    natural routing, whose slowest expert rank carries ``Calibration.moe_load_imbalance`` x the mean."""
+    cp_comm_type: str = "p2p"
+    """``--cp-comm-type``: ``p2p`` (ring of K/V blocks, overlapped with attention) or ``a2a``
+    (all-to-all of heads, Ulysses style, not overlapped)."""
+    overlap_moe_expert_parallel_comm: bool = False
+    """``--overlap-moe-expert-parallel-comm``: EP all-to-all overlapped with another micro-batch's compute."""
+    cuda_graph_scope: tuple[str, ...] = ()
+    """``--cuda-graph-scope`` values when CUDA graphs are on (``--cuda-graph-impl`` not none); empty = off."""
+    use_megatron_fsdp: bool = False
+    """``--use-megatron-fsdp`` (ZeRO-3 style: parameters, gradients and optimizer states sharded over DP)."""
+    overlap_grad_reduce: bool = False
+    """``--overlap-grad-reduce`` / ``--overlap-param-gather``: DP communication overlapped with compute."""
+    tp_comm_overlap: bool = False
+    """``--tp-comm-overlap`` (Transformer Engine userbuffers): TP collectives overlapped with GEMMs."""
+
+    def __post_init__(self) -> None:
+        if self.cp_comm_type not in ("p2p", "a2a"):
+            raise TunerError(f"cp_comm_type {self.cp_comm_type!r}: accepted p2p or a2a")
+        object.__setattr__(self, "cuda_graph_scope", tuple(str(x) for x in self.cuda_graph_scope))
+
+    @property
+    def cuda_graph_full(self) -> bool:
+        """The whole iteration (or whole layers) is captured: every launch latency shrinks."""
+        return any(x in ("full_iteration", "full") for x in self.cuda_graph_scope)
+
+    @property
+    def cuda_graph_moe(self) -> bool:
+        """The MoE router / preprocessing is captured (or the whole iteration)."""
+        return any(x in CUDA_GRAPH_MOE_SCOPES or x == "full" for x in self.cuda_graph_scope)
+
+
+DEFAULT_RUN_OPTIONS = RunOptions()

@@ -698,5 +698,12 @@ def main() -> None:
         sys.exit(1)
 
 
+
+# ---- issue 3: `tune validate` and `tune calibrate` (tuner/cli_validate.py) ----
+from tuner.cli_validate import register as _register_validate  # noqa: E402
+
+_register_validate(app)
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,81 @@
+"""Benchmark (issue 3 targets): k-fold-by-model error of the cost model on published runs.
+
+    PYTHONPATH=. python benchmarks/bench_validation.py [--data ../shared/data/published_runs.csv] [--processes 2]
+
+Each model's runs are predicted by a calibration fitted (``cost_model.calibrate``) on the
+other models' runs (and the seed's two runs), so no number comes from fitting the rows it
+is judged on. Prints one JSON object:
+- ``moe_h100_b200``: H100 and B200 MoE rows, bf16 and fp8 recipes (fp8, fp8 blockwise,
+  mxfp8): median |error| of tokens/s/GPU (target <= 15%) and Spearman within each model's
+  rows that differ in layout (target >= 0.8);
+- ``dense``: every dense row (target median |error| <= 10%);
+- ``all`` and per-fold figures; ``seed_anchors``: the seed's runs under the shipped calibration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cost_model.calibrate import kfold_by_model
+from cost_model.calibration import DEFAULT_CALIBRATION
+from cost_model.validate import Prediction, predict_runs, read_runs, spearman, _layout_groups
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "published_runs.csv"))
+    ap.add_argument("--processes", type=int, default=2)
+    ap.add_argument("--max-nfev", type=int, default=60)
+    a = ap.parse_args()
+    t0 = time.perf_counter()
+    runs, problems = read_runs([a.data, str(ROOT / "cost_model" / "data" / "seed_runs.csv")])
+    folds = kfold_by_model(runs, processes=a.processes, max_nfev=a.max_nfev)
+    preds: list[Prediction] = []
+    for f in folds.values():
+        for r, p in zip(f["runs"], f["predicted"]):
+            tok, tfl = (p, 0.0) if r.metric == "tokens" else (0.0, p)
+            preds.append(Prediction(r, tok, tfl, True, 0.0))
+
+    def stats(sel: list[Prediction]) -> dict[str, object]:
+        e = np.abs([p.error for p in sel])
+        rho: dict[str, float] = {}
+        for m in sorted({p.run.model.name for p in sel}):
+            pr, pu = _layout_groups([p for p in sel if p.run.model.name == m])
+            v = spearman(pr, pu)
+            if v == v:
+                rho[m] = round(v, 3)
+        return {"rows": len(sel), "median_abs_error": round(float(np.median(e)), 4) if len(e) else None,
+                "mape": round(float(np.mean(e)), 4) if len(e) else None, "spearman_by_model": rho,
+                "spearman_median": round(statistics.median(rho.values()), 3) if rho else None}
+
+    moe = [p for p in preds if p.run.is_moe and p.run.gpu_type in ("H100", "B200") and p.run.precision != "nvfp4" and p.run.metric == "tokens"]
+    dense = [p for p in preds if not p.run.model.is_moe]
+    seed = {p.run.run_id: round(p.tokens_per_s_per_gpu, 1) for p in predict_runs([r for r in runs if "seed" in r.run_id], DEFAULT_CALIBRATION)}
+    out = {
+        "benchmark": "kfold_by_model",
+        "data": a.data,
+        "rows_estimated": len(preds),
+        "rows_not_representable": sum(1 for r in runs if r.unrepresentable),
+        "moe_h100_b200": stats(moe),
+        "moe_h100_b200_by_precision": {k: stats([p for p in moe if p.run.precision == k]) for k in sorted({p.run.precision for p in moe})},
+        "dense": stats(dense),
+        "all": stats(preds),
+        "per_model": {m: stats([p for p in preds if p.run.model.name == m]) for m in folds},
+        "seed_anchors_shipped_calibration": {"tuned (measured 2034.42)": seed.get("seed-tuned"), "reference (measured 557.8)": seed.get("seed-reference")},
+        "seconds": round(time.perf_counter() - t0, 1),
+        "machine": f"{platform.machine()}, {platform.python_version()}",
+    }
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,628 @@
+"""Validation of the cost model against measured runs (``tune validate``), and the run table it reads.
+
+A run table is a CSV with the columns of ``shared/data/published_runs.csv`` (346 measured
+NVIDIA runs with their layouts). Each row becomes a :class:`Run`: the model preset, the
+cluster, the workload, the :class:`~search_spaces.layout.Layout` and the
+:class:`~cost_model.specs.RunOptions` (routing, overlaps, CUDA graphs, FSDP) read from the
+row, and the published tokens/s/GPU or model TFLOP/s/GPU. Rows the model cannot represent
+keep the reason (:attr:`Run.unrepresentable`); rows with bad cells are reported as
+:class:`RowProblem` naming the row and column. Nothing is dropped silently.
+
+Conventions for published rows (``shared/data/published_runs.md``):
+- NVIDIA's MoE benchmarks force-balance the routing and are dropless (Megatron-Bridge
+  performance-summary footnote), except the 25.09 ``tokendrop`` rows;
+- Megatron-Bridge and NeMo performance recipes overlap DP communication
+  (``overlap_grad_reduce`` / ``overlap_param_gather``) and TP communication
+  (``tp_comm_overlap``); rows may override any option with ``key=value`` in ``other_notes``;
+- a blank recompute cell means the recipe default (none), a blank dispatcher the
+  alltoall dispatcher, a blank or ``1*`` ETP means 1.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
+from cost_model.errors import InfeasibleLayout, TunerError
+from cost_model.flops import megatron_flops_per_token
+from cost_model.specs import Cluster, GPUSpec, ModelSpec, Precision, RunOptions, Workload, list_gpus, list_models, load_gpu, load_model
+
+__all__ = [
+    "REQUIRED_COLUMNS",
+    "Run",
+    "RowProblem",
+    "Prediction",
+    "read_runs",
+    "predict_runs",
+    "summarize",
+    "spearman",
+    "flops_check_rows",
+    "model_alias",
+    "RunBatch",
+]
+
+#: Columns a run table must have (any order; more columns are ignored).
+REQUIRED_COLUMNS = ("model", "gpu_type", "num_gpus", "tp", "pp", "gbs", "seq_len", "precision")
+#: Columns read when present (blank cells take the defaults in the module docstring).
+OPTIONAL_COLUMNS = (
+    "id", "vpp", "cp", "ep", "etp", "mbs", "recompute", "dispatcher", "other_notes", "task",
+    "framework_version", "confidence", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "implied_gflop_per_token",
+)
+
+#: Model names used in the published tables -> bundled presets (keys normalised by :func:`_norm`).
+#: Llama 3 and Llama 3.1 share the architecture at 8K tokens (only RoPE scaling differs).
+_ALIASES = {
+    "llama38b": "Llama-3.1-8B",
+    "llama318b": "Llama-3.1-8B",
+    "llama370b": "Llama-3.1-70B",
+    "llama3170b": "Llama-3.1-70B",
+    "llama31405b": "Llama-3.1-405B",
+    "llama3405b": "Llama-3.1-405B",
+    "qwen330ba3b": "Qwen3-30B-A3B",
+    "qwen3235ba22b": "Qwen3-235B-A22B",
+    "deepseekv3": "DeepSeek-V3",
+    "kimik2": "Kimi-K2",
+    "gptoss120b": "GPT-OSS-120B",
+    "mixtral8x7b": "Mixtral-8x7B",
+    "mixtral8x22b": "Mixtral-8x22B",
+    "minimaxm2": "MiniMax-M2",
+    "minimaxm3": "MiniMax-M3",
+}
+
+#: Model-name fragments the cost model has no layer type for, with the reason.
+_UNREPRESENTABLE_MODELS = (
+    ("nemotron3", "hybrid Mamba / attention MoE model: the cost model has no Mamba layers"),
+    ("nemotron_3", "hybrid Mamba / attention MoE model: the cost model has no Mamba layers"),
+    ("hybrid", "hybrid Mamba / attention model: the cost model has no Mamba layers"),
+    ("qwen3next", "hybrid gated-DeltaNet model: the cost model has no linear-attention layers"),
+    ("deepseekv4", "DeepSeek-V4: architecture not published in a form the presets cover"),
+)
+
+_GPT_RE = re.compile(r"^GPT-[\d.]+B\s*\(heads=(\d+),\s*hidden=(\d+),\s*layers=(\d+),\s*vocab=(\d+)\)$")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def model_alias(name: str) -> str | None:
+    """The bundled preset a published model name refers to, or None."""
+    key = _norm(name)
+    presets = {_norm(p): p for p in list_models()}
+    return presets.get(key) or _ALIASES.get(key)
+
+
+def _model_for(name: str) -> tuple[ModelSpec | None, str]:
+    """(spec, "") or (None, reason). Megatron README's GPT rows are built from the name's numbers."""
+    preset = model_alias(name)
+    if preset:
+        return load_model(preset), ""
+    m = _GPT_RE.match(name.strip())
+    if m:
+        heads, hidden, layers, vocab = (int(x) for x in m.groups())
+        # Megatron-LM README weak-scaling table: standard GPT (MHA, 4h GeLU MLP, tied embeddings).
+        return (
+            ModelSpec(
+                name=name.split(" ")[0], num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                num_query_groups=heads, kv_channels=hidden // heads, ffn_hidden_size=4 * hidden, vocab_size=vocab,
+                gated_linear_unit=False, untie_embeddings_and_output_weights=False, moe_layer_freq=(0,) * layers,
+                source="Megatron-LM README weak-scaling table (standard GPT: MHA, 4h GeLU MLP)",
+            ),
+            "",
+        )
+    low = _norm(name) + " " + name.lower()
+    for frag, why in _UNREPRESENTABLE_MODELS:
+        if frag in low:
+            return None, why
+    return None, f"no bundled preset for model {name!r} (presets: {', '.join(list_models())})"
+
+
+def _precision(text: str) -> Precision | None:
+    t = text.strip().lower()
+    if not t:
+        return None
+    if "nvfp4" in t or "fp4" in t:
+        return Precision.nvfp4
+    if "mx" in t:
+        return Precision.mxfp8
+    if "block" in t:
+        return Precision.fp8_blockwise
+    if "fp8" in t:
+        return Precision.fp8
+    if "bf16" in t:
+        return Precision.bf16
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class RowProblem:
+    """A cell that could not be read: the row (1-based data row and its ``id``), the column, why."""
+
+    row: int
+    run_id: str
+    column: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"row {self.row} (id {self.run_id}), column {self.column!r}: {self.message}"
+
+
+@dataclass(slots=True)
+class Run:
+    """One measured run, ready to estimate (or with the reason it cannot be)."""
+
+    row: int
+    """1-based data row of the CSV (the header is row 0)."""
+    run_id: str
+    model_name: str
+    gpu_type: str
+    precision: str
+    num_gpus: int
+    published_tokens: float | None
+    """tokens/s/GPU as published (None when not reported)."""
+    published_tflops: float | None
+    """model TFLOP/s/GPU as published (the source's own FLOPs accounting)."""
+    implied_gflop_per_token: float | None
+    seq_length: int = 0
+    framework_version: str = ""
+    task: str = ""
+    model: ModelSpec | None = None
+    cluster: Cluster | None = None
+    workload: Workload | None = None
+    layout: Any = None
+    options: RunOptions = field(default_factory=RunOptions)
+    unrepresentable: str = ""
+    """Why the model cannot represent this row ("" when it can)."""
+    is_moe: bool = False
+
+    @property
+    def metric(self) -> str:
+        """The published number a prediction is compared with: ``tokens`` or ``tflops``."""
+        return "tokens" if self.published_tokens else "tflops"
+
+    @property
+    def layout_key(self) -> str:
+        return self.layout.key() + f"|opts={self.options}" if self.layout is not None else ""
+
+
+def _num(raw: str, column: str, row: int, rid: str, problems: list[RowProblem], *, integer: bool, default: float | None) -> float | None:
+    t = (raw or "").strip().replace(",", "")
+    t = re.sub(r"\s*\(derived\)$", "", t)
+    if t.endswith("*"):
+        t = t[:-1]
+    if not t:
+        return default
+    try:
+        v = float(t)
+    except ValueError:
+        problems.append(RowProblem(row, rid, column, f"{raw!r} is not a number"))
+        return None
+    if not math.isfinite(v) or v < 0 or (integer and not v.is_integer()):
+        problems.append(RowProblem(row, rid, column, f"{raw!r} is not a {'non-negative integer' if integer else 'non-negative number'}"))
+        return None
+    return v
+
+
+_KV_RE = re.compile(r"([A-Za-z_]+)=(\[[^\]]*\]|[^;|,\s]+)")
+
+
+def _notes(text: str) -> dict[str, str]:
+    return {k: v for k, v in _KV_RE.findall(text or "")}
+
+
+def _list(v: str) -> tuple[str, ...]:
+    return tuple(x.strip(" '\"") for x in v.strip("[]").split(",") if x.strip(" '\""))
+
+
+def _recompute(cell: str, notes: dict[str, str]) -> dict[str, Any]:
+    from search_spaces.layout import RECOMPUTE_MODULES
+
+    text = (cell or "").strip().lower()
+    mods = _list(notes["recompute_modules"]) if "recompute_modules" in notes else ()
+    if "recompute_num_layers" in notes or text.startswith("recompute_num_layers") or text.startswith("full"):
+        n = int(re.findall(r"\d+", notes.get("recompute_num_layers", text) or "1")[0] if re.findall(r"\d+", notes.get("recompute_num_layers", text)) else 1)
+        return dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=n)
+    if not mods and text.startswith("selective"):
+        mods = tuple(m for m in RECOMPUTE_MODULES if re.search(rf"\b{m}\b", text))
+    mods = tuple(m for m in mods if m in RECOMPUTE_MODULES)
+    if mods:
+        return dict(recompute_granularity="selective", recompute_modules=mods)
+    return {}
+
+
+def _pipeline_split(model: ModelSpec, pp: int, vpp: int) -> tuple[int, int] | None:
+    """(first, last) stage layers that make ``num_layers`` split over pp x vpp; (0, 0) when even.
+
+    Published runs with an uneven model (DeepSeek-V3's 61 layers) use a
+    ``--pipeline-model-parallel-layout``; the closest first/last split stands for it.
+    """
+    from search_spaces.pipeline import stage_layer_counts
+
+    L = model.num_layers
+    best: tuple[float, int, int] | None = None
+    per = L / pp
+    cands = [0] + list(range(1, int(2 * per) + 2)) if pp > 1 else [0]
+    for a in cands:
+        for b in cands:
+            try:
+                stage_layer_counts(L, pp, vpp, a, b)
+            except InfeasibleLayout:
+                continue
+            cost = (abs(a - per) if a else 0) + (abs(b - per) if b else 0)
+            if best is None or cost < best[0]:
+                best = (cost, a, b)
+        if best is not None and best[0] == 0:
+            break
+    return None if best is None else (best[1], best[2])
+
+
+def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: bool = False) -> tuple[list[Run], list[RowProblem]]:
+    """Read one or more run tables.
+
+    Args:
+        paths: CSV file(s) with :data:`REQUIRED_COLUMNS` (and any of the optional ones).
+        calibration_only: unused; kept for symmetry with :func:`predict_runs`.
+
+    Returns:
+        ``(runs, problems)``: one :class:`Run` per row whose cells could be read
+        (``unrepresentable`` set when the model cannot estimate it), and one
+        :class:`RowProblem` per unreadable cell (that row is left out of ``runs``).
+
+    Raises:
+        TunerError: a file is unreadable, not a CSV, or lacks a required column.
+    """
+    from search_spaces.layout import Layout
+
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    runs: list[Run] = []
+    problems: list[RowProblem] = []
+    gpu_names = {g.lower(): g for g in list_gpus()}
+    for path in paths:
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise TunerError(f"--data {str(p)!r}: cannot read it ({e})") from None
+        reader = csv.DictReader(text.splitlines())
+        cols = [c.strip() for c in (reader.fieldnames or [])]
+        missing = [c for c in REQUIRED_COLUMNS if c not in cols]
+        if missing:
+            raise TunerError(
+                f"--data {str(p)!r}: missing column(s) {', '.join(missing)}; a run table needs "
+                f"{', '.join(REQUIRED_COLUMNS)} and tokens_per_s_per_gpu or model_tflops_per_gpu"
+            )
+        if "tokens_per_s_per_gpu" not in cols and "model_tflops_per_gpu" not in cols:
+            raise TunerError(f"--data {str(p)!r}: needs a tokens_per_s_per_gpu or model_tflops_per_gpu column")
+        for i, raw in enumerate(reader, start=1):
+            r = {k.strip(): (v or "") for k, v in raw.items() if k is not None}
+            rid = r.get("id", "").strip() or str(i)
+            here: list[RowProblem] = []
+            num = lambda c, integer=True, default=None: _num(r.get(c, ""), c, i, rid, here, integer=integer, default=default)  # noqa: E731
+            ngpu, tp, pp, gbs, seq = num("num_gpus"), num("tp"), num("pp"), num("gbs"), num("seq_len")
+            for c, v in (("num_gpus", ngpu), ("tp", tp), ("pp", pp), ("gbs", gbs), ("seq_len", seq)):
+                if v is not None and v < 1:
+                    here.append(RowProblem(i, rid, c, f"{r.get(c)!r} must be at least 1"))
+                if v is None and not any(pr.column == c for pr in here):
+                    here.append(RowProblem(i, rid, c, "empty"))
+            vpp_raw = r.get("vpp", "")
+            vpp = num("vpp", default=1.0) if not re.search(r"[a-z]", vpp_raw.lower()) else None
+            cp, ep, etp, mbs = num("cp", default=1.0), num("ep", default=1.0), num("etp", default=1.0), num("mbs", default=1.0)
+            tok = num("tokens_per_s_per_gpu", integer=False)
+            tfl = num("model_tflops_per_gpu", integer=False)
+            gflop = num("implied_gflop_per_token", integer=False)
+            gname = r.get("gpu_type", "").strip()
+            if gname.lower() not in gpu_names:
+                here.append(RowProblem(i, rid, "gpu_type", f"unknown GPU type {gname!r}; known: {', '.join(list_gpus())}"))
+            prec = _precision(r.get("precision", ""))
+            if prec is None:
+                here.append(RowProblem(i, rid, "precision", f"{r.get('precision')!r}: expected BF16, FP8 (per-tensor / CS), FP8 blockwise, MXFP8 or NVFP4"))
+            if not r.get("model", "").strip():
+                here.append(RowProblem(i, rid, "model", "empty"))
+            if here:
+                problems.extend(here)
+                continue
+            run = Run(
+                row=i, run_id=rid, model_name=r["model"].strip(), gpu_type=gpu_names[gname.lower()], precision=prec.value,  # type: ignore[union-attr]
+                num_gpus=int(ngpu), published_tokens=tok or None, published_tflops=tfl or None,  # type: ignore[arg-type]
+                implied_gflop_per_token=gflop or None, seq_length=int(seq), framework_version=r.get("framework_version", "").strip(),
+                task=r.get("task", "").strip(),
+                is_moe=r.get("is_moe", "").strip().upper().startswith("Y"),
+            )
+            runs.append(run)
+            model, why = _model_for(run.model_name)
+            if model is None:
+                run.unrepresentable = why
+                continue
+            if model.is_moe:
+                run.is_moe = True
+            notes_text = r.get("other_notes", "")
+            notes = _notes(notes_text)
+            low_notes = notes_text.lower()
+            if model.mtp_num_layers and "w/o mtp" in (low_notes + " " + run.framework_version.lower() + " " + r.get("model", "").lower()):
+                model = model.replace(mtp_num_layers=0)
+            if "mtp_num_layers" in notes:
+                model = model.replace(mtp_num_layers=int(notes["mtp_num_layers"]))
+            run.model = model
+            reasons = []
+            if not tok and not tfl:
+                reasons.append("neither tokens/s/GPU nor model TFLOP/s/GPU is published")
+            if "not megatron-core" in run.framework_version.lower():
+                reasons.append("not Megatron-core (NeMo AutoModel: PyTorch FSDP2), whose costs differ")
+            task = r.get("task", "").strip().lower()
+            if task and task != "pre-training":
+                reasons.append(f"task {r.get('task')!r}: fine-tuning (frozen weights / packed sequences) is not modelled")
+            if r.get("confidence", "").strip().lower().startswith("low"):
+                reasons.append(f"confidence {r.get('confidence')!r} in the source table (internally inconsistent)")
+            if "tokendrop" in r.get("model", "").lower() or re.search(r"token[- ]?drop(ping)? (row|run)s? *\(this", low_notes) or "capacity" in r.get("dispatcher", "").lower():
+                reasons.append("token dropping / fixed expert capacity is not modelled")
+            if notes.get("cpu_offloading_num_layers", "0") not in ("0", "None", "none"):
+                reasons.append("activation CPU offload (cpu_offloading_num_layers) is not modelled")
+            if vpp is None:
+                reasons.append(f"vpp {vpp_raw!r} is not a count of virtual stages")
+            gpu = load_gpu(run.gpu_type)
+            if prec != Precision.bf16 and not gpu.peak_flops(prec):
+                reasons.append(f"{gpu.name} has no tensor cores for {prec.value}")
+            if reasons:
+                run.unrepresentable = "; ".join(reasons)
+                continue
+            run.cluster = _cluster(gpu, run.num_gpus)
+            run.workload = Workload(seq_length=int(seq), global_batch_size=int(gbs), precision=prec)  # type: ignore[arg-type]
+            disp = (r.get("dispatcher", "") + " " + notes.get("moe_flex_dispatcher_backend", "")).lower()
+            dispatcher = "flex+hybridep" if "hybridep" in disp else "flex+deepep" if "deepep" in disp else "alltoall"
+            if "dispatcher" in notes:
+                dispatcher = notes["dispatcher"]
+            scope: tuple[str, ...] = ()
+            impl = notes.get("cuda_graph_impl", "none").strip("'\"")
+            if impl not in ("none", "None", ""):
+                scope = _list(notes["cuda_graph_scope"]) if "cuda_graph_scope" in notes else ("full",)
+            natural = notes.get("routing", "").lower() == "natural"
+            def flag(key: str, default: bool) -> bool:
+                v = notes.get(key)
+                return default if v is None else v.strip("'\"").lower() in ("true", "1", "yes")
+            try:
+                run.options = RunOptions(
+                    moe_router_force_load_balancing=model.is_moe and not natural,
+                    cp_comm_type=notes.get("cp_comm_type", "p2p"),
+                    overlap_moe_expert_parallel_comm=flag("moe_a2a_overlap", False) or flag("overlap_moe_expert_parallel_comm", False),
+                    cuda_graph_scope=scope,
+                    use_megatron_fsdp=flag("use_megatron_fsdp", False),
+                    overlap_grad_reduce=flag("overlap_grad_reduce", True),
+                    tp_comm_overlap=flag("tp_comm_overlap", True),
+                )
+                rec = _recompute(r.get("recompute", ""), notes)
+                if notes.get("recompute") == "full":
+                    rec = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=int(notes.get("recompute_num_layers", 1)))
+                split = _pipeline_split(model, int(pp), int(vpp))  # type: ignore[arg-type]
+                if "first_stage_layers" in notes:
+                    split = (int(notes["first_stage_layers"]), int(notes.get("last_stage_layers", 0)))
+                if split is None:
+                    run.unrepresentable = f"{model.num_layers} layers cannot be split over pp {int(pp)} x vpp {int(vpp)}"  # type: ignore[arg-type]
+                    continue
+                run.layout = Layout(
+                    world_size=run.num_gpus, tp=int(tp), pp=int(pp), vpp=int(vpp), cp=int(cp), ep=int(ep) if model.is_moe else 1,  # type: ignore[arg-type]
+                    etp=int(etp) if model.is_moe else 1, micro_batch_size=int(mbs), sequence_parallel=int(tp) > 1,  # type: ignore[arg-type]
+                    dispatcher=dispatcher, num_layers_in_first_pipeline_stage=split[0], num_layers_in_last_pipeline_stage=split[1],
+                    optimizer_offload_fraction=float(notes.get("optimizer_offload_fraction", 0.0)),
+                    use_precision_aware_optimizer=flag("use_precision_aware_optimizer", False),
+                    **rec,
+                )
+            except (TunerError, ValueError) as e:
+                run.unrepresentable = f"layout not representable: {e}"
+                continue
+            world_ok = run.num_gpus % (int(tp) * int(pp) * int(cp)) == 0 and run.num_gpus % (run.layout.etp * run.layout.ep * int(pp)) == 0  # type: ignore[arg-type]
+            if not world_ok:
+                run.unrepresentable = f"{run.num_gpus} GPUs are not a multiple of TP x PP x CP or ETP x EP x PP"
+                continue
+            if model.is_moe and model.num_experts % run.layout.ep:
+                run.unrepresentable = f"ep {run.layout.ep} does not divide {model.num_experts} experts"
+    return runs, problems
+
+
+def _cluster(gpu: GPUSpec, num_gpus: int) -> Cluster:
+    """The reference system of a GPU type: its usual node size and one NIC per GPU."""
+    per = min(gpu.gpus_per_node, num_gpus)
+    if num_gpus % per:
+        per = math.gcd(per, num_gpus)
+    net = (gpu.network_bytes_per_s_per_gpu or 50e9) * per
+    return Cluster(gpu=gpu, num_gpus=num_gpus, gpus_per_node=per, inter_node_bytes_per_s=net)
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """A run and what the model predicts for it."""
+
+    run: Run
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float
+    fits: bool
+    peak_gib: float
+
+    @property
+    def published(self) -> float:
+        return float(self.run.published_tokens or self.run.published_tflops or float("nan"))
+
+    @property
+    def predicted(self) -> float:
+        return self.tokens_per_s_per_gpu if self.run.metric == "tokens" else self.model_tflops_per_gpu
+
+    @property
+    def error(self) -> float:
+        """predicted / published - 1."""
+        return self.predicted / self.published - 1.0
+
+
+def _group_key(run: Run) -> tuple[Any, ...]:
+    w, c = run.workload, run.cluster
+    return (run.model.name, run.model.mtp_num_layers, c.gpu.name, c.num_gpus, c.gpus_per_node, w.seq_length, w.global_batch_size, w.precision, run.options)  # type: ignore[union-attr]
+
+
+class RunBatch:
+    """Representable runs grouped so that each (model, cluster, workload, options) is one
+    vectorised :func:`~cost_model.estimate.estimate_table` call (used by the fit, which
+    predicts the same rows hundreds of times)."""
+
+    def __init__(self, runs: Iterable[Run]) -> None:
+        from search_spaces.layout import LayoutTable
+
+        self.runs = [r for r in runs if not r.unrepresentable and r.layout is not None]
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for i, r in enumerate(self.runs):
+            groups.setdefault(_group_key(r), []).append(i)
+        self.groups = [(idx, LayoutTable.from_layouts([self.runs[i].layout for i in idx])) for idx in groups.values()]
+
+    def predict(self, calibration: Calibration) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens/s/GPU, model TFLOP/s/GPU, fits, peak GiB) per run, in ``self.runs`` order."""
+        from cost_model.estimate import estimate_table
+
+        n = len(self.runs)
+        tok, tfl, fits, peak = np.zeros(n), np.zeros(n), np.zeros(n, dtype=bool), np.zeros(n)
+        for idx, table in self.groups:
+            r = self.runs[idx[0]]
+            e = estimate_table(r.model, r.cluster, r.workload, table, calibration=calibration, memory_headroom=0.0, options=r.options)  # type: ignore[arg-type]
+            tok[idx], tfl[idx], fits[idx], peak[idx] = e.tokens_per_s_per_gpu, e.model_tflops_per_gpu, e.fits, e.peak_bytes / 2**30
+        return tok, tfl, fits, peak
+
+    def targets(self) -> np.ndarray:
+        """The published number each run is compared with (tokens/s/GPU, else TFLOP/s/GPU)."""
+        return np.array([float(r.published_tokens or r.published_tflops) for r in self.runs])
+
+    def predicted_metric(self, calibration: Calibration) -> np.ndarray:
+        tok, tfl, _, _ = self.predict(calibration)
+        is_tok = np.array([r.metric == "tokens" for r in self.runs])
+        return np.where(is_tok, tok, tfl)
+
+
+def predict_runs(runs: Sequence[Run], calibration: Calibration = DEFAULT_CALIBRATION) -> list[Prediction]:
+    """Predictions for the representable runs (others are left to the caller to list with their reason)."""
+    batch = RunBatch(runs)
+    tok, tfl, fits, peak = batch.predict(calibration)
+    return [Prediction(r, float(tok[i]), float(tfl[i]), bool(fits[i]), float(peak[i])) for i, r in enumerate(batch.runs)]
+
+
+def _ranks(x: Sequence[float]) -> np.ndarray:
+    a = np.asarray(x, dtype=float)
+    order = np.argsort(a, kind="mergesort")
+    ranks = np.empty(len(a))
+    ranks[order] = np.arange(len(a), dtype=float)
+    for v in np.unique(a):  # average ranks of ties
+        m = a == v
+        if m.sum() > 1:
+            ranks[m] = ranks[m].mean()
+    return ranks
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman rank correlation (average ranks for ties); nan for fewer than 3 points or a constant side."""
+    if len(a) < 3:
+        return float("nan")
+    ra, rb = _ranks(a), _ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def _layout_groups(preds: Sequence[Prediction]) -> tuple[list[float], list[float]]:
+    """Rows that differ in layout (options included): the median of repeated layouts, else each row."""
+    by: dict[str, list[Prediction]] = {}
+    for p in preds:
+        by.setdefault(p.run.layout_key + f"|{p.run.num_gpus}|{p.run.workload}", []).append(p)  # type: ignore[union-attr]
+    pub = [statistics.median(q.published for q in v) for v in by.values()]
+    pred = [statistics.median(q.predicted for q in v) for v in by.values()]
+    return pred, pub
+
+
+def summarize(preds: Sequence[Prediction], key: Any = None) -> list[dict[str, Any]]:
+    """Per group (default: GPU type and precision): rows, median absolute error, MAPE, and
+    Spearman within each model's rows that differ in layout (models with >= 3 such rows).
+
+    Returns:
+        One dict per group: ``group``, ``rows``, ``median_abs_error``, ``mape``,
+        ``spearman`` (model -> rho) and ``spearman_median``.
+    """
+    key = key or (lambda p: (p.run.gpu_type, p.run.precision))
+    groups: dict[Any, list[Prediction]] = {}
+    for p in preds:
+        groups.setdefault(key(p), []).append(p)
+    out = []
+    for g in sorted(groups, key=str):
+        ps = groups[g]
+        errs = np.abs([p.error for p in ps])
+        rhos: dict[str, float] = {}
+        by_model: dict[str, list[Prediction]] = {}
+        for p in ps:
+            by_model.setdefault(p.run.model_name if p.run.model is None else p.run.model.name, []).append(p)
+        for m, mp in sorted(by_model.items()):
+            pred, pub = _layout_groups(mp)
+            rho = spearman(pred, pub)
+            if not math.isnan(rho):
+                rhos[m] = rho
+        out.append({
+            "group": g,
+            "rows": len(ps),
+            "median_abs_error": float(np.median(errs)),
+            "mape": float(np.mean(errs)),
+            "spearman": rhos,
+            "spearman_median": float(np.median(list(rhos.values()))) if rhos else float("nan"),
+        })
+    return out
+
+
+def flops_check_rows(runs: Sequence[Run], tolerance: float = 0.015) -> list[dict[str, Any]]:
+    """Our FLOPs per token against each pre-training row's ``implied_gflop_per_token``.
+
+    Rule for accounting changes (stated, not a hand-picked list): for each model, the rows of
+    the newest Megatron release that published it define the reference accounting, as the
+    median of ``implied / ours`` over those rows; a row whose ``implied / ours`` differs from
+    that reference by more than ``tolerance`` (1.5%: beyond the rounding of the published
+    tokens/s and TFLOP/s, whose ratio gives ``implied``) is excluded with the reason. This removes
+    GPT-OSS-120B's rows up to 26.04.01 (27.2 GFLOP/token at 4K: Megatron-Bridge then counted
+    its experts as non-gated and its sliding-window layers as full attention; 32.6 from
+    26.06), NeMo 24.07's older Llama-3 formula, NeMo AutoModel's own formula, and any row whose
+    tokens/s and TFLOP/s disagree in the source (Llama-3-70B row 101, 26.04.01: 439.3 where the
+    other rows of its model give 449). Fine-tuning rows (LoRA / SFT) count
+    differently (frozen weights) and are not checked.
+
+    Returns:
+        One dict per checked row: ``run``, ``ours`` and ``implied`` (GFLOP/token),
+        ``error`` (ours / implied - 1), ``excluded`` ("" or the reason).
+    """
+    def release(r: Run) -> tuple[int, ...]:
+        m = re.search(r"(\d\d)\.(\d\d)(?:\.(\d\d))?", r.framework_version)
+        return tuple(int(x or 0) for x in m.groups()) if m else (0,)
+
+    def megatron(r: Run) -> bool:
+        f = r.framework_version.lower()
+        return ("megatron" in f or "nemo" in f) and "automodel" not in f
+
+    rows = [r for r in runs if r.model is not None and r.implied_gflop_per_token and r.task.lower() in ("", "pre-training")]
+    ours = {id(r): megatron_flops_per_token(r.model, r.seq_length) / 1e9 for r in rows}  # type: ignore[arg-type]
+    by_model: dict[str, list[Run]] = {}
+    for r in rows:
+        by_model.setdefault(r.model.name, []).append(r)  # type: ignore[union-attr]
+    out = []
+    for rs in by_model.values():
+        mc = [r for r in rs if megatron(r)]
+        newest = max((release(r) for r in mc), default=(0,))
+        ref_ratios = [r.implied_gflop_per_token / ours[id(r)] for r in mc if release(r) == newest]  # type: ignore[operator]
+        ref = statistics.median(ref_ratios) if ref_ratios else 1.0
+        newest_label = ".".join(f"{x:02d}" for x in newest)
+        for r in rs:
+            o = ours[id(r)]
+            ratio = r.implied_gflop_per_token / o  # type: ignore[operator]
+            excluded = ""
+            if abs(ratio / ref - 1) > tolerance:
+                excluded = (
+                    f"implied {r.implied_gflop_per_token:g} GFLOP/token differs by {(ratio / ref - 1) * 100:+.1f}% from the "
+                    f"accounting of the newest release ({newest_label}) for this model"
+                )
+            out.append({"run": r, "ours": o, "implied": r.implied_gflop_per_token, "error": o / r.implied_gflop_per_token - 1, "excluded": excluded})  # type: ignore[operator]
+    return out

@@ -1,0 +1,103 @@
+"""tune validate / tune calibrate, the run-table reader, and the issue-3 presets and options."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from cost_model.calibration import load_calibration
+from cost_model.estimate import estimate
+from cost_model.specs import Precision, RunOptions, Workload, load_gpu, load_model, parse_gpus
+from cost_model.validate import read_runs
+from search_spaces.layout import Layout
+from tuner.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED = ROOT / "cost_model" / "data" / "seed_runs.csv"
+HEADER = SEED.read_text().splitlines()[0]
+ROW = ",".join(
+    ["7", "src", "Megatron-Bridge / NeMo container 26.04", "Pre-Training", "LLAMA3_8B", "N", "H100", "8", "1", "1", "", "1", "1", "", "8", "", "1",
+     "128", "", "8192", "FP8", "", "", "", "", "14000", "reported", "700", "reported", "", "51.5", "high"]
+)
+runner = CliRunner()
+
+
+def _csv(tmp_path: Path, *rows: str, header: str = HEADER) -> Path:
+    p = tmp_path / "runs.csv"
+    p.write_text("\n".join([header, *rows]) + "\n")
+    return p
+
+
+def test_validate_good_and_bad_rows(tmp_path):
+    bad_gpu = ROW.replace(",H100,", ",H900,").replace("7,src", "8,src", 1)
+    bad_num = ROW.replace(",8192,", ",eight,").replace("7,src", "9,src", 1)
+    hybrid = ROW.replace("LLAMA3_8B", "Nemotron_3_Nano").replace("7,src", "10,src", 1)
+    r = runner.invoke(app, ["validate", "--data", str(_csv(tmp_path, ROW, bad_gpu, bad_num, hybrid))])
+    assert r.exit_code == 0, r.output
+    assert "row 2 (id 8), column 'gpu_type'" in r.output and "H900" in r.output
+    assert "row 3 (id 9), column 'seq_len'" in r.output and "'eight' is not a number" in r.output
+    assert "Mamba" in r.output  # listed with its reason, not dropped
+    assert "Llama-3.1-8B" in r.output and "Traceback" not in r.output
+
+
+def test_validate_missing_column_and_nothing_usable(tmp_path):
+    r = runner.invoke(app, ["validate", "--data", str(_csv(tmp_path, "1,2", header="model,tp"))])
+    assert r.exit_code == 2 and "missing column(s) gpu_type" in r.output
+    r = runner.invoke(app, ["validate", "--data", str(_csv(tmp_path, ROW.replace(",H100,", ",H900,")))])
+    assert r.exit_code == 2 and "no usable row" in r.output
+    r = runner.invoke(app, ["validate", "--data", str(tmp_path / "nope.csv")])
+    assert r.exit_code == 2 and "cannot read" in r.output
+
+
+def test_seed_rows_match_the_anchor_estimates(minimax, h200x64, seed_workload, seed_tuned):
+    runs, problems = read_runs(SEED)
+    assert not problems and all(not r.unrepresentable for r in runs)
+    tuned = runs[0]
+    assert tuned.layout == seed_tuned and tuned.options == RunOptions()
+    assert tuned.model == minimax and tuned.workload == seed_workload
+
+
+def test_calibrate_writes_a_loadable_file_with_provenance(tmp_path):
+    out = tmp_path / "cal.yaml"
+    r = runner.invoke(app, ["calibrate", "--data", str(SEED), "--out", str(out), "--max-nfev", "5"])
+    assert r.exit_code == 0, r.output
+    doc = yaml.safe_load(out.read_text())
+    assert doc["provenance"]["runs_fitted"] == 2 and doc["constants"]
+    cal = load_calibration(out)
+    assert all(getattr(cal, k) == pytest.approx(v) for k, v in doc["constants"].items())
+    r = runner.invoke(app, ["calibrate", "--out", str(out)])
+    assert r.exit_code == 2 and "--data" in r.output
+
+
+def test_new_presets_and_gpus():
+    m3 = load_model("MiniMax-M3")
+    assert (m3.num_layers, m3.num_dense_layers, m3.num_experts, m3.moe_router_topk) == (60, 3, 128, 4)
+    assert m3.moe_shared_expert_intermediate_size == 3072 and m3.ffn_hidden_size == 12288 and m3.num_query_groups == 4
+    for name in ("Kimi-K2", "Mixtral-8x22B", "GPT-OSS-120B", "Llama-3.1-405B"):
+        assert load_model(name).source
+    gb300 = load_gpu("GB300")
+    assert gb300.nvlink_domain == 72 and gb300.peak_flops(Precision.nvfp4) > gb300.peak_flops(Precision.mxfp8) > 0
+    assert load_gpu("H100").peak_flops(Precision.mxfp8) == 0  # MX formats need Blackwell
+
+
+def test_precision_changes_rate_and_weight_memory():
+    m = load_model("Llama-3.1-8B")
+    c = parse_gpus("8xB200")
+    lay = Layout(world_size=8)
+    e = {p: estimate(m, c, Workload(precision=p, global_batch_size=64), lay) for p in ("bf16", "fp8", "mxfp8", "nvfp4")}
+    assert e["bf16"].memory["weights"] < e["fp8"].memory["weights"] < e["mxfp8"].memory["weights"]
+    assert e["bf16"].step_time_s > e["fp8"].step_time_s
+
+
+def test_run_options_move_the_prediction_the_right_way(minimax, h200x64, seed_workload, seed_tuned):
+    base = estimate(minimax, h200x64, seed_workload, seed_tuned)
+    balanced = estimate(minimax, h200x64, seed_workload, seed_tuned, options=RunOptions(moe_router_force_load_balancing=True))
+    overlap = estimate(minimax, h200x64, seed_workload, seed_tuned, options=RunOptions(overlap_moe_expert_parallel_comm=True, overlap_grad_reduce=True))
+    graphs = estimate(minimax, h200x64, seed_workload, seed_tuned, options=RunOptions(cuda_graph_scope=("full_iteration",)))
+    for other in (balanced, overlap, graphs):
+        assert other.step_time_s <= base.step_time_s
+    with pytest.raises(ValueError):
+        RunOptions(cp_comm_type="ring")
