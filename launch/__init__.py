@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from cost_model.errors import TunerError
-from launch.base import FailureKind, Measurement, TrialBackend, TrialFailed
+from launch.base import FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped
 
-__all__ = ["BACKENDS", "FailureKind", "Measurement", "TrialBackend", "TrialFailed", "get_backend"]
+__all__ = ["BACKENDS", "FailureKind", "Measurement", "StepReporter", "TrialBackend", "TrialFailed", "TrialStopped", "get_backend"]
 
 #: Backend names the command line accepts, and what each does.
 BACKENDS = {
     "model": "analytical cost model (no GPU; every number is a prediction)",
-    "local": "torchrun of the megatron-core trial harness on this machine's GPUs (not in this version)",
+    "local": "torchrun of the megatron-core trial harness on this machine's GPUs (measured)",
     "ray": "the trial harness across a Ray cluster (not in this version)",
     "command": "a slime / Megatron-LM command template, log parsed (not in this version)",
 }
@@ -19,16 +19,25 @@ BACKENDS = {
 def get_backend(name: str, **kwargs: object) -> TrialBackend:
     """The backend called ``name``.
 
+    ``model`` takes ``calibration`` and ``memory_headroom``; ``local`` takes ``trials_dir``,
+    ``num_gpus``, ``steps``, ``warmup_steps``, ``timeout_s`` (other keywords are ignored).
+
     Raises:
-        TunerError: unknown name, or a backend this version does not ship yet.
+        TunerError: unknown name, a backend this version does not ship yet, or (local) no GPU.
     """
     if name == "model":
         from launch.model_backend import ModelBackend
 
-        return ModelBackend(**kwargs)  # type: ignore[arg-type]
+        keep = {k: v for k, v in kwargs.items() if k in ("calibration", "memory_headroom")}
+        return ModelBackend(**keep)  # type: ignore[arg-type]
+    if name == "local":
+        from launch.local_backend import LocalBackend
+
+        return LocalBackend(**kwargs)  # type: ignore[arg-type]
     if name in BACKENDS:
         raise TunerError(
             f"--backend {name}: real trials are not available in this version; use --backend model "
-            "(the analytical prediction). The local, ray and command backends are planned."
+            "(the analytical prediction) or --backend local (real trials on this machine's GPUs). "
+            "The ray and command backends are planned."
         )
     raise TunerError(f"--backend {name!r}: unknown backend; accepted: {', '.join(BACKENDS)}")

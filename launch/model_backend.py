@@ -5,7 +5,7 @@ from __future__ import annotations
 from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
 from cost_model.estimate import estimate
 from cost_model.specs import Cluster, ModelSpec, Workload
-from launch.base import Measurement, TrialBackend
+from launch.base import Measurement, StepReporter, TrialBackend
 from search_spaces.layout import Layout
 
 __all__ = ["ModelBackend"]
@@ -24,7 +24,17 @@ class ModelBackend(TrialBackend):
         self.calibration = calibration
         self.memory_headroom = memory_headroom
 
-    def run(self, layout: Layout, *, model: ModelSpec, cluster: Cluster, workload: Workload) -> Measurement:
+    def run(
+        self,
+        layout: Layout,
+        *,
+        model: ModelSpec,
+        cluster: Cluster,
+        workload: Workload,
+        reporter: StepReporter | None = None,
+        trial_number: int | None = None,
+    ) -> Measurement:
+        """The estimate of ``layout`` (``reporter`` and ``trial_number`` are ignored: nothing runs)."""
         e = estimate(model, cluster, workload, layout, calibration=self.calibration, memory_headroom=self.memory_headroom)
         return Measurement(
             layout=layout,

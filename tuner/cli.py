@@ -86,7 +86,11 @@ def main_job(
     calibration: CalOpt = None,
     memory_headroom: HeadroomOpt = 0.10,
     trials: Annotated[Optional[int], typer.Option("--trials", help="Trials to run (default 48): the predicted front and fastest candidates first, then NSGA-II.", rich_help_panel="Search")] = None,
-    backend: Annotated[str, typer.Option("--backend", help="model (analytical, default); local, ray, command: later versions.", rich_help_panel="Search")] = "model",
+    backend: Annotated[str, typer.Option("--backend", help="model (analytical, default) or local (real trials: the megatron-core harness under torchrun on this machine's GPUs); ray, command: later versions.", rich_help_panel="Search")] = "model",
+    layers: Annotated[Optional[int], typer.Option("--layers", help="Slice the model to its first N layers at full width, for the estimate and the trials.", rich_help_panel="Job")] = None,
+    trial_steps: Annotated[int, typer.Option("--trial-steps", help="Optimizer steps per real trial, 2 warm-up steps included (local backend).", rich_help_panel="Trials")] = 8,
+    trial_timeout: Annotated[float, typer.Option("--trial-timeout", help="Seconds one real trial may run, model build included; then its process group is killed.", rich_help_panel="Trials")] = 900.0,
+    prune_margin: Annotated[float, typer.Option("--prune-margin", help="Stop a real trial more than this fraction slower than the best so far (after 2 measured steps); negative = never.", rich_help_panel="Trials")] = 0.25,
     stack: Annotated[str, typer.Option("--stack", help="slime (default; leaves out allgather, which slime rewrites) or megatron.", rich_help_panel="Search")] = "slime",
     study: StudyOpt = None,
     storage: StorageOpt = None,
@@ -128,6 +132,11 @@ def main_job(
             stack=stack,
             seed=seed,
             results_dir=str(results_dir),
+            layers=layers,
+            trial_steps=trial_steps,
+            trial_warmup_steps=min(2, trial_steps - 1) if trial_steps > 0 else 2,
+            trial_timeout_s=trial_timeout,
+            prune_margin=prune_margin if prune_margin >= 0 else None,
         )
         _run_main(cfg, top)
     except TunerError as e:
@@ -139,8 +148,13 @@ def _run_main(cfg: Any, top: int) -> None:
     from tuner.report import export_files, front_rows, pipeline_layout_of, plot_front, write_pareto_csv
     from tuner.study import _mask, prepare, run_study, trial_rows
 
-    get_backend(cfg.backend)  # reject unknown / unavailable backends before any work
+    probe = get_backend(cfg.backend)  # reject unknown / unavailable backends before any work
     prep = prepare(cfg)
+    if cfg.backend == "local" and getattr(probe, "num_gpus", prep.cluster.num_gpus) != prep.cluster.num_gpus:
+        raise TunerError(
+            f"--backend local runs on this machine's {probe.num_gpus} GPUs (slice a model with --layers to make it fit); "  # type: ignore[attr-defined]
+            f"--gpus asks for {prep.cluster.num_gpus}: use --gpus {probe.num_gpus}x{prep.cluster.gpu.name}"  # type: ignore[attr-defined]
+        )
     en = prep.enumeration
     c = prep.cluster
     w = prep.workload
@@ -189,7 +203,9 @@ def _run_main(cfg: Any, top: int) -> None:
     front = front_rows(rows, prep.model)
     out.print(
         f"Study [bold]{escape(res.study_name)}[/] ({escape(_mask(res.storage))}): {len(rows)} layouts evaluated in total "
-        f"({res.evaluated_now} now; {res.skipped_now} sampled layouts skipped as invalid, not fitting or already evaluated)"
+        f"({res.evaluated_now} now; {res.skipped_now} sampled layouts skipped as invalid, not fitting or already evaluated"
+        + (f"; {res.pruned_now} real trials pruned, {res.failed_now} failed" if cfg.backend != "model" else "")
+        + ")"
     )
     _print_front(front, top, title=f"Pareto front: tokens/s/GPU vs peak memory per GPU ({src_word})")
     if not front:

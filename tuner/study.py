@@ -11,12 +11,13 @@ is evaluated twice (also across re-runs of the same study).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import optuna
@@ -26,7 +27,9 @@ from cost_model.calibration import Calibration, load_calibration
 from cost_model.errors import InfeasibleLayout, TunerError
 from cost_model.estimate import EstimateTable, estimate_table
 from cost_model.specs import Cluster, ModelSpec, Workload, load_model, parse_gpus
-from launch import TrialBackend, TrialFailed, get_backend
+from launch import TrialBackend, TrialFailed, TrialStopped, get_backend
+from launch.harness.pruner import StepTimePruner
+from launch.harness.spec import slice_model
 from search_spaces.layout import Dispatcher, Layout, LayoutTable, categories
 from search_spaces.rules import check_layout
 from search_spaces.space import Enumeration, SearchSpace, enumerate_layouts
@@ -65,12 +68,25 @@ class TuneConfig:
     slime rewrites to alltoall) or ``megatron`` (Megatron-LM / Megatron-Bridge)."""
     seed: int = 0
     results_dir: str = "results"
+    layers: int | None = None
+    """Slice the model to its first N decoder layers at full width (``--layers``) for the
+    estimate and the trials; None = the whole model."""
+    trial_steps: int = 8
+    """Optimizer steps per real trial (``local`` backend), warm-up included."""
+    trial_warmup_steps: int = 2
+    """Leading steps of a real trial left out of its median step time."""
+    trial_timeout_s: float = 900.0
+    """Wall-clock limit of one real trial, model build included (seconds)."""
+    prune_margin: float | None = 0.25
+    """Stop a real trial whose running median throughput is below best / (1 + margin); None = never prune."""
 
     def study_name(self, model: ModelSpec, cluster: Cluster) -> str:
         if self.study:
             return self.study
-        base = Path(model.name).stem if model.name.endswith(".json") else model.name
-        return f"{base}-{cluster.label}-s{self.seq_length}-gbs{self.global_batch_size}"
+        name = model.name.split("[")[0]
+        base = Path(name).stem if name.endswith(".json") else name
+        sl = f"-L{self.layers}" if self.layers else ""
+        return f"{base}{sl}-{cluster.label}-s{self.seq_length}-gbs{self.global_batch_size}"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -125,6 +141,10 @@ def _validate_config(config: TuneConfig) -> None:
         raise TunerError(f"--trials must be from 1 to {MAX_TRIALS:,}, got {config.trials}")
     if config.seed < 0 or config.seed >= 2**32:
         raise TunerError(f"--seed must be from 0 to 2**32 - 1, got {config.seed}")
+    if config.layers is not None and (isinstance(config.layers, bool) or not isinstance(config.layers, int) or config.layers < 1):
+        raise TunerError(f"--layers must be a positive integer (decoder layers of the slice), got {config.layers!r}")
+    if config.prune_margin is not None and not config.prune_margin >= 0:
+        raise TunerError(f"--prune-margin must be >= 0, got {config.prune_margin}")
 
 
 def _mask(url: str) -> str:
@@ -140,7 +160,7 @@ def prepare(config: TuneConfig) -> Prepared:
             the space fits in memory (the message names the fewest GPUs that would).
     """
     _validate_config(config)
-    model = load_model(config.model)
+    model = slice_model(load_model(config.model), config.layers)
     cluster = parse_gpus(
         config.gpus,
         gpus_per_node=config.gpus_per_node,
@@ -243,6 +263,10 @@ class TuneResult:
     evaluated_now: int
     skipped_now: int
     backend: str
+    pruned_now: int = 0
+    """Real trials stopped early by the pruner in this run."""
+    failed_now: int = 0
+    """Real trials that ran out of memory, timed out or crashed in this run."""
 
 
 def _storage_url(config: TuneConfig, out_dir: Path) -> str:
@@ -267,6 +291,7 @@ def _resolved(prep: Prepared) -> dict[str, Any]:
         "backend": prep.config.backend,
         "stack": prep.config.stack,
         "memory_headroom": prep.config.memory_headroom,
+        "layers": prep.model.num_layers,
     }
 
 
@@ -487,7 +512,20 @@ def run_study(
         )
     except OSError as e:
         raise TunerError(f"cannot write {out_dir / 'config.yaml'} ({e.strerror or e})") from None
-    backend = backend or get_backend(cfg.backend, calibration=prep.calibration, memory_headroom=cfg.memory_headroom)
+    backend = backend or get_backend(
+        cfg.backend,
+        calibration=prep.calibration,
+        memory_headroom=cfg.memory_headroom,
+        trials_dir=out_dir / "trials",
+        num_gpus=prep.cluster.num_gpus,
+        steps=cfg.trial_steps,
+        warmup_steps=cfg.trial_warmup_steps,
+        timeout_s=cfg.trial_timeout_s,
+    )
+    # Backends written against the first interface (run without reporter) still work.
+    _params = inspect.signature(backend.run).parameters
+    takes_reporter = "reporter" in _params or any(p.kind == p.VAR_KEYWORD for p in _params.values())
+    pruner = StepTimePruner(warmup_steps=cfg.trial_warmup_steps, margin=cfg.prune_margin) if cfg.prune_margin is not None else None
 
     valid = prep.enumeration.valid
     est = prep.estimates
@@ -498,8 +536,8 @@ def run_study(
     }
     # Layouts still queued by an interrupted run: run them before enqueuing more.
     waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-    if cfg.backend == "model":
-        # A model-backend trial takes milliseconds: one still RUNNING was cut off by an interrupt.
+    if cfg.backend in ("model", "local"):
+        # Model and local trials run inside this process: one still RUNNING was cut off by an interrupt.
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
 
@@ -507,22 +545,31 @@ def run_study(
     n_trials = cfg.trials if cfg.trials is not None else 48
     fit_idx = np.flatnonzero(prep.fits)
     fastest = fit_idx[np.argsort(-est.tokens_per_s_per_gpu[fit_idx])[: 4 * min(n_trials, MAX_ENQUEUED)]]
-    order = _spread(prep.front, est.peak_bytes, max(2, n_trials // 2)) + [int(i) for i in fastest]
+    real = getattr(backend, "source", "predicted") == "measured"
+    refusal = getattr(backend, "refusal", None)
+    if real:
+        # Real trials cost minutes: the fastest predicted layouts first (the pruner then stops slower ones early).
+        order = [int(i) for i in fastest] + _spread(prep.front, est.peak_bytes, max(2, n_trials // 2))
+    else:
+        order = _spread(prep.front, est.peak_bytes, max(2, n_trials // 2)) + [int(i) for i in fastest]
     queued: list[int] = []
     qkeys: set[str] = set()
     budget = min(MAX_ENQUEUED, max(1, (3 * n_trials) // 4)) - len(waiting)
     for i in order:
         if len(queued) >= budget:
             break
-        k = valid.row(i).key()
+        lay_i = valid.row(i)
+        k = lay_i.key()
         if k in seen or k in qkeys:
             continue
+        if refusal is not None and refusal(lay_i, prep.model, prep.workload):
+            continue  # the backend cannot run it here (e.g. flex without DeepEP): do not spend a trial on it
         queued.append(i)
         qkeys.add(k)
     for i in queued:
         study.enqueue_trial(index.params_of_row(i), user_attrs={"enqueued": "predicted front / fastest predicted"})
 
-    counters = {"evaluated": 0, "skipped": 0}
+    counters = {"evaluated": 0, "skipped": 0, "pruned": 0, "failed": 0}
     gpu = prep.cluster.gpu
     n_active = prep.model.active_params()
 
@@ -543,11 +590,35 @@ def run_study(
             why = "; ".join(f"[{r}] {m}" for r, m in broken) if broken else "predicted not to fit in memory"
             trial.set_user_attr("skipped", why)
             raise optuna.TrialPruned(why)
+        pred = {
+            "pred_tokens_per_s_per_gpu": float(est.tokens_per_s_per_gpu[row]),
+            "pred_peak_gib": float(est.peak_bytes[row]) / 2**30,
+            "pred_step_time_s": float(est.step_time_s[row]),
+        }
+
+        def reporter(tps: Sequence[float]) -> str | None:
+            trial.set_user_attr("intermediate_tokens_per_s_per_gpu", [float(x) for x in tps])
+            if pruner is None:
+                return None
+            return pruner.decide(list(tps), _best_measured(study))
+
         try:
-            m = backend.run(lay, model=prep.model, cluster=prep.cluster, workload=prep.workload)
+            extra_kw = {"reporter": reporter, "trial_number": trial.number} if takes_reporter else {}
+            m = backend.run(lay, model=prep.model, cluster=prep.cluster, workload=prep.workload, **extra_kw)
         except TrialFailed as e:
-            trial.set_user_attr("failure", {"kind": e.kind.value, "message": str(e), "log_path": e.log_path, "layout": lay.to_dict()})
+            counters["failed"] += 1
+            fail = {"kind": e.kind.value, "message": str(e), "log_path": e.log_path, "layout": lay.to_dict(), "label": lay.label, **pred}
+            if e.memory_reached_bytes == e.memory_reached_bytes:  # not NaN
+                fail["memory_reached_gib"] = e.memory_reached_bytes / 2**30
+            trial.set_user_attr("failure", fail)
             raise
+        except TrialStopped as e:
+            counters["pruned"] += 1
+            trial.set_user_attr("pruned", {
+                "reason": e.reason, "layout": lay.to_dict(), "label": lay.label, "log_path": e.log_path,
+                "step_times_s": list(e.step_times_s), "tokens_per_s_per_gpu": list(e.tokens_per_s_per_gpu), **pred,
+            })
+            raise optuna.TrialPruned(e.reason) from None
         except InfeasibleLayout as e:
             counters["skipped"] += 1
             trial.set_user_attr("skipped", str(e))
@@ -571,6 +642,18 @@ def run_study(
                 "pred_model_tflops_per_gpu": float(est.model_tflops_per_gpu[row]),
             },
         )
+        if m.source == "measured":
+            res = dict(trial.user_attrs["result"])
+            res.update(
+                step_times_s=[float(x) for x in m.step_times_s],
+                losses=[float(x) for x in m.losses],
+                peak_allocated_gib=float(m.extra.get("peak_allocated_bytes", float("nan"))) / 2**30,
+                step_time_cv=m.extra.get("step_time_cv"),
+                wall_s=m.extra.get("wall_s"),
+                log_path=m.log_path,
+                notes=m.extra.get("notes", []),
+            )
+            trial.set_user_attr("result", res)
         counters["evaluated"] += 1
         return tps, m.peak_bytes / 2**30
 
@@ -594,4 +677,17 @@ def run_study(
         evaluated_now=counters["evaluated"],
         skipped_now=counters["skipped"],
         backend=backend.name,
+        pruned_now=counters["pruned"],
+        failed_now=counters["failed"],
     )
+
+
+def _best_measured(study: optuna.Study) -> float | None:
+    """Highest measured tokens/s/GPU among the study's finished trials; None if none was measured."""
+    best = None
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        r = t.user_attrs.get("result") or {}
+        if r.get("source") == "measured":
+            v = float(r.get("tokens_per_s_per_gpu", 0.0))
+            best = v if best is None or v > best else best
+    return best

@@ -1,0 +1,194 @@
+"""Reading the harness's JSON lines, and classifying a run that failed (no torch here).
+
+The harness appends one JSON object per line to its ``--out`` file:
+
+- ``{"event": "start", "world_size", "layout", "versions", "notes"}`` (rank 0);
+- ``{"event": "step", "step", "step_time_s", "tokens_per_s_per_gpu", "loss", "grad_norm"}``
+  (rank 0, one per optimizer step; ``step`` counts from 1);
+- ``{"event": "summary", "median_step_time_s", "step_time_cv", "tokens_per_s_per_gpu",
+  "peak_allocated_bytes": [per rank], "peak_reserved_bytes": [per rank], ...}`` (rank 0, at the end);
+- ``{"event": "oom", "rank", "message", "allocated_bytes", "reserved_bytes", "max_allocated_bytes"}``
+  (any rank that ran out of memory);
+- ``{"event": "error", "rank", "type", "message"}`` and ``{"event": "refused", "reasons"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launch.base import FailureKind
+
+__all__ = ["StepRecord", "HarnessResult", "read_results", "read_lines", "classify_failure", "median_after_warmup", "cv"]
+
+GIB = 2**30
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepRecord:
+    """One optimizer step as the harness measured it."""
+
+    step: int
+    """1-based step number."""
+    step_time_s: float
+    """Wall time of the step on rank 0 after a device synchronise (seconds)."""
+    tokens_per_s_per_gpu: float
+    loss: float = math.nan
+    grad_norm: float = math.nan
+
+
+def median_after_warmup(times: list[float], warmup: int) -> float:
+    """Median of ``times`` without the first ``warmup`` entries (all of them if that leaves none); NaN if empty."""
+    kept = times[warmup:] if len(times) > warmup else times
+    return float(statistics.median(kept)) if kept else math.nan
+
+
+def cv(values: list[float]) -> float:
+    """Coefficient of variation (population standard deviation / mean); 0 for fewer than 2 values."""
+    if len(values) < 2:
+        return 0.0
+    m = statistics.fmean(values)
+    return float(statistics.pstdev(values) / m) if m else math.nan
+
+
+@dataclass(slots=True)
+class HarnessResult:
+    """Everything read back from one ``--out`` file."""
+
+    steps: list[StepRecord] = field(default_factory=list)
+    start: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    ooms: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    bad_lines: int = 0
+    """Lines that were not JSON objects (a rank killed mid-write leaves half a line)."""
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.summary)
+
+    @property
+    def peak_reserved_bytes(self) -> float:
+        """Max over ranks of peak reserved memory (bytes); NaN if unknown."""
+        v = self.summary.get("peak_reserved_bytes") or []
+        return float(max(v)) if v else math.nan
+
+    @property
+    def peak_allocated_bytes(self) -> float:
+        v = self.summary.get("peak_allocated_bytes") or []
+        return float(max(v)) if v else math.nan
+
+
+def read_lines(path: str | Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file; missing file gives [], non-object lines are skipped."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    out = []
+    for line in p.read_text(errors="replace").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            out.append({"event": "_bad"})
+            continue
+        out.append(obj if isinstance(obj, dict) else {"event": "_bad"})
+    return out
+
+
+def read_results(path: str | Path) -> HarnessResult:
+    """Parse a harness ``--out`` file (complete or cut off)."""
+    r = HarnessResult()
+    for obj in read_lines(path):
+        ev = obj.get("event")
+        if ev == "step":
+            try:
+                r.steps.append(
+                    StepRecord(
+                        step=int(obj["step"]),
+                        step_time_s=float(obj["step_time_s"]),
+                        tokens_per_s_per_gpu=float(obj.get("tokens_per_s_per_gpu", math.nan)),
+                        loss=float(obj.get("loss", math.nan)) if obj.get("loss") is not None else math.nan,
+                        grad_norm=float(obj.get("grad_norm", math.nan)) if obj.get("grad_norm") is not None else math.nan,
+                    )
+                )
+            except (KeyError, TypeError, ValueError):
+                r.bad_lines += 1
+        elif ev == "start":
+            r.start = obj
+        elif ev == "summary":
+            r.summary = obj
+        elif ev == "oom":
+            r.ooms.append(obj)
+        elif ev == "error":
+            r.errors.append(obj)
+        elif ev == "refused":
+            r.refused.extend(str(x) for x in obj.get("reasons", []))
+        else:
+            r.bad_lines += 1
+    return r
+
+
+_OOM_RE = re.compile(r"(CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation)", re.I)
+_IN_USE_RE = re.compile(r"this process has ([0-9.]+) (GiB|MiB) memory in use", re.I)
+_NCCL_RE = re.compile(r"(NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|ncclRemoteError|Watchdog caught collective operation timeout|ProcessGroupNCCL)", re.I)
+
+
+def _oom_bytes(result: HarnessResult, log_text: str) -> float:
+    """Memory reached when the run ran out of memory (bytes): the harness's report, else the allocator's message."""
+    vals = [float(o.get("reserved_bytes") or 0) for o in result.ooms] + [float(o.get("max_allocated_bytes") or 0) for o in result.ooms]
+    vals = [v for v in vals if v > 0]
+    if vals:
+        return max(vals)
+    found = [float(x) * (GIB if unit.lower() == "gib" else 2**20) for x, unit in _IN_USE_RE.findall(log_text)]
+    return max(found) if found else math.nan
+
+
+def classify_failure(
+    returncode: int | None,
+    result: HarnessResult,
+    log_text: str,
+    *,
+    timed_out: bool = False,
+) -> tuple[FailureKind, str, float]:
+    """What went wrong in a harness run that did not finish.
+
+    Args:
+        returncode: the launcher's exit status (None if it was killed by us).
+        result: what the harness wrote before it stopped.
+        log_text: the launcher's stdout and stderr (the tail is enough).
+        timed_out: the run was killed because it outlived its timeout.
+
+    Returns:
+        (kind, one-line message, memory reached in bytes or NaN). Out of memory wins
+        over timeout (a rank that ran out of memory often leaves the others hanging in
+        a collective until the timeout kills them), timeout over crash.
+    """
+    if result.ooms or _OOM_RE.search(log_text):
+        reached = _oom_bytes(result, log_text)
+        where = f" at {reached / GIB:.1f} GiB" if math.isfinite(reached) else ""
+        ranks = sorted({int(o.get("rank", -1)) for o in result.ooms})
+        rk = f" on rank(s) {', '.join(map(str, ranks))}" if ranks else ""
+        return FailureKind.oom, f"out of memory{rk}{where}", reached
+    if timed_out:
+        n = len(result.steps)
+        return FailureKind.timeout, f"timed out after {n} finished step(s); the whole process group was killed", math.nan
+    if result.refused:
+        return FailureKind.crash, "refused by the harness: " + "; ".join(result.refused), math.nan
+    m = _NCCL_RE.search(log_text)
+    if m:
+        line = next((ln.strip() for ln in log_text.splitlines() if m.group(1).lower() in ln.lower()), m.group(1))
+        return FailureKind.crash, f"NCCL error: {line[:300]}", math.nan
+    if result.errors:
+        e = result.errors[0]
+        return FailureKind.crash, f"crash on rank {e.get('rank')}: {e.get('type')}: {str(e.get('message', ''))[:300]}", math.nan
+    last = next((ln.strip() for ln in reversed(log_text.splitlines()) if ln.strip()), "")
+    return FailureKind.crash, f"crash (exit status {returncode}): {last[:300]}", math.nan

@@ -1,0 +1,471 @@
+"""The trial harness: a few training steps of one layout with megatron-core, on synthetic tokens.
+
+Started by torchrun, one process per GPU::
+
+    python -m torch.distributed.run --nproc-per-node N -m launch.harness.train --spec SPEC.json --out STEPS.jsonl
+
+It builds the model of the spec (a :class:`ModelSpec`, often a slice of a few
+layers at full width) with the spec's :class:`Layout` (``initialize_model_parallel``
+with tp, pp, vpp, cp, ep, etp; ``GPTModel`` per virtual stage; ``Float16Module``;
+``DistributedDataParallel``; ``get_megatron_optimizer``), runs ``steps`` optimizer
+steps through ``get_forward_backward_func`` and appends JSON lines to ``--out``
+(format: :mod:`launch.harness.results`).
+
+With Transformer Engine importable it uses TE's layer spec. Without it, megatron-core's
+local spec, with two modules of this file where the local ones fail
+(``../shared/notes/device.md``): :class:`SDPACoreAttention` (``DotProductAttention``
+materialises the s x s scores; this calls PyTorch's fused SDPA) and
+:class:`HarnessRMSNorm` (``WrappedTorchNorm`` asserts without sequence parallelism;
+this tags its weight ``sequence_parallel`` so megatron-core all-reduces its gradient
+over the TP group). Experts are then megatron-core's ``SequentialMLP`` (no grouped GEMM).
+
+Exit status: 0 done; 2 bad spec or refused layout (before any GPU work); 3 out of
+memory; 1 any other error.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from launch.harness.results import cv, median_after_warmup
+from launch.harness.spec import HarnessEnv, HarnessSpec, parse_argv, recompute_kwargs, unsupported_reasons
+
+
+class _Out:
+    """Appends JSON lines; each line is one ``write`` on an O_APPEND file, so ranks do not interleave."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def write(self, obj: dict[str, Any]) -> None:
+        line = (json.dumps(obj, default=float) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+
+def _versions() -> dict[str, str]:
+    import torch
+
+    v = {"torch": torch.__version__, "cuda": str(torch.version.cuda), "python": sys.version.split()[0]}
+    try:
+        from megatron.core import package_info
+
+        v["megatron_core"] = package_info.__version__
+    except Exception:  # noqa: BLE001
+        v["megatron_core"] = "unknown"
+    try:
+        import transformer_engine
+
+        v["transformer_engine"] = transformer_engine.__version__
+    except Exception:  # noqa: BLE001
+        v["transformer_engine"] = "not installed"
+    try:
+        v["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        v["gpu"] = torch.cuda.get_device_name()
+    except Exception:  # noqa: BLE001
+        pass
+    return v
+
+
+def _local_modules() -> tuple[type, type]:
+    """The harness's core attention and norm for megatron-core's local spec (built lazily: they need torch)."""
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.transformer.module import MegatronModule
+
+    class SDPACoreAttention(MegatronModule):
+        """Causal attention through ``torch.nn.functional.scaled_dot_product_attention`` (flash / efficient kernels).
+
+        Inputs as megatron-core passes them to a core attention: query ``[s, b, heads, d]``,
+        key and value ``[s, b, groups, d]`` (GQA: fewer heads). Output ``[s, b, heads * d]``.
+        """
+
+        def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str = "self", softmax_scale: float | None = None, **_: Any) -> None:
+            super().__init__(config=config)
+            self.softmax_scale = softmax_scale
+
+        def forward(self, query: Any, key: Any, value: Any, attention_mask: Any, attn_mask_type: Any = None, attention_bias: Any = None, packed_seq_params: Any = None) -> Any:
+            s, b, h, d = query.shape
+            q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+            gqa = k.shape[1] != h
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=gqa)
+            return out.permute(2, 0, 1, 3).reshape(s, b, h * d)
+
+    class HarnessRMSNorm(torch.nn.RMSNorm):
+        """``torch.nn.RMSNorm`` built the way megatron-core builds a norm, usable with sequence parallelism.
+
+        With sequence parallelism each TP rank normalises a different slice of the
+        sequence with the same weight, so the weight's gradient must be summed over
+        the TP group: megatron-core's ``finalize_model_grads`` does that for parameters
+        tagged ``sequence_parallel``.
+        """
+
+        def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> None:
+            super().__init__(normalized_shape=hidden_size, eps=eps, dtype=config.params_dtype)
+            setattr(self.weight, "sequence_parallel", bool(config.sequence_parallel))
+
+    return SDPACoreAttention, HarnessRMSNorm
+
+
+def _patch_local_block(block: Any) -> Any:
+    """A copy of a local-spec block spec with the harness's attention and norms swapped in."""
+    from megatron.core.transformer.identity_op import IdentityOp
+
+    sdpa, norm = _local_modules()
+    block = copy.copy(block)
+    layers = []
+    for spec in block.layer_specs:
+        spec = copy.copy(spec)
+        sub = copy.copy(spec.submodules)
+        sub.input_layernorm = norm
+        sub.pre_mlp_layernorm = norm
+        att = copy.copy(sub.self_attention)
+        asub = copy.copy(att.submodules)
+        asub.core_attention = sdpa
+        if getattr(asub, "q_layernorm", IdentityOp) is not IdentityOp:
+            asub.q_layernorm = norm
+        if getattr(asub, "k_layernorm", IdentityOp) is not IdentityOp:
+            asub.k_layernorm = norm
+        att.submodules = asub
+        sub.self_attention = att
+        spec.submodules = sub
+        layers.append(spec)
+    block.layer_specs = layers
+    block.layer_norm = norm
+    return block
+
+
+def _transformer_config(spec: HarnessSpec) -> Any:
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    m, lay, te = spec.model, spec.layout, spec.use_transformer_engine
+    moe = m["num_experts"] > 0
+    kw: dict[str, Any] = dict(
+        num_layers=m["num_layers"],
+        hidden_size=m["hidden_size"],
+        num_attention_heads=m["num_attention_heads"],
+        num_query_groups=m["num_query_groups"],
+        kv_channels=m["kv_channels"],
+        ffn_hidden_size=m["ffn_hidden_size"] or m["moe_ffn_hidden_size"],
+        normalization="RMSNorm",
+        layernorm_epsilon=m["norm_epsilon"],
+        gated_linear_unit=m["gated_linear_unit"],
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        qk_layernorm=m["qk_layernorm"],
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        pipeline_dtype=torch.bfloat16,
+        tensor_model_parallel_size=lay["tp"],
+        pipeline_model_parallel_size=lay["pp"],
+        virtual_pipeline_model_parallel_size=lay["vpp"] if lay["vpp"] > 1 else None,
+        context_parallel_size=lay["cp"],
+        expert_model_parallel_size=lay["ep"],
+        expert_tensor_parallel_size=lay["etp"],
+        sequence_parallel=bool(lay["sequence_parallel"]) and lay["tp"] > 1,
+        gradient_accumulation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        cross_entropy_loss_fusion=False,
+        **recompute_kwargs(lay),
+    )
+    if lay["num_layers_in_first_pipeline_stage"]:
+        kw["num_layers_in_first_pipeline_stage"] = lay["num_layers_in_first_pipeline_stage"]
+    if lay["num_layers_in_last_pipeline_stage"]:
+        kw["num_layers_in_last_pipeline_stage"] = lay["num_layers_in_last_pipeline_stage"]
+    if moe:
+        disp = lay["dispatcher"]
+        kw.update(
+            num_moe_experts=m["num_experts"],
+            moe_ffn_hidden_size=m["moe_ffn_hidden_size"],
+            moe_router_topk=m["moe_router_topk"],
+            moe_layer_freq=list(m["moe_layer_freq"]),
+            moe_grouped_gemm=te,
+            moe_token_dispatcher_type=disp.split("+")[0],
+            moe_router_score_function=m["moe_router_score_function"],
+            moe_router_enable_expert_bias=m["moe_router_enable_expert_bias"],
+            moe_router_load_balancing_type="none",
+            moe_aux_loss_coeff=0.0,
+            moe_router_dtype="fp32",
+            moe_permute_fusion=False,
+        )
+        if "+" in disp:
+            kw["moe_flex_dispatcher_backend"] = disp.split("+")[1]
+        if m["moe_shared_expert_intermediate_size"]:
+            kw["moe_shared_expert_intermediate_size"] = m["moe_shared_expert_intermediate_size"]
+        if m["moe_router_topk_scaling_factor"]:
+            kw["moe_router_topk_scaling_factor"] = m["moe_router_topk_scaling_factor"]
+        if m["moe_router_num_groups"]:
+            kw["moe_router_num_groups"] = m["moe_router_num_groups"]
+            kw["moe_router_group_topk"] = m["moe_router_group_topk"]
+    return TransformerConfig(**kw)
+
+
+def _build(spec: HarnessSpec, cfg: Any) -> tuple[list[Any], Any]:
+    import torch
+    from megatron.core import parallel_state
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.transformer.module import Float16Module
+
+    m, lay, te = spec.model, spec.layout, spec.use_transformer_engine
+    vpp = lay["vpp"]
+    chunks = []
+    for i in range(vpp):
+        vp = i if vpp > 1 else None
+        pre = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp)
+        post = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp)
+        block = get_gpt_decoder_block_spec(cfg, use_transformer_engine=te, normalization="RMSNorm", vp_stage=vp)
+        if not te:
+            block = _patch_local_block(block)
+        model = GPTModel(
+            config=cfg,
+            transformer_layer_spec=block,
+            vocab_size=m["vocab_size"],
+            max_sequence_length=spec.seq_length,
+            pre_process=pre,
+            post_process=post,
+            share_embeddings_and_output_weights=not m["untie_embeddings_and_output_weights"],
+            position_embedding_type="rope",
+            rotary_percent=m["rotary_percent"],
+            rotary_base=int(m["rotary_base"]),
+            vp_stage=vp,
+        )
+        model.cuda(torch.cuda.current_device())
+        chunks.append(Float16Module(cfg, model))
+    ddp_cfg = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=True,
+        use_distributed_optimizer=bool(lay["use_distributed_optimizer"]),
+    )
+    chunks = [DistributedDataParallel(cfg, ddp_cfg, c, disable_bucketing=i > 0) for i, c in enumerate(chunks)]
+    frac = float(lay["optimizer_offload_fraction"])
+    pa = bool(lay["use_precision_aware_optimizer"]) and bool(lay["use_distributed_optimizer"]) and (te or frac > 0)
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    ocfg = OptimizerConfig(
+        optimizer="adam",
+        lr=1e-5,
+        weight_decay=0.1,
+        adam_beta1=0.9,
+        adam_beta2=0.95,
+        clip_grad=1.0,
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        use_distributed_optimizer=bool(lay["use_distributed_optimizer"]),
+        use_precision_aware_optimizer=pa,
+        exp_avg_dtype=dt[lay["exp_avg_dtype"]] if pa else torch.float32,
+        exp_avg_sq_dtype=dt[lay["exp_avg_sq_dtype"]] if pa else torch.float32,
+        optimizer_cpu_offload=frac > 0,
+        optimizer_offload_fraction=frac if frac > 0 else 1.0,
+        overlap_cpu_optimizer_d2h_h2d=bool(lay["overlap_cpu_optimizer_d2h_h2d"]) and frac > 0,
+    )
+    opt = get_megatron_optimizer(ocfg, chunks)
+    cfg.grad_scale_func = opt.scale_loss
+    cfg.finalize_model_grads_func = finalize_model_grads
+    cfg.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
+    cfg.grad_sync_func = [c.start_grad_sync for c in chunks] if len(chunks) > 1 else chunks[0].start_grad_sync
+    return chunks, opt
+
+
+def _batches(spec: HarnessSpec) -> Any:
+    """An endless iterator of one synthetic micro-batch (the same random tokens on every rank, so TP ranks agree)."""
+    import torch
+    from megatron.core import parallel_state
+
+    b, s, v = spec.layout["micro_batch_size"], spec.seq_length, spec.model["vocab_size"]
+    g = torch.Generator(device="cuda").manual_seed(spec.seed)
+    tokens = torch.randint(0, v, (b, s + 1), device="cuda", generator=g)
+    batch = {
+        "tokens": tokens[:, :-1].contiguous(),
+        "labels": tokens[:, 1:].contiguous(),
+        "loss_mask": torch.ones(b, s, device="cuda", dtype=torch.float32),
+        "position_ids": torch.arange(s, device="cuda").unsqueeze(0).expand(b, s).contiguous(),
+    }
+    if parallel_state.get_context_parallel_world_size() > 1:
+        from megatron.core.utils import get_batch_on_this_cp_rank
+
+        batch = get_batch_on_this_cp_rank(batch)
+    while True:
+        yield batch
+
+
+def _loss_func(loss_mask: Any, output: Any) -> Any:
+    loss = (output.float() * loss_mask).sum() / loss_mask.sum()
+    return loss, {"lm loss": loss.detach()}
+
+
+def _forward_step(data_iterator: Any, model: Any) -> Any:
+    batch = next(data_iterator)
+    out = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    return out, partial(_loss_func, batch["loss_mask"])
+
+
+def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    lay = spec.layout
+    t_build = time.perf_counter()
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=lay["tp"],
+        pipeline_model_parallel_size=lay["pp"],
+        virtual_pipeline_model_parallel_size=lay["vpp"] if lay["vpp"] > 1 else None,
+        context_parallel_size=lay["cp"],
+        expert_model_parallel_size=lay["ep"],
+        expert_tensor_parallel_size=lay["etp"],
+    )
+    model_parallel_cuda_manual_seed(spec.seed)
+    cfg = _transformer_config(spec)
+    chunks, opt = _build(spec, cfg)
+    build_s = time.perf_counter() - t_build
+    if rank == 0:
+        out.write({"event": "start", "world_size": world, "layout": lay, "versions": _versions(), "notes": list(spec.notes), "build_s": build_s})
+    fb = get_forward_backward_func()
+    iters = [_batches(spec) for _ in chunks]
+    m = spec.num_microbatches
+    tokens_per_step = spec.global_batch_size * spec.seq_length
+    last = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+    times: list[float] = []
+    torch.cuda.reset_peak_memory_stats()
+    for step in range(1, spec.steps + 1):
+        torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for c in chunks:
+            c.zero_grad_buffer()
+        opt.zero_grad()
+        losses = fb(
+            forward_step_func=_forward_step,
+            data_iterator=iters if len(iters) > 1 else iters[0],
+            model=chunks if len(chunks) > 1 else chunks[0],
+            num_microbatches=m,
+            seq_length=spec.seq_length,
+            micro_batch_size=lay["micro_batch_size"],
+            decoder_seq_length=spec.seq_length,
+            forward_only=False,
+        )
+        ok, grad_norm, _ = opt.step()
+        torch.cuda.synchronize()
+        dist.barrier()
+        dt = time.perf_counter() - t0
+        times.append(dt)
+        loss_t = torch.tensor([-1.0], device="cuda")
+        if last and losses:
+            loss_t[0] = torch.stack([x["lm loss"].float() for x in losses]).mean()
+        dist.all_reduce(loss_t, op=dist.ReduceOp.MAX)
+        if rank == 0:
+            out.write({
+                "event": "step",
+                "step": step,
+                "step_time_s": dt,
+                "tokens_per_s_per_gpu": tokens_per_step / dt / world,
+                "loss": float(loss_t.item()),
+                "grad_norm": float(grad_norm) if grad_norm is not None else None,
+                "update_successful": bool(ok),
+            })
+    mem = [torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()]
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, mem)
+    if rank == 0:
+        med = median_after_warmup(times, spec.warmup_steps)
+        out.write({
+            "event": "summary",
+            "steps": len(times),
+            "warmup_steps": spec.warmup_steps,
+            "median_step_time_s": med,
+            "step_time_cv": cv(times[spec.warmup_steps:]),
+            "tokens_per_s_per_gpu": tokens_per_step / med / world if med and math.isfinite(med) else None,
+            "peak_allocated_bytes": [g[0] for g in gathered],
+            "peak_reserved_bytes": [g[1] for g in gathered],
+            "build_s": build_s,
+            "layout": lay,
+            "versions": _versions(),
+            "notes": list(spec.notes),
+            "num_microbatches": m,
+        })
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the harness; see the module docstring for the exit status."""
+    from cost_model.errors import TunerError
+    from cost_model.specs import Workload
+
+    try:
+        spec_path, out_path = parse_argv(sys.argv[1:] if argv is None else argv)
+        spec = HarnessSpec.from_json(Path(spec_path).read_text())
+    except (TunerError, OSError) as e:
+        print(f"harness: {e}", file=sys.stderr)
+        return 2
+    out = _Out(out_path)
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    env = HarnessEnv.detect()
+    lay = spec.layout_obj()
+    reasons = unsupported_reasons(lay, spec.model_spec(), Workload(seq_length=spec.seq_length, global_batch_size=spec.global_batch_size, precision=spec.precision), env)
+    if spec.use_transformer_engine and not env.transformer_engine:
+        reasons.append("the spec asks for Transformer Engine, which is not importable here")
+    if lay.world_size != world:
+        reasons.append(f"the layout is for {lay.world_size} GPUs but torchrun started {world} processes")
+    if reasons:
+        if rank == 0:
+            out.write({"event": "refused", "reasons": reasons})
+        print("harness: refused: " + "; ".join(reasons), file=sys.stderr)
+        return 2
+
+    import torch
+    import torch.distributed as dist
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    try:
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        _run(spec, out, rank, world)
+    except torch.OutOfMemoryError as e:
+        out.write({
+            "event": "oom",
+            "rank": rank,
+            "message": str(e).splitlines()[0][:500],
+            "allocated_bytes": torch.cuda.memory_allocated(),
+            "reserved_bytes": torch.cuda.memory_reserved(),
+            "max_allocated_bytes": torch.cuda.max_memory_allocated(),
+        })
+        print(f"harness rank {rank}: out of memory: {e}", file=sys.stderr, flush=True)
+        os._exit(3)
+    except BaseException as e:  # noqa: BLE001 - every failure becomes a JSON line and an exit status
+        out.write({"event": "error", "rank": rank, "type": type(e).__name__, "message": str(e)[:2000]})
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    try:
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""The ``local`` backend: each trial is the trial harness under torchrun on this machine's GPUs.
+
+One trial: write ``results/<study>/trials/<n>/spec.json``, start
+``python -m torch.distributed.run --nproc-per-node N -m launch.harness.train`` in a
+process group of its own (``start_new_session``), with its output in ``log.txt`` and
+the harness's JSON lines in ``steps.jsonl``; follow the JSON lines as they come and
+hand each step's throughput to the study's reporter (which may stop the trial:
+pruning); kill the whole process group on timeout, on a stop, or on an interrupt.
+Failures are outcomes (:class:`TrialFailed` with :class:`FailureKind`), never crashes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from cost_model.errors import InfeasibleLayout, TunerError
+from cost_model.specs import Cluster, ModelSpec, Workload
+from launch.base import FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped
+from launch.harness.results import classify_failure, read_results
+from launch.harness.spec import HarnessEnv, build_spec, harness_args, torchrun_command, unsupported_reasons
+from search_spaces.layout import Layout
+
+__all__ = ["LocalBackend", "machine_gpu_count", "SAFE_ENV"]
+
+#: Environment every trial gets: NVLink multicast off (it can take a shared host's GPUs
+#: out of service), one CUDA connection (Megatron's overlap needs it), unbuffered output.
+SAFE_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+    "PYTHONUNBUFFERED": "1",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+}
+
+
+def machine_gpu_count() -> int:
+    """GPUs this process may use: ``CUDA_VISIBLE_DEVICES`` if set, else ``nvidia-smi -L``; 0 if none is found."""
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        return len([x for x in vis.split(",") if x.strip() and x.strip() != "-1"])
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return 0
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for ln in out.splitlines() if ln.startswith("GPU "))
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _kill_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+    """SIGTERM the process group of ``proc``, then SIGKILL what is left after ``grace_s``."""
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        return
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        # The launcher is gone; make sure no worker of its group lingers.
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return
+
+
+class LocalBackend(TrialBackend):
+    """Runs each layout with the trial harness on this machine's GPUs.
+
+    Args:
+        trials_dir: where each trial's folder goes (``results/<study>/trials``).
+        num_gpus: GPUs to use (default: :func:`machine_gpu_count`); a layout for another
+            world size is refused.
+        steps: optimizer steps per trial, warm-up included.
+        warmup_steps: leading steps left out of the median.
+        timeout_s: wall-clock limit of one trial, model build included (seconds).
+        launcher: the command that starts the harness, without the harness's own
+            arguments (default: ``python -m torch.distributed.run ... -m launch.harness.train``);
+            tests pass a fake program here.
+        env: the harness environment (default: probed with :meth:`HarnessEnv.detect`).
+        poll_s: how often the JSON lines are read (seconds).
+
+    Raises:
+        TunerError: no GPU found, or bad ``steps`` / ``timeout_s``.
+    """
+
+    name = "local"
+    source = "measured"
+
+    def __init__(
+        self,
+        *,
+        trials_dir: str | Path = "results/trials",
+        num_gpus: int | None = None,
+        steps: int = 8,
+        warmup_steps: int = 2,
+        timeout_s: float = 600.0,
+        launcher: Sequence[str] | None = None,
+        env: HarnessEnv | None = None,
+        poll_s: float = 0.5,
+        **_: object,
+    ) -> None:
+        n = machine_gpu_count() if num_gpus is None else num_gpus
+        if n < 1:
+            raise TunerError("--backend local: no GPU found on this machine (nvidia-smi -L lists none; CUDA_VISIBLE_DEVICES is empty)")
+        if steps < 1 or not 0 <= warmup_steps < steps:
+            raise TunerError(f"--backend local: steps must be >= 1 and warm-up steps in [0, steps), got {steps}, {warmup_steps}")
+        if not timeout_s > 0:
+            raise TunerError(f"--backend local: the trial timeout must be > 0 s, got {timeout_s}")
+        self.trials_dir = Path(trials_dir)
+        self.num_gpus = n
+        self.steps = steps
+        self.warmup_steps = warmup_steps
+        self.timeout_s = float(timeout_s)
+        self.launcher = list(launcher) if launcher is not None else None
+        self.env = env if env is not None else HarnessEnv.detect()
+        self.poll_s = poll_s
+        self._count = 0
+
+    def refusal(self, layout: Layout, model: ModelSpec, workload: Workload) -> str | None:
+        """Why this backend cannot run ``layout`` here (another GPU count, something not installed); None if it can."""
+        if layout.world_size != self.num_gpus:
+            return f"the layout is for {layout.world_size} GPUs but the local backend uses this machine's {self.num_gpus}"
+        reasons = unsupported_reasons(layout, model, workload, self.env)
+        return "; ".join(reasons) if reasons else None
+
+    def command(self, spec_path: Path, out_path: Path) -> list[str]:
+        """The command line of one trial."""
+        if self.launcher is not None:
+            return [*self.launcher, *harness_args(spec_path, out_path)]
+        return torchrun_command(self.num_gpus, spec_path, out_path, master_port=_free_port(), python=sys.executable)
+
+    def run(
+        self,
+        layout: Layout,
+        *,
+        model: ModelSpec,
+        cluster: Cluster,
+        workload: Workload,
+        reporter: StepReporter | None = None,
+        trial_number: int | None = None,
+    ) -> Measurement:
+        """Run ``layout`` as the harness; see :class:`TrialBackend`.
+
+        Raises:
+            InfeasibleLayout: (rule ``harness_env``) the layout is for another GPU count than
+                this machine's, or needs something not installed here; nothing was started.
+            TrialFailed: out of memory (``memory_reached_bytes`` set), timeout, or crash / NCCL error.
+            TrialStopped: the reporter stopped the trial (its measured steps are attached).
+        """
+        if layout.world_size != self.num_gpus:
+            raise InfeasibleLayout(
+                "harness_env", f"the layout is for {layout.world_size} GPUs but the local backend uses this machine's {self.num_gpus}"
+            )
+        spec = build_spec(model, layout, workload, env=self.env, steps=self.steps, warmup_steps=self.warmup_steps)
+        n = trial_number if trial_number is not None else self._count
+        self._count += 1
+        tdir = self.trials_dir / str(n)
+        if tdir.exists():
+            shutil.rmtree(tdir)
+        tdir.mkdir(parents=True)
+        spec_path, out_path, log_path = tdir / "spec.json", tdir / "steps.jsonl", tdir / "log.txt"
+        spec_path.write_text(spec.to_json())
+        cmd = self.command(spec_path, out_path)
+        (tdir / "command.txt").write_text(" ".join(cmd) + "\n")
+        env = {**os.environ, **SAFE_ENV}
+        t0 = time.monotonic()
+        seen = 0
+        timed_out = False
+        stop_reason: str | None = None
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env, cwd=os.getcwd())
+            try:
+                while True:
+                    rc = proc.poll()
+                    res = read_results(out_path)
+                    if reporter is not None and len(res.steps) > seen and rc is None:
+                        seen = len(res.steps)
+                        stop_reason = reporter([s.tokens_per_s_per_gpu for s in res.steps])
+                        if stop_reason:
+                            _kill_group(proc)
+                            break
+                    if rc is not None:
+                        break
+                    if time.monotonic() - t0 > self.timeout_s:
+                        timed_out = True
+                        _kill_group(proc)
+                        break
+                    time.sleep(self.poll_s)
+            finally:
+                if proc.poll() is None:  # interrupted (KeyboardInterrupt) or an error here: leave nothing running
+                    _kill_group(proc, grace_s=5.0)
+        wall_s = time.monotonic() - t0
+        res = read_results(out_path)
+        log_text = _tail(log_path)
+        if stop_reason:
+            raise TrialStopped(
+                stop_reason,
+                step_times_s=[s.step_time_s for s in res.steps],
+                tokens_per_s_per_gpu=[s.tokens_per_s_per_gpu for s in res.steps],
+                log_path=str(tdir),
+            )
+        if not timed_out and proc.returncode == 0 and res.complete and res.summary.get("tokens_per_s_per_gpu"):
+            return Measurement(
+                layout=layout,
+                source=self.source,
+                tokens_per_s_per_gpu=float(res.summary["tokens_per_s_per_gpu"]),
+                peak_bytes=res.peak_reserved_bytes,
+                step_times_s=tuple(s.step_time_s for s in res.steps[self.warmup_steps:]) or tuple(s.step_time_s for s in res.steps),
+                losses=tuple(s.loss for s in res.steps),
+                grad_norms=tuple(s.grad_norm for s in res.steps),
+                log_path=str(tdir),
+                extra={
+                    "summary": res.summary,
+                    "notes": list(spec.notes),
+                    "wall_s": wall_s,
+                    "peak_allocated_bytes": res.peak_allocated_bytes,
+                    "step_time_cv": res.summary.get("step_time_cv"),
+                },
+            )
+        kind, msg, reached = classify_failure(proc.returncode if not timed_out else None, res, log_text, timed_out=timed_out)
+        if kind == FailureKind.crash and proc.returncode == 0:
+            msg = "the harness exited without a summary: " + msg
+        raise TrialFailed(kind, f"{msg} (log: {log_path})", str(tdir), memory_reached_bytes=reached if math.isfinite(reached) else float("nan"))
+
+
+def _tail(path: Path, max_bytes: int = 200_000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""

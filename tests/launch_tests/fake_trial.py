@@ -1,0 +1,71 @@
+"""A stand-in for ``torchrun ... -m launch.harness.train``: no GPU, no torch.
+
+Reads ``--spec`` and ``--out`` like the harness and writes the same JSON lines. What it
+does is chosen by the environment variable FAKE_TRIAL_MODE:
+
+- ``ok`` (default): every step, then the summary; step time from FAKE_STEP_S (default 0.01 s),
+  or per tensor-parallel size from FAKE_STEP_S_TP<n>, or FAKE_FAST_STEP_S for the layouts that
+  match FAKE_FAST_IF ("field=value,...");
+- ``oom``: two steps, then rank 1 runs out of memory at 150 GiB (exit 3);
+- ``oom_text``: prints PyTorch's out-of-memory message only (no JSON line), exit 1;
+- ``hang``: one step, then sleeps (with a child process, to check the whole group is killed);
+- ``crash``: raises an error (exit 1); ``nccl``: prints an NCCL error (exit 1).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+GIB = 2**30
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    spec = json.loads(open(args[args.index("--spec") + 1]).read())
+    out_path = args[args.index("--out") + 1]
+    mode = os.environ.get("FAKE_TRIAL_MODE", "ok")
+    lay = spec["layout"]
+    step_s = float(os.environ.get(f"FAKE_STEP_S_TP{lay['tp']}", os.environ.get("FAKE_STEP_S", "0.01")))
+    fast_if = os.environ.get("FAKE_FAST_IF")  # "field=value,field=value": these layouts step in FAKE_FAST_STEP_S
+    if fast_if and all(str(lay[k]) == v for k, v in (kv.split("=") for kv in fast_if.split(","))):
+        step_s = float(os.environ.get("FAKE_FAST_STEP_S", "0.02"))
+    world = lay["world_size"]
+    tokens = spec["global_batch_size"] * spec["seq_length"]
+
+    def write(obj):
+        with open(out_path, "a") as f:
+            f.write(json.dumps(obj) + "\n")
+
+    write({"event": "start", "world_size": world, "layout": lay, "versions": {"torch": "fake"}, "notes": spec["notes"]})
+    if mode == "oom_text":
+        print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB "
+              "of which 1.2 GiB is free. Including non-PyTorch memory, this process has 138.50 GiB memory in use.", file=sys.stderr)
+        return 1
+    if mode == "crash":
+        write({"event": "error", "rank": 0, "type": "AssertionError", "message": "boom"})
+        print("Traceback (most recent call last):\nAssertionError: boom", file=sys.stderr)
+        return 1
+    if mode == "nccl":
+        print("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1234, unhandled system error", file=sys.stderr)
+        return 1
+    times = []
+    for step in range(1, spec["steps"] + 1):
+        time.sleep(step_s)
+        times.append(step_s)
+        write({"event": "step", "step": step, "step_time_s": step_s, "tokens_per_s_per_gpu": tokens / step_s / world, "loss": 12.0 - 0.1 * step, "grad_norm": 1.0})
+        if mode == "oom" and step == 2:
+            write({"event": "oom", "rank": 1, "message": "CUDA out of memory", "allocated_bytes": 140 * GIB, "reserved_bytes": 150 * GIB, "max_allocated_bytes": 141 * GIB})
+            return 3
+        if mode == "hang":
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+            time.sleep(600)
+    write({"event": "summary", "steps": len(times), "median_step_time_s": step_s, "step_time_cv": 0.0,
+           "tokens_per_s_per_gpu": tokens / step_s / world, "peak_allocated_bytes": [80 * GIB] * world,
+           "peak_reserved_bytes": [90 * GIB] * world, "layout": lay, "versions": {"torch": "fake"}, "notes": spec["notes"]})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The study with real-trial backends: the local backend with a fake trial program, pruning, failures, --layers."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from typer.testing import CliRunner
+
+from launch.harness.spec import HarnessEnv
+from launch.local_backend import LocalBackend
+from tuner.cli import app
+from tuner.study import TuneConfig, prepare, run_study, trial_rows
+
+FAKE = str(Path(__file__).parents[1] / "launch_tests" / "fake_trial.py")
+
+
+def _cfg(tmp_path, **kw):
+    base = dict(model="MiniMax-M2", gpus="4xH200", layers=4, global_batch_size=8, backend="local", trials=6,
+                stack="megatron", results_dir=str(tmp_path), trial_steps=6, study="s")
+    base.update(kw)
+    return TuneConfig(**base)
+
+
+def _backend(tmp_path, steps=6):
+    return LocalBackend(trials_dir=tmp_path / "s" / "trials", num_gpus=4, steps=steps, warmup_steps=2, timeout_s=30,
+                        launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02)
+
+
+@pytest.fixture
+def one_fast(monkeypatch):
+    """Only allgather layouts without recompute step fast (0.02 s); the others take 0.15 s: pruned."""
+    monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
+    monkeypatch.setenv("FAKE_STEP_S", "0.15")
+    monkeypatch.setenv("FAKE_FAST_IF", "dispatcher=allgather,recompute_granularity=none")
+    monkeypatch.setenv("FAKE_FAST_STEP_S", "0.02")
+
+
+@pytest.fixture
+def slow_tp(monkeypatch):
+    """TP 1 layouts step in 0.02 s, TP 2 and TP 4 in 0.15 s: 7x slower, so they are pruned."""
+    monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
+    monkeypatch.setenv("FAKE_STEP_S_TP1", "0.02")
+    monkeypatch.setenv("FAKE_STEP_S_TP2", "0.15")
+    monkeypatch.setenv("FAKE_STEP_S_TP4", "0.15")
+
+
+def test_layers_slices_the_model_and_names_the_study(tmp_path):
+    prep = prepare(_cfg(tmp_path, study=None, backend="model"))
+    assert prep.model.num_layers == 4 and prep.model.hidden_size == 3072
+    assert prep.config.study_name(prep.model, prep.cluster) == "MiniMax-M2-L4-4xH200-s8192-gbs8"
+
+
+def test_measured_trials_land_in_the_study(tmp_path, slow_tp):
+    prep = prepare(_cfg(tmp_path, prune_margin=None))
+    res = run_study(prep, backend=_backend(tmp_path))
+    rows = trial_rows(res.study)
+    assert res.evaluated_now >= 3 and rows
+    for r in rows:
+        assert r["source"] == "measured" and r["tokens_per_s_per_gpu"] > 0 and r["peak_gib"] == 90.0
+        assert {"pred_tokens_per_s_per_gpu", "pred_peak_gib", "pred_step_time_s", "layout", "step_times_s", "log_path"} <= set(r)
+        assert Path(r["log_path"], "steps.jsonl").exists()
+    # nothing the harness cannot run here (flex without DeepEP) was enqueued
+    assert all("flex" not in r["layout"]["dispatcher"] for r in rows)
+
+
+def test_pruning_saves_time(tmp_path, one_fast):
+    t0 = time.monotonic()
+    full = run_study(prepare(_cfg(tmp_path / "a", prune_margin=None, trials=8)), backend=_backend(tmp_path / "a"))
+    t_full = time.monotonic() - t0
+    t0 = time.monotonic()
+    pruned = run_study(prepare(_cfg(tmp_path / "b", prune_margin=0.25, trials=8)), backend=_backend(tmp_path / "b"))
+    t_pruned = time.monotonic() - t0
+    assert full.pruned_now == 0 and pruned.pruned_now >= 1
+    p = [t for t in pruned.study.trials if "pruned" in t.user_attrs]
+    assert all(t.state == optuna.trial.TrialState.PRUNED for t in p)
+    info = p[0].user_attrs["pruned"]
+    assert "below the best so far" in info["reason"] and len(info["step_times_s"]) >= 4
+    assert (info["layout"]["dispatcher"], info["layout"]["recompute_granularity"]) != ("allgather", "none")
+    assert "pred_tokens_per_s_per_gpu" in info
+    # the pruned trials stopped after 4 of 6 steps: the run is shorter
+    assert t_pruned < t_full
+
+
+def test_failures_are_recorded_and_the_study_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_TRIAL_MODE", "oom")
+    res = run_study(prepare(_cfg(tmp_path, trials=3)), backend=_backend(tmp_path))
+    failed = [t for t in res.study.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert len(failed) >= 2 and res.failed_now == len(failed)
+    f = failed[0].user_attrs["failure"]
+    assert f["kind"] == "oom" and f["memory_reached_gib"] == 150.0 and "pred_peak_gib" in f
+
+
+def test_interrupt_keeps_finished_trials_and_resumes(tmp_path, slow_tp):
+    class Interrupting(LocalBackend):
+        calls = 0
+
+        def run(self, layout, **kw):
+            Interrupting.calls += 1
+            if Interrupting.calls == 3:
+                raise KeyboardInterrupt
+            return super().run(layout, **kw)
+
+    b = Interrupting(trials_dir=tmp_path / "s" / "trials", num_gpus=4, steps=4, launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(prepare(_cfg(tmp_path, prune_margin=None)), backend=b)
+    st = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/s/study.db")
+    assert len(trial_rows(st)) == 2
+    res = run_study(prepare(_cfg(tmp_path, prune_margin=None)), backend=_backend(tmp_path, steps=4))
+    keys = [r["key"] for r in trial_rows(res.study)]
+    assert len(keys) == len(set(keys)) > 2
+
+
+def test_cli_layers_and_local_gpu_count(tmp_path, monkeypatch):
+    r = CliRunner().invoke(app, ["--model", "MiniMax-M2", "--layers", "0", "--gpus", "4xH200", "--results-dir", str(tmp_path)])
+    assert r.exit_code == 2 and "--layers" in r.output
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    r = CliRunner().invoke(app, ["--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8", "--backend", "local", "--results-dir", str(tmp_path)])
+    assert r.exit_code == 2 and "this machine's 2 GPUs" in r.output and "--gpus 2xH200" in r.output
+
+
+def test_pareto_shows_predicted_vs_measured(tmp_path, slow_tp):
+    run_study(prepare(_cfg(tmp_path, prune_margin=None, trials=3)), backend=_backend(tmp_path))
+    r = CliRunner().invoke(app, ["pareto", "--study", "s", "--results-dir", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "predicted vs measured" in r.output and "meas tokens/s/GPU" in r.output
