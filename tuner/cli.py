@@ -589,14 +589,23 @@ def pareto(
     srcs = {r["source"] for r in front}
     out.print(f"Study [bold]{st.study_name}[/]: {m.name} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}; backend {cfg.get('backend')}; {len(rows)} layouts evaluated")
     _print_front(front, top, title=f"Pareto front ({' and '.join(sorted(srcs))})")
-    if any("pred_tokens_per_s_per_gpu" in r for r in rows) and "measured" in srcs:
-        t = Table(title="predicted vs measured", title_justify="left")
-        for col in ("trial", "layout", "pred tokens/s/GPU", "meas tokens/s/GPU", "err %", "pred GiB", "meas GiB"):
+    real = [t for t in st.trials if "pruned" in t.user_attrs or ("failure" in t.user_attrs and "pred_peak_gib" in t.user_attrs["failure"])]
+    if any("pred_tokens_per_s_per_gpu" in r for r in rows) and ("measured" in srcs or real):
+        t = Table(title="predicted vs measured (every real trial)", title_justify="left")
+        for col in ("trial", "layout", "outcome", "pred tokens/s/GPU", "meas tokens/s/GPU", "err %", "pred GiB", "meas GiB"):
             t.add_column(col)
-        for r in rows:
-            if r.get("source") == "measured":
-                t.add_row(str(r["trial"]), r["label"], f"{r['pred_tokens_per_s_per_gpu']:,.1f}", f"{r['tokens_per_s_per_gpu']:,.1f}",
-                          f"{(r['pred_tokens_per_s_per_gpu'] / r['tokens_per_s_per_gpu'] - 1) * 100:+.1f}", f"{r['pred_peak_gib']:.1f}", f"{r['peak_gib']:.1f}")
+        lines = [(r["trial"], r["label"], "measured", r["pred_tokens_per_s_per_gpu"], r["tokens_per_s_per_gpu"], r["pred_peak_gib"], r["peak_gib"])
+                 for r in rows if r.get("source") == "measured"]
+        for tr in real:
+            a = tr.user_attrs.get("pruned") or tr.user_attrs["failure"]
+            if "pruned" in tr.user_attrs:
+                tps = sorted(a.get("tokens_per_s_per_gpu", [])[2:]) or [float("nan")]
+                lines.append((tr.number, a["label"], "pruned", a["pred_tokens_per_s_per_gpu"], tps[len(tps) // 2], a["pred_peak_gib"], float("nan")))
+            else:
+                lines.append((tr.number, a["label"], a["kind"], a["pred_tokens_per_s_per_gpu"], float("nan"), a["pred_peak_gib"], a.get("memory_reached_gib", float("nan"))))
+        for n, label, outcome, ptps, mtps, pgib, mgib in sorted(lines):
+            err = f"{(ptps / mtps - 1) * 100:+.1f}" if mtps == mtps and mtps else "-"
+            t.add_row(str(n), label, outcome, f"{ptps:,.1f}", f"{mtps:,.1f}" if mtps == mtps else "-", err, f"{pgib:.1f}", f"{mgib:.1f}" if mgib == mgib else "-")
         out.print(t)
     if csv_out:
         try:

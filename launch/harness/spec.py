@@ -65,7 +65,7 @@ class HarnessEnv:
 
     @classmethod
     def detect(cls) -> HarnessEnv:
-        """Probe the current Python environment with ``importlib.util.find_spec`` (imports nothing)."""
+        """Probe the current Python environment with ``importlib.util.find_spec`` (imports no torch; at most ``deep_ep``'s package to look for HybridEP)."""
 
         def has(name: str) -> bool:
             try:

@@ -69,10 +69,10 @@ def test_measured_trials_land_in_the_study(tmp_path, slow_tp):
 
 def test_pruning_saves_time(tmp_path, one_fast):
     t0 = time.monotonic()
-    full = run_study(prepare(_cfg(tmp_path / "a", prune_margin=None, trials=8)), backend=_backend(tmp_path / "a"))
+    full = run_study(prepare(_cfg(tmp_path / "a", prune_margin=None, trials=6)), backend=_backend(tmp_path / "a"))
     t_full = time.monotonic() - t0
     t0 = time.monotonic()
-    pruned = run_study(prepare(_cfg(tmp_path / "b", prune_margin=0.25, trials=8)), backend=_backend(tmp_path / "b"))
+    pruned = run_study(prepare(_cfg(tmp_path / "b", prune_margin=0.25, trials=6)), backend=_backend(tmp_path / "b"))
     t_pruned = time.monotonic() - t0
     assert full.pruned_now == 0 and pruned.pruned_now >= 1
     p = [t for t in pruned.study.trials if "pruned" in t.user_attrs]
@@ -127,3 +127,12 @@ def test_pareto_shows_predicted_vs_measured(tmp_path, slow_tp):
     r = CliRunner().invoke(app, ["pareto", "--study", "s", "--results-dir", str(tmp_path)])
     assert r.exit_code == 0, r.output
     assert "predicted vs measured" in r.output and "meas tokens/s/GPU" in r.output
+
+
+def test_pareto_lists_pruned_and_failed_trials(tmp_path, one_fast, monkeypatch):
+    run_study(prepare(_cfg(tmp_path, prune_margin=0.25, trials=6)), backend=_backend(tmp_path))
+    monkeypatch.setenv("FAKE_TRIAL_MODE", "oom")
+    run_study(prepare(_cfg(tmp_path, prune_margin=0.25, trials=2)), backend=_backend(tmp_path))
+    r = CliRunner().invoke(app, ["pareto", "--study", "s", "--results-dir", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "every real trial" in r.output and "pruned" in r.output and "oom" in r.output and "150.0" in r.output
