@@ -307,7 +307,8 @@ def model_spec_from_dict(d: dict[str, Any]) -> ModelSpec:
 def _check_study_config(study: optuna.Study, config: TuneConfig, name: str, calibration: Calibration, resolved: dict[str, Any]) -> None:
     old_res = study.user_attrs.get("resolved")
     if old_res is not None:
-        diff = [k for k in resolved if old_res.get(k) != resolved[k]]
+        # Keys added in later versions (e.g. "layers") are compared only when the stored study has them.
+        diff = [k for k in resolved if k in old_res and old_res[k] != resolved[k]]
         if diff:
             was = ", ".join(f"{k}={old_res.get(k)!r}" for k in diff)
             now = ", ".join(f"{k}={resolved[k]!r}" for k in diff)

@@ -136,3 +136,11 @@ def test_pareto_lists_pruned_and_failed_trials(tmp_path, one_fast, monkeypatch):
     r = CliRunner().invoke(app, ["pareto", "--study", "s", "--results-dir", str(tmp_path)])
     assert r.exit_code == 0, r.output
     assert "every real trial" in r.output and "pruned" in r.output and "oom" in r.output and "150.0" in r.output
+
+
+def test_a_study_keeps_its_slice(tmp_path):
+    from cost_model.errors import TunerError
+
+    run_study(prepare(_cfg(tmp_path, backend="model", trials=2)), backend=None)
+    with pytest.raises(TunerError, match="layers=4"):
+        run_study(prepare(_cfg(tmp_path, backend="model", trials=2, layers=2)))
