@@ -10,7 +10,14 @@ more than 0.1%): with no A100 rows, ``gemm_family_factor_ampere`` keeps its valu
 are no per-row or per-model constants.
 
 Memory constants (``allocator_overhead_fraction``, ``cuda_context_bytes``, ...) are not
-fitted: the published tables give no memory measurements.
+fitted from the published tables: they give no memory measurements.
+
+Real trials (``tune calibrate --study``, ``benchmarks/bench_trial_calibration.py``) measure
+both: :func:`fit_observations` fits the step-time constants with :func:`fit_calibration`
+(bounds :data:`TRIAL_FIT_BOUNDS`, default names :data:`TRIAL_STEP_NAMES`) and then the memory
+constants of :data:`MEMORY_FIT_BOUNDS` to the measured peak (``r_i = log(predicted / measured)``,
+same optimiser). Such a fit describes the software stack the trials ran on (e.g. megatron-core
+without Transformer Engine), not the stack the shipped calibration describes.
 
 :func:`kfold_by_model` reports out-of-model error: for each model, fit on the runs of
 the other models and predict this one's.
@@ -20,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -28,7 +35,10 @@ from cost_model.calibration import BASE_CALIBRATION, Calibration
 from cost_model.errors import TunerError
 from cost_model.validate import Run, RunBatch
 
-__all__ = ["FIT_BOUNDS", "FitResult", "fit_calibration", "kfold_by_model", "SEED_WEIGHT"]
+__all__ = [
+    "FIT_BOUNDS", "FitResult", "fit_calibration", "kfold_by_model", "SEED_WEIGHT",
+    "TRIAL_FIT_BOUNDS", "TRIAL_STEP_NAMES", "MEMORY_FIT_BOUNDS", "Observation", "ObservationFit", "fit_observations", "predict_observations",
+]
 
 #: Constants fitted, with their bounds (same units as :class:`Calibration`).
 FIT_BOUNDS: dict[str, tuple[float, float]] = {
@@ -79,15 +89,23 @@ def _weights(runs: Sequence[Run]) -> np.ndarray:
     return np.array([SEED_WEIGHT if "seed" in r.framework_version.lower() else 1.0 for r in runs])
 
 
-def _active(batch: RunBatch, start: Calibration, names: Sequence[str]) -> list[str]:
-    """Constants that move some prediction by more than 0.1% when changed by 10% (or 0.1 if 0)."""
+def _active(batch: RunBatch, start: Calibration, names: Sequence[str], bounds: Mapping[str, tuple[float, float]] = FIT_BOUNDS,
+            *, probe_range: bool = False) -> list[str]:
+    """Constants that move some prediction by more than 0.1% when changed by 10% (or 0.1 if 0).
+
+    With ``probe_range`` the change is to 10% or 90% of the bound range (whichever is farther), so
+    that a constant an earlier fit left at a bound (e.g. ``grouped_gemm_half_rows`` at 8) or at ~0
+    still counts as movable."""
     base = batch.predicted_metric(start)
     out = []
     for n in names:
-        lo, hi = FIT_BOUNDS[n]
+        lo, hi = bounds[n]
         v = getattr(start, n)
-        step = 0.1 * v if v else 0.1 * (hi - lo)
-        nv = min(max(v + step, lo), hi) if v + step <= hi else max(v - step, lo)
+        if probe_range:
+            nv = lo + 0.9 * (hi - lo) if v - lo < 0.5 * (hi - lo) else lo + 0.1 * (hi - lo)
+        else:
+            step = 0.1 * v if v else 0.1 * (hi - lo)
+            nv = min(max(v + step, lo), hi) if v + step <= hi else max(v - step, lo)
         try:
             p = batch.predicted_metric(start.replace(**{n: nv}))
         except TunerError:
@@ -104,6 +122,8 @@ def fit_calibration(
     names: Sequence[str] | None = None,
     max_nfev: int = 60,
     progress: Callable[[str], None] | None = None,
+    bounds: Mapping[str, tuple[float, float]] | None = None,
+    probe_range: bool = False,
 ) -> FitResult:
     """Fit the constants of :data:`FIT_BOUNDS` to ``runs`` (the representable ones).
 
@@ -113,6 +133,10 @@ def fit_calibration(
         names: constants to consider (default: all of :data:`FIT_BOUNDS`).
         max_nfev: most residual evaluations of the optimiser.
         progress: called with one line of text per stage.
+        bounds: bounds of the constants (default :data:`FIT_BOUNDS`; :data:`TRIAL_FIT_BOUNDS`
+            for real trials on other software stacks).
+        probe_range: decide which constants the data can move by probing across their bound
+            range rather than by a 10% change (see :func:`_active`).
 
     Returns:
         A :class:`FitResult`.
@@ -127,14 +151,15 @@ def fit_calibration(
         raise TunerError(f"calibration needs at least 2 representable measured runs, got {len(batch.runs)}")
     y = np.log(batch.targets())
     w = _weights(batch.runs)
-    cand = list(names or FIT_BOUNDS)
-    act = _active(batch, start, cand)
+    bounds = FIT_BOUNDS if bounds is None else bounds
+    cand = list(names or bounds)
+    act = _active(batch, start, cand, bounds, probe_range=probe_range)
     if not act:
         raise TunerError("no calibration constant changes the predictions of these runs")
     if progress:
         progress(f"fitting {len(act)} constants to {len(batch.runs)} runs: {', '.join(act)}")
-    lo = np.array([FIT_BOUNDS[n][0] for n in act])
-    hi = np.array([FIT_BOUNDS[n][1] for n in act])
+    lo = np.array([bounds[n][0] for n in act])
+    hi = np.array([bounds[n][1] for n in act])
     scale = np.maximum(np.abs(hi - lo), 1e-12)
     x0 = np.clip(np.array([getattr(start, n) for n in act], dtype=float), lo, hi)
     # Optimise in [0, 1]-scaled coordinates so that seconds and fractions have similar steps.
@@ -198,3 +223,195 @@ def relative_errors(pred: np.ndarray, pub: np.ndarray) -> np.ndarray:
 
 def _finite(x: float) -> bool:
     return isinstance(x, float) and math.isfinite(x)
+
+
+# ---- real trials: step time and peak memory --------------------------------------------------
+
+#: Bounds for fits to real trials: :data:`FIT_BOUNDS` with the fixed per-call costs allowed to be
+#: much larger (a stack without Transformer Engine loops over local experts in Python, and pays
+#: launch latency for every unfused kernel) and the rows-per-expert constant free.
+TRIAL_FIT_BOUNDS: dict[str, tuple[float, float]] = {
+    **FIT_BOUNDS,
+    "grouped_gemm_half_rows": (8.0, 16384.0),
+    "moe_layer_overhead_s": (0.0, 2e-2),
+    "expert_gemm_overhead_s": (0.0, 2e-3),
+    "alltoall_sync_latency_s": (0.0, 2e-2),
+}
+
+#: Step-time constants fitted to real trials by default: the compute efficiencies, the fixed
+#: costs per MoE layer and per local expert GEMM, and the NVLink efficiencies (rings and
+#: all-to-all). Not fitted by default: ``moe_load_imbalance``, the elementwise byte counts and
+#: the precision / GPU-family ratios, which a handful of layouts on one GPU type cannot separate
+#: from the constants above.
+TRIAL_STEP_NAMES: tuple[str, ...] = (
+    "gemm_efficiency", "grouped_gemm_efficiency", "attention_efficiency",
+    "nvlink_efficiency", "alltoall_nvlink_efficiency", "expert_gemm_overhead_s", "moe_layer_overhead_s",
+)
+
+_GIB = float(2**30)
+
+#: Memory constants fitted to a measured peak, with bounds. Against the allocator's *reserved*
+#: peak they absorb its caching and fragmentation on top of what tensors hold.
+MEMORY_FIT_BOUNDS: dict[str, tuple[float, float]] = {
+    "allocator_overhead_fraction": (0.0, 1.0),
+    "cuda_context_bytes": (0.0, 32 * _GIB),
+    "nccl_bytes_per_communicator": (0.0, 4 * _GIB),
+}
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One measured training run: what ran and what was measured (either measurement may be None)."""
+
+    model: Any
+    """:class:`cost_model.specs.ModelSpec` (a ``--layers`` slice where the trial ran one)."""
+    cluster: Any
+    workload: Any
+    layout: Any
+    step_time_s: float | None = None
+    """Median step time after warm-up (s)."""
+    peak_gib: float | None = None
+    """Peak memory per GPU (GiB), max over ranks: reserved or allocated, as the caller chooses."""
+    options: Any = None
+    """:class:`cost_model.specs.RunOptions` (None: the defaults)."""
+    label: str = ""
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float | None:
+        if not self.step_time_s:
+            return None
+        w = self.workload
+        return w.global_batch_size * w.seq_length / self.step_time_s / self.cluster.num_gpus
+
+
+@dataclass(frozen=True)
+class ObservationFit:
+    """:func:`fit_observations`' result: the calibration, and what was fitted to what."""
+
+    calibration: Calibration
+    step: FitResult | None
+    """The step-time fit (None when no observation has a step time, or it was not asked for)."""
+    memory_fitted: tuple[str, ...]
+    memory_rows: int
+    memory_median_abs_error: float
+    """Median |predicted / measured peak - 1| over the fitted rows (nan without a memory fit)."""
+
+    @property
+    def fitted(self) -> tuple[str, ...]:
+        return (self.step.fitted if self.step else ()) + self.memory_fitted
+
+
+def _runs_of(obs: Sequence[Observation], *, need: str) -> list[Run]:
+    from cost_model.specs import DEFAULT_RUN_OPTIONS
+
+    runs = []
+    for i, o in enumerate(obs):
+        if need == "step" and not o.step_time_s:
+            continue
+        if need == "peak" and not o.peak_gib:
+            continue
+        runs.append(Run(
+            row=i, run_id=o.label or f"observation {i}", model_name=o.model.name, gpu_type=o.cluster.gpu.name,
+            precision=str(getattr(o.workload.precision, "value", o.workload.precision)), num_gpus=o.cluster.num_gpus,
+            published_tokens=o.tokens_per_s_per_gpu if need == "step" else 1.0, published_tflops=None,
+            implied_gflop_per_token=None, seq_length=o.workload.seq_length, framework_version="measured trial",
+            model=o.model, cluster=o.cluster, workload=o.workload, layout=o.layout,
+            options=o.options if o.options is not None else DEFAULT_RUN_OPTIONS, is_moe=o.model.is_moe,
+        ))
+    return runs
+
+
+def predict_observations(obs: Sequence[Observation], calibration: Calibration) -> tuple[np.ndarray, np.ndarray]:
+    """(predicted step time s, predicted peak GiB) per observation, in order."""
+    runs = _runs_of(obs, need="")
+    tok, _, _, peak = RunBatch(runs).predict(calibration)
+    step = np.array([o.workload.global_batch_size * o.workload.seq_length / o.cluster.num_gpus for o in obs]) / tok
+    return step, peak
+
+
+def _fit_memory(runs: Sequence[Run], measured: np.ndarray, start: Calibration, names: Sequence[str], max_nfev: int) -> tuple[Calibration, tuple[str, ...], float]:
+    from scipy.optimize import least_squares
+
+    batch = RunBatch(runs)
+
+    def peak(cal: Calibration) -> np.ndarray:
+        return batch.predict(cal)[3]
+
+    base = peak(start)
+    act = []
+    for n in names:
+        lo, hi = MEMORY_FIT_BOUNDS[n]
+        v = getattr(start, n)
+        nv = lo + 0.9 * (hi - lo) if v - lo < 0.5 * (hi - lo) else lo + 0.1 * (hi - lo)
+        if np.nanmax(np.abs(peak(start.replace(**{n: nv})) / base - 1)) > 1e-3:
+            act.append(n)
+    if not act:
+        return start, (), float(np.median(np.abs(base / measured - 1)))
+    lo = np.array([MEMORY_FIT_BOUNDS[n][0] for n in act])
+    hi = np.array([MEMORY_FIT_BOUNDS[n][1] for n in act])
+    scale = hi - lo
+    u0 = (np.clip([getattr(start, n) for n in act], lo, hi) - lo) / scale
+
+    def cal_of(u: np.ndarray) -> Calibration:
+        return start.replace(**{n: float(v) for n, v in zip(act, lo + np.clip(u, 0.0, 1.0) * scale)})
+
+    def resid(u: np.ndarray) -> np.ndarray:
+        return np.log(np.maximum(peak(cal_of(u)), 1e-9)) - np.log(measured)
+
+    sol = least_squares(resid, u0, bounds=(0.0, 1.0), loss="soft_l1", f_scale=_F_SCALE, max_nfev=max_nfev, diff_step=1e-3)
+    cal = cal_of(sol.x)
+    return cal, tuple(act), float(np.median(np.abs(peak(cal) / measured - 1)))
+
+
+def fit_observations(
+    obs: Sequence[Observation],
+    *,
+    start: Calibration = BASE_CALIBRATION,
+    step_names: Sequence[str] | None = TRIAL_STEP_NAMES,
+    memory_names: Sequence[str] | None = tuple(MEMORY_FIT_BOUNDS),
+    bounds: Mapping[str, tuple[float, float]] = TRIAL_FIT_BOUNDS,
+    max_nfev: int = 200,
+    progress: Callable[[str], None] | None = None,
+) -> ObservationFit:
+    """Fit step-time constants to the observations' step times and memory constants to their peaks.
+
+    The step-time fit is :func:`fit_calibration` on the observations as runs (tokens/s/GPU from
+    the step time), with ``bounds`` and probing over the bound range; the memory fit then starts
+    from its result (the two sets of constants do not interact: memory constants do not change
+    step time, and step-time constants do not change memory).
+
+    Args:
+        obs: measured runs; those without a step time (peak) are left out of the step (memory) fit.
+        start: starting values, also the values of constants not fitted.
+        step_names: step-time constants to consider (None or empty: no step-time fit).
+        memory_names: names from :data:`MEMORY_FIT_BOUNDS` (None or empty: no memory fit).
+        bounds: bounds of the step-time constants.
+        max_nfev: most residual evaluations of each optimiser.
+        progress: called with one line of text per stage.
+
+    Raises:
+        TunerError: fewer than 2 observations for a fit that was asked for, or nothing to fit.
+    """
+    cal = start
+    step_fit = None
+    if step_names:
+        runs = _runs_of(obs, need="step")
+        step_fit = fit_calibration(runs, start=start, names=step_names, max_nfev=max_nfev, progress=progress, bounds=bounds, probe_range=True)
+        cal = step_fit.calibration
+    mem_fitted: tuple[str, ...] = ()
+    mem_err = float("nan")
+    mem_rows = 0
+    if memory_names:
+        unknown = sorted(set(memory_names) - set(MEMORY_FIT_BOUNDS))
+        if unknown:
+            raise TunerError(f"memory constants {unknown} cannot be fitted; accepted: {sorted(MEMORY_FIT_BOUNDS)}")
+        with_peak = [o for o in obs if o.peak_gib]
+        if len(with_peak) < 2:
+            raise TunerError(f"a memory fit needs at least 2 observations with a measured peak, got {len(with_peak)}")
+        if progress:
+            progress(f"fitting memory constants to the peaks of {len(with_peak)} runs: {', '.join(memory_names)}")
+        cal, mem_fitted, mem_err = _fit_memory(_runs_of(with_peak, need="peak"), np.array([o.peak_gib for o in with_peak], dtype=float), cal, memory_names, max_nfev)
+        mem_rows = len(with_peak)
+    if step_fit is None and not memory_names:
+        raise TunerError("nothing to fit: give step_names or memory_names")
+    return ObservationFit(calibration=cal, step=step_fit, memory_fitted=mem_fitted, memory_rows=mem_rows, memory_median_abs_error=mem_err)

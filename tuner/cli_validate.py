@@ -128,6 +128,29 @@ def _study_runs(study: str, storage: Optional[str], results_dir: Path) -> list[A
     return runs
 
 
+def _study_observations(study: str, storage: Optional[str], results_dir: Path) -> tuple[list[Any], list[str]]:
+    """Measured trials of a study as observations (step time, peak reserved memory) and their notes
+    (the software stack the trials ran on, e.g. no Transformer Engine)."""
+    from cost_model.calibrate import Observation
+
+    runs = _study_runs(study, storage, results_dir)
+    from tuner.cli import _load_study
+    from tuner.study import trial_rows
+
+    by_trial = {int(r.get("trial", -1)): r for r in trial_rows(_load_study(study, storage, results_dir))}
+    obs, notes = [], []
+    for r in runs:
+        row = by_trial.get(r.row, {})
+        peak = row.get("peak_gib")
+        obs.append(Observation(model=r.model, cluster=r.cluster, workload=r.workload, layout=r.layout,
+                               step_time_s=r.workload.global_batch_size * r.workload.seq_length / r.published_tokens / r.num_gpus,
+                               peak_gib=float(peak) if peak and math.isfinite(float(peak)) else None, label=r.run_id))
+        for n in row.get("notes") or []:
+            if n not in notes:
+                notes.append(str(n))
+    return obs, notes
+
+
 def calibrate(
     data: DataOpt = None,
     study: Annotated[Optional[str], typer.Option("--study", help="Fit to the measured trials of this study (made by `tune`).")] = None,
@@ -168,6 +191,9 @@ def calibrate(
         if study:
             runs += _study_runs(study, storage, results_dir)
         start = load_calibration(calibration) if calibration else (DEFAULT_CALIBRATION if study and not data else BASE_CALIBRATION)
+        if study and not data:
+            _calibrate_study(study, storage, results_dir, out_file, start, calibration, max_nfev)
+            return
         usable = [r for r in runs if not r.unrepresentable and r.layout is not None]
         if len(usable) < 2:
             raise TunerError(f"no usable runs to fit: {len(usable)} representable, {len(problems)} with unreadable cells")
@@ -211,6 +237,57 @@ def calibrate(
         out.print(f"wrote {out_file} (use it with --calibration {out_file})")
     except TunerError as e:
         fail(e)
+
+
+def _calibrate_study(study: str, storage: Optional[str], results_dir: Path, out_file: Path, start: Any, calibration: Optional[Path], max_nfev: int) -> None:
+    """``tune calibrate --study NAME`` alone: step-time constants to the measured step times and
+    memory constants to the measured peak (reserved) memory of the study's trials."""
+    import numpy as np
+    import yaml
+
+    from cost_model.calibrate import TRIAL_STEP_NAMES, fit_observations, predict_observations
+
+    out, err, _ = _consoles()
+    obs, notes = _study_observations(study, storage, results_dir)
+    if len(obs) < 2:
+        raise TunerError(f"study {study!r} has {len(obs)} measured trial(s); a fit needs at least 2")
+    with_peak = [o for o in obs if o.peak_gib]
+    fit = fit_observations(obs, start=start, step_names=TRIAL_STEP_NAMES, memory_names=None if len(with_peak) < 2 else ("allocator_overhead_fraction", "cuda_context_bytes", "nccl_bytes_per_communicator"),
+                           max_nfev=max(max_nfev, 5), progress=lambda s: err.print(s))
+    step0, _ = predict_observations(obs, start)
+    step1, _ = predict_observations(obs, fit.calibration)
+    meas = np.array([o.step_time_s for o in obs])
+    e0, e1 = np.median(np.abs(step0 / meas - 1)), np.median(np.abs(step1 / meas - 1))
+    stack = "; ".join(notes) if notes else "not recorded in the trials"
+    doc: dict[str, Any] = {
+        "provenance": {
+            "command": "tune calibrate " + " ".join([f"--study {study}"] + ([f"--calibration {calibration}"] if calibration else []) + [f"--out {out_file}"]),
+            "data": [f"study {study}"],
+            "date": datetime.date.today().isoformat(),
+            "machine": f"{platform.machine()}, Python {platform.python_version()}",
+            "stack": f"measured trials; trial notes: {stack}",
+            "caution": "these constants describe the software stack and machine the trials ran on (see stack); "
+                       "they are not the shipped calibration (cost_model/data/calibration.yaml), which this does not change",
+            "runs_fitted": len(obs),
+            "method": "scipy.optimize.least_squares (trf, soft_l1 loss, f_scale 0.25) on log(predicted / measured) step time, "
+                      "then on log(predicted / measured) peak reserved memory",
+            "memory_target": "peak reserved memory per GPU (the trials' peak_gib: torch.cuda.max_memory_reserved, max over ranks)",
+            "fitted": list(fit.fitted),
+            "in_sample_step_median_abs_error": {"before": round(float(e0), 4), "after": round(float(e1), 4)},
+            "in_sample_peak_median_abs_error": None if not fit.memory_fitted else round(fit.memory_median_abs_error, 4),
+        },
+        "constants": {k: float(getattr(fit.calibration, k)) for k in fit.fitted},
+    }
+    out.print(f"fitted {len(fit.fitted)} constants to {len(obs)} measured trials of study {study}: step time median |error| {e0 * 100:.1f}% -> {e1 * 100:.1f}%"
+              + (f"; peak memory median |error| {fit.memory_median_abs_error * 100:.1f}% ({fit.memory_rows} trials)" if fit.memory_fitted else ""))
+    for k in fit.fitted:
+        out.print(f"  {k}: {getattr(start, k):.4g} -> {getattr(fit.calibration, k):.4g}")
+    out.print(f"stack of these trials: {escape(stack)} (the constants describe that stack; the shipped calibration is unchanged)")
+    try:
+        out_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    except OSError as e:
+        raise TunerError(f"--out {str(out_file)!r}: cannot write it ({e})") from None
+    out.print(f"wrote {out_file} (use it with --calibration {out_file})")
 
 
 def register(app: typer.Typer) -> None:
