@@ -89,7 +89,10 @@ _MINIMAX_M2_SPEC = ("--spec", "slime_plugins.models.minimax_m2", "get_minimax_m2
 
 _STACK_FRAMEWORK = "slime or Megatron-LM (any version with --pipeline-model-parallel-layout)"
 _PREDICTION_SOURCE = "analytical cost model (cost_model/)"
-_CORRECTNESS_NOTE = "run `tune verify` (convergence check) before trusting this layout for training"
+_CORRECTNESS_NOTE = (
+    "not run: check convergence against a reference layout (same weights and data, e.g. 20 steps with "
+    "Megatron-Bridge's validate_convergence) before training on this layout; `tune verify` is planned"
+)
 _RECIPE_HEADER = "# A megatron-layout-tuner recipe; the fields are documented in launch/schema/recipe.schema.json.\n"
 
 _WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten"}

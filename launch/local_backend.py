@@ -87,6 +87,28 @@ def _kill_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
         return
 
 
+def check_harness_dependencies() -> None:
+    """Fail early, before any search, when the real harness cannot start on this machine.
+
+    Raises:
+        TunerError: torch or megatron-core is not importable (the ``gpu`` extra is not installed).
+    """
+    import importlib.util
+
+    def _has(mod: str) -> bool:
+        try:
+            return importlib.util.find_spec(mod) is not None
+        except (ImportError, ValueError):
+            return False
+
+    missing = [m for m in ("torch", "megatron.core") if not _has(m)]
+    if missing:
+        raise TunerError(
+            f"--backend local needs {' and '.join(missing)} on this machine: install the gpu extra "
+            "(pip install -e '.[gpu]': torch and megatron-core; Transformer Engine is used when present)"
+        )
+
+
 class LocalBackend(TrialBackend):
     """Runs each layout with the trial harness on this machine's GPUs.
 

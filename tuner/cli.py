@@ -136,7 +136,7 @@ def main_job(
             trial_steps=trial_steps,
             trial_warmup_steps=min(2, trial_steps - 1) if trial_steps > 0 else 2,
             trial_timeout_s=trial_timeout,
-            prune_margin=prune_margin if prune_margin >= 0 else None,
+            prune_margin=None if (prune_margin == prune_margin and prune_margin < 0) else prune_margin,  # NaN is rejected later
         )
         _run_main(cfg, top)
     except TunerError as e:
@@ -155,6 +155,10 @@ def _run_main(cfg: Any, top: int) -> None:
             f"--backend local runs on this machine's {probe.num_gpus} GPUs (slice a model with --layers to make it fit); "  # type: ignore[attr-defined]
             f"--gpus asks for {prep.cluster.num_gpus}: use --gpus {probe.num_gpus}x{prep.cluster.gpu.name}"  # type: ignore[attr-defined]
         )
+    if cfg.backend == "local":
+        from launch.local_backend import check_harness_dependencies
+
+        check_harness_dependencies()  # before any output or trial: one clear message if torch is missing
     en = prep.enumeration
     c = prep.cluster
     w = prep.workload
@@ -228,7 +232,7 @@ def _run_main(cfg: Any, top: int) -> None:
     except OSError as e:
         raise TunerError(f"cannot write the results to {res.out_dir} ({e.strerror or e}: {e.filename}); the study and its trials are kept in {_mask(res.storage)}") from None
     out.print(
-        f"\n[bold green]Best layout[/] ({best['source']}): [bold]{best['label']}[/], {best['recompute']} recompute, "
+        f"\n[bold green]Best layout[/] ({best['source']}): [bold]{best['label']}[/], recompute {best['recompute']}, "
         f"offload {best['offload']}, {best['dispatcher']} dispatcher, micro-batch {best['micro_batch_size']}, layer split {best['layer_split']}"
     )
     out.print(

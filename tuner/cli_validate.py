@@ -67,8 +67,10 @@ def validate(
             err.print(f"[yellow]skipped:[/] {escape(str(p))}")
         preds = predict_runs(runs, cal)
         if not preds:
+            reasons = sorted({str(r.unrepresentable) for r in runs if r.unrepresentable})
+            why = ("; reasons: " + "; ".join(reasons[:3]) + (" ..." if len(reasons) > 3 else "")) if reasons else ""
             raise TunerError(f"no usable row in {', '.join(map(str, data))}: {len(problems)} with unreadable cells, "
-                             f"{sum(1 for r in runs if r.unrepresentable)} the model cannot represent")
+                             f"{sum(1 for r in runs if r.unrepresentable)} the model cannot represent{why}")
         if rows:
             t = Table(title="predicted vs published (every prediction is the analytical model's; published numbers are measured)", title_justify="left")
             for c in ("id", "model", "GPUs", "precision", "layout", "metric", "published", "predicted", "error", "fits"):
@@ -151,6 +153,18 @@ def _study_observations(study: str, storage: Optional[str], results_dir: Path) -
     return obs, notes
 
 
+def _check_writable(path: Path) -> None:
+    """Raise TunerError now if ``path`` cannot be written (the fit would otherwise be lost)."""
+    existed = path.exists()
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise TunerError(f"--out {str(path)!r}: cannot write it ({e.strerror or e})") from None
+    if not existed:
+        path.unlink(missing_ok=True)
+
+
 def calibrate(
     data: DataOpt = None,
     study: Annotated[Optional[str], typer.Option("--study", help="Fit to the measured trials of this study (made by `tune`).")] = None,
@@ -181,6 +195,7 @@ def calibrate(
             raise TunerError("give --data CSV (measured runs) or --study NAME (a study with measured trials)")
         if out_file is None:
             raise TunerError("--out is required, e.g. --out calibration.yaml")
+        _check_writable(out_file)  # before a fit that can take minutes
         problems: list[Any] = []
         runs: list[Any] = []
         if data:

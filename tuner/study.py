@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -143,8 +144,14 @@ def _validate_config(config: TuneConfig) -> None:
         raise TunerError(f"--seed must be from 0 to 2**32 - 1, got {config.seed}")
     if config.layers is not None and (isinstance(config.layers, bool) or not isinstance(config.layers, int) or config.layers < 1):
         raise TunerError(f"--layers must be a positive integer (decoder layers of the slice), got {config.layers!r}")
-    if config.prune_margin is not None and not config.prune_margin >= 0:
-        raise TunerError(f"--prune-margin must be >= 0, got {config.prune_margin}")
+    if config.prune_margin is not None and not (math.isfinite(config.prune_margin) and config.prune_margin >= 0):
+        raise TunerError(f"--prune-margin must be a finite number >= 0 (negative: never prune), got {config.prune_margin}")
+    if not 1 <= config.trial_steps <= 100_000 or not 0 <= config.trial_warmup_steps < config.trial_steps:
+        raise TunerError(
+            f"--trial-steps must be more than the {config.trial_warmup_steps} warm-up steps (and at most 100,000), got {config.trial_steps}"
+        )
+    if not (math.isfinite(config.trial_timeout_s) and config.trial_timeout_s > 0):
+        raise TunerError(f"--trial-timeout must be a positive number of seconds, got {config.trial_timeout_s}")
 
 
 def _mask(url: str) -> str:
@@ -161,6 +168,12 @@ def prepare(config: TuneConfig) -> Prepared:
     """
     _validate_config(config)
     model = slice_model(load_model(config.model), config.layers)
+    if model.num_experts and not model.num_moe_layers:
+        first_moe = next((i for i, f in enumerate(load_model(config.model).moe_layer_freq) if f), 0) + 1
+        raise TunerError(
+            f"--layers {config.layers}: the first {config.layers} layers of {load_model(config.model).name} are all dense, so the "
+            f"slice has no MoE layer to tune; use --layers {first_moe} or more"
+        )
     cluster = parse_gpus(
         config.gpus,
         gpus_per_node=config.gpus_per_node,
