@@ -12,7 +12,7 @@ BACKENDS = {
     "model": "analytical cost model (no GPU; every number is a prediction)",
     "local": "torchrun of the megatron-core trial harness on this machine's GPUs (measured)",
     "ray": "the trial harness across a Ray cluster (not in this version)",
-    "command": "a slime / Megatron-LM command template, log parsed (not in this version)",
+    "command": "your slime / Megatron-LM launch command from a template (--command-template FILE), its log parsed (measured)",
 }
 
 
@@ -20,10 +20,12 @@ def get_backend(name: str, **kwargs: object) -> TrialBackend:
     """The backend called ``name``.
 
     ``model`` takes ``calibration`` and ``memory_headroom``; ``local`` takes ``trials_dir``,
-    ``num_gpus``, ``steps``, ``warmup_steps``, ``timeout_s`` (other keywords are ignored).
+    ``num_gpus``, ``steps``, ``warmup_steps``, ``timeout_s``; ``command`` takes ``command_template``,
+    ``trials_dir``, ``steps``, ``warmup_steps``, ``timeout_s`` (other keywords are ignored).
 
     Raises:
-        TunerError: unknown name, a backend this version does not ship yet, or (local) no GPU.
+        TunerError: unknown name, a backend this version does not ship yet, (local) no GPU, or
+            (command) no or a bad template.
     """
     if name == "model":
         from launch.model_backend import ModelBackend
@@ -34,10 +36,14 @@ def get_backend(name: str, **kwargs: object) -> TrialBackend:
         from launch.local_backend import LocalBackend
 
         return LocalBackend(**kwargs)  # type: ignore[arg-type]
+    if name == "command":
+        from launch.command_backend import CommandBackend
+
+        return CommandBackend(**kwargs)  # type: ignore[arg-type]
     if name in BACKENDS:
         raise TunerError(
             f"--backend {name}: real trials are not available in this version; use --backend model "
-            "(the analytical prediction) or --backend local (real trials on this machine's GPUs). "
-            "The ray and command backends are planned."
+            "(the analytical prediction) or --backend local (real trials on this machine's GPUs) or --backend command (your own launch command). "
+            "The ray backend is planned."
         )
     raise TunerError(f"--backend {name!r}: unknown backend; accepted: {', '.join(BACKENDS)}")

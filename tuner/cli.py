@@ -86,10 +86,11 @@ def main_job(
     calibration: CalOpt = None,
     memory_headroom: HeadroomOpt = 0.10,
     trials: Annotated[Optional[int], typer.Option("--trials", help="Trials to run (default 48): the predicted front and fastest candidates first, then NSGA-II.", rich_help_panel="Search")] = None,
-    backend: Annotated[str, typer.Option("--backend", help="model (analytical, default) or local (real trials: the megatron-core harness under torchrun on this machine's GPUs); ray, command: later versions.", rich_help_panel="Search")] = "model",
+    backend: Annotated[str, typer.Option("--backend", help="model (analytical, default), local (real trials: the megatron-core harness under torchrun on this machine's GPUs) or command (your slime / Megatron-LM launch command, --command-template); ray: a later version.", rich_help_panel="Search")] = "model",
     layers: Annotated[Optional[int], typer.Option("--layers", help="Slice the model to its first N layers at full width, for the estimate and the trials.", rich_help_panel="Job")] = None,
     trial_steps: Annotated[int, typer.Option("--trial-steps", help="Optimizer steps per real trial, 2 warm-up steps included (local backend).", rich_help_panel="Trials")] = 8,
     trial_timeout: Annotated[float, typer.Option("--trial-timeout", help="Seconds one real trial may run, model build included; then its process group is killed.", rich_help_panel="Trials")] = 900.0,
+    command_template: Annotated[Optional[Path], typer.Option("--command-template", help="Launch template (YAML/JSON argv with placeholders) of --backend command; launch/templates/slime_command.yaml ships.", rich_help_panel="Trials")] = None,
     prune_margin: Annotated[float, typer.Option("--prune-margin", help="Stop a real trial more than this fraction slower than the best so far (after 2 measured steps); negative = never.", rich_help_panel="Trials")] = 0.25,
     stack: Annotated[str, typer.Option("--stack", help="slime (default; leaves out allgather, which slime rewrites) or megatron.", rich_help_panel="Search")] = "slime",
     study: StudyOpt = None,
@@ -136,6 +137,7 @@ def main_job(
             trial_steps=trial_steps,
             trial_warmup_steps=min(2, trial_steps - 1) if trial_steps > 0 else 2,
             trial_timeout_s=trial_timeout,
+            command_template=str(command_template) if command_template else None,
             prune_margin=None if (prune_margin == prune_margin and prune_margin < 0) else prune_margin,  # NaN is rejected later
         )
         _run_main(cfg, top)
@@ -148,7 +150,7 @@ def _run_main(cfg: Any, top: int) -> None:
     from tuner.report import export_files, front_rows, pipeline_layout_of, plot_front, write_pareto_csv
     from tuner.study import _mask, prepare, run_study, trial_rows
 
-    probe = get_backend(cfg.backend)  # reject unknown / unavailable backends before any work
+    probe = get_backend(cfg.backend, command_template=cfg.command_template)  # reject unknown / unavailable backends before any work
     prep = prepare(cfg)
     if cfg.backend == "local" and getattr(probe, "num_gpus", prep.cluster.num_gpus) != prep.cluster.num_gpus:
         raise TunerError(

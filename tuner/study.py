@@ -79,6 +79,8 @@ class TuneConfig:
     trial_timeout_s: float = 900.0
     """Wall-clock limit of one real trial, model build included (seconds)."""
     prune_margin: float | None = 0.25
+    command_template: str | None = None
+    """The launch template of the ``command`` backend (``--command-template FILE``)."""
     """Stop a real trial whose running median throughput is below best / (1 + margin); None = never prune."""
 
     def study_name(self, model: ModelSpec, cluster: Cluster) -> str:
@@ -152,6 +154,8 @@ def _validate_config(config: TuneConfig) -> None:
         )
     if not (math.isfinite(config.trial_timeout_s) and config.trial_timeout_s > 0):
         raise TunerError(f"--trial-timeout must be a positive number of seconds, got {config.trial_timeout_s}")
+    if config.command_template and config.backend != "command":
+        raise TunerError(f"--command-template is for --backend command (this run uses --backend {config.backend})")
 
 
 def _mask(url: str) -> str:
@@ -535,6 +539,7 @@ def run_study(
         steps=cfg.trial_steps,
         warmup_steps=cfg.trial_warmup_steps,
         timeout_s=cfg.trial_timeout_s,
+        command_template=cfg.command_template,
     )
     # Backends written against the first interface (run without reporter) still work.
     _params = inspect.signature(backend.run).parameters
@@ -550,8 +555,8 @@ def run_study(
     }
     # Layouts still queued by an interrupted run: run them before enqueuing more.
     waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-    if cfg.backend in ("model", "local"):
-        # Model and local trials run inside this process: one still RUNNING was cut off by an interrupt.
+    if cfg.backend in ("model", "local", "command"):
+        # Model, local and command trials run inside this process: one still RUNNING was cut off by an interrupt.
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
 

@@ -1,0 +1,393 @@
+"""The ``command`` backend: each trial is the user's own launch command (slime, Megatron-LM), its log parsed.
+
+A launch template (``--command-template FILE``, YAML or JSON)::
+
+    argv: [torchrun, --nproc-per-node, "{gpus_per_node}", pretrain_gpt.py, "{model_args}", "{layout_args}", ...]
+    env: {NCCL_DEBUG: WARN}        # optional; values may hold placeholders too
+    timeout_s: 1800                # optional; else --trial-timeout
+    framework: megatron            # optional: megatron (default) or slime, for {layout_args}
+
+Placeholders are substituted in each argv element on its own, and the command runs
+without a shell, so a value is never re-split or interpreted (``;`` or ``$(...)`` stays
+text). ``{model_args}`` and ``{layout_args}`` (:func:`launch.export.model_args` and
+:func:`launch.export.layout_args`) expand to several elements and must be an element
+on their own; ``{env:NAME}`` is the tuner's environment variable NAME (checked when the
+backend starts); ``{{`` and ``}}`` are literal braces.
+
+One trial: ``results/<study>/trials/<n>/`` gets ``command.txt`` and ``log.txt`` (stdout
+and stderr); the command runs in a process group of its own, its log is read as it
+grows (:mod:`launch.megatron_log`), each logged iteration goes to the study's reporter,
+and the group is killed on timeout, on a stop, or on an interrupt, as in the local
+backend, whose helpers and failure classes are used here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from cost_model.errors import InfeasibleLayout, TunerError
+from cost_model.specs import Cluster, ModelSpec, Workload
+from launch.base import FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped
+from launch.harness.results import classify_failure
+from launch.local_backend import SAFE_ENV, _free_port, _kill_group, _tail
+from launch.megatron_log import MegatronLogReader
+from search_spaces.layout import Layout
+
+__all__ = ["CommandBackend", "CommandTemplate", "SCALAR_PLACEHOLDERS", "LIST_PLACEHOLDERS", "load_template", "SLIME_TEMPLATE"]
+
+#: Placeholders that become (part of) one argv element.
+SCALAR_PLACEHOLDERS = (
+    "tp", "pp", "vpp", "cp", "ep", "etp", "dp", "micro_batch_size", "global_batch_size", "seq_length",
+    "pipeline_layout", "num_nodes", "gpus_per_node", "world_size", "steps", "trial_dir", "trial_number", "master_port",
+)  # fmt: skip
+#: Placeholders that expand to several argv elements (alone in their element).
+LIST_PLACEHOLDERS = ("model_args", "layout_args")
+
+#: The slime template shipped with the package.
+SLIME_TEMPLATE = Path(__file__).with_name("templates") / "slime_command.yaml"
+
+_TOKEN_RE = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_KEYS = ("argv", "env", "timeout_s", "framework")
+
+
+def _accepted() -> str:
+    return ", ".join("{" + p + "}" for p in (*SCALAR_PLACEHOLDERS, *LIST_PLACEHOLDERS)) + ", {env:NAME}"
+
+
+def _names(text: str) -> tuple[list[str], list[str]]:
+    """Placeholder names in ``text`` and problems with its braces."""
+    names, problems = [], []
+    for m in _TOKEN_RE.finditer(text):
+        tok = m.group(0)
+        if tok in ("{{", "}}"):
+            continue
+        if m.group(1) is None:
+            problems.append(f"a lone {tok!r} in {text!r} (write {{{{ or }}}} for a literal brace)")
+        else:
+            names.append(m.group(1))
+    return names, problems
+
+
+def _substitute(text: str, values: Mapping[str, str]) -> str:
+    def one(m: re.Match[str]) -> str:
+        tok = m.group(0)
+        if tok == "{{":
+            return "{"
+        if tok == "}}":
+            return "}"
+        return values[m.group(1)]
+
+    return _TOKEN_RE.sub(one, text)
+
+
+@dataclass(frozen=True, slots=True)
+class CommandTemplate:
+    """A checked launch template (see the module's docstring)."""
+
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    timeout_s: float | None = None
+    framework: str = "megatron"
+    source: str = ""
+
+    @property
+    def env_names(self) -> list[str]:
+        """The ``{env:NAME}`` variables the template reads."""
+        out: list[str] = []
+        for text in (*self.argv, *(v for _, v in self.env)):
+            for n in _names(text)[0]:
+                if n.startswith("env:") and n[4:] not in out:
+                    out.append(n[4:])
+        return out
+
+    def fill(
+        self,
+        layout: Layout,
+        *,
+        model: ModelSpec,
+        cluster: Cluster,
+        workload: Workload,
+        steps: int,
+        trial_dir: str | Path = "",
+        trial_number: int = 0,
+        environ: Mapping[str, str] | None = None,
+    ) -> tuple[list[str], dict[str, str]]:
+        """The argv and the extra environment of one trial.
+
+        Raises:
+            TunerError: an ``{env:NAME}`` variable is not set, or the layout cannot be
+                written as flags (:func:`launch.export.layout_args`).
+        """
+        from launch.export import _pipeline_layout_string, layout_args, model_args
+
+        environ = os.environ if environ is None else environ
+        missing = [n for n in self.env_names if n not in environ]
+        if missing:
+            raise TunerError(f"--command-template {self.source}: set the environment variable(s) {', '.join(missing)} it uses ({{env:NAME}})")
+        pls = _pipeline_layout_string(layout, model) or ""
+        scalars: dict[str, str] = {
+            "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp, "ep": layout.ep, "etp": layout.etp,
+            "dp": layout.dp, "micro_batch_size": layout.micro_batch_size, "global_batch_size": workload.global_batch_size,
+            "seq_length": workload.seq_length, "pipeline_layout": pls, "num_nodes": cluster.num_nodes,
+            "gpus_per_node": cluster.gpus_per_node, "world_size": layout.world_size, "steps": steps,
+            "trial_dir": str(trial_dir), "trial_number": trial_number,
+        }  # fmt: skip
+        values = {k: str(v) for k, v in scalars.items()}
+        names = {n for text in (*self.argv, *(v for _, v in self.env)) for n in _names(text)[0]}
+        if "master_port" in names:
+            values["master_port"] = str(_free_port())
+        values |= {f"env:{n}": environ[n] for n in self.env_names}
+        lists: dict[str, list[str]] = {}
+        if "{model_args}" in self.argv:
+            lists["{model_args}"] = model_args(model)
+        if "{layout_args}" in self.argv:
+            lists["{layout_args}"] = layout_args(layout, model, workload, framework=self.framework)  # type: ignore[arg-type]
+        argv: list[str] = []
+        for el in self.argv:
+            if el in lists:
+                argv += lists[el]
+            else:
+                argv.append(_substitute(el, values))
+        env = {k: _substitute(v, values) for k, v in self.env}
+        return argv, env
+
+
+def load_template(path: str | Path) -> CommandTemplate:
+    """Read and check a launch template.
+
+    Raises:
+            TunerError: the file is missing or not YAML/JSON, ``argv`` is not a non-empty
+                list of strings, a key or placeholder is unknown (the message lists the
+                accepted ones), a list placeholder shares its element with other text,
+                an ``env`` name is not a variable name, or ``timeout_s`` is not a positive number.
+    """
+    p = Path(path)
+    where = f"--command-template {p}"
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except OSError as e:
+        raise TunerError(f"{where}: cannot read it ({e.strerror or e})") from None
+    except yaml.YAMLError as e:
+        raise TunerError(f"{where}: not YAML or JSON ({str(e).splitlines()[0]})") from None
+    if not isinstance(doc, dict):
+        raise TunerError(f"{where}: expected a mapping with argv: [...] (and optional env, timeout_s, framework)")
+    unknown_keys = sorted(str(k) for k in doc if k not in _KEYS)
+    if unknown_keys:
+        raise TunerError(f"{where}: unknown key(s) {', '.join(unknown_keys)}; accepted: {', '.join(_KEYS)}")
+    argv = doc.get("argv")
+    if not isinstance(argv, list) or not argv:
+        raise TunerError(f"{where}: argv must be a non-empty list of strings (one per argument)")
+    bad = [x for x in argv if isinstance(x, bool) or not isinstance(x, (str, int, float))]
+    if bad:
+        raise TunerError(f"{where}: argv elements must be strings or numbers, got {bad[0]!r}")
+    argv_s = tuple(str(x) for x in argv)
+    env_doc = doc.get("env") or {}
+    if not isinstance(env_doc, dict):
+        raise TunerError(f"{where}: env must be a mapping NAME: value")
+    env: list[tuple[str, str]] = []
+    for k, v in env_doc.items():
+        if not isinstance(k, str) or not _ENV_NAME_RE.fullmatch(k):
+            raise TunerError(f"{where}: env: {k!r} is not an environment variable name")
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise TunerError(f"{where}: env: {k} must be a string or a number, got {v!r}")
+        env.append((k, str(v)))
+    timeout = doc.get("timeout_s")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0):
+        raise TunerError(f"{where}: timeout_s must be a positive number of seconds, got {timeout!r}")
+    framework = doc.get("framework", "megatron")
+    if framework not in ("megatron", "slime"):
+        raise TunerError(f"{where}: framework must be megatron or slime, got {framework!r}")
+
+    unknown: list[str] = []
+    problems: list[str] = []
+    for i, text in enumerate((*argv_s, *(v for _, v in env))):
+        names, probs = _names(text)
+        problems += probs
+        for n in names:
+            if n in LIST_PLACEHOLDERS:
+                if text != "{" + n + "}" or i >= len(argv_s):
+                    problems.append(f"{{{n}}} expands to several arguments, so it must be an argv element on its own (got {text!r})")
+            elif n.startswith("env:"):
+                if not _ENV_NAME_RE.fullmatch(n[4:]):
+                    problems.append(f"{{{n}}}: {n[4:]!r} is not an environment variable name")
+            elif n not in SCALAR_PLACEHOLDERS and "{" + n + "}" not in unknown:
+                unknown.append("{" + n + "}")
+    if unknown:
+        raise TunerError(f"{where}: unknown placeholder(s) {', '.join(unknown)}; accepted: {_accepted()}")
+    if problems:
+        raise TunerError(f"{where}: {problems[0]}")
+    return CommandTemplate(argv=argv_s, env=tuple(env), timeout_s=float(timeout) if timeout is not None else None, framework=framework, source=str(p))
+
+
+class CommandBackend(TrialBackend):
+    """Runs each layout as the user's launch command and parses Megatron's log.
+
+    Args:
+        command_template: the template file (or a loaded :class:`CommandTemplate`).
+        trials_dir: where each trial's folder goes (``results/<study>/trials``).
+        steps: training steps per trial (``{steps}``), warm-up included.
+        warmup_steps: leading logged iterations left out of the median.
+        timeout_s: wall-clock limit of one trial unless the template sets ``timeout_s``.
+        poll_s: how often the log is read (seconds).
+
+    Raises:
+        TunerError: no template, a bad template, an ``{env:NAME}`` that is not set, or a
+            program (argv[0]) that cannot be found.
+    """
+
+    name = "command"
+    source = "measured"
+
+    def __init__(
+        self,
+        *,
+        command_template: str | Path | CommandTemplate | None = None,
+        trials_dir: str | Path = "results/trials",
+        steps: int = 8,
+        warmup_steps: int = 2,
+        timeout_s: float = 900.0,
+        poll_s: float = 0.5,
+        **_: object,
+    ) -> None:
+        if command_template is None or command_template == "":
+            raise TunerError(
+                "--backend command needs --command-template FILE: a YAML or JSON file with argv: [...] and placeholders such as "
+                f"{{tp}} and {{layout_args}} (the slime one ships as {SLIME_TEMPLATE})"
+            )
+        tpl = command_template if isinstance(command_template, CommandTemplate) else load_template(command_template)
+        missing = [n for n in tpl.env_names if n not in os.environ]
+        if missing:
+            raise TunerError(f"--command-template {tpl.source}: set the environment variable(s) {', '.join(missing)} it uses ({{env:NAME}})")
+        prog = tpl.argv[0]
+        if "{" not in prog and shutil.which(prog) is None:
+            raise TunerError(f"--command-template {tpl.source}: the program {prog!r} (argv[0]) is not found on PATH")
+        if steps < 1 or not 0 <= warmup_steps < steps:
+            raise TunerError(f"--backend command: steps must be >= 1 and warm-up steps in [0, steps), got {steps}, {warmup_steps}")
+        self.template = tpl
+        self.trials_dir = Path(trials_dir)
+        self.steps = steps
+        self.warmup_steps = warmup_steps
+        self.timeout_s = float(tpl.timeout_s if tpl.timeout_s is not None else timeout_s)
+        if not self.timeout_s > 0:
+            raise TunerError(f"--backend command: the trial timeout must be > 0 s, got {self.timeout_s}")
+        self.poll_s = poll_s
+        self._count = 0
+
+    def run(
+        self,
+        layout: Layout,
+        *,
+        model: ModelSpec,
+        cluster: Cluster,
+        workload: Workload,
+        reporter: StepReporter | None = None,
+        trial_number: int | None = None,
+    ) -> Measurement:
+        """Run ``layout`` with the template's command; see :class:`TrialBackend`.
+
+        Raises:
+            TrialFailed: out of memory, timeout, NCCL error or crash (kinds as the local
+                backend's), or a run that ends without any iteration line.
+            TrialStopped: the reporter stopped the trial.
+            InfeasibleLayout: (rule ``command_template``) the layout cannot be written as the
+                template's flags; nothing was started.
+        """
+        n = trial_number if trial_number is not None else self._count
+        self._count += 1
+        tdir = self.trials_dir / str(n)
+        if tdir.exists():
+            shutil.rmtree(tdir)
+        tdir.mkdir(parents=True)
+        try:
+            argv, extra_env = self.template.fill(
+                layout, model=model, cluster=cluster, workload=workload, steps=self.steps, trial_dir=tdir.resolve(), trial_number=n
+            )
+        except InfeasibleLayout:
+            raise
+        except TunerError as e:  # the layout cannot be written as flags: nothing was started
+            raise InfeasibleLayout("command_template", str(e)) from None
+        log_path = tdir / "log.txt"
+        (tdir / "command.txt").write_text(shlex.join(argv) + "\n")
+        (tdir / "command.json").write_text(json.dumps({"argv": argv, "env": extra_env}, indent=1) + "\n")
+        env = {**os.environ, **SAFE_ENV, **extra_env}
+        sizes = {"global_batch_size": workload.global_batch_size, "seq_length": workload.seq_length, "world_size": layout.world_size}
+        reader = MegatronLogReader()
+        t0 = time.monotonic()
+        seen = 0
+        timed_out = False
+        stop_reason: str | None = None
+        with open(log_path, "wb") as log, open(log_path, "rb") as follow:
+            try:
+                proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env, cwd=os.getcwd())
+            except OSError as e:
+                raise TrialFailed(FailureKind.crash, f"cannot start {argv[0]!r}: {e.strerror or e}", str(tdir)) from None
+            try:
+                while True:
+                    rc = proc.poll()
+                    reader.feed(follow.read())
+                    its = reader.log.iterations
+                    if reporter is not None and len(its) > seen and rc is None:
+                        seen = len(its)
+                        stop_reason = reporter([reader.log.tokens_per_s_per_gpu(it.step_time_s, **sizes) for it in its])
+                        if stop_reason:
+                            _kill_group(proc)
+                            break
+                    if rc is not None:
+                        break
+                    if time.monotonic() - t0 > self.timeout_s:
+                        timed_out = True
+                        _kill_group(proc)
+                        break
+                    time.sleep(self.poll_s)
+            finally:
+                if proc.poll() is None:  # interrupted (KeyboardInterrupt) or an error here: leave nothing running
+                    _kill_group(proc, grace_s=5.0)
+            reader.feed(follow.read())
+        wall_s = time.monotonic() - t0
+        parsed = reader.finish()
+        its = parsed.iterations
+        if stop_reason:
+            raise TrialStopped(
+                stop_reason,
+                step_times_s=[it.step_time_s for it in its],
+                tokens_per_s_per_gpu=[parsed.tokens_per_s_per_gpu(it.step_time_s, **sizes) for it in its],
+                log_path=str(tdir),
+            )
+        if not timed_out and proc.returncode == 0 and its:
+            summary: dict[str, Any] = parsed.summary(**sizes, warmup_steps=self.warmup_steps)
+            kept = its[self.warmup_steps:] if len(its) > self.warmup_steps else its
+            return Measurement(
+                layout=layout,
+                source=self.source,
+                tokens_per_s_per_gpu=float(summary["tokens_per_s_per_gpu"]),
+                peak_bytes=parsed.peak_reserved_bytes,
+                step_times_s=tuple(it.step_time_s for it in kept),
+                losses=tuple(it.loss for it in its),
+                grad_norms=tuple(it.grad_norm for it in its),
+                log_path=str(tdir),
+                extra={
+                    "summary": summary | {"iterations": len(its), "memory_reports": len(parsed.memory), "bad_lines": parsed.bad_lines},
+                    "notes": [f"command backend: {self.template.source}"],
+                    "wall_s": wall_s,
+                    "peak_allocated_bytes": parsed.peak_allocated_bytes,
+                    "step_time_cv": summary["step_time_cv"],
+                },
+            )
+        result = parsed.as_harness_result(**sizes)
+        kind, msg, reached = classify_failure(proc.returncode if not timed_out else None, result, _tail(log_path), timed_out=timed_out)
+        if kind == FailureKind.crash and proc.returncode == 0:
+            msg = "the command exited without any Megatron iteration line (elapsed time per iteration): " + msg
+        raise TrialFailed(kind, f"{msg} (log: {log_path})", str(tdir), memory_reached_bytes=reached if math.isfinite(reached) else float("nan"))
