@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from flag_parsing import argv_flags
 import yaml
 
 from cost_model.errors import InfeasibleLayout, TunerError
@@ -137,18 +138,7 @@ def test_layout_that_cannot_be_written_is_infeasible(tmp_path, m4):
 
 
 def _flags(argv: list[str]) -> dict[str, tuple[str, ...]]:
-    flags: dict[str, tuple[str, ...]] = {}
-    cur = None
-    for tok in argv[argv.index(next(t for t in argv if t.startswith("--"))) :]:
-        if "MODEL_ARGS" in tok:
-            cur = None
-        elif tok.startswith("--"):
-            assert tok not in flags, f"{tok} given twice"
-            cur, flags[tok] = tok, ()
-        else:
-            assert cur is not None, f"value {tok!r} without a flag"
-            flags[cur] += (tok,)
-    return flags
+    return argv_flags(argv)
 
 
 def test_slime_template_reproduces_the_seed_run_block(monkeypatch, minimax, h200x64, seed_workload, seed_tuned):

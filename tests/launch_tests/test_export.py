@@ -15,6 +15,7 @@ import types
 from pathlib import Path
 
 import pytest
+from flag_parsing import command_flags
 import yaml
 
 from cost_model.errors import TunerError
@@ -139,22 +140,7 @@ def _estimate(layout: Layout) -> Estimate:
 
 
 def _command_flags(script: str) -> dict[str, tuple[str, ...]]:
-    """``{flag: values}`` of the ``python3 -m ...`` command of a run script."""
-    text = script.replace("\\\n", " ")
-    line = next(ln for ln in text.splitlines() if ln.strip().startswith("python3 -m"))
-    tokens = shlex.split(line)
-    flags: dict[str, tuple[str, ...]] = {}
-    cur = None
-    for tok in tokens[tokens.index(next(t for t in tokens if t.startswith("--"))) :]:
-        if "MODEL_ARGS" in tok:
-            cur = None
-        elif tok.startswith("--"):
-            assert tok not in flags, f"{tok} given twice"
-            cur, flags[tok] = tok, ()
-        else:
-            assert cur is not None, f"value {tok!r} without a flag"
-            flags[cur] += (tok,)
-    return flags
+    return command_flags(script)
 
 
 def _argv_flags(argv: list[str]) -> dict[str, tuple[str, ...]]:
