@@ -90,8 +90,9 @@ _MINIMAX_M2_SPEC = ("--spec", "slime_plugins.models.minimax_m2", "get_minimax_m2
 _STACK_FRAMEWORK = "slime or Megatron-LM (any version with --pipeline-model-parallel-layout)"
 _PREDICTION_SOURCE = "analytical cost model (cost_model/)"
 _CORRECTNESS_NOTE = (
-    "not run: check convergence against a reference layout (same weights and data, e.g. 20 steps with "
-    "Megatron-Bridge's validate_convergence) before training on this layout; `tune verify` is planned"
+    "not run: check convergence against a reference layout (same weights and data, 20 steps, "
+    "Megatron-Bridge's validate_convergence thresholds) before training on this layout: "
+    "`tune verify --study STUDY --trial N --reference tp=1,pp=1,ep=1`"
 )
 _RECIPE_HEADER = "# A megatron-layout-tuner recipe; the fields are documented in launch/schema/recipe.schema.json.\n"
 
@@ -825,6 +826,24 @@ def _date(value: Any) -> _dt.date:
     return _dt.date.today()
 
 
+def measurement_from_row(row: Mapping[str, Any], layout: Layout) -> Measurement | None:
+    """The :class:`Measurement` of a study's trial row (from :func:`tuner.study.trial_rows`), or None if it was predicted."""
+    from launch.base import Measurement
+
+    if row.get("source") != "measured":
+        return None
+    return Measurement(
+        layout=layout,
+        source="measured",
+        tokens_per_s_per_gpu=float(row["tokens_per_s_per_gpu"]),
+        peak_bytes=float(row["peak_gib"]) * GIB,
+        step_times_s=tuple(float(x) for x in row.get("step_times_s", ())),
+        losses=tuple(float(x) for x in row.get("losses", ())),
+        log_path=str(row.get("log_path", "")),
+        extra={"measured": row.get("measured")},
+    )
+
+
 def _result(measurement: Measurement, model: ModelSpec, cluster: Cluster) -> dict[str, Any]:
     tps = float(measurement.tokens_per_s_per_gpu)
     if not tps > 0:
@@ -928,13 +947,15 @@ def recipe_dict(
     author: str = "megatron-layout-tuner",
     author_url: str | None = None,
     extra_env: Mapping[str, str] | None = None,
+    correctness: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The recipe for ``layout``, with the seed's fields and key order.
 
     ``status`` is ``predicted`` unless ``measurement`` has ``source ==
     "measured"``: then ``measured`` with a ``result`` section, or ``failed`` when
-    the trial failed (its kind and log go to ``notes``). It is never
-    ``verified``: that needs the convergence check (``tune verify``).
+    the trial failed (its kind and log go to ``notes``). It is ``verified`` only
+    when it is measured and ``correctness`` (the block of ``tune verify``,
+    :func:`tuner.verify.correctness_block`) says ``pass``.
     ``prediction`` holds the cost model's ``estimate`` (or null), ``run`` the
     :func:`slime_script`, ``notes`` the pipeline layout explained in the seed's
     words and what the user must provide.
@@ -956,6 +977,7 @@ def recipe_dict(
         author: ``author.name``.
         author_url: ``author.url``.
         extra_env: More environment variables for the run script.
+        correctness: The ``correctness`` block (default: "not run" with how to run it).
 
     Returns:
         A plain dict (str, int, float, bool, None, list, dict, date) in the
@@ -981,6 +1003,8 @@ def recipe_dict(
             )
         else:
             status, result = "measured", _result(measurement, model, cluster)
+    if status == "measured" and correctness is not None and correctness.get("result") == "pass":
+        status = "verified"
 
     core, core_why = _min_megatron_core(layout, model)
     stack_note = f"megatron-core >= {core}: {'; '.join(core_why)}."
@@ -1037,7 +1061,7 @@ def recipe_dict(
         "layout": _layout_section(layout, model, workload, pls),
         "result": result,
         "prediction": _prediction(estimate) if estimate is not None else None,
-        "correctness": {"result": "not run", "note": _CORRECTNESS_NOTE},
+        "correctness": dict(correctness) if correctness is not None else {"result": "not run", "note": _CORRECTNESS_NOTE},
         "env": _env(extra_env),
         "patches": [],
         "run": run,

@@ -87,7 +87,7 @@ def _kill_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
         return
 
 
-def check_harness_dependencies() -> None:
+def check_harness_dependencies(what: str = "--backend local") -> None:
     """Fail early, before any search, when the real harness cannot start on this machine.
 
     Raises:
@@ -104,7 +104,7 @@ def check_harness_dependencies() -> None:
     missing = [m for m in ("torch", "megatron.core") if not _has(m)]
     if missing:
         raise TunerError(
-            f"--backend local needs {' and '.join(missing)} on this machine: install the gpu extra "
+            f"{what} needs {' and '.join(missing)} on this machine: install the gpu extra "
             "(pip install -e '.[gpu]': torch and megatron-core; Transformer Engine is used when present)"
         )
 
@@ -124,6 +124,9 @@ class LocalBackend(TrialBackend):
             tests pass a fake program here.
         env: the harness environment (default: probed with :meth:`HarnessEnv.detect`).
         poll_s: how often the JSON lines are read (seconds).
+        harness_options: further fields of every trial's :class:`HarnessSpec` (``data``,
+            ``lr``, ``save_checkpoint``, ``load_checkpoint``, ``fault``, ...; see
+            :func:`launch.harness.spec.build_spec`); ``tune verify`` uses them.
 
     Raises:
         TunerError: no GPU found, or bad ``steps`` / ``timeout_s``.
@@ -143,6 +146,7 @@ class LocalBackend(TrialBackend):
         launcher: Sequence[str] | None = None,
         env: HarnessEnv | None = None,
         poll_s: float = 0.5,
+        harness_options: dict[str, object] | None = None,
         **_: object,
     ) -> None:
         n = machine_gpu_count() if num_gpus is None else num_gpus
@@ -160,6 +164,7 @@ class LocalBackend(TrialBackend):
         self.launcher = list(launcher) if launcher is not None else None
         self.env = env if env is not None else HarnessEnv.detect()
         self.poll_s = poll_s
+        self.harness_options = dict(harness_options or {})
         self._count = 0
 
     def refusal(self, layout: Layout, model: ModelSpec, workload: Workload) -> str | None:
@@ -184,8 +189,11 @@ class LocalBackend(TrialBackend):
         workload: Workload,
         reporter: StepReporter | None = None,
         trial_number: int | None = None,
+        trial_dir: str | None = None,
     ) -> Measurement:
         """Run ``layout`` as the harness; see :class:`TrialBackend`.
+
+        ``trial_dir`` names the run's folder under ``trials_dir`` (default: the trial number).
 
         Raises:
             InfeasibleLayout: (rule ``harness_env``) the layout is for another GPU count than
@@ -197,10 +205,10 @@ class LocalBackend(TrialBackend):
             raise InfeasibleLayout(
                 "harness_env", f"the layout is for {layout.world_size} GPUs but the local backend uses this machine's {self.num_gpus}"
             )
-        spec = build_spec(model, layout, workload, env=self.env, steps=self.steps, warmup_steps=self.warmup_steps)
+        spec = build_spec(model, layout, workload, env=self.env, steps=self.steps, warmup_steps=self.warmup_steps, options=self.harness_options)
         n = trial_number if trial_number is not None else self._count
         self._count += 1
-        tdir = self.trials_dir / str(n)
+        tdir = self.trials_dir / (trial_dir or str(n))
         if tdir.exists():
             shutil.rmtree(tdir)
         tdir.mkdir(parents=True)
@@ -261,6 +269,7 @@ class LocalBackend(TrialBackend):
                     "wall_s": wall_s,
                     "peak_allocated_bytes": res.peak_allocated_bytes,
                     "step_time_cv": res.summary.get("step_time_cv"),
+                    "data": res.data,
                 },
             )
         kind, msg, reached = classify_failure(proc.returncode if not timed_out else None, res, log_text, timed_out=timed_out)

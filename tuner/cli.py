@@ -230,7 +230,11 @@ def _run_main(cfg: Any, top: int) -> None:
             title=f"{prep.model.name} on {c.label}, seq {w.seq_length}, gbs {w.global_batch_size} ({src_word})",
             usable_gib=prep.estimates.usable_bytes / GIB,
         )
-        files.update(export_files(res.out_dir, prep.model, c, w, lay, study=res.study_name, calibration=prep.calibration, memory_headroom=cfg.memory_headroom))
+        from launch.export import measurement_from_row
+
+        best_row = next((r for r in rows if r["trial"] == best["trial"]), {})
+        files.update(export_files(res.out_dir, prep.model, c, w, lay, study=res.study_name, calibration=prep.calibration,
+                                  memory_headroom=cfg.memory_headroom, measurement=measurement_from_row(best_row, lay)))
     except OSError as e:
         raise TunerError(f"cannot write the results to {res.out_dir} ({e.strerror or e}: {e.filename}); the study and its trials are kept in {_mask(res.storage)}") from None
     out.print(
@@ -248,9 +252,11 @@ def _run_main(cfg: Any, top: int) -> None:
     for kind, p in files.items():
         out.print(f"  {p}", markup=False)
     out.print(
-        "The recipe's status is 'predicted': confirm with real trials before training "
-        "(and run a convergence check against a reference layout)."
-        if best["source"] == "predicted" else ""
+        ("The recipe's status is 'predicted': confirm with real trials before training, and check "
+         "convergence against a reference layout: " if best["source"] == "predicted" else
+         "Before training on it, check convergence against a reference layout: ")
+        + f"tune verify --study {res.study_name} --trial {best['trial']} --reference tp=1,pp=1,ep=1",
+        markup=False,
     )
 
 
@@ -645,19 +651,22 @@ def export_cmd(
             front = front_rows(rows, m)
             if not front:
                 raise TunerError(f"study {st.study_name!r} has no finished trial to export")
-            lay = front[0]["layout"]
+            row = next(r for r in rows if r["trial"] == front[0]["trial"])
         else:
             match = [r for r in rows if r["trial"] == trial]
             if not match:
                 done = sorted(r["trial"] for r in rows)
                 raise TunerError(f"--trial {trial}: not a finished trial of {st.study_name!r}; finished trials: {done[:20]}{' ...' if len(done) > 20 else ''}")
-            lay = Layout.from_dict(match[0]["layout"])
+            row = match[0]
+        lay = Layout.from_dict(row["layout"])
         if fmt == "recipe":
             from cost_model.calibration import Calibration
 
             cal = Calibration(**st.user_attrs["calibration"]) if "calibration" in st.user_attrs else Calibration()
             e = _estimate(m, c, w, lay, calibration=cal, memory_headroom=cfg.get("memory_headroom", 0.10))
-            rec = export.recipe_dict(m, c, w, lay, estimate=e, study=st.study_name)
+            meas = export.measurement_from_row(row, lay)
+            rec = export.recipe_dict(m, c, w, lay, estimate=e, measurement=meas, study=st.study_name,
+                                     correctness=st.user_attrs.get(f"verify:{row['trial']}"))
             export.validate_recipe(rec)
             text = export.dump_recipe(rec)
         elif fmt == "slime":
@@ -734,6 +743,11 @@ def main() -> None:
 from tuner.cli_validate import register as _register_validate  # noqa: E402
 
 _register_validate(app)
+
+# ---- issue 6: `tune verify` (tuner/cli_verify.py) ----
+from tuner.cli_verify import register as _register_verify  # noqa: E402
+
+_register_verify(app)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 The harness appends one JSON object per line to its ``--out`` file:
 
-- ``{"event": "start", "world_size", "layout", "versions", "notes"}`` (rank 0);
+- ``{"event": "start", "world_size", "layout", "versions", "notes", "data", "lr", "fault", ...}`` (rank 0);
+- ``{"event": "data", "corpus", "corpus_bytes", "corpus_sha256", "tokenizer"}`` (rank 0, text data only);
+- ``{"event": "pretrain", "step", "loss"}`` (rank 0, the warm-start steps of ``tune verify``'s reference arm);
 - ``{"event": "step", "step", "step_time_s", "tokens_per_s_per_gpu", "loss", "grad_norm"}``
   (rank 0, one per optimizer step; ``step`` counts from 1);
 - ``{"event": "summary", "median_step_time_s", "step_time_cv", "tokens_per_s_per_gpu",
@@ -62,6 +64,10 @@ class HarnessResult:
 
     steps: list[StepRecord] = field(default_factory=list)
     start: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+    """The text data the run trained on (corpus, bytes, SHA-256), when not synthetic."""
+    pretrain: list[dict[str, Any]] = field(default_factory=list)
+    """Warm-start steps (``{"event": "pretrain", "step", "loss"}``) before the checkpoint was written."""
     summary: dict[str, Any] = field(default_factory=dict)
     ooms: list[dict[str, Any]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
@@ -124,6 +130,10 @@ def read_results(path: str | Path) -> HarnessResult:
                 r.bad_lines += 1
         elif ev == "start":
             r.start = obj
+        elif ev == "data":
+            r.data = obj
+        elif ev == "pretrain":
+            r.pretrain.append(obj)
         elif ev == "summary":
             r.summary = obj
         elif ev == "oom":

@@ -21,10 +21,31 @@ from cost_model.errors import TunerError
 from cost_model.specs import ModelSpec, Workload
 from search_spaces.layout import Dispatcher, Layout, RecomputeGranularity
 
-__all__ = ["HarnessEnv", "HarnessSpec", "build_spec", "slice_model", "torchrun_command", "unsupported_reasons", "HARNESS_MODULE"]
+__all__ = ["FAULTS", "HarnessEnv", "HarnessSpec", "build_spec", "fault_reasons", "slice_model", "torchrun_command", "unsupported_reasons", "HARNESS_MODULE"]
 
 #: The module ``torchrun -m`` starts.
 HARNESS_MODULE = "launch.harness.train"
+
+#: Deliberate bugs the harness can inject (negative controls of ``tune verify``): name -> what it breaks.
+#: Each one is a class of bug seen in real stacks; a check that passes them all cannot tell a broken layout.
+FAULTS: dict[str, str] = {
+    "sp_norm_grad_unreduced": (
+        "the norm weights are not tagged sequence_parallel, so under TP with sequence parallelism their gradient "
+        "is not summed over the TP group (each TP rank updates its copy from its own slice of the sequence): "
+        "the seed's bug class (QK-norm gradients wrong under TP 2 with SP)"
+    ),
+    "non_causal_attention": (
+        "attention without the causal mask (each token sees the tokens after it): the class of a wrong "
+        "attention-mask type on some layouts"
+    ),
+    "embedding_shard_misplaced": (
+        "after the checkpoint is loaded, each TP rank holds the next TP rank's shard of the word embedding: "
+        "the class of a resharding bug when a checkpoint is loaded into another TP size"
+    ),
+}
+
+#: The harness's data sources.
+DATA_KINDS = ("synthetic", "corpus")
 
 
 def slice_model(model: ModelSpec, num_layers: int | None) -> ModelSpec:
@@ -138,11 +159,45 @@ class HarnessSpec:
     """Build with TE's layer spec (else megatron-core's local spec plus the harness's SDPA and RMSNorm)."""
     notes: tuple[str, ...] = ()
     """What the harness changes from the layout in this environment (e.g. precision-aware Adam off)."""
+    data: str = "synthetic"
+    """``synthetic`` (one random micro-batch repeated: speed trials) or ``corpus`` (byte-tokenised text in
+    Megatron's sample order, :mod:`launch.harness.data`: convergence checks)."""
+    corpus_path: str | None = None
+    """Text file of the ``corpus`` data; None = CPython's bundled documentation."""
+    corpus_sha256: str | None = None
+    """Expected SHA-256 of the corpus; the harness refuses to run on other bytes."""
+    lr: float = 1e-5
+    """Adam learning rate (constant; no warm-up, so short runs move)."""
+    save_checkpoint: str | None = None
+    """Directory to write the freshly initialised weights to (megatron-core distributed checkpoint) before step 1."""
+    load_checkpoint: str | None = None
+    """Directory of a distributed checkpoint to load the weights from before step 1 (any TP/PP/EP it was written with)."""
+    fault: str | None = None
+    """A deliberate bug to inject (a key of :data:`FAULTS`): negative controls only."""
+    pretrain_steps: int = 0
+    """Warm start: train this many steps from the seed before writing ``save_checkpoint`` (then load it
+    back and start the measured steps with a fresh optimizer)."""
+    data_step_offset: int = 0
+    """The first measured step reads the rows of this optimizer step (after a warm start's rows)."""
+    lr_warmup_steps: int = 0
+    """Linear learning-rate warm-up over this many steps (of the warm start and of the measured steps)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.warmup_steps < 0 or self.warmup_steps >= self.steps:
             raise TunerError(f"harness steps must be >= 1 and warm-up steps in [0, steps), got steps={self.steps}, warmup={self.warmup_steps}")
+        if self.data not in DATA_KINDS:
+            raise TunerError(f"harness data {self.data!r}: accepted {', '.join(DATA_KINDS)}")
+        if self.fault is not None and self.fault not in FAULTS:
+            raise TunerError(f"harness fault {self.fault!r}: accepted {', '.join(FAULTS)}")
+        if not (isinstance(self.lr, (int, float)) and 0 < self.lr < 1):
+            raise TunerError(f"harness learning rate must be in (0, 1), got {self.lr!r}")
+        for name in ("pretrain_steps", "data_step_offset", "lr_warmup_steps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise TunerError(f"harness {name} must be an integer >= 0, got {v!r}")
+        if self.pretrain_steps and not self.save_checkpoint:
+            raise TunerError("harness pretrain_steps (a warm start) needs save_checkpoint: the warmed weights are the check's start")
 
     @property
     def num_microbatches(self) -> int:
@@ -180,6 +235,27 @@ class HarnessSpec:
         return Layout.from_dict(self.layout)
 
 
+def fault_reasons(fault: str | None, layout: Layout, env: HarnessEnv) -> list[str]:
+    """Why ``fault`` cannot be injected into ``layout`` here (empty when it can, or when there is no fault).
+
+    A fault that would be a no-op for the layout (e.g. an unreduced sequence-parallel
+    gradient without sequence parallelism) is refused: a negative control must break something.
+    """
+    if fault is None:
+        return []
+    out: list[str] = []
+    if fault not in FAULTS:
+        return [f"unknown fault {fault!r}; accepted: {', '.join(FAULTS)}"]
+    if env.transformer_engine:
+        out.append(f"fault {fault!r} is injected into the harness's own local-spec modules, not Transformer Engine's")
+    if fault == "embedding_shard_misplaced" and layout.tp < 2:
+        out.append(f"fault {fault!r} needs TP > 1 (the layout has TP {layout.tp}): with one shard nothing is misplaced")
+    if fault == "sp_norm_grad_unreduced" and not (layout.tp > 1 and layout.sequence_parallel):
+        out.append(f"fault {fault!r} needs TP > 1 with sequence parallelism (the layout has TP {layout.tp}, "
+                   f"sequence_parallel {layout.sequence_parallel}); otherwise it changes nothing")
+    return out
+
+
 def build_spec(
     model: ModelSpec,
     layout: Layout,
@@ -189,17 +265,31 @@ def build_spec(
     steps: int = 8,
     warmup_steps: int = 2,
     seed: int = 1234,
+    options: dict[str, Any] | None = None,
 ) -> HarnessSpec:
     """The harness input for ``layout``; ``model`` is taken as given (slice it first with :func:`slice_model`).
 
+    Args:
+        options: further :class:`HarnessSpec` fields (``data``, ``corpus_path``,
+            ``corpus_sha256``, ``lr``, ``save_checkpoint``, ``load_checkpoint``, ``fault``,
+            ``pretrain_steps``, ``data_step_offset``, ``lr_warmup_steps``).
+
     Raises:
-        InfeasibleLayout: (rule ``harness_env``) the harness cannot run this layout here;
-            the reason names what is missing. Raised before any GPU work.
-        TunerError: the global batch is not a multiple of micro-batch x DP.
+        InfeasibleLayout: (rule ``harness_env``) the harness cannot run this layout here
+            (or cannot inject the asked fault into it); the reason names what is missing.
+            Raised before any GPU work.
+        TunerError: the global batch is not a multiple of micro-batch x DP, or an unknown option.
     """
     from cost_model.errors import InfeasibleLayout
 
-    reasons = unsupported_reasons(layout, model, workload, env)
+    opts = dict(options or {})
+    allowed = {"data", "corpus_path", "corpus_sha256", "lr", "save_checkpoint", "load_checkpoint", "fault",
+               "pretrain_steps", "data_step_offset", "lr_warmup_steps"}
+    if set(opts) - allowed:
+        raise TunerError(f"unknown harness options {sorted(set(opts) - allowed)}; accepted: {sorted(allowed)}")
+    reasons = unsupported_reasons(layout, model, workload, env) + fault_reasons(opts.get("fault"), layout, env)
+    if opts.get("fault") == "embedding_shard_misplaced" and not opts.get("load_checkpoint"):
+        reasons.append("fault 'embedding_shard_misplaced' acts when a checkpoint is loaded; this run loads none")
     if reasons:
         raise InfeasibleLayout("harness_env", "; ".join(reasons))
     dp = layout.dp
@@ -227,6 +317,7 @@ def build_spec(
         seed=seed,
         use_transformer_engine=env.transformer_engine,
         notes=tuple(notes),
+        **opts,
     )
 
 

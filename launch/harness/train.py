@@ -1,4 +1,4 @@
-"""The trial harness: a few training steps of one layout with megatron-core, on synthetic tokens.
+"""The trial harness: a few training steps of one layout with megatron-core (synthetic tokens or byte-tokenised text).
 
 Started by torchrun, one process per GPU::
 
@@ -10,6 +10,13 @@ with tp, pp, vpp, cp, ep, etp; ``GPTModel`` per virtual stage; ``Float16Module``
 ``DistributedDataParallel``; ``get_megatron_optimizer``), runs ``steps`` optimizer
 steps through ``get_forward_backward_func`` and appends JSON lines to ``--out``
 (format: :mod:`launch.harness.results`).
+
+For ``tune verify`` it can also write its initial weights as a megatron-core
+distributed checkpoint (``save_checkpoint``) and load initial weights from one written
+by another layout (``load_checkpoint``), train on byte-tokenised text in Megatron's
+sample order (``data: corpus``, :mod:`launch.harness.data`) and inject a deliberate
+bug (``fault``, :data:`launch.harness.spec.FAULTS`) for negative controls. The step's
+loss is the mean over the whole global batch (every micro-batch of every DP rank).
 
 With Transformer Engine importable it uses TE's layer spec. Without it, megatron-core's
 local spec, with two modules of this file where the local ones fail
@@ -37,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from launch.harness.results import cv, median_after_warmup
-from launch.harness.spec import HarnessEnv, HarnessSpec, parse_argv, recompute_kwargs, unsupported_reasons
+from launch.harness.spec import HarnessEnv, HarnessSpec, fault_reasons, parse_argv, recompute_kwargs, unsupported_reasons
 
 
 class _Out:
@@ -79,8 +86,14 @@ def _versions() -> dict[str, str]:
     return v
 
 
-def _local_modules() -> tuple[type, type]:
-    """The harness's core attention and norm for megatron-core's local spec (built lazily: they need torch)."""
+def _local_modules(fault: str | None = None) -> tuple[type, type]:
+    """The harness's core attention and norm for megatron-core's local spec (built lazily: they need torch).
+
+    ``fault`` (a key of :data:`launch.harness.spec.FAULTS`) builds them broken on
+    purpose, for the negative controls of ``tune verify``.
+    """
+    causal = fault != "non_causal_attention"
+    tag_sp = fault != "sp_norm_grad_unreduced"
     import torch
     import torch.nn.functional as F
     from megatron.core.transformer.module import MegatronModule
@@ -100,7 +113,7 @@ def _local_modules() -> tuple[type, type]:
             s, b, h, d = query.shape
             q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
             gqa = k.shape[1] != h
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=gqa)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=self.softmax_scale, enable_gqa=gqa)
             return out.permute(2, 0, 1, 3).reshape(s, b, h * d)
 
     class HarnessRMSNorm(torch.nn.RMSNorm):
@@ -114,16 +127,16 @@ def _local_modules() -> tuple[type, type]:
 
         def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> None:
             super().__init__(normalized_shape=hidden_size, eps=eps, dtype=config.params_dtype)
-            setattr(self.weight, "sequence_parallel", bool(config.sequence_parallel))
+            setattr(self.weight, "sequence_parallel", bool(config.sequence_parallel) and tag_sp)
 
     return SDPACoreAttention, HarnessRMSNorm
 
 
-def _patch_local_block(block: Any) -> Any:
+def _patch_local_block(block: Any, fault: str | None = None) -> Any:
     """A copy of a local-spec block spec with the harness's attention and norms swapped in."""
     from megatron.core.transformer.identity_op import IdentityOp
 
-    sdpa, norm = _local_modules()
+    sdpa, norm = _local_modules(fault)
     block = copy.copy(block)
     layers = []
     for spec in block.layer_specs:
@@ -222,10 +235,9 @@ def _transformer_config(spec: HarnessSpec) -> Any:
 def _build(spec: HarnessSpec, cfg: Any) -> tuple[list[Any], Any]:
     import torch
     from megatron.core import parallel_state
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.transformer.module import Float16Module
 
     m, lay, te = spec.model, spec.layout, spec.use_transformer_engine
@@ -237,7 +249,7 @@ def _build(spec: HarnessSpec, cfg: Any) -> tuple[list[Any], Any]:
         post = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp)
         block = get_gpt_decoder_block_spec(cfg, use_transformer_engine=te, normalization="RMSNorm", vp_stage=vp)
         if not te:
-            block = _patch_local_block(block)
+            block = _patch_local_block(block, spec.fault)
         model = GPTModel(
             config=cfg,
             transformer_layer_spec=block,
@@ -253,18 +265,33 @@ def _build(spec: HarnessSpec, cfg: Any) -> tuple[list[Any], Any]:
         )
         model.cuda(torch.cuda.current_device())
         chunks.append(Float16Module(cfg, model))
+    if spec.save_checkpoint and not spec.pretrain_steps:
+        _save_weights([c.module for c in chunks], spec.save_checkpoint)
+    if spec.load_checkpoint and not spec.pretrain_steps:
+        _load_weights([c.module for c in chunks], spec.load_checkpoint)
+        _apply_load_fault(spec, [c.module for c in chunks])
     ddp_cfg = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
         overlap_grad_reduce=True,
         use_distributed_optimizer=bool(lay["use_distributed_optimizer"]),
     )
     chunks = [DistributedDataParallel(cfg, ddp_cfg, c, disable_bucketing=i > 0) for i, c in enumerate(chunks)]
+    return chunks, _optimizer(spec, cfg, chunks)
+
+
+def _optimizer(spec: HarnessSpec, cfg: Any, chunks: list[Any]) -> Any:
+    """A fresh megatron-core optimizer over ``chunks`` (main fp32 params copied from the model's current weights)."""
+    import torch
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    lay, te = spec.layout, spec.use_transformer_engine
     frac = float(lay["optimizer_offload_fraction"])
     pa = bool(lay["use_precision_aware_optimizer"]) and bool(lay["use_distributed_optimizer"]) and (te or frac > 0)
     dt = {"fp32": torch.float32, "bf16": torch.bfloat16}
     ocfg = OptimizerConfig(
         optimizer="adam",
-        lr=1e-5,
+        lr=float(spec.lr),
         weight_decay=0.1,
         adam_beta1=0.9,
         adam_beta2=0.95,
@@ -284,34 +311,129 @@ def _build(spec: HarnessSpec, cfg: Any) -> tuple[list[Any], Any]:
     cfg.finalize_model_grads_func = finalize_model_grads
     cfg.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
     cfg.grad_sync_func = [c.start_grad_sync for c in chunks] if len(chunks) > 1 else chunks[0].start_grad_sync
-    return chunks, opt
+    return opt
 
 
-def _batches(spec: HarnessSpec) -> Any:
-    """An endless iterator of one synthetic micro-batch (the same random tokens on every rank, so TP ranks agree)."""
+def _gpt(chunk: Any) -> Any:
+    """The GPTModel inside DDP(Float16Module(GPTModel))."""
+    return chunk.module.module
+
+
+def _apply_load_fault(spec: HarnessSpec, models: list[Any]) -> None:
+    """The ``embedding_shard_misplaced`` fault: after loading, each TP rank holds the next TP rank's vocabulary shard."""
+    if spec.fault != "embedding_shard_misplaced":
+        return
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    r = parallel_state.get_tensor_model_parallel_rank()
+    for m in models:
+        emb = getattr(m, "embedding", None)
+        if emb is None:
+            continue
+        w = emb.word_embeddings.weight
+        parts = [torch.empty_like(w) for _ in range(tp)]
+        dist.all_gather(parts, w.data.contiguous(), group=parallel_state.get_tensor_model_parallel_group())
+        with torch.no_grad():
+            w.copy_(parts[(r + 1) % tp])
+
+
+def _sharded_weights(models: list[Any]) -> dict[str, Any]:
+    """One sharded state dict for the model chunks of this rank (global keys: layer numbers, experts and
+    vocabulary shards are placed by megatron-core, so any TP/PP/VPP/EP can read what another wrote)."""
+    return {f"model{i}": m.sharded_state_dict() for i, m in enumerate(models)}
+
+
+def _save_weights(models: list[Any], path: str) -> None:
+    """Write the (freshly initialised) weights as a megatron-core distributed checkpoint at ``path``."""
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+
+    if dist.get_rank() == 0:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    dist_checkpointing.save(_sharded_weights(models), path)
+    dist.barrier()
+
+
+def _load_weights(models: list[Any], path: str) -> None:
+    """Load the weights of the distributed checkpoint at ``path`` into this rank's model chunks.
+
+    Raises:
+        RuntimeError: the checkpoint lacks a weight this model has (other model, other slice).
+    """
+    from megatron.core import dist_checkpointing
+
+    loaded = dist_checkpointing.load(_sharded_weights(models), path)
+    for i, m in enumerate(models):
+        res = m.load_state_dict(loaded[f"model{i}"], strict=False)
+        missing = [k for k in res.missing_keys if not k.endswith("_extra_state")]
+        if missing:
+            raise RuntimeError(f"checkpoint {path} lacks {len(missing)} weights of this model, e.g. {missing[:3]}")
+
+
+def _batches(spec: HarnessSpec, corpus: Any = None, first_step: int = 0) -> Any:
+    """An endless iterator of micro-batches for this rank.
+
+    ``synthetic``: one random micro-batch, repeated (the same on every rank, so TP ranks agree).
+    ``corpus``: byte-tokenised text, micro-batch after micro-batch in Megatron's sample order
+    for this rank's data-parallel index (:mod:`launch.harness.data`), so every layout trains
+    on the same rows in each optimizer step.
+    """
     import torch
     from megatron.core import parallel_state
 
     b, s, v = spec.layout["micro_batch_size"], spec.seq_length, spec.model["vocab_size"]
-    g = torch.Generator(device="cuda").manual_seed(spec.seed)
-    tokens = torch.randint(0, v, (b, s + 1), device="cuda", generator=g)
-    batch = {
-        "tokens": tokens[:, :-1].contiguous(),
-        "labels": tokens[:, 1:].contiguous(),
-        "loss_mask": torch.ones(b, s, device="cuda", dtype=torch.float32),
-        "position_ids": torch.arange(s, device="cuda").unsqueeze(0).expand(b, s).contiguous(),
-    }
-    if parallel_state.get_context_parallel_world_size() > 1:
-        from megatron.core.utils import get_batch_on_this_cp_rank
+    pos = torch.arange(s, device="cuda").unsqueeze(0).expand(b, s).contiguous()
+    mask = torch.ones(b, s, device="cuda", dtype=torch.float32)
 
-        batch = get_batch_on_this_cp_rank(batch)
+    def finish(tokens: Any) -> dict[str, Any]:
+        batch = {"tokens": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous(), "loss_mask": mask, "position_ids": pos}
+        if parallel_state.get_context_parallel_world_size() > 1:
+            from megatron.core.utils import get_batch_on_this_cp_rank
+
+            batch = get_batch_on_this_cp_rank(batch)
+        return batch
+
+    if spec.data == "synthetic":
+        g = torch.Generator(device="cuda").manual_seed(spec.seed)
+        batch = finish(torch.randint(0, v, (b, s + 1), device="cuda", generator=g))
+        while True:
+            yield batch
+    from launch.harness.data import sample_index, sample_tokens
+
+    dp = parallel_state.get_data_parallel_world_size()
+    r = parallel_state.get_data_parallel_rank()
+    m = spec.global_batch_size // (b * dp)
+    step = first_step
     while True:
-        yield batch
+        for i in range(m):
+            rows = [sample_tokens(corpus, sample_index(step, i, r, j, micro_batch_size=b, dp=dp, global_batch_size=spec.global_batch_size), s) for j in range(b)]
+            yield finish(torch.tensor(rows, dtype=torch.long, device="cuda"))
+        step += 1
+
+
+def _global_loss(losses: Any, last: bool) -> float:
+    """The step's loss: mean over every micro-batch of every data-parallel rank (the global batch),
+    from one tensor-parallel rank of each last-stage group (TP ranks agree). A collective: every rank calls it."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    t = torch.zeros(2, device="cuda", dtype=torch.float64)
+    if last and losses and parallel_state.get_tensor_model_parallel_rank() == 0:
+        t[0] = torch.stack([x["lm loss"].double() for x in losses]).sum()
+        t[1] = len(losses)
+    dist.all_reduce(t)
+    return float((t[0] / t[1].clamp(min=1)).item())
 
 
 def _loss_func(loss_mask: Any, output: Any) -> Any:
     loss = (output.float() * loss_mask).sum() / loss_mask.sum()
-    return loss, {"lm loss": loss.detach()}
+    # a copy: megatron-core divides the returned loss by the number of micro-batches in place
+    return loss, {"lm loss": loss.detach().clone()}
 
 
 def _forward_step(data_iterator: Any, model: Any) -> Any:
@@ -337,17 +459,64 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
         expert_model_parallel_size=lay["ep"],
         expert_tensor_parallel_size=lay["etp"],
     )
+    import random
+
+    import numpy as np
+
+    random.seed(spec.seed)
+    np.random.seed(spec.seed)
+    torch.manual_seed(spec.seed)  # CPU-side initialisation too, so one seed gives one set of weights
     model_parallel_cuda_manual_seed(spec.seed)
     cfg = _transformer_config(spec)
     chunks, opt = _build(spec, cfg)
     build_s = time.perf_counter() - t_build
     if rank == 0:
-        out.write({"event": "start", "world_size": world, "layout": lay, "versions": _versions(), "notes": list(spec.notes), "build_s": build_s})
+        out.write({"event": "start", "world_size": world, "layout": lay, "versions": _versions(), "notes": list(spec.notes), "build_s": build_s,
+                   "data": spec.data, "lr": spec.lr, "fault": spec.fault, "loaded_checkpoint": spec.load_checkpoint, "saved_checkpoint": spec.save_checkpoint})
+    corpus = None
+    if spec.data == "corpus":
+        from launch.harness.data import load_corpus
+
+        corpus = load_corpus(spec.corpus_path)
+        if spec.corpus_sha256 and corpus.sha256 != spec.corpus_sha256:
+            raise RuntimeError(f"corpus {corpus.source} has SHA-256 {corpus.sha256[:16]}..., expected {spec.corpus_sha256[:16]}...")
+    if rank == 0 and corpus is not None:
+        out.write({"event": "data", "corpus": corpus.source, "corpus_bytes": len(corpus), "corpus_sha256": corpus.sha256, "tokenizer": "bytes"})
     fb = get_forward_backward_func()
-    iters = [_batches(spec) for _ in chunks]
     m = spec.num_microbatches
     tokens_per_step = spec.global_batch_size * spec.seq_length
     last = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+
+    def set_lr(k: int) -> None:
+        """Linear warm-up over ``lr_warmup_steps`` (k counts from 1), then constant."""
+        w = spec.lr_warmup_steps
+        lr = spec.lr * (min(1.0, k / w) if w > 0 else 1.0)
+        for g in opt.param_groups:
+            g["lr"] = lr
+
+    if spec.pretrain_steps:
+        # Warm start: train the seed's weights a little (data steps 0 .. pretrain-1), write them as the
+        # check's starting checkpoint, load them back, and start the measured steps with a fresh optimizer.
+        it0 = [_batches(spec, corpus, 0) for _ in chunks]
+        for k in range(1, spec.pretrain_steps + 1):
+            for c in chunks:
+                c.zero_grad_buffer()
+            opt.zero_grad()
+            set_lr(k)
+            pl = fb(forward_step_func=_forward_step, data_iterator=it0 if len(it0) > 1 else it0[0], model=chunks if len(chunks) > 1 else chunks[0],
+                    num_microbatches=m, seq_length=spec.seq_length, micro_batch_size=lay["micro_batch_size"], decoder_seq_length=spec.seq_length, forward_only=False)
+            opt.step()
+            pre = _global_loss(pl, last)
+            if rank == 0:
+                out.write({"event": "pretrain", "step": k, "loss": pre})
+        if spec.save_checkpoint:
+            _save_weights([_gpt(c) for c in chunks], spec.save_checkpoint)
+        if spec.load_checkpoint:
+            _load_weights([_gpt(c) for c in chunks], spec.load_checkpoint)
+        for c in chunks:
+            c.zero_grad_buffer()
+        opt = _optimizer(spec, cfg, chunks)
+    iters = [_batches(spec, corpus, spec.data_step_offset) for _ in chunks]
     times: list[float] = []
     torch.cuda.reset_peak_memory_stats()
     for step in range(1, spec.steps + 1):
@@ -357,6 +526,8 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
         for c in chunks:
             c.zero_grad_buffer()
         opt.zero_grad()
+        if spec.data == "corpus" or spec.lr_warmup_steps:
+            set_lr(step)
         losses = fb(
             forward_step_func=_forward_step,
             data_iterator=iters if len(iters) > 1 else iters[0],
@@ -372,17 +543,14 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
         dist.barrier()
         dt = time.perf_counter() - t0
         times.append(dt)
-        loss_t = torch.tensor([-1.0], device="cuda")
-        if last and losses:
-            loss_t[0] = torch.stack([x["lm loss"].float() for x in losses]).mean()
-        dist.all_reduce(loss_t, op=dist.ReduceOp.MAX)
+        loss_v = _global_loss(losses, last)
         if rank == 0:
             out.write({
                 "event": "step",
                 "step": step,
                 "step_time_s": dt,
                 "tokens_per_s_per_gpu": tokens_per_step / dt / world,
-                "loss": float(loss_t.item()),
+                "loss": loss_v,
                 "grad_norm": float(grad_norm) if grad_norm is not None else None,
                 "update_successful": bool(ok),
             })
@@ -425,6 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     env = HarnessEnv.detect()
     lay = spec.layout_obj()
     reasons = unsupported_reasons(lay, spec.model_spec(), Workload(seq_length=spec.seq_length, global_batch_size=spec.global_batch_size, precision=spec.precision), env)
+    reasons += fault_reasons(spec.fault, lay, env)
     if spec.use_transformer_engine and not env.transformer_engine:
         reasons.append("the spec asks for Transformer Engine, which is not importable here")
     if lay.world_size != world:

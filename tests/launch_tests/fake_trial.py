@@ -10,9 +10,17 @@ does is chosen by the environment variable FAKE_TRIAL_MODE:
 - ``oom_text``: prints PyTorch's out-of-memory message only (no JSON line), exit 1;
 - ``hang``: one step, then sleeps (with a child process, to check the whole group is killed);
 - ``crash``: raises an error (exit 1); ``nccl``: prints an NCCL error (exit 1).
+
+For ``tune verify`` (spec ``data: corpus``) it also plays the checkpoint: ``save_checkpoint``
+writes ``init.json`` there (a value drawn from the spec's seed); ``load_checkpoint`` reads it
+and fails (exit 1) when it is not there. The loss curve then starts from that value and falls
+the same way for every layout (to within FAKE_LAYOUT_NOISE, relative, times the layout's TP),
+so two arms agree only when they loaded the same checkpoint; ``fault`` bends the curve, and
+FAKE_LOSS_MODE=nan / missing puts a NaN at step 4 / leaves out step 4.
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -38,7 +46,38 @@ def main() -> int:
         with open(out_path, "a") as f:
             f.write(json.dumps(obj) + "\n")
 
-    write({"event": "start", "world_size": world, "layout": lay, "versions": {"torch": "fake"}, "notes": spec["notes"]})
+    write({"event": "start", "world_size": world, "layout": lay, "versions": {"torch": "fake"}, "notes": spec["notes"],
+           "data": spec.get("data", "synthetic"), "fault": spec.get("fault")})
+    init = 1.0
+    if spec.get("save_checkpoint"):
+        os.makedirs(spec["save_checkpoint"], exist_ok=True)
+        with open(os.path.join(spec["save_checkpoint"], "init.json"), "w") as f:
+            json.dump({"init": 1.0 + (spec["seed"] % 97) / 970.0 + 0.01 * spec.get("pretrain_steps", 0), "layout": lay}, f)
+        open(os.path.join(spec["save_checkpoint"], "metadata.json"), "w").write("{}")
+    if spec.get("load_checkpoint"):
+        ck = os.path.join(spec["load_checkpoint"], "init.json")
+        if not os.path.exists(ck):
+            write({"event": "error", "rank": 0, "type": "CheckpointingException", "message": f"no checkpoint at {ck}"})
+            print(f"CheckpointingException: no checkpoint at {ck}", file=sys.stderr)
+            return 1
+        init = json.load(open(ck))["init"]
+    if spec.get("data") == "corpus":
+        write({"event": "data", "corpus": "fake", "corpus_bytes": 1, "corpus_sha256": spec.get("corpus_sha256"), "tokenizer": "bytes"})
+    noise = float(os.environ.get("FAKE_LAYOUT_NOISE", "0.002")) * lay["tp"]
+    loss_mode = os.environ.get("FAKE_LOSS_MODE", "")
+
+    def loss_at(step):
+        if spec.get("data") != "corpus":
+            return 12.0 - 0.1 * step
+        if loss_mode == "nan" and step == 4:
+            return float("nan")
+        rate = 0.25 * (2.0 if spec.get("fault") == "non_causal_attention" else 1.0)
+        base = 2.5 * init + 9.7 * math.exp(-rate * step)
+        if spec.get("fault") == "sp_norm_grad_unreduced":
+            base *= 1.0 + 0.01 * step
+        if spec.get("fault") == "embedding_shard_misplaced":
+            base *= 1.5
+        return base * (1.0 + noise * math.sin(step))
     if mode == "oom_text":
         print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB "
               "of which 1.2 GiB is free. Including non-PyTorch memory, this process has 138.50 GiB memory in use.", file=sys.stderr)
@@ -54,7 +93,8 @@ def main() -> int:
     for step in range(1, spec["steps"] + 1):
         time.sleep(step_s)
         times.append(step_s)
-        write({"event": "step", "step": step, "step_time_s": step_s, "tokens_per_s_per_gpu": tokens / step_s / world, "loss": 12.0 - 0.1 * step, "grad_norm": 1.0})
+        if not (loss_mode == "missing" and step == 4 and spec.get("data") == "corpus"):
+            write({"event": "step", "step": step, "step_time_s": step_s, "tokens_per_s_per_gpu": tokens / step_s / world, "loss": loss_at(step), "grad_norm": 1.0})
         if mode == "oom" and step == 2:
             write({"event": "oom", "rank": 1, "message": "CUDA out of memory", "allocated_bytes": 140 * GIB, "reserved_bytes": 150 * GIB, "max_allocated_bytes": 141 * GIB})
             return 3

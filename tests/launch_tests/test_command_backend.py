@@ -277,7 +277,7 @@ def test_cli_errors_and_a_study(tmp_path):
     assert r.exit_code == 2 and "--command-template is for --backend command" in r.output
     r = runner.invoke(app, [*base, "--backend", "command", "--command-template", str(_tpl(tmp_path, {"argv": ["prog", "{tpp}"]}, "b.yaml"))])
     assert r.exit_code == 2 and "unknown placeholder(s) {tpp}" in r.output
-    tpl = _tpl(tmp_path, {"argv": [sys.executable, FAKE, "ok", "{steps}", "50", "{layout_args}"]}, "ok.yaml")
+    tpl = _tpl(tmp_path, {"argv": [sys.executable, FAKE, "ok", "{steps}", "2000", "{layout_args}"]}, "ok.yaml")  # 2 s steps: a plausible MFU
     r = runner.invoke(app, [*base, "--backend", "command", "--command-template", str(tpl), "--trials", "2", "--trial-steps", "4",
                             "--results-dir", str(tmp_path / "res"), "--study", "cmd"])  # fmt: skip
     assert r.exit_code == 0, r.output

@@ -1,0 +1,269 @@
+"""`tune verify`: the checkpoint-once / load-many plan, both arms with a fake harness, the recipe block, the CLI."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import tuner.verify as verify_mod
+from cost_model.errors import InfeasibleLayout, TunerError
+from cost_model.specs import Workload, load_model, parse_gpus
+from launch.export import validate_recipe
+from launch.harness.spec import HarnessEnv, build_spec, slice_model
+from search_spaces.layout import Layout
+from tuner.cli import app
+from tuner.verify import correctness_block, local_backend_factory, parse_layout_spec, plan_verify, run_verify
+
+FAKE = str(Path(__file__).parents[1] / "launch_tests" / "fake_trial.py")
+WL = Workload(seq_length=8192, global_batch_size=8)
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def m4():
+    return slice_model(load_model("MiniMax-M2"), 4)
+
+
+@pytest.fixture
+def c4():
+    return parse_gpus("4xH200")
+
+
+def _fake_factory(timeout_s=30):
+    return local_backend_factory(timeout_s=timeout_s, launcher=[sys.executable, FAKE], env=HarnessEnv())
+
+
+CAND = Layout(world_size=4, tp=2, sequence_parallel=True, ep=2)
+REF = Layout(world_size=4)
+
+
+def test_plan_writes_the_checkpoint_once_and_loads_it_in_both_arms(m4, c4, tmp_path):
+    p = plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path / "v", steps=20)
+    ref, cand = p.arms
+    assert (ref.name, cand.name) == ("reference", "candidate")
+    assert ref.save_checkpoint == ref.load_checkpoint == cand.load_checkpoint == p.checkpoint_dir == str(tmp_path / "v" / "checkpoint")
+    assert cand.save_checkpoint is None and cand.fault is None
+    o_ref, o_cand = ref.harness_options(p), cand.harness_options(p)
+    # the same data, hyperparameters and starting weights; only the layout differs
+    same = {k: v for k, v in o_ref.items() if k not in ("save_checkpoint", "pretrain_steps")}
+    assert same == {k: v for k, v in o_cand.items() if k not in ("save_checkpoint", "pretrain_steps")}
+    assert o_ref["data_step_offset"] == o_cand["data_step_offset"] == 40  # the measured steps read the rows after the warm start's
+    assert o_ref["data"] == "corpus" and len(o_ref["corpus_sha256"]) == 64 and o_ref["lr"] == 1e-4 and o_ref["pretrain_steps"] == 40 and o_cand["pretrain_steps"] == 0
+    d = p.to_dict()
+    assert d["checkpoint"] == {"dir": p.checkpoint_dir, "written_by": "reference", "loaded_by": ["reference", "candidate"]}
+    # the arms' harness specs carry them
+    spec = build_spec(m4, CAND, WL, env=HarnessEnv(), steps=20, options=o_cand)
+    assert spec.load_checkpoint == p.checkpoint_dir and spec.data == "corpus" and spec.lr == 1e-4 and spec.lr_warmup_steps == 5
+    assert json.loads(spec.to_json())["corpus_sha256"] == p.corpus_sha256
+
+
+def test_plan_rejects_bad_pairs(m4, c4, tmp_path):
+    with pytest.raises(TunerError, match="same layout"):
+        plan_verify(m4, c4, WL, REF, REF, out_dir=tmp_path)
+    with pytest.raises(TunerError, match="for 8 GPUs"):
+        plan_verify(m4, c4, WL, CAND, Layout(world_size=8), out_dir=tmp_path)
+    with pytest.raises(InfeasibleLayout) as e:
+        plan_verify(m4, c4, WL, CAND, Layout(world_size=4, ep=3), out_dir=tmp_path)
+    assert "reference layout" in str(e.value.reason)
+    with pytest.raises(TunerError, match="--steps"):
+        plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path, steps=2)
+    with pytest.raises(TunerError, match="--fault"):
+        plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path, fault="typo")
+    with pytest.raises(TunerError, match="--lr"):
+        plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path, lr=0)
+
+
+def test_parse_layout_spec():
+    lay = parse_layout_spec("tp=2,pp=1,ep=2,mbs=1,recompute=full", 4)
+    assert (lay.tp, lay.ep, lay.sequence_parallel, lay.recompute_method, lay.recompute_num_layers) == (2, 2, True, "uniform", 1)
+    assert parse_layout_spec("tp=1", 4) == Layout(world_size=4)
+    assert parse_layout_spec("tp=2 sequence_parallel=false", 4).sequence_parallel is False
+    for bad, msg in (("", "key=value"), ("tp", "not key=value"), ("tp=x", "not an integer"), ("tq=2", "unknown layout keys"),
+                     ("tp=1,tp=2", "twice"), ("sequence_parallel=maybe", "true/false"), ("recompute=sometimes", "recompute")):
+        with pytest.raises(TunerError, match=msg):
+            parse_layout_spec(bad, 4)
+
+
+def test_a_matching_pair_passes_and_the_checkpoint_is_removed(m4, c4, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
+    p = plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path / "v", steps=20)
+    seen = []
+    o = run_verify(p, _fake_factory(), on_arm=lambda a, s: seen.append((a, s)))
+    assert o.result == "pass", o.summary()
+    assert seen == [("reference", "start"), ("reference", "done"), ("candidate", "start"), ("candidate", "done")]
+    assert len(o.reference_losses) == len(o.candidate_losses) == 20 and o.reference_losses != o.candidate_losses  # TP noise
+    assert o.convergence.correlation > 0.999 and o.convergence.final_loss_difference < 0.03
+    assert not Path(p.checkpoint_dir).exists()
+    d = json.loads((tmp_path / "v" / "verify.json").read_text())
+    assert d["result"] == "pass" and d["plan"]["candidate"]["label"] == CAND.label and len(d["candidate_losses"]) == 20
+    assert (tmp_path / "v" / "losses.png").stat().st_size > 1000
+    # each arm ran in its own folder, the candidate from the reference's checkpoint
+    cspec = json.loads((tmp_path / "v" / "candidate" / "spec.json").read_text())
+    rspec = json.loads((tmp_path / "v" / "reference" / "spec.json").read_text())
+    assert cspec["load_checkpoint"] == rspec["save_checkpoint"] == p.checkpoint_dir and cspec["save_checkpoint"] is None
+
+
+def test_keep_checkpoint_then_reuse_it_as_init_checkpoint(m4, c4, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
+    p = plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path / "v", steps=5)
+    run_verify(p, _fake_factory(), keep_checkpoint=True)
+    ck = Path(p.checkpoint_dir)
+    assert (ck / "init.json").exists()
+    p2 = plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path / "v2", steps=5, init_checkpoint=ck, fault="embedding_shard_misplaced")
+    assert all(a.load_checkpoint == str(ck) and a.save_checkpoint is None and a.pretrain_steps == 0 for a in p2.arms)
+    assert p2.warm_start_steps == 0 and p2.to_dict()["checkpoint"]["written_by"] == "the user"
+    o = run_verify(p2, _fake_factory())
+    assert o.result == "fail" and ck.exists()  # the user's checkpoint is never deleted
+    with pytest.raises(TunerError, match="not a megatron-core distributed checkpoint"):
+        plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path / "v3", init_checkpoint=tmp_path)
+    with pytest.raises(TunerError, match="--warm-start-steps"):
+        plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path / "v3", warm_start_steps=-1)
+
+
+def test_negative_control_fails_and_names_the_metric(m4, c4, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
+    p = plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path / "v", steps=20, fault="sp_norm_grad_unreduced")
+    o = run_verify(p, _fake_factory())
+    assert o.result == "fail" and "final_loss" in o.convergence.failed_metrics
+    blk = correctness_block(o)
+    assert blk["result"] == "fail" and "final_loss" in blk["convergence"]["failed_metrics"] and "final loss 4.5113 vs 3.7526" in blk["summary"]
+
+
+def test_a_fault_that_would_change_nothing_is_refused_before_any_run(m4, c4, tmp_path):
+    p = plan_verify(m4, c4, WL, Layout(world_size=4, ep=2), REF, out_dir=tmp_path / "v", steps=5, fault="sp_norm_grad_unreduced")
+    with pytest.raises(InfeasibleLayout, match="TP > 1 with sequence parallelism"):
+        run_verify(p, _fake_factory())
+
+
+@pytest.mark.parametrize("mode,metric", [("nan", "non_finite"), ("missing", "missing_steps")])
+def test_nan_or_missing_steps_fail(m4, c4, tmp_path, monkeypatch, mode, metric):
+    monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
+    p = plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path / "v", steps=10)
+    calls = {"n": 0}
+    base = _fake_factory()
+
+    def factory(plan, arm):  # only the candidate arm misbehaves
+        if arm.name == "candidate":
+            monkeypatch.setenv("FAKE_LOSS_MODE", mode)
+        return base(plan, arm)
+
+    o = run_verify(p, factory)
+    assert o.result == "fail" and metric in o.convergence.failed_metrics
+
+
+def test_an_arm_that_crashes_is_an_error_not_a_verdict(m4, c4, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_TRIAL_MODE", "crash")
+    p = plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path / "v", steps=5)
+    o = run_verify(p, _fake_factory())
+    assert o.result == "error" and o.convergence is None and "reference arm" in o.error
+    assert correctness_block(o)["result"] == "error"
+    assert json.loads((tmp_path / "v" / "verify.json").read_text())["result"] == "error"
+
+
+def test_the_candidate_cannot_start_without_the_reference_checkpoint(m4, c4, tmp_path, monkeypatch):
+    """If the reference arm did not write the checkpoint, the candidate must not train from other weights."""
+    monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
+    p = plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path / "v", steps=5)
+    from dataclasses import replace
+
+    p2 = replace(p, arms=(p.arms[1],))  # the candidate alone
+    o = run_verify(p2, _fake_factory())
+    assert o.result == "error" and "candidate arm" in o.error
+
+
+# ---- the command line ----
+
+
+@pytest.fixture
+def study(tmp_path):
+    r = runner.invoke(app, ["--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8", "--trials", "6",
+                            "--results-dir", str(tmp_path), "--study", "s", "--stack", "megatron"])
+    assert r.exit_code == 0, r.output
+    return tmp_path
+
+
+def _patch_cli(monkeypatch):
+    monkeypatch.setattr(verify_mod, "local_backend_factory", lambda timeout_s=900.0: _fake_factory(timeout_s))
+    import launch.local_backend as lb
+
+    monkeypatch.setattr(lb, "check_harness_dependencies", lambda what="": None)
+
+
+def test_cli_verify_pass_stores_the_block_and_export_carries_it(study, monkeypatch):
+    _patch_cli(monkeypatch)
+    monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
+    out = study / "recipe.yaml"
+    r = runner.invoke(app, ["verify", "--study", "s", "--results-dir", str(study), "--reference", "tp=1,pp=1,ep=1", "--steps", "8", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "pass" in r.output and "correlation" in r.output
+    rec = yaml.safe_load(out.read_text())
+    validate_recipe(rec)
+    assert rec["correctness"]["result"] == "pass" and rec["correctness"]["convergence"]["steps"] == 8
+    assert rec["status"] == "predicted"  # a model-backend study: predicted throughput, verified numerics do not make it measured
+    e = runner.invoke(app, ["export", "--study", "s", "--results-dir", str(study)])
+    assert e.exit_code == 0 and yaml.safe_load(e.output)["correctness"]["result"] == "pass"
+
+
+def test_cli_verify_fail_exits_1_and_keeps_the_study_clean(study, monkeypatch):
+    _patch_cli(monkeypatch)
+    monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
+    r = runner.invoke(app, ["verify", "--study", "s", "--results-dir", str(study), "--reference", "tp=1", "--steps", "20",
+                            "--fault", "non_causal_attention"])
+    assert r.exit_code == 1 and "fail" in r.output
+    e = runner.invoke(app, ["export", "--study", "s", "--results-dir", str(study)])
+    assert yaml.safe_load(e.output)["correctness"]["result"] == "not run"  # a negative control is not stored
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--reference", "tp=3"], "breaks rule"),
+    (["--reference", "tq=1"], "unknown layout keys"),
+    ([], "--reference is required"),
+    (["--reference", "tp=1", "--trial", "999"], "not a finished trial"),
+    (["--reference", "tp=1", "--steps", "1"], "--steps"),
+])
+def test_cli_verify_bad_input_is_one_line(study, monkeypatch, args, msg):
+    _patch_cli(monkeypatch)
+    r = runner.invoke(app, ["verify", "--study", "s", "--results-dir", str(study), *args])
+    assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output
+
+
+def test_cli_verify_without_the_gpu_extra_says_so(study, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("torch", "megatron.core") else real(name, *a))
+    r = runner.invoke(app, ["verify", "--study", "s", "--results-dir", str(study), "--reference", "tp=1"])
+    assert r.exit_code == 2 and "gpu extra" in r.output and "Traceback" not in r.output
+
+
+def test_cli_verify_a_given_candidate_layout(study, monkeypatch):
+    _patch_cli(monkeypatch)
+    monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
+    r = runner.invoke(app, ["verify", "--study", "s", "--results-dir", str(study), "--candidate", "tp=2,ep=2", "--reference", "tp=1",
+                            "--steps", "6", "--warm-start-steps", "3"])
+    assert r.exit_code == 0, r.output
+    assert "candidate TP2 PP1 EP2" in r.output
+    v = json.loads((study / "s" / "verify" / "layout-tp2-pp1-ep2-dp2" / "verify.json").read_text())
+    assert v["result"] == "pass" and v["plan"]["warm_start_steps"] == 3
+    r = runner.invoke(app, ["verify", "--study", "s", "--results-dir", str(study), "--candidate", "tp=2", "--trial", "0", "--reference", "tp=1"])
+    assert r.exit_code == 2 and "not both" in r.output
+
+
+def test_harness_spec_checks_the_verify_fields(m4):
+    with pytest.raises(TunerError, match="needs save_checkpoint"):
+        build_spec(m4, CAND, WL, env=HarnessEnv(), options={"pretrain_steps": 5})
+    with pytest.raises(TunerError, match="pretrain_steps must be an integer"):
+        build_spec(m4, CAND, WL, env=HarnessEnv(), options={"pretrain_steps": -1, "save_checkpoint": "x"})
+    with pytest.raises(TunerError, match="unknown harness options"):
+        build_spec(m4, CAND, WL, env=HarnessEnv(), options={"learning_rate": 1e-4})
+    with pytest.raises(InfeasibleLayout, match="loads none"):
+        build_spec(m4, CAND, WL, env=HarnessEnv(), options={"fault": "embedding_shard_misplaced"})
+    with pytest.raises(InfeasibleLayout, match="TP > 1"):
+        build_spec(m4, Layout(world_size=4, ep=2), WL, env=HarnessEnv(), options={"fault": "embedding_shard_misplaced", "load_checkpoint": "x"})
+    with pytest.raises(InfeasibleLayout, match="Transformer Engine"):
+        build_spec(m4, CAND, WL, env=HarnessEnv(transformer_engine=True), options={"fault": "non_causal_attention"})

@@ -1,0 +1,190 @@
+"""``tune verify``: a study's layout against a reference layout, same weights and data (see :mod:`tuner.verify`).
+
+Registered on the main ``tune`` app by :func:`register` (the last lines of tuner/cli.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from cost_model.errors import TunerError
+
+__all__ = ["register", "verify"]
+
+
+def verify(
+    study: Annotated[Optional[str], typer.Option("--study", help="Study name (as given to `tune`).")] = None,
+    storage: Annotated[Optional[str], typer.Option("--storage", help="Optuna storage URL (default sqlite:///results/<study>/study.db).")] = None,
+    results_dir: Annotated[Path, typer.Option("--results-dir", help="Where study folders go.")] = Path("results"),
+    trial: Annotated[Optional[int], typer.Option("--trial", help="Trial whose layout is checked (default: the fastest on the front).")] = None,
+    reference: Annotated[Optional[str], typer.Option("--reference", help="Reference layout as key=value pairs, e.g. 'tp=1,pp=1,ep=1' (other fields: Megatron's defaults).")] = None,
+    candidate: Annotated[Optional[str], typer.Option("--candidate", help="Check this layout (key=value pairs) instead of a trial's; the study gives the model, GPUs and workload.")] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps per arm.")] = 20,
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate of both arms (Adam, after a linear warm-up).")] = 1e-4,
+    lr_warmup_steps: Annotated[int, typer.Option("--lr-warmup-steps", help="Linear learning-rate warm-up, steps.")] = 5,
+    warm_start_steps: Annotated[int, typer.Option("--warm-start-steps", help="Steps the reference arm trains from the seed before writing the shared starting checkpoint (0: start from random weights).")] = 40,
+    init_checkpoint: Annotated[Optional[Path], typer.Option("--init-checkpoint", help="Start both arms from this megatron-core distributed checkpoint instead (e.g. your model's); no warm start.")] = None,
+    corpus: Annotated[Optional[Path], typer.Option("--corpus", help="UTF-8 text file to train on (default: CPython's bundled documentation).")] = None,
+    fault: Annotated[Optional[str], typer.Option("--fault", help="Negative control: inject a deliberate bug into the candidate arm (embedding_shard_misplaced, sp_norm_grad_unreduced, non_causal_attention).")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds one arm may run, model build and checkpoint included.")] = 900.0,
+    keep_checkpoint: Annotated[bool, typer.Option("--keep-checkpoint", help="Keep the initial-weights checkpoint.")] = False,
+    out_file: Annotated[Optional[Path], typer.Option("--out", help="Also write the layout's recipe YAML, with the correctness block, here.")] = None,
+) -> None:
+    """Train the study's layout and a reference layout from the same weights on the same text; compare the loss curves.
+
+    Megatron-Bridge's validate_convergence metrics and thresholds decide (correlation >= 0.95, final loss
+    within 3%, point-wise 10/5/2% with at most 10% of steps out, 3-sigma outliers), and a missing step or a
+    NaN fails. Runs on this machine's GPUs (the gpu extra); the layouts must be for its GPU count.
+    """
+    from tuner.cli import _fail, err, out
+
+    try:
+        from search_spaces.layout import Layout
+        from tuner.verify import VerifyOutcome, correctness_block, local_backend_factory, parse_layout_spec, plan_verify, run_verify
+
+        if study is None:
+            raise TunerError("--study is required, e.g. --study MiniMax-M2-L4-4xH200-s8192-gbs8")
+        if reference is None:
+            raise TunerError("--reference is required: the layout to compare with, e.g. --reference tp=1,pp=1,ep=1")
+        if not timeout > 0:
+            raise TunerError(f"--timeout must be > 0 s, got {timeout}")
+        if candidate is not None and trial is not None:
+            raise TunerError("give --trial or --candidate, not both")
+        st, m, c, w, cfg, lay, trial_no, row = _candidate(study, storage, results_dir, trial)
+        if candidate is not None:
+            lay = parse_layout_spec(candidate, c.num_gpus)
+            rows = [r for r in _rows(st) if Layout.from_dict(r["layout"]) == lay]
+            row = rows[0] if rows else None
+            trial_no = row["trial"] if row else None
+        ref = parse_layout_spec(reference, c.num_gpus)
+        name = (f"trial{trial_no}" if trial_no is not None else "layout-" + _slug(lay.label)) + (f"-{fault}" if fault else "")
+        plan = plan_verify(m, c, w, lay, ref, out_dir=results_dir / st.study_name / "verify" / name, steps=steps, lr=lr,
+                           lr_warmup_steps=lr_warmup_steps, warm_start_steps=warm_start_steps, init_checkpoint=init_checkpoint,
+                           corpus=corpus, fault=fault)
+        from launch.local_backend import check_harness_dependencies
+
+        check_harness_dependencies("tune verify")
+    except TunerError as ex:
+        _fail(ex)
+        return
+    what = f"trial {trial_no}" if trial_no is not None else "a layout"
+    out.print(f"Checking {what} of [bold]{escape(st.study_name)}[/]: candidate {lay.label}"
+              f"{f' with fault {fault}' if fault else ''} vs reference {ref.label}, {steps} steps each, {m.name} on {c.label}; "
+              f"data {escape(plan.corpus_source)} (byte tokens); outputs in {escape(plan.out_dir)}")
+
+    def on_arm(arm: str, state: str) -> None:
+        err.print(f"  {arm}: {state}")
+
+    try:
+        outcome: VerifyOutcome = run_verify(plan, local_backend_factory(timeout_s=timeout), keep_checkpoint=keep_checkpoint, on_arm=on_arm)
+    except TunerError as ex:
+        _fail(ex)
+        return
+    _print_outcome(outcome)
+    block = correctness_block(outcome)
+    if fault is None and trial_no is not None:
+        try:
+            st.set_user_attr(f"verify:{trial_no}", block)
+        except Exception as e:  # noqa: BLE001 - the check's files are written; the study is only a copy
+            err.print(f"note: could not store the result in the study ({escape(type(e).__name__)}); it is in {escape(plan.out_dir)}/verify.json")
+    if out_file:
+        try:
+            text = _recipe_text(st, m, c, w, cfg, lay, row, block)
+            out_file.write_text(text)
+            err.print(f"wrote {out_file}")
+        except TunerError as ex:
+            _fail(ex)
+        except OSError as e:
+            _fail(TunerError(f"--out {str(out_file)!r}: cannot write ({e.strerror})"))
+    if outcome.result != "pass":
+        raise typer.Exit(code=1)
+
+
+def _slug(label: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in label).strip("-").lower()
+
+
+def _rows(st: Any) -> list[dict[str, Any]]:
+    from tuner.study import trial_rows
+
+    return trial_rows(st)
+
+
+def _candidate(study: str, storage: Optional[str], results_dir: Path, trial: Optional[int]) -> tuple[Any, ...]:
+    from search_spaces.layout import Layout
+    from tuner.cli import _load_study, _study_context
+    from tuner.report import front_rows
+    from tuner.study import trial_rows
+
+    st = _load_study(study, storage, results_dir)
+    m, c, w, cfg = _study_context(st)
+    rows = trial_rows(st)
+    if trial is None:
+        front = front_rows(rows, m)
+        if not front:
+            raise TunerError(f"study {st.study_name!r} has no finished trial to verify")
+        row = next(r for r in rows if r["trial"] == front[0]["trial"])
+    else:
+        match = [r for r in rows if r["trial"] == trial]
+        if not match:
+            done = sorted(r["trial"] for r in rows)
+            raise TunerError(f"--trial {trial}: not a finished trial of {st.study_name!r}; finished trials: {done[:20]}{' ...' if len(done) > 20 else ''}")
+        row = match[0]
+    return st, m, c, w, cfg, Layout.from_dict(row["layout"]), row["trial"], row
+
+
+def _print_outcome(o: Any) -> None:
+    from tuner.cli import out
+
+    if o.convergence is None:
+        out.print(f"[bold red]error[/]: {escape(o.error)}")
+        return
+    cv = o.convergence
+    t = Table(title=f"convergence over {cv.steps} steps (Megatron-Bridge thresholds)", title_justify="left")
+    for col in ("check", "value", "threshold", "result"):
+        t.add_column(col)
+    th = cv.thresholds
+
+    def ok(name: str) -> str:
+        return "[red]fail[/]" if name in cv.failed_metrics else "[green]pass[/]"
+
+    t.add_row("correlation", f"{cv.correlation:.7f}" if cv.correlation == cv.correlation else "undefined", f">= {th.correlation_threshold}", ok("correlation"))
+    t.add_row("final loss difference", f"{cv.final_loss_difference:.2%}", f"<= {th.final_loss_tolerance:.0%}", ok("final_loss"))
+    t.add_row("point-wise failures", f"{cv.pointwise_failures} of {cv.compared_steps}", f"<= {th.max_outlier_ratio:.0%} of steps", ok("point_wise_tolerance"))
+    t.add_row("3-sigma outliers", f"{cv.outliers} of {cv.compared_steps}", f"<= {th.max_outlier_ratio:.0%} of steps", ok("outliers"))
+    t.add_row("missing steps", str(len(cv.missing_steps)), "0", ok("missing_steps"))
+    t.add_row("NaN / Inf steps", str(len(cv.non_finite_steps)), "0", ok("non_finite"))
+    out.print(t)
+    n = max(len(o.reference_losses), len(o.candidate_losses))
+    if n:
+        first, last = 0, n - 1
+        def at(xs: tuple[float, ...], i: int) -> str:
+            return f"{xs[i]:.4f}" if i < len(xs) else "-"
+        out.print(f"loss at step 1: reference {at(o.reference_losses, first)}, candidate {at(o.candidate_losses, first)}; "
+                  f"at step {n}: reference {at(o.reference_losses, last)}, candidate {at(o.candidate_losses, last)}")
+    colour = "green" if o.passed else "red"
+    out.print(f"[bold {colour}]{o.result}[/]: {escape(o.summary())}")
+    out.print(f"curves: {escape(o.plan.out_dir)}/losses.png; details: {escape(o.plan.out_dir)}/verify.json")
+
+
+def _recipe_text(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any, row: Optional[dict[str, Any]], block: dict[str, Any]) -> str:
+    from cost_model.calibration import Calibration
+    from cost_model.estimate import estimate as _estimate
+    from launch import export
+
+    cal = Calibration(**st.user_attrs["calibration"]) if "calibration" in st.user_attrs else Calibration()
+    e = _estimate(m, c, w, lay, calibration=cal, memory_headroom=cfg.get("memory_headroom", 0.10))
+    meas = export.measurement_from_row(row, lay) if row is not None else None
+    rec = export.recipe_dict(m, c, w, lay, estimate=e, measurement=meas, study=st.study_name, correctness=block)
+    export.validate_recipe(rec)
+    return export.dump_recipe(rec)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``verify`` to ``app``."""
+    app.command("verify")(verify)

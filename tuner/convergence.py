@@ -1,0 +1,248 @@
+"""Comparing two training-loss curves: Megatron-Bridge's convergence metrics, stricter about missing data.
+
+Source: ``validate_convergence`` in NVIDIA-NeMo/Megatron-Bridge
+``scripts/performance/utils/evaluate.py`` (HEAD 067f987d; ``../shared/notes/slime_minimax_bridge.md`` §3).
+Its default thresholds are the defaults of :class:`ConvergenceThresholds`:
+
+- **correlation**: Pearson correlation of the two curves (``numpy.corrcoef``) >= 0.95;
+- **final_loss**: ``|candidate[-1] - reference[-1]| / reference[-1]`` <= 3%;
+- **point_wise_tolerance**: at each step, ``|candidate - reference| / reference`` must be within
+  10% where the reference loss is above 2.0, 5% where it is in (0.5, 2.0], 2% at or below 0.5;
+  fails when more than 10% of the steps are out;
+- **outliers**: residual ``candidate - reference``; a step whose residual is more than 3 standard
+  deviations from the mean residual is an outlier; fails when more than 10% of steps are. (By
+  Chebyshev's inequality at most 1/9 of the steps can be 3-sigma outliers, so this check can fail
+  only when 10% to 11.1% of them are: it is kept and reported for parity with Bridge, but the
+  three checks above carry the decision);
+- ``skip_first_percent`` (default 0) drops the leading steps from the four checks above.
+
+Differences from Bridge, on purpose (Bridge lets these pass silently, since NaN compares false):
+
+- **non_finite**: any NaN or Inf loss in either curve fails;
+- **missing_steps**: a step present in one curve and not the other fails (Bridge fills it with NaN);
+- a curve with no variance has no correlation: it fails as ``correlation`` unless both curves are
+  identical (then the correlation is taken as 1).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from cost_model.errors import TunerError
+
+__all__ = ["ConvergenceThresholds", "ConvergenceResult", "compare_losses", "as_curve"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ConvergenceThresholds:
+    """Megatron-Bridge ``validate_convergence`` defaults (``convergence_config``)."""
+
+    correlation_threshold: float = 0.95
+    high_loss_tolerance: float = 0.10
+    """Relative tolerance where the reference loss > 2.0."""
+    medium_loss_tolerance: float = 0.05
+    """Relative tolerance where 0.5 < reference loss <= 2.0."""
+    low_loss_tolerance: float = 0.02
+    """Relative tolerance where the reference loss <= 0.5."""
+    max_outlier_ratio: float = 0.10
+    """Largest fraction of steps allowed out of the point-wise tolerance (and as 3-sigma outliers)."""
+    final_loss_tolerance: float = 0.03
+    outlier_threshold: float = 3.0
+    """Outlier: |residual - mean residual| > this x the residuals' standard deviation."""
+    skip_first_percent: float = 0.0
+    """Percent of leading steps left out of the checks (0..100)."""
+
+    def __post_init__(self) -> None:
+        for name in ("high_loss_tolerance", "medium_loss_tolerance", "low_loss_tolerance", "max_outlier_ratio", "final_loss_tolerance"):
+            v = getattr(self, name)
+            if not 0 <= v < 1:
+                raise TunerError(f"convergence threshold {name} must be in [0, 1), got {v}")
+        if not -1 <= self.correlation_threshold <= 1:
+            raise TunerError(f"correlation_threshold must be in [-1, 1], got {self.correlation_threshold}")
+        if not self.outlier_threshold > 0:
+            raise TunerError(f"outlier_threshold must be > 0, got {self.outlier_threshold}")
+        if not 0 <= self.skip_first_percent < 100:
+            raise TunerError(f"skip_first_percent must be in [0, 100), got {self.skip_first_percent}")
+
+    def tolerance(self, reference_loss: float) -> float:
+        """The point-wise relative tolerance for a step whose reference loss is ``reference_loss``."""
+        if reference_loss > 2.0:
+            return self.high_loss_tolerance
+        if reference_loss > 0.5:
+            return self.medium_loss_tolerance
+        return self.low_loss_tolerance
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ConvergenceResult:
+    """The outcome of :func:`compare_losses`. ``failed_metrics`` names every check that failed."""
+
+    passed: bool
+    failed_metrics: tuple[str, ...]
+    steps: int
+    """Steps in the union of both curves."""
+    compared_steps: int
+    """Steps used by the four Bridge checks (after ``skip_first_percent``; finite in both)."""
+    correlation: float
+    final_loss_difference: float
+    """Relative difference of the last common step's losses (fraction, not %)."""
+    pointwise_failures: int
+    pointwise_failure_ratio: float
+    outliers: int
+    outlier_ratio: float
+    missing_steps: tuple[int, ...] = ()
+    non_finite_steps: tuple[int, ...] = ()
+    messages: tuple[str, ...] = ()
+    """One line per failed check, with the values and the threshold."""
+    thresholds: ConvergenceThresholds = field(default_factory=ConvergenceThresholds)
+
+    @property
+    def result(self) -> str:
+        return "pass" if self.passed else "fail"
+
+    def summary(self) -> str:
+        """One line: passed, or which metrics failed and by how much."""
+        if self.passed:
+            return (f"passed: correlation {self.correlation:.7f}, final loss difference {self.final_loss_difference:.4f}, "
+                    f"{self.pointwise_failures} point-wise failures, {self.outliers} outliers over {self.compared_steps} steps")
+        return "failed " + ", ".join(self.failed_metrics) + ": " + "; ".join(self.messages)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["missing_steps"] = list(self.missing_steps)
+        d["non_finite_steps"] = list(self.non_finite_steps)
+        d["failed_metrics"] = list(self.failed_metrics)
+        d["messages"] = list(self.messages)
+        d["result"] = self.result
+        return d
+
+
+def as_curve(values: Mapping[int, float] | Sequence[float], *, first_step: int = 1) -> dict[int, float]:
+    """A loss curve as ``{step: loss}``; a sequence is numbered from ``first_step``.
+
+    Raises:
+        TunerError: a step that is not an integer, or a loss that is not a number.
+    """
+    items = values.items() if isinstance(values, Mapping) else enumerate(values, start=first_step)
+    out: dict[int, float] = {}
+    for k, v in items:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise TunerError(f"loss curve step {k!r} is not an integer")
+        try:
+            out[int(k)] = float(v)
+        except (TypeError, ValueError):
+            raise TunerError(f"loss curve step {k}: {v!r} is not a number") from None
+    return out
+
+
+def compare_losses(
+    candidate: Mapping[int, float] | Sequence[float],
+    reference: Mapping[int, float] | Sequence[float],
+    thresholds: ConvergenceThresholds | None = None,
+) -> ConvergenceResult:
+    """Compare a candidate loss curve to a reference (golden) curve; see the module docstring.
+
+    Args:
+        candidate: losses of the layout under test, ``{step: loss}`` or a list from step 1.
+        reference: losses of the reference layout, same form.
+        thresholds: Bridge's defaults when None.
+
+    Returns:
+        The result; ``passed`` is False when any check fails, ``failed_metrics`` says which
+        (``missing_steps``, ``non_finite``, ``correlation``, ``point_wise_tolerance``,
+        ``final_loss``, ``outliers``, or ``too_few_steps`` when fewer than 2 steps compare).
+
+    Raises:
+        TunerError: both curves are empty, or a step or loss is not a number.
+    """
+    th = thresholds or ConvergenceThresholds()
+    cand, ref = as_curve(candidate), as_curve(reference)
+    steps = sorted(set(cand) | set(ref))
+    if not steps:
+        raise TunerError("both loss curves are empty: nothing to compare")
+    failed: list[str] = []
+    msgs: list[str] = []
+    missing = tuple(s for s in steps if s not in cand or s not in ref)
+    if missing:
+        failed.append("missing_steps")
+        who = ["candidate" if s not in cand else "reference" for s in missing]
+        msgs.append(f"{len(missing)} steps missing ({', '.join(f'{s} in {w}' for s, w in list(zip(missing, who))[:5])}{' ...' if len(missing) > 5 else ''})")
+    common = [s for s in steps if s in cand and s in ref]
+    bad = tuple(s for s in common if not (math.isfinite(cand[s]) and math.isfinite(ref[s])))
+    if bad:
+        failed.append("non_finite")
+        msgs.append(f"NaN or Inf loss at steps {list(bad[:5])}{' ...' if len(bad) > 5 else ''}")
+    good = [s for s in common if s not in bad]
+    skip = int(len(good) * th.skip_first_percent / 100.0)
+    good = good[skip:]
+    c = np.array([cand[s] for s in good], dtype=float)
+    g = np.array([ref[s] for s in good], dtype=float)
+    nan = float("nan")
+    if len(good) < 2:
+        failed.append("too_few_steps")
+        msgs.append(f"{len(good)} comparable steps; need at least 2")
+        return ConvergenceResult(
+            passed=False, failed_metrics=tuple(failed), steps=len(steps), compared_steps=len(good), correlation=nan,
+            final_loss_difference=nan, pointwise_failures=0, pointwise_failure_ratio=nan, outliers=0, outlier_ratio=nan,
+            missing_steps=missing, non_finite_steps=bad, messages=tuple(msgs), thresholds=th,
+        )
+
+    # correlation (Pearson); undefined for a flat curve
+    if np.array_equal(c, g):
+        corr = 1.0
+    elif np.std(c) == 0 or np.std(g) == 0:
+        corr = nan
+    else:
+        corr = float(np.corrcoef(c, g)[0, 1])
+    if not (corr >= th.correlation_threshold):
+        failed.append("correlation")
+        msgs.append(f"correlation {corr:.4f} < {th.correlation_threshold}" if corr == corr else "correlation undefined: one curve is flat")
+
+    # point-wise relative tolerance, keyed on the reference value
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.abs(c - g) / np.abs(g)
+    rel = np.where(g == 0, np.where(c == 0, 0.0, np.inf), rel)
+    tol = np.array([th.tolerance(x) for x in g])
+    pw = int(np.sum(rel > tol))
+    pw_ratio = pw / len(good)
+    if pw_ratio > th.max_outlier_ratio:
+        failed.append("point_wise_tolerance")
+        worst = int(np.argmax(rel - tol))
+        msgs.append(f"{pw} of {len(good)} steps out of tolerance ({pw_ratio:.0%} > {th.max_outlier_ratio:.0%}; worst step {good[worst]}: "
+                    f"{c[worst]:.4f} vs {g[worst]:.4f}, {rel[worst]:.1%} > {tol[worst]:.0%})")
+
+    # final loss
+    fin = float(abs(c[-1] - g[-1]) / abs(g[-1])) if g[-1] != 0 else (0.0 if c[-1] == 0 else float("inf"))
+    if fin > th.final_loss_tolerance:
+        failed.append("final_loss")
+        msgs.append(f"final loss {c[-1]:.4f} vs {g[-1]:.4f} at step {good[-1]}: {fin:.2%} > {th.final_loss_tolerance:.0%}")
+
+    # outliers of the residuals
+    res = c - g
+    sd = float(np.std(res))
+    n_out = int(np.sum(np.abs(res - res.mean()) > th.outlier_threshold * sd)) if sd > 0 else 0
+    out_ratio = n_out / len(good)
+    if out_ratio > th.max_outlier_ratio:
+        failed.append("outliers")
+        msgs.append(f"{n_out} of {len(good)} steps are {th.outlier_threshold:g}-sigma outliers of the residual ({out_ratio:.0%} > {th.max_outlier_ratio:.0%})")
+
+    return ConvergenceResult(
+        passed=not failed,
+        failed_metrics=tuple(failed),
+        steps=len(steps),
+        compared_steps=len(good),
+        correlation=corr,
+        final_loss_difference=fin,
+        pointwise_failures=pw,
+        pointwise_failure_ratio=pw_ratio,
+        outliers=n_out,
+        outlier_ratio=out_ratio,
+        missing_steps=missing,
+        non_finite_steps=bad,
+        messages=tuple(msgs),
+        thresholds=th,
+    )
