@@ -11,7 +11,7 @@ __all__ = ["BACKENDS", "FailureKind", "Measurement", "StepReporter", "TrialBacke
 BACKENDS = {
     "model": "analytical cost model (no GPU; every number is a prediction)",
     "local": "torchrun of the megatron-core trial harness on this machine's GPUs (measured)",
-    "ray": "the trial harness across a Ray cluster (not in this version)",
+    "ray": "the trial harness under torchrun on the nodes of a Ray cluster, one placement group per trial (measured)",
     "command": "your slime / Megatron-LM launch command from a template (--command-template FILE), its log parsed (measured)",
 }
 
@@ -21,11 +21,12 @@ def get_backend(name: str, **kwargs: object) -> TrialBackend:
 
     ``model`` takes ``calibration`` and ``memory_headroom``; ``local`` takes ``trials_dir``,
     ``num_gpus``, ``steps``, ``warmup_steps``, ``timeout_s``; ``command`` takes ``command_template``,
-    ``trials_dir``, ``steps``, ``warmup_steps``, ``timeout_s`` (other keywords are ignored).
+    ``trials_dir``, ``steps``, ``warmup_steps``, ``timeout_s``; ``ray`` takes ``trials_dir``, ``address``,
+    ``gpus_per_node``, ``steps``, ``warmup_steps``, ``timeout_s``, ``extra_env`` (other keywords are ignored).
 
     Raises:
-        TunerError: unknown name, a backend this version does not ship yet, (local) no GPU, or
-            (command) no or a bad template.
+        TunerError: unknown name, (local) no GPU, (command) no or a bad template, or (ray) no
+            Ray cluster to connect to.
     """
     if name == "model":
         from launch.model_backend import ModelBackend
@@ -40,10 +41,8 @@ def get_backend(name: str, **kwargs: object) -> TrialBackend:
         from launch.command_backend import CommandBackend
 
         return CommandBackend(**kwargs)  # type: ignore[arg-type]
-    if name in BACKENDS:
-        raise TunerError(
-            f"--backend {name}: real trials are not available in this version; use --backend model "
-            "(the analytical prediction) or --backend local (real trials on this machine's GPUs) or --backend command (your own launch command). "
-            "The ray backend is planned."
-        )
+    if name == "ray":
+        from launch.ray_backend import RayBackend
+
+        return RayBackend(**kwargs)  # type: ignore[arg-type]
     raise TunerError(f"--backend {name!r}: unknown backend; accepted: {', '.join(BACKENDS)}")

@@ -86,11 +86,14 @@ def main_job(
     calibration: CalOpt = None,
     memory_headroom: HeadroomOpt = 0.10,
     trials: Annotated[Optional[int], typer.Option("--trials", help="Trials to run (default 48): the predicted front and fastest candidates first, then NSGA-II.", rich_help_panel="Search")] = None,
-    backend: Annotated[str, typer.Option("--backend", help="model (analytical, default), local (real trials: the megatron-core harness under torchrun on this machine's GPUs) or command (your slime / Megatron-LM launch command, --command-template); ray: a later version.", rich_help_panel="Search")] = "model",
+    backend: Annotated[str, typer.Option("--backend", help="model (analytical, default), local (real trials: the megatron-core harness under torchrun on this machine's GPUs), ray (the harness on a Ray cluster's nodes) or command (your slime / Megatron-LM launch command, --command-template).", rich_help_panel="Search")] = "model",
     layers: Annotated[Optional[int], typer.Option("--layers", help="Slice the model to its first N layers at full width, for the estimate and the trials.", rich_help_panel="Job")] = None,
     trial_steps: Annotated[int, typer.Option("--trial-steps", help="Optimizer steps per real trial, 2 warm-up steps included (local backend).", rich_help_panel="Trials")] = 8,
     trial_timeout: Annotated[float, typer.Option("--trial-timeout", help="Seconds one real trial may run, model build included; then its process group is killed.", rich_help_panel="Trials")] = 900.0,
     command_template: Annotated[Optional[Path], typer.Option("--command-template", help="Launch template (YAML/JSON argv with placeholders) of --backend command; launch/templates/slime_command.yaml ships.", rich_help_panel="Trials")] = None,
+    ray_address: Annotated[Optional[str], typer.Option("--ray-address", help="Ray cluster of --backend ray: auto, HOST:PORT or ray://HOST:PORT (default: start a local Ray instance).", rich_help_panel="Trials")] = None,
+    parallel_trials: Annotated[int, typer.Option("--parallel-trials", help="Real trials this worker runs at once (--backend ray; each its own placement group).", rich_help_panel="Trials")] = 1,
+    trial_env: Annotated[Optional[list[str]], typer.Option("--trial-env", help="NAME=VALUE for every rank of a real trial (--backend ray), repeatable, e.g. --trial-env NCCL_IB_HCA=mlx5.", rich_help_panel="Trials")] = None,
     prune_margin: Annotated[float, typer.Option("--prune-margin", help="Stop a real trial more than this fraction slower than the best so far (after 2 measured steps); negative = never.", rich_help_panel="Trials")] = 0.25,
     stack: Annotated[str, typer.Option("--stack", help="slime (default; leaves out allgather, which slime rewrites) or megatron.", rich_help_panel="Search")] = "slime",
     study: StudyOpt = None,
@@ -138,6 +141,9 @@ def main_job(
             trial_warmup_steps=min(2, trial_steps - 1) if trial_steps > 0 else 2,
             trial_timeout_s=trial_timeout,
             command_template=str(command_template) if command_template else None,
+            ray_address=ray_address,
+            parallel_trials=parallel_trials,
+            trial_env=tuple(trial_env or ()),
             prune_margin=None if (prune_margin == prune_margin and prune_margin < 0) else prune_margin,  # NaN is rejected later
         )
         _run_main(cfg, top)
@@ -148,9 +154,11 @@ def main_job(
 def _run_main(cfg: Any, top: int) -> None:
     from launch import get_backend
     from tuner.report import export_files, front_rows, pipeline_layout_of, plot_front, write_pareto_csv
-    from tuner.study import _mask, prepare, run_study, trial_rows
+    from tuner.study import _mask, _validate_config, prepare, run_study, trial_rows
 
-    probe = get_backend(cfg.backend, command_template=cfg.command_template)  # reject unknown / unavailable backends before any work
+    _validate_config(cfg)  # flag combinations first: one message about the flags, before any backend is probed
+    # Reject unknown / unavailable backends before any work (ray connects once, in run_study).
+    probe = get_backend(cfg.backend, command_template=cfg.command_template) if cfg.backend != "ray" else None
     prep = prepare(cfg)
     if cfg.backend == "local" and getattr(probe, "num_gpus", prep.cluster.num_gpus) != prep.cluster.num_gpus:
         raise TunerError(
@@ -551,8 +559,10 @@ def _load_study(study: Optional[str], storage: Optional[str], results_dir: Path)
     if not storage and not (results_dir / name / "study.db").exists():
         raise TunerError(f"--study {name!r}: no study database at {results_dir / name / 'study.db'}; run `tune --model ... --gpus ... --study {name}` first, or give --storage")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from tuner.study import open_storage
+
     try:
-        return optuna.load_study(study_name=name, storage=url)
+        return optuna.load_study(study_name=name, storage=open_storage(url))
     except KeyError:
         raise TunerError(f"--study {name!r}: no such study in {url}") from None
     except Exception as e:  # noqa: BLE001 - storage errors

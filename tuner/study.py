@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import threading
 import logging
 import math
 import re
+import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -81,6 +83,12 @@ class TuneConfig:
     prune_margin: float | None = 0.25
     command_template: str | None = None
     """The launch template of the ``command`` backend (``--command-template FILE``)."""
+    ray_address: str | None = None
+    """``--ray-address``: ``auto``, ``HOST:PORT`` or ``ray://...``; None starts a local Ray instance (``ray`` backend)."""
+    parallel_trials: int = 1
+    """Trials run at once by this worker (``ray`` backend: each its own placement group)."""
+    trial_env: tuple[str, ...] = ()
+    """``KEY=VALUE`` environment variables for every rank of a real trial (``ray`` backend)."""
     """Stop a real trial whose running median throughput is below best / (1 + margin); None = never prune."""
 
     def study_name(self, model: ModelSpec, cluster: Cluster) -> str:
@@ -156,6 +164,13 @@ def _validate_config(config: TuneConfig) -> None:
         raise TunerError(f"--trial-timeout must be a positive number of seconds, got {config.trial_timeout_s}")
     if config.command_template and config.backend != "command":
         raise TunerError(f"--command-template is for --backend command (this run uses --backend {config.backend})")
+    if config.ray_address and config.backend != "ray":
+        raise TunerError(f"--ray-address is for --backend ray (this run uses --backend {config.backend})")
+    if isinstance(config.parallel_trials, bool) or not isinstance(config.parallel_trials, int) or not 1 <= config.parallel_trials <= 64:
+        raise TunerError(f"--parallel-trials must be from 1 to 64, got {config.parallel_trials!r}")
+    if config.parallel_trials > 1 and config.backend not in ("ray", "model"):
+        raise TunerError(f"--parallel-trials > 1 needs --backend ray (the {config.backend} backend runs one trial at a time on this machine)")
+    trial_env_dict(config.trial_env)
 
 
 def _mask(url: str) -> str:
@@ -284,6 +299,46 @@ class TuneResult:
     """Real trials stopped early by the pruner in this run."""
     failed_now: int = 0
     """Real trials that ran out of memory, timed out or crashed in this run."""
+
+
+def trial_env_dict(items: Sequence[str]) -> dict[str, str]:
+    """``--trial-env KEY=VALUE`` items as a dict.
+
+    Raises:
+        TunerError: an item without ``=`` or with a name that is not an environment variable name.
+    """
+    out: dict[str, str] = {}
+    for it in items:
+        k, sep, v = str(it).partition("=")
+        if not sep or not k or not all(c.isalnum() or c == "_" for c in k) or k[0].isdigit():
+            raise TunerError(f"--trial-env {it!r}: expected NAME=VALUE, e.g. --trial-env NCCL_IB_HCA=mlx5")
+        out[k] = v
+    return out
+
+
+def open_storage(url: str) -> Any:
+    """An Optuna storage for ``url``: an RDB URL (``sqlite:///...``, ``postgresql://...``) as is, or
+    ``journal:PATH``, a journal file (for several workers on a shared filesystem: Optuna's
+    ``JournalStorage`` with ``JournalFileBackend``, which locks the file).
+
+    Raises:
+        TunerError: ``journal:`` without a path, or a journal file that cannot be opened.
+    """
+    if url.startswith("journal:"):
+        path = url[len("journal:"):]
+        if path.startswith("//"):
+            path = path[2:]
+        if not path:
+            raise TunerError("--storage journal:PATH needs a file path, e.g. journal:/shared/tune/study.log")
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            return JournalStorage(JournalFileBackend(path))
+        except OSError as e:
+            raise TunerError(f"--storage {url!r}: cannot open the journal file ({e.strerror or e})") from None
+    return url
 
 
 def _storage_url(config: TuneConfig, out_dir: Path) -> str:
@@ -470,6 +525,43 @@ def _spread(front: np.ndarray, peak: np.ndarray, k: int) -> list[int]:
     return [int(by_mem[i]) for i in picks]
 
 
+def _open_study(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path) -> tuple[optuna.Study, str]:
+    """Create or load the study, check it was made with the same inputs, and store them in it."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TunerError(f"--results-dir {cfg.results_dir!r}: cannot create {out_dir} ({e.strerror})") from None
+    storage = _storage_url(cfg, out_dir)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        study = optuna.create_study(
+            study_name=name,
+            storage=open_storage(storage),
+            directions=["maximize", "minimize"],
+            sampler=optuna.samplers.NSGAIISampler(seed=cfg.seed, population_size=16),
+            load_if_exists=True,
+        )
+    except (ValueError, ImportError) as e:  # bad storage URL, missing DB driver
+        raise TunerError(f"--storage {_mask(storage)!r}: cannot open the study ({_mask(str(e))})") from None
+    except Exception as e:  # SQLAlchemy errors: unwritable path, locked or corrupt file
+        if type(e).__module__.startswith("sqlalchemy"):
+            raise TunerError(f"--storage {_mask(storage)!r}: cannot open the study ({type(e).__name__}: {_mask(str(e).splitlines()[0])})") from None
+        raise
+    _check_study_config(study, cfg, name, prep.calibration, _resolved(prep))
+    study.set_user_attr("config", cfg.to_dict())
+    study.set_user_attr("resolved", _resolved(prep))
+    study.set_user_attr("model_spec", model_spec_to_dict(prep.model))
+    study.set_user_attr("calibration", prep.calibration.to_dict())
+    study.set_user_attr("space", prep.space.to_dict())
+    try:
+        (out_dir / "config.yaml").write_text(
+            yaml.safe_dump({"config": cfg.to_dict(), "resolved": _resolved(prep), "space": prep.space.to_dict(), "calibration": prep.calibration.to_dict()}, sort_keys=False)
+        )
+    except OSError as e:
+        raise TunerError(f"cannot write {out_dir / 'config.yaml'} ({e.strerror or e})") from None
+    return study, storage
+
+
 def run_study(
     prep: Prepared,
     *,
@@ -498,38 +590,6 @@ def run_study(
     cfg = prep.config
     name = cfg.study_name(prep.model, prep.cluster)
     out_dir = Path(cfg.results_dir) / name
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise TunerError(f"--results-dir {cfg.results_dir!r}: cannot create {out_dir} ({e.strerror})") from None
-    storage = _storage_url(cfg, out_dir)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        study = optuna.create_study(
-            study_name=name,
-            storage=storage,
-            directions=["maximize", "minimize"],
-            sampler=optuna.samplers.NSGAIISampler(seed=cfg.seed, population_size=16),
-            load_if_exists=True,
-        )
-    except (ValueError, ImportError) as e:  # bad storage URL, missing DB driver
-        raise TunerError(f"--storage {_mask(storage)!r}: cannot open the study ({_mask(str(e))})") from None
-    except Exception as e:  # SQLAlchemy errors: unwritable path, locked or corrupt file
-        if type(e).__module__.startswith("sqlalchemy"):
-            raise TunerError(f"--storage {_mask(storage)!r}: cannot open the study ({type(e).__name__}: {_mask(str(e).splitlines()[0])})") from None
-        raise
-    _check_study_config(study, cfg, name, prep.calibration, _resolved(prep))
-    study.set_user_attr("config", cfg.to_dict())
-    study.set_user_attr("resolved", _resolved(prep))
-    study.set_user_attr("model_spec", model_spec_to_dict(prep.model))
-    study.set_user_attr("calibration", prep.calibration.to_dict())
-    study.set_user_attr("space", prep.space.to_dict())
-    try:
-        (out_dir / "config.yaml").write_text(
-            yaml.safe_dump({"config": cfg.to_dict(), "resolved": _resolved(prep), "space": prep.space.to_dict(), "calibration": prep.calibration.to_dict()}, sort_keys=False)
-        )
-    except OSError as e:
-        raise TunerError(f"cannot write {out_dir / 'config.yaml'} ({e.strerror or e})") from None
     backend = backend or get_backend(
         cfg.backend,
         calibration=prep.calibration,
@@ -540,7 +600,23 @@ def run_study(
         warmup_steps=cfg.trial_warmup_steps,
         timeout_s=cfg.trial_timeout_s,
         command_template=cfg.command_template,
+        address=cfg.ray_address,
+        gpus_per_node=prep.cluster.gpus_per_node,
+        extra_env=trial_env_dict(cfg.trial_env),
     )
+    have = getattr(backend, "cluster_gpus", None)
+    if have is not None and have() < prep.cluster.num_gpus:
+        n = have()
+        backend.close()
+        raise TunerError(
+            f"--backend ray: the Ray cluster has {n:g} GPUs and --gpus asks for {prep.cluster.num_gpus}; connect to a bigger "
+            "cluster (--ray-address auto on one of its nodes) or tune a slice that fits (--layers N with --gpus for what the cluster has)"
+        )
+    try:
+        study, storage = _open_study(cfg, prep, name, out_dir)
+    except BaseException:
+        backend.close()  # a Ray instance this run started must not outlive a refused study
+        raise
     # Backends written against the first interface (run without reporter) still work.
     _params = inspect.signature(backend.run).parameters
     takes_reporter = "reporter" in _params or any(p.kind == p.VAR_KEYWORD for p in _params.values())
@@ -555,8 +631,10 @@ def run_study(
     }
     # Layouts still queued by an interrupted run: run them before enqueuing more.
     waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-    if cfg.backend in ("model", "local", "command"):
-        # Model, local and command trials run inside this process: one still RUNNING was cut off by an interrupt.
+    if not cfg.storage:
+        # The default storage is this study's own SQLite file, driven by one `tune` process at a time:
+        # a trial still RUNNING there was cut off by an interrupt. (With --storage, other workers may
+        # be running their trials now: leave them.)
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
 
@@ -592,17 +670,23 @@ def run_study(
     gpu = prep.cluster.gpu
     n_active = prep.model.active_params()
 
+    lock = threading.Lock()
+
     def objective(trial: optuna.Trial) -> tuple[float, float]:
         chosen = {p: trial.suggest_categorical(p, index.labels[p]) for p in params}
         row = index.find_fitting(chosen)
         lay = valid.row(row) if row is not None else index.build(chosen)
         key = lay.key()
         trial.set_user_attr("key", key)
-        if key in seen:
-            counters["skipped"] += 1
-            trial.set_user_attr("skipped", "duplicate: this layout was already evaluated in this study")
+        with lock:
+            dup = key in seen or _claimed_elsewhere(study, trial.number, key)
+            if not dup:
+                seen.add(key)
+        if dup:
+            with lock:
+                counters["skipped"] += 1
+            trial.set_user_attr("skipped", "duplicate: this layout was already evaluated (or is being run) in this study")
             raise optuna.TrialPruned("duplicate layout")
-        seen.add(key)
         if row is None:
             counters["skipped"] += 1
             broken = check_layout(lay, prep.model, prep.workload)
@@ -683,9 +767,22 @@ def run_study(
         if on_trial:
             on_trial(done["n"], n_trials)
 
+    # Ctrl-C with trials running in worker threads (--parallel-trials): Optuna waits for them, so tell the
+    # backend to stop them (each kills its processes and frees its placement group) before it waits.
+    cancel = getattr(backend, "cancel", None)
+    old_handler = None
+    if cancel is not None and threading.current_thread() is threading.main_thread():
+        def _on_sigint(signum: int, frame: Any) -> None:
+            cancel()
+            raise KeyboardInterrupt
+
+        old_handler = signal.signal(signal.SIGINT, _on_sigint)
     try:
-        study.optimize(objective, n_trials=n_trials, callbacks=[_cb], catch=(TrialFailed,), gc_after_trial=False)
+        study.optimize(objective, n_trials=n_trials, callbacks=[_cb], catch=(TrialFailed,), gc_after_trial=False,
+                       n_jobs=cfg.parallel_trials if cfg.backend == "ray" else 1)
     finally:
+        if old_handler is not None:
+            signal.signal(signal.SIGINT, old_handler)
         backend.close()
     return TuneResult(
         prepared=prep,
@@ -699,6 +796,17 @@ def run_study(
         pruned_now=counters["pruned"],
         failed_now=counters["failed"],
     )
+
+
+def _claimed_elsewhere(study: optuna.Study, number: int, key: str) -> bool:
+    """Another trial of the study (of any worker sharing its storage) has this layout: finished, or
+    running with a lower number (of two workers that pick a layout at once, the later trial yields)."""
+    for t in study.get_trials(deepcopy=False):
+        if t.number == number or t.user_attrs.get("key") != key or "skipped" in t.user_attrs:
+            continue
+        if t.state.is_finished() or (t.state == optuna.trial.TrialState.RUNNING and t.number < number):
+            return True
+    return False
 
 
 def _best_measured(study: optuna.Study) -> float | None:

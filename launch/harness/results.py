@@ -26,7 +26,7 @@ from typing import Any
 
 from launch.base import FailureKind
 
-__all__ = ["StepRecord", "HarnessResult", "read_results", "read_lines", "classify_failure", "median_after_warmup", "cv"]
+__all__ = ["StepRecord", "HarnessResult", "read_results", "parse_results", "read_lines", "parse_lines", "classify_failure", "median_after_warmup", "cv"]
 
 GIB = 2**30
 
@@ -96,8 +96,13 @@ def read_lines(path: str | Path) -> list[dict[str, Any]]:
     p = Path(path)
     if not p.exists():
         return []
+    return parse_lines(p.read_text(errors="replace"))
+
+
+def parse_lines(text: str) -> list[dict[str, Any]]:
+    """The JSON objects of JSON-lines text; lines that are not JSON objects become ``{"event": "_bad"}``."""
     out = []
-    for line in p.read_text(errors="replace").splitlines():
+    for line in text.splitlines():
         line = line.strip()
         if not line:
             continue
@@ -112,8 +117,13 @@ def read_lines(path: str | Path) -> list[dict[str, Any]]:
 
 def read_results(path: str | Path) -> HarnessResult:
     """Parse a harness ``--out`` file (complete or cut off)."""
+    return parse_results(None, _objs=read_lines(path))
+
+
+def parse_results(text: str | None, *, _objs: list[dict[str, Any]] | None = None) -> HarnessResult:
+    """Parse the harness's JSON lines given as text (e.g. read on another node)."""
     r = HarnessResult()
-    for obj in read_lines(path):
+    for obj in (_objs if _objs is not None else parse_lines(text or "")):
         ev = obj.get("event")
         if ev == "step":
             try:

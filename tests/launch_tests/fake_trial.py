@@ -36,6 +36,17 @@ def main() -> int:
     mode = os.environ.get("FAKE_TRIAL_MODE", "ok")
     lay = spec["layout"]
     step_s = float(os.environ.get(f"FAKE_STEP_S_TP{lay['tp']}", os.environ.get("FAKE_STEP_S", "0.01")))
+    node = os.environ.get("NODE_RANK")
+    dump = os.environ.get("FAKE_ENV_DUMP")  # a folder: each node writes the environment it was started with
+    if dump:
+        os.makedirs(dump, exist_ok=True)
+        keys = ("NNODES", "NODE_RANK", "NPROC_PER_NODE", "MASTER_ADDR", "MASTER_PORT", "TUNE_TRIAL_ATTEMPT", "NCCL_NVLS_ENABLE",
+                "CUDA_DEVICE_MAX_CONNECTIONS", "FAKE_EXTRA")
+        with open(os.path.join(dump, f"{os.path.basename(os.path.dirname(out_path))}.node{node}.attempt{os.environ.get('TUNE_TRIAL_ATTEMPT')}.json"), "w") as f:
+            json.dump({"env": {k: os.environ.get(k) for k in keys}, "pid": os.getpid(), "t": time.time(), "out": out_path}, f)
+    if node not in (None, "0"):  # other nodes of a multi-node trial: their ranks run, rank 0 (node 0) writes the lines
+        time.sleep(step_s * spec["steps"] if mode != "hang" else 600)
+        return 0
     fast_if = os.environ.get("FAKE_FAST_IF")  # "field=value,field=value": these layouts step in FAKE_FAST_STEP_S
     if fast_if and all(str(lay[k]) == v for k, v in (kv.split("=") for kv in fast_if.split(","))):
         step_s = float(os.environ.get("FAKE_FAST_STEP_S", "0.02"))

@@ -1,0 +1,449 @@
+"""The ``ray`` backend: each trial is the trial harness under torchrun on the nodes of a Ray cluster.
+
+One trial = one Ray placement group with one bundle per node the layout needs
+(``gpus_per_node`` GPUs each; a layout smaller than a node gets one bundle of its size),
+``STRICT_SPREAD`` across nodes or ``STRICT_PACK`` inside one. On each bundle an actor
+(:class:`_NodeAgent`) starts ``python -m torch.distributed.run --nnodes N --node-rank i
+--nproc-per-node G --master-addr <the first bundle's node> --master-port <a free port there>
+-m launch.harness.train`` in a process group of its own, with the environment of
+:data:`launch.local_backend.SAFE_ENV`, the user's extra variables and
+``CUDA_VISIBLE_DEVICES`` as Ray assigned the bundle's GPUs. The driver (``tune``) reads the
+harness's JSON lines through the first node's actor (no shared filesystem is needed), hands
+each step's throughput to the study's reporter (pruning), and on a timeout, a stop or an
+interrupt kills every node's process group and removes the placement group.
+
+Several trials run at once when the study asks for several (``--parallel-trials``) and the
+cluster holds their placement groups; Ray queues the rest.
+
+A node that dies or an actor that is lost during a trial: the trial is retried once on a new
+placement group (Ray places it on the nodes left), then recorded as failed (``crash``, "node lost").
+
+Sources: Ray placement groups and ``PlacementGroupSchedulingStrategy``
+(docs.ray.io, "Placement Groups"); torchrun's static rendezvous arguments
+(``--nnodes``, ``--node-rank``, ``--master-addr``, ``--master-port``; PyTorch "torchrun (Elastic Launch)").
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from cost_model.errors import InfeasibleLayout, TunerError
+from cost_model.specs import Cluster, ModelSpec, Workload
+from launch.base import FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped
+from launch.harness.results import classify_failure, parse_results
+from launch.harness.spec import HARNESS_MODULE, HarnessEnv, build_spec, harness_args, unsupported_reasons
+from launch.local_backend import SAFE_ENV
+from search_spaces.layout import Layout
+
+__all__ = ["RayBackend", "node_plan", "torchrun_node_command"]
+
+
+def node_plan(world_size: int, gpus_per_node: int) -> tuple[list[int], str]:
+    """GPUs per bundle (one bundle per node) and the placement strategy for a trial of ``world_size`` GPUs.
+
+    Raises:
+        TunerError: a world size that does not fill whole nodes (torchrun starts the same number
+            of processes on every node) or a bad ``gpus_per_node``.
+    """
+    if gpus_per_node < 1 or world_size < 1:
+        raise TunerError(f"bad trial size: world {world_size}, {gpus_per_node} GPUs per node")
+    if world_size <= gpus_per_node:
+        return [world_size], "STRICT_PACK"
+    if world_size % gpus_per_node:
+        raise TunerError(f"a trial of {world_size} GPUs does not fill whole nodes of {gpus_per_node} GPUs")
+    return [gpus_per_node] * (world_size // gpus_per_node), "STRICT_SPREAD"
+
+
+def torchrun_node_command(nnodes: int, node_rank: int, nproc_per_node: int, master_addr: str, master_port: int, python: str | None = None) -> list[str]:
+    """torchrun's static-rendezvous command for one node, without the harness's own arguments."""
+    return [
+        python or sys.executable, "-m", "torch.distributed.run",
+        f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--nproc-per-node={nproc_per_node}",
+        f"--master-addr={master_addr}", f"--master-port={master_port}",
+        "-m", HARNESS_MODULE,
+    ]
+
+
+class _NodeAgent:
+    """One node's part of a trial (a Ray actor): writes the spec, starts the launcher, reports, kills."""
+
+    def __init__(self) -> None:
+        self.proc: Any = None
+        self.log: Any = None
+
+    def where(self) -> dict[str, Any]:
+        """This node's address, a free TCP port on it, and the GPUs Ray gave this actor."""
+        import ray
+
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            port = int(s.getsockname()[1])
+        try:
+            gpus = [str(int(g)) for g in ray.get_gpu_ids()]
+        except Exception:  # noqa: BLE001
+            gpus = []
+        return {"ip": ray.util.get_node_ip_address(), "port": port, "gpu_ids": gpus, "node_id": ray.get_runtime_context().get_node_id(),
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    def start(self, cmd: list[str], env: dict[str, str], tdir: str, spec_text: str, cwd: str) -> int:
+        import subprocess
+
+        d = Path(tdir)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "spec.json").write_text(spec_text)
+        node = env.get("NODE_RANK", "0")
+        (d / f"command.node{node}.txt").write_text(" ".join(cmd) + "\n")
+        self.log = open(d / f"log.node{node}.txt", "wb")
+        full = {**os.environ, **env}
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, env=full, cwd=cwd)
+        return int(self.proc.pid)
+
+    def poll(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def read(self, path: str, max_bytes: int = 2_000_000) -> str:
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - max_bytes))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        from launch.local_backend import _kill_group
+
+        if self.proc is not None and self.proc.poll() is None:
+            _kill_group(self.proc, grace_s=5.0)
+        if self.log is not None:
+            self.log.close()
+
+
+class _NodeLost(Exception):
+    """A node or an actor of the trial was lost."""
+
+
+class RayBackend(TrialBackend):
+    """Runs each layout with the trial harness on a Ray cluster's nodes (see the module docstring).
+
+    Args:
+        trials_dir: each trial's folder (``results/<study>/trials``) on the driver; the nodes
+            write their logs under the same path (their own disks, or a shared filesystem).
+        address: ``auto`` (a running cluster), ``ray://...`` / ``HOST:PORT``, or None: start a
+            local Ray instance (one machine).
+        gpus_per_node: GPUs per node of the cluster (each bundle asks for this many).
+        steps, warmup_steps, timeout_s: as :class:`launch.local_backend.LocalBackend`.
+        extra_env: the user's extra environment variables for every rank (NCCL settings, ...).
+        launcher: the program each node starts instead of torchrun (tests); it gets the harness's
+            arguments and NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT in its environment.
+        gpu_resource: the Ray resource a GPU is (``GPU``; tests use a custom resource).
+        env: the harness environment (default: probed on the driver).
+        retries: times a trial is retried after a lost node (default 1).
+        placement_timeout_s: how long to wait for the cluster to place a trial.
+        init_kwargs: more keywords for ``ray.init`` (tests).
+
+    Raises:
+        TunerError: Ray cannot connect or start, or bad arguments.
+    """
+
+    name = "ray"
+    source = "measured"
+
+    def __init__(
+        self,
+        *,
+        trials_dir: str | Path = "results/trials",
+        address: str | None = None,
+        gpus_per_node: int = 8,
+        steps: int = 8,
+        warmup_steps: int = 2,
+        timeout_s: float = 900.0,
+        extra_env: Mapping[str, str] | None = None,
+        launcher: Sequence[str] | None = None,
+        gpu_resource: str = "GPU",
+        env: HarnessEnv | None = None,
+        retries: int = 1,
+        placement_timeout_s: float = 600.0,
+        poll_s: float = 0.5,
+        init_kwargs: Mapping[str, Any] | None = None,
+        **_: object,
+    ) -> None:
+        if steps < 1 or not 0 <= warmup_steps < steps:
+            raise TunerError(f"--backend ray: steps must be >= 1 and warm-up steps in [0, steps), got {steps}, {warmup_steps}")
+        if not timeout_s > 0 or not placement_timeout_s > 0:
+            raise TunerError(f"--backend ray: timeouts must be > 0 s, got {timeout_s}, {placement_timeout_s}")
+        if gpus_per_node < 1:
+            raise TunerError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
+        for k in (extra_env or {}):
+            if not k or "=" in k or not all(c.isalnum() or c == "_" for c in k):
+                raise TunerError(f"--trial-env: {k!r} is not an environment variable name")
+        self.trials_dir = Path(trials_dir)
+        self.address = address
+        self.gpus_per_node = int(gpus_per_node)
+        self.steps = steps
+        self.warmup_steps = warmup_steps
+        self.timeout_s = float(timeout_s)
+        self.extra_env = dict(extra_env or {})
+        self.launcher = list(launcher) if launcher is not None else None
+        self.gpu_resource = gpu_resource
+        self.env = env if env is not None else HarnessEnv.detect()
+        self.retries = int(retries)
+        self.placement_timeout_s = float(placement_timeout_s)
+        self.poll_s = poll_s
+        self._count = 0
+        self._started_ray = False
+        self._cancel = threading.Event()
+        self._connect(dict(init_kwargs or {}))
+
+    # ---- Ray ----
+
+    def _connect(self, init_kwargs: dict[str, Any]) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise TunerError("--backend ray needs the ray package (a dependency of this project: reinstall it)") from None
+        if ray.is_initialized():
+            return
+        kw: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": False, "include_dashboard": False}
+        if self.address:
+            _reachable(self.address)  # Ray itself retries an unreachable address for minutes
+            kw["address"] = self.address
+        kw.update(init_kwargs)
+        try:
+            ray.init(**kw)
+        except Exception as e:  # noqa: BLE001 - connection errors of every kind
+            where = f"the Ray cluster at {self.address!r}" if self.address else "a local Ray instance"
+            raise TunerError(f"--backend ray: cannot connect to {where} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                             "start one with `ray start --head` (then --ray-address auto), or leave --ray-address out") from None
+        self._started_ray = True
+
+    def cluster_gpus(self) -> float:
+        import ray
+
+        return float(ray.cluster_resources().get(self.gpu_resource, 0.0))
+
+    def refusal(self, layout: Layout, model: ModelSpec, workload: Workload) -> str | None:
+        """Why this backend cannot run ``layout`` (more GPUs than the cluster has, something not installed); None if it can."""
+        have = self.cluster_gpus()
+        if layout.world_size > have:
+            return f"the layout needs {layout.world_size} GPUs; the Ray cluster has {have:g} ({self.gpu_resource})"
+        try:
+            node_plan(layout.world_size, self.gpus_per_node)
+        except TunerError as e:
+            return str(e)
+        reasons = unsupported_reasons(layout, model, workload, self.env)
+        return "; ".join(reasons) if reasons else None
+
+    def cancel(self) -> None:
+        """Stop every running trial of this backend (Ctrl-C): each kills its nodes' processes and
+        removes its placement group, then raises KeyboardInterrupt in its own thread."""
+        self._cancel.set()
+
+    def close(self) -> None:
+        import ray
+
+        if self._started_ray and ray.is_initialized():
+            ray.shutdown()
+            self._started_ray = False
+
+    # ---- one trial ----
+
+    def run(
+        self,
+        layout: Layout,
+        *,
+        model: ModelSpec,
+        cluster: Cluster,
+        workload: Workload,
+        reporter: StepReporter | None = None,
+        trial_number: int | None = None,
+    ) -> Measurement:
+        """Run ``layout`` as the harness on the cluster; see :class:`TrialBackend`.
+
+        Raises:
+            InfeasibleLayout: (rule ``harness_env``) the cluster cannot hold the layout, or it needs
+                something not installed; nothing was started.
+            TrialFailed: out of memory, timeout, crash / NCCL error, or a node lost twice.
+            TrialStopped: the reporter stopped the trial.
+        """
+        why = self.refusal(layout, model, workload)
+        if why:
+            raise InfeasibleLayout("harness_env", why)
+        spec = build_spec(model, layout, workload, env=self.env, steps=self.steps, warmup_steps=self.warmup_steps)
+        n = trial_number if trial_number is not None else self._count
+        self._count += 1
+        tdir = self.trials_dir / str(n)
+        if tdir.exists():
+            shutil.rmtree(tdir)
+        tdir.mkdir(parents=True)
+        attempts = 1 + max(0, self.retries)
+        lost: list[str] = []
+        if self._cancel.is_set():
+            raise KeyboardInterrupt("the study was interrupted")
+        for attempt in range(attempts):
+            # A retry works in a folder of its own: a process left on a lost node must not write into it.
+            adir = tdir if attempt == 0 else tdir / f"attempt{attempt}"
+            adir.mkdir(parents=True, exist_ok=True)
+            try:
+                return self._attempt(layout, spec.to_json(), adir, reporter, attempt)
+            except _NodeLost as e:
+                lost.append(str(e))
+                (tdir / f"lost.attempt{attempt}.txt").write_text(str(e) + "\n")
+        raise TrialFailed(FailureKind.crash, f"node lost in {attempts} attempts ({'; '.join(lost)})", str(tdir))
+
+    def _attempt(self, layout: Layout, spec_text: str, tdir: Path, reporter: StepReporter | None, attempt: int) -> Measurement:
+        import ray
+        from ray.exceptions import RayActorError
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        sizes, strategy = node_plan(layout.world_size, self.gpus_per_node)
+        pg = placement_group([{self.gpu_resource: float(g), "CPU": 1.0} for g in sizes], strategy=strategy)
+        actors: list[Any] = []
+        try:
+            if not pg.wait(timeout_seconds=self.placement_timeout_s):
+                raise TrialFailed(FailureKind.timeout, f"the Ray cluster did not place {len(sizes)} x {sizes[0]} {self.gpu_resource} "
+                                  f"({strategy}) within {self.placement_timeout_s:.0f} s", str(tdir))
+            agent_cls = ray.remote(_NodeAgent)
+            for i, g in enumerate(sizes):
+                opts: dict[str, Any] = {"num_cpus": 1, "max_restarts": 0,
+                                        "scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)}
+                if self.gpu_resource == "GPU":
+                    opts["num_gpus"] = g
+                else:
+                    opts["resources"] = {self.gpu_resource: g}
+                actors.append(agent_cls.options(**opts).remote())
+            try:
+                where = ray.get([a.where.remote() for a in actors], timeout=self.placement_timeout_s)
+            except RayActorError as e:
+                raise _NodeLost(f"an actor died before the start ({type(e).__name__})") from None
+            master, port = where[0]["ip"], where[0]["port"]
+            import json
+
+            (tdir / "placement.json").write_text(json.dumps({"strategy": strategy, "bundles": sizes, "attempt": attempt, "nodes": where}, indent=1))
+            out_path = str(tdir / "steps.jsonl")
+            pids = []
+            for i, (a, g) in enumerate(zip(actors, sizes)):
+                env = {**SAFE_ENV, **self.extra_env, "NNODES": str(len(sizes)), "NODE_RANK": str(i), "NPROC_PER_NODE": str(g),
+                       "MASTER_ADDR": master, "MASTER_PORT": str(port), "TUNE_TRIAL_ATTEMPT": str(attempt)}
+                if self.launcher is not None:
+                    cmd = [*self.launcher, *harness_args(tdir / "spec.json", out_path)]
+                else:
+                    cmd = [*torchrun_node_command(len(sizes), i, g, master, port), *harness_args(tdir / "spec.json", out_path)]
+                pids.append(a.start.remote(cmd, env, str(tdir), spec_text, os.getcwd()))
+            try:
+                ray.get(pids, timeout=60)
+            except RayActorError as e:
+                raise _NodeLost(f"an actor died at the start ({type(e).__name__})") from None
+            return self._follow(layout, actors, tdir, out_path, reporter)
+        finally:
+            for a in actors:
+                try:
+                    ray.get(a.kill.remote(), timeout=30)
+                except Exception:  # noqa: BLE001 - a dead actor has nothing left to kill
+                    pass
+                try:
+                    ray.kill(a)
+                except Exception:  # noqa: BLE001
+                    pass
+            try:
+                remove_placement_group(pg)
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _follow(self, layout: Layout, actors: list[Any], tdir: Path, out_path: str, reporter: StepReporter | None) -> Measurement:
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        t0 = time.monotonic()
+        seen = 0
+        timed_out = False
+        stop_reason = None
+        rcs: list[int | None] = [None] * len(actors)
+        steps_text = ""
+        while True:
+            try:
+                rcs = ray.get([a.poll.remote() for a in actors], timeout=60)
+                steps_text = ray.get(actors[0].read.remote(out_path), timeout=60)
+            except (RayActorError, GetTimeoutError) as e:
+                raise _NodeLost(f"a node stopped answering during the trial ({type(e).__name__})") from None
+            res = parse_results(steps_text)
+            if reporter is not None and len(res.steps) > seen and rcs[0] is None:
+                seen = len(res.steps)
+                stop_reason = reporter([s.tokens_per_s_per_gpu for s in res.steps])
+                if stop_reason:
+                    break
+            done = all(rc is not None for rc in rcs)
+            failed = any(rc not in (None, 0) for rc in rcs)
+            if done or failed:
+                if failed and not done:
+                    time.sleep(min(5.0, self.poll_s * 4))  # let the other nodes' ranks notice and write their lines
+                    steps_text = ray.get(actors[0].read.remote(out_path), timeout=60)
+                break
+            if time.monotonic() - t0 > self.timeout_s:
+                timed_out = True
+                break
+            if self._cancel.is_set():
+                raise KeyboardInterrupt("the study was interrupted")
+            time.sleep(self.poll_s)
+        wall_s = time.monotonic() - t0
+        logs = []
+        for i, a in enumerate(actors):
+            try:
+                logs.append(ray.get(a.read.remote(str(tdir / f"log.node{i}.txt"), 200_000), timeout=60))
+            except Exception:  # noqa: BLE001
+                logs.append("")
+        # Keep copies on the driver when the nodes wrote elsewhere (no shared filesystem).
+        if not Path(out_path).exists():
+            Path(out_path).write_text(steps_text)
+        for i, text in enumerate(logs):
+            p = tdir / f"log.node{i}.txt"
+            if not p.exists():
+                p.write_text(text)
+        res = parse_results(steps_text)
+        if stop_reason:
+            raise TrialStopped(stop_reason, step_times_s=[s.step_time_s for s in res.steps],
+                               tokens_per_s_per_gpu=[s.tokens_per_s_per_gpu for s in res.steps], log_path=str(tdir))
+        rc0 = rcs[0]
+        if not timed_out and all(rc == 0 for rc in rcs) and res.complete and res.summary.get("tokens_per_s_per_gpu"):
+            return Measurement(
+                layout=layout, source=self.source, tokens_per_s_per_gpu=float(res.summary["tokens_per_s_per_gpu"]),
+                peak_bytes=res.peak_reserved_bytes,
+                step_times_s=tuple(s.step_time_s for s in res.steps[self.warmup_steps:]) or tuple(s.step_time_s for s in res.steps),
+                losses=tuple(s.loss for s in res.steps), grad_norms=tuple(s.grad_norm for s in res.steps), log_path=str(tdir),
+                extra={"summary": res.summary, "wall_s": wall_s, "peak_allocated_bytes": res.peak_allocated_bytes,
+                       "step_time_cv": res.summary.get("step_time_cv"), "nodes": len(actors), "notes": list(res.start.get("notes", []))},
+            )
+        bad = next((rc for rc in rcs if rc not in (None, 0)), rc0)
+        kind, msg, reached = classify_failure(bad if not timed_out else None, res, "\n".join(logs), timed_out=timed_out)
+        raise TrialFailed(kind, f"{msg} (logs: {tdir})", str(tdir), memory_reached_bytes=reached if math.isfinite(reached) else float("nan"))
+
+
+def _reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast when ``HOST:PORT`` (or ``ray://HOST:PORT``) does not accept a TCP connection (``auto`` is left to Ray).
+
+    Raises:
+        TunerError: the address is malformed or nothing listens there.
+    """
+    if address == "auto":
+        return
+    hp = address[len("ray://"):] if address.startswith("ray://") else address
+    host, sep, port = hp.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise TunerError(f"--ray-address {address!r}: expected auto, HOST:PORT or ray://HOST:PORT")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as e:
+        raise TunerError(f"--ray-address {address!r}: nothing answers there ({e.strerror or e}); start the cluster with "
+                         "`ray start --head` and use the address it prints, or --ray-address auto on one of its nodes") from None

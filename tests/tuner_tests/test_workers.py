@@ -1,0 +1,33 @@
+"""Several `tune` workers on one study through a shared journal storage (Optuna JournalStorage)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+
+from tuner.study import open_storage
+
+ROOT = Path(__file__).parents[2]
+
+
+def test_two_workers_share_a_journal_study_without_running_a_layout_twice(tmp_path):
+    journal = tmp_path / "shared" / "study.log"
+    cmd = [sys.executable, "-m", "tuner.cli", "--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "14", "--study", "w",
+           "--storage", f"journal:{journal}", "--results-dir", str(tmp_path / "res")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([*cmd, "--seed", str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
+             for i in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    now = [int(re.search(r"\((\d+) now;", o).group(1)) for o in outs]
+    st = optuna.load_study(study_name="w", storage=open_storage(f"journal:{journal}"))
+    done = [t for t in st.trials if t.state == optuna.trial.TrialState.COMPLETE and "result" in t.user_attrs]
+    keys = [t.user_attrs["key"] for t in done]
+    assert len(keys) == len(set(keys)), "a layout was evaluated twice"
+    assert len(done) == sum(now) and all(n > 0 for n in now)  # every trial either worker finished is in the study
+    assert len(st.trials) == 28  # 14 trials from each worker, none lost
