@@ -1,6 +1,6 @@
 """Benchmark: does the memory model agree that NVIDIA's published runs fit? (They all ran.)
 
-    python benchmarks/bench_memory_published.py [--data ../shared/data/published_runs.csv]
+    python benchmarks/bench_memory_published.py [--data benchmarks/data/published_runs.csv]
 
 Prints, per (dense/MoE, precision, GPU), how many representable rows are predicted to fit with
 the shipped calibration and 10% headroom, and the median predicted peak over the GPU's memory.
@@ -19,7 +19,7 @@ from cost_model.validate import predict_runs, read_runs
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "published_runs.csv"))
+    ap.add_argument("--data", default=str(Path(__file__).resolve().parent / "data" / "published_runs.csv"))
     a = ap.parse_args()
     runs, _ = read_runs([a.data])
     preds = predict_runs(runs)

@@ -1,6 +1,6 @@
 """Benchmark (issue 3 targets): k-fold-by-model error of the cost model on published runs.
 
-    PYTHONPATH=. python benchmarks/bench_validation.py [--data ../shared/data/published_runs.csv] [--processes 2]
+    PYTHONPATH=. python benchmarks/bench_validation.py [--data benchmarks/data/published_runs.csv] [--processes 2]
 
 Each model's runs are predicted by a calibration fitted (``cost_model.calibrate``) on the
 other models' runs (and the seed's two runs), so no number comes from fitting the rows it
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "published_runs.csv"))
+    ap.add_argument("--data", default=str(ROOT / "benchmarks" / "data" / "published_runs.csv"))
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--max-nfev", type=int, default=60)
     a = ap.parse_args()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import socket
 import sys
@@ -43,7 +44,9 @@ from launch.harness.spec import HARNESS_MODULE, HarnessEnv, build_spec, harness_
 from launch.local_backend import SAFE_ENV
 from search_spaces.layout import Layout
 
-__all__ = ["RayBackend", "node_plan", "torchrun_node_command"]
+__all__ = ["RayBackend", "node_plan", "parse_ray_address", "torchrun_node_command"]
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def node_plan(world_size: int, gpus_per_node: int) -> tuple[list[int], str]:
@@ -185,8 +188,8 @@ class RayBackend(TrialBackend):
         if gpus_per_node < 1:
             raise TunerError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
         for k in (extra_env or {}):
-            if not k or "=" in k or not all(c.isalnum() or c == "_" for c in k):
-                raise TunerError(f"--trial-env: {k!r} is not an environment variable name")
+            if not _ENV_NAME.fullmatch(str(k)):
+                raise TunerError(f"--trial-env: {k!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
         self.trials_dir = Path(trials_dir)
         self.address = address
         self.gpus_per_node = int(gpus_per_node)
@@ -215,7 +218,7 @@ class RayBackend(TrialBackend):
         if ray.is_initialized():
             return
         kw: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": False, "include_dashboard": False}
-        if self.address:
+        if self.address is not None:
             _reachable(self.address)  # Ray itself retries an unreachable address for minutes
             kw["address"] = self.address
         kw.update(init_kwargs)
@@ -429,20 +432,32 @@ class RayBackend(TrialBackend):
         raise TrialFailed(kind, f"{msg} (logs: {tdir})", str(tdir), memory_reached_bytes=reached if math.isfinite(reached) else float("nan"))
 
 
+def parse_ray_address(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of ``HOST:PORT`` or ``ray://HOST:PORT``; None for ``auto``.
+
+    Raises:
+        TunerError: anything else (an empty string, no port, a port outside 1..65535).
+    """
+    if address == "auto":
+        return None
+    hp = address[len("ray://"):] if address.startswith("ray://") else address
+    host, sep, port = hp.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise TunerError(f"--ray-address {address!r}: expected auto, HOST:PORT or ray://HOST:PORT (port 1-65535)")
+    return host, int(port)
+
+
 def _reachable(address: str, timeout_s: float = 5.0) -> None:
     """Fail fast when ``HOST:PORT`` (or ``ray://HOST:PORT``) does not accept a TCP connection (``auto`` is left to Ray).
 
     Raises:
         TunerError: the address is malformed or nothing listens there.
     """
-    if address == "auto":
+    hp = parse_ray_address(address)
+    if hp is None:
         return
-    hp = address[len("ray://"):] if address.startswith("ray://") else address
-    host, sep, port = hp.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise TunerError(f"--ray-address {address!r}: expected auto, HOST:PORT or ray://HOST:PORT")
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
+        with socket.create_connection(hp, timeout=timeout_s):
             pass
     except OSError as e:
         raise TunerError(f"--ray-address {address!r}: nothing answers there ({e.strerror or e}); start the cluster with "

@@ -263,7 +263,9 @@ def _run_main(cfg: Any, top: int) -> None:
         ("The recipe's status is 'predicted': confirm with real trials before training, and check "
          "convergence against a reference layout: " if best["source"] == "predicted" else
          "Before training on it, check convergence against a reference layout: ")
-        + f"tune verify --study {res.study_name} --trial {best['trial']} --reference tp=1,pp=1,ep=1",
+        + (f"tune verify --study {res.study_name} --trial {best['trial']} --reference tp=1,pp=1,ep=1"
+           if c.num_gpus <= c.gpus_per_node else
+           "tune verify on a slice that fits one machine (a study with --layers N --gpus KxGPU; see README)"),
         markup=False,
     )
 
@@ -555,6 +557,8 @@ def _load_study(study: Optional[str], storage: Optional[str], results_dir: Path)
     import optuna
 
     name = _require(study, "--study", "MiniMax-M2-8x8xH200-s8192-gbs128")
+    if not storage and not (results_dir / name / "study.db").exists():
+        storage = _recorded_storage(results_dir / name / "config.yaml")
     url = storage or f"sqlite:///{(results_dir / name / 'study.db').as_posix()}"
     if not storage and not (results_dir / name / "study.db").exists():
         raise TunerError(f"--study {name!r}: no study database at {results_dir / name / 'study.db'}; run `tune --model ... --gpus ... --study {name}` first, or give --storage")
@@ -562,13 +566,25 @@ def _load_study(study: Optional[str], storage: Optional[str], results_dir: Path)
     from tuner.study import open_storage
 
     try:
-        return optuna.load_study(study_name=name, storage=open_storage(url))
+        return optuna.load_study(study_name=name, storage=open_storage(url, create=False))
     except KeyError:
         raise TunerError(f"--study {name!r}: no such study in {url}") from None
     except Exception as e:  # noqa: BLE001 - storage errors
         from tuner.study import _mask
 
         raise TunerError(f"--study {name!r}: cannot open {_mask(url)} ({type(e).__name__}: {_mask(str(e).splitlines()[0]) if str(e) else ''})") from None
+
+
+def _recorded_storage(config_yaml: Path) -> Optional[str]:
+    """The --storage a study was run with, as its results/<study>/config.yaml records it (None if none)."""
+    import yaml
+
+    try:
+        cfg = (yaml.safe_load(config_yaml.read_text()) or {}).get("config") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    st = cfg.get("storage")
+    return st if isinstance(st, str) and st else None
 
 
 def _study_context(st: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
@@ -735,7 +751,9 @@ def main() -> None:
         sys.argv = [sys.argv[0], "--debug"] + [a for a in sys.argv[1:] if a != "--debug"]
     try:
         app()
-    except TunerError as e:  # raised outside a command's own handler
+    except TunerError as e:  # raised outside a command's own handler (or re-raised by _fail under --debug)
+        if _DEBUG["on"]:
+            raise
         err.print(f"[bold red]error:[/] {escape(str(e))}")
         sys.exit(2)
     except KeyboardInterrupt:

@@ -60,7 +60,7 @@ def validate(
         from cost_model.validate import predict_runs, summarize
 
         if not data:
-            raise TunerError("--data is required, e.g. --data ../shared/data/published_runs.csv")
+            raise TunerError("--data is required, e.g. --data benchmarks/data/published_runs.csv")
         cal = load_calibration(calibration)
         runs, problems = _read(data)
         for p in problems:

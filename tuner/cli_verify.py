@@ -5,6 +5,7 @@ Registered on the main ``tune`` app by :func:`register` (the last lines of tuner
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -66,6 +67,8 @@ def verify(
         plan = plan_verify(m, c, w, lay, ref, out_dir=results_dir / st.study_name / "verify" / name, steps=steps, lr=lr,
                            lr_warmup_steps=lr_warmup_steps, warm_start_steps=warm_start_steps, init_checkpoint=init_checkpoint,
                            corpus=corpus, fault=fault)
+        if out_file is not None and not (out_file.parent.is_dir() and os.access(out_file.parent, os.W_OK)) or (out_file is not None and out_file.is_dir()):
+            raise TunerError(f"--out {str(out_file)!r}: cannot write a file there (check it before two training runs, not after)")
         from launch.local_backend import check_harness_dependencies
 
         check_harness_dependencies("tune verify")

@@ -57,6 +57,11 @@ class ConvergenceThresholds:
     """Percent of leading steps left out of the checks (0..100)."""
 
     def __post_init__(self) -> None:
+        for f in ("correlation_threshold", "high_loss_tolerance", "medium_loss_tolerance", "low_loss_tolerance", "max_outlier_ratio",
+                  "final_loss_tolerance", "outlier_threshold", "skip_first_percent"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+                raise TunerError(f"convergence threshold {f} must be a number, got {v!r}")
         for name in ("high_loss_tolerance", "medium_loss_tolerance", "low_loss_tolerance", "max_outlier_ratio", "final_loss_tolerance"):
             v = getattr(self, name)
             if not 0 <= v < 1:
@@ -127,15 +132,22 @@ def as_curve(values: Mapping[int, float] | Sequence[float], *, first_step: int =
     Raises:
         TunerError: a step that is not an integer, or a loss that is not a number.
     """
-    items = values.items() if isinstance(values, Mapping) else enumerate(values, start=first_step)
+    if isinstance(values, Mapping):
+        items = values.items()
+    elif isinstance(values, (list, tuple, np.ndarray)):
+        items = enumerate(values, start=first_step)
+    else:
+        raise TunerError(f"a loss curve is a list of numbers or a {{step: loss}} dict, got {type(values).__name__}")
     out: dict[int, float] = {}
     for k, v in items:
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
             raise TunerError(f"loss curve step {k!r} is not an integer")
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise TunerError(f"loss curve step {k}: {v!r} is not a number")
         try:
             out[int(k)] = float(v)
-        except (TypeError, ValueError):
-            raise TunerError(f"loss curve step {k}: {v!r} is not a number") from None
+        except OverflowError:
+            raise TunerError(f"loss curve step {k}: {str(v)[:20]}... is too large for a float") from None
     return out
 
 
@@ -159,6 +171,8 @@ def compare_losses(
     Raises:
         TunerError: both curves are empty, or a step or loss is not a number.
     """
+    if thresholds is not None and not isinstance(thresholds, ConvergenceThresholds):
+        raise TunerError(f"thresholds must be a ConvergenceThresholds, got {type(thresholds).__name__}")
     th = thresholds or ConvergenceThresholds()
     cand, ref = as_curve(candidate), as_curve(reference)
     steps = sorted(set(cand) | set(ref))
@@ -191,20 +205,23 @@ def compare_losses(
             missing_steps=missing, non_finite_steps=bad, messages=tuple(msgs), thresholds=th,
         )
 
-    # correlation (Pearson); undefined for a flat curve
+    # correlation (Pearson, scale-free: computed on the curves divided by their largest magnitude so that
+    # huge losses do not overflow); undefined for a flat curve
+    scale = float(max(np.max(np.abs(c)), np.max(np.abs(g)), 1e-300))
+    cs, gs = c / scale, g / scale
     if np.array_equal(c, g):
         corr = 1.0
-    elif np.std(c) == 0 or np.std(g) == 0:
+    elif np.ptp(c) == 0 or np.ptp(g) == 0:
         corr = nan
     else:
-        corr = float(np.corrcoef(c, g)[0, 1])
+        corr = float(np.corrcoef(cs, gs)[0, 1])
     if not (corr >= th.correlation_threshold):
         failed.append("correlation")
         msgs.append(f"correlation {corr:.4f} < {th.correlation_threshold}" if corr == corr else "correlation undefined: one curve is flat")
 
     # point-wise relative tolerance, keyed on the reference value
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = np.abs(c - g) / np.abs(g)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        rel = np.abs(cs - gs) / np.abs(gs)
     rel = np.where(g == 0, np.where(c == 0, 0.0, np.inf), rel)
     tol = np.array([th.tolerance(x) for x in g])
     pw = int(np.sum(rel > tol))
@@ -213,16 +230,16 @@ def compare_losses(
         failed.append("point_wise_tolerance")
         worst = int(np.argmax(rel - tol))
         msgs.append(f"{pw} of {len(good)} steps out of tolerance ({pw_ratio:.0%} > {th.max_outlier_ratio:.0%}; worst step {good[worst]}: "
-                    f"{c[worst]:.4f} vs {g[worst]:.4f}, {rel[worst]:.1%} > {tol[worst]:.0%})")
+                    f"{c[worst]:.5g} vs {g[worst]:.5g}, {rel[worst]:.1%} > {tol[worst]:.0%})")
 
     # final loss
-    fin = float(abs(c[-1] - g[-1]) / abs(g[-1])) if g[-1] != 0 else (0.0 if c[-1] == 0 else float("inf"))
+    fin = float(abs(cs[-1] - gs[-1]) / abs(gs[-1])) if gs[-1] != 0 else (0.0 if cs[-1] == 0 else float("inf"))
     if fin > th.final_loss_tolerance:
         failed.append("final_loss")
-        msgs.append(f"final loss {c[-1]:.4f} vs {g[-1]:.4f} at step {good[-1]}: {fin:.2%} > {th.final_loss_tolerance:.0%}")
+        msgs.append(f"final loss {c[-1]:.5g} vs {g[-1]:.5g} at step {good[-1]}: {fin:.2%} > {th.final_loss_tolerance:.0%}")
 
-    # outliers of the residuals
-    res = c - g
+    # outliers of the residuals (scaled like the correlation)
+    res = cs - gs
     sd = float(np.std(res))
     n_out = int(np.sum(np.abs(res - res.mean()) > th.outlier_threshold * sd)) if sd > 0 else 0
     out_ratio = n_out / len(good)

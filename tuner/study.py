@@ -164,13 +164,21 @@ def _validate_config(config: TuneConfig) -> None:
         raise TunerError(f"--trial-timeout must be a positive number of seconds, got {config.trial_timeout_s}")
     if config.command_template and config.backend != "command":
         raise TunerError(f"--command-template is for --backend command (this run uses --backend {config.backend})")
-    if config.ray_address and config.backend != "ray":
+    if config.ray_address is not None and config.backend != "ray":
         raise TunerError(f"--ray-address is for --backend ray (this run uses --backend {config.backend})")
+    if config.ray_address is not None:
+        from launch.ray_backend import parse_ray_address
+
+        parse_ray_address(config.ray_address)
     if isinstance(config.parallel_trials, bool) or not isinstance(config.parallel_trials, int) or not 1 <= config.parallel_trials <= 64:
         raise TunerError(f"--parallel-trials must be from 1 to 64, got {config.parallel_trials!r}")
-    if config.parallel_trials > 1 and config.backend not in ("ray", "model"):
-        raise TunerError(f"--parallel-trials > 1 needs --backend ray (the {config.backend} backend runs one trial at a time on this machine)")
+    if config.parallel_trials > 1 and config.backend != "ray":
+        raise TunerError(f"--parallel-trials > 1 needs --backend ray (the {config.backend} backend runs one trial at a time)")
     trial_env_dict(config.trial_env)
+    if config.trial_env and config.backend != "ray":
+        raise TunerError(f"--trial-env is for --backend ray (this run uses --backend {config.backend})")
+    if config.storage is not None:
+        _check_storage_syntax(config.storage)
 
 
 def _mask(url: str) -> str:
@@ -310,13 +318,25 @@ def trial_env_dict(items: Sequence[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for it in items:
         k, sep, v = str(it).partition("=")
-        if not sep or not k or not all(c.isalnum() or c == "_" for c in k) or k[0].isdigit():
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
             raise TunerError(f"--trial-env {it!r}: expected NAME=VALUE, e.g. --trial-env NCCL_IB_HCA=mlx5")
         out[k] = v
     return out
 
 
-def open_storage(url: str) -> Any:
+def _check_storage_syntax(url: str) -> None:
+    """Raises TunerError for a ``--storage`` that cannot be a storage URL (before any work)."""
+    if not url:
+        raise TunerError("--storage is empty; give an RDB URL (sqlite:///path.db, postgresql://...) or journal:PATH")
+    if url.startswith("journal:"):
+        path = url[len("journal:"):]
+        if not path or path == "//":
+            raise TunerError("--storage journal:PATH needs a file path, e.g. journal:/shared/tune/study.log")
+    elif "://" not in url:
+        raise TunerError(f"--storage {_mask(url)!r}: expected an RDB URL (sqlite:///path.db, postgresql://user@host/db) or journal:PATH")
+
+
+def open_storage(url: str, *, create: bool = True) -> Any:
     """An Optuna storage for ``url``: an RDB URL (``sqlite:///...``, ``postgresql://...``) as is, or
     ``journal:PATH``, a journal file (for several workers on a shared filesystem: Optuna's
     ``JournalStorage`` with ``JournalFileBackend``, which locks the file).
@@ -333,11 +353,16 @@ def open_storage(url: str) -> Any:
         from optuna.storages import JournalStorage
         from optuna.storages.journal import JournalFileBackend
 
+        if not create and not Path(path).is_file():
+            raise TunerError(f"--storage {url!r}: no journal file at {path}")
         try:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            if create:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
             return JournalStorage(JournalFileBackend(path))
         except OSError as e:
             raise TunerError(f"--storage {url!r}: cannot open the journal file ({e.strerror or e})") from None
+        except (ValueError, UnicodeDecodeError):
+            raise TunerError(f"--storage {url!r}: {path} is not an Optuna journal file (JSON lines); give a new path or an existing journal") from None
     return url
 
 
@@ -527,10 +552,23 @@ def _spread(front: np.ndarray, peak: np.ndarray, k: int) -> list[int]:
 
 def _open_study(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path) -> tuple[optuna.Study, str]:
     """Create or load the study, check it was made with the same inputs, and store them in it."""
+    created = not out_dir.exists()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise TunerError(f"--results-dir {cfg.results_dir!r}: cannot create {out_dir} ({e.strerror})") from None
+    try:
+        return _open_study_in(cfg, prep, name, out_dir)
+    except BaseException:
+        if created:
+            try:
+                out_dir.rmdir()  # only if still empty: a refused study leaves no folder behind
+            except OSError:
+                pass
+        raise
+
+
+def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path) -> tuple[optuna.Study, str]:
     storage = _storage_url(cfg, out_dir)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
@@ -541,7 +579,9 @@ def _open_study(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path) -> tu
             sampler=optuna.samplers.NSGAIISampler(seed=cfg.seed, population_size=16),
             load_if_exists=True,
         )
-    except (ValueError, ImportError) as e:  # bad storage URL, missing DB driver
+    except (ValueError, ImportError) as e:  # bad storage URL, missing DB driver, unreadable journal
+        if storage.startswith("journal:"):
+            raise TunerError(f"--storage {_mask(storage)!r}: not an Optuna journal file (JSON lines) or unreadable; give a new path or an existing journal") from None
         raise TunerError(f"--storage {_mask(storage)!r}: cannot open the study ({_mask(str(e))})") from None
     except Exception as e:  # SQLAlchemy errors: unwritable path, locked or corrupt file
         if type(e).__module__.startswith("sqlalchemy"):
@@ -671,8 +711,10 @@ def run_study(
     n_active = prep.model.active_params()
 
     lock = threading.Lock()
+    mine: set[int] = set()  # trial numbers this process runs (other workers may share the storage)
 
     def objective(trial: optuna.Trial) -> tuple[float, float]:
+        mine.add(trial.number)
         chosen = {p: trial.suggest_categorical(p, index.labels[p]) for p in params}
         row = index.find_fitting(chosen)
         lay = valid.row(row) if row is not None else index.build(chosen)
@@ -780,6 +822,11 @@ def run_study(
     try:
         study.optimize(objective, n_trials=n_trials, callbacks=[_cb], catch=(TrialFailed,), gc_after_trial=False,
                        n_jobs=cfg.parallel_trials if cfg.backend == "ray" else 1)
+    except KeyboardInterrupt:
+        if cancel is not None:
+            cancel()
+            _settle(study, mine)  # Optuna does not wait for its worker threads: let them record their trials
+        raise
     finally:
         if old_handler is not None:
             signal.signal(signal.SIGINT, old_handler)
@@ -796,6 +843,23 @@ def run_study(
         pruned_now=counters["pruned"],
         failed_now=counters["failed"],
     )
+
+
+def _settle(study: optuna.Study, numbers: set[int], wait_s: float = 60.0) -> None:
+    """After an interrupt: wait (at most ``wait_s``) for this process's trials to leave RUNNING, then mark any left as FAIL."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        running = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)) if t.number in numbers]
+        if not running:
+            return
+        if time.monotonic() > deadline:
+            for t in running:
+                try:
+                    study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+                except Exception:  # noqa: BLE001 - finished in the meantime
+                    pass
+            return
+        time.sleep(0.2)
 
 
 def _claimed_elsewhere(study: optuna.Study, number: int, key: str) -> bool:

@@ -218,6 +218,8 @@ def parse_layout_spec(text: str, world_size: int) -> Layout:
                 out[k] = int(v)
             except (TypeError, ValueError):
                 raise TunerError(f"layout {text!r}: {k}={v!r} is not an integer") from None
+            if not 0 <= out[k] <= 1_000_000:
+                raise TunerError(f"layout {text!r}: {k}={v} is out of range (0 .. 1,000,000; parallel sizes are at most the GPU count)")
         elif k in bools:
             if str(v).lower() not in ("true", "false", "1", "0", "on", "off"):
                 raise TunerError(f"layout {text!r}: {k}={v!r} is not true/false")
@@ -290,15 +292,17 @@ def plan_verify(
     from launch.harness.data import load_corpus
     from launch.harness.spec import FAULTS
 
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 3:
-        raise TunerError(f"--steps must be an integer >= 3 (a correlation needs a curve), got {steps!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 3 <= steps <= 100_000:
+        raise TunerError(f"--steps must be an integer from 3 to 100,000 (a correlation needs a curve), got {steps!r}")
     if not (isinstance(lr, (int, float)) and 0 < lr < 1):
         raise TunerError(f"--lr must be in (0, 1), got {lr!r}")
     if fault is not None and fault not in FAULTS:
         raise TunerError(f"--fault {fault!r}: accepted {', '.join(FAULTS)}")
     for flag, v in (("--lr-warmup-steps", lr_warmup_steps), ("--warm-start-steps", warm_start_steps)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise TunerError(f"{flag} must be an integer >= 0, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 100_000:
+            raise TunerError(f"{flag} must be an integer from 0 to 100,000, got {v!r}")
+    if lr_warmup_steps > steps:
+        raise TunerError(f"--lr-warmup-steps {lr_warmup_steps} is more than --steps {steps}: the measured steps would never reach the peak learning rate")
     if init_checkpoint is not None:
         ic = Path(init_checkpoint)
         if not (ic.is_dir() and (ic / "metadata.json").exists()):

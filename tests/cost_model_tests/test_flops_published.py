@@ -15,7 +15,7 @@ from cost_model.flops import megatron_flops_per_token
 from cost_model.specs import load_model
 from cost_model.validate import flops_check_rows, read_runs
 
-CSV = Path(__file__).resolve().parents[3] / "shared" / "data" / "published_runs.csv"
+CSV = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "published_runs.csv"  # a copy of shared/data/published_runs.csv
 
 
 @pytest.fixture(scope="module")

@@ -58,7 +58,7 @@ def test_default_corpus_is_real_text_and_stable():
 
 
 def test_corpus_file_errors_name_the_file(tmp_path):
-    with pytest.raises(TunerError, match="cannot read"):
+    with pytest.raises(TunerError, match="no such file"):
         load_corpus(tmp_path / "nope.txt")
     small = tmp_path / "small.txt"
     small.write_text("too short")
@@ -68,6 +68,14 @@ def test_corpus_file_errors_name_the_file(tmp_path):
     binary.write_bytes(b"\xff\xfe" * 40_000)
     with pytest.raises(TunerError, match="not UTF-8"):
         load_corpus(binary)
+    with pytest.raises(TunerError, match="not a regular file"):
+        load_corpus("/dev/zero")
+    with pytest.raises(TunerError, match="not a regular file"):
+        load_corpus(tmp_path)
+    nul = tmp_path / "nul.txt"
+    nul.write_bytes(b"\x00" * 70_000)
+    with pytest.raises(TunerError, match="NUL"):
+        load_corpus(nul)
     good = tmp_path / "good.txt"
     good.write_text("the quick brown fox. " * 4000)
     c = load_corpus(good)

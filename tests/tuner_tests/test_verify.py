@@ -76,6 +76,10 @@ def test_plan_rejects_bad_pairs(m4, c4, tmp_path):
         plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path, fault="typo")
     with pytest.raises(TunerError, match="--lr"):
         plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path, lr=0)
+    with pytest.raises(TunerError, match="never reach the peak"):
+        plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path, steps=20, lr_warmup_steps=100)
+    with pytest.raises(TunerError, match="out of range"):
+        parse_layout_spec("tp=99999999999999999999999", 4)
 
 
 def test_parse_layout_spec():
@@ -225,6 +229,7 @@ def test_cli_verify_fail_exits_1_and_keeps_the_study_clean(study, monkeypatch):
     ([], "--reference is required"),
     (["--reference", "tp=1", "--trial", "999"], "not a finished trial"),
     (["--reference", "tp=1", "--steps", "1"], "--steps"),
+    (["--reference", "tp=1", "--out", "/nonexistent_dir/r.yaml"], "cannot write a file there"),
 ])
 def test_cli_verify_bad_input_is_one_line(study, monkeypatch, args, msg):
     _patch_cli(monkeypatch)

@@ -31,3 +31,25 @@ def test_two_workers_share_a_journal_study_without_running_a_layout_twice(tmp_pa
     assert len(keys) == len(set(keys)), "a layout was evaluated twice"
     assert len(done) == sum(now) and all(n > 0 for n in now)  # every trial either worker finished is in the study
     assert len(st.trials) == 28  # 14 trials from each worker, none lost
+
+
+def test_journal_storage_errors_and_the_recorded_storage(tmp_path):
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    r = CliRunner()
+    res = str(tmp_path / "res")
+    bad = tmp_path / "garbage.log"
+    bad.write_bytes(b"\x8e\x00not json\n")
+    out = r.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "2", "--study", "g", "--storage", f"journal:{bad}", "--results-dir", res])
+    assert out.exit_code == 2 and "not an Optuna journal file" in out.output
+    assert not (tmp_path / "res" / "g").exists()  # a refused study leaves no folder behind
+    missing = tmp_path / "missing.log"
+    out = r.invoke(app, ["pareto", "--study", "nosuch", "--storage", f"journal:{missing}"])
+    assert out.exit_code == 2 and "no journal file" in out.output and not missing.exists()  # reading creates nothing
+    j = tmp_path / "ok.log"
+    out = r.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "3", "--study", "ok", "--storage", f"journal:{j}", "--results-dir", res])
+    assert out.exit_code == 0, out.output
+    out = r.invoke(app, ["pareto", "--study", "ok", "--results-dir", res])  # no --storage: the one recorded in config.yaml
+    assert out.exit_code == 0 and "Pareto front" in out.output
