@@ -809,6 +809,8 @@ def run_study(
         if on_trial:
             on_trial(done["n"], n_trials)
 
+    if cfg.parallel_trials > 1:
+        _serialize_state_changes(study)
     # Ctrl-C with trials running in worker threads (--parallel-trials): Optuna waits for them, so tell the
     # backend to stop them (each kills its processes and frees its placement group) before it waits.
     cancel = getattr(backend, "cancel", None)
@@ -843,6 +845,26 @@ def run_study(
         pruned_now=counters["pruned"],
         failed_now=counters["failed"],
     )
+
+
+def _serialize_state_changes(study: optuna.Study) -> None:
+    """Make trial state changes atomic among this process's threads.
+
+    Optuna's worker threads (``n_jobs > 1``) pop an enqueued (WAITING) trial by reading the waiting
+    trials, then setting one RUNNING if it is still WAITING; on SQLite that check-and-set is not
+    atomic between threads, and two threads were seen to take the same trial ("Cannot tell a PRUNED
+    trial"). A lock around ``set_trial_state_values`` closes that race inside this process; across
+    processes the RDB server's row locks or the journal file's lock do.
+    """
+    storage = study._storage
+    orig = storage.set_trial_state_values
+    lock = threading.Lock()
+
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return orig(*args, **kwargs)
+
+    storage.set_trial_state_values = locked  # type: ignore[method-assign]
 
 
 def _settle(study: optuna.Study, numbers: set[int], wait_s: float = 60.0) -> None:
