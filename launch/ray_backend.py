@@ -48,6 +48,9 @@ __all__ = ["RayBackend", "node_plan", "parse_ray_address", "torchrun_node_comman
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
+#: Stands for the node's own Python in a command (replaced by the actor: the driver's path may not exist there).
+NODE_PYTHON = "<node-python>"
+
 
 def node_plan(world_size: int, gpus_per_node: int) -> tuple[list[int], str]:
     """GPUs per bundle (one bundle per node) and the placement strategy for a trial of ``world_size`` GPUs.
@@ -65,10 +68,11 @@ def node_plan(world_size: int, gpus_per_node: int) -> tuple[list[int], str]:
     return [gpus_per_node] * (world_size // gpus_per_node), "STRICT_SPREAD"
 
 
-def torchrun_node_command(nnodes: int, node_rank: int, nproc_per_node: int, master_addr: str, master_port: int, python: str | None = None) -> list[str]:
-    """torchrun's static-rendezvous command for one node, without the harness's own arguments."""
+def torchrun_node_command(nnodes: int, node_rank: int, nproc_per_node: int, master_addr: str, master_port: int, python: str = NODE_PYTHON) -> list[str]:
+    """torchrun's static-rendezvous command for one node, without the harness's own arguments
+    (``python`` defaults to :data:`NODE_PYTHON`: the Python the node's Ray worker runs)."""
     return [
-        python or sys.executable, "-m", "torch.distributed.run",
+        python, "-m", "torch.distributed.run",
         f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--nproc-per-node={nproc_per_node}",
         f"--master-addr={master_addr}", f"--master-port={master_port}",
         "-m", HARNESS_MODULE,
@@ -102,6 +106,9 @@ class _NodeAgent:
         d = Path(tdir)
         d.mkdir(parents=True, exist_ok=True)
         (d / "spec.json").write_text(spec_text)
+        cmd = [sys.executable if c == NODE_PYTHON else c for c in cmd]
+        if not Path(cwd).is_dir():  # the driver's folder does not exist on this node: paths are absolute anyway
+            cwd = str(d)
         node = env.get("NODE_RANK", "0")
         (d / f"command.node{node}.txt").write_text(" ".join(cmd) + "\n")
         self.log = open(d / f"log.node{node}.txt", "wb")
@@ -190,7 +197,7 @@ class RayBackend(TrialBackend):
         for k in (extra_env or {}):
             if not _ENV_NAME.fullmatch(str(k)):
                 raise TunerError(f"--trial-env: {k!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
-        self.trials_dir = Path(trials_dir)
+        self.trials_dir = Path(trials_dir).absolute()  # the nodes resolve it, not the driver's working folder
         self.address = address
         self.gpus_per_node = int(gpus_per_node)
         self.steps = steps
@@ -348,6 +355,8 @@ class RayBackend(TrialBackend):
                 ray.get(pids, timeout=60)
             except RayActorError as e:
                 raise _NodeLost(f"an actor died at the start ({type(e).__name__})") from None
+            except Exception as e:  # noqa: BLE001 - e.g. the program cannot be started on a node
+                raise TrialFailed(FailureKind.crash, f"a node could not start the trial: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__}", str(tdir)) from None
             return self._follow(layout, actors, tdir, out_path, reporter)
         finally:
             for a in actors:

@@ -36,6 +36,9 @@ def test_node_plan():
     cmd = torchrun_node_command(2, 1, 8, "10.0.0.1", 29500, python="py")
     assert cmd[:3] == ["py", "-m", "torch.distributed.run"] and "--node-rank=1" in cmd and "--master-addr=10.0.0.1" in cmd
     assert cmd[-2:] == ["-m", "launch.harness.train"]
+    from launch.ray_backend import NODE_PYTHON
+
+    assert torchrun_node_command(1, 0, 8, "h", 1)[0] == NODE_PYTHON  # each node uses its own Python
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +117,13 @@ def test_out_of_memory_is_an_outcome(cluster, m2, tmp_path, monkeypatch):
     with pytest.raises(TrialFailed) as e:
         _run(_backend(tmp_path, {"FAKE_TRIAL_MODE": "oom"}), m2, 2, 3)
     assert e.value.kind == FailureKind.oom
+
+
+def test_a_program_that_cannot_start_is_a_crash_not_an_exception(cluster, m2, tmp_path):
+    with pytest.raises(TrialFailed) as e:
+        _run(_backend(tmp_path, launcher=["/nonexistent/launcher"]), m2, 2, 6)
+    assert e.value.kind == FailureKind.crash and "could not start" in str(e.value)
+    assert all(v["state"] == "REMOVED" for v in ray.util.placement_group_table().values())
 
 
 def test_interrupt_kills_every_node_and_removes_the_placement_group(cluster, m2, tmp_path, monkeypatch):
