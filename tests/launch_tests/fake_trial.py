@@ -52,6 +52,7 @@ def main() -> int:
         step_s = float(os.environ.get("FAKE_FAST_STEP_S", "0.02"))
     world = lay["world_size"]
     tokens = spec["global_batch_size"] * spec["seq_length"]
+    report_s = float(os.environ.get("FAKE_REPORT_STEP_S", "0")) or None  # a step time to report instead of the one slept
 
     def write(obj):
         with open(out_path, "a") as f:
@@ -105,15 +106,17 @@ def main() -> int:
         time.sleep(step_s)
         times.append(step_s)
         if not (loss_mode == "missing" and step == 4 and spec.get("data") == "corpus"):
-            write({"event": "step", "step": step, "step_time_s": step_s, "tokens_per_s_per_gpu": tokens / step_s / world, "loss": loss_at(step), "grad_norm": 1.0})
+            rs = report_s or step_s
+            write({"event": "step", "step": step, "step_time_s": rs, "tokens_per_s_per_gpu": tokens / rs / world, "loss": loss_at(step), "grad_norm": 1.0})
         if mode == "oom" and step == 2:
             write({"event": "oom", "rank": 1, "message": "CUDA out of memory", "allocated_bytes": 140 * GIB, "reserved_bytes": 150 * GIB, "max_allocated_bytes": 141 * GIB})
             return 3
         if mode == "hang":
             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
             time.sleep(600)
-    write({"event": "summary", "steps": len(times), "median_step_time_s": step_s, "step_time_cv": 0.0,
-           "tokens_per_s_per_gpu": tokens / step_s / world, "peak_allocated_bytes": [80 * GIB] * world,
+    rs = report_s or step_s
+    write({"event": "summary", "steps": len(times), "median_step_time_s": rs, "step_time_cv": 0.0,
+           "tokens_per_s_per_gpu": tokens / rs / world, "peak_allocated_bytes": [80 * GIB] * world,
            "peak_reserved_bytes": [90 * GIB] * world, "layout": lay, "versions": {"torch": "fake"}, "notes": spec["notes"]})
     return 0
 

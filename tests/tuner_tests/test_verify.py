@@ -272,3 +272,29 @@ def test_harness_spec_checks_the_verify_fields(m4):
         build_spec(m4, Layout(world_size=4, ep=2), WL, env=HarnessEnv(), options={"fault": "embedding_shard_misplaced", "load_checkpoint": "x"})
     with pytest.raises(InfeasibleLayout, match="Transformer Engine"):
         build_spec(m4, CAND, WL, env=HarnessEnv(transformer_engine=True), options={"fault": "non_causal_attention"})
+
+
+def test_a_measured_trial_that_passes_is_exported_as_verified(tmp_path, monkeypatch):
+    """A local-backend study (fake harness) measures trials; `tune verify --trial N` passes; the recipe is `verified`."""
+    from launch.local_backend import LocalBackend
+    from tuner.study import TuneConfig, prepare, run_study, trial_rows
+
+    monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
+    monkeypatch.setenv("FAKE_STEP_S", "0.02")
+    monkeypatch.setenv("FAKE_REPORT_STEP_S", "2.0")  # a plausible step time for a 4-layer slice (MFU < 1)
+    cfg = TuneConfig(model="MiniMax-M2", gpus="4xH200", layers=4, global_batch_size=8, backend="local", trials=2, stack="megatron",
+                     results_dir=str(tmp_path), trial_steps=4, study="m", prune_margin=None)
+    be = LocalBackend(trials_dir=tmp_path / "m" / "trials", num_gpus=4, steps=4, warmup_steps=2, timeout_s=30,
+                      launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02)
+    res = run_study(prepare(cfg), backend=be)
+    row = next(r for r in trial_rows(res.study) if r["source"] == "measured" and Layout.from_dict(r["layout"]) != REF)
+    _patch_cli(monkeypatch)
+    out = tmp_path / "recipe.yaml"
+    r = runner.invoke(app, ["verify", "--study", "m", "--results-dir", str(tmp_path), "--trial", str(row["trial"]), "--reference", "tp=1",
+                            "--steps", "6", "--warm-start-steps", "2", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    rec = yaml.safe_load(out.read_text())
+    validate_recipe(rec)
+    assert rec["status"] == "verified" and rec["result"]["tokens_per_s_per_gpu"] > 0 and rec["correctness"]["result"] == "pass"
+    e = runner.invoke(app, ["export", "--study", "m", "--results-dir", str(tmp_path), "--trial", str(row["trial"])])
+    assert yaml.safe_load(e.output)["status"] == "verified"
