@@ -56,7 +56,7 @@ def verify(
             raise TunerError(f"--timeout must be > 0 s, got {timeout}")
         if candidate is not None and trial is not None:
             raise TunerError("give --trial or --candidate, not both")
-        st, m, c, w, cfg, lay, trial_no, row = _candidate(study, storage, results_dir, trial)
+        st, m, c, w, cfg, lay, trial_no, row = _candidate(study, storage, results_dir, trial, need_trial=candidate is None)
         if candidate is not None:
             lay = parse_layout_spec(candidate, c.num_gpus)
             rows = [r for r in _rows(st) if Layout.from_dict(r["layout"]) == lay]
@@ -118,7 +118,7 @@ def _rows(st: Any) -> list[dict[str, Any]]:
     return trial_rows(st)
 
 
-def _candidate(study: str, storage: Optional[str], results_dir: Path, trial: Optional[int]) -> tuple[Any, ...]:
+def _candidate(study: str, storage: Optional[str], results_dir: Path, trial: Optional[int], *, need_trial: bool = True) -> tuple[Any, ...]:
     from search_spaces.layout import Layout
     from tuner.cli import _load_study, _study_context
     from tuner.report import front_rows
@@ -127,6 +127,8 @@ def _candidate(study: str, storage: Optional[str], results_dir: Path, trial: Opt
     st = _load_study(study, storage, results_dir)
     m, c, w, cfg = _study_context(st)
     rows = trial_rows(st)
+    if not need_trial:
+        return st, m, c, w, cfg, None, None, None
     if trial is None:
         front = front_rows(rows, m)
         if not front:
