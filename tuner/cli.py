@@ -665,7 +665,7 @@ def export_cmd(
         from cost_model.estimate import estimate as _estimate
         from launch import export
         from search_spaces.layout import Layout
-        from tuner.report import front_rows
+        from tuner.report import pick_trial_row
         from tuner.study import trial_rows
 
         if fmt not in ("recipe", "slime", "megatron"):
@@ -673,17 +673,7 @@ def export_cmd(
         st = _load_study(study, storage, results_dir)
         m, c, w, cfg = _study_context(st)
         rows = trial_rows(st)
-        if trial is None:
-            front = front_rows(rows, m)
-            if not front:
-                raise TunerError(f"study {st.study_name!r} has no finished trial to export")
-            row = next(r for r in rows if r["trial"] == front[0]["trial"])
-        else:
-            match = [r for r in rows if r["trial"] == trial]
-            if not match:
-                done = sorted(r["trial"] for r in rows)
-                raise TunerError(f"--trial {trial}: not a finished trial of {st.study_name!r}; finished trials: {done[:20]}{' ...' if len(done) > 20 else ''}")
-            row = match[0]
+        row = pick_trial_row(st.study_name, rows, m, trial, "export")
         lay = Layout.from_dict(row["layout"])
         if fmt == "recipe":
             from cost_model.calibration import Calibration

@@ -121,7 +121,7 @@ def _rows(st: Any) -> list[dict[str, Any]]:
 def _candidate(study: str, storage: Optional[str], results_dir: Path, trial: Optional[int], *, need_trial: bool = True) -> tuple[Any, ...]:
     from search_spaces.layout import Layout
     from tuner.cli import _load_study, _study_context
-    from tuner.report import front_rows
+    from tuner.report import pick_trial_row
     from tuner.study import trial_rows
 
     st = _load_study(study, storage, results_dir)
@@ -129,17 +129,7 @@ def _candidate(study: str, storage: Optional[str], results_dir: Path, trial: Opt
     rows = trial_rows(st)
     if not need_trial:
         return st, m, c, w, cfg, None, None, None
-    if trial is None:
-        front = front_rows(rows, m)
-        if not front:
-            raise TunerError(f"study {st.study_name!r} has no finished trial to verify")
-        row = next(r for r in rows if r["trial"] == front[0]["trial"])
-    else:
-        match = [r for r in rows if r["trial"] == trial]
-        if not match:
-            done = sorted(r["trial"] for r in rows)
-            raise TunerError(f"--trial {trial}: not a finished trial of {st.study_name!r}; finished trials: {done[:20]}{' ...' if len(done) > 20 else ''}")
-        row = match[0]
+    row = pick_trial_row(st.study_name, rows, m, trial, "verify")
     return st, m, c, w, cfg, Layout.from_dict(row["layout"]), row["trial"], row
 
 

@@ -14,7 +14,7 @@ from search_spaces.layout import Layout
 from search_spaces.pipeline import emit_layout_string
 from tuner.pareto import pareto_mask
 
-__all__ = ["front_rows", "write_pareto_csv", "plot_front", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
+__all__ = ["pick_trial_row", "front_rows", "write_pareto_csv", "plot_front", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
 
 FRONT_COLUMNS = (
     "trial",
@@ -47,6 +47,26 @@ def pipeline_layout_of(layout: Layout, model: ModelSpec) -> str:
         layout.num_layers_in_last_pipeline_stage,
         model.mtp_num_layers,
     )
+
+
+def pick_trial_row(study_name: str, rows: list[dict[str, Any]], model: ModelSpec, trial: int | None, purpose: str) -> dict[str, Any]:
+    """The finished trial ``trial`` of ``rows`` (from :func:`tuner.study.trial_rows`), or the fastest on the front when None.
+
+    Raises:
+        TunerError: no finished trial, or ``trial`` is not one (the message lists the finished ones).
+    """
+    from cost_model.errors import TunerError
+
+    if trial is None:
+        front = front_rows(rows, model)
+        if not front:
+            raise TunerError(f"study {study_name!r} has no finished trial to {purpose}")
+        return next(r for r in rows if r["trial"] == front[0]["trial"])
+    match = [r for r in rows if r["trial"] == trial]
+    if not match:
+        done = sorted(r["trial"] for r in rows)
+        raise TunerError(f"--trial {trial}: not a finished trial of {study_name!r}; finished trials: {done[:20]}{' ...' if len(done) > 20 else ''}")
+    return match[0]
 
 
 def front_rows(rows: list[dict[str, Any]], model: ModelSpec) -> list[dict[str, Any]]:
