@@ -91,6 +91,7 @@ def main_job(
     trial_steps: Annotated[int, typer.Option("--trial-steps", help="Optimizer steps per real trial, 2 warm-up steps included (local backend).", rich_help_panel="Trials")] = 8,
     trial_timeout: Annotated[float, typer.Option("--trial-timeout", help="Seconds one real trial may run, model build included; then its process group is killed.", rich_help_panel="Trials")] = 900.0,
     command_template: Annotated[Optional[Path], typer.Option("--command-template", help="Launch template (YAML/JSON argv with placeholders) of --backend command; launch/templates/slime_command.yaml ships.", rich_help_panel="Trials")] = None,
+    recalibrate_after: Annotated[int, typer.Option("--recalibrate-after", help="Real trials: refit the cost model to the measurements after every N measured trials and re-rank the candidates not yet run (0 = never).", rich_help_panel="Trials")] = 4,
     ray_address: Annotated[Optional[str], typer.Option("--ray-address", help="Ray cluster of --backend ray: auto, HOST:PORT or ray://HOST:PORT (default: start a local Ray instance).", rich_help_panel="Trials")] = None,
     parallel_trials: Annotated[int, typer.Option("--parallel-trials", help="Real trials this worker runs at once (--backend ray; each its own placement group).", rich_help_panel="Trials")] = 1,
     trial_env: Annotated[Optional[list[str]], typer.Option("--trial-env", help="NAME=VALUE for every rank of a real trial (--backend ray), repeatable, e.g. --trial-env NCCL_IB_HCA=mlx5.", rich_help_panel="Trials")] = None,
@@ -142,6 +143,7 @@ def main_job(
             trial_timeout_s=trial_timeout,
             command_template=str(command_template) if command_template else None,
             ray_address=ray_address,
+            recalibrate_after=recalibrate_after,
             parallel_trials=parallel_trials,
             trial_env=tuple(trial_env or ()),
             prune_margin=None if (prune_margin == prune_margin and prune_margin < 0) else prune_margin,  # NaN is rejected later
@@ -645,6 +647,13 @@ def pareto(
             err = f"{(ptps / mtps - 1) * 100:+.1f}" if mtps == mtps and mtps else "-"
             t.add_row(str(n), label, outcome, f"{ptps:,.1f}", f"{mtps:,.1f}" if mtps == mtps else "-", err, f"{pgib:.1f}", f"{mgib:.1f}" if mgib == mgib else "-")
         out.print(t)
+    for rec in st.user_attrs.get("recalibrations", []):
+        if "error" in rec:
+            out.print(f"refit after {rec['after_measured_trials']} measured trials failed ({rec['error']}); the previous constants were kept", markup=False)
+        else:
+            se = rec.get("step_median_abs_error")
+            out.print(f"refit after {rec['after_measured_trials']} measured trials: step-time median error {se:.1%} in the fit" if se is not None else
+                      f"refit after {rec['after_measured_trials']} measured trials", markup=False)
     if csv_out:
         try:
             write_pareto_csv(csv_out, front)

@@ -89,6 +89,9 @@ class TuneConfig:
     """Trials run at once by this worker (``ray`` backend: each its own placement group)."""
     trial_env: tuple[str, ...] = ()
     """``KEY=VALUE`` environment variables for every rank of a real trial (``ray`` backend)."""
+    recalibrate_after: int = 4
+    """Real trials: refit the cost model to the measurements after every this many measured trials and
+    re-rank the candidates not yet run (0 = never; the queue is then fixed at the start)."""
     """Stop a real trial whose running median throughput is below best / (1 + margin); None = never prune."""
 
     def study_name(self, model: ModelSpec, cluster: Cluster) -> str:
@@ -175,6 +178,8 @@ def _validate_config(config: TuneConfig) -> None:
     if config.parallel_trials > 1 and config.backend != "ray":
         raise TunerError(f"--parallel-trials > 1 needs --backend ray (the {config.backend} backend runs one trial at a time)")
     trial_env_dict(config.trial_env)
+    if isinstance(config.recalibrate_after, bool) or not isinstance(config.recalibrate_after, int) or not 0 <= config.recalibrate_after <= 1000:
+        raise TunerError(f"--recalibrate-after must be from 0 (never) to 1,000 measured trials, got {config.recalibrate_after!r}")
     if config.trial_env and config.backend != "ray":
         raise TunerError(f"--trial-env is for --backend ray (this run uses --backend {config.backend})")
     if config.storage is not None:
@@ -703,8 +708,15 @@ def run_study(
             continue  # the backend cannot run it here (e.g. flex without DeepEP): do not spend a trial on it
         queued.append(i)
         qkeys.add(k)
-    for i in queued:
+    # Real trials with --recalibrate-after K: enqueue only what runs next, so that after every K measured
+    # trials the cost model is refitted to them and the rest of the queue re-ranked by the new prediction.
+    recal_k = cfg.recalibrate_after if real else 0
+    lazy = recal_k > 0
+    first = queued[: max(1, cfg.parallel_trials)] if lazy else queued
+    rest = queued[len(first):]
+    for i in first:
         study.enqueue_trial(index.params_of_row(i), user_attrs={"enqueued": "predicted front / fastest predicted"})
+    recal_state = {"fits": 0, "calibration": prep.calibration}
 
     counters = {"evaluated": 0, "skipped": 0, "pruned": 0, "failed": 0}
     gpu = prep.cluster.gpu
@@ -806,6 +818,9 @@ def run_study(
 
     def _cb(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         done["n"] += 1
+        if lazy:
+            with lock:
+                _recalibrate_and_requeue(study, prep, index, rest, seen, recal_k, recal_state)
         if on_trial:
             on_trial(done["n"], n_trials)
 
@@ -845,6 +860,55 @@ def run_study(
         pruned_now=counters["pruned"],
         failed_now=counters["failed"],
     )
+
+
+def _recalibrate_and_requeue(
+    study: optuna.Study, prep: Prepared, index: CandidateIndex, rest: list[int], seen: set[str], every: int, state: dict[str, Any]
+) -> None:
+    """After each real trial: every ``every`` measured trials, refit the cost model's constants to the
+    study's measurements (:func:`cost_model.calibrate.fit_observations`: step-time and memory constants)
+    and re-rank the not yet enqueued candidates ``rest`` by the refitted prediction; then enqueue the next one.
+
+    The refit and its error are recorded in the study (``recalibrations``); a fit that fails (e.g. all
+    measurements alike) keeps the previous constants and is recorded too.
+    """
+    from cost_model.calibrate import Observation, fit_observations
+
+    measured = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                if (t.user_attrs.get("result") or {}).get("source") == "measured"]
+    n = len(measured)
+    if n >= every * (state["fits"] + 1) and n >= 2:
+        obs = []
+        for t in measured:
+            r = t.user_attrs["result"]
+            peak = r.get("peak_gib")
+            st_s = float(r.get("step_time_s") or "nan")
+            obs.append(Observation(model=prep.model, cluster=prep.cluster, workload=prep.workload, layout=Layout.from_dict(r["layout"]),
+                                   step_time_s=st_s if math.isfinite(st_s) and st_s > 0 else None,
+                                   peak_gib=float(peak) if peak and math.isfinite(float(peak)) else None, label=f"trial {t.number}"))
+        record: dict[str, Any] = {"after_measured_trials": n}
+        try:
+            fit = fit_observations(obs, start=state["calibration"], max_nfev=100)
+            state["calibration"] = fit.calibration
+            if rest:
+                sub = prep.enumeration.valid.select(np.asarray(rest))
+                est = estimate_table(prep.model, prep.cluster, prep.workload, sub, calibration=fit.calibration,
+                                     memory_headroom=prep.config.memory_headroom)
+                order = np.argsort(-est.tokens_per_s_per_gpu, kind="stable")
+                rest[:] = [rest[int(j)] for j in order]
+            record.update(step_median_abs_error=(fit.step.median_abs_error if fit.step else None),
+                          memory_median_abs_error=fit.memory_median_abs_error, constants=fit.calibration.to_dict(),
+                          next=[prep.enumeration.valid.row(i).label for i in rest[:3]])
+        except TunerError as e:
+            record["error"] = str(e)
+        state["fits"] += 1
+        study.set_user_attr("recalibrations", [*study.user_attrs.get("recalibrations", []), record])
+    while rest:
+        i = rest.pop(0)
+        if prep.enumeration.valid.row(i).key() in seen:
+            continue
+        study.enqueue_trial(index.params_of_row(i), user_attrs={"enqueued": "fastest predicted" + (" after recalibration" if state["fits"] else "")})
+        break
 
 
 def _serialize_state_changes(study: optuna.Study) -> None:

@@ -144,3 +144,32 @@ def test_a_study_keeps_its_slice(tmp_path):
     run_study(prepare(_cfg(tmp_path, backend="model", trials=2)), backend=None)
     with pytest.raises(TunerError, match="layers=4"):
         run_study(prepare(_cfg(tmp_path, backend="model", trials=2, layers=2)))
+
+
+def test_recalibrates_as_it_goes_and_reranks_the_queue(tmp_path, slow_tp):
+    """--recalibrate-after 2: after every 2 measured trials the constants are refitted to the measurements and
+    the rest of the queue is re-ranked by the refitted prediction; every refit is recorded in the study."""
+    prep = prepare(_cfg(tmp_path, prune_margin=None, trials=7, recalibrate_after=2))
+    res = run_study(prep, backend=_backend(tmp_path, steps=4))
+    recs = res.study.user_attrs.get("recalibrations")
+    assert recs and [r["after_measured_trials"] for r in recs][:2] == [2, 4]
+    assert all("error" not in r for r in recs), recs
+    shipped = prep.calibration.to_dict()
+    assert any(recs[0]["constants"][k] != shipped[k] for k in shipped)  # the fit moved some constant
+    assert recs[0]["step_median_abs_error"] is not None and len(recs[0]["next"]) >= 1
+    later = [t for t in res.study.trials if "after recalibration" in str(t.user_attrs.get("enqueued", ""))]
+    assert later, "no trial came from the re-ranked queue"
+    keys = [r["key"] for r in trial_rows(res.study)]
+    assert len(keys) == len(set(keys))
+
+
+def test_recalibrate_after_zero_keeps_the_fixed_queue(tmp_path, slow_tp):
+    res = run_study(prepare(_cfg(tmp_path, prune_margin=None, trials=4, recalibrate_after=0)), backend=_backend(tmp_path, steps=4))
+    assert "recalibrations" not in res.study.user_attrs
+    assert not [t for t in res.study.trials if "after recalibration" in str(t.user_attrs.get("enqueued", ""))]
+
+
+def test_pareto_lists_the_refits(tmp_path, slow_tp):
+    run_study(prepare(_cfg(tmp_path, prune_margin=None, trials=4, recalibrate_after=2)), backend=_backend(tmp_path, steps=4))
+    r = CliRunner().invoke(app, ["pareto", "--study", "s", "--results-dir", str(tmp_path)])
+    assert r.exit_code == 0 and "refit after 2 measured trials: step-time median error" in r.output
