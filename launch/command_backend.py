@@ -41,7 +41,7 @@ from cost_model.errors import InfeasibleLayout, TunerError
 from cost_model.specs import Cluster, ModelSpec, Workload
 from launch.base import FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped
 from launch.harness.results import classify_failure
-from launch.local_backend import SAFE_ENV, _free_port, _kill_group, _tail
+from launch.local_backend import SAFE_ENV, _free_port, _tail, follow_process
 from launch.megatron_log import MegatronLogReader
 from search_spaces.layout import Layout
 
@@ -326,35 +326,17 @@ class CommandBackend(TrialBackend):
         sizes = {"global_batch_size": workload.global_batch_size, "seq_length": workload.seq_length, "world_size": layout.world_size}
         reader = MegatronLogReader()
         t0 = time.monotonic()
-        seen = 0
-        timed_out = False
-        stop_reason: str | None = None
         with open(log_path, "wb") as log, open(log_path, "rb") as follow:
             try:
                 proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env, cwd=os.getcwd())
             except OSError as e:
                 raise TrialFailed(FailureKind.crash, f"cannot start {argv[0]!r}: {e.strerror or e}", str(tdir)) from None
-            try:
-                while True:
-                    rc = proc.poll()
-                    reader.feed(follow.read())
-                    its = reader.log.iterations
-                    if reporter is not None and len(its) > seen and rc is None:
-                        seen = len(its)
-                        stop_reason = reporter([reader.log.tokens_per_s_per_gpu(it.step_time_s, **sizes) for it in its])
-                        if stop_reason:
-                            _kill_group(proc)
-                            break
-                    if rc is not None:
-                        break
-                    if time.monotonic() - t0 > self.timeout_s:
-                        timed_out = True
-                        _kill_group(proc)
-                        break
-                    time.sleep(self.poll_s)
-            finally:
-                if proc.poll() is None:  # interrupted (KeyboardInterrupt) or an error here: leave nothing running
-                    _kill_group(proc, grace_s=5.0)
+
+            def read_tps() -> list[float]:
+                reader.feed(follow.read())
+                return [reader.log.tokens_per_s_per_gpu(it.step_time_s, **sizes) for it in reader.log.iterations]
+
+            timed_out, stop_reason = follow_process(proc, read_tps, reporter, timeout_s=self.timeout_s, poll_s=self.poll_s, t0=t0)
             reader.feed(follow.read())
         wall_s = time.monotonic() - t0
         parsed = reader.finish()

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from cost_model.errors import InfeasibleLayout, TunerError
 from cost_model.specs import Cluster, ModelSpec, Workload
@@ -29,7 +29,7 @@ from launch.harness.results import classify_failure, read_results
 from launch.harness.spec import HarnessEnv, build_spec, harness_args, torchrun_command, unsupported_reasons
 from search_spaces.layout import Layout
 
-__all__ = ["LocalBackend", "machine_gpu_count", "SAFE_ENV"]
+__all__ = ["LocalBackend", "follow_process", "machine_gpu_count", "SAFE_ENV"]
 
 #: Environment every trial gets: NVLink multicast off (it can take a shared host's GPUs
 #: out of service), one CUDA connection (Megatron's overlap needs it), unbuffered output.
@@ -85,6 +85,46 @@ def _kill_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
         except ProcessLookupError:
             pass
         return
+
+
+def follow_process(
+    proc: subprocess.Popen[bytes],
+    read_tps: Callable[[], list[float]],
+    reporter: StepReporter | None,
+    *,
+    timeout_s: float,
+    poll_s: float,
+    t0: float,
+) -> tuple[bool, str | None]:
+    """Watch a trial's process group until it exits, the reporter stops it, or it runs past ``timeout_s``.
+
+    ``read_tps`` returns the tokens/s/GPU of every step measured so far (it is called each poll);
+    the reporter sees them whenever a step is added. On a stop, a timeout or an interrupt the whole
+    process group is killed. Shared by the local and the command backends.
+
+    Returns:
+        (timed out, the reporter's stop reason or None).
+    """
+    seen = 0
+    try:
+        while True:
+            rc = proc.poll()
+            tps = read_tps()
+            if reporter is not None and len(tps) > seen and rc is None:
+                seen = len(tps)
+                reason = reporter(tps)
+                if reason:
+                    _kill_group(proc)
+                    return False, reason
+            if rc is not None:
+                return False, None
+            if time.monotonic() - t0 > timeout_s:
+                _kill_group(proc)
+                return True, None
+            time.sleep(poll_s)
+    finally:
+        if proc.poll() is None:  # interrupted (KeyboardInterrupt) or an error here: leave nothing running
+            _kill_group(proc, grace_s=5.0)
 
 
 def check_harness_dependencies(what: str = "--backend local") -> None:
@@ -218,31 +258,12 @@ class LocalBackend(TrialBackend):
         (tdir / "command.txt").write_text(" ".join(cmd) + "\n")
         env = {**os.environ, **SAFE_ENV}
         t0 = time.monotonic()
-        seen = 0
-        timed_out = False
-        stop_reason: str | None = None
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env, cwd=os.getcwd())
-            try:
-                while True:
-                    rc = proc.poll()
-                    res = read_results(out_path)
-                    if reporter is not None and len(res.steps) > seen and rc is None:
-                        seen = len(res.steps)
-                        stop_reason = reporter([s.tokens_per_s_per_gpu for s in res.steps])
-                        if stop_reason:
-                            _kill_group(proc)
-                            break
-                    if rc is not None:
-                        break
-                    if time.monotonic() - t0 > self.timeout_s:
-                        timed_out = True
-                        _kill_group(proc)
-                        break
-                    time.sleep(self.poll_s)
-            finally:
-                if proc.poll() is None:  # interrupted (KeyboardInterrupt) or an error here: leave nothing running
-                    _kill_group(proc, grace_s=5.0)
+            timed_out, stop_reason = follow_process(
+                proc, lambda: [st.tokens_per_s_per_gpu for st in read_results(out_path).steps], reporter,
+                timeout_s=self.timeout_s, poll_s=self.poll_s, t0=t0,
+            )
         wall_s = time.monotonic() - t0
         res = read_results(out_path)
         log_text = _tail(log_path)
