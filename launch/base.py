@@ -116,3 +116,17 @@ class TrialBackend(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (default: nothing)."""
+
+
+def check_trial_limits(backend: str, steps: int, warmup_steps: int, timeout_s: float) -> None:
+    """The limits every real-trial backend takes, checked once.
+
+    Raises:
+        TunerError: ``steps`` < 1, warm-up steps outside ``[0, steps)``, or a timeout that is not > 0 s.
+    """
+    from cost_model.errors import TunerError
+
+    if steps < 1 or not 0 <= warmup_steps < steps:
+        raise TunerError(f"--backend {backend}: steps must be >= 1 and warm-up steps in [0, steps), got {steps}, {warmup_steps}")
+    if not timeout_s > 0:
+        raise TunerError(f"--backend {backend}: the trial timeout must be > 0 s, got {timeout_s}")

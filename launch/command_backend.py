@@ -39,7 +39,7 @@ import yaml
 
 from cost_model.errors import InfeasibleLayout, TunerError
 from cost_model.specs import Cluster, ModelSpec, Workload
-from launch.base import FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped
+from launch.base import FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped, check_trial_limits
 from launch.harness.results import classify_failure
 from launch.local_backend import SAFE_ENV, _free_port, _tail, follow_process
 from launch.megatron_log import MegatronLogReader
@@ -274,15 +274,12 @@ class CommandBackend(TrialBackend):
         prog = tpl.argv[0]
         if "{" not in prog and shutil.which(prog) is None:
             raise TunerError(f"--command-template {tpl.source}: the program {prog!r} (argv[0]) is not found on PATH")
-        if steps < 1 or not 0 <= warmup_steps < steps:
-            raise TunerError(f"--backend command: steps must be >= 1 and warm-up steps in [0, steps), got {steps}, {warmup_steps}")
+        check_trial_limits("command", steps, warmup_steps, float(tpl.timeout_s if tpl.timeout_s is not None else timeout_s))
         self.template = tpl
         self.trials_dir = Path(trials_dir)
         self.steps = steps
         self.warmup_steps = warmup_steps
         self.timeout_s = float(tpl.timeout_s if tpl.timeout_s is not None else timeout_s)
-        if not self.timeout_s > 0:
-            raise TunerError(f"--backend command: the trial timeout must be > 0 s, got {self.timeout_s}")
         self.poll_s = poll_s
         self._count = 0
 

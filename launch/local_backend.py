@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 from cost_model.errors import InfeasibleLayout, TunerError
 from cost_model.specs import Cluster, ModelSpec, Workload
-from launch.base import FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped
+from launch.base import FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped, check_trial_limits
 from launch.harness.results import classify_failure, read_results
 from launch.harness.spec import HarnessEnv, build_spec, harness_args, torchrun_command, unsupported_reasons
 from search_spaces.layout import Layout
@@ -192,10 +192,7 @@ class LocalBackend(TrialBackend):
         n = machine_gpu_count() if num_gpus is None else num_gpus
         if n < 1:
             raise TunerError("--backend local: no GPU found on this machine (nvidia-smi -L lists none; CUDA_VISIBLE_DEVICES is empty)")
-        if steps < 1 or not 0 <= warmup_steps < steps:
-            raise TunerError(f"--backend local: steps must be >= 1 and warm-up steps in [0, steps), got {steps}, {warmup_steps}")
-        if not timeout_s > 0:
-            raise TunerError(f"--backend local: the trial timeout must be > 0 s, got {timeout_s}")
+        check_trial_limits("local", steps, warmup_steps, timeout_s)
         self.trials_dir = Path(trials_dir)
         self.num_gpus = n
         self.steps = steps

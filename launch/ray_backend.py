@@ -38,7 +38,7 @@ from typing import Any, Mapping, Sequence
 
 from cost_model.errors import InfeasibleLayout, TunerError
 from cost_model.specs import Cluster, ModelSpec, Workload
-from launch.base import FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped
+from launch.base import FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped, check_trial_limits
 from launch.harness.results import classify_failure, parse_results
 from launch.harness.spec import HARNESS_MODULE, HarnessEnv, build_spec, harness_args, unsupported_reasons
 from launch.local_backend import SAFE_ENV
@@ -188,10 +188,9 @@ class RayBackend(TrialBackend):
         init_kwargs: Mapping[str, Any] | None = None,
         **_: object,
     ) -> None:
-        if steps < 1 or not 0 <= warmup_steps < steps:
-            raise TunerError(f"--backend ray: steps must be >= 1 and warm-up steps in [0, steps), got {steps}, {warmup_steps}")
-        if not timeout_s > 0 or not placement_timeout_s > 0:
-            raise TunerError(f"--backend ray: timeouts must be > 0 s, got {timeout_s}, {placement_timeout_s}")
+        check_trial_limits("ray", steps, warmup_steps, timeout_s)
+        if not placement_timeout_s > 0:
+            raise TunerError(f"--backend ray: the placement timeout must be > 0 s, got {placement_timeout_s}")
         if gpus_per_node < 1:
             raise TunerError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
         for k in (extra_env or {}):

@@ -165,13 +165,13 @@ def test_ctrl_c_stops_parallel_trials_and_leaves_the_study_consistent(cluster, t
     from tuner.study import TuneConfig, prepare, run_study
 
     cfg = TuneConfig(model="MiniMax-M2", gpus="2xH200", layers=2, global_batch_size=8, backend="ray", trials=4, stack="megatron",
-                     results_dir=str(tmp_path), trial_steps=30, study="c", parallel_trials=2, prune_margin=None)
-    b = _backend(tmp_path / "c", {"FAKE_STEP_S": "0.5"}, steps=30, timeout_s=120)  # a trial would take 15 s
+                     results_dir=str(tmp_path), trial_steps=60, study="c", parallel_trials=2, prune_margin=None)
+    b = _backend(tmp_path / "c", {"FAKE_STEP_S": "0.5"}, steps=60, timeout_s=120)  # a trial would take 30 s
     threading.Timer(4.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         run_study(prepare(cfg), backend=b)
-    assert time.monotonic() - t0 < 14
+    assert time.monotonic() - t0 < 25  # stopped, not run to the end
     st = optuna.load_study(study_name="c", storage=f"sqlite:///{tmp_path / 'c' / 'study.db'}")
     assert st.trials and not [t for t in st.trials if t.state == optuna.trial.TrialState.RUNNING]
     assert all(v["state"] == "REMOVED" for v in ray.util.placement_group_table().values())
