@@ -154,8 +154,8 @@ class LocalBackend(TrialBackend):
 
     Args:
         trials_dir: where each trial's folder goes (``results/<study>/trials``).
-        num_gpus: GPUs to use (default: :func:`machine_gpu_count`); a layout for another
-            world size is refused.
+        num_gpus: GPUs a trial uses (default: :func:`machine_gpu_count`); a layout for another
+            world size is refused. Fewer than the machine has: the first ``num_gpus`` visible ones.
         steps: optimizer steps per trial, warm-up included.
         warmup_steps: leading steps left out of the median.
         timeout_s: wall-clock limit of one trial, model build included (seconds).
@@ -211,6 +211,14 @@ class LocalBackend(TrialBackend):
         reasons = unsupported_reasons(layout, model, workload, self.env)
         return "; ".join(reasons) if reasons else None
 
+    def _device_env(self) -> dict[str, str]:
+        """``CUDA_VISIBLE_DEVICES`` for a trial that uses fewer GPUs than this machine has: the first
+        ``num_gpus`` of the visible ones (torchrun's local ranks then map to them); empty when the trial
+        uses them all or no GPU is listed (the fake programs of the tests)."""
+        vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = [x.strip() for x in vis.split(",") if x.strip()] if vis is not None else [str(i) for i in range(machine_gpu_count())]
+        return {"CUDA_VISIBLE_DEVICES": ",".join(ids[: self.num_gpus])} if len(ids) > self.num_gpus else {}
+
     def command(self, spec_path: Path, out_path: Path) -> list[str]:
         """The command line of one trial."""
         if self.launcher is not None:
@@ -253,7 +261,7 @@ class LocalBackend(TrialBackend):
         spec_path.write_text(spec.to_json())
         cmd = self.command(spec_path, out_path)
         (tdir / "command.txt").write_text(" ".join(cmd) + "\n")
-        env = {**os.environ, **SAFE_ENV}
+        env = {**os.environ, **SAFE_ENV, **self._device_env()}
         t0 = time.monotonic()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env, cwd=os.getcwd())

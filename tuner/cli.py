@@ -88,14 +88,15 @@ def main_job(
     trials: Annotated[Optional[int], typer.Option("--trials", help="Trials to run (default 48): the predicted front and fastest candidates first, then NSGA-II.", rich_help_panel="Search")] = None,
     backend: Annotated[str, typer.Option("--backend", help="model (analytical, default), local (real trials: the megatron-core harness under torchrun on this machine's GPUs), ray (the harness on a Ray cluster's nodes) or command (your slime / Megatron-LM launch command, --command-template).", rich_help_panel="Search")] = "model",
     layers: Annotated[Optional[int], typer.Option("--layers", help="Slice the model to its first N layers at full width, for the estimate and the trials.", rich_help_panel="Job")] = None,
-    trial_steps: Annotated[int, typer.Option("--trial-steps", help="Optimizer steps per real trial, 2 warm-up steps included (local backend).", rich_help_panel="Trials")] = 8,
+    trial_steps: Annotated[int, typer.Option("--trial-steps", help="Optimizer steps per real trial, warm-up steps included.", rich_help_panel="Trials")] = 20,
+    trial_warmup_steps: Annotated[Optional[int], typer.Option("--trial-warmup-steps", help="Leading steps of a real trial left out of its median step time (default: half of --trial-steps; MoE step times on H200 settled only after about 10 steps).", rich_help_panel="Trials")] = None,
     trial_timeout: Annotated[float, typer.Option("--trial-timeout", help="Seconds one real trial may run, model build included; then its process group is killed.", rich_help_panel="Trials")] = 900.0,
     command_template: Annotated[Optional[Path], typer.Option("--command-template", help="Launch template (YAML/JSON argv with placeholders) of --backend command; launch/templates/slime_command.yaml ships.", rich_help_panel="Trials")] = None,
     recalibrate_after: Annotated[int, typer.Option("--recalibrate-after", help="Real trials: refit the cost model to the measurements after every N measured trials and re-rank the candidates not yet run (0 = never).", rich_help_panel="Trials")] = 4,
     ray_address: Annotated[Optional[str], typer.Option("--ray-address", help="Ray cluster of --backend ray: auto, HOST:PORT or ray://HOST:PORT (default: start a local Ray instance).", rich_help_panel="Trials")] = None,
     parallel_trials: Annotated[int, typer.Option("--parallel-trials", help="Real trials this worker runs at once (--backend ray; each its own placement group).", rich_help_panel="Trials")] = 1,
     trial_env: Annotated[Optional[list[str]], typer.Option("--trial-env", help="NAME=VALUE for every rank of a real trial (--backend ray), repeatable, e.g. --trial-env NCCL_IB_HCA=mlx5.", rich_help_panel="Trials")] = None,
-    prune_margin: Annotated[float, typer.Option("--prune-margin", help="Stop a real trial more than this fraction slower than the best so far (after 2 measured steps); negative = never.", rich_help_panel="Trials")] = 0.25,
+    prune_margin: Annotated[float, typer.Option("--prune-margin", help="Stop a real trial more than this fraction slower than the best so far (after its warm-up and 2 measured steps); negative = never.", rich_help_panel="Trials")] = 0.25,
     stack: Annotated[str, typer.Option("--stack", help="slime (default; leaves out allgather, which slime rewrites) or megatron.", rich_help_panel="Search")] = "slime",
     study: StudyOpt = None,
     storage: StorageOpt = None,
@@ -139,7 +140,7 @@ def main_job(
             results_dir=str(results_dir),
             layers=layers,
             trial_steps=trial_steps,
-            trial_warmup_steps=min(2, trial_steps - 1) if trial_steps > 0 else 2,
+            trial_warmup_steps=trial_warmup_steps,
             trial_timeout_s=trial_timeout,
             command_template=str(command_template) if command_template else None,
             ray_address=ray_address,
@@ -162,10 +163,10 @@ def _run_main(cfg: Any, top: int) -> None:
     # Reject unknown / unavailable backends before any work (ray connects once, in run_study).
     probe = get_backend(cfg.backend, command_template=cfg.command_template) if cfg.backend != "ray" else None
     prep = prepare(cfg)
-    if cfg.backend == "local" and getattr(probe, "num_gpus", prep.cluster.num_gpus) != prep.cluster.num_gpus:
+    if cfg.backend == "local" and getattr(probe, "num_gpus", prep.cluster.num_gpus) < prep.cluster.num_gpus:
         raise TunerError(
             f"--backend local runs on this machine's {probe.num_gpus} GPUs (slice a model with --layers to make it fit); "  # type: ignore[attr-defined]
-            f"--gpus asks for {prep.cluster.num_gpus}: use --gpus {probe.num_gpus}x{prep.cluster.gpu.name}"  # type: ignore[attr-defined]
+            f"--gpus asks for {prep.cluster.num_gpus}: use at most --gpus {probe.num_gpus}x{prep.cluster.gpu.name}"  # type: ignore[attr-defined]
         )
     if cfg.backend == "local":
         from launch.local_backend import check_harness_dependencies

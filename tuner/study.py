@@ -74,10 +74,13 @@ class TuneConfig:
     layers: int | None = None
     """Slice the model to its first N decoder layers at full width (``--layers``) for the
     estimate and the trials; None = the whole model."""
-    trial_steps: int = 8
-    """Optimizer steps per real trial (``local`` backend), warm-up included."""
-    trial_warmup_steps: int = 2
-    """Leading steps of a real trial left out of its median step time."""
+    trial_steps: int = 20
+    """Optimizer steps per real trial, warm-up included."""
+    trial_warmup_steps: int | None = None
+    """Leading steps of a real trial left out of its median step time; None = half of
+    ``trial_steps``. On 2 x H200 (MiniMax-M2 slice, no TE, 2026-11-29) a trial's step time fell by
+    20-40% over its first ~10 steps before it settled
+    (benchmarks/results/h200_x2_2026-11-29/step_times.jsonl), hence 10 of the default 20."""
     trial_timeout_s: float = 900.0
     """Wall-clock limit of one real trial, model build included (seconds)."""
     prune_margin: float | None = 0.25
@@ -145,6 +148,11 @@ MAX_TRIALS = 100_000
 MAX_ENQUEUED = 256
 
 
+def trial_warmup_steps(config: TuneConfig) -> int:
+    """The warm-up steps of a real trial: ``config.trial_warmup_steps``, or half of ``trial_steps`` when None."""
+    return config.trial_steps // 2 if config.trial_warmup_steps is None else config.trial_warmup_steps
+
+
 def _validate_config(config: TuneConfig) -> None:
     if config.study is not None and not _STUDY_NAME_RE.match(config.study):
         raise TunerError(
@@ -159,9 +167,11 @@ def _validate_config(config: TuneConfig) -> None:
         raise TunerError(f"--layers must be a positive integer (decoder layers of the slice), got {config.layers!r}")
     if config.prune_margin is not None and not (math.isfinite(config.prune_margin) and config.prune_margin >= 0):
         raise TunerError(f"--prune-margin must be a finite number >= 0 (negative: never prune), got {config.prune_margin}")
-    if not 1 <= config.trial_steps <= 100_000 or not 0 <= config.trial_warmup_steps < config.trial_steps:
+    if not 1 <= config.trial_steps <= 100_000:
+        raise TunerError(f"--trial-steps must be from 1 to 100,000, got {config.trial_steps}")
+    if not 0 <= trial_warmup_steps(config) < config.trial_steps:
         raise TunerError(
-            f"--trial-steps must be more than the {config.trial_warmup_steps} warm-up steps (and at most 100,000), got {config.trial_steps}"
+            f"--trial-warmup-steps must be from 0 to {config.trial_steps - 1} (fewer than --trial-steps {config.trial_steps}), got {config.trial_warmup_steps}"
         )
     if not (math.isfinite(config.trial_timeout_s) and config.trial_timeout_s > 0):
         raise TunerError(f"--trial-timeout must be a positive number of seconds, got {config.trial_timeout_s}")
@@ -573,9 +583,28 @@ def _open_study(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path) -> tu
         raise
 
 
+class _FailedTrialOneLine(logging.Filter):
+    """Optuna logs a failed trial with its traceback; a trial that failed as an outcome (out of memory,
+    timeout, crash: :class:`TrialFailed`) keeps only Optuna's one line naming the trial and the error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], TrialFailed):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def _quiet_optuna() -> None:
+    """Optuna at WARNING, without tracebacks for trial outcomes (on every handler of its root logger)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for h in logging.getLogger("optuna").handlers:
+        if not any(isinstance(f, _FailedTrialOneLine) for f in h.filters):
+            h.addFilter(_FailedTrialOneLine())
+
+
 def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path) -> tuple[optuna.Study, str]:
     storage = _storage_url(cfg, out_dir)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    _quiet_optuna()
     try:
         study = optuna.create_study(
             study_name=name,
@@ -642,7 +671,7 @@ def run_study(
         trials_dir=out_dir / "trials",
         num_gpus=prep.cluster.num_gpus,
         steps=cfg.trial_steps,
-        warmup_steps=cfg.trial_warmup_steps,
+        warmup_steps=trial_warmup_steps(cfg),
         timeout_s=cfg.trial_timeout_s,
         command_template=cfg.command_template,
         address=cfg.ray_address,
@@ -665,7 +694,7 @@ def run_study(
     # Backends written against the first interface (run without reporter) still work.
     _params = inspect.signature(backend.run).parameters
     takes_reporter = "reporter" in _params or any(p.kind == p.VAR_KEYWORD for p in _params.values())
-    pruner = StepTimePruner(warmup_steps=cfg.trial_warmup_steps, margin=cfg.prune_margin) if cfg.prune_margin is not None else None
+    pruner = StepTimePruner(warmup_steps=trial_warmup_steps(cfg), margin=cfg.prune_margin) if cfg.prune_margin is not None else None
 
     valid = prep.enumeration.valid
     est = prep.estimates

@@ -108,7 +108,10 @@ def unsupported_reasons(layout: Layout, model: ModelSpec, workload: Workload, en
     rules (:mod:`search_spaces.rules` checks those). Sources: megatron-core 0.19
     ``DotProductAttention`` (asserts CP needs ``TEDotProductAttention``),
     ``optimizer_config.py`` (precision-aware Adam needs TE's ``FusedAdam`` unless the
-    optimizer is offloaded), ``token_dispatcher.py`` (flex needs DeepEP or HybridEP).
+    optimizer is offloaded), ``token_dispatcher.py`` (flex needs DeepEP or HybridEP),
+    ``transformer_config.py`` (``TransformerConfig.__post_init__`` raises "moe_act in
+    recompute_modules is only supported with moe_grouped_gemm"; without TE the harness builds
+    experts as ``SequentialMLP``, no grouped GEMM: seen on H200, 2026-11-29).
     """
     out: list[str] = []
     te = env.transformer_engine
@@ -121,6 +124,11 @@ def unsupported_reasons(layout: Layout, model: ModelSpec, workload: Workload, en
         out.append("the flex+deepep dispatcher needs DeepEP (the deep_ep package), which is not installed here")
     if layout.dispatcher == Dispatcher.flex_hybridep and not env.hybrid_ep:
         out.append("the flex+hybridep dispatcher needs HybridEP (deep_ep.hybrid_ep), which is not installed here")
+    if "moe_act" in layout.recompute_modules and not te:
+        out.append(
+            "recompute module moe_act needs grouped GEMM (megatron-core: 'moe_act in recompute_modules is only supported "
+            "with moe_grouped_gemm'); without Transformer Engine the harness runs experts as SequentialMLP"
+        )
     if workload.precision.value == "fp8" and not te:
         out.append("fp8 training needs Transformer Engine, which is not installed here")
     bf16_states = layout.exp_avg_dtype != "fp32" or layout.exp_avg_sq_dtype != "fp32"

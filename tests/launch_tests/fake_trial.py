@@ -41,7 +41,7 @@ def main() -> int:
     if dump:
         os.makedirs(dump, exist_ok=True)
         keys = ("NNODES", "NODE_RANK", "NPROC_PER_NODE", "MASTER_ADDR", "MASTER_PORT", "TUNE_TRIAL_ATTEMPT", "NCCL_NVLS_ENABLE",
-                "CUDA_DEVICE_MAX_CONNECTIONS", "FAKE_EXTRA")
+                "CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_VISIBLE_DEVICES", "FAKE_EXTRA")
         with open(os.path.join(dump, f"{os.path.basename(os.path.dirname(out_path))}.node{node}.attempt{os.environ.get('TUNE_TRIAL_ATTEMPT')}.json"), "w") as f:
             json.dump({"env": {k: os.environ.get(k) for k in keys}, "pid": os.getpid(), "t": time.time(), "out": out_path}, f)
     if node not in (None, "0"):  # other nodes of a multi-node trial: their ranks run, rank 0 (node 0) writes the lines

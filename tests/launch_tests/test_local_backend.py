@@ -122,3 +122,22 @@ def test_gpu_detection_and_registration(monkeypatch):
     with pytest.raises(TunerError, match="timeout"):
         LocalBackend(num_gpus=1, timeout_s=0)
     assert math.isnan(float("nan"))
+
+
+def test_fewer_gpus_than_the_machine_uses_the_first_ones(tmp_path, m4, monkeypatch):
+    """A 2-GPU trial on a machine that shows 4 GPUs runs on the first 2 (used on the 2 x H200 machine for
+    1-GPU layouts); a trial that uses them all keeps the environment as it is."""
+    import json
+
+    dump = tmp_path / "env"
+    monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
+    monkeypatch.setenv("FAKE_ENV_DUMP", str(dump))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6,7")
+    seen = {}
+    for n in (2, 4):
+        b = LocalBackend(trials_dir=tmp_path / f"t{n}", num_gpus=n, steps=3, warmup_steps=1, timeout_s=20,
+                         launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02)
+        b.run(Layout(world_size=n, ep=n), model=m4, cluster=parse_gpus(f"{n}xH200"), workload=WL, trial_number=n)
+        (f,) = [p for p in dump.iterdir() if json.loads(p.read_text())["out"].startswith(str(tmp_path / f"t{n}"))]
+        seen[n] = json.loads(f.read_text())["env"]["CUDA_VISIBLE_DEVICES"]
+    assert seen == {2: "3,5", 4: "3,5,6,7"}

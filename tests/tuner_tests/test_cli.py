@@ -196,6 +196,16 @@ def test_bad_input_one_clear_message(args, needle, tmp_path):
     assert not any(tmp_path.iterdir()), "a rejected input must not leave a study behind"
 
 
+def test_trial_steps_and_warmup_checked(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    args = ["--model", "MiniMax-M2", "--layers", "2", "--gpus", "2xH200", "--backend", "local", "--results-dir", str(tmp_path)]
+    for bad, needle in ((["--trial-steps", "4", "--trial-warmup-steps", "4"], "--trial-warmup-steps must be from 0 to 3"),
+                        (["--trial-steps", "0"], "--trial-steps must be from 1")):
+        r = runner.invoke(app, args + bad)
+        assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output, r.output
+    assert not any(tmp_path.iterdir())
+
+
 def test_bad_files(tmp_path):
     cfg = _write(tmp_path, "config.json", json.dumps({"hidden_size": 1024, "num_attention_heads": 8}))
     r = runner.invoke(app, ["--model", cfg, "--gpus", "8xH100", "--results-dir", str(tmp_path / "r")])

@@ -94,6 +94,26 @@ def test_failures_are_recorded_and_the_study_goes_on(tmp_path, monkeypatch):
     assert f["kind"] == "oom" and f["memory_reached_gib"] == 150.0 and "pred_peak_gib" in f
 
 
+def test_a_failed_trial_is_one_line_on_stderr(tmp_path):
+    """What a user sees: Optuna's line naming the failed trial and the error, no traceback (a separate
+    process, so that Optuna's own stderr handler writes to a real stream)."""
+    import os
+    import subprocess
+
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[2]); sys.path.insert(0, sys.argv[3]);"
+        "from test_local_study import _cfg, _backend; from pathlib import Path; from tuner.study import prepare, run_study;"
+        "run_study(prepare(_cfg(Path(sys.argv[1]), trials=2)), backend=_backend(Path(sys.argv[1])))"
+    )
+    root = Path(__file__).parents[2]
+    env = {**os.environ, "FAKE_TRIAL_MODE": "crash"}
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path), str(Path(__file__).parent), str(root)],
+                       capture_output=True, text=True, env=env, timeout=120, cwd=root)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "failed with parameters" in p.stderr and "crash" in p.stderr  # Optuna's one line per failed trial ...
+    assert "Traceback" not in p.stderr  # ... without the traceback of an outcome
+
+
 def test_interrupt_keeps_finished_trials_and_resumes(tmp_path, slow_tp):
     class Interrupting(LocalBackend):
         calls = 0
