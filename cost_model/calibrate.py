@@ -273,7 +273,8 @@ class Observation:
     peak_gib: float | None = None
     """Peak memory per GPU (GiB), max over ranks: reserved or allocated, as the caller chooses."""
     options: Any = None
-    """:class:`cost_model.specs.RunOptions` (None: the defaults)."""
+    """:class:`cost_model.specs.RunOptions` (None: :data:`cost_model.specs.HARNESS_RUN_OPTIONS`, the
+    trial harness's stack without Transformer Engine, which these observations come from)."""
     label: str = ""
 
     @property
@@ -302,7 +303,7 @@ class ObservationFit:
 
 
 def _runs_of(obs: Sequence[Observation], *, need: str) -> list[Run]:
-    from cost_model.specs import DEFAULT_RUN_OPTIONS
+    from cost_model.specs import HARNESS_RUN_OPTIONS
 
     runs = []
     for i, o in enumerate(obs):
@@ -316,7 +317,7 @@ def _runs_of(obs: Sequence[Observation], *, need: str) -> list[Run]:
             published_tokens=o.tokens_per_s_per_gpu if need == "step" else 1.0, published_tflops=None,
             implied_gflop_per_token=None, seq_length=o.workload.seq_length, framework_version="measured trial",
             model=o.model, cluster=o.cluster, workload=o.workload, layout=o.layout,
-            options=o.options if o.options is not None else DEFAULT_RUN_OPTIONS, is_moe=o.model.is_moe,
+            options=o.options if o.options is not None else HARNESS_RUN_OPTIONS, is_moe=o.model.is_moe,
         ))
     return runs
 

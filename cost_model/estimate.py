@@ -355,7 +355,10 @@ def estimate_table(
     imb = cal.moe_load_imbalance if (model.is_moe and not opt.moe_router_force_load_balancing) else 1.0
     R_copies = tok * k * etpc / tpc * imb  # routed token copies per GPU (slowest expert rank)
     layer_in = BF16 * tok * h / tpc  # the layer's input (sequence-parallel shard)
-    a_attn = BF16 * tok / tpc * (3 * h + q_dim + kv_dim + 2 * ctx_dim) + FP32 * tok * nh / tpc
+    # Attention output: saved by the core attention and, without TE, again as the (permuted,
+    # reshaped) input of the output projection; with TE's fused attention the two are one tensor.
+    ctx_copies = 1.0 if opt.te_attention else 2.0
+    a_attn = BF16 * tok / tpc * (3 * h + q_dim + kv_dim + ctx_copies * ctx_dim) + FP32 * tok * nh / tpc
     if model.qk_layernorm:
         a_attn = a_attn + BF16 * tok / tpc * (q_dim + kv_dim / 2)
     a_core = BF16 * tok * ctx_dim / tpc + FP32 * tok * nh / tpc  # attention output + softmax stats

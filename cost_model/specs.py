@@ -30,6 +30,7 @@ __all__ = [
     "Workload",
     "RunOptions",
     "DEFAULT_RUN_OPTIONS",
+    "HARNESS_RUN_OPTIONS",
     "load_model",
     "list_models",
     "load_gpu",
@@ -824,6 +825,13 @@ class RunOptions:
     """``--overlap-grad-reduce`` / ``--overlap-param-gather``: DP communication overlapped with compute."""
     tp_comm_overlap: bool = False
     """``--tp-comm-overlap`` (Transformer Engine userbuffers): TP collectives overlapped with GEMMs."""
+    te_attention: bool = True
+    """Attention runs Transformer Engine's fused attention (``--transformer-impl transformer_engine``,
+    the default of Megatron-core, NVIDIA's recipes and the seed's slime run): its output is already
+    ``[s, b, h]`` and is saved once, as the output projection's input. False for a stack without TE
+    (this project's trial harness, ``launch/harness``): ``scaled_dot_product_attention``'s output is
+    permuted and reshaped (a copy) before the projection, so two copies of the attention output are
+    saved (:data:`HARNESS_RUN_OPTIONS`)."""
 
     def __post_init__(self) -> None:
         if self.cp_comm_type not in ("p2p", "a2a"):
@@ -842,3 +850,7 @@ class RunOptions:
 
 
 DEFAULT_RUN_OPTIONS = RunOptions()
+
+#: Run options of this project's trial harness without Transformer Engine (``launch/harness``,
+#: megatron-core's local layer spec): the seed's flags, attention output saved twice.
+HARNESS_RUN_OPTIONS = RunOptions(te_attention=False)

@@ -29,7 +29,7 @@ import yaml
 from cost_model.calibration import Calibration, load_calibration
 from cost_model.errors import InfeasibleLayout, TunerError
 from cost_model.estimate import EstimateTable, estimate_table
-from cost_model.specs import Cluster, ModelSpec, Workload, load_model, parse_gpus
+from cost_model.specs import Cluster, ModelSpec, RunOptions, Workload, load_model, parse_gpus
 from launch import TrialBackend, TrialFailed, TrialStopped, get_backend
 from launch.harness.pruner import StepTimePruner
 from launch.harness.spec import slice_model
@@ -137,6 +137,16 @@ class Prepared:
         return int(self.fits.sum())
 
 
+def run_options_for_backend(backend: str) -> RunOptions:
+    """Run options the estimate assumes for a study's trials: the trial harness (``local`` and ``ray``
+    backends, megatron-core without Transformer Engine) saves the attention output twice
+    (:data:`cost_model.specs.HARNESS_RUN_OPTIONS`); the ``model`` and ``command`` backends predict a
+    production Megatron-core run with TE (:data:`cost_model.specs.DEFAULT_RUN_OPTIONS`)."""
+    from cost_model.specs import DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS
+
+    return HARNESS_RUN_OPTIONS if backend in ("local", "ray") else DEFAULT_RUN_OPTIONS
+
+
 def _split_label(first: int, last: int) -> str:
     return "even" if not first and not last else f"{first}/{last}"
 
@@ -236,11 +246,12 @@ def prepare(config: TuneConfig) -> Prepared:
         space = space.replace(dispatcher=kept)
         stack_notes.append("--stack slime: the allgather dispatcher is left out (slime rewrites it to alltoall); use --stack megatron to include it")
     cal = load_calibration(config.calibration)
+    opts = run_options_for_backend(config.backend)
     t0 = time.perf_counter()
     en = enumerate_layouts(space, model, cluster.num_gpus, workload)
     en.notes.extend(stack_notes)
     t1 = time.perf_counter()
-    est = estimate_table(model, cluster, workload, en.valid, calibration=cal, memory_headroom=config.memory_headroom)
+    est = estimate_table(model, cluster, workload, en.valid, calibration=cal, memory_headroom=config.memory_headroom, options=opts)
     t2 = time.perf_counter()
     fits = est.fits
     if not fits.any():
@@ -300,7 +311,8 @@ def _no_fit_message(
             en2 = enumerate_layouts(space, model, n, workload)
             if len(en2.valid) == 0:
                 continue
-            e2 = estimate_table(model, c2, workload, en2.valid, calibration=cal, memory_headroom=config.memory_headroom)
+            e2 = estimate_table(model, c2, workload, en2.valid, calibration=cal, memory_headroom=config.memory_headroom,
+                                options=run_options_for_backend(config.backend))
         except TunerError:
             continue
         if e2.fits.any():
@@ -922,7 +934,7 @@ def _recalibrate_and_requeue(
             if rest:
                 sub = prep.enumeration.valid.select(np.asarray(rest))
                 est = estimate_table(prep.model, prep.cluster, prep.workload, sub, calibration=fit.calibration,
-                                     memory_headroom=prep.config.memory_headroom)
+                                     memory_headroom=prep.config.memory_headroom, options=run_options_for_backend(prep.config.backend))
                 order = np.argsort(-est.tokens_per_s_per_gpu, kind="stable")
                 rest[:] = [rest[int(j)] for j in order]
             record.update(step_median_abs_error=(fit.step.median_abs_error if fit.step else None),

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from cost_model.errors import InfeasibleLayout
 from cost_model.estimate import estimate
-from cost_model.specs import Workload, load_model, parse_gpus
+from cost_model.specs import DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS, Workload, load_model, parse_gpus
 from launch.base import TrialFailed
 from launch.harness.spec import slice_model
 from launch.local_backend import LocalBackend
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         if broken:
             row["rules_broken"] = [f"[{r}] {m}" for r, m in broken]
         try:
-            e = estimate(model, cluster, wl, lay)
+            e = estimate(model, cluster, wl, lay, options=DEFAULT_RUN_OPTIONS if backend.env.transformer_engine else HARNESS_RUN_OPTIONS)
             row.update(pred_step_time_s=e.step_time_s, pred_tokens_per_s_per_gpu=e.tokens_per_s_per_gpu, pred_peak_gib=e.peak_bytes / GIB)
         except Exception as ex:  # noqa: BLE001 - record, keep measuring
             row["pred_error"] = str(ex)

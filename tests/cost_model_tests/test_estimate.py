@@ -122,3 +122,32 @@ def test_calibration_file(tmp_path, minimax, h200x64, seed_workload, seed_tuned)
 def test_headroom_bounds(minimax, h200x64, seed_workload, seed_tuned):
     with pytest.raises(TunerError):
         estimate(minimax, h200x64, seed_workload, seed_tuned, memory_headroom=1.5)
+
+
+# ---- issue 3 model fixes: TE attention copies ----------------------------------------------------------
+
+
+def test_te_attention_saves_the_attention_output_once(minimax, h200x64, seed_workload, seed_tuned):
+    """With TE (default) one copy of the attention output per layer is saved; without TE (the
+    trial harness) two: the difference is BF16 x tokens x heads x head_dim / TP per stored layer."""
+    from cost_model.specs import HARNESS_RUN_OPTIONS, RunOptions
+
+    lay = Layout(world_size=64, pp=8, ep=8, num_layers_in_first_pipeline_stage=7, num_layers_in_last_pipeline_stage=7)  # no recompute
+    te = estimate(minimax, h200x64, seed_workload, lay)
+    no_te = estimate(minimax, h200x64, seed_workload, lay, options=HARNESS_RUN_OPTIONS)
+    assert RunOptions().te_attention and not HARNESS_RUN_OPTIONS.te_attention
+    assert no_te.memory["activations"] > te.memory["activations"]
+    assert no_te.tokens_per_s_per_gpu == pytest.approx(te.tokens_per_s_per_gpu)
+    one_copy = 2.0 * seed_workload.seq_length * (minimax.num_attention_heads * minimax.kv_channels)
+    layers_stored = (no_te.memory["activations"] - te.memory["activations"]) / one_copy
+    assert layers_stored >= 7  # at least every layer of the worst rank for one micro-batch
+
+
+def test_observations_default_to_the_no_te_harness():
+    from cost_model.calibrate import Observation, _runs_of
+    from cost_model.specs import HARNESS_RUN_OPTIONS
+
+    m, c = load_model("MiniMax-M2"), parse_gpus("64xH200")
+    o = Observation(model=m, cluster=c, workload=Workload(), layout=Layout(world_size=64, ep=8), step_time_s=1.0)
+    assert _runs_of([o], need="step")[0].options == HARNESS_RUN_OPTIONS
+
