@@ -139,12 +139,15 @@ class Prepared:
 
 def run_options_for_backend(backend: str) -> RunOptions:
     """Run options the estimate assumes for a study's trials: the trial harness (``local`` and ``ray``
-    backends, megatron-core without Transformer Engine) saves the attention output twice
-    (:data:`cost_model.specs.HARNESS_RUN_OPTIONS`); the ``model`` and ``command`` backends predict a
-    production Megatron-core run with TE (:data:`cost_model.specs.DEFAULT_RUN_OPTIONS`)."""
+    backends) without Transformer Engine (not importable here) saves the attention output twice
+    (:data:`cost_model.specs.HARNESS_RUN_OPTIONS`); with TE, and for the ``model`` and ``command``
+    backends, a production Megatron-core run with TE (:data:`cost_model.specs.DEFAULT_RUN_OPTIONS`)."""
     from cost_model.specs import DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS
+    from launch.harness.spec import HarnessEnv
 
-    return HARNESS_RUN_OPTIONS if backend in ("local", "ray") else DEFAULT_RUN_OPTIONS
+    if backend in ("local", "ray") and not HarnessEnv.detect().transformer_engine:
+        return HARNESS_RUN_OPTIONS
+    return DEFAULT_RUN_OPTIONS
 
 
 def _split_label(first: int, last: int) -> str:
