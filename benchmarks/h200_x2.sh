@@ -16,11 +16,11 @@ R=${R:-/tmp/h200_x2_results}
 mkdir -p "$OUT" "$R"
 T0=$(date +%s)
 log() { echo "$* ($(( $(date +%s) - T0 )) s)" | tee -a "$OUT/log.txt"; }
-COMMON=(--model MiniMax-M2 --global-batch 8 --seq-len 8192 --stack megatron --trial-steps 6 --trial-timeout 100 --results-dir "$R")
+COMMON=(--model MiniMax-M2 --global-batch 8 --seq-len 8192 --stack megatron --trial-steps 6 --trial-warmup-steps 2 --trial-timeout 100 --results-dir "$R")
 case "${PART:-sweep}" in
 sweep)
   timeout 540 python3 -m launch.harness.sweep --model MiniMax-M2 --layers 2 --gpus 2xH200 --seq-len 8192 --global-batch 8 \
-      --layouts benchmarks/data/h200_l2_2gpu_layouts.jsonl --out "$OUT/sweep_l2_2gpu.jsonl" --steps 6 --timeout 100 \
+      --layouts benchmarks/data/h200_l2_2gpu_layouts.jsonl --out "$OUT/sweep_l2_2gpu.jsonl" --steps 6 --warmup 2 --timeout 100 \
       --trials-dir "$R/sweep/trials"
   log "sweep rc=$?"
   ;;
@@ -35,7 +35,7 @@ ray)
 local1)
   # the 1-GPU layouts the ray part measured, with the local backend on GPU 0 (the other GPU idle)
   CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m launch.harness.sweep --model MiniMax-M2 --layers 1 --gpus 1xH200 --seq-len 8192 \
-      --global-batch 8 --layouts benchmarks/data/h200_l1_1gpu_layouts.jsonl --out "$OUT/sweep_l1_1gpu.jsonl" --steps 6 --timeout 100 \
+      --global-batch 8 --layouts benchmarks/data/h200_l1_1gpu_layouts.jsonl --out "$OUT/sweep_l1_1gpu.jsonl" --steps 6 --warmup 2 --timeout 100 \
       --trials-dir "$R/sweep1/trials"
   log "local 1-GPU sweep rc=$?"
   ;;

@@ -1,6 +1,6 @@
 """Validation of the cost model against measured runs (``tune validate``), and the run table it reads.
 
-A run table is a CSV with the columns of ``shared/data/published_runs.csv`` (346 measured
+A run table is a CSV with the columns of ``benchmarks/data/published_runs.csv`` (346 measured
 NVIDIA runs with their layouts). Each row becomes a :class:`Run`: the model preset, the
 cluster, the workload, the :class:`~search_spaces.layout.Layout` and the
 :class:`~cost_model.specs.RunOptions` (routing, overlaps, CUDA graphs, FSDP) read from the

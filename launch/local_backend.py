@@ -191,7 +191,9 @@ class LocalBackend(TrialBackend):
     ) -> None:
         n = machine_gpu_count() if num_gpus is None else num_gpus
         if n < 1:
-            raise TunerError("--backend local: no GPU found on this machine (nvidia-smi -L lists none; CUDA_VISIBLE_DEVICES is empty)")
+            why = ("CUDA_VISIBLE_DEVICES lists none" if os.environ.get("CUDA_VISIBLE_DEVICES") is not None
+                   else "nvidia-smi -L lists none" if shutil.which("nvidia-smi") else "nvidia-smi is not installed")
+            raise TunerError(f"--backend local: no GPU found on this machine ({why})")
         check_trial_limits("local", steps, warmup_steps, timeout_s)
         self.trials_dir = Path(trials_dir)
         self.num_gpus = n

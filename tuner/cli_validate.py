@@ -20,7 +20,7 @@ from cost_model.errors import TunerError
 
 __all__ = ["register", "validate", "calibrate"]
 
-DataOpt = Annotated[Optional[list[Path]], typer.Option("--data", help="Run table CSV with the columns of shared/data/published_runs.csv (repeatable).")]
+DataOpt = Annotated[Optional[list[Path]], typer.Option("--data", help="Run table CSV with the columns of benchmarks/data/published_runs.csv (repeatable).")]
 CalOpt = Annotated[Optional[Path], typer.Option("--calibration", help="Calibration YAML overriding the shipped constants.")]
 
 

@@ -137,17 +137,22 @@ class Prepared:
         return int(self.fits.sum())
 
 
+def harness_without_te(backend: str) -> bool:
+    """The study's trials run the harness (``local`` / ``ray``) and Transformer Engine is not importable
+    here. For ``ray`` this is read on the driver: run the driver in the nodes' Python environment."""
+    from launch.harness.spec import HarnessEnv
+
+    return backend in ("local", "ray") and not HarnessEnv.detect().transformer_engine
+
+
 def run_options_for_backend(backend: str) -> RunOptions:
     """Run options the estimate assumes for a study's trials: the trial harness (``local`` and ``ray``
     backends) without Transformer Engine (not importable here) saves the attention output twice
     (:data:`cost_model.specs.HARNESS_RUN_OPTIONS`); with TE, and for the ``model`` and ``command``
     backends, a production Megatron-core run with TE (:data:`cost_model.specs.DEFAULT_RUN_OPTIONS`)."""
     from cost_model.specs import DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS
-    from launch.harness.spec import HarnessEnv
 
-    if backend in ("local", "ray") and not HarnessEnv.detect().transformer_engine:
-        return HARNESS_RUN_OPTIONS
-    return DEFAULT_RUN_OPTIONS
+    return HARNESS_RUN_OPTIONS if harness_without_te(backend) else DEFAULT_RUN_OPTIONS
 
 
 def _split_label(first: int, last: int) -> str:
@@ -248,6 +253,12 @@ def prepare(config: TuneConfig) -> Prepared:
             raise TunerError("--stack slime: the search space allows only the allgather dispatcher, which slime rewrites to alltoall; add alltoall or use --stack megatron")
         space = space.replace(dispatcher=kept)
         stack_notes.append("--stack slime: the allgather dispatcher is left out (slime rewrites it to alltoall); use --stack megatron to include it")
+    if harness_without_te(config.backend) and True in space.use_precision_aware_optimizer:
+        # The harness turns the precision-aware optimizer off without TE (launch/harness/train.py): predict,
+        # measure and export the layout as it runs (fp32 master weights, not TE's 2-byte remainders).
+        space = space.replace(use_precision_aware_optimizer=(False,))
+        stack_notes.append("real trials without Transformer Engine: the precision-aware optimizer is off (it needs TE's FusedAdam), "
+                           "so the layouts are predicted and measured with fp32 master weights")
     cal = load_calibration(config.calibration)
     opts = run_options_for_backend(config.backend)
     t0 = time.perf_counter()

@@ -21,7 +21,7 @@ from cost_model.errors import TunerError
 from cost_model.specs import ModelSpec, Workload
 from search_spaces.layout import Dispatcher, Layout, RecomputeGranularity
 
-__all__ = ["FAULTS", "HarnessEnv", "HarnessSpec", "build_spec", "fault_reasons", "slice_model", "torchrun_command", "unsupported_reasons", "HARNESS_MODULE"]
+__all__ = ["FAULTS", "HarnessEnv", "HarnessSpec", "build_spec", "fault_reasons", "harness_layout", "slice_model", "torchrun_command", "unsupported_reasons", "HARNESS_MODULE"]
 
 #: The module ``torchrun -m`` starts.
 HARNESS_MODULE = "launch.harness.train"
@@ -143,6 +143,15 @@ def unsupported_reasons(layout: Layout, model: ModelSpec, workload: Workload, en
         if layout.cp > 1:
             out.append("MLA with context parallelism is not supported by the harness")
     return out
+
+
+def harness_layout(layout: Layout, env: HarnessEnv) -> Layout:
+    """``layout`` as the harness runs it in ``env``: without Transformer Engine the precision-aware
+    optimizer is off unless the optimizer is offloaded (``launch/harness/train.py``; megatron-core's
+    precision-aware Adam is TE's ``FusedAdam``), so predictions of a trial use fp32 master weights."""
+    if layout.use_precision_aware_optimizer and not env.transformer_engine and layout.optimizer_offload_fraction <= 0:
+        return layout.replace(use_precision_aware_optimizer=False)
+    return layout
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -312,7 +321,8 @@ def build_spec(
             "(sequence-parallel aware), experts as SequentialMLP (no grouped GEMM), per-head QK norm"
         )
         if layout.use_precision_aware_optimizer and layout.optimizer_offload_fraction <= 0:
-            notes.append("precision-aware optimizer off (needs TE FusedAdam); with fp32 optimizer states the memory is the same")
+            notes.append("precision-aware optimizer off (needs TE FusedAdam): fp32 master weights, 4 bytes per parameter "
+                         "instead of TE's 2-byte remainders")
     mdict = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(model).items()}
     return HarnessSpec(
         model=mdict,

@@ -1,7 +1,7 @@
 """Measure a list of layouts with the local backend and write measured-vs-predicted JSON lines.
 
     python -m launch.harness.sweep --model MiniMax-M2 --layers 4 --gpus 4xH200 --seq-len 8192 \\
-        --global-batch 8 --layouts layouts.jsonl --out sweep.jsonl [--steps 6] [--timeout 240]
+        --global-batch 8 --layouts layouts.jsonl --out sweep.jsonl [--steps 20] [--warmup 10] [--timeout 240]
 
 ``layouts.jsonl`` holds one :class:`Layout` dict per line (fields not given take
 their defaults; ``world_size`` defaults to the GPU count). Each output line has the
@@ -18,11 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-from cost_model.errors import InfeasibleLayout
+from cost_model.errors import InfeasibleLayout, TunerError
 from cost_model.estimate import estimate
 from cost_model.specs import DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS, Workload, load_model, parse_gpus
 from launch.base import TrialFailed
-from launch.harness.spec import slice_model
+from launch.harness.spec import harness_layout, slice_model
 from launch.local_backend import LocalBackend
 from search_spaces.layout import Layout
 from search_spaces.rules import check_layout
@@ -41,28 +41,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--trials-dir", default="results/sweep/trials")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=None, help="leading steps left out of the median (default: half of --steps)")
     ap.add_argument("--timeout", type=float, default=240.0)
     a = ap.parse_args(argv)
-    model = slice_model(load_model(a.model), a.layers)
-    cluster = parse_gpus(a.gpus)
-    wl = Workload(seq_length=a.seq_len, global_batch_size=a.global_batch)
-    backend = LocalBackend(trials_dir=a.trials_dir, num_gpus=cluster.num_gpus, steps=a.steps, warmup_steps=a.warmup, timeout_s=a.timeout)
+    try:
+        model = slice_model(load_model(a.model), a.layers)
+        cluster = parse_gpus(a.gpus)
+        wl = Workload(seq_length=a.seq_len, global_batch_size=a.global_batch)
+        warmup = a.steps // 2 if a.warmup is None else a.warmup
+        backend = LocalBackend(trials_dir=a.trials_dir, num_gpus=cluster.num_gpus, steps=a.steps, warmup_steps=warmup, timeout_s=a.timeout)
+        layouts = []
+        for i, line in enumerate(Path(a.layouts).read_text().splitlines()):
+            if line.strip():
+                try:
+                    d = json.loads(line)
+                    d.setdefault("world_size", cluster.num_gpus)
+                    d.setdefault("sequence_parallel", d.get("tp", 1) > 1)
+                    layouts.append((i, Layout.from_dict(d)))
+                except (ValueError, TypeError, AttributeError, TunerError) as e:
+                    raise TunerError(f"{a.layouts} line {i + 1}: not a layout ({e})") from None
+    except (TunerError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    options = DEFAULT_RUN_OPTIONS if backend.env.transformer_engine else HARNESS_RUN_OPTIONS
     out = Path(a.out)
-    for i, line in enumerate(Path(a.layouts).read_text().splitlines()):
-        if not line.strip():
-            continue
-        d = json.loads(line)
-        d.setdefault("world_size", cluster.num_gpus)
-        d.setdefault("sequence_parallel", d.get("tp", 1) > 1)
-        lay = Layout.from_dict(d)
+    for i, lay in layouts:
         row: dict = {"n": i, "label": lay.label, "layout": lay.to_dict(), "model": model.name, "gpus": cluster.label,
                      "seq_length": wl.seq_length, "global_batch_size": wl.global_batch_size}
         broken = check_layout(lay, model, wl)
         if broken:
             row["rules_broken"] = [f"[{r}] {m}" for r, m in broken]
         try:
-            e = estimate(model, cluster, wl, lay, options=DEFAULT_RUN_OPTIONS if backend.env.transformer_engine else HARNESS_RUN_OPTIONS)
+            e = estimate(model, cluster, wl, harness_layout(lay, backend.env), options=options)
             row.update(pred_step_time_s=e.step_time_s, pred_tokens_per_s_per_gpu=e.tokens_per_s_per_gpu, pred_peak_gib=e.peak_bytes / GIB)
         except Exception as ex:  # noqa: BLE001 - record, keep measuring
             row["pred_error"] = str(ex)

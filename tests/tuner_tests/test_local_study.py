@@ -193,3 +193,12 @@ def test_pareto_lists_the_refits(tmp_path, slow_tp):
     run_study(prepare(_cfg(tmp_path, prune_margin=None, trials=4, recalibrate_after=2)), backend=_backend(tmp_path, steps=4))
     r = CliRunner().invoke(app, ["pareto", "--study", "s", "--results-dir", str(tmp_path)])
     assert r.exit_code == 0 and "refit after 2 measured trials: step-time median error" in r.output
+
+
+def test_real_trials_without_te_predict_the_optimizer_that_runs(tmp_path):
+    """Without TE the harness runs the precision-aware optimizer off: the study predicts (and exports) that."""
+    local = prepare(_cfg(tmp_path))
+    model = prepare(_cfg(tmp_path, backend="model", study="m"))
+    assert not any(local.enumeration.valid.row(i).use_precision_aware_optimizer for i in range(len(local.enumeration.valid)))
+    assert any("precision-aware optimizer is off" in n for n in local.enumeration.notes)
+    assert all(model.enumeration.valid.row(i).use_precision_aware_optimizer for i in range(0, len(model.enumeration.valid), 97))
