@@ -189,6 +189,23 @@ def _gemm_eff(flops: np.ndarray, cal: Calibration) -> np.ndarray:
     return cal.gemm_efficiency * f / (f + cal.gemm_half_size_flops)
 
 
+def _distinct_groups_hit(num_experts: float, topk: float, groups: np.ndarray) -> np.ndarray:
+    """Expected number of groups (GPUs or nodes, each holding ``num_experts / groups`` experts)
+    that hold at least one of a token's ``topk`` distinct experts, under uniform routing (what
+    ``--moe-router-force-load-balancing`` does): ``groups * (1 - prod_i (E - E/groups - i) / (E - i))``,
+    i = 0..topk-1 (hypergeometric: the chance that no chosen expert is in a given group).
+
+    Units: a count (0 < result <= min(groups, topk)). Used for the flex dispatcher's deduplicated
+    sends (DeepEP README: tokens are sent once per destination rank / node).
+    """
+    g = np.maximum(np.asarray(groups, dtype=float), 1.0)
+    per = num_experts / g
+    miss = np.ones_like(g)
+    for i in range(int(topk)):
+        miss = miss * np.clip((num_experts - per - i) / (num_experts - i), 0.0, 1.0)
+    return g * (1.0 - miss)
+
+
 def _span_crosses_node(span: np.ndarray, nvlink_size: int) -> np.ndarray:
     """A group of ``span`` consecutive ranks leaves the NVLink domain (Megatron packs groups on consecutive ranks)."""
     return span > nvlink_size
@@ -513,7 +530,19 @@ def estimate_table(
         nv_a2a = gpu.nvlink_bytes_per_s * cal.alltoall_nvlink_efficiency
         net_a2a = cluster.inter_node_bytes_per_s / gpn * cal.network_efficiency
         one = np.maximum(send * (1 - remote_frac) / nv_a2a, send * remote_frac / net_a2a)
-        one = np.where(flex, one / cal.flex_dispatch_speedup, one)
+        # Flex dispatchers send a token once to each distinct GPU that holds one of its experts
+        # (NCCL all-to-all sends one copy per routed expert). DeepEP's inter-node kernels go further:
+        # one RDMA send per distinct remote node, forwarded there over NVLink (DeepEP README,
+        # "normal kernels": NVLink + RDMA forwarding); HybridEP is counted per GPU.
+        ep_c = ep[:, None]
+        n_nodes = np.maximum(ep_c / local_peers[:, None], 1.0)
+        gpus_hit = _distinct_groups_hit(E, k, ep_c)
+        deepep = np.array([v == "flex+deepep" for v in disp_values], dtype=bool)[disp_inv][:, None]
+        net_hit = np.where(deepep, _distinct_groups_hit(E, k, n_nodes) * (n_nodes - 1) / n_nodes, gpus_hit * remote_frac)
+        flex_nv = BF16 * tok / tpc * h * gpus_hit * (ep_c - 1) / ep_c * imb
+        flex_net = BF16 * tok / tpc * h * np.where(remote_frac > 0, net_hit, 0.0) * imb
+        one_flex = np.maximum(flex_nv / nv_a2a, flex_net / net_a2a) / cal.flex_dispatch_speedup
+        one = np.where(flex & ~is_ag, one_flex, one)
         # Fixed costs per pass: router / permutation kernels, the alltoall dispatcher's host sync, and
         # one GEMM launch per local expert per expert GEMM (fc1 and fc2 forward; dgrad and wgrad of
         # each backward).

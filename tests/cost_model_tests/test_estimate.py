@@ -151,3 +151,34 @@ def test_observations_default_to_the_no_te_harness():
     o = Observation(model=m, cluster=c, workload=Workload(), layout=Layout(world_size=64, ep=8), step_time_s=1.0)
     assert _runs_of([o], need="step")[0].options == HARNESS_RUN_OPTIONS
 
+
+
+# ---- issue 3: flex dispatcher dedup ----------------------------------------------------------------------
+
+
+def test_distinct_groups_hit_uniform_routing():
+    from math import comb
+
+    from cost_model.estimate import _distinct_groups_hit
+
+    # one group holds every expert: always hit once; as many groups as experts: top-k distinct groups
+    assert _distinct_groups_hit(256, 8, np.array([1.0]))[0] == pytest.approx(1.0)
+    assert _distinct_groups_hit(256, 8, np.array([256.0]))[0] == pytest.approx(8.0)
+    # 8 GPUs of 32 experts each, top-8 of 256: 8 * (1 - C(224, 8) / C(256, 8))
+    assert _distinct_groups_hit(256, 8, np.array([8.0]))[0] == pytest.approx(8 * (1 - comb(224, 8) / comb(256, 8)))
+
+
+def test_deepep_sends_once_per_remote_node():
+    """Inter-node EP: DeepEP's hierarchical dispatch moves fewer bytes over the network than NCCL
+    all-to-all (one copy per routed expert), so its EP time is lower than alltoall's even with the
+    flex speed-up set to 1."""
+    from cost_model.specs import RunOptions
+
+    m = load_model("DeepSeek-V3")
+    c = parse_gpus("256xB200")
+    w = Workload(seq_length=4096, global_batch_size=4096)
+    cal = DEFAULT_CALIBRATION.replace(flex_dispatch_speedup=1.0)
+    base = Layout(world_size=256, pp=8, vpp=2, ep=32, num_layers_in_first_pipeline_stage=7, num_layers_in_last_pipeline_stage=6)
+    opts = RunOptions(moe_router_force_load_balancing=True)
+    t = {d: estimate(m, c, w, base.replace(dispatcher=d), calibration=cal, options=opts).time["ep_comm"] for d in ("alltoall", "flex+deepep")}
+    assert t["flex+deepep"] < 0.6 * t["alltoall"]
