@@ -379,6 +379,11 @@ def run_verify(
         InfeasibleLayout: the local backend cannot run an arm here (e.g. another GPU count).
     """
     factory = backend_factory or local_backend_factory()
+    for arm in plan.arms:  # both arms, before either runs: no GPU time on a check that cannot finish
+        why = getattr(factory(plan, arm), "refusal", lambda *a: None)(arm.layout, plan.model, plan.workload)
+        if why:
+            raise InfeasibleLayout("harness_env", f"the {arm.name} arm ({arm.layout.label}) cannot run here: {why}; "
+                                   "check a layout this machine can run with --candidate KEY=VALUE,... (e.g. the same layout with dispatcher=alltoall)")
     out = Path(plan.out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)

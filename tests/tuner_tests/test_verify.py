@@ -151,10 +151,17 @@ def test_nan_or_missing_steps_fail(m4, c4, tmp_path, monkeypatch, mode, metric):
     calls = {"n": 0}
     base = _fake_factory()
 
-    def factory(plan, arm):  # only the candidate arm misbehaves
+    def factory(plan, arm):  # only the candidate arm misbehaves, when it runs
+        b = base(plan, arm)
         if arm.name == "candidate":
-            monkeypatch.setenv("FAKE_LOSS_MODE", mode)
-        return base(plan, arm)
+            run = b.run
+
+            def misbehaving(*a, **k):
+                monkeypatch.setenv("FAKE_LOSS_MODE", mode)
+                return run(*a, **k)
+
+            b.run = misbehaving
+        return b
 
     o = run_verify(p, factory)
     assert o.result == "fail" and metric in o.convergence.failed_metrics
@@ -192,7 +199,10 @@ def study(tmp_path):
 
 
 def _patch_cli(monkeypatch):
-    monkeypatch.setattr(verify_mod, "local_backend_factory", lambda timeout_s=900.0: _fake_factory(timeout_s))
+    # the study's best predicted layout uses the flex dispatcher: a machine with DeepEP / HybridEP installed
+    env = HarnessEnv(deep_ep=True, hybrid_ep=True)
+    monkeypatch.setattr(verify_mod, "local_backend_factory",
+                        lambda timeout_s=900.0: local_backend_factory(timeout_s=timeout_s, launcher=[sys.executable, FAKE], env=env))
     import launch.local_backend as lb
 
     monkeypatch.setattr(lb, "check_harness_dependencies", lambda what="": None)
@@ -298,3 +308,18 @@ def test_a_measured_trial_that_passes_is_exported_as_verified(tmp_path, monkeypa
     assert rec["status"] == "verified" and rec["result"]["tokens_per_s_per_gpu"] > 0 and rec["correctness"]["result"] == "pass"
     e = runner.invoke(app, ["export", "--study", "m", "--results-dir", str(tmp_path), "--trial", str(row["trial"])])
     assert yaml.safe_load(e.output)["status"] == "verified"
+
+
+def test_cli_verify_refuses_before_any_arm_runs(study, monkeypatch):
+    """The best layout of the study needs DeepEP / HybridEP, which this machine lacks: refused before the
+    reference arm spends its GPU time, with what to do instead."""
+    monkeypatch.setattr(verify_mod, "local_backend_factory", lambda timeout_s=900.0: _fake_factory(timeout_s))
+    import launch.local_backend as lb
+
+    monkeypatch.setattr(lb, "check_harness_dependencies", lambda what="": None)
+    monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
+    r = runner.invoke(app, ["verify", "--study", "s", "--results-dir", str(study), "--reference", "tp=1,pp=1,ep=1", "--steps", "8"])
+    assert r.exit_code == 2, r.output
+    assert "cannot run here" in r.output and ("needs DeepEP" in r.output or "needs HybridEP" in r.output)
+    assert "reference: start" not in r.output and "Traceback" not in r.output
+    assert not (study / "s" / "verify").exists() or not any((study / "s" / "verify").rglob("steps.jsonl"))
