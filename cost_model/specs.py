@@ -50,6 +50,8 @@ DEFAULT_USD_PER_GPU_HOUR = round(1.08 * 2034.42 * 3600 / 1e6, 2)
 
 #: Largest cluster the tool accepts.
 MAX_GPUS = 1_000_000
+#: Most decoder layers a model may have (the largest published models have ~100-200).
+MAX_LAYERS = 10_000
 
 
 class Precision(str, Enum):
@@ -184,6 +186,8 @@ class ModelSpec:
         for f in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size"):
             if getattr(self, f) <= 0:
                 raise TunerError(f"model {self.name!r}: {f} must be > 0, got {getattr(self, f)}")
+        if self.num_layers > MAX_LAYERS:
+            raise TunerError(f"model {self.name!r}: num_layers {self.num_layers:,} is more than this tool models (at most {MAX_LAYERS:,})")
         if self.num_attention_heads % self.num_query_groups:
             raise TunerError(
                 f"model {self.name!r}: num_attention_heads ({self.num_attention_heads}) must be a multiple of "

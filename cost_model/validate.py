@@ -374,8 +374,14 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
             if reasons:
                 run.unrepresentable = "; ".join(reasons)
                 continue
-            run.cluster = _cluster(gpu, run.num_gpus)
-            run.workload = Workload(seq_length=int(seq), global_batch_size=int(gbs), precision=prec)  # type: ignore[arg-type]
+            try:
+                run.cluster = _cluster(gpu, run.num_gpus)
+                run.workload = Workload(seq_length=int(seq), global_batch_size=int(gbs), precision=prec)  # type: ignore[arg-type]
+            except TunerError as e:  # out-of-range cells (e.g. 2,000,000 GPUs): this row only
+                col = "num_gpus" if "GPUs" in str(e) else "seq_len / gbs"
+                problems.append(RowProblem(i, rid, col, "out of range: " + str(e).split(': ', 1)[-1].replace('--seq-len and --global-batch', 'seq_len and gbs')))
+                runs.pop()
+                continue
             disp = (r.get("dispatcher", "") + " " + notes.get("moe_flex_dispatcher_backend", "")).lower()
             dispatcher = "flex+hybridep" if "hybridep" in disp else "flex+deepep" if "deepep" in disp else "alltoall"
             if "dispatcher" in notes:

@@ -29,7 +29,7 @@ from launch.harness.results import classify_failure, read_results
 from launch.harness.spec import HarnessEnv, build_spec, harness_args, torchrun_command, unsupported_reasons
 from search_spaces.layout import Layout
 
-__all__ = ["LocalBackend", "follow_process", "machine_gpu_count", "SAFE_ENV"]
+__all__ = ["LocalBackend", "check_local_gpus", "follow_process", "machine_gpu_count", "visible_device_ids", "SAFE_ENV"]
 
 #: Environment every trial gets: NVLink multicast off (it can take a shared host's GPUs
 #: out of service), one CUDA connection (Megatron's overlap needs it), unbuffered output.
@@ -43,11 +43,27 @@ SAFE_ENV = {
 }
 
 
-def machine_gpu_count() -> int:
-    """GPUs this process may use: ``CUDA_VISIBLE_DEVICES`` if set, else ``nvidia-smi -L``; 0 if none is found."""
+def visible_device_ids() -> list[str] | None:
+    """The entries of ``CUDA_VISIBLE_DEVICES`` that CUDA honours, None when it is unset. CUDA reads the
+    comma-separated list up to the first entry that is not a device index or a ``GPU-`` / ``MIG-`` UUID
+    (e.g. ``-1``, an empty entry, a word) or that repeats an earlier one, and ignores the rest."""
     vis = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if vis is not None:
-        return len([x for x in vis.split(",") if x.strip() and x.strip() != "-1"])
+    if vis is None:
+        return None
+    ids: list[str] = []
+    for x in (t.strip() for t in vis.split(",")):
+        if not (x.isdigit() or x.startswith(("GPU-", "MIG-"))) or x in ids:
+            break
+        ids.append(x)
+    return ids
+
+
+def machine_gpu_count() -> int:
+    """GPUs this process may use: ``CUDA_VISIBLE_DEVICES`` as CUDA reads it (:func:`visible_device_ids`)
+    if set, else ``nvidia-smi -L``; 0 if none is found."""
+    ids = visible_device_ids()
+    if ids is not None:
+        return len(ids)
     exe = shutil.which("nvidia-smi")
     if not exe:
         return 0
@@ -56,6 +72,18 @@ def machine_gpu_count() -> int:
     except (OSError, subprocess.SubprocessError):
         return 0
     return sum(1 for ln in out.splitlines() if ln.startswith("GPU "))
+
+
+def check_local_gpus(cluster: Cluster, what: str) -> None:
+    """Raises TunerError (naming ``what``, e.g. ``"tune verify"``) unless this machine shows at least
+    the cluster's GPUs and the cluster is one node (the local backend starts one torchrun)."""
+    if cluster.num_gpus > cluster.gpus_per_node:
+        raise TunerError(f"{what} runs on one machine; the study's {cluster.label} is {cluster.num_gpus // cluster.gpus_per_node} nodes: "
+                         "use a study of a slice that fits one machine (--layers N, --gpus KxGPU)")
+    have = machine_gpu_count()
+    if have < cluster.num_gpus:
+        raise TunerError(f"{what} needs {cluster.num_gpus} GPUs and this machine shows {have} (nvidia-smi / CUDA_VISIBLE_DEVICES): "
+                         "run it on a machine with that many, or on a study of a smaller slice (--layers N, --gpus KxGPU)")
 
 
 def _free_port() -> int:
@@ -217,8 +245,9 @@ class LocalBackend(TrialBackend):
         """``CUDA_VISIBLE_DEVICES`` for a trial that uses fewer GPUs than this machine has: the first
         ``num_gpus`` of the visible ones (torchrun's local ranks then map to them); empty when the trial
         uses them all or no GPU is listed (the fake programs of the tests)."""
-        vis = os.environ.get("CUDA_VISIBLE_DEVICES")
-        ids = [x.strip() for x in vis.split(",") if x.strip()] if vis is not None else [str(i) for i in range(machine_gpu_count())]
+        ids = visible_device_ids()
+        if ids is None:
+            ids = [str(i) for i in range(machine_gpu_count())]
         return {"CUDA_VISIBLE_DEVICES": ",".join(ids[: self.num_gpus])} if len(ids) > self.num_gpus else {}
 
     def command(self, spec_path: Path, out_path: Path) -> list[str]:

@@ -69,9 +69,10 @@ def verify(
                            corpus=corpus, fault=fault)
         if out_file is not None and not (out_file.parent.is_dir() and os.access(out_file.parent, os.W_OK)) or (out_file is not None and out_file.is_dir()):
             raise TunerError(f"--out {str(out_file)!r}: cannot write a file there (check it before two training runs, not after)")
-        from launch.local_backend import check_harness_dependencies
+        from launch.local_backend import check_harness_dependencies, check_local_gpus
 
         check_harness_dependencies("tune verify")
+        check_local_gpus(c, "tune verify")
     except TunerError as ex:
         _fail(ex)
         return

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import threading
 import logging
 import math
@@ -230,6 +231,11 @@ def prepare(config: TuneConfig) -> Prepared:
     model = slice_model(load_model(config.model), config.layers)
     if model.num_experts and not model.num_moe_layers:
         first_moe = next((i for i, f in enumerate(load_model(config.model).moe_layer_freq) if f), 0) + 1
+        if config.layers is None:
+            raise TunerError(
+                f"model {model.name!r} declares {model.num_experts} experts but none of its {model.num_layers} layers is an MoE layer "
+                "(first_k_dense_replace / moe_layer_freq cover them all); fix its config"
+            )
         raise TunerError(
             f"--layers {config.layers}: the first {config.layers} layers of {load_model(config.model).name} are all dense, so the "
             f"slice has no MoE layer to tune; use --layers {first_moe} or more"
@@ -375,6 +381,8 @@ def _check_storage_syntax(url: str) -> None:
             raise TunerError("--storage journal:PATH needs a file path, e.g. journal:/shared/tune/study.log")
     elif "://" not in url:
         raise TunerError(f"--storage {_mask(url)!r}: expected an RDB URL (sqlite:///path.db, postgresql://user@host/db) or journal:PATH")
+    elif url.split("?")[0] in ("sqlite://", "sqlite:///", "sqlite:///:memory:"):
+        raise TunerError(f"--storage {url!r} is an in-memory database: the study would be lost when tune exits; give a file, e.g. sqlite:///tune.db")
 
 
 def open_storage(url: str, *, create: bool = True) -> Any:
@@ -430,6 +438,9 @@ def _resolved(prep: Prepared) -> dict[str, Any]:
         "stack": prep.config.stack,
         "memory_headroom": prep.config.memory_headroom,
         "layers": prep.model.num_layers,
+        # real trials: steps and warm-up decide what a measurement is (step times drift for ~10 steps)
+        "trial_steps": prep.config.trial_steps if prep.config.backend != "model" else None,
+        "trial_warmup_steps": trial_warmup_steps(prep.config) if prep.config.backend != "model" else None,
     }
 
 
@@ -611,10 +622,10 @@ def _open_study(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path) -> tu
 
 class _FailedTrialOneLine(logging.Filter):
     """Optuna logs a failed trial with its traceback; a trial that failed as an outcome (out of memory,
-    timeout, crash: :class:`TrialFailed`) keeps only Optuna's one line naming the trial and the error."""
+    timeout, crash: :class:`TrialFailed`) or was interrupted (Ctrl-C) keeps only Optuna's one line naming the trial and the error."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], TrialFailed):
+        if record.exc_info and isinstance(record.exc_info[1], (TrialFailed, KeyboardInterrupt)):
             record.exc_info = None
             record.exc_text = None
         return True
@@ -648,6 +659,14 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path) ->
             raise TunerError(f"--storage {_mask(storage)!r}: cannot open the study ({type(e).__name__}: {_mask(str(e).splitlines()[0])})") from None
         raise
     _check_study_config(study, cfg, name, prep.calibration, _resolved(prep))
+    old_space = study.user_attrs.get("space")
+    new_space = json.loads(json.dumps(prep.space.to_dict()))  # as the storage gives it back
+    if old_space is not None and old_space != new_space:
+        changed = sorted(k for k in set(old_space) | set(new_space) if old_space.get(k) != new_space.get(k))
+        raise TunerError(
+            f"study {name!r} was searched over another space ({', '.join(changed)} differ); Optuna cannot change a study's "
+            "choices. Use another --study name, or the same --space to resume."
+        )
     study.set_user_attr("config", cfg.to_dict())
     study.set_user_attr("resolved", _resolved(prep))
     study.set_user_attr("model_spec", model_spec_to_dict(prep.model))
@@ -662,7 +681,79 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path) ->
     return study, storage
 
 
+class _StudyLock:
+    """One ``tune`` process at a time on a study in its default SQLite file: an exclusive ``flock`` on
+    ``results/<study>/.tune.lock`` for the run (released when the run ends or the process dies). A second
+    run would otherwise take the first one's RUNNING trials for leftovers of an interrupt and fail them."""
+
+    def __init__(self, out_dir: Path, name: str) -> None:
+        import fcntl
+        import os
+
+        self.path = out_dir / ".tune.lock"
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise TunerError(f"cannot create the study folder {out_dir} ({e.strerror})") from None
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                who = os.pread(self.fd, 64, 0).decode(errors="replace").strip()
+            except OSError:
+                who = ""
+            os.close(self.fd)
+            raise TunerError(
+                f"study {name!r} is being run by another tune process{f' (pid {who})' if who else ''}; wait for it to finish, "
+                "or let several workers share it through --storage journal:PATH or an RDB URL"
+            ) from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+
+    def release(self) -> None:
+        import os
+
+        try:
+            os.close(self.fd)  # closing the descriptor drops the flock
+        except OSError:
+            pass
+
+
 def run_study(
+    prep: Prepared,
+    *,
+    on_trial: Callable[[int, int], None] | None = None,
+    backend: TrialBackend | None = None,
+) -> TuneResult:
+    """Create or resume the study and evaluate trials through the backend (see :func:`_run_study`).
+
+    With the default storage (the study's own SQLite file) one process at a time runs a study.
+
+    Raises:
+        TunerError: the study exists with different inputs, the storage URL is bad, or another
+            ``tune`` process is running the same study in its default storage.
+    """
+    cfg = prep.config
+    name = cfg.study_name(prep.model, prep.cluster)
+    out_dir = Path(cfg.results_dir) / name
+    if cfg.storage:
+        return _run_study(prep, on_trial=on_trial, backend=backend)
+    created = not out_dir.exists()
+    lock = _StudyLock(out_dir, name)
+    try:
+        return _run_study(prep, on_trial=on_trial, backend=backend)
+    finally:
+        lock.release()  # the file stays (removing it could let two runs lock two files), unless the study was refused
+        if created and [p.name for p in out_dir.iterdir()] == [lock.path.name]:
+            try:
+                lock.path.unlink()
+                out_dir.rmdir()
+            except OSError:
+                pass
+
+
+def _run_study(
     prep: Prepared,
     *,
     on_trial: Callable[[int, int], None] | None = None,

@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
                     layouts.append((i, Layout.from_dict(d)))
                 except (ValueError, TypeError, AttributeError, TunerError) as e:
                     raise TunerError(f"{a.layouts} line {i + 1}: not a layout ({e})") from None
+        from launch.local_backend import check_harness_dependencies, check_local_gpus
+
+        check_harness_dependencies("launch.harness.sweep")
+        check_local_gpus(cluster, "launch.harness.sweep")
     except (TunerError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -78,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             row["pred_error"] = str(ex)
         t0 = time.monotonic()
         try:
+            if broken:  # Megatron would refuse it at start-up: no GPU time on it
+                raise InfeasibleLayout(broken[0][0], "breaks Megatron's rules: " + "; ".join(row["rules_broken"]))
             m = backend.run(lay, model=model, cluster=cluster, workload=wl, trial_number=i)
             s = m.extra["summary"]
             row.update(
@@ -96,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 versions=s.get("versions"),
                 notes=s.get("notes"),
             )
-        except InfeasibleLayout as ex:
+        except TunerError as ex:  # InfeasibleLayout (rules, environment) or a batch the layout cannot split
             row.update(status="refused", message=str(ex))
         except TrialFailed as ex:
             row.update(status=ex.kind.value, message=str(ex))

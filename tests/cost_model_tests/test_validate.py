@@ -43,6 +43,15 @@ def test_validate_good_and_bad_rows(tmp_path):
     assert "Llama-3.1-8B" in r.output and "Traceback" not in r.output
 
 
+def test_validate_out_of_range_cells_skip_only_their_row(tmp_path):
+    huge_gpus = ROW.replace(",H100,8,", ",H100,2000000,").replace("7,src", "11,src", 1)
+    huge_seq = ROW.replace(",8192,", ",99999999999,").replace("7,src", "12,src", 1)
+    r = runner.invoke(app, ["validate", "--data", str(_csv(tmp_path, huge_gpus, ROW, huge_seq))])
+    assert r.exit_code == 0, r.output
+    assert "row 1 (id 11), column 'num_gpus'" in r.output and "row 3 (id 12), column 'seq_len / gbs'" in r.output
+    assert "--gpus" not in r.output and "Llama-3.1-8B" in r.output and "1 runs estimated" in r.output
+
+
 def test_validate_missing_column_and_nothing_usable(tmp_path):
     r = runner.invoke(app, ["validate", "--data", str(_csv(tmp_path, "1,2", header="model,tp"))])
     assert r.exit_code == 2 and "missing column(s) gpu_type" in r.output

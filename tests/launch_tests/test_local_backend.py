@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time
@@ -15,7 +14,7 @@ from cost_model.specs import Workload, load_model, parse_gpus
 from launch import get_backend
 from launch.base import FailureKind, TrialFailed, TrialStopped
 from launch.harness.spec import HarnessEnv, slice_model
-from launch.local_backend import SAFE_ENV, LocalBackend, machine_gpu_count
+from launch.local_backend import SAFE_ENV, LocalBackend, machine_gpu_count, visible_device_ids
 from search_spaces.layout import Layout
 
 FAKE = str(Path(__file__).with_name("fake_trial.py"))
@@ -121,7 +120,10 @@ def test_gpu_detection_and_registration(monkeypatch):
         get_backend("local")
     with pytest.raises(TunerError, match="timeout"):
         LocalBackend(num_gpus=1, timeout_s=0)
-    assert math.isnan(float("nan"))
+    # CUDA reads CUDA_VISIBLE_DEVICES up to the first entry that is not a device (or repeats one)
+    for value, ids in (("0,,1", ["0"]), ("abc", []), ("0,-1,1", ["0"]), ("0,0", ["0"]), ("3, 5 ,GPU-ab12", ["3", "5", "GPU-ab12"])):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        assert visible_device_ids() == ids and machine_gpu_count() == len(ids), value
 
 
 def test_fewer_gpus_than_the_machine_uses_the_first_ones(tmp_path, m4, monkeypatch):

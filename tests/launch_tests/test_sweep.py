@@ -47,3 +47,18 @@ def test_harness_layout_turns_precision_aware_off_without_te():
     assert 6 * 2**30 < ran - on < 10 * 2**30
 
 
+
+
+def test_nothing_starts_without_the_gpu_extra_or_the_gpus(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    f = tmp_path / "layouts.jsonl"
+    f.write_text('{"ep": 2}\n')
+    args = ["--layers", "2", "--gpus", "2xH200", "--layouts", str(f), "--out", str(tmp_path / "o"), "--trials-dir", str(tmp_path / "t")]
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("torch", "megatron.core") else real(name, *a))
+    assert sweep.main(args) == 2 and "gpu extra" in capsys.readouterr().err
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in ("torch", "megatron.core") else real(name, *a))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert sweep.main(args) == 2 and "needs 2 GPUs and this machine shows 1" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -162,6 +162,8 @@ def _write(tmp_path: Path, name: str, text: str) -> str:
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--parallel-trials", "2"], "--parallel-trials > 1 needs --backend ray"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--storage", "journal:"], "needs a file path"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--storage", "x"], "expected an RDB URL"),
+        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--storage", "sqlite://"], "in-memory database"),
+        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--storage", "sqlite:///:memory:"], "in-memory database"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--ray-address", "auto"], "--ray-address is for --backend ray"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--parallel-trials", "2", "--backend", "command", "--command-template", "x.yaml"], "--parallel-trials > 1 needs --backend ray"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--trial-env", "NOEQUALS"], "expected NAME=VALUE"),
@@ -203,6 +205,8 @@ def test_trial_steps_and_warmup_checked(tmp_path, monkeypatch):
                         (["--trial-steps", "0"], "--trial-steps must be from 1")):
         r = runner.invoke(app, args + bad)
         assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output, r.output
+    r = runner.invoke(app, [a if a != "2xH200" else "2x1xH200" for a in args])  # two nodes of one GPU
+    assert r.exit_code == 2 and "runs on one machine" in r.output and "--backend ray" in r.output, r.output
     assert not any(tmp_path.iterdir())
 
 
@@ -282,6 +286,7 @@ def test_estimate_bad_layout_flags(extra, needle):
     "cfg,needle",
     [
         ({"num_local_experts": -8}, "non-negative"),
+        ({"num_hidden_layers": 10_000_000}, "at most 10,000"),
         ({"intermediate_size": 14336.7}, "intermediate_size must be an integer"),
         ({"num_key_value_heads": 64}, "must be a multiple of num_key_value_heads"),
         ({"num_experts_per_tok": 16, "num_local_experts": 8}, "exceeds num_experts"),

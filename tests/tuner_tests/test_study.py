@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import optuna
 import pytest
@@ -102,3 +104,37 @@ def test_no_valid_layout_message(tmp_path):
     with pytest.raises(TunerError, match="no layout of the search space is valid") as e:
         prepare(TuneConfig(model="Mixtral-8x7B", gpus="16xH100", seq_length=4096, global_batch_size=64, space=str(space)))
     assert "heads_div_tp" in str(e.value) or "world_div_tp_pp_cp" in str(e.value)
+
+
+# ---- one process per study; resumes must not change what was searched or measured ----
+
+
+def test_a_second_run_of_a_running_study_is_refused(tmp_path):
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+    from tuner.study import _StudyLock
+
+    args = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "4", "--results-dir", str(tmp_path), "--study", "busy"]
+    lock = _StudyLock(tmp_path / "busy", "busy")  # as if another tune process were running it
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and "being run by another tune process" in r.output and "Traceback" not in r.output, r.output
+    lock.release()
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+
+
+def test_resume_with_another_space_is_refused_before_anything_is_written(tmp_path):
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    args = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "4", "--results-dir", str(tmp_path), "--study", "sp"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    before = (tmp_path / "sp" / "config.yaml").read_text()
+    space = tmp_path / "space.yaml"
+    space.write_text((Path(__file__).parents[2] / "search_spaces/default_space.yaml").read_text().replace("use_precision_aware_optimizer: [true]", "use_precision_aware_optimizer: [false]"))
+    r = CliRunner().invoke(app, args + ["--space", str(space)])
+    assert r.exit_code == 2 and "searched over another space" in r.output and "use_precision_aware_optimizer" in r.output, r.output
+    assert (tmp_path / "sp" / "config.yaml").read_text() == before
+    assert CliRunner().invoke(app, args + ["--trials", "6"]).exit_code == 0  # the same inputs resume it

@@ -199,6 +199,7 @@ def study(tmp_path):
 
 
 def _patch_cli(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # the study's 4 GPUs
     # the study's best predicted layout uses the flex dispatcher: a machine with DeepEP / HybridEP installed
     env = HarnessEnv(deep_ep=True, hybrid_ep=True)
     monkeypatch.setattr(verify_mod, "local_backend_factory",
@@ -318,7 +319,13 @@ def test_cli_verify_refuses_before_any_arm_runs(study, monkeypatch):
 
     monkeypatch.setattr(lb, "check_harness_dependencies", lambda what="": None)
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
-    r = runner.invoke(app, ["verify", "--study", "s", "--results-dir", str(study), "--reference", "tp=1,pp=1,ep=1", "--steps", "8"])
+    args = ["verify", "--study", "s", "--results-dir", str(study), "--reference", "tp=1,pp=1,ep=1", "--steps", "8"]
+    for visible in ("0,1", ""):  # fewer GPUs than the study's 4
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2 and "needs 4 GPUs and this machine shows" in r.output, r.output
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    r = runner.invoke(app, args)
     assert r.exit_code == 2, r.output
     assert "cannot run here" in r.output and ("needs DeepEP" in r.output or "needs HybridEP" in r.output)
     assert "reference: start" not in r.output and "Traceback" not in r.output
