@@ -1031,6 +1031,11 @@ def recipe_dict(
         )
     if not layout.use_distributed_optimizer:
         notes.append("slime always turns the distributed optimizer on; the layout's non-distributed optimizer holds for Megatron-LM only.")
+    if model.is_moe and layout.dispatcher == Dispatcher.flex_deepep and layout.etp * layout.ep > cluster.gpus_per_node:
+        notes.append(
+            f"The EP group ({layout.ep} ranks) spans nodes, so DeepEP's inter-node kernels carry the tokens: they need RDMA NICs "
+            "that DeepEP's NVSHMEM transport supports (InfiniBand / RoCE); check your network before relying on this layout."
+        )
     notes.append(
         "`run` expects HF_CKPT, TORCH_DIST, SFT_DATA, PROFILE_DIR and SLIME_ENTRY_MODULE. For Megatron-LM, "
         "`source megatron_args.sh` and pass \"${MEGATRON_ARGS[@]}\" to pretrain_gpt.py with your data arguments."
