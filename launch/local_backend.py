@@ -74,16 +74,18 @@ def machine_gpu_count() -> int:
     return sum(1 for ln in out.splitlines() if ln.startswith("GPU "))
 
 
-def check_local_gpus(cluster: Cluster, what: str) -> None:
-    """Raises TunerError (naming ``what``, e.g. ``"tune verify"``) unless this machine shows at least
-    the cluster's GPUs and the cluster is one node (the local backend starts one torchrun)."""
+def check_local_gpus(cluster: Cluster, what: str, *, nodes_fix: str | None = None, gpus_fix: str | None = None) -> None:
+    """Raises TunerError (naming ``what``, e.g. ``"tune verify"``) unless the cluster is one node (the
+    local backend starts one torchrun) and this machine shows at least its GPUs (:func:`machine_gpu_count`).
+    ``nodes_fix`` / ``gpus_fix``: what the message tells the user to do instead (defaults: use a smaller slice)."""
+    slice_fix = "use a study of a slice that fits one machine (--layers N, --gpus KxGPU)"
     if cluster.num_gpus > cluster.gpus_per_node:
-        raise TunerError(f"{what} runs on one machine; the study's {cluster.label} is {cluster.num_gpus // cluster.gpus_per_node} nodes: "
-                         "use a study of a slice that fits one machine (--layers N, --gpus KxGPU)")
+        raise TunerError(f"{what} runs on one machine; {cluster.label} is {cluster.num_gpus // cluster.gpus_per_node} nodes: "
+                         f"{nodes_fix or slice_fix}")
     have = machine_gpu_count()
     if have < cluster.num_gpus:
-        raise TunerError(f"{what} needs {cluster.num_gpus} GPUs and this machine shows {have} (nvidia-smi / CUDA_VISIBLE_DEVICES): "
-                         "run it on a machine with that many, or on a study of a smaller slice (--layers N, --gpus KxGPU)")
+        raise TunerError(f"{what} needs {cluster.num_gpus} GPU{'s' if cluster.num_gpus != 1 else ''} and this machine shows {have} "
+                         f"(nvidia-smi / CUDA_VISIBLE_DEVICES): {gpus_fix or 'run it on a machine with that many, or ' + slice_fix}")
 
 
 def _free_port() -> int:

@@ -161,19 +161,17 @@ def _run_main(cfg: Any, top: int) -> None:
 
     _validate_config(cfg)  # flag combinations first: one message about the flags, before any backend is probed
     # Reject unknown / unavailable backends before any work (ray connects once, in run_study).
-    probe = get_backend(cfg.backend, command_template=cfg.command_template) if cfg.backend != "ray" else None
+    if cfg.backend != "ray":
+        get_backend(cfg.backend, command_template=cfg.command_template)
     prep = prepare(cfg)
-    if cfg.backend == "local" and prep.cluster.num_gpus > prep.cluster.gpus_per_node:
-        raise TunerError(
-            f"--backend local runs on one machine; --gpus {cfg.gpus} describes {prep.cluster.num_gpus // prep.cluster.gpus_per_node} nodes: "
-            f"use --gpus {prep.cluster.num_gpus}x{prep.cluster.gpu.name} for one node of that size, or --backend ray for several"
-        )
-    if cfg.backend == "local" and getattr(probe, "num_gpus", prep.cluster.num_gpus) < prep.cluster.num_gpus:
-        raise TunerError(
-            f"--backend local runs on this machine's {probe.num_gpus} GPU{'s' if probe.num_gpus != 1 else ''} (slice a model with --layers to make it fit); "  # type: ignore[attr-defined]
-            f"--gpus asks for {prep.cluster.num_gpus}: use at most --gpus {probe.num_gpus}x{prep.cluster.gpu.name}"  # type: ignore[attr-defined]
-        )
     if cfg.backend == "local":
+        from launch.local_backend import check_local_gpus, machine_gpu_count
+
+        have, c = machine_gpu_count(), prep.cluster
+        check_local_gpus(c, "--backend local",
+                         nodes_fix=f"use --gpus {c.num_gpus}x{c.gpu.name} for one node of that size, or --backend ray for several",
+                         gpus_fix=f"use at most --gpus {have}x{c.gpu.name} (this machine's {have} GPU{'s' if have != 1 else ''}; "
+                                  "slice a model with --layers to make it fit)")
         from launch.local_backend import check_harness_dependencies
 
         check_harness_dependencies()  # before any output or trial: one clear message if torch is missing
