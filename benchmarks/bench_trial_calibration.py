@@ -2,6 +2,8 @@
 
     PYTHONPATH=. python benchmarks/bench_trial_calibration.py [--data tests/fixtures/h200_minimax_slice.jsonl]
         [--reverse] [--out calibration-h200-no-te.yaml] [--json]
+    PYTHONPATH=. python benchmarks/bench_trial_calibration.py --fit-data FILE [FILE ...] [--fit-gpus 2xH200 ...]
+        --judge-data FILE [FILE ...] [--judge-gpus 4xH200 ...] [--out ...] [--json]
 
 Data: the 12 finished 4 x H200 layouts of a MiniMax-M2 4-layer slice (seq 8,192, global batch 8)
 in ``tests/fixtures/h200_minimax_slice.jsonl`` (docs/measurements.md). They ran on megatron-core
@@ -23,6 +25,26 @@ Prints, before and after calibration, for the fit half (in-sample) and the judge
 against allocated, and Spearman of step time; then whether the issue's targets are met on the
 judge half (peak memory vs reserved median <= 5% and max <= 10%, step time median <= 10%,
 Spearman >= 0.9). ``--json`` prints the same as one JSON object.
+
+Extrapolation mode (``--fit-data`` with ``--judge-data``, instead of ``--data``): fit on every
+finished row of the fit files and judge on every finished row of the judge files, e.g. fit on
+the 1- and 2-GPU sweeps of benchmarks/results/h200_x2_2026-11-29/ and judge on the 4-GPU rows
+of the fixture (``--judge-gpus 4xH200``: the fixture also holds three 2-GPU rows of an older,
+shorter protocol), or the reverse by swapping the two. A row is used when its status is "ok"
+and it has a step time (and its GPUs are among ``--fit-gpus`` / ``--judge-gpus`` when given;
+rows whose ``versions`` say Transformer Engine was installed are skipped); the output says how
+many rows each file gave and why the others were left out. Each row is predicted as the
+harness ran it: its slice depth from its ``model`` field (``MiniMax-M2[2 layers]``; ``--layers``
+when the field has none), its GPUs from its ``gpus`` field, and its layout through
+``launch.harness.spec.harness_layout`` without Transformer Engine (the precision-aware optimizer
+off unless the optimizer is offloaded: rows listed with it on were run with fp32 master
+weights). The same fits and scores as above are printed for the fit set (in-sample) and the
+judge set (out-of-sample), the targets on the judge set, and the judge rows with their signed
+errors (labels: GPUs, slice depth, row number, layout, micro-batch size, token dispatcher,
+recompute, ``no-distopt``); ``--json`` has the files (rows kept, skipped and why) under
+``data``, the rows of each set under ``sets``, the rows the mapping changed under
+``harness_layout_changed`` and the targets under ``targets_judge_set``. The default mode predicts its rows the same way (its 4-GPU rows are 4-layer slices with the
+precision-aware optimizer already off, so the mapping changes none of them).
 """
 
 from __future__ import annotations
@@ -31,10 +53,12 @@ import argparse
 import datetime
 import json
 import platform
+import re
 import sys
 import time
+from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -45,7 +69,7 @@ from cost_model.calibrate import Observation, fit_observations, predict_observat
 from cost_model.calibration import DEFAULT_CALIBRATION, Calibration  # noqa: E402
 from cost_model.specs import Workload, load_model, parse_gpus  # noqa: E402
 from cost_model.validate import spearman  # noqa: E402
-from launch.harness.spec import slice_model  # noqa: E402
+from launch.harness.spec import HarnessEnv, harness_layout, slice_model  # noqa: E402
 from search_spaces.layout import Layout  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "h200_minimax_slice.jsonl"
@@ -53,6 +77,10 @@ STACK_NOTE = ("fitted to real trials of megatron-core 0.19.2 WITHOUT Transformer
               "experts as SequentialMLP: a per-expert loop, no grouped GEMM) on H200; describes that stack, not the TE stack "
               "of the shipped calibration")
 TARGETS = {"peak_reserved_median": 0.05, "peak_reserved_max": 0.10, "step_median": 0.10, "spearman": 0.9}
+NO_TE = HarnessEnv(transformer_engine=False)
+"""The environment these trials ran in (STACK_NOTE): what :func:`harness_layout` maps a listed layout through."""
+DEFAULT_MODEL = "MiniMax-M2"
+_MODEL_FIELD = re.compile(r"^\s*(?P<name>.+?)\s*\[(?P<layers>\d+) layers?\]\s*$")
 
 
 def read_rows(path: Path, gpus: str = "4xH200") -> list[dict[str, Any]]:
@@ -61,20 +89,82 @@ def read_rows(path: Path, gpus: str = "4xH200") -> list[dict[str, Any]]:
     return [r for r in rows if r.get("status") == "ok" and r.get("gpus") == gpus and r.get("step_time_s")]
 
 
+def row_model(row: dict[str, Any], layers: int) -> tuple[str, int]:
+    """(model name, slice depth) of a row: from its ``model`` field (``MiniMax-M2[2 layers]``), else ``layers``."""
+    field = str(row.get("model") or "")
+    m = _MODEL_FIELD.match(field)
+    if m:
+        return m["name"], int(m["layers"])
+    return field.strip() or DEFAULT_MODEL, layers
+
+
+def ran_layout(row: dict[str, Any]) -> Layout:
+    """The row's layout as the harness ran it (no Transformer Engine: precision-aware optimizer off unless offloaded)."""
+    return harness_layout(Layout.from_dict(row["layout"]), NO_TE)
+
+
+def rel(path: str | Path) -> str:
+    p = Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(path)
+
+
+def read_data_rows(path: Path, gpus: Sequence[str] | None = None) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Finished rows of ``path`` (of ``gpus`` when given), each with ``_id`` (file#n), and why the others were skipped."""
+    kept: list[dict[str, Any]] = []
+    skipped: Counter[str] = Counter()
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        te = str((r.get("versions") or {}).get("transformer_engine", "not installed"))
+        if r.get("status") != "ok" or not r.get("step_time_s"):
+            skipped[f"not finished ({r.get('status')})"] += 1
+        elif gpus and r.get("gpus") not in gpus:
+            skipped[f"other GPUs ({r.get('gpus')})"] += 1
+        elif te != "not installed":
+            skipped["ran with Transformer Engine"] += 1
+        elif not r.get("peak_reserved_gib") or not r.get("peak_allocated_gib"):
+            skipped["no peak memory"] += 1
+        else:
+            kept.append({**r, "_id": f"{rel(path)}#{r['n']}"})
+    return kept, dict(skipped)
+
+
 def split_halves(rows: list[dict[str, Any]], pred_step: np.ndarray) -> tuple[list[int], list[int]]:
     """Indices of (fit half, judge half): sorted by predicted step time, alternating."""
     order = sorted(range(len(rows)), key=lambda i: (pred_step[i], rows[i]["n"]))
     return order[0::2], order[1::2]
 
 
-def observations(rows: list[dict[str, Any]], layers: int, peak: str) -> list[Observation]:
+def _value(x: Any) -> str:
+    return str(getattr(x, "value", x))
+
+
+def long_label(row: dict[str, Any], layers: int) -> str:
+    """``4xH200 L4 #3 TP1 PP1 EP4 DP4 mbs1 a2a full``: GPUs, slice depth, row, layout, micro-batch size, then the
+    token dispatcher (a2a / allgather / ..., where experts are split), recompute and ``no-distopt`` where they apply."""
+    lay = Layout.from_dict(row["layout"])
+    parts = [row["gpus"], f"L{row_model(row, layers)[1]}", f"#{row['n']}", row.get("label") or lay.label, f"mbs{lay.micro_batch_size}"]
+    if lay.ep > 1 or lay.etp > 1:
+        parts.append({"alltoall": "a2a"}.get(_value(lay.dispatcher), _value(lay.dispatcher)))
+    if _value(lay.recompute_granularity) != "none":
+        parts.append(_value(lay.recompute_granularity))
+    if not lay.use_distributed_optimizer:
+        parts.append("no-distopt")
+    return " ".join(parts)
+
+
+def observations(rows: list[dict[str, Any]], layers: int, peak: str, long_labels: bool = False) -> list[Observation]:
+    """One observation per row: the row's model slice and GPUs, its layout as the harness ran it."""
     out = []
     for r in rows:
-        model = slice_model(load_model("MiniMax-M2"), layers)
+        name, depth = row_model(r, layers)
+        model = slice_model(load_model(name), depth)
         cluster = parse_gpus(r["gpus"])
         w = Workload(seq_length=r["seq_length"], global_batch_size=r["global_batch_size"])
-        out.append(Observation(model=model, cluster=cluster, workload=w, layout=Layout.from_dict(r["layout"]),
-                               step_time_s=float(r["step_time_s"]), peak_gib=float(r[peak]), label=f"#{r['n']} {r['label']}"))
+        label = long_label(r, layers) if long_labels else f"#{r['n']} {r['label']}"
+        out.append(Observation(model=model, cluster=cluster, workload=w, layout=ran_layout(r),
+                               step_time_s=float(r["step_time_s"]), peak_gib=float(r[peak]), label=label))
     return out
 
 
@@ -92,21 +182,71 @@ def scores(obs: list[Observation], rows: list[dict[str, Any]], cal: Calibration)
         "step_median": float(np.median(es)), "step_max": float(es.max()), "spearman": spearman(step, ms),
         "peak_reserved_median": float(np.median(er)), "peak_reserved_max": float(er.max()),
         "peak_allocated_median": float(np.median(ea)), "peak_allocated_max": float(ea.max()),
-        "rows": [{"row": r["n"], "label": o.label, "pred_step_s": round(float(s), 3), "step_s": round(float(m), 3),
+        "rows": [{"row": r.get("_id", r["n"]), "label": o.label, "pred_step_s": round(float(s), 3), "step_s": round(float(m), 3),
                   "pred_peak_gib": round(float(p), 1), "reserved_gib": round(float(v), 1), "allocated_gib": round(float(a), 1)}
                  for r, o, s, m, p, v, a in zip(rows, obs, step, ms, peak, res, alloc)],
     }
 
 
-def main() -> int:
+def targets(s: dict[str, Any]) -> dict[str, Any]:
+    return {k: {"value": round(s[k], 4), "target": v, "met": bool(s[k] >= v if k == "spearman" else s[k] <= v)} for k, v in TARGETS.items()}
+
+
+def write_calibration(out: str, data: Any, fit_rows: list[Any], result: dict[str, Any]) -> None:
+    import yaml
+
+    doc = {"provenance": {"stack": STACK_NOTE, "data": data, "fit_rows": fit_rows,
+                          "command": "python benchmarks/bench_trial_calibration.py " + " ".join(sys.argv[1:]),
+                          "date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, Python {platform.python_version()}",
+                          "memory_target": "peak reserved memory (torch.cuda.max_memory_reserved, max over ranks)"},
+           "constants": {**result["fitted_step"], **result["fitted_memory_reserved"]}}
+    Path(out).write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def print_fit(result: dict[str, Any], judge_name: str) -> None:
+    """The fitted constants, the before/after table of both sets and the targets on the judge set."""
+    print("fitted (step time): " + ", ".join(f"{k}={v:.4g}" for k, v in result["fitted_step"].items()))
+    print("fitted (reserved peak): " + ", ".join(f"{k}={v / 2**30 if k.endswith('bytes') or k.endswith('communicator') else v:.4g}{' GiB' if 'bytes' in k else ''}"
+                                                 for k, v in result["fitted_memory_reserved"].items()))
+    hdr = f"{'half':<6} {'calibration':<24} {'step med':>8} {'step max':>8} {'Spearman':>8} {'res med':>8} {'res max':>8} {'alloc med':>9} {'alloc max':>9}"
+    print(hdr)
+    for h in ("fit", "judge"):
+        for k, name in (("before", "shipped"), ("after", "fitted (reserved)")):
+            s = result["scores"][h][k]
+            print(f"{h:<6} {name:<24} {s['step_median']:>8.1%} {s['step_max']:>8.1%} {s['spearman']:>8.3f} {s['peak_reserved_median']:>8.1%} "
+                  f"{s['peak_reserved_max']:>8.1%} {s['peak_allocated_median']:>9.1%} {s['peak_allocated_max']:>9.1%}")
+        s = result["scores"][h]["after_allocated_fit"]
+        print(f"{h:<6} {'memory fit to allocated':<24} {'':>8} {'':>8} {'':>8} {'':>8} {'':>8} {s['peak_allocated_median']:>9.1%} {s['peak_allocated_max']:>9.1%}")
+    print(f"{judge_name} (out-of-sample) after calibration, against the issue's targets:")
+    for k, t in result["targets_" + judge_name.replace(" ", "_")].items():
+        print(f"  {k}: {t['value']:.3f} (target {'>=' if k == 'spearman' else '<='} {t['target']}) {'met' if t['met'] else 'MISSED'}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default=str(FIXTURE))
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--data", default=None, help=f"default mode: the measurements to split in halves (default {rel(FIXTURE)})")
+    ap.add_argument("--layers", type=int, default=4, help="slice depth of rows whose model field gives none")
     ap.add_argument("--reverse", action="store_true", help="fit on the judge half and judge on the fit half")
+    ap.add_argument("--fit-data", nargs="+", metavar="FILE", default=None,
+                    help="extrapolation mode: fit on the finished rows of these files (with --judge-data)")
+    ap.add_argument("--judge-data", nargs="+", metavar="FILE", default=None, help="extrapolation mode: judge on the finished rows of these files")
+    ap.add_argument("--fit-gpus", nargs="+", metavar="GPUS", default=None, help="only rows of --fit-data with these gpus fields (e.g. 2xH200)")
+    ap.add_argument("--judge-gpus", nargs="+", metavar="GPUS", default=None, help="only rows of --judge-data with these gpus fields (e.g. 4xH200)")
     ap.add_argument("--max-nfev", type=int, default=200)
     ap.add_argument("--out", default=None, help="write the calibration fitted to the fit half (step time + reserved memory) here")
     ap.add_argument("--json", action="store_true")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    if (a.fit_data is None) != (a.judge_data is None):
+        ap.error("--fit-data and --judge-data go together")
+    if a.fit_data is not None:
+        if a.data is not None:
+            ap.error("--data (halves of one file) and --fit-data/--judge-data (fit on some files, judge on others) are different modes")
+        if a.reverse:
+            ap.error("--reverse splits halves of --data; to reverse the extrapolation, swap --fit-data and --judge-data")
+        return extrapolate(a)
+    if a.fit_gpus or a.judge_gpus:
+        ap.error("--fit-gpus and --judge-gpus go with --fit-data and --judge-data")
+    a.data = a.data or str(FIXTURE)
     t0 = time.perf_counter()
     rows = read_rows(Path(a.data))
     obs = observations(rows, a.layers, "peak_reserved_gib")
@@ -136,42 +276,91 @@ def main() -> int:
         result["scores"][h] = {"before": scores(o, r, base), "after": scores(o, r, fit.calibration)}
         after_alloc = scores(o, r, fit_alloc.calibration)
         result["scores"][h]["after_allocated_fit"] = {k: after_alloc[k] for k in ("peak_allocated_median", "peak_allocated_max")}
-    j = result["scores"]["judge"]["after"]
-    result["targets_judge_half"] = {k: {"value": round(j[k], 4), "target": v, "met": bool(j[k] >= v if k == "spearman" else j[k] <= v)}
-                                    for k, v in TARGETS.items()}
+    result["targets_judge_half"] = targets(result["scores"]["judge"]["after"])
     result["seconds"] = round(time.perf_counter() - t0, 1)
     if a.out:
-        import yaml
-
-        doc = {"provenance": {"stack": STACK_NOTE, "data": result["data"], "fit_rows": result["halves"]["fit"],
-                              "command": "python benchmarks/bench_trial_calibration.py " + " ".join(sys.argv[1:]),
-                              "date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, Python {platform.python_version()}",
-                              "memory_target": "peak reserved memory (torch.cuda.max_memory_reserved, max over ranks)"},
-               "constants": {**result["fitted_step"], **result["fitted_memory_reserved"]}}
-        Path(a.out).write_text(yaml.safe_dump(doc, sort_keys=False))
+        write_calibration(a.out, result["data"], result["halves"]["fit"], result)
     if a.json:
         print(json.dumps(result, indent=1))
         return 0
     print(f"data: {result['data']} ({len(rows)} finished 4xH200 layouts); {STACK_NOTE}")
     print(f"split: {result['split']}; fit rows {result['halves']['fit']}, judge rows {result['halves']['judge']}")
-    print("fitted (step time): " + ", ".join(f"{k}={v:.4g}" for k, v in result["fitted_step"].items()))
-    print("fitted (reserved peak): " + ", ".join(f"{k}={v / 2**30 if k.endswith('bytes') or k.endswith('communicator') else v:.4g}{' GiB' if 'bytes' in k else ''}"
-                                                 for k, v in result["fitted_memory_reserved"].items()))
-    hdr = f"{'half':<6} {'calibration':<24} {'step med':>8} {'step max':>8} {'Spearman':>8} {'res med':>8} {'res max':>8} {'alloc med':>9} {'alloc max':>9}"
-    print(hdr)
-    for h in ("fit", "judge"):
-        for k, name in (("before", "shipped"), ("after", "fitted (reserved)")):
-            s = result["scores"][h][k]
-            print(f"{h:<6} {name:<24} {s['step_median']:>8.1%} {s['step_max']:>8.1%} {s['spearman']:>8.3f} {s['peak_reserved_median']:>8.1%} "
-                  f"{s['peak_reserved_max']:>8.1%} {s['peak_allocated_median']:>9.1%} {s['peak_allocated_max']:>9.1%}")
-        s = result["scores"][h]["after_allocated_fit"]
-        print(f"{h:<6} {'memory fit to allocated':<24} {'':>8} {'':>8} {'':>8} {'':>8} {'':>8} {s['peak_allocated_median']:>9.1%} {s['peak_allocated_max']:>9.1%}")
-    print("judge half (out-of-sample) after calibration, against the issue's targets:")
-    for k, t in result["targets_judge_half"].items():
-        print(f"  {k}: {t['value']:.3f} (target {'>=' if k == 'spearman' else '<='} {t['target']}) {'met' if t['met'] else 'MISSED'}")
+    print_fit(result, "judge half")
     print("per row (judge half, after):")
     for r in result["scores"]["judge"]["after"]["rows"]:
         print(f"  {r['label']:<28} step {r['pred_step_s']:.3f} vs {r['step_s']:.3f} s; peak {r['pred_peak_gib']:.1f} vs reserved {r['reserved_gib']:.1f} / allocated {r['allocated_gib']:.1f} GiB")
+    print(f"({result['seconds']} s)")
+    return 0
+
+
+def _describe(rows: list[dict[str, Any]], layers: int) -> str:
+    kinds = Counter((r["gpus"], row_model(r, layers)[1]) for r in rows)
+    return ", ".join(f"{n} {g} {d}-layer" for (g, d), n in sorted(kinds.items(), key=lambda kv: (kv[0][1], kv[0][0])))
+
+
+def extrapolate(a: argparse.Namespace) -> int:
+    """Extrapolation mode: fit on every finished row of --fit-data, judge on every finished row of --judge-data."""
+    t0 = time.perf_counter()
+    rows: dict[str, list[dict[str, Any]]] = {"fit": [], "judge": []}
+    files: dict[str, list[dict[str, Any]]] = {"fit": [], "judge": []}
+    for side, paths, gpus in (("fit", a.fit_data, a.fit_gpus), ("judge", a.judge_data, a.judge_gpus)):
+        for p in paths:
+            try:
+                kept, skipped = read_data_rows(Path(p), gpus)
+            except (OSError, ValueError) as e:
+                print(f"error: {p}: {e}", file=sys.stderr)
+                return 2
+            files[side].append({"file": rel(p), "rows": len(kept), "kinds": _describe(kept, a.layers), "skipped": skipped})
+            rows[side].extend(kept)
+    for side in ("fit", "judge"):
+        if len(rows[side]) < (2 if side == "fit" else 1):
+            print(f"error: {len(rows[side])} usable {side} rows in {', '.join(getattr(a, side + '_data'))}", file=sys.stderr)
+            return 2
+    base = DEFAULT_CALIBRATION
+    obs = {side: observations(rows[side], a.layers, "peak_reserved_gib", long_labels=True) for side in rows}
+    mapped = {side: [long_label(r, a.layers) for r in rows[side] if ran_layout(r) != Layout.from_dict(r["layout"])] for side in rows}
+    fit = fit_observations(obs["fit"], start=base, max_nfev=a.max_nfev)
+    obs_alloc = observations(rows["fit"], a.layers, "peak_allocated_gib", long_labels=True)
+    fit_alloc = fit_observations(obs_alloc, start=fit.calibration, step_names=None, max_nfev=a.max_nfev)
+    result: dict[str, Any] = {
+        "data": files,
+        "stack": STACK_NOTE,
+        "split": "extrapolation: fit on every finished row of the fit files, judge on every finished row of the judge files",
+        "sets": {side: [r["_id"] for r in rows[side]] for side in rows},
+        "harness_layout_changed": mapped,
+        "fitted_step": {k: getattr(fit.calibration, k) for k in (fit.step.fitted if fit.step else ())},
+        "fitted_memory_reserved": {k: getattr(fit.calibration, k) for k in fit.memory_fitted},
+        "fitted_memory_allocated": {k: getattr(fit_alloc.calibration, k) for k in fit_alloc.memory_fitted},
+        "scores": {},
+    }
+    for side in ("fit", "judge"):
+        o, r = obs[side], rows[side]
+        result["scores"][side] = {"before": scores(o, r, base), "after": scores(o, r, fit.calibration)}
+        after_alloc = scores(o, r, fit_alloc.calibration)
+        result["scores"][side]["after_allocated_fit"] = {k: after_alloc[k] for k in ("peak_allocated_median", "peak_allocated_max")}
+    result["targets_judge_set"] = targets(result["scores"]["judge"]["after"])
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    if a.out:
+        write_calibration(a.out, {side: [f["file"] for f in files[side]] for side in files}, result["sets"]["fit"], result)
+    if a.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    for side in ("fit", "judge"):
+        print(f"{side} set: {len(rows[side])} rows ({_describe(rows[side], a.layers)})")
+        for f in files[side]:
+            skip = "; skipped " + ", ".join(f"{n} {why}" for why, n in f["skipped"].items()) if f["skipped"] else ""
+            print(f"  {f['file']}: {f['rows']} rows ({f['kinds'] or 'none'}){skip}")
+    print(f"stack: {STACK_NOTE}")
+    print(f"split: {result['split']}")
+    print("layouts as the harness ran them (no TE: precision-aware optimizer off unless offloaded): changed "
+          + "; ".join(f"{len(mapped[side])} of {len(rows[side])} {side} rows" for side in ("fit", "judge")))
+    print_fit(result, "judge set")
+    print("per row (judge set, after; error = predicted / measured - 1):")
+    w = max(len(r["label"]) for r in result["scores"]["judge"]["after"]["rows"])
+    for r in result["scores"]["judge"]["after"]["rows"]:
+        print(f"  {r['label']:<{w}} step {r['pred_step_s']:.3f} vs {r['step_s']:.3f} s ({r['pred_step_s'] / r['step_s'] - 1:+.1%}); "
+              f"peak {r['pred_peak_gib']:.1f} vs reserved {r['reserved_gib']:.1f} ({r['pred_peak_gib'] / r['reserved_gib'] - 1:+.1%}) "
+              f"/ allocated {r['allocated_gib']:.1f} GiB")
     print(f"({result['seconds']} s)")
     return 0
 

@@ -6,9 +6,14 @@
 #                                            # the same 1-GPU study again with --backend local (needs ray installed)
 #   PART=local1 bash benchmarks/h200_x2.sh   # the 1-GPU layouts of the ray part, local backend on one GPU
 #   PART=search bash benchmarks/h200_x2.sh   # the main command with 8 real trials (local backend) on the 2-layer slice
+#   PART=search20 bash benchmarks/h200_x2.sh # the same search with today's trial defaults (20 steps, 10 warm-up)
+#   PART=truth  bash benchmarks/h200_x2.sh   # the 2-GPU layouts the search chooses among, 20 steps with 10 warm-up,
+#                                            # to judge it (benchmarks/data/h200_l2_2gpu_truth.jsonl)
+#   PART=repeat bash benchmarks/h200_x2.sh   # the 4 fastest of them twice more, interleaved (run-to-run noise)
 #
 # Workload everywhere: MiniMax-M2 at full width (hidden 3,072, 256 experts top-8, vocab 200,064), seq 8,192,
-# global batch 8 rows, bf16, synthetic tokens, 6 optimizer steps of which 2 are warm-up (median of the last 4).
+# global batch 8 rows, bf16, synthetic tokens; parts sweep, ray, local1 and search pin 6 optimizer steps of which 2
+# are warm-up (median of the last 4: the defaults of 2026-11-29), parts search20 and truth use 20 of which 10 are warm-up.
 # Everything the parts write goes to $OUT (default ./h200_x2_out) as JSON lines, the tune outputs and a tarball of logs.
 set -u
 OUT=${OUT:-h200_x2_out}
@@ -43,6 +48,24 @@ search)
   python3 -m tuner.cli "${COMMON[@]}" --layers 2 --gpus 2xH200 --trials 8 --backend local --study l2-2gpu-search \
       > "$OUT/l2-2gpu-search.txt" 2>&1; log "search rc=$?"
   python3 -m tuner.cli pareto --study l2-2gpu-search --results-dir "$R" --top 0 > "$OUT/l2-2gpu-search-pareto.txt" 2>&1
+  ;;
+search20)
+  timeout 530 python3 -m tuner.cli --model MiniMax-M2 --global-batch 8 --seq-len 8192 --stack megatron --trial-timeout 120 \
+      --results-dir "$R" --layers 2 --gpus 2xH200 --trials 8 --backend local --study l2-2gpu-search20 \
+      > "$OUT/l2-2gpu-search20.txt" 2>&1; log "search20 rc=$?"
+  python3 -m tuner.cli pareto --study l2-2gpu-search20 --results-dir "$R" --top 0 > "$OUT/l2-2gpu-search20-pareto.txt" 2>&1
+  ;;
+truth)
+  timeout 530 python3 -m launch.harness.sweep --model MiniMax-M2 --layers 2 --gpus 2xH200 --seq-len 8192 --global-batch 8 \
+      --layouts benchmarks/data/h200_l2_2gpu_truth.jsonl --out "$OUT/truth_l2_2gpu_20steps.jsonl" --steps 20 --warmup 10 \
+      --timeout 120 --trials-dir "$R/truth/trials"
+  log "truth rc=$?"
+  ;;
+repeat)
+  timeout 530 python3 -m launch.harness.sweep --model MiniMax-M2 --layers 2 --gpus 2xH200 --seq-len 8192 --global-batch 8 \
+      --layouts benchmarks/data/h200_l2_2gpu_repeat.jsonl --out "$OUT/repeat_l2_2gpu_20steps.jsonl" --steps 20 --warmup 10 \
+      --timeout 120 --trials-dir "$R/repeat/trials"
+  log "repeat rc=$?"
   ;;
 esac
 # every study's trials as JSON lines (layout, state, measured and predicted values), then the logs as one tarball

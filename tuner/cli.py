@@ -262,6 +262,7 @@ def _run_main(cfg: Any, top: int) -> None:
     )
     if pls:
         out.print(f"  --pipeline-model-parallel-layout '{pls}'")
+    _print_ties(rows, best)
     out.print("Files:")
     for kind, p in files.items():
         out.print(f"  {p}", markup=False)
@@ -273,6 +274,22 @@ def _run_main(cfg: Any, top: int) -> None:
            if c.num_gpus <= c.gpus_per_node else
            "tune verify on a slice that fits one machine (a study with --layers N --gpus KxGPU; see README)"),
         markup=False,
+    )
+
+
+def _print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:
+    """Say which measured trials the best one cannot be told apart from (tuner.report.measured_ties)."""
+    from tuner.report import TIE_Z, measured_ties
+
+    ties = measured_ties(rows, best["trial"])
+    if not ties:
+        return
+    listed = "; ".join(f"trial {t['trial']} ({t['label']}): {t['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU, {-t['gap']:+.1%}" for t in ties[:5])
+    more = f"; and {len(ties) - 5} more" if len(ties) > 5 else ""
+    out.print(
+        f"  [yellow]within measurement noise of trial {best['trial']}[/] ({TIE_Z:g} standard errors of the median step time): "
+        f"{escape(listed)}{more}. Their step times cannot rank these layouts; runs of one layout can differ by more than their "
+        "own noise (docs/measurements.md), so treat them as equally fast and choose on memory, or re-measure them."
     )
 
 
@@ -633,6 +650,7 @@ def pareto(
     srcs = {r["source"] for r in front}
     out.print(f"Study [bold]{st.study_name}[/]: {m.name} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}; backend {cfg.get('backend')}; {len(rows)} layouts evaluated")
     _print_front(front, top, title=f"Pareto front ({' and '.join(sorted(srcs))})")
+    _print_ties(rows, front[0])
     real = [t for t in st.trials if "pruned" in t.user_attrs or ("failure" in t.user_attrs and "pred_peak_gib" in t.user_attrs["failure"])]
     if any("pred_tokens_per_s_per_gpu" in r for r in rows) and ("measured" in srcs or real):
         t = Table(title="predicted vs measured (every real trial)", title_justify="left")

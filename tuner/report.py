@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from search_spaces.layout import Layout
 from search_spaces.pipeline import emit_layout_string
 from tuner.pareto import pareto_mask
 
-__all__ = ["pick_trial_row", "front_rows", "write_pareto_csv", "plot_front", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
+__all__ = ["pick_trial_row", "front_rows", "measured_ties", "write_pareto_csv", "plot_front", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
 
 FRONT_COLUMNS = (
     "trial",
@@ -102,6 +103,62 @@ def front_rows(rows: list[dict[str, Any]], model: ModelSpec) -> list[dict[str, A
             }
         )
     return out
+
+
+#: Standard errors of the difference under which two measured trials count as tied (about 95% two-sided).
+TIE_Z = 2.0
+
+
+def measured_ties(rows: list[dict[str, Any]], best_trial: int, z: float = TIE_Z) -> list[dict[str, Any]]:
+    """Measured trials whose throughput is within the trials' own noise of trial ``best_trial``.
+
+    A trial's throughput is its median step time over its measured (post-warm-up) steps; that
+    median's relative standard error is taken as ``sqrt(pi / 2) * CV / sqrt(n)`` (the large-sample
+    standard error of a median of normal data; CV = sample standard deviation / mean of the n
+    step times). Trial ``b`` ties with the best ``a`` when
+    ``(tps_a - tps_b) / tps_a <= z * sqrt(se_a**2 + se_b**2)``.
+
+    This is within-run noise only. Separate runs of one layout can differ by more (on the lent
+    H200 machine, 2-layer MiniMax-M2 slice without TE: 0.91-1.11 s for one layout over four runs,
+    docs/measurements.md), so a tie is a floor on the uncertainty, not its size.
+
+    Args:
+        rows: finished trials as from ``tuner.study.trial_rows`` (need ``source``,
+            ``tokens_per_s_per_gpu`` and ``step_times_s``, seconds).
+        best_trial: trial number of the reference (normally the fastest measured).
+        z: standard errors of the difference counted as a tie.
+
+    Returns:
+        ``[{"trial", "label", "tokens_per_s_per_gpu", "gap", "threshold"}]`` (gap and threshold
+        as fractions of the best's tokens/s/GPU), smallest gap first; empty when the reference is
+        not a measured trial with at least 3 measured steps.
+    """
+
+    def rel_se(r: dict[str, Any]) -> float | None:
+        t = [float(x) for x in r.get("step_times_s") or () if x == x and float(x) > 0]
+        if r.get("source") != "measured" or len(t) < 3:
+            return None
+        mean = sum(t) / len(t)
+        sd = math.sqrt(sum((x - mean) ** 2 for x in t) / (len(t) - 1))
+        return math.sqrt(math.pi / 2.0) * sd / mean / math.sqrt(len(t))
+
+    best = next((r for r in rows if r.get("trial") == best_trial), None)
+    se_a = rel_se(best) if best else None
+    if best is None or se_a is None or not best.get("tokens_per_s_per_gpu"):
+        return []
+    a = float(best["tokens_per_s_per_gpu"])
+    out = []
+    for r in rows:
+        se_b = rel_se(r)
+        if r is best or se_b is None or not r.get("tokens_per_s_per_gpu"):
+            continue
+        gap = (a - float(r["tokens_per_s_per_gpu"])) / a
+        thr = z * math.sqrt(se_a**2 + se_b**2)
+        if abs(gap) <= thr:
+            lay = Layout.from_dict(r["layout"])
+            label = f"{lay.label}, {lay.recompute_label}, {lay.dispatcher.value}, mbs {lay.micro_batch_size}"
+            out.append({"trial": r["trial"], "label": label, "tokens_per_s_per_gpu": float(r["tokens_per_s_per_gpu"]), "gap": gap, "threshold": thr})
+    return sorted(out, key=lambda d: d["gap"])
 
 
 def write_pareto_csv(path: Path, front: list[dict[str, Any]]) -> None:

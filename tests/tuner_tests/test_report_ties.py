@@ -1,0 +1,61 @@
+"""Measured trials that the best one cannot be told apart from (tuner.report.measured_ties)."""
+
+from __future__ import annotations
+
+import math
+
+from search_spaces.layout import Layout
+from tuner import cli
+from tuner.report import measured_ties
+
+# The search of 2026-11-30 on 2 x H200 (benchmarks/results/h200_x2_2026-11-30/step_times_search20.jsonl):
+# post-warm-up step times (s) of trial 2 (reported best) and trial 0 (none/allgather, 2.1% slower)
+BEST = [0.97, 0.95, 0.94, 1.01, 1.00, 0.99, 0.96, 0.94, 0.95, 0.92]
+NONE_AG = [0.98, 0.93, 0.98, 0.98, 0.99, 0.92, 0.97, 0.95, 0.90, 1.04]
+
+
+def _row(trial, times, source="measured", **lay):
+    layout = Layout(world_size=2, ep=2, micro_batch_size=2, **lay)
+    med = sorted(times)[len(times) // 2] if times else 1.0
+    return {"trial": trial, "source": source, "layout": layout.to_dict(), "step_times_s": list(times),
+            "tokens_per_s_per_gpu": 65536 / 2 / med}
+
+
+def test_a_trial_within_noise_ties_and_a_slow_one_does_not():
+    rows = [_row(2, BEST), _row(0, NONE_AG, dispatcher="allgather"), _row(4, [1.10 * t for t in BEST]),
+            _row(5, [1.0, 1.0]),  # too few steps to say
+            _row(6, BEST, source="predicted")]
+    ties = measured_ties(rows, 2)
+    assert [t["trial"] for t in ties] == [0]
+    t = ties[0]
+    assert 0 < t["gap"] < t["threshold"] < 0.10 and "allgather" in t["label"] and "mbs 2" in t["label"]
+
+
+def test_threshold_is_two_standard_errors_of_the_medians():
+    a = [1.0, 1.1, 0.9, 1.0, 1.1, 0.9, 1.0, 1.1, 0.9]
+    mean = sum(a) / len(a)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in a) / (len(a) - 1))
+    se = math.sqrt(math.pi / 2) * sd / mean / 3.0
+    rows = [_row(0, a), _row(1, [x * (1 + 2 * math.sqrt(2) * se * 0.9) for x in a])]
+    (t,) = measured_ties(rows, 0)
+    assert math.isclose(t["threshold"], 2 * math.sqrt(2) * se, rel_tol=1e-9)
+    rows[1] = _row(1, [x * (1 + 2 * math.sqrt(2) * se * 1.2) for x in a])
+    assert measured_ties(rows, 0) == []
+
+
+def test_no_ties_for_a_predicted_best_or_steady_trials():
+    assert measured_ties([_row(0, BEST, source="predicted"), _row(1, NONE_AG)], 0) == []
+    steady = [1.0] * 10
+    assert measured_ties([_row(0, steady), _row(1, [1.01] * 10)], 0) == []  # no noise: 1% apart is a difference
+
+
+def test_tune_prints_the_ties(capsys, monkeypatch):
+    from rich.console import Console
+
+    monkeypatch.setattr(cli, "out", Console(width=400, highlight=False))
+    rows = [_row(2, BEST), _row(0, NONE_AG)]
+    cli._print_ties(rows, {"trial": 2})
+    text = capsys.readouterr().out
+    assert "within measurement noise of trial 2" in text and "trial 0 (TP1 PP1 EP2 DP2, none, alltoall, mbs 2)" in text
+    cli._print_ties([_row(2, BEST), _row(4, [1.10 * t for t in BEST])], {"trial": 2})
+    assert capsys.readouterr().out == ""
