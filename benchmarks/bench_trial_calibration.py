@@ -222,6 +222,26 @@ def print_fit(result: dict[str, Any], judge_name: str) -> None:
         print(f"  {k}: {t['value']:.3f} (target {'>=' if k == 'spearman' else '<='} {t['target']}) {'met' if t['met'] else 'MISSED'}")
 
 
+def fit_and_score(sets: dict[str, tuple[list[Observation], list[dict[str, Any]]]], fit_alloc_obs: list[Observation],
+                  max_nfev: int) -> dict[str, Any]:
+    """Fit on ``sets["fit"]`` (step time, then peak reserved; a second memory fit to ``fit_alloc_obs``, the same rows
+    against peak allocated) from the shipped calibration; score every set before and after."""
+    base = DEFAULT_CALIBRATION
+    fit = fit_observations(sets["fit"][0], start=base, max_nfev=max_nfev)
+    fit_alloc = fit_observations(fit_alloc_obs, start=fit.calibration, step_names=None, max_nfev=max_nfev)
+    out: dict[str, Any] = {
+        "fitted_step": {k: getattr(fit.calibration, k) for k in (fit.step.fitted if fit.step else ())},
+        "fitted_memory_reserved": {k: getattr(fit.calibration, k) for k in fit.memory_fitted},
+        "fitted_memory_allocated": {k: getattr(fit_alloc.calibration, k) for k in fit_alloc.memory_fitted},
+        "scores": {},
+    }
+    for name, (o, r) in sets.items():
+        after_alloc = scores(o, r, fit_alloc.calibration)
+        out["scores"][name] = {"before": scores(o, r, base), "after": scores(o, r, fit.calibration),
+                               "after_allocated_fit": {k: after_alloc[k] for k in ("peak_allocated_median", "peak_allocated_max")}}
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=None, help=f"default mode: the measurements to split in halves (default {rel(FIXTURE)})")
@@ -255,27 +275,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     fit_i, judge_i = split_halves(rows, pred0)
     if a.reverse:
         fit_i, judge_i = judge_i, fit_i
-    fit_obs = [obs[i] for i in fit_i]
-    fit = fit_observations(fit_obs, start=base, max_nfev=a.max_nfev)
-    obs_alloc = observations([rows[i] for i in fit_i], a.layers, "peak_allocated_gib")
-    fit_alloc = fit_observations(obs_alloc, start=fit.calibration, step_names=None, max_nfev=a.max_nfev)
     halves = {"fit": fit_i, "judge": judge_i}
+    fitted = fit_and_score({h: ([obs[i] for i in idx], [rows[i] for i in idx]) for h, idx in halves.items()},
+                           observations([rows[i] for i in fit_i], a.layers, "peak_allocated_gib"), a.max_nfev)
     result: dict[str, Any] = {
         "data": str(Path(a.data).resolve().relative_to(ROOT)) if Path(a.data).resolve().is_relative_to(ROOT) else a.data,
         "stack": STACK_NOTE,
         "split": "finished 4xH200 layouts sorted by step time predicted with the shipped calibration; alternating positions "
                  + ("1,3,5,... fit, 0,2,4,... judge (--reverse)" if a.reverse else "0,2,4,... fit, 1,3,5,... judge"),
         "halves": {h: [rows[i]["n"] for i in idx] for h, idx in halves.items()},
-        "fitted_step": {k: getattr(fit.calibration, k) for k in (fit.step.fitted if fit.step else ())},
-        "fitted_memory_reserved": {k: getattr(fit.calibration, k) for k in fit.memory_fitted},
-        "fitted_memory_allocated": {k: getattr(fit_alloc.calibration, k) for k in fit_alloc.memory_fitted},
-        "scores": {},
+        **fitted,
     }
-    for h, idx in halves.items():
-        o, r = [obs[i] for i in idx], [rows[i] for i in idx]
-        result["scores"][h] = {"before": scores(o, r, base), "after": scores(o, r, fit.calibration)}
-        after_alloc = scores(o, r, fit_alloc.calibration)
-        result["scores"][h]["after_allocated_fit"] = {k: after_alloc[k] for k in ("peak_allocated_median", "peak_allocated_max")}
     result["targets_judge_half"] = targets(result["scores"]["judge"]["after"])
     result["seconds"] = round(time.perf_counter() - t0, 1)
     if a.out:
@@ -316,28 +326,18 @@ def extrapolate(a: argparse.Namespace) -> int:
         if len(rows[side]) < (2 if side == "fit" else 1):
             print(f"error: {len(rows[side])} usable {side} rows in {', '.join(getattr(a, side + '_data'))}", file=sys.stderr)
             return 2
-    base = DEFAULT_CALIBRATION
     obs = {side: observations(rows[side], a.layers, "peak_reserved_gib", long_labels=True) for side in rows}
     mapped = {side: [long_label(r, a.layers) for r in rows[side] if ran_layout(r) != Layout.from_dict(r["layout"])] for side in rows}
-    fit = fit_observations(obs["fit"], start=base, max_nfev=a.max_nfev)
-    obs_alloc = observations(rows["fit"], a.layers, "peak_allocated_gib", long_labels=True)
-    fit_alloc = fit_observations(obs_alloc, start=fit.calibration, step_names=None, max_nfev=a.max_nfev)
+    fitted = fit_and_score({side: (obs[side], rows[side]) for side in ("fit", "judge")},
+                           observations(rows["fit"], a.layers, "peak_allocated_gib", long_labels=True), a.max_nfev)
     result: dict[str, Any] = {
         "data": files,
         "stack": STACK_NOTE,
         "split": "extrapolation: fit on every finished row of the fit files, judge on every finished row of the judge files",
         "sets": {side: [r["_id"] for r in rows[side]] for side in rows},
         "harness_layout_changed": mapped,
-        "fitted_step": {k: getattr(fit.calibration, k) for k in (fit.step.fitted if fit.step else ())},
-        "fitted_memory_reserved": {k: getattr(fit.calibration, k) for k in fit.memory_fitted},
-        "fitted_memory_allocated": {k: getattr(fit_alloc.calibration, k) for k in fit_alloc.memory_fitted},
-        "scores": {},
+        **fitted,
     }
-    for side in ("fit", "judge"):
-        o, r = obs[side], rows[side]
-        result["scores"][side] = {"before": scores(o, r, base), "after": scores(o, r, fit.calibration)}
-        after_alloc = scores(o, r, fit_alloc.calibration)
-        result["scores"][side]["after_allocated_fit"] = {k: after_alloc[k] for k in ("peak_allocated_median", "peak_allocated_max")}
     result["targets_judge_set"] = targets(result["scores"]["judge"]["after"])
     result["seconds"] = round(time.perf_counter() - t0, 1)
     if a.out:

@@ -611,7 +611,7 @@ def _recorded_storage(config_yaml: Path) -> Optional[str]:
 
 
 def _study_context(st: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
-    from cost_model.specs import Workload, load_model, parse_gpus
+    from cost_model.specs import Workload, parse_gpus
 
     from tuner.study import model_spec_from_dict
 
