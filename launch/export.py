@@ -948,6 +948,7 @@ def recipe_dict(
     author_url: str | None = None,
     extra_env: Mapping[str, str] | None = None,
     correctness: Mapping[str, Any] | None = None,
+    extra_notes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The recipe for ``layout``, with the seed's fields and key order.
 
@@ -978,6 +979,7 @@ def recipe_dict(
         author_url: ``author.url``.
         extra_env: More environment variables for the run script.
         correctness: The ``correctness`` block (default: "not run" with how to run it).
+        extra_notes: More ``notes``, after the status notes (e.g. the measured trials within noise of this one).
 
     Returns:
         A plain dict (str, int, float, bool, None, list, dict, date) in the
@@ -1020,6 +1022,7 @@ def recipe_dict(
         notes.append("Predicted by the analytical cost model, not measured: run it (`tune` trials) before relying on the numbers.")
     if failure_note:
         notes.append(failure_note + ".")
+    notes.extend(str(n) for n in extra_notes)
     if pls is not None:
         notes.append(_layout_note(pls, layout, model))
     if model.is_moe and layout.dispatcher == Dispatcher.allgather:

@@ -245,10 +245,12 @@ def _run_main(cfg: Any, top: int) -> None:
             usable_gib=prep.estimates.usable_bytes / GIB,
         )
         from launch.export import measurement_from_row
+        from tuner.report import ties_note
 
         best_row = next((r for r in rows if r["trial"] == best["trial"]), {})
         files.update(export_files(res.out_dir, prep.model, c, w, lay, study=res.study_name, calibration=prep.calibration,
-                                  memory_headroom=cfg.memory_headroom, measurement=measurement_from_row(best_row, lay)))
+                                  memory_headroom=cfg.memory_headroom, measurement=measurement_from_row(best_row, lay),
+                                  notes=ties_note(rows, best["trial"])))
     except OSError as e:
         raise TunerError(f"cannot write the results to {res.out_dir} ({e.strerror or e}: {e.filename}); the study and its trials are kept in {_mask(res.storage)}") from None
     out.print(
@@ -696,7 +698,7 @@ def export_cmd(
         from cost_model.estimate import estimate as _estimate
         from launch import export
         from search_spaces.layout import Layout
-        from tuner.report import pick_trial_row
+        from tuner.report import pick_trial_row, ties_note
         from tuner.study import trial_rows
 
         if fmt not in ("recipe", "slime", "megatron"):
@@ -713,7 +715,7 @@ def export_cmd(
             e = _estimate(m, c, w, lay, calibration=cal, memory_headroom=cfg.get("memory_headroom", 0.10))
             meas = export.measurement_from_row(row, lay)
             rec = export.recipe_dict(m, c, w, lay, estimate=e, measurement=meas, study=st.study_name,
-                                     correctness=st.user_attrs.get(f"verify:{row['trial']}"))
+                                     correctness=st.user_attrs.get(f"verify:{row['trial']}"), extra_notes=ties_note(rows, row["trial"]))
             export.validate_recipe(rec)
             text = export.dump_recipe(rec)
         elif fmt == "slime":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -15,7 +15,7 @@ from search_spaces.layout import Layout
 from search_spaces.pipeline import emit_layout_string
 from tuner.pareto import pareto_mask
 
-__all__ = ["pick_trial_row", "front_rows", "measured_ties", "write_pareto_csv", "plot_front", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
+__all__ = ["pick_trial_row", "front_rows", "measured_ties", "ties_note", "write_pareto_csv", "plot_front", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
 
 FRONT_COLUMNS = (
     "trial",
@@ -161,6 +161,16 @@ def measured_ties(rows: list[dict[str, Any]], best_trial: int, z: float = TIE_Z)
     return sorted(out, key=lambda d: d["gap"])
 
 
+def ties_note(rows: list[dict[str, Any]], trial: int) -> list[str]:
+    """A recipe note naming the measured trials within noise of ``trial`` (:func:`measured_ties`), or ``[]``."""
+    ties = measured_ties(rows, trial)
+    if not ties:
+        return []
+    listed = ", ".join(f"trial {t['trial']} ({t['label']}, {-t['gap']:+.1%})" for t in ties[:5]) + (f" and {len(ties) - 5} more" if len(ties) > 5 else "")
+    return [f"Measured within the trials' own noise ({TIE_Z:g} standard errors of the median step time) of {listed}: "
+            "the trials cannot rank these layouts, and runs of one layout can differ by more."]
+
+
 def write_pareto_csv(path: Path, front: list[dict[str, Any]]) -> None:
     """One row per Pareto-optimal trial; the ``source`` column says predicted or measured."""
     with path.open("w", newline="") as fh:
@@ -210,8 +220,9 @@ def export_files(
     calibration: Any = None,
     memory_headroom: float = 0.10,
     measurement: Any = None,
+    notes: Sequence[str] = (),
 ) -> dict[str, Path]:
-    """Write ``recipe.yaml``, ``run_slime.sh`` and ``megatron_args.sh`` for ``layout``.
+    """Write ``recipe.yaml``, ``run_slime.sh`` and ``megatron_args.sh`` for ``layout`` (``notes`` go into the recipe's notes).
 
     Returns:
         The paths written, by kind.
@@ -222,7 +233,8 @@ def export_files(
     if calibration is not None:
         kw["calibration"] = calibration
     est = estimate(model, cluster, workload, layout, **kw)
-    recipe = export.recipe_dict(model, cluster, workload, layout, estimate=est, measurement=measurement, study=study)
+    recipe = export.recipe_dict(model, cluster, workload, layout, estimate=est, measurement=measurement, study=study,
+                                extra_notes=notes)
     export.validate_recipe(recipe)
     paths = {
         "recipe": out_dir / "recipe.yaml",

@@ -59,3 +59,20 @@ def test_tune_prints_the_ties(capsys, monkeypatch):
     assert "within measurement noise of trial 2" in text and "trial 0 (TP1 PP1 EP2 DP2, none, alltoall, mbs 2)" in text
     cli._print_ties([_row(2, BEST), _row(4, [1.10 * t for t in BEST])], {"trial": 2})
     assert capsys.readouterr().out == ""
+
+
+def test_the_recipe_names_the_tied_trials():
+    from cost_model.specs import Workload, load_model, parse_gpus
+    from launch import export
+    from launch.harness.spec import slice_model
+    from tuner.report import ties_note
+
+    rows = [_row(2, BEST), _row(0, NONE_AG, dispatcher="allgather"), _row(4, [1.10 * t for t in BEST])]
+    notes = ties_note(rows, 2)
+    assert len(notes) == 1 and "trial 0 (TP1 PP1 EP2 DP2, none, allgather, mbs 2, -2.0%)" in notes[0] and "trial 4" not in notes[0]
+    assert ties_note(rows, 4) == []  # 10% slower than its nearest: nothing ties with it
+    lay = Layout.from_dict(rows[0]["layout"])
+    rec = export.recipe_dict(slice_model(load_model("MiniMax-M2"), 2), parse_gpus("2xH200"), Workload(seq_length=8192, global_batch_size=8),
+                             lay, extra_notes=notes)
+    export.validate_recipe(rec)
+    assert notes[0] in rec["notes"]
