@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import platform
 import re
 import sys
@@ -67,10 +68,12 @@ sys.path.insert(0, str(ROOT))
 
 from cost_model.calibrate import Observation, fit_observations, predict_observations  # noqa: E402
 from cost_model.calibration import DEFAULT_CALIBRATION, Calibration  # noqa: E402
+from cost_model.errors import TunerError  # noqa: E402
 from cost_model.specs import Workload, load_model, parse_gpus  # noqa: E402
 from cost_model.validate import spearman  # noqa: E402
 from launch.harness.spec import HarnessEnv, harness_layout, slice_model  # noqa: E402
 from search_spaces.layout import Layout  # noqa: E402
+from search_spaces.rules import check_layout  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "h200_minimax_slice.jsonl"
 STACK_NOTE = ("fitted to real trials of megatron-core 0.19.2 WITHOUT Transformer Engine (local spec, SDPA attention, "
@@ -85,8 +88,8 @@ _MODEL_FIELD = re.compile(r"^\s*(?P<name>.+?)\s*\[(?P<layers>\d+) layers?\]\s*$"
 
 def read_rows(path: Path, gpus: str = "4xH200") -> list[dict[str, Any]]:
     """Finished rows of ``gpus`` (failed or timed-out layouts have no measurement)."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r.get("status") == "ok" and r.get("gpus") == gpus and r.get("step_time_s")]
+    kept, _ = read_data_rows(path, [gpus])
+    return [{k: v for k, v in r.items() if k != "_id"} for r in kept]
 
 
 def row_model(row: dict[str, Any], layers: int) -> tuple[str, int]:
@@ -108,23 +111,57 @@ def rel(path: str | Path) -> str:
     return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(path)
 
 
-def read_data_rows(path: Path, gpus: Sequence[str] | None = None) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """Finished rows of ``path`` (of ``gpus`` when given), each with ``_id`` (file#n), and why the others were skipped."""
+def _positive(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def _row_problem(r: Any, layers: int) -> str | None:
+    """Why a finished row cannot be predicted (malformed field, a layout that breaks a rule), or None."""
+    if not isinstance(r.get("n"), int) or not isinstance(r.get("layout"), dict):
+        return "malformed (needs an integer n and a layout object)"
+    try:
+        name, depth = row_model(r, layers)
+        model = slice_model(load_model(name), depth)
+        parse_gpus(str(r.get("gpus")))
+        w = Workload(seq_length=r.get("seq_length"), global_batch_size=r.get("global_batch_size"))
+        lay = Layout.from_dict(r["layout"])
+    except (TunerError, KeyError, TypeError, ValueError) as e:
+        return f"malformed ({str(e).splitlines()[0][:120]})"
+    broken = check_layout(lay, model, w)
+    return f"breaks rule {broken[0][0]}" if broken else None
+
+
+def read_data_rows(path: Path, gpus: Sequence[str] | None = None, layers: int = 4) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Finished rows of ``path`` (of ``gpus`` when given), each with ``_id`` (file#n), and why the others were skipped.
+
+    Raises:
+        ValueError: a line that is not a JSON object (with its line number).
+    """
     kept: list[dict[str, Any]] = []
     skipped: Counter[str] = Counter()
-    for line in path.read_text().splitlines():
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
-        r = json.loads(line)
-        te = str((r.get("versions") or {}).get("transformer_engine", "not installed"))
-        if r.get("status") != "ok" or not r.get("step_time_s"):
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"line {lineno}: not JSON ({e.msg})") from None
+        if not isinstance(r, dict):
+            raise ValueError(f"line {lineno}: a {type(r).__name__}, not a JSON object")
+        versions = r.get("versions") if isinstance(r.get("versions"), dict) else {}
+        te = str(versions.get("transformer_engine", "not installed"))
+        if r.get("status") != "ok" or r.get("step_time_s") is None:
             skipped[f"not finished ({r.get('status')})"] += 1
+        elif not _positive(r.get("step_time_s")):
+            skipped["no valid step time"] += 1
         elif gpus and r.get("gpus") not in gpus:
             skipped[f"other GPUs ({r.get('gpus')})"] += 1
         elif te != "not installed":
             skipped["ran with Transformer Engine"] += 1
-        elif not r.get("peak_reserved_gib") or not r.get("peak_allocated_gib"):
+        elif not _positive(r.get("peak_reserved_gib")) or not _positive(r.get("peak_allocated_gib")):
             skipped["no peak memory"] += 1
+        elif (why := _row_problem(r, layers)) is not None:
+            skipped[why] += 1
         else:
             kept.append({**r, "_id": f"{rel(path)}#{r['n']}"})
     return kept, dict(skipped)
@@ -256,6 +293,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="write the calibration fitted to the fit half (step time + reserved memory) here")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    if a.max_nfev < 1:
+        ap.error(f"--max-nfev {a.max_nfev}: give at least 1 (the fit's evaluation budget)")
+    if a.out and not Path(a.out).resolve().parent.is_dir():
+        ap.error(f"--out {a.out!r}: its folder does not exist")
     if (a.fit_data is None) != (a.judge_data is None):
         ap.error("--fit-data and --judge-data go together")
     if a.fit_data is not None:
@@ -268,7 +309,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--fit-gpus and --judge-gpus go with --fit-data and --judge-data")
     a.data = a.data or str(FIXTURE)
     t0 = time.perf_counter()
-    rows = read_rows(Path(a.data))
+    try:
+        rows = read_rows(Path(a.data))
+    except (OSError, ValueError) as e:
+        print(f"error: {a.data}: {e}", file=sys.stderr)
+        return 2
+    if len(rows) < 4:
+        print(f"error: {a.data}: {len(rows)} finished 4xH200 rows; two halves need at least 4", file=sys.stderr)
+        return 2
     obs = observations(rows, a.layers, "peak_reserved_gib")
     base = DEFAULT_CALIBRATION
     pred0, _ = predict_observations(obs, base)
@@ -316,16 +364,22 @@ def extrapolate(a: argparse.Namespace) -> int:
     for side, paths, gpus in (("fit", a.fit_data, a.fit_gpus), ("judge", a.judge_data, a.judge_gpus)):
         for p in paths:
             try:
-                kept, skipped = read_data_rows(Path(p), gpus)
+                kept, skipped = read_data_rows(Path(p), gpus, a.layers)
             except (OSError, ValueError) as e:
                 print(f"error: {p}: {e}", file=sys.stderr)
                 return 2
             files[side].append({"file": rel(p), "rows": len(kept), "kinds": _describe(kept, a.layers), "skipped": skipped})
             rows[side].extend(kept)
     for side in ("fit", "judge"):
-        if len(rows[side]) < (2 if side == "fit" else 1):
-            print(f"error: {len(rows[side])} usable {side} rows in {', '.join(getattr(a, side + '_data'))}", file=sys.stderr)
+        if len(rows[side]) < 3:
+            print(f"error: {len(rows[side])} usable {side} rows in {', '.join(getattr(a, side + '_data'))}; "
+                  "a fit and a Spearman need at least 3", file=sys.stderr)
             return 2
+    both = sorted({r["_id"] for r in rows["fit"]} & {r["_id"] for r in rows["judge"]})
+    if both:
+        print(f"error: {len(both)} rows are in both the fit and the judge set (e.g. {both[0]}): the judge set would not be "
+              "out-of-sample; give disjoint files or --fit-gpus / --judge-gpus that split them", file=sys.stderr)
+        return 2
     obs = {side: observations(rows[side], a.layers, "peak_reserved_gib", long_labels=True) for side in rows}
     mapped = {side: [long_label(r, a.layers) for r in rows[side] if ran_layout(r) != Layout.from_dict(r["layout"])] for side in rows}
     fitted = fit_and_score({side: (obs[side], rows[side]) for side in ("fit", "judge")},

@@ -223,6 +223,10 @@ def _read_constants(p: Path, base: Calibration) -> Calibration:
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise TunerError(f"--calibration {str(p)!r}: cannot read it ({e})") from None
     if isinstance(data, dict) and "constants" in data:
+        stray = sorted(str(k) for k in set(data) - {"constants", "provenance"})
+        if stray:
+            raise TunerError(f"--calibration {str(p)!r}: {stray} sit beside the 'constants' section and would be ignored; "
+                             "put them under 'constants' (the file has 'constants' and 'provenance' only)")
         data = data["constants"]
     if not isinstance(data, dict):
         raise TunerError(f"--calibration {str(p)!r}: expected a mapping of constant names to numbers")
@@ -232,7 +236,15 @@ def _read_constants(p: Path, base: Calibration) -> Calibration:
         raise TunerError(f"--calibration {str(p)!r}: unknown constants {unknown}; accepted: {sorted(names)}")
     bad = [k for k, v in data.items() if not isinstance(v, (int, float)) or isinstance(v, bool)]
     if bad:
-        raise TunerError(f"--calibration {str(p)!r}: values of {bad} are not numbers")
+        def _numeric_text(v: Any) -> bool:
+            try:
+                return isinstance(v, str) and float(v) == float(v)
+            except ValueError:
+                return False
+
+        hint = ("; YAML reads a number such as 1e30 as text: write it with a decimal point and a signed exponent (1.0e+30)"
+                if any(_numeric_text(data[k]) for k in bad) else "")
+        raise TunerError(f"--calibration {str(p)!r}: values of {bad} are not numbers{hint}")
     try:
         return base.replace(**{k: float(v) for k, v in data.items()})
     except TunerError as e:

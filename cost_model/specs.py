@@ -556,16 +556,19 @@ def list_models() -> list[str]:
 
 
 def load_model(name_or_path: str) -> ModelSpec:
-    """A bundled preset by name (case-insensitive) or a ``config.json`` path.
+    """A bundled preset by name (case-insensitive), a ``config.json`` path or a folder holding one.
 
     Raises:
         TunerError: unknown name (with close names suggested), unreadable or
             malformed file, or missing fields.
     """
     p = Path(name_or_path)
+    if p.is_dir() and (p / "config.json").is_file():  # a Hugging Face model folder
+        p = p / "config.json"
     if p.suffix == ".json" or p.exists():
         if not p.is_file():
-            raise TunerError(f"--model {name_or_path!r}: no such file; give a preset name ({', '.join(list_models())}) or a config.json path")
+            what = "a folder without a config.json" if p.is_dir() else "no such file"
+            raise TunerError(f"--model {name_or_path!r}: {what}; give a preset name ({', '.join(list_models())}) or a config.json path")
         try:
             cfg = json.loads(p.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -102,7 +102,7 @@ def main_job(
     storage: StorageOpt = None,
     results_dir: ResultsOpt = Path("results"),
     seed: Annotated[int, typer.Option("--seed", help="Sampler seed.", rich_help_panel="Study")] = 0,
-    top: Annotated[int, typer.Option("--top", help="Rows of the Pareto table to print (0 = all).", rich_help_panel="Output")] = 15,
+    top: Annotated[int, typer.Option("--top", min=0, help="Rows of the Pareto table to print (0 = all).", rich_help_panel="Output")] = 15,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     """Find the fastest layout that fits: `tune --model MiniMax-M2 --gpus 64xH200`."""
@@ -283,13 +283,18 @@ def _print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:
     """Say which measured trials the best one cannot be told apart from (tuner.report.measured_ties)."""
     from tuner.report import TIE_Z, measured_ties
 
+    if best.get("source") != "measured":  # a study that mixes sources: against its fastest measured trial
+        measured = [r for r in rows if r.get("source") == "measured" and isinstance(r.get("tokens_per_s_per_gpu"), (int, float))]
+        if not measured:
+            return
+        best = max(measured, key=lambda r: r["tokens_per_s_per_gpu"])
     ties = measured_ties(rows, best["trial"])
     if not ties:
         return
-    listed = "; ".join(f"trial {t['trial']} ({t['label']}): {t['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU, {-t['gap']:+.1%}" for t in ties[:5])
+    listed = "; ".join(f"trial {t['trial']} ({t['label']}): {t['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU, {0.0 - t['gap']:+.1%}" for t in ties[:5])
     more = f"; and {len(ties) - 5} more" if len(ties) > 5 else ""
     out.print(
-        f"  [yellow]within measurement noise of trial {best['trial']}[/] ({TIE_Z:g} standard errors of the median step time): "
+        f"  [yellow]within measurement noise of trial {best['trial']}[/] ({TIE_Z:g} standard errors of the difference of the median step times): "
         f"{escape(listed)}{more}. Their step times cannot rank these layouts; runs of one layout can differ by more than their "
         "own noise (docs/measurements.md), so treat them as equally fast and choose on memory, or re-measure them."
     )
@@ -632,7 +637,7 @@ def _study_context(st: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
 @app.command()
 def pareto(
     study: StudyOpt = None, storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
-    top: Annotated[int, typer.Option("--top", help="Rows to print (0 = all).")] = 0,
+    top: Annotated[int, typer.Option("--top", min=0, help="Rows to print (0 = all).")] = 0,
     csv_out: Annotated[Optional[Path], typer.Option("--csv", help="Also write the front as CSV here.")] = None,
 ) -> None:
     """Show a study's Pareto front (throughput vs peak memory) with predicted vs measured values."""
@@ -650,7 +655,8 @@ def pareto(
         _fail(ex)
         return
     srcs = {r["source"] for r in front}
-    out.print(f"Study [bold]{st.study_name}[/]: {m.name} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}; backend {cfg.get('backend')}; {len(rows)} layouts evaluated")
+    out.print(f"Study [bold]{escape(st.study_name)}[/]: {escape(m.name)} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}; "
+              f"backend {escape(str(cfg.get('backend')))}; {len(rows)} layouts evaluated")
     _print_front(front, top, title=f"Pareto front ({' and '.join(sorted(srcs))})")
     _print_ties(rows, front[0])
     real = [t for t in st.trials if "pruned" in t.user_attrs or ("failure" in t.user_attrs and "pred_peak_gib" in t.user_attrs["failure"])]

@@ -24,6 +24,11 @@ DataOpt = Annotated[Optional[list[Path]], typer.Option("--data", help="Run table
 CalOpt = Annotated[Optional[Path], typer.Option("--calibration", help="Calibration YAML overriding the shipped constants.")]
 
 
+
+def _bad_rows(problems: list) -> int:
+    """Rows with at least one unreadable cell (``problems`` has one entry per cell)."""
+    return len({(p.row, p.run_id) for p in problems})
+
 def _consoles() -> tuple[Any, Any, Any]:
     from tuner.cli import _fail, err, out
 
@@ -69,7 +74,7 @@ def validate(
         if not preds:
             reasons = sorted({str(r.unrepresentable) for r in runs if r.unrepresentable})
             why = ("; reasons: " + "; ".join(reasons[:3]) + (" ..." if len(reasons) > 3 else "")) if reasons else ""
-            raise TunerError(f"no usable row in {', '.join(map(str, data))}: {len(problems)} with unreadable cells, "
+            raise TunerError(f"no usable row in {', '.join(map(str, data))}: {_bad_rows(problems)} rows with unreadable cells, "
                              f"{sum(1 for r in runs if r.unrepresentable)} the model cannot represent{why}")
         if rows:
             t = Table(title="predicted vs published (every prediction is the analytical model's; published numbers are measured)", title_justify="left")
@@ -98,7 +103,7 @@ def validate(
         allp = summarize(preds, key=lambda p: ("all", "all"))[0]
         t.add_row("all", "all", str(allp["rows"]), f"{allp['median_abs_error'] * 100:.1f}%", f"{allp['mape'] * 100:.1f}%", "")
         out.print(t)
-        out.print(f"{len(preds)} runs estimated, {len(unrep)} not representable (listed above), {len(problems)} with unreadable cells (on stderr). "
+        out.print(f"{len(preds)} runs estimated, {len(unrep)} not representable (listed above), {_bad_rows(problems)} rows with unreadable cells (on stderr). "
                   f"Calibration: {calibration or 'shipped (cost_model/data/calibration.yaml)'}")
     except TunerError as e:
         fail(e)
@@ -211,7 +216,7 @@ def calibrate(
             return
         usable = [r for r in runs if not r.unrepresentable and r.layout is not None]
         if len(usable) < 2:
-            raise TunerError(f"no usable runs to fit: {len(usable)} representable, {len(problems)} with unreadable cells")
+            raise TunerError(f"no usable runs to fit: {len(usable)} representable, {_bad_rows(problems)} rows with unreadable cells")
         fit = fit_calibration(runs, start=start, max_nfev=max_nfev, progress=lambda s: err.print(s))
         doc: dict[str, Any] = {
             "provenance": {
@@ -222,7 +227,7 @@ def calibrate(
                 "machine": f"{platform.machine()}, Python {platform.python_version()}",
                 "runs_fitted": fit.rows,
                 "runs_not_representable": sum(1 for r in runs if r.unrepresentable),
-                "rows_with_unreadable_cells": len(problems),
+                "rows_with_unreadable_cells": _bad_rows(problems),
                 "method": "scipy.optimize.least_squares (trf, soft_l1 loss, f_scale 0.25) on log(predicted / published); seed rows weight 3",
                 "fitted": list(fit.fitted),
                 "in_sample_median_abs_error": round(fit.median_abs_error, 4),

@@ -115,7 +115,8 @@ def measured_ties(rows: list[dict[str, Any]], best_trial: int, z: float = TIE_Z)
     A trial's throughput is its median step time over its measured (post-warm-up) steps; that
     median's relative standard error is taken as ``sqrt(pi / 2) * CV / sqrt(n)`` (the large-sample
     standard error of a median of normal data; CV = sample standard deviation / mean of the n
-    step times). Trial ``b`` ties with the best ``a`` when
+    step times; entries that are not positive finite numbers are left out). Trial ``b`` ties with
+    the best ``a`` when the standard error of the difference covers the gap:
     ``(tps_a - tps_b) / tps_a <= z * sqrt(se_a**2 + se_b**2)``.
 
     This is within-run noise only. Separate runs of one layout can differ by more (on the lent
@@ -135,24 +136,31 @@ def measured_ties(rows: list[dict[str, Any]], best_trial: int, z: float = TIE_Z)
     """
 
     def rel_se(r: dict[str, Any]) -> float | None:
-        t = [float(x) for x in r.get("step_times_s") or () if x == x and float(x) > 0]
-        if r.get("source") != "measured" or len(t) < 3:
+        raw = r.get("step_times_s")
+        if r.get("source") != "measured" or not isinstance(raw, (list, tuple)):
+            return None
+        t = [float(x) for x in raw if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0]
+        if len(t) < 3:
             return None
         mean = sum(t) / len(t)
         sd = math.sqrt(sum((x - mean) ** 2 for x in t) / (len(t) - 1))
         return math.sqrt(math.pi / 2.0) * sd / mean / math.sqrt(len(t))
 
+    def tps(r: dict[str, Any]) -> float | None:
+        v = r.get("tokens_per_s_per_gpu")
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 else None
+
     best = next((r for r in rows if r.get("trial") == best_trial), None)
     se_a = rel_se(best) if best else None
-    if best is None or se_a is None or not best.get("tokens_per_s_per_gpu"):
+    a = tps(best) if best else None
+    if best is None or se_a is None or a is None:
         return []
-    a = float(best["tokens_per_s_per_gpu"])
     out = []
     for r in rows:
-        se_b = rel_se(r)
-        if r is best or se_b is None or not r.get("tokens_per_s_per_gpu"):
+        se_b, b = rel_se(r), tps(r)
+        if r is best or se_b is None or b is None:
             continue
-        gap = (a - float(r["tokens_per_s_per_gpu"])) / a
+        gap = round((a - b) / a, 6) + 0.0  # + 0.0: an exact tie is 0.0, not -0.0
         thr = z * math.sqrt(se_a**2 + se_b**2)
         if abs(gap) <= thr:
             lay = Layout.from_dict(r["layout"])
@@ -166,8 +174,8 @@ def ties_note(rows: list[dict[str, Any]], trial: int) -> list[str]:
     ties = measured_ties(rows, trial)
     if not ties:
         return []
-    listed = ", ".join(f"trial {t['trial']} ({t['label']}, {-t['gap']:+.1%})" for t in ties[:5]) + (f" and {len(ties) - 5} more" if len(ties) > 5 else "")
-    return [f"Measured within the trials' own noise ({TIE_Z:g} standard errors of the median step time) of {listed}: "
+    listed = ", ".join(f"trial {t['trial']} ({t['label']}, {0.0 - t['gap']:+.1%})" for t in ties[:5]) + (f" and {len(ties) - 5} more" if len(ties) > 5 else "")
+    return [f"Measured within the trials' own noise ({TIE_Z:g} standard errors of the difference of the median step times) of {listed}: "
             "the trials cannot rank these layouts, and runs of one layout can differ by more."]
 
 

@@ -101,8 +101,10 @@ class TuneConfig:
     def study_name(self, model: ModelSpec, cluster: Cluster) -> str:
         if self.study:
             return self.study
-        name = model.name.split("[")[0]
+        name = re.sub(r"\[\d+ layers?\]$", "", model.name)  # a --layers slice is named below
         base = Path(name).stem if name.endswith(".json") else name
+        # a default name obeys the --study rule (_STUDY_NAME_RE), whatever a config.json path is called
+        base = re.sub(r"[^A-Za-z0-9._-]+", "-", base).lstrip("._-")[:64] or "model"
         sl = f"-L{self.layers}" if self.layers else ""
         return f"{base}{sl}-{cluster.label}-s{self.seq_length}-gbs{self.global_batch_size}"
 
@@ -817,9 +819,7 @@ def _run_study(
     est = prep.estimates
     index = CandidateIndex(valid, prep.fits)
     params = index.params
-    seen: set[str] = {
-        t.user_attrs["key"] for t in study.get_trials(deepcopy=False) if "key" in t.user_attrs and t.state.is_finished()
-    }
+    seen: set[str] = {t.user_attrs["key"] for t in study.get_trials(deepcopy=False) if "key" in t.user_attrs and _settled(t)}
     # Layouts still queued by an interrupted run: run them before enqueuing more.
     waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
     if not cfg.storage:
@@ -1100,9 +1100,17 @@ def _claimed_elsewhere(study: optuna.Study, number: int, key: str) -> bool:
     for t in study.get_trials(deepcopy=False):
         if t.number == number or t.user_attrs.get("key") != key or "skipped" in t.user_attrs:
             continue
-        if t.state.is_finished() or (t.state == optuna.trial.TrialState.RUNNING and t.number < number):
+        if _settled(t) or (t.state == optuna.trial.TrialState.RUNNING and t.number < number):
             return True
     return False
+
+
+def _settled(t: optuna.trial.FrozenTrial) -> bool:
+    """The trial's layout has an outcome: finished, and not a FAIL without a recorded failure (a trial cut off
+    by Ctrl-C or a killed worker, whose layout a resumed run must evaluate again)."""
+    if not t.state.is_finished():
+        return False
+    return not (t.state == optuna.trial.TrialState.FAIL and "failure" not in t.user_attrs)
 
 
 def _best_measured(study: optuna.Study) -> float | None:

@@ -182,3 +182,20 @@ def test_deepep_sends_once_per_remote_node():
     opts = RunOptions(moe_router_force_load_balancing=True)
     t = {d: estimate(m, c, w, base.replace(dispatcher=d), calibration=cal, options=opts).time["ep_comm"] for d in ("alltoall", "flex+deepep")}
     assert t["flex+deepep"] < 0.6 * t["alltoall"]
+
+
+def test_calibration_files_refuse_stray_keys_and_say_why_1e30_is_text(tmp_path):
+    from cost_model.calibration import load_calibration
+
+    p = tmp_path / "c.yaml"
+    p.write_text("constants:\n  gemm_efficiency: 0.8\ngemm_efficiency: 0.9\n")
+    with pytest.raises(TunerError, match=r"\['gemm_efficiency'\] sit beside the 'constants' section"):
+        load_calibration(p)
+    p.write_text("provenance: {date: 2026-11-30}\nconstants:\n  gemm_efficiency: 0.8\n")
+    assert load_calibration(p).gemm_efficiency == 0.8
+    p.write_text("cuda_context_bytes: 1e30\n")
+    with pytest.raises(TunerError, match="YAML reads a number such as 1e30 as text"):
+        load_calibration(p)
+    p.write_text("cuda_context_bytes: fast\n")
+    with pytest.raises(TunerError, match=r"are not numbers$"):
+        load_calibration(p)

@@ -106,3 +106,16 @@ def test_config_json_from_path_equals_preset(tmp_path):
     p.write_text(text)
     m = load_model(str(p))
     assert m.active_params() == 10_415_112_192
+
+
+def test_a_model_folder_with_config_json_loads(tmp_path):
+    from importlib import resources
+
+    text = resources.files("cost_model").joinpath("data/models/MiniMax-M2.json").read_text()
+    d = tmp_path / "MyMoE"
+    d.mkdir()
+    (d / "config.json").write_text(text)
+    m = load_model(str(d))
+    assert m.name == "MyMoE" and m.active_params() == 10_415_112_192
+    with pytest.raises(TunerError, match="a folder without a config.json"):
+        load_model(str(tmp_path))

@@ -129,9 +129,12 @@ def test_interrupt_keeps_finished_trials_and_resumes(tmp_path, slow_tp):
         run_study(prepare(_cfg(tmp_path, prune_margin=None)), backend=b)
     st = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/s/study.db")
     assert len(trial_rows(st)) == 2
+    (cut,) = [t for t in st.trials if t.state == optuna.trial.TrialState.FAIL]
     res = run_study(prepare(_cfg(tmp_path, prune_margin=None)), backend=_backend(tmp_path, steps=4))
     keys = [r["key"] for r in trial_rows(res.study)]
     assert len(keys) == len(set(keys)) > 2
+    # the layout that was being measured when the run was interrupted is measured on resume
+    assert cut.user_attrs["key"] in keys
 
 
 def test_cli_layers_and_local_gpu_count(tmp_path, monkeypatch):

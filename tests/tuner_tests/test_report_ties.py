@@ -54,10 +54,10 @@ def test_tune_prints_the_ties(capsys, monkeypatch):
 
     monkeypatch.setattr(cli, "out", Console(width=400, highlight=False))
     rows = [_row(2, BEST), _row(0, NONE_AG)]
-    cli._print_ties(rows, {"trial": 2})
+    cli._print_ties(rows, {"trial": 2, "source": "measured"})
     text = capsys.readouterr().out
     assert "within measurement noise of trial 2" in text and "trial 0 (TP1 PP1 EP2 DP2, none, alltoall, mbs 2)" in text
-    cli._print_ties([_row(2, BEST), _row(4, [1.10 * t for t in BEST])], {"trial": 2})
+    cli._print_ties([_row(2, BEST), _row(4, [1.10 * t for t in BEST])], {"trial": 2, "source": "measured"})
     assert capsys.readouterr().out == ""
 
 
@@ -76,3 +76,33 @@ def test_the_recipe_names_the_tied_trials():
                              lay, extra_notes=notes)
     export.validate_recipe(rec)
     assert notes[0] in rec["notes"]
+
+
+def test_foreign_step_times_are_left_out_not_fatal():
+    rows = [_row(2, BEST), _row(0, NONE_AG), _row(1, NONE_AG), _row(3, NONE_AG), _row(5, NONE_AG)]
+    rows[1]["step_times_s"] = [None, "x", True] + NONE_AG  # the valid ones still count
+    rows[2]["step_times_s"] = 0.97  # not a list: no ties for it
+    rows[3]["step_times_s"] = [None, "x", float("nan")]
+    rows[4]["tokens_per_s_per_gpu"] = "fast"
+    assert [t["trial"] for t in measured_ties(rows, 2)] == [0]
+
+
+def test_an_exact_tie_prints_no_signed_zero(capsys, monkeypatch):
+    from rich.console import Console
+
+    monkeypatch.setattr(cli, "out", Console(width=400, highlight=False))
+    rows = [_row(2, BEST), _row(0, BEST, dispatcher="allgather")]
+    (t,) = measured_ties(rows, 2)
+    assert t["gap"] == 0.0 and str(t["gap"]) == "0.0"
+    cli._print_ties(rows, {"trial": 2, "source": "measured"})
+    assert "-0.0%" not in capsys.readouterr().out
+
+
+def test_a_mixed_study_is_judged_against_its_fastest_measured_trial(capsys, monkeypatch):
+    from rich.console import Console
+
+    monkeypatch.setattr(cli, "out", Console(width=400, highlight=False))
+    rows = [_row(9, BEST, source="predicted"), _row(2, BEST), _row(0, NONE_AG)]
+    rows[0]["tokens_per_s_per_gpu"] = 9e5
+    cli._print_ties(rows, {"trial": 9, "source": "predicted"})
+    assert "within measurement noise of trial 2" in capsys.readouterr().out

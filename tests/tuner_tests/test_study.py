@@ -138,3 +138,18 @@ def test_resume_with_another_space_is_refused_before_anything_is_written(tmp_pat
     assert r.exit_code == 2 and "searched over another space" in r.output and "use_precision_aware_optimizer" in r.output, r.output
     assert (tmp_path / "sp" / "config.yaml").read_text() == before
     assert CliRunner().invoke(app, args + ["--trials", "6"]).exit_code == 0  # the same inputs resume it
+
+
+@pytest.mark.parametrize("path_name, expect", [("[bold]x", "bold-x"), (".json", "json"), ("ü", "model"), ("my model v2", "my-model-v2")])
+def test_default_study_names_obey_the_study_name_rule(path_name, expect):
+    from cost_model.specs import load_model, parse_gpus
+    from tuner.study import _STUDY_NAME_RE
+
+    m = load_model("MiniMax-M2")
+    import dataclasses
+
+    m = dataclasses.replace(m, name=path_name)  # load_model names a config.json by its folder (or the file's stem)
+    name = TuneConfig(model="x", gpus="8xH200").study_name(m, parse_gpus("8xH200"))
+    assert _STUDY_NAME_RE.match(name) and name.startswith(expect + "-8xH200"), name
+    sliced = dataclasses.replace(m, name=path_name + "[4 layers]")
+    assert TuneConfig(model="x", gpus="8xH200", layers=4).study_name(sliced, parse_gpus("8xH200")).startswith(expect + "-L4-8xH200")
