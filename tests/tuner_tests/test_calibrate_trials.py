@@ -162,3 +162,22 @@ def test_bench_extrapolation_fits_small_slices_and_judges_4gpu(capsys):
     assert fit["after"]["step_median"] < 0.5 * fit["before"]["step_median"], (fit["before"]["step_median"], fit["after"]["step_median"])
     assert judge["after"]["step_median"] < 0.15 < 0.4 < judge["before"]["step_median"]
     assert judge["after"]["peak_reserved_median"] < 0.05 < 0.1 < judge["before"]["peak_reserved_median"]
+
+
+def test_bench_refuses_bad_rows_and_overlapping_sets(tmp_path, capsys):
+    bench = _bench()
+    rows = [json.loads(x) for x in FIXTURE.read_text().splitlines() if x.strip()]
+    garbage = tmp_path / "g.jsonl"
+    garbage.write_text(json.dumps(rows[0]) + "\nnot json\n")
+    assert bench.main(["--fit-data", str(garbage), "--judge-data", str(FIXTURE)]) == 2
+    assert "g.jsonl: line 2: not JSON" in capsys.readouterr().err
+    # the same rows on both sides would be judged in-sample
+    assert bench.main(["--fit-data", str(FIXTURE), "--judge-data", str(FIXTURE)]) == 2
+    assert "in both the fit and the judge set" in capsys.readouterr().err
+    # rows that cannot be predicted are skipped with the reason, not fitted
+    bad = [dict(rows[0], step_time_s=-1.0), dict(rows[1], layout=dict(rows[1]["layout"], tp=3)), dict(rows[2], n="x")]
+    f = tmp_path / "bad.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in bad + rows[3:]))
+    kept, skipped = bench.read_data_rows(f, ["4xH200"])
+    assert skipped["no valid step time"] == 1 and skipped["breaks rule world_div_tp_pp_cp"] == 1
+    assert any(k.startswith("malformed") for k in skipped) and all(r["n"] not in (0, 1, 2) for r in kept)
