@@ -47,6 +47,7 @@ PrecOpt = Annotated[str, typer.Option("--precision", help="bf16 or fp8.", rich_h
 HeadroomOpt = Annotated[float, typer.Option("--memory-headroom", help="Fraction of HBM kept free (default 0.10).", rich_help_panel="Search")]
 CalOpt = Annotated[Optional[Path], typer.Option("--calibration", help="Calibration YAML overriding the cost model's constants.", rich_help_panel="Search")]
 StudyOpt = Annotated[Optional[str], typer.Option("--study", help="Study name (default: model-gpus-seq-gbs).", rich_help_panel="Study")]
+StudyNameOpt = Annotated[Optional[str], typer.Option("--study", help="Study name (required; `tune` prints it, e.g. MiniMax-M2-8x8xH200-s8192-gbs128).", rich_help_panel="Study")]
 StorageOpt = Annotated[Optional[str], typer.Option("--storage", help="Optuna storage URL (default sqlite:///results/<study>/study.db).", rich_help_panel="Study")]
 ResultsOpt = Annotated[Path, typer.Option("--results-dir", help="Where study folders go.", rich_help_panel="Study")]
 
@@ -636,7 +637,7 @@ def _study_context(st: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
 
 @app.command()
 def pareto(
-    study: StudyOpt = None, storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
+    study: StudyNameOpt = None, storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
     top: Annotated[int, typer.Option("--top", min=0, help="Rows to print (0 = all).")] = 0,
     csv_out: Annotated[Optional[Path], typer.Option("--csv", help="Also write the front as CSV here.")] = None,
 ) -> None:
@@ -694,7 +695,7 @@ def pareto(
 
 @app.command("export")
 def export_cmd(
-    study: StudyOpt = None, storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
+    study: StudyNameOpt = None, storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
     trial: Annotated[Optional[int], typer.Option("--trial", help="Trial number (default: the fastest on the front).")] = None,
     fmt: Annotated[str, typer.Option("--format", help="recipe, slime or megatron")] = "recipe",
     out_file: Annotated[Optional[Path], typer.Option("--out", help="File to write (default: stdout).")] = None,

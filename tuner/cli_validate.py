@@ -235,6 +235,9 @@ def calibrate(
             "constants": {k: float(v) for k, v in fit.calibration.to_dict().items() if k in fit.fitted},
         }
         out.print(f"fitted {len(fit.fitted)} constants to {fit.rows} runs: in-sample median |error| {fit.median_abs_error * 100:.1f}% ({fit.nfev} evaluations)")
+        if fit.rows <= len(fit.fitted):
+            err.print(f"[yellow]warning:[/] {fit.rows} runs for {len(fit.fitted)} constants: the fit is underdetermined, so its in-sample "
+                      "error says nothing about other layouts; add runs (e.g. --data benchmarks/data/published_runs.csv) before using it")
         for k in fit.fitted:
             out.print(f"  {k}: {getattr(start, k):.4g} -> {getattr(fit.calibration, k):.4g}")
         if kfold:

@@ -120,7 +120,7 @@ def measured_ties(rows: list[dict[str, Any]], best_trial: int, z: float = TIE_Z)
     ``(tps_a - tps_b) / tps_a <= z * sqrt(se_a**2 + se_b**2)``.
 
     This is within-run noise only. Separate runs of one layout can differ by more (on the lent
-    H200 machine, 2-layer MiniMax-M2 slice without TE: 0.91-1.11 s for one layout over four runs,
+    H200 machine, 2-layer MiniMax-M2 slice without TE: 0.91-1.10 s for one layout over four runs,
     docs/measurements.md), so a tie is a floor on the uncertainty, not its size.
 
     Args:
