@@ -200,25 +200,31 @@ def _run_main(cfg: Any, top: int) -> None:
         out.print(f"  note: {note}", markup=False)
     out.print(f"  (enumerated and checked in {prep.enumerate_seconds:.2f} s, estimated in {prep.estimate_seconds:.2f} s)")
 
-    with Progress(
+    # The bar starts when the study is open and its first trial begins (run_study calls on_trial(0, n)):
+    # a refused study (other inputs, a busy lock, a bad storage) prints its error without a bar before it.
+    progress = Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=out,
         transient=False,
-    ) as progress:
-        task = progress.add_task(f"Optuna search ({cfg.backend} backend)", total=None)
+    )
+    task = progress.add_task(f"Optuna search ({cfg.backend} backend)", total=None)
 
-        def on_trial(done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total)
+    def on_trial(done: int, total: int) -> None:
+        if not progress.live.is_started:
+            progress.start()
+        progress.update(task, completed=done, total=total)
 
-        try:
-            res = run_study(prep, on_trial=on_trial)
-        except KeyboardInterrupt:
-            progress.stop()
-            err.print("[yellow]interrupted:[/] finished trials are kept in the study; re-run the same command to resume.")
-            raise typer.Exit(code=130) from None
+    try:
+        res = run_study(prep, on_trial=on_trial)
+    except KeyboardInterrupt:
+        progress.stop()
+        err.print("[yellow]interrupted:[/] finished trials are kept in the study; re-run the same command to resume.")
+        raise typer.Exit(code=130) from None
+    finally:
+        progress.stop()
 
     rows = trial_rows(res.study)
     front = front_rows(rows, prep.model)

@@ -406,9 +406,11 @@ def open_storage(url: str, *, create: bool = True) -> Any:
 
         if not create and not Path(path).is_file():
             raise TunerError(f"--storage {url!r}: no journal file at {path}")
+        if create and not Path(path).parent.is_dir():
+            # not created here: on a shared filesystem a mistyped folder would give one worker a journal of its own
+            raise TunerError(f"--storage {url!r}: the folder {str(Path(path).parent)!r} does not exist; create it (on the filesystem "
+                             "the workers share) and run again")
         try:
-            if create:
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
             return JournalStorage(JournalFileBackend(path))
         except OSError as e:
             raise TunerError(f"--storage {url!r}: cannot open the journal file ({e.strerror or e})") from None
@@ -652,6 +654,8 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path) ->
             sampler=optuna.samplers.NSGAIISampler(seed=cfg.seed, population_size=16),
             load_if_exists=True,
         )
+    except TunerError:
+        raise
     except (ValueError, ImportError) as e:  # bad storage URL, missing DB driver, unreadable journal
         if storage.startswith("journal:"):
             raise TunerError(f"--storage {_mask(storage)!r}: not an Optuna journal file (JSON lines) or unreadable; give a new path or an existing journal") from None
@@ -982,6 +986,8 @@ def _run_study(
             raise KeyboardInterrupt
 
         old_handler = signal.signal(signal.SIGINT, _on_sigint)
+    if on_trial:
+        on_trial(0, n_trials)  # the study is open and its queue set: trials start now
     try:
         study.optimize(objective, n_trials=n_trials, callbacks=[_cb], catch=(TrialFailed,), gc_after_trial=False,
                        n_jobs=cfg.parallel_trials if cfg.backend == "ray" else 1)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cost_model.calibration import DEFAULT_CALIBRATION, Calibration, load_calibration
+from cost_model.calibration import DEFAULT_CALIBRATION, load_calibration
 from cost_model.errors import InfeasibleLayout, TunerError
 from cost_model.estimate import estimate, estimate_table
 from cost_model.specs import Workload, load_model, parse_gpus

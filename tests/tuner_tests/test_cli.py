@@ -90,6 +90,7 @@ def test_resume_with_other_inputs_is_refused(main_run):
     r = runner.invoke(app, ["--model", "MiniMax-M2", "--gpus", "128xH200", "--results-dir", str(out.parent), "--study", "m2"])
     assert r.exit_code == 2
     assert "already exists with" in r.output and "num_gpus=64" in r.output and "num_gpus=128" in r.output
+    assert "Optuna search" not in r.output  # refused before the progress bar starts
 
 
 def test_pareto_and_export_commands(main_run, tmp_path):

@@ -148,7 +148,6 @@ def test_a_fault_that_would_change_nothing_is_refused_before_any_run(m4, c4, tmp
 def test_nan_or_missing_steps_fail(m4, c4, tmp_path, monkeypatch, mode, metric):
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
     p = plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path / "v", steps=10)
-    calls = {"n": 0}
     base = _fake_factory()
 
     def factory(plan, arm):  # only the candidate arm misbehaves, when it runs

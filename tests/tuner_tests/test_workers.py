@@ -17,6 +17,7 @@ ROOT = Path(__file__).parents[2]
 
 def test_two_workers_share_a_journal_study_without_running_a_layout_twice(tmp_path):
     journal = tmp_path / "shared" / "study.log"
+    journal.parent.mkdir()  # the shared folder exists (a mistyped one is refused)
     cmd = [sys.executable, "-m", "tuner.cli", "--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "14", "--study", "w",
            "--storage", f"journal:{journal}", "--results-dir", str(tmp_path / "res")]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -48,6 +49,9 @@ def test_journal_storage_errors_and_the_recorded_storage(tmp_path):
     missing = tmp_path / "missing.log"
     out = r.invoke(app, ["pareto", "--study", "nosuch", "--storage", f"journal:{missing}"])
     assert out.exit_code == 2 and "no journal file" in out.output and not missing.exists()  # reading creates nothing
+    typo = tmp_path / "no-such-dir" / "j.log"
+    out = r.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "2", "--study", "t", "--storage", f"journal:{typo}", "--results-dir", res])
+    assert out.exit_code == 2 and "does not exist" in out.output and not typo.parent.exists()  # no stray journal of its own
     j = tmp_path / "ok.log"
     out = r.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "3", "--study", "ok", "--storage", f"journal:{j}", "--results-dir", res])
     assert out.exit_code == 0, out.output
