@@ -831,6 +831,7 @@ def _run_study(
         # a trial still RUNNING there was cut off by an interrupt. (With --storage, other workers may
         # be running their trials now: leave them.)
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            study._storage.set_trial_user_attr(t._trial_id, "interrupted", "left running by an interrupted run")
             study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
 
     # Enqueue: the predicted front spread over memory, then the fastest predicted candidates.
@@ -876,6 +877,13 @@ def _run_study(
     mine: set[int] = set()  # trial numbers this process runs (other workers may share the storage)
 
     def objective(trial: optuna.Trial) -> tuple[float, float]:
+        try:
+            return _objective(trial)
+        except KeyboardInterrupt:
+            trial.set_user_attr("interrupted", "cut off by Ctrl-C")  # a resumed run evaluates this layout again
+            raise
+
+    def _objective(trial: optuna.Trial) -> tuple[float, float]:
         mine.add(trial.number)
         chosen = {p: trial.suggest_categorical(p, index.labels[p]) for p in params}
         row = index.find_fitting(chosen)
@@ -1112,11 +1120,12 @@ def _claimed_elsewhere(study: optuna.Study, number: int, key: str) -> bool:
 
 
 def _settled(t: optuna.trial.FrozenTrial) -> bool:
-    """The trial's layout has an outcome: finished, and not a FAIL without a recorded failure (a trial cut off
-    by Ctrl-C or a killed worker, whose layout a resumed run must evaluate again)."""
+    """The trial's layout has an outcome: finished, and not a FAIL marked ``interrupted`` (cut off by Ctrl-C,
+    or left RUNNING by an interrupted run of the default storage), whose layout a resumed run evaluates again.
+    A FAIL from an unexpected error stays settled, so a layout that always breaks the run is not retried forever."""
     if not t.state.is_finished():
         return False
-    return not (t.state == optuna.trial.TrialState.FAIL and "failure" not in t.user_attrs)
+    return not (t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("interrupted"))
 
 
 def _best_measured(study: optuna.Study) -> float | None:

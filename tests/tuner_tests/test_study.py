@@ -153,3 +153,29 @@ def test_default_study_names_obey_the_study_name_rule(path_name, expect):
     assert _STUDY_NAME_RE.match(name) and name.startswith(expect + "-8xH200"), name
     sliced = dataclasses.replace(m, name=path_name + "[4 layers]")
     assert TuneConfig(model="x", gpus="8xH200", layers=4).study_name(sliced, parse_gpus("8xH200")).startswith(expect + "-L4-8xH200")
+
+
+def test_an_unexpected_error_is_not_retried_forever_but_an_interrupted_layout_is(prep, tmp_path):
+    class Broken(FlakyBackend):
+        def run(self, layout, *, model, cluster, workload):
+            raise RuntimeError("a bug in a backend")
+
+    p = _cfg(prep, tmp_path, trials=4, study="bug")
+    with pytest.raises(RuntimeError):
+        run_study(p, backend=Broken())
+    st = optuna.load_study(study_name="bug", storage=f"sqlite:///{tmp_path / 'bug' / 'study.db'}")
+    (failed,) = st.trials
+    assert failed.state == optuna.trial.TrialState.FAIL and "interrupted" not in failed.user_attrs
+    res = run_study(p, backend=FlakyBackend())  # the resumed run goes on past that layout
+    keys = [t.user_attrs["key"] for t in res.study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert keys and failed.user_attrs["key"] not in keys
+
+    p = _cfg(prep, tmp_path, trials=4, study="ki")
+    with pytest.raises(KeyboardInterrupt):
+        run_study(p, backend=FlakyBackend(interrupt_after=0))
+    st = optuna.load_study(study_name="ki", storage=f"sqlite:///{tmp_path / 'ki' / 'study.db'}")
+    (cut,) = st.trials
+    assert cut.user_attrs["interrupted"] == "cut off by Ctrl-C"
+    res = run_study(p, backend=FlakyBackend())
+    keys = [t.user_attrs["key"] for t in res.study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert cut.user_attrs["key"] in keys
