@@ -9,6 +9,7 @@ traceback appears only with ``--debug``.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -220,11 +221,13 @@ def _run_main(cfg: Any, top: int) -> None:
     try:
         res = run_study(prep, on_trial=on_trial)
     except KeyboardInterrupt:
-        progress.stop()
+        if progress.live.is_started:
+            progress.stop()
         err.print("[yellow]interrupted:[/] finished trials are kept in the study; re-run the same command to resume.")
         raise typer.Exit(code=130) from None
     finally:
-        progress.stop()
+        if progress.live.is_started:
+            progress.stop()
 
     rows = trial_rows(res.study)
     front = front_rows(rows, prep.model)
@@ -291,7 +294,8 @@ def _print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:
     from tuner.report import TIE_Z, measured_ties
 
     if best.get("source") != "measured":  # a study that mixes sources: against its fastest measured trial
-        measured = [r for r in rows if r.get("source") == "measured" and isinstance(r.get("tokens_per_s_per_gpu"), (int, float))]
+        measured = [r for r in rows if r.get("source") == "measured" and isinstance(r.get("tokens_per_s_per_gpu"), (int, float))
+                    and math.isfinite(r["tokens_per_s_per_gpu"])]
         if not measured:
             return
         best = max(measured, key=lambda r: r["tokens_per_s_per_gpu"])

@@ -303,6 +303,10 @@ def _calibrate_study(study: str, storage: Optional[str], results_dir: Path, out_
     }
     out.print(f"fitted {len(fit.fitted)} constants to {len(obs)} measured trials of study {study}: step time median |error| {e0 * 100:.1f}% -> {e1 * 100:.1f}%"
               + (f"; peak memory median |error| {fit.memory_median_abs_error * 100:.1f}% ({fit.memory_rows} trials)" if fit.memory_fitted else ""))
+    n_step = len(fit.step.fitted) if fit.step else 0
+    if len(obs) <= n_step:
+        err.print(f"[yellow]warning:[/] {len(obs)} measured trials for {n_step} step-time constants: the fit is underdetermined, so its "
+                  "in-sample error says nothing about other layouts; measure more layouts before using it")
     for k in fit.fitted:
         out.print(f"  {k}: {getattr(start, k):.4g} -> {getattr(fit.calibration, k):.4g}")
     out.print(f"stack of these trials: {escape(stack)} (the constants describe that stack; the shipped calibration is unchanged)")

@@ -775,7 +775,8 @@ def _run_study(
 
     Args:
         prep: the pruned candidates from :func:`prepare`.
-        on_trial: called after every trial with (done, total), e.g. to move a progress bar.
+        on_trial: called with (0, total) when the study is open and trials start, then after every trial with
+            (done, total), e.g. to start and move a progress bar.
         backend: overrides ``prep.config.backend`` (tests).
 
     Returns:
@@ -823,7 +824,9 @@ def _run_study(
     est = prep.estimates
     index = CandidateIndex(valid, prep.fits)
     params = index.params
-    seen: set[str] = {t.user_attrs["key"] for t in study.get_trials(deepcopy=False) if "key" in t.user_attrs and _settled(t)}
+    # Evaluated layouts (a trial skipped as a duplicate of another is not one: that other may have been interrupted).
+    seen: set[str] = {t.user_attrs["key"] for t in study.get_trials(deepcopy=False)
+                      if "key" in t.user_attrs and _settled(t) and not str(t.user_attrs.get("skipped", "")).startswith("duplicate")}
     # Layouts still queued by an interrupted run: run them before enqueuing more.
     waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
     if not cfg.storage:
@@ -994,9 +997,9 @@ def _run_study(
             raise KeyboardInterrupt
 
         old_handler = signal.signal(signal.SIGINT, _on_sigint)
-    if on_trial:
-        on_trial(0, n_trials)  # the study is open and its queue set: trials start now
     try:
+        if on_trial:
+            on_trial(0, n_trials)  # the study is open and its queue set: trials start now
         study.optimize(objective, n_trials=n_trials, callbacks=[_cb], catch=(TrialFailed,), gc_after_trial=False,
                        n_jobs=cfg.parallel_trials if cfg.backend == "ray" else 1)
     except KeyboardInterrupt:
@@ -1101,6 +1104,7 @@ def _settle(study: optuna.Study, numbers: set[int], wait_s: float = 60.0) -> Non
         if time.monotonic() > deadline:
             for t in running:
                 try:
+                    study._storage.set_trial_user_attr(t._trial_id, "interrupted", "still running after the interrupt")
                     study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
                 except Exception:  # noqa: BLE001 - finished in the meantime
                     pass
@@ -1121,7 +1125,8 @@ def _claimed_elsewhere(study: optuna.Study, number: int, key: str) -> bool:
 
 def _settled(t: optuna.trial.FrozenTrial) -> bool:
     """The trial's layout has an outcome: finished, and not a FAIL marked ``interrupted`` (cut off by Ctrl-C,
-    or left RUNNING by an interrupted run of the default storage), whose layout a resumed run evaluates again.
+    or left RUNNING by an interrupted run of the default storage; a worker killed while it ran a trial of a shared
+    --storage leaves it RUNNING), whose layout a resumed run evaluates again.
     A FAIL from an unexpected error stays settled, so a layout that always breaks the run is not retried forever."""
     if not t.state.is_finished():
         return False

@@ -179,3 +179,17 @@ def test_an_unexpected_error_is_not_retried_forever_but_an_interrupted_layout_is
     res = run_study(p, backend=FlakyBackend())
     keys = [t.user_attrs["key"] for t in res.study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert cut.user_attrs["key"] in keys
+
+
+def test_an_interrupted_layout_skipped_elsewhere_as_a_duplicate_is_still_run_again(prep, tmp_path):
+    p = _cfg(prep, tmp_path, trials=4, study="dup")
+    with pytest.raises(KeyboardInterrupt):
+        run_study(p, backend=FlakyBackend(interrupt_after=0))
+    st = optuna.load_study(study_name="dup", storage=f"sqlite:///{tmp_path / 'dup' / 'study.db'}")
+    (cut,) = st.trials
+    # another worker (or thread) picked the same layout meanwhile and skipped it as a duplicate of the cut trial
+    st.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.PRUNED, params=cut.params, distributions=cut.distributions,
+                                           user_attrs={"key": cut.user_attrs["key"], "skipped": "duplicate: this layout was already evaluated"}))
+    res = run_study(p, backend=FlakyBackend())
+    keys = [t.user_attrs["key"] for t in res.study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert cut.user_attrs["key"] in keys
