@@ -95,6 +95,7 @@ def main_job(
     trial_timeout: Annotated[float, typer.Option("--trial-timeout", help="Seconds one real trial may run, model build included; then its process group is killed.", rich_help_panel="Trials")] = 900.0,
     command_template: Annotated[Optional[Path], typer.Option("--command-template", help="Launch template (YAML/JSON argv with placeholders) of --backend command; launch/templates/slime_command.yaml ships.", rich_help_panel="Trials")] = None,
     recalibrate_after: Annotated[int, typer.Option("--recalibrate-after", help="Real trials: refit the cost model to the measurements after every N measured trials and re-rank the candidates not yet run (0 = never).", rich_help_panel="Trials")] = 4,
+    confirm_runs: Annotated[int, typer.Option("--confirm-runs", help="Real trials: after the search, measure the fastest measured layout and those within its noise (at most 4) N more times each, interleaved, and rank them by the mean (0 = no).", rich_help_panel="Trials")] = 0,
     ray_address: Annotated[Optional[str], typer.Option("--ray-address", help="Ray cluster of --backend ray: auto, HOST:PORT or ray://HOST:PORT (default: start a local Ray instance).", rich_help_panel="Trials")] = None,
     parallel_trials: Annotated[int, typer.Option("--parallel-trials", help="Real trials this worker runs at once (--backend ray; each its own placement group).", rich_help_panel="Trials")] = 1,
     trial_env: Annotated[Optional[list[str]], typer.Option("--trial-env", help="NAME=VALUE for every rank of a real trial (--backend ray), repeatable, e.g. --trial-env NCCL_IB_HCA=mlx5.", rich_help_panel="Trials")] = None,
@@ -147,6 +148,7 @@ def main_job(
             command_template=str(command_template) if command_template else None,
             ray_address=ray_address,
             recalibrate_after=recalibrate_after,
+            confirm_runs=confirm_runs,
             parallel_trials=parallel_trials,
             trial_env=tuple(trial_env or ()),
             prune_margin=None if (prune_margin == prune_margin and prune_margin < 0) else prune_margin,  # NaN is rejected later
@@ -235,6 +237,7 @@ def _run_main(cfg: Any, top: int) -> None:
         f"Study [bold]{escape(res.study_name)}[/] ({escape(_mask(res.storage))}): {len(rows)} layouts evaluated in total "
         f"({res.evaluated_now} now; {res.skipped_now} sampled layouts skipped as invalid, not fitting or already evaluated"
         + (f"; {res.pruned_now} real trials pruned, {res.failed_now} failed" if cfg.backend != "model" else "")
+        + (f"; {res.confirmed_now} confirmation runs" if res.confirmed_now else "")
         + ")"
     )
     _print_front(front, top, title=f"Pareto front: tokens/s/GPU vs peak memory per GPU ({src_word})")
@@ -255,12 +258,12 @@ def _run_main(cfg: Any, top: int) -> None:
             usable_gib=prep.estimates.usable_bytes / GIB,
         )
         from launch.export import measurement_from_row
-        from tuner.report import ties_note
+        from tuner.report import runs_note, ties_note
 
         best_row = next((r for r in rows if r["trial"] == best["trial"]), {})
         files.update(export_files(res.out_dir, prep.model, c, w, lay, study=res.study_name, calibration=prep.calibration,
                                   memory_headroom=cfg.memory_headroom, measurement=measurement_from_row(best_row, lay),
-                                  notes=ties_note(rows, best["trial"])))
+                                  notes=runs_note(best_row) + ties_note(rows, best["trial"])))
     except OSError as e:
         raise TunerError(f"cannot write the results to {res.out_dir} ({e.strerror or e}: {e.filename}); the study and its trials are kept in {_mask(res.storage)}") from None
     out.print(
@@ -290,8 +293,17 @@ def _run_main(cfg: Any, top: int) -> None:
 
 
 def _print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:
-    """Say which measured trials the best one cannot be told apart from (tuner.report.measured_ties)."""
-    from tuner.report import TIE_Z, measured_ties
+    """Say which measured trials the best one cannot be told apart from (tuner.report.measured_ties), after the
+    runs of the layouts measured more than once (--confirm-runs)."""
+    from tuner.report import TIE_Z, long_label, measured_ties
+
+    confirmed = sorted((r for r in rows if len(r.get("runs_tokens_per_s_per_gpu") or ()) >= 2), key=lambda r: -r["tokens_per_s_per_gpu"])
+    for r in confirmed:
+        runs = r["runs_tokens_per_s_per_gpu"]
+        mean = sum(runs) / len(runs)
+        sd = math.sqrt(sum((x - mean) ** 2 for x in runs) / (len(runs) - 1))
+        out.print(f"  confirmed: trial {r['trial']} ({escape(long_label(r))}): "
+                  f"mean {mean:,.1f} tokens/s/GPU over {len(runs)} runs (SD {sd / mean:.1%}; runs {', '.join(f'{x:,.0f}' for x in runs)})")
 
     if best.get("source") != "measured":  # a study that mixes sources: against its fastest measured trial
         measured = [r for r in rows if r.get("source") == "measured" and isinstance(r.get("tokens_per_s_per_gpu"), (int, float))
@@ -715,7 +727,7 @@ def export_cmd(
         from cost_model.estimate import estimate as _estimate
         from launch import export
         from search_spaces.layout import Layout
-        from tuner.report import pick_trial_row, ties_note
+        from tuner.report import pick_trial_row, runs_note, ties_note
         from tuner.study import trial_rows
 
         if fmt not in ("recipe", "slime", "megatron"):
@@ -732,7 +744,7 @@ def export_cmd(
             e = _estimate(m, c, w, lay, calibration=cal, memory_headroom=cfg.get("memory_headroom", 0.10))
             meas = export.measurement_from_row(row, lay)
             rec = export.recipe_dict(m, c, w, lay, estimate=e, measurement=meas, study=st.study_name,
-                                     correctness=st.user_attrs.get(f"verify:{row['trial']}"), extra_notes=ties_note(rows, row["trial"]))
+                                     correctness=st.user_attrs.get(f"verify:{row['trial']}"), extra_notes=runs_note(row) + ties_note(rows, row["trial"]))
             export.validate_recipe(rec)
             text = export.dump_recipe(rec)
         elif fmt == "slime":

@@ -172,12 +172,12 @@ def _recipe_text(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any,
     from cost_model.calibration import Calibration
     from cost_model.estimate import estimate as _estimate
     from launch import export
-    from tuner.report import ties_note
+    from tuner.report import runs_note, ties_note
 
     cal = Calibration(**st.user_attrs["calibration"]) if "calibration" in st.user_attrs else Calibration()
     e = _estimate(m, c, w, lay, calibration=cal, memory_headroom=cfg.get("memory_headroom", 0.10))
     meas = export.measurement_from_row(row, lay) if row is not None else None
-    notes = ties_note(_rows(st), row["trial"]) if row is not None else []
+    notes = runs_note(row) + ties_note(_rows(st), row["trial"]) if row is not None else []
     rec = export.recipe_dict(m, c, w, lay, estimate=e, measurement=meas, study=st.study_name, correctness=block, extra_notes=notes)
     export.validate_recipe(rec)
     return export.dump_recipe(rec)

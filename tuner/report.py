@@ -15,7 +15,7 @@ from search_spaces.layout import Layout
 from search_spaces.pipeline import emit_layout_string
 from tuner.pareto import pareto_mask
 
-__all__ = ["pick_trial_row", "front_rows", "measured_ties", "ties_note", "write_pareto_csv", "plot_front", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
+__all__ = ["pick_trial_row", "front_rows", "measured_ties", "ties_note", "runs_note", "write_pareto_csv", "plot_front", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
 
 FRONT_COLUMNS = (
     "trial",
@@ -105,6 +105,12 @@ def front_rows(rows: list[dict[str, Any]], model: ModelSpec) -> list[dict[str, A
     return out
 
 
+def long_label(row: dict[str, Any]) -> str:
+    """``TP1 PP1 EP2 DP2, sel. core_attn, allgather, mbs 2``: a trial row's layout, recompute, dispatcher, micro-batch."""
+    lay = Layout.from_dict(row["layout"])
+    return f"{lay.label}, {lay.recompute_label}, {lay.dispatcher.value}, mbs {lay.micro_batch_size}"
+
+
 #: Standard errors of the difference under which two measured trials count as tied (about 95% two-sided).
 TIE_Z = 2.0
 
@@ -119,7 +125,11 @@ def measured_ties(rows: list[dict[str, Any]], best_trial: int, z: float = TIE_Z)
     the best ``a`` when the standard error of the difference covers the gap:
     ``(tps_a - tps_b) / tps_a <= z * sqrt(se_a**2 + se_b**2)``.
 
-    This is within-run noise only. Separate runs of one layout can differ by more (on the lent
+    For a layout measured several times (``--confirm-runs``: ``runs_tokens_per_s_per_gpu``), the
+    standard error is that of the mean of its runs, from the spread between them (at least the
+    within-run one divided by the square root of the number of runs).
+
+    With one run this is within-run noise only. Separate runs of one layout can differ by more (on the lent
     H200 machine, 2-layer MiniMax-M2 slice without TE: 0.91-1.10 s for one layout over four runs,
     docs/measurements.md), so a tie is a floor on the uncertainty, not its size.
 
@@ -144,7 +154,14 @@ def measured_ties(rows: list[dict[str, Any]], best_trial: int, z: float = TIE_Z)
             return None
         mean = sum(t) / len(t)
         sd = math.sqrt(sum((x - mean) ** 2 for x in t) / (len(t) - 1))
-        return math.sqrt(math.pi / 2.0) * sd / mean / math.sqrt(len(t))
+        within = math.sqrt(math.pi / 2.0) * sd / mean / math.sqrt(len(t))
+        runs = [float(x) for x in r.get("runs_tokens_per_s_per_gpu") or () if isinstance(x, (int, float)) and math.isfinite(x) and x > 0]
+        if len(runs) < 2:
+            return within
+        # confirmed (--confirm-runs): the standard error of the mean of the runs, which sees the drift between runs
+        m = sum(runs) / len(runs)
+        between = math.sqrt(sum((x - m) ** 2 for x in runs) / (len(runs) - 1)) / m / math.sqrt(len(runs))
+        return max(between, within / math.sqrt(len(runs)))
 
     def tps(r: dict[str, Any]) -> float | None:
         v = r.get("tokens_per_s_per_gpu")
@@ -163,9 +180,7 @@ def measured_ties(rows: list[dict[str, Any]], best_trial: int, z: float = TIE_Z)
         gap = round((a - b) / a, 6) + 0.0  # + 0.0: an exact tie is 0.0, not -0.0
         thr = z * math.sqrt(se_a**2 + se_b**2)
         if abs(gap) <= thr:
-            lay = Layout.from_dict(r["layout"])
-            label = f"{lay.label}, {lay.recompute_label}, {lay.dispatcher.value}, mbs {lay.micro_batch_size}"
-            out.append({"trial": r["trial"], "label": label, "tokens_per_s_per_gpu": float(r["tokens_per_s_per_gpu"]), "gap": gap, "threshold": thr})
+            out.append({"trial": r["trial"], "label": long_label(r), "tokens_per_s_per_gpu": float(r["tokens_per_s_per_gpu"]), "gap": gap, "threshold": thr})
     return sorted(out, key=lambda d: d["gap"])
 
 
@@ -177,6 +192,17 @@ def ties_note(rows: list[dict[str, Any]], trial: int) -> list[str]:
     listed = ", ".join(f"trial {t['trial']} ({t['label']}, {0.0 - t['gap']:+.1%})" for t in ties[:5]) + (f" and {len(ties) - 5} more" if len(ties) > 5 else "")
     return [f"Measured within the trials' own noise ({TIE_Z:g} standard errors of the difference of the median step times) of {listed}: "
             "the trials cannot rank these layouts, and runs of one layout can differ by more."]
+
+
+def runs_note(row: dict[str, Any]) -> list[str]:
+    """A recipe note when the row's throughput is the mean of confirmation runs (``--confirm-runs``), else ``[]``."""
+    runs = row.get("runs_tokens_per_s_per_gpu") or []
+    if len(runs) < 2:
+        return []
+    mean = sum(runs) / len(runs)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in runs) / (len(runs) - 1))
+    return [f"tokens_per_s_per_gpu is the mean of {len(runs)} runs of this layout (--confirm-runs): "
+            f"{', '.join(f'{x:,.1f}' for x in runs)}; standard deviation {sd / mean:.1%}."]
 
 
 def write_pareto_csv(path: Path, front: list[dict[str, Any]]) -> None:

@@ -96,6 +96,10 @@ class TuneConfig:
     recalibrate_after: int = 4
     """Real trials: refit the cost model to the measurements after every this many measured trials and
     re-rank the candidates not yet run (0 = never; the queue is then fixed at the start)."""
+    confirm_runs: int = 0
+    """Real trials: after the search, measure the fastest measured layout and those within its trials' noise
+    (:func:`tuner.report.measured_ties`; at most :data:`MAX_FINALISTS` layouts) this many more times each,
+    interleaved; reports and recipes then use the mean of each layout's runs (0 = no confirmation)."""
     """Stop a real trial whose running median throughput is below best / (1 + margin); None = never prune."""
 
     def study_name(self, model: ModelSpec, cluster: Cluster) -> str:
@@ -209,6 +213,10 @@ def _validate_config(config: TuneConfig) -> None:
     if config.parallel_trials > 1 and config.backend != "ray":
         raise TunerError(f"--parallel-trials > 1 needs --backend ray (the {config.backend} backend runs one trial at a time)")
     trial_env_dict(config.trial_env)
+    if isinstance(config.confirm_runs, bool) or not isinstance(config.confirm_runs, int) or not 0 <= config.confirm_runs <= 20:
+        raise TunerError(f"--confirm-runs must be from 0 (no confirmation) to 20 more runs per layout, got {config.confirm_runs!r}")
+    if config.confirm_runs and config.backend == "model":
+        raise TunerError("--confirm-runs re-measures real trials; --backend model measures nothing (use --backend local, ray or command)")
     if isinstance(config.recalibrate_after, bool) or not isinstance(config.recalibrate_after, int) or not 0 <= config.recalibrate_after <= 1000:
         raise TunerError(f"--recalibrate-after must be from 0 (never) to 1,000 measured trials, got {config.recalibrate_after!r}")
     if config.trial_env and config.backend != "ray":
@@ -356,6 +364,8 @@ class TuneResult:
     """Real trials stopped early by the pruner in this run."""
     failed_now: int = 0
     """Real trials that ran out of memory, timed out or crashed in this run."""
+    confirmed_now: int = 0
+    """Confirmation runs (``--confirm-runs``) measured in this run."""
 
 
 def trial_env_dict(items: Sequence[str]) -> dict[str, str]:
@@ -479,13 +489,37 @@ def _check_study_config(study: optuna.Study, config: TuneConfig, name: str, cali
 
 
 def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
-    """Finished trials of a study as flat dicts (layout fields plus results), for reports and export."""
-    rows = []
+    """Finished trials of a study as flat dicts (layout fields plus results), for reports and export.
+
+    Confirmation runs (``--confirm-runs``: trials with ``repeat_of``) are folded into the trial they
+    repeat: its ``tokens_per_s_per_gpu`` and ``step_time_s`` become the means over all its runs
+    (``runs``, with each run's values in ``runs_tokens_per_s_per_gpu`` / ``runs_step_time_s``), its
+    ``peak_gib`` the highest run's, MFU and $/1M tokens follow the mean; ``step_times_s`` stay the first run's.
+    """
+    rows: list[dict[str, Any]] = []
+    repeats: dict[int, list[dict[str, Any]]] = {}
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         res = t.user_attrs.get("result")
         if not res or "layout" not in res:
             continue
+        if res.get("repeat_of") is not None:
+            repeats.setdefault(int(res["repeat_of"]), []).append(res)
+            continue
         rows.append({"trial": t.number, "key": t.user_attrs.get("key", ""), **res})
+    for r in rows:
+        more = repeats.get(r["trial"], [])
+        if not more:
+            continue
+        runs = [r, *more]
+        tps = [float(x["tokens_per_s_per_gpu"]) for x in runs]
+        mean = sum(tps) / len(tps)
+        first = float(r["tokens_per_s_per_gpu"])
+        r.update(
+            runs=len(runs), runs_tokens_per_s_per_gpu=tps, runs_step_time_s=[float(x.get("step_time_s", float("nan"))) for x in runs],
+            tokens_per_s_per_gpu=mean, step_time_s=sum(float(x.get("step_time_s", float("nan"))) for x in runs) / len(runs),
+            peak_gib=max(float(x["peak_gib"]) for x in runs), headroom_gib=min(float(x.get("headroom_gib", float("nan"))) for x in runs),
+            mfu=float(r.get("mfu", float("nan"))) * mean / first, usd_per_million_tokens=float(r.get("usd_per_million_tokens", float("nan"))) * first / mean,
+        )
     return rows
 
 
@@ -872,7 +906,7 @@ def _run_study(
         study.enqueue_trial(index.params_of_row(i), user_attrs={"enqueued": "predicted front / fastest predicted"})
     recal_state = {"fits": 0, "calibration": prep.calibration}
 
-    counters = {"evaluated": 0, "skipped": 0, "pruned": 0, "failed": 0}
+    counters = {"evaluated": 0, "skipped": 0, "pruned": 0, "failed": 0, "confirmed": 0}
     gpu = prep.cluster.gpu
     n_active = prep.model.active_params()
 
@@ -888,13 +922,14 @@ def _run_study(
 
     def _objective(trial: optuna.Trial) -> tuple[float, float]:
         mine.add(trial.number)
+        repeat_of = trial.user_attrs.get("repeat_of")  # a confirmation run of that trial's layout (--confirm-runs)
         chosen = {p: trial.suggest_categorical(p, index.labels[p]) for p in params}
         row = index.find_fitting(chosen)
         lay = valid.row(row) if row is not None else index.build(chosen)
         key = lay.key()
         trial.set_user_attr("key", key)
         with lock:
-            dup = key in seen or _claimed_elsewhere(study, trial.number, key)
+            dup = repeat_of is None and (key in seen or _claimed_elsewhere(study, trial.number, key))
             if not dup:
                 seen.add(key)
         if dup:
@@ -916,7 +951,7 @@ def _run_study(
 
         def reporter(tps: Sequence[float]) -> str | None:
             trial.set_user_attr("intermediate_tokens_per_s_per_gpu", [float(x) for x in tps])
-            if pruner is None:
+            if pruner is None or repeat_of is not None:  # a confirmation run is measured to the end
                 return None
             return pruner.decide(list(tps), _best_measured(study))
 
@@ -960,6 +995,8 @@ def _run_study(
                 "pred_model_tflops_per_gpu": float(est.model_tflops_per_gpu[row]),
             },
         )
+        if repeat_of is not None:
+            trial.set_user_attr("result", {**trial.user_attrs["result"], "repeat_of": int(repeat_of)})
         if m.source == "measured":
             res = dict(trial.user_attrs["result"])
             res.update(
@@ -972,18 +1009,19 @@ def _run_study(
                 notes=m.extra.get("notes", []),
             )
             trial.set_user_attr("result", res)
-        counters["evaluated"] += 1
+        counters["confirmed" if repeat_of is not None else "evaluated"] += 1
         return tps, m.peak_bytes / 2**30
 
-    done = {"n": 0}
+    done = {"n": 0, "total": n_trials, "confirming": False}
 
     def _cb(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         done["n"] += 1
-        if lazy:
+        # no new search trial is queued once the search's trials are spent (nor while confirming)
+        if lazy and not done["confirming"] and done["n"] < n_trials:
             with lock:
                 _recalibrate_and_requeue(study, prep, index, rest, seen, recal_k, recal_state)
         if on_trial:
-            on_trial(done["n"], n_trials)
+            on_trial(done["n"], done["total"])
 
     if cfg.parallel_trials > 1:
         _serialize_state_changes(study)
@@ -1002,6 +1040,21 @@ def _run_study(
             on_trial(0, n_trials)  # the study is open and its queue set: trials start now
         study.optimize(objective, n_trials=n_trials, callbacks=[_cb], catch=(TrialFailed,), gc_after_trial=False,
                        n_jobs=cfg.parallel_trials if cfg.backend == "ray" else 1)
+        finalists = _finalists(study) if real and cfg.confirm_runs else []
+        if finalists:
+            # Confirmation: the finalists again, interleaved (A B C A B C ...), so a drift of the machine's state
+            # over time reaches them alike; one at a time, as concurrent trials on one host slow each other.
+            by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+            for r in range(cfg.confirm_runs):
+                for n in finalists:
+                    study.enqueue_trial(by_number[n].params, user_attrs={
+                        "repeat_of": n, "enqueued": f"confirmation run {r + 1} of {cfg.confirm_runs} of trial {n}"})
+            done["confirming"] = True
+            done["total"] = done["n"] + len(finalists) * cfg.confirm_runs
+            if on_trial:
+                on_trial(done["n"], done["total"])
+            study.optimize(objective, n_trials=len(finalists) * cfg.confirm_runs, callbacks=[_cb], catch=(TrialFailed,),
+                           gc_after_trial=False, n_jobs=1)
     except KeyboardInterrupt:
         if cancel is not None:
             cancel()
@@ -1022,6 +1075,7 @@ def _run_study(
         backend=backend.name,
         pruned_now=counters["pruned"],
         failed_now=counters["failed"],
+        confirmed_now=counters["confirmed"],
     )
 
 
@@ -1092,6 +1146,21 @@ def _serialize_state_changes(study: optuna.Study) -> None:
             return orig(*args, **kwargs)
 
     storage.set_trial_state_values = locked  # type: ignore[method-assign]
+
+
+#: Layouts a confirmation re-measures at most: the fastest measured one and up to three within its noise.
+MAX_FINALISTS = 4
+
+
+def _finalists(study: optuna.Study) -> list[int]:
+    """Trial numbers to confirm: the fastest measured layout, then those within its trials' noise (fastest first)."""
+    from tuner.report import measured_ties
+
+    rows = [r for r in trial_rows(study) if r.get("source") == "measured" and math.isfinite(float(r.get("tokens_per_s_per_gpu", float("nan"))))]
+    if not rows:
+        return []
+    best = max(rows, key=lambda r: float(r["tokens_per_s_per_gpu"]))
+    return [best["trial"]] + [t["trial"] for t in measured_ties(rows, best["trial"])][: MAX_FINALISTS - 1]
 
 
 def _settle(study: optuna.Study, numbers: set[int], wait_s: float = 60.0) -> None:

@@ -10,6 +10,7 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
+from cost_model.errors import TunerError
 from launch.harness.spec import HarnessEnv
 from launch.local_backend import LocalBackend
 from tuner.cli import app
@@ -205,3 +206,34 @@ def test_real_trials_without_te_predict_the_optimizer_that_runs(tmp_path):
     assert not any(local.enumeration.valid.row(i).use_precision_aware_optimizer for i in range(len(local.enumeration.valid)))
     assert any("precision-aware optimizer is off" in n for n in local.enumeration.notes)
     assert all(model.enumeration.valid.row(i).use_precision_aware_optimizer for i in range(0, len(model.enumeration.valid), 97))
+
+
+def test_confirm_runs_remeasure_the_finalists_interleaved_and_report_the_mean(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
+    monkeypatch.setenv("FAKE_STEP_S", "0.01")
+    monkeypatch.setenv("FAKE_REPORT_STEP_S", "0.5")  # every layout reports the same step time: the finalists tie
+    res = run_study(prepare(_cfg(tmp_path, prune_margin=None, trials=4, confirm_runs=2)), backend=_backend(tmp_path))
+    rows = trial_rows(res.study)
+    keys = [r["key"] for r in rows]
+    assert len(keys) == len(set(keys))  # a confirmation run is not a row of its own
+    confirmed = [r for r in rows if r.get("runs") == 3]
+    assert 2 <= len(confirmed) <= 4 and res.confirmed_now == 2 * len(confirmed)
+    for r in confirmed:
+        runs = r["runs_tokens_per_s_per_gpu"]
+        assert len(runs) == 3 and r["tokens_per_s_per_gpu"] == pytest.approx(sum(runs) / 3)
+    # interleaved: A B C A B C, each run of a layout in a log folder of its own
+    reps = [t for t in res.study.trials if "repeat_of" in t.user_attrs]
+    order = [t.user_attrs["repeat_of"] for t in sorted(reps, key=lambda t: t.number)]
+    n = len(confirmed)
+    assert order[:n] == order[n:] and len(set(order[:n])) == n
+    assert all(Path((t.user_attrs["result"])["log_path"]).name == str(t.number) for t in reps)
+    # the CLI lists them and the recipe says its throughput is a mean
+    r = CliRunner().invoke(app, ["pareto", "--study", "s", "--results-dir", str(tmp_path)])
+    assert r.exit_code == 0 and "confirmed: trial" in r.output and "over 3 runs" in r.output
+    r = CliRunner().invoke(app, ["export", "--study", "s", "--results-dir", str(tmp_path), "--trial", str(confirmed[0]["trial"])])
+    assert r.exit_code == 0 and "is the mean of 3 runs" in r.output
+
+
+def test_confirm_runs_need_real_trials(tmp_path):
+    with pytest.raises(TunerError, match="--confirm-runs re-measures real trials"):
+        prepare(_cfg(tmp_path, backend="model", confirm_runs=1))
