@@ -240,6 +240,8 @@ def _run_main(cfg: Any, top: int) -> None:
         + (f"; {res.confirmed_now} confirmation runs" if res.confirmed_now else "")
         + ")"
     )
+    if res.confirm_note:
+        err.print(f"[yellow]note:[/] {escape(res.confirm_note)}")
     _print_front(front, top, title=f"Pareto front: tokens/s/GPU vs peak memory per GPU ({src_word})")
     if not front:
         raise TunerError("the study has no finished trial; nothing to export")

@@ -366,6 +366,8 @@ class TuneResult:
     """Real trials that ran out of memory, timed out or crashed in this run."""
     confirmed_now: int = 0
     """Confirmation runs (``--confirm-runs``) measured in this run."""
+    confirm_note: str | None = None
+    """Why the confirmation asked for did not run, if it did not."""
 
 
 def trial_env_dict(items: Sequence[str]) -> dict[str, str]:
@@ -906,7 +908,7 @@ def _run_study(
         study.enqueue_trial(index.params_of_row(i), user_attrs={"enqueued": "predicted front / fastest predicted"})
     recal_state = {"fits": 0, "calibration": prep.calibration}
 
-    counters = {"evaluated": 0, "skipped": 0, "pruned": 0, "failed": 0, "confirmed": 0}
+    counters: dict[str, Any] = {"evaluated": 0, "skipped": 0, "pruned": 0, "failed": 0, "confirmed": 0}
     gpu = prep.cluster.gpu
     n_active = prep.model.active_params()
 
@@ -1041,6 +1043,12 @@ def _run_study(
         study.optimize(objective, n_trials=n_trials, callbacks=[_cb], catch=(TrialFailed,), gc_after_trial=False,
                        n_jobs=cfg.parallel_trials if cfg.backend == "ray" else 1)
         finalists = _finalists(study) if real and cfg.confirm_runs else []
+        queued = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))) if finalists else 0
+        if queued:
+            # Optuna runs the oldest queued trial first: confirmation runs queued now would wait behind these
+            counters["confirm_note"] = (f"confirmation not run: {queued} queued layouts of the search are still waiting; "
+                                        "re-run the same command (with more --trials) to run them, then confirm")
+            finalists = []
         if finalists:
             # Confirmation: the finalists again, interleaved (A B C A B C ...), so a drift of the machine's state
             # over time reaches them alike; one at a time, as concurrent trials on one host slow each other.
@@ -1076,6 +1084,7 @@ def _run_study(
         pruned_now=counters["pruned"],
         failed_now=counters["failed"],
         confirmed_now=counters["confirmed"],
+        confirm_note=counters.get("confirm_note"),
     )
 
 

@@ -237,3 +237,19 @@ def test_confirm_runs_remeasure_the_finalists_interleaved_and_report_the_mean(tm
 def test_confirm_runs_need_real_trials(tmp_path):
     with pytest.raises(TunerError, match="--confirm-runs re-measures real trials"):
         prepare(_cfg(tmp_path, backend="model", confirm_runs=1))
+
+
+def test_confirmation_waits_for_queued_search_trials(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
+    monkeypatch.setenv("FAKE_STEP_S", "0.01")
+    monkeypatch.setenv("FAKE_REPORT_STEP_S", "0.5")
+    prep = prepare(_cfg(tmp_path, prune_margin=None, trials=1, confirm_runs=1))
+    res = run_study(prep, backend=_backend(tmp_path))  # one measured trial; the lazy queue holds none after the last
+    assert res.confirmed_now == 1 and not res.confirm_note
+    # layouts queued by an earlier run that this run's --trials does not reach: confirmation would run behind them
+    st = res.study
+    for t in [t for t in st.trials if "result" in t.user_attrs][:1]:
+        st.enqueue_trial(t.params, user_attrs={"enqueued": "left over"})
+        st.enqueue_trial(t.params, user_attrs={"enqueued": "left over"})
+    res = run_study(prep, backend=_backend(tmp_path))
+    assert res.confirmed_now == 0 and "queued layouts of the search are still waiting" in res.confirm_note
