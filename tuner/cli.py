@@ -95,7 +95,7 @@ def main_job(
     trial_timeout: Annotated[float, typer.Option("--trial-timeout", help="Seconds one real trial may run, model build included; then its process group is killed.", rich_help_panel="Trials")] = 900.0,
     command_template: Annotated[Optional[Path], typer.Option("--command-template", help="Launch template (YAML/JSON argv with placeholders) of --backend command; launch/templates/slime_command.yaml ships.", rich_help_panel="Trials")] = None,
     recalibrate_after: Annotated[int, typer.Option("--recalibrate-after", help="Real trials: refit the cost model to the measurements after every N measured trials and re-rank the candidates not yet run (0 = never).", rich_help_panel="Trials")] = 4,
-    confirm_runs: Annotated[int, typer.Option("--confirm-runs", help="Real trials: after the search, measure the fastest measured layout and those within its noise (at most 4) N more times each, interleaved, and rank them by the mean (0 = no).", rich_help_panel="Trials")] = 0,
+    confirm_runs: Annotated[int, typer.Option("--confirm-runs", help="Real trials: after the search, bring the fastest measured layout and those within its noise (at most 4) to N more runs each, interleaved, and rank them by all their runs (0 = no).", rich_help_panel="Trials")] = 0,
     ray_address: Annotated[Optional[str], typer.Option("--ray-address", help="Ray cluster of --backend ray: auto, HOST:PORT or ray://HOST:PORT (default: start a local Ray instance).", rich_help_panel="Trials")] = None,
     parallel_trials: Annotated[int, typer.Option("--parallel-trials", help="Real trials this worker runs at once (--backend ray; each its own placement group).", rich_help_panel="Trials")] = 1,
     trial_env: Annotated[Optional[list[str]], typer.Option("--trial-env", help="NAME=VALUE for every rank of a real trial (--backend ray), repeatable, e.g. --trial-env NCCL_IB_HCA=mlx5.", rich_help_panel="Trials")] = None,
@@ -297,16 +297,14 @@ def _run_main(cfg: Any, top: int) -> None:
 def _print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:
     """Say which measured trials the best one cannot be told apart from (tuner.report.measured_ties), after the
     runs of the layouts measured more than once (--confirm-runs)."""
-    from tuner.report import TIE_Z, long_label, measured_ties
+    from tuner.report import TIE_Z, long_label, measured_ties, runs_summary
 
-    confirmed = sorted((r for r in rows if len(r.get("runs_tokens_per_s_per_gpu") or ()) >= 2), key=lambda r: -r["tokens_per_s_per_gpu"])
-    for r in confirmed:
-        runs = r["runs_tokens_per_s_per_gpu"]
-        mean = sum(runs) / len(runs)
-        sd = math.sqrt(sum((x - mean) ** 2 for x in runs) / (len(runs) - 1))
-        out.print(f"  confirmed: trial {r['trial']} ({escape(long_label(r))}): "
-                  f"mean {mean:,.1f} tokens/s/GPU over {len(runs)} runs (SD {sd / mean:.1%}; runs {', '.join(f'{x:,.0f}' for x in runs)})")
-
+    for r in sorted(rows, key=lambda r: -float(r.get("tokens_per_s_per_gpu") or 0)):
+        text = runs_summary(r)
+        if text is not None:
+            warn = "[bold red]" if r.get("runs_failed") else ""
+            out.print(f"  {warn}confirmed{'[/]' if warn else ''}: trial {r['trial']} ({escape(long_label(r))}): "
+                      f"{r['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU over {escape(text)}")
     if best.get("source") != "measured":  # a study that mixes sources: against its fastest measured trial
         measured = [r for r in rows if r.get("source") == "measured" and isinstance(r.get("tokens_per_s_per_gpu"), (int, float))
                     and math.isfinite(r["tokens_per_s_per_gpu"])]

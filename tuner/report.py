@@ -15,7 +15,7 @@ from search_spaces.layout import Layout
 from search_spaces.pipeline import emit_layout_string
 from tuner.pareto import pareto_mask
 
-__all__ = ["pick_trial_row", "front_rows", "measured_ties", "ties_note", "runs_note", "write_pareto_csv", "plot_front", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
+__all__ = ["pick_trial_row", "front_rows", "measured_ties", "ties_note", "runs_note", "runs_summary", "write_pareto_csv", "plot_front", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
 
 FRONT_COLUMNS = (
     "trial",
@@ -194,15 +194,38 @@ def ties_note(rows: list[dict[str, Any]], trial: int) -> list[str]:
             "the trials cannot rank these layouts, and runs of one layout can differ by more."]
 
 
+def runs_summary(row: dict[str, Any]) -> str | None:
+    """``3 runs: 37,065, 41,577, 39,100 tokens/s/GPU (SD 5.8%); 1 more ran out of memory (150.0 GiB)``, for a
+    row with confirmation runs (``--confirm-runs``, :func:`tuner.study.trial_rows`), else None."""
+    runs = [float(x) for x in row.get("runs_tokens_per_s_per_gpu") or ()]
+    failed = row.get("runs_failed") or []
+    if len(runs) < 2 and not failed:
+        return None
+    parts = []
+    if len(runs) >= 2:
+        mean = sum(runs) / len(runs)
+        sd = math.sqrt(sum((x - mean) ** 2 for x in runs) / (len(runs) - 1))
+        parts.append(f"{len(runs)} runs: {', '.join(f'{x:,.0f}' for x in runs)} tokens/s/GPU (SD {sd / mean:.1%})")
+    else:
+        parts.append("1 run")
+    for f in failed:
+        kind = {"oom": "ran out of memory", "timeout": "timed out", "crash": "crashed"}.get(str(f.get("kind")), f"failed ({f.get('kind')})")
+        mem = f.get("memory_reached_gib")
+        parts.append(f"confirmation run (trial {f.get('trial')}) {kind}" + (f" at {mem:.1f} GiB" if isinstance(mem, (int, float)) and math.isfinite(mem) else ""))
+    return "; ".join(parts)
+
+
 def runs_note(row: dict[str, Any]) -> list[str]:
-    """A recipe note when the row's throughput is the mean of confirmation runs (``--confirm-runs``), else ``[]``."""
-    runs = row.get("runs_tokens_per_s_per_gpu") or []
-    if len(runs) < 2:
+    """A recipe note for a row with confirmation runs (``--confirm-runs``): its runs and any that failed, else ``[]``."""
+    text = runs_summary(row)
+    if text is None:
         return []
-    mean = sum(runs) / len(runs)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in runs) / (len(runs) - 1))
-    return [f"tokens_per_s_per_gpu is the mean of {len(runs)} runs of this layout (--confirm-runs): "
-            f"{', '.join(f'{x:,.1f}' for x in runs)}; standard deviation {sd / mean:.1%}."]
+    note = f"Measured more than once (--confirm-runs): {text}."
+    if len(row.get("runs_tokens_per_s_per_gpu") or ()) >= 2:
+        note += " tokens_per_s_per_gpu is their tokens over their time; peak memory the highest run's."
+    if row.get("runs_failed"):
+        note += " A run of this same layout failed: check its log before training on it."
+    return [note]
 
 
 def write_pareto_csv(path: Path, front: list[dict[str, Any]]) -> None:

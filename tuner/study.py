@@ -85,6 +85,7 @@ class TuneConfig:
     trial_timeout_s: float = 900.0
     """Wall-clock limit of one real trial, model build included (seconds)."""
     prune_margin: float | None = 0.25
+    """Stop a real trial whose running median throughput is below best / (1 + margin); None = never prune."""
     command_template: str | None = None
     """The launch template of the ``command`` backend (``--command-template FILE``)."""
     ray_address: str | None = None
@@ -99,8 +100,8 @@ class TuneConfig:
     confirm_runs: int = 0
     """Real trials: after the search, measure the fastest measured layout and those within its trials' noise
     (:func:`tuner.report.measured_ties`; at most :data:`MAX_FINALISTS` layouts) this many more times each,
-    interleaved; reports and recipes then use the mean of each layout's runs (0 = no confirmation)."""
-    """Stop a real trial whose running median throughput is below best / (1 + margin); None = never prune."""
+    interleaved; reports and recipes then use each layout's runs together (0 = no confirmation). A top-up:
+    runs a layout already has from an earlier run (or another worker) count toward this number."""
 
     def study_name(self, model: ModelSpec, cluster: Cluster) -> str:
         if self.study:
@@ -494,13 +495,24 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
     """Finished trials of a study as flat dicts (layout fields plus results), for reports and export.
 
     Confirmation runs (``--confirm-runs``: trials with ``repeat_of``) are folded into the trial they
-    repeat: its ``tokens_per_s_per_gpu`` and ``step_time_s`` become the means over all its runs
-    (``runs``, with each run's values in ``runs_tokens_per_s_per_gpu`` / ``runs_step_time_s``), its
-    ``peak_gib`` the highest run's, MFU and $/1M tokens follow the mean; ``step_times_s`` stay the first run's.
+    repeat: ``runs`` (finished runs, the trial's own included), each run's ``runs_tokens_per_s_per_gpu``
+    and ``runs_step_time_s``; ``step_time_s`` becomes the mean step time of the runs and
+    ``tokens_per_s_per_gpu`` the runs' tokens over their time (the harmonic mean of their
+    throughputs, so the two agree); ``peak_gib`` the highest run's, ``headroom_gib`` the lowest;
+    MFU and $/1M tokens follow. Confirmation runs that failed are listed in ``runs_failed``
+    (trial, kind, memory reached in GiB where known). ``step_times_s`` stay the first run's.
     """
     rows: list[dict[str, Any]] = []
     repeats: dict[int, list[dict[str, Any]]] = {}
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+    failed: dict[int, list[dict[str, Any]]] = {}
+    for t in study.get_trials(deepcopy=False):
+        rep = t.user_attrs.get("repeat_of")
+        if t.state == optuna.trial.TrialState.FAIL and rep is not None and "failure" in t.user_attrs:
+            f = t.user_attrs["failure"]
+            failed.setdefault(int(rep), []).append({"trial": t.number, "kind": f.get("kind"), "memory_reached_gib": f.get("memory_reached_gib")})
+            continue
+        if t.state != optuna.trial.TrialState.COMPLETE:
+            continue
         res = t.user_attrs.get("result")
         if not res or "layout" not in res:
             continue
@@ -509,16 +521,19 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
             continue
         rows.append({"trial": t.number, "key": t.user_attrs.get("key", ""), **res})
     for r in rows:
+        if r["trial"] in failed:
+            r["runs_failed"] = failed[r["trial"]]
         more = repeats.get(r["trial"], [])
         if not more:
             continue
         runs = [r, *more]
         tps = [float(x["tokens_per_s_per_gpu"]) for x in runs]
-        mean = sum(tps) / len(tps)
+        steps = [float(x.get("step_time_s", float("nan"))) for x in runs]
+        mean = len(tps) / sum(1.0 / x for x in tps)
         first = float(r["tokens_per_s_per_gpu"])
         r.update(
-            runs=len(runs), runs_tokens_per_s_per_gpu=tps, runs_step_time_s=[float(x.get("step_time_s", float("nan"))) for x in runs],
-            tokens_per_s_per_gpu=mean, step_time_s=sum(float(x.get("step_time_s", float("nan"))) for x in runs) / len(runs),
+            runs=len(runs), runs_tokens_per_s_per_gpu=tps, runs_step_time_s=steps,
+            tokens_per_s_per_gpu=mean, step_time_s=sum(steps) / len(steps),
             peak_gib=max(float(x["peak_gib"]) for x in runs), headroom_gib=min(float(x.get("headroom_gib", float("nan"))) for x in runs),
             mfu=float(r.get("mfu", float("nan"))) * mean / first, usd_per_million_tokens=float(r.get("usd_per_million_tokens", float("nan"))) * first / mean,
         )
@@ -1019,7 +1034,7 @@ def _run_study(
     def _cb(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         done["n"] += 1
         # no new search trial is queued once the search's trials are spent (nor while confirming)
-        if lazy and not done["confirming"] and done["n"] < n_trials:
+        if lazy and not done["confirming"] and done["n"] < done["total"]:
             with lock:
                 _recalibrate_and_requeue(study, prep, index, rest, seen, recal_k, recal_state)
         if on_trial:
@@ -1037,32 +1052,17 @@ def _run_study(
             raise KeyboardInterrupt
 
         old_handler = signal.signal(signal.SIGINT, _on_sigint)
+    # Confirmation runs left queued by an interrupted run go first (Optuna runs the oldest queued trial first);
+    # they do not count against --trials.
+    leftover = sum(1 for t in waiting if t.user_attrs.get("repeat_of") is not None)
+    done["total"] = n_trials + leftover
     try:
         if on_trial:
-            on_trial(0, n_trials)  # the study is open and its queue set: trials start now
-        study.optimize(objective, n_trials=n_trials, callbacks=[_cb], catch=(TrialFailed,), gc_after_trial=False,
+            on_trial(0, done["total"])  # the study is open and its queue set: trials start now
+        study.optimize(objective, n_trials=n_trials + leftover, callbacks=[_cb], catch=(TrialFailed,), gc_after_trial=False,
                        n_jobs=cfg.parallel_trials if cfg.backend == "ray" else 1)
-        finalists = _finalists(study) if real and cfg.confirm_runs else []
-        queued = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))) if finalists else 0
-        if queued:
-            # Optuna runs the oldest queued trial first: confirmation runs queued now would wait behind these
-            counters["confirm_note"] = (f"confirmation not run: {queued} queued layouts of the search are still waiting; "
-                                        "re-run the same command (with more --trials) to run them, then confirm")
-            finalists = []
-        if finalists:
-            # Confirmation: the finalists again, interleaved (A B C A B C ...), so a drift of the machine's state
-            # over time reaches them alike; one at a time, as concurrent trials on one host slow each other.
-            by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
-            for r in range(cfg.confirm_runs):
-                for n in finalists:
-                    study.enqueue_trial(by_number[n].params, user_attrs={
-                        "repeat_of": n, "enqueued": f"confirmation run {r + 1} of {cfg.confirm_runs} of trial {n}"})
-            done["confirming"] = True
-            done["total"] = done["n"] + len(finalists) * cfg.confirm_runs
-            if on_trial:
-                on_trial(done["n"], done["total"])
-            study.optimize(objective, n_trials=len(finalists) * cfg.confirm_runs, callbacks=[_cb], catch=(TrialFailed,),
-                           gc_after_trial=False, n_jobs=1)
+        if real and cfg.confirm_runs:
+            _confirm(study, cfg.confirm_runs, objective, _cb, done, counters, on_trial)
     except KeyboardInterrupt:
         if cancel is not None:
             cancel()
@@ -1101,7 +1101,7 @@ def _recalibrate_and_requeue(
     from cost_model.calibrate import Observation, fit_observations
 
     measured = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-                if (t.user_attrs.get("result") or {}).get("source") == "measured"]
+                if (t.user_attrs.get("result") or {}).get("source") == "measured" and "repeat_of" not in t.user_attrs]
     n = len(measured)
     if n >= every * (state["fits"] + 1) and n >= 2:
         obs = []
@@ -1159,6 +1159,49 @@ def _serialize_state_changes(study: optuna.Study) -> None:
 
 #: Layouts a confirmation re-measures at most: the fastest measured one and up to three within its noise.
 MAX_FINALISTS = 4
+#: Rounds of confirmation: after a round the finalists are chosen again (the best by mean may be a layout
+#: measured once, and ties widen with the spread between runs), and any short of runs topped up.
+MAX_CONFIRM_ROUNDS = 3
+
+
+def _confirm(study: optuna.Study, runs: int, objective: Callable[..., Any], callback: Callable[..., None], done: dict[str, Any],
+             counters: dict[str, Any], on_trial: Callable[[int, int], None] | None) -> None:
+    """``--confirm-runs``: bring each finalist (:func:`_finalists`) to ``runs`` confirmation runs, interleaved.
+
+    Runs a finalist already has (finished, failed, running or queued, from an earlier run or another worker
+    sharing the storage) count; only the shortfall is queued. Not run while search trials are still queued
+    (Optuna runs the oldest queued trial first): ``counters["confirm_note"]`` says so.
+    """
+    for _ in range(MAX_CONFIRM_ROUNDS):
+        finalists = _finalists(study)
+        trials = study.get_trials(deepcopy=False)
+        queued = [t for t in trials if t.state == optuna.trial.TrialState.WAITING and t.user_attrs.get("repeat_of") is None]
+        if finalists and queued:
+            counters["confirm_note"] = (f"confirmation not run: {len(queued)} queued layouts of the search are still waiting; "
+                                        "re-run the same command (with more --trials) to run them, then confirm")
+            return
+        have: dict[int, int] = {}
+        for t in trials:
+            rep = t.user_attrs.get("repeat_of")
+            if rep is not None and not (t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("interrupted")):
+                have[int(rep)] = have.get(int(rep), 0) + 1
+        by_number = {t.number: t for t in trials}
+        need = {n: runs - have.get(n, 0) for n in finalists if runs - have.get(n, 0) > 0}
+        if not need:
+            return
+        # interleaved (A B C A B C ...), so a drift of the machine's state over time reaches them alike; one at a
+        # time, as concurrent trials on one host slow each other
+        for r in range(max(need.values())):
+            for n in finalists:
+                if need.get(n, 0) > r:
+                    study.enqueue_trial(by_number[n].params, user_attrs={
+                        "repeat_of": n, "enqueued": f"confirmation run {have.get(n, 0) + r + 1} of {runs} of trial {n}"})
+        todo = sum(1 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+        done["confirming"] = True
+        done["total"] = done["n"] + todo
+        if on_trial:
+            on_trial(done["n"], done["total"])
+        study.optimize(objective, n_trials=todo, callbacks=[callback], catch=(TrialFailed,), gc_after_trial=False, n_jobs=1)
 
 
 def _finalists(study: optuna.Study) -> list[int]:
@@ -1216,7 +1259,7 @@ def _best_measured(study: optuna.Study) -> float | None:
     best = None
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         r = t.user_attrs.get("result") or {}
-        if r.get("source") == "measured":
+        if r.get("source") == "measured" and r.get("repeat_of") is None:  # a trial's own run, as the pruner compares
             v = float(r.get("tokens_per_s_per_gpu", 0.0))
             best = v if best is None or v > best else best
     return best

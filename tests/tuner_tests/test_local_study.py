@@ -220,7 +220,7 @@ def test_confirm_runs_remeasure_the_finalists_interleaved_and_report_the_mean(tm
     assert 2 <= len(confirmed) <= 4 and res.confirmed_now == 2 * len(confirmed)
     for r in confirmed:
         runs = r["runs_tokens_per_s_per_gpu"]
-        assert len(runs) == 3 and r["tokens_per_s_per_gpu"] == pytest.approx(sum(runs) / 3)
+        assert len(runs) == 3 and r["tokens_per_s_per_gpu"] == pytest.approx(3 / sum(1 / x for x in runs))
     # interleaved: A B C A B C, each run of a layout in a log folder of its own
     reps = [t for t in res.study.trials if "repeat_of" in t.user_attrs]
     order = [t.user_attrs["repeat_of"] for t in sorted(reps, key=lambda t: t.number)]
@@ -231,7 +231,7 @@ def test_confirm_runs_remeasure_the_finalists_interleaved_and_report_the_mean(tm
     r = CliRunner().invoke(app, ["pareto", "--study", "s", "--results-dir", str(tmp_path)])
     assert r.exit_code == 0 and "confirmed: trial" in r.output and "over 3 runs" in r.output
     r = CliRunner().invoke(app, ["export", "--study", "s", "--results-dir", str(tmp_path), "--trial", str(confirmed[0]["trial"])])
-    assert r.exit_code == 0 and "is the mean of 3 runs" in r.output
+    assert r.exit_code == 0 and "Measured more than once (--confirm-runs): 3 runs" in r.output
 
 
 def test_confirm_runs_need_real_trials(tmp_path):
@@ -253,3 +253,59 @@ def test_confirmation_waits_for_queued_search_trials(tmp_path, monkeypatch):
         st.enqueue_trial(t.params, user_attrs={"enqueued": "left over"})
     res = run_study(prep, backend=_backend(tmp_path))
     assert res.confirmed_now == 0 and "queued layouts of the search are still waiting" in res.confirm_note
+
+
+def test_a_failed_confirmation_run_is_reported_and_confirmation_tops_up(tmp_path, monkeypatch):
+    from launch.base import FailureKind, TrialFailed
+    from tuner.report import runs_note
+
+    monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
+    monkeypatch.setenv("FAKE_STEP_S", "0.01")
+    monkeypatch.setenv("FAKE_REPORT_STEP_S", "0.5")
+
+    class OneOom(LocalBackend):
+        calls = 0
+
+        def run(self, layout, **kw):
+            OneOom.calls += 1
+            if OneOom.calls == 2:  # the first confirmation run
+                raise TrialFailed(FailureKind.oom, "CUDA out of memory (fake)", str(tmp_path), memory_reached_bytes=150 * 2**30)
+            return super().run(layout, **kw)
+
+    b = OneOom(trials_dir=tmp_path / "s" / "trials", num_gpus=4, steps=6, warmup_steps=2, timeout_s=30,
+               launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02)
+    prep = prepare(_cfg(tmp_path, prune_margin=None, trials=1, confirm_runs=2))
+    res = run_study(prep, backend=b)
+    (row,) = [r for r in trial_rows(res.study) if r["trial"] == 0]
+    assert row["runs"] == 2 and [f["kind"] for f in row["runs_failed"]] == ["oom"]
+    (note,) = runs_note(row)
+    assert "ran out of memory at 150.0 GiB" in note and "check its log" in note
+    r = CliRunner().invoke(app, ["pareto", "--study", "s", "--results-dir", str(tmp_path)])
+    assert "ran out of memory" in r.output
+    # the same command again: trial 0 already has its 2 confirmation runs (one failed), so none is added for it
+    res = run_study(prep, backend=_backend(tmp_path))
+    assert sum(1 for t in res.study.trials if t.user_attrs.get("repeat_of") == 0) == 2
+
+
+def test_an_interrupted_confirmation_is_completed_on_resume(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
+    monkeypatch.setenv("FAKE_STEP_S", "0.01")
+    monkeypatch.setenv("FAKE_REPORT_STEP_S", "0.5")
+
+    class Interrupting(LocalBackend):
+        calls = 0
+
+        def run(self, layout, **kw):
+            Interrupting.calls += 1
+            if Interrupting.calls == 3:  # the second confirmation run
+                raise KeyboardInterrupt
+            return super().run(layout, **kw)
+
+    b = Interrupting(trials_dir=tmp_path / "s" / "trials", num_gpus=4, steps=6, warmup_steps=2, timeout_s=30,
+                     launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02)
+    prep = prepare(_cfg(tmp_path, prune_margin=None, trials=1, confirm_runs=2))
+    with pytest.raises(KeyboardInterrupt):
+        run_study(prep, backend=b)
+    res = run_study(prep, backend=_backend(tmp_path))
+    done = [t for t in res.study.trials if t.user_attrs.get("repeat_of") == 0 and t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == 2 and res.evaluated_now == 1  # the cut run made up, and the resumed search still had its one trial
