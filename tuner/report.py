@@ -33,6 +33,7 @@ FRONT_COLUMNS = (
     "peak_gib",
     "headroom_gib",
     "step_time_s",
+    "runs",
 )
 
 
@@ -99,6 +100,7 @@ def front_rows(rows: list[dict[str, Any]], model: ModelSpec) -> list[dict[str, A
                 "peak_gib": r["peak_gib"],
                 "headroom_gib": r.get("headroom_gib", float("nan")),
                 "step_time_s": r.get("step_time_s", float("nan")),
+                "runs": int(r.get("runs", 1)),
                 "layout": lay,
             }
         )

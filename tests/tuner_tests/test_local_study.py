@@ -228,8 +228,12 @@ def test_confirm_runs_remeasure_the_finalists_interleaved_and_report_the_mean(tm
     assert order[:n] == order[n:] and len(set(order[:n])) == n
     assert all(Path((t.user_attrs["result"])["log_path"]).name == str(t.number) for t in reps)
     # the CLI lists them and the recipe says its throughput is a mean
-    r = CliRunner().invoke(app, ["pareto", "--study", "s", "--results-dir", str(tmp_path)])
+    csv_path = tmp_path / "front.csv"
+    r = CliRunner().invoke(app, ["pareto", "--study", "s", "--results-dir", str(tmp_path), "--csv", str(csv_path)])
     assert r.exit_code == 0 and "confirmed: trial" in r.output and "over 3 runs" in r.output
+    import csv
+
+    assert {int(x["runs"]) for x in csv.DictReader(csv_path.open())} <= {1, 3} and "runs" in csv_path.read_text().splitlines()[0]
     r = CliRunner().invoke(app, ["export", "--study", "s", "--results-dir", str(tmp_path), "--trial", str(confirmed[0]["trial"])])
     assert r.exit_code == 0 and "Measured more than once (--confirm-runs): 3 runs" in r.output
 
