@@ -259,6 +259,22 @@ def test_confirmation_waits_for_queued_search_trials(tmp_path, monkeypatch):
     assert res.confirmed_now == 0 and "queued layouts of the search are still waiting" in res.confirm_note
 
 
+def _raising_at(tmp_path, call: int, exc: BaseException) -> LocalBackend:
+    """The local backend with the fake trial program, raising ``exc`` instead of its ``call``-th run."""
+
+    class Raising(LocalBackend):
+        calls = 0
+
+        def run(self, layout, **kw):
+            self.calls += 1
+            if self.calls == call:
+                raise exc
+            return super().run(layout, **kw)
+
+    return Raising(trials_dir=tmp_path / "s" / "trials", num_gpus=4, steps=6, warmup_steps=2, timeout_s=30,
+                   launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02)
+
+
 def test_a_failed_confirmation_run_is_reported_and_confirmation_tops_up(tmp_path, monkeypatch):
     from launch.base import FailureKind, TrialFailed
     from tuner.report import runs_note
@@ -267,17 +283,8 @@ def test_a_failed_confirmation_run_is_reported_and_confirmation_tops_up(tmp_path
     monkeypatch.setenv("FAKE_STEP_S", "0.01")
     monkeypatch.setenv("FAKE_REPORT_STEP_S", "0.5")
 
-    class OneOom(LocalBackend):
-        calls = 0
-
-        def run(self, layout, **kw):
-            OneOom.calls += 1
-            if OneOom.calls == 2:  # the first confirmation run
-                raise TrialFailed(FailureKind.oom, "CUDA out of memory (fake)", str(tmp_path), memory_reached_bytes=150 * 2**30)
-            return super().run(layout, **kw)
-
-    b = OneOom(trials_dir=tmp_path / "s" / "trials", num_gpus=4, steps=6, warmup_steps=2, timeout_s=30,
-               launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02)
+    # the first confirmation run (the second run of all) runs out of memory
+    b = _raising_at(tmp_path, 2, TrialFailed(FailureKind.oom, "CUDA out of memory (fake)", str(tmp_path), memory_reached_bytes=150 * 2**30))
     prep = prepare(_cfg(tmp_path, prune_margin=None, trials=1, confirm_runs=2))
     res = run_study(prep, backend=b)
     (row,) = [r for r in trial_rows(res.study) if r["trial"] == 0]
@@ -296,17 +303,7 @@ def test_an_interrupted_confirmation_is_completed_on_resume(tmp_path, monkeypatc
     monkeypatch.setenv("FAKE_STEP_S", "0.01")
     monkeypatch.setenv("FAKE_REPORT_STEP_S", "0.5")
 
-    class Interrupting(LocalBackend):
-        calls = 0
-
-        def run(self, layout, **kw):
-            Interrupting.calls += 1
-            if Interrupting.calls == 3:  # the second confirmation run
-                raise KeyboardInterrupt
-            return super().run(layout, **kw)
-
-    b = Interrupting(trials_dir=tmp_path / "s" / "trials", num_gpus=4, steps=6, warmup_steps=2, timeout_s=30,
-                     launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02)
+    b = _raising_at(tmp_path, 3, KeyboardInterrupt())  # Ctrl-C during the second confirmation run
     prep = prepare(_cfg(tmp_path, prune_margin=None, trials=1, confirm_runs=2))
     with pytest.raises(KeyboardInterrupt):
         run_study(prep, backend=b)
