@@ -940,6 +940,10 @@ def _run_study(
     def _objective(trial: optuna.Trial) -> tuple[float, float]:
         mine.add(trial.number)
         repeat_of = trial.user_attrs.get("repeat_of")  # a confirmation run of that trial's layout (--confirm-runs)
+        if done["confirming"] and repeat_of is None:
+            # another worker took a queued confirmation run, so Optuna sampled a new layout: not a search now
+            trial.set_user_attr("skipped", "sampled during the confirmation phase (its queued runs were taken by another worker)")
+            raise optuna.TrialPruned("not a confirmation run")
         chosen = {p: trial.suggest_categorical(p, index.labels[p]) for p in params}
         row = index.find_fitting(chosen)
         lay = valid.row(row) if row is not None else index.build(chosen)

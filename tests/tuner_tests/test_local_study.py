@@ -310,3 +310,28 @@ def test_an_interrupted_confirmation_is_completed_on_resume(tmp_path, monkeypatc
     res = run_study(prep, backend=_backend(tmp_path))
     done = [t for t in res.study.trials if t.user_attrs.get("repeat_of") == 0 and t.state == optuna.trial.TrialState.COMPLETE]
     assert len(done) == 2 and res.evaluated_now == 1  # the cut run made up, and the resumed search still had its one trial
+
+
+def test_the_confirmation_phase_runs_no_search_trial_when_another_worker_took_a_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
+    monkeypatch.setenv("FAKE_STEP_S", "0.01")
+    monkeypatch.setenv("FAKE_REPORT_STEP_S", "0.5")
+
+    class OtherWorker(LocalBackend):
+        calls = 0
+
+        def run(self, layout, **kw):
+            self.calls += 1
+            if self.calls == 2:  # during the first confirmation run, "another worker" takes the queued second one
+                other = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/s/study.db")
+                taken = other.ask()
+                assert taken.user_attrs.get("repeat_of") == 0
+                other.tell(taken, state=optuna.trial.TrialState.FAIL)
+            return super().run(layout, **kw)
+
+    b = OtherWorker(trials_dir=tmp_path / "s" / "trials", num_gpus=4, steps=6, warmup_steps=2, timeout_s=30,
+                    launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02)
+    res = run_study(prepare(_cfg(tmp_path, prune_margin=None, trials=1, confirm_runs=2)), backend=b)
+    assert res.evaluated_now == 1 and res.confirmed_now == 1 and b.calls == 2  # the sampled stand-in was not measured
+    (stand_in,) = [t for t in res.study.trials if "confirmation phase" in str(t.user_attrs.get("skipped", ""))]
+    assert stand_in.state == optuna.trial.TrialState.PRUNED and stand_in.number == max(t.number for t in res.study.trials)
