@@ -9,7 +9,6 @@ traceback appears only with ``--debug``.
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -297,7 +296,7 @@ def _run_main(cfg: Any, top: int) -> None:
 def _print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:
     """Say which measured trials the best one cannot be told apart from (tuner.report.measured_ties), after the
     runs of the layouts measured more than once (--confirm-runs)."""
-    from tuner.report import TIE_Z, long_label, measured_ties, runs_summary
+    from tuner.report import TIE_Z, fastest_measured, long_label, measured_ties, runs_summary
 
     for r in sorted(rows, key=lambda r: -float(r.get("tokens_per_s_per_gpu") or 0)):
         text = runs_summary(r)
@@ -306,11 +305,9 @@ def _print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:
             out.print(f"  {warn}confirmed{'[/]' if warn else ''}: trial {r['trial']} ({escape(long_label(r))}): "
                       f"{r['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU over {escape(text)}")
     if best.get("source") != "measured":  # a study that mixes sources: against its fastest measured trial
-        measured = [r for r in rows if r.get("source") == "measured" and isinstance(r.get("tokens_per_s_per_gpu"), (int, float))
-                    and math.isfinite(r["tokens_per_s_per_gpu"])]
-        if not measured:
+        best = fastest_measured(rows)
+        if best is None:
             return
-        best = max(measured, key=lambda r: r["tokens_per_s_per_gpu"])
     ties = measured_ties(rows, best["trial"])
     if not ties:
         return

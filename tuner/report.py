@@ -15,7 +15,7 @@ from search_spaces.layout import Layout
 from search_spaces.pipeline import emit_layout_string
 from tuner.pareto import pareto_mask
 
-__all__ = ["pick_trial_row", "front_rows", "measured_ties", "ties_note", "runs_note", "runs_summary", "write_pareto_csv", "plot_front", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
+__all__ = ["pick_trial_row", "front_rows", "measured_ties", "ties_note", "runs_note", "runs_summary", "fastest_measured", "long_label", "write_pareto_csv", "plot_front", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
 
 FRONT_COLUMNS = (
     "trial",
@@ -117,6 +117,23 @@ def long_label(row: dict[str, Any]) -> str:
 TIE_Z = 2.0
 
 
+def _positive(v: Any) -> bool:
+    """A positive finite number (not a bool): what a step time or a throughput read from a study may be used as."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def _mean_rel_sd(xs: list[float]) -> tuple[float, float]:
+    """(mean, sample standard deviation / mean) of at least two numbers."""
+    mean = sum(xs) / len(xs)
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) / mean
+
+
+def fastest_measured(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The measured row with the highest (finite, positive) ``tokens_per_s_per_gpu``, or None."""
+    measured = [r for r in rows if r.get("source") == "measured" and _positive(r.get("tokens_per_s_per_gpu"))]
+    return max(measured, key=lambda r: float(r["tokens_per_s_per_gpu"])) if measured else None
+
+
 def measured_ties(rows: list[dict[str, Any]], best_trial: int, z: float = TIE_Z) -> list[dict[str, Any]]:
     """Measured trials whose throughput is within the trials' own noise of trial ``best_trial``.
 
@@ -151,23 +168,20 @@ def measured_ties(rows: list[dict[str, Any]], best_trial: int, z: float = TIE_Z)
         raw = r.get("step_times_s")
         if r.get("source") != "measured" or not isinstance(raw, (list, tuple)):
             return None
-        t = [float(x) for x in raw if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0]
+        t = [float(x) for x in raw if _positive(x)]
         if len(t) < 3:
             return None
-        mean = sum(t) / len(t)
-        sd = math.sqrt(sum((x - mean) ** 2 for x in t) / (len(t) - 1))
-        within = math.sqrt(math.pi / 2.0) * sd / mean / math.sqrt(len(t))
-        runs = [float(x) for x in r.get("runs_tokens_per_s_per_gpu") or () if isinstance(x, (int, float)) and math.isfinite(x) and x > 0]
+        within = math.sqrt(math.pi / 2.0) * _mean_rel_sd(t)[1] / math.sqrt(len(t))
+        runs = [float(x) for x in r.get("runs_tokens_per_s_per_gpu") or () if _positive(x)]
         if len(runs) < 2:
             return within
         # confirmed (--confirm-runs): the standard error of the mean of the runs, which sees the drift between runs
-        m = sum(runs) / len(runs)
-        between = math.sqrt(sum((x - m) ** 2 for x in runs) / (len(runs) - 1)) / m / math.sqrt(len(runs))
+        between = _mean_rel_sd(runs)[1] / math.sqrt(len(runs))
         return max(between, within / math.sqrt(len(runs)))
 
     def tps(r: dict[str, Any]) -> float | None:
         v = r.get("tokens_per_s_per_gpu")
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 else None
+        return float(v) if _positive(v) else None
 
     best = next((r for r in rows if r.get("trial") == best_trial), None)
     se_a = rel_se(best) if best else None
@@ -205,9 +219,7 @@ def runs_summary(row: dict[str, Any]) -> str | None:
         return None
     parts = []
     if len(runs) >= 2:
-        mean = sum(runs) / len(runs)
-        sd = math.sqrt(sum((x - mean) ** 2 for x in runs) / (len(runs) - 1))
-        parts.append(f"{len(runs)} runs: {', '.join(f'{x:,.0f}' for x in runs)} tokens/s/GPU (SD {sd / mean:.1%})")
+        parts.append(f"{len(runs)} runs: {', '.join(f'{x:,.0f}' for x in runs)} tokens/s/GPU (SD {_mean_rel_sd(runs)[1]:.1%})")
     else:
         parts.append("1 run")
     for f in failed:

@@ -516,8 +516,8 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
         res = t.user_attrs.get("result")
         if not res or "layout" not in res:
             continue
-        if res.get("repeat_of") is not None:
-            repeats.setdefault(int(res["repeat_of"]), []).append(res)
+        if rep is not None:
+            repeats.setdefault(int(rep), []).append(res)
             continue
         rows.append({"trial": t.number, "key": t.user_attrs.get("key", ""), **res})
     for r in rows:
@@ -1016,8 +1016,6 @@ def _run_study(
                 "pred_model_tflops_per_gpu": float(est.model_tflops_per_gpu[row]),
             },
         )
-        if repeat_of is not None:
-            trial.set_user_attr("result", {**trial.user_attrs["result"], "repeat_of": int(repeat_of)})
         if m.source == "measured":
             res = dict(trial.user_attrs["result"])
             res.update(
@@ -1210,12 +1208,12 @@ def _confirm(study: optuna.Study, runs: int, objective: Callable[..., Any], call
 
 def _finalists(study: optuna.Study) -> list[int]:
     """Trial numbers to confirm: the fastest measured layout, then those within its trials' noise (fastest first)."""
-    from tuner.report import measured_ties
+    from tuner.report import fastest_measured, measured_ties
 
-    rows = [r for r in trial_rows(study) if r.get("source") == "measured" and math.isfinite(float(r.get("tokens_per_s_per_gpu", float("nan"))))]
-    if not rows:
+    rows = trial_rows(study)
+    best = fastest_measured(rows)
+    if best is None:
         return []
-    best = max(rows, key=lambda r: float(r["tokens_per_s_per_gpu"]))
     return [best["trial"]] + [t["trial"] for t in measured_ties(rows, best["trial"])][: MAX_FINALISTS - 1]
 
 
@@ -1263,7 +1261,7 @@ def _best_measured(study: optuna.Study) -> float | None:
     best = None
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         r = t.user_attrs.get("result") or {}
-        if r.get("source") == "measured" and r.get("repeat_of") is None:  # a trial's own run, as the pruner compares
+        if r.get("source") == "measured" and "repeat_of" not in t.user_attrs:  # a trial's own run, as the pruner compares
             v = float(r.get("tokens_per_s_per_gpu", 0.0))
             best = v if best is None or v > best else best
     return best
