@@ -17,7 +17,7 @@ import statistics
 import time
 
 from cost_model.estimate import estimate_table
-from cost_model.specs import Workload, load_model, parse_gpus
+from specs import Workload, load_model, parse_gpus
 from search_spaces.space import SearchSpace, enumerate_layouts
 
 

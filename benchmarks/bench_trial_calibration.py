@@ -68,11 +68,11 @@ sys.path.insert(0, str(ROOT))
 
 from cost_model.calibrate import Observation, fit_observations, predict_observations  # noqa: E402
 from cost_model.calibration import DEFAULT_CALIBRATION, Calibration  # noqa: E402
-from cost_model.errors import TunerError  # noqa: E402
-from cost_model.specs import Workload, load_model, parse_gpus  # noqa: E402
+from specs.errors import TunerError  # noqa: E402
+from specs import Workload, load_model, parse_gpus  # noqa: E402
 from cost_model.validate import spearman  # noqa: E402
 from launch.harness.spec import HarnessEnv, harness_layout, slice_model  # noqa: E402
-from search_spaces.layout import Layout  # noqa: E402
+from specs.layout import Layout  # noqa: E402
 from search_spaces.rules import check_layout  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "h200_minimax_slice.jsonl"

@@ -13,7 +13,7 @@ R=${R:-/tmp/verify_results}
 mkdir -p "$OUT" "$R"
 python3 - "$R/MiniMax-M2-64e.json" <<'PY'
 import json, sys
-d = json.load(open("cost_model/data/models/MiniMax-M2.json"))
+d = json.load(open("specs/data/models/MiniMax-M2.json"))
 d["num_local_experts"] = 64
 d["_source"] = "MiniMax-M2 preset with num_local_experts 64 (for a quick 2-GPU convergence check); " + d["_source"]
 json.dump(d, open(sys.argv[1], "w"), indent=1)

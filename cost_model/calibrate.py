@@ -32,8 +32,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from cost_model.calibration import BASE_CALIBRATION, Calibration
-from cost_model.errors import TunerError
+from specs.errors import TunerError
 from cost_model.validate import Run, RunBatch
+from specs import HARNESS_RUN_OPTIONS
 
 __all__ = [
     "FIT_BOUNDS", "FitResult", "fit_calibration", "kfold_by_model", "SEED_WEIGHT",
@@ -264,7 +265,7 @@ class Observation:
     """One measured training run: what ran and what was measured (either measurement may be None)."""
 
     model: Any
-    """:class:`cost_model.specs.ModelSpec` (a ``--layers`` slice where the trial ran one)."""
+    """:class:`specs.ModelSpec` (a ``--layers`` slice where the trial ran one)."""
     cluster: Any
     workload: Any
     layout: Any
@@ -273,7 +274,7 @@ class Observation:
     peak_gib: float | None = None
     """Peak memory per GPU (GiB), max over ranks: reserved or allocated, as the caller chooses."""
     options: Any = None
-    """:class:`cost_model.specs.RunOptions` (None: :data:`cost_model.specs.HARNESS_RUN_OPTIONS`, the
+    """:class:`specs.RunOptions` (None: :data:`specs.HARNESS_RUN_OPTIONS`, the
     trial harness's stack without Transformer Engine, which these observations come from)."""
     label: str = ""
 
@@ -303,7 +304,6 @@ class ObservationFit:
 
 
 def _runs_of(obs: Sequence[Observation], *, need: str) -> list[Run]:
-    from cost_model.specs import HARNESS_RUN_OPTIONS
 
     runs = []
     for i, o in enumerate(obs):

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from cost_model.errors import TunerError
+from specs.errors import TunerError
 
 __all__ = ["Calibration", "BASE_CALIBRATION", "DEFAULT_CALIBRATION", "SHIPPED_CALIBRATION_FILE", "load_calibration"]
 
@@ -109,7 +109,7 @@ class Calibration:
     dp_overlap: float = 0.0
     """Fraction of data-parallel gradient reduce-scatter / param all-gather hidden behind
     compute when ``--overlap-grad-reduce`` / ``--overlap-param-gather`` are on
-    (:class:`cost_model.specs.RunOptions`); without them (the seed's run block) nothing is hidden."""
+    (:class:`specs.RunOptions`); without them (the seed's run block) nothing is hidden."""
     tp_comm_overlap_fraction: float = 0.5
     """Fraction of TP / sequence-parallel collectives hidden with ``--tp-comm-overlap``
     (Transformer Engine userbuffers pipelining the all-gather / reduce-scatter with the GEMM)."""
@@ -172,7 +172,7 @@ class Calibration:
         return {"ampere": self.gemm_family_factor_ampere, "blackwell": self.gemm_family_factor_blackwell}.get(family, 1.0)
 
     def precision_ratio(self, precision: str) -> float:
-        """GEMM efficiency at ``precision`` (a :class:`cost_model.specs.Precision` value) relative to bf16."""
+        """GEMM efficiency at ``precision`` (a :class:`specs.Precision` value) relative to bf16."""
         return {
             "fp8": self.fp8_gemm_efficiency_ratio,
             "fp8_blockwise": self.fp8_blockwise_gemm_efficiency_ratio,

@@ -30,11 +30,13 @@ from typing import Callable
 import numpy as np
 
 from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
-from cost_model.errors import TunerError
+from search_spaces.pipeline import stage_layer_counts
+from search_spaces.rules import check_layout
+from specs.errors import InfeasibleLayout, TunerError
 from cost_model.flops import megatron_flops_per_token
-from cost_model.specs import DEFAULT_RUN_OPTIONS, Cluster, ModelSpec, Precision, RunOptions, Workload
+from specs import DEFAULT_RUN_OPTIONS, Cluster, ModelSpec, Precision, RunOptions, Workload
 from cost_model.types import Estimate
-from search_spaces.layout import Layout, LayoutTable, categories as _categories
+from specs.layout import Layout, LayoutTable, categories as _categories
 
 __all__ = ["EstimateTable", "estimate", "estimate_table", "MEMORY_PARTS", "TIME_PARTS"]
 
@@ -121,8 +123,6 @@ def _rank_classes(
         One tuple per class: (lowest rank, decoder layers, MoE layers, number of
         ranks, layers per chunk).
     """
-    from search_spaces.pipeline import stage_layer_counts
-
     counts = stage_layer_counts(len(moe_layer_freq), pp, vpp, first, last)
     n_layers = [0] * pp
     n_moe = [0] * pp
@@ -667,9 +667,6 @@ def estimate(
             lists them all).
         TunerError: the layout's world size differs from the cluster's GPU count.
     """
-    from cost_model.errors import InfeasibleLayout
-    from search_spaces.rules import check_layout
-
     if layout.world_size != cluster.num_gpus:
         raise TunerError(f"layout world_size {layout.world_size} differs from the cluster's {cluster.num_gpus} GPUs")
     broken = check_layout(layout, model, workload)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cost_model.specs import ModelSpec
+from specs import ModelSpec
 
 __all__ = ["megatron_flops_per_token", "mfu", "usd_per_million_tokens"]
 

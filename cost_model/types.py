@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from search_spaces.layout import Layout
+from specs.layout import Layout
+from specs.units import GIB
 
 __all__ = ["Estimate"]
-
-GIB = 2**30
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

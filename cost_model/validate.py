@@ -2,8 +2,8 @@
 
 A run table is a CSV with the columns of ``benchmarks/data/published_runs.csv`` (346 measured
 NVIDIA runs with their layouts). Each row becomes a :class:`Run`: the model preset, the
-cluster, the workload, the :class:`~search_spaces.layout.Layout` and the
-:class:`~cost_model.specs.RunOptions` (routing, overlaps, CUDA graphs, FSDP) read from the
+cluster, the workload, the :class:`~specs.layout.Layout` and the
+:class:`~specs.RunOptions` (routing, overlaps, CUDA graphs, FSDP) read from the
 row, and the published tokens/s/GPU or model TFLOP/s/GPU. Rows the model cannot represent
 keep the reason (:attr:`Run.unrepresentable`); rows with bad cells are reported as
 :class:`RowProblem` naming the row and column. Nothing is dropped silently.
@@ -31,9 +31,12 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
-from cost_model.errors import InfeasibleLayout, TunerError
+from specs.errors import InfeasibleLayout, TunerError
+from cost_model.estimate import estimate_table
 from cost_model.flops import megatron_flops_per_token
-from cost_model.specs import Cluster, GPUSpec, ModelSpec, Precision, RunOptions, Workload, list_gpus, list_models, load_gpu, load_model
+from search_spaces.pipeline import stage_layer_counts
+from specs.layout import RECOMPUTE_MODULES, Layout, LayoutTable
+from specs import Cluster, GPUSpec, ModelSpec, Precision, RunOptions, Workload, list_gpus, list_models, load_gpu, load_model
 
 __all__ = [
     "REQUIRED_COLUMNS",
@@ -223,7 +226,6 @@ def _list(v: str) -> tuple[str, ...]:
 
 
 def _recompute(cell: str, notes: dict[str, str]) -> dict[str, Any]:
-    from search_spaces.layout import RECOMPUTE_MODULES
 
     text = (cell or "").strip().lower()
     mods = _list(notes["recompute_modules"]) if "recompute_modules" in notes else ()
@@ -244,7 +246,6 @@ def _pipeline_split(model: ModelSpec, pp: int, vpp: int) -> tuple[int, int] | No
     Published runs with an uneven model (DeepSeek-V3's 61 layers) use a
     ``--pipeline-model-parallel-layout``; the closest first/last split stands for it.
     """
-    from search_spaces.pipeline import stage_layer_counts
 
     L = model.num_layers
     best: tuple[float, int, int] | None = None
@@ -279,7 +280,6 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
     Raises:
         TunerError: a file is unreadable, not a CSV, or lacks a required column.
     """
-    from search_spaces.layout import Layout
 
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -477,7 +477,6 @@ class RunBatch:
     predicts the same rows hundreds of times)."""
 
     def __init__(self, runs: Iterable[Run]) -> None:
-        from search_spaces.layout import LayoutTable
 
         self.runs = [r for r in runs if not r.unrepresentable and r.layout is not None]
         groups: dict[tuple[Any, ...], list[int]] = {}
@@ -487,7 +486,6 @@ class RunBatch:
 
     def predict(self, calibration: Calibration) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(tokens/s/GPU, model TFLOP/s/GPU, fits, peak GiB) per run, in ``self.runs`` order."""
-        from cost_model.estimate import estimate_table
 
         n = len(self.runs)
         tok, tfl, fits, peak = np.zeros(n), np.zeros(n), np.zeros(n, dtype=bool), np.zeros(n)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Sequence
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
-from cost_model.specs import Cluster, ModelSpec, Workload
-from search_spaces.layout import Layout
+from specs import Cluster, ModelSpec, Workload
+from specs.errors import TunerError
+from specs.layout import Layout
 
-__all__ = ["FailureKind", "Measurement", "StepReporter", "TrialBackend", "TrialFailed", "TrialStopped"]
+__all__ = ["BackendSettings", "FailureKind", "Measurement", "StepReporter", "TrialBackend", "TrialFailed", "TrialStopped", "check_trial_limits"]
 
 
 class FailureKind(str, Enum):
@@ -80,15 +82,61 @@ class TrialStopped(Exception):
 StepReporter = Callable[[Sequence[float]], "str | None"]
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BackendSettings:
+    """Everything a study hands to the backend it opens; each backend reads the fields it needs
+    (:meth:`TrialBackend.from_settings`). Units: seconds, GPUs, bytes."""
+
+    calibration: Any = None
+    """:class:`cost_model.calibration.Calibration` of the ``model`` backend (None: the shipped one)."""
+    memory_headroom: float = 0.10
+    """Fraction of HBM kept free (``model`` backend)."""
+    trials_dir: Path = Path("results/trials")
+    """Where each trial's folder goes (``results/<study>/trials``)."""
+    num_gpus: int | None = None
+    """GPUs a ``local`` trial uses (None: this machine's)."""
+    gpus_per_node: int = 8
+    """GPUs per node of the cluster (``ray``)."""
+    steps: int = 20
+    """Training steps per real trial, warm-up included."""
+    warmup_steps: int = 10
+    """Leading steps left out of a real trial's median."""
+    timeout_s: float = 900.0
+    """Wall-clock limit of one real trial (seconds)."""
+    command_template: str | Path | None = None
+    """``--command-template FILE`` (``command``)."""
+    address: str | None = None
+    """``--ray-address`` (``ray``; None: a local Ray instance)."""
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    """``--trial-env`` variables of every trial process (``ray``)."""
+
+
 class TrialBackend(abc.ABC):
     """Runs one layout and reports a :class:`Measurement`.
 
-    Implementations: ``model`` (the analytical estimate) and ``local`` (the trial
-    harness under torchrun on this machine's GPUs); ``ray`` and ``command`` later.
+    Implementations (registered in :mod:`launch.registry`): ``model`` (the analytical estimate),
+    ``local`` (the trial harness under torchrun on this machine's GPUs), ``ray`` (the harness on
+    the nodes of a Ray cluster), ``command`` (a user's launch template, its log parsed). Every
+    hook below has a default, so a backend overrides only what it can do.
     """
 
-    name: str = "base"
-    source: str = "predicted"
+    name: ClassVar[str] = "base"
+    source: ClassVar[str] = "predicted"
+    """``"predicted"`` (nothing runs) or ``"measured"`` (real trials on GPUs)."""
+
+    @property
+    def measured(self) -> bool:
+        """True for backends whose trials run on GPUs."""
+        return self.source == "measured"
+
+    @classmethod
+    def from_settings(cls, settings: BackendSettings) -> TrialBackend:
+        """The backend opened for a study (default: no arguments).
+
+        Raises:
+            TunerError: the settings do not work for this backend (see each backend).
+        """
+        return cls()
 
     @abc.abstractmethod
     def run(
@@ -114,6 +162,17 @@ class TrialBackend(abc.ABC):
             InfeasibleLayout: the backend cannot run this layout here (before any GPU work).
         """
 
+    def cluster_gpus(self) -> float | None:
+        """GPUs this backend can reach (a Ray cluster's), or None when it does not limit the study (default)."""
+        return None
+
+    def refusal(self, layout: Layout, model: ModelSpec, workload: Workload) -> str | None:
+        """Why this backend cannot run ``layout`` here, before any GPU work; None if it can (default)."""
+        return None
+
+    def cancel(self) -> None:  # noqa: B027 - optional hook
+        """Stop every running trial now (Ctrl-C with trials in threads; default: nothing to stop)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (default: nothing)."""
 
@@ -124,8 +183,6 @@ def check_trial_limits(backend: str, steps: int, warmup_steps: int, timeout_s: f
     Raises:
         TunerError: ``steps`` < 1, warm-up steps outside ``[0, steps)``, or a timeout that is not > 0 s.
     """
-    from cost_model.errors import TunerError
-
     if steps < 1 or not 0 <= warmup_steps < steps:
         raise TunerError(f"--backend {backend}: steps must be >= 1 and warm-up steps in [0, steps), got {steps}, {warmup_steps}")
     if not timeout_s > 0:

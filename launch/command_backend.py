@@ -37,13 +37,13 @@ from typing import Any, Mapping
 
 import yaml
 
-from cost_model.errors import InfeasibleLayout, TunerError
-from cost_model.specs import Cluster, ModelSpec, Workload
-from launch.base import FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped, check_trial_limits
+from specs.errors import InfeasibleLayout, TunerError
+from specs import Cluster, ModelSpec, Workload
+from launch.base import BackendSettings, FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped, check_trial_limits
 from launch.harness.results import classify_failure
 from launch.local_backend import SAFE_ENV, _free_port, _tail, follow_process
 from launch.megatron_log import MegatronLogReader
-from search_spaces.layout import Layout
+from specs.layout import Layout
 
 __all__ = ["CommandBackend", "CommandTemplate", "SCALAR_PLACEHOLDERS", "LIST_PLACEHOLDERS", "load_template", "SLIME_TEMPLATE"]
 
@@ -260,7 +260,6 @@ class CommandBackend(TrialBackend):
         warmup_steps: int = 2,
         timeout_s: float = 900.0,
         poll_s: float = 0.5,
-        **_: object,
     ) -> None:
         if command_template is None or command_template == "":
             raise TunerError(
@@ -282,6 +281,12 @@ class CommandBackend(TrialBackend):
         self.timeout_s = float(tpl.timeout_s if tpl.timeout_s is not None else timeout_s)
         self.poll_s = poll_s
         self._count = 0
+
+    @classmethod
+    def from_settings(cls, settings: BackendSettings) -> CommandBackend:
+        """Uses ``command_template``, ``trials_dir``, ``steps``, ``warmup_steps`` and ``timeout_s``."""
+        return cls(command_template=settings.command_template, trials_dir=settings.trials_dir, steps=settings.steps,
+                   warmup_steps=settings.warmup_steps, timeout_s=settings.timeout_s)
 
     def run(
         self,

@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 import yaml
 
-from cost_model.errors import TunerError
-from cost_model.specs import Cluster, ModelSpec, Precision, Workload
-from search_spaces.layout import Dispatcher, Layout, RecomputeGranularity
+from specs.errors import TunerError
+from specs import Cluster, ModelSpec, Precision, Workload
+from specs.layout import Dispatcher, Layout, RecomputeGranularity
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from cost_model.types import Estimate

@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from cost_model.errors import InfeasibleLayout, TunerError
-from cost_model.specs import Cluster, ModelSpec, Workload
-from launch.base import FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped, check_trial_limits
+from specs.errors import InfeasibleLayout, TunerError
+from specs import Cluster, ModelSpec, Workload
+from launch.base import BackendSettings, FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped, check_trial_limits
 from launch.harness.results import classify_failure, read_results
 from launch.harness.spec import HarnessEnv, build_spec, harness_args, torchrun_command, unsupported_reasons
-from search_spaces.layout import Layout
+from specs.layout import Layout
 
 __all__ = ["LocalBackend", "check_local_gpus", "follow_process", "machine_gpu_count", "visible_device_ids", "SAFE_ENV"]
 
@@ -217,7 +217,6 @@ class LocalBackend(TrialBackend):
         env: HarnessEnv | None = None,
         poll_s: float = 0.5,
         harness_options: dict[str, object] | None = None,
-        **_: object,
     ) -> None:
         n = machine_gpu_count() if num_gpus is None else num_gpus
         if n < 1:
@@ -235,6 +234,12 @@ class LocalBackend(TrialBackend):
         self.poll_s = poll_s
         self.harness_options = dict(harness_options or {})
         self._count = 0
+
+    @classmethod
+    def from_settings(cls, settings: BackendSettings) -> LocalBackend:
+        """Uses ``trials_dir``, ``num_gpus``, ``steps``, ``warmup_steps`` and ``timeout_s``."""
+        return cls(trials_dir=settings.trials_dir, num_gpus=settings.num_gpus, steps=settings.steps,
+                   warmup_steps=settings.warmup_steps, timeout_s=settings.timeout_s)
 
     def refusal(self, layout: Layout, model: ModelSpec, workload: Workload) -> str | None:
         """Why this backend cannot run ``layout`` here (another GPU count, something not installed); None if it can."""

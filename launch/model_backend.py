@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
 from cost_model.estimate import estimate
-from cost_model.specs import Cluster, ModelSpec, Workload
-from launch.base import Measurement, StepReporter, TrialBackend
-from search_spaces.layout import Layout
+from specs import Cluster, ModelSpec, Workload
+from launch.base import BackendSettings, Measurement, StepReporter, TrialBackend
+from specs.layout import Layout
 
 __all__ = ["ModelBackend"]
 
@@ -23,6 +23,12 @@ class ModelBackend(TrialBackend):
     def __init__(self, *, calibration: Calibration = DEFAULT_CALIBRATION, memory_headroom: float = 0.10) -> None:
         self.calibration = calibration
         self.memory_headroom = memory_headroom
+
+    @classmethod
+    def from_settings(cls, settings: BackendSettings) -> ModelBackend:
+        """Uses ``calibration`` (None: the shipped one) and ``memory_headroom``."""
+        cal = settings.calibration if settings.calibration is not None else DEFAULT_CALIBRATION
+        return cls(calibration=cal, memory_headroom=settings.memory_headroom)
 
     def run(
         self,

@@ -36,13 +36,13 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from cost_model.errors import InfeasibleLayout, TunerError
-from cost_model.specs import Cluster, ModelSpec, Workload
-from launch.base import FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped, check_trial_limits
+from specs.errors import InfeasibleLayout, TunerError
+from specs import Cluster, ModelSpec, Workload
+from launch.base import BackendSettings, FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped, check_trial_limits
 from launch.harness.results import classify_failure, parse_results
 from launch.harness.spec import HARNESS_MODULE, HarnessEnv, build_spec, harness_args, unsupported_reasons
 from launch.local_backend import SAFE_ENV
-from search_spaces.layout import Layout
+from specs.layout import Layout
 
 __all__ = ["RayBackend", "node_plan", "parse_ray_address", "torchrun_node_command"]
 
@@ -186,7 +186,6 @@ class RayBackend(TrialBackend):
         placement_timeout_s: float = 600.0,
         poll_s: float = 0.5,
         init_kwargs: Mapping[str, Any] | None = None,
-        **_: object,
     ) -> None:
         check_trial_limits("ray", steps, warmup_steps, timeout_s)
         if not placement_timeout_s > 0:
@@ -213,6 +212,14 @@ class RayBackend(TrialBackend):
         self._started_ray = False
         self._cancel = threading.Event()
         self._connect(dict(init_kwargs or {}))
+
+    @classmethod
+    def from_settings(cls, settings: BackendSettings) -> RayBackend:
+        """Uses ``trials_dir``, ``address``, ``gpus_per_node``, ``steps``, ``warmup_steps``, ``timeout_s``
+        and ``extra_env``."""
+        return cls(trials_dir=settings.trials_dir, address=settings.address, gpus_per_node=settings.gpus_per_node,
+                   steps=settings.steps, warmup_steps=settings.warmup_steps, timeout_s=settings.timeout_s,
+                   extra_env=settings.extra_env)
 
     # ---- Ray ----
 

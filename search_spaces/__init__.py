@@ -1,20 +1,17 @@
-"""Layouts, Megatron's validity rules, pipeline layout strings and the search space."""
+"""Megatron's validity rules, pipeline layout strings and the search space (its enumeration).
+
+Builds on :mod:`specs` only (the layout types live there).
+"""
 
 from __future__ import annotations
 
-from search_spaces.layout import Dispatcher, Layout, LayoutTable, RecomputeGranularity, RecomputeMethod
 from search_spaces.pipeline import emit_layout_string, layer_counts_from_string, parse_layout_string, stage_layer_counts
 from search_spaces.rules import RULES, check_layout, check_table
 from search_spaces.space import Enumeration, SearchSpace, enumerate_layouts
 
 __all__ = [
-    "Dispatcher",
     "Enumeration",
-    "Layout",
-    "LayoutTable",
     "RULES",
-    "RecomputeGranularity",
-    "RecomputeMethod",
     "SearchSpace",
     "check_layout",
     "check_table",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from cost_model.errors import InfeasibleLayout
+from specs.errors import InfeasibleLayout
 
 __all__ = [
     "SPLIT_RULE_ID",

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from cost_model.errors import InfeasibleLayout
-from cost_model.specs import ModelSpec, Workload
-from search_spaces.layout import Layout, LayoutTable
+from specs.errors import InfeasibleLayout
+from specs import ModelSpec, Workload
+from specs.layout import Layout, LayoutTable
 from search_spaces.pipeline import stage_layer_counts
 
 __all__ = [

@@ -25,9 +25,9 @@ import numpy as np
 import numpy.typing as npt
 import yaml
 
-from cost_model.errors import TunerError
-from cost_model.specs import ModelSpec, Workload
-from search_spaces.layout import (
+from specs.errors import TunerError
+from specs import ModelSpec, Workload
+from specs.layout import (
     RECOMPUTE_MODULES,
     Dispatcher,
     Layout,

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from cost_model.specs import Workload, load_model, parse_gpus
-from search_spaces.layout import Layout
+from specs import Workload, load_model, parse_gpus
+from specs.layout import Layout
 
 
 @pytest.fixture(scope="session")

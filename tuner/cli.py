@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.markup import escape
 from rich.table import Table
 
-from cost_model.errors import InfeasibleLayout, TunerError
+from specs.errors import InfeasibleLayout, TunerError
 
 app = typer.Typer(
     name="tune",
@@ -158,14 +158,14 @@ def main_job(
 
 
 def _run_main(cfg: Any, top: int) -> None:
-    from launch import get_backend
+    from launch import BackendSettings, get_backend
     from tuner.report import export_files, front_rows, pipeline_layout_of, plot_front, write_pareto_csv
     from tuner.study import _mask, _validate_config, prepare, run_study, trial_rows
 
     _validate_config(cfg)  # flag combinations first: one message about the flags, before any backend is probed
     # Reject unknown / unavailable backends before any work (ray connects once, in run_study).
     if cfg.backend != "ray":
-        get_backend(cfg.backend, command_template=cfg.command_template)
+        get_backend(cfg.backend, BackendSettings(command_template=cfg.command_template))
     prep = prepare(cfg)
     if cfg.backend == "local":
         from launch.local_backend import check_local_gpus, machine_gpu_count
@@ -347,7 +347,7 @@ def _print_front(front: list[dict[str, Any]], top: int, title: str) -> None:
 
 
 def _layout_from_flags(world: int, **kw: Any) -> Any:
-    from search_spaces.layout import Layout
+    from specs.layout import Layout
 
     mods = tuple(m for m in (kw.pop("recompute_modules") or "").replace(" ", ",").split(",") if m)
     gran = kw.pop("recompute")
@@ -412,7 +412,7 @@ NoDoOpt = Annotated[bool, typer.Option("--no-distributed-optimizer", help="turn 
 
 
 def _inputs(model: Optional[str], gpus: Optional[str], gpus_per_node: Optional[int], network_gbps: Optional[float], usd: Optional[float], seq_len: int, global_batch: int, precision: str) -> tuple[Any, Any, Any]:
-    from cost_model.specs import Workload, load_model, parse_gpus
+    from specs import Workload, load_model, parse_gpus
 
     if precision not in ("bf16", "fp8"):
         raise TunerError(f"--precision {precision!r}: accepted bf16 or fp8")
@@ -638,7 +638,7 @@ def _recorded_storage(config_yaml: Path) -> Optional[str]:
 
 
 def _study_context(st: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
-    from cost_model.specs import Workload, parse_gpus
+    from specs import Workload, parse_gpus
 
     from tuner.study import model_spec_from_dict
 
@@ -723,7 +723,7 @@ def export_cmd(
     try:
         from cost_model.estimate import estimate as _estimate
         from launch import export
-        from search_spaces.layout import Layout
+        from specs.layout import Layout
         from tuner.report import pick_trial_row, runs_note, ties_note
         from tuner.study import trial_rows
 
@@ -764,7 +764,7 @@ def export_cmd(
 @app.command()
 def models() -> None:
     """List the bundled model presets."""
-    from cost_model.specs import list_models, load_model
+    from specs import list_models, load_model
 
     t = Table(title="bundled models (or give --model path/to/config.json)", title_justify="left")
     for col in ("name", "layers", "hidden", "heads/groups", "experts (top-k)", "active params", "total params", "source"):
@@ -780,7 +780,7 @@ def models() -> None:
 @app.command()
 def gpus() -> None:
     """List the bundled GPU types and their datasheet numbers."""
-    from cost_model.specs import list_gpus, load_gpu
+    from specs import list_gpus, load_gpu
 
     t = Table(title="bundled GPUs", title_justify="left")
     for col in ("name", "memory GiB", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM TB/s", "NVLink GB/s/dir", "per node", "NVLink domain"):
@@ -790,7 +790,7 @@ def gpus() -> None:
         t.add_row(g.name, f"{g.hbm_bytes / GIB:.1f}", f"{g.peak_flops_bf16 / 1e12:.0f}", f"{g.peak_flops_fp8 / 1e12:.0f}" if g.peak_flops_fp8 else "-",
                   f"{g.hbm_bytes_per_s / 1e12:.2f}", f"{g.nvlink_bytes_per_s / 1e9:.0f}", str(g.gpus_per_node), str(g.nvlink_domain))
     out.print(t)
-    out.print("Dense (non-sparse) peaks from NVIDIA datasheets; memory as nvidia-smi reports it. Sources: cost_model/data/gpus/*.yaml")
+    out.print("Dense (non-sparse) peaks from NVIDIA datasheets; memory as nvidia-smi reports it. Sources: specs/data/gpus/*.yaml")
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from cost_model.errors import TunerError
+from specs.errors import TunerError
 
 __all__ = ["register", "validate", "calibrate"]
 
@@ -112,7 +112,7 @@ def validate(
 def _study_runs(study: str, storage: Optional[str], results_dir: Path) -> list[Any]:
     """Measured trials of a study made by ``tune`` as runs (the study's model, cluster and workload)."""
     from cost_model.validate import Run
-    from search_spaces.layout import Layout
+    from specs.layout import Layout
     from tuner.cli import _load_study, _study_context
     from tuner.study import trial_rows
 

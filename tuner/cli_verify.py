@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from cost_model.errors import TunerError
+from specs.errors import TunerError
 
 __all__ = ["register", "verify"]
 
@@ -45,7 +45,7 @@ def verify(
     from tuner.cli import _fail, err, out
 
     try:
-        from search_spaces.layout import Layout
+        from specs.layout import Layout
         from tuner.verify import VerifyOutcome, correctness_block, local_backend_factory, parse_layout_spec, plan_verify, run_verify
 
         if study is None:
@@ -120,7 +120,7 @@ def _rows(st: Any) -> list[dict[str, Any]]:
 
 
 def _candidate(study: str, storage: Optional[str], results_dir: Path, trial: Optional[int], *, need_trial: bool = True) -> tuple[Any, ...]:
-    from search_spaces.layout import Layout
+    from specs.layout import Layout
     from tuner.cli import _load_study, _study_context
     from tuner.report import pick_trial_row
     from tuner.study import trial_rows

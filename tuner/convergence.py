@@ -32,7 +32,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from cost_model.errors import TunerError
+from specs.errors import TunerError
 
 __all__ = ["ConvergenceThresholds", "ConvergenceResult", "compare_losses", "as_curve"]
 

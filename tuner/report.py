@@ -10,8 +10,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from cost_model.estimate import estimate
-from cost_model.specs import Cluster, ModelSpec, Workload
-from search_spaces.layout import Layout
+from specs import Cluster, ModelSpec, Workload
+from specs.layout import Layout
 from search_spaces.pipeline import emit_layout_string
 from tuner.pareto import pareto_mask
 
@@ -57,7 +57,7 @@ def pick_trial_row(study_name: str, rows: list[dict[str, Any]], model: ModelSpec
     Raises:
         TunerError: no finished trial, or ``trial`` is not one (the message lists the finished ones).
     """
-    from cost_model.errors import TunerError
+    from specs.errors import TunerError
 
     if trial is None:
         front = front_rows(rows, model)

@@ -11,7 +11,6 @@ is evaluated twice (also across re-runs of the same study).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import threading
 import logging
@@ -28,13 +27,13 @@ import optuna
 import yaml
 
 from cost_model.calibration import Calibration, load_calibration
-from cost_model.errors import InfeasibleLayout, TunerError
+from specs.errors import InfeasibleLayout, TunerError
 from cost_model.estimate import EstimateTable, estimate_table
-from cost_model.specs import Cluster, ModelSpec, RunOptions, Workload, load_model, parse_gpus
-from launch import TrialBackend, TrialFailed, TrialStopped, get_backend
+from specs import Cluster, ModelSpec, RunOptions, Workload, load_model, parse_gpus
+from launch import BackendSettings, TrialBackend, TrialFailed, TrialStopped, get_backend
 from launch.harness.pruner import StepTimePruner
 from launch.harness.spec import slice_model
-from search_spaces.layout import Dispatcher, Layout, LayoutTable, categories
+from specs.layout import Dispatcher, Layout, LayoutTable, categories
 from search_spaces.rules import check_layout
 from search_spaces.space import Enumeration, SearchSpace, enumerate_layouts
 from tuner.pareto import pareto_mask
@@ -156,9 +155,9 @@ def harness_without_te(backend: str) -> bool:
 def run_options_for_backend(backend: str) -> RunOptions:
     """Run options the estimate assumes for a study's trials: the trial harness (``local`` and ``ray``
     backends) without Transformer Engine (not importable here) saves the attention output twice
-    (:data:`cost_model.specs.HARNESS_RUN_OPTIONS`); with TE, and for the ``model`` and ``command``
-    backends, a production Megatron-core run with TE (:data:`cost_model.specs.DEFAULT_RUN_OPTIONS`)."""
-    from cost_model.specs import DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS
+    (:data:`specs.HARNESS_RUN_OPTIONS`); with TE, and for the ``model`` and ``command``
+    backends, a production Megatron-core run with TE (:data:`specs.DEFAULT_RUN_OPTIONS`)."""
+    from specs import DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS
 
     return HARNESS_RUN_OPTIONS if harness_without_te(backend) else DEFAULT_RUN_OPTIONS
 
@@ -839,8 +838,7 @@ def _run_study(
     cfg = prep.config
     name = cfg.study_name(prep.model, prep.cluster)
     out_dir = Path(cfg.results_dir) / name
-    backend = backend or get_backend(
-        cfg.backend,
+    backend = backend or get_backend(cfg.backend, BackendSettings(
         calibration=prep.calibration,
         memory_headroom=cfg.memory_headroom,
         trials_dir=out_dir / "trials",
@@ -852,10 +850,9 @@ def _run_study(
         address=cfg.ray_address,
         gpus_per_node=prep.cluster.gpus_per_node,
         extra_env=trial_env_dict(cfg.trial_env),
-    )
-    have = getattr(backend, "cluster_gpus", None)
-    if have is not None and have() < prep.cluster.num_gpus:
-        n = have()
+    ))
+    n = backend.cluster_gpus()
+    if n is not None and n < prep.cluster.num_gpus:
         backend.close()
         raise TunerError(
             f"--backend ray: the Ray cluster has {n:g} GPUs and --gpus asks for {prep.cluster.num_gpus}; connect to a bigger "
@@ -866,9 +863,6 @@ def _run_study(
     except BaseException:
         backend.close()  # a Ray instance this run started must not outlive a refused study
         raise
-    # Backends written against the first interface (run without reporter) still work.
-    _params = inspect.signature(backend.run).parameters
-    takes_reporter = "reporter" in _params or any(p.kind == p.VAR_KEYWORD for p in _params.values())
     pruner = StepTimePruner(warmup_steps=trial_warmup_steps(cfg), margin=cfg.prune_margin) if cfg.prune_margin is not None else None
 
     valid = prep.enumeration.valid
@@ -892,8 +886,7 @@ def _run_study(
     n_trials = cfg.trials if cfg.trials is not None else 48
     fit_idx = np.flatnonzero(prep.fits)
     fastest = fit_idx[np.argsort(-est.tokens_per_s_per_gpu[fit_idx])[: 4 * min(n_trials, MAX_ENQUEUED)]]
-    real = getattr(backend, "source", "predicted") == "measured"
-    refusal = getattr(backend, "refusal", None)
+    real = backend.measured
     if real:
         # Real trials cost minutes: the fastest predicted layouts first (the pruner then stops slower ones early).
         order = [int(i) for i in fastest] + _spread(prep.front, est.peak_bytes, max(2, n_trials // 2))
@@ -909,7 +902,7 @@ def _run_study(
         k = lay_i.key()
         if k in seen or k in qkeys:
             continue
-        if refusal is not None and refusal(lay_i, prep.model, prep.workload):
+        if backend.refusal(lay_i, prep.model, prep.workload):
             continue  # the backend cannot run it here (e.g. flex without DeepEP): do not spend a trial on it
         queued.append(i)
         qkeys.add(k)
@@ -977,8 +970,8 @@ def _run_study(
             return pruner.decide(list(tps), _best_measured(study))
 
         try:
-            extra_kw = {"reporter": reporter, "trial_number": trial.number} if takes_reporter else {}
-            m = backend.run(lay, model=prep.model, cluster=prep.cluster, workload=prep.workload, **extra_kw)
+            m = backend.run(lay, model=prep.model, cluster=prep.cluster, workload=prep.workload, reporter=reporter,
+                            trial_number=trial.number)
         except TrialFailed as e:
             counters["failed"] += 1
             fail = {"kind": e.kind.value, "message": str(e), "log_path": e.log_path, "layout": lay.to_dict(), "label": lay.label, **pred}
@@ -1046,11 +1039,10 @@ def _run_study(
         _serialize_state_changes(study)
     # Ctrl-C with trials running in worker threads (--parallel-trials): Optuna waits for them, so tell the
     # backend to stop them (each kills its processes and frees its placement group) before it waits.
-    cancel = getattr(backend, "cancel", None)
     old_handler = None
-    if cancel is not None and threading.current_thread() is threading.main_thread():
+    if threading.current_thread() is threading.main_thread():
         def _on_sigint(signum: int, frame: Any) -> None:
-            cancel()
+            backend.cancel()
             raise KeyboardInterrupt
 
         old_handler = signal.signal(signal.SIGINT, _on_sigint)
@@ -1066,9 +1058,8 @@ def _run_study(
         if real and cfg.confirm_runs:
             _confirm(study, cfg.confirm_runs, objective, _cb, done, counters, on_trial)
     except KeyboardInterrupt:
-        if cancel is not None:
-            cancel()
-            _settle(study, mine)  # Optuna does not wait for its worker threads: let them record their trials
+        backend.cancel()
+        _settle(study, mine)  # Optuna does not wait for its worker threads: let them record their trials
         raise
     finally:
         if old_handler is not None:

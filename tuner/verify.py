@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from cost_model.errors import InfeasibleLayout, TunerError
-from cost_model.specs import Cluster, ModelSpec, Workload
+from specs.errors import InfeasibleLayout, TunerError
+from specs import Cluster, ModelSpec, Workload
 from launch.base import Measurement, TrialFailed, TrialStopped
-from search_spaces.layout import Layout
+from specs.layout import Layout
 from search_spaces.rules import check_layout
 from tuner.convergence import ConvergenceResult, ConvergenceThresholds, compare_losses
 
@@ -380,7 +380,7 @@ def run_verify(
     """
     factory = backend_factory or local_backend_factory()
     for arm in plan.arms:  # both arms, before either runs: no GPU time on a check that cannot finish
-        why = getattr(factory(plan, arm), "refusal", lambda *a: None)(arm.layout, plan.model, plan.workload)
+        why = factory(plan, arm).refusal(arm.layout, plan.model, plan.workload)
         if why:
             raise InfeasibleLayout("harness_env", f"the {arm.name} arm ({arm.layout.label}) cannot run here: {why}; "
                                    "check a layout this machine can run with --candidate KEY=VALUE,... (e.g. the same layout with dispatcher=alltoall)")

@@ -31,7 +31,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from cost_model.errors import TunerError
+from specs.errors import TunerError
 
 __all__ = ["Corpus", "load_corpus", "sample_index", "sample_tokens", "DEFAULT_CORPUS"]
 

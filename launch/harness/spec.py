@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from cost_model.errors import TunerError
-from cost_model.specs import ModelSpec, Workload
-from search_spaces.layout import Dispatcher, Layout, RecomputeGranularity
+from specs.errors import TunerError
+from specs import ModelSpec, Workload
+from specs.layout import Dispatcher, Layout, RecomputeGranularity
 
 __all__ = ["FAULTS", "HarnessEnv", "HarnessSpec", "build_spec", "fault_reasons", "harness_layout", "slice_model", "torchrun_command", "unsupported_reasons", "HARNESS_MODULE"]
 
@@ -297,7 +297,7 @@ def build_spec(
             Raised before any GPU work.
         TunerError: the global batch is not a multiple of micro-batch x DP, or an unknown option.
     """
-    from cost_model.errors import InfeasibleLayout
+    from specs.errors import InfeasibleLayout
 
     opts = dict(options or {})
     allowed = {"data", "corpus_path", "corpus_sha256", "lr", "save_checkpoint", "load_checkpoint", "fault",

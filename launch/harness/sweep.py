@@ -18,13 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-from cost_model.errors import InfeasibleLayout, TunerError
+from specs.errors import InfeasibleLayout, TunerError
 from cost_model.estimate import estimate
-from cost_model.specs import DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS, Workload, load_model, parse_gpus
+from specs import DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS, Workload, load_model, parse_gpus
 from launch.base import TrialFailed
 from launch.harness.spec import harness_layout, slice_model
 from launch.local_backend import LocalBackend
-from search_spaces.layout import Layout
+from specs.layout import Layout
 from search_spaces.rules import check_layout
 
 GIB = 2**30

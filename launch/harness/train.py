@@ -578,8 +578,8 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the harness; see the module docstring for the exit status."""
-    from cost_model.errors import TunerError
-    from cost_model.specs import Workload
+    from specs.errors import TunerError
+    from specs import Workload
 
     try:
         spec_path, out_path = parse_argv(sys.argv[1:] if argv is None else argv)

@@ -8,7 +8,7 @@ cost_model/calibration.py); the reference port and the EP 4 memory case were not
 from __future__ import annotations
 
 from cost_model.estimate import estimate
-from cost_model.specs import load_gpu
+from specs import load_gpu
 
 GIB = 2**30
 

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from cost_model.calibration import DEFAULT_CALIBRATION, load_calibration
-from cost_model.errors import InfeasibleLayout, TunerError
+from specs.errors import InfeasibleLayout, TunerError
 from cost_model.estimate import estimate, estimate_table
-from cost_model.specs import Workload, load_model, parse_gpus
-from search_spaces.layout import Layout, LayoutTable
+from specs import Workload, load_model, parse_gpus
+from specs.layout import Layout, LayoutTable
 
 GIB = 2**30
 
@@ -130,7 +130,7 @@ def test_headroom_bounds(minimax, h200x64, seed_workload, seed_tuned):
 def test_te_attention_saves_the_attention_output_once(minimax, h200x64, seed_workload, seed_tuned):
     """With TE (default) one copy of the attention output per layer is saved; without TE (the
     trial harness) two: the difference is BF16 x tokens x heads x head_dim / TP per stored layer."""
-    from cost_model.specs import HARNESS_RUN_OPTIONS, RunOptions
+    from specs import HARNESS_RUN_OPTIONS, RunOptions
 
     lay = Layout(world_size=64, pp=8, ep=8, num_layers_in_first_pipeline_stage=7, num_layers_in_last_pipeline_stage=7)  # no recompute
     te = estimate(minimax, h200x64, seed_workload, lay)
@@ -145,7 +145,7 @@ def test_te_attention_saves_the_attention_output_once(minimax, h200x64, seed_wor
 
 def test_observations_default_to_the_no_te_harness():
     from cost_model.calibrate import Observation, _runs_of
-    from cost_model.specs import HARNESS_RUN_OPTIONS
+    from specs import HARNESS_RUN_OPTIONS
 
     m, c = load_model("MiniMax-M2"), parse_gpus("64xH200")
     o = Observation(model=m, cluster=c, workload=Workload(), layout=Layout(world_size=64, ep=8), step_time_s=1.0)
@@ -172,7 +172,7 @@ def test_deepep_sends_once_per_remote_node():
     """Inter-node EP: DeepEP's hierarchical dispatch moves fewer bytes over the network than NCCL
     all-to-all (one copy per routed expert), so its EP time is lower than alltoall's even with the
     flex speed-up set to 1."""
-    from cost_model.specs import RunOptions
+    from specs import RunOptions
 
     m = load_model("DeepSeek-V3")
     c = parse_gpus("256xB200")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cost_model.flops import megatron_flops_per_token
-from cost_model.specs import load_model
+from specs import load_model
 from cost_model.validate import flops_check_rows, read_runs
 
 CSV = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "published_runs.csv"  # a copy of shared/data/published_runs.csv

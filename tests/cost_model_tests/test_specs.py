@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from cost_model.errors import TunerError
+from specs.errors import TunerError
 from cost_model.flops import megatron_flops_per_token, mfu, usd_per_million_tokens
-from cost_model.specs import DEFAULT_USD_PER_GPU_HOUR, list_gpus, list_models, load_gpu, load_model, parse_gpus
+from specs import DEFAULT_USD_PER_GPU_HOUR, list_gpus, list_models, load_gpu, load_model, parse_gpus
 
 
 def test_minimax_active_params_reproduce_seed(minimax):
@@ -101,7 +101,7 @@ def test_config_json_not_json(tmp_path):
 def test_config_json_from_path_equals_preset(tmp_path):
     from importlib import resources
 
-    text = resources.files("cost_model").joinpath("data/models/MiniMax-M2.json").read_text()
+    text = resources.files("specs").joinpath("data/models/MiniMax-M2.json").read_text()
     p = tmp_path / "m2.json"
     p.write_text(text)
     m = load_model(str(p))
@@ -111,7 +111,7 @@ def test_config_json_from_path_equals_preset(tmp_path):
 def test_a_model_folder_with_config_json_loads(tmp_path):
     from importlib import resources
 
-    text = resources.files("cost_model").joinpath("data/models/MiniMax-M2.json").read_text()
+    text = resources.files("specs").joinpath("data/models/MiniMax-M2.json").read_text()
     d = tmp_path / "MyMoE"
     d.mkdir()
     (d / "config.json").write_text(text)

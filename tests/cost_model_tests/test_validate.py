@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 from cost_model.calibration import load_calibration
 from cost_model.estimate import estimate
-from cost_model.specs import Precision, RunOptions, Workload, load_gpu, load_model, parse_gpus
+from specs import Precision, RunOptions, Workload, load_gpu, load_model, parse_gpus
 from cost_model.validate import read_runs
-from search_spaces.layout import Layout
+from specs.layout import Layout
 from tuner.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]

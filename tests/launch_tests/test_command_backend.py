@@ -12,15 +12,15 @@ import pytest
 from flag_parsing import argv_flags
 import yaml
 
-from cost_model.errors import InfeasibleLayout, TunerError
-from cost_model.specs import Workload, load_model, parse_gpus
-from launch import get_backend
+from specs.errors import InfeasibleLayout, TunerError
+from specs import Workload, load_model, parse_gpus
+from launch import BackendSettings, get_backend
 from launch.base import FailureKind, TrialFailed, TrialStopped
 from launch.command_backend import SLIME_TEMPLATE, CommandBackend, load_template
 from launch.export import layout_args, model_args
 from launch.harness.spec import slice_model
 from launch.megatron_log import MegatronLogReader, parse_megatron_log
-from search_spaces.layout import Layout
+from specs.layout import Layout
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LOGS = FIXTURES / "megatron_logs"
@@ -118,12 +118,12 @@ def test_backend_errors(tmp_path, monkeypatch):
     with pytest.raises(TunerError, match="--backend command needs --command-template FILE"):
         get_backend("command")
     with pytest.raises(TunerError, match="cannot read it"):
-        get_backend("command", command_template=str(tmp_path / "missing.yaml"))
+        get_backend("command", BackendSettings(command_template=str(tmp_path / "missing.yaml")))
     monkeypatch.delenv("NO_SUCH_VAR_XYZ", raising=False)
     with pytest.raises(TunerError, match="set the environment variable\\(s\\) NO_SUCH_VAR_XYZ"):
-        get_backend("command", command_template=_tpl(tmp_path, {"argv": ["prog", "{env:NO_SUCH_VAR_XYZ}"]}))
+        get_backend("command", BackendSettings(command_template=_tpl(tmp_path, {"argv": ["prog", "{env:NO_SUCH_VAR_XYZ}"]})))
     with pytest.raises(TunerError, match="'no-such-program-xyz' \\(argv\\[0\\]\\) is not found"):
-        get_backend("command", command_template=_tpl(tmp_path, {"argv": ["no-such-program-xyz"]}))
+        get_backend("command", BackendSettings(command_template=_tpl(tmp_path, {"argv": ["no-such-program-xyz"]})))
 
 
 def test_layout_that_cannot_be_written_is_infeasible(tmp_path, m4):

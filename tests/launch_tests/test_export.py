@@ -18,8 +18,8 @@ import pytest
 from flag_parsing import command_flags
 import yaml
 
-from cost_model.errors import TunerError
-from cost_model.specs import Workload, load_model, parse_gpus
+from specs.errors import TunerError
+from specs import Workload, load_model, parse_gpus
 from cost_model.types import Estimate
 from launch.base import FailureKind, Measurement
 from launch.export import (
@@ -33,7 +33,7 @@ from launch.export import (
     validate_recipe,
     write_recipe,
 )
-from search_spaces.layout import Layout
+from specs.layout import Layout
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "seed_minimax_m2_recipe.yaml"
 GIB = 2**30
@@ -349,7 +349,7 @@ def test_recipe_yaml_round_trips(tmp_path, model, cluster, workload, seed_layout
 
 def test_model_args_carry_rope_norm_and_router_numerics():
     """Without these a run would train a different model than the checkpoint (Megatron defaults differ)."""
-    from cost_model.specs import load_model
+    from specs import load_model
     from launch.export import model_args
 
     llama = _argv_flags(model_args(load_model("Llama-3.1-70B")))

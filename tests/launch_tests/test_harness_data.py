@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cost_model.errors import TunerError
+from specs.errors import TunerError
 from launch.harness.data import DEFAULT_CORPUS, Corpus, load_corpus, sample_index, sample_tokens
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from cost_model.errors import InfeasibleLayout, TunerError
-from cost_model.specs import Workload, load_model
+from specs.errors import InfeasibleLayout, TunerError
+from specs import Workload, load_model
 from launch.harness.spec import (
     HARNESS_MODULE,
     HarnessEnv,
@@ -19,7 +19,7 @@ from launch.harness.spec import (
     torchrun_command,
     unsupported_reasons,
 )
-from search_spaces.layout import Layout
+from specs.layout import Layout
 
 WL = Workload(seq_length=8192, global_batch_size=8)
 

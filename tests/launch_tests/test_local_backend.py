@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from cost_model.errors import InfeasibleLayout, TunerError
-from cost_model.specs import Workload, load_model, parse_gpus
+from specs.errors import InfeasibleLayout, TunerError
+from specs import Workload, load_model, parse_gpus
 from launch import get_backend
 from launch.base import FailureKind, TrialFailed, TrialStopped
 from launch.harness.spec import HarnessEnv, slice_model
 from launch.local_backend import SAFE_ENV, LocalBackend, machine_gpu_count, visible_device_ids
-from search_spaces.layout import Layout
+from specs.layout import Layout
 
 FAKE = str(Path(__file__).with_name("fake_trial.py"))
 GIB = 2**30
@@ -114,7 +114,7 @@ def test_safe_environment_and_command(backend):
 def test_gpu_detection_and_registration(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
     assert machine_gpu_count() == 3
-    assert get_backend("local", env=HarnessEnv()).num_gpus == 3
+    assert get_backend("local").num_gpus == 3 and LocalBackend(env=HarnessEnv()).num_gpus == 3
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(TunerError, match="no GPU found"):
         get_backend("local")

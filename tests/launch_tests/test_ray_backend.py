@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from cost_model.errors import InfeasibleLayout, TunerError
-from cost_model.specs import Workload, load_model, parse_gpus
+from specs.errors import InfeasibleLayout, TunerError
+from specs import Workload, load_model, parse_gpus
 from launch.base import FailureKind, TrialFailed
 from launch.harness.spec import HarnessEnv, slice_model
 from launch.ray_backend import RayBackend, node_plan, torchrun_node_command
-from search_spaces.layout import Layout
+from specs.layout import Layout
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from cost_model.estimate import estimate
-from cost_model.specs import HARNESS_RUN_OPTIONS, Workload, load_model, parse_gpus
+from specs import HARNESS_RUN_OPTIONS, Workload, load_model, parse_gpus
 from launch.harness import sweep
 from launch.harness.spec import HarnessEnv, harness_layout, slice_model
-from search_spaces.layout import Layout
+from specs.layout import Layout
 
 
 @pytest.mark.parametrize(

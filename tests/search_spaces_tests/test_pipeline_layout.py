@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from cost_model.errors import InfeasibleLayout
+from specs.errors import InfeasibleLayout
 from search_spaces.pipeline import (
     emit_layout_string,
     layer_counts_from_string,

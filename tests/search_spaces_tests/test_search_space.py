@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import yaml
 
-from cost_model.errors import TunerError
-from cost_model.specs import ModelSpec, Workload, load_model
-from search_spaces.layout import LayoutTable
+from specs.errors import TunerError
+from specs import ModelSpec, Workload, load_model
+from specs.layout import LayoutTable
 from search_spaces.pipeline import emit_layout_string, layer_counts_from_string, stage_layer_counts
 from search_spaces.rules import RULE_IDS, RULES, check_layout, check_table
 from search_spaces.space import PipelineSplitSpace, SearchSpace, enumerate_layouts

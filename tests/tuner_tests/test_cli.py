@@ -338,7 +338,7 @@ def test_reports_survive_a_moved_model_config(tmp_path):
     cfgdir = tmp_path / "MyModel"
     cfgdir.mkdir()
     cfg = cfgdir / "config.json"
-    cfg.write_text(resources.files("cost_model").joinpath("data/models/Mixtral-8x7B.json").read_text())
+    cfg.write_text(resources.files("specs").joinpath("data/models/Mixtral-8x7B.json").read_text())
     r = _run("--model", str(cfg), "--gpus", "16xH100", "--trials", "4", "--results-dir", str(tmp_path / "r"))
     assert r.exit_code == 0, r.output
     study = next((tmp_path / "r").iterdir()).name

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cost_model.errors import TunerError
+from specs.errors import TunerError
 from tuner.convergence import ConvergenceThresholds, compare_losses
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "verify_h200_curves.json"

@@ -10,7 +10,7 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
-from cost_model.errors import TunerError
+from specs.errors import TunerError
 from launch.harness.spec import HarnessEnv
 from launch.local_backend import LocalBackend
 from tuner.cli import app
@@ -163,7 +163,7 @@ def test_pareto_lists_pruned_and_failed_trials(tmp_path, one_fast, monkeypatch):
 
 
 def test_a_study_keeps_its_slice(tmp_path):
-    from cost_model.errors import TunerError
+    from specs.errors import TunerError
 
     run_study(prepare(_cfg(tmp_path, backend="model", trials=2)), backend=None)
     with pytest.raises(TunerError, match="layers=4"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from search_spaces.layout import Layout
+from specs.layout import Layout
 from tuner import cli
 from tuner.report import measured_ties
 
@@ -62,7 +62,7 @@ def test_tune_prints_the_ties(capsys, monkeypatch):
 
 
 def test_the_recipe_names_the_tied_trials():
-    from cost_model.specs import Workload, load_model, parse_gpus
+    from specs import Workload, load_model, parse_gpus
     from launch import export
     from launch.harness.spec import slice_model
     from tuner.report import ties_note

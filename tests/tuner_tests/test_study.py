@@ -8,7 +8,7 @@ import numpy as np
 import optuna
 import pytest
 
-from cost_model.errors import TunerError
+from specs.errors import TunerError
 from launch.base import FailureKind, Measurement, TrialBackend, TrialFailed
 from tuner.pareto import pareto_mask
 from tuner.study import CandidateIndex, TuneConfig, prepare, run_study, trial_rows
@@ -29,7 +29,7 @@ class FlakyBackend(TrialBackend):
         self.calls = 0
         self.interrupt_after = interrupt_after
 
-    def run(self, layout, *, model, cluster, workload):
+    def run(self, layout, *, model, cluster, workload, reporter=None, trial_number=None):
         self.calls += 1
         if self.interrupt_after is not None and self.calls > self.interrupt_after:
             raise KeyboardInterrupt
@@ -142,7 +142,7 @@ def test_resume_with_another_space_is_refused_before_anything_is_written(tmp_pat
 
 @pytest.mark.parametrize("path_name, expect", [("[bold]x", "bold-x"), (".json", "json"), ("ü", "model"), ("my model v2", "my-model-v2")])
 def test_default_study_names_obey_the_study_name_rule(path_name, expect):
-    from cost_model.specs import load_model, parse_gpus
+    from specs import load_model, parse_gpus
     from tuner.study import _STUDY_NAME_RE
 
     m = load_model("MiniMax-M2")
@@ -157,7 +157,7 @@ def test_default_study_names_obey_the_study_name_rule(path_name, expect):
 
 def test_an_unexpected_error_is_not_retried_forever_but_an_interrupted_layout_is(prep, tmp_path):
     class Broken(FlakyBackend):
-        def run(self, layout, *, model, cluster, workload):
+        def run(self, layout, *, model, cluster, workload, reporter=None, trial_number=None):
             raise RuntimeError("a bug in a backend")
 
     p = _cfg(prep, tmp_path, trials=4, study="bug")

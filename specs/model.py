@@ -1,8 +1,6 @@
-"""Model, hardware and workload descriptions: the inputs of the cost model.
+"""The model description: :class:`ModelSpec`, from a bundled preset or a Hugging Face ``config.json``.
 
-Everything here is in SI units (bytes, FLOP/s, bytes/s, seconds); only reports
-convert to GiB or TFLOP/s.  Field names follow Megatron-core's
-``TransformerConfig`` spelling where one exists.
+Field names follow Megatron-core's ``TransformerConfig`` spelling where one exists.
 """
 
 from __future__ import annotations
@@ -11,94 +9,17 @@ import dataclasses
 import difflib
 import json
 import math
-import re
 from dataclasses import dataclass
-from enum import Enum
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
+from specs._data import MODEL_DIR, data_files
+from specs.errors import TunerError
 
-from cost_model.errors import TunerError
+__all__ = ["MAX_LAYERS", "ModelSpec", "list_models", "load_model", "model_from_hf_config"]
 
-__all__ = [
-    "Precision",
-    "ModelSpec",
-    "GPUSpec",
-    "Cluster",
-    "Workload",
-    "RunOptions",
-    "DEFAULT_RUN_OPTIONS",
-    "HARNESS_RUN_OPTIONS",
-    "load_model",
-    "list_models",
-    "load_gpu",
-    "list_gpus",
-    "parse_gpus",
-    "DEFAULT_INTER_NODE_BYTES_PER_S",
-    "DEFAULT_USD_PER_GPU_HOUR",
-]
-
-#: Per-node network bandwidth of the seed's cluster: AWS p5en.48xlarge, 3.2 Tb/s EFA
-#: per node (seeds/001 ``stack.network``) = 400e9 bytes/s.
-DEFAULT_INTER_NODE_BYTES_PER_S = 3.2e12 / 8
-
-#: Price per GPU-hour that the seed implies: $1.08 per 1M tokens at 2,034.42
-#: tokens/s/GPU (seeds/001 ``result``): 1.08 * 2034.42 * 3600 / 1e6 = 7.91 $/GPU-h.
-DEFAULT_USD_PER_GPU_HOUR = round(1.08 * 2034.42 * 3600 / 1e6, 2)
-
-#: Largest cluster the tool accepts.
-MAX_GPUS = 1_000_000
 #: Most decoder layers a model may have (the largest published models have ~100-200).
 MAX_LAYERS = 10_000
-
-
-class Precision(str, Enum):
-    """Training precision of the GEMMs (weights are kept in bf16 in every case).
-
-    ``fp8`` is Transformer Engine's per-tensor scaling (delayed or current scaling,
-    Megatron ``--fp8-recipe delayed|tensorwise``); ``fp8_blockwise`` is DeepSeek-style
-    128x128 weight / 1x128 activation blocks (``--fp8-recipe blockwise``, Hopper);
-    ``mxfp8`` is the OCP MX format with one E8M0 scale per 32 elements
-    (``--fp8-recipe mxfp8``, Blackwell); ``nvfp4`` is NVIDIA's FP4 with one FP8 scale per
-    16 elements (``--fp4-format e2m1``, Blackwell).
-    """
-
-    bf16 = "bf16"
-    fp8 = "fp8"
-    fp8_blockwise = "fp8_blockwise"
-    mxfp8 = "mxfp8"
-    nvfp4 = "nvfp4"
-
-    def __str__(self) -> str:
-        return self.value
-
-    @property
-    def is_fp8(self) -> bool:
-        """True for the three fp8 recipes (GEMMs at the GPU's fp8 peak)."""
-        return self in (Precision.fp8, Precision.fp8_blockwise, Precision.mxfp8)
-
-    @property
-    def low_precision_weight_bytes(self) -> float:
-        """Bytes per parameter of the quantised weight copy kept beside the bf16 weight.
-
-        Sources (Transformer Engine ``Float8Tensor`` / ``MXFP8Tensor`` / ``NVFP4Tensor``):
-        per-tensor and blockwise fp8 keep one fp8 copy (1 B; the transpose is made on the fly
-        on Hopper, block scales add 4 B per 128x128 block, negligible); MX formats need both
-        a row-wise and a column-wise quantised copy (their scales run along one axis), so
-        mxfp8 keeps 2 x (1 + 1/32) B and nvfp4 2 x (0.5 + 1/16) B. bf16: 0.
-        """
-        return {
-            Precision.bf16: 0.0,
-            Precision.fp8: 1.0,
-            Precision.fp8_blockwise: 1.0,
-            Precision.mxfp8: 2.0 * (1.0 + 1.0 / 32),
-            Precision.nvfp4: 2.0 * (0.5 + 1.0 / 16),
-        }[self]
-
-
-# --------------------------------------------------------------------------- model
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -541,18 +462,9 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
     return ModelSpec(**spec)
 
 
-_MODEL_DIR = "data/models"
-_GPU_DIR = "data/gpus"
-
-
-def _data_files(sub: str, suffix: str) -> dict[str, Any]:
-    base = resources.files("cost_model").joinpath(sub)
-    return {p.name[: -len(suffix)]: p for p in base.iterdir() if p.name.endswith(suffix)}
-
-
 def list_models() -> list[str]:
     """Names of the bundled model presets, sorted."""
-    return sorted(_data_files(_MODEL_DIR, ".json"))
+    return sorted(data_files(MODEL_DIR, ".json"))
 
 
 def load_model(name_or_path: str) -> ModelSpec:
@@ -579,7 +491,7 @@ def load_model(name_or_path: str) -> ModelSpec:
         # Hugging Face layout: <model name>/config.json
         display = p.resolve().parent.name if p.name == "config.json" and p.resolve().parent.name else p.stem
         return model_from_hf_config(cfg, name=display, where=str(p))
-    files = _data_files(_MODEL_DIR, ".json")
+    files = data_files(MODEL_DIR, ".json")
     by_lower = {k.lower(): k for k in files}
     key = by_lower.get(name_or_path.lower())
     if key is None:
@@ -591,273 +503,3 @@ def load_model(name_or_path: str) -> ModelSpec:
         )
     cfg = json.loads(files[key].read_text())
     return model_from_hf_config(cfg, name=key)
-
-
-# --------------------------------------------------------------------------- hardware
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class GPUSpec:
-    """One accelerator, from a bundled YAML datasheet file (``cost_model/data/gpus``)."""
-
-    name: str
-    hbm_bytes: float
-    """Memory the framework can use (bytes), as ``nvidia-smi`` reports it."""
-    peak_flops_bf16: float
-    """Dense (non-sparse) bf16 tensor-core peak, FLOP/s."""
-    peak_flops_fp8: float
-    """Dense fp8 peak, FLOP/s (0 if the GPU has no fp8)."""
-    peak_flops_fp4: float = 0.0
-    """Dense fp4 (NVFP4) peak, FLOP/s (0 if the GPU has no fp4 tensor cores)."""
-    network_bytes_per_s_per_gpu: float = 0.0
-    """Scale-out NIC bandwidth per GPU per direction in the reference system (bytes/s; DGX / NVL72
-    racks have one NIC per GPU); 0 = unknown. Used by ``tune validate`` for published runs."""
-    hbm_bytes_per_s: float
-    nvlink_bytes_per_s: float
-    """NVLink bandwidth per GPU per direction (bytes/s)."""
-    pcie_bytes_per_s: float
-    """Host <-> GPU bandwidth per direction (bytes/s)."""
-    gpus_per_node: int
-    """GPUs per server in the usual system (HGX / DGX)."""
-    nvlink_domain: int
-    """GPUs that share one NVLink domain (8 for HGX, 72 for an NVL72 rack)."""
-    family: str
-    """Architecture family (ampere, hopper, blackwell) for calibration constants."""
-    source: str
-
-    def peak_flops(self, precision: Precision) -> float:
-        """Dense tensor-core peak (FLOP/s) of the GEMMs at ``precision``; 0 if the GPU lacks it."""
-        if precision == Precision.bf16:
-            return self.peak_flops_bf16
-        if precision == Precision.nvfp4:
-            return self.peak_flops_fp4
-        if precision == Precision.mxfp8 and self.family != "blackwell":
-            return 0.0  # MX formats need Blackwell tensor cores
-        return self.peak_flops_fp8
-
-
-def list_gpus() -> list[str]:
-    return sorted(_data_files(_GPU_DIR, ".yaml"))
-
-
-def load_gpu(name: str) -> GPUSpec:
-    """A bundled GPU by name (case-insensitive, e.g. ``H200``).
-
-    Raises:
-        TunerError: unknown GPU, with the known ones listed.
-    """
-    files = _data_files(_GPU_DIR, ".yaml")
-    by_lower = {k.lower(): k for k in files}
-    key = by_lower.get(name.lower())
-    if key is None:
-        close = difflib.get_close_matches(name.lower(), list(by_lower), n=2, cutoff=0.5)
-        hint = f" Did you mean {', '.join(by_lower[c] for c in close)}?" if close else ""
-        raise TunerError(f"unknown GPU {name!r}.{hint} Known GPUs: {', '.join(sorted(files))}")
-    d = yaml.safe_load(files[key].read_text())
-    return GPUSpec(
-        name=d["name"],
-        hbm_bytes=float(d["hbm_mib"]) * 2**20,
-        peak_flops_bf16=float(d["peak_tflops_bf16_dense"]) * 1e12,
-        peak_flops_fp8=float(d.get("peak_tflops_fp8_dense") or 0) * 1e12,
-        peak_flops_fp4=float(d.get("peak_tflops_fp4_dense") or 0) * 1e12,
-        network_bytes_per_s_per_gpu=float(d.get("network_gb_per_s_per_gpu") or 0) * 1e9,
-        hbm_bytes_per_s=float(d["hbm_tb_per_s"]) * 1e12,
-        nvlink_bytes_per_s=float(d["nvlink_gb_per_s_per_direction"]) * 1e9,
-        pcie_bytes_per_s=float(d["pcie_gb_per_s_per_direction"]) * 1e9,
-        gpus_per_node=int(d["gpus_per_node"]),
-        nvlink_domain=int(d["nvlink_domain"]),
-        family=str(d["family"]),
-        source=str(d["source"]),
-    )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Cluster:
-    """The GPUs a job runs on."""
-
-    gpu: GPUSpec
-    num_gpus: int
-    gpus_per_node: int
-    inter_node_bytes_per_s: float = DEFAULT_INTER_NODE_BYTES_PER_S
-    """Network bandwidth per node per direction (bytes/s), shared by its GPUs."""
-    usd_per_gpu_hour: float = DEFAULT_USD_PER_GPU_HOUR
-
-    def __post_init__(self) -> None:
-        if self.num_gpus <= 0:
-            raise TunerError(f"--gpus: the GPU count must be at least 1, got {self.num_gpus}")
-        if self.gpus_per_node <= 0:
-            raise TunerError(f"--gpus-per-node must be at least 1, got {self.gpus_per_node}")
-        if self.gpus_per_node > self.num_gpus:
-            raise TunerError(f"--gpus-per-node {self.gpus_per_node} exceeds the {self.num_gpus} GPUs of --gpus")
-        if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
-            lo = self.num_gpus // self.gpus_per_node * self.gpus_per_node
-            raise TunerError(
-                f"--gpus {self.num_gpus}x{self.gpu.name}: {self.num_gpus} GPUs are not a whole number of "
-                f"{self.gpus_per_node}-GPU nodes; use {lo or self.gpus_per_node} or {lo + self.gpus_per_node}, "
-                "or set --gpus-per-node"
-            )
-        if not math.isfinite(self.inter_node_bytes_per_s) or self.inter_node_bytes_per_s <= 0:
-            raise TunerError(f"--network-gbps must be a positive number, got {self.inter_node_bytes_per_s * 8 / 1e9:g}")
-        if not math.isfinite(self.usd_per_gpu_hour) or self.usd_per_gpu_hour < 0:
-            raise TunerError(f"--usd-per-gpu-hour must be a non-negative number, got {self.usd_per_gpu_hour:g}")
-        if self.num_gpus > MAX_GPUS:
-            raise TunerError(f"--gpus: {self.num_gpus:,} GPUs is more than this tool models (at most {MAX_GPUS:,})")
-
-    @property
-    def nvlink_size(self) -> int:
-        """GPUs that reach each other over NVLink: the node, or the rack for rack-scale NVLink (GB200 NVL72)."""
-        if self.gpu.nvlink_domain > self.gpu.gpus_per_node:
-            return min(self.gpu.nvlink_domain, self.num_gpus)
-        return min(self.gpus_per_node, self.gpu.nvlink_domain)
-
-    @property
-    def num_nodes(self) -> int:
-        return max(1, self.num_gpus // self.gpus_per_node)
-
-    @property
-    def label(self) -> str:
-        if self.num_nodes > 1:
-            return f"{self.num_nodes}x{self.gpus_per_node}x{self.gpu.name}"
-        return f"{self.num_gpus}x{self.gpu.name}"
-
-
-_GPUS_RE = re.compile(r"^\s*(?:(\d+)\s*[xX*]\s*)?(\d+)\s*[xX*]\s*([A-Za-z][A-Za-z0-9_-]*)\s*$")
-
-
-def parse_gpus(
-    text: str,
-    *,
-    gpus_per_node: int | None = None,
-    inter_node_bytes_per_s: float | None = None,
-    usd_per_gpu_hour: float | None = None,
-) -> Cluster:
-    """Parse ``64xH200`` (GPUs) or ``8x8xH200`` (nodes x GPUs per node).
-
-    Raises:
-        TunerError: malformed text, unknown GPU, zero GPUs, or a count that is
-            not a whole number of nodes.
-    """
-    m = _GPUS_RE.match(text or "")
-    if not m:
-        raise TunerError(
-            f"--gpus {text!r}: expected COUNTxGPU such as 64xH200, or NODESxPER_NODExGPU such as 8x8xH200 "
-            f"(GPUs: {', '.join(list_gpus())})"
-        )
-    nodes, count, gname = m.group(1), int(m.group(2)), m.group(3)
-    gpu = load_gpu(gname)
-    if gpus_per_node is not None and gpus_per_node <= 0:
-        raise TunerError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
-    if inter_node_bytes_per_s is not None and not (math.isfinite(inter_node_bytes_per_s) and inter_node_bytes_per_s > 0):
-        raise TunerError(f"--network-gbps must be a positive number, got {inter_node_bytes_per_s * 8 / 1e9:g}")
-    if count > MAX_GPUS or (nodes is not None and int(nodes) * count > MAX_GPUS):
-        raise TunerError(f"--gpus {text!r}: more GPUs than this tool models (at most {MAX_GPUS:,})")
-    if nodes is not None:
-        per = count
-        total = int(nodes) * count
-        if gpus_per_node is not None and gpus_per_node != per:
-            raise TunerError(f"--gpus {text!r} says {per} GPUs per node but --gpus-per-node is {gpus_per_node}")
-    else:
-        total = count
-        per = gpus_per_node or min(gpu.gpus_per_node, max(count, 1))
-    if total <= 0 or per <= 0:
-        raise TunerError(f"--gpus {text!r}: the GPU count must be at least 1")
-    return Cluster(
-        gpu=gpu,
-        num_gpus=total,
-        gpus_per_node=per,
-        inter_node_bytes_per_s=DEFAULT_INTER_NODE_BYTES_PER_S if inter_node_bytes_per_s is None else inter_node_bytes_per_s,
-        usd_per_gpu_hour=DEFAULT_USD_PER_GPU_HOUR if usd_per_gpu_hour is None else usd_per_gpu_hour,
-    )
-
-
-# --------------------------------------------------------------------------- workload
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Workload:
-    """What one optimizer step trains on."""
-
-    seq_length: int = 8192
-    """Tokens per row (``--seq-length``)."""
-    global_batch_size: int = 128
-    """Rows per optimizer step (``--global-batch-size``)."""
-    precision: Precision = Precision.bf16
-    dataset: str = "synthetic fixed-length rows"
-
-    def __post_init__(self) -> None:
-        if self.seq_length <= 0:
-            raise TunerError(f"--seq-len must be a positive integer, got {self.seq_length}")
-        if self.global_batch_size <= 0:
-            raise TunerError(f"--global-batch must be a positive integer, got {self.global_batch_size}")
-        if self.seq_length > 2**24 or self.global_batch_size > 2**24:
-            raise TunerError(f"--seq-len and --global-batch must be at most {2**24:,}")
-        try:
-            object.__setattr__(self, "precision", Precision(self.precision))
-        except ValueError:
-            raise TunerError(f"--precision {self.precision!r}: accepted {', '.join(p.value for p in Precision)}") from None
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.seq_length * self.global_batch_size
-
-
-#: ``--cuda-graph-scope`` values (Megatron-core ``transformer_config.py``) that capture the MoE
-#: router and token preprocessing, whose small kernels make up the fixed per-layer MoE cost.
-CUDA_GRAPH_MOE_SCOPES = ("moe_router", "moe_preprocess", "moe", "full_iteration")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RunOptions:
-    """Run flags that change the cost but are not searched over (one value for the whole table).
-
-    Defaults are the seed's run (seeds/001: slime, natural routing, no overlap flags, no CUDA
-    graphs), so a model built without options predicts what it did before these existed.
-    NVIDIA's published Megatron-Bridge runs set most of them (``tune validate`` reads them
-    from each CSV row).
-    """
-
-    moe_router_force_load_balancing: bool = False
-    """``--moe-router-force-load-balancing``: tokens are routed uniformly (benchmarks); False =
-    natural routing, whose slowest expert rank carries ``Calibration.moe_load_imbalance`` x the mean."""
-    cp_comm_type: str = "p2p"
-    """``--cp-comm-type``: ``p2p`` (ring of K/V blocks, overlapped with attention) or ``a2a``
-    (all-to-all of heads, Ulysses style, not overlapped)."""
-    overlap_moe_expert_parallel_comm: bool = False
-    """``--overlap-moe-expert-parallel-comm``: EP all-to-all overlapped with another micro-batch's compute."""
-    cuda_graph_scope: tuple[str, ...] = ()
-    """``--cuda-graph-scope`` values when CUDA graphs are on (``--cuda-graph-impl`` not none); empty = off."""
-    use_megatron_fsdp: bool = False
-    """``--use-megatron-fsdp`` (ZeRO-3 style: parameters, gradients and optimizer states sharded over DP)."""
-    overlap_grad_reduce: bool = False
-    """``--overlap-grad-reduce`` / ``--overlap-param-gather``: DP communication overlapped with compute."""
-    tp_comm_overlap: bool = False
-    """``--tp-comm-overlap`` (Transformer Engine userbuffers): TP collectives overlapped with GEMMs."""
-    te_attention: bool = True
-    """Attention runs Transformer Engine's fused attention (``--transformer-impl transformer_engine``,
-    the default of Megatron-core, NVIDIA's recipes and the seed's slime run): its output is already
-    ``[s, b, h]`` and is saved once, as the output projection's input. False for a stack without TE
-    (this project's trial harness, ``launch/harness``): ``scaled_dot_product_attention``'s output is
-    permuted and reshaped (a copy) before the projection, so two copies of the attention output are
-    saved (:data:`HARNESS_RUN_OPTIONS`)."""
-
-    def __post_init__(self) -> None:
-        if self.cp_comm_type not in ("p2p", "a2a"):
-            raise TunerError(f"cp_comm_type {self.cp_comm_type!r}: accepted p2p or a2a")
-        object.__setattr__(self, "cuda_graph_scope", tuple(str(x) for x in self.cuda_graph_scope))
-
-    @property
-    def cuda_graph_full(self) -> bool:
-        """The whole iteration (or whole layers) is captured: every launch latency shrinks."""
-        return any(x in ("full_iteration", "full") for x in self.cuda_graph_scope)
-
-    @property
-    def cuda_graph_moe(self) -> bool:
-        """The MoE router / preprocessing is captured (or the whole iteration)."""
-        return any(x in CUDA_GRAPH_MOE_SCOPES or x == "full" for x in self.cuda_graph_scope)
-
-
-DEFAULT_RUN_OPTIONS = RunOptions()
-
-#: Run options of this project's trial harness without Transformer Engine (``launch/harness``,
-#: megatron-core's local layer spec): the seed's flags, attention output saved twice.
-HARNESS_RUN_OPTIONS = RunOptions(te_attention=False)

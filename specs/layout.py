@@ -13,7 +13,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from cost_model.errors import TunerError
+from specs.errors import TunerError
 
 __all__ = [
     "RecomputeGranularity",

@@ -1,0 +1,63 @@
+"""The bottom layer: shared types, units and errors of every package.
+
+Model, GPU, cluster and workload descriptions (:class:`ModelSpec`, :class:`GPUSpec`,
+:class:`Cluster`, :class:`Workload`, :class:`RunOptions`), the parallel layout
+(:class:`Layout`, :class:`LayoutTable` and its enums), the one user-error type
+(:class:`TunerError`) and the units. It imports nothing else of this project; every
+other package may import it (``tests/test_package_order.py`` checks the order
+``specs`` < ``search_spaces`` < ``cost_model`` < ``launch`` < ``tuner``).
+"""
+
+from __future__ import annotations
+
+from specs.errors import InfeasibleLayout, TunerError
+from specs.hardware import (
+    DEFAULT_INTER_NODE_BYTES_PER_S,
+    DEFAULT_USD_PER_GPU_HOUR,
+    MAX_GPUS,
+    Cluster,
+    GPUSpec,
+    list_gpus,
+    load_gpu,
+    parse_gpus,
+)
+from specs.layout import RECOMPUTE_MODULES, Dispatcher, Layout, LayoutTable, RecomputeGranularity, RecomputeMethod
+from specs.model import MAX_LAYERS, ModelSpec, list_models, load_model, model_from_hf_config
+from specs.precision import Precision
+from specs.units import BF16_BYTES, FP8_BYTES, FP32_BYTES, GIB, MIB
+from specs.workload import CUDA_GRAPH_MOE_SCOPES, DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS, RunOptions, Workload
+
+__all__ = [
+    "BF16_BYTES",
+    "CUDA_GRAPH_MOE_SCOPES",
+    "Cluster",
+    "DEFAULT_INTER_NODE_BYTES_PER_S",
+    "DEFAULT_RUN_OPTIONS",
+    "DEFAULT_USD_PER_GPU_HOUR",
+    "Dispatcher",
+    "FP32_BYTES",
+    "FP8_BYTES",
+    "GIB",
+    "GPUSpec",
+    "HARNESS_RUN_OPTIONS",
+    "InfeasibleLayout",
+    "Layout",
+    "LayoutTable",
+    "MAX_GPUS",
+    "MAX_LAYERS",
+    "MIB",
+    "ModelSpec",
+    "Precision",
+    "RECOMPUTE_MODULES",
+    "RecomputeGranularity",
+    "RecomputeMethod",
+    "RunOptions",
+    "TunerError",
+    "Workload",
+    "list_gpus",
+    "list_models",
+    "load_gpu",
+    "load_model",
+    "model_from_hf_config",
+    "parse_gpus",
+]

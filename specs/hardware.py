@@ -1,0 +1,213 @@
+"""Hardware: :class:`GPUSpec` (bundled datasheets) and the :class:`Cluster` a job runs on.
+
+SI units (bytes, FLOP/s, bytes/s); the YAML datasheets name their units and are converted once, here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from dataclasses import dataclass
+
+import yaml
+
+from specs._data import GPU_DIR, data_files
+from specs.errors import TunerError
+from specs.precision import Precision
+
+__all__ = [
+    "Cluster",
+    "DEFAULT_INTER_NODE_BYTES_PER_S",
+    "DEFAULT_USD_PER_GPU_HOUR",
+    "GPUSpec",
+    "MAX_GPUS",
+    "list_gpus",
+    "load_gpu",
+    "parse_gpus",
+]
+
+#: Per-node network bandwidth of the seed's cluster: AWS p5en.48xlarge, 3.2 Tb/s EFA
+#: per node (seeds/001 ``stack.network``) = 400e9 bytes/s.
+DEFAULT_INTER_NODE_BYTES_PER_S = 3.2e12 / 8
+
+#: Price per GPU-hour that the seed implies: $1.08 per 1M tokens at 2,034.42
+#: tokens/s/GPU (seeds/001 ``result``): 1.08 * 2034.42 * 3600 / 1e6 = 7.91 $/GPU-h.
+DEFAULT_USD_PER_GPU_HOUR = round(1.08 * 2034.42 * 3600 / 1e6, 2)
+
+#: Largest cluster the tool accepts.
+MAX_GPUS = 1_000_000
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GPUSpec:
+    """One accelerator, from a bundled YAML datasheet file (``specs/data/gpus``)."""
+
+    name: str
+    hbm_bytes: float
+    """Memory the framework can use (bytes), as ``nvidia-smi`` reports it."""
+    peak_flops_bf16: float
+    """Dense (non-sparse) bf16 tensor-core peak, FLOP/s."""
+    peak_flops_fp8: float
+    """Dense fp8 peak, FLOP/s (0 if the GPU has no fp8)."""
+    peak_flops_fp4: float = 0.0
+    """Dense fp4 (NVFP4) peak, FLOP/s (0 if the GPU has no fp4 tensor cores)."""
+    network_bytes_per_s_per_gpu: float = 0.0
+    """Scale-out NIC bandwidth per GPU per direction in the reference system (bytes/s; DGX / NVL72
+    racks have one NIC per GPU); 0 = unknown. Used by ``tune validate`` for published runs."""
+    hbm_bytes_per_s: float
+    nvlink_bytes_per_s: float
+    """NVLink bandwidth per GPU per direction (bytes/s)."""
+    pcie_bytes_per_s: float
+    """Host <-> GPU bandwidth per direction (bytes/s)."""
+    gpus_per_node: int
+    """GPUs per server in the usual system (HGX / DGX)."""
+    nvlink_domain: int
+    """GPUs that share one NVLink domain (8 for HGX, 72 for an NVL72 rack)."""
+    family: str
+    """Architecture family (ampere, hopper, blackwell) for calibration constants."""
+    source: str
+
+    def peak_flops(self, precision: Precision) -> float:
+        """Dense tensor-core peak (FLOP/s) of the GEMMs at ``precision``; 0 if the GPU lacks it."""
+        if precision == Precision.bf16:
+            return self.peak_flops_bf16
+        if precision == Precision.nvfp4:
+            return self.peak_flops_fp4
+        if precision == Precision.mxfp8 and self.family != "blackwell":
+            return 0.0  # MX formats need Blackwell tensor cores
+        return self.peak_flops_fp8
+
+
+def list_gpus() -> list[str]:
+    return sorted(data_files(GPU_DIR, ".yaml"))
+
+
+def load_gpu(name: str) -> GPUSpec:
+    """A bundled GPU by name (case-insensitive, e.g. ``H200``).
+
+    Raises:
+        TunerError: unknown GPU, with the known ones listed.
+    """
+    files = data_files(GPU_DIR, ".yaml")
+    by_lower = {k.lower(): k for k in files}
+    key = by_lower.get(name.lower())
+    if key is None:
+        close = difflib.get_close_matches(name.lower(), list(by_lower), n=2, cutoff=0.5)
+        hint = f" Did you mean {', '.join(by_lower[c] for c in close)}?" if close else ""
+        raise TunerError(f"unknown GPU {name!r}.{hint} Known GPUs: {', '.join(sorted(files))}")
+    d = yaml.safe_load(files[key].read_text())
+    return GPUSpec(
+        name=d["name"],
+        hbm_bytes=float(d["hbm_mib"]) * 2**20,
+        peak_flops_bf16=float(d["peak_tflops_bf16_dense"]) * 1e12,
+        peak_flops_fp8=float(d.get("peak_tflops_fp8_dense") or 0) * 1e12,
+        peak_flops_fp4=float(d.get("peak_tflops_fp4_dense") or 0) * 1e12,
+        network_bytes_per_s_per_gpu=float(d.get("network_gb_per_s_per_gpu") or 0) * 1e9,
+        hbm_bytes_per_s=float(d["hbm_tb_per_s"]) * 1e12,
+        nvlink_bytes_per_s=float(d["nvlink_gb_per_s_per_direction"]) * 1e9,
+        pcie_bytes_per_s=float(d["pcie_gb_per_s_per_direction"]) * 1e9,
+        gpus_per_node=int(d["gpus_per_node"]),
+        nvlink_domain=int(d["nvlink_domain"]),
+        family=str(d["family"]),
+        source=str(d["source"]),
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Cluster:
+    """The GPUs a job runs on."""
+
+    gpu: GPUSpec
+    num_gpus: int
+    gpus_per_node: int
+    inter_node_bytes_per_s: float = DEFAULT_INTER_NODE_BYTES_PER_S
+    """Network bandwidth per node per direction (bytes/s), shared by its GPUs."""
+    usd_per_gpu_hour: float = DEFAULT_USD_PER_GPU_HOUR
+
+    def __post_init__(self) -> None:
+        if self.num_gpus <= 0:
+            raise TunerError(f"--gpus: the GPU count must be at least 1, got {self.num_gpus}")
+        if self.gpus_per_node <= 0:
+            raise TunerError(f"--gpus-per-node must be at least 1, got {self.gpus_per_node}")
+        if self.gpus_per_node > self.num_gpus:
+            raise TunerError(f"--gpus-per-node {self.gpus_per_node} exceeds the {self.num_gpus} GPUs of --gpus")
+        if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
+            lo = self.num_gpus // self.gpus_per_node * self.gpus_per_node
+            raise TunerError(
+                f"--gpus {self.num_gpus}x{self.gpu.name}: {self.num_gpus} GPUs are not a whole number of "
+                f"{self.gpus_per_node}-GPU nodes; use {lo or self.gpus_per_node} or {lo + self.gpus_per_node}, "
+                "or set --gpus-per-node"
+            )
+        if not math.isfinite(self.inter_node_bytes_per_s) or self.inter_node_bytes_per_s <= 0:
+            raise TunerError(f"--network-gbps must be a positive number, got {self.inter_node_bytes_per_s * 8 / 1e9:g}")
+        if not math.isfinite(self.usd_per_gpu_hour) or self.usd_per_gpu_hour < 0:
+            raise TunerError(f"--usd-per-gpu-hour must be a non-negative number, got {self.usd_per_gpu_hour:g}")
+        if self.num_gpus > MAX_GPUS:
+            raise TunerError(f"--gpus: {self.num_gpus:,} GPUs is more than this tool models (at most {MAX_GPUS:,})")
+
+    @property
+    def nvlink_size(self) -> int:
+        """GPUs that reach each other over NVLink: the node, or the rack for rack-scale NVLink (GB200 NVL72)."""
+        if self.gpu.nvlink_domain > self.gpu.gpus_per_node:
+            return min(self.gpu.nvlink_domain, self.num_gpus)
+        return min(self.gpus_per_node, self.gpu.nvlink_domain)
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.num_gpus // self.gpus_per_node)
+
+    @property
+    def label(self) -> str:
+        if self.num_nodes > 1:
+            return f"{self.num_nodes}x{self.gpus_per_node}x{self.gpu.name}"
+        return f"{self.num_gpus}x{self.gpu.name}"
+
+
+_GPUS_RE = re.compile(r"^\s*(?:(\d+)\s*[xX*]\s*)?(\d+)\s*[xX*]\s*([A-Za-z][A-Za-z0-9_-]*)\s*$")
+
+
+def parse_gpus(
+    text: str,
+    *,
+    gpus_per_node: int | None = None,
+    inter_node_bytes_per_s: float | None = None,
+    usd_per_gpu_hour: float | None = None,
+) -> Cluster:
+    """Parse ``64xH200`` (GPUs) or ``8x8xH200`` (nodes x GPUs per node).
+
+    Raises:
+        TunerError: malformed text, unknown GPU, zero GPUs, or a count that is
+            not a whole number of nodes.
+    """
+    m = _GPUS_RE.match(text or "")
+    if not m:
+        raise TunerError(
+            f"--gpus {text!r}: expected COUNTxGPU such as 64xH200, or NODESxPER_NODExGPU such as 8x8xH200 "
+            f"(GPUs: {', '.join(list_gpus())})"
+        )
+    nodes, count, gname = m.group(1), int(m.group(2)), m.group(3)
+    gpu = load_gpu(gname)
+    if gpus_per_node is not None and gpus_per_node <= 0:
+        raise TunerError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
+    if inter_node_bytes_per_s is not None and not (math.isfinite(inter_node_bytes_per_s) and inter_node_bytes_per_s > 0):
+        raise TunerError(f"--network-gbps must be a positive number, got {inter_node_bytes_per_s * 8 / 1e9:g}")
+    if count > MAX_GPUS or (nodes is not None and int(nodes) * count > MAX_GPUS):
+        raise TunerError(f"--gpus {text!r}: more GPUs than this tool models (at most {MAX_GPUS:,})")
+    if nodes is not None:
+        per = count
+        total = int(nodes) * count
+        if gpus_per_node is not None and gpus_per_node != per:
+            raise TunerError(f"--gpus {text!r} says {per} GPUs per node but --gpus-per-node is {gpus_per_node}")
+    else:
+        total = count
+        per = gpus_per_node or min(gpu.gpus_per_node, max(count, 1))
+    if total <= 0 or per <= 0:
+        raise TunerError(f"--gpus {text!r}: the GPU count must be at least 1")
+    return Cluster(
+        gpu=gpu,
+        num_gpus=total,
+        gpus_per_node=per,
+        inter_node_bytes_per_s=DEFAULT_INTER_NODE_BYTES_PER_S if inter_node_bytes_per_s is None else inter_node_bytes_per_s,
+        usd_per_gpu_hour=DEFAULT_USD_PER_GPU_HOUR if usd_per_gpu_hour is None else usd_per_gpu_hour,
+    )

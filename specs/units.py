@@ -1,0 +1,19 @@
+"""Units and element sizes used by every package (SI inside the code; GiB only when printing).
+
+Sources: IEC 80000-13 (GiB = 2**30 bytes); IEEE 754 / bfloat16 element sizes.
+"""
+
+from __future__ import annotations
+
+__all__ = ["BF16_BYTES", "FP32_BYTES", "FP8_BYTES", "GIB", "MIB"]
+
+#: Bytes in one gibibyte (what ``nvidia-smi`` and PyTorch's memory stats call GiB / "GB").
+GIB = 2**30
+#: Bytes in one mebibyte.
+MIB = 2**20
+#: Bytes per element of bf16 / fp16.
+BF16_BYTES = 2.0
+#: Bytes per element of fp32.
+FP32_BYTES = 4.0
+#: Bytes per element of fp8 (E4M3 / E5M2).
+FP8_BYTES = 1.0
