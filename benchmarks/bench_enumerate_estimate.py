@@ -17,8 +17,8 @@ import statistics
 import time
 
 from cost_model.estimate import estimate_table
-from specs import Workload, load_model, parse_gpus
 from search_spaces.space import SearchSpace, enumerate_layouts
+from specs import Workload, load_model, parse_gpus
 
 
 def main() -> None:

@@ -58,8 +58,9 @@ import re
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -68,12 +69,12 @@ sys.path.insert(0, str(ROOT))
 
 from cost_model.calibrate import Observation, fit_observations, predict_observations  # noqa: E402
 from cost_model.calibration import DEFAULT_CALIBRATION, Calibration  # noqa: E402
-from specs.errors import TunerError  # noqa: E402
-from specs import Workload, load_model, parse_gpus  # noqa: E402
 from cost_model.validate import spearman  # noqa: E402
 from launch.harness.spec import HarnessEnv, harness_layout, slice_model  # noqa: E402
-from specs.layout import Layout  # noqa: E402
 from search_spaces.rules import check_layout  # noqa: E402
+from specs import Workload, load_model, parse_gpus  # noqa: E402
+from specs.errors import TunerError  # noqa: E402
+from specs.layout import Layout  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "h200_minimax_slice.jsonl"
 STACK_NOTE = ("fitted to real trials of megatron-core 0.19.2 WITHOUT Transformer Engine (local spec, SDPA attention, "

@@ -25,7 +25,7 @@ import numpy as np
 
 from cost_model.calibrate import kfold_by_model
 from cost_model.calibration import DEFAULT_CALIBRATION
-from cost_model.validate import Prediction, predict_runs, read_runs, spearman, _layout_groups
+from cost_model.validate import Prediction, _layout_groups, predict_runs, read_runs, spearman
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -26,15 +26,16 @@ the other models and predict this one's.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from cost_model.calibration import BASE_CALIBRATION, Calibration
-from specs.errors import TunerError
 from cost_model.validate import Run, RunBatch
 from specs import HARNESS_RUN_OPTIONS
+from specs.errors import TunerError
 
 __all__ = [
     "FIT_BOUNDS", "FitResult", "fit_calibration", "kfold_by_model", "SEED_WEIGHT",

@@ -23,20 +23,21 @@ Every efficiency and overhead constant is a named field of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable
 
 import numpy as np
 
 from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
+from cost_model.flops import megatron_flops_per_token
+from cost_model.types import Estimate
 from search_spaces.pipeline import stage_layer_counts
 from search_spaces.rules import check_layout
-from specs.errors import InfeasibleLayout, TunerError
-from cost_model.flops import megatron_flops_per_token
 from specs import DEFAULT_RUN_OPTIONS, Cluster, ModelSpec, Precision, RunOptions, Workload
-from cost_model.types import Estimate
-from specs.layout import Layout, LayoutTable, categories as _categories
+from specs.errors import InfeasibleLayout, TunerError
+from specs.layout import Layout, LayoutTable
+from specs.layout import categories as _categories
 
 __all__ = ["EstimateTable", "estimate", "estimate_table", "MEMORY_PARTS", "TIME_PARTS"]
 

@@ -24,19 +24,20 @@ import csv
 import math
 import re
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
-from specs.errors import InfeasibleLayout, TunerError
 from cost_model.estimate import estimate_table
 from cost_model.flops import megatron_flops_per_token
 from search_spaces.pipeline import stage_layer_counts
-from specs.layout import RECOMPUTE_MODULES, Layout, LayoutTable
 from specs import Cluster, GPUSpec, ModelSpec, Precision, RunOptions, Workload, list_gpus, list_models, load_gpu, load_model
+from specs.errors import InfeasibleLayout, TunerError
+from specs.layout import RECOMPUTE_MODULES, Layout, LayoutTable
 
 __all__ = [
     "REQUIRED_COLUMNS",

@@ -31,18 +31,19 @@ import shlex
 import shutil
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
-from specs.errors import InfeasibleLayout, TunerError
-from specs import Cluster, ModelSpec, Workload
 from launch.base import BackendSettings, FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped, check_trial_limits
 from launch.harness.results import classify_failure
 from launch.local_backend import SAFE_ENV, _free_port, _tail, follow_process
 from launch.megatron_log import MegatronLogReader
+from specs import Cluster, ModelSpec, Workload
+from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 
 __all__ = ["CommandBackend", "CommandTemplate", "SCALAR_PLACEHOLDERS", "LIST_PLACEHOLDERS", "load_template", "SLIME_TEMPLATE"]

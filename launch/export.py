@@ -26,15 +26,16 @@ import re
 import shlex
 import statistics
 import textwrap
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
-from specs.errors import TunerError
 from specs import Cluster, ModelSpec, Precision, Workload
+from specs.errors import TunerError
 from specs.layout import Dispatcher, Layout, RecomputeGranularity
 
 if TYPE_CHECKING:  # pragma: no cover - typing only

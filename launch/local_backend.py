@@ -19,14 +19,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
-from specs.errors import InfeasibleLayout, TunerError
-from specs import Cluster, ModelSpec, Workload
 from launch.base import BackendSettings, FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped, check_trial_limits
 from launch.harness.results import classify_failure, read_results
 from launch.harness.spec import HarnessEnv, build_spec, harness_args, torchrun_command, unsupported_reasons
+from specs import Cluster, ModelSpec, Workload
+from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 
 __all__ = ["LocalBackend", "check_local_gpus", "follow_process", "machine_gpu_count", "visible_device_ids", "SAFE_ENV"]

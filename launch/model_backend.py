@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
 from cost_model.estimate import estimate
-from specs import Cluster, ModelSpec, Workload
 from launch.base import BackendSettings, Measurement, StepReporter, TrialBackend
+from specs import Cluster, ModelSpec, Workload
 from specs.layout import Layout
 
 __all__ = ["ModelBackend"]

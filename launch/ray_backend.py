@@ -33,15 +33,16 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from specs.errors import InfeasibleLayout, TunerError
-from specs import Cluster, ModelSpec, Workload
 from launch.base import BackendSettings, FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped, check_trial_limits
 from launch.harness.results import classify_failure, parse_results
 from launch.harness.spec import HARNESS_MODULE, HarnessEnv, build_spec, harness_args, unsupported_reasons
 from launch.local_backend import SAFE_ENV
+from specs import Cluster, ModelSpec, Workload
+from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 
 __all__ = ["RayBackend", "node_plan", "parse_ray_address", "torchrun_node_command"]

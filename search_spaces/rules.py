@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from specs.errors import InfeasibleLayout
-from specs import ModelSpec, Workload
-from specs.layout import Layout, LayoutTable
 from search_spaces.pipeline import stage_layer_counts
+from specs import ModelSpec, Workload
+from specs.errors import InfeasibleLayout
+from specs.layout import Layout, LayoutTable
 
 __all__ = [
     "Rule",

@@ -25,8 +25,9 @@ import numpy as np
 import numpy.typing as npt
 import yaml
 
-from specs.errors import TunerError
+from search_spaces.rules import RULES, Rule, applicable_recompute_modules
 from specs import ModelSpec, Workload
+from specs.errors import TunerError
 from specs.layout import (
     RECOMPUTE_MODULES,
     Dispatcher,
@@ -35,7 +36,6 @@ from specs.layout import (
     RecomputeGranularity,
     RecomputeMethod,
 )
-from search_spaces.rules import RULES, Rule, applicable_recompute_modules
 
 __all__ = [
     "RecomputeOption",

@@ -7,9 +7,10 @@ Field names are Megatron-core's (``ModelParallelConfig`` / ``TransformerConfig``
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 

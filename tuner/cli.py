@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from specs.errors import InfeasibleLayout, TunerError
@@ -36,19 +36,19 @@ _DEBUG = {"on": False}
 GIB = 2**30
 
 # ---- shared option aliases ------------------------------------------------------------
-ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Preset name (see `tune models`) or a Hugging Face config.json path.", rich_help_panel="Job")]
-GpusOpt = Annotated[Optional[str], typer.Option("--gpus", "-g", help="GPUs as COUNTxGPU (64xH200) or NODESxPER_NODExGPU (8x8xH200).", rich_help_panel="Job")]
-PerNodeOpt = Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs per node (default: the GPU's usual server, 8 for HGX).", rich_help_panel="Cluster")]
-NetOpt = Annotated[Optional[float], typer.Option("--network-gbps", help="Network bandwidth per node, Gb/s (default 3200: the seed's EFA).", rich_help_panel="Cluster")]
-PriceOpt = Annotated[Optional[float], typer.Option("--usd-per-gpu-hour", help="Price per GPU-hour (default 7.91, the seed's).", rich_help_panel="Cluster")]
+ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Preset name (see `tune models`) or a Hugging Face config.json path.", rich_help_panel="Job")]
+GpusOpt = Annotated[str | None, typer.Option("--gpus", "-g", help="GPUs as COUNTxGPU (64xH200) or NODESxPER_NODExGPU (8x8xH200).", rich_help_panel="Job")]
+PerNodeOpt = Annotated[int | None, typer.Option("--gpus-per-node", help="GPUs per node (default: the GPU's usual server, 8 for HGX).", rich_help_panel="Cluster")]
+NetOpt = Annotated[float | None, typer.Option("--network-gbps", help="Network bandwidth per node, Gb/s (default 3200: the seed's EFA).", rich_help_panel="Cluster")]
+PriceOpt = Annotated[float | None, typer.Option("--usd-per-gpu-hour", help="Price per GPU-hour (default 7.91, the seed's).", rich_help_panel="Cluster")]
 SeqOpt = Annotated[int, typer.Option("--seq-len", help="Tokens per row (--seq-length).", rich_help_panel="Workload")]
 GbsOpt = Annotated[int, typer.Option("--global-batch", help="Rows per optimizer step (--global-batch-size).", rich_help_panel="Workload")]
 PrecOpt = Annotated[str, typer.Option("--precision", help="bf16 or fp8.", rich_help_panel="Workload")]
 HeadroomOpt = Annotated[float, typer.Option("--memory-headroom", help="Fraction of HBM kept free (default 0.10).", rich_help_panel="Search")]
-CalOpt = Annotated[Optional[Path], typer.Option("--calibration", help="Calibration YAML overriding the cost model's constants.", rich_help_panel="Search")]
-StudyOpt = Annotated[Optional[str], typer.Option("--study", help="Study name (default: model-gpus-seq-gbs).", rich_help_panel="Study")]
-StudyNameOpt = Annotated[Optional[str], typer.Option("--study", help="Study name (required; `tune` prints it, e.g. MiniMax-M2-8x8xH200-s8192-gbs128).", rich_help_panel="Study")]
-StorageOpt = Annotated[Optional[str], typer.Option("--storage", help="Optuna storage URL (default sqlite:///results/<study>/study.db).", rich_help_panel="Study")]
+CalOpt = Annotated[Path | None, typer.Option("--calibration", help="Calibration YAML overriding the cost model's constants.", rich_help_panel="Search")]
+StudyOpt = Annotated[str | None, typer.Option("--study", help="Study name (default: model-gpus-seq-gbs).", rich_help_panel="Study")]
+StudyNameOpt = Annotated[str | None, typer.Option("--study", help="Study name (required; `tune` prints it, e.g. MiniMax-M2-8x8xH200-s8192-gbs128).", rich_help_panel="Study")]
+StorageOpt = Annotated[str | None, typer.Option("--storage", help="Optuna storage URL (default sqlite:///results/<study>/study.db).", rich_help_panel="Study")]
 ResultsOpt = Annotated[Path, typer.Option("--results-dir", help="Where study folders go.", rich_help_panel="Study")]
 
 
@@ -83,21 +83,21 @@ def main_job(
     seq_len: SeqOpt = 8192,
     global_batch: GbsOpt = 128,
     precision: PrecOpt = "bf16",
-    space: Annotated[Optional[Path], typer.Option("--space", help="Search-space YAML (copy search_spaces/default_space.yaml).", rich_help_panel="Search")] = None,
+    space: Annotated[Path | None, typer.Option("--space", help="Search-space YAML (copy search_spaces/default_space.yaml).", rich_help_panel="Search")] = None,
     calibration: CalOpt = None,
     memory_headroom: HeadroomOpt = 0.10,
-    trials: Annotated[Optional[int], typer.Option("--trials", help="Trials to run (default 48): the predicted front and fastest candidates first, then NSGA-II.", rich_help_panel="Search")] = None,
+    trials: Annotated[int | None, typer.Option("--trials", help="Trials to run (default 48): the predicted front and fastest candidates first, then NSGA-II.", rich_help_panel="Search")] = None,
     backend: Annotated[str, typer.Option("--backend", help="model (analytical, default), local (real trials: the megatron-core harness under torchrun on this machine's GPUs), ray (the harness on a Ray cluster's nodes) or command (your slime / Megatron-LM launch command, --command-template).", rich_help_panel="Search")] = "model",
-    layers: Annotated[Optional[int], typer.Option("--layers", help="Slice the model to its first N layers at full width, for the estimate and the trials.", rich_help_panel="Job")] = None,
+    layers: Annotated[int | None, typer.Option("--layers", help="Slice the model to its first N layers at full width, for the estimate and the trials.", rich_help_panel="Job")] = None,
     trial_steps: Annotated[int, typer.Option("--trial-steps", help="Optimizer steps per real trial, warm-up steps included.", rich_help_panel="Trials")] = 20,
-    trial_warmup_steps: Annotated[Optional[int], typer.Option("--trial-warmup-steps", help="Leading steps of a real trial left out of its median step time (default: half of --trial-steps; MoE step times on H200 settled only after about 10 steps).", rich_help_panel="Trials")] = None,
+    trial_warmup_steps: Annotated[int | None, typer.Option("--trial-warmup-steps", help="Leading steps of a real trial left out of its median step time (default: half of --trial-steps; MoE step times on H200 settled only after about 10 steps).", rich_help_panel="Trials")] = None,
     trial_timeout: Annotated[float, typer.Option("--trial-timeout", help="Seconds one real trial may run, model build included; then its process group is killed.", rich_help_panel="Trials")] = 900.0,
-    command_template: Annotated[Optional[Path], typer.Option("--command-template", help="Launch template (YAML/JSON argv with placeholders) of --backend command; launch/templates/slime_command.yaml ships.", rich_help_panel="Trials")] = None,
+    command_template: Annotated[Path | None, typer.Option("--command-template", help="Launch template (YAML/JSON argv with placeholders) of --backend command; launch/templates/slime_command.yaml ships.", rich_help_panel="Trials")] = None,
     recalibrate_after: Annotated[int, typer.Option("--recalibrate-after", help="Real trials: refit the cost model to the measurements after every N measured trials and re-rank the candidates not yet run (0 = never).", rich_help_panel="Trials")] = 4,
     confirm_runs: Annotated[int, typer.Option("--confirm-runs", help="Real trials: after the search, bring the fastest measured layout and those within its noise (at most 4) to N more runs each, interleaved, and rank them by all their runs (0 = no).", rich_help_panel="Trials")] = 0,
-    ray_address: Annotated[Optional[str], typer.Option("--ray-address", help="Ray cluster of --backend ray: auto, HOST:PORT or ray://HOST:PORT (default: start a local Ray instance).", rich_help_panel="Trials")] = None,
+    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster of --backend ray: auto, HOST:PORT or ray://HOST:PORT (default: start a local Ray instance).", rich_help_panel="Trials")] = None,
     parallel_trials: Annotated[int, typer.Option("--parallel-trials", help="Real trials this worker runs at once (--backend ray; each its own placement group).", rich_help_panel="Trials")] = 1,
-    trial_env: Annotated[Optional[list[str]], typer.Option("--trial-env", help="NAME=VALUE for every rank of a real trial (--backend ray), repeatable, e.g. --trial-env NCCL_IB_HCA=mlx5.", rich_help_panel="Trials")] = None,
+    trial_env: Annotated[list[str] | None, typer.Option("--trial-env", help="NAME=VALUE for every rank of a real trial (--backend ray), repeatable, e.g. --trial-env NCCL_IB_HCA=mlx5.", rich_help_panel="Trials")] = None,
     prune_margin: Annotated[float, typer.Option("--prune-margin", help="Stop a real trial more than this fraction slower than the best so far (after its warm-up and 2 measured steps); negative = never.", rich_help_panel="Trials")] = 0.25,
     stack: Annotated[str, typer.Option("--stack", help="slime (default; leaves out allgather, which slime rewrites) or megatron.", rich_help_panel="Search")] = "slime",
     study: StudyOpt = None,
@@ -376,8 +376,8 @@ def _layout_from_flags(world: int, **kw: Any) -> Any:
 
 
 def _common_layout(
-    tp: int, pp: int, vpp: int, cp: int, ep: int, etp: int, micro_batch_size: int, sequence_parallel: Optional[bool],
-    recompute: str, recompute_method: Optional[str], recompute_num_layers: Optional[int], recompute_modules: Optional[str],
+    tp: int, pp: int, vpp: int, cp: int, ep: int, etp: int, micro_batch_size: int, sequence_parallel: bool | None,
+    recompute: str, recompute_method: str | None, recompute_num_layers: int | None, recompute_modules: str | None,
     offload: float, dispatcher: str, first: int, last: int, exp_avg_dtype: str, no_precision_aware: bool, no_distributed_optimizer: bool,
 ) -> dict[str, Any]:
     return dict(
@@ -397,11 +397,11 @@ CpOpt = Annotated[int, typer.Option("--cp", help="--context-parallel-size", rich
 EpOpt = Annotated[int, typer.Option("--ep", help="--expert-model-parallel-size", rich_help_panel="Layout")]
 EtpOpt = Annotated[int, typer.Option("--etp", help="--expert-tensor-parallel-size", rich_help_panel="Layout")]
 MbsOpt = Annotated[int, typer.Option("--micro-batch-size", "--mbs", help="rows per micro-batch", rich_help_panel="Layout")]
-SpOpt = Annotated[Optional[bool], typer.Option("--sequence-parallel/--no-sequence-parallel", help="default: on when tp > 1", rich_help_panel="Layout")]
+SpOpt = Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel", help="default: on when tp > 1", rich_help_panel="Layout")]
 RecOpt = Annotated[str, typer.Option("--recompute", help="none, selective or full", rich_help_panel="Layout")]
-RecMethOpt = Annotated[Optional[str], typer.Option("--recompute-method", help="uniform or block (full only; default uniform)", rich_help_panel="Layout")]
-RecNumOpt = Annotated[Optional[int], typer.Option("--recompute-num-layers", help="full only; default 1", rich_help_panel="Layout")]
-RecModOpt = Annotated[Optional[str], typer.Option("--recompute-modules", help="selective only, comma-separated, e.g. core_attn,moe_act", rich_help_panel="Layout")]
+RecMethOpt = Annotated[str | None, typer.Option("--recompute-method", help="uniform or block (full only; default uniform)", rich_help_panel="Layout")]
+RecNumOpt = Annotated[int | None, typer.Option("--recompute-num-layers", help="full only; default 1", rich_help_panel="Layout")]
+RecModOpt = Annotated[str | None, typer.Option("--recompute-modules", help="selective only, comma-separated, e.g. core_attn,moe_act", rich_help_panel="Layout")]
 OffOpt = Annotated[float, typer.Option("--optimizer-offload-fraction", help="0 (none) .. 1", rich_help_panel="Layout")]
 DispOpt = Annotated[str, typer.Option("--dispatcher", help="alltoall, allgather, flex+deepep, flex+hybridep", rich_help_panel="Layout")]
 FirstOpt = Annotated[int, typer.Option("--first-stage-layers", help="decoder layers on pipeline rank 0 (0 = even split)", rich_help_panel="Layout")]
@@ -411,7 +411,7 @@ NoPaOpt = Annotated[bool, typer.Option("--no-precision-aware-optimizer", help="t
 NoDoOpt = Annotated[bool, typer.Option("--no-distributed-optimizer", help="turn off --use-distributed-optimizer", rich_help_panel="Layout")]
 
 
-def _inputs(model: Optional[str], gpus: Optional[str], gpus_per_node: Optional[int], network_gbps: Optional[float], usd: Optional[float], seq_len: int, global_batch: int, precision: str) -> tuple[Any, Any, Any]:
+def _inputs(model: str | None, gpus: str | None, gpus_per_node: int | None, network_gbps: float | None, usd: float | None, seq_len: int, global_batch: int, precision: str) -> tuple[Any, Any, Any]:
     from specs import Workload, load_model, parse_gpus
 
     if precision not in ("bf16", "fp8"):
@@ -435,7 +435,7 @@ def estimate(
     first_stage_layers: FirstOpt = 0, last_stage_layers: LastOpt = 0, exp_avg_dtype: AvgOpt = "fp32",
     no_precision_aware_optimizer: NoPaOpt = False, no_distributed_optimizer: NoDoOpt = False,
     calibration: CalOpt = None, memory_headroom: HeadroomOpt = 0.10,
-    layout_string: Annotated[Optional[str], typer.Option("--pipeline-layout", help="A --pipeline-model-parallel-layout string (sets VPP and the first/last split).", rich_help_panel="Layout")] = None,
+    layout_string: Annotated[str | None, typer.Option("--pipeline-layout", help="A --pipeline-model-parallel-layout string (sets VPP and the first/last split).", rich_help_panel="Layout")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as JSON.")] = False,
 ) -> None:
     """Predict one layout: memory per GPU (worst pipeline rank) and step time, with their parts."""
@@ -494,7 +494,7 @@ def check(
     recompute_modules: RecModOpt = None, optimizer_offload_fraction: OffOpt = 0.0, dispatcher: DispOpt = "alltoall",
     first_stage_layers: FirstOpt = 0, last_stage_layers: LastOpt = 0, exp_avg_dtype: AvgOpt = "fp32",
     no_precision_aware_optimizer: NoPaOpt = False, no_distributed_optimizer: NoDoOpt = False,
-    layout_string: Annotated[Optional[str], typer.Option("--pipeline-layout", help="Check this --pipeline-model-parallel-layout string (it sets VPP and the first/last split).", rich_help_panel="Layout")] = None,
+    layout_string: Annotated[str | None, typer.Option("--pipeline-layout", help="Check this --pipeline-model-parallel-layout string (it sets VPP and the first/last split).", rich_help_panel="Layout")] = None,
 ) -> None:
     """Is a layout valid under Megatron's rules? Lists every rule it breaks (exit 2 if any).
 
@@ -603,7 +603,7 @@ def _apply_layout_string(lay: Any, model: Any, text: str, *, vpp_given: bool, sp
     return lay.replace(vpp=vpp_s), True, note
 
 
-def _load_study(study: Optional[str], storage: Optional[str], results_dir: Path) -> Any:
+def _load_study(study: str | None, storage: str | None, results_dir: Path) -> Any:
     import optuna
 
     name = _require(study, "--study", "MiniMax-M2-8x8xH200-s8192-gbs128")
@@ -625,7 +625,7 @@ def _load_study(study: Optional[str], storage: Optional[str], results_dir: Path)
         raise TunerError(f"--study {name!r}: cannot open {_mask(url)} ({type(e).__name__}: {_mask(str(e).splitlines()[0]) if str(e) else ''})") from None
 
 
-def _recorded_storage(config_yaml: Path) -> Optional[str]:
+def _recorded_storage(config_yaml: Path) -> str | None:
     """The --storage a study was run with, as its results/<study>/config.yaml records it (None if none)."""
     import yaml
 
@@ -639,7 +639,6 @@ def _recorded_storage(config_yaml: Path) -> Optional[str]:
 
 def _study_context(st: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
     from specs import Workload, parse_gpus
-
     from tuner.study import model_spec_from_dict
 
     cfg = st.user_attrs.get("config") or {}
@@ -658,7 +657,7 @@ def _study_context(st: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
 def pareto(
     study: StudyNameOpt = None, storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
     top: Annotated[int, typer.Option("--top", min=0, help="Rows to print (0 = all).")] = 0,
-    csv_out: Annotated[Optional[Path], typer.Option("--csv", help="Also write the front as CSV here.")] = None,
+    csv_out: Annotated[Path | None, typer.Option("--csv", help="Also write the front as CSV here.")] = None,
 ) -> None:
     """Show a study's Pareto front (throughput vs peak memory) with predicted vs measured values."""
     try:
@@ -715,9 +714,9 @@ def pareto(
 @app.command("export")
 def export_cmd(
     study: StudyNameOpt = None, storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
-    trial: Annotated[Optional[int], typer.Option("--trial", help="Trial number (default: the fastest on the front).")] = None,
+    trial: Annotated[int | None, typer.Option("--trial", help="Trial number (default: the fastest on the front).")] = None,
     fmt: Annotated[str, typer.Option("--format", help="recipe, slime or megatron")] = "recipe",
-    out_file: Annotated[Optional[Path], typer.Option("--out", help="File to write (default: stdout).")] = None,
+    out_file: Annotated[Path | None, typer.Option("--out", help="File to write (default: stdout).")] = None,
 ) -> None:
     """Export a study's layout as a recipe YAML, a slime run script or a Megatron-LM argument file."""
     try:

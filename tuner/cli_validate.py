@@ -10,7 +10,7 @@ import math
 import platform
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -20,8 +20,8 @@ from specs.errors import TunerError
 
 __all__ = ["register", "validate", "calibrate"]
 
-DataOpt = Annotated[Optional[list[Path]], typer.Option("--data", help="Run table CSV with the columns of benchmarks/data/published_runs.csv (repeatable).")]
-CalOpt = Annotated[Optional[Path], typer.Option("--calibration", help="Calibration YAML overriding the shipped constants.")]
+DataOpt = Annotated[list[Path] | None, typer.Option("--data", help="Run table CSV with the columns of benchmarks/data/published_runs.csv (repeatable).")]
+CalOpt = Annotated[Path | None, typer.Option("--calibration", help="Calibration YAML overriding the shipped constants.")]
 
 
 
@@ -109,7 +109,7 @@ def validate(
         fail(e)
 
 
-def _study_runs(study: str, storage: Optional[str], results_dir: Path) -> list[Any]:
+def _study_runs(study: str, storage: str | None, results_dir: Path) -> list[Any]:
     """Measured trials of a study made by ``tune`` as runs (the study's model, cluster and workload)."""
     from cost_model.validate import Run
     from specs.layout import Layout
@@ -135,7 +135,7 @@ def _study_runs(study: str, storage: Optional[str], results_dir: Path) -> list[A
     return runs
 
 
-def _study_observations(study: str, storage: Optional[str], results_dir: Path) -> tuple[list[Any], list[str]]:
+def _study_observations(study: str, storage: str | None, results_dir: Path) -> tuple[list[Any], list[str]]:
     """Measured trials of a study as observations (step time, peak reserved memory) and their notes
     (the software stack the trials ran on, e.g. no Transformer Engine)."""
     from cost_model.calibrate import Observation
@@ -172,10 +172,10 @@ def _check_writable(path: Path) -> None:
 
 def calibrate(
     data: DataOpt = None,
-    study: Annotated[Optional[str], typer.Option("--study", help="Fit to the measured trials of this study (made by `tune`).")] = None,
-    storage: Annotated[Optional[str], typer.Option("--storage", help="Optuna storage URL of --study.")] = None,
+    study: Annotated[str | None, typer.Option("--study", help="Fit to the measured trials of this study (made by `tune`).")] = None,
+    storage: Annotated[str | None, typer.Option("--storage", help="Optuna storage URL of --study.")] = None,
     results_dir: Annotated[Path, typer.Option("--results-dir", help="Where study folders are.")] = Path("results"),
-    out_file: Annotated[Optional[Path], typer.Option("--out", help="Calibration YAML to write.")] = None,
+    out_file: Annotated[Path | None, typer.Option("--out", help="Calibration YAML to write.")] = None,
     calibration: CalOpt = None,
     kfold: Annotated[bool, typer.Option("--kfold/--no-kfold", help="Also report k-fold error with folds by model (fit on the others, predict this one).")] = False,
     max_nfev: Annotated[int, typer.Option("--max-nfev", help="Most residual evaluations per fit.", min=5, max=10000)] = 60,
@@ -262,7 +262,7 @@ def calibrate(
         fail(e)
 
 
-def _calibrate_study(study: str, storage: Optional[str], results_dir: Path, out_file: Path, start: Any, calibration: Optional[Path], max_nfev: int) -> None:
+def _calibrate_study(study: str, storage: str | None, results_dir: Path, out_file: Path, start: Any, calibration: Path | None, max_nfev: int) -> None:
     """``tune calibrate --study NAME`` alone: step-time constants to the measured step times and
     memory constants to the measured peak (reserved) memory of the study's trials."""
     import numpy as np

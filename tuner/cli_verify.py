@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -19,22 +19,22 @@ __all__ = ["register", "verify"]
 
 
 def verify(
-    study: Annotated[Optional[str], typer.Option("--study", help="Study name (as given to `tune`).")] = None,
-    storage: Annotated[Optional[str], typer.Option("--storage", help="Optuna storage URL (default sqlite:///results/<study>/study.db).")] = None,
+    study: Annotated[str | None, typer.Option("--study", help="Study name (as given to `tune`).")] = None,
+    storage: Annotated[str | None, typer.Option("--storage", help="Optuna storage URL (default sqlite:///results/<study>/study.db).")] = None,
     results_dir: Annotated[Path, typer.Option("--results-dir", help="Where study folders go.")] = Path("results"),
-    trial: Annotated[Optional[int], typer.Option("--trial", help="Trial whose layout is checked (default: the fastest on the front).")] = None,
-    reference: Annotated[Optional[str], typer.Option("--reference", help="Reference layout as key=value pairs, e.g. 'tp=1,pp=1,ep=1' (other fields: Megatron's defaults).")] = None,
-    candidate: Annotated[Optional[str], typer.Option("--candidate", help="Check this layout (key=value pairs) instead of a trial's; the study gives the model, GPUs and workload.")] = None,
+    trial: Annotated[int | None, typer.Option("--trial", help="Trial whose layout is checked (default: the fastest on the front).")] = None,
+    reference: Annotated[str | None, typer.Option("--reference", help="Reference layout as key=value pairs, e.g. 'tp=1,pp=1,ep=1' (other fields: Megatron's defaults).")] = None,
+    candidate: Annotated[str | None, typer.Option("--candidate", help="Check this layout (key=value pairs) instead of a trial's; the study gives the model, GPUs and workload.")] = None,
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps per arm.")] = 20,
     lr: Annotated[float, typer.Option("--lr", help="Peak learning rate of both arms (Adam, after a linear warm-up).")] = 1e-4,
     lr_warmup_steps: Annotated[int, typer.Option("--lr-warmup-steps", help="Linear learning-rate warm-up, steps.")] = 5,
     warm_start_steps: Annotated[int, typer.Option("--warm-start-steps", help="Steps the reference arm trains from the seed before writing the shared starting checkpoint (0: start from random weights).")] = 40,
-    init_checkpoint: Annotated[Optional[Path], typer.Option("--init-checkpoint", help="Start both arms from this megatron-core distributed checkpoint instead (e.g. your model's); no warm start.")] = None,
-    corpus: Annotated[Optional[Path], typer.Option("--corpus", help="UTF-8 text file to train on (default: CPython's bundled documentation).")] = None,
-    fault: Annotated[Optional[str], typer.Option("--fault", help="Negative control: inject a deliberate bug into the candidate arm (embedding_shard_misplaced, sp_norm_grad_unreduced, non_causal_attention).")] = None,
+    init_checkpoint: Annotated[Path | None, typer.Option("--init-checkpoint", help="Start both arms from this megatron-core distributed checkpoint instead (e.g. your model's); no warm start.")] = None,
+    corpus: Annotated[Path | None, typer.Option("--corpus", help="UTF-8 text file to train on (default: CPython's bundled documentation).")] = None,
+    fault: Annotated[str | None, typer.Option("--fault", help="Negative control: inject a deliberate bug into the candidate arm (embedding_shard_misplaced, sp_norm_grad_unreduced, non_causal_attention).")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds one arm may run, model build and checkpoint included.")] = 900.0,
     keep_checkpoint: Annotated[bool, typer.Option("--keep-checkpoint", help="Keep the initial-weights checkpoint.")] = False,
-    out_file: Annotated[Optional[Path], typer.Option("--out", help="Also write the layout's recipe YAML, with the correctness block, here.")] = None,
+    out_file: Annotated[Path | None, typer.Option("--out", help="Also write the layout's recipe YAML, with the correctness block, here.")] = None,
 ) -> None:
     """Train the study's layout and a reference layout from the same weights on the same text; compare the loss curves.
 
@@ -119,7 +119,7 @@ def _rows(st: Any) -> list[dict[str, Any]]:
     return trial_rows(st)
 
 
-def _candidate(study: str, storage: Optional[str], results_dir: Path, trial: Optional[int], *, need_trial: bool = True) -> tuple[Any, ...]:
+def _candidate(study: str, storage: str | None, results_dir: Path, trial: int | None, *, need_trial: bool = True) -> tuple[Any, ...]:
     from specs.layout import Layout
     from tuner.cli import _load_study, _study_context
     from tuner.report import pick_trial_row
@@ -168,7 +168,7 @@ def _print_outcome(o: Any) -> None:
     out.print(f"curves: {escape(o.plan.out_dir)}/losses.png; details: {escape(o.plan.out_dir)}/verify.json")
 
 
-def _recipe_text(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any, row: Optional[dict[str, Any]], block: dict[str, Any]) -> str:
+def _recipe_text(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any, row: dict[str, Any] | None, block: dict[str, Any]) -> str:
     from cost_model.calibration import Calibration
     from cost_model.estimate import estimate as _estimate
     from launch import export

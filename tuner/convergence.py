@@ -27,8 +27,9 @@ Differences from Bridge, on purpose (Bridge lets these pass silently, since NaN 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from cost_model.estimate import estimate
+from search_spaces.pipeline import emit_layout_string
 from specs import Cluster, ModelSpec, Workload
 from specs.layout import Layout
-from search_spaces.pipeline import emit_layout_string
 from tuner.pareto import pareto_mask
 
 __all__ = ["pick_trial_row", "front_rows", "measured_ties", "ties_note", "runs_note", "runs_summary", "fastest_measured", "long_label", "write_pareto_csv", "plot_front", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]

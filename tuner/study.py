@@ -12,30 +12,31 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 import logging
 import math
 import re
 import signal
+import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import optuna
 import yaml
 
 from cost_model.calibration import Calibration, load_calibration
-from specs.errors import InfeasibleLayout, TunerError
 from cost_model.estimate import EstimateTable, estimate_table
-from specs import Cluster, ModelSpec, RunOptions, Workload, load_model, parse_gpus
 from launch import BackendSettings, TrialBackend, TrialFailed, TrialStopped, get_backend
 from launch.harness.pruner import StepTimePruner
 from launch.harness.spec import slice_model
-from specs.layout import Dispatcher, Layout, LayoutTable, categories
 from search_spaces.rules import check_layout
 from search_spaces.space import Enumeration, SearchSpace, enumerate_layouts
+from specs import Cluster, ModelSpec, RunOptions, Workload, load_model, parse_gpus
+from specs.errors import InfeasibleLayout, TunerError
+from specs.layout import Dispatcher, Layout, LayoutTable, categories
 from tuner.pareto import pareto_mask
 
 __all__ = ["TuneConfig", "Prepared", "TuneResult", "CandidateIndex", "DIMENSIONS", "prepare", "run_study", "trial_rows"]

@@ -36,15 +36,16 @@ import datetime as _dt
 import json
 import math
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from specs.errors import InfeasibleLayout, TunerError
-from specs import Cluster, ModelSpec, Workload
 from launch.base import Measurement, TrialFailed, TrialStopped
-from specs.layout import Layout
 from search_spaces.rules import check_layout
+from specs import Cluster, ModelSpec, Workload
+from specs.errors import InfeasibleLayout, TunerError
+from specs.layout import Layout
 from tuner.convergence import ConvergenceResult, ConvergenceThresholds, compare_losses
 
 __all__ = ["VerifyArm", "VerifyPlan", "VerifyOutcome", "plan_verify", "run_verify", "correctness_block", "parse_layout_spec", "DEFAULT_LR"]

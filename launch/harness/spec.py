@@ -13,12 +13,13 @@ import dataclasses
 import importlib.util
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from specs.errors import TunerError
 from specs import ModelSpec, Workload
+from specs.errors import TunerError
 from specs.layout import Dispatcher, Layout, RecomputeGranularity
 
 __all__ = ["FAULTS", "HarnessEnv", "HarnessSpec", "build_spec", "fault_reasons", "harness_layout", "slice_model", "torchrun_command", "unsupported_reasons", "HARNESS_MODULE"]

@@ -18,14 +18,14 @@ import sys
 import time
 from pathlib import Path
 
-from specs.errors import InfeasibleLayout, TunerError
 from cost_model.estimate import estimate
-from specs import DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS, Workload, load_model, parse_gpus
 from launch.base import TrialFailed
 from launch.harness.spec import harness_layout, slice_model
 from launch.local_backend import LocalBackend
-from specs.layout import Layout
 from search_spaces.rules import check_layout
+from specs import DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS, Workload, load_model, parse_gpus
+from specs.errors import InfeasibleLayout, TunerError
+from specs.layout import Layout
 
 GIB = 2**30
 

@@ -127,7 +127,7 @@ def _local_modules(fault: str | None = None) -> tuple[type, type]:
 
         def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> None:
             super().__init__(normalized_shape=hidden_size, eps=eps, dtype=config.params_dtype)
-            setattr(self.weight, "sequence_parallel", bool(config.sequence_parallel) and tag_sp)
+            self.weight.sequence_parallel = bool(config.sequence_parallel) and tag_sp
 
     return SDPACoreAttention, HarnessRMSNorm
 
@@ -578,8 +578,8 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the harness; see the module docstring for the exit status."""
-    from specs.errors import TunerError
     from specs import Workload
+    from specs.errors import TunerError
 
     try:
         spec_path, out_path = parse_argv(sys.argv[1:] if argv is None else argv)

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from cost_model.calibration import DEFAULT_CALIBRATION, load_calibration
-from specs.errors import InfeasibleLayout, TunerError
 from cost_model.estimate import estimate, estimate_table
 from specs import Workload, load_model, parse_gpus
+from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout, LayoutTable
 
 GIB = 2**30

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from cost_model.flops import megatron_flops_per_token
-from specs import load_model
 from cost_model.validate import flops_check_rows, read_runs
+from specs import load_model
 
 CSV = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "published_runs.csv"  # a copy of shared/data/published_runs.csv
 

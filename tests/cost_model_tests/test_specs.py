@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from specs.errors import TunerError
 from cost_model.flops import megatron_flops_per_token, mfu, usd_per_million_tokens
 from specs import DEFAULT_USD_PER_GPU_HOUR, list_gpus, list_models, load_gpu, load_model, parse_gpus
+from specs.errors import TunerError
 
 
 def test_minimax_active_params_reproduce_seed(minimax):

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from cost_model.calibration import load_calibration
 from cost_model.estimate import estimate
-from specs import Precision, RunOptions, Workload, load_gpu, load_model, parse_gpus
 from cost_model.validate import read_runs
+from specs import Precision, RunOptions, Workload, load_gpu, load_model, parse_gpus
 from specs.layout import Layout
 from tuner.cli import app
 

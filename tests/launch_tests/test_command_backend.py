@@ -9,17 +9,17 @@ import time
 from pathlib import Path
 
 import pytest
-from flag_parsing import argv_flags
 import yaml
+from flag_parsing import argv_flags
 
-from specs.errors import InfeasibleLayout, TunerError
-from specs import Workload, load_model, parse_gpus
 from launch import BackendSettings, get_backend
 from launch.base import FailureKind, TrialFailed, TrialStopped
 from launch.command_backend import SLIME_TEMPLATE, CommandBackend, load_template
 from launch.export import layout_args, model_args
 from launch.harness.spec import slice_model
 from launch.megatron_log import MegatronLogReader, parse_megatron_log
+from specs import Workload, load_model, parse_gpus
+from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

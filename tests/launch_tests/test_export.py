@@ -15,11 +15,9 @@ import types
 from pathlib import Path
 
 import pytest
-from flag_parsing import command_flags
 import yaml
+from flag_parsing import command_flags
 
-from specs.errors import TunerError
-from specs import Workload, load_model, parse_gpus
 from cost_model.types import Estimate
 from launch.base import FailureKind, Measurement
 from launch.export import (
@@ -33,6 +31,8 @@ from launch.export import (
     validate_recipe,
     write_recipe,
 )
+from specs import Workload, load_model, parse_gpus
+from specs.errors import TunerError
 from specs.layout import Layout
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "seed_minimax_m2_recipe.yaml"
@@ -349,8 +349,8 @@ def test_recipe_yaml_round_trips(tmp_path, model, cluster, workload, seed_layout
 
 def test_model_args_carry_rope_norm_and_router_numerics():
     """Without these a run would train a different model than the checkpoint (Megatron defaults differ)."""
-    from specs import load_model
     from launch.export import model_args
+    from specs import load_model
 
     llama = _argv_flags(model_args(load_model("Llama-3.1-70B")))
     assert llama["--rotary-base"] == ("500000",) and llama["--norm-epsilon"] == ("1e-5",)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from specs.errors import TunerError
 from launch.harness.data import DEFAULT_CORPUS, Corpus, load_corpus, sample_index, sample_tokens
+from specs.errors import TunerError
 
 
 def _step_rows(step, *, mbs, dp, gbs):

@@ -6,8 +6,6 @@ import json
 
 import pytest
 
-from specs.errors import InfeasibleLayout, TunerError
-from specs import Workload, load_model
 from launch.harness.spec import (
     HARNESS_MODULE,
     HarnessEnv,
@@ -19,6 +17,8 @@ from launch.harness.spec import (
     torchrun_command,
     unsupported_reasons,
 )
+from specs import Workload, load_model
+from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 
 WL = Workload(seq_length=8192, global_batch_size=8)

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from specs.errors import InfeasibleLayout, TunerError
-from specs import Workload, load_model, parse_gpus
 from launch import get_backend
 from launch.base import FailureKind, TrialFailed, TrialStopped
 from launch.harness.spec import HarnessEnv, slice_model
 from launch.local_backend import SAFE_ENV, LocalBackend, machine_gpu_count, visible_device_ids
+from specs import Workload, load_model, parse_gpus
+from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 
 FAKE = str(Path(__file__).with_name("fake_trial.py"))

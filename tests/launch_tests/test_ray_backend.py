@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from specs.errors import InfeasibleLayout, TunerError
-from specs import Workload, load_model, parse_gpus
 from launch.base import FailureKind, TrialFailed
 from launch.harness.spec import HarnessEnv, slice_model
 from launch.ray_backend import RayBackend, node_plan, torchrun_node_command
+from specs import Workload, load_model, parse_gpus
+from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 
 ray = pytest.importorskip("ray")
@@ -159,8 +159,9 @@ def test_a_study_runs_ray_trials_two_at_a_time(cluster, tmp_path):
 
 
 def test_ctrl_c_stops_parallel_trials_and_leaves_the_study_consistent(cluster, tmp_path):
-    import optuna
     import signal
+
+    import optuna
 
     from tuner.study import TuneConfig, prepare, run_study
 

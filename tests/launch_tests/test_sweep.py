@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from cost_model.estimate import estimate
-from specs import HARNESS_RUN_OPTIONS, Workload, load_model, parse_gpus
 from launch.harness import sweep
 from launch.harness.spec import HarnessEnv, harness_layout, slice_model
+from specs import HARNESS_RUN_OPTIONS, Workload, load_model, parse_gpus
 from specs.layout import Layout
 
 

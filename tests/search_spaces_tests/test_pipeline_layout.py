@@ -6,13 +6,13 @@ import itertools
 
 import pytest
 
-from specs.errors import InfeasibleLayout
 from search_spaces.pipeline import (
     emit_layout_string,
     layer_counts_from_string,
     parse_layout_string,
     stage_layer_counts,
 )
+from specs.errors import InfeasibleLayout
 
 SEED_STRING = "Et|(tt|)*30tL"
 SEED_COUNTS = [[1, 2, 2, 2]] + [[2, 2, 2, 2]] * 6 + [[2, 2, 2, 1]]

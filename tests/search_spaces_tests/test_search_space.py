@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import yaml
 
-from specs.errors import TunerError
-from specs import ModelSpec, Workload, load_model
-from specs.layout import LayoutTable
 from search_spaces.pipeline import emit_layout_string, layer_counts_from_string, stage_layer_counts
 from search_spaces.rules import RULE_IDS, RULES, check_layout, check_table
 from search_spaces.space import PipelineSplitSpace, SearchSpace, enumerate_layouts
+from specs import ModelSpec, Workload, load_model
+from specs.errors import TunerError
+from specs.layout import LayoutTable
 
 WORKLOAD = Workload(seq_length=8192, global_batch_size=128)
 

@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from search_spaces.rules import RULE_IDS, RULES, check_layout, check_table
 from specs import ModelSpec, Workload, load_model
 from specs.layout import Layout, LayoutTable
-from search_spaces.rules import RULE_IDS, RULES, check_layout, check_table
 
 WORKLOAD = Workload(seq_length=8192, global_batch_size=128)
 

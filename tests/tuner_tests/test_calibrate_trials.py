@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from cost_model.calibrate import Observation, fit_observations, predict_observations
 from cost_model.calibration import DEFAULT_CALIBRATION, SHIPPED_CALIBRATION_FILE, load_calibration
-from specs import Workload, load_model, parse_gpus
 from launch.harness.spec import slice_model
+from specs import Workload, load_model, parse_gpus
 from specs.layout import Layout
 from tuner.cli import app
 from tuner.study import TuneConfig, _resolved, model_spec_to_dict, prepare

@@ -10,9 +10,9 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
-from specs.errors import TunerError
 from launch.harness.spec import HarnessEnv
 from launch.local_backend import LocalBackend
+from specs.errors import TunerError
 from tuner.cli import app
 from tuner.study import TuneConfig, prepare, run_study, trial_rows
 

@@ -62,9 +62,9 @@ def test_tune_prints_the_ties(capsys, monkeypatch):
 
 
 def test_the_recipe_names_the_tied_trials():
-    from specs import Workload, load_model, parse_gpus
     from launch import export
     from launch.harness.spec import slice_model
+    from specs import Workload, load_model, parse_gpus
     from tuner.report import ties_note
 
     rows = [_row(2, BEST), _row(0, NONE_AG, dispatcher="allgather"), _row(4, [1.10 * t for t in BEST])]

@@ -8,8 +8,8 @@ import numpy as np
 import optuna
 import pytest
 
-from specs.errors import TunerError
 from launch.base import FailureKind, Measurement, TrialBackend, TrialFailed
+from specs.errors import TunerError
 from tuner.pareto import pareto_mask
 from tuner.study import CandidateIndex, TuneConfig, prepare, run_study, trial_rows
 

@@ -11,10 +11,10 @@ import yaml
 from typer.testing import CliRunner
 
 import tuner.verify as verify_mod
-from specs.errors import InfeasibleLayout, TunerError
-from specs import Workload, load_model, parse_gpus
 from launch.export import validate_recipe
 from launch.harness.spec import HarnessEnv, build_spec, slice_model
+from specs import Workload, load_model, parse_gpus
+from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 from tuner.cli import app
 from tuner.verify import correctness_block, local_backend_factory, parse_layout_spec, plan_verify, run_verify
