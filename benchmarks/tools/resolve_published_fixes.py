@@ -235,6 +235,14 @@ def main() -> None:
     w.writeheader()
     for r in rows:
         out = manual(r) or resolve(r, presets_by_tag)
+        if out and re.search(r"Megatron-FSDP=\d+", r["other_notes"]) and str(out["use_megatron_fsdp"]) != "True":
+            # the published table's FSDP column says FSDP; the preset does not set it (or no preset matched)
+            out["use_megatron_fsdp"] = "True (table FSDP column; not in the preset)"
+            if out["use_precision_aware_optimizer"] is True and r["precision"].upper().startswith("BF16"):
+                out["use_precision_aware_optimizer"] = "True (set_post_overrides runs after the FSDP override)"
+            if not out["preset"] and "LLAMA3_70B" in r["model"].upper() and r["tp"] == "1" and r["pp"] == "1":
+                # same layout as the v0.2.0 GB200/GB300 FP8-CS presets except GBS (table 256, preset 128)
+                out["cpu_offloading_num_layers"] = "40 (inferred: v0.2.0 preset of this GPU, GBS differs)" if r["gpu_type"] == "GB200" else "20 (inferred: v0.2.0 preset of this GPU, GBS differs)"
         if out:
             w.writerow(out)
         else:
