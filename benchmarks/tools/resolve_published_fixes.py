@@ -159,6 +159,8 @@ def resolve(r: dict, presets_by_tag: dict[str, list[dict]]) -> dict | None:
         gran, mods = "selective", str(p["recompute_modules"])
         if p["recompute_modules"] == []:
             gran, mods = "selective (empty list)", "[]"
+    if not gran and not family_only:
+        gran = "none"
     cg_impl = p.get("cuda_graph_impl") or "none"
     cg_scope = p.get("cuda_graph_scope")
     cg_scope = "" if cg_impl == "none" or cg_scope is None else str(cg_scope)
