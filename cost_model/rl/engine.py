@@ -283,6 +283,11 @@ def _require_aiconfigurator() -> Any:
         ) from None
 
 
+#: Generation runs in BF16 (NeMo-RL's and slime's default ``precision: bfloat16``); aiconfigurator is told
+#: so explicitly, else it takes the checkpoint's own quantisation (FP8 blocks for DeepSeek-V3).
+_BF16 = "bfloat16"
+
+
 @lru_cache(maxsize=64)
 def _handle(model_id: str, system: str, backend: str, shape: EngineShape) -> Any:
     mod = _require_aiconfigurator()
@@ -297,6 +302,10 @@ def _handle(model_id: str, system: str, backend: str, shape: EngineShape) -> Any
             attention_dp_size=shape.attention_dp,
             moe_tp_size=shape.moe_tp,
             moe_ep_size=shape.ep,
+            gemm_quant_mode=_BF16,
+            moe_quant_mode=_BF16,
+            kvcache_quant_mode=_BF16,
+            fmha_quant_mode=_BF16,
         )
     except Exception as e:  # aiconfigurator raises its own error types (and ValueError / KeyError) for unsupported cases
         raise TunerError(f"aiconfigurator {AIC_VERSION} cannot build a {backend} engine of {model_id} on {system} at {shape.label}: {e}") from None
@@ -328,18 +337,30 @@ def aiconfigurator_latency_table(model: str, gpu: str, engine: Engine, shape: En
         if hit is not None:
             return hit
     system = aic_system_name(gpu, engine)
-    h = _handle(model_id, system, str(engine), shape)
     ctx = _ctx_grid(max_ctx)
     seqs = np.asarray(SEQ_GRID, dtype=float)
     pt = np.asarray(PREFILL_GRID, dtype=float)
-    try:
-        dec = np.array([[h.decode_step_latency(int(n), int(c), 2) for c in ctx] for n in seqs], dtype=float) / 1e3
-        pre = np.array([h.predict_prefill_latency(1, int(t)) for t in pt], dtype=float) / 1e3
-    except Exception as e:  # aiconfigurator's PerfDataNotAvailableError and kin: no measured data for this shape
-        raise TunerError(f"aiconfigurator {AIC_VERSION} has no {engine} data for {model_id} on {system} at {shape.label}: {str(e)[:200]}") from None
+    source = ""
+    # Experts tensor-parallel over the engine (ep < tp x dp) lack MoE tables for many models in 0.12.0;
+    # the same experts spread by EP over the same GPUs is the stand-in (equal expert bytes per GPU).
+    tries = [shape] if shape.ep == shape.tp * shape.attention_dp else [shape, EngineShape(tp=shape.tp, pp=shape.pp, ep=shape.tp * shape.attention_dp, attention_dp=shape.attention_dp)]
+    first_error = ""
+    for s in tries:
+        try:
+            h = _handle(model_id, system, str(engine), s)
+            dec = np.array([[h.decode_step_latency(int(n), int(c), 2) for c in ctx] for n in seqs], dtype=float) / 1e3
+            pre = np.array([h.predict_prefill_latency(1, int(t)) for t in pt], dtype=float) / 1e3
+            source = "" if s == shape else f" (MoE timed at {s.label}: no expert-TP data)"
+            break
+        except TunerError as e:
+            first_error = first_error or str(e)
+        except Exception as e:  # aiconfigurator's PerfDataNotAvailableError and kin: no measured data for this shape
+            first_error = first_error or str(e)[:200]
+    else:
+        raise TunerError(f"aiconfigurator {AIC_VERSION} has no bf16 {engine} data for {model_id} on {system} at {shape.label}: {first_error}")
     if not (np.all(np.isfinite(dec)) and np.all(dec > 0) and np.all(np.isfinite(pre))):
         raise TunerError(f"aiconfigurator {AIC_VERSION} returned no latency for {model_id} on {system} {engine} at {shape.label}")
-    table = LatencyTable(seqs, ctx, dec, pt, pre, shape.attention_dp, f"aiconfigurator {AIC_VERSION} {system} {engine} {model_id} {shape.label}")
+    table = LatencyTable(seqs, ctx, dec, pt, pre, shape.attention_dp, f"aiconfigurator {AIC_VERSION} {system} {engine} {model_id} {shape.label}{source}")
     if use_cache:
         _write_cached(path, table)
     return table
