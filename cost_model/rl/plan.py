@@ -23,11 +23,12 @@ import numpy.typing as npt
 
 from cost_model.rl.calibration import DEFAULT_RL_CALIBRATION, RLCalibration
 from cost_model.rl.engine import Engine, EngineShape, LatencyTable, aiconfigurator_latency_table
+from cost_model.rl.layouts import TrainerLayout
 from cost_model.rl.lengths import LengthDistribution
 from cost_model.rl.refit import refit_s, switch_s
 from cost_model.rl.simulator import RolloutRun, simulate_rollout
 from cost_model.rl.step import StepParts, compose_step
-from cost_model.rl.trainer import TrainerBackend, TrainerPlan, best_trainer, rl_workload
+from cost_model.rl.trainer import TrainerBackend, TrainerPlan, best_trainer, rl_workload, trainer_for_layout
 from specs import GIB, Cluster, ModelSpec
 from specs.errors import TunerError
 
@@ -418,11 +419,13 @@ def enumerate_plans(
     gpu_memory_utilization: Iterable[float] | None = None,
     max_num_seqs: Iterable[int] = (256, 1024),
     enforce_eager: Iterable[bool] = (False, True),
+    trainer_layout: TrainerLayout | None = None,
 ) -> PlanSet:
     """Every plan that fits, ranked by predicted step time.
 
     Splits are at node granularity (both sides at least one node). ``async_steps`` = K evaluates
-    every non-colocated split at each depth 0..K. Constraints narrow the search (None = all).
+    every non-colocated split at each depth 0..K. Constraints narrow the search (None = all);
+    ``trainer_layout`` fixes the trainer's layout (and backend) on every split instead of searching it.
 
     Raises:
         TunerError: constraints that leave no plan to evaluate (the reasons counted), rollout GPUs
@@ -439,6 +442,16 @@ def enumerate_plans(
         key = (n, backend)
         if key not in trainers:
             sub = Cluster(gpu=cl.gpu, num_gpus=n, gpus_per_node=min(per, n), inter_node_bytes_per_s=cl.inter_node_bytes_per_s, usd_per_gpu_hour=cl.usd_per_gpu_hour)
+            if trainer_layout is not None:
+                t = trainer_layout
+                try:
+                    trainers[key] = trainer_for_layout(
+                        job.model, sub, workload, t.backend, tp=t.tp, cp=t.cp, ep=t.ep, pp=t.pp, vpp=t.vpp,
+                        optimizer_steps=job.optimizer_steps, logprob_passes=job.logprob_passes,
+                    )
+                except TunerError:
+                    trainers[key] = None
+                return trainers[key]
             best = best_trainer(
                 job.model, sub, workload, backend, optimizer_steps=job.optimizer_steps, logprob_passes=job.logprob_passes, top=1
             )
@@ -465,6 +478,8 @@ def enumerate_plans(
     considered = 0
     plans: list[RLPlan] = []
     utils_default = {True: (0.6, 0.8), False: (0.8, 0.9)}
+    if trainer_layout is not None:
+        backends = (trainer_layout.backend,)
     for is_coloc, r_gpus in splits:
         t_gpus = cl.num_gpus if is_coloc else cl.num_gpus - r_gpus
         for backend in backends:

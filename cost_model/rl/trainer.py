@@ -213,7 +213,7 @@ def _plans(
                 optimizer_bytes=float(est.memory["optimizer"][i]),
                 weights_bytes=float(est.memory["weights"][i]),
                 in_validated_scope=scope,
-                note="" if scope else f"outside NeMo-RL's validated AutoModel scope for {model.name} (CP/EP {validated})",
+                note="" if scope else f"outside AutoModel's validated scope (CP/EP {'/'.join(f'{c}/{e}' for c, e in validated)})",
             )
         )
     return out
