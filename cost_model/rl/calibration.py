@@ -62,9 +62,9 @@ class RLCalibration:
             v = getattr(self, f.name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise TunerError(f"RL calibration {f.name} must be a non-negative number, got {v!r}")
-        for f in ("generation_scale", "training_scale", "logprob_scale", "refit_ipc_bytes_per_s", "refit_nccl_bytes_per_s", "eager_slowdown", "host_link_efficiency"):
-            if getattr(self, f) <= 0:
-                raise TunerError(f"RL calibration {f} must be positive, got {getattr(self, f)!r}")
+        for name in ("generation_scale", "training_scale", "logprob_scale", "refit_ipc_bytes_per_s", "refit_nccl_bytes_per_s", "eager_slowdown", "host_link_efficiency"):
+            if getattr(self, name) <= 0:
+                raise TunerError(f"RL calibration {name} must be positive, got {getattr(self, name)!r}")
 
     def replace(self, **changes: Any) -> RLCalibration:
         return dataclasses.replace(self, **changes)
@@ -92,7 +92,8 @@ def load_rl_calibration(path: str | Path) -> RLCalibration:
     if unknown:
         raise TunerError(f"--calibration {str(p)!r}: unknown keys {unknown}; accepted: {', '.join(sorted(names))}")
     try:
-        return RLCalibration(**{k: (str(v) if k == "source" else float(v)) for k, v in data.items()})
+        values: dict[str, Any] = {k: (str(v) if k == "source" else float(v)) for k, v in data.items()}
+        return RLCalibration(**values)
     except (TypeError, ValueError) as e:
         raise TunerError(f"--calibration {str(p)!r}: {e}") from None
 
