@@ -70,7 +70,7 @@ def test_bad_input_is_one_red_line_exit_2(extra, needle):
 
 def test_unknown_model_names_what_is_known():
     r = CliRunner().invoke(app, ["rl", "--model", "Nope-1B", "--gpus", "2x8xH100"])
-    assert r.exit_code == 2 and "known models" in r.stderr
+    assert r.exit_code == 2 and "Known presets" in r.stderr and "Qwen3-32B" in r.stderr
 
 
 def test_validate_reports_rows_and_names_bad_ones(tmp_path):
