@@ -72,7 +72,7 @@ class Exporter(abc.ABC):
         """
 
     def write(self, context: ExportContext, path: Path) -> Path:
-        """Render ``context`` and write it to ``path`` (parents created; mode 0o755 when :attr:`executable`).
+        """Render ``context`` and :meth:`save` it to ``path``.
 
         Returns:
             ``path``.
@@ -81,7 +81,17 @@ class Exporter(abc.ABC):
             TunerError: as :meth:`render` (nothing is written then).
             OSError: the file cannot be written.
         """
-        text = self.render(context)
+        return self.save(self.render(context), path)
+
+    def save(self, text: str, path: Path) -> Path:
+        """Write rendered ``text`` to ``path`` (parents created; mode 0o755 when :attr:`executable`).
+
+        Returns:
+            ``path``.
+
+        Raises:
+            OSError: the file cannot be written.
+        """
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         if self.executable:
