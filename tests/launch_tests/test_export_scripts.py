@@ -198,3 +198,14 @@ def test_megatron_args_sh_executed_prints_its_arguments_and_sourced_keeps_shell_
     lines = p.stdout.splitlines()
     assert lines[0].startswith("flags=") and not set("eu") & set(lines[0].removeprefix("flags="))
     assert lines[1:] == ["pipefail-off", f"n={len(megatron_args(model, cluster, W, lay))}"]
+
+
+def test_the_recipe_run_block_is_run_slime_sh_without_its_frame(model, cluster):
+    import yaml
+
+    ctx = ExportContext(model=model, cluster=cluster, workload=W, layout=LAYOUTS["seed"])
+    script = get_exporter("slime").render(ctx)
+    run = yaml.safe_load(get_exporter("recipe").render(ctx))["run"]
+    head, body = script.split("\n", 3)[:3], script.split("\n", 3)[3]
+    assert head == ["#!/usr/bin/env bash", "# run_slime.sh, exported by megatron-layout-tuner: run it as it is (./run_slime.sh).", "set -euo pipefail"]
+    assert body == run and "set -e" not in run  # pasting `run` into a shell does not turn on errexit there
