@@ -1,0 +1,384 @@
+"""Per-iteration latency of one generation engine, and the aiconfigurator adapter that provides it.
+
+The rollout simulator (:mod:`cost_model.rl.simulator`) asks two questions of an engine:
+how long one decode iteration of ``n`` running sequences at mean context ``c`` tokens
+takes, and how long the prefill of ``t`` prompt tokens takes. :class:`LatencyTable`
+answers both by interpolating a grid of per-iteration latencies; the grid comes from
+aiconfigurator's compiled ``EngineHandle`` (NVIDIA, Apache-2.0; the optional ``rl`` extra,
+``aiconfigurator==0.12.0``), which predicts each iteration from per-operation performance
+tables measured on the target GPU for the target serving framework (vLLM 0.24, SGLang
+0.5.14/0.5.16). Tests and users without the extra can build a table from any latency
+function (:meth:`LatencyTable.from_functions`).
+
+Caching: a compiled handle per (model, system, backend, shape) stays in memory for the
+process; the latency grid of each shape is written as ``.npz`` under
+``$XDG_CACHE_HOME/megatron-layout-tuner/rl/`` (default ``~/.cache``; override with
+``MLT_CACHE_DIR``), so a second run needs neither the import nor the database load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from specs.errors import TunerError
+
+__all__ = [
+    "AIC_VERSION",
+    "Engine",
+    "EngineShape",
+    "LatencyTable",
+    "aic_model_name",
+    "aic_system_name",
+    "aiconfigurator_latency_table",
+    "cache_dir",
+]
+
+#: The aiconfigurator release this adapter is written against (``pyproject.toml`` extra ``rl``).
+#: Pinned on purpose: 0.12.0's CLI announces that 0.13 renames the distribution to ``aisimulate``.
+AIC_VERSION = "0.12.0"
+
+_FLOAT = npt.NDArray[np.float64]
+
+
+class Engine(str, Enum):
+    """Serving framework of the rollout engines."""
+
+    vllm = "vllm"
+    sglang = "sglang"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EngineShape:
+    """The parallel shape of one generation engine (one vLLM / SGLang server instance).
+
+    GPUs per engine = ``tp * pp * attention_dp``. MoE experts are sharded over
+    ``ep`` ranks (vLLM's ``enable_expert_parallel``: EP = TP x DP; SGLang ``--ep-size``),
+    the rest of an expert's weight over ``tp * attention_dp / ep`` (expert TP).
+    """
+
+    tp: int = 1
+    """``tensor_parallel_size`` / ``--tp-size``."""
+    pp: int = 1
+    """``pipeline_parallel_size``."""
+    ep: int = 1
+    """``expert_parallel_size`` / ``--ep-size``; 1 = experts tensor-parallel."""
+    attention_dp: int = 1
+    """Attention data parallel ranks inside the engine (vLLM ``data_parallel_size`` with EP,
+    SGLang ``--enable-dp-attention --dp-size``); each rank holds its own sequences."""
+
+    def __post_init__(self) -> None:
+        for f in ("tp", "pp", "ep", "attention_dp"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v < 1:
+                raise TunerError(f"engine {f} must be a positive integer, got {v!r}")
+        if (self.tp * self.attention_dp) % self.ep:
+            raise TunerError(
+                f"engine ep={self.ep} must divide tp x attention_dp = {self.tp * self.attention_dp} "
+                "(experts are sharded over the engine's tensor and attention-data ranks)"
+            )
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.attention_dp
+
+    @property
+    def moe_tp(self) -> int:
+        """Tensor-parallel degree inside one expert: ``tp * attention_dp / ep`` (aiconfigurator's ``moe_tp_size``)."""
+        return self.tp * self.attention_dp // self.ep
+
+    @property
+    def label(self) -> str:
+        s = f"tp={self.tp},ep={self.ep},pp={self.pp}"
+        return s + (f",dp={self.attention_dp}" if self.attention_dp > 1 else "")
+
+
+# --------------------------------------------------------------------------- latency table
+
+
+#: Grids of the latency tables: running sequences per engine (per attention-DP rank) and
+#: mean context length (tokens). Between grid points the latency is interpolated linearly
+#: (decode cost is close to linear in both: weights are read once per iteration, KV bytes
+#: grow with n x c).
+SEQ_GRID = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+CTX_GRID = (64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+PREFILL_GRID = (64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyTable:
+    """Per-iteration latency of one engine on grids (seconds).
+
+    ``decode`` has shape ``(len(seqs), len(ctx))``: one decode iteration of ``seqs[i]``
+    sequences per attention-DP rank at mean context ``ctx[j]`` tokens. ``prefill`` has
+    shape ``(len(prefill_tokens),)``: the prefill of that many prompt tokens in one
+    iteration. ``attention_dp`` ranks split the running sequences.
+    """
+
+    seqs: _FLOAT
+    ctx: _FLOAT
+    decode: _FLOAT
+    prefill_tokens: _FLOAT
+    prefill: _FLOAT
+    attention_dp: int = 1
+    source: str = ""
+
+    def decode_s(self, num_seqs: float, ctx_len: float) -> float:
+        """One decode iteration of ``num_seqs`` running sequences (whole engine) at mean context ``ctx_len`` (s).
+
+        Bilinear interpolation on the grid; linear extrapolation in ``num_seqs`` past the
+        last grid point (memory-bound decode grows linearly there), clamped in ``ctx_len``.
+        """
+        n = max(float(num_seqs) / self.attention_dp, 1.0)
+        c = min(max(float(ctx_len), float(self.ctx[0])), float(self.ctx[-1]))
+        j = int(np.searchsorted(self.ctx, c).clip(1, len(self.ctx) - 1))
+        wc = (c - self.ctx[j - 1]) / (self.ctx[j] - self.ctx[j - 1])
+        col = self.decode[:, j - 1] * (1 - wc) + self.decode[:, j] * wc
+        if n <= self.seqs[-1]:
+            return float(np.interp(n, self.seqs, col))
+        slope = (col[-1] - col[-2]) / (self.seqs[-1] - self.seqs[-2])
+        return float(col[-1] + slope * (n - self.seqs[-1]))
+
+    def prefill_s(self, tokens: float) -> float:
+        """Prefill of ``tokens`` prompt tokens spread over the engine's attention-DP ranks (s); 0 for none."""
+        if tokens <= 0:
+            return 0.0
+        t = float(tokens) / self.attention_dp
+        x = self.prefill_tokens
+        if t <= x[-1]:
+            return float(np.interp(t, np.concatenate(([0.0], x)), np.concatenate(([0.0], self.prefill))))
+        return float(self.prefill[-1] * t / x[-1])
+
+    @classmethod
+    def from_functions(
+        cls,
+        decode: Callable[[int, int], float],
+        prefill: Callable[[int], float],
+        *,
+        max_ctx: int = CTX_GRID[-1],
+        attention_dp: int = 1,
+        source: str = "functions",
+    ) -> LatencyTable:
+        """A table sampled from ``decode(num_seqs, ctx_len) -> s`` and ``prefill(tokens) -> s`` on the grids."""
+        ctx = _ctx_grid(max_ctx)
+        seqs = np.asarray(SEQ_GRID, dtype=float)
+        dec = np.array([[decode(int(n), int(c)) for c in ctx] for n in seqs], dtype=float)
+        pt = np.asarray(PREFILL_GRID, dtype=float)
+        pre = np.array([prefill(int(t)) for t in pt], dtype=float)
+        return cls(seqs, ctx, dec, pt, pre, attention_dp, source)
+
+    def scaled(self, factor: float) -> LatencyTable:
+        """Every latency times ``factor`` (a per-cluster calibration or the eager-mode penalty)."""
+        return LatencyTable(self.seqs, self.ctx, self.decode * factor, self.prefill_tokens, self.prefill * factor, self.attention_dp, self.source)
+
+
+def _ctx_grid(max_ctx: int) -> _FLOAT:
+    g = [c for c in CTX_GRID if c < max_ctx]
+    return np.asarray([*g, max(max_ctx, 2 * g[-1] if g else 128)], dtype=float) if g else np.asarray([32.0, float(max(max_ctx, 64))])
+
+
+# --------------------------------------------------------------------------- aiconfigurator adapter
+
+#: Our model preset -> the Hugging Face id aiconfigurator 0.12.0 bundles a config for
+#: (``aiconfigurator_core/model_configs/``). Models not listed are refused with this list.
+AIC_MODELS: dict[str, str] = {
+    "MiniMax-M3": "MiniMaxAI/MiniMax-M3",
+    "MiniMax-M2": "MiniMaxAI/MiniMax-M2.5",
+    "Qwen3-235B-A22B": "Qwen/Qwen3-235B-A22B",
+    "Qwen3-30B-A3B": "Qwen/Qwen3-30B-A3B",
+    "Qwen3-32B": "Qwen/Qwen3-32B",
+    "DeepSeek-V3": "deepseek-ai/DeepSeek-V3",
+    "Kimi-K2": "moonshotai/Kimi-K2-Instruct",
+    "Llama-3.1-8B": "meta-llama/Meta-Llama-3.1-8B",
+    "Llama-3.1-70B": "meta-llama/Meta-Llama-3.1-70B",
+    "Llama-3.1-405B": "meta-llama/Meta-Llama-3.1-405B",
+    "Mixtral-8x7B": "mistralai/Mixtral-8x7B-v0.1",
+    "Mixtral-8x22B": "mistralai/Mixtral-8x22B-v0.1",
+}
+
+#: Our GPU name -> aiconfigurator's system name (``aiconfigurator_core/systems/*.yaml``).
+AIC_SYSTEMS: dict[str, str] = {
+    "H100": "h100_sxm",
+    "H200": "h200_sxm",
+    "B200": "b200_sxm",
+    "B300": "b300_sxm",
+    "GB200": "gb200",
+    "GB300": "gb300",
+    "A100": "a100_sxm",
+}
+
+
+def aic_model_name(model: str) -> str:
+    """aiconfigurator's model id for our preset ``model``.
+
+    Raises:
+        TunerError: a model aiconfigurator has no configuration for (the supported ones listed).
+    """
+    for k, v in AIC_MODELS.items():
+        if k.lower() == model.lower():
+            return v
+    raise TunerError(f"--model {model!r}: aiconfigurator {AIC_VERSION} has no engine data for it; supported: {', '.join(AIC_MODELS)}")
+
+
+def aic_system_name(gpu: str, engine: Engine) -> str:
+    """aiconfigurator's system for our GPU name, checked to have data for ``engine``.
+
+    Raises:
+        TunerError: a GPU without aiconfigurator data for that engine (the supported ones listed).
+    """
+    system = AIC_SYSTEMS.get(gpu.upper() if gpu.upper() in AIC_SYSTEMS else gpu)
+    supported = _systems_with_data(engine)
+    if system is None or (supported is not None and system not in supported):
+        have = sorted(k for k, v in AIC_SYSTEMS.items() if supported is None or v in supported)
+        raise TunerError(f"--gpus {gpu}: aiconfigurator {AIC_VERSION} has no {engine} data for it; GPUs with {engine} data: {', '.join(have)}")
+    return system
+
+
+def _systems_with_data(engine: Engine) -> set[str] | None:
+    """aiconfigurator systems with GEMM tables for ``engine``; None when aiconfigurator is not installed."""
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or spec.origin is None:
+        return None
+    data = Path(spec.origin).parent / "systems" / "data"
+    return {d.name for d in data.iterdir() if (d / "gemm" / str(engine)).is_dir()} if data.is_dir() else None
+
+
+def cache_dir() -> Path:
+    """Where latency tables are cached (``MLT_CACHE_DIR``, else ``$XDG_CACHE_HOME`` or ``~/.cache``, plus ``megatron-layout-tuner/rl``)."""
+    env = os.environ.get("MLT_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "megatron-layout-tuner" / "rl"
+
+
+def _require_aiconfigurator() -> Any:
+    """Import aiconfigurator's engine module.
+
+    Raises:
+        TunerError: aiconfigurator is not installed (names the ``rl`` extra).
+    """
+    try:
+        return importlib.import_module("aiconfigurator_core.sdk.engine")
+    except ImportError:
+        raise TunerError(
+            "tune rl needs aiconfigurator for the engines' per-iteration latency: "
+            f"pip install 'megatron-layout-tuner[rl]' (aiconfigurator=={AIC_VERSION})"
+        ) from None
+
+
+#: Generation runs in BF16 (NeMo-RL's and slime's default ``precision: bfloat16``); aiconfigurator is told
+#: so explicitly, else it takes the checkpoint's own quantisation (FP8 blocks for DeepSeek-V3).
+_BF16 = "bfloat16"
+
+
+@lru_cache(maxsize=64)
+def _handle(model_id: str, system: str, backend: str, shape: EngineShape) -> Any:
+    mod = _require_aiconfigurator()
+    logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
+    try:
+        return mod.EngineHandle.compile(
+            model_id,
+            system,
+            backend,
+            tp_size=shape.tp,
+            pp_size=shape.pp,
+            attention_dp_size=shape.attention_dp,
+            moe_tp_size=shape.moe_tp,
+            moe_ep_size=shape.ep,
+            gemm_quant_mode=_BF16,
+            moe_quant_mode=_BF16,
+            kvcache_quant_mode=_BF16,
+            fmha_quant_mode=_BF16,
+        )
+    except Exception as e:  # aiconfigurator raises its own error types (and ValueError / KeyError) for unsupported cases
+        raise TunerError(f"aiconfigurator {AIC_VERSION} cannot build a {backend} engine of {model_id} on {system} at {shape.label}: {e}") from None
+
+
+def aiconfigurator_latency_table(model: str, gpu: str, engine: Engine, shape: EngineShape, *, max_ctx: int, use_cache: bool = True) -> LatencyTable:
+    """The latency grid of one engine shape from aiconfigurator (cached on disk and in memory).
+
+    Decode: ``EngineHandle.decode_step_latency(n, c, 2)`` (ms; its ``isl + osl/2`` is the
+    mean KV length, so ``isl = c``); prefill: ``predict_prefill_latency(1, t)`` (ms).
+
+    Args:
+        model: our model preset name (``MiniMax-M3``).
+        gpu: our GPU name (``H200``).
+        engine: vLLM or SGLang.
+        shape: the engine's parallel shape.
+        max_ctx: longest context the engine serves (tokens): prompt + response.
+        use_cache: read and write the on-disk cache.
+
+    Raises:
+        TunerError: an unsupported model or GPU (the supported ones named), aiconfigurator
+            not installed (the ``rl`` extra named), or a shape it cannot build.
+    """
+    model_id = aic_model_name(model)
+    key = json.dumps([AIC_VERSION, model_id, gpu, str(engine), shape.tp, shape.pp, shape.ep, shape.attention_dp, max_ctx])
+    path = cache_dir() / f"aic-{hashlib.sha256(key.encode()).hexdigest()[:20]}.npz"
+    if use_cache:
+        hit = _read_cached(path)
+        if hit is not None:
+            return hit
+    system = aic_system_name(gpu, engine)
+    ctx = _ctx_grid(max_ctx)
+    seqs = np.asarray(SEQ_GRID, dtype=float)
+    pt = np.asarray(PREFILL_GRID, dtype=float)
+    source = ""
+    # Experts tensor-parallel over the engine (ep < tp x dp) lack MoE tables for many models in 0.12.0;
+    # the same experts spread by EP over the same GPUs is the stand-in (equal expert bytes per GPU).
+    tries = [shape] if shape.ep == shape.tp * shape.attention_dp else [shape, EngineShape(tp=shape.tp, pp=shape.pp, ep=shape.tp * shape.attention_dp, attention_dp=shape.attention_dp)]
+    first_error = ""
+    for s in tries:
+        try:
+            h = _handle(model_id, system, str(engine), s)
+            dec = np.array([[h.decode_step_latency(int(n), int(c), 2) for c in ctx] for n in seqs], dtype=float) / 1e3
+            pre = np.array([h.predict_prefill_latency(1, int(t)) for t in pt], dtype=float) / 1e3
+            source = "" if s == shape else f" (MoE timed at {s.label}: no expert-TP data)"
+            break
+        except TunerError as e:
+            first_error = first_error or str(e)
+        except Exception as e:  # aiconfigurator's PerfDataNotAvailableError and kin: no measured data for this shape
+            first_error = first_error or str(e)[:200]
+    else:
+        raise TunerError(f"aiconfigurator {AIC_VERSION} has no bf16 {engine} data for {model_id} on {system} at {shape.label}: {first_error}")
+    if not (np.all(np.isfinite(dec)) and np.all(dec > 0) and np.all(np.isfinite(pre))):
+        raise TunerError(f"aiconfigurator {AIC_VERSION} returned no latency for {model_id} on {system} {engine} at {shape.label}")
+    table = LatencyTable(seqs, ctx, dec, pt, pre, shape.attention_dp, f"aiconfigurator {AIC_VERSION} {system} {engine} {model_id} {shape.label}{source}")
+    if use_cache:
+        _write_cached(path, table)
+    return table
+
+
+def _read_cached(path: Path) -> LatencyTable | None:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return LatencyTable(z["seqs"], z["ctx"], z["decode"], z["prefill_tokens"], z["prefill"], int(z["attention_dp"]), str(z["source"]))
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def _write_cached(path: Path, t: LatencyTable) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
+        np.savez(tmp, seqs=t.seqs, ctx=t.ctx, decode=t.decode, prefill_tokens=t.prefill_tokens, prefill=t.prefill, attention_dp=t.attention_dp, source=t.source)
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home: the table is recomputed next time

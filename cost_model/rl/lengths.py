@@ -1,0 +1,189 @@
+"""Response-length distributions of a rollout: from a mean and a maximum, or from a histogram file.
+
+A rollout's generation time is set by its longest responses (the tail), not by the mean:
+every engine runs until its last sequence ends. A distribution here is a sorted array of
+support points (tokens) with probabilities; :meth:`LengthDistribution.draw` gives n
+lengths at the quantiles ``(i + 0.5) / n`` (stratified, deterministic), shuffled with a
+fixed seed, so one prediction is repeatable and its tail is the distribution's.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+from scipy import special
+
+from specs.errors import TunerError
+
+__all__ = ["DEFAULT_GAMMA_SHAPE", "LengthDistribution"]
+
+#: Shape k of the gamma body of a response-length distribution given only its mean and
+#: maximum. k = 2 gives a coefficient of variation of 1/sqrt(2) = 0.71 before truncation,
+#: the spread of GRPO math responses (DAPO, arXiv 2503.14476, Fig. 7's response-length
+#: curves: mean ~0.5 of the cap with a long right tail reaching it). An assumption, not a
+#: fit; give ``--response-lengths FILE`` with a histogram from a previous run to replace it.
+DEFAULT_GAMMA_SHAPE = 2.0
+
+#: Support points used to discretise a parametric distribution.
+_GRID = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class LengthDistribution:
+    """A discrete distribution of response lengths (tokens).
+
+    ``lengths`` (shape ``(m,)``, sorted, integers >= 1) and ``probs`` (shape ``(m,)``,
+    summing to 1).
+    """
+
+    lengths: npt.NDArray[np.int64]
+    probs: npt.NDArray[np.float64]
+    source: str
+    """Where it came from, for reports (``"gamma(k=2) with mean 3,072, max 6,144"`` or the file)."""
+
+    @property
+    def mean(self) -> float:
+        """Expected length (tokens)."""
+        return float(np.dot(self.lengths, self.probs))
+
+    @property
+    def max(self) -> int:
+        """Longest length with non-zero probability (tokens)."""
+        return int(self.lengths[self.probs > 0].max())
+
+    @property
+    def truncated_fraction(self) -> float:
+        """Probability of the longest length (the share of responses cut at the cap)."""
+        return float(self.probs[self.lengths == self.max].sum())
+
+    def draw(self, n: int, *, seed: int = 0) -> npt.NDArray[np.int64]:
+        """``n`` lengths at the quantiles ``(i + 0.5) / n``, shuffled with ``seed``.
+
+        Returns:
+            Shape ``(n,)`` int64 array of tokens.
+        """
+        if n <= 0:
+            return np.zeros(0, dtype=np.int64)
+        cdf = np.cumsum(self.probs)
+        cdf[-1] = 1.0
+        u = (np.arange(n) + 0.5) / n
+        out = self.lengths[np.searchsorted(cdf, u, side="left").clip(0, len(self.lengths) - 1)]
+        rng = np.random.default_rng(seed)
+        return np.asarray(rng.permutation(out), dtype=np.int64)
+
+    def capped(self, max_len: int) -> LengthDistribution:
+        """The same distribution with every length above ``max_len`` cut to ``max_len``."""
+        lengths = np.minimum(self.lengths, max_len)
+        uniq, inv = np.unique(lengths, return_inverse=True)
+        probs = np.bincount(inv, weights=self.probs, minlength=len(uniq))
+        return LengthDistribution(uniq.astype(np.int64), probs / probs.sum(), f"{self.source}, capped at {max_len:,}")
+
+    # ------------------------------------------------------------------ constructors
+
+    @classmethod
+    def from_mean_max(cls, mean: float, max_len: int, *, shape: float = DEFAULT_GAMMA_SHAPE) -> LengthDistribution:
+        """A gamma(``shape``) body truncated at ``max_len``, scaled so the truncated mean is ``mean``.
+
+        Truncation puts the gamma's mass above ``max_len`` on ``max_len`` itself (responses
+        cut at ``max_new_tokens``). The scale theta solves
+        ``E[min(X, L)] = k theta P(k+1, L/theta) + L (1 - P(k, L/theta)) = mean``
+        (P the regularised lower incomplete gamma function), found by bisection.
+
+        Raises:
+            TunerError: ``max_len < 1`` or ``mean`` not in ``(0, max_len)``.
+        """
+        if max_len < 1:
+            raise TunerError(f"--response-len must be at least 1 token, got {max_len}")
+        if not (0 < mean < max_len):
+            raise TunerError(f"--mean-response-len {mean:g} must be above 0 and below --response-len {max_len:,}")
+
+        def truncated_mean(theta: float) -> float:
+            x = max_len / theta
+            return float(shape * theta * special.gammainc(shape + 1, x) + max_len * special.gammaincc(shape, x))
+
+        lo, hi = 1e-6, 1e3 * max_len
+        for _ in range(200):
+            mid = math.sqrt(lo * hi)
+            if truncated_mean(mid) < mean:
+                lo = mid
+            else:
+                hi = mid
+        theta = math.sqrt(lo * hi)
+        u = (np.arange(_GRID) + 0.5) / _GRID
+        x = np.minimum(np.ceil(special.gammaincinv(shape, u) * theta), max_len).clip(1, max_len).astype(np.int64)
+        uniq, counts = np.unique(x, return_counts=True)
+        return cls(uniq, counts / counts.sum(), f"gamma(k={shape:g}) with mean {mean:,.0f}, max {max_len:,} (assumed shape)")
+
+    @classmethod
+    def from_file(cls, path: str | Path, *, max_len: int | None = None) -> LengthDistribution:
+        """A histogram from a previous run.
+
+        Accepted formats: a CSV with a header naming a length column (``response_len``,
+        ``length`` or ``tokens``) and optionally a ``count`` column; a JSON list of lengths;
+        a JSON object ``{"lengths": [...], "counts": [...]}``; or plain text with one length
+        per line. Lengths above ``max_len`` are cut to it.
+
+        Raises:
+            TunerError: unreadable file, an unknown format, or a length that is not a
+                positive integer (row named).
+        """
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise TunerError(f"--response-lengths {str(p)!r}: cannot read it ({e})") from None
+        lengths: list[float] = []
+        counts: list[float] = []
+        stripped = text.lstrip()
+        where = f"--response-lengths {str(p)!r}"
+        if stripped.startswith("[") or stripped.startswith("{"):
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise TunerError(f"{where}: not valid JSON ({e})") from None
+            if isinstance(data, dict):
+                lengths = list(data.get("lengths", []))
+                counts = list(data.get("counts", [1] * len(lengths)))
+            elif isinstance(data, list):
+                lengths, counts = list(data), [1] * len(data)
+        elif stripped and "," in stripped.splitlines()[0]:
+            rows = list(csv.DictReader(stripped.splitlines()))
+            header = [h.strip().lower() for h in (rows[0].keys() if rows else [])]
+            lcol = next((h for h in ("response_len", "length", "tokens", "response_length") if h in header), None)
+            if lcol is None:
+                raise TunerError(f"{where}: the CSV header needs a length column (response_len, length or tokens); found {', '.join(header)}")
+            for i, r in enumerate(rows, start=2):
+                rr = {k.strip().lower(): (v or "").strip() for k, v in r.items()}
+                try:
+                    lengths.append(float(rr[lcol]))
+                    counts.append(float(rr.get("count") or 1))
+                except ValueError:
+                    raise TunerError(f"{where}: row {i}: {lcol}={rr[lcol]!r} / count={rr.get('count')!r} is not a number") from None
+        else:
+            for i, line in enumerate(text.splitlines(), start=1):
+                if line.strip():
+                    try:
+                        lengths.append(float(line.strip()))
+                    except ValueError:
+                        raise TunerError(f"{where}: line {i}: {line.strip()!r} is not a length (one integer per line)") from None
+                    counts.append(1.0)
+        if not lengths or len(lengths) != len(counts):
+            raise TunerError(f"{where}: no lengths found (a CSV response_len,count, a JSON list, or one length per line)")
+        arr = np.asarray(lengths, dtype=float)
+        cnt = np.asarray(counts, dtype=float)
+        if np.any(arr < 1) or np.any(arr != np.round(arr)) or np.any(cnt < 0) or cnt.sum() <= 0:
+            raise TunerError(f"{where}: lengths must be positive integers and counts non-negative")
+        dist = cls._from_counts(arr.astype(np.int64), cnt, f"histogram {p.name} ({int(cnt.sum()):,} responses)")
+        return dist.capped(max_len) if max_len is not None else dist
+
+    @classmethod
+    def _from_counts(cls, lengths: npt.NDArray[np.int64], counts: npt.NDArray[np.float64], source: str) -> LengthDistribution:
+        uniq, inv = np.unique(lengths, return_inverse=True)
+        w = np.bincount(inv, weights=counts, minlength=len(uniq))
+        return cls(uniq.astype(np.int64), w / w.sum(), source)

@@ -1,0 +1,533 @@
+"""RL plans: split the GPUs between trainer and engines, shape the engines, lay out the trainer, rank.
+
+A plan (:class:`PlanChoice`) fixes: colocated or not; the rollout GPUs (whole nodes) and
+the trainer GPUs; the engine shape (TP, EP, attention-DP, PP), ``gpu_memory_utilization``
+(the KV memory fraction), ``max_num_seqs`` and eager mode vs CUDA graphs; the trainer
+backend; the async depth K. :func:`evaluate` predicts its step time and parts;
+:func:`enumerate_plans` walks every plan that fits and ranks them.
+
+Generation is simulated (:mod:`cost_model.rl.simulator`) over the job's response-length
+distribution with each engine's per-iteration latency; training and log-probs come from
+the project's estimate (:mod:`cost_model.rl.trainer`); refit and switch from
+:mod:`cost_model.rl.refit`; they combine by :mod:`cost_model.rl.step`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+import numpy.typing as npt
+
+from cost_model.rl.calibration import DEFAULT_RL_CALIBRATION, RLCalibration
+from cost_model.rl.engine import Engine, EngineShape, LatencyTable, aiconfigurator_latency_table
+from cost_model.rl.layouts import TrainerLayout
+from cost_model.rl.lengths import LengthDistribution
+from cost_model.rl.refit import refit_s, switch_s
+from cost_model.rl.simulator import RolloutRun, simulate_rollout
+from cost_model.rl.step import StepParts, compose_step
+from cost_model.rl.trainer import TrainerBackend, TrainerPlan, best_trainer, rl_workload, trainer_for_layout
+from specs import GIB, Cluster, ModelSpec
+from specs.errors import TunerError
+
+__all__ = [
+    "Framework",
+    "LatencyProvider",
+    "PlanChoice",
+    "PlanSet",
+    "RLJob",
+    "RLPlan",
+    "default_latency",
+    "engine_shapes",
+    "engine_weight_bytes",
+    "enumerate_plans",
+    "evaluate",
+    "kv_capacity_tokens",
+    "kv_bytes_per_token",
+    "tokens_per_step",
+]
+
+
+class Framework(str, Enum):
+    """The RL framework the plan is exported for."""
+
+    nemo_rl = "nemo-rl"
+    slime = "slime"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: ``(job, shape) -> LatencyTable``: where engine latencies come from (aiconfigurator by default; tests pass functions).
+LatencyProvider = Callable[["RLJob", EngineShape], LatencyTable]
+
+#: Memory an engine keeps per GPU outside weights and KV cache (bytes): activations of one
+#: ``max_num_batched_tokens`` step and the CUDA / NCCL context. vLLM's profile run measures
+#: ~1.5-3 GiB for these (``vllm/v1/worker/gpu_worker.py``, ``determine_available_memory``).
+ENGINE_RESERVE_BYTES = 2.5 * GIB
+#: Extra memory for captured CUDA graphs per GPU (vLLM logs 0.5-2 GiB "Graph capturing finished").
+CUDA_GRAPH_BYTES = 1.5 * GIB
+#: vLLM's KV block size default (``CacheConfig.block_size``).
+BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RLJob:
+    """What an RL step does, on which cluster."""
+
+    model: ModelSpec
+    cluster: Cluster
+    framework: Framework = Framework.nemo_rl
+    engine: Engine = Engine.vllm
+    prompt_len: int
+    """Longest prompt (tokens)."""
+    response_len: int
+    """Longest response (tokens; ``max_new_tokens`` / ``--rollout-max-response-len``)."""
+    mean_prompt_len: float
+    responses: LengthDistribution
+    prompts_per_step: int
+    generations_per_prompt: int
+    train_global_batch_size: int = 0
+    """Sequences per optimizer step; 0 = every sequence of the step in one optimizer step."""
+    logprob_passes: int = 2
+    """Forward passes for log-probs per step: the policy's (importance ratio) + the reference's (KL)."""
+    max_seq_len: int = 0
+    """``max_total_sequence_length``; 0 = prompt_len + response_len."""
+
+    def __post_init__(self) -> None:
+        for f in ("prompt_len", "response_len", "prompts_per_step", "generations_per_prompt"):
+            if getattr(self, f) < 1:
+                raise TunerError(f"--{f.replace('_', '-')} must be at least 1, got {getattr(self, f)}")
+        if self.max_seq_len and self.response_len >= self.max_seq_len:
+            raise TunerError(
+                f"--response-len {self.response_len:,} is not shorter than --max-seq-len {self.max_seq_len:,}: "
+                "a response must leave room for its prompt (use a max sequence of at least response + prompt)"
+            )
+        if self.responses.max > self.response_len:
+            raise TunerError(f"the response lengths reach {self.responses.max:,} tokens, above --response-len {self.response_len:,}")
+        if self.train_global_batch_size and self.sequences % self.train_global_batch_size:
+            raise TunerError(f"--train-global-batch {self.train_global_batch_size} must divide prompts x generations = {self.sequences}")
+        if self.logprob_passes < 0:
+            raise TunerError(f"--logprob-passes must be 0 or more, got {self.logprob_passes}")
+
+    @property
+    def sequences(self) -> int:
+        return self.prompts_per_step * self.generations_per_prompt
+
+    @property
+    def max_total_len(self) -> int:
+        return self.max_seq_len or self.prompt_len + self.response_len
+
+    @property
+    def optimizer_steps(self) -> int:
+        return self.sequences // self.train_global_batch_size if self.train_global_batch_size else 1
+
+    @property
+    def train_sequences(self) -> int:
+        return self.train_global_batch_size or self.sequences
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanChoice:
+    """Every decision of one plan."""
+
+    colocated: bool
+    rollout_gpus: int
+    trainer_gpus: int
+    shape: EngineShape
+    gpu_memory_utilization: float
+    max_num_seqs: int
+    enforce_eager: bool
+    async_steps: int = 0
+    trainer_backend: TrainerBackend = TrainerBackend.megatron
+    engine: Engine = Engine.vllm
+
+    @property
+    def num_engines(self) -> int:
+        return self.rollout_gpus // self.shape.gpus
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RLPlan:
+    """A plan with its prediction."""
+
+    choice: PlanChoice
+    trainer: TrainerPlan
+    parts: StepParts
+    kv_capacity_tokens: int
+    preemptions: int
+    mean_running: float
+    notes: tuple[str, ...] = ()
+
+    @property
+    def step_time_s(self) -> float:
+        return self.parts.step_time_s
+
+    @property
+    def rollout_label(self) -> str:
+        """The engine layout as ``validate`` CSVs write it (``vllm:tp=16,ep=16,pp=1``)."""
+        return f"{self.choice.engine}:{self.choice.shape.label}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanSet:
+    """What :func:`enumerate_plans` found."""
+
+    plans: list[RLPlan]
+    """Every evaluated plan, fastest first."""
+    considered: int
+    rejected: dict[str, int] = field(default_factory=dict)
+    """Why candidates were set aside (reason -> count)."""
+
+    def front_by_rollout_gpus(self) -> list[RLPlan]:
+        """The fastest plan per rollout-GPU count (colocated plans at the full count, marked colocated)."""
+        best: dict[tuple[bool, int], RLPlan] = {}
+        for p in self.plans:
+            k = (p.choice.colocated, p.choice.rollout_gpus)
+            if k not in best or p.step_time_s < best[k].step_time_s:
+                best[k] = p
+        return sorted(best.values(), key=lambda p: (p.choice.colocated, p.choice.rollout_gpus))
+
+    def front_by_staleness(self) -> list[RLPlan]:
+        """The fastest plan per async depth K."""
+        best: dict[int, RLPlan] = {}
+        for p in self.plans:
+            k = p.choice.async_steps
+            if k not in best or p.step_time_s < best[k].step_time_s:
+                best[k] = p
+        return [best[k] for k in sorted(best)]
+
+
+# --------------------------------------------------------------------------- memory of an engine
+
+
+def _expert_params(model: ModelSpec) -> float:
+    if not model.is_moe:
+        return 0.0
+    return float(model.num_moe_layers * model.num_experts * 3 * model.hidden_size * model.moe_ffn_hidden_size)
+
+
+def engine_weight_bytes(model: ModelSpec, shape: EngineShape) -> float:
+    """Weight bytes per GPU of one engine in bf16.
+
+    Experts are sharded over all the engine's ``tp * attention_dp`` ranks (EP x expert-TP);
+    the other weights over ``tp * pp`` and replicated on each attention-DP rank.
+    """
+    experts = _expert_params(model)
+    dense = model.total_params() - experts
+    return 2.0 * (dense / (shape.tp * shape.pp) + experts / (shape.tp * shape.attention_dp * shape.pp))
+
+
+def kv_bytes_per_token(model: ModelSpec, shape: EngineShape) -> float:
+    """KV-cache bytes one token takes in one engine (all its GPUs; bf16).
+
+    GQA: ``2 (K and V) x layers x kv_channels x 2 bytes x max(query_groups, tp)``: the heads are
+    split over TP ranks, and replicated when TP exceeds them (vLLM ``get_num_kv_heads``). MLA
+    (DeepSeek): the compressed latent ``kv_lora_rank + qk_pos_emb_head_dim`` per layer, cached on
+    every TP rank (vLLM ``MLACommonImpl``).
+    """
+    if model.kv_lora_rank:
+        per_layer = (model.kv_lora_rank + model.qk_pos_emb_head_dim) * 2.0 * shape.tp
+    else:
+        per_layer = 2.0 * model.kv_channels * 2.0 * max(model.num_query_groups, shape.tp)
+    return per_layer * model.num_layers
+
+
+def kv_capacity_tokens(model: ModelSpec, cluster: Cluster, shape: EngineShape, gpu_memory_utilization: float, enforce_eager: bool) -> int:
+    """Tokens the engine's KV cache holds: ``(utilization x HBM - weights - reserve) x GPUs / bytes per token``; <= 0 when the weights do not fit."""
+    per_gpu = gpu_memory_utilization * cluster.gpu.hbm_bytes - engine_weight_bytes(model, shape) - ENGINE_RESERVE_BYTES
+    if not enforce_eager:
+        per_gpu -= CUDA_GRAPH_BYTES
+    if per_gpu <= 0:
+        return 0
+    return int(per_gpu * shape.gpus / kv_bytes_per_token(model, shape))
+
+
+# --------------------------------------------------------------------------- requests and generation
+
+
+def _requests(job: RLJob, steps: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Prompt and response lengths of ``steps`` consecutive steps (shape ``(steps * sequences,)``)."""
+    prompts_n = job.prompts_per_step * steps
+    if job.mean_prompt_len >= job.prompt_len:
+        prompt = np.full(prompts_n, job.prompt_len, dtype=np.int64)
+    else:
+        prompt = LengthDistribution.from_mean_max(job.mean_prompt_len, job.prompt_len).draw(prompts_n, seed=1)
+    prompt = np.repeat(prompt, job.generations_per_prompt)
+    resp = job.responses.draw(job.sequences * steps, seed=2)
+    return prompt, resp
+
+
+def default_latency(job: RLJob, shape: EngineShape) -> LatencyTable:
+    """aiconfigurator's latency table for the job's model, GPU and engine at ``shape``."""
+    return aiconfigurator_latency_table(job.model.name, job.cluster.gpu.name, job.engine, shape, max_ctx=job.max_total_len)
+
+
+class _Generation:
+    """Memoised rollout simulations of one job (latency tables per shape, runs per configuration)."""
+
+    def __init__(self, job: RLJob, provider: LatencyProvider) -> None:
+        self.job = job
+        self.provider = provider
+        self.tables: dict[EngineShape, LatencyTable] = {}
+        self.runs: dict[tuple[EngineShape, int, int, int, int], RolloutRun] = {}
+        self.requests: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
+
+    def table(self, shape: EngineShape) -> LatencyTable:
+        if shape not in self.tables:
+            self.tables[shape] = self.provider(self.job, shape)
+        return self.tables[shape]
+
+    def run(self, shape: EngineShape, engines: int, kv: int, max_seqs: int, steps: int) -> RolloutRun:
+        key = (shape, engines, kv, max_seqs, steps)
+        if key not in self.runs:
+            if steps not in self.requests:
+                self.requests[steps] = _requests(self.job, steps)
+            p, r = self.requests[steps]
+            self.runs[key] = simulate_rollout(p, r, self.table(shape), num_engines=engines, kv_capacity_tokens=kv, max_num_seqs=max_seqs, block_size=BLOCK_SIZE)
+        return self.runs[key]
+
+
+# --------------------------------------------------------------------------- one plan
+
+
+def _model_bytes(model: ModelSpec) -> float:
+    return 2.0 * model.total_params()
+
+
+def evaluate(
+    job: RLJob,
+    choice: PlanChoice,
+    *,
+    trainer: TrainerPlan,
+    calibration: RLCalibration = DEFAULT_RL_CALIBRATION,
+    latency: LatencyProvider = default_latency,
+    _gen: _Generation | None = None,
+) -> RLPlan:
+    """Predict one plan's step time and parts.
+
+    Args:
+        job: the RL step and cluster.
+        choice: the plan's decisions.
+        trainer: the trainer layout on ``choice.trainer_gpus`` GPUs (from
+            :func:`~cost_model.rl.trainer.best_trainer` or
+            :func:`~cost_model.rl.trainer.trainer_for_layout`), its times before calibration scales.
+        calibration: per-cluster factors.
+        latency: where engine latencies come from.
+
+    Raises:
+        TunerError: an engine whose weights do not fit, a request longer than the KV cache,
+            or an engine count that does not tile the rollout GPUs.
+    """
+    gen = _gen or _Generation(job, latency)
+    shape = choice.shape
+    if choice.rollout_gpus % shape.gpus:
+        raise TunerError(f"{choice.rollout_gpus} rollout GPUs are not a whole number of {shape.gpus}-GPU engines ({shape.label})")
+    kv = kv_capacity_tokens(job.model, job.cluster, shape, choice.gpu_memory_utilization, choice.enforce_eager)
+    if kv <= 0:
+        raise TunerError(
+            f"engine {shape.label}: {job.model.name}'s weights ({engine_weight_bytes(job.model, shape) / GIB:.1f} GiB per GPU) do not fit in "
+            f"gpu_memory_utilization {choice.gpu_memory_utilization:g} of {job.cluster.gpu.hbm_bytes / GIB:.0f} GiB; use more GPUs per engine"
+        )
+    steps = choice.async_steps + 1
+    run = gen.run(shape, choice.num_engines, kv, choice.max_num_seqs, steps)
+    scale = calibration.generation_scale * (calibration.eager_slowdown if choice.enforce_eager else 1.0)
+    generation = run.makespan_s * scale / steps
+    refit = refit_s(
+        model_bytes=_model_bytes(job.model),
+        colocated=choice.colocated,
+        engine_gpus=shape.gpus,
+        gpus_per_node=job.cluster.gpus_per_node,
+        inter_node_bytes_per_s=job.cluster.inter_node_bytes_per_s,
+        calibration=calibration,
+    )
+    switch = 0.0
+    if choice.colocated:
+        switch = switch_s(
+            trainer_bytes_per_gpu=trainer.optimizer_bytes + trainer.weights_bytes,
+            engine_bytes_per_gpu=engine_weight_bytes(job.model, shape),
+            pcie_bytes_per_s=job.cluster.gpu.pcie_bytes_per_s,
+            calibration=calibration,
+        )
+    parts = compose_step(
+        generation_s=generation,
+        logprob_s=trainer.logprob_s * calibration.logprob_scale,
+        training_s=trainer.train_s * calibration.training_scale,
+        refit_s=refit,
+        switch_s=switch,
+        overhead_s=calibration.step_overhead_s,
+        colocated=choice.colocated,
+        async_steps=choice.async_steps,
+    )
+    notes = []
+    if run.preemptions:
+        notes.append(f"{run.preemptions} preemptions (KV cache full)")
+    if not trainer.in_validated_scope:
+        notes.append(trainer.note)
+    return RLPlan(choice=choice, trainer=trainer, parts=parts, kv_capacity_tokens=kv, preemptions=run.preemptions, mean_running=run.mean_running, notes=tuple(notes))
+
+
+# --------------------------------------------------------------------------- enumeration
+
+
+def engine_shapes(job: RLJob, rollout_gpus: int, *, tp: Iterable[int] | None = None, ep: Iterable[int] | None = None) -> list[EngineShape]:
+    """Engine shapes that tile ``rollout_gpus`` whole: TP in powers of two; EP 1 or TP for MoE, and
+    attention-DP ranks (EP = TP x DP) for MoE models with few KV heads. An engine's GPUs divide a
+    node or are whole nodes."""
+    per_node = job.cluster.gpus_per_node
+    tps = list(tp) if tp is not None else [2**i for i in range(0, 8) if 2**i <= rollout_gpus]
+    shapes: list[EngineShape] = []
+    for t in tps:
+        eps = list(ep) if ep is not None else ([1, t] if job.model.is_moe and t > 1 else [1])
+        for e in eps:
+            if e < t:
+                if t % e:
+                    continue
+                shapes.append(EngineShape(tp=t, ep=e))
+            else:
+                if e % t:
+                    continue
+                shapes.append(EngineShape(tp=t, ep=e, attention_dp=e // t))
+        if ep is None and job.model.is_moe and t <= 2:
+            for d in (8 // t, 16 // t):
+                if t * d <= rollout_gpus:
+                    shapes.append(EngineShape(tp=t, ep=t * d, attention_dp=d))
+    out = []
+    for s in dict.fromkeys(shapes):
+        g = s.gpus
+        if g > rollout_gpus or rollout_gpus % g:
+            continue
+        if (g < per_node and per_node % g) or (g > per_node and g % per_node):
+            continue
+        out.append(s)
+    return out
+
+
+def enumerate_plans(
+    job: RLJob,
+    *,
+    calibration: RLCalibration = DEFAULT_RL_CALIBRATION,
+    latency: LatencyProvider = default_latency,
+    backends: Iterable[TrainerBackend] = (TrainerBackend.megatron,),
+    async_steps: int = 0,
+    colocated: bool | None = None,
+    rollout_gpus: Iterable[int] | None = None,
+    engine_tp: Iterable[int] | None = None,
+    engine_ep: Iterable[int] | None = None,
+    gpu_memory_utilization: Iterable[float] | None = None,
+    max_num_seqs: Iterable[int] = (256, 1024),
+    enforce_eager: Iterable[bool] = (False, True),
+    trainer_layout: TrainerLayout | None = None,
+) -> PlanSet:
+    """Every plan that fits, ranked by predicted step time.
+
+    Splits are at node granularity (both sides at least one node). ``async_steps`` = K evaluates
+    every non-colocated split at each depth 0..K. Constraints narrow the search (None = all);
+    ``trainer_layout`` fixes the trainer's layout (and backend) on every split instead of searching it.
+
+    Raises:
+        TunerError: constraints that leave no plan to evaluate (the reasons counted), rollout GPUs
+            that are not whole nodes or exceed the cluster.
+    """
+    cl = job.cluster
+    nodes = cl.num_nodes
+    per = cl.gpus_per_node
+    gen = _Generation(job, latency)
+    workload = rl_workload(sequences=job.train_sequences, mean_total_len=job.mean_prompt_len + job.responses.mean, max_total_len=job.max_total_len)
+    trainers: dict[tuple[int, TrainerBackend], TrainerPlan | None] = {}
+
+    def trainer_on(n: int, backend: TrainerBackend) -> TrainerPlan | None:
+        key = (n, backend)
+        if key not in trainers:
+            sub = Cluster(gpu=cl.gpu, num_gpus=n, gpus_per_node=min(per, n), inter_node_bytes_per_s=cl.inter_node_bytes_per_s, usd_per_gpu_hour=cl.usd_per_gpu_hour)
+            if trainer_layout is not None:
+                t = trainer_layout
+                try:
+                    trainers[key] = trainer_for_layout(
+                        job.model, sub, workload, t.backend, tp=t.tp, cp=t.cp, ep=t.ep, pp=t.pp, vpp=t.vpp,
+                        optimizer_steps=job.optimizer_steps, logprob_passes=job.logprob_passes,
+                    )
+                except TunerError:
+                    trainers[key] = None
+                return trainers[key]
+            best = best_trainer(
+                job.model, sub, workload, backend, optimizer_steps=job.optimizer_steps, logprob_passes=job.logprob_passes, top=1
+            )
+            trainers[key] = best[0] if best else None
+        return trainers[key]
+
+    splits: list[tuple[bool, int]] = []
+    if colocated in (None, True):
+        splits.append((True, cl.num_gpus))
+    if colocated in (None, False) and nodes > 1:
+        wanted = None if rollout_gpus is None else set(rollout_gpus)
+        if wanted is not None:
+            for g in wanted:
+                if g >= cl.num_gpus:
+                    raise TunerError(f"--rollout-gpus {g} leaves no GPU of the {cl.num_gpus} for the trainer; at most {cl.num_gpus - per}")
+                if g % per:
+                    raise TunerError(f"--rollout-gpus {g} is not a whole number of {per}-GPU nodes")
+        for r in range(1, nodes):
+            if wanted is None or r * per in wanted:
+                splits.append((False, r * per))
+    elif colocated is False and nodes == 1:
+        raise TunerError(f"a non-colocated plan needs at least two nodes; --gpus {cl.label} has one")
+    rejected: dict[str, int] = {}
+    considered = 0
+    plans: list[RLPlan] = []
+    utils_default = {True: (0.6, 0.8), False: (0.8, 0.9)}
+    if trainer_layout is not None:
+        backends = (trainer_layout.backend,)
+    for is_coloc, r_gpus in splits:
+        t_gpus = cl.num_gpus if is_coloc else cl.num_gpus - r_gpus
+        for backend in backends:
+            trainer = trainer_on(t_gpus, backend)
+            if trainer is None:
+                key = f"no {backend} trainer layout fits the split's trainer GPUs (splits)"
+                rejected[key] = rejected.get(key, 0) + 1
+                continue
+            for shape in engine_shapes(job, r_gpus, tp=engine_tp, ep=engine_ep):
+                for util in gpu_memory_utilization or utils_default[is_coloc]:
+                    for seqs in max_num_seqs:
+                        for eager in enforce_eager:
+                            for k in range(0, 1 if is_coloc else async_steps + 1):
+                                considered += 1
+                                choice = PlanChoice(
+                                    colocated=is_coloc,
+                                    rollout_gpus=r_gpus,
+                                    trainer_gpus=t_gpus,
+                                    shape=shape,
+                                    gpu_memory_utilization=util,
+                                    max_num_seqs=seqs,
+                                    enforce_eager=eager,
+                                    async_steps=k,
+                                    trainer_backend=backend,
+                                    engine=job.engine,
+                                )
+                                try:
+                                    plans.append(evaluate(job, choice, trainer=trainer, calibration=calibration, latency=latency, _gen=gen))
+                                except TunerError as e:
+                                    reason = _reason(str(e))
+                                    rejected[reason] = rejected.get(reason, 0) + 1
+    if not plans:
+        why = "; ".join(f"{k} ({v})" for k, v in rejected.items()) or "no split, engine shape or trainer layout to try"
+        raise TunerError(f"no RL plan fits {job.model.name} on {cl.label}: {why}")
+    plans.sort(key=lambda p: p.step_time_s)
+    return PlanSet(plans=plans, considered=considered, rejected=rejected)
+
+
+def _reason(message: str) -> str:
+    """A short reason for a rejected candidate, for the counts printed with the plans."""
+    if "do not fit" in message or "does not fit" in message:
+        return "engine weights or a request do not fit the engine's memory"
+    if "has no" in message and "data" in message:
+        return "aiconfigurator has no data for the engine shape"
+    return message
+
+
+def tokens_per_step(job: RLJob) -> float:
+    """Mean tokens (prompt + response) generated and trained per step."""
+    return job.sequences * (job.mean_prompt_len + job.responses.mean)
+

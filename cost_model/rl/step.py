@@ -1,0 +1,97 @@
+"""The RL step model: how generation, log-probs, training, refit and the switch add up.
+
+Colocated (trainer and engines share every GPU, one after the other)::
+
+    T = generation + log-prob + training + refit + switch + overhead
+
+Not colocated, synchronous (K = 0; each side idles while the other works: the pipeline
+bubble)::
+
+    T = generation + log-prob + training + refit + overhead
+
+Not colocated with K >= 1 steps of asynchrony (generation of step s + 1 .. s + K overlaps
+the training of step s; NeMo-RL ``grpo.async_grpo.max_trajectory_age_steps = K``, slime
+``train_async.py``)::
+
+    T = max(generation, log-prob + training) + refit + overhead
+
+The refit stays exposed: the trainer waits for its broadcast, and the engines pause for it
+(NeMo-RL's ``weight_sync`` timer sits inside ``total_step_time``). ``generation`` is then
+the steady-state time per step of the rollout engines (:mod:`cost_model.rl.plan` queues
+K + 1 steps of requests and divides), so the tail of one step overlaps the next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specs.errors import TunerError
+
+__all__ = ["StepParts", "compose_step"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepParts:
+    """Predicted parts of one RL step (seconds) and how they combine."""
+
+    generation_s: float
+    logprob_s: float
+    training_s: float
+    refit_s: float
+    switch_s: float
+    overhead_s: float
+    colocated: bool
+    async_steps: int
+
+    @property
+    def step_time_s(self) -> float:
+        """The step time (s), by the formula of the module docstring."""
+        train_side = self.logprob_s + self.training_s
+        if self.colocated:
+            return self.generation_s + train_side + self.refit_s + self.switch_s + self.overhead_s
+        if self.async_steps == 0:
+            return self.generation_s + train_side + self.refit_s + self.overhead_s
+        return max(self.generation_s, train_side) + self.refit_s + self.overhead_s
+
+    @property
+    def bound(self) -> str:
+        """Which side sets the step time: ``generation``, ``training`` or ``serial`` (K = 0 / colocated)."""
+        if self.colocated or self.async_steps == 0:
+            return "serial"
+        return "generation" if self.generation_s >= self.logprob_s + self.training_s else "training"
+
+
+def compose_step(
+    *,
+    generation_s: float,
+    logprob_s: float,
+    training_s: float,
+    refit_s: float,
+    switch_s: float,
+    overhead_s: float,
+    colocated: bool,
+    async_steps: int,
+) -> StepParts:
+    """Build :class:`StepParts`.
+
+    Raises:
+        TunerError: a colocated plan with asynchrony (the same GPUs cannot generate and train
+            at once; NeMo-RL's async GRPO requires ``colocated.enabled: false``), or a negative part.
+    """
+    if colocated and async_steps:
+        raise TunerError(f"--async-steps {async_steps} needs non-colocated generation (NeMo-RL and slime run async GRPO on separate GPUs)")
+    if async_steps < 0:
+        raise TunerError(f"--async-steps must be 0 or more, got {async_steps}")
+    parts = (generation_s, logprob_s, training_s, refit_s, switch_s, overhead_s)
+    if any(p < 0 for p in parts):
+        raise TunerError(f"step parts must be non-negative, got {parts}")
+    return StepParts(
+        generation_s=generation_s,
+        logprob_s=logprob_s,
+        training_s=training_s,
+        refit_s=refit_s,
+        switch_s=switch_s if colocated else 0.0,
+        overhead_s=overhead_s,
+        colocated=colocated,
+        async_steps=async_steps,
+    )

@@ -1,0 +1,343 @@
+"""The trainer side of an RL step: its layout under the RL batch, training time and log-prob time.
+
+Two trainer backends:
+
+- ``megatron``: Megatron-core (slime; NeMo-RL's ``policy.megatron_cfg``). Layouts are the
+  project's own: :func:`search_spaces.enumerate_layouts` over :data:`MEGATRON_RL_SPACE`,
+  estimated by :func:`cost_model.estimate_table`, the fastest that fits is chosen.
+- ``automodel``: NeMo-RL's AutoModel / DTensor backend (``policy.dtensor_cfg`` /
+  ``automodel_cfg``): FSDP2 over data parallel ranks with context parallel (CP) and expert
+  parallel (EP) meshes. Approximated with the same estimate at ``tp = pp = 1`` and
+  ``RunOptions(use_megatron_fsdp=True)`` (parameters, gradients and optimizer states sharded
+  over DP, ZeRO-3 style, as FSDP2 does), full activation checkpointing and BF16 Adam moments
+  (the seed's TE FusedAdam with ``store_param_remainders``). What this leaves out: FSDP2's
+  per-layer all-gather / reduce-scatter is modelled as Megatron-FSDP's, and AutoModel's
+  HybridEP dispatcher as Megatron's ``flex+hybridep``. **Validated scope** of that backend
+  for MiniMax-M3 (NeMo-RL ``docs/guides/models/minimax/minimax-m3.md``): CP 8 + EP 128 on
+  32 x 8 GPUs, 8,192 tokens, no TP, no PP, no sequence packing; the search keeps tp = pp = 1
+  and marks layouts outside CP 8 / EP 128 as outside the validated scope.
+
+The RL batch: ``prompts x generations`` sequences of mean length (prompt + response) per
+step; the estimate is asked for ``global_batch_size = sequences`` rows of that length,
+rounded up to a multiple of 256 tokens (Megatron's rules want ``seq % (2 cp) == 0`` and
+``seq % tp == 0`` under sequence parallelism). Sequence packing (NeMo-RL's default in its
+performance recipes) packs rows of that mean length without padding to the maximum.
+
+Log-prob passes run the forward pass only: ``passes x (compute - recompute + tp + cp + ep) / 3``
+of the estimate's training parts (forward = 1/3 of forward + backward, Narayanan et al.,
+SC'21, Eq. 2's 3x factor), plus the pipeline bubble of a forward-only schedule (a third of
+the training bubble). Passes: the policy's own log-probs (always, for the importance ratio)
+and the reference policy's when the KL penalty is on.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
+from cost_model.estimate import estimate_table
+from search_spaces.rules import check_layout, check_table
+from search_spaces.space import SearchSpace, enumerate_layouts
+from specs import Cluster, Dispatcher, Layout, LayoutTable, ModelSpec, RecomputeGranularity, RecomputeMethod, RunOptions, Workload
+from specs.errors import TunerError
+
+__all__ = [
+    "AUTOMODEL_RL_SPACE",
+    "AUTOMODEL_VALIDATED",
+    "MEGATRON_RL_SPACE",
+    "TrainerBackend",
+    "TrainerPlan",
+    "best_trainer",
+    "rl_workload",
+    "trainer_for_layout",
+]
+
+
+class TrainerBackend(str, Enum):
+    """The training stack."""
+
+    megatron = "megatron"
+    automodel = "automodel"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: The Megatron search space for RL trainers: NeMo-RL's performance recipes use full
+#: activation checkpointing (``activation_checkpointing: true`` = ``--recompute-granularity
+#: full --recompute-method uniform --recompute-num-layers 1``), no interleaving, ETP 1, the
+#: alltoall dispatcher; slime's MiniMax-M2 script the same plus optimizer offload.
+MEGATRON_RL_SPACE: dict[str, Any] = {
+    "tp": [1, 2, 4, 8],
+    "pp": [1, 2, 4, 8, 16],
+    "vpp": [1],
+    "cp": [1, 2, 4],
+    "ep": [1, 2, 4, 8, 16, 32, 64],
+    "etp": [1],
+    "micro_batch_size": [1],
+    "recompute": [{"granularity": "full", "method": "uniform", "num_layers": 1}, {"granularity": "none"}],
+    "optimizer_offload_fraction": [0.0],
+    "dispatcher": ["alltoall"],
+    "pipeline_split": {"even": True, "max_stage_deficit": 1},
+    "exp_avg_dtype": ["fp32"],
+    "exp_avg_sq_dtype": ["fp32"],
+}
+
+#: The AutoModel / DTensor space: FSDP2 with CP and EP only (tp = pp = 1), full activation
+#: checkpointing, HybridEP, BF16 moments (the seed's recipe).
+AUTOMODEL_RL_SPACE: dict[str, Any] = {
+    "tp": [1],
+    "pp": [1],
+    "vpp": [1],
+    "cp": [1, 2, 4, 8],
+    "ep": [1, 2, 4, 8, 16, 32, 64, 128, 256],
+    "etp": [1],
+    "micro_batch_size": [1],
+    "recompute": [{"granularity": "full", "method": "uniform", "num_layers": 1}],
+    "optimizer_offload_fraction": [0.0],
+    "dispatcher": ["flex+hybridep"],
+    "pipeline_split": {"even": True, "max_stage_deficit": 0},
+    "exp_avg_dtype": ["bf16"],
+    "exp_avg_sq_dtype": ["bf16"],
+}
+
+#: AutoModel layouts NeMo-RL has validated, per model (``docs/guides/models/minimax/minimax-m3.md``).
+AUTOMODEL_VALIDATED: dict[str, tuple[tuple[int, int], ...]] = {"MiniMax-M3": ((8, 128),)}
+
+_AUTOMODEL_OPTIONS = RunOptions(use_megatron_fsdp=True, overlap_grad_reduce=True)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainerPlan:
+    """A trainer layout with its predicted times for one RL step (seconds) and memory (bytes)."""
+
+    backend: TrainerBackend
+    layout: Layout
+    gpus: int
+    train_s: float
+    """Optimizer steps of one RL step (forward + backward + optimizer)."""
+    logprob_s: float
+    """All log-prob passes of one RL step (forward only)."""
+    logprob_passes: int
+    peak_bytes: float
+    usable_bytes: float
+    optimizer_bytes: float
+    """Optimizer-state bytes per GPU (moved to the host and back when colocated)."""
+    weights_bytes: float
+    """Parameter bytes per GPU."""
+    in_validated_scope: bool
+    note: str = ""
+
+    @property
+    def label(self) -> str:
+        """The layout as ``validate`` CSVs write it (``megatron:tp=2,cp=2,ep=16,pp=8,vpp=1``, ``automodel:cp=8,ep=128``)."""
+        return _label(self.backend, self.layout)
+
+
+def _label(backend: TrainerBackend, lay: Layout) -> str:
+    if backend == TrainerBackend.automodel:
+        return f"automodel:cp={lay.cp},ep={lay.ep}"
+    return f"megatron:tp={lay.tp},cp={lay.cp},ep={lay.ep},pp={lay.pp},vpp={lay.vpp}"
+
+
+def rl_workload(*, sequences: int, mean_total_len: float, max_total_len: int) -> Workload:
+    """The training workload of one RL step: ``sequences`` rows of the mean length.
+
+    Args:
+        sequences: sequences trained per optimizer step (NeMo-RL ``train_global_batch_size``).
+        mean_total_len: mean prompt + response tokens.
+        max_total_len: ``max_total_sequence_length``; the row length is capped there.
+
+    Raises:
+        TunerError: non-positive sizes.
+    """
+    if sequences < 1 or mean_total_len <= 0:
+        raise TunerError(f"an RL step needs sequences >= 1 and a positive mean length, got {sequences}, {mean_total_len:g}")
+    seq = int(min(math.ceil(mean_total_len / 256) * 256, math.ceil(max_total_len / 256) * 256))
+    return Workload(seq_length=max(seq, 256), global_batch_size=sequences, dataset="RL rollouts (mean prompt + response)")
+
+
+def _space(backend: TrainerBackend) -> SearchSpace:
+    return _space_cached(backend.value)
+
+
+@lru_cache(maxsize=4)
+def _space_cached(backend: str) -> SearchSpace:
+    d = AUTOMODEL_RL_SPACE if backend == TrainerBackend.automodel.value else MEGATRON_RL_SPACE
+    return SearchSpace.from_dict(d, source=f"the {backend} RL trainer space")
+
+
+def _logprob_s(t: dict[str, np.ndarray], passes: int, cal_factor: float) -> np.ndarray:
+    fwd = (t["compute"] - t["recompute"] + t["tp_comm"] + t["cp_comm"] + t["ep_comm"]) / 3.0 + t["pp_bubble"] / 3.0
+    return np.asarray(passes * fwd * cal_factor, dtype=float)
+
+
+def _plans(
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Workload,
+    table: LayoutTable,
+    backend: TrainerBackend,
+    *,
+    optimizer_steps: int,
+    logprob_passes: int,
+    calibration: Calibration,
+    train_scale: float,
+    logprob_scale: float,
+    memory_headroom: float,
+) -> list[TrainerPlan]:
+    opts = _AUTOMODEL_OPTIONS if backend == TrainerBackend.automodel else RunOptions()
+    est = estimate_table(model, cluster, workload, table, calibration=calibration, memory_headroom=memory_headroom, options=opts)
+    lp = _logprob_s(est.time, logprob_passes, logprob_scale)
+    validated = AUTOMODEL_VALIDATED.get(model.name, ())
+    out = []
+    for i in range(len(table)):
+        lay = table.row(i)
+        scope = backend != TrainerBackend.automodel or not validated or (lay.cp, lay.ep) in validated
+        out.append(
+            TrainerPlan(
+                backend=backend,
+                layout=lay,
+                gpus=cluster.num_gpus,
+                train_s=float(est.step_time_s[i]) * optimizer_steps * train_scale,
+                logprob_s=float(lp[i]) * optimizer_steps,
+                logprob_passes=logprob_passes,
+                peak_bytes=float(est.peak_bytes[i]),
+                usable_bytes=est.usable_bytes,
+                optimizer_bytes=float(est.memory["optimizer"][i]),
+                weights_bytes=float(est.memory["weights"][i]),
+                in_validated_scope=scope,
+                note="" if scope else f"outside AutoModel's validated scope (CP/EP {'/'.join(f'{c}/{e}' for c, e in validated)})",
+            )
+        )
+    return out
+
+
+def best_trainer(
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Workload,
+    backend: TrainerBackend,
+    *,
+    optimizer_steps: int = 1,
+    logprob_passes: int = 2,
+    calibration: Calibration = DEFAULT_CALIBRATION,
+    train_scale: float = 1.0,
+    logprob_scale: float = 1.0,
+    memory_headroom: float = 0.10,
+    top: int = 1,
+) -> list[TrainerPlan]:
+    """The fastest trainer layouts on ``cluster`` that fit, for the RL workload.
+
+    Layouts inside the backend's validated scope rank first among equals: a layout outside
+    it is returned only when it is faster than every validated one.
+
+    Returns:
+        Up to ``top`` plans, fastest (training + log-prob) first; empty when none fits.
+
+    Raises:
+        TunerError: from the enumeration (a cluster size it cannot use).
+    """
+    enum = enumerate_layouts(_space(backend), model, cluster.num_gpus, workload)
+    if len(enum.valid) == 0:
+        return []
+    plans = _plans(
+        model,
+        cluster,
+        workload,
+        enum.valid,
+        backend,
+        optimizer_steps=optimizer_steps,
+        logprob_passes=logprob_passes,
+        calibration=calibration,
+        train_scale=train_scale,
+        logprob_scale=logprob_scale,
+        memory_headroom=memory_headroom,
+    )
+    fits = [p for p in plans if p.peak_bytes <= p.usable_bytes]
+    fits.sort(key=lambda p: (p.train_s + p.logprob_s, not p.in_validated_scope))
+    return fits[:top]
+
+
+def trainer_for_layout(
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Workload,
+    backend: TrainerBackend,
+    *,
+    tp: int = 1,
+    cp: int = 1,
+    ep: int = 1,
+    pp: int = 1,
+    vpp: int = 1,
+    optimizer_steps: int = 1,
+    logprob_passes: int = 2,
+    calibration: Calibration = DEFAULT_CALIBRATION,
+    train_scale: float = 1.0,
+    logprob_scale: float = 1.0,
+    recompute: bool = True,
+) -> TrainerPlan:
+    """Predict one given trainer layout (a published run's, or the user's).
+
+    Uneven first / last pipeline stages are tried when the even split breaks a rule
+    (Qwen3-235B's 94 layers on pp 8 run as 11 + 6 x 12 + 11 in NeMo-RL's recipe).
+
+    Raises:
+        TunerError: a layout that breaks a Megatron rule (the rule named).
+    """
+    base = Layout(
+        world_size=cluster.num_gpus,
+        tp=tp,
+        pp=pp,
+        vpp=vpp,
+        cp=cp,
+        ep=ep,
+        sequence_parallel=tp > 1,
+        recompute_granularity=RecomputeGranularity.full if recompute else RecomputeGranularity.none,
+        recompute_method=RecomputeMethod.uniform if recompute else RecomputeMethod.none,
+        recompute_num_layers=1 if recompute else 0,
+        dispatcher=Dispatcher.flex_hybridep if backend == TrainerBackend.automodel else Dispatcher.alltoall,
+        exp_avg_dtype="bf16" if backend == TrainerBackend.automodel else "fp32",
+        exp_avg_sq_dtype="bf16" if backend == TrainerBackend.automodel else "fp32",
+    )
+    candidates = [base]
+    if pp > 1 and model.num_layers % pp:
+        per = math.ceil(model.num_layers / pp)
+        for d in range(0, per):
+            rest = model.num_layers - (pp - 2) * per
+            first = rest // 2 - d
+            last = rest - first
+            if first >= 1 and last >= 1:
+                candidates.append(_with(base, num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last))
+    table = LayoutTable.from_layouts(candidates)
+    ok, _ = check_table(table, model, workload)
+    good = np.flatnonzero(ok)
+    if len(good) == 0:
+        broken = "; ".join(f"{rid}: {why}" for rid, why in check_layout(base, model, workload))
+        raise TunerError(f"trainer layout {_label(backend, base)} on {cluster.num_gpus} GPUs breaks a Megatron rule ({broken})")
+    plans = _plans(
+        model,
+        cluster,
+        workload,
+        table.select(good),
+        backend,
+        optimizer_steps=optimizer_steps,
+        logprob_passes=logprob_passes,
+        calibration=calibration,
+        train_scale=train_scale,
+        logprob_scale=logprob_scale,
+        memory_headroom=0.0,
+    )
+    return min(plans, key=lambda p: p.train_s)
+
+
+def _with(lay: Layout, **changes: Any) -> Layout:
+    d = lay.to_dict()
+    d.update(changes)
+    return Layout.from_dict(d)

@@ -1,0 +1,373 @@
+"""``tune rl validate``: predict every row of a table of measured RL runs and report the errors.
+
+The table's columns (:data:`COLUMNS`) give each run's split, layouts and workload; layouts
+are written ``megatron:tp=2,cp=2,ep=16,pp=8,vpp=1``, ``automodel:cp=8,ep=128`` and
+``vllm:tp=16,ep=16,pp=1`` (optionally ``,gpu_memory_utilization=0.6,enforce_eager=0,
+max_num_seqs=1024``; engines = rollout GPUs / (tp x pp)). A row with a missing column or an
+unreadable value is reported with its row and column, and the others still run.
+
+``mean_seq_len`` is the mean generated length per sample as NeMo-RL's performance tables
+publish it ("G-Average Seq len", the ``mean_gen_tokens_per_sample`` that
+``nemo_rl/algorithms/grpo.py`` prints as "Mean Generation Length"). Prompts are taken as
+:data:`ASSUMED_MEAN_PROMPT_LEN` tokens (the tables do not publish them).
+
+:func:`fit_calibration` fits the per-cluster factors to a set of rows (least absolute log
+error of the step time), for the fit-on-old / judge-on-new protocol of ``benchmarks/bench_rl.py``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy import optimize
+
+from cost_model.rl.calibration import DEFAULT_RL_CALIBRATION, RLCalibration
+from cost_model.rl.layouts import EngineLayout, TrainerLayout, parse_engine_layout, parse_trainer_layout
+from cost_model.rl.lengths import LengthDistribution
+from cost_model.rl.models import load_rl_model
+from cost_model.rl.plan import Framework, LatencyProvider, PlanChoice, RLJob, RLPlan, default_latency, evaluate
+from cost_model.rl.trainer import rl_workload, trainer_for_layout
+from specs import Cluster, load_gpu
+from specs.errors import TunerError
+
+__all__ = [
+    "ASSUMED_MEAN_PROMPT_LEN",
+    "COLUMNS",
+    "DEFAULT_MAX_NUM_SEQS",
+    "EngineLayout",
+    "RowResult",
+    "RunRow",
+    "TrainerLayout",
+    "fit_calibration",
+    "parse_engine_layout",
+    "parse_trainer_layout",
+    "predict_row",
+    "predict_rows",
+    "row_job",
+    "read_runs",
+    "recalibrate",
+    "summarise",
+]
+
+COLUMNS = (
+    "source",
+    "framework",
+    "model",
+    "gpu",
+    "num_gpus",
+    "gpus_per_node",
+    "colocated",
+    "async_steps",
+    "trainer_gpus",
+    "rollout_gpus",
+    "trainer_layout",
+    "rollout_layout",
+    "max_prompt_len",
+    "max_seq_len",
+    "mean_seq_len",
+    "prompts_per_step",
+    "generations_per_prompt",
+    "step_time_s",
+    "generation_time_s",
+    "training_time_s",
+    "refit_time_s",
+    "notes",
+)
+
+#: Mean prompt tokens of NeMo-RL's OpenMathInstruct-2 / DAPO-Math runs (problem text plus the
+#: math prompt template, ``examples/prompts/cot.txt``): an assumption; the tables do not say.
+ASSUMED_MEAN_PROMPT_LEN = 150
+#: vLLM V1's ``max_num_seqs`` default on GPUs with >= 70 GiB (``vllm/engine/arg_utils.py``,
+#: ``_set_default_args``); NeMo-RL's performance recipes leave it unset.
+DEFAULT_MAX_NUM_SEQS = 1024
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunRow:
+    """One measured run (seconds; ``None`` where not published)."""
+
+    line: int
+    source: str
+    framework: Framework
+    model: str
+    gpu: str
+    num_gpus: int
+    gpus_per_node: int
+    colocated: bool
+    async_steps: int
+    trainer_gpus: int
+    rollout_gpus: int
+    trainer: TrainerLayout
+    rollout: EngineLayout
+    max_prompt_len: int
+    max_seq_len: int
+    mean_seq_len: float
+    prompts_per_step: int
+    generations_per_prompt: int
+    step_time_s: float
+    generation_time_s: float | None
+    training_time_s: float | None
+    refit_time_s: float | None
+    notes: str
+
+    @property
+    def label(self) -> str:
+        mode = "colocated" if self.colocated else f"split {self.rollout_gpus}+{self.trainer_gpus}, K={self.async_steps}"
+        return f"{self.source} {self.model} {self.num_gpus}x{self.gpu} {mode}"
+
+
+def read_runs(path: str | Path) -> tuple[list[RunRow], list[str]]:
+    """Read a runs CSV.
+
+    Returns:
+        ``(rows, errors)``: the readable rows, and one message per unreadable row naming its line and column.
+
+    Raises:
+        TunerError: an unreadable file, or a header that lacks required columns (listed).
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise TunerError(f"--data {str(p)!r}: cannot read it ({e})") from None
+    reader = csv.DictReader(text.splitlines())
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    missing = [c for c in COLUMNS if c not in header and c not in ("generation_time_s", "training_time_s", "refit_time_s", "notes")]
+    if missing:
+        raise TunerError(f"--data {str(p)!r}: missing columns {', '.join(missing)}; a runs table has {', '.join(COLUMNS)}")
+    rows: list[RunRow] = []
+    errors: list[str] = []
+    for line, raw in enumerate(reader, start=2):
+        r = {(k or "").strip(): (v or "").strip() for k, v in raw.items()}
+        col = ""
+        try:
+            col = "framework"
+            fw = Framework(r["framework"])
+            vals: dict[str, object] = {}
+            for c in ("num_gpus", "gpus_per_node", "async_steps", "trainer_gpus", "rollout_gpus", "max_prompt_len", "max_seq_len", "prompts_per_step", "generations_per_prompt"):
+                col = c
+                vals[c] = int(r[c])
+            for c in ("mean_seq_len", "step_time_s"):
+                col = c
+                vals[c] = float(r[c])
+            opt: dict[str, float | None] = {}
+            for c in ("generation_time_s", "training_time_s", "refit_time_s"):
+                col = c
+                opt[c] = float(r[c]) if r.get(c) else None
+            col = "colocated"
+            if r["colocated"] not in ("0", "1", "true", "false", "True", "False"):
+                raise ValueError(r["colocated"])
+            colocated = r["colocated"] in ("1", "true", "True")
+            col = "trainer_layout"
+            trainer = parse_trainer_layout(r["trainer_layout"], f"line {line}: trainer_layout")
+            col = "rollout_layout"
+            rollout = parse_engine_layout(r["rollout_layout"], f"line {line}: rollout_layout")
+            for c in ("model", "gpu", "source"):
+                col = c
+                if not r[c]:
+                    raise ValueError("empty")
+            rows.append(
+                RunRow(
+                    line=line,
+                    source=r["source"],
+                    framework=fw,
+                    model=r["model"],
+                    gpu=r["gpu"],
+                    colocated=colocated,
+                    trainer=trainer,
+                    rollout=rollout,
+                    notes=r.get("notes", ""),
+                    generation_time_s=opt["generation_time_s"],
+                    training_time_s=opt["training_time_s"],
+                    refit_time_s=opt["refit_time_s"],
+                    **vals,  # type: ignore[arg-type]
+                )
+            )
+        except KeyError as e:
+            errors.append(f"line {line}: column {e.args[0]} is empty or missing")
+        except TunerError as e:
+            errors.append(str(e))
+        except ValueError:
+            errors.append(f"line {line}: column {col}: cannot read {r.get(col)!r}")
+    return rows, errors
+
+
+# --------------------------------------------------------------------------- prediction
+
+
+def row_job(row: RunRow, *, mean_prompt_len: float = ASSUMED_MEAN_PROMPT_LEN) -> RLJob:
+    """The :class:`RLJob` a row describes.
+
+    Raises:
+        TunerError: an unknown model or GPU, or sizes that do not make a job.
+    """
+    model = load_rl_model(row.model)
+    gpu = load_gpu(row.gpu)
+    per_node = gpu.network_bytes_per_s_per_gpu * row.gpus_per_node
+    cluster = Cluster(gpu=gpu, num_gpus=row.num_gpus, gpus_per_node=row.gpus_per_node, **({"inter_node_bytes_per_s": per_node} if per_node > 0 else {}))
+    prompt = int(min(mean_prompt_len, row.max_prompt_len))
+    resp_max = row.max_seq_len - prompt
+    if row.mean_seq_len >= resp_max:
+        raise TunerError(f"line {row.line}: mean_seq_len {row.mean_seq_len:g} is not below the longest response {resp_max:,}")
+    return RLJob(
+        model=model,
+        cluster=cluster,
+        framework=row.framework,
+        engine=row.rollout.engine,
+        prompt_len=prompt,
+        response_len=resp_max,
+        mean_prompt_len=prompt,
+        responses=LengthDistribution.from_mean_max(row.mean_seq_len, resp_max),
+        prompts_per_step=row.prompts_per_step,
+        generations_per_prompt=row.generations_per_prompt,
+        max_seq_len=row.max_seq_len,
+    )
+
+
+def predict_row(row: RunRow, *, calibration: RLCalibration = DEFAULT_RL_CALIBRATION, latency: LatencyProvider = default_latency) -> RLPlan:
+    """Predict one measured run with its own split and layouts.
+
+    Raises:
+        TunerError: the row's model, GPU, engine or layout cannot be predicted (the reason named).
+    """
+    job = row_job(row)
+    sub = Cluster(
+        gpu=job.cluster.gpu,
+        num_gpus=row.trainer_gpus,
+        gpus_per_node=min(row.gpus_per_node, row.trainer_gpus),
+        inter_node_bytes_per_s=job.cluster.inter_node_bytes_per_s,
+    )
+    workload = rl_workload(sequences=job.train_sequences, mean_total_len=job.mean_prompt_len + job.responses.mean, max_total_len=job.max_total_len)
+    t = row.trainer
+    trainer = trainer_for_layout(job.model, sub, workload, t.backend, tp=t.tp, cp=t.cp, ep=t.ep, pp=t.pp, vpp=t.vpp, logprob_passes=job.logprob_passes)
+    e = row.rollout
+    choice = PlanChoice(
+        colocated=row.colocated,
+        rollout_gpus=row.rollout_gpus,
+        trainer_gpus=row.trainer_gpus,
+        shape=e.shape,
+        gpu_memory_utilization=e.gpu_memory_utilization if e.gpu_memory_utilization is not None else (0.6 if row.colocated else 0.8),
+        max_num_seqs=e.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+        enforce_eager=bool(e.enforce_eager),
+        async_steps=row.async_steps,
+        trainer_backend=t.backend,
+        engine=e.engine,
+    )
+    return evaluate(job, choice, trainer=trainer, calibration=calibration, latency=latency)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RowResult:
+    """A row and its prediction (or the reason it has none)."""
+
+    row: RunRow
+    plan: RLPlan | None
+    error: str = ""
+
+    def rel_error(self, part: str) -> float | None:
+        """(predicted - measured) / measured for ``step``, ``generation``, ``training`` or ``refit``; None when unpublished."""
+        if self.plan is None:
+            return None
+        measured = {"step": self.row.step_time_s, "generation": self.row.generation_time_s, "training": self.row.training_time_s, "refit": self.row.refit_time_s}[part]
+        if measured is None or measured <= 0:
+            return None
+        p = self.plan.parts
+        predicted = {"step": p.step_time_s, "generation": p.generation_s, "training": p.training_s + p.logprob_s, "refit": p.refit_s}[part]
+        return predicted / measured - 1.0
+
+
+def predict_rows(
+    rows: Sequence[RunRow], *, calibration: RLCalibration = DEFAULT_RL_CALIBRATION, latency: LatencyProvider = default_latency
+) -> list[RowResult]:
+    """Predict each row; a row that cannot be predicted carries its error instead."""
+    out = []
+    for r in rows:
+        try:
+            out.append(RowResult(row=r, plan=predict_row(r, calibration=calibration, latency=latency)))
+        except TunerError as e:
+            out.append(RowResult(row=r, plan=None, error=f"line {r.line}: {e}"))
+    return out
+
+
+def summarise(results: Sequence[RowResult]) -> dict[str, object]:
+    """Median and max |error| per part, the count predicted, and the colocated-vs-split verdicts.
+
+    Verdicts: for each (source, model, gpu, num_gpus) with both a colocated and a split row,
+    whether the predicted faster one is the measured faster one.
+    """
+    out: dict[str, object] = {"rows": len(results), "predicted": sum(r.plan is not None for r in results)}
+    for part in ("step", "generation", "training", "refit"):
+        errs = [abs(e) for r in results if (e := r.rel_error(part)) is not None]
+        out[part] = {"n": len(errs), "median_abs_error": float(np.median(errs)) if errs else None, "max_abs_error": max(errs) if errs else None}
+    groups: dict[tuple[str, str, str, int], dict[bool, RowResult]] = {}
+    for r in results:
+        if r.plan is not None:
+            groups.setdefault((r.row.source, r.row.model, r.row.gpu, r.row.num_gpus), {})[r.row.colocated] = r
+    verdicts = []
+    for key, g in sorted(groups.items()):
+        if True in g and False in g:
+            c, s = g[True], g[False]
+            assert c.plan is not None and s.plan is not None
+            measured_split_faster = s.row.step_time_s < c.row.step_time_s
+            predicted_split_faster = s.plan.step_time_s < c.plan.step_time_s
+            verdicts.append({"group": " ".join(map(str, key)), "measured": "split" if measured_split_faster else "colocated", "predicted": "split" if predicted_split_faster else "colocated", "agree": measured_split_faster == predicted_split_faster})
+    out["colocated_vs_split"] = verdicts
+    return out
+
+
+# --------------------------------------------------------------------------- calibration on a set of rows
+
+
+def recalibrate(plan: RLPlan, old: RLCalibration, new: RLCalibration) -> float:
+    """The step time of ``plan`` (predicted under ``old``) under ``new`` factors, without re-simulating.
+
+    The simulator's event order does not depend on latency values, so generation scales with
+    ``generation_scale``; training and log-prob with their scales; the switch and per-step
+    overheads shift by the change of their fixed parts. Refit rates are held.
+    """
+    p = plan.parts
+    parts = dataclasses.replace(
+        p,
+        generation_s=p.generation_s * new.generation_scale / old.generation_scale,
+        training_s=p.training_s * new.training_scale / old.training_scale,
+        logprob_s=p.logprob_s * new.logprob_scale / old.logprob_scale,
+        switch_s=max(0.0, p.switch_s - old.switch_fixed_s + new.switch_fixed_s) if p.colocated else 0.0,
+        overhead_s=new.step_overhead_s,
+    )
+    return parts.step_time_s
+
+
+FITTED = ("generation_scale", "training_scale", "switch_fixed_s", "step_overhead_s")
+
+
+def fit_calibration(results: Sequence[RowResult], *, base: RLCalibration = DEFAULT_RL_CALIBRATION, source: str = "fit") -> RLCalibration:
+    """Fit :data:`FITTED` factors (``logprob_scale`` tied to ``training_scale``) to the rows' step times.
+
+    Minimises the sum of |log(predicted / measured)| (robust to a few outliers) with Nelder-Mead
+    over log-factors, starting from ``base``. The results must have been predicted under ``base``.
+
+    Raises:
+        TunerError: no predicted row to fit.
+    """
+    use = [r for r in results if r.plan is not None]
+    if not use:
+        raise TunerError("no predicted row to calibrate on")
+
+    def cal(x: np.ndarray) -> RLCalibration:
+        g, t, sw, ov = np.exp(x)
+        return base.replace(generation_scale=float(g), training_scale=float(t), logprob_scale=float(t), switch_fixed_s=float(sw), step_overhead_s=float(ov), source=source)
+
+    def loss(x: np.ndarray) -> float:
+        c = cal(x)
+        return float(sum(abs(math.log(recalibrate(r.plan, base, c) / r.row.step_time_s)) for r in use if r.plan is not None))
+
+    x0 = np.log([base.generation_scale, base.training_scale, max(base.switch_fixed_s, 0.1), max(base.step_overhead_s, 0.1)])
+    res = optimize.minimize(loss, x0, method="Nelder-Mead", options={"xatol": 1e-3, "fatol": 1e-4, "maxiter": 2000})
+    return cal(res.x)
+

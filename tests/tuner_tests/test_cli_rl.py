@@ -1,0 +1,102 @@
+"""`tune rl` through typer's CliRunner on a root app that mounts the sub-app (as tuner/cli.py will)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+import cost_model.rl.plan as plan_mod
+from cost_model.rl.engine import LatencyTable
+from tuner.cli_rl import rl_app
+
+ROOT = Path(__file__).resolve().parents[2]
+app = typer.Typer()
+app.add_typer(rl_app, name="rl")
+
+
+@app.command()
+def other() -> None:  # a second command so typer keeps "rl" as a sub-command
+    pass
+
+
+@pytest.fixture(autouse=True)
+def synthetic_engines(monkeypatch):
+    def latency(job, shape):
+        return LatencyTable.from_functions(lambda n, c: (8e-3 + 2e-5 * n) / shape.gpus**0.5, lambda t: 2e-5 * t / shape.gpus, max_ctx=job.max_total_len)
+
+    monkeypatch.setattr(plan_mod, "default_latency", latency)
+    monkeypatch.setattr(plan_mod.enumerate_plans, "__kwdefaults__", {**plan_mod.enumerate_plans.__kwdefaults__, "latency": latency})
+    monkeypatch.setattr(plan_mod.evaluate, "__kwdefaults__", {**plan_mod.evaluate.__kwdefaults__, "latency": latency})
+
+
+JOB = ["--model", "Qwen3-30B-A3B", "--gpus", "4x8xH100", "--prompt-len", "256", "--response-len", "4096", "--prompts-per-step", "16", "--generations-per-prompt", "16"]
+
+
+def test_tune_rl_ranks_plans_as_json(tmp_path):
+    out = tmp_path / "recipe.yaml"
+    r = CliRunner().invoke(app, ["rl", *JOB, "--async-steps", "1", "--json", "--export", str(out)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    steps = [p["predicted"]["step_time_s"] for p in d["plans"]]
+    assert steps == sorted(steps) and d["front_by_staleness"][0]["async_steps"] == 0
+    assert "prediction" in d["note"]
+    assert "policy:" in out.read_text()
+
+
+def test_tune_rl_table_labels_predictions():
+    r = CliRunner().invoke(app, ["rl", *JOB, "--top", "3"])
+    assert r.exit_code == 0, r.output
+    assert "prediction" in r.stdout and "Front" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--no-colocated", "--rollout-gpus", "64"], "rollout-gpus"),
+        (["--engine-tp", "3"], "engine-tp"),
+        (["--max-seq-len", "4000"], "max-seq-len"),
+        (["--trainer-layout", "megatron:tp=x"], "trainer-layout"),
+    ],
+)
+def test_bad_input_is_one_red_line_exit_2(extra, needle):
+    r = CliRunner().invoke(app, ["rl", *JOB, *extra])
+    assert r.exit_code == 2
+    assert needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_unknown_model_names_what_is_known():
+    r = CliRunner().invoke(app, ["rl", "--model", "Nope-1B", "--gpus", "2x8xH100"])
+    assert r.exit_code == 2 and "known models" in r.stderr
+
+
+def test_validate_reports_rows_and_names_bad_ones(tmp_path):
+    text = (ROOT / "benchmarks" / "data" / "rl_runs.csv").read_text().splitlines()
+    keep = [text[0]] + [line for line in text[1:] if "Qwen3-30B-A3B,H100" in line][:2]
+    keep.append(keep[1].replace("vllm:tp=", "vllm:tp=zz"))
+    f = tmp_path / "runs.csv"
+    f.write_text("\n".join(keep) + "\n")
+    r = CliRunner().invoke(app, ["rl", "validate", "--data", str(f), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert len(d["rows"]) == 2 and d["summary"]["step"]["n"] == 2
+    assert any("rollout_layout" in u for u in d["unreadable"])
+
+
+def test_calibrate_from_a_nemo_rl_log(tmp_path):
+    out = tmp_path / "cal.yaml"
+    r = CliRunner().invoke(app, [
+        "rl", "calibrate", "--log", str(ROOT / "tests" / "fixtures" / "rl_logs" / "nemo_rl_grpo_sync.log"),
+        "--model", "Qwen3-30B-A3B", "--gpus", "4x8xH100", "--rollout-gpus", "32", "--colocated",
+        "--rollout-layout", "vllm:tp=2,ep=1,pp=1", "--trainer-layout", "megatron:tp=1,cp=1,ep=8,pp=1,vpp=1",
+        "--prompt-len", "256", "--response-len", "4096", "--prompts-per-step", "16", "--generations-per-prompt", "16", "--json", "--out", str(out),
+    ])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["predicted_after"]["generation_s"] == pytest.approx(d["measured"]["generation_s"], rel=1e-6)
+    assert "rl_calibration" in out.read_text()
+    r2 = CliRunner().invoke(app, ["rl", *JOB, "--calibration", str(out), "--json", "--top", "1"])
+    assert r2.exit_code == 0 and "calibrated from" in json.loads(r2.stdout)["calibration"]

@@ -1,0 +1,358 @@
+"""``tune rl``: RL post-training plans (split, engines, trainer layout), their validation and calibration.
+
+Commands: ``tune rl`` / ``tune rl plan`` (rank plans for a job, optionally export the best),
+``tune rl validate --data CSV`` (predict measured runs), ``tune rl calibrate --log FILE`` (fit
+this cluster's factors from a run's timing output). Every number printed is a prediction
+unless it is labelled measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cost_model.rl.calibrate import fit_from_measured, mean_measured, read_log
+from cost_model.rl.calibration import DEFAULT_RL_CALIBRATION, load_rl_calibration, save_rl_calibration
+from cost_model.rl.engine import Engine
+from cost_model.rl.layouts import parse_engine_layout, parse_trainer_layout
+from cost_model.rl.lengths import LengthDistribution
+from cost_model.rl.models import load_rl_model
+from cost_model.rl.plan import Framework, PlanChoice, RLJob, RLPlan, enumerate_plans, evaluate
+from cost_model.rl.trainer import TrainerBackend, rl_workload, trainer_for_layout
+from cost_model.rl.validate import predict_rows, read_runs, summarise
+from launch.rl_export import render_nemo_rl_yaml, render_slime_script
+from specs import Cluster, parse_gpus
+from specs.errors import TunerError
+
+__all__ = ["rl_app"]
+
+rl_app = typer.Typer(help="RL post-training: split GPUs between trainer and generation, shape both, export a recipe.", no_args_is_help=False, add_completion=False)
+_err = Console(stderr=True)
+_out = Console(width=None if Console().is_terminal else 220)
+
+Model = Annotated[str, typer.Option("--model", help="Model preset (tune models) or config.json path.")]
+Gpus = Annotated[str, typer.Option("--gpus", help="NODESxPER_NODExGPU, e.g. 32x8xH200.")]
+FrameworkOpt = Annotated[Framework, typer.Option("--framework", help="nemo-rl or slime.")]
+EngineOpt = Annotated[Engine | None, typer.Option("--engine", help="vllm or sglang (default: vllm for nemo-rl, sglang for slime).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
+CalOpt = Annotated[Path | None, typer.Option("--calibration", help="RL calibration YAML from `tune rl calibrate`.")]
+
+
+def _fail(e: TunerError) -> typer.Exit:
+    _err.print(f"[red]error: {e}[/red]", highlight=False, soft_wrap=True)
+    return typer.Exit(code=2)
+
+
+def _job(
+    *,
+    model: str,
+    gpus: str,
+    framework: Framework,
+    engine: Engine | None,
+    prompt_len: int,
+    response_len: int,
+    mean_prompt_len: float | None,
+    mean_response_len: float | None,
+    response_lengths: Path | None,
+    prompts_per_step: int,
+    generations_per_prompt: int,
+    max_seq_len: int,
+    train_global_batch: int,
+    logprob_passes: int,
+) -> RLJob:
+    m = load_rl_model(model)
+    cl = parse_gpus(gpus)
+    eng = engine or (Engine.sglang if framework == Framework.slime else Engine.vllm)
+    if framework == Framework.slime and eng != Engine.sglang:
+        raise TunerError("--framework slime generates with SGLang; use --engine sglang")
+    if response_lengths is not None:
+        dist = LengthDistribution.from_file(response_lengths, max_len=response_len)
+    else:
+        dist = LengthDistribution.from_mean_max(mean_response_len if mean_response_len is not None else response_len / 2, response_len)
+    return RLJob(
+        model=m,
+        cluster=cl,
+        framework=framework,
+        engine=eng,
+        prompt_len=prompt_len,
+        response_len=response_len,
+        mean_prompt_len=mean_prompt_len if mean_prompt_len is not None else prompt_len / 4,
+        responses=dist,
+        prompts_per_step=prompts_per_step,
+        generations_per_prompt=generations_per_prompt,
+        train_global_batch_size=train_global_batch,
+        logprob_passes=logprob_passes,
+        max_seq_len=max_seq_len,
+    )
+
+
+def _plan_dict(p: RLPlan) -> dict[str, Any]:
+    c = p.choice
+    return {
+        "colocated": c.colocated,
+        "rollout_gpus": c.rollout_gpus,
+        "trainer_gpus": c.trainer_gpus,
+        "engines": c.num_engines,
+        "rollout_layout": p.rollout_label,
+        "gpu_memory_utilization": c.gpu_memory_utilization,
+        "max_num_seqs": c.max_num_seqs,
+        "enforce_eager": c.enforce_eager,
+        "async_steps": c.async_steps,
+        "trainer_layout": p.trainer.label,
+        "predicted": {**{k: v for k, v in dataclasses.asdict(p.parts).items() if k.endswith("_s")}, "step_time_s": p.step_time_s},
+        "kv_capacity_tokens": p.kv_capacity_tokens,
+        "preemptions": p.preemptions,
+        "notes": list(p.notes),
+    }
+
+
+def _distinct(plans: list[RLPlan], top: int) -> list[RLPlan]:
+    """The fastest plans that differ in split, engine shape, eagerness, trainer or K (util / max_num_seqs ties dropped)."""
+    seen: set[tuple[Any, ...]] = set()
+    out = []
+    for p in plans:
+        c = p.choice
+        key = (c.colocated, c.rollout_gpus, c.shape, c.enforce_eager, p.trainer.label, c.async_steps)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(p)
+        if len(out) >= top:
+            break
+    return out
+
+
+def _table(title: str, plans: list[RLPlan]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for col in ("#", "mode", "engines", "mem", "seqs", "graphs", "trainer", "K", "step s", "gen", "logprob", "train", "refit", "switch", "notes"):
+        t.add_column(col, justify="right" if col in ("#", "mem", "seqs", "K", "step s", "gen", "logprob", "train", "refit", "switch") else "left")
+    for i, p in enumerate(plans, 1):
+        c = p.choice
+        pt = p.parts
+        mode = "colocated" if c.colocated else f"{c.rollout_gpus}+{c.trainer_gpus}"
+        t.add_row(
+            str(i), mode, f"{c.num_engines}x {p.rollout_label}", f"{c.gpu_memory_utilization:g}", str(c.max_num_seqs), "eager" if c.enforce_eager else "graphs",
+            p.trainer.label, str(c.async_steps), f"{pt.step_time_s:.1f}", f"{pt.generation_s:.1f}", f"{pt.logprob_s:.1f}", f"{pt.training_s:.1f}",
+            f"{pt.refit_s:.1f}", f"{pt.switch_s:.1f}", "; ".join(p.notes),
+        )
+    return t
+
+
+@rl_app.callback(invoke_without_command=True)
+def plan(
+    ctx: typer.Context,
+    model: Model = "",
+    gpus: Gpus = "",
+    framework: FrameworkOpt = Framework.nemo_rl,
+    engine: EngineOpt = None,
+    prompt_len: Annotated[int, typer.Option("--prompt-len", help="Longest prompt (tokens).")] = 2048,
+    response_len: Annotated[int, typer.Option("--response-len", help="Longest response (tokens).")] = 6144,
+    mean_prompt_len: Annotated[float | None, typer.Option("--mean-prompt-len", help="Mean prompt tokens (default: a quarter of --prompt-len, an assumption).")] = None,
+    mean_response_len: Annotated[float | None, typer.Option("--mean-response-len", help="Mean response tokens (default: half of --response-len, an assumption).")] = None,
+    response_lengths: Annotated[Path | None, typer.Option("--response-lengths", help="Histogram of response lengths from a previous run (CSV response_len,count; JSON; one per line).")] = None,
+    prompts_per_step: Annotated[int, typer.Option("--prompts-per-step")] = 32,
+    generations_per_prompt: Annotated[int, typer.Option("--generations-per-prompt")] = 16,
+    max_seq_len: Annotated[int, typer.Option("--max-seq-len", help="max_total_sequence_length (default prompt + response).")] = 0,
+    train_global_batch: Annotated[int, typer.Option("--train-global-batch", help="Sequences per optimizer step (default: all of a step).")] = 0,
+    logprob_passes: Annotated[int, typer.Option("--logprob-passes", help="Forward passes for log-probs (2 = policy + reference for KL; 1 without KL).")] = 2,
+    async_steps: Annotated[int, typer.Option("--async-steps", help="Evaluate non-colocated plans at each async depth 0..K.")] = 0,
+    colocated: Annotated[bool | None, typer.Option("--colocated/--no-colocated", help="Only colocated / only split plans (default both).")] = None,
+    rollout_gpus: Annotated[int | None, typer.Option("--rollout-gpus", help="Only this many rollout GPUs (whole nodes).")] = None,
+    engine_tp: Annotated[int | None, typer.Option("--engine-tp")] = None,
+    engine_ep: Annotated[int | None, typer.Option("--engine-ep")] = None,
+    gpu_memory_utilization: Annotated[float | None, typer.Option("--gpu-memory-utilization")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs")] = None,
+    enforce_eager: Annotated[bool | None, typer.Option("--enforce-eager/--cuda-graphs", help="Only eager / only CUDA-graph engines (default both).")] = None,
+    trainer_backend: Annotated[str, typer.Option("--trainer-backend", help="megatron, automodel or all (nemo-rl default all; slime megatron).")] = "",
+    trainer_layout: Annotated[str | None, typer.Option("--trainer-layout", help="Fix the trainer: megatron:tp=..,cp=..,ep=..,pp=..,vpp=.. or automodel:cp=..,ep=..")] = None,
+    calibration: CalOpt = None,
+    top: Annotated[int, typer.Option("--top", help="Plans to print.")] = 10,
+    export: Annotated[Path | None, typer.Option("--export", help="Write the best plan's recipe to this file (NeMo-RL YAML or slime script).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Rank RL plans for a job: colocated or split, engine shapes, trainer layouts, async depth."""
+    if ctx.invoked_subcommand is not None:
+        return
+    try:
+        if not model or not gpus:
+            raise TunerError("tune rl needs --model and --gpus (e.g. --model MiniMax-M3 --gpus 32x8xH200)")
+        job = _job(
+            model=model, gpus=gpus, framework=framework, engine=engine, prompt_len=prompt_len, response_len=response_len,
+            mean_prompt_len=mean_prompt_len, mean_response_len=mean_response_len, response_lengths=response_lengths,
+            prompts_per_step=prompts_per_step, generations_per_prompt=generations_per_prompt, max_seq_len=max_seq_len,
+            train_global_batch=train_global_batch, logprob_passes=logprob_passes,
+        )
+        if rollout_gpus is not None and rollout_gpus >= job.cluster.num_gpus:
+            raise TunerError(f"--rollout-gpus {rollout_gpus} exceeds the cluster's {job.cluster.num_gpus} GPUs less at least one trainer node")
+        if engine_tp is not None:
+            per = job.cluster.gpus_per_node
+            if (engine_tp < per and per % engine_tp) or (engine_tp > per and engine_tp % per):
+                raise TunerError(f"--engine-tp {engine_tp} neither divides the {per} GPUs per node nor is a whole number of nodes; an engine must tile nodes")
+        cal = load_rl_calibration(calibration) if calibration else DEFAULT_RL_CALIBRATION
+        tl = parse_trainer_layout(trainer_layout, "--trainer-layout") if trainer_layout else None
+        if trainer_backend in ("", "all"):
+            backends = (TrainerBackend.megatron,) if framework == Framework.slime else (TrainerBackend.megatron, TrainerBackend.automodel)
+        else:
+            try:
+                backends = (TrainerBackend(trainer_backend),)
+            except ValueError:
+                raise TunerError(f"--trainer-backend {trainer_backend!r}: accepted megatron, automodel or all") from None
+        ps = enumerate_plans(
+            job, calibration=cal, backends=backends, async_steps=async_steps, colocated=colocated,
+            rollout_gpus=None if rollout_gpus is None else [rollout_gpus],
+            engine_tp=None if engine_tp is None else [engine_tp], engine_ep=None if engine_ep is None else [engine_ep],
+            gpu_memory_utilization=None if gpu_memory_utilization is None else [gpu_memory_utilization],
+            max_num_seqs=(256, 1024) if max_num_seqs is None else (max_num_seqs,),
+            enforce_eager=(False, True) if enforce_eager is None else (enforce_eager,), trainer_layout=tl,
+        )
+        best = ps.plans[0]
+        text = None
+        if export is not None:
+            text = render_slime_script(best, job) if framework == Framework.slime else render_nemo_rl_yaml(best, job)
+            export.write_text(text)
+    except TunerError as e:
+        raise _fail(e) from None
+    if json_out:
+        _out.print_json(json.dumps({
+            "model": job.model.name, "cluster": job.cluster.label, "framework": str(framework), "engine": str(job.engine),
+            "responses": job.responses.source, "calibration": cal.source, "considered": ps.considered, "rejected": ps.rejected,
+            "plans": [_plan_dict(p) for p in _distinct(ps.plans, top)],
+            "front_by_rollout_gpus": [_plan_dict(p) for p in ps.front_by_rollout_gpus()],
+            "front_by_staleness": [_plan_dict(p) for p in ps.front_by_staleness()],
+            "note": "every number is a prediction; nothing was measured",
+        }))
+        return
+    _out.print(
+        f"{job.model.name} on {job.cluster.label}, {framework} + {job.engine}: {job.prompts_per_step} prompts x {job.generations_per_prompt} generations, "
+        f"prompt <= {job.prompt_len:,}, response <= {job.response_len:,} ({job.responses.source}); calibration: {cal.source}",
+        highlight=False,
+    )
+    _out.print("[bold]Every number below is a prediction (rollout simulation + analytical estimate); nothing was measured.[/bold]")
+    _out.print(f"Plans considered: {ps.considered:,}; evaluated: {len(ps.plans):,}; set aside: " + (", ".join(f"{k} ({v})" for k, v in ps.rejected.items()) or "none"), highlight=False)
+    _out.print(_table("Fastest plans (predicted seconds per step)", _distinct(ps.plans, top)))
+    _out.print(_table("Front: fastest plan per rollout-GPU count", ps.front_by_rollout_gpus()))
+    if async_steps:
+        _out.print(_table("Front: fastest plan per async depth K (staleness)", ps.front_by_staleness()))
+    if export is not None:
+        _out.print(f"wrote the best plan's {'slime script' if framework == Framework.slime else 'NeMo-RL recipe'} to {export}")
+
+
+@rl_app.command("validate")
+def validate_cmd(
+    data: Annotated[Path, typer.Option("--data", help="CSV of measured RL runs (benchmarks/data/rl_runs.csv).")],
+    calibration: CalOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Predict every measured run of a CSV; print the step-time error per row and in summary."""
+    try:
+        rows, errors = read_runs(data)
+        cal = load_rl_calibration(calibration) if calibration else DEFAULT_RL_CALIBRATION
+    except TunerError as e:
+        raise _fail(e) from None
+    results = predict_rows(rows, calibration=cal)
+    summary = summarise(results)
+    unreadable = errors + [r.error for r in results if r.plan is None]
+    if json_out:
+        _out.print_json(json.dumps({
+            "calibration": cal.source,
+            "rows": [{"line": r.row.line, "run": r.row.label, "measured_step_time_s": r.row.step_time_s,
+                      "predicted": None if r.plan is None else _plan_dict(r.plan)["predicted"],
+                      "step_error": r.rel_error("step"), "generation_error": r.rel_error("generation"), "training_error": r.rel_error("training"),
+                      "error": r.error} for r in results],
+            "unreadable": errors, "summary": summary,
+        }))
+        return
+    t = Table(title=f"Measured vs predicted step time ({data}; calibration: {cal.source})", title_justify="left")
+    for col in ("line", "run", "measured s", "predicted s", "error", "gen", "logprob", "train", "refit", "switch"):
+        t.add_column(col)
+    for r in results:
+        if r.plan is None:
+            continue
+        pt = r.plan.parts
+        t.add_row(str(r.row.line), r.row.label, f"{r.row.step_time_s:g}", f"{pt.step_time_s:.1f}", f"{r.rel_error('step'):+.0%}",
+                  f"{pt.generation_s:.1f}", f"{pt.logprob_s:.1f}", f"{pt.training_s:.1f}", f"{pt.refit_s:.1f}", f"{pt.switch_s:.1f}")
+    _out.print(t)
+    st = summary["step"]
+    assert isinstance(st, dict)
+    med = st["median_abs_error"]
+    _out.print(f"step time: {st['n']} rows predicted of {len(rows) + len(errors)}; median |error| {'n/a' if med is None else f'{med:.1%}'}", highlight=False)
+    for part in ("generation", "training"):
+        s = summary[part]
+        assert isinstance(s, dict)
+        _out.print(f"{part}: " + ("not published in these rows" if not s["n"] else f"{s['n']} rows, median |error| {s['median_abs_error']:.1%}"), highlight=False)
+    verdicts = summary["colocated_vs_split"]
+    assert isinstance(verdicts, list)
+    for v in verdicts:
+        _out.print(f"colocated vs split, {v['group']}: measured faster {v['measured']}, predicted faster {v['predicted']} ({'agree' if v['agree'] else 'MISS'})", highlight=False)
+    for u in unreadable:
+        _err.print(f"[yellow]not predicted: {u}[/yellow]", highlight=False, soft_wrap=True)
+
+
+@rl_app.command("calibrate")
+def calibrate_cmd(
+    log: Annotated[Path, typer.Option("--log", help="A NeMo-RL or slime training log with per-step timing.")],
+    model: Model,
+    gpus: Gpus,
+    rollout_layout: Annotated[str, typer.Option("--rollout-layout", help="The engines that ran: vllm:tp=..,ep=..,pp=..[,gpu_memory_utilization=..,enforce_eager=0|1]")],
+    trainer_layout: Annotated[str, typer.Option("--trainer-layout", help="The trainer that ran: megatron:tp=..,cp=..,ep=..,pp=..,vpp=.. or automodel:cp=..,ep=..")],
+    rollout_gpus: Annotated[int, typer.Option("--rollout-gpus", help="Rollout GPUs (= all GPUs when colocated).")],
+    colocated: Annotated[bool, typer.Option("--colocated/--no-colocated")] = False,
+    framework: FrameworkOpt = Framework.nemo_rl,
+    prompt_len: Annotated[int, typer.Option("--prompt-len")] = 2048,
+    response_len: Annotated[int, typer.Option("--response-len")] = 6144,
+    mean_prompt_len: Annotated[float | None, typer.Option("--mean-prompt-len")] = None,
+    mean_response_len: Annotated[float | None, typer.Option("--mean-response-len", help="Default: the log's mean generation length, else half of --response-len.")] = None,
+    prompts_per_step: Annotated[int, typer.Option("--prompts-per-step")] = 32,
+    generations_per_prompt: Annotated[int, typer.Option("--generations-per-prompt")] = 16,
+    async_steps: Annotated[int, typer.Option("--async-steps")] = 0,
+    logprob_passes: Annotated[int, typer.Option("--logprob-passes")] = 2,
+    calibration: CalOpt = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write the fitted factors here (YAML for --calibration).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Fit this cluster's factors from a run's per-step timing, so the next plan is calibrated to it."""
+    try:
+        steps = read_log(log)
+        measured = mean_measured(steps)
+        mean_resp = mean_response_len if mean_response_len is not None else measured.get("mean_generation_len")
+        eng = parse_engine_layout(rollout_layout, "--rollout-layout")
+        job = _job(
+            model=model, gpus=gpus, framework=framework, engine=eng.engine, prompt_len=prompt_len, response_len=response_len,
+            mean_prompt_len=mean_prompt_len, mean_response_len=mean_resp, response_lengths=None, prompts_per_step=prompts_per_step,
+            generations_per_prompt=generations_per_prompt, max_seq_len=0, train_global_batch=0, logprob_passes=logprob_passes,
+        )
+        base = load_rl_calibration(calibration) if calibration else DEFAULT_RL_CALIBRATION
+        tl = parse_trainer_layout(trainer_layout, "--trainer-layout")
+        cl = job.cluster
+        trainer_gpus = cl.num_gpus if colocated else cl.num_gpus - rollout_gpus
+        if trainer_gpus < 1 or rollout_gpus > cl.num_gpus:
+            raise TunerError(f"--rollout-gpus {rollout_gpus} leaves no trainer GPU of the {cl.num_gpus}")
+        sub = Cluster(gpu=cl.gpu, num_gpus=trainer_gpus, gpus_per_node=min(cl.gpus_per_node, trainer_gpus), inter_node_bytes_per_s=cl.inter_node_bytes_per_s)
+        wl = rl_workload(sequences=job.train_sequences, mean_total_len=job.mean_prompt_len + job.responses.mean, max_total_len=job.max_total_len)
+        trainer = trainer_for_layout(job.model, sub, wl, tl.backend, tp=tl.tp, cp=tl.cp, ep=tl.ep, pp=tl.pp, vpp=tl.vpp, logprob_passes=logprob_passes)
+        choice = PlanChoice(
+            colocated=colocated, rollout_gpus=rollout_gpus, trainer_gpus=trainer_gpus, shape=eng.shape,
+            gpu_memory_utilization=eng.gpu_memory_utilization or (0.6 if colocated else 0.8), max_num_seqs=eng.max_num_seqs or 1024,
+            enforce_eager=bool(eng.enforce_eager), async_steps=async_steps, trainer_backend=tl.backend, engine=eng.engine,
+        )
+        predicted = evaluate(job, choice, trainer=trainer, calibration=base)
+        fitted = fit_from_measured(predicted, measured, base, source=f"calibrated from {log.name} ({len(steps)} steps, {steps[0].framework})")
+        after = evaluate(job, choice, trainer=trainer, calibration=fitted)
+    except TunerError as e:
+        raise _fail(e) from None
+    text = save_rl_calibration(fitted)
+    if out is not None:
+        out.write_text(text)
+    if json_out:
+        _out.print_json(json.dumps({"measured": measured, "predicted_before": _plan_dict(predicted)["predicted"], "predicted_after": _plan_dict(after)["predicted"], "calibration": dataclasses.asdict(fitted)}))
+        return
+    _out.print(f"read {len(steps)} steps from {log} ({steps[0].framework}); measured means (s): " + ", ".join(f"{k} {v:.1f}" for k, v in measured.items() if v is not None), highlight=False)
+    _out.print(f"predicted before: step {predicted.step_time_s:.1f} s; after calibration: step {after.step_time_s:.1f} s (measured {measured['step_time_s']:.1f} s)", highlight=False)
+    _out.print(text if out is None else f"wrote the factors to {out}; pass --calibration {out} to tune rl", highlight=False)
+
