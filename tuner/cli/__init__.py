@@ -6,6 +6,7 @@
 * the cost model against measurements: ``validate``, ``calibrate`` (:mod:`tuner.cli.fit`);
 * numerics: ``verify`` (:mod:`tuner.cli.verify_cmd`);
 * the catalogue: ``models``, ``gpus`` (:mod:`tuner.cli.catalogue`).
+* RL post-training: ``rl`` (:mod:`tuner.cli_rl`, mounted as ``tune rl``, imported only when it runs).
 
 The areas share :mod:`tuner.cli._common` (consoles, the error boundary, study loading, option
 aliases) and :mod:`tuner.cli._layout` (the layout options); none imports this package's
@@ -24,9 +25,15 @@ from tuner.cli.main_job import main_job
 
 __all__ = ["app", "main"]
 
+
+
+class _Tune(TuneGroup):
+    lazy = {"rl": "tuner.cli_rl:rl_app"}
+
+
 app = typer.Typer(
     name="tune",
-    cls=TuneGroup,
+    cls=_Tune,
     help="Parallel-layout tuner for Megatron-core training: predicts, searches and exports the fastest layout that fits.",
     add_completion=False,
     no_args_is_help=False,

@@ -15,9 +15,10 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import typer
+import typer.main
 from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
@@ -89,7 +90,27 @@ class TuneGroup(TyperGroup):
       command's ``--help`` and exits 2.
     * Ctrl-C exits 130 ("interrupted"); any other exception is a bug: one line asking for a
       report (the traceback with ``--debug``), exit 1.
+
+    Sub-apps named in :attr:`lazy` (``name -> "module:typer_app"``) are imported only when their
+    command is run or listed, so ``tune`` does not pay for them at every start.
     """
+
+    lazy: ClassVar[dict[str, str]] = {}
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        """The commands, the lazy ones after the others."""
+        return [*super().list_commands(ctx), *(n for n in self.lazy if n not in self.commands)]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        """The command ``cmd_name``, importing a lazy sub-app the first time it is asked for."""
+        if cmd_name not in self.commands and cmd_name in self.lazy:
+            import importlib
+
+            module, _, attr = self.lazy[cmd_name].partition(":")
+            group = typer.main.get_command(getattr(importlib.import_module(module), attr))
+            group.name = cmd_name
+            self.commands[cmd_name] = group
+        return super().get_command(ctx, cmd_name)
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
