@@ -88,8 +88,8 @@ class TuneGroup(TyperGroup):
       without ``--debug``.
     * A usage error (unknown option, bad value: typer / click) prints one red line naming the
       command's ``--help`` and exits 2.
-    * Ctrl-C exits 130 ("interrupted"); any other exception is a bug: one line asking for a
-      report (the traceback with ``--debug``), exit 1.
+    * Ctrl-C exits 130 (the main job first says how to resume); any other exception is a bug:
+      one line asking for a report (the traceback with ``--debug``), exit 1.
 
     Sub-apps named in :attr:`lazy` (``name -> "module:typer_app"``) are imported only when their
     command is run or listed, so ``tune`` does not pay for them at every start.
@@ -135,9 +135,12 @@ class TuneGroup(TyperGroup):
             hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
             _red(f"{e.format_message()}{hint}")
             code = e.exit_code
-        except (KeyboardInterrupt, typer.Abort):
+        except KeyboardInterrupt:  # (typer itself turns a Ctrl-C inside a command into exit 130)
             err.print("interrupted")
             code = 130
+        except typer.Abort:
+            err.print("aborted")
+            code = 1
         except Exception as e:  # noqa: BLE001 - a bug, not a user error
             if debug:
                 _traceback(e)
