@@ -261,7 +261,7 @@ _TRIAL_PT = 12  # ... of an evaluated trial
 
 
 def _place_labels(ax: Any, points: list[tuple[float, float]], texts: list[str], avoid: list[tuple[float, float, float]],
-                  *, lines: list[Any] = (), bold: int | None = 0) -> list[Any]:
+                  *, lines: Sequence[Any] = (), bold: int | None = 0) -> list[Any]:
     """Annotate ``points`` (data coordinates) with ``texts`` so that no two labels overlap.
 
     Each label is tried at the offsets of :data:`_LABEL_RADII` x :data:`_LABEL_ANGLES` (nearest first,

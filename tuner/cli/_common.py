@@ -113,7 +113,7 @@ class TuneGroup(TyperGroup):
         return super().get_command(ctx, cmd_name)
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
-             standalone_mode: bool = True, **extra: Any) -> Any:
+             standalone_mode: bool = True, windows_expand_args: bool = True, **extra: Any) -> Any:
         """Run the command line (``args``, default ``sys.argv[1:]``) and turn every error into an exit code.
 
         Returns:
@@ -123,7 +123,7 @@ class TuneGroup(TyperGroup):
         debug = flag or os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
         extra.setdefault("obj", CliState(argv=tuple(argv), debug=debug))
         try:
-            rv = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+            rv = super().main(argv, prog_name, complete_var, standalone_mode=False, windows_expand_args=windows_expand_args, **extra)
             code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
         except TunerError as e:
             if debug:
