@@ -16,7 +16,7 @@ from specs import Cluster, ModelSpec, Workload
 from specs.layout import Layout
 from tuner.pareto import pareto_mask
 
-__all__ = ["pick_trial_row", "front_rows", "measured_ties", "ties_note", "runs_note", "runs_summary", "fastest_measured", "long_label", "write_pareto_csv", "plot_front", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
+__all__ = ["pick_trial_row", "front_rows", "measured_ties", "ties_note", "runs_note", "runs_summary", "fastest_measured", "long_label", "write_pareto_csv", "plot_front", "front_figure", "export_context", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
 
 FRONT_COLUMNS = (
     "trial",
@@ -252,33 +252,194 @@ def write_pareto_csv(path: Path, front: list[dict[str, Any]]) -> None:
             w.writerow([r[c] if not isinstance(r[c], float) else f"{r[c]:.6g}" for c in FRONT_COLUMNS])
 
 
-def plot_front(path: Path, rows: list[dict[str, Any]], front: list[dict[str, Any]], title: str, usable_gib: float) -> None:
-    """PNG scatter of every evaluated trial and the front (peak GiB vs tokens/s/GPU)."""
+#: Leader-line lengths (points) and directions (degrees; up-left first: the region above and left of a
+#: Pareto front holds no evaluated trial, by the front's definition) tried for a trial-number label.
+_LABEL_RADII = (11, 16, 22, 29, 37, 46, 56, 67, 79, 92, 106, 121, 137, 154, 172, 192, 214, 238)
+_LABEL_ANGLES = (135, 112, 157, 90, 180, 67, 202, 45, 225, 22, 247, 0, 270, 337, 292, 315)
+_MARKER_PT = 30  # scatter size (points**2) of a front point
+_TRIAL_PT = 12  # ... of an evaluated trial
+
+
+def _place_labels(ax: Any, points: list[tuple[float, float]], texts: list[str], avoid: list[tuple[float, float, float]],
+                  *, lines: Sequence[Any] = (), bold: int | None = 0) -> list[Any]:
+    """Annotate ``points`` (data coordinates) with ``texts`` so that no two labels overlap.
+
+    Each label is tried at the offsets of :data:`_LABEL_RADII` x :data:`_LABEL_ANGLES` (nearest first,
+    up-left first) and put at the first one whose text box (from the renderer, padded by 2 px) stays
+    inside the axes and meets no placed label, no marker of ``avoid`` (x, y in data coordinates and
+    the marker's size in points**2) and no drawn line of ``lines``; a leader line joins it to its
+    point. If no offset is free (hundreds of labels in a small figure), the least-overlapping one is used.
+
+    Returns:
+        The :class:`matplotlib.text.Annotation` of each label, in the order of ``points``.
+    """
+    import math
+
+    from matplotlib import patheffects
+    from matplotlib.text import Text
+
+    fig = ax.figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    axes_box = ax.get_window_extent(renderer)
+    px = fig.dpi / 72
+    markers = [_square(ax.transData.transform((x, y)), math.sqrt(size) / 2 * px + 1) for x, y, size in avoid]
+    for line in lines:  # the line's path, sampled every ~3 px, as boxes of its width
+        path = line.get_transform().transform_path(line.get_path())
+        pts = path.vertices
+        for a, b in zip(pts[:-1], pts[1:]):
+            n = max(1, int(math.hypot(*(b - a)) / 3))
+            markers += [_square(a + (b - a) * i / n, line.get_linewidth() * px / 2 + 1) for i in range(n + 1)]
+    placed: list[Any] = []
+    out = []
+    for k, (xy, text) in enumerate(zip(points, texts)):
+        ann = ax.annotate(text, xy, xytext=(0, 0), textcoords="offset points", fontsize=7, ha="center", va="center",
+                          fontweight="bold" if k == bold else "normal", color="#7b241c", zorder=5,
+                          path_effects=[patheffects.withStroke(linewidth=2.5, foreground="white")],
+                          arrowprops={"arrowstyle": "-", "color": "#7b241c", "lw": 0.5, "shrinkA": 0, "shrinkB": 2.5})
+        best, best_cost = None, math.inf
+        for radius in _LABEL_RADII:
+            for angle in _LABEL_ANGLES:
+                off = (radius * math.cos(math.radians(angle)), radius * math.sin(math.radians(angle)))
+                ann.xyann = off
+                ann.update_positions(renderer)
+                box = Text.get_window_extent(ann, renderer).padded(2)
+                outside = not (axes_box.x0 <= box.x0 and box.x1 <= axes_box.x1 and axes_box.y0 <= box.y0 and box.y1 <= axes_box.y1)
+                cost = sum(_overlap(box, b) for b in placed) + sum(_overlap(box, m) for m in markers) + (1e9 if outside else 0.0)
+                if cost == 0:
+                    best, best_cost = off, 0.0
+                    break
+                if cost < best_cost:
+                    best, best_cost = off, cost
+            if best_cost == 0:
+                break
+        ann.xyann = best
+        ann.update_positions(renderer)
+        placed.append(Text.get_window_extent(ann, renderer).padded(2))
+        out.append(ann)
+    return out
+
+
+def _square(center: Any, half: float) -> Any:
+    from matplotlib.transforms import Bbox
+
+    return Bbox.from_extents(center[0] - half, center[1] - half, center[0] + half, center[1] + half)
+
+
+def _overlap(a: Any, b: Any) -> float:
+    """Area (px**2) two boxes share."""
+    w = min(a.x1, b.x1) - max(a.x0, b.x0)
+    h = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return w * h if w > 0 and h > 0 else 0.0
+
+
+def front_figure(rows: list[dict[str, Any]], front: list[dict[str, Any]], title: str, usable_gib: float,
+                 labelled: list[dict[str, Any]] | None = None) -> tuple[Any, list[Any]]:
+    """The figure of :func:`plot_front` and its trial-number labels (one per row of ``labelled``).
+
+    Args:
+        rows: every evaluated trial (``peak_gib``, GiB; ``tokens_per_s_per_gpu``).
+        front: the Pareto-optimal rows, fastest first (:func:`front_rows`).
+        title: the figure's title.
+        usable_gib: HBM minus the headroom (GiB): a dashed line.
+        labelled: the rows whose trial number is written next to its point: the rows of the printed
+            table (default: the first 15 of ``front``).
+
+    Returns:
+        (the matplotlib figure, the label annotations in the order of ``labelled``).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    labelled = front[:15] if labelled is None else labelled
+    fig, ax = plt.subplots(figsize=(9, 5.6), dpi=120)
     ok = [r for r in rows if "tokens_per_s_per_gpu" in r]
     src = {r.get("source", "predicted") for r in ok}
-    ax.scatter([r["peak_gib"] for r in ok], [r["tokens_per_s_per_gpu"] for r in ok], s=12, c="#9aa5b1", label="evaluated trials")
+    ax.scatter([r["peak_gib"] for r in ok], [r["tokens_per_s_per_gpu"] for r in ok], s=12, c="#9aa5b1", label="evaluated trials", zorder=2)
     fx = [r["peak_gib"] for r in front]
     fy = [r["tokens_per_s_per_gpu"] for r in front]
-    ax.step(fx[::-1], fy[::-1], where="post", color="#c0392b", lw=1.2)
-    ax.scatter(fx, fy, s=30, c="#c0392b", label="Pareto front", zorder=3)
-    for r in front[:6]:
-        ax.annotate(r["label"], (r["peak_gib"], r["tokens_per_s_per_gpu"]), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    (stairs,) = ax.step(fx[::-1], fy[::-1], where="post", color="#c0392b", lw=1.2, zorder=3)
+    ax.scatter(fx, fy, s=_MARKER_PT, c="#c0392b", label="Pareto front", zorder=4)
+    if front:
+        ax.scatter(fx[:1], fy[:1], s=110, marker="*", c="#f1c40f", edgecolors="#7b241c", linewidths=0.6, zorder=4, label=f"fastest: trial {front[0]['trial']}")
     ax.axvline(usable_gib, color="#555", ls="--", lw=0.8, label=f"usable memory ({usable_gib:.0f} GiB)")
     kind = "predicted" if src <= {"predicted"} else "measured" if src <= {"measured"} else "predicted and measured"
     ax.set_xlabel(f"peak memory per GPU, GiB ({kind})")
     ax.set_ylabel(f"tokens/s/GPU ({kind})")
     ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
+    ax.grid(alpha=0.3, zorder=0)
+    if labelled:
+        ax.plot([], [], ls="none", marker="$12$", ms=9, c="#7b241c", label="trial number (the table's trial column)")
     ax.legend(fontsize=8, loc="lower right")
+    # Room for the labels above and left of the front (where no trial lies), then freeze the layout:
+    # labels are placed in display coordinates, so nothing may move the axes afterwards.
+    xs = [r["peak_gib"] for r in ok] + [usable_gib]
+    ys = [r["tokens_per_s_per_gpu"] for r in ok]
+    if ys:
+        dx, dy = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or max(ys) or 1.0
+        ax.set_xlim(min(xs) - 0.12 * dx, max(xs) + 0.04 * dx)
+        ax.set_ylim(min(ys) - 0.06 * dy, max(ys) + 0.16 * dy)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    ax.set_autoscale_on(False)
+    anns = _place_labels(ax, [(r["peak_gib"], r["tokens_per_s_per_gpu"]) for r in labelled], [str(r["trial"]) for r in labelled],
+                         avoid=[(x, y, _MARKER_PT) for x, y in zip(fx, fy)] + [(r["peak_gib"], r["tokens_per_s_per_gpu"], _TRIAL_PT) for r in ok],
+                         lines=[stairs], bold=0 if labelled and front and labelled[0]["trial"] == front[0]["trial"] else None)
+    return fig, anns
+
+
+def plot_front(path: Path, rows: list[dict[str, Any]], front: list[dict[str, Any]], title: str, usable_gib: float,
+               labelled: list[dict[str, Any]] | None = None) -> None:
+    """PNG scatter of every evaluated trial and the front (peak GiB vs tokens/s/GPU), each point of
+    ``labelled`` (the printed table's rows) marked with its trial number, no two labels overlapping
+    (:func:`front_figure`).
+
+    Raises:
+        OSError: the PNG cannot be written.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, _ = front_figure(rows, front, title, usable_gib, labelled)
+    try:
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+
+
+def export_context(
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Workload,
+    layout: Layout,
+    *,
+    study: str = "",
+    calibration: Any = None,
+    memory_headroom: float = 0.10,
+    measurement: Any = None,
+    correctness: Any = None,
+    notes: Sequence[str] = (),
+) -> Any:
+    """The :class:`launch.exporters.ExportContext` of ``layout``, with the cost model's estimate of it.
+
+    Args:
+        calibration: the study's :class:`~cost_model.calibration.Calibration` (None: the shipped one).
+        memory_headroom: fraction of HBM kept free (the study's ``--memory-headroom``).
+        measurement: the trial's :class:`~launch.base.Measurement` (None: predicted only).
+        correctness: the ``tune verify`` block stored with the trial (None: not run).
+        notes: more recipe notes (confirmation runs, measured ties).
+
+    Raises:
+        TunerError: the layout breaks a rule of the estimate.
+    """
+    from launch.exporters import ExportContext
+
+    kw: dict[str, Any] = {"memory_headroom": memory_headroom}
+    if calibration is not None:
+        kw["calibration"] = calibration
+    est = estimate(model, cluster, workload, layout, **kw)
+    return ExportContext(model=model, cluster=cluster, workload=workload, layout=layout, study=study, estimate=est,
+                         measurement=measurement, correctness=correctness, notes=tuple(notes))
 
 
 def export_files(
@@ -293,28 +454,23 @@ def export_files(
     memory_headroom: float = 0.10,
     measurement: Any = None,
     notes: Sequence[str] = (),
+    correctness: Any = None,
 ) -> dict[str, Path]:
-    """Write ``recipe.yaml``, ``run_slime.sh`` and ``megatron_args.sh`` for ``layout`` (``notes`` go into the recipe's notes).
+    """Write the files of every format the main job exports (:func:`launch.exporters.main_job_exporters`:
+    ``recipe.yaml``, ``run_slime.sh``, ``megatron_args.sh``) for ``layout`` into ``out_dir``.
+
+    Every file is rendered before any is written, so a layout one format refuses leaves none behind.
 
     Returns:
-        The paths written, by kind.
-    """
-    from launch import export
+        The paths written, by format name (``recipe``, ``slime``, ``megatron``), in registration order.
 
-    kw = {"memory_headroom": memory_headroom}
-    if calibration is not None:
-        kw["calibration"] = calibration
-    est = estimate(model, cluster, workload, layout, **kw)
-    recipe = export.recipe_dict(model, cluster, workload, layout, estimate=est, measurement=measurement, study=study,
-                                extra_notes=notes)
-    export.validate_recipe(recipe)
-    paths = {
-        "recipe": out_dir / "recipe.yaml",
-        "slime": out_dir / "run_slime.sh",
-        "megatron": out_dir / "megatron_args.sh",
-    }
-    export.write_recipe(paths["recipe"], recipe)
-    paths["slime"].write_text(export.slime_script(model, cluster, workload, layout))
-    paths["slime"].chmod(0o755)
-    paths["megatron"].write_text(export.megatron_args_script(model, cluster, workload, layout))
-    return paths
+    Raises:
+        TunerError: a format refuses the layout (e.g. the recipe fails its schema).
+        OSError: a file cannot be written.
+    """
+    from launch.exporters import main_job_exporters
+
+    ctx = export_context(model, cluster, workload, layout, study=study, calibration=calibration, memory_headroom=memory_headroom,
+                         measurement=measurement, correctness=correctness, notes=notes)
+    rendered = [(e, e.render(ctx)) for e in main_job_exporters()]
+    return {e.name: e.save(text, out_dir / e.file_name) for e, text in rendered}

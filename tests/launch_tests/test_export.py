@@ -1,4 +1,4 @@
-"""Tests of launch/export.py against the measured MiniMax-M2 recipe (shared/seeds/001).
+"""Tests of the exporters (launch/exporters, through the launch/export.py names) against the measured MiniMax-M2 seed recipe.
 
 The seed's YAML is in tests/fixtures/seed_minimax_m2_recipe.yaml, copied verbatim.
 """
@@ -38,7 +38,7 @@ from specs.layout import Layout
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "seed_minimax_m2_recipe.yaml"
 GIB = 2**30
 
-#: slime's scripts/models/minimax-m2.sh MODEL_ARGS (shared/notes/slime_minimax_bridge.md §2).
+#: slime's scripts/models/minimax-m2.sh MODEL_ARGS (slime 0.3.0, THUDM/slime a897e1f), as the seed recipe's run used them.
 SLIME_MINIMAX_M2_MODEL_ARGS = """
 --spec slime_plugins.models.minimax_m2 get_minimax_m2_layer_spec
 --disable-bias-linear --num-layers 62 --hidden-size 3072 --ffn-hidden-size 1536 --num-attention-heads 48

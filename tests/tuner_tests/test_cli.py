@@ -347,3 +347,215 @@ def test_reports_survive_a_moved_model_config(tmp_path):
     r = _run("export", "--study", study, "--results-dir", str(tmp_path / "r"), "--format", "recipe")
     assert r.exit_code == 0, r.output
     assert yaml.safe_load(r.stdout)["model"] == "MyModel"
+
+
+# --------------------------------------------------------------------------- the error boundary (issue 13.6)
+
+
+def test_debug_anywhere_shows_the_traceback_and_still_exits_2():
+    args = ["estimate", "--model", "NoSuchModel", "--gpus", "64xH200"]
+    plain = runner.invoke(app, args)
+    assert plain.exit_code == 2 and "Traceback" not in plain.output
+    assert plain.stdout == "" and plain.stderr.count("\n") == 1 and plain.stderr.startswith("error: --model 'NoSuchModel': unknown model")
+    for where in (0, 1, len(args)):  # before the sub-command, right after it, at the end
+        r = runner.invoke(app, args[:where] + ["--debug"] + args[where:])
+        assert r.exit_code == 2, (where, r.output)
+        assert "Traceback (most recent call last)" in r.stderr and "specs.errors.TunerError" in r.stderr
+        assert r.stderr.rstrip().splitlines()[-1] == plain.stderr.rstrip()  # the same red line last
+
+
+def test_debug_from_the_environment(monkeypatch):
+    monkeypatch.setenv("TUNE_DEBUG", "1")
+    r = runner.invoke(app, ["--model", "NoSuchModel", "--gpus", "64xH200"])
+    assert r.exit_code == 2 and "Traceback" in r.stderr
+    monkeypatch.setenv("TUNE_DEBUG", "0")
+    assert "Traceback" not in runner.invoke(app, ["--model", "NoSuchModel", "--gpus", "64xH200"]).stderr
+
+
+def test_a_value_after_double_dash_is_not_taken_for_debug():
+    from tuner.cli._common import _take_debug
+
+    assert _take_debug(["a", "--debug", "--", "--debug"]) == (["a", "--", "--debug"], True)
+    assert _take_debug(["a", "--", "--debug"]) == (["a", "--", "--debug"], False)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["estimate", "--tpp", "2"], "No such option: --tpp"),
+    (["pareto", "--top", "-1"], "--top"),
+    (["estimate", "--tp", "two"], "Invalid value for '--tp'"),
+    (["nosuchcommand"], "No such command 'nosuchcommand'"),
+])
+def test_usage_errors_are_one_red_line(args, needle):
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
+    assert "--help" in lines[0] and "Usage:" not in r.output and "╭" not in r.output
+
+
+def test_an_internal_error_is_one_line_exit_1_with_the_traceback_under_debug(monkeypatch):
+    import specs
+
+    def boom():
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(specs, "list_gpus", boom)
+    r = runner.invoke(app, ["gpus"])
+    assert r.exit_code == 1 and "internal error: RuntimeError: a bug" in r.stderr and "--debug" in r.stderr and "Traceback" not in r.output
+    r = runner.invoke(app, ["gpus", "--debug"])
+    assert r.exit_code == 1 and "Traceback" in r.stderr and "RuntimeError: a bug" in r.stderr
+
+
+def test_ctrl_c_in_the_main_job_says_how_to_resume(monkeypatch, tmp_path):
+    import shlex
+
+    import tuner.study
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tuner.study, "run_study", interrupted)
+    rd = tmp_path / "my results"
+    args = ["--model", "Llama-3.1-8B", "--gpus", "8xH100", "--trials", "3", "--results-dir", str(rd), "--study", "x.y-1"]
+    r = runner.invoke(app, args + ["--debug"])
+    assert r.exit_code == 130, r.output
+    line = next(ln for ln in r.stderr.splitlines() if "re-run the same command to resume" in ln)
+    assert shlex.split(line.split("resume: ", 1)[1]) == ["tune", *args]  # pastes back as the same command, --debug aside
+
+
+# --------------------------------------------------------------------------- study names, suggested commands (issue 18.7)
+
+
+@pytest.mark.parametrize("name", ["a;rm -rf x", "../up", "-x", ""])
+def test_pareto_and_export_check_study_names_as_tune_does(name, tmp_path):
+    main = runner.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--study", name, "--results-dir", str(tmp_path)])
+    for cmd in (["pareto"], ["export", "--format", "slime"], ["verify", "--reference", "tp=1"]):
+        r = runner.invoke(app, [*cmd, "--study", name, "--results-dir", str(tmp_path)])
+        assert r.exit_code == 2, (cmd, r.output)
+        if name:
+            assert r.stderr == main.stderr and "a study name is 1-128 letters" in r.stderr  # the same rule, the same message
+        else:
+            assert "--study is required" in r.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_suggested_commands_are_shell_quoted_and_run_as_printed(tmp_path):
+    import shlex
+
+    rd = tmp_path / "results; dir $HOME"  # a space, a ';' and a '$' in the path
+    r = _run("--model", "Llama-3.1-8B", "--gpus", "8xH100", "--trials", "6", "--top", "1", "--results-dir", str(rd), "--study", "q")
+    assert r.exit_code == 0, r.output
+    more = next(ln for ln in r.stdout.splitlines() if "more on the front" in ln)
+    pareto_cmd = shlex.split(more.split("`")[1])
+    assert pareto_cmd == ["tune", "pareto", "--study", "q", "--results-dir", str(rd), "--top", "0"]
+    again = _run(*pareto_cmd[1:])
+    assert again.exit_code == 0 and "Pareto front (predicted)" in again.output
+    verify_cmd = shlex.split(r.stdout.rsplit("reference layout: ", 1)[1])  # one node: the exact tune verify command
+    assert verify_cmd[:6] == ["tune", "verify", "--study", "q", "--results-dir", str(rd)] and verify_cmd[-2:] == ["--reference", "tp=1,pp=1,ep=1"]
+    missing = runner.invoke(app, ["pareto", "--study", "nope", "--results-dir", str(rd)])
+    suggestion = missing.stderr.split("`")[1]
+    assert shlex.split(suggestion)[-4:] == ["--study", "nope", "--results-dir", str(rd)]
+
+
+def test_calibrate_records_its_command_shell_quoted(tmp_path):
+    import shlex
+
+    out = tmp_path / "cal out.yaml"
+    r = runner.invoke(app, ["calibrate", "--data", "benchmarks/data/published_runs.csv", "--out", str(out), "--max-nfev", "5"])
+    assert r.exit_code == 0, r.output
+    doc = yaml.safe_load(out.read_text())
+    assert shlex.split(doc["provenance"]["command"]) == ["tune", "calibrate", "--data", "benchmarks/data/published_runs.csv", "--out", str(out), "--max-nfev", "5"]
+    assert f"--calibration '{out}'" in r.stdout
+
+
+# --------------------------------------------------------------------------- estimate --layers, the layout options (issue 13.6, 18.7)
+
+
+def test_estimate_takes_layers_like_the_main_job():
+    full = json.loads(_run("estimate", "--model", "MiniMax-M2", "--gpus", "4xH200", "--ep", "4", "--json").stdout)
+    r = _run("estimate", "--model", "MiniMax-M2", "--gpus", "4xH200", "--ep", "4", "--layers", "4", "--json")
+    assert r.exit_code == 0, r.output
+    sliced = json.loads(r.stdout)
+    assert sliced["label"] == full["label"] == "TP1 PP1 EP4 DP4"
+    assert sliced["memory_gib"]["weights"] < full["memory_gib"]["weights"] / 10  # 4 of 62 layers (embedding and head kept)
+    ok = _run("check", "--model", "MiniMax-M2", "--gpus", "4xH200", "--ep", "2", "--pp", "2", "--layers", "4")
+    assert ok.exit_code == 0 and "MiniMax-M2[4 layers]" in ok.output and "'Ett|ttL'" in ok.output, ok.output  # 4 layers over PP 2
+    for bad, needle in (("0", "--layers must be"), ("63", "--layers must be from 1 to 62")):
+        r = runner.invoke(app, ["estimate", "--model", "MiniMax-M2", "--gpus", "4xH200", "--layers", bad])
+        assert r.exit_code == 2 and needle in r.stderr, r.output
+
+
+def test_estimate_and_check_share_one_declaration_of_the_layout_options():
+    import dataclasses
+
+    import typer.main
+
+    from tuner.cli._layout import LayoutFlags
+
+    cmd = typer.main.get_command(app)
+    want = {f.metadata["option"].default.split("/")[0] for f in dataclasses.fields(LayoutFlags)}  # each field's first flag name
+    for name in ("estimate", "check"):
+        opts = {o for p in cmd.commands[name].params for o in p.opts}
+        assert want <= opts, (name, want - opts)
+    assert len(want) == len(dataclasses.fields(LayoutFlags)) == 20
+
+
+def test_layout_options_refuse_a_clash():
+    from tuner.cli._layout import layout_options
+
+    def bad(layout: object, tp: int = 1) -> None: ...
+
+    def none(x: int = 1) -> None: ...
+
+    with pytest.raises(TypeError, match="clash"):
+        layout_options(bad)
+    with pytest.raises(TypeError, match="needs a `layout: LayoutFlags`"):
+        layout_options(none)
+
+
+# --------------------------------------------------------------------------- exporters through the registry
+
+
+def test_export_formats_come_from_the_registry(main_run, tmp_path, monkeypatch):
+    from launch.exporters import ExportContext, Exporter, _registry, exporter_names, register_exporter
+
+    _, out = main_run
+    assert exporter_names() == ["recipe", "slime", "megatron"]
+    r = runner.invoke(app, ["export", "--study", "m2", "--results-dir", str(out.parent), "--format", "yaml"])
+    assert r.exit_code == 2 and "--format 'yaml': accepted recipe, slime or megatron" in r.stderr
+
+    class Labels(Exporter):
+        name, file_name, description, main_job = "labels", "labels.txt", "the layout's label", False
+
+        def render(self, context: ExportContext) -> str:
+            return f"{context.study}: {context.layout.label} on {context.cluster.num_gpus} GPUs\n"
+
+    monkeypatch.setattr(_registry, "_REGISTRY", dict(_registry._REGISTRY))
+    register_exporter(Labels())
+    r = _run("export", "--study", "m2", "--results-dir", str(out.parent), "--format", "labels")
+    assert r.exit_code == 0 and r.stdout.startswith("m2: TP") and r.stdout.endswith("on 64 GPUs\n")
+    with pytest.raises(ValueError, match="already writes recipe.yaml"):
+        register_exporter(type("Clash", (Labels,), {"name": "clash", "file_name": "recipe.yaml"})())
+
+
+def test_export_out_writes_scripts_executable(main_run, tmp_path):
+    import stat
+
+    _, out = main_run
+    for fmt, mode in (("slime", 0o755), ("megatron", 0o755)):
+        f = tmp_path / f"{fmt}.sh"
+        r = _run("export", "--study", "m2", "--results-dir", str(out.parent), "--format", fmt, "--out", str(f))
+        assert r.exit_code == 0 and f"wrote {f}" in r.stderr
+        assert stat.S_IMODE(f.stat().st_mode) == mode and f.read_text().startswith("#!/usr/bin/env bash\n")
+    for name in ("run_slime.sh", "megatron_args.sh"):  # the main job's files too
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o755
+
+
+def test_tune_rl_is_mounted_and_imported_only_when_used():
+    code = ("import sys; from typer.testing import CliRunner; from tuner.cli import app; r = CliRunner().invoke(app, ['models']); "
+            "assert r.exit_code == 0 and 'tuner.cli_rl' not in sys.modules; r = CliRunner().invoke(app, ['rl', '--help']); "
+            "assert r.exit_code == 0 and 'validate' in r.output and 'calibrate' in r.output and 'tuner.cli_rl' in sys.modules; print('ok')")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
+    r = runner.invoke(app, ["rl", "validate"])  # through the root app: one line, exit 2, as every command
+    assert r.exit_code == 2 and "Traceback" not in r.output

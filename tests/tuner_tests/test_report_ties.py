@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from specs.layout import Layout
-from tuner import cli
+from tuner.cli import _front
 from tuner.report import measured_ties
 
 # The search of 2026-11-30 on 2 x H200 (benchmarks/results/h200_x2_2026-11-30/step_times_search20.jsonl):
@@ -52,12 +52,12 @@ def test_no_ties_for_a_predicted_best_or_steady_trials():
 def test_tune_prints_the_ties(capsys, monkeypatch):
     from rich.console import Console
 
-    monkeypatch.setattr(cli, "out", Console(width=400, highlight=False))
+    monkeypatch.setattr(_front, "out", Console(width=400, highlight=False))
     rows = [_row(2, BEST), _row(0, NONE_AG)]
-    cli._print_ties(rows, {"trial": 2, "source": "measured"})
+    _front.print_ties(rows, {"trial": 2, "source": "measured"})
     text = capsys.readouterr().out
     assert "within measurement noise of trial 2" in text and "trial 0 (TP1 PP1 EP2 DP2, none, alltoall, mbs 2)" in text
-    cli._print_ties([_row(2, BEST), _row(4, [1.10 * t for t in BEST])], {"trial": 2, "source": "measured"})
+    _front.print_ties([_row(2, BEST), _row(4, [1.10 * t for t in BEST])], {"trial": 2, "source": "measured"})
     assert capsys.readouterr().out == ""
 
 
@@ -90,19 +90,19 @@ def test_foreign_step_times_are_left_out_not_fatal():
 def test_an_exact_tie_prints_no_signed_zero(capsys, monkeypatch):
     from rich.console import Console
 
-    monkeypatch.setattr(cli, "out", Console(width=400, highlight=False))
+    monkeypatch.setattr(_front, "out", Console(width=400, highlight=False))
     rows = [_row(2, BEST), _row(0, BEST, dispatcher="allgather")]
     (t,) = measured_ties(rows, 2)
     assert t["gap"] == 0.0 and str(t["gap"]) == "0.0"
-    cli._print_ties(rows, {"trial": 2, "source": "measured"})
+    _front.print_ties(rows, {"trial": 2, "source": "measured"})
     assert "-0.0%" not in capsys.readouterr().out
 
 
 def test_a_mixed_study_is_judged_against_its_fastest_measured_trial(capsys, monkeypatch):
     from rich.console import Console
 
-    monkeypatch.setattr(cli, "out", Console(width=400, highlight=False))
+    monkeypatch.setattr(_front, "out", Console(width=400, highlight=False))
     rows = [_row(9, BEST, source="predicted"), _row(2, BEST), _row(0, NONE_AG)]
     rows[0]["tokens_per_s_per_gpu"] = 9e5
-    cli._print_ties(rows, {"trial": 9, "source": "predicted"})
+    _front.print_ties(rows, {"trial": 9, "source": "predicted"})
     assert "within measurement noise of trial 2" in capsys.readouterr().out

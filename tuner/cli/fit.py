@@ -1,14 +1,10 @@
-"""``tune validate`` and ``tune calibrate``: the cost model against measured runs.
-
-Registered on the main ``tune`` app by :func:`register` (the last lines of tuner/cli.py).
-"""
+"""``tune validate`` and ``tune calibrate``: the cost model against measured runs."""
 
 from __future__ import annotations
 
 import datetime
 import math
 import platform
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,22 +13,19 @@ from rich.markup import escape
 from rich.table import Table
 
 from specs.errors import TunerError
+from tuner.cli._common import CliState, ResultsOpt, err, load_study, out, shell_command, study_context
 
-__all__ = ["register", "validate", "calibrate"]
+__all__ = ["app", "validate", "calibrate"]
+
+app = typer.Typer()
 
 DataOpt = Annotated[list[Path] | None, typer.Option("--data", help="Run table CSV with the columns of benchmarks/data/published_runs.csv (repeatable).")]
 CalOpt = Annotated[Path | None, typer.Option("--calibration", help="Calibration YAML overriding the shipped constants.")]
 
 
-
 def _bad_rows(problems: list) -> int:
     """Rows with at least one unreadable cell (``problems`` has one entry per cell)."""
     return len({(p.row, p.run_id) for p in problems})
-
-def _consoles() -> tuple[Any, Any, Any]:
-    from tuner.cli import _fail, err, out
-
-    return out, err, _fail
 
 
 def _pct(x: float) -> str:
@@ -46,6 +39,7 @@ def _read(data: list[Path]) -> tuple[list[Any], list[Any]]:
     return runs, problems
 
 
+@app.command()
 def validate(
     data: DataOpt = None,
     calibration: CalOpt = None,
@@ -59,65 +53,60 @@ def validate(
     precision: median absolute error, MAPE and Spearman within each model's rows that differ
     in layout. Exit 2 only when no row is usable.
     """
-    out, err, fail = _consoles()
-    try:
-        from cost_model.calibration import load_calibration
-        from cost_model.validate import predict_runs, summarize
+    from cost_model.calibration import load_calibration
+    from cost_model.validate import predict_runs, summarize
 
-        if not data:
-            raise TunerError("--data is required, e.g. --data benchmarks/data/published_runs.csv")
-        cal = load_calibration(calibration)
-        runs, problems = _read(data)
-        for p in problems:
-            err.print(f"[yellow]skipped:[/] {escape(str(p))}")
-        preds = predict_runs(runs, cal)
-        if not preds:
-            reasons = sorted({str(r.unrepresentable) for r in runs if r.unrepresentable})
-            why = ("; reasons: " + "; ".join(reasons[:3]) + (" ..." if len(reasons) > 3 else "")) if reasons else ""
-            raise TunerError(f"no usable row in {', '.join(map(str, data))}: {_bad_rows(problems)} rows with unreadable cells, "
-                             f"{sum(1 for r in runs if r.unrepresentable)} the model cannot represent{why}")
-        if rows:
-            t = Table(title="predicted vs published (every prediction is the analytical model's; published numbers are measured)", title_justify="left")
-            for c in ("id", "model", "GPUs", "precision", "layout", "metric", "published", "predicted", "error", "fits"):
-                t.add_column(c, justify="right" if c in ("GPUs", "published", "predicted", "error") else "left")
-            for p in preds:
-                r = p.run
-                metric = "tokens/s/GPU" if r.metric == "tokens" else "TFLOP/s/GPU"
-                t.add_row(r.run_id, r.model.name, f"{r.num_gpus}x{r.gpu_type}", r.precision, r.layout.label + (f" {r.layout.dispatcher.value}" if r.model.is_moe else ""),
-                          metric, f"{p.published:,.1f}", f"{p.predicted:,.1f}", _pct(p.error), "yes" if p.fits else "no")
-            out.print(t)
-        unrep = [r for r in runs if r.unrepresentable]
-        if unrep:
-            t = Table(title=f"runs the model cannot represent ({len(unrep)}): listed, not estimated", title_justify="left")
-            for c in ("id", "model", "GPUs", "reason"):
-                t.add_column(c)
-            for r in unrep:
-                t.add_row(r.run_id, r.model_name, f"{r.num_gpus}x{r.gpu_type}", r.unrepresentable)
-            out.print(t)
-        t = Table(title="summary per GPU type and precision (Spearman: within each model's rows that differ in layout, >= 3 layouts)", title_justify="left")
-        for c in ("GPU", "precision", "runs", "median |error|", "MAPE", "Spearman per model"):
-            t.add_column(c)
-        for s in summarize(preds):
-            rho = ", ".join(f"{m} {v:+.2f}" for m, v in s["spearman"].items()) or "-"
-            t.add_row(s["group"][0], s["group"][1], str(s["rows"]), f"{s['median_abs_error'] * 100:.1f}%", f"{s['mape'] * 100:.1f}%", rho)
-        allp = summarize(preds, key=lambda p: ("all", "all"))[0]
-        t.add_row("all", "all", str(allp["rows"]), f"{allp['median_abs_error'] * 100:.1f}%", f"{allp['mape'] * 100:.1f}%", "")
+    if not data:
+        raise TunerError("--data is required, e.g. --data benchmarks/data/published_runs.csv")
+    cal = load_calibration(calibration)
+    runs, problems = _read(data)
+    for p in problems:
+        err.print(f"[yellow]skipped:[/] {escape(str(p))}")
+    preds = predict_runs(runs, cal)
+    if not preds:
+        reasons = sorted({str(r.unrepresentable) for r in runs if r.unrepresentable})
+        why = ("; reasons: " + "; ".join(reasons[:3]) + (" ..." if len(reasons) > 3 else "")) if reasons else ""
+        raise TunerError(f"no usable row in {', '.join(map(str, data))}: {_bad_rows(problems)} rows with unreadable cells, "
+                         f"{sum(1 for r in runs if r.unrepresentable)} the model cannot represent{why}")
+    if rows:
+        t = Table(title="predicted vs published (every prediction is the analytical model's; published numbers are measured)", title_justify="left")
+        for c in ("id", "model", "GPUs", "precision", "layout", "metric", "published", "predicted", "error", "fits"):
+            t.add_column(c, justify="right" if c in ("GPUs", "published", "predicted", "error") else "left")
+        for p in preds:
+            r = p.run
+            metric = "tokens/s/GPU" if r.metric == "tokens" else "TFLOP/s/GPU"
+            t.add_row(r.run_id, r.model.name, f"{r.num_gpus}x{r.gpu_type}", r.precision, r.layout.label + (f" {r.layout.dispatcher.value}" if r.model.is_moe else ""),
+                      metric, f"{p.published:,.1f}", f"{p.predicted:,.1f}", _pct(p.error), "yes" if p.fits else "no")
         out.print(t)
-        out.print(f"{len(preds)} runs estimated, {len(unrep)} not representable (listed above), {_bad_rows(problems)} rows with unreadable cells (on stderr). "
-                  f"Calibration: {calibration or 'shipped (cost_model/data/calibration.yaml)'}")
-    except TunerError as e:
-        fail(e)
+    unrep = [r for r in runs if r.unrepresentable]
+    if unrep:
+        t = Table(title=f"runs the model cannot represent ({len(unrep)}): listed, not estimated", title_justify="left")
+        for c in ("id", "model", "GPUs", "reason"):
+            t.add_column(c)
+        for r in unrep:
+            t.add_row(r.run_id, r.model_name, f"{r.num_gpus}x{r.gpu_type}", r.unrepresentable)
+        out.print(t)
+    t = Table(title="summary per GPU type and precision (Spearman: within each model's rows that differ in layout, >= 3 layouts)", title_justify="left")
+    for c in ("GPU", "precision", "runs", "median |error|", "MAPE", "Spearman per model"):
+        t.add_column(c)
+    for s in summarize(preds):
+        rho = ", ".join(f"{m} {v:+.2f}" for m, v in s["spearman"].items()) or "-"
+        t.add_row(s["group"][0], s["group"][1], str(s["rows"]), f"{s['median_abs_error'] * 100:.1f}%", f"{s['mape'] * 100:.1f}%", rho)
+    allp = summarize(preds, key=lambda p: ("all", "all"))[0]
+    t.add_row("all", "all", str(allp["rows"]), f"{allp['median_abs_error'] * 100:.1f}%", f"{allp['mape'] * 100:.1f}%", "")
+    out.print(t)
+    out.print(f"{len(preds)} runs estimated, {len(unrep)} not representable (listed above), {_bad_rows(problems)} rows with unreadable cells (on stderr). "
+              f"Calibration: {calibration or 'shipped (cost_model/data/calibration.yaml)'}")
 
 
 def _study_runs(study: str, storage: str | None, results_dir: Path) -> list[Any]:
     """Measured trials of a study made by ``tune`` as runs (the study's model, cluster and workload)."""
     from cost_model.validate import Run
     from specs.layout import Layout
-    from tuner.cli import _load_study, _study_context
     from tuner.study import trial_rows
 
-    st = _load_study(study, storage, results_dir)
-    m, c, w, _ = _study_context(st)
+    st = load_study(study, storage, results_dir)
+    m, c, w, _ = study_context(st)
     runs = []
     for row in trial_rows(st):
         if row.get("source") != "measured" or not row.get("tokens_per_s_per_gpu"):
@@ -139,12 +128,10 @@ def _study_observations(study: str, storage: str | None, results_dir: Path) -> t
     """Measured trials of a study as observations (step time, peak reserved memory) and their notes
     (the software stack the trials ran on, e.g. no Transformer Engine)."""
     from cost_model.calibrate import Observation
-
-    runs = _study_runs(study, storage, results_dir)
-    from tuner.cli import _load_study
     from tuner.study import trial_rows
 
-    by_trial = {int(r.get("trial", -1)): r for r in trial_rows(_load_study(study, storage, results_dir))}
+    runs = _study_runs(study, storage, results_dir)
+    by_trial = {int(r.get("trial", -1)): r for r in trial_rows(load_study(study, storage, results_dir))}
     obs, notes = [], []
     for r in runs:
         row = by_trial.get(r.row, {})
@@ -170,11 +157,13 @@ def _check_writable(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+@app.command()
 def calibrate(
+    ctx: typer.Context,
     data: DataOpt = None,
     study: Annotated[str | None, typer.Option("--study", help="Fit to the measured trials of this study (made by `tune`).")] = None,
     storage: Annotated[str | None, typer.Option("--storage", help="Optuna storage URL of --study.")] = None,
-    results_dir: Annotated[Path, typer.Option("--results-dir", help="Where study folders are.")] = Path("results"),
+    results_dir: ResultsOpt = Path("results"),
     out_file: Annotated[Path | None, typer.Option("--out", help="Calibration YAML to write.")] = None,
     calibration: CalOpt = None,
     kfold: Annotated[bool, typer.Option("--kfold/--no-kfold", help="Also report k-fold error with folds by model (fit on the others, predict this one).")] = False,
@@ -187,79 +176,76 @@ def calibrate(
     for --data, so the fit does not depend on an earlier fit). With --kfold, also prints the
     error of each model's runs predicted by a fit on the other models' runs.
     """
-    out, err, fail = _consoles()
+    import numpy as np
+    import yaml
+
+    from cost_model.calibrate import fit_calibration, kfold_by_model
+    from cost_model.calibration import BASE_CALIBRATION, DEFAULT_CALIBRATION, load_calibration
+    from cost_model.validate import spearman
+
+    argv = ctx.obj.argv if isinstance(ctx.obj, CliState) else ()
+    if not data and not study:
+        raise TunerError("give --data CSV (measured runs) or --study NAME (a study with measured trials)")
+    if out_file is None:
+        raise TunerError("--out is required, e.g. --out calibration.yaml")
+    _check_writable(out_file)  # before a fit that can take minutes
+    problems: list[Any] = []
+    runs: list[Any] = []
+    if data:
+        r, problems = _read(data)
+        runs += r
+        for p in problems:
+            err.print(f"[yellow]skipped:[/] {escape(str(p))}")
+    if study:
+        runs += _study_runs(study, storage, results_dir)
+    start = load_calibration(calibration) if calibration else (DEFAULT_CALIBRATION if study and not data else BASE_CALIBRATION)
+    if study and not data:
+        _calibrate_study(study, storage, results_dir, out_file, start, calibration, max_nfev)
+        return
+    usable = [r for r in runs if not r.unrepresentable and r.layout is not None]
+    if len(usable) < 2:
+        raise TunerError(f"no usable runs to fit: {len(usable)} representable, {_bad_rows(problems)} rows with unreadable cells")
+    fit = fit_calibration(runs, start=start, max_nfev=max_nfev, progress=lambda s: err.print(s))
+    doc: dict[str, Any] = {
+        "provenance": {
+            "command": shell_command("tune", *argv) if argv else shell_command(
+                "tune", "calibrate", *[w for d in (data or []) for w in ("--data", d)], *(["--study", study] if study else []), "--out", out_file),
+            "data": [str(d) for d in (data or [])] + ([f"study {study}"] if study else []),
+            "date": datetime.date.today().isoformat(),
+            "machine": f"{platform.machine()}, Python {platform.python_version()}",
+            "runs_fitted": fit.rows,
+            "runs_not_representable": sum(1 for r in runs if r.unrepresentable),
+            "rows_with_unreadable_cells": _bad_rows(problems),
+            "method": "scipy.optimize.least_squares (trf, soft_l1 loss, f_scale 0.25) on log(predicted / published); seed rows weight 3",
+            "fitted": list(fit.fitted),
+            "in_sample_median_abs_error": round(fit.median_abs_error, 4),
+        },
+        "constants": {k: float(v) for k, v in fit.calibration.to_dict().items() if k in fit.fitted},
+    }
+    out.print(f"fitted {len(fit.fitted)} constants to {fit.rows} runs: in-sample median |error| {fit.median_abs_error * 100:.1f}% ({fit.nfev} evaluations)")
+    if fit.rows <= len(fit.fitted):
+        err.print(f"[yellow]warning:[/] {fit.rows} runs for {len(fit.fitted)} constants: the fit is underdetermined, so its in-sample "
+                  "error says nothing about other layouts; add runs (e.g. --data benchmarks/data/published_runs.csv) before using it")
+    for k in fit.fitted:
+        out.print(f"  {k}: {getattr(start, k):.4g} -> {getattr(fit.calibration, k):.4g}")
+    if kfold:
+        folds = kfold_by_model(runs, start=start, max_nfev=max_nfev, processes=processes, progress=lambda s: err.print(s))
+        t = Table(title="k-fold by model (each model predicted by a fit on the other models)", title_justify="left")
+        for c in ("model", "runs", "median |error|", "MAPE", "Spearman (layouts)"):
+            t.add_column(c)
+        kf: dict[str, Any] = {}
+        for m, f in folds.items():
+            e = np.abs(f["predicted"] / f["published"] - 1)
+            rho = spearman(list(f["predicted"]), list(f["published"]))
+            kf[m] = {"runs": len(e), "median_abs_error": round(float(np.median(e)), 4), "mape": round(float(np.mean(e)), 4)}
+            t.add_row(m, str(len(e)), f"{np.median(e) * 100:.1f}%", f"{np.mean(e) * 100:.1f}%", "-" if math.isnan(rho) else f"{rho:+.2f}")
+        out.print(t)
+        doc["provenance"]["kfold_by_model"] = kf
     try:
-        import numpy as np
-        import yaml
-
-        from cost_model.calibrate import fit_calibration, kfold_by_model
-        from cost_model.calibration import BASE_CALIBRATION, DEFAULT_CALIBRATION, load_calibration
-        from cost_model.validate import spearman
-
-        if not data and not study:
-            raise TunerError("give --data CSV (measured runs) or --study NAME (a study with measured trials)")
-        if out_file is None:
-            raise TunerError("--out is required, e.g. --out calibration.yaml")
-        _check_writable(out_file)  # before a fit that can take minutes
-        problems: list[Any] = []
-        runs: list[Any] = []
-        if data:
-            r, problems = _read(data)
-            runs += r
-            for p in problems:
-                err.print(f"[yellow]skipped:[/] {escape(str(p))}")
-        if study:
-            runs += _study_runs(study, storage, results_dir)
-        start = load_calibration(calibration) if calibration else (DEFAULT_CALIBRATION if study and not data else BASE_CALIBRATION)
-        if study and not data:
-            _calibrate_study(study, storage, results_dir, out_file, start, calibration, max_nfev)
-            return
-        usable = [r for r in runs if not r.unrepresentable and r.layout is not None]
-        if len(usable) < 2:
-            raise TunerError(f"no usable runs to fit: {len(usable)} representable, {_bad_rows(problems)} rows with unreadable cells")
-        fit = fit_calibration(runs, start=start, max_nfev=max_nfev, progress=lambda s: err.print(s))
-        doc: dict[str, Any] = {
-            "provenance": {
-                "command": "tune " + " ".join(sys.argv[1:]) if sys.argv and "tune" in Path(sys.argv[0]).name else "tune calibrate " + " ".join(
-                    [f"--data {d}" for d in (data or [])] + ([f"--study {study}"] if study else []) + [f"--out {out_file}"]),
-                "data": [str(d) for d in (data or [])] + ([f"study {study}"] if study else []),
-                "date": datetime.date.today().isoformat(),
-                "machine": f"{platform.machine()}, Python {platform.python_version()}",
-                "runs_fitted": fit.rows,
-                "runs_not_representable": sum(1 for r in runs if r.unrepresentable),
-                "rows_with_unreadable_cells": _bad_rows(problems),
-                "method": "scipy.optimize.least_squares (trf, soft_l1 loss, f_scale 0.25) on log(predicted / published); seed rows weight 3",
-                "fitted": list(fit.fitted),
-                "in_sample_median_abs_error": round(fit.median_abs_error, 4),
-            },
-            "constants": {k: float(v) for k, v in fit.calibration.to_dict().items() if k in fit.fitted},
-        }
-        out.print(f"fitted {len(fit.fitted)} constants to {fit.rows} runs: in-sample median |error| {fit.median_abs_error * 100:.1f}% ({fit.nfev} evaluations)")
-        if fit.rows <= len(fit.fitted):
-            err.print(f"[yellow]warning:[/] {fit.rows} runs for {len(fit.fitted)} constants: the fit is underdetermined, so its in-sample "
-                      "error says nothing about other layouts; add runs (e.g. --data benchmarks/data/published_runs.csv) before using it")
-        for k in fit.fitted:
-            out.print(f"  {k}: {getattr(start, k):.4g} -> {getattr(fit.calibration, k):.4g}")
-        if kfold:
-            folds = kfold_by_model(runs, start=start, max_nfev=max_nfev, processes=processes, progress=lambda s: err.print(s))
-            t = Table(title="k-fold by model (each model predicted by a fit on the other models)", title_justify="left")
-            for c in ("model", "runs", "median |error|", "MAPE", "Spearman (layouts)"):
-                t.add_column(c)
-            kf: dict[str, Any] = {}
-            for m, f in folds.items():
-                e = np.abs(f["predicted"] / f["published"] - 1)
-                rho = spearman(list(f["predicted"]), list(f["published"]))
-                kf[m] = {"runs": len(e), "median_abs_error": round(float(np.median(e)), 4), "mape": round(float(np.mean(e)), 4)}
-                t.add_row(m, str(len(e)), f"{np.median(e) * 100:.1f}%", f"{np.mean(e) * 100:.1f}%", "-" if math.isnan(rho) else f"{rho:+.2f}")
-            out.print(t)
-            doc["provenance"]["kfold_by_model"] = kf
-        try:
-            out_file.write_text(yaml.safe_dump(doc, sort_keys=False))
-        except OSError as e:
-            raise TunerError(f"--out {str(out_file)!r}: cannot write it ({e})") from None
-        out.print(f"wrote {out_file} (use it with --calibration {out_file})")
-    except TunerError as e:
-        fail(e)
+        out_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    except OSError as e:
+        raise TunerError(f"--out {str(out_file)!r}: cannot write it ({e})") from None
+    out.print(f"wrote {out_file} (use it with {shell_command('--calibration', out_file)})", markup=False)
 
 
 def _calibrate_study(study: str, storage: str | None, results_dir: Path, out_file: Path, start: Any, calibration: Path | None, max_nfev: int) -> None:
@@ -270,7 +256,6 @@ def _calibrate_study(study: str, storage: str | None, results_dir: Path, out_fil
 
     from cost_model.calibrate import TRIAL_STEP_NAMES, fit_observations, predict_observations
 
-    out, err, _ = _consoles()
     obs, notes = _study_observations(study, storage, results_dir)
     if len(obs) < 2:
         raise TunerError(f"study {study!r} has {len(obs)} measured trial(s); a fit needs at least 2")
@@ -284,7 +269,7 @@ def _calibrate_study(study: str, storage: str | None, results_dir: Path, out_fil
     stack = "; ".join(notes) if notes else "not recorded in the trials"
     doc: dict[str, Any] = {
         "provenance": {
-            "command": "tune calibrate " + " ".join([f"--study {study}"] + ([f"--calibration {calibration}"] if calibration else []) + [f"--out {out_file}"]),
+            "command": shell_command("tune", "calibrate", "--study", study, *(["--calibration", calibration] if calibration else []), "--out", out_file),
             "data": [f"study {study}"],
             "date": datetime.date.today().isoformat(),
             "machine": f"{platform.machine()}, Python {platform.python_version()}",
@@ -314,7 +299,7 @@ def _calibrate_study(study: str, storage: str | None, results_dir: Path, out_fil
         out_file.write_text(yaml.safe_dump(doc, sort_keys=False))
     except OSError as e:
         raise TunerError(f"--out {str(out_file)!r}: cannot write it ({e})") from None
-    out.print(f"wrote {out_file} (use it with --calibration {out_file})")
+    out.print(f"wrote {out_file} (use it with {shell_command('--calibration', out_file)})", markup=False)
 
 
 def register(app: typer.Typer) -> None:

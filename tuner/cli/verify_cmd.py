@@ -1,7 +1,4 @@
-"""``tune verify``: a study's layout against a reference layout, same weights and data (see :mod:`tuner.verify`).
-
-Registered on the main ``tune`` app by :func:`register` (the last lines of tuner/cli.py).
-"""
+"""``tune verify``: a study's layout against a reference layout, same weights and data (see :mod:`tuner.verify`)."""
 
 from __future__ import annotations
 
@@ -14,14 +11,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from specs.errors import TunerError
+from tuner.cli._common import ResultsOpt, StorageOpt, StudyNameOpt, err, load_study, out, study_context
 
-__all__ = ["register", "verify"]
+__all__ = ["app", "verify"]
+
+app = typer.Typer()
 
 
+@app.command()
 def verify(
-    study: Annotated[str | None, typer.Option("--study", help="Study name (as given to `tune`).")] = None,
-    storage: Annotated[str | None, typer.Option("--storage", help="Optuna storage URL (default sqlite:///results/<study>/study.db).")] = None,
-    results_dir: Annotated[Path, typer.Option("--results-dir", help="Where study folders go.")] = Path("results"),
+    study: StudyNameOpt = None,
+    storage: StorageOpt = None,
+    results_dir: ResultsOpt = Path("results"),
     trial: Annotated[int | None, typer.Option("--trial", help="Trial whose layout is checked (default: the fastest on the front).")] = None,
     reference: Annotated[str | None, typer.Option("--reference", help="Reference layout as key=value pairs, e.g. 'tp=1,pp=1,ep=1' (other fields: Megatron's defaults).")] = None,
     candidate: Annotated[str | None, typer.Option("--candidate", help="Check this layout (key=value pairs) instead of a trial's; the study gives the model, GPUs and workload.")] = None,
@@ -42,40 +43,34 @@ def verify(
     within 3%, point-wise 10/5/2% with at most 10% of steps out, 3-sigma outliers), and a missing step or a
     NaN fails. Runs on this machine's GPUs (the gpu extra); the layouts must be for its GPU count.
     """
-    from tuner.cli import _fail, err, out
+    from specs.layout import Layout
+    from tuner.verify import VerifyOutcome, correctness_block, local_backend_factory, parse_layout_spec, plan_verify, run_verify
 
-    try:
-        from specs.layout import Layout
-        from tuner.verify import VerifyOutcome, correctness_block, local_backend_factory, parse_layout_spec, plan_verify, run_verify
+    if study is None:
+        raise TunerError("--study is required, e.g. --study MiniMax-M2-L4-4xH200-s8192-gbs8")
+    if reference is None:
+        raise TunerError("--reference is required: the layout to compare with, e.g. --reference tp=1,pp=1,ep=1")
+    if not timeout > 0:
+        raise TunerError(f"--timeout must be > 0 s, got {timeout}")
+    if candidate is not None and trial is not None:
+        raise TunerError("give --trial or --candidate, not both")
+    st, m, c, w, cfg, lay, trial_no, row = _candidate(study, storage, results_dir, trial, need_trial=candidate is None)
+    if candidate is not None:
+        lay = parse_layout_spec(candidate, c.num_gpus)
+        rows = [r for r in _rows(st) if Layout.from_dict(r["layout"]) == lay]
+        row = rows[0] if rows else None
+        trial_no = row["trial"] if row else None
+    ref = parse_layout_spec(reference, c.num_gpus)
+    name = (f"trial{trial_no}" if trial_no is not None else "layout-" + _slug(lay.label)) + (f"-{fault}" if fault else "")
+    plan = plan_verify(m, c, w, lay, ref, out_dir=results_dir / st.study_name / "verify" / name, steps=steps, lr=lr,
+                       lr_warmup_steps=lr_warmup_steps, warm_start_steps=warm_start_steps, init_checkpoint=init_checkpoint,
+                       corpus=corpus, fault=fault)
+    if out_file is not None and not (out_file.parent.is_dir() and os.access(out_file.parent, os.W_OK)) or (out_file is not None and out_file.is_dir()):
+        raise TunerError(f"--out {str(out_file)!r}: cannot write a file there (check it before two training runs, not after)")
+    from launch.local_backend import check_harness_dependencies, check_local_gpus
 
-        if study is None:
-            raise TunerError("--study is required, e.g. --study MiniMax-M2-L4-4xH200-s8192-gbs8")
-        if reference is None:
-            raise TunerError("--reference is required: the layout to compare with, e.g. --reference tp=1,pp=1,ep=1")
-        if not timeout > 0:
-            raise TunerError(f"--timeout must be > 0 s, got {timeout}")
-        if candidate is not None and trial is not None:
-            raise TunerError("give --trial or --candidate, not both")
-        st, m, c, w, cfg, lay, trial_no, row = _candidate(study, storage, results_dir, trial, need_trial=candidate is None)
-        if candidate is not None:
-            lay = parse_layout_spec(candidate, c.num_gpus)
-            rows = [r for r in _rows(st) if Layout.from_dict(r["layout"]) == lay]
-            row = rows[0] if rows else None
-            trial_no = row["trial"] if row else None
-        ref = parse_layout_spec(reference, c.num_gpus)
-        name = (f"trial{trial_no}" if trial_no is not None else "layout-" + _slug(lay.label)) + (f"-{fault}" if fault else "")
-        plan = plan_verify(m, c, w, lay, ref, out_dir=results_dir / st.study_name / "verify" / name, steps=steps, lr=lr,
-                           lr_warmup_steps=lr_warmup_steps, warm_start_steps=warm_start_steps, init_checkpoint=init_checkpoint,
-                           corpus=corpus, fault=fault)
-        if out_file is not None and not (out_file.parent.is_dir() and os.access(out_file.parent, os.W_OK)) or (out_file is not None and out_file.is_dir()):
-            raise TunerError(f"--out {str(out_file)!r}: cannot write a file there (check it before two training runs, not after)")
-        from launch.local_backend import check_harness_dependencies, check_local_gpus
-
-        check_harness_dependencies("tune verify")
-        check_local_gpus(c, "tune verify")
-    except TunerError as ex:
-        _fail(ex)
-        return
+    check_harness_dependencies("tune verify")
+    check_local_gpus(c, "tune verify")
     what = f"trial {trial_no}" if trial_no is not None else "a layout"
     out.print(f"Checking {what} of [bold]{escape(st.study_name)}[/]: candidate {lay.label}"
               f"{f' with fault {fault}' if fault else ''} vs reference {ref.label}, {steps} steps each, {m.name} on {c.label}; "
@@ -84,11 +79,7 @@ def verify(
     def on_arm(arm: str, state: str) -> None:
         err.print(f"  {arm}: {state}")
 
-    try:
-        outcome: VerifyOutcome = run_verify(plan, local_backend_factory(timeout_s=timeout), keep_checkpoint=keep_checkpoint, on_arm=on_arm)
-    except TunerError as ex:
-        _fail(ex)
-        return
+    outcome: VerifyOutcome = run_verify(plan, local_backend_factory(timeout_s=timeout), keep_checkpoint=keep_checkpoint, on_arm=on_arm)
     _print_outcome(outcome)
     block = correctness_block(outcome)
     if fault is None and trial_no is not None:
@@ -97,14 +88,12 @@ def verify(
         except Exception as e:  # noqa: BLE001 - the check's files are written; the study is only a copy
             err.print(f"note: could not store the result in the study ({escape(type(e).__name__)}); it is in {escape(plan.out_dir)}/verify.json")
     if out_file:
+        text = _recipe_text(st, m, c, w, cfg, lay, row, block)
         try:
-            text = _recipe_text(st, m, c, w, cfg, lay, row, block)
             out_file.write_text(text)
-            err.print(f"wrote {out_file}")
-        except TunerError as ex:
-            _fail(ex)
         except OSError as e:
-            _fail(TunerError(f"--out {str(out_file)!r}: cannot write ({e.strerror})"))
+            raise TunerError(f"--out {str(out_file)!r}: cannot write ({e.strerror})") from None
+        err.print(f"wrote {out_file}", markup=False)
     if outcome.result != "pass":
         raise typer.Exit(code=1)
 
@@ -121,12 +110,11 @@ def _rows(st: Any) -> list[dict[str, Any]]:
 
 def _candidate(study: str, storage: str | None, results_dir: Path, trial: int | None, *, need_trial: bool = True) -> tuple[Any, ...]:
     from specs.layout import Layout
-    from tuner.cli import _load_study, _study_context
     from tuner.report import pick_trial_row
     from tuner.study import trial_rows
 
-    st = _load_study(study, storage, results_dir)
-    m, c, w, cfg = _study_context(st)
+    st = load_study(study, storage, results_dir)
+    m, c, w, cfg = study_context(st)
     rows = trial_rows(st)
     if not need_trial:
         return st, m, c, w, cfg, None, None, None
@@ -135,8 +123,6 @@ def _candidate(study: str, storage: str | None, results_dir: Path, trial: int | 
 
 
 def _print_outcome(o: Any) -> None:
-    from tuner.cli import out
-
     if o.convergence is None:
         out.print(f"[bold red]error[/]: {escape(o.error)}")
         return
@@ -169,20 +155,8 @@ def _print_outcome(o: Any) -> None:
 
 
 def _recipe_text(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any, row: dict[str, Any] | None, block: dict[str, Any]) -> str:
-    from cost_model.calibration import Calibration
-    from cost_model.estimate import estimate as _estimate
-    from launch import export
-    from tuner.report import runs_note, ties_note
+    """The recipe of ``lay`` (trial ``row``, or a given candidate when None) with the correctness ``block``."""
+    from launch.exporters import get_exporter
+    from tuner.cli.studies import study_export_context
 
-    cal = Calibration(**st.user_attrs["calibration"]) if "calibration" in st.user_attrs else Calibration()
-    e = _estimate(m, c, w, lay, calibration=cal, memory_headroom=cfg.get("memory_headroom", 0.10))
-    meas = export.measurement_from_row(row, lay) if row is not None else None
-    notes = runs_note(row) + ties_note(_rows(st), row["trial"]) if row is not None else []
-    rec = export.recipe_dict(m, c, w, lay, estimate=e, measurement=meas, study=st.study_name, correctness=block, extra_notes=notes)
-    export.validate_recipe(rec)
-    return export.dump_recipe(rec)
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``verify`` to ``app``."""
-    app.command("verify")(verify)
+    return get_exporter("recipe").render(study_export_context(st, m, c, w, cfg, lay, row, _rows(st), correctness=block))

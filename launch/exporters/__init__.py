@@ -1,0 +1,49 @@
+"""Export formats: each an :class:`Exporter` that renders one layout of one study as one file.
+
+``tune export --format NAME`` and the files ``tune`` writes for its best layout
+(:func:`tuner.report.export_files`) both come from this registry, in registration order:
+
+* ``recipe``: ``recipe.yaml`` (:class:`RecipeExporter`, the seed recipe's format, validated
+  against ``launch/schema/recipe.schema.json``);
+* ``slime``: ``run_slime.sh`` (:class:`SlimeScriptExporter`, executable);
+* ``megatron``: ``megatron_args.sh`` (:class:`MegatronArgsExporter`, ``source`` it).
+
+Adding a format (e.g. a NeMo-RL recipe, a slime RL launch): write one module with an
+:class:`Exporter` subclass (``name``, ``file_name``, ``description``, ``executable``, ``main_job``
+and ``render(context) -> str``) and add one :func:`register_exporter` line below.
+The flag builders shared by the formats are in :mod:`launch.exporters._flags`.
+"""
+
+from __future__ import annotations
+
+from launch.exporters._base import ExportContext, Exporter
+from launch.exporters._megatron import MegatronArgsExporter, megatron_args_script
+from launch.exporters._recipe import RecipeExporter, dump_recipe, measurement_from_row, recipe_dict, recipe_schema, validate_recipe, write_recipe
+from launch.exporters._registry import exporter_names, exporters, get_exporter, main_job_exporters, register_exporter
+from launch.exporters._slime import SLIME_SCRIPT_ENV, SlimeScriptExporter, slime_script
+
+__all__ = [
+    "ExportContext",
+    "Exporter",
+    "MegatronArgsExporter",
+    "RecipeExporter",
+    "SLIME_SCRIPT_ENV",
+    "SlimeScriptExporter",
+    "dump_recipe",
+    "exporter_names",
+    "exporters",
+    "get_exporter",
+    "main_job_exporters",
+    "measurement_from_row",
+    "megatron_args_script",
+    "recipe_dict",
+    "recipe_schema",
+    "register_exporter",
+    "slime_script",
+    "validate_recipe",
+    "write_recipe",
+]
+
+register_exporter(RecipeExporter())
+register_exporter(SlimeScriptExporter())
+register_exporter(MegatronArgsExporter())

@@ -1,0 +1,99 @@
+"""The exporter interface: an :class:`Exporter` renders one :class:`ExportContext` as the text of one file."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from specs import Cluster, ModelSpec, Workload
+from specs.layout import Layout
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from cost_model.types import Estimate
+    from launch.base import Measurement
+
+__all__ = ["ExportContext", "Exporter"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExportContext:
+    """Everything an exporter may need about one layout of one study.
+
+    The four inputs every export is built from, plus what the study knows about the layout.
+    """
+
+    model: ModelSpec
+    cluster: Cluster
+    """The GPUs: its count must be ``layout.world_size``."""
+    workload: Workload
+    layout: Layout
+    study: str = ""
+    """Name of the study that chose the layout ("" when none)."""
+    estimate: Estimate | None = None
+    """The cost model's estimate of ``layout`` (the recipe's ``prediction`` block), or None."""
+    measurement: Measurement | None = None
+    """A trial's measurement of ``layout`` (``source == "measured"`` makes a recipe ``measured``), or None."""
+    correctness: Mapping[str, Any] | None = None
+    """The ``correctness`` block of ``tune verify`` (:func:`tuner.verify.correctness_block`), or None (not run)."""
+    notes: tuple[str, ...] = ()
+    """More notes for formats that carry notes (the recipe), e.g. the measured trials within noise of this one."""
+
+
+class Exporter(abc.ABC):
+    """One export format: a name for ``tune export --format``, a file name and a renderer.
+
+    Subclasses set the class attributes and implement :meth:`render`; :meth:`write` is shared.
+    Register an instance with :func:`launch.exporters.register_exporter` (one line in
+    ``launch/exporters/__init__.py``); ``tune export --format`` and the files of the main job
+    (:func:`tuner.report.export_files`) come from the registry.
+    """
+
+    name: ClassVar[str]
+    """``--format`` value, e.g. ``"recipe"``."""
+    file_name: ClassVar[str]
+    """File the main job writes under ``results/<study>/``, e.g. ``"recipe.yaml"``."""
+    description: ClassVar[str]
+    """One line for ``--help``."""
+    executable: ClassVar[bool] = False
+    """Whether the file is a program (written with mode 0o755)."""
+    main_job: ClassVar[bool] = True
+    """Whether ``tune`` writes this file for its best layout (False: only ``tune export --format``)."""
+
+    @abc.abstractmethod
+    def render(self, context: ExportContext) -> str:
+        """The file's text for ``context``.
+
+        Raises:
+            TunerError: the layout cannot be written in this format (it contradicts the model,
+                the cluster or Megatron's rules), or the result fails the format's own checks.
+        """
+
+    def write(self, context: ExportContext, path: Path) -> Path:
+        """Render ``context`` and :meth:`save` it to ``path``.
+
+        Returns:
+            ``path``.
+
+        Raises:
+            TunerError: as :meth:`render` (nothing is written then).
+            OSError: the file cannot be written.
+        """
+        return self.save(self.render(context), path)
+
+    def save(self, text: str, path: Path) -> Path:
+        """Write rendered ``text`` to ``path`` (parents created; mode 0o755 when :attr:`executable`).
+
+        Returns:
+            ``path``.
+
+        Raises:
+            OSError: the file cannot be written.
+        """
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if self.executable:
+            path.chmod(0o755)
+        return path

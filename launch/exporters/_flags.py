@@ -1,0 +1,411 @@
+"""Megatron-LM and slime flags for a layout: the argv every exporter is built from.
+
+All outputs of :mod:`launch.exporters` start from the same four inputs
+(:class:`ModelSpec`, :class:`Cluster`, :class:`Workload`, :class:`Layout`):
+:func:`model_args` (architecture), :func:`layout_args` (parallelism, batch,
+recompute, optimizer, dispatcher, pipeline layout) and :func:`megatron_args`
+(everything ``pretrain_gpt.py`` needs but data). The seed recipe (the measured
+MiniMax-M2 run on 64 H200, ``tests/fixtures/seed_minimax_m2_recipe.yaml``) is the
+model: its four environment variables, SFT workload and optimizer arguments.
+
+Flag names are those of megatron-core 0.16.0rc0 (slime's pin ``1dcf0da``),
+which are the same at Megatron-LM HEAD.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from specs import Cluster, ModelSpec, Precision, Workload
+from specs.errors import TunerError
+from specs.layout import Dispatcher, Layout, RecomputeGranularity
+
+__all__ = ["SEED_ENV", "OPTIMIZER_HPARAMS", "MISC_ARGS", "Framework", "model_args", "layout_args", "megatron_args"]
+
+GIB = 2**30
+
+Framework = Literal["megatron", "slime"]
+
+#: The four environment variables of the seed's ``run:`` block (values are shell text).
+SEED_ENV: dict[str, str] = {
+    "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    "TORCHINDUCTOR_COMPILE_THREADS": "1",
+    "NCCL_NVLS_ENABLE": '$([ "$NVLINK_COUNT" -gt 0 ] && echo 1 || echo 0)',
+}
+
+#: The seed's optimizer hyperparameters, two lines as its ``run:`` block writes them.
+_OPTIMIZER_LINES: tuple[tuple[str, ...], ...] = (
+    ("--optimizer", "adam", "--lr", "1e-5", "--lr-decay-style", "cosine", "--min-lr", "1e-6"),
+    ("--lr-warmup-fraction", "0.1", "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.98"),
+)
+OPTIMIZER_HPARAMS: tuple[str, ...] = tuple(a for line in _OPTIMIZER_LINES for a in line)
+
+#: The seed's numerics flags (dropout off, fp32 gradient accumulation and softmax, flash attention).
+_MISC_LINES: tuple[tuple[str, ...], ...] = (
+    ("--attention-dropout", "0.0", "--hidden-dropout", "0.0"),
+    ("--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32"),
+    ("--attention-backend", "flash"),
+)
+MISC_ARGS: tuple[str, ...] = tuple(a for line in _MISC_LINES for a in line)
+
+#: slime's MiniMax-M2 layer spec (scripts/models/minimax-m2.sh): full-width QK RMSNorm.
+_MINIMAX_M2_SPEC = ("--spec", "slime_plugins.models.minimax_m2", "get_minimax_m2_layer_spec")
+
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _check(layout: Layout, model: ModelSpec, workload: Workload, cluster: Cluster | None = None) -> None:
+    """Reject a layout that cannot be written as a consistent command line.
+
+    These are the few rules an export depends on (the full rule set lives in
+    ``search_spaces``); each names the Megatron check it mirrors.
+
+    Raises:
+        TunerError: if the layout's world size is not the cluster's GPU count, a
+            degree does not divide the world size, EP > 1 on a dense model, the
+            sequence is not divisible by CP, or the optimizer flags contradict
+            Megatron's optimizer rules (Megatron's arguments.py and optimizer_config.py).
+    """
+    w = layout.world_size
+    if cluster is not None and w != cluster.num_gpus:
+        raise TunerError(f"layout world_size {w} differs from the cluster's {cluster.num_gpus} GPUs ({cluster.label})")
+    if w % (layout.tp * layout.pp * layout.cp):
+        raise TunerError(f"world size {w} is not divisible by TP*PP*CP = {layout.tp * layout.pp * layout.cp}")
+    if w % (layout.etp * layout.ep * layout.pp):
+        raise TunerError(f"world size {w} is not divisible by ETP*EP*PP = {layout.etp * layout.ep * layout.pp}")
+    if not model.is_moe and layout.ep > 1:
+        raise TunerError(f"model {model.name!r} has no experts, so EP must be 1 (got EP {layout.ep})")
+    if workload.seq_length % layout.cp:
+        raise TunerError(f"seq_length {workload.seq_length} is not divisible by CP {layout.cp}")
+    if layout.pp == 1 and layout.vpp > 1:
+        raise TunerError(f"VPP {layout.vpp} needs PP > 1 (Megatron's interleaved schedule)")
+    if layout.optimizer_offload_fraction > 0 and not layout.use_precision_aware_optimizer:
+        raise TunerError("--optimizer-cpu-offload requires --use-precision-aware-optimizer (Megatron arguments.py)")
+    if layout.use_precision_aware_optimizer and not layout.use_distributed_optimizer:
+        raise TunerError("--use-precision-aware-optimizer is only supported with --use-distributed-optimizer")
+    if not layout.use_precision_aware_optimizer and (layout.exp_avg_dtype, layout.exp_avg_sq_dtype) != ("fp32", "fp32"):
+        raise TunerError(
+            f"exp_avg_dtype {layout.exp_avg_dtype} / exp_avg_sq_dtype {layout.exp_avg_sq_dtype}: dtypes other than "
+            "fp32 need the precision-aware optimizer (Megatron optimizer_config.py)"
+        )
+
+
+# --------------------------------------------------------------------------- model flags
+
+
+def _layer_freq_expr(freq: Sequence[int]) -> str:
+    """``moe_layer_freq`` as the Python-list expression Megatron evaluates, run-length coded.
+
+    ``(1,)*62`` gives ``[1]*62``; three dense layers then 58 MoE give ``[0]*3+[1]*58``.
+    """
+    runs: list[list[int]] = []
+    for v in freq:
+        if runs and runs[-1][0] == v:
+            runs[-1][1] += 1
+        else:
+            runs.append([int(v), 1])
+    return "+".join(f"[{v}]*{n}" for v, n in runs)
+
+
+def _flag_num(x: float) -> str:
+    """A number as a flag value: ``1e-6`` (not ``1e-06``), ``0.5``, ``5000000``."""
+    if float(x).is_integer() and abs(x) >= 1:
+        return str(int(x))
+    return f"{x:g}".replace("e-0", "e-").replace("e+0", "e+")
+
+
+def model_args(model: ModelSpec) -> list[str]:
+    """Megatron-LM model-architecture flags for ``model``, as argv elements.
+
+    Emits what slime's ``scripts/models/*.sh`` pass in ``MODEL_ARGS``: sizes,
+    attention (GQA or MLA), RMSNorm with its epsilon, SwiGLU, untied embeddings,
+    vocabulary, QK norm, RoPE (base, partial rotary, Llama-3 scaling
+    ``--use-rope-scaling --rope-scaling-factor`` or YaRN ``--rotary-scaling-factor
+    --mscale --mscale-all-dim``), no linear biases, the MoE block (experts, expert
+    FFN, top-k, ``--moe-layer-freq`` as a list expression, shared experts, router
+    score function, expert bias, top-k scaling, group-limited routing, fp32 router,
+    grouped GEMM) and MTP, then the preset's ``extra_megatron_args``.
+    ``--ffn-hidden-size`` is ``moe_ffn_hidden_size`` when the model has no dense
+    FFN, as slime's MiniMax-M2 script does. The token dispatcher is a layout
+    choice (:func:`layout_args`); ``--attention-softmax-in-fp32`` is in
+    :data:`MISC_ARGS`.
+
+    MiniMax-M2 (``qk_layernorm_full_dim``) normalises q and k over all heads at
+    once, which no megatron-core layer spec does: slime adds its own
+    ``--spec slime_plugins.models.minimax_m2 get_minimax_m2_layer_spec``
+    (slime_plugins must be importable, also under plain Megatron-LM, whose
+    ``pretrain_gpt.py`` honours ``--spec``). For MiniMax-M2 the result equals
+    slime's ``scripts/models/minimax-m2.sh`` flag for flag.
+    Multi-latent attention omits ``--kv-channels`` (MLA sizes its heads with the
+    ``--qk-*``/``--v-head-dim`` flags).
+
+    Args:
+        model: The model.
+
+    Returns:
+        Flags and values in slime's order, e.g. ``["--num-layers", "62", ...]``.
+
+    Raises:
+        TunerError: if a MoE model has no MoE layer in ``moe_layer_freq``.
+    """
+    a: list[str] = []
+    if model.qk_layernorm_full_dim:
+        a += _MINIMAX_M2_SPEC
+    a += ["--disable-bias-linear", "--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size)]
+    ffn = model.ffn_hidden_size or model.moe_ffn_hidden_size
+    a += ["--ffn-hidden-size", str(ffn), "--num-attention-heads", str(model.num_attention_heads)]
+    if not model.is_mla:
+        a += ["--kv-channels", str(model.kv_channels)]
+        if model.num_query_groups < model.num_attention_heads:
+            a += ["--group-query-attention", "--num-query-groups", str(model.num_query_groups)]
+    a += ["--normalization", "RMSNorm", "--position-embedding-type", "rope", "--norm-epsilon", _flag_num(model.norm_epsilon)]
+    if model.gated_linear_unit:
+        a += ["--swiglu"]
+    if model.untie_embeddings_and_output_weights:
+        a += ["--untie-embeddings-and-output-weights"]
+    a += ["--vocab-size", str(model.vocab_size)]
+    if model.rotary_percent != 1.0:
+        a += ["--rotary-percent", _flag_num(model.rotary_percent)]
+    a += ["--rotary-base", _flag_num(model.rotary_base)]
+    if model.rope_scaling_type == "llama3":
+        a += ["--use-rope-scaling", "--rope-scaling-factor", _flag_num(model.rope_scaling_factor)]
+    elif model.rope_scaling_type == "yarn":
+        a += ["--rotary-scaling-factor", _flag_num(model.rope_scaling_factor), "--mscale", _flag_num(model.rope_scaling_mscale),
+              "--mscale-all-dim", _flag_num(model.rope_scaling_mscale_all_dim)]  # fmt: skip
+    if model.qk_layernorm:
+        a += ["--qk-layernorm"]
+    if model.is_mla:
+        a += ["--multi-latent-attention"]
+        if model.q_lora_rank:
+            a += ["--q-lora-rank", str(model.q_lora_rank)]
+        a += [
+            "--kv-lora-rank", str(model.kv_lora_rank),
+            "--qk-head-dim", str(model.qk_head_dim),
+            "--qk-pos-emb-head-dim", str(model.qk_pos_emb_head_dim),
+            "--v-head-dim", str(model.v_head_dim),
+        ]  # fmt: skip
+    if model.is_moe:
+        if not model.num_moe_layers:
+            raise TunerError(f"model {model.name!r} has {model.num_experts} experts but no MoE layer in moe_layer_freq")
+        a += [
+            "--num-experts", str(model.num_experts),
+            "--moe-ffn-hidden-size", str(model.moe_ffn_hidden_size),
+            "--moe-router-topk", str(model.moe_router_topk),
+            "--moe-layer-freq", _layer_freq_expr(model.moe_layer_freq),
+        ]  # fmt: skip
+        if model.moe_shared_expert_intermediate_size > 0:
+            a += ["--moe-shared-expert-intermediate-size", str(model.moe_shared_expert_intermediate_size)]
+        if model.moe_router_score_function != "softmax":
+            a += ["--moe-router-score-function", model.moe_router_score_function]
+        if model.moe_router_enable_expert_bias:
+            a += ["--moe-router-enable-expert-bias"]
+        if model.moe_router_topk_scaling_factor:
+            a += ["--moe-router-topk-scaling-factor", _flag_num(model.moe_router_topk_scaling_factor)]
+        if model.moe_router_num_groups:
+            a += ["--moe-router-num-groups", str(model.moe_router_num_groups), "--moe-router-group-topk", str(model.moe_router_group_topk)]
+        a += ["--moe-router-dtype", "fp32", "--moe-grouped-gemm"]
+    if model.mtp_num_layers > 0:
+        a += ["--mtp-num-layers", str(model.mtp_num_layers)]
+    a += list(model.extra_megatron_args)
+    return a
+
+
+
+# --------------------------------------------------------------------------- layout flags
+
+
+def _pipeline_layout_string(layout: Layout, model: ModelSpec) -> str | None:
+    """``--pipeline-model-parallel-layout`` for ``layout``; None when PP is 1.
+
+    Raises:
+        TunerError: from :func:`search_spaces.pipeline.emit_layout_string` when
+            the layers cannot be split as asked.
+    """
+    if layout.pp == 1:
+        return None
+    from search_spaces.pipeline import emit_layout_string  # lazy: another module's work
+
+    try:
+        return emit_layout_string(
+            model.num_layers,
+            layout.pp,
+            layout.vpp,
+            first=layout.num_layers_in_first_pipeline_stage,
+            last=layout.num_layers_in_last_pipeline_stage,
+            mtp_num_layers=model.mtp_num_layers,
+        )
+    except TunerError:
+        raise
+    except ValueError as e:
+        raise TunerError(f"pipeline layout for {layout.label}: {e}") from None
+
+
+def _parallel_args(layout: Layout, model: ModelSpec) -> list[str]:
+    a = ["--tensor-model-parallel-size", str(layout.tp)]
+    if layout.sequence_parallel and layout.tp > 1:
+        a += ["--sequence-parallel"]
+    a += ["--pipeline-model-parallel-size", str(layout.pp), "--context-parallel-size", str(layout.cp)]
+    if model.is_moe:
+        a += ["--expert-model-parallel-size", str(layout.ep), "--expert-tensor-parallel-size", str(layout.etp)]
+    return a
+
+
+def _recompute_args(layout: Layout) -> list[str]:
+    g = layout.recompute_granularity
+    if g == RecomputeGranularity.full:
+        return [
+            "--recompute-granularity", "full",
+            "--recompute-method", layout.recompute_method.value,
+            "--recompute-num-layers", str(layout.recompute_num_layers),
+        ]  # fmt: skip
+    if g == RecomputeGranularity.selective:
+        return ["--recompute-granularity", "selective", "--recompute-modules", *(layout.recompute_modules or ("core_attn",))]
+    return []
+
+
+def _max_tokens_per_gpu(layout: Layout, workload: Workload) -> int:
+    return layout.micro_batch_size * workload.seq_length // layout.cp
+
+
+def _optimizer_layout_args(layout: Layout) -> list[str]:
+    a: list[str] = []
+    if layout.use_distributed_optimizer:
+        a += ["--use-distributed-optimizer"]
+    if layout.optimizer_offload_fraction > 0:
+        a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", str(float(layout.optimizer_offload_fraction))]
+        if layout.overlap_cpu_optimizer_d2h_h2d:
+            a += ["--overlap-cpu-optimizer-d2h-h2d"]
+    if layout.use_precision_aware_optimizer:
+        a += ["--use-precision-aware-optimizer"]
+    if layout.exp_avg_dtype != "fp32":
+        a += ["--exp-avg-dtype", layout.exp_avg_dtype]
+    if layout.exp_avg_sq_dtype != "fp32":
+        a += ["--exp-avg-sq-dtype", layout.exp_avg_sq_dtype]
+    return a
+
+
+def _dispatcher(layout: Layout, framework: Framework) -> Dispatcher:
+    """The dispatcher the command asks for: slime turns allgather into alltoall."""
+    if framework == "slime" and layout.dispatcher == Dispatcher.allgather:
+        return Dispatcher.alltoall
+    return layout.dispatcher
+
+
+def _dispatcher_args(layout: Layout, model: ModelSpec, framework: Framework) -> list[str]:
+    if not model.is_moe:
+        return []
+    d = _dispatcher(layout, framework)
+    a = ["--moe-token-dispatcher-type", d.moe_token_dispatcher_type]
+    if d.moe_flex_dispatcher_backend:
+        a += ["--moe-flex-dispatcher-backend", d.moe_flex_dispatcher_backend]
+    return a
+
+
+def _precision_args(workload: Workload, framework: Framework) -> list[str]:
+    # slime sets bf16 itself (args.bf16 = not args.fp16); Megatron-LM needs the flag.
+    a = ["--bf16"] if framework == "megatron" else []
+    if workload.precision == Precision.fp8:
+        a += ["--fp8-format", "hybrid"]
+    return a
+
+
+def layout_args(layout: Layout, model: ModelSpec, workload: Workload, *, framework: Framework = "megatron") -> list[str]:
+    """Parallelism, batch, recompute, optimizer and dispatcher flags for ``layout``.
+
+    Order and spelling follow the seed's ``run:`` block: batch and sequence,
+    TP (with ``--sequence-parallel`` when on), PP, CP, EP, ETP (the expert flags
+    for MoE models only), recompute (``full`` with method and layers, or
+    ``selective`` with ``--recompute-modules``), the batch size per GPU,
+    ``--use-distributed-optimizer``, CPU optimizer offload
+    (``--optimizer-cpu-offload --optimizer-offload-fraction F`` and
+    ``--overlap-cpu-optimizer-d2h-h2d``), ``--use-precision-aware-optimizer``,
+    ``--exp-avg-dtype``/``--exp-avg-sq-dtype`` when not fp32, the token
+    dispatcher (``--moe-flex-dispatcher-backend`` for flex) and, when PP > 1,
+    ``--pipeline-model-parallel-layout`` with the string of
+    :func:`search_spaces.pipeline.emit_layout_string`. That string sets VPP (its
+    stage count over PP), so no separate VPP flag is written, and it replaces
+    ``--decoder-first/last-pipeline-num-layers``.
+
+    Megatron-LM takes ``--micro-batch-size``. slime packs rows by token count
+    instead: ``--use-dynamic-batch-size --max-tokens-per-gpu mbs*seq/cp``, and it
+    rewrites the allgather dispatcher to alltoall (it forces variable sequence
+    lengths, which allgather does not support), so alltoall is written for it.
+
+    Args:
+        layout: The layout.
+        model: The model (layer count for the pipeline layout, MoE or dense).
+        workload: Sequence length and global batch.
+        framework: ``"megatron"`` (Megatron-LM ``pretrain_gpt.py``) or ``"slime"``.
+
+    Returns:
+        Flags and values as argv elements.
+
+    Raises:
+        TunerError: if the layout contradicts the model, workload or Megatron's
+            optimizer rules, or its layers cannot be split over the pipeline.
+    """
+    if framework not in ("megatron", "slime"):
+        raise TunerError(f"framework must be 'megatron' or 'slime', got {framework!r}")
+    _check(layout, model, workload)
+    a: list[str] = []
+    if framework == "megatron":
+        a += ["--micro-batch-size", str(layout.micro_batch_size)]
+    a += ["--global-batch-size", str(workload.global_batch_size), "--seq-length", str(workload.seq_length)]
+    a += _parallel_args(layout, model)
+    a += _recompute_args(layout)
+    if framework == "slime":
+        a += ["--use-dynamic-batch-size", "--max-tokens-per-gpu", str(_max_tokens_per_gpu(layout, workload))]
+    a += _optimizer_layout_args(layout)
+    a += _dispatcher_args(layout, model, framework)
+    pls = _pipeline_layout_string(layout, model)
+    if pls is not None:
+        a += ["--pipeline-model-parallel-layout", pls]
+    return a
+
+
+def megatron_args(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout) -> list[str]:
+    """The full Megatron-LM argument list for ``pretrain_gpt.py`` (data arguments aside).
+
+    :func:`model_args`, then :func:`layout_args` (with ``--micro-batch-size``),
+    ``--max-position-embeddings`` (the sequence length, as slime sets it),
+    ``--bf16`` (plus ``--fp8-format hybrid`` for an fp8 workload), the seed's
+    optimizer hyperparameters (:data:`OPTIMIZER_HPARAMS`) and numerics flags
+    (:data:`MISC_ARGS`). Data, tokenizer, checkpoint and ``--train-iters``
+    arguments are the user's to add.
+
+    Args:
+        model: The model.
+        cluster: The GPUs (its count must be the layout's world size).
+        workload: Sequence length, global batch and precision.
+        layout: The layout.
+
+    Returns:
+        argv elements.
+
+    Raises:
+        TunerError: as :func:`layout_args`, or if the layout's world size is not
+            the cluster's GPU count.
+    """
+    _check(layout, model, workload, cluster)
+    return [
+        *model_args(model),
+        *layout_args(layout, model, workload, framework="megatron"),
+        "--max-position-embeddings", str(workload.seq_length),
+        *_precision_args(workload, "megatron"),
+        *OPTIMIZER_HPARAMS,
+        *MISC_ARGS,
+    ]  # fmt: skip
+
+def _env(extra_env: Mapping[str, str] | None) -> dict[str, str]:
+    env = dict(SEED_ENV)
+    for k, v in (extra_env or {}).items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            raise TunerError(f"extra_env: {k!r} is not a shell variable name")
+        env[k] = str(v)
+    return env
+

@@ -1,0 +1,473 @@
+"""``recipe.yaml``: the layout in the seed recipe's format, checked against ``launch/schema/recipe.schema.json``.
+
+The seed (the measured MiniMax-M2 recipe on 64 H200; its YAML is copied verbatim in
+``tests/fixtures/seed_minimax_m2_recipe.yaml``) is the model: the same fields in the same
+order, plus a ``prediction`` block and a ``status`` that says what was measured.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from launch.exporters._base import ExportContext, Exporter
+from launch.exporters._describe import _layout_note, _summary
+from launch.exporters._flags import GIB, _env, _max_tokens_per_gpu, _pipeline_layout_string
+from launch.exporters._slime import slime_script
+from specs import Cluster, ModelSpec, Workload
+from specs.errors import TunerError
+from specs.layout import Dispatcher, Layout, RecomputeGranularity
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from cost_model.types import Estimate
+    from launch.base import Measurement
+
+__all__ = ["recipe_dict", "dump_recipe", "write_recipe", "validate_recipe", "recipe_schema", "measurement_from_row", "RecipeExporter"]
+
+_STACK_FRAMEWORK = "slime or Megatron-LM (any version with --pipeline-model-parallel-layout)"
+_PREDICTION_SOURCE = "analytical cost model (cost_model/)"
+_CORRECTNESS_NOTE = (
+    "not run: check convergence against a reference layout (same weights and data, 20 steps, "
+    "Megatron-Bridge's validate_convergence thresholds) before training on this layout: "
+    "`tune verify --study STUDY --trial N --reference tp=1,pp=1,ep=1`"
+)
+_RECIPE_HEADER = "# A megatron-layout-tuner recipe; the fields are documented in launch/schema/recipe.schema.json.\n"
+
+
+def _num(x: float, digits: int) -> float:
+    return round(float(x), digits)
+
+
+def _sig(x: float, n: int = 3) -> float:
+    return float(f"{float(x):.{n}g}")
+
+
+def _min_megatron_core(layout: Layout, model: ModelSpec) -> tuple[str, list[str]]:
+    """Oldest megatron-core release known to accept the exported flags, with the reasons."""
+    need = [("0.14.0", "--pipeline-model-parallel-layout, --use-precision-aware-optimizer and the flags used")]
+    if layout.tp > model.num_query_groups:
+        need.append(("0.16.0", f"TP {layout.tp} above the {model.num_query_groups} query groups (TP % groups == 0 since 0.16)"))
+    if layout.ep > 1 and layout.tp > 1 and not layout.sequence_parallel:
+        need.append(("0.15.0", "EP and TP without sequence parallelism (an error before 0.15)"))
+    if layout.dispatcher.moe_flex_dispatcher_backend and model.is_moe:
+        # core 0.14 had only --moe-enable-deepep; --moe-flex-dispatcher-backend {deepep,hybridep}
+        # arrived with HybridEP (megatron/core/transformer/moe/README.md, core 0.15).
+        need.append(("0.15.0", f"--moe-flex-dispatcher-backend {layout.dispatcher.moe_flex_dispatcher_backend}"))
+    version = max((v for v, _ in need), key=lambda v: tuple(int(x) for x in v.split(".")))
+    return version, [w for _, w in need]
+
+
+def _date(value: Any) -> _dt.date:
+    if isinstance(value, _dt.datetime):
+        return value.date()
+    if isinstance(value, _dt.date):
+        return value
+    if isinstance(value, str):
+        try:
+            return _dt.date.fromisoformat(value)
+        except ValueError:
+            raise TunerError(f"measurement date {value!r} is not YYYY-MM-DD") from None
+    return _dt.date.today()
+
+
+def measurement_from_row(row: Mapping[str, Any], layout: Layout) -> Measurement | None:
+    """The :class:`Measurement` of a study's trial row (from :func:`tuner.study.trial_rows`), or None if it was predicted."""
+    from launch.base import Measurement
+
+    if row.get("source") != "measured":
+        return None
+    return Measurement(
+        layout=layout,
+        source="measured",
+        tokens_per_s_per_gpu=float(row["tokens_per_s_per_gpu"]),
+        peak_bytes=float(row["peak_gib"]) * GIB,
+        step_times_s=tuple(float(x) for x in row.get("step_times_s", ())),
+        losses=tuple(float(x) for x in row.get("losses", ())),
+        log_path=str(row.get("log_path", "")),
+        extra={"measured": row.get("measured")},
+    )
+
+
+def _result(measurement: Measurement, model: ModelSpec, cluster: Cluster) -> dict[str, Any]:
+    tps = float(measurement.tokens_per_s_per_gpu)
+    if not tps > 0:
+        raise TunerError(f"a measured recipe needs tokens_per_s_per_gpu > 0, got {tps}")
+    times = [float(t) for t in measurement.step_times_s]
+    cv = None
+    if len(times) >= 2 and statistics.fmean(times) > 0:
+        cv = _num(100.0 * statistics.stdev(times) / statistics.fmean(times), 2)
+    mfu = 6.0 * model.active_params() * tps / cluster.gpu.peak_flops_bf16
+    return {
+        "tokens_per_s_per_gpu": _num(tps, 2),
+        "usd_per_million_tokens": _sig(cluster.usd_per_gpu_hour * 1e6 / (tps * 3600.0)),
+        "step_time_cv_percent": cv,
+        "mfu": _num(mfu, 4),
+        "measured": _date(measurement.extra.get("measured")),
+        "peak_memory_gib": _num(measurement.peak_bytes / GIB, 2),
+        "steps": len(times),
+    }
+
+
+def _prediction(estimate: Estimate) -> dict[str, Any]:
+    return {
+        "tokens_per_s_per_gpu": _num(estimate.tokens_per_s_per_gpu, 2),
+        "step_time_s": _sig(estimate.step_time_s, 4),
+        "mfu": _num(estimate.mfu, 4),
+        "model_tflops_per_gpu": _num(estimate.model_tflops_per_gpu, 1),
+        "usd_per_million_tokens": _sig(estimate.usd_per_million_tokens),
+        "peak_memory_gib": _num(estimate.peak_bytes / GIB, 2),
+        "headroom_gib": _num((estimate.hbm_bytes - estimate.peak_bytes) / GIB, 2),
+        "memory_gib": {k: _num(v / GIB, 2) for k, v in estimate.memory.items()},
+        "time_s": {k: _sig(v, 4) for k, v in estimate.time.items()},
+        "source": _PREDICTION_SOURCE,
+        "note": "predicted, not measured",
+    }
+
+
+def _model_name(model: ModelSpec) -> str:
+    """A preset's name, or for a ``config.json`` path the folder (checkpoint) name."""
+    p = Path(model.name)
+    if p.suffix != ".json":
+        return model.name
+    return p.parent.name if p.stem == "config" and p.parent.name else p.stem
+
+
+def _layout_section(layout: Layout, model: ModelSpec, workload: Workload, pls: str | None) -> dict[str, Any]:
+    f, last = layout.num_layers_in_first_pipeline_stage, layout.num_layers_in_last_pipeline_stage
+    g = layout.recompute_granularity
+    recompute: dict[str, Any] | None
+    if g == RecomputeGranularity.full:
+        recompute = {
+            "granularity": "full",
+            "method": layout.recompute_method.value,
+            "num_layers": int(layout.recompute_num_layers),
+        }
+    elif g == RecomputeGranularity.selective:
+        recompute = {"granularity": "selective", "modules": list(layout.recompute_modules or ("core_attn",))}
+    else:
+        recompute = None
+    offload = None
+    if layout.optimizer_offload_fraction > 0:
+        offload = {
+            "optimizer_fraction": float(layout.optimizer_offload_fraction),
+            "overlap_cpu_optimizer_d2h_h2d": bool(layout.overlap_cpu_optimizer_d2h_h2d),
+        }
+    return {
+        "label": layout.label,
+        "summary": _summary(layout, model, workload, pls),
+        "tp": int(layout.tp),
+        "pp": int(layout.pp),
+        "vpp": int(layout.vpp),
+        "cp": int(layout.cp),
+        "ep": int(layout.ep),
+        "etp": int(layout.etp),
+        "dp": int(layout.dp),
+        "sequence_parallel": bool(layout.sequence_parallel and layout.tp > 1),
+        "layer_split": {"first": f or None, "last": last or None} if (f or last) and layout.pp > 1 else None,
+        "pipeline_model_parallel_layout": pls,
+        "max_tokens_per_gpu": _max_tokens_per_gpu(layout, workload),
+        "rows_per_microbatch": int(layout.micro_batch_size),
+        "recompute": recompute,
+        "offload": offload,
+        "dispatcher": layout.dispatcher.value if model.is_moe else None,
+        "optimizer": {
+            "distributed": bool(layout.use_distributed_optimizer),
+            "precision_aware": bool(layout.use_precision_aware_optimizer),
+            "exp_avg_dtype": layout.exp_avg_dtype,
+            "exp_avg_sq_dtype": layout.exp_avg_sq_dtype,
+        },
+    }
+
+
+def recipe_dict(
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Workload,
+    layout: Layout,
+    *,
+    estimate: Estimate | None = None,
+    measurement: Measurement | None = None,
+    study: str = "",
+    author: str = "megatron-layout-tuner",
+    author_url: str | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    correctness: Mapping[str, Any] | None = None,
+    extra_notes: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The recipe for ``layout``, with the seed's fields and key order.
+
+    ``status`` is ``predicted`` unless ``measurement`` has ``source ==
+    "measured"``: then ``measured`` with a ``result`` section, or ``failed`` when
+    the trial failed (its kind and log go to ``notes``). It is ``verified`` only
+    when it is measured and ``correctness`` (the block of ``tune verify``,
+    :func:`tuner.verify.correctness_block`) says ``pass``.
+    ``prediction`` holds the cost model's ``estimate`` (or null), ``run`` the
+    :func:`slime_script`, ``notes`` the pipeline layout explained in the seed's
+    words and what the user must provide.
+
+    Result fields: tokens/s/GPU; $/1M tokens at ``cluster.usd_per_gpu_hour``;
+    the step-time coefficient of variation (sample standard deviation over all
+    ``step_times_s`` / mean, %); MFU = 6 N tokens/s / dense bf16 peak with N =
+    ``model.active_params()`` (the seed's convention); the date
+    (``measurement.extra["measured"]``, else today).
+
+    Args:
+        model: The model.
+        cluster: The GPUs.
+        workload: The workload.
+        layout: The layout.
+        estimate: The cost model's estimate for ``layout``.
+        measurement: A trial's measurement of ``layout``.
+        study: Name of the study that chose the layout (written when given).
+        author: ``author.name``.
+        author_url: ``author.url``.
+        extra_env: More environment variables for the run script.
+        correctness: The ``correctness`` block (default: "not run" with how to run it).
+        extra_notes: More ``notes``, after the status notes (e.g. the measured trials within noise of this one).
+
+    Returns:
+        A plain dict (str, int, float, bool, None, list, dict, date) in the
+        seed's key order; :func:`dump_recipe` writes it.
+
+    Raises:
+        TunerError: as :func:`slime_script`, or if ``estimate`` or
+            ``measurement`` belongs to another layout.
+    """
+    if estimate is not None and estimate.layout != layout:
+        raise TunerError(f"the estimate is for {estimate.layout.label}, not for {layout.label}")
+    if measurement is not None and measurement.layout != layout:
+        raise TunerError(f"the measurement is for {measurement.layout.label}, not for {layout.label}")
+    run = slime_script(model, cluster, workload, layout, extra_env=extra_env)
+    pls = _pipeline_layout_string(layout, model)
+
+    status, result, failure_note = "predicted", None, None
+    if measurement is not None and measurement.source == "measured":
+        if measurement.failure.value != "none":
+            status = "failed"
+            failure_note = f"The measured trial failed ({measurement.failure.value})" + (
+                f"; log: {measurement.log_path}" if measurement.log_path else ""
+            )
+        else:
+            status, result = "measured", _result(measurement, model, cluster)
+    if status == "measured" and correctness is not None and correctness.get("result") == "pass":
+        status = "verified"
+
+    core, core_why = _min_megatron_core(layout, model)
+    stack_note = f"megatron-core >= {core}: {'; '.join(core_why)}."
+    if model.qk_layernorm_full_dim:
+        stack_note += " Needs slime's slime_plugins (MiniMax-M2 layer spec) importable, also under Megatron-LM."
+
+    author_d: dict[str, Any] = {"name": author}
+    if author_url:
+        author_d["url"] = author_url
+
+    notes: list[str] = []
+    if status == "predicted":
+        notes.append("Predicted by the analytical cost model, not measured: run it (`tune` trials) before relying on the numbers.")
+    if failure_note:
+        notes.append(failure_note + ".")
+    notes.extend(str(n) for n in extra_notes)
+    if pls is not None:
+        notes.append(_layout_note(pls, layout, model))
+    if model.is_moe and layout.dispatcher == Dispatcher.allgather:
+        notes.append("slime rewrites the allgather dispatcher to alltoall (it needs variable sequence lengths), so `run` asks for alltoall.")
+    if model.qk_layernorm_full_dim:
+        notes.append(
+            "MODEL_ARGS follow slime's scripts/models/minimax-m2.sh: its own layer spec "
+            "(`--spec slime_plugins.models.minimax_m2 get_minimax_m2_layer_spec`, full-width q and k norm) and router flags."
+        )
+    if not layout.use_distributed_optimizer:
+        notes.append("slime always turns the distributed optimizer on; the layout's non-distributed optimizer holds for Megatron-LM only.")
+    if model.is_moe and layout.dispatcher == Dispatcher.flex_deepep and layout.etp * layout.ep > cluster.gpus_per_node:
+        notes.append(
+            f"The EP group ({layout.ep} ranks) spans nodes, so DeepEP's inter-node kernels carry the tokens: they need RDMA NICs "
+            "that DeepEP's NVSHMEM transport supports (InfiniBand / RoCE); check your network before relying on this layout."
+        )
+    notes.append(
+        "`run` (the body of run_slime.sh) expects HF_CKPT, TORCH_DIST, SFT_DATA, PROFILE_DIR and SLIME_ENTRY_MODULE, and reads "
+        "PYTHON (default python3) and SLIME_DIR (a slime checkout, put on PYTHONPATH). For Megatron-LM, "
+        "`source megatron_args.sh` and pass \"${MEGATRON_ARGS[@]}\" to pretrain_gpt.py with your data arguments."
+    )
+
+    recipe: dict[str, Any] = {
+        "schema_version": 1,
+        "model": _model_name(model),
+        "gpu": {
+            "type": cluster.gpu.name,
+            "memory_gb": math.ceil(cluster.gpu.hbm_bytes / GIB),
+            "count": int(cluster.num_gpus),
+            "per_node": int(cluster.gpus_per_node),
+        },
+        "author": author_d,
+        "status": status,
+    }
+    if study:
+        recipe["study"] = study
+    recipe |= {
+        "stack": {"framework": _STACK_FRAMEWORK, "megatron_core": f">={core}", "note": stack_note},
+        "workload": {
+            "row_tokens": int(workload.seq_length),
+            "rows": workload.dataset,
+            "global_batch": int(workload.global_batch_size),
+            "precision": str(workload.precision),
+        },
+        "layout": _layout_section(layout, model, workload, pls),
+        "result": result,
+        "prediction": _prediction(estimate) if estimate is not None else None,
+        "correctness": dict(correctness) if correctness is not None else {"result": "not run", "note": _CORRECTNESS_NOTE},
+        "env": _env(extra_env),
+        "patches": [],
+        "run": run,
+        "notes": notes,
+    }
+    return recipe
+
+
+class _Dumper(yaml.SafeDumper):
+    """Safe YAML with multi-line strings as ``|`` blocks and no anchors."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _represent_str(dumper: yaml.SafeDumper, s: str) -> yaml.ScalarNode:
+    if "\n" in s:
+        return dumper.represent_scalar("tag:yaml.org,2002:str", s, style="|")
+    return dumper.represent_scalar("tag:yaml.org,2002:str", s)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def dump_recipe(recipe: Mapping[str, Any]) -> str:
+    """The recipe as YAML text, keys in the dict's order, behind a comment header.
+
+    Args:
+        recipe: A recipe from :func:`recipe_dict` (or a loaded one).
+
+    Returns:
+        YAML text that ``yaml.safe_load`` turns back into ``recipe``.
+
+    Raises:
+        TunerError: if the recipe holds a value YAML cannot represent safely.
+    """
+    try:
+        body = yaml.dump(dict(recipe), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=120)
+    except yaml.YAMLError as e:
+        raise TunerError(f"recipe cannot be written as YAML: {e}") from None
+    return _RECIPE_HEADER + body
+
+
+def write_recipe(path: str | Path, recipe: Mapping[str, Any]) -> Path:
+    """Validate ``recipe`` and write it as YAML to ``path`` (parents created).
+
+    Args:
+        path: Where to write, e.g. ``results/<study>/recipe.yaml``.
+        recipe: The recipe.
+
+    Returns:
+        The path written.
+
+    Raises:
+        TunerError: if the recipe does not validate (:func:`validate_recipe`)
+            or the file cannot be written.
+    """
+    validate_recipe(recipe)
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(f"# {p.name}\n" + dump_recipe(recipe))
+    except OSError as e:
+        raise TunerError(f"cannot write recipe {p}: {e}") from None
+    return p
+
+
+# --------------------------------------------------------------------------- schema
+
+
+@lru_cache(maxsize=1)
+def recipe_schema() -> dict[str, Any]:
+    """The recipe JSON Schema (draft 2020-12), ``launch/schema/recipe.schema.json``.
+
+    Returns:
+        The schema as a dict (cached).
+
+    Raises:
+        FileNotFoundError: if the package was installed without its schema file.
+    """
+    text = resources.files("launch").joinpath("schema/recipe.schema.json").read_text()
+    schema: dict[str, Any] = json.loads(text)
+    return schema
+
+
+def _jsonable(x: Any) -> Any:
+    """YAML values as JSON sees them: dates become ISO strings, tuples lists."""
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (_dt.date, _dt.datetime)):
+        return x.isoformat()
+    return x
+
+
+def validate_recipe(recipe: Mapping[str, Any]) -> None:
+    """Check ``recipe`` against the recipe schema and the layout's arithmetic.
+
+    Besides the schema, TP*PP*CP*DP and a multiple of ETP*EP*PP must equal the
+    GPU count.
+
+    Args:
+        recipe: A recipe dict (from :func:`recipe_dict` or ``yaml.safe_load``).
+
+    Raises:
+        TunerError: listing every problem as ``path: message`` on its own line
+            (paths as JSON paths, e.g. ``$.layout.tp``).
+    """
+    from jsonschema import Draft202012Validator
+
+    doc = _jsonable(recipe)
+    validator = Draft202012Validator(recipe_schema())
+    lines = []
+    for err in sorted(validator.iter_errors(doc), key=lambda e: (e.json_path, e.message)):
+        msg = err.message if len(err.message) <= 200 else err.message[:197] + "..."
+        lines.append(f"{err.json_path}: {msg}")
+    if not lines:
+        lay, gpu = doc["layout"], doc["gpu"]
+        n = gpu["count"]
+        dense = lay["tp"] * lay["pp"] * lay["cp"] * lay["dp"]
+        if dense != n:
+            lines.append(f"$.layout: tp*pp*cp*dp = {dense} but gpu.count is {n}")
+        if n % (lay["etp"] * lay["ep"] * lay["pp"]):
+            lines.append(f"$.layout: etp*ep*pp = {lay['etp'] * lay['ep'] * lay['pp']} does not divide gpu.count {n}")
+    if lines:
+        raise TunerError("recipe does not match launch/schema/recipe.schema.json:\n" + "\n".join(lines))
+
+
+class RecipeExporter(Exporter):
+    """``recipe.yaml``: :func:`recipe_dict` of the context, validated (:func:`validate_recipe`), as YAML (:func:`dump_recipe`)."""
+
+    name = "recipe"
+    file_name = "recipe.yaml"
+    description = "recipe.yaml: the seed recipe's fields with a prediction block and a status (validated against launch/schema/recipe.schema.json)"
+
+    def render(self, context: ExportContext) -> str:
+        """The recipe YAML of ``context`` (its estimate, measurement, correctness block and notes).
+
+        Raises:
+            TunerError: as :func:`recipe_dict`, or the recipe does not validate (:func:`validate_recipe`).
+        """
+        rec = recipe_dict(context.model, context.cluster, context.workload, context.layout, estimate=context.estimate,
+                          measurement=context.measurement, study=context.study, correctness=context.correctness,
+                          extra_notes=context.notes)
+        validate_recipe(rec)
+        return dump_recipe(rec)

@@ -1,0 +1,63 @@
+"""Bash text for the exported scripts: quoted words, flag-per-line arrays and command lines, the file frame.
+
+Every argument an exporter writes goes through :func:`word`, which ``shlex.quote``-s it, unless it
+is marked :class:`Sh` (an intended expansion such as ``"$HF_CKPT"``), so a value with ``|``, ``*``,
+``(`` or a space (``--pipeline-model-parallel-layout 'Et|(tt|)*30tL'``, ``--moe-layer-freq '[1]*62'``)
+reaches the program unchanged.
+"""
+
+from __future__ import annotations
+
+import shlex
+import textwrap
+from collections.abc import Iterable, Sequence
+
+#: First line of every exported script: found on PATH, so it runs the same on Linux and macOS.
+SHEBANG = "#!/usr/bin/env bash"
+
+#: Bash strict mode: stop at the first failing command, an unset variable or a failing pipe stage.
+STRICT_MODE = "set -euo pipefail"
+
+
+class Sh(str):
+    """Shell text written as it is, not quoted: an intended expansion such as ``"$HF_CKPT"`` or ``"${MODEL_ARGS[@]}"``."""
+
+    __slots__ = ()
+
+
+def word(x: str) -> str:
+    """One shell word: ``x`` quoted with :func:`shlex.quote`, or as it is when it is :class:`Sh`."""
+    return str(x) if isinstance(x, Sh) else shlex.quote(str(x))
+
+
+def group_flags(argv: Sequence[str]) -> list[list[str]]:
+    """Split argv into one group per flag: ``--flag`` followed by its values."""
+    groups: list[list[str]] = []
+    for x in argv:
+        if x.startswith("--") or not groups:
+            groups.append([x])
+        else:
+            groups[-1].append(x)
+    return groups
+
+
+def comment(text: str) -> list[str]:
+    """``text`` as bash comment lines of at most 112 characters."""
+    return ["# " + line for line in textwrap.wrap(text, 110, break_on_hyphens=False)]
+
+
+def words(group: Iterable[str]) -> str:
+    """A line of shell words (:func:`word` each), separated by spaces."""
+    return " ".join(word(x) for x in group)
+
+
+def bash_array(name: str, argv: Sequence[str]) -> str:
+    """``NAME=(`` one quoted flag and its values per line ``)``."""
+    body = "".join(f"  {words(g)}\n" for g in group_flags(argv))
+    return f"{name}=(\n{body})\n"
+
+
+def command(head: Sequence[str], groups: Sequence[Sequence[str]]) -> list[str]:
+    """A command over several lines: ``head`` then one flag group per line, joined by backslash-newlines."""
+    lines = [words(head)] + ["  " + words(g) for g in groups]
+    return [ln + " \\" for ln in lines[:-1]] + [lines[-1]]

@@ -1,0 +1,211 @@
+"""The exported scripts run as they are: ``run_slime.sh`` executed against a fake slime entry module,
+``megatron_args.sh`` sourced into a fake ``pretrain_gpt.py`` (and executed on its own).
+
+The fakes (``tests/launch_tests/fake_entry/``) parse the arguments as Megatron's argparse would,
+check Megatron's cross-flag rules and the ``--pipeline-model-parallel-layout`` grammar, and dump
+what arrived; the tests compare that with the layout that was exported. Nothing in a file is
+edited: the entry points come from environment variables (``PYTHON``, ``SLIME_ENTRY_MODULE``,
+``SLIME_DIR``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch.exporters import ExportContext, get_exporter
+from launch.exporters._flags import megatron_args
+from specs import Workload, load_model, parse_gpus
+from specs.layout import Layout
+
+FAKES = Path(__file__).resolve().parent / "fake_entry"
+BASH = shutil.which("bash")
+pytestmark = pytest.mark.skipif(BASH is None, reason="bash is not installed")
+
+W = Workload(seq_length=8192, global_batch_size=128)
+
+LAYOUTS = {
+    # the seed's tuned layout: 'Et|(tt|)*30tL', full recompute, alltoall
+    "seed": Layout(world_size=64, tp=1, pp=8, vpp=4, ep=8, etp=1, micro_batch_size=1, recompute_granularity="full",
+                   recompute_method="uniform", recompute_num_layers=1, num_layers_in_first_pipeline_stage=7,
+                   num_layers_in_last_pipeline_stage=7),
+    # slime's reference port: TP 2 with SP, PP 2, optimizer offload
+    "port": Layout(world_size=64, tp=2, sequence_parallel=True, pp=2, ep=8, etp=1, micro_batch_size=1,
+                   recompute_granularity="full", recompute_method="block", recompute_num_layers=2,
+                   optimizer_offload_fraction=0.5, overlap_cpu_optimizer_d2h_h2d=True),
+    # CP 2, micro-batch 2, selective recompute of two modules, flex + DeepEP, ETP 2, an uneven split
+    "flex": Layout(world_size=64, tp=2, pp=4, vpp=2, cp=2, ep=4, etp=2, micro_batch_size=2, recompute_granularity="selective",
+                   recompute_modules=("core_attn", "moe_act"), dispatcher="flex+deepep",
+                   num_layers_in_first_pipeline_stage=15, num_layers_in_last_pipeline_stage=15),
+}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("MiniMax-M2")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    return parse_gpus("64xH200")
+
+
+def _write(tmp_path: Path, name: str, model, cluster, layout: Layout) -> Path:
+    exporter = get_exporter(name)
+    return exporter.write(ExportContext(model=model, cluster=cluster, workload=W, layout=layout), tmp_path / exporter.file_name)
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "SYSTEMROOT")}
+    env.update(FAKE_ENTRY_DUMP=str(tmp_path / "dump.json"), **extra)
+    return env
+
+
+def _glob_trap(tmp_path: Path) -> Path:
+    """A working folder where an unquoted ``[1]*62`` (the --moe-layer-freq value) would expand to a file name."""
+    cwd = tmp_path / "work dir"
+    cwd.mkdir()
+    (cwd / "1-62").write_text("")
+    return cwd
+
+
+def _expected(layout: Layout, model) -> dict:
+    from search_spaces.pipeline import emit_layout_string, layer_counts_from_string
+
+    pls = emit_layout_string(model.num_layers, layout.pp, layout.vpp, layout.num_layers_in_first_pipeline_stage,
+                             layout.num_layers_in_last_pipeline_stage, model.mtp_num_layers)
+    counts = layer_counts_from_string(pls, layout.pp, model.num_layers, model.mtp_num_layers)
+    full = layout.recompute_granularity.value == "full"
+    return {
+        "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp, "ep": layout.ep, "etp": layout.etp,
+        "sequence_parallel": layout.sequence_parallel and layout.tp > 1,
+        "recompute": {
+            "granularity": layout.recompute_granularity.value,
+            "method": layout.recompute_method.value if full else None,
+            "num_layers": layout.recompute_num_layers if full else None,
+            "modules": list(layout.recompute_modules) if not full else None,
+        },
+        "dispatcher": layout.dispatcher.moe_token_dispatcher_type, "flex_backend": layout.dispatcher.moe_flex_dispatcher_backend,
+        "optimizer_offload_fraction": float(layout.optimizer_offload_fraction),
+        "pipeline_layout": pls, "layers_per_rank": [sum(c) for c in counts], "num_layers": model.num_layers,
+        "moe_layer_freq": "[1]*62",
+    }
+
+
+def _arrived(d: dict) -> dict:
+    keys = ("tp", "pp", "vpp", "cp", "ep", "etp", "sequence_parallel", "recompute", "dispatcher", "flex_backend",
+            "optimizer_offload_fraction", "pipeline_layout", "layers_per_rank", "num_layers", "moe_layer_freq")
+    return {k: d[k] for k in keys}
+
+
+# --------------------------------------------------------------------------- run_slime.sh
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_run_slime_sh_executes_and_its_values_arrive(name, tmp_path, model, cluster):
+    lay = LAYOUTS[name]
+    script = _write(tmp_path, "slime", model, cluster, lay)
+    assert script.read_text().startswith("#!/usr/bin/env bash\n")
+    assert stat.S_IMODE(script.stat().st_mode) == 0o755
+    env = _env(tmp_path, PYTHON=sys.executable, SLIME_ENTRY_MODULE="fake_slime_train", SLIME_DIR=str(FAKES),
+               HF_CKPT="/ckpt/MiniMax M2", TORCH_DIST="/ckpt/torch dist", SFT_DATA="/data/rows;1.parquet",
+               PROFILE_DIR="/tmp/prof $HOME", NVLINK_COUNT="4",
+               FAKE_ENTRY_ENV="CUDA_DEVICE_MAX_CONNECTIONS,PYTORCH_CUDA_ALLOC_CONF,TORCHINDUCTOR_COMPILE_THREADS,NCCL_NVLS_ENABLE")
+    p = subprocess.run([str(script)], env=env, cwd=_glob_trap(tmp_path), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    d = json.loads((tmp_path / "dump.json").read_text())
+    want = _expected(lay, model)
+    if lay.dispatcher.value == "allgather":  # slime rewrites it; the script asks for alltoall
+        want["dispatcher"] = "alltoall"
+    assert _arrived(d) == want
+    # slime packs rows by tokens: no --micro-batch-size, the micro-batch's tokens per GPU instead
+    assert d["micro_batch_size"] is None and d["dynamic_batch"] and d["max_tokens_per_gpu"] == lay.micro_batch_size * W.seq_length // lay.cp
+    assert d["global_batch_size"] == 128 and d["seq_length"] == 8192
+    assert d["spec"] == ["slime_plugins.models.minimax_m2", "get_minimax_m2_layer_spec"]
+    # the caller's paths arrive as one word each, with their spaces, ';' and '$' untouched
+    assert d["slime"] == {
+        "--actor-num-nodes": "8", "--actor-num-gpus-per-node": "8", "--hf-checkpoint": "/ckpt/MiniMax M2",
+        "--ref-load": "/ckpt/torch dist", "--prompt-data": "/data/rows;1.parquet", "--tensorboard-dir": "/tmp/prof $HOME",
+        "--num-rollout": "20", "--rollout-batch-size": "128", "--loss-type": "sft_loss",
+        "--rollout-function-path": "pretokenized_sft_rollout.generate_rollout",
+    }
+    assert d["env"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+                        "TORCHINDUCTOR_COMPILE_THREADS": "1", "NCCL_NVLS_ENABLE": "1"}
+
+
+def test_run_slime_sh_stops_on_a_missing_variable(tmp_path, model, cluster):
+    script = _write(tmp_path, "slime", model, cluster, LAYOUTS["seed"])
+    base = dict(PYTHON=sys.executable, SLIME_ENTRY_MODULE="fake_slime_train", SLIME_DIR=str(FAKES), HF_CKPT="/c",
+                TORCH_DIST="/t", SFT_DATA="/d", PROFILE_DIR="/p", NVLINK_COUNT="0")
+    for missing, needle in (("SFT_DATA", "set SFT_DATA to the training rows"), ("SLIME_ENTRY_MODULE", "set SLIME_ENTRY_MODULE")):
+        env = _env(tmp_path, **{k: v for k, v in base.items() if k != missing})
+        p = subprocess.run([str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert p.returncode != 0 and needle in p.stderr, p.stderr
+        assert not (tmp_path / "dump.json").exists()  # stopped before the launch
+    # without NVLINK_COUNT and without nvidia-smi on PATH the count is 0, not an error under `set -e`
+    env = _env(tmp_path, **{k: v for k, v in base.items() if k != "NVLINK_COUNT"}, FAKE_ENTRY_ENV="NCCL_NVLS_ENABLE")
+    env["PATH"] = os.pathsep.join(str(Path(x).parent) for x in (shutil.which("bash"), shutil.which("grep"), shutil.which("wc")))
+    p = subprocess.run([str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert json.loads((tmp_path / "dump.json").read_text())["env"] == {"NCCL_NVLS_ENABLE": "0"}
+
+
+def test_run_slime_sh_fails_when_the_entry_fails(tmp_path, model, cluster):
+    """Strict mode: the script's exit status is the launch's (a fake that refuses an argument exits 3)."""
+    script = _write(tmp_path, "slime", model, cluster, LAYOUTS["seed"])
+    env = _env(tmp_path, PYTHON=sys.executable, SLIME_ENTRY_MODULE="no_such_module_here", SLIME_DIR=str(FAKES), HF_CKPT="/c",
+               TORCH_DIST="/t", SFT_DATA="/d", PROFILE_DIR="/p", NVLINK_COUNT="0")
+    p = subprocess.run([str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "No module named no_such_module_here" in p.stderr
+
+
+# --------------------------------------------------------------------------- megatron_args.sh
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_megatron_args_sh_sourced_into_pretrain_gpt(name, tmp_path, model, cluster):
+    lay = LAYOUTS[name]
+    f = _write(tmp_path, "megatron", model, cluster, lay)
+    assert f.read_text().startswith("#!/usr/bin/env bash\n") and stat.S_IMODE(f.stat().st_mode) == 0o755
+    env = _env(tmp_path, PYTHON=sys.executable)
+    cmd = 'source "$1"; "$PYTHON" "$2" "${MEGATRON_ARGS[@]}"'
+    p = subprocess.run([BASH, "-c", cmd, "bash", str(f), str(FAKES / "pretrain_gpt.py")], env=env, cwd=_glob_trap(tmp_path),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    d = json.loads((tmp_path / "dump.json").read_text())
+    assert _arrived(d) == _expected(lay, model)
+    assert d["micro_batch_size"] == lay.micro_batch_size and not d["dynamic_batch"]
+    assert d["argv"] == megatron_args(model, cluster, W, lay)  # every element intact, in order
+
+
+def test_megatron_args_sh_executed_prints_its_arguments_and_sourced_keeps_shell_options(tmp_path, model, cluster):
+    lay = LAYOUTS["seed"]
+    f = _write(tmp_path, "megatron", model, cluster, lay)
+    p = subprocess.run([str(f)], env=_env(tmp_path), cwd=_glob_trap(tmp_path), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == megatron_args(model, cluster, W, lay)
+    # sourced: defines the array, prints nothing, leaves errexit / nounset / pipefail as they were
+    cmd = 'source "$1"; echo "flags=$-"; shopt -qo pipefail && echo pipefail-on || echo pipefail-off; echo "n=${#MEGATRON_ARGS[@]}"'
+    p = subprocess.run([BASH, "-c", cmd, "bash", str(f)], env=_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("flags=") and not set("eu") & set(lines[0].removeprefix("flags="))
+    assert lines[1:] == ["pipefail-off", f"n={len(megatron_args(model, cluster, W, lay))}"]
+
+
+def test_the_recipe_run_block_is_run_slime_sh_without_its_frame(model, cluster):
+    import yaml
+
+    ctx = ExportContext(model=model, cluster=cluster, workload=W, layout=LAYOUTS["seed"])
+    script = get_exporter("slime").render(ctx)
+    run = yaml.safe_load(get_exporter("recipe").render(ctx))["run"]
+    head, body = script.split("\n", 3)[:3], script.split("\n", 3)[3]
+    assert head == ["#!/usr/bin/env bash", "# run_slime.sh, exported by megatron-layout-tuner: run it as it is (./run_slime.sh).", "set -euo pipefail"]
+    assert body == run and "set -e" not in run  # pasting `run` into a shell does not turn on errexit there

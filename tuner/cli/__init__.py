@@ -1,0 +1,53 @@
+"""The ``tune`` command line (typer + rich), one ``typer.Typer`` per area, composed here.
+
+* the main job, ``tune --model M --gpus G`` (:mod:`tuner.cli.main_job`, the root callback);
+* one layout: ``estimate``, ``check`` (:mod:`tuner.cli.estimate`);
+* a study: ``pareto``, ``export`` (:mod:`tuner.cli.studies`);
+* the cost model against measurements: ``validate``, ``calibrate`` (:mod:`tuner.cli.fit`);
+* numerics: ``verify`` (:mod:`tuner.cli.verify_cmd`);
+* the catalogue: ``models``, ``gpus`` (:mod:`tuner.cli.catalogue`).
+* RL post-training: ``rl`` (:mod:`tuner.cli_rl`, mounted as ``tune rl``, imported only when it runs).
+
+The areas share :mod:`tuner.cli._common` (consoles, the error boundary, study loading, option
+aliases) and :mod:`tuner.cli._layout` (the layout options); none imports this package's
+``__init__``. Errors: :class:`tuner.cli._common.TuneGroup` is the one boundary; a user error
+(:class:`TunerError`) or a usage error prints one red line on stderr and exits 2, and
+``--debug`` (anywhere on the line) or ``TUNE_DEBUG=1`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from tuner.cli import catalogue, estimate, fit, studies, verify_cmd
+from tuner.cli._common import TuneGroup
+from tuner.cli.main_job import main_job
+
+__all__ = ["app", "main"]
+
+
+
+class _Tune(TuneGroup):
+    lazy = {"rl": "tuner.cli_rl:rl_app"}
+
+
+app = typer.Typer(
+    name="tune",
+    cls=_Tune,
+    help="Parallel-layout tuner for Megatron-core training: predicts, searches and exports the fastest layout that fits.",
+    add_completion=False,
+    no_args_is_help=False,
+    pretty_exceptions_enable=False,
+)
+app.callback(invoke_without_command=True)(main_job)
+for _area in (estimate, studies, fit, verify_cmd, catalogue):
+    app.add_typer(_area.app)
+
+
+def main() -> None:
+    """Console entry point (``tune``): run the app; it exits with the command's code (2 for a user error)."""
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover - python -m tuner.cli runs __main__.py
+    main()

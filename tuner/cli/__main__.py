@@ -1,0 +1,5 @@
+"""``python -m tuner.cli``: the ``tune`` command line."""
+
+from tuner.cli import main
+
+main()

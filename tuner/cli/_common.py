@@ -1,0 +1,276 @@
+"""What every ``tune`` command area shares: the consoles, the error boundary, shell-safe suggested
+commands, the study loading helpers and the option aliases of the job, cluster, workload and study.
+
+The area modules (``main_job``, ``estimate``, ``studies``, ``fit``, ``verify_cmd``, ``catalogue``)
+import this module and :mod:`tuner.cli._layout`; nothing here imports an area module, so the
+package has no import cycle (``tests/test_package_order.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, ClassVar
+
+import typer
+import typer.main
+from rich.console import Console
+from rich.markup import escape
+from typer.core import TyperGroup
+
+from specs.errors import InfeasibleLayout, TunerError
+
+__all__ = [
+    "GIB", "DEBUG_ENV", "CliState", "TuneGroup", "out", "err", "error_message", "require", "shell_command", "study_flags",
+    "check_study_name", "load_study", "recorded_storage", "study_context", "fmt_int",
+]
+
+# Wide enough for the Pareto table when output is piped (rich falls back to 80 columns).
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
+
+GIB = 2**30
+
+#: ``TUNE_DEBUG=1`` in the environment works as ``--debug`` on the command line.
+DEBUG_ENV = "TUNE_DEBUG"
+DEBUG_FLAG = "--debug"
+DEFAULT_RESULTS = Path("results")
+
+
+# ---- the error boundary ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CliState:
+    """The command line as ``tune`` received it (``ctx.obj`` of every command)."""
+
+    argv: tuple[str, ...]
+    """The arguments after the program name, ``--debug`` removed."""
+    debug: bool
+    """``--debug`` was given (anywhere before a ``--``) or ``TUNE_DEBUG`` is set."""
+
+
+def _take_debug(args: Sequence[str]) -> tuple[list[str], bool]:
+    """``args`` without ``--debug`` (accepted anywhere before a ``--``) and whether it was there."""
+    args = list(args)
+    end = args.index("--") if "--" in args else len(args)
+    head = [a for a in args[:end] if a != DEBUG_FLAG]
+    return head + args[end:], len(head) < end
+
+
+def error_message(e: BaseException) -> str:
+    """The one line a user error is shown as (an :class:`InfeasibleLayout` names its rule)."""
+    if isinstance(e, InfeasibleLayout):
+        return f"the layout breaks rule {e.rule_id}: {e.reason}"
+    return str(e).strip() or type(e).__name__
+
+
+def _red(text: str) -> None:
+    err.print(f"[bold red]error:[/] {escape(text)}", soft_wrap=True)
+
+
+def _traceback(e: BaseException) -> None:
+    sys.stderr.write("".join(traceback.format_exception(type(e), e, e.__traceback__)))
+    sys.stderr.flush()
+
+
+class TuneGroup(TyperGroup):
+    """The ``tune`` root group and the command line's one error boundary.
+
+    * ``--debug`` is taken off the command line wherever it stands (before a ``--``); it, or
+      ``TUNE_DEBUG=1``, adds the traceback of an error. Commands see it as ``ctx.obj.debug``.
+    * A :class:`TunerError` (a user error) prints one red line on stderr and exits 2, with or
+      without ``--debug``.
+    * A usage error (unknown option, bad value: typer / click) prints one red line naming the
+      command's ``--help`` and exits 2.
+    * Ctrl-C exits 130 (the main job first says how to resume); any other exception is a bug:
+      one line asking for a report (the traceback with ``--debug``), exit 1.
+
+    Sub-apps named in :attr:`lazy` (``name -> "module:typer_app"``) are imported only when their
+    command is run or listed, so ``tune`` does not pay for them at every start.
+    """
+
+    lazy: ClassVar[dict[str, str]] = {}
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        """The commands, the lazy ones after the others."""
+        return [*super().list_commands(ctx), *(n for n in self.lazy if n not in self.commands)]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        """The command ``cmd_name``, importing a lazy sub-app the first time it is asked for."""
+        if cmd_name not in self.commands and cmd_name in self.lazy:
+            import importlib
+
+            module, _, attr = self.lazy[cmd_name].partition(":")
+            group = typer.main.get_command(getattr(importlib.import_module(module), attr))
+            group.name = cmd_name
+            self.commands[cmd_name] = group
+        return super().get_command(ctx, cmd_name)
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, windows_expand_args: bool = True, **extra: Any) -> Any:
+        """Run the command line (``args``, default ``sys.argv[1:]``) and turn every error into an exit code.
+
+        Returns:
+            The exit code when ``standalone_mode`` is False (else it exits the process with it).
+        """
+        argv, flag = _take_debug(sys.argv[1:] if args is None else args)
+        debug = flag or os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
+        extra.setdefault("obj", CliState(argv=tuple(argv), debug=debug))
+        try:
+            rv = super().main(argv, prog_name, complete_var, standalone_mode=False, windows_expand_args=windows_expand_args, **extra)
+            code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
+        except TunerError as e:
+            if debug:
+                _traceback(e)
+            _red(error_message(e))
+            code = 2
+        except typer.TyperException as e:  # typer's (click's) usage errors: unknown option, bad value, missing argument
+            ctx = getattr(e, "ctx", None)  # UsageError carries the context of the command that refused it
+            hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            _red(f"{e.format_message()}{hint}")
+            code = e.exit_code
+        except KeyboardInterrupt:  # (typer itself turns a Ctrl-C inside a command into exit 130)
+            err.print("interrupted")
+            code = 130
+        except typer.Abort:
+            err.print("aborted")
+            code = 1
+        except Exception as e:  # noqa: BLE001 - a bug, not a user error
+            if debug:
+                _traceback(e)
+            err.print(f"[bold red]internal error:[/] {escape(f'{type(e).__name__}: {e}')}"
+                      + ("" if debug else " (re-run with --debug for the traceback, and report it)"), soft_wrap=True)
+            code = 1
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+# ---- small helpers ---------------------------------------------------------------------
+
+
+def require(value: Any, flag: str, example: str) -> Any:
+    """``value``, unless it is missing.
+
+    Raises:
+        TunerError: ``value`` is None or "" (the message shows ``flag example``).
+    """
+    if value is None or value == "":
+        raise TunerError(f"{flag} is required, e.g. {flag} {example}")
+    return value
+
+
+def fmt_int(x: float) -> str:
+    """``1,096,704``."""
+    return f"{x:,.0f}"
+
+
+def shell_command(*words: Any) -> str:
+    """A command to suggest to the user, every word ``shlex.quote``-d: safe to paste into a shell."""
+    return shlex.join(str(w) for w in words)
+
+
+def study_flags(study: str, results_dir: Path) -> list[str]:
+    """``--study NAME`` and, when it is not the default, ``--results-dir DIR``: what a suggested
+    ``tune pareto / export / verify`` needs to find the study (its ``--storage`` is in ``config.yaml``)."""
+    return ["--study", study] + ([] if Path(results_dir) == DEFAULT_RESULTS else ["--results-dir", str(results_dir)])
+
+
+# ---- studies ---------------------------------------------------------------------------
+
+
+def check_study_name(name: str) -> str:
+    """``name``, if it obeys the rule ``tune --study`` applies (the same rule, the same message).
+
+    Raises:
+        TunerError: the name is not 1-128 letters, digits, '.', '_' or '-' starting with a letter or digit.
+    """
+    from tuner.study import TuneConfig, _validate_config
+
+    _validate_config(TuneConfig(model="-", gpus="-", study=name))  # checks only the study name of these inputs
+    return name
+
+
+def recorded_storage(config_yaml: Path) -> str | None:
+    """The ``--storage`` a study was run with, as its ``results/<study>/config.yaml`` records it (None if none)."""
+    import yaml
+
+    try:
+        cfg = (yaml.safe_load(config_yaml.read_text()) or {}).get("config") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    st = cfg.get("storage")
+    return st if isinstance(st, str) and st else None
+
+
+def load_study(study: str | None, storage: str | None, results_dir: Path) -> Any:
+    """The Optuna study ``study`` (``--storage``, else the one ``config.yaml`` records, else ``results/<study>/study.db``).
+
+    Raises:
+        TunerError: no ``--study``, a name ``tune`` would refuse, no such database or study, or a storage that cannot be opened.
+    """
+    import optuna
+
+    name = check_study_name(require(study, "--study", "MiniMax-M2-8x8xH200-s8192-gbs128"))
+    db = results_dir / name / "study.db"
+    if not storage and not db.exists():
+        storage = recorded_storage(results_dir / name / "config.yaml")
+    url = storage or f"sqlite:///{db.as_posix()}"
+    if not storage and not db.exists():
+        first = shell_command("tune", "--model", "...", "--gpus", "...", *study_flags(name, results_dir))
+        raise TunerError(f"--study {name!r}: no study database at {db}; run `{first}` first, or give --storage")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from tuner.study import _mask, open_storage
+
+    try:
+        return optuna.load_study(study_name=name, storage=open_storage(url, create=False))
+    except KeyError:
+        raise TunerError(f"--study {name!r}: no such study in {_mask(url)}") from None
+    except Exception as e:  # noqa: BLE001 - storage errors
+        raise TunerError(f"--study {name!r}: cannot open {_mask(url)} ({type(e).__name__}: {_mask(str(e).splitlines()[0]) if str(e) else ''})") from None
+
+
+def study_context(st: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """(model, cluster, workload, config) a study made by ``tune`` was evaluated with (as stored in it).
+
+    Raises:
+        TunerError: the study was not made by ``tune`` (its inputs are not stored in it).
+    """
+    from specs import Workload, parse_gpus
+    from tuner.study import model_spec_from_dict
+
+    cfg = st.user_attrs.get("config") or {}
+    res = st.user_attrs.get("resolved") or {}
+    if not cfg or not res or "model_spec" not in st.user_attrs:
+        raise TunerError(f"study {st.study_name!r} was not made by `tune` (its inputs are not stored in it)")
+    # The study stores what it was evaluated with: a moved or edited config.json does not change it.
+    m = model_spec_from_dict(st.user_attrs["model_spec"])
+    c = parse_gpus(f"{res['num_gpus']}x{res['gpu']}", gpus_per_node=res["gpus_per_node"],
+                   inter_node_bytes_per_s=res["inter_node_bytes_per_s"], usd_per_gpu_hour=res["usd_per_gpu_hour"])
+    w = Workload(seq_length=res["seq_length"], global_batch_size=res["global_batch_size"], precision=res.get("precision", "bf16"))
+    return m, c, w, cfg
+
+
+# ---- option aliases shared by the areas ------------------------------------------------
+
+ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Preset name (see `tune models`) or a Hugging Face config.json path.", rich_help_panel="Job")]
+GpusOpt = Annotated[str | None, typer.Option("--gpus", "-g", help="GPUs as COUNTxGPU (64xH200) or NODESxPER_NODExGPU (8x8xH200).", rich_help_panel="Job")]
+LayersOpt = Annotated[int | None, typer.Option("--layers", help="Slice the model to its first N layers at full width, for the estimate and the trials.", rich_help_panel="Job")]
+PerNodeOpt = Annotated[int | None, typer.Option("--gpus-per-node", help="GPUs per node (default: the GPU's usual server, 8 for HGX).", rich_help_panel="Cluster")]
+NetOpt = Annotated[float | None, typer.Option("--network-gbps", help="Network bandwidth per node, Gb/s (default 3200: the seed's EFA).", rich_help_panel="Cluster")]
+PriceOpt = Annotated[float | None, typer.Option("--usd-per-gpu-hour", help="Price per GPU-hour (default 7.91, the seed's).", rich_help_panel="Cluster")]
+SeqOpt = Annotated[int, typer.Option("--seq-len", help="Tokens per row (--seq-length).", rich_help_panel="Workload")]
+GbsOpt = Annotated[int, typer.Option("--global-batch", help="Rows per optimizer step (--global-batch-size).", rich_help_panel="Workload")]
+PrecOpt = Annotated[str, typer.Option("--precision", help="bf16 or fp8.", rich_help_panel="Workload")]
+HeadroomOpt = Annotated[float, typer.Option("--memory-headroom", help="Fraction of HBM kept free (default 0.10).", rich_help_panel="Search")]
+CalOpt = Annotated[Path | None, typer.Option("--calibration", help="Calibration YAML overriding the cost model's constants.", rich_help_panel="Search")]
+StudyOpt = Annotated[str | None, typer.Option("--study", help="Study name (default: model-gpus-seq-gbs).", rich_help_panel="Study")]
+StudyNameOpt = Annotated[str | None, typer.Option("--study", help="Study name (required; `tune` prints it, e.g. MiniMax-M2-8x8xH200-s8192-gbs128).", rich_help_panel="Study")]
+StorageOpt = Annotated[str | None, typer.Option("--storage", help="Optuna storage URL (default sqlite:///results/<study>/study.db).", rich_help_panel="Study")]
+ResultsOpt = Annotated[Path, typer.Option("--results-dir", help="Where study folders go.", rich_help_panel="Study")]

@@ -1,0 +1,163 @@
+"""``tune estimate`` and ``tune check``: one layout, given by its flags (:class:`~tuner.cli._layout.LayoutFlags`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from specs.errors import InfeasibleLayout, TunerError
+from tuner.cli._common import (
+    GIB,
+    CalOpt,
+    GbsOpt,
+    GpusOpt,
+    HeadroomOpt,
+    LayersOpt,
+    ModelOpt,
+    NetOpt,
+    PerNodeOpt,
+    PrecOpt,
+    PriceOpt,
+    SeqOpt,
+    out,
+    require,
+)
+from tuner.cli._layout import LayoutFlags, apply_layout_string, layout_options, split_hint
+
+__all__ = ["app", "estimate", "check"]
+
+app = typer.Typer()
+
+
+def _inputs(model: str | None, gpus: str | None, gpus_per_node: int | None, network_gbps: float | None, usd: float | None,
+            seq_len: int, global_batch: int, precision: str, layers: int | None) -> tuple[Any, Any, Any]:
+    """(model, cluster, workload) of the command line; ``layers`` slices the model as ``tune --layers`` does.
+
+    Raises:
+        TunerError: a missing or unknown model or GPU, a malformed ``--gpus``, a bad ``--layers``,
+            ``--precision``, sequence length or batch.
+    """
+    from launch.harness.spec import slice_model
+    from specs import Workload, load_model, parse_gpus
+
+    if precision not in ("bf16", "fp8"):
+        raise TunerError(f"--precision {precision!r}: accepted bf16 or fp8")
+    if layers is not None and layers < 1:
+        raise TunerError(f"--layers must be a positive integer (decoder layers of the slice), got {layers!r}")
+    m = slice_model(load_model(require(model, "--model", "MiniMax-M2")), layers)
+    c = parse_gpus(require(gpus, "--gpus", "64xH200"), gpus_per_node=gpus_per_node,
+                   inter_node_bytes_per_s=network_gbps * 1e9 / 8 if network_gbps is not None else None, usd_per_gpu_hour=usd)
+    w = Workload(seq_length=seq_len, global_batch_size=global_batch, precision=precision)
+    if precision == "fp8" and not c.gpu.peak_flops_fp8:
+        raise TunerError(f"--precision fp8: {c.gpu.name} has no fp8 tensor cores; use --precision bf16")
+    return m, c, w
+
+
+@app.command()
+@layout_options
+def estimate(
+    layout: LayoutFlags,
+    model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None, network_gbps: NetOpt = None,
+    usd_per_gpu_hour: PriceOpt = None, seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
+    calibration: CalOpt = None, memory_headroom: HeadroomOpt = 0.10,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as JSON.")] = False,
+) -> None:
+    """Predict one layout: memory per GPU (worst pipeline rank) and step time, with their parts."""
+    from cost_model.calibration import load_calibration
+    from cost_model.estimate import estimate as _estimate
+    from tuner.report import pipeline_layout_of
+
+    m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd_per_gpu_hour, seq_len, global_batch, precision, layers)
+    lay = layout.to_layout(c.num_gpus)
+    if layout.pipeline_layout is not None:
+        lay, odd, _ = apply_layout_string(lay, m, layout.pipeline_layout, vpp_given=layout.vpp_given, split_given=layout.split_given)
+        if odd:
+            raise TunerError(f"--pipeline-layout {layout.pipeline_layout!r} is valid for Megatron, but the cost model handles only even splits "
+                             "and first/last-rank splits; `tune check` accepts it")
+    try:
+        e = _estimate(m, c, w, lay, calibration=load_calibration(calibration), memory_headroom=memory_headroom)
+    except InfeasibleLayout as ex:
+        hint = split_hint(m, lay) if ex.rule_id.startswith("pipeline_split") else ""
+        raise TunerError(f"the layout breaks rule {ex.rule_id}: {ex.reason}{hint}") from None
+    d = e.to_dict()
+    d["pipeline_model_parallel_layout"] = pipeline_layout_of(lay, m)
+    if as_json:
+        sys.stdout.write(json.dumps(d, indent=2) + "\n")
+        return
+    out.print(f"[bold]{lay.label}[/] ({escape(m.name)} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}) - [bold]predicted[/] by the analytical model")
+    out.print(f"  recompute {lay.recompute_label}, offload {lay.offload_label}, {lay.dispatcher.value} dispatcher, micro-batch {lay.micro_batch_size}")
+    if d["pipeline_model_parallel_layout"]:
+        out.print(f"  --pipeline-model-parallel-layout '{d['pipeline_model_parallel_layout']}'")
+    out.print(f"  predicted tokens/s/GPU {e.tokens_per_s_per_gpu:,.1f}; step {e.step_time_s:.2f} s; ${e.usd_per_million_tokens:.2f} per 1M tokens")
+    out.print(f"  predicted MFU {e.mfu:.1%} (6 x N_active x tokens/s over dense bf16 peak, the seed's convention; no attention term); "
+              f"model TFLOP/s/GPU {e.model_tflops_per_gpu:.0f} (Megatron's FLOPs formula, with attention)")
+    fit = "fits" if e.fits else "[red]does NOT fit[/]"
+    out.print(f"  predicted peak {e.peak_gib:.1f} GiB of {e.hbm_bytes / GIB:.1f} GiB ({fit} with {memory_headroom:.0%} headroom; headroom {e.headroom_gib:.1f} GiB)")
+    t = Table(title="predicted memory per GPU (worst pipeline rank)", title_justify="left")
+    t.add_column("part")
+    t.add_column("GiB", justify="right")
+    for k, v in e.memory.items():
+        t.add_row(k, f"{v / GIB:.2f}")
+    out.print(t)
+    t = Table(title="predicted step time", title_justify="left")
+    t.add_column("part")
+    t.add_column("s", justify="right")
+    for k, v in e.time.items():
+        t.add_row(k, f"{v:.3f}")
+    out.print(t)
+
+
+@app.command()
+@layout_options
+def check(
+    layout: LayoutFlags,
+    model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None,
+    seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
+) -> None:
+    """Is a layout valid under Megatron's rules? Lists every rule it breaks (exit 2 if any).
+
+    With --pipeline-layout the string is checked with Megatron's layout grammar and rules, and the
+    split (VPP, layers on the first and last rank) is taken from it instead of --vpp/--first/--last.
+    """
+    from search_spaces.rules import POLICY_RULES, check_layout
+
+    notes: list[str] = []
+    m, c, w = _inputs(model, gpus, gpus_per_node, None, None, seq_len, global_batch, precision, layers)
+    lay = layout.to_layout(c.num_gpus)
+    string_broken: list[tuple[str, str]] = []
+    skip_split = False
+    if layout.pipeline_layout is not None:
+        try:
+            lay, skip_split, note = apply_layout_string(lay, m, layout.pipeline_layout, vpp_given=layout.vpp_given, split_given=layout.split_given)
+            if note:
+                notes.append(note)
+        except InfeasibleLayout as ex:
+            string_broken.append((ex.rule_id, ex.reason))
+            skip_split = True
+    broken = string_broken + [(r, why) for r, why in check_layout(lay, m, w) if not (skip_split and r.startswith("pipeline_split"))]
+    policy = [(r, why) for r, why in broken if r in POLICY_RULES]
+    broken = [(r, why) for r, why in broken if r not in POLICY_RULES]
+    if not broken:
+        from tuner.report import pipeline_layout_of
+
+        out.print(f"[green]valid[/]: {lay.label} ({escape(m.name)}, {c.num_gpus} GPUs, seq {w.seq_length}, gbs {w.global_batch_size})")
+        pls = layout.pipeline_layout or pipeline_layout_of(lay, m)
+        if pls:
+            out.print(f"  --pipeline-model-parallel-layout '{pls}'", markup=False)
+        for rid, reason in policy:
+            out.print(f"  note [{rid}] (the tuner's own convention; Megatron accepts it): {reason}", markup=False)
+        for note in notes:
+            out.print(f"  note: {note}", markup=False)
+        return
+    out.print(f"[red]invalid[/]: {lay.label} breaks {len(broken)} rule(s):")
+    for rid, reason in broken:
+        hint = split_hint(m, lay) if rid == "pipeline_split" and layout.pipeline_layout is None else ""
+        out.print(f"  [{rid}] {reason}{hint}", markup=False)
+    for rid, reason in policy:
+        out.print(f"  note [{rid}] (the tuner's own convention; Megatron accepts it): {reason}", markup=False)
+    raise typer.Exit(code=2)

@@ -1,0 +1,128 @@
+"""Looking into a study made by ``tune``: ``tune pareto`` (its front) and ``tune export`` (a trial in any registered format)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from specs.errors import TunerError
+from tuner.cli._common import ResultsOpt, StorageOpt, StudyNameOpt, err, load_study, out, shell_command, study_context, study_flags
+from tuner.cli._front import print_front, print_ties
+
+__all__ = ["app", "pareto", "export_cmd", "study_export_context"]
+
+app = typer.Typer()
+
+
+def study_export_context(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any, row: dict[str, Any] | None,
+                         rows: list[dict[str, Any]], correctness: Any = None) -> Any:
+    """The :class:`launch.exporters.ExportContext` of ``lay`` in study ``st``: the study's calibration and headroom,
+    the trial ``row``'s measurement and notes (confirmation runs, measured ties), and ``correctness``.
+
+    Raises:
+        TunerError: the layout breaks a rule of the estimate.
+    """
+    from cost_model.calibration import Calibration
+    from launch.exporters import measurement_from_row
+    from tuner.report import export_context, runs_note, ties_note
+
+    cal = Calibration(**st.user_attrs["calibration"]) if "calibration" in st.user_attrs else Calibration()
+    notes = runs_note(row) + ties_note(rows, row["trial"]) if row is not None else []
+    return export_context(m, c, w, lay, study=st.study_name, calibration=cal, memory_headroom=cfg.get("memory_headroom", 0.10),
+                          measurement=measurement_from_row(row, lay) if row is not None else None, correctness=correctness, notes=notes)
+
+
+@app.command()
+def pareto(
+    study: StudyNameOpt = None, storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
+    top: Annotated[int, typer.Option("--top", min=0, help="Rows to print (0 = all).")] = 0,
+    csv_out: Annotated[Path | None, typer.Option("--csv", help="Also write the front as CSV here.")] = None,
+) -> None:
+    """Show a study's Pareto front (throughput vs peak memory) with predicted vs measured values."""
+    from tuner.report import front_rows, write_pareto_csv
+    from tuner.study import trial_rows
+
+    st = load_study(study, storage, results_dir)
+    m, c, w, cfg = study_context(st)
+    rows = trial_rows(st)
+    front = front_rows(rows, m)
+    if not front:
+        raise TunerError(f"study {st.study_name!r} has no finished trial yet")
+    srcs = {r["source"] for r in front}
+    out.print(f"Study [bold]{escape(st.study_name)}[/]: {escape(m.name)} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}; "
+              f"backend {escape(str(cfg.get('backend')))}; {len(rows)} layouts evaluated")
+    more = shell_command("tune", "pareto", *study_flags(st.study_name, results_dir), "--top", "0")
+    print_front(front, top, title=f"Pareto front ({' and '.join(sorted(srcs))})", more_hint=f"`{more}`")
+    print_ties(rows, front[0])
+    real = [t for t in st.trials if "pruned" in t.user_attrs or ("failure" in t.user_attrs and "pred_peak_gib" in t.user_attrs["failure"])]
+    if any("pred_tokens_per_s_per_gpu" in r for r in rows) and ("measured" in srcs or real):
+        t = Table(title="predicted vs measured (every real trial)", title_justify="left")
+        for col in ("trial", "layout", "outcome", "pred tokens/s/GPU", "meas tokens/s/GPU", "err %", "pred GiB", "meas GiB"):
+            t.add_column(col)
+        lines = [(r["trial"], r["label"], "measured", r["pred_tokens_per_s_per_gpu"], r["tokens_per_s_per_gpu"], r["pred_peak_gib"], r["peak_gib"])
+                 for r in rows if r.get("source") == "measured"]
+        for tr in real:
+            a = tr.user_attrs.get("pruned") or tr.user_attrs["failure"]
+            if "pruned" in tr.user_attrs:
+                tps = sorted(a.get("tokens_per_s_per_gpu", [])[2:]) or [float("nan")]
+                lines.append((tr.number, a["label"], "pruned", a["pred_tokens_per_s_per_gpu"], tps[len(tps) // 2], a["pred_peak_gib"], float("nan")))
+            else:
+                lines.append((tr.number, a["label"], a["kind"], a["pred_tokens_per_s_per_gpu"], float("nan"), a["pred_peak_gib"], a.get("memory_reached_gib", float("nan"))))
+        for n, label, outcome, ptps, mtps, pgib, mgib in sorted(lines):
+            rel = f"{(ptps / mtps - 1) * 100:+.1f}" if mtps == mtps and mtps else "-"
+            t.add_row(str(n), label, outcome, f"{ptps:,.1f}", f"{mtps:,.1f}" if mtps == mtps else "-", rel, f"{pgib:.1f}", f"{mgib:.1f}" if mgib == mgib else "-")
+        out.print(t)
+    for rec in st.user_attrs.get("recalibrations", []):
+        if "error" in rec:
+            out.print(f"refit after {rec['after_measured_trials']} measured trials failed ({rec['error']}); the previous constants were kept", markup=False)
+        else:
+            se = rec.get("step_median_abs_error")
+            out.print(f"refit after {rec['after_measured_trials']} measured trials: step-time median error {se:.1%} in the fit" if se is not None else
+                      f"refit after {rec['after_measured_trials']} measured trials", markup=False)
+    if csv_out:
+        try:
+            write_pareto_csv(csv_out, front)
+        except OSError as e:
+            raise TunerError(f"--csv {str(csv_out)!r}: cannot write it ({e.strerror or e})") from None
+        out.print(f"wrote {csv_out}", markup=False)
+
+
+def _format_help() -> str:
+    from launch.exporters import exporters
+
+    return "One of: " + "; ".join(f"{n} ({e.description})" for n, e in exporters().items()) + "."
+
+
+@app.command("export")
+def export_cmd(
+    study: StudyNameOpt = None, storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
+    trial: Annotated[int | None, typer.Option("--trial", help="Trial number (default: the fastest on the front).")] = None,
+    fmt: Annotated[str, typer.Option("--format", help=_format_help())] = "recipe",
+    out_file: Annotated[Path | None, typer.Option("--out", help="File to write (default: stdout); a script is written executable.")] = None,
+) -> None:
+    """Export a study's layout in one of the registered formats (a recipe YAML, a slime run script, a Megatron-LM argument file)."""
+    from launch.exporters import get_exporter
+    from specs.layout import Layout
+    from tuner.report import pick_trial_row
+    from tuner.study import trial_rows
+
+    exporter = get_exporter(fmt)
+    st = load_study(study, storage, results_dir)
+    m, c, w, cfg = study_context(st)
+    rows = trial_rows(st)
+    row = pick_trial_row(st.study_name, rows, m, trial, "export")
+    lay = Layout.from_dict(row["layout"])
+    text = exporter.render(study_export_context(st, m, c, w, cfg, lay, row, rows, correctness=st.user_attrs.get(f"verify:{row['trial']}")))
+    if out_file is None:
+        sys.stdout.write(text)
+        return
+    try:
+        exporter.save(text, out_file)
+    except OSError as e:
+        raise TunerError(f"--out {str(out_file)!r}: cannot write ({e.strerror})") from None
+    err.print(f"wrote {out_file}", markup=False)
