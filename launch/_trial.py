@@ -45,22 +45,8 @@ from launch.harness.results import HarnessResult, StepRecord, classify_failure, 
 from launch.megatron_log import MegatronLogReader
 from specs.layout import Layout
 
-__all__ = [
-    "INTERRUPT_GRACE_S",
-    "SAFE_ENV",
-    "STOP_GRACE_S",
-    "HarnessLines",
-    "LocalProcess",
-    "MeasuredBackend",
-    "MegatronLogSteps",
-    "StepSource",
-    "Trial",
-    "TrialProcesses",
-    "TrialSteps",
-    "free_port",
-    "kill_group",
-    "tail",
-]
+__all__ = ["INTERRUPT_GRACE_S", "SAFE_ENV", "STOP_GRACE_S", "HarnessLines", "LocalProcess", "MeasuredBackend", "MegatronLogSteps",
+           "StepSource", "Trial", "TrialProcesses", "TrialSteps", "free_port", "kill_group", "tail"]
 
 #: Environment every trial gets: NVLink multicast off (it can take a shared host's GPUs
 #: out of service), one CUDA connection (Megatron's overlap needs it), unbuffered output.
