@@ -1,5 +1,6 @@
-"""What the backend tests share: one simulated Ray cluster for the whole session (starting one costs
-seconds on a 2-core machine), with its session folders under pytest's temporary folder, removed at the end."""
+"""What the backend tests share: one simulated Ray cluster for this package's tests (starting one costs
+seconds on a 2-core machine), shut down after its last test (``scope="package"``: no other test finds Ray
+connected), with its session folders under pytest's temporary folder, removed with it."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class RayCluster:
     """The Ray resource that stands for a GPU."""
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ray_cluster(tmp_path_factory):
     """Three simulated nodes of 2 'GPUs' each (a :class:`RayCluster`), the driver connected to it.
 

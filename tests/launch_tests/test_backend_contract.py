@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fake_trial import FAKE, recorded_pids, survivors, wait_until
 
 from launch import Measurement, TrialBackend, TrialFailed, TrialStopped, backend_class
 from launch.base import FailureKind
 from launch.harness.spec import HarnessEnv, slice_model
 from specs import Workload, load_model, parse_gpus
 from specs.layout import Layout
+
+from .fake_trial import FAKE, recorded_pids, survivors, wait_until
 
 GIB = 2**30
 WL = Workload(seq_length=8192, global_batch_size=8)

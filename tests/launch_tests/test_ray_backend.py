@@ -15,13 +15,14 @@ import sys
 import threading
 
 import pytest
-from fake_trial import FAKE, recorded_pids, survivors, wait_until
 
 from launch.harness.spec import HarnessEnv, slice_model
 from launch.ray_backend import NODE_PYTHON, RayBackend, node_plan, torchrun_node_command
 from specs import Workload, load_model, parse_gpus
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
+
+from .fake_trial import FAKE, recorded_pids, survivors, wait_until
 
 ray = pytest.importorskip("ray")
 
