@@ -143,6 +143,7 @@ class _RayNodes(TrialProcesses):
         self.tdir = tdir
         self.out_path = out_path
         self.steps_text = ""
+        self._dead: set[int] = set()  # agents found dead: not waited on again
 
     def _get(self, refs: Any) -> Any:
         import ray
@@ -164,16 +165,20 @@ class _RayNodes(TrialProcesses):
 
     def kill(self, grace_s: float) -> None:
         import ray
+        from ray.exceptions import RayActorError
 
-        refs = []
-        for a in self.actors:  # every node at once
-            try:
-                refs.append(a.kill.remote(grace_s))
-            except Exception:  # noqa: BLE001 - a dead actor has nothing left to kill
-                pass
-        for r in refs:
+        refs = {}
+        for i, a in enumerate(self.actors):  # every node at once
+            if i not in self._dead:
+                try:
+                    refs[i] = a.kill.remote(grace_s)
+                except Exception:  # noqa: BLE001 - a dead actor has nothing left to kill
+                    self._dead.add(i)
+        for i, r in refs.items():
             try:
                 ray.get(r, timeout=30)
+            except RayActorError:  # its node is gone, and its processes with it
+                self._dead.add(i)
             except Exception:  # noqa: BLE001
                 pass
 
