@@ -15,10 +15,12 @@ on their own; ``{env:NAME}`` is the tuner's environment variable NAME (checked w
 backend starts); ``{{`` and ``}}`` are literal braces.
 
 One trial: ``results/<study>/trials/<n>/`` gets ``command.txt`` and ``log.txt`` (stdout
-and stderr); the command runs in a process group of its own, its log is read as it
-grows (:mod:`launch.megatron_log`), each logged iteration goes to the study's reporter,
-and the group is killed on timeout, on a stop, or on an interrupt, as in the local
-backend, whose helpers and failure classes are used here.
+and stderr); the command runs in a process group of its own and is followed by the
+shared trial loop (:mod:`launch._trial`), with Megatron's log read as it grows
+(:mod:`launch.megatron_log`) as the source of the steps: each logged iteration goes to
+the study's reporter, the group is killed on timeout, on a stop, or on an interrupt, and
+failures are classified as in the local backend. What is this backend's own: the
+template, its rendering, and the log as the step source.
 """
 
 from __future__ import annotations
@@ -29,19 +31,14 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
-from launch.base import BackendSettings, FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped, check_trial_limits
-from launch.harness.results import classify_failure
-from launch.local_backend import SAFE_ENV, _free_port, _tail, follow_process
-from launch.megatron_log import MegatronLogReader
+from launch._trial import SAFE_ENV, LocalProcess, MeasuredBackend, MegatronLogSteps, free_port
+from launch.base import BackendSettings, Measurement, StepReporter, check_trial_limits
 from specs import Cluster, ModelSpec, Workload
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
@@ -149,7 +146,7 @@ class CommandTemplate:
         values = {k: str(v) for k, v in scalars.items()}
         names = {n for text in (*self.argv, *(v for _, v in self.env)) for n in _names(text)[0]}
         if "master_port" in names:
-            values["master_port"] = str(_free_port())
+            values["master_port"] = str(free_port())
         values |= {f"env:{n}": environ[n] for n in self.env_names}
         lists: dict[str, list[str]] = {}
         if "{model_args}" in self.argv:
@@ -233,7 +230,7 @@ def load_template(path: str | Path) -> CommandTemplate:
     return CommandTemplate(argv=argv_s, env=tuple(env), timeout_s=float(timeout) if timeout is not None else None, framework=framework, source=str(p))
 
 
-class CommandBackend(TrialBackend):
+class CommandBackend(MeasuredBackend):
     """Runs each layout as the user's launch command and parses Megatron's log.
 
     Args:
@@ -250,7 +247,6 @@ class CommandBackend(TrialBackend):
     """
 
     name = "command"
-    source = "measured"
 
     def __init__(
         self,
@@ -275,13 +271,13 @@ class CommandBackend(TrialBackend):
         if "{" not in prog and shutil.which(prog) is None:
             raise TunerError(f"--command-template {tpl.source}: the program {prog!r} (argv[0]) is not found on PATH")
         check_trial_limits("command", steps, warmup_steps, float(tpl.timeout_s if tpl.timeout_s is not None else timeout_s))
+        super().__init__()
         self.template = tpl
         self.trials_dir = Path(trials_dir)
         self.steps = steps
         self.warmup_steps = warmup_steps
         self.timeout_s = float(tpl.timeout_s if tpl.timeout_s is not None else timeout_s)
         self.poll_s = poll_s
-        self._count = 0
 
     @classmethod
     def from_settings(cls, settings: BackendSettings) -> CommandBackend:
@@ -303,17 +299,14 @@ class CommandBackend(TrialBackend):
 
         Raises:
             TrialFailed: out of memory, timeout, NCCL error or crash (kinds as the local
-                backend's), or a run that ends without any iteration line.
+                backend's), a run that ends without any iteration line, or a program that cannot
+                be started (``crash``).
             TrialStopped: the reporter stopped the trial.
+            KeyboardInterrupt: the backend was cancelled (:meth:`cancel`); the command's processes were killed.
             InfeasibleLayout: (rule ``command_template``) the layout cannot be written as the
                 template's flags; nothing was started.
         """
-        n = trial_number if trial_number is not None else self._count
-        self._count += 1
-        tdir = self.trials_dir / str(n)
-        if tdir.exists():
-            shutil.rmtree(tdir)
-        tdir.mkdir(parents=True)
+        n, tdir = self._trial_folder(trial_number)
         try:
             argv, extra_env = self.template.fill(
                 layout, model=model, cluster=cluster, workload=workload, steps=self.steps, trial_dir=tdir.resolve(), trial_number=n
@@ -325,54 +318,9 @@ class CommandBackend(TrialBackend):
         log_path = tdir / "log.txt"
         (tdir / "command.txt").write_text(shlex.join(argv) + "\n")
         (tdir / "command.json").write_text(json.dumps({"argv": argv, "env": extra_env}, indent=1) + "\n")
-        env = {**os.environ, **SAFE_ENV, **extra_env}
-        sizes = {"global_batch_size": workload.global_batch_size, "seq_length": workload.seq_length, "world_size": layout.world_size}
-        reader = MegatronLogReader()
-        t0 = time.monotonic()
-        with open(log_path, "wb") as log, open(log_path, "rb") as follow:
-            try:
-                proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env, cwd=os.getcwd())
-            except OSError as e:
-                raise TrialFailed(FailureKind.crash, f"cannot start {argv[0]!r}: {e.strerror or e}", str(tdir)) from None
-
-            def read_tps() -> list[float]:
-                reader.feed(follow.read())
-                return [reader.log.tokens_per_s_per_gpu(it.step_time_s, **sizes) for it in reader.log.iterations]
-
-            timed_out, stop_reason = follow_process(proc, read_tps, reporter, timeout_s=self.timeout_s, poll_s=self.poll_s, t0=t0)
-            reader.feed(follow.read())
-        wall_s = time.monotonic() - t0
-        parsed = reader.finish()
-        its = parsed.iterations
-        if stop_reason:
-            raise TrialStopped(
-                stop_reason,
-                step_times_s=[it.step_time_s for it in its],
-                tokens_per_s_per_gpu=[parsed.tokens_per_s_per_gpu(it.step_time_s, **sizes) for it in its],
-                log_path=str(tdir),
-            )
-        if not timed_out and proc.returncode == 0 and its:
-            summary: dict[str, Any] = parsed.summary(**sizes, warmup_steps=self.warmup_steps)
-            kept = its[self.warmup_steps:] if len(its) > self.warmup_steps else its
-            return Measurement(
-                layout=layout,
-                source=self.source,
-                tokens_per_s_per_gpu=float(summary["tokens_per_s_per_gpu"]),
-                peak_bytes=parsed.peak_reserved_bytes,
-                step_times_s=tuple(it.step_time_s for it in kept),
-                losses=tuple(it.loss for it in its),
-                grad_norms=tuple(it.grad_norm for it in its),
-                log_path=str(tdir),
-                extra={
-                    "summary": summary | {"iterations": len(its), "memory_reports": len(parsed.memory), "bad_lines": parsed.bad_lines},
-                    "notes": [f"command backend: {self.template.source}"],
-                    "wall_s": wall_s,
-                    "peak_allocated_bytes": parsed.peak_allocated_bytes,
-                    "step_time_cv": summary["step_time_cv"],
-                },
-            )
-        result = parsed.as_harness_result(**sizes)
-        kind, msg, reached = classify_failure(proc.returncode if not timed_out else None, result, _tail(log_path), timed_out=timed_out)
-        if kind == FailureKind.crash and proc.returncode == 0:
-            msg = "the command exited without any Megatron iteration line (elapsed time per iteration): " + msg
-        raise TrialFailed(kind, f"{msg} (log: {log_path})", str(tdir), memory_reached_bytes=reached if math.isfinite(reached) else float("nan"))
+        trial = self._trial(layout, tdir, reporter, logs=f"log: {log_path}",
+                            no_result="the command exited without any Megatron iteration line (elapsed time per iteration): ")
+        proc = LocalProcess(argv, log_path=log_path, env={**os.environ, **SAFE_ENV, **extra_env}, trial_dir=tdir)
+        steps = MegatronLogSteps(log_path, global_batch_size=workload.global_batch_size, seq_length=workload.seq_length,
+                                 world_size=layout.world_size, warmup_steps=self.warmup_steps)
+        return trial.follow(proc, steps, extra=lambda got: {"notes": [f"command backend: {self.template.source}"]})

@@ -2,45 +2,31 @@
 
 One trial: write ``results/<study>/trials/<n>/spec.json``, start
 ``python -m torch.distributed.run --nproc-per-node N -m launch.harness.train`` in a
-process group of its own (``start_new_session``), with its output in ``log.txt`` and
-the harness's JSON lines in ``steps.jsonl``; follow the JSON lines as they come and
-hand each step's throughput to the study's reporter (which may stop the trial:
-pruning); kill the whole process group on timeout, on a stop, or on an interrupt.
+process group of its own, with its output in ``log.txt`` and the harness's JSON lines in
+``steps.jsonl``, and follow it with the shared trial loop (:mod:`launch._trial`: the
+reporter after each step, the timeout, the failure kinds, the process group killed on a
+stop, a timeout or an interrupt). What is this backend's own: the torchrun command, the
+GPUs of this machine (``CUDA_VISIBLE_DEVICES``) and the refusals of layouts it cannot run.
 Failures are outcomes (:class:`TrialFailed` with :class:`FailureKind`), never crashes.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from launch.base import BackendSettings, FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped, check_trial_limits
-from launch.harness.results import classify_failure, read_results
+from launch._trial import SAFE_ENV, HarnessLines, LocalProcess, MeasuredBackend, free_port
+from launch.base import BackendSettings, Measurement, StepReporter, check_trial_limits
 from launch.harness.spec import HarnessEnv, build_spec, harness_args, torchrun_command, unsupported_reasons
 from specs import Cluster, ModelSpec, Workload
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 
-__all__ = ["LocalBackend", "check_local_gpus", "follow_process", "machine_gpu_count", "visible_device_ids", "SAFE_ENV"]
-
-#: Environment every trial gets: NVLink multicast off (it can take a shared host's GPUs
-#: out of service), one CUDA connection (Megatron's overlap needs it), unbuffered output.
-SAFE_ENV = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-    "CUDA_DEVICE_MAX_CONNECTIONS": "1",
-    "PYTHONUNBUFFERED": "1",
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-}
+__all__ = ["LocalBackend", "check_local_gpus", "machine_gpu_count", "visible_device_ids", "SAFE_ENV"]
 
 
 def visible_device_ids() -> list[str] | None:
@@ -88,75 +74,6 @@ def check_local_gpus(cluster: Cluster, what: str, *, nodes_fix: str | None = Non
                          f"(nvidia-smi / CUDA_VISIBLE_DEVICES): {gpus_fix or 'run it on a machine with that many, or ' + slice_fix}")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _kill_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
-    """SIGTERM the process group of ``proc``, then SIGKILL what is left after ``grace_s``."""
-    try:
-        pgid = os.getpgid(proc.pid)
-    except ProcessLookupError:
-        return
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-        # The launcher is gone; make sure no worker of its group lingers.
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        return
-
-
-def follow_process(
-    proc: subprocess.Popen[bytes],
-    read_tps: Callable[[], list[float]],
-    reporter: StepReporter | None,
-    *,
-    timeout_s: float,
-    poll_s: float,
-    t0: float,
-) -> tuple[bool, str | None]:
-    """Watch a trial's process group until it exits, the reporter stops it, or it runs past ``timeout_s``.
-
-    ``read_tps`` returns the tokens/s/GPU of every step measured so far (it is called each poll);
-    the reporter sees them whenever a step is added. On a stop, a timeout or an interrupt the whole
-    process group is killed. Shared by the local and the command backends.
-
-    Returns:
-        (timed out, the reporter's stop reason or None).
-    """
-    seen = 0
-    try:
-        while True:
-            rc = proc.poll()
-            tps = read_tps()
-            if reporter is not None and len(tps) > seen and rc is None:
-                seen = len(tps)
-                reason = reporter(tps)
-                if reason:
-                    _kill_group(proc)
-                    return False, reason
-            if rc is not None:
-                return False, None
-            if time.monotonic() - t0 > timeout_s:
-                _kill_group(proc)
-                return True, None
-            time.sleep(poll_s)
-    finally:
-        if proc.poll() is None:  # interrupted (KeyboardInterrupt) or an error here: leave nothing running
-            _kill_group(proc, grace_s=5.0)
-
-
 def check_harness_dependencies(what: str = "--backend local") -> None:
     """Fail early, before any search, when the real harness cannot start on this machine.
 
@@ -179,7 +96,7 @@ def check_harness_dependencies(what: str = "--backend local") -> None:
         )
 
 
-class LocalBackend(TrialBackend):
+class LocalBackend(MeasuredBackend):
     """Runs each layout with the trial harness on this machine's GPUs.
 
     Args:
@@ -203,7 +120,6 @@ class LocalBackend(TrialBackend):
     """
 
     name = "local"
-    source = "measured"
 
     def __init__(
         self,
@@ -224,6 +140,7 @@ class LocalBackend(TrialBackend):
                    else "nvidia-smi -L lists none" if shutil.which("nvidia-smi") else "nvidia-smi is not installed")
             raise TunerError(f"--backend local: no GPU found on this machine ({why})")
         check_trial_limits("local", steps, warmup_steps, timeout_s)
+        super().__init__()
         self.trials_dir = Path(trials_dir)
         self.num_gpus = n
         self.steps = steps
@@ -233,7 +150,6 @@ class LocalBackend(TrialBackend):
         self.env = env if env is not None else HarnessEnv.detect()
         self.poll_s = poll_s
         self.harness_options = dict(harness_options or {})
-        self._count = 0
 
     @classmethod
     def from_settings(cls, settings: BackendSettings) -> LocalBackend:
@@ -261,7 +177,7 @@ class LocalBackend(TrialBackend):
         """The command line of one trial."""
         if self.launcher is not None:
             return [*self.launcher, *harness_args(spec_path, out_path)]
-        return torchrun_command(self.num_gpus, spec_path, out_path, master_port=_free_port(), python=sys.executable)
+        return torchrun_command(self.num_gpus, spec_path, out_path, master_port=free_port(), python=sys.executable)
 
     def run(
         self,
@@ -281,73 +197,21 @@ class LocalBackend(TrialBackend):
         Raises:
             InfeasibleLayout: (rule ``harness_env``) the layout is for another GPU count than
                 this machine's, or needs something not installed here; nothing was started.
-            TrialFailed: out of memory (``memory_reached_bytes`` set), timeout, or crash / NCCL error.
+            TrialFailed: out of memory (``memory_reached_bytes`` set), timeout, crash / NCCL error, or a
+                launcher that cannot be started (``crash``).
             TrialStopped: the reporter stopped the trial (its measured steps are attached).
+            KeyboardInterrupt: the backend was cancelled (:meth:`cancel`); the trial's processes were killed.
         """
         if layout.world_size != self.num_gpus:
             raise InfeasibleLayout(
                 "harness_env", f"the layout is for {layout.world_size} GPUs but the local backend uses this machine's {self.num_gpus}"
             )
         spec = build_spec(model, layout, workload, env=self.env, steps=self.steps, warmup_steps=self.warmup_steps, options=self.harness_options)
-        n = trial_number if trial_number is not None else self._count
-        self._count += 1
-        tdir = self.trials_dir / (trial_dir or str(n))
-        if tdir.exists():
-            shutil.rmtree(tdir)
-        tdir.mkdir(parents=True)
+        _, tdir = self._trial_folder(trial_number, trial_dir)
         spec_path, out_path, log_path = tdir / "spec.json", tdir / "steps.jsonl", tdir / "log.txt"
         spec_path.write_text(spec.to_json())
         cmd = self.command(spec_path, out_path)
         (tdir / "command.txt").write_text(" ".join(cmd) + "\n")
-        env = {**os.environ, **SAFE_ENV, **self._device_env()}
-        t0 = time.monotonic()
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env, cwd=os.getcwd())
-            timed_out, stop_reason = follow_process(
-                proc, lambda: [st.tokens_per_s_per_gpu for st in read_results(out_path).steps], reporter,
-                timeout_s=self.timeout_s, poll_s=self.poll_s, t0=t0,
-            )
-        wall_s = time.monotonic() - t0
-        res = read_results(out_path)
-        log_text = _tail(log_path)
-        if stop_reason:
-            raise TrialStopped(
-                stop_reason,
-                step_times_s=[s.step_time_s for s in res.steps],
-                tokens_per_s_per_gpu=[s.tokens_per_s_per_gpu for s in res.steps],
-                log_path=str(tdir),
-            )
-        if not timed_out and proc.returncode == 0 and res.complete and res.summary.get("tokens_per_s_per_gpu"):
-            return Measurement(
-                layout=layout,
-                source=self.source,
-                tokens_per_s_per_gpu=float(res.summary["tokens_per_s_per_gpu"]),
-                peak_bytes=res.peak_reserved_bytes,
-                step_times_s=tuple(s.step_time_s for s in res.steps[self.warmup_steps:]) or tuple(s.step_time_s for s in res.steps),
-                losses=tuple(s.loss for s in res.steps),
-                grad_norms=tuple(s.grad_norm for s in res.steps),
-                log_path=str(tdir),
-                extra={
-                    "summary": res.summary,
-                    "notes": list(spec.notes),
-                    "wall_s": wall_s,
-                    "peak_allocated_bytes": res.peak_allocated_bytes,
-                    "step_time_cv": res.summary.get("step_time_cv"),
-                    "data": res.data,
-                },
-            )
-        kind, msg, reached = classify_failure(proc.returncode if not timed_out else None, res, log_text, timed_out=timed_out)
-        if kind == FailureKind.crash and proc.returncode == 0:
-            msg = "the harness exited without a summary: " + msg
-        raise TrialFailed(kind, f"{msg} (log: {log_path})", str(tdir), memory_reached_bytes=reached if math.isfinite(reached) else float("nan"))
-
-
-def _tail(path: Path, max_bytes: int = 200_000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
+        trial = self._trial(layout, tdir, reporter, logs=f"log: {log_path}", no_result="the harness exited without a summary: ")
+        proc = LocalProcess(cmd, log_path=log_path, env={**os.environ, **SAFE_ENV, **self._device_env()}, trial_dir=tdir)
+        return trial.follow(proc, HarnessLines.file(out_path), extra=lambda got: {"notes": list(spec.notes), "data": got.result.data})

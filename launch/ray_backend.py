@@ -6,11 +6,13 @@ One trial = one Ray placement group with one bundle per node the layout needs
 (:class:`_NodeAgent`) starts ``python -m torch.distributed.run --nnodes N --node-rank i
 --nproc-per-node G --master-addr <the first bundle's node> --master-port <a free port there>
 -m launch.harness.train`` in a process group of its own, with the environment of
-:data:`launch.local_backend.SAFE_ENV`, the user's extra variables and
-``CUDA_VISIBLE_DEVICES`` as Ray assigned the bundle's GPUs. The driver (``tune``) reads the
-harness's JSON lines through the first node's actor (no shared filesystem is needed), hands
-each step's throughput to the study's reporter (pruning), and on a timeout, a stop or an
-interrupt kills every node's process group and removes the placement group.
+:data:`launch._trial.SAFE_ENV`, the user's extra variables and
+``CUDA_VISIBLE_DEVICES`` as Ray assigned the bundle's GPUs. The driver (``tune``) follows the
+trial with the shared trial loop (:mod:`launch._trial`), reading the harness's JSON lines
+through the first node's actor (no shared filesystem is needed): each step's throughput goes
+to the study's reporter (pruning), and on a timeout, a stop or an interrupt every node's
+process group is killed and the placement group removed. What is this backend's own: the
+placement groups and the node plan, the node agents, the retry after a lost node, and cancel.
 
 Several trials run at once when the study asks for several (``--parallel-trials``) and the
 cluster holds their placement groups; Ray queues the rest.
@@ -25,22 +27,18 @@ Sources: Ray placement groups and ``PlacementGroupSchedulingStrategy``
 
 from __future__ import annotations
 
-import math
+import json
 import os
 import re
-import shutil
 import socket
 import sys
-import threading
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from launch.base import BackendSettings, FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped, check_trial_limits
-from launch.harness.results import classify_failure, parse_results
+from launch._trial import INTERRUPT_GRACE_S, SAFE_ENV, HarnessLines, MeasuredBackend, TrialProcesses, kill_group, tail
+from launch.base import BackendSettings, FailureKind, Measurement, StepReporter, TrialFailed, check_trial_limits
 from launch.harness.spec import HARNESS_MODULE, HarnessEnv, build_spec, harness_args, unsupported_reasons
-from launch.local_backend import SAFE_ENV
 from specs import Cluster, ModelSpec, Workload
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
@@ -85,7 +83,6 @@ class _NodeAgent:
 
     def __init__(self) -> None:
         self.proc: Any = None
-        self.log: Any = None
 
     def where(self) -> dict[str, Any]:
         """This node's address, a free TCP port on it, and the GPUs Ray gave this actor."""
@@ -112,39 +109,110 @@ class _NodeAgent:
             cwd = str(d)
         node = env.get("NODE_RANK", "0")
         (d / f"command.node{node}.txt").write_text(" ".join(cmd) + "\n")
-        self.log = open(d / f"log.node{node}.txt", "wb")
         full = {**os.environ, **env}
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, env=full, cwd=cwd)
+        with open(d / f"log.node{node}.txt", "wb") as log:  # the child writes through its own copy of the descriptor
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, env=full, cwd=cwd)
         return int(self.proc.pid)
 
     def poll(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
 
     def read(self, path: str, max_bytes: int = 2_000_000) -> str:
-        try:
-            with open(path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - max_bytes))
-                return f.read().decode(errors="replace")
-        except OSError:
-            return ""
+        return tail(path, max_bytes)
 
-    def kill(self) -> None:
-        from launch.local_backend import _kill_group
-
+    def kill(self, grace_s: float = INTERRUPT_GRACE_S) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            _kill_group(self.proc, grace_s=5.0)
-        if self.log is not None:
-            self.log.close()
+            kill_group(self.proc, grace_s)
 
 
 class _NodeLost(Exception):
     """A node or an actor of the trial was lost."""
 
 
-class RayBackend(TrialBackend):
+class _RayNodes(TrialProcesses):
+    """A trial's processes on the nodes of its placement group, reached through one :class:`_NodeAgent` per node.
+
+    The first node's agent reads the harness's JSON lines (``out_path``, on that node's disk). After the trial
+    the logs of every node (and the JSON lines) are copied into ``tdir`` on the driver when the nodes wrote
+    them elsewhere (no shared filesystem).
+    """
+
+    def __init__(self, actors: list[Any], tdir: Path, out_path: str) -> None:
+        self.actors = actors
+        self.tdir = tdir
+        self.out_path = out_path
+        self.steps_text = ""
+        self._dead: set[int] = set()  # agents found dead: not waited on again
+
+    def _get(self, refs: Any) -> Any:
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        try:
+            return ray.get(refs, timeout=60)
+        except (RayActorError, GetTimeoutError) as e:
+            raise _NodeLost(f"a node stopped answering during the trial ({type(e).__name__})") from None
+
+    def poll(self) -> list[int | None]:
+        """Raises _NodeLost: an agent died or did not answer within 60 s."""
+        return list(self._get([a.poll.remote() for a in self.actors]))
+
+    def read_steps(self) -> str:
+        """The first node's JSON lines so far. Raises _NodeLost: its agent died or did not answer within 60 s."""
+        self.steps_text = str(self._get(self.actors[0].read.remote(self.out_path)))
+        return self.steps_text
+
+    def kill(self, grace_s: float) -> None:
+        import ray
+        from ray.exceptions import RayActorError
+
+        refs = {}
+        for i, a in enumerate(self.actors):  # every node at once
+            if i not in self._dead:
+                try:
+                    refs[i] = a.kill.remote(grace_s)
+                except Exception:  # noqa: BLE001 - a dead actor has nothing left to kill
+                    self._dead.add(i)
+        for i, r in refs.items():
+            try:
+                ray.get(r, timeout=30)
+            except RayActorError:  # its node is gone, and its processes with it
+                self._dead.add(i)
+            except Exception:  # noqa: BLE001
+                pass
+
+    def collect(self) -> str:
+        import ray
+
+        logs = []
+        for i, a in enumerate(self.actors):
+            try:
+                logs.append(ray.get(a.read.remote(str(self.tdir / f"log.node{i}.txt"), 200_000), timeout=60))
+            except Exception:  # noqa: BLE001
+                logs.append("")
+        # Keep copies on the driver when the nodes wrote elsewhere (no shared filesystem).
+        if not Path(self.out_path).exists():
+            Path(self.out_path).write_text(self.steps_text)
+        for i, text in enumerate(logs):
+            p = self.tdir / f"log.node{i}.txt"
+            if not p.exists():
+                p.write_text(text)
+        return "\n".join(logs)
+
+    def close(self) -> None:
+        """Kill every node's processes, then the agents."""
+        import ray
+
+        self.kill(INTERRUPT_GRACE_S)
+        for a in self.actors:
+            try:
+                ray.kill(a)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+class RayBackend(MeasuredBackend):
     """Runs each layout with the trial harness on a Ray cluster's nodes (see the module docstring).
 
     Args:
@@ -168,7 +236,6 @@ class RayBackend(TrialBackend):
     """
 
     name = "ray"
-    source = "measured"
 
     def __init__(
         self,
@@ -196,6 +263,7 @@ class RayBackend(TrialBackend):
         for k in (extra_env or {}):
             if not _ENV_NAME.fullmatch(str(k)):
                 raise TunerError(f"--trial-env: {k!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        super().__init__()
         self.trials_dir = Path(trials_dir).absolute()  # the nodes resolve it, not the driver's working folder
         self.address = address
         self.gpus_per_node = int(gpus_per_node)
@@ -209,9 +277,7 @@ class RayBackend(TrialBackend):
         self.retries = int(retries)
         self.placement_timeout_s = float(placement_timeout_s)
         self.poll_s = poll_s
-        self._count = 0
         self._started_ray = False
-        self._cancel = threading.Event()
         self._connect(dict(init_kwargs or {}))
 
     @classmethod
@@ -261,11 +327,6 @@ class RayBackend(TrialBackend):
         reasons = unsupported_reasons(layout, model, workload, self.env)
         return "; ".join(reasons) if reasons else None
 
-    def cancel(self) -> None:
-        """Stop every running trial of this backend (Ctrl-C): each kills its nodes' processes and
-        removes its placement group, then raises KeyboardInterrupt in its own thread."""
-        self._cancel.set()
-
     def close(self) -> None:
         import ray
 
@@ -290,23 +351,19 @@ class RayBackend(TrialBackend):
         Raises:
             InfeasibleLayout: (rule ``harness_env``) the cluster cannot hold the layout, or it needs
                 something not installed; nothing was started.
-            TrialFailed: out of memory, timeout, crash / NCCL error, or a node lost twice.
+            TrialFailed: out of memory, timeout, crash / NCCL error, a program that a node cannot start,
+                or a node lost twice.
             TrialStopped: the reporter stopped the trial.
+            KeyboardInterrupt: the backend was cancelled (:meth:`cancel`); every node's processes were
+                killed and the placement group removed.
         """
         why = self.refusal(layout, model, workload)
         if why:
             raise InfeasibleLayout("harness_env", why)
         spec = build_spec(model, layout, workload, env=self.env, steps=self.steps, warmup_steps=self.warmup_steps)
-        n = trial_number if trial_number is not None else self._count
-        self._count += 1
-        tdir = self.trials_dir / str(n)
-        if tdir.exists():
-            shutil.rmtree(tdir)
-        tdir.mkdir(parents=True)
+        _, tdir = self._trial_folder(trial_number)
         attempts = 1 + max(0, self.retries)
         lost: list[str] = []
-        if self._cancel.is_set():
-            raise KeyboardInterrupt("the study was interrupted")
         for attempt in range(attempts):
             # A retry works in a folder of its own: a process left on a lost node must not write into it.
             adir = tdir if attempt == 0 else tdir / f"attempt{attempt}"
@@ -326,7 +383,7 @@ class RayBackend(TrialBackend):
 
         sizes, strategy = node_plan(layout.world_size, self.gpus_per_node)
         pg = placement_group([{self.gpu_resource: float(g), "CPU": 1.0} for g in sizes], strategy=strategy)
-        actors: list[Any] = []
+        nodes = _RayNodes([], tdir, str(tdir / "steps.jsonl"))
         try:
             if not pg.wait(timeout_seconds=self.placement_timeout_s):
                 raise TrialFailed(FailureKind.timeout, f"the Ray cluster did not place {len(sizes)} x {sizes[0]} {self.gpu_resource} "
@@ -339,24 +396,21 @@ class RayBackend(TrialBackend):
                     opts["num_gpus"] = g
                 else:
                     opts["resources"] = {self.gpu_resource: g}
-                actors.append(agent_cls.options(**opts).remote())
+                nodes.actors.append(agent_cls.options(**opts).remote())
             try:
-                where = ray.get([a.where.remote() for a in actors], timeout=self.placement_timeout_s)
+                where = ray.get([a.where.remote() for a in nodes.actors], timeout=self.placement_timeout_s)
             except RayActorError as e:
                 raise _NodeLost(f"an actor died before the start ({type(e).__name__})") from None
             master, port = where[0]["ip"], where[0]["port"]
-            import json
-
             (tdir / "placement.json").write_text(json.dumps({"strategy": strategy, "bundles": sizes, "attempt": attempt, "nodes": where}, indent=1))
-            out_path = str(tdir / "steps.jsonl")
             pids = []
-            for i, (a, g) in enumerate(zip(actors, sizes)):
+            for i, (a, g) in enumerate(zip(nodes.actors, sizes)):
                 env = {**SAFE_ENV, **self.extra_env, "NNODES": str(len(sizes)), "NODE_RANK": str(i), "NPROC_PER_NODE": str(g),
                        "MASTER_ADDR": master, "MASTER_PORT": str(port), "TUNE_TRIAL_ATTEMPT": str(attempt)}
                 if self.launcher is not None:
-                    cmd = [*self.launcher, *harness_args(tdir / "spec.json", out_path)]
+                    cmd = [*self.launcher, *harness_args(tdir / "spec.json", nodes.out_path)]
                 else:
-                    cmd = [*torchrun_node_command(len(sizes), i, g, master, port), *harness_args(tdir / "spec.json", out_path)]
+                    cmd = [*torchrun_node_command(len(sizes), i, g, master, port), *harness_args(tdir / "spec.json", nodes.out_path)]
                 pids.append(a.start.remote(cmd, env, str(tdir), spec_text, os.getcwd()))
             try:
                 ray.get(pids, timeout=60)
@@ -364,88 +418,15 @@ class RayBackend(TrialBackend):
                 raise _NodeLost(f"an actor died at the start ({type(e).__name__})") from None
             except Exception as e:  # noqa: BLE001 - e.g. the program cannot be started on a node
                 raise TrialFailed(FailureKind.crash, f"a node could not start the trial: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__}", str(tdir)) from None
-            return self._follow(layout, actors, tdir, out_path, reporter)
+            trial = self._trial(layout, tdir, reporter, logs=f"logs: {tdir}")
+            return trial.follow(nodes, HarnessLines(nodes.read_steps),
+                                extra=lambda got: {"nodes": len(nodes.actors), "notes": list(got.result.start.get("notes", []))})
         finally:
-            for a in actors:
-                try:
-                    ray.get(a.kill.remote(), timeout=30)
-                except Exception:  # noqa: BLE001 - a dead actor has nothing left to kill
-                    pass
-                try:
-                    ray.kill(a)
-                except Exception:  # noqa: BLE001
-                    pass
+            nodes.close()
             try:
                 remove_placement_group(pg)
             except Exception:  # noqa: BLE001
                 pass
-
-    def _follow(self, layout: Layout, actors: list[Any], tdir: Path, out_path: str, reporter: StepReporter | None) -> Measurement:
-        import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
-
-        t0 = time.monotonic()
-        seen = 0
-        timed_out = False
-        stop_reason = None
-        rcs: list[int | None] = [None] * len(actors)
-        steps_text = ""
-        while True:
-            try:
-                rcs = ray.get([a.poll.remote() for a in actors], timeout=60)
-                steps_text = ray.get(actors[0].read.remote(out_path), timeout=60)
-            except (RayActorError, GetTimeoutError) as e:
-                raise _NodeLost(f"a node stopped answering during the trial ({type(e).__name__})") from None
-            res = parse_results(steps_text)
-            if reporter is not None and len(res.steps) > seen and rcs[0] is None:
-                seen = len(res.steps)
-                stop_reason = reporter([s.tokens_per_s_per_gpu for s in res.steps])
-                if stop_reason:
-                    break
-            done = all(rc is not None for rc in rcs)
-            failed = any(rc not in (None, 0) for rc in rcs)
-            if done or failed:
-                if failed and not done:
-                    time.sleep(min(5.0, self.poll_s * 4))  # let the other nodes' ranks notice and write their lines
-                    steps_text = ray.get(actors[0].read.remote(out_path), timeout=60)
-                break
-            if time.monotonic() - t0 > self.timeout_s:
-                timed_out = True
-                break
-            if self._cancel.is_set():
-                raise KeyboardInterrupt("the study was interrupted")
-            time.sleep(self.poll_s)
-        wall_s = time.monotonic() - t0
-        logs = []
-        for i, a in enumerate(actors):
-            try:
-                logs.append(ray.get(a.read.remote(str(tdir / f"log.node{i}.txt"), 200_000), timeout=60))
-            except Exception:  # noqa: BLE001
-                logs.append("")
-        # Keep copies on the driver when the nodes wrote elsewhere (no shared filesystem).
-        if not Path(out_path).exists():
-            Path(out_path).write_text(steps_text)
-        for i, text in enumerate(logs):
-            p = tdir / f"log.node{i}.txt"
-            if not p.exists():
-                p.write_text(text)
-        res = parse_results(steps_text)
-        if stop_reason:
-            raise TrialStopped(stop_reason, step_times_s=[s.step_time_s for s in res.steps],
-                               tokens_per_s_per_gpu=[s.tokens_per_s_per_gpu for s in res.steps], log_path=str(tdir))
-        rc0 = rcs[0]
-        if not timed_out and all(rc == 0 for rc in rcs) and res.complete and res.summary.get("tokens_per_s_per_gpu"):
-            return Measurement(
-                layout=layout, source=self.source, tokens_per_s_per_gpu=float(res.summary["tokens_per_s_per_gpu"]),
-                peak_bytes=res.peak_reserved_bytes,
-                step_times_s=tuple(s.step_time_s for s in res.steps[self.warmup_steps:]) or tuple(s.step_time_s for s in res.steps),
-                losses=tuple(s.loss for s in res.steps), grad_norms=tuple(s.grad_norm for s in res.steps), log_path=str(tdir),
-                extra={"summary": res.summary, "wall_s": wall_s, "peak_allocated_bytes": res.peak_allocated_bytes,
-                       "step_time_cv": res.summary.get("step_time_cv"), "nodes": len(actors), "notes": list(res.start.get("notes", []))},
-            )
-        bad = next((rc for rc in rcs if rc not in (None, 0)), rc0)
-        kind, msg, reached = classify_failure(bad if not timed_out else None, res, "\n".join(logs), timed_out=timed_out)
-        raise TrialFailed(kind, f"{msg} (logs: {tdir})", str(tdir), memory_reached_bytes=reached if math.isfinite(reached) else float("nan"))
 
 
 def parse_ray_address(address: str) -> tuple[str, int] | None:

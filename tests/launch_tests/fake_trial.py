@@ -1,15 +1,29 @@
-"""A stand-in for ``torchrun ... -m launch.harness.train``: no GPU, no torch.
+"""A stand-in for a trial program: no GPU, no torch. It plays either the trial harness
+(``torchrun ... -m launch.harness.train --spec S --out O``: the same JSON lines) or a user's
+slime / Megatron-LM launch command (Megatron's log lines on stdout), for every backend's tests.
 
-Reads ``--spec`` and ``--out`` like the harness and writes the same JSON lines. What it
-does is chosen by the environment variable FAKE_TRIAL_MODE:
+Settings come from FAKE_* environment variables, or from ``--FAKE_NAME=value`` arguments anywhere
+on its command line (they win; a Ray node or a launch template gets them that way):
 
-- ``ok`` (default): every step, then the summary; step time from FAKE_STEP_S (default 0.01 s),
-  or per tensor-parallel size from FAKE_STEP_S_TP<n>, or FAKE_FAST_STEP_S for the layouts that
-  match FAKE_FAST_IF ("field=value,...");
-- ``oom``: two steps, then rank 1 runs out of memory at 150 GiB (exit 3);
-- ``oom_text``: prints PyTorch's out-of-memory message only (no JSON line), exit 1;
-- ``hang``: one step, then sleeps (with a child process, to check the whole group is killed);
-- ``crash``: raises an error (exit 1); ``nccl``: prints an NCCL error (exit 1).
+- FAKE_FORMAT: ``harness`` (default; needs ``--spec`` and ``--out``) or ``megatron``
+  (FAKE_STEPS iterations, default 4, printed as Megatron's ``training_log`` and ``report_memory``
+  print them; the same step times, peak 90 GiB reserved and 80 GiB allocated as the harness's lines);
+- FAKE_TRIAL_MODE: ``ok`` (default: every step, then the summary); ``oom`` (two steps, then
+  out of memory: the harness's report of rank 1 at 150 GiB, exit 3, or PyTorch's message at
+  138.5 GiB in the log, exit 1); ``oom_text`` (harness: PyTorch's message only, exit 1);
+  ``crash`` (harness: an error line, exit 1; megatron: a traceback after two iterations, exit 7);
+  ``nccl`` (an NCCL error, exit 1); ``silent`` (exits 0 without a step); ``hang`` (FAKE_HANG_AFTER
+  steps, default 1, then it starts a child and both sleep: the whole group must be killed;
+  with FAKE_HANG_ATTEMPT=A only the Ray attempt A hangs, the others run ok);
+- FAKE_STEP_S: seconds each step sleeps (default 0.01), or per tensor-parallel size
+  FAKE_STEP_S_TP<n>, or FAKE_FAST_STEP_S for the layouts that match FAKE_FAST_IF ("field=value,...");
+  FAKE_REPORT_STEP_S: a step time to report instead of the one slept;
+- FAKE_PID_DIR: a folder; each process of the fake creates ``fake.<pid>`` there at its start, and
+  ``child.<pid>`` for the child of ``hang`` (:func:`recorded_pids`, :func:`survivors`);
+- FAKE_ENV_DUMP: a folder; each process writes ``<trial>.node<N>.attempt<A>.json`` there (its
+  argv, pid, ``--out`` and some environment variables), ``<trial>`` the folder of ``--out`` ("run" without);
+- FAKE_BARRIER: ``DIR:N``; each process adds itself to DIR and waits until N processes have, then
+  goes on (at most 60 s, then it fails: exit 1); trials that finish ran at the same time.
 
 For ``tune verify`` (spec ``data: corpus``) it also plays the checkpoint: ``save_checkpoint``
 writes ``init.json`` there (a value drawn from the spec's seed); ``load_checkpoint`` reads it
@@ -17,6 +31,9 @@ and fails (exit 1) when it is not there. The loss curve then starts from that va
 the same way for every layout (to within FAKE_LAYOUT_NOISE, relative, times the layout's TP),
 so two arms agree only when they loaded the same checkpoint; ``fault`` bends the curve, and
 FAKE_LOSS_MODE=nan / missing puts a NaN at step 4 / leaves out step 4.
+
+Imported (by the tests), it gives the observers of those files: :func:`recorded_pids`,
+:func:`alive`, :func:`survivors` and :func:`wait_until`.
 """
 
 import json
@@ -25,39 +42,94 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 GIB = 2**30
+FAKE = os.path.abspath(__file__)
+
+
+def _settings(args):
+    """The FAKE_* settings: the environment, overridden by ``--FAKE_NAME=value`` arguments."""
+    cfg = {k: v for k, v in os.environ.items() if k.startswith("FAKE_")}
+    for a in args:
+        if a.startswith("--FAKE_") and "=" in a:
+            k, _, v = a[2:].partition("=")
+            cfg[k] = v
+    return cfg
+
+
+def _touch(folder, name):
+    os.makedirs(folder, exist_ok=True)
+    Path(folder, name).touch()
+
+
+def _hang(pid_dir):
+    """Start a child that sleeps 600 s (in this process's group: only a kill of the whole group ends it) and record it."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    if pid_dir:
+        _touch(pid_dir, f"child.{child.pid}")
+
+
+def _barrier(spec):
+    folder, _, n = spec.rpartition(":")
+    _touch(folder, str(os.getpid()))
+    deadline = time.monotonic() + 60
+    while len(os.listdir(folder)) < int(n):
+        if time.monotonic() > deadline:
+            print(f"fake_trial: barrier {spec}: still alone after 60 s", file=sys.stderr)
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def main() -> int:
     args = sys.argv[1:]
-    spec = json.loads(open(args[args.index("--spec") + 1]).read())
-    out_path = args[args.index("--out") + 1]
-    mode = os.environ.get("FAKE_TRIAL_MODE", "ok")
-    lay = spec["layout"]
-    step_s = float(os.environ.get(f"FAKE_STEP_S_TP{lay['tp']}", os.environ.get("FAKE_STEP_S", "0.01")))
+    cfg = _settings(args)
+    out_path = args[args.index("--out") + 1] if "--out" in args else None
     node = os.environ.get("NODE_RANK")
-    dump = os.environ.get("FAKE_ENV_DUMP")  # a folder: each node writes the environment it was started with
+    attempt = os.environ.get("TUNE_TRIAL_ATTEMPT")
+    pid_dir = cfg.get("FAKE_PID_DIR")
+    if pid_dir:
+        _touch(pid_dir, f"fake.{os.getpid()}")
+    mode = cfg.get("FAKE_TRIAL_MODE", "ok")
+    if mode == "hang" and cfg.get("FAKE_HANG_ATTEMPT") not in (None, attempt):
+        mode = "ok"
+    dump = cfg.get("FAKE_ENV_DUMP")  # a folder: each process writes the environment it was started with
     if dump:
         os.makedirs(dump, exist_ok=True)
         keys = ("NNODES", "NODE_RANK", "NPROC_PER_NODE", "MASTER_ADDR", "MASTER_PORT", "TUNE_TRIAL_ATTEMPT", "NCCL_NVLS_ENABLE",
                 "CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_VISIBLE_DEVICES", "FAKE_EXTRA")
-        with open(os.path.join(dump, f"{os.path.basename(os.path.dirname(out_path))}.node{node}.attempt{os.environ.get('TUNE_TRIAL_ATTEMPT')}.json"), "w") as f:
-            json.dump({"env": {k: os.environ.get(k) for k in keys}, "pid": os.getpid(), "t": time.time(), "out": out_path}, f)
+        trial = os.path.basename(os.path.dirname(out_path)) if out_path else "run"
+        with open(os.path.join(dump, f"{trial}.node{node}.attempt{attempt}.json"), "w") as f:
+            json.dump({"argv": args, "env": {k: os.environ.get(k) for k in keys}, "pid": os.getpid(), "out": out_path}, f)
+    if cfg.get("FAKE_BARRIER") and not _barrier(cfg["FAKE_BARRIER"]):
+        return 1
+    hang_after = int(cfg.get("FAKE_HANG_AFTER", "1"))
+    if cfg.get("FAKE_FORMAT", "harness") == "megatron":
+        return _megatron(cfg, mode, hang_after, pid_dir)
+    return _harness(cfg, args, out_path, node, mode, hang_after, pid_dir)
+
+
+def _harness(cfg, args, out_path, node, mode, hang_after, pid_dir) -> int:
+    spec = json.loads(Path(args[args.index("--spec") + 1]).read_text())
+    lay = spec["layout"]
+    step_s = float(cfg.get(f"FAKE_STEP_S_TP{lay['tp']}", cfg.get("FAKE_STEP_S", "0.01")))
     if node not in (None, "0"):  # other nodes of a multi-node trial: their ranks run, rank 0 (node 0) writes the lines
         time.sleep(step_s * spec["steps"] if mode != "hang" else 600)
         return 0
-    fast_if = os.environ.get("FAKE_FAST_IF")  # "field=value,field=value": these layouts step in FAKE_FAST_STEP_S
+    fast_if = cfg.get("FAKE_FAST_IF")  # "field=value,field=value": these layouts step in FAKE_FAST_STEP_S
     if fast_if and all(str(lay[k]) == v for k, v in (kv.split("=") for kv in fast_if.split(","))):
-        step_s = float(os.environ.get("FAKE_FAST_STEP_S", "0.02"))
+        step_s = float(cfg.get("FAKE_FAST_STEP_S", "0.02"))
     world = lay["world_size"]
     tokens = spec["global_batch_size"] * spec["seq_length"]
-    report_s = float(os.environ.get("FAKE_REPORT_STEP_S", "0")) or None  # a step time to report instead of the one slept
+    report_s = float(cfg.get("FAKE_REPORT_STEP_S", "0")) or None  # a step time to report instead of the one slept
 
     def write(obj):
         with open(out_path, "a") as f:
             f.write(json.dumps(obj) + "\n")
 
+    if mode == "silent":
+        return 0
     write({"event": "start", "world_size": world, "layout": lay, "versions": {"torch": "fake"}, "notes": spec["notes"],
            "data": spec.get("data", "synthetic"), "fault": spec.get("fault")})
     init = 1.0
@@ -65,18 +137,18 @@ def main() -> int:
         os.makedirs(spec["save_checkpoint"], exist_ok=True)
         with open(os.path.join(spec["save_checkpoint"], "init.json"), "w") as f:
             json.dump({"init": 1.0 + (spec["seed"] % 97) / 970.0 + 0.01 * spec.get("pretrain_steps", 0), "layout": lay}, f)
-        open(os.path.join(spec["save_checkpoint"], "metadata.json"), "w").write("{}")
+        Path(spec["save_checkpoint"], "metadata.json").write_text("{}")
     if spec.get("load_checkpoint"):
         ck = os.path.join(spec["load_checkpoint"], "init.json")
         if not os.path.exists(ck):
             write({"event": "error", "rank": 0, "type": "CheckpointingException", "message": f"no checkpoint at {ck}"})
             print(f"CheckpointingException: no checkpoint at {ck}", file=sys.stderr)
             return 1
-        init = json.load(open(ck))["init"]
+        init = json.loads(Path(ck).read_text())["init"]
     if spec.get("data") == "corpus":
         write({"event": "data", "corpus": "fake", "corpus_bytes": 1, "corpus_sha256": spec.get("corpus_sha256"), "tokenizer": "bytes"})
-    noise = float(os.environ.get("FAKE_LAYOUT_NOISE", "0.002")) * lay["tp"]
-    loss_mode = os.environ.get("FAKE_LOSS_MODE", "")
+    noise = float(cfg.get("FAKE_LAYOUT_NOISE", "0.002")) * lay["tp"]
+    loss_mode = cfg.get("FAKE_LOSS_MODE", "")
 
     def loss_at(step):
         if spec.get("data") != "corpus":
@@ -105,20 +177,107 @@ def main() -> int:
     for step in range(1, spec["steps"] + 1):
         time.sleep(step_s)
         times.append(step_s)
+        if mode == "hang" and step == hang_after:
+            _hang(pid_dir)  # before the step's line: a reader that sees the step finds the child running
         if not (loss_mode == "missing" and step == 4 and spec.get("data") == "corpus"):
             rs = report_s or step_s
             write({"event": "step", "step": step, "step_time_s": rs, "tokens_per_s_per_gpu": tokens / rs / world, "loss": loss_at(step), "grad_norm": 1.0})
         if mode == "oom" and step == 2:
             write({"event": "oom", "rank": 1, "message": "CUDA out of memory", "allocated_bytes": 140 * GIB, "reserved_bytes": 150 * GIB, "max_allocated_bytes": 141 * GIB})
             return 3
-        if mode == "hang":
-            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        if mode == "hang" and step == hang_after:
             time.sleep(600)
     rs = report_s or step_s
     write({"event": "summary", "steps": len(times), "median_step_time_s": rs, "step_time_cv": 0.0,
            "tokens_per_s_per_gpu": tokens / rs / world, "peak_allocated_bytes": [80 * GIB] * world,
            "peak_reserved_bytes": [90 * GIB] * world, "layout": lay, "versions": {"torch": "fake"}, "notes": spec["notes"]})
     return 0
+
+
+def _it_line(i: int, n: int, ms: float) -> str:
+    return (f" [2025-08-01 07:19:{i % 60:02d}] iteration {i:8d}/{n:8d} | consumed samples: {8 * i:12d} | "
+            f"elapsed time per iteration (ms): {ms:.1f} | learning rate: 1.000E-05 | global batch size:     8 | "
+            f"lm loss: {10.0 - 0.1 * i:.6E} | loss scale: 1.0 | grad norm: {1.0 + i:.3f} | number of skipped iterations:   0 |")
+
+
+def _megatron(cfg, mode, hang_after, pid_dir) -> int:
+    iters = int(cfg.get("FAKE_STEPS", "4"))
+    step_s = float(cfg.get("FAKE_STEP_S", "0.01"))
+    report_ms = 1000.0 * (float(cfg.get("FAKE_REPORT_STEP_S", "0")) or step_s)
+    print("training ...", flush=True)
+    if mode == "silent":
+        return 0
+    for i in range(1, iters + 1):
+        time.sleep(step_s)
+        if mode == "hang" and i == hang_after:
+            _hang(pid_dir)
+        print(_it_line(i, iters, report_ms), flush=True)
+        if i == 1:
+            for rank in range(2):
+                print(f"[Rank {rank}] (after 1 iterations) memory (MB) | allocated: 1000.0 | max allocated: {80896.0 + rank * 1024} | "
+                      f"reserved: 3000.0 | max reserved: {91136.0 + rank * 1024}", flush=True)
+        if mode == "hang" and i == hang_after:
+            time.sleep(600)
+        if mode == "oom" and i == 2:
+            print("[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of "
+                  "139.81 GiB of which 1.2 GiB is free. Including non-PyTorch memory, this process has 138.50 GiB memory in use.",
+                  file=sys.stderr, flush=True)
+            return 1
+        if mode == "nccl" and i == 2:
+            print("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1234, unhandled system error", file=sys.stderr, flush=True)
+            return 1
+        if mode == "crash" and i == 2:
+            print("Traceback (most recent call last):\nValueError: bad batch", file=sys.stderr, flush=True)
+            return 7
+    return 0
+
+
+# --------------------------------------------------------------------------- observers, for the tests
+
+
+def recorded_pids(pid_dir) -> dict:
+    """``{"fake": [pids], "child": [pids]}``: the processes the fake recorded in FAKE_PID_DIR."""
+    out = {"fake": [], "child": []}
+    if os.path.isdir(pid_dir):
+        for name in os.listdir(pid_dir):
+            role, _, pid = name.partition(".")
+            if role in out and pid.isdigit():
+                out[role].append(int(pid))
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (a dead process not yet reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_until(predicate, timeout_s: float = 30.0, poll_s: float = 0.02) -> bool:
+    """Poll ``predicate`` until it is true (True) or ``timeout_s`` seconds have passed (False): waits for an
+    event with a generous limit; it asserts nothing about how long the event took."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
+def survivors(pid_dir, timeout_s: float = 15.0) -> list:
+    """The processes recorded in ``pid_dir`` that are still alive once a killed process had up to ``timeout_s``
+    seconds to go (a SIGKILLed process is reaped a moment later)."""
+    pids = [p for ps in recorded_pids(pid_dir).values() for p in ps]
+    wait_until(lambda: not any(alive(p) for p in pids), timeout_s)
+    return [p for p in pids if alive(p)]
 
 
 if __name__ == "__main__":

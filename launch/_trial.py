@@ -1,0 +1,458 @@
+"""The trial skeleton that the real-trial backends (``local``, ``ray``, ``command``) share.
+
+A real trial starts its process(es), each in a process group of its own, follows the per-step
+results as they come, hands the throughput of every new step to the study's reporter (which may
+stop the trial: pruning), and enforces the trial's timeout. It ends in one of four ways:
+
+- a :class:`~launch.base.Measurement`;
+- :class:`~launch.base.TrialStopped`, with the reporter's reason and the steps so far;
+- :class:`~launch.base.TrialFailed` (``oom`` with the memory reached, ``timeout``, ``crash``),
+  always with the trial's folder, classified by :func:`launch.harness.results.classify_failure`;
+- ``KeyboardInterrupt`` (Ctrl-C, or :meth:`MeasuredBackend.cancel` from another thread).
+
+However it ends, no process of the trial is left running. :meth:`Trial.follow` is that loop. Two
+small strategy objects hold what differs between the backends:
+
+- :class:`TrialProcesses`: how the trial's processes are polled, killed and their logs read. It is
+  either one local process group (:class:`LocalProcess`, used by ``local`` and ``command``) or one
+  group per node of a Ray placement group (``launch.ray_backend._RayNodes``);
+- :class:`StepSource`: where the per-step results come from. It is either the harness's JSON
+  lines (:class:`HarnessLines`, used by ``local`` and ``ray``) or Megatron's log as it grows
+  (:class:`MegatronLogSteps`, used by ``command``).
+
+:class:`MeasuredBackend` is the base class of those backends: trial folders, the cancel event, and
+the :class:`Trial` of each run.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launch.base import FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped
+from launch.harness.results import HarnessResult, StepRecord, classify_failure, parse_results
+from launch.megatron_log import MegatronLogReader
+from specs.layout import Layout
+
+__all__ = ["INTERRUPT_GRACE_S", "SAFE_ENV", "STOP_GRACE_S", "HarnessLines", "LocalProcess", "MeasuredBackend", "MegatronLogSteps",
+           "StepSource", "Trial", "TrialProcesses", "TrialSteps", "free_port", "kill_group", "tail"]
+
+#: Environment every trial gets: NVLink multicast off (it can take a shared host's GPUs
+#: out of service), one CUDA connection (Megatron's overlap needs it), unbuffered output.
+SAFE_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+    "PYTHONUNBUFFERED": "1",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+}
+
+STOP_GRACE_S = 10.0
+"""Seconds between SIGTERM and SIGKILL when a trial is stopped by its reporter or times out (torchrun
+forwards SIGTERM to its ranks and waits for them)."""
+INTERRUPT_GRACE_S = 5.0
+"""Seconds between SIGTERM and SIGKILL when a trial is interrupted (Ctrl-C, cancel, an error)."""
+SETTLE_S = 5.0
+"""At most this long (seconds; four polls) is waited after one process of a multi-process trial failed,
+so that the ranks of the others notice and write their lines, before they are killed."""
+
+
+# --------------------------------------------------------------------------- process helpers
+
+
+def free_port() -> int:
+    """A TCP port that is free on this machine now (for torchrun's rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kill_group(proc: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM the process group of ``proc``, then SIGKILL what is left after ``grace_s`` seconds.
+
+    ``proc`` must have been started with ``start_new_session=True`` (it leads its own group). Once the
+    leader has exited, the group is sent SIGKILL, so that no worker of it lingers. Never raises.
+    """
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        return
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        # The launcher is gone; make sure no worker of its group lingers.
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return
+
+
+def tail(path: str | Path, max_bytes: int = 200_000) -> str:
+    """The last ``max_bytes`` bytes of a file as text (bytes that are not UTF-8 are replaced); "" if unreadable."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+# --------------------------------------------------------------------------- how the processes run
+
+
+class TrialProcesses(abc.ABC):
+    """The running process(es) of one trial: how they are polled, killed and their logs read."""
+
+    @abc.abstractmethod
+    def poll(self) -> list[int | None]:
+        """The exit status of each process, None while it runs. The first process writes the step results.
+
+        Raises:
+            Exception: a backend-specific error when a process can no longer be reached (Ray: a lost node).
+        """
+
+    @abc.abstractmethod
+    def kill(self, grace_s: float) -> None:
+        """Kill every process group that still runs (SIGTERM, then SIGKILL after ``grace_s`` seconds).
+        Idempotent; never raises."""
+
+    @abc.abstractmethod
+    def collect(self) -> str:
+        """After the trial, the tail of its logs as text, for :func:`launch.harness.results.classify_failure`."""
+
+
+class LocalProcess(TrialProcesses):
+    """One program on this machine, in a process group of its own (``start_new_session``), with stdout and
+    stderr written to ``log_path`` and stdin closed.
+
+    Args:
+        argv: the command, run without a shell.
+        log_path: the log file (created, or truncated).
+        env: the whole environment of the process.
+        trial_dir: the trial's folder, named by the failure when the program cannot start.
+
+    Raises:
+        TrialFailed: (``crash``) the program cannot be started (not found, not executable).
+    """
+
+    def __init__(self, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str], trial_dir: Path) -> None:
+        self.log_path = log_path
+        with open(log_path, "wb") as log:  # the child writes through its own copy of the descriptor
+            try:
+                self.proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             start_new_session=True, env=dict(env), cwd=os.getcwd())
+            except OSError as e:
+                raise TrialFailed(FailureKind.crash, f"cannot start {argv[0]!r}: {e.strerror or e}", str(trial_dir)) from None
+
+    def poll(self) -> list[int | None]:
+        return [self.proc.poll()]
+
+    def kill(self, grace_s: float) -> None:
+        if self.proc.poll() is None:
+            kill_group(self.proc, grace_s)
+
+    def collect(self) -> str:
+        return tail(self.log_path)
+
+
+# --------------------------------------------------------------------------- where the step results come from
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrialSteps:
+    """What a trial's :class:`StepSource` read by the trial's end."""
+
+    steps: list[StepRecord]
+    """Every step measured (warm-up included; seconds, tokens/s/GPU)."""
+    result: HarnessResult
+    """The same as the harness's records, with any out-of-memory / error reports (what a failure is classified from)."""
+    measured: bool
+    """The run reported all a :class:`Measurement` needs (the harness: its summary; a Megatron log: an iteration)."""
+    tokens_per_s_per_gpu: float = math.nan
+    """The trial's throughput: the median step after warm-up (NaN unless ``measured``)."""
+    peak_reserved_bytes: float = math.nan
+    """Max over ranks of the peak reserved memory (bytes; NaN if not reported)."""
+    peak_allocated_bytes: float = math.nan
+    """Max over ranks of the peak allocated memory (bytes; NaN if not reported)."""
+    step_time_cv: float | None = None
+    """Coefficient of variation of the step times after warm-up."""
+    summary: dict[str, Any] = field(default_factory=dict)
+    """The run's summary (the harness's summary line, or the one computed from the log)."""
+
+
+class StepSource(abc.ABC):
+    """Where a trial's per-step results come from; read once per poll while the trial runs."""
+
+    @abc.abstractmethod
+    def read(self) -> list[StepRecord]:
+        """Every step measured so far (reading what was added since the last call)."""
+
+    @abc.abstractmethod
+    def finish(self) -> TrialSteps:
+        """Everything the run reported, read once more after its processes are gone."""
+
+
+class HarnessLines(StepSource):
+    """The trial harness's JSON lines (:mod:`launch.harness.results`).
+
+    Args:
+        read_text: returns the whole ``--out`` file as text so far ("" before it exists): a local file
+            (:meth:`file`), or a node's file read through Ray.
+    """
+
+    def __init__(self, read_text: Callable[[], str]) -> None:
+        self._read_text = read_text
+
+    @classmethod
+    def file(cls, path: Path) -> HarnessLines:
+        """The JSON lines of a file on this machine."""
+        return cls(lambda: path.read_text(errors="replace") if path.exists() else "")
+
+    def read(self) -> list[StepRecord]:
+        return parse_results(self._read_text()).steps
+
+    def finish(self) -> TrialSteps:
+        res = parse_results(self._read_text())
+        measured = res.complete and bool(res.summary.get("tokens_per_s_per_gpu"))
+        return TrialSteps(
+            steps=res.steps,
+            result=res,
+            measured=measured,
+            tokens_per_s_per_gpu=float(res.summary["tokens_per_s_per_gpu"]) if measured else math.nan,
+            peak_reserved_bytes=res.peak_reserved_bytes,
+            peak_allocated_bytes=res.peak_allocated_bytes,
+            step_time_cv=res.summary.get("step_time_cv"),
+            summary=res.summary,
+        )
+
+
+class MegatronLogSteps(StepSource):
+    """Megatron's ``iteration N/M | ... elapsed time per iteration (ms)`` and ``memory (MB)`` lines, read from a log
+    as it grows (:class:`launch.megatron_log.MegatronLogReader`).
+
+    Args:
+        log_path: the log the program writes.
+        global_batch_size, seq_length, world_size: turn a step time into tokens/s/GPU
+            (``global_batch_size * seq_length / step_time_s / world_size``).
+        warmup_steps: leading logged iterations left out of the median.
+    """
+
+    def __init__(self, log_path: Path, *, global_batch_size: int, seq_length: int, world_size: int, warmup_steps: int) -> None:
+        self.log_path = log_path
+        self._sizes = {"global_batch_size": global_batch_size, "seq_length": seq_length, "world_size": world_size}
+        self._warmup_steps = warmup_steps
+        self._reader = MegatronLogReader()
+        self._offset = 0
+
+    def _feed(self) -> None:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except OSError:
+            return
+        self._offset += len(data)
+        self._reader.feed(data)
+
+    def read(self) -> list[StepRecord]:
+        self._feed()
+        return self._reader.log.as_harness_result(**self._sizes).steps
+
+    def finish(self) -> TrialSteps:
+        self._feed()
+        parsed = self._reader.finish()
+        result = parsed.as_harness_result(**self._sizes)
+        its = parsed.iterations
+        if not its:
+            return TrialSteps(steps=result.steps, result=result, measured=False)
+        summary: dict[str, Any] = parsed.summary(**self._sizes, warmup_steps=self._warmup_steps)
+        summary |= {"iterations": len(its), "memory_reports": len(parsed.memory), "bad_lines": parsed.bad_lines}
+        return TrialSteps(
+            steps=result.steps,
+            result=result,
+            measured=True,
+            tokens_per_s_per_gpu=float(summary["tokens_per_s_per_gpu"]),
+            peak_reserved_bytes=parsed.peak_reserved_bytes,
+            peak_allocated_bytes=parsed.peak_allocated_bytes,
+            step_time_cv=summary["step_time_cv"],
+            summary=summary,
+        )
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trial:
+    """One real trial's settings, and the loop that follows it (:meth:`follow`)."""
+
+    layout: Layout
+    trial_dir: Path
+    """The trial's folder (``results/<study>/trials/<n>``): the Measurement's and the failure's ``log_path``."""
+    warmup_steps: int
+    """Leading steps left out of the Measurement's ``step_times_s``."""
+    timeout_s: float
+    """Wall-clock limit from :meth:`follow`'s start (seconds)."""
+    poll_s: float
+    """Seconds between two reads of the processes and the step results."""
+    logs: str
+    """Where a failure's message points, e.g. ``log: results/s/trials/3/log.txt``."""
+    reporter: StepReporter | None = None
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    """Set by another thread to stop the trial: its processes are killed and KeyboardInterrupt is raised."""
+    no_result: str = ""
+    """Put before a crash's message when every process exited 0 but the source holds no result."""
+    source: str = "measured"
+    """The Measurement's ``source``."""
+
+    def follow(self, processes: TrialProcesses, steps: StepSource, *, extra: Callable[[TrialSteps], dict[str, Any]] | None = None) -> Measurement:
+        """Follow the started ``processes`` until they exit, the reporter stops them, they time out or the trial is
+        cancelled; then kill what is left and turn what ``steps`` read into the outcome.
+
+        The reporter is called with the throughput of every step so far whenever a step was added while the
+        first process still runs. When one process of several fails, the others get :data:`SETTLE_S` (at most
+        four polls) to write their lines before they are killed.
+
+        Args:
+            processes: the trial's started processes.
+            steps: where their step results come from.
+            extra: more entries of the Measurement's ``extra`` from what was read (e.g. the notes).
+
+        Returns:
+            The Measurement: every process exited 0 and ``steps`` holds a result. Its ``step_times_s`` leave out
+            the warm-up steps (all steps when none is left), its ``extra`` holds ``summary``, ``wall_s``
+            (seconds), ``peak_allocated_bytes`` and ``step_time_cv``.
+
+        Raises:
+            TrialStopped: the reporter returned a reason (the steps measured so far are attached).
+            TrialFailed: out of memory (``memory_reached_bytes`` set when known), the timeout, or a crash
+                (a non-zero exit, an NCCL error, or an exit 0 without a result).
+            KeyboardInterrupt: ``cancelled`` was set, or raised here (Ctrl-C; the reporter).
+            Exception: whatever ``processes.poll`` raises (Ray: a lost node).
+        """
+        t0 = time.monotonic()
+        seen = 0
+        stop_reason: str | None = None
+        timed_out = False
+        rcs: list[int | None] = []
+        try:
+            while True:
+                rcs = processes.poll()
+                so_far = steps.read()
+                if self.reporter is not None and len(so_far) > seen and rcs[0] is None:
+                    seen = len(so_far)
+                    stop_reason = self.reporter([s.tokens_per_s_per_gpu for s in so_far])
+                    if stop_reason:
+                        processes.kill(STOP_GRACE_S)
+                        break
+                done = all(rc is not None for rc in rcs)
+                failed = any(rc not in (None, 0) for rc in rcs)
+                if done or failed:
+                    if failed and not done:  # let the other nodes' ranks notice and write their lines
+                        time.sleep(min(SETTLE_S, self.poll_s * 4))
+                    break
+                if time.monotonic() - t0 > self.timeout_s:
+                    timed_out = True
+                    processes.kill(STOP_GRACE_S)
+                    break
+                if self.cancelled.is_set():
+                    raise KeyboardInterrupt("the study was interrupted")
+                time.sleep(self.poll_s)
+        finally:  # whatever happened (an interrupt, an error, one node failed), leave nothing running
+            processes.kill(INTERRUPT_GRACE_S)
+        wall_s = time.monotonic() - t0
+        got = steps.finish()
+        log_text = processes.collect()
+        if stop_reason:
+            raise TrialStopped(stop_reason, step_times_s=[s.step_time_s for s in got.steps],
+                               tokens_per_s_per_gpu=[s.tokens_per_s_per_gpu for s in got.steps], log_path=str(self.trial_dir))
+        if not timed_out and all(rc == 0 for rc in rcs) and got.measured:
+            kept = got.steps[self.warmup_steps:] or got.steps
+            return Measurement(
+                layout=self.layout,
+                source=self.source,
+                tokens_per_s_per_gpu=got.tokens_per_s_per_gpu,
+                peak_bytes=got.peak_reserved_bytes,
+                step_times_s=tuple(s.step_time_s for s in kept),
+                losses=tuple(s.loss for s in got.steps),
+                grad_norms=tuple(s.grad_norm for s in got.steps),
+                log_path=str(self.trial_dir),
+                extra={"summary": got.summary, "wall_s": wall_s, "peak_allocated_bytes": got.peak_allocated_bytes,
+                       "step_time_cv": got.step_time_cv, **(extra(got) if extra is not None else {})},
+            )
+        bad = next((rc for rc in rcs if rc not in (None, 0)), rcs[0])
+        kind, msg, reached = classify_failure(None if timed_out else bad, got.result, log_text, timed_out=timed_out)
+        if kind == FailureKind.crash and bad == 0 and self.no_result:
+            msg = self.no_result + msg
+        raise TrialFailed(kind, f"{msg} ({self.logs})", str(self.trial_dir), memory_reached_bytes=reached if math.isfinite(reached) else math.nan)
+
+
+# --------------------------------------------------------------------------- the backends' base
+
+
+class MeasuredBackend(TrialBackend):
+    """The base of the backends whose trials run processes (``local``, ``ray``, ``command``).
+
+    A subclass sets ``trials_dir``, ``warmup_steps``, ``timeout_s`` and ``poll_s`` and calls
+    ``super().__init__()``. Each run gets a fresh folder (:meth:`_trial_folder`) and a :class:`Trial`
+    (:meth:`_trial`) that follows its processes.
+    """
+
+    source = "measured"
+    trials_dir: Path
+    warmup_steps: int
+    timeout_s: float
+    poll_s: float
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._cancel = threading.Event()
+
+    def cancel(self) -> None:
+        """Stop every running trial of this backend now (Ctrl-C): each kills its processes (the ``ray`` backend also
+        removes its placement group), then raises KeyboardInterrupt in its own thread. A run that starts later
+        raises KeyboardInterrupt before it starts anything."""
+        self._cancel.set()
+
+    def _trial_folder(self, trial_number: int | None, name: str | None = None) -> tuple[int, Path]:
+        """The trial's number (``trial_number``, else a count of this backend's runs) and its folder under
+        ``trials_dir`` (``name``, else the number), emptied and created.
+
+        Raises:
+            KeyboardInterrupt: the backend was cancelled (nothing was created).
+        """
+        if self._cancel.is_set():
+            raise KeyboardInterrupt("the study was interrupted")
+        n = trial_number if trial_number is not None else self._count
+        self._count += 1
+        tdir = self.trials_dir / (name or str(n))
+        if tdir.exists():
+            shutil.rmtree(tdir)
+        tdir.mkdir(parents=True)
+        return n, tdir
+
+    def _trial(self, layout: Layout, tdir: Path, reporter: StepReporter | None, *, logs: str, no_result: str = "") -> Trial:
+        """The :class:`Trial` of one run with this backend's settings."""
+        return Trial(layout=layout, trial_dir=tdir, warmup_steps=self.warmup_steps, timeout_s=self.timeout_s, poll_s=self.poll_s,
+                     logs=logs, reporter=reporter, cancelled=self._cancel, no_result=no_result, source=self.source)

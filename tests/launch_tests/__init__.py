@@ -1,0 +1,1 @@
+"""Tests of the launch package: backends, the trial harness, exporters."""
