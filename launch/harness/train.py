@@ -327,10 +327,10 @@ def _apply_te_param_faults(spec: HarnessSpec, models: list[Any]) -> list[str]:
     return changed
 
 
-def _build(spec: HarnessSpec, cfg: Any) -> tuple[list[Any], Any]:
+def _build_chunks(spec: HarnessSpec, cfg: Any) -> list[Any]:
+    """The model chunks of this rank (``Float16Module(GPTModel)`` per virtual stage, on the GPU), before DDP."""
     import torch
     from megatron.core import parallel_state
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.transformer.module import Float16Module
@@ -359,6 +359,14 @@ def _build(spec: HarnessSpec, cfg: Any) -> tuple[list[Any], Any]:
         )
         model.cuda(torch.cuda.current_device())
         chunks.append(Float16Module(cfg, model))
+    return chunks
+
+
+def _build(spec: HarnessSpec, cfg: Any) -> tuple[list[Any], Any]:
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    lay = spec.layout
+    chunks = _build_chunks(spec, cfg)
     if spec.save_checkpoint and not spec.pretrain_steps:
         _save_weights([c.module for c in chunks], spec.save_checkpoint, spec.model)
     if spec.load_checkpoint and not spec.pretrain_steps:
@@ -715,11 +723,13 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
     last = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
 
     def set_lr(k: int) -> None:
-        """Linear warm-up over ``lr_warmup_steps`` (k counts from 1), then constant."""
+        """Linear warm-up over ``lr_warmup_steps`` (k counts from 1), then constant; each group's weight decay as
+        megatron's ``OptimizerParamScheduler`` sets it (``0.1 x wd_mult``: biases and 1-D weights undecayed)."""
         w = spec.lr_warmup_steps
         lr = spec.lr * (min(1.0, k / w) if w > 0 else 1.0)
         for g in opt.param_groups:
-            g["lr"] = lr
+            g["lr"] = lr * float(g.get("lr_mult", 1.0))
+            g["weight_decay"] = 0.1 * float(g.get("wd_mult", 1.0))
 
     if spec.pretrain_steps:
         # Warm start: train the seed's weights a little (data steps 0 .. pretrain-1), write them as the
@@ -753,8 +763,7 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
         for c in chunks:
             c.zero_grad_buffer()
         opt.zero_grad()
-        if spec.data == "corpus" or spec.lr_warmup_steps:
-            set_lr(step)
+        set_lr(step)
         losses = fb(
             forward_step_func=_forward_step,
             data_iterator=iters if len(iters) > 1 else iters[0],
