@@ -182,6 +182,10 @@ def option_reasons(options: dict[str, Any], workload: Workload, env: HarnessEnv)
         out.append(f"fp8_recipe {rec!r} needs --precision fp8 (the workload is {workload.precision.value})")
     if options.get("fp8_param_gather") and workload.precision.value != "fp8":
         out.append("fp8_param_gather needs --precision fp8")
+    mods = set(options.get("_recompute_modules") or ())
+    if rec == "delayed" and mods & {"moe_act", "layernorm"}:
+        out.append("fp8 delayed scaling with moe_act or layernorm recompute: megatron-core 0.19 raises 'Delayed scaling does not "
+                   "support moe_act and layernorm recompute for fp8' (transformer_config.py); use fp8_recipe tensorwise")
     if options.get("cross_entropy_fusion") and not te:
         out.append("fused cross-entropy (cross_entropy_fusion_impl 'te') needs Transformer Engine, which is not installed here")
     return out
@@ -372,7 +376,8 @@ def build_spec(
         raise TunerError(f"unknown harness options {sorted(set(opts) - HARNESS_OPTIONS)}; accepted: {sorted(HARNESS_OPTIONS)}")
     if workload.precision.value == "fp8" and opts.get("fp8_recipe") is None:
         opts["fp8_recipe"] = "delayed"
-    reasons = unsupported_reasons(layout, model, workload, env) + fault_reasons(opts.get("fault"), layout, env) + option_reasons(opts, workload, env)
+    chk = {**opts, "_recompute_modules": layout.recompute_modules if layout.recompute_granularity.value == "selective" else ()}
+    reasons = unsupported_reasons(layout, model, workload, env) + fault_reasons(opts.get("fault"), layout, env) + option_reasons(chk, workload, env)
     if opts.get("fault") == "embedding_shard_misplaced" and not opts.get("load_checkpoint"):
         reasons.append("fault 'embedding_shard_misplaced' acts when a checkpoint is loaded; this run loads none")
     if reasons:
