@@ -250,18 +250,22 @@ class SavedTensorCensus:
     def __enter__(self) -> SavedTensorCensus:
         import torch
 
+        cuda = torch.cuda.is_available()
+
         def pre(name: str) -> Any:
             def f(mod: Any, args: Any) -> None:
-                torch.cuda.synchronize()
-                self.records[name]["alloc_before"] = torch.cuda.memory_allocated()
+                if cuda:
+                    torch.cuda.synchronize()
+                self.records[name]["alloc_before"] = torch.cuda.memory_allocated() if cuda else 0
                 self.records[name]["inputs"] = [list(a.shape) for a in args if hasattr(a, "shape")]
                 self._stack.append(name)
             return f
 
         def post(name: str) -> Any:
             def f(mod: Any, args: Any, output: Any) -> None:
-                torch.cuda.synchronize()
-                self.records[name]["alloc_after"] = torch.cuda.memory_allocated()
+                if cuda:
+                    torch.cuda.synchronize()
+                self.records[name]["alloc_after"] = torch.cuda.memory_allocated() if cuda else 0
                 if self._stack and self._stack[-1] == name:
                     self._stack.pop()
                 elif name in self._stack:
