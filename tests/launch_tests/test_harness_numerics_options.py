@@ -111,3 +111,35 @@ def test_component_spec_and_how_many_experts_fit():
     for bad in ({"arms": ("gpu",)}, {"steps": (3, 1)}, {"experts": 5}, {"arms": ("nope",)}):
         with pytest.raises(TunerError):
             ComponentSpec(**bad)
+
+
+def test_the_te_sweep_list_runs_here_and_covers_the_issue():
+    """benchmarks/h200_te_layouts.py: every case builds a harness spec with TE and breaks no Megatron rule (no GPU time on
+    a case that cannot start), and together they cover what issue 14 lists."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+    from h200_te_layouts import CASES, PROBE
+
+    from search_spaces.rules import check_layout
+
+    seen: set[str] = set()
+    for c in [PROBE, *CASES]:
+        m = slice_model(load_model(c["model"]), c["layers"])
+        lay = Layout.from_dict(c["layout"])
+        wl = Workload(seq_length=c["seq_len"], global_batch_size=c["global_batch"], precision=c["precision"])
+        assert check_layout(lay, m, wl) == [], c["id"]
+        s = build_spec(m, lay, wl, env=TE, steps=c["steps"], warmup_steps=c["warmup"], options=c["options"])
+        seen |= {f"precision:{s.precision}:{s.fp8_recipe}", f"mbs:{lay.micro_batch_size}", f"model:{c['model']}"}
+        seen |= {f"module:{x}" for x in (lay.recompute_modules if lay.recompute_granularity.value == "selective" else ())}
+        if lay.recompute_granularity.value == "full":
+            seen.add(f"full:{lay.recompute_method.value}")
+        seen |= {f"pa:{lay.use_precision_aware_optimizer}", f"moments:{lay.exp_avg_dtype}", f"grads_fp32:{s.grad_reduce_in_fp32}",
+                 f"ce:{s.cross_entropy_fusion}", f"offload:{lay.optimizer_offload_fraction:g}"}
+    need = {"precision:bf16:None", "precision:fp8:delayed", "precision:fp8:tensorwise", "mbs:1", "mbs:2", "mbs:4", "module:core_attn",
+            "module:moe_act", "module:layernorm", "module:moe", "module:mla_up_proj", "module:mlp", "full:uniform", "full:block", "pa:True",
+            "pa:False", "moments:bf16", "grads_fp32:True", "grads_fp32:False", "ce:True", "offload:0.5", "offload:1", "model:MiniMax-M2",
+            "model:Qwen3-30B-A3B", "model:DeepSeek-V3"}
+    assert need <= seen, need - seen
+    assert len(CASES) >= 16 and len({c["id"] for c in CASES}) == len(CASES)
