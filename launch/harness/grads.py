@@ -218,7 +218,8 @@ class SavedTensorCensus:
     the tensor unchanged, so memory behaves as without the census) is recorded for each watched module on the
     stack: shape, dtype, bytes of its storage, whether the storage is a parameter's (weights saved for the
     weight gradient are not activations), deduplicated by storage. Tensors a module stashes on its autograd
-    context other than through ``save_for_backward`` are not seen; the allocator's growth over the forward
+    context other than through ``save_for_backward`` are not seen, and only a module's first forward counts (a
+    recomputation during backward, with recompute on, is left out); the allocator's growth over the forward
     (``memory_allocated`` after minus before, the module's outputs included) is recorded beside it as the check.
     """
 
@@ -227,6 +228,7 @@ class SavedTensorCensus:
         self.param_storages = param_storages
         self.records: dict[str, dict[str, Any]] = {n: {"saved": {}, "alloc_before": 0, "alloc_after": 0, "inputs": []} for n in modules}
         self._stack: list[str] = []
+        self._done: set[str] = set()
         self._handles: list[Any] = []
 
     def _pack(self, t: Any) -> Any:
@@ -254,6 +256,8 @@ class SavedTensorCensus:
 
         def pre(name: str) -> Any:
             def f(mod: Any, args: Any) -> None:
+                if name in self._done:  # a recomputation during backward: not what the forward saved
+                    return
                 if cuda:
                     torch.cuda.synchronize()
                 self.records[name]["alloc_before"] = torch.cuda.memory_allocated() if cuda else 0
@@ -263,6 +267,9 @@ class SavedTensorCensus:
 
         def post(name: str) -> Any:
             def f(mod: Any, args: Any, output: Any) -> None:
+                if name in self._done:
+                    return
+                self._done.add(name)
                 if cuda:
                     torch.cuda.synchronize()
                 self.records[name]["alloc_after"] = torch.cuda.memory_allocated() if cuda else 0
