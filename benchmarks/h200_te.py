@@ -139,7 +139,8 @@ def run_sweep_case(c: dict[str, Any], cid: str, out_name: str) -> dict[str, Any]
     if broken:
         row["rules_broken"] = [f"[{r}] {m}" for r, m in broken]
     backend = LocalBackend(trials_dir=WORK / "trials", num_gpus=cluster.num_gpus, steps=c["steps"], warmup_steps=c["warmup"],
-                           timeout_s=max(60.0, 2.5 * c["est_s"]), harness_options={**c["options"], "label": cid}, launcher=LAUNCHER,
+                           timeout_s=max(60.0, min(2.5 * c["est_s"], BUDGET - elapsed() + 30)), harness_options={**c["options"], "label": cid},
+                           launcher=LAUNCHER,
                            env=harness_env())
     try:
         from cost_model.estimate import estimate
@@ -249,7 +250,8 @@ def run_convergence(cid: str) -> dict[str, Any]:
     cand, fault = parity_candidates(ref)["par-fault-norm-grad-scaled"]
     plan = plan_verify(m, c, wl, cand, ref, out_dir=WORK / "conv", steps=20, fault=fault)
     t = time.monotonic()
-    o = run_verify(plan, local_backend_factory(timeout_s=300.0, launcher=LAUNCHER, env=harness_env()), keep_checkpoint=True)
+    o = run_verify(plan, local_backend_factory(timeout_s=max(90.0, min(300.0, (BUDGET - elapsed()) / 2)), launcher=LAUNCHER, env=harness_env()),
+                   keep_checkpoint=True)
     d = o.to_dict()
     d.pop("arm_logs", None)
     emit("parity.jsonl", {"id": cid, "kind": "convergence", "seconds": time.monotonic() - t, "block": correctness_block(o), **d})
@@ -271,7 +273,7 @@ def run_parity(cid: str) -> dict[str, Any]:
     have_ck = (ck / "metadata.json").exists()
     plan = plan_grad_parity(m, c, wl, cand, ref, out_dir=WORK / "parity" / cid, init_checkpoint=ck if have_ck else None,
                             reference_dir=WORK / "parity" / "ref" if have_ck else None, data_step_offset=40 if have_ck else 0, fault=fault)
-    o = run_grad_parity(plan, parity_backend_factory(timeout_s=300.0, launcher=LAUNCHER, env=harness_env()))
+    o = run_grad_parity(plan, parity_backend_factory(timeout_s=max(90.0, min(240.0, BUDGET - elapsed())), launcher=LAUNCHER, env=harness_env()))
     d = o.to_dict()
     emit("parity.jsonl", {"id": cid, "kind": "grad_parity", "block": o.block(gpu="H200"), **d})
     if o.result == "error":
@@ -295,16 +297,18 @@ def build_queue(parts: list[str]) -> list[tuple[str, str, float, Any]]:
     probe_first = [("probe-first", "probe.jsonl", float(PROBE["est_s"]), lambda: run_sweep_case(PROBE, "probe-first", "probe.jsonl"))]
     probe_last = [("probe-last", "probe.jsonl", float(PROBE["est_s"]), lambda: run_sweep_case(PROBE, "probe-last", "probe.jsonl"))]
     component = [("component", "component.jsonl", 200.0, lambda: run_component("component"))]
-    est = {"par-fault-norm-grad-scaled": 150.0, "par-offload-1.0": 80.0}
+    est = {"par-fault-norm-grad-scaled": 130.0, "par-offload-1.0": 70.0}
     from specs.layout import Layout
 
-    parity = [("conv-fault-norm-grad-scaled", "parity.jsonl", 170.0, lambda: run_convergence("conv-fault-norm-grad-scaled"))]
-    parity += [(cid, "parity.jsonl", est.get(cid, 55.0), (lambda cid=cid: run_parity(cid))) for cid in parity_candidates(Layout(world_size=1))]
+    parity = [("conv-fault-norm-grad-scaled", "parity.jsonl", 130.0, lambda: run_convergence("conv-fault-norm-grad-scaled"))]
+    parity += [(cid, "parity.jsonl", est.get(cid, 45.0), (lambda cid=cid: run_parity(cid))) for cid in parity_candidates(Layout(world_size=1))]
+    parity_extra = [x for x in parity if x[0] == "par-offload-1.0"]  # optimizer offload does not touch the gradients: last
+    parity = [x for x in parity if x[0] != "par-offload-1.0"]
     census_ids = {c["id"] for c in CASES if c["options"].get("saved_tensor_census")}
     q: list[tuple[str, str, float, Any]] = []
     for p in parts:
         if p == "all":
-            q += probe_first + component + sweep[:4] + parity + sweep[4:] + probe_last
+            q += probe_first + component + sweep[:4] + parity + sweep[4:] + parity_extra + probe_last
         elif p == "probe":
             q += probe_first
         elif p == "probe_last":
@@ -316,7 +320,7 @@ def build_queue(parts: list[str]) -> list[tuple[str, str, float, Any]]:
         elif p == "snapshot":
             q += [x for x in sweep if x[0] in census_ids]
         elif p == "parity":
-            q += parity
+            q += parity + parity_extra
         else:
             raise SystemExit(f"PART {p!r}: accepted all, probe, component, sweep, snapshot, parity, probe_last")
     seen: set[str] = set()
