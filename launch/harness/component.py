@@ -42,11 +42,93 @@ from pathlib import Path
 from typing import Any
 
 from specs.errors import TunerError
-from tuner.numerics import COMPONENT_ARMS, SEED_HYPER, AdamHyper, ComponentArm, clip_coefficient
 
-__all__ = ["ComponentSpec", "component_model", "experts_that_fit", "main"]
+__all__ = ["COMPONENT_ARMS", "SEED_HYPER", "AdamHyper", "ComponentArm", "ComponentSpec", "clip_coefficient", "component_model",
+           "experts_that_fit", "main"]
 
 GIB = 2**30
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AdamHyper:
+    """Adam's hyperparameters as megatron-core passes them (``OptimizerConfig``: ``lr``, ``adam_beta1/2``,
+    ``adam_eps``, ``weight_decay``, ``clip_grad``; decoupled weight decay, bias correction on)."""
+
+    lr: float = 1e-5
+    beta1: float = 0.9
+    beta2: float = 0.98
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    clip_grad: float = 1.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {"lr": self.lr, "beta1": self.beta1, "beta2": self.beta2, "eps": self.eps, "weight_decay": self.weight_decay, "clip_grad": self.clip_grad}
+
+
+#: The seed's hyperparameters (``../shared/seeds/001_*``: ``--lr 1e-5 --weight-decay 0.1 --adam-beta1 0.9
+#: --adam-beta2 0.98``; megatron-core's defaults ``adam_eps 1e-8`` and ``clip_grad 1.0``), at the peak learning rate.
+SEED_HYPER = AdamHyper()
+
+
+def clip_coefficient(total_norm: float, max_norm: float) -> float:
+    """The factor megatron-core scales every gradient by: ``max_norm / (total_norm + 1e-6)`` when that is below 1,
+    else 1 (``megatron/core/optimizer/clip_grads.py``, ``clip_grad_by_total_norm_fp32``); 1 when ``max_norm <= 0``."""
+    if max_norm <= 0:
+        return 1.0
+    c = max_norm / (total_norm + 1e-6)
+    return c if c < 1.0 else 1.0
+
+
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ComponentArm:
+    """One optimizer configuration of the component test (:data:`COMPONENT_ARMS`)."""
+
+    name: str
+    kind: str
+    """``baseline`` (the default GPU optimizer: sets the bound), ``test`` (must be within the bound),
+    ``bitwise`` (the explicit-master arm the test arm is compared with bit for bit), ``control`` (must fail)."""
+    description: str
+    precision_aware: bool = True
+    store_param_remainders: bool = True
+    moments: str = "fp32"
+    """``fp32`` or ``bf16`` (``exp_avg_dtype`` and ``exp_avg_sq_dtype``)."""
+    offload_fraction: float = 0.0
+    """``optimizer_offload_fraction`` with ``optimizer_cpu_offload`` and ``overlap_cpu_optimizer_d2h_h2d`` on (0 = GPU)."""
+    eps: float | None = None
+    """An epsilon other than the reference's (a control)."""
+    beta2: float | None = None
+    """A beta2 other than the reference's (a control)."""
+    mutation: str | None = None
+    """``zero_remainders`` (after each step, the remainders are zeroed: masters rebuilt from the bf16 weights
+    alone) or ``bf16_masters`` (TE's FusedAdam without master weights: the bf16 weights are the masters)."""
+    bitwise_with: str | None = None
+    """The arm whose masters this arm's must equal bit for bit."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+#: The arms the component program runs, in order (the bitwise arm before the arm compared with it).
+COMPONENT_ARMS: tuple[ComponentArm, ...] = (
+    ComponentArm(name="default", kind="baseline", description="megatron-core's default GPU optimizer: distributed optimizer, fp32 main "
+                 "weights and fp32 moments (TE FusedAdam), precision-aware off", precision_aware=False, store_param_remainders=False),
+    ComponentArm(name="explicit_masters", kind="bitwise", description="precision-aware Adam with explicit FP32 masters "
+                 "(store_param_remainders off)", store_param_remainders=False),
+    ComponentArm(name="gpu", kind="test", description="precision-aware Adam on the GPU: bf16 weights, FP32 masters rebuilt from "
+                 "16-bit remainders, fp32 moments", bitwise_with="explicit_masters"),
+    ComponentArm(name="gpu_bf16_moments", kind="test", description="precision-aware Adam on the GPU with bf16 exp_avg and exp_avg_sq",
+                 moments="bf16"),
+    ComponentArm(name="offload", kind="test", description="precision-aware Adam with CPU optimizer offload, fraction 1.0, "
+                 "overlapped D2H/H2D copies (HybridDeviceOptimizer, torch AdamW on the CPU)", offload_fraction=1.0),
+    ComponentArm(name="control_remainders_dropped", kind="control", description="remainders dropped: zeroed after every step, so the "
+                 "masters are rebuilt from the bf16 weights alone", mutation="zero_remainders"),
+    ComponentArm(name="control_wrong_eps", kind="control", description="epsilon 1e-6 instead of 1e-8", eps=1e-6),
+    ComponentArm(name="control_wrong_beta2", kind="control", description="beta2 0.95 instead of 0.98", beta2=0.95),
+    ComponentArm(name="control_bf16_masters", kind="control", description="masters kept in bf16 (TE FusedAdam with master_weights off)",
+                 store_param_remainders=False, mutation="bf16_masters"),
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

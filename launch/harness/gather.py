@@ -32,14 +32,26 @@ False`` and the same partition dims; ``TEGroupedLinear`` numbers them ``weight0.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from specs.errors import TunerError
 
-__all__ = ["GatherPlan", "ParamShard", "assemble", "canonical_name", "gather_plan", "layer_offsets", "shard_like_megatron"]
+__all__ = ["GRAD_DUMP_FORMAT", "model_fingerprint", "GatherPlan", "ParamShard", "assemble", "canonical_name", "gather_plan", "layer_offsets", "shard_like_megatron"]
+
+#: Format tag of a gradient dump's ``index.json`` (written by :mod:`launch.harness.grads`, read by :mod:`tuner.numerics`).
+GRAD_DUMP_FORMAT = "tune-grad-dump/1"
+
+
+def model_fingerprint(model: Mapping[str, Any]) -> str:
+    """SHA-256 (first 16 hex digits) of a model dict (a :class:`specs.ModelSpec` as a dict), its ``source`` text left out."""
+    d = {k: (list(v) if isinstance(v, tuple) else v) for k, v in model.items() if k != "source"}
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
 
 _LAYER_RE = re.compile(r"(^|\.)(decoder\.layers)\.(\d+)\.")
 _GROUPED_RE = re.compile(r"(\.experts\.linear_fc[12]\.(?:weight|bias))(\d+)$")

@@ -480,7 +480,7 @@ def _save_weights(models: list[Any], path: str, model_dict: dict[str, Any] | Non
     dist.barrier()
     dist_checkpointing.save(_sharded_weights(models), path)
     if dist.get_rank() == 0 and model_dict is not None:
-        from tuner.numerics import model_fingerprint
+        from launch.harness.gather import model_fingerprint
 
         (Path(path) / "model.json").write_text(json.dumps({"model": model_dict, "fingerprint": model_fingerprint(model_dict)}, indent=1, default=str))
     dist.barrier()
@@ -601,8 +601,8 @@ def _dump_grads(spec: HarnessSpec, chunks: list[Any], cfg: Any, losses: Any, las
     """Gradient parity: write every parameter's full gradient of this step (see :mod:`launch.harness.grads`)."""
     import os as _os
 
+    from launch.harness.gather import GRAD_DUMP_FORMAT, model_fingerprint
     from launch.harness.grads import dump_gradients
-    from tuner.numerics import GRAD_DUMP_FORMAT, model_fingerprint
 
     lay = spec.layout_obj()
     meta = {

@@ -99,6 +99,14 @@ def test_chunked_sums_equal_one_pass():
     assert tensor_diff("x", a, b, chunk=97).rel_l2 == pytest.approx(tensor_diff("x", a, b).rel_l2, rel=1e-12)
 
 
+def test_a_parity_result_reads_back_from_its_dict():
+    r = compare_gradients({**G, "b.norm.weight": 2 * G["b.norm.weight"]}, G, ParityThresholds.from_noise(1e-3))
+    back = type(r).from_dict(json.loads(json.dumps(r.to_dict())))
+    assert back.failed_metrics == r.failed_metrics and back.worst_rel_l2 == r.worst_rel_l2 and back.thresholds == r.thresholds
+    with pytest.raises(TunerError, match="per-tensor"):
+        type(r).from_dict(r.to_dict(all_tensors=False))
+
+
 def test_threshold_from_the_reference_noise():
     rep = {k: v * (1 + 1e-4 * RNG.standard_normal(v.shape)).astype(np.float32) for k, v in G.items()}
     noise = compare_gradients(rep, G)
