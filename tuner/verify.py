@@ -48,7 +48,27 @@ from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 from tuner.convergence import ConvergenceResult, ConvergenceThresholds, compare_losses
 
-__all__ = ["VerifyArm", "VerifyPlan", "VerifyOutcome", "plan_verify", "run_verify", "correctness_block", "parse_layout_spec", "DEFAULT_LR"]
+__all__ = [
+    "DEFAULT_LR",
+    "ComponentOutcome",
+    "ComponentPlan",
+    "GradParityArm",
+    "GradParityOutcome",
+    "GradParityPlan",
+    "VerifyArm",
+    "VerifyOutcome",
+    "VerifyPlan",
+    "checkpoint_model_reasons",
+    "correctness_block",
+    "parity_backend_factory",
+    "parse_layout_spec",
+    "plan_component_test",
+    "plan_grad_parity",
+    "plan_verify",
+    "run_component_test",
+    "run_grad_parity",
+    "run_verify",
+]
 
 #: Peak learning rate of both arms (Adam). 3e-4 without warm-up was measured to be unstable on the
 #: MiniMax-M2 slice (the loss rose from 12.6 to 17.7, then spiked; bf16 noise grew into 14% differences).
@@ -308,6 +328,9 @@ def plan_verify(
         ic = Path(init_checkpoint)
         if not (ic.is_dir() and (ic / "metadata.json").exists()):
             raise TunerError(f"--init-checkpoint {str(ic)!r}: not a megatron-core distributed checkpoint (a folder with metadata.json)")
+        why = checkpoint_model_reasons(ic, model)
+        if why:
+            raise TunerError("--init-checkpoint: " + "; ".join(why))
         warm_start_steps = 0
     for name, lay in (("candidate", candidate), ("reference", reference)):
         if lay.world_size != cluster.num_gpus:
@@ -518,3 +541,486 @@ def correctness_block(outcome: VerifyOutcome) -> dict[str, Any]:
 
 def _round(x: float, nd: int) -> float | None:
     return round(float(x), nd) if x == x and math.isfinite(x) else None
+
+
+# ==================================================================================================
+# checkpoints of another model
+
+
+def layout_text(lay: Layout) -> str:
+    """A layout in one line, with what the short label leaves out (micro-batch, recompute, dispatcher, offload,
+    sequence parallelism, optimizer), e.g. ``TP1 PP1 DP1, mbs 2, recompute none, alltoall, offload none``."""
+    parts = [lay.label + (" SP" if lay.sequence_parallel and lay.tp > 1 else ""), f"mbs {lay.micro_batch_size}",
+             f"recompute {lay.recompute_label}", str(lay.dispatcher.value), f"offload {lay.offload_label}"]
+    if not lay.use_precision_aware_optimizer:
+        parts.append("precision-aware off")
+    elif lay.exp_avg_dtype != "fp32" or lay.exp_avg_sq_dtype != "fp32":
+        parts.append(f"moments {lay.exp_avg_dtype}/{lay.exp_avg_sq_dtype}")
+    return ", ".join(parts)
+
+
+def checkpoint_model_reasons(path: str | Path, model: ModelSpec) -> list[str]:
+    """Why the distributed checkpoint at ``path`` cannot start a check of ``model`` (empty when it can, or when it
+    cannot be told: a checkpoint without the harness's ``model.json`` is taken as it is).
+
+    The harness writes ``model.json`` (the model and its fingerprint, :func:`tuner.numerics.model_fingerprint`)
+    beside every checkpoint it saves; a fingerprint that differs from ``model``'s (another model, another slice,
+    another expert count) is refused before any GPU time is spent.
+    """
+    from tuner.numerics import model_fingerprint
+
+    p = Path(path)
+    if not (p.is_dir() and (p / "metadata.json").exists()):
+        return [f"{str(p)!r} is not a megatron-core distributed checkpoint (a folder with metadata.json)"]
+    side = p / "model.json"
+    if not side.exists():
+        return []
+    try:
+        d = json.loads(side.read_text())
+        fp, name = d.get("fingerprint"), (d.get("model") or {}).get("name")
+    except (OSError, json.JSONDecodeError, AttributeError) as e:
+        return [f"{side}: unreadable ({e})"]
+    import dataclasses
+
+    want = model_fingerprint(dataclasses.asdict(model))
+    if fp != want:
+        return [f"the checkpoint {str(p)!r} is of another model ({name!r}, fingerprint {fp}) than the check's {model.name!r} "
+                f"(fingerprint {want}): layers, widths or experts differ"]
+    return []
+
+
+# ==================================================================================================
+# the optimizer component test (tune verify --component optimizer)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ComponentPlan:
+    """What ``tune verify --component optimizer`` runs (:mod:`launch.harness.component`)."""
+
+    spec: Any
+    """A :class:`launch.harness.component.ComponentSpec`."""
+    out_dir: str
+    required_moments: tuple[str, ...] = ("fp32",)
+    """Moment dtypes whose test arms decide the result (the recipe's: ``fp32`` unless it sets bf16 moments)."""
+    gpu: str = "H200"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ComponentOutcome:
+    """The component test's outcome: ``result`` pass / fail, or ``error`` (the program did not finish)."""
+
+    plan: ComponentPlan
+    result: str
+    decision: Any = None
+    """A :class:`tuner.numerics.ComponentResult` (None on error)."""
+    rows: tuple[dict[str, Any], ...] = ()
+    error: str = ""
+    date: str = ""
+    seconds: float = 0.0
+
+    @property
+    def experts(self) -> int | None:
+        return next((int(r["experts"]) for r in self.rows if r.get("event") == "start"), None)
+
+    def entry(self) -> dict[str, Any]:
+        """The ``correctness.component_tests`` entry in the seed's form."""
+        shape = self.plan.spec.shape_text(self.experts or self.plan.spec.num_experts)
+        if self.decision is None:
+            return {"test": "precision-aware Adam on the GPU and CPU optimizer offload (fraction 1.0, overlapped copies), each against an "
+                            "FP64 reference", "shape": shape, "gpu": self.plan.gpu, "date": self.date, "result": "error", "detail": self.error,
+                    "note": "the component program did not finish"}
+        return self.decision.entry(shape=shape, gpu=self.plan.gpu, date=self.date)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"result": self.result, "error": self.error, "date": self.date, "seconds": self.seconds, "entry": self.entry(),
+                "decision": self.decision.to_dict() if self.decision is not None else None, "spec": json.loads(self.plan.spec.to_json())}
+
+
+def plan_component_test(
+    *,
+    out_dir: str | Path,
+    experts: int | None = None,
+    max_experts: int = 512,
+    steps: tuple[int, ...] = (1, 3),
+    moments: tuple[str, ...] = ("fp32",),
+    arms: tuple[str, ...] | None = None,
+    env: Any = None,
+    gpu: str = "H200",
+    check_machine: bool = True,
+) -> ComponentPlan:
+    """The component test's plan, refused before any GPU time when this machine cannot run it.
+
+    Args:
+        out_dir: folder of the spec, the JSON lines and ``component.json``.
+        experts: run exactly this many experts (default: as many as fit, up to ``max_experts``; the program decides
+            from the GPU's free memory and the host's available memory).
+        steps: the steps after which the update is measured.
+        moments: ``fp32`` and/or ``bf16``: the moment dtypes whose arms decide (the recipe's ``exp_avg_dtype``).
+        arms: a subset of :data:`tuner.numerics.COMPONENT_ARMS` (default: all).
+        env: a :class:`launch.harness.spec.HarnessEnv` (default: probed).
+        check_machine: also check torch / megatron-core and that a GPU is visible (off in tests with a fake program).
+
+    Raises:
+        TunerError: Transformer Engine is not installed (precision-aware Adam is TE's FusedAdam; the component test
+            measures TE's kernels), torch / megatron-core is missing, no GPU is visible, or a bad argument.
+    """
+    from launch.harness.component import ComponentSpec
+    from launch.harness.spec import HarnessEnv
+    from tuner.numerics import COMPONENT_ARMS
+
+    bad = [m for m in moments if m not in ("fp32", "bf16")]
+    if bad or not moments:
+        raise TunerError(f"--moments {','.join(moments)!r}: accepted fp32, bf16 (the recipe's exp_avg_dtype)")
+    names = tuple(a.name for a in COMPONENT_ARMS) if arms is None else tuple(arms)
+    spec = ComponentSpec(experts=experts, max_experts=max_experts, steps=tuple(steps), arms=names)
+    e = env if env is not None else HarnessEnv.detect()
+    if not e.transformer_engine:
+        raise TunerError("tune verify --component optimizer needs Transformer Engine on this machine: megatron-core's precision-aware "
+                         "Adam is TE's FusedAdam (with store_param_remainders); install transformer-engine, or run it where it is installed")
+    if check_machine:
+        from launch.local_backend import check_harness_dependencies, machine_gpu_count
+
+        check_harness_dependencies("tune verify --component optimizer")
+        if machine_gpu_count() < 1:
+            raise TunerError("tune verify --component optimizer needs 1 GPU and this machine shows none (nvidia-smi / CUDA_VISIBLE_DEVICES)")
+    return ComponentPlan(spec=spec, out_dir=str(out_dir), required_moments=tuple(moments), gpu=gpu)
+
+
+def run_component_test(plan: ComponentPlan, *, launcher: list[str] | None = None, timeout_s: float = 900.0) -> ComponentOutcome:
+    """Run the component program (one process, one GPU) and decide (:func:`tuner.numerics.decide_component_test`).
+
+    Writes ``<out>/component_spec.json``, ``<out>/component.jsonl`` (the program's lines), ``<out>/log.txt`` and
+    ``<out>/component.json`` (the outcome and the seed-form entry).
+
+    Args:
+        launcher: the program (default ``python -m launch.harness.component``); tests pass a fake one.
+        timeout_s: wall-clock limit; the program's process group is killed after it.
+
+    Raises:
+        TunerError: the folder cannot be written.
+    """
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from launch.harness.results import read_lines
+    from launch.local_backend import SAFE_ENV
+    from tuner.numerics import decide_component_test
+
+    out = Path(plan.out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        spec_path, lines, log = out / "component_spec.json", out / "component.jsonl", out / "log.txt"
+        spec_path.write_text(plan.spec.to_json())
+        if lines.exists():
+            lines.unlink()
+    except OSError as e:
+        raise TunerError(f"cannot write the component test's folder {out} ({e.strerror or e})") from None
+    cmd = [*(launcher or [sys.executable, "-m", "launch.harness.component"]), "--spec", str(spec_path), "--out", str(lines)]
+    t0 = time.monotonic()
+    error = ""
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **SAFE_ENV})
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            from launch.local_backend import _kill_group
+
+            _kill_group(proc)
+            rc = None
+            error = f"the component program ran past {timeout_s:g} s and was stopped"
+    rows = tuple(read_lines(lines))
+    if not error and rc != 0:
+        errs = [r for r in rows if r.get("event") in ("error", "refused")]
+        error = (f"the component program exited with status {rc}: " + (str(errs[0].get("message") or errs[0].get("reasons")) if errs else
+                 log.read_text(errors="replace")[-500:]))
+    decision = None
+    if not error:
+        try:
+            decision = decide_component_test(rows, required_moments=plan.required_moments)
+        except TunerError as e:
+            error = str(e)
+    o = ComponentOutcome(plan=plan, result="error" if decision is None else decision.result, decision=decision, rows=rows, error=error,
+                         date=_dt.date.today().isoformat(), seconds=time.monotonic() - t0)
+    (out / "component.json").write_text(json.dumps(o.to_dict(), indent=2, default=_json_default))
+    return o
+
+
+# ==================================================================================================
+# gradient parity (tune verify --grad-parity)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GradParityArm:
+    """One forward and backward of the parity check."""
+
+    name: str
+    """``reference``, ``reference_repeat`` (the noise run) or ``candidate``."""
+    layout: Layout
+    dump_dir: str
+    fault: str | None = None
+    save_checkpoint: str | None = None
+    """The reference arm writes the seed's weights here when the check has no checkpoint of its own."""
+
+    def harness_options(self, plan: GradParityPlan) -> dict[str, Any]:
+        return {
+            "data": "corpus", "corpus_path": plan.corpus_path, "corpus_sha256": plan.corpus_sha256, "lr": plan.lr,
+            "load_checkpoint": plan.checkpoint_dir, "save_checkpoint": self.save_checkpoint, "fault": self.fault,
+            "data_step_offset": plan.data_step_offset, "dump_grads": self.dump_dir,
+            "label": f"{self.name} ({layout_text(self.layout)}{', fault ' + self.fault if self.fault else ''})",
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GradParityPlan:
+    """Everything a gradient-parity check runs (no GPU work to make it)."""
+
+    model: ModelSpec
+    cluster: Cluster
+    workload: Workload
+    candidate: Layout
+    reference: Layout
+    out_dir: str
+    checkpoint_dir: str
+    corpus_path: str | None
+    corpus_source: str
+    corpus_sha256: str
+    arms: tuple[GradParityArm, ...]
+    data_step_offset: int = 0
+    fault: str | None = None
+    lr: float = DEFAULT_LR
+    factor: float = 10.0
+    floor: float = 1.6e-2
+    init_checkpoint: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model.name, "gpus": self.cluster.label, "seq_length": self.workload.seq_length,
+                "global_batch_size": self.workload.global_batch_size, "candidate": layout_text(self.candidate), "reference": layout_text(self.reference),
+                "checkpoint": self.checkpoint_dir, "written_by": "the user" if self.init_checkpoint else "reference",
+                "data": {"corpus": self.corpus_source, "sha256": self.corpus_sha256, "step": self.data_step_offset},
+                "arms": [{"name": a.name, "layout": layout_text(a.layout), "fault": a.fault, "dump": a.dump_dir} for a in self.arms],
+                "fault": self.fault, "threshold_rule": f"max({self.factor:g} x noise, {self.floor:g})"}
+
+
+def plan_grad_parity(
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Workload,
+    candidate: Layout,
+    reference: Layout,
+    *,
+    out_dir: str | Path,
+    init_checkpoint: str | Path | None = None,
+    reference_dir: str | Path | None = None,
+    corpus: str | Path | None = None,
+    data_step_offset: int = 0,
+    fault: str | None = None,
+    factor: float = 10.0,
+    floor: float = 1.6e-2,
+    candidate_model: ModelSpec | None = None,
+) -> GradParityPlan:
+    """The gradient-parity plan: reference, a second run of the reference (its noise sets the threshold), candidate;
+    one forward and backward each, from one checkpoint, on one global batch (see :mod:`tuner.numerics`).
+
+    Args:
+        model: the model (sliced where needed); ``candidate_model``: the candidate's, if given separately (must be the same).
+        init_checkpoint: a distributed checkpoint of ``model`` both arms load (e.g. the one a convergence check kept);
+            None: the reference arm writes the seed's weights to ``<out>/checkpoint`` and every arm loads them.
+        reference_dir: where the reference's two dumps go (default ``<out>``); a later check of another candidate
+            with the same reference, checkpoint and batch reuses them.
+        data_step_offset: the optimizer step whose rows are the batch (the convergence check's first measured step is
+            its warm start's length).
+        fault: a deliberate bug in the candidate (negative control, :data:`launch.harness.spec.FAULTS`).
+        factor, floor: the threshold rule (:meth:`tuner.numerics.ParityThresholds.from_noise`).
+
+    Raises:
+        InfeasibleLayout: a layout breaks one of Megatron's rules.
+        TunerError: the candidate's model is not the reference's; a layout is for another GPU count; the layouts are the
+            same without a fault; the checkpoint is not one, or is of another model; a bad corpus, fault or threshold.
+    """
+    import dataclasses
+
+    from launch.harness.data import load_corpus
+    from launch.harness.spec import FAULTS
+    from tuner.numerics import model_fingerprint
+
+    if candidate_model is not None and model_fingerprint(dataclasses.asdict(candidate_model)) != model_fingerprint(dataclasses.asdict(model)):
+        raise TunerError(f"the candidate ({candidate_model.name}) and the reference ({model.name}) are not the same model: gradient parity "
+                         "compares two layouts of one model")
+    if fault is not None and fault not in FAULTS:
+        raise TunerError(f"--fault {fault!r}: accepted {', '.join(FAULTS)}")
+    if isinstance(data_step_offset, bool) or not isinstance(data_step_offset, int) or data_step_offset < 0:
+        raise TunerError(f"the batch's step must be an integer >= 0, got {data_step_offset!r}")
+    if not (factor >= 1 and 0 < floor < 1):
+        raise TunerError(f"parity threshold rule needs factor >= 1 and 0 < floor < 1, got factor {factor!r}, floor {floor!r}")
+    for name, lay in (("candidate", candidate), ("reference", reference)):
+        if lay.world_size != cluster.num_gpus:
+            raise TunerError(f"the {name} layout {lay.label} is for {lay.world_size} GPUs, the check for {cluster.num_gpus} ({cluster.label})")
+        broken = check_layout(lay, model, workload)
+        if broken:
+            rule, why = broken[0]
+            raise InfeasibleLayout(rule, f"the {name} layout {lay.label} breaks a rule: {why}")
+    if candidate == reference and fault is None:
+        raise TunerError(f"the candidate and the reference are the same layout ({candidate.label}): nothing to compare; give another reference")
+    if init_checkpoint is not None:
+        why = checkpoint_model_reasons(init_checkpoint, model)
+        if why:
+            raise TunerError("--init-checkpoint: " + "; ".join(why))
+    c = load_corpus(corpus)
+    out = Path(out_dir)
+    rdir = Path(reference_dir) if reference_dir is not None else out
+    ckpt = str(Path(init_checkpoint)) if init_checkpoint is not None else str(rdir / "checkpoint")
+    slug = "".join(ch if ch.isalnum() else "-" for ch in candidate.label).strip("-").lower() + (f"-{fault}" if fault else "")
+    arms = (
+        GradParityArm(name="reference", layout=reference, dump_dir=str(rdir / "reference" / "grads"),
+                      save_checkpoint=None if init_checkpoint is not None else ckpt),
+        GradParityArm(name="reference_repeat", layout=reference, dump_dir=str(rdir / "reference_repeat" / "grads")),
+        GradParityArm(name="candidate", layout=candidate, dump_dir=str(out / f"candidate-{slug}" / "grads"), fault=fault),
+    )
+    return GradParityPlan(model=model, cluster=cluster, workload=workload, candidate=candidate, reference=reference, out_dir=str(out),
+                          checkpoint_dir=ckpt, corpus_path=str(corpus) if corpus is not None else None, corpus_source=c.source,
+                          corpus_sha256=c.sha256, arms=arms, data_step_offset=data_step_offset, fault=fault, factor=float(factor),
+                          floor=float(floor), init_checkpoint=str(init_checkpoint) if init_checkpoint is not None else None)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GradParityOutcome:
+    """What a parity check found: ``result`` pass / fail, or ``error`` (an arm did not finish)."""
+
+    plan: GradParityPlan
+    result: str
+    parity: Any = None
+    """The candidate against the reference (:class:`tuner.numerics.ParityResult`)."""
+    noise: Any = None
+    """The reference's second run against its first."""
+    thresholds: Any = None
+    error: str = ""
+    arm_seconds: dict[str, float] = field(default_factory=dict)
+    losses: dict[str, float] = field(default_factory=dict)
+    """Step-1 loss of each arm (the same batch and weights: equal to bf16 noise)."""
+    reused: tuple[str, ...] = ()
+    date: str = ""
+    seconds: float = 0.0
+
+    def block(self, gpu: str = "") -> dict[str, Any]:
+        """The recipe's ``correctness.grad_parity`` entry (:func:`tuner.numerics.parity_block`)."""
+        from tuner.numerics import parity_block
+
+        if self.parity is None:
+            return {"result": "error", "candidate": layout_text(self.plan.candidate), "reference": layout_text(self.plan.reference), "note": self.error}
+        return parity_block(self.parity, date=self.date, gpu=gpu, seconds=self.seconds)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"result": self.result, "error": self.error, "date": self.date, "seconds": self.seconds, "arm_seconds": self.arm_seconds,
+                "losses": self.losses, "reused": list(self.reused), "plan": self.plan.to_dict(),
+                "thresholds": self.thresholds.to_dict() if self.thresholds is not None else None,
+                "noise": self.noise.to_dict(all_tensors=False) if self.noise is not None else None,
+                "parity": self.parity.to_dict() if self.parity is not None else None}
+
+
+def parity_backend_factory(*, timeout_s: float = 900.0, launcher: list[str] | None = None, env: Any = None) -> Callable[[GradParityPlan, GradParityArm], Any]:
+    """Arms run by :class:`launch.local_backend.LocalBackend`: one step (no warm-up), the dump at step 1."""
+    from launch.local_backend import LocalBackend
+
+    def make(plan: GradParityPlan, arm: GradParityArm) -> Any:
+        return LocalBackend(trials_dir=Path(plan.out_dir) / "runs", num_gpus=plan.cluster.num_gpus, steps=1, warmup_steps=0, timeout_s=timeout_s,
+                            launcher=launcher, env=env, harness_options=arm.harness_options(plan))
+
+    return make
+
+
+def _reusable(arm: GradParityArm, plan: GradParityPlan) -> bool:
+    """An earlier dump of this arm that fits this plan (same layout, checkpoint, batch, no fault)."""
+    from tuner.numerics import load_grad_dump
+
+    if arm.name == "candidate" or plan.init_checkpoint is None:
+        return False
+    try:
+        d = load_grad_dump(arm.dump_dir)
+    except TunerError:
+        return False
+    m = d.meta
+    b = m.get("batch") or {}
+    return (m.get("layout") == arm.layout.to_dict() and not m.get("fault") and b.get("data_step_offset") == plan.data_step_offset
+            and b.get("corpus_sha256") == plan.corpus_sha256 and b.get("global_batch_size") == plan.workload.global_batch_size
+            and b.get("seq_length") == plan.workload.seq_length)
+
+
+def run_grad_parity(
+    plan: GradParityPlan,
+    backend_factory: Callable[[GradParityPlan, GradParityArm], Any] | None = None,
+    *,
+    on_arm: Callable[[str, str], None] | None = None,
+    keep_candidate_dump: bool = False,
+) -> GradParityOutcome:
+    """Run the arms of ``plan`` (reusing the reference's dumps where they fit) and compare; writes ``<out>/parity.json``.
+
+    The noise (the reference's second run against its first) sets the threshold
+    (:meth:`tuner.numerics.ParityThresholds.from_noise`); then the candidate is compared with the reference.
+
+    Raises:
+        InfeasibleLayout: an arm cannot run here (checked for every arm before any runs).
+        TunerError: the folder cannot be written, or the noise measurement itself is broken.
+    """
+    import time
+
+    from tuner.numerics import ParityThresholds, compare_grad_dumps, load_grad_dump
+
+    factory = backend_factory or parity_backend_factory()
+    for arm in plan.arms:
+        why = factory(plan, arm).refusal(arm.layout, plan.model, plan.workload)
+        if why:
+            raise InfeasibleLayout("harness_env", f"the {arm.name} arm ({arm.layout.label}) cannot run here: {why}")
+    out = Path(plan.out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TunerError(f"cannot write the check's folder {out} ({e.strerror or e})") from None
+    t0 = time.monotonic()
+    secs: dict[str, float] = {}
+    reused: list[str] = []
+    error = ""
+    for arm in plan.arms:
+        if _reusable(arm, plan):
+            reused.append(arm.name)
+            continue
+        shutil.rmtree(Path(arm.dump_dir), ignore_errors=True)
+        if on_arm:
+            on_arm(arm.name, "start")
+        ta = time.monotonic()
+        try:
+            factory(plan, arm).run(arm.layout, model=plan.model, cluster=plan.cluster, workload=plan.workload,
+                                   trial_dir=Path(arm.dump_dir).parent.name)
+        except (TrialFailed, TrialStopped) as e:
+            error = f"the {arm.name} arm ({arm.layout.label}) did not finish: {e}"
+            if on_arm:
+                on_arm(arm.name, "failed")
+            break
+        secs[arm.name] = time.monotonic() - ta
+        if not (Path(arm.dump_dir) / "index.json").exists():
+            error = f"the {arm.name} arm ({arm.layout.label}) finished without writing its gradients to {arm.dump_dir}"
+            break
+        if on_arm:
+            on_arm(arm.name, "done")
+    noise = parity = th = None
+    losses: dict[str, float] = {}
+    if not error:
+        from tuner.numerics import ParityResult
+
+        ref, rep, cand = (load_grad_dump(a.dump_dir) for a in plan.arms)
+        losses = {a.name: d.meta.get("loss") for a, d in zip(plan.arms, (ref, rep, cand))}
+        cache = Path(plan.arms[0].dump_dir).parent.parent / "noise.json"
+        if {"reference", "reference_repeat"} <= set(reused) and cache.exists():
+            noise = ParityResult.from_dict(json.loads(cache.read_text()))  # the same two dumps as the earlier pair's
+        else:
+            noise = compare_grad_dumps(rep, ref)
+            cache.write_text(json.dumps(noise.to_dict(), default=_json_default))
+        th = ParityThresholds.from_noise(noise, factor=plan.factor, floor=plan.floor)
+        parity = compare_grad_dumps(cand, ref, th)
+        if not keep_candidate_dump:
+            shutil.rmtree(Path(plan.arms[2].dump_dir), ignore_errors=True)
+    o = GradParityOutcome(plan=plan, result="error" if error else parity.result, parity=parity, noise=noise, thresholds=th, error=error,  # type: ignore[union-attr]
+                          arm_seconds=secs, losses=losses, reused=tuple(reused), date=_dt.date.today().isoformat(), seconds=time.monotonic() - t0)
+    (out / "parity.json").write_text(json.dumps(o.to_dict(), indent=2, default=_json_default))
+    return o

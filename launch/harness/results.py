@@ -8,7 +8,11 @@ The harness appends one JSON object per line to its ``--out`` file:
 - ``{"event": "step", "step", "step_time_s", "tokens_per_s_per_gpu", "loss", "grad_norm"}``
   (rank 0, one per optimizer step; ``step`` counts from 1);
 - ``{"event": "summary", "median_step_time_s", "step_time_cv", "tokens_per_s_per_gpu",
-  "peak_allocated_bytes": [per rank], "peak_reserved_bytes": [per rank], ...}`` (rank 0, at the end);
+  "peak_allocated_bytes": [per rank], "peak_reserved_bytes": [per rank], "peak_host_rss_bytes", "host_memory_per_rank",
+  "run_options": {what megatron-core ran}, ...}`` (rank 0, at the end; the last three since the Transformer Engine sweep);
+- ``{"event": "grads", "dir", "tensors", "seconds", "replicas_max_abs_diff"}`` (rank 0, with ``dump_grads``: gradient parity);
+- ``{"event": "census", "module", "saved": [{"shape", "dtype", "bytes", "parameter"}], "saved_bytes", "alloc_delta_bytes", ...}``
+  (rank 0, with ``saved_tensor_census``: one per watched module);
 - ``{"event": "oom", "rank", "message", "allocated_bytes", "reserved_bytes", "max_allocated_bytes"}``
   (any rank that ran out of memory);
 - ``{"event": "error", "rank", "type", "message"}`` and ``{"event": "refused", "reasons"}``.
@@ -69,6 +73,10 @@ class HarnessResult:
     pretrain: list[dict[str, Any]] = field(default_factory=list)
     """Warm-start steps (``{"event": "pretrain", "step", "loss"}``) before the checkpoint was written."""
     summary: dict[str, Any] = field(default_factory=dict)
+    grads: dict[str, Any] = field(default_factory=dict)
+    """The gradient dump of a parity run (``{"event": "grads", ...}``), when there is one."""
+    census: list[dict[str, Any]] = field(default_factory=list)
+    """Saved-tensor census lines, one per watched module."""
     ooms: list[dict[str, Any]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
@@ -146,6 +154,10 @@ def parse_results(text: str | None, *, _objs: list[dict[str, Any]] | None = None
             r.pretrain.append(obj)
         elif ev == "summary":
             r.summary = obj
+        elif ev == "grads":
+            r.grads = obj
+        elif ev == "census":
+            r.census.append(obj)
         elif ev == "oom":
             r.ooms.append(obj)
         elif ev == "error":

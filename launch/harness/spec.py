@@ -22,7 +22,8 @@ from specs import ModelSpec, Workload
 from specs.errors import TunerError
 from specs.layout import Dispatcher, Layout, RecomputeGranularity
 
-__all__ = ["FAULTS", "HarnessEnv", "HarnessSpec", "build_spec", "fault_reasons", "harness_layout", "slice_model", "torchrun_command", "unsupported_reasons", "HARNESS_MODULE"]
+__all__ = ["FAULTS", "FP8_RECIPES", "HARNESS_OPTIONS", "HarnessEnv", "HarnessSpec", "build_spec", "fault_reasons", "harness_layout", "slice_model",
+           "torchrun_command", "unsupported_reasons", "HARNESS_MODULE"]
 
 #: The module ``torchrun -m`` starts.
 HARNESS_MODULE = "launch.harness.train"
@@ -43,7 +44,26 @@ FAULTS: dict[str, str] = {
         "after the checkpoint is loaded, each TP rank holds the next TP rank's shard of the word embedding: "
         "the class of a resharding bug when a checkpoint is loaded into another TP size"
     ),
+    "norm_grad_scaled": (
+        "after the gradients are reduced, one norm weight's gradient (the first layer's q_layernorm, else its first "
+        "norm) is multiplied by 2: the seed's bug class (a replicated norm weight whose gradient is summed twice) "
+        "on any layout, one GPU included"
+    ),
 }
+
+#: Faults that need no particular layout: they act on the gradient or the attention mask, with or without TE.
+LAYOUT_FREE_FAULTS = ("norm_grad_scaled", "non_causal_attention")
+
+#: Transformer Engine fp8 recipes the harness runs (Megatron ``--fp8-recipe``): ``delayed`` (per-tensor scale from an
+#: amax history) and ``tensorwise`` (per-tensor current scaling); ``blockwise`` (DeepSeek-style 128x128 / 1x128 blocks).
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
+
+#: The HarnessSpec fields ``build_spec(options=...)`` and ``LocalBackend(harness_options=...)`` accept.
+HARNESS_OPTIONS = frozenset({
+    "data", "corpus_path", "corpus_sha256", "lr", "save_checkpoint", "load_checkpoint", "fault", "pretrain_steps", "data_step_offset",
+    "lr_warmup_steps", "fp8_recipe", "fp8_param_gather", "grad_reduce_in_fp32", "cross_entropy_fusion", "moe_permute_fusion",
+    "saved_tensor_census", "dump_grads", "label",
+})
 
 #: The harness's data sources.
 DATA_KINDS = ("synthetic", "corpus")
@@ -130,6 +150,8 @@ def unsupported_reasons(layout: Layout, model: ModelSpec, workload: Workload, en
             "recompute module moe_act needs grouped GEMM (megatron-core: 'moe_act in recompute_modules is only supported "
             "with moe_grouped_gemm'); without Transformer Engine the harness runs experts as SequentialMLP"
         )
+    if workload.precision.value not in ("bf16", "fp8"):
+        out.append(f"precision {workload.precision.value} is not run by the harness (bf16, and fp8 with Transformer Engine)")
     if workload.precision.value == "fp8" and not te:
         out.append("fp8 training needs Transformer Engine, which is not installed here")
     bf16_states = layout.exp_avg_dtype != "fp32" or layout.exp_avg_sq_dtype != "fp32"
@@ -143,6 +165,29 @@ def unsupported_reasons(layout: Layout, model: ModelSpec, workload: Workload, en
     if model.q_lora_rank or model.kv_lora_rank:
         if layout.cp > 1:
             out.append("MLA with context parallelism is not supported by the harness")
+        if not te:
+            out.append("multi-latent attention is built with Transformer Engine's layer spec only (the harness's local modules have no MLA)")
+    return out
+
+
+def option_reasons(options: dict[str, Any], workload: Workload, env: HarnessEnv) -> list[str]:
+    """Why the harness options cannot run here (empty when they can): fp8 recipes and TE's fused cross-entropy need
+    Transformer Engine; an fp8 recipe needs fp8 precision (and fp8 a recipe)."""
+    out: list[str] = []
+    te = env.transformer_engine
+    rec = options.get("fp8_recipe")
+    if rec is not None and rec not in FP8_RECIPES:
+        out.append(f"fp8_recipe {rec!r}: accepted {', '.join(FP8_RECIPES)}")
+    if rec is not None and workload.precision.value != "fp8":
+        out.append(f"fp8_recipe {rec!r} needs --precision fp8 (the workload is {workload.precision.value})")
+    if options.get("fp8_param_gather") and workload.precision.value != "fp8":
+        out.append("fp8_param_gather needs --precision fp8")
+    mods = set(options.get("_recompute_modules") or ())
+    if rec == "delayed" and mods & {"moe_act", "layernorm"}:
+        out.append("fp8 delayed scaling with moe_act or layernorm recompute: megatron-core 0.19 raises 'Delayed scaling does not "
+                   "support moe_act and layernorm recompute for fp8' (transformer_config.py); use fp8_recipe tensorwise")
+    if options.get("cross_entropy_fusion") and not te:
+        out.append("fused cross-entropy (cross_entropy_fusion_impl 'te') needs Transformer Engine, which is not installed here")
     return out
 
 
@@ -199,6 +244,24 @@ class HarnessSpec:
     """The first measured step reads the rows of this optimizer step (after a warm start's rows)."""
     lr_warmup_steps: int = 0
     """Linear learning-rate warm-up over this many steps (of the warm start and of the measured steps)."""
+    fp8_recipe: str | None = None
+    """With ``precision: fp8``: TE's recipe (:data:`FP8_RECIPES`; ``TransformerConfig(fp8="hybrid", fp8_recipe=...)``)."""
+    fp8_param_gather: bool = False
+    """fp8 weights without a bf16 copy (``fp8_param`` / ``fp8_param_gather``, as Megatron-Bridge's fp8 recipes)."""
+    grad_reduce_in_fp32: bool = True
+    """``DistributedDataParallelConfig.grad_reduce_in_fp32``; False: the gradient buffer is bf16 (Bridge's perf recipes)."""
+    cross_entropy_fusion: bool = False
+    """``cross_entropy_loss_fusion`` with ``cross_entropy_fusion_impl="te"`` (TE's fused cross-entropy)."""
+    moe_permute_fusion: bool = False
+    """``moe_permute_fusion`` (TE's fused token permutation)."""
+    saved_tensor_census: bool = False
+    """After the measured steps, one more micro-batch forward with saved-tensor hooks on the first layer's attention and
+    MoE blocks: every tensor autograd saves (shape, dtype, bytes, deduplicated by storage), an ``event: census`` line each."""
+    dump_grads: str | None = None
+    """Gradient parity: after step 1's forward and backward (before the optimizer step), write every parameter's full fp32
+    gradient (gathered over TP / EP / PP / DP) under this folder (``index.json`` + ``.npy`` files, :mod:`launch.harness.grads`)."""
+    label: str | None = None
+    """A name for this run (recorded in the result lines and in a gradient dump)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -216,6 +279,13 @@ class HarnessSpec:
                 raise TunerError(f"harness {name} must be an integer >= 0, got {v!r}")
         if self.pretrain_steps and not self.save_checkpoint:
             raise TunerError("harness pretrain_steps (a warm start) needs save_checkpoint: the warmed weights are the check's start")
+        if self.fp8_recipe is not None and self.fp8_recipe not in FP8_RECIPES:
+            raise TunerError(f"harness fp8_recipe {self.fp8_recipe!r}: accepted {', '.join(FP8_RECIPES)}")
+        if (self.precision == "fp8") != (self.fp8_recipe is not None):
+            raise TunerError(f"harness precision {self.precision!r} with fp8_recipe {self.fp8_recipe!r}: fp8 needs a recipe, and a recipe needs fp8")
+        for name in ("fp8_param_gather", "grad_reduce_in_fp32", "cross_entropy_fusion", "moe_permute_fusion", "saved_tensor_census"):
+            if not isinstance(getattr(self, name), bool):
+                raise TunerError(f"harness {name} must be true or false, got {getattr(self, name)!r}")
 
     @property
     def num_microbatches(self) -> int:
@@ -264,8 +334,6 @@ def fault_reasons(fault: str | None, layout: Layout, env: HarnessEnv) -> list[st
     out: list[str] = []
     if fault not in FAULTS:
         return [f"unknown fault {fault!r}; accepted: {', '.join(FAULTS)}"]
-    if env.transformer_engine:
-        out.append(f"fault {fault!r} is injected into the harness's own local-spec modules, not Transformer Engine's")
     if fault == "embedding_shard_misplaced" and layout.tp < 2:
         out.append(f"fault {fault!r} needs TP > 1 (the layout has TP {layout.tp}): with one shard nothing is misplaced")
     if fault == "sp_norm_grad_unreduced" and not (layout.tp > 1 and layout.sequence_parallel):
@@ -290,7 +358,10 @@ def build_spec(
     Args:
         options: further :class:`HarnessSpec` fields (``data``, ``corpus_path``,
             ``corpus_sha256``, ``lr``, ``save_checkpoint``, ``load_checkpoint``, ``fault``,
-            ``pretrain_steps``, ``data_step_offset``, ``lr_warmup_steps``).
+            ``pretrain_steps``, ``data_step_offset``, ``lr_warmup_steps``, ``fp8_recipe``, ``fp8_param_gather``,
+            ``grad_reduce_in_fp32``, ``cross_entropy_fusion``, ``moe_permute_fusion``, ``saved_tensor_census``,
+            ``dump_grads``, ``label``: :data:`HARNESS_OPTIONS`). With ``precision: fp8`` and no ``fp8_recipe``
+            the recipe is ``delayed``.
 
     Raises:
         InfeasibleLayout: (rule ``harness_env``) the harness cannot run this layout here
@@ -301,11 +372,12 @@ def build_spec(
     from specs.errors import InfeasibleLayout
 
     opts = dict(options or {})
-    allowed = {"data", "corpus_path", "corpus_sha256", "lr", "save_checkpoint", "load_checkpoint", "fault",
-               "pretrain_steps", "data_step_offset", "lr_warmup_steps"}
-    if set(opts) - allowed:
-        raise TunerError(f"unknown harness options {sorted(set(opts) - allowed)}; accepted: {sorted(allowed)}")
-    reasons = unsupported_reasons(layout, model, workload, env) + fault_reasons(opts.get("fault"), layout, env)
+    if set(opts) - HARNESS_OPTIONS:
+        raise TunerError(f"unknown harness options {sorted(set(opts) - HARNESS_OPTIONS)}; accepted: {sorted(HARNESS_OPTIONS)}")
+    if workload.precision.value == "fp8" and opts.get("fp8_recipe") is None:
+        opts["fp8_recipe"] = "delayed"
+    chk = {**opts, "_recompute_modules": layout.recompute_modules if layout.recompute_granularity.value == "selective" else ()}
+    reasons = unsupported_reasons(layout, model, workload, env) + fault_reasons(opts.get("fault"), layout, env) + option_reasons(chk, workload, env)
     if opts.get("fault") == "embedding_shard_misplaced" and not opts.get("load_checkpoint"):
         reasons.append("fault 'embedding_shard_misplaced' acts when a checkpoint is loaded; this run loads none")
     if reasons:

@@ -46,6 +46,34 @@ from typing import Any
 from launch.harness.results import cv, median_after_warmup
 from launch.harness.spec import HarnessEnv, HarnessSpec, fault_reasons, parse_argv, recompute_kwargs, unsupported_reasons
 
+#: What megatron-core ran, field by field, read back from its config objects (recorded in the start and summary lines so
+#: that a row can be predicted later exactly as it ran): ``transformer``, ``ddp``, ``optimizer``.
+_RAN: dict[str, dict[str, Any]] = {}
+
+
+def _config_fields(cfg: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """``{name: value}`` of a config dataclass, dtypes and enums as strings, missing fields left out."""
+    out: dict[str, Any] = {}
+    for n in names:
+        if not hasattr(cfg, n):
+            continue
+        v = getattr(cfg, n)
+        out[n] = v if isinstance(v, (bool, int, float, str, type(None))) else (list(v) if isinstance(v, (list, tuple)) else str(v))
+    return out
+
+
+_TRANSFORMER_FIELDS = (
+    "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "ffn_hidden_size", "num_moe_experts",
+    "moe_ffn_hidden_size", "moe_router_topk", "moe_grouped_gemm", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend",
+    "moe_permute_fusion", "moe_router_dtype", "moe_shared_expert_intermediate_size", "multi_latent_attention", "q_lora_rank", "kv_lora_rank",
+    "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size", "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size",
+    "sequence_parallel", "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules", "fp8", "fp8_recipe",
+    "fp8_param", "fp8_amax_history_len", "fp8_amax_compute_algo", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
+    "gradient_accumulation_fusion", "bf16", "params_dtype",
+)
+_DDP_FIELDS = ("grad_reduce_in_fp32", "overlap_grad_reduce", "use_distributed_optimizer", "fp8_param_gather", "bucket_size")
+
 
 class _Out:
     """Appends JSON lines; each line is one ``write`` on an O_APPEND file, so ranks do not interleave."""
@@ -60,6 +88,12 @@ class _Out:
             os.write(fd, line)
         finally:
             os.close(fd)
+
+
+def _host_rss() -> int | None:
+    from launch.harness.hostmem import process_memory
+
+    return process_memory().get("rss_bytes")
 
 
 def _versions() -> dict[str, str]:
@@ -161,12 +195,14 @@ def _patch_local_block(block: Any, fault: str | None = None) -> Any:
 
 
 def _transformer_config(spec: HarnessSpec) -> Any:
+    """The ``TransformerConfig`` (``MLATransformerConfig`` for a model with low-rank attention) of the spec."""
     import torch
     import torch.nn.functional as F
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
     m, lay, te = spec.model, spec.layout, spec.use_transformer_engine
     moe = m["num_experts"] > 0
+    mla = bool(m.get("q_lora_rank") or m.get("kv_lora_rank"))
     kw: dict[str, Any] = dict(
         num_layers=m["num_layers"],
         hidden_size=m["hidden_size"],
@@ -197,9 +233,31 @@ def _transformer_config(spec: HarnessSpec) -> Any:
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
         apply_rope_fusion=False,
-        cross_entropy_loss_fusion=False,
+        cross_entropy_loss_fusion=bool(spec.cross_entropy_fusion),
         **recompute_kwargs(lay),
     )
+    if spec.cross_entropy_fusion:
+        kw["cross_entropy_fusion_impl"] = "te"
+    if spec.fp8_recipe is not None:
+        # Megatron-Bridge's fp8 mixed-precision presets: hybrid format (e4m3 forward, e5m2 backward); delayed
+        # scaling with a 1024-step amax history and max (bf16_with_fp8_delayed_scaling_mixed)
+        kw.update(fp8="hybrid", fp8_recipe=spec.fp8_recipe, fp8_param=bool(spec.fp8_param_gather))
+        if spec.fp8_recipe == "delayed":
+            kw.update(fp8_amax_history_len=1024, fp8_amax_compute_algo="max")
+    if mla:
+        kw.pop("kv_channels", None)
+        kw.update(
+            q_lora_rank=m["q_lora_rank"] or None,
+            kv_lora_rank=m["kv_lora_rank"],
+            qk_head_dim=m["qk_head_dim"],
+            qk_pos_emb_head_dim=m["qk_pos_emb_head_dim"],
+            v_head_dim=m["v_head_dim"],
+            rope_type="yarn" if m.get("rope_scaling_type") == "yarn" else "rope",
+            rotary_base=float(m["rotary_base"]),
+            rotary_scaling_factor=float(m.get("rope_scaling_factor") or 1.0),
+            mscale=float(m.get("rope_scaling_mscale") or 1.0),
+            mscale_all_dim=float(m.get("rope_scaling_mscale_all_dim") or 0.0),
+        )
     if lay["num_layers_in_first_pipeline_stage"]:
         kw["num_layers_in_first_pipeline_stage"] = lay["num_layers_in_first_pipeline_stage"]
     if lay["num_layers_in_last_pipeline_stage"]:
@@ -218,7 +276,7 @@ def _transformer_config(spec: HarnessSpec) -> Any:
             moe_router_load_balancing_type="none",
             moe_aux_loss_coeff=0.0,
             moe_router_dtype="fp32",
-            moe_permute_fusion=False,
+            moe_permute_fusion=bool(spec.moe_permute_fusion),
         )
         if "+" in disp:
             kw["moe_flex_dispatcher_backend"] = disp.split("+")[1]
@@ -229,13 +287,50 @@ def _transformer_config(spec: HarnessSpec) -> Any:
         if m["moe_router_num_groups"]:
             kw["moe_router_num_groups"] = m["moe_router_num_groups"]
             kw["moe_router_group_topk"] = m["moe_router_group_topk"]
-    return TransformerConfig(**kw)
+    return (MLATransformerConfig if mla else TransformerConfig)(**kw)
 
 
-def _build(spec: HarnessSpec, cfg: Any) -> tuple[list[Any], Any]:
+def _patch_te_block(block: Any, fault: str | None) -> Any:
+    """The TE block spec with the faults that act on the spec: ``non_causal_attention`` builds self-attention with
+    ``AttnMaskType.no_mask`` (TE's attention then sees every token)."""
+    if fault != "non_causal_attention":
+        return block
+    from megatron.core.transformer.enums import AttnMaskType
+
+    block = copy.copy(block)
+    layers = []
+    for spec in block.layer_specs:
+        spec = copy.copy(spec)
+        sub = copy.copy(spec.submodules)
+        att = copy.copy(sub.self_attention)
+        att.params = {**(att.params or {}), "attn_mask_type": AttnMaskType.no_mask}
+        sub.self_attention = att
+        spec.submodules = sub
+        layers.append(spec)
+    block.layer_specs = layers
+    return block
+
+
+def _apply_te_param_faults(spec: HarnessSpec, models: list[Any]) -> list[str]:
+    """``sp_norm_grad_unreduced`` under TE: TE tags its norm weights ``sequence_parallel`` itself; the fault clears the tag
+    on every norm weight except the q/k norms (which megatron-core sums over TP by name), so
+    ``finalize_model_grads`` leaves their gradients unreduced. Returns the parameters changed."""
+    if spec.fault != "sp_norm_grad_unreduced" or not spec.use_transformer_engine:
+        return []
+    changed = []
+    for mdl in models:
+        for name, p in mdl.named_parameters():
+            norm = ("layernorm" in name or "layer_norm" in name) and "q_layernorm" not in name and "k_layernorm" not in name
+            if norm and getattr(p, "sequence_parallel", False):
+                p.sequence_parallel = False
+                changed.append(name)
+    return changed
+
+
+def _build_chunks(spec: HarnessSpec, cfg: Any) -> list[Any]:
+    """The model chunks of this rank (``Float16Module(GPTModel)`` per virtual stage, on the GPU), before DDP."""
     import torch
     from megatron.core import parallel_state
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.transformer.module import Float16Module
@@ -248,8 +343,7 @@ def _build(spec: HarnessSpec, cfg: Any) -> tuple[list[Any], Any]:
         pre = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp)
         post = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp)
         block = get_gpt_decoder_block_spec(cfg, use_transformer_engine=te, normalization="RMSNorm", vp_stage=vp)
-        if not te:
-            block = _patch_local_block(block, spec.fault)
+        block = _patch_te_block(block, spec.fault) if te else _patch_local_block(block, spec.fault)
         model = GPTModel(
             config=cfg,
             transformer_layer_spec=block,
@@ -265,18 +359,33 @@ def _build(spec: HarnessSpec, cfg: Any) -> tuple[list[Any], Any]:
         )
         model.cuda(torch.cuda.current_device())
         chunks.append(Float16Module(cfg, model))
+    return chunks
+
+
+def _build(spec: HarnessSpec, cfg: Any) -> tuple[list[Any], Any]:
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    lay = spec.layout
+    chunks = _build_chunks(spec, cfg)
     if spec.save_checkpoint and not spec.pretrain_steps:
-        _save_weights([c.module for c in chunks], spec.save_checkpoint)
+        _save_weights([c.module for c in chunks], spec.save_checkpoint, spec.model)
     if spec.load_checkpoint and not spec.pretrain_steps:
         _load_weights([c.module for c in chunks], spec.load_checkpoint)
         _apply_load_fault(spec, [c.module for c in chunks])
+    _apply_te_param_faults(spec, [c.module for c in chunks])
     ddp_cfg = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True,
+        grad_reduce_in_fp32=bool(spec.grad_reduce_in_fp32),
         overlap_grad_reduce=True,
         use_distributed_optimizer=bool(lay["use_distributed_optimizer"]),
+        fp8_param_gather=bool(spec.fp8_param_gather),
     )
     chunks = [DistributedDataParallel(cfg, ddp_cfg, c, disable_bucketing=i > 0) for i, c in enumerate(chunks)]
-    return chunks, _optimizer(spec, cfg, chunks)
+    _RAN["transformer"] = _config_fields(cfg, _TRANSFORMER_FIELDS)
+    _RAN["ddp"] = _config_fields(ddp_cfg, _DDP_FIELDS)
+    _RAN.setdefault("host_memory", {})["after_model_bytes"] = _host_rss()
+    opt = _optimizer(spec, cfg, chunks)
+    _RAN["host_memory"]["after_optimizer_bytes"] = _host_rss()
+    return chunks, opt
 
 
 def _optimizer(spec: HarnessSpec, cfg: Any, chunks: list[Any]) -> Any:
@@ -305,10 +414,23 @@ def _optimizer(spec: HarnessSpec, cfg: Any, chunks: list[Any]) -> Any:
         optimizer_cpu_offload=frac > 0,
         optimizer_offload_fraction=frac if frac > 0 else 1.0,
         overlap_cpu_optimizer_d2h_h2d=bool(lay["overlap_cpu_optimizer_d2h_h2d"]) and frac > 0,
+        fp8_recipe=spec.fp8_recipe,
     )
     opt = get_megatron_optimizer(ocfg, chunks)
+    if spec.fault == "norm_grad_scaled":
+        from launch.harness.grads import scale_norm_grad
+
+        def finalize_with_fault(*args: Any, **kwargs: Any) -> Any:
+            r = finalize_model_grads(*args, **kwargs)
+            _RAN.setdefault("fault", {})["scaled"] = scale_norm_grad(chunks, 2.0)
+            return r
+    _RAN["optimizer"] = _config_fields(ocfg, ("optimizer", "lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "clip_grad", "bf16",
+                                              "use_distributed_optimizer", "use_precision_aware_optimizer", "store_param_remainders",
+                                              "main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
+                                              "optimizer_cpu_offload", "optimizer_offload_fraction", "overlap_cpu_optimizer_d2h_h2d",
+                                              "pin_cpu_grads", "pin_cpu_params", "fp8_recipe"))
     cfg.grad_scale_func = opt.scale_loss
-    cfg.finalize_model_grads_func = finalize_model_grads
+    cfg.finalize_model_grads_func = finalize_with_fault if spec.fault == "norm_grad_scaled" else finalize_model_grads
     cfg.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
     cfg.grad_sync_func = [c.start_grad_sync for c in chunks] if len(chunks) > 1 else chunks[0].start_grad_sync
     return opt
@@ -346,8 +468,10 @@ def _sharded_weights(models: list[Any]) -> dict[str, Any]:
     return {f"model{i}": m.sharded_state_dict() for i, m in enumerate(models)}
 
 
-def _save_weights(models: list[Any], path: str) -> None:
-    """Write the (freshly initialised) weights as a megatron-core distributed checkpoint at ``path``."""
+def _save_weights(models: list[Any], path: str, model_dict: dict[str, Any] | None = None) -> None:
+    """Write the weights as a megatron-core distributed checkpoint at ``path``, and beside them ``model.json`` (the model
+    and its fingerprint, :func:`tuner.numerics.model_fingerprint`) so that a check can refuse a checkpoint of another model
+    before spending GPU time on it."""
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
 
@@ -355,6 +479,10 @@ def _save_weights(models: list[Any], path: str) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)
     dist.barrier()
     dist_checkpointing.save(_sharded_weights(models), path)
+    if dist.get_rank() == 0 and model_dict is not None:
+        from launch.harness.gather import model_fingerprint
+
+        (Path(path) / "model.json").write_text(json.dumps({"model": model_dict, "fingerprint": model_fingerprint(model_dict)}, indent=1, default=str))
     dist.barrier()
 
 
@@ -442,6 +570,112 @@ def _forward_step(data_iterator: Any, model: Any) -> Any:
     return out, partial(_loss_func, batch["loss_mask"])
 
 
+def _run_options(spec: HarnessSpec) -> dict[str, Any]:
+    """What megatron-core ran (config fields read back from its objects) and the harness options of the spec."""
+    return {
+        **{k: v for k, v in _RAN.items() if k in ("transformer", "ddp", "optimizer")},
+        "harness": {"fp8_recipe": spec.fp8_recipe, "fp8_param_gather": spec.fp8_param_gather, "grad_reduce_in_fp32": spec.grad_reduce_in_fp32,
+                    "cross_entropy_fusion": spec.cross_entropy_fusion, "moe_permute_fusion": spec.moe_permute_fusion,
+                    "use_transformer_engine": spec.use_transformer_engine, "seq_length": spec.seq_length, "global_batch_size": spec.global_batch_size},
+    }
+
+
+def _host_summary(spec: HarnessSpec, chunks: list[Any]) -> dict[str, Any]:
+    """This rank's host memory: RSS after the model, after the optimizer, after step 1, the peak; the machine's; and,
+    with CPU optimizer offload, the bytes megatron-core's offload should hold (:func:`launch.harness.hostmem.offload_host_bytes`)."""
+    from launch.harness.hostmem import offload_host_bytes, process_memory, system_memory
+
+    d: dict[str, Any] = dict(_RAN.get("host_memory", {}))
+    d.update(process_memory())
+    d["system"] = system_memory()
+    frac = float(spec.layout["optimizer_offload_fraction"])
+    if frac > 0:
+        n = sum(p.numel() for c in chunks for p in c.parameters() if p.requires_grad)
+        pa = bool((_RAN.get("optimizer") or {}).get("use_precision_aware_optimizer"))
+        d["offload"] = {"fraction": frac, "rank_params": n, "predicted_bytes": offload_host_bytes(math.ceil(frac * n), precision_aware=pa),
+                        "precision_aware": pa}
+    return d
+
+
+def _dump_grads(spec: HarnessSpec, chunks: list[Any], cfg: Any, losses: Any, last: bool) -> dict[str, Any]:
+    """Gradient parity: write every parameter's full gradient of this step (see :mod:`launch.harness.grads`)."""
+    import os as _os
+
+    from launch.harness.gather import GRAD_DUMP_FORMAT, model_fingerprint
+    from launch.harness.grads import dump_gradients
+
+    lay = spec.layout_obj()
+    meta = {
+        "format": GRAD_DUMP_FORMAT,
+        "label": spec.label or lay.label,
+        "layout_label": lay.label,
+        "layout": spec.layout,
+        "model": spec.model.get("name"),
+        "model_fingerprint": model_fingerprint(spec.model),
+        "checkpoint": _os.path.realpath(spec.load_checkpoint) if spec.load_checkpoint else None,
+        "batch": {"data": spec.data, "data_step_offset": spec.data_step_offset, "global_batch_size": spec.global_batch_size,
+                  "seq_length": spec.seq_length, "corpus_sha256": spec.corpus_sha256, "seed": spec.seed if spec.data == "synthetic" else None},
+        "fault": spec.fault,
+        "precision": spec.precision,
+        "loss": _global_loss(losses, last),
+        "versions": _versions(),
+        "run_options": _run_options(spec),
+    }
+    return dump_gradients(chunks, spec.dump_grads, meta, gated_linear_unit=bool(spec.model.get("gated_linear_unit", True)),
+                          num_experts=int(spec.model.get("num_experts") or 0))
+
+
+def _census(spec: HarnessSpec, chunks: list[Any], out: _Out, rank: int) -> None:
+    """One more forward and backward of one micro-batch with :class:`launch.harness.grads.SavedTensorCensus` on the first
+    layer's attention and MLP / MoE blocks (and the MoE layer's experts and router); one ``event: census`` line per module."""
+    import torch
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from launch.harness.grads import SavedTensorCensus
+
+    model = _gpt(chunks[0])
+    layers = getattr(getattr(model, "decoder", None), "layers", None)
+    mods: dict[str, Any] = {}
+    if layers is not None and len(layers):
+        L = layers[0]
+        pfx = f"decoder.layers.{int(L.layer_number) - 1}"
+        mods[f"{pfx}.self_attention"] = L.self_attention
+        mods[f"{pfx}.mlp"] = L.mlp
+        for sub in ("experts", "router", "shared_experts"):
+            if hasattr(L.mlp, sub) and isinstance(getattr(L.mlp, sub), torch.nn.Module):
+                mods[f"{pfx}.mlp.{sub}"] = getattr(L.mlp, sub)
+    params = {p.untyped_storage().data_ptr() for c in chunks for p in c.parameters()}
+    for c in chunks:
+        c.zero_grad_buffer()
+    it = [_batches(spec, None if spec.data == "synthetic" else _corpus_for(spec), 0) for _ in chunks]
+    census = SavedTensorCensus(mods, params)
+    with census:
+        get_forward_backward_func()(forward_step_func=_forward_step, data_iterator=it if len(it) > 1 else it[0],
+                                    model=chunks if len(chunks) > 1 else chunks[0], num_microbatches=1, seq_length=spec.seq_length,
+                                    micro_batch_size=spec.layout["micro_batch_size"], decoder_seq_length=spec.seq_length, forward_only=False)
+    for c in chunks:
+        c.zero_grad_buffer()
+    if rank != 0:
+        return
+    m = spec.model
+    tp = spec.layout["tp"]
+    sp = bool(spec.layout["sequence_parallel"]) and tp > 1
+    tokens = spec.layout["micro_batch_size"] * spec.seq_length // (spec.layout["cp"] * (tp if sp else 1))
+    for r in census.report():
+        out.write({"event": "census", "label": spec.label, "layout": spec.layout, "tokens": tokens, "hidden_size": m["hidden_size"],
+                   "moe_ffn_hidden_size": m.get("moe_ffn_hidden_size"), "moe_router_topk": m.get("moe_router_topk"),
+                   "precision": spec.precision, "fp8_recipe": spec.fp8_recipe,
+                   "recompute": {k: spec.layout.get(k) for k in ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules")},
+                   "tp_rank_only": parallel_state.get_tensor_model_parallel_rank() == 0, **r})
+
+
+def _corpus_for(spec: HarnessSpec) -> Any:
+    from launch.harness.data import load_corpus
+
+    return load_corpus(spec.corpus_path)
+
+
 def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
     import torch
     import torch.distributed as dist
@@ -472,7 +706,8 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
     build_s = time.perf_counter() - t_build
     if rank == 0:
         out.write({"event": "start", "world_size": world, "layout": lay, "versions": _versions(), "notes": list(spec.notes), "build_s": build_s,
-                   "data": spec.data, "lr": spec.lr, "fault": spec.fault, "loaded_checkpoint": spec.load_checkpoint, "saved_checkpoint": spec.save_checkpoint})
+                   "data": spec.data, "lr": spec.lr, "fault": spec.fault, "loaded_checkpoint": spec.load_checkpoint, "saved_checkpoint": spec.save_checkpoint,
+                   "label": spec.label, "precision": spec.precision, "run_options": _run_options(spec)})
     corpus = None
     if spec.data == "corpus":
         from launch.harness.data import load_corpus
@@ -488,11 +723,13 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
     last = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
 
     def set_lr(k: int) -> None:
-        """Linear warm-up over ``lr_warmup_steps`` (k counts from 1), then constant."""
+        """Linear warm-up over ``lr_warmup_steps`` (k counts from 1), then constant; each group's weight decay as
+        megatron's ``OptimizerParamScheduler`` sets it (``0.1 x wd_mult``: biases and 1-D weights undecayed)."""
         w = spec.lr_warmup_steps
         lr = spec.lr * (min(1.0, k / w) if w > 0 else 1.0)
         for g in opt.param_groups:
-            g["lr"] = lr
+            g["lr"] = lr * float(g.get("lr_mult", 1.0))
+            g["weight_decay"] = 0.1 * float(g.get("wd_mult", 1.0))
 
     if spec.pretrain_steps:
         # Warm start: train the seed's weights a little (data steps 0 .. pretrain-1), write them as the
@@ -510,7 +747,7 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
             if rank == 0:
                 out.write({"event": "pretrain", "step": k, "loss": pre})
         if spec.save_checkpoint:
-            _save_weights([_gpt(c) for c in chunks], spec.save_checkpoint)
+            _save_weights([_gpt(c) for c in chunks], spec.save_checkpoint, spec.model)
         if spec.load_checkpoint:
             _load_weights([_gpt(c) for c in chunks], spec.load_checkpoint)
         for c in chunks:
@@ -526,8 +763,7 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
         for c in chunks:
             c.zero_grad_buffer()
         opt.zero_grad()
-        if spec.data == "corpus" or spec.lr_warmup_steps:
-            set_lr(step)
+        set_lr(step)
         losses = fb(
             forward_step_func=_forward_step,
             data_iterator=iters if len(iters) > 1 else iters[0],
@@ -538,10 +774,20 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
             decoder_seq_length=spec.seq_length,
             forward_only=False,
         )
+        if step == 1 and spec.dump_grads:
+            torch.cuda.synchronize()
+            t_dump = time.perf_counter()
+            idx = _dump_grads(spec, chunks, cfg, losses, last)
+            t0 += time.perf_counter() - t_dump  # the dump is not part of the step's time
+            if rank == 0:
+                out.write({"event": "grads", "dir": spec.dump_grads, "tensors": len(idx.get("tensors", {})), "seconds": idx.get("seconds"),
+                           "replicas_max_abs_diff": max(idx.get("replicas", {}).values(), default=0.0), "fault": _RAN.get("fault")})
         ok, grad_norm, _ = opt.step()
         torch.cuda.synchronize()
         dist.barrier()
         dt = time.perf_counter() - t0
+        if step == 1:
+            _RAN.setdefault("host_memory", {})["after_step1_bytes"] = _host_rss()
         times.append(dt)
         loss_v = _global_loss(losses, last)
         if rank == 0:
@@ -554,7 +800,7 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
                 "grad_norm": float(grad_norm) if grad_norm is not None else None,
                 "update_successful": bool(ok),
             })
-    mem = [torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()]
+    mem = [torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(), _host_summary(spec, chunks)]
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, mem)
     if rank == 0:
@@ -573,7 +819,14 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
             "versions": _versions(),
             "notes": list(spec.notes),
             "num_microbatches": m,
+            "label": spec.label,
+            "precision": spec.precision,
+            "run_options": _run_options(spec),
+            "host_memory_per_rank": [g[2] for g in gathered],
+            "peak_host_rss_bytes": max((g[2].get("peak_rss_bytes") or 0) for g in gathered),
         })
+    if spec.saved_tensor_census:
+        _census(spec, chunks, out, rank)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,6 +32,13 @@ the same way for every layout (to within FAKE_LAYOUT_NOISE, relative, times the 
 so two arms agree only when they loaded the same checkpoint; ``fault`` bends the curve, and
 FAKE_LOSS_MODE=nan / missing puts a NaN at step 4 / leaves out step 4.
 
+Gradient parity (spec ``dump_grads``): it writes a gradient dump in the harness's format (``index.json`` and one
+``.npy`` per tensor, :mod:`launch.harness.grads`): four small tensors drawn from the loaded checkpoint's value, times
+``1 + FAKE_GRAD_NOISE x (micro-batch size + 1 for allgather)`` (a layout's legitimate rounding), plus a per-run jitter
+of FAKE_GRAD_RUN_NOISE (two runs of one layout differ by it); ``norm_grad_scaled`` doubles the q_layernorm
+gradient, ``non_causal_attention`` bends every tensor; FAKE_GRAD_MODE=nan / missing / shape breaks one tensor.
+The checkpoint it writes carries ``model.json`` (the model's fingerprint) as the harness's does.
+
 Imported (by the tests), it gives the observers of those files: :func:`recorded_pids`,
 :func:`alive`, :func:`survivors` and :func:`wait_until`.
 """
@@ -138,6 +145,9 @@ def _harness(cfg, args, out_path, node, mode, hang_after, pid_dir) -> int:
         with open(os.path.join(spec["save_checkpoint"], "init.json"), "w") as f:
             json.dump({"init": 1.0 + (spec["seed"] % 97) / 970.0 + 0.01 * spec.get("pretrain_steps", 0), "layout": lay}, f)
         Path(spec["save_checkpoint"], "metadata.json").write_text("{}")
+        from tuner.numerics import model_fingerprint
+
+        Path(spec["save_checkpoint"], "model.json").write_text(json.dumps({"model": spec["model"], "fingerprint": model_fingerprint(spec["model"])}))
     if spec.get("load_checkpoint"):
         ck = os.path.join(spec["load_checkpoint"], "init.json")
         if not os.path.exists(ck):
@@ -173,6 +183,9 @@ def _harness(cfg, args, out_path, node, mode, hang_after, pid_dir) -> int:
     if mode == "nccl":
         print("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1234, unhandled system error", file=sys.stderr)
         return 1
+    if spec.get("dump_grads"):
+        n = _dump_grads(cfg, spec, init, lay, loss_at(1))
+        write({"event": "grads", "dir": spec["dump_grads"], "tensors": n, "seconds": 0.0, "replicas_max_abs_diff": 0.0})
     times = []
     for step in range(1, spec["steps"] + 1):
         time.sleep(step_s)
@@ -192,6 +205,48 @@ def _harness(cfg, args, out_path, node, mode, hang_after, pid_dir) -> int:
            "tokens_per_s_per_gpu": tokens / rs / world, "peak_allocated_bytes": [80 * GIB] * world,
            "peak_reserved_bytes": [90 * GIB] * world, "layout": lay, "versions": {"torch": "fake"}, "notes": spec["notes"]})
     return 0
+
+
+def _dump_grads(cfg, spec, init, lay, loss):
+    import numpy as np
+
+    from tuner.numerics import GRAD_DUMP_FORMAT, model_fingerprint
+
+    d = spec["dump_grads"]
+    os.makedirs(os.path.join(d, "tensors"), exist_ok=True)
+    rng = np.random.default_rng(int(init * 1e6) % 2**32)
+    jitter = np.random.default_rng(os.getpid())
+    shapes = {"embedding.word_embeddings.weight": (8, 4), "decoder.layers.0.self_attention.q_layernorm.weight": (4,),
+              "decoder.layers.0.mlp.experts.linear_fc1.weight0": (6, 4), "output_layer.weight": (8, 4)}
+    mode = cfg.get("FAKE_GRAD_MODE", "")
+    noise = float(cfg.get("FAKE_GRAD_NOISE", "1e-3")) * (lay["micro_batch_size"] - 1 + (lay["dispatcher"] == "allgather"))
+    run_noise = float(cfg.get("FAKE_GRAD_RUN_NOISE", "1e-5"))
+    tensors = {}
+    for i, (name, shape) in enumerate(shapes.items()):
+        base = rng.standard_normal(shape)
+        g = base * (1 + noise * np.cos(np.arange(base.size).reshape(shape) + i)) + run_noise * jitter.standard_normal(shape) * np.abs(base).mean()
+        if spec.get("fault") == "norm_grad_scaled" and "q_layernorm" in name:
+            g = 2 * g
+        if spec.get("fault") == "non_causal_attention":
+            g = g + 0.3 * rng.standard_normal(shape)
+        if mode == "missing" and name == "output_layer.weight":
+            continue
+        if mode == "nan" and i == 0:
+            g = g.copy()
+            g.flat[0] = float("nan")
+        if mode == "shape" and "q_layernorm" in name:
+            g = np.concatenate([g, g[:1]])
+        f = f"tensors/{name}.npy"
+        np.save(os.path.join(d, f), g.astype(np.float32))
+        tensors[name] = {"file": f, "shape": list(g.shape), "dtype": "float32", "local_name": name, "owner_rank": 0}
+    meta = {"format": GRAD_DUMP_FORMAT, "label": spec.get("label") or "fake", "layout": lay, "layout_label": "fake",
+            "model": spec["model"].get("name"), "model_fingerprint": model_fingerprint(spec["model"]),
+            "checkpoint": os.path.realpath(spec["load_checkpoint"]) if spec.get("load_checkpoint") else None,
+            "batch": {"data": spec.get("data"), "data_step_offset": spec.get("data_step_offset", 0), "global_batch_size": spec["global_batch_size"],
+                      "seq_length": spec["seq_length"], "corpus_sha256": spec.get("corpus_sha256"), "seed": None},
+            "fault": spec.get("fault"), "loss": loss, "tensors": tensors, "replicas": {}, "seconds": 0.0}
+    Path(d, "index.json").write_text(json.dumps(meta))
+    return len(tensors)
 
 
 def _it_line(i: int, n: int, ms: float) -> str:

@@ -1,0 +1,90 @@
+"""The layouts of the Transformer Engine sweep on 1 x H200 (issue 14), in the order they run.
+
+Each case is one harness trial: a model slice, a :class:`specs.layout.Layout` (Megatron's field
+names) and the harness options (:data:`launch.harness.spec.HARNESS_OPTIONS`); every row the sweep
+writes records the layout and options exactly as megatron-core ran them (``run_options``), so that
+the cost model can predict it later. The cases cover: bf16 and fp8 (delayed and current scaling),
+micro-batch 1 / 2 / 4, every recompute module the models have (``core_attn``, ``moe_act``,
+``layernorm``, ``moe``; ``mlp`` and ``mla_up_proj`` on the MLA slice), full recompute uniform and
+block, the precision-aware optimizer on and off and with bf16 moments, bf16 and fp32 main grads,
+TE's fused cross-entropy, CPU optimizer offload 0.5 and 1.0 (host memory measured), on a MiniMax-M2
+slice, a Qwen3-30B-A3B slice and a DeepSeek-V3 (MLA) slice, in priority order (the cases a call's budget leaves out are the last).
+``census`` asks for the saved-tensor
+census (:class:`launch.harness.grads.SavedTensorCensus`). ``est_s`` is the planned wall time
+(torchrun start, model build and the steps; ``docs/measurements.md``: 30-45 s per 1-layer MiniMax-M2
+layout with TE, 2.4-3.7 s steps on the 8-layer Qwen3-30B-A3B slice).
+
+    python benchmarks/h200_te_layouts.py            # print the cases
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+__all__ = ["CASES", "PROBE", "case"]
+
+_BASE = {"world_size": 1, "tp": 1, "pp": 1, "ep": 1, "micro_batch_size": 1, "dispatcher": "alltoall", "use_distributed_optimizer": True,
+         "use_precision_aware_optimizer": True}
+
+
+def case(id: str, model: str, layers: int, *, est_s: float, steps: int = 8, warmup: int = 4, precision: str = "bf16",
+         seq_len: int = 8192, global_batch: int = 8, census: bool = False, options: dict[str, Any] | None = None,
+         **layout: Any) -> dict[str, Any]:
+    """One sweep case (a plain dict: the driver and the tests read it)."""
+    lay = {**_BASE, **layout}
+    opts = dict(options or {})
+    if census:
+        opts["saved_tensor_census"] = True
+    return {"id": id, "model": model, "layers": layers, "gpus": "1xH200", "seq_len": seq_len, "global_batch": global_batch,
+            "precision": precision, "layout": lay, "options": opts, "steps": steps, "warmup": warmup, "est_s": est_s}
+
+
+MM, QW, DS = "MiniMax-M2", "Qwen3-30B-A3B", "DeepSeek-V3"
+SEL = {"recompute_granularity": "selective"}
+FULL = {"recompute_granularity": "full", "recompute_num_layers": 1}
+
+#: The first-trial probe: a Qwen3-30B-A3B slice (on such a slice a fresh machine's first trial ran up to 20% slow,
+#: ``../shared/notes/production_fidelity.md`` §3), run as the fresh machine's first GPU work and again at the end of the
+#: batch; it is also the Qwen3-30B-A3B base row of the sweep (with the saved-tensor census, after its timed steps).
+PROBE = case("probe-qwen3-l4", QW, 4, est_s=50, census=True)
+
+#: In priority order: the driver runs them until the call's budget is spent, so the first ones cover the issue's list.
+CASES: list[dict[str, Any]] = [
+    case("mm-base", MM, 1, est_s=40, census=True),
+    case("mm-fp8-delayed", MM, 1, est_s=45, precision="fp8", census=True, options={"fp8_recipe": "delayed"}),
+    case("mm-fp8-tensorwise", MM, 1, est_s=45, precision="fp8", options={"fp8_recipe": "tensorwise"}),
+    case("mm-mbs2", MM, 1, est_s=40, micro_batch_size=2),
+    case("mm-sel-moe_act", MM, 1, est_s=40, census=True, **SEL, recompute_modules=("moe_act",)),
+    case("mm-full-uniform1", MM, 1, est_s=40, **FULL, recompute_method="uniform"),
+    case("mm-pa-off", MM, 1, est_s=40, use_precision_aware_optimizer=False),
+    case("mm-pa-bf16-moments", MM, 1, est_s=40, exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16"),
+    case("mm-bf16-main-grads", MM, 1, est_s=40, options={"grad_reduce_in_fp32": False}),
+    case("mm-ce-fusion", MM, 1, est_s=40, options={"cross_entropy_fusion": True}),
+    case("mm-offload-0.5", MM, 1, est_s=60, optimizer_offload_fraction=0.5, overlap_cpu_optimizer_d2h_h2d=True),
+    case("mm-offload-1.0", MM, 1, est_s=75, optimizer_offload_fraction=1.0, overlap_cpu_optimizer_d2h_h2d=True),
+    case("qw-full-block2", QW, 4, est_s=50, **{**FULL, "recompute_num_layers": 2}, recompute_method="block"),
+    case("mm-mbs4", MM, 1, est_s=45, micro_batch_size=4),
+    case("mm-sel-core_attn", MM, 1, est_s=40, **SEL, recompute_modules=("core_attn",)),
+    case("mm-sel-layernorm", MM, 1, est_s=40, **SEL, recompute_modules=("layernorm",)),
+    case("mm-sel-moe", MM, 1, est_s=40, **SEL, recompute_modules=("moe",)),
+    case("qw-mbs2", QW, 4, est_s=50, micro_batch_size=2),
+    case("ds-mla-base", DS, 1, est_s=45, census=True),
+    case("ds-mla-sel-mla_up_proj", DS, 1, est_s=45, **SEL, recompute_modules=("mla_up_proj", "core_attn", "mlp", "layernorm")),
+    case("qw-fp8-delayed", QW, 4, est_s=55, precision="fp8", options={"fp8_recipe": "delayed"}),
+    case("qw-bridge-like", QW, 4, est_s=55, exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16",
+         options={"grad_reduce_in_fp32": False, "cross_entropy_fusion": True}),
+    case("qw-sel-moe_act-layernorm", QW, 4, est_s=50, **SEL, recompute_modules=("moe_act", "layernorm")),
+    case("qw-full-uniform1", QW, 4, est_s=50, **FULL, recompute_method="uniform"),
+]
+
+
+def main() -> int:
+    for c in [PROBE, *CASES]:
+        sys.stdout.write(json.dumps(c) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
