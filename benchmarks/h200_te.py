@@ -196,7 +196,8 @@ def run_component(cid: str) -> dict[str, Any]:
     left = BUDGET - elapsed()
     plan = plan_component_test(out_dir=WORK / "component", max_experts=int(os.environ.get("COMPONENT_MAX_EXPERTS", "256")), moments=("fp32",),
                                env=harness_env(), check_machine=COMPONENT_LAUNCHER is None)
-    o = run_component_test(plan, timeout_s=max(120.0, min(480.0, left - 20)), launcher=COMPONENT_LAUNCHER)
+    cap = float(os.environ.get("COMPONENT_TIMEOUT_S", "480"))
+    o = run_component_test(plan, timeout_s=max(60.0, min(cap, left - 20)), launcher=COMPONENT_LAUNCHER)
     for r in o.rows:
         emit("component.jsonl", {"id": cid, **{k: v for k, v in r.items() if k != "traceback"}})
     d = o.to_dict()

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launch._trial import kill_group
 from launch.base import Measurement, TrialFailed, TrialStopped
 from search_spaces.rules import check_layout
 from specs import Cluster, ModelSpec, Workload
@@ -725,9 +726,7 @@ def run_component_test(plan: ComponentPlan, *, launcher: list[str] | None = None
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            from launch.local_backend import _kill_group
-
-            _kill_group(proc)
+            kill_group(proc)
             rc = None
             error = f"the component program ran past {timeout_s:g} s and was stopped"
     rows = tuple(read_lines(lines))
