@@ -159,7 +159,7 @@ def test_observations_default_to_the_no_te_harness():
 def test_distinct_groups_hit_uniform_routing():
     from math import comb
 
-    from cost_model.estimate import _distinct_groups_hit
+    from cost_model.terms.comm import distinct_groups_hit as _distinct_groups_hit
 
     # one group holds every expert: always hit once; as many groups as experts: top-k distinct groups
     assert _distinct_groups_hit(256, 8, np.array([1.0]))[0] == pytest.approx(1.0)
