@@ -420,11 +420,15 @@ class LayoutTable:
 
     @property
     def dp(self) -> np.ndarray:
-        return self.cols["world_size"] // (self.cols["tp"] * self.cols["pp"] * self.cols["cp"])
+        """Dense data-parallel size per row, ``world / (tp pp cp)``."""
+        out: np.ndarray = self.cols["world_size"] // (self.cols["tp"] * self.cols["pp"] * self.cols["cp"])
+        return out
 
     @property
     def edp(self) -> np.ndarray:
-        return self.cols["world_size"] // (self.cols["etp"] * self.cols["ep"] * self.cols["pp"])
+        """Expert data-parallel size per row, ``world / (etp ep pp)``."""
+        out: np.ndarray = self.cols["world_size"] // (self.cols["etp"] * self.cols["ep"] * self.cols["pp"])
+        return out
 
     @classmethod
     def from_layouts(cls, layouts: list[Layout]) -> LayoutTable:
