@@ -66,10 +66,6 @@ TIME_PARTS = (
     "offload",
 )
 
-#: Guard against 0 / 0 when a row's mean time per micro-batch is 0 (seconds).
-_TINY_SECONDS = 1e-30
-
-
 @dataclass(frozen=True, slots=True)
 class EstimateTable:
     """Estimates for every row of a :class:`LayoutTable` (arrays of shape ``(n,)``)."""
@@ -206,18 +202,12 @@ def _time_parts(c: TableContext, dense: Array, experts: Array, owned: Array, cop
     total = (per_mb["compute"] + per_mb["tp_comm"] + per_mb["cp_comm"] + per_mb["ep_comm"] + per_mb["recompute"]) * c.live
     slowest = schedule.slowest_rank_time(total)
     mean = schedule.mean_rank_time(c, total)
-    busy = c.micro_batches * mean
-
-    def busy_share(part: Array) -> Array:
-        ranks: Array = (part * c.live * c.rank_count).sum(axis=1)
-        return busy * (ranks / c.pp / np.maximum(mean, _TINY_SECONDS))
-
     return {
-        "compute": busy_share(per_mb["compute"]),
-        "recompute": busy_share(per_mb["recompute"]),
-        "tp_comm": busy_share(per_mb["tp_comm"]),
-        "cp_comm": busy_share(per_mb["cp_comm"]),
-        "ep_comm": busy_share(per_mb["ep_comm"]),
+        "compute": schedule.busy_time(c, per_mb["compute"], mean),
+        "recompute": schedule.busy_time(c, per_mb["recompute"], mean),
+        "tp_comm": schedule.busy_time(c, per_mb["tp_comm"], mean),
+        "cp_comm": schedule.busy_time(c, per_mb["cp_comm"], mean),
+        "ep_comm": schedule.busy_time(c, per_mb["ep_comm"], mean),
         "pp_bubble": schedule.bubble_time(c, slowest, mean),
         "pp_p2p": schedule.pp_p2p_time(c),
         "dp_comm": comm.dp_comm_time(c, dense, experts),
@@ -282,7 +272,7 @@ def estimate_table(
         time=time,
         step_time_s=step,
         tokens_per_s_per_gpu=tps,
-        mfu=6.0 * model.active_params() * tps / c.bf16_peak_flops,
+        mfu=6.0 * model.active_params() * tps / c.bf16_peak_flops,  # the seed's convention, as cost_model.flops.mfu
         model_tflops_per_gpu=megatron_flops_per_token(model, workload.seq_length) * tps / 1e12,
         usd_per_million_tokens=cluster.usd_per_gpu_hour / (tps * 3600.0) * 1e6,
         hbm_bytes=cluster.gpu.hbm_bytes,

@@ -16,6 +16,7 @@ from specs.units import BF16_BYTES
 
 __all__ = [
     "bubble_time",
+    "busy_time",
     "fill_drain_microbatches",
     "inflight_1f1b",
     "inflight_interleaved",
@@ -25,6 +26,9 @@ __all__ = [
     "pp_p2p_time",
     "slowest_rank_time",
 ]
+
+#: Guard against 0 / 0 when a row's mean time per micro-batch is 0 (seconds).
+_TINY_SECONDS = 1e-30
 
 #: Pipeline p2p transfers per micro-batch per chunk boundary: the activation forward and its
 #: gradient backward (p2p_communication.py ``send_forward`` / ``send_backward``).
@@ -91,6 +95,22 @@ def mean_rank_time(c: TableContext, per_microbatch: Array) -> Array:
     """
     total: Array = (per_microbatch * c.rank_count).sum(axis=1)
     return total / c.pp
+
+
+def busy_time(c: TableContext, part: Array, mean: Array) -> Array:
+    """Step time of one part of the per-micro-batch work (compute, recompute, TP / CP / EP
+    communication): its share of the ranks' busy time ``M x mean``,
+    ``M x mean x (sum_k count_k x part_k / pp) / mean``. The parts' busy times add up to ``M x mean``.
+
+    Args:
+        part: seconds per micro-batch per rank class, ``(n, K)``.
+        mean: :func:`mean_rank_time` of all the parts together, ``(n,)``.
+
+    Returns:
+        Seconds per step, ``(n,)``.
+    """
+    ranks: Array = (part * c.live * c.rank_count).sum(axis=1)
+    return (c.micro_batches * mean) * (ranks / c.pp / np.maximum(mean, _TINY_SECONDS))
 
 
 def fill_drain_microbatches(c: TableContext) -> Array:

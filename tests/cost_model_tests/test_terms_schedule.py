@@ -96,6 +96,14 @@ def test_slowest_and_mean_rank_time():
     assert schedule.mean_rank_time(c, np.array([[1.0, 2.0, 5.0]])).tolist() == [(1 + 2 * 2 + 5) / 4]
 
 
+def test_busy_time_shares_the_ranks_busy_time():
+    c = make_ctx(**BASE)  # M 8, pp 2, one rank per class
+    # a part taking 1 s on rank 0 and 3 s on rank 1, out of a mean of 2 s per micro-batch: all of M x mean = 16 s
+    assert schedule.busy_time(c, np.array([[1.0, 3.0]]), np.array([2.0])).tolist() == [8 * 2 * ((1 + 3) / 2 / 2)]
+    assert schedule.busy_time(c, np.array([[1.0, 0.0]]), np.array([2.0])).tolist() == [8 * 2 * (1 / 2 / 2)]
+    assert schedule.busy_time(c, np.array([[0.0, 0.0]]), np.array([0.0])).tolist() == [0.0]
+
+
 def test_fill_drain_and_bubble():
     assert schedule.fill_drain_microbatches(make_ctx(**BASE)).tolist() == [1.0]
     il = make_ctx(model=TINY_DENSE, tp=2, pp=4, vpp=2, sequence_parallel=True)
