@@ -173,7 +173,8 @@ def fit_calibration(
 
     def resid(u: np.ndarray) -> np.ndarray:
         p = batch.predicted_metric(cal_of(u))
-        return w * (np.log(np.maximum(p, 1e-9)) - y)
+        r: np.ndarray = w * (np.log(np.maximum(p, 1e-9)) - y)
+        return r
 
     sol = least_squares(resid, u0, bounds=(0.0, 1.0), loss="soft_l1", f_scale=_F_SCALE, max_nfev=max_nfev, diff_step=1e-3, x_scale=1.0)
     cal = cal_of(sol.x)
@@ -220,7 +221,8 @@ def _fold(train: Sequence[Run], test: Sequence[Run], start: Calibration, max_nfe
 
 def relative_errors(pred: np.ndarray, pub: np.ndarray) -> np.ndarray:
     """predicted / published - 1, elementwise."""
-    return np.asarray(pred) / np.asarray(pub) - 1.0
+    out: np.ndarray = np.asarray(pred) / np.asarray(pub) - 1.0
+    return out
 
 
 def _finite(x: float) -> bool:
@@ -284,7 +286,8 @@ class Observation:
         if not self.step_time_s:
             return None
         w = self.workload
-        return w.global_batch_size * w.seq_length / self.step_time_s / self.cluster.num_gpus
+        tps: float = w.global_batch_size * w.seq_length / self.step_time_s / self.cluster.num_gpus
+        return tps
 
 
 @dataclass(frozen=True)
@@ -342,9 +345,9 @@ def _fit_memory(runs: Sequence[Run], measured: np.ndarray, start: Calibration, n
     base = peak(start)
     act = []
     for n in names:
-        lo, hi = MEMORY_FIT_BOUNDS[n]
+        n_lo, n_hi = MEMORY_FIT_BOUNDS[n]
         v = getattr(start, n)
-        nv = lo + 0.9 * (hi - lo) if v - lo < 0.5 * (hi - lo) else lo + 0.1 * (hi - lo)
+        nv = n_lo + 0.9 * (n_hi - n_lo) if v - n_lo < 0.5 * (n_hi - n_lo) else n_lo + 0.1 * (n_hi - n_lo)
         if np.nanmax(np.abs(peak(start.replace(**{n: nv})) / base - 1)) > 1e-3:
             act.append(n)
     if not act:
@@ -358,7 +361,8 @@ def _fit_memory(runs: Sequence[Run], measured: np.ndarray, start: Calibration, n
         return start.replace(**{n: float(v) for n, v in zip(act, lo + np.clip(u, 0.0, 1.0) * scale)})
 
     def resid(u: np.ndarray) -> np.ndarray:
-        return np.log(np.maximum(peak(cal_of(u)), 1e-9)) - np.log(measured)
+        r: np.ndarray = np.log(np.maximum(peak(cal_of(u)), 1e-9)) - np.log(measured)
+        return r
 
     sol = least_squares(resid, u0, bounds=(0.0, 1.0), loss="soft_l1", f_scale=_F_SCALE, max_nfev=max_nfev, diff_step=1e-3)
     cal = cal_of(sol.x)

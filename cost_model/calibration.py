@@ -51,6 +51,10 @@ class Calibration:
     reports grouped GEMM below dense GEMM efficiency."""
     grouped_gemm_half_rows: float = 256.0
     """Rows (token copies) per local expert at which grouped-GEMM efficiency halves."""
+    grouped_gemm_efficiency_floor: float = 1e-3
+    """Lowest grouped-GEMM efficiency used: with a handful of rows per local expert the curve above
+    tends to 0 and the expert time to infinity. A guard, not a measurement (1e-3 of peak is ~1
+    TFLOP/s on H100, far below any measured grouped GEMM); the first cut's inline floor, not fitted."""
     attention_efficiency: float = 0.45
     """Fraction of peak for causal flash attention, forward plus backward (FlashAttention-2
     paper, Dao 2023: ~50-70% fwd, ~35-45% bwd on A100/H100 with head dim 128)."""
@@ -60,6 +64,26 @@ class Calibration:
     elementwise_bytes_per_copy_moe: float = 40.0
     """HBM bytes moved per routed token copy per hidden unit by permute, unpermute,
     probability scaling and SwiGLU, forward+backward, in units of hidden_size."""
+    elementwise_backward_ratio: float = 2.0
+    """Memory-bound work's backward over its forward: a norm's or activation's backward reads its
+    saved input and the incoming gradient and writes the input gradient, about twice its forward's
+    traffic (the same 2x as a GEMM's dgrad + wgrad, Narayanan et al. 2021 §5.1). Splits the
+    forward+backward elementwise times above: a forward (what recompute re-runs) is
+    ``1 / (1 + this)`` of them, and the fp32 cross-entropy traffic of the logits is ``1 + this``
+    passes. The first cut's inline ``/ 3``; not fitted."""
+    dense_mlp_elementwise_share: float = 0.5
+    """A dense MLP block's memory-bound work (its norm, residual add and activation function)
+    relative to the attention block's (``elementwise_bytes_per_token_attn``): the MLP side has about
+    half the elementwise ops (no RoPE, no QK norm, no softmax-adjacent casts). The first cut's inline
+    ``/ 2``; not fitted."""
+    norm_elementwise_share: float = 0.5
+    """The two norms' share of the attention block's memory-bound time: what selective
+    ``layernorm`` recompute re-runs (a forward of both norms). The first cut's inline value
+    (``/ 6`` = this x a forward's ``1 / 3``); not fitted."""
+    moe_act_elementwise_share: float = 0.5
+    """The expert activation's (SwiGLU with its probability scaling) share of the MoE memory-bound
+    time: what selective ``moe_act`` recompute re-runs. The first cut's inline value (``/ 6`` = this
+    x a forward's ``1 / 3``); not fitted."""
     gemm_family_factor_ampere: float = 1.0
     """Compute efficiencies (dense GEMM, grouped GEMM, attention) on Ampere relative to Hopper,
     whose values are the fields above. Fitted by ``tune calibrate`` where rows exist."""
@@ -148,6 +172,17 @@ class Calibration:
     """NCCL buffers per process group a rank belongs to (NCCL_BUFFSIZE 4 MiB x channels x peers)."""
     allocator_overhead_fraction: float = 0.08
     """Caching-allocator fragmentation on top of dynamic (activation) memory."""
+    backward_working_set_fraction: float = 0.5
+    """Temporaries of the layer running backward (without full recompute), as a fraction of one
+    layer's activations: the gradients of its activations in flight while its saved tensors are
+    still held (Korthikanti et al. 2022 count stored activations only). Under full recompute the
+    whole group being recomputed is counted instead. The first cut's inline ``* 0.5``; not fitted
+    (the H200 trials' peaks of docs/measurements.md were predicted with this value)."""
+    base_process_groups: float = 2.0
+    """NCCL communicators every rank holds whatever the layout, on top of one per parallel dimension
+    of size > 1 (``nccl_bytes_per_communicator`` each), e.g. the default world group and the
+    data-parallel-with-context group of the gradient reduce, which megatron/core/parallel_state.py
+    creates for every layout. The first cut's inline ``+ 2``; not fitted."""
     flex_dispatcher_buffer_bytes: float = 2.0 * 2**30
     """DeepEP / HybridEP communication buffers per rank (DeepEP's default NVL buffer ~1 GB
     plus RDMA buffer)."""
@@ -204,6 +239,13 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
         "fp8_blockwise_gemm_efficiency_ratio", "mxfp8_gemm_efficiency_ratio", "nvfp4_gemm_efficiency_ratio",
     )},
     "moe_load_imbalance": (1.0, float("inf"), False),
+    "grouped_gemm_efficiency_floor": (0.0, 1.0, True),
+    "elementwise_backward_ratio": (0.0, 10.0, True),
+    "dense_mlp_elementwise_share": (0.0, 2.0, False),
+    "norm_elementwise_share": (0.0, 1.0, False),
+    "moe_act_elementwise_share": (0.0, 1.0, False),
+    "backward_working_set_fraction": (0.0, 4.0, False),
+    "base_process_groups": (0.0, 64.0, False),
     "flex_dispatch_speedup": (0.0, float("inf"), True),
     "cpu_adam_params_per_s_per_node": (0.0, float("inf"), True),
     "grouped_gemm_half_rows": (0.0, float("inf"), False),

@@ -55,7 +55,7 @@ def megatron_flops_per_token(model: ModelSpec, seq_length: int) -> float:
         q, kv = d * n, d * g
         attn_lin = 6 * (h * (q + 2 * kv) + q * h)
         attn_core_per_s = 6 * q  # 6 * q/2 * 2: causal half, QK^T and PV
-    total = mlp + attn_lin * layers + 6 * mtp * (3 * h + 2 * h * h) + 6 * h * model.vocab_size * (mtp + 1)
+    total: float = mlp + attn_lin * layers + 6 * mtp * (3 * h + 2 * h * h) + 6 * h * model.vocab_size * (mtp + 1)
     # Core attention: Megatron counts s/2 keys per query (causal half) on full-attention layers;
     # on sliding-window layers a query sees at most window_size + 1 keys (Megatron-Bridge
     # flop_utils counts the window's context the same way).

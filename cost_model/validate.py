@@ -21,13 +21,14 @@ Conventions for published rows (``shared/data/published_runs.md``):
 from __future__ import annotations
 
 import csv
+import functools
 import math
 import re
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -37,7 +38,7 @@ from cost_model.flops import megatron_flops_per_token
 from search_spaces.pipeline import stage_layer_counts
 from specs import Cluster, GPUSpec, ModelSpec, Precision, RunOptions, Workload, list_gpus, list_models, load_gpu, load_model
 from specs.errors import InfeasibleLayout, TunerError
-from specs.layout import RECOMPUTE_MODULES, Layout, LayoutTable
+from specs.layout import RECOMPUTE_MODULES, Dispatcher, Layout, LayoutTable
 
 __all__ = [
     "REQUIRED_COLUMNS",
@@ -197,6 +198,17 @@ class Run:
         return self.layout.key() + f"|opts={self.options}" if self.layout is not None else ""
 
 
+def _cell(r: dict[str, str], row: int, rid: str, problems: list[RowProblem], column: str, integer: bool = True, default: float | None = None) -> float | None:
+    """:func:`_num` of column ``column`` of row ``r``."""
+    return _num(r.get(column, ""), column, row, rid, problems, integer=integer, default=default)
+
+
+def _flag(notes: dict[str, str], key: str, default: bool) -> bool:
+    """A boolean setting of a row's notes: true, 1 or yes (quotes ignored); ``default`` when absent."""
+    v = notes.get(key)
+    return default if v is None else v.strip("'\"").lower() in ("true", "1", "yes")
+
+
 def _num(raw: str, column: str, row: int, rid: str, problems: list[RowProblem], *, integer: bool, default: float | None) -> float | None:
     t = (raw or "").strip().replace(",", "")
     t = re.sub(r"\s*\(derived\)$", "", t)
@@ -307,7 +319,7 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
             r = {k.strip(): (v or "") for k, v in raw.items() if k is not None}
             rid = r.get("id", "").strip() or str(i)
             here: list[RowProblem] = []
-            num = lambda c, integer=True, default=None: _num(r.get(c, ""), c, i, rid, here, integer=integer, default=default)  # noqa: E731
+            num = functools.partial(_cell, r, i, rid, here)
             ngpu, tp, pp, gbs, seq = num("num_gpus"), num("tp"), num("pp"), num("gbs"), num("seq_len")
             for c, v in (("num_gpus", ngpu), ("tp", tp), ("pp", pp), ("gbs", gbs), ("seq_len", seq)):
                 if v is not None and v < 1:
@@ -331,9 +343,10 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
             if here:
                 problems.extend(here)
                 continue
+            assert prec is not None and ngpu is not None and seq is not None, "checked above"
             run = Run(
-                row=i, run_id=rid, model_name=r["model"].strip(), gpu_type=gpu_names[gname.lower()], precision=prec.value,  # type: ignore[union-attr]
-                num_gpus=int(ngpu), published_tokens=tok or None, published_tflops=tfl or None,  # type: ignore[arg-type]
+                row=i, run_id=rid, model_name=r["model"].strip(), gpu_type=gpu_names[gname.lower()], precision=prec.value,
+                num_gpus=int(ngpu), published_tokens=tok or None, published_tflops=tfl or None,
                 implied_gflop_per_token=gflop or None, seq_length=int(seq), framework_version=r.get("framework_version", "").strip(),
                 task=r.get("task", "").strip(),
                 is_moe=r.get("is_moe", "").strip().upper().startswith("Y"),
@@ -384,17 +397,15 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
                 runs.pop()
                 continue
             disp = (r.get("dispatcher", "") + " " + notes.get("moe_flex_dispatcher_backend", "")).lower()
-            dispatcher = "flex+hybridep" if "hybridep" in disp else "flex+deepep" if "deepep" in disp else "alltoall"
-            if "dispatcher" in notes:
-                dispatcher = notes["dispatcher"]
+            dispatcher = Dispatcher.flex_hybridep if "hybridep" in disp else Dispatcher.flex_deepep if "deepep" in disp else Dispatcher.alltoall
+            if "dispatcher" in notes:  # a spelling Layout normalises (or rejects, naming the accepted ones)
+                dispatcher = cast(Dispatcher, notes["dispatcher"])
             scope: tuple[str, ...] = ()
             impl = notes.get("cuda_graph_impl", "none").strip("'\"")
             if impl not in ("none", "None", ""):
                 scope = _list(notes["cuda_graph_scope"]) if "cuda_graph_scope" in notes else ("full",)
             natural = notes.get("routing", "").lower() == "natural"
-            def flag(key: str, default: bool) -> bool:
-                v = notes.get(key)
-                return default if v is None else v.strip("'\"").lower() in ("true", "1", "yes")
+            flag = functools.partial(_flag, notes)
             try:
                 run.options = RunOptions(
                     moe_router_force_load_balancing=model.is_moe and not natural,
@@ -498,7 +509,7 @@ class RunBatch:
 
     def targets(self) -> np.ndarray:
         """The published number each run is compared with (tokens/s/GPU, else TFLOP/s/GPU)."""
-        return np.array([float(r.published_tokens or r.published_tflops) for r in self.runs])
+        return np.array([float(r.published_tokens or r.published_tflops or float("nan")) for r in self.runs])
 
     def predicted_metric(self, calibration: Calibration) -> np.ndarray:
         tok, tfl, _, _ = self.predict(calibration)
@@ -539,7 +550,7 @@ def _layout_groups(preds: Sequence[Prediction]) -> tuple[list[float], list[float
     """Rows that differ in layout (options included): the median of repeated layouts, else each row."""
     by: dict[str, list[Prediction]] = {}
     for p in preds:
-        by.setdefault(p.run.layout_key + f"|{p.run.num_gpus}|{p.run.workload}", []).append(p)  # type: ignore[union-attr]
+        by.setdefault(p.run.layout_key + f"|{p.run.num_gpus}|{p.run.workload}", []).append(p)
     pub = [statistics.median(q.published for q in v) for v in by.values()]
     pred = [statistics.median(q.predicted for q in v) for v in by.values()]
     return pred, pub

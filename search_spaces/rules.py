@@ -26,7 +26,7 @@ import numpy.typing as npt
 from search_spaces.pipeline import stage_layer_counts
 from specs import ModelSpec, Workload
 from specs.errors import InfeasibleLayout
-from specs.layout import Layout, LayoutTable
+from specs.layout import Dispatcher, Layout, LayoutTable, enum_mask
 
 __all__ = [
     "Rule",
@@ -633,8 +633,8 @@ def _dispatcher(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     """
     d = t["dispatcher"]
     if not m.is_moe:
-        return _b(d == "alltoall")
-    flex = (d == "flex+deepep") | (d == "flex+hybridep")
+        return _b(d == Dispatcher.alltoall.value)
+    flex = enum_mask(d, Dispatcher, lambda x: x.is_flex)
     return _b(~flex | (t["etp"] * t["ep"] > 1))
 
 

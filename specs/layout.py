@@ -7,12 +7,13 @@ Field names are Megatron-core's (``ModelParallelConfig`` / ``TransformerConfig``
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 from specs.errors import TunerError
 
@@ -21,9 +22,11 @@ __all__ = [
     "RecomputeMethod",
     "Dispatcher",
     "RECOMPUTE_MODULES",
+    "OPTIMIZER_STATE_DTYPES",
     "Layout",
     "LayoutTable",
     "categories",
+    "enum_mask",
 ]
 
 
@@ -37,6 +40,19 @@ class RecomputeGranularity(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+    @property
+    def recomputes_modules(self) -> bool:
+        """Selective: the ``--recompute-modules`` of every layer are re-run in backward, the rest of
+        the layer's activations are kept (transformer_layer.py ``_forward_attention`` / ``_forward_mlp``
+        checkpoint only those submodules)."""
+        return self is RecomputeGranularity.selective
+
+    @property
+    def recomputes_whole_layers(self) -> bool:
+        """Full: a recomputed layer keeps only its input; its whole forward is re-run in backward
+        (transformer_block.py ``_checkpointed_forward``)."""
+        return self is RecomputeGranularity.full
+
 
 class RecomputeMethod(str, Enum):
     """``--recompute-method`` (full recompute only); ``none`` when unset."""
@@ -48,9 +64,22 @@ class RecomputeMethod(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+    @property
+    def recomputes_every_layer(self) -> bool:
+        """Uniform: every layer of a chunk is recomputed, in groups of ``recompute_num_layers`` whose
+        input is kept once; block: only the first ``recompute_num_layers`` layers of each chunk are
+        (transformer_block.py ``_checkpointed_forward``)."""
+        return self is RecomputeMethod.uniform
+
 
 class Dispatcher(str, Enum):
-    """MoE token dispatcher: ``--moe-token-dispatcher-type`` plus, for flex, ``--moe-flex-dispatcher-backend``."""
+    """MoE token dispatcher: ``--moe-token-dispatcher-type`` plus, for flex, ``--moe-flex-dispatcher-backend``.
+
+    What each member means to Megatron and to the cost model is its row of
+    :data:`_DISPATCHER_TRAITS` (just below): adding a dispatcher is one member here and one
+    row there; the table column, the rules, the estimate and the exported flags read the
+    properties.
+    """
 
     alltoall = "alltoall"
     allgather = "allgather"
@@ -62,16 +91,58 @@ class Dispatcher(str, Enum):
 
     @property
     def moe_token_dispatcher_type(self) -> str:
-        return self.value.split("+")[0]
+        """Megatron's ``--moe-token-dispatcher-type`` value (``allgather``, ``alltoall`` or ``flex``)."""
+        return _DISPATCHER_TRAITS[self].moe_token_dispatcher_type
 
     @property
     def moe_flex_dispatcher_backend(self) -> str | None:
-        return self.value.split("+")[1] if "+" in self.value else None
+        """Megatron's ``--moe-flex-dispatcher-backend`` value (``deepep``, ``hybridep``); None unless flex."""
+        return _DISPATCHER_TRAITS[self].moe_flex_dispatcher_backend
+
+    @property
+    def is_flex(self) -> bool:
+        """The flex dispatcher (``MoEFlexTokenDispatcher``, megatron/core/transformer/moe/token_dispatcher.py):
+        needs expert TP x EP > 1, sends a token once to each distinct GPU holding one of its experts,
+        keeps fixed communication buffers and has no device-to-host sync of the token counts."""
+        return self.moe_token_dispatcher_type == "flex"
+
+    @property
+    def is_allgather(self) -> bool:
+        """The allgather dispatcher (``MoEAllGatherTokenDispatcher``): every token goes to every EP rank."""
+        return self.moe_token_dispatcher_type == "allgather"
+
+    @property
+    def dedups_per_node(self) -> bool:
+        """Across nodes a token is sent once per distinct remote node and forwarded inside it over
+        NVLink (DeepEP's normal kernels, DeepEP README "NVLink + RDMA forwarding"), not once per GPU."""
+        return _DISPATCHER_TRAITS[self].dedups_per_node
+
+
+@dataclass(frozen=True, slots=True)
+class _DispatcherTraits:
+    """What a :class:`Dispatcher` member is: its Megatron flags and its behaviour in the cost model."""
+
+    moe_token_dispatcher_type: str
+    moe_flex_dispatcher_backend: str | None
+    dedups_per_node: bool
+
+
+#: One row per :class:`Dispatcher` member (checked at import below).
+_DISPATCHER_TRAITS: dict[Dispatcher, _DispatcherTraits] = {
+    Dispatcher.alltoall: _DispatcherTraits("alltoall", None, dedups_per_node=False),
+    Dispatcher.allgather: _DispatcherTraits("allgather", None, dedups_per_node=False),
+    Dispatcher.flex_deepep: _DispatcherTraits("flex", "deepep", dedups_per_node=True),
+    Dispatcher.flex_hybridep: _DispatcherTraits("flex", "hybridep", dedups_per_node=False),
+}
+assert set(_DISPATCHER_TRAITS) == set(Dispatcher), "every Dispatcher member needs its _DISPATCHER_TRAITS row"
 
 
 #: ``--recompute-modules`` values accepted by megatron-core 0.16 (slime's pin 1dcf0da),
 #: transformer_config.py ``recompute_modules`` docstring / validation.
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+
+#: ``--exp-avg-dtype`` / ``--exp-avg-sq-dtype`` values the tuner searches (bf16 needs the precision-aware optimizer).
+OPTIMIZER_STATE_DTYPES = ("fp32", "bf16")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -133,7 +204,7 @@ class Layout:
             if m not in RECOMPUTE_MODULES:
                 raise TunerError(f"recompute module {m!r} is unknown; accepted: {', '.join(RECOMPUTE_MODULES)}")
         for f in ("exp_avg_dtype", "exp_avg_sq_dtype"):
-            if getattr(self, f) not in ("fp32", "bf16"):
+            if getattr(self, f) not in OPTIMIZER_STATE_DTYPES:
                 raise TunerError(f"{f} must be fp32 or bf16, got {getattr(self, f)!r}")
         # Normalise enums given as strings.
         for name, enum, flag in (
@@ -227,7 +298,7 @@ class Layout:
         return dataclasses.replace(self, **changes)
 
 
-def categories(values: np.ndarray) -> tuple[list[str], np.ndarray]:
+def categories(values: npt.NDArray[Any]) -> tuple[list[str], npt.NDArray[np.intp]]:
     """Distinct strings of a unicode column and each row's index into them.
 
     Hashes the UCS-4 code points (only the character positions used by some row)
@@ -235,7 +306,7 @@ def categories(values: np.ndarray) -> tuple[list[str], np.ndarray]:
     times slower on the ~10^6-row tables of a search space.
     """
     if len(values) == 0:
-        return [], np.zeros(0, dtype=np.int64)
+        return [], np.zeros(0, dtype=np.intp)
     width = values.dtype.itemsize // 4
     cps = np.ascontiguousarray(values).view(np.uint32).reshape(len(values), width)
     used = np.flatnonzero(cps.any(axis=0))
@@ -247,11 +318,44 @@ def categories(values: np.ndarray) -> tuple[list[str], np.ndarray]:
     uniq = values[first]
     if not np.array_equal(uniq[inv], values):  # a hash collision: fall back to sorting strings
         u2, inv2 = np.unique(values, return_inverse=True)
-        return [str(v) for v in u2], inv2.reshape(-1)
-    return [str(v) for v in uniq], inv
+        return [str(v) for v in u2], np.asarray(inv2, dtype=np.intp).reshape(-1)
+    return [str(v) for v in uniq], np.asarray(inv, dtype=np.intp)
 
 
-#: Column dtypes of a :class:`LayoutTable` (one per Layout field).
+_E = TypeVar("_E", bound=Enum)
+
+
+def enum_mask(values: npt.NDArray[Any], enum: type[_E], predicate: Callable[[_E], bool]) -> npt.NDArray[np.bool_]:
+    """``predicate`` of each row's member of ``enum``, for a string column of a :class:`LayoutTable`.
+
+    The predicate (usually a property, e.g. ``lambda d: d.is_flex``) runs once per member; the
+    column is then compared with the values of the members it holds for (one vectorised string
+    comparison each, ~1 ms per 10^5 rows). This is how the rules and the cost model read what a
+    dispatcher or recompute setting means, instead of comparing spellings.
+
+    Args:
+        values: a column of enum values (shape ``(n,)``; tables hold validated :class:`Layout`
+            values only).
+        enum: the enum class the values belong to.
+        predicate: what to ask of each member.
+
+    Returns:
+        Bool array of shape ``(n,)``.
+    """
+    out = np.zeros(len(values), dtype=np.bool_)
+    for member in enum:
+        if predicate(member):
+            out |= values == member.value
+    return out
+
+
+def _str_width(values: Iterable[str]) -> str:
+    """Numpy unicode dtype wide enough for every one of ``values`` (so a column never truncates)."""
+    return f"U{max(len(v) for v in values)}"
+
+
+#: Column dtypes of a :class:`LayoutTable` (one per Layout field); string columns are as wide as
+#: their longest accepted value (computed from the enums, so a new member never truncates).
 _COLUMNS: dict[str, Any] = {
     "world_size": np.int64,
     "tp": np.int64,
@@ -262,20 +366,32 @@ _COLUMNS: dict[str, Any] = {
     "etp": np.int64,
     "micro_batch_size": np.int64,
     "sequence_parallel": np.bool_,
-    "recompute_granularity": "U9",
-    "recompute_method": "U7",
+    "recompute_granularity": _str_width(g.value for g in RecomputeGranularity),
+    "recompute_method": _str_width(m.value for m in RecomputeMethod),
     "recompute_num_layers": np.int64,
-    "recompute_modules": "U64",
+    "recompute_modules": _str_width([",".join(RECOMPUTE_MODULES)]),
     "optimizer_offload_fraction": np.float64,
     "overlap_cpu_optimizer_d2h_h2d": np.bool_,
-    "dispatcher": "U13",
+    "dispatcher": _str_width(d.value for d in Dispatcher),
     "use_distributed_optimizer": np.bool_,
     "use_precision_aware_optimizer": np.bool_,
-    "exp_avg_dtype": "U4",
-    "exp_avg_sq_dtype": "U4",
+    "exp_avg_dtype": _str_width(OPTIMIZER_STATE_DTYPES),
+    "exp_avg_sq_dtype": _str_width(OPTIMIZER_STATE_DTYPES),
     "num_layers_in_first_pipeline_stage": np.int64,
     "num_layers_in_last_pipeline_stage": np.int64,
 }
+
+
+def _as_column(name: str, values: Any) -> npt.NDArray[Any]:
+    """``values`` as column ``name``'s dtype; a string longer than the column is an error, not truncated."""
+    src = np.asarray(values)
+    dtype = np.dtype(_COLUMNS[name])
+    if dtype.kind == "U" and src.dtype.kind in "UO" and (src.dtype.kind == "O" or src.dtype.itemsize > dtype.itemsize) and len(src):
+        lengths = np.char.str_len(src.astype(str))
+        if int(lengths.max()) * 4 > dtype.itemsize:
+            longest = str(src.reshape(-1)[int(np.argmax(lengths))])
+            raise ValueError(f"LayoutTable column {name}: {longest!r} is longer than the column's {dtype.itemsize // 4} characters")
+    return src.astype(dtype, copy=False)
 
 
 class LayoutTable:
@@ -294,7 +410,7 @@ class LayoutTable:
         n = {len(np.asarray(v)) for v in cols.values()}
         if len(n) > 1:
             raise ValueError(f"LayoutTable columns differ in length: {n}")
-        self.cols = {k: np.asarray(cols[k]).astype(_COLUMNS[k], copy=False) for k in _COLUMNS}
+        self.cols = {k: _as_column(k, cols[k]) for k in _COLUMNS}
 
     def __len__(self) -> int:
         return len(self.cols["tp"])
@@ -304,11 +420,15 @@ class LayoutTable:
 
     @property
     def dp(self) -> np.ndarray:
-        return self.cols["world_size"] // (self.cols["tp"] * self.cols["pp"] * self.cols["cp"])
+        """Dense data-parallel size per row, ``world / (tp pp cp)``."""
+        out: np.ndarray = self.cols["world_size"] // (self.cols["tp"] * self.cols["pp"] * self.cols["cp"])
+        return out
 
     @property
     def edp(self) -> np.ndarray:
-        return self.cols["world_size"] // (self.cols["etp"] * self.cols["ep"] * self.cols["pp"])
+        """Expert data-parallel size per row, ``world / (etp ep pp)``."""
+        out: np.ndarray = self.cols["world_size"] // (self.cols["etp"] * self.cols["ep"] * self.cols["pp"])
+        return out
 
     @classmethod
     def from_layouts(cls, layouts: list[Layout]) -> LayoutTable:
@@ -318,7 +438,7 @@ class LayoutTable:
             for k in _COLUMNS:
                 v = d[k]
                 cols[k].append(",".join(v) if k == "recompute_modules" else v)
-        return cls({k: np.array(v, dtype=_COLUMNS[k]) if v else np.zeros(0, dtype=_COLUMNS[k]) for k, v in cols.items()})
+        return cls({k: np.array(v) if v else np.zeros(0, dtype=_COLUMNS[k]) for k, v in cols.items()})
 
     def select(self, mask_or_index: np.ndarray) -> LayoutTable:
         return LayoutTable({k: v[mask_or_index] for k, v in self.cols.items()})

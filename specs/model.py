@@ -104,9 +104,9 @@ class ModelSpec:
                 raise TunerError(f"model {self.name!r}: {f.name} must be a non-negative integer, got {v!r}")
             if f.type in ("float",) and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
                 raise TunerError(f"model {self.name!r}: {f.name} must be a finite number, got {v!r}")
-        for f in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size"):
-            if getattr(self, f) <= 0:
-                raise TunerError(f"model {self.name!r}: {f} must be > 0, got {getattr(self, f)}")
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size"):
+            if getattr(self, name) <= 0:
+                raise TunerError(f"model {self.name!r}: {name} must be > 0, got {getattr(self, name)}")
         if self.num_layers > MAX_LAYERS:
             raise TunerError(f"model {self.name!r}: num_layers {self.num_layers:,} is more than this tool models (at most {MAX_LAYERS:,})")
         if self.num_attention_heads % self.num_query_groups:
@@ -370,9 +370,9 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
     elif not num_experts:
         freq = [0] * L
     elif "first_k_dense_replace" in cfg:
-        k = _as_int(cfg["first_k_dense_replace"], "first_k_dense_replace", name_for_errors)
+        first_dense = _as_int(cfg["first_k_dense_replace"], "first_k_dense_replace", name_for_errors)
         step = _as_int(cfg.get("moe_layer_freq", 1) or 1, "moe_layer_freq", name_for_errors)
-        freq = [1 if (i >= k and (i - k) % step == 0) else 0 for i in range(L)]
+        freq = [1 if (i >= first_dense and (i - first_dense) % step == 0) else 0 for i in range(L)]
     elif "mlp_only_layers" in cfg or "decoder_sparse_step" in cfg:
         only = set(cfg.get("mlp_only_layers") or [])
         step = _as_int(cfg.get("decoder_sparse_step", 1) or 1, "decoder_sparse_step", name_for_errors)

@@ -159,7 +159,7 @@ def test_observations_default_to_the_no_te_harness():
 def test_distinct_groups_hit_uniform_routing():
     from math import comb
 
-    from cost_model.estimate import _distinct_groups_hit
+    from cost_model.terms.comm import distinct_groups_hit as _distinct_groups_hit
 
     # one group holds every expert: always hit once; as many groups as experts: top-k distinct groups
     assert _distinct_groups_hit(256, 8, np.array([1.0]))[0] == pytest.approx(1.0)
@@ -199,3 +199,26 @@ def test_calibration_files_refuse_stray_keys_and_say_why_1e30_is_text(tmp_path):
     p.write_text("cuda_context_bytes: fast\n")
     with pytest.raises(TunerError, match=r"are not numbers$"):
         load_calibration(p)
+
+
+# ---- issue 13: the first cut's inline constants are range-checked Calibration fields ----------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "bad"),
+    [
+        ("grouped_gemm_efficiency_floor", 1e-3, 0.0),
+        ("elementwise_backward_ratio", 2.0, 0.0),
+        ("dense_mlp_elementwise_share", 0.5, -0.1),
+        ("norm_elementwise_share", 0.5, 1.5),
+        ("moe_act_elementwise_share", 0.5, 1.5),
+        ("backward_working_set_fraction", 0.5, -1.0),
+        ("base_process_groups", 2.0, -1.0),
+    ],
+)
+def test_former_inline_constants_keep_their_values_and_ranges(name, value, bad):
+    from cost_model.calibration import BASE_CALIBRATION
+
+    assert getattr(BASE_CALIBRATION, name) == getattr(DEFAULT_CALIBRATION, name) == value
+    with pytest.raises(TunerError, match=f"calibration constant {name} = {bad!r} is outside"):
+        BASE_CALIBRATION.replace(**{name: bad})

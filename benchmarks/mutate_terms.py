@@ -1,0 +1,197 @@
+"""Mutation test of the cost model: perturb each term in turn and list the tests that notice.
+
+    PYTHONPATH=. python benchmarks/mutate_terms.py [--jobs 2] [--only SUBSTRING] [--with-digest] [--markdown FILE]
+
+Mutations (``benchmarks/mutation_plugin.py`` applies one per run):
+
+- **scale**: every function of the term modules (``cost_model.terms.TERM_MODULES``, public and
+  private) returns 1.1 x its value (a bool-valued one its negation);
+- **edit** / **const** / **exec**: explicit one-line changes of formulas, constants and enum traits,
+  among them the six that passed every test at commit 7ec9c3e (review of issue 13): shared-expert
+  activations set to 0, logits ignoring the MTP heads, CP p2p overlap ignored, PP p2p traffic halved,
+  the communicator count changed, the interleaved warm-up count without its ``* 2``.
+
+Each mutation runs ``pytest tests/cost_model_tests`` in a fresh interpreter with the mutation applied
+before the tests import the code. The digest test (``test_estimate_digest.py``) is left out unless
+``--with-digest``: it catches every numerical change by construction, and the point is that the
+term tests do. Prints a table (mutation, tests that failed); exit status 1 when a mutation
+survives or a baseline test fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from cost_model.terms import TERM_MODULES  # noqa: E402
+
+TESTS = "tests/cost_model_tests"
+DIGEST_TEST = "tests/cost_model_tests/test_estimate_digest.py"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    spec: dict[str, Any]
+    why: str = ""
+
+
+def _edit(name: str, target: str, old: str, new: str, why: str = "") -> Mutation:
+    return Mutation(name, {"kind": "edit", "target": target, "old": old, "new": new, "name": name}, why)
+
+
+def _const(name: str, target: str, value: float, why: str = "") -> Mutation:
+    return Mutation(name, {"kind": "const", "target": target, "value": value}, why)
+
+
+T = "cost_model.terms."
+
+#: Explicit mutations: the review's six survivors first, then further one-line changes.
+EXPLICIT: tuple[Mutation, ...] = (
+    _edit("shared-expert activations set to 0", T + "activations:shared_expert_bytes",
+          "return BF16_BYTES * c.tokens * m.mlp_matrices * m.shared_ffn / col(c.tp)", "return 0 * c.tokens", "review survivor"),
+    _edit("logits ignore the MTP heads", T + "memory:logits_bytes", "* (1 + m.mtp)", "* 1", "review survivor"),
+    _edit("CP p2p overlap ignored", T + "comm:cp_ring_time", " * (1 - c.cal.cp_p2p_overlap)", "", "review survivor"),
+    _edit("PP p2p traffic halved", T + "schedule:pp_p2p_time", "P2P_TRANSFERS_PER_BOUNDARY * c.micro_batches",
+          "P2P_TRANSFERS_PER_BOUNDARY / 2 * c.micro_batches", "review survivor"),
+    _edit("communicator count changed", T + "memory:process_groups", "n + c.cal.base_process_groups",
+          "n + c.cal.base_process_groups + 1", "review survivor"),
+    _edit("interleaved warm-up without its * 2", T + "schedule:inflight_interleaved", "(pp - c.rank - 1) * 2", "(pp - c.rank - 1)",
+          "review survivor"),
+    _edit("logits FLOPs ignore the MTP heads", T + "compute:logits_flops", "* (1 + m.mtp)", "* 1"),
+    _edit("expert weights not split by EP", T + "params:expert_params", "(m.experts / col(c.ep))", "m.experts"),
+    _edit("1F1B in-flight count off by one", T + "schedule:inflight_1f1b", "col(c.pp) - c.rank", "col(c.pp) - c.rank - 1"),
+    _edit("ring collectives move the whole tensor", T + "comm:ring_time", "bytes_full * (g - 1) / g / bw", "bytes_full / bw"),
+    _const("DP with the distributed optimizer as an all-reduce", T + "comm:DISTOPT_BYTES_PER_PARAM", 8.0),
+    Mutation("DeepEP sends once per GPU, not per node", {"kind": "exec", "code": (
+        "import specs.layout as L\n"
+        "L._DISPATCHER_TRAITS[L.Dispatcher.flex_deepep] = L._DispatcherTraits('flex', 'deepep', dedups_per_node=False)")}),
+    Mutation("HybridEP counted as allgather", {"kind": "exec", "code": (
+        "import specs.layout as L\n"
+        "L._DISPATCHER_TRAITS[L.Dispatcher.flex_hybridep] = L._DispatcherTraits('allgather', None, dedups_per_node=False)")}),
+    _edit("no-TE attention output kept once", T + "activations:attention_bytes", "copies = 1.0 if c.options.te_attention else 2.0", "copies = 1.0"),
+    _edit("full uniform keeps every layer's input", T + "activations:stored_layer_bytes", "layer_input / c.recompute_num_layers", "layer_input"),
+    _edit("bubble ignores VPP", T + "schedule:fill_drain_microbatches", "(c.pp - 1) / c.vpp", "(c.pp - 1)"),
+    _edit("moe_act recompute frees nothing", T + "activations:saved_moe_bytes", "expert_activation_fn_bytes(c, copies)", "0 * copies"),
+    _const("master weights 4 B with the precision-aware optimizer", T + "state:MASTER_REMAINDER_BYTES", 4.0),
+    _edit("flex dispatcher pays the host sync", T + "comm:_fixed_layer_cost", "np.where(c.flex, 0.0, cal.alltoall_sync_latency_s)",
+          "cal.alltoall_sync_latency_s"),
+    _const("GEMM backward = forward", T + "compute:GEMM_PASSES", 2.0),
+    _const("two SP collectives per block", T + "comm:SP_COLLECTIVES_PER_BLOCK", 2.0),
+    _const("attention keeps two hidden tensors", T + "activations:ATTENTION_HIDDEN_TENSORS", 2.0),
+    _edit("recompute re-runs the backward's elementwise work too", T + "recompute:_forward_share",
+          "return 1.0 + c.cal.elementwise_backward_ratio", "return 1.0"),
+    _edit("flex buffers sized like alltoall's", T + "memory:dispatcher_buffer_bytes", "np.where(c.flex, c.cal.flex_dispatcher_buffer_bytes,",
+          "np.where(False, c.cal.flex_dispatcher_buffer_bytes,"),
+    _edit("EP peers counted as adjacent (ETP ignored)", T + "comm:ep_local_peers", "c.nvlink_size // np.maximum(c.etp, 1)", "c.nvlink_size // 1"),
+    _edit("working set without full recompute: a whole layer", T + "memory:working_set_bytes",
+          "one_layer * c.cal.backward_working_set_fraction", "one_layer"),
+    _edit("grouped-GEMM efficiency without its floor", T + "compute:grouped_gemm_efficiency",
+          "np.maximum(eff, cal.grouped_gemm_efficiency_floor)", "eff"),
+    _edit("TP overlap ignored", T + "comm:_tp_kept", "1.0 - c.cal.tp_comm_overlap_fraction if c.options.tp_comm_overlap else 1.0", "1.0"),
+    _edit("EP overlap ignored", T + "comm:ep_all_to_all_time", "one = one * (1.0 - c.cal.ep_a2a_overlap)", "one = one"),
+    _edit("DP overlap ignored", T + "comm:dp_comm_time", "hidden = cal.dp_overlap if", "hidden = 0.0 if"),
+)
+
+
+def scale_mutations() -> list[Mutation]:
+    """One 1.1x mutation per function defined in each term module."""
+    out = []
+    for modname in TERM_MODULES:
+        mod = importlib.import_module(modname)
+        for name, fn in inspect.getmembers(mod, inspect.isfunction):
+            if fn.__module__ == modname:
+                out.append(Mutation(f"{modname.removeprefix(T)}.{name} x 1.1", {"kind": "scale", "target": f"{modname}:{name}", "factor": 1.1}))
+    return out
+
+
+@dataclass
+class Outcome:
+    mutation: Mutation
+    failed: list[str] = field(default_factory=list)
+    error: str = ""
+    seconds: float = 0.0
+
+
+_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)")
+
+
+def run(m: Mutation | None, with_digest: bool) -> Outcome:
+    """``pytest`` over the cost-model tests with ``m`` applied (None: the baseline)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")]))
+    if m is not None:
+        env["COST_MODEL_MUTATION"] = json.dumps(m.spec)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "mutation_plugin", "-p", "no:cacheprovider", "--tb=no", "-rfE", TESTS]
+    if not with_digest:
+        cmd += ["--ignore", DIGEST_TEST]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    out = Outcome(m or Mutation("baseline", {}), seconds=time.perf_counter() - t0)
+    out.failed = sorted({mm.group(1).split("::", 1)[-1] for line in p.stdout.splitlines() if (mm := _FAILED.match(line))})
+    if p.returncode not in (0, 1) or (p.returncode == 1 and not out.failed):
+        out.error = (p.stdout[-1500:] + p.stderr[-1500:]).strip()
+    return out
+
+
+def table(outcomes: list[Outcome]) -> str:
+    """A markdown table: mutation, how many tests failed, which (the first three)."""
+    lines = ["| mutation | tests failing | e.g. |", "|---|---|---|"]
+    for o in outcomes:
+        if o.error:
+            caught = "error: " + o.error.splitlines()[-1][:80]
+        else:
+            caught = str(len(o.failed)) if o.failed else "**none (survived)**"
+        eg = ", ".join(f"`{t}`" for t in o.failed[:3])
+        why = f" ({o.mutation.why})" if o.mutation.why else ""
+        lines.append(f"| {o.mutation.name}{why} | {caught} | {eg} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--jobs", type=int, default=1, help="mutations run at once (each a pytest process)")
+    ap.add_argument("--only", default="", help="run the mutations whose name (or reason) contains this")
+    ap.add_argument("--with-digest", action="store_true", help="also run the digest test")
+    ap.add_argument("--markdown", help="write the table (with the command and date) to this file")
+    a = ap.parse_args(argv)
+    muts = [m for m in (*EXPLICIT, *scale_mutations()) if a.only in f"{m.name} ({m.why})"]
+    base = run(None, a.with_digest)
+    if base.failed or base.error:
+        print(f"baseline: tests fail without a mutation: {base.failed or base.error}")
+        return 1
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=max(a.jobs, 1)) as ex:
+        outcomes = list(ex.map(lambda m: run(m, a.with_digest), muts))
+    survived = [o for o in outcomes if not o.failed or o.error]
+    text = table(outcomes)
+    n_scale = sum(o.mutation.spec.get("kind") == "scale" for o in outcomes)
+    summary = (
+        f"{len(outcomes)} mutations ({len(outcomes) - n_scale} explicit, {n_scale} scale x 1.1), "
+        f"{len(outcomes) - len(survived)} caught, {len(survived)} survived or failed to apply; "
+        f"{time.perf_counter() - t0:.0f} s, digest test {'included' if a.with_digest else 'left out'}"
+    )
+    print(text)
+    print(summary)
+    if a.markdown:
+        cmd = "PYTHONPATH=. python benchmarks/mutate_terms.py" + (f" --only {a.only!r}" if a.only else "") + (" --with-digest" if a.with_digest else "")
+        Path(a.markdown).write_text(f"`{cmd}` on {date.today().isoformat()}: {summary}.\n\n{text}\n")
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

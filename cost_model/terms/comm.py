@@ -1,0 +1,409 @@
+"""Communication time: tensor / sequence parallel, context parallel, expert parallel and data parallel.
+
+Rank placement follows Megatron's default order ``tp-cp-ep-dp-pp`` (experts ``etp-ep-edp-pp``,
+``megatron/core/parallel_state.py``): a group of ``span`` consecutive ranks stays on NVLink while
+``span <= nvlink_size``. Ring collectives move ``(g - 1) / g`` of the tensor per GPU (NCCL's
+all-gather / reduce-scatter bus-bandwidth formula, nccl-tests PERFORMANCE.md). Bandwidths are the
+datasheet's times :class:`cost_model.calibration.Calibration` efficiencies; times are seconds per
+layer per micro-batch (``(n, 1)``) unless stated.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cost_model.terms.context import Array, BoolArray, TableContext, col
+from specs.units import BF16_BYTES, FP32_BYTES
+
+__all__ = [
+    "cp_all_to_all_time",
+    "cp_comm_time",
+    "cp_ring_time",
+    "collective_bandwidth",
+    "distinct_groups_hit",
+    "dp_comm_time",
+    "ep_all_to_all_time",
+    "ep_forward_time",
+    "ep_layer_time",
+    "ep_local_peers",
+    "ep_remote_fraction",
+    "ep_send_bytes",
+    "flex_dispatch_time",
+    "moe_fixed_cost_backward",
+    "moe_fixed_cost_forward",
+    "ring_time",
+    "span_crosses_node",
+    "tp_attention_comm",
+    "tp_collective_time",
+    "tp_dense_mlp_comm",
+    "tp_moe_comm",
+]
+
+#: Sequence-parallel collectives around each TP-split block (attention, dense MLP, shared experts)
+#: per micro-batch: an all-gather before and a reduce-scatter after it in forward, and the two
+#: conjugates in backward (Korthikanti et al. 2022 §4.2.2, the g / g-bar operators).
+SP_COLLECTIVES_PER_BLOCK = 4.0
+
+#: Passes of the K/V blocks (CP ring) or of Q, K, V and the output (CP all-to-all): forward once,
+#: backward twice (the gradients of K and V travel as well as K and V again).
+CP_PASSES = 3.0
+
+#: All-to-alls per MoE layer per pass: dispatch and combine (token_dispatcher.py).
+EP_A2A_PER_PASS = 2.0
+
+#: Expert GEMMs per local expert per pass: fc1 and fc2 forward; their dgrad and wgrad backward.
+EXPERT_GEMMS_FORWARD = 2.0
+EXPERT_GEMMS_BACKWARD = 4.0
+
+#: Data-parallel bytes per parameter per step with the distributed optimizer: the fp32 gradient
+#: reduce-scatter and the bf16 parameter all-gather; without it an all-reduce = 2 reduce-scatters
+#: (megatron/core/distributed/param_and_grad_buffer.py).
+DISTOPT_BYTES_PER_PARAM = FP32_BYTES + BF16_BYTES
+ALLREDUCE_BYTES_PER_PARAM = 2 * FP32_BYTES
+
+#: Megatron FSDP bytes per parameter per micro-batch: bf16 parameters all-gathered for forward
+#: and again for backward, fp32 gradients reduce-scattered.
+FSDP_BYTES_PER_PARAM = 2 * BF16_BYTES + FP32_BYTES
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def span_crosses_node(span: Array, nvlink_size: int) -> BoolArray:
+    """A group of ``span`` consecutive ranks leaves the NVLink domain (Megatron packs groups on consecutive ranks).
+
+    Returns:
+        Bool, the shape of ``span``.
+    """
+    return span > nvlink_size
+
+
+def collective_bandwidth(c: TableContext, crosses: BoolArray) -> Array:
+    """Per-GPU bandwidth of a ring collective: NVLink x ``nvlink_efficiency`` inside the NVLink domain,
+    the node's network share per GPU x ``network_efficiency`` across it.
+
+    Returns:
+        Bytes/s, the shape of ``crosses``.
+    """
+    cluster, cal = c.cluster, c.cal
+    nv = cluster.gpu.nvlink_bytes_per_s * cal.nvlink_efficiency
+    net = cluster.inter_node_bytes_per_s / cluster.gpus_per_node * cal.network_efficiency
+    return np.where(crosses, net, nv)
+
+
+def ring_time(bytes_full: Array, group: Array, bw: Array) -> Array:
+    """All-gather or reduce-scatter of a ``bytes_full`` tensor over ``group`` ranks: ``bytes x (g - 1) / g / bw``
+    (0 for a group of one).
+
+    Returns:
+        Seconds, the broadcast shape.
+    """
+    g = np.maximum(group, 1)
+    return np.where(g > 1, bytes_full * (g - 1) / g / bw, 0.0)
+
+
+def distinct_groups_hit(num_experts: float, topk: float, groups: Array) -> Array:
+    """Expected number of groups (GPUs or nodes, each holding ``num_experts / groups`` experts)
+    that hold at least one of a token's ``topk`` distinct experts, under uniform routing (what
+    ``--moe-router-force-load-balancing`` does): ``groups * (1 - prod_i (E - E/groups - i) / (E - i))``,
+    i = 0..topk-1 (hypergeometric: the chance that no chosen expert is in a given group).
+
+    Units: a count (0 < result <= min(groups, topk)). Used for the flex dispatcher's deduplicated
+    sends (DeepEP README: tokens are sent once per destination rank / node).
+    """
+    g: Array = np.maximum(np.asarray(groups, dtype=np.float64), 1.0)
+    per = num_experts / g
+    miss = np.ones_like(g)
+    for i in range(int(topk)):
+        miss = miss * np.clip((num_experts - per - i) / (num_experts - i), 0.0, 1.0)
+    return g * (1.0 - miss)
+
+
+# --------------------------------------------------------------------------- tensor parallel
+
+
+def tp_collective_time(c: TableContext) -> Array:
+    """One sequence-parallel all-gather (or reduce-scatter) of a layer's bf16 activation,
+    ``2 x tokens x h``, over the TP group.
+
+    Returns:
+        Seconds, ``(n, 1)``.
+    """
+    bw = collective_bandwidth(c, col(span_crosses_node(c.tp, c.nvlink_size)))
+    return ring_time(BF16_BYTES * c.tokens * c.dims.h, col(c.tp), bw)
+
+
+def _tp_kept(c: TableContext) -> float:
+    """Share of TP collectives left exposed: ``1 - tp_comm_overlap_fraction`` with ``--tp-comm-overlap``, else 1."""
+    return 1.0 - c.cal.tp_comm_overlap_fraction if c.options.tp_comm_overlap else 1.0
+
+
+def tp_attention_comm(c: TableContext, collective: Array) -> Array:
+    """TP / SP communication of the attention block, forward + backward: :data:`SP_COLLECTIVES_PER_BLOCK`
+    collectives, less what ``--tp-comm-overlap`` hides.
+
+    Args:
+        collective: :func:`tp_collective_time`, ``(n, 1)``.
+
+    Returns:
+        Seconds, ``(n, 1)``.
+    """
+    return SP_COLLECTIVES_PER_BLOCK * collective * _tp_kept(c)
+
+
+def tp_dense_mlp_comm(c: TableContext, collective: Array) -> Array:
+    """TP / SP communication of a dense MLP block, forward + backward (as :func:`tp_attention_comm`).
+
+    Returns:
+        Seconds, ``(n, 1)``.
+    """
+    return SP_COLLECTIVES_PER_BLOCK * collective * _tp_kept(c)
+
+
+def tp_moe_comm(c: TableContext, collective: Array, copies: Array) -> Array:
+    """TP communication of a MoE layer's MLP side, forward + backward: the shared experts' SP
+    collectives (if any) plus, with ETP > 1, the same four collectives on the dispatched token
+    copies (``2 x copies x h``) over the ETP group.
+
+    Args:
+        collective: :func:`tp_collective_time`, ``(n, 1)``.
+        copies: routed token copies per GPU, ``(n, 1)``.
+
+    Returns:
+        Seconds, ``(n, 1)``.
+    """
+    shared = np.where(c.dims.shared_ffn > 0, SP_COLLECTIVES_PER_BLOCK * collective, 0.0)
+    bw = collective_bandwidth(c, col(span_crosses_node(c.etp, c.nvlink_size)))
+    experts = SP_COLLECTIVES_PER_BLOCK * ring_time(BF16_BYTES * copies * c.dims.h, col(c.etp), bw)
+    return (shared + experts) * _tp_kept(c)
+
+
+# --------------------------------------------------------------------------- context parallel
+
+
+def _cp_bandwidth(c: TableContext) -> Array:
+    """CP peers are ``tp`` ranks apart: the group spans ``tp x cp`` ranks."""
+    return collective_bandwidth(c, col(span_crosses_node(c.tp * c.cp, c.nvlink_size)))
+
+
+def cp_ring_time(c: TableContext) -> Array:
+    """``--cp-comm-type p2p``: the K/V blocks (``2 x tokens x kv_dim / tp``) are passed ``cp - 1`` times
+    per pass, :data:`CP_PASSES` passes, ``1 - cp_p2p_overlap`` of it exposed (Megatron overlaps each
+    block's send with the previous block's attention; TE ``AttnFuncWithCPAndKVP2P``).
+
+    Returns:
+        Seconds, ``(n, 1)``; 0 without CP.
+    """
+    cp = col(c.cp)
+    t = CP_PASSES * (cp - 1) * BF16_BYTES * c.tokens * c.dims.kv_dim / col(c.tp) / _cp_bandwidth(c) * (1 - c.cal.cp_p2p_overlap)
+    return np.where(cp > 1, t, 0.0)
+
+
+def cp_all_to_all_time(c: TableContext) -> Array:
+    """``--cp-comm-type a2a`` (Ulysses): all-to-all of Q, K, V before and of the output after attention,
+    ``2 x tokens x (q_dim + kv_dim + ctx_dim) / tp x (cp - 1) / cp`` bytes per pass, :data:`CP_PASSES`
+    passes, not overlapped.
+
+    Returns:
+        Seconds, ``(n, 1)``; 0 without CP.
+    """
+    m = c.dims
+    cp = col(c.cp)
+    sent = BF16_BYTES * c.tokens * (m.q_dim + m.kv_dim + m.ctx_dim) / col(c.tp) * (cp - 1) / cp
+    return np.where(cp > 1, CP_PASSES * sent / _cp_bandwidth(c), 0.0)
+
+
+def cp_comm_time(c: TableContext) -> Array:
+    """CP communication per layer, forward + backward, for the run's ``cp_comm_type``.
+
+    Returns:
+        Seconds, ``(n, 1)``.
+    """
+    if c.options.cp_comm_type == "a2a":
+        return cp_all_to_all_time(c)
+    return cp_ring_time(c)
+
+
+# --------------------------------------------------------------------------- expert parallel
+
+
+def ep_local_peers(c: TableContext) -> Array:
+    """EP peers inside one NVLink domain: EP peers are ``etp`` ranks apart (``etp-ep-edp-pp``),
+    so ``min(ep, nvlink_size // etp)``.
+
+    Returns:
+        A count, ``(n,)``.
+    """
+    per_domain: Array = c.nvlink_size // np.maximum(c.etp, 1)
+    return np.minimum(c.ep, np.maximum(per_domain, 1))
+
+
+def ep_remote_fraction(c: TableContext) -> Array:
+    """Share of a GPU's EP peers on other nodes: ``1 - local peers / ep`` when the EP group (``etp x ep``
+    ranks) leaves the NVLink domain, else 0.
+
+    Returns:
+        A fraction, ``(n, 1)``.
+    """
+    return col(np.where(c.etp * c.ep > c.nvlink_size, 1 - ep_local_peers(c) / c.ep, 0.0))
+
+
+def ep_send_bytes(c: TableContext) -> Array:
+    """Bytes a GPU sends per all-to-all (dispatch or combine) through NCCL: one copy per routed expert on
+    another EP rank, ``2 x tokens / tp x h x topk x (ep - 1) / ep x imbalance``; allgather sends every
+    token to every EP rank, ``2 x tokens / tp x h x (ep - 1)``.
+
+    Returns:
+        Bytes, ``(n, 1)``.
+    """
+    m = c.dims
+    ep = col(c.ep)
+    tok = BF16_BYTES * c.tokens / col(c.tp) * m.h
+    return np.where(c.allgather, tok * (ep - 1), tok * m.topk * (ep - 1) / ep * c.load_imbalance)
+
+
+def _a2a_bandwidths(c: TableContext) -> tuple[float, float]:
+    """(NVLink all-to-all, network per GPU) bandwidths, bytes/s."""
+    cluster, cal = c.cluster, c.cal
+    nv = cluster.gpu.nvlink_bytes_per_s * cal.alltoall_nvlink_efficiency
+    net = cluster.inter_node_bytes_per_s / cluster.gpus_per_node * cal.network_efficiency
+    return nv, net
+
+
+def flex_dispatch_time(c: TableContext, remote: Array) -> Array:
+    """One flex all-to-all (DeepEP / HybridEP): a token goes once to each distinct GPU that holds one of
+    its experts (:func:`distinct_groups_hit` over ``ep`` GPUs), not once per expert; with
+    :attr:`specs.Dispatcher.dedups_per_node` once to each distinct remote node, forwarded there over
+    NVLink (DeepEP README, "normal kernels"); NVLink and network traffic overlap, and the kernels are
+    ``flex_dispatch_speedup`` x faster per byte than NCCL's.
+
+    Args:
+        remote: :func:`ep_remote_fraction`, ``(n, 1)``.
+
+    Returns:
+        Seconds, ``(n, 1)``.
+    """
+    m, cal = c.dims, c.cal
+    nv, net = _a2a_bandwidths(c)
+    ep = col(c.ep)
+    tok = BF16_BYTES * c.tokens / col(c.tp) * m.h
+    nodes = np.maximum(ep / col(ep_local_peers(c)), 1.0)
+    gpus_hit = distinct_groups_hit(m.experts, m.topk, ep)
+    net_hit = np.where(c.dedups_per_node, distinct_groups_hit(m.experts, m.topk, nodes) * (nodes - 1) / nodes, gpus_hit * remote)
+    over_nvlink = tok * gpus_hit * (ep - 1) / ep * c.load_imbalance
+    over_network = tok * np.where(remote > 0, net_hit, 0.0) * c.load_imbalance
+    return np.maximum(over_nvlink / nv, over_network / net) / cal.flex_dispatch_speedup
+
+
+def ep_all_to_all_time(c: TableContext) -> Array:
+    """One dispatch or combine: NCCL all-to-all (alltoall / allgather, :func:`ep_send_bytes`; the NVLink
+    and network parts in parallel, the slower one counts) or flex (:func:`flex_dispatch_time`), less
+    ``ep_a2a_overlap`` with ``--overlap-moe-expert-parallel-comm``.
+
+    Returns:
+        Seconds, ``(n, 1)``.
+    """
+    nv, net = _a2a_bandwidths(c)
+    remote = ep_remote_fraction(c)
+    send = ep_send_bytes(c)
+    nccl = np.maximum(send * (1 - remote) / nv, send * remote / net)
+    one = np.where(c.flex, flex_dispatch_time(c, remote), nccl)
+    if c.options.overlap_moe_expert_parallel_comm:
+        one = one * (1.0 - c.cal.ep_a2a_overlap)
+    return one
+
+
+def _fixed_layer_cost(c: TableContext) -> Array:
+    """Per MoE layer per pass: ``moe_layer_overhead_s`` (x ``cuda_graph_overhead_factor`` when CUDA graphs
+    capture the router) plus, except for flex, the dispatcher's host sync ``alltoall_sync_latency_s``."""
+    cal = c.cal
+    layer = cal.moe_layer_overhead_s * (cal.cuda_graph_overhead_factor if c.options.cuda_graph_moe else 1.0)
+    return layer + np.where(c.flex, 0.0, cal.alltoall_sync_latency_s)
+
+
+def _expert_gemm_cost(c: TableContext) -> float:
+    """``expert_gemm_overhead_s`` per local expert GEMM (x ``cuda_graph_overhead_factor`` under whole-iteration graphs)."""
+    cal = c.cal
+    return cal.expert_gemm_overhead_s * (cal.cuda_graph_overhead_factor if c.options.cuda_graph_full else 1.0)
+
+
+def moe_fixed_cost_forward(c: TableContext) -> Array:
+    """Fixed cost of a MoE layer's forward (also a recomputed one): the per-layer cost plus one GEMM
+    launch per local expert (``E / ep``) for fc1 and fc2.
+
+    Returns:
+        Seconds, ``(n, 1)``.
+    """
+    return _fixed_layer_cost(c) + EXPERT_GEMMS_FORWARD * col(c.dims.experts / c.ep) * _expert_gemm_cost(c)
+
+
+def moe_fixed_cost_backward(c: TableContext) -> Array:
+    """Fixed cost of a MoE layer's backward: the per-layer cost plus dgrad and wgrad launches of fc1 and fc2
+    per local expert.
+
+    Returns:
+        Seconds, ``(n, 1)``.
+    """
+    return _fixed_layer_cost(c) + EXPERT_GEMMS_BACKWARD * col(c.dims.experts / c.ep) * _expert_gemm_cost(c)
+
+
+def ep_forward_time(c: TableContext, a2a: Array) -> Array:
+    """EP time of one forward pass of a MoE layer (also what a recomputed forward costs):
+    :data:`EP_A2A_PER_PASS` all-to-alls (0 when ep = 1) plus the forward fixed cost.
+
+    Args:
+        a2a: :func:`ep_all_to_all_time`, ``(n, 1)``.
+
+    Returns:
+        Seconds, ``(n, 1)``; 0 for a dense model.
+    """
+    if not c.dims.is_moe:
+        return np.zeros_like(c.tokens)
+    return np.where(col(c.ep) > 1, EP_A2A_PER_PASS * a2a, 0.0) + moe_fixed_cost_forward(c)
+
+
+def ep_layer_time(c: TableContext, a2a: Array) -> Array:
+    """EP time of a MoE layer, forward + backward: two passes of :data:`EP_A2A_PER_PASS` all-to-alls
+    and both fixed costs.
+
+    Args:
+        a2a: :func:`ep_all_to_all_time`, ``(n, 1)``.
+
+    Returns:
+        Seconds, ``(n, 1)``; 0 for a dense model.
+    """
+    if not c.dims.is_moe:
+        return np.zeros_like(c.tokens)
+    one_pass = np.where(col(c.ep) > 1, EP_A2A_PER_PASS * a2a, 0.0)
+    return 2 * one_pass + moe_fixed_cost_forward(c) + moe_fixed_cost_backward(c)
+
+
+# --------------------------------------------------------------------------- data parallel
+
+
+def dp_comm_time(c: TableContext, dense: Array, experts: Array) -> Array:
+    """Data-parallel communication per step on the slowest rank: the dense parameters' gradient
+    reduce-scatter and parameter all-gather over DP x CP, the experts' over EDP
+    (:data:`DISTOPT_BYTES_PER_PARAM`, or an all-reduce without the distributed optimizer); with
+    Megatron FSDP every micro-batch (:data:`FSDP_BYTES_PER_PARAM`). ``dp_overlap`` of it is hidden
+    with ``--overlap-grad-reduce`` (or FSDP); the seed's run has neither.
+
+    Args:
+        dense, experts: parameters per GPU (:mod:`cost_model.terms.params`), ``(n, K)``.
+
+    Returns:
+        Seconds per step, ``(n,)``.
+    """
+    opt, cal = c.options, c.cal
+    dpcp = col(c.dp * c.cp)
+    dense_bw = collective_bandwidth(c, col(span_crosses_node(c.tp * c.cp * c.dp, c.nvlink_size)))
+    exp_bw = collective_bandwidth(c, col(span_crosses_node(c.etp * c.ep * c.edp, c.nvlink_size)))
+    if opt.use_megatron_fsdp:
+        b = FSDP_BYTES_PER_PARAM
+        per_rank = col(c.micro_batches) * (ring_time(b * dense, dpcp, dense_bw) + ring_time(b * experts, col(c.edp), exp_bw))
+    else:
+        per_param = np.where(c.distributed_optimizer, DISTOPT_BYTES_PER_PARAM, ALLREDUCE_BYTES_PER_PARAM)
+        per_rank = ring_time(per_param * dense, dpcp, dense_bw) + ring_time(per_param * experts, col(c.edp), exp_bw)
+    hidden = cal.dp_overlap if (opt.overlap_grad_reduce or opt.use_megatron_fsdp) else 0.0
+    worst: Array = (per_rank * c.live).max(axis=1)
+    return worst * (1 - hidden)

@@ -1,0 +1,300 @@
+"""Compute time of one decoder layer for one micro-batch on one GPU: GEMMs, attention, memory-bound work.
+
+FLOPs follow Megatron's ``num_floating_point_operations`` (``megatron/training/training.py``,
+shared/notes/megatron_rules.md §6.3): 2 FLOPs per multiply-accumulate, backward = 2 x forward
+for every GEMM (dgrad + wgrad; Narayanan et al. 2021, arXiv 2104.04473 §5.1), so a layer's
+forward + backward is :data:`GEMM_PASSES` x its forward. Efficiencies and HBM bytes are
+:class:`cost_model.calibration.Calibration` fields. FLOPs are per GPU (split by TP / ETP),
+times in seconds; shapes ``(n, 1)`` unless stated.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cost_model.calibration import Calibration
+from cost_model.terms.context import Array, TableContext, col
+from specs.units import FP32_BYTES
+
+__all__ = [
+    "attention_compute_time",
+    "attention_elementwise_time",
+    "attention_linear_flops",
+    "attention_linear_time",
+    "core_attention_flops",
+    "core_attention_time",
+    "dense_compute_time",
+    "dense_mlp_flops",
+    "dense_mlp_time",
+    "expert_flops",
+    "expert_time",
+    "gemm_efficiency",
+    "grouped_gemm_efficiency",
+    "logits_flops",
+    "logits_time",
+    "moe_compute_time",
+    "moe_elementwise_time",
+    "router_flops",
+    "router_time",
+    "shared_expert_flops",
+    "shared_expert_time",
+]
+
+#: FLOPs per multiply-accumulate.
+FLOPS_PER_MAC = 2.0
+
+#: A GEMM's forward + backward over its forward: dgrad and wgrad each cost one forward
+#: (Megatron's ``6 = 3 x 2`` FLOPs per parameter and token, training.py).
+GEMM_PASSES = 3.0
+
+#: GEMMs of the attention projections: QKV and the output projection (their FLOPs are
+#: about equal, so each is half of :func:`attention_linear_flops` for the size-efficiency curve).
+ATTENTION_PROJECTION_GEMMS = 2.0
+
+
+def gemm_efficiency(flops: Array, cal: Calibration) -> Array:
+    """Achieved fraction of peak of a GEMM of ``flops``: ``gemm_efficiency x F / (F + gemm_half_size_flops)``
+    (small GEMMs are latency bound; :attr:`Calibration.gemm_half_size_flops`).
+
+    Args:
+        flops: FLOPs of one GEMM, any shape (floored at 1).
+
+    Returns:
+        A fraction in (0, gemm_efficiency), the shape of ``flops``.
+    """
+    f = np.maximum(flops, 1.0)
+    return cal.gemm_efficiency * f / (f + cal.gemm_half_size_flops)
+
+
+def attention_linear_flops(c: TableContext) -> Array:
+    """Forward FLOPs of the attention projections: ``2 x tokens x attention_params / tp``.
+
+    Returns:
+        FLOPs, ``(n, 1)``.
+    """
+    return FLOPS_PER_MAC * c.tokens * c.dims.attention_params / col(c.tp)
+
+
+def core_attention_flops(c: TableContext) -> Array:
+    """Forward FLOPs of causal core attention (QK^T and PV): ``tokens x s x (q_dim + ctx_dim) / 2 / tp``
+    x (mean keys per query / the full-causal mean).
+
+    Each query attends to ``(s + 1) / 2`` keys on average under the causal mask, fewer on
+    sliding-window layers (:meth:`specs.ModelSpec.attended_keys_per_query`; the window share is the
+    model's ``num_window_layers / num_layers``). Megatron counts ``s / 2`` keys (notes §6.3).
+
+    Returns:
+        FLOPs, ``(n, 1)``.
+    """
+    m, model = c.dims, c.model
+    keys_full = model.attended_keys_per_query(c.workload.seq_length, windowed=False)
+    keys_win = model.attended_keys_per_query(c.workload.seq_length, windowed=True)
+    win_share = model.num_window_layers / model.num_layers
+    keys = (1 - win_share) * keys_full + win_share * keys_win
+    return c.tokens * c.seq * (m.q_dim + m.ctx_dim) / 2 / col(c.tp) * (keys / keys_full)
+
+
+def expert_flops(c: TableContext) -> Array:
+    """Forward FLOPs of the routed experts of one MoE layer per GPU, before the load imbalance:
+    ``2 x tokens x topk x mats x h x moe_ffn / tp`` (each copy through ``mats`` matrices; ETP and EP
+    split the work so that per GPU it is this).
+
+    Returns:
+        FLOPs, ``(n, 1)``.
+    """
+    m = c.dims
+    return FLOPS_PER_MAC * c.tokens * m.topk * m.mlp_matrices * m.h * m.moe_ffn / col(c.tp)
+
+
+def router_flops(c: TableContext) -> Array:
+    """Forward FLOPs of the router GEMM: ``2 x tokens x h x E / tp``.
+
+    Returns:
+        FLOPs, ``(n, 1)``; 0 for a dense model.
+    """
+    m = c.dims
+    if not m.is_moe:
+        return np.zeros_like(c.tokens)
+    return FLOPS_PER_MAC * c.tokens * m.h * m.experts / col(c.tp)
+
+
+def shared_expert_flops(c: TableContext) -> Array:
+    """Forward FLOPs of the shared experts: ``2 x tokens x mats x h x shared_ffn / tp``.
+
+    Returns:
+        FLOPs, ``(n, 1)``; 0 without shared experts.
+    """
+    m = c.dims
+    return FLOPS_PER_MAC * c.tokens * m.mlp_matrices * m.h * m.shared_ffn / col(c.tp)
+
+
+def dense_mlp_flops(c: TableContext) -> Array:
+    """Forward FLOPs of a dense MLP: ``2 x tokens x mats x h x ffn / tp``.
+
+    Returns:
+        FLOPs, ``(n, 1)``.
+    """
+    m = c.dims
+    return FLOPS_PER_MAC * c.tokens * m.mlp_matrices * m.h * m.ffn / col(c.tp)
+
+
+def logits_flops(c: TableContext) -> Array:
+    """Forward FLOPs of the output layer and each MTP head: ``2 x tokens x h x V / tp x (1 + mtp)``
+    (Megatron's ``6 h V (mtp + 1)`` per token, notes §6.3, is 3 x this).
+
+    Returns:
+        FLOPs, ``(n, 1)``.
+    """
+    m = c.dims
+    return FLOPS_PER_MAC * c.tokens * m.h * m.vocab / col(c.tp) * (1 + m.mtp)
+
+
+def attention_linear_time(c: TableContext) -> Array:
+    """Forward time of the attention projections at the GEMM peak, each projection's efficiency from
+    its size (:func:`gemm_efficiency` of half the FLOPs, :data:`ATTENTION_PROJECTION_GEMMS`).
+
+    Returns:
+        Seconds, ``(n, 1)``.
+    """
+    f = attention_linear_flops(c)
+    return f / (c.gemm_peak_flops * gemm_efficiency(f / ATTENTION_PROJECTION_GEMMS, c.cal))
+
+
+def core_attention_time(c: TableContext) -> Array:
+    """Forward time of flash attention at ``attention_efficiency`` of the bf16 peak (the
+    efficiency is the fwd + bwd average, FlashAttention-2, Dao 2023).
+
+    Returns:
+        Seconds, ``(n, 1)``.
+    """
+    return core_attention_flops(c) / (c.bf16_peak_flops * c.cal.attention_efficiency)
+
+
+def grouped_gemm_efficiency(c: TableContext) -> Array:
+    """Grouped-GEMM efficiency at this many rows per local expert:
+    ``grouped_gemm_efficiency x rows / (rows + grouped_gemm_half_rows)``, floored at
+    ``grouped_gemm_efficiency_floor``; ``rows = tokens x topk x etp x ep / (tp x E)``.
+
+    Returns:
+        A fraction, ``(n, 1)``.
+    """
+    m, cal = c.dims, c.cal
+    rows = c.tokens * m.topk * col(c.etp) * col(c.ep) / (col(c.tp) * m.experts)
+    eff = cal.grouped_gemm_efficiency * rows / (rows + cal.grouped_gemm_half_rows)
+    return np.maximum(eff, cal.grouped_gemm_efficiency_floor)
+
+
+def expert_time(c: TableContext) -> Array:
+    """Forward time of the routed experts on the slowest expert rank:
+    ``expert FLOPs x imbalance / (GEMM peak x grouped-GEMM efficiency)``.
+
+    Returns:
+        Seconds, ``(n, 1)``; 0 for a dense model.
+    """
+    if not c.dims.is_moe:
+        return np.zeros_like(c.tokens)
+    return expert_flops(c) * c.load_imbalance / (c.gemm_peak_flops * grouped_gemm_efficiency(c))
+
+
+def router_time(c: TableContext) -> Array:
+    """Forward time of the router GEMM (bf16: ``--moe-router-dtype`` keeps it out of fp8).
+
+    Returns:
+        Seconds, ``(n, 1)``; 0 for a dense model.
+    """
+    if not c.dims.is_moe:
+        return np.zeros_like(c.tokens)
+    f = router_flops(c)
+    return f / (c.bf16_peak_flops * gemm_efficiency(f, c.cal))
+
+
+def _mlp_time(c: TableContext, flops: Array) -> Array:
+    """Forward time of an MLP of ``flops``, each of its ``mats`` GEMMs' efficiency from its size."""
+    m = c.dims.mlp_matrices
+    return np.where(flops > 0, flops / (c.gemm_peak_flops * gemm_efficiency(np.maximum(flops, 1.0) / m, c.cal)), 0.0)
+
+
+def shared_expert_time(c: TableContext) -> Array:
+    """Forward time of the shared experts.
+
+    Returns:
+        Seconds, ``(n, 1)``; 0 without shared experts.
+    """
+    return _mlp_time(c, shared_expert_flops(c))
+
+
+def dense_mlp_time(c: TableContext) -> Array:
+    """Forward time of a dense MLP.
+
+    Returns:
+        Seconds, ``(n, 1)``.
+    """
+    return _mlp_time(c, dense_mlp_flops(c))
+
+
+def attention_elementwise_time(c: TableContext) -> Array:
+    """Memory-bound work around attention (norms, RoPE, residual adds, casts), forward + backward:
+    ``elementwise_bytes_per_token_attn x h x tokens / tp`` bytes at the achieved HBM bandwidth.
+
+    Returns:
+        Seconds, ``(n, 1)``.
+    """
+    return c.cal.elementwise_bytes_per_token_attn * c.dims.h * c.tokens / col(c.tp) / c.hbm_bytes_per_s
+
+
+def moe_elementwise_time(c: TableContext, copies: Array) -> Array:
+    """Memory-bound MoE work (permute, unpermute, probability scaling, SwiGLU), forward + backward:
+    ``elementwise_bytes_per_copy_moe x h x copies`` bytes at the achieved HBM bandwidth.
+
+    Args:
+        copies: :func:`cost_model.terms.activations.routed_token_copies`, ``(n, 1)``.
+
+    Returns:
+        Seconds, ``(n, 1)``; 0 for a dense model.
+    """
+    if not c.dims.is_moe:
+        return np.zeros_like(c.tokens)
+    return c.cal.elementwise_bytes_per_copy_moe * c.dims.h * copies / c.hbm_bytes_per_s
+
+
+def attention_compute_time(c: TableContext, linear: Array, core: Array, elementwise: Array) -> Array:
+    """The attention side of a layer, forward + backward: ``3 x (projections + core) + elementwise``.
+
+    Returns:
+        Seconds, ``(n, 1)``.
+    """
+    return GEMM_PASSES * (linear + core) + elementwise
+
+
+def moe_compute_time(c: TableContext, experts: Array, router: Array, shared: Array, elementwise: Array) -> Array:
+    """A MoE layer's MLP side, forward + backward: ``3 x (experts + router + shared) + elementwise``.
+
+    Returns:
+        Seconds, ``(n, 1)``.
+    """
+    return GEMM_PASSES * (experts + router + shared) + elementwise
+
+
+def dense_compute_time(c: TableContext, mlp: Array, attention_elementwise: Array) -> Array:
+    """A dense layer's MLP side, forward + backward: ``3 x mlp + dense_mlp_elementwise_share x``
+    the attention side's memory-bound time.
+
+    Returns:
+        Seconds, ``(n, 1)``.
+    """
+    return GEMM_PASSES * mlp + attention_elementwise * c.cal.dense_mlp_elementwise_share
+
+
+def logits_time(c: TableContext) -> Array:
+    """The last rank's output layer and loss, forward + backward: the logits GEMMs (bf16) plus the
+    cross entropy's fp32 logits through HBM, ``(1 + elementwise_backward_ratio) x 4 x tokens x V / tp``
+    bytes (megatron/core/tensor_parallel/cross_entropy.py keeps them in fp32).
+
+    Returns:
+        Seconds, ``(n, K)``; 0 on other ranks.
+    """
+    m, cal = c.dims, c.cal
+    f = logits_flops(c)
+    gemms = GEMM_PASSES * f / (c.bf16_peak_flops * gemm_efficiency(f, cal))
+    softmax = (1.0 + cal.elementwise_backward_ratio) * FP32_BYTES * c.tokens * m.vocab / col(c.tp) / c.hbm_bytes_per_s
+    return c.is_last * (gemms + softmax)

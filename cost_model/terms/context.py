@@ -1,0 +1,368 @@
+"""What every cost-model term reads: the model's dimensions and one table's derived quantities.
+
+:func:`build_context` turns (model, cluster, workload, layouts, calibration, run options) into a
+frozen :class:`TableContext`: the parallel sizes per layout, the pipeline-rank classes, tokens per
+micro-batch, the effective peaks and the masks that the layouts' enum values imply (read from
+their properties, never from their spellings). The terms are pure functions of it.
+
+Shapes: ``(n,)`` per layout, ``(n, 1)`` per layout as a column (broadcasts against rank
+classes), ``(n, K)`` per layout and pipeline-rank class (:mod:`cost_model.terms.ranks`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from cost_model.calibration import Calibration
+from cost_model.terms import ranks
+from specs import Cluster, ModelSpec, Precision, RunOptions, Workload
+from specs.errors import TunerError
+from specs.layout import RECOMPUTE_MODULES, Dispatcher, LayoutTable, RecomputeGranularity, RecomputeMethod, categories, enum_mask
+from specs.units import BF16_BYTES, FP32_BYTES
+
+__all__ = ["Array", "BoolArray", "ModelDims", "TableContext", "build_context", "col"]
+
+Array = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+#: Bytes per element of each ``--exp-avg-dtype`` / ``--exp-avg-sq-dtype`` value.
+_STATE_DTYPE_BYTES = {"fp32": FP32_BYTES, "bf16": BF16_BYTES}
+
+_E = TypeVar("_E", bound=Enum)
+_S = TypeVar("_S", bound=np.generic)
+
+
+def col(a: npt.NDArray[_S]) -> npt.NDArray[_S]:
+    """A per-layout array ``(n,)`` as a column ``(n, 1)``, to broadcast against rank classes."""
+    return a[:, None]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelDims:
+    """A model's dimensions and per-layer parameter counts, as floats (the terms' notation).
+
+    Names follow Korthikanti et al. 2022 where they have one (h, a) and Megatron's
+    ``TransformerConfig`` otherwise; counts are elements (:class:`specs.ModelSpec`).
+    """
+
+    h: float
+    """``hidden_size``."""
+    heads: float
+    """``num_attention_heads`` (a)."""
+    vocab: float
+    """``vocab_size`` (V)."""
+    experts: float
+    """``num_experts``, at least 1 (so a dense model divides by 1)."""
+    topk: float
+    """``moe_router_topk`` (k)."""
+    moe_ffn: float
+    """``moe_ffn_hidden_size`` of one routed expert."""
+    shared_ffn: float
+    """``moe_shared_expert_intermediate_size`` (0: no shared expert)."""
+    ffn: float
+    """``ffn_hidden_size`` of the dense layers."""
+    mlp_matrices: float
+    """Weight matrices per MLP: 3 gated (SwiGLU), 2 otherwise."""
+    mtp: float
+    """``mtp_num_layers``."""
+    q_dim: float
+    """Query width: heads x head dim (MLA: heads x (qk_head_dim + qk_pos_emb_head_dim))."""
+    kv_dim: float
+    """Key + value width: 2 x groups x head dim (MLA: the compressed kv_lora_rank + qk_pos_emb_head_dim)."""
+    ctx_dim: float
+    """Attention output width: heads x head dim (MLA: heads x v_head_dim)."""
+    attention_params: float
+    """Attention matmul weights of one layer (:meth:`ModelSpec.attention_params`)."""
+    layer_norm_params: float
+    """Norm weights of one layer: the two pre-norms (2h) and the attention's QK / latent norms."""
+    dense_mlp_params: float
+    shared_expert_params: float
+    router_params: float
+    expert_params: float
+    """Weights of ONE routed expert."""
+    embedding_params: float
+    """Input embedding, V x h (the untied output layer has as many again)."""
+    is_moe: bool
+    last_layer_moe: bool
+    """The last decoder layer is MoE (MTP layers copy its type, notes §6.1)."""
+    qk_layernorm: bool
+    untied_output: bool
+    """``--untie-embeddings-and-output-weights``."""
+
+    @classmethod
+    def of(cls, model: ModelSpec) -> ModelDims:
+        """The dimensions of ``model``."""
+        h = float(model.hidden_size)
+        nh = float(model.num_attention_heads)
+        d = float(model.kv_channels)
+        if model.is_mla:
+            q_dim = nh * (model.qk_head_dim + model.qk_pos_emb_head_dim)
+            kv_dim = float(model.kv_lora_rank + model.qk_pos_emb_head_dim)
+            ctx_dim = nh * model.v_head_dim
+        else:
+            q_dim, kv_dim, ctx_dim = nh * d, 2 * float(model.num_query_groups) * d, nh * d
+        return cls(
+            h=h,
+            heads=nh,
+            vocab=float(model.vocab_size),
+            experts=float(max(model.num_experts, 1)),
+            topk=float(model.moe_router_topk),
+            moe_ffn=float(model.moe_ffn_hidden_size),
+            shared_ffn=float(model.moe_shared_expert_intermediate_size),
+            ffn=float(model.ffn_hidden_size),
+            mlp_matrices=float(model.mlp_matrices),
+            mtp=float(model.mtp_num_layers),
+            q_dim=q_dim,
+            kv_dim=kv_dim,
+            ctx_dim=ctx_dim,
+            attention_params=float(model.attention_params()),
+            layer_norm_params=2 * h + float(model.attention_norm_params()),
+            dense_mlp_params=float(model.dense_mlp_params()),
+            shared_expert_params=float(model.shared_expert_params()),
+            router_params=float(model.router_params()),
+            expert_params=float(model.expert_params()),
+            embedding_params=float(model.embedding_params()),
+            is_moe=model.is_moe,
+            last_layer_moe=bool(model.moe_layer_freq[-1]) if model.num_layers else False,
+            qk_layernorm=model.qk_layernorm,
+            untied_output=model.untie_embeddings_and_output_weights,
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TableContext:
+    """The derived quantities of one :class:`LayoutTable` that the terms share.
+
+    Built once per :func:`cost_model.estimate.estimate_table` call by :func:`build_context`.
+    """
+
+    model: ModelSpec
+    cluster: Cluster
+    workload: Workload
+    cal: Calibration
+    options: RunOptions
+    dims: ModelDims
+
+    # ---- cluster and workload (scalars) --------------------------------------------------
+    world: int
+    """GPUs in the job."""
+    gpus_per_node: int
+    """GPUs sharing a node's network links and CPUs."""
+    nvlink_size: int
+    """GPUs that reach each other over NVLink (:attr:`specs.Cluster.nvlink_size`)."""
+    seq: float
+    """``seq_length``, tokens."""
+    global_batch: float
+    """``global_batch_size``, rows."""
+    gemm_peak_flops: float
+    """GEMM peak at the workload's precision x its efficiency ratio x the family factor, FLOP/s
+    (the ratio and factor scale the efficiencies; folded into the peak here)."""
+    bf16_peak_flops: float
+    """Dense bf16 peak x the family factor, FLOP/s (attention, router, output layer, MFU)."""
+    hbm_bytes_per_s: float
+    """Achieved HBM bandwidth, ``hbm_bytes_per_s x hbm_efficiency``, bytes/s."""
+    low_precision_weight_bytes: float
+    """Bytes per parameter of the quantised weight copy (:attr:`specs.Precision.low_precision_weight_bytes`)."""
+    load_imbalance: float
+    """Slowest expert rank's routed tokens over the mean: ``moe_load_imbalance`` with natural
+    routing of a MoE model, 1 with ``--moe-router-force-load-balancing`` or a dense model."""
+
+    # ---- per layout (n,) -------------------------------------------------------------------
+    tp: Array
+    pp: Array
+    vpp: Array
+    cp: Array
+    ep: Array
+    etp: Array
+    mbs: Array
+    """``micro_batch_size``, rows."""
+    dp: Array
+    """Dense data-parallel size, ``world / (tp pp cp)``."""
+    edp: Array
+    """Expert data-parallel size, ``world / (etp ep pp)``."""
+    micro_batches: Array
+    """Micro-batches per step per DP rank, ``M = max(floor(gbs / (mbs dp)), 1)``."""
+    overlap_offload: BoolArray
+    """``--overlap-cpu-optimizer-d2h-h2d``."""
+
+    # ---- per layout and pipeline-rank class (n, K) -------------------------------------------
+    rank: Array
+    """Representative pipeline rank of the class (its lowest)."""
+    live: BoolArray
+    """The column is a real class (not padding)."""
+    rank_count: Array
+    """Pipeline ranks in the class."""
+    is_first: BoolArray
+    """The class is pipeline rank 0 (embedding)."""
+    is_last: BoolArray
+    """The class is the last pipeline rank (output layer, loss, MTP)."""
+    layers: Array
+    """Decoder layers per rank."""
+    moe_layers: Array
+    dense_layers: Array
+    block_layers: Array
+    """Layers recomputed per rank under block recompute (:attr:`RankArrays.block_layers`)."""
+
+    # ---- per layout as a column (n, 1) -------------------------------------------------------
+    tokens: Array
+    """Tokens per micro-batch on one TP group, ``mbs x seq / cp``."""
+    recompute_num_layers: Array
+    """``recompute_num_layers``, at least 1."""
+    selective: BoolArray
+    """Selective recompute (:attr:`RecomputeGranularity.recomputes_modules`)."""
+    full: BoolArray
+    """Full recompute (:attr:`RecomputeGranularity.recomputes_whole_layers`)."""
+    uniform: BoolArray
+    """Uniform full recompute (:attr:`RecomputeMethod.recomputes_every_layer`); else block."""
+    recomputed: Mapping[str, BoolArray]
+    """Per ``--recompute-modules`` entry: selective recompute with that module listed."""
+    distributed_optimizer: BoolArray
+    precision_aware: BoolArray
+    """``--use-precision-aware-optimizer``."""
+    exp_avg_bytes: Array
+    """Bytes per element of Adam's first moment (``--exp-avg-dtype``)."""
+    exp_avg_sq_bytes: Array
+    """Bytes per element of Adam's second moment (``--exp-avg-sq-dtype``)."""
+    offload_fraction: Array
+    """``--optimizer-offload-fraction`` (0 = none)."""
+    flex: BoolArray
+    """Flex dispatcher (:attr:`Dispatcher.is_flex`)."""
+    allgather: BoolArray
+    """Allgather dispatcher (:attr:`Dispatcher.is_allgather`)."""
+    dedups_per_node: BoolArray
+    """A dispatcher that sends once per remote node (:attr:`Dispatcher.dedups_per_node`)."""
+
+    @property
+    def n(self) -> int:
+        """Layouts in the table."""
+        return len(self.tp)
+
+    def recomputes(self, module: str) -> BoolArray:
+        """Rows with selective recompute of ``module`` (a :data:`specs.RECOMPUTE_MODULES` entry), ``(n, 1)``."""
+        return self.recomputed[module]
+
+
+def _mask(values: npt.NDArray[np.str_], enum: type[_E], predicate: Callable[[_E], bool]) -> BoolArray:
+    """:func:`specs.layout.enum_mask` as a column ``(n, 1)``."""
+    return enum_mask(values, enum, predicate)[:, None]
+
+
+def _dtype_bytes(values: npt.NDArray[np.str_]) -> Array:
+    """Bytes per element of an optimizer-state dtype column, ``(n, 1)``."""
+    out = np.zeros(len(values))
+    for name, size in _STATE_DTYPE_BYTES.items():
+        out[values == name] = size
+    return out[:, None]
+
+
+def _distinct(values: npt.NDArray[np.str_], most: int = 32) -> tuple[list[str], npt.NDArray[np.intp]]:
+    """Distinct strings of a column and each row's index into them, peeled off one comparison at a
+    time (a search space's column holds a handful of values; :func:`specs.layout.categories`, which
+    hashes every character position, takes over beyond ``most``). Order: first appearance."""
+    inv = np.full(len(values), -1, dtype=np.intp)
+    uniq: list[str] = []
+    while len(uniq) < most:
+        todo = np.flatnonzero(inv < 0)
+        if not len(todo):
+            return uniq, inv
+        v = values[todo[0]]
+        inv[(values == v) & (inv < 0)] = len(uniq)
+        uniq.append(str(v))
+    return categories(values)
+
+
+def build_context(
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Workload,
+    table: LayoutTable,
+    calibration: Calibration,
+    options: RunOptions,
+) -> TableContext:
+    """The :class:`TableContext` of ``table``.
+
+    Raises:
+        TunerError: a precision the GPU has no tensor cores for.
+    """
+    cal = calibration
+    gpu = cluster.gpu
+    prec = Precision(workload.precision)
+    if prec != Precision.bf16 and not gpu.peak_flops(prec):
+        raise TunerError(f"precision {prec.value}: {gpu.name} has no tensor cores for it")
+    fam = cal.family_factor(gpu.family)
+    s = float(workload.seq_length)
+    gbs = float(workload.global_batch_size)
+
+    tp = table["tp"].astype(float)
+    pp_i = table["pp"]
+    pp = pp_i.astype(float)
+    cp = table["cp"].astype(float)
+    mbs = table["micro_batch_size"].astype(float)
+    dp = table.dp.astype(float)
+
+    r = ranks.rank_arrays(model, table)
+    selective = _mask(table["recompute_granularity"], RecomputeGranularity, lambda g: g.recomputes_modules)
+    mod_values, mod_inv = _distinct(table["recompute_modules"])
+    mod_sets = [set(v.split(",")) for v in mod_values]
+    recomputed = {
+        m: selective & np.array([m in ms for ms in mod_sets], dtype=np.bool_)[mod_inv][:, None] for m in RECOMPUTE_MODULES
+    }
+    disp = table["dispatcher"]
+    return TableContext(
+        model=model,
+        cluster=cluster,
+        workload=workload,
+        cal=cal,
+        options=options,
+        dims=ModelDims.of(model),
+        world=cluster.num_gpus,
+        gpus_per_node=cluster.gpus_per_node,
+        nvlink_size=cluster.nvlink_size,
+        seq=s,
+        global_batch=gbs,
+        gemm_peak_flops=gpu.peak_flops(prec) * cal.precision_ratio(prec.value) * fam,
+        bf16_peak_flops=gpu.peak_flops_bf16 * fam,
+        hbm_bytes_per_s=gpu.hbm_bytes_per_s * cal.hbm_efficiency,
+        low_precision_weight_bytes=prec.low_precision_weight_bytes,
+        load_imbalance=cal.moe_load_imbalance if (model.is_moe and not options.moe_router_force_load_balancing) else 1.0,
+        tp=tp,
+        pp=pp,
+        vpp=table["vpp"].astype(float),
+        cp=cp,
+        ep=table["ep"].astype(float),
+        etp=table["etp"].astype(float),
+        mbs=mbs,
+        dp=dp,
+        edp=table.edp.astype(float),
+        micro_batches=np.maximum(np.floor(gbs / (mbs * dp)), 1.0),
+        overlap_offload=np.asarray(table["overlap_cpu_optimizer_d2h_h2d"], dtype=np.bool_),
+        rank=r.rank,
+        live=r.count > 0,
+        rank_count=r.count,
+        is_first=r.rank == 0,
+        is_last=r.rank == (pp_i[:, None] - 1),
+        layers=r.layers,
+        moe_layers=r.moe,
+        dense_layers=r.layers - r.moe,
+        block_layers=r.block_layers,
+        tokens=(mbs * s / cp)[:, None],
+        recompute_num_layers=np.maximum(table["recompute_num_layers"].astype(float), 1.0)[:, None],
+        selective=selective,
+        full=_mask(table["recompute_granularity"], RecomputeGranularity, lambda g: g.recomputes_whole_layers),
+        uniform=_mask(table["recompute_method"], RecomputeMethod, lambda m: m.recomputes_every_layer),
+        recomputed=recomputed,
+        distributed_optimizer=np.asarray(table["use_distributed_optimizer"], dtype=np.bool_)[:, None],
+        precision_aware=np.asarray(table["use_precision_aware_optimizer"], dtype=np.bool_)[:, None],
+        exp_avg_bytes=_dtype_bytes(table["exp_avg_dtype"]),
+        exp_avg_sq_bytes=_dtype_bytes(table["exp_avg_sq_dtype"]),
+        offload_fraction=table["optimizer_offload_fraction"].astype(float)[:, None],
+        flex=_mask(disp, Dispatcher, lambda d: d.is_flex),
+        allgather=_mask(disp, Dispatcher, lambda d: d.is_allgather),
+        dedups_per_node=_mask(disp, Dispatcher, lambda d: d.dedups_per_node),
+    )

@@ -1,0 +1,78 @@
+"""Optimizer time per step: the GPU Adam step and CPU optimizer offload.
+
+Offload is Megatron's ``HybridDeviceOptimizer`` (``--optimizer-cpu-offload``,
+``--optimizer-offload-fraction``, megatron/core/optimizer/cpu_offloading): the offloaded share of
+the states is stepped by the host's CPUs, gradients copied down and parameters back over PCIe.
+Arguments ``owned`` are :func:`cost_model.terms.state.owned_params`, ``(n, K)``; results are
+seconds per step on the slowest rank, ``(n,)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cost_model.terms.context import Array, TableContext
+from specs.units import BF16_BYTES, FP32_BYTES
+
+__all__ = ["cpu_adam_time", "offload_copy_time", "offload_time", "offloaded_params", "optimizer_step_time"]
+
+#: PCIe bytes per offloaded parameter per step: the fp32 gradient down, the bf16 parameter back.
+OFFLOAD_BYTES_PER_PARAM = FP32_BYTES + BF16_BYTES
+
+
+def optimizer_step_time(c: TableContext, owned: Array) -> Array:
+    """The fused Adam step on the GPU, HBM bound: ``optimizer_bytes_per_param x owned x (1 - offload)
+    / achieved HBM bandwidth`` on the slowest rank.
+
+    Returns:
+        Seconds per step, ``(n,)``.
+    """
+    t = c.cal.optimizer_bytes_per_param * owned * (1 - c.offload_fraction) / c.hbm_bytes_per_s * c.live
+    out: Array = t.max(axis=1)
+    return out
+
+
+def offloaded_params(c: TableContext, owned: Array) -> Array:
+    """Parameters the CPUs step for the slowest rank: ``owned x offload fraction``.
+
+    Returns:
+        Elements, ``(n,)``.
+    """
+    out: Array = (owned * c.offload_fraction * c.live).max(axis=1)
+    return out
+
+
+def cpu_adam_time(c: TableContext, offloaded: Array) -> Array:
+    """The host's CPU Adam for all its GPUs' offloaded states: ``offloaded x GPUs per node /
+    cpu_adam_params_per_s_per_node`` (the node's CPUs are shared).
+
+    Args:
+        offloaded: :func:`offloaded_params`, ``(n,)``.
+
+    Returns:
+        Seconds per step, ``(n,)``.
+    """
+    per_node = float(min(c.gpus_per_node, c.world))
+    return offloaded * per_node / c.cal.cpu_adam_params_per_s_per_node
+
+
+def offload_copy_time(c: TableContext, offloaded: Array) -> Array:
+    """PCIe copies of the offloaded parameters: :data:`OFFLOAD_BYTES_PER_PARAM` each, at
+    ``pcie_efficiency`` of the GPU's PCIe bandwidth.
+
+    Returns:
+        Seconds per step, ``(n,)``.
+    """
+    return offloaded * OFFLOAD_BYTES_PER_PARAM / (c.cluster.gpu.pcie_bytes_per_s * c.cal.pcie_efficiency)
+
+
+def offload_time(c: TableContext, owned: Array) -> Array:
+    """CPU optimizer offload per step: CPU Adam plus the copies, ``offload_overlap`` of the copies
+    hidden with ``--overlap-cpu-optimizer-d2h-h2d``.
+
+    Returns:
+        Seconds per step, ``(n,)``; 0 without offload.
+    """
+    offloaded = offloaded_params(c, owned)
+    hidden: Array = np.where(c.overlap_offload, c.cal.offload_overlap, 0.0)
+    return cpu_adam_time(c, offloaded) + offload_copy_time(c, offloaded) * (1 - hidden)

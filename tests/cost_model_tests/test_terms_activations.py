@@ -1,0 +1,177 @@
+"""Activation, recompute and dynamic-memory terms, worked out by hand on the tiny MoE model.
+
+BASE: 512 tokens per micro-batch (1 x 1,024 / cp 2), tp 2, etp 1, natural routing (x 1.2):
+routed copies per GPU = 512 x top-2 x 1 / 2 x 1.2 = 614.4. h 64; q_dim 64 (4 heads x 16),
+kv_dim 64 (2 groups x 16 x K and V), ctx_dim 64; one expert 32 wide, shared experts 64, SwiGLU (3).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from term_fixtures import BASE, TINY_DENSE, make_ctx
+
+from cost_model.terms import activations as act
+from cost_model.terms import memory
+from specs import RunOptions
+
+GIB = 2**30
+COPIES = 512 * 2 * 1 / 2 * 1.2
+SELECTIVE = dict(recompute_granularity="selective", recompute_modules=("core_attn", "layernorm", "moe_act", "shared_experts"))
+
+
+def test_routed_token_copies():
+    assert act.routed_token_copies(make_ctx(**BASE))[0, 0] == pytest.approx(614.4)
+    forced = make_ctx(options=RunOptions(moe_router_force_load_balancing=True), **{**BASE, "etp": 2, "cp": 1})
+    assert act.routed_token_copies(forced)[0, 0] == pytest.approx(1024 * 2 * 2 / 2)  # cp 1: 1,024 tokens, etp 2
+
+
+def test_layer_input_bytes():
+    assert act.layer_input_bytes(make_ctx(**BASE))[0, 0] == 2 * 512 * 64 / 2
+
+
+def test_qk_norm_bytes():
+    # the queries (64) and keys (half of kv_dim 64) per token, bf16, split by tp
+    assert act.qk_norm_bytes(make_ctx(**BASE))[0, 0] == 2 * 512 / 2 * (64 + 32)
+    assert act.qk_norm_bytes(make_ctx(model=TINY_DENSE, tp=2, sequence_parallel=True))[0, 0] == 0
+
+
+def test_attention_bytes_with_and_without_te():
+    te = act.attention_bytes(make_ctx(**BASE))[0, 0]
+    # 3 hidden tensors + Q + K,V + one output copy (bf16), fp32 softmax stats per head, + QK norm
+    assert te == 2 * 512 / 2 * (3 * 64 + 64 + 64 + 64) + 4 * 512 * 4 / 2 + 49152
+    no_te = act.attention_bytes(make_ctx(options=RunOptions(te_attention=False), **BASE))[0, 0]
+    assert no_te == te + 2 * 512 / 2 * 64  # the permuted copy of the attention output
+
+
+def test_core_attention_bytes():
+    assert act.core_attention_bytes(make_ctx(**BASE))[0, 0] == 2 * 512 * 64 / 2 + 4 * 512 * 4 / 2
+
+
+def test_norm_bytes():
+    assert act.norm_bytes(make_ctx(**BASE))[0, 0] == 2 * 2 * 512 * 64 / 2
+
+
+def test_expert_bytes():
+    c = make_ctx(**BASE)
+    copies = act.routed_token_copies(c)
+    # per copy: 2 hidden tensors (2 x 64) + fc1 out and act out (3 x 32) + the prob-weighted act (32)
+    assert act.expert_bytes(c, copies)[0, 0] == pytest.approx(2 * COPIES * (128 + 96 + 32))
+    assert act.expert_activation_fn_bytes(c, copies)[0, 0] == pytest.approx(2 * COPIES * 32)
+    c2 = make_ctx(**{**BASE, "cp": 1, "etp": 2})
+    copies2 = act.routed_token_copies(c2)
+    assert act.expert_bytes(c2, copies2)[0, 0] == pytest.approx(2 * copies2[0, 0] * (128 + 96 / 2 + 32 / 2))
+    assert act.expert_activation_fn_bytes(c2, copies2)[0, 0] == pytest.approx(2 * copies2[0, 0] * 32 / 2)
+    d = make_ctx(model=TINY_DENSE, tp=2, sequence_parallel=True)
+    assert act.expert_bytes(d, act.routed_token_copies(d))[0, 0] == 0
+
+
+def test_router_shared_and_dense_mlp_bytes():
+    c = make_ctx(**BASE)
+    assert act.router_bytes(c)[0, 0] == 4 * 2 * 512 * 8 / 2
+    assert act.shared_expert_bytes(c)[0, 0] == 2 * 512 * 3 * 64 / 2
+    assert act.dense_mlp_bytes(c)[0, 0] == 2 * 512 * 3 * 256 / 2
+    d = make_ctx(model=TINY_DENSE, tp=2, sequence_parallel=True)
+    assert act.router_bytes(d)[0, 0] == 0 and act.shared_expert_bytes(d)[0, 0] == 0
+    assert act.dense_mlp_bytes(d)[0, 0] == 2 * 512 * 2 * 256  # 1,024 tokens / tp 2, 2 matrices
+
+
+def test_moe_and_dense_block_bytes():
+    c = make_ctx(**BASE)
+    # one norm input + block input + router + experts + shared experts
+    assert act.moe_block_bytes(c, act.routed_token_copies(c))[0, 0] == pytest.approx(32768 + 32768 + 16384 + 2 * COPIES * 256 + 98304)
+    assert act.dense_block_bytes(c)[0, 0] == 32768 + 32768 + 393216
+
+
+def test_saved_bytes_of_selective_recompute():
+    c = make_ctx(**BASE, **SELECTIVE)
+    copies = act.routed_token_copies(c)
+    assert act.saved_attention_bytes(c)[0, 0] == 36864 + 65536  # core_attn + layernorm
+    block = np.array([[1000.0]])
+    assert act.saved_moe_bytes(c, block, copies)[0, 0] == pytest.approx(2 * COPIES * 32 + 98304)  # moe_act + shared_experts
+    moe = make_ctx(**BASE, recompute_granularity="selective", recompute_modules=("moe", "shared_experts"))
+    assert act.saved_moe_bytes(moe, block, copies)[0, 0] == 1000 - 32768  # the block but its input; shared already in it
+    mlp = make_ctx(**BASE, recompute_granularity="selective", recompute_modules=("mlp",))
+    assert act.saved_dense_bytes(mlp, np.array([[50000.0]]))[0, 0] == 50000 - 32768
+    assert act.saved_dense_bytes(c, np.array([[50000.0]]))[0, 0] == 0
+    none = make_ctx(**BASE)
+    assert act.saved_attention_bytes(none)[0, 0] == 0 and act.saved_moe_bytes(none, block, copies)[0, 0] == 0
+
+
+def test_kept_bytes():
+    assert act.kept_bytes(np.array([[10.0]]), np.array([[3.0]]), np.array([[2.0]]))[0, 0] == 5
+
+
+def test_recomputed_fraction_counts_every_chunk():
+    block = dict(tp=2, sequence_parallel=True, pp=2, recompute_granularity="full", recompute_method="block", recompute_num_layers=1)
+    # 8 layers on pp 2: 4 per rank; one chunk -> the first layer of it; two chunks of 2 -> the first of each
+    assert act.recomputed_fraction(make_ctx(model=TINY_DENSE, **block)).tolist() == [[0.25, 0.25]]
+    assert act.recomputed_fraction(make_ctx(model=TINY_DENSE, vpp=2, **block)).tolist() == [[0.5, 0.5]]
+
+
+def test_stored_layer_bytes_per_recompute_choice():
+    inp, kept, frac = np.array([[8.0]]), np.array([[20.0]]), np.array([[0.25, 0.5]])
+    full = dict(**BASE, recompute_granularity="full", recompute_num_layers=2)
+    uniform = make_ctx(**full, recompute_method="uniform")
+    assert act.stored_layer_bytes(uniform, inp, kept, frac).tolist() == [[4.0, 4.0]]  # one input per group of 2
+    block = make_ctx(**full, recompute_method="block")
+    assert act.stored_layer_bytes(block, inp, kept, frac).tolist() == [[0.25 * 8 + 0.75 * 20, 0.5 * 8 + 0.5 * 20]]
+    assert act.stored_layer_bytes(make_ctx(**BASE, **SELECTIVE), inp, kept, frac).tolist() == [[20.0, 20.0]]
+
+
+def test_rank_activation_bytes():
+    # rank 0: one MoE + one dense layer; rank 1: two MoE layers
+    assert act.rank_activation_bytes(make_ctx(**BASE), np.array([[10.0]]), np.array([[1.0]])).tolist() == [[11.0, 20.0]]
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def test_embedding_activation_bytes():
+    out = memory.embedding_activation_bytes(make_ctx(**BASE), np.array([[2.0, 1.0]]))
+    assert out.tolist() == [[2 * 512 * 64 / 2 * 2, 0.0]]
+
+
+def test_working_set_bytes():
+    moe, dense = np.array([[100.0]]), np.array([[300.0]])
+    # rank 0 has a dense layer (the larger one here), rank 1 MoE layers only; half of one layer
+    assert memory.working_set_bytes(make_ctx(**BASE), moe, dense).tolist() == [[150.0, 50.0]]
+    full = make_ctx(**BASE, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=2)
+    assert memory.working_set_bytes(full, moe, dense).tolist() == [[600.0, 200.0]]  # the group of 2 layers, whole
+
+
+def test_activation_bytes():
+    c = make_ctx(**BASE)
+    out = memory.activation_bytes(c, np.array([[10.0, 10.0]]), np.array([[2.0, 1.0]]), np.array([[5.0, 0.0]]), np.array([[1.0, 1.0]]))
+    assert out.tolist() == [[26.0, 11.0]]
+
+
+def test_logits_bytes_count_the_mtp_head():
+    assert memory.logits_bytes(make_ctx(**BASE)).tolist() == [[0.0, 6 * 512 * 1024 / 2 * (1 + 1)]]
+    assert memory.logits_bytes(make_ctx(model=TINY_DENSE, tp=2, sequence_parallel=True))[0, 0] == 6 * 1024 * 1024 / 2
+
+
+def test_dispatcher_buffer_bytes():
+    c = make_ctx(**BASE)
+    copies = act.routed_token_copies(c)
+    assert memory.dispatcher_buffer_bytes(c, copies)[0].tolist() == pytest.approx([2 * 2 * COPIES * 64] * 2)
+    flex = make_ctx(**BASE, dispatcher="flex+hybridep")
+    assert memory.dispatcher_buffer_bytes(flex, copies)[0].tolist() == [2 * GIB, 2 * GIB]
+    # pp 4: rank 0 holds only the dense layer 0, so no buffers there
+    pp4 = make_ctx(tp=2, sequence_parallel=True, pp=4, ep=2)
+    assert memory.dispatcher_buffer_bytes(pp4, act.routed_token_copies(pp4))[0, 0] == 0
+    d = make_ctx(model=TINY_DENSE, tp=2, sequence_parallel=True)
+    assert not memory.dispatcher_buffer_bytes(d, act.routed_token_copies(d)).any()
+
+
+def test_process_groups():
+    # BASE: tp, pp, cp, dp 2, ep, edp 2 are > 1, etp is 1; plus the 2 every rank has
+    assert memory.process_groups(make_ctx(**BASE))[0, 0] == 6 + 2
+    # tp 16 alone: tp and the (expert) data-parallel group edp = 16 / (etp ep pp) = 16 count; dp is 1
+    assert memory.process_groups(make_ctx(model=TINY_DENSE, tp=16, sequence_parallel=True))[0, 0] == 2 + 2
+
+
+def test_framework_overhead_bytes():
+    out = memory.framework_overhead_bytes(make_ctx(**BASE), np.array([[1e9, 0.0]]))
+    base = 0.75 * GIB + 8 * 0.2 * GIB
+    assert out[0].tolist() == pytest.approx([base + 0.08 * 1e9, base])

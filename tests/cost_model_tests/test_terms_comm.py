@@ -1,0 +1,168 @@
+"""Communication terms, worked out by hand on TEST_CLUSTER (4 nodes of 4 GPUs).
+
+Bandwidths: NVLink 4e11 B/s x 0.75 = 3e11 for rings, x 0.55 = 2.2e11 for all-to-all; network
+2e11 B/s per node / 4 GPUs x 0.8 = 4e10 per GPU. BASE: tp 2, pp 2, cp 2, ep 4, etp 1, dp 2, edp 2,
+512 tokens per micro-batch, h 64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from term_fixtures import BASE, TINY_DENSE, make_ctx
+
+from cost_model.terms import activations, comm
+from specs import RunOptions
+
+NV, NET, A2A = 3e11, 4e10, 2.2e11
+FORCED = RunOptions(moe_router_force_load_balancing=True)
+
+
+def test_span_crosses_node():
+    assert comm.span_crosses_node(np.array([1.0, 4.0, 8.0]), 4).tolist() == [False, False, True]
+
+
+def test_collective_bandwidth():
+    out = comm.collective_bandwidth(make_ctx(**BASE), np.array([False, True]))
+    assert out.tolist() == pytest.approx([NV, NET])
+
+
+def test_ring_time():
+    out = comm.ring_time(np.array([100.0]), np.array([1.0, 4.0]), np.array([10.0]))
+    assert out.tolist() == [0.0, 100 * 3 / 4 / 10]
+
+
+def test_distinct_groups_hit_by_hand():
+    # 4 GPUs of 2 experts, top-2 of 8: 4 x (1 - 6/8 x 5/7)
+    assert comm.distinct_groups_hit(8, 2, np.array([4.0]))[0] == pytest.approx(4 * (1 - 6 / 8 * 5 / 7))
+
+
+def test_tp_collective_time_inside_and_across_nodes():
+    assert comm.tp_collective_time(make_ctx(**BASE))[0, 0] == pytest.approx(2 * 512 * 64 / 2 / NV)
+    wide = make_ctx(model=TINY_DENSE, tp=8, sequence_parallel=True)  # 8 > 4 GPUs per node: the network
+    assert comm.tp_collective_time(wide)[0, 0] == pytest.approx(2 * 1024 * 64 * 7 / 8 / NET)
+
+
+def test_tp_block_comm_four_collectives_less_the_overlap():
+    one = np.array([[1.0]])
+    c = make_ctx(**BASE)
+    ovl = make_ctx(options=RunOptions(tp_comm_overlap=True), **BASE)
+    assert comm.tp_attention_comm(c, one)[0, 0] == 4 and comm.tp_attention_comm(ovl, one)[0, 0] == 4 * 0.5
+    assert comm.tp_dense_mlp_comm(c, one)[0, 0] == 4 and comm.tp_dense_mlp_comm(ovl, one)[0, 0] == 4 * 0.5
+
+
+def test_tp_moe_comm_shared_experts_and_etp():
+    one = np.array([[1.0]])
+    c = make_ctx(**BASE)
+    assert comm.tp_moe_comm(c, one, activations.routed_token_copies(c))[0, 0] == 4  # shared experts only (etp 1)
+    e = make_ctx(options=FORCED, **{**BASE, "cp": 1, "etp": 2})
+    copies = activations.routed_token_copies(e)[0, 0]  # 1,024 x 2 x 2 / 2
+    assert comm.tp_moe_comm(e, one, activations.routed_token_copies(e))[0, 0] == pytest.approx(4 + 4 * 2 * copies * 64 / 2 / NV)
+    d = make_ctx(model=TINY_DENSE, tp=2, sequence_parallel=True)
+    assert comm.tp_moe_comm(d, one, activations.routed_token_copies(d))[0, 0] == 0  # no shared experts, no ETP
+
+
+def test_cp_ring_time():
+    # K/V blocks (kv_dim 64) passed cp - 1 = 1 time per pass, 3 passes, half hidden
+    assert comm.cp_ring_time(make_ctx(**BASE))[0, 0] == pytest.approx(3 * 1 * 2 * 512 * 64 / 2 / NV * 0.5)
+    wide = make_ctx(tp=2, cp=4, ep=2, sequence_parallel=True)  # tp x cp = 8 ranks: the network; 256 tokens
+    assert comm.cp_ring_time(wide)[0, 0] == pytest.approx(3 * 3 * 2 * 256 * 64 / 2 / NET * 0.5)
+    assert comm.cp_ring_time(make_ctx(tp=2, pp=2, ep=4, sequence_parallel=True))[0, 0] == 0
+
+
+def test_cp_all_to_all_time():
+    sent = 2 * 512 * (64 + 64 + 64) / 2 * 1 / 2
+    assert comm.cp_all_to_all_time(make_ctx(**BASE))[0, 0] == pytest.approx(3 * sent / NV)
+    assert comm.cp_comm_time(make_ctx(options=RunOptions(cp_comm_type="a2a"), **BASE))[0, 0] == pytest.approx(3 * sent / NV)
+    assert comm.cp_comm_time(make_ctx(**BASE))[0, 0] == pytest.approx(comm.cp_ring_time(make_ctx(**BASE))[0, 0])
+
+
+def test_ep_local_peers_and_remote_fraction():
+    for layout, peers, remote in (
+        (BASE, 4, 0.0),  # ep 4 on one node
+        (dict(tp=2, ep=8, sequence_parallel=True), 4, 0.5),  # ep 8 over two nodes
+        (dict(tp=2, ep=4, etp=2, sequence_parallel=True), 2, 0.5),  # peers 2 apart: 2 per node
+    ):
+        c = make_ctx(**layout)
+        assert comm.ep_local_peers(c)[0] == peers
+        assert comm.ep_remote_fraction(c)[0, 0] == remote
+
+
+def test_ep_send_bytes():
+    # one copy per routed expert on another EP rank: 2 x 512 / 2 x 64 x top-2 x 3/4 x 1.2
+    assert comm.ep_send_bytes(make_ctx(**BASE))[0, 0] == pytest.approx(2 * 256 * 64 * 2 * 3 / 4 * 1.2)
+    # allgather: every token to each of the 3 other EP ranks
+    assert comm.ep_send_bytes(make_ctx(**BASE, dispatcher="allgather"))[0, 0] == pytest.approx(2 * 256 * 64 * 3)
+
+
+def test_flex_dispatch_time_inside_a_node():
+    c = make_ctx(options=FORCED, **BASE)
+    hit = 4 * (1 - 6 / 8 * 5 / 7)  # distinct GPUs of 4 that hold one of a token's 2 experts
+    nvlink = 2 * 256 * 64 * hit * 3 / 4
+    assert comm.flex_dispatch_time(c, comm.ep_remote_fraction(c))[0, 0] == pytest.approx(nvlink / A2A / 1.4)
+
+
+def test_flex_dispatch_time_across_nodes_deepep_sends_once_per_node():
+    # ep 8 over 2 nodes, 1,024 tokens / tp 2 per GPU, forced balance
+    lay = dict(tp=2, ep=8, sequence_parallel=True)
+    tok = 2 * 1024 / 2 * 64
+    gpus_hit = 8 * (1 - 7 / 8 * 6 / 7)  # = 2
+    nvlink = tok * gpus_hit * 7 / 8
+    hybrid = make_ctx(options=FORCED, dispatcher="flex+hybridep", **lay)
+    net_hybrid = tok * gpus_hit * 0.5  # per GPU: the remote half of the GPUs hit
+    assert comm.flex_dispatch_time(hybrid, comm.ep_remote_fraction(hybrid))[0, 0] == pytest.approx(max(nvlink / A2A, net_hybrid / NET) / 1.4)
+    deep = make_ctx(options=FORCED, dispatcher="flex+deepep", **lay)
+    nodes_hit = 2 * (1 - 4 / 8 * 3 / 7)  # distinct nodes of 2 holding one of the 2 experts
+    net_deep = tok * nodes_hit * 1 / 2  # the remote one of the 2 nodes
+    assert comm.flex_dispatch_time(deep, comm.ep_remote_fraction(deep))[0, 0] == pytest.approx(max(nvlink / A2A, net_deep / NET) / 1.4)
+
+
+def test_ep_all_to_all_time():
+    nccl = 2 * 256 * 64 * 2 * 3 / 4 * 1.2 / A2A
+    assert comm.ep_all_to_all_time(make_ctx(**BASE))[0, 0] == pytest.approx(nccl)
+    ovl = make_ctx(options=RunOptions(overlap_moe_expert_parallel_comm=True), **BASE)
+    assert comm.ep_all_to_all_time(ovl)[0, 0] == pytest.approx(nccl * 0.5)
+    flex = make_ctx(**BASE, dispatcher="flex+hybridep")
+    assert comm.ep_all_to_all_time(flex)[0, 0] == pytest.approx(comm.flex_dispatch_time(flex, comm.ep_remote_fraction(flex))[0, 0])
+    # across nodes NCCL's NVLink and network parts run in parallel: the slower counts
+    wide = make_ctx(options=FORCED, tp=2, ep=8, sequence_parallel=True)
+    send = 2 * 1024 / 2 * 64 * 2 * 7 / 8
+    assert comm.ep_all_to_all_time(wide)[0, 0] == pytest.approx(max(send * 0.5 / A2A, send * 0.5 / NET))
+
+
+def test_moe_fixed_costs():
+    c = make_ctx(**BASE)  # alltoall: layer cost 0.3 ms + host sync 0.5 ms; 8/4 = 2 local experts x 30 us per GEMM
+    assert comm.moe_fixed_cost_forward(c)[0, 0] == pytest.approx(0.3e-3 + 0.5e-3 + 2 * 2 * 30e-6)
+    assert comm.moe_fixed_cost_backward(c)[0, 0] == pytest.approx(0.3e-3 + 0.5e-3 + 4 * 2 * 30e-6)
+    flex = make_ctx(**BASE, dispatcher="flex+deepep")  # no host sync
+    assert comm.moe_fixed_cost_forward(flex)[0, 0] == pytest.approx(0.3e-3 + 2 * 2 * 30e-6)
+    graphs = make_ctx(options=RunOptions(cuda_graph_scope=("moe_router",)), **BASE)
+    assert comm.moe_fixed_cost_forward(graphs)[0, 0] == pytest.approx(0.3e-3 * 0.3 + 0.5e-3 + 2 * 2 * 30e-6)
+    whole = make_ctx(options=RunOptions(cuda_graph_scope=("full_iteration",)), **BASE)
+    assert comm.moe_fixed_cost_backward(whole)[0, 0] == pytest.approx(0.3e-3 * 0.3 + 0.5e-3 + 4 * 2 * 30e-6 * 0.3)
+
+
+def test_ep_forward_and_layer_times():
+    a2a = np.array([[1e-3]])
+    c = make_ctx(**BASE)
+    fwd, bwd = 0.3e-3 + 0.5e-3 + 4 * 30e-6, 0.3e-3 + 0.5e-3 + 8 * 30e-6
+    assert comm.ep_forward_time(c, a2a)[0, 0] == pytest.approx(2e-3 + fwd)  # dispatch + combine
+    assert comm.ep_layer_time(c, a2a)[0, 0] == pytest.approx(2 * 2e-3 + fwd + bwd)
+    ep1 = make_ctx(tp=2, pp=2, sequence_parallel=True)  # ep 1: no all-to-all, 8 local experts
+    assert comm.ep_layer_time(ep1, a2a)[0, 0] == pytest.approx(2 * (0.3e-3 + 0.5e-3) + (2 + 4) * 8 * 30e-6)
+    d = make_ctx(model=TINY_DENSE, tp=2, sequence_parallel=True)
+    assert comm.ep_forward_time(d, a2a)[0, 0] == 0 and comm.ep_layer_time(d, a2a)[0, 0] == 0
+
+
+def test_dp_comm_time():
+    dense, experts = np.array([[100.0, 200.0]]), np.array([[10.0, 20.0]])
+    # BASE: dense group tp x cp x dp = 8 and expert group etp x ep x edp = 8 leave the node; the slower rank (1):
+    # reduce-scatter fp32 + all-gather bf16 = 6 B/param over dp x cp = 4 and edp = 2
+    slow = (6 * 200 * 3 / 4 + 6 * 20 / 2) / NET
+    assert comm.dp_comm_time(make_ctx(**BASE), dense, experts)[0] == pytest.approx(slow)
+    ovl = make_ctx(options=RunOptions(overlap_grad_reduce=True), **BASE)  # dp_overlap 0.25 hidden
+    assert comm.dp_comm_time(ovl, dense, experts)[0] == pytest.approx(slow * 0.75)
+    allreduce = make_ctx(**BASE, use_distributed_optimizer=False, use_precision_aware_optimizer=False)
+    assert comm.dp_comm_time(allreduce, dense, experts)[0] == pytest.approx((8 * 200 * 3 / 4 + 8 * 20 / 2) / NET)
+    fsdp = make_ctx(options=RunOptions(use_megatron_fsdp=True), **BASE)  # every micro-batch (8), 2 x bf16 + fp32
+    assert comm.dp_comm_time(fsdp, dense, experts)[0] == pytest.approx(8 * (8 * 200 * 3 / 4 + 8 * 20 / 2) / NET * 0.75)

@@ -1,0 +1,105 @@
+"""FLOPs and compute-time terms, worked out by hand on the tiny models and the round-numbered GPU.
+
+TEST_GPU: 1e15 FLOP/s bf16, 2e15 fp8, HBM 2e12 B/s x hbm_efficiency 0.75 = 1.5e12 B/s achieved.
+Unfitted calibration: gemm_efficiency 0.7 halving at 2e10 FLOPs, grouped GEMM 0.55 halving at 256
+rows per expert, attention 0.45, 48 / 40 elementwise bytes per token / copy per hidden unit.
+BASE: 512 tokens per micro-batch, tp 2.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from term_fixtures import BASE, TEST_CAL, TINY_DENSE, make_ctx
+
+from cost_model.terms import activations, compute
+from specs import Precision, Workload
+
+HBM = 2e12 * 0.75
+
+
+def eff(f: float) -> float:
+    """gemm_efficiency 0.7 x F / (F + 2e10)."""
+    return 0.7 * f / (f + 2e10)
+
+
+def test_gemm_efficiency():
+    assert compute.gemm_efficiency(np.array([2e10, 6e10]), TEST_CAL).tolist() == pytest.approx([0.35, 0.525])
+    assert compute.gemm_efficiency(np.array([0.0]), TEST_CAL)[0] == pytest.approx(0.7 / (1 + 2e10))  # floored at 1 FLOP
+
+
+def test_flops_per_part():
+    c = make_ctx(**BASE)
+    assert compute.attention_linear_flops(c)[0, 0] == 2 * 512 * 12288 / 2
+    assert compute.core_attention_flops(c)[0, 0] == 512 * 1024 * (64 + 64) / 2 / 2
+    assert compute.expert_flops(c)[0, 0] == 2 * 512 * 2 * 3 * 64 * 32 / 2
+    assert compute.router_flops(c)[0, 0] == 2 * 512 * 64 * 8 / 2
+    assert compute.shared_expert_flops(c)[0, 0] == 2 * 512 * 3 * 64 * 64 / 2
+    assert compute.dense_mlp_flops(c)[0, 0] == 2 * 512 * 3 * 64 * 256 / 2
+    assert compute.logits_flops(c)[0, 0] == 2 * 512 * 64 * 1024 / 2 * (1 + 1)  # main head + 1 MTP head
+    d = make_ctx(model=TINY_DENSE, tp=2, sequence_parallel=True)
+    assert compute.router_flops(d)[0, 0] == 0 and compute.shared_expert_flops(d)[0, 0] == 0
+
+
+def test_core_attention_flops_on_sliding_window_layers():
+    # half the layers attend to a window of 127 keys back: 128 x 129 / 2 + (1024 - 128) x 128 keys over 1,024 queries
+    m = TINY_DENSE.replace(window_size=127, window_attn_skip_freq=(1, 0) * 4)
+    keys_full, keys_win = (1024 + 1) / 2, (128 * 129 / 2 + 896 * 128) / 1024
+    ratio = (0.5 * keys_full + 0.5 * keys_win) / keys_full
+    c = make_ctx(model=m, tp=2, sequence_parallel=True)
+    assert compute.core_attention_flops(c)[0, 0] == pytest.approx(1024 * 1024 * 128 / 2 / 2 * ratio)
+
+
+def test_attention_times():
+    c = make_ctx(**BASE)
+    f = 2 * 512 * 12288 / 2
+    assert compute.attention_linear_time(c)[0, 0] == pytest.approx(f / (1e15 * eff(f / 2)))
+    assert compute.core_attention_time(c)[0, 0] == pytest.approx(512 * 1024 * 128 / 4 / (1e15 * 0.45))
+    fp8 = make_ctx(workload=Workload(seq_length=1024, global_batch_size=16, precision=Precision.fp8), **BASE)
+    assert compute.attention_linear_time(fp8)[0, 0] == pytest.approx(f / (2e15 * eff(f / 2)))  # GEMMs at the fp8 peak
+    assert compute.core_attention_time(fp8)[0, 0] == pytest.approx(compute.core_attention_time(c)[0, 0])  # attention stays bf16
+
+
+def test_grouped_gemm_efficiency_and_its_floor():
+    # rows per local expert: 512 tokens x top-2 x etp 1 x ep 4 / (tp 2 x 8 experts) = 256 -> half of 0.55
+    assert compute.grouped_gemm_efficiency(make_ctx(**BASE))[0, 0] == pytest.approx(0.275)
+    tiny = make_ctx(cal=TEST_CAL.replace(grouped_gemm_half_rows=1e9), **BASE)
+    assert compute.grouped_gemm_efficiency(tiny)[0, 0] == 1e-3
+
+
+def test_moe_times():
+    c = make_ctx(**BASE)
+    assert compute.expert_time(c)[0, 0] == pytest.approx(6291456 * 1.2 / (1e15 * 0.275))  # x the natural-routing imbalance
+    assert compute.router_time(c)[0, 0] == pytest.approx(262144 / (1e15 * eff(262144)))
+    assert compute.shared_expert_time(c)[0, 0] == pytest.approx(6291456 / (1e15 * eff(6291456 / 3)))
+    d = make_ctx(model=TINY_DENSE, tp=2, sequence_parallel=True)
+    assert compute.expert_time(d)[0, 0] == 0 and compute.router_time(d)[0, 0] == 0 and compute.shared_expert_time(d)[0, 0] == 0
+
+
+def test_dense_mlp_time():
+    f = 25165824.0
+    assert compute.dense_mlp_time(make_ctx(**BASE))[0, 0] == pytest.approx(f / (1e15 * eff(f / 3)))
+
+
+def test_elementwise_times():
+    c = make_ctx(**BASE)
+    assert compute.attention_elementwise_time(c)[0, 0] == pytest.approx(48 * 64 * 512 / 2 / HBM)
+    copies = activations.routed_token_copies(c)
+    assert compute.moe_elementwise_time(c, copies)[0, 0] == pytest.approx(40 * 64 * 614.4 / HBM)
+    d = make_ctx(model=TINY_DENSE, tp=2, sequence_parallel=True)
+    assert compute.moe_elementwise_time(d, activations.routed_token_copies(d))[0, 0] == 0
+
+
+def test_layer_compute_times_are_three_passes_of_their_gemms():
+    c = make_ctx(**BASE)
+    one = np.array([[1.0]])
+    assert compute.attention_compute_time(c, one, 2 * one, 3 * one)[0, 0] == 3 * (1 + 2) + 3
+    assert compute.moe_compute_time(c, one, 2 * one, 3 * one, 4 * one)[0, 0] == 3 * (1 + 2 + 3) + 4
+    assert compute.dense_compute_time(c, 2 * one, 4 * one)[0, 0] == 3 * 2 + 4 * 0.5  # half the attention side's elementwise
+
+
+def test_logits_time_on_the_last_rank():
+    f = 2 * 512 * 64 * 1024 / 2 * 2
+    gemms = 3 * f / (1e15 * eff(f))
+    softmax = 3 * 4 * 512 * 1024 / 2 / HBM  # fp32 logits, forward + twice that backward
+    assert compute.logits_time(make_ctx(**BASE))[0].tolist() == pytest.approx([0.0, gemms + softmax])

@@ -1,0 +1,111 @@
+"""What the layout enums mean (their properties), the table columns that hold them, and adding a dispatcher."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specs.layout import (
+    _COLUMNS,
+    _DISPATCHER_TRAITS,
+    Dispatcher,
+    Layout,
+    LayoutTable,
+    RecomputeGranularity,
+    RecomputeMethod,
+    enum_mask,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_dispatcher_properties():
+    want = {
+        # member: (--moe-token-dispatcher-type, --moe-flex-dispatcher-backend, is_flex, is_allgather, dedups_per_node)
+        Dispatcher.alltoall: ("alltoall", None, False, False, False),
+        Dispatcher.allgather: ("allgather", None, False, True, False),
+        Dispatcher.flex_deepep: ("flex", "deepep", True, False, True),
+        Dispatcher.flex_hybridep: ("flex", "hybridep", True, False, False),
+    }
+    assert set(want) == set(Dispatcher) == set(_DISPATCHER_TRAITS)
+    for d, (kind, backend, flex, ag, dedup) in want.items():
+        assert (d.moe_token_dispatcher_type, d.moe_flex_dispatcher_backend, d.is_flex, d.is_allgather, d.dedups_per_node) == (
+            kind, backend, flex, ag, dedup
+        ), d
+
+
+def test_recompute_properties():
+    assert [g.recomputes_modules for g in RecomputeGranularity] == [False, True, False]
+    assert [g.recomputes_whole_layers for g in RecomputeGranularity] == [False, False, True]
+    assert [m.recomputes_every_layer for m in RecomputeMethod] == [False, True, False]
+
+
+def test_enum_mask_reads_properties():
+    col = np.array(["alltoall", "flex+deepep", "allgather", "flex+hybridep"], dtype=_COLUMNS["dispatcher"])
+    assert enum_mask(col, Dispatcher, lambda d: d.is_flex).tolist() == [False, True, False, True]
+    assert enum_mask(col, Dispatcher, lambda d: d.dedups_per_node).tolist() == [False, True, False, False]
+    assert enum_mask(col[:0], Dispatcher, lambda d: d.is_flex).shape == (0,)
+
+
+@pytest.mark.parametrize("column,enum", [("dispatcher", Dispatcher), ("recompute_granularity", RecomputeGranularity), ("recompute_method", RecomputeMethod)])
+def test_enum_columns_are_as_wide_as_their_longest_member(column, enum):
+    assert np.dtype(_COLUMNS[column]).itemsize // 4 == max(len(m.value) for m in enum)
+
+
+@pytest.mark.parametrize("dispatcher", list(Dispatcher))
+def test_every_dispatcher_round_trips_through_a_table(dispatcher):
+    lay = Layout(world_size=8, ep=8, dispatcher=dispatcher)
+    assert LayoutTable.from_layouts([lay]).row(0) == lay
+
+
+def test_a_value_longer_than_its_column_is_refused_not_truncated():
+    cols = {k: v for k, v in LayoutTable.from_layouts([Layout(world_size=8)]).cols.items()}
+    cols["dispatcher"] = np.array(["flex+deepep_ll"])
+    with pytest.raises(ValueError, match=r"dispatcher: 'flex\+deepep_ll' is longer than the column's 13 characters"):
+        LayoutTable(cols)
+    cols["dispatcher"] = np.array(["flex+deepep_ll"], dtype=object)
+    with pytest.raises(ValueError, match="longer than the column"):
+        LayoutTable(cols)
+
+
+def test_adding_a_dispatcher_is_one_member_and_one_traits_row(tmp_path):
+    """The newcomer exercise: a copy of specs/search_spaces/cost_model where specs/layout.py alone gains
+    ``flex+deepep_ll`` (14 characters, longer than any member today): the table keeps it whole, the
+    rules treat it as flex, and the estimate gives it DeepEP's costs when its traits are DeepEP's."""
+    for pkg in ("specs", "search_spaces", "cost_model"):
+        shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    layout_py = tmp_path / "specs" / "layout.py"
+    src = layout_py.read_text()
+    member = '    flex_hybridep = "flex+hybridep"\n'
+    row = '    Dispatcher.flex_hybridep: _DispatcherTraits("flex", "hybridep", dedups_per_node=False),\n'
+    assert src.count(member) == 1 and src.count(row) == 1
+    src = src.replace(member, member + '    flex_deepep_ll = "flex+deepep_ll"\n')
+    src = src.replace(row, row + '    Dispatcher.flex_deepep_ll: _DispatcherTraits("flex", "deepep", dedups_per_node=True),\n')
+    layout_py.write_text(src)
+    script = textwrap.dedent(
+        f"""
+        import specs
+        assert specs.__file__.startswith({str(tmp_path)!r}), specs.__file__
+        from cost_model.estimate import estimate
+        from search_spaces.rules import check_layout
+        from specs import Layout, LayoutTable, Workload, load_model, parse_gpus
+        lay = Layout(world_size=64, pp=4, ep=16, dispatcher="flex+deepep_ll", num_layers_in_first_pipeline_stage=15, num_layers_in_last_pipeline_stage=15,
+                     recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+        assert LayoutTable.from_layouts([lay]).row(0) == lay
+        m, c, w = load_model("MiniMax-M2"), parse_gpus("64xH200"), Workload()
+        assert check_layout(lay, m, w) == []
+        assert [r for r, _ in check_layout(lay.replace(ep=1), m, w)] == ["dispatcher"]
+        new, deep = estimate(m, c, w, lay), estimate(m, c, w, lay.replace(dispatcher="flex+deepep"))
+        assert new.time == deep.time and new.memory == deep.memory, (new.time, deep.time)
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)}, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
