@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import optuna
 import pytest
 from typer.testing import CliRunner
@@ -251,12 +252,17 @@ def test_confirmation_waits_for_queued_search_trials(tmp_path, monkeypatch):
     res = run_study(prep, backend=_backend(tmp_path))  # one measured trial; the lazy queue holds none after the last
     assert res.confirmed_now == 1 and not res.confirm_note
     # layouts queued by an earlier run that this run's --trials does not reach: confirmation would run behind them
+    from tuner.study import CandidateIndex
+
     st = res.study
-    for t in [t for t in st.trials if "result" in t.user_attrs][:1]:
-        st.enqueue_trial(t.params, user_attrs={"enqueued": "left over"})
-        st.enqueue_trial(t.params, user_attrs={"enqueued": "left over"})
-    res = run_study(prep, backend=_backend(tmp_path))
-    assert res.confirmed_now == 0 and "queued layouts of the search are still waiting" in res.confirm_note
+    index = CandidateIndex(prep.enumeration.valid, prep.fits)
+    done = {r["key"] for r in trial_rows(st)}
+    fresh = [int(i) for i in np.flatnonzero(prep.fits) if prep.enumeration.valid.row(int(i)).key() not in done
+             and "flex" not in prep.enumeration.valid.row(int(i)).dispatcher.value][:3]
+    for i in fresh:
+        st.enqueue_trial(index.params_of_row(i), user_attrs={"enqueued": "left over"})
+    res = run_study(prep, backend=_backend(tmp_path))  # evaluates one of them (--trials 1), two stay queued
+    assert res.evaluated_now == 1 and res.confirmed_now == 0 and "2 queued layouts of the search are still waiting" in res.confirm_note
 
 
 def _raising_at(tmp_path, call: int, exc: BaseException) -> LocalBackend:
