@@ -241,6 +241,8 @@ def _run_main(cfg: Any, top: int) -> None:
     )
     if res.confirm_note:
         err.print(f"[yellow]note:[/] {escape(res.confirm_note)}")
+    if res.budget_note:
+        err.print(f"[yellow]note:[/] {escape(res.budget_note)}")
     _print_front(front, top, title=f"Pareto front: tokens/s/GPU vs peak memory per GPU ({src_word})")
     if not front:
         raise TunerError("the study has no finished trial; nothing to export")
