@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -70,21 +69,18 @@ def test_measured_trials_land_in_the_study(tmp_path, slow_tp):
 
 
 def test_pruning_saves_time(tmp_path, one_fast):
-    t0 = time.monotonic()
     full = run_study(prepare(_cfg(tmp_path / "a", prune_margin=None, trials=6)), backend=_backend(tmp_path / "a"))
-    t_full = time.monotonic() - t0
-    t0 = time.monotonic()
     pruned = run_study(prepare(_cfg(tmp_path / "b", prune_margin=0.25, trials=6)), backend=_backend(tmp_path / "b"))
-    t_pruned = time.monotonic() - t0
     assert full.pruned_now == 0 and pruned.pruned_now >= 1
+    assert full.evaluated_now == 6 and pruned.evaluated_now + pruned.pruned_now == 6  # both tried 6 layouts
     p = [t for t in pruned.study.trials if "pruned" in t.user_attrs]
     assert all(t.state == optuna.trial.TrialState.PRUNED for t in p)
     info = p[0].user_attrs["pruned"]
     assert "below the best so far" in info["reason"] and len(info["step_times_s"]) >= 4
     assert (info["layout"]["dispatcher"], info["layout"]["recompute_granularity"]) != ("allgather", "none")
     assert "pred_tokens_per_s_per_gpu" in info
-    # the pruned trials stopped after 4 of 6 steps: the run is shorter
-    assert t_pruned < t_full
+    # of the same 6 layouts' budget, the pruned ones stopped before their 6 steps: the time pruning saves
+    assert all(len(t.user_attrs["pruned"]["step_times_s"]) < 6 for t in p)
 
 
 def test_failures_are_recorded_and_the_study_goes_on(tmp_path, monkeypatch):
