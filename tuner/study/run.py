@@ -17,7 +17,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -195,16 +194,13 @@ class StudyRun:
             )
         heartbeat = self.heartbeat if (cfg.storage and backend.measured) else None
         try:
-            # the storage opens (SQLAlchemy, a new file's tables: ~0.4 s) while the index is built (numpy, mostly without the GIL)
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tune-open-study") as pool:
-                opening = pool.submit(open_study, cfg, prep, self.name, self.out_dir, heartbeat=heartbeat)
-                self.index = CandidateIndex(prep.enumeration.valid, prep.fits)
-                self.study, self.storage_url = opening.result()
+            self.study, self.storage_url = open_study(cfg, prep, self.name, self.out_dir, heartbeat=heartbeat)
         except BaseException:
             backend.close()  # a Ray instance this run started must not outlive a refused study
             raise
         if cfg.prune_margin is not None:
             self.pruner = StepTimePruner(warmup_steps=trial_warmup_steps(cfg), margin=cfg.prune_margin)
+        self.index = CandidateIndex(prep.enumeration.valid, prep.fits)
         trials = self.study.get_trials(deepcopy=False)
         self._seen = evaluated_keys(trials)
         waiting = [t for t in trials if t.state == TrialState.WAITING] if backend.measured else []
