@@ -4,13 +4,17 @@ Targets: the main job ``tune --model MiniMax-M2 --gpus 64xH200`` (a fresh study 
 ``benchmarks/bench_enumerate_estimate.py`` (enumerate, rule-check and estimate the whole default space: its
 ``total_s``), and at most 2 storage writes per trial of the ``model`` backend.
 
-    python benchmarks/bench_main_job.py [--runs 3]
+    python benchmarks/bench_main_job.py [--runs 3] [--checkout DIR]
+
+``--checkout DIR`` times the main job of another copy of the project instead (its code first on PYTHONPATH; the
+estimate benchmark and the write counter stay this one's), e.g. an earlier commit:
+``mkdir /tmp/base && git archive a375e6a | tar -x -C /tmp/base``.
 
 Each run measures, one after the other so that they share the machine's load:
 
 * ``estimate_s``: ``bench_enumerate_estimate.py --repeat 3`` (median of 3 after a warm-up), in its own process;
-* ``main_job_wall_s``: ``tune --model MiniMax-M2 --gpus 64xH200`` as a user runs it (Python start-up, imports,
-  enumerate, estimate, the study, the plot, the recipe), in its own process;
+* ``main_job_wall_s``: ``tune --model MiniMax-M2 --gpus 64xH200`` (as ``python -m tuner.cli``) as a user runs it
+  (Python start-up, imports, enumerate, estimate, the study, the plot, the recipe, exit), in its own process;
 * the same job once more in a process that counts (``--driver``): ``imports_s`` (``import tuner.cli``), ``job_s``
   (the command after its imports), the phases (``prepare_s``, ``study_s`` = ``run_study``, ``report_s`` = the
   rest: front, plot, recipe files, printing) and the storage writes: SQL transactions that wrote while the study
@@ -43,7 +47,7 @@ def _driver(results_dir: str) -> None:
     import tuner.cli as cli
 
     t1 = time.perf_counter()
-    sys.path.insert(0, str(ROOT / "tests" / "tuner_tests"))
+    sys.path.insert(0, str(ROOT / "tests" / "tuner_tests"))  # this copy's write counter
     from write_counter import count_storage_writes
 
     import tuner.study as study_pkg
@@ -95,9 +99,10 @@ def _driver(results_dir: str) -> None:
     print("BENCH " + json.dumps(out))
 
 
-def _wall(cmd: list[str], **kw) -> tuple[float, str]:  # noqa: ANN003
+def _wall(cmd: list[str], code: Path = ROOT) -> tuple[float, str]:
+    env = {**os.environ, "PYTHONPATH": str(code)}
     t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, **kw)
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=code, env=env)
     wall = time.perf_counter() - t
     if p.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
@@ -107,26 +112,27 @@ def _wall(cmd: list[str], **kw) -> tuple[float, str]:  # noqa: ANN003
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--checkout", type=Path, default=ROOT, help="the copy of the project whose main job is timed (default: this one)")
     ap.add_argument("--driver", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.driver:
         _driver(a.driver)
         return
-    tune = str(Path(sys.executable).with_name("tune"))
+    code = a.checkout.resolve()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(1, a.runs + 1):
             _, est_out = _wall([sys.executable, str(ROOT / "benchmarks" / "bench_enumerate_estimate.py"), "--repeat", "3"])
             est = json.loads(est_out.strip().splitlines()[-1])
-            wall, _ = _wall([tune, *JOB, "--results-dir", f"{tmp}/w{i}"])
-            _, drv = _wall([sys.executable, __file__, "--driver", f"{tmp}/d{i}"])
+            wall, _ = _wall([sys.executable, "-m", "tuner.cli", *JOB, "--results-dir", f"{tmp}/w{i}"], code)
+            _, drv = _wall([sys.executable, str(Path(__file__).resolve()), "--driver", f"{tmp}/d{i}"], code)
             d = json.loads(next(x for x in drv.splitlines() if x.startswith("BENCH "))[6:])
             row = {"benchmark": "main_job", "run": i, "estimate_s": est["total_s"], "main_job_wall_s": round(wall, 2), **d,
                    "ratio_wall": round(wall / est["total_s"], 2), "ratio_job": round(d["job_s"] / est["total_s"], 2),
                    "load_avg_1m": round(os.getloadavg()[0], 2)}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    summary = {"benchmark": "main_job_summary", "runs": len(rows), "target_ratio": 1.5, "target_writes_per_trial": 2,
+    summary = {"benchmark": "main_job_summary", "checkout": str(code), "runs": len(rows), "target_ratio": 1.5, "target_writes_per_trial": 2,
                "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
     for k in ("estimate_s", "main_job_wall_s", "job_s", "study_s", "ratio_wall", "ratio_job", "writes_per_trial"):
         v = [r[k] for r in rows]

@@ -395,3 +395,23 @@ def test_candidate_index_codes_match_the_sorting_reference(prep):
             key = key * (int(inv.max()) + 1) + inv
         _, first, inv = np.unique(key, return_index=True, return_inverse=True)
         assert np.array_equal(idx.codes[dim], inv.reshape(-1)) and idx.rep_row[dim] == [int(i) for i in first], dim
+
+
+def test_a_predicted_claim_left_running_by_a_dead_worker_is_failed_and_its_layout_evaluated(tmp_path):
+    """With --storage and the model backend a trial is RUNNING for milliseconds (its claim); one RUNNING for longer
+    than the grace period belongs to a worker that stopped: the next run fails it and evaluates the layout."""
+    import datetime
+
+    first = run_study(_small(tmp_path / "a", trials=1))
+    (t0,) = first.study.trials  # the layout a run evaluates first
+    shared = f"sqlite:///{tmp_path / 'shared.db'}"
+    p = _small(tmp_path / "b", trials=1, storage=shared, study="shared")
+    st = optuna.create_study(study_name="shared", storage=shared, directions=["maximize", "minimize"])
+    claim = optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING, params=t0.params, distributions=t0.distributions,
+                                      user_attrs={"key": t0.user_attrs["key"]})
+    claim.datetime_start = datetime.datetime.now() - datetime.timedelta(hours=1)  # the dead worker's claim, an hour old
+    st.add_trial(claim)
+    res = run_study(p)
+    dead, done = res.study.trials
+    assert dead.state == optuna.trial.TrialState.FAIL and "left RUNNING by a worker that stopped" in dead.user_attrs["interrupted"]
+    assert done.state == optuna.trial.TrialState.COMPLETE and done.user_attrs["key"] == t0.user_attrs["key"] and res.evaluated_now == 1

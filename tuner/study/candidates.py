@@ -279,7 +279,9 @@ class CandidateQueue:
         """The backend cannot run this layout here (do not spend a trial on it)."""
         return self.backend.refusal(layout, self.prep.model, self.prep.workload) is not None
 
-    def label(self, row: int) -> str:
+    @property
+    def label(self) -> str:
+        """What a row of :attr:`rest` is recorded as when it is enqueued (``enqueued``)."""
         return "fastest predicted" + (" after recalibration" if self.fits_done else "")
 
     def pop_rest(self, seen: set[str]) -> int | None:

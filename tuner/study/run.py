@@ -519,7 +519,7 @@ class StudyRun:
                 self.queue.recalibrate(study)
                 row = self.queue.pop_rest(self._seen)
                 if row is not None:
-                    study.enqueue_trial(self.index.params_of_row(row), user_attrs=TrialRecord(enqueued=self.queue.label(row)).attrs())
+                    study.enqueue_trial(self.index.params_of_row(row), user_attrs=TrialRecord(enqueued=self.queue.label).attrs())
         if spent and not confirming:
             study.stop()
         if counted and self.on_trial:
