@@ -1,8 +1,8 @@
 """Trials of a backend that measures nothing (``model``: the analytical estimate, milliseconds a layout).
 
-Optuna's storage costs more than such a trial: through ``Study.optimize`` a trial took ~22 SQLite transactions
-(each parameter, attribute and state change one; 1,052 for the 48 trials of the main job, 15.4 s of a 42.4 s
-run on a loaded 2-core machine). Here the sampler (the same NSGA-II, same seed) runs on an in-memory study,
+Optuna's storage costs more than such a trial: through ``Study.optimize`` every parameter, attribute and state
+change of a trial is a transaction of its own (732 for the 48 trials of the main job before this module, ~50 SQL
+statements each trial; ``docs/benchmarks.md``). Here the sampler (the same NSGA-II, same seed) runs on an in-memory study,
 Optuna's own ``InMemoryStorage`` through ``ask``/``tell``, which holds the study's finished trials and this run's
 proposals; only evaluated layouts reach the study's storage, each written whole:
 
