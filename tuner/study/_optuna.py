@@ -111,6 +111,7 @@ class ThreadSafeRDBStorage(RDBStorage):
         self._state_lock = threading.Lock()
 
     def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
+        """``RDBStorage.set_trial_state_values`` under this process's lock."""
         with self._state_lock:
             return super().set_trial_state_values(trial_id, state, values)
 
@@ -155,6 +156,7 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
         self.heartbeat_stale_trial_callback = heartbeat_stale_trial_callback
 
     def record_heartbeat(self, trial_id: int) -> None:
+        """Write this worker's clock as the trial's last heartbeat (a finished trial is left alone)."""
         try:
             self.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time())
         except optuna.exceptions.UpdateFinishedTrialError:
@@ -170,9 +172,11 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
         ]
 
     def get_heartbeat_interval(self) -> int | None:
+        """Seconds between heartbeats."""
         return self.heartbeat_interval
 
     def get_heartbeat_stale_trial_callback(self) -> Callable[[optuna.Study, FrozenTrial], None] | None:
+        """Called with each trial failed as stale."""
         return self.heartbeat_stale_trial_callback
 
 

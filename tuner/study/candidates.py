@@ -180,6 +180,7 @@ class CandidateIndex:
         return {p: optuna.distributions.CategoricalDistribution(self.labels[p]) for p in self.params}
 
     def params_of_row(self, row: int) -> dict[str, str]:
+        """The Optuna parameters (labels) of a row of the valid table."""
         return {d: self.labels[d][int(self.codes[d][row])] for d in self.params}
 
     def find_fitting(self, params: dict[str, str]) -> int | None:

@@ -102,6 +102,7 @@ class TuneConfig:
     ``model`` backend (trials of milliseconds) a trial left RUNNING this long is taken for a stopped worker's too."""
 
     def study_name(self, model: ModelSpec, cluster: Cluster) -> str:
+        """``--study``, or ``<model>[-L<layers>]-<cluster>-s<seq>-gbs<batch>`` (obeying the ``--study`` name rule)."""
         if self.study:
             return self.study
         name = re.sub(r"\[\d+ layers?\]$", "", model.name)  # a --layers slice is named below
@@ -112,6 +113,7 @@ class TuneConfig:
         return f"{base}{sl}-{cluster.label}-s{self.seq_length}-gbs{self.global_batch_size}"
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field, as plain values (stored with the study and in ``config.yaml``)."""
         return dataclasses.asdict(self)
 
 

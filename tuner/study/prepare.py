@@ -43,10 +43,12 @@ class Prepared:
 
     @property
     def n_valid(self) -> int:
+        """Layouts that break no rule."""
         return len(self.enumeration.valid)
 
     @property
     def n_fit(self) -> int:
+        """Valid layouts predicted to fit in memory: the candidates."""
         return int(self.fits.sum())
 
 

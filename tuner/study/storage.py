@@ -322,6 +322,7 @@ class StudyLock:
         os.pwrite(self.fd, str(os.getpid()).encode(), 0)
 
     def release(self) -> None:
+        """Drop the lock (the file stays)."""
         import os
 
         try:
