@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Benchmark: wall time of the whole main job, `tune --model MiniMax-M2 --gpus 64xH200`
 # (fresh study each run, so nothing is resumed). Target (issue 2): under 30 s on 2 cores.
+# Against enumerate + estimate in the same run, with the study's storage writes: benchmarks/bench_main_job.py.
 #   bash benchmarks/bench_main_job.sh [RUNS]
 set -euo pipefail
 runs=${1:-3}

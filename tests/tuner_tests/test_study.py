@@ -193,3 +193,225 @@ def test_an_interrupted_layout_skipped_elsewhere_as_a_duplicate_is_still_run_aga
     res = run_study(p, backend=FlakyBackend())
     keys = [t.user_attrs["key"] for t in res.study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert cut.user_attrs["key"] in keys
+
+
+# ---- the trial budget means layouts (--trials N evaluates N layouts, or says why fewer) ----
+
+SEVEN = """\
+tp: [1, 2, 4, 8]
+pp: [1, 2]
+vpp: [1]
+cp: [1]
+ep: [1]
+etp: [1]
+micro_batch_size: [1, 2]
+recompute:
+  - {granularity: none}
+optimizer_offload_fraction: [0.0]
+dispatcher: [alltoall]
+pipeline_split: {even: true, max_stage_deficit: 0}
+"""
+
+
+def _small(tmp_path, **kw):
+    """MiniMax-M2 cut to 4 layers on 4 H200: 8,776 candidates, prepared in ~0.1 s."""
+    base = dict(model="MiniMax-M2", gpus="4xH200", layers=4, global_batch_size=8, stack="megatron", results_dir=str(tmp_path), study="s")
+    base.update(kw)
+    return prepare(TuneConfig(**base))
+
+
+def _seven(tmp_path, **kw):
+    """Llama-3.1-8B on 8 H100 in a tiny space: 14 valid layouts, 7 predicted to fit in 70% of HBM."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    space = tmp_path / "seven.yaml"
+    space.write_text(SEVEN)
+    base = dict(model="Llama-3.1-8B", gpus="8xH100", global_batch_size=16, space=str(space), stack="megatron", memory_headroom=0.3,
+                results_dir=str(tmp_path), study="seven")
+    base.update(kw)
+    return prepare(TuneConfig(**base))
+
+
+def _keys(study, state=optuna.trial.TrialState.COMPLETE):
+    return [t.user_attrs["key"] for t in study.trials if t.state == state]
+
+
+def test_trials_counts_evaluated_layouts_not_sampled_proposals(tmp_path):
+    res = run_study(_small(tmp_path, trials=40))
+    keys = _keys(res.study)
+    assert res.evaluated_now == 40 and len(keys) == len(set(keys)) == 40 and res.budget_note is None
+    assert res.skipped_now > 0  # the sampler did propose layouts that break a rule or do not fit: they cost nothing
+    assert len(res.study.trials) == 40  # and are not written
+    again = run_study(_small(tmp_path, trials=10))  # a resumed run: 10 more, none repeated
+    keys = _keys(again.study)
+    assert again.evaluated_now == 10 and len(keys) == len(set(keys)) == 50
+
+
+def test_a_space_of_seven_candidates_evaluates_seven_and_says_it_ran_out(tmp_path):
+    p = _seven(tmp_path, trials=20)
+    assert p.n_fit == 7 and p.n_valid == 14
+    res = run_study(p)
+    keys = _keys(res.study)
+    assert res.evaluated_now == 7 and len(set(keys)) == 7
+    assert "the space ran out" in res.budget_note and "all 7 candidates" in res.budget_note and "7 of the 20" in res.budget_note
+    res = run_study(p)  # nothing left
+    assert res.evaluated_now == 0 and "0 of the 20" in res.budget_note and len(_keys(res.study)) == 7
+    # with real trials (Study.optimize): the same budget, the fallback to the next unevaluated candidate, the same stop
+    p = _seven(tmp_path / "m", trials=20, study="m")
+    res = run_study(p, backend=FlakyBackend())
+    tried = [t.user_attrs["key"] for t in res.study.trials if "result" in t.user_attrs or "failure" in t.user_attrs]
+    assert res.evaluated_now + res.failed_now == 7 and len(set(tried)) == len(tried) == 7 and "the space ran out" in res.budget_note
+    assert res.study.trials[-1].state == optuna.trial.TrialState.PRUNED  # it stopped on a skip, not on a trial it ran
+    with pytest.raises(StopIteration):  # and left no queued trial behind
+        next(t for t in res.study.trials if t.state == optuna.trial.TrialState.WAITING)
+
+
+def test_the_cli_says_when_the_space_ran_out(tmp_path):
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    space = tmp_path / "seven.yaml"
+    space.write_text(SEVEN)
+    r = CliRunner().invoke(app, ["--model", "Llama-3.1-8B", "--gpus", "8xH100", "--global-batch", "16", "--space", str(space), "--stack", "megatron",
+                                 "--memory-headroom", "0.3", "--trials", "20", "--results-dir", str(tmp_path), "--study", "seven"])
+    assert r.exit_code == 0, r.output
+    assert "7 layouts evaluated in total (7 now;" in r.output and "the space ran out" in r.output and "7 of the 20" in r.output
+
+
+class Concurrent(TrialBackend):
+    """Measures every layout in 0.3 s, several at once (threads of --parallel-trials); every fifth runs out of memory."""
+
+    name = "concurrent"
+    source = "measured"
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.running = 0
+        self.most = 0
+        self.calls = 0
+
+    def run(self, layout, *, model, cluster, workload, reporter=None, trial_number=None):
+        import time
+
+        with self.lock:
+            self.calls += 1
+            n = self.calls
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            time.sleep(0.3)
+            if n % 5 == 0:
+                raise TrialFailed(FailureKind.oom, "CUDA out of memory (fake)")
+            return Measurement(layout=layout, source="measured", tokens_per_s_per_gpu=1000.0 + n, peak_bytes=50 * 2**30, step_times_s=(1.0,))
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+def test_parallel_trials_in_threads_spend_the_budget_exactly_once(tmp_path):
+    """--parallel-trials runs trials in Optuna's threads: the budget, the counts and the claims are shared state."""
+    p = _small(tmp_path, trials=16, backend="ray", parallel_trials=4, prune_margin=None, recalibrate_after=0)
+    b = Concurrent()
+    res = run_study(p, backend=b)
+    assert b.most >= 2  # trials did run at once
+    tried = [t for t in res.study.trials if "result" in t.user_attrs or "failure" in t.user_attrs]
+    keys = [t.user_attrs["key"] for t in tried]
+    assert b.calls == len(tried) == 16 and len(set(keys)) == 16
+    assert res.evaluated_now + res.failed_now == 16 and res.failed_now == sum(1 for t in tried if "failure" in t.user_attrs)
+    assert not [t for t in res.study.trials if t.state in (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)]
+
+
+# ---- storage writes of a predicted trial (the main job's trials: item 7) ----
+
+
+def test_a_predicted_trial_costs_at_most_two_storage_writes(tmp_path):
+    from write_counter import count_storage_writes
+
+    started = {}
+
+    def on_trial(done, total, w):
+        if done == 0:
+            started["calls"], started["tx"] = w.n_calls, w.transactions
+
+    with count_storage_writes() as w:
+        res = run_study(_small(tmp_path, trials=12), on_trial=lambda d, t: on_trial(d, t, w))
+    assert res.evaluated_now == 12
+    assert 1 <= started["tx"] <= 8  # opening a new study: the study, its directions, its five attributes
+    # the default storage (one process): the 12 trials are written in one transaction, through no storage method
+    assert (w.n_calls - started["calls"], w.transactions - started["tx"]) == (0, 1)
+    with count_storage_writes() as w:
+        run_study(_small(tmp_path, trials=12), on_trial=lambda d, t: on_trial(d, t, w))
+    assert started["tx"] == 0  # a resumed study with the same inputs: its attributes are not written again
+    # a shared storage (--storage): each trial is claimed (one write) and finished (one write)
+    shared = f"sqlite:///{tmp_path / 'shared.db'}"
+    with count_storage_writes() as w:
+        res = run_study(_small(tmp_path, trials=12, storage=shared, study="shared"), on_trial=lambda d, t: on_trial(d, t, w))
+    assert res.evaluated_now == 12
+    assert w.transactions - started["tx"] == 24 and w.calls["_create_new_trial"] == 12 and w.calls["set_trial_state_values"] == 12
+    assert len(trial_rows(optuna.load_study(study_name="shared", storage=shared))) == 12
+
+
+def test_ctrl_c_in_a_predicted_run_loses_no_finished_trial(tmp_path):
+    class Interrupting(TrialBackend):
+        name = "predicted-fake"
+        source = "predicted"
+
+        def __init__(self) -> None:
+            from launch.model_backend import ModelBackend
+
+            self.inner = ModelBackend()
+            self.calls = 0
+
+        def run(self, layout, **kw):
+            self.calls += 1
+            if self.calls == 6:
+                raise KeyboardInterrupt
+            return self.inner.run(layout, **kw)
+
+    p = _small(tmp_path, trials=12)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(p, backend=Interrupting())
+    st = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}")
+    assert len(trial_rows(st)) == 5  # the five finished before Ctrl-C were written on the way out
+    res = run_study(p)
+    assert res.evaluated_now == 12 and len(set(_keys(res.study))) == 17
+
+
+def test_candidate_index_codes_match_the_sorting_reference(prep):
+    """The index's lookup tables give the codes np.unique / categories() give (the labels stored studies were made with)."""
+    from specs.layout import categories
+    from tuner.study import DIMENSIONS
+
+    valid = prep.enumeration.valid
+    idx = CandidateIndex(valid, prep.fits)
+    n = len(valid)
+    for dim, cols in DIMENSIONS.items():
+        key = np.zeros(n, dtype=np.int64)
+        for c in cols:
+            col = valid[c]
+            inv = categories(col)[1] if col.dtype.kind == "U" else np.unique(col, return_inverse=True)[1].reshape(-1)
+            key = key * (int(inv.max()) + 1) + inv
+        _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        assert np.array_equal(idx.codes[dim], inv.reshape(-1)) and idx.rep_row[dim] == [int(i) for i in first], dim
+
+
+def test_a_predicted_claim_left_running_by_a_dead_worker_is_failed_and_its_layout_evaluated(tmp_path):
+    """With --storage and the model backend a trial is RUNNING for milliseconds (its claim); one RUNNING for longer
+    than the grace period belongs to a worker that stopped: the next run fails it and evaluates the layout."""
+    import datetime
+
+    first = run_study(_small(tmp_path / "a", trials=1))
+    (t0,) = first.study.trials  # the layout a run evaluates first
+    shared = f"sqlite:///{tmp_path / 'shared.db'}"
+    p = _small(tmp_path / "b", trials=1, storage=shared, study="shared")
+    st = optuna.create_study(study_name="shared", storage=shared, directions=["maximize", "minimize"])
+    claim = optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING, params=t0.params, distributions=t0.distributions,
+                                      user_attrs={"key": t0.user_attrs["key"]})
+    claim.datetime_start = datetime.datetime.now() - datetime.timedelta(hours=1)  # the dead worker's claim, an hour old
+    st.add_trial(claim)
+    res = run_study(p)
+    dead, done = res.study.trials
+    assert dead.state == optuna.trial.TrialState.FAIL and "left RUNNING by a worker that stopped" in dead.user_attrs["interrupted"]
+    assert done.state == optuna.trial.TrialState.COMPLETE and done.user_attrs["key"] == t0.user_attrs["key"] and res.evaluated_now == 1

@@ -1,37 +1,89 @@
-"""Several `tune` workers on one study through a shared journal storage (Optuna JournalStorage)."""
+"""Several `tune` workers on one study through a shared storage (Optuna's JournalStorage, or an RDB): no layout
+is evaluated twice, each worker's --trials counts its own layouts, and a worker that dies loses nothing (Optuna's
+heartbeat fails its trial and the layout is run again)."""
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
+import pytest
 
 from tuner.study import open_storage
 
 ROOT = Path(__file__).parents[2]
+HERE = Path(__file__).parent
 
 
-def test_two_workers_share_a_journal_study_without_running_a_layout_twice(tmp_path):
+def test_two_workers_with_trials_10_each_evaluate_20_distinct_layouts(tmp_path):
     journal = tmp_path / "shared" / "study.log"
     journal.parent.mkdir()  # the shared folder exists (a mistyped one is refused)
-    cmd = [sys.executable, "-m", "tuner.cli", "--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "14", "--study", "w",
-           "--storage", f"journal:{journal}", "--results-dir", str(tmp_path / "res")]
+    cmd = [sys.executable, "-m", "tuner.cli", "--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8",
+           "--stack", "megatron", "--trials", "10", "--study", "w", "--storage", f"journal:{journal}", "--results-dir", str(tmp_path / "res")]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = [subprocess.Popen([*cmd, "--seed", str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
              for i in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     now = [int(re.search(r"\((\d+) now;", o).group(1)) for o in outs]
+    assert now == [10, 10], outs  # each worker evaluated the 10 layouts its --trials asked for ...
     st = optuna.load_study(study_name="w", storage=open_storage(f"journal:{journal}"))
     done = [t for t in st.trials if t.state == optuna.trial.TrialState.COMPLETE and "result" in t.user_attrs]
     keys = [t.user_attrs["key"] for t in done]
-    assert len(keys) == len(set(keys)), "a layout was evaluated twice"
-    assert len(done) == sum(now) and all(n > 0 for n in now)  # every trial either worker finished is in the study
-    assert len(st.trials) == 28  # 14 trials from each worker, none lost
+    assert len(keys) == len(set(keys)) == 20  # ... and none of them was the other's
+    # what else is in the journal: only claims that lost a race for a layout (both workers took it at once)
+    assert all("duplicate" in t.user_attrs.get("skipped", "") for t in st.trials if t not in done)
+
+
+@pytest.mark.parametrize("kind", ["journal", "rdb"])
+def test_a_killed_worker_loses_nothing(tmp_path, kind):
+    """A worker is killed (kill -9) while its trial is RUNNING; a second worker fails that trial once its
+    heartbeat is stale (Optuna's fail_stale_trials) and runs the layout again, recorded as a retry."""
+    sys.path.insert(0, str(HERE))
+    from study_worker import Sleepy, config
+
+    from tuner.study import prepare, run_study, trial_rows
+
+    (tmp_path / "shared").mkdir()
+    storage = f"journal:{tmp_path / 'shared' / 'j.log'}" if kind == "journal" else f"sqlite:///{tmp_path / 'shared' / 's.db'}"
+    marker = tmp_path / "running"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    a = subprocess.Popen([sys.executable, str(HERE / "study_worker.py"), storage, str(tmp_path / "a"), str(marker)], env=env, cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not marker.exists():
+            assert a.poll() is None, a.communicate()[0]
+            assert time.monotonic() < deadline, "worker A never started a trial"
+            time.sleep(0.1)
+        os.kill(a.pid, signal.SIGKILL)
+        a.wait(timeout=60)
+    finally:
+        if a.poll() is None:
+            a.kill()
+    killed = int(marker.read_text())
+    st = optuna.load_study(study_name="w", storage=open_storage(storage))
+    (cut,) = [t for t in st.trials if t.state == optuna.trial.TrialState.RUNNING]  # left RUNNING by the dead worker
+    assert cut.number == killed
+    # worker B: each of its trials takes 0.5 s, so its run outlasts the 2 s grace period; the first trial it starts
+    # after that fails the stale one and queues its layout, and B runs it
+    b = Sleepy(step_s=0.5)
+    res = run_study(prepare(config(storage, str(tmp_path / "b"), trials=8)), backend=b)
+    st = optuna.load_study(study_name="w", storage=open_storage(storage))
+    trials = {t.number: t for t in st.trials}
+    assert trials[killed].state == optuna.trial.TrialState.FAIL
+    (again,) = [t for t in st.trials if t.user_attrs.get("retried")]
+    assert again.state == optuna.trial.TrialState.COMPLETE and again.user_attrs["key"] == cut.user_attrs["key"]
+    assert f"trial {killed} was left RUNNING by a worker that sent no heartbeat" in again.user_attrs["retried"]
+    assert again.system_attrs["failed_trial"] == killed  # Optuna's RetryHeartbeatStaleTrialCallback made it
+    assert cut.user_attrs["key"] in {r["key"] for r in trial_rows(st)} and cut.user_attrs["key"] in b.layouts
+    assert res.evaluated_now == 8 and not [t for t in st.trials if t.state == optuna.trial.TrialState.RUNNING]
 
 
 def test_journal_storage_errors_and_the_recorded_storage(tmp_path):

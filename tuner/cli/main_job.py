@@ -216,6 +216,8 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
     )
     if res.confirm_note:
         err.print(f"[yellow]note:[/] {escape(res.confirm_note)}")
+    if res.budget_note:
+        err.print(f"[yellow]note:[/] {escape(res.budget_note)}")
     flags = study_flags(res.study_name, results_dir)
     print_front(front, top, title=f"Pareto front: tokens/s/GPU vs peak memory per GPU ({src_word})",
                 more_hint=f"`{shell_command('tune', 'pareto', *flags, '--top', '0')}`")

@@ -1,0 +1,267 @@
+"""Every use of Optuna's private API in this project, in one module, written against **Optuna 5.0.0**.
+
+The study code uses Optuna's public API (studies, ``ask``/``tell``, ``enqueue_trial``, ``add_trial``, samplers,
+storages, heartbeats) and nothing private outside this module. What it needs beyond that, and why:
+
+1. **A trial's storage id** (``Study._storage``, ``Study._study_id``, ``Trial._trial_id``, ``FrozenTrial._trial_id``):
+   to record an attribute or a state on a trial that no :class:`optuna.Trial` object is held for (a trial left
+   RUNNING by an interrupted run; a claim of the predicted path, :mod:`tuner.study.predicted`).
+2. **Atomic state changes among one process's threads on an RDB storage** (:class:`ThreadSafeRDBStorage`):
+   ``Study._pop_waiting_trial_id`` pops a queued trial by ``set_trial_state_values(RUNNING)`` returning True
+   once; on SQLite that check-and-set is not atomic between threads (two threads of ``--parallel-trials``
+   were seen to pop the same trial: "Cannot tell a PRUNED trial"). Across processes the RDB server's row
+   locks or the journal file's lock serialise it.
+3. **A heartbeat for the journal storage** (:class:`HeartbeatJournalStorage`): Optuna 5.0's ``RDBStorage``
+   implements ``optuna.storages._heartbeat.BaseHeartbeat`` (``record_heartbeat``, ``_get_stale_trial_ids``,
+   ``get_heartbeat_interval``, ``get_heartbeat_stale_trial_callback``), ``JournalStorage`` does not. With it,
+   ``Study.optimize`` runs its heartbeat thread and ``fail_stale_trials`` for the journal as for an RDB.
+4. **Many finished trials in one transaction** (:func:`add_finished_trials`): ``RDBStorage.create_new_trial``
+   costs one transaction and ~50 SQL statements per trial (each parameter and attribute is looked up before
+   it is inserted): ~15 ms a trial, more than the estimate of the whole space over a study of 48 trials.
+   For an RDB of schema :data:`RDB_SCHEMA_VERSION` / :data:`RDB_ALEMBIC_REVISION` the trials are inserted
+   as rows of Optuna's own ORM models (``optuna.storages._rdb.models``) in one session; any other storage or
+   schema takes the public ``Study.add_trial`` one trial at a time.
+
+``tests/tuner_tests/test_optuna_internals.py`` fails when any of these names, signatures or the schema change.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import optuna
+from optuna.storages import JournalStorage, RDBStorage
+from optuna.storages._heartbeat import BaseHeartbeat
+from optuna.trial import FrozenTrial, TrialState
+
+__all__ = [
+    "HEARTBEAT_ATTR", "OPTUNA_VERSION", "RDB_ALEMBIC_REVISION", "RDB_SCHEMA_VERSION", "HeartbeatJournalStorage", "ThreadSafeRDBStorage",
+    "add_finished_trials", "create_trial", "retried_trial_number", "retry_history", "set_trial_state", "set_trial_user_attr", "storage_of",
+    "trial_id_of",
+]
+
+#: The Optuna release this module is written against.
+OPTUNA_VERSION = "5.0.0"
+#: ``optuna.storages._rdb.models.SCHEMA_VERSION`` and the alembic revision of that schema (Optuna 5.0.0).
+RDB_SCHEMA_VERSION = 12
+RDB_ALEMBIC_REVISION = "v3.2.0.a"
+#: The trial system attribute :class:`HeartbeatJournalStorage` keeps a trial's last heartbeat in (seconds since the epoch).
+HEARTBEAT_ATTR = "tune:heartbeat"
+
+
+def retry_history(trial: FrozenTrial) -> list[int]:
+    """Numbers of the trials a heartbeat-stale retry repeats, oldest first (what
+    ``RetryHeartbeatStaleTrialCallback.retry_history`` returns, read without its ExperimentalWarning)."""
+    return list(trial.system_attrs.get("retry_history", []))
+
+
+def retried_trial_number(trial: FrozenTrial) -> int | None:
+    """The first trial of a retry series (``RetryHeartbeatStaleTrialCallback.retried_trial_number``, without its warning)."""
+    return trial.system_attrs.get("failed_trial", None)
+
+
+def storage_of(study: optuna.Study) -> optuna.storages.BaseStorage:
+    """The storage object a study reads and writes (``Study._storage``)."""
+    return study._storage
+
+
+def trial_id_of(trial: optuna.Trial | FrozenTrial) -> int:
+    """A trial's id in its storage (``_trial_id``)."""
+    return trial._trial_id
+
+
+def set_trial_user_attr(study: optuna.Study, trial_id: int, key: str, value: Any) -> None:
+    """Set a user attribute of an unfinished trial by id.
+
+    Raises:
+        optuna.exceptions.UpdateFinishedTrialError: the trial has finished meanwhile.
+    """
+    study._storage.set_trial_user_attr(trial_id, key, value)
+
+
+def set_trial_state(study: optuna.Study, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
+    """Finish (or start) a trial by id; False if another worker changed its state first.
+
+    Raises:
+        optuna.exceptions.UpdateFinishedTrialError: the trial has finished meanwhile.
+    """
+    return study._storage.set_trial_state_values(trial_id, state, values)
+
+
+def create_trial(study: optuna.Study, template: FrozenTrial) -> tuple[int, int]:
+    """Add ``template`` (any state; validated as ``Study.add_trial`` does) to the study in one write.
+
+    Returns:
+        The new trial's storage id and its number.
+    """
+    template._validate()
+    tid = study._storage.create_new_trial(study._study_id, template_trial=template)
+    return tid, study._storage.get_trial_number_from_id(tid)
+
+
+class ThreadSafeRDBStorage(RDBStorage):
+    """``RDBStorage`` whose ``set_trial_state_values`` is atomic among this process's threads (item 2 above)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._state_lock = threading.Lock()
+
+    def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
+        """``RDBStorage.set_trial_state_values`` under this process's lock."""
+        with self._state_lock:
+            return super().set_trial_state_values(trial_id, state, values)
+
+    def __getstate__(self) -> dict[Any, Any]:
+        state = super().__getstate__()
+        state.pop("_state_lock", None)
+        return state
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        super().__setstate__(state)
+        self._state_lock = threading.Lock()
+
+
+class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
+    """Optuna's ``JournalStorage`` with Optuna's heartbeat (item 3 above).
+
+    A heartbeat is the writer's clock (seconds since the epoch) in the trial's system attribute
+    :data:`HEARTBEAT_ATTR`; a RUNNING trial is stale when the checking worker's clock is more than the grace
+    period past its last heartbeat. The workers' clocks must agree to well within the grace period (as NTP keeps
+    them); an RDB compares the database server's own clock instead.
+
+    Args:
+        log_storage: the journal backend (``JournalFileBackend``).
+        heartbeat_interval: seconds between heartbeats (a positive integer, as for ``RDBStorage``).
+        grace_period: seconds without a heartbeat after which a RUNNING trial is stale (None: twice the interval).
+        heartbeat_stale_trial_callback: called with each trial ``fail_stale_trials`` failed.
+    """
+
+    def __init__(
+        self,
+        log_storage: Any,
+        *,
+        heartbeat_interval: int,
+        grace_period: int | None = None,
+        heartbeat_stale_trial_callback: Callable[[optuna.Study, FrozenTrial], None] | None = None,
+    ) -> None:
+        if heartbeat_interval <= 0 or (grace_period is not None and grace_period <= 0):
+            raise ValueError("heartbeat_interval and grace_period must be positive integers")
+        super().__init__(log_storage)
+        self.heartbeat_interval = heartbeat_interval
+        self.grace_period = grace_period
+        self.heartbeat_stale_trial_callback = heartbeat_stale_trial_callback
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        """Write this worker's clock as the trial's last heartbeat (a finished trial is left alone)."""
+        try:
+            self.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time())
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # finished (or failed as stale by another worker) meanwhile
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        grace = self.grace_period if self.grace_period is not None else 2 * self.heartbeat_interval
+        now = time.time()
+        return [
+            t._trial_id
+            for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
+            if isinstance(t.system_attrs.get(HEARTBEAT_ATTR), (int, float)) and now - t.system_attrs[HEARTBEAT_ATTR] > grace
+        ]
+
+    def get_heartbeat_interval(self) -> int | None:
+        """Seconds between heartbeats."""
+        return self.heartbeat_interval
+
+    def get_heartbeat_stale_trial_callback(self) -> Callable[[optuna.Study, FrozenTrial], None] | None:
+        """Called with each trial failed as stale."""
+        return self.heartbeat_stale_trial_callback
+
+
+_schema_checked: dict[int, bool] = {}
+_schema_lock = threading.Lock()
+
+
+def _bulk_backend(study: optuna.Study) -> RDBStorage | None:
+    """The study's RDB storage if its tables are of the schema :func:`add_finished_trials` writes, else None."""
+    from optuna.storages import _CachedStorage
+    from optuna.storages._rdb import models
+
+    storage = study._storage
+    backend = storage._backend if isinstance(storage, _CachedStorage) else storage
+    if not isinstance(backend, RDBStorage) or models.SCHEMA_VERSION != RDB_SCHEMA_VERSION:
+        return None
+    with _schema_lock:
+        ok = _schema_checked.get(id(backend))
+        if ok is None:
+            try:
+                ok = backend._version_manager.get_current_version() == RDB_ALEMBIC_REVISION
+            except Exception:  # noqa: BLE001 - any doubt about the schema: the public path
+                ok = False
+            _schema_checked[id(backend)] = ok
+    return backend if ok else None
+
+
+def add_finished_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> int:
+    """Add finished trials (COMPLETE, PRUNED or FAIL; no intermediate values) to the study, numbered in order.
+
+    On an RDB storage of the pinned schema all of them go in one transaction (one write); otherwise each takes
+    ``Study.add_trial`` (one write each). Either way each trial is validated as ``Study.add_trial`` validates it,
+    and a parameter whose distribution differs from the one the study already has for it is refused.
+
+    Returns:
+        The number of transactions written (0 for no trials).
+
+    Raises:
+        ValueError: a trial is not finished, fails validation, or has a parameter distribution the study's
+            earlier trials contradict.
+    """
+    if not trials:
+        return 0
+    for t in trials:
+        if not t.state.is_finished() or t.intermediate_values:
+            raise ValueError(f"add_finished_trials takes finished trials without intermediate values, got {t.state.name}")
+        t._validate()
+    backend = _bulk_backend(study)
+    if backend is None:
+        for t in trials:
+            study.add_trial(t)
+        return len(trials)
+    from optuna import distributions as dists
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    directions = len(study.directions)
+    with _create_scoped_session(backend.scoped_session) as session:
+        models.StudyModel.find_or_raise_by_id(study._study_id, session, for_update=True)
+        number = session.query(models.TrialModel).filter(models.TrialModel.study_id == study._study_id).count()
+        known: dict[str, Any] = {}
+        for name in {n for t in trials for n in t.params}:
+            prev = (session.query(models.TrialParamModel).join(models.TrialModel)
+                    .filter(models.TrialModel.study_id == study._study_id).filter(models.TrialParamModel.param_name == name).first())
+            if prev is not None:
+                known[name] = dists.json_to_distribution(prev.distribution_json)
+        rows = []
+        for t in trials:
+            if t.values is not None and len(t.values) != directions:
+                raise ValueError(f"a trial has {len(t.values)} values; the study has {directions} objectives")
+            row = models.TrialModel(study_id=study._study_id, number=number, state=t.state,
+                                    datetime_start=t.datetime_start, datetime_complete=t.datetime_complete)
+            number += 1
+            for name, value in t.params.items():
+                dist = t.distributions[name]
+                if name in known:
+                    dists.check_distribution_compatibility(known[name], dist)
+                known[name] = dist
+                row.params.append(models.TrialParamModel(param_name=name, param_value=dist.to_internal_repr(value),
+                                                         distribution_json=dists.distribution_to_json(dist)))
+            for objective, value in enumerate(t.values or ()):
+                stored, kind = models.TrialValueModel.value_to_stored_repr(value)
+                row.values.append(models.TrialValueModel(objective=objective, value=stored, value_type=kind))
+            row.user_attributes.extend(models.TrialUserAttributeModel(key=k, value_json=json.dumps(v)) for k, v in t.user_attrs.items())
+            row.system_attributes.extend(models.TrialSystemAttributeModel(key=k, value_json=json.dumps(v)) for k, v in t.system_attrs.items())
+            rows.append(row)
+        session.add_all(rows)
+    return 1

@@ -1,0 +1,353 @@
+"""The candidates and the queue: how a layout is an Optuna trial's parameters (:class:`CandidateIndex`), which
+candidates a run puts in front of the sampler and in what order (:class:`CandidateQueue`: the predicted front
+spread over memory, the fastest predicted, the re-ranked rest after a recalibration, the next unevaluated
+candidate when the sampler proposes only skips)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import optuna
+
+from cost_model.estimate import estimate_table
+from launch import TrialBackend
+from specs.errors import TunerError
+from specs.layout import Layout, LayoutTable, categories
+from tuner.study.config import run_options_for_backend
+from tuner.study.prepare import Prepared
+from tuner.study.records import TrialRecord
+
+__all__ = ["DIMENSIONS", "MAX_ENQUEUED", "CandidateIndex", "CandidateQueue"]
+
+#: Most layouts a run enqueues.
+MAX_ENQUEUED = 256
+
+#: Search dimensions (Optuna parameters) and the LayoutTable columns each one sets.
+DIMENSIONS: dict[str, tuple[str, ...]] = {
+    "tp": ("tp", "sequence_parallel"),
+    "pp": ("pp",),
+    "vpp": ("vpp",),
+    "cp": ("cp",),
+    "ep": ("ep",),
+    "etp": ("etp",),
+    "micro_batch_size": ("micro_batch_size",),
+    "recompute": ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules"),
+    "optimizer_offload_fraction": ("optimizer_offload_fraction",),
+    "overlap_cpu_optimizer_d2h_h2d": ("overlap_cpu_optimizer_d2h_h2d",),
+    "dispatcher": ("dispatcher",),
+    "pipeline_split": ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"),
+    "use_distributed_optimizer": ("use_distributed_optimizer",),
+    "use_precision_aware_optimizer": ("use_precision_aware_optimizer",),
+    "exp_avg_dtype": ("exp_avg_dtype",),
+    "exp_avg_sq_dtype": ("exp_avg_sq_dtype",),
+}
+
+#: A dense lookup table is used for integer codes up to this range (else a sort).
+_DENSE_RANGE = 1 << 22
+
+
+def _split_label(first: int, last: int) -> str:
+    return "even" if not first and not last else f"{first}/{last}"
+
+
+def _label(dim: str, layout: Layout) -> str:
+    if dim == "recompute":
+        return layout.recompute_label
+    if dim == "pipeline_split":
+        return _split_label(layout.num_layers_in_first_pipeline_stage, layout.num_layers_in_last_pipeline_stage)
+    if dim == "tp":
+        return str(layout.tp)
+    v = getattr(layout, dim)
+    if isinstance(v, float):
+        return f"{v:g}"
+    if hasattr(v, "value"):
+        return str(v.value)
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _dense_codes(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """For small non-negative-range integers: each row's index into the sorted distinct values, the first row of
+    each distinct value, and their count; exactly ``np.unique(a, return_index=True, return_inverse=True)``, in O(n)
+    with a lookup table instead of a sort. None when the range is too wide for a table."""
+    lo, hi = int(a.min()), int(a.max())
+    if hi - lo >= _DENSE_RANGE:
+        return None
+    off = a - lo
+    present = np.zeros(hi - lo + 1, dtype=bool)
+    present[off] = True
+    lut = np.cumsum(present) - 1
+    inv = lut[off]
+    k = int(lut[-1]) + 1
+    first = np.full(k, len(a), dtype=np.int64)
+    np.minimum.at(first, inv, np.arange(len(a), dtype=np.int64))
+    return inv, first, k
+
+
+def _unique(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(inverse, first index, count)`` of ``np.unique`` of an integer array (fast for a small range)."""
+    dense = _dense_codes(a) if a.dtype.kind in "biu" else None
+    if dense is not None:
+        return dense
+    _, first, inv = np.unique(a, return_index=True, return_inverse=True)
+    return inv.reshape(-1), first, len(first)
+
+
+#: A unicode column with more distinct values than this is coded by :func:`specs.layout.categories` itself.
+_FEW_STRINGS = 32
+
+
+def _string_codes(col: np.ndarray) -> np.ndarray:
+    """Each row's index into :func:`specs.layout.categories` of a unicode column (the same order), faster for the
+    few distinct strings a layout column holds: one vectorised comparison per distinct string finds its rows,
+    and ``categories`` orders the distinct strings (a column of more than :data:`_FEW_STRINGS` takes
+    ``categories`` whole)."""
+    out = np.full(len(col), -1, dtype=np.int64)
+    distinct: list[str] = []
+    i = 0
+    while True:
+        out[col == col[i]] = len(distinct)
+        distinct.append(str(col[i]))
+        todo = out < 0
+        i = int(np.argmax(todo))
+        if not todo[i]:
+            break
+        if len(distinct) >= _FEW_STRINGS:
+            return categories(col)[1]
+    order, _ = categories(np.array(distinct, dtype=col.dtype))
+    pos = {s: k for k, s in enumerate(order)}
+    return np.array([pos[s] for s in distinct], dtype=np.int64)[out]
+
+
+def _column_codes(col: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each row's code in a LayoutTable column and the number of codes (the column's distinct values in the order
+    ``np.unique`` sorts numbers and :func:`specs.layout.categories` orders strings)."""
+    if col.dtype.kind == "U":
+        inv = _string_codes(col)
+    elif col.dtype.kind in "biu":
+        inv = _unique(col.astype(np.int64, copy=False))[0]
+    else:
+        _, inv = np.unique(col, return_inverse=True)
+        inv = inv.reshape(-1)
+    return inv, int(inv.max()) + 1
+
+
+class CandidateIndex:
+    """Maps search-dimension labels to rows of the valid layout table, vectorised.
+
+    Each dimension's distinct column values get an integer code; a row's code is
+    the mixed-radix number of its dimension codes. Looking a layout up is a
+    binary search, so a study never builds Python objects for every candidate.
+    The labels (Optuna's categorical choices) are the same as earlier versions built, so a stored study resumes.
+    """
+
+    def __init__(self, valid: LayoutTable, fits: np.ndarray) -> None:
+        self.valid = valid
+        n = len(valid)
+        self.codes: dict[str, np.ndarray] = {}
+        self.labels: dict[str, list[str]] = {}
+        self.rep_row: dict[str, list[int]] = {}
+        code = np.zeros(n, dtype=np.int64)
+        for dim, cols in DIMENSIONS.items():
+            key = np.zeros(n, dtype=np.int64)
+            for c in cols:
+                if n:
+                    inv, radix = _column_codes(valid[c])
+                else:
+                    inv, radix = np.zeros(0, dtype=np.int64), 1
+                key = key * radix + inv
+            inv, first, k = _unique(key) if n else (key, np.zeros(0, dtype=np.int64), 0)
+            reps = [int(i) for i in first]
+            self.codes[dim] = inv
+            self.rep_row[dim] = reps
+            self.labels[dim] = [_label(dim, valid.row(i)) for i in reps]
+            code = code * k + inv
+        self.row_code = code
+        fit_rows = np.flatnonzero(fits)
+        order = np.argsort(code[fit_rows])
+        self._fit_sorted_codes = code[fit_rows][order]
+        self._fit_sorted_rows = fit_rows[order]
+        self._label_index = {d: {lab: i for i, lab in enumerate(labs)} for d, labs in self.labels.items()}
+
+    @property
+    def params(self) -> list[str]:
+        """Dimensions with more than one choice: the Optuna parameters."""
+        return [d for d in DIMENSIONS if len(self.labels[d]) > 1]
+
+    def distributions(self) -> dict[str, optuna.distributions.CategoricalDistribution]:
+        """Optuna's distribution of each parameter (the categorical choice of its labels)."""
+        return {p: optuna.distributions.CategoricalDistribution(self.labels[p]) for p in self.params}
+
+    def params_of_row(self, row: int) -> dict[str, str]:
+        """The Optuna parameters (labels) of a row of the valid table."""
+        return {d: self.labels[d][int(self.codes[d][row])] for d in self.params}
+
+    def find_fitting(self, params: dict[str, str]) -> int | None:
+        """Row of the valid table with these labels, if it exists and fits; else None."""
+        code = 0
+        for d in DIMENSIONS:
+            idx = self._label_index[d].get(params.get(d, self.labels[d][0]))
+            if idx is None:
+                return None
+            code = code * len(self.labels[d]) + idx
+        pos = int(np.searchsorted(self._fit_sorted_codes, code))
+        if pos < len(self._fit_sorted_codes) and self._fit_sorted_codes[pos] == code:
+            return int(self._fit_sorted_rows[pos])
+        return None
+
+    def build(self, params: dict[str, str]) -> Layout:
+        """A layout with these labels, valid or not (to explain why it was skipped)."""
+        base = self.valid.row(0).to_dict()
+        for d, cols in DIMENSIONS.items():
+            lab = params.get(d, self.labels[d][0])
+            rep = self.valid.row(self.rep_row[d][self._label_index[d][lab]]).to_dict()
+            for c in cols:
+                base[c] = rep[c]
+        base["sequence_parallel"] = base["tp"] > 1
+        return Layout.from_dict(base)
+
+
+def _spread(front: np.ndarray, peak: np.ndarray, k: int) -> list[int]:
+    """Up to ``k`` points of the front spread evenly over its memory range, both ends included."""
+    if len(front) <= k:
+        return [int(i) for i in front]
+    by_mem = front[np.argsort(peak[front])]
+    picks = np.unique(np.round(np.linspace(0, len(by_mem) - 1, k)).astype(int))
+    return [int(by_mem[i]) for i in picks]
+
+
+class CandidateQueue:
+    """The candidates a run puts in front of Optuna's sampler, in order (rows of the valid table).
+
+    At the start the predicted Pareto front, spread over its memory range, and the fastest predicted candidates
+    (real trials: the fastest first, as they cost minutes and the pruner then stops slower ones early), at most
+    three quarters of the run's layouts (and :data:`MAX_ENQUEUED`), none the study has evaluated or the backend
+    refuses (e.g. flex without DeepEP); NSGA-II samples the rest. With real trials and ``--recalibrate-after K``
+    only what runs next is enqueued (:attr:`first`); the rest (:attr:`rest`) waits, re-ranked by the refitted
+    prediction after every K measured trials (:meth:`recalibrate`). Not thread-safe: the run holds its lock.
+
+    Args:
+        prep: the candidates.
+        index: their labels.
+        backend: asked which layouts it refuses.
+        seen: keys of the layouts the study has evaluated.
+        n_trials: layouts the run evaluates.
+        queued_already: queued search trials left by an earlier run (they run first and take places in the queue).
+        recalibrate_after: K (0: all of the queue is enqueued at once).
+        parallel: trials running at once (that many are enqueued at the start of a lazy queue).
+    """
+
+    def __init__(self, prep: Prepared, index: CandidateIndex, backend: TrialBackend, *, seen: set[str], n_trials: int,
+                 queued_already: int = 0, recalibrate_after: int = 0, parallel: int = 1) -> None:
+        self.prep = prep
+        self.index = index
+        self.backend = backend
+        self.every = recalibrate_after if backend.measured else 0
+        self.fits_done = 0
+        self.calibration = prep.calibration
+        est = prep.estimates
+        fit_idx = np.flatnonzero(prep.fits)
+        fastest = fit_idx[np.argsort(-est.tokens_per_s_per_gpu[fit_idx])[: 4 * min(n_trials, MAX_ENQUEUED)]]
+        spread = _spread(prep.front, est.peak_bytes, max(2, n_trials // 2))
+        order = [int(i) for i in fastest] + spread if backend.measured else spread + [int(i) for i in fastest]
+        budget = min(MAX_ENQUEUED, max(1, (3 * n_trials) // 4)) - queued_already
+        queued: list[int] = []
+        keys: set[str] = set()
+        for i in order:
+            if len(queued) >= budget:
+                break
+            lay = prep.enumeration.valid.row(i)
+            k = lay.key()
+            if k in seen or k in keys or self.refuses(lay):
+                continue
+            queued.append(i)
+            keys.add(k)
+        n_first = max(1, parallel) if self.every else len(queued)
+        self.first: list[int] = queued[:n_first]
+        """Rows enqueued at the start."""
+        self.rest: list[int] = queued[n_first:]
+        """Rows enqueued one at a time after each trial (a lazy queue)."""
+        self._by_speed: np.ndarray | None = None
+        self._cursor = 0
+
+    @property
+    def lazy(self) -> bool:
+        """Real trials with ``--recalibrate-after K`` > 0: the queue is enqueued one trial at a time."""
+        return self.every > 0
+
+    def refuses(self, layout: Layout) -> bool:
+        """The backend cannot run this layout here (do not spend a trial on it)."""
+        return self.backend.refusal(layout, self.prep.model, self.prep.workload) is not None
+
+    @property
+    def label(self) -> str:
+        """What a row of :attr:`rest` is recorded as when it is enqueued (``enqueued``)."""
+        return "fastest predicted" + (" after recalibration" if self.fits_done else "")
+
+    def pop_rest(self, seen: set[str]) -> int | None:
+        """The next waiting row whose layout has not been evaluated (None: none waits)."""
+        while self.rest:
+            i = self.rest.pop(0)
+            if self.prep.enumeration.valid.row(i).key() not in seen:
+                return i
+        return None
+
+    def next_unevaluated(self, exclude: set[str]) -> int | None:
+        """The fastest predicted candidate whose key is not in ``exclude`` and that the backend does not refuse;
+        None when every candidate is (the space ran out). A cursor walks the candidates by predicted tokens/s
+        once: a candidate passed over stays passed over (``exclude`` only grows during a run)."""
+        if self._by_speed is None:
+            fit_idx = np.flatnonzero(self.prep.fits)
+            self._by_speed = fit_idx[np.argsort(-self.prep.estimates.tokens_per_s_per_gpu[fit_idx], kind="stable")]
+        while self._cursor < len(self._by_speed):
+            i = int(self._by_speed[self._cursor])
+            self._cursor += 1
+            lay = self.prep.enumeration.valid.row(i)
+            if lay.key() not in exclude and not self.refuses(lay):
+                return i
+        return None
+
+    def recalibrate(self, study: optuna.Study) -> None:
+        """After every ``K`` measured trials: refit the cost model's constants to the study's measurements
+        (:func:`cost_model.calibrate.fit_observations`: step-time and memory constants) and re-rank the rows of
+        :attr:`rest` by the refitted prediction.
+
+        The refit and its error are recorded in the study (``recalibrations``); a fit that fails (e.g. all
+        measurements alike) keeps the previous constants and is recorded too.
+        """
+        from cost_model.calibrate import Observation, fit_observations
+
+        measured = []
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            r = TrialRecord.of(t)
+            if (r.result or {}).get("source") == "measured" and r.repeat_of is None:
+                measured.append((t.number, r.result or {}))
+        n = len(measured)
+        if not (self.every and n >= self.every * (self.fits_done + 1) and n >= 2):
+            return
+        prep = self.prep
+        obs = []
+        for number, res in measured:
+            peak = res.get("peak_gib")
+            st_s = float(res.get("step_time_s") or "nan")
+            obs.append(Observation(model=prep.model, cluster=prep.cluster, workload=prep.workload, layout=Layout.from_dict(res["layout"]),
+                                   step_time_s=st_s if math.isfinite(st_s) and st_s > 0 else None,
+                                   peak_gib=float(peak) if peak and math.isfinite(float(peak)) else None, label=f"trial {number}"))
+        record: dict[str, Any] = {"after_measured_trials": n}
+        try:
+            fit = fit_observations(obs, start=self.calibration, max_nfev=100)
+            self.calibration = fit.calibration
+            if self.rest:
+                sub = prep.enumeration.valid.select(np.asarray(self.rest))
+                est = estimate_table(prep.model, prep.cluster, prep.workload, sub, calibration=fit.calibration,
+                                     memory_headroom=prep.config.memory_headroom, options=run_options_for_backend(prep.config.backend))
+                order = np.argsort(-est.tokens_per_s_per_gpu, kind="stable")
+                self.rest[:] = [self.rest[int(j)] for j in order]
+            record.update(step_median_abs_error=(fit.step.median_abs_error if fit.step else None),
+                          memory_median_abs_error=fit.memory_median_abs_error, constants=fit.calibration.to_dict(),
+                          next=[prep.enumeration.valid.row(i).label for i in self.rest[:3]])
+        except TunerError as e:
+            record["error"] = str(e)
+        self.fits_done += 1
+        study.set_user_attr("recalibrations", [*study.user_attrs.get("recalibrations", []), record])

@@ -1,0 +1,242 @@
+"""What a tuning run depends on (:class:`TuneConfig`) and its validation, in one place.
+
+Every check of a user's input that needs no model or hardware data is here (:func:`_validate_config`);
+each raises :class:`~specs.errors.TunerError` naming the flag and what it accepts, before any work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specs import Cluster, ModelSpec, RunOptions
+from specs.errors import TunerError
+
+__all__ = [
+    "DEFAULT_TRIALS", "MAX_TRIALS", "STACKS", "TuneConfig", "harness_without_te", "n_trials", "run_options_for_backend",
+    "trial_env_dict", "trial_warmup_steps",
+]
+
+#: Training stacks a recipe can target.
+STACKS = ("slime", "megatron")
+
+#: Layouts a run evaluates when ``--trials`` is not given.
+DEFAULT_TRIALS = 48
+#: Most layouts one run accepts (``--trials``).
+MAX_TRIALS = 100_000
+
+_STUDY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TuneConfig:
+    """Everything a tuning run depends on; saved with the study (``config.yaml``)."""
+
+    model: str
+    gpus: str
+    gpus_per_node: int | None = None
+    network_gbps: float | None = None
+    """Per-node network bandwidth in Gb/s (default: the seed's 3,200)."""
+    usd_per_gpu_hour: float | None = None
+    seq_length: int = 8192
+    global_batch_size: int = 128
+    precision: str = "bf16"
+    space: str | None = None
+    calibration: str | None = None
+    memory_headroom: float = 0.10
+    study: str | None = None
+    storage: str | None = None
+    trials: int | None = None
+    """Layouts this run evaluates (None = :data:`DEFAULT_TRIALS`): with real trials, each measured, stopped early by
+    the pruner or failed (out of memory, timeout, crash) counts; a proposal that is skipped (breaks a rule, is
+    predicted not to fit, was evaluated before or is being run by another worker) does not. Fewer when the space
+    runs out of such layouts (:attr:`TuneResult.budget_note` says so). Confirmation runs are extra."""
+    backend: str = "model"
+    stack: str = "slime"
+    """Training stack the recipe targets: ``slime`` (drops the allgather dispatcher, which
+    slime rewrites to alltoall) or ``megatron`` (Megatron-LM / Megatron-Bridge)."""
+    seed: int = 0
+    results_dir: str = "results"
+    layers: int | None = None
+    """Slice the model to its first N decoder layers at full width (``--layers``) for the
+    estimate and the trials; None = the whole model."""
+    trial_steps: int = 20
+    """Optimizer steps per real trial, warm-up included."""
+    trial_warmup_steps: int | None = None
+    """Leading steps of a real trial left out of its median step time; None = half of
+    ``trial_steps``. On 2 x H200 (MiniMax-M2 slice, no TE, 2026-11-29) a trial's step time fell by
+    20-40% over its first ~10 steps before it settled
+    (benchmarks/results/h200_x2_2026-11-29/step_times.jsonl), hence 10 of the default 20."""
+    trial_timeout_s: float = 900.0
+    """Wall-clock limit of one real trial, model build included (seconds)."""
+    prune_margin: float | None = 0.25
+    """Stop a real trial whose running median throughput is below best / (1 + margin); None = never prune."""
+    command_template: str | None = None
+    """The launch template of the ``command`` backend (``--command-template FILE``)."""
+    ray_address: str | None = None
+    """``--ray-address``: ``auto``, ``HOST:PORT`` or ``ray://...``; None starts a local Ray instance (``ray`` backend)."""
+    parallel_trials: int = 1
+    """Trials run at once by this worker (``ray`` backend: each its own placement group)."""
+    trial_env: tuple[str, ...] = ()
+    """``KEY=VALUE`` environment variables for every rank of a real trial (``ray`` backend)."""
+    recalibrate_after: int = 4
+    """Real trials: refit the cost model to the measurements after every this many measured trials and
+    re-rank the candidates not yet run (0 = never; the queue is then fixed at the start)."""
+    confirm_runs: int = 0
+    """Real trials: after the search, measure the fastest measured layout and those within its trials' noise
+    (:func:`tuner.report.measured_ties`; at most :data:`MAX_FINALISTS` layouts) this many more times each,
+    interleaved; reports and recipes then use each layout's runs together (0 = no confirmation). A top-up:
+    runs a layout already has from an earlier run (or another worker) count toward this number."""
+    heartbeat_interval_s: int = 60
+    """Real trials with ``--storage`` (workers share the study): seconds between the heartbeats a running
+    trial writes to the storage (Optuna's ``heartbeat_interval``)."""
+    heartbeat_grace_s: int = 180
+    """Real trials with ``--storage``: a RUNNING trial whose last heartbeat is older than this many seconds
+    belongs to a worker that stopped (killed, its machine lost); the next trial any worker starts fails it and
+    queues its layout again (Optuna's ``grace_period`` and ``RetryHeartbeatStaleTrialCallback``). With the
+    ``model`` backend (trials of milliseconds) a trial left RUNNING this long is taken for a stopped worker's too."""
+
+    def study_name(self, model: ModelSpec, cluster: Cluster) -> str:
+        """``--study``, or ``<model>[-L<layers>]-<cluster>-s<seq>-gbs<batch>`` (obeying the ``--study`` name rule)."""
+        if self.study:
+            return self.study
+        name = re.sub(r"\[\d+ layers?\]$", "", model.name)  # a --layers slice is named below
+        base = Path(name).stem if name.endswith(".json") else name
+        # a default name obeys the --study rule (_STUDY_NAME_RE), whatever a config.json path is called
+        base = re.sub(r"[^A-Za-z0-9._-]+", "-", base).lstrip("._-")[:64] or "model"
+        sl = f"-L{self.layers}" if self.layers else ""
+        return f"{base}{sl}-{cluster.label}-s{self.seq_length}-gbs{self.global_batch_size}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, as plain values (stored with the study and in ``config.yaml``)."""
+        return dataclasses.asdict(self)
+
+
+def n_trials(config: TuneConfig) -> int:
+    """Layouts the run evaluates: ``config.trials``, or :data:`DEFAULT_TRIALS` when None."""
+    return config.trials if config.trials is not None else DEFAULT_TRIALS
+
+
+def harness_without_te(backend: str) -> bool:
+    """The study's trials run the harness (``local`` / ``ray``) and Transformer Engine is not importable
+    here. For ``ray`` this is read on the driver: run the driver in the nodes' Python environment."""
+    from launch.harness.spec import HarnessEnv
+
+    return backend in ("local", "ray") and not HarnessEnv.detect().transformer_engine
+
+
+def run_options_for_backend(backend: str) -> RunOptions:
+    """Run options the estimate assumes for a study's trials: the trial harness (``local`` and ``ray``
+    backends) without Transformer Engine (not importable here) saves the attention output twice
+    (:data:`specs.HARNESS_RUN_OPTIONS`); with TE, and for the ``model`` and ``command``
+    backends, a production Megatron-core run with TE (:data:`specs.DEFAULT_RUN_OPTIONS`)."""
+    from specs import DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS
+
+    return HARNESS_RUN_OPTIONS if harness_without_te(backend) else DEFAULT_RUN_OPTIONS
+
+
+def trial_warmup_steps(config: TuneConfig) -> int:
+    """The warm-up steps of a real trial: ``config.trial_warmup_steps``, or half of ``trial_steps`` when None."""
+    return config.trial_steps // 2 if config.trial_warmup_steps is None else config.trial_warmup_steps
+
+
+def trial_env_dict(items: Sequence[str]) -> dict[str, str]:
+    """``--trial-env KEY=VALUE`` items as a dict.
+
+    Raises:
+        TunerError: an item without ``=`` or with a name that is not an environment variable name.
+    """
+    out: dict[str, str] = {}
+    for it in items:
+        k, sep, v = str(it).partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            raise TunerError(f"--trial-env {it!r}: expected NAME=VALUE, e.g. --trial-env NCCL_IB_HCA=mlx5")
+        out[k] = v
+    return out
+
+
+def _mask(url: str) -> str:
+    """A storage URL with its password hidden."""
+    return re.sub(r"(://[^:/@]+:)[^@/]*@", r"\1***@", url)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _validate_config(config: TuneConfig) -> None:
+    """Check the flags and their combinations (nothing that needs the model or the hardware).
+
+    Raises:
+        TunerError: the first bad input, named with what it accepts.
+    """
+    if config.study is not None and not _STUDY_NAME_RE.match(config.study):
+        raise TunerError(
+            f"--study {config.study!r}: a study name is 1-128 letters, digits, '.', '_' or '-', starting with a letter or "
+            "digit (it names the folder results/<study>/)"
+        )
+    if config.trials is not None and not 1 <= config.trials <= MAX_TRIALS:
+        raise TunerError(f"--trials must be from 1 to {MAX_TRIALS:,}, got {config.trials}")
+    if config.seed < 0 or config.seed >= 2**32:
+        raise TunerError(f"--seed must be from 0 to 2**32 - 1, got {config.seed}")
+    if config.layers is not None and (not _is_int(config.layers) or config.layers < 1):
+        raise TunerError(f"--layers must be a positive integer (decoder layers of the slice), got {config.layers!r}")
+    if config.prune_margin is not None and not (math.isfinite(config.prune_margin) and config.prune_margin >= 0):
+        raise TunerError(f"--prune-margin must be a finite number >= 0 (negative: never prune), got {config.prune_margin}")
+    if not 1 <= config.trial_steps <= 100_000:
+        raise TunerError(f"--trial-steps must be from 1 to 100,000, got {config.trial_steps}")
+    if not 0 <= trial_warmup_steps(config) < config.trial_steps:
+        raise TunerError(
+            f"--trial-warmup-steps must be from 0 to {config.trial_steps - 1} (fewer than --trial-steps {config.trial_steps}), got {config.trial_warmup_steps}"
+        )
+    if not (math.isfinite(config.trial_timeout_s) and config.trial_timeout_s > 0):
+        raise TunerError(f"--trial-timeout must be a positive number of seconds, got {config.trial_timeout_s}")
+    if config.command_template and config.backend != "command":
+        raise TunerError(f"--command-template is for --backend command (this run uses --backend {config.backend})")
+    if config.ray_address is not None and config.backend != "ray":
+        raise TunerError(f"--ray-address is for --backend ray (this run uses --backend {config.backend})")
+    if config.ray_address is not None:
+        from launch.ray_backend import parse_ray_address
+
+        parse_ray_address(config.ray_address)
+    if not _is_int(config.parallel_trials) or not 1 <= config.parallel_trials <= 64:
+        raise TunerError(f"--parallel-trials must be from 1 to 64, got {config.parallel_trials!r}")
+    if config.parallel_trials > 1 and config.backend != "ray":
+        raise TunerError(f"--parallel-trials > 1 needs --backend ray (the {config.backend} backend runs one trial at a time)")
+    trial_env_dict(config.trial_env)
+    if not _is_int(config.confirm_runs) or not 0 <= config.confirm_runs <= 20:
+        raise TunerError(f"--confirm-runs must be from 0 (no confirmation) to 20 more runs per layout, got {config.confirm_runs!r}")
+    if config.confirm_runs and config.backend == "model":
+        raise TunerError("--confirm-runs re-measures real trials; --backend model measures nothing (use --backend local, ray or command)")
+    if not _is_int(config.recalibrate_after) or not 0 <= config.recalibrate_after <= 1000:
+        raise TunerError(f"--recalibrate-after must be from 0 (never) to 1,000 measured trials, got {config.recalibrate_after!r}")
+    if config.trial_env and config.backend != "ray":
+        raise TunerError(f"--trial-env is for --backend ray (this run uses --backend {config.backend})")
+    if not _is_int(config.heartbeat_interval_s) or not 1 <= config.heartbeat_interval_s <= 3600:
+        raise TunerError(f"the heartbeat interval must be a whole number of seconds from 1 to 3,600, got {config.heartbeat_interval_s!r}")
+    if not _is_int(config.heartbeat_grace_s) or not config.heartbeat_interval_s < config.heartbeat_grace_s <= 86_400:
+        raise TunerError(
+            f"the heartbeat grace period must be a whole number of seconds above the interval ({config.heartbeat_interval_s}) "
+            f"and at most 86,400, got {config.heartbeat_grace_s!r}"
+        )
+    if config.storage is not None:
+        _check_storage_syntax(config.storage)
+
+
+def _check_storage_syntax(url: str) -> None:
+    """Raises TunerError for a ``--storage`` that cannot be a storage URL (before any work)."""
+    if not url:
+        raise TunerError("--storage is empty; give an RDB URL (sqlite:///path.db, postgresql://...) or journal:PATH")
+    if url.startswith("journal:"):
+        path = url[len("journal:"):]
+        if not path or path == "//":
+            raise TunerError("--storage journal:PATH needs a file path, e.g. journal:/shared/tune/study.log")
+    elif "://" not in url:
+        raise TunerError(f"--storage {_mask(url)!r}: expected an RDB URL (sqlite:///path.db, postgresql://user@host/db) or journal:PATH")
+    elif url.split("?")[0] in ("sqlite://", "sqlite:///", "sqlite:///:memory:"):
+        raise TunerError(f"--storage {url!r} is an in-memory database: the study would be lost when tune exits; give a file, e.g. sqlite:///tune.db")

@@ -1,0 +1,260 @@
+"""What a study records on each trial, written and read in one place (:class:`TrialRecord`), and the reads
+built on it: the finished trials as rows (:func:`trial_rows`), whether a layout has an outcome
+(:func:`is_settled`), whether another trial holds it (:func:`claimed_elsewhere`), the best measurement.
+
+Records are Optuna user attributes, one per :class:`TrialRecord` field, under the field's name: the names
+earlier versions stored (``key``, ``result``, ``failure``, ...), so studies on disk still read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from cost_model.estimate import EstimateTable
+from launch import Measurement, TrialFailed, TrialStopped
+from specs import Cluster, ModelSpec
+from specs.layout import Layout
+from tuner.study import _optuna
+
+__all__ = ["TrialRecord", "best_measured", "claimed_elsewhere", "is_settled", "retried_numbers", "trial_rows"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrialRecord:
+    """The user attributes of one trial; None = not recorded. Each field is stored under its own name."""
+
+    key: str | None = None
+    """:meth:`Layout.key` of the trial's layout (a layout is evaluated once per study)."""
+    enqueued: str | None = None
+    """Why the layout was queued (predicted front, fastest predicted, ...); None for a sampled one."""
+    repeat_of: int | None = None
+    """A confirmation run (``--confirm-runs``) of this trial number's layout."""
+    result: dict[str, Any] | None = None
+    """The evaluation (:func:`result_of`): layout, source, tokens/s/GPU, memory (GiB), prediction, measured steps."""
+    failure: dict[str, Any] | None = None
+    """A real trial that ran out of memory, timed out or crashed (:func:`failure_of`)."""
+    pruned: dict[str, Any] | None = None
+    """A real trial the pruner stopped early (:func:`pruned_of`)."""
+    skipped: str | None = None
+    """Why this proposal was not evaluated (breaks a rule, does not fit, evaluated before, ...): it costs no budget."""
+    interrupted: str | None = None
+    """Cut off (Ctrl-C, or left RUNNING by a run or worker that stopped): its layout is evaluated again."""
+    error: str | None = None
+    """An unexpected error of the backend (a bug): the layout is not retried."""
+    retried: str | None = None
+    """This trial runs again the layout of a trial whose worker stopped sending heartbeats (and which was failed)."""
+    intermediate_tokens_per_s_per_gpu: list[float] | None = None
+    """Throughput of each step a real trial reported so far (tokens/s/GPU, warm-up included)."""
+
+    @classmethod
+    def of(cls, trial: FrozenTrial | optuna.Trial | Mapping[str, Any]) -> TrialRecord:
+        """The record of a trial (or of its user attributes); attributes this class does not declare are ignored."""
+        attrs = trial if isinstance(trial, Mapping) else trial.user_attrs
+        return cls(**{f: attrs[f] for f in _FIELDS if f in attrs})
+
+    def attrs(self) -> dict[str, Any]:
+        """The recorded fields as user attributes (for a trial written in one go)."""
+        return {f: getattr(self, f) for f in _FIELDS if getattr(self, f) is not None}
+
+    @staticmethod
+    def write(trial: optuna.Trial, **fields: Any) -> None:
+        """Record ``fields`` on a running trial (one storage write each).
+
+        Raises:
+            TypeError: a name that is not a field of :class:`TrialRecord`.
+        """
+        bad = set(fields) - set(_FIELDS)
+        if bad:
+            raise TypeError(f"not TrialRecord fields: {sorted(bad)}")
+        for k, v in fields.items():
+            trial.set_user_attr(k, v)
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(TrialRecord))
+
+
+def _gib(n_bytes: float) -> float:
+    return n_bytes / 2**30
+
+
+def prediction_of(est: EstimateTable, row: int) -> dict[str, float]:
+    """The analytical prediction of a candidate, as a record stores it (tokens/s/GPU, GiB, seconds)."""
+    return {
+        "pred_tokens_per_s_per_gpu": float(est.tokens_per_s_per_gpu[row]),
+        "pred_peak_gib": _gib(float(est.peak_bytes[row])),
+        "pred_step_time_s": float(est.step_time_s[row]),
+    }
+
+
+def result_of(layout: Layout, m: Measurement, est: EstimateTable, row: int, *, model: ModelSpec, cluster: Cluster) -> dict[str, Any]:
+    """A trial's ``result``: what the backend reported and what was predicted.
+
+    Units: tokens/s/GPU, GiB (peak and headroom per GPU), seconds (median step time over the measured steps),
+    MFU as 6 x N_active x tokens/s over the GPU's dense bf16 peak, US$ per 1M tokens; a measured trial adds its
+    steps, losses, allocated peak (GiB), step-time CV, wall time and log folder.
+    """
+    gpu = cluster.gpu
+    tps = m.tokens_per_s_per_gpu
+    res: dict[str, Any] = {
+        "layout": layout.to_dict(),
+        "label": layout.label,
+        "source": m.source,
+        "tokens_per_s_per_gpu": tps,
+        "peak_gib": _gib(m.peak_bytes),
+        "headroom_gib": _gib(gpu.hbm_bytes - m.peak_bytes),
+        "step_time_s": float(np.median(m.step_times_s)) if m.step_times_s else float("nan"),
+        "mfu": 6.0 * model.active_params() * tps / gpu.peak_flops_bf16,
+        "usd_per_million_tokens": cluster.usd_per_gpu_hour / (tps * 3600) * 1e6,
+        **prediction_of(est, row),
+        "pred_model_tflops_per_gpu": float(est.model_tflops_per_gpu[row]),
+    }
+    if m.source == "measured":
+        res.update(
+            step_times_s=[float(x) for x in m.step_times_s],
+            losses=[float(x) for x in m.losses],
+            peak_allocated_gib=_gib(float(m.extra.get("peak_allocated_bytes", float("nan")))),
+            step_time_cv=m.extra.get("step_time_cv"),
+            wall_s=m.extra.get("wall_s"),
+            log_path=m.log_path,
+            notes=m.extra.get("notes", []),
+        )
+    return res
+
+
+def failure_of(layout: Layout, e: TrialFailed, prediction: Mapping[str, float]) -> dict[str, Any]:
+    """A failed trial's ``failure``: kind, message, log, the layout, the prediction, and for an out-of-memory
+    the memory the failing rank had reached (GiB) when known."""
+    fail: dict[str, Any] = {"kind": e.kind.value, "message": str(e), "log_path": e.log_path, "layout": layout.to_dict(), "label": layout.label, **prediction}
+    if not math.isnan(e.memory_reached_bytes):
+        fail["memory_reached_gib"] = _gib(e.memory_reached_bytes)
+    return fail
+
+
+def pruned_of(layout: Layout, e: TrialStopped, prediction: Mapping[str, float]) -> dict[str, Any]:
+    """A pruned trial's ``pruned``: the pruner's reason, the steps measured before it stopped, the prediction."""
+    return {
+        "reason": e.reason, "layout": layout.to_dict(), "label": layout.label, "log_path": e.log_path,
+        "step_times_s": list(e.step_times_s), "tokens_per_s_per_gpu": list(e.tokens_per_s_per_gpu), **prediction,
+    }
+
+
+def retried_numbers(trials: Iterable[FrozenTrial]) -> set[int]:
+    """Numbers of the trials a heartbeat-stale retry runs again (Optuna's ``RetryHeartbeatStaleTrialCallback``)."""
+    out: set[int] = set()
+    for t in trials:
+        out.update(_optuna.retry_history(t))
+    return out
+
+
+def is_settled(t: FrozenTrial, retried: Collection[int] = ()) -> bool:
+    """The trial's layout has an outcome: finished, and not a FAIL that is ``interrupted`` (cut off by Ctrl-C, or
+    left RUNNING by a run that stopped) or that a retry runs again (its worker stopped sending heartbeats: the
+    trial numbers ``retried``, :func:`retried_numbers`); those layouts are evaluated again. A FAIL from an
+    unexpected error stays settled, so a layout that always breaks the run is not retried forever."""
+    if not t.state.is_finished():
+        return False
+    return not (t.state == TrialState.FAIL and (TrialRecord.of(t).interrupted or t.number in retried))
+
+
+def evaluated_keys(trials: Sequence[FrozenTrial]) -> set[str]:
+    """Layouts the study has an outcome for (a trial skipped as a duplicate is not one: the trial it deferred to may
+    have been interrupted)."""
+    retried = retried_numbers(trials)
+    out = set()
+    for t in trials:
+        r = TrialRecord.of(t)
+        if r.key is not None and is_settled(t, retried) and not str(r.skipped or "").startswith("duplicate"):
+            out.add(r.key)
+    return out
+
+
+def claimed_elsewhere(trials: Sequence[FrozenTrial], number: int | None, key: str, *, stale_before: datetime.datetime | None = None) -> bool:
+    """Another trial of the study (of any worker sharing its storage) has this layout: settled, or RUNNING with a
+    lower number than ``number`` (None: any RUNNING one) (of two workers that pick a layout at once, the later
+    trial yields). A RUNNING trial started before ``stale_before`` is not counted (a stopped worker's)."""
+    retried = retried_numbers(trials)
+    for t in trials:
+        if t.number == number:
+            continue
+        r = TrialRecord.of(t)
+        if r.key != key or r.skipped is not None:
+            continue
+        if is_settled(t, retried):
+            return True
+        fresh = stale_before is None or t.datetime_start is None or t.datetime_start >= stale_before
+        if t.state == TrialState.RUNNING and (number is None or t.number < number) and fresh:
+            return True
+    return False
+
+
+def best_measured(trials: Iterable[FrozenTrial]) -> float | None:
+    """Highest measured tokens/s/GPU among COMPLETE trials that are not confirmation runs (as the pruner compares
+    a trial's own run); None if none was measured."""
+    best = None
+    for t in trials:
+        if t.state != TrialState.COMPLETE:
+            continue
+        r = TrialRecord.of(t)
+        res = r.result or {}
+        if res.get("source") == "measured" and r.repeat_of is None:
+            v = float(res.get("tokens_per_s_per_gpu", 0.0))
+            best = v if best is None or v > best else best
+    return best
+
+
+def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
+    """Finished trials of a study as flat dicts (layout fields plus results), for reports and export.
+
+    Confirmation runs (``--confirm-runs``: trials with ``repeat_of``) are folded into the trial they
+    repeat: ``runs`` (finished runs, the trial's own included), each run's ``runs_tokens_per_s_per_gpu``
+    and ``runs_step_time_s``; ``step_time_s`` becomes the mean step time of the runs and
+    ``tokens_per_s_per_gpu`` the runs' tokens over their time (the harmonic mean of their
+    throughputs, so the two agree); ``peak_gib`` the highest run's, ``headroom_gib`` the lowest;
+    MFU and $/1M tokens follow. Confirmation runs that failed are listed in ``runs_failed``
+    (trial, kind, memory reached in GiB where known). ``step_times_s`` stay the first run's.
+    """
+    rows: list[dict[str, Any]] = []
+    repeats: dict[int, list[dict[str, Any]]] = {}
+    failed: dict[int, list[dict[str, Any]]] = {}
+    for t in study.get_trials(deepcopy=False):
+        r = TrialRecord.of(t)
+        if t.state == TrialState.FAIL and r.repeat_of is not None and r.failure is not None:
+            f = r.failure
+            failed.setdefault(int(r.repeat_of), []).append({"trial": t.number, "kind": f.get("kind"), "memory_reached_gib": f.get("memory_reached_gib")})
+            continue
+        if t.state != TrialState.COMPLETE:
+            continue
+        res = r.result
+        if not res or "layout" not in res:
+            continue
+        if r.repeat_of is not None:
+            repeats.setdefault(int(r.repeat_of), []).append(res)
+            continue
+        rows.append({"trial": t.number, "key": r.key or "", **res})
+    for row in rows:
+        if row["trial"] in failed:
+            row["runs_failed"] = failed[row["trial"]]
+        more = repeats.get(row["trial"], [])
+        if not more:
+            continue
+        runs = [row, *more]
+        tps = [float(x["tokens_per_s_per_gpu"]) for x in runs]
+        steps = [float(x.get("step_time_s", float("nan"))) for x in runs]
+        mean = len(tps) / sum(1.0 / x for x in tps)
+        first = float(row["tokens_per_s_per_gpu"])
+        row.update(
+            runs=len(runs), runs_tokens_per_s_per_gpu=tps, runs_step_time_s=steps,
+            tokens_per_s_per_gpu=mean, step_time_s=sum(steps) / len(steps),
+            peak_gib=max(float(x["peak_gib"]) for x in runs), headroom_gib=min(float(x.get("headroom_gib", float("nan"))) for x in runs),
+            mfu=float(row.get("mfu", float("nan"))) * mean / first, usd_per_million_tokens=float(row.get("usd_per_million_tokens", float("nan"))) * first / mean,
+        )
+    return rows

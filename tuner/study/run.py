@@ -1,0 +1,576 @@
+"""The run loop: one ``tune`` run of a study, as an object (:class:`StudyRun`).
+
+A run opens (or resumes) the study, queues the predicted front and the fastest predicted candidates, and
+evaluates layouts through the backend until ``--trials`` layouts were evaluated or the space ran out; a
+proposal that cannot or need not be evaluated (breaks a rule, does not fit, was evaluated, is being run by
+another worker, is refused by the backend) is skipped and costs nothing. Real trials (a backend that
+measures) run under ``Study.optimize`` on the study's storage, with Optuna's heartbeat when workers share it;
+a backend that only predicts (``model``) runs through :class:`tuner.study.predicted.PredictedTrials`, which
+samples in memory and writes only evaluated layouts.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import optuna
+from optuna.trial import TrialState
+
+from launch import BackendSettings, StepReporter, TrialBackend, TrialFailed, TrialStopped, get_backend
+from launch.harness.pruner import StepTimePruner
+from search_spaces.rules import check_layout
+from specs.errors import InfeasibleLayout, TunerError
+from specs.layout import Layout
+from tuner.study import _optuna
+from tuner.study.candidates import CandidateIndex, CandidateQueue
+from tuner.study.config import n_trials, trial_env_dict, trial_warmup_steps
+from tuner.study.confirm import MAX_CONFIRM_ROUNDS, enqueue_round
+from tuner.study.prepare import Prepared
+from tuner.study.records import (
+    TrialRecord,
+    best_measured,
+    claimed_elsewhere,
+    evaluated_keys,
+    failure_of,
+    prediction_of,
+    pruned_of,
+    result_of,
+)
+from tuner.study.storage import Heartbeat, StudyLock, open_study
+
+__all__ = ["FALLBACK_AFTER_SKIPS", "Proposal", "StudyRun", "TuneResult", "run_study"]
+
+log = logging.getLogger("tuner.study")
+
+#: Proposals skipped in a row after which the fastest predicted candidate not yet evaluated is queued instead of
+#: sampling on; when there is none left the run stops and says the space ran out.
+FALLBACK_AFTER_SKIPS = 32
+#: What a queued candidate's ``enqueued`` record says.
+QUEUED_FIRST = "predicted front / fastest predicted"
+DUPLICATE = "duplicate: this layout was already evaluated (or is being run) in this study"
+QUEUED_FALLBACK = f"next unevaluated candidate (fastest predicted; the sampler proposed {FALLBACK_AFTER_SKIPS} skipped layouts in a row)"
+
+
+@dataclass(slots=True)
+class TuneResult:
+    """What a run of a study did (``run_study``); the study itself holds every trial."""
+
+    prepared: Prepared
+    study: optuna.Study
+    study_name: str
+    storage: str
+    out_dir: Path
+    evaluated_now: int
+    """Layouts evaluated to the end in this run (real trials: measured)."""
+    skipped_now: int
+    """Proposals skipped in this run: they break a rule, are predicted not to fit, were evaluated before, are
+    being run by another worker or are refused by the backend (none cost a trial)."""
+    backend: str
+    pruned_now: int = 0
+    """Real trials stopped early by the pruner in this run."""
+    failed_now: int = 0
+    """Real trials that ran out of memory, timed out or crashed in this run."""
+    confirmed_now: int = 0
+    """Confirmation runs (``--confirm-runs``) measured in this run."""
+    confirm_note: str | None = None
+    """Why the confirmation asked for did not run, if it did not."""
+    budget_note: str | None = None
+    """Why this run evaluated fewer layouts than ``--trials`` asked for (the space ran out), if it did."""
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """A layout proposed for evaluation (by the queue or the sampler) and whether it is run."""
+
+    params: dict[str, str]
+    """Its Optuna parameters (labels of :class:`CandidateIndex`)."""
+    row: int | None
+    """Its row of the valid table; None if the combination breaks a rule or is predicted not to fit."""
+    layout: Layout
+    key: str
+    skip: str | None
+    """Why it is not run (recorded as the trial's ``skipped``); None: run it."""
+
+
+@dataclass(slots=True)
+class _Counts:
+    evaluated: int = 0
+    skipped: int = 0
+    pruned: int = 0
+    failed: int = 0
+    confirmed: int = 0
+
+
+class StudyRun:
+    """One run of a study. Build it with the prepared candidates, then :meth:`run` it once.
+
+    Lock discipline: Optuna runs real trials in threads with ``--parallel-trials`` (``n_jobs``) and calls
+    :meth:`objective` and :meth:`after_trial` from them. Every attribute under "shared" below is read and
+    written only with ``self._lock`` held, through the methods here; nothing else is written after
+    :meth:`run` has set it up. Storage calls are made without the lock, except the claim of a layout (read
+    the study, then mark the layout taken) and the queue's refill, which must be atomic among the threads.
+
+    Args:
+        prep: the candidates (:func:`tuner.study.prepare.prepare`).
+        on_trial: called with (0, total) when the study is open and trials start, then after every evaluated
+            layout with (done, total), e.g. to move a progress bar.
+        backend: overrides ``prep.config.backend`` (tests).
+    """
+
+    def __init__(self, prep: Prepared, *, on_trial: Callable[[int, int], None] | None = None, backend: TrialBackend | None = None) -> None:
+        cfg = prep.config
+        self.prep = prep
+        self.cfg = cfg
+        self.name = cfg.study_name(prep.model, prep.cluster)
+        self.out_dir = Path(cfg.results_dir) / self.name
+        self.on_trial = on_trial
+        self.n_trials = n_trials(cfg)
+        self._given_backend = backend
+        self.heartbeat = Heartbeat(interval_s=cfg.heartbeat_interval_s, grace_s=cfg.heartbeat_grace_s)
+        # set up by run()
+        self.backend: TrialBackend
+        self.study: optuna.Study
+        self.storage_url = ""
+        self.index: CandidateIndex
+        self.queue: CandidateQueue
+        self.pruner: StepTimePruner | None = None
+        # shared (self._lock)
+        self._lock = threading.Lock()
+        self._counts = _Counts()
+        self._seen: set[str] = set()
+        """Layouts evaluated in the study when the run started, and those this run took since."""
+        self._refused: set[str] = set()
+        """Layouts the backend refused during this run."""
+        self._mine: set[int] = set()
+        """Numbers of the trials this process runs (other workers may share the storage)."""
+        self._started = 0
+        """Search layouts this run started: the budget of ``--trials``."""
+        self._skips_in_a_row = 0
+        self._done = 0
+        self._total = self.n_trials
+        self._confirming = False
+        self._exhausted: str | None = None
+        self._confirm_note: str | None = None
+
+    # ---- the run ---------------------------------------------------------------------------------------
+
+    def run(self) -> TuneResult:
+        """Open the study, evaluate layouts, confirm the finalists (real trials, ``--confirm-runs``).
+
+        Raises:
+            TunerError: the study exists with different inputs, the storage URL is bad, the backend cannot
+                be opened, or the Ray cluster has fewer GPUs than ``--gpus``.
+            KeyboardInterrupt: Ctrl-C (finished trials are kept; the one cut off is run again on resume).
+        """
+        prep, cfg = self.prep, self.cfg
+        self.backend = self._given_backend or get_backend(cfg.backend, BackendSettings(
+            calibration=prep.calibration,
+            memory_headroom=cfg.memory_headroom,
+            trials_dir=self.out_dir / "trials",
+            num_gpus=prep.cluster.num_gpus,
+            steps=cfg.trial_steps,
+            warmup_steps=trial_warmup_steps(cfg),
+            timeout_s=cfg.trial_timeout_s,
+            command_template=cfg.command_template,
+            address=cfg.ray_address,
+            gpus_per_node=prep.cluster.gpus_per_node,
+            extra_env=trial_env_dict(cfg.trial_env),
+        ))
+        backend = self.backend
+        n = backend.cluster_gpus()
+        if n is not None and n < prep.cluster.num_gpus:
+            backend.close()
+            raise TunerError(
+                f"--backend ray: the Ray cluster has {n:g} GPUs and --gpus asks for {prep.cluster.num_gpus}; connect to a bigger "
+                "cluster (--ray-address auto on one of its nodes) or tune a slice that fits (--layers N with --gpus for what the cluster has)"
+            )
+        heartbeat = self.heartbeat if (cfg.storage and backend.measured) else None
+        try:
+            self.study, self.storage_url = open_study(cfg, prep, self.name, self.out_dir, heartbeat=heartbeat)
+        except BaseException:
+            backend.close()  # a Ray instance this run started must not outlive a refused study
+            raise
+        if cfg.prune_margin is not None:
+            self.pruner = StepTimePruner(warmup_steps=trial_warmup_steps(cfg), margin=cfg.prune_margin)
+        self.index = CandidateIndex(prep.enumeration.valid, prep.fits)
+        trials = self.study.get_trials(deepcopy=False)
+        self._seen = evaluated_keys(trials)
+        waiting = [t for t in trials if t.state == TrialState.WAITING] if backend.measured else []
+        self._fail_leftovers(trials)
+        self.queue = CandidateQueue(prep, self.index, backend, seen=self._seen, n_trials=self.n_trials, queued_already=len(waiting),
+                                    recalibrate_after=cfg.recalibrate_after, parallel=cfg.parallel_trials)
+        # confirmation runs left queued by an interrupted run go first (Optuna runs the oldest queued trial first);
+        # they do not count against --trials
+        self._total = self.n_trials + sum(1 for t in waiting if TrialRecord.of(t).repeat_of is not None)
+        # Ctrl-C with trials running in worker threads (--parallel-trials): Optuna waits for them, so tell the
+        # backend to stop them (each kills its processes and frees its placement group) before it waits.
+        old_handler = None
+        if threading.current_thread() is threading.main_thread():
+            old_handler = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            if self.on_trial:
+                self.on_trial(0, self._total)  # the study is open and its queue set: trials start now
+            if backend.measured:
+                self._search_measured()
+                if cfg.confirm_runs:
+                    self._confirm()
+            else:
+                from tuner.study.predicted import PredictedTrials
+
+                PredictedTrials(self).run()
+        except KeyboardInterrupt:
+            backend.cancel()
+            self._settle()  # Optuna does not wait for its worker threads: let them record their trials
+            raise
+        finally:
+            if old_handler is not None:
+                signal.signal(signal.SIGINT, old_handler)
+            backend.close()
+        with self._lock:
+            c = self._counts
+            short = self._exhausted if self._started < self.n_trials else None
+            return TuneResult(
+                prepared=prep, study=self.study, study_name=self.name, storage=self.storage_url, out_dir=self.out_dir,
+                evaluated_now=c.evaluated, skipped_now=c.skipped, backend=backend.name, pruned_now=c.pruned, failed_now=c.failed,
+                confirmed_now=c.confirmed, confirm_note=self._confirm_note, budget_note=short,
+            )
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        self.backend.cancel()
+        raise KeyboardInterrupt
+
+    def _fail_leftovers(self, trials: Sequence[optuna.trial.FrozenTrial]) -> None:
+        """Fail the RUNNING trials no worker runs any more, marked ``interrupted`` so their layouts are run again.
+
+        The default storage is this study's own SQLite file, driven by one ``tune`` process at a time: a trial
+        still RUNNING there was cut off by an interrupt. With ``--storage`` other workers may be running their
+        trials now: those of real trials are failed by Optuna's heartbeat (:class:`Heartbeat`) once stale; a
+        predicted trial takes milliseconds, so one RUNNING for longer than the grace period belongs to a
+        worker that stopped.
+        """
+        running = [t for t in trials if t.state == TrialState.RUNNING]
+        if self.cfg.storage:
+            if self.backend.measured:
+                return
+            stale = datetime.datetime.now() - datetime.timedelta(seconds=self.heartbeat.grace_s)
+            running = [t for t in running if t.datetime_start is not None and t.datetime_start < stale]
+            why = f"left RUNNING by a worker that stopped (a predicted trial takes milliseconds; this one was RUNNING for over {self.heartbeat.grace_s} s)"
+        else:
+            why = "left running by an interrupted run"
+        for t in running:
+            self._fail(_optuna.trial_id_of(t), why)
+
+    def _fail(self, trial_id: int, why: str) -> None:
+        try:
+            _optuna.set_trial_user_attr(self.study, trial_id, "interrupted", why)
+            _optuna.set_trial_state(self.study, trial_id, TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # finished meanwhile (another worker)
+
+    def _settle(self, wait_s: float = 60.0) -> None:
+        """After an interrupt: wait (at most ``wait_s``) for this process's trials to leave RUNNING, then fail any left."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self._lock:
+                mine = set(self._mine)
+            running = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if t.number in mine]
+            if not running:
+                return
+            if time.monotonic() > deadline:
+                for t in running:
+                    self._fail(_optuna.trial_id_of(t), "still running after the interrupt")
+                return
+            time.sleep(0.2)
+
+    # ---- what every trial goes through (both paths) ---------------------------------------------------------
+
+    def resolve(self, params: dict[str, str], *, repeat: bool = False, explain: bool = True) -> Proposal | None:
+        """The proposal of these parameters: its layout, and why it is skipped (None: run it): evaluated before
+        (not for a confirmation run, ``repeat``), breaks a rule or is predicted not to fit, refused by the backend.
+        Not a claim: see :meth:`claim` (real trials) and :class:`tuner.study.predicted.PredictedTrials` (predictions).
+        Without ``explain`` a combination that is no candidate is not built or checked: None (the predicted path
+        records no skipped proposal, and most proposals of a large space are such combinations)."""
+        row = self.index.find_fitting(params)
+        if row is None and not explain:
+            return None
+        lay = self.prep.enumeration.valid.row(row) if row is not None else self.index.build(params)
+        key = lay.key()
+        with self._lock:
+            dup, refused = key in self._seen, key in self._refused
+        if dup and not repeat:
+            return Proposal(params, row, lay, key, DUPLICATE)
+        if row is None:
+            broken = check_layout(lay, self.prep.model, self.prep.workload)
+            return Proposal(params, None, lay, key, "; ".join(f"[{r}] {m}" for r, m in broken) if broken else "predicted not to fit in memory")
+        why = "refused by the backend earlier in this run" if refused else self.backend.refusal(lay, self.prep.model, self.prep.workload)
+        return Proposal(params, row, lay, key, why)
+
+    def claim(self, key: str, number: int) -> bool:
+        """Take the layout for trial ``number`` of this process; False when the study has it (evaluated, or
+        RUNNING in a lower-numbered trial of another worker: of two that pick it at once, the later yields)."""
+        with self._lock:
+            if key in self._seen:
+                return False
+            if self.cfg.storage and claimed_elsewhere(self.study.get_trials(deepcopy=False), number, key):
+                return False
+            self._seen.add(key)
+            return True
+
+    def take(self, key: str) -> None:
+        """Mark the layout as this run's (the predicted path claims in the storage itself)."""
+        with self._lock:
+            self._seen.add(key)
+
+    def refuse(self, key: str) -> None:
+        """The backend refused the layout when it was run (``InfeasibleLayout``): never proposed again this run."""
+        with self._lock:
+            self._refused.add(key)
+
+    def note_skip(self) -> int | None:
+        """Count a skipped proposal. After :data:`FALLBACK_AFTER_SKIPS` in a row: the row of the fastest predicted
+        candidate not yet evaluated, to queue; or, when none is left, record that the space ran out (None)."""
+        with self._lock:
+            self._counts.skipped += 1
+            self._skips_in_a_row += 1
+            if self._skips_in_a_row < FALLBACK_AFTER_SKIPS:
+                return None
+            self._skips_in_a_row = 0
+            if self.cfg.storage:  # what the other workers evaluated meanwhile
+                self._seen |= evaluated_keys(self.study.get_trials(deepcopy=False))
+            row = self.queue.next_unevaluated(self._seen | self._refused)
+            if row is None:
+                self._exhausted = (
+                    f"the space ran out: all {self.prep.n_fit:,} candidates (valid and predicted to fit) have been evaluated in "
+                    f"this study, are being run by other workers or cannot be run by the {self.backend.name} backend here; "
+                    f"this run evaluated {self._started} of the {self.n_trials} layouts --trials asked for"
+                )
+            return row
+
+    def budget_left(self) -> bool:
+        """Search layouts remain to be started, and the space has not run out."""
+        with self._lock:
+            return self._started < self.n_trials and self._exhausted is None
+
+    def reserve(self) -> bool:
+        """Take one search layout of the budget; False if all are taken (by this run's other trials)."""
+        with self._lock:
+            if self._started >= self.n_trials:
+                return False
+            self._started += 1
+            self._skips_in_a_row = 0
+            return True
+
+    def release(self) -> None:
+        """Give back a layout of the budget (its trial turned out to be a skip)."""
+        with self._lock:
+            self._started -= 1
+
+    def finished(self, outcome: str, *, progress: bool = True) -> None:
+        """Count a layout's outcome (``evaluated``, ``pruned``, ``failed`` or ``confirmed``) and (``progress``)
+        move the progress on by one."""
+        with self._lock:
+            setattr(self._counts, outcome, getattr(self._counts, outcome) + 1)
+            if not progress:
+                return
+            self._done += 1
+            done, total = self._done, self._total
+        if self.on_trial:
+            self.on_trial(done, total)
+
+    def next_number(self) -> int:
+        """(Default storage) the number the next trial will get."""
+        return len(self.study.get_trials(deepcopy=False))
+
+    # ---- real trials: Study.optimize on the study's storage -------------------------------------------------
+
+    def _search_measured(self) -> None:
+        for row in self.queue.first:
+            self.study.enqueue_trial(self.index.params_of_row(row), user_attrs=TrialRecord(enqueued=QUEUED_FIRST).attrs())
+        n_jobs = self.cfg.parallel_trials if self.cfg.backend == "ray" else 1
+        # Optuna stops when this run's budget is spent or the space ran out (study.stop in after_trial / objective);
+        # a layout of the budget given back after the stop (a refusal at run time) takes one more round
+        while self.budget_left():
+            self.study.optimize(self.objective, n_trials=None, callbacks=[self.after_trial], catch=(TrialFailed,),
+                                gc_after_trial=False, n_jobs=n_jobs)
+
+    def _confirm(self) -> None:
+        """``--confirm-runs``: rounds of :func:`tuner.study.confirm.enqueue_round`, each run to its end, one trial at a
+        time (concurrent trials on one host slow each other)."""
+        for _ in range(MAX_CONFIRM_ROUNDS):
+            rnd = enqueue_round(self.study, self.cfg.confirm_runs)
+            if rnd.note:
+                with self._lock:
+                    self._confirm_note = rnd.note
+                return
+            if not rnd.todo:
+                return
+            with self._lock:
+                self._confirming = True
+                self._total = self._done + rnd.todo
+                done, total = self._done, self._total
+            if self.on_trial:
+                self.on_trial(done, total)
+            self.study.optimize(self.objective, n_trials=rnd.todo, callbacks=[self.after_trial], catch=(TrialFailed,),
+                                gc_after_trial=False, n_jobs=1)
+
+    def objective(self, trial: optuna.Trial) -> tuple[float, float]:
+        """Optuna's objective for real trials: (tokens/s/GPU, peak GiB per GPU). Outcomes are exceptions, mapped
+        to trial states by Optuna: skipped and pruned raise ``TrialPruned``; out of memory, timeout and crash
+        raise :class:`TrialFailed` (caught: FAIL); Ctrl-C and unexpected errors FAIL and propagate."""
+        try:
+            return self._objective(trial)
+        except KeyboardInterrupt:
+            TrialRecord.write(trial, interrupted="cut off by Ctrl-C")  # a resumed run evaluates this layout again
+            raise
+        except (optuna.TrialPruned, TrialFailed):
+            raise
+        except Exception as e:
+            TrialRecord.write(trial, error=f"{type(e).__name__}: {e}"[:2000])
+            raise
+
+    def _objective(self, trial: optuna.Trial) -> tuple[float, float]:
+        with self._lock:
+            self._mine.add(trial.number)
+            confirming = self._confirming
+        rec = TrialRecord.of(trial)
+        repeat_of = rec.repeat_of  # a confirmation run of that trial's layout (--confirm-runs)
+        if confirming and repeat_of is None:
+            # another worker took a queued confirmation run, so Optuna sampled a new layout: not a search now
+            TrialRecord.write(trial, skipped="sampled during the confirmation phase (its queued runs were taken by another worker)")
+            raise optuna.TrialPruned("not a confirmation run")
+        prop = self.resolve({p: trial.suggest_categorical(p, self.index.labels[p]) for p in self.index.params}, repeat=repeat_of is not None)
+        assert prop is not None
+        TrialRecord.write(trial, key=prop.key)
+        if rec.retried and rec.intermediate_tokens_per_s_per_gpu is not None:
+            TrialRecord.write(trial, intermediate_tokens_per_s_per_gpu=[])  # not the dead run's steps
+        if prop.skip is not None:
+            self._skip(trial, prop.skip)
+        if repeat_of is None:
+            if not self.reserve():
+                trial.study.stop()
+                TrialRecord.write(trial, skipped=f"not run: this run's {self.n_trials} layouts (--trials) were started by its other trials")
+                raise optuna.TrialPruned("budget spent")
+            if not self.claim(prop.key, trial.number):
+                self.release()
+                self._skip(trial, DUPLICATE)
+        assert prop.row is not None
+        pred = prediction_of(self.prep.estimates, prop.row)
+        try:
+            m = self.backend.run(prop.layout, model=self.prep.model, cluster=self.prep.cluster, workload=self.prep.workload,
+                                 reporter=self._reporter(trial, repeat_of), trial_number=trial.number)
+        except TrialFailed as e:
+            TrialRecord.write(trial, failure=failure_of(prop.layout, e, pred))
+            self.finished("failed", progress=False)
+            raise
+        except TrialStopped as e:
+            TrialRecord.write(trial, pruned=pruned_of(prop.layout, e, pred))
+            self.finished("pruned", progress=False)
+            raise optuna.TrialPruned(e.reason) from None
+        except InfeasibleLayout as e:
+            if repeat_of is None:
+                self.release()
+            self.refuse(prop.key)
+            self._skip(trial, str(e))
+        TrialRecord.write(trial, result=result_of(prop.layout, m, self.prep.estimates, prop.row, model=self.prep.model, cluster=self.prep.cluster))
+        self.finished("confirmed" if repeat_of is not None else "evaluated", progress=False)
+        return m.tokens_per_s_per_gpu, m.peak_bytes / 2**30
+
+    def _skip(self, trial: optuna.Trial, why: str) -> NoReturn:
+        """Record the trial as a skipped proposal and end it (``TrialPruned``); queue the fallback if it is due."""
+        TrialRecord.write(trial, skipped=why)
+        row = self.note_skip()
+        if row is not None:
+            self.study.enqueue_trial(self.index.params_of_row(row), user_attrs=TrialRecord(enqueued=QUEUED_FALLBACK).attrs())
+        elif not self.budget_left():
+            trial.study.stop()  # the space ran out
+        raise optuna.TrialPruned(why)
+
+    def _reporter(self, trial: optuna.Trial, repeat_of: int | None) -> StepReporter:
+        """What the backend calls after each measured step: record the throughputs, and ask the pruner."""
+
+        def report(tps: Sequence[float]) -> str | None:
+            TrialRecord.write(trial, intermediate_tokens_per_s_per_gpu=[float(x) for x in tps])
+            if self.pruner is None or repeat_of is not None:  # a confirmation run is measured to the end
+                return None
+            return self.pruner.decide(list(tps), best_measured(self.study.get_trials(deepcopy=False)))
+
+        return report
+
+    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        """Optuna's callback after each real trial: move the progress, refill a lazy queue (after a refit every
+        ``--recalibrate-after`` measured trials), stop when the budget is spent or the space ran out."""
+        rec = TrialRecord.of(trial)
+        counted = rec.skipped is None
+        with self._lock:
+            if counted:
+                self._done += 1
+            done, total, confirming = self._done, self._total, self._confirming
+            spent = self._started >= self.n_trials or self._exhausted is not None
+            if self.queue.lazy and not confirming and not spent and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                # no new search trial is queued once the budget is spent (nor while confirming)
+                self.queue.recalibrate(study)
+                row = self.queue.pop_rest(self._seen)
+                if row is not None:
+                    study.enqueue_trial(self.index.params_of_row(row), user_attrs=TrialRecord(enqueued=self.queue.label).attrs())
+        if spent and not confirming:
+            study.stop()
+        if counted and self.on_trial:
+            self.on_trial(done, total)
+
+
+def run_study(
+    prep: Prepared,
+    *,
+    on_trial: Callable[[int, int], None] | None = None,
+    backend: TrialBackend | None = None,
+) -> TuneResult:
+    """Create or resume the study and evaluate ``--trials`` layouts through the backend (:class:`StudyRun`).
+
+    The predicted Pareto front (spread over its memory range) and the fastest predicted candidates are
+    enqueued first; NSGA-II (Optuna's multi-objective default) samples the rest. A sampled combination that
+    breaks a rule, is predicted not to fit, or was already evaluated in this study is skipped with the reason
+    and never reaches the backend; it does not count against ``--trials``. With the default storage (the
+    study's own SQLite file) one process at a time runs a study.
+
+    Args:
+        prep: the pruned candidates from :func:`tuner.study.prepare.prepare`.
+        on_trial: called with (0, total) when the study is open and trials start, then after every evaluated
+            layout with (done, total), e.g. to start and move a progress bar.
+        backend: overrides ``prep.config.backend`` (tests).
+
+    Returns:
+        The study and what this run added.
+
+    Raises:
+        TunerError: the study exists with different inputs, the storage URL is bad, or another
+            ``tune`` process is running the same study in its default storage.
+    """
+    run = StudyRun(prep, on_trial=on_trial, backend=backend)
+    if prep.config.storage:
+        return run.run()
+    out_dir = run.out_dir
+    created = not out_dir.exists()
+    lock = StudyLock(out_dir, run.name)
+    try:
+        return run.run()
+    finally:
+        lock.release()  # the file stays (removing it could let two runs lock two files), unless the study was refused
+        if created and [p.name for p in out_dir.iterdir()] == [lock.path.name]:
+            try:
+                lock.path.unlink()
+                out_dir.rmdir()
+            except OSError:
+                pass
+
+
+def _run_study(prep: Prepared, *, on_trial: Callable[[int, int], None] | None = None, backend: TrialBackend | None = None) -> TuneResult:
+    """A run without the default storage's process lock (earlier name; use :func:`run_study`)."""
+    return StudyRun(prep, on_trial=on_trial, backend=backend).run()

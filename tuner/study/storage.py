@@ -1,0 +1,332 @@
+"""Where a study lives: opening its storage (SQLite file, RDB URL, journal file; with Optuna's heartbeat when
+workers share it), one ``tune`` process at a time on the default SQLite file, and checking that a resumed study
+was made with the same inputs."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+from cost_model.calibration import Calibration
+from launch import TrialFailed
+from specs import ModelSpec
+from specs.errors import TunerError
+from tuner.study.config import TuneConfig, _mask, trial_warmup_steps
+from tuner.study.prepare import Prepared
+
+__all__ = ["Heartbeat", "StudyLock", "model_spec_from_dict", "model_spec_to_dict", "open_storage", "open_study", "resolved", "storage_url"]
+
+log = logging.getLogger("tuner.study")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Heartbeat:
+    """Optuna's heartbeat for a storage that workers share (seconds).
+
+    A running trial writes a heartbeat every ``interval_s``; when its last one is older than ``grace_s``,
+    the next trial a worker starts fails it (``optuna.storages.fail_stale_trials``, run by ``Study.optimize``)
+    and queues its layout again (:func:`retry_dead_worker_trial`) at most :data:`MAX_RETRIES` times.
+    """
+
+    interval_s: int
+    grace_s: int
+
+
+#: Times a layout whose worker stopped is queued again (a layout that kills its worker every time stays failed).
+MAX_RETRIES = 2
+
+
+def retry_dead_worker_trial(grace_s: int) -> Any:
+    """The ``heartbeat_stale_trial_callback``: Optuna's ``RetryHeartbeatStaleTrialCallback`` queues the stale
+    trial's parameters again, with its record (minus what its dead run reported) and ``retried`` saying why."""
+    from tuner.study import _optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES)
+
+    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        again = copy.copy(trial)
+        attrs = {k: v for k, v in trial.user_attrs.items() if k not in ("intermediate_tokens_per_s_per_gpu", "retried")}
+        first = _optuna.retried_trial_number(trial)
+        attrs["retried"] = (f"trial {trial.number}{f' (a retry of trial {first})' if first is not None else ''} was left RUNNING by a "
+                            f"worker that sent no heartbeat for over {grace_s} s (killed or lost); its layout is run again")
+        again.user_attrs = attrs
+        history = _optuna.retry_history(trial)
+        if len(history) + 1 > MAX_RETRIES:
+            log.warning("trial %d: its worker stopped (no heartbeat for over %d s), for the %d. time with this layout; it stays failed",
+                        trial.number, grace_s, len(history) + 1)
+        else:
+            log.warning("trial %d was left RUNNING by a worker that stopped (no heartbeat for over %d s): failed, and its layout queued again",
+                        trial.number, grace_s)
+        retry(study, again)
+
+    return callback
+
+
+def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None = None) -> Any:
+    """An Optuna storage for ``url``: an RDB URL (``sqlite:///...``, ``postgresql://...``), or ``journal:PATH``, a
+    journal file (for several workers on a shared filesystem: Optuna's ``JournalStorage`` with
+    ``JournalFileBackend``, which locks the file).
+
+    Without ``heartbeat`` an RDB URL is returned as is (Optuna opens it). With ``heartbeat`` (a run whose workers
+    share the storage) the storage is opened here with Optuna's heartbeat (:class:`Heartbeat`): an ``RDBStorage``
+    or a journal storage that implements it (:class:`tuner.study._optuna.HeartbeatJournalStorage`); the RDB
+    storage also keeps trial state changes atomic among this process's threads (``--parallel-trials``).
+
+    Raises:
+        TunerError: ``journal:`` without a path, a journal file that cannot be opened, or (``create=False``)
+            one that does not exist.
+        ValueError, ImportError: (with ``heartbeat``) a malformed RDB URL, or its database driver missing.
+    """
+    from tuner.study import _optuna
+
+    if url.startswith("journal:"):
+        path = url[len("journal:"):]
+        if path.startswith("//"):
+            path = path[2:]
+        if not path:
+            raise TunerError("--storage journal:PATH needs a file path, e.g. journal:/shared/tune/study.log")
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        if not create and not Path(path).is_file():
+            raise TunerError(f"--storage {url!r}: no journal file at {path}")
+        if create and not Path(path).parent.is_dir():
+            # not created here: on a shared filesystem a mistyped folder would give one worker a journal of its own
+            raise TunerError(f"--storage {url!r}: the folder {str(Path(path).parent)!r} does not exist; create it (on the filesystem "
+                             "the workers share) and run again")
+        try:
+            if heartbeat is None:
+                return JournalStorage(JournalFileBackend(path))
+            return _optuna.HeartbeatJournalStorage(JournalFileBackend(path), heartbeat_interval=heartbeat.interval_s,
+                                                   grace_period=heartbeat.grace_s,
+                                                   heartbeat_stale_trial_callback=retry_dead_worker_trial(heartbeat.grace_s))
+        except OSError as e:
+            raise TunerError(f"--storage {url!r}: cannot open the journal file ({e.strerror or e})") from None
+        except (ValueError, UnicodeDecodeError):
+            raise TunerError(f"--storage {url!r}: {path} is not an Optuna journal file (JSON lines); give a new path or an existing journal") from None
+    if heartbeat is None:
+        return url
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeat_interval is "experimental" since 2.9
+        return _optuna.ThreadSafeRDBStorage(url, heartbeat_interval=heartbeat.interval_s, grace_period=heartbeat.grace_s,
+                                            heartbeat_stale_trial_callback=retry_dead_worker_trial(heartbeat.grace_s))
+
+
+def storage_url(config: TuneConfig, out_dir: Path) -> str:
+    """``--storage``, or the study's own SQLite file ``results/<study>/study.db``."""
+    if config.storage:
+        return config.storage
+    return f"sqlite:///{(out_dir / 'study.db').as_posix()}"
+
+
+def resolved(prep: Prepared) -> dict[str, Any]:
+    """The inputs that decide a study's numbers, resolved (so 64xH200 and 8x8xH200 compare equal)."""
+    c = prep.cluster
+    return {
+        "model": prep.model.name,
+        "gpu": c.gpu.name,
+        "num_gpus": c.num_gpus,
+        "gpus_per_node": c.gpus_per_node,
+        "inter_node_bytes_per_s": c.inter_node_bytes_per_s,
+        "usd_per_gpu_hour": c.usd_per_gpu_hour,
+        "seq_length": prep.workload.seq_length,
+        "global_batch_size": prep.workload.global_batch_size,
+        "precision": prep.workload.precision.value,
+        "backend": prep.config.backend,
+        "stack": prep.config.stack,
+        "memory_headroom": prep.config.memory_headroom,
+        "layers": prep.model.num_layers,
+        # real trials: steps and warm-up decide what a measurement is (step times drift for ~10 steps)
+        "trial_steps": prep.config.trial_steps if prep.config.backend != "model" else None,
+        "trial_warmup_steps": trial_warmup_steps(prep.config) if prep.config.backend != "model" else None,
+    }
+
+
+def model_spec_to_dict(model: ModelSpec) -> dict[str, Any]:
+    """A ModelSpec as plain JSON-able values (stored with a study, so reports survive a moved config file)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(model).items()}
+
+
+def model_spec_from_dict(d: dict[str, Any]) -> ModelSpec:
+    """Inverse of :func:`model_spec_to_dict`."""
+    return ModelSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+def check_study_config(study: optuna.Study, config: TuneConfig, name: str, calibration: Calibration, now: dict[str, Any]) -> None:
+    """A resumed study must have been made with the same resolved inputs and cost-model constants.
+
+    Raises:
+        TunerError: naming what differs and how to resume or start another study.
+    """
+    old_res = study.user_attrs.get("resolved")
+    if old_res is not None:
+        # Keys added in later versions (e.g. "layers") are compared only when the stored study has them.
+        diff = [k for k in now if k in old_res and old_res[k] != now[k]]
+        if diff:
+            was = ", ".join(f"{k}={old_res.get(k)!r}" for k in diff)
+            new = ", ".join(f"{k}={now[k]!r}" for k in diff)
+            raise TunerError(
+                f"study {name!r} already exists with {was}; this run asks for {new}. "
+                "Use another --study name (or the same inputs to resume it)."
+            )
+    old_cal = study.user_attrs.get("calibration")
+    if old_cal is not None and old_cal != calibration.to_dict():
+        changed = sorted(k for k in set(old_cal) | set(calibration.to_dict()) if old_cal.get(k) != calibration.to_dict().get(k))
+        raise TunerError(
+            f"study {name!r} was evaluated with other cost-model constants ({', '.join(changed)} differ); its "
+            "predictions would mix with new ones. Use another --study name, or the same --calibration to resume."
+        )
+
+
+class _FailedTrialOneLine(logging.Filter):
+    """Optuna logs a failed trial with its traceback; a trial that failed as an outcome (out of memory,
+    timeout, crash: :class:`TrialFailed`) or was interrupted (Ctrl-C) keeps only Optuna's one line naming the trial and the error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], (TrialFailed, KeyboardInterrupt)):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def quiet_optuna() -> None:
+    """Optuna at WARNING, without tracebacks for trial outcomes (on every handler of its root logger)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for h in logging.getLogger("optuna").handlers:
+        if not any(isinstance(f, _FailedTrialOneLine) for f in h.filters):
+            h.addFilter(_FailedTrialOneLine())
+
+
+def open_study(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, *, heartbeat: Heartbeat | None = None) -> tuple[optuna.Study, str]:
+    """Create or load the study, check it was made with the same inputs, store them in it and in
+    ``results/<study>/config.yaml``. A refused study leaves no folder behind.
+
+    Returns:
+        The study and its storage URL.
+
+    Raises:
+        TunerError: bad or unreadable storage, a study made with other inputs, space or constants, or an
+            unwritable results folder.
+    """
+    created = not out_dir.exists()
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TunerError(f"--results-dir {cfg.results_dir!r}: cannot create {out_dir} ({e.strerror})") from None
+    try:
+        return _open_study_in(cfg, prep, name, out_dir, heartbeat)
+    except BaseException:
+        if created:
+            try:
+                out_dir.rmdir()  # only if still empty: a refused study leaves no folder behind
+            except OSError:
+                pass
+        raise
+
+
+def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, heartbeat: Heartbeat | None) -> tuple[optuna.Study, str]:
+    from tuner.study import _optuna
+
+    url = storage_url(cfg, out_dir)
+    quiet_optuna()
+    try:
+        if heartbeat is None and not url.startswith("journal:"):
+            storage: Any = _optuna.ThreadSafeRDBStorage(url)  # --parallel-trials: atomic state changes among threads
+        else:
+            storage = open_storage(url, heartbeat=heartbeat)
+        study = optuna.create_study(
+            study_name=name,
+            storage=storage,
+            directions=["maximize", "minimize"],
+            sampler=optuna.samplers.NSGAIISampler(seed=cfg.seed, population_size=16),
+            load_if_exists=True,
+        )
+    except TunerError:
+        raise
+    except (ValueError, ImportError) as e:  # bad storage URL, missing DB driver, unreadable journal
+        if url.startswith("journal:"):
+            raise TunerError(f"--storage {_mask(url)!r}: not an Optuna journal file (JSON lines) or unreadable; give a new path or an existing journal") from None
+        raise TunerError(f"--storage {_mask(url)!r}: cannot open the study ({_mask(str(e))})") from None
+    except Exception as e:  # SQLAlchemy errors: unwritable path, locked or corrupt file
+        if type(e).__module__.startswith("sqlalchemy") or isinstance(e, optuna.exceptions.StorageInternalError):
+            raise TunerError(f"--storage {_mask(url)!r}: cannot open the study ({type(e).__name__}: {_mask(str(e).splitlines()[0])})") from None
+        raise
+    now = resolved(prep)
+    check_study_config(study, cfg, name, prep.calibration, now)
+    old_space = study.user_attrs.get("space")
+    new_space = json.loads(json.dumps(prep.space.to_dict()))  # as the storage gives it back
+    if old_space is not None and old_space != new_space:
+        changed = sorted(k for k in set(old_space) | set(new_space) if old_space.get(k) != new_space.get(k))
+        raise TunerError(
+            f"study {name!r} was searched over another space ({', '.join(changed)} differ); Optuna cannot change a study's "
+            "choices. Use another --study name, or the same --space to resume."
+        )
+    stored = study.user_attrs
+    for key, value in (("config", cfg.to_dict()), ("resolved", now), ("model_spec", model_spec_to_dict(prep.model)),
+                       ("calibration", prep.calibration.to_dict()), ("space", prep.space.to_dict())):
+        if stored.get(key) != json.loads(json.dumps(value)):  # a resumed study with the same inputs: no write
+            study.set_user_attr(key, value)
+    try:
+        (out_dir / "config.yaml").write_text(
+            yaml.safe_dump({"config": cfg.to_dict(), "resolved": now, "space": prep.space.to_dict(), "calibration": prep.calibration.to_dict()}, sort_keys=False)
+        )
+    except OSError as e:
+        raise TunerError(f"cannot write {out_dir / 'config.yaml'} ({e.strerror or e})") from None
+    return study, url
+
+
+class StudyLock:
+    """One ``tune`` process at a time on a study in its default SQLite file: an exclusive ``flock`` on
+    ``results/<study>/.tune.lock`` for the run (released when the run ends or the process dies). A second
+    run would otherwise take the first one's RUNNING trials for leftovers of an interrupt and fail them.
+
+    Raises:
+        TunerError: the folder cannot be created, or another process holds the lock (its pid is named).
+    """
+
+    def __init__(self, out_dir: Path, name: str) -> None:
+        import fcntl
+        import os
+
+        self.path = out_dir / ".tune.lock"
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise TunerError(f"cannot create the study folder {out_dir} ({e.strerror})") from None
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                who = os.pread(self.fd, 64, 0).decode(errors="replace").strip()
+            except OSError:
+                who = ""
+            os.close(self.fd)
+            raise TunerError(
+                f"study {name!r} is being run by another tune process{f' (pid {who})' if who else ''}; wait for it to finish, "
+                "or let several workers share it through --storage journal:PATH or an RDB URL"
+            ) from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+
+    def release(self) -> None:
+        """Drop the lock (the file stays)."""
+        import os
+
+        try:
+            os.close(self.fd)  # closing the descriptor drops the flock
+        except OSError:
+            pass
+
