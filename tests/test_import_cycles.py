@@ -28,6 +28,19 @@ def _modules(root: Path) -> dict[str, Path]:
     return mods
 
 
+def _runtime_nodes(tree: ast.AST):
+    """Every node except those under ``if TYPE_CHECKING:`` (imports for annotations only: no import at run time)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and isinstance(child.test, ast.Name) and child.test.id == "TYPE_CHECKING":
+                stack.extend(child.orelse)
+                continue
+            stack.append(child)
+
+
 def import_graph(root: Path = ROOT) -> nx.DiGraph:
     """Modules of the packages under ``root`` as nodes, ``a -> b`` when module ``a`` imports module ``b``."""
     mods = _modules(root)
@@ -41,7 +54,7 @@ def import_graph(root: Path = ROOT) -> nx.DiGraph:
     for mod, path in mods.items():
         g.add_node(mod)
         package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in _runtime_nodes(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):

@@ -415,3 +415,28 @@ def test_a_predicted_claim_left_running_by_a_dead_worker_is_failed_and_its_layou
     dead, done = res.study.trials
     assert dead.state == optuna.trial.TrialState.FAIL and "left RUNNING by a worker that stopped" in dead.user_attrs["interrupted"]
     assert done.state == optuna.trial.TrialState.COMPLETE and done.user_attrs["key"] == t0.user_attrs["key"] and res.evaluated_now == 1
+
+
+def test_a_study_from_before_a_constant_was_named_resumes_but_another_value_is_refused(tmp_path):
+    # A study recorded before a formerly inline constant became a Calibration field lacks that key: it resumes
+    # when the field keeps the base value (the formula is unchanged); a stored value that differs is refused.
+    from tuner.study import open_storage
+
+    cfg = TuneConfig(model="MiniMax-M2", gpus="64xH200", trials=3, results_dir=str(tmp_path), study="old")
+    run_study(prepare(cfg))
+    url = f"sqlite:///{tmp_path}/old/study.db"
+    study = optuna.load_study(study_name="old", storage=open_storage(url))
+    cal = dict(study.user_attrs["calibration"])
+    cal.pop("base_process_groups")
+    study.set_user_attr("calibration", cal)
+    run_study(prepare(dataclasses_replace(cfg, trials=4)))  # resumes
+    cal["hbm_efficiency"] = cal["hbm_efficiency"] * 0.5
+    study.set_user_attr("calibration", cal)
+    with pytest.raises(TunerError, match="hbm_efficiency"):
+        run_study(prepare(dataclasses_replace(cfg, trials=5)))
+
+
+def dataclasses_replace(obj, **kw):
+    import dataclasses
+
+    return dataclasses.replace(obj, **kw)

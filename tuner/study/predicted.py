@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import datetime
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -31,8 +31,11 @@ from optuna.trial import FrozenTrial, TrialState
 from launch import TrialFailed
 from specs.errors import InfeasibleLayout
 from tuner.study import _optuna
+from tuner.study.proposals import DUPLICATE, QUEUED_FALLBACK, QUEUED_FIRST, Proposal
 from tuner.study.records import TrialRecord, claimed_elsewhere, failure_of, prediction_of, result_of
-from tuner.study.run import DUPLICATE, QUEUED_FALLBACK, QUEUED_FIRST, Proposal, StudyRun
+
+if TYPE_CHECKING:
+    from tuner.study.run import StudyRun
 
 __all__ = ["FLUSH_EVERY", "FLUSH_EVERY_S", "PredictedTrials"]
 

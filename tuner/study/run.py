@@ -28,12 +28,13 @@ from launch import BackendSettings, StepReporter, TrialBackend, TrialFailed, Tri
 from launch.harness.pruner import StepTimePruner
 from search_spaces.rules import check_layout
 from specs.errors import InfeasibleLayout, TunerError
-from specs.layout import Layout
 from tuner.study import _optuna
 from tuner.study.candidates import CandidateIndex, CandidateQueue
 from tuner.study.config import n_trials, trial_env_dict, trial_warmup_steps
 from tuner.study.confirm import MAX_CONFIRM_ROUNDS, enqueue_round
+from tuner.study.predicted import PredictedTrials
 from tuner.study.prepare import Prepared
+from tuner.study.proposals import DUPLICATE, FALLBACK_AFTER_SKIPS, QUEUED_FALLBACK, QUEUED_FIRST, Proposal
 from tuner.study.records import (
     TrialRecord,
     best_measured,
@@ -50,13 +51,6 @@ __all__ = ["FALLBACK_AFTER_SKIPS", "Proposal", "StudyRun", "TuneResult", "run_st
 
 log = logging.getLogger("tuner.study")
 
-#: Proposals skipped in a row after which the fastest predicted candidate not yet evaluated is queued instead of
-#: sampling on; when there is none left the run stops and says the space ran out.
-FALLBACK_AFTER_SKIPS = 32
-#: What a queued candidate's ``enqueued`` record says.
-QUEUED_FIRST = "predicted front / fastest predicted"
-DUPLICATE = "duplicate: this layout was already evaluated (or is being run) in this study"
-QUEUED_FALLBACK = f"next unevaluated candidate (fastest predicted; the sampler proposed {FALLBACK_AFTER_SKIPS} skipped layouts in a row)"
 
 
 @dataclass(slots=True)
@@ -84,20 +78,6 @@ class TuneResult:
     """Why the confirmation asked for did not run, if it did not."""
     budget_note: str | None = None
     """Why this run evaluated fewer layouts than ``--trials`` asked for (the space ran out), if it did."""
-
-
-@dataclass(frozen=True, slots=True)
-class Proposal:
-    """A layout proposed for evaluation (by the queue or the sampler) and whether it is run."""
-
-    params: dict[str, str]
-    """Its Optuna parameters (labels of :class:`CandidateIndex`)."""
-    row: int | None
-    """Its row of the valid table; None if the combination breaks a rule or is predicted not to fit."""
-    layout: Layout
-    key: str
-    skip: str | None
-    """Why it is not run (recorded as the trial's ``skipped``); None: run it."""
 
 
 @dataclass(slots=True)
@@ -223,8 +203,6 @@ class StudyRun:
                 if cfg.confirm_runs:
                     self._confirm()
             else:
-                from tuner.study.predicted import PredictedTrials
-
                 PredictedTrials(self).run()
         except KeyboardInterrupt:
             backend.cancel()

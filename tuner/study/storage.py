@@ -17,7 +17,7 @@ import optuna
 import yaml
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 
-from cost_model.calibration import Calibration
+from cost_model.calibration import BASE_CALIBRATION, Calibration
 from launch import TrialFailed
 from specs import ModelSpec
 from specs.errors import TunerError
@@ -182,8 +182,15 @@ def check_study_config(study: optuna.Study, config: TuneConfig, name: str, calib
                 "Use another --study name (or the same inputs to resume it)."
             )
     old_cal = study.user_attrs.get("calibration")
-    if old_cal is not None and old_cal != calibration.to_dict():
-        changed = sorted(k for k in set(old_cal) | set(calibration.to_dict()) if old_cal.get(k) != calibration.to_dict().get(k))
+    cal_now = calibration.to_dict()
+    # A constant added in a later version (a formerly inline constant made a named field) is absent from an
+    # older study; it differs only if this run's value is not the one the formula used before (the base value).
+    base = BASE_CALIBRATION.to_dict()
+    changed = sorted(
+        k for k in set(old_cal or {}) | set(cal_now)
+        if (old_cal.get(k) if k in (old_cal or {}) else base.get(k)) != cal_now.get(k)
+    ) if old_cal is not None else []
+    if changed:
         raise TunerError(
             f"study {name!r} was evaluated with other cost-model constants ({', '.join(changed)} differ); its "
             "predictions would mix with new ones. Use another --study name, or the same --calibration to resume."
