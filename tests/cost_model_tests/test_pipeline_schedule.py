@@ -1,10 +1,10 @@
-"""Megatron's pipeline orders and their simulation (cost_model.schedule)."""
+"""Megatron's pipeline orders and their simulation (cost_model.pipeline_schedule)."""
 
 from __future__ import annotations
 
 import pytest
 
-from cost_model.schedule import Pass, megatron_order, schedule_table, simulate_pipeline, warmup_microbatches
+from cost_model.pipeline_schedule import Pass, megatron_order, schedule_table, simulate_pipeline, warmup_microbatches
 from specs.errors import TunerError
 
 
