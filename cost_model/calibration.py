@@ -118,6 +118,13 @@ class Calibration:
     backward): Transformer Engine's GroupedLinear runs one cuBLAS GEMM per local expert, each
     with launch latency and a partial last wave. Set with the seed's tuned layout (32 local
     experts at EP 8)."""
+    fp8_quantize_overhead_s: float = 17.0e-6
+    """Fixed cost per local expert GEMM of quantising its operands in an fp8 / fp4 run (TE's grouped GEMM casts each
+    expert's slice with its own kernels; doubled for current scaling, ``comm.FP8_CURRENT_SCALING_KERNELS``).
+    **Set from one measurement**: 1 x H200, TE 2.20.2, MiniMax-M2 1-layer slice, fp8 delayed scaling, 256 local
+    experts, 8 micro-batches (``mm-fp8-delayed``, 2026-12-01): 1.298 s per step against 1.089 s predicted without
+    it, over 8 x 6 x 256 expert GEMMs = 17 us each. Not fitted by ``tune calibrate`` (published runs cannot
+    separate it from the fp8 GEMM efficiency); judged on the tensorwise row (docs/measurements.md)."""
     # ---- communication ------------------------------------------------------------
     nvlink_efficiency: float = 0.75
     """Achieved fraction of NVLink per-direction bandwidth by NCCL ring collectives
@@ -186,6 +193,10 @@ class Calibration:
     flex_dispatcher_buffer_bytes: float = 2.0 * 2**30
     """DeepEP / HybridEP communication buffers per rank (DeepEP's default NVL buffer ~1 GB
     plus RDMA buffer)."""
+    cuda_graph_static_buffers: float = 2.0
+    """Hidden-size tensors per captured layer and micro-batch in flight that per-layer CUDA graphs keep as static
+    buffers (one input and one output; TE ``make_graphed_callables`` keeps per-callable static inputs / outputs).
+    [inferred from the API, not measured; not fitted: the published tables have no memory column]"""
     logits_bytes_per_element: float = 6.0
     """Bytes per logit element held on the last stage: fp32 softmax kept for backward (4)
     plus the bf16 logits / gradient in flight (2) (megatron/core/tensor_parallel/cross_entropy.py)."""
@@ -245,6 +256,7 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
     "norm_elementwise_share": (0.0, 1.0, False),
     "moe_act_elementwise_share": (0.0, 1.0, False),
     "backward_working_set_fraction": (0.0, 4.0, False),
+    "cuda_graph_static_buffers": (0.0, 16.0, False),
     "base_process_groups": (0.0, 64.0, False),
     "flex_dispatch_speedup": (0.0, float("inf"), True),
     "cpu_adam_params_per_s_per_node": (0.0, float("inf"), True),

@@ -15,7 +15,13 @@ Conventions for published rows (``shared/data/published_runs.md``):
   (``overlap_grad_reduce`` / ``overlap_param_gather``) and TP communication
   (``tp_comm_overlap``); rows may override any option with ``key=value`` in ``other_notes``;
 - a blank recompute cell means the recipe default (none), a blank dispatcher the
-  alltoall dispatcher, a blank or ``1*`` ETP means 1.
+  alltoall dispatcher, a blank or ``1*`` ETP means 1;
+- the setting columns (:data:`SETTING_COLUMNS`: FSDP, activation offload, precision-aware optimizer and its
+  dtypes, main-gradient dtype, fp8 recipe and parameter gather, fused cross-entropy, recompute, EP A2A overlap,
+  CUDA graphs, optimizer) were read in each row's Megatron-Bridge recipe at its tag
+  (``benchmarks/data/published_runs_fixes.md``); where they are blank, ``other_notes`` and the defaults apply:
+  fp32 main gradients, bf16 weights beside any quantised copy, native cross-entropy, Adam, and ``tensorwise``
+  for an fp8 precision cell that says CS (current scaling), else ``delayed``.
 """
 
 from __future__ import annotations
@@ -60,7 +66,15 @@ REQUIRED_COLUMNS = ("model", "gpu_type", "num_gpus", "tp", "pp", "gbs", "seq_len
 OPTIONAL_COLUMNS = (
     "id", "vpp", "cp", "ep", "etp", "mbs", "recompute", "dispatcher", "other_notes", "task",
     "framework_version", "confidence", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "implied_gflop_per_token",
+    *("use_megatron_fsdp", "cpu_offloading_num_layers", "use_precision_aware_optimizer", "exp_avg_dtype", "exp_avg_sq_dtype",
+      "grad_reduce_in_fp32", "fp8_recipe", "fp8_param_gather", "fp4_param_gather", "cross_entropy_loss_fusion",
+      "cross_entropy_fusion_impl", "te_version", "recompute_granularity", "recompute_method", "recompute_num_layers",
+      "recompute_modules", "overlap_moe_expert_parallel_comm", "cuda_graph_impl", "cuda_graph_scope", "optimizer"),
 )
+#: The setting columns (Megatron's names) that ``benchmarks/tools/apply_published_fixes.py`` writes from each row's
+#: recipe (``benchmarks/data/published_runs_fixes.md``); a non-blank cell wins over a ``key=value`` in
+#: ``other_notes``, which wins over the defaults of the module docstring.
+SETTING_COLUMNS = OPTIONAL_COLUMNS[15:]
 
 #: Model names used in the published tables -> bundled presets (keys normalised by :func:`_norm`).
 #: Llama 3 and Llama 3.1 share the architecture at 8K tokens (only RoPE scaling differs).
@@ -90,6 +104,9 @@ _UNREPRESENTABLE_MODELS = (
     ("qwen3next", "hybrid gated-DeltaNet model: the cost model has no linear-attention layers"),
     ("deepseekv4", "DeepSeek-V4: architecture not published in a form the presets cover"),
 )
+
+#: Defaults of the run options a row's settings override.
+_DEFAULT_OPTIONS = RunOptions()
 
 _GPT_RE = re.compile(r"^GPT-[\d.]+B\s*\(heads=(\d+),\s*hidden=(\d+),\s*layers=(\d+),\s*vocab=(\d+)\)$")
 
@@ -227,7 +244,26 @@ def _num(raw: str, column: str, row: int, rid: str, problems: list[RowProblem], 
     return v
 
 
-_KV_RE = re.compile(r"([A-Za-z_]+)=(\[[^\]]*\]|[^;|,\s]+)")
+#: ``key=value`` in a row's notes; keys may hold digits (``moe_a2a_overlap=True``; the digit-free pattern of the
+#: first cut could not read it, docs/production_sources.md F10).
+_KV_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(\[[^\]]*\]|[^;|,\s]+)")
+
+
+def _setting(r: dict[str, str], notes: dict[str, str], key: str, default: str) -> str:
+    """A run setting: the row's explicit column ``key`` (:data:`SETTING_COLUMNS`) when not blank, else the
+    ``key=value`` of its notes, else ``default``."""
+    v = (r.get(key) or "").strip()
+    if v:
+        return v
+    return notes.get(key, default).strip("'\"")
+
+
+def _setting_flag(r: dict[str, str], notes: dict[str, str], key: str, default: bool) -> bool:
+    """A boolean :func:`_setting`: true, 1 or yes."""
+    v = (r.get(key) or "").strip()
+    if v:
+        return v.strip("'\"").lower() in ("true", "1", "yes")
+    return _flag(notes, key, default)
 
 
 def _notes(text: str) -> dict[str, str]:
@@ -376,10 +412,9 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
                 reasons.append(f"task {r.get('task')!r}: fine-tuning (frozen weights / packed sequences) is not modelled")
             if r.get("confidence", "").strip().lower().startswith("low"):
                 reasons.append(f"confidence {r.get('confidence')!r} in the source table (internally inconsistent)")
-            if "tokendrop" in r.get("model", "").lower() or re.search(r"token[- ]?drop(ping)? (row|run)s? *\(this", low_notes) or "capacity" in r.get("dispatcher", "").lower():
+            if ("tokendrop" in r.get("model", "").lower() or re.search(r"token[- ]?drop(ping)? (row|run)s? *\(this", low_notes)
+                    or "model note: tokendrop" in low_notes or "capacity" in r.get("dispatcher", "").lower()):
                 reasons.append("token dropping / fixed expert capacity is not modelled")
-            if notes.get("cpu_offloading_num_layers", "0") not in ("0", "None", "none"):
-                reasons.append("activation CPU offload (cpu_offloading_num_layers) is not modelled")
             if vpp is None:
                 reasons.append(f"vpp {vpp_raw!r} is not a count of virtual stages")
             gpu = load_gpu(run.gpu_type)
@@ -400,23 +435,45 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
             dispatcher = Dispatcher.flex_hybridep if "hybridep" in disp else Dispatcher.flex_deepep if "deepep" in disp else Dispatcher.alltoall
             if "dispatcher" in notes:  # a spelling Layout normalises (or rejects, naming the accepted ones)
                 dispatcher = cast(Dispatcher, notes["dispatcher"])
+            setting = functools.partial(_setting, r, notes)
+            impl = setting("cuda_graph_impl", "none")
             scope: tuple[str, ...] = ()
-            impl = notes.get("cuda_graph_impl", "none").strip("'\"")
             if impl not in ("none", "None", ""):
-                scope = _list(notes["cuda_graph_scope"]) if "cuda_graph_scope" in notes else ("full",)
+                raw_scope = setting("cuda_graph_scope", "")
+                scope = _list(raw_scope) if raw_scope else ("full",)
             natural = notes.get("routing", "").lower() == "natural"
-            flag = functools.partial(_flag, notes)
+            flag = functools.partial(_setting_flag, r, notes)
+            cs = "cs" in re.split(r"[^a-z]+", r.get("precision", "").lower()) or "current" in r.get("precision", "").lower()
+            optimizer = setting("optimizer", "adam")
             try:
                 run.options = RunOptions(
                     moe_router_force_load_balancing=model.is_moe and not natural,
                     cp_comm_type=notes.get("cp_comm_type", "p2p"),
-                    overlap_moe_expert_parallel_comm=flag("moe_a2a_overlap", False) or flag("overlap_moe_expert_parallel_comm", False),
+                    overlap_moe_expert_parallel_comm=flag("overlap_moe_expert_parallel_comm", flag("moe_a2a_overlap", False)),
                     cuda_graph_scope=scope,
-                    use_megatron_fsdp=flag("use_megatron_fsdp", False),
+                    use_megatron_fsdp=flag("use_megatron_fsdp", int(notes.get("FSDP", "0") or 0) > 1 if notes.get("FSDP", "").isdigit() else False),
                     overlap_grad_reduce=flag("overlap_grad_reduce", True),
                     tp_comm_overlap=flag("tp_comm_overlap", True),
+                    grad_reduce_in_fp32=flag("grad_reduce_in_fp32", True),
+                    fp8_recipe=setting("fp8_recipe", "tensorwise" if cs else "delayed") if prec == Precision.fp8 else "delayed",
+                    fp8_param_gather=flag("fp8_param_gather", False),
+                    fp4_param_gather=flag("fp4_param_gather", False),
+                    cross_entropy_loss_fusion=flag("cross_entropy_loss_fusion", False),
+                    cross_entropy_fusion_impl=setting("cross_entropy_fusion_impl", "native"),
+                    te_version=setting("te_version", _DEFAULT_OPTIONS.te_version),
+                    cpu_offloading_num_layers=int(setting("cpu_offloading_num_layers", "0") or 0),
+                    optimizer=optimizer,
                 )
                 rec = _recompute(r.get("recompute", ""), notes)
+                gran = setting("recompute_granularity", "")
+                if gran == "none":
+                    rec = {}
+                elif gran == "selective":
+                    mods = tuple(m for m in _list(setting("recompute_modules", "core_attn")) if m in RECOMPUTE_MODULES)
+                    rec = dict(recompute_granularity="selective", recompute_modules=mods) if mods else {}
+                elif gran == "full":
+                    rec = dict(recompute_granularity="full", recompute_method=setting("recompute_method", "uniform") or "uniform",
+                               recompute_num_layers=int(setting("recompute_num_layers", "1") or 1))
                 if notes.get("recompute") == "full":
                     rec = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=int(notes.get("recompute_num_layers", 1)))
                 split = _pipeline_split(model, int(pp), int(vpp))  # type: ignore[arg-type]
@@ -430,7 +487,8 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
                     etp=int(etp) if model.is_moe else 1, micro_batch_size=int(mbs), sequence_parallel=int(tp) > 1,  # type: ignore[arg-type]
                     dispatcher=dispatcher, num_layers_in_first_pipeline_stage=split[0], num_layers_in_last_pipeline_stage=split[1],
                     optimizer_offload_fraction=float(notes.get("optimizer_offload_fraction", 0.0)),
-                    use_precision_aware_optimizer=flag("use_precision_aware_optimizer", False),
+                    use_precision_aware_optimizer=flag("use_precision_aware_optimizer", False) and optimizer == "adam",
+                    exp_avg_dtype=setting("exp_avg_dtype", "fp32") or "fp32", exp_avg_sq_dtype=setting("exp_avg_sq_dtype", "fp32") or "fp32",
                     **rec,
                 )
             except (TunerError, ValueError) as e:

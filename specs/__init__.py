@@ -25,7 +25,8 @@ from specs.layout import RECOMPUTE_MODULES, Dispatcher, Layout, LayoutTable, Rec
 from specs.model import MAX_LAYERS, ModelSpec, list_models, load_model, model_from_hf_config
 from specs.precision import Precision
 from specs.units import BF16_BYTES, FP8_BYTES, FP32_BYTES, GIB, MIB
-from specs.workload import CUDA_GRAPH_MOE_SCOPES, DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS, RunOptions, Workload
+from specs.versions import KNOWN_MEGATRON_CORE, NEWEST_MEGATRON_CORE, megatron_core_version
+from specs.workload import CUDA_GRAPH_MOE_SCOPES, DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS, RunOptions, Workload
 
 __all__ = [
     "BF16_BYTES",
@@ -40,6 +41,9 @@ __all__ = [
     "GIB",
     "GPUSpec",
     "HARNESS_RUN_OPTIONS",
+    "HARNESS_TE_RUN_OPTIONS",
+    "KNOWN_MEGATRON_CORE",
+    "NEWEST_MEGATRON_CORE",
     "InfeasibleLayout",
     "Layout",
     "LayoutTable",
@@ -58,6 +62,7 @@ __all__ = [
     "list_models",
     "load_gpu",
     "load_model",
+    "megatron_core_version",
     "model_from_hf_config",
     "parse_gpus",
 ]

@@ -8,7 +8,7 @@ __all__ = ["Precision"]
 
 
 class Precision(str, Enum):
-    """Training precision of the GEMMs (weights are kept in bf16 in every case).
+    """Training precision of the GEMMs (weights are kept in bf16 too unless ``RunOptions.fp8_param_gather``).
 
     ``fp8`` is Transformer Engine's per-tensor scaling (delayed or current scaling,
     Megatron ``--fp8-recipe delayed|tensorwise``); ``fp8_blockwise`` is DeepSeek-style
@@ -48,4 +48,26 @@ class Precision(str, Enum):
             Precision.fp8_blockwise: 1.0,
             Precision.mxfp8: 2.0 * (1.0 + 1.0 / 32),
             Precision.nvfp4: 2.0 * (0.5 + 1.0 / 16),
+        }[self]
+
+    @property
+    def saved_gemm_input_bytes(self) -> float:
+        """Bytes per element of an activation a quantised GEMM saves for its backward (its input, kept for
+        the weight gradient), on a stack with Transformer Engine.
+
+        Measured on 1 x H200 (TE 2.20.2, megatron-core 0.19.2, 2026-12-01,
+        ``benchmarks/results/h200_te_2026-12-01/call12/census.jsonl``, ``mm-fp8-delayed``): in fp8 the QKV
+        GEMM's input (the fused norm's output), the output projection's input and the experts' fc1 / fc2
+        inputs are saved as ``uint8`` column-wise copies, 1 B per element (TE ``Float8Tensor``; Hopper
+        current scaling also drops the row-wise copy before backward, TE ``module/grouped_linear.py``
+        "Free Rowwise Data in backward pass"); attention's Q, K, V and output stay bf16. MX formats add one
+        E8M0 scale per 32 elements (mxfp8: 1 + 1/32 B); nvfp4 one fp8 scale per 16 (0.5 + 1/16 B)
+        (TE ``MXFP8Tensor`` / ``NVFP4Tensor``; not measured: Hopper has neither). bf16: 2.
+        """
+        return {
+            Precision.bf16: 2.0,
+            Precision.fp8: 1.0,
+            Precision.fp8_blockwise: 1.0,
+            Precision.mxfp8: 1.0 + 1.0 / 32,
+            Precision.nvfp4: 0.5 + 1.0 / 16,
         }[self]

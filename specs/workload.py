@@ -6,8 +6,28 @@ from dataclasses import dataclass
 
 from specs.errors import TunerError
 from specs.precision import Precision
+from specs.versions import NEWEST_MEGATRON_CORE, megatron_core_version
 
-__all__ = ["CUDA_GRAPH_MOE_SCOPES", "DEFAULT_RUN_OPTIONS", "HARNESS_RUN_OPTIONS", "RunOptions", "Workload"]
+__all__ = [
+    "CROSS_ENTROPY_IMPLS",
+    "CUDA_GRAPH_MOE_SCOPES",
+    "DEFAULT_RUN_OPTIONS",
+    "FP8_RECIPES",
+    "HARNESS_RUN_OPTIONS",
+    "HARNESS_TE_RUN_OPTIONS",
+    "OPTIMIZERS",
+    "RunOptions",
+    "Workload",
+]
+
+#: ``--fp8-recipe`` values of the per-tensor ``fp8`` precision (Megatron-core ``TransformerConfig.fp8_recipe``;
+#: ``blockwise`` and ``mxfp8`` are their own :class:`Precision` members).
+FP8_RECIPES = ("delayed", "tensorwise")
+#: ``--cross-entropy-fusion-impl`` values (megatron/core/models/common/language_module/language_module.py).
+CROSS_ENTROPY_IMPLS = ("native", "te")
+#: Optimizers the cost model sizes: Adam (``--optimizer adam``) and Megatron's layer-wise distributed Muon
+#: (Megatron-Bridge ``optimizer_type="muon"``, ``distributed_muon_with_cosine_annealing``).
+OPTIMIZERS = ("adam", "dist_muon")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,12 +95,104 @@ class RunOptions:
     ``[s, b, h]`` and is saved once, as the output projection's input. False for a stack without TE
     (this project's trial harness, ``launch/harness``): ``scaled_dot_product_attention``'s output is
     permuted and reshaped (a copy) before the projection, so two copies of the attention output are
-    saved (:data:`HARNESS_RUN_OPTIONS`)."""
+    saved (:data:`HARNESS_RUN_OPTIONS`). It also means the TE layer spec: the input norm fused into the
+    QKV GEMM (``TELayerNormColumnParallelLinear``), a separate pre-MLP norm only in MoE layers (``TENorm``)."""
+
+    # ---- memory-relevant flags of production stacks (issue 14) ---------------------------------------
+    grad_reduce_in_fp32: bool = True
+    """``grad_reduce_in_fp32`` (DistributedDataParallelConfig): main gradients and their reduction in fp32 (4 B per
+    parameter); False sizes the gradient buffer in the parameter dtype, bf16 (2 B)
+    (megatron/core/distributed/distributed_data_parallel.py ``DistributedDataParallel.__init__``: ``grad_dtype =
+    torch.float if grad_reduce_in_fp32 else param.dtype``, core_v0.16.0 l.147). Megatron-LM's command line with bf16
+    keeps fp32 (``--accumulate-allreduce-grads-in-fp32``, the seed's run block; ``arguments.py`` l.717-722);
+    every Megatron-Bridge perf recipe sets False (``set_*_common_configs``, docs/production_sources.md F1)."""
+    fp8_param_gather: bool = False
+    """``fp8_param_gather``: with fp8 / mxfp8 training the compute weights are kept only in the low precision (an
+    ``uint8`` param buffer, distributed_data_parallel.py l.139-146), no bf16 copy beside them, and the DP
+    all-gather moves them in that precision (Megatron-Bridge ``mixed_precision.py``: True for FP8-CS and MXFP8)."""
+    fp4_param_gather: bool = False
+    """``fp4_param_gather``: the same for nvfp4 (Megatron-Bridge ``bf16_with_nvfp4_mixed`` from v0.5.0)."""
+    fp8_recipe: str = "delayed"
+    """``--fp8-recipe`` of the ``fp8`` precision: ``delayed`` (Megatron's default) or ``tensorwise`` (current
+    scaling, Megatron-Bridge FP8-CS). With current scaling (and blockwise, mxfp8, nvfp4) the precision-aware
+    optimizer does not own the master weights: they stay fp32 (4 B), not 2-B remainders (optimizer_config.py
+    ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``, l.355-362; measured on H200: +2 B per parameter
+    for tensorwise over delayed, docs/measurements.md)."""
+    cross_entropy_loss_fusion: bool = False
+    """``--cross-entropy-loss-fusion``: a fused cross-entropy kernel (its implementation: ``cross_entropy_fusion_impl``)."""
+    cross_entropy_fusion_impl: str = "native"
+    """``--cross-entropy-fusion-impl``: ``native`` (Megatron's) or ``te`` (Transformer Engine's
+    ``parallel_cross_entropy``, every Megatron-Bridge perf recipe, ``_set_common_perf_overrides``). With ``te``
+    the logits bytes depend on ``te_version`` (:func:`cost_model.terms.memory.logits_bytes`)."""
+    te_version: str = "2.20"
+    """Transformer Engine version (major.minor) the run used: TE <= 2.17 writes the cross-entropy gradient in place
+    into the bf16 logits; TE 2.18 (commit 01bbe3ee) keeps a separate fp32 gradient."""
+    bias_activation_fusion: bool = True
+    """``bias_activation_fusion`` (Megatron-LM ``--bias-swiglu-fusion``, on by default; off in this project's
+    trial harness): the (probability-weighted) SwiGLU is one fused function that saves only its input
+    (megatron/core/fusions/fused_bias_swiglu.py ``WeightedSwiGLUFunction``); unfused, autograd also keeps the
+    SiLU output, the gated product and the weighted product (measured: 3 f-wide tensors per routed copy more,
+    docs/measurements.md)."""
+    cpu_offloading_num_layers: int = 0
+    """``--cpu-offloading-num-layers`` with ``--cpu-offloading`` and weights not offloaded (Megatron-Bridge
+    ``_set_recompute_overrides``: activations only): the saved activations of that many layers of a pipeline
+    rank are held in host memory (0 = none)."""
+    optimizer: str = "adam"
+    """``adam`` or ``dist_muon`` (Megatron's layer-wise distributed Muon: one fp32 momentum buffer and the fp32
+    master weights per parameter, whole parameters spread over the data-parallel ranks; Kimi-K2's
+    Megatron-Bridge recipe, precision-aware optimizer off)."""
+    megatron_core: str = NEWEST_MEGATRON_CORE
+    """megatron-core release (``--megatron-core``, major.minor): the validity rules that changed between releases
+    use it (:mod:`search_spaces.rules`); the default is the newest the project knows."""
 
     def __post_init__(self) -> None:
         if self.cp_comm_type not in ("p2p", "a2a"):
             raise TunerError(f"cp_comm_type {self.cp_comm_type!r}: accepted p2p or a2a")
         object.__setattr__(self, "cuda_graph_scope", tuple(str(x) for x in self.cuda_graph_scope))
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise TunerError(f"fp8_recipe {self.fp8_recipe!r}: accepted {', '.join(FP8_RECIPES)}")
+        if self.cross_entropy_fusion_impl not in CROSS_ENTROPY_IMPLS:
+            raise TunerError(f"cross_entropy_fusion_impl {self.cross_entropy_fusion_impl!r}: accepted {', '.join(CROSS_ENTROPY_IMPLS)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise TunerError(f"optimizer {self.optimizer!r}: accepted {', '.join(OPTIMIZERS)}")
+        if isinstance(self.cpu_offloading_num_layers, bool) or not isinstance(self.cpu_offloading_num_layers, int) or self.cpu_offloading_num_layers < 0:
+            raise TunerError(f"cpu_offloading_num_layers must be a non-negative integer, got {self.cpu_offloading_num_layers!r}")
+        major, minor = megatron_core_version(self.megatron_core)
+        object.__setattr__(self, "megatron_core", f"{major}.{minor}")
+        if self.te_version_tuple < (1, 0):
+            raise TunerError(f"te_version {self.te_version!r}: expected major.minor such as 2.20")
+
+    @property
+    def megatron_core_tuple(self) -> tuple[int, int]:
+        """``megatron_core`` as ``(major, minor)``."""
+        return megatron_core_version(self.megatron_core)
+
+    @property
+    def te_version_tuple(self) -> tuple[int, int]:
+        """``te_version`` as ``(major, minor)``; (0, 0) when it is not of that form."""
+        parts = str(self.te_version).split(".")
+        try:
+            return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+        except ValueError:
+            return 0, 0
+
+    @property
+    def te_cross_entropy(self) -> bool:
+        """Transformer Engine's fused cross-entropy (``cross_entropy_loss_fusion`` with impl ``te``)."""
+        return self.cross_entropy_loss_fusion and self.cross_entropy_fusion_impl == "te"
+
+    def low_precision_params(self, precision: Precision) -> bool:
+        """The compute weights are kept only in ``precision`` (no bf16 copy): ``fp8_param_gather`` for the fp8
+        formats, ``fp4_param_gather`` for nvfp4; never for bf16."""
+        if precision == Precision.nvfp4:
+            return self.fp4_param_gather
+        return precision != Precision.bf16 and self.fp8_param_gather
+
+    def precision_aware_owns_masters(self, precision: Precision) -> bool:
+        """With ``--use-precision-aware-optimizer``, TE's FusedAdam keeps the master weights as 16-bit remainders
+        (2 B): bf16 and fp8 delayed scaling; not fp8 current scaling, blockwise, mxfp8 or nvfp4, whose masters stay
+        fp32 (optimizer_config.py ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``)."""
+        return precision == Precision.bf16 or (precision == Precision.fp8 and self.fp8_recipe == "delayed")
 
     @property
     def cuda_graph_full(self) -> bool:
@@ -96,5 +208,10 @@ class RunOptions:
 DEFAULT_RUN_OPTIONS = RunOptions()
 
 #: Run options of this project's trial harness without Transformer Engine (``launch/harness``,
-#: megatron-core's local layer spec): the seed's flags, attention output saved twice.
-HARNESS_RUN_OPTIONS = RunOptions(te_attention=False)
+#: megatron-core's local layer spec): the seed's flags, attention output saved twice, the SwiGLU unfused
+#: (``launch/harness/train.py`` leaves ``bias_activation_fusion`` at False).
+HARNESS_RUN_OPTIONS = RunOptions(te_attention=False, bias_activation_fusion=False)
+
+#: The trial harness with Transformer Engine (its TE layer spec; the SwiGLU unfused, fp32 main grads, native
+#: cross-entropy unless a trial's options say otherwise).
+HARNESS_TE_RUN_OPTIONS = RunOptions(bias_activation_fusion=False)

@@ -1,10 +1,14 @@
 # Dump every WorkloadBaseConfig preset of a Megatron-Bridge tag as JSON lines: python dump_bridge_presets.py <checkout of the tag>/scripts/performance > presets_<tag>.jsonl
-import sys, json, importlib, dataclasses, pkgutil, os, types
+import dataclasses
+import importlib
+import json
+import os
+import sys
+
 root = sys.argv[1]
 sys.path.insert(0, root)
 # stub modules that may be imported at module level without megatron.bridge
 out = []
-import utils.utils as uu
 cfgdir = os.path.join(root, "configs")
 for fam in sorted(os.listdir(cfgdir)):
     if not os.path.isdir(os.path.join(cfgdir, fam)):

@@ -30,11 +30,14 @@ __all__ = [
     "dense_block_bytes",
     "dense_mlp_bytes",
     "expert_activation_fn_bytes",
+    "expert_activation_internals",
     "expert_bytes",
+    "input_norm_separate",
     "kept_bytes",
     "layer_input_bytes",
     "moe_block_bytes",
     "norm_bytes",
+    "pre_mlp_norm_separate",
     "qk_norm_bytes",
     "rank_activation_bytes",
     "recomputed_fraction",
@@ -47,19 +50,41 @@ __all__ = [
     "stored_layer_bytes",
 ]
 
-#: Hidden-size bf16 tensors the attention block keeps besides Q, K, V and its output, in units of
-#: h per token: the pre-attention norm's input and output (the QKV GEMM's input) and one more
-#: hidden-size tensor (Korthikanti's inventory has two: its LN input and QKV input; ours keeps a
-#: third, as the first cut of this model did; the golden test states the difference).
+#: Hidden-size bf16 tensors the attention block keeps besides Q, K, V and its output on a stack **without**
+#: Transformer Engine (this project's no-TE harness, megatron-core's local spec with a separate norm module), in
+#: units of h per token: the norm's input, its output (the QKV GEMM's input) and one more hidden-size tensor
+#: (Korthikanti's inventory has two; the no-TE H200 trials were predicted within 4.6% with three,
+#: docs/measurements.md; the golden test states the difference).
 ATTENTION_HIDDEN_TENSORS = 3.0
 
-#: Router tensors per token per expert, fp32 (``--moe-router-dtype fp32``): the logits and the
-#: probabilities / scores the top-k backward needs (megatron/core/transformer/moe/router.py).
-ROUTER_FP32_TENSORS = 2.0
+#: Hidden-size tensors of the attention block under Transformer Engine: the fused norm's input (bf16) and its
+#: output, the QKV GEMM's input (bf16, or 1 B in fp8). **Measured** on 1 x H200 (TE 2.20.2, megatron-core 0.19.2,
+#: 2026-12-01; saved-tensor census of ``decoder.layers.0.self_attention``, MiniMax-M2 bf16: two ``[8192, 3072]``
+#: bf16 tensors besides Q, K, V, the output and the QK-norm inputs; fp8: one bf16 and one ``uint8 [3072, 8192]``),
+#: ``benchmarks/results/h200_te_2026-12-01/call12/census.jsonl``.
+TE_ATTENTION_HIDDEN_TENSORS = 2.0
 
-#: Hidden-size bf16 tensors per routed token copy: the permuted tokens (fc1's input) and fc2's
-#: output (the unpermute's input) (megatron/core/transformer/moe/experts.py, token_dispatcher.py).
-EXPERT_HIDDEN_TENSORS = 2.0
+#: Bytes per token per expert the router and the token permutation keep: the fp32 router logits (4 B) and the
+#: dispatcher's int64 routing map (8 B). **Measured** (same census, MiniMax-M2 1-layer, 8,192 tokens x 256
+#: experts: an 8 MiB ``float32 [8192, 256]`` and a 16 MiB ``int64`` storage in ``decoder.layers.0.mlp``, plus
+#: < 1 MiB of top-k indices and probabilities).
+ROUTER_BYTES_PER_TOKEN_EXPERT = 12.0
+
+#: Hidden-size tensors per routed token copy: the permuted tokens, fc1's input. **Measured** (census of
+#: ``mlp.experts``: one ``[65536, 3072]`` storage per 65,536 routed copies; no second hidden-size tensor: with the
+#: probabilities applied inside the activation, megatron-core >= 0.13, the unpermute keeps no hidden-size operand).
+EXPERT_HIDDEN_TENSORS = 1.0
+
+#: Extra expert-width tensors per routed copy when the probability-weighted SwiGLU is **not** fused
+#: (``bias_activation_fusion`` False): autograd keeps the SiLU output, the gated product and the weighted product
+#: besides fc1's output and fc2's input. **Measured** (census of ``mlp.experts``, bf16: ``h + 6 f`` elements per copy,
+#: fc1 out 2f + fc2 in f + these 3f; fp8: 5 bf16 f-wide tensors + 1-B fc1 and fc2 inputs). The fused
+#: ``WeightedSwiGLUFunction`` saves only its input and the probabilities (megatron/core/fusions/fused_bias_swiglu.py).
+UNFUSED_EXPERT_ACTIVATION_TENSORS = 3.0
+
+#: The same for a dense (or shared-expert) gated MLP, which has no probabilities: the SiLU output kept by the
+#: gating product ([inferred] from autograd of ``silu(x0) * x1``; not measured).
+UNFUSED_DENSE_ACTIVATION_TENSORS = 1.0
 
 
 def routed_token_copies(c: TableContext) -> Array:
@@ -87,7 +112,8 @@ def layer_input_bytes(c: TableContext) -> Array:
 
 def qk_norm_bytes(c: TableContext) -> Array:
     """QK norm's saved inputs (``--qk-layernorm``): the queries and keys, ``2 x tokens x (q_dim + kv_dim / 2) / tp``
-    (K is half of ``kv_dim``, which holds K and V).
+    (K is half of ``kv_dim``, which holds K and V). Measured under TE: ``[tokens x heads, d]`` and
+    ``[tokens x groups, d]`` bf16 in the attention census.
 
     Returns:
         Bytes, ``(n, 1)``; 0 without QK norm.
@@ -99,56 +125,85 @@ def qk_norm_bytes(c: TableContext) -> Array:
 
 
 def attention_bytes(c: TableContext) -> Array:
-    """The attention block: ``2 x tokens / tp x (3h + q_dim + kv_dim + copies x ctx_dim) + 4 x tokens x heads / tp``
-    (+ :func:`qk_norm_bytes`).
+    """The attention block, bytes per micro-batch: ``tokens / tp x (hidden + 2 (q_dim + saved_kv_dim) + output +
+    (2 + g) latent_dim) + 4 x tokens x heads / tp`` (+ :func:`qk_norm_bytes`), g = the saved GEMM-input bytes.
 
-    Korthikanti §4.1 "attention block" without the ``5as^2b`` scores and the dropout mask (flash
-    attention, dropout 0): :data:`ATTENTION_HIDDEN_TENSORS` hidden-size tensors, Q, K and V, the
-    attention output (``copies`` = 1 with Transformer Engine's fused attention, whose output is the
-    output projection's input; 2 without TE, where ``scaled_dot_product_attention``'s output is
-    permuted into a new tensor, :attr:`specs.RunOptions.te_attention`) and flash attention's fp32
-    softmax statistics (logsumexp per head and token).
+    Under Transformer Engine (:attr:`specs.RunOptions.te_attention`, measured on H200): hidden = the fused norm's
+    input in bf16 and its output, the QKV GEMM's input, at g bytes (:data:`TE_ATTENTION_HIDDEN_TENSORS`); TE's fused
+    attention saves Q, K, V and its output in bf16 (the output is the projection's input; in fp8 the projection
+    keeps one more, quantised, copy: ``+ g x ctx_dim``); its fp32 softmax statistics (logsumexp per head and token).
+    Without TE (this project's no-TE harness): :data:`ATTENTION_HIDDEN_TENSORS` bf16 hidden-size tensors and two
+    copies of the output (``scaled_dot_product_attention``'s output is permuted into a new tensor). MLA: the
+    expanded keys and values (``saved_kv_dim``) and the two latents, each saved as an up-projection's input (bf16)
+    and its norm's output (g). Korthikanti §4.1 "attention block" without the ``5as^2b`` scores and the dropout
+    mask (flash attention, dropout 0).
 
     Returns:
         Bytes, ``(n, 1)``.
     """
     m = c.dims
     tp = col(c.tp)
-    copies = 1.0 if c.options.te_attention else 2.0
-    a = BF16_BYTES * c.tokens / tp * (ATTENTION_HIDDEN_TENSORS * m.h + m.q_dim + m.kv_dim + copies * m.ctx_dim) + FP32_BYTES * c.tokens * m.heads / tp
+    g = c.saved_gemm_input_bytes
+    if c.options.te_attention:
+        hidden = BF16_BYTES * m.h + g * m.h
+        out = BF16_BYTES * m.ctx_dim + (g * m.ctx_dim if c.quantized else 0.0)
+    else:
+        hidden = ATTENTION_HIDDEN_TENSORS * BF16_BYTES * m.h
+        out = 2 * BF16_BYTES * m.ctx_dim
+    qkv = BF16_BYTES * (m.q_dim + m.saved_kv_dim) + (BF16_BYTES + g) * m.latent_dim
+    a = c.tokens / tp * (hidden + qkv + out) + FP32_BYTES * c.tokens * m.heads / tp
     return a + qk_norm_bytes(c)
 
 
 def core_attention_bytes(c: TableContext) -> Array:
-    """What selective ``core_attn`` recompute frees: the attention output and the softmax statistics,
-    ``2 x tokens x ctx_dim / tp + 4 x tokens x heads / tp`` (flash attention keeps no scores, so this
-    is all the core attention holds beyond its Q, K, V inputs).
+    """What selective ``core_attn`` recompute frees: the core attention's own saved tensors beyond its inputs
+    (Q, K, V stay saved as the checkpoint's inputs): the fp32 softmax statistics, ``4 x tokens x heads / tp``, and
+    the attention output where no later GEMM keeps it: under TE in bf16 the output projection saves that very
+    tensor as its input (nothing more freed); in fp8 the projection keeps its own quantised copy, so the bf16 output
+    goes (``+ 2 x tokens x ctx_dim / tp``); without TE one of the two output copies goes (the same). Megatron-core
+    ``Attention._checkpointed_attention_forward`` (``tensor_parallel.checkpoint`` of the core attention).
 
     Returns:
         Bytes, ``(n, 1)``.
     """
     m = c.dims
     tp = col(c.tp)
-    return BF16_BYTES * c.tokens * m.ctx_dim / tp + FP32_BYTES * c.tokens * m.heads / tp
+    frees_output = c.quantized or not c.options.te_attention
+    return (BF16_BYTES * m.ctx_dim if frees_output else 0.0) * c.tokens / tp + FP32_BYTES * c.tokens * m.heads / tp
 
 
 def norm_bytes(c: TableContext) -> Array:
-    """The inputs of the layer's two norms (pre-attention and pre-MLP), ``2 x 2 x tokens x h / tp``
-    (Korthikanti: "layer norms 4sbh"); what selective ``layernorm`` recompute frees.
+    """One norm's output (or input), ``2 x tokens x h / tp``: the unit of what selective ``layernorm`` recompute
+    frees (Korthikanti: "layer norms 4sbh" for the two).
 
     Returns:
         Bytes, ``(n, 1)``.
     """
-    return 2 * BF16_BYTES * c.tokens * c.dims.h / col(c.tp)
+    return BF16_BYTES * c.tokens * c.dims.h / col(c.tp)
+
+
+def input_norm_separate(c: TableContext) -> bool:
+    """The attention's input norm is a module of its own, which selective ``layernorm`` recompute can discard
+    (megatron-core ``TransformerLayer.__init__``: only a norm that is not an ``IdentityOp``): without TE (the local
+    spec builds it); under TE only for MLA (a ``TENorm`` before the plain down-projections); GQA under TE fuses it
+    into the QKV GEMM (``TELayerNormColumnParallelLinear``, ``get_gpt_layer_with_transformer_engine_spec``)."""
+    return not c.options.te_attention or c.dims.is_mla
+
+
+def pre_mlp_norm_separate(c: TableContext, moe_layer: bool) -> bool:
+    """The pre-MLP norm is a module of its own: without TE always; under TE in MoE layers (``TENorm``), while dense
+    layers fuse it into fc1 (``TELayerNormColumnParallelLinear``)."""
+    return not c.options.te_attention or moe_layer
 
 
 def expert_bytes(c: TableContext, copies: Array) -> Array:
-    """Routed experts: per token copy ``2 x (2h + mats x moe_ffn / etp + moe_ffn / etp)``.
+    """Routed experts, bytes: per token copy ``g x h + 2 x (mats - 1) x f + g x f (+ 2 x 3 x f unfused)``, f =
+    ``moe_ffn / etp``, g the saved GEMM-input bytes.
 
-    :data:`EXPERT_HIDDEN_TENSORS` hidden-size tensors (permuted input, fc2 output), fc1's output
-    and the activation's output (``mats x moe_ffn``: 2 + 1 for SwiGLU) and the probability-weighted
-    activation (``moe_ffn``; Megatron core 0.13 moved the probs multiplication into the activation
-    of GroupedMLP, moe/README.md).
+    fc1's input (the permuted tokens, :data:`EXPERT_HIDDEN_TENSORS`; quantised in fp8), fc1's output in bf16 (the
+    activation's input: ``(mats - 1) x f``, 2f for SwiGLU), fc2's input (the activation's output; quantised in fp8)
+    and, with ``bias_activation_fusion`` off, :data:`UNFUSED_EXPERT_ACTIVATION_TENSORS` more (megatron-core
+    ``TEGroupedMLP.forward``; all of it **measured** on H200 with TE, module docstring of this file).
 
     Args:
         copies: :func:`routed_token_copies`, ``(n, 1)``.
@@ -159,23 +214,43 @@ def expert_bytes(c: TableContext, copies: Array) -> Array:
     m = c.dims
     if not m.is_moe:
         return np.zeros_like(c.tokens)
-    etp = col(c.etp)
-    return BF16_BYTES * copies * (EXPERT_HIDDEN_TENSORS * m.h + m.mlp_matrices * m.moe_ffn / etp + m.moe_ffn / etp)
+    f = m.moe_ffn / col(c.etp)
+    g = c.saved_gemm_input_bytes
+    per_copy = EXPERT_HIDDEN_TENSORS * g * m.h + BF16_BYTES * (m.mlp_matrices - 1) * f + g * f
+    return copies * (per_copy + expert_activation_internals(c) * f)
+
+
+def expert_activation_internals(c: TableContext) -> float:
+    """Bytes per element of expert width that the unfused probability-weighted activation keeps:
+    ``2 x`` :data:`UNFUSED_EXPERT_ACTIVATION_TENSORS` (gated) or ``2 x 1`` (non-gated: the weighted product) with
+    ``bias_activation_fusion`` off; 0 fused.
+
+    Returns:
+        Bytes per element (a scalar).
+    """
+    if c.options.bias_activation_fusion:
+        return 0.0
+    return BF16_BYTES * (UNFUSED_EXPERT_ACTIVATION_TENSORS if c.dims.gated else 1.0)
 
 
 def expert_activation_fn_bytes(c: TableContext, copies: Array) -> Array:
-    """What selective ``moe_act`` recompute frees: the experts' activation output, ``2 x copies x moe_ffn / etp``.
+    """What selective ``moe_act`` recompute frees: the activation's output, fc2's input (``g x f`` per copy; in fp8
+    fc2 then saves its original input, which is discarded, ``set_save_original_input``) and the unfused
+    activation's own tensors (the activation runs under ``CheckpointWithoutOutput``, megatron-core
+    ``TEGroupedMLP``): ``copies x f x (g + internals)``.
 
     Returns:
         Bytes, ``(n, 1)``; 0 for a dense model.
     """
     if not c.dims.is_moe:
         return np.zeros_like(c.tokens)
-    return BF16_BYTES * copies * c.dims.moe_ffn / col(c.etp)
+    f = c.dims.moe_ffn / col(c.etp)
+    return copies * f * (c.saved_gemm_input_bytes + expert_activation_internals(c))
 
 
 def router_bytes(c: TableContext) -> Array:
-    """The router's fp32 logits and probabilities: ``4 x 2 x tokens x E / tp`` (:data:`ROUTER_FP32_TENSORS`).
+    """The router's logits and the permutation's routing map: ``tokens x E / tp x``
+    :data:`ROUTER_BYTES_PER_TOKEN_EXPERT` (measured).
 
     Returns:
         Bytes, ``(n, 1)``; 0 for a dense model.
@@ -183,69 +258,91 @@ def router_bytes(c: TableContext) -> Array:
     m = c.dims
     if not m.is_moe:
         return np.zeros_like(c.tokens)
-    return FP32_BYTES * ROUTER_FP32_TENSORS * c.tokens * m.experts / col(c.tp)
+    return ROUTER_BYTES_PER_TOKEN_EXPERT * c.tokens * m.experts / col(c.tp)
+
+
+def _mlp_bytes_per_token(c: TableContext, width: Array | float) -> Array | float:
+    """A dense-style MLP of ``width`` (already split by TP) per token: fc1's output in bf16 (``(mats - 1) x width``),
+    fc2's input at the saved GEMM-input bytes and, unfused and gated, :data:`UNFUSED_DENSE_ACTIVATION_TENSORS`."""
+    m = c.dims
+    unfused = 0.0 if (c.options.bias_activation_fusion or not m.gated) else UNFUSED_DENSE_ACTIVATION_TENSORS
+    return (BF16_BYTES * (m.mlp_matrices - 1 + unfused) + c.saved_gemm_input_bytes) * width
 
 
 def shared_expert_bytes(c: TableContext) -> Array:
-    """Shared experts (a dense MLP of width ``shared_ffn`` split by TP): ``2 x tokens x mats x shared_ffn / tp``
-    (fc1's output and the activation's output; Korthikanti's MLP ``16sbh`` at f = 4h, non-gated).
+    """Shared experts (a dense MLP of width ``shared_ffn`` split by TP), bytes: fc1's output (``(mats - 1) x
+    shared_ffn`` bf16), fc2's input (g) and, in a quantised run, fc1's own quantised copy of its input (the norm's
+    output, kept in bf16 by the router): ``tokens / tp x (2 (mats - 1) sf + g sf [+ g h])`` (Korthikanti's MLP
+    ``16sbh`` at f = 4h, non-gated, bf16).
 
     Returns:
         Bytes, ``(n, 1)``; 0 without shared experts.
     """
     m = c.dims
-    return BF16_BYTES * c.tokens * m.mlp_matrices * m.shared_ffn / col(c.tp)
+    if not m.shared_ffn:
+        return np.zeros_like(c.tokens)
+    own_input = c.saved_gemm_input_bytes * m.h if c.quantized else 0.0
+    return c.tokens / col(c.tp) * (_mlp_bytes_per_token(c, m.shared_ffn) + own_input)
 
 
 def dense_mlp_bytes(c: TableContext) -> Array:
-    """A dense MLP's fc1 output and activation output: ``2 x tokens x mats x ffn / tp``
-    (Korthikanti §4.1 "MLP": 8sbh + 8sbh at f = 4h with 2 matrices).
+    """A dense MLP's fc1 output (bf16) and fc2 input (g): ``tokens / tp x (2 (mats - 1) + g) x ffn`` (Korthikanti §4.1
+    "MLP": 8sbh + 8sbh at f = 4h with 2 matrices in bf16), plus the unfused SwiGLU's SiLU output.
 
     Returns:
         Bytes, ``(n, 1)``.
     """
     m = c.dims
-    return BF16_BYTES * c.tokens * m.mlp_matrices * m.ffn / col(c.tp)
+    return c.tokens / col(c.tp) * _mlp_bytes_per_token(c, m.ffn)
 
 
 def moe_block_bytes(c: TableContext, copies: Array) -> Array:
-    """A MoE layer's MLP side: one norm's input, the MLP block's input (:func:`layer_input_bytes`),
-    the router, the routed experts and the shared experts.
+    """A MoE layer's MLP side: the pre-MLP norm's input and output (the output, in bf16, is the router's input:
+    measured), the router, the routed experts and the shared experts.
 
     Returns:
         Bytes, ``(n, 1)``.
     """
-    return norm_bytes(c) / 2 + layer_input_bytes(c) + router_bytes(c) + expert_bytes(c, copies) + shared_expert_bytes(c)
+    return norm_bytes(c) + layer_input_bytes(c) + router_bytes(c) + expert_bytes(c, copies) + shared_expert_bytes(c)
 
 
 def dense_block_bytes(c: TableContext) -> Array:
-    """A dense layer's MLP side: one norm's input, the MLP block's input and the MLP
-    (Korthikanti's "MLP 19sbh" less its dropout mask, with half of "layer norms 4sbh").
+    """A dense layer's MLP side: the norm's input (bf16), its output (fc1's input: bf16, quantised in fp8 under TE)
+    and the MLP (Korthikanti's "MLP 19sbh" less its dropout mask, with half of "layer norms 4sbh").
 
     Returns:
         Bytes, ``(n, 1)``.
     """
-    return norm_bytes(c) / 2 + layer_input_bytes(c) + dense_mlp_bytes(c)
+    g = c.saved_gemm_input_bytes
+    return norm_bytes(c) + g / BF16_BYTES * layer_input_bytes(c) + dense_mlp_bytes(c)
 
 
 # --------------------------------------------------------------------------- selective recompute
 
 
 def saved_attention_bytes(c: TableContext) -> Array:
-    """Bytes selective recompute frees in the attention side of every layer: :func:`core_attention_bytes`
-    with ``core_attn``, :func:`norm_bytes` with ``layernorm`` (megatron-core transformer_layer.py
-    checkpoints those submodules).
+    """Bytes selective recompute frees in the attention side of every layer: :func:`core_attention_bytes` with
+    ``core_attn``; the input norm's output with ``layernorm`` where the norm is a module of its own
+    (:func:`input_norm_separate`); the expanded Q, K, V with ``mla_up_proj`` (``expanded_qkv_dim`` in bf16;
+    megatron-core multi_latent_attention.py ``recompute_up_proj``).
 
     Returns:
         Bytes, ``(n, 1)``.
     """
-    return np.where(c.recomputes("core_attn"), core_attention_bytes(c), 0) + np.where(c.recomputes("layernorm"), norm_bytes(c), 0)
+    norm = norm_bytes(c) if input_norm_separate(c) else np.zeros_like(c.tokens)
+    up = BF16_BYTES * c.tokens * c.dims.expanded_qkv_dim / col(c.tp)
+    return (
+        np.where(c.recomputes("core_attn"), core_attention_bytes(c), 0)
+        + np.where(c.recomputes("layernorm"), norm, 0)
+        + np.where(c.recomputes("mla_up_proj"), up, 0)
+    )
 
 
 def saved_moe_bytes(c: TableContext, moe_block: Array, copies: Array) -> Array:
-    """Bytes selective recompute frees in a MoE layer's MLP side: with ``moe`` the whole block but its
-    input; else with ``moe_act`` the activation output; plus with ``shared_experts`` (and not ``moe``,
-    which already covers them) the shared experts.
+    """Bytes selective recompute frees in a MoE layer's MLP side: with ``moe`` everything inside the MoE layer
+    (router, experts, shared experts; its input, the norm's output, stays as the checkpoint's input,
+    megatron-core moe_layer.py); else with ``moe_act`` :func:`expert_activation_fn_bytes`, plus with
+    ``shared_experts`` the shared experts; with ``layernorm`` the pre-MLP norm's output (a ``TENorm`` in MoE layers).
 
     Args:
         moe_block: :func:`moe_block_bytes`, ``(n, 1)``.
@@ -254,13 +351,18 @@ def saved_moe_bytes(c: TableContext, moe_block: Array, copies: Array) -> Array:
     Returns:
         Bytes, ``(n, 1)``.
     """
-    whole = moe_block - layer_input_bytes(c)
+    whole = moe_block - layer_input_bytes(c) - norm_bytes(c)
     saved = np.where(c.recomputes("moe"), whole, np.where(c.recomputes("moe_act"), expert_activation_fn_bytes(c, copies), 0))
-    return saved + np.where(c.recomputes("shared_experts") & ~c.recomputes("moe"), shared_expert_bytes(c), 0)
+    saved = saved + np.where(c.recomputes("shared_experts") & ~c.recomputes("moe"), shared_expert_bytes(c), 0)
+    norm = norm_bytes(c) if pre_mlp_norm_separate(c, True) else np.zeros_like(c.tokens)
+    return saved + np.where(c.recomputes("layernorm"), norm, 0)
 
 
 def saved_dense_bytes(c: TableContext, dense_block: Array) -> Array:
-    """Bytes selective ``mlp`` recompute frees in a dense layer: the block but its input.
+    """Bytes selective recompute frees in a dense layer's MLP side: with ``mlp`` the block but its input (under TE
+    the checkpointed MLP includes its fused norm, so only the norm's input, the residual, stays; without TE the
+    norm's output stays too); with ``layernorm`` (and not ``mlp``) the norm's output where the norm is a module
+    (:func:`pre_mlp_norm_separate`). ``mlp`` does nothing in MoE layers (``TransformerLayer.__init__``).
 
     Args:
         dense_block: :func:`dense_block_bytes`, ``(n, 1)``.
@@ -268,7 +370,10 @@ def saved_dense_bytes(c: TableContext, dense_block: Array) -> Array:
     Returns:
         Bytes, ``(n, 1)``.
     """
-    return np.where(c.recomputes("mlp"), dense_block - layer_input_bytes(c), 0)
+    separate = pre_mlp_norm_separate(c, False)
+    kept = norm_bytes(c) + (layer_input_bytes(c) if separate else np.zeros_like(c.tokens))
+    norm = norm_bytes(c) if separate else np.zeros_like(c.tokens)
+    return np.where(c.recomputes("mlp"), dense_block - kept, np.where(c.recomputes("layernorm"), norm, 0))
 
 
 def kept_bytes(full_layer: Array, saved_attention: Array, saved_mlp: Array) -> Array:

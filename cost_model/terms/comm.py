@@ -29,6 +29,7 @@ __all__ = [
     "ep_remote_fraction",
     "ep_send_bytes",
     "flex_dispatch_time",
+    "fp8_quantize_cost",
     "moe_fixed_cost_backward",
     "moe_fixed_cost_forward",
     "ring_time",
@@ -54,6 +55,12 @@ EP_A2A_PER_PASS = 2.0
 #: Expert GEMMs per local expert per pass: fc1 and fc2 forward; their dgrad and wgrad backward.
 EXPERT_GEMMS_FORWARD = 2.0
 EXPERT_GEMMS_BACKWARD = 4.0
+
+#: Quantisation kernels per GEMM input with fp8 current scaling (``--fp8-recipe tensorwise``): an amax reduction
+#: and the cast, where delayed scaling casts with the previous amax in one kernel (TE ``Float8CurrentScalingQuantizer``
+#: vs ``Float8Quantizer``). [inferred from TE's quantizers; the measured tensorwise row is predicted with it,
+#: docs/measurements.md]
+FP8_CURRENT_SCALING_KERNELS = 2.0
 
 #: Data-parallel bytes per parameter per step with the distributed optimizer: the fp32 gradient
 #: reduce-scatter and the bf16 parameter all-gather; without it an all-reduce = 2 reduce-scatters
@@ -321,10 +328,26 @@ def _fixed_layer_cost(c: TableContext) -> Array:
     return layer + np.where(c.flex, 0.0, cal.alltoall_sync_latency_s)
 
 
+def fp8_quantize_cost(c: TableContext) -> float:
+    """Fixed cost of quantising one local expert GEMM's operands in an fp8 / fp4 run: ``fp8_quantize_overhead_s``
+    (x :data:`FP8_CURRENT_SCALING_KERNELS` for fp8 current scaling). TE's ``GroupedLinear`` quantises each expert's
+    slice with kernels of its own, launch bound at a few hundred rows per expert (measured on 1 x H200: the fp8
+    MiniMax-M2 slice with 256 local experts ran slower than bf16, docs/measurements.md).
+
+    Returns:
+        Seconds per local expert GEMM (a scalar); 0 in bf16.
+    """
+    if not c.quantized:
+        return 0.0
+    kernels = FP8_CURRENT_SCALING_KERNELS if (c.workload.precision.value == "fp8" and c.options.fp8_recipe == "tensorwise") else 1.0
+    return c.cal.fp8_quantize_overhead_s * kernels
+
+
 def _expert_gemm_cost(c: TableContext) -> float:
-    """``expert_gemm_overhead_s`` per local expert GEMM (x ``cuda_graph_overhead_factor`` under whole-iteration graphs)."""
+    """``expert_gemm_overhead_s`` plus :func:`fp8_quantize_cost` per local expert GEMM (x ``cuda_graph_overhead_factor``
+    under whole-iteration graphs)."""
     cal = c.cal
-    return cal.expert_gemm_overhead_s * (cal.cuda_graph_overhead_factor if c.options.cuda_graph_full else 1.0)
+    return (cal.expert_gemm_overhead_s + fp8_quantize_cost(c)) * (cal.cuda_graph_overhead_factor if c.options.cuda_graph_full else 1.0)
 
 
 def moe_fixed_cost_forward(c: TableContext) -> Array:

@@ -77,6 +77,15 @@ class ModelDims:
     """Key + value width: 2 x groups x head dim (MLA: the compressed kv_lora_rank + qk_pos_emb_head_dim)."""
     ctx_dim: float
     """Attention output width: heads x head dim (MLA: heads x v_head_dim)."""
+    saved_kv_dim: float
+    """Key + value width as the core attention receives (and TE's fused attention saves) them: ``kv_dim`` for
+    GQA; MLA: the expanded keys and values, ``heads x (qk_head_dim + qk_pos_emb_head_dim + v_head_dim)``."""
+    latent_dim: float
+    """MLA's saved low-rank latents, ``q_lora_rank + kv_lora_rank`` (the up-projections' inputs); 0 for GQA."""
+    expanded_qkv_dim: float
+    """What ``mla_up_proj`` recompute discards: the expanded Q, K and V after the up-projections and RoPE,
+    ``q_dim + saved_kv_dim`` for MLA (megatron/core/transformer/multi_latent_attention.py, ``recompute_up_proj``
+    under ``CheckpointWithoutOutput``); 0 for GQA."""
     attention_params: float
     """Attention matmul weights of one layer (:meth:`ModelSpec.attention_params`)."""
     layer_norm_params: float
@@ -92,6 +101,9 @@ class ModelDims:
     last_layer_moe: bool
     """The last decoder layer is MoE (MTP layers copy its type, notes §6.1)."""
     qk_layernorm: bool
+    is_mla: bool
+    gated: bool
+    """Gated MLPs (SwiGLU, ``gated_linear_unit``)."""
     untied_output: bool
     """``--untie-embeddings-and-output-weights``."""
 
@@ -105,8 +117,12 @@ class ModelDims:
             q_dim = nh * (model.qk_head_dim + model.qk_pos_emb_head_dim)
             kv_dim = float(model.kv_lora_rank + model.qk_pos_emb_head_dim)
             ctx_dim = nh * model.v_head_dim
+            saved_kv = nh * (model.qk_head_dim + model.qk_pos_emb_head_dim + model.v_head_dim)
+            latent = float(model.q_lora_rank + model.kv_lora_rank)
+            expanded = q_dim + saved_kv
         else:
             q_dim, kv_dim, ctx_dim = nh * d, 2 * float(model.num_query_groups) * d, nh * d
+            saved_kv, latent, expanded = kv_dim, 0.0, 0.0
         return cls(
             h=h,
             heads=nh,
@@ -121,6 +137,9 @@ class ModelDims:
             q_dim=q_dim,
             kv_dim=kv_dim,
             ctx_dim=ctx_dim,
+            saved_kv_dim=saved_kv,
+            latent_dim=latent,
+            expanded_qkv_dim=expanded,
             attention_params=float(model.attention_params()),
             layer_norm_params=2 * h + float(model.attention_norm_params()),
             dense_mlp_params=float(model.dense_mlp_params()),
@@ -131,6 +150,8 @@ class ModelDims:
             is_moe=model.is_moe,
             last_layer_moe=bool(model.moe_layer_freq[-1]) if model.num_layers else False,
             qk_layernorm=model.qk_layernorm,
+            is_mla=model.is_mla,
+            gated=model.gated_linear_unit,
             untied_output=model.untie_embeddings_and_output_weights,
         )
 
@@ -169,6 +190,11 @@ class TableContext:
     """Achieved HBM bandwidth, ``hbm_bytes_per_s x hbm_efficiency``, bytes/s."""
     low_precision_weight_bytes: float
     """Bytes per parameter of the quantised weight copy (:attr:`specs.Precision.low_precision_weight_bytes`)."""
+    saved_gemm_input_bytes: float
+    """Bytes per element of a saved GEMM input (:attr:`specs.Precision.saved_gemm_input_bytes`): 2 in bf16 and
+    on a stack without Transformer Engine (this project's no-TE harness runs bf16 only)."""
+    quantized: bool
+    """The GEMMs run in a low precision (fp8, mxfp8, nvfp4): TE saves quantised copies of their inputs."""
     load_imbalance: float
     """Slowest expert rank's routed tokens over the mean: ``moe_load_imbalance`` with natural
     routing of a MoE model, 1 with ``--moe-router-force-load-balancing`` or a dense model."""
@@ -330,6 +356,8 @@ def build_context(
         bf16_peak_flops=gpu.peak_flops_bf16 * fam,
         hbm_bytes_per_s=gpu.hbm_bytes_per_s * cal.hbm_efficiency,
         low_precision_weight_bytes=prec.low_precision_weight_bytes,
+        saved_gemm_input_bytes=prec.saved_gemm_input_bytes if options.te_attention else BF16_BYTES,
+        quantized=prec != Precision.bf16 and options.te_attention,
         load_imbalance=cal.moe_load_imbalance if (model.is_moe and not options.moe_router_force_load_balancing) else 1.0,
         tp=tp,
         pp=pp,

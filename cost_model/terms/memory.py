@@ -14,10 +14,14 @@ from specs.units import BF16_BYTES
 
 __all__ = [
     "activation_bytes",
+    "cuda_graph_buffer_bytes",
     "dispatcher_buffer_bytes",
     "embedding_activation_bytes",
     "framework_overhead_bytes",
     "logits_bytes",
+    "logits_bytes_per_element",
+    "offload_kept_bytes",
+    "offloaded_layers",
     "process_groups",
     "working_set_bytes",
 ]
@@ -25,6 +29,19 @@ __all__ = [
 #: Dispatched-token buffers of the alltoall / allgather dispatchers per routed copy, hidden-size
 #: bf16: the permuted tokens sent and the tokens received (token_dispatcher.py).
 PERMUTED_TOKEN_BUFFERS = 2.0
+
+#: Bytes per logit element with Transformer Engine's fused cross-entropy up to TE 2.17: the gradient is written in
+#: place into the bf16 logits, which are kept (TE ``triton/cross_entropy.py`` returns ``loss, _input``;
+#: ``cross_entropy.py`` ``ctx.save_for_backward(_input)``).
+TE_CE_INPLACE_BYTES = 2.0
+
+#: The same from TE 2.18 (commit 01bbe3ee, "Fix the numerical issue with the Fused CE loss"): a separate fp32
+#: gradient (``torch.empty_like(_input, dtype=torch.float32)``) is saved, 4 B, while the bf16 logits (2 B) are
+#: alive until the loss forward returns.
+TE_CE_FP32_GRAD_BYTES = 4.0 + 2.0
+
+#: TE version from which the fused cross-entropy keeps an fp32 gradient.
+TE_CE_FP32_GRAD_SINCE = (2, 18)
 
 
 def embedding_activation_bytes(c: TableContext, inflight: Array) -> Array:
@@ -55,6 +72,53 @@ def working_set_bytes(c: TableContext, full_moe: Array, full_dense: Array) -> Ar
     return np.where(c.full, c.recompute_num_layers * one_layer, one_layer * c.cal.backward_working_set_fraction)
 
 
+def offloaded_layers(c: TableContext) -> Array:
+    """Layers of a rank whose saved activations ``--cpu-offloading-num-layers`` moves to host memory:
+    ``min(N, layers)`` (megatron-core ``TransformerBlock`` offloads the first N layers of its block through
+    ``get_cpu_offload_context``; Megatron-Bridge sets it with ``cpu_offloading_weights=False``).
+
+    Returns:
+        Layers, ``(n, K)``.
+    """
+    return np.minimum(float(c.options.cpu_offloading_num_layers), c.layers)
+
+
+def offload_kept_bytes(c: TableContext, per_rank: Array) -> Array:
+    """One micro-batch's activations a rank keeps on the GPU with activation offload: the layers not offloaded,
+    ``per_rank x (1 - offloaded / layers)``, plus one offloaded layer's worth in transit (the copy to or from the
+    host overlaps the next layer; its buffer is on the GPU). Without offload, ``per_rank``.
+
+    Args:
+        per_rank: :func:`cost_model.terms.activations.rank_activation_bytes`, ``(n, K)``.
+
+    Returns:
+        Bytes, ``(n, K)``.
+    """
+    off = offloaded_layers(c)
+    per_layer = per_rank / np.maximum(c.layers, 1.0)
+    return np.where(off > 0, per_rank - off * per_layer + per_layer, per_rank)
+
+
+def cuda_graph_buffer_bytes(c: TableContext, inflight: Array) -> Array:
+    """Static buffers of per-layer CUDA graphs (``--cuda-graph-impl transformer_engine`` with a scope other than the
+    whole iteration): each captured layer keeps static input and output tensors per micro-batch in flight,
+    ``cuda_graph_static_buffers x layer input x layers x inflight`` (TE ``make_graphed_callables`` captures one
+    graph per callable and micro-batch with its own static inputs and outputs). [inferred from TE's graph API; not
+    measured]. A whole-iteration graph replays the step in its own memory pool: no extra term here.
+
+    Args:
+        inflight: in-flight micro-batches, ``(n, K)``.
+
+    Returns:
+        Bytes, ``(n, K)``; 0 without CUDA graphs or with a whole-iteration graph.
+    """
+    opt = c.options
+    if not opt.cuda_graph_scope or opt.cuda_graph_full:
+        return np.zeros_like(c.layers)
+    layer_input = BF16_BYTES * c.tokens * c.dims.h / col(c.tp)
+    return c.cal.cuda_graph_static_buffers * layer_input * c.layers * inflight * c.live
+
+
 def activation_bytes(c: TableContext, per_rank: Array, inflight: Array, embedding: Array, working_set: Array) -> Array:
     """Peak activation memory of a rank: one micro-batch through its layers x in-flight micro-batches,
     plus the embedding outputs and the backward working set.
@@ -71,15 +135,30 @@ def activation_bytes(c: TableContext, per_rank: Array, inflight: Array, embeddin
     return (per_rank * inflight + embedding + working_set) * c.live
 
 
+def logits_bytes_per_element(c: TableContext) -> float:
+    """Bytes per logit element held on the last stage: Megatron's native cross-entropy keeps the fp32 softmax and
+    the bf16 logits (``logits_bytes_per_element``, megatron/core/tensor_parallel/cross_entropy.py); TE's fused
+    cross-entropy (``cross_entropy_fusion_impl te``) :data:`TE_CE_INPLACE_BYTES` up to TE 2.17 and
+    :data:`TE_CE_FP32_GRAD_BYTES` from TE 2.18 (:attr:`specs.RunOptions.te_version`).
+
+    Returns:
+        Bytes per element (a scalar).
+    """
+    opt = c.options
+    if not opt.te_cross_entropy:
+        return c.cal.logits_bytes_per_element
+    return TE_CE_FP32_GRAD_BYTES if opt.te_version_tuple >= TE_CE_FP32_GRAD_SINCE else TE_CE_INPLACE_BYTES
+
+
 def logits_bytes(c: TableContext) -> Array:
-    """The last rank's logits: ``logits_bytes_per_element x tokens x V / tp x (1 + mtp)`` (the main head
-    and each MTP head; megatron/core/tensor_parallel/cross_entropy.py keeps the fp32 softmax).
+    """The last rank's logits: :func:`logits_bytes_per_element` ``x tokens x V / tp x (1 + mtp)`` (the main head
+    and each MTP head).
 
     Returns:
         Bytes, ``(n, K)``; 0 on other ranks.
     """
     m = c.dims
-    return c.is_last * c.cal.logits_bytes_per_element * c.tokens * m.vocab / col(c.tp) * (1 + m.mtp)
+    return c.is_last * logits_bytes_per_element(c) * c.tokens * m.vocab / col(c.tp) * (1 + m.mtp)
 
 
 def dispatcher_buffer_bytes(c: TableContext, copies: Array) -> Array:

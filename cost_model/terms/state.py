@@ -16,6 +16,7 @@ from specs.units import BF16_BYTES, FP32_BYTES
 
 __all__ = [
     "main_grad_bytes",
+    "main_grad_bytes_per_param",
     "optimizer_bytes_per_param",
     "optimizer_shards",
     "optimizer_state_bytes",
@@ -28,9 +29,17 @@ __all__ = [
 #: megatron/core/optimizer/optimizer_config.py); without it the fp32 master takes 4.
 MASTER_REMAINDER_BYTES = 2.0
 
-#: Main-gradient bytes: fp32 (``--accumulate-allreduce-grads-in-fp32``, the seed's run block;
-#: megatron/training/arguments.py sets it for bf16 with fp32 main grads).
+#: Main-gradient bytes with ``grad_reduce_in_fp32`` (``--accumulate-allreduce-grads-in-fp32``, the seed's run
+#: block; megatron/training/arguments.py sets it for bf16 with fp32 main grads); without it the gradient buffer
+#: has the parameter dtype, bf16 (distributed_data_parallel.py ``grad_dtype``, core_v0.16.0 l.147).
 MAIN_GRAD_BYTES = FP32_BYTES
+MAIN_GRAD_BYTES_PARAM_DTYPE = BF16_BYTES
+
+#: Distributed Muon's state per owned parameter: the fp32 master weight and one fp32 momentum buffer
+#: (Megatron's ``LayerWiseDistributedOptimizer`` over ``TensorParallelMuon``; Kimi-K2's Megatron-Bridge
+#: recipe keeps fp32 states, precision-aware optimizer off). [inferred from the optimizer's definition:
+#: Muon keeps one momentum buffer where Adam keeps two moments; not measured]
+MUON_BYTES_PER_PARAM = FP32_BYTES + FP32_BYTES
 
 
 def optimizer_shards(c: TableContext) -> tuple[Array, Array]:
@@ -58,39 +67,59 @@ def owned_params(c: TableContext, dense: Array, experts: Array) -> Array:
 
 def weight_bytes(c: TableContext, dense: Array, experts: Array) -> Array:
     """bf16 weights plus the quantised copy of fp8 / MX / NVFP4 training: ``(2 + q) x params``,
-    q = :attr:`specs.Precision.low_precision_weight_bytes`; with Megatron FSDP (ZeRO-3) only this
-    GPU's shard (:func:`owned_params`).
+    q = :attr:`specs.Precision.low_precision_weight_bytes`; with ``fp8_param_gather`` / ``fp4_param_gather``
+    the quantised weights only, ``q x params`` (Megatron-core keeps them in an ``uint8`` param buffer with no
+    bf16 copy, distributed_data_parallel.py l.139-146; :meth:`specs.RunOptions.low_precision_params`); with
+    Megatron FSDP (ZeRO-3) only this GPU's shard (:func:`owned_params`).
 
     Returns:
         Bytes, ``(n, K)``.
     """
-    per_param = BF16_BYTES + c.low_precision_weight_bytes
+    low_only = c.options.low_precision_params(c.workload.precision)
+    per_param = c.low_precision_weight_bytes if low_only else BF16_BYTES + c.low_precision_weight_bytes
     if c.options.use_megatron_fsdp:
         return per_param * owned_params(c, dense, experts)
     return per_param * (dense + experts)
 
 
+def main_grad_bytes_per_param(c: TableContext) -> float:
+    """Bytes per parameter of the main gradients: :data:`MAIN_GRAD_BYTES` (fp32) with ``grad_reduce_in_fp32``,
+    else :data:`MAIN_GRAD_BYTES_PARAM_DTYPE` (bf16; megatron/core/distributed/distributed_data_parallel.py
+    ``grad_dtype = torch.float if grad_reduce_in_fp32 else param.dtype``; a Float8Tensor's dtype is bf16).
+
+    Returns:
+        Bytes per parameter (a scalar).
+    """
+    return MAIN_GRAD_BYTES if c.options.grad_reduce_in_fp32 else MAIN_GRAD_BYTES_PARAM_DTYPE
+
+
 def main_grad_bytes(c: TableContext, dense: Array, experts: Array) -> Array:
-    """fp32 main gradients (:data:`MAIN_GRAD_BYTES` per parameter); with FSDP only this GPU's shard.
+    """Main gradients, :func:`main_grad_bytes_per_param` per parameter; with FSDP only this GPU's shard.
 
     Returns:
         Bytes, ``(n, K)``.
     """
+    per_param = main_grad_bytes_per_param(c)
     if c.options.use_megatron_fsdp:
-        return MAIN_GRAD_BYTES * owned_params(c, dense, experts)
-    return MAIN_GRAD_BYTES * (dense + experts)
+        return per_param * owned_params(c, dense, experts)
+    return per_param * (dense + experts)
 
 
 def optimizer_bytes_per_param(c: TableContext) -> Array:
-    """Adam's bytes per owned parameter: master weights (:data:`MASTER_REMAINDER_BYTES` with the
-    precision-aware optimizer, else 4) + first and second moments (``--exp-avg-dtype`` /
-    ``--exp-avg-sq-dtype``: 4 for fp32, 2 for bf16). 12 with every state in fp32
-    (theoretical_memory_usage.py's 12/DP).
+    """The optimizer's bytes per owned parameter.
+
+    Adam: master weights (:data:`MASTER_REMAINDER_BYTES` with the precision-aware optimizer where TE's FusedAdam
+    owns them, :meth:`specs.RunOptions.precision_aware_owns_masters`: bf16 and fp8 delayed scaling; else 4) +
+    first and second moments (``--exp-avg-dtype`` / ``--exp-avg-sq-dtype``: 4 for fp32, 2 for bf16). 12 with every
+    state in fp32 (theoretical_memory_usage.py's 12/DP). Distributed Muon: :data:`MUON_BYTES_PER_PARAM`.
 
     Returns:
         Bytes per parameter, ``(n, 1)``.
     """
-    master = np.where(c.precision_aware, MASTER_REMAINDER_BYTES, FP32_BYTES)
+    if c.options.optimizer == "dist_muon":
+        return np.full_like(c.exp_avg_bytes, MUON_BYTES_PER_PARAM)
+    owns = c.options.precision_aware_owns_masters(c.workload.precision)
+    master = np.where(c.precision_aware & owns, MASTER_REMAINDER_BYTES, FP32_BYTES)
     return master + c.exp_avg_bytes + c.exp_avg_sq_bytes
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from term_fixtures import BASE, TINY_DENSE, make_ctx
+from term_fixtures import BASE, TEST_CAL, TINY_DENSE, TINY_MOE, make_ctx
 
 from cost_model.terms import activations as act
 from cost_model.terms import memory
-from specs import RunOptions
+from specs import RunOptions, Workload
 
 GIB = 2**30
 COPIES = 512 * 2 * 1 / 2 * 1.2
@@ -36,64 +36,105 @@ def test_qk_norm_bytes():
     assert act.qk_norm_bytes(make_ctx(model=TINY_DENSE, tp=2, sequence_parallel=True))[0, 0] == 0
 
 
+NO_TE = RunOptions(te_attention=False, bias_activation_fusion=False)
+UNFUSED = RunOptions(bias_activation_fusion=False)
+FP8 = Workload(seq_length=1024, global_batch_size=16, precision="fp8")
+
+
 def test_attention_bytes_with_and_without_te():
     te = act.attention_bytes(make_ctx(**BASE))[0, 0]
-    # 3 hidden tensors + Q + K,V + one output copy (bf16), fp32 softmax stats per head, + QK norm
-    assert te == 2 * 512 / 2 * (3 * 64 + 64 + 64 + 64) + 4 * 512 * 4 / 2 + 49152
-    no_te = act.attention_bytes(make_ctx(options=RunOptions(te_attention=False), **BASE))[0, 0]
-    assert no_te == te + 2 * 512 / 2 * 64  # the permuted copy of the attention output
+    # TE (measured on H200): the fused norm's input and the QKV input (2 x 64) + Q + K,V + the output (bf16), 256 tokens
+    # per GPU; the fp32 softmax statistics per head; the QK-norm inputs (Q 64 + K 32, bf16)
+    assert te == 256 * 2 * (2 * 64 + 64 + 64 + 64) + 4 * 512 * 4 / 2 + 2 * 256 * (64 + 32)
+    no_te = act.attention_bytes(make_ctx(options=NO_TE, **BASE))[0, 0]
+    assert no_te == te + 256 * 2 * 64 + 256 * 2 * 64  # the third hidden-size tensor and the permuted output copy
+    fp8 = act.attention_bytes(make_ctx(workload=FP8, **BASE))[0, 0]
+    # fp8: the QKV input at 1 B (64 B less per token) and the projection's own 1-B copy of the output (64 B more)
+    assert fp8 == te
+
+
+def test_attention_bytes_of_mla_and_up_projection_recompute():
+    mla = TINY_MOE.replace(q_lora_rank=24, kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=8, qk_layernorm=False)
+    c = make_ctx(model=mla, **BASE)
+    m = c.dims
+    assert (m.q_dim, m.saved_kv_dim, m.ctx_dim, m.latent_dim, m.expanded_qkv_dim) == (48, 80, 32, 40, 128)
+    # hidden 2 x 64 x 2 B, Q 48 + K,V 80 + output 32 (bf16), the latents 40 at 2 + 2 B (input + norm output)
+    assert act.attention_bytes(c)[0, 0] == 256 * (256 + 2 * 128 + 2 * 32 + 4 * 40) + 4096
+    up = make_ctx(model=mla, **BASE, recompute_granularity="selective", recompute_modules=("mla_up_proj",))
+    assert act.saved_attention_bytes(up)[0, 0] == 256 * 2 * 128  # the expanded Q, K, V
+    ln = make_ctx(model=mla, **BASE, recompute_granularity="selective", recompute_modules=("layernorm",))
+    assert act.saved_attention_bytes(ln)[0, 0] == 32768  # MLA's input norm is a TENorm of its own
 
 
 def test_core_attention_bytes():
-    assert act.core_attention_bytes(make_ctx(**BASE))[0, 0] == 2 * 512 * 64 / 2 + 4 * 512 * 4 / 2
+    assert act.core_attention_bytes(make_ctx(**BASE))[0, 0] == 4 * 512 * 4 / 2  # TE bf16: the projection keeps the output
+    assert act.core_attention_bytes(make_ctx(options=NO_TE, **BASE))[0, 0] == 2 * 512 * 64 / 2 + 4 * 512 * 4 / 2
+    assert act.core_attention_bytes(make_ctx(workload=FP8, **BASE))[0, 0] == 2 * 512 * 64 / 2 + 4 * 512 * 4 / 2
 
 
-def test_norm_bytes():
-    assert act.norm_bytes(make_ctx(**BASE))[0, 0] == 2 * 2 * 512 * 64 / 2
+def test_norm_bytes_and_which_norms_are_modules():
+    assert act.norm_bytes(make_ctx(**BASE))[0, 0] == 2 * 512 * 64 / 2
+    te, no_te = make_ctx(**BASE), make_ctx(options=NO_TE, **BASE)
+    assert not act.input_norm_separate(te) and act.input_norm_separate(no_te)
+    assert act.pre_mlp_norm_separate(te, True) and not act.pre_mlp_norm_separate(te, False) and act.pre_mlp_norm_separate(no_te, False)
 
 
 def test_expert_bytes():
     c = make_ctx(**BASE)
     copies = act.routed_token_copies(c)
-    # per copy: 2 hidden tensors (2 x 64) + fc1 out and act out (3 x 32) + the prob-weighted act (32)
-    assert act.expert_bytes(c, copies)[0, 0] == pytest.approx(2 * COPIES * (128 + 96 + 32))
-    assert act.expert_activation_fn_bytes(c, copies)[0, 0] == pytest.approx(2 * COPIES * 32)
+    # per copy (measured structure): fc1 input 64 + fc1 output 2 x 32 + fc2 input 32, bf16
+    assert act.expert_bytes(c, copies)[0, 0] == pytest.approx(COPIES * 2 * (64 + 64 + 32))
+    unfused = make_ctx(options=UNFUSED, **BASE)
+    assert act.expert_bytes(unfused, copies)[0, 0] == pytest.approx(COPIES * 2 * (64 + 64 + 32 + 3 * 32))  # + SiLU, gate, weighted
+    fp8 = make_ctx(workload=FP8, **BASE)
+    assert act.expert_bytes(fp8, copies)[0, 0] == pytest.approx(COPIES * (64 + 2 * 64 + 32))  # GEMM inputs at 1 B
+    assert act.expert_activation_fn_bytes(c, copies)[0, 0] == pytest.approx(COPIES * 2 * 32)
+    assert act.expert_activation_fn_bytes(unfused, copies)[0, 0] == pytest.approx(COPIES * 2 * 32 * 4)
     c2 = make_ctx(**{**BASE, "cp": 1, "etp": 2})
     copies2 = act.routed_token_copies(c2)
-    assert act.expert_bytes(c2, copies2)[0, 0] == pytest.approx(2 * copies2[0, 0] * (128 + 96 / 2 + 32 / 2))
-    assert act.expert_activation_fn_bytes(c2, copies2)[0, 0] == pytest.approx(2 * copies2[0, 0] * 32 / 2)
+    assert act.expert_bytes(c2, copies2)[0, 0] == pytest.approx(2 * copies2[0, 0] * (64 + 32 + 16))
+    assert act.expert_activation_fn_bytes(c2, copies2)[0, 0] == pytest.approx(2 * copies2[0, 0] * 16)
     d = make_ctx(model=TINY_DENSE, tp=2, sequence_parallel=True)
     assert act.expert_bytes(d, act.routed_token_copies(d))[0, 0] == 0
 
 
 def test_router_shared_and_dense_mlp_bytes():
     c = make_ctx(**BASE)
-    assert act.router_bytes(c)[0, 0] == 4 * 2 * 512 * 8 / 2
-    assert act.shared_expert_bytes(c)[0, 0] == 2 * 512 * 3 * 64 / 2
-    assert act.dense_mlp_bytes(c)[0, 0] == 2 * 512 * 3 * 256 / 2
+    assert act.router_bytes(c)[0, 0] == 12 * 512 * 8 / 2  # fp32 logits + int64 routing map (measured)
+    assert act.shared_expert_bytes(c)[0, 0] == 256 * (2 * 2 * 64 + 2 * 64)
+    assert act.shared_expert_bytes(make_ctx(workload=FP8, **BASE))[0, 0] == 256 * (2 * 2 * 64 + 64 + 64)  # fc2 in + own 1-B input
+    assert act.dense_mlp_bytes(c)[0, 0] == 256 * (2 * 2 * 256 + 2 * 256)
+    assert act.dense_mlp_bytes(make_ctx(options=UNFUSED, **BASE))[0, 0] == 256 * (3 * 2 * 256 + 2 * 256)  # + the SiLU output
     d = make_ctx(model=TINY_DENSE, tp=2, sequence_parallel=True)
     assert act.router_bytes(d)[0, 0] == 0 and act.shared_expert_bytes(d)[0, 0] == 0
-    assert act.dense_mlp_bytes(d)[0, 0] == 2 * 512 * 2 * 256  # 1,024 tokens / tp 2, 2 matrices
+    assert act.dense_mlp_bytes(d)[0, 0] == 512 * (2 * 256 + 2 * 256)  # 1,024 tokens / tp 2, GeLU: fc1 out + fc2 in
 
 
 def test_moe_and_dense_block_bytes():
     c = make_ctx(**BASE)
-    # one norm input + block input + router + experts + shared experts
-    assert act.moe_block_bytes(c, act.routed_token_copies(c))[0, 0] == pytest.approx(32768 + 32768 + 16384 + 2 * COPIES * 256 + 98304)
+    # the norm's input + its output (the router's input) + router + experts + shared experts
+    assert act.moe_block_bytes(c, act.routed_token_copies(c))[0, 0] == pytest.approx(32768 + 32768 + 24576 + 2 * COPIES * 160 + 98304)
     assert act.dense_block_bytes(c)[0, 0] == 32768 + 32768 + 393216
+    assert act.dense_block_bytes(make_ctx(workload=FP8, **BASE))[0, 0] == 32768 + 16384 + 256 * (2 * 2 * 256 + 256)
 
 
 def test_saved_bytes_of_selective_recompute():
     c = make_ctx(**BASE, **SELECTIVE)
     copies = act.routed_token_copies(c)
-    assert act.saved_attention_bytes(c)[0, 0] == 36864 + 65536  # core_attn + layernorm
-    block = np.array([[1000.0]])
-    assert act.saved_moe_bytes(c, block, copies)[0, 0] == pytest.approx(2 * COPIES * 32 + 98304)  # moe_act + shared_experts
+    assert act.saved_attention_bytes(c)[0, 0] == 4096  # core_attn (statistics); the TE input norm is fused: nothing
+    no_te = make_ctx(options=NO_TE, **BASE, **SELECTIVE)
+    assert act.saved_attention_bytes(no_te)[0, 0] == 36864 + 32768
+    block = np.array([[100000.0]])
+    # moe_act + shared_experts + the pre-MLP norm (a TENorm in MoE layers)
+    assert act.saved_moe_bytes(c, block, copies)[0, 0] == pytest.approx(2 * COPIES * 32 + 98304 + 32768)
     moe = make_ctx(**BASE, recompute_granularity="selective", recompute_modules=("moe", "shared_experts"))
-    assert act.saved_moe_bytes(moe, block, copies)[0, 0] == 1000 - 32768  # the block but its input; shared already in it
+    assert act.saved_moe_bytes(moe, block, copies)[0, 0] == 100000 - 2 * 32768  # inside the MoE layer only
     mlp = make_ctx(**BASE, recompute_granularity="selective", recompute_modules=("mlp",))
-    assert act.saved_dense_bytes(mlp, np.array([[50000.0]]))[0, 0] == 50000 - 32768
-    assert act.saved_dense_bytes(c, np.array([[50000.0]]))[0, 0] == 0
+    assert act.saved_dense_bytes(mlp, block)[0, 0] == 100000 - 32768  # TE: the fused norm is inside the MLP
+    mlp_no_te = make_ctx(options=NO_TE, **BASE, recompute_granularity="selective", recompute_modules=("mlp",))
+    assert act.saved_dense_bytes(mlp_no_te, block)[0, 0] == 100000 - 2 * 32768
+    assert act.saved_dense_bytes(c, block)[0, 0] == 0  # layernorm: the dense pre-MLP norm is fused under TE
+    assert act.saved_dense_bytes(no_te, block)[0, 0] == 32768
     none = make_ctx(**BASE)
     assert act.saved_attention_bytes(none)[0, 0] == 0 and act.saved_moe_bytes(none, block, copies)[0, 0] == 0
 
@@ -149,6 +190,35 @@ def test_activation_bytes():
 def test_logits_bytes_count_the_mtp_head():
     assert memory.logits_bytes(make_ctx(**BASE)).tolist() == [[0.0, 6 * 512 * 1024 / 2 * (1 + 1)]]
     assert memory.logits_bytes(make_ctx(model=TINY_DENSE, tp=2, sequence_parallel=True))[0, 0] == 6 * 1024 * 1024 / 2
+
+
+def test_logits_bytes_with_te_fused_cross_entropy():
+    te17 = RunOptions(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te", te_version="2.17")
+    assert memory.logits_bytes_per_element(make_ctx(options=te17, **BASE)) == 2.0  # the gradient in place, bf16
+    te18 = RunOptions(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te", te_version="2.18")
+    assert memory.logits_bytes_per_element(make_ctx(options=te18, **BASE)) == 6.0  # fp32 gradient + the bf16 logits
+    native = RunOptions(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="native", te_version="2.17")
+    assert memory.logits_bytes_per_element(make_ctx(options=native, cal=TEST_CAL.replace(logits_bytes_per_element=5.0), **BASE)) == 5.0
+    assert memory.logits_bytes(make_ctx(options=te17, **BASE)).tolist() == [[0.0, 2 * 512 * 1024 / 2 * 2]]
+
+
+def test_activation_offload_keeps_the_other_layers_and_one_in_transit():
+    c = make_ctx(options=RunOptions(cpu_offloading_num_layers=1), **BASE)  # 2 layers per rank
+    assert memory.offloaded_layers(c).tolist() == [[1.0, 1.0]]
+    assert memory.offload_kept_bytes(c, np.array([[100.0, 60.0]])).tolist() == [[100.0, 60.0]]  # 1 kept + 1 in transit
+    c3 = make_ctx(model=TINY_DENSE, options=RunOptions(cpu_offloading_num_layers=3), tp=2, sequence_parallel=True)  # 8 layers
+    assert memory.offload_kept_bytes(c3, np.array([[80.0]])).tolist() == [[80.0 - 30.0 + 10.0]]
+    assert memory.offload_kept_bytes(make_ctx(**BASE), np.array([[100.0, 60.0]])).tolist() == [[100.0, 60.0]]
+
+
+def test_cuda_graph_buffer_bytes():
+    inflight = np.array([[3.0, 1.0]])
+    te = make_ctx(options=RunOptions(cuda_graph_scope=("attn", "moe_router")), **BASE)
+    layer_input = 2 * 512 * 64 / 2
+    assert memory.cuda_graph_buffer_bytes(te, inflight).tolist() == [[2 * layer_input * 2 * 3, 2 * layer_input * 2 * 1]]
+    whole = make_ctx(options=RunOptions(cuda_graph_scope=("full_iteration",)), **BASE)
+    assert not memory.cuda_graph_buffer_bytes(whole, inflight).any()
+    assert not memory.cuda_graph_buffer_bytes(make_ctx(**BASE), inflight).any()
 
 
 def test_dispatcher_buffer_bytes():

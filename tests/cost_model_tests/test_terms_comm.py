@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from term_fixtures import BASE, TINY_DENSE, make_ctx
+from term_fixtures import BASE, TEST_CAL, TINY_DENSE, make_ctx
 
 from cost_model.terms import activations, comm
-from specs import RunOptions
+from specs import RunOptions, Workload
 
 NV, NET, A2A = 3e11, 4e10, 2.2e11
 FORCED = RunOptions(moe_router_force_load_balancing=True)
@@ -140,6 +140,18 @@ def test_moe_fixed_costs():
     assert comm.moe_fixed_cost_forward(graphs)[0, 0] == pytest.approx(0.3e-3 * 0.3 + 0.5e-3 + 2 * 2 * 30e-6)
     whole = make_ctx(options=RunOptions(cuda_graph_scope=("full_iteration",)), **BASE)
     assert comm.moe_fixed_cost_backward(whole)[0, 0] == pytest.approx(0.3e-3 * 0.3 + 0.5e-3 + 4 * 2 * 30e-6 * 0.3)
+
+
+def test_fp8_quantize_cost_per_local_expert_gemm():
+    fp8 = Workload(seq_length=1024, global_batch_size=16, precision="fp8")
+    cal = TEST_CAL.replace(fp8_quantize_overhead_s=10e-6)
+    assert comm.fp8_quantize_cost(make_ctx(cal=cal, **BASE)) == 0.0  # bf16
+    assert comm.fp8_quantize_cost(make_ctx(cal=cal, workload=fp8, **BASE)) == pytest.approx(10e-6)
+    cs = make_ctx(cal=cal, workload=fp8, options=RunOptions(fp8_recipe="tensorwise"), **BASE)
+    assert comm.fp8_quantize_cost(cs) == pytest.approx(2 * 10e-6)  # amax reduction + cast
+    # it adds to every local expert GEMM (2 local experts; 2 forward GEMMs each)
+    c = make_ctx(cal=cal, workload=fp8, **BASE)
+    assert comm.moe_fixed_cost_forward(c)[0, 0] == pytest.approx(0.3e-3 + 0.5e-3 + 2 * 2 * (30e-6 + 10e-6))
 
 
 def test_ep_forward_and_layer_times():

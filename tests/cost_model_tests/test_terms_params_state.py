@@ -91,11 +91,28 @@ def test_weight_bytes_bf16_fp8_and_fsdp():
     assert state.weight_bytes(cf, *_pe(cf))[R1] == 2 * (75472 / 4 + 36864 / 2)
 
 
+def test_weight_bytes_with_fp8_param_gather():
+    c8 = make_ctx(workload=Workload(seq_length=1024, global_batch_size=16, precision=Precision.fp8), options=RunOptions(fp8_param_gather=True), **BASE)
+    assert state.weight_bytes(c8, *_pe(c8))[R1] == 1 * (75472 + 36864)  # the fp8 weights only, no bf16 copy
+    # fp8_param_gather does not touch nvfp4 (fp4_param_gather does) nor bf16 (the test GPU has no fp4: the rule only)
+    assert not RunOptions(fp8_param_gather=True).low_precision_params(Precision.nvfp4)
+    assert RunOptions(fp4_param_gather=True).low_precision_params(Precision.nvfp4)
+    assert RunOptions(fp8_param_gather=True).low_precision_params(Precision.mxfp8)
+    cb = make_ctx(options=RunOptions(fp8_param_gather=True), **BASE)
+    assert state.weight_bytes(cb, *_pe(cb))[R1] == 2 * (75472 + 36864)
+
+
 def test_main_grad_bytes_fp32_and_fsdp():
     c = make_ctx(**BASE)
     assert state.main_grad_bytes(c, *_pe(c))[R0] == 4 * (76608 + 12288)
     cf = make_ctx(options=RunOptions(use_megatron_fsdp=True), **BASE)
     assert state.main_grad_bytes(cf, *_pe(cf))[R0] == 4 * (76608 / 4 + 12288 / 2)
+
+
+def test_main_grad_bytes_in_the_param_dtype_without_grad_reduce_in_fp32():
+    c = make_ctx(options=RunOptions(grad_reduce_in_fp32=False), **BASE)
+    assert state.main_grad_bytes_per_param(c) == 2
+    assert state.main_grad_bytes(c, *_pe(c))[R0] == 2 * (76608 + 12288)
 
 
 @pytest.mark.parametrize(
@@ -109,6 +126,25 @@ def test_main_grad_bytes_fp32_and_fsdp():
 )
 def test_optimizer_bytes_per_param(layout, expected):
     assert state.optimizer_bytes_per_param(make_ctx(**BASE, **layout))[0, 0] == expected
+
+
+@pytest.mark.parametrize(
+    ("precision", "recipe", "expected"),
+    [
+        ("fp8", "delayed", 2 + 4 + 4),  # TE's FusedAdam owns the masters: 2-B remainders
+        ("fp8", "tensorwise", 4 + 4 + 4),  # current scaling: fp32 masters (measured on H200: +2 B per parameter)
+        ("bf16", "tensorwise", 2 + 4 + 4),
+    ],
+)
+def test_precision_aware_master_weights_per_recipe(precision, recipe, expected):
+    w = Workload(seq_length=1024, global_batch_size=16, precision=precision)
+    assert state.optimizer_bytes_per_param(make_ctx(workload=w, options=RunOptions(fp8_recipe=recipe), **BASE))[0, 0] == expected
+    # MX and fp4 keep fp32 masters too (the test GPU has no Blackwell tensor cores: the rule only)
+    assert not RunOptions().precision_aware_owns_masters(Precision.mxfp8) and not RunOptions().precision_aware_owns_masters(Precision.nvfp4)
+
+
+def test_distributed_muon_keeps_one_momentum():
+    assert state.optimizer_bytes_per_param(make_ctx(options=RunOptions(optimizer="dist_muon"), **BASE, use_precision_aware_optimizer=False))[0, 0] == 8
 
 
 def test_optimizer_state_bytes_less_the_offloaded_share():
