@@ -134,9 +134,6 @@ class Calibration:
     rings: many small peer transfers)."""
     network_efficiency: float = 0.80
     """Achieved fraction of per-node network bandwidth (EFA / InfiniBand) by NCCL."""
-    flex_dispatch_speedup: float = 1.4
-    """DeepEP/HybridEP dispatch+combine time relative to NCCL all-to-all is 1/this
-    (DeepEP README: ~150 GB/s intranode vs NCCL a2a ~100 GB/s), and no host sync."""
     dp_overlap: float = 0.0
     """Fraction of data-parallel gradient reduce-scatter / param all-gather hidden behind
     compute when ``--overlap-grad-reduce`` / ``--overlap-param-gather`` are on
@@ -168,6 +165,10 @@ class Calibration:
     oversubscription) -> ~2e9 parameters/s. ZeRO-Offload (arXiv 2101.06840) reports the same
     order for PyTorch's CPU Adam. The seed's reference port (557.8 tokens/s/GPU) was not used
     to set it; it is checked against it."""
+    host_process_bytes: float = 2.36 * 2**30
+    """Host memory (RSS) of one training process besides CPU optimizer offload: CUDA context, libraries, data
+    loader. **Measured** on 1 x H200 with TE (2026-12-01, ``benchmarks/results/h200_te_2026-12-01/call12/sweep.jsonl``:
+    peak RSS 2.33-2.38 GiB on the 4 MiniMax-M2 rows and the Qwen3 probe); not fitted."""
     pcie_efficiency: float = 0.70
     """Achieved fraction of PCIe bandwidth for pinned host<->device copies."""
     offload_overlap: float = 0.3
@@ -258,8 +259,8 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
     "backward_working_set_fraction": (0.0, 4.0, False),
     "cuda_graph_static_buffers": (0.0, 16.0, False),
     "base_process_groups": (0.0, 64.0, False),
-    "flex_dispatch_speedup": (0.0, float("inf"), True),
     "cpu_adam_params_per_s_per_node": (0.0, float("inf"), True),
+    "host_process_bytes": (0.0, 2.0**40, False),
     "grouped_gemm_half_rows": (0.0, float("inf"), False),
 }
 

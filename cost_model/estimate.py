@@ -86,11 +86,22 @@ class EstimateTable:
     hbm_bytes: float
     usable_bytes: float
     """``hbm_bytes x (1 - memory_headroom)``: the fit limit."""
+    host_bytes_per_node: Array
+    """Predicted host memory per node, bytes (:func:`cost_model.terms.optimizer.host_bytes_per_node`)."""
+    host_memory_bytes: float
+    """The cluster's host memory per node (``--host-memory-gib``), bytes; 0 = not checked."""
 
     @property
     def fits(self) -> npt.NDArray[np.bool_]:
         """Rows whose predicted peak is at most the usable memory."""
         return self.peak_bytes <= self.usable_bytes
+
+    @property
+    def host_fits(self) -> npt.NDArray[np.bool_]:
+        """Rows whose predicted host memory per node is at most the cluster's (all rows when it is not set)."""
+        if not self.host_memory_bytes:
+            return np.ones(len(self.peak_bytes), dtype=np.bool_)
+        return self.host_bytes_per_node <= self.host_memory_bytes
 
     def row(self, i: int, layout: Layout) -> Estimate:
         return Estimate(
@@ -105,6 +116,8 @@ class EstimateTable:
             mfu=float(self.mfu[i]),
             model_tflops_per_gpu=float(self.model_tflops_per_gpu[i]),
             usd_per_million_tokens=float(self.usd_per_million_tokens[i]),
+            host_bytes_per_node=float(self.host_bytes_per_node[i]),
+            host_memory_bytes=self.host_memory_bytes,
         )
 
 
@@ -278,6 +291,8 @@ def estimate_table(
         usd_per_million_tokens=cluster.usd_per_gpu_hour / (tps * 3600.0) * 1e6,
         hbm_bytes=cluster.gpu.hbm_bytes,
         usable_bytes=cluster.gpu.hbm_bytes * (1 - memory_headroom),
+        host_bytes_per_node=optimizer.host_bytes_per_node(c, owned),
+        host_memory_bytes=cluster.host_memory_bytes_per_node,
     )
 
 

@@ -39,7 +39,16 @@ class Estimate:
     model_tflops_per_gpu: float
     """Megatron's ``num_floating_point_operations`` per step / step time / GPUs, in TFLOP/s."""
     usd_per_million_tokens: float
+    host_bytes_per_node: float = 0.0
+    """Predicted host memory per node (bytes): the training processes and CPU optimizer offload."""
+    host_memory_bytes: float = 0.0
+    """The cluster's host memory per node (bytes); 0 = not checked."""
     source: str = "predicted"
+
+    @property
+    def host_fits(self) -> bool:
+        """The predicted host memory per node is at most the cluster's (True when that is not set)."""
+        return not self.host_memory_bytes or self.host_bytes_per_node <= self.host_memory_bytes
 
     @property
     def fits(self) -> bool:
@@ -67,6 +76,8 @@ class Estimate:
             "peak_gib": self.peak_gib,
             "headroom_gib": self.headroom_gib,
             "fits": self.fits,
+            "host_gib_per_node": self.host_bytes_per_node / GIB,
+            "host_fits": self.host_fits,
             "memory_gib": {k: v / GIB for k, v in self.memory.items()},
             "time_s": dict(self.time),
         }

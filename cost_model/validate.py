@@ -42,7 +42,7 @@ from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
 from cost_model.estimate import estimate_table
 from cost_model.flops import megatron_flops_per_token
 from search_spaces.pipeline import stage_layer_counts
-from specs import Cluster, GPUSpec, ModelSpec, Precision, RunOptions, Workload, list_gpus, list_models, load_gpu, load_model
+from specs import Cluster, GPUSpec, ModelSpec, Precision, RunOptions, Workload, list_gpus, list_models, load_gpu, load_model, load_network
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import RECOMPUTE_MODULES, Dispatcher, Layout, LayoutTable
 
@@ -504,12 +504,14 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
 
 
 def _cluster(gpu: GPUSpec, num_gpus: int) -> Cluster:
-    """The reference system of a GPU type: its usual node size and one NIC per GPU."""
+    """The reference system of a GPU type: its usual node size, one NIC per GPU and its server type's fabric
+    (:attr:`specs.GPUSpec.network`: InfiniBand on NVIDIA's DGX / NVL72 systems, the published runs' machines)."""
     per = min(gpu.gpus_per_node, num_gpus)
     if num_gpus % per:
         per = math.gcd(per, num_gpus)
     net = (gpu.network_bytes_per_s_per_gpu or 50e9) * per
-    return Cluster(gpu=gpu, num_gpus=num_gpus, gpus_per_node=per, inter_node_bytes_per_s=net)
+    fabric = load_network("ib-ndr" if gpu.network.startswith("efa") else gpu.network) if gpu.network else None
+    return Cluster(gpu=gpu, num_gpus=num_gpus, gpus_per_node=per, inter_node_bytes_per_s=net, network=fabric)
 
 
 @dataclass(frozen=True, slots=True)

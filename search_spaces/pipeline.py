@@ -314,7 +314,8 @@ def layer_counts_from_string(text: str, pp: int, num_layers: int, mtp_num_layers
     one ``E``, first in execution order, and one ``L``, last; ``count(t) ==
     num_layers``; ``count(m) == mtp_num_layers``; no ``t`` after the first ``m``;
     ``m`` only in the last virtual stage of a rank, and a rank's last stage that
-    has ``m`` holds all of them. Beyond Megatron's check, ``E`` must be in stage 0
+    has ``m`` holds all of them. Beyond Megatron's check, no stage may be empty (NVIDIA/Megatron-LM issue 1852:
+    a run with one errors or deadlocks, though the parser accepts it), and ``E`` must be in stage 0
     and ``L`` in the last stage, since Megatron builds the embedding on the first
     and the output layer on the last stage (``get_model`` in
     ``megatron/training/training.py``) whatever the string says.
@@ -371,4 +372,11 @@ def layer_counts_from_string(text: str, pp: int, num_layers: int, mtp_num_layers
                     f"pp rank {p}'s last stage holds {stage.count('m')} of the {mtp_num_layers} MTP layers; "
                     "all of them must be in the same stage"
                 )
+    for i, stage in enumerate(stages):
+        if not stage:
+            raise fail(
+                f"stage {i} is empty: Megatron's parser accepts an empty stage (its docs: 'E||t|L'), but such runs error or "
+                "deadlock (NVIDIA/Megatron-LM issue 1852, open: 'Et|(tt|)*29|L' fails); give every stage a layer "
+                "(a stage with only E, m or L is fine: Megatron's own DeepSeek example 'Et*3|(tt|)*29,m|L')"
+            )
     return [[stages[v * pp + p].count("t") for v in range(vpp)] for p in range(pp)]

@@ -9,8 +9,13 @@ search from trying one configuration twice); their descriptions say so.
 
 Usage::
 
-    ok, first_failures = check_table(table, model, workload)
+    ok, first_failures = check_table(table, model, workload, env=RuleEnv.of(cluster, options))
     problems = check_layout(layout, model, workload)   # [(rule_id, reason), ...]
+
+Rules that depend on more than the layout, the model and the workload read a :class:`RuleEnv`: the
+megatron-core release (rules that changed between releases, ``docs/megatron_versions.md``) and the
+cluster's network (which dispatchers run across its fabric, ``specs/data/networks.yaml``). Without one
+(the default) they check what every release and fabric accept.
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ import numpy as np
 import numpy.typing as npt
 
 from search_spaces.pipeline import stage_layer_counts
-from specs import ModelSpec, Workload
+from specs import NEWEST_MEGATRON_CORE, Cluster, ModelSpec, Network, RunOptions, Workload, megatron_core_version
 from specs.errors import InfeasibleLayout
 from specs.layout import Dispatcher, Layout, LayoutTable, enum_mask
 
 __all__ = [
+    "DEFAULT_RULE_ENV",
     "Rule",
+    "RuleEnv",
     "RULES",
     "RULE_IDS",
     "MOE_RECOMPUTE_MODULES",
@@ -37,12 +44,44 @@ __all__ = [
     "check_table",
     "check_layout",
     "applicable_recompute_modules",
+    "layout_warnings",
 ]
 
 BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.int64]
-CheckFn = Callable[[LayoutTable, ModelSpec, Workload], BoolArray]
-ExplainFn = Callable[[Layout, ModelSpec, Workload], str]
+CheckFn = Callable[..., BoolArray]
+"""``(table, model, workload)`` -> ok per row, or with ``uses_env`` ``(table, model, workload, env)``."""
+ExplainFn = Callable[..., str]
+"""``(layout, model, workload)`` -> reason, or with ``uses_env`` ``(layout, model, workload, env)``."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RuleEnv:
+    """What the environment-dependent rules read besides the layout, the model and the workload."""
+
+    megatron_core: tuple[int, int] = megatron_core_version(NEWEST_MEGATRON_CORE)
+    """megatron-core release ``(major, minor)`` (``--megatron-core``)."""
+    network: Network | None = None
+    """The cluster's scale-out fabric; None = not checked (no dispatcher refused for its fabric)."""
+    nvlink_size: int = 0
+    """GPUs of one NVLink domain (:attr:`specs.Cluster.nvlink_size`); an EP group larger crosses the fabric."""
+
+    @classmethod
+    def of(cls, cluster: Cluster | None = None, options: RunOptions | None = None) -> RuleEnv:
+        """The environment of a cluster and run options (their release, network and NVLink domain)."""
+        return cls(
+            megatron_core=options.megatron_core_tuple if options is not None else megatron_core_version(NEWEST_MEGATRON_CORE),
+            network=cluster.network if cluster is not None else None,
+            nvlink_size=cluster.nvlink_size if cluster is not None else 0,
+        )
+
+    @property
+    def version_label(self) -> str:
+        return f"{self.megatron_core[0]}.{self.megatron_core[1]}"
+
+
+#: Every release, no network: the environment a rule check has when none is given.
+DEFAULT_RULE_ENV = RuleEnv()
 
 #: Rules that are the tuner's own conventions (one canonical form per layout), not Megatron checks:
 #: ``tune check`` reports them as notes, the enumeration still uses them to avoid duplicates.
@@ -63,6 +102,7 @@ class Rule:
             evaluates a rule as soon as these are known.
         check_fn: vectorised check, one bool per row (True = ok).
         explain_fn: reason for one failing layout, naming the values.
+        uses_env: the functions take a fourth argument, the :class:`RuleEnv`.
     """
 
     id: str
@@ -70,15 +110,17 @@ class Rule:
     columns: tuple[str, ...]
     check_fn: CheckFn
     explain_fn: ExplainFn
+    uses_env: bool = False
 
-    def check(self, table: LayoutTable, model: ModelSpec, workload: Workload) -> BoolArray:
+    def check(self, table: LayoutTable, model: ModelSpec, workload: Workload, env: RuleEnv = DEFAULT_RULE_ENV) -> BoolArray:
         """Rows of ``table`` that pass (a bool array of ``len(table)``)."""
-        ok = np.asarray(self.check_fn(table, model, workload), dtype=np.bool_)
+        raw = self.check_fn(table, model, workload, env) if self.uses_env else self.check_fn(table, model, workload)
+        ok = np.asarray(raw, dtype=np.bool_)
         return np.broadcast_to(ok, (len(table),)).copy() if ok.shape != (len(table),) else ok
 
-    def explain(self, layout: Layout, model: ModelSpec, workload: Workload) -> str:
+    def explain(self, layout: Layout, model: ModelSpec, workload: Workload, env: RuleEnv = DEFAULT_RULE_ENV) -> str:
         """Why ``layout`` breaks this rule: the values involved and what would be accepted."""
-        return self.explain_fn(layout, model, workload)
+        return str(self.explain_fn(layout, model, workload, env) if self.uses_env else self.explain_fn(layout, model, workload))
 
 
 # --------------------------------------------------------------------------- helpers
@@ -255,17 +297,30 @@ def _heads_tp_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     )
 
 
-def _groups_tp(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
-    """Rule ``query_groups_tp``: num_query_groups % tp == 0 or tp % num_query_groups == 0, megatron-core >=
-    0.16 (core <= 0.15: multiple only) (transformer_config.py TransformerConfig.__post_init__).
+#: The first megatron-core release that accepts TP above the query-group count (a multiple of it: KV heads
+#: replicated over TP): transformer_config.py ``TransformerConfig.__post_init__``, core_v0.16.0 l.939-946;
+#: core_v0.15.0 l.758 still raised "must be a multiple of tensor_model_parallel_size" (docs/megatron_versions.md).
+TP_ABOVE_QUERY_GROUPS_SINCE = (0, 16)
+
+
+def _groups_tp(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> BoolArray:
+    """Rule ``query_groups_tp``: num_query_groups % tp == 0, or from megatron-core 0.16 also tp % num_query_groups
+    == 0 (:data:`TP_ABOVE_QUERY_GROUPS_SINCE`; transformer_config.py TransformerConfig.__post_init__).
     """
     tp = t["tp"]
     g = m.num_query_groups
+    if env.megatron_core < TP_ABOVE_QUERY_GROUPS_SINCE:
+        return _b(g % tp == 0)
     return _b((g % tp == 0) | (tp % g == 0))
 
 
-def _groups_tp_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
+def _groups_tp_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -> str:
     g = m.num_query_groups
+    if env.megatron_core < TP_ABOVE_QUERY_GROUPS_SINCE:
+        return (
+            f"num_query_groups ({g}) must be a multiple of tp ({lay.tp}) in megatron-core {env.version_label} (TP above the "
+            f"query-group count needs 0.16 or later, --megatron-core); accepted tp: {_divisors(g)}"
+        )
     return (
         f"num_query_groups ({g}) must be a multiple or a divisor of tp ({lay.tp}) (megatron-core >= 0.16; "
         f"core <= 0.15 needs a multiple); accepted tp: divisors or multiples of {g}, e.g. {_divisors(g)} or {2 * g}"
@@ -650,6 +705,63 @@ def _dispatcher_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     )
 
 
+def _dispatcher_fabric(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> BoolArray:
+    """Rule ``dispatcher_fabric``: a flex backend whose inter-node kernels do not run on the cluster's fabric
+    (``runs: false`` in ``specs/data/networks.yaml``) cannot have an EP group (``etp x ep`` consecutive ranks) that
+    leaves the NVLink domain: on AWS EFA DeepEP's inter-node kernels need NVSHMEM IBGDA, which EFA lacks
+    (deepseek-ai/DeepEP issue 369), and HybridEP traps without an mlx5 NIC (NVIDIA-NeMo/Megatron-Bridge issue 3343).
+    Inside one NVLink domain their NVLink kernels need no NIC. No network named: not checked.
+    """
+    net = env.network
+    if net is None or not m.is_moe or not net.not_across:
+        return np.ones(len(t), dtype=np.bool_)
+    bad = enum_mask(t["dispatcher"], Dispatcher, lambda d: not net.dispatcher(d).runs_across)
+    crosses = t["etp"] * t["ep"] > max(env.nvlink_size, 1)
+    return _b(~(bad & crosses))
+
+
+def _dispatcher_fabric_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -> str:
+    net = env.network
+    assert net is not None, "only a check with a network fails"
+    on = net.dispatcher(lay.dispatcher)
+    return (
+        f"the {lay.dispatcher.value} dispatcher does not run across {net.name} ({net.key}): its EP group of etp {lay.etp} x "
+        f"ep {lay.ep} = {lay.etp * lay.ep} GPUs leaves the NVLink domain of {env.nvlink_size} ({on.source}); use ep x etp <= "
+        f"{env.nvlink_size}, or a dispatcher that runs there ({', '.join(d.value for d in Dispatcher if net.dispatcher(d).runs_across)})"
+    )
+
+
+def layout_warnings(layout: Layout, model: ModelSpec, options: RunOptions) -> list[str]:
+    """Things Megatron accepts that are reported to fail, for one layout: with EP all-to-all overlap
+    (``overlap_moe_expert_parallel_comm``) an odd number of MoE layers on a pipeline stage (a virtual stage with
+    VPP) was reported to hang (NVIDIA/Megatron-LM issue 1810, cited by issue 1852; affected releases unknown).
+
+    Returns:
+        One line per warning (empty when none).
+    """
+    out: list[str] = []
+    if options.overlap_moe_expert_parallel_comm and model.is_moe:
+        counts = _layout_counts(layout, model)
+        if counts is not None:
+            freq = model.moe_layer_freq
+            odd: list[tuple[int, int, int]] = []
+            start = 0
+            for v in range(layout.vpp):
+                for p in range(layout.pp):
+                    n = counts[p][v]
+                    moe = sum(1 for i in range(start, start + n) if freq[i])
+                    if moe % 2:
+                        odd.append((p, v, moe))
+                    start += n
+            if odd:
+                where = ", ".join(f"rank {p} stage {v}: {k}" for p, v, k in odd[:4]) + (" ..." if len(odd) > 4 else "")
+                out.append(
+                    f"EP all-to-all overlap with an odd number of MoE layers on a pipeline stage ({where}) was reported to hang "
+                    "(NVIDIA/Megatron-LM issue 1810, via issue 1852); prefer a split with an even number per stage"
+                )
+    return out
+
+
 # --------------------------------------------------------------------------- registry
 
 _R = Rule
@@ -683,11 +795,12 @@ RULES: tuple[Rule, ...] = (
     ),
     _R(
         id="query_groups_tp",
-        description="num_query_groups % tp == 0 or tp % num_query_groups == 0, megatron-core >= 0.16 "
-        "(core <= 0.15: multiple only) (transformer_config.py TransformerConfig.__post_init__)",
+        description="num_query_groups % tp == 0, or from megatron-core 0.16 tp % num_query_groups == 0 "
+        "(core <= 0.15: multiple only; --megatron-core) (transformer_config.py TransformerConfig.__post_init__)",
         columns=("tp",),
         check_fn=_groups_tp,
         explain_fn=_groups_tp_x,
+        uses_env=True,
     ),
     _R(
         id="ffn_div_tp",
@@ -855,6 +968,16 @@ RULES: tuple[Rule, ...] = (
         check_fn=_dispatcher,
         explain_fn=_dispatcher_x,
     ),
+    _R(
+        id="dispatcher_fabric",
+        description="a flex backend (megatron/core/transformer/moe/token_dispatcher.py MoEFlexTokenDispatcher) whose "
+        "inter-node kernels do not run on the cluster's fabric (specs/data/networks.yaml) stays inside one NVLink domain: "
+        "etp*ep <= NVLink domain (AWS EFA: deepseek-ai/DeepEP issue 369, NVIDIA-NeMo/Megatron-Bridge issue 3343)",
+        columns=("dispatcher", "etp", "ep"),
+        check_fn=_dispatcher_fabric,
+        explain_fn=_dispatcher_fabric_x,
+        uses_env=True,
+    ),
 )
 
 #: Rule ids in check order.
@@ -862,13 +985,14 @@ RULE_IDS: tuple[str, ...] = tuple(r.id for r in RULES)
 assert len(set(RULE_IDS)) == len(RULE_IDS)
 
 
-def check_table(table: LayoutTable, model: ModelSpec, workload: Workload) -> tuple[BoolArray, dict[str, int]]:
+def check_table(table: LayoutTable, model: ModelSpec, workload: Workload, env: RuleEnv = DEFAULT_RULE_ENV) -> tuple[BoolArray, dict[str, int]]:
     """Check every row of ``table`` against :data:`RULES`.
 
     Args:
         table: the layouts.
         model: the model they train.
         workload: sequence length and global batch.
+        env: release and network of the environment-dependent rules.
 
     Returns:
         ``(ok, first_failures)``: a bool array (True = valid) and, for every rule
@@ -878,26 +1002,27 @@ def check_table(table: LayoutTable, model: ModelSpec, workload: Workload) -> tup
     alive = np.ones(len(table), dtype=np.bool_)
     counts: dict[str, int] = {}
     for rule in RULES:
-        ok = rule.check(table, model, workload)
+        ok = rule.check(table, model, workload, env)
         counts[rule.id] = int(np.count_nonzero(alive & ~ok))
         alive &= ok
     return alive, counts
 
 
-def check_layout(layout: Layout, model: ModelSpec, workload: Workload) -> list[tuple[str, str]]:
+def check_layout(layout: Layout, model: ModelSpec, workload: Workload, env: RuleEnv = DEFAULT_RULE_ENV) -> list[tuple[str, str]]:
     """Every rule ``layout`` breaks, with its reason.
 
     Args:
         layout: one layout.
         model: the model it trains.
         workload: sequence length and global batch.
+        env: release and network of the environment-dependent rules.
 
     Returns:
         ``[(rule_id, reason), ...]`` in check order; empty when the layout is valid.
     """
     table = LayoutTable.from_layouts([layout])
     return [
-        (rule.id, rule.explain(layout, model, workload))
+        (rule.id, rule.explain(layout, model, workload, env))
         for rule in RULES
-        if not bool(rule.check(table, model, workload)[0])
+        if not bool(rule.check(table, model, workload, env)[0])
     ]

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import yaml
 
-from search_spaces.rules import RULES, Rule, applicable_recompute_modules
+from search_spaces.rules import DEFAULT_RULE_ENV, RULES, Rule, RuleEnv, applicable_recompute_modules
 from specs import ModelSpec, Workload
 from specs.errors import TunerError
 from specs.layout import (
@@ -563,7 +563,8 @@ class _Product:
         return LayoutTable(cols)
 
 
-def enumerate_layouts(space: SearchSpace, model: ModelSpec, cluster_world_size: int, workload: Workload) -> Enumeration:
+def enumerate_layouts(space: SearchSpace, model: ModelSpec, cluster_world_size: int, workload: Workload,
+                      env: RuleEnv = DEFAULT_RULE_ENV) -> Enumeration:
     """Every combination of the space, checked against the rules.
 
     Dimensions: pipeline (pp with its first/last split candidates, see
@@ -584,6 +585,7 @@ def enumerate_layouts(space: SearchSpace, model: ModelSpec, cluster_world_size: 
         model: the model to train.
         cluster_world_size: GPUs in the job.
         workload: sequence length and global batch.
+        env: release and network of the environment-dependent rules (:class:`~search_spaces.rules.RuleEnv`).
 
     Returns:
         The count of combinations, the count rejected by each rule (first failure),
@@ -612,7 +614,7 @@ def enumerate_layouts(space: SearchSpace, model: ModelSpec, cluster_world_size: 
         rest = prod.rest_size()
         alive = np.ones(prod.rows, dtype=np.bool_)
         for rule in batch:
-            ok = rule.check(table, model, workload)
+            ok = rule.check(table, model, workload, env)
             counts[rule.id] += int(np.count_nonzero(alive & ~ok)) * rest
             alive &= ok
         prod.keep(alive)

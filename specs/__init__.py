@@ -23,6 +23,7 @@ from specs.hardware import (
 )
 from specs.layout import RECOMPUTE_MODULES, Dispatcher, Layout, LayoutTable, RecomputeGranularity, RecomputeMethod
 from specs.model import MAX_LAYERS, ModelSpec, list_models, load_model, model_from_hf_config
+from specs.network import DispatcherOnFabric, Network, list_networks, load_network
 from specs.precision import Precision
 from specs.units import BF16_BYTES, FP8_BYTES, FP32_BYTES, GIB, MIB
 from specs.versions import KNOWN_MEGATRON_CORE, NEWEST_MEGATRON_CORE, megatron_core_version
@@ -36,6 +37,7 @@ __all__ = [
     "DEFAULT_RUN_OPTIONS",
     "DEFAULT_USD_PER_GPU_HOUR",
     "Dispatcher",
+    "DispatcherOnFabric",
     "FP32_BYTES",
     "FP8_BYTES",
     "GIB",
@@ -51,6 +53,7 @@ __all__ = [
     "MAX_LAYERS",
     "MIB",
     "ModelSpec",
+    "Network",
     "Precision",
     "RECOMPUTE_MODULES",
     "RecomputeGranularity",
@@ -60,8 +63,10 @@ __all__ = [
     "Workload",
     "list_gpus",
     "list_models",
+    "list_networks",
     "load_gpu",
     "load_model",
+    "load_network",
     "megatron_core_version",
     "model_from_hf_config",
     "parse_gpus",

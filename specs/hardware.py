@@ -14,6 +14,7 @@ import yaml
 
 from specs._data import GPU_DIR, data_files
 from specs.errors import TunerError
+from specs.network import Network, list_networks, load_network
 from specs.precision import Precision
 
 __all__ = [
@@ -67,6 +68,12 @@ class GPUSpec:
     family: str
     """Architecture family (ampere, hopper, blackwell) for calibration constants."""
     source: str
+    server: str = ""
+    """The server type the datasheet's system numbers are of (e.g. ``AWS p5en.48xlarge``, ``DGX H100``)."""
+    network: str = ""
+    """That server's default scale-out fabric (a :func:`specs.network.load_network` name); "" = none known."""
+    host_memory_bytes: float = 0.0
+    """That server's host memory per node, bytes (``--host-memory-gib`` default); 0 = unknown."""
 
     def peak_flops(self, precision: Precision) -> float:
         """Dense tensor-core peak (FLOP/s) of the GEMMs at ``precision``; 0 if the GPU lacks it."""
@@ -111,6 +118,9 @@ def load_gpu(name: str) -> GPUSpec:
         nvlink_domain=int(d["nvlink_domain"]),
         family=str(d["family"]),
         source=str(d["source"]),
+        server=str(d.get("server") or ""),
+        network=str(d.get("network") or ""),
+        host_memory_bytes=float(d.get("host_memory_gib") or 0) * 2**30,
     )
 
 
@@ -124,6 +134,11 @@ class Cluster:
     inter_node_bytes_per_s: float = DEFAULT_INTER_NODE_BYTES_PER_S
     """Network bandwidth per node per direction (bytes/s), shared by its GPUs."""
     usd_per_gpu_hour: float = DEFAULT_USD_PER_GPU_HOUR
+    network: Network | None = None
+    """The scale-out fabric (``--network``); None = not named (no dispatcher-availability rule; NCCL's efficiencies
+    for every dispatcher)."""
+    host_memory_bytes_per_node: float = 0.0
+    """Host memory per node, bytes (``--host-memory-gib``); 0 = not checked."""
 
     def __post_init__(self) -> None:
         if self.num_gpus <= 0:
@@ -145,6 +160,15 @@ class Cluster:
             raise TunerError(f"--usd-per-gpu-hour must be a non-negative number, got {self.usd_per_gpu_hour:g}")
         if self.num_gpus > MAX_GPUS:
             raise TunerError(f"--gpus: {self.num_gpus:,} GPUs is more than this tool models (at most {MAX_GPUS:,})")
+        if not math.isfinite(self.host_memory_bytes_per_node) or self.host_memory_bytes_per_node < 0:
+            raise TunerError(f"--host-memory-gib must be a non-negative number, got {self.host_memory_bytes_per_node / 2**30:g}")
+
+    @property
+    def network_label(self) -> str:
+        """The network as the main job prints it: the NVLink domain and the fabric with its per-node bandwidth."""
+        gbps = self.inter_node_bytes_per_s * 8 / 1e9
+        fabric = f"{self.network.key} ({self.network.name})" if self.network else "unnamed fabric"
+        return f"NVLink domain {self.nvlink_size} GPUs; {fabric}, {gbps:,.0f} Gb/s per node"
 
     @property
     def nvlink_size(self) -> int:
@@ -173,12 +197,19 @@ def parse_gpus(
     gpus_per_node: int | None = None,
     inter_node_bytes_per_s: float | None = None,
     usd_per_gpu_hour: float | None = None,
+    network: str | None = None,
+    host_memory_gib: float | None = None,
+    require_network: bool = False,
 ) -> Cluster:
     """Parse ``64xH200`` (GPUs) or ``8x8xH200`` (nodes x GPUs per node).
 
+    ``network`` names the scale-out fabric (:func:`specs.network.load_network`; default: the GPU's server type's,
+    :attr:`GPUSpec.network`); the per-node bandwidth is its per-GPU bandwidth x GPUs per node unless
+    ``inter_node_bytes_per_s`` (``--network-gbps``) overrides it. ``host_memory_gib`` defaults to the server's.
+
     Raises:
-        TunerError: malformed text, unknown GPU, zero GPUs, or a count that is
-            not a whole number of nodes.
+        TunerError: malformed text, unknown GPU, zero GPUs, a count that is not a whole number of nodes, an unknown
+            network, or (``require_network``) a GPU whose server type has no default network and no ``network``.
     """
     m = _GPUS_RE.match(text or "")
     if not m:
@@ -204,10 +235,26 @@ def parse_gpus(
         per = gpus_per_node or min(gpu.gpus_per_node, max(count, 1))
     if total <= 0 or per <= 0:
         raise TunerError(f"--gpus {text!r}: the GPU count must be at least 1")
+    net: Network | None = None
+    if network is not None:
+        net = load_network(network)
+    elif gpu.network:
+        net = load_network(gpu.network)
+    elif require_network:
+        raise TunerError(
+            f"--gpus {text!r}: {gpu.name}'s server type ({gpu.server or 'not named in its datasheet'}) has no default network; "
+            f"name it with --network (known: {', '.join(list_networks())})"
+        )
+    if inter_node_bytes_per_s is None:
+        inter_node_bytes_per_s = net.per_gpu_bytes_per_s * per if net is not None else DEFAULT_INTER_NODE_BYTES_PER_S
+    if host_memory_gib is not None and not (math.isfinite(host_memory_gib) and host_memory_gib > 0):
+        raise TunerError(f"--host-memory-gib must be a positive number, got {host_memory_gib:g}")
     return Cluster(
         gpu=gpu,
         num_gpus=total,
         gpus_per_node=per,
-        inter_node_bytes_per_s=DEFAULT_INTER_NODE_BYTES_PER_S if inter_node_bytes_per_s is None else inter_node_bytes_per_s,
+        inter_node_bytes_per_s=inter_node_bytes_per_s,
         usd_per_gpu_hour=DEFAULT_USD_PER_GPU_HOUR if usd_per_gpu_hour is None else usd_per_gpu_hour,
+        network=net,
+        host_memory_bytes_per_node=gpu.host_memory_bytes if host_memory_gib is None else host_memory_gib * 2**30,
     )

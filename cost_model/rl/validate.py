@@ -33,7 +33,7 @@ from cost_model.rl.lengths import LengthDistribution
 from cost_model.rl.models import load_rl_model
 from cost_model.rl.plan import Framework, LatencyProvider, PlanChoice, RLJob, RLPlan, default_latency, evaluate
 from cost_model.rl.trainer import rl_workload, trainer_for_layout
-from specs import Cluster, load_gpu
+from specs import DEFAULT_INTER_NODE_BYTES_PER_S, Cluster, load_gpu
 from specs.errors import TunerError
 
 __all__ = [
@@ -210,7 +210,8 @@ def row_job(row: RunRow, *, mean_prompt_len: float = ASSUMED_MEAN_PROMPT_LEN) ->
     model = load_rl_model(row.model)
     gpu = load_gpu(row.gpu)
     per_node = gpu.network_bytes_per_s_per_gpu * row.gpus_per_node
-    cluster = Cluster(gpu=gpu, num_gpus=row.num_gpus, gpus_per_node=row.gpus_per_node, **({"inter_node_bytes_per_s": per_node} if per_node > 0 else {}))
+    cluster = Cluster(gpu=gpu, num_gpus=row.num_gpus, gpus_per_node=row.gpus_per_node,
+                      inter_node_bytes_per_s=per_node if per_node > 0 else DEFAULT_INTER_NODE_BYTES_PER_S)
     prompt = int(min(mean_prompt_len, row.max_prompt_len))
     resp_max = row.max_seq_len - prompt
     if row.mean_seq_len >= resp_max:

@@ -281,8 +281,11 @@ def flex_dispatch_time(c: TableContext, remote: Array) -> Array:
     """One flex all-to-all (DeepEP / HybridEP): a token goes once to each distinct GPU that holds one of
     its experts (:func:`distinct_groups_hit` over ``ep`` GPUs), not once per expert; with
     :attr:`specs.Dispatcher.dedups_per_node` once to each distinct remote node, forwarded there over
-    NVLink (DeepEP README, "normal kernels"); NVLink and network traffic overlap, and the kernels are
-    ``flex_dispatch_speedup`` x faster per byte than NCCL's.
+    NVLink (DeepEP README, "normal kernels"); NVLink and network traffic overlap. Each link at the dispatcher's own
+    published efficiency (no fixed speedup over NCCL): on NVLink ``dispatch_nvlink_efficiency`` of the GPU's NVLink
+    bandwidth (DeepEP 0.96, HybridEP 0.82, ``specs/data/networks.yaml`` ``intra_domain``), across nodes
+    ``dispatch_network_efficiency`` of the per-GPU NIC share (DeepEP on InfiniBand 0.86; NCCL's where the fabric's
+    data gives none).
 
     Args:
         remote: :func:`ep_remote_fraction`, ``(n, 1)``.
@@ -290,8 +293,9 @@ def flex_dispatch_time(c: TableContext, remote: Array) -> Array:
     Returns:
         Seconds, ``(n, 1)``.
     """
-    m, cal = c.dims, c.cal
-    nv, net = _a2a_bandwidths(c)
+    m, cluster = c.dims, c.cluster
+    nv = cluster.gpu.nvlink_bytes_per_s * c.dispatch_nvlink_efficiency
+    net = cluster.inter_node_bytes_per_s / cluster.gpus_per_node * c.dispatch_network_efficiency
     ep = col(c.ep)
     tok = BF16_BYTES * c.tokens / col(c.tp) * m.h
     nodes = np.maximum(ep / col(ep_local_peers(c)), 1.0)
@@ -299,7 +303,7 @@ def flex_dispatch_time(c: TableContext, remote: Array) -> Array:
     net_hit = np.where(c.dedups_per_node, distinct_groups_hit(m.experts, m.topk, nodes) * (nodes - 1) / nodes, gpus_hit * remote)
     over_nvlink = tok * gpus_hit * (ep - 1) / ep * c.load_imbalance
     over_network = tok * np.where(remote > 0, net_hit, 0.0) * c.load_imbalance
-    return np.maximum(over_nvlink / nv, over_network / net) / cal.flex_dispatch_speedup
+    return np.maximum(over_nvlink / nv, over_network / net)
 
 
 def ep_all_to_all_time(c: TableContext) -> Array:

@@ -24,6 +24,7 @@ from cost_model.terms import ranks
 from specs import Cluster, ModelSpec, Precision, RunOptions, Workload
 from specs.errors import TunerError
 from specs.layout import RECOMPUTE_MODULES, Dispatcher, LayoutTable, RecomputeGranularity, RecomputeMethod, categories, enum_mask
+from specs.network import intra_domain_efficiency
 from specs.units import BF16_BYTES, FP32_BYTES
 
 __all__ = ["Array", "BoolArray", "ModelDims", "TableContext", "build_context", "col"]
@@ -263,6 +264,13 @@ class TableContext:
     """Allgather dispatcher (:attr:`Dispatcher.is_allgather`)."""
     dedups_per_node: BoolArray
     """A dispatcher that sends once per remote node (:attr:`Dispatcher.dedups_per_node`)."""
+    dispatch_nvlink_efficiency: Array
+    """Fraction of NVLink bandwidth the row's dispatcher reaches inside an NVLink domain: a flex backend's own
+    published figure (``intra_domain`` of ``specs/data/networks.yaml``), else NCCL's
+    (``alltoall_nvlink_efficiency``), ``(n, 1)``."""
+    dispatch_network_efficiency: Array
+    """Fraction of the per-GPU NIC bandwidth the row's dispatcher reaches across the cluster's fabric
+    (:meth:`specs.Network.dispatcher`), else NCCL's (``network_efficiency``), ``(n, 1)``."""
 
     @property
     def n(self) -> int:
@@ -340,6 +348,7 @@ def build_context(
         m: selective & np.array([m in ms for ms in mod_sets], dtype=np.bool_)[mod_inv][:, None] for m in RECOMPUTE_MODULES
     }
     disp = table["dispatcher"]
+    nv_eff, net_eff = _dispatcher_efficiencies(disp, cluster, cal)
     return TableContext(
         model=model,
         cluster=cluster,
@@ -393,4 +402,22 @@ def build_context(
         flex=_mask(disp, Dispatcher, lambda d: d.is_flex),
         allgather=_mask(disp, Dispatcher, lambda d: d.is_allgather),
         dedups_per_node=_mask(disp, Dispatcher, lambda d: d.dedups_per_node),
+        dispatch_nvlink_efficiency=nv_eff,
+        dispatch_network_efficiency=net_eff,
     )
+
+
+def _dispatcher_efficiencies(disp: npt.NDArray[np.str_], cluster: Cluster, cal: Calibration) -> tuple[Array, Array]:
+    """Per row, the dispatcher's NVLink and network efficiencies (:attr:`TableContext.dispatch_nvlink_efficiency`,
+    :attr:`TableContext.dispatch_network_efficiency`), each ``(n, 1)``."""
+    intra = intra_domain_efficiency()
+    nv = np.full(len(disp), cal.alltoall_nvlink_efficiency)
+    net = np.full(len(disp), cal.network_efficiency)
+    for d in Dispatcher:
+        rows = disp == d.value
+        if not rows.any():
+            continue
+        nv[rows] = intra.get(d.value) or cal.alltoall_nvlink_efficiency
+        if cluster.network is not None:
+            net[rows] = cluster.network.dispatcher(d).efficiency or cal.network_efficiency
+    return nv[:, None], net[:, None]

@@ -14,10 +14,25 @@ import numpy as np
 from cost_model.terms.context import Array, TableContext
 from specs.units import BF16_BYTES, FP32_BYTES
 
-__all__ = ["cpu_adam_time", "offload_copy_time", "offload_time", "offloaded_params", "optimizer_step_time"]
+__all__ = [
+    "cpu_adam_time",
+    "host_bytes_per_node",
+    "host_offload_bytes_per_param",
+    "offload_copy_time",
+    "offload_time",
+    "offloaded_params",
+    "optimizer_step_time",
+]
 
 #: PCIe bytes per offloaded parameter per step: the fp32 gradient down, the bf16 parameter back.
 OFFLOAD_BYTES_PER_PARAM = FP32_BYTES + BF16_BYTES
+
+#: Host bytes per offloaded parameter, read in megatron-core 0.19 ``optimizer/cpu_offloading/hybrid_optimizer.py``
+#: (``launch.harness.hostmem.offload_host_bytes``): the pinned CPU copy of the parameter the optimizer gets (bf16 with
+#: the precision-aware optimizer, else the fp32 main weight), its fp32 copy when it is not fp32, the pinned fp32
+#: gradient and AdamW's two fp32 moments: 2 + 4 + 4 + 8 with the precision-aware optimizer, 4 + 4 + 8 without.
+HOST_BYTES_PER_OFFLOADED_PARAM_PRECISION_AWARE = BF16_BYTES + 3 * FP32_BYTES + FP32_BYTES
+HOST_BYTES_PER_OFFLOADED_PARAM = 4 * FP32_BYTES
 
 
 def optimizer_step_time(c: TableContext, owned: Array) -> Array:
@@ -76,3 +91,30 @@ def offload_time(c: TableContext, owned: Array) -> Array:
     offloaded = offloaded_params(c, owned)
     hidden: Array = np.where(c.overlap_offload, c.cal.offload_overlap, 0.0)
     return cpu_adam_time(c, offloaded) + offload_copy_time(c, offloaded) * (1 - hidden)
+
+
+def host_offload_bytes_per_param(c: TableContext) -> Array:
+    """Host bytes per offloaded parameter: :data:`HOST_BYTES_PER_OFFLOADED_PARAM_PRECISION_AWARE` (18) with the
+    precision-aware optimizer, :data:`HOST_BYTES_PER_OFFLOADED_PARAM` (16) without.
+
+    Returns:
+        Bytes per parameter, ``(n, 1)``.
+    """
+    return np.where(c.precision_aware, HOST_BYTES_PER_OFFLOADED_PARAM_PRECISION_AWARE, HOST_BYTES_PER_OFFLOADED_PARAM)
+
+
+def host_bytes_per_node(c: TableContext, owned: Array) -> Array:
+    """Host memory of one node: each of its GPUs' training processes holds ``host_process_bytes`` (CUDA context,
+    libraries, data loader: measured RSS) plus, with CPU optimizer offload, the offloaded states
+    (:func:`host_offload_bytes_per_param` x the slowest rank's offloaded parameters):
+    ``GPUs per node x (host_process_bytes + offloaded x bytes per param)``.
+
+    Args:
+        owned: :func:`cost_model.terms.state.owned_params`, ``(n, K)``.
+
+    Returns:
+        Bytes per node, ``(n,)``.
+    """
+    per_node = float(min(c.gpus_per_node, c.world))
+    offloaded = offloaded_params(c, owned)
+    return per_node * (c.cal.host_process_bytes + offloaded * host_offload_bytes_per_param(c)[:, 0])

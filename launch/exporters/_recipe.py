@@ -287,10 +287,14 @@ def recipe_dict(
         )
     if not layout.use_distributed_optimizer:
         notes.append("slime always turns the distributed optimizer on; the layout's non-distributed optimizer holds for Megatron-LM only.")
-    if model.is_moe and layout.dispatcher == Dispatcher.flex_deepep and layout.etp * layout.ep > cluster.gpus_per_node:
+    if model.is_moe and layout.dispatcher == Dispatcher.flex_deepep and layout.etp * layout.ep > cluster.nvlink_size:
+        net = cluster.network
         notes.append(
-            f"The EP group ({layout.ep} ranks) spans nodes, so DeepEP's inter-node kernels carry the tokens: they need RDMA NICs "
-            "that DeepEP's NVSHMEM transport supports (InfiniBand / RoCE); check your network before relying on this layout."
+            f"The EP group ({layout.ep} ranks) spans NVLink domains, so DeepEP's inter-node kernels carry the tokens: they need RDMA NICs "
+            "that DeepEP's NVSHMEM transport supports (InfiniBand; RoCE untested by DeepEP)"
+            + (f"; the network assumed is {net.name} ({net.key}), on which they "
+               f"{'run' if net.dispatcher(layout.dispatcher).runs == 'true' else 'are untested'}." if net is not None else
+               "; no network was named: check yours before relying on this layout.")
         )
     notes.append(
         "`run` (the body of run_slime.sh) expects HF_CKPT, TORCH_DIST, SFT_DATA, PROFILE_DIR and SLIME_ENTRY_MODULE, and reads "
@@ -306,6 +310,13 @@ def recipe_dict(
             "memory_gb": math.ceil(cluster.gpu.hbm_bytes / GIB),
             "count": int(cluster.num_gpus),
             "per_node": int(cluster.gpus_per_node),
+            "network": {
+                "fabric": cluster.network.key if cluster.network else "unnamed",
+                **({"name": cluster.network.name} if cluster.network else {}),
+                "per_node_gbps": _sig(cluster.inter_node_bytes_per_s * 8 / 1e9),
+                "nvlink_domain": int(cluster.nvlink_size),
+                "dispatchers_not_across": list(cluster.network.not_across) if cluster.network else [],
+            },
         },
         "author": author_d,
         "status": status,

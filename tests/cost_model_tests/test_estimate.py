@@ -170,14 +170,14 @@ def test_distinct_groups_hit_uniform_routing():
 
 def test_deepep_sends_once_per_remote_node():
     """Inter-node EP: DeepEP's hierarchical dispatch moves fewer bytes over the network than NCCL
-    all-to-all (one copy per routed expert), so its EP time is lower than alltoall's even with the
-    flex speed-up set to 1."""
+    all-to-all (one copy per routed expert), so its EP time is lower than alltoall's at its own efficiency
+    on InfiniBand (0.86 of the NIC, below NCCL's fitted figure)."""
     from specs import RunOptions
 
     m = load_model("DeepSeek-V3")
     c = parse_gpus("256xB200")
     w = Workload(seq_length=4096, global_batch_size=4096)
-    cal = DEFAULT_CALIBRATION.replace(flex_dispatch_speedup=1.0)
+    cal = DEFAULT_CALIBRATION
     base = Layout(world_size=256, pp=8, vpp=2, ep=32, num_layers_in_first_pipeline_stage=7, num_layers_in_last_pipeline_stage=6)
     opts = RunOptions(moe_router_force_load_balancing=True)
     t = {d: estimate(m, c, w, base.replace(dispatcher=d), calibration=cal, options=opts).time["ep_comm"] for d in ("alltoall", "flex+deepep")}

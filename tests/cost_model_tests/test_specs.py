@@ -57,7 +57,19 @@ def test_catalogs_have_sources():
 def test_parse_gpus(text, total, per_node, nodes):
     c = parse_gpus(text)
     assert (c.num_gpus, c.gpus_per_node, c.num_nodes) == (total, per_node, nodes)
-    assert c.inter_node_bytes_per_s == 400e9
+    # the server type's fabric, one NIC per GPU (H200: the seed's EFA, 3.2 Tb/s per 8-GPU node = 400e9 B/s)
+    assert c.network is not None and c.inter_node_bytes_per_s == c.network.per_gpu_bytes_per_s * per_node
+    if text == "64xH200":
+        assert c.network.key == "efa-v3" and c.inter_node_bytes_per_s == 400e9
+
+
+def test_network_override_and_bandwidth_override():
+    c = parse_gpus("64xH200", network="ib-ndr")
+    assert c.network is not None and c.network.key == "ib-ndr" and c.inter_node_bytes_per_s == 400e9
+    c = parse_gpus("64xH200", inter_node_bytes_per_s=100e9)  # --network-gbps 800 keeps the fabric, overrides the bandwidth
+    assert c.network is not None and c.network.key == "efa-v3" and c.inter_node_bytes_per_s == 100e9
+    with pytest.raises(TunerError, match="unknown network; known: efa-v2, efa-v3, ib-hdr, ib-ndr, ib-xdr, roce-v2"):
+        parse_gpus("64xH200", network="myrinet")
 
 
 @pytest.mark.parametrize(

@@ -367,6 +367,6 @@ def test_model_args_carry_rope_norm_and_router_numerics():
 def test_deepep_across_nodes_carries_a_network_note(model, cluster, workload, seed_layout):
     cross = seed_layout.replace(pp=4, vpp=8, ep=16, dispatcher="flex+deepep", num_layers_in_first_pipeline_stage=16, num_layers_in_last_pipeline_stage=14)
     inside = seed_layout.replace(dispatcher="flex+deepep")  # EP 8 within one 8-GPU node
-    note = "spans nodes, so DeepEP's inter-node kernels"
+    note = "spans NVLink domains, so DeepEP's inter-node kernels"
     assert any(note in n for n in recipe_dict(model, cluster, workload, cross)["notes"])
     assert not any(note in n for n in recipe_dict(model, cluster, workload, inside)["notes"])

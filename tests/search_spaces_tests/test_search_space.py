@@ -296,6 +296,7 @@ use_distributed_optimizer: [true, false]
         "recompute_selective",
         "recompute_none",
         "recompute_modules_model",
+        "dispatcher_fabric",  # no network named here
     }
 
     # check_table and check_layout agree row by row on a random sample of the full product.

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from search_spaces.rules import RULE_IDS, RULES, check_layout, check_table
-from specs import ModelSpec, Workload, load_model
+from search_spaces.rules import RULE_IDS, RULES, RuleEnv, check_layout, check_table, layout_warnings
+from specs import ModelSpec, RunOptions, Workload, load_model, load_network
 from specs.layout import Layout, LayoutTable
 
 WORKLOAD = Workload(seq_length=8192, global_batch_size=128)
@@ -234,7 +234,11 @@ BAD: dict[str, tuple[Layout, str | dict[str, Any], Workload, tuple[str, ...]]] =
         ("exp_avg_dtype (bf16)", "exp_avg_sq_dtype (fp32)"),
     ),
     "dispatcher": (seed_layout(ep=1, dispatcher="flex+deepep"), {}, WORKLOAD, ("flex+deepep", "etp 1 * ep 1 = 1")),
+    "dispatcher_fabric": (seed_layout(ep=16, dispatcher="flex+deepep"), {}, WORKLOAD, ("flex+deepep", "AWS EFA v3", "etp 1 x ep 16 = 16", "issue 369")),
 }
+
+#: The environment of the rules that read one (the others ignore it): the seed's cluster, AWS p5en with EFA v3.
+EFA_ENV = RuleEnv(network=load_network("efa-v3"), nvlink_size=8)
 
 
 def _model(spec: str | dict[str, Any], minimax: ModelSpec) -> ModelSpec:
@@ -256,13 +260,43 @@ def test_every_rule_has_a_bad_example() -> None:
 def test_rule_rejects_bad_layout(rule_id: str, minimax: ModelSpec) -> None:
     layout, model_spec, workload, needles = BAD[rule_id]
     model = _model(model_spec, minimax)
-    problems = dict(check_layout(layout, model, workload))
+    problems = dict(check_layout(layout, model, workload, EFA_ENV))
     assert rule_id in problems, problems
     for needle in needles:
         assert needle in problems[rule_id], (needle, problems[rule_id])
     # The table check agrees on this row.
     rule = next(r for r in RULES if r.id == rule_id)
-    assert not rule.check(LayoutTable.from_layouts([layout]), model, workload)[0]
+    assert not rule.check(LayoutTable.from_layouts([layout]), model, workload, EFA_ENV)[0]
+
+
+def test_dispatcher_fabric_per_network(minimax: ModelSpec) -> None:
+    cross = seed_layout(pp=4, vpp=1, ep=16, dispatcher="flex+deepep", num_layers_in_first_pipeline_stage=16, num_layers_in_last_pipeline_stage=14)
+    assert check_layout(cross, minimax, WORKLOAD) == []  # no network named: not checked
+    assert [r for r, _ in check_layout(cross, minimax, WORKLOAD, EFA_ENV)] == ["dispatcher_fabric"]
+    assert "dispatcher_fabric" in dict(check_layout(cross.replace(dispatcher="flex+hybridep"), minimax, WORKLOAD, EFA_ENV))
+    assert check_layout(cross.replace(dispatcher="alltoall"), minimax, WORKLOAD, EFA_ENV) == []
+    assert check_layout(cross.replace(ep=8), minimax, WORKLOAD, EFA_ENV) == []  # EP 8 inside one 8-GPU node
+    ib = RuleEnv(network=load_network("ib-ndr"), nvlink_size=8)
+    assert check_layout(cross, minimax, WORKLOAD, ib) == []  # DeepEP's RDMA kernels run on InfiniBand
+    nvl72 = RuleEnv(network=load_network("efa-v3"), nvlink_size=64)  # an NVLink domain as large as the job
+    assert check_layout(cross, minimax, WORKLOAD, nvl72) == []
+
+
+def test_query_groups_rule_follows_the_release(minimax: ModelSpec) -> None:
+    tp16 = seed_layout(tp=16, sequence_parallel=True)  # 8 query groups
+    assert "query_groups_tp" not in dict(check_layout(tp16, minimax, WORKLOAD, RuleEnv(megatron_core=(0, 16))))
+    old = dict(check_layout(tp16, minimax, WORKLOAD, RuleEnv(megatron_core=(0, 15))))
+    assert "megatron-core 0.15" in old["query_groups_tp"] and "0.16 or later" in old["query_groups_tp"]
+    assert "query_groups_tp" not in dict(check_layout(seed_layout(tp=8, sequence_parallel=True), minimax, WORKLOAD, RuleEnv(megatron_core=(0, 13))))
+
+
+def test_odd_moe_layers_per_stage_with_a2a_overlap_warn(minimax: ModelSpec) -> None:
+    lay = seed_layout()  # PP 8 VPP 4, first/last 7: chunks [1, 2, 2, 2] on rank 0
+    assert layout_warnings(lay, minimax, RunOptions()) == []
+    warn = layout_warnings(lay, minimax, RunOptions(overlap_moe_expert_parallel_comm=True))
+    assert len(warn) == 1 and "issue 1810" in warn[0] and "rank 0 stage 0: 1" in warn[0]
+    even = seed_layout(pp=2, vpp=1, num_layers_in_first_pipeline_stage=0, num_layers_in_last_pipeline_stage=0)  # 31 + 31
+    assert "rank 0 stage 0: 31" in layout_warnings(even, minimax, RunOptions(overlap_moe_expert_parallel_comm=True))[0]
 
 
 def test_more_reasons(minimax: ModelSpec, llama8b: ModelSpec) -> None:

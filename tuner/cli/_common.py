@@ -252,7 +252,8 @@ def study_context(st: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
     # The study stores what it was evaluated with: a moved or edited config.json does not change it.
     m = model_spec_from_dict(st.user_attrs["model_spec"])
     c = parse_gpus(f"{res['num_gpus']}x{res['gpu']}", gpus_per_node=res["gpus_per_node"],
-                   inter_node_bytes_per_s=res["inter_node_bytes_per_s"], usd_per_gpu_hour=res["usd_per_gpu_hour"])
+                   inter_node_bytes_per_s=res["inter_node_bytes_per_s"], usd_per_gpu_hour=res["usd_per_gpu_hour"],
+                   network=res.get("network") or None)
     w = Workload(seq_length=res["seq_length"], global_batch_size=res["global_batch_size"], precision=res.get("precision", "bf16"))
     return m, c, w, cfg
 
@@ -263,7 +264,10 @@ ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Preset name
 GpusOpt = Annotated[str | None, typer.Option("--gpus", "-g", help="GPUs as COUNTxGPU (64xH200) or NODESxPER_NODExGPU (8x8xH200).", rich_help_panel="Job")]
 LayersOpt = Annotated[int | None, typer.Option("--layers", help="Slice the model to its first N layers at full width, for the estimate and the trials.", rich_help_panel="Job")]
 PerNodeOpt = Annotated[int | None, typer.Option("--gpus-per-node", help="GPUs per node (default: the GPU's usual server, 8 for HGX).", rich_help_panel="Cluster")]
-NetOpt = Annotated[float | None, typer.Option("--network-gbps", help="Network bandwidth per node, Gb/s (default 3200: the seed's EFA).", rich_help_panel="Cluster")]
+NetOpt = Annotated[float | None, typer.Option("--network-gbps", help="Network bandwidth per node, Gb/s: overrides the fabric's (--network; H200 default 3200, the seed's EFA).", rich_help_panel="Cluster")]
+NetworkOpt = Annotated[str | None, typer.Option("--network", help="Scale-out fabric: ib-ndr, ib-xdr, ib-hdr, roce-v2, efa-v2, efa-v3 (default: the GPU's server type's; H200: efa-v3, AWS p5en). It decides which MoE dispatchers may cross nodes and at what efficiency.", rich_help_panel="Cluster")]
+MegatronCoreOpt = Annotated[str | None, typer.Option("--megatron-core", help="megatron-core release whose validity rules apply (0.13 .. 0.19; default the newest).", rich_help_panel="Cluster")]
+HostMemOpt = Annotated[float | None, typer.Option("--host-memory-gib", help="Host memory per node, GiB (default: the server type's; H200 p5en 2,048): layouts whose predicted host memory (CPU optimizer offload) exceeds it are refused.", rich_help_panel="Cluster")]
 PriceOpt = Annotated[float | None, typer.Option("--usd-per-gpu-hour", help="Price per GPU-hour (default 7.91, the seed's).", rich_help_panel="Cluster")]
 SeqOpt = Annotated[int, typer.Option("--seq-len", help="Tokens per row (--seq-length).", rich_help_panel="Workload")]
 GbsOpt = Annotated[int, typer.Option("--global-batch", help="Rows per optimizer step (--global-batch-size).", rich_help_panel="Workload")]

@@ -17,9 +17,12 @@ from tuner.cli._common import (
     GbsOpt,
     GpusOpt,
     HeadroomOpt,
+    HostMemOpt,
     LayersOpt,
+    MegatronCoreOpt,
     ModelOpt,
     NetOpt,
+    NetworkOpt,
     PerNodeOpt,
     PrecOpt,
     PriceOpt,
@@ -34,13 +37,20 @@ __all__ = ["app", "estimate", "check"]
 app = typer.Typer()
 
 
+A2AOverlapOpt = Annotated[bool, typer.Option("--overlap-moe-expert-parallel-comm/--no-overlap-moe-expert-parallel-comm",
+                                              help="EP all-to-all overlapped with another micro-batch (a run option, not a layout field).",
+                                              rich_help_panel="Run options")]
+
+
 def _inputs(model: str | None, gpus: str | None, gpus_per_node: int | None, network_gbps: float | None, usd: float | None,
-            seq_len: int, global_batch: int, precision: str, layers: int | None) -> tuple[Any, Any, Any]:
+            seq_len: int, global_batch: int, precision: str, layers: int | None, network: str | None = None,
+            host_memory_gib: float | None = None) -> tuple[Any, Any, Any]:
     """(model, cluster, workload) of the command line; ``layers`` slices the model as ``tune --layers`` does.
 
     Raises:
         TunerError: a missing or unknown model or GPU, a malformed ``--gpus``, a bad ``--layers``,
-            ``--precision``, sequence length or batch.
+            ``--precision``, sequence length or batch, an unknown ``--network``, or a GPU whose server type has no
+            default network.
     """
     from launch.harness.spec import slice_model
     from specs import Workload, load_model, parse_gpus
@@ -51,7 +61,8 @@ def _inputs(model: str | None, gpus: str | None, gpus_per_node: int | None, netw
         raise TunerError(f"--layers must be a positive integer (decoder layers of the slice), got {layers!r}")
     m = slice_model(load_model(require(model, "--model", "MiniMax-M2")), layers)
     c = parse_gpus(require(gpus, "--gpus", "64xH200"), gpus_per_node=gpus_per_node,
-                   inter_node_bytes_per_s=network_gbps * 1e9 / 8 if network_gbps is not None else None, usd_per_gpu_hour=usd)
+                   inter_node_bytes_per_s=network_gbps * 1e9 / 8 if network_gbps is not None else None, usd_per_gpu_hour=usd,
+                   network=network, host_memory_gib=host_memory_gib, require_network=True)
     w = Workload(seq_length=seq_len, global_batch_size=global_batch, precision=precision)
     if precision == "fp8" and not c.gpu.peak_flops_fp8:
         raise TunerError(f"--precision fp8: {c.gpu.name} has no fp8 tensor cores; use --precision bf16")
@@ -65,14 +76,20 @@ def estimate(
     model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None, network_gbps: NetOpt = None,
     usd_per_gpu_hour: PriceOpt = None, seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
     calibration: CalOpt = None, memory_headroom: HeadroomOpt = 0.10,
+    network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None, host_memory_gib: HostMemOpt = None,
+    overlap_moe_expert_parallel_comm: A2AOverlapOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as JSON.")] = False,
 ) -> None:
     """Predict one layout: memory per GPU (worst pipeline rank) and step time, with their parts."""
     from cost_model.calibration import load_calibration
     from cost_model.estimate import estimate as _estimate
+    from search_spaces.rules import RuleEnv, check_layout, layout_warnings
+    from specs import RunOptions
     from tuner.report import pipeline_layout_of
 
-    m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd_per_gpu_hour, seq_len, global_batch, precision, layers)
+    m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd_per_gpu_hour, seq_len, global_batch, precision, layers,
+                      network, host_memory_gib)
+    opts = RunOptions(overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm, **({"megatron_core": megatron_core} if megatron_core else {}))
     lay = layout.to_layout(c.num_gpus)
     if layout.pipeline_layout is not None:
         lay, odd, _ = apply_layout_string(lay, m, layout.pipeline_layout, vpp_given=layout.vpp_given, split_given=layout.split_given)
@@ -80,12 +97,18 @@ def estimate(
             raise TunerError(f"--pipeline-layout {layout.pipeline_layout!r} is valid for Megatron, but the cost model handles only even splits "
                              "and first/last-rank splits; `tune check` accepts it")
     try:
-        e = _estimate(m, c, w, lay, calibration=load_calibration(calibration), memory_headroom=memory_headroom)
+        env_broken = [(r, why) for r, why in check_layout(lay, m, w, RuleEnv.of(c, opts)) if r in ("dispatcher_fabric", "query_groups_tp")]
+        if env_broken:
+            raise InfeasibleLayout(*env_broken[0])
+        e = _estimate(m, c, w, lay, calibration=load_calibration(calibration), memory_headroom=memory_headroom, options=opts)
     except InfeasibleLayout as ex:
         hint = split_hint(m, lay) if ex.rule_id.startswith("pipeline_split") else ""
         raise TunerError(f"the layout breaks rule {ex.rule_id}: {ex.reason}{hint}") from None
     d = e.to_dict()
     d["pipeline_model_parallel_layout"] = pipeline_layout_of(lay, m)
+    d["network"] = c.network.key if c.network else None
+    d["megatron_core"] = opts.megatron_core
+    d["warnings"] = layout_warnings(lay, m, opts)
     if as_json:
         sys.stdout.write(json.dumps(d, indent=2) + "\n")
         return
@@ -98,6 +121,11 @@ def estimate(
               f"model TFLOP/s/GPU {e.model_tflops_per_gpu:.0f} (Megatron's FLOPs formula, with attention)")
     fit = "fits" if e.fits else "[red]does NOT fit[/]"
     out.print(f"  predicted peak {e.peak_gib:.1f} GiB of {e.hbm_bytes / GIB:.1f} GiB ({fit} with {memory_headroom:.0%} headroom; headroom {e.headroom_gib:.1f} GiB)")
+    host = "fits" if e.host_fits else "[red]does NOT fit[/]"
+    out.print(f"  predicted host memory {e.host_bytes_per_node / GIB:,.1f} GiB per node of {c.host_memory_bytes_per_node / GIB:,.0f} GiB ({host}); "
+              f"network {escape(c.network_label)}; megatron-core {opts.megatron_core} rules")
+    for wline in d["warnings"]:
+        out.print(f"  [yellow]warning:[/] {escape(wline)}")
     t = Table(title="predicted memory per GPU (worst pipeline rank)", title_justify="left")
     t.add_column("part")
     t.add_column("GiB", justify="right")
@@ -118,16 +146,19 @@ def check(
     layout: LayoutFlags,
     model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None,
     seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
+    network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None, overlap_moe_expert_parallel_comm: A2AOverlapOpt = False,
 ) -> None:
     """Is a layout valid under Megatron's rules? Lists every rule it breaks (exit 2 if any).
 
     With --pipeline-layout the string is checked with Megatron's layout grammar and rules, and the
     split (VPP, layers on the first and last rank) is taken from it instead of --vpp/--first/--last.
     """
-    from search_spaces.rules import POLICY_RULES, check_layout
+    from search_spaces.rules import POLICY_RULES, RuleEnv, check_layout, layout_warnings
+    from specs import RunOptions
 
     notes: list[str] = []
-    m, c, w = _inputs(model, gpus, gpus_per_node, None, None, seq_len, global_batch, precision, layers)
+    m, c, w = _inputs(model, gpus, gpus_per_node, None, None, seq_len, global_batch, precision, layers, network)
+    opts = RunOptions(overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm, **({"megatron_core": megatron_core} if megatron_core else {}))
     lay = layout.to_layout(c.num_gpus)
     string_broken: list[tuple[str, str]] = []
     skip_split = False
@@ -139,7 +170,8 @@ def check(
         except InfeasibleLayout as ex:
             string_broken.append((ex.rule_id, ex.reason))
             skip_split = True
-    broken = string_broken + [(r, why) for r, why in check_layout(lay, m, w) if not (skip_split and r.startswith("pipeline_split"))]
+    broken = string_broken + [(r, why) for r, why in check_layout(lay, m, w, RuleEnv.of(c, opts)) if not (skip_split and r.startswith("pipeline_split"))]
+    notes += [f"warning: {x}" for x in layout_warnings(lay, m, opts)]
     policy = [(r, why) for r, why in broken if r in POLICY_RULES]
     broken = [(r, why) for r, why in broken if r not in POLICY_RULES]
     if not broken:

@@ -22,9 +22,12 @@ from tuner.cli._common import (
     GbsOpt,
     GpusOpt,
     HeadroomOpt,
+    HostMemOpt,
     LayersOpt,
+    MegatronCoreOpt,
     ModelOpt,
     NetOpt,
+    NetworkOpt,
     PerNodeOpt,
     PrecOpt,
     PriceOpt,
@@ -50,6 +53,9 @@ def main_job(
     gpus: GpusOpt = None,
     gpus_per_node: PerNodeOpt = None,
     network_gbps: NetOpt = None,
+    network: NetworkOpt = None,
+    megatron_core: MegatronCoreOpt = None,
+    host_memory_gib: HostMemOpt = None,
     usd_per_gpu_hour: PriceOpt = None,
     seq_len: SeqOpt = 8192,
     global_batch: GbsOpt = 128,
@@ -95,6 +101,9 @@ def main_job(
         gpus=require(gpus, "--gpus", "64xH200"),
         gpus_per_node=gpus_per_node,
         network_gbps=network_gbps,
+        network=network,
+        megatron_core=megatron_core,
+        host_memory_gib=host_memory_gib,
         usd_per_gpu_hour=usd_per_gpu_hour,
         seq_length=seq_len,
         global_batch_size=global_batch,
@@ -161,6 +170,7 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
         f"seq {w.seq_length:,}, global batch {w.global_batch_size}, {w.precision.value}; "
         f"backend [bold]{cfg.backend}[/] ({'every number below is a prediction of the analytical model; nothing was measured' if cfg.backend == 'model' else 'trials are measured'})"
     )
+    out.print(f"Network assumed: {escape(c.network_label)}; megatron-core {prep.options.megatron_core} rules", soft_wrap=True)
     n_rule = en.considered - len(en.valid)
     n_nofit = prep.n_valid - prep.n_fit
     out.print(f"Layouts considered: [bold]{fmt_int(en.considered)}[/]")
@@ -168,9 +178,11 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
     for rid, cnt in sorted(en.rule_counts.items(), key=lambda kv: -kv[1]):
         if cnt:
             out.print(f"    {rid:<34} {fmt_int(cnt):>12}")
+    host = (f"; over {c.host_memory_bytes_per_node / GIB:,.0f} GiB of host memory per node: {fmt_int(prep.n_over_host)}"
+            if prep.n_over_host else "")
     out.print(
         f"  valid: {fmt_int(prep.n_valid)}; predicted not to fit in {prep.estimates.usable_bytes / GIB:.1f} GiB "
-        f"({cfg.memory_headroom:.0%} headroom): {fmt_int(n_nofit)}; candidates: [bold]{fmt_int(prep.n_fit)}[/]"
+        f"({cfg.memory_headroom:.0%} headroom): {fmt_int(n_nofit - prep.n_over_host)}{host}; candidates: [bold]{fmt_int(prep.n_fit)}[/]"
     )
     for note in getattr(en, "notes", []) or []:
         out.print(f"  note: {note}", markup=False)

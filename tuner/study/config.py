@@ -41,7 +41,14 @@ class TuneConfig:
     gpus: str
     gpus_per_node: int | None = None
     network_gbps: float | None = None
-    """Per-node network bandwidth in Gb/s (default: the seed's 3,200)."""
+    """Per-node network bandwidth in Gb/s: an override of the fabric's (``network``); default the fabric's."""
+    network: str | None = None
+    """The scale-out fabric (``--network``, :func:`specs.load_network`); None = the GPU's server type's default
+    (H200: AWS p5en's EFA v3, the seed's cluster)."""
+    megatron_core: str | None = None
+    """megatron-core release whose rules apply (``--megatron-core``); None = the newest the project knows."""
+    host_memory_gib: float | None = None
+    """Host memory per node in GiB (``--host-memory-gib``); None = the server type's (H200 p5en: 2,048)."""
     usd_per_gpu_hour: float | None = None
     seq_length: int = 8192
     global_batch_size: int = 128
@@ -130,14 +137,20 @@ def harness_without_te(backend: str) -> bool:
     return backend in ("local", "ray") and not HarnessEnv.detect().transformer_engine
 
 
-def run_options_for_backend(backend: str) -> RunOptions:
+def run_options_for_backend(backend: str, megatron_core: str | None = None) -> RunOptions:
     """Run options the estimate assumes for a study's trials: the trial harness (``local`` and ``ray``
     backends) without Transformer Engine (not importable here) saves the attention output twice
-    (:data:`specs.HARNESS_RUN_OPTIONS`); with TE, and for the ``model`` and ``command``
-    backends, a production Megatron-core run with TE (:data:`specs.DEFAULT_RUN_OPTIONS`)."""
-    from specs import DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS
+    (:data:`specs.HARNESS_RUN_OPTIONS`); with TE the harness's TE stack (its SwiGLU unfused,
+    :data:`specs.HARNESS_TE_RUN_OPTIONS`); for the ``model`` and ``command`` backends a production
+    Megatron-core run with TE (:data:`specs.DEFAULT_RUN_OPTIONS`). ``megatron_core`` sets the release
+    (``--megatron-core``; None = the newest known)."""
+    from specs import DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS
 
-    return HARNESS_RUN_OPTIONS if harness_without_te(backend) else DEFAULT_RUN_OPTIONS
+    if backend in ("local", "ray"):
+        opts = HARNESS_RUN_OPTIONS if harness_without_te(backend) else HARNESS_TE_RUN_OPTIONS
+    else:
+        opts = DEFAULT_RUN_OPTIONS
+    return dataclasses.replace(opts, megatron_core=megatron_core) if megatron_core else opts
 
 
 def trial_warmup_steps(config: TuneConfig) -> int:
@@ -196,6 +209,10 @@ def _validate_config(config: TuneConfig) -> None:
         )
     if not (math.isfinite(config.trial_timeout_s) and config.trial_timeout_s > 0):
         raise TunerError(f"--trial-timeout must be a positive number of seconds, got {config.trial_timeout_s}")
+    if config.megatron_core is not None:
+        from specs import megatron_core_version
+
+        megatron_core_version(config.megatron_core)
     if config.command_template and config.backend != "command":
         raise TunerError(f"--command-template is for --backend command (this run uses --backend {config.backend})")
     if config.ray_address is not None and config.backend != "ray":

@@ -12,8 +12,9 @@ import numpy as np
 from cost_model.calibration import Calibration, load_calibration
 from cost_model.estimate import EstimateTable, estimate_table
 from launch.harness.spec import slice_model
+from search_spaces.rules import RuleEnv
 from search_spaces.space import Enumeration, SearchSpace, enumerate_layouts
-from specs import Cluster, ModelSpec, Workload, load_model, parse_gpus
+from specs import DEFAULT_RUN_OPTIONS, Cluster, ModelSpec, RunOptions, Workload, load_model, parse_gpus
 from specs.errors import TunerError
 from specs.layout import Dispatcher
 from tuner.pareto import pareto_mask
@@ -40,6 +41,10 @@ class Prepared:
     """Indices (into the valid table) of the predicted Pareto front among fitting layouts."""
     enumerate_seconds: float
     estimate_seconds: float
+    options: RunOptions = DEFAULT_RUN_OPTIONS
+    """The run options the estimates assumed (the backend's stack, the megatron-core release)."""
+    n_over_host: int = 0
+    """Layouts that fit in GPU memory but are predicted over ``--host-memory-gib`` per node (refused)."""
 
     @property
     def n_valid(self) -> int:
@@ -77,6 +82,9 @@ def prepare(config: TuneConfig) -> Prepared:
         gpus_per_node=config.gpus_per_node,
         inter_node_bytes_per_s=config.network_gbps * 1e9 / 8 if config.network_gbps is not None else None,
         usd_per_gpu_hour=config.usd_per_gpu_hour,
+        network=config.network,
+        host_memory_gib=config.host_memory_gib,
+        require_network=True,
     )
     workload = Workload(seq_length=config.seq_length, global_batch_size=config.global_batch_size, precision=config.precision)
     if workload.precision.value == "fp8" and not cluster.gpu.peak_flops_fp8:
@@ -98,16 +106,26 @@ def prepare(config: TuneConfig) -> Prepared:
         stack_notes.append("real trials without Transformer Engine: the precision-aware optimizer is off (it needs TE's FusedAdam), "
                            "so the layouts are predicted and measured with fp32 master weights")
     cal = load_calibration(config.calibration)
-    opts = run_options_for_backend(config.backend)
+    opts = run_options_for_backend(config.backend, config.megatron_core)
+    env = RuleEnv.of(cluster, opts)
     t0 = time.perf_counter()
-    en = enumerate_layouts(space, model, cluster.num_gpus, workload)
+    en = enumerate_layouts(space, model, cluster.num_gpus, workload, env)
     en.notes.extend(stack_notes)
     t1 = time.perf_counter()
     est = estimate_table(model, cluster, workload, en.valid, calibration=cal, memory_headroom=config.memory_headroom, options=opts)
     t2 = time.perf_counter()
-    fits = est.fits
-    if not fits.any():
+    gpu_fits = est.fits
+    if not gpu_fits.any():
         raise TunerError(_no_fit_message(config, model, cluster, workload, space, cal, en, est))
+    host_fits = est.host_fits
+    fits = gpu_fits & host_fits
+    if not fits.any():
+        need = float(est.host_bytes_per_node[gpu_fits].min()) / 2**30
+        raise TunerError(
+            f"--host-memory-gib {cluster.host_memory_bytes_per_node / 2**30:,.0f}: every layout that fits in GPU memory needs more "
+            f"host memory per node (the least: {need:,.1f} GiB predicted, the training processes and CPU optimizer offload); "
+            f"give at least {need:,.0f} GiB, or leave offload out of the space (--space)"
+        )
     idx = np.flatnonzero(fits)
     front_local = pareto_mask(est.tokens_per_s_per_gpu[idx], est.peak_bytes[idx])
     front = idx[front_local]
@@ -125,6 +143,8 @@ def prepare(config: TuneConfig) -> Prepared:
         front=front,
         enumerate_seconds=t1 - t0,
         estimate_seconds=t2 - t1,
+        options=opts,
+        n_over_host=int(np.count_nonzero(gpu_fits & ~host_fits)),
     )
     return prep
 
@@ -160,7 +180,7 @@ def _no_fit_message(
     for n in sizes:
         try:
             c2 = dataclasses.replace(cluster, num_gpus=n, gpus_per_node=min(max(cluster.gpus_per_node, min(n, cluster.gpu.gpus_per_node)), n))
-            en2 = enumerate_layouts(space, model, n, workload)
+            en2 = enumerate_layouts(space, model, n, workload, RuleEnv.of(c2, run_options_for_backend(config.backend, config.megatron_core)))
             if len(en2.valid) == 0:
                 continue
             e2 = estimate_table(model, c2, workload, en2.valid, calibration=cal, memory_headroom=config.memory_headroom,

@@ -140,6 +140,8 @@ def resolved(prep: Prepared) -> dict[str, Any]:
         "num_gpus": c.num_gpus,
         "gpus_per_node": c.gpus_per_node,
         "inter_node_bytes_per_s": c.inter_node_bytes_per_s,
+        "network": c.network.key if c.network else None,
+        "megatron_core": prep.options.megatron_core,
         "usd_per_gpu_hour": c.usd_per_gpu_hour,
         "seq_length": prep.workload.seq_length,
         "global_batch_size": prep.workload.global_batch_size,
