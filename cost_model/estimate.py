@@ -151,7 +151,7 @@ def _memory_by_rank(c: TableContext, dense: Array, experts: Array, owned: Array,
     inflight = schedule.inflight_microbatches(c)
     act = memory.activation_bytes(
         c, memory.offload_kept_bytes(c, per_rank), inflight, memory.embedding_activation_bytes(c, inflight),
-        memory.working_set_bytes(c, full_moe, full_dense),
+        memory.working_set_bytes(c, full_moe, full_dense) + memory.a2a_overlap_extra_bytes(c, full_moe),
     ) + memory.cuda_graph_buffer_bytes(c, inflight)
     logits = memory.logits_bytes(c)
     buffers = memory.dispatcher_buffer_bytes(c, copies)

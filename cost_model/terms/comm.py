@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cost_model.terms import state
 from cost_model.terms.context import Array, BoolArray, TableContext, col
 from specs.units import BF16_BYTES, FP32_BYTES
 
@@ -21,6 +22,7 @@ __all__ = [
     "cp_ring_time",
     "collective_bandwidth",
     "distinct_groups_hit",
+    "dp_bytes_per_param",
     "dp_comm_time",
     "ep_all_to_all_time",
     "ep_forward_time",
@@ -408,10 +410,26 @@ def ep_layer_time(c: TableContext, a2a: Array) -> Array:
 # --------------------------------------------------------------------------- data parallel
 
 
+def dp_bytes_per_param(c: TableContext) -> Array:
+    """Data-parallel bytes per parameter per step with the distributed optimizer: the main-gradient reduce-scatter
+    in the gradient dtype (:func:`cost_model.terms.state.main_grad_bytes_per_param`: 4 with ``grad_reduce_in_fp32``,
+    2 without) and the parameter all-gather in the compute weights' dtype (bf16, or the quantised bytes with
+    ``fp8_param_gather``: megatron/core/distributed/param_and_grad_buffer.py gathers the param buffer as it is
+    stored); without the distributed optimizer an all-reduce, two gradient reduce-scatters.
+    (:data:`DISTOPT_BYTES_PER_PARAM` = 6 with fp32 grads and bf16 weights.)
+
+    Returns:
+        Bytes per parameter, ``(n, 1)``.
+    """
+    grad = state.main_grad_bytes_per_param(c)
+    gather = c.low_precision_weight_bytes if c.options.low_precision_params(c.workload.precision) else BF16_BYTES
+    return np.where(c.distributed_optimizer, grad + gather, 2 * grad)
+
+
 def dp_comm_time(c: TableContext, dense: Array, experts: Array) -> Array:
     """Data-parallel communication per step on the slowest rank: the dense parameters' gradient
     reduce-scatter and parameter all-gather over DP x CP, the experts' over EDP
-    (:data:`DISTOPT_BYTES_PER_PARAM`, or an all-reduce without the distributed optimizer); with
+    (:func:`dp_bytes_per_param`, or an all-reduce without the distributed optimizer); with
     Megatron FSDP every micro-batch (:data:`FSDP_BYTES_PER_PARAM`). ``dp_overlap`` of it is hidden
     with ``--overlap-grad-reduce`` (or FSDP); the seed's run has neither.
 
@@ -429,7 +447,7 @@ def dp_comm_time(c: TableContext, dense: Array, experts: Array) -> Array:
         b = FSDP_BYTES_PER_PARAM
         per_rank = col(c.micro_batches) * (ring_time(b * dense, dpcp, dense_bw) + ring_time(b * experts, col(c.edp), exp_bw))
     else:
-        per_param = np.where(c.distributed_optimizer, DISTOPT_BYTES_PER_PARAM, ALLREDUCE_BYTES_PER_PARAM)
+        per_param = dp_bytes_per_param(c)
         per_rank = ring_time(per_param * dense, dpcp, dense_bw) + ring_time(per_param * experts, col(c.edp), exp_bw)
     hidden = cal.dp_overlap if (opt.overlap_grad_reduce or opt.use_megatron_fsdp) else 0.0
     worst: Array = (per_rank * c.live).max(axis=1)

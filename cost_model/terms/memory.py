@@ -13,6 +13,7 @@ from cost_model.terms.context import Array, TableContext, col
 from specs.units import BF16_BYTES
 
 __all__ = [
+    "a2a_overlap_extra_bytes",
     "activation_bytes",
     "cuda_graph_buffer_bytes",
     "dispatcher_buffer_bytes",
@@ -117,6 +118,25 @@ def cuda_graph_buffer_bytes(c: TableContext, inflight: Array) -> Array:
         return np.zeros_like(c.layers)
     layer_input = BF16_BYTES * c.tokens * c.dims.h / col(c.tp)
     return c.cal.cuda_graph_static_buffers * layer_input * c.layers * inflight * c.live
+
+
+def a2a_overlap_extra_bytes(c: TableContext, full_moe: Array) -> Array:
+    """What EP all-to-all overlap (``overlap_moe_expert_parallel_comm``) keeps on top of the schedule's activations:
+    its combined 1F1B runs a forward layer of one (virtual) micro-batch together with a backward layer of another
+    (megatron-core ``combined_1f1b.py``; one more warm-up forward with VPP, ``schedules.py``), and as the forward adds
+    a layer's activations the backward frees one, so the peak holds about one MoE layer more:
+    ``full_moe`` on ranks with MoE layers. [inferred from the schedule: a whole extra micro-batch would put 5
+    published Qwen3-30B-A3B PP 1 rows with overlap at 1.2-1.4x their HBM although they ran]
+
+    Args:
+        full_moe: a MoE layer's activations without recompute, ``(n, 1)``.
+
+    Returns:
+        Bytes, ``(n, K)``; 0 without the overlap.
+    """
+    if not c.options.overlap_moe_expert_parallel_comm or not c.dims.is_moe:
+        return np.zeros_like(c.layers)
+    return np.where(c.moe_layers > 0, full_moe, 0.0) * c.live
 
 
 def activation_bytes(c: TableContext, per_rank: Array, inflight: Array, embedding: Array, working_set: Array) -> Array:

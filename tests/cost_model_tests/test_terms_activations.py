@@ -245,3 +245,13 @@ def test_framework_overhead_bytes():
     out = memory.framework_overhead_bytes(make_ctx(**BASE), np.array([[1e9, 0.0]]))
     base = 0.75 * GIB + 8 * 0.2 * GIB
     assert out[0].tolist() == pytest.approx([base + 0.08 * 1e9, base])
+
+
+def test_a2a_overlap_keeps_one_more_moe_layer():
+    ovl = RunOptions(overlap_moe_expert_parallel_comm=True)
+    layer = np.array([[1000.0]])
+    pp4 = dict(tp=2, sequence_parallel=True, pp=4, ep=2)  # rank 0 holds only the dense layer 0
+    assert memory.a2a_overlap_extra_bytes(make_ctx(options=ovl, **pp4), layer).tolist() == [[0.0, 1000.0, 1000.0]]  # 3 rank classes
+    assert memory.a2a_overlap_extra_bytes(make_ctx(options=ovl, **BASE), layer).tolist() == [[1000.0, 1000.0]]
+    assert not memory.a2a_overlap_extra_bytes(make_ctx(**BASE), layer).any()
+    assert not memory.a2a_overlap_extra_bytes(make_ctx(model=TINY_DENSE, options=ovl, tp=2, sequence_parallel=True), layer).any()

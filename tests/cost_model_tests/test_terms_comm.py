@@ -126,10 +126,11 @@ def test_flex_dispatch_time_at_the_fabric_s_efficiency():
     of its time is 0.80 / 0.86 of what NCCL's calibration efficiency gives."""
     import dataclasses
 
+    from term_fixtures import TEST_CLUSTER, TEST_WORKLOAD, TINY_MOE
+
     from cost_model.terms.context import build_context
     from specs import load_network
     from specs.layout import Layout, LayoutTable
-    from term_fixtures import TEST_CLUSTER, TEST_WORKLOAD, TINY_MOE
 
     ib = dataclasses.replace(TEST_CLUSTER, network=load_network("ib-ndr"))
     lay = Layout(world_size=16, tp=2, ep=8, sequence_parallel=True, dispatcher="flex+deepep")
@@ -203,3 +204,13 @@ def test_dp_comm_time():
     assert comm.dp_comm_time(allreduce, dense, experts)[0] == pytest.approx((8 * 200 * 3 / 4 + 8 * 20 / 2) / NET)
     fsdp = make_ctx(options=RunOptions(use_megatron_fsdp=True), **BASE)  # every micro-batch (8), 2 x bf16 + fp32
     assert comm.dp_comm_time(fsdp, dense, experts)[0] == pytest.approx(8 * (8 * 200 * 3 / 4 + 8 * 20 / 2) / NET * 0.75)
+
+
+def test_dp_bytes_per_param_follow_the_grad_and_param_dtypes():
+    assert comm.dp_bytes_per_param(make_ctx(**BASE))[0, 0] == 4 + 2  # fp32 grads reduce-scattered, bf16 params gathered
+    assert comm.dp_bytes_per_param(make_ctx(options=RunOptions(grad_reduce_in_fp32=False), **BASE))[0, 0] == 2 + 2
+    fp8 = Workload(seq_length=1024, global_batch_size=16, precision="fp8")
+    gather = make_ctx(workload=fp8, options=RunOptions(grad_reduce_in_fp32=False, fp8_param_gather=True), **BASE)
+    assert comm.dp_bytes_per_param(gather)[0, 0] == 2 + 1  # fp8 params gathered in fp8
+    no_distopt = make_ctx(**BASE, use_distributed_optimizer=False, use_precision_aware_optimizer=False)
+    assert comm.dp_bytes_per_param(no_distopt)[0, 0] == 2 * 4  # an all-reduce
