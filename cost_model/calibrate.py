@@ -239,7 +239,7 @@ TRIAL_FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "grouped_gemm_half_rows": (8.0, 16384.0),
     "moe_layer_overhead_s": (0.0, 2e-2),
     "expert_gemm_overhead_s": (0.0, 2e-3),
-    "alltoall_sync_latency_s": (0.0, 2e-2),
+    "moe_host_sync_latency_s": (0.0, 2e-2),
 }
 
 #: Step-time constants fitted to real trials by default: the compute efficiencies, the fixed

@@ -108,11 +108,14 @@ class Calibration:
     """Fixed cost per MoE layer per micro-batch per pass (forward, backward, recomputed forward),
     whatever the dispatcher: router top-k and score kernels, permutation index kernels and the
     host-side launch work of their small kernels."""
-    alltoall_sync_latency_s: float = 0.5e-3
-    """Extra cost per MoE layer per micro-batch per pass for the alltoall / allgather dispatchers:
-    the device-to-host copy of the token counts that stalls the stream
-    (megatron/core/transformer/moe/token_dispatcher.py, ``.cpu()`` of the splits). The flex
-    dispatcher (DeepEP / HybridEP) has no such sync."""
+    moe_host_sync_latency_s: float = 0.5e-3
+    """Extra cost per MoE layer per micro-batch per pass, whatever the dispatcher: the device-to-host copy of the
+    tokens per expert that stalls the stream. The grouped GEMM takes its splits as a host list (megatron-core
+    ``TEGroupedMLP.forward``: ``tokens_per_expert.tolist()`` for TE's ``GroupedLinear(m_splits)``), and DeepEP's
+    normal dispatch returns the received counts as a host list too (DeepEP README, ``Buffer.dispatch``); the alltoall
+    dispatcher also ``.cpu()``-s its splits (token_dispatcher.py). The first cut gave flex no such sync, which put
+    DeepEP / HybridEP ahead of alltoall where NVIDIA measured them 1-6% behind (docs/published_pairs.md).
+    (Was ``alltoall_sync_latency_s``.)"""
     expert_gemm_overhead_s: float = 30e-6
     """Fixed cost per local expert per expert GEMM (fc1, fc2 forward; their dgrad and wgrad
     backward): Transformer Engine's GroupedLinear runs one cuBLAS GEMM per local expert, each
@@ -147,6 +150,11 @@ class Calibration:
     ep_a2a_overlap: float = 0.5
     """Fraction of EP all-to-all time hidden with ``--overlap-moe-expert-parallel-comm``
     (dispatch / combine of one micro-batch under the compute of another)."""
+    flex_sm_share: float = 0.15
+    """Share of a GPU's SMs the flex dispatchers' kernels hold while they run: Megatron's ``moe_deepep_num_sms``
+    default 20 (``moe_hybridep_num_sms`` 16) of H100's 132 SMs (megatron-core ``TransformerConfig``). With EP A2A
+    overlap the compute that hides their all-to-all runs on the other SMs, so the hidden part costs this share of
+    its time (NCCL's all-to-all uses few channels: not modelled). Not fitted."""
     cuda_graph_overhead_factor: float = 0.3
     """Share of the fixed per-layer MoE costs (``moe_layer_overhead_s``, and with whole-iteration
     graphs also ``expert_gemm_overhead_s``) left when CUDA graphs capture them (kernel launches
@@ -243,7 +251,7 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
         "nvlink_efficiency", "alltoall_nvlink_efficiency", "network_efficiency", "pcie_efficiency",
     )},
     **{k: (0.0, 1.0, False) for k in (
-        "dp_overlap", "pp_p2p_overlap", "offload_overlap", "allocator_overhead_fraction",
+        "dp_overlap", "pp_p2p_overlap", "offload_overlap", "allocator_overhead_fraction", "flex_sm_share",
         "tp_comm_overlap_fraction", "cp_p2p_overlap", "ep_a2a_overlap",
     )},
     **{k: (0.0, 2.0, True) for k in (

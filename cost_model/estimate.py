@@ -187,7 +187,7 @@ def _time_per_microbatch(c: TableContext, copies: Array) -> dict[str, Array]:
     fwd_attn = recompute.attention_forward_time(c, linear, core, elem_attn, tp_attn)
     fwd_moe = recompute.moe_forward_time(c, experts, router, shared, elem_moe, tp_moe, ep_forward)
     fwd_dense = recompute.dense_forward_time(c, mlp, elem_attn, tp_dense)
-    sel_attn = recompute.selective_attention_time(c, core, elem_attn)
+    sel_attn = recompute.selective_attention_time(c, core, elem_attn, compute.mla_up_projection_time(c))
     share = recompute.full_recompute_share(c, activations.recomputed_fraction(c))
     rec_moe = recompute.recompute_moe_time(c, share, fwd_attn, fwd_moe, sel_attn + recompute.selective_moe_time(c, fwd_moe, elem_moe, shared))
     rec_dense = recompute.recompute_dense_time(c, share, fwd_attn, fwd_dense, sel_attn + recompute.selective_dense_time(c, fwd_dense))

@@ -281,13 +281,16 @@ def _a2a_bandwidths(c: TableContext) -> tuple[float, float]:
 
 def flex_dispatch_time(c: TableContext, remote: Array) -> Array:
     """One flex all-to-all (DeepEP / HybridEP): a token goes once to each distinct GPU that holds one of
-    its experts (:func:`distinct_groups_hit` over ``ep`` GPUs), not once per expert; with
-    :attr:`specs.Dispatcher.dedups_per_node` once to each distinct remote node, forwarded there over
-    NVLink (DeepEP README, "normal kernels"); NVLink and network traffic overlap. Each link at the dispatcher's own
-    published efficiency (no fixed speedup over NCCL): on NVLink ``dispatch_nvlink_efficiency`` of the GPU's NVLink
-    bandwidth (DeepEP 0.96, HybridEP 0.82, ``specs/data/networks.yaml`` ``intra_domain``), across nodes
-    ``dispatch_network_efficiency`` of the per-GPU NIC share (DeepEP on InfiniBand 0.86; NCCL's where the fabric's
-    data gives none).
+    its experts (:func:`distinct_groups_hit` over ``ep`` GPUs), not once per expert; NVLink and network traffic
+    overlap. Each link at the dispatcher's own published bandwidth (no fixed speedup over NCCL): on NVLink
+    ``dispatch_nvlink_efficiency`` of the GPU's NVLink bandwidth (DeepEP 0.96, HybridEP 0.82,
+    ``specs/data/networks.yaml`` ``intra_domain``); across nodes the bytes for the remote GPUs hit at
+    ``dispatch_network_efficiency`` of the per-GPU NIC share. For DeepEP that is its *logical* RDMA bandwidth
+    (DeepEP README, V1 normal kernels, H800 + CX7: 43 / 58 / 51 GB/s at EP 16 / 32 / 64 of a ~50 GB/s NIC, counted
+    per destination GPU): its sending once per remote node and forwarding over NVLink
+    (:attr:`specs.Dispatcher.dedups_per_node`) is what lets the logical figure exceed the NIC, so the node
+    de-duplication is inside that efficiency and not applied again (applied on top it put DeepEP 28% ahead of
+    alltoall on 256 H100 where NVIDIA measured it 1-6% behind, docs/published_pairs.md).
 
     Args:
         remote: :func:`ep_remote_fraction`, ``(n, 1)``.
@@ -300,18 +303,17 @@ def flex_dispatch_time(c: TableContext, remote: Array) -> Array:
     net = cluster.inter_node_bytes_per_s / cluster.gpus_per_node * c.dispatch_network_efficiency
     ep = col(c.ep)
     tok = BF16_BYTES * c.tokens / col(c.tp) * m.h
-    nodes = np.maximum(ep / col(ep_local_peers(c)), 1.0)
     gpus_hit = distinct_groups_hit(m.experts, m.topk, ep)
-    net_hit = np.where(c.dedups_per_node, distinct_groups_hit(m.experts, m.topk, nodes) * (nodes - 1) / nodes, gpus_hit * remote)
     over_nvlink = tok * gpus_hit * (ep - 1) / ep * c.load_imbalance
-    over_network = tok * np.where(remote > 0, net_hit, 0.0) * c.load_imbalance
+    over_network = tok * gpus_hit * remote * c.load_imbalance
     return np.maximum(over_nvlink / nv, over_network / net)
 
 
 def ep_all_to_all_time(c: TableContext) -> Array:
     """One dispatch or combine: NCCL all-to-all (alltoall / allgather, :func:`ep_send_bytes`; the NVLink
     and network parts in parallel, the slower one counts) or flex (:func:`flex_dispatch_time`), less
-    ``ep_a2a_overlap`` with ``--overlap-moe-expert-parallel-comm``.
+    ``ep_a2a_overlap`` of it with ``--overlap-moe-expert-parallel-comm``; a flex dispatcher's hidden part still costs
+    ``flex_sm_share`` of it, the compute slowed by the SMs its kernels hold.
 
     Returns:
         Seconds, ``(n, 1)``.
@@ -322,16 +324,20 @@ def ep_all_to_all_time(c: TableContext) -> Array:
     nccl = np.maximum(send * (1 - remote) / nv, send * remote / net)
     one = np.where(c.flex, flex_dispatch_time(c, remote), nccl)
     if c.options.overlap_moe_expert_parallel_comm:
-        one = one * (1.0 - c.cal.ep_a2a_overlap)
+        hidden = one * c.cal.ep_a2a_overlap
+        # the flex kernels run on SMs of their own (Megatron's moe_deepep_num_sms / moe_hybridep_num_sms): the compute
+        # they overlap slows by that share of the GPU while they run
+        one = one - hidden + np.where(c.flex, hidden * c.cal.flex_sm_share, 0.0)
     return one
 
 
 def _fixed_layer_cost(c: TableContext) -> Array:
     """Per MoE layer per pass: ``moe_layer_overhead_s`` (x ``cuda_graph_overhead_factor`` when CUDA graphs
-    capture the router) plus, except for flex, the dispatcher's host sync ``alltoall_sync_latency_s``."""
+    capture the router) plus the host sync of the tokens per expert, ``moe_host_sync_latency_s``, for every
+    dispatcher (the grouped GEMM's splits are a host list)."""
     cal = c.cal
     layer = cal.moe_layer_overhead_s * (cal.cuda_graph_overhead_factor if c.options.cuda_graph_moe else 1.0)
-    return layer + np.where(c.flex, 0.0, cal.alltoall_sync_latency_s)
+    return layer + cal.moe_host_sync_latency_s + np.zeros_like(c.tokens)
 
 
 def fp8_quantize_cost(c: TableContext) -> float:

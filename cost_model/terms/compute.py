@@ -33,6 +33,7 @@ __all__ = [
     "logits_flops",
     "logits_time",
     "moe_compute_time",
+    "mla_up_projection_time",
     "moe_elementwise_time",
     "router_flops",
     "router_time",
@@ -158,6 +159,18 @@ def attention_linear_time(c: TableContext) -> Array:
     """
     f = attention_linear_flops(c)
     return f / (c.gemm_peak_flops * gemm_efficiency(f / ATTENTION_PROJECTION_GEMMS, c.cal))
+
+
+def mla_up_projection_time(c: TableContext) -> Array:
+    """Forward time of MLA's up-projections (what selective ``mla_up_proj`` recompute re-runs in backward,
+    megatron-core multi_latent_attention.py ``recompute_up_proj``): ``2 x tokens x up_projection_params / tp`` FLOPs
+    at the GEMM peak, each of the two GEMMs' efficiency from its size.
+
+    Returns:
+        Seconds, ``(n, 1)``; 0 for GQA.
+    """
+    f = FLOPS_PER_MAC * c.tokens * c.dims.up_projection_params / col(c.tp)
+    return np.where(f > 0, f / (c.gemm_peak_flops * gemm_efficiency(np.maximum(f, 1.0) / ATTENTION_PROJECTION_GEMMS, c.cal)), 0.0)
 
 
 def core_attention_time(c: TableContext) -> Array:

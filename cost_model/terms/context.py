@@ -83,6 +83,9 @@ class ModelDims:
     GQA; MLA: the expanded keys and values, ``heads x (qk_head_dim + qk_pos_emb_head_dim + v_head_dim)``."""
     latent_dim: float
     """MLA's saved low-rank latents, ``q_lora_rank + kv_lora_rank`` (the up-projections' inputs); 0 for GQA."""
+    up_projection_params: float
+    """MLA's up-projection weights (what ``mla_up_proj`` recompute re-runs): ``q_lora_rank x heads x (qk_head_dim +
+    qk_pos_emb_head_dim) + kv_lora_rank x heads x (qk_head_dim + v_head_dim)``; 0 for GQA."""
     expanded_qkv_dim: float
     """What ``mla_up_proj`` recompute discards: the expanded Q, K and V after the up-projections and RoPE,
     ``q_dim + saved_kv_dim`` for MLA (megatron/core/transformer/multi_latent_attention.py, ``recompute_up_proj``
@@ -121,9 +124,10 @@ class ModelDims:
             saved_kv = nh * (model.qk_head_dim + model.qk_pos_emb_head_dim + model.v_head_dim)
             latent = float(model.q_lora_rank + model.kv_lora_rank)
             expanded = q_dim + saved_kv
+            up = float(model.q_lora_rank) * q_dim + float(model.kv_lora_rank) * nh * (model.qk_head_dim + model.v_head_dim)
         else:
             q_dim, kv_dim, ctx_dim = nh * d, 2 * float(model.num_query_groups) * d, nh * d
-            saved_kv, latent, expanded = kv_dim, 0.0, 0.0
+            saved_kv, latent, expanded, up = kv_dim, 0.0, 0.0, 0.0
         return cls(
             h=h,
             heads=nh,
@@ -141,6 +145,7 @@ class ModelDims:
             saved_kv_dim=saved_kv,
             latent_dim=latent,
             expanded_qkv_dim=expanded,
+            up_projection_params=up,
             attention_params=float(model.attention_params()),
             layer_norm_params=2 * h + float(model.attention_norm_params()),
             dense_mlp_params=float(model.dense_mlp_params()),

@@ -68,15 +68,20 @@ def dense_forward_time(c: TableContext, mlp: Array, attention_elementwise: Array
     return mlp + attention_elementwise * c.cal.dense_mlp_elementwise_share / _forward_share(c) + tp * FORWARD_TP_SHARE
 
 
-def selective_attention_time(c: TableContext, core: Array, attention_elementwise: Array) -> Array:
-    """Selective recompute in the attention side: core attention (``core_attn``) and the norms'
-    forward (``layernorm``: ``norm_elementwise_share`` of the attention side's memory-bound forward).
+def selective_attention_time(c: TableContext, core: Array, attention_elementwise: Array, up_projection: Array) -> Array:
+    """Selective recompute in the attention side: core attention (``core_attn``), the norms'
+    forward (``layernorm``: ``norm_elementwise_share`` of the attention side's memory-bound forward) and MLA's
+    up-projections (``mla_up_proj``: :func:`cost_model.terms.compute.mla_up_projection_time`).
+
+    Args:
+        up_projection: :func:`cost_model.terms.compute.mla_up_projection_time`, ``(n, 1)``.
 
     Returns:
         Seconds, ``(n, 1)``.
     """
     norms = attention_elementwise * c.cal.norm_elementwise_share / _forward_share(c)
-    return np.where(c.recomputes("core_attn"), core, 0) + np.where(c.recomputes("layernorm"), norms, 0)
+    return (np.where(c.recomputes("core_attn"), core, 0) + np.where(c.recomputes("layernorm"), norms, 0)
+            + np.where(c.recomputes("mla_up_proj"), up_projection, 0))
 
 
 def selective_moe_time(c: TableContext, moe_forward: Array, moe_elementwise: Array, shared: Array) -> Array:

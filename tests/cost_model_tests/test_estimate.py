@@ -168,10 +168,10 @@ def test_distinct_groups_hit_uniform_routing():
     assert _distinct_groups_hit(256, 8, np.array([8.0]))[0] == pytest.approx(8 * (1 - comb(224, 8) / comb(256, 8)))
 
 
-def test_deepep_sends_once_per_remote_node():
+def test_deepep_sends_once_per_remote_gpu_hit():
     """Inter-node EP: DeepEP's hierarchical dispatch moves fewer bytes over the network than NCCL
-    all-to-all (one copy per routed expert), so its EP time is lower than alltoall's at its own efficiency
-    on InfiniBand (0.86 of the NIC, below NCCL's fitted figure)."""
+    all-to-all (one copy per routed expert): one copy per remote GPU hit at its logical bandwidth, so its EP time is
+    lower than alltoall's."""
     from specs import RunOptions
 
     m = load_model("DeepSeek-V3")
@@ -181,7 +181,7 @@ def test_deepep_sends_once_per_remote_node():
     base = Layout(world_size=256, pp=8, vpp=2, ep=32, num_layers_in_first_pipeline_stage=7, num_layers_in_last_pipeline_stage=6)
     opts = RunOptions(moe_router_force_load_balancing=True)
     t = {d: estimate(m, c, w, base.replace(dispatcher=d), calibration=cal, options=opts).time["ep_comm"] for d in ("alltoall", "flex+deepep")}
-    assert t["flex+deepep"] < 0.6 * t["alltoall"]
+    assert 0.6 * t["alltoall"] < t["flex+deepep"] < 0.95 * t["alltoall"]  # fewer bytes, but no 1.4x per byte any more
 
 
 def test_calibration_files_refuse_stray_keys_and_say_why_1e30_is_text(tmp_path):

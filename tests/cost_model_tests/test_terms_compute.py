@@ -103,3 +103,15 @@ def test_logits_time_on_the_last_rank():
     gemms = 3 * f / (1e15 * eff(f))
     softmax = 3 * 4 * 512 * 1024 / 2 / HBM  # fp32 logits, forward + twice that backward
     assert compute.logits_time(make_ctx(**BASE))[0].tolist() == pytest.approx([0.0, gemms + softmax])
+
+
+def test_mla_up_projection_time():
+    from term_fixtures import BASE, TINY_MOE, make_ctx
+
+    mla = TINY_MOE.replace(q_lora_rank=24, kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=8, qk_layernorm=False)
+    c = make_ctx(model=mla, **BASE)
+    params = 24 * 4 * (8 + 4) + 16 * 4 * (8 + 8)  # q_up + kv_up
+    assert c.dims.up_projection_params == params
+    f = 2 * 512 * params / 2
+    assert compute.mla_up_projection_time(c)[0, 0] == pytest.approx(f / (c.gemm_peak_flops * compute.gemm_efficiency(np.array(f / 2), c.cal)))
+    assert compute.mla_up_projection_time(make_ctx(**BASE))[0, 0] == 0

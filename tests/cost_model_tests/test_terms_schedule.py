@@ -139,14 +139,16 @@ def test_forward_times():
 def test_selective_recompute_times():
     one = np.array([[1.0]])
     c = make_ctx(**BASE, **SELECTIVE)
-    assert recompute.selective_attention_time(c, 2 * one, 6 * one)[0, 0] == 2 + 6 * 0.5 / 3  # core_attn + layernorm
+    assert recompute.selective_attention_time(c, 2 * one, 6 * one, 5 * one)[0, 0] == 2 + 6 * 0.5 / 3  # core_attn + layernorm
+    up = make_ctx(**BASE, recompute_granularity="selective", recompute_modules=("mla_up_proj", "core_attn"))
+    assert recompute.selective_attention_time(up, 2 * one, 6 * one, 5 * one)[0, 0] == 2 + 5  # + the up-projections
     assert recompute.selective_moe_time(c, 10 * one, 6 * one, 4 * one)[0, 0] == 6 * 0.5 / 3 + 4  # moe_act + shared_experts
     moe = make_ctx(**BASE, recompute_granularity="selective", recompute_modules=("moe", "shared_experts"))
     assert recompute.selective_moe_time(moe, 10 * one, 6 * one, 4 * one)[0, 0] == 10  # the whole forward, shared in it
     mlp = make_ctx(**BASE, recompute_granularity="selective", recompute_modules=("mlp",))
     assert recompute.selective_dense_time(mlp, 7 * one)[0, 0] == 7 and recompute.selective_dense_time(c, 7 * one)[0, 0] == 0
     none = make_ctx(**BASE)
-    assert recompute.selective_attention_time(none, 2 * one, 6 * one)[0, 0] == 0
+    assert recompute.selective_attention_time(none, 2 * one, 6 * one, 5 * one)[0, 0] == 0
 
 
 def test_full_recompute_share_and_layer_times():

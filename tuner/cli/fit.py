@@ -39,11 +39,85 @@ def _read(data: list[Path]) -> tuple[list[Any], list[Any]]:
     return runs, problems
 
 
+def _published_json(preds: list[Any], runs: list[Any], problems: list[Any], calibration: Path | None) -> dict[str, Any]:
+    """Every row, the rows not represented, the unreadable cells and the summary, as plain JSON values."""
+    from cost_model.validate import summarize
+
+    def num(x: float) -> float | None:
+        return float(x) if x is not None and math.isfinite(x) else None
+
+    rows = [{
+        "id": p.run.run_id, "row": p.run.row, "model": p.run.model.name, "gpu": p.run.gpu_type, "num_gpus": p.run.num_gpus,
+        "precision": p.run.precision, "layout": p.run.layout.label, "dispatcher": p.run.layout.dispatcher.value,
+        "metric": "tokens_per_s_per_gpu" if p.run.metric == "tokens" else "model_tflops_per_gpu",
+        "published": num(p.published), "predicted": num(p.predicted), "error": num(p.error), "fits": bool(p.fits), "peak_gib": num(p.peak_gib),
+    } for p in preds]
+    groups = [{**g, "group": list(g["group"])} for g in summarize(preds)]
+    allp = summarize(preds, key=lambda p: ("all", "all"))[0]
+    return {
+        "calibration": str(calibration) if calibration else "shipped (cost_model/data/calibration.yaml)",
+        "rows": rows,
+        "not_representable": [{"id": r.run_id, "row": r.row, "model": r.model_name, "reason": r.unrepresentable} for r in runs if r.unrepresentable],
+        "unreadable": [{"row": pr.row, "id": pr.run_id, "column": pr.column, "message": pr.message} for pr in problems],
+        "summary": {"groups": groups, "all": {**allp, "group": ["all", "all"]},
+                    "predicted_not_to_fit": sum(1 for p in preds if not p.fits)},
+    }
+
+
+def _trials(trials: list[Path], calibration: Path | None, as_json: bool, rows: bool) -> dict[str, Any]:
+    """``--trials``: predict each finished sweep row with its stack's calibration; print (or return) rows and summary."""
+    from tuner.validate_trials import predict_trials, read_trials, summarize_trials
+
+    trows, skipped = read_trials([str(t) for t in trials])
+    if not trows:
+        raise TunerError(f"--trials {', '.join(map(str, trials))}: no finished row (status ok with a step time and a reserved peak); "
+                         f"{len(skipped)} rows left out")
+    preds = predict_trials(trows, calibration)
+    summ = summarize_trials(preds)
+    data = {
+        "rows": [{"source": p.row.source, "label": p.row.label, "model": p.row.model.name, "gpus": p.row.gpus,
+                  "precision": str(p.row.workload.precision), "layout": p.row.layout.label,
+                  "transformer_engine": p.row.transformer_engine, "calibration": p.calibration,
+                  "step_time_s": {"measured": p.row.step_time_s, "predicted": p.step_time_s, "error": p.step_error},
+                  "peak_gib": {"measured_reserved": p.row.peak_reserved_gib, "measured_allocated": p.row.peak_allocated_gib,
+                               "predicted": p.peak_gib, "error": p.memory_error}} for p in preds],
+        "skipped": skipped,
+        "summary": summ,
+    }
+    if as_json:
+        return data
+    if rows:
+        t = Table(title="real trials: predicted vs measured (step time; peak memory against the reserved peak)", title_justify="left")
+        for c in ("row", "label", "model", "GPUs", "prec.", "TE", "step meas.", "step pred.", "error", "reserved GiB", "pred. GiB", "error"):
+            t.add_column(c, justify="right" if c not in ("row", "label", "model", "GPUs", "prec.", "TE") else "left")
+        for p in preds:
+            t.add_row(p.row.source, p.row.label, p.row.model.name, p.row.gpus, str(p.row.workload.precision), "yes" if p.row.transformer_engine else "no",
+                      f"{p.row.step_time_s:.3f}", f"{p.step_time_s:.3f}", _pct(p.step_error), f"{p.row.peak_reserved_gib:.2f}",
+                      f"{p.peak_gib:.2f}", _pct(p.memory_error))
+        out.print(t)
+    for line in skipped:
+        err.print(f"[yellow]left out:[/] {escape(line)}")
+    t = Table(title="summary (Spearman: step time over the rows)", title_justify="left")
+    for c in ("stack", "rows", "step median |error|", "step max", "Spearman", "memory median |error|", "memory max"):
+        t.add_column(c)
+    for k in ("all", "te", "no_te"):
+        v = summ[k]
+        if not v["rows"]:
+            continue
+        t.add_row(k.replace("_", "-"), str(v["rows"]), f"{v['step_median_abs_error'] * 100:.1f}%", f"{v['step_max_abs_error'] * 100:.1f}%",
+                  "-" if not math.isfinite(v["step_spearman"]) else f"{v['step_spearman']:+.2f}",
+                  f"{v['memory_median_abs_error'] * 100:.1f}%", f"{v['memory_max_abs_error'] * 100:.1f}%")
+    out.print(t)
+    return data
+
+
 @app.command()
 def validate(
     data: DataOpt = None,
+    trials: Annotated[list[Path] | None, typer.Option("--trials", help="JSON lines of real trials written by launch.harness.sweep (repeatable): each finished row predicted with the calibration of the stack it ran on (TE or not).")] = None,
     calibration: CalOpt = None,
     rows: Annotated[bool, typer.Option("--rows/--no-rows", help="Print the table of every run (default on).")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print every row, the rows left out and the summary as one JSON object.")] = False,
 ) -> None:
     """Predict every run of a CSV of measured runs and compare with the published numbers.
 
@@ -51,23 +125,39 @@ def validate(
     tokens/s is not published, and the error), the runs the model cannot represent with the
     reason, cells that could not be read (row and column), and a summary per GPU type and
     precision: median absolute error, MAPE and Spearman within each model's rows that differ
-    in layout. Exit 2 only when no row is usable.
+    in layout. With --trials, the same for real trials (step time and peak memory). Exit 2 only
+    when no row is usable or an input is malformed.
     """
+    import json
+    import sys
+
     from cost_model.calibration import load_calibration
     from cost_model.validate import predict_runs, summarize
 
+    if not data and not trials:
+        raise TunerError("--data or --trials is required, e.g. --data benchmarks/data/published_runs.csv")
+    result: dict[str, Any] = {}
+    if trials:
+        result["trials"] = _trials(trials, calibration, as_json, rows)
     if not data:
-        raise TunerError("--data is required, e.g. --data benchmarks/data/published_runs.csv")
+        if as_json:
+            sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        return
     cal = load_calibration(calibration)
     runs, problems = _read(data)
-    for p in problems:
-        err.print(f"[yellow]skipped:[/] {escape(str(p))}")
+    if not as_json:
+        for p in problems:
+            err.print(f"[yellow]skipped:[/] {escape(str(p))}")
     preds = predict_runs(runs, cal)
     if not preds:
         reasons = sorted({str(r.unrepresentable) for r in runs if r.unrepresentable})
         why = ("; reasons: " + "; ".join(reasons[:3]) + (" ..." if len(reasons) > 3 else "")) if reasons else ""
         raise TunerError(f"no usable row in {', '.join(map(str, data))}: {_bad_rows(problems)} rows with unreadable cells, "
                          f"{sum(1 for r in runs if r.unrepresentable)} the model cannot represent{why}")
+    if as_json:
+        result["published"] = _published_json(preds, runs, problems, calibration)
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        return
     if rows:
         t = Table(title="predicted vs published (every prediction is the analytical model's; published numbers are measured)", title_justify="left")
         for c in ("id", "model", "GPUs", "precision", "layout", "metric", "published", "predicted", "error", "fits"):
@@ -95,7 +185,8 @@ def validate(
     allp = summarize(preds, key=lambda p: ("all", "all"))[0]
     t.add_row("all", "all", str(allp["rows"]), f"{allp['median_abs_error'] * 100:.1f}%", f"{allp['mape'] * 100:.1f}%", "")
     out.print(t)
-    out.print(f"{len(preds)} runs estimated, {len(unrep)} not representable (listed above), {_bad_rows(problems)} rows with unreadable cells (on stderr). "
+    out.print(f"{len(preds)} runs estimated, {len(unrep)} not representable (listed above), {_bad_rows(problems)} rows with unreadable cells (on stderr); "
+              f"predicted not to fit at 0% headroom: {sum(1 for p in preds if not p.fits)}. "
               f"Calibration: {calibration or 'shipped (cost_model/data/calibration.yaml)'}")
 
 

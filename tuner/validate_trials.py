@@ -1,0 +1,224 @@
+"""``tune validate --trials``: predict the rows a real-trial sweep measured and compare.
+
+Rows are JSON lines written by :mod:`launch.harness.sweep` (and ``benchmarks/h200_te.py``, which writes the same
+fields plus the megatron-core configuration each row ran, ``run_options``). Each finished row is predicted as the
+harness ran it: the model slice of its ``model`` field (``MiniMax-M2[4 layers]``), its GPUs, its workload and
+precision, its layout through :func:`launch.harness.spec.harness_layout`, and the run options of the stack it ran
+on: Transformer Engine or not (``run_options.harness.use_transformer_engine``, else ``versions.transformer_engine``),
+the harness's unfused SwiGLU, and the grad dtype, fp8 recipe and fused cross-entropy its ``run_options`` record.
+Each stack has its calibration: rows with TE the shipped one (``cost_model/data/calibration.yaml``), rows without
+TE :data:`NO_TE_CALIBRATION_FILE` (the no-TE harness's constants, fitted on the 1- and 2-GPU H200 trials,
+``docs/measurements.md``), unless ``--calibration`` names one for all.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cost_model.calibration import Calibration, load_calibration
+from cost_model.estimate import estimate
+from cost_model.validate import spearman
+from launch.harness.spec import HarnessEnv, harness_layout, slice_model
+from specs import HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS, ModelSpec, RunOptions, Workload, list_models, load_model, parse_gpus
+from specs.errors import InfeasibleLayout, TunerError
+from specs.layout import Layout
+
+__all__ = ["NO_TE_CALIBRATION_FILE", "TrialPrediction", "TrialRow", "predict_trials", "read_trials", "summarize_trials"]
+
+#: Constants of the no-TE trial harness (megatron-core's local spec, SequentialMLP experts): fitted by
+#: ``benchmarks/bench_trial_calibration.py --fit-data <1- and 2-GPU sweeps> --out ...`` (docs/measurements.md).
+NO_TE_CALIBRATION_FILE = Path(__file__).resolve().parents[1] / "cost_model" / "data" / "calibration_harness_no_te.yaml"
+
+_MODEL_FIELD = re.compile(r"^\s*(?P<name>[^\[]+?)\s*(?:\[(?P<layers>\d+) layers?\])?\s*$")
+
+
+@dataclass(slots=True)
+class TrialRow:
+    """One finished row of a sweep file, ready to predict."""
+
+    source: str
+    """``FILE:LINE``."""
+    label: str
+    model: ModelSpec
+    gpus: str
+    workload: Workload
+    layout: Layout
+    options: RunOptions
+    transformer_engine: bool
+    step_time_s: float
+    peak_reserved_gib: float
+    peak_allocated_gib: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TrialPrediction:
+    """A row and its prediction (step time, peak memory against the reserved peak)."""
+
+    row: TrialRow
+    step_time_s: float
+    peak_gib: float
+    calibration: str
+
+    @property
+    def step_error(self) -> float:
+        """predicted / measured - 1."""
+        return self.step_time_s / self.row.step_time_s - 1.0
+
+    @property
+    def memory_error(self) -> float:
+        """predicted peak / measured peak reserved - 1."""
+        return self.peak_gib / self.row.peak_reserved_gib - 1.0
+
+
+def _model(field_value: str, where: str) -> ModelSpec:
+    m = _MODEL_FIELD.match(field_value or "")
+    name = m["name"] if m else ""
+    if not m or name not in list_models():
+        raise TunerError(
+            f"{where}: model {field_value!r} is not a bundled model or a slice of one (NAME or NAME[N layers]; known: "
+            f"{', '.join(list_models())}); is this a row of launch.harness.sweep?"
+        )
+    layers = int(m["layers"]) if m["layers"] else None
+    return slice_model(load_model(name), layers)
+
+
+def _te(d: dict[str, Any]) -> bool:
+    harness = ((d.get("run_options") or {}).get("harness")) or {}
+    if "use_transformer_engine" in harness:
+        return bool(harness["use_transformer_engine"])
+    te = str((d.get("versions") or {}).get("transformer_engine", "not installed"))
+    return te not in ("", "not installed", "None")
+
+
+def _options(d: dict[str, Any], te: bool) -> RunOptions:
+    """The run options of the stack a row ran on."""
+    base = HARNESS_TE_RUN_OPTIONS if te else HARNESS_RUN_OPTIONS
+    h = ((d.get("run_options") or {}).get("harness")) or {}
+    kw: dict[str, Any] = {}
+    if "grad_reduce_in_fp32" in h:
+        kw["grad_reduce_in_fp32"] = bool(h["grad_reduce_in_fp32"])
+    if h.get("fp8_recipe") in ("delayed", "tensorwise"):
+        kw["fp8_recipe"] = h["fp8_recipe"]
+    if h.get("fp8_param_gather"):
+        kw["fp8_param_gather"] = True
+    if h.get("cross_entropy_fusion"):
+        kw.update(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")
+    tev = str((d.get("versions") or {}).get("transformer_engine", ""))
+    if re.match(r"^\d+\.\d+", tev):
+        kw["te_version"] = ".".join(tev.split(".")[:2])
+    return RunOptions(**{**_fields(base), **kw})
+
+
+def _fields(o: RunOptions) -> dict[str, Any]:
+    return {k: getattr(o, k) for k in o.__dataclass_fields__}
+
+
+def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
+    """Read sweep JSON-lines files.
+
+    Returns:
+        ``(rows, skipped)``: the finished rows (status ``ok`` with a step time and a reserved peak) and one line per
+        row left out (not finished, with its status).
+
+    Raises:
+        TunerError: a file that cannot be read, a line that is not JSON, a row without a layout, or a row of a model
+            that is not a bundled preset (or a slice of one): nothing is predicted then.
+    """
+    rows: list[TrialRow] = []
+    skipped: list[str] = []
+    for path in paths:
+        p = Path(path)
+        try:
+            lines = p.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise TunerError(f"--trials {str(p)!r}: cannot read it ({e})") from None
+        for i, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            where = f"--trials {p}, line {i}"
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TunerError(f"{where}: not JSON ({e.msg}); a trials file holds the JSON lines of launch.harness.sweep") from None
+            if isinstance(d, dict) and not isinstance(d.get("layout"), dict) and d.get("status") in ("skipped", "refused"):
+                skipped.append(f"{p.name}:{i} {d.get('id') or d.get('label') or ''}: status {d.get('status')!r} ({str(d.get('reason') or d.get('message') or '')[:80]})")
+                continue
+            if not isinstance(d, dict) or not isinstance(d.get("layout"), dict):
+                raise TunerError(f"{where}: the row has no layout (a 'layout' object); a trials file holds the JSON lines of launch.harness.sweep")
+            model = _model(str(d.get("model", "")), where)
+            label = str(d.get("id") or d.get("label") or f"line {i}")
+            if d.get("status") != "ok" or not _pos(d.get("step_time_s")) or not _pos(d.get("peak_reserved_gib")):
+                skipped.append(f"{p.name}:{i} {label}: status {d.get('status')!r}")
+                continue
+            te = _te(d)
+            try:
+                wl = Workload(seq_length=int(d["seq_length"]), global_batch_size=int(d["global_batch_size"]), precision=d.get("precision") or "bf16")
+                lay = harness_layout(Layout.from_dict(d["layout"]), HarnessEnv(transformer_engine=te))
+                parse_gpus(str(d["gpus"]))
+            except (KeyError, TypeError, ValueError, TunerError) as e:
+                raise TunerError(f"{where}: cannot read the row ({str(e).splitlines()[0]})") from None
+            rows.append(TrialRow(source=f"{p.name}:{i}", label=label, model=model, gpus=str(d["gpus"]), workload=wl, layout=lay,
+                                 options=_options(d, te), transformer_engine=te, step_time_s=float(d["step_time_s"]),
+                                 peak_reserved_gib=float(d["peak_reserved_gib"]),
+                                 peak_allocated_gib=float(d["peak_allocated_gib"]) if _pos(d.get("peak_allocated_gib")) else None))
+    return rows, skipped
+
+
+def _pos(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def predict_trials(rows: list[TrialRow], calibration: str | Path | None = None) -> list[TrialPrediction]:
+    """Predict each row with the calibration of its stack (``calibration`` for all when given).
+
+    Raises:
+        TunerError: an unreadable calibration file, or a row whose layout breaks a rule.
+    """
+    cals: dict[bool, tuple[Calibration, str]] = {}
+    if calibration is not None:
+        c = load_calibration(calibration)
+        cals = {True: (c, str(calibration)), False: (c, str(calibration))}
+    else:
+        cals[True] = (load_calibration(None), "shipped (TE)")
+        no_te = NO_TE_CALIBRATION_FILE if NO_TE_CALIBRATION_FILE.is_file() else None
+        cals[False] = (load_calibration(no_te), "no-TE harness" if no_te else "shipped (no no-TE file)")
+    out = []
+    for r in rows:
+        cal, name = cals[r.transformer_engine]
+        try:
+            e = estimate(r.model, parse_gpus(r.gpus), r.workload, r.layout, calibration=cal, options=r.options)
+        except InfeasibleLayout as ex:
+            raise TunerError(f"--trials {r.source} ({r.label}): the layout breaks rule {ex.rule_id}: {ex.reason}") from None
+        out.append(TrialPrediction(row=r, step_time_s=e.step_time_s, peak_gib=e.peak_gib, calibration=name))
+    return out
+
+
+def summarize_trials(preds: list[TrialPrediction]) -> dict[str, Any]:
+    """Median and max |error| of step time and of peak memory (against the reserved peak), Spearman of step time,
+    over all rows and per stack (``te`` / ``no_te``)."""
+
+    def one(ps: list[TrialPrediction]) -> dict[str, Any]:
+        if not ps:
+            return {"rows": 0}
+        s = np.abs([p.step_error for p in ps])
+        m = np.abs([p.memory_error for p in ps])
+        return {
+            "rows": len(ps),
+            "step_median_abs_error": float(statistics.median(s)),
+            "step_max_abs_error": float(s.max()),
+            "memory_median_abs_error": float(statistics.median(m)),
+            "memory_max_abs_error": float(m.max()),
+            "step_spearman": spearman([p.step_time_s for p in ps], [p.row.step_time_s for p in ps]),
+        }
+
+    return {"all": one(preds), "te": one([p for p in preds if p.row.transformer_engine]),
+            "no_te": one([p for p in preds if not p.row.transformer_engine])}
