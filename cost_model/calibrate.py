@@ -59,7 +59,6 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "network_efficiency": (0.2, 0.95),
     "dp_overlap": (0.0, 1.0),
     "tp_comm_overlap_fraction": (0.0, 1.0),
-    "ep_a2a_overlap": (0.0, 1.0),
     "moe_layer_overhead_s": (0.0, 3e-3),
     "expert_gemm_overhead_s": (0.0, 1e-4),
     "cuda_graph_overhead_factor": (0.05, 1.0),

@@ -145,7 +145,7 @@ def attention_bytes(c: TableContext) -> Array:
     tp = col(c.tp)
     g = c.saved_gemm_input_bytes
     if c.options.te_attention:
-        hidden = BF16_BYTES * m.h + g * m.h
+        hidden = (TE_ATTENTION_HIDDEN_TENSORS - 1) * BF16_BYTES * m.h + g * m.h  # the norm's input; the QKV input at g
         out = BF16_BYTES * m.ctx_dim + (g * m.ctx_dim if c.quantized else 0.0)
     else:
         hidden = ATTENTION_HIDDEN_TENSORS * BF16_BYTES * m.h

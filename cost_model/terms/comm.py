@@ -341,17 +341,19 @@ def _fixed_layer_cost(c: TableContext) -> Array:
 
 
 def fp8_quantize_cost(c: TableContext) -> float:
-    """Fixed cost of quantising one local expert GEMM's operands in an fp8 / fp4 run: ``fp8_quantize_overhead_s``
-    (x :data:`FP8_CURRENT_SCALING_KERNELS` for fp8 current scaling). TE's ``GroupedLinear`` quantises each expert's
-    slice with kernels of its own, launch bound at a few hundred rows per expert (measured on 1 x H200: the fp8
-    MiniMax-M2 slice with 256 local experts ran slower than bf16, docs/measurements.md).
+    """Fixed cost of quantising one local expert GEMM's operands with per-tensor fp8 (``--fp8-recipe delayed`` /
+    ``tensorwise``, the recipes measured): ``fp8_quantize_overhead_s`` (x :data:`FP8_CURRENT_SCALING_KERNELS` for
+    current scaling). TE's ``GroupedLinear`` quantises each expert's slice with kernels of its own, launch bound at a
+    few hundred rows per expert (measured on 1 x H200: the fp8 MiniMax-M2 slice with 256 local experts ran slower
+    than bf16, docs/measurements.md). Blockwise, MXFP8 and NVFP4 (Blackwell; not measured here) get none: applied to
+    them it worsened the k-fold error of the published Blackwell MoE rows.
 
     Returns:
-        Seconds per local expert GEMM (a scalar); 0 in bf16.
+        Seconds per local expert GEMM (a scalar); 0 for other precisions and without TE.
     """
-    if not c.quantized:
+    if c.workload.precision.value != "fp8" or not c.options.te_attention:
         return 0.0
-    kernels = FP8_CURRENT_SCALING_KERNELS if (c.workload.precision.value == "fp8" and c.options.fp8_recipe == "tensorwise") else 1.0
+    kernels = FP8_CURRENT_SCALING_KERNELS if c.options.fp8_recipe == "tensorwise" else 1.0
     return c.cal.fp8_quantize_overhead_s * kernels
 
 

@@ -201,9 +201,11 @@ class TableContext:
     on a stack without Transformer Engine (this project's no-TE harness runs bf16 only)."""
     quantized: bool
     """The GEMMs run in a low precision (fp8, mxfp8, nvfp4): TE saves quantised copies of their inputs."""
-    load_imbalance: float
-    """Slowest expert rank's routed tokens over the mean: ``moe_load_imbalance`` with natural
-    routing of a MoE model, 1 with ``--moe-router-force-load-balancing`` or a dense model."""
+    load_imbalance: Array
+    """Slowest expert rank's routed tokens over the mean, ``(n, 1)``: ``moe_load_imbalance`` with natural routing
+    of a MoE model and experts spread over EP > 1 ranks; 1 with ``--moe-router-force-load-balancing``, a dense
+    model, or EP 1 (one rank holds every expert, so it gets every copy: measured on 1 x H200, the experts' saved
+    tensors are exactly ``tokens x topk`` copies, docs/measurements.md)."""
 
     # ---- per layout (n,) -------------------------------------------------------------------
     tp: Array
@@ -372,7 +374,8 @@ def build_context(
         low_precision_weight_bytes=prec.low_precision_weight_bytes,
         saved_gemm_input_bytes=prec.saved_gemm_input_bytes if options.te_attention else BF16_BYTES,
         quantized=prec != Precision.bf16 and options.te_attention,
-        load_imbalance=cal.moe_load_imbalance if (model.is_moe and not options.moe_router_force_load_balancing) else 1.0,
+        load_imbalance=np.where(table["ep"] > 1, cal.moe_load_imbalance, 1.0)[:, None]
+        if (model.is_moe and not options.moe_router_force_load_balancing) else np.ones((len(table), 1)),
         tp=tp,
         pp=pp,
         vpp=table["vpp"].astype(float),

@@ -23,7 +23,7 @@ from launch.base import TrialFailed
 from launch.harness.spec import harness_layout, slice_model
 from launch.local_backend import LocalBackend
 from search_spaces.rules import check_layout
-from specs import DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS, Workload, load_model, parse_gpus
+from specs import HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS, Workload, load_model, parse_gpus
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     except (TunerError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    options = DEFAULT_RUN_OPTIONS if backend.env.transformer_engine else HARNESS_RUN_OPTIONS
+    options = HARNESS_TE_RUN_OPTIONS if backend.env.transformer_engine else HARNESS_RUN_OPTIONS
     out = Path(a.out)
     for i, lay in layouts:
         row: dict = {"n": i, "label": lay.label, "layout": lay.to_dict(), "model": model.name, "gpus": cluster.label,

@@ -22,6 +22,8 @@ SELECTIVE = dict(recompute_granularity="selective", recompute_modules=("core_att
 
 def test_routed_token_copies():
     assert act.routed_token_copies(make_ctx(**BASE))[0, 0] == pytest.approx(614.4)
+    # EP 1: one rank holds every expert and gets every copy, natural routing or not (measured on H200)
+    assert act.routed_token_copies(make_ctx(**{**BASE, "ep": 1}))[0, 0] == pytest.approx(512 * 2 / 2)
     forced = make_ctx(options=RunOptions(moe_router_force_load_balancing=True), **{**BASE, "etp": 2, "cp": 1})
     assert act.routed_token_copies(forced)[0, 0] == pytest.approx(1024 * 2 * 2 / 2)  # cp 1: 1,024 tokens, etp 2
 

@@ -176,6 +176,8 @@ def test_fp8_quantize_cost_per_local_expert_gemm():
     fp8 = Workload(seq_length=1024, global_batch_size=16, precision="fp8")
     cal = TEST_CAL.replace(fp8_quantize_overhead_s=10e-6)
     assert comm.fp8_quantize_cost(make_ctx(cal=cal, **BASE)) == 0.0  # bf16
+    blockwise = Workload(seq_length=1024, global_batch_size=16, precision="fp8_blockwise")
+    assert comm.fp8_quantize_cost(make_ctx(cal=cal, workload=blockwise, **BASE)) == 0.0  # measured for per-tensor fp8 only
     assert comm.fp8_quantize_cost(make_ctx(cal=cal, workload=fp8, **BASE)) == pytest.approx(10e-6)
     cs = make_ctx(cal=cal, workload=fp8, options=RunOptions(fp8_recipe="tensorwise"), **BASE)
     assert comm.fp8_quantize_cost(cs) == pytest.approx(2 * 10e-6)  # amax reduction + cast

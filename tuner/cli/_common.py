@@ -272,7 +272,7 @@ PriceOpt = Annotated[float | None, typer.Option("--usd-per-gpu-hour", help="Pric
 SeqOpt = Annotated[int, typer.Option("--seq-len", help="Tokens per row (--seq-length).", rich_help_panel="Workload")]
 GbsOpt = Annotated[int, typer.Option("--global-batch", help="Rows per optimizer step (--global-batch-size).", rich_help_panel="Workload")]
 PrecOpt = Annotated[str, typer.Option("--precision", help="bf16 or fp8.", rich_help_panel="Workload")]
-HeadroomOpt = Annotated[float, typer.Option("--memory-headroom", help="Fraction of HBM kept free (default 0.10).", rich_help_panel="Search")]
+HeadroomOpt = Annotated[float, typer.Option("--memory-headroom", help="Fraction of HBM kept free (default 0.07: the largest under-prediction of the reserved peak measured on H200, 6.0%, plus a point; docs/validation.md).", rich_help_panel="Search")]
 CalOpt = Annotated[Path | None, typer.Option("--calibration", help="Calibration YAML overriding the cost model's constants.", rich_help_panel="Search")]
 StudyOpt = Annotated[str | None, typer.Option("--study", help="Study name (default: model-gpus-seq-gbs).", rich_help_panel="Study")]
 StudyNameOpt = Annotated[str | None, typer.Option("--study", help="Study name (required; `tune` prints it, e.g. MiniMax-M2-8x8xH200-s8192-gbs128).", rich_help_panel="Study")]

@@ -75,7 +75,7 @@ def estimate(
     layout: LayoutFlags,
     model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None, network_gbps: NetOpt = None,
     usd_per_gpu_hour: PriceOpt = None, seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
-    calibration: CalOpt = None, memory_headroom: HeadroomOpt = 0.10,
+    calibration: CalOpt = None, memory_headroom: HeadroomOpt = 0.07,
     network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None, host_memory_gib: HostMemOpt = None,
     overlap_moe_expert_parallel_comm: A2AOverlapOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as JSON.")] = False,

@@ -62,7 +62,7 @@ def main_job(
     precision: PrecOpt = "bf16",
     space: Annotated[Path | None, typer.Option("--space", help="Search-space YAML (copy search_spaces/default_space.yaml).", rich_help_panel="Search")] = None,
     calibration: CalOpt = None,
-    memory_headroom: HeadroomOpt = 0.10,
+    memory_headroom: HeadroomOpt = 0.07,
     trials: Annotated[int | None, typer.Option("--trials", help="Trials to run (default 48): the predicted front and fastest candidates first, then NSGA-II.", rich_help_panel="Search")] = None,
     backend: Annotated[str, typer.Option("--backend", help="model (analytical, default), local (real trials: the megatron-core harness under torchrun on this machine's GPUs), ray (the harness on a Ray cluster's nodes) or command (your slime / Megatron-LM launch command, --command-template).", rich_help_panel="Search")] = "model",
     layers: LayersOpt = None,

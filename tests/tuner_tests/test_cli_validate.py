@@ -1,0 +1,61 @@
+"""`tune validate --json` and `tune validate --trials` (issue 14, item 7)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tuner.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+TE_SWEEP = ROOT / "benchmarks/results/h200_te_2026-12-01/call12/sweep.jsonl"
+NO_TE = ROOT / "tests/fixtures/h200_minimax_slice.jsonl"
+runner = CliRunner()
+
+
+def test_validate_json_has_every_row_and_the_summary():
+    r = runner.invoke(app, ["validate", "--data", str(ROOT / "cost_model/data/seed_runs.csv"), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)["published"]
+    assert len(d["rows"]) == 2 and {"id", "published", "predicted", "error", "fits", "peak_gib"} <= set(d["rows"][0])
+    assert d["summary"]["all"]["rows"] == 2 and "median_abs_error" in d["summary"]["all"]
+    assert d["summary"]["predicted_not_to_fit"] == 0
+
+
+def test_validate_trials_predicts_each_stack_with_its_calibration(tmp_path):
+    r = runner.invoke(app, ["validate", "--trials", str(TE_SWEEP), "--trials", str(NO_TE), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)["trials"]
+    te = [x for x in d["rows"] if x["transformer_engine"]]
+    no_te = [x for x in d["rows"] if not x["transformer_engine"]]
+    assert len(te) == 4 and len(no_te) >= 12
+    assert {x["calibration"] for x in te} == {"shipped (TE)"}
+    assert all(x["calibration"] != "shipped (TE)" for x in no_te)
+    assert any("status 'skipped'" in s for s in d["skipped"])  # the budget-skipped cases are listed, not predicted
+    fp8 = next(x for x in te if x["label"] == "mm-fp8-tensorwise")
+    assert fp8["precision"] == "fp8" and fp8["peak_gib"]["measured_reserved"] == pytest.approx(103.421875)
+    assert d["summary"]["te"]["rows"] == 4 and d["summary"]["no_te"]["rows"] == len(no_te)
+    # the table form prints the same summary
+    r = runner.invoke(app, ["validate", "--trials", str(TE_SWEEP)])
+    assert r.exit_code == 0 and "step median |error|" in r.output and "mm-fp8-delayed" in r.output
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        ("not json", "not JSON"),
+        (json.dumps({"model": "MiniMax-M2", "status": "ok"}), "the row has no layout"),
+        (json.dumps({"model": "GPT-5", "layout": {"tp": 1}, "status": "ok"}), "model 'GPT-5' is not a bundled model or a slice of one"),
+    ],
+)
+def test_bad_trials_files_are_one_message_exit_2(tmp_path, line, needle):
+    f = tmp_path / "t.jsonl"
+    f.write_text(TE_SWEEP.read_text().splitlines()[0] + "\n" + line + "\n")
+    before = f.read_text()
+    r = runner.invoke(app, ["validate", "--trials", str(f)])
+    assert r.exit_code == 2, r.output
+    assert needle in r.output and "line 2" in r.output and "Traceback" not in r.output
+    assert f.read_text() == before  # nothing lost
