@@ -13,6 +13,7 @@ from rich.table import Table
 from specs.errors import TunerError
 from tuner.cli._common import ResultsOpt, StorageOpt, StudyNameOpt, err, load_study, out, shell_command, study_context, study_flags
 from tuner.cli._front import print_front, print_ties
+from tuner.verify import stored_correctness
 
 __all__ = ["app", "pareto", "export_cmd", "study_export_context"]
 
@@ -117,7 +118,7 @@ def export_cmd(
     rows = trial_rows(st)
     row = pick_trial_row(st.study_name, rows, m, trial, "export")
     lay = Layout.from_dict(row["layout"])
-    text = exporter.render(study_export_context(st, m, c, w, cfg, lay, row, rows, correctness=st.user_attrs.get(f"verify:{row['trial']}")))
+    text = exporter.render(study_export_context(st, m, c, w, cfg, lay, row, rows, correctness=stored_correctness(st, row["trial"])))
     if out_file is None:
         sys.stdout.write(text)
         return
