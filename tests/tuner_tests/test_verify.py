@@ -17,7 +17,7 @@ from specs import Workload, load_model, parse_gpus
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 from tuner.cli import app
-from tuner.verify import parity_backend_factory, correctness_block, local_backend_factory, parse_layout_spec, plan_verify, run_verify
+from tuner.verify import correctness_block, local_backend_factory, parity_backend_factory, parse_layout_spec, plan_verify, run_verify
 
 FAKE = str(Path(__file__).parents[1] / "launch_tests" / "fake_trial.py")
 WL = Workload(seq_length=8192, global_batch_size=8)
