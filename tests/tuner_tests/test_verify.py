@@ -346,3 +346,15 @@ def test_cli_verify_refuses_before_any_arm_runs(study, monkeypatch):
     assert "cannot run here" in r.output and ("needs DeepEP" in r.output or "needs HybridEP" in r.output)
     assert "reference: start" not in r.output and "Traceback" not in r.output
     assert not (study / "s" / "verify").exists() or not any((study / "s" / "verify").rglob("steps.jsonl"))
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--reference", "tp=1", "--grad-parity", "--noise-factor", "0"], "--noise-factor"),
+    (["--reference", "tp=1", "--grad-parity", "--out", "/nonexistent_dir/r.yaml"], "cannot write a file there"),
+    (["--reference", "tp=1,pp=1,ep=1", "--grad-parity", "--candidate", "tp=1,pp=1,ep=1"], "same layout"),
+])
+def test_cli_grad_parity_bad_input_is_refused_before_any_gpu_work(study, monkeypatch, args, msg):
+    _patch_cli(monkeypatch)
+    r = runner.invoke(app, ["verify", "--study", "s", "--results-dir", str(study), *args])
+    assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output, r.output
+    assert not list((study / "s").glob("verify/parity-*"))
