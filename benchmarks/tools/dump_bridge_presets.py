@@ -1,10 +1,16 @@
 # Dump every WorkloadBaseConfig preset of a Megatron-Bridge tag as JSON lines: python dump_bridge_presets.py <checkout of the tag>/scripts/performance > presets_<tag>.jsonl
-import sys, json, importlib, dataclasses, pkgutil, os, types
+import dataclasses
+import importlib
+import json
+import os
+import sys
+
 root = sys.argv[1]
 sys.path.insert(0, root)
 # stub modules that may be imported at module level without megatron.bridge
+import utils.utils  # noqa: E402, F401 - the perf scripts' helpers, imported first as the scripts do
+
 out = []
-import utils.utils as uu
 cfgdir = os.path.join(root, "configs")
 for fam in sorted(os.listdir(cfgdir)):
     if not os.path.isdir(os.path.join(cfgdir, fam)):
@@ -16,7 +22,8 @@ for fam in sorted(os.listdir(cfgdir)):
         try:
             m = importlib.import_module(modname)
         except Exception as e:
-            print("ERR", modname, e, file=sys.stderr); continue
+            print("ERR", modname, e, file=sys.stderr)
+            continue
         for k, v in vars(m).items():
             if dataclasses.is_dataclass(v) and not isinstance(v, type) and k.isupper():
                 d = dataclasses.asdict(v)

@@ -141,7 +141,7 @@ def resolve(r: dict, presets_by_tag: dict[str, list[dict]]) -> dict | None:
     if fam_dir == "kimi" and optimizer == "dist_muon" and prec == "FP8_MX":
         fp8pg = False  # kimi_llm_pretrain.py WAR: muon + mxfp8
     fp4pg = prec == "NVFP4" and tag in ("v0.5.0",) and fam_dir not in ("deepseek",)
-    if pao and not (prec in ("FP8_CS", "FP8_MX")):
+    if pao and prec not in ("FP8_CS", "FP8_MX"):
         master = "int16 remainder (store_param_remainders=True)"
     elif optimizer == "dist_muon":
         master = "fp32 (muon; distributed optimizer off)"
@@ -232,7 +232,8 @@ def main() -> None:
     pdir = Path(sys.argv[1])
     presets_by_tag = {t: [json.loads(line) for line in (pdir / f"presets_{t}.jsonl").open()]
                       for t in sorted(set(TAG_OF_RELEASE.values()))}
-    rows = list(csv.DictReader(open("benchmarks/data/published_runs.csv", encoding="utf-8")))
+    with open("benchmarks/data/published_runs.csv", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
     w = csv.DictWriter(sys.stdout, fieldnames=FIELDS, lineterminator="\n")
     w.writeheader()
     for r in rows:
