@@ -291,7 +291,7 @@ def test_calibration_from_measured_parts_reproduces_them(tmp_path):
 
 def test_aiconfigurator_path_on_a_small_case(tmp_path, monkeypatch):
     pytest.importorskip("aiconfigurator_core")
-    from cost_model.rl.engine import Engine, aiconfigurator_latency_table
+    from cost_model.rl.engine import Engine, GenerationPrecision, aiconfigurator_latency_table
 
     monkeypatch.setenv("MLT_CACHE_DIR", str(tmp_path))
     t = aiconfigurator_latency_table("Qwen3-30B-A3B", "H200", Engine.vllm, EngineShape(tp=1), max_ctx=4096)
@@ -300,8 +300,13 @@ def test_aiconfigurator_path_on_a_small_case(tmp_path, monkeypatch):
     assert list(tmp_path.glob("aic-*.npz"))
     again = aiconfigurator_latency_table("Qwen3-30B-A3B", "H200", Engine.vllm, EngineShape(tp=1), max_ctx=4096)
     assert np.array_equal(again.decode, t.decode)
-    with pytest.raises(TunerError, match="supported"):
+    with pytest.raises(TunerError, match="supported: MiniMax-M3"):
+        aiconfigurator_latency_table("my-own-model", "H200", Engine.vllm, EngineShape(tp=1), max_ctx=4096)
+    # gpt-oss has MXFP4 experts only: BF16 is refused naming the precision, its checkpoint precision is timed
+    with pytest.raises(TunerError, match="no bf16 vllm data for openai/gpt-oss-120b"):
         aiconfigurator_latency_table("GPT-OSS-120B", "H200", Engine.vllm, EngineShape(tp=1), max_ctx=4096)
+    mx = aiconfigurator_latency_table("GPT-OSS-120B", "H200", Engine.vllm, EngineShape(tp=1), max_ctx=4096, precision=GenerationPrecision.checkpoint)
+    assert 0 < mx.decode_s(4, 1024) < 0.05 and "checkpoint" in mx.source
     with pytest.raises(TunerError, match="GPUs with vllm data"):
         aiconfigurator_latency_table("Qwen3-30B-A3B", "H20", Engine.vllm, EngineShape(tp=1), max_ctx=4096)
 
