@@ -1,26 +1,38 @@
-"""RL step-model validation: fit per-cluster factors on NeMo-RL v0.4 + v0.5, judge on v0.6 (never fitted).
+"""RL benchmarks: the step model against NeMo-RL's published step times, the engine model against published decode runs.
 
-    python benchmarks/bench_rl.py            # needs the `rl` extra (aiconfigurator==0.12.0)
+    python benchmarks/bench_rl.py            # both parts; needs the `rl` extra (aiconfigurator==0.12.0)
+    python benchmarks/bench_rl.py steps      # fit per-cluster factors on NeMo-RL v0.4 + v0.5, judge on v0.6
+    python benchmarks/bench_rl.py engine     # benchmarks/data/engine_decode.csv + aiconfigurator's silicon samples
 
-Prints the fitted factors per GPU, the step-time errors of the fit and judge sets, the
+``steps`` prints the fitted factors per GPU, the step-time errors of the fit and judge sets, the
 colocated-vs-split verdicts on the judge set, and the rows that cannot be predicted (with why).
+
+``engine`` predicts every row of ``benchmarks/data/engine_decode.csv`` (published vLLM / SGLang
+serving runs of MoE models on H100 / H200, provenance in ``engine_decode.md``) with the engine model
+``tune rl`` uses (aiconfigurator's per-iteration latency driving the continuous-batching simulator,
+:mod:`cost_model.rl.serving`) and prints the error of each row, the median |error| of the closed-load
+(decode) rows, TPOT rows alone and throughput rows alone, the open-load (``--request-rate inf``) rows
+apart, and aiconfigurator's own silicon samples apart again (not independent of it). Nothing is fitted.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 from cost_model.rl.calibration import DEFAULT_RL_CALIBRATION
+from cost_model.rl.serving import ServingPrediction, predict_serving, read_serving_runs, silicon_runs, summarise_serving
 from cost_model.rl.validate import fit_calibration, predict_rows, read_runs, recalibrate
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def main() -> int:
+def steps() -> int:
+    """The step-model part: fit on v0.4 + v0.5, judge on v0.6."""
     rows, errors = read_runs(ROOT / "benchmarks" / "data" / "rl_runs.csv")
     res = predict_rows(rows)
     fit = [r for r in res if r.row.source in ("nemo-rl-v0.4", "nemo-rl-v0.5")]
@@ -31,7 +43,7 @@ def main() -> int:
         errs, lines = [], []
         for r in sub:
             if r.plan is None:
-                lines.append(f"  not predicted: {r.row.label}: {r.error[:140]}")
+                lines.append(f"  not predicted: {r.row.label}: {r.error[:160]}")
                 continue
             t = recalibrate(r.plan, DEFAULT_RL_CALIBRATION, cals.get(r.row.gpu, DEFAULT_RL_CALIBRATION))
             e = t / r.row.step_time_s - 1
@@ -40,21 +52,85 @@ def main() -> int:
         out[name] = {"rows": len(sub), "predicted": len(errs), "median_abs_error": float(np.median(errs)) if errs else None, "max_abs_error": max(errs) if errs else None}
         print(f"{name}: " + json.dumps(out[name]))
         print("\n".join(lines))
-    groups: dict[tuple[str, str, int], dict[bool, float]] = {}
+    groups: dict[tuple[str, str, int], dict[object, float]] = {}
     for r in judge:
         if r.plan is not None:
             t = recalibrate(r.plan, DEFAULT_RL_CALIBRATION, cals.get(r.row.gpu, DEFAULT_RL_CALIBRATION))
-            groups.setdefault((r.row.model, r.row.gpu, r.row.num_gpus), {})[r.row.colocated] = t
-            groups[(r.row.model, r.row.gpu, r.row.num_gpus)][("m", r.row.colocated)] = r.row.step_time_s  # type: ignore[index]
+            g = groups.setdefault((r.row.model, r.row.gpu, r.row.num_gpus), {})
+            g[r.row.colocated] = t
+            g[("measured", r.row.colocated)] = r.row.step_time_s
     for k, g in sorted(groups.items()):
         if True in g and False in g:
             pm = "split" if g[False] < g[True] else "colocated"
-            mm = "split" if g[("m", False)] < g[("m", True)] else "colocated"  # type: ignore[index]
+            mm = "split" if g[("measured", False)] < g[("measured", True)] else "colocated"
             print(f"colocated vs split {k}: measured faster {mm}, predicted faster {pm} ({'agree' if pm == mm else 'MISS'})")
     print("calibration per GPU:", json.dumps(out["calibration"]))
     print("unreadable rows:", errors or "none")
     return 0
 
 
+def _print_rows(results: list[ServingPrediction]) -> None:
+    for r in results:
+        row = r.row
+        head = f"  {row.id:44s} {row.metric:21s} measured {row.measured:9.2f}"
+        if r.predicted is None:
+            print(f"{head}  not predicted: {r.error[:150]}")
+        else:
+            assert r.rel_error is not None
+            print(f"{head} predicted {r.predicted:9.2f} ({r.rel_error:+.0%})")
+
+
+def engine() -> int:
+    """The engine-model part: published decode runs, then aiconfigurator's silicon samples."""
+    rows, errors = read_serving_runs(ROOT / "benchmarks" / "data" / "engine_decode.csv")
+    res = [predict_serving(r) for r in rows]
+    closed = [r for r in res if r.row.load == "closed"]
+    opened = [r for r in res if r.row.load == "open"]
+    print("published closed-load (--max-concurrency) rows: the decode target")
+    _print_rows(closed)
+    print("published open-load (--request-rate inf) rows: serving throughput, reported apart")
+    _print_rows(opened)
+    summary = {
+        "closed, every metric (the target: median |error| <= 25%)": summarise_serving(closed),
+        "closed, tpot_ms only": summarise_serving([r for r in closed if r.row.metric == "tpot_ms"]),
+        "closed, throughput only": summarise_serving([r for r in closed if r.row.metric != "tpot_ms"]),
+        "open (rate inf), throughput": summarise_serving(opened),
+    }
+    for k, v in summary.items():
+        print(f"{k}: {json.dumps(v)}")
+    print("unreadable rows:", errors or "none")
+    try:
+        srows, skipped = silicon_runs()
+    except Exception as e:  # aiconfigurator missing: the published part above still ran
+        print(f"silicon samples: not run ({e})")
+        return 0
+    sres = [predict_serving(r) for r in srows]
+    groups: dict[tuple[str, str, str, str], list[float]] = defaultdict(list)
+    for r in sres:
+        if r.rel_error is not None:
+            groups[(r.row.notes, r.row.gpu, str(r.row.engine), r.row.shape.label)].append(r.rel_error)
+    print("aiconfigurator silicon samples (H100 / H200, vLLM / SGLang, MoE; NOT independent of aiconfigurator), TPOT by model and shape:")
+    for k, v in sorted(groups.items()):
+        print(f"  {' '.join(k):62s} rows {len(v):3d} median error {np.median(v):+.0%} median |error| {np.median(np.abs(v)):.0%}")
+    print("silicon samples, TPOT: " + json.dumps(summarise_serving(sres)) + f"; set aside: {len(skipped)} (inconsistent shapes)")
+    for r in sres:
+        if r.predicted is None:
+            print(f"  not predicted: {r.row.id}: {r.error[:150]}")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parts = argv or ["steps", "engine"]
+    unknown = [p for p in parts if p not in ("steps", "engine")]
+    if unknown:
+        print(f"unknown part(s) {unknown}; accepted: steps, engine", file=sys.stderr)
+        return 2
+    rc = 0
+    for p in parts:
+        print(f"=== {p}")
+        rc |= steps() if p == "steps" else engine()
+    return rc
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

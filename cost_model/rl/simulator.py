@@ -56,6 +56,11 @@ class EngineRun:
     peak_running: int
     mean_running: float
     """Running sequences averaged over decode iterations."""
+    mean_tpot_s: float = 0.0
+    """Time per output token after the first, averaged over requests of 2 tokens or more, as
+    ``vllm bench serve`` reports TPOT: ``(finish - first token) / (tokens - 1)``. A request's first
+    token comes with the first decode iteration after its admission's prefill; prefills of other
+    requests admitted meanwhile count in its TPOT, as they stall it."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -112,6 +117,8 @@ def simulate_engine(
     r = len(prompt)
     if r == 0:
         return EngineRun(makespan_s=0.0, decode_s=0.0, prefill_s=0.0, iterations=0, preemptions=0, requests=0, generated_tokens=0, peak_running=0, mean_running=0.0)
+    if np.any(resp < 1):
+        raise TunerError("every request generates at least one token")
     longest = int((prompt + resp).max())
     if longest + 2 * block_size > kv_capacity_tokens:
         raise TunerError(
@@ -126,6 +133,9 @@ def simulate_engine(
     waiting: deque[int] = deque(range(r))
     finish: list[tuple[int, int, int]] = []  # (finish iteration, request, version)
     order: list[tuple[int, int, int]] = []  # (-admission counter, request, version): top = latest admitted
+    first_t = np.full(r, np.nan)  # time of each request's first token
+    finish_t = np.full(r, np.nan)
+    awaiting_first: list[int] = []  # admitted since the last decode segment
     it = 0
     t = decode_t = prefill_t = 0.0
     used = n = 0
@@ -150,6 +160,7 @@ def simulate_engine(
                 heapq.heappush(order, (-counter, i, int(version[i])))
                 counter += 1
                 admitted_tokens += need
+                awaiting_first.append(i)
         just_preempted = False
         if admitted_tokens:
             dt = latency.prefill_s(admitted_tokens)
@@ -181,6 +192,10 @@ def simulate_engine(
         k = max(1, min(k_fin, k_mem))
         ctx_mid = used / n + (k - 1) / 2.0
         dt = k * latency.decode_s(n, ctx_mid)
+        for i in awaiting_first:
+            if running[i] and np.isnan(first_t[i]):
+                first_t[i] = t + dt / k
+        awaiting_first.clear()
         t += dt
         decode_t += dt
         it += k
@@ -192,6 +207,9 @@ def simulate_engine(
                 running[i] = False
                 used -= int(prompt[i] + resp[i])
                 n -= 1
+                finish_t[i] = t
+    multi = resp > 1
+    tpot = float(np.mean((finish_t[multi] - first_t[multi]) / (resp[multi] - 1))) if np.any(multi) else 0.0
     return EngineRun(
         makespan_s=t,
         decode_s=decode_t,
@@ -202,6 +220,7 @@ def simulate_engine(
         generated_tokens=int(resp.sum()),
         peak_running=peak,
         mean_running=running_iters / it if it else 0.0,
+        mean_tpot_s=tpot,
     )
 
 

@@ -84,6 +84,18 @@ def test_longest_request_sets_the_makespan_and_prefill_adds():
     assert run.makespan_s == pytest.approx(0.5 + 30e-4)
 
 
+def test_tpot_counts_the_prefills_that_stall_a_request():
+    # two slots; request 2 waits for request 1 (10 tokens) and its 100-token prefill (10 ms) stalls
+    # request 0 (300 tokens): TPOT(0) = (330 - 21) ms / 299, the short ones 1 ms each.
+    p, r = np.array([100, 100, 100]), np.array([300, 10, 10])
+    run = simulate_engine(p, r, const_table(1e-3, 1e-4), kv_capacity_tokens=10**6, max_num_seqs=2)
+    assert run.makespan_s == pytest.approx(0.330)
+    assert run.mean_tpot_s == pytest.approx((0.309 / 299 + 1e-3 + 1e-3) / 3)
+    # without stalls (prefill free, one wave) TPOT is the iteration latency
+    even = simulate_engine(np.full(4, 8), np.full(4, 50), const_table(2e-3), kv_capacity_tokens=10**6, max_num_seqs=8)
+    assert even.mean_tpot_s == pytest.approx(2e-3)
+
+
 def test_kv_pressure_preempts_and_recomputes():
     p, r = np.full(10, 10), np.full(10, 100)
     free = simulate_engine(p, r, const_table(), kv_capacity_tokens=10**6, max_num_seqs=100, block_size=1)
