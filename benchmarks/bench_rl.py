@@ -26,32 +26,26 @@ import numpy as np
 
 from cost_model.rl.calibration import DEFAULT_RL_CALIBRATION
 from cost_model.rl.serving import ServingPrediction, predict_serving, read_serving_runs, silicon_runs, summarise_serving
-from cost_model.rl.validate import fit_calibration, predict_rows, read_runs, recalibrate
+from cost_model.rl.validate import fit_calibration, fit_calibrations, predict_rows, read_runs, recalibrate
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def steps() -> int:
-    """The step-model part: fit on v0.4 + v0.5, judge on v0.6."""
-    rows, errors = read_runs(ROOT / "benchmarks" / "data" / "rl_runs.csv")
-    res = predict_rows(rows)
-    fit = [r for r in res if r.row.source in ("nemo-rl-v0.4", "nemo-rl-v0.5")]
-    judge = [r for r in res if r.row.source == "nemo-rl-v0.6"]
-    cals = {g: fit_calibration([r for r in fit if r.row.gpu == g], source=f"fit on NeMo-RL v0.4+v0.5 {g} rows") for g in sorted({r.row.gpu for r in fit if r.plan})}
-    out: dict[str, object] = {"calibration": {g: {k: round(getattr(c, k), 3) for k in ("generation_scale", "training_scale", "switch_fixed_s", "step_overhead_s")} for g, c in cals.items()}}
-    for name, sub in (("fit", fit), ("judge", judge)):
-        errs, lines = [], []
-        for r in sub:
-            if r.plan is None:
-                lines.append(f"  not predicted: {r.row.label}: {r.error[:160]}")
-                continue
-            t = recalibrate(r.plan, DEFAULT_RL_CALIBRATION, cals.get(r.row.gpu, DEFAULT_RL_CALIBRATION))
-            e = t / r.row.step_time_s - 1
-            errs.append(abs(e))
-            lines.append(f"  {r.row.label:58s} measured {r.row.step_time_s:6.1f} predicted {t:6.1f} ({e:+.0%})")
-        out[name] = {"rows": len(sub), "predicted": len(errs), "median_abs_error": float(np.median(errs)) if errs else None, "max_abs_error": max(errs) if errs else None}
-        print(f"{name}: " + json.dumps(out[name]))
-        print("\n".join(lines))
+def _judge(name: str, sub: list, cals: dict) -> tuple[dict[str, object], list[str]]:
+    errs, lines = [], []
+    for r in sub:
+        if r.plan is None:
+            lines.append(f"  not predicted: {r.row.label}: {r.error[:400]}")
+            continue
+        t = recalibrate(r.plan, DEFAULT_RL_CALIBRATION, cals.get(r.row.gpu, DEFAULT_RL_CALIBRATION))
+        e = t / r.row.step_time_s - 1
+        errs.append(abs(e))
+        lines.append(f"  {r.row.label:58s} measured {r.row.step_time_s:6.1f} predicted {t:6.1f} ({e:+.0%})")
+    out = {"rows": len(sub), "predicted": len(errs), "median_abs_error": float(np.median(errs)) if errs else None, "max_abs_error": max(errs) if errs else None}
+    return out, lines
+
+
+def _verdicts(judge: list, cals: dict) -> list[str]:
     groups: dict[tuple[str, str, int], dict[object, float]] = {}
     for r in judge:
         if r.plan is not None:
@@ -59,12 +53,43 @@ def steps() -> int:
             g = groups.setdefault((r.row.model, r.row.gpu, r.row.num_gpus), {})
             g[r.row.colocated] = t
             g[("measured", r.row.colocated)] = r.row.step_time_s
+    out = []
     for k, g in sorted(groups.items()):
         if True in g and False in g:
             pm = "split" if g[False] < g[True] else "colocated"
             mm = "split" if g[("measured", False)] < g[("measured", True)] else "colocated"
-            print(f"colocated vs split {k}: measured faster {mm}, predicted faster {pm} ({'agree' if pm == mm else 'MISS'})")
-    print("calibration per GPU:", json.dumps(out["calibration"]))
+            out.append(f"colocated vs split {k}: measured faster {mm} ({g[('measured', True)]:g} vs {g[('measured', False)]:g} s), "
+                       f"predicted faster {pm} ({g[True]:.1f} vs {g[False]:.1f} s) ({'agree' if pm == mm else 'MISS'})")
+    return out
+
+
+def _factors(cals: dict) -> dict[str, dict[str, float]]:
+    return {g: {k: round(getattr(c, k), 3) for k in ("generation_scale", "training_scale", "switch_fixed_s", "step_overhead_s")} for g, c in cals.items()}
+
+
+def steps() -> int:
+    """The step-model part: fit on v0.4 + v0.5, judge on v0.6 (never fitted).
+
+    The protocol's factors: per-GPU generation and training scales, fixed costs (switch, step
+    overhead) shared by all GPUs (:func:`cost_model.rl.validate.fit_calibrations`). The per-GPU fit
+    of all four (:func:`~cost_model.rl.validate.fit_calibration` per GPU) is printed after it for comparison.
+    """
+    rows, errors = read_runs(ROOT / "benchmarks" / "data" / "rl_runs.csv")
+    res = predict_rows(rows)
+    fit = [r for r in res if r.row.source in ("nemo-rl-v0.4", "nemo-rl-v0.5")]
+    judge = [r for r in res if r.row.source == "nemo-rl-v0.6"]
+    shared = fit_calibrations(fit, source="fit on NeMo-RL v0.4+v0.5")
+    for name, sub in (("fit", fit), ("judge", judge)):
+        summary, lines = _judge(name, sub, shared)
+        print(f"{name}: " + json.dumps(summary))
+        print("\n".join(lines))
+    print("\n".join(_verdicts(judge, shared)))
+    print("calibration (per-GPU scales, shared fixed costs):", json.dumps(_factors(shared)))
+    per_gpu = {g: fit_calibration([r for r in fit if r.row.gpu == g], source=f"fit on NeMo-RL v0.4+v0.5 {g} rows") for g in sorted({r.row.gpu for r in fit if r.plan})}
+    print("comparison: every factor fitted per GPU:", json.dumps(_factors(per_gpu)))
+    for name, sub in (("fit", fit), ("judge", judge)):
+        print(f"  {name}: " + json.dumps(_judge(name, sub, per_gpu)[0]))
+    print("  " + "\n  ".join(_verdicts(judge, per_gpu)))
     print("unreadable rows:", errors or "none")
     return 0
 

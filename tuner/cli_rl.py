@@ -24,7 +24,7 @@ from cost_model.rl.layouts import parse_engine_layout, parse_trainer_layout
 from cost_model.rl.lengths import LengthDistribution
 from cost_model.rl.models import load_rl_model
 from cost_model.rl.plan import Framework, PlanChoice, RLJob, RLPlan, enumerate_plans, evaluate
-from cost_model.rl.trainer import TrainerBackend, rl_workload, trainer_for_layout
+from cost_model.rl.trainer import TrainerBackend, trainer_for_layout
 from cost_model.rl.validate import predict_rows, read_runs, summarise
 from launch.rl_export import render_nemo_rl_yaml, render_slime_script
 from specs import Cluster, parse_gpus
@@ -334,7 +334,7 @@ def calibrate_cmd(
         if trainer_gpus < 1 or rollout_gpus > cl.num_gpus:
             raise TunerError(f"--rollout-gpus {rollout_gpus} leaves no trainer GPU of the {cl.num_gpus}")
         sub = Cluster(gpu=cl.gpu, num_gpus=trainer_gpus, gpus_per_node=min(cl.gpus_per_node, trainer_gpus), inter_node_bytes_per_s=cl.inter_node_bytes_per_s)
-        wl = rl_workload(sequences=job.train_sequences, mean_total_len=job.mean_prompt_len + job.responses.mean, max_total_len=job.max_total_len)
+        wl = job.workload
         trainer = trainer_for_layout(job.model, sub, wl, tl.backend, tp=tl.tp, cp=tl.cp, ep=tl.ep, pp=tl.pp, vpp=tl.vpp, logprob_passes=logprob_passes)
         choice = PlanChoice(
             colocated=colocated, rollout_gpus=rollout_gpus, trainer_gpus=trainer_gpus, shape=eng.shape,

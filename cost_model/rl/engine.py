@@ -461,7 +461,14 @@ def aiconfigurator_latency_table(
         except Exception as e:  # aiconfigurator's PerfDataNotAvailableError and kin: no measured data for this shape
             first_error = first_error or str(e)[:200]
     else:
-        raise TunerError(f"aiconfigurator {AIC_VERSION} has no {precision} {engine} data for {model_id} on {system} at {shape.label}: {first_error}")
+        hint = ""
+        if precision == GenerationPrecision.bf16 and "MoE data missing" in first_error and _checkpoint_quant(model_id) == "fp8":
+            hint = (
+                f" [{model_id}'s own checkpoint is FP8 and aiconfigurator times its experts only as FP8 blocks: a run that generated in FP8 "
+                "is predicted with generation precision fp8; a BF16 run is not predicted, as FP8 timing would understate BF16 decode "
+                "(its expert weights are twice the bytes)]"
+            )
+        raise TunerError(f"aiconfigurator {AIC_VERSION} has no {precision} {engine} data for {model_id} on {system} at {shape.label}: {first_error}{hint}")
     if not (np.all(np.isfinite(dec)) and np.all(dec > 0) and np.all(np.isfinite(pre))):
         raise TunerError(f"aiconfigurator {AIC_VERSION} returned no latency for {model_id} on {system} {engine} at {shape.label}")
     table = LatencyTable(seqs, ctx, dec, pt, pre, shape.attention_dp, f"aiconfigurator {AIC_VERSION} {system} {engine} {model_id} {precision} {shape.label}{source}")

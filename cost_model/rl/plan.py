@@ -29,7 +29,7 @@ from cost_model.rl.refit import refit_s, switch_s
 from cost_model.rl.simulator import RolloutRun, simulate_rollout
 from cost_model.rl.step import StepParts, compose_step
 from cost_model.rl.trainer import TrainerBackend, TrainerPlan, best_trainer, rl_workload, trainer_for_layout
-from specs import GIB, Cluster, ModelSpec
+from specs import GIB, Cluster, ModelSpec, Precision, Workload
 from specs.errors import TunerError
 
 __all__ = [
@@ -97,6 +97,8 @@ class RLJob:
     """``max_total_sequence_length``; 0 = prompt_len + response_len."""
     generation_precision: GenerationPrecision = GenerationPrecision.bf16
     """The engines' weight precision (NeMo-RL ``vllm_cfg.precision``)."""
+    training_precision: Precision = Precision.bf16
+    """The trainer's GEMM precision (NeMo-RL ``megatron_cfg.fp8_cfg``)."""
 
     def __post_init__(self) -> None:
         for f in ("prompt_len", "response_len", "prompts_per_step", "generations_per_prompt"):
@@ -117,6 +119,13 @@ class RLJob:
     @property
     def sequences(self) -> int:
         return self.prompts_per_step * self.generations_per_prompt
+
+    @property
+    def workload(self) -> Workload:
+        """The trainer's workload of one optimizer step (:func:`~cost_model.rl.trainer.rl_workload`)."""
+        return rl_workload(
+            sequences=self.train_sequences, mean_total_len=self.mean_prompt_len + self.responses.mean, max_total_len=self.max_total_len, precision=self.training_precision
+        )
 
     @property
     def max_total_len(self) -> int:
@@ -448,7 +457,7 @@ def enumerate_plans(
     nodes = cl.num_nodes
     per = cl.gpus_per_node
     gen = _Generation(job, latency)
-    workload = rl_workload(sequences=job.train_sequences, mean_total_len=job.mean_prompt_len + job.responses.mean, max_total_len=job.max_total_len)
+    workload = job.workload
     trainers: dict[tuple[int, TrainerBackend], TrainerPlan | None] = {}
 
     def trainer_on(n: int, backend: TrainerBackend) -> TrainerPlan | None:

@@ -234,10 +234,15 @@ def test_layout_strings():
 
 def test_published_runs_table_reads_whole():
     rows, errors = read_runs(ROOT / "benchmarks" / "data" / "rl_runs.csv")
-    assert not errors and len(rows) == 47
+    assert not errors and len(rows) == 49
     assert {r.source for r in rows} == {"nemo-rl-v0.4", "nemo-rl-v0.5", "nemo-rl-v0.6"}
     r = next(r for r in rows if r.source == "nemo-rl-v0.6" and r.model == "Qwen3-235B-A22B" and r.num_gpus == 256 and not r.colocated)
     assert (r.step_time_s, r.rollout_gpus, r.rollout.shape.tp, r.trainer.tp) == (231, 128, 8, 4)
+    # the FP8 tables' rows (generation FP8, training FP8 blockwise); every other row is BF16 (blank columns)
+    fp8 = [r for r in rows if r.generation_precision.value == "fp8"]
+    assert [(r.source, r.step_time_s, r.rollout.max_num_seqs, r.training_precision.value) for r in fp8] == [
+        ("nemo-rl-v0.5", 67.6, 32, "fp8_blockwise"), ("nemo-rl-v0.6", 59.2, 32, "fp8_blockwise")]
+    assert all(r.generation_precision.value == "bf16" and r.training_precision.value == "bf16" for r in rows if r not in fp8)
 
 
 def test_bad_rows_are_named_and_good_rows_still_read(tmp_path):
@@ -336,3 +341,27 @@ def test_missing_aiconfigurator_names_the_extra(monkeypatch, tmp_path):
     with pytest.raises(TunerError, match=r"megatron-layout-tuner\[rl\]"):
         eng.aiconfigurator_latency_table("Qwen3-30B-A3B", "H200", eng.Engine.vllm, EngineShape(tp=1), max_ctx=4096)
     eng._handle.cache_clear()
+
+
+def test_shared_fixed_cost_fit_recovers_known_factors():
+    import dataclasses
+
+    from cost_model.rl.calibration import DEFAULT_RL_CALIBRATION
+    from cost_model.rl.validate import fit_calibrations, predict_rows, recalibrate
+
+    rows, _ = read_runs(ROOT / "benchmarks" / "data" / "rl_runs.csv")
+    pick = [r for r in rows if r.source == "nemo-rl-v0.5" and r.model in ("Qwen3-30B-A3B", "Llama-3.1-8B", "Qwen3-32B")]
+    assert {r.gpu for r in pick} == {"H100", "GB200"} and len(pick) == 12
+    res = predict_rows(pick, latency=_latency)
+    assert all(r.plan is not None for r in res)
+    truth = {
+        "H100": DEFAULT_RL_CALIBRATION.replace(generation_scale=1.3, training_scale=0.8, logprob_scale=0.8, switch_fixed_s=25.0, step_overhead_s=9.0),
+        "GB200": DEFAULT_RL_CALIBRATION.replace(generation_scale=2.0, training_scale=1.1, logprob_scale=1.1, switch_fixed_s=25.0, step_overhead_s=9.0),
+    }
+    measured = [dataclasses.replace(r, row=dataclasses.replace(r.row, step_time_s=recalibrate(r.plan, DEFAULT_RL_CALIBRATION, truth[r.row.gpu]))) for r in res]
+    fitted = fit_calibrations(measured)
+    assert set(fitted) == {"H100", "GB200"}
+    assert fitted["H100"].switch_fixed_s == fitted["GB200"].switch_fixed_s  # one pair of fixed costs
+    for r in measured:
+        assert recalibrate(r.plan, DEFAULT_RL_CALIBRATION, fitted[r.row.gpu]) == pytest.approx(r.row.step_time_s, rel=0.02)
+    assert fitted["GB200"].generation_scale == pytest.approx(2.0, rel=0.1) and fitted["H100"].training_scale == pytest.approx(0.8, rel=0.1)
