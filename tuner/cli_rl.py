@@ -26,7 +26,7 @@ from cost_model.rl.models import load_rl_model
 from cost_model.rl.plan import Framework, PlanChoice, RLJob, RLPlan, enumerate_plans, evaluate
 from cost_model.rl.trainer import TrainerBackend, trainer_for_layout
 from cost_model.rl.validate import predict_rows, read_runs, summarise
-from launch.rl_export import render_nemo_rl_yaml, render_slime_script
+from launch.exporters import ExportContext, get_exporter
 from specs import Cluster, parse_gpus
 from specs.errors import TunerError
 
@@ -173,7 +173,8 @@ def plan(
     trainer_layout: Annotated[str | None, typer.Option("--trainer-layout", help="Fix the trainer: megatron:tp=..,cp=..,ep=..,pp=..,vpp=.. or automodel:cp=..,ep=..")] = None,
     calibration: CalOpt = None,
     top: Annotated[int, typer.Option("--top", help="Plans to print.")] = 10,
-    export: Annotated[Path | None, typer.Option("--export", help="Write the best plan's recipe to this file (NeMo-RL YAML or slime script).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write the best plan's launch into this folder: nemo_rl_grpo.yaml (nemo-rl) or run_slime_rl.sh (slime, executable).")] = None,
+    export: Annotated[Path | None, typer.Option("--export", help="Write the best plan's launch to this file instead (same formats as --out).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Rank RL plans for a job: colocated or split, engine shapes, trainer layouts, async depth."""
@@ -212,10 +213,16 @@ def plan(
             enforce_eager=(False, True) if enforce_eager is None else (enforce_eager,), trainer_layout=tl,
         )
         best = ps.plans[0]
-        text = None
-        if export is not None:
-            text = render_slime_script(best, job) if framework == Framework.slime else render_nemo_rl_yaml(best, job)
-            export.write_text(text)
+        written: list[Path] = []
+        if export is not None or out is not None:
+            exporter = get_exporter("slime-rl" if framework == Framework.slime else "nemo-rl")
+            text = exporter.render(ExportContext.for_rl_plan(best, job))
+            for target, what in ((export, "--export"), (None if out is None else out / exporter.file_name, "--out")):
+                if target is not None:
+                    try:
+                        written.append(exporter.save(text, target))
+                    except OSError as e:
+                        raise TunerError(f"{what} {str(target)!r}: cannot write it ({e.strerror or e})") from None
     except TunerError as e:
         raise _fail(e) from None
     if json_out:
@@ -225,6 +232,7 @@ def plan(
             "plans": [_plan_dict(p) for p in _distinct(ps.plans, top)],
             "front_by_rollout_gpus": [_plan_dict(p) for p in ps.front_by_rollout_gpus()],
             "front_by_staleness": [_plan_dict(p) for p in ps.front_by_staleness()],
+            "written": [str(w) for w in written],
             "note": "every number is a prediction; nothing was measured",
         }))
         return
@@ -239,8 +247,8 @@ def plan(
     _out.print(_table("Front: fastest plan per rollout-GPU count", ps.front_by_rollout_gpus()))
     if async_steps:
         _out.print(_table("Front: fastest plan per async depth K (staleness)", ps.front_by_staleness()))
-    if export is not None:
-        _out.print(f"wrote the best plan's {'slime script' if framework == Framework.slime else 'NeMo-RL recipe'} to {export}")
+    for w in written:
+        _out.print(f"wrote the best plan's {'slime launch' if framework == Framework.slime else 'NeMo-RL recipe'} to {w}", highlight=False)
 
 
 @rl_app.command("validate")

@@ -47,6 +47,23 @@ def test_tune_rl_ranks_plans_as_json(tmp_path):
     assert "policy:" in out.read_text()
 
 
+def test_tune_rl_out_writes_the_framework_launch_through_the_registry(tmp_path):
+    import stat
+
+    import yaml
+
+    r = CliRunner().invoke(app, ["rl", *JOB, "--top", "1", "--json", "--out", str(tmp_path / "nemo")])
+    assert r.exit_code == 0, r.output
+    f = tmp_path / "nemo" / "nemo_rl_grpo.yaml"
+    assert json.loads(r.stdout)["written"] == [str(f)]
+    cfg = yaml.safe_load(f.read_text())
+    assert cfg["cluster"] == {"gpus_per_node": 8, "num_nodes": 4} and "PREDICTED" in f.read_text()
+    r = CliRunner().invoke(app, ["rl", *JOB, "--framework", "slime", "--top", "1", "--out", str(tmp_path / "slime")])
+    assert r.exit_code == 0, r.output
+    s = tmp_path / "slime" / "run_slime_rl.sh"
+    assert stat.S_IMODE(s.stat().st_mode) == 0o755 and s.read_text().startswith("#!/usr/bin/env bash\n") and "wrote the best plan's slime launch" in r.stdout
+
+
 def test_tune_rl_table_labels_predictions():
     r = CliRunner().invoke(app, ["rl", *JOB, "--top", "3"])
     assert r.exit_code == 0, r.output
