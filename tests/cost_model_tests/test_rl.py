@@ -307,7 +307,10 @@ def test_calibration_from_measured_parts_reproduces_them(tmp_path):
 
 
 def test_aiconfigurator_path_on_a_small_case(tmp_path, monkeypatch):
-    pytest.importorskip("aiconfigurator_core")
+    # not skipped: the `test` extra pins aiconfigurator==0.12.0 (as the `rl` extra does), so CI runs this path
+    import importlib.util
+
+    assert importlib.util.find_spec("aiconfigurator_core") is not None, "install the test extra: pip install -e '.[test]' (it pins aiconfigurator==0.12.0)"
     from cost_model.rl.engine import Engine, GenerationPrecision, aiconfigurator_latency_table
 
     monkeypatch.setenv("MLT_CACHE_DIR", str(tmp_path))
@@ -326,6 +329,14 @@ def test_aiconfigurator_path_on_a_small_case(tmp_path, monkeypatch):
     assert 0 < mx.decode_s(4, 1024) < 0.05 and "checkpoint" in mx.source
     with pytest.raises(TunerError, match="GPUs with vllm data"):
         aiconfigurator_latency_table("Qwen3-30B-A3B", "H20", Engine.vllm, EngineShape(tp=1), max_ctx=4096)
+    # DeepSeek-V3: only FP8-block expert tables; a BF16 engine is refused saying so, an FP8 one is timed
+    with pytest.raises(TunerError, match="own checkpoint is FP8 .* a BF16 run is not predicted"):
+        aiconfigurator_latency_table("DeepSeek-V3", "H100", Engine.vllm, EngineShape(tp=16), max_ctx=1536)
+    fp8 = aiconfigurator_latency_table("DeepSeek-V3", "H100", Engine.vllm, EngineShape(tp=16), max_ctx=1536, precision=GenerationPrecision.fp8)
+    assert "deepseek-ai/DeepSeek-V3 fp8" in fp8.source and 0 < fp8.decode_s(32, 1000) < 0.2
+    # Qwen3's FP8 engine is aiconfigurator's -FP8 checkpoint (its own tables: slower than BF16 at batch 1 in 0.12.0), cached apart
+    q8 = aiconfigurator_latency_table("Qwen3-30B-A3B", "H200", Engine.vllm, EngineShape(tp=1), max_ctx=4096, precision=GenerationPrecision.fp8)
+    assert "Qwen/Qwen3-30B-A3B-FP8 fp8" in q8.source and not np.array_equal(q8.decode, t.decode) and len(list(tmp_path.glob("aic-*.npz"))) >= 3
 
 
 def test_missing_aiconfigurator_names_the_extra(monkeypatch, tmp_path):
