@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cost_model.rl.calibrate import fit_from_measured, mean_measured, read_log
@@ -45,7 +46,7 @@ CalOpt = Annotated[Path | None, typer.Option("--calibration", help="RL calibrati
 
 
 def _fail(e: TunerError) -> typer.Exit:
-    _err.print(f"[red]error: {e}[/red]", highlight=False, soft_wrap=True)
+    _err.print(f"[red]error: {escape(str(e))}[/red]", highlight=False, soft_wrap=True)
     return typer.Exit(code=2)
 
 
@@ -189,12 +190,22 @@ def plan(
             prompts_per_step=prompts_per_step, generations_per_prompt=generations_per_prompt, max_seq_len=max_seq_len,
             train_global_batch=train_global_batch, logprob_passes=logprob_passes,
         )
-        if rollout_gpus is not None and rollout_gpus >= job.cluster.num_gpus:
-            raise TunerError(f"--rollout-gpus {rollout_gpus} exceeds the cluster's {job.cluster.num_gpus} GPUs less at least one trainer node")
+        cl, per = job.cluster, job.cluster.gpus_per_node
+        if rollout_gpus is not None and (rollout_gpus >= cl.num_gpus or rollout_gpus < 1 or rollout_gpus % per):
+            why = f"{cl.label} has {cl.num_gpus} GPUs and the trainer needs at least one node" if rollout_gpus >= cl.num_gpus else "rollout GPUs are whole nodes"
+            if cl.num_nodes > 1:
+                accepted = f"a multiple of {per} from {per} to {cl.num_gpus - per}"
+            else:
+                accepted = "none: a split needs at least two nodes (use --colocated)"
+            raise TunerError(f"--rollout-gpus {rollout_gpus}: {why}; accepted: {accepted}")
         if engine_tp is not None:
-            per = job.cluster.gpus_per_node
-            if (engine_tp < per and per % engine_tp) or (engine_tp > per and engine_tp % per):
-                raise TunerError(f"--engine-tp {engine_tp} neither divides the {per} GPUs per node nor is a whole number of nodes; an engine must tile nodes")
+            # an engine's GPUs divide a node, or are whole nodes (vLLM / SGLang place TP ranks node by node)
+            divisors = [d for d in range(1, per + 1) if per % d == 0]
+            if engine_tp < 1 or (engine_tp < per and per % engine_tp) or (engine_tp > per and engine_tp % per) or engine_tp > cl.num_gpus:
+                raise TunerError(
+                    f"--engine-tp {engine_tp}: an engine's GPUs must divide a node's {per} GPUs or be whole nodes of {cl.label}; "
+                    f"accepted: {', '.join(map(str, divisors))} or a multiple of {per} up to {cl.num_gpus}"
+                )
         cal = load_rl_calibration(calibration) if calibration else DEFAULT_RL_CALIBRATION
         tl = parse_trainer_layout(trainer_layout, "--trainer-layout") if trainer_layout else None
         if trainer_backend in ("", "all"):
@@ -240,15 +251,16 @@ def plan(
         f"{job.model.name} on {job.cluster.label}, {framework} + {job.engine}: {job.prompts_per_step} prompts x {job.generations_per_prompt} generations, "
         f"prompt <= {job.prompt_len:,}, response <= {job.response_len:,} ({job.responses.source}); calibration: {cal.source}",
         highlight=False,
+        markup=False,
     )
     _out.print("[bold]Every number below is a prediction (rollout simulation + analytical estimate); nothing was measured.[/bold]")
-    _out.print(f"Plans considered: {ps.considered:,}; evaluated: {len(ps.plans):,}; set aside: " + (", ".join(f"{k} ({v})" for k, v in ps.rejected.items()) or "none"), highlight=False)
+    _out.print(f"Plans considered: {ps.considered:,}; evaluated: {len(ps.plans):,}; set aside: " + (", ".join(f"{k} ({v})" for k, v in ps.rejected.items()) or "none"), highlight=False, markup=False)
     _out.print(_table("Fastest plans (predicted seconds per step)", _distinct(ps.plans, top)))
     _out.print(_table("Front: fastest plan per rollout-GPU count", ps.front_by_rollout_gpus()))
     if async_steps:
         _out.print(_table("Front: fastest plan per async depth K (staleness)", ps.front_by_staleness()))
     for w in written:
-        _out.print(f"wrote the best plan's {'slime launch' if framework == Framework.slime else 'NeMo-RL recipe'} to {w}", highlight=False)
+        _out.print(f"wrote the best plan's {'slime launch' if framework == Framework.slime else 'NeMo-RL recipe'} to {w}", highlight=False, markup=False)
 
 
 @rl_app.command("validate")
@@ -289,17 +301,17 @@ def validate_cmd(
     st = summary["step"]
     assert isinstance(st, dict)
     med = st["median_abs_error"]
-    _out.print(f"step time: {st['n']} rows predicted of {len(rows) + len(errors)}; median |error| {'n/a' if med is None else f'{med:.1%}'}", highlight=False)
+    _out.print(f"step time: {st['n']} rows predicted of {len(rows) + len(errors)}; median |error| {'n/a' if med is None else f'{med:.1%}'}", highlight=False, markup=False)
     for part in ("generation", "training"):
         s = summary[part]
         assert isinstance(s, dict)
-        _out.print(f"{part}: " + ("not published in these rows" if not s["n"] else f"{s['n']} rows, median |error| {s['median_abs_error']:.1%}"), highlight=False)
+        _out.print(f"{part}: " + ("not published in these rows" if not s["n"] else f"{s['n']} rows, median |error| {s['median_abs_error']:.1%}"), highlight=False, markup=False)
     verdicts = summary["colocated_vs_split"]
     assert isinstance(verdicts, list)
     for v in verdicts:
-        _out.print(f"colocated vs split, {v['group']}: measured faster {v['measured']}, predicted faster {v['predicted']} ({'agree' if v['agree'] else 'MISS'})", highlight=False)
+        _out.print(f"colocated vs split, {v['group']}: measured faster {v['measured']}, predicted faster {v['predicted']} ({'agree' if v['agree'] else 'MISS'})", highlight=False, markup=False)
     for u in unreadable:
-        _err.print(f"[yellow]not predicted: {u}[/yellow]", highlight=False, soft_wrap=True)
+        _err.print(f"[yellow]not predicted: {escape(u)}[/yellow]", highlight=False, soft_wrap=True)
 
 
 @rl_app.command("calibrate")
@@ -360,7 +372,7 @@ def calibrate_cmd(
     if json_out:
         _out.print_json(json.dumps({"measured": measured, "predicted_before": _plan_dict(predicted)["predicted"], "predicted_after": _plan_dict(after)["predicted"], "calibration": dataclasses.asdict(fitted)}))
         return
-    _out.print(f"read {len(steps)} steps from {log} ({steps[0].framework}); measured means (s): " + ", ".join(f"{k} {v:.1f}" for k, v in measured.items() if v is not None), highlight=False)
-    _out.print(f"predicted before: step {predicted.step_time_s:.1f} s; after calibration: step {after.step_time_s:.1f} s (measured {measured['step_time_s']:.1f} s)", highlight=False)
-    _out.print(text if out is None else f"wrote the factors to {out}; pass --calibration {out} to tune rl", highlight=False)
+    _out.print(f"read {len(steps)} steps from {log} ({steps[0].framework}); measured means (s): " + ", ".join(f"{k} {v:.1f}" for k, v in measured.items() if v is not None), highlight=False, markup=False)
+    _out.print(f"predicted before: step {predicted.step_time_s:.1f} s; after calibration: step {after.step_time_s:.1f} s (measured {measured['step_time_s']:.1f} s)", highlight=False, markup=False)
+    _out.print(text if out is None else f"wrote the factors to {out}; pass --calibration {out} to tune rl", highlight=False, markup=False)
 

@@ -39,6 +39,7 @@ from specs.errors import TunerError
 __all__ = [
     "AIC_VERSION",
     "Engine",
+    "EngineDataError",
     "EngineShape",
     "GenerationPrecision",
     "LatencyTable",
@@ -65,6 +66,12 @@ class Engine(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+class EngineDataError(TunerError):
+    """The engine model cannot time this job at any shape: aiconfigurator is not installed, or has no
+    configuration for the model, no system for the GPU, or no checkpoint for the precision. Plan
+    enumeration stops on it (a shape without data only sets that shape aside)."""
 
 
 class GenerationPrecision(str, Enum):
@@ -256,7 +263,7 @@ def aic_model_name(model: str) -> str:
     for k, v in AIC_MODELS.items():
         if k.lower() == model.lower():
             return v
-    raise TunerError(f"--model {model!r}: aiconfigurator {AIC_VERSION} has no engine data for it; supported: {', '.join(AIC_MODELS)}")
+    raise EngineDataError(f"--model {model!r}: aiconfigurator {AIC_VERSION} has no engine data for it; supported: {', '.join(AIC_MODELS)}")
 
 
 def aic_system_name(gpu: str, engine: Engine) -> str:
@@ -269,7 +276,7 @@ def aic_system_name(gpu: str, engine: Engine) -> str:
     supported = _systems_with_data(engine)
     if system is None or (supported is not None and system not in supported):
         have = sorted(k for k, v in AIC_SYSTEMS.items() if supported is None or v in supported)
-        raise TunerError(f"--gpus {gpu}: aiconfigurator {AIC_VERSION} has no {engine} data for it; GPUs with {engine} data: {', '.join(have)}")
+        raise EngineDataError(f"--gpus {gpu}: aiconfigurator {AIC_VERSION} has no {engine} data for it; GPUs with {engine} data: {', '.join(have)}")
     return system
 
 
@@ -300,7 +307,7 @@ def _require_aiconfigurator() -> Any:
     try:
         return importlib.import_module("aiconfigurator_core.sdk.engine")
     except ImportError:
-        raise TunerError(
+        raise EngineDataError(
             "tune rl needs aiconfigurator for the engines' per-iteration latency: "
             f"pip install 'megatron-layout-tuner[rl]' (aiconfigurator=={AIC_VERSION})"
         ) from None
@@ -353,7 +360,7 @@ def aic_model_for_precision(model: str, precision: GenerationPrecision) -> tuple
         if _has_bundled_config(model_id + "-FP8"):
             return model_id + "-FP8", attn
         if importlib.util.find_spec("aiconfigurator_core") is not None and _checkpoint_quant(model_id) != "fp8":
-            raise TunerError(
+            raise EngineDataError(
                 f"--generation-precision fp8: aiconfigurator {AIC_VERSION} bundles no FP8 checkpoint of {model_id} "
                 f"(neither {model_id}-FP8 nor an FP8 quantization_config); use bf16"
             )
@@ -385,7 +392,7 @@ def weight_bytes_per_param(model: str, precision: GenerationPrecision) -> tuple[
 
 @lru_cache(maxsize=64)
 def _handle(model_id: str, system: str, backend: str, shape: EngineShape, quant: tuple[tuple[str, str], ...]) -> Any:
-    mod = _require_aiconfigurator()
+    mod = _require_aiconfigurator()  # EngineDataError when missing: not wrapped below
     logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
     try:
         return mod.EngineHandle.compile(
@@ -456,6 +463,8 @@ def aiconfigurator_latency_table(
             pre = np.array([h.predict_prefill_latency(1, int(t)) for t in pt], dtype=float) / 1e3
             source = "" if s == shape else f" (MoE timed at {s.label}: no expert-TP data)"
             break
+        except EngineDataError:
+            raise
         except TunerError as e:
             first_error = first_error or str(e)
         except Exception as e:  # aiconfigurator's PerfDataNotAvailableError and kin: no measured data for this shape

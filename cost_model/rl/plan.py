@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cost_model.rl.calibration import DEFAULT_RL_CALIBRATION, RLCalibration
-from cost_model.rl.engine import Engine, EngineShape, GenerationPrecision, LatencyTable, aiconfigurator_latency_table, weight_bytes_per_param
+from cost_model.rl.engine import Engine, EngineDataError, EngineShape, GenerationPrecision, LatencyTable, aiconfigurator_latency_table, weight_bytes_per_param
 from cost_model.rl.layouts import TrainerLayout
 from cost_model.rl.lengths import LengthDistribution
 from cost_model.rl.refit import refit_s, switch_s
@@ -452,6 +452,8 @@ def enumerate_plans(
     Raises:
         TunerError: constraints that leave no plan to evaluate (the reasons counted), rollout GPUs
             that are not whole nodes or exceed the cluster.
+        EngineDataError: the engine model has nothing for the job's model, GPU or precision, or
+            aiconfigurator is not installed (the message names the accepted ones or the extra).
     """
     cl = job.cluster
     nodes = cl.num_nodes
@@ -530,6 +532,8 @@ def enumerate_plans(
                                 )
                                 try:
                                     plans.append(evaluate(job, choice, trainer=trainer, calibration=calibration, latency=latency, _gen=gen))
+                                except EngineDataError:
+                                    raise  # no shape can be timed: say so, not "no plan fits"
                                 except TunerError as e:
                                     reason = _reason(str(e))
                                     rejected[reason] = rejected.get(reason, 0) + 1
