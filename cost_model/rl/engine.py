@@ -10,10 +10,12 @@ tables measured on the target GPU for the target serving framework (vLLM 0.24, S
 0.5.14/0.5.16). Tests and users without the extra can build a table from any latency
 function (:meth:`LatencyTable.from_functions`).
 
-Caching: a compiled handle per (model, system, backend, shape) stays in memory for the
-process; the latency grid of each shape is written as ``.npz`` under
+Caching: a compiled handle per (model, system, backend, shape, precision) stays in memory for
+the process; the latency grid of each shape is written as ``.npz`` under
 ``$XDG_CACHE_HOME/megatron-layout-tuner/rl/`` (default ``~/.cache``; override with
-``MLT_CACHE_DIR``), so a second run needs neither the import nor the database load.
+``MLT_CACHE_DIR``), and a shape aiconfigurator has no data for as a ``.nodata.txt`` holding the
+message, so a second run needs neither the import nor the database load. The key holds the
+aiconfigurator version: another release starts a fresh cache.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ import importlib.util
 import json
 import logging
 import os
+from bisect import bisect_left
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
 from pathlib import Path
@@ -167,6 +170,13 @@ class LatencyTable:
     prefill: _FLOAT
     attention_dp: int = 1
     source: str = ""
+    _grid: tuple[tuple[float, ...], tuple[float, ...], tuple[tuple[float, ...], ...]] = field(init=False, repr=False, compare=False)
+    """``(seqs, ctx, decode rows)`` as Python floats: :meth:`decode_s` is called once per simulator
+    event (about 10^5 times per ``tune rl``), where numpy's per-call overhead on scalars dominates."""
+
+    def __post_init__(self) -> None:
+        grid = (tuple(map(float, self.seqs)), tuple(map(float, self.ctx)), tuple(tuple(map(float, row)) for row in np.asarray(self.decode)))
+        object.__setattr__(self, "_grid", grid)
 
     def decode_s(self, num_seqs: float, ctx_len: float) -> float:
         """One decode iteration of ``num_seqs`` running sequences (whole engine) at mean context ``ctx_len`` (s).
@@ -174,15 +184,21 @@ class LatencyTable:
         Bilinear interpolation on the grid; linear extrapolation in ``num_seqs`` past the
         last grid point (memory-bound decode grows linearly there), clamped in ``ctx_len``.
         """
+        seqs, ctx, dec = self._grid
         n = max(float(num_seqs) / self.attention_dp, 1.0)
-        c = min(max(float(ctx_len), float(self.ctx[0])), float(self.ctx[-1]))
-        j = int(np.searchsorted(self.ctx, c).clip(1, len(self.ctx) - 1))
-        wc = (c - self.ctx[j - 1]) / (self.ctx[j] - self.ctx[j - 1])
-        col = self.decode[:, j - 1] * (1 - wc) + self.decode[:, j] * wc
-        if n <= self.seqs[-1]:
-            return float(np.interp(n, self.seqs, col))
-        slope = (col[-1] - col[-2]) / (self.seqs[-1] - self.seqs[-2])
-        return float(col[-1] + slope * (n - self.seqs[-1]))
+        c = min(max(float(ctx_len), ctx[0]), ctx[-1])
+        j = min(max(bisect_left(ctx, c), 1), len(ctx) - 1)
+        wc = (c - ctx[j - 1]) / (ctx[j] - ctx[j - 1])
+
+        def at(i: int) -> float:
+            return dec[i][j - 1] * (1 - wc) + dec[i][j] * wc
+
+        if n <= seqs[-1]:
+            i = min(max(bisect_left(seqs, n), 1), len(seqs) - 1)
+            ws = (n - seqs[i - 1]) / (seqs[i] - seqs[i - 1])
+            return at(i - 1) * (1 - ws) + at(i) * ws
+        last, before = at(len(seqs) - 1), at(len(seqs) - 2)
+        return last + (last - before) / (seqs[-1] - seqs[-2]) * (n - seqs[-1])
 
     def prefill_s(self, tokens: float) -> float:
         """Prefill of ``tokens`` prompt tokens spread over the engine's attention-DP ranks (s); 0 for none."""
@@ -442,10 +458,15 @@ def aiconfigurator_latency_table(
     model_id, quant_kw = aic_model_for_precision(model, precision)
     key = json.dumps([AIC_VERSION, model_id, gpu, str(engine), shape.tp, shape.pp, shape.ep, shape.attention_dp, max_ctx, str(precision)])
     path = cache_dir() / f"aic-{hashlib.sha256(key.encode()).hexdigest()[:20]}.npz"
+    missing = path.with_name(path.stem + ".nodata.txt")
     if use_cache:
         hit = _read_cached(path)
         if hit is not None:
             return hit
+        try:
+            raise TunerError(missing.read_text())  # a shape aiconfigurator had no data for on an earlier run
+        except (OSError, UnicodeDecodeError):
+            pass
     system = aic_system_name(gpu, engine)
     quant = tuple(sorted(quant_kw.items()))
     ctx = _ctx_grid(max_ctx)
@@ -477,7 +498,10 @@ def aiconfigurator_latency_table(
                 "is predicted with generation precision fp8; a BF16 run is not predicted, as FP8 timing would understate BF16 decode "
                 "(its expert weights are twice the bytes)]"
             )
-        raise TunerError(f"aiconfigurator {AIC_VERSION} has no {precision} {engine} data for {model_id} on {system} at {shape.label}: {first_error}{hint}")
+        message = f"aiconfigurator {AIC_VERSION} has no {precision} {engine} data for {model_id} on {system} at {shape.label}: {first_error}{hint}"
+        if use_cache:
+            _write_text(missing, message)
+        raise TunerError(message)
     if not (np.all(np.isfinite(dec)) and np.all(dec > 0) and np.all(np.isfinite(pre))):
         raise TunerError(f"aiconfigurator {AIC_VERSION} returned no latency for {model_id} on {system} {engine} at {shape.label}")
     table = LatencyTable(seqs, ctx, dec, pt, pre, shape.attention_dp, f"aiconfigurator {AIC_VERSION} {system} {engine} {model_id} {precision} {shape.label}{source}")
@@ -492,6 +516,16 @@ def _read_cached(path: Path) -> LatencyTable | None:
             return LatencyTable(z["seqs"], z["ctx"], z["decode"], z["prefill_tokens"], z["prefill"], int(z["attention_dp"]), str(z["source"]))
     except (OSError, KeyError, ValueError):
         return None
+
+
+def _write_text(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home: asked again next time
 
 
 def _write_cached(path: Path, t: LatencyTable) -> None:
