@@ -332,6 +332,15 @@ def test_aiconfigurator_path_on_a_small_case(tmp_path, monkeypatch):
     # DeepSeek-V3: only FP8-block expert tables; a BF16 engine is refused saying so, an FP8 one is timed
     with pytest.raises(TunerError, match="own checkpoint is FP8 .* a BF16 run is not predicted"):
         aiconfigurator_latency_table("DeepSeek-V3", "H100", Engine.vllm, EngineShape(tp=16), max_ctx=1536)
+    # the refusal is cached too: the next run answers it without aiconfigurator
+    import cost_model.rl.engine as eng
+
+    assert len(list(tmp_path.glob("aic-*.nodata.txt"))) == 2  # gpt-oss BF16 above, DeepSeek-V3 BF16 here
+    monkeypatch.setattr(eng, "_handle", lambda *a: pytest.fail("asked aiconfigurator again"))
+    with pytest.raises(TunerError, match="own checkpoint is FP8"):
+        aiconfigurator_latency_table("DeepSeek-V3", "H100", Engine.vllm, EngineShape(tp=16), max_ctx=1536)
+    monkeypatch.undo()
+    monkeypatch.setenv("MLT_CACHE_DIR", str(tmp_path))
     fp8 = aiconfigurator_latency_table("DeepSeek-V3", "H100", Engine.vllm, EngineShape(tp=16), max_ctx=1536, precision=GenerationPrecision.fp8)
     assert "deepseek-ai/DeepSeek-V3 fp8" in fp8.source and 0 < fp8.decode_s(32, 1000) < 0.2
     # Qwen3's FP8 engine is aiconfigurator's -FP8 checkpoint (its own tables: slower than BF16 at batch 1 in 0.12.0), cached apart
