@@ -20,7 +20,7 @@ from rich.table import Table
 
 from cost_model.rl.calibrate import fit_from_measured, mean_measured, read_log
 from cost_model.rl.calibration import DEFAULT_RL_CALIBRATION, load_rl_calibration, save_rl_calibration
-from cost_model.rl.engine import Engine
+from cost_model.rl.engine import Engine, GenerationPrecision
 from cost_model.rl.layouts import parse_engine_layout, parse_trainer_layout
 from cost_model.rl.lengths import LengthDistribution
 from cost_model.rl.models import load_rl_model
@@ -28,7 +28,7 @@ from cost_model.rl.plan import Framework, PlanChoice, RLJob, RLPlan, enumerate_p
 from cost_model.rl.trainer import TrainerBackend, trainer_for_layout
 from cost_model.rl.validate import predict_rows, read_runs, summarise
 from launch.exporters import ExportContext, get_exporter
-from specs import Cluster, parse_gpus
+from specs import Cluster, Precision, parse_gpus
 from specs.errors import TunerError
 
 __all__ = ["rl_app"]
@@ -66,6 +66,8 @@ def _job(
     max_seq_len: int,
     train_global_batch: int,
     logprob_passes: int,
+    generation_precision: GenerationPrecision = GenerationPrecision.bf16,
+    training_precision: str = "bf16",
 ) -> RLJob:
     m = load_rl_model(model)
     cl = parse_gpus(gpus)
@@ -90,7 +92,16 @@ def _job(
         train_global_batch_size=train_global_batch,
         logprob_passes=logprob_passes,
         max_seq_len=max_seq_len,
+        generation_precision=generation_precision,
+        training_precision=_training_precision(training_precision),
     )
+
+
+def _training_precision(text: str) -> Precision:
+    try:
+        return Precision(text)
+    except ValueError:
+        raise TunerError(f"--training-precision {text!r}: accepted {', '.join(p.value for p in Precision)}") from None
 
 
 def _plan_dict(p: RLPlan) -> dict[str, Any]:
@@ -162,6 +173,8 @@ def plan(
     max_seq_len: Annotated[int, typer.Option("--max-seq-len", help="max_total_sequence_length (default prompt + response).")] = 0,
     train_global_batch: Annotated[int, typer.Option("--train-global-batch", help="Sequences per optimizer step (default: all of a step).")] = 0,
     logprob_passes: Annotated[int, typer.Option("--logprob-passes", help="Forward passes for log-probs (2 = policy + reference for KL; 1 without KL).")] = 2,
+    generation_precision: Annotated[GenerationPrecision, typer.Option("--generation-precision", help="Engine weights: bf16, fp8 (block-scaled FP8, NeMo-RL vllm_cfg.precision fp8) or checkpoint (the checkpoint's own).")] = GenerationPrecision.bf16,
+    training_precision: Annotated[str, typer.Option("--training-precision", help="Trainer GEMMs: bf16, fp8, fp8_blockwise, mxfp8 or nvfp4.")] = "bf16",
     async_steps: Annotated[int, typer.Option("--async-steps", help="Evaluate non-colocated plans at each async depth 0..K.")] = 0,
     colocated: Annotated[bool | None, typer.Option("--colocated/--no-colocated", help="Only colocated / only split plans (default both).")] = None,
     rollout_gpus: Annotated[int | None, typer.Option("--rollout-gpus", help="Only this many rollout GPUs (whole nodes).")] = None,
@@ -188,7 +201,8 @@ def plan(
             model=model, gpus=gpus, framework=framework, engine=engine, prompt_len=prompt_len, response_len=response_len,
             mean_prompt_len=mean_prompt_len, mean_response_len=mean_response_len, response_lengths=response_lengths,
             prompts_per_step=prompts_per_step, generations_per_prompt=generations_per_prompt, max_seq_len=max_seq_len,
-            train_global_batch=train_global_batch, logprob_passes=logprob_passes,
+            train_global_batch=train_global_batch, logprob_passes=logprob_passes, generation_precision=generation_precision,
+            training_precision=training_precision,
         )
         cl, per = job.cluster, job.cluster.gpus_per_node
         if rollout_gpus is not None and (rollout_gpus >= cl.num_gpus or rollout_gpus < 1 or rollout_gpus % per):

@@ -174,3 +174,18 @@ def test_calibrate_from_a_nemo_rl_log(tmp_path):
     assert "rl_calibration" in out.read_text()
     r2 = CliRunner().invoke(app, ["rl", *JOB, "--calibration", str(out), "--json", "--top", "1"])
     assert r2.exit_code == 0 and "calibrated from" in json.loads(r2.stdout)["calibration"]
+
+
+def test_fp8_generation_and_training_reach_the_recipe(tmp_path):
+    import yaml
+
+    r = CliRunner().invoke(app, ["rl", *JOB, "--top", "1", "--generation-precision", "fp8", "--training-precision", "fp8_blockwise",
+                                 "--trainer-backend", "megatron", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    text = (tmp_path / "nemo_rl_grpo.yaml").read_text()
+    cfg = yaml.safe_load(text)
+    assert cfg["policy"]["generation"]["vllm_cfg"]["precision"] == "fp8"
+    assert cfg["policy"]["megatron_cfg"]["fp8_cfg"] == {"enabled": True, "fp8": "e4m3", "fp8_recipe": "blockwise", "fp8_param": False}
+    assert "fp8 weights" in text and "(fp8_blockwise)" in text  # the header says what was predicted
+    r = CliRunner().invoke(app, ["rl", *JOB, "--training-precision", "fp4x"])
+    assert r.exit_code == 2 and "--training-precision 'fp4x': accepted bf16, fp8" in " ".join(r.stderr.split())
