@@ -392,7 +392,7 @@ def fit_calibration(results: Sequence[RowResult], *, base: RLCalibration = DEFAU
 
 def _minimise(loss: Callable[[np.ndarray], float], x0: np.ndarray) -> np.ndarray:
     """Nelder-Mead restarted from its own result until it stops improving (a fresh simplex escapes a
-    collapsed one: a single run stopped at a GB200 optimum with a 75 s step overhead, 3x the loss of the restarted one)."""
+    collapsed one: on NeMo-RL's GB200 rows a single run stopped at a 75 s step overhead with 1.9x the loss of the restarted fit)."""
     x, best = np.asarray(x0, dtype=float), loss(np.asarray(x0, dtype=float))
     for _ in range(8):
         res = optimize.minimize(loss, x, method="Nelder-Mead", options={"xatol": 1e-5, "fatol": 1e-8, "maxiter": 2000 * len(x)})
@@ -411,9 +411,10 @@ def fit_calibrations(results: Sequence[RowResult], *, base: RLCalibration = DEFA
     pair for all: they are the framework's host-side work per step (NeMo-RL ``grpo.py``'s timers
     outside generation, log-probs, training and refit: data processing, rewards and advantages,
     offload / onload calls, Ray round trips), the same code whatever the GPU. Fitted per GPU, they are
-    not identified by a few rows: on NeMo-RL's 10 GB200 fit rows a per-GPU fit put 41 s in the switch
-    and 75 s in the step overhead, more than the whole measured step of the smallest GB200 run
-    (Llama-3.1-8B on 8 GB200 colocated: 91 s, of which 46 s predicted work) can hold.
+    not identified by a few rows: on NeMo-RL's 8 predicted GB200 fit rows a per-GPU fit ends at a
+    training scale of 0.15 (converged) or, stopped early, at 41 s of switch and 75 s of step overhead,
+    more than the whole measured step of the smallest GB200 run (Llama-3.1-8B on 8 GB200 colocated:
+    91 s, of which 46 s predicted work) can hold.
 
     Minimises the sum of |log(predicted / measured)| over all rows (Nelder-Mead over log-factors),
     starting from ``base``; the results must have been predicted under ``base``.
