@@ -1,4 +1,4 @@
-"""Export formats: each an :class:`Exporter` that renders one layout of one study as one file.
+"""Export formats: each an :class:`Exporter` that renders one layout of one study (or one `tune rl` plan) as one file.
 
 ``tune export --format NAME`` and the files ``tune`` writes for its best layout
 (:func:`tuner.report.export_files`) both come from this registry, in registration order:
