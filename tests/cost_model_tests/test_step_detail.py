@@ -3,15 +3,15 @@ backward times, the simulated pipeline against the table's closed form, what the
 
 from __future__ import annotations
 
-import pytest
-
 import importlib
+
+import pytest
 
 from cost_model import step_detail
 from cost_model.estimate import estimate, estimate_details, estimate_table
 from cost_model.step_detail import CHUNK_PARTS, HIDDEN_PARTS, TAIL_PARTS, chunk_layers
 from cost_model.terms import activations, compute, context
-from specs import RunOptions, Workload, load_model, parse_gpus
+from specs import RunOptions, Workload, load_model
 from specs.layout import Dispatcher, Layout, LayoutTable, RecomputeGranularity, RecomputeMethod
 
 estimate_mod = importlib.import_module("cost_model.estimate")  # the package re-exports the function under the same name
