@@ -167,6 +167,7 @@ class StudyRun:
             address=cfg.ray_address,
             gpus_per_node=prep.cluster.gpus_per_node,
             extra_env=trial_env_dict(cfg.trial_env),
+            profile_step=cfg.trial_profile_step,
         ))
         backend = self.backend
         n = backend.cluster_gpus()
