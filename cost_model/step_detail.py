@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -86,14 +87,19 @@ def chunk_layers(model: ModelSpec, layout: Layout) -> tuple[Table, Table]:
     Raises:
         InfeasibleLayout: (``pipeline_split``) the layers do not split as the layout asks.
     """
-    pp, vpp = layout.pp, layout.vpp
-    counts = stage_layer_counts(model.num_layers, pp, vpp, layout.num_layers_in_first_pipeline_stage, layout.num_layers_in_last_pipeline_stage)
+    return _chunk_layers(model.moe_layer_freq, layout.pp, layout.vpp, layout.num_layers_in_first_pipeline_stage,
+                         layout.num_layers_in_last_pipeline_stage)
+
+
+@lru_cache(maxsize=1024)
+def _chunk_layers(moe_layer_freq: tuple[int, ...], pp: int, vpp: int, first: int, last: int) -> tuple[Table, Table]:
+    counts = stage_layer_counts(len(moe_layer_freq), pp, vpp, first, last)
     moe = [[0] * vpp for _ in range(pp)]
     pos = 0
     for v in range(vpp):
         for r in range(pp):
             n = counts[r][v]
-            moe[r][v] = int(sum(model.moe_layer_freq[pos : pos + n]))
+            moe[r][v] = int(sum(moe_layer_freq[pos : pos + n]))
             pos += n
     return tuple(tuple(float(x) for x in row) for row in counts), tuple(tuple(float(x) for x in row) for row in moe)
 
@@ -272,32 +278,26 @@ def chunk_times(
     """
     pp, vpp = layout.pp, layout.vpp
     layers, moe = chunk_layers(model, layout)
-    cls = rank_class_of(model, layout, [int(x) for x in c.rank[0]])
+    cls = list(rank_class_of(model, layout, [int(x) for x in c.rank[0]]))
     per_rank = per_microbatch(c, copies)
     cc = chunk_context(c, layers, moe, layout.recompute_num_layers)
     totals = per_microbatch(cc, copies)
     fwd = forward_parts(cc, copies)
-    zero = tuple(tuple(0.0 for _ in range(vpp)) for _ in range(pp))
+    lay = np.array(layers)
+    share_by_layers = np.where(lay.sum(axis=1, keepdims=True) > 0, lay / np.maximum(lay.sum(axis=1, keepdims=True), 1.0), 1.0 / vpp)
     forward: dict[str, Table] = {}
     backward: dict[str, Table] = {}
-    scales: dict[str, list[float]] = {}
+    scales: dict[str, Array] = {}
     for p in CHUNK_PARTS:
         tot = totals[p][0].reshape(pp, vpp)
-        f_rows, b_rows, sc = [], [], []
-        for r in range(pp):
-            target = float(per_rank[p][0, cls[r]])
-            have = float(tot[r].sum())
-            if have > 0:
-                s = target / have
-                t_r = tot[r] * s
-            else:  # the composition gives this rank's chunks nothing although its class has time: share by layers
-                s = 0.0
-                t_r = np.full(vpp, target / vpp) if sum(layers[r]) == 0 else target * np.array(layers[r]) / sum(layers[r])
-            f_r = np.minimum(fwd[p][0].reshape(pp, vpp)[r] * s, t_r)
-            f_rows.append(tuple(float(x) for x in f_r))
-            b_rows.append(tuple(float(x) for x in np.maximum(t_r - f_r, 0.0)))
-            sc.append(s)
-        forward[p], backward[p], scales[p] = tuple(f_rows), tuple(b_rows), sc
+        target = per_rank[p][0, cls][:, None]  # each rank's time in the table, (pp, 1)
+        have = tot.sum(axis=1, keepdims=True)
+        s = np.where(have > 0, target / np.where(have > 0, have, 1.0), 0.0)
+        # where the composition gives a rank's chunks nothing although its class has time, share it by layers
+        t = np.where(have > 0, tot * s, target * share_by_layers)
+        f = np.minimum(fwd[p][0].reshape(pp, vpp) * s, t)
+        forward[p], backward[p], scales[p] = _table(f), _table(np.maximum(t - f, 0.0)), s
+    zero = _table(np.zeros((pp, vpp)))
     hidden_f = {p: zero for p in HIDDEN_PARTS}
     hidden_b = {p: zero for p in HIDDEN_PARTS}
     if hidden:
@@ -306,9 +306,14 @@ def chunk_times(
         for p in HIDDEN_PARTS:
             t_all = (tot0[p][0] - totals[p][0]).reshape(pp, vpp)
             f_all = (fwd0[p][0] - fwd[p][0]).reshape(pp, vpp)
-            hidden_f[p] = tuple(tuple(max(float(f_all[r, v]) * scales[p][r], 0.0) for v in range(vpp)) for r in range(pp))
-            hidden_b[p] = tuple(tuple(max(float(t_all[r, v] - f_all[r, v]) * scales[p][r], 0.0) for v in range(vpp)) for r in range(pp))
+            hidden_f[p] = _table(np.maximum(f_all * scales[p], 0.0))
+            hidden_b[p] = _table(np.maximum((t_all - f_all) * scales[p], 0.0))
     return ChunkTimes(forward=forward, backward=backward, hidden_forward=hidden_f, hidden_backward=hidden_b)
+
+
+def _table(a: Array) -> Table:
+    """A ``(pp, vpp)`` array as a ``[rank][chunk]`` table of floats."""
+    return tuple(tuple(float(x) for x in row) for row in a.tolist())
 
 
 def pipeline_time(times: ChunkTimes, layout: Layout, num_microbatches: int) -> float:
