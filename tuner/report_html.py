@@ -169,7 +169,10 @@ _SCRIPT = r"""
   function nearTable(rows, band) {
     const n = near(rows, band);
     const body = sel('near-body'); body.innerHTML = '';
-    if (!n.length) { body.innerHTML = '<tr><td class="l" colspan="11">no trial left by the filters</td></tr>'; return; }
+    if (!n.length) {
+      body.innerHTML = '<tr><td class="l" colspan="11">no trial left by the filters</td></tr>';
+      sel('near-count').textContent = '0'; sel('near-answer').textContent = 'none (no trial left by the filters)'; return;
+    }
     const best = Math.max(...n.map(r => r.tps));
     n.slice(0, 15).forEach((r, i) => {
       const tr = document.createElement('tr'); if (i === 0) tr.className = 'pick';
@@ -205,6 +208,11 @@ _SCRIPT = r"""
     nearTable(rows, band);
   }
   for (const id of ['f-dispatcher', 'f-recompute', 'f-pp', 'near-pct']) sel(id).addEventListener('input', update);
+  // a link can preset the filters: report.html#dispatcher=alltoall&recompute=selective%20moe&pp=4&near=3
+  const preset = new URLSearchParams(window.location.hash.slice(1));
+  for (const [key, id] of [['dispatcher', 'f-dispatcher'], ['recompute', 'f-recompute'], ['pp', 'f-pp'], ['near', 'near-pct']]) {
+    if (preset.has(key)) sel(id).value = preset.get(key);
+  }
   update();
 })();
 """
@@ -304,7 +312,8 @@ def render_report(
         '<div class="filters">' + _options("f-dispatcher", "dispatcher", sorted({r["dispatcher"] for r in data_rows}))
         + _options("f-recompute", "recompute", sorted({r["recompute"] for r in data_rows}))
         + _options("f-pp", "PP", sorted({r["pp"] for r in data_rows})) + f' <span class="meta"><span id="shown">{len(data_rows)}</span> of {len(data_rows)} trials shown; '
-        "the front is recomputed over the trials left; hover a point for its layout</span></div>",
+        "the front is recomputed over the trials left; hover a point for its layout; a link can preset them: "
+        "<code>report.html#dispatcher=alltoall&amp;pp=8&amp;near=3</code></span></div>",
         '<div id="fig-front" class="fig"></div>',
         '<h2 id="near">Near the fastest: most headroom first</h2>',
         f'<p>Layouts within <input id="near-pct" type="number" min="0" max="100" step="0.5" value="{near_best * 100:g}" style="width:4em">% of the fastest '
