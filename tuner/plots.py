@@ -192,9 +192,12 @@ def plot_timelines(path: Path, traces: Sequence[dict[str, Any]], *, titles: Sequ
         ax.set_xlim(0, end * 1.01)
         ax.grid(axis="x", alpha=0.3)
         step, bub = od.get("step_time_s", 0.0), od.get("bubble_fraction", 0.0)
-        head = titles[k] if titles else od.get("layout", "")
+        head = titles[k] if titles else f"{od.get('layout', '')}, {od.get('recompute', '')}, {od.get('dispatcher', '')}, mbs {od.get('micro_batch_size', '')}"
+        parts = od.get("time_parts_s", {})  # the step by part, largest first: what the lanes add up to
+        by_part = "; ".join(f"{_label(p)} {v:.2f} s" for p, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v >= 0.005)
         ax.set_title(f"{head}: step {step:.2f} s, pipeline bubble {bub:.1%} of the step, "
-                     f"{od.get('tokens_per_s_per_gpu', 0.0):,.0f} tokens/s/GPU ({od.get('source', 'predicted')})", fontsize=9, loc="left")
+                     f"{od.get('tokens_per_s_per_gpu', 0.0):,.0f} tokens/s/GPU ({od.get('source', 'predicted')})" + (f"\n{by_part}" if by_part else ""),
+                     fontsize=8.5, loc="left")
     axes[-1, 0].set_xlabel("seconds from the step's start")
     order = ["forward", "backward", "compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_p2p", "dp_comm", "optimizer", "offload"]
     names = {"tp_comm": "TP comm (exposed)", "cp_comm": "CP comm (exposed)", "ep_comm": "EP all-to-all (exposed)", "pp_p2p": "PP p2p (exposed)",

@@ -112,3 +112,19 @@ def test_measured_trial_s_profile_and_its_prediction_side_by_side(tmp_path, monk
     assert trace["otherData"]["measured_traces"] == [str(p) for p in measured]
     assert trace["otherData"]["trial_source"] == "measured" and trace["otherData"]["source"] == "predicted"
     assert trace_step_seconds(trace) == pytest.approx(row["pred_step_time_s"], rel=1e-12)
+
+
+def test_two_timelines_on_one_time_axis(tmp_path):
+    seed = tmp_path / "seed.json"
+    assert runner.invoke(app, ["timeline", *SEED, "--out", str(seed)]).exit_code == 0
+    other = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "4", "--vpp", "8", "--ep", "16", "--recompute", "selective",
+             "--recompute-modules", "moe", "--dispatcher", "flex+deepep", "--first-stage-layers", "16", "--last-stage-layers", "14"]
+    png = tmp_path / "both.png"
+    r = runner.invoke(app, ["timeline", *other, "--out", str(tmp_path / "best.json"), "--png", str(png), "--compare", str(seed)])
+    assert r.exit_code == 0, r.output
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    r = runner.invoke(app, ["timeline", *other, "--compare", str(seed)])
+    assert r.exit_code == 2 and "--compare draws into the --png chart" in r.output
+    (tmp_path / "junk.json").write_text('{"traceEvents": []}')
+    r = runner.invoke(app, ["timeline", *other, "--png", str(png), "--compare", str(tmp_path / "junk.json")])
+    assert r.exit_code == 2 and "not a trace written by tune timeline" in r.output

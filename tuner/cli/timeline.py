@@ -65,6 +65,7 @@ TrialOpt = Annotated[int | None, typer.Option("--trial", help="Trial number of -
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Trace file to write (default: results/<study>/timeline_trial<N>.json, beside a measured "
                                                            "trial's own trace when it has one; without --study timeline_<layout>.json here).")]
 PngOpt = Annotated[Path | None, typer.Option("--png", help="Also draw the trace as a Gantt chart (PNG).")]
+CompareOpt = Annotated[list[Path] | None, typer.Option("--compare", help="With --png: draw these traces (written by tune timeline) under this one, on the same time axis (repeatable).")]
 
 
 @app.command()
@@ -75,13 +76,15 @@ def timeline(
     model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None, network_gbps: NetOpt = None,
     usd_per_gpu_hour: PriceOpt = None, seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
     calibration: CalOpt = None, memory_headroom: HeadroomOpt = 0.10,
-    out_file: OutOpt = None, png: PngOpt = None,
+    out_file: OutOpt = None, png: PngOpt = None, compare: CompareOpt = None,
 ) -> None:
     """Write one predicted step as a Chrome trace (open it in Perfetto or chrome://tracing): a lane per pipeline rank and
     virtual stage with each micro-batch's forward and backward in Megatron's order, the step by part (compute, recompute,
     exposed TP / CP / EP communication, the DP / optimizer / offload tail), what the overlaps hide; the bubble is the idle time."""
     from cost_model.timeline import check_trace, step_trace, trace_bubble_fraction, trace_step_seconds
 
+    if compare and png is None:
+        raise TunerError("--compare draws into the --png chart: give --png FILE")
     if study is not None:
         if layout != LayoutFlags() or model is not None or gpus is not None or layers is not None:
             raise TunerError("--study draws its trial's layout with the study's model and GPUs: leave out the layout flags, --model, --gpus and --layers")
@@ -104,15 +107,35 @@ def timeline(
     out.print(f"  predicted trace: {path}", markup=False)
     for p in measured:
         out.print(f"  measured trace (torch.profiler, one step of the trial): {p}", markup=False)
+    others = [_read_trace(p) for p in compare or ()]
     if png is not None:
         from tuner.plots import plot_timelines
 
         try:
-            plot_timelines(png, [trace])
+            plot_timelines(png, [trace, *others])
         except OSError as ex:
             raise TunerError(f"--png {str(png)!r}: cannot write it ({ex.strerror or ex})") from None
         out.print(f"  Gantt chart: {png}", markup=False)
     out.print("  open a trace in https://ui.perfetto.dev (Open trace file) or chrome://tracing (Load)", markup=False)
+
+
+def _read_trace(path: Path) -> dict[str, Any]:
+    """A trace ``tune timeline`` wrote (for ``--compare``).
+
+    Raises:
+        TunerError: the file cannot be read, is not JSON, or is not such a trace.
+    """
+    from cost_model.timeline import check_trace
+
+    try:
+        trace = json.loads(path.read_text())
+    except OSError as e:
+        raise TunerError(f"--compare {str(path)!r}: cannot read it ({e.strerror or e})") from None
+    except json.JSONDecodeError:
+        raise TunerError(f"--compare {str(path)!r}: not JSON; give a trace written by tune timeline") from None
+    if not isinstance(trace, dict) or check_trace(trace) or trace.get("otherData", {}).get("source") != "predicted":
+        raise TunerError(f"--compare {str(path)!r}: not a trace written by tune timeline (Chrome trace JSON with otherData.source 'predicted')")
+    return trace
 
 
 def _flags_layout(layout: LayoutFlags, model: str | None, gpus: str | None, layers: int | None, gpus_per_node: int | None, network_gbps: float | None,
