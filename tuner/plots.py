@@ -86,13 +86,12 @@ def front_trend(items: Sequence[Estimate]) -> list[str]:
     shrink = min(dt, key=lambda p: dt[p])
     up = max(dt, key=lambda p: dt[p])
     out = [f"From the front's least-memory layout ({a.layout.label}, {a.peak_gib:.1f} GiB) to its most-memory one ({b.layout.label}, "
-           f"{b.peak_gib:.1f} GiB), {_label(grow)} grows most: {dm[grow]:+.1f} GiB."]
+           f"{b.peak_gib:.1f} GiB), the memory part that grows most is {_label(grow)}: {dm[grow]:+.1f} GiB."]
     if dt[shrink] < 0:
-        out.append(f"The step time it buys back is mostly {_label(shrink)}: {dt[shrink]:+.3f} s per step "
+        out.append(f"The time part that shrinks most is {_label(shrink)}: {dt[shrink]:+.3f} s per step "
                    f"(step {a.step_time_s:.2f} s -> {b.step_time_s:.2f} s).")
     if dt[up] > 0:
-        name = _label(up)
-        out.append(f"{name[:1].upper()}{name[1:]} grows most in time: {dt[up]:+.3f} s per step.")
+        out.append(f"The time part that grows most is {_label(up)}: {dt[up]:+.3f} s per step.")
     return out
 
 
