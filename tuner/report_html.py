@@ -66,7 +66,7 @@ def _row(r: Mapping[str, Any]) -> dict[str, Any]:
     lay = Layout.from_dict(r["layout"])
     tps, peak = _num(r.get("tokens_per_s_per_gpu")), _num(r.get("peak_gib"))
     src = str(r.get("source", "predicted"))
-    out = {
+    out: dict[str, Any] = {
         "trial": int(r["trial"]), "label": lay.label, "recompute": lay.recompute_label, "offload": lay.offload_label,
         "dispatcher": lay.dispatcher.value, "pp": lay.pp, "vpp": lay.vpp, "mbs": lay.micro_batch_size, "split": _split(lay),
         "tps": tps, "peak": peak, "headroom": _num(r.get("headroom_gib")), "step": _num(r.get("step_time_s")), "source": src,
@@ -399,8 +399,9 @@ def study_report(
             breakdowns[int(f["trial"])] = estimate(model, cluster, workload, lay, calibration=cal, memory_headroom=memory_headroom, options=opts)
         except (InfeasibleLayout, TunerError):  # a layout the estimate refuses (a study of another version): no breakdown
             continue
-    best = fastest_measured(list(rows))
-    ties = measured_ties(list(rows), best["trial"]) if best else []
+    as_dicts = [dict(r) for r in rows]
+    best = fastest_measured(as_dicts)
+    ties = measured_ties(as_dicts, best["trial"]) if best else []
     rel = {name: os.path.relpath(p, path.parent) for name, p in (files or {}).items()}
     heading = (f"{model.name} on {cluster.label} ({cluster.num_gpus} GPUs, {cluster.gpu.hbm_bytes / GIB:.1f} GiB each), seq {workload.seq_length:,}, "
                f"global batch {workload.global_batch_size}, {workload.precision.value}; backend {backend}; {len(rows)} layouts evaluated")
