@@ -110,6 +110,8 @@ class BackendSettings:
     """``--ray-address`` (``ray``; None: a local Ray instance)."""
     extra_env: Mapping[str, str] = field(default_factory=dict)
     """``--trial-env`` variables of every trial process (``ray``)."""
+    profile_step: int | None = None
+    """Step of every real trial to profile with ``torch.profiler`` (``local``: the harness's ``profile_step``); None: none."""
 
 
 class TrialBackend(abc.ABC):

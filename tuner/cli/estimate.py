@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -24,6 +25,7 @@ from tuner.cli._common import (
     PrecOpt,
     PriceOpt,
     SeqOpt,
+    err,
     out,
     require,
 )
@@ -66,6 +68,7 @@ def estimate(
     usd_per_gpu_hour: PriceOpt = None, seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
     calibration: CalOpt = None, memory_headroom: HeadroomOpt = 0.10,
     as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as JSON.")] = False,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Also draw the memory and time parts as stacked bars (PNG).")] = None,
 ) -> None:
     """Predict one layout: memory per GPU (worst pipeline rank) and step time, with their parts."""
     from cost_model.calibration import load_calibration
@@ -86,6 +89,14 @@ def estimate(
         raise TunerError(f"the layout breaks rule {ex.rule_id}: {ex.reason}{hint}") from None
     d = e.to_dict()
     d["pipeline_model_parallel_layout"] = pipeline_layout_of(lay, m)
+    if plot is not None:
+        from tuner.plots import plot_breakdown
+
+        try:
+            plot_breakdown(plot, e, title=f"{lay.label}, {lay.recompute_label}, {lay.dispatcher.value}, mbs {lay.micro_batch_size} ({m.name}, {c.label})")
+        except OSError as ex:
+            raise TunerError(f"--plot {str(plot)!r}: cannot write it ({ex.strerror or ex})") from None
+        err.print(f"wrote {plot}", markup=False)
     if as_json:
         sys.stdout.write(json.dumps(d, indent=2) + "\n")
         return
