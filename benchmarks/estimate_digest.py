@@ -150,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                 f.write("\n")
             print(f"wrote {a.write}: " + ", ".join(f"{k} ({v['valid']:,} layouts)" for k, v in d.items()))
         if a.check:
-            ref = json.load(open(a.check))
+            with open(a.check) as f:
+                ref = json.load(f)
             bad = [f"{c}/{k}" for c in ref for k in ref[c]["columns"] if d.get(c, {}).get("columns", {}).get(k) != ref[c]["columns"][k]]
             bad += [f"{c}: {ref[c]['valid']} -> {d.get(c, {}).get('valid')} layouts" for c in ref if ref[c]["valid"] != d.get(c, {}).get("valid")]
             print("\n".join(bad) if bad else "all digests match")

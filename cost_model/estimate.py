@@ -27,11 +27,13 @@ Every efficiency and overhead constant is a named field of
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
+from cost_model import step_detail
 from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
 from cost_model.flops import megatron_flops_per_token
 from cost_model.terms import activations, comm, compute, context, memory, optimizer, params, recompute, schedule, state
@@ -41,8 +43,9 @@ from search_spaces.rules import check_layout
 from specs import DEFAULT_RUN_OPTIONS, Cluster, ModelSpec, RunOptions, Workload
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout, LayoutTable
+from specs.units import DEFAULT_MEMORY_HEADROOM
 
-__all__ = ["EstimateTable", "estimate", "estimate_table", "MEMORY_PARTS", "TIME_PARTS"]
+__all__ = ["EstimateTable", "estimate", "estimate_details", "estimate_table", "MEMORY_PARTS", "TIME_PARTS"]
 
 MEMORY_PARTS = (
     "weights",
@@ -237,7 +240,7 @@ def estimate_table(
     table: LayoutTable,
     *,
     calibration: Calibration = DEFAULT_CALIBRATION,
-    memory_headroom: float = 0.10,
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
     options: RunOptions = DEFAULT_RUN_OPTIONS,
 ) -> EstimateTable:
     """Predict peak memory and step time for every layout of ``table``.
@@ -303,18 +306,55 @@ def estimate(
     layout: Layout,
     *,
     calibration: Calibration = DEFAULT_CALIBRATION,
-    memory_headroom: float = 0.10,
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
     options: RunOptions = DEFAULT_RUN_OPTIONS,
 ) -> Estimate:
     """Predict one layout's peak memory per GPU and step time.
 
-    Checks Megatron's rules first.
+    Checks Megatron's rules first. Memory and every time part but the bubble are :func:`estimate_table`'s; the
+    pipeline is timed by simulating Megatron's 1F1B / interleaved order over each rank's and chunk's forward and
+    backward (:mod:`cost_model.step_detail`), so ``pp_bubble`` is the simulated pipeline's time less the ranks'
+    mean busy time, and the step time, throughput, MFU and cost follow. With equal ranks this equals the table's
+    closed form; see docs/cost_model.md ("Step time") for how far they differ otherwise.
 
     Raises:
         InfeasibleLayout: the layout breaks a rule (the first one; ``tune check``
             lists them all).
         TunerError: the layout's world size differs from the cluster's GPU count.
     """
+    return _single(model, cluster, workload, layout, calibration, memory_headroom, options, details=False)[0]
+
+
+def estimate_details(
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Workload,
+    layout: Layout,
+    *,
+    calibration: Calibration = DEFAULT_CALIBRATION,
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
+    options: RunOptions = DEFAULT_RUN_OPTIONS,
+) -> step_detail.StepDetails:
+    """:func:`estimate` with what it is made of: each pipeline rank's and chunk's forward and backward by part,
+    the simulated schedule, what the overlaps hide, each rank's tail (DP, optimizer, offload) and memory by part.
+
+    Returns:
+        A :class:`cost_model.step_detail.StepDetails` (seconds, bytes); its ``estimate`` is :func:`estimate`'s.
+
+    Raises:
+        InfeasibleLayout: the layout breaks a rule.
+        TunerError: the layout's world size differs from the cluster's GPU count.
+    """
+    det = _single(model, cluster, workload, layout, calibration, memory_headroom, options, details=True)[1]
+    assert det is not None
+    return det
+
+
+def _single(
+    model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, calibration: Calibration, memory_headroom: float,
+    options: RunOptions, *, details: bool,
+) -> tuple[Estimate, step_detail.StepDetails | None]:
+    """:func:`estimate` (and, with ``details``, :func:`estimate_details`) of one layout."""
     if layout.world_size != cluster.num_gpus:
         raise TunerError(f"layout world_size {layout.world_size} differs from the cluster's {cluster.num_gpus} GPUs")
     broken = check_layout(layout, model, workload)
@@ -322,6 +362,66 @@ def estimate(
         rule_id, reason = broken[0]
         raise InfeasibleLayout(rule_id, reason)
     t = LayoutTable.from_layouts([layout])
-    return estimate_table(
+    row = estimate_table(
         model, cluster, workload, t, calibration=calibration, memory_headroom=memory_headroom, options=options
     ).row(0, layout)
+    c = context.build_context(model, cluster, workload, t, calibration, options)
+    copies = activations.routed_token_copies(c)
+    m = int(c.micro_batches[0])
+    times = step_detail.chunk_times(c, _time_per_microbatch, copies, model, layout, hidden=details)
+    est = row
+    if layout.pp > 1:
+        busy = sum(row.time[p] for p in step_detail.CHUNK_PARTS)  # the ranks' mean busy time, M x mean
+        time = dict(row.time)
+        time["pp_bubble"] = max(step_detail.pipeline_time(times, layout, m) - busy, 0.0)
+        step = sum(time[p] for p in TIME_PARTS)
+        k = row.step_time_s / step  # throughput, MFU and TFLOP/s scale with 1 / step, $/token with step
+        est = dataclasses.replace(row, time=time, step_time_s=step, tokens_per_s_per_gpu=row.tokens_per_s_per_gpu * k, mfu=row.mfu * k,
+                                  model_tflops_per_gpu=row.model_tflops_per_gpu * k, usd_per_million_tokens=row.usd_per_million_tokens / k)
+    if not details:
+        return est, None
+    return est, _details(c, est, times, copies, model, layout, m)
+
+
+def _details(c: TableContext, est: Estimate, times: step_detail.ChunkTimes, copies: Array, model: ModelSpec, layout: Layout,
+             m: int) -> step_detail.StepDetails:
+    """The :class:`~cost_model.step_detail.StepDetails` of one layout (see :func:`estimate_details`)."""
+    layers, moe = step_detail.chunk_layers(model, layout)
+    cls = step_detail.rank_class_of(model, layout, [int(x) for x in c.rank[0]])
+    dense = params.dense_params(c)
+    experts = params.expert_params(c)
+    owned = state.owned_params(c, dense, experts)
+    c0 = step_detail.no_overlap(c)
+    tail: dict[str, list[float]] = {p: [] for p in step_detail.TAIL_PARTS}
+    hidden: dict[str, list[float]] = {"pp_p2p": [], "dp_comm": [], "offload": []}
+    p2p, p2p0 = float(schedule.pp_p2p_time(c)[0]), float(schedule.pp_p2p_time(c0)[0])
+    for k in cls:
+        one = np.zeros_like(c.live)
+        one[0, k] = True  # the class alone: the per-step terms' slowest rank is this one
+        ck, ck0 = dataclasses.replace(c, live=one), dataclasses.replace(c0, live=one)
+        dp, opt, off = (float(comm.dp_comm_time(ck, dense, experts)[0]), float(optimizer.optimizer_step_time(ck, owned)[0]),
+                        float(optimizer.offload_time(ck, owned)[0]))
+        for name, v in (("pp_p2p", p2p), ("dp_comm", dp), ("optimizer", opt), ("offload", off)):
+            tail[name].append(v)
+        hidden["pp_p2p"].append(max(p2p0 - p2p, 0.0))
+        hidden["dp_comm"].append(max(float(comm.dp_comm_time(ck0, dense, experts)[0]) - dp, 0.0))
+        hidden["offload"].append(max(float(optimizer.offload_time(ck0, owned)[0]) - off, 0.0))
+    by_rank = _memory_by_rank(c, dense, experts, owned, copies)
+    per_mb = _time_per_microbatch(c, copies)
+    total = _total({p: per_mb[p] for p in step_detail.CHUNK_PARTS})
+    closed = float(m * schedule.slowest_rank_time(total)[0] + schedule.fill_drain_microbatches(c)[0] * schedule.mean_rank_time(c, total)[0])
+    sched = step_detail.simulated_schedule(times, layout, m)
+    return step_detail.StepDetails(
+        estimate=est,
+        num_microbatches=m,
+        rank_class=cls,
+        layers=layers,
+        moe_layers=moe,
+        times=times,
+        schedule=sched,
+        pipeline_s=max(op.end_s for op in sched),
+        closed_form_pipeline_s=closed,
+        tail={k: tuple(v) for k, v in tail.items()},
+        tail_hidden={k: tuple(v) for k, v in hidden.items()},
+        memory={k: tuple(float(v[0, j]) for j in cls) for k, v in by_rank.items()},
+    )

@@ -22,10 +22,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 
 from specs.errors import TunerError
 
-__all__ = ["Pass", "PipelineOp", "ScheduledOp", "megatron_order", "schedule_table", "simulate_pipeline", "stage_of", "warmup_microbatches"]
+__all__ = [
+    "Pass", "PipelineOp", "ScheduledOp", "megatron_order", "pipeline_makespan", "schedule_table", "simulate_pipeline", "stage_of",
+    "warmup_microbatches",
+]
 
 
 class Pass(str, Enum):
@@ -131,6 +135,97 @@ def stage_of(op: PipelineOp, rank: int, pp: int) -> int:
     return op.chunk * pp + rank
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """Every operation of one schedule in an order that respects its dependencies (flat lists, one entry each)."""
+
+    ops: tuple[PipelineOp, ...]
+    rank: tuple[int, ...]
+    after: tuple[int, ...]
+    """Index of the operation this one waits for on another stage (or its own forward, on the last stage); -1: none."""
+    lagged: tuple[bool, ...]
+    """The wait crosses a stage boundary (the p2p transfer applies)."""
+    by_rank: tuple[tuple[int, ...], ...]
+    """Indices of each rank's operations, in its execution order."""
+
+
+@lru_cache(maxsize=256)
+def _plan(pp: int, vpp: int, num_microbatches: int, group: int | None) -> _Plan:
+    """The dependency structure of a schedule: a list schedule (each rank runs its operations in Megatron's order,
+    one at a time, each once its dependency has run) visited rank by rank until every operation is placed; the
+    visit order does not depend on the durations, so it is computed once per schedule.
+
+    Raises:
+        TunerError: bad sizes (see :func:`megatron_order`), or an order that deadlocks (never for Megatron's).
+    """
+    orders = [megatron_order(pp, r, vpp, num_microbatches, group) for r in range(pp)]
+    n_stages = pp * vpp
+    placed_f: dict[tuple[int, int], int] = {}  # (micro-batch, stage) -> index of its forward
+    placed_b: dict[tuple[int, int], int] = {}
+    nxt = [0] * pp
+    ops: list[PipelineOp] = []
+    rank: list[int] = []
+    after: list[int] = []
+    lagged: list[bool] = []
+    by_rank: list[list[int]] = [[] for _ in range(pp)]
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for r in range(pp):
+            while nxt[r] < len(orders[r]):
+                op = orders[r][nxt[r]]
+                s = stage_of(op, r, pp)
+                dep: int | None
+                if op.kind is Pass.forward:
+                    dep, lag = (placed_f.get((op.microbatch, s - 1)), True) if s > 0 else (-1, False)
+                elif s == n_stages - 1:
+                    dep, lag = placed_f.get((op.microbatch, s)), False
+                else:
+                    dep, lag = placed_b.get((op.microbatch, s + 1)), True
+                if dep is None:
+                    break  # waits for another rank
+                i = len(ops)
+                (placed_f if op.kind is Pass.forward else placed_b)[(op.microbatch, s)] = i
+                ops.append(op)
+                rank.append(r)
+                after.append(dep)
+                lagged.append(lag)
+                by_rank[r].append(i)
+                nxt[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # a Megatron order never deadlocks; guard against a bad table
+            raise TunerError(f"pipeline simulation: the schedule deadlocked (pp {pp}, vpp {vpp}, M {num_microbatches})")
+    return _Plan(ops=tuple(ops), rank=tuple(rank), after=tuple(after), lagged=tuple(lagged), by_rank=tuple(tuple(x) for x in by_rank))
+
+
+def _times(
+    plan: _Plan, forward_s: list[list[float]], backward_s: list[list[float]], p2p_s: float
+) -> tuple[list[float], list[float]]:
+    """(start, end) seconds of every operation of ``plan``: an operation starts when its rank is free and its
+    dependency has ended (plus ``p2p_s`` across a stage boundary)."""
+    n = len(plan.ops)
+    start = [0.0] * n
+    end = [0.0] * n
+    free = [0.0] * len(forward_s)
+    for i, (op, r, dep, lag) in enumerate(zip(plan.ops, plan.rank, plan.after, plan.lagged)):
+        t = free[r]
+        if dep >= 0:
+            ready = end[dep] + p2p_s if lag else end[dep]
+            if ready > t:
+                t = ready
+        e = t + (forward_s[r][op.chunk] if op.kind is Pass.forward else backward_s[r][op.chunk])
+        start[i] = t
+        end[i] = e
+        free[r] = e
+    return start, end
+
+
+def _check_tables(pp: int, vpp: int, forward_s: list[list[float]], backward_s: list[list[float]]) -> None:
+    if len(forward_s) != pp or len(backward_s) != pp or any(len(x) != vpp for x in (*forward_s, *backward_s)):
+        raise TunerError(f"pipeline simulation: durations must be pp x vpp = {pp} x {vpp} tables")
+
+
 def simulate_pipeline(
     pp: int,
     vpp: int,
@@ -157,42 +252,28 @@ def simulate_pipeline(
     Raises:
         TunerError: bad sizes (see :func:`megatron_order`) or duration tables of the wrong shape.
     """
-    if len(forward_s) != pp or len(backward_s) != pp or any(len(x) != vpp for x in (*forward_s, *backward_s)):
-        raise TunerError(f"pipeline simulation: durations must be pp x vpp = {pp} x {vpp} tables")
-    orders = [megatron_order(pp, r, vpp, num_microbatches, group) for r in range(pp)]
-    n_stages = pp * vpp
-    done_f: dict[tuple[int, int], float] = {}  # (micro-batch, stage) -> end of its forward
-    done_b: dict[tuple[int, int], float] = {}
-    nxt = [0] * pp
-    free = [0.0] * pp
-    out: list[list[ScheduledOp]] = [[] for _ in range(pp)]
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for r in range(pp):
-            while nxt[r] < len(orders[r]):
-                op = orders[r][nxt[r]]
-                s = stage_of(op, r, pp)
-                if op.kind is Pass.forward:
-                    dep = done_f.get((op.microbatch, s - 1)) if s > 0 else 0.0
-                    lag = p2p_s if s > 0 else 0.0
-                    dur = forward_s[r][op.chunk]
-                else:
-                    if s == n_stages - 1:
-                        dep, lag = done_f.get((op.microbatch, s)), 0.0
-                    else:
-                        dep, lag = done_b.get((op.microbatch, s + 1)), p2p_s
-                    dur = backward_s[r][op.chunk]
-                if dep is None:
-                    break  # waits for another rank
-                start = max(free[r], dep + lag)
-                end = start + dur
-                (done_f if op.kind is Pass.forward else done_b)[(op.microbatch, s)] = end
-                free[r] = end
-                out[r].append(ScheduledOp(rank=r, op=op, start_s=start, end_s=end))
-                nxt[r] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:  # a Megatron order never deadlocks; guard against a bad table
-            raise TunerError(f"pipeline simulation: the schedule deadlocked (pp {pp}, vpp {vpp}, M {num_microbatches})")
-    return [op for rank_ops in out for op in rank_ops]
+    _check_tables(pp, vpp, forward_s, backward_s)
+    plan = _plan(pp, vpp, num_microbatches, group)
+    start, end = _times(plan, forward_s, backward_s, p2p_s)
+    return [ScheduledOp(rank=r, op=plan.ops[i], start_s=start[i], end_s=end[i]) for r, idx in enumerate(plan.by_rank) for i in idx]
+
+
+def pipeline_makespan(
+    pp: int,
+    vpp: int,
+    num_microbatches: int,
+    forward_s: list[list[float]],
+    backward_s: list[list[float]],
+    *,
+    p2p_s: float = 0.0,
+    group: int | None = None,
+) -> float:
+    """The end of the last operation of :func:`simulate_pipeline` (seconds from the step's start), without
+    building its operation list.
+
+    Raises:
+        TunerError: as :func:`simulate_pipeline`.
+    """
+    _check_tables(pp, vpp, forward_s, backward_s)
+    _, end = _times(_plan(pp, vpp, num_microbatches, group), forward_s, backward_s, p2p_s)
+    return max(end)

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from specs import Cluster, ModelSpec, Workload
 from specs.errors import TunerError
 from specs.layout import Layout
+from specs.units import DEFAULT_MEMORY_HEADROOM
 
 __all__ = ["BackendSettings", "FailureKind", "Measurement", "StepReporter", "TrialBackend", "TrialFailed", "TrialStopped", "check_trial_limits"]
 
@@ -90,7 +91,7 @@ class BackendSettings:
 
     calibration: Any = None
     """:class:`cost_model.calibration.Calibration` of the ``model`` backend (None: the shipped one)."""
-    memory_headroom: float = 0.10
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM
     """Fraction of HBM kept free (``model`` backend)."""
     trials_dir: Path = Path("results/trials")
     """Where each trial's folder goes (``results/<study>/trials``)."""
@@ -110,6 +111,8 @@ class BackendSettings:
     """``--ray-address`` (``ray``; None: a local Ray instance)."""
     extra_env: Mapping[str, str] = field(default_factory=dict)
     """``--trial-env`` variables of every trial process (``ray``)."""
+    profile_step: int | None = None
+    """Step of every real trial to profile with ``torch.profiler`` (``local``: the harness's ``profile_step``); None: none."""
 
 
 class TrialBackend(abc.ABC):

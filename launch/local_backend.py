@@ -153,9 +153,10 @@ class LocalBackend(MeasuredBackend):
 
     @classmethod
     def from_settings(cls, settings: BackendSettings) -> LocalBackend:
-        """Uses ``trials_dir``, ``num_gpus``, ``steps``, ``warmup_steps`` and ``timeout_s``."""
+        """Uses ``trials_dir``, ``num_gpus``, ``steps``, ``warmup_steps``, ``timeout_s`` and ``profile_step``."""
         return cls(trials_dir=settings.trials_dir, num_gpus=settings.num_gpus, steps=settings.steps,
-                   warmup_steps=settings.warmup_steps, timeout_s=settings.timeout_s)
+                   warmup_steps=settings.warmup_steps, timeout_s=settings.timeout_s,
+                   harness_options={"profile_step": settings.profile_step} if settings.profile_step is not None else None)
 
     def refusal(self, layout: Layout, model: ModelSpec, workload: Workload) -> str | None:
         """Why this backend cannot run ``layout`` here (another GPU count, something not installed); None if it can."""

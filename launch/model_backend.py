@@ -7,6 +7,7 @@ from cost_model.estimate import estimate
 from launch.base import BackendSettings, Measurement, StepReporter, TrialBackend
 from specs import Cluster, ModelSpec, Workload
 from specs.layout import Layout
+from specs.units import DEFAULT_MEMORY_HEADROOM
 
 __all__ = ["ModelBackend"]
 
@@ -20,7 +21,7 @@ class ModelBackend(TrialBackend):
     name = "model"
     source = "predicted"
 
-    def __init__(self, *, calibration: Calibration = DEFAULT_CALIBRATION, memory_headroom: float = 0.10) -> None:
+    def __init__(self, *, calibration: Calibration = DEFAULT_CALIBRATION, memory_headroom: float = DEFAULT_MEMORY_HEADROOM) -> None:
         self.calibration = calibration
         self.memory_headroom = memory_headroom
 

@@ -293,7 +293,7 @@ class SearchSpace:
 
     @classmethod
     def _reject_unknown(cls, data: Mapping[str, Any], source: str) -> None:
-        unknown = [str(k) for k in data if k not in cls.keys()]
+        unknown = [str(k) for k in data if k not in cls.keys()]  # noqa: SIM118 - keys() is this class's own method
         if unknown:
             raise TunerError(f"{source}: unknown keys {unknown}; accepted keys: {', '.join(cls.keys())}")
 

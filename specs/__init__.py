@@ -25,12 +25,13 @@ from specs.layout import RECOMPUTE_MODULES, Dispatcher, Layout, LayoutTable, Rec
 from specs.model import MAX_LAYERS, ModelSpec, list_models, load_model, model_from_hf_config
 from specs.network import DispatcherOnFabric, Network, list_networks, load_network
 from specs.precision import Precision
-from specs.units import BF16_BYTES, FP8_BYTES, FP32_BYTES, GIB, MIB
+from specs.units import BF16_BYTES, DEFAULT_MEMORY_HEADROOM, FP8_BYTES, FP32_BYTES, GIB, MIB
 from specs.versions import KNOWN_MEGATRON_CORE, NEWEST_MEGATRON_CORE, megatron_core_version
 from specs.workload import CUDA_GRAPH_MOE_SCOPES, DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS, RunOptions, Workload
 
 __all__ = [
     "BF16_BYTES",
+    "DEFAULT_MEMORY_HEADROOM",
     "CUDA_GRAPH_MOE_SCOPES",
     "Cluster",
     "DEFAULT_INTER_NODE_BYTES_PER_S",

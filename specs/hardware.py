@@ -6,9 +6,11 @@ SI units (bytes, FLOP/s, bytes/s); the YAML datasheets name their units and are 
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import yaml
 
@@ -94,7 +96,9 @@ def load_gpu(name: str) -> GPUSpec:
     """A bundled GPU by name (case-insensitive, e.g. ``H200``).
 
     Raises:
-        TunerError: unknown GPU, with the known ones listed.
+        TunerError: unknown GPU, with the known ones listed; a datasheet that is not valid YAML, lacks a
+            key or has a value of the wrong kind (``specs/data/gpu.schema.json``; e.g. a ``family`` other
+            than ampere / hopper / blackwell), naming the file and the key.
     """
     files = data_files(GPU_DIR, ".yaml")
     by_lower = {k.lower(): k for k in files}
@@ -103,7 +107,7 @@ def load_gpu(name: str) -> GPUSpec:
         close = difflib.get_close_matches(name.lower(), list(by_lower), n=2, cutoff=0.5)
         hint = f" Did you mean {', '.join(by_lower[c] for c in close)}?" if close else ""
         raise TunerError(f"unknown GPU {name!r}.{hint} Known GPUs: {', '.join(sorted(files))}")
-    d = yaml.safe_load(files[key].read_text())
+    d = _checked_datasheet(files[key].name, files[key].read_text())
     return GPUSpec(
         name=d["name"],
         hbm_bytes=float(d["hbm_mib"]) * 2**20,
@@ -122,6 +126,30 @@ def load_gpu(name: str) -> GPUSpec:
         network=str(d.get("network") or ""),
         host_memory_bytes=float(d.get("host_memory_gib") or 0) * 2**30,
     )
+
+
+def _checked_datasheet(file: str, text: str) -> dict[str, Any]:
+    """A GPU datasheet's YAML, checked against ``specs/data/gpu.schema.json``.
+
+    Raises:
+        TunerError: not YAML, or the first schema error, with the file, the key and what is accepted.
+    """
+    import jsonschema
+
+    try:
+        d = yaml.safe_load(text)
+    except yaml.YAMLError as ex:
+        raise TunerError(f"GPU datasheet {file}: not valid YAML ({ex})") from None
+    schema = json.loads(data_files("data", ".schema.json")["gpu"].read_text())
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(d), key=lambda e: list(e.path))
+    if errors:
+        e = errors[0]
+        where = ".".join(str(p) for p in e.path) or "(top level)"
+        if e.validator == "enum":
+            accepted = ", ".join(str(v) for v in e.validator_value)
+            raise TunerError(f"GPU datasheet {file}: {where} is {e.instance!r}; accepted: {accepted}")
+        raise TunerError(f"GPU datasheet {file}: {where}: {e.message}")
+    return dict(d)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

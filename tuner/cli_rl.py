@@ -15,19 +15,20 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cost_model.rl.calibrate import fit_from_measured, mean_measured, read_log
 from cost_model.rl.calibration import DEFAULT_RL_CALIBRATION, load_rl_calibration, save_rl_calibration
-from cost_model.rl.engine import Engine
+from cost_model.rl.engine import Engine, GenerationPrecision
 from cost_model.rl.layouts import parse_engine_layout, parse_trainer_layout
 from cost_model.rl.lengths import LengthDistribution
 from cost_model.rl.models import load_rl_model
 from cost_model.rl.plan import Framework, PlanChoice, RLJob, RLPlan, enumerate_plans, evaluate
-from cost_model.rl.trainer import TrainerBackend, rl_workload, trainer_for_layout
+from cost_model.rl.trainer import TrainerBackend, trainer_for_layout
 from cost_model.rl.validate import predict_rows, read_runs, summarise
-from launch.rl_export import render_nemo_rl_yaml, render_slime_script
-from specs import Cluster, parse_gpus
+from launch.exporters import ExportContext, get_exporter
+from specs import Cluster, Precision, parse_gpus
 from specs.errors import TunerError
 
 __all__ = ["rl_app"]
@@ -45,7 +46,7 @@ CalOpt = Annotated[Path | None, typer.Option("--calibration", help="RL calibrati
 
 
 def _fail(e: TunerError) -> typer.Exit:
-    _err.print(f"[red]error: {e}[/red]", highlight=False, soft_wrap=True)
+    _err.print(f"[red]error: {escape(str(e))}[/red]", highlight=False, soft_wrap=True)
     return typer.Exit(code=2)
 
 
@@ -65,6 +66,8 @@ def _job(
     max_seq_len: int,
     train_global_batch: int,
     logprob_passes: int,
+    generation_precision: GenerationPrecision = GenerationPrecision.bf16,
+    training_precision: str = "bf16",
 ) -> RLJob:
     m = load_rl_model(model)
     cl = parse_gpus(gpus)
@@ -89,7 +92,16 @@ def _job(
         train_global_batch_size=train_global_batch,
         logprob_passes=logprob_passes,
         max_seq_len=max_seq_len,
+        generation_precision=generation_precision,
+        training_precision=_training_precision(training_precision),
     )
+
+
+def _training_precision(text: str) -> Precision:
+    try:
+        return Precision(text)
+    except ValueError:
+        raise TunerError(f"--training-precision {text!r}: accepted {', '.join(p.value for p in Precision)}") from None
 
 
 def _plan_dict(p: RLPlan) -> dict[str, Any]:
@@ -161,6 +173,8 @@ def plan(
     max_seq_len: Annotated[int, typer.Option("--max-seq-len", help="max_total_sequence_length (default prompt + response).")] = 0,
     train_global_batch: Annotated[int, typer.Option("--train-global-batch", help="Sequences per optimizer step (default: all of a step).")] = 0,
     logprob_passes: Annotated[int, typer.Option("--logprob-passes", help="Forward passes for log-probs (2 = policy + reference for KL; 1 without KL).")] = 2,
+    generation_precision: Annotated[GenerationPrecision, typer.Option("--generation-precision", help="Engine weights: bf16, fp8 (block-scaled FP8, NeMo-RL vllm_cfg.precision fp8) or checkpoint (the checkpoint's own).")] = GenerationPrecision.bf16,
+    training_precision: Annotated[str, typer.Option("--training-precision", help="Trainer GEMMs: bf16, fp8, fp8_blockwise, mxfp8 or nvfp4.")] = "bf16",
     async_steps: Annotated[int, typer.Option("--async-steps", help="Evaluate non-colocated plans at each async depth 0..K.")] = 0,
     colocated: Annotated[bool | None, typer.Option("--colocated/--no-colocated", help="Only colocated / only split plans (default both).")] = None,
     rollout_gpus: Annotated[int | None, typer.Option("--rollout-gpus", help="Only this many rollout GPUs (whole nodes).")] = None,
@@ -173,7 +187,8 @@ def plan(
     trainer_layout: Annotated[str | None, typer.Option("--trainer-layout", help="Fix the trainer: megatron:tp=..,cp=..,ep=..,pp=..,vpp=.. or automodel:cp=..,ep=..")] = None,
     calibration: CalOpt = None,
     top: Annotated[int, typer.Option("--top", help="Plans to print.")] = 10,
-    export: Annotated[Path | None, typer.Option("--export", help="Write the best plan's recipe to this file (NeMo-RL YAML or slime script).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write the best plan's launch into this folder: nemo_rl_grpo.yaml (nemo-rl) or run_slime_rl.sh (slime, executable).")] = None,
+    export: Annotated[Path | None, typer.Option("--export", help="Write the best plan's launch to this file instead (same formats as --out).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Rank RL plans for a job: colocated or split, engine shapes, trainer layouts, async depth."""
@@ -186,14 +201,25 @@ def plan(
             model=model, gpus=gpus, framework=framework, engine=engine, prompt_len=prompt_len, response_len=response_len,
             mean_prompt_len=mean_prompt_len, mean_response_len=mean_response_len, response_lengths=response_lengths,
             prompts_per_step=prompts_per_step, generations_per_prompt=generations_per_prompt, max_seq_len=max_seq_len,
-            train_global_batch=train_global_batch, logprob_passes=logprob_passes,
+            train_global_batch=train_global_batch, logprob_passes=logprob_passes, generation_precision=generation_precision,
+            training_precision=training_precision,
         )
-        if rollout_gpus is not None and rollout_gpus >= job.cluster.num_gpus:
-            raise TunerError(f"--rollout-gpus {rollout_gpus} exceeds the cluster's {job.cluster.num_gpus} GPUs less at least one trainer node")
+        cl, per = job.cluster, job.cluster.gpus_per_node
+        if rollout_gpus is not None and (rollout_gpus >= cl.num_gpus or rollout_gpus < 1 or rollout_gpus % per):
+            why = f"{cl.label} has {cl.num_gpus} GPUs and the trainer needs at least one node" if rollout_gpus >= cl.num_gpus else "rollout GPUs are whole nodes"
+            if cl.num_nodes > 1:
+                accepted = f"a multiple of {per} from {per} to {cl.num_gpus - per}"
+            else:
+                accepted = "none: a split needs at least two nodes (use --colocated)"
+            raise TunerError(f"--rollout-gpus {rollout_gpus}: {why}; accepted: {accepted}")
         if engine_tp is not None:
-            per = job.cluster.gpus_per_node
-            if (engine_tp < per and per % engine_tp) or (engine_tp > per and engine_tp % per):
-                raise TunerError(f"--engine-tp {engine_tp} neither divides the {per} GPUs per node nor is a whole number of nodes; an engine must tile nodes")
+            # an engine's GPUs divide a node, or are whole nodes (vLLM / SGLang place TP ranks node by node)
+            divisors = [d for d in range(1, per + 1) if per % d == 0]
+            if engine_tp < 1 or (engine_tp < per and per % engine_tp) or (engine_tp > per and engine_tp % per) or engine_tp > cl.num_gpus:
+                raise TunerError(
+                    f"--engine-tp {engine_tp}: an engine's GPUs must divide a node's {per} GPUs or be whole nodes of {cl.label}; "
+                    f"accepted: {', '.join(map(str, divisors))} or a multiple of {per} up to {cl.num_gpus}"
+                )
         cal = load_rl_calibration(calibration) if calibration else DEFAULT_RL_CALIBRATION
         tl = parse_trainer_layout(trainer_layout, "--trainer-layout") if trainer_layout else None
         if trainer_backend in ("", "all"):
@@ -212,10 +238,16 @@ def plan(
             enforce_eager=(False, True) if enforce_eager is None else (enforce_eager,), trainer_layout=tl,
         )
         best = ps.plans[0]
-        text = None
-        if export is not None:
-            text = render_slime_script(best, job) if framework == Framework.slime else render_nemo_rl_yaml(best, job)
-            export.write_text(text)
+        written: list[Path] = []
+        if export is not None or out is not None:
+            exporter = get_exporter("slime-rl" if framework == Framework.slime else "nemo-rl")
+            text = exporter.render(ExportContext.for_rl_plan(best, job))
+            for target, what in ((export, "--export"), (None if out is None else out / exporter.file_name, "--out")):
+                if target is not None:
+                    try:
+                        written.append(exporter.save(text, target))
+                    except OSError as e:
+                        raise TunerError(f"{what} {str(target)!r}: cannot write it ({e.strerror or e})") from None
     except TunerError as e:
         raise _fail(e) from None
     if json_out:
@@ -225,6 +257,7 @@ def plan(
             "plans": [_plan_dict(p) for p in _distinct(ps.plans, top)],
             "front_by_rollout_gpus": [_plan_dict(p) for p in ps.front_by_rollout_gpus()],
             "front_by_staleness": [_plan_dict(p) for p in ps.front_by_staleness()],
+            "written": [str(w) for w in written],
             "note": "every number is a prediction; nothing was measured",
         }))
         return
@@ -232,15 +265,16 @@ def plan(
         f"{job.model.name} on {job.cluster.label}, {framework} + {job.engine}: {job.prompts_per_step} prompts x {job.generations_per_prompt} generations, "
         f"prompt <= {job.prompt_len:,}, response <= {job.response_len:,} ({job.responses.source}); calibration: {cal.source}",
         highlight=False,
+        markup=False,
     )
     _out.print("[bold]Every number below is a prediction (rollout simulation + analytical estimate); nothing was measured.[/bold]")
-    _out.print(f"Plans considered: {ps.considered:,}; evaluated: {len(ps.plans):,}; set aside: " + (", ".join(f"{k} ({v})" for k, v in ps.rejected.items()) or "none"), highlight=False)
+    _out.print(f"Plans considered: {ps.considered:,}; evaluated: {len(ps.plans):,}; set aside: " + (", ".join(f"{k} ({v})" for k, v in ps.rejected.items()) or "none"), highlight=False, markup=False)
     _out.print(_table("Fastest plans (predicted seconds per step)", _distinct(ps.plans, top)))
     _out.print(_table("Front: fastest plan per rollout-GPU count", ps.front_by_rollout_gpus()))
     if async_steps:
         _out.print(_table("Front: fastest plan per async depth K (staleness)", ps.front_by_staleness()))
-    if export is not None:
-        _out.print(f"wrote the best plan's {'slime script' if framework == Framework.slime else 'NeMo-RL recipe'} to {export}")
+    for w in written:
+        _out.print(f"wrote the best plan's {'slime launch' if framework == Framework.slime else 'NeMo-RL recipe'} to {w}", highlight=False, markup=False)
 
 
 @rl_app.command("validate")
@@ -281,17 +315,17 @@ def validate_cmd(
     st = summary["step"]
     assert isinstance(st, dict)
     med = st["median_abs_error"]
-    _out.print(f"step time: {st['n']} rows predicted of {len(rows) + len(errors)}; median |error| {'n/a' if med is None else f'{med:.1%}'}", highlight=False)
+    _out.print(f"step time: {st['n']} rows predicted of {len(rows) + len(errors)}; median |error| {'n/a' if med is None else f'{med:.1%}'}", highlight=False, markup=False)
     for part in ("generation", "training"):
         s = summary[part]
         assert isinstance(s, dict)
-        _out.print(f"{part}: " + ("not published in these rows" if not s["n"] else f"{s['n']} rows, median |error| {s['median_abs_error']:.1%}"), highlight=False)
+        _out.print(f"{part}: " + ("not published in these rows" if not s["n"] else f"{s['n']} rows, median |error| {s['median_abs_error']:.1%}"), highlight=False, markup=False)
     verdicts = summary["colocated_vs_split"]
     assert isinstance(verdicts, list)
     for v in verdicts:
-        _out.print(f"colocated vs split, {v['group']}: measured faster {v['measured']}, predicted faster {v['predicted']} ({'agree' if v['agree'] else 'MISS'})", highlight=False)
+        _out.print(f"colocated vs split, {v['group']}: measured faster {v['measured']}, predicted faster {v['predicted']} ({'agree' if v['agree'] else 'MISS'})", highlight=False, markup=False)
     for u in unreadable:
-        _err.print(f"[yellow]not predicted: {u}[/yellow]", highlight=False, soft_wrap=True)
+        _err.print(f"[yellow]not predicted: {escape(u)}[/yellow]", highlight=False, soft_wrap=True)
 
 
 @rl_app.command("calibrate")
@@ -334,7 +368,7 @@ def calibrate_cmd(
         if trainer_gpus < 1 or rollout_gpus > cl.num_gpus:
             raise TunerError(f"--rollout-gpus {rollout_gpus} leaves no trainer GPU of the {cl.num_gpus}")
         sub = Cluster(gpu=cl.gpu, num_gpus=trainer_gpus, gpus_per_node=min(cl.gpus_per_node, trainer_gpus), inter_node_bytes_per_s=cl.inter_node_bytes_per_s)
-        wl = rl_workload(sequences=job.train_sequences, mean_total_len=job.mean_prompt_len + job.responses.mean, max_total_len=job.max_total_len)
+        wl = job.workload
         trainer = trainer_for_layout(job.model, sub, wl, tl.backend, tp=tl.tp, cp=tl.cp, ep=tl.ep, pp=tl.pp, vpp=tl.vpp, logprob_passes=logprob_passes)
         choice = PlanChoice(
             colocated=colocated, rollout_gpus=rollout_gpus, trainer_gpus=trainer_gpus, shape=eng.shape,
@@ -352,7 +386,7 @@ def calibrate_cmd(
     if json_out:
         _out.print_json(json.dumps({"measured": measured, "predicted_before": _plan_dict(predicted)["predicted"], "predicted_after": _plan_dict(after)["predicted"], "calibration": dataclasses.asdict(fitted)}))
         return
-    _out.print(f"read {len(steps)} steps from {log} ({steps[0].framework}); measured means (s): " + ", ".join(f"{k} {v:.1f}" for k, v in measured.items() if v is not None), highlight=False)
-    _out.print(f"predicted before: step {predicted.step_time_s:.1f} s; after calibration: step {after.step_time_s:.1f} s (measured {measured['step_time_s']:.1f} s)", highlight=False)
-    _out.print(text if out is None else f"wrote the factors to {out}; pass --calibration {out} to tune rl", highlight=False)
+    _out.print(f"read {len(steps)} steps from {log} ({steps[0].framework}); measured means (s): " + ", ".join(f"{k} {v:.1f}" for k, v in measured.items() if v is not None), highlight=False, markup=False)
+    _out.print(f"predicted before: step {predicted.step_time_s:.1f} s; after calibration: step {after.step_time_s:.1f} s (measured {measured['step_time_s']:.1f} s)", highlight=False, markup=False)
+    _out.print(text if out is None else f"wrote the factors to {out}; pass --calibration {out} to tune rl", highlight=False, markup=False)
 

@@ -14,6 +14,7 @@ from cost_model.estimate import estimate
 from search_spaces.pipeline import emit_layout_string
 from specs import Cluster, ModelSpec, Workload
 from specs.layout import Layout
+from specs.units import DEFAULT_MEMORY_HEADROOM
 from tuner.pareto import pareto_mask
 
 __all__ = ["pick_trial_row", "front_rows", "measured_ties", "ties_note", "runs_note", "runs_summary", "fastest_measured", "long_label", "write_pareto_csv", "plot_front", "front_figure", "export_context", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
@@ -415,7 +416,7 @@ def export_context(
     *,
     study: str = "",
     calibration: Any = None,
-    memory_headroom: float = 0.10,
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
     measurement: Any = None,
     correctness: Any = None,
     notes: Sequence[str] = (),
@@ -451,7 +452,7 @@ def export_files(
     *,
     study: str,
     calibration: Any = None,
-    memory_headroom: float = 0.10,
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
     measurement: Any = None,
     notes: Sequence[str] = (),
     correctness: Any = None,

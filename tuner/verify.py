@@ -48,6 +48,7 @@ from specs import Cluster, ModelSpec, Workload
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 from tuner.convergence import ConvergenceResult, ConvergenceThresholds, compare_losses
+from tuner.numerics import correctness_block as numerics_correctness_block
 
 __all__ = [
     "DEFAULT_LR",
@@ -1023,3 +1024,16 @@ def run_grad_parity(
                           arm_seconds=secs, losses=losses, reused=tuple(reused), date=_dt.date.today().isoformat(), seconds=time.monotonic() - t0)
     (out / "parity.json").write_text(json.dumps(o.to_dict(), indent=2, default=_json_default))
     return o
+
+
+def stored_correctness(st: Any, trial_no: int | None, *, convergence: Any = None, grad_parity: Any = None) -> dict[str, Any] | None:
+    """The ``correctness`` block of a study's trial from what ``tune verify`` stored: the convergence check
+    (``verify:N``), gradient parity (``verify-parity:N``) and the optimizer component test (``verify-component``),
+    the given ones replacing the stored ones; None when nothing was checked (:func:`tuner.numerics.correctness_block`)."""
+    attrs = st.user_attrs
+    conv = convergence if convergence is not None else (attrs.get(f"verify:{trial_no}") if trial_no is not None else None)
+    par = grad_parity if grad_parity is not None else (attrs.get(f"verify-parity:{trial_no}") if trial_no is not None else None)
+    comp = attrs.get("verify-component")
+    if conv is None and par is None and comp is None:
+        return None
+    return numerics_correctness_block(convergence=conv, grad_parity=par, component_tests=[comp] if comp else [])

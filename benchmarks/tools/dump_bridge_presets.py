@@ -8,6 +8,8 @@ import sys
 root = sys.argv[1]
 sys.path.insert(0, root)
 # stub modules that may be imported at module level without megatron.bridge
+import utils.utils  # noqa: E402, F401 - the perf scripts' helpers, imported first as the scripts do
+
 out = []
 cfgdir = os.path.join(root, "configs")
 for fam in sorted(os.listdir(cfgdir)):
@@ -20,7 +22,8 @@ for fam in sorted(os.listdir(cfgdir)):
         try:
             m = importlib.import_module(modname)
         except Exception as e:
-            print("ERR", modname, e, file=sys.stderr); continue
+            print("ERR", modname, e, file=sys.stderr)
+            continue
         for k, v in vars(m).items():
             if dataclasses.is_dataclass(v) and not isinstance(v, type) and k.isupper():
                 d = dataclasses.asdict(v)

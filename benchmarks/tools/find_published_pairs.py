@@ -9,8 +9,10 @@ import re
 import sys
 from itertools import combinations
 
-runs = {r["id"]: r for r in csv.DictReader(open("benchmarks/data/published_runs.csv", encoding="utf-8"))}
-fix = {r["id"]: r for r in csv.DictReader(open("benchmarks/data/published_runs_fixes.csv", encoding="utf-8"))}
+with open("benchmarks/data/published_runs.csv", encoding="utf-8") as _f:
+    runs = {r["id"]: r for r in csv.DictReader(_f)}
+with open("benchmarks/data/published_runs_fixes.csv", encoding="utf-8") as _f:
+    fix = {r["id"]: r for r in csv.DictReader(_f)}
 
 
 def norm_model(m):

@@ -232,7 +232,8 @@ def main() -> None:
     pdir = Path(sys.argv[1])
     presets_by_tag = {t: [json.loads(line) for line in (pdir / f"presets_{t}.jsonl").open()]
                       for t in sorted(set(TAG_OF_RELEASE.values()))}
-    rows = list(csv.DictReader(open("benchmarks/data/published_runs.csv", encoding="utf-8")))
+    with open("benchmarks/data/published_runs.csv", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
     w = csv.DictWriter(sys.stdout, fieldnames=FIELDS, lineterminator="\n")
     w.writeheader()
     for r in rows:

@@ -10,10 +10,12 @@ tables measured on the target GPU for the target serving framework (vLLM 0.24, S
 0.5.14/0.5.16). Tests and users without the extra can build a table from any latency
 function (:meth:`LatencyTable.from_functions`).
 
-Caching: a compiled handle per (model, system, backend, shape) stays in memory for the
-process; the latency grid of each shape is written as ``.npz`` under
+Caching: a compiled handle per (model, system, backend, shape, precision) stays in memory for
+the process; the latency grid of each shape is written as ``.npz`` under
 ``$XDG_CACHE_HOME/megatron-layout-tuner/rl/`` (default ``~/.cache``; override with
-``MLT_CACHE_DIR``), so a second run needs neither the import nor the database load.
+``MLT_CACHE_DIR``), and a shape aiconfigurator has no data for as a ``.nodata.txt`` holding the
+message, so a second run needs neither the import nor the database load. The key holds the
+aiconfigurator version: another release starts a fresh cache.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ import importlib.util
 import json
 import logging
 import os
+from bisect import bisect_left
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
 from pathlib import Path
@@ -39,12 +42,16 @@ from specs.errors import TunerError
 __all__ = [
     "AIC_VERSION",
     "Engine",
+    "EngineDataError",
     "EngineShape",
+    "GenerationPrecision",
     "LatencyTable",
     "aic_model_name",
+    "aic_model_for_precision",
     "aic_system_name",
     "aiconfigurator_latency_table",
     "cache_dir",
+    "weight_bytes_per_param",
 ]
 
 #: The aiconfigurator release this adapter is written against (``pyproject.toml`` extra ``rl``).
@@ -59,6 +66,31 @@ class Engine(str, Enum):
 
     vllm = "vllm"
     sglang = "sglang"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class EngineDataError(TunerError):
+    """The engine model cannot time this job at any shape: aiconfigurator is not installed, or has no
+    configuration for the model, no system for the GPU, or no checkpoint for the precision. Plan
+    enumeration stops on it (a shape without data only sets that shape aside)."""
+
+
+class GenerationPrecision(str, Enum):
+    """Weights and arithmetic of the generation engines (the KV cache and attention stay BF16 in every case).
+
+    - ``bf16``: every GEMM and expert in BF16 (NeMo-RL's and slime's default ``precision: bfloat16``).
+    - ``fp8``: the FP8 checkpoint's block-scaled FP8 weights (128 x 128 blocks; NeMo-RL
+      ``policy.generation.vllm_cfg.precision: fp8``): DeepSeek-V3/R1, Kimi-K2 and MiniMax-M2.5 ship
+      FP8 checkpoints; for Qwen3 aiconfigurator bundles the ``-FP8`` variant's configuration.
+    - ``checkpoint``: whatever the checkpoint's ``config.json`` declares (MXFP4 experts for gpt-oss,
+      FP8 blocks for DeepSeek-V3, BF16 for a model without a ``quantization_config``).
+    """
+
+    bf16 = "bf16"
+    fp8 = "fp8"
+    checkpoint = "checkpoint"
 
     def __str__(self) -> str:
         return self.value
@@ -138,6 +170,13 @@ class LatencyTable:
     prefill: _FLOAT
     attention_dp: int = 1
     source: str = ""
+    _grid: tuple[tuple[float, ...], tuple[float, ...], tuple[tuple[float, ...], ...]] = field(init=False, repr=False, compare=False)
+    """``(seqs, ctx, decode rows)`` as Python floats: :meth:`decode_s` is called once per simulator
+    event (about 10^5 times per ``tune rl``), where numpy's per-call overhead on scalars dominates."""
+
+    def __post_init__(self) -> None:
+        grid = (tuple(map(float, self.seqs)), tuple(map(float, self.ctx)), tuple(tuple(map(float, row)) for row in np.asarray(self.decode)))
+        object.__setattr__(self, "_grid", grid)
 
     def decode_s(self, num_seqs: float, ctx_len: float) -> float:
         """One decode iteration of ``num_seqs`` running sequences (whole engine) at mean context ``ctx_len`` (s).
@@ -145,15 +184,21 @@ class LatencyTable:
         Bilinear interpolation on the grid; linear extrapolation in ``num_seqs`` past the
         last grid point (memory-bound decode grows linearly there), clamped in ``ctx_len``.
         """
+        seqs, ctx, dec = self._grid
         n = max(float(num_seqs) / self.attention_dp, 1.0)
-        c = min(max(float(ctx_len), float(self.ctx[0])), float(self.ctx[-1]))
-        j = int(np.searchsorted(self.ctx, c).clip(1, len(self.ctx) - 1))
-        wc = (c - self.ctx[j - 1]) / (self.ctx[j] - self.ctx[j - 1])
-        col = self.decode[:, j - 1] * (1 - wc) + self.decode[:, j] * wc
-        if n <= self.seqs[-1]:
-            return float(np.interp(n, self.seqs, col))
-        slope = (col[-1] - col[-2]) / (self.seqs[-1] - self.seqs[-2])
-        return float(col[-1] + slope * (n - self.seqs[-1]))
+        c = min(max(float(ctx_len), ctx[0]), ctx[-1])
+        j = min(max(bisect_left(ctx, c), 1), len(ctx) - 1)
+        wc = (c - ctx[j - 1]) / (ctx[j] - ctx[j - 1])
+
+        def at(i: int) -> float:
+            return dec[i][j - 1] * (1 - wc) + dec[i][j] * wc
+
+        if n <= seqs[-1]:
+            i = min(max(bisect_left(seqs, n), 1), len(seqs) - 1)
+            ws = (n - seqs[i - 1]) / (seqs[i] - seqs[i - 1])
+            return at(i - 1) * (1 - ws) + at(i) * ws
+        last, before = at(len(seqs) - 1), at(len(seqs) - 2)
+        return last + (last - before) / (seqs[-1] - seqs[-2]) * (n - seqs[-1])
 
     def prefill_s(self, tokens: float) -> float:
         """Prefill of ``tokens`` prompt tokens spread over the engine's attention-DP ranks (s); 0 for none."""
@@ -210,6 +255,7 @@ AIC_MODELS: dict[str, str] = {
     "Llama-3.1-405B": "meta-llama/Meta-Llama-3.1-405B",
     "Mixtral-8x7B": "mistralai/Mixtral-8x7B-v0.1",
     "Mixtral-8x22B": "mistralai/Mixtral-8x22B-v0.1",
+    "GPT-OSS-120B": "openai/gpt-oss-120b",
 }
 
 #: Our GPU name -> aiconfigurator's system name (``aiconfigurator_core/systems/*.yaml``).
@@ -233,7 +279,7 @@ def aic_model_name(model: str) -> str:
     for k, v in AIC_MODELS.items():
         if k.lower() == model.lower():
             return v
-    raise TunerError(f"--model {model!r}: aiconfigurator {AIC_VERSION} has no engine data for it; supported: {', '.join(AIC_MODELS)}")
+    raise EngineDataError(f"--model {model!r}: aiconfigurator {AIC_VERSION} has no engine data for it; supported: {', '.join(AIC_MODELS)}")
 
 
 def aic_system_name(gpu: str, engine: Engine) -> str:
@@ -246,7 +292,7 @@ def aic_system_name(gpu: str, engine: Engine) -> str:
     supported = _systems_with_data(engine)
     if system is None or (supported is not None and system not in supported):
         have = sorted(k for k, v in AIC_SYSTEMS.items() if supported is None or v in supported)
-        raise TunerError(f"--gpus {gpu}: aiconfigurator {AIC_VERSION} has no {engine} data for it; GPUs with {engine} data: {', '.join(have)}")
+        raise EngineDataError(f"--gpus {gpu}: aiconfigurator {AIC_VERSION} has no {engine} data for it; GPUs with {engine} data: {', '.join(have)}")
     return system
 
 
@@ -277,20 +323,92 @@ def _require_aiconfigurator() -> Any:
     try:
         return importlib.import_module("aiconfigurator_core.sdk.engine")
     except ImportError:
-        raise TunerError(
+        raise EngineDataError(
             "tune rl needs aiconfigurator for the engines' per-iteration latency: "
             f"pip install 'megatron-layout-tuner[rl]' (aiconfigurator=={AIC_VERSION})"
         ) from None
 
 
-#: Generation runs in BF16 (NeMo-RL's and slime's default ``precision: bfloat16``); aiconfigurator is told
-#: so explicitly, else it takes the checkpoint's own quantisation (FP8 blocks for DeepSeek-V3).
+#: aiconfigurator's name of the BF16 quantisation mode (``sdk/common.py``: ``GEMMQuantMode.bfloat16`` and kin).
 _BF16 = "bfloat16"
 
 
+def _checkpoint_quant(model_id: str) -> str | None:
+    """``quantization_config.quant_method`` of the configuration aiconfigurator bundles for ``model_id`` (None: BF16 or not found)."""
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or spec.origin is None:
+        return None
+    f = Path(spec.origin).parent / "model_configs" / f"{model_id.replace('/', '--')}_config.json"
+    try:
+        q = json.loads(f.read_text()).get("quantization_config") or {}
+    except (OSError, ValueError):
+        return None
+    method = q.get("quant_method") if isinstance(q, dict) else None
+    return str(method) if method else None
+
+
+def _has_bundled_config(model_id: str) -> bool:
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or spec.origin is None:
+        return False
+    return (Path(spec.origin).parent / "model_configs" / f"{model_id.replace('/', '--')}_config.json").is_file()
+
+
+def aic_model_for_precision(model: str, precision: GenerationPrecision) -> tuple[str, dict[str, str]]:
+    """aiconfigurator's model id and the quantisation keyword arguments of ``EngineHandle.compile`` for ``precision``.
+
+    BF16 sets all four modes to ``bfloat16`` (else aiconfigurator takes the checkpoint's own:
+    FP8 blocks for DeepSeek-V3). FP8 uses the ``<id>-FP8`` configuration when aiconfigurator bundles
+    one (Qwen3), else the base id when its checkpoint is FP8 itself; GEMM and MoE modes are then left
+    to aiconfigurator's inference from that configuration (``fp8_block``), the KV cache and attention
+    BF16 (vLLM's ``kv_cache_dtype: auto`` of a BF16-activation model). ``checkpoint`` does the same
+    with the base id whatever its quantisation.
+
+    Raises:
+        TunerError: an unsupported model (the supported ones listed), or ``fp8`` for a model without
+            an FP8 checkpoint configuration in aiconfigurator.
+    """
+    model_id = aic_model_name(model)
+    if precision == GenerationPrecision.bf16:
+        return model_id, {"gemm_quant_mode": _BF16, "moe_quant_mode": _BF16, "kvcache_quant_mode": _BF16, "fmha_quant_mode": _BF16}
+    attn = {"kvcache_quant_mode": _BF16, "fmha_quant_mode": _BF16}
+    if precision == GenerationPrecision.fp8:
+        if _has_bundled_config(model_id + "-FP8"):
+            return model_id + "-FP8", attn
+        if importlib.util.find_spec("aiconfigurator_core") is not None and _checkpoint_quant(model_id) != "fp8":
+            raise EngineDataError(
+                f"--generation-precision fp8: aiconfigurator {AIC_VERSION} bundles no FP8 checkpoint of {model_id} "
+                f"(neither {model_id}-FP8 nor an FP8 quantization_config); use bf16"
+            )
+    return model_id, attn
+
+
+def weight_bytes_per_param(model: str, precision: GenerationPrecision) -> tuple[float, float]:
+    """Bytes per parameter of the engine's ``(dense, expert)`` weights at ``precision``.
+
+    BF16 2; FP8 blocks 1 (one FP32 scale per 128 x 128 block: +0.02 %, left out); MXFP4 experts
+    0.53 (4 bits plus one E8M0 scale per 32 values, OCP MX spec v1.0), their attention and dense
+    layers BF16 (gpt-oss). ``checkpoint`` reads the quantisation of the configuration aiconfigurator
+    bundles; without aiconfigurator installed it is taken as BF16.
+    """
+    if precision == GenerationPrecision.bf16:
+        return 2.0, 2.0
+    if precision == GenerationPrecision.fp8:
+        return 1.0, 1.0
+    try:
+        method = _checkpoint_quant(aic_model_name(model))
+    except TunerError:
+        method = None
+    if method == "fp8":
+        return 1.0, 1.0
+    if method == "mxfp4":
+        return 2.0, 4.25 / 8
+    return 2.0, 2.0
+
+
 @lru_cache(maxsize=64)
-def _handle(model_id: str, system: str, backend: str, shape: EngineShape) -> Any:
-    mod = _require_aiconfigurator()
+def _handle(model_id: str, system: str, backend: str, shape: EngineShape, quant: tuple[tuple[str, str], ...]) -> Any:
+    mod = _require_aiconfigurator()  # EngineDataError when missing: not wrapped below
     logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
     try:
         return mod.EngineHandle.compile(
@@ -302,16 +420,22 @@ def _handle(model_id: str, system: str, backend: str, shape: EngineShape) -> Any
             attention_dp_size=shape.attention_dp,
             moe_tp_size=shape.moe_tp,
             moe_ep_size=shape.ep,
-            gemm_quant_mode=_BF16,
-            moe_quant_mode=_BF16,
-            kvcache_quant_mode=_BF16,
-            fmha_quant_mode=_BF16,
+            **dict(quant),
         )
     except Exception as e:  # aiconfigurator raises its own error types (and ValueError / KeyError) for unsupported cases
         raise TunerError(f"aiconfigurator {AIC_VERSION} cannot build a {backend} engine of {model_id} on {system} at {shape.label}: {e}") from None
 
 
-def aiconfigurator_latency_table(model: str, gpu: str, engine: Engine, shape: EngineShape, *, max_ctx: int, use_cache: bool = True) -> LatencyTable:
+def aiconfigurator_latency_table(
+    model: str,
+    gpu: str,
+    engine: Engine,
+    shape: EngineShape,
+    *,
+    max_ctx: int,
+    precision: GenerationPrecision = GenerationPrecision.bf16,
+    use_cache: bool = True,
+) -> LatencyTable:
     """The latency grid of one engine shape from aiconfigurator (cached on disk and in memory).
 
     Decode: ``EngineHandle.decode_step_latency(n, c, 2)`` (ms; its ``isl + osl/2`` is the
@@ -323,20 +447,28 @@ def aiconfigurator_latency_table(model: str, gpu: str, engine: Engine, shape: En
         engine: vLLM or SGLang.
         shape: the engine's parallel shape.
         max_ctx: longest context the engine serves (tokens): prompt + response.
+        precision: the engine's weight precision (:class:`GenerationPrecision`).
         use_cache: read and write the on-disk cache.
 
     Raises:
         TunerError: an unsupported model or GPU (the supported ones named), aiconfigurator
-            not installed (the ``rl`` extra named), or a shape it cannot build.
+            not installed (the ``rl`` extra named), or a shape / precision it has no data for.
     """
-    model_id = aic_model_name(model)
-    key = json.dumps([AIC_VERSION, model_id, gpu, str(engine), shape.tp, shape.pp, shape.ep, shape.attention_dp, max_ctx])
+    precision = GenerationPrecision(precision)
+    model_id, quant_kw = aic_model_for_precision(model, precision)
+    key = json.dumps([AIC_VERSION, model_id, gpu, str(engine), shape.tp, shape.pp, shape.ep, shape.attention_dp, max_ctx, str(precision)])
     path = cache_dir() / f"aic-{hashlib.sha256(key.encode()).hexdigest()[:20]}.npz"
+    missing = path.with_name(path.stem + ".nodata.txt")
     if use_cache:
         hit = _read_cached(path)
         if hit is not None:
             return hit
+        try:
+            raise TunerError(missing.read_text())  # a shape aiconfigurator had no data for on an earlier run
+        except (OSError, UnicodeDecodeError):
+            pass
     system = aic_system_name(gpu, engine)
+    quant = tuple(sorted(quant_kw.items()))
     ctx = _ctx_grid(max_ctx)
     seqs = np.asarray(SEQ_GRID, dtype=float)
     pt = np.asarray(PREFILL_GRID, dtype=float)
@@ -347,20 +479,32 @@ def aiconfigurator_latency_table(model: str, gpu: str, engine: Engine, shape: En
     first_error = ""
     for s in tries:
         try:
-            h = _handle(model_id, system, str(engine), s)
+            h = _handle(model_id, system, str(engine), s, quant)
             dec = np.array([[h.decode_step_latency(int(n), int(c), 2) for c in ctx] for n in seqs], dtype=float) / 1e3
             pre = np.array([h.predict_prefill_latency(1, int(t)) for t in pt], dtype=float) / 1e3
             source = "" if s == shape else f" (MoE timed at {s.label}: no expert-TP data)"
             break
+        except EngineDataError:
+            raise
         except TunerError as e:
             first_error = first_error or str(e)
         except Exception as e:  # aiconfigurator's PerfDataNotAvailableError and kin: no measured data for this shape
             first_error = first_error or str(e)[:200]
     else:
-        raise TunerError(f"aiconfigurator {AIC_VERSION} has no bf16 {engine} data for {model_id} on {system} at {shape.label}: {first_error}")
+        hint = ""
+        if precision == GenerationPrecision.bf16 and "MoE data missing" in first_error and _checkpoint_quant(model_id) == "fp8":
+            hint = (
+                f" [{model_id}'s own checkpoint is FP8 and aiconfigurator times its experts only as FP8 blocks: a run that generated in FP8 "
+                "is predicted with generation precision fp8; a BF16 run is not predicted, as FP8 timing would understate BF16 decode "
+                "(its expert weights are twice the bytes)]"
+            )
+        message = f"aiconfigurator {AIC_VERSION} has no {precision} {engine} data for {model_id} on {system} at {shape.label}: {first_error}{hint}"
+        if use_cache:
+            _write_text(missing, message)
+        raise TunerError(message)
     if not (np.all(np.isfinite(dec)) and np.all(dec > 0) and np.all(np.isfinite(pre))):
         raise TunerError(f"aiconfigurator {AIC_VERSION} returned no latency for {model_id} on {system} {engine} at {shape.label}")
-    table = LatencyTable(seqs, ctx, dec, pt, pre, shape.attention_dp, f"aiconfigurator {AIC_VERSION} {system} {engine} {model_id} {shape.label}{source}")
+    table = LatencyTable(seqs, ctx, dec, pt, pre, shape.attention_dp, f"aiconfigurator {AIC_VERSION} {system} {engine} {model_id} {precision} {shape.label}{source}")
     if use_cache:
         _write_cached(path, table)
     return table
@@ -372,6 +516,16 @@ def _read_cached(path: Path) -> LatencyTable | None:
             return LatencyTable(z["seqs"], z["ctx"], z["decode"], z["prefill_tokens"], z["prefill"], int(z["attention_dp"]), str(z["source"]))
     except (OSError, KeyError, ValueError):
         return None
+
+
+def _write_text(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home: asked again next time
 
 
 def _write_cached(path: Path, t: LatencyTable) -> None:

@@ -22,14 +22,14 @@ import numpy as np
 import numpy.typing as npt
 
 from cost_model.rl.calibration import DEFAULT_RL_CALIBRATION, RLCalibration
-from cost_model.rl.engine import Engine, EngineShape, LatencyTable, aiconfigurator_latency_table
+from cost_model.rl.engine import Engine, EngineDataError, EngineShape, GenerationPrecision, LatencyTable, aiconfigurator_latency_table, weight_bytes_per_param
 from cost_model.rl.layouts import TrainerLayout
 from cost_model.rl.lengths import LengthDistribution
 from cost_model.rl.refit import refit_s, switch_s
 from cost_model.rl.simulator import RolloutRun, simulate_rollout
 from cost_model.rl.step import StepParts, compose_step
 from cost_model.rl.trainer import TrainerBackend, TrainerPlan, best_trainer, rl_workload, trainer_for_layout
-from specs import GIB, Cluster, ModelSpec
+from specs import GIB, Cluster, ModelSpec, Precision, Workload
 from specs.errors import TunerError
 
 __all__ = [
@@ -95,6 +95,10 @@ class RLJob:
     """Forward passes for log-probs per step: the policy's (importance ratio) + the reference's (KL)."""
     max_seq_len: int = 0
     """``max_total_sequence_length``; 0 = prompt_len + response_len."""
+    generation_precision: GenerationPrecision = GenerationPrecision.bf16
+    """The engines' weight precision (NeMo-RL ``vllm_cfg.precision``)."""
+    training_precision: Precision = Precision.bf16
+    """The trainer's GEMM precision (NeMo-RL ``megatron_cfg.fp8_cfg``)."""
 
     def __post_init__(self) -> None:
         for f in ("prompt_len", "response_len", "prompts_per_step", "generations_per_prompt"):
@@ -115,6 +119,13 @@ class RLJob:
     @property
     def sequences(self) -> int:
         return self.prompts_per_step * self.generations_per_prompt
+
+    @property
+    def workload(self) -> Workload:
+        """The trainer's workload of one optimizer step (:func:`~cost_model.rl.trainer.rl_workload`)."""
+        return rl_workload(
+            sequences=self.train_sequences, mean_total_len=self.mean_prompt_len + self.responses.mean, max_total_len=self.max_total_len, precision=self.training_precision
+        )
 
     @property
     def max_total_len(self) -> int:
@@ -209,15 +220,16 @@ def _expert_params(model: ModelSpec) -> float:
     return float(model.num_moe_layers * model.num_experts * 3 * model.hidden_size * model.moe_ffn_hidden_size)
 
 
-def engine_weight_bytes(model: ModelSpec, shape: EngineShape) -> float:
-    """Weight bytes per GPU of one engine in bf16.
+def engine_weight_bytes(model: ModelSpec, shape: EngineShape, bytes_per_param: tuple[float, float] = (2.0, 2.0)) -> float:
+    """Weight bytes per GPU of one engine (``bytes_per_param`` = (dense, expert); BF16 by default,
+    :func:`~cost_model.rl.engine.weight_bytes_per_param` for others).
 
     Experts are sharded over all the engine's ``tp * attention_dp`` ranks (EP x expert-TP);
     the other weights over ``tp * pp`` and replicated on each attention-DP rank.
     """
     experts = _expert_params(model)
     dense = model.total_params() - experts
-    return 2.0 * (dense / (shape.tp * shape.pp) + experts / (shape.tp * shape.attention_dp * shape.pp))
+    return bytes_per_param[0] * dense / (shape.tp * shape.pp) + bytes_per_param[1] * experts / (shape.tp * shape.attention_dp * shape.pp)
 
 
 def kv_bytes_per_token(model: ModelSpec, shape: EngineShape) -> float:
@@ -235,9 +247,16 @@ def kv_bytes_per_token(model: ModelSpec, shape: EngineShape) -> float:
     return per_layer * model.num_layers
 
 
-def kv_capacity_tokens(model: ModelSpec, cluster: Cluster, shape: EngineShape, gpu_memory_utilization: float, enforce_eager: bool) -> int:
-    """Tokens the engine's KV cache holds: ``(utilization x HBM - weights - reserve) x GPUs / bytes per token``; <= 0 when the weights do not fit."""
-    per_gpu = gpu_memory_utilization * cluster.gpu.hbm_bytes - engine_weight_bytes(model, shape) - ENGINE_RESERVE_BYTES
+def kv_capacity_tokens(
+    model: ModelSpec,
+    cluster: Cluster,
+    shape: EngineShape,
+    gpu_memory_utilization: float,
+    enforce_eager: bool,
+    bytes_per_param: tuple[float, float] = (2.0, 2.0),
+) -> int:
+    """Tokens the engine's KV cache holds: ``(utilization x HBM - weights - reserve) x GPUs / bytes per token``; 0 when the weights do not fit."""
+    per_gpu = gpu_memory_utilization * cluster.gpu.hbm_bytes - engine_weight_bytes(model, shape, bytes_per_param) - ENGINE_RESERVE_BYTES
     if not enforce_eager:
         per_gpu -= CUDA_GRAPH_BYTES
     if per_gpu <= 0:
@@ -262,7 +281,7 @@ def _requests(job: RLJob, steps: int) -> tuple[npt.NDArray[np.int64], npt.NDArra
 
 def default_latency(job: RLJob, shape: EngineShape) -> LatencyTable:
     """aiconfigurator's latency table for the job's model, GPU and engine at ``shape``."""
-    return aiconfigurator_latency_table(job.model.name, job.cluster.gpu.name, job.engine, shape, max_ctx=job.max_total_len)
+    return aiconfigurator_latency_table(job.model.name, job.cluster.gpu.name, job.engine, shape, max_ctx=job.max_total_len, precision=job.generation_precision)
 
 
 class _Generation:
@@ -293,8 +312,9 @@ class _Generation:
 # --------------------------------------------------------------------------- one plan
 
 
-def _model_bytes(model: ModelSpec) -> float:
-    return 2.0 * model.total_params()
+def _model_bytes(model: ModelSpec, bytes_per_param: tuple[float, float] = (2.0, 2.0)) -> float:
+    experts = _expert_params(model)
+    return bytes_per_param[0] * (model.total_params() - experts) + bytes_per_param[1] * experts
 
 
 def evaluate(
@@ -325,10 +345,11 @@ def evaluate(
     shape = choice.shape
     if choice.rollout_gpus % shape.gpus:
         raise TunerError(f"{choice.rollout_gpus} rollout GPUs are not a whole number of {shape.gpus}-GPU engines ({shape.label})")
-    kv = kv_capacity_tokens(job.model, job.cluster, shape, choice.gpu_memory_utilization, choice.enforce_eager)
+    wbytes = weight_bytes_per_param(job.model.name, job.generation_precision)
+    kv = kv_capacity_tokens(job.model, job.cluster, shape, choice.gpu_memory_utilization, choice.enforce_eager, wbytes)
     if kv <= 0:
         raise TunerError(
-            f"engine {shape.label}: {job.model.name}'s weights ({engine_weight_bytes(job.model, shape) / GIB:.1f} GiB per GPU) do not fit in "
+            f"engine {shape.label}: {job.model.name}'s weights ({engine_weight_bytes(job.model, shape, wbytes) / GIB:.1f} GiB per GPU) do not fit in "
             f"gpu_memory_utilization {choice.gpu_memory_utilization:g} of {job.cluster.gpu.hbm_bytes / GIB:.0f} GiB; use more GPUs per engine"
         )
     steps = choice.async_steps + 1
@@ -336,6 +357,7 @@ def evaluate(
     scale = calibration.generation_scale * (calibration.eager_slowdown if choice.enforce_eager else 1.0)
     generation = run.makespan_s * scale / steps
     refit = refit_s(
+        # the trainer sends BF16 weights; an FP8 engine quantises them on arrival (NeMo-RL's FP8 generation)
         model_bytes=_model_bytes(job.model),
         colocated=choice.colocated,
         engine_gpus=shape.gpus,
@@ -347,7 +369,7 @@ def evaluate(
     if choice.colocated:
         switch = switch_s(
             trainer_bytes_per_gpu=trainer.optimizer_bytes + trainer.weights_bytes,
-            engine_bytes_per_gpu=engine_weight_bytes(job.model, shape),
+            engine_bytes_per_gpu=engine_weight_bytes(job.model, shape, wbytes),
             pcie_bytes_per_s=job.cluster.gpu.pcie_bytes_per_s,
             calibration=calibration,
         )
@@ -430,12 +452,14 @@ def enumerate_plans(
     Raises:
         TunerError: constraints that leave no plan to evaluate (the reasons counted), rollout GPUs
             that are not whole nodes or exceed the cluster.
+        EngineDataError: the engine model has nothing for the job's model, GPU or precision, or
+            aiconfigurator is not installed (the message names the accepted ones or the extra).
     """
     cl = job.cluster
     nodes = cl.num_nodes
     per = cl.gpus_per_node
     gen = _Generation(job, latency)
-    workload = rl_workload(sequences=job.train_sequences, mean_total_len=job.mean_prompt_len + job.responses.mean, max_total_len=job.max_total_len)
+    workload = job.workload
     trainers: dict[tuple[int, TrainerBackend], TrainerPlan | None] = {}
 
     def trainer_on(n: int, backend: TrainerBackend) -> TrainerPlan | None:
@@ -508,6 +532,8 @@ def enumerate_plans(
                                 )
                                 try:
                                     plans.append(evaluate(job, choice, trainer=trainer, calibration=calibration, latency=latency, _gen=gen))
+                                except EngineDataError:
+                                    raise  # no shape can be timed: say so, not "no plan fits"
                                 except TunerError as e:
                                     reason = _reason(str(e))
                                     rejected[reason] = rejected.get(reason, 0) + 1

@@ -26,6 +26,7 @@ each event happens in does not depend on the latency values, so a latency scale 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -56,6 +57,11 @@ class EngineRun:
     peak_running: int
     mean_running: float
     """Running sequences averaged over decode iterations."""
+    mean_tpot_s: float = 0.0
+    """Time per output token after the first, averaged over requests of 2 tokens or more, as
+    ``vllm bench serve`` reports TPOT: ``(finish - first token) / (tokens - 1)``. A request's first
+    token comes with the first decode iteration after its admission's prefill; prefills of other
+    requests admitted meanwhile count in its TPOT, as they stall it."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -112,6 +118,8 @@ def simulate_engine(
     r = len(prompt)
     if r == 0:
         return EngineRun(makespan_s=0.0, decode_s=0.0, prefill_s=0.0, iterations=0, preemptions=0, requests=0, generated_tokens=0, peak_running=0, mean_running=0.0)
+    if np.any(resp < 1):
+        raise TunerError("every request generates at least one token")
     longest = int((prompt + resp).max())
     if longest + 2 * block_size > kv_capacity_tokens:
         raise TunerError(
@@ -119,13 +127,19 @@ def simulate_engine(
             "give the engine more GPUs (tp), a higher gpu_memory_utilization, or shorter sequences"
         )
     cap = int(kv_capacity_tokens)
-    done = np.zeros(r, dtype=np.int64)  # tokens generated before the current admission
-    start = np.zeros(r, dtype=np.int64)  # iteration of the current admission
-    version = np.zeros(r, dtype=np.int64)
-    running = np.zeros(r, dtype=bool)
+    # Python lists, not numpy arrays: the loop touches one element at a time (numpy scalars cost ~10x here)
+    plen: list[int] = prompt.tolist()
+    rlen: list[int] = resp.tolist()
+    done = [0] * r  # tokens generated before the current admission
+    start = [0] * r  # iteration of the current admission
+    version = [0] * r
+    running = [False] * r
     waiting: deque[int] = deque(range(r))
     finish: list[tuple[int, int, int]] = []  # (finish iteration, request, version)
     order: list[tuple[int, int, int]] = []  # (-admission counter, request, version): top = latest admitted
+    first_t = [math.nan] * r  # time of each request's first token
+    finish_t = [math.nan] * r
+    awaiting_first: list[int] = []  # admitted since the last decode segment
     it = 0
     t = decode_t = prefill_t = 0.0
     used = n = 0
@@ -137,7 +151,7 @@ def simulate_engine(
         if not just_preempted:
             while waiting and n < max_num_seqs:
                 i = waiting[0]
-                need = int(prompt[i] + done[i])
+                need = plen[i] + done[i]
                 if used + need + (n + 1) * block_size > cap:
                     break
                 waiting.popleft()
@@ -146,10 +160,11 @@ def simulate_engine(
                 version[i] += 1
                 used += need
                 n += 1
-                heapq.heappush(finish, (it + int(resp[i] - done[i]), i, int(version[i])))
-                heapq.heappush(order, (-counter, i, int(version[i])))
+                heapq.heappush(finish, (it + rlen[i] - done[i], i, version[i]))
+                heapq.heappush(order, (-counter, i, version[i]))
                 counter += 1
                 admitted_tokens += need
+                awaiting_first.append(i)
         just_preempted = False
         if admitted_tokens:
             dt = latency.prefill_s(admitted_tokens)
@@ -168,7 +183,7 @@ def simulate_engine(
                     break
             running[j] = False
             done[j] += it - start[j]
-            used -= int(prompt[j] + done[j])
+            used -= plen[j] + done[j]
             n -= 1
             waiting.appendleft(j)
             preemptions += 1
@@ -181,6 +196,10 @@ def simulate_engine(
         k = max(1, min(k_fin, k_mem))
         ctx_mid = used / n + (k - 1) / 2.0
         dt = k * latency.decode_s(n, ctx_mid)
+        for i in awaiting_first:
+            if running[i] and math.isnan(first_t[i]):
+                first_t[i] = t + dt / k
+        awaiting_first.clear()
         t += dt
         decode_t += dt
         it += k
@@ -190,8 +209,11 @@ def simulate_engine(
             f_it, i, v = heapq.heappop(finish)
             if running[i] and version[i] == v:
                 running[i] = False
-                used -= int(prompt[i] + resp[i])
+                used -= plen[i] + rlen[i]
                 n -= 1
+                finish_t[i] = t
+    multi = resp > 1
+    tpot = float(np.mean((np.asarray(finish_t)[multi] - np.asarray(first_t)[multi]) / (resp[multi] - 1))) if np.any(multi) else 0.0
     return EngineRun(
         makespan_s=t,
         decode_s=decode_t,
@@ -202,6 +224,7 @@ def simulate_engine(
         generated_tokens=int(resp.sum()),
         peak_running=peak,
         mean_running=running_iters / it if it else 0.0,
+        mean_tpot_s=tpot,
     )
 
 

@@ -44,8 +44,9 @@ from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
 from cost_model.estimate import estimate_table
 from search_spaces.rules import check_layout, check_table
 from search_spaces.space import SearchSpace, enumerate_layouts
-from specs import Cluster, Dispatcher, Layout, LayoutTable, ModelSpec, RecomputeGranularity, RecomputeMethod, RunOptions, Workload
+from specs import Cluster, Dispatcher, Layout, LayoutTable, ModelSpec, Precision, RecomputeGranularity, RecomputeMethod, RunOptions, Workload
 from specs.errors import TunerError
+from specs.units import DEFAULT_MEMORY_HEADROOM
 
 __all__ = [
     "AUTOMODEL_RL_SPACE",
@@ -146,13 +147,15 @@ def _label(backend: TrainerBackend, lay: Layout) -> str:
     return f"megatron:tp={lay.tp},cp={lay.cp},ep={lay.ep},pp={lay.pp},vpp={lay.vpp}"
 
 
-def rl_workload(*, sequences: int, mean_total_len: float, max_total_len: int) -> Workload:
+def rl_workload(*, sequences: int, mean_total_len: float, max_total_len: int, precision: Precision = Precision.bf16) -> Workload:
     """The training workload of one RL step: ``sequences`` rows of the mean length.
 
     Args:
         sequences: sequences trained per optimizer step (NeMo-RL ``train_global_batch_size``).
         mean_total_len: mean prompt + response tokens.
         max_total_len: ``max_total_sequence_length``; the row length is capped there.
+        precision: the training GEMMs' precision (NeMo-RL ``megatron_cfg.fp8_cfg``: ``fp8_recipe:
+            blockwise`` is :attr:`specs.Precision.fp8_blockwise`).
 
     Raises:
         TunerError: non-positive sizes.
@@ -160,7 +163,7 @@ def rl_workload(*, sequences: int, mean_total_len: float, max_total_len: int) ->
     if sequences < 1 or mean_total_len <= 0:
         raise TunerError(f"an RL step needs sequences >= 1 and a positive mean length, got {sequences}, {mean_total_len:g}")
     seq = int(min(math.ceil(mean_total_len / 256) * 256, math.ceil(max_total_len / 256) * 256))
-    return Workload(seq_length=max(seq, 256), global_batch_size=sequences, dataset="RL rollouts (mean prompt + response)")
+    return Workload(seq_length=max(seq, 256), global_batch_size=sequences, dataset="RL rollouts (mean prompt + response)", precision=precision)
 
 
 def _space(backend: TrainerBackend) -> SearchSpace:
@@ -230,7 +233,7 @@ def best_trainer(
     calibration: Calibration = DEFAULT_CALIBRATION,
     train_scale: float = 1.0,
     logprob_scale: float = 1.0,
-    memory_headroom: float = 0.10,
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
     top: int = 1,
 ) -> list[TrainerPlan]:
     """The fastest trainer layouts on ``cluster`` that fit, for the RL workload.

@@ -105,6 +105,9 @@ class ComponentArm:
     alone) or ``bf16_masters`` (TE's FusedAdam without master weights: the bf16 weights are the masters)."""
     bitwise_with: str | None = None
     """The arm whose masters this arm's must equal bit for bit."""
+    detects: str = ""
+    """For a control: the class of bug it stands for (``remainders``, ``hyperparameter``, ``masters``). The test
+    must catch every class: at least one control of each class must fail (the issue's "a wrong epsilon or beta")."""
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -123,11 +126,11 @@ COMPONENT_ARMS: tuple[ComponentArm, ...] = (
     ComponentArm(name="offload", kind="test", description="precision-aware Adam with CPU optimizer offload, fraction 1.0, "
                  "overlapped D2H/H2D copies (HybridDeviceOptimizer, torch AdamW on the CPU)", offload_fraction=1.0),
     ComponentArm(name="control_remainders_dropped", kind="control", description="remainders dropped: zeroed after every step, so the "
-                 "masters are rebuilt from the bf16 weights alone", mutation="zero_remainders"),
-    ComponentArm(name="control_wrong_eps", kind="control", description="epsilon 1e-6 instead of 1e-8", eps=1e-6),
-    ComponentArm(name="control_wrong_beta2", kind="control", description="beta2 0.95 instead of 0.98", beta2=0.95),
+                 "masters are rebuilt from the bf16 weights alone", mutation="zero_remainders", detects="remainders"),
+    ComponentArm(name="control_wrong_eps", kind="control", description="epsilon 1e-6 instead of 1e-8", eps=1e-6, detects="hyperparameter"),
+    ComponentArm(name="control_wrong_beta2", kind="control", description="beta2 0.95 instead of 0.98", beta2=0.95, detects="hyperparameter"),
     ComponentArm(name="control_bf16_masters", kind="control", description="masters kept in bf16 (TE FusedAdam with master_weights off)",
-                 store_param_remainders=False, mutation="bf16_masters"),
+                 store_param_remainders=False, mutation="bf16_masters", detects="masters"),
 )
 
 

@@ -13,6 +13,8 @@ The harness appends one JSON object per line to its ``--out`` file:
 - ``{"event": "grads", "dir", "tensors", "seconds", "replicas_max_abs_diff"}`` (rank 0, with ``dump_grads``: gradient parity);
 - ``{"event": "census", "module", "saved": [{"shape", "dtype", "bytes", "parameter"}], "saved_bytes", "alloc_delta_bytes", ...}``
   (rank 0, with ``saved_tensor_census``: one per watched module);
+- ``{"event": "profile", "step", "files": [torch.profiler Chrome traces, one per pipeline stage]}`` (rank 0, with ``profile_step``;
+  the profiled step's ``step`` line carries ``"profiled": true``);
 - ``{"event": "oom", "rank", "message", "allocated_bytes", "reserved_bytes", "max_allocated_bytes"}``
   (any rank that ran out of memory);
 - ``{"event": "error", "rank", "type", "message"}`` and ``{"event": "refused", "reasons"}``.
@@ -77,6 +79,8 @@ class HarnessResult:
     """The gradient dump of a parity run (``{"event": "grads", ...}``), when there is one."""
     census: list[dict[str, Any]] = field(default_factory=list)
     """Saved-tensor census lines, one per watched module."""
+    profile: dict[str, Any] = field(default_factory=dict)
+    """The profiled step's traces (``{"event": "profile", "step", "files"}``, with ``profile_step``), when there are any."""
     ooms: list[dict[str, Any]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
@@ -158,6 +162,8 @@ def parse_results(text: str | None, *, _objs: list[dict[str, Any]] | None = None
             r.grads = obj
         elif ev == "census":
             r.census.append(obj)
+        elif ev == "profile":
+            r.profile = obj
         elif ev == "oom":
             r.ooms.append(obj)
         elif ev == "error":

@@ -62,7 +62,7 @@ FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
 HARNESS_OPTIONS = frozenset({
     "data", "corpus_path", "corpus_sha256", "lr", "save_checkpoint", "load_checkpoint", "fault", "pretrain_steps", "data_step_offset",
     "lr_warmup_steps", "fp8_recipe", "fp8_param_gather", "grad_reduce_in_fp32", "cross_entropy_fusion", "moe_permute_fusion",
-    "saved_tensor_census", "dump_grads", "label",
+    "saved_tensor_census", "dump_grads", "label", "profile_step",
 })
 
 #: The harness's data sources.
@@ -262,6 +262,12 @@ class HarnessSpec:
     gradient (gathered over TP / EP / PP / DP) under this folder (``index.json`` + ``.npy`` files, :mod:`launch.harness.grads`)."""
     label: str | None = None
     """A name for this run (recorded in the result lines and in a gradient dump)."""
+    profile_step: int | None = None
+    """Profile this optimizer step (1 .. ``steps``) with ``torch.profiler`` (CPU and CUDA activities) and write its Chrome
+    trace next to the ``--out`` file, ``profile_step<N>_pp<r>.json``, from one rank of each pipeline stage (the first of its
+    tensor-, context- and data-parallel groups); a ``{"event": "profile", "step", "files"}`` line names them. The step's own
+    line carries ``"profiled": true``: the profiler slows it, so profile a warm-up step (``tune --trial-profile-step``
+    defaults to the last one) to keep the measurement clean. None: no profiling."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -283,6 +289,9 @@ class HarnessSpec:
             raise TunerError(f"harness fp8_recipe {self.fp8_recipe!r}: accepted {', '.join(FP8_RECIPES)}")
         if (self.precision == "fp8") != (self.fp8_recipe is not None):
             raise TunerError(f"harness precision {self.precision!r} with fp8_recipe {self.fp8_recipe!r}: fp8 needs a recipe, and a recipe needs fp8")
+        ps = self.profile_step
+        if ps is not None and (isinstance(ps, bool) or not isinstance(ps, int) or not 1 <= ps <= self.steps):
+            raise TunerError(f"harness profile_step must be a step from 1 to steps ({self.steps}) or null, got {ps!r}")
         for name in ("fp8_param_gather", "grad_reduce_in_fp32", "cross_entropy_fusion", "moe_permute_fusion", "saved_tensor_census"):
             if not isinstance(getattr(self, name), bool):
                 raise TunerError(f"harness {name} must be true or false, got {getattr(self, name)!r}")
@@ -360,7 +369,7 @@ def build_spec(
             ``corpus_sha256``, ``lr``, ``save_checkpoint``, ``load_checkpoint``, ``fault``,
             ``pretrain_steps``, ``data_step_offset``, ``lr_warmup_steps``, ``fp8_recipe``, ``fp8_param_gather``,
             ``grad_reduce_in_fp32``, ``cross_entropy_fusion``, ``moe_permute_fusion``, ``saved_tensor_census``,
-            ``dump_grads``, ``label``: :data:`HARNESS_OPTIONS`). With ``precision: fp8`` and no ``fp8_recipe``
+            ``dump_grads``, ``label``, ``profile_step``: :data:`HARNESS_OPTIONS`). With ``precision: fp8`` and no ``fp8_recipe``
             the recipe is ``delayed``.
 
     Raises:

@@ -676,6 +676,46 @@ def _corpus_for(spec: HarnessSpec) -> Any:
     return load_corpus(spec.corpus_path)
 
 
+def _profiles_here() -> bool:
+    """This rank writes a profile: the first rank of its tensor-, context- and data-parallel groups (one per pipeline stage)."""
+    from megatron.core import parallel_state as ps
+
+    return ps.get_tensor_model_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
+
+
+def _profiler(spec: HarnessSpec, step: int) -> Any:
+    """A ``torch.profiler.profile`` (CPU and CUDA activities, shapes off) for the step ``spec.profile_step`` on a rank that
+    writes its trace (:func:`_profiles_here`), else None."""
+    if step != spec.profile_step or not _profiles_here():
+        return None
+    import torch
+
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    return torch.profiler.profile(activities=acts, record_shapes=False, with_stack=False)
+
+
+def profile_file_name(step: int, pp_rank: int) -> str:
+    """``profile_step<N>_pp<r>.json``: the trace of step ``step`` on pipeline rank ``pp_rank`` (what ``tune timeline`` looks for)."""
+    return f"profile_step{step}_pp{pp_rank}.json"
+
+
+def _export_profile(spec: HarnessSpec, prof: Any, out: _Out, rank: int, world: int, step: int) -> None:
+    """Stop the step's profiler, write its Chrome trace beside ``--out`` and (rank 0) the ``profile`` line naming every
+    rank's file (a collective: every rank calls it)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    path = None
+    if prof is not None:
+        prof.stop()
+        path = str(Path(out.path).parent / profile_file_name(step, ps.get_pipeline_model_parallel_rank()))
+        prof.export_chrome_trace(path)
+    files: list[Any] = [None] * world
+    dist.all_gather_object(files, path)
+    if rank == 0:
+        out.write({"event": "profile", "step": step, "files": sorted(f for f in files if f)})
+
+
 def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
     import torch
     import torch.distributed as dist
@@ -757,8 +797,11 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
     times: list[float] = []
     torch.cuda.reset_peak_memory_stats()
     for step in range(1, spec.steps + 1):
+        prof = _profiler(spec, step)
         torch.cuda.synchronize()
         dist.barrier()
+        if prof is not None:
+            prof.start()
         t0 = time.perf_counter()
         for c in chunks:
             c.zero_grad_buffer()
@@ -786,6 +829,8 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
         torch.cuda.synchronize()
         dist.barrier()
         dt = time.perf_counter() - t0
+        if step == spec.profile_step:
+            _export_profile(spec, prof, out, rank, world, step)
         if step == 1:
             _RAN.setdefault("host_memory", {})["after_step1_bytes"] = _host_rss()
         times.append(dt)
@@ -799,6 +844,7 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
                 "loss": loss_v,
                 "grad_norm": float(grad_norm) if grad_norm is not None else None,
                 "update_successful": bool(ok),
+                **({"profiled": True} if step == spec.profile_step else {}),
             })
     mem = [torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(), _host_summary(spec, chunks)]
     gathered: list[Any] = [None] * world

@@ -8,7 +8,7 @@ cost_model/calibration.py); the reference port and the EP 4 memory case were not
 from __future__ import annotations
 
 from cost_model.estimate import estimate
-from specs import load_gpu
+from specs import DEFAULT_MEMORY_HEADROOM, load_gpu
 
 GIB = 2**30
 
@@ -18,7 +18,7 @@ def _show(capsys, name, e, target=None):
         err = f" ({(e.tokens_per_s_per_gpu / target - 1) * 100:+.1f}% vs measured {target})" if target else ""
         print(
             f"\n[anchor] {name}: predicted {e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU{err}, step {e.step_time_s:.2f} s, "
-            f"peak {e.peak_gib:.1f} GiB of {e.hbm_bytes / GIB:.1f} (fits with 10% headroom: {e.fits}), MFU {e.mfu:.2%}"
+            f"peak {e.peak_gib:.1f} GiB of {e.hbm_bytes / GIB:.1f} (fits with {DEFAULT_MEMORY_HEADROOM:.0%} headroom: {e.fits}), MFU {e.mfu:.2%}"
         )
 
 

@@ -31,13 +31,30 @@ def test_dense_weights_and_optimizer_match_megatron_formula():
     assert ours == pytest.approx(megatron, rel=1e-9)
 
 
-def test_table_equals_single_estimates(minimax, h200x64, seed_workload, seed_tuned, seed_reference):
+def test_single_estimate_is_the_table_row_with_the_simulated_pipeline(minimax, h200x64, seed_workload, seed_tuned, seed_reference):
+    # estimate() keeps the table's memory and every time part but the bubble; the pipeline is simulated
+    # (cost_model.step_detail), so the step differs from the table's by the bubbles' difference only.
     lays = [seed_tuned, seed_reference, seed_tuned.replace(micro_batch_size=1, vpp=2), seed_reference.replace(ep=16)]
     tab = estimate_table(minimax, h200x64, seed_workload, LayoutTable.from_layouts(lays))
     for i, lay in enumerate(lays):
         one = estimate(minimax, h200x64, seed_workload, lay)
-        assert tab.tokens_per_s_per_gpu[i] == pytest.approx(one.tokens_per_s_per_gpu)
         assert tab.peak_bytes[i] == pytest.approx(one.peak_bytes)
+        assert {k: float(v[i]) for k, v in tab.memory.items()} == pytest.approx(one.memory)
+        for part, v in one.time.items():
+            if part != "pp_bubble":
+                assert float(tab.time[part][i]) == pytest.approx(v, rel=1e-12), part
+        shift = one.time["pp_bubble"] - float(tab.time["pp_bubble"][i])
+        assert one.step_time_s == pytest.approx(float(tab.step_time_s[i]) + shift, rel=1e-12)
+        assert one.tokens_per_s_per_gpu * one.step_time_s == pytest.approx(float(tab.tokens_per_s_per_gpu[i] * tab.step_time_s[i]), rel=1e-12)
+        assert abs(shift) < 0.05 * one.step_time_s  # the closed form is an approximation of the simulation
+
+
+def test_single_estimate_equals_the_table_without_a_pipeline(minimax, h200x64, seed_workload):
+    lay = Layout(world_size=64, tp=1, pp=1, ep=64, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1,
+                 optimizer_offload_fraction=1.0)
+    tab = estimate_table(minimax, h200x64, seed_workload, LayoutTable.from_layouts([lay])).row(0, lay)
+    one = estimate(minimax, h200x64, seed_workload, lay)
+    assert one.time == tab.time and one.step_time_s == tab.step_time_s
 
 
 def test_parts_add_up(minimax, h200x64, seed_workload, seed_tuned):

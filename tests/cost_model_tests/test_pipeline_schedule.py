@@ -67,3 +67,18 @@ def test_bad_schedules_are_refused():
         megatron_order(4, 4, 1, 8)
     with pytest.raises(TunerError, match="pp x vpp"):
         simulate_pipeline(2, 1, 4, [[1.0]], [[1.0]])
+
+
+@pytest.mark.parametrize("pp,vpp,m", [(4, 1, 8), (4, 2, 8), (8, 4, 16), (3, 1, 2), (2, 8, 6)])
+def test_each_rank_runs_megatron_s_order_and_the_makespan_is_the_last_end(pp, vpp, m):
+    import random
+
+    from cost_model.pipeline_schedule import pipeline_makespan
+
+    rng = random.Random(pp * 100 + vpp * 10 + m)
+    f = [[rng.uniform(0.5, 1.5) for _ in range(vpp)] for _ in range(pp)]
+    b = [[rng.uniform(1.0, 3.0) for _ in range(vpp)] for _ in range(pp)]
+    ops = simulate_pipeline(pp, vpp, m, f, b, p2p_s=0.01)
+    for r in range(pp):
+        assert [o.op for o in ops if o.rank == r] == megatron_order(pp, r, vpp, m)
+    assert pipeline_makespan(pp, vpp, m, f, b, p2p_s=0.01) == max(o.end_s for o in ops)

@@ -84,6 +84,18 @@ def test_longest_request_sets_the_makespan_and_prefill_adds():
     assert run.makespan_s == pytest.approx(0.5 + 30e-4)
 
 
+def test_tpot_counts_the_prefills_that_stall_a_request():
+    # two slots; request 2 waits for request 1 (10 tokens) and its 100-token prefill (10 ms) stalls
+    # request 0 (300 tokens): TPOT(0) = (330 - 21) ms / 299, the short ones 1 ms each.
+    p, r = np.array([100, 100, 100]), np.array([300, 10, 10])
+    run = simulate_engine(p, r, const_table(1e-3, 1e-4), kv_capacity_tokens=10**6, max_num_seqs=2)
+    assert run.makespan_s == pytest.approx(0.330)
+    assert run.mean_tpot_s == pytest.approx((0.309 / 299 + 1e-3 + 1e-3) / 3)
+    # without stalls (prefill free, one wave) TPOT is the iteration latency
+    even = simulate_engine(np.full(4, 8), np.full(4, 50), const_table(2e-3), kv_capacity_tokens=10**6, max_num_seqs=8)
+    assert even.mean_tpot_s == pytest.approx(2e-3)
+
+
 def test_kv_pressure_preempts_and_recomputes():
     p, r = np.full(10, 10), np.full(10, 100)
     free = simulate_engine(p, r, const_table(), kv_capacity_tokens=10**6, max_num_seqs=100, block_size=1)
@@ -222,10 +234,15 @@ def test_layout_strings():
 
 def test_published_runs_table_reads_whole():
     rows, errors = read_runs(ROOT / "benchmarks" / "data" / "rl_runs.csv")
-    assert not errors and len(rows) == 47
+    assert not errors and len(rows) == 49
     assert {r.source for r in rows} == {"nemo-rl-v0.4", "nemo-rl-v0.5", "nemo-rl-v0.6"}
     r = next(r for r in rows if r.source == "nemo-rl-v0.6" and r.model == "Qwen3-235B-A22B" and r.num_gpus == 256 and not r.colocated)
     assert (r.step_time_s, r.rollout_gpus, r.rollout.shape.tp, r.trainer.tp) == (231, 128, 8, 4)
+    # the FP8 tables' rows (generation FP8, training FP8 blockwise); every other row is BF16 (blank columns)
+    fp8 = [r for r in rows if r.generation_precision.value == "fp8"]
+    assert [(r.source, r.step_time_s, r.rollout.max_num_seqs, r.training_precision.value) for r in fp8] == [
+        ("nemo-rl-v0.5", 67.6, 32, "fp8_blockwise"), ("nemo-rl-v0.6", 59.2, 32, "fp8_blockwise")]
+    assert all(r.generation_precision.value == "bf16" and r.training_precision.value == "bf16" for r in rows if r not in fp8)
 
 
 def test_bad_rows_are_named_and_good_rows_still_read(tmp_path):
@@ -290,8 +307,11 @@ def test_calibration_from_measured_parts_reproduces_them(tmp_path):
 
 
 def test_aiconfigurator_path_on_a_small_case(tmp_path, monkeypatch):
-    pytest.importorskip("aiconfigurator_core")
-    from cost_model.rl.engine import Engine, aiconfigurator_latency_table
+    # not skipped: the `test` extra pins aiconfigurator==0.12.0 (as the `rl` extra does), so CI runs this path
+    import importlib.util
+
+    assert importlib.util.find_spec("aiconfigurator_core") is not None, "install the test extra: pip install -e '.[test]' (it pins aiconfigurator==0.12.0)"
+    from cost_model.rl.engine import Engine, GenerationPrecision, aiconfigurator_latency_table
 
     monkeypatch.setenv("MLT_CACHE_DIR", str(tmp_path))
     t = aiconfigurator_latency_table("Qwen3-30B-A3B", "H200", Engine.vllm, EngineShape(tp=1), max_ctx=4096)
@@ -300,10 +320,32 @@ def test_aiconfigurator_path_on_a_small_case(tmp_path, monkeypatch):
     assert list(tmp_path.glob("aic-*.npz"))
     again = aiconfigurator_latency_table("Qwen3-30B-A3B", "H200", Engine.vllm, EngineShape(tp=1), max_ctx=4096)
     assert np.array_equal(again.decode, t.decode)
-    with pytest.raises(TunerError, match="supported"):
+    with pytest.raises(TunerError, match="supported: MiniMax-M3"):
+        aiconfigurator_latency_table("my-own-model", "H200", Engine.vllm, EngineShape(tp=1), max_ctx=4096)
+    # gpt-oss has MXFP4 experts only: BF16 is refused naming the precision, its checkpoint precision is timed
+    with pytest.raises(TunerError, match="no bf16 vllm data for openai/gpt-oss-120b"):
         aiconfigurator_latency_table("GPT-OSS-120B", "H200", Engine.vllm, EngineShape(tp=1), max_ctx=4096)
+    mx = aiconfigurator_latency_table("GPT-OSS-120B", "H200", Engine.vllm, EngineShape(tp=1), max_ctx=4096, precision=GenerationPrecision.checkpoint)
+    assert 0 < mx.decode_s(4, 1024) < 0.05 and "checkpoint" in mx.source
     with pytest.raises(TunerError, match="GPUs with vllm data"):
         aiconfigurator_latency_table("Qwen3-30B-A3B", "H20", Engine.vllm, EngineShape(tp=1), max_ctx=4096)
+    # DeepSeek-V3: only FP8-block expert tables; a BF16 engine is refused saying so, an FP8 one is timed
+    with pytest.raises(TunerError, match="own checkpoint is FP8 .* a BF16 run is not predicted"):
+        aiconfigurator_latency_table("DeepSeek-V3", "H100", Engine.vllm, EngineShape(tp=16), max_ctx=1536)
+    # the refusal is cached too: the next run answers it without aiconfigurator
+    import cost_model.rl.engine as eng
+
+    assert len(list(tmp_path.glob("aic-*.nodata.txt"))) == 2  # gpt-oss BF16 above, DeepSeek-V3 BF16 here
+    monkeypatch.setattr(eng, "_handle", lambda *a: pytest.fail("asked aiconfigurator again"))
+    with pytest.raises(TunerError, match="own checkpoint is FP8"):
+        aiconfigurator_latency_table("DeepSeek-V3", "H100", Engine.vllm, EngineShape(tp=16), max_ctx=1536)
+    monkeypatch.undo()
+    monkeypatch.setenv("MLT_CACHE_DIR", str(tmp_path))
+    fp8 = aiconfigurator_latency_table("DeepSeek-V3", "H100", Engine.vllm, EngineShape(tp=16), max_ctx=1536, precision=GenerationPrecision.fp8)
+    assert "deepseek-ai/DeepSeek-V3 fp8" in fp8.source and 0 < fp8.decode_s(32, 1000) < 0.2
+    # Qwen3's FP8 engine is aiconfigurator's -FP8 checkpoint (its own tables: slower than BF16 at batch 1 in 0.12.0), cached apart
+    q8 = aiconfigurator_latency_table("Qwen3-30B-A3B", "H200", Engine.vllm, EngineShape(tp=1), max_ctx=4096, precision=GenerationPrecision.fp8)
+    assert "Qwen/Qwen3-30B-A3B-FP8 fp8" in q8.source and not np.array_equal(q8.decode, t.decode) and len(list(tmp_path.glob("aic-*.npz"))) >= 3
 
 
 def test_missing_aiconfigurator_names_the_extra(monkeypatch, tmp_path):
@@ -319,3 +361,27 @@ def test_missing_aiconfigurator_names_the_extra(monkeypatch, tmp_path):
     with pytest.raises(TunerError, match=r"megatron-layout-tuner\[rl\]"):
         eng.aiconfigurator_latency_table("Qwen3-30B-A3B", "H200", eng.Engine.vllm, EngineShape(tp=1), max_ctx=4096)
     eng._handle.cache_clear()
+
+
+def test_shared_fixed_cost_fit_recovers_known_factors():
+    import dataclasses
+
+    from cost_model.rl.calibration import DEFAULT_RL_CALIBRATION
+    from cost_model.rl.validate import fit_calibrations, predict_rows, recalibrate
+
+    rows, _ = read_runs(ROOT / "benchmarks" / "data" / "rl_runs.csv")
+    pick = [r for r in rows if r.source == "nemo-rl-v0.5" and r.model in ("Qwen3-30B-A3B", "Llama-3.1-8B", "Qwen3-32B")]
+    assert {r.gpu for r in pick} == {"H100", "GB200"} and len(pick) == 12
+    res = predict_rows(pick, latency=_latency)
+    assert all(r.plan is not None for r in res)
+    truth = {
+        "H100": DEFAULT_RL_CALIBRATION.replace(generation_scale=1.3, training_scale=0.8, logprob_scale=0.8, switch_fixed_s=25.0, step_overhead_s=9.0),
+        "GB200": DEFAULT_RL_CALIBRATION.replace(generation_scale=2.0, training_scale=1.1, logprob_scale=1.1, switch_fixed_s=25.0, step_overhead_s=9.0),
+    }
+    measured = [dataclasses.replace(r, row=dataclasses.replace(r.row, step_time_s=recalibrate(r.plan, DEFAULT_RL_CALIBRATION, truth[r.row.gpu]))) for r in res]
+    fitted = fit_calibrations(measured)
+    assert set(fitted) == {"H100", "GB200"}
+    assert fitted["H100"].switch_fixed_s == fitted["GB200"].switch_fixed_s  # one pair of fixed costs
+    for r in measured:
+        assert recalibrate(r.plan, DEFAULT_RL_CALIBRATION, fitted[r.row.gpu]) == pytest.approx(r.row.step_time_s, rel=0.02)
+    assert fitted["GB200"].generation_scale == pytest.approx(2.0, rel=0.1) and fitted["H100"].training_scale == pytest.approx(0.8, rel=0.1)

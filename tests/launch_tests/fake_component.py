@@ -1,7 +1,7 @@
 """A stand-in for ``python -m launch.harness.component``: no GPU, no torch; writes the program's JSON lines.
 
 FAKE_COMPONENT_MODE: ``pass`` (default: every test arm within the bound, the masters bitwise identical, every
-control over the bound), ``control_passes`` (the wrong-epsilon control stays within the bound), ``bitwise`` (one
+control over the bound), ``control_passes`` (both wrong-hyperparameter controls stay within the bound), ``bitwise`` (one
 element of the rebuilt masters differs), ``offload_fails`` (the offloaded arm's error is above the bound),
 ``crash`` (exit 1 after the start line), ``no_default`` (the default arm fails with an error).
 """
@@ -34,8 +34,9 @@ def main() -> int:
         "offload": {1: 3e-7, 3: 8e-5}, "control_remainders_dropped": {1: 0.4, 3: 0.5}, "control_wrong_eps": {1: 0.02, 3: 0.03},
         "control_wrong_beta2": {1: 1e-7, 3: 0.05}, "control_bf16_masters": {1: 0.6, 3: 0.7},
     }
-    if mode == "control_passes":
+    if mode == "control_passes":  # neither wrong hyperparameter is caught
         errs["control_wrong_eps"] = {1: 2e-7, 3: 6e-5}
+        errs["control_wrong_beta2"] = {1: 1e-7, 3: 6e-5}
     if mode == "offload_fails":
         errs["offload"] = {1: 3e-7, 3: 5e-3}
     kinds = {"default": "baseline", "explicit_masters": "bitwise", "gpu": "test", "gpu_bf16_moments": "test", "offload": "test"}

@@ -39,6 +39,10 @@ of FAKE_GRAD_RUN_NOISE (two runs of one layout differ by it); ``norm_grad_scaled
 gradient, ``non_causal_attention`` bends every tensor; FAKE_GRAD_MODE=nan / missing / shape breaks one tensor.
 The checkpoint it writes carries ``model.json`` (the model's fingerprint) as the harness's does.
 
+Profiling (spec ``profile_step``): that step's line carries ``"profiled": true``, and before the summary it writes one small
+Chrome trace per pipeline stage beside ``--out`` (``profile_step<N>_pp<r>.json``, as the harness's torch.profiler export is
+named) and the ``{"event": "profile", "step", "files"}`` line.
+
 Imported (by the tests), it gives the observers of those files: :func:`recorded_pids`,
 :func:`alive`, :func:`survivors` and :func:`wait_until`.
 """
@@ -194,12 +198,22 @@ def _harness(cfg, args, out_path, node, mode, hang_after, pid_dir) -> int:
             _hang(pid_dir)  # before the step's line: a reader that sees the step finds the child running
         if not (loss_mode == "missing" and step == 4 and spec.get("data") == "corpus"):
             rs = report_s or step_s
-            write({"event": "step", "step": step, "step_time_s": rs, "tokens_per_s_per_gpu": tokens / rs / world, "loss": loss_at(step), "grad_norm": 1.0})
+            line = {"event": "step", "step": step, "step_time_s": rs, "tokens_per_s_per_gpu": tokens / rs / world, "loss": loss_at(step), "grad_norm": 1.0}
+            write({**line, "profiled": True} if step == spec.get("profile_step") else line)
         if mode == "oom" and step == 2:
             write({"event": "oom", "rank": 1, "message": "CUDA out of memory", "allocated_bytes": 140 * GIB, "reserved_bytes": 150 * GIB, "max_allocated_bytes": 141 * GIB})
             return 3
         if mode == "hang" and step == hang_after:
             time.sleep(600)
+    if spec.get("profile_step"):  # the harness's torch.profiler traces of one step, one per pipeline stage (small stand-ins)
+        files = []
+        for r in range(lay["pp"]):
+            f = os.path.join(os.path.dirname(out_path), f"profile_step{spec['profile_step']}_pp{r}.json")
+            events = [{"name": f"ProfilerStep#{spec['profile_step']}", "ph": "X", "cat": "cpu_op", "pid": r, "tid": 1, "ts": 0, "dur": step_s * 1e6},
+                      {"name": "fake_gemm_kernel", "ph": "X", "cat": "kernel", "pid": r, "tid": 7, "ts": 10, "dur": step_s * 5e5}]
+            Path(f).write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+            files.append(f)
+        write({"event": "profile", "step": spec["profile_step"], "files": files})
     rs = report_s or step_s
     write({"event": "summary", "steps": len(times), "median_step_time_s": rs, "step_time_cv": 0.0,
            "tokens_per_s_per_gpu": tokens / rs / world, "peak_allocated_bytes": [80 * GIB] * world,

@@ -81,3 +81,15 @@ def test_measured_fixture_is_readable():
         assert {"tp", "pp", "ep", "etp", "vpp", "micro_batch_size", "dispatcher", "recompute_granularity"} <= set(r["layout"])
     assert {r["layout"]["tp"] for r in ok} >= {1, 2, 4} and {r["layout"]["pp"] for r in ok} >= {1, 2, 4}
     assert any(r["status"] == "timeout" for r in rows)
+
+
+def test_a_profiled_step_is_read_with_its_traces():
+    from launch.harness.results import parse_results
+
+    text = "\n".join(json.dumps(x) for x in [
+        {"event": "step", "step": 1, "step_time_s": 1.0, "tokens_per_s_per_gpu": 10.0, "loss": 1.0, "grad_norm": 1.0, "profiled": True},
+        {"event": "profile", "step": 1, "files": ["/t/profile_step1_pp0.json", "/t/profile_step1_pp1.json"]},
+    ])
+    r = parse_results(text)
+    assert r.bad_lines == 0 and len(r.steps) == 1
+    assert r.profile["files"] == ["/t/profile_step1_pp0.json", "/t/profile_step1_pp1.json"]

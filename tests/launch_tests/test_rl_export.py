@@ -13,7 +13,7 @@ from cost_model.rl.engine import Engine, EngineShape, LatencyTable
 from cost_model.rl.lengths import LengthDistribution
 from cost_model.rl.plan import Framework, PlanChoice, RLJob, evaluate
 from cost_model.rl.trainer import TrainerBackend, rl_workload, trainer_for_layout
-from launch.rl_export import nemo_rl_config, nemo_rl_schema, render_nemo_rl_yaml, render_slime_script
+from launch.exporters import ExportContext, get_exporter, nemo_rl_config, nemo_rl_schema, render_nemo_rl_yaml, render_slime_script
 from specs import load_model, parse_gpus
 from specs.errors import TunerError
 
@@ -110,7 +110,7 @@ def test_slime_script():
     assert flags["--actor-num-nodes"] == "16" and flags["--rollout-num-gpus"] == "128" and flags["--rollout-num-gpus-per-engine"] == "16"
     assert flags["--sglang-ep-size"] == "16" and flags["--tensor-model-parallel-size"] == "2"
     assert "--sglang-disable-cuda-graph" in text and "--colocate" not in text
-    assert 'exec python3 train.py "${PLAN_ARGS[@]}" "$@"' in text
+    assert 'exec "$PYTHON" "$SLIME_DIR/train.py" "${PLAN_ARGS[@]}" "$@"' in text
 
 
 def test_exporters_refuse_what_their_framework_cannot_run():
@@ -120,3 +120,82 @@ def test_exporters_refuse_what_their_framework_cannot_run():
     splan, sjob = seed_plan(engine=Engine.sglang)
     with pytest.raises(TunerError, match="vLLM"):
         render_nemo_rl_yaml(splan, sjob)
+
+
+# --------------------------------------------------------------------------- the registry and the executed slime RL launch
+
+
+FAKE_SLIME = Path(__file__).resolve().parent / "fake_entry" / "slime_rl"
+
+
+def _sglang_plan(colocated: bool, async_steps: int, shape: EngineShape, eager: bool):
+    job = RLJob(model=load_model("Qwen3-30B-A3B"), cluster=parse_gpus("4x8xH100"), framework=Framework.slime, engine=Engine.sglang,
+                prompt_len=512, response_len=4096, mean_prompt_len=200, responses=LengthDistribution.from_mean_max(2000, 4096),
+                prompts_per_step=32, generations_per_prompt=8)
+    n_train = 32 if colocated else 16
+    tr = trainer_for_layout(job.model, parse_gpus(f"{n_train // 8}x8xH100"), job.workload, TrainerBackend.megatron, tp=2, ep=8, pp=1)
+    choice = PlanChoice(colocated=colocated, rollout_gpus=32 if colocated else 16, trainer_gpus=n_train, shape=shape, gpu_memory_utilization=0.75,
+                        max_num_seqs=384, enforce_eager=eager, async_steps=async_steps, trainer_backend=TrainerBackend.megatron, engine=Engine.sglang)
+    return evaluate(job, choice, trainer=tr, latency=_latency), job
+
+
+@pytest.mark.parametrize(
+    ("colocated", "async_steps", "shape", "eager"),
+    [(False, 1, EngineShape(tp=2, ep=8, attention_dp=4), True), (True, 0, EngineShape(tp=4, ep=1), False)],
+)
+def test_run_slime_rl_sh_executes_and_its_values_arrive(tmp_path, colocated, async_steps, shape, eager):
+    import json
+    import os
+    import shutil
+    import stat
+    import subprocess
+    import sys
+
+    if shutil.which("bash") is None:
+        pytest.skip("bash is not installed")
+    plan, job = _sglang_plan(colocated, async_steps, shape, eager)
+    exporter = get_exporter("slime-rl")
+    script = exporter.write(ExportContext.for_rl_plan(plan, job), tmp_path / "out dir" / exporter.file_name)
+    assert script.name == "run_slime_rl.sh" and stat.S_IMODE(script.stat().st_mode) == 0o755
+    text = script.read_text()
+    assert text.startswith("#!/usr/bin/env bash\n") and "\nset -euo pipefail\n" in text and "PREDICTED" in text
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+    env.update(PYTHON=sys.executable, SLIME_DIR=str(FAKE_SLIME), FAKE_ENTRY_DUMP=str(tmp_path / "dump.json"))
+    user = ["--hf-checkpoint", "/ckpt/Qwen3 30B", "--prompt-data", "/data/dapo;17k.jsonl", "--rm-type", "deepscaler"]
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    (cwd / "1-62").write_text("")  # an unquoted glob would expand here
+    p = subprocess.run([str(script), *user], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    d = json.loads((tmp_path / "dump.json").read_text())
+    a = d["args"]
+    c = plan.choice
+    assert d["entry"] == ("train_async.py" if async_steps else "train.py")
+    assert (a["actor_num_nodes"], a["actor_num_gpus_per_node"]) == (c.trainer_gpus // 8, 8)
+    assert a["colocate"] is colocated and a["rollout_num_gpus"] == (None if colocated else c.rollout_gpus)
+    assert a["rollout_num_gpus_per_engine"] == shape.gpus
+    assert (a["tensor_model_parallel_size"], a["expert_model_parallel_size"], a["sequence_parallel"]) == (2, 8, True)
+    assert (a["rollout_batch_size"], a["n_samples_per_prompt"], a["global_batch_size"]) == (32, 8, 256)
+    assert (a["rollout_max_prompt_len"], a["rollout_max_response_len"]) == (512, 4096)
+    assert a["sglang_mem_fraction_static"] == 0.75 and a["sglang_max_running_requests"] == 384
+    assert a["sglang_ep_size"] == (shape.ep if shape.ep > 1 else None)
+    assert a["sglang_enable_dp_attention"] is (shape.attention_dp > 1) and a["sglang_dp_size"] == (shape.attention_dp if shape.attention_dp > 1 else None)
+    assert a["sglang_disable_cuda_graph"] is eager
+    assert d["rest"] == user  # the caller's flags arrive after the plan's, each one word, untouched
+
+
+def test_rl_formats_are_registered_and_refuse_a_training_layout():
+    from launch.exporters import exporter_names, main_job_exporters
+    from specs import Workload
+    from specs.layout import Layout
+
+    assert exporter_names()[-2:] == ["nemo-rl", "slime-rl"]
+    assert {"nemo-rl", "slime-rl"}.isdisjoint(e.name for e in main_job_exporters())  # `tune` does not write them for a training study
+    ctx = ExportContext(model=load_model("Qwen3-30B-A3B"), cluster=parse_gpus("8xH100"), workload=Workload(seq_length=4096, global_batch_size=64),
+                        layout=Layout(world_size=8, ep=8))
+    for name in ("nemo-rl", "slime-rl"):
+        with pytest.raises(TunerError, match=rf"--format {name} renders an RL post-training plan: .*tune rl .*--out DIR"):
+            get_exporter(name).render(ctx)
+    plan, job = seed_plan()
+    text = get_exporter("nemo-rl").render(ExportContext.for_rl_plan(plan, job))
+    assert text == render_nemo_rl_yaml(plan, job) and not get_exporter("nemo-rl").executable

@@ -239,12 +239,22 @@ def test_component_decision_pass_and_the_seed_form():
 
 
 @pytest.mark.parametrize("change, problem", [
-    ({"control_wrong_eps": {1: 2e-7, 3: 6e-5}}, "control_wrong_eps did not fail"),
+    ({"control_wrong_eps": {1: 2e-7, 3: 6e-5}, "control_wrong_beta2": {1: 1e-7, 3: 6e-5}}, "no negative control of class hyperparameter failed"),
+    ({"control_remainders_dropped": {1: 2e-7, 3: 6e-5}}, "no negative control of class remainders failed"),
+    ({"control_bf16_masters": {1: 2e-7, 3: 6e-5}}, "no negative control of class masters failed"),
     ({"offload": {1: 3e-7, 3: 5e-3}}, "arm offload: fail"),
 ])
 def test_component_decision_fails_when_a_control_passes_or_an_arm_is_off(change, problem):
     r = decide_component_test(_rows({**GOOD, **change}))
     assert not r.passed and any(problem in p for p in r.problems)
+
+
+def test_one_wrong_hyperparameter_caught_is_enough_and_the_other_is_reported():
+    # The controls: "a wrong epsilon or beta". On the H200 (2026-12-01) beta2 0.95 for 0.98 stayed within the bound
+    # after 3 steps while epsilon 1e-6 failed at once: the test passes and says which control did not fail.
+    r = decide_component_test(_rows({**GOOD, "control_wrong_beta2": {1: 1e-7, 3: 6e-5}}))
+    assert r.passed and r.arms["control_wrong_beta2"]["verdict"] == "did not fail" and r.arms["control_wrong_eps"]["verdict"] == "failed as expected"
+    assert r.arms["control_wrong_beta2"]["detects"] == "hyperparameter"
 
 
 def test_component_decision_bitwise_mismatch_errors_and_missing_default():

@@ -17,7 +17,7 @@ from specs import Workload, load_model, parse_gpus
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 from tuner.cli import app
-from tuner.verify import correctness_block, local_backend_factory, parse_layout_spec, plan_verify, run_verify
+from tuner.verify import correctness_block, local_backend_factory, parity_backend_factory, parse_layout_spec, plan_verify, run_verify
 
 FAKE = str(Path(__file__).parents[1] / "launch_tests" / "fake_trial.py")
 WL = Workload(seq_length=8192, global_batch_size=8)
@@ -203,6 +203,8 @@ def _patch_cli(monkeypatch):
     env = HarnessEnv(deep_ep=True, hybrid_ep=True)
     monkeypatch.setattr(verify_mod, "local_backend_factory",
                         lambda timeout_s=900.0: local_backend_factory(timeout_s=timeout_s, launcher=[sys.executable, FAKE], env=env))
+    monkeypatch.setattr(verify_mod, "parity_backend_factory",
+                        lambda timeout_s=900.0: parity_backend_factory(timeout_s=timeout_s, launcher=[sys.executable, FAKE], env=env))
     import launch.local_backend as lb
 
     monkeypatch.setattr(lb, "check_harness_dependencies", lambda what="": None)
@@ -217,10 +219,15 @@ def test_cli_verify_pass_stores_the_block_and_export_carries_it(study, monkeypat
     assert "pass" in r.output and "correlation" in r.output
     rec = yaml.safe_load(out.read_text())
     validate_recipe(rec)
-    assert rec["correctness"]["result"] == "pass" and rec["correctness"]["convergence"]["steps"] == 8
+    # the loss check alone is not enough: gradient parity is still to run
+    assert rec["correctness"]["result"] == "incomplete" and rec["correctness"]["convergence"]["steps"] == 8
+    assert rec["correctness"]["convergence"]["result"] == "pass" and "gradient parity" in rec["correctness"]["note"]
     assert rec["status"] == "predicted"  # a model-backend study: predicted throughput, verified numerics do not make it measured
+    p = runner.invoke(app, ["verify", "--study", "s", "--results-dir", str(study), "--reference", "tp=1,pp=1,ep=1", "--grad-parity"])
+    assert p.exit_code == 0 and "pass" in p.output, p.output
     e = runner.invoke(app, ["export", "--study", "s", "--results-dir", str(study)])
-    assert e.exit_code == 0 and yaml.safe_load(e.output)["correctness"]["result"] == "pass"
+    cor = yaml.safe_load(e.output)["correctness"]
+    assert e.exit_code == 0 and cor["result"] == "pass" and cor["grad_parity"]["result"] == "pass" and cor["convergence"]["result"] == "pass"
 
 
 def test_cli_verify_fail_exits_1_and_keeps_the_study_clean(study, monkeypatch):
@@ -305,20 +312,31 @@ def test_a_measured_trial_that_passes_is_exported_as_verified(tmp_path, monkeypa
     assert r.exit_code == 0, r.output
     rec = yaml.safe_load(out.read_text())
     validate_recipe(rec)
+    assert rec["status"] == "measured" and rec["correctness"]["result"] == "incomplete"  # no gradient parity yet
+    p = runner.invoke(app, ["verify", "--study", "m", "--results-dir", str(tmp_path), "--trial", str(row["trial"]), "--reference", "tp=1",
+                            "--grad-parity", "--out", str(out)])
+    assert p.exit_code == 0, p.output
+    rec = yaml.safe_load(out.read_text())
+    validate_recipe(rec)
     assert rec["status"] == "verified" and rec["result"]["tokens_per_s_per_gpu"] > 0 and rec["correctness"]["result"] == "pass"
     e = runner.invoke(app, ["export", "--study", "m", "--results-dir", str(tmp_path), "--trial", str(row["trial"])])
     assert yaml.safe_load(e.output)["status"] == "verified"
+    # a failed gradient parity (stored by a later check) makes it not verified, whatever the loss check said
+    res.study.set_user_attr(f"verify-parity:{row['trial']}", {"result": "fail", "summary": "failed relative_l2"})
+    e = runner.invoke(app, ["export", "--study", "m", "--results-dir", str(tmp_path), "--trial", str(row["trial"])])
+    assert yaml.safe_load(e.output)["status"] == "measured" and yaml.safe_load(e.output)["correctness"]["result"] == "fail"
 
 
 def test_cli_verify_refuses_before_any_arm_runs(study, monkeypatch):
-    """The best layout of the study needs DeepEP / HybridEP, which this machine lacks: refused before the
+    """A candidate that needs DeepEP / HybridEP, which this machine lacks: refused before the
     reference arm spends its GPU time, with what to do instead."""
     monkeypatch.setattr(verify_mod, "local_backend_factory", lambda timeout_s=900.0: _fake_factory(timeout_s))
     import launch.local_backend as lb
 
     monkeypatch.setattr(lb, "check_harness_dependencies", lambda what="": None)
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
-    args = ["verify", "--study", "s", "--results-dir", str(study), "--reference", "tp=1,pp=1,ep=1", "--steps", "8"]
+    args = ["verify", "--study", "s", "--results-dir", str(study), "--reference", "tp=1,pp=1,ep=1", "--steps", "8",
+            "--candidate", "tp=1,pp=1,ep=4,dispatcher=flex+deepep"]
     for visible in ("0,1", ""):  # fewer GPUs than the study's 4
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
         r = runner.invoke(app, args)
@@ -329,3 +347,15 @@ def test_cli_verify_refuses_before_any_arm_runs(study, monkeypatch):
     assert "cannot run here" in r.output and ("needs DeepEP" in r.output or "needs HybridEP" in r.output)
     assert "reference: start" not in r.output and "Traceback" not in r.output
     assert not (study / "s" / "verify").exists() or not any((study / "s" / "verify").rglob("steps.jsonl"))
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--reference", "tp=1", "--grad-parity", "--noise-factor", "0"], "--noise-factor"),
+    (["--reference", "tp=1", "--grad-parity", "--out", "/nonexistent_dir/r.yaml"], "cannot write a file there"),
+    (["--reference", "tp=1,pp=1,ep=1", "--grad-parity", "--candidate", "tp=1,pp=1,ep=1"], "same layout"),
+])
+def test_cli_grad_parity_bad_input_is_refused_before_any_gpu_work(study, monkeypatch, args, msg):
+    _patch_cli(monkeypatch)
+    r = runner.invoke(app, ["verify", "--study", "s", "--results-dir", str(study), *args])
+    assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output, r.output
+    assert not list((study / "s").glob("verify/parity-*"))

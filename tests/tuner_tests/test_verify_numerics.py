@@ -204,3 +204,55 @@ def test_device_driver_sweep_rows_record_what_ran_and_final_keeps_room_for_the_p
     assert ok and ok[0]["id"] == "mm-base" and ok[0]["layout"]["micro_batch_size"] == 1 and "step_times_s" in ok[0] and ok[0]["options"]
     assert any(x.get("status") == "skipped" for x in rows)
     assert [x["id"] for x in _lines(tmp_path / "out" / "probe.jsonl")] == ["probe-last"]
+
+
+# ---- the command line: tune verify --component optimizer
+
+
+def _cli_component(monkeypatch):
+    import tuner.verify as verify_mod
+
+    real_plan, real_run = verify_mod.plan_component_test, verify_mod.run_component_test
+    monkeypatch.setattr(verify_mod, "plan_component_test", lambda **kw: real_plan(**kw, env=TE, check_machine=False))
+    monkeypatch.setattr(verify_mod, "run_component_test", lambda plan, timeout_s=900.0: real_run(plan, launcher=FAKE_COMPONENT, timeout_s=timeout_s))
+
+
+def test_cli_component_test_passes_prints_the_arms_and_stores_the_entry(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    runner = CliRunner()
+    r = runner.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "3", "--results-dir", str(tmp_path), "--study", "c"])
+    assert r.exit_code == 0, r.output
+    _cli_component(monkeypatch)
+    monkeypatch.setenv("FAKE_COMPONENT_MODE", "pass")
+    r = runner.invoke(app, ["verify", "--component", "optimizer", "--study", "c", "--results-dir", str(tmp_path), "--max-experts", "32"])
+    assert r.exit_code == 0, r.output
+    assert "control_remainders_dropped" in r.output and "failed as expected" in r.output and "pass" in r.output
+    e = runner.invoke(app, ["export", "--study", "c", "--results-dir", str(tmp_path)])
+    import yaml
+
+    cor = yaml.safe_load(e.output)["correctness"]
+    assert cor["component_tests"][0]["result"] == "pass" and cor["result"] == "incomplete"  # no convergence check nor parity
+    monkeypatch.setenv("FAKE_COMPONENT_MODE", "control_passes")
+    f = runner.invoke(app, ["verify", "--component", "optimizer", "--results-dir", str(tmp_path)])
+    assert f.exit_code == 1 and "hyperparameter" in f.output
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--component", "router"], "accepted optimizer"),
+    (["--component", "optimizer", "--component-steps", "0,3"], "--component-steps"),
+    (["--component", "optimizer", "--component-steps", "a"], "--component-steps"),
+    (["--component", "optimizer", "--moments", "fp16"], "--moments"),
+    (["--component", "optimizer", "--grad-parity"], "not both"),
+    (["--component", "optimizer"], "needs Transformer Engine"),  # CI has no TE: refused before any GPU work
+])
+def test_cli_component_bad_input_is_one_line(tmp_path, args, msg):
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    r = CliRunner().invoke(app, ["verify", *args, "--results-dir", str(tmp_path)])
+    assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "component-test").exists()

@@ -3,6 +3,7 @@
 * the main job, ``tune --model M --gpus G`` (:mod:`tuner.cli.main_job`, the root callback);
 * one layout: ``estimate``, ``check`` (:mod:`tuner.cli.estimate`);
 * a study: ``pareto``, ``export`` (:mod:`tuner.cli.studies`);
+* where a step goes: ``timeline``, ``report`` (:mod:`tuner.cli.timeline`);
 * the cost model against measurements: ``validate``, ``calibrate`` (:mod:`tuner.cli.fit`);
 * numerics: ``verify`` (:mod:`tuner.cli.verify_cmd`);
 * the catalogue: ``models``, ``gpus`` (:mod:`tuner.cli.catalogue`).
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import typer
 
-from tuner.cli import catalogue, estimate, fit, studies, verify_cmd
+from tuner.cli import catalogue, estimate, fit, studies, timeline, verify_cmd
 from tuner.cli._common import TuneGroup
 from tuner.cli.main_job import main_job
 
@@ -40,7 +41,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.callback(invoke_without_command=True)(main_job)
-for _area in (estimate, studies, fit, verify_cmd, catalogue):
+for _area in (estimate, studies, timeline, fit, verify_cmd, catalogue):
     app.add_typer(_area.app)
 
 

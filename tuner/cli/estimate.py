@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -11,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from specs.errors import InfeasibleLayout, TunerError
+from specs.units import DEFAULT_MEMORY_HEADROOM
 from tuner.cli._common import (
     GIB,
     CalOpt,
@@ -27,6 +29,7 @@ from tuner.cli._common import (
     PrecOpt,
     PriceOpt,
     SeqOpt,
+    err,
     out,
     require,
 )
@@ -75,10 +78,11 @@ def estimate(
     layout: LayoutFlags,
     model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None, network_gbps: NetOpt = None,
     usd_per_gpu_hour: PriceOpt = None, seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
-    calibration: CalOpt = None, memory_headroom: HeadroomOpt = 0.07,
+    calibration: CalOpt = None, memory_headroom: HeadroomOpt = DEFAULT_MEMORY_HEADROOM,
     network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None, host_memory_gib: HostMemOpt = None,
     overlap_moe_expert_parallel_comm: A2AOverlapOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as JSON.")] = False,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Also draw the memory and time parts as stacked bars (PNG).")] = None,
 ) -> None:
     """Predict one layout: memory per GPU (worst pipeline rank) and step time, with their parts."""
     from cost_model.calibration import load_calibration
@@ -109,6 +113,14 @@ def estimate(
     d["network"] = c.network.key if c.network else None
     d["megatron_core"] = opts.megatron_core
     d["warnings"] = layout_warnings(lay, m, opts)
+    if plot is not None:
+        from tuner.plots import plot_breakdown
+
+        try:
+            plot_breakdown(plot, e, title=f"{lay.label}, {lay.recompute_label}, {lay.dispatcher.value}, mbs {lay.micro_batch_size} ({m.name}, {c.label})")
+        except OSError as ex:
+            raise TunerError(f"--plot {str(plot)!r}: cannot write it ({ex.strerror or ex})") from None
+        err.print(f"wrote {plot}", markup=False)
     if as_json:
         sys.stdout.write(json.dumps(d, indent=2) + "\n")
         return

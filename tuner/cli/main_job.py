@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from specs.errors import TunerError
+from specs.units import DEFAULT_MEMORY_HEADROOM
 from tuner.cli._common import (
     GIB,
     CalOpt,
@@ -62,13 +63,14 @@ def main_job(
     precision: PrecOpt = "bf16",
     space: Annotated[Path | None, typer.Option("--space", help="Search-space YAML (copy search_spaces/default_space.yaml).", rich_help_panel="Search")] = None,
     calibration: CalOpt = None,
-    memory_headroom: HeadroomOpt = 0.07,
+    memory_headroom: HeadroomOpt = DEFAULT_MEMORY_HEADROOM,
     trials: Annotated[int | None, typer.Option("--trials", help="Trials to run (default 48): the predicted front and fastest candidates first, then NSGA-II.", rich_help_panel="Search")] = None,
     backend: Annotated[str, typer.Option("--backend", help="model (analytical, default), local (real trials: the megatron-core harness under torchrun on this machine's GPUs), ray (the harness on a Ray cluster's nodes) or command (your slime / Megatron-LM launch command, --command-template).", rich_help_panel="Search")] = "model",
     layers: LayersOpt = None,
     trial_steps: Annotated[int, typer.Option("--trial-steps", help="Optimizer steps per real trial, warm-up steps included.", rich_help_panel="Trials")] = 20,
     trial_warmup_steps: Annotated[int | None, typer.Option("--trial-warmup-steps", help="Leading steps of a real trial left out of its median step time (default: half of --trial-steps; MoE step times on H200 settled only after about 10 steps).", rich_help_panel="Trials")] = None,
     trial_timeout: Annotated[float, typer.Option("--trial-timeout", help="Seconds one real trial may run, model build included; then its process group is killed.", rich_help_panel="Trials")] = 900.0,
+    trial_profile_step: Annotated[int | None, typer.Option("--trial-profile-step", help="--backend local: profile this step of every trial with torch.profiler (a Chrome trace per pipeline stage in the trial's folder, shown by `tune timeline --study S --trial N` beside the predicted step); a warm-up step keeps the profiler's overhead out of the measurement.", rich_help_panel="Trials")] = None,
     command_template: Annotated[Path | None, typer.Option("--command-template", help="Launch template (YAML/JSON argv with placeholders) of --backend command; launch/templates/slime_command.yaml ships.", rich_help_panel="Trials")] = None,
     recalibrate_after: Annotated[int, typer.Option("--recalibrate-after", help="Real trials: refit the cost model to the measurements after every N measured trials and re-rank the candidates not yet run (0 = never).", rich_help_panel="Trials")] = 4,
     confirm_runs: Annotated[int, typer.Option("--confirm-runs", help="Real trials: after the search, bring the fastest measured layout and those within its noise (at most 4) to N more runs each, interleaved, and rank them by all their runs (0 = no).", rich_help_panel="Trials")] = 0,
@@ -122,6 +124,7 @@ def main_job(
         trial_steps=trial_steps,
         trial_warmup_steps=trial_warmup_steps,
         trial_timeout_s=trial_timeout,
+        trial_profile_step=trial_profile_step,
         command_template=str(command_template) if command_template else None,
         ray_address=ray_address,
         recalibrate_after=recalibrate_after,
@@ -256,6 +259,11 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
         files.update(export_files(res.out_dir, prep.model, c, w, lay, study=res.study_name, calibration=prep.calibration,
                                   memory_headroom=cfg.memory_headroom, measurement=measurement_from_row(best_row, lay),
                                   notes=runs_note(best_row) + ties_note(rows, best["trial"])))
+        from tuner.report_html import study_report
+
+        files["report"] = study_report(res.out_dir / "report.html", study=res.study_name, model=prep.model, cluster=c, workload=w, rows=rows,
+                                       front=front, backend=cfg.backend, calibration=prep.calibration, memory_headroom=cfg.memory_headroom,
+                                       files={**{p.name: p for p in files.values()}, "config.yaml": res.out_dir / "config.yaml"})
     except OSError as e:
         raise TunerError(f"cannot write the results to {res.out_dir} ({e.strerror or e}: {e.filename}); the study and its trials are kept in {_mask(res.storage)}") from None
     out.print(

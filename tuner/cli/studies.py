@@ -11,8 +11,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from specs.errors import TunerError
+from specs.units import DEFAULT_MEMORY_HEADROOM
 from tuner.cli._common import ResultsOpt, StorageOpt, StudyNameOpt, err, load_study, out, shell_command, study_context, study_flags
 from tuner.cli._front import print_front, print_ties
+from tuner.verify import stored_correctness
 
 __all__ = ["app", "pareto", "export_cmd", "study_export_context"]
 
@@ -33,7 +35,7 @@ def study_export_context(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], l
 
     cal = Calibration(**st.user_attrs["calibration"]) if "calibration" in st.user_attrs else Calibration()
     notes = runs_note(row) + ties_note(rows, row["trial"]) if row is not None else []
-    return export_context(m, c, w, lay, study=st.study_name, calibration=cal, memory_headroom=cfg.get("memory_headroom", 0.10),
+    return export_context(m, c, w, lay, study=st.study_name, calibration=cal, memory_headroom=cfg.get("memory_headroom", DEFAULT_MEMORY_HEADROOM),
                           measurement=measurement_from_row(row, lay) if row is not None else None, correctness=correctness, notes=notes)
 
 
@@ -117,7 +119,7 @@ def export_cmd(
     rows = trial_rows(st)
     row = pick_trial_row(st.study_name, rows, m, trial, "export")
     lay = Layout.from_dict(row["layout"])
-    text = exporter.render(study_export_context(st, m, c, w, cfg, lay, row, rows, correctness=st.user_attrs.get(f"verify:{row['trial']}")))
+    text = exporter.render(study_export_context(st, m, c, w, cfg, lay, row, rows, correctness=stored_correctness(st, row["trial"])))
     if out_file is None:
         sys.stdout.write(text)
         return

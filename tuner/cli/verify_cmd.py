@@ -12,6 +12,7 @@ from rich.table import Table
 
 from specs.errors import TunerError
 from tuner.cli._common import ResultsOpt, StorageOpt, StudyNameOpt, err, load_study, out, study_context
+from tuner.verify import stored_correctness
 
 __all__ = ["app", "verify"]
 
@@ -36,16 +37,33 @@ def verify(
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds one arm may run, model build and checkpoint included.")] = 900.0,
     keep_checkpoint: Annotated[bool, typer.Option("--keep-checkpoint", help="Keep the initial-weights checkpoint.")] = False,
     out_file: Annotated[Path | None, typer.Option("--out", help="Also write the layout's recipe YAML, with the correctness block, here.")] = None,
+    component: Annotated[str | None, typer.Option("--component", help="Run a component test instead: 'optimizer' (precision-aware Adam on the GPU and offloaded, against an FP64 reference; needs Transformer Engine; no study needed).", rich_help_panel="Component test")] = None,
+    experts: Annotated[int | None, typer.Option("--experts", help="Component test: run exactly this many experts of the seed's MoE layer (default: as many as fit, up to --max-experts).", rich_help_panel="Component test")] = None,
+    max_experts: Annotated[int, typer.Option("--max-experts", min=10, help="Component test: at most this many experts (on 1 x H200, 16 experts took 68 s; 256 did not finish in 400 s: docs/measurements.md).", rich_help_panel="Component test")] = 64,
+    moments: Annotated[str, typer.Option("--moments", help="Component test: the recipe's moment dtypes whose arms decide (fp32, bf16 or fp32,bf16).", rich_help_panel="Component test")] = "fp32",
+    component_steps: Annotated[str, typer.Option("--component-steps", help="Component test: the steps after which the update is compared (comma-separated).", rich_help_panel="Component test")] = "1,3",
+    grad_parity: Annotated[bool, typer.Option("--grad-parity", help="Compare every parameter's full gradient after one forward and backward of the same batch from the same weights, instead of the loss curves.", rich_help_panel="Gradient parity")] = False,
+    parity_step: Annotated[int, typer.Option("--parity-step", min=0, help="Gradient parity: the optimizer step whose rows are the batch.", rich_help_panel="Gradient parity")] = 0,
+    noise_factor: Annotated[float, typer.Option("--noise-factor", help="Gradient parity: the threshold is this many times the worst relative L2 error between two runs of the reference (measured each time).", rich_help_panel="Gradient parity")] = 10.0,
+    noise_floor: Annotated[float, typer.Option("--noise-floor", help="Gradient parity: the threshold is at least this (torch.testing's bf16 tolerance).", rich_help_panel="Gradient parity")] = 1.6e-2,
 ) -> None:
     """Train the study's layout and a reference layout from the same weights on the same text; compare the loss curves.
 
     Megatron-Bridge's validate_convergence metrics and thresholds decide (correlation >= 0.95, final loss
     within 3%, point-wise 10/5/2% with at most 10% of steps out, 3-sigma outliers), and a missing step or a
     NaN fails. Runs on this machine's GPUs (the gpu extra); the layouts must be for its GPU count.
+    With --grad-parity, every parameter's gradient is compared instead (relative L2 and cosine, against the
+    reference's own run-to-run noise); with --component optimizer, the optimizer component test runs. A recipe is
+    ``verified`` only when the convergence check and gradient parity both passed for its layout.
     """
     from specs.layout import Layout
     from tuner.verify import VerifyOutcome, correctness_block, local_backend_factory, parse_layout_spec, plan_verify, run_verify
 
+    if component is not None:
+        if grad_parity:
+            raise TunerError("give --component or --grad-parity, not both")
+        _component(component, study, storage, results_dir, experts, max_experts, moments, component_steps, timeout, out_file)
+        return
     if study is None:
         raise TunerError("--study is required, e.g. --study MiniMax-M2-L4-4xH200-s8192-gbs8")
     if reference is None:
@@ -62,11 +80,16 @@ def verify(
         trial_no = row["trial"] if row else None
     ref = parse_layout_spec(reference, c.num_gpus)
     name = (f"trial{trial_no}" if trial_no is not None else "layout-" + _slug(lay.label)) + (f"-{fault}" if fault else "")
+    if grad_parity:
+        _check_out(out_file)
+        _grad_parity(st, m, c, w, cfg, lay, ref, trial_no, row, name=name, results_dir=results_dir, init_checkpoint=init_checkpoint,
+                     corpus=corpus, fault=fault, parity_step=parity_step, noise_factor=noise_factor, noise_floor=noise_floor,
+                     timeout=timeout, out_file=out_file)
+        return
     plan = plan_verify(m, c, w, lay, ref, out_dir=results_dir / st.study_name / "verify" / name, steps=steps, lr=lr,
                        lr_warmup_steps=lr_warmup_steps, warm_start_steps=warm_start_steps, init_checkpoint=init_checkpoint,
                        corpus=corpus, fault=fault)
-    if out_file is not None and not (out_file.parent.is_dir() and os.access(out_file.parent, os.W_OK)) or (out_file is not None and out_file.is_dir()):
-        raise TunerError(f"--out {str(out_file)!r}: cannot write a file there (check it before two training runs, not after)")
+    _check_out(out_file)
     from launch.local_backend import check_harness_dependencies, check_local_gpus
 
     check_harness_dependencies("tune verify")
@@ -83,19 +106,116 @@ def verify(
     _print_outcome(outcome)
     block = correctness_block(outcome)
     if fault is None and trial_no is not None:
-        try:
-            st.set_user_attr(f"verify:{trial_no}", block)
-        except Exception as e:  # noqa: BLE001 - the check's files are written; the study is only a copy
-            err.print(f"note: could not store the result in the study ({escape(type(e).__name__)}); it is in {escape(plan.out_dir)}/verify.json")
+        _store(st, f"verify:{trial_no}", block, f"{plan.out_dir}/verify.json")
     if out_file:
-        text = _recipe_text(st, m, c, w, cfg, lay, row, block)
-        try:
-            out_file.write_text(text)
-        except OSError as e:
-            raise TunerError(f"--out {str(out_file)!r}: cannot write ({e.strerror})") from None
-        err.print(f"wrote {out_file}", markup=False)
+        _write_recipe(out_file, _recipe_text(st, m, c, w, cfg, lay, row, stored_correctness(st, trial_no, convergence=block)))
     if outcome.result != "pass":
         raise typer.Exit(code=1)
+
+
+def _check_out(out_file: Path | None) -> None:
+    if out_file is not None and (out_file.is_dir() or not (out_file.parent.is_dir() and os.access(out_file.parent, os.W_OK))):
+        raise TunerError(f"--out {str(out_file)!r}: cannot write a file there (checked before any GPU work, not after)")
+
+
+def _store(st: Any, key: str, value: Any, where: str) -> None:
+    try:
+        st.set_user_attr(key, value)
+    except Exception as e:  # noqa: BLE001 - the check's files are written; the study is only a copy
+        err.print(f"note: could not store the result in the study ({escape(type(e).__name__)}); it is in {escape(where)}")
+
+
+def _component(kind: str, study: str | None, storage: str | None, results_dir: Path, experts: int | None, max_experts: int,
+               moments: str, component_steps: str, timeout: float, out_file: Path | None) -> None:
+    """``tune verify --component optimizer``: the optimizer component test (:func:`tuner.verify.run_component_test`)."""
+    from tuner.verify import plan_component_test, run_component_test
+
+    if kind != "optimizer":
+        raise TunerError(f"--component {kind!r}: accepted optimizer (precision-aware Adam against an FP64 reference)")
+    if not timeout > 0:
+        raise TunerError(f"--timeout must be > 0 s, got {timeout}")
+    try:
+        steps = tuple(sorted({int(x) for x in component_steps.split(",") if x.strip()}))
+    except ValueError:
+        raise TunerError(f"--component-steps {component_steps!r}: expected step numbers such as 1,3") from None
+    if not steps or steps[0] < 1:
+        raise TunerError(f"--component-steps {component_steps!r}: expected step numbers >= 1 such as 1,3")
+    if out_file is not None and study is None:
+        raise TunerError("--out with --component needs --study: the recipe is a study's layout")
+    _check_out(out_file)
+    st = load_study(study, storage, results_dir) if study is not None else None
+    where = (results_dir / st.study_name / "verify" / "component") if st is not None else (results_dir / "component-test")
+    plan = plan_component_test(out_dir=where, experts=experts, max_experts=max_experts, steps=steps,
+                               moments=tuple(x.strip() for x in moments.split(",") if x.strip()))
+    out.print(f"Component test of the optimizer: precision-aware Adam on the GPU and offloaded (fraction 1.0) against an FP64 "
+              f"reference, steps {', '.join(map(str, steps))}; outputs in {escape(str(where))}")
+    o = run_component_test(plan, timeout_s=timeout)
+    _print_component(o)
+    if st is not None:
+        _store(st, "verify-component", o.entry(), f"{where}/component.json")
+    if out_file is not None and st is not None:
+        st2, m, c, w, cfg, lay, trial_no, row = _candidate(st.study_name, storage, results_dir, None)
+        _write_recipe(out_file, _recipe_text(st2, m, c, w, cfg, lay, row, stored_correctness(st2, trial_no)))
+    if o.result != "pass":
+        raise typer.Exit(code=1)
+
+
+def _print_component(o: Any) -> None:
+    if o.decision is None:
+        out.print(f"[bold red]error[/]: {escape(o.error)}")
+        return
+    d = o.decision
+    t = Table(title=f"optimizer component test, {o.experts} experts (bound: 2 x the default GPU optimizer's error + 1e-3)", title_justify="left")
+    for col in ("arm", "kind", *(f"step {s}" for s in d.steps), "verdict"):
+        t.add_column(col)
+    t.add_row("bound", "", *(f"{d.bound[s]:.3g}" for s in d.steps), "")
+    for name, info in d.arms.items():
+        errs = info.get("errors", {})
+        t.add_row(name, str(info.get("kind", "")), *(f"{errs[s]:.3g}" if s in errs else "-" for s in d.steps), escape(str(info.get("verdict", ""))))
+    out.print(t)
+    colour = "green" if o.result == "pass" else "red"
+    out.print(f"[bold {colour}]{o.result}[/]: {escape(d.detail())}")
+
+
+def _grad_parity(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any, ref: Any, trial_no: int | None, row: Any, *, name: str,
+                 results_dir: Path, init_checkpoint: Path | None, corpus: Path | None, fault: str | None, parity_step: int,
+                 noise_factor: float, noise_floor: float, timeout: float, out_file: Path | None) -> None:
+    """``tune verify --grad-parity``: every parameter's gradient of the candidate against the reference's."""
+    from launch.local_backend import check_harness_dependencies, check_local_gpus
+    from tuner.verify import parity_backend_factory, plan_grad_parity, run_grad_parity
+
+    if not noise_factor > 0 or not noise_floor >= 0:
+        raise TunerError(f"--noise-factor must be > 0 and --noise-floor >= 0, got {noise_factor}, {noise_floor}")
+    out_dir = results_dir / st.study_name / "verify" / f"parity-{name}"
+    plan = plan_grad_parity(m, c, w, lay, ref, out_dir=out_dir, init_checkpoint=init_checkpoint, corpus=corpus,
+                            reference_dir=results_dir / st.study_name / "verify" / f"parity-reference-{_slug(ref.label)}",
+                            data_step_offset=parity_step, fault=fault, factor=noise_factor, floor=noise_floor)
+    check_harness_dependencies("tune verify --grad-parity")
+    check_local_gpus(c, "tune verify --grad-parity")
+    out.print(f"Gradient parity of {escape(lay.label)}{f' with fault {fault}' if fault else ''} against {escape(ref.label)}: one forward and "
+              f"backward of the same batch from the same weights, every gradient gathered in fp32; outputs in {escape(str(out_dir))}")
+
+    def on_arm(arm: str, state: str) -> None:
+        err.print(f"  {arm}: {state}")
+
+    o = run_grad_parity(plan, parity_backend_factory(timeout_s=timeout), on_arm=on_arm)
+    block = o.block(gpu=c.gpu.name)
+    colour = "green" if o.result == "pass" else "red"
+    out.print(f"[bold {colour}]{o.result}[/]: {escape(o.parity.summary() if o.parity is not None else o.error)}")
+    if fault is None and trial_no is not None:
+        _store(st, f"verify-parity:{trial_no}", block, f"{out_dir}/parity.json")
+    if out_file is not None:
+        _write_recipe(out_file, _recipe_text(st, m, c, w, cfg, lay, row, stored_correctness(st, trial_no, grad_parity=block)))
+    if o.result != "pass":
+        raise typer.Exit(code=1)
+
+
+def _write_recipe(out_file: Path, text: str) -> None:
+    try:
+        out_file.write_text(text)
+    except OSError as e:
+        raise TunerError(f"--out {str(out_file)!r}: cannot write ({e.strerror})") from None
+    err.print(f"wrote {out_file}", markup=False)
 
 
 def _slug(label: str) -> str:

@@ -31,6 +31,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -101,6 +102,26 @@ def create_trial(study: optuna.Study, template: FrozenTrial) -> tuple[int, int]:
     template._validate()
     tid = study._storage.create_new_trial(study._study_id, template_trial=template)
     return tid, study._storage.get_trial_number_from_id(tid)
+
+
+def local_sqlite_engine_kwargs(path: str | Path) -> dict[str, Any]:
+    """SQLAlchemy engine arguments for a study's own SQLite file on a local disk: write-ahead logging
+    (``journal_mode=WAL``) with ``synchronous=NORMAL``, so a commit does not wait for an fsync (it did: ~11 ms a
+    commit on this project's machines, most of a real-trial study's bookkeeping). An application crash loses nothing
+    committed; a power loss can lose the last commits, never the file (SQLite's documentation, "PRAGMA synchronous"
+    and "Write-Ahead Logging"). Not for a file on a network filesystem (WAL needs shared memory): ``--storage`` URLs are
+    opened as given."""
+    import sqlite3
+
+    db = str(path)
+
+    def connect() -> sqlite3.Connection:
+        conn = sqlite3.connect(db, timeout=60.0, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    return {"creator": connect}
 
 
 class ThreadSafeRDBStorage(RDBStorage):

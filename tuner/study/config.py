@@ -16,6 +16,7 @@ from typing import Any
 
 from specs import Cluster, ModelSpec, RunOptions
 from specs.errors import TunerError
+from specs.units import DEFAULT_MEMORY_HEADROOM
 
 __all__ = [
     "DEFAULT_TRIALS", "MAX_TRIALS", "STACKS", "TuneConfig", "harness_without_te", "n_trials", "run_options_for_backend",
@@ -55,7 +56,7 @@ class TuneConfig:
     precision: str = "bf16"
     space: str | None = None
     calibration: str | None = None
-    memory_headroom: float = 0.07
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM
     """Fraction of HBM kept free (``--memory-headroom``): 0.07, the largest under-prediction of the reserved peak
     measured on H200 (6.0%: the no-TE harness, 15 rows, with its calibration; 1.9% with TE, 5 layouts) plus one
     point (docs/validation.md)."""
@@ -84,6 +85,11 @@ class TuneConfig:
     (benchmarks/results/h200_x2_2026-11-29/step_times.jsonl), hence 10 of the default 20."""
     trial_timeout_s: float = 900.0
     """Wall-clock limit of one real trial, model build included (seconds)."""
+    trial_profile_step: int | None = None
+    """Real trials of the ``local`` backend: profile this step of each trial with ``torch.profiler`` (1 .. ``trial_steps``;
+    the harness writes a Chrome trace per pipeline stage into the trial's folder, :attr:`HarnessSpec.profile_step`), for
+    ``tune timeline --study S --trial N`` to show beside the predicted step; None = no profiling. A warm-up step keeps the
+    profiler's overhead out of the measurement."""
     prune_margin: float | None = 0.25
     """Stop a real trial whose running median throughput is below best / (1 + margin); None = never prune."""
     command_template: str | None = None
@@ -210,6 +216,11 @@ def _validate_config(config: TuneConfig) -> None:
         raise TunerError(
             f"--trial-warmup-steps must be from 0 to {config.trial_steps - 1} (fewer than --trial-steps {config.trial_steps}), got {config.trial_warmup_steps}"
         )
+    ps = config.trial_profile_step
+    if ps is not None and not 1 <= ps <= config.trial_steps:
+        raise TunerError(f"--trial-profile-step must be a step from 1 to --trial-steps ({config.trial_steps}), got {ps}")
+    if ps is not None and config.backend != "local":
+        raise TunerError(f"--trial-profile-step is for --backend local (its trial folders are on this machine; this run uses --backend {config.backend})")
     if not (math.isfinite(config.trial_timeout_s) and config.trial_timeout_s > 0):
         raise TunerError(f"--trial-timeout must be a positive number of seconds, got {config.trial_timeout_s}")
     if config.megatron_core is not None:

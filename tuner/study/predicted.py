@@ -28,11 +28,12 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from cost_model.types import Estimate
 from launch import TrialFailed
 from specs.errors import InfeasibleLayout
 from tuner.study import _optuna
 from tuner.study.proposals import DUPLICATE, QUEUED_FALLBACK, QUEUED_FIRST, Proposal
-from tuner.study.records import TrialRecord, claimed_elsewhere, failure_of, prediction_of, result_of
+from tuner.study.records import TrialRecord, claimed_elsewhere, failure_of, prediction_of, result_of, summary_of
 
 if TYPE_CHECKING:
     from tuner.study.run import StudyRun
@@ -125,7 +126,8 @@ class PredictedTrials:
             self._skipped(mirror)
             return
         except TrialFailed as e:
-            record = TrialRecord(key=prop.key, enqueued=enqueued, failure=failure_of(prop.layout, e, prediction_of(prep.estimates, prop.row)))
+            failure = failure_of(prop.layout, e, prediction_of(run.predict(prop.layout)))
+            record = TrialRecord(key=prop.key, enqueued=enqueued, failure=failure, **summary_of(failure))
             state, outcome = TrialState.FAIL, "failed"
         except BaseException as e:  # Ctrl-C or a bug: not a result; a bug is recorded (as Optuna would) and raised
             failed = mirror.tell(trial, state=TrialState.FAIL)
@@ -134,8 +136,9 @@ class PredictedTrials:
                 self._write(failed, TrialRecord(key=prop.key, enqueued=enqueued, error=f"{type(e).__name__}: {e}"[:2000]), TrialState.FAIL, None)
             raise
         else:
-            record = TrialRecord(key=prop.key, enqueued=enqueued,
-                                 result=result_of(prop.layout, m, prep.estimates, prop.row, model=prep.model, cluster=prep.cluster))
+            pred = m.extra.get("estimate")  # the model backend's measurement is the estimate itself
+            result = result_of(prop.layout, m, pred if isinstance(pred, Estimate) else run.predict(prop.layout), model=prep.model, cluster=prep.cluster)
+            record = TrialRecord(key=prop.key, enqueued=enqueued, result=result, **summary_of(result))
             values = [m.tokens_per_s_per_gpu, m.peak_bytes / 2**30]
         frozen = mirror.tell(trial, values, state=state)
         if self._write(frozen, record, state, values):

@@ -19,13 +19,13 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from cost_model.estimate import EstimateTable
+from cost_model.types import Estimate
 from launch import Measurement, TrialFailed, TrialStopped
 from specs import Cluster, ModelSpec
 from specs.layout import Layout
 from tuner.study import _optuna
 
-__all__ = ["TrialRecord", "best_measured", "claimed_elsewhere", "is_settled", "retried_numbers", "trial_rows"]
+__all__ = ["SUMMARY_FIELDS", "TrialRecord", "best_measured", "claimed_elsewhere", "is_settled", "retried_numbers", "summary_of", "trial_rows"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,6 +54,15 @@ class TrialRecord:
     """This trial runs again the layout of a trial whose worker stopped sending heartbeats (and which was failed)."""
     intermediate_tokens_per_s_per_gpu: list[float] | None = None
     """Throughput of each step a real trial reported so far (tokens/s/GPU, warm-up included)."""
+    label: str | None = None
+    """The layout's label (``TP1 PP4 VPP8 EP16 DP16``), a flat copy of ``result``'s (or ``failure``'s / ``pruned``'s), so
+    that Optuna's dashboard shows it as a column (:func:`summary_of`)."""
+    source: str | None = None
+    """``predicted`` or ``measured``, a flat copy of ``result``'s."""
+    tokens_per_s_per_gpu: float | None = None
+    """The first objective (tokens/s/GPU), a flat copy of ``result``'s."""
+    peak_gib: float | None = None
+    """The second objective (peak memory per GPU, GiB), a flat copy of ``result``'s."""
 
     @classmethod
     def of(cls, trial: FrozenTrial | optuna.Trial | Mapping[str, Any]) -> TrialRecord:
@@ -82,21 +91,34 @@ class TrialRecord:
 _FIELDS = tuple(f.name for f in dataclasses.fields(TrialRecord))
 
 
+#: The record fields :func:`summary_of` copies out of a result (flat, for Optuna's dashboard).
+SUMMARY_FIELDS = ("label", "source", "tokens_per_s_per_gpu", "peak_gib")
+
+
+def summary_of(outcome: Mapping[str, Any]) -> dict[str, Any]:
+    """The :data:`SUMMARY_FIELDS` of a ``result`` / ``failure`` / ``pruned`` dict that it has (scalars only), as
+    :class:`TrialRecord` fields: recorded in the same write as the outcome, they make the trial readable in
+    ``optuna-dashboard``'s trial table without unfolding the nested outcome."""
+    return {k: outcome[k] for k in SUMMARY_FIELDS if isinstance(outcome.get(k), (str, int, float)) and not isinstance(outcome.get(k), bool)}
+
+
 def _gib(n_bytes: float) -> float:
     return n_bytes / 2**30
 
 
-def prediction_of(est: EstimateTable, row: int) -> dict[str, float]:
-    """The analytical prediction of a candidate, as a record stores it (tokens/s/GPU, GiB, seconds)."""
+def prediction_of(pred: Estimate) -> dict[str, float]:
+    """The analytical prediction of a layout, as a record stores it (tokens/s/GPU, GiB, seconds): the single-layout
+    estimate (:func:`cost_model.estimate.estimate`, the numbers ``tune estimate`` prints), not the search table's row."""
     return {
-        "pred_tokens_per_s_per_gpu": float(est.tokens_per_s_per_gpu[row]),
-        "pred_peak_gib": _gib(float(est.peak_bytes[row])),
-        "pred_step_time_s": float(est.step_time_s[row]),
+        "pred_tokens_per_s_per_gpu": pred.tokens_per_s_per_gpu,
+        "pred_peak_gib": _gib(pred.peak_bytes),
+        "pred_step_time_s": pred.step_time_s,
     }
 
 
-def result_of(layout: Layout, m: Measurement, est: EstimateTable, row: int, *, model: ModelSpec, cluster: Cluster) -> dict[str, Any]:
-    """A trial's ``result``: what the backend reported and what was predicted.
+def result_of(layout: Layout, m: Measurement, pred: Estimate, *, model: ModelSpec, cluster: Cluster) -> dict[str, Any]:
+    """A trial's ``result``: what the backend reported and what was predicted (``pred``: the layout's
+    :func:`cost_model.estimate.estimate`).
 
     Units: tokens/s/GPU, GiB (peak and headroom per GPU), seconds (median step time over the measured steps),
     MFU as 6 x N_active x tokens/s over the GPU's dense bf16 peak, US$ per 1M tokens; a measured trial adds its
@@ -114,8 +136,8 @@ def result_of(layout: Layout, m: Measurement, est: EstimateTable, row: int, *, m
         "step_time_s": float(np.median(m.step_times_s)) if m.step_times_s else float("nan"),
         "mfu": 6.0 * model.active_params() * tps / gpu.peak_flops_bf16,
         "usd_per_million_tokens": cluster.usd_per_gpu_hour / (tps * 3600) * 1e6,
-        **prediction_of(est, row),
-        "pred_model_tflops_per_gpu": float(est.model_tflops_per_gpu[row]),
+        **prediction_of(pred),
+        "pred_model_tflops_per_gpu": pred.model_tflops_per_gpu,
     }
     if m.source == "measured":
         res.update(

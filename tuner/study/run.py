@@ -24,13 +24,16 @@ from typing import Any, NoReturn
 import optuna
 from optuna.trial import TrialState
 
+from cost_model.estimate import estimate
+from cost_model.types import Estimate
 from launch import BackendSettings, StepReporter, TrialBackend, TrialFailed, TrialStopped, get_backend
 from launch.harness.pruner import StepTimePruner
 from search_spaces.rules import check_layout
 from specs.errors import InfeasibleLayout, TunerError
+from specs.layout import Layout
 from tuner.study import _optuna
 from tuner.study.candidates import CandidateIndex, CandidateQueue
-from tuner.study.config import n_trials, trial_env_dict, trial_warmup_steps
+from tuner.study.config import n_trials, run_options_for_backend, trial_env_dict, trial_warmup_steps
 from tuner.study.confirm import MAX_CONFIRM_ROUNDS, enqueue_round
 from tuner.study.predicted import PredictedTrials
 from tuner.study.prepare import Prepared
@@ -44,6 +47,7 @@ from tuner.study.records import (
     prediction_of,
     pruned_of,
     result_of,
+    summary_of,
 )
 from tuner.study.storage import Heartbeat, StudyLock, open_study
 
@@ -163,6 +167,7 @@ class StudyRun:
             address=cfg.ray_address,
             gpus_per_node=prep.cluster.gpus_per_node,
             extra_env=trial_env_dict(cfg.trial_env),
+            profile_step=cfg.trial_profile_step,
         ))
         backend = self.backend
         n = backend.cluster_gpus()
@@ -363,6 +368,16 @@ class StudyRun:
         if self.on_trial:
             self.on_trial(done, total)
 
+    def predict(self, layout: Layout) -> Estimate:
+        """The single-layout estimate of ``layout`` (:func:`cost_model.estimate.estimate`, as ``tune estimate`` prints it)
+        with this study's calibration and headroom and the run options of its backend: the prediction a trial records.
+
+        Raises:
+            InfeasibleLayout: the layout breaks a rule (a candidate never does).
+        """
+        return estimate(self.prep.model, self.prep.cluster, self.prep.workload, layout, calibration=self.prep.calibration,
+                        memory_headroom=self.cfg.memory_headroom, options=run_options_for_backend(self.cfg.backend))
+
     def next_number(self) -> int:
         """(Default storage) the number the next trial will get."""
         return len(self.study.get_trials(deepcopy=False))
@@ -440,16 +455,19 @@ class StudyRun:
                 self.release()
                 self._skip(trial, DUPLICATE)
         assert prop.row is not None
-        pred = prediction_of(self.prep.estimates, prop.row)
+        predicted = self.predict(prop.layout)
+        pred = prediction_of(predicted)
         try:
             m = self.backend.run(prop.layout, model=self.prep.model, cluster=self.prep.cluster, workload=self.prep.workload,
                                  reporter=self._reporter(trial, repeat_of), trial_number=trial.number)
         except TrialFailed as e:
-            TrialRecord.write(trial, failure=failure_of(prop.layout, e, pred))
+            failure = failure_of(prop.layout, e, pred)
+            TrialRecord.write(trial, failure=failure, **summary_of(failure))
             self.finished("failed", progress=False)
             raise
         except TrialStopped as e:
-            TrialRecord.write(trial, pruned=pruned_of(prop.layout, e, pred))
+            pruned = pruned_of(prop.layout, e, pred)
+            TrialRecord.write(trial, pruned=pruned, **summary_of(pruned))
             self.finished("pruned", progress=False)
             raise optuna.TrialPruned(e.reason) from None
         except InfeasibleLayout as e:
@@ -457,7 +475,8 @@ class StudyRun:
                 self.release()
             self.refuse(prop.key)
             self._skip(trial, str(e))
-        TrialRecord.write(trial, result=result_of(prop.layout, m, self.prep.estimates, prop.row, model=self.prep.model, cluster=self.prep.cluster))
+        result = result_of(prop.layout, m, predicted, model=self.prep.model, cluster=self.prep.cluster)
+        TrialRecord.write(trial, result=result, **summary_of(result))
         self.finished("confirmed" if repeat_of is not None else "evaluated", progress=False)
         return m.tokens_per_s_per_gpu, m.peak_bytes / 2**30
 

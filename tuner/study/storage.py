@@ -24,9 +24,13 @@ from specs.errors import TunerError
 from tuner.study.config import TuneConfig, _mask, trial_warmup_steps
 from tuner.study.prepare import Prepared
 
-__all__ = ["Heartbeat", "StudyLock", "model_spec_from_dict", "model_spec_to_dict", "open_storage", "open_study", "resolved", "storage_url"]
+__all__ = ["METRIC_NAMES", "Heartbeat", "StudyLock", "model_spec_from_dict", "model_spec_to_dict", "open_storage", "open_study", "resolved", "storage_url"]
 
 log = logging.getLogger("tuner.study")
+
+#: The study's objectives by name (Optuna's ``Study.set_metric_names``; optuna-dashboard labels its charts with them):
+#: tokens/s/GPU (maximised), peak memory per GPU in GiB (minimised).
+METRIC_NAMES = ("tokens_per_s_per_gpu", "peak_gib")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -252,7 +256,9 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, he
     quiet_optuna()
     try:
         if heartbeat is None and not url.startswith("journal:"):
-            storage: Any = _optuna.ThreadSafeRDBStorage(url)  # --parallel-trials: atomic state changes among threads
+            # --parallel-trials: atomic state changes among threads; the study's own file: commits without an fsync each
+            kw = {} if cfg.storage else {"engine_kwargs": _optuna.local_sqlite_engine_kwargs(out_dir / "study.db")}
+            storage: Any = _optuna.ThreadSafeRDBStorage(url, **kw)
         else:
             storage = open_storage(url, heartbeat=heartbeat)
         study = optuna.create_study(
@@ -274,6 +280,10 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, he
         raise
     now = resolved(prep)
     check_study_config(study, cfg, name, prep.calibration, now)
+    if study.metric_names != list(METRIC_NAMES):  # a resumed study keeps them: no write
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # set_metric_names: "experimental" since 3.2
+            study.set_metric_names(list(METRIC_NAMES))
     old_space = study.user_attrs.get("space")
     new_space = json.loads(json.dumps(prep.space.to_dict()))  # as the storage gives it back
     if old_space is not None and old_space != new_space:

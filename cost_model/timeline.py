@@ -1,0 +1,290 @@
+"""The predicted step of one layout as a Chrome trace (Trace Event Format JSON, opened by Perfetto and chrome://tracing).
+
+:func:`step_trace` turns :func:`cost_model.estimate.estimate_details` into events: one process per pipeline rank,
+and in it
+
+* one thread per virtual stage (chunk): each micro-batch's forward (``F3``) and backward (``B3``) of that chunk, in
+  Megatron's 1F1B / interleaved order as :func:`cost_model.pipeline_schedule.simulate_pipeline` times it;
+* ``GPU time by part``: each forward / backward cut into its parts, back to back (compute, recompute, then the
+  exposed TP / CP / EP communication; the model gives each part's total per chunk, not how the kernels interleave),
+  then the step's tail: the exposed pipeline p2p, the data-parallel gradient reduce-scatter and parameter
+  all-gather, the optimizer step and CPU optimizer offload (each rank's own; the next part starts when the slowest
+  rank is done, as the estimate adds the slowest rank's);
+* ``hidden communication``: what ``--tp-comm-overlap``, the CP ring, ``--overlap-moe-expert-parallel-comm``,
+  ``--overlap-grad-reduce`` and the interleaved schedule's p2p overlap hide behind compute (empty when nothing
+  overlaps, as in the seed's run), drawn from the start of the work that hides it.
+
+The pipeline bubble is the idle time: every gap in a rank's stage threads before the tail. By construction the
+trace's step (first event to last) is the estimate's ``step_time_s``, and the ranks' mean idle time before the tail
+over the step is its ``pp_bubble / step_time_s`` (:func:`trace_step_seconds`, :func:`trace_bubble_fraction`).
+
+Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU (``ph: "X"`` complete
+events, ``ts`` / ``dur`` in microseconds, ``ph: "M"`` metadata naming processes and threads; the JSON Object
+Format's ``otherData`` holds the layout, the step time and the bubble fraction).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from cost_model.pipeline_schedule import Pass
+from cost_model.step_detail import CHUNK_PARTS, HIDDEN_PARTS, TAIL_PARTS, StepDetails
+from specs.units import GIB
+
+__all__ = [
+    "HIDDEN_TID",
+    "P2P_TID",
+    "PARTS_TID",
+    "PART_NAMES",
+    "TAIL_NAMES",
+    "check_trace",
+    "step_trace",
+    "trace_bubble_fraction",
+    "trace_lanes",
+    "trace_step_seconds",
+]
+
+#: Microseconds per second (the trace's unit).
+US = 1e6
+
+#: Thread ids of a rank's non-stage lanes (stage threads are 0 .. vpp-1).
+PARTS_TID = 1000
+HIDDEN_TID = 1001
+P2P_TID = 1002
+
+#: Event names of the chunk parts on the ``GPU time by part`` lane.
+PART_NAMES = {
+    "compute": "compute",
+    "recompute": "recompute",
+    "tp_comm": "TP comm (exposed)",
+    "cp_comm": "CP comm (exposed)",
+    "ep_comm": "EP all-to-all (exposed)",
+}
+HIDDEN_NAMES = {"tp_comm": "TP comm (hidden)", "cp_comm": "CP comm (hidden)", "ep_comm": "EP all-to-all (hidden)"}
+#: Event names of the step's tail (:data:`cost_model.step_detail.TAIL_PARTS`).
+TAIL_NAMES = {
+    "pp_p2p": "PP p2p (exposed)",
+    "dp_comm": "DP grad reduce-scatter + param all-gather",
+    "optimizer": "optimizer step",
+    "offload": "CPU optimizer offload",
+}
+#: chrome://tracing's reserved colours (catapult ``color_scheme``); Perfetto colours by name instead.
+_COLOURS = {
+    "forward": "rail_response",
+    "backward": "rail_animation",
+    "compute": "good",
+    "recompute": "yellow",
+    "tp_comm": "terrible",
+    "cp_comm": "terrible",
+    "ep_comm": "terrible",
+    "hidden": "grey",
+    "pp_p2p": "bad",
+    "dp_comm": "bad",
+    "optimizer": "olive",
+    "offload": "olive",
+}
+
+
+def _role(r: int, pp: int) -> str:
+    if pp == 1:
+        return "only"
+    return "first" if r == 0 else "last" if r == pp - 1 else "middle"
+
+
+def _meta(pid: int, tid: int | None, name: str, value: Any) -> dict[str, Any]:
+    ev: dict[str, Any] = {"ph": "M", "name": name, "pid": pid, "args": {"name" if name.endswith("_name") else "sort_index": value}}
+    if tid is not None:
+        ev["tid"] = tid
+    return ev
+
+
+def _x(name: str, cat: str, pid: int, tid: int, start_s: float, dur_s: float, args: dict[str, Any], colour: str) -> dict[str, Any]:
+    return {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid, "ts": start_s * US, "dur": dur_s * US, "cname": colour, "args": args}
+
+
+def step_trace(d: StepDetails, *, title: str = "", source: str = "predicted", extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The Chrome trace of one predicted step.
+
+    Args:
+        d: the layout's :func:`cost_model.estimate.estimate_details`.
+        title: what the trace shows (model, cluster, workload), for ``otherData``.
+        source: ``predicted`` (the analytical model).
+        extra: more ``otherData`` entries (study, trial number).
+
+    Returns:
+        A JSON-able dict: ``traceEvents`` (metadata, then complete events sorted by process, thread and start;
+        ``ts`` / ``dur`` in microseconds from the step's start), ``displayTimeUnit`` and ``otherData`` (layout,
+        ``step_time_s``, ``bubble_fraction``, the time and memory parts, the pipeline's simulated and closed-form time).
+    """
+    est, pp, vpp, m = d.estimate, d.pp, d.vpp, d.num_microbatches
+    lay = est.layout
+    meta: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    for r in range(pp):
+        role = _role(r, pp)
+        what = f"{int(sum(d.layers[r]))} layers"
+        if r == 0:
+            what += " + embedding"
+        if r == pp - 1:
+            what += " + output layer"
+        meta += [_meta(r, None, "process_name", f"PP rank {r} ({role}; {what})"), _meta(r, None, "process_sort_index", r)]
+        for v in range(vpp):
+            stage = v * pp + r
+            meta += [_meta(r, v, "thread_name", f"stage {stage} (chunk {v}, {int(d.layers[r][v])} layers)"), _meta(r, v, "thread_sort_index", v)]
+        for tid, name in ((PARTS_TID, "GPU time by part (exposed)"), (HIDDEN_TID, "communication hidden behind compute"), (P2P_TID, "PP p2p sends (hidden)")):
+            meta += [_meta(r, tid, "thread_name", name), _meta(r, tid, "thread_sort_index", tid)]
+    t = d.times
+    step_end = d.pipeline_s + sum(max(d.tail[p]) for p in TAIL_PARTS)
+    sends = 2 * m * vpp  # the estimate's p2p sends per rank per step (terms.schedule.pp_p2p_time)
+    hidden_cursor = [0.0] * pp
+    p2p_cursor = [0.0] * pp
+    for op in d.schedule:
+        r, v, mb = op.rank, op.op.chunk, op.op.microbatch
+        fwd = op.op.kind is Pass.forward
+        kind = "forward" if fwd else "backward"
+        parts = t.forward if fwd else t.backward
+        hidden = t.hidden_forward if fwd else t.hidden_backward
+        secs = {p: parts[p][r][v] for p in CHUNK_PARTS}
+        stage = v * pp + r
+        args = {"microbatch": mb, "chunk": v, "stage": stage, "layers": int(d.layers[r][v]), "pass": kind,
+                "parts_s": secs, "hidden_s": {p: hidden[p][r][v] for p in HIDDEN_PARTS}}
+        events.append(_x(f"{'F' if fwd else 'B'}{mb}", kind, r, v, op.start_s, op.end_s - op.start_s, args, _COLOURS[kind]))
+        order = [p for p in (CHUNK_PARTS if fwd else ("recompute", "compute", "tp_comm", "cp_comm", "ep_comm")) if secs[p] > 0]
+        at = op.start_s
+        for i, p in enumerate(order):
+            dur = secs[p] if i < len(order) - 1 else max(op.end_s - at, 0.0)  # the last part ends with the op
+            events.append(_x(PART_NAMES[p], p, r, PARTS_TID, at, dur, {"microbatch": mb, "chunk": v, "pass": kind, "seconds": secs[p]}, _COLOURS[p]))
+            at += dur
+        at = max(op.start_s, hidden_cursor[r])
+        for p in HIDDEN_PARTS:
+            h = hidden[p][r][v]
+            dur = min(h, max(op.end_s - at, 0.0))  # drawn under the work that hides it
+            if dur > 0:
+                events.append(_x(HIDDEN_NAMES[p], "hidden", r, HIDDEN_TID, at, dur, {"microbatch": mb, "chunk": v, "pass": kind, "seconds": h}, _COLOURS["hidden"]))
+                at += dur
+        hidden_cursor[r] = at
+        send = d.tail_hidden["pp_p2p"][r] / sends
+        if send > 0 and not (fwd and stage == pp * vpp - 1) and not (not fwd and stage == 0):
+            at = max(op.end_s, p2p_cursor[r])
+            dur = min(send, max(step_end - at, 0.0))
+            events.append(_x(f"send {'activation' if fwd else 'gradient'} mb{mb}", "hidden", r, P2P_TID, at, dur,
+                             {"microbatch": mb, "to_stage": stage + (1 if fwd else -1), "seconds": send}, _COLOURS["hidden"]))
+            p2p_cursor[r] = at + dur
+    phase = d.pipeline_s
+    starts: dict[str, float] = {}
+    for part in TAIL_PARTS:
+        starts[part] = phase
+        length = max(d.tail[part])
+        for r in range(pp):
+            dur = d.tail[part][r]
+            if dur > 0:
+                events.append(_x(TAIL_NAMES[part], part, r, PARTS_TID, phase, dur, {"seconds": dur, "step_part_s": length}, _COLOURS[part]))
+        phase += length
+    for r in range(pp):
+        at = hidden_cursor[r]
+        for part, name, start in (("dp_comm", "DP comm (hidden)", d.pipeline_s - d.tail_hidden["dp_comm"][r]),
+                                  ("offload", "offload copies (hidden)", starts["offload"])):
+            h = d.tail_hidden[part][r]
+            at = max(at, start)
+            dur = min(h, max(step_end - at, 0.0))
+            if dur > 0:
+                events.append(_x(name, "hidden", r, HIDDEN_TID, at, dur, {"seconds": h}, _COLOURS["hidden"]))
+                at += dur
+    events.sort(key=lambda e: (e["pid"], e["tid"], e["ts"]))
+    other = {
+        "source": source,
+        "title": title,
+        "layout": lay.label,
+        "layout_fields": lay.to_dict(),
+        "recompute": lay.recompute_label,
+        "dispatcher": lay.dispatcher.value,
+        "micro_batch_size": lay.micro_batch_size,
+        "num_microbatches": m,
+        "step_time_s": est.step_time_s,
+        "bubble_fraction": d.bubble_fraction,
+        "pipeline_s": d.pipeline_s,
+        "closed_form_pipeline_s": d.closed_form_pipeline_s,
+        "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu,
+        "peak_gib": est.peak_gib,
+        "time_parts_s": dict(est.time),
+        "memory_gib_worst_rank": {k: v / GIB for k, v in est.memory.items()},
+        "memory_gib_by_rank": {k: [x / GIB for x in v] for k, v in d.memory.items()},
+        "note": ("Every event is a prediction of the analytical model. Within a forward or backward the parts are drawn back to back; "
+                 "the model gives their totals, not how the kernels interleave. Idle time in the stage lanes before the tail is the pipeline bubble."),
+        **(extra or {}),
+    }
+    return {"traceEvents": meta + events, "displayTimeUnit": "ms", "otherData": other}
+
+
+def _complete(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+
+
+def trace_step_seconds(trace: dict[str, Any]) -> float:
+    """The trace's step: from its first event's start to its last event's end (seconds)."""
+    xs = _complete(trace)
+    return (max(e["ts"] + e["dur"] for e in xs) - min(e["ts"] for e in xs)) / US if xs else 0.0
+
+
+def trace_bubble_fraction(trace: dict[str, Any]) -> float:
+    """The ranks' mean idle time in their stage lanes before the tail, over the step: each rank's pipeline time (the
+    end of its last forward / backward on any rank) less its forward and backward time, averaged over the ranks."""
+    ops = [e for e in _complete(trace) if e.get("cat") in ("forward", "backward")]
+    if not ops:
+        return 0.0
+    end = max(e["ts"] + e["dur"] for e in ops)
+    start = min(e["ts"] for e in _complete(trace))
+    ranks = sorted({e["pid"] for e in ops})
+    idle = [(end - start) - sum(e["dur"] for e in ops if e["pid"] == r) for r in ranks]
+    return float(sum(idle)) / len(ranks) / US / trace_step_seconds(trace)
+
+
+def trace_lanes(trace: dict[str, Any]) -> dict[tuple[int, int], list[dict[str, Any]]]:
+    """Complete events by (pid, tid), in the order they appear."""
+    lanes: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for e in _complete(trace):
+        lanes.setdefault((e["pid"], e["tid"]), []).append(e)
+    return lanes
+
+
+def check_trace(trace: dict[str, Any], *, tolerance_us: float = 1e-6) -> list[str]:
+    """What keeps ``trace`` from being a well-formed Chrome trace of this module's kind (empty: nothing).
+
+    Checks the JSON Object Format (``traceEvents`` a list; each event's ``ph`` ``X`` or ``M``; ``X`` events with a
+    string name, integer pid / tid, numeric ``ts`` and ``dur >= 0``), that every lane's events are sorted by start
+    and do not overlap (by more than ``tolerance_us``), and that every pid and tid with events has a name.
+    """
+    problems: list[str] = []
+    evs = trace.get("traceEvents")
+    if not isinstance(evs, list):
+        return ["traceEvents is not a list"]
+    names: set[tuple[int, int | None]] = set()
+    for i, e in enumerate(evs):
+        ph = e.get("ph")
+        if ph == "M":
+            if e.get("name") == "process_name":
+                names.add((e["pid"], None))
+            elif e.get("name") == "thread_name":
+                names.add((e["pid"], e["tid"]))
+            continue
+        if ph != "X":
+            problems.append(f"event {i}: ph {ph!r} (expected X or M)")
+            continue
+        if not isinstance(e.get("name"), str) or not all(isinstance(e.get(k), int) for k in ("pid", "tid")):
+            problems.append(f"event {i}: name, pid or tid missing or of the wrong type")
+        if not all(isinstance(e.get(k), (int, float)) for k in ("ts", "dur")) or e.get("dur", -1) < 0:
+            problems.append(f"event {i}: ts / dur missing or dur negative")
+    for (pid, tid), lane in trace_lanes(trace).items():
+        if (pid, None) not in names or (pid, tid) not in names:
+            problems.append(f"lane pid {pid} tid {tid} has no process_name / thread_name")
+        for a, b in _pairs(lane):
+            if b["ts"] < a["ts"]:
+                problems.append(f"lane pid {pid} tid {tid}: {b['name']} at {b['ts']:.3f} us starts before {a['name']} at {a['ts']:.3f} us")
+            elif b["ts"] < a["ts"] + a["dur"] - tolerance_us:
+                problems.append(f"lane pid {pid} tid {tid}: {b['name']} at {b['ts']:.3f} us overlaps {a['name']} ending at {a['ts'] + a['dur']:.3f} us")
+    return problems
+
+
+def _pairs(xs: list[dict[str, Any]]) -> Iterable[tuple[dict[str, Any], dict[str, Any]]]:
+    return zip(xs, xs[1:])

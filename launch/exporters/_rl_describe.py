@@ -1,0 +1,46 @@
+"""What the RL formats share: the plan of a context (or why there is none) and the prediction lines their headers carry."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from launch.exporters._base import ExportContext
+from specs.errors import TunerError
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from cost_model.rl.plan import RLJob, RLPlan
+
+__all__ = ["prediction_lines", "rl_plan_of"]
+
+
+def rl_plan_of(context: ExportContext, fmt: str) -> tuple[RLPlan, RLJob]:
+    """The RL plan and job of ``context``.
+
+    Raises:
+        TunerError: a context without an RL plan (a training study's layout): the format named with where its plans come from.
+    """
+    if context.rl_plan is None or context.rl_job is None:
+        raise TunerError(
+            f"--format {fmt} renders an RL post-training plan: write it with `tune rl ... --out DIR`; "
+            "a training study's layout exports as recipe, slime or megatron"
+        )
+    return context.rl_plan, context.rl_job
+
+
+def prediction_lines(plan: RLPlan, job: RLJob) -> list[str]:
+    """What the plan predicts, one fact a line, and that nothing of it was measured (for the header comments)."""
+    p = plan.parts
+    c = plan.choice
+    mode = "colocated" if c.colocated else f"non-colocated: {c.rollout_gpus} rollout GPUs + {c.trainer_gpus} trainer GPUs, async K={c.async_steps}"
+    return [
+        f"tune rl plan for {job.model.name} on {job.cluster.label} ({mode})",
+        "PREDICTED by megatron-layout-tuner (analytical model + rollout simulation); nothing below was measured",
+        f"predicted step time {p.step_time_s:.1f} s = generation {p.generation_s:.1f} + log-prob {p.logprob_s:.1f} + training {p.training_s:.1f} "
+        f"+ refit {p.refit_s:.1f} + switch {p.switch_s:.1f} + overhead {p.overhead_s:.1f} (K={c.async_steps}: {p.bound})",
+        f"engines: {c.num_engines} x {plan.rollout_label}, {job.generation_precision} weights, gpu_memory_utilization {c.gpu_memory_utilization:g}, "
+        f"max_num_seqs {c.max_num_seqs}, {'eager' if c.enforce_eager else 'CUDA graphs'}, KV cache {plan.kv_capacity_tokens:,} tokens/engine, "
+        f"{plan.preemptions} preemptions predicted",
+        f"trainer: {plan.trainer.label} on {c.trainer_gpus} GPUs ({job.training_precision}), predicted peak {plan.trainer.peak_bytes / 2**30:.1f} GiB/GPU",
+        f"responses: {job.responses.source}",
+        "measured: none (run it, then `tune rl calibrate --log LOG` to fit this cluster's factors)",
+    ]

@@ -1,0 +1,130 @@
+"""``tune timeline`` (a predicted step as a Chrome trace, from flags or a study's trial, beside a measured trial's
+torch.profiler trace) and ``tune estimate --plot``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cost_model.timeline import check_trace, trace_bubble_fraction, trace_step_seconds
+from launch.base import BackendSettings
+from launch.harness.spec import HarnessEnv
+from launch.local_backend import LocalBackend
+from specs.errors import TunerError
+from tuner.cli import app
+from tuner.study import TuneConfig, prepare, run_study, trial_rows
+
+runner = CliRunner()
+FAKE = str(Path(__file__).parents[1] / "launch_tests" / "fake_trial.py")
+SEED = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--vpp", "4", "--ep", "8", "--recompute", "full",
+        "--first-stage-layers", "7", "--last-stage-layers", "7"]
+
+
+def test_timeline_of_a_layout_from_flags(tmp_path):
+    out, png = tmp_path / "seed.json", tmp_path / "seed.png"
+    r = runner.invoke(app, ["timeline", *SEED, "--out", str(out), "--png", str(png)])
+    assert r.exit_code == 0, r.output
+    trace = json.loads(out.read_text())
+    assert check_trace(trace) == []
+    e = json.loads(runner.invoke(app, ["estimate", *SEED, "--json"]).output)
+    assert trace_step_seconds(trace) == pytest.approx(e["step_time_s"], rel=1e-12)
+    assert trace_bubble_fraction(trace) == pytest.approx(e["time_s"]["pp_bubble"] / e["step_time_s"], rel=1e-9)
+    assert f"pipeline bubble {trace_bubble_fraction(trace):.1%}" in r.output and "predicted" in r.output
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_timeline_refuses_what_it_cannot_draw(tmp_path):
+    r = runner.invoke(app, ["timeline", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "4", "--ep", "8"])
+    assert r.exit_code == 2 and "pipeline_split" in r.output
+    r = runner.invoke(app, ["timeline", *SEED, "--trial", "3"])
+    assert r.exit_code == 2 and "--trial needs --study" in r.output
+    r = runner.invoke(app, ["timeline", "--study", "x", "--tp", "2", "--results-dir", str(tmp_path)])
+    assert r.exit_code == 2 and "leave out the layout flags" in r.output
+
+
+def test_estimate_plot_writes_the_breakdown(tmp_path):
+    png = tmp_path / "b.png"
+    r = runner.invoke(app, ["estimate", *SEED, "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_timeline_of_a_predicted_trial(tmp_path):
+    r = runner.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "6", "--results-dir", str(tmp_path), "--study", "p"])
+    assert r.exit_code == 0, r.output
+    import optuna
+
+    rows = trial_rows(optuna.load_study(study_name="p", storage=f"sqlite:///{tmp_path / 'p' / 'study.db'}"))
+    row = rows[-1]
+    r = runner.invoke(app, ["timeline", "--study", "p", "--trial", str(row["trial"]), "--results-dir", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    trace = json.loads((tmp_path / "p" / f"timeline_trial{row['trial']}.json").read_text())
+    assert trace_step_seconds(trace) == pytest.approx(row["pred_step_time_s"], rel=1e-12)  # what the trial recorded
+    assert trace["otherData"]["trial"] == row["trial"] and trace["otherData"]["layout"] == row["label"]
+    assert "measured trace" not in r.output
+
+
+def test_local_backend_passes_the_profile_step():
+    b = LocalBackend.from_settings(BackendSettings(num_gpus=4, profile_step=3))
+    assert b.harness_options == {"profile_step": 3}
+    assert LocalBackend.from_settings(BackendSettings(num_gpus=4)).harness_options == {}
+
+
+def test_profile_step_is_checked():
+    with pytest.raises(TunerError, match="--trial-profile-step must be a step from 1 to --trial-steps"):
+        prepare(TuneConfig(model="MiniMax-M2", gpus="4xH200", layers=4, backend="local", trial_steps=6, trial_profile_step=7))
+    with pytest.raises(TunerError, match="--trial-profile-step is for --backend local"):
+        prepare(TuneConfig(model="MiniMax-M2", gpus="64xH200", trial_profile_step=2))
+    from launch.harness.spec import HarnessSpec
+
+    with pytest.raises(TunerError, match="profile_step must be a step from 1 to steps"):
+        HarnessSpec(model={}, layout={}, seq_length=8, global_batch_size=8, steps=4, warmup_steps=1, profile_step=5)
+
+
+def test_measured_trial_s_profile_and_its_prediction_side_by_side(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
+    cfg = TuneConfig(model="MiniMax-M2", gpus="4xH200", layers=4, global_batch_size=8, backend="local", trials=2, stack="megatron",
+                     results_dir=str(tmp_path), trial_steps=6, study="s", prune_margin=None, trial_profile_step=2)
+    prep = prepare(cfg)
+    backend = LocalBackend(trials_dir=tmp_path / "s" / "trials", num_gpus=4, steps=6, warmup_steps=2, timeout_s=30,
+                           launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02, harness_options={"profile_step": 2})
+    run_study(prep, backend=backend)
+    import optuna
+
+    rows = trial_rows(optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}"))
+    row = next(r for r in rows if r["source"] == "measured")
+    tdir = Path(row["log_path"])
+    measured = sorted(tdir.glob("profile_step2_pp*.json"))
+    lay = row["layout"]
+    assert len(measured) == lay["pp"]
+    assert any('"profiled": true' in line for line in (tdir / "steps.jsonl").read_text().splitlines())
+    r = runner.invoke(app, ["timeline", "--study", "s", "--trial", str(row["trial"]), "--results-dir", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    predicted = tdir / f"timeline_trial{row['trial']}.json"
+    assert f"predicted trace: {predicted}" in r.output
+    for p in measured:
+        assert f"measured trace (torch.profiler, one step of the trial): {p}" in r.output
+    trace = json.loads(predicted.read_text())
+    assert trace["otherData"]["measured_traces"] == [str(p) for p in measured]
+    assert trace["otherData"]["trial_source"] == "measured" and trace["otherData"]["source"] == "predicted"
+    assert trace_step_seconds(trace) == pytest.approx(row["pred_step_time_s"], rel=1e-12)
+
+
+def test_two_timelines_on_one_time_axis(tmp_path):
+    seed = tmp_path / "seed.json"
+    assert runner.invoke(app, ["timeline", *SEED, "--out", str(seed)]).exit_code == 0
+    other = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "4", "--vpp", "8", "--ep", "16", "--recompute", "selective",
+             "--recompute-modules", "moe", "--dispatcher", "flex+deepep", "--first-stage-layers", "16", "--last-stage-layers", "14"]
+    png = tmp_path / "both.png"
+    r = runner.invoke(app, ["timeline", *other, "--out", str(tmp_path / "best.json"), "--png", str(png), "--compare", str(seed)])
+    assert r.exit_code == 0, r.output
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    r = runner.invoke(app, ["timeline", *other, "--compare", str(seed)])
+    assert r.exit_code == 2 and "--compare draws into the --png chart" in r.output
+    (tmp_path / "junk.json").write_text('{"traceEvents": []}')
+    r = runner.invoke(app, ["timeline", *other, "--png", str(png), "--compare", str(tmp_path / "junk.json")])
+    assert r.exit_code == 2 and "not a trace written by tune timeline" in r.output

@@ -1,0 +1,222 @@
+"""Seeing where a step goes: ``tune timeline`` (one predicted step as a Chrome trace, for a layout given by its flags or a
+study's trial) and ``tune report`` (a study's ``report.html``)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from specs.errors import InfeasibleLayout, TunerError
+from specs.units import DEFAULT_MEMORY_HEADROOM
+from tuner.cli._common import (
+    CalOpt,
+    GbsOpt,
+    GpusOpt,
+    HeadroomOpt,
+    LayersOpt,
+    ModelOpt,
+    NetOpt,
+    PerNodeOpt,
+    PrecOpt,
+    PriceOpt,
+    ResultsOpt,
+    SeqOpt,
+    StorageOpt,
+    err,
+    load_study,
+    out,
+    study_context,
+)
+from tuner.cli._layout import LayoutFlags, apply_layout_string, layout_options, split_hint
+
+__all__ = ["MEASURED_TRACE_GLOB", "app", "measured_traces", "report", "timeline"]
+
+app = typer.Typer()
+
+#: The torch.profiler traces the trial harness writes into a trial's folder (``HarnessSpec.profile_step``).
+MEASURED_TRACE_GLOB = "profile_step*_pp*.json"
+
+
+def measured_traces(trial_dir: str | Path | None) -> list[Path]:
+    """The trial harness's torch.profiler traces of one step in ``trial_dir`` (one per pipeline rank), sorted."""
+    if not trial_dir:
+        return []
+    d = Path(trial_dir)
+    return sorted(d.glob(MEASURED_TRACE_GLOB)) if d.is_dir() else []
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", label).strip("-")
+
+
+def _write_json(path: Path, obj: Any, what: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(obj, separators=(",", ":")))
+    except OSError as e:
+        raise TunerError(f"{what} {str(path)!r}: cannot write it ({e.strerror or e})") from None
+
+
+StudyOpt = Annotated[str | None, typer.Option("--study", help="A study made by `tune`: its trial (--trial) is drawn with the study's inputs.", rich_help_panel="Study")]
+TrialOpt = Annotated[int | None, typer.Option("--trial", help="Trial number of --study (default: the fastest on its front).", rich_help_panel="Study")]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="Trace file to write (default: results/<study>/timeline_trial<N>.json, beside a measured "
+                                                           "trial's own trace when it has one; without --study timeline_<layout>.json here).")]
+PngOpt = Annotated[Path | None, typer.Option("--png", help="Also draw the trace as a Gantt chart (PNG).")]
+CompareOpt = Annotated[list[Path] | None, typer.Option("--compare", help="With --png: draw these traces (written by tune timeline) under this one, on the same time axis (repeatable).")]
+
+
+@app.command()
+@layout_options
+def timeline(
+    layout: LayoutFlags,
+    study: StudyOpt = None, trial: TrialOpt = None, storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
+    model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None, network_gbps: NetOpt = None,
+    usd_per_gpu_hour: PriceOpt = None, seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
+    calibration: CalOpt = None, memory_headroom: HeadroomOpt = DEFAULT_MEMORY_HEADROOM,
+    out_file: OutOpt = None, png: PngOpt = None, compare: CompareOpt = None,
+) -> None:
+    """Write one predicted step as a Chrome trace (open it in Perfetto or chrome://tracing): a lane per pipeline rank and
+    virtual stage with each micro-batch's forward and backward in Megatron's order, the step by part (compute, recompute,
+    exposed TP / CP / EP communication, the DP / optimizer / offload tail), what the overlaps hide; the bubble is the idle time."""
+    from cost_model.timeline import check_trace, step_trace, trace_bubble_fraction, trace_step_seconds
+
+    if compare and png is None:
+        raise TunerError("--compare draws into the --png chart: give --png FILE")
+    if study is not None:
+        if layout != LayoutFlags() or model is not None or gpus is not None or layers is not None:
+            raise TunerError("--study draws its trial's layout with the study's model and GPUs: leave out the layout flags, --model, --gpus and --layers")
+        det, title, extra, default, measured = _study_trial(study, trial, storage, results_dir)
+    else:
+        if trial is not None:
+            raise TunerError("--trial needs --study (a trial of which study?)")
+        det, title = _flags_layout(layout, model, gpus, layers, gpus_per_node, network_gbps, usd_per_gpu_hour, seq_len, global_batch, precision,
+                                   calibration, memory_headroom)
+        extra, default, measured = {}, Path(f"timeline_{_slug(det.estimate.layout.label)}.json"), []
+    trace = step_trace(det, title=title, extra=extra)
+    problems = check_trace(trace)
+    assert not problems, f"the trace is malformed: {problems[:3]}"  # an internal invariant (tests/cost_model_tests/test_timeline.py)
+    path = out_file or default
+    _write_json(path, trace, "--out")
+    e = det.estimate
+    out.print(f"[bold]{e.layout.label}[/] ({title}) - [bold]predicted[/] by the analytical model")
+    out.print(f"  step {trace_step_seconds(trace):.3f} s (the estimate's {e.step_time_s:.3f} s), pipeline bubble {trace_bubble_fraction(trace):.1%} of the step, "
+              f"{e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU; {det.pp} pipeline ranks x {det.vpp} virtual stages, {det.num_microbatches} micro-batches")
+    out.print(f"  predicted trace: {path}", markup=False)
+    for p in measured:
+        out.print(f"  measured trace (torch.profiler, one step of the trial): {p}", markup=False)
+    others = [_read_trace(p) for p in compare or ()]
+    if png is not None:
+        from tuner.plots import plot_timelines
+
+        try:
+            plot_timelines(png, [trace, *others])
+        except OSError as ex:
+            raise TunerError(f"--png {str(png)!r}: cannot write it ({ex.strerror or ex})") from None
+        out.print(f"  Gantt chart: {png}", markup=False)
+    out.print("  open a trace in https://ui.perfetto.dev (Open trace file) or chrome://tracing (Load)", markup=False)
+
+
+def _read_trace(path: Path) -> dict[str, Any]:
+    """A trace ``tune timeline`` wrote (for ``--compare``).
+
+    Raises:
+        TunerError: the file cannot be read, is not JSON, or is not such a trace.
+    """
+    from cost_model.timeline import check_trace
+
+    try:
+        trace = json.loads(path.read_text())
+    except OSError as e:
+        raise TunerError(f"--compare {str(path)!r}: cannot read it ({e.strerror or e})") from None
+    except json.JSONDecodeError:
+        raise TunerError(f"--compare {str(path)!r}: not JSON; give a trace written by tune timeline") from None
+    if not isinstance(trace, dict) or check_trace(trace) or trace.get("otherData", {}).get("source") != "predicted":
+        raise TunerError(f"--compare {str(path)!r}: not a trace written by tune timeline (Chrome trace JSON with otherData.source 'predicted')")
+    return trace
+
+
+def _flags_layout(layout: LayoutFlags, model: str | None, gpus: str | None, layers: int | None, gpus_per_node: int | None, network_gbps: float | None,
+                  usd: float | None, seq_len: int, global_batch: int, precision: str, calibration: Path | None, memory_headroom: float) -> tuple[Any, str]:
+    """(estimate details, title) of the layout the flags give."""
+    from cost_model.calibration import load_calibration
+    from cost_model.estimate import estimate_details
+    from tuner.cli.estimate import _inputs
+
+    m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd, seq_len, global_batch, precision, layers)
+    lay = layout.to_layout(c.num_gpus)
+    if layout.pipeline_layout is not None:
+        lay, odd, _ = apply_layout_string(lay, m, layout.pipeline_layout, vpp_given=layout.vpp_given, split_given=layout.split_given)
+        if odd:
+            raise TunerError(f"--pipeline-layout {layout.pipeline_layout!r} is valid for Megatron, but the cost model handles only even splits "
+                             "and first/last-rank splits; `tune check` accepts it")
+    try:
+        det = estimate_details(m, c, w, lay, calibration=load_calibration(calibration), memory_headroom=memory_headroom)
+    except InfeasibleLayout as ex:
+        hint = split_hint(m, lay) if ex.rule_id.startswith("pipeline_split") else ""
+        raise TunerError(f"the layout breaks rule {ex.rule_id}: {ex.reason}{hint}") from None
+    return det, f"{m.name} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}"
+
+
+def _study_trial(study: str, trial: int | None, storage: str | None, results_dir: Path) -> tuple[Any, str, dict[str, Any], Path, list[Path]]:
+    """(estimate details, title, otherData extras, default output path, measured traces) of a study's trial."""
+    from cost_model.calibration import Calibration
+    from cost_model.estimate import estimate_details
+    from specs.layout import Layout
+    from tuner.report import pick_trial_row
+    from tuner.study import run_options_for_backend, trial_rows
+
+    st = load_study(study, storage, results_dir)
+    m, c, w, cfg = study_context(st)
+    rows = trial_rows(st)
+    row = pick_trial_row(st.study_name, rows, m, trial, "draw")
+    lay = Layout.from_dict(row["layout"])
+    cal = Calibration(**st.user_attrs["calibration"]) if "calibration" in st.user_attrs else Calibration()
+    backend = str(cfg.get("backend", "model"))
+    try:
+        det = estimate_details(m, c, w, lay, calibration=cal, memory_headroom=cfg.get("memory_headroom", DEFAULT_MEMORY_HEADROOM), options=run_options_for_backend(backend))
+    except InfeasibleLayout as ex:
+        raise TunerError(f"trial {row['trial']} of {st.study_name!r}: the estimate refuses its layout (rule {ex.rule_id}: {ex.reason})") from None
+    measured = measured_traces(row.get("log_path")) if row.get("source") == "measured" else []
+    extra: dict[str, Any] = {"study": st.study_name, "trial": row["trial"], "trial_source": row.get("source")}
+    if row.get("source") == "measured":
+        extra.update(measured_step_time_s=row.get("step_time_s"), measured_tokens_per_s_per_gpu=row.get("tokens_per_s_per_gpu"),
+                     measured_traces=[str(p) for p in measured])
+    name = f"timeline_trial{row['trial']}.json"
+    default = measured[0].parent / name if measured else results_dir / st.study_name / name
+    return det, f"{m.name} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}; study {st.study_name}, trial {row['trial']}", extra, default, measured
+
+
+@app.command()
+def report(
+    study: Annotated[str | None, typer.Option("--study", help="A study made by `tune`.", rich_help_panel="Study")] = None,
+    storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
+    out_file: Annotated[Path | None, typer.Option("--out", help="Page to write (default: results/<study>/report.html).")] = None,
+) -> None:
+    """Write a study's report.html (the main job writes it too): the Pareto front with hover details and filters, the layouts
+    near the fastest with the most headroom, each front layout's memory and time by part, the measured ties, the study's files."""
+    from cost_model.calibration import Calibration
+    from tuner.report import front_rows
+    from tuner.report_html import study_report
+    from tuner.study import trial_rows
+
+    st = load_study(study, storage, results_dir)
+    m, c, w, cfg = study_context(st)
+    rows = trial_rows(st)
+    front = front_rows(rows, m)
+    if not front:
+        raise TunerError(f"study {st.study_name!r} has no finished trial yet")
+    folder = results_dir / st.study_name
+    path = out_file or folder / "report.html"
+    known = ("pareto.csv", "pareto.png", "recipe.yaml", "run_slime.sh", "megatron_args.sh", "config.yaml")
+    files = {p.name: p for p in [*(folder / n for n in known), *sorted(folder.glob("timeline_trial*.json"))] if p.is_file()}
+    cal = Calibration(**st.user_attrs["calibration"]) if "calibration" in st.user_attrs else Calibration()
+    try:
+        study_report(path, study=st.study_name, model=m, cluster=c, workload=w, rows=rows, front=front, backend=str(cfg.get("backend", "model")),
+                     calibration=cal, memory_headroom=cfg.get("memory_headroom", DEFAULT_MEMORY_HEADROOM), files=files)
+    except OSError as e:
+        raise TunerError(f"--out {str(path)!r}: cannot write it ({e.strerror or e})") from None
+    err.print(f"wrote {path}", markup=False)
