@@ -4,7 +4,8 @@ Started by ``benchmarks/h200_te.sh`` (which sets the environment). Parts (``PART
 
 - ``probe``: the first-trial probe (``benchmarks/h200_te_layouts.py`` ``PROBE``) as the fresh machine's first GPU work;
 - ``component``: the optimizer component test (:func:`tuner.verify.run_component_test`);
-- ``sweep``: the layouts of ``benchmarks/h200_te_layouts.py`` ``CASES`` (the local backend, one torchrun each);
+- ``sweep``: the layouts of ``benchmarks/h200_te_layouts.py`` ``CASES`` (the local backend, one torchrun each); with
+  ``SWEEP_ONLY=id,id,...`` only those, in that order;
 - ``snapshot``: only the sweep cases with the saved-tensor census;
 - ``parity``: the convergence check with the ``norm_grad_scaled`` fault (its checkpoint kept), then gradient parity
   of four 1-GPU layout pairs and two faults from that checkpoint (:func:`tuner.verify.run_grad_parity`);
@@ -317,7 +318,11 @@ def build_queue(parts: list[str]) -> list[tuple[str, str, float, Any]]:
         elif p == "component":
             q += component
         elif p == "sweep":
-            q += sweep
+            only = [x.strip() for x in (os.environ.get("SWEEP_ONLY") or "").split(",") if x.strip()]
+            unknown = sorted(set(only) - {x[0] for x in sweep})
+            if unknown:
+                raise SystemExit(f"SWEEP_ONLY {unknown}: not sweep cases; accepted: {[x[0] for x in sweep]}")
+            q += [x for cid in only for x in sweep if x[0] == cid] if only else sweep
         elif p == "snapshot":
             q += [x for x in sweep if x[0] in census_ids]
         elif p == "parity":

@@ -256,3 +256,11 @@ def test_cli_component_bad_input_is_one_line(tmp_path, args, msg):
     r = CliRunner().invoke(app, ["verify", *args, "--results-dir", str(tmp_path)])
     assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output, r.output
     assert not (tmp_path / "component-test").exists()
+
+
+def test_device_driver_sweep_only_runs_the_named_cases_in_order(tmp_path):
+    r = _driver(tmp_path, PART="sweep", SWEEP_ONLY="mm-sel-moe,mm-base", BUDGET_S="5000")
+    assert r.returncode == 0, r.stderr
+    assert [x["id"] for x in _lines(tmp_path / "out" / "sweep.jsonl")] == ["mm-sel-moe", "mm-base"]
+    bad = _driver(tmp_path, PART="sweep", SWEEP_ONLY="mm-nope")
+    assert bad.returncode != 0 and "mm-nope" in bad.stderr and "accepted" in bad.stderr
