@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from cost_model.fidelity import known_gaps
 from specs.errors import InfeasibleLayout, TunerError
 from specs.units import DEFAULT_MEMORY_HEADROOM
 from tuner.cli._common import (
@@ -113,6 +114,7 @@ def estimate(
     d["network"] = c.network.key if c.network else None
     d["megatron_core"] = opts.megatron_core
     d["warnings"] = layout_warnings(lay, m, opts)
+    d["known_gaps"] = known_gaps(lay)
     if plot is not None:
         from tuner.plots import plot_breakdown
 
@@ -138,6 +140,8 @@ def estimate(
               f"network {escape(c.network_label)}; megatron-core {opts.megatron_core} rules")
     for wline in d["warnings"]:
         out.print(f"  [yellow]warning:[/] {escape(wline)}")
+    for gap in d["known_gaps"]:
+        out.print(f"  note: {escape(gap)}")
     t = Table(title="predicted memory per GPU (worst pipeline rank)", title_justify="left")
     t.add_column("part")
     t.add_column("GiB", justify="right")

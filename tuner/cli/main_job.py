@@ -14,6 +14,8 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from cost_model.fidelity import known_gaps
+from specs import Layout
 from specs.errors import TunerError
 from specs.units import DEFAULT_MEMORY_HEADROOM
 from tuner.cli._common import (
@@ -277,6 +279,9 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
     )
     if pls:
         out.print(f"  --pipeline-model-parallel-layout '{pls}'")
+    if best["source"] == "predicted":
+        for gap in known_gaps(Layout.from_dict(best["layout"])):
+            out.print(f"  note: {gap}", markup=False)
     print_ties(rows, best)
     out.print("Files:")
     for p in files.values():

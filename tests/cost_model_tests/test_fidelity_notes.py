@@ -1,0 +1,32 @@
+"""cost_model.fidelity.known_gaps: the measured gaps are printed beside the predictions they apply to, and only there."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from cost_model.fidelity import known_gaps
+from specs import Layout
+from tuner.cli import app
+
+
+def test_gaps_apply_to_offload_and_heavy_recompute_only():
+    plain = Layout(world_size=8)
+    assert known_gaps(plain) == []
+    assert known_gaps(Layout(world_size=8, recompute_granularity="selective", recompute_modules=("core_attn",))) == []
+    off = known_gaps(Layout(world_size=8, optimizer_offload_fraction=0.5))
+    assert len(off) == 1 and "13-20%" in off[0] and "headroom does not cover" in off[0]
+    full = known_gaps(Layout(world_size=8, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1))
+    assert len(full) == 1 and "1.5-1.7x" in full[0]
+    assert len(known_gaps(Layout(world_size=8, recompute_granularity="selective", recompute_modules=("moe",)))) == 1
+
+
+def test_estimate_json_and_text_carry_the_gaps():
+    args = ["estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--vpp", "4", "--ep", "8",
+            "--recompute", "full", "--first-stage-layers", "7", "--last-stage-layers", "7"]
+    r = CliRunner().invoke(app, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    assert any("recompute" in g for g in json.loads(r.output)["known_gaps"])
+    t = CliRunner().invoke(app, args)
+    assert t.exit_code == 0 and "note: recompute: on 1 x H200" in t.output
