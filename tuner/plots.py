@@ -17,6 +17,7 @@ from cost_model.types import Estimate
 from specs.units import GIB
 
 __all__ = [
+    "check_image_path",
     "MEMORY_COLOURS",
     "TIME_COLOURS",
     "breakdown_figures",
@@ -93,6 +94,28 @@ def front_trend(items: Sequence[Estimate]) -> list[str]:
     if dt[up] > 0:
         out.append(f"The time part that grows most is {_label(up)}: {dt[up]:+.3f} s per step.")
     return out
+
+
+def check_image_path(option: str, path: Path) -> None:
+    """Refuse an image path matplotlib cannot write, before any work: empty, a folder, a missing folder, or a suffix
+    that is not one of matplotlib's file types (``FigureCanvasBase.get_supported_filetypes``: png, pdf, svg, ...).
+
+    Raises:
+        TunerError: naming ``option``, the path and what is accepted.
+    """
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    from specs.errors import TunerError
+
+    kinds = sorted(FigureCanvasBase.get_supported_filetypes())
+    if not str(path).strip() or path.is_dir():
+        raise TunerError(f"{option} {str(path)!r}: give an image file name, e.g. chart.png (accepted types: {', '.join(kinds)})")
+    if not path.parent.is_dir():
+        raise TunerError(f"{option} {str(path)!r}: the folder {str(path.parent)!r} does not exist")
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix not in kinds:
+        raise TunerError(f"{option} {str(path)!r}: {('.' + suffix) if suffix else 'no file type'} is not an image type matplotlib writes; "
+                         f"accepted: {', '.join(kinds)}")
 
 
 def plot_breakdown(path: Path, e: Estimate, *, title: str = "") -> None:

@@ -175,7 +175,7 @@ _SCRIPT = r"""
       sel('near-count').textContent = '0'; sel('near-answer').textContent = 'none (no trial left by the filters)'; return;
     }
     const best = Math.max(...n.map(r => r.tps));
-    n.slice(0, 15).forEach((r, i) => {
+    n.forEach((r, i) => {
       const tr = document.createElement('tr'); if (i === 0) tr.className = 'pick';
       const cells = [r.trial, r.label, r.recompute, r.dispatcher, r.mbs, r.split, fmt(r.tps, 1), fmt(100 * (r.tps / best - 1), 1) + '%',
                      fmt(r.peak, 1), fmt(r.headroom, 1), r.source];
@@ -288,7 +288,7 @@ def render_report(
               if kind == "predicted" else "Measured trials are marked measured; the breakdowns are always the analytical model's predictions.")
     fastest = max((r["tps"] for r in near), default=1.0)
     near_body = [(r["trial"], r["label"], r["recompute"], r["dispatcher"], r["mbs"], r["split"], _fmt(r["tps"], 1),
-                  f"{(r['tps'] / fastest - 1) * 100:.1f}%", _fmt(r["peak"], 1), _fmt(r["headroom"], 1), r["source"]) for r in near[:15]]
+                  f"{(r['tps'] / fastest - 1) * 100:.1f}%", _fmt(r["peak"], 1), _fmt(r["headroom"], 1), r["source"]) for r in near]
     answer = (f"trial {near[0]['trial']} ({near[0]['label']}, {near[0]['recompute']}, {near[0]['dispatcher']}): {_fmt(near[0]['headroom'], 1)} GiB of "
               f"headroom at {_fmt(near[0]['tps'], 1)} tokens/s/GPU") if near else "-"
     front_body = [(r["trial"], r["label"], r["recompute"], r["offload"], r["dispatcher"], r["mbs"], r["split"], _fmt(r["tps"], 1),

@@ -156,18 +156,24 @@ def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
                 raise TunerError(f"{where}: the row has no layout (a 'layout' object); a trials file holds the JSON lines of launch.harness.sweep")
             model = _model(str(d.get("model", "")), where)
             label = str(d.get("id") or d.get("label") or f"line {i}")
-            if d.get("status") != "ok" or not _pos(d.get("step_time_s")) or not _pos(d.get("peak_reserved_gib")):
+            if d.get("status") != "ok":
                 skipped.append(f"{p.name}:{i} {label}: status {d.get('status')!r}")
                 continue
-            te = _te(d)
+            if not _pos(d.get("step_time_s")) or not _pos(d.get("peak_reserved_gib")):
+                skipped.append(f"{p.name}:{i} {label}: status 'ok' but step_time_s {d.get('step_time_s')!r} / peak_reserved_gib "
+                               f"{d.get('peak_reserved_gib')!r} is not a positive number")
+                continue
             try:
+                te = _te(d)
+                opts = _options(d, te)
                 wl = Workload(seq_length=int(d["seq_length"]), global_batch_size=int(d["global_batch_size"]), precision=d.get("precision") or "bf16")
                 lay = harness_layout(Layout.from_dict(d["layout"]), HarnessEnv(transformer_engine=te))
                 parse_gpus(str(d["gpus"]))
-            except (KeyError, TypeError, ValueError, TunerError) as e:
-                raise TunerError(f"{where}: cannot read the row ({str(e).splitlines()[0]})") from None
+            except (KeyError, TypeError, ValueError, AttributeError, TunerError) as e:
+                raise TunerError(f"{where}: cannot read the row ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                                 "'versions' and 'run_options' are objects in the rows launch.harness.sweep writes") from None
             rows.append(TrialRow(source=f"{p.name}:{i}", label=label, model=model, gpus=str(d["gpus"]), workload=wl, layout=lay,
-                                 options=_options(d, te), transformer_engine=te, step_time_s=float(d["step_time_s"]),
+                                 options=opts, transformer_engine=te, step_time_s=float(d["step_time_s"]),
                                  peak_reserved_gib=float(d["peak_reserved_gib"]),
                                  peak_allocated_gib=float(d["peak_allocated_gib"]) if _pos(d.get("peak_allocated_gib")) else None))
     return rows, skipped

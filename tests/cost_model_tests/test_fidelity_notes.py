@@ -30,3 +30,17 @@ def test_estimate_json_and_text_carry_the_gaps():
     assert any("recompute" in g for g in json.loads(r.output)["known_gaps"])
     t = CliRunner().invoke(app, args)
     assert t.exit_code == 0 and "note: recompute: on 1 x H200" in t.output
+
+
+def test_main_job_prints_the_gap_of_its_best_layout(tmp_path):
+    space = tmp_path / "full.yaml"
+    space.write_text(
+        "tp: [1, 2]\npp: [1]\nvpp: [1]\ncp: [1]\nep: [1]\netp: [1]\nmicro_batch_size: [1]\n"
+        "recompute:\n  - {granularity: full, method: uniform, num_layers: [1]}\noptimizer_offload_fraction: [0.0]\n"
+        "dispatcher: [alltoall]\npipeline_split: {even: true, max_stage_deficit: 0}\n"
+    )
+    r = CliRunner().invoke(app, ["--model", "Llama-3.1-8B", "--gpus", "8xH100", "--global-batch", "16", "--space", str(space),
+                                 "--stack", "megatron", "--trials", "2", "--results-dir", str(tmp_path), "--study", "full"])
+    assert r.exit_code == 0, r.output
+    best = r.output[r.output.index("Best layout"):]
+    assert "note: recompute: on 1 x H200" in best

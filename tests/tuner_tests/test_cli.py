@@ -562,3 +562,12 @@ def test_tune_rl_is_mounted_and_imported_only_when_used():
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
     r = runner.invoke(app, ["rl", "validate"])  # through the root app: one line, exit 2, as every command
     assert r.exit_code == 2 and "Traceback" not in r.output
+
+
+def test_split_hint_never_suggests_a_refused_split():
+    base = ["estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "2", "--ep", "8"]
+    r = runner.invoke(app, [*base, "--first-stage-layers", "31", "--last-stage-layers", "31"])  # the even split restated
+    assert r.exit_code == 2 and "leave both 0" in r.output and "try --first-stage-layers" not in r.output
+    r = runner.invoke(app, [*base, "--first-stage-layers", "40", "--last-stage-layers", "40"])  # too many layers
+    assert r.exit_code == 2 and "rule pipeline_split" in r.output
+    assert "try --first-stage-layers 31 --last-stage-layers 31" not in r.output and "try --first-stage-layers" in r.output

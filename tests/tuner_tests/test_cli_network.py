@@ -106,3 +106,14 @@ def test_host_memory_below_the_model_s_needs_is_refused_with_both_numbers(tmp_pa
     r = runner.invoke(app, ["estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "2", "--pp", "2", "--ep", "8",
                             "--recompute", "full", "--optimizer-offload-fraction", "1", "--host-memory-gib", "300"])
     assert r.exit_code == 0 and "GiB per node of 300 GiB (does NOT fit)" in r.output
+
+
+def test_resuming_with_other_host_memory_or_bandwidth_is_refused_in_the_options_terms(tmp_path):
+    base = ["--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8", "--trials", "2", "--stack", "megatron",
+            "--results-dir", str(tmp_path), "--study", "h"]
+    assert _run(*base).exit_code == 0
+    r = _run(*base, "--host-memory-gib", "512")
+    assert r.exit_code == 2 and "--host-memory-gib 2,048 GiB" in r.output and "--host-memory-gib 512 GiB" in r.output, r.output
+    r = _run(*base, "--network-gbps", "400")
+    assert r.exit_code == 2 and "--network-gbps 400 Gb/s per node" in r.output, r.output
+    assert _run(*base).exit_code == 0  # the same inputs resume it

@@ -49,6 +49,7 @@ def test_validate_trials_predicts_each_stack_with_its_calibration(tmp_path):
         ("not json", "not JSON"),
         (json.dumps({"model": "MiniMax-M2", "status": "ok"}), "the row has no layout"),
         (json.dumps({"model": "GPT-5", "layout": {"tp": 1}, "status": "ok"}), "model 'GPT-5' is not a bundled model or a slice of one"),
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "versions": "x"}), "'versions' and 'run_options' are objects"),
     ],
 )
 def test_bad_trials_files_are_one_message_exit_2(tmp_path, line, needle):

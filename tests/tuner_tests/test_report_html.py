@@ -126,6 +126,8 @@ def test_the_layout_with_the_most_headroom_within_5_percent(page):
     assert p.text_of["near-answer"].startswith(f"trial {pick['trial']} ({pick['label']}")
     assert f"{pick['headroom_gib']:.1f} GiB of headroom" in p.text_of["near-answer"]
     assert p.text_of["near-count"] == str(len(near))
+    body = p.text_of["near-body"]  # every one of them is listed (no silent cut)
+    assert body.count("predicted") + body.count("measured") == len(near)
 
 
 def test_the_breakdowns_add_up_to_each_front_layout_s_estimate(page):

@@ -114,11 +114,12 @@ def test_measured_trial_s_profile_and_its_prediction_side_by_side(tmp_path, monk
     assert trace_step_seconds(trace) == pytest.approx(row["pred_step_time_s"], rel=1e-12)
 
 
-def test_two_timelines_on_one_time_axis(tmp_path):
+def test_two_timelines_on_one_time_axis(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where a trace without --out would go
     seed = tmp_path / "seed.json"
     assert runner.invoke(app, ["timeline", *SEED, "--out", str(seed)]).exit_code == 0
-    other = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "4", "--vpp", "8", "--ep", "16", "--recompute", "selective",
-             "--recompute-modules", "moe", "--dispatcher", "flex+deepep", "--first-stage-layers", "16", "--last-stage-layers", "14"]
+    other = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--vpp", "8", "--cp", "2", "--ep", "8",
+             "--dispatcher", "flex+deepep", "--first-stage-layers", "7", "--last-stage-layers", "7"]
     png = tmp_path / "both.png"
     r = runner.invoke(app, ["timeline", *other, "--out", str(tmp_path / "best.json"), "--png", str(png), "--compare", str(seed)])
     assert r.exit_code == 0, r.output
@@ -128,3 +129,19 @@ def test_two_timelines_on_one_time_axis(tmp_path):
     (tmp_path / "junk.json").write_text('{"traceEvents": []}')
     r = runner.invoke(app, ["timeline", *other, "--png", str(png), "--compare", str(tmp_path / "junk.json")])
     assert r.exit_code == 2 and "not a trace written by tune timeline" in r.output
+    assert not list(tmp_path.glob("timeline_*.json"))  # refused before the trace was written
+    # the network's rules apply as in tune estimate: DeepEP across two nodes of EFA is refused, on InfiniBand it is drawn
+    wide = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "2", "--ep", "16", "--dispatcher", "flex+deepep",
+            "--out", str(tmp_path / "wide.json")]
+    r = runner.invoke(app, ["timeline", *wide])
+    assert r.exit_code == 2 and "dispatcher_fabric" in r.output
+    assert runner.invoke(app, ["timeline", *wide, "--network", "ib-ndr"]).exit_code == 0
+    r = runner.invoke(app, ["timeline", *other, "--png", str(tmp_path / "x.txt")])
+    assert r.exit_code == 2 and "accepted: " in r.output and "png" in r.output
+
+
+@pytest.mark.parametrize("name,msg", [("x.txt", "not an image type"), ("", "give an image file name"), ("nosuch/x.png", "does not exist")])
+def test_estimate_plot_path_is_checked_before_the_estimate(tmp_path, monkeypatch, name, msg):
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["estimate", *SEED, "--plot", name])
+    assert r.exit_code == 2 and msg in r.output and "internal error" not in r.output, r.output

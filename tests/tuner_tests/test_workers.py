@@ -109,3 +109,27 @@ def test_journal_storage_errors_and_the_recorded_storage(tmp_path):
     assert out.exit_code == 0, out.output
     out = r.invoke(app, ["pareto", "--study", "ok", "--results-dir", res])  # no --storage: the one recorded in config.yaml
     assert out.exit_code == 0 and "Pareto front" in out.output
+    # a worker killed mid-line leaves a cut last line: refused before anything is appended (an appended record would make
+    # the whole journal unreadable), and the file is left byte for byte
+    cut = tmp_path / "cut.log"
+    cut.write_bytes(j.read_bytes() + b'{"op_code": 5, "worker_id": "x", "trial')
+    before = cut.read_bytes()
+    out = r.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "3", "--study", "ok", "--storage", f"journal:{cut}", "--results-dir", res])
+    assert out.exit_code == 2 and "line" in out.output and "left as it is" in out.output, out.output
+    assert cut.read_bytes() == before
+
+
+def test_a_storage_error_while_reading_a_study_is_a_user_error(monkeypatch):
+    """A damaged database can pass the open and fail on a later read (Optuna's StorageInternalError): one message, exit 2."""
+    import optuna
+    from typer.testing import CliRunner
+
+    import tuner.cli.studies as studies
+    from tuner.cli import app
+
+    def damaged(*a, **k):
+        raise optuna.exceptions.StorageInternalError("An exception is raised during the commit of the session")
+
+    monkeypatch.setattr(studies, "load_study", damaged)
+    r = CliRunner().invoke(app, ["pareto", "--study", "s"])
+    assert r.exit_code == 2 and "storage cannot be read" in r.output and "internal error" not in r.output, r.output

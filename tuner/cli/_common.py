@@ -144,6 +144,14 @@ class TuneGroup(TyperGroup):
         except Exception as e:  # noqa: BLE001 - a bug, not a user error
             if debug:
                 _traceback(e)
+            if _is_storage_error(e):  # a damaged study database found while reading it: the user's file, not a bug
+                first = str(e).splitlines()[0] if str(e) else ""
+                _red(f"the study's storage cannot be read ({type(e).__name__}: {first}); the file is damaged or not an Optuna "
+                     "study: give another --storage, or restore the file from a copy")
+                code = 2
+                if standalone_mode:
+                    sys.exit(code)
+                return code
             err.print(f"[bold red]internal error:[/] {escape(f'{type(e).__name__}: {e}')}"
                       + ("" if debug else " (re-run with --debug for the traceback, and report it)"), soft_wrap=True)
             code = 1
@@ -153,6 +161,16 @@ class TuneGroup(TyperGroup):
 
 
 # ---- small helpers ---------------------------------------------------------------------
+
+
+def _is_storage_error(e: BaseException) -> bool:
+    """An error of the study's storage layer (Optuna's ``StorageInternalError``, SQLAlchemy's database errors)."""
+    import optuna
+
+    if isinstance(e, optuna.exceptions.StorageInternalError):
+        return True
+    return type(e).__module__.startswith("sqlalchemy") and type(e).__name__ in (
+        "DatabaseError", "OperationalError", "IntegrityError", "InternalError", "ProgrammingError")
 
 
 def require(value: Any, flag: str, example: str) -> Any:

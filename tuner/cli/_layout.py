@@ -140,6 +140,11 @@ def split_hint(model: Any, lay: Any) -> str:
     """'; try --first-stage-layers F --last-stage-layers L' with the nearest split that works, or ''."""
     from search_spaces.pipeline import stage_layer_counts
 
+    try:  # the even split, which first/last must not restate (Megatron accepts it; the tuner's one-form policy refuses it)
+        even = stage_layer_counts(model.num_layers, lay.pp, lay.vpp, 0, 0)
+    except InfeasibleLayout:
+        even = None
+    given = (lay.num_layers_in_first_pipeline_stage, lay.num_layers_in_last_pipeline_stage)
     best = None
     for d in range(0, 2 * lay.pp * lay.vpp + 1):
         for df in sorted(range(d + 1), key=lambda x: (abs(2 * x - d), x)):  # symmetric first
@@ -147,9 +152,13 @@ def split_hint(model: Any, lay: Any) -> str:
             if (model.num_layers + df + dl) % lay.pp:
                 continue
             mid = (model.num_layers + df + dl) // lay.pp
+            if (mid - df, mid - dl) == given:
+                continue
             try:
-                stage_layer_counts(model.num_layers, lay.pp, lay.vpp, mid - df, mid - dl)
+                counts = stage_layer_counts(model.num_layers, lay.pp, lay.vpp, mid - df, mid - dl)
             except InfeasibleLayout:
+                continue
+            if even is not None and counts == even:
                 continue
             best = (mid - df, mid - dl)
             break

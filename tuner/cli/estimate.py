@@ -46,6 +46,20 @@ A2AOverlapOpt = Annotated[bool, typer.Option("--overlap-moe-expert-parallel-comm
                                               rich_help_panel="Run options")]
 
 
+def refuse_env_rules(lay: Any, m: Any, w: Any, c: Any, opts: Any) -> None:
+    """Refuse a layout that breaks a rule of the cluster's network or the megatron-core release (``dispatcher_fabric``,
+    ``query_groups_tp``): the estimate itself does not check them (the search's enumeration does).
+
+    Raises:
+        TunerError: the first such rule broken, with its reason.
+    """
+    from search_spaces.rules import RuleEnv, check_layout
+
+    broken = [(r, why) for r, why in check_layout(lay, m, w, RuleEnv.of(c, opts)) if r in ("dispatcher_fabric", "query_groups_tp")]
+    if broken:
+        raise TunerError(f"the layout breaks rule {broken[0][0]}: {broken[0][1]}")
+
+
 def _inputs(model: str | None, gpus: str | None, gpus_per_node: int | None, network_gbps: float | None, usd: float | None,
             seq_len: int, global_batch: int, precision: str, layers: int | None, network: str | None = None,
             host_memory_gib: float | None = None) -> tuple[Any, Any, Any]:
@@ -88,10 +102,14 @@ def estimate(
     """Predict one layout: memory per GPU (worst pipeline rank) and step time, with their parts."""
     from cost_model.calibration import load_calibration
     from cost_model.estimate import estimate as _estimate
-    from search_spaces.rules import RuleEnv, check_layout, layout_warnings
+    from search_spaces.rules import layout_warnings
     from specs import RunOptions
     from tuner.report import pipeline_layout_of
 
+    if plot is not None:
+        from tuner.plots import check_image_path
+
+        check_image_path("--plot", plot)
     m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd_per_gpu_hour, seq_len, global_batch, precision, layers,
                       network, host_memory_gib)
     opts = RunOptions(overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm, **({"megatron_core": megatron_core} if megatron_core else {}))
@@ -101,13 +119,11 @@ def estimate(
         if odd:
             raise TunerError(f"--pipeline-layout {layout.pipeline_layout!r} is valid for Megatron, but the cost model handles only even splits "
                              "and first/last-rank splits; `tune check` accepts it")
+    refuse_env_rules(lay, m, w, c, opts)
     try:
-        env_broken = [(r, why) for r, why in check_layout(lay, m, w, RuleEnv.of(c, opts)) if r in ("dispatcher_fabric", "query_groups_tp")]
-        if env_broken:
-            raise InfeasibleLayout(*env_broken[0])
         e = _estimate(m, c, w, lay, calibration=load_calibration(calibration), memory_headroom=memory_headroom, options=opts)
     except InfeasibleLayout as ex:
-        hint = split_hint(m, lay) if ex.rule_id.startswith("pipeline_split") else ""
+        hint = split_hint(m, lay) if ex.rule_id == "pipeline_split" else ""
         raise TunerError(f"the layout breaks rule {ex.rule_id}: {ex.reason}{hint}") from None
     d = e.to_dict()
     d["pipeline_model_parallel_layout"] = pipeline_layout_of(lay, m)

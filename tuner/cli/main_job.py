@@ -66,7 +66,7 @@ def main_job(
     space: Annotated[Path | None, typer.Option("--space", help="Search-space YAML (copy search_spaces/default_space.yaml).", rich_help_panel="Search")] = None,
     calibration: CalOpt = None,
     memory_headroom: HeadroomOpt = DEFAULT_MEMORY_HEADROOM,
-    trials: Annotated[int | None, typer.Option("--trials", help="Trials to run (default 48): the predicted front and fastest candidates first, then NSGA-II.", rich_help_panel="Search")] = None,
+    trials: Annotated[int | None, typer.Option("--trials", help="Layouts to evaluate in this run (default 48; sampled layouts that are invalid, do not fit or were evaluated before do not count): the predicted front and fastest candidates first, then NSGA-II.", rich_help_panel="Search")] = None,
     backend: Annotated[str, typer.Option("--backend", help="model (analytical, default), local (real trials: the megatron-core harness under torchrun on this machine's GPUs), ray (the harness on a Ray cluster's nodes) or command (your slime / Megatron-LM launch command, --command-template).", rich_help_panel="Search")] = "model",
     layers: LayersOpt = None,
     trial_steps: Annotated[int, typer.Option("--trial-steps", help="Optimizer steps per real trial, warm-up steps included.", rich_help_panel="Trials")] = 20,
@@ -280,7 +280,8 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
     if pls:
         out.print(f"  --pipeline-model-parallel-layout '{pls}'")
     if best["source"] == "predicted":
-        for gap in known_gaps(Layout.from_dict(best["layout"])):
+        lay = best["layout"]
+        for gap in known_gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay)):
             out.print(f"  note: {gap}", markup=False)
     print_ties(rows, best)
     out.print("Files:")

@@ -18,8 +18,10 @@ from tuner.cli._common import (
     GpusOpt,
     HeadroomOpt,
     LayersOpt,
+    MegatronCoreOpt,
     ModelOpt,
     NetOpt,
+    NetworkOpt,
     PerNodeOpt,
     PrecOpt,
     PriceOpt,
@@ -78,23 +80,29 @@ def timeline(
     usd_per_gpu_hour: PriceOpt = None, seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
     calibration: CalOpt = None, memory_headroom: HeadroomOpt = DEFAULT_MEMORY_HEADROOM,
     out_file: OutOpt = None, png: PngOpt = None, compare: CompareOpt = None,
+    network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None,
 ) -> None:
     """Write one predicted step as a Chrome trace (open it in Perfetto or chrome://tracing): a lane per pipeline rank and
     virtual stage with each micro-batch's forward and backward in Megatron's order, the step by part (compute, recompute,
     exposed TP / CP / EP communication, the DP / optimizer / offload tail), what the overlaps hide; the bubble is the idle time."""
     from cost_model.timeline import check_trace, step_trace, trace_bubble_fraction, trace_step_seconds
+    from tuner.plots import check_image_path
 
     if compare and png is None:
         raise TunerError("--compare draws into the --png chart: give --png FILE")
+    if png is not None:
+        check_image_path("--png", png)
+    others = [_read_trace(p) for p in compare or ()]  # read before anything is written: a bad --compare leaves no file
     if study is not None:
-        if layout != LayoutFlags() or model is not None or gpus is not None or layers is not None:
-            raise TunerError("--study draws its trial's layout with the study's model and GPUs: leave out the layout flags, --model, --gpus and --layers")
+        if layout != LayoutFlags() or model is not None or gpus is not None or layers is not None or network is not None or megatron_core is not None:
+            raise TunerError("--study draws its trial's layout with the study's model, GPUs and network: leave out the layout flags, --model, "
+                             "--gpus, --layers, --network and --megatron-core")
         det, title, extra, default, measured = _study_trial(study, trial, storage, results_dir)
     else:
         if trial is not None:
             raise TunerError("--trial needs --study (a trial of which study?)")
         det, title = _flags_layout(layout, model, gpus, layers, gpus_per_node, network_gbps, usd_per_gpu_hour, seq_len, global_batch, precision,
-                                   calibration, memory_headroom)
+                                   calibration, memory_headroom, network, megatron_core)
         extra, default, measured = {}, Path(f"timeline_{_slug(det.estimate.layout.label)}.json"), []
     trace = step_trace(det, title=title, extra=extra)
     problems = check_trace(trace)
@@ -108,7 +116,6 @@ def timeline(
     out.print(f"  predicted trace: {path}", markup=False)
     for p in measured:
         out.print(f"  measured trace (torch.profiler, one step of the trial): {p}", markup=False)
-    others = [_read_trace(p) for p in compare or ()]
     if png is not None:
         from tuner.plots import plot_timelines
 
@@ -140,23 +147,28 @@ def _read_trace(path: Path) -> dict[str, Any]:
 
 
 def _flags_layout(layout: LayoutFlags, model: str | None, gpus: str | None, layers: int | None, gpus_per_node: int | None, network_gbps: float | None,
-                  usd: float | None, seq_len: int, global_batch: int, precision: str, calibration: Path | None, memory_headroom: float) -> tuple[Any, str]:
-    """(estimate details, title) of the layout the flags give."""
+                  usd: float | None, seq_len: int, global_batch: int, precision: str, calibration: Path | None, memory_headroom: float,
+                  network: str | None = None, megatron_core: str | None = None) -> tuple[Any, str]:
+    """(estimate details, title) of the layout the flags give; refused as ``tune estimate`` refuses it (the network's and
+    the megatron-core release's rules included)."""
     from cost_model.calibration import load_calibration
     from cost_model.estimate import estimate_details
-    from tuner.cli.estimate import _inputs
+    from specs import RunOptions
+    from tuner.cli.estimate import _inputs, refuse_env_rules
 
-    m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd, seq_len, global_batch, precision, layers)
+    m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd, seq_len, global_batch, precision, layers, network)
+    opts = RunOptions(**({"megatron_core": megatron_core} if megatron_core else {}))
     lay = layout.to_layout(c.num_gpus)
     if layout.pipeline_layout is not None:
         lay, odd, _ = apply_layout_string(lay, m, layout.pipeline_layout, vpp_given=layout.vpp_given, split_given=layout.split_given)
         if odd:
             raise TunerError(f"--pipeline-layout {layout.pipeline_layout!r} is valid for Megatron, but the cost model handles only even splits "
                              "and first/last-rank splits; `tune check` accepts it")
+    refuse_env_rules(lay, m, w, c, opts)
     try:
-        det = estimate_details(m, c, w, lay, calibration=load_calibration(calibration), memory_headroom=memory_headroom)
+        det = estimate_details(m, c, w, lay, calibration=load_calibration(calibration), memory_headroom=memory_headroom, options=opts)
     except InfeasibleLayout as ex:
-        hint = split_hint(m, lay) if ex.rule_id.startswith("pipeline_split") else ""
+        hint = split_hint(m, lay) if ex.rule_id == "pipeline_split" else ""
         raise TunerError(f"the layout breaks rule {ex.rule_id}: {ex.reason}{hint}") from None
     return det, f"{m.name} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}"
 

@@ -78,6 +78,35 @@ def retry_dead_worker_trial(grace_s: int) -> Any:
     return callback
 
 
+def _check_journal_lines(url: str, path: Path) -> None:
+    """Refuse a journal file with a line that is not JSON, before anything is appended to it.
+
+    Optuna reads a journal whose *last* line is cut (a writer killed mid-line), but a record appended after such a line
+    makes the whole file unreadable; so a damaged journal is refused here, untouched.
+
+    Raises:
+        TunerError: the file cannot be read, or a line (numbered from 1) is not a JSON object.
+    """
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    try:
+        with path.open("rb") as f:
+            for n, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    ok = isinstance(json.loads(raw), dict)
+                except ValueError:
+                    ok = False
+                if not ok:
+                    raise TunerError(
+                        f"--storage {_mask(url)!r}: {path} is not an Optuna journal file: line {n} is not a JSON record; the file "
+                        "was left as it is. If a worker was killed while writing, remove that last line (keep a copy) and run again; "
+                        "otherwise give a new path or an existing journal")
+    except OSError as e:
+        raise TunerError(f"--storage {_mask(url)!r}: cannot read the journal file ({e.strerror or e})") from None
+
+
 def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None = None) -> Any:
     """An Optuna storage for ``url``: an RDB URL (``sqlite:///...``, ``postgresql://...``), or ``journal:PATH``, a
     journal file (for several workers on a shared filesystem: Optuna's ``JournalStorage`` with
@@ -110,6 +139,7 @@ def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None =
             # not created here: on a shared filesystem a mistyped folder would give one worker a journal of its own
             raise TunerError(f"--storage {url!r}: the folder {str(Path(path).parent)!r} does not exist; create it (on the filesystem "
                              "the workers share) and run again")
+        _check_journal_lines(url, Path(path))
         try:
             if heartbeat is None:
                 return JournalStorage(JournalFileBackend(path))
@@ -145,6 +175,7 @@ def resolved(prep: Prepared) -> dict[str, Any]:
         "gpus_per_node": c.gpus_per_node,
         "inter_node_bytes_per_s": c.inter_node_bytes_per_s,
         "network": c.network.key if c.network else None,
+        "host_memory_gib": round(c.host_memory_bytes_per_node / 2**30, 3),
         "megatron_core": prep.options.megatron_core,
         "usd_per_gpu_hour": c.usd_per_gpu_hour,
         "seq_length": prep.workload.seq_length,
@@ -170,6 +201,28 @@ def model_spec_from_dict(d: dict[str, Any]) -> ModelSpec:
     return ModelSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
+#: The command-line option (and its unit) of a resolved input, for messages.
+_OPTION_OF: dict[str, tuple[str, float, str]] = {
+    "inter_node_bytes_per_s": ("--network-gbps", 8e-9, "Gb/s per node"),
+    "gpus_per_node": ("--gpus-per-node", 1.0, ""),
+    "host_memory_gib": ("--host-memory-gib", 1.0, "GiB"),
+    "usd_per_gpu_hour": ("--usd-per-gpu-hour", 1.0, ""),
+    "memory_headroom": ("--memory-headroom", 1.0, ""),
+    "seq_length": ("--seq-len", 1.0, ""),
+    "global_batch_size": ("--global-batch", 1.0, ""),
+    "layers": ("--layers", 1.0, "decoder layers"),
+}
+
+
+def _as_option(key: str, value: Any) -> str:
+    """``key=value`` as the user gave it (``--network-gbps 3,200 Gb/s per node``), else ``key=value``."""
+    if key in _OPTION_OF and isinstance(value, (int, float)) and not isinstance(value, bool):
+        opt, scale, unit = _OPTION_OF[key]
+        v = value * scale
+        return f"{opt} {v:,.6g}{(' ' + unit) if unit else ''}"
+    return f"{key}={value!r}"
+
+
 def check_study_config(study: optuna.Study, config: TuneConfig, name: str, calibration: Calibration, now: dict[str, Any]) -> None:
     """A resumed study must have been made with the same resolved inputs and cost-model constants.
 
@@ -181,8 +234,8 @@ def check_study_config(study: optuna.Study, config: TuneConfig, name: str, calib
         # Keys added in later versions (e.g. "layers") are compared only when the stored study has them.
         diff = [k for k in now if k in old_res and old_res[k] != now[k]]
         if diff:
-            was = ", ".join(f"{k}={old_res.get(k)!r}" for k in diff)
-            new = ", ".join(f"{k}={now[k]!r}" for k in diff)
+            was = ", ".join(_as_option(k, old_res.get(k)) for k in diff)
+            new = ", ".join(_as_option(k, now[k]) for k in diff)
             raise TunerError(
                 f"study {name!r} already exists with {was}; this run asks for {new}. "
                 "Use another --study name (or the same inputs to resume it)."
