@@ -163,7 +163,7 @@ def test_a_study_keeps_its_slice(tmp_path):
     from specs.errors import TunerError
 
     run_study(prepare(_cfg(tmp_path, backend="model", trials=2)), backend=None)
-    with pytest.raises(TunerError, match="layers=4"):
+    with pytest.raises(TunerError, match="--layers 4 decoder layers"):
         run_study(prepare(_cfg(tmp_path, backend="model", trials=2, layers=2)))
 
 
