@@ -21,10 +21,10 @@ from rich.table import Table
 from cost_model.rl.calibrate import fit_from_measured, mean_measured, read_log
 from cost_model.rl.calibration import DEFAULT_RL_CALIBRATION, load_rl_calibration, save_rl_calibration
 from cost_model.rl.engine import Engine, GenerationPrecision
-from cost_model.rl.layouts import parse_engine_layout, parse_trainer_layout
+from cost_model.rl.layouts import TrainerLayout, parse_engine_layout, parse_trainer_layout
 from cost_model.rl.lengths import LengthDistribution
 from cost_model.rl.models import load_rl_model
-from cost_model.rl.plan import Framework, PlanChoice, RLJob, RLPlan, enumerate_plans, evaluate
+from cost_model.rl.plan import Framework, PlanChoice, RLJob, RLPlan, check_async_steps, enumerate_plans, evaluate
 from cost_model.rl.trainer import TrainerBackend, trainer_for_layout
 from cost_model.rl.validate import predict_rows, read_runs, summarise
 from launch.exporters import ExportContext, get_exporter
@@ -156,6 +156,106 @@ def _table(title: str, plans: list[RLPlan]) -> Table:
     return t
 
 
+def _check_plan_options(
+    job: RLJob,
+    *,
+    async_steps: int,
+    colocated: bool | None,
+    rollout_gpus: int | None,
+    engine_tp: int | None,
+    engine_ep: int | None,
+    gpu_memory_utilization: float | None,
+    max_num_seqs: int | None,
+    top: int,
+    trainer_layout: TrainerLayout | None,
+    trainer_layout_text: str | None,
+) -> None:
+    """Every search option of ``tune rl`` checked before anything is simulated (the job's own fields
+    are :class:`RLJob`'s); the first bad one raises, naming the option and what it accepts.
+
+    Bounds: ``--async-steps`` 0..8 and the sweep's simulated sequences
+    (:func:`~cost_model.rl.plan.check_async_steps`); ``--gpu-memory-utilization`` in (0, 1];
+    ``--max-num-seqs`` and ``--top`` at least 1; ``--rollout-gpus`` whole nodes leaving the trainer
+    one; ``--engine-tp`` / ``--engine-ep`` engines that tile nodes; ``--trainer-layout`` one that
+    passes Megatron's rules on at least one trainer size the search tries.
+    """
+    cl, per = job.cluster, job.cluster.gpus_per_node
+    check_async_steps(job, async_steps)
+    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:  # NaN fails too
+        raise TunerError(f"--gpu-memory-utilization {gpu_memory_utilization:g}: must be in (0, 1] (the fraction of each GPU's memory an engine takes)")
+    if max_num_seqs is not None and max_num_seqs < 1:
+        raise TunerError(f"--max-num-seqs {max_num_seqs}: must be at least 1 (sequences an engine runs at once; the search tries 256 and 1024 by default)")
+    if top < 1:
+        raise TunerError(f"--top {top}: must be at least 1 (plans to print)")
+    if colocated is False and cl.num_nodes == 1:
+        raise TunerError(f"--no-colocated: a split needs at least two nodes; --gpus {cl.label} has one (use --colocated)")
+    if rollout_gpus is not None and (rollout_gpus >= cl.num_gpus or rollout_gpus < 1 or rollout_gpus % per):
+        why = f"{cl.label} has {cl.num_gpus} GPUs and the trainer needs at least one node" if rollout_gpus >= cl.num_gpus else "rollout GPUs are whole nodes"
+        if cl.num_nodes > 1:
+            accepted = f"a multiple of {per} from {per} to {cl.num_gpus - per}"
+        else:
+            accepted = "none: a split needs at least two nodes (use --colocated)"
+        raise TunerError(f"--rollout-gpus {rollout_gpus}: {why}; accepted: {accepted}")
+
+    # (colocated, rollout GPUs) of every split the search tries
+    splits = [(True, cl.num_gpus)] if colocated in (None, True) else []
+    if colocated in (None, False):
+        splits += [(False, r) for r in range(per, cl.num_gpus, per) if rollout_gpus in (None, r)]
+
+    def tiles(g: int) -> bool:  # an engine's GPUs divide a node, or are whole nodes (vLLM / SGLang place ranks node by node)
+        return g >= 1 and ((g <= per and per % g == 0) or (g > per and g % per == 0))
+
+    if engine_tp is not None and (not tiles(engine_tp) or engine_tp > cl.num_gpus):
+        divisors = [d for d in range(1, per + 1) if per % d == 0]
+        raise TunerError(
+            f"--engine-tp {engine_tp}: an engine's GPUs must divide a node's {per} GPUs or be whole nodes of {cl.label}; "
+            f"accepted: {', '.join(map(str, divisors))} or a multiple of {per} up to {cl.num_gpus}"
+        )
+    if engine_ep is not None:
+        m = job.model
+
+        def engine_fits(g: int) -> bool:  # an engine of g GPUs tiles nodes and some split's rollout GPUs
+            return tiles(g) and any(r % g == 0 for _, r in splits)
+
+        def ep_fits(e: int) -> bool:
+            if e == 1:
+                return True
+            if not m.is_moe or e > m.num_experts:
+                return False
+            if engine_tp is None:  # the search pairs EP with a TP it divides, or spreads it over TP x attention-DP ranks
+                return engine_fits(e)
+            return engine_tp % e == 0 if e <= engine_tp else e % engine_tp == 0 and engine_fits(e)
+
+        if not ep_fits(engine_ep):
+            ok = [e for e in range(1, max(r for _, r in splits) + 1) if ep_fits(e)]
+            if engine_ep < 1:
+                why = "must be at least 1 (1 = experts tensor-parallel)"
+            elif not m.is_moe:
+                why = f"{m.name} is dense (no experts to shard)"
+            else:
+                why = (
+                    f"an engine's experts are sharded over its GPUs, which divide a node's {per} GPUs or are whole nodes "
+                    f"tiling the rollout GPUs ({m.num_experts} experts)"
+                    + ("" if engine_tp is None else f"; with --engine-tp {engine_tp}, EP divides it or is a multiple of it")
+                )
+            raise TunerError(f"--engine-ep {engine_ep}: {why}; accepted: {', '.join(map(str, ok))}")
+    if trainer_layout is not None:
+        sizes = [cl.num_gpus if c else cl.num_gpus - r for c, r in splits]
+        t = trainer_layout
+        first = ""
+        for n in sizes:
+            sub = Cluster(gpu=cl.gpu, num_gpus=n, gpus_per_node=min(per, n), inter_node_bytes_per_s=cl.inter_node_bytes_per_s, usd_per_gpu_hour=cl.usd_per_gpu_hour)
+            try:
+                trainer_for_layout(job.model, sub, job.workload, t.backend, tp=t.tp, cp=t.cp, ep=t.ep, pp=t.pp, vpp=t.vpp,
+                                   optimizer_steps=job.optimizer_steps, logprob_passes=job.logprob_passes)
+                return
+            except TunerError as e:
+                first = first or str(e)
+        raise TunerError(
+            f"--trainer-layout {trainer_layout_text!r}: fits no trainer size this search tries ({', '.join(map(str, sizes))} GPUs); {first}"
+        )
+
+
 @rl_app.callback(invoke_without_command=True)
 def plan(
     ctx: typer.Context,
@@ -168,20 +268,20 @@ def plan(
     mean_prompt_len: Annotated[float | None, typer.Option("--mean-prompt-len", help="Mean prompt tokens (default: a quarter of --prompt-len, an assumption).")] = None,
     mean_response_len: Annotated[float | None, typer.Option("--mean-response-len", help="Mean response tokens (default: half of --response-len, an assumption).")] = None,
     response_lengths: Annotated[Path | None, typer.Option("--response-lengths", help="Histogram of response lengths from a previous run (CSV response_len,count; JSON; one per line).")] = None,
-    prompts_per_step: Annotated[int, typer.Option("--prompts-per-step")] = 32,
+    prompts_per_step: Annotated[int, typer.Option("--prompts-per-step", help="Prompts per step (prompts x generations at most 16,384).")] = 32,
     generations_per_prompt: Annotated[int, typer.Option("--generations-per-prompt")] = 16,
     max_seq_len: Annotated[int, typer.Option("--max-seq-len", help="max_total_sequence_length (default prompt + response).")] = 0,
     train_global_batch: Annotated[int, typer.Option("--train-global-batch", help="Sequences per optimizer step (default: all of a step).")] = 0,
     logprob_passes: Annotated[int, typer.Option("--logprob-passes", help="Forward passes for log-probs (2 = policy + reference for KL; 1 without KL).")] = 2,
     generation_precision: Annotated[GenerationPrecision, typer.Option("--generation-precision", help="Engine weights: bf16, fp8 (block-scaled FP8, NeMo-RL vllm_cfg.precision fp8) or checkpoint (the checkpoint's own).")] = GenerationPrecision.bf16,
     training_precision: Annotated[str, typer.Option("--training-precision", help="Trainer GEMMs: bf16, fp8, fp8_blockwise, mxfp8 or nvfp4.")] = "bf16",
-    async_steps: Annotated[int, typer.Option("--async-steps", help="Evaluate non-colocated plans at each async depth 0..K.")] = 0,
+    async_steps: Annotated[int, typer.Option("--async-steps", help="Evaluate non-colocated plans at each async depth 0..K (K at most 8).")] = 0,
     colocated: Annotated[bool | None, typer.Option("--colocated/--no-colocated", help="Only colocated / only split plans (default both).")] = None,
     rollout_gpus: Annotated[int | None, typer.Option("--rollout-gpus", help="Only this many rollout GPUs (whole nodes).")] = None,
     engine_tp: Annotated[int | None, typer.Option("--engine-tp")] = None,
     engine_ep: Annotated[int | None, typer.Option("--engine-ep")] = None,
-    gpu_memory_utilization: Annotated[float | None, typer.Option("--gpu-memory-utilization")] = None,
-    max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs")] = None,
+    gpu_memory_utilization: Annotated[float | None, typer.Option("--gpu-memory-utilization", help="Only this KV memory fraction, in (0, 1] (default: 0.6 and 0.8 colocated, 0.8 and 0.9 split).")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs", help="Only this max_num_seqs, at least 1 (default: 256 and 1024).")] = None,
     enforce_eager: Annotated[bool | None, typer.Option("--enforce-eager/--cuda-graphs", help="Only eager / only CUDA-graph engines (default both).")] = None,
     trainer_backend: Annotated[str, typer.Option("--trainer-backend", help="megatron, automodel or all (nemo-rl default all; slime megatron).")] = "",
     trainer_layout: Annotated[str | None, typer.Option("--trainer-layout", help="Fix the trainer: megatron:tp=..,cp=..,ep=..,pp=..,vpp=.. or automodel:cp=..,ep=..")] = None,
@@ -204,22 +304,6 @@ def plan(
             train_global_batch=train_global_batch, logprob_passes=logprob_passes, generation_precision=generation_precision,
             training_precision=training_precision,
         )
-        cl, per = job.cluster, job.cluster.gpus_per_node
-        if rollout_gpus is not None and (rollout_gpus >= cl.num_gpus or rollout_gpus < 1 or rollout_gpus % per):
-            why = f"{cl.label} has {cl.num_gpus} GPUs and the trainer needs at least one node" if rollout_gpus >= cl.num_gpus else "rollout GPUs are whole nodes"
-            if cl.num_nodes > 1:
-                accepted = f"a multiple of {per} from {per} to {cl.num_gpus - per}"
-            else:
-                accepted = "none: a split needs at least two nodes (use --colocated)"
-            raise TunerError(f"--rollout-gpus {rollout_gpus}: {why}; accepted: {accepted}")
-        if engine_tp is not None:
-            # an engine's GPUs divide a node, or are whole nodes (vLLM / SGLang place TP ranks node by node)
-            divisors = [d for d in range(1, per + 1) if per % d == 0]
-            if engine_tp < 1 or (engine_tp < per and per % engine_tp) or (engine_tp > per and engine_tp % per) or engine_tp > cl.num_gpus:
-                raise TunerError(
-                    f"--engine-tp {engine_tp}: an engine's GPUs must divide a node's {per} GPUs or be whole nodes of {cl.label}; "
-                    f"accepted: {', '.join(map(str, divisors))} or a multiple of {per} up to {cl.num_gpus}"
-                )
         cal = load_rl_calibration(calibration) if calibration else DEFAULT_RL_CALIBRATION
         tl = parse_trainer_layout(trainer_layout, "--trainer-layout") if trainer_layout else None
         if trainer_backend in ("", "all"):
@@ -229,6 +313,10 @@ def plan(
                 backends = (TrainerBackend(trainer_backend),)
             except ValueError:
                 raise TunerError(f"--trainer-backend {trainer_backend!r}: accepted megatron, automodel or all") from None
+        _check_plan_options(
+            job, async_steps=async_steps, colocated=colocated, rollout_gpus=rollout_gpus, engine_tp=engine_tp, engine_ep=engine_ep,
+            gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs, top=top, trainer_layout=tl, trainer_layout_text=trainer_layout,
+        )
         ps = enumerate_plans(
             job, calibration=cal, backends=backends, async_steps=async_steps, colocated=colocated,
             rollout_gpus=None if rollout_gpus is None else [rollout_gpus],
@@ -255,8 +343,8 @@ def plan(
             "model": job.model.name, "cluster": job.cluster.label, "framework": str(framework), "engine": str(job.engine),
             "responses": job.responses.source, "calibration": cal.source, "considered": ps.considered, "rejected": ps.rejected,
             "plans": [_plan_dict(p) for p in _distinct(ps.plans, top)],
-            "front_by_rollout_gpus": [_plan_dict(p) for p in ps.front_by_rollout_gpus()],
-            "front_by_staleness": [_plan_dict(p) for p in ps.front_by_staleness()],
+            "fastest_per_rollout_gpus": [_plan_dict(p) for p in ps.fastest_per_rollout_gpus()],
+            "fastest_per_async_depth": [_plan_dict(p) for p in ps.fastest_per_async_depth()],
             "written": [str(w) for w in written],
             "note": "every number is a prediction; nothing was measured",
         }))
@@ -270,9 +358,9 @@ def plan(
     _out.print("[bold]Every number below is a prediction (rollout simulation + analytical estimate); nothing was measured.[/bold]")
     _out.print(f"Plans considered: {ps.considered:,}; evaluated: {len(ps.plans):,}; set aside: " + (", ".join(f"{k} ({v})" for k, v in ps.rejected.items()) or "none"), highlight=False, markup=False)
     _out.print(_table("Fastest plans (predicted seconds per step)", _distinct(ps.plans, top)))
-    _out.print(_table("Front: fastest plan per rollout-GPU count", ps.front_by_rollout_gpus()))
+    _out.print(_table("Fastest plan per rollout-GPU count (every count, not a Pareto front)", ps.fastest_per_rollout_gpus()))
     if async_steps:
-        _out.print(_table("Front: fastest plan per async depth K (staleness)", ps.front_by_staleness()))
+        _out.print(_table("Fastest plan per async depth K (staleness)", ps.fastest_per_async_depth()))
     for w in written:
         _out.print(f"wrote the best plan's {'slime launch' if framework == Framework.slime else 'NeMo-RL recipe'} to {w}", highlight=False, markup=False)
 
@@ -361,6 +449,7 @@ def calibrate_cmd(
             mean_prompt_len=mean_prompt_len, mean_response_len=mean_resp, response_lengths=None, prompts_per_step=prompts_per_step,
             generations_per_prompt=generations_per_prompt, max_seq_len=0, train_global_batch=0, logprob_passes=logprob_passes,
         )
+        check_async_steps(job, async_steps, sweep=False)
         base = load_rl_calibration(calibration) if calibration else DEFAULT_RL_CALIBRATION
         tl = parse_trainer_layout(trainer_layout, "--trainer-layout")
         cl = job.cluster

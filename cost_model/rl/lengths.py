@@ -87,7 +87,9 @@ class LengthDistribution:
     # ------------------------------------------------------------------ constructors
 
     @classmethod
-    def from_mean_max(cls, mean: float, max_len: int, *, shape: float = DEFAULT_GAMMA_SHAPE) -> LengthDistribution:
+    def from_mean_max(
+        cls, mean: float, max_len: int, *, shape: float = DEFAULT_GAMMA_SHAPE, names: tuple[str, str] = ("--mean-response-len", "--response-len")
+    ) -> LengthDistribution:
         """A gamma(``shape``) body truncated at ``max_len``, scaled so the truncated mean is ``mean``.
 
         Truncation puts the gamma's mass above ``max_len`` on ``max_len`` itself (responses
@@ -95,13 +97,17 @@ class LengthDistribution:
         ``E[min(X, L)] = k theta P(k+1, L/theta) + L (1 - P(k, L/theta)) = mean``
         (P the regularised lower incomplete gamma function), found by bisection.
 
+        ``names`` are the options the mean and the maximum came from, for the errors
+        (``("--mean-prompt-len", "--prompt-len")`` for prompts).
+
         Raises:
             TunerError: ``max_len < 1`` or ``mean`` not in ``(0, max_len)``.
         """
+        mean_name, max_name = names
         if max_len < 1:
-            raise TunerError(f"--response-len must be at least 1 token, got {max_len}")
+            raise TunerError(f"{max_name} {max_len}: must be at least 1")
         if not (0 < mean < max_len):
-            raise TunerError(f"--mean-response-len {mean:g} must be above 0 and below --response-len {max_len:,}")
+            raise TunerError(f"{mean_name} {mean:g}: must be above 0 and below {max_name} {max_len:,}")
 
         def truncated_mean(theta: float) -> float:
             x = max_len / theta

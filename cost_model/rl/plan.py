@@ -33,12 +33,16 @@ from specs import GIB, Cluster, ModelSpec, Precision, Workload
 from specs.errors import TunerError
 
 __all__ = [
+    "MAX_ASYNC_STEPS",
+    "MAX_SEQUENCES_PER_STEP",
+    "MAX_SWEEP_SEQUENCES",
     "Framework",
     "LatencyProvider",
     "PlanChoice",
     "PlanSet",
     "RLJob",
     "RLPlan",
+    "check_async_steps",
     "default_latency",
     "engine_shapes",
     "engine_weight_bytes",
@@ -72,6 +76,20 @@ CUDA_GRAPH_BYTES = 1.5 * GIB
 #: vLLM's KV block size default (``CacheConfig.block_size``).
 BLOCK_SIZE = 16
 
+#: Most sequences (prompts x generations) one step may hold: twice DAPO's 512 prompts x 16
+#: (arXiv 2503.14476); the rollout simulation's time grows with it (16,384 takes about 40 s to
+#: plan on 8 or 32 H200 nodes).
+MAX_SEQUENCES_PER_STEP = 16_384
+#: Deepest async depth K (steps of off-policyness) a plan search sweeps. NeMo-RL's
+#: ``grpo.async_grpo.max_trajectory_age_steps`` defaults to 1 and its recipes use 1-2; the
+#: deepest published run (``benchmarks/data/rl_runs.csv``) is 8-off.
+MAX_ASYNC_STEPS = 8
+#: Most sequences an async sweep 0..K simulates: depth k queues k + 1 steps, so the sweep
+#: simulates ``prompts x generations x (K + 1)(K + 2) / 2`` per engine configuration. The bound
+#: admits every published run (64 x 32 at K = 8: 92,160), whose plan takes 100 s on 8x8xH200 and
+#: 170 s on 32x8xH200 (a 2-core machine): the search stays minutes, never unbounded.
+MAX_SWEEP_SEQUENCES = 98_304
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RLJob:
@@ -103,7 +121,16 @@ class RLJob:
     def __post_init__(self) -> None:
         for f in ("prompt_len", "response_len", "prompts_per_step", "generations_per_prompt"):
             if getattr(self, f) < 1:
-                raise TunerError(f"--{f.replace('_', '-')} must be at least 1, got {getattr(self, f)}")
+                raise TunerError(f"--{f.replace('_', '-')} {getattr(self, f)}: must be at least 1")
+        if not (0 < self.mean_prompt_len <= self.prompt_len):
+            raise TunerError(f"--mean-prompt-len {self.mean_prompt_len:g}: must be above 0 and at most --prompt-len {self.prompt_len:,}")
+        if self.sequences > MAX_SEQUENCES_PER_STEP:
+            raise TunerError(
+                f"--prompts-per-step {self.prompts_per_step:,} x --generations-per-prompt {self.generations_per_prompt:,} = {self.sequences:,} sequences per step; "
+                f"accepted: at most {MAX_SEQUENCES_PER_STEP:,} (e.g. 1,024 prompts x 16; DAPO samples 512 x 16 = 8,192)"
+            )
+        if self.max_seq_len < 0:
+            raise TunerError(f"--max-seq-len {self.max_seq_len}: must be 0 (prompt + response) or longer than --response-len {self.response_len:,}")
         if self.max_seq_len and self.response_len >= self.max_seq_len:
             raise TunerError(
                 f"--response-len {self.response_len:,} is not shorter than --max-seq-len {self.max_seq_len:,}: "
@@ -111,10 +138,14 @@ class RLJob:
             )
         if self.responses.max > self.response_len:
             raise TunerError(f"the response lengths reach {self.responses.max:,} tokens, above --response-len {self.response_len:,}")
+        if self.train_global_batch_size < 0:
+            raise TunerError(f"--train-global-batch {self.train_global_batch_size}: must be 0 (all of a step) or a divisor of prompts x generations = {self.sequences}")
         if self.train_global_batch_size and self.sequences % self.train_global_batch_size:
             raise TunerError(f"--train-global-batch {self.train_global_batch_size} must divide prompts x generations = {self.sequences}")
-        if self.logprob_passes < 0:
-            raise TunerError(f"--logprob-passes must be 0 or more, got {self.logprob_passes}")
+        if self.logprob_passes not in (1, 2):
+            raise TunerError(
+                f"--logprob-passes {self.logprob_passes}: accepted 1 (the policy's log-probs for the importance ratio) or 2 (and the reference's for KL)"
+            )
 
     @property
     def sequences(self) -> int:
@@ -192,8 +223,11 @@ class PlanSet:
     rejected: dict[str, int] = field(default_factory=dict)
     """Why candidates were set aside (reason -> count)."""
 
-    def front_by_rollout_gpus(self) -> list[RLPlan]:
-        """The fastest plan per rollout-GPU count (colocated plans at the full count, marked colocated)."""
+    def fastest_per_rollout_gpus(self) -> list[RLPlan]:
+        """The fastest plan per rollout-GPU count (colocated plans at the full count, marked colocated).
+
+        Not a Pareto front: a smaller count can be faster than every larger one (more rollout GPUs
+        leave fewer to the trainer), and all its rows are kept."""
         best: dict[tuple[bool, int], RLPlan] = {}
         for p in self.plans:
             k = (p.choice.colocated, p.choice.rollout_gpus)
@@ -201,14 +235,39 @@ class PlanSet:
                 best[k] = p
         return sorted(best.values(), key=lambda p: (p.choice.colocated, p.choice.rollout_gpus))
 
-    def front_by_staleness(self) -> list[RLPlan]:
-        """The fastest plan per async depth K."""
+    def fastest_per_async_depth(self) -> list[RLPlan]:
+        """The fastest plan per async depth K (every depth kept, as for :meth:`fastest_per_rollout_gpus`)."""
         best: dict[int, RLPlan] = {}
         for p in self.plans:
             k = p.choice.async_steps
             if k not in best or p.step_time_s < best[k].step_time_s:
                 best[k] = p
         return [best[k] for k in sorted(best)]
+
+
+def check_async_steps(job: RLJob, async_steps: int, *, sweep: bool = True) -> None:
+    """Check an async depth K: 0..:data:`MAX_ASYNC_STEPS`; for a plan search, which sweeps 0..K
+    (``sweep``), the sweep's simulated sequences at most :data:`MAX_SWEEP_SEQUENCES` too.
+
+    Raises:
+        TunerError: K out of range, or a sweep too large (the deepest K accepted for the job named).
+    """
+    if not 0 <= async_steps <= MAX_ASYNC_STEPS:
+        raise TunerError(
+            f"--async-steps {async_steps}: accepted 0..{MAX_ASYNC_STEPS} (steps of off-policyness; "
+            f"NeMo-RL's max_trajectory_age_steps defaults to 1)"
+        )
+    if not sweep:
+        return
+    s = job.sequences
+    swept = s * (async_steps + 1) * (async_steps + 2) // 2
+    if swept > MAX_SWEEP_SEQUENCES:
+        deepest = max(k for k in range(MAX_ASYNC_STEPS + 1) if s * (k + 1) * (k + 2) // 2 <= MAX_SWEEP_SEQUENCES or k == 0)
+        raise TunerError(
+            f"--async-steps {async_steps} with --prompts-per-step {job.prompts_per_step:,} x --generations-per-prompt {job.generations_per_prompt:,}: "
+            f"the sweep over depths 0..{async_steps} simulates {s:,} x (1 + ... + {async_steps + 1}) = {swept:,} sequences; "
+            f"accepted: at most {MAX_SWEEP_SEQUENCES:,}, so --async-steps 0..{deepest} for these prompts (or fewer prompts x generations)"
+        )
 
 
 # --------------------------------------------------------------------------- memory of an engine
@@ -273,7 +332,7 @@ def _requests(job: RLJob, steps: int) -> tuple[npt.NDArray[np.int64], npt.NDArra
     if job.mean_prompt_len >= job.prompt_len:
         prompt = np.full(prompts_n, job.prompt_len, dtype=np.int64)
     else:
-        prompt = LengthDistribution.from_mean_max(job.mean_prompt_len, job.prompt_len).draw(prompts_n, seed=1)
+        prompt = LengthDistribution.from_mean_max(job.mean_prompt_len, job.prompt_len, names=("--mean-prompt-len", "--prompt-len")).draw(prompts_n, seed=1)
     prompt = np.repeat(prompt, job.generations_per_prompt)
     resp = job.responses.draw(job.sequences * steps, seed=2)
     return prompt, resp
@@ -451,10 +510,12 @@ def enumerate_plans(
 
     Raises:
         TunerError: constraints that leave no plan to evaluate (the reasons counted), rollout GPUs
-            that are not whole nodes or exceed the cluster.
+            that are not whole nodes or exceed the cluster, an async sweep out of
+            :func:`check_async_steps`'s bounds.
         EngineDataError: the engine model has nothing for the job's model, GPU or precision, or
             aiconfigurator is not installed (the message names the accepted ones or the extra).
     """
+    check_async_steps(job, async_steps)
     cl = job.cluster
     nodes = cl.num_nodes
     per = cl.gpus_per_node

@@ -171,20 +171,20 @@ def _latency(job, shape):
     return LatencyTable.from_functions(lambda n, c: (8e-3 + 2e-5 * n + 1e-9 * n * c) / shape.gpus**0.5, lambda t: 2e-5 * t / shape.gpus, max_ctx=job.max_total_len)
 
 
-def test_plans_are_ranked_and_the_front_covers_every_split():
+def test_plans_are_ranked_and_the_fastest_per_rollout_gpus_covers_every_split():
     ps = enumerate_plans(_job(), latency=_latency, max_num_seqs=(256,), enforce_eager=(False,))
     times = [p.step_time_s for p in ps.plans]
     assert times == sorted(times)
-    splits = {(p.choice.colocated, p.choice.rollout_gpus) for p in ps.front_by_rollout_gpus()}
+    splits = {(p.choice.colocated, p.choice.rollout_gpus) for p in ps.fastest_per_rollout_gpus()}
     assert (True, 32) in splits and {(False, 16), (False, 24)} <= splits  # 8 + 24: no trainer layout divides 256 sequences over 24 GPUs
     assert any("trainer" in k for k in ps.rejected)
     best = ps.plans[0]
     assert best.parts.generation_s > 0 and best.parts.training_s > 0
 
 
-def test_async_depth_front_is_monotone_for_a_generation_bound_job():
+def test_fastest_per_async_depth_is_monotone_for_a_generation_bound_job():
     ps = enumerate_plans(_job(), latency=_latency, colocated=False, async_steps=2, max_num_seqs=(256,), enforce_eager=(False,))
-    front = ps.front_by_staleness()
+    front = ps.fastest_per_async_depth()
     assert [p.choice.async_steps for p in front] == [0, 1, 2]
     assert front[1].step_time_s < front[0].step_time_s
 

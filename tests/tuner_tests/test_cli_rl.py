@@ -45,7 +45,7 @@ def test_tune_rl_ranks_plans_as_json(tmp_path):
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     steps = [p["predicted"]["step_time_s"] for p in d["plans"]]
-    assert steps == sorted(steps) and d["front_by_staleness"][0]["async_steps"] == 0
+    assert steps == sorted(steps) and d["fastest_per_async_depth"][0]["async_steps"] == 0
     assert "prediction" in d["note"]
     assert "policy:" in out.read_text()
 
@@ -70,7 +70,8 @@ def test_tune_rl_out_writes_the_framework_launch_through_the_registry(tmp_path):
 def test_tune_rl_table_labels_predictions():
     r = CliRunner().invoke(app, ["rl", *JOB, "--top", "3"])
     assert r.exit_code == 0, r.output
-    assert "prediction" in r.stdout and "Front" in r.stdout
+    out = " ".join(r.stdout.split())
+    assert "prediction" in out and "Fastest plan per rollout-GPU count (every count, not a Pareto front)" in out and "Front" not in out
 
 
 @pytest.mark.parametrize(
@@ -93,6 +94,83 @@ def test_bad_input_is_one_red_line_exit_2(extra, needle):
     assert r.exit_code == 2, r.output
     assert needle in " ".join(r.stderr.split()) and "Traceback" not in r.stderr
     assert r.stderr.strip().startswith("error:") and r.stdout == ""
+
+
+#: The job of the adversarial report: every bad option below is refused up front, before a rollout is simulated.
+MINIMAX = ["--model", "MiniMax-M2", "--gpus", "8x8xH200"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        # crashed (exit 1, "internal error") before
+        (["--max-num-seqs", "0"], "--max-num-seqs 0: must be at least 1"),
+        (["--max-num-seqs", "-1"], "--max-num-seqs -1: must be at least 1"),
+        (["--engine-ep", "0"], "--engine-ep 0: must be at least 1 (1 = experts tensor-parallel); accepted: 1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64"),
+        (["--gpu-memory-utilization", "nan"], "--gpu-memory-utilization nan: must be in (0, 1]"),
+        # accepted with exit 0 before
+        (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization 1.5: must be in (0, 1]"),
+        (["--async-steps", "-1"], "--async-steps -1: accepted 0..8"),
+        (["--top", "-1"], "--top -1: must be at least 1"),
+        (["--top", "0"], "--top 0: must be at least 1"),
+        (["--logprob-passes", "0"], "--logprob-passes 0: accepted 1 (the policy's log-probs for the importance ratio) or 2 (and the reference's for KL)"),
+        (["--mean-prompt-len", "3000"], "--mean-prompt-len 3000: must be above 0 and at most --prompt-len 2,048"),
+        # ran for minutes before
+        (["--async-steps", "100"], "--async-steps 100: accepted 0..8"),
+        (["--prompts-per-step", "1000000"], "--prompts-per-step 1,000,000 x --generations-per-prompt 16 = 16,000,000 sequences per step; accepted: at most 16,384"),
+        (["--prompts-per-step", "128", "--async-steps", "8", "--generations-per-prompt", "32"],
+         "--async-steps 8 with --prompts-per-step 128 x --generations-per-prompt 32: the sweep over depths 0..8 simulates 4,096 x (1 + ... + 9) = 184,320 sequences; "
+         "accepted: at most 98,304, so --async-steps 0..5 for these prompts"),
+        # named the wrong option, or only "no RL plan fits", before
+        (["--mean-prompt-len", "-1"], "--mean-prompt-len -1: must be above 0 and at most --prompt-len 2,048"),
+        (["--mean-prompt-len", "nan"], "--mean-prompt-len nan: must be above 0"),
+        (["--mean-response-len", "7000"], "--mean-response-len 7000: must be above 0 and below --response-len 6,144"),
+        (["--engine-ep", "3"], "--engine-ep 3: an engine's experts are sharded over its GPUs, which divide a node's 8 GPUs or are whole nodes tiling the rollout GPUs (256 experts); accepted: 1, 2, 4, 8, 16, 24"),
+        (["--engine-tp", "8", "--engine-ep", "3"], "with --engine-tp 8, EP divides it or is a multiple of it; accepted: 1, 2, 4, 8, 16, 24"),
+        (["--no-colocated", "--rollout-gpus", "16", "--engine-ep", "32"], "--engine-ep 32: an engine's experts are sharded"),
+        (["--gpu-memory-utilization", "-0.5"], "--gpu-memory-utilization -0.5: must be in (0, 1]"),
+        (["--trainer-layout", "megatron:tp=3"], "--trainer-layout 'megatron:tp=3': fits no trainer size this search tries (64, 56, 48, 40, 32, 24, 16, 8 GPUs); "
+         "trainer layout megatron:tp=3,cp=1,ep=1,pp=1,vpp=1 on 64 GPUs breaks a Megatron rule"),
+        (["--trainer-layout", "megatron:tp=3"], "query_groups_tp: num_query_groups (8) must be a multiple or a divisor of tp (3)"),
+        (["--train-global-batch", "-2"], "--train-global-batch -2: must be 0 (all of a step) or a divisor of prompts x generations = 512"),
+        (["--max-seq-len", "-1"], "--max-seq-len -1: must be 0 (prompt + response) or longer than --response-len 6,144"),
+        (["--prompt-len", "0"], "--prompt-len 0: must be at least 1"),
+    ],
+)
+def test_bad_search_option_is_refused_up_front_exit_2(extra, needle, monkeypatch):
+    def no_simulation(*a, **k):
+        raise AssertionError("simulated before the options were checked")
+
+    monkeypatch.setattr(plan_mod, "simulate_rollout", no_simulation)
+    r = CliRunner().invoke(app, ["rl", *MINIMAX, *extra])
+    assert r.exit_code == 2, r.output
+    msg = " ".join(r.stderr.split())
+    assert needle in msg, msg
+    assert msg.startswith("error:") and msg.count("error:") == 1 and r.stdout == ""
+    assert "Traceback" not in r.output and "internal error" not in r.output
+
+
+def test_calibrate_refuses_an_async_depth_out_of_range():
+    r = CliRunner().invoke(app, [
+        "rl", "calibrate", "--log", str(ROOT / "tests" / "fixtures" / "rl_logs" / "nemo_rl_grpo_sync.log"),
+        "--model", "Qwen3-30B-A3B", "--gpus", "4x8xH100", "--rollout-gpus", "16", "--async-steps", "9",
+        "--rollout-layout", "vllm:tp=2,ep=1,pp=1", "--trainer-layout", "megatron:tp=1,cp=1,ep=8,pp=1,vpp=1",
+    ])
+    assert r.exit_code == 2 and "--async-steps 9: accepted 0..8" in " ".join(r.stderr.split()) and "Traceback" not in r.output
+
+
+def test_engine_ep_of_a_dense_model_is_1():
+    r = CliRunner().invoke(app, ["rl", "--model", "Qwen3-32B", "--gpus", "2x8xH100", "--engine-ep", "8"])
+    assert r.exit_code == 2 and "--engine-ep 8: Qwen3-32B is dense (no experts to shard); accepted: 1" in " ".join(r.stderr.split())
+
+
+def test_the_deepest_accepted_sweep_and_good_options_still_plan():
+    r = CliRunner().invoke(app, ["rl", *JOB, "--no-colocated", "--async-steps", "8", "--prompts-per-step", "2", "--engine-tp", "8", "--engine-ep", "8",
+                                 "--gpu-memory-utilization", "0.9", "--max-num-seqs", "256", "--enforce-eager", "--top", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert [p["async_steps"] for p in d["fastest_per_async_depth"]] == list(range(9))
+    assert d["plans"][0]["rollout_layout"] == "vllm:tp=8,ep=8,pp=1" and d["plans"][0]["gpu_memory_utilization"] == 0.9
 
 
 @pytest.mark.real_engine
