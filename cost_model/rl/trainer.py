@@ -216,7 +216,8 @@ def _plans(
                 optimizer_bytes=float(est.memory["optimizer"][i]),
                 weights_bytes=float(est.memory["weights"][i]),
                 in_validated_scope=scope,
-                note="" if scope else f"outside AutoModel's validated scope (CP/EP {'/'.join(f'{c}/{e}' for c, e in validated)})",
+                note="" if scope else ("outside AutoModel's validated scope (run with "
+                                       + ", ".join(f"CP {c} x EP {e}" for c, e in validated) + ": other CP/EP pairs are not known to run)"),
             )
         )
     return out

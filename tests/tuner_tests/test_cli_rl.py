@@ -64,7 +64,7 @@ def test_tune_rl_out_writes_the_framework_launch_through_the_registry(tmp_path):
     r = CliRunner().invoke(app, ["rl", *JOB, "--framework", "slime", "--top", "1", "--out", str(tmp_path / "slime")])
     assert r.exit_code == 0, r.output
     s = tmp_path / "slime" / "run_slime_rl.sh"
-    assert stat.S_IMODE(s.stat().st_mode) == 0o755 and s.read_text().startswith("#!/usr/bin/env bash\n") and "wrote the best plan's slime launch" in r.stdout
+    assert stat.S_IMODE(s.stat().st_mode) == 0o755 and s.read_text().startswith("#!/usr/bin/env bash\n") and "wrote the exported plan's slime launch" in r.stdout
 
 
 def test_tune_rl_table_labels_predictions():
@@ -267,3 +267,16 @@ def test_fp8_generation_and_training_reach_the_recipe(tmp_path):
     assert "fp8 weights" in text and "(fp8_blockwise)" in text  # the header says what was predicted
     r = CliRunner().invoke(app, ["rl", *JOB, "--training-precision", "fp4x"])
     assert r.exit_code == 2 and "--training-precision 'fp4x': accepted bf16, fp8" in " ".join(r.stderr.split())
+
+
+def test_the_export_is_the_fastest_plan_inside_the_trainer_s_validated_scope(tmp_path):
+    seed = ["--model", "MiniMax-M3", "--gpus", "32x8xH200", "--framework", "nemo-rl", "--prompt-len", "2048", "--response-len", "6144",
+            "--prompts-per-step", "32", "--generations-per-prompt", "16"]
+    r = CliRunner().invoke(app, ["rl", *seed, "--out", str(tmp_path), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    exported = d["exported_plan"]
+    assert not any("outside" in n for n in exported["notes"])
+    outside_first = any("outside" in n for n in d["plans"][0]["notes"])
+    assert outside_first  # with these engines the fastest plan is AutoModel outside CP 8 x EP 128 (checked: the case this pins)
+    assert "validated scope" in d["export_note"] and exported["predicted"]["step_time_s"] >= d["plans"][0]["predicted"]["step_time_s"]
