@@ -384,11 +384,17 @@ def fit_calibration(results: Sequence[RowResult], *, base: RLCalibration = DEFAU
         return base.replace(generation_scale=float(g), training_scale=float(t), logprob_scale=float(t), switch_fixed_s=float(sw), step_overhead_s=float(ov), source=source)
 
     def loss(x: np.ndarray) -> float:
+        if not np.all(np.abs(x) <= _LOG_FACTOR_BOUND):  # the simplex can wander to factors of e^700 (inf): out of range
+            return float("inf")
         c = cal(x)
         return float(sum(abs(math.log(recalibrate(r.plan, base, c) / r.row.step_time_s)) for r in use if r.plan is not None))
 
     x0 = np.log([base.generation_scale, base.training_scale, max(base.switch_fixed_s, 0.1), max(base.step_overhead_s, 0.1)])
     return cal(_minimise(loss, x0))
+
+
+#: Factors and fixed costs are searched within e^-12 .. e^12 (6e-6 .. 1.6e5; seconds for the fixed costs).
+_LOG_FACTOR_BOUND = 12.0
 
 
 def _minimise(loss: Callable[[np.ndarray], float], x0: np.ndarray) -> np.ndarray:
