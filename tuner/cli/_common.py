@@ -149,12 +149,10 @@ class TuneGroup(TyperGroup):
                 _red(f"the study's storage cannot be read ({type(e).__name__}: {first}); the file is damaged or not an Optuna "
                      "study: give another --storage, or restore the file from a copy")
                 code = 2
-                if standalone_mode:
-                    sys.exit(code)
-                return code
-            err.print(f"[bold red]internal error:[/] {escape(f'{type(e).__name__}: {e}')}"
-                      + ("" if debug else " (re-run with --debug for the traceback, and report it)"), soft_wrap=True)
-            code = 1
+            else:
+                err.print(f"[bold red]internal error:[/] {escape(f'{type(e).__name__}: {e}')}"
+                          + ("" if debug else " (re-run with --debug for the traceback, and report it)"), soft_wrap=True)
+                code = 1
         if standalone_mode:
             sys.exit(code)
         return code
