@@ -185,3 +185,16 @@ def test_offload_times():
     serial = make_ctx(**BASE, optimizer_offload_fraction=0.25, overlap_cpu_optimizer_d2h_h2d=False)
     assert optimizer.offload_time(serial, owned)[0] == pytest.approx(75 * 4 / 2e9 + 75 * 6 / (5e10 * 0.7))
     assert optimizer.offload_time(make_ctx(**BASE), owned)[0] == 0
+
+
+def test_host_memory_per_node():
+    """The node's host memory: 4 GPUs x (the process's RSS + offloaded parameters x host bytes per parameter)."""
+    owned = np.array([[100.0, 300.0]])
+    c = make_ctx(**BASE, optimizer_offload_fraction=0.25)  # precision-aware (the default): 18 B per offloaded parameter
+    assert optimizer.host_offload_bytes_per_param(c)[0, 0] == 18
+    proc = c.cal.host_process_bytes
+    assert optimizer.host_bytes_per_node(c, owned)[0] == pytest.approx(4 * (proc + 75 * 18))
+    plain = make_ctx(**BASE, optimizer_offload_fraction=0.25, use_precision_aware_optimizer=False)
+    assert optimizer.host_offload_bytes_per_param(plain)[0, 0] == 16
+    assert optimizer.host_bytes_per_node(plain, owned)[0] == pytest.approx(4 * (proc + 75 * 16))
+    assert optimizer.host_bytes_per_node(make_ctx(**BASE), owned)[0] == pytest.approx(4 * proc)  # no offload: the processes only
