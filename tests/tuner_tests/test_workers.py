@@ -133,3 +133,13 @@ def test_a_storage_error_while_reading_a_study_is_a_user_error(monkeypatch):
     monkeypatch.setattr(studies, "load_study", damaged)
     r = CliRunner().invoke(app, ["pareto", "--study", "s"])
     assert r.exit_code == 2 and "storage cannot be read" in r.output and "internal error" not in r.output, r.output
+
+
+def test_reading_a_study_from_a_missing_sqlite_file_creates_nothing(tmp_path):
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    missing = tmp_path / "nosuch.db"
+    r = CliRunner().invoke(app, ["pareto", "--study", "s", "--storage", f"sqlite:///{missing}"])
+    assert r.exit_code == 2 and "no database file" in r.output and not missing.exists()

@@ -241,6 +241,10 @@ def load_study(study: str | None, storage: str | None, results_dir: Path) -> Any
     if not storage and not db.exists():
         first = shell_command("tune", "--model", "...", "--gpus", "...", *study_flags(name, results_dir))
         raise TunerError(f"--study {name!r}: no study database at {db}; run `{first}` first, or give --storage")
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        path = Path(url[len("sqlite:///"):])
+        if not path.is_file():  # SQLite would create an empty database file: reading a study writes nothing
+            raise TunerError(f"--storage {url!r}: no database file at {path}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from tuner.study import _mask, open_storage
 
