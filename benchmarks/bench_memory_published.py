@@ -3,7 +3,7 @@
     python benchmarks/bench_memory_published.py [--data benchmarks/data/published_runs.csv]
 
 Prints, per (dense/MoE, precision, GPU), how many representable rows are predicted to fit with
-the shipped calibration and 10% headroom, and the median predicted peak over the GPU's memory.
+the shipped calibration and the default headroom (0.07), and the median predicted peak over the GPU's memory.
 A row predicted not to fit is a memory over-prediction (the run did fit).
 """
 

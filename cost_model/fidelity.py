@@ -15,18 +15,18 @@ __all__ = ["known_gaps"]
 def known_gaps(layout: Layout) -> list[str]:
     """Measured gaps of the estimate that apply to ``layout``, one line each (empty when none apply).
 
-    - CPU optimizer offload: the reserved peak was 13-20% above the prediction (offload 0.5: 81.7 GiB reserved
-      against 65.4 predicted; 1.0: 49.2 against 42.6), beyond the default 7% headroom; step time 15-25% above it;
-      host memory (RSS) 24-26% above the predicted host memory (58.9 GiB against 43.4; 111.5 against 84.5).
+    - CPU optimizer offload: the predicted peak was 13-20% under the reserved peak (offload 0.5: 65.4 GiB predicted
+      against 81.7 reserved; 1.0: 42.6 against 49.2), beyond the default 7% headroom; the predicted host memory 24-26%
+      under the peak RSS (43.4 GiB against 58.9; 84.5 against 111.5); the predicted step 15-25% too short.
     - recompute (full, or selective ``moe``): the extra time was 1.5-1.7x the predicted extra time (MiniMax-M2
       1-layer slice: full +0.32 s measured against +0.21 s, selective ``moe`` +0.32 s against +0.19 s).
     """
     out: list[str] = []
     if layout.optimizer_offload_fraction > 0:
         out.append(
-            "CPU optimizer offload: on 1 x H200 the reserved peak was 13-20% above the predicted peak, the host memory 24-26% "
-            "above its prediction and the step 15-25% slower (docs/measurements.md, TE sweep); the memory headroom does not "
-            "cover that: confirm with a real trial"
+            "CPU optimizer offload: on 1 x H200 the predicted peak was 13-20% under the reserved peak, the predicted host "
+            "memory 24-26% under the measured RSS and the predicted step 15-25% too short (docs/measurements.md, TE sweep); "
+            "the memory headroom does not cover that: confirm with a real trial"
         )
     heavy = layout.recompute_granularity is RecomputeGranularity.full or "moe" in layout.recompute_modules
     if heavy:

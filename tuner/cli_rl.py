@@ -329,7 +329,9 @@ def plan(
         # plan outside it is printed first but not exported
         best = next((p for p in ps.plans if p.trainer.in_validated_scope), ps.plans[0])
         export_note = ""
-        if best is not ps.plans[0]:
+        if not best.trainer.in_validated_scope:
+            export_note = f"no plan's trainer layout is inside the backend's validated scope; the export is plan 1, {best.trainer.note}"
+        elif best is not ps.plans[0]:
             gain = 1 - ps.plans[0].step_time_s / best.step_time_s
             export_note = (f"the export is the fastest plan inside the trainer's validated scope ({best.step_time_s:.1f} s per step); "
                            f"plan 1 is predicted {gain:.1%} faster but {ps.plans[0].trainer.note}")

@@ -444,6 +444,8 @@ def fit_calibrations(results: Sequence[RowResult], *, base: RLCalibration = DEFA
         }
 
     def loss(x: np.ndarray) -> float:
+        if not np.all(np.abs(x) <= _LOG_FACTOR_BOUND):  # out of the searched range (the simplex can reach inf)
+            return float("inf")
         c = cals(x)
         return float(sum(abs(math.log(recalibrate(r.plan, base, c[r.row.gpu]) / r.row.step_time_s)) for r in use if r.plan is not None))
 

@@ -117,3 +117,14 @@ def test_resuming_with_other_host_memory_or_bandwidth_is_refused_in_the_options_
     r = _run(*base, "--network-gbps", "400")
     assert r.exit_code == 2 and "--network-gbps 400 Gb/s per node" in r.output, r.output
     assert _run(*base).exit_code == 0  # the same inputs resume it
+
+
+def test_a_study_opens_by_a_sqlite_url_with_a_query_and_names_a_changed_network(tmp_path):
+    base = ["--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8", "--trials", "2", "--stack", "megatron",
+            "--results-dir", str(tmp_path), "--study", "q"]
+    assert _run(*base).exit_code == 0
+    db = tmp_path / "q" / "study.db"
+    r = _run("pareto", "--study", "q", "--storage", f"sqlite:///{db}?timeout=5")
+    assert r.exit_code == 0 and "Pareto front" in r.output, r.output
+    r = _run(*base, "--network", "ib-ndr")
+    assert r.exit_code == 2 and "--network efa-v3" in r.output and "--network ib-ndr" in r.output, r.output

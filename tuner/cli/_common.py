@@ -145,9 +145,12 @@ class TuneGroup(TyperGroup):
             if debug:
                 _traceback(e)
             if _is_storage_error(e):  # a damaged study database found while reading it: the user's file, not a bug
-                first = str(e).splitlines()[0] if str(e) else ""
-                _red(f"the study's storage cannot be read ({type(e).__name__}: {first}); the file is damaged or not an Optuna "
-                     "study: give another --storage, or restore the file from a copy")
+                from tuner.study.config import _mask
+
+                first = _mask(str(e).splitlines()[0]) if str(e) else ""
+                _red(f"the study's storage cannot be read or reached ({type(e).__name__}: {first}): a damaged or locked file, "
+                     "not an Optuna study, or a database server that does not answer; give another --storage, or restore the "
+                     "file from a copy")
                 code = 2
             else:
                 err.print(f"[bold red]internal error:[/] {escape(f'{type(e).__name__}: {e}')}"
@@ -159,6 +162,23 @@ class TuneGroup(TyperGroup):
 
 
 # ---- small helpers ---------------------------------------------------------------------
+
+
+def _missing_sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL when it does not exist (query strings and ``sqlite+driver`` forms included), else None."""
+    if not url.startswith("sqlite"):
+        return None
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        u = make_url(url)
+    except ArgumentError:
+        return None  # Optuna reports a malformed URL itself
+    db = u.database or ""
+    if not u.drivername.startswith("sqlite") or db in ("", ":memory:") or db.startswith("file:"):
+        return None
+    return None if Path(db).is_file() else Path(db)
 
 
 def _is_storage_error(e: BaseException) -> bool:
@@ -241,10 +261,9 @@ def load_study(study: str | None, storage: str | None, results_dir: Path) -> Any
     if not storage and not db.exists():
         first = shell_command("tune", "--model", "...", "--gpus", "...", *study_flags(name, results_dir))
         raise TunerError(f"--study {name!r}: no study database at {db}; run `{first}` first, or give --storage")
-    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        path = Path(url[len("sqlite:///"):])
-        if not path.is_file():  # SQLite would create an empty database file: reading a study writes nothing
-            raise TunerError(f"--storage {url!r}: no database file at {path}")
+    missing = _missing_sqlite_file(url)
+    if missing is not None:  # SQLite would create an empty database file: reading a study writes nothing
+        raise TunerError(f"--storage {url!r}: no database file at {missing}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from tuner.study import _mask, open_storage
 
@@ -273,7 +292,7 @@ def study_context(st: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
     m = model_spec_from_dict(st.user_attrs["model_spec"])
     c = parse_gpus(f"{res['num_gpus']}x{res['gpu']}", gpus_per_node=res["gpus_per_node"],
                    inter_node_bytes_per_s=res["inter_node_bytes_per_s"], usd_per_gpu_hour=res["usd_per_gpu_hour"],
-                   network=res.get("network") or None)
+                   network=res.get("network") or None, host_memory_gib=res.get("host_memory_gib") or None)
     w = Workload(seq_length=res["seq_length"], global_batch_size=res["global_batch_size"], precision=res.get("precision", "bf16"))
     return m, c, w, cfg
 

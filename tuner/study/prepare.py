@@ -4,6 +4,7 @@ and keep those predicted to fit (the candidates a study evaluates), with the pre
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 
@@ -122,9 +123,9 @@ def prepare(config: TuneConfig) -> Prepared:
     if not fits.any():
         need = float(est.host_bytes_per_node[gpu_fits].min()) / 2**30
         raise TunerError(
-            f"--host-memory-gib {cluster.host_memory_bytes_per_node / 2**30:,.0f}: every layout that fits in GPU memory needs more "
+            f"--host-memory-gib {cluster.host_memory_bytes_per_node / 2**30:,.3g}: every layout that fits in GPU memory needs more "
             f"host memory per node (the least: {need:,.1f} GiB predicted, the training processes and CPU optimizer offload); "
-            f"give at least {need:,.0f} GiB, or leave offload out of the space (--space)"
+            f"give at least {math.ceil(need):,} GiB, or leave offload out of the space (--space)"
         )
     idx = np.flatnonzero(fits)
     front_local = pareto_mask(est.tokens_per_s_per_gpu[idx], est.peak_bytes[idx])

@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import json
 import logging
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +90,28 @@ def _check_journal_lines(url: str, path: Path) -> None:
     """
     if not path.is_file() or path.stat().st_size == 0:
         return
+    bad = _first_bad_journal_line(url, path)
+    if bad is not None and bad == _journal_line_count(path):  # the last line: maybe another worker is appending it now
+        time.sleep(1.0)
+        bad = _first_bad_journal_line(url, path)
+    if bad is not None:
+        raise TunerError(
+            f"--storage {_mask(url)!r}: {path} is not an Optuna journal file: line {bad} is not a JSON record; the file "
+            "was left as it is. If a worker was killed while writing, remove that last line (keep a copy) and run again; "
+            "otherwise give a new path or an existing journal")
+
+
+def _journal_line_count(path: Path) -> int:
+    with path.open("rb") as f:
+        return sum(1 for _ in f)
+
+
+def _first_bad_journal_line(url: str, path: Path) -> int | None:
+    """The number (from 1) of the first line of ``path`` that is not a JSON object, or None.
+
+    Raises:
+        TunerError: the file cannot be read.
+    """
     try:
         with path.open("rb") as f:
             for n, raw in enumerate(f, 1):
@@ -99,12 +122,10 @@ def _check_journal_lines(url: str, path: Path) -> None:
                 except ValueError:
                     ok = False
                 if not ok:
-                    raise TunerError(
-                        f"--storage {_mask(url)!r}: {path} is not an Optuna journal file: line {n} is not a JSON record; the file "
-                        "was left as it is. If a worker was killed while writing, remove that last line (keep a copy) and run again; "
-                        "otherwise give a new path or an existing journal")
+                    return n
     except OSError as e:
         raise TunerError(f"--storage {_mask(url)!r}: cannot read the journal file ({e.strerror or e})") from None
+    return None
 
 
 def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None = None) -> Any:
@@ -216,6 +237,8 @@ _OPTION_OF: dict[str, tuple[str, float, str]] = {
 
 def _as_option(key: str, value: Any) -> str:
     """``key=value`` as the user gave it (``--network-gbps 3,200 Gb/s per node``), else ``key=value``."""
+    if key in ("network", "megatron_core", "precision", "stack", "backend"):
+        return f"--{key.replace('_', '-')} {value}"
     if key in _OPTION_OF and isinstance(value, (int, float)) and not isinstance(value, bool):
         opt, scale, unit = _OPTION_OF[key]
         v = value * scale
