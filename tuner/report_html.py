@@ -26,26 +26,30 @@ from specs.layout import Layout
 from specs.units import DEFAULT_MEMORY_HEADROOM
 from tuner.plots import breakdown_figures, front_trend
 
-__all__ = ["NEAR_BEST", "plotly_bundle", "render_report", "study_report", "write_report"]
+__all__ = ["NEAR_BEST", "ReportUnavailable", "plotly_bundle", "render_report", "study_report", "write_report"]
 
 #: The default band of the "near the fastest" table: layouts within this fraction of the fastest tokens/s/GPU.
 NEAR_BEST = 0.05
+
+
+class ReportUnavailable(TunerError):
+    """report.html cannot be written on this machine (plotly or its bundle is missing); the study is not affected."""
 
 
 def plotly_bundle() -> str:
     """The text of the installed plotly package's ``package_data/plotly.min.js`` (what ``include_plotlyjs=True`` inlines).
 
     Raises:
-        TunerError: plotly is not installed, or its bundle is missing.
+        ReportUnavailable: plotly is not installed, or its bundle is missing.
     """
     spec = importlib.util.find_spec("plotly")
     if spec is None or spec.origin is None:
-        raise TunerError("report.html needs the plotly package (pip install 'plotly>=5'; it is a dependency of this project)")
+        raise ReportUnavailable("report.html needs the plotly package (pip install 'plotly>=5'; it is a dependency of this project)")
     path = Path(spec.origin).parent / "package_data" / "plotly.min.js"
     try:
         return path.read_text(encoding="utf-8")
     except OSError as e:
-        raise TunerError(f"report.html: cannot read plotly's bundle {path} ({e.strerror or e})") from None
+        raise ReportUnavailable(f"report.html: cannot read plotly's bundle {path} ({e.strerror or e})") from None
 
 
 def _json(obj: Any) -> str:

@@ -162,3 +162,23 @@ def test_tune_report_rewrites_the_page(page, tmp_path):
     assert _json_script(again, "report-data")["front"] == _json_script(page[0], "report-data")["front"]
     r = runner.invoke(app, ["report", "--study", "nope", "--results-dir", str(out.parent)])
     assert r.exit_code == 2 and "no study database" in r.output
+
+
+def test_the_main_job_without_plotly_writes_everything_else_and_says_so(tmp_path, monkeypatch):
+    """An environment without plotly (an install from before it became a dependency): the study, the front and the
+    recipe files are written, the page is left out with a note, exit 0."""
+    import importlib.util
+
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "plotly" else real(name, *a))
+    r = CliRunner().invoke(app, ["--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8", "--trials", "3",
+                                 "--stack", "megatron", "--results-dir", str(tmp_path), "--study", "np"])
+    assert r.exit_code == 0, r.output
+    assert "report.html was not written" in r.output and "pip install 'plotly>=5'" in r.output
+    assert (tmp_path / "np" / "recipe.yaml").exists() and not (tmp_path / "np" / "report.html").exists()
+    again = CliRunner().invoke(app, ["report", "--study", "np", "--results-dir", str(tmp_path)])
+    assert again.exit_code == 2 and "plotly" in again.output  # asked for explicitly, it is an error

@@ -243,6 +243,7 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
     best = front[0]
     lay = best["layout"]
     pls = pipeline_layout_of(lay, prep.model)
+    report_note = ""
     files = {
         "pareto": res.out_dir / "pareto.csv",
         "plot": res.out_dir / "pareto.png",
@@ -261,11 +262,14 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
         files.update(export_files(res.out_dir, prep.model, c, w, lay, study=res.study_name, calibration=prep.calibration,
                                   memory_headroom=cfg.memory_headroom, measurement=measurement_from_row(best_row, lay),
                                   notes=runs_note(best_row) + ties_note(rows, best["trial"])))
-        from tuner.report_html import study_report
+        from tuner.report_html import ReportUnavailable, study_report
 
-        files["report"] = study_report(res.out_dir / "report.html", study=res.study_name, model=prep.model, cluster=c, workload=w, rows=rows,
-                                       front=front, backend=cfg.backend, calibration=prep.calibration, memory_headroom=cfg.memory_headroom,
-                                       files={**{p.name: p for p in files.values()}, "config.yaml": res.out_dir / "config.yaml"})
+        try:
+            files["report"] = study_report(res.out_dir / "report.html", study=res.study_name, model=prep.model, cluster=c, workload=w, rows=rows,
+                                           front=front, backend=cfg.backend, calibration=prep.calibration, memory_headroom=cfg.memory_headroom,
+                                           files={**{p.name: p for p in files.values()}, "config.yaml": res.out_dir / "config.yaml"})
+        except ReportUnavailable as e:  # the study, the front and the recipe files are written: only the page is left out
+            report_note = f"note: report.html was not written: {e}; `tune report --study {res.study_name}` writes it later"
     except OSError as e:
         raise TunerError(f"cannot write the results to {res.out_dir} ({e.strerror or e}: {e.filename}); the study and its trials are kept in {_mask(res.storage)}") from None
     out.print(
@@ -287,6 +291,8 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
     out.print("Files:")
     for p in files.values():
         out.print(f"  {p}", markup=False)
+    if report_note:
+        out.print(report_note, markup=False, soft_wrap=True)
     out.print(
         ("The recipe's status is 'predicted': confirm with real trials before training, and check "
          "convergence against a reference layout: " if best["source"] == "predicted" else
