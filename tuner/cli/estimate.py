@@ -46,6 +46,29 @@ A2AOverlapOpt = Annotated[bool, typer.Option("--overlap-moe-expert-parallel-comm
                                               rich_help_panel="Run options")]
 
 
+def estimable_layout(layout: LayoutFlags, m: Any, w: Any, c: Any, opts: Any) -> Any:
+    """The layout the flags give, with ``--pipeline-layout`` applied, as ``tune estimate`` and ``tune timeline`` estimate it.
+
+    Raises:
+        TunerError: a layout string the cost model cannot represent (valid for Megatron: ``tune check`` accepts it), or a
+            rule of the network or the megatron-core release broken (:func:`refuse_env_rules`).
+    """
+    lay = layout.to_layout(c.num_gpus)
+    if layout.pipeline_layout is not None:
+        lay, odd, _ = apply_layout_string(lay, m, layout.pipeline_layout, vpp_given=layout.vpp_given, split_given=layout.split_given)
+        if odd:
+            raise TunerError(f"--pipeline-layout {layout.pipeline_layout!r} is valid for Megatron, but the cost model handles only even splits "
+                             "and first/last-rank splits; `tune check` accepts it")
+    refuse_env_rules(lay, m, w, c, opts)
+    return lay
+
+
+def rule_error(ex: InfeasibleLayout, m: Any, lay: Any) -> TunerError:
+    """The message for a rule the estimate refused, with a first/last split that works when the split is the problem."""
+    hint = split_hint(m, lay) if ex.rule_id == "pipeline_split" else ""
+    return TunerError(f"the layout breaks rule {ex.rule_id}: {ex.reason}{hint}")
+
+
 def refuse_env_rules(lay: Any, m: Any, w: Any, c: Any, opts: Any) -> None:
     """Refuse a layout that breaks a rule of the cluster's network or the megatron-core release (``dispatcher_fabric``,
     ``query_groups_tp``): the estimate itself does not check them (the search's enumeration does).
@@ -113,18 +136,11 @@ def estimate(
     m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd_per_gpu_hour, seq_len, global_batch, precision, layers,
                       network, host_memory_gib)
     opts = RunOptions(overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm, **({"megatron_core": megatron_core} if megatron_core else {}))
-    lay = layout.to_layout(c.num_gpus)
-    if layout.pipeline_layout is not None:
-        lay, odd, _ = apply_layout_string(lay, m, layout.pipeline_layout, vpp_given=layout.vpp_given, split_given=layout.split_given)
-        if odd:
-            raise TunerError(f"--pipeline-layout {layout.pipeline_layout!r} is valid for Megatron, but the cost model handles only even splits "
-                             "and first/last-rank splits; `tune check` accepts it")
-    refuse_env_rules(lay, m, w, c, opts)
+    lay = estimable_layout(layout, m, w, c, opts)
     try:
         e = _estimate(m, c, w, lay, calibration=load_calibration(calibration), memory_headroom=memory_headroom, options=opts)
     except InfeasibleLayout as ex:
-        hint = split_hint(m, lay) if ex.rule_id == "pipeline_split" else ""
-        raise TunerError(f"the layout breaks rule {ex.rule_id}: {ex.reason}{hint}") from None
+        raise rule_error(ex, m, lay) from None
     d = e.to_dict()
     d["pipeline_model_parallel_layout"] = pipeline_layout_of(lay, m)
     d["network"] = c.network.key if c.network else None

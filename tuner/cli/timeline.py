@@ -33,7 +33,7 @@ from tuner.cli._common import (
     out,
     study_context,
 )
-from tuner.cli._layout import LayoutFlags, apply_layout_string, layout_options, split_hint
+from tuner.cli._layout import LayoutFlags, layout_options
 
 __all__ = ["MEASURED_TRACE_GLOB", "app", "measured_traces", "report", "timeline"]
 
@@ -154,22 +154,15 @@ def _flags_layout(layout: LayoutFlags, model: str | None, gpus: str | None, laye
     from cost_model.calibration import load_calibration
     from cost_model.estimate import estimate_details
     from specs import RunOptions
-    from tuner.cli.estimate import _inputs, refuse_env_rules
+    from tuner.cli.estimate import _inputs, estimable_layout, rule_error
 
     m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd, seq_len, global_batch, precision, layers, network)
     opts = RunOptions(**({"megatron_core": megatron_core} if megatron_core else {}))
-    lay = layout.to_layout(c.num_gpus)
-    if layout.pipeline_layout is not None:
-        lay, odd, _ = apply_layout_string(lay, m, layout.pipeline_layout, vpp_given=layout.vpp_given, split_given=layout.split_given)
-        if odd:
-            raise TunerError(f"--pipeline-layout {layout.pipeline_layout!r} is valid for Megatron, but the cost model handles only even splits "
-                             "and first/last-rank splits; `tune check` accepts it")
-    refuse_env_rules(lay, m, w, c, opts)
+    lay = estimable_layout(layout, m, w, c, opts)
     try:
         det = estimate_details(m, c, w, lay, calibration=load_calibration(calibration), memory_headroom=memory_headroom, options=opts)
     except InfeasibleLayout as ex:
-        hint = split_hint(m, lay) if ex.rule_id == "pipeline_split" else ""
-        raise TunerError(f"the layout breaks rule {ex.rule_id}: {ex.reason}{hint}") from None
+        raise rule_error(ex, m, lay) from None
     return det, f"{m.name} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}"
 
 
