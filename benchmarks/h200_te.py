@@ -129,11 +129,13 @@ def run_sweep_case(c: dict[str, Any], cid: str, out_name: str) -> dict[str, Any]
     from specs.layout import Layout
 
     model = slice_model(load_model(c["model"]), c["layers"])
+    if c.get("model_overrides"):
+        model = model.replace(**c["model_overrides"])
     cluster = parse_gpus(c["gpus"])
     wl = Workload(seq_length=c["seq_len"], global_batch_size=c["global_batch"], precision=c["precision"])
     lay = Layout.from_dict(c["layout"])
     row: dict[str, Any] = {"id": cid, "case": c["id"], "model": model.name, "gpus": c["gpus"], "seq_length": wl.seq_length,
-                           "global_batch_size": wl.global_batch_size, "precision": c["precision"], "layout": lay.to_dict(), "label": lay.label,
+                           "global_batch_size": wl.global_batch_size, "precision": c["precision"], "layout": lay.to_dict(), "label": lay.label, "model_overrides": c.get("model_overrides") or {},
                            "options": c["options"], "steps": c["steps"], "warmup": c["warmup"], "uptime_at_start_s": uptime_s(),
                            "driver_elapsed_at_start_s": elapsed()}
     broken = check_layout(lay, model, wl)

@@ -31,17 +31,23 @@ _BASE = {"world_size": 1, "tp": 1, "pp": 1, "ep": 1, "micro_batch_size": 1, "dis
 
 def case(id: str, model: str, layers: int, *, est_s: float, steps: int = 8, warmup: int = 4, precision: str = "bf16",
          seq_len: int = 8192, global_batch: int = 8, census: bool = False, options: dict[str, Any] | None = None,
-         **layout: Any) -> dict[str, Any]:
-    """One sweep case (a plain dict: the driver and the tests read it)."""
+         model_overrides: dict[str, Any] | None = None, **layout: Any) -> dict[str, Any]:
+    """One sweep case (a plain dict: the driver and the tests read it). ``model_overrides``: ModelSpec fields replaced
+    in the slice (e.g. the expert count of one EP rank, or a GPT-OSS feature turned off)."""
     lay = {**_BASE, **layout}
     opts = dict(options or {})
     if census:
         opts["saved_tensor_census"] = True
     return {"id": id, "model": model, "layers": layers, "gpus": "1xH200", "seq_len": seq_len, "global_batch": global_batch,
-            "precision": precision, "layout": lay, "options": opts, "steps": steps, "warmup": warmup, "est_s": est_s}
+            "precision": precision, "layout": lay, "options": opts, "steps": steps, "warmup": warmup, "est_s": est_s,
+            "model_overrides": dict(model_overrides or {})}
 
 
-MM, QW, DS = "MiniMax-M2", "Qwen3-30B-A3B", "DeepSeek-V3"
+MM, QW, DS, OSS = "MiniMax-M2", "Qwen3-30B-A3B", "DeepSeek-V3", "GPT-OSS-120B"
+#: One EP 8 rank of GPT-OSS-120B's experts (128 / 8), and GPT-OSS with its own features off (a plain SwiGLU MoE of its shape).
+OSS_RANK = {"num_experts": 16}
+OSS_VANILLA = {"add_bias_linear": False, "add_qkv_bias": False, "softmax_type": "vanilla", "activation_func": "silu",
+               "activation_func_clamp_value": 0.0, "glu_linear_offset": 0.0, "window_size": 0, "window_attn_skip_freq": ()}
 SEL = {"recompute_granularity": "selective"}
 FULL = {"recompute_granularity": "full", "recompute_num_layers": 1}
 
@@ -77,6 +83,18 @@ CASES: list[dict[str, Any]] = [
          options={"grad_reduce_in_fp32": False, "cross_entropy_fusion": True}),
     case("qw-sel-moe_act-layernorm", QW, 4, est_s=50, **SEL, recompute_modules=("moe_act", "layernorm")),
     case("qw-full-uniform1", QW, 4, est_s=50, **FULL, recompute_method="uniform"),
+    # GPT-OSS-120B (2026-12-01, third batch): what makes its expert layers slower per FLOP than the other MoE models'
+    # (the published k-fold predicts it 46% too fast). Two layers (one sliding-window, one full) of one EP 8 rank of the
+    # published B200 recipe: 16 of the 128 experts, micro-batch 4 at 4,096 tokens, so each expert GEMM has the rows
+    # of that rank (4 x 4,096 x 4 / 16 = 4,096). Each case turns GPT-OSS's features off or on, one at a time.
+    *[case(f"oss-{k}", OSS, 2, est_s=45, seq_len=4096, global_batch=8, micro_batch_size=4, model_overrides={**OSS_RANK, **v})
+      for k, v in (("vanilla", OSS_VANILLA), ("full", {}), ("no-sinks", {"softmax_type": "vanilla"}),
+                   ("no-bias", {"add_bias_linear": False, "add_qkv_bias": False}),
+                   ("swiglu", {"activation_func": "silu", "activation_func_clamp_value": 0.0, "glu_linear_offset": 0.0}),
+                   ("no-window", {"window_size": 0, "window_attn_skip_freq": ()}))],
+    case("oss-full-sel", OSS, 2, est_s=45, seq_len=4096, global_batch=8, micro_batch_size=4, model_overrides=OSS_RANK, **SEL,
+         recompute_modules=("layernorm", "moe_act")),
+    case("qw-oss-shape", QW, 4, est_s=50, seq_len=4096, global_batch=8, micro_batch_size=4),
 ]
 
 

@@ -64,6 +64,12 @@ class Calibration:
     elementwise_bytes_per_copy_moe: float = 40.0
     """HBM bytes moved per routed token copy per hidden unit by permute, unpermute,
     probability scaling and SwiGLU, forward+backward, in units of hidden_size."""
+    expert_bias_bytes_per_copy_moe: float = 157.0
+    """Extra HBM-equivalent bytes per routed token copy per hidden unit, forward+backward, when the experts have
+    biases (``add_bias_linear``, GPT-OSS): measured on 1 x H200 with TE 2.20.2 / megatron-core 0.19.2, a 2-layer
+    GPT-OSS-120B slice with one EP 8 rank's 16 experts at micro-batch 4 x 4,096 tokens ran 0.513 s with its biases
+    and 0.480 s without (0.033 s over 262,144 copy-layers = 126 ns each, x 0.75 x 4.8 TB/s / 2,880;
+    docs/measurements.md, benchmarks/results/h200_te_2026-12-01/call18). Not fitted."""
     elementwise_backward_ratio: float = 2.0
     """Memory-bound work's backward over its forward: a norm's or activation's backward reads its
     saved input and the incoming gradient and writes the input gradient, about twice its forward's

@@ -227,7 +227,7 @@ def _time_parts(c: TableContext, dense: Array, experts: Array, owned: Array, cop
         "ep_comm": schedule.busy_time(c, per_mb["ep_comm"], mean),
         "pp_bubble": schedule.bubble_time(c, slowest, mean),
         "pp_p2p": schedule.pp_p2p_time(c),
-        "dp_comm": comm.dp_comm_time(c, dense, experts),
+        "dp_comm": comm.dp_comm_time(c, dense, experts, total),
         "optimizer": optimizer.optimizer_step_time(c, owned),
         "offload": optimizer.offload_time(c, owned),
     }
@@ -392,6 +392,8 @@ def _details(c: TableContext, est: Estimate, times: step_detail.ChunkTimes, copi
     experts = params.expert_params(c)
     owned = state.owned_params(c, dense, experts)
     c0 = step_detail.no_overlap(c)
+    per_mb = _time_per_microbatch(c, copies)
+    total = _total({p: per_mb[p] for p in step_detail.CHUNK_PARTS})
     tail: dict[str, list[float]] = {p: [] for p in step_detail.TAIL_PARTS}
     hidden: dict[str, list[float]] = {"pp_p2p": [], "dp_comm": [], "offload": []}
     p2p, p2p0 = float(schedule.pp_p2p_time(c)[0]), float(schedule.pp_p2p_time(c0)[0])
@@ -399,16 +401,14 @@ def _details(c: TableContext, est: Estimate, times: step_detail.ChunkTimes, copi
         one = np.zeros_like(c.live)
         one[0, k] = True  # the class alone: the per-step terms' slowest rank is this one
         ck, ck0 = dataclasses.replace(c, live=one), dataclasses.replace(c0, live=one)
-        dp, opt, off = (float(comm.dp_comm_time(ck, dense, experts)[0]), float(optimizer.optimizer_step_time(ck, owned)[0]),
+        dp, opt, off = (float(comm.dp_comm_time(ck, dense, experts, total)[0]), float(optimizer.optimizer_step_time(ck, owned)[0]),
                         float(optimizer.offload_time(ck, owned)[0]))
         for name, v in (("pp_p2p", p2p), ("dp_comm", dp), ("optimizer", opt), ("offload", off)):
             tail[name].append(v)
         hidden["pp_p2p"].append(max(p2p0 - p2p, 0.0))
-        hidden["dp_comm"].append(max(float(comm.dp_comm_time(ck0, dense, experts)[0]) - dp, 0.0))
+        hidden["dp_comm"].append(max(float(comm.dp_comm_time(ck0, dense, experts, total)[0]) - dp, 0.0))
         hidden["offload"].append(max(float(optimizer.offload_time(ck0, owned)[0]) - off, 0.0))
     by_rank = _memory_by_rank(c, dense, experts, owned, copies)
-    per_mb = _time_per_microbatch(c, copies)
-    total = _total({p: per_mb[p] for p in step_detail.CHUNK_PARTS})
     closed = float(m * schedule.slowest_rank_time(total)[0] + schedule.fill_drain_microbatches(c)[0] * schedule.mean_rank_time(c, total)[0])
     sched = step_detail.simulated_schedule(times, layout, m)
     return step_detail.StepDetails(

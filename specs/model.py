@@ -70,8 +70,24 @@ class ModelSpec:
     """Left window of sliding-window attention layers, tokens (Megatron ``--window-size``'s
     left value; HF ``sliding_window``); 0 = no sliding window."""
     window_attn_skip_freq: tuple[int, ...] = ()
-    """One entry per decoder layer: 1 = full (causal) attention, 0 = sliding window (Megatron's
-    list form of ``window_attn_skip_freq``; HF ``layer_types``). Empty = every layer full."""
+    """One entry per decoder layer: 1 = full (causal) attention, 0 = sliding window (HF ``layer_types``).
+    Empty = every layer full. Note: Megatron's list form of ``window_attn_skip_freq`` has the opposite
+    polarity (1 = sliding window: ``megatron/core/transformer/utils.py::is_layer_window_attention``)."""
+    # GPT-OSS's layer details (Megatron-Bridge ``gpt_oss_bridge.py``); the defaults are every other model's.
+    add_bias_linear: bool = False
+    """Biases in the linear layers, experts included (Megatron ``add_bias_linear``; GPT-OSS)."""
+    add_qkv_bias: bool = False
+    """A bias on the QKV projection (Megatron ``add_qkv_bias``; HF ``attention_bias``)."""
+    softmax_type: str = "vanilla"
+    """Megatron ``softmax_type``: "vanilla", or "learnable" (GPT-OSS's attention sinks, a learned
+    per-head offset in the softmax)."""
+    activation_func: str = "silu"
+    """The MLP's activation: "silu" (SwiGLU with ``gated_linear_unit``) or "quick_gelu" (GPT-OSS's
+    clamped ``x * sigmoid(1.702 x)`` GLU, Megatron ``fused_bias_geglu.quick_gelu``)."""
+    activation_func_clamp_value: float = 0.0
+    """Megatron ``activation_func_clamp_value`` (GPT-OSS ``swiglu_limit`` 7.0); 0 = no clamp."""
+    glu_linear_offset: float = 0.0
+    """Megatron ``glu_linear_offset`` (GPT-OSS 1.0)."""
     # Numerics that do not change the cost but must reach the run command (``--norm-epsilon`` etc.).
     norm_epsilon: float = 1e-5
     """RMSNorm epsilon (HF ``rms_norm_eps``)."""
@@ -127,6 +143,10 @@ class ModelSpec:
                 f"model {self.name!r}: a MoE model needs moe_router_topk and moe_ffn_hidden_size > 0 "
                 f"(got {self.moe_router_topk}, {self.moe_ffn_hidden_size})"
             )
+        if self.softmax_type not in ("vanilla", "off-by-one", "learnable"):
+            raise TunerError(f"model {self.name!r}: softmax_type must be vanilla, off-by-one or learnable, got {self.softmax_type!r}")
+        if self.activation_func not in ("silu", "quick_gelu"):
+            raise TunerError(f"model {self.name!r}: activation_func must be silu or quick_gelu, got {self.activation_func!r}")
         if self.window_attn_skip_freq and (
             len(self.window_attn_skip_freq) != self.num_layers or any(x not in (0, 1) for x in self.window_attn_skip_freq)
         ):
@@ -398,6 +418,13 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
             raise TunerError(f"model config {name_for_errors!r}: layer_types must list one entry per layer ({L})")
         window = _as_int(cfg["sliding_window"], "sliding_window", name_for_errors)
         skip = tuple(0 if str(t) == "sliding_attention" else 1 for t in types)
+    gpt_oss: dict[str, Any] = {}
+    if str(cfg.get("model_type", "")) == "gpt_oss":
+        # Megatron-Bridge gpt_oss_bridge.py: biases everywhere, attention sinks (softmax_type learnable), the clamped
+        # quick-GELU GLU with offset 1.0 and limit swiglu_limit (7.0).
+        gpt_oss = dict(add_bias_linear=True, add_qkv_bias=bool(cfg.get("attention_bias", True)), softmax_type="learnable",
+                       activation_func="quick_gelu", activation_func_clamp_value=_as_float(cfg.get("swiglu_limit", 7.0), "swiglu_limit", name_for_errors),
+                       glu_linear_offset=1.0)
     mtp = _as_int(_first(cfg, "num_nextn_predict_layers", default=0) or 0, "num_nextn_predict_layers", name_for_errors)
     if cfg.get("use_mtp") and not mtp:
         mtp = _as_int(cfg.get("num_mtp_modules") or 0, "num_mtp_modules", name_for_errors)
@@ -448,6 +475,7 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
         max_position_embeddings=_as_int(cfg.get("max_position_embeddings") or 0, "max_position_embeddings", name_for_errors),
         window_size=window,
         window_attn_skip_freq=skip,
+        **gpt_oss,
         source=str(cfg.get("_source", "")),
         **mla,
         **numerics,

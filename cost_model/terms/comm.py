@@ -434,15 +434,23 @@ def dp_bytes_per_param(c: TableContext) -> Array:
     return np.where(c.distributed_optimizer, grad + gather, 2 * grad)
 
 
-def dp_comm_time(c: TableContext, dense: Array, experts: Array) -> Array:
+def dp_comm_time(c: TableContext, dense: Array, experts: Array, window: Array | None = None) -> Array:
     """Data-parallel communication per step on the slowest rank: the dense parameters' gradient
     reduce-scatter and parameter all-gather over DP x CP, the experts' over EDP
     (:func:`dp_bytes_per_param`, or an all-reduce without the distributed optimizer); with
-    Megatron FSDP every micro-batch (:data:`FSDP_BYTES_PER_PARAM`). ``dp_overlap`` of it is hidden
-    with ``--overlap-grad-reduce`` (or FSDP); the seed's run has neither.
+    Megatron FSDP every micro-batch (:data:`FSDP_BYTES_PER_PARAM`). With ``--overlap-grad-reduce``
+    (or FSDP) ``dp_overlap`` of it is hidden, but never more than the compute it can hide behind
+    (``window``): megatron-core reduces the gradients only in the last micro-batch's backward (the
+    schedules run the others under ``no_sync``, megatron/core/pipeline_parallel/schedules.py) and
+    gathers the parameters in the first micro-batch's forward (``--overlap-param-gather``'s forward
+    pre-hooks, megatron/core/distributed/distributed_data_parallel.py), so the distributed optimizer
+    hides at most one micro-batch's time per rank; FSDP gathers and reduces every micro-batch, so it
+    hides at most all of them. The seed's run has neither flag.
 
     Args:
         dense, experts: parameters per GPU (:mod:`cost_model.terms.params`), ``(n, K)``.
+        window: seconds of one micro-batch (forward + backward) per rank class, ``(n, K)``; None
+            bounds nothing (only ``dp_overlap`` applies).
 
     Returns:
         Seconds per step, ``(n,)``.
@@ -457,6 +465,9 @@ def dp_comm_time(c: TableContext, dense: Array, experts: Array) -> Array:
     else:
         per_param = dp_bytes_per_param(c)
         per_rank = ring_time(per_param * dense, dpcp, dense_bw) + ring_time(per_param * experts, col(c.edp), exp_bw)
-    hidden = cal.dp_overlap if (opt.overlap_grad_reduce or opt.use_megatron_fsdp) else 0.0
-    worst: Array = (per_rank * c.live).max(axis=1)
-    return worst * (1 - hidden)
+    share = cal.dp_overlap if (opt.overlap_grad_reduce or opt.use_megatron_fsdp) else 0.0
+    hidden = share * per_rank
+    if window is not None:
+        hidden = np.minimum(hidden, window * (col(c.micro_batches) if opt.use_megatron_fsdp else 1.0))
+    worst: Array = ((per_rank - hidden) * c.live).max(axis=1)
+    return worst

@@ -257,7 +257,9 @@ def attention_elementwise_time(c: TableContext) -> Array:
 
 def moe_elementwise_time(c: TableContext, copies: Array) -> Array:
     """Memory-bound MoE work (permute, unpermute, probability scaling, SwiGLU), forward + backward:
-    ``elementwise_bytes_per_copy_moe x h x copies`` bytes at the achieved HBM bandwidth.
+    ``elementwise_bytes_per_copy_moe x h x copies`` bytes at the achieved HBM bandwidth, plus
+    ``expert_bias_bytes_per_copy_moe x h x copies`` when the experts have biases (GPT-OSS; measured on
+    1 x H200 with TE 2.20, docs/measurements.md "GPT-OSS-120B's layer features").
 
     Args:
         copies: :func:`cost_model.terms.activations.routed_token_copies`, ``(n, 1)``.
@@ -267,7 +269,8 @@ def moe_elementwise_time(c: TableContext, copies: Array) -> Array:
     """
     if not c.dims.is_moe:
         return np.zeros_like(c.tokens)
-    return c.cal.elementwise_bytes_per_copy_moe * c.dims.h * copies / c.hbm_bytes_per_s
+    per_copy = c.cal.elementwise_bytes_per_copy_moe + (c.cal.expert_bias_bytes_per_copy_moe if c.dims.expert_bias else 0.0)
+    return per_copy * c.dims.h * copies / c.hbm_bytes_per_s
 
 
 def attention_compute_time(c: TableContext, linear: Array, core: Array, elementwise: Array) -> Array:

@@ -110,6 +110,8 @@ class ModelDims:
     """Gated MLPs (SwiGLU, ``gated_linear_unit``)."""
     untied_output: bool
     """``--untie-embeddings-and-output-weights``."""
+    expert_bias: bool = False
+    """The routed experts' linear layers have biases (``add_bias_linear``, GPT-OSS)."""
 
     @classmethod
     def of(cls, model: ModelSpec) -> ModelDims:
@@ -159,6 +161,7 @@ class ModelDims:
             is_mla=model.is_mla,
             gated=model.gated_linear_unit,
             untied_output=model.untie_embeddings_and_output_weights,
+            expert_bias=bool(model.add_bias_linear),
         )
 
 

@@ -112,6 +112,18 @@ def _layer_freq_expr(freq: Sequence[int]) -> str:
     return "+".join(f"[{v}]*{n}" for v, n in runs)
 
 
+def _window_skip_expr(full: Sequence[int]) -> str:
+    """``--window-attn-skip-freq`` for the layers ``full`` marks (:class:`specs.ModelSpec`'s polarity: 1 = full
+    attention). Megatron's integer ``N`` when every N-th layer (1-indexed) is full and the rest slide (GPT-OSS: 2),
+    else its list expression, where 1 = sliding window (``megatron/core/transformer/utils.py::is_layer_window_attention``,
+    the opposite polarity)."""
+    n_layers = len(full)
+    for n in range(1, n_layers + 1):
+        if all(full[i] == (1 if (i + 1) % n == 0 else 0) for i in range(n_layers)):
+            return str(n)
+    return _layer_freq_expr([1 - int(x) for x in full])
+
+
 def _flag_num(x: float) -> str:
     """A number as a flag value: ``1e-6`` (not ``1e-06``), ``0.5``, ``5000000``."""
     if float(x).is_integer() and abs(x) >= 1:
@@ -156,7 +168,11 @@ def model_args(model: ModelSpec) -> list[str]:
     a: list[str] = []
     if model.qk_layernorm_full_dim:
         a += _MINIMAX_M2_SPEC
-    a += ["--disable-bias-linear", "--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size)]
+    if not model.add_bias_linear:
+        a += ["--disable-bias-linear"]
+        if model.add_qkv_bias:
+            a += ["--add-qkv-bias"]
+    a += ["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size)]
     ffn = model.ffn_hidden_size or model.moe_ffn_hidden_size
     a += ["--ffn-hidden-size", str(ffn), "--num-attention-heads", str(model.num_attention_heads)]
     if not model.is_mla:
@@ -165,7 +181,17 @@ def model_args(model: ModelSpec) -> list[str]:
             a += ["--group-query-attention", "--num-query-groups", str(model.num_query_groups)]
     a += ["--normalization", "RMSNorm", "--position-embedding-type", "rope", "--norm-epsilon", _flag_num(model.norm_epsilon)]
     if model.gated_linear_unit:
-        a += ["--swiglu"]
+        a += ["--quick-geglu"] if model.activation_func == "quick_gelu" else ["--swiglu"]
+    if model.glu_linear_offset:
+        a += ["--glu-linear-offset", _flag_num(model.glu_linear_offset)]
+    if model.activation_func_clamp_value:
+        a += ["--activation-func-clamp-value", _flag_num(model.activation_func_clamp_value)]
+    if model.softmax_type != "vanilla":
+        a += ["--softmax-type", model.softmax_type]
+    if model.window_size:
+        a += ["--window-size", f"{model.window_size - 1},0"]
+        if model.window_attn_skip_freq and not all(model.window_attn_skip_freq[i] == 0 for i in range(model.num_layers)):
+            a += ["--window-attn-skip-freq", _window_skip_expr(model.window_attn_skip_freq)]
     if model.untie_embeddings_and_output_weights:
         a += ["--untie-embeddings-and-output-weights"]
     a += ["--vocab-size", str(model.vocab_size)]

@@ -89,6 +89,7 @@ def slice_model(model: ModelSpec, num_layers: int | None) -> ModelSpec:
         name=f"{model.name}[{num_layers} layers]",
         num_layers=num_layers,
         moe_layer_freq=freq,
+        window_attn_skip_freq=model.window_attn_skip_freq[:num_layers],
         ffn_hidden_size=ffn,
         mtp_num_layers=0,
     )

@@ -194,6 +194,27 @@ def _patch_local_block(block: Any, fault: str | None = None) -> Any:
     return block
 
 
+def _gpt_oss_kwargs(m: dict[str, Any]) -> dict[str, Any]:
+    """GPT-OSS's layer details as megatron-core takes them (Megatron-Bridge ``gpt_oss_bridge.py``): the clamped
+    quick-GELU GLU (fused with its bias, ``bias_activation_fusion``), attention sinks (``softmax_type``), the sliding
+    window ``(window - 1, 0)`` on the layers ``window_attn_skip_freq`` marks (megatron-core's list: 1 = sliding window,
+    the opposite of :class:`specs.ModelSpec`'s). Empty for every other model."""
+    kw: dict[str, Any] = {}
+    if m.get("activation_func", "silu") == "quick_gelu":
+        from megatron.core.fusions.fused_bias_geglu import quick_gelu
+
+        kw.update(activation_func=quick_gelu, glu_linear_offset=float(m.get("glu_linear_offset") or 0.0), bias_activation_fusion=True)
+        if m.get("activation_func_clamp_value"):
+            kw["activation_func_clamp_value"] = float(m["activation_func_clamp_value"])
+    if m.get("softmax_type", "vanilla") != "vanilla":
+        kw["softmax_type"] = m["softmax_type"]
+    if m.get("window_size"):
+        kw["window_size"] = (int(m["window_size"]) - 1, 0)
+        skip = list(m.get("window_attn_skip_freq") or ())
+        kw["window_attn_skip_freq"] = [1 - int(x) for x in skip] if skip else None
+    return kw
+
+
 def _transformer_config(spec: HarnessSpec) -> Any:
     """The ``TransformerConfig`` (``MLATransformerConfig`` for a model with low-rank attention) of the spec."""
     import torch
@@ -214,8 +235,8 @@ def _transformer_config(spec: HarnessSpec) -> Any:
         layernorm_epsilon=m["norm_epsilon"],
         gated_linear_unit=m["gated_linear_unit"],
         activation_func=F.silu,
-        add_bias_linear=False,
-        add_qkv_bias=False,
+        add_bias_linear=bool(m.get("add_bias_linear", False)),
+        add_qkv_bias=bool(m.get("add_qkv_bias", False)),
         qk_layernorm=m["qk_layernorm"],
         hidden_dropout=0.0,
         attention_dropout=0.0,
@@ -238,6 +259,7 @@ def _transformer_config(spec: HarnessSpec) -> Any:
     )
     if spec.cross_entropy_fusion:
         kw["cross_entropy_fusion_impl"] = "te"
+    kw.update(_gpt_oss_kwargs(m))
     if spec.fp8_recipe is not None:
         # Megatron-Bridge's fp8 mixed-precision presets: hybrid format (e4m3 forward, e5m2 backward); delayed
         # scaling with a 1024-step amax history and max (bf16_with_fp8_delayed_scaling_mixed)

@@ -44,3 +44,11 @@ def test_main_job_prints_the_gap_of_its_best_layout(tmp_path):
     assert r.exit_code == 0, r.output
     best = r.output[r.output.index("Best layout"):]
     assert "note: recompute: on 1 x H200" in best
+
+
+def test_gpt_oss_features_gap_only_for_gpt_oss():
+    from specs import load_model
+
+    plain = Layout(world_size=8)
+    assert len(known_gaps(plain, load_model("GPT-OSS-120B"))) == 1 and "GPT-OSS" in known_gaps(plain, load_model("GPT-OSS-120B"))[0]
+    assert known_gaps(plain, load_model("Qwen3-30B-A3B")) == []

@@ -212,6 +212,24 @@ def test_dp_comm_time():
     assert comm.dp_comm_time(fsdp, dense, experts)[0] == pytest.approx(8 * (8 * 200 * 3 / 4 + 8 * 20 / 2) / NET * 0.75)
 
 
+def test_dp_overlap_hides_at_most_one_micro_batch():
+    """The distributed optimizer's reduce-scatter and all-gather hide behind the last micro-batch's backward and the first
+    one's forward: never more than one micro-batch's time per rank; FSDP's, behind every micro-batch (8 here)."""
+    dense, experts = np.array([[100.0, 200.0]]), np.array([[10.0, 20.0]])
+    per_rank = np.array([6 * 100 * 3 / 4 + 6 * 10 / 2, 6 * 200 * 3 / 4 + 6 * 20 / 2]) / NET
+    ovl = make_ctx(options=RunOptions(overlap_grad_reduce=True), **BASE)
+    wide = np.array([[1.0, 1.0]])  # a window longer than the communication: only dp_overlap (0.25) limits
+    assert comm.dp_comm_time(ovl, dense, experts, wide)[0] == pytest.approx(per_rank[1] * 0.75)
+    narrow = np.array([[0.1, 0.05]]) * per_rank  # shorter than 0.25 of it: the window is what is hidden, per rank
+    assert comm.dp_comm_time(ovl, dense, experts, narrow)[0] == pytest.approx(max(per_rank[0] * 0.9, per_rank[1] * 0.95))
+    fsdp = make_ctx(options=RunOptions(use_megatron_fsdp=True), **BASE)
+    f_rank = 8 * np.array([8 * 100 * 3 / 4 + 8 * 10 / 2, 8 * 200 * 3 / 4 + 8 * 20 / 2]) / NET
+    f_win = np.array([[0.01, 0.01]]) * f_rank  # hidden 8 x the window, less than dp_overlap's share
+    assert comm.dp_comm_time(fsdp, dense, experts, f_win)[0] == pytest.approx(max(f_rank * (1 - 8 * 0.01)))
+    none = make_ctx(**BASE)  # no overlap flag: nothing hidden whatever the window
+    assert comm.dp_comm_time(none, dense, experts, wide)[0] == pytest.approx(per_rank[1])
+
+
 def test_dp_bytes_per_param_follow_the_grad_and_param_dtypes():
     assert comm.dp_bytes_per_param(make_ctx(**BASE))[0, 0] == 4 + 2  # fp32 grads reduce-scattered, bf16 params gathered
     assert comm.dp_bytes_per_param(make_ctx(options=RunOptions(grad_reduce_in_fp32=False), **BASE))[0, 0] == 2 + 2

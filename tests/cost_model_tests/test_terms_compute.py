@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from term_fixtures import BASE, TEST_CAL, TINY_DENSE, make_ctx
+from term_fixtures import BASE, TEST_CAL, TINY_DENSE, TINY_MOE, make_ctx
 
 from cost_model.terms import activations, compute
 from specs import Precision, Workload
@@ -88,6 +88,9 @@ def test_elementwise_times():
     assert compute.moe_elementwise_time(c, copies)[0, 0] == pytest.approx(40 * 64 * 614.4 / HBM)
     d = make_ctx(model=TINY_DENSE, tp=2, sequence_parallel=True)
     assert compute.moe_elementwise_time(d, activations.routed_token_copies(d))[0, 0] == 0
+    # experts with biases (GPT-OSS): expert_bias_bytes_per_copy_moe more per copy (the test calibration's default 157)
+    b = make_ctx(model=TINY_MOE.replace(add_bias_linear=True), **BASE)
+    assert compute.moe_elementwise_time(b, copies)[0, 0] == pytest.approx((40 + 157) * 64 * 614.4 / HBM)
 
 
 def test_layer_compute_times_are_three_passes_of_their_gemms():

@@ -194,6 +194,22 @@ def test_model_args_dense_and_mla():
     assert "--moe-shared-expert-intermediate-size" in dsv3
 
 
+def test_model_args_gpt_oss_build_gpt_oss():
+    """GPT-OSS's layers as Megatron-LM's own GPT-OSS example passes them (examples/post_training/modelopt/conf/openai/
+    gpt-oss-120b.sh): biases on (no --disable-bias-linear), the clamped quick-GEGLU with offset 1, attention sinks, a
+    127-token left window on every other layer (Megatron's integer form: layers 1, 3, ... of 36 slide, 2, 4, ... full)."""
+    oss = _argv_flags(model_args(load_model("GPT-OSS-120B")))
+    assert "--disable-bias-linear" not in oss and "--swiglu" not in oss and "--quick-geglu" in oss
+    assert oss["--glu-linear-offset"] == ("1",) and oss["--activation-func-clamp-value"] == ("7",)
+    assert oss["--softmax-type"] == ("learnable",) and oss["--window-size"] == ("127,0",) and oss["--window-attn-skip-freq"] == ("2",)
+    odd = load_model("GPT-OSS-120B").replace(window_attn_skip_freq=(1, 1) + (0,) * 34)  # not periodic: the list, 1 = sliding
+    assert _argv_flags(model_args(odd))["--window-attn-skip-freq"] == ("[0]*2+[1]*34",)
+    for name in ("Qwen3-30B-A3B", "Llama-3.1-8B"):  # every other model: no bias, SwiGLU, no window
+        other = _argv_flags(model_args(load_model(name)))
+        assert "--disable-bias-linear" in other and "--swiglu" in other
+        assert not {"--quick-geglu", "--softmax-type", "--window-size", "--glu-linear-offset"} & set(other)
+
+
 def test_summary_and_layout_match_seed(seed, model, cluster, workload, seed_layout):
     ours = recipe_dict(model, cluster, workload, seed_layout)
     for key in ("label", "summary", "tp", "pp", "vpp", "cp", "ep", "etp", "dp", "sequence_parallel", "layer_split",

@@ -146,7 +146,7 @@ def estimate(
     d["network"] = c.network.key if c.network else None
     d["megatron_core"] = opts.megatron_core
     d["warnings"] = layout_warnings(lay, m, opts)
-    d["known_gaps"] = known_gaps(lay)
+    d["known_gaps"] = known_gaps(lay, m)
     if plot is not None:
         from tuner.plots import plot_breakdown
 

@@ -285,7 +285,7 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
         out.print(f"  --pipeline-model-parallel-layout '{pls}'")
     if best["source"] == "predicted":
         lay = best["layout"]
-        for gap in known_gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay)):
+        for gap in known_gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay), prep.model):
             out.print(f"  note: {gap}", markup=False)
     print_ties(rows, best)
     out.print("Files:")
