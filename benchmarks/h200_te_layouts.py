@@ -95,6 +95,12 @@ CASES: list[dict[str, Any]] = [
     case("oss-full-sel", OSS, 2, est_s=45, seq_len=4096, global_batch=8, micro_batch_size=4, model_overrides=OSS_RANK, **SEL,
          recompute_modules=("layernorm", "moe_act")),
     case("qw-oss-shape", QW, 4, est_s=50, seq_len=4096, global_batch=8, micro_batch_size=4),
+    # the bias cost judged where it was not measured (fourth batch): half the copies per micro-batch, and fp8 GEMMs; and
+    # the two measured cases again (run-to-run spread of the difference)
+    *[case(f"oss-{k}-{tag}", OSS, 2, est_s=45, seq_len=4096, global_batch=8, micro_batch_size=mbs, precision=prec,
+           options=opts, model_overrides={**OSS_RANK, **v})
+      for tag, mbs, prec, opts in (("mbs2", 2, "bf16", {}), ("fp8", 4, "fp8", {"fp8_recipe": "tensorwise"}), ("again", 4, "bf16", {}))
+      for k, v in (("full", {}), ("no-bias", {"add_bias_linear": False, "add_qkv_bias": False}))],
 ]
 
 

@@ -122,7 +122,12 @@ EXPLICIT: tuple[Mutation, ...] = (
           "np.maximum(eff, cal.grouped_gemm_efficiency_floor)", "eff"),
     _edit("TP overlap ignored", T + "comm:_tp_kept", "1.0 - c.cal.tp_comm_overlap_fraction if c.options.tp_comm_overlap else 1.0", "1.0"),
     _edit("EP overlap ignored", T + "comm:ep_all_to_all_time", "hidden = one * c.cal.ep_a2a_overlap", "hidden = one * 0.0"),
-    _edit("DP overlap ignored", T + "comm:dp_comm_time", "hidden = cal.dp_overlap if", "hidden = 0.0 if"),
+    _edit("DP overlap ignored", T + "comm:dp_comm_time", "share = cal.dp_overlap if", "share = 0.0 if"),
+    _edit("DP overlap not bounded by one micro-batch", T + "comm:dp_comm_time", "if window is not None:", "if False:"),
+    _edit("DP overlap window of FSDP: one micro-batch", T + "comm:dp_comm_time",
+          "(col(c.micro_batches) if opt.use_megatron_fsdp else 1.0)", "1.0"),
+    _edit("expert biases cost nothing", T + "compute:moe_elementwise_time",
+          "(c.cal.expert_bias_bytes_per_copy_moe if c.dims.expert_bias else 0.0)", "0.0"),
 )
 
 

@@ -65,6 +65,8 @@ class RuleEnv:
     """The cluster's scale-out fabric; None = not checked (no dispatcher refused for its fabric)."""
     nvlink_size: int = 0
     """GPUs of one NVLink domain (:attr:`specs.Cluster.nvlink_size`); an EP group larger crosses the fabric."""
+    cp_comm_type: str = "p2p"
+    """``--cp-comm-type`` of the run (:attr:`specs.RunOptions.cp_comm_type`)."""
 
     @classmethod
     def of(cls, cluster: Cluster | None = None, options: RunOptions | None = None) -> RuleEnv:
@@ -73,6 +75,7 @@ class RuleEnv:
             megatron_core=options.megatron_core_tuple if options is not None else megatron_core_version(NEWEST_MEGATRON_CORE),
             network=cluster.network if cluster is not None else None,
             nvlink_size=cluster.nvlink_size if cluster is not None else 0,
+            cp_comm_type=options.cp_comm_type if options is not None else "p2p",
         )
 
     @property
@@ -731,6 +734,24 @@ def _dispatcher_fabric_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -
     )
 
 
+def _cp_attention(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> BoolArray:
+    """Rule ``cp_attention_variant``: with context parallelism, Transformer Engine runs attention sinks (``softmax_type``
+    not vanilla) only with ``--cp-comm-type a2a`` (transformer_engine/pytorch/attention/dot_product_attention/utils.py,
+    ``get_attention_backend``: FusedAttention is disabled for CP with another cp_comm_type and no other backend takes a
+    non-vanilla softmax under CP) and sliding-window attention only with ``a2a`` or ``all_gather`` (context_parallel.py,
+    "Context parallelism does not support sliding window attention"); this tool models ``p2p`` and ``a2a``."""
+    if env.cp_comm_type == "a2a" or not (m.softmax_type != "vanilla" or m.num_window_layers):
+        return np.ones(len(t), dtype=np.bool_)
+    return _b(t["cp"] == 1)
+
+
+def _cp_attention_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -> str:
+    what = " and ".join(x for x in ((f"softmax_type {m.softmax_type}" if m.softmax_type != "vanilla" else ""),
+                                     ("sliding-window attention" if m.num_window_layers else "")) if x)
+    return (f"cp {lay.cp} with {what} ({m.name}) needs Megatron's --cp-comm-type a2a in Transformer Engine, and the run uses "
+            f"{env.cp_comm_type} (the commands this tool writes keep Megatron's default, p2p); use cp 1")
+
+
 def layout_warnings(layout: Layout, model: ModelSpec, options: RunOptions) -> list[str]:
     """Things Megatron accepts that are reported to fail, for one layout: with EP all-to-all overlap
     (``overlap_moe_expert_parallel_comm``) an odd number of MoE layers on a pipeline stage (a virtual stage with
@@ -976,6 +997,15 @@ RULES: tuple[Rule, ...] = (
         columns=("dispatcher", "etp", "ep"),
         check_fn=_dispatcher_fabric,
         explain_fn=_dispatcher_fabric_x,
+        uses_env=True,
+    ),
+    _R(
+        id="cp_attention_variant",
+        description="context parallelism with attention sinks or sliding windows (GPT-OSS) needs --cp-comm-type a2a: "
+        "Transformer Engine's attention/dot_product_attention/utils.py get_attention_backend and context_parallel.py",
+        columns=("cp",),
+        check_fn=_cp_attention,
+        explain_fn=_cp_attention_x,
         uses_env=True,
     ),
 )

@@ -20,6 +20,10 @@ __all__ = ["MAX_LAYERS", "ModelSpec", "list_models", "load_model", "model_from_h
 
 #: Most decoder layers a model may have (the largest published models have ~100-200).
 MAX_LAYERS = 10_000
+#: Longest sliding window this tool models, tokens (GPT-OSS: 128; any longer window beyond the sequence is full attention).
+MAX_WINDOW = 1 << 24
+#: Bound of the activation clamp and GLU offset (GPT-OSS: 7.0 and 1.0): a guard against nonsense, not a Megatron rule.
+MAX_CLAMP = 1e4
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -67,11 +71,13 @@ class ModelSpec:
     max_position_embeddings: int = 0
     # Sliding-window attention (GPT-OSS); 0 / () when every layer attends to the whole sequence.
     window_size: int = 0
-    """Left window of sliding-window attention layers, tokens (Megatron ``--window-size``'s
-    left value; HF ``sliding_window``); 0 = no sliding window."""
+    """Sliding window of the sliding-window layers, tokens (HF ``sliding_window``: GPT-OSS 128); the run command
+    passes Megatron ``--window-size {window_size - 1},0`` as Megatron-LM's GPT-OSS example does
+    (examples/post_training/modelopt/conf/openai/gpt-oss-120b.sh: ``127,0``); the FLOP count keeps Megatron-Bridge's
+    ``window_size + 1`` keys per query (``cost_model/flops.py``, within 1% of windowed attention); 0 = no sliding window."""
     window_attn_skip_freq: tuple[int, ...] = ()
     """One entry per decoder layer: 1 = full (causal) attention, 0 = sliding window (HF ``layer_types``).
-    Empty = every layer full. Note: Megatron's list form of ``window_attn_skip_freq`` has the opposite
+    Empty: every layer slides when ``window_size`` > 0 (Megatron's ``None``). Note: Megatron's list form of ``window_attn_skip_freq`` has the opposite
     polarity (1 = sliding window: ``megatron/core/transformer/utils.py::is_layer_window_attention``)."""
     # GPT-OSS's layer details (Megatron-Bridge ``gpt_oss_bridge.py``); the defaults are every other model's.
     add_bias_linear: bool = False
@@ -120,6 +126,14 @@ class ModelSpec:
                 raise TunerError(f"model {self.name!r}: {f.name} must be a non-negative integer, got {v!r}")
             if f.type in ("float",) and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
                 raise TunerError(f"model {self.name!r}: {f.name} must be a finite number, got {v!r}")
+            if f.type == "bool" and not isinstance(v, bool):
+                raise TunerError(f"model {self.name!r}: {f.name} must be true or false, got {v!r}")
+            if f.type == "str" and not isinstance(v, str):
+                raise TunerError(f"model {self.name!r}: {f.name} must be a string, got {v!r}")
+            if f.type.startswith("tuple[int") and (not isinstance(v, tuple) or any(isinstance(x, bool) or not isinstance(x, int) for x in v)):
+                raise TunerError(f"model {self.name!r}: {f.name} must be a list of integers (0 or 1, one per layer), got {v!r}")
+            if f.type.startswith("tuple[str") and (not isinstance(v, tuple) or any(not isinstance(x, str) for x in v)):
+                raise TunerError(f"model {self.name!r}: {f.name} must be a list of strings (one per flag or value), got {v!r}")
         for name in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size"):
             if getattr(self, name) <= 0:
                 raise TunerError(f"model {self.name!r}: {name} must be > 0, got {getattr(self, name)}")
@@ -147,12 +161,27 @@ class ModelSpec:
             raise TunerError(f"model {self.name!r}: softmax_type must be vanilla, off-by-one or learnable, got {self.softmax_type!r}")
         if self.activation_func not in ("silu", "quick_gelu"):
             raise TunerError(f"model {self.name!r}: activation_func must be silu or quick_gelu, got {self.activation_func!r}")
+        if self.activation_func == "quick_gelu" and not self.gated_linear_unit:
+            raise TunerError(f"model {self.name!r}: activation_func quick_gelu is GPT-OSS's gated quick-GEGLU and needs a gated MLP "
+                             "(megatron-core refuses quick_gelu with bias_activation_fusion and no gated_linear_unit)")
+        if (self.activation_func_clamp_value or self.glu_linear_offset) and self.activation_func != "quick_gelu":
+            raise TunerError(f"model {self.name!r}: activation_func_clamp_value and glu_linear_offset apply to the quick_gelu GLU only "
+                             f"(got {self.activation_func_clamp_value!r} and {self.glu_linear_offset!r} with {self.activation_func!r})")
+        if not 0 <= self.activation_func_clamp_value <= MAX_CLAMP:
+            raise TunerError(f"model {self.name!r}: activation_func_clamp_value (HF swiglu_limit) must be from 0 (no clamp) to {MAX_CLAMP:g}, "
+                             f"got {self.activation_func_clamp_value!r}")
+        if not -MAX_CLAMP <= self.glu_linear_offset <= MAX_CLAMP:
+            raise TunerError(f"model {self.name!r}: glu_linear_offset must be within +-{MAX_CLAMP:g}, got {self.glu_linear_offset!r}")
+        if self.window_size > MAX_WINDOW:
+            raise TunerError(f"model {self.name!r}: window_size (HF sliding_window) {self.window_size:,} is more than this tool models "
+                             f"(at most {MAX_WINDOW:,} tokens; 0 = no sliding window)")
         if self.window_attn_skip_freq and (
             len(self.window_attn_skip_freq) != self.num_layers or any(x not in (0, 1) for x in self.window_attn_skip_freq)
         ):
+            bad = [x for x in self.window_attn_skip_freq if x not in (0, 1)]
             raise TunerError(
-                f"model {self.name!r}: window_attn_skip_freq needs {self.num_layers} entries of 0 (sliding window) "
-                f"or 1 (full attention), got {len(self.window_attn_skip_freq)}"
+                f"model {self.name!r}: window_attn_skip_freq needs {self.num_layers} entries, each 0 (sliding window) "
+                f"or 1 (full attention); got {len(self.window_attn_skip_freq)}" + (f" with {bad[0]!r} among them" if bad else "")
             )
         if len(self.moe_layer_freq) != self.num_layers:
             raise TunerError(
@@ -412,17 +441,25 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
         cfg = {**cfg, "qk_layernorm": True}
     window = 0
     skip: tuple[int, ...] = ()
-    if cfg.get("sliding_window") and cfg.get("layer_types"):
-        types = cfg["layer_types"]
+    types = cfg.get("layer_types")
+    if cfg.get("sliding_window") and not types and str(cfg.get("model_type", "")) == "gpt_oss":
+        # transformers' GptOssConfig default: sliding on even layers (0-indexed), full on odd ones
+        types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(L)]
+    if cfg.get("sliding_window") and types:
         if not isinstance(types, list) or len(types) != L:
             raise TunerError(f"model config {name_for_errors!r}: layer_types must list one entry per layer ({L})")
+        odd_types = sorted({str(t) for t in types} - {"sliding_attention", "full_attention"})
+        if odd_types:
+            raise TunerError(f"model config {name_for_errors!r}: layer_types entries must be sliding_attention or full_attention, "
+                             f"got {odd_types[0]!r}")
         window = _as_int(cfg["sliding_window"], "sliding_window", name_for_errors)
         skip = tuple(0 if str(t) == "sliding_attention" else 1 for t in types)
     gpt_oss: dict[str, Any] = {}
     if str(cfg.get("model_type", "")) == "gpt_oss":
         # Megatron-Bridge gpt_oss_bridge.py: biases everywhere, attention sinks (softmax_type learnable), the clamped
         # quick-GELU GLU with offset 1.0 and limit swiglu_limit (7.0).
-        gpt_oss = dict(add_bias_linear=True, add_qkv_bias=bool(cfg.get("attention_bias", True)), softmax_type="learnable",
+        # add_qkv_bias follows add_bias_linear: Megatron-LM sets it whenever add_bias_linear is (arguments.py)
+        gpt_oss = dict(add_bias_linear=True, add_qkv_bias=True, softmax_type="learnable",
                        activation_func="quick_gelu", activation_func_clamp_value=_as_float(cfg.get("swiglu_limit", 7.0), "swiglu_limit", name_for_errors),
                        glu_linear_offset=1.0)
     mtp = _as_int(_first(cfg, "num_nextn_predict_layers", default=0) or 0, "num_nextn_predict_layers", name_for_errors)

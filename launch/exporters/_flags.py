@@ -22,7 +22,7 @@ from specs import Cluster, ModelSpec, Precision, Workload
 from specs.errors import TunerError
 from specs.layout import Dispatcher, Layout, RecomputeGranularity
 
-__all__ = ["SEED_ENV", "OPTIMIZER_HPARAMS", "MISC_ARGS", "Framework", "model_args", "layout_args", "megatron_args"]
+__all__ = ["SEED_ENV", "OPTIMIZER_HPARAMS", "MISC_ARGS", "misc_args", "misc_lines", "Framework", "model_args", "layout_args", "megatron_args"]
 
 GIB = 2**30
 
@@ -50,6 +50,21 @@ _MISC_LINES: tuple[tuple[str, ...], ...] = (
     ("--attention-backend", "flash"),
 )
 MISC_ARGS: tuple[str, ...] = tuple(a for line in _MISC_LINES for a in line)
+
+
+def misc_lines(model: ModelSpec) -> tuple[tuple[str, ...], ...]:
+    """:data:`_MISC_LINES` for ``model``: ``--attention-backend fused`` instead of ``flash`` when its softmax is not vanilla
+    (GPT-OSS's attention sinks): Transformer Engine disables FlashAttention for any other ``softmax_type``
+    (transformer_engine/pytorch/attention/dot_product_attention/utils.py, ``get_attention_backend``) and Megatron's
+    ``flash`` backend turns the fused and unfused ones off, so no backend would be left; cuDNN's fused attention runs sinks."""
+    if model.softmax_type == "vanilla":
+        return _MISC_LINES
+    return tuple(("--attention-backend", "fused") if line == ("--attention-backend", "flash") else line for line in _MISC_LINES)
+
+
+def misc_args(model: ModelSpec) -> tuple[str, ...]:
+    """:func:`misc_lines` as one argv tuple."""
+    return tuple(a for line in misc_lines(model) for a in line)
 
 #: slime's MiniMax-M2 layer spec (scripts/models/minimax-m2.sh): full-width QK RMSNorm.
 _MINIMAX_M2_SPEC = ("--spec", "slime_plugins.models.minimax_m2", "get_minimax_m2_layer_spec")
@@ -424,7 +439,7 @@ def megatron_args(model: ModelSpec, cluster: Cluster, workload: Workload, layout
         "--max-position-embeddings", str(workload.seq_length),
         *_precision_args(workload, "megatron"),
         *OPTIMIZER_HPARAMS,
-        *MISC_ARGS,
+        *misc_args(model),
     ]  # fmt: skip
 
 def _env(extra_env: Mapping[str, str] | None) -> dict[str, str]:

@@ -285,6 +285,15 @@ def recipe_dict(
             "MODEL_ARGS follow slime's scripts/models/minimax-m2.sh: its own layer spec "
             "(`--spec slime_plugins.models.minimax_m2 get_minimax_m2_layer_spec`, full-width q and k norm) and router flags."
         )
+    if model.rope_scaling_type == "yarn" and not model.is_mla:
+        notes.append(
+            "Position embedding: the commands pass --position-embedding-type rope, as Megatron-LM's own GPT-OSS examples do "
+            "(examples/gptoss, examples/post_training/modelopt/conf/openai), so the YaRN flags beside it are not applied; "
+            "Megatron-Bridge builds this model with YaRN (scaling factor "
+            f"{model.rope_scaling_factor:g}): to continue from the Hugging Face checkpoint at long context, use "
+            "--position-embedding-type yarn with --yarn-original-max-position-embeddings, --yarn-beta-fast, --yarn-beta-slow "
+            "and --no-yarn-correction-range-round-to-int from its config.json (megatron-core 0.19 or newer)."
+        )
     if not layout.use_distributed_optimizer:
         notes.append("slime always turns the distributed optimizer on; the layout's non-distributed optimizer holds for Megatron-LM only.")
     if model.is_moe and layout.dispatcher == Dispatcher.flex_deepep and layout.etp * layout.ep > cluster.nvlink_size:

@@ -8,7 +8,6 @@ from collections.abc import Mapping, Sequence
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._describe import _summary
 from launch.exporters._flags import (
-    _MISC_LINES,
     _OPTIMIZER_LINES,
     SEED_ENV,
     _check,
@@ -20,6 +19,7 @@ from launch.exporters._flags import (
     _pipeline_layout_string,
     _precision_args,
     _recompute_args,
+    misc_lines,
     model_args,
 )
 from launch.exporters._shell import SHEBANG, STRICT_MODE, Sh, bash_array, command, comment, group_flags
@@ -136,7 +136,7 @@ def slime_script(
     groups += [("--use-dynamic-batch-size",), ("--max-tokens-per-gpu", str(_max_tokens_per_gpu(layout, workload)))]
     groups += list(_OPTIMIZER_LINES)
     groups += group_flags(_optimizer_layout_args(layout))
-    groups += list(_MISC_LINES)
+    groups += list(misc_lines(model))
     prec = _precision_args(workload, "slime")
     if prec:
         groups.append(prec)

@@ -195,7 +195,8 @@ def _patch_local_block(block: Any, fault: str | None = None) -> Any:
 
 
 def _gpt_oss_kwargs(m: dict[str, Any]) -> dict[str, Any]:
-    """GPT-OSS's layer details as megatron-core takes them (Megatron-Bridge ``gpt_oss_bridge.py``): the clamped
+    """GPT-OSS's layer details as megatron-core takes them (Megatron-Bridge ``gpt_oss_bridge.py`` and Megatron-LM's
+    ``examples/post_training/modelopt/conf/openai/gpt-oss-120b.sh``): the clamped
     quick-GELU GLU (fused with its bias, ``bias_activation_fusion``), attention sinks (``softmax_type``), the sliding
     window ``(window - 1, 0)`` on the layers ``window_attn_skip_freq`` marks (megatron-core's list: 1 = sliding window,
     the opposite of :class:`specs.ModelSpec`'s). Empty for every other model."""

@@ -32,3 +32,58 @@ def test_expert_biases_cost_step_time_only():
     with_b, without = estimate(m, cl, wl, lay), estimate(m.replace(add_bias_linear=False, add_qkv_bias=False), cl, wl, lay)
     assert with_b.step_time_s > without.step_time_s * 1.01
     assert with_b.peak_bytes == without.peak_bytes
+
+
+def _gpt_oss_config(tmp_path, **changes):
+    import json
+    from pathlib import Path
+
+    import specs
+
+    cfg = json.loads((Path(specs.__file__).parent / "data" / "models" / "GPT-OSS-120B.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    return str(p)
+
+
+@pytest.mark.parametrize("changes,needle", [
+    ({"layer_types": ["sliding_atention", "full_attention"] * 18}, "layer_types entries must be sliding_attention or full_attention"),
+    ({"swiglu_limit": -1}, "activation_func_clamp_value"),
+    ({"hidden_act": "gelu"}, "needs a gated MLP"),
+    ({"sliding_window": 10**30}, "window_size"),
+    ({"tuner": {"add_bias_linear": "no"}}, "add_bias_linear must be true or false"),
+    ({"tuner": {"activation_func": "silu"}}, "apply to the quick_gelu GLU only"),
+    ({"tuner": {"name": 5}}, "name must be a string"),
+    ({"tuner": {"extra_megatron_args": "--foo"}}, "extra_megatron_args must be a list of strings"),
+    ({"tuner": {"window_attn_skip_freq": 2}}, "window_attn_skip_freq"),
+])
+def test_malformed_gpt_oss_configs_are_refused(tmp_path, changes, needle):
+    with pytest.raises(TunerError, match=needle):
+        load_model(_gpt_oss_config(tmp_path, **changes))
+
+
+def test_gpt_oss_without_layer_types_alternates_as_transformers_does(tmp_path):
+    """transformers' GptOssConfig default: layer 0 slides, layer 1 is full, and so on."""
+    m = load_model(_gpt_oss_config(tmp_path, layer_types=None))
+    assert m.window_attn_skip_freq == (0, 1) * 18 and m.num_window_layers == 18
+
+
+def test_context_parallel_with_sinks_or_windows_needs_a2a():
+    """Transformer Engine runs sinks under CP only with cp_comm_type a2a (and sliding windows with a2a or all_gather)."""
+    from search_spaces.rules import RuleEnv, check_layout
+    from specs import RunOptions
+
+    m, wl = load_model("GPT-OSS-120B"), Workload(seq_length=4096, global_batch_size=64)
+    cp2 = Layout(world_size=16, cp=2, ep=8)
+    assert [r for r, _ in check_layout(cp2, m, wl)] == ["cp_attention_variant"]
+    assert check_layout(cp2, m, wl, RuleEnv.of(options=RunOptions(cp_comm_type="a2a"))) == []
+    assert check_layout(Layout(world_size=16, ep=8), m, wl) == []
+    plain = m.replace(softmax_type="vanilla", window_size=0, window_attn_skip_freq=())  # neither feature: p2p is fine
+    assert check_layout(cp2, plain, wl) == []
+    windows_only = m.replace(softmax_type="vanilla")
+    assert [r for r, _ in check_layout(cp2, windows_only, wl)] == ["cp_attention_variant"]

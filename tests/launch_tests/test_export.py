@@ -204,6 +204,16 @@ def test_model_args_gpt_oss_build_gpt_oss():
     assert oss["--softmax-type"] == ("learnable",) and oss["--window-size"] == ("127,0",) and oss["--window-attn-skip-freq"] == ("2",)
     odd = load_model("GPT-OSS-120B").replace(window_attn_skip_freq=(1, 1) + (0,) * 34)  # not periodic: the list, 1 = sliding
     assert _argv_flags(model_args(odd))["--window-attn-skip-freq"] == ("[0]*2+[1]*34",)
+    lay = Layout(world_size=8, ep=8)
+    wl = Workload(seq_length=4096, global_batch_size=64)
+    gpt_oss = load_model("GPT-OSS-120B")
+    # TE runs attention sinks only in cuDNN's fused attention: never --attention-backend flash for GPT-OSS
+    assert _argv_flags(megatron_args(gpt_oss, parse_gpus("8xH100"), wl, lay))["--attention-backend"] == ("fused",)
+    assert "--attention-backend fused" in slime_script(gpt_oss, parse_gpus("8xH100"), wl, lay)
+    assert any("YaRN" in n for n in recipe_dict(gpt_oss, parse_gpus("8xH100"), wl, lay)["notes"])
+    qwen = load_model("Qwen3-30B-A3B")
+    assert _argv_flags(megatron_args(qwen, parse_gpus("8xH100"), wl, lay))["--attention-backend"] == ("flash",)
+    assert not any("YaRN" in n for n in recipe_dict(qwen, parse_gpus("8xH100"), wl, lay)["notes"])
     for name in ("Qwen3-30B-A3B", "Llama-3.1-8B"):  # every other model: no bias, SwiGLU, no window
         other = _argv_flags(model_args(load_model(name)))
         assert "--disable-bias-linear" in other and "--swiglu" in other

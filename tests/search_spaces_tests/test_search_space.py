@@ -293,6 +293,7 @@ use_distributed_optimizer: [true, false]
         "seq_div_2cp",
         "sequence_parallel",
         "sp_seq_div_tp",
+        "cp_attention_variant",
         "recompute_selective",
         "recompute_none",
         "recompute_modules_model",

@@ -235,6 +235,8 @@ BAD: dict[str, tuple[Layout, str | dict[str, Any], Workload, tuple[str, ...]]] =
     ),
     "dispatcher": (seed_layout(ep=1, dispatcher="flex+deepep"), {}, WORKLOAD, ("flex+deepep", "etp 1 * ep 1 = 1")),
     "dispatcher_fabric": (seed_layout(ep=16, dispatcher="flex+deepep"), {}, WORKLOAD, ("flex+deepep", "AWS EFA v3", "etp 1 x ep 16 = 16", "issue 369")),
+    "cp_attention_variant": (seed_layout(cp=2, pp=1, vpp=1), {"softmax_type": "learnable"}, WORKLOAD,
+                             ("cp 2 with softmax_type learnable", "--cp-comm-type a2a", "use cp 1")),
 }
 
 #: The environment of the rules that read one (the others ignore it): the seed's cluster, AWS p5en with EFA v3.

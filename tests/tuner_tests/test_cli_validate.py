@@ -60,3 +60,18 @@ def test_bad_trials_files_are_one_message_exit_2(tmp_path, line, needle):
     assert r.exit_code == 2, r.output
     assert needle in r.output and "line 2" in r.output and "Traceback" not in r.output
     assert f.read_text() == before  # nothing lost
+
+
+def test_validate_trials_applies_each_row_s_model_overrides(tmp_path):
+    """The GPT-OSS rows ran one EP rank's 16 experts with features turned off in turn (``model_overrides``): predicted as
+    they ran, the biases-off row is faster and every slice holds 16 experts' memory, not 128."""
+    rows = ROOT / "benchmarks/results/h200_te_2026-12-01/call18/sweep.jsonl"
+    r = runner.invoke(app, ["validate", "--trials", str(rows), "--json"])
+    assert r.exit_code == 0, r.output
+    by = {x["label"]: x for x in json.loads(r.output)["trials"]["rows"]}
+    assert by["oss-no-bias"]["step_time_s"]["predicted"] < by["oss-full"]["step_time_s"]["predicted"]
+    assert by["oss-full"]["peak_gib"]["predicted"] < 1.2 * by["oss-full"]["peak_gib"]["measured_reserved"]
+    bad = tmp_path / "t.jsonl"
+    bad.write_text(json.dumps({**json.loads(rows.read_text().splitlines()[1]), "model_overrides": {"experts": 16}}) + "\n")
+    r = runner.invoke(app, ["validate", "--trials", str(bad)])
+    assert r.exit_code == 2 and "model_overrides names ['experts']" in r.output

@@ -152,6 +152,38 @@ def test_resume_with_another_space_is_refused_before_anything_is_written(tmp_pat
     assert CliRunner().invoke(app, args + ["--trials", "6"]).exit_code == 0  # the same inputs resume it
 
 
+def test_resume_after_the_model_config_was_edited_is_refused(tmp_path):
+    """The same --model folder with its config.json changed since the study ran: refused, naming what differs."""
+    import json
+
+    from typer.testing import CliRunner
+
+    import specs
+    from tuner.cli import app
+
+    folder = tmp_path / "oss"
+    folder.mkdir()
+    cfg = json.loads((Path(specs.__file__).parent / "data" / "models" / "GPT-OSS-120B.json").read_text())
+    (folder / "config.json").write_text(json.dumps(cfg))
+    args = ["--model", str(folder), "--gpus", "16xH100", "--layers", "2", "--trials", "3", "--results-dir", str(tmp_path / "r"), "--study", "oss"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    before = (tmp_path / "r" / "oss" / "config.yaml").read_text()
+    (folder / "config.json").write_text(json.dumps({**cfg, "swiglu_limit": 3.0}))
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and "another definition of model" in r.output and "activation_func_clamp_value" in r.output, r.output
+    assert (tmp_path / "r" / "oss" / "config.yaml").read_text() == before
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert CliRunner().invoke(app, args + ["--trials", "4"]).exit_code == 0  # restored: it resumes
+    # a study made before a ModelSpec field existed resumes when the model has that field's default
+    import optuna
+
+    mm = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "2", "--results-dir", str(tmp_path / "r"), "--study", "mm"]
+    assert CliRunner().invoke(app, mm).exit_code == 0
+    st = optuna.load_study(study_name="mm", storage=f"sqlite:///{tmp_path / 'r' / 'mm' / 'study.db'}")
+    st.set_user_attr("model_spec", {k: v for k, v in st.user_attrs["model_spec"].items() if k not in ("softmax_type", "add_bias_linear")})
+    assert CliRunner().invoke(app, mm + ["--trials", "3"]).exit_code == 0
+
+
 @pytest.mark.parametrize("path_name, expect", [("[bold]x", "bold-x"), (".json", "json"), ("ü", "model"), ("my model v2", "my-model-v2")])
 def test_default_study_names_obey_the_study_name_rule(path_name, expect):
     from specs import load_model, parse_gpus

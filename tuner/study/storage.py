@@ -356,6 +356,22 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, he
         raise
     now = resolved(prep)
     check_study_config(study, cfg, name, prep.calibration, now)
+    old_model = study.user_attrs.get("model_spec")
+    new_model = json.loads(json.dumps(model_spec_to_dict(prep.model)))
+    if isinstance(old_model, dict) and old_model != new_model:  # the same --model path, its config.json edited since
+        # a field added to ModelSpec after the study was made counts as its default there
+        defaults = json.loads(json.dumps(model_spec_to_dict(ModelSpec(name="x", num_layers=1, hidden_size=1, num_attention_heads=1,
+                                                                         num_query_groups=1, kv_channels=1, ffn_hidden_size=1, vocab_size=1,
+                                                                         moe_layer_freq=(0,)))))
+        changed = sorted(k for k in set(old_model) | set(new_model) if old_model.get(k, defaults.get(k)) != new_model.get(k, defaults.get(k)))
+    else:
+        changed = []
+    if changed:
+        raise TunerError(
+            f"study {name!r} was made with another definition of model {prep.model.name!r} ({', '.join(changed[:8])}"
+            f"{', ...' if len(changed) > 8 else ''} differ); its trials were predicted or measured for that one. "
+            "Use another --study name, or restore the model's config to resume."
+        )
     if study.metric_names != list(METRIC_NAMES):  # a resumed study keeps them: no write
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # set_metric_names: "experimental" since 3.2
