@@ -208,6 +208,14 @@ def _time_per_microbatch(c: TableContext, copies: Array) -> dict[str, Array]:
     }
 
 
+def _microbatch_window(c: TableContext, per_mb: dict[str, Array]) -> Array:
+    """Seconds of one micro-batch per rank class ``(n, K)`` (0 on ranks that do not exist): the busy time the per-step
+    data-parallel communication can hide behind (:func:`cost_model.terms.comm.dp_comm_time`), also the pipeline's
+    per-micro-batch time. One definition for the table and the single-layout details, so their DP times agree."""
+    out: Array = (per_mb["compute"] + per_mb["tp_comm"] + per_mb["cp_comm"] + per_mb["ep_comm"] + per_mb["recompute"]) * c.live
+    return out
+
+
 def _time_parts(c: TableContext, dense: Array, experts: Array, owned: Array, copies: Array) -> dict[str, Array]:
     """Seconds per step per part ``(n,)``, in :data:`TIME_PARTS` order.
 
@@ -216,7 +224,7 @@ def _time_parts(c: TableContext, dense: Array, experts: Array, owned: Array, cop
     ranks' busy time ``M x mean``.
     """
     per_mb = _time_per_microbatch(c, copies)
-    total = (per_mb["compute"] + per_mb["tp_comm"] + per_mb["cp_comm"] + per_mb["ep_comm"] + per_mb["recompute"]) * c.live
+    total = _microbatch_window(c, per_mb)
     slowest = schedule.slowest_rank_time(total)
     mean = schedule.mean_rank_time(c, total)
     return {
@@ -394,6 +402,7 @@ def _details(c: TableContext, est: Estimate, times: step_detail.ChunkTimes, copi
     c0 = step_detail.no_overlap(c)
     per_mb = _time_per_microbatch(c, copies)
     total = _total({p: per_mb[p] for p in step_detail.CHUNK_PARTS})
+    window = _microbatch_window(c, per_mb)
     tail: dict[str, list[float]] = {p: [] for p in step_detail.TAIL_PARTS}
     hidden: dict[str, list[float]] = {"pp_p2p": [], "dp_comm": [], "offload": []}
     p2p, p2p0 = float(schedule.pp_p2p_time(c)[0]), float(schedule.pp_p2p_time(c0)[0])
@@ -401,12 +410,12 @@ def _details(c: TableContext, est: Estimate, times: step_detail.ChunkTimes, copi
         one = np.zeros_like(c.live)
         one[0, k] = True  # the class alone: the per-step terms' slowest rank is this one
         ck, ck0 = dataclasses.replace(c, live=one), dataclasses.replace(c0, live=one)
-        dp, opt, off = (float(comm.dp_comm_time(ck, dense, experts, total)[0]), float(optimizer.optimizer_step_time(ck, owned)[0]),
+        dp, opt, off = (float(comm.dp_comm_time(ck, dense, experts, window)[0]), float(optimizer.optimizer_step_time(ck, owned)[0]),
                         float(optimizer.offload_time(ck, owned)[0]))
         for name, v in (("pp_p2p", p2p), ("dp_comm", dp), ("optimizer", opt), ("offload", off)):
             tail[name].append(v)
         hidden["pp_p2p"].append(max(p2p0 - p2p, 0.0))
-        hidden["dp_comm"].append(max(float(comm.dp_comm_time(ck0, dense, experts, total)[0]) - dp, 0.0))
+        hidden["dp_comm"].append(max(float(comm.dp_comm_time(ck0, dense, experts, window)[0]) - dp, 0.0))
         hidden["offload"].append(max(float(optimizer.offload_time(ck0, owned)[0]) - off, 0.0))
     by_rank = _memory_by_rank(c, dense, experts, owned, copies)
     closed = float(m * schedule.slowest_rank_time(total)[0] + schedule.fill_drain_microbatches(c)[0] * schedule.mean_rank_time(c, total)[0])

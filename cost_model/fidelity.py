@@ -37,9 +37,12 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None) -> list[str]:
             "recompute: on 1 x H200 the measured extra time of full and selective 'moe' recompute was 1.5-1.7x the "
             "predicted extra time (docs/measurements.md, TE sweep): such layouts are predicted a little too fast"
         )
-    if model is not None and (model.softmax_type != "vanilla" or model.activation_func == "quick_gelu"):
+    feats = [f for f, on in (("attention sinks", model is not None and model.softmax_type != "vanilla"),
+                             ("the clamped quick-GEGLU", model is not None and model.activation_func == "quick_gelu")) if on]
+    if feats:
         out.append(
-            "GPT-OSS features: on 1 x H200 its attention sinks and its clamped quick-GEGLU each cost about 2% of the step, "
-            "which the model does not price (docs/measurements.md, GPT-OSS-120B's layer features): predicted a little too fast"
+            f"GPT-OSS features: on 1 x H200 {' and '.join(feats)} each cost about 2% of a 2-layer slice's step (about 4% of "
+            "its layers' own time), which the model does not price (docs/measurements.md, GPT-OSS-120B's layer features): "
+            "predicted a little too fast"
         )
     return out

@@ -223,12 +223,12 @@ def expert_bytes(c: TableContext, copies: Array) -> Array:
 def expert_activation_internals(c: TableContext) -> float:
     """Bytes per element of expert width that the unfused probability-weighted activation keeps:
     ``2 x`` :data:`UNFUSED_EXPERT_ACTIVATION_TENSORS` (gated) or ``2 x 1`` (non-gated: the weighted product) with
-    ``bias_activation_fusion`` off; 0 fused.
+    ``bias_activation_fusion`` off; 0 fused (GPT-OSS's quick-GEGLU always is: ``ModelDims.fused_activation``).
 
     Returns:
         Bytes per element (a scalar).
     """
-    if c.options.bias_activation_fusion:
+    if c.options.bias_activation_fusion or c.dims.fused_activation:
         return 0.0
     return BF16_BYTES * (UNFUSED_EXPERT_ACTIVATION_TENSORS if c.dims.gated else 1.0)
 
@@ -265,7 +265,7 @@ def _mlp_bytes_per_token(c: TableContext, width: Array | float) -> Array | float
     """A dense-style MLP of ``width`` (already split by TP) per token: fc1's output in bf16 (``(mats - 1) x width``),
     fc2's input at the saved GEMM-input bytes and, unfused and gated, :data:`UNFUSED_DENSE_ACTIVATION_TENSORS`."""
     m = c.dims
-    unfused = 0.0 if (c.options.bias_activation_fusion or not m.gated) else UNFUSED_DENSE_ACTIVATION_TENSORS
+    unfused = 0.0 if (c.options.bias_activation_fusion or m.fused_activation or not m.gated) else UNFUSED_DENSE_ACTIVATION_TENSORS
     return (BF16_BYTES * (m.mlp_matrices - 1 + unfused) + c.saved_gemm_input_bytes) * width
 
 

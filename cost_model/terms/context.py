@@ -112,6 +112,9 @@ class ModelDims:
     """``--untie-embeddings-and-output-weights``."""
     expert_bias: bool = False
     """The routed experts' linear layers have biases (``add_bias_linear``, GPT-OSS)."""
+    fused_activation: bool = False
+    """The activation is fused with its bias whatever the run's ``bias_activation_fusion`` says: GPT-OSS's clamped
+    quick-GEGLU (Megatron-Bridge ``gpt_oss_bridge.py`` sets ``bias_activation_fusion``; so does this project's harness)."""
 
     @classmethod
     def of(cls, model: ModelSpec) -> ModelDims:
@@ -162,6 +165,7 @@ class ModelDims:
             gated=model.gated_linear_unit,
             untied_output=model.untie_embeddings_and_output_weights,
             expert_bias=bool(model.add_bias_linear),
+            fused_activation=model.activation_func == "quick_gelu",
         )
 
 

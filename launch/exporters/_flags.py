@@ -187,6 +187,10 @@ def model_args(model: ModelSpec) -> list[str]:
         a += ["--disable-bias-linear"]
         if model.add_qkv_bias:
             a += ["--add-qkv-bias"]
+    elif model.is_moe:
+        # megatron-core's TEGroupedMLP asserts "bias_dropout_fusion is not supported in TEGroupedMLP when
+        # add_bias_linear=True" (transformer/moe/experts.py); Megatron-LM's GPT-OSS example passes this flag
+        a += ["--no-bias-dropout-fusion"]
     a += ["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size)]
     ffn = model.ffn_hidden_size or model.moe_ffn_hidden_size
     a += ["--ffn-hidden-size", str(ffn), "--num-attention-heads", str(model.num_attention_heads)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from cost_model.calibration import DEFAULT_CALIBRATION
 from cost_model.estimate import estimate
 from specs import Workload, load_model, parse_gpus
 from specs.errors import TunerError
@@ -87,3 +88,21 @@ def test_context_parallel_with_sinks_or_windows_needs_a2a():
     assert check_layout(cp2, plain, wl) == []
     windows_only = m.replace(softmax_type="vanilla")
     assert [r for r, _ in check_layout(cp2, windows_only, wl)] == ["cp_attention_variant"]
+
+
+def test_the_bounded_dp_overlap_is_the_same_in_the_estimate_and_its_details():
+    """Many expert parameters per rank and a short micro-batch (GPT-OSS at EP 8, micro-batch 1): the DP overlap is bounded
+    by one micro-batch, and the single-layout estimate's dp_comm equals the slowest rank class's in the step details."""
+    from cost_model.estimate import estimate_details
+    from specs import RunOptions
+
+    m, cl = load_model("GPT-OSS-120B"), parse_gpus("64xB200")
+    wl = Workload(seq_length=4096, global_batch_size=256)
+    lay = Layout(world_size=64, ep=8, micro_batch_size=1)
+    opts = RunOptions(overlap_grad_reduce=True, moe_router_force_load_balancing=True)
+    e = estimate(m, cl, wl, lay, options=opts, memory_headroom=0.0)
+    d = estimate_details(m, cl, wl, lay, options=opts, memory_headroom=0.0)
+    assert e.time["dp_comm"] == pytest.approx(max(d.tail["dp_comm"]), rel=1e-9)
+    exposed = estimate(m, cl, wl, lay, options=RunOptions(moe_router_force_load_balancing=True), memory_headroom=0.0).time["dp_comm"]
+    share = exposed * (1 - DEFAULT_CALIBRATION.dp_overlap)  # what dp_overlap alone would leave
+    assert share < e.time["dp_comm"] < exposed  # the window binds: more is left than the share, less than all

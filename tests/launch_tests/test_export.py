@@ -200,6 +200,7 @@ def test_model_args_gpt_oss_build_gpt_oss():
     127-token left window on every other layer (Megatron's integer form: layers 1, 3, ... of 36 slide, 2, 4, ... full)."""
     oss = _argv_flags(model_args(load_model("GPT-OSS-120B")))
     assert "--disable-bias-linear" not in oss and "--swiglu" not in oss and "--quick-geglu" in oss
+    assert "--no-bias-dropout-fusion" in oss  # TEGroupedMLP refuses bias-dropout fusion with biases
     assert oss["--glu-linear-offset"] == ("1",) and oss["--activation-func-clamp-value"] == ("7",)
     assert oss["--softmax-type"] == ("learnable",) and oss["--window-size"] == ("127,0",) and oss["--window-attn-skip-freq"] == ("2",)
     odd = load_model("GPT-OSS-120B").replace(window_attn_skip_freq=(1, 1) + (0,) * 34)  # not periodic: the list, 1 = sliding

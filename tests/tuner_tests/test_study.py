@@ -174,6 +174,11 @@ def test_resume_after_the_model_config_was_edited_is_refused(tmp_path):
     assert (tmp_path / "r" / "oss" / "config.yaml").read_text() == before
     (folder / "config.json").write_text(json.dumps(cfg))
     assert CliRunner().invoke(app, args + ["--trials", "4"]).exit_code == 0  # restored: it resumes
+    # the same config.json without a _source (its source is then the path it was read from), by another path: the same model
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "_source"}))
+    for path, n in ((folder, "5"), (folder / "." / "config.json", "6")):
+        r = CliRunner().invoke(app, [args[0], str(path), *args[2:], "--trials", n])
+        assert r.exit_code == 0, r.output
     # a study made before a ModelSpec field existed resumes when the model has that field's default
     import optuna
 
