@@ -121,7 +121,7 @@ def keep_log(cid: str, path: Path | str | None) -> None:
 def run_sweep_case(c: dict[str, Any], cid: str, out_name: str) -> dict[str, Any]:
     from launch.base import TrialFailed
     from launch.harness.results import read_results
-    from launch.harness.spec import harness_layout, slice_model
+    from launch.harness.spec import harness_layout, override_model, slice_model
     from launch.local_backend import LocalBackend
     from search_spaces.rules import check_layout
     from specs import Workload, load_model, parse_gpus
@@ -129,8 +129,7 @@ def run_sweep_case(c: dict[str, Any], cid: str, out_name: str) -> dict[str, Any]
     from specs.layout import Layout
 
     model = slice_model(load_model(c["model"]), c["layers"])
-    if c.get("model_overrides"):
-        model = model.replace(**c["model_overrides"])
+    model = override_model(model, c.get("model_overrides"), c["id"])
     cluster = parse_gpus(c["gpus"])
     wl = Workload(seq_length=c["seq_len"], global_batch_size=c["global_batch"], precision=c["precision"])
     lay = Layout.from_dict(c["layout"])

@@ -26,7 +26,7 @@ import numpy as np
 from cost_model.calibration import Calibration, load_calibration
 from cost_model.estimate import estimate
 from cost_model.validate import spearman
-from launch.harness.spec import HarnessEnv, harness_layout, slice_model
+from launch.harness.spec import HarnessEnv, harness_layout, override_model, slice_model
 from specs import HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS, ModelSpec, RunOptions, Workload, list_models, load_model, parse_gpus
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
@@ -155,14 +155,8 @@ def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
             if not isinstance(d, dict) or not isinstance(d.get("layout"), dict):
                 raise TunerError(f"{where}: the row has no layout (a 'layout' object); a trials file holds the JSON lines of launch.harness.sweep")
             model = _model(str(d.get("model", "")), where)
-            over = d.get("model_overrides") or {}
-            if over:  # benchmarks/h200_te.py: ModelSpec fields replaced in the slice (an EP rank's experts, a feature off)
-                if not isinstance(over, dict):
-                    raise TunerError(f"{where}: model_overrides must be an object of model fields, got {over!r}")
-                unknown = sorted(set(over) - set(ModelSpec.__dataclass_fields__))
-                if unknown:
-                    raise TunerError(f"{where}: model_overrides names {unknown}, which are not model fields")
-                model = model.replace(**{k: tuple(v) if isinstance(v, list) else v for k, v in over.items()})
+            # benchmarks/h200_te.py: ModelSpec fields replaced in the slice (an EP rank's experts, a feature off)
+            model = override_model(model, d.get("model_overrides"), where)
             label = str(d.get("id") or d.get("label") or f"line {i}")
             if d.get("status") != "ok":
                 skipped.append(f"{p.name}:{i} {label}: status {d.get('status')!r}")

@@ -22,7 +22,7 @@ from specs import ModelSpec, Workload
 from specs.errors import TunerError
 from specs.layout import Dispatcher, Layout, RecomputeGranularity
 
-__all__ = ["FAULTS", "FP8_RECIPES", "HARNESS_OPTIONS", "HarnessEnv", "HarnessSpec", "build_spec", "fault_reasons", "harness_layout", "slice_model",
+__all__ = ["FAULTS", "FP8_RECIPES", "HARNESS_OPTIONS", "HarnessEnv", "HarnessSpec", "build_spec", "fault_reasons", "harness_layout", "override_model", "slice_model",
            "torchrun_command", "unsupported_reasons", "HARNESS_MODULE"]
 
 #: The module ``torchrun -m`` starts.
@@ -93,6 +93,23 @@ def slice_model(model: ModelSpec, num_layers: int | None) -> ModelSpec:
         ffn_hidden_size=ffn,
         mtp_num_layers=0,
     )
+
+
+def override_model(model: ModelSpec, overrides: Any, where: str = "model_overrides") -> ModelSpec:
+    """``model`` with the ModelSpec fields ``overrides`` names replaced (a sweep case's ``model_overrides``: an EP rank's
+    experts, a feature turned off); lists become tuples, as JSON gives them back.
+
+    Raises:
+        TunerError: ``overrides`` is not a mapping, names a field ModelSpec does not have, or gives a value it refuses.
+    """
+    if not overrides:
+        return model
+    if not isinstance(overrides, dict):
+        raise TunerError(f"{where}: model_overrides must be an object of model fields, got {overrides!r}")
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(ModelSpec)})
+    if unknown:
+        raise TunerError(f"{where}: model_overrides names {unknown}, which are not model fields")
+    return model.replace(**{k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

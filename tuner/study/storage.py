@@ -360,9 +360,7 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, he
     new_model = json.loads(json.dumps(model_spec_to_dict(prep.model)))
     if isinstance(old_model, dict) and old_model != new_model:  # the same --model path, its config.json edited since
         # a field added to ModelSpec after the study was made counts as its default there
-        defaults = json.loads(json.dumps(model_spec_to_dict(ModelSpec(name="x", num_layers=1, hidden_size=1, num_attention_heads=1,
-                                                                         num_query_groups=1, kv_channels=1, ffn_hidden_size=1, vocab_size=1,
-                                                                         moe_layer_freq=(0,)))))
+        defaults = json.loads(json.dumps({f.name: f.default for f in dataclasses.fields(ModelSpec) if f.default is not dataclasses.MISSING}))
         # its name and source are where it was read from: the same config.json by another path or moved is the same model
         changed = sorted(k for k in (set(old_model) | set(new_model)) - {"name", "source"}
                          if old_model.get(k, defaults.get(k)) != new_model.get(k, defaults.get(k)))
