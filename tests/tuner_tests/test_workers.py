@@ -46,7 +46,7 @@ def test_a_killed_worker_loses_nothing(tmp_path, kind):
     """A worker is killed (kill -9) while its trial is RUNNING; a second worker fails that trial once its
     heartbeat is stale (Optuna's fail_stale_trials) and runs the layout again, recorded as a retry."""
     sys.path.insert(0, str(HERE))
-    from study_worker import Sleepy, config
+    from study_worker import HEARTBEAT, Sleepy, config
 
     from tuner.study import prepare, run_study, trial_rows
 
@@ -71,9 +71,11 @@ def test_a_killed_worker_loses_nothing(tmp_path, kind):
     st = optuna.load_study(study_name="w", storage=open_storage(storage))
     (cut,) = [t for t in st.trials if t.state == optuna.trial.TrialState.RUNNING]  # left RUNNING by the dead worker
     assert cut.number == killed
-    # worker B: each of its trials takes 0.5 s, so its run outlasts the 2 s grace period; the first trial it starts
-    # after that fails the stale one and queues its layout, and B runs it
-    b = Sleepy(step_s=0.5)
+    # A's last heartbeat is at most as old as the kill: past the grace period (HEARTBEAT) whatever the machine's load
+    time.sleep(HEARTBEAT["heartbeat_grace_s"] + 1)
+    # worker B fails the stale trial as it starts and queues its layout ahead of its own first layouts; B runs it as
+    # the retry, and its own later proposal of the same layout is skipped as a duplicate
+    b = Sleepy(step_s=0.0)
     res = run_study(prepare(config(storage, str(tmp_path / "b"), trials=8)), backend=b)
     st = optuna.load_study(study_name="w", storage=open_storage(storage))
     trials = {t.number: t for t in st.trials}
@@ -82,7 +84,7 @@ def test_a_killed_worker_loses_nothing(tmp_path, kind):
     assert again.state == optuna.trial.TrialState.COMPLETE and again.user_attrs["key"] == cut.user_attrs["key"]
     assert f"trial {killed} was left RUNNING by a worker that sent no heartbeat" in again.user_attrs["retried"]
     assert again.system_attrs["failed_trial"] == killed  # Optuna's RetryHeartbeatStaleTrialCallback made it
-    assert cut.user_attrs["key"] in {r["key"] for r in trial_rows(st)} and cut.user_attrs["key"] in b.layouts
+    assert cut.user_attrs["key"] in {r["key"] for r in trial_rows(st)} and b.layouts.count(cut.user_attrs["key"]) == 1
     assert res.evaluated_now == 8 and not [t for t in st.trials if t.state == optuna.trial.TrialState.RUNNING]
 
 

@@ -16,6 +16,7 @@ import logging
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -385,6 +386,13 @@ class StudyRun:
     # ---- real trials: Study.optimize on the study's storage -------------------------------------------------
 
     def _search_measured(self) -> None:
+        if self.cfg.storage:
+            # a stopped worker's stale trial is failed, and its layout queued, before this run queues its own first
+            # layouts: the retry runs ahead of them and is recorded as the retry (Optuna's ``fail_stale_trials``, which
+            # ``Study.optimize`` runs again before each trial; a no-op on a storage without the heartbeat)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                optuna.storages.fail_stale_trials(self.study)
         for row in self.queue.first:
             self.study.enqueue_trial(self.index.params_of_row(row), user_attrs=TrialRecord(enqueued=QUEUED_FIRST).attrs())
         n_jobs = self.cfg.parallel_trials if self.cfg.backend == "ray" else 1
