@@ -77,6 +77,9 @@ EXPLICIT: tuple[Mutation, ...] = (
     _edit("expert weights not split by EP", T + "params:expert_params", "(m.experts / col(c.ep))", "m.experts"),
     _edit("1F1B in-flight count off by one", T + "schedule:inflight_1f1b", "col(c.pp) - c.rank", "col(c.pp) - c.rank - 1"),
     _edit("ring collectives move the whole tensor", T + "comm:ring_time", "bytes_full * (g - 1) / g / bw", "bytes_full / bw"),
+    _edit("cross-node rings through one NIC per GPU", T + "comm:ring_bandwidth", "np.minimum(nv, per_domain * net)", "net"),
+    _edit("ring NICs counted without the group's stride", T + "comm:ring_bandwidth", "np.clip(c.nvlink_size // s, 1, g)",
+          "np.clip(c.nvlink_size + 0 * s, 1, g)"),
     _edit("DP with the distributed optimizer as an all-reduce", T + "comm:dp_bytes_per_param", "grad + gather, 2 * grad", "2 * grad, 2 * grad"),
     Mutation("HybridEP counted as allgather", {"kind": "exec", "code": (
         "import specs.layout as L\n"

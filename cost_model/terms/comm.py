@@ -34,6 +34,7 @@ __all__ = [
     "fp8_quantize_cost",
     "moe_fixed_cost_backward",
     "moe_fixed_cost_forward",
+    "ring_bandwidth",
     "ring_time",
     "span_crosses_node",
     "tp_attention_comm",
@@ -88,8 +89,9 @@ def span_crosses_node(span: Array, nvlink_size: int) -> BoolArray:
 
 
 def collective_bandwidth(c: TableContext, crosses: BoolArray) -> Array:
-    """Per-GPU bandwidth of a ring collective: NVLink x ``nvlink_efficiency`` inside the NVLink domain,
-    the node's network share per GPU x ``network_efficiency`` across it.
+    """Per-GPU bandwidth of point-to-point exchanges (the CP ring's K/V passes, pipeline sends): NVLink x
+    ``nvlink_efficiency`` inside the NVLink domain, the node's network share per GPU x ``network_efficiency`` across it
+    (a GPU's neighbour on another node is reached through its own NIC). NCCL ring collectives: :func:`ring_bandwidth`.
 
     Returns:
         Bytes/s, the shape of ``crosses``.
@@ -98,6 +100,32 @@ def collective_bandwidth(c: TableContext, crosses: BoolArray) -> Array:
     nv = cluster.gpu.nvlink_bytes_per_s * cal.nvlink_efficiency
     net = cluster.inter_node_bytes_per_s / cluster.gpus_per_node * cal.network_efficiency
     return np.where(crosses, net, nv)
+
+
+def ring_bandwidth(c: TableContext, group: Array, stride: Array | float) -> Array:
+    """Per-GPU bandwidth of an NCCL ring collective (all-gather, reduce-scatter, all-reduce) over ``group`` ranks
+    ``stride`` apart: NVLink x ``nvlink_efficiency`` inside the NVLink domain; across domains the ring's channels
+    leave each domain through the NICs of the group's ranks there (``m = min(group, nvlink_size // stride)`` of
+    them, rail-optimised, one NIC per GPU), so a GPU moves its ``(g - 1) / g`` share at ``m`` x its network share
+    (x ``network_efficiency``), at most at NVLink speed. A group with one rank per domain (TP 8 on 8-GPU nodes) gets
+    the network share alone, as before.
+
+    Source: NCCL's multi-node rings (one channel per NIC); measured, nccl-tests ``all_reduce_perf`` bus bandwidth on
+    8 x H100 nodes with 8 x NDR 400G is 400-450 GB/s, about 8 x the 50 GB/s NIC share (Crusoe / Saturn Cloud cluster
+    validation guide; the 460-480 GB/s single-node NVLink figure as the cap).
+
+    Args:
+        group, stride: ranks, ``(n,)`` or ``(n, 1)``.
+
+    Returns:
+        Bytes/s, the broadcast shape of ``group`` and ``stride``.
+    """
+    cluster, cal = c.cluster, c.cal
+    nv = cluster.gpu.nvlink_bytes_per_s * cal.nvlink_efficiency
+    net = cluster.inter_node_bytes_per_s / cluster.gpus_per_node * cal.network_efficiency
+    g, s = np.maximum(group, 1), np.maximum(stride, 1)
+    per_domain = np.clip(c.nvlink_size // s, 1, g)
+    return np.where(span_crosses_node(g * s, c.nvlink_size), np.minimum(nv, per_domain * net), nv)
 
 
 def ring_time(bytes_full: Array, group: Array, bw: Array) -> Array:
@@ -138,7 +166,7 @@ def tp_collective_time(c: TableContext) -> Array:
     Returns:
         Seconds, ``(n, 1)``.
     """
-    bw = collective_bandwidth(c, col(span_crosses_node(c.tp, c.nvlink_size)))
+    bw = ring_bandwidth(c, col(c.tp), 1)
     return ring_time(BF16_BYTES * c.tokens * c.dims.h, col(c.tp), bw)
 
 
@@ -182,7 +210,7 @@ def tp_moe_comm(c: TableContext, collective: Array, copies: Array) -> Array:
         Seconds, ``(n, 1)``.
     """
     shared = np.where(c.dims.shared_ffn > 0, SP_COLLECTIVES_PER_BLOCK * collective, 0.0)
-    bw = collective_bandwidth(c, col(span_crosses_node(c.etp, c.nvlink_size)))
+    bw = ring_bandwidth(c, col(c.etp), 1)
     experts = SP_COLLECTIVES_PER_BLOCK * ring_time(BF16_BYTES * copies * c.dims.h, col(c.etp), bw)
     return (shared + experts) * _tp_kept(c)
 
@@ -457,8 +485,8 @@ def dp_comm_time(c: TableContext, dense: Array, experts: Array, window: Array | 
     """
     opt, cal = c.options, c.cal
     dpcp = col(c.dp * c.cp)
-    dense_bw = collective_bandwidth(c, col(span_crosses_node(c.tp * c.cp * c.dp, c.nvlink_size)))
-    exp_bw = collective_bandwidth(c, col(span_crosses_node(c.etp * c.ep * c.edp, c.nvlink_size)))
+    dense_bw = ring_bandwidth(c, dpcp, col(c.tp))  # the DP x CP group: ranks tp apart (tp-cp-ep-dp-pp)
+    exp_bw = ring_bandwidth(c, col(c.edp), col(c.etp * c.ep))  # EDP: etp x ep apart (etp-ep-edp-pp)
     if opt.use_megatron_fsdp:
         b = FSDP_BYTES_PER_PARAM
         per_rank = col(c.micro_batches) * (ring_time(b * dense, dpcp, dense_bw) + ring_time(b * experts, col(c.edp), exp_bw))

@@ -7,6 +7,8 @@ Bandwidths: NVLink 4e11 B/s x 0.75 = 3e11 for rings, x 0.55 = 2.2e11 for all-to-
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from term_fixtures import BASE, TEST_CAL, TINY_DENSE, make_ctx
@@ -27,6 +29,16 @@ def test_collective_bandwidth():
     assert out.tolist() == pytest.approx([NV, NET])
 
 
+def test_ring_bandwidth_counts_the_nics_of_the_group_on_a_node():
+    c = make_ctx(**BASE)  # 4 GPUs per node
+    group, stride = np.array([4.0, 8.0, 8.0, 8.0, 2.0]), np.array([1.0, 1.0, 2.0, 4.0, 8.0])
+    # inside a node; 4 ranks per node (4 NICs); 2 per node; 1 per node; ranks 8 apart: 1 per node
+    assert comm.ring_bandwidth(c, group, stride).tolist() == pytest.approx([NV, 4 * NET, 2 * NET, NET, NET])
+    many = dataclasses.replace(c, nvlink_size=16)
+    # a 16-GPU NVLink domain, group 32 ranks 1 apart: 16 NICs would be 16 x NET, more than NVLink, which caps it
+    assert comm.ring_bandwidth(many, np.array([32.0]), np.array([1.0]))[0] == pytest.approx(NV)
+
+
 def test_ring_time():
     out = comm.ring_time(np.array([100.0]), np.array([1.0, 4.0]), np.array([10.0]))
     assert out.tolist() == [0.0, 100 * 3 / 4 / 10]
@@ -39,8 +51,8 @@ def test_distinct_groups_hit_by_hand():
 
 def test_tp_collective_time_inside_and_across_nodes():
     assert comm.tp_collective_time(make_ctx(**BASE))[0, 0] == pytest.approx(2 * 512 * 64 / 2 / NV)
-    wide = make_ctx(model=TINY_DENSE, tp=8, sequence_parallel=True)  # 8 > 4 GPUs per node: the network
-    assert comm.tp_collective_time(wide)[0, 0] == pytest.approx(2 * 1024 * 64 * 7 / 8 / NET)
+    wide = make_ctx(model=TINY_DENSE, tp=8, sequence_parallel=True)  # 8 > 4 GPUs per node: the ring leaves through 4 NICs
+    assert comm.tp_collective_time(wide)[0, 0] == pytest.approx(2 * 1024 * 64 * 7 / 8 / (4 * NET))
 
 
 def test_tp_block_comm_four_collectives_less_the_overlap():
@@ -201,29 +213,30 @@ def test_ep_forward_and_layer_times():
 def test_dp_comm_time():
     dense, experts = np.array([[100.0, 200.0]]), np.array([[10.0, 20.0]])
     # BASE: dense group tp x cp x dp = 8 and expert group etp x ep x edp = 8 leave the node; the slower rank (1):
-    # reduce-scatter fp32 + all-gather bf16 = 6 B/param over dp x cp = 4 and edp = 2
-    slow = (6 * 200 * 3 / 4 + 6 * 20 / 2) / NET
+    # reduce-scatter fp32 + all-gather bf16 = 6 B/param over dp x cp = 4 (ranks tp = 2 apart: 2 of them, so 2 NICs, per
+    # node) and edp = 2 (etp x ep = 4 apart: one per node, one NIC)
+    slow = 6 * 200 * 3 / 4 / (2 * NET) + 6 * 20 / 2 / NET
     assert comm.dp_comm_time(make_ctx(**BASE), dense, experts)[0] == pytest.approx(slow)
     ovl = make_ctx(options=RunOptions(overlap_grad_reduce=True), **BASE)  # dp_overlap 0.25 hidden
     assert comm.dp_comm_time(ovl, dense, experts)[0] == pytest.approx(slow * 0.75)
     allreduce = make_ctx(**BASE, use_distributed_optimizer=False, use_precision_aware_optimizer=False)
-    assert comm.dp_comm_time(allreduce, dense, experts)[0] == pytest.approx((8 * 200 * 3 / 4 + 8 * 20 / 2) / NET)
+    assert comm.dp_comm_time(allreduce, dense, experts)[0] == pytest.approx(8 * 200 * 3 / 4 / (2 * NET) + 8 * 20 / 2 / NET)
     fsdp = make_ctx(options=RunOptions(use_megatron_fsdp=True), **BASE)  # every micro-batch (8), 2 x bf16 + fp32
-    assert comm.dp_comm_time(fsdp, dense, experts)[0] == pytest.approx(8 * (8 * 200 * 3 / 4 + 8 * 20 / 2) / NET * 0.75)
+    assert comm.dp_comm_time(fsdp, dense, experts)[0] == pytest.approx(8 * (8 * 200 * 3 / 4 / (2 * NET) + 8 * 20 / 2 / NET) * 0.75)
 
 
 def test_dp_overlap_hides_at_most_one_micro_batch():
     """The distributed optimizer's reduce-scatter and all-gather hide behind the last micro-batch's backward and the first
     one's forward: never more than one micro-batch's time per rank; FSDP's, behind every micro-batch (8 here)."""
     dense, experts = np.array([[100.0, 200.0]]), np.array([[10.0, 20.0]])
-    per_rank = np.array([6 * 100 * 3 / 4 + 6 * 10 / 2, 6 * 200 * 3 / 4 + 6 * 20 / 2]) / NET
+    per_rank = np.array([6 * 100 * 3 / 4 / 2 + 6 * 10 / 2, 6 * 200 * 3 / 4 / 2 + 6 * 20 / 2]) / NET  # dense: 2 NICs
     ovl = make_ctx(options=RunOptions(overlap_grad_reduce=True), **BASE)
     wide = np.array([[1.0, 1.0]])  # a window longer than the communication: only dp_overlap (0.25) limits
     assert comm.dp_comm_time(ovl, dense, experts, wide)[0] == pytest.approx(per_rank[1] * 0.75)
     narrow = np.array([[0.1, 0.05]]) * per_rank  # shorter than 0.25 of it: the window is what is hidden, per rank
     assert comm.dp_comm_time(ovl, dense, experts, narrow)[0] == pytest.approx(max(per_rank[0] * 0.9, per_rank[1] * 0.95))
     fsdp = make_ctx(options=RunOptions(use_megatron_fsdp=True), **BASE)
-    f_rank = 8 * np.array([8 * 100 * 3 / 4 + 8 * 10 / 2, 8 * 200 * 3 / 4 + 8 * 20 / 2]) / NET
+    f_rank = 8 * np.array([8 * 100 * 3 / 4 / 2 + 8 * 10 / 2, 8 * 200 * 3 / 4 / 2 + 8 * 20 / 2]) / NET
     f_win = np.array([[0.01, 0.01]]) * f_rank  # hidden 8 x the window, less than dp_overlap's share
     assert comm.dp_comm_time(fsdp, dense, experts, f_win)[0] == pytest.approx(max(f_rank * (1 - 8 * 0.01)))
     none = make_ctx(**BASE)  # no overlap flag: nothing hidden whatever the window
