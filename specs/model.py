@@ -106,6 +106,15 @@ class ModelSpec:
     rope_scaling_factor: float = 1.0
     rope_scaling_mscale: float = 1.0
     rope_scaling_mscale_all_dim: float = 0.0
+    rope_scaling_original_max_position_embeddings: int = 0
+    """YaRN: HF ``rope_scaling.original_max_position_embeddings`` (0: not given; Megatron's default 4,096 applies)."""
+    rope_scaling_beta_fast: float = 32.0
+    """YaRN: HF ``rope_scaling.beta_fast`` (transformers' and Megatron's default 32)."""
+    rope_scaling_beta_slow: float = 1.0
+    """YaRN: HF ``rope_scaling.beta_slow`` (default 1)."""
+    rope_scaling_truncate: bool = True
+    """YaRN: HF ``rope_scaling.truncate``, rounding the correction range to integers (Megatron
+    ``--[no-]yarn-correction-range-round-to-int``; GPT-OSS false)."""
     moe_router_score_function: str = "softmax"
     """"softmax" or "sigmoid" (HF ``scoring_func``)."""
     moe_router_enable_expert_bias: bool = False
@@ -157,6 +166,9 @@ class ModelSpec:
                 f"model {self.name!r}: a MoE model needs moe_router_topk and moe_ffn_hidden_size > 0 "
                 f"(got {self.moe_router_topk}, {self.moe_ffn_hidden_size})"
             )
+        if self.rope_scaling_type == "yarn" and not (self.rope_scaling_factor > 0 and self.rope_scaling_beta_fast > 0 and self.rope_scaling_beta_slow > 0):
+            raise TunerError(f"model {self.name!r}: YaRN rope_scaling needs factor, beta_fast and beta_slow > 0, got "
+                             f"{self.rope_scaling_factor!r}, {self.rope_scaling_beta_fast!r}, {self.rope_scaling_beta_slow!r}")
         if self.softmax_type not in ("vanilla", "off-by-one", "learnable"):
             raise TunerError(f"model {self.name!r}: softmax_type must be vanilla, off-by-one or learnable, got {self.softmax_type!r}")
         if self.activation_func not in ("silu", "quick_gelu"):
@@ -484,6 +496,11 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
         rope_scaling_factor=float(rs.get("factor") or 1.0),
         rope_scaling_mscale=float(rs.get("mscale") or 1.0),
         rope_scaling_mscale_all_dim=float(rs.get("mscale_all_dim") or 0.0),
+        rope_scaling_original_max_position_embeddings=_as_int(rs.get("original_max_position_embeddings") or 0,
+                                                              "rope_scaling.original_max_position_embeddings", name_for_errors),
+        rope_scaling_beta_fast=_as_float(rs.get("beta_fast", 32.0), "rope_scaling.beta_fast", name_for_errors),
+        rope_scaling_beta_slow=_as_float(rs.get("beta_slow", 1.0), "rope_scaling.beta_slow", name_for_errors),
+        rope_scaling_truncate=rs.get("truncate", True),  # type-checked in ModelSpec.__post_init__
         moe_router_score_function="sigmoid" if str(cfg.get("scoring_func", "softmax")) == "sigmoid" else "softmax",
         moe_router_enable_expert_bias=bool(cfg.get("use_routing_bias")) or topk_method == "noaux_tc",
         moe_router_topk_scaling_factor=float(cfg.get("routed_scaling_factor") or 0.0) if num_experts else 0.0,

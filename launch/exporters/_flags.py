@@ -153,7 +153,9 @@ def model_args(model: ModelSpec) -> list[str]:
     attention (GQA or MLA), RMSNorm with its epsilon, SwiGLU, untied embeddings,
     vocabulary, QK norm, RoPE (base, partial rotary, Llama-3 scaling
     ``--use-rope-scaling --rope-scaling-factor`` or YaRN ``--rotary-scaling-factor
-    --mscale --mscale-all-dim``), no linear biases, the MoE block (experts, expert
+    --mscale --mscale-all-dim``; a GPT model's YaRN, GPT-OSS's, as ``--position-embedding-type yarn`` with
+    ``--yarn-original-max-position-embeddings --yarn-beta-fast --yarn-beta-slow
+    --[no-]yarn-correction-range-round-to-int`` from its ``rope_scaling``, megatron-core 0.19 or newer), no linear biases, the MoE block (experts, expert
     FFN, top-k, ``--moe-layer-freq`` as a list expression, shared experts, router
     score function, expert bias, top-k scaling, group-limited routing, fp32 router,
     grouped GEMM) and MTP, then the preset's ``extra_megatron_args``.
@@ -198,7 +200,10 @@ def model_args(model: ModelSpec) -> list[str]:
         a += ["--kv-channels", str(model.kv_channels)]
         if model.num_query_groups < model.num_attention_heads:
             a += ["--group-query-attention", "--num-query-groups", str(model.num_query_groups)]
-    a += ["--normalization", "RMSNorm", "--position-embedding-type", "rope", "--norm-epsilon", _flag_num(model.norm_epsilon)]
+    # a GPT model's YaRN is megatron-core's position embedding "yarn" (MLA models take YaRN through their own rope type)
+    gpt_yarn = model.rope_scaling_type == "yarn" and not model.is_mla
+    pos = "yarn" if gpt_yarn else "rope"
+    a += ["--normalization", "RMSNorm", "--position-embedding-type", pos, "--norm-epsilon", _flag_num(model.norm_epsilon)]
     if model.gated_linear_unit:
         a += ["--quick-geglu"] if model.activation_func == "quick_gelu" else ["--swiglu"]
     if model.glu_linear_offset:
@@ -222,6 +227,13 @@ def model_args(model: ModelSpec) -> list[str]:
     elif model.rope_scaling_type == "yarn":
         a += ["--rotary-scaling-factor", _flag_num(model.rope_scaling_factor), "--mscale", _flag_num(model.rope_scaling_mscale),
               "--mscale-all-dim", _flag_num(model.rope_scaling_mscale_all_dim)]  # fmt: skip
+        if gpt_yarn:
+            # megatron/training/argument_utils.py::_apply_yarn_config_from_args (megatron-core 0.19) maps these onto the
+            # config's yarn_* fields, as Megatron-Bridge's GPT-OSS bridge sets them from config.json
+            if model.rope_scaling_original_max_position_embeddings:
+                a += ["--yarn-original-max-position-embeddings", str(model.rope_scaling_original_max_position_embeddings)]
+            a += ["--yarn-beta-fast", _flag_num(model.rope_scaling_beta_fast), "--yarn-beta-slow", _flag_num(model.rope_scaling_beta_slow),
+                  "--yarn-correction-range-round-to-int" if model.rope_scaling_truncate else "--no-yarn-correction-range-round-to-int"]
     if model.qk_layernorm:
         a += ["--qk-layernorm"]
     if model.is_mla:

@@ -62,6 +62,10 @@ def _min_megatron_core(layout: Layout, model: ModelSpec) -> tuple[str, list[str]
         # core 0.14 had only --moe-enable-deepep; --moe-flex-dispatcher-backend {deepep,hybridep}
         # arrived with HybridEP (megatron/core/transformer/moe/README.md, core 0.15).
         need.append(("0.15.0", f"--moe-flex-dispatcher-backend {layout.dispatcher.moe_flex_dispatcher_backend}"))
+    if model.rope_scaling_type == "yarn" and not model.is_mla:
+        # the --yarn-* flags and their mapping onto a GPT model's config (megatron/training/argument_utils.py
+        # _apply_yarn_config_from_args) arrived in 0.19; before it GPTModel's yarn branch reads config fields nothing sets
+        need.append(("0.19.0", "--position-embedding-type yarn with the --yarn-* flags (a GPT model's YaRN)"))
     version = max((v for v, _ in need), key=lambda v: tuple(int(x) for x in v.split(".")))
     return version, [w for _, w in need]
 
@@ -287,12 +291,13 @@ def recipe_dict(
         )
     if model.rope_scaling_type == "yarn" and not model.is_mla:
         notes.append(
-            "Position embedding: the commands pass --position-embedding-type rope, as Megatron-LM's own GPT-OSS examples do "
-            "(examples/gptoss, examples/post_training/modelopt/conf/openai), so the YaRN flags beside it are not applied; "
-            "Megatron-Bridge builds this model with YaRN (scaling factor "
-            f"{model.rope_scaling_factor:g}): to continue from the Hugging Face checkpoint at long context, use "
-            "--position-embedding-type yarn with --yarn-original-max-position-embeddings, --yarn-beta-fast, --yarn-beta-slow "
-            "and --no-yarn-correction-range-round-to-int from its config.json (megatron-core 0.19 or newer)."
+            f"Position embedding: YaRN as the model's config.json gives it (factor {model.rope_scaling_factor:g}, original "
+            f"{model.rope_scaling_original_max_position_embeddings or 4096:,} positions, beta_fast {model.rope_scaling_beta_fast:g}, "
+            f"beta_slow {model.rope_scaling_beta_slow:g}, correction range {'rounded' if model.rope_scaling_truncate else 'not rounded'}), "
+            "as Megatron-Bridge builds it, so a run from the Hugging Face checkpoint sees its positions; the --yarn-* flags need "
+            "megatron-core 0.19 or newer (stack.megatron_core). Megatron-LM's own GPT-OSS examples pass "
+            "--position-embedding-type rope instead (examples/gptoss), which runs on older releases but does not reproduce "
+            "the checkpoint's positional encoding. The tuner's trials build plain RoPE (the same cost)."
         )
     if not layout.use_distributed_optimizer:
         notes.append("slime always turns the distributed optimizer on; the layout's non-distributed optimizer holds for Megatron-LM only.")

@@ -62,6 +62,10 @@ def _gpt_oss_config(tmp_path, **changes):
     ({"tuner": {"name": 5}}, "name must be a string"),
     ({"tuner": {"extra_megatron_args": "--foo"}}, "extra_megatron_args must be a list of strings"),
     ({"tuner": {"window_attn_skip_freq": 2}}, "window_attn_skip_freq"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": "fast"}}, "rope_scaling.beta_fast must be a finite number"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_slow": 0}}, "YaRN rope_scaling needs factor, beta_fast and beta_slow > 0"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096.5}}, "original_max_position_embeddings must be an integer"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "truncate": "no"}}, "rope_scaling_truncate must be true or false"),
 ])
 def test_malformed_gpt_oss_configs_are_refused(tmp_path, changes, needle):
     with pytest.raises(TunerError, match=needle):

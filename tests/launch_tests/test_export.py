@@ -221,6 +221,26 @@ def test_model_args_gpt_oss_build_gpt_oss():
         assert not {"--quick-geglu", "--softmax-type", "--window-size", "--glu-linear-offset"} & set(other)
 
 
+def test_model_args_gpt_oss_yarn_as_its_config_says():
+    """GPT-OSS's YaRN as Megatron-Bridge's GPT-OSS bridge sets it from config.json (factor 32, 4,096 original positions,
+    betas 32 / 1, no rounding: ``truncate`` false), through megatron-core 0.19's --yarn-* flags; the recipe asks for 0.19."""
+    gpt_oss = load_model("GPT-OSS-120B")
+    oss = _argv_flags(model_args(gpt_oss))
+    assert oss["--position-embedding-type"] == ("yarn",) and oss["--rotary-base"] == ("150000",)
+    assert oss["--rotary-scaling-factor"] == ("32",) and oss["--yarn-original-max-position-embeddings"] == ("4096",)
+    assert oss["--yarn-beta-fast"] == ("32",) and oss["--yarn-beta-slow"] == ("1",)
+    assert "--no-yarn-correction-range-round-to-int" in oss and "--yarn-correction-range-round-to-int" not in oss
+    rounded = _argv_flags(model_args(gpt_oss.replace(rope_scaling_truncate=True, rope_scaling_beta_fast=16.0)))
+    assert "--yarn-correction-range-round-to-int" in rounded and rounded["--yarn-beta-fast"] == ("16",)
+    lay, wl = Layout(world_size=8, ep=8), Workload(seq_length=4096, global_batch_size=64)
+    rec = recipe_dict(gpt_oss, parse_gpus("8xH100"), wl, lay)
+    assert rec["stack"]["megatron_core"] == ">=0.19.0"
+    assert recipe_dict(load_model("Qwen3-30B-A3B"), parse_gpus("8xH100"), wl, lay)["stack"]["megatron_core"] != ">=0.19.0"
+    for name in ("Qwen3-30B-A3B", "DeepSeek-V3"):  # no YaRN, and MLA's YaRN: the rope position embedding, no --yarn-* flag
+        other = _argv_flags(model_args(load_model(name)))
+        assert other["--position-embedding-type"] == ("rope",) and not any(f.startswith("--yarn-") for f in other)
+
+
 def test_summary_and_layout_match_seed(seed, model, cluster, workload, seed_layout):
     ours = recipe_dict(model, cluster, workload, seed_layout)
     for key in ("label", "summary", "tp", "pp", "vpp", "cp", "ep", "etp", "dp", "sequence_parallel", "layer_split",

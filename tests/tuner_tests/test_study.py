@@ -187,6 +187,16 @@ def test_resume_after_the_model_config_was_edited_is_refused(tmp_path):
     st = optuna.load_study(study_name="mm", storage=f"sqlite:///{tmp_path / 'r' / 'mm' / 'study.db'}")
     st.set_user_attr("model_spec", {k: v for k, v in st.user_attrs["model_spec"].items() if k not in ("softmax_type", "add_bias_linear")})
     assert CliRunner().invoke(app, mm + ["--trials", "3"]).exit_code == 0
+    # a GPT-OSS study recorded before YaRN's export-only fields existed resumes although GPT-OSS's values are not the defaults
+    st = optuna.load_study(study_name="oss", storage=f"sqlite:///{tmp_path / 'r' / 'oss' / 'study.db'}")
+    st.set_user_attr("model_spec", {k: v for k, v in st.user_attrs["model_spec"].items() if not k.startswith("rope_scaling_") or k in (
+        "rope_scaling_type", "rope_scaling_factor", "rope_scaling_mscale", "rope_scaling_mscale_all_dim")})
+    r = CliRunner().invoke(app, [args[0], str(folder), *args[2:], "--trials", "7"])
+    assert r.exit_code == 0, r.output
+    # but a recorded one that differs is a change
+    st.set_user_attr("model_spec", {**st.user_attrs["model_spec"], "rope_scaling_beta_fast": 16.0})
+    r = CliRunner().invoke(app, [args[0], str(folder), *args[2:], "--trials", "8"])
+    assert r.exit_code == 2 and "rope_scaling_beta_fast" in r.output, r.output
 
 
 @pytest.mark.parametrize("path_name, expect", [("[bold]x", "bold-x"), (".json", "json"), ("ü", "model"), ("my model v2", "my-model-v2")])

@@ -47,6 +47,11 @@ class Heartbeat:
     grace_s: int
 
 
+#: ModelSpec fields that reach only the exported command (YaRN's details), not the estimate or the trials: a study
+#: recorded before one existed resumes whatever the model's value (its trials did not depend on it).
+_EXPORT_ONLY_MODEL_FIELDS = frozenset({"rope_scaling_original_max_position_embeddings", "rope_scaling_beta_fast",
+                                       "rope_scaling_beta_slow", "rope_scaling_truncate"})
+
 #: Times a layout whose worker stopped is queued again (a layout that kills its worker every time stays failed).
 MAX_RETRIES = 2
 
@@ -362,7 +367,9 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, he
         # a field added to ModelSpec after the study was made counts as its default there
         defaults = json.loads(json.dumps({f.name: f.default for f in dataclasses.fields(ModelSpec) if f.default is not dataclasses.MISSING}))
         # its name and source are where it was read from: the same config.json by another path or moved is the same model
-        changed = sorted(k for k in (set(old_model) | set(new_model)) - {"name", "source"}
+        # (a field that only reaches the exported command, not the estimate, counts as unrecorded there instead)
+        unrecorded = {k for k in _EXPORT_ONLY_MODEL_FIELDS if k not in old_model}
+        changed = sorted(k for k in (set(old_model) | set(new_model)) - {"name", "source"} - unrecorded
                          if old_model.get(k, defaults.get(k)) != new_model.get(k, defaults.get(k)))
     else:
         changed = []
