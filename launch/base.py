@@ -107,6 +107,8 @@ class BackendSettings:
     """Wall-clock limit of one real trial (seconds)."""
     command_template: str | Path | None = None
     """``--command-template FILE`` (``command``)."""
+    megatron_core: str | None = None
+    """``--megatron-core`` release the commands are written for (``command``'s ``{model_args}``; None: the newest)."""
     address: str | None = None
     """``--ray-address`` (``ray``; None: a local Ray instance)."""
     extra_env: Mapping[str, str] = field(default_factory=dict)

@@ -122,6 +122,7 @@ class CommandTemplate:
         trial_dir: str | Path = "",
         trial_number: int = 0,
         environ: Mapping[str, str] | None = None,
+        megatron_core: str | None = None,
     ) -> tuple[list[str], dict[str, str]]:
         """The argv and the extra environment of one trial.
 
@@ -129,7 +130,7 @@ class CommandTemplate:
             TunerError: an ``{env:NAME}`` variable is not set, or the layout cannot be
                 written as flags (:func:`launch.export.layout_args`).
         """
-        from launch.export import _pipeline_layout_string, layout_args, model_args
+        from launch.export import _pipeline_layout_string, layout_args, model_args, model_for_release
 
         environ = os.environ if environ is None else environ
         missing = [n for n in self.env_names if n not in environ]
@@ -150,7 +151,7 @@ class CommandTemplate:
         values |= {f"env:{n}": environ[n] for n in self.env_names}
         lists: dict[str, list[str]] = {}
         if "{model_args}" in self.argv:
-            lists["{model_args}"] = model_args(model)
+            lists["{model_args}"] = model_args(model_for_release(model, megatron_core)[0])  # GPT YaRN only from 0.19
         if "{layout_args}" in self.argv:
             lists["{layout_args}"] = layout_args(layout, model, workload, framework=self.framework)  # type: ignore[arg-type]
         argv: list[str] = []
@@ -257,12 +258,14 @@ class CommandBackend(MeasuredBackend):
         warmup_steps: int = 2,
         timeout_s: float = 900.0,
         poll_s: float = 0.5,
+        megatron_core: str | None = None,
     ) -> None:
         if command_template is None or command_template == "":
             raise TunerError(
                 "--backend command needs --command-template FILE: a YAML or JSON file with argv: [...] and placeholders such as "
                 f"{{tp}} and {{layout_args}} (the slime one ships as {SLIME_TEMPLATE})"
             )
+        self.megatron_core = megatron_core
         tpl = command_template if isinstance(command_template, CommandTemplate) else load_template(command_template)
         missing = [n for n in tpl.env_names if n not in os.environ]
         if missing:
@@ -281,9 +284,9 @@ class CommandBackend(MeasuredBackend):
 
     @classmethod
     def from_settings(cls, settings: BackendSettings) -> CommandBackend:
-        """Uses ``command_template``, ``trials_dir``, ``steps``, ``warmup_steps`` and ``timeout_s``."""
+        """Uses ``command_template``, ``trials_dir``, ``steps``, ``warmup_steps``, ``timeout_s`` and ``megatron_core``."""
         return cls(command_template=settings.command_template, trials_dir=settings.trials_dir, steps=settings.steps,
-                   warmup_steps=settings.warmup_steps, timeout_s=settings.timeout_s)
+                   warmup_steps=settings.warmup_steps, timeout_s=settings.timeout_s, megatron_core=settings.megatron_core)
 
     def run(
         self,
@@ -309,7 +312,8 @@ class CommandBackend(MeasuredBackend):
         n, tdir = self._trial_folder(trial_number)
         try:
             argv, extra_env = self.template.fill(
-                layout, model=model, cluster=cluster, workload=workload, steps=self.steps, trial_dir=tdir.resolve(), trial_number=n
+                layout, model=model, cluster=cluster, workload=workload, steps=self.steps, trial_dir=tdir.resolve(), trial_number=n,
+                megatron_core=self.megatron_core,
             )
         except InfeasibleLayout:
             raise

@@ -708,6 +708,25 @@ def _dispatcher_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     )
 
 
+#: The first megatron-core release with ``moe_flex_dispatcher_backend`` (``--moe-flex-dispatcher-backend deepep|hybridep``,
+#: the flags this tool writes for a flex dispatcher): absent from core_v0.15.0 .. core_v0.15.3, which have only
+#: ``--moe-enable-deepep``; in core_v0.16.0 transformer/moe/token_dispatcher.py and moe/README.md.
+FLEX_BACKEND_SINCE = (0, 16)
+
+
+def _dispatcher_release(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> BoolArray:
+    """Rule ``dispatcher_release``: a flex dispatcher (its ``--moe-flex-dispatcher-backend``) needs megatron-core 0.16
+    or later (:data:`FLEX_BACKEND_SINCE`, ``--megatron-core``)."""
+    if env.megatron_core >= FLEX_BACKEND_SINCE or not m.is_moe:
+        return _b(np.ones(len(t), dtype=bool))
+    return _b(~enum_mask(t["dispatcher"], Dispatcher, lambda x: x.is_flex))
+
+
+def _dispatcher_release_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -> str:
+    return (f"the flex dispatcher ({lay.dispatcher.value}) is written as --moe-flex-dispatcher-backend, which megatron-core "
+            f"{env.version_label} does not have (it arrived in 0.16; --megatron-core); use alltoall or allgather, or a newer release")
+
+
 def _dispatcher_fabric(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> BoolArray:
     """Rule ``dispatcher_fabric``: a flex backend whose inter-node kernels do not run on the cluster's fabric
     (``runs: false`` in ``specs/data/networks.yaml``) cannot have an EP group (``etp x ep`` consecutive ranks) that
@@ -988,6 +1007,15 @@ RULES: tuple[Rule, ...] = (
         columns=("dispatcher", "etp", "ep"),
         check_fn=_dispatcher,
         explain_fn=_dispatcher_x,
+    ),
+    _R(
+        id="dispatcher_release",
+        description="a flex dispatcher needs megatron-core >= 0.16 (--moe-flex-dispatcher-backend; core <= 0.15 has only "
+        "--moe-enable-deepep) (--megatron-core; megatron/core/transformer/moe/token_dispatcher.py)",
+        columns=("dispatcher",),
+        check_fn=_dispatcher_release,
+        explain_fn=_dispatcher_release_x,
+        uses_env=True,
     ),
     _R(
         id="dispatcher_fabric",

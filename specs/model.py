@@ -166,9 +166,18 @@ class ModelSpec:
                 f"model {self.name!r}: a MoE model needs moe_router_topk and moe_ffn_hidden_size > 0 "
                 f"(got {self.moe_router_topk}, {self.moe_ffn_hidden_size})"
             )
-        if self.rope_scaling_type == "yarn" and not (self.rope_scaling_factor > 0 and self.rope_scaling_beta_fast > 0 and self.rope_scaling_beta_slow > 0):
-            raise TunerError(f"model {self.name!r}: YaRN rope_scaling needs factor, beta_fast and beta_slow > 0, got "
-                             f"{self.rope_scaling_factor!r}, {self.rope_scaling_beta_fast!r}, {self.rope_scaling_beta_slow!r}")
+        if self.rope_scaling_type == "yarn" and not (0 < self.rope_scaling_beta_slow <= self.rope_scaling_beta_fast <= MAX_CLAMP
+                                                     and 0 < self.rope_scaling_factor <= MAX_CLAMP):
+            raise TunerError(f"model {self.name!r}: YaRN rope_scaling needs 0 < beta_slow <= beta_fast <= {MAX_CLAMP:g} and 0 < factor <= "
+                             f"{MAX_CLAMP:g}, got beta_slow {self.rope_scaling_beta_slow!r}, beta_fast {self.rope_scaling_beta_fast!r}, "
+                             f"factor {self.rope_scaling_factor!r}")
+        if self.rope_scaling_type and self.rope_scaling_factor <= 0:
+            raise TunerError(f"model {self.name!r}: rope_scaling.factor must be > 0, got {self.rope_scaling_factor!r}")
+        if self.rope_scaling_original_max_position_embeddings > MAX_POSITIONS:
+            raise TunerError(f"model {self.name!r}: rope_scaling.original_max_position_embeddings {self.rope_scaling_original_max_position_embeddings:,} "
+                             f"is more than this tool models (at most {MAX_POSITIONS:,})")
+        if self.rotary_base > MAX_ROPE_THETA:
+            raise TunerError(f"model {self.name!r}: rope_theta {self.rotary_base:g} is more than this tool models (at most {MAX_ROPE_THETA:g})")
         if self.softmax_type not in ("vanilla", "off-by-one", "learnable"):
             raise TunerError(f"model {self.name!r}: softmax_type must be vanilla, off-by-one or learnable, got {self.softmax_type!r}")
         if self.activation_func not in ("silu", "quick_gelu"):
@@ -344,6 +353,34 @@ def _as_float(value: Any, key: str, where: str) -> float:
     return float(value)
 
 
+#: HF ``rope_scaling.rope_type`` values read ("" / default / linear / dynamic / longrope: Megatron's rope unscaled).
+_ROPE_TYPES = frozenset({"", "default", "linear", "dynamic", "longrope", "llama3", "yarn"})
+
+#: The largest RoPE base and YaRN original context modelled (Llama 3: 500,000; Qwen3: 1,000,000).
+MAX_ROPE_THETA = 1e9
+MAX_POSITIONS = 1 << 24
+
+
+def _yarn_details(rs: dict[str, Any], cfg: dict[str, Any], where: str) -> dict[str, Any]:
+    """YaRN's ModelSpec fields from a config's ``rope_scaling`` as transformers reads them (``_compute_yarn_parameters``):
+    ``original_max_position_embeddings`` (else the config's ``max_position_embeddings``), ``beta_fast`` (32) and
+    ``beta_slow`` (1) when absent or null, ``truncate`` (true).
+
+    Raises:
+        TunerError: a value of the wrong type (``truncate`` is checked by :class:`ModelSpec`).
+    """
+    def val(key: str, default: Any) -> Any:
+        return rs[key] if rs.get(key) is not None else default
+
+    return {
+        "rope_scaling_original_max_position_embeddings": _as_int(
+            val("original_max_position_embeddings", cfg.get("max_position_embeddings") or 0), "rope_scaling.original_max_position_embeddings", where),
+        "rope_scaling_beta_fast": _as_float(val("beta_fast", 32.0), "rope_scaling.beta_fast", where),
+        "rope_scaling_beta_slow": _as_float(val("beta_slow", 1.0), "rope_scaling.beta_slow", where),
+        "rope_scaling_truncate": val("truncate", True),
+    }
+
+
 def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
     for k in keys:
         if k in cfg and cfg[k] is not None:
@@ -480,9 +517,13 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
     qk_norm = bool(_first(cfg, "use_qk_norm", "qk_layernorm", default=str(cfg.get("model_type", "")).startswith("qwen3")))
     rs = cfg.get("rope_scaling") or {}
     if not isinstance(rs, dict):
-        rs = {}
-    rs_type = str(rs.get("rope_type") or rs.get("type") or "")
-    if rs_type in ("default", "linear", "dynamic"):
+        raise TunerError(f"model config {name_for_errors!r}: rope_scaling must be an object (e.g. {{\"rope_type\": \"yarn\", "
+                         f"\"factor\": 32}}) or null, got {rs!r}")
+    rs_type = rs.get("rope_type") or rs.get("type") or ""
+    if rs_type not in _ROPE_TYPES:
+        raise TunerError(f"model config {name_for_errors!r}: rope_scaling.rope_type must be one of {', '.join(sorted(t for t in _ROPE_TYPES if t))}, "
+                         f"got {rs_type!r}")
+    if rs_type in ("default", "linear", "dynamic", "longrope"):  # not carried to Megatron's flags (its rope is unscaled)
         rs_type = ""
     partial = cfg.get("partial_rotary_factor")
     if partial is None and cfg.get("rotary_dim") and d:
@@ -493,14 +534,11 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
         rotary_base=_as_float(_first(cfg, "rope_theta", "rotary_base", default=10000.0), "rope_theta", name_for_errors),
         rotary_percent=float(partial if partial is not None else 1.0),
         rope_scaling_type=rs_type,
-        rope_scaling_factor=float(rs.get("factor") or 1.0),
-        rope_scaling_mscale=float(rs.get("mscale") or 1.0),
-        rope_scaling_mscale_all_dim=float(rs.get("mscale_all_dim") or 0.0),
-        rope_scaling_original_max_position_embeddings=_as_int(rs.get("original_max_position_embeddings") or 0,
-                                                              "rope_scaling.original_max_position_embeddings", name_for_errors),
-        rope_scaling_beta_fast=_as_float(rs.get("beta_fast", 32.0), "rope_scaling.beta_fast", name_for_errors),
-        rope_scaling_beta_slow=_as_float(rs.get("beta_slow", 1.0), "rope_scaling.beta_slow", name_for_errors),
-        rope_scaling_truncate=rs.get("truncate", True),  # type-checked in ModelSpec.__post_init__
+        rope_scaling_factor=_as_float(rs["factor"] if rs.get("factor") is not None else 1.0, "rope_scaling.factor", name_for_errors),
+        rope_scaling_mscale=_as_float(rs["mscale"] if rs.get("mscale") is not None else 1.0, "rope_scaling.mscale", name_for_errors),
+        rope_scaling_mscale_all_dim=_as_float(rs["mscale_all_dim"] if rs.get("mscale_all_dim") is not None else 0.0,
+                                              "rope_scaling.mscale_all_dim", name_for_errors),
+        **(_yarn_details(rs, cfg, name_for_errors) if rs_type == "yarn" else {}),
         moe_router_score_function="sigmoid" if str(cfg.get("scoring_func", "softmax")) == "sigmoid" else "softmax",
         moe_router_enable_expert_bias=bool(cfg.get("use_routing_bias")) or topk_method == "noaux_tc",
         moe_router_topk_scaling_factor=float(cfg.get("routed_scaling_factor") or 0.0) if num_experts else 0.0,

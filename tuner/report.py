@@ -420,8 +420,11 @@ def export_context(
     measurement: Any = None,
     correctness: Any = None,
     notes: Sequence[str] = (),
+    megatron_core: str | None = None,
 ) -> Any:
-    """The :class:`launch.exporters.ExportContext` of ``layout``, with the cost model's estimate of it.
+    """The :class:`launch.exporters.ExportContext` of ``layout``, with the cost model's estimate of it; its model as the
+    commands for ``megatron_core`` (the study's ``--megatron-core``; None: the newest) build it
+    (:func:`launch.export.model_for_release`: a GPT model's YaRN needs 0.19), with a note when that differs.
 
     Args:
         calibration: the study's :class:`~cost_model.calibration.Calibration` (None: the shipped one).
@@ -433,14 +436,16 @@ def export_context(
     Raises:
         TunerError: the layout breaks a rule of the estimate.
     """
+    from launch.export import model_for_release
     from launch.exporters import ExportContext
 
     kw: dict[str, Any] = {"memory_headroom": memory_headroom}
     if calibration is not None:
         kw["calibration"] = calibration
     est = estimate(model, cluster, workload, layout, **kw)
-    return ExportContext(model=model, cluster=cluster, workload=workload, layout=layout, study=study, estimate=est,
-                         measurement=measurement, correctness=correctness, notes=tuple(notes))
+    exported, why = model_for_release(model, megatron_core)
+    return ExportContext(model=exported, cluster=cluster, workload=workload, layout=layout, study=study, estimate=est,
+                         measurement=measurement, correctness=correctness, notes=(*notes, *((why,) if why else ())))
 
 
 def export_files(
@@ -456,6 +461,7 @@ def export_files(
     measurement: Any = None,
     notes: Sequence[str] = (),
     correctness: Any = None,
+    megatron_core: str | None = None,
 ) -> dict[str, Path]:
     """Write the files of every format the main job exports (:func:`launch.exporters.main_job_exporters`:
     ``recipe.yaml``, ``run_slime.sh``, ``megatron_args.sh``) for ``layout`` into ``out_dir``.
@@ -472,6 +478,6 @@ def export_files(
     from launch.exporters import main_job_exporters
 
     ctx = export_context(model, cluster, workload, layout, study=study, calibration=calibration, memory_headroom=memory_headroom,
-                         measurement=measurement, correctness=correctness, notes=notes)
+                         measurement=measurement, correctness=correctness, notes=notes, megatron_core=megatron_core)
     rendered = [(e, e.render(ctx)) for e in main_job_exporters()]
     return {e.name: e.save(text, out_dir / e.file_name) for e, text in rendered}

@@ -107,12 +107,15 @@ def ring_bandwidth(c: TableContext, group: Array, stride: Array | float) -> Arra
     ``stride`` apart: NVLink x ``nvlink_efficiency`` inside the NVLink domain; across domains the ring's channels
     leave each domain through the NICs of the group's ranks there (``m = min(group, nvlink_size // stride)`` of
     them, rail-optimised, one NIC per GPU), so a GPU moves its ``(g - 1) / g`` share at ``m`` x its network share
-    (x ``network_efficiency``), at most at NVLink speed. A group with one rank per domain (TP 8 on 8-GPU nodes) gets
-    the network share alone, as before.
+    (x ``network_efficiency``), at most at NVLink speed. A group with one rank per domain (the DP group at TP 8 on
+    8-GPU nodes) gets the network share alone, as before. Assumes the group's ranks split evenly over the domains it
+    touches (a pipeline stage that straddles a domain boundary, ``world / pp`` not a multiple of the domain, has fewer
+    NICs on one side than counted; :func:`span_crosses_node` makes the same assumption).
 
-    Source: NCCL's multi-node rings (one channel per NIC); measured, nccl-tests ``all_reduce_perf`` bus bandwidth on
-    8 x H100 nodes with 8 x NDR 400G is 400-450 GB/s, about 8 x the 50 GB/s NIC share (Crusoe / Saturn Cloud cluster
-    validation guide; the 460-480 GB/s single-node NVLink figure as the cap).
+    Source: NCCL's multi-node rings (one channel per NIC, so a ring reaches m x the NIC share with m of its ranks per
+    node); the expected figures of a cluster-validation guide (Crusoe / Saturn Cloud, not measured here): nccl-tests
+    ``all_reduce_perf`` bus bandwidth 400-450 GB/s on 8 x H100 nodes with 8 x NDR 400G, i.e. up to 8 x the 50 GB/s NIC
+    share (above it only NVLS / SHARP trees, not rings, go); the 460-480 GB/s single-node NVLink figure is the cap.
 
     Args:
         group, stride: ranks, ``(n,)`` or ``(n, 1)``.

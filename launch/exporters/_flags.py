@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from specs import Cluster, ModelSpec, Precision, Workload
+from specs import NEWEST_MEGATRON_CORE, Cluster, ModelSpec, Precision, Workload, megatron_core_version
 from specs.errors import TunerError
 from specs.layout import Dispatcher, Layout, RecomputeGranularity
 
@@ -146,6 +146,38 @@ def _flag_num(x: float) -> str:
     return f"{x:g}".replace("e-0", "e-").replace("e+0", "e+")
 
 
+#: The first megatron-core release whose Megatron-LM has the ``--yarn-*`` flags and maps them onto a GPT model's config
+#: (``megatron/training/argument_utils.py::_apply_yarn_config_from_args``; absent from core_v0.15.0 .. core_v0.18.2).
+GPT_YARN_SINCE = (0, 19)
+
+
+def model_for_release(model: ModelSpec, megatron_core: str | None = None) -> tuple[ModelSpec, str | None]:
+    """The model as the commands for ``megatron_core`` (None: the newest the project knows) can build it, and why it
+    differs (None when it does not).
+
+    A GPT model's YaRN (GPT-OSS: non-MLA, ``rope_scaling_type`` "yarn") is exported as ``--position-embedding-type yarn``
+    from megatron-core 0.19 (:data:`GPT_YARN_SINCE`); before it, and for a model with MTP layers (0.19's arguments.py
+    allows MTP only with rope or no position embedding), the commands fall back to plain RoPE, as Megatron-LM's own
+    GPT-OSS examples (examples/gptoss) run it; positions then differ from the Hugging Face checkpoint's.
+
+    Raises:
+        TunerError: ``megatron_core`` is not a release (:func:`specs.megatron_core_version`).
+    """
+    if model.rope_scaling_type != "yarn" or model.is_mla:
+        return model, None
+    release = megatron_core_version(megatron_core or NEWEST_MEGATRON_CORE)
+    if model.mtp_num_layers:
+        why = f"its {model.mtp_num_layers} MTP layer(s): megatron-core allows MTP only with rope or no position embedding"
+    elif release < GPT_YARN_SINCE:
+        why = f"megatron-core {release[0]}.{release[1]} (--megatron-core) has no --yarn-* flags for a GPT model (they arrived in 0.19)"
+    else:
+        return model, None
+    note = (f"Position embedding: plain RoPE (--position-embedding-type rope), not the model's YaRN (factor "
+            f"{model.rope_scaling_factor:g}), because of {why}; this trains and runs, as Megatron-LM's GPT-OSS examples do, but "
+            "does not reproduce the Hugging Face checkpoint's positional encoding.")
+    return model.replace(rope_scaling_type=""), note
+
+
 def model_args(model: ModelSpec) -> list[str]:
     """Megatron-LM model-architecture flags for ``model``, as argv elements.
 
@@ -155,7 +187,8 @@ def model_args(model: ModelSpec) -> list[str]:
     ``--use-rope-scaling --rope-scaling-factor`` or YaRN ``--rotary-scaling-factor
     --mscale --mscale-all-dim``; a GPT model's YaRN, GPT-OSS's, as ``--position-embedding-type yarn`` with
     ``--yarn-original-max-position-embeddings --yarn-beta-fast --yarn-beta-slow
-    --[no-]yarn-correction-range-round-to-int`` from its ``rope_scaling``, megatron-core 0.19 or newer), no linear biases, the MoE block (experts, expert
+    --[no-]yarn-correction-range-round-to-int`` from its ``rope_scaling``, megatron-core 0.19 or newer: give an older
+    release's model through :func:`model_for_release`), no linear biases, the MoE block (experts, expert
     FFN, top-k, ``--moe-layer-freq`` as a list expression, shared experts, router
     score function, expert bias, top-k scaling, group-limited routing, fp32 router,
     grouped GEMM) and MTP, then the preset's ``extra_megatron_args``.

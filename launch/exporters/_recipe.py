@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 __all__ = ["recipe_dict", "dump_recipe", "write_recipe", "validate_recipe", "recipe_schema", "measurement_from_row", "RecipeExporter"]
 
-_STACK_FRAMEWORK = "slime or Megatron-LM (any version with --pipeline-model-parallel-layout)"
+_STACK_FRAMEWORK = "slime or Megatron-LM (a version with --pipeline-model-parallel-layout and the megatron_core below)"
 _PREDICTION_SOURCE = "analytical cost model (cost_model/)"
 _CORRECTNESS_NOTE = (
     "not run: check convergence against a reference layout (same weights and data, 20 steps, "
@@ -59,9 +59,9 @@ def _min_megatron_core(layout: Layout, model: ModelSpec) -> tuple[str, list[str]
     if layout.ep > 1 and layout.tp > 1 and not layout.sequence_parallel:
         need.append(("0.15.0", "EP and TP without sequence parallelism (an error before 0.15)"))
     if layout.dispatcher.moe_flex_dispatcher_backend and model.is_moe:
-        # core 0.14 had only --moe-enable-deepep; --moe-flex-dispatcher-backend {deepep,hybridep}
-        # arrived with HybridEP (megatron/core/transformer/moe/README.md, core 0.15).
-        need.append(("0.15.0", f"--moe-flex-dispatcher-backend {layout.dispatcher.moe_flex_dispatcher_backend}"))
+        # core <= 0.15 had only --moe-enable-deepep; --moe-flex-dispatcher-backend {deepep,hybridep} arrived with
+        # HybridEP in core_v0.16.0 (transformer/moe/token_dispatcher.py; search_spaces.rules.FLEX_BACKEND_SINCE)
+        need.append(("0.16.0", f"--moe-flex-dispatcher-backend {layout.dispatcher.moe_flex_dispatcher_backend}"))
     if model.rope_scaling_type == "yarn" and not model.is_mla:
         # the --yarn-* flags and their mapping onto a GPT model's config (megatron/training/argument_utils.py
         # _apply_yarn_config_from_args) arrived in 0.19; before it GPTModel's yarn branch reads config fields nothing sets
@@ -295,9 +295,10 @@ def recipe_dict(
             f"{model.rope_scaling_original_max_position_embeddings or 4096:,} positions, beta_fast {model.rope_scaling_beta_fast:g}, "
             f"beta_slow {model.rope_scaling_beta_slow:g}, correction range {'rounded' if model.rope_scaling_truncate else 'not rounded'}), "
             "as Megatron-Bridge builds it, so a run from the Hugging Face checkpoint sees its positions; the --yarn-* flags need "
-            "megatron-core 0.19 or newer (stack.megatron_core). Megatron-LM's own GPT-OSS examples pass "
-            "--position-embedding-type rope instead (examples/gptoss), which runs on older releases but does not reproduce "
-            "the checkpoint's positional encoding. The tuner's trials build plain RoPE (the same cost)."
+            "megatron-core 0.19 or newer (stack.megatron_core; a study with an older --megatron-core exports plain RoPE and "
+            "says so). Megatron-LM's own GPT-OSS examples pass --position-embedding-type rope instead (examples/gptoss), which "
+            "runs on older releases but does not reproduce the checkpoint's positional encoding. The tuner's own trial harness "
+            "builds plain RoPE (the same cost)."
         )
     if not layout.use_distributed_optimizer:
         notes.append("slime always turns the distributed optimizer on; the layout's non-distributed optimizer holds for Megatron-LM only.")

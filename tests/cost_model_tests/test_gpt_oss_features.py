@@ -63,9 +63,19 @@ def _gpt_oss_config(tmp_path, **changes):
     ({"tuner": {"extra_megatron_args": "--foo"}}, "extra_megatron_args must be a list of strings"),
     ({"tuner": {"window_attn_skip_freq": 2}}, "window_attn_skip_freq"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": "fast"}}, "rope_scaling.beta_fast must be a finite number"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_slow": 0}}, "YaRN rope_scaling needs factor, beta_fast and beta_slow > 0"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_slow": 0}}, "YaRN rope_scaling needs 0 < beta_slow <= beta_fast"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096.5}}, "original_max_position_embeddings must be an integer"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "truncate": "no"}}, "rope_scaling_truncate must be true or false"),
+    ({"rope_scaling": [1, 2]}, "rope_scaling must be an object"),
+    ({"rope_scaling": {"rope_type": "bogus", "factor": 2.0}}, "rope_scaling.rope_type must be one of"),
+    ({"rope_scaling": {"rope_type": 5}}, "rope_scaling.rope_type must be one of"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 0}}, "0 < factor"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": "32"}}, "rope_scaling.factor must be a finite number"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "mscale": "x"}}, "rope_scaling.mscale must be a finite number"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 0.5}}, "beta_slow <= beta_fast"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 1e308}}, "beta_fast <= 10000"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 10**30}}, "original_max_position_embeddings"),
+    ({"rope_theta": 1e308}, "rope_theta"),
 ])
 def test_malformed_gpt_oss_configs_are_refused(tmp_path, changes, needle):
     with pytest.raises(TunerError, match=needle):
@@ -110,3 +120,27 @@ def test_the_bounded_dp_overlap_is_the_same_in_the_estimate_and_its_details():
     exposed = estimate(m, cl, wl, lay, options=RunOptions(moe_router_force_load_balancing=True), memory_headroom=0.0).time["dp_comm"]
     share = exposed * (1 - DEFAULT_CALIBRATION.dp_overlap)  # what dp_overlap alone would leave
     assert share < e.time["dp_comm"] < exposed  # the window binds: more is left than the share, less than all
+
+
+def test_yarn_details_read_as_transformers_reads_them(tmp_path):
+    """Absent or null: original positions from max_position_embeddings, betas 32 / 1, truncate true."""
+    rs = {"rope_type": "yarn", "factor": 32.0, "beta_fast": None}
+    m = load_model(_gpt_oss_config(tmp_path, rope_scaling=rs, max_position_embeddings=131072))
+    assert (m.rope_scaling_original_max_position_embeddings, m.rope_scaling_beta_fast, m.rope_scaling_beta_slow, m.rope_scaling_truncate) == (
+        131072, 32.0, 1.0, True)
+    shipped = load_model("GPT-OSS-120B")
+    assert (shipped.rope_scaling_original_max_position_embeddings, shipped.rope_scaling_truncate) == (4096, False)
+
+
+def test_a_recorded_model_without_yarn_details_takes_them_from_its_preset_or_drops_yarn():
+    """A study recorded before YaRN's details existed: GPT-OSS as its preset (no rounding), never the defaults."""
+    import json
+
+    from tuner.study.storage import _EXPORT_ONLY_MODEL_FIELDS, model_spec_from_dict, model_spec_to_dict
+
+    full = json.loads(json.dumps(model_spec_to_dict(load_model("GPT-OSS-120B"))))
+    old = {k: v for k, v in full.items() if k not in _EXPORT_ONLY_MODEL_FIELDS}
+    m = model_spec_from_dict(old)
+    assert m == load_model("GPT-OSS-120B") and m.rope_scaling_truncate is False
+    edited = model_spec_from_dict({**old, "activation_func_clamp_value": 3.0})  # not the preset: its details are unknown
+    assert edited.rope_scaling_type == "" and edited.activation_func_clamp_value == 3.0

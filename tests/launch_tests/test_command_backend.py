@@ -93,6 +93,22 @@ def test_list_placeholders_expand_to_the_tuners_flags(tmp_path, m4):
     assert "--max-tokens-per-gpu" in slime.fill(lay, model=m4, cluster=parse_gpus("4xH200"), workload=WL, steps=4)[0]
 
 
+def test_model_args_follow_the_studys_megatron_core_release(tmp_path):
+    """GPT-OSS's YaRN flags exist from megatron-core 0.19: a study for 0.18 gets plain RoPE in its trial commands; the
+    backend takes the release from the study's settings."""
+    from launch.base import BackendSettings
+    from launch.command_backend import CommandBackend
+
+    oss = slice_model(load_model("GPT-OSS-120B"), 2)
+    tpl = _tpl(tmp_path, {"argv": [sys.executable, "{model_args}"]})
+    lay, wl, cl = Layout(world_size=8, ep=8), Workload(seq_length=4096, global_batch_size=64), parse_gpus("8xH100")
+    for release, pos in ((None, "yarn"), ("0.19", "yarn"), ("0.18", "rope")):
+        backend = CommandBackend.from_settings(BackendSettings(command_template=tpl, trials_dir=tmp_path / "t", megatron_core=release))
+        argv = backend.template.fill(lay, model=oss, cluster=cl, workload=wl, steps=4, megatron_core=backend.megatron_core)[0]
+        assert argv[argv.index("--position-embedding-type") + 1] == pos, release
+        assert any(a.startswith("--yarn-") for a in argv) == (pos == "yarn")
+
+
 def test_json_template(tmp_path):
     t = load_template(_tpl(tmp_path, json.dumps({"argv": ["prog", "{tp}", 3], "timeout_s": 12}), "t.json"))
     assert t.argv == ("prog", "{tp}", "3") and t.timeout_s == 12.0

@@ -26,6 +26,7 @@ from launch.export import (
     megatron_args,
     megatron_args_script,
     model_args,
+    model_for_release,
     recipe_dict,
     slime_script,
     validate_recipe,
@@ -236,6 +237,14 @@ def test_model_args_gpt_oss_yarn_as_its_config_says():
     rec = recipe_dict(gpt_oss, parse_gpus("8xH100"), wl, lay)
     assert rec["stack"]["megatron_core"] == ">=0.19.0"
     assert recipe_dict(load_model("Qwen3-30B-A3B"), parse_gpus("8xH100"), wl, lay)["stack"]["megatron_core"] != ">=0.19.0"
+    # an older release, or MTP layers (0.19 allows MTP only with rope): plain RoPE, and the reason as a note
+    for release, m in (("0.18", gpt_oss), ("0.16", gpt_oss), (None, gpt_oss.replace(mtp_num_layers=1))):
+        plain, why = model_for_release(m, release)
+        assert plain.rope_scaling_type == "" and "does not reproduce the Hugging Face checkpoint" in why, release
+        assert _argv_flags(model_args(plain))["--position-embedding-type"] == ("rope",)
+    assert model_for_release(gpt_oss, "0.19") == (gpt_oss, None) and model_for_release(gpt_oss) == (gpt_oss, None)
+    dsv3 = load_model("DeepSeek-V3")
+    assert model_for_release(dsv3, "0.13") == (dsv3, None)  # MLA's YaRN is its own rope type
     for name in ("Qwen3-30B-A3B", "DeepSeek-V3"):  # no YaRN, and MLA's YaRN: the rope position embedding, no --yarn-* flag
         other = _argv_flags(model_args(load_model(name)))
         assert other["--position-embedding-type"] == ("rope",) and not any(f.startswith("--yarn-") for f in other)

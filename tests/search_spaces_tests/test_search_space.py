@@ -298,6 +298,7 @@ use_distributed_optimizer: [true, false]
         "recompute_none",
         "recompute_modules_model",
         "dispatcher_fabric",  # no network named here
+        "dispatcher_release",  # the newest release
     }
 
     # check_table and check_layout agree row by row on a random sample of the full product.

@@ -235,6 +235,8 @@ BAD: dict[str, tuple[Layout, str | dict[str, Any], Workload, tuple[str, ...]]] =
     ),
     "dispatcher": (seed_layout(ep=1, dispatcher="flex+deepep"), {}, WORKLOAD, ("flex+deepep", "etp 1 * ep 1 = 1")),
     "dispatcher_fabric": (seed_layout(ep=16, dispatcher="flex+deepep"), {}, WORKLOAD, ("flex+deepep", "AWS EFA v3", "etp 1 x ep 16 = 16", "issue 369")),
+    "dispatcher_release": (seed_layout(dispatcher="flex+hybridep"), {}, WORKLOAD,
+                           ("flex+hybridep", "megatron-core 0.15", "arrived in 0.16"), RuleEnv(megatron_core=(0, 15))),
     "cp_attention_variant": (seed_layout(cp=2, pp=1, vpp=1), {"softmax_type": "learnable"}, WORKLOAD,
                              ("cp 2 with softmax_type learnable", "--cp-comm-type a2a", "use cp 1")),
 }
@@ -260,15 +262,16 @@ def test_every_rule_has_a_bad_example() -> None:
 
 @pytest.mark.parametrize("rule_id", list(BAD))
 def test_rule_rejects_bad_layout(rule_id: str, minimax: ModelSpec) -> None:
-    layout, model_spec, workload, needles = BAD[rule_id]
+    layout, model_spec, workload, needles, *given = BAD[rule_id]
+    env = given[0] if given else EFA_ENV  # the release rules name their own (older) megatron-core
     model = _model(model_spec, minimax)
-    problems = dict(check_layout(layout, model, workload, EFA_ENV))
+    problems = dict(check_layout(layout, model, workload, env))
     assert rule_id in problems, problems
     for needle in needles:
         assert needle in problems[rule_id], (needle, problems[rule_id])
     # The table check agrees on this row.
     rule = next(r for r in RULES if r.id == rule_id)
-    assert not rule.check(LayoutTable.from_layouts([layout]), model, workload, EFA_ENV)[0]
+    assert not rule.check(LayoutTable.from_layouts([layout]), model, workload, env)[0]
 
 
 def test_dispatcher_fabric_per_network(minimax: ModelSpec) -> None:
@@ -352,3 +355,12 @@ def test_check_table_empty(minimax: ModelSpec) -> None:
     ok, counts = check_table(LayoutTable.from_layouts([]), minimax, WORKLOAD)
     assert ok.shape == (0,) and ok.dtype == np.bool_
     assert sum(counts.values()) == 0
+
+
+def test_flex_dispatchers_need_megatron_core_016(minimax: ModelSpec) -> None:
+    """--moe-flex-dispatcher-backend arrived in core_v0.16.0: refused for 0.13 .. 0.15, accepted from 0.16."""
+    flex = seed_layout(dispatcher="flex+deepep")
+    for release, refused in (((0, 13), True), ((0, 15), True), ((0, 16), False), ((0, 19), False)):
+        got = [r for r, _ in check_layout(flex, minimax, WORKLOAD, RuleEnv(megatron_core=release))]
+        assert ("dispatcher_release" in got) == refused, release
+    assert check_layout(seed_layout(dispatcher="alltoall"), minimax, WORKLOAD, RuleEnv(megatron_core=(0, 13))) == []

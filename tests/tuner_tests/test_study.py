@@ -499,3 +499,24 @@ def dataclasses_replace(obj, **kw):
     import dataclasses
 
     return dataclasses.replace(obj, **kw)
+
+
+def test_gpt_oss_commands_follow_the_studys_megatron_core(tmp_path):
+    """GPT-OSS's YaRN needs megatron-core 0.19's --yarn-* flags: the main job's files and `tune export` of a study made with
+    --megatron-core 0.18 use plain RoPE and say why; with the default (0.19) they carry the YaRN and ask for 0.19."""
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    for release, pos in (("0.18", "rope"), (None, "yarn")):
+        name = f"oss{release or ''}"
+        args = ["--model", "GPT-OSS-120B", "--gpus", "16xH100", "--layers", "2", "--trials", "3", "--results-dir", str(tmp_path / "r"),
+                "--study", name, *(["--megatron-core", release] if release else [])]
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 0, r.output
+        folder = tmp_path / "r" / name
+        assert f"--position-embedding-type {pos}" in " ".join((folder / "megatron_args.sh").read_text().split())
+        recipe = (folder / "recipe.yaml").read_text()
+        assert ("megatron_core: '>=0.19.0'" in recipe) == (pos == "yarn") and (("not the model's YaRN" in " ".join(recipe.replace("''", "'").split())) == (pos == "rope"))
+        r = CliRunner().invoke(app, ["export", "--study", name, "--results-dir", str(tmp_path / "r"), "--format", "megatron"])
+        assert r.exit_code == 0 and f"position-embedding-type {pos}" in " ".join(r.output.split()), r.output

@@ -261,7 +261,7 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
         best_row = next((r for r in rows if r["trial"] == best["trial"]), {})
         files.update(export_files(res.out_dir, prep.model, c, w, lay, study=res.study_name, calibration=prep.calibration,
                                   memory_headroom=cfg.memory_headroom, measurement=measurement_from_row(best_row, lay),
-                                  notes=runs_note(best_row) + ties_note(rows, best["trial"])))
+                                  notes=runs_note(best_row) + ties_note(rows, best["trial"]), megatron_core=prep.options.megatron_core))
         from tuner.report_html import ReportUnavailable, study_report
 
         try:

@@ -36,7 +36,8 @@ def study_export_context(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], l
     cal = Calibration(**st.user_attrs["calibration"]) if "calibration" in st.user_attrs else Calibration()
     notes = runs_note(row) + ties_note(rows, row["trial"]) if row is not None else []
     return export_context(m, c, w, lay, study=st.study_name, calibration=cal, memory_headroom=cfg.get("memory_headroom", DEFAULT_MEMORY_HEADROOM),
-                          measurement=measurement_from_row(row, lay) if row is not None else None, correctness=correctness, notes=notes)
+                          measurement=measurement_from_row(row, lay) if row is not None else None, correctness=correctness, notes=notes,
+                          megatron_core=(st.user_attrs.get("resolved") or {}).get("megatron_core"))
 
 
 @app.command()

@@ -165,6 +165,7 @@ class StudyRun:
             warmup_steps=trial_warmup_steps(cfg),
             timeout_s=cfg.trial_timeout_s,
             command_template=cfg.command_template,
+            megatron_core=prep.options.megatron_core,
             address=cfg.ray_address,
             gpus_per_node=prep.cluster.gpus_per_node,
             extra_env=trial_env_dict(cfg.trial_env),

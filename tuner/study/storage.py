@@ -223,8 +223,34 @@ def model_spec_to_dict(model: ModelSpec) -> dict[str, Any]:
 
 
 def model_spec_from_dict(d: dict[str, Any]) -> ModelSpec:
-    """Inverse of :func:`model_spec_to_dict`."""
-    return ModelSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+    """Inverse of :func:`model_spec_to_dict`.
+
+    A GPT model with YaRN recorded before YaRN's details were (:data:`_EXPORT_ONLY_MODEL_FIELDS`) takes them from the
+    preset of the same name when every recorded field equals that preset's; otherwise it is rebuilt without its YaRN
+    (its commands then use plain RoPE, logged), rather than with defaults that are not its own (GPT-OSS does not round
+    the correction range; the default does).
+    """
+    spec = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    missing = _EXPORT_ONLY_MODEL_FIELDS - set(spec)
+    if missing and spec.get("rope_scaling_type") == "yarn" and not spec.get("kv_lora_rank"):
+        spec |= _recorded_yarn_details(spec, missing)
+    return ModelSpec(**spec)
+
+
+def _recorded_yarn_details(spec: dict[str, Any], missing: frozenset[str] | set[str]) -> dict[str, Any]:
+    """The ``missing`` YaRN fields of a recorded model from the preset it was made from, or no YaRN (see
+    :func:`model_spec_from_dict`)."""
+    from specs import load_model
+
+    try:
+        preset = model_spec_to_dict(load_model(str(spec.get("name", ""))))
+    except TunerError:
+        preset = None
+    if preset is not None and all(json.loads(json.dumps(v)) == preset.get(k) for k, v in spec.items() if k not in ("name", "source")):
+        return {k: preset[k] for k in missing}
+    log.warning("model %r was recorded without YaRN's details (%s): its commands use plain RoPE (--position-embedding-type rope)",
+                spec.get("name"), ", ".join(sorted(missing)))
+    return {"rope_scaling_type": ""}
 
 
 #: The command-line option (and its unit) of a resolved input, for messages.
