@@ -193,6 +193,7 @@ def plot_timelines(path: Path, traces: Sequence[dict[str, Any]], *, titles: Sequ
         od = trace.get("otherData", {})
         pp = ranks[k]
         yt, yl = [], []
+        bars: dict[tuple[int, str], list[tuple[float, float]]] = {}  # one collection per lane and part: thousands of events
         for e in trace["traceEvents"]:
             if e["ph"] != "X" or e["tid"] in (HIDDEN_TID, P2P_TID):
                 continue
@@ -200,10 +201,12 @@ def plot_timelines(path: Path, traces: Sequence[dict[str, Any]], *, titles: Sequ
             cat = e["cat"]
             seen.add(cat)
             x0, w = e["ts"] / 1e6, e["dur"] / 1e6
-            ax.broken_barh([(x0, w)], (row - 0.42, 0.84), facecolors=_GANTT.get(cat, "#777"), edgecolor="white" if cat in ("forward", "backward") else "none",
-                           linewidth=0.3)
+            bars.setdefault((row, cat), []).append((x0, w))
             if cat in ("forward", "backward") and w > end / 220:
                 ax.text(x0 + w / 2, row, str(e["args"]["microbatch"]), ha="center", va="center", fontsize=5, color="white" if cat == "backward" else "black")
+        for (row, cat), spans in bars.items():
+            ax.broken_barh(spans, (row - 0.42, 0.84), facecolors=_GANTT.get(cat, "#777"), edgecolor="white" if cat in ("forward", "backward") else "none",
+                           linewidth=0.3)
         for r in range(pp):
             base = (pp - 1 - r) * 3
             yt += [base + 2, base + 1]
