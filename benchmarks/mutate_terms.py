@@ -77,6 +77,8 @@ EXPLICIT: tuple[Mutation, ...] = (
     _edit("expert weights not split by EP", T + "params:expert_params", "(m.experts / col(c.ep))", "m.experts"),
     _edit("1F1B in-flight count off by one", T + "schedule:inflight_1f1b", "col(c.pp) - c.rank", "col(c.pp) - c.rank - 1"),
     _edit("ring collectives move the whole tensor", T + "comm:ring_time", "bytes_full * (g - 1) / g / bw", "bytes_full / bw"),
+    _edit("allgather dispatcher priced as an all-to-all", T + "comm:ep_all_to_all_time",
+          "nccl = np.where(c.allgather, send / ring_bandwidth(c, col(c.etp * c.ep), 1.0), nccl)", "pass"),
     _edit("cross-node rings through one NIC per GPU", T + "comm:ring_bandwidth", "np.minimum(nv, per_domain * net)", "net"),
     _edit("ring NICs counted without the group's stride", T + "comm:ring_bandwidth", "np.clip(c.nvlink_size // s, 1, g)",
           "np.clip(c.nvlink_size + 0 * s, 1, g)"),

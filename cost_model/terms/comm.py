@@ -341,8 +341,9 @@ def flex_dispatch_time(c: TableContext, remote: Array) -> Array:
 
 
 def ep_all_to_all_time(c: TableContext) -> Array:
-    """One dispatch or combine: NCCL all-to-all (alltoall / allgather, :func:`ep_send_bytes`; the NVLink
-    and network parts in parallel, the slower one counts) or flex (:func:`flex_dispatch_time`), less
+    """One dispatch or combine: NCCL all-to-all (alltoall, :func:`ep_send_bytes`; the NVLink and network parts in
+    parallel, the slower one counts), NCCL all-gather / reduce-scatter (allgather: a ring over the expert TP x EP group,
+    :func:`ring_bandwidth`) or flex (:func:`flex_dispatch_time`), less
     ``ep_a2a_overlap`` of it with ``--overlap-moe-expert-parallel-comm``; a flex dispatcher's hidden part still costs
     ``flex_sm_share`` of it, the compute slowed by the SMs its kernels hold.
 
@@ -353,6 +354,9 @@ def ep_all_to_all_time(c: TableContext) -> Array:
     remote = ep_remote_fraction(c)
     send = ep_send_bytes(c)
     nccl = np.maximum(send * (1 - remote) / nv, send * remote / net)
+    # allgather: an NCCL all-gather (dispatch) / reduce-scatter (combine) over the expert TP x EP group, a ring
+    # (MoEAllGatherTokenDispatcher, gather_from_sequence_parallel_region(group=tp_ep_group)): :func:`ring_bandwidth`
+    nccl = np.where(c.allgather, send / ring_bandwidth(c, col(c.etp * c.ep), 1.0), nccl)
     one = np.where(c.flex, flex_dispatch_time(c, remote), nccl)
     if c.options.overlap_moe_expert_parallel_comm:
         hidden = one * c.cal.ep_a2a_overlap

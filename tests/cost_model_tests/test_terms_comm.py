@@ -170,6 +170,11 @@ def test_ep_all_to_all_time():
     wide = make_ctx(options=FORCED, tp=2, ep=8, sequence_parallel=True)
     send = 2 * 1024 / 2 * 64 * 2 * 7 / 8
     assert comm.ep_all_to_all_time(wide)[0, 0] == pytest.approx(max(send * 0.5 / A2A, send * 0.5 / NET))
+    # allgather: an all-gather ring over etp x ep, here 8 ranks on 4-GPU nodes, 4 of them (4 NICs) per node; inside a node NV
+    gather = make_ctx(options=FORCED, tp=2, ep=8, sequence_parallel=True, dispatcher="allgather")
+    assert comm.ep_all_to_all_time(gather)[0, 0] == pytest.approx(2 * 1024 / 2 * 64 * 7 / (4 * NET))
+    inside = make_ctx(**BASE, dispatcher="allgather")  # ep 4 on one node
+    assert comm.ep_all_to_all_time(inside)[0, 0] == pytest.approx(2 * 256 * 64 * 3 / NV)
 
 
 def test_moe_fixed_costs():
