@@ -369,15 +369,13 @@ def _yarn_details(rs: dict[str, Any], cfg: dict[str, Any], where: str) -> dict[s
     Raises:
         TunerError: a value of the wrong type (``truncate`` is checked by :class:`ModelSpec`).
     """
-    def val(key: str, default: Any) -> Any:
-        return rs[key] if rs.get(key) is not None else default
-
     return {
         "rope_scaling_original_max_position_embeddings": _as_int(
-            val("original_max_position_embeddings", cfg.get("max_position_embeddings") or 0), "rope_scaling.original_max_position_embeddings", where),
-        "rope_scaling_beta_fast": _as_float(val("beta_fast", 32.0), "rope_scaling.beta_fast", where),
-        "rope_scaling_beta_slow": _as_float(val("beta_slow", 1.0), "rope_scaling.beta_slow", where),
-        "rope_scaling_truncate": val("truncate", True),
+            _first(rs, "original_max_position_embeddings", default=cfg.get("max_position_embeddings") or 0),
+            "rope_scaling.original_max_position_embeddings", where),
+        "rope_scaling_beta_fast": _as_float(_first(rs, "beta_fast", default=32.0), "rope_scaling.beta_fast", where),
+        "rope_scaling_beta_slow": _as_float(_first(rs, "beta_slow", default=1.0), "rope_scaling.beta_slow", where),
+        "rope_scaling_truncate": _first(rs, "truncate", default=True),
     }
 
 
@@ -534,10 +532,9 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
         rotary_base=_as_float(_first(cfg, "rope_theta", "rotary_base", default=10000.0), "rope_theta", name_for_errors),
         rotary_percent=float(partial if partial is not None else 1.0),
         rope_scaling_type=rs_type,
-        rope_scaling_factor=_as_float(rs["factor"] if rs.get("factor") is not None else 1.0, "rope_scaling.factor", name_for_errors),
-        rope_scaling_mscale=_as_float(rs["mscale"] if rs.get("mscale") is not None else 1.0, "rope_scaling.mscale", name_for_errors),
-        rope_scaling_mscale_all_dim=_as_float(rs["mscale_all_dim"] if rs.get("mscale_all_dim") is not None else 0.0,
-                                              "rope_scaling.mscale_all_dim", name_for_errors),
+        rope_scaling_factor=_as_float(_first(rs, "factor", default=1.0), "rope_scaling.factor", name_for_errors),
+        rope_scaling_mscale=_as_float(_first(rs, "mscale", default=1.0), "rope_scaling.mscale", name_for_errors),
+        rope_scaling_mscale_all_dim=_as_float(_first(rs, "mscale_all_dim", default=0.0), "rope_scaling.mscale_all_dim", name_for_errors),
         **(_yarn_details(rs, cfg, name_for_errors) if rs_type == "yarn" else {}),
         moe_router_score_function="sigmoid" if str(cfg.get("scoring_func", "softmax")) == "sigmoid" else "softmax",
         moe_router_enable_expert_bias=bool(cfg.get("use_routing_bias")) or topk_method == "noaux_tc",

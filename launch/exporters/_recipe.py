@@ -21,7 +21,7 @@ import yaml
 
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._describe import _layout_note, _summary
-from launch.exporters._flags import GIB, _env, _max_tokens_per_gpu, _pipeline_layout_string
+from launch.exporters._flags import GIB, GPT_YARN_SINCE, _env, _max_tokens_per_gpu, _pipeline_layout_string
 from launch.exporters._slime import slime_script
 from specs import Cluster, ModelSpec, Workload
 from specs.errors import TunerError
@@ -65,7 +65,7 @@ def _min_megatron_core(layout: Layout, model: ModelSpec) -> tuple[str, list[str]
     if model.rope_scaling_type == "yarn" and not model.is_mla:
         # the --yarn-* flags and their mapping onto a GPT model's config (megatron/training/argument_utils.py
         # _apply_yarn_config_from_args) arrived in 0.19; before it GPTModel's yarn branch reads config fields nothing sets
-        need.append(("0.19.0", "--position-embedding-type yarn with the --yarn-* flags (a GPT model's YaRN)"))
+        need.append((f"{GPT_YARN_SINCE[0]}.{GPT_YARN_SINCE[1]}.0", "--position-embedding-type yarn with the --yarn-* flags (a GPT model's YaRN)"))
     version = max((v for v, _ in need), key=lambda v: tuple(int(x) for x in v.split(".")))
     return version, [w for _, w in need]
 
