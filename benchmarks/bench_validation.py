@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--data", default=str(ROOT / "benchmarks" / "data" / "published_runs.csv"))
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--max-nfev", type=int, default=60)
+    ap.add_argument("--rows", default=None, help="also write every held-out row's prediction here (JSON lines)")
     a = ap.parse_args()
     t0 = time.perf_counter()
     runs, problems = read_runs([a.data, str(ROOT / "cost_model" / "data" / "seed_runs.csv")])
@@ -57,6 +58,13 @@ def main() -> None:
                 "mape": round(float(np.mean(e)), 4) if len(e) else None, "spearman_by_model": rho,
                 "spearman_median": round(statistics.median(rho.values()), 3) if rho else None}
 
+    if a.rows:
+        with open(a.rows, "w", encoding="utf-8") as fh:
+            for p in preds:
+                fh.write(json.dumps({"run_id": p.run.run_id, "model": p.run.model.name, "gpu_type": p.run.gpu_type,
+                                     "precision": p.run.precision, "metric": p.run.metric,
+                                     "predicted": round(p.predicted, 2), "published": p.published,
+                                     "error": round(p.error, 4)}) + "\n")
     moe = [p for p in preds if p.run.is_moe and p.run.gpu_type in ("H100", "B200") and p.run.precision != "nvfp4" and p.run.metric == "tokens"]
     dense = [p for p in preds if not p.run.model.is_moe]
     seed = {p.run.run_id: round(p.tokens_per_s_per_gpu, 1) for p in predict_runs([r for r in runs if "seed" in r.run_id], DEFAULT_CALIBRATION)}

@@ -163,6 +163,10 @@ def run_sweep_case(c: dict[str, Any], cid: str, out_name: str) -> dict[str, Any]
                    run_options=s.get("run_options"), step_times_s=[st.step_time_s for st in res.steps], losses=[st.loss for st in res.steps],
                    grad_norms=[st.grad_norm for st in res.steps], build_s=s.get("build_s"), versions=s.get("versions"), notes=s.get("notes"),
                    num_microbatches=s.get("num_microbatches"))
+        if res.memory_phases:
+            row["memory_phases"] = res.memory_phases
+        if res.forward_only:
+            row["forward_only"] = res.forward_only
         for cen in res.census:
             emit("census.jsonl", {"id": cid, **cen})
         row["census_modules"] = [x.get("module") for x in res.census]

@@ -101,6 +101,21 @@ CASES: list[dict[str, Any]] = [
            options=opts, model_overrides={**OSS_RANK, **v})
       for tag, mbs, prec, opts in (("mbs2", 2, "bf16", {}), ("fp8", 4, "fp8", {"fp8_recipe": "tensorwise"}), ("again", 4, "bf16", {}))
       for k, v in (("full", {}), ("no-bias", {"add_bias_linear": False, "add_qkv_bias": False}))],
+    # fifth batch (2026-12-01, evening): recompute against its base on one machine, with each base's forward-only time
+    # (what recompute re-runs), on the three architectures; TE's fused cross-entropy on a second vocabulary; and the
+    # CPU-offload memory at each phase of step 1 with the live tensors, with and without a gc.collect() after the build
+    *[case(f"fo-{k}", m, n, est_s=45 if m != QW else 50, options={"forward_only_steps": 4} if k.endswith("base") else {}, **lay)
+      for k, m, n, lay in (("mm-base", MM, 1, {}), ("mm-full-uniform1", MM, 1, {**FULL, "recompute_method": "uniform"}),
+                           ("mm-sel-moe", MM, 1, {**SEL, "recompute_modules": ("moe",)}),
+                           ("qw-base", QW, 4, {}), ("qw-full-uniform1", QW, 4, {**FULL, "recompute_method": "uniform"}),
+                           ("qw-sel-moe", QW, 4, {**SEL, "recompute_modules": ("moe",)}))],
+    case("fo-qw-ce-fusion", QW, 4, est_s=50, options={"cross_entropy_fusion": True}),
+    case("fo-ds-base", DS, 1, est_s=45, options={"forward_only_steps": 4}),
+    case("fo-ds-full-uniform1", DS, 1, est_s=45, **FULL, recompute_method="uniform"),
+    *[case(f"mem-mm-offload-{f}{tag}", MM, 1, est_s=90 if f == "0.5" else 120, optimizer_offload_fraction=float(f),
+           overlap_cpu_optimizer_d2h_h2d=True, options={"memory_phases": True, **({"gc_after_build": True} if tag else {})})
+      for f in ("0.5", "1.0") for tag in ("", "-gc")],
+    case("mem-mm-base", MM, 1, est_s=45, options={"memory_phases": True}),
 ]
 
 

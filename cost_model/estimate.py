@@ -161,7 +161,7 @@ def _memory_by_rank(c: TableContext, dense: Array, experts: Array, owned: Array,
     return {
         "weights": state.weight_bytes(c, dense, experts),
         "main_grads": state.main_grad_bytes(c, dense, experts),
-        "optimizer": state.optimizer_state_bytes(c, owned),
+        "optimizer": state.optimizer_state_bytes(c, owned) + state.offload_build_bytes(c, dense, experts),
         "activations": act,
         "logits": logits * c.live,
         "dispatcher_buffers": buffers,
@@ -302,7 +302,7 @@ def estimate_table(
         usd_per_million_tokens=cluster.usd_per_gpu_hour / (tps * 3600.0) * 1e6,
         hbm_bytes=cluster.gpu.hbm_bytes,
         usable_bytes=cluster.gpu.hbm_bytes * (1 - memory_headroom),
-        host_bytes_per_node=optimizer.host_bytes_per_node(c, owned),
+        host_bytes_per_node=optimizer.host_bytes_per_node(c, owned, dense + experts),
         host_memory_bytes=cluster.host_memory_bytes_per_node,
     )
 

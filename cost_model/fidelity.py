@@ -16,26 +16,28 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None) -> list[str]:
     """Measured gaps of the estimate that apply to ``layout`` (and ``model`` when given), one line each (empty when none
     apply).
 
-    - CPU optimizer offload: the predicted peak was 13-20% under the reserved peak (offload 0.5: 65.4 GiB predicted
-      against 81.7 reserved; 1.0: 42.6 against 49.2), beyond the default 7% headroom; the predicted host memory 24-26%
-      under the peak RSS (43.4 GiB against 58.9; 84.5 against 111.5); the predicted step 15-25% too short.
-    - recompute (full, or selective ``moe``): the extra time was 1.5-1.7x the predicted extra time (MiniMax-M2
-      1-layer slice: full +0.32 s measured against +0.21 s, selective ``moe`` +0.32 s against +0.19 s).
+    - CPU optimizer offload: memory is priced from the allocator's view of the fifth batch (peak +2.4% / +5.1%, host
+      -3.1% / +0.3% at offload 0.5 / 1.0, on the rows it was read from), but the step was predicted 10-24% too short,
+      and with DP > 1 the first optimizer's clones are priced from the source only.
+    - recompute (full, or selective ``moe``) on MoE layers: the extra time was 0.8-2.3x the predicted extra time (median
+      1.5x over six same-machine comparisons on MiniMax-M2 and Qwen3-30B-A3B slices; 1.1x on a dense MLA layer); the
+      measurement itself varies 2x between machines.
     - GPT-OSS's attention sinks (``softmax_type`` learnable) and clamped quick-GEGLU: +0.011 s and +0.010 s on a 0.51 s
       step of a 2-layer GPT-OSS-120B slice (about 2% each; "GPT-OSS-120B's layer features", call18), not priced.
     """
     out: list[str] = []
     if layout.optimizer_offload_fraction > 0:
         out.append(
-            "CPU optimizer offload: on 1 x H200 the predicted peak was 13-20% under the reserved peak, the predicted host "
-            "memory 24-26% under the measured RSS and the predicted step 15-25% too short (docs/measurements.md, TE sweep); "
-            "the memory headroom does not cover that: confirm with a real trial"
+            "CPU optimizer offload: on 1 x H200 the memory matched (peak +2-5%, host -3% to 0%), but the predicted step "
+            "was 10-24% too short, and with DP > 1 the first optimizer's leftover clones are priced from the megatron-core "
+            "source only (docs/measurements.md, fifth batch): confirm with a real trial"
         )
     heavy = layout.recompute_granularity is RecomputeGranularity.full or "moe" in layout.recompute_modules
     if heavy:
         out.append(
-            "recompute: on 1 x H200 the measured extra time of full and selective 'moe' recompute was 1.5-1.7x the "
-            "predicted extra time (docs/measurements.md, TE sweep): such layouts are predicted a little too fast"
+            "recompute: on 1 x H200 the measured extra time of full and selective 'moe' recompute on MoE layers was "
+            "0.8-2.3x the predicted extra time (median 1.5x; docs/measurements.md, fifth batch): such layouts are "
+            "predicted a little too fast"
         )
     feats = [f for f, on in (("attention sinks", model is not None and model.softmax_type != "vanilla"),
                              ("the clamped quick-GEGLU", model is not None and model.activation_func == "quick_gelu")) if on]

@@ -38,12 +38,11 @@ import numpy as np
 
 from cost_model.pipeline_schedule import ScheduledOp, pipeline_makespan, simulate_pipeline
 from cost_model.terms import comm, compute, recompute
-from cost_model.terms.context import Array, TableContext, col
+from cost_model.terms.context import Array, TableContext
 from cost_model.types import Estimate
 from search_spaces.pipeline import stage_layer_counts
 from specs import ModelSpec
 from specs.layout import Layout
-from specs.units import FP32_BYTES
 
 __all__ = [
     "CHUNK_PARTS",
@@ -170,16 +169,16 @@ def no_overlap(c: TableContext) -> TableContext:
 
 def _logits_forward_time(c: TableContext) -> Array:
     """The output layer's forward on the last stage: one of :data:`compute.GEMM_PASSES` passes of its GEMMs and the
-    forward ``1 / (1 + elementwise_backward_ratio)`` of its fp32 softmax traffic (the split of
-    :func:`cost_model.terms.compute.logits_time`).
+    forward ``1 / (1 + elementwise_backward_ratio)`` of the loss (:func:`cost_model.terms.compute.loss_time`; the
+    measured cost is of forward + backward together, split here like the other memory-bound work).
 
     Returns:
         Seconds, ``(n, K)``.
     """
     f = compute.logits_flops(c)
     gemm = f / (c.bf16_peak_flops * compute.gemm_efficiency(f, c.cal))
-    softmax = FP32_BYTES * c.tokens * c.dims.vocab / col(c.tp) / c.hbm_bytes_per_s
-    out: Array = c.is_last * (gemm + softmax)
+    loss = compute.loss_time(c) / (1.0 + c.cal.elementwise_backward_ratio)
+    out: Array = c.is_last * (gemm + loss)
     return out
 
 

@@ -177,6 +177,13 @@ class RunOptions:
             return 0, 0
 
     @property
+    def cross_entropy_path(self) -> str:
+        """Which of megatron-core 0.19's loss paths runs (``LanguageModule.compute_language_model_loss``): ``unfused``
+        (``tensor_parallel.vocab_parallel_cross_entropy``, without ``--cross-entropy-loss-fusion``), ``native``
+        (``fused_vocab_parallel_cross_entropy``) or ``te`` (Transformer Engine's ``parallel_cross_entropy``)."""
+        return self.cross_entropy_fusion_impl if self.cross_entropy_loss_fusion else "unfused"
+
+    @property
     def te_cross_entropy(self) -> bool:
         """Transformer Engine's fused cross-entropy (``cross_entropy_loss_fusion`` with impl ``te``)."""
         return self.cross_entropy_loss_fusion and self.cross_entropy_fusion_impl == "te"

@@ -14,7 +14,6 @@ import numpy as np
 
 from cost_model.calibration import Calibration
 from cost_model.terms.context import Array, TableContext, col
-from specs.units import FP32_BYTES
 
 __all__ = [
     "attention_compute_time",
@@ -32,6 +31,7 @@ __all__ = [
     "grouped_gemm_efficiency",
     "logits_flops",
     "logits_time",
+    "loss_time",
     "moe_compute_time",
     "mla_up_projection_time",
     "moe_elementwise_time",
@@ -47,6 +47,16 @@ FLOPS_PER_MAC = 2.0
 #: A GEMM's forward + backward over its forward: dgrad and wgrad each cost one forward
 #: (Megatron's ``6 = 3 x 2`` FLOPs per parameter and token, training.py).
 GEMM_PASSES = 3.0
+
+#: HBM bytes-equivalent per logit element of the loss, forward + backward, of each of megatron-core 0.19's
+#: cross-entropy paths (:attr:`specs.RunOptions.cross_entropy_path`). **Measured** on 1 x H200 (TE 2.20.2, torch 2.11,
+#: 2026-12-01, ``benchmarks/h200_ce.py``, rows in ``benchmarks/results/h200_te_2026-12-01/call20/ce.jsonl``): the
+#: loss's forward + backward time on 8,192 x V bf16 logits, V = 128,256 .. 201,088, times the GPU's achieved copy
+#: bandwidth (3.75-4.22 TB/s), over the elements; the median of five vocabularies (spread within 3%, the first
+#: measured at 70.5 for ``unfused``). Reading the code gives the order, not the size: the unfused path makes about
+#: 13 fp32 passes (``.float()``, max, subtract, exp, sum, divide; the backward's multiply and cast), the jit-fused
+#: ``native`` path fewer, TE's Triton kernels two bf16 reads and the gradient.
+CROSS_ENTROPY_BYTES_PER_LOGIT = {"unfused": 64.0, "native": 49.0, "te": 9.5}
 
 #: GEMMs of the attention projections: QKV and the output projection (their FLOPs are
 #: about equal, so each is half of :func:`attention_linear_flops` for the size-efficiency curve).
@@ -301,16 +311,26 @@ def dense_compute_time(c: TableContext, mlp: Array, attention_elementwise: Array
     return GEMM_PASSES * mlp + attention_elementwise * c.cal.dense_mlp_elementwise_share
 
 
+def loss_time(c: TableContext) -> Array:
+    """The last rank's loss, forward + backward: :data:`CROSS_ENTROPY_BYTES_PER_LOGIT` of the run's path
+    (:attr:`specs.RunOptions.cross_entropy_path`) ``x tokens x V / tp x (1 + mtp)`` bytes at the achieved HBM bandwidth
+    (the main head and each MTP head).
+
+    Returns:
+        Seconds, ``(n, 1)`` (every rank; :func:`logits_time` keeps the last one's).
+    """
+    m = c.dims
+    per_logit = CROSS_ENTROPY_BYTES_PER_LOGIT[c.options.cross_entropy_path]
+    out: Array = per_logit * c.tokens * m.vocab / col(c.tp) * (1 + m.mtp) / c.hbm_bytes_per_s
+    return out
+
+
 def logits_time(c: TableContext) -> Array:
-    """The last rank's output layer and loss, forward + backward: the logits GEMMs (bf16) plus the
-    cross entropy's fp32 logits through HBM, ``(1 + elementwise_backward_ratio) x 4 x tokens x V / tp``
-    bytes (megatron/core/tensor_parallel/cross_entropy.py keeps them in fp32).
+    """The last rank's output layer and loss, forward + backward: the logits GEMMs (bf16) plus :func:`loss_time`.
 
     Returns:
         Seconds, ``(n, K)``; 0 on other ranks.
     """
-    m, cal = c.dims, c.cal
     f = logits_flops(c)
-    gemms = GEMM_PASSES * f / (c.bf16_peak_flops * gemm_efficiency(f, cal))
-    softmax = (1.0 + cal.elementwise_backward_ratio) * FP32_BYTES * c.tokens * m.vocab / col(c.tp) / c.hbm_bytes_per_s
-    return c.is_last * (gemms + softmax)
+    gemms = GEMM_PASSES * f / (c.bf16_peak_flops * gemm_efficiency(f, c.cal))
+    return c.is_last * (gemms + loss_time(c))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cost_model.terms import state
 from cost_model.terms.context import Array, TableContext
 from specs.units import BF16_BYTES, FP32_BYTES
 
@@ -27,12 +28,19 @@ __all__ = [
 #: PCIe bytes per offloaded parameter per step: the fp32 gradient down, the bf16 parameter back.
 OFFLOAD_BYTES_PER_PARAM = FP32_BYTES + BF16_BYTES
 
-#: Host bytes per offloaded parameter, read in megatron-core 0.19 ``optimizer/cpu_offloading/hybrid_optimizer.py``
-#: (``launch.harness.hostmem.offload_host_bytes``): the pinned CPU copy of the parameter the optimizer gets (bf16 with
-#: the precision-aware optimizer, else the fp32 main weight), its fp32 copy when it is not fp32, the pinned fp32
-#: gradient and AdamW's two fp32 moments: 2 + 4 + 4 + 8 with the precision-aware optimizer, 4 + 4 + 8 without.
-HOST_BYTES_PER_OFFLOADED_PARAM_PRECISION_AWARE = BF16_BYTES + 3 * FP32_BYTES + FP32_BYTES
+#: Host bytes per offloaded parameter that megatron-core 0.19's ``HybridDeviceOptimizer`` keeps
+#: (``optimizer/cpu_offloading/hybrid_optimizer.py``; ``launch.harness.hostmem.offload_host_bytes``): the CPU fp32
+#: parameter (the pinned copy of the bf16 shard is replaced by its fp32 clone, ``param_update_in_fp32``; without the
+#: precision-aware optimizer the shard is already fp32), the pinned fp32 gradient and AdamW's two fp32 moments,
+#: 4 + 4 + 8 with or without the precision-aware optimizer. Measured on 1 x H200 (2026-12-01, ``mem-mm-offload-*``,
+#: live tensors after step 1): 16 B per offloaded parameter, no bf16 copy.
+HOST_BYTES_PER_OFFLOADED_PARAM_PRECISION_AWARE = 4 * FP32_BYTES
 HOST_BYTES_PER_OFFLOADED_PARAM = 4 * FP32_BYTES
+
+#: Host RSS beyond the live tensors per offloaded parameter, **measured** on 1 x H200 (2026-12-01, ``mem-mm-offload-*``:
+#: 4.7 B at fraction 0.5, 3.9 B at 1.0, with and without ``gc.collect()``): the CUDA caching host allocator rounds
+#: pinned blocks up and keeps the freed pinned bf16 copies of the build; not separated further.
+HOST_PINNED_OVERHEAD_BYTES_PER_OFFLOADED_PARAM = 4.0
 
 
 def optimizer_step_time(c: TableContext, owned: Array) -> Array:
@@ -94,27 +102,33 @@ def offload_time(c: TableContext, owned: Array) -> Array:
 
 
 def host_offload_bytes_per_param(c: TableContext) -> Array:
-    """Host bytes per offloaded parameter: :data:`HOST_BYTES_PER_OFFLOADED_PARAM_PRECISION_AWARE` (18) with the
-    precision-aware optimizer, :data:`HOST_BYTES_PER_OFFLOADED_PARAM` (16) without.
+    """Host bytes per offloaded parameter: the kept states (:data:`HOST_BYTES_PER_OFFLOADED_PARAM_PRECISION_AWARE`
+    with the precision-aware optimizer, :data:`HOST_BYTES_PER_OFFLOADED_PARAM` without; 16 either way) plus
+    :data:`HOST_PINNED_OVERHEAD_BYTES_PER_OFFLOADED_PARAM`.
 
     Returns:
         Bytes per parameter, ``(n, 1)``.
     """
-    return np.where(c.precision_aware, HOST_BYTES_PER_OFFLOADED_PARAM_PRECISION_AWARE, HOST_BYTES_PER_OFFLOADED_PARAM)
+    kept = np.where(c.precision_aware, HOST_BYTES_PER_OFFLOADED_PARAM_PRECISION_AWARE, HOST_BYTES_PER_OFFLOADED_PARAM)
+    return kept + HOST_PINNED_OVERHEAD_BYTES_PER_OFFLOADED_PARAM
 
 
-def host_bytes_per_node(c: TableContext, owned: Array) -> Array:
+def host_bytes_per_node(c: TableContext, owned: Array, params: Array | None = None) -> Array:
     """Host memory of one node: each of its GPUs' training processes holds ``host_process_bytes`` (CUDA context,
     libraries, data loader: measured RSS) plus, with CPU optimizer offload, the offloaded states
-    (:func:`host_offload_bytes_per_param` x the slowest rank's offloaded parameters):
-    ``GPUs per node x (host_process_bytes + offloaded x bytes per param)``.
+    (:func:`host_offload_bytes_per_param` x the slowest rank's offloaded parameters) and the host fp32 clones of the
+    first HybridDeviceOptimizer (:data:`cost_model.terms.state.OFFLOAD_BUILD_LEAK_BYTES` x f x the rank's unsharded
+    parameters, until Python's cyclic collector frees them):
+    ``GPUs per node x (host_process_bytes + offloaded x bytes per param + leak)``.
 
     Args:
         owned: :func:`cost_model.terms.state.owned_params`, ``(n, K)``.
+        params: the rank's unsharded parameters (dense + experts), ``(n, K)``; None: ``owned`` (DP 1).
 
     Returns:
         Bytes per node, ``(n,)``.
     """
     per_node = float(min(c.gpus_per_node, c.world))
     offloaded = offloaded_params(c, owned)
-    return per_node * (c.cal.host_process_bytes + offloaded * host_offload_bytes_per_param(c)[:, 0])
+    first = offloaded_params(c, owned if params is None else params)
+    return per_node * (c.cal.host_process_bytes + offloaded * host_offload_bytes_per_param(c)[:, 0] + state.OFFLOAD_BUILD_LEAK_BYTES * first)

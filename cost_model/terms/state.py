@@ -19,6 +19,7 @@ __all__ = [
     "main_grad_bytes_per_param",
     "optimizer_bytes_per_param",
     "optimizer_shards",
+    "offload_build_bytes",
     "optimizer_state_bytes",
     "owned_params",
     "weight_bytes",
@@ -32,6 +33,28 @@ MASTER_REMAINDER_BYTES = 2.0
 #: Main-gradient bytes with ``grad_reduce_in_fp32`` (``--accumulate-allreduce-grads-in-fp32``, the seed's run
 #: block; megatron/training/arguments.py sets it for bf16 with fp32 main grads); without it the gradient buffer
 #: has the parameter dtype, bf16 (distributed_data_parallel.py ``grad_dtype``, core_v0.16.0 l.147).
+#: With CPU optimizer offload, bytes per owned parameter the GPU keeps for the share it steps (``1 - fraction``):
+#: megatron-core 0.19's ``HybridDeviceOptimizer`` is built with ``param_update_in_fp32=True`` and no moment dtypes
+#: (``optimizer/__init__.py`` l.532-542): an fp32 clone of each parameter (``_get_sub_optimizer_param_groups``) and
+#: fp32 moments, 4 + 8, whatever ``--exp-avg-dtype`` and the precision-aware optimizer say. Measured on 1 x H200
+#: (``mem-mm-offload-0.5``, ``docs/measurements.md``): no 2-B remainders, 12 B per GPU-stepped parameter.
+OFFLOAD_GPU_STATE_BYTES = 3 * FP32_BYTES
+
+#: Bytes per parameter of the first ``HybridDeviceOptimizer`` that megatron-core 0.19 builds over the model's
+#: unsharded parameters (``get_megatron_optimizer``) before ``DistributedOptimizer.__init__`` replaces it with one
+#: over its shards (``distrib_optimizer.py`` l.778-781): its fp32 clones (GPU for the kept share, host for the
+#: offloaded one) stay alive until Python's cyclic collector runs (its sub-optimizers' step hooks close over it).
+#: Measured on 1 x H200 (2026-12-01, ``mem-mm-offload-*`` with and without ``gc.collect()`` after the build): 9.1 GiB
+#: of GPU fp32 and 9.1 GiB of host fp32 at fraction 0.5 on 4.9 G parameters, freed by the collection.
+OFFLOAD_BUILD_LEAK_BYTES = FP32_BYTES
+
+#: GPU bytes per offloaded parameter that the build leaves reserved with CPU optimizer offload: each offloaded
+#: parameter is first cloned on the GPU (``param.detach().clone().cpu()``, ``_get_sub_optimizer_param_groups``),
+#: so its bf16 clone goes back to PyTorch's caching allocator, which keeps it reserved. Measured on 1 x H200
+#: (2026-12-01): reserved minus allocated after the build 9.4 GiB at fraction 1.0 (2 B x 4.9 G parameters), released
+#: by ``torch.cuda.empty_cache()``; the peak reserved kept 10.3 GiB over the peak allocated at 1.0 and 6.4 at 0.5.
+OFFLOAD_BUILD_CACHED_BYTES = BF16_BYTES
+
 MAIN_GRAD_BYTES = FP32_BYTES
 MAIN_GRAD_BYTES_PARAM_DTYPE = BF16_BYTES
 
@@ -124,8 +147,9 @@ def optimizer_bytes_per_param(c: TableContext) -> Array:
 
 
 def optimizer_state_bytes(c: TableContext, owned: Array) -> Array:
-    """Optimizer states kept on the GPU: ``bytes per param x owned params x (1 - offload fraction)``
-    (``--optimizer-offload-fraction`` moves that share to the host, HybridDeviceOptimizer).
+    """Optimizer states kept on the GPU: ``bytes per param x owned params``; with CPU optimizer offload
+    (``--optimizer-offload-fraction`` f > 0) the GPU keeps :data:`OFFLOAD_GPU_STATE_BYTES` x ``owned x (1 - f)``
+    (HybridDeviceOptimizer moves the share f to the host and steps the rest with fp32 clones and fp32 moments).
 
     Args:
         owned: :func:`owned_params`, ``(n, K)``.
@@ -133,4 +157,20 @@ def optimizer_state_bytes(c: TableContext, owned: Array) -> Array:
     Returns:
         Bytes, ``(n, K)``.
     """
-    return optimizer_bytes_per_param(c) * owned * (1.0 - c.offload_fraction)
+    f = c.offload_fraction
+    return np.where(f > 0, OFFLOAD_GPU_STATE_BYTES, optimizer_bytes_per_param(c)) * owned * (1.0 - f)
+
+
+def offload_build_bytes(c: TableContext, dense: Array, experts: Array) -> Array:
+    """GPU bytes the optimizer build leaves behind with CPU optimizer offload (fraction f > 0), on the rank's
+    unsharded parameters: the first HybridDeviceOptimizer's fp32 clones of the GPU-stepped share,
+    :data:`OFFLOAD_BUILD_LEAK_BYTES` x ``(1 - f)`` (freed only by Python's cyclic collector), and the bf16 clones of
+    the offloaded share kept reserved by the caching allocator, :data:`OFFLOAD_BUILD_CACHED_BYTES` x f. 0 without
+    offload.
+
+    Returns:
+        Bytes, ``(n, K)``.
+    """
+    f = c.offload_fraction
+    per_param = OFFLOAD_BUILD_LEAK_BYTES * (1.0 - f) + OFFLOAD_BUILD_CACHED_BYTES * f
+    return np.where(f > 0, per_param * (dense + experts), 0.0)

@@ -50,15 +50,15 @@ def system_memory() -> dict[str, int]:
 def offload_host_bytes(offloaded_params: int, *, precision_aware: bool) -> int:
     """Host bytes that megatron-core's CPU optimizer offload holds for ``offloaded_params`` parameters (one rank).
 
-    Per offloaded parameter, read in megatron-core 0.19 ``optimizer/cpu_offloading/hybrid_optimizer.py``:
-    a pinned CPU copy of the parameter the optimizer is given (``param.detach().clone().cpu().pin_memory()``:
-    the bf16 weight shard with the precision-aware optimizer, the fp32 main weight without), an fp32 copy of
-    it when it is not fp32 (``param_update_in_fp32``), the pinned fp32 gradient buffer
-    (``_set_sub_optimizer_grads``) and ``torch.optim.AdamW``'s ``exp_avg`` and ``exp_avg_sq`` (fp32, like the
-    parameter): 2 + 4 + 4 + 8 = 18 bytes with the precision-aware optimizer, 4 + 4 + 8 = 16 without. The
-    process's own memory (CUDA context, libraries) comes on top; pinned pages may be rounded up by the allocator.
-    ``offloaded_params``: megatron offloads whole parameters in order until their count reaches
-    ``fraction x`` the rank's optimizer parameters, so it is that product rounded up to a parameter boundary.
+    Per offloaded parameter, read in megatron-core 0.19 ``optimizer/cpu_offloading/hybrid_optimizer.py`` and measured
+    on 1 x H200 (2026-12-01, the live tensors after step 1, ``docs/measurements.md``): the CPU fp32 parameter (with the
+    precision-aware optimizer the pinned copy of the bf16 shard is replaced by its fp32 clone, ``param_update_in_fp32``;
+    without it the fp32 main shard is copied), the pinned fp32 gradient buffer (``_set_sub_optimizer_grads``) and
+    AdamW's ``exp_avg`` and ``exp_avg_sq`` (fp32): 4 + 4 + 8 = 16 bytes either way (``precision_aware`` is kept for
+    the callers; an earlier reading counted the bf16 copy, 18). The process's own memory, the pinned allocator's
+    rounding and the first optimizer's clones (:mod:`cost_model.terms.optimizer`) come on top. ``offloaded_params``:
+    megatron offloads whole parameters in order until their count reaches ``fraction x`` the rank's optimizer
+    parameters, so it is that product rounded up to a parameter boundary.
     """
-    per = 18 if precision_aware else 16
-    return int(offloaded_params) * per
+    del precision_aware
+    return int(offloaded_params) * 16

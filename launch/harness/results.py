@@ -15,6 +15,10 @@ The harness appends one JSON object per line to its ``--out`` file:
   (rank 0, with ``saved_tensor_census``: one per watched module);
 - ``{"event": "profile", "step", "files": [torch.profiler Chrome traces, one per pipeline stage]}`` (rank 0, with ``profile_step``;
   the profiled step's ``step`` line carries ``"profiled": true``);
+- ``{"event": "memory_phase", "phase", "allocated_bytes", "reserved_bytes", "max_allocated_bytes", "host_rss_bytes",
+  "live_tensors_bytes"?}`` (rank 0, with ``memory_phases``: after the build, after a ``gc_after_build`` collection, after step
+  1's forward and backward, after its optimizer step);
+- ``{"event": "forward_only", "steps", "step_times_s", "median_step_time_s"}`` (rank 0, with ``forward_only_steps``);
 - ``{"event": "oom", "rank", "message", "allocated_bytes", "reserved_bytes", "max_allocated_bytes"}``
   (any rank that ran out of memory);
 - ``{"event": "error", "rank", "type", "message"}`` and ``{"event": "refused", "reasons"}``.
@@ -81,6 +85,8 @@ class HarnessResult:
     """Saved-tensor census lines, one per watched module."""
     profile: dict[str, Any] = field(default_factory=dict)
     """The profiled step's traces (``{"event": "profile", "step", "files"}``, with ``profile_step``), when there are any."""
+    memory_phases: list[dict[str, Any]] = field(default_factory=list)
+    forward_only: dict[str, Any] = field(default_factory=dict)
     ooms: list[dict[str, Any]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
@@ -164,6 +170,10 @@ def parse_results(text: str | None, *, _objs: list[dict[str, Any]] | None = None
             r.census.append(obj)
         elif ev == "profile":
             r.profile = obj
+        elif ev == "memory_phase":
+            r.memory_phases.append(obj)
+        elif ev == "forward_only":
+            r.forward_only = obj
         elif ev == "oom":
             r.ooms.append(obj)
         elif ev == "error":

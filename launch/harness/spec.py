@@ -62,7 +62,7 @@ FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
 HARNESS_OPTIONS = frozenset({
     "data", "corpus_path", "corpus_sha256", "lr", "save_checkpoint", "load_checkpoint", "fault", "pretrain_steps", "data_step_offset",
     "lr_warmup_steps", "fp8_recipe", "fp8_param_gather", "grad_reduce_in_fp32", "cross_entropy_fusion", "moe_permute_fusion",
-    "saved_tensor_census", "dump_grads", "label", "profile_step",
+    "saved_tensor_census", "dump_grads", "label", "profile_step", "forward_only_steps", "memory_phases", "gc_after_build",
 })
 
 #: The harness's data sources.
@@ -286,6 +286,17 @@ class HarnessSpec:
     tensor-, context- and data-parallel groups); a ``{"event": "profile", "step", "files"}`` line names them. The step's own
     line carries ``"profiled": true``: the profiler slows it, so profile a warm-up step (``tune --trial-profile-step``
     defaults to the last one) to keep the measurement clean. None: no profiling."""
+    forward_only_steps: int = 0
+    """After the measured steps (and before the census), time this many forward-only steps (megatron-core's
+    ``forward_backward_func(forward_only=True)`` over the same micro-batches): an ``event: forward_only`` line with their
+    median, the measured forward share of a step (what recompute re-runs). 0: none."""
+    memory_phases: bool = False
+    """Record the GPU allocator and the host at each phase of the first step (after the model and optimizer are built,
+    after step 1's forward and backward, after its optimizer step) and, after the build, the live tensors by device,
+    dtype and pinning (``gc.get_objects``, deduplicated by storage): ``event: memory_phase`` lines."""
+    gc_after_build: bool = False
+    """Run Python's cyclic collector (``gc.collect()``) and ``torch.cuda.empty_cache()`` once after the build (a control:
+    what memory only a reference cycle kept alive)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -310,7 +321,11 @@ class HarnessSpec:
         ps = self.profile_step
         if ps is not None and (isinstance(ps, bool) or not isinstance(ps, int) or not 1 <= ps <= self.steps):
             raise TunerError(f"harness profile_step must be a step from 1 to steps ({self.steps}) or null, got {ps!r}")
-        for name in ("fp8_param_gather", "grad_reduce_in_fp32", "cross_entropy_fusion", "moe_permute_fusion", "saved_tensor_census"):
+        fo = self.forward_only_steps
+        if isinstance(fo, bool) or not isinstance(fo, int) or not 0 <= fo <= 64:
+            raise TunerError(f"harness forward_only_steps must be an integer from 0 to 64, got {fo!r}")
+        for name in ("fp8_param_gather", "grad_reduce_in_fp32", "cross_entropy_fusion", "moe_permute_fusion", "saved_tensor_census",
+                     "memory_phases", "gc_after_build"):
             if not isinstance(getattr(self, name), bool):
                 raise TunerError(f"harness {name} must be true or false, got {getattr(self, name)!r}")
 
@@ -387,7 +402,8 @@ def build_spec(
             ``corpus_sha256``, ``lr``, ``save_checkpoint``, ``load_checkpoint``, ``fault``,
             ``pretrain_steps``, ``data_step_offset``, ``lr_warmup_steps``, ``fp8_recipe``, ``fp8_param_gather``,
             ``grad_reduce_in_fp32``, ``cross_entropy_fusion``, ``moe_permute_fusion``, ``saved_tensor_census``,
-            ``dump_grads``, ``label``, ``profile_step``: :data:`HARNESS_OPTIONS`). With ``precision: fp8`` and no ``fp8_recipe``
+            ``dump_grads``, ``label``, ``profile_step``, ``forward_only_steps``, ``memory_phases``, ``gc_after_build``:
+            :data:`HARNESS_OPTIONS`). With ``precision: fp8`` and no ``fp8_recipe``
             the recipe is ``delayed``.
 
     Raises:

@@ -36,6 +36,7 @@ import copy
 import json
 import math
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -648,6 +649,73 @@ def _dump_grads(spec: HarnessSpec, chunks: list[Any], cfg: Any, losses: Any, las
                           num_experts=int(spec.model.get("num_experts") or 0))
 
 
+def _live_tensors() -> dict[str, int]:
+    """Bytes of the live tensors Python can reach (``gc.get_objects``), deduplicated by storage, keyed
+    ``"<device>/<dtype>[/pinned]"``: whose memory the allocator holds."""
+    import gc
+
+    import torch
+
+    seen: set[tuple[str, int]] = set()
+    out: dict[str, int] = {}
+    for o in gc.get_objects():
+        try:
+            if not isinstance(o, torch.Tensor) or o.is_meta:
+                continue
+            st = o.untyped_storage()
+            key = (str(o.device), st.data_ptr())
+            if key in seen or st.data_ptr() == 0:
+                continue
+            seen.add(key)
+            name = f"{o.device.type}/{str(o.dtype).removeprefix('torch.')}" + ("/pinned" if o.device.type == "cpu" and o.is_pinned() else "")
+            out[name] = out.get(name, 0) + st.nbytes()
+        except Exception:  # noqa: BLE001 - a tensor subclass that cannot say its storage is skipped
+            continue
+    return dict(sorted(out.items()))
+
+
+def _memory_phase(spec: HarnessSpec, out: _Out, rank: int, phase: str, *, tensors: bool = False) -> None:
+    """One ``event: memory_phase`` line (``memory_phases``): allocated / reserved / peak bytes, host RSS, optionally the live tensors."""
+    if not spec.memory_phases:
+        return
+    import torch
+
+    torch.cuda.synchronize()
+    row: dict[str, Any] = {"event": "memory_phase", "rank": rank, "phase": phase, "allocated_bytes": torch.cuda.memory_allocated(),
+                           "reserved_bytes": torch.cuda.memory_reserved(), "max_allocated_bytes": torch.cuda.max_memory_allocated(),
+                           "host_rss_bytes": _host_rss()}
+    if tensors:
+        row["live_tensors_bytes"] = _live_tensors()
+    if rank == 0:
+        out.write(row)
+
+
+def _forward_only(spec: HarnessSpec, chunks: list[Any], iters: list[Any], out: _Out, rank: int) -> None:
+    """``forward_only_steps`` forward-only passes over a step's micro-batches, timed; an ``event: forward_only`` line."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    fb = get_forward_backward_func()
+    lay = spec.layout
+    times: list[float] = []
+    for _ in range(spec.forward_only_steps):
+        torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        with torch.no_grad():  # the losses would keep every micro-batch's graph alive; training mode stays (router, dropout)
+            fb(forward_step_func=_forward_step, data_iterator=iters if len(iters) > 1 else iters[0], model=chunks if len(chunks) > 1 else chunks[0],
+               num_microbatches=spec.num_microbatches, seq_length=spec.seq_length, micro_batch_size=lay["micro_batch_size"],
+               decoder_seq_length=spec.seq_length, forward_only=True)
+        torch.cuda.synchronize()
+        dist.barrier()
+        times.append(time.perf_counter() - t0)
+    warm = min(1, len(times) - 1)
+    if rank == 0:
+        out.write({"event": "forward_only", "steps": len(times), "step_times_s": times,
+                   "median_step_time_s": statistics.median(times[warm:]) if times else None})
+
+
 def _census(spec: HarnessSpec, chunks: list[Any], out: _Out, rank: int) -> None:
     """One more forward and backward of one micro-batch with :class:`launch.harness.grads.SavedTensorCensus` on the first
     layer's attention and MLP / MoE blocks (and the MoE layer's experts and router); one ``event: census`` line per module."""
@@ -767,6 +835,13 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
     cfg = _transformer_config(spec)
     chunks, opt = _build(spec, cfg)
     build_s = time.perf_counter() - t_build
+    _memory_phase(spec, out, rank, "after_build", tensors=True)
+    if spec.gc_after_build:
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
+        _memory_phase(spec, out, rank, "after_gc_collect", tensors=True)
     if rank == 0:
         out.write({"event": "start", "world_size": world, "layout": lay, "versions": _versions(), "notes": list(spec.notes), "build_s": build_s,
                    "data": spec.data, "lr": spec.lr, "fault": spec.fault, "loaded_checkpoint": spec.load_checkpoint, "saved_checkpoint": spec.save_checkpoint,
@@ -848,10 +923,14 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
             if rank == 0:
                 out.write({"event": "grads", "dir": spec.dump_grads, "tensors": len(idx.get("tensors", {})), "seconds": idx.get("seconds"),
                            "replicas_max_abs_diff": max(idx.get("replicas", {}).values(), default=0.0), "fault": _RAN.get("fault")})
+        if step == 1:
+            _memory_phase(spec, out, rank, "step1_after_forward_backward")
         ok, grad_norm, _ = opt.step()
         torch.cuda.synchronize()
         dist.barrier()
         dt = time.perf_counter() - t0
+        if step == 1:
+            _memory_phase(spec, out, rank, "step1_after_optimizer_step", tensors=True)
         if step == spec.profile_step:
             _export_profile(spec, prof, out, rank, world, step)
         if step == 1:
@@ -894,6 +973,8 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
             "host_memory_per_rank": [g[2] for g in gathered],
             "peak_host_rss_bytes": max((g[2].get("peak_rss_bytes") or 0) for g in gathered),
         })
+    if spec.forward_only_steps:
+        _forward_only(spec, chunks, iters, out, rank)
     if spec.saved_tensor_census:
         _census(spec, chunks, out, rank)
 

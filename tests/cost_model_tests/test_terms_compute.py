@@ -104,8 +104,21 @@ def test_layer_compute_times_are_three_passes_of_their_gemms():
 def test_logits_time_on_the_last_rank():
     f = 2 * 512 * 64 * 1024 / 2 * 2
     gemms = 3 * f / (1e15 * eff(f))
-    softmax = 3 * 4 * 512 * 1024 / 2 / HBM  # fp32 logits, forward + twice that backward
-    assert compute.logits_time(make_ctx(**BASE))[0].tolist() == pytest.approx([0.0, gemms + softmax])
+    # the unfused loss (no --cross-entropy-loss-fusion): 64 B per logit, main head + 1 MTP head
+    loss = 64 * 512 * 1024 / 2 * 2 / HBM
+    assert compute.logits_time(make_ctx(**BASE))[0].tolist() == pytest.approx([0.0, gemms + loss])
+
+
+@pytest.mark.parametrize(("impl", "per_logit"), [("native", 49.0), ("te", 9.5)])
+def test_logits_time_by_cross_entropy_path(impl: str, per_logit: float):
+    from specs import RunOptions
+
+    f = 2 * 512 * 64 * 1024 / 2 * 2
+    gemms = 3 * f / (1e15 * eff(f))
+    opts = RunOptions(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl=impl)
+    got = compute.logits_time(make_ctx(options=opts, **BASE))[0, 1]
+    assert got == pytest.approx(gemms + per_logit * 512 * 1024 / 2 * 2 / HBM)
+    assert RunOptions(cross_entropy_fusion_impl=impl).cross_entropy_path == "unfused"  # the impl alone fuses nothing
 
 
 def test_mla_up_projection_time():

