@@ -367,7 +367,11 @@ def plan(
         markup=False,
     )
     _out.print("[bold]Every number below is a prediction (rollout simulation + analytical estimate); nothing was measured.[/bold]")
-    _out.print(f"Plans considered: {ps.considered:,}; evaluated: {len(ps.plans):,}; set aside: " + (", ".join(f"{k} ({v})" for k, v in ps.rejected.items()) or "none"), highlight=False, markup=False)
+    # plans set aside add up with the evaluated ones to the considered; a split without a trainer layout is counted as a split
+    plan_rej = {k: v for k, v in ps.rejected.items() if not k.endswith("(splits)")}
+    split_rej = {k.removesuffix(" (splits)"): v for k, v in ps.rejected.items() if k.endswith("(splits)")}
+    _out.print(f"Plans considered: {ps.considered:,}; evaluated: {len(ps.plans):,}; set aside: " + (", ".join(f"{k} ({v})" for k, v in plan_rej.items()) or "none")
+               + ("; splits not tried: " + ", ".join(f"{k} ({v} split{'s' if v != 1 else ''})" for k, v in split_rej.items()) if split_rej else ""), highlight=False, markup=False)
     _out.print(_table("Fastest plans (predicted seconds per step)", _distinct(ps.plans, top)))
     _out.print(_table("Fastest plan per rollout-GPU count (every count, not a Pareto front)", ps.fastest_per_rollout_gpus()))
     if async_steps:

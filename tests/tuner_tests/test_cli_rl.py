@@ -74,6 +74,21 @@ def test_tune_rl_table_labels_predictions():
     assert "prediction" in out and "Fastest plan per rollout-GPU count (every count, not a Pareto front)" in out and "Front" not in out
 
 
+def test_tune_rl_plan_counts_add_up():
+    """The plans set aside and the evaluated ones add up to the plans considered; splits without a trainer layout are
+    counted apart, as splits."""
+    import re
+
+    r = CliRunner().invoke(app, ["rl", *JOB, "--top", "3"])
+    assert r.exit_code == 0, r.output
+    line = " ".join(r.stdout.split())
+    m = re.search(r"Plans considered: ([\d,]+); evaluated: ([\d,]+); set aside: (.*?)(; splits not tried: .*?)? Fastest", line)
+    assert m, line
+    considered, evaluated = (int(x.replace(",", "")) for x in m.groups()[:2])
+    aside = sum(int(n) for n in re.findall(r"\((\d+)\)", m.group(3)))
+    assert considered == evaluated + aside and evaluated > 0
+
+
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
