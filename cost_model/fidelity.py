@@ -27,11 +27,16 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None) -> list[str]:
     """
     out: list[str] = []
     if layout.optimizer_offload_fraction > 0:
-        out.append(
-            "CPU optimizer offload: on 1 x H200 the memory matched (peak +2-5%, host -3% to 0%), but the predicted step "
-            "was 10-24% too short, and with DP > 1 the first optimizer's leftover clones are priced from the megatron-core "
-            "source only (docs/measurements.md, fifth batch): confirm with a real trial"
-        )
+        dp = layout.world_size // max(1, layout.tp * layout.pp * layout.cp)
+        msg = ("CPU optimizer offload: on 1 x H200 the memory matched the first steps' peak (+2-5%, host -3% to 0%), "
+               "but the predicted step was 10-24% too short (docs/measurements.md, fifth batch)")
+        if dp > 1:
+            msg += (f"; at DP {dp} the 'optimizer' part and the host memory include the first HybridDeviceOptimizer's fp32 "
+                    "clones of this rank's unsharded parameters (megatron-core 0.19 builds it before DistributedOptimizer "
+                    "replaces it; they do not shrink with DP, so offload can cost GPU memory here), freed only when Python's "
+                    "cyclic collector runs (gc.collect() after the build freed them on H200); priced from the source, not "
+                    "measured at DP > 1")
+        out.append(msg + ": confirm with a real trial")
     heavy = layout.recompute_granularity is RecomputeGranularity.full or "moe" in layout.recompute_modules
     if heavy:
         out.append(

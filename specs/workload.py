@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from specs.errors import TunerError
@@ -146,6 +147,9 @@ class RunOptions:
     use it (:mod:`search_spaces.rules`); the default is the newest the project knows."""
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if isinstance(f.default, bool) and not isinstance(getattr(self, f.name), bool):
+                raise TunerError(f"{f.name} must be true or false, got {getattr(self, f.name)!r}")
         if self.cp_comm_type not in ("p2p", "a2a"):
             raise TunerError(f"cp_comm_type {self.cp_comm_type!r}: accepted p2p or a2a")
         object.__setattr__(self, "cuda_graph_scope", tuple(str(x) for x in self.cuda_graph_scope))

@@ -91,10 +91,24 @@ def _model(field_value: str, where: str) -> ModelSpec:
     return slice_model(load_model(name), layers)
 
 
+def _flag(v: Any, what: str) -> bool:
+    """A row's true / false setting, read strictly (a string such as "false" is not a flag)."""
+    if isinstance(v, bool):
+        return v
+    raise TypeError(f"{what} must be true or false, got {v!r}")
+
+
+def _count(v: Any, what: str) -> int:
+    """A row's positive whole number, read strictly (no bool, no fraction)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < 1:
+        raise ValueError(f"{what} must be a whole number >= 1, got {v!r}")
+    return int(v)
+
+
 def _te(d: dict[str, Any]) -> bool:
     harness = ((d.get("run_options") or {}).get("harness")) or {}
     if "use_transformer_engine" in harness:
-        return bool(harness["use_transformer_engine"])
+        return _flag(harness["use_transformer_engine"], "run_options.harness.use_transformer_engine")
     te = str((d.get("versions") or {}).get("transformer_engine", "not installed"))
     return te not in ("", "not installed", "None")
 
@@ -105,12 +119,12 @@ def _options(d: dict[str, Any], te: bool) -> RunOptions:
     h = ((d.get("run_options") or {}).get("harness")) or {}
     kw: dict[str, Any] = {}
     if "grad_reduce_in_fp32" in h:
-        kw["grad_reduce_in_fp32"] = bool(h["grad_reduce_in_fp32"])
+        kw["grad_reduce_in_fp32"] = _flag(h["grad_reduce_in_fp32"], "run_options.harness.grad_reduce_in_fp32")
     if h.get("fp8_recipe") in ("delayed", "tensorwise"):
         kw["fp8_recipe"] = h["fp8_recipe"]
-    if h.get("fp8_param_gather"):
+    if "fp8_param_gather" in h and _flag(h["fp8_param_gather"], "run_options.harness.fp8_param_gather"):
         kw["fp8_param_gather"] = True
-    if h.get("cross_entropy_fusion"):
+    if "cross_entropy_fusion" in h and _flag(h["cross_entropy_fusion"], "run_options.harness.cross_entropy_fusion"):
         kw.update(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")
     tev = str((d.get("versions") or {}).get("transformer_engine", ""))
     if re.match(r"^\d+\.\d+", tev):
@@ -141,6 +155,7 @@ def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
             lines = p.read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as e:
             raise TunerError(f"--trials {str(p)!r}: cannot read it ({e})") from None
+        name = f"{p.parent.name}/{p.name}" if p.parent.name else p.name
         for i, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
@@ -150,7 +165,7 @@ def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
             except json.JSONDecodeError as e:
                 raise TunerError(f"{where}: not JSON ({e.msg}); a trials file holds the JSON lines of launch.harness.sweep") from None
             if isinstance(d, dict) and not isinstance(d.get("layout"), dict) and d.get("status") in ("skipped", "refused"):
-                skipped.append(f"{p.name}:{i} {d.get('id') or d.get('label') or ''}: status {d.get('status')!r} ({str(d.get('reason') or d.get('message') or '')[:80]})")
+                skipped.append(f"{name}:{i} {d.get('id') or d.get('label') or ''}: status {d.get('status')!r} ({str(d.get('reason') or d.get('message') or '')[:80]})")
                 continue
             if not isinstance(d, dict) or not isinstance(d.get("layout"), dict):
                 raise TunerError(f"{where}: the row has no layout (a 'layout' object); a trials file holds the JSON lines of launch.harness.sweep")
@@ -159,22 +174,32 @@ def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
             model = override_model(model, d.get("model_overrides"), where)
             label = str(d.get("id") or d.get("label") or f"line {i}")
             if d.get("status") != "ok":
-                skipped.append(f"{p.name}:{i} {label}: status {d.get('status')!r}")
+                skipped.append(f"{name}:{i} {label}: status {d.get('status')!r}")
+                continue
+            for key in ("versions", "run_options", "options"):
+                if d.get(key) is not None and not isinstance(d[key], dict):
+                    raise TunerError(f"{where}: {key!r} must be an object (as launch.harness.sweep writes it), got {d[key]!r:.60}")
+            harness_opts = {**(d.get("options") if isinstance(d.get("options"), dict) else {}),
+                            **((((d.get("run_options") or {}).get("harness")) or {}) if isinstance(d.get("run_options"), dict) else {})}
+            if harness_opts.get("gc_after_build") is True:
+                skipped.append(f"{name}:{i} {label}: a control run with gc.collect() after the optimizer build (gc_after_build); "
+                               "the model predicts the first steps' peak, before any collection")
                 continue
             if not _pos(d.get("step_time_s")) or not _pos(d.get("peak_reserved_gib")):
-                skipped.append(f"{p.name}:{i} {label}: status 'ok' but step_time_s {d.get('step_time_s')!r} / peak_reserved_gib "
+                skipped.append(f"{name}:{i} {label}: status 'ok' but step_time_s {d.get('step_time_s')!r} / peak_reserved_gib "
                                f"{d.get('peak_reserved_gib')!r} is not a positive number")
                 continue
             try:
                 te = _te(d)
                 opts = _options(d, te)
-                wl = Workload(seq_length=int(d["seq_length"]), global_batch_size=int(d["global_batch_size"]), precision=d.get("precision") or "bf16")
+                wl = Workload(seq_length=_count(d["seq_length"], "seq_length"), global_batch_size=_count(d["global_batch_size"], "global_batch_size"),
+                              precision=d.get("precision") or "bf16")
                 lay = harness_layout(Layout.from_dict(d["layout"]), HarnessEnv(transformer_engine=te))
                 parse_gpus(str(d["gpus"]))
             except (KeyError, TypeError, ValueError, AttributeError, TunerError) as e:
                 raise TunerError(f"{where}: cannot read the row ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                                 "'versions' and 'run_options' are objects in the rows launch.harness.sweep writes") from None
-            rows.append(TrialRow(source=f"{p.name}:{i}", label=label, model=model, gpus=str(d["gpus"]), workload=wl, layout=lay,
+                                 "a row is one object as launch.harness.sweep writes it") from None
+            rows.append(TrialRow(source=f"{name}:{i}", label=label, model=model, gpus=str(d["gpus"]), workload=wl, layout=lay,
                                  options=opts, transformer_engine=te, step_time_s=float(d["step_time_s"]),
                                  peak_reserved_gib=float(d["peak_reserved_gib"]),
                                  peak_allocated_gib=float(d["peak_allocated_gib"]) if _pos(d.get("peak_allocated_gib")) else None))
@@ -206,6 +231,8 @@ def predict_trials(rows: list[TrialRow], calibration: str | Path | None = None) 
             e = estimate(r.model, parse_gpus(r.gpus), r.workload, r.layout, calibration=cal, options=r.options)
         except InfeasibleLayout as ex:
             raise TunerError(f"--trials {r.source} ({r.label}): the layout breaks rule {ex.rule_id}: {ex.reason}") from None
+        except TunerError as ex:  # e.g. the layout's world size is not the row's GPUs: name the row
+            raise TunerError(f"--trials {r.source} ({r.label}): {ex}") from None
         out.append(TrialPrediction(row=r, step_time_s=e.step_time_s, peak_gib=e.peak_gib, calibration=name))
     return out
 

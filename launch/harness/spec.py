@@ -109,7 +109,12 @@ def override_model(model: ModelSpec, overrides: Any, where: str = "model_overrid
     unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(ModelSpec)})
     if unknown:
         raise TunerError(f"{where}: model_overrides names {unknown}, which are not model fields")
-    return model.replace(**{k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()})
+    try:
+        return model.replace(**{k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()})
+    except TunerError as e:
+        raise TunerError(f"{where}: model_overrides {overrides!r:.120}: {e}") from None
+    except (TypeError, ValueError) as e:
+        raise TunerError(f"{where}: model_overrides {overrides!r:.120}: {e}") from None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

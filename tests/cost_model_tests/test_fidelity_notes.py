@@ -16,7 +16,9 @@ def test_gaps_apply_to_offload_and_heavy_recompute_only():
     assert known_gaps(plain) == []
     assert known_gaps(Layout(world_size=8, recompute_granularity="selective", recompute_modules=("core_attn",))) == []
     off = known_gaps(Layout(world_size=8, optimizer_offload_fraction=0.5))
-    assert len(off) == 1 and "10-24% too short" in off[0] and "DP > 1" in off[0]
+    assert len(off) == 1 and "10-24% too short" in off[0] and "at DP 8" in off[0] and "unsharded" in off[0]
+    one = known_gaps(Layout(world_size=8, tp=8, optimizer_offload_fraction=0.5))
+    assert "10-24% too short" in one[0] and "unsharded" not in one[0]  # DP 1: no first-optimizer clause
     full = known_gaps(Layout(world_size=8, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1))
     assert len(full) == 1 and "0.8-2.3x" in full[0] and "median 1.5x" in full[0]
     assert len(known_gaps(Layout(world_size=8, recompute_granularity="selective", recompute_modules=("moe",)))) == 1

@@ -131,3 +131,14 @@ def test_mla_up_projection_time():
     f = 2 * 512 * params / 2
     assert compute.mla_up_projection_time(c)[0, 0] == pytest.approx(f / (c.gemm_peak_flops * compute.gemm_efficiency(np.array(f / 2), c.cal)))
     assert compute.mla_up_projection_time(make_ctx(**BASE))[0, 0] == 0
+
+
+def test_run_option_flags_must_be_booleans():
+    """A string flag is refused, not read as true (``"no"`` would otherwise price the fused loss)."""
+    from specs import RunOptions
+    from specs.errors import TunerError
+
+    for bad in ("no", 1, None):
+        with pytest.raises(TunerError, match="cross_entropy_loss_fusion must be true or false"):
+            RunOptions(cross_entropy_loss_fusion=bad)
+    assert RunOptions(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te").cross_entropy_path == "te"

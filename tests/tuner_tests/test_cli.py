@@ -93,6 +93,22 @@ def test_resume_with_other_inputs_is_refused(main_run):
     assert "Optuna search" not in r.output  # refused before the progress bar starts
 
 
+def test_resume_with_another_cost_model_is_refused_and_the_study_still_reads(main_run, monkeypatch):
+    """A study records the digest of the cost model's formulas; resuming it with other formulas is refused (its
+    predictions would mix), while tune pareto still reads it, untouched."""
+    import cost_model.version as version
+
+    _, out = main_run
+    before = (out / "study.db").read_bytes()
+    monkeypatch.setattr(version, "formula_digest", lambda: "0123456789abcdef")
+    r = runner.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "16", "--results-dir", str(out.parent), "--study", "m2"])
+    assert r.exit_code == 2, r.output
+    assert "another version of the cost model" in r.output and "0123456789abcdef" in r.output and "Traceback" not in r.output
+    assert (out / "study.db").read_bytes() == before
+    p = _run("pareto", "--study", "m2", "--results-dir", str(out.parent), "--top", "3")
+    assert p.exit_code == 0 and "Pareto front (predicted)" in p.output
+
+
 def test_pareto_and_export_commands(main_run, tmp_path):
     _, out = main_run
     r = _run("pareto", "--study", "m2", "--results-dir", str(out.parent), "--top", "3")

@@ -49,7 +49,11 @@ def test_validate_trials_predicts_each_stack_with_its_calibration(tmp_path):
         ("not json", "not JSON"),
         (json.dumps({"model": "MiniMax-M2", "status": "ok"}), "the row has no layout"),
         (json.dumps({"model": "GPT-5", "layout": {"tp": 1}, "status": "ok"}), "model 'GPT-5' is not a bundled model or a slice of one"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "versions": "x"}), "'versions' and 'run_options' are objects"),
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "versions": "x"}), "'versions' must be an object"),
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "seq_length": True}), "seq_length must be a whole number >= 1, got True"),
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "global_batch_size": 8.9}), "global_batch_size must be a whole number"),
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "run_options": {"harness": {"cross_entropy_fusion": "false"}}}),
+         "run_options.harness.cross_entropy_fusion must be true or false, got 'false'"),
     ],
 )
 def test_bad_trials_files_are_one_message_exit_2(tmp_path, line, needle):
@@ -75,3 +79,23 @@ def test_validate_trials_applies_each_row_s_model_overrides(tmp_path):
     bad.write_text(json.dumps({**json.loads(rows.read_text().splitlines()[1]), "model_overrides": {"experts": 16}}) + "\n")
     r = runner.invoke(app, ["validate", "--trials", str(bad)])
     assert r.exit_code == 2 and "model_overrides names ['experts']" in r.output
+
+
+def test_gc_control_rows_are_left_out_and_json_is_strict(tmp_path):
+    """The fifth batch's gc.collect() controls are not predicted (the model prices the first steps' peak), and --json is
+    standard JSON: a one-row Spearman is null, not NaN."""
+    rows = ROOT / "benchmarks/results/h200_te_2026-12-01/call21/sweep.jsonl"
+    r = CliRunner().invoke(app, ["validate", "--trials", str(rows)])
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.output.split())
+    assert "mem-mm-offload-0.5-gc: a control run with gc.collect() after the optimizer build" in out
+    one = tmp_path / "one.jsonl"
+    one.write_text(TE_SWEEP.read_text().splitlines()[0] + "\n")
+    j = CliRunner().invoke(app, ["validate", "--trials", str(one), "--json"])
+    assert j.exit_code == 0, j.output
+
+    def no_nan(c: str) -> None:
+        raise AssertionError(f"non-standard JSON constant {c}")
+
+    d = json.loads(j.stdout, parse_constant=no_nan)
+    assert d["trials"]["summary"]["all"]["rows"] == 1 and d["trials"]["summary"]["all"]["step_spearman"] is None

@@ -128,7 +128,6 @@ def validate(
     in layout. With --trials, the same for real trials (step time and peak memory). Exit 2 only
     when no row is usable or an input is malformed.
     """
-    import json
     import sys
 
     from cost_model.calibration import load_calibration
@@ -141,7 +140,7 @@ def validate(
         result["trials"] = _trials(trials, calibration, as_json, rows)
     if not data:
         if as_json:
-            sys.stdout.write(json.dumps(result, indent=2) + "\n")
+            sys.stdout.write(_strict_json(result) + "\n")
         return
     cal = load_calibration(calibration)
     runs, problems = _read(data)
@@ -156,7 +155,7 @@ def validate(
                          f"{sum(1 for r in runs if r.unrepresentable)} the model cannot represent{why}")
     if as_json:
         result["published"] = _published_json(preds, runs, problems, calibration)
-        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        sys.stdout.write(_strict_json(result) + "\n")
         return
     if rows:
         t = Table(title="predicted vs published (every prediction is the analytical model's; published numbers are measured)", title_justify="left")
@@ -397,3 +396,23 @@ def register(app: typer.Typer) -> None:
     """Add ``validate`` and ``calibrate`` to the ``tune`` app."""
     app.command("validate")(validate)
     app.command("calibrate")(calibrate)
+
+
+def _finite(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float replaced by None (JSON has no NaN: a strict parser refuses it)."""
+    import math
+
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _strict_json(obj: Any) -> str:
+    """Standard JSON (``allow_nan=False``): an undefined figure, such as a Spearman of one row, is null."""
+    import json
+
+    return json.dumps(_finite(obj), indent=2, allow_nan=False)

@@ -111,7 +111,7 @@ def timeline(
     _write_json(path, trace, "--out")
     e = det.estimate
     out.print(f"[bold]{e.layout.label}[/] ({title}) - [bold]predicted[/] by the analytical model")
-    out.print(f"  step {trace_step_seconds(trace):.3f} s (the estimate's {e.step_time_s:.3f} s), pipeline bubble {trace_bubble_fraction(trace):.1%} of the step, "
+    out.print(f"  step {trace_step_seconds(trace):.3f} s (the estimate's {e.step_time_s:.3f} s), pipeline bubble {max(0.0, trace_bubble_fraction(trace)):.1%} of the step, "
               f"{e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU; {det.pp} pipeline ranks x {det.vpp} virtual stages, {det.num_microbatches} micro-batches")
     out.print(f"  predicted trace: {path}", markup=False)
     for p in measured:

@@ -21,8 +21,12 @@ Skipped proposals are never written.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -174,9 +178,30 @@ class PredictedTrials:
             raise
 
     def flush(self) -> None:
-        """Write the buffered trials (default storage): one transaction."""
+        """Write the buffered trials (default storage): one transaction. A Ctrl-C during the write is held until the
+        write and the buffer agree (then raised), so an interrupted run keeps every trial it reported finished."""
         if self.pending:
-            batch, self.pending = self.pending, []
-            self._next_number += len(batch)
-            self.writes += _optuna.add_finished_trials(self.study, batch)
+            batch = list(self.pending)
+            with _sigint_deferred():
+                self.writes += _optuna.add_finished_trials(self.study, batch)
+                self.pending = []
+                self._next_number += len(batch)
         self._last_flush = time.monotonic()
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold SIGINT (Ctrl-C) for the block and raise KeyboardInterrupt after it if one came; outside the main thread
+    (where no handler can be set) the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if got:
+        raise KeyboardInterrupt

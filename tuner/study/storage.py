@@ -294,6 +294,15 @@ def check_study_config(study: optuna.Study, config: TuneConfig, name: str, calib
                 f"study {name!r} already exists with {was}; this run asks for {new}. "
                 "Use another --study name (or the same inputs to resume it)."
             )
+    from cost_model.version import formula_digest
+
+    old_digest = study.user_attrs.get("cost_model_digest")
+    if old_digest is not None and old_digest != formula_digest():
+        raise TunerError(
+            f"study {name!r} was evaluated by another version of the cost model (formulas {old_digest}, this one "
+            f"{formula_digest()}); its predictions would mix with new ones. Use another --study name (the old study and its "
+            "trials stay as they are: tune pareto / tune export read them)."
+        )
     old_cal = study.user_attrs.get("calibration")
     cal_now = calibration.to_dict()
     # A constant added in a later version (a formerly inline constant made a named field) is absent from an
@@ -418,8 +427,10 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, he
             "choices. Use another --study name, or the same --space to resume."
         )
     stored = study.user_attrs
+    from cost_model.version import formula_digest
+
     for key, value in (("config", cfg.to_dict()), ("resolved", now), ("model_spec", model_spec_to_dict(prep.model)),
-                       ("calibration", prep.calibration.to_dict()), ("space", prep.space.to_dict())):
+                       ("calibration", prep.calibration.to_dict()), ("space", prep.space.to_dict()), ("cost_model_digest", formula_digest())):
         if stored.get(key) != json.loads(json.dumps(value)):  # a resumed study with the same inputs: no write
             study.set_user_attr(key, value)
     try:
