@@ -11,6 +11,14 @@ import pytest
 from tuner.study import predicted
 
 
+@pytest.fixture(autouse=True)
+def python_sigint():
+    """Python's own Ctrl-C handler for the test (a background run, e.g. under nohup, starts with SIGINT ignored)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def test_sigint_is_held_until_the_block_ends():
     ran_after_kill = []
     with pytest.raises(KeyboardInterrupt):
@@ -25,6 +33,13 @@ def test_no_interrupt_no_exception():
     with predicted._sigint_deferred():
         pass
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_ignored_sigint_stays_ignored():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with predicted._sigint_deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 def test_flush_interrupted_mid_write_keeps_the_batch(monkeypatch):

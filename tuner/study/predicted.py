@@ -191,8 +191,9 @@ class PredictedTrials:
 
 @contextlib.contextmanager
 def _sigint_deferred() -> Iterator[None]:
-    """Hold SIGINT (Ctrl-C) for the block and raise KeyboardInterrupt after it if one came; outside the main thread
-    (where no handler can be set) the block runs as it is."""
+    """Hold SIGINT (Ctrl-C) for the block and deliver it after the block to the handler that was there before (Python's
+    default raises KeyboardInterrupt; an ignored SIGINT stays ignored); outside the main thread (where no handler can be
+    set) the block runs as it is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -204,4 +205,4 @@ def _sigint_deferred() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, previous)
     if got:
-        raise KeyboardInterrupt
+        signal.raise_signal(signal.SIGINT)
