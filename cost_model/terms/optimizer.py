@@ -34,7 +34,6 @@ OFFLOAD_BYTES_PER_PARAM = FP32_BYTES + BF16_BYTES
 #: precision-aware optimizer the shard is already fp32), the pinned fp32 gradient and AdamW's two fp32 moments,
 #: 4 + 4 + 8 with or without the precision-aware optimizer. Measured on 1 x H200 (2026-12-01, ``mem-mm-offload-*``,
 #: live tensors after step 1): 16 B per offloaded parameter, no bf16 copy.
-HOST_BYTES_PER_OFFLOADED_PARAM_PRECISION_AWARE = 4 * FP32_BYTES
 HOST_BYTES_PER_OFFLOADED_PARAM = 4 * FP32_BYTES
 
 #: Host RSS beyond the live tensors per offloaded parameter, **measured** on 1 x H200 (2026-12-01, ``mem-mm-offload-*``:
@@ -102,15 +101,14 @@ def offload_time(c: TableContext, owned: Array) -> Array:
 
 
 def host_offload_bytes_per_param(c: TableContext) -> Array:
-    """Host bytes per offloaded parameter: the kept states (:data:`HOST_BYTES_PER_OFFLOADED_PARAM_PRECISION_AWARE`
-    with the precision-aware optimizer, :data:`HOST_BYTES_PER_OFFLOADED_PARAM` without; 16 either way) plus
+    """Host bytes per offloaded parameter: the kept states (:data:`HOST_BYTES_PER_OFFLOADED_PARAM`, 16 with or without
+    the precision-aware optimizer) plus
     :data:`HOST_PINNED_OVERHEAD_BYTES_PER_OFFLOADED_PARAM`.
 
     Returns:
         Bytes per parameter, ``(n, 1)``.
     """
-    kept = np.where(c.precision_aware, HOST_BYTES_PER_OFFLOADED_PARAM_PRECISION_AWARE, HOST_BYTES_PER_OFFLOADED_PARAM)
-    return kept + HOST_PINNED_OVERHEAD_BYTES_PER_OFFLOADED_PARAM
+    return np.full_like(c.offload_fraction, HOST_BYTES_PER_OFFLOADED_PARAM + HOST_PINNED_OVERHEAD_BYTES_PER_OFFLOADED_PARAM)
 
 
 def host_bytes_per_node(c: TableContext, owned: Array, params: Array | None = None) -> Array:

@@ -218,7 +218,8 @@ class ComponentSpec:
 #: after two measured steps kept for the bitwise comparison (8).
 GPU_BYTES_PER_PARAM = 26
 #: Host bytes per parameter: the recorded gradients (4 per step, 3 steps), the initial bf16 weights (2) and the
-#: offloaded arm's CPU optimizer (18, :func:`launch.harness.hostmem.offload_host_bytes`).
+#: offloaded arm's CPU optimizer (18 by the reading this was set with; measured since: 16 kept plus about 4 of pinned
+#: overhead, :mod:`cost_model.terms.optimizer`; ``reserve_host`` covers the difference).
 HOST_BYTES_PER_PARAM = 32
 
 
