@@ -1,0 +1,311 @@
+"""Per-module recompute cost and saving on the decoder alone, on one GPU (issue 14, item 5: recompute priced from measurements).
+
+    PYTHONPATH=/tmp/site:. OUT=... SLICES=mm,qw,ds ROUNDS=2 BUDGET_S=500 python3 benchmarks/h200_recompute.py   # on the GPU
+    PYTHONPATH=. python benchmarks/h200_recompute.py --compare FILE.jsonl [FILE ...]                           # here: against the model
+
+Why a benchmark of its own: the harness trials' recompute extra was the difference of two whole steps, each with a
+1-5% CV, on slices where the output layer and the loss are half of the step, so the same case differed 2x between
+machines (``docs/measurements.md``, fifth batch). Here each variant is a ``GPTModel`` with ``post_process=False`` (the
+embedding and the decoder layers, no output layer, no loss) built from the harness's own ``TransformerConfig``
+(:func:`launch.harness.train._transformer_config`, TE layer spec, grouped GEMM, the precision and recompute fields of a
+harness trial), and timed by CUDA events over back-to-back iterations of one micro-batch (no synchronisation between
+them): ``fwd_bwd_s`` forward + backward (the backward fed a fixed random output gradient; the weights' gradients
+accumulate as they do between micro-batches), ``fwd_s`` the training forward alone (grad enabled, graph dropped) and
+``fwd_nograd_s`` the forward under ``torch.no_grad()``. Memory: ``saved_bytes`` what the forward leaves allocated for
+the backward (the saved activations recompute trades for time), ``peak_extra_bytes`` the allocated peak of a forward +
+backward above what was allocated before it. The variants of a slice are built one at a time and run in rounds, the
+order reversed every other round, so drift on the machine falls on all of them alike; every build starts from the
+same seed, so every variant has the same weights and (natural routing) the same tokens per expert.
+
+Variants per slice: ``base`` (no recompute), ``full`` (uniform, 1 layer), and selective recompute of each module the
+slice's layers have (``core_attn``, ``layernorm``, ``moe_act``, ``moe`` on MoE layers; ``mla_up_proj``, ``mlp`` on the
+dense MLA layer). Writes ``$OUT/recompute.jsonl``: one row per (slice, variant, round), then an ``event: versions`` row.
+
+``--compare`` reads those rows (on any machine, no torch), takes each variant's median over rounds and prints, for each,
+the measured extra time and saving against its slice's ``base`` next to the cost model's prediction of the same
+difference: :func:`cost_model.estimate.estimate` of the slice with one micro-batch (``global_batch_size`` 1, so the
+difference of two predicted steps is one micro-batch's recompute), the harness's TE run options and the shipped
+calibration, exactly as ``tune validate --trials`` predicts a harness row. Two savings: ``stash_saved_gib`` (per
+layer, what the forward no longer leaves for the backward) against the model's per-layer stash (what
+:data:`STASH_LAYERS` more layers add to the predicted peak, over that count), and ``peak_saved_gib`` (the slice's
+forward + backward peak) against the predicted peaks' difference. ``slices``: each slice's measured ``base`` forward +
+backward against the model's time for its layers (the same :data:`STASH_LAYERS` difference of predicted steps, less the
+optimizer's part).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MM, QW, DS = "MiniMax-M2", "Qwen3-30B-A3B", "DeepSeek-V3"
+MOE_MODULES = ("core_attn", "layernorm", "moe_act", "moe")
+#: slice id -> (model, layers, selective modules its layers have, model_overrides)
+SLICES: dict[str, tuple[str, int, tuple[str, ...], dict[str, Any]]] = {
+    "mm": (MM, 1, MOE_MODULES, {}),
+    "qw": (QW, 2, MOE_MODULES, {}),
+    "ds": (DS, 1, ("core_attn", "layernorm", "mla_up_proj", "mlp"), {}),
+}
+SEQ = 8192
+BASE_LAYOUT = {"world_size": 1, "tp": 1, "pp": 1, "ep": 1, "micro_batch_size": 1, "dispatcher": "alltoall",
+               "use_distributed_optimizer": True, "use_precision_aware_optimizer": True}
+GIB = 2**30
+#: Layers added to a slice to read the model's per-layer stash (every slice's next layers are of its own kind:
+#: MiniMax-M2 and Qwen3 are all MoE, DeepSeek-V3's first three are dense).
+STASH_LAYERS = 2
+
+
+def variants(modules: tuple[str, ...]) -> list[tuple[str, dict[str, Any]]]:
+    """``(name, recompute fields)`` of a slice, ``base`` first."""
+    out: list[tuple[str, dict[str, Any]]] = [
+        ("base", {}), ("full", {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1})]
+    out += [(f"sel-{m}", {"recompute_granularity": "selective", "recompute_modules": (m,)}) for m in modules]
+    return out
+
+
+def _spec(slice_id: str, rec: dict[str, Any], extra_layers: int = 0) -> Any:
+    from launch.harness.spec import HarnessEnv, build_spec, override_model, slice_model
+    from specs import Workload, load_model
+    from specs.layout import Layout
+
+    name, layers, _, ov = SLICES[slice_id]
+    model = override_model(slice_model(load_model(name), layers + extra_layers), ov)
+    lay = Layout.from_dict({**BASE_LAYOUT, **rec})
+    return build_spec(model, lay, Workload(seq_length=SEQ, global_batch_size=1, precision="bf16"),
+                      env=HarnessEnv(transformer_engine=True), steps=1, warmup_steps=0)
+
+
+def measure(out: Path, slices: list[str], rounds: int, budget_s: float, iters: int) -> int:
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from launch.harness.train import _transformer_config, _versions
+
+    t0 = time.monotonic()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29541")
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    parallel_state.initialize_model_parallel(1, 1)
+    model_parallel_cuda_manual_seed(1234)
+    rows_file = out / "recompute.jsonl"
+
+    def emit(row: dict[str, Any]) -> None:
+        print(json.dumps(row), flush=True)
+        with open(rows_file, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+    def events_between(fn: Any, n: int) -> list[float]:
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+        ev[0].record()
+        for k in range(n):
+            fn()
+            ev[k + 1].record()
+        torch.cuda.synchronize()
+        return [ev[k].elapsed_time(ev[k + 1]) / 1e3 for k in range(n)]
+
+    def one(slice_id: str, vname: str, rec: dict[str, Any], rnd: int) -> dict[str, Any]:
+        spec = _spec(slice_id, rec)
+        cfg = _transformer_config(spec)
+        m = spec.model
+        # the same weights for every variant and round, so the router sends the same tokens to the same experts
+        torch.manual_seed(1234)
+        model_parallel_cuda_manual_seed(1234)
+        tb = time.monotonic()
+        block = get_gpt_decoder_block_spec(cfg, use_transformer_engine=True, normalization="RMSNorm", vp_stage=None)
+        model = GPTModel(config=cfg, transformer_layer_spec=block, vocab_size=m["vocab_size"], max_sequence_length=SEQ,
+                         pre_process=True, post_process=False, share_embeddings_and_output_weights=False,
+                         position_embedding_type="rope", rotary_percent=m["rotary_percent"], rotary_base=int(m["rotary_base"]))
+        model.cuda(torch.cuda.current_device())
+        model.train()
+        build_s = time.monotonic() - tb
+        g = torch.Generator(device="cuda").manual_seed(1234)
+        tokens = torch.randint(0, m["vocab_size"], (1, SEQ), device="cuda", generator=g)
+        pos = torch.arange(SEQ, device="cuda").unsqueeze(0)
+        with torch.no_grad():
+            shape = model(tokens, pos, None).shape
+        grad_out = (torch.randn(shape, device="cuda", generator=g) * 1e-2).to(torch.bfloat16)
+
+        def fwd_bwd() -> None:
+            model(tokens, pos, None).backward(grad_out)
+
+        def fwd() -> None:
+            model(tokens, pos, None)
+
+        def fwd_nograd() -> None:
+            with torch.no_grad():
+                model(tokens, pos, None)
+
+        for _ in range(3):
+            fwd_bwd()
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fwd_bwd()
+        torch.cuda.synchronize()
+        peak_extra = torch.cuda.max_memory_allocated() - before
+        y = model(tokens, pos, None)
+        torch.cuda.synchronize()
+        saved = torch.cuda.memory_allocated() - before
+        y.backward(grad_out)
+        del y
+        t_fb = events_between(fwd_bwd, iters)
+        t_f = events_between(fwd, max(4, iters // 2))
+        t_n = events_between(fwd_nograd, max(4, iters // 2))
+        params = sum(p.numel() for p in model.parameters())
+        row = {"slice": slice_id, "model": f"{SLICES[slice_id][0]}[{SLICES[slice_id][1]} layers]" if SLICES[slice_id][1] else SLICES[slice_id][0],
+               "variant": vname, "round": rnd, "recompute": {k: list(v) if isinstance(v, tuple) else v for k, v in rec.items()},
+               "layout": spec.layout, "model_overrides": SLICES[slice_id][3], "seq_length": SEQ, "micro_batch_size": 1,
+               "precision": "bf16", "fwd_bwd_s": statistics.median(t_fb), "fwd_bwd_min_s": min(t_fb), "fwd_bwd_times_s": t_fb, "fwd_s": statistics.median(t_f),
+               "fwd_nograd_s": statistics.median(t_n), "saved_bytes": saved, "peak_extra_bytes": peak_extra, "params": params,
+               "build_s": build_s, "elapsed_s": time.monotonic() - t0}
+        return row  # the model and its tensors go with this frame; the caller empties the cache
+
+    failures = 0
+    for rnd in range(rounds):
+        for sid in slices:
+            vs = variants(SLICES[sid][2])
+            for vname, rec in (vs if rnd % 2 == 0 else vs[::-1]):
+                if time.monotonic() - t0 > budget_s:
+                    emit({"event": "skipped", "slice": sid, "variant": vname, "round": rnd, "reason": f"budget {budget_s:.0f} s spent"})
+                    continue
+                try:
+                    emit(one(sid, vname, rec, rnd))
+                except Exception as e:  # noqa: BLE001 - a variant that fails is a row, the others still run
+                    failures += 1
+                    emit({"event": "error", "slice": sid, "variant": vname, "round": rnd, "error": f"{type(e).__name__}: {str(e)[:400]}"})
+                torch.cuda.empty_cache()
+    emit({"event": "versions", **_versions(), "gpu": torch.cuda.get_device_name(0), "elapsed_s": time.monotonic() - t0})
+    dist.destroy_process_group()
+    return 1 if failures else 0
+
+
+def compare(paths: list[str]) -> dict[str, Any]:
+    """Measured extra time / saving per variant against its slice's base, beside the model's prediction (see the
+    module docstring). Returns ``{"slices": {...}, "rows": [...], "summary": {...}}``.
+
+    Raises:
+        ValueError: a file that cannot be read, a line that is not JSON, or a row that is not this benchmark's (named
+            by file and line).
+    """
+    from cost_model.estimate import estimate
+    from launch.harness.spec import HarnessEnv, harness_layout
+    from specs import HARNESS_TE_RUN_OPTIONS, Workload, parse_gpus
+
+    got: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for p in paths:
+        try:
+            lines = Path(p).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"{p}: cannot read it ({e})") from None
+        for i, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{p}, line {i}: not JSON ({e.msg}); expected the rows benchmarks/h200_recompute.py writes") from None
+            if not isinstance(d, dict) or "fwd_bwd_s" not in d:
+                continue  # events (versions, skipped, error)
+            sid, variant = d.get("slice"), d.get("variant")
+            ok = (sid in SLICES and isinstance(variant, str) and isinstance(d.get("recompute"), dict)
+                  and all(isinstance(d.get(k), (int, float)) and not isinstance(d.get(k), bool)
+                          for k in ("fwd_bwd_s", "fwd_s", "fwd_nograd_s", "saved_bytes", "peak_extra_bytes")))
+            if not ok:
+                raise ValueError(f"{p}, line {i}: not a row of benchmarks/h200_recompute.py (slice one of {sorted(SLICES)}, "
+                                 "a variant name, a recompute object and the timings and bytes as numbers)")
+            got.setdefault((sid, variant), []).append(d)
+
+    def med(rs: list[dict[str, Any]], k: str) -> float:
+        return statistics.median(r[k] for r in rs)
+
+    def predict(sid: str, rec: dict[str, Any], extra_layers: int = 0) -> tuple[float, float]:
+        spec = _spec(sid, {k: tuple(v) if isinstance(v, list) else v for k, v in rec.items()}, extra_layers)
+        lay = harness_layout(spec.layout_obj(), HarnessEnv(transformer_engine=True))
+        e = estimate(spec.model_spec(), parse_gpus("1xH200"), Workload(seq_length=SEQ, global_batch_size=1, precision="bf16"), lay,
+                     options=HARNESS_TE_RUN_OPTIONS)
+        return e.step_time_s, e.peak_bytes
+
+    def predict_parts(sid: str, extra_layers: int) -> dict[str, float]:
+        spec = _spec(sid, {}, extra_layers)
+        lay = harness_layout(spec.layout_obj(), HarnessEnv(transformer_engine=True))
+        return dict(estimate(spec.model_spec(), parse_gpus("1xH200"), Workload(seq_length=SEQ, global_batch_size=1, precision="bf16"),
+                             lay, options=HARNESS_TE_RUN_OPTIONS).time)
+
+    rows = []
+    for (sid, vname), rs in sorted(got.items()):
+        base = got.get((sid, "base"))
+        if vname == "base" or not base:
+            continue
+        pt, pm = predict(sid, rs[0]["recompute"])
+        bt, bm = predict(sid, {})
+        # what one more layer adds to the predicted peak: the stash of a layer that waits for its backward
+        stash_v = (predict(sid, rs[0]["recompute"], STASH_LAYERS)[1] - pm) / STASH_LAYERS
+        stash_b = (predict(sid, {}, STASH_LAYERS)[1] - bm) / STASH_LAYERS
+        extra = med(rs, "fwd_bwd_s") - med(base, "fwd_bwd_s")
+        rows.append({
+            "slice": sid, "variant": vname, "rounds": len(rs),
+            "base_fwd_bwd_s": round(med(base, "fwd_bwd_s"), 5), "base_fwd_s": round(med(base, "fwd_s"), 5),
+            "base_fwd_nograd_s": round(med(base, "fwd_nograd_s"), 5),
+            "extra_s": round(extra, 5), "extra_spread_s": round(max(r["fwd_bwd_s"] for r in rs) - min(r["fwd_bwd_s"] for r in rs), 5),
+            "predicted_extra_s": round(pt - bt, 5), "extra_measured_over_predicted": round(extra / (pt - bt), 3) if pt - bt > 1e-6 else None,
+            "extra_over_base_forward": round(extra / med(base, "fwd_s"), 3),
+            "stash_saved_gib": round((med(base, "saved_bytes") - med(rs, "saved_bytes")) / GIB / SLICES[sid][1], 3),
+            "predicted_stash_saved_gib": round((stash_b - stash_v) / GIB, 3),
+            "peak_saved_gib": round((med(base, "peak_extra_bytes") - med(rs, "peak_extra_bytes")) / GIB, 3),
+            "predicted_peak_saved_gib": round((bm - pm) / GIB, 3),
+        })
+    slices = {}
+    for sid in sorted({k[0] for k in got}):
+        base = got.get((sid, "base"))
+        if not base:
+            continue
+        # the model's forward + backward of the slice's layers for one micro-batch: what STASH_LAYERS more layers add
+        # to the predicted step, less the optimizer's part, per layer, times the slice's layers
+        a, b = predict_parts(sid, 0), predict_parts(sid, STASH_LAYERS)
+        per_layer = sum(b[k] - a[k] for k in a if k != "optimizer") / STASH_LAYERS
+        layers = SLICES[sid][1]
+        slices[sid] = {"layers": layers, "fwd_bwd_s": round(med(base, "fwd_bwd_s"), 5),
+                       "predicted_layers_fwd_bwd_s": round(per_layer * layers, 5),
+                       "error": round(per_layer * layers / med(base, "fwd_bwd_s") - 1, 4)}
+    ratios = [r["extra_measured_over_predicted"] for r in rows if r["extra_measured_over_predicted"] is not None and r["predicted_extra_s"] > 0.002]
+    return {"slices": slices, "rows": rows, "summary": {"variants": len(rows), "extra_ratio_median": statistics.median(ratios) if ratios else None,
+                                      "within_20pct": sum(1 for x in ratios if abs(x - 1) <= 0.2), "of": len(ratios)}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--compare", nargs="+", default=None, help="recompute.jsonl files to compare with the cost model (no GPU)")
+    a = ap.parse_args()
+    if a.compare:
+        try:
+            print(json.dumps(compare(a.compare), indent=1))
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
+    out = Path(os.environ.get("OUT") or "h200_recompute_out")
+    out.mkdir(parents=True, exist_ok=True)
+    slices = [s for s in (os.environ.get("SLICES") or "mm,qw,ds").split(",") if s]
+    bad = [s for s in slices if s not in SLICES]
+    if bad:
+        print(f"SLICES: unknown {bad}; known: {sorted(SLICES)}", file=sys.stderr)
+        return 2
+    return measure(out, slices, int(os.environ.get("ROUNDS") or 2), float(os.environ.get("BUDGET_S") or 500),
+                   int(os.environ.get("ITERS") or 12))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""benchmarks/h200_recompute.py: its variants build harness specs here (no GPU), and ``--compare`` turns the device's
+rows into measured-versus-predicted recompute figures (medians over rounds, against the slice's base)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+import h200_recompute as hr  # noqa: E402
+
+
+def test_every_variant_builds_a_te_spec_with_its_recompute_fields():
+    for sid, (_, _, modules, _) in hr.SLICES.items():
+        vs = hr.variants(modules)
+        assert vs[0] == ("base", {}) and [n for n, _ in vs[1:]] == ["full", *[f"sel-{m}" for m in modules]]
+        for name, rec in vs:
+            spec = hr._spec(sid, rec)
+            assert spec.use_transformer_engine and spec.global_batch_size == 1 and spec.layout["micro_batch_size"] == 1
+            want = {"base": "none", "full": "full"}.get(name, "selective")
+            assert spec.layout["recompute_granularity"] == want
+            if want == "selective":
+                assert spec.layout["recompute_modules"] == [name.removeprefix("sel-")]
+
+
+def _row(variant: str, rnd: int, fwd_bwd: float, saved: float, rec: dict | None = None) -> dict:
+    return {"slice": "mm", "variant": variant, "round": rnd, "recompute": rec or {}, "fwd_bwd_s": fwd_bwd, "fwd_s": 0.025,
+            "fwd_nograd_s": 0.02, "saved_bytes": saved, "peak_extra_bytes": saved + 1e9}
+
+
+def test_compare_takes_medians_over_rounds_and_differences_against_base(tmp_path):
+    full = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    lines = [_row("base", 0, 0.080, 3.0 * 2**30), _row("base", 1, 0.078, 3.0 * 2**30), _row("base", 2, 0.090, 3.0 * 2**30),
+             _row("full", 0, 0.102, 1.0 * 2**30, full), _row("full", 1, 0.100, 1.0 * 2**30, full),
+             {"event": "versions", "torch": "x"}]
+    f = tmp_path / "recompute.jsonl"
+    f.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    out = hr.compare([str(f)])
+    (row,) = out["rows"]
+    assert row["variant"] == "full" and row["rounds"] == 2
+    assert row["base_fwd_bwd_s"] == pytest.approx(0.080)  # median of 0.078, 0.080, 0.090
+    assert row["extra_s"] == pytest.approx(0.101 - 0.080)
+    assert row["extra_spread_s"] == pytest.approx(0.002)
+    assert row["stash_saved_gib"] == pytest.approx(2.0)
+    # the model: full recompute of a MiniMax-M2 layer re-runs its forward, tens of ms on an H200, and frees most of its stash
+    assert 0.005 < row["predicted_extra_s"] < 0.1
+    assert row["extra_measured_over_predicted"] == pytest.approx(row["extra_s"] / row["predicted_extra_s"], rel=1e-2)
+    assert 0.5 < row["predicted_stash_saved_gib"] < 5
+    s = out["slices"]["mm"]
+    assert s["fwd_bwd_s"] == pytest.approx(0.080) and 0.02 < s["predicted_layers_fwd_bwd_s"] < 0.3
+    assert s["error"] == pytest.approx(s["predicted_layers_fwd_bwd_s"] / 0.080 - 1, abs=1e-3)
+
+
+def test_compare_leaves_out_variants_without_a_base(tmp_path):
+    f = tmp_path / "r.jsonl"
+    f.write_text(json.dumps(_row("sel-moe", 0, 0.1, 1e9, {"recompute_granularity": "selective", "recompute_modules": ["moe"]})) + "\n")
+    out = hr.compare([str(f)])
+    assert out["rows"] == [] and out["slices"] == {} and out["summary"]["of"] == 0
+
+
+@pytest.mark.parametrize("text, match", [("{not json\n", "line 1: not JSON"),
+                                         (json.dumps({"slice": "zz", "variant": "base", "fwd_bwd_s": 0.1}) + "\n", "line 1: not a row"),
+                                         (json.dumps({**_row("base", 0, 0.1, 1e9), "fwd_s": "fast"}) + "\n", "not a row")])
+def test_compare_names_the_line_it_cannot_read(tmp_path, text, match):
+    f = tmp_path / "bad.jsonl"
+    f.write_text(text)
+    with pytest.raises(ValueError, match=match):
+        hr.compare([str(f)])
+    with pytest.raises(ValueError, match="cannot read it"):
+        hr.compare([str(tmp_path / "missing.jsonl")])
