@@ -1,6 +1,7 @@
 """Per-module recompute cost and saving on the decoder alone, on one GPU (issue 14, item 5: recompute priced from measurements).
 
     PYTHONPATH=/tmp/site:. OUT=... SLICES=mm,qw,ds ROUNDS=2 BUDGET_S=500 python3 benchmarks/h200_recompute.py   # on the GPU
+    ... ROPE_FUSION=1 ...                                  # with megatron-core's fused RoPE, as production recipes run it
     PYTHONPATH=. python benchmarks/h200_recompute.py --compare FILE.jsonl [FILE ...]                           # here: against the model
 
 Why a benchmark of its own: the harness trials' recompute extra was the difference of two whole steps, each with a
@@ -83,7 +84,7 @@ def _spec(slice_id: str, rec: dict[str, Any], extra_layers: int = 0) -> Any:
                       env=HarnessEnv(transformer_engine=True), steps=1, warmup_steps=0)
 
 
-def measure(out: Path, slices: list[str], rounds: int, budget_s: float, iters: int) -> int:
+def measure(out: Path, slices: list[str], rounds: int, budget_s: float, iters: int, rope_fusion: bool = False) -> int:
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
@@ -119,6 +120,8 @@ def measure(out: Path, slices: list[str], rounds: int, budget_s: float, iters: i
     def one(slice_id: str, vname: str, rec: dict[str, Any], rnd: int) -> dict[str, Any]:
         spec = _spec(slice_id, rec)
         cfg = _transformer_config(spec)
+        if rope_fusion:  # production recipes' fused RoPE (MLA: fused_apply_mla_rope_for_q / _for_kv); the harness runs it unfused
+            cfg.apply_rope_fusion = True
         m = spec.model
         # the same weights for every variant and round, so the router sends the same tokens to the same experts
         torch.manual_seed(1234)
@@ -168,7 +171,7 @@ def measure(out: Path, slices: list[str], rounds: int, budget_s: float, iters: i
         row = {"slice": slice_id, "model": f"{SLICES[slice_id][0]}[{SLICES[slice_id][1]} layers]" if SLICES[slice_id][1] else SLICES[slice_id][0],
                "variant": vname, "round": rnd, "recompute": {k: list(v) if isinstance(v, tuple) else v for k, v in rec.items()},
                "layout": spec.layout, "model_overrides": SLICES[slice_id][3], "seq_length": SEQ, "micro_batch_size": 1,
-               "precision": "bf16", "fwd_bwd_s": statistics.median(t_fb), "fwd_bwd_min_s": min(t_fb), "fwd_bwd_times_s": t_fb, "fwd_s": statistics.median(t_f),
+               "precision": "bf16", "apply_rope_fusion": bool(rope_fusion), "fwd_bwd_s": statistics.median(t_fb), "fwd_bwd_min_s": min(t_fb), "fwd_bwd_times_s": t_fb, "fwd_s": statistics.median(t_f),
                "fwd_nograd_s": statistics.median(t_n), "saved_bytes": saved, "peak_extra_bytes": peak_extra, "params": params,
                "build_s": build_s, "elapsed_s": time.monotonic() - t0}
         return row  # the model and its tensors go with this frame; the caller empties the cache
@@ -227,6 +230,8 @@ def compare(paths: list[str]) -> dict[str, Any]:
                 raise ValueError(f"{p}, line {i}: not a row of benchmarks/h200_recompute.py (slice one of {sorted(SLICES)}, "
                                  "a variant name, a recompute object and the timings and bytes as numbers)")
             got.setdefault((sid, variant), []).append(d)
+    if len({bool(r.get("apply_rope_fusion")) for rs in got.values() for r in rs}) > 1:
+        raise ValueError("the rows mix runs with and without ROPE_FUSION=1; compare one setting at a time")
 
     def med(rs: list[dict[str, Any]], k: str) -> float:
         return statistics.median(r[k] for r in rs)
@@ -304,7 +309,7 @@ def main() -> int:
         print(f"SLICES: unknown {bad}; known: {sorted(SLICES)}", file=sys.stderr)
         return 2
     return measure(out, slices, int(os.environ.get("ROUNDS") or 2), float(os.environ.get("BUDGET_S") or 500),
-                   int(os.environ.get("ITERS") or 12))
+                   int(os.environ.get("ITERS") or 12), rope_fusion=os.environ.get("ROPE_FUSION") == "1")
 
 
 if __name__ == "__main__":

@@ -71,3 +71,10 @@ def test_compare_names_the_line_it_cannot_read(tmp_path, text, match):
         hr.compare([str(f)])
     with pytest.raises(ValueError, match="cannot read it"):
         hr.compare([str(tmp_path / "missing.jsonl")])
+
+
+def test_compare_refuses_rows_of_both_rope_settings(tmp_path):
+    f = tmp_path / "mixed.jsonl"
+    f.write_text(json.dumps(_row("base", 0, 0.08, 3e9)) + "\n" + json.dumps({**_row("base", 1, 0.07, 3e9), "apply_rope_fusion": True}) + "\n")
+    with pytest.raises(ValueError, match="ROPE_FUSION"):
+        hr.compare([str(f)])
