@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -195,19 +196,60 @@ def measure(out: Path, slices: list[str], rounds: int, budget_s: float, iters: i
     return 1 if failures else 0
 
 
+def _finite(v: Any, positive: bool) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v) and (v > 0 or not positive)
+    except OverflowError:
+        return False
+
+
+def _read_row(d: dict[str, Any], where: str) -> tuple[str, str]:
+    """``(slice, variant)`` of one measured row, checked: a known slice, a variant of it whose recompute fields are the
+    row's, finite positive timings, finite bytes (differences of the allocator's counts: a checkpointed forward can leave
+    less allocated than before it), a round number and a boolean ``apply_rope_fusion``.
+
+    Raises:
+        ValueError: anything else, naming ``where``.
+    """
+    sid, variant, rec = d.get("slice"), d.get("variant"), d.get("recompute")
+    if not isinstance(sid, str) or sid not in SLICES:
+        raise ValueError(f"{where}: slice {sid!r:.40} is not one of {sorted(SLICES)}; not a row of benchmarks/h200_recompute.py")
+    known = dict(variants(SLICES[sid][2]))
+    if not isinstance(variant, str) or variant not in known:
+        raise ValueError(f"{where}: variant {variant!r:.40} is not one of slice {sid}'s ({', '.join(known)})")
+    want = {k: list(v) if isinstance(v, tuple) else v for k, v in known[variant].items()}
+    if rec != want:
+        raise ValueError(f"{where}: variant {variant} of slice {sid} has recompute {want}, the row says {rec!r:.80}")
+    bad = [k for k in ("fwd_bwd_s", "fwd_s", "fwd_nograd_s") if not _finite(d.get(k), True)]
+    bad += [k for k in ("saved_bytes", "peak_extra_bytes") if not _finite(d.get(k), False)]
+    if bad:
+        raise ValueError(f"{where}: {', '.join(bad)} must be finite numbers (timings > 0 s; bytes are differences of the allocator's "
+                         "counts and may be negative)")
+    rnd = d.get("round")
+    if isinstance(rnd, bool) or not isinstance(rnd, int) or rnd < 0:
+        raise ValueError(f"{where}: round must be a whole number >= 0, got {rnd!r:.20}")
+    if "apply_rope_fusion" in d and not isinstance(d["apply_rope_fusion"], bool):
+        raise ValueError(f"{where}: apply_rope_fusion must be true or false, got {d['apply_rope_fusion']!r:.20}")
+    return sid, variant
+
+
 def compare(paths: list[str]) -> dict[str, Any]:
     """Measured extra time / saving per variant against its slice's base, beside the model's prediction (see the
     module docstring). Returns ``{"slices": {...}, "rows": [...], "summary": {...}}``.
 
     Raises:
-        ValueError: a file that cannot be read, a line that is not JSON, or a row that is not this benchmark's (named
-            by file and line).
+        ValueError: a file that cannot be read, a line that is not a JSON object, a row that is not this benchmark's
+            (:func:`_read_row`) or a second row of one slice, variant and round (named by file and line), or rows of
+            both RoPE settings.
     """
     from cost_model.estimate import estimate
     from launch.harness.spec import HarnessEnv, harness_layout
     from specs import HARNESS_TE_RUN_OPTIONS, Workload, parse_gpus
 
     got: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    seen: set[tuple[str, str, Any]] = set()
     for p in paths:
         try:
             lines = Path(p).read_text(encoding="utf-8").splitlines()
@@ -216,20 +258,22 @@ def compare(paths: list[str]) -> dict[str, Any]:
         for i, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
+            where = f"{p}, line {i}"
             try:
                 d = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{p}, line {i}: not JSON ({e.msg}); expected the rows benchmarks/h200_recompute.py writes") from None
-            if not isinstance(d, dict) or "fwd_bwd_s" not in d:
-                continue  # events (versions, skipped, error)
-            sid, variant = d.get("slice"), d.get("variant")
-            ok = (sid in SLICES and isinstance(variant, str) and isinstance(d.get("recompute"), dict)
-                  and all(isinstance(d.get(k), (int, float)) and not isinstance(d.get(k), bool)
-                          for k in ("fwd_bwd_s", "fwd_s", "fwd_nograd_s", "saved_bytes", "peak_extra_bytes")))
-            if not ok:
-                raise ValueError(f"{p}, line {i}: not a row of benchmarks/h200_recompute.py (slice one of {sorted(SLICES)}, "
-                                 "a variant name, a recompute object and the timings and bytes as numbers)")
-            got.setdefault((sid, variant), []).append(d)
+                raise ValueError(f"{where}: not JSON ({e.msg}); expected the rows benchmarks/h200_recompute.py writes") from None
+            except RecursionError:
+                raise ValueError(f"{where}: JSON nested too deeply; expected the rows benchmarks/h200_recompute.py writes") from None
+            if not isinstance(d, dict):
+                raise ValueError(f"{where}: not a JSON object; expected the rows benchmarks/h200_recompute.py writes")
+            if "fwd_bwd_s" not in d and "event" in d:
+                continue  # versions, skipped, error
+            got.setdefault(_read_row(d, where), []).append(d)
+            key = (d["slice"], d["variant"], d.get("round"))
+            if key in seen:
+                raise ValueError(f"{where}: a second row of {d['slice']} {d['variant']} round {d.get('round')!r}")
+            seen.add(key)
     if len({bool(r.get("apply_rope_fusion")) for rs in got.values() for r in rs}) > 1:
         raise ValueError("the rows mix runs with and without ROPE_FUSION=1; compare one setting at a time")
 

@@ -88,7 +88,10 @@ def _model(field_value: str, where: str) -> ModelSpec:
             f"{', '.join(list_models())}); is this a row of launch.harness.sweep?"
         )
     layers = int(m["layers"]) if m["layers"] else None
-    return slice_model(load_model(name), layers)
+    try:
+        return slice_model(load_model(name), layers)
+    except TunerError:
+        raise TunerError(f"{where}: model {field_value!r}: a slice has 1 to {load_model(name).num_layers} layers of {name}") from None
 
 
 def _flag(v: Any, what: str) -> bool:
@@ -164,6 +167,8 @@ def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
                 d = json.loads(line)
             except json.JSONDecodeError as e:
                 raise TunerError(f"{where}: not JSON ({e.msg}); a trials file holds the JSON lines of launch.harness.sweep") from None
+            except RecursionError:
+                raise TunerError(f"{where}: JSON nested too deeply to read; a trials file holds the JSON lines of launch.harness.sweep") from None
             if isinstance(d, dict) and not isinstance(d.get("layout"), dict) and d.get("status") in ("skipped", "refused"):
                 skipped.append(f"{name}:{i} {d.get('id') or d.get('label') or ''}: status {d.get('status')!r} ({str(d.get('reason') or d.get('message') or '')[:80]})")
                 continue
@@ -207,7 +212,12 @@ def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
 
 
 def _pos(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(v) and v > 0
+    except OverflowError:  # an integer too large for a float
+        return False
 
 
 def predict_trials(rows: list[TrialRow], calibration: str | Path | None = None) -> list[TrialPrediction]:

@@ -61,9 +61,27 @@ def test_compare_leaves_out_variants_without_a_base(tmp_path):
     assert out["rows"] == [] and out["slices"] == {} and out["summary"]["of"] == 0
 
 
-@pytest.mark.parametrize("text, match", [("{not json\n", "line 1: not JSON"),
-                                         (json.dumps({"slice": "zz", "variant": "base", "fwd_bwd_s": 0.1}) + "\n", "line 1: not a row"),
-                                         (json.dumps({**_row("base", 0, 0.1, 1e9), "fwd_s": "fast"}) + "\n", "not a row")])
+_FULL = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+
+
+@pytest.mark.parametrize("text, match", [
+    ("{not json\n", "line 1: not JSON"),
+    ("[" * 100000 + "]" * 100000 + "\n", "line 1: JSON nested too deeply"),
+    ("[1, 2]\n", "line 1: not a JSON object"),
+    (json.dumps({"slice": "zz", "variant": "base", "fwd_bwd_s": 0.1}) + "\n", "line 1: slice 'zz' is not one of"),
+    (json.dumps({**_row("base", 0, 0.1, 1e9), "slice": ["mm"]}) + "\n", "line 1: slice"),
+    (json.dumps({**_row("base", 0, 0.1, 1e9), "fwd_s": "fast"}) + "\n", "line 1: fwd_s must be finite"),
+    (json.dumps(_row("base", 0, 0.1, 1e9)).replace('"fwd_s": 0.025', '"fwd_s": NaN') + "\n", "fwd_s must be finite"),
+    (json.dumps({**_row("base", 0, 0.1, 1e9), "fwd_s": 0}) + "\n", "fwd_s must be finite numbers \\(timings > 0 s"),
+    (json.dumps({**_row("base", 0, 0.1, 1e9), "saved_bytes": 10**400}) + "\n", "saved_bytes must be finite"),
+    (json.dumps({**_row("base", 0, 0.1, 1e9), "peak_extra_bytes": float("inf")}).replace("Infinity", "1e999") + "\n", "peak_extra_bytes must be finite"),
+    (json.dumps(_row("sel-bogus", 0, 0.1, 1e9)) + "\n", "variant 'sel-bogus' is not one of slice mm's"),
+    (json.dumps(_row("full", 0, 0.1, 1e9, {**_FULL, "recompute_num_layers": "1"})) + "\n", "variant full of slice mm has recompute"),
+    (json.dumps(_row("base", 0, 0.1, 1e9, _FULL)) + "\n", "variant base of slice mm has recompute {}"),
+    (json.dumps({**_row("base", 0, 0.1, 1e9), "round": [0]}) + "\n", "round must be a whole number"),
+    (json.dumps({**_row("base", 0, 0.1, 1e9), "apply_rope_fusion": "false"}) + "\n", "apply_rope_fusion must be true or false"),
+    (json.dumps(_row("base", 0, 0.1, 1e9)) + "\n" + json.dumps(_row("base", 0, 0.1, 1e9)) + "\n", "line 2: a second row of mm base round 0"),
+])
 def test_compare_names_the_line_it_cannot_read(tmp_path, text, match):
     f = tmp_path / "bad.jsonl"
     f.write_text(text)
@@ -78,3 +96,13 @@ def test_compare_refuses_rows_of_both_rope_settings(tmp_path):
     f.write_text(json.dumps(_row("base", 0, 0.08, 3e9)) + "\n" + json.dumps({**_row("base", 1, 0.07, 3e9), "apply_rope_fusion": True}) + "\n")
     with pytest.raises(ValueError, match="ROPE_FUSION"):
         hr.compare([str(f)])
+
+
+def test_the_recorded_device_rows_are_read_whole():
+    f = Path(__file__).parents[2] / "benchmarks" / "results" / "h200_te_2026-12-01" / "call23" / "recompute.jsonl"
+    out = hr.compare([str(f)])
+    assert len(out["rows"]) == 15 and sorted(out["slices"]) == ["ds", "mm", "qw"]
+    # measured side (independent of the model): docs/measurements.md, "Sixth batch"
+    assert out["slices"]["ds"]["fwd_bwd_s"] == pytest.approx(0.0768, abs=1e-4)
+    ds_full = next(r for r in out["rows"] if (r["slice"], r["variant"]) == ("ds", "full"))
+    assert ds_full["extra_s"] == pytest.approx(0.0241, abs=2e-4) and ds_full["stash_saved_gib"] == pytest.approx(3.056, abs=2e-3)

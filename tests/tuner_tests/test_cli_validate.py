@@ -54,6 +54,9 @@ def test_validate_trials_predicts_each_stack_with_its_calibration(tmp_path):
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "global_batch_size": 8.9}), "global_batch_size must be a whole number"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "run_options": {"harness": {"cross_entropy_fusion": "false"}}}),
          "run_options.harness.cross_entropy_fusion must be true or false, got 'false'"),
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "model": "MiniMax-M2[0 layers]"}),
+         "model 'MiniMax-M2[0 layers]': a slice has 1 to 62 layers"),
+        ("[" * 100000 + "]" * 100000, "nested too deeply"),
     ],
 )
 def test_bad_trials_files_are_one_message_exit_2(tmp_path, line, needle):
@@ -99,3 +102,13 @@ def test_gc_control_rows_are_left_out_and_json_is_strict(tmp_path):
 
     d = json.loads(j.stdout, parse_constant=no_nan)
     assert d["trials"]["summary"]["all"]["rows"] == 1 and d["trials"]["summary"]["all"]["step_spearman"] is None
+
+
+def test_a_step_time_too_large_for_a_float_is_left_out_not_a_crash(tmp_path):
+    f = tmp_path / "t.jsonl"
+    row = TE_SWEEP.read_text().splitlines()[0]
+    f.write_text(row + "\n" + row.replace('"step_time_s": ', '"step_time_s": ' + "9" * 400 + ", \"was\": ", 1) + "\n")
+    r = runner.invoke(app, ["validate", "--trials", str(f), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)["trials"]
+    assert len(d["rows"]) == 1 and any("step_time_s" in x for x in d["skipped"])
