@@ -60,8 +60,8 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None) -> list[str]:
     if selective and "layernorm" in layout.recompute_modules and moe:
         out.append(
             "recompute 'layernorm': on 1 x H200 it cost about 5 ms per MoE layer per 8,192-token micro-batch (+3.4 to "
-            "+7.4 ms over two rounds; 0.1 ms predicted; docs/measurements.md, sixth batch), a cost the model does not "
-            "price: such layouts may be predicted too fast"
+            "+7.4 ms over two rounds whose router weights differed, not yet repeated; 0.1 ms predicted; "
+            "docs/measurements.md, sixth batch), a cost the model does not price: such layouts may be predicted too fast"
         )
     if model is not None and model.is_mla:
         out.append(
