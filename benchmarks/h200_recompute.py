@@ -270,9 +270,9 @@ def compare(paths: list[str]) -> dict[str, Any]:
             if "fwd_bwd_s" not in d and "event" in d:
                 continue  # versions, skipped, error
             got.setdefault(_read_row(d, where), []).append(d)
-            key = (d["slice"], d["variant"], d.get("round"))
+            key = (d["slice"], d["variant"], d["round"])
             if key in seen:
-                raise ValueError(f"{where}: a second row of {d['slice']} {d['variant']} round {d.get('round')!r}")
+                raise ValueError(f"{where}: a second row of {d['slice']} {d['variant']} round {d['round']}")
             seen.add(key)
     if len({bool(r.get("apply_rope_fusion")) for rs in got.values() for r in rs}) > 1:
         raise ValueError("the rows mix runs with and without ROPE_FUSION=1; compare one setting at a time")
@@ -280,29 +280,23 @@ def compare(paths: list[str]) -> dict[str, Any]:
     def med(rs: list[dict[str, Any]], k: str) -> float:
         return statistics.median(r[k] for r in rs)
 
-    def predict(sid: str, rec: dict[str, Any], extra_layers: int = 0) -> tuple[float, float]:
+    def predict(sid: str, rec: dict[str, Any], extra_layers: int = 0) -> Any:
+        """The model's estimate of slice ``sid`` (plus ``extra_layers``) with ``rec``'s recompute, one micro-batch."""
         spec = _spec(sid, {k: tuple(v) if isinstance(v, list) else v for k, v in rec.items()}, extra_layers)
         lay = harness_layout(spec.layout_obj(), HarnessEnv(transformer_engine=True))
-        e = estimate(spec.model_spec(), parse_gpus("1xH200"), Workload(seq_length=SEQ, global_batch_size=1, precision="bf16"), lay,
-                     options=HARNESS_TE_RUN_OPTIONS)
-        return e.step_time_s, e.peak_bytes
-
-    def predict_parts(sid: str, extra_layers: int) -> dict[str, float]:
-        spec = _spec(sid, {}, extra_layers)
-        lay = harness_layout(spec.layout_obj(), HarnessEnv(transformer_engine=True))
-        return dict(estimate(spec.model_spec(), parse_gpus("1xH200"), Workload(seq_length=SEQ, global_batch_size=1, precision="bf16"),
-                             lay, options=HARNESS_TE_RUN_OPTIONS).time)
+        return estimate(spec.model_spec(), parse_gpus("1xH200"), Workload(seq_length=SEQ, global_batch_size=1, precision="bf16"), lay,
+                        options=HARNESS_TE_RUN_OPTIONS)
 
     rows = []
     for (sid, vname), rs in sorted(got.items()):
         base = got.get((sid, "base"))
         if vname == "base" or not base:
             continue
-        pt, pm = predict(sid, rs[0]["recompute"])
-        bt, bm = predict(sid, {})
+        v, b = predict(sid, rs[0]["recompute"]), predict(sid, {})
+        pt, pm, bt, bm = v.step_time_s, v.peak_bytes, b.step_time_s, b.peak_bytes
         # what one more layer adds to the predicted peak: the stash of a layer that waits for its backward
-        stash_v = (predict(sid, rs[0]["recompute"], STASH_LAYERS)[1] - pm) / STASH_LAYERS
-        stash_b = (predict(sid, {}, STASH_LAYERS)[1] - bm) / STASH_LAYERS
+        stash_v = (predict(sid, rs[0]["recompute"], STASH_LAYERS).peak_bytes - pm) / STASH_LAYERS
+        stash_b = (predict(sid, {}, STASH_LAYERS).peak_bytes - bm) / STASH_LAYERS
         extra = med(rs, "fwd_bwd_s") - med(base, "fwd_bwd_s")
         rows.append({
             "slice": sid, "variant": vname, "rounds": len(rs),
@@ -323,7 +317,7 @@ def compare(paths: list[str]) -> dict[str, Any]:
             continue
         # the model's forward + backward of the slice's layers for one micro-batch: what STASH_LAYERS more layers add
         # to the predicted step, less the optimizer's part, per layer, times the slice's layers
-        a, b = predict_parts(sid, 0), predict_parts(sid, STASH_LAYERS)
+        a, b = predict(sid, {}).time, predict(sid, {}, STASH_LAYERS).time
         per_layer = sum(b[k] - a[k] for k in a if k != "optimizer") / STASH_LAYERS
         layers = SLICES[sid][1]
         slices[sid] = {"layers": layers, "fwd_bwd_s": round(med(base, "fwd_bwd_s"), 5),

@@ -106,3 +106,12 @@ def test_the_recorded_device_rows_are_read_whole():
     assert out["slices"]["ds"]["fwd_bwd_s"] == pytest.approx(0.0768, abs=1e-4)
     ds_full = next(r for r in out["rows"] if (r["slice"], r["variant"]) == ("ds", "full"))
     assert ds_full["extra_s"] == pytest.approx(0.0241, abs=2e-4) and ds_full["stash_saved_gib"] == pytest.approx(3.056, abs=2e-3)
+
+
+def test_the_recorded_comparison_is_what_compare_gives():
+    """``call23/compare.json`` (quoted in docs/measurements.md, "Sixth batch") is the comparison of the recorded rows
+    under the shipped cost model: a change of either the comparison or the model shows here (re-make the file and the
+    figures in the docs then: ``python benchmarks/h200_recompute.py --compare .../recompute.jsonl > .../compare.json``)."""
+    d = Path(__file__).parents[2] / "benchmarks" / "results" / "h200_te_2026-12-01" / "call23"
+    # the figures are rounded as written (5 decimals for seconds, 3 for GiB and ratios)
+    assert json.loads(json.dumps(hr.compare([str(d / "recompute.jsonl")]))) == json.loads((d / "compare.json").read_text())
