@@ -18,6 +18,8 @@ on its command line (they win; a Ray node or a launch template gets them that wa
 - FAKE_STEP_S: seconds each step sleeps (default 0.01), or per tensor-parallel size
   FAKE_STEP_S_TP<n>, or FAKE_FAST_STEP_S for the layouts that match FAKE_FAST_IF ("field=value,...");
   FAKE_REPORT_STEP_S: a step time to report instead of the one slept;
+  FAKE_TAIL: ``N:S``; the steps after step N of the layouts that do not match FAKE_FAST_IF sleep S seconds
+  (a trial to be stopped after step N is still running when its reader falls behind on a loaded machine);
 - FAKE_PID_DIR: a folder; each process of the fake creates ``fake.<pid>`` there at its start, and
   ``child.<pid>`` for the child of ``hang`` (:func:`recorded_pids`, :func:`survivors`);
 - FAKE_ENV_DUMP: a folder; each process writes ``<trial>.node<N>.attempt<A>.json`` there (its
@@ -129,8 +131,10 @@ def _harness(cfg, args, out_path, node, mode, hang_after, pid_dir) -> int:
         time.sleep(step_s * spec["steps"] if mode != "hang" else 600)
         return 0
     fast_if = cfg.get("FAKE_FAST_IF")  # "field=value,field=value": these layouts step in FAKE_FAST_STEP_S
-    if fast_if and all(str(lay[k]) == v for k, v in (kv.split("=") for kv in fast_if.split(","))):
+    fast = bool(fast_if) and all(str(lay[k]) == v for k, v in (kv.split("=") for kv in fast_if.split(",")))
+    if fast:
         step_s = float(cfg.get("FAKE_FAST_STEP_S", "0.02"))
+    tail_after, _, tail_s = cfg.get("FAKE_TAIL", "").partition(":")
     world = lay["world_size"]
     tokens = spec["global_batch_size"] * spec["seq_length"]
     report_s = float(cfg.get("FAKE_REPORT_STEP_S", "0")) or None  # a step time to report instead of the one slept
@@ -192,7 +196,7 @@ def _harness(cfg, args, out_path, node, mode, hang_after, pid_dir) -> int:
         write({"event": "grads", "dir": spec["dump_grads"], "tensors": n, "seconds": 0.0, "replicas_max_abs_diff": 0.0})
     times = []
     for step in range(1, spec["steps"] + 1):
-        time.sleep(step_s)
+        time.sleep(float(tail_s) if tail_after and not fast and step > int(tail_after) else step_s)
         times.append(step_s)
         if mode == "hang" and step == hang_after:
             _hang(pid_dir)  # before the step's line: a reader that sees the step finds the child running

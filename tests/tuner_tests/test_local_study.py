@@ -68,8 +68,11 @@ def test_measured_trials_land_in_the_study(tmp_path, slow_tp):
     assert all("flex" not in r["layout"]["dispatcher"] for r in rows)
 
 
-def test_pruning_saves_time(tmp_path, one_fast):
+def test_pruning_saves_time(tmp_path, one_fast, monkeypatch):
     full = run_study(prepare(_cfg(tmp_path / "a", prune_margin=None, trials=6)), backend=_backend(tmp_path / "a"))
+    # the slow layouts' steps after the 4th (where the pruner can first stop them: 2 warm-up + 2 measured) take
+    # 1 s: a pruned trial is stopped within that second, however far the step reader lags on a loaded machine
+    monkeypatch.setenv("FAKE_TAIL", "4:1")
     pruned = run_study(prepare(_cfg(tmp_path / "b", prune_margin=0.25, trials=6)), backend=_backend(tmp_path / "b"))
     assert full.pruned_now == 0 and pruned.pruned_now >= 1
     assert full.evaluated_now == 6 and pruned.evaluated_now + pruned.pruned_now == 6  # both tried 6 layouts
