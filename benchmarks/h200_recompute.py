@@ -2,6 +2,7 @@
 
     PYTHONPATH=/tmp/site:. OUT=... SLICES=mm,qw,ds ROUNDS=2 BUDGET_S=500 python3 benchmarks/h200_recompute.py   # on the GPU
     ... ROPE_FUSION=1 ...                                  # with megatron-core's fused RoPE, as production recipes run it
+    ... PROFILE=1 ...                                      # base variants only, each with a torch.profiler kernel census
     PYTHONPATH=. python benchmarks/h200_recompute.py --compare FILE.jsonl [FILE ...]                           # here: against the model
 
 Why a benchmark of its own: the harness trials' recompute extra was the difference of two whole steps, each with a
@@ -21,12 +22,16 @@ same seed, so every variant has the same weights and (natural routing) the same 
 Variants per slice: ``base`` (no recompute), ``full`` (uniform, 1 layer), and selective recompute of each module the
 slice's layers have (``core_attn``, ``layernorm``, ``moe_act``, ``moe`` on MoE layers; ``mla_up_proj``, ``mlp`` on the
 dense MLA layer). Writes ``$OUT/recompute.jsonl``: one row per (slice, variant, round), then an ``event: versions`` row.
+``PROFILE=1`` runs the ``base`` variants alone and adds, per slice, an ``event: profile`` row to ``$OUT/profile.jsonl``: the
+CUDA kernels of :data:`PROFILE_ITERS` forward + backward passes under ``torch.profiler`` (per pass: each kernel's time in
+seconds and calls, the 60 longest by name; the kernels' total, and the CUDA-event time of the same passes, so that the
+difference is time the GPU waited for the host).
 
 ``--compare`` reads those rows (on any machine, no torch), takes each variant's median over rounds and prints, for each,
 the measured extra time and saving against its slice's ``base`` next to the cost model's prediction of the same
 difference: :func:`cost_model.estimate.estimate` of the slice with one micro-batch (``global_batch_size`` 1, so the
 difference of two predicted steps is one micro-batch's recompute), the harness's TE run options and the shipped
-calibration, exactly as ``tune validate --trials`` predicts a harness row. Two savings: ``stash_saved_gib`` (per
+calibration, exactly as ``tune validate --trials`` predicts a harness row (with ``apply_rope_fusion`` as the rows ran). Two savings: ``stash_saved_gib`` (per
 layer, what the forward no longer leaves for the backward) against the model's per-layer stash (what
 :data:`STASH_LAYERS` more layers add to the predicted peak, over that count), and ``peak_saved_gib`` (the slice's
 forward + backward peak) against the predicted peaks' difference. ``slices``: each slice's measured ``base`` forward +
@@ -37,6 +42,7 @@ optimizer's part).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -63,6 +69,8 @@ GIB = 2**30
 #: Layers added to a slice to read the model's per-layer stash (every slice's next layers are of its own kind:
 #: MiniMax-M2 and Qwen3 are all MoE, DeepSeek-V3's first three are dense).
 STASH_LAYERS = 2
+#: Forward + backward passes under the profiler (``PROFILE=1``).
+PROFILE_ITERS = 4
 
 
 def variants(modules: tuple[str, ...]) -> list[tuple[str, dict[str, Any]]]:
@@ -85,7 +93,8 @@ def _spec(slice_id: str, rec: dict[str, Any], extra_layers: int = 0) -> Any:
                       env=HarnessEnv(transformer_engine=True), steps=1, warmup_steps=0)
 
 
-def measure(out: Path, slices: list[str], rounds: int, budget_s: float, iters: int, rope_fusion: bool = False) -> int:
+def measure(out: Path, slices: list[str], rounds: int, budget_s: float, iters: int, rope_fusion: bool = False,
+            profile: bool = False) -> int:
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
@@ -169,6 +178,8 @@ def measure(out: Path, slices: list[str], rounds: int, budget_s: float, iters: i
         t_f = events_between(fwd, max(4, iters // 2))
         t_n = events_between(fwd_nograd, max(4, iters // 2))
         params = sum(p.numel() for p in model.parameters())
+        if profile:
+            _profile_row(slice_id, vname, fwd_bwd)
         row = {"slice": slice_id, "model": f"{SLICES[slice_id][0]}[{SLICES[slice_id][1]} layers]" if SLICES[slice_id][1] else SLICES[slice_id][0],
                "variant": vname, "round": rnd, "recompute": {k: list(v) if isinstance(v, tuple) else v for k, v in rec.items()},
                "layout": spec.layout, "model_overrides": SLICES[slice_id][3], "seq_length": SEQ, "micro_batch_size": 1,
@@ -177,10 +188,34 @@ def measure(out: Path, slices: list[str], rounds: int, budget_s: float, iters: i
                "build_s": build_s, "elapsed_s": time.monotonic() - t0}
         return row  # the model and its tensors go with this frame; the caller empties the cache
 
+    def _profile_row(slice_id: str, vname: str, fwd_bwd: Any) -> None:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+            ev[0].record()
+            for _ in range(PROFILE_ITERS):
+                fwd_bwd()
+            ev[1].record()
+            torch.cuda.synchronize()
+        kernels = []
+        for e in prof.key_averages():
+            t_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0) or 0
+            if t_us > 0 and e.count > 0:  # only CUDA activity is recorded: kernels, memcpy and memset
+                kernels.append({"name": e.key[:240], "time_s": t_us / 1e6 / PROFILE_ITERS, "calls": e.count / PROFILE_ITERS})
+        kernels.sort(key=lambda k: -k["time_s"])
+        row = {"event": "profile", "slice": slice_id, "variant": vname, "apply_rope_fusion": bool(rope_fusion), "iters": PROFILE_ITERS,
+               "events_fwd_bwd_s": ev[0].elapsed_time(ev[1]) / 1e3 / PROFILE_ITERS, "kernels_total_s": sum(k["time_s"] for k in kernels),
+               "kernels_count": len(kernels), "kernels": kernels[:60]}
+        with open(out / "profile.jsonl", "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        print(json.dumps({k: v for k, v in row.items() if k != "kernels"}), flush=True)
+
     failures = 0
     for rnd in range(rounds):
         for sid in slices:
-            vs = variants(SLICES[sid][2])
+            vs = variants(SLICES[sid][2])[:1] if profile else variants(SLICES[sid][2])
             for vname, rec in (vs if rnd % 2 == 0 else vs[::-1]):
                 if time.monotonic() - t0 > budget_s:
                     emit({"event": "skipped", "slice": sid, "variant": vname, "round": rnd, "reason": f"budget {budget_s:.0f} s spent"})
@@ -242,7 +277,7 @@ def compare(paths: list[str]) -> dict[str, Any]:
     Raises:
         ValueError: a file that cannot be read, a line that is not a JSON object, a row that is not this benchmark's
             (:func:`_read_row`) or a second row of one slice, variant and round (named by file and line), or rows of
-            both RoPE settings.
+            both RoPE settings, or no measured row at all.
     """
     from cost_model.estimate import estimate
     from launch.harness.spec import HarnessEnv, harness_layout
@@ -274,18 +309,24 @@ def compare(paths: list[str]) -> dict[str, Any]:
             if key in seen:
                 raise ValueError(f"{where}: a second row of {d['slice']} {d['variant']} round {d['round']}")
             seen.add(key)
+    if not got:
+        raise ValueError(f"{', '.join(paths)}: no measured rows (a row of benchmarks/h200_recompute.py has fwd_bwd_s; "
+                         "PROFILE=1's kernel census in profile.jsonl is not compared)")
     if len({bool(r.get("apply_rope_fusion")) for rs in got.values() for r in rs}) > 1:
         raise ValueError("the rows mix runs with and without ROPE_FUSION=1; compare one setting at a time")
 
     def med(rs: list[dict[str, Any]], k: str) -> float:
         return statistics.median(r[k] for r in rs)
 
+    fused = any(bool(r.get("apply_rope_fusion")) for rs in got.values() for r in rs)
+    options = dataclasses.replace(HARNESS_TE_RUN_OPTIONS, apply_rope_fusion=fused)  # the RoPE path the rows ran
+
     def predict(sid: str, rec: dict[str, Any], extra_layers: int = 0) -> Any:
         """The model's estimate of slice ``sid`` (plus ``extra_layers``) with ``rec``'s recompute, one micro-batch."""
         spec = _spec(sid, {k: tuple(v) if isinstance(v, list) else v for k, v in rec.items()}, extra_layers)
         lay = harness_layout(spec.layout_obj(), HarnessEnv(transformer_engine=True))
         return estimate(spec.model_spec(), parse_gpus("1xH200"), Workload(seq_length=SEQ, global_batch_size=1, precision="bf16"), lay,
-                        options=HARNESS_TE_RUN_OPTIONS)
+                        options=options)
 
     rows = []
     for (sid, vname), rs in sorted(got.items()):
@@ -347,7 +388,8 @@ def main() -> int:
         print(f"SLICES: unknown {bad}; known: {sorted(SLICES)}", file=sys.stderr)
         return 2
     return measure(out, slices, int(os.environ.get("ROUNDS") or 2), float(os.environ.get("BUDGET_S") or 500),
-                   int(os.environ.get("ITERS") or 12), rope_fusion=os.environ.get("ROPE_FUSION") == "1")
+                   int(os.environ.get("ITERS") or 12), rope_fusion=os.environ.get("ROPE_FUSION") == "1",
+                   profile=os.environ.get("PROFILE") == "1")
 
 
 if __name__ == "__main__":

@@ -116,6 +116,10 @@ CASES: list[dict[str, Any]] = [
            overlap_cpu_optimizer_d2h_h2d=True, options={"memory_phases": True, **({"gc_after_build": True} if tag else {})})
       for f in ("0.5", "1.0") for tag in ("", "-gc")],
     case("mem-mm-base", MM, 1, est_s=45, options={"memory_phases": True}),
+    # seventh batch (2026-12-01, night): Megatron-LM's default fusions (fused RoPE, gradient-accumulation fusion), which
+    # production recipes run and the sweeps above did not; against fo-ds-base / ds-mla-base and fo-mm-base
+    case("fu-ds-base", DS, 1, est_s=45, options={"megatron_fusions": True}),
+    case("fu-mm-base", MM, 1, est_s=45, options={"megatron_fusions": True}),
 ]
 
 

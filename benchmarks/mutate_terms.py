@@ -143,6 +143,10 @@ EXPLICIT: tuple[Mutation, ...] = (
           "(col(c.micro_batches) if opt.use_megatron_fsdp else 1.0)", "1.0"),
     _edit("expert biases cost nothing", T + "compute:moe_elementwise_time",
           "(c.cal.expert_bias_bytes_per_copy_moe if c.dims.expert_bias else 0.0)", "0.0"),
+    _edit("MLA RoPE priced unfused when fused", T + "compute:mla_unfused_rope_time",
+          "if c.options.apply_rope_fusion or not c.model.is_mla:", "if not c.model.is_mla:"),
+    _edit("mla_up_proj recompute without the unfused RoPE", T + "recompute:selective_attention_time",
+          "up_projection + unfused_rope * c.cal.unfused_mla_rope_forward_share", "up_projection"),
 )
 
 

@@ -70,6 +70,18 @@ class Calibration:
     GPT-OSS-120B slice with one EP 8 rank's 16 experts at micro-batch 4 x 4,096 tokens ran 0.513 s with its biases
     and 0.480 s without (0.033 s over 262,144 copy-layers = 126 ns each, x 0.75 x 4.8 TB/s / 2,880;
     docs/measurements.md, benchmarks/results/h200_te_2026-12-01/call18). Not fitted."""
+    unfused_mla_rope_bytes_per_element: float = 93.5
+    """HBM-equivalent bytes per q element (token x head x q head dim, ``q_dim / tp`` per token), forward + backward, of
+    MLA's RoPE and q / k assembly when RoPE is not fused (``apply_rope_fusion`` off): measured on 1 x H200 with TE 2.20.2
+    / megatron-core 0.19.2, one DeepSeek-V3 dense MLA layer at 8,192 tokens ran 5.23 ms slower per forward + backward
+    unfused than fused (75.98 vs 70.75 ms, medians of 3 rounds; the profile puts it in ``CatArrayBatchedCopy``), x 0.75 x
+    4.8 TB/s / (8,192 x 128 x 192) elements (docs/measurements.md "Seventh batch",
+    benchmarks/results/h200_te_2026-12-01/call24). Far above the tensors' own bytes: the strided copies run at a
+    fraction of the bandwidth. Not fitted."""
+    unfused_mla_rope_forward_share: float = 0.56
+    """The forward's part of :attr:`unfused_mla_rope_bytes_per_element` (what ``mla_up_proj`` recompute and full
+    recompute re-run): ``mla_up_proj`` recompute cost 2.94 ms more unfused than fused on the same layer (same
+    measurement). Judged on full recompute, not used here: 2.70 ms more unfused, 2.94 ms predicted. Not fitted."""
     elementwise_backward_ratio: float = 2.0
     """Memory-bound work's backward over its forward: a norm's or activation's backward reads its
     saved input and the incoming gradient and writes the input gradient, about twice its forward's
@@ -274,6 +286,7 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
     "dense_mlp_elementwise_share": (0.0, 2.0, False),
     "norm_elementwise_share": (0.0, 1.0, False),
     "moe_act_elementwise_share": (0.0, 1.0, False),
+    "unfused_mla_rope_forward_share": (0.0, 1.0, False),
     "backward_working_set_fraction": (0.0, 4.0, False),
     "cuda_graph_static_buffers": (0.0, 16.0, False),
     "base_process_groups": (0.0, 64.0, False),

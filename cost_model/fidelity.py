@@ -22,17 +22,21 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None) -> list[str]:
     - recompute (full, or selective ``moe``) on MoE layers (a MoE model, or no model given): timed on the decoder alone
       (sixth batch, ``benchmarks/h200_recompute.py``, no output layer or loss in the difference) the extra time was
       0.83-0.92x the predicted extra (MiniMax-M2 full 0.86, ``moe`` 0.83; Qwen3-30B-A3B full 0.92; its ``moe`` 0.39 with
-      a 5 ms spread between rounds); as the difference of two whole harness steps it was 0.8-2.3x (fifth batch), a
-      measurement that varied 2x between machines. On a dense (MLA) layer full recompute cost 1.17x and ``mlp`` 1.09x:
-      no note.
+      a 5 ms spread between rounds); reseeded and re-run (seventh batch) MiniMax-M2 full 1.07, ``moe`` 1.10, Qwen3-30B-A3B
+      full 0.45 and ``moe`` 0.34 with passes 30 ms apart: the 1-GPU MoE slices are host-bound (the profile had the GPU
+      busy 44 of 77 ms of a MiniMax-M2 pass). As the difference of two whole harness steps it was 0.8-2.3x on each of
+      two machines (fifth and seventh batches). On a dense (MLA) layer full recompute cost 1.01-1.03x and ``mlp``
+      1.08-1.09x: no note.
     - selective ``layernorm`` recompute on MoE layers: +5.4 ms per MiniMax-M2 layer per 8,192-token micro-batch (rounds
-      +3.4 and +7.4 ms) where the model prices 0.1 ms; Qwen3-30B-A3B +6.6 ms with a 6.4 ms spread; the cause is not found
-      and the runs' routing differed between variants.
-    - MLA (``kv_lora_rank`` > 0): a dense DeepSeek-V3 layer's forward + backward took 76.8 ms per 8,192-token micro-batch
-      on the decoder alone against 61.8 ms predicted (the prediction 19.6% short; the layer 24% slower), and selective
-      ``mla_up_proj`` recompute cost 3.3x its predicted 1.4 ms: the model prices MLA's up-projection GEMMs but not the
-      RoPE and q / k / v assembly around them (measured with megatron-core's unfused RoPE, ``apply_rope_fusion`` off, as
-      the harness runs it; the fused path is not measured).
+      +3.4 and +7.4 ms) where the model prices 0.1 ms, Qwen3-30B-A3B +6.6 ms with a 6.4 ms spread (sixth batch); reseeded
+      (seventh batch) +4.0 and -15.3 ms with 9-11 ms between rounds: unresolved.
+    - MLA (``kv_lora_rank`` > 0): with the fused RoPE a dense DeepSeek-V3 layer's forward + backward took 70.8 ms per
+      8,192-token micro-batch on the decoder alone against 61.8 ms predicted (the embedding's backward, about 3 ms, is in
+      the measured time and not in the predicted one); the profile puts the rest mostly in core attention (22.1 ms, at
+      0.45 of peak with head dim 192 against 0.60 for MiniMax-M2's 128; 17.2 ms predicted). The unfused RoPE
+      (``apply_rope_fusion`` off, as the harness runs it) costs 5.23 ms more, priced since the seventh batch
+      (:func:`cost_model.terms.compute.mla_unfused_rope_time`), which brought ``mla_up_proj`` recompute from 3.3x to
+      1.07-1.09x.
     - GPT-OSS's attention sinks (``softmax_type`` learnable) and clamped quick-GEGLU: +0.011 s and +0.010 s on a 0.51 s
       step of a 2-layer GPT-OSS-120B slice (about 2% each; "GPT-OSS-120B's layer features", call18), not priced.
     """
@@ -53,22 +57,25 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None) -> list[str]:
     heavy = layout.recompute_granularity is RecomputeGranularity.full or (selective and "moe" in layout.recompute_modules)
     if heavy and moe:
         out.append(
-            "recompute: on 1 x H200 full and selective 'moe' recompute of MoE layers cost 0.83-0.92x the predicted extra "
-            "time, timed on the decoder alone (one case 0.39x, its rounds 5 ms apart; docs/measurements.md, sixth batch); "
-            "as the difference of two whole trial steps it measured 0.8-2.3x (fifth batch): confirm the step with a real trial"
+            "recompute: on 1 x H200, timed on the decoder alone, full and selective 'moe' recompute of MoE layers cost "
+            "0.83-1.10x the predicted extra time on MiniMax-M2, 0.34-0.92x on Qwen3-30B-A3B, whose single passes spread "
+            "by up to 30 ms (the 1-GPU MoE slices are host-bound: the GPU was busy 57% of a MiniMax-M2 pass); as the "
+            "difference of two whole trial steps it measured 0.8-2.3x on two machines (docs/measurements.md, fifth to "
+            "seventh batches): confirm the step with a real trial"
         )
     if selective and "layernorm" in layout.recompute_modules and moe:
         out.append(
-            "recompute 'layernorm': on 1 x H200 it cost about 5 ms per MoE layer per 8,192-token micro-batch (+3.4 to "
-            "+7.4 ms over two rounds whose router weights differed, not yet repeated; 0.1 ms predicted; "
-            "docs/measurements.md, sixth batch), a cost the model does not price: such layouts may be predicted too fast"
+            "recompute 'layernorm': on 1 x H200 it cost +5.4 and +6.6 ms per MoE slice per 8,192-token micro-batch in one "
+            "run and +4.0 and -15.3 ms (rounds 9-11 ms apart) in a reseeded re-run, against 0.1 ms predicted "
+            "(docs/measurements.md, sixth and seventh batches): unresolved on the host-bound 1-GPU slices and not priced, "
+            "so such layouts may be predicted too fast"
         )
     if model is not None and model.is_mla:
         out.append(
-            "MLA: on 1 x H200 a dense DeepSeek-V3 layer took 76.8 ms per 8,192-token micro-batch against 61.8 ms predicted "
-            "(decoder alone) and 'mla_up_proj' recompute cost 3.3x its predicted 1.4 ms, with megatron-core's unfused "
-            "RoPE: the RoPE and q / k / v assembly around MLA's up-projections are not priced, and the fused RoPE path "
-            "(apply_rope_fusion) is not measured (docs/measurements.md, sixth batch): predicted too fast"
+            "MLA: on 1 x H200 a dense DeepSeek-V3 layer with the fused RoPE (Megatron-LM's default) took 70.8 ms per "
+            "8,192-token micro-batch against 61.8 ms predicted (decoder alone, the embedding's ~3 ms backward included); "
+            "its attention at head dim 192 ran at 0.45 of the bf16 peak, 0.60 at 128 on MiniMax-M2, which the model does "
+            "not distinguish (docs/measurements.md, seventh batch): predicted 5-13% too fast"
         )
     feats = [f for f, on in (("attention sinks", model is not None and model.softmax_type != "vanilla"),
                              ("the clamped quick-GEGLU", model is not None and model.activation_func == "quick_gelu")) if on]

@@ -207,7 +207,7 @@ def forward_parts(c: TableContext, copies: Array) -> dict[str, Array]:
     a2a = comm.ep_all_to_all_time(c) if c.dims.is_moe else np.zeros_like(c.tokens)
     ep_fwd = comm.ep_forward_time(c, a2a)
     share = recompute.FORWARD_TP_SHARE
-    attn = recompute.attention_forward_time(c, linear, core, elem_attn, tp_attn) - share * tp_attn
+    attn = recompute.attention_forward_time(c, linear, core, elem_attn, tp_attn, compute.mla_unfused_rope_time(c)) - share * tp_attn
     moe = recompute.moe_forward_time(c, compute.expert_time(c), compute.router_time(c), compute.shared_expert_time(c), elem_moe, tp_moe,
                                      ep_fwd) - share * tp_moe - ep_fwd
     dense = recompute.dense_forward_time(c, compute.dense_mlp_time(c), elem_attn, tp_dense) - share * tp_dense

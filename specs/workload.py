@@ -119,6 +119,12 @@ class RunOptions:
     optimizer does not own the master weights: they stay fp32 (4 B), not 2-B remainders (optimizer_config.py
     ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``, l.355-362; measured on H200: +2 B per parameter
     for tensorwise over delayed, docs/measurements.md)."""
+    apply_rope_fusion: bool = True
+    """``apply_rope_fusion`` (Megatron-LM fuses RoPE unless ``--no-rope-fusion``, megatron/training/arguments.py at
+    ``core_v0.19.0``; so do the Megatron-Bridge perf recipes). Unfused, MLA applies RoPE and assembles q and k with
+    ``torch.cat`` / ``expand`` / ``.contiguous()`` copies (megatron/core/transformer/multi_latent_attention.py
+    ``qkv_up_proj_and_rope_apply``), priced by :func:`cost_model.terms.compute.mla_unfused_rope_time`; this project's
+    trial harness runs it unfused unless a trial asks for ``megatron_fusions``."""
     cross_entropy_loss_fusion: bool = False
     """``--cross-entropy-loss-fusion``: a fused cross-entropy kernel (its implementation: ``cross_entropy_fusion_impl``)."""
     cross_entropy_fusion_impl: str = "native"
@@ -219,10 +225,10 @@ class RunOptions:
 DEFAULT_RUN_OPTIONS = RunOptions()
 
 #: Run options of this project's trial harness without Transformer Engine (``launch/harness``,
-#: megatron-core's local layer spec): the seed's flags, attention output saved twice, the SwiGLU unfused
-#: (``launch/harness/train.py`` leaves ``bias_activation_fusion`` at False).
-HARNESS_RUN_OPTIONS = RunOptions(te_attention=False, bias_activation_fusion=False)
+#: megatron-core's local layer spec): the seed's flags, attention output saved twice, the SwiGLU and RoPE unfused
+#: (``launch/harness/train.py`` leaves ``bias_activation_fusion`` and ``apply_rope_fusion`` at False).
+HARNESS_RUN_OPTIONS = RunOptions(te_attention=False, bias_activation_fusion=False, apply_rope_fusion=False)
 
-#: The trial harness with Transformer Engine (its TE layer spec; the SwiGLU unfused, fp32 main grads, native
+#: The trial harness with Transformer Engine (its TE layer spec; the SwiGLU and RoPE unfused, fp32 main grads, native
 #: cross-entropy unless a trial's options say otherwise).
-HARNESS_TE_RUN_OPTIONS = RunOptions(bias_activation_fusion=False)
+HARNESS_TE_RUN_OPTIONS = RunOptions(bias_activation_fusion=False, apply_rope_fusion=False)

@@ -127,6 +127,8 @@ def _options(d: dict[str, Any], te: bool) -> RunOptions:
         kw["fp8_recipe"] = h["fp8_recipe"]
     if "fp8_param_gather" in h and _flag(h["fp8_param_gather"], "run_options.harness.fp8_param_gather"):
         kw["fp8_param_gather"] = True
+    if "megatron_fusions" in h and _flag(h["megatron_fusions"], "run_options.harness.megatron_fusions"):
+        kw["apply_rope_fusion"] = True  # launch/harness/train.py: the fusions Megatron-LM runs by default
     if "cross_entropy_fusion" in h and _flag(h["cross_entropy_fusion"], "run_options.harness.cross_entropy_fusion"):
         kw.update(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")
     tev = str((d.get("versions") or {}).get("transformer_engine", ""))

@@ -34,6 +34,7 @@ __all__ = [
     "loss_time",
     "moe_compute_time",
     "mla_up_projection_time",
+    "mla_unfused_rope_time",
     "moe_elementwise_time",
     "router_flops",
     "router_time",
@@ -181,6 +182,20 @@ def mla_up_projection_time(c: TableContext) -> Array:
     """
     f = FLOPS_PER_MAC * c.tokens * c.dims.up_projection_params / col(c.tp)
     return np.where(f > 0, f / (c.gemm_peak_flops * gemm_efficiency(np.maximum(f, 1.0) / ATTENTION_PROJECTION_GEMMS, c.cal)), 0.0)
+
+
+def mla_unfused_rope_time(c: TableContext) -> Array:
+    """MLA's RoPE and q / k assembly unfused, forward + backward (``apply_rope_fusion`` off):
+    ``unfused_mla_rope_bytes_per_element x tokens x q_dim / tp`` bytes at the achieved HBM bandwidth (measured on
+    1 x H200: :attr:`cost_model.calibration.Calibration.unfused_mla_rope_bytes_per_element`). The fused path
+    (megatron-core ``fused_apply_mla_rope_for_q`` / ``_for_kv``) is in the attention side's memory-bound work.
+
+    Returns:
+        Seconds, ``(n, 1)``; 0 for GQA or with RoPE fused.
+    """
+    if c.options.apply_rope_fusion or not c.model.is_mla:
+        return np.zeros_like(c.tokens)
+    return c.cal.unfused_mla_rope_bytes_per_element * c.tokens * c.dims.q_dim / col(c.tp) / c.hbm_bytes_per_s
 
 
 def core_attention_time(c: TableContext) -> Array:

@@ -36,14 +36,20 @@ def _forward_share(c: TableContext) -> float:
     return 1.0 + c.cal.elementwise_backward_ratio
 
 
-def attention_forward_time(c: TableContext, linear: Array, core: Array, elementwise: Array, tp: Array) -> Array:
+def attention_forward_time(c: TableContext, linear: Array, core: Array, elementwise: Array, tp: Array,
+                           unfused_rope: Array | float = 0.0) -> Array:
     """One forward of a layer's attention side: projections + core attention + the forward share of its
-    memory-bound work + its forward TP collectives.
+    memory-bound work + its forward TP collectives + the forward share of MLA's unfused RoPE.
+
+    Args:
+        unfused_rope: :func:`cost_model.terms.compute.mla_unfused_rope_time` (forward + backward), ``(n, 1)``; its
+            ``unfused_mla_rope_forward_share`` is the forward's.
 
     Returns:
         Seconds, ``(n, 1)``.
     """
-    return linear + core + elementwise / _forward_share(c) + tp * FORWARD_TP_SHARE
+    return (linear + core + elementwise / _forward_share(c) + tp * FORWARD_TP_SHARE
+            + unfused_rope * c.cal.unfused_mla_rope_forward_share)
 
 
 def moe_forward_time(
@@ -68,20 +74,24 @@ def dense_forward_time(c: TableContext, mlp: Array, attention_elementwise: Array
     return mlp + attention_elementwise * c.cal.dense_mlp_elementwise_share / _forward_share(c) + tp * FORWARD_TP_SHARE
 
 
-def selective_attention_time(c: TableContext, core: Array, attention_elementwise: Array, up_projection: Array) -> Array:
+def selective_attention_time(c: TableContext, core: Array, attention_elementwise: Array, up_projection: Array,
+                             unfused_rope: Array | float = 0.0) -> Array:
     """Selective recompute in the attention side: core attention (``core_attn``), the norms'
     forward (``layernorm``: ``norm_elementwise_share`` of the attention side's memory-bound forward) and MLA's
-    up-projections (``mla_up_proj``: :func:`cost_model.terms.compute.mla_up_projection_time`).
+    up-projections (``mla_up_proj``: :func:`cost_model.terms.compute.mla_up_projection_time`, with the forward share
+    of the unfused RoPE and q / k assembly, which megatron-core checkpoints with them:
+    multi_latent_attention.py ``qkv_up_proj_and_rope_apply`` under ``recompute_up_proj``).
 
     Args:
         up_projection: :func:`cost_model.terms.compute.mla_up_projection_time`, ``(n, 1)``.
+        unfused_rope: :func:`cost_model.terms.compute.mla_unfused_rope_time`, ``(n, 1)``.
 
     Returns:
         Seconds, ``(n, 1)``.
     """
     norms = attention_elementwise * c.cal.norm_elementwise_share / _forward_share(c)
     return (np.where(c.recomputes("core_attn"), core, 0) + np.where(c.recomputes("layernorm"), norms, 0)
-            + np.where(c.recomputes("mla_up_proj"), up_projection, 0))
+            + np.where(c.recomputes("mla_up_proj"), up_projection + unfused_rope * c.cal.unfused_mla_rope_forward_share, 0))
 
 
 def selective_moe_time(c: TableContext, moe_forward: Array, moe_elementwise: Array, shared: Array) -> Array:

@@ -63,6 +63,7 @@ HARNESS_OPTIONS = frozenset({
     "data", "corpus_path", "corpus_sha256", "lr", "save_checkpoint", "load_checkpoint", "fault", "pretrain_steps", "data_step_offset",
     "lr_warmup_steps", "fp8_recipe", "fp8_param_gather", "grad_reduce_in_fp32", "cross_entropy_fusion", "moe_permute_fusion",
     "saved_tensor_census", "dump_grads", "label", "profile_step", "forward_only_steps", "memory_phases", "gc_after_build",
+    "megatron_fusions",
 })
 
 #: The harness's data sources.
@@ -211,6 +212,9 @@ def option_reasons(options: dict[str, Any], workload: Workload, env: HarnessEnv)
                    "support moe_act and layernorm recompute for fp8' (transformer_config.py); use fp8_recipe tensorwise")
     if options.get("cross_entropy_fusion") and not te:
         out.append("fused cross-entropy (cross_entropy_fusion_impl 'te') needs Transformer Engine, which is not installed here")
+    if options.get("megatron_fusions") and not te:
+        out.append("megatron_fusions (fused RoPE, gradient-accumulation fusion into main_grad) needs Transformer Engine, which is not "
+                   "installed here")
     return out
 
 
@@ -277,6 +281,12 @@ class HarnessSpec:
     """``cross_entropy_loss_fusion`` with ``cross_entropy_fusion_impl="te"`` (TE's fused cross-entropy)."""
     moe_permute_fusion: bool = False
     """``moe_permute_fusion`` (TE's fused token permutation)."""
+    megatron_fusions: bool = False
+    """Megatron-LM's default kernel fusions, as production recipes run them (``megatron/training/arguments.py`` at
+    ``core_v0.19.0``: on unless ``--no-rope-fusion``, ``--no-gradient-accumulation-fusion``, ``--no-bias-dropout-fusion``):
+    ``apply_rope_fusion`` (for MLA ``fused_apply_mla_rope_for_q`` / ``_for_kv``), ``gradient_accumulation_fusion`` (TE's
+    weight-gradient GEMMs accumulate into DDP's ``main_grad``) and ``bias_dropout_fusion``. Off (the default), the
+    harness runs them unfused, as the sweeps the shipped calibration was fit on did. Needs Transformer Engine."""
     saved_tensor_census: bool = False
     """After the measured steps, one more micro-batch forward with saved-tensor hooks on the first layer's attention and
     MoE blocks: every tensor autograd saves (shape, dtype, bytes, deduplicated by storage), an ``event: census`` line each."""
@@ -330,7 +340,7 @@ class HarnessSpec:
         if isinstance(fo, bool) or not isinstance(fo, int) or not 0 <= fo <= 64:
             raise TunerError(f"harness forward_only_steps must be an integer from 0 to 64, got {fo!r}")
         for name in ("fp8_param_gather", "grad_reduce_in_fp32", "cross_entropy_fusion", "moe_permute_fusion", "saved_tensor_census",
-                     "memory_phases", "gc_after_build"):
+                     "memory_phases", "gc_after_build", "megatron_fusions"):
             if not isinstance(getattr(self, name), bool):
                 raise TunerError(f"harness {name} must be true or false, got {getattr(self, name)!r}")
 
@@ -407,7 +417,8 @@ def build_spec(
             ``corpus_sha256``, ``lr``, ``save_checkpoint``, ``load_checkpoint``, ``fault``,
             ``pretrain_steps``, ``data_step_offset``, ``lr_warmup_steps``, ``fp8_recipe``, ``fp8_param_gather``,
             ``grad_reduce_in_fp32``, ``cross_entropy_fusion``, ``moe_permute_fusion``, ``saved_tensor_census``,
-            ``dump_grads``, ``label``, ``profile_step``, ``forward_only_steps``, ``memory_phases``, ``gc_after_build``:
+            ``dump_grads``, ``label``, ``profile_step``, ``forward_only_steps``, ``memory_phases``, ``gc_after_build``,
+            ``megatron_fusions``:
             :data:`HARNESS_OPTIONS`). With ``precision: fp8`` and no ``fp8_recipe``
             the recipe is ``delayed``.
 

@@ -71,7 +71,7 @@ _TRANSFORMER_FIELDS = (
     "virtual_pipeline_model_parallel_size", "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size",
     "sequence_parallel", "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules", "fp8", "fp8_recipe",
     "fp8_param", "fp8_amax_history_len", "fp8_amax_compute_algo", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
-    "gradient_accumulation_fusion", "bf16", "params_dtype",
+    "gradient_accumulation_fusion", "apply_rope_fusion", "bias_dropout_fusion", "bf16", "params_dtype",
 )
 _DDP_FIELDS = ("grad_reduce_in_fp32", "overlap_grad_reduce", "use_distributed_optimizer", "fp8_param_gather", "bucket_size")
 
@@ -252,10 +252,12 @@ def _transformer_config(spec: HarnessSpec) -> Any:
         expert_model_parallel_size=lay["ep"],
         expert_tensor_parallel_size=lay["etp"],
         sequence_parallel=bool(lay["sequence_parallel"]) and lay["tp"] > 1,
-        gradient_accumulation_fusion=False,
-        bias_dropout_fusion=False,
+        # HarnessSpec.megatron_fusions: Megatron-LM's defaults (TE only); masked_softmax_fusion stays off (TE's fused
+        # attention does not use it)
+        gradient_accumulation_fusion=bool(spec.megatron_fusions) and te,
+        bias_dropout_fusion=bool(spec.megatron_fusions) and te,
         masked_softmax_fusion=False,
-        apply_rope_fusion=False,
+        apply_rope_fusion=bool(spec.megatron_fusions) and te,
         cross_entropy_loss_fusion=bool(spec.cross_entropy_fusion),
         **recompute_kwargs(lay),
     )
@@ -600,6 +602,7 @@ def _run_options(spec: HarnessSpec) -> dict[str, Any]:
         **{k: v for k, v in _RAN.items() if k in ("transformer", "ddp", "optimizer")},
         "harness": {"fp8_recipe": spec.fp8_recipe, "fp8_param_gather": spec.fp8_param_gather, "grad_reduce_in_fp32": spec.grad_reduce_in_fp32,
                     "cross_entropy_fusion": spec.cross_entropy_fusion, "moe_permute_fusion": spec.moe_permute_fusion,
+                    "megatron_fusions": spec.megatron_fusions,
                     "use_transformer_engine": spec.use_transformer_engine, "seq_length": spec.seq_length, "global_batch_size": spec.global_batch_size},
     }
 

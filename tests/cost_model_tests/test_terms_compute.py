@@ -133,6 +133,43 @@ def test_mla_up_projection_time():
     assert compute.mla_up_projection_time(make_ctx(**BASE))[0, 0] == 0
 
 
+def test_mla_unfused_rope_time():
+    """93.5 bytes (measured) per q element (token x head x q head dim / tp) at the achieved HBM bandwidth, only for MLA
+    with RoPE unfused."""
+    from specs import RunOptions
+
+    mla = TINY_MOE.replace(q_lora_rank=24, kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=8, qk_layernorm=False)
+    unfused = RunOptions(apply_rope_fusion=False)
+    c = make_ctx(model=mla, options=unfused, **BASE)
+    assert c.dims.q_dim == 4 * (8 + 4)
+    assert compute.mla_unfused_rope_time(c)[0, 0] == pytest.approx(93.5 * 512 * 4 * 12 / 2 / HBM)
+    assert compute.mla_unfused_rope_time(make_ctx(model=mla, **BASE))[0, 0] == 0  # fused (Megatron-LM's default)
+    assert compute.mla_unfused_rope_time(make_ctx(options=unfused, **BASE))[0, 0] == 0  # GQA: priced in the elementwise work
+
+
+def test_unfused_rope_lengthens_an_mla_step_by_its_layers_time():
+    """The estimate adds the term once per layer and micro-batch (forward + backward), and its forward share again per
+    layer that recomputes ``mla_up_proj``; a GQA model's step does not change."""
+    from cost_model.estimate import estimate
+    from specs import RunOptions, load_model, parse_gpus
+    from specs.layout import Layout
+
+    ds = load_model("DeepSeek-V3").replace(num_layers=4, moe_layer_freq=(0, 0, 0, 0), num_experts=0, mtp_num_layers=0)
+    wl = Workload(seq_length=4096, global_batch_size=2, precision="bf16")
+    gpus = parse_gpus("8xH200")
+    lay = Layout(world_size=8, tp=8, pp=1, micro_batch_size=1, sequence_parallel=True)
+    fused, unfused = RunOptions(), RunOptions(apply_rope_fusion=False)
+    per = 93.5 * 4096 * 128 * 192 / 8 / (4.8e12 * 0.75)  # one layer, one micro-batch
+    a, b = estimate(ds, gpus, wl, lay, options=fused), estimate(ds, gpus, wl, lay, options=unfused)
+    assert b.time["compute"] - a.time["compute"] == pytest.approx(4 * 2 * per, rel=1e-6)
+    sel = lay.replace(recompute_granularity="selective", recompute_modules=("mla_up_proj",))
+    ra, rb = estimate(ds, gpus, wl, sel, options=fused), estimate(ds, gpus, wl, sel, options=unfused)
+    assert rb.time["recompute"] - ra.time["recompute"] == pytest.approx(4 * 2 * 0.56 * per, rel=1e-6)
+    qw = load_model("Qwen3-30B-A3B").replace(num_layers=4, moe_layer_freq=(1, 1, 1, 1))
+    gl, gw = Layout(world_size=8, tp=1, pp=1, ep=8, micro_batch_size=1), Workload(seq_length=4096, global_batch_size=8, precision="bf16")
+    assert estimate(qw, gpus, gw, gl, options=unfused).step_time_s == estimate(qw, gpus, gw, gl, options=fused).step_time_s
+
+
 def test_run_option_flags_must_be_booleans():
     """A string flag is refused, not read as true (``"no"`` would otherwise price the fused loss)."""
     from specs import RunOptions

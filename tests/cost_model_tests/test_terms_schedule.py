@@ -134,6 +134,8 @@ def test_forward_times():
     assert recompute.attention_forward_time(c, one, 2 * one, 3 * one, 4 * one)[0, 0] == 1 + 2 + 1 + 2
     assert recompute.moe_forward_time(c, one, 2 * one, 3 * one, 6 * one, 4 * one, 5 * one)[0, 0] == 1 + 2 + 3 + 2 + 2 + 5
     assert recompute.dense_forward_time(c, one, 6 * one, 4 * one)[0, 0] == 1 + 6 * 0.5 / 3 + 2
+    # MLA's unfused RoPE: its forward share (0.56, measured) re-runs with the attention side's forward
+    assert recompute.attention_forward_time(c, one, 2 * one, 3 * one, 4 * one, 10 * one)[0, 0] == pytest.approx(1 + 2 + 1 + 2 + 5.6)
 
 
 def test_selective_recompute_times():
@@ -142,6 +144,9 @@ def test_selective_recompute_times():
     assert recompute.selective_attention_time(c, 2 * one, 6 * one, 5 * one)[0, 0] == 2 + 6 * 0.5 / 3  # core_attn + layernorm
     up = make_ctx(**BASE, recompute_granularity="selective", recompute_modules=("mla_up_proj", "core_attn"))
     assert recompute.selective_attention_time(up, 2 * one, 6 * one, 5 * one)[0, 0] == 2 + 5  # + the up-projections
+    # mla_up_proj re-runs the unfused RoPE's forward with the up-projections (checkpointed together); core_attn does not
+    assert recompute.selective_attention_time(up, 2 * one, 6 * one, 5 * one, 10 * one)[0, 0] == pytest.approx(2 + 5 + 5.6)
+    assert recompute.selective_attention_time(c, 2 * one, 6 * one, 5 * one, 10 * one)[0, 0] == 2 + 6 * 0.5 / 3
     assert recompute.selective_moe_time(c, 10 * one, 6 * one, 4 * one)[0, 0] == 6 * 0.5 / 3 + 4  # moe_act + shared_experts
     moe = make_ctx(**BASE, recompute_granularity="selective", recompute_modules=("moe", "shared_experts"))
     assert recompute.selective_moe_time(moe, 10 * one, 6 * one, 4 * one)[0, 0] == 10  # the whole forward, shared in it

@@ -44,6 +44,12 @@ def test_measurement_options_reach_the_spec_and_bad_values_are_refused(mm):
             build_spec(mm, L1, wl, env=TE, options={"forward_only_steps": bad})
     with pytest.raises(TunerError, match="true or false"):
         build_spec(mm, L1, wl, env=TE, options={"memory_phases": "yes"})
+    # Megatron-LM's default fusions: off unless asked (the shipped calibration's sweeps ran unfused)
+    assert not build_spec(mm, L1, wl, env=TE).megatron_fusions
+    fu = build_spec(mm, L1, wl, env=TE, options={"megatron_fusions": True})
+    assert HarnessSpec.from_json(fu.to_json()) == fu and fu.megatron_fusions
+    with pytest.raises(TunerError, match="megatron_fusions must be true or false"):
+        build_spec(mm, L1, wl, env=TE, options={"megatron_fusions": "on"})
 
 
 @pytest.mark.parametrize("opts, env, precision, match", [
@@ -52,6 +58,7 @@ def test_measurement_options_reach_the_spec_and_bad_values_are_refused(mm):
     ({}, NO_TE, "fp8", "fp8 training needs Transformer Engine"),
     ({"cross_entropy_fusion": True}, NO_TE, "bf16", "fused cross-entropy"),
     ({"fp8_param_gather": True}, TE, "bf16", "fp8_param_gather needs"),
+    ({"megatron_fusions": True}, NO_TE, "bf16", "megatron_fusions .* needs Transformer Engine"),
 ])
 def test_options_this_machine_or_megatron_cannot_run_are_refused_before_gpu_time(mm, opts, env, precision, match):
     with pytest.raises(InfeasibleLayout, match=match):

@@ -54,6 +54,8 @@ def test_validate_trials_predicts_each_stack_with_its_calibration(tmp_path):
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "global_batch_size": 8.9}), "global_batch_size must be a whole number"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "run_options": {"harness": {"cross_entropy_fusion": "false"}}}),
          "run_options.harness.cross_entropy_fusion must be true or false, got 'false'"),
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "run_options": {"harness": {"megatron_fusions": 1}}}),
+         "run_options.harness.megatron_fusions must be true or false, got 1"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "model": "MiniMax-M2[0 layers]"}),
          "model 'MiniMax-M2[0 layers]': a slice has 1 to 62 layers"),
         ("[" * 100000 + "]" * 100000, "nested too deeply"),
@@ -112,3 +114,20 @@ def test_a_step_time_too_large_for_a_float_is_left_out_not_a_crash(tmp_path):
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)["trials"]
     assert len(d["rows"]) == 1 and any("step_time_s" in x for x in d["skipped"])
+
+
+def test_a_row_run_with_megatron_fusions_is_predicted_with_the_fused_rope(tmp_path):
+    """The harness's ``megatron_fusions`` rows ran the fused RoPE: predicted with ``apply_rope_fusion`` on, so an MLA
+    row is predicted faster than the same row run unfused (by the measured unfused-RoPE cost)."""
+    from tuner.validate_trials import predict_trials, read_trials
+
+    src = Path(__file__).parents[2] / "benchmarks" / "results" / "h200_te_2026-12-01" / "call16" / "sweep.jsonl"
+    line = next(ln for ln in src.read_text().splitlines() if '"ds-mla-base"' in ln and '"ok"' in ln)
+    d = json.loads(line)
+    d.setdefault("run_options", {}).setdefault("harness", {})["megatron_fusions"] = True
+    f = tmp_path / "t.jsonl"
+    f.write_text(line + "\n" + json.dumps(d) + "\n")
+    rows, _ = read_trials([f])
+    assert [r.options.apply_rope_fusion for r in rows] == [False, True]
+    unfused, fused = predict_trials(rows)
+    assert fused.step_time_s < unfused.step_time_s
