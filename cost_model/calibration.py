@@ -56,8 +56,11 @@ class Calibration:
     tends to 0 and the expert time to infinity. A guard, not a measurement (1e-3 of peak is ~1
     TFLOP/s on H100, far below any measured grouped GEMM); the first cut's inline floor, not fitted."""
     attention_efficiency: float = 0.45
-    """Fraction of peak for causal flash attention, forward plus backward (FlashAttention-2
-    paper, Dao 2023: ~50-70% fwd, ~35-45% bwd on A100/H100 with head dim 128)."""
+    """Causal flash attention's forward + backward speed, as a fraction of the bf16 peak against
+    :func:`cost_model.terms.compute.core_attention_flops`, which counts multiply-accumulates (half the
+    FLOPs): the achieved fraction of peak in FLOPs is twice this. This default is only the fit's start;
+    the shipped fit is 0.243 (0.485 of peak; FlashAttention-2, Dao 2023: ~50-70% forward, ~35-45%
+    backward on A100 / H100 at head dim 128)."""
     elementwise_bytes_per_token_attn: float = 48.0
     """HBM bytes moved per token per layer per hidden unit by the memory-bound ops around
     attention (norms, RoPE, residual adds, casts), forward+backward, in units of hidden_size."""

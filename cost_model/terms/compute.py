@@ -88,15 +88,19 @@ def attention_linear_flops(c: TableContext) -> Array:
 
 
 def core_attention_flops(c: TableContext) -> Array:
-    """Forward FLOPs of causal core attention (QK^T and PV): ``tokens x s x (q_dim + ctx_dim) / 2 / tp``
-    x (mean keys per query / the full-causal mean).
+    """Forward work of causal core attention (QK^T and PV) in multiply-accumulates, half its FLOPs:
+    ``tokens x s x (q_dim + ctx_dim) / 2 / tp`` x (mean keys per query / the full-causal mean). The
+    fitted :attr:`cost_model.calibration.Calibration.attention_efficiency` is against this count, so it
+    is half the achieved fraction of the bf16 peak (the shipped 0.243 is 0.485 of peak in FLOPs; on
+    1 x H200 cuDNN's fused attention measured 0.60 at head dim 128 and 0.45 at MLA's 192, counting the
+    backward as 2.5 forwards: docs/measurements.md, "Seventh batch").
 
     Each query attends to ``(s + 1) / 2`` keys on average under the causal mask, fewer on
     sliding-window layers (:meth:`specs.ModelSpec.attended_keys_per_query`; the window share is the
     model's ``num_window_layers / num_layers``). Megatron counts ``s / 2`` keys (notes §6.3).
 
     Returns:
-        FLOPs, ``(n, 1)``.
+        Multiply-accumulates, ``(n, 1)``.
     """
     m, model = c.dims, c.model
     keys_full = model.attended_keys_per_query(c.workload.seq_length, windowed=False)
