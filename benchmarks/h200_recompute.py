@@ -262,6 +262,13 @@ def _read_row(d: dict[str, Any], where: str) -> tuple[str, str]:
     if bad:
         raise ValueError(f"{where}: {', '.join(bad)} must be finite numbers (timings > 0 s; bytes are differences of the allocator's "
                          "counts and may be negative)")
+    # what the model is asked to predict is this benchmark's workload: a row of another one would be compared silently
+    name, layers = SLICES[sid][0], SLICES[sid][1]
+    want_fields = {"model": f"{name}[{layers} layers]", "seq_length": SEQ, "micro_batch_size": 1, "precision": "bf16",
+                   "model_overrides": SLICES[sid][3]}
+    off = [f"{k} {d.get(k)!r:.40} (expected {v!r})" for k, v in want_fields.items() if k in d and d[k] != v]
+    if off:
+        raise ValueError(f"{where}: {'; '.join(off)}: not slice {sid} as benchmarks/h200_recompute.py runs it")
     rnd = d.get("round")
     if isinstance(rnd, bool) or not isinstance(rnd, int) or rnd < 0:
         raise ValueError(f"{where}: round must be a whole number >= 0, got {rnd!r:.20}")
@@ -277,7 +284,8 @@ def compare(paths: list[str]) -> dict[str, Any]:
     Raises:
         ValueError: a file that cannot be read, a line that is not a JSON object, a row that is not this benchmark's
             (:func:`_read_row`) or a second row of one slice, variant and round (named by file and line), or rows of
-            both RoPE settings, or no measured row at all.
+            both RoPE settings, no measured row at all, a slice without its ``base`` row, or a row whose model,
+            ``seq_length``, ``micro_batch_size``, precision or overrides are not this benchmark's.
     """
     from cost_model.estimate import estimate
     from launch.harness.spec import HarnessEnv, harness_layout
@@ -328,10 +336,14 @@ def compare(paths: list[str]) -> dict[str, Any]:
         return estimate(spec.model_spec(), parse_gpus("1xH200"), Workload(seq_length=SEQ, global_batch_size=1, precision="bf16"), lay,
                         options=options)
 
+    no_base = sorted({sid for sid, _ in got} - {sid for sid, v in got if v == "base"})
+    if no_base:
+        raise ValueError(f"{', '.join(paths)}: slice {', '.join(no_base)} has no base row; every variant is measured against its "
+                         "slice's base")
     rows = []
     for (sid, vname), rs in sorted(got.items()):
-        base = got.get((sid, "base"))
-        if vname == "base" or not base:
+        base = got[(sid, "base")]
+        if vname == "base":
             continue
         v, b = predict(sid, rs[0]["recompute"]), predict(sid, {})
         pt, pm, bt, bm = v.step_time_s, v.peak_bytes, b.step_time_s, b.peak_bytes

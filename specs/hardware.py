@@ -195,7 +195,7 @@ class Cluster:
         if self.num_gpus > MAX_GPUS:
             raise TunerError(f"--gpus: {self.num_gpus:,} GPUs is more than this tool models (at most {MAX_GPUS:,})")
         if not math.isfinite(self.host_memory_bytes_per_node) or self.host_memory_bytes_per_node < 0:
-            raise TunerError(f"--host-memory-gib must be a non-negative number, got {self.host_memory_bytes_per_node / 2**30:g}")
+            raise TunerError(f"--host-memory-gib must be a finite, non-negative number of GiB, got {self.host_memory_bytes_per_node / 2**30:g}")
 
     @property
     def network_label(self) -> str:

@@ -198,6 +198,8 @@ class Layout:
             v = getattr(self, f)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
                 raise TunerError(f"layout {f} must be a positive integer, got {v!r}")
+            if v > 2**31 - 1:  # the layout table's int64 columns, and far beyond any cluster
+                raise TunerError(f"layout {f} must be at most {2**31 - 1:,}, got {v:.3g}")
         if not 0.0 <= self.optimizer_offload_fraction <= 1.0:
             raise TunerError(f"optimizer_offload_fraction must be in [0, 1], got {self.optimizer_offload_fraction}")
         for m in self.recompute_modules:

@@ -102,10 +102,15 @@ def _flag(v: Any, what: str) -> bool:
 
 
 def _count(v: Any, what: str) -> int:
-    """A row's positive whole number, read strictly (no bool, no fraction)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < 1:
+    """A row's positive whole number, read strictly (no bool, no fraction, nothing infinite or NaN)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)) or v != int(v) or v < 1:
         raise ValueError(f"{what} must be a whole number >= 1, got {v!r}")
     return int(v)
+
+
+#: Layout fields a row must state: the parallel sizes and the micro-batch, which launch.harness.sweep always writes
+#: (a missing one would default to 1 and predict another layout).
+REQUIRED_LAYOUT_KEYS = ("world_size", "tp", "pp", "cp", "ep", "micro_batch_size")
 
 
 def _te(d: dict[str, Any]) -> bool:
@@ -125,6 +130,9 @@ def _options(d: dict[str, Any], te: bool) -> RunOptions:
         kw["grad_reduce_in_fp32"] = _flag(h["grad_reduce_in_fp32"], "run_options.harness.grad_reduce_in_fp32")
     if h.get("fp8_recipe") in ("delayed", "tensorwise"):
         kw["fp8_recipe"] = h["fp8_recipe"]
+    elif h.get("fp8_recipe") is not None:
+        raise ValueError(f"run_options.harness.fp8_recipe {h['fp8_recipe']!r:.40}: the trials reader predicts the delayed and "
+                         "tensorwise recipes (a blockwise row is not read)")
     if "fp8_param_gather" in h and _flag(h["fp8_param_gather"], "run_options.harness.fp8_param_gather"):
         kw["fp8_param_gather"] = True
     if "megatron_fusions" in h and _flag(h["megatron_fusions"], "run_options.harness.megatron_fusions"):
@@ -186,6 +194,16 @@ def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
             for key in ("versions", "run_options", "options"):
                 if d.get(key) is not None and not isinstance(d[key], dict):
                     raise TunerError(f"{where}: {key!r} must be an object (as launch.harness.sweep writes it), got {d[key]!r:.60}")
+            h = (d.get("run_options") or {}).get("harness")
+            if h is not None and not isinstance(h, dict):
+                raise TunerError(f"{where}: 'run_options.harness' must be an object (as launch.harness.sweep writes it), got {h!r:.60}")
+            missing = [k for k in REQUIRED_LAYOUT_KEYS if k not in d["layout"]]
+            if missing:
+                raise TunerError(f"{where}: the layout lacks {', '.join(missing)} (launch.harness.sweep writes every field; a "
+                                 "missing size would be read as 1, another layout)")
+            absent = [k for k in ("gpus", "seq_length", "global_batch_size") if k not in d]
+            if absent:
+                raise TunerError(f"{where}: the row lacks {', '.join(absent)} (launch.harness.sweep writes them)")
             harness_opts = {**(d.get("options") if isinstance(d.get("options"), dict) else {}),
                             **((((d.get("run_options") or {}).get("harness")) or {}) if isinstance(d.get("run_options"), dict) else {})}
             if harness_opts.get("gc_after_build") is True:

@@ -4,6 +4,7 @@ rows into measured-versus-predicted recompute figures (medians over rounds, agai
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -54,11 +55,13 @@ def test_compare_takes_medians_over_rounds_and_differences_against_base(tmp_path
     assert s["error"] == pytest.approx(s["predicted_layers_fwd_bwd_s"] / 0.080 - 1, abs=1e-3)
 
 
-def test_compare_leaves_out_variants_without_a_base(tmp_path):
+def test_compare_refuses_variants_without_a_base(tmp_path):
+    """A variant is measured against its slice's base: without one there is nothing to compare (an error, not an empty
+    comparison)."""
     f = tmp_path / "r.jsonl"
     f.write_text(json.dumps(_row("sel-moe", 0, 0.1, 1e9, {"recompute_granularity": "selective", "recompute_modules": ["moe"]})) + "\n")
-    out = hr.compare([str(f)])
-    assert out["rows"] == [] and out["slices"] == {} and out["summary"]["of"] == 0
+    with pytest.raises(ValueError, match="slice mm has no base row"):
+        hr.compare([str(f)])
 
 
 _FULL = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
@@ -139,3 +142,16 @@ def test_a_file_without_measured_rows_is_refused(tmp_path):
                  + json.dumps({"event": "versions", "torch": "x"}) + "\n")
     with pytest.raises(ValueError, match="no measured rows"):
         hr.compare([str(f)])
+
+
+@pytest.mark.parametrize("field, value, needle", [("seq_length", 4096, "seq_length 4096"), ("micro_batch_size", 2, "micro_batch_size 2"),
+                                                  ("model", "MiniMax-M2[2 layers]", "model 'MiniMax-M2[2 layers]'"),
+                                                  ("precision", "fp8", "precision 'fp8'")])
+def test_a_row_of_another_workload_is_refused(tmp_path, field, value, needle):
+    """The model is asked about this benchmark's workload (8,192 tokens, micro-batch 1, bf16, the slice's layers): a row
+    that says otherwise would be compared against the wrong prediction."""
+    f = tmp_path / "r.jsonl"
+    f.write_text(json.dumps(_row("base", 0, 0.08, 3e9)) + "\n" + json.dumps({**_row("base", 1, 0.08, 3e9), field: value}) + "\n")
+    with pytest.raises(ValueError, match=re.escape(f"line 2: {needle}")):
+        hr.compare([str(f)])
+

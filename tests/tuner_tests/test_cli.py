@@ -211,6 +211,8 @@ def _write(tmp_path: Path, name: str, text: str) -> str:
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--usd-per-gpu-hour", "nan"], "--usd-per-gpu-hour must be"),
         (["--model", "MiniMax-M2", "--gpus", "100000000000000000000xH200"], "more GPUs than this tool models"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--global-batch", "99999999999999999999"], "at most"),
+        # the pipeline schedule is simulated per micro-batch: a batch far beyond any published run would not finish
+        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--global-batch", "65537"], "--global-batch must be at most 65,536 sequences"),
         (["--model", "Llama-3.1-8B", "--gpus", "8xA100", "--precision", "fp8"], "A100 has no fp8"),
         (["--model", "[/x]", "--gpus", "64xH200"], "unknown model"),
     ],

@@ -118,6 +118,10 @@ def test_journal_storage_errors_and_the_recorded_storage(tmp_path):
     out = r.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "2", "--study", "g", "--storage", f"journal:{bad}", "--results-dir", res])
     assert out.exit_code == 2 and "not an Optuna journal file" in out.output
     assert not (tmp_path / "res" / "g").exists()  # a refused study leaves no folder behind
+    other = tmp_path / "other.jsonl"  # JSON lines, but not Optuna's operations (no op_code)
+    other.write_text('{"a": 1}\n')
+    out = r.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "2", "--study", "g", "--storage", f"journal:{other}", "--results-dir", res])
+    assert out.exit_code == 2 and "not an Optuna journal file" in out.output and other.read_text() == '{"a": 1}\n'
     missing = tmp_path / "missing.log"
     out = r.invoke(app, ["pareto", "--study", "nosuch", "--storage", f"journal:{missing}"])
     assert out.exit_code == 2 and "no journal file" in out.output and not missing.exists()  # reading creates nothing

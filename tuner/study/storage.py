@@ -174,7 +174,8 @@ def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None =
                                                    heartbeat_stale_trial_callback=retry_dead_worker_trial(heartbeat.grace_s))
         except OSError as e:
             raise TunerError(f"--storage {url!r}: cannot open the journal file ({e.strerror or e})") from None
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+            # JSON lines that are not Optuna's operations (no 'op_code') fail in the journal's replay
             raise TunerError(f"--storage {url!r}: {path} is not an Optuna journal file (JSON lines); give a new path or an existing journal") from None
     if heartbeat is None:
         return url
