@@ -290,24 +290,12 @@ def compare(paths: list[str]) -> dict[str, Any]:
     from cost_model.estimate import estimate
     from launch.harness.spec import HarnessEnv, harness_layout
     from specs import HARNESS_TE_RUN_OPTIONS, Workload, parse_gpus
+    from tuner.validate_trials import json_lines
 
     got: dict[tuple[str, str], list[dict[str, Any]]] = {}
     seen: set[tuple[str, str, Any]] = set()
     for p in paths:
-        try:
-            lines = Path(p).read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"{p}: cannot read it ({e})") from None
-        for i, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            where = f"{p}, line {i}"
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not JSON ({e.msg}); expected the rows benchmarks/h200_recompute.py writes") from None
-            except RecursionError:
-                raise ValueError(f"{where}: JSON nested too deeply; expected the rows benchmarks/h200_recompute.py writes") from None
+        for _, where, d in json_lines(p, str(p), "expected the rows benchmarks/h200_recompute.py writes"):
             if not isinstance(d, dict):
                 raise ValueError(f"{where}: not a JSON object; expected the rows benchmarks/h200_recompute.py writes")
             if "fwd_bwd_s" not in d and "event" in d:

@@ -17,6 +17,7 @@ import json
 import math
 import re
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from specs import HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS, ModelSpec, RunOpt
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 
-__all__ = ["NO_TE_CALIBRATION_FILE", "TrialPrediction", "TrialRow", "predict_trials", "read_trials", "summarize_trials"]
+__all__ = ["NO_TE_CALIBRATION_FILE", "TrialPrediction", "TrialRow", "json_lines", "predict_trials", "read_trials", "summarize_trials"]
 
 #: Constants of the no-TE trial harness (megatron-core's local spec, SequentialMLP experts): fitted by
 #: ``benchmarks/bench_trial_calibration.py --fit-data <1- and 2-GPU sweeps> --out ...`` (docs/measurements.md).
@@ -149,6 +150,35 @@ def _fields(o: RunOptions) -> dict[str, Any]:
     return {k: getattr(o, k) for k in o.__dataclass_fields__}
 
 
+def json_lines(path: str | Path, label: str, expected: str) -> Iterator[tuple[int, str, Any]]:
+    """The non-blank lines of a JSON-lines file, parsed: ``(line number, "LABEL, line N", value)`` (also read by the
+    device benchmarks' comparisons, e.g. ``benchmarks/h200_recompute.py --compare``).
+
+    Args:
+        label: how the file is named in messages (``--trials PATH``, or the path).
+        expected: what the file should hold, appended to a message about a line that is not JSON.
+
+    Raises:
+        TunerError: the file cannot be read (as UTF-8), or a line is not JSON or is nested too deeply to read, named by
+            ``label`` and its line.
+    """
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise TunerError(f"{label}: cannot read it ({e})") from None
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{label}, line {i}"
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TunerError(f"{where}: not JSON ({e.msg}); {expected}") from None
+        except RecursionError:
+            raise TunerError(f"{where}: JSON nested too deeply to read; {expected}") from None
+        yield i, where, value
+
+
 def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
     """Read sweep JSON-lines files.
 
@@ -164,21 +194,8 @@ def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
     skipped: list[str] = []
     for path in paths:
         p = Path(path)
-        try:
-            lines = p.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise TunerError(f"--trials {str(p)!r}: cannot read it ({e})") from None
         name = f"{p.parent.name}/{p.name}" if p.parent.name else p.name
-        for i, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            where = f"--trials {p}, line {i}"
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TunerError(f"{where}: not JSON ({e.msg}); a trials file holds the JSON lines of launch.harness.sweep") from None
-            except RecursionError:
-                raise TunerError(f"{where}: JSON nested too deeply to read; a trials file holds the JSON lines of launch.harness.sweep") from None
+        for i, where, d in json_lines(p, f"--trials {p}", "a trials file holds the JSON lines of launch.harness.sweep"):
             if isinstance(d, dict) and not isinstance(d.get("layout"), dict) and d.get("status") in ("skipped", "refused"):
                 skipped.append(f"{name}:{i} {d.get('id') or d.get('label') or ''}: status {d.get('status')!r} ({str(d.get('reason') or d.get('message') or '')[:80]})")
                 continue
