@@ -147,6 +147,19 @@ EXPLICIT: tuple[Mutation, ...] = (
           "if c.options.apply_rope_fusion or not c.model.is_mla:", "if not c.model.is_mla:"),
     _edit("mla_up_proj recompute without the unfused RoPE", T + "recompute:selective_attention_time",
           "up_projection + unfused_rope * c.cal.unfused_mla_rope_forward_share", "up_projection"),
+    _edit("attention: no fixed part of a call", T + "compute:core_attention_work", "fixed = (1 - win_share) * cal.attention_call_macs * col(c.mbs)",
+          "fixed = 0.0 * col(c.mbs)"),
+    _edit("attention: the fixed part on windowed layers too", T + "compute:core_attention_work",
+          "fixed = (1 - win_share) * cal.attention_call_macs", "fixed = cal.attention_call_macs"),
+    _edit("attention: a window costs its keys only", T + "compute:core_attention_work", "extra = win_share * cal.attention_window_extra_keys + ",
+          "extra = 0.0 + "),
+    _edit("attention: sinks cost nothing", T + "compute:core_attention_work",
+          "(cal.attention_sink_extra_keys if model.softmax_type != \"vanilla\" else 0.0)", "0.0"),
+    _edit("attention: one speed for every head dim", T + "compute:core_attention_work", "/ attention_head_dim_factor(c)", "/ 1.0"),
+    _edit("attention: nearest head dim by qk alone", T + "compute:attention_head_dim_factor",
+          "-abs(sum(kv[0]) - sum(pair))", "-abs(kv[0][0] - pair[0])"),
+    _edit("attention: MLA at head dim 128's speed", T + "compute:attention_head_dim_factor",
+          "pair = (model.qk_head_dim + model.qk_pos_emb_head_dim, model.v_head_dim)", "pair = (128, 128)"),
 )
 
 

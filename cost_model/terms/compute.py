@@ -20,8 +20,10 @@ __all__ = [
     "attention_elementwise_time",
     "attention_linear_flops",
     "attention_linear_time",
+    "attention_head_dim_factor",
     "core_attention_flops",
     "core_attention_time",
+    "core_attention_work",
     "dense_compute_time",
     "dense_mlp_flops",
     "dense_mlp_time",
@@ -59,6 +61,16 @@ GEMM_PASSES = 3.0
 #: ``native`` path fewer, TE's Triton kernels two bf16 reads and the gradient.
 CROSS_ENTROPY_BYTES_PER_LOGIT = {"unfused": 64.0, "native": 49.0, "te": 9.5}
 
+#: Core attention's speed by (q / k head dim, v head dim) relative to head dim 128, the same heads, kv groups and length.
+#: **Measured** on 1 x H200 (TE 2.20.2 cuDNN FusedAttention, bf16, causal, 2026-12-02; ``benchmarks/h200_attention.py``,
+#: rows in ``benchmarks/results/h200_te_2026-12-02/call29/attn/attention.jsonl``, derived by ``--compare``): the GPU
+#: kernels' forward + backward time at 32 heads, 8 kv groups, 8,192 tokens, above the fixed part of a call
+#: (:attr:`cost_model.calibration.Calibration.attention_call_macs`). (192, 128) is MLA's shape (DeepSeek-V3, Kimi-K2).
+#: Judged on shapes no constant came from (other lengths, head counts, micro-batch 2): within 3.4%. Measured on Hopper
+#: only; the same ratios are used on every GPU. Not fitted.
+ATTENTION_HEAD_DIM_FACTOR: dict[tuple[int, int], float] = {
+    (64, 64): 0.827, (96, 96): 0.777, (128, 128): 1.0, (192, 128): 0.861, (192, 192): 0.680, (256, 256): 0.773}
+
 #: GEMMs of the attention projections: QKV and the output projection (their FLOPs are
 #: about equal, so each is half of :func:`attention_linear_flops` for the size-efficiency curve).
 ATTENTION_PROJECTION_GEMMS = 2.0
@@ -91,9 +103,9 @@ def core_attention_flops(c: TableContext) -> Array:
     """Forward work of causal core attention (QK^T and PV) in multiply-accumulates, half its FLOPs:
     ``tokens x s x (q_dim + ctx_dim) / 2 / tp`` x (mean keys per query / the full-causal mean). The
     fitted :attr:`cost_model.calibration.Calibration.attention_efficiency` is against this count, so it
-    is half the achieved fraction of the bf16 peak (the shipped 0.243 is 0.485 of peak in FLOPs; on
-    1 x H200 cuDNN's fused attention measured 0.60 at head dim 128 and 0.45 at MLA's 192, counting the
-    backward as 2.5 forwards: docs/measurements.md, "Seventh batch").
+    is half the achieved fraction of the bf16 peak (the shipped 0.239 is 0.478 of peak in FLOPs). What the kernel
+    costs beyond this count (a call's fixed part, a window's and the sinks' extra keys, the head dims) is
+    :func:`core_attention_work`.
 
     Each query attends to ``(s + 1) / 2`` keys on average under the causal mask, fewer on
     sliding-window layers (:meth:`specs.ModelSpec.attended_keys_per_query`; the window share is the
@@ -202,14 +214,55 @@ def mla_unfused_rope_time(c: TableContext) -> Array:
     return c.cal.unfused_mla_rope_bytes_per_element * c.tokens * c.dims.q_dim / col(c.tp) / c.hbm_bytes_per_s
 
 
+def attention_head_dim_factor(c: TableContext) -> float:
+    """:data:`ATTENTION_HEAD_DIM_FACTOR` of the model's head dims (MLA: ``qk_head_dim + qk_pos_emb_head_dim`` and
+    ``v_head_dim``; else ``kv_channels`` for both); a pair not measured takes the measured pair nearest in
+    ``qk + v`` (ties: the faster)."""
+    model = c.model
+    if c.dims.is_mla:
+        pair = (model.qk_head_dim + model.qk_pos_emb_head_dim, model.v_head_dim)
+    else:
+        pair = (model.kv_channels, model.kv_channels)
+    if pair in ATTENTION_HEAD_DIM_FACTOR:
+        return ATTENTION_HEAD_DIM_FACTOR[pair]
+    return max(ATTENTION_HEAD_DIM_FACTOR.items(), key=lambda kv: (-abs(sum(kv[0]) - sum(pair)), kv[1]))[1]
+
+
+def core_attention_work(c: TableContext) -> Array:
+    """What the attention kernel costs, forward, in multiply-accumulates at the head-dim-128 speed: the causal count
+    (:func:`core_attention_flops`) with the keys a sliding window and a learnable softmax cost beyond their own
+    (:attr:`~cost_model.calibration.Calibration.attention_window_extra_keys` per query on the windowed layers'
+    share, :attr:`~cost_model.calibration.Calibration.attention_sink_extra_keys` on every layer when ``softmax_type``
+    is not vanilla), plus the fixed part of a full-attention call
+    (:attr:`~cost_model.calibration.Calibration.attention_call_macs` per sequence of the micro-batch, on the
+    full-attention layers' share), over :func:`attention_head_dim_factor`. Measured with cuDNN's fused attention on
+    1 x H200 (TE 2.20.2, ``benchmarks/h200_attention.py``, docs/measurements.md "Eighth batch").
+
+    Returns:
+        MAC-equivalents per layer per micro-batch per GPU, ``(n, 1)``.
+    """
+    model, cal = c.model, c.cal
+    s = c.workload.seq_length
+    windowed = bool(model.window_size) and model.window_size + 1 < s
+    win_share = model.num_window_layers / model.num_layers if windowed else 0.0
+    keys = (1 - win_share) * model.attended_keys_per_query(s, windowed=False) + win_share * model.attended_keys_per_query(
+        s, windowed=True)
+    extra = win_share * cal.attention_window_extra_keys + (cal.attention_sink_extra_keys if model.softmax_type != "vanilla" else 0.0)
+    causal = core_attention_flops(c)
+    fixed = (1 - win_share) * cal.attention_call_macs * col(c.mbs)
+    return (causal * (keys + extra) / keys + fixed) / attention_head_dim_factor(c)
+
+
 def core_attention_time(c: TableContext) -> Array:
-    """Forward time of flash attention at ``attention_efficiency`` of the bf16 peak (the
-    efficiency is the fwd + bwd average, FlashAttention-2, Dao 2023).
+    """Forward time of the attention kernel: :func:`core_attention_work` at ``attention_efficiency`` of the bf16 peak
+    (the efficiency is the forward + backward average against a backward of 2 forwards; the fit's start from
+    FlashAttention-2, Dao 2023; measured 0.239 at head dim 128 on 1 x H200
+    (docs/measurements.md, "Eighth batch"); the shipped fit on published runs, which did not see that measurement, 0.239).
 
     Returns:
         Seconds, ``(n, 1)``.
     """
-    return core_attention_flops(c) / (c.bf16_peak_flops * c.cal.attention_efficiency)
+    return core_attention_work(c) / (c.bf16_peak_flops * c.cal.attention_efficiency)
 
 
 def grouped_gemm_efficiency(c: TableContext) -> Array:

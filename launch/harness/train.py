@@ -217,6 +217,15 @@ def _gpt_oss_kwargs(m: dict[str, Any]) -> dict[str, Any]:
     return kw
 
 
+
+def _has_wgrad_fusion_kernel() -> bool:
+    """Whether megatron-core's ``gradient_accumulation_fusion`` can run: its non-TE linears (the output layer's
+    ``ColumnParallelLinear``) need apex's ``fused_weight_gradient_mlp_cuda`` extension (megatron/core/tensor_parallel/
+    layers.py raises without it); NVIDIA's containers have it, a pip install of TE does not."""
+    import importlib.util
+
+    return importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None
+
 def _transformer_config(spec: HarnessSpec) -> Any:
     """The ``TransformerConfig`` (``MLATransformerConfig`` for a model with low-rank attention) of the spec."""
     import torch
@@ -254,7 +263,7 @@ def _transformer_config(spec: HarnessSpec) -> Any:
         sequence_parallel=bool(lay["sequence_parallel"]) and lay["tp"] > 1,
         # HarnessSpec.megatron_fusions: Megatron-LM's defaults (TE only); masked_softmax_fusion stays off (TE's fused
         # attention does not use it)
-        gradient_accumulation_fusion=bool(spec.megatron_fusions) and te,
+        gradient_accumulation_fusion=bool(spec.megatron_fusions) and te and _has_wgrad_fusion_kernel(),
         bias_dropout_fusion=bool(spec.megatron_fusions) and te,
         masked_softmax_fusion=False,
         apply_rope_fusion=bool(spec.megatron_fusions) and te,

@@ -68,6 +68,9 @@ def test_gpt_oss_features_gap_only_for_gpt_oss():
     plain = Layout(world_size=8)
     assert len(known_gaps(plain, load_model("GPT-OSS-120B"))) == 1 and "GPT-OSS" in known_gaps(plain, load_model("GPT-OSS-120B"))[0]
     assert known_gaps(plain, load_model("Qwen3-30B-A3B")) == []
+    # the sinks are priced: a model with sinks but SwiGLU gets no note
+    assert known_gaps(plain, load_model("GPT-OSS-120B").replace(activation_func="silu", activation_func_clamp_value=0.0,
+                                                                 glu_linear_offset=0.0)) == []
 
 
 def test_mla_gap_only_for_mla_models():
@@ -75,5 +78,5 @@ def test_mla_gap_only_for_mla_models():
 
     plain = Layout(world_size=8)
     ds = known_gaps(plain, load_model("DeepSeek-V3"))
-    assert len(ds) == 1 and ds[0].startswith("MLA:") and "against 61.8 ms predicted" in ds[0] and "head dim 192" in ds[0]
+    assert len(ds) == 1 and ds[0].startswith("MLA:") and "against 63.9 ms predicted" in ds[0] and "128 heads" in ds[0]
     assert known_gaps(plain, load_model("MiniMax-M2")) == []
