@@ -183,6 +183,10 @@ def _macs(row: dict[str, Any], keys: float | None = None) -> float:
     return row["micro_batch_size"] * row["seq_length"] * k * row["heads"] * (row["head_dim_qk"] + row["head_dim_v"])
 
 
+#: The cases :func:`derive` takes its constants from (the ``hd*-s8192`` head-dim cases too, when present).
+NAMED_CASES = ("hd128-s4096", "hd128-s8192", "gpt-oss-s4096", "gpt-oss-window-s4096", "gpt-oss-sinks-s4096")
+
+
 def derive(rows: list[dict[str, Any]], peak_flops: float) -> dict[str, Any]:
     """The constants the cost model takes from the kernel times (``fwd_bwd_kernel_s``) of a second-batch file, each
     from named cases (the ``judge-*`` cases are used by none):
@@ -193,14 +197,23 @@ def derive(rows: list[dict[str, Any]], peak_flops: float) -> dict[str, Any]:
     - ``head_dim_factor[(qk, v)]``: each ``hd*-s8192`` case's efficiency so computed over ``efficiency_hd128``;
     - ``window_extra_keys``: the keys per query beyond the window's own that ``gpt-oss-window-s4096`` costs at
       ``gpt-oss-s4096``'s time per key (its time above ``call_s``); a sliding-window call has no fixed part (its time
-      went with its tokens: 4x at micro-batch 4, 1.9x at twice the length);
+      went with its tokens: 3.7x at micro-batch 4, 1.9x at twice the length);
     - ``sink_extra_keys``: the keys per query the learnable softmax (``gpt-oss-sinks-s4096`` against ``gpt-oss-s4096``)
       costs, the same way.
 
     Raises:
-        KeyError: a named case missing or errored.
+        KeyError: a named case (:data:`NAMED_CASES`) missing or errored.
+        ValueError: a case twice (two batches or backends).
     """
-    by = {r["id"]: r for r in rows if "fwd_bwd_kernel_s" in r}
+    by: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if "fwd_bwd_kernel_s" in r:
+            if r["id"] in by:
+                raise ValueError(f"case {r['id']!r} appears twice: derive from one batch and one backend at a time")
+            by[r["id"]] = r
+    missing = [k for k in NAMED_CASES if k not in by]
+    if missing:
+        raise KeyError(f"the constants come from named cases; missing or errored: {', '.join(missing)}")
     t = {k: float(r["fwd_bwd_kernel_s"]) for k, r in by.items()}
     m4, m8 = _macs(by["hd128-s4096"]), _macs(by["hd128-s8192"])
     call_s = (m8 / m4 * t["hd128-s4096"] - t["hd128-s8192"]) / (m8 / m4 - 1)
@@ -223,22 +236,38 @@ def derive(rows: list[dict[str, Any]], peak_flops: float) -> dict[str, Any]:
 def predict(row: dict[str, Any], d: dict[str, Any], peak_flops: float) -> float:
     """Forward + backward seconds of one case from :func:`derive`'s constants: ``call_s x micro_batch_size`` (none on a
     sliding window) ``+ 3 x macs' / (peak x efficiency_hd128 x factor)`` with the window's and the sinks' extra keys
-    in ``macs'`` (the nearest measured head-dim pair's factor)."""
+    in ``macs'`` (an unmeasured head-dim pair interpolated as the cost model does,
+    :func:`cost_model.terms.compute.head_dim_factor`)."""
     keys = _keys(row) + (d["window_extra_keys"] if row["window"] else 0.0) + (
         d["sink_extra_keys"] if row["softmax_type"] != "vanilla" else 0.0)
-    pair = (row["head_dim_qk"], row["head_dim_v"])
-    f = d["head_dim_factor"].get(pair) or min(d["head_dim_factor"].items(), key=lambda kv: abs(kv[0][0] - pair[0]))[1]
+    from cost_model.terms.compute import head_dim_factor
+
+    f = head_dim_factor((row["head_dim_qk"], row["head_dim_v"]), d["head_dim_factor"])
     fixed = 0.0 if row["window"] else d["call_s"] * row["micro_batch_size"]
     return fixed + 3 * _macs(row, keys) / (peak_flops * d["efficiency_hd128"] * f)
 
 
 def compare(files: list[str]) -> int:
     from cost_model.calibration import load_calibration
+    from specs.errors import TunerError
     from specs.hardware import load_gpu
 
     cal = load_calibration(None)
     peak = load_gpu("H200").peak_flops_bf16
-    rows = [json.loads(ln) for f in files for ln in Path(f).read_text().splitlines() if ln.strip()]
+    from tuner.validate_trials import json_lines
+
+    rows: list[dict[str, Any]] = []
+    for f in files:
+        for _, where, row in json_lines(f, f, "one JSON object per line, as benchmarks/h200_attention.py writes"):
+            need = ("id", "backend", *FIELDS[1:])
+            if not isinstance(row, dict) or any(k not in row for k in need):
+                raise TunerError(f"{where}: not a row of benchmarks/h200_attention.py (needs {', '.join(need)})")
+            for k in ("fwd_s", "fwd_bwd_s", "fwd_kernel_s", "fwd_bwd_kernel_s"):
+                if k in row and not (isinstance(row[k], (int, float)) and not isinstance(row[k], bool) and row[k] > 0):
+                    raise TunerError(f"{where}: {k} must be a positive number of seconds, got {row[k]!r}")
+            rows.append(row)
+    if not rows:
+        raise TunerError(f"{', '.join(files)}: no rows")
     ok = [r for r in rows if "fwd_bwd_s" in r]
     ref = {(r["backend"], r["heads"], r["kv_heads"], r["seq_length"]): implied_efficiency(r, peak) for r in ok
            if r["head_dim_qk"] == 128 and r["head_dim_v"] == 128 and not r["window"] and r["micro_batch_size"] == 1}
@@ -255,7 +284,11 @@ def compare(files: list[str]) -> int:
                          f"{2 * e:8.2f} {rel} {e / cal.attention_efficiency:8.2f}\n")
     kern = [r for r in ok if "fwd_bwd_kernel_s" in r]
     if kern:
-        d = derive(kern, peak)
+        try:
+            d = derive(kern, peak)
+        except (KeyError, ValueError) as e:
+            sys.stdout.write(f"\nconstants not derived: {e.args[0]}\n")
+            return 0
         sys.stdout.write("\nfrom the GPU kernels' times (fwd_bwd_kernel_s):\n")
         sys.stdout.write(f"  call_s {d['call_s'] * 1e3:.3f} ms, efficiency_hd128 {d['efficiency_hd128']:.4f}, "
                          f"window_extra_keys {d['window_extra_keys']:.0f}, sink_extra_keys {d['sink_extra_keys']:.0f}\n")
@@ -276,7 +309,13 @@ def main() -> int:
     ap.add_argument("--only", default=os.environ.get("ONLY", ""), help="comma-separated case ids")
     a = ap.parse_args()
     if a.compare:
-        return compare(a.compare)
+        from specs.errors import TunerError
+
+        try:
+            return compare(a.compare)
+        except TunerError as e:
+            sys.stderr.write(f"error: {e}\n")
+            return 2
     if a.one:
         _one_backend(json.loads(a.one), a.iters)
         return 0

@@ -316,6 +316,11 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
     "cpu_adam_params_per_s_per_node": (0.0, float("inf"), True),
     "host_process_bytes": (0.0, 2.0**40, False),
     "grouped_gemm_half_rows": (0.0, float("inf"), False),
+    # the attention kernel's measured extras (eighth batch: 1.55e10 MACs, 590 and 730 keys): bounded well above what
+    # any kernel showed, so a typo cannot overflow a step to inf
+    "attention_call_macs": (0.0, 1e13, False),
+    "attention_window_extra_keys": (0.0, 1e6, False),
+    "attention_sink_extra_keys": (0.0, 1e6, False),
 }
 
 #: The class defaults above, before any fit (kept for reference and for tests of the fit itself).

@@ -21,17 +21,18 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None) -> list[str]:
       and with DP > 1 the first optimizer's clones are priced from the source only.
     - recompute (full, or selective ``moe``) on MoE layers (a MoE model, or no model given): timed on the decoder alone
       (sixth batch, ``benchmarks/h200_recompute.py``, no output layer or loss in the difference) the extra time was
-      0.83-0.92x the predicted extra (MiniMax-M2 full 0.86, ``moe`` 0.83; Qwen3-30B-A3B full 0.92; its ``moe`` 0.39 with
-      a 5 ms spread between rounds); reseeded and re-run (seventh batch) MiniMax-M2 full 1.07, ``moe`` 1.10, Qwen3-30B-A3B
-      full 0.45 and ``moe`` 0.34 with passes 30 ms apart: the 1-GPU MoE slices are host-bound (the profile had the GPU
+      0.86-0.96x the predicted extra (MiniMax-M2 full 0.91, ``moe`` 0.86; Qwen3-30B-A3B full 0.96; its ``moe`` 0.41 with
+      a 5 ms spread between rounds); reseeded and re-run (seventh batch) MiniMax-M2 full 1.13, ``moe`` 1.14, Qwen3-30B-A3B
+      full 0.47 and ``moe`` 0.35 with passes 30 ms apart (ratios under the model since the eighth batch, which prices
+      core attention's forward at its measured share): the 1-GPU MoE slices are host-bound (the profile had the GPU
       busy 44 of 77 ms of a MiniMax-M2 pass). As the difference of two whole harness steps it was 0.8-2.3x on each of
-      two machines (fifth and seventh batches). On a dense (MLA) layer full recompute cost 1.01-1.03x and ``mlp``
-      1.08-1.09x: no note.
+      two machines (fifth and seventh batches). On a dense (MLA) layer full recompute cost 1.06-1.08x, ``mlp``
+      1.11-1.12x and ``core_attn`` 0.99-1.10x: no note.
     - selective ``layernorm`` recompute on MoE layers: +5.4 ms per MiniMax-M2 layer per 8,192-token micro-batch (rounds
       +3.4 and +7.4 ms) where the model prices 0.1 ms, Qwen3-30B-A3B +6.6 ms with a 6.4 ms spread (sixth batch); reseeded
       (seventh batch) +4.0 and -15.3 ms with 9-11 ms between rounds: unresolved.
     - MLA (``kv_lora_rank`` > 0): with the fused RoPE a dense DeepSeek-V3 layer's forward + backward took 70.8 ms per
-      8,192-token micro-batch on the decoder alone against 63.9 ms predicted since the eighth batch priced attention by
+      8,192-token micro-batch on the decoder alone against 64.0 ms predicted since the eighth batch priced attention by
       head dim (61.8 ms before; the embedding's backward, about 3 ms, is in the measured time and not in the predicted
       one). Timed alone, core attention with all 128 heads (no kv grouping) ran 7.5-11% slower than MLA's shape at 32
       heads, from which its factor comes (``benchmarks/h200_attention.py``). The unfused RoPE (``apply_rope_fusion``
@@ -60,7 +61,7 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None) -> list[str]:
     if heavy and moe:
         out.append(
             "recompute: on 1 x H200, timed on the decoder alone, full and selective 'moe' recompute of MoE layers cost "
-            "0.83-1.10x the predicted extra time on MiniMax-M2, 0.34-0.92x on Qwen3-30B-A3B, whose single passes spread "
+            "0.86-1.14x the predicted extra time on MiniMax-M2, 0.35-0.96x on Qwen3-30B-A3B, whose single passes spread "
             "by up to 30 ms (the 1-GPU MoE slices are host-bound: the GPU was busy 57% of a MiniMax-M2 pass); as the "
             "difference of two whole trial steps it measured 0.8-2.3x on two machines (docs/measurements.md, fifth to "
             "seventh batches): confirm the step with a real trial"
@@ -75,7 +76,7 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None) -> list[str]:
     if model is not None and model.is_mla:
         out.append(
             "MLA: on 1 x H200 a dense DeepSeek-V3 layer with the fused RoPE (Megatron-LM's default) took 70.8 ms per "
-            "8,192-token micro-batch against 63.9 ms predicted (decoder alone, the embedding's ~3 ms backward included); "
+            "8,192-token micro-batch against 64.0 ms predicted (decoder alone, the embedding's ~3 ms backward included); "
             "timed alone, its core attention with 128 heads and no kv grouping ran 7.5-11% slower than the head-dim "
             "factor measured at 32 heads predicts (docs/measurements.md, seventh and eighth batches): predicted 5-10% too fast"
         )

@@ -178,6 +178,9 @@ class ModelSpec:
                              f"is more than this tool models (at most {MAX_POSITIONS:,})")
         if self.rotary_base > MAX_ROPE_THETA:
             raise TunerError(f"model {self.name!r}: rope_theta {self.rotary_base:g} is more than this tool models (at most {MAX_ROPE_THETA:g})")
+        if self.is_mla and (self.qk_head_dim <= 0 or self.v_head_dim <= 0):
+            raise TunerError(f"model {self.name!r}: an MLA model (kv_lora_rank > 0) needs qk_nope_head_dim (qk_head_dim) and v_head_dim > 0, "
+                             f"got {self.qk_head_dim} and {self.v_head_dim}")
         if self.softmax_type not in ("vanilla", "off-by-one", "learnable"):
             raise TunerError(f"model {self.name!r}: softmax_type must be vanilla, off-by-one or learnable, got {self.softmax_type!r}")
         if self.activation_func not in ("silu", "quick_gelu"):

@@ -136,7 +136,15 @@ def _options(d: dict[str, Any], te: bool) -> RunOptions:
                          "tensorwise recipes (a blockwise row is not read)")
     if "fp8_param_gather" in h and _flag(h["fp8_param_gather"], "run_options.harness.fp8_param_gather"):
         kw["fp8_param_gather"] = True
-    if "megatron_fusions" in h and _flag(h["megatron_fusions"], "run_options.harness.megatron_fusions"):
+    asked = d.get("options") if isinstance(d.get("options"), dict) else {}
+    fused = _flag(h["megatron_fusions"], "run_options.harness.megatron_fusions") if "megatron_fusions" in h else None
+    if "megatron_fusions" in asked:
+        want = _flag(asked["megatron_fusions"], "options.megatron_fusions")
+        if fused is not None and want != fused:
+            raise ValueError(f"options.megatron_fusions {want} but run_options.harness.megatron_fusions {fused}: the row contradicts "
+                             "itself (the harness records what it ran in run_options.harness)")
+        fused = want if fused is None else fused
+    if fused:
         kw["apply_rope_fusion"] = True  # launch/harness/train.py: the fusions Megatron-LM runs by default
     if "cross_entropy_fusion" in h and _flag(h["cross_entropy_fusion"], "run_options.harness.cross_entropy_fusion"):
         kw.update(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")
@@ -194,7 +202,8 @@ def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
     skipped: list[str] = []
     for path in paths:
         p = Path(path)
-        name = f"{p.parent.name}/{p.name}" if p.parent.name else p.name
+        # the file's folder names it (call12/sweep.jsonl); a generic folder (callNN/sweep/sweep.jsonl) takes its parent too
+        name = "/".join(x for x in (p.parent.parent.name if p.parent.name == p.stem else "", p.parent.name, p.name) if x)
         for i, where, d in json_lines(p, f"--trials {p}", "a trials file holds the JSON lines of launch.harness.sweep"):
             if isinstance(d, dict) and not isinstance(d.get("layout"), dict) and d.get("status") in ("skipped", "refused"):
                 skipped.append(f"{name}:{i} {d.get('id') or d.get('label') or ''}: status {d.get('status')!r} ({str(d.get('reason') or d.get('message') or '')[:80]})")

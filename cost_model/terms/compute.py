@@ -20,7 +20,9 @@ __all__ = [
     "attention_elementwise_time",
     "attention_linear_flops",
     "attention_linear_time",
+    "attention_forward_time",
     "attention_head_dim_factor",
+    "head_dim_factor",
     "core_attention_flops",
     "core_attention_time",
     "core_attention_work",
@@ -70,6 +72,13 @@ CROSS_ENTROPY_BYTES_PER_LOGIT = {"unfused": 64.0, "native": 49.0, "te": 9.5}
 #: only; the same ratios are used on every GPU. Not fitted.
 ATTENTION_HEAD_DIM_FACTOR: dict[tuple[int, int], float] = {
     (64, 64): 0.827, (96, 96): 0.777, (128, 128): 1.0, (192, 128): 0.861, (192, 192): 0.680, (256, 256): 0.773}
+
+#: Core attention's forward over its forward + backward. **Measured** in the same kernels as
+#: :data:`ATTENTION_HEAD_DIM_FACTOR`: the median over the 27 full-attention shapes none of the judged ones is among, 0.238
+#: (0.17 at head dim 192 to 0.26 at 128 and 8,192 tokens; the seven judged shapes 0.19-0.26). A GEMM's is a third
+#: (:data:`GEMM_PASSES`); attention's backward recomputes the scores, so its forward is less. What core-attention and
+#: full recompute re-run. Not fitted.
+ATTENTION_FORWARD_SHARE = 0.238
 
 #: GEMMs of the attention projections: QKV and the output projection (their FLOPs are
 #: about equal, so each is half of :func:`attention_linear_flops` for the size-efficiency curve).
@@ -216,16 +225,30 @@ def mla_unfused_rope_time(c: TableContext) -> Array:
 
 def attention_head_dim_factor(c: TableContext) -> float:
     """:data:`ATTENTION_HEAD_DIM_FACTOR` of the model's head dims (MLA: ``qk_head_dim + qk_pos_emb_head_dim`` and
-    ``v_head_dim``; else ``kv_channels`` for both); a pair not measured takes the measured pair nearest in
-    ``qk + v`` (ties: the faster)."""
+    ``v_head_dim``; else ``kv_channels`` for both). A pair not measured is interpolated linearly in ``qk + v`` between
+    the measured pairs of equal dims (64 .. 256), and held at the nearer end outside them: an assumption, not a
+    measurement."""
     model = c.model
     if c.dims.is_mla:
         pair = (model.qk_head_dim + model.qk_pos_emb_head_dim, model.v_head_dim)
     else:
         pair = (model.kv_channels, model.kv_channels)
-    if pair in ATTENTION_HEAD_DIM_FACTOR:
-        return ATTENTION_HEAD_DIM_FACTOR[pair]
-    return max(ATTENTION_HEAD_DIM_FACTOR.items(), key=lambda kv: (-abs(sum(kv[0]) - sum(pair)), kv[1]))[1]
+    return head_dim_factor(pair, ATTENTION_HEAD_DIM_FACTOR)
+
+
+def head_dim_factor(pair: tuple[int, int], table: dict[tuple[int, int], float]) -> float:
+    """``table[pair]``, or interpolated linearly in ``qk + v`` between the table's pairs of equal dims (held at the
+    nearer end outside them); also what ``benchmarks/h200_attention.py --compare`` predicts with.
+
+    Raises:
+        ValueError: ``table`` has no pair of equal dims.
+    """
+    if pair in table:
+        return table[pair]
+    square = sorted((qk + v, f) for (qk, v), f in table.items() if qk == v)
+    if not square:
+        raise ValueError("head_dim_factor: the table has no pair of equal head dims to interpolate between")
+    return float(np.interp(sum(pair), [d for d, _ in square], [f for _, f in square]))
 
 
 def core_attention_work(c: TableContext) -> Array:
@@ -247,10 +270,26 @@ def core_attention_work(c: TableContext) -> Array:
     win_share = model.num_window_layers / model.num_layers if windowed else 0.0
     keys = (1 - win_share) * model.attended_keys_per_query(s, windowed=False) + win_share * model.attended_keys_per_query(
         s, windowed=True)
-    extra = win_share * cal.attention_window_extra_keys + (cal.attention_sink_extra_keys if model.softmax_type != "vanilla" else 0.0)
-    causal = core_attention_flops(c)
-    fixed = (1 - win_share) * cal.attention_call_macs * col(c.mbs)
-    return (causal * (keys + extra) / keys + fixed) / attention_head_dim_factor(c)
+    keys_full = model.attended_keys_per_query(s, windowed=False)
+    sinks = cal.attention_sink_extra_keys if model.softmax_type != "vanilla" else 0.0
+    per_key = core_attention_flops(c) / keys  # MACs per key per query, (n, 1)
+    call = cal.attention_call_macs * col(c.mbs)
+    full_layer = per_key * (keys_full + sinks) + call
+    # a windowed layer costs its keys and the window's extra ones, no fixed part, and never more than a full layer
+    # (a window that limits little is not dearer than none)
+    win_layer = np.minimum(per_key * (model.attended_keys_per_query(s, windowed=True) + cal.attention_window_extra_keys + sinks),
+                           full_layer)
+    return ((1 - win_share) * full_layer + win_share * win_layer) / attention_head_dim_factor(c)
+
+
+def attention_forward_time(core: Array) -> Array:
+    """Core attention's forward alone from :func:`core_attention_time` (a third of its forward + backward by the GEMM
+    convention): ``GEMM_PASSES x core x ATTENTION_FORWARD_SHARE``.
+
+    Returns:
+        Seconds, the shape of ``core``.
+    """
+    return GEMM_PASSES * core * ATTENTION_FORWARD_SHARE
 
 
 def core_attention_time(c: TableContext) -> Array:

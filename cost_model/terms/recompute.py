@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cost_model.terms import compute
 from cost_model.terms.context import Array, TableContext
 
 __all__ = [
@@ -38,7 +39,8 @@ def _forward_share(c: TableContext) -> float:
 
 def attention_forward_time(c: TableContext, linear: Array, core: Array, elementwise: Array, tp: Array,
                            unfused_rope: Array | float = 0.0) -> Array:
-    """One forward of a layer's attention side: projections + core attention + the forward share of its
+    """One forward of a layer's attention side: projections + core attention's forward
+    (:func:`cost_model.terms.compute.attention_forward_time`, its measured share) + the forward share of its
     memory-bound work + its forward TP collectives + the forward share of MLA's unfused RoPE.
 
     Args:
@@ -48,7 +50,7 @@ def attention_forward_time(c: TableContext, linear: Array, core: Array, elementw
     Returns:
         Seconds, ``(n, 1)``.
     """
-    return (linear + core + elementwise / _forward_share(c) + tp * FORWARD_TP_SHARE
+    return (linear + compute.attention_forward_time(core) + elementwise / _forward_share(c) + tp * FORWARD_TP_SHARE
             + unfused_rope * c.cal.unfused_mla_rope_forward_share)
 
 
@@ -76,7 +78,8 @@ def dense_forward_time(c: TableContext, mlp: Array, attention_elementwise: Array
 
 def selective_attention_time(c: TableContext, core: Array, attention_elementwise: Array, up_projection: Array,
                              unfused_rope: Array | float = 0.0) -> Array:
-    """Selective recompute in the attention side: core attention (``core_attn``), the norms'
+    """Selective recompute in the attention side: core attention's forward (``core_attn``,
+    :func:`cost_model.terms.compute.attention_forward_time`), the norms'
     forward (``layernorm``: ``norm_elementwise_share`` of the attention side's memory-bound forward) and MLA's
     up-projections (``mla_up_proj``: :func:`cost_model.terms.compute.mla_up_projection_time`, with the forward share
     of the unfused RoPE and q / k assembly, which megatron-core checkpoints with them:
@@ -90,7 +93,7 @@ def selective_attention_time(c: TableContext, core: Array, attention_elementwise
         Seconds, ``(n, 1)``.
     """
     norms = attention_elementwise * c.cal.norm_elementwise_share / _forward_share(c)
-    return (np.where(c.recomputes("core_attn"), core, 0) + np.where(c.recomputes("layernorm"), norms, 0)
+    return (np.where(c.recomputes("core_attn"), compute.attention_forward_time(core), 0) + np.where(c.recomputes("layernorm"), norms, 0)
             + np.where(c.recomputes("mla_up_proj"), up_projection + unfused_rope * c.cal.unfused_mla_rope_forward_share, 0))
 
 

@@ -243,3 +243,14 @@ def test_former_inline_constants_keep_their_values_and_ranges(name, value, bad):
     assert getattr(BASE_CALIBRATION, name) == getattr(DEFAULT_CALIBRATION, name) == value
     with pytest.raises(TunerError, match=f"calibration constant {name} = {bad!r} is outside"):
         BASE_CALIBRATION.replace(**{name: bad})
+
+
+@pytest.mark.parametrize("field", ["attention_call_macs", "attention_window_extra_keys", "attention_sink_extra_keys"])
+def test_the_attention_kernel_constants_are_bounded(field, tmp_path):
+    # a huge value (1.0e+300, read as a number) overflowed the window's keys to inf and the study's tell to NaN
+    from cost_model.calibration import load_calibration
+
+    p = tmp_path / "c.yaml"
+    p.write_text(f"{field}: 1.0e+300\n")
+    with pytest.raises(TunerError, match=rf"calibration constant {field} = 1e\+300 is outside \[0, "):
+        load_calibration(p)

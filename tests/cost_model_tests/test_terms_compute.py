@@ -65,13 +65,14 @@ def test_attention_head_dim_factor():
     assert compute.attention_head_dim_factor(make_ctx(model=TINY_DENSE.replace(kv_channels=128), tp=2)) == 1.0
     assert compute.attention_head_dim_factor(make_ctx(model=TINY_DENSE.replace(kv_channels=192), tp=2)) == 0.680
     assert compute.attention_head_dim_factor(make_ctx(model=TINY_DENSE.replace(kv_channels=64), tp=2)) == 0.827
-    # 80 + 80 is as far from (64, 64) as from (96, 96): the faster, 0.827
-    assert compute.attention_head_dim_factor(make_ctx(model=TINY_DENSE.replace(kv_channels=80), tp=2)) == 0.827
+    # 80 + 80 lies halfway between (64, 64) and (96, 96): interpolated in qk + v; held at the ends outside them
+    assert compute.attention_head_dim_factor(make_ctx(model=TINY_DENSE.replace(kv_channels=80), tp=2)) == pytest.approx(0.802)
+    assert compute.attention_head_dim_factor(make_ctx(model=TINY_DENSE.replace(kv_channels=512), tp=2)) == 0.773
     mla = load_model("DeepSeek-V3")
     assert compute.attention_head_dim_factor(make_ctx(model=mla, tp=8)) == 0.861  # q / k 128 + 64, v 128
-    # an unmeasured MLA pair goes by qk + v: (176, 64) is nearest (128, 128), though its qk is nearer 192
+    # an unmeasured MLA pair goes by qk + v: (176, 64) sums to 240, 3/4 of the way from (96, 96) to (128, 128)
     odd = mla.replace(qk_pos_emb_head_dim=48, v_head_dim=64)
-    assert compute.attention_head_dim_factor(make_ctx(model=odd, tp=8)) == 1.0
+    assert compute.attention_head_dim_factor(make_ctx(model=odd, tp=8)) == pytest.approx(0.777 + 0.75 * 0.223)
 
 
 def test_attention_call_part_per_sequence_on_full_layers():
@@ -97,6 +98,11 @@ def test_attention_window_and_sink_extra_keys():
     sinks = make_ctx(model=win.replace(softmax_type="learnable"), tp=2,
                      cal=TEST_CAL.replace(attention_window_extra_keys=100.0, attention_sink_extra_keys=40.0))
     assert compute.core_attention_work(sinks)[0, 0] == pytest.approx(causal * (keys + 50.0 + 40.0) / keys)
+    # a window that limits little is priced as a full layer, never more (the window's extra keys would exceed it)
+    long = make_ctx(model=win.replace(window_size=1000, window_attn_skip_freq=()), tp=2,
+                    cal=TEST_CAL.replace(attention_window_extra_keys=100.0, attention_call_macs=1e3))
+    full_equiv = compute.core_attention_flops(long)[0, 0] * ((1024 + 1) / 2) / long.model.attended_keys_per_query(1024, True) + 1e3
+    assert compute.core_attention_work(long)[0, 0] == pytest.approx(full_equiv)
     # a window at least as long as the sequence is full attention: no extra keys
     full = make_ctx(model=win.replace(window_size=4096), tp=2, cal=TEST_CAL.replace(attention_window_extra_keys=100.0))
     assert compute.core_attention_work(full)[0, 0] == pytest.approx(compute.core_attention_flops(full)[0, 0])

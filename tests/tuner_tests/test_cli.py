@@ -320,6 +320,7 @@ def test_estimate_bad_layout_flags(extra, needle):
         ({"head_dim": "x"}, "head_dim must be an integer"),
         ({"tuner": [1, 2]}, "'tuner' section must be an object"),
         ({"text_config": "x", "hidden_size": None}, "text_config must be an object"),
+        ({"kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 0}, "needs qk_nope_head_dim (qk_head_dim) and v_head_dim > 0"),
     ],
 )
 def test_bad_model_config_values(cfg, needle, tmp_path):

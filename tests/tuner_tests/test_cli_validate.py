@@ -56,6 +56,10 @@ def test_validate_trials_predicts_each_stack_with_its_calibration(tmp_path):
          "run_options.harness.cross_entropy_fusion must be true or false, got 'false'"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "run_options": {"harness": {"megatron_fusions": 1}}}),
          "run_options.harness.megatron_fusions must be true or false, got 1"),
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "options": {"megatron_fusions": "yes"}}),
+         "options.megatron_fusions must be true or false, got 'yes'"),
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "options": {"megatron_fusions": True},
+                     "run_options": {"harness": {"megatron_fusions": False}}}), "the row contradicts itself"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "run_options": {"harness": "abc"}}),
          "'run_options.harness' must be an object"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "run_options": {"harness": []}}),
@@ -143,5 +147,11 @@ def test_a_row_run_with_megatron_fusions_is_predicted_with_the_fused_rope(tmp_pa
     f.write_text(line + "\n" + json.dumps(d) + "\n")
     rows, _ = read_trials([f])
     assert [r.options.apply_rope_fusion for r in rows] == [False, True]
+    # a row that only asked for the fusions (options, no run_options.harness record) is read as asked
+    asked = {k: v for k, v in json.loads(line).items() if k != "run_options"}
+    asked["options"] = {**asked.get("options", {}), "megatron_fusions": True}
+    g = tmp_path / "u.jsonl"
+    g.write_text(json.dumps(asked) + "\n")
+    assert read_trials([g])[0][0].options.apply_rope_fusion
     unfused, fused = predict_trials(rows)
     assert fused.step_time_s < unfused.step_time_s
