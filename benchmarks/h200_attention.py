@@ -228,7 +228,9 @@ def derive(rows: list[dict[str, Any]], peak_flops: float) -> dict[str, Any]:
     tf = t["gpt-oss-s4096"] - call_s
     window = t["gpt-oss-window-s4096"] / tf * kf - _keys(by["gpt-oss-window-s4096"])
     sink = (t["gpt-oss-sinks-s4096"] - t["gpt-oss-s4096"]) / tf * kf
-    assert full["head_dim_qk"] == 64
+    if full["head_dim_qk"] != 64 or call_s <= 0 or e128 <= 0 or sink < 0 or window < 0:
+        raise ValueError(f"the named cases give no physical constants (call_s {call_s * 1e3:.3f} ms, window keys {window:.0f}, "
+                         f"sink keys {sink:.0f}, GPT-OSS head dim {full['head_dim_qk']}): not the shapes this script writes?")
     return {"call_s": call_s, "efficiency_hd128": e128, "head_dim_factor": factor, "window_extra_keys": window,
             "sink_extra_keys": sink}
 
@@ -262,9 +264,18 @@ def compare(files: list[str]) -> int:
             need = ("id", "backend", *FIELDS[1:])
             if not isinstance(row, dict) or any(k not in row for k in need):
                 raise TunerError(f"{where}: not a row of benchmarks/h200_attention.py (needs {', '.join(need)})")
+            for k in ("id", "backend", "softmax_type", *(("error",) if "error" in row else ())):
+                if not isinstance(row[k], str):
+                    raise TunerError(f"{where}: {k} must be a string, got {row[k]!r:.40}")
+            for k in ("heads", "kv_heads", "head_dim_qk", "head_dim_v", "seq_length", "micro_batch_size", "window"):
+                v = row[k]
+                if isinstance(v, bool) or not isinstance(v, int) or v < (0 if k == "window" else 1):
+                    raise TunerError(f"{where}: {k} must be a whole number >= {0 if k == 'window' else 1}, got {v!r:.40}")
+            if ("fwd_s" in row) != ("fwd_bwd_s" in row):
+                raise TunerError(f"{where}: a timed row has both fwd_s and fwd_bwd_s")
             for k in ("fwd_s", "fwd_bwd_s", "fwd_kernel_s", "fwd_bwd_kernel_s"):
-                if k in row and not (isinstance(row[k], (int, float)) and not isinstance(row[k], bool) and row[k] > 0):
-                    raise TunerError(f"{where}: {k} must be a positive number of seconds, got {row[k]!r}")
+                if k in row and not (isinstance(row[k], (int, float)) and not isinstance(row[k], bool) and 0 < row[k] < 1e3):
+                    raise TunerError(f"{where}: {k} must be a number of seconds in (0, 1000), got {row[k]!r}")
             rows.append(row)
     if not rows:
         raise TunerError(f"{', '.join(files)}: no rows")
@@ -286,7 +297,7 @@ def compare(files: list[str]) -> int:
     if kern:
         try:
             d = derive(kern, peak)
-        except (KeyError, ValueError) as e:
+        except (KeyError, ValueError, ZeroDivisionError) as e:
             sys.stdout.write(f"\nconstants not derived: {e.args[0]}\n")
             return 0
         sys.stdout.write("\nfrom the GPU kernels' times (fwd_bwd_kernel_s):\n")

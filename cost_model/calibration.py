@@ -59,7 +59,7 @@ class Calibration:
     """Causal flash attention's forward + backward speed, as a fraction of the bf16 peak against
     :func:`cost_model.terms.compute.core_attention_flops`, which counts multiply-accumulates (half the
     FLOPs): the achieved fraction of peak in FLOPs is twice this. This default is only the fit's start;
-    the shipped fit is 0.239 (0.478 of peak; FlashAttention-2, Dao 2023: ~50-70% forward, ~35-45%
+    the shipped fit is 0.2375 (0.475 of peak; FlashAttention-2, Dao 2023: ~50-70% forward, ~35-45%
     backward on A100 / H100 at head dim 128). Since the eighth batch it is head dim 128's speed above a call's fixed
     part (:func:`cost_model.terms.compute.core_attention_work`); cuDNN's fused attention measured 0.239 so on 1 x H200,
     a measurement the fit did not use (docs/measurements.md, "Eighth batch")."""
@@ -68,7 +68,7 @@ class Calibration:
     head-dim-128 speed (:func:`cost_model.terms.compute.core_attention_work`): measured on 1 x H200 (TE 2.20.2 cuDNN
     FusedAttention, 2026-12-02, ``benchmarks/h200_attention.py --compare``, call29): 32 heads at 4,096 and 8,192 tokens
     (4x the work) took 1.069 and 3.684 ms forward + backward in the kernels, so 0.197 ms of a call does not grow with
-    the work; x 989.4 TFLOP/s x 0.239 / 3. Judged on 8 and 16 heads, 2,048 and 16,384 tokens and micro-batch 2: within
+    the work; x 989.4 TFLOP/s x 0.239 / 3. Judged on 8 heads at 8,192 tokens, 64 at 2,048, 16 at 16,384 and micro-batch 2: within
     3.4%. A sliding-window call showed none (its time went with its tokens). Not fitted."""
     attention_window_extra_keys: float = 590.0
     """Keys per query a sliding-window layer's kernel costs beyond the window's own, at the full-attention kernel's time

@@ -34,11 +34,11 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None) -> list[str]:
     - MLA (``kv_lora_rank`` > 0): with the fused RoPE a dense DeepSeek-V3 layer's forward + backward took 70.8 ms per
       8,192-token micro-batch on the decoder alone against 64.0 ms predicted since the eighth batch priced attention by
       head dim (61.8 ms before; the embedding's backward, about 3 ms, is in the measured time and not in the predicted
-      one). Timed alone, core attention with all 128 heads (no kv grouping) ran 7.5-11% slower than MLA's shape at 32
+      one). Timed alone, core attention with all 128 heads (no kv grouping) ran 8-13% longer than MLA's shape at 32
       heads, from which its factor comes (``benchmarks/h200_attention.py``). The unfused RoPE (``apply_rope_fusion``
       off, as the harness runs it) costs 5.23 ms more, priced since the seventh batch
       (:func:`cost_model.terms.compute.mla_unfused_rope_time`), which brought ``mla_up_proj`` recompute from 3.3x to
-      1.07-1.09x.
+      1.08-1.10x.
     - GPT-OSS's clamped quick-GEGLU: +0.010 s on a 0.51 s step of a 2-layer GPT-OSS-120B slice (about 2%;
       "GPT-OSS-120B's layer features", call18), not priced. Its attention sinks (+0.011 s there) are priced since the
       eighth batch (:attr:`cost_model.calibration.Calibration.attention_sink_extra_keys`: 0.006 s predicted).
@@ -77,7 +77,7 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None) -> list[str]:
         out.append(
             "MLA: on 1 x H200 a dense DeepSeek-V3 layer with the fused RoPE (Megatron-LM's default) took 70.8 ms per "
             "8,192-token micro-batch against 64.0 ms predicted (decoder alone, the embedding's ~3 ms backward included); "
-            "timed alone, its core attention with 128 heads and no kv grouping ran 7.5-11% slower than the head-dim "
+            "timed alone, its core attention with 128 heads and no kv grouping ran 8-13% longer than the head-dim "
             "factor measured at 32 heads predicts (docs/measurements.md, seventh and eighth batches): predicted 5-10% too fast"
         )
     if model is not None and model.activation_func == "quick_gelu":

@@ -112,7 +112,7 @@ def core_attention_flops(c: TableContext) -> Array:
     """Forward work of causal core attention (QK^T and PV) in multiply-accumulates, half its FLOPs:
     ``tokens x s x (q_dim + ctx_dim) / 2 / tp`` x (mean keys per query / the full-causal mean). The
     fitted :attr:`cost_model.calibration.Calibration.attention_efficiency` is against this count, so it
-    is half the achieved fraction of the bf16 peak (the shipped 0.239 is 0.478 of peak in FLOPs). What the kernel
+    is half the achieved fraction of the bf16 peak (the shipped 0.2375 is 0.475 of peak in FLOPs). What the kernel
     costs beyond this count (a call's fixed part, a window's and the sinks' extra keys, the head dims) is
     :func:`core_attention_work`.
 
@@ -226,7 +226,7 @@ def mla_unfused_rope_time(c: TableContext) -> Array:
 def attention_head_dim_factor(c: TableContext) -> float:
     """:data:`ATTENTION_HEAD_DIM_FACTOR` of the model's head dims (MLA: ``qk_head_dim + qk_pos_emb_head_dim`` and
     ``v_head_dim``; else ``kv_channels`` for both). A pair not measured is interpolated linearly in ``qk + v`` between
-    the measured pairs of equal dims (64 .. 256), and held at the nearer end outside them: an assumption, not a
+    the measured pairs (:func:`head_dim_factor`), and held at the nearer end outside them: an assumption, not a
     measurement."""
     model = c.model
     if c.dims.is_mla:
@@ -237,18 +237,19 @@ def attention_head_dim_factor(c: TableContext) -> float:
 
 
 def head_dim_factor(pair: tuple[int, int], table: dict[tuple[int, int], float]) -> float:
-    """``table[pair]``, or interpolated linearly in ``qk + v`` between the table's pairs of equal dims (held at the
-    nearer end outside them); also what ``benchmarks/h200_attention.py --compare`` predicts with.
+    """``table[pair]``, or interpolated linearly in ``qk + v`` between the table's pairs (held at the nearer end
+    outside them; MLA's (192, 128) is the point at 320, so its neighbours run on from it); also what
+    ``benchmarks/h200_attention.py --compare`` predicts with.
 
     Raises:
-        ValueError: ``table`` has no pair of equal dims.
+        ValueError: ``table`` is empty, or two of its pairs have the same ``qk + v``.
     """
     if pair in table:
         return table[pair]
-    square = sorted((qk + v, f) for (qk, v), f in table.items() if qk == v)
-    if not square:
-        raise ValueError("head_dim_factor: the table has no pair of equal head dims to interpolate between")
-    return float(np.interp(sum(pair), [d for d, _ in square], [f for _, f in square]))
+    points = sorted((qk + v, f) for (qk, v), f in table.items())
+    if not points or len({d for d, _ in points}) < len(points):
+        raise ValueError("head_dim_factor: the table must hold pairs of distinct qk + v to interpolate between")
+    return float(np.interp(sum(pair), [d for d, _ in points], [f for _, f in points]))
 
 
 def core_attention_work(c: TableContext) -> Array:
@@ -276,7 +277,9 @@ def core_attention_work(c: TableContext) -> Array:
     call = cal.attention_call_macs * col(c.mbs)
     full_layer = per_key * (keys_full + sinks) + call
     # a windowed layer costs its keys and the window's extra ones, no fixed part, and never more than a full layer
-    # (a window that limits little is not dearer than none)
+    # (a window that limits little is not dearer than none). Known edge: a window cutting only a few keys at a large
+    # micro-batch prices up to the full layer's fixed part (about 1%) below no window, since the measured windowed
+    # kernels showed no fixed part (at 128-4,096 keys of 4,096-8,192)
     win_layer = np.minimum(per_key * (model.attended_keys_per_query(s, windowed=True) + cal.attention_window_extra_keys + sinks),
                            full_layer)
     return ((1 - win_share) * full_layer + win_share * win_layer) / attention_head_dim_factor(c)
@@ -296,7 +299,7 @@ def core_attention_time(c: TableContext) -> Array:
     """Forward time of the attention kernel: :func:`core_attention_work` at ``attention_efficiency`` of the bf16 peak
     (the efficiency is the forward + backward average against a backward of 2 forwards; the fit's start from
     FlashAttention-2, Dao 2023; measured 0.239 at head dim 128 on 1 x H200
-    (docs/measurements.md, "Eighth batch"); the shipped fit on published runs, which did not see that measurement, 0.239).
+    (docs/measurements.md, "Eighth batch"); the shipped fit on published runs, which did not see that measurement, 0.2375).
 
     Returns:
         Seconds, ``(n, 1)``.
