@@ -167,10 +167,7 @@ def implied_efficiency(row: dict[str, Any], peak_flops: float) -> float:
     Raises:
         KeyError: a row without ``fwd_bwd_s`` (an errored case).
     """
-    s, w = int(row["seq_length"]), int(row["window"])
-    keys = sum(min(i + 1, w) for i in range(s)) / s if w else (s + 1) / 2
-    macs = row["micro_batch_size"] * s * keys * row["heads"] * (row["head_dim_qk"] + row["head_dim_v"])
-    return 3 * macs / (float(row["fwd_bwd_s"]) * peak_flops)
+    return 3 * _macs(row) / (float(row["fwd_bwd_s"]) * peak_flops)
 
 
 def _keys(row: dict[str, Any]) -> float:

@@ -154,7 +154,7 @@ EXPLICIT: tuple[Mutation, ...] = (
     _edit("attention: a window costs its keys only", T + "compute:core_attention_work", "+ cal.attention_window_extra_keys + sinks),",
           "+ sinks),"),
     _edit("attention: sinks cost nothing", T + "compute:core_attention_work",
-          "sinks = cal.attention_sink_extra_keys if model.softmax_type != \"vanilla\" else 0.0", "sinks = 0.0"),
+          "sinks = cal.attention_sink_extra_keys if c.model.softmax_type != \"vanilla\" else 0.0", "sinks = 0.0"),
     _edit("attention: one speed for every head dim", T + "compute:core_attention_work", "/ attention_head_dim_factor(c)", "/ 1.0"),
     _edit("attention: head dims interpolated by qk alone", T + "compute:head_dim_factor",
           "np.interp(sum(pair),", "np.interp(2 * pair[0],"),

@@ -123,12 +123,24 @@ def core_attention_flops(c: TableContext) -> Array:
     Returns:
         Multiply-accumulates, ``(n, 1)``.
     """
-    m, model = c.dims, c.model
-    keys_full = model.attended_keys_per_query(c.workload.seq_length, windowed=False)
-    keys_win = model.attended_keys_per_query(c.workload.seq_length, windowed=True)
-    win_share = model.num_window_layers / model.num_layers
+    keys_full, keys_win, win_share = _attended_keys(c)
     keys = (1 - win_share) * keys_full + win_share * keys_win
-    return c.tokens * c.seq * (m.q_dim + m.ctx_dim) / 2 / col(c.tp) * (keys / keys_full)
+    return _macs_per_key(c) * keys
+
+
+def _attended_keys(c: TableContext) -> tuple[float, float, float]:
+    """Mean keys per query of a full and of a windowed layer, and the windowed layers' share (0 when the window
+    does not limit a query at this length: :meth:`specs.ModelSpec.attended_keys_per_query`)."""
+    model, s = c.model, c.workload.seq_length
+    share = model.num_window_layers / model.num_layers if model.window_size and model.window_size + 1 < s else 0.0
+    return model.attended_keys_per_query(s, windowed=False), model.attended_keys_per_query(s, windowed=True), share
+
+
+def _macs_per_key(c: TableContext) -> Array:
+    """Forward multiply-accumulates of core attention per mean key per query, ``(n, 1)``: Megatron's ``s / 2`` keys
+    of the causal count spread over the ``(s + 1) / 2`` a query attends to."""
+    m = c.dims
+    return c.tokens * c.seq * (m.q_dim + m.ctx_dim) / 2 / col(c.tp) / c.model.attended_keys_per_query(c.workload.seq_length, windowed=False)
 
 
 def expert_flops(c: TableContext) -> Array:
@@ -265,22 +277,17 @@ def core_attention_work(c: TableContext) -> Array:
     Returns:
         MAC-equivalents per layer per micro-batch per GPU, ``(n, 1)``.
     """
-    model, cal = c.model, c.cal
-    s = c.workload.seq_length
-    windowed = bool(model.window_size) and model.window_size + 1 < s
-    win_share = model.num_window_layers / model.num_layers if windowed else 0.0
-    keys = (1 - win_share) * model.attended_keys_per_query(s, windowed=False) + win_share * model.attended_keys_per_query(
-        s, windowed=True)
-    keys_full = model.attended_keys_per_query(s, windowed=False)
-    sinks = cal.attention_sink_extra_keys if model.softmax_type != "vanilla" else 0.0
-    per_key = core_attention_flops(c) / keys  # MACs per key per query, (n, 1)
+    cal = c.cal
+    keys_full, keys_win, win_share = _attended_keys(c)
+    sinks = cal.attention_sink_extra_keys if c.model.softmax_type != "vanilla" else 0.0
+    per_key = _macs_per_key(c)
     call = cal.attention_call_macs * col(c.mbs)
     full_layer = per_key * (keys_full + sinks) + call
     # a windowed layer costs its keys and the window's extra ones, no fixed part, and never more than a full layer
     # (a window that limits little is not dearer than none). Known edge: a window cutting only a few keys at a large
     # micro-batch prices up to the full layer's fixed part (about 1%) below no window, since the measured windowed
     # kernels showed no fixed part (at 128-4,096 keys of 4,096-8,192)
-    win_layer = np.minimum(per_key * (model.attended_keys_per_query(s, windowed=True) + cal.attention_window_extra_keys + sinks),
+    win_layer = np.minimum(per_key * (keys_win + cal.attention_window_extra_keys + sinks),
                            full_layer)
     return ((1 - win_share) * full_layer + win_share * win_layer) / attention_head_dim_factor(c)
 
