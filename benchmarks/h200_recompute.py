@@ -3,7 +3,9 @@
     PYTHONPATH=/tmp/site:. OUT=... SLICES=mm,qw,ds ROUNDS=2 BUDGET_S=500 python3 benchmarks/h200_recompute.py   # on the GPU
     ... ROPE_FUSION=1 ...                                  # with megatron-core's fused RoPE, as production recipes run it
     ... PROFILE=1 ...                                      # base variants only, each with a torch.profiler kernel census
+    ... PROFILE=all ...                                    # every variant timed and profiled
     PYTHONPATH=. python benchmarks/h200_recompute.py --compare FILE.jsonl [FILE ...]                           # here: against the model
+    PYTHONPATH=. python benchmarks/h200_recompute.py --compare FILE.jsonl --kernels profile.jsonl               # by the GPU kernels' time
 
 Why a benchmark of its own: the harness trials' recompute extra was the difference of two whole steps, each with a
 1-5% CV, on slices where the output layer and the loss are half of the step, so the same case differed 2x between
@@ -25,7 +27,8 @@ dense MLA layer). Writes ``$OUT/recompute.jsonl``: one row per (slice, variant, 
 ``PROFILE=1`` runs the ``base`` variants alone and adds, per slice, an ``event: profile`` row to ``$OUT/profile.jsonl``: the
 CUDA kernels of :data:`PROFILE_ITERS` forward + backward passes under ``torch.profiler`` (per pass: each kernel's time in
 seconds and calls, the 60 longest by name; the kernels' total, and the CUDA-event time of the same passes, so that the
-difference is time the GPU waited for the host).
+difference is time the GPU waited for the host). ``PROFILE=all`` does that for every variant in every round (the
+profile rows then carry ``round``).
 
 ``--compare`` reads those rows (on any machine, no torch), takes each variant's median over rounds and prints, for each,
 the measured extra time and saving against its slice's ``base`` next to the cost model's prediction of the same
@@ -37,6 +40,11 @@ layer, what the forward no longer leaves for the backward) against the model's p
 forward + backward peak) against the predicted peaks' difference. ``slices``: each slice's measured ``base`` forward +
 backward against the model's time for its layers (the same :data:`STASH_LAYERS` difference of predicted steps, less the
 optimizer's part).
+
+``--kernels PROFILE.jsonl`` (rows of ``PROFILE=all``) judges the time by the GPU kernels' total of each variant's passes
+instead of their CUDA-event time: the one-GPU MoE slices are host-bound (the GPU was busy 57% of a MiniMax-M2 pass), so
+a recompute's extra kernels partly fill time the GPU spent waiting, and the event time's difference moved by up to 30 ms
+between rounds; the kernels' total is the GPU work the model prices, which is what a GPU-bound production step pays.
 """
 
 from __future__ import annotations
@@ -94,7 +102,9 @@ def _spec(slice_id: str, rec: dict[str, Any], extra_layers: int = 0) -> Any:
 
 
 def measure(out: Path, slices: list[str], rounds: int, budget_s: float, iters: int, rope_fusion: bool = False,
-            profile: bool = False) -> int:
+            profile: bool | str = False) -> int:
+    """Run the variants on the GPU (see the module docstring); ``profile``: False, True (``base`` variants only, with a
+    kernel census) or ``"all"`` (every variant timed and profiled)."""
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
@@ -179,7 +189,7 @@ def measure(out: Path, slices: list[str], rounds: int, budget_s: float, iters: i
         t_n = events_between(fwd_nograd, max(4, iters // 2))
         params = sum(p.numel() for p in model.parameters())
         if profile:
-            _profile_row(slice_id, vname, fwd_bwd)
+            _profile_row(slice_id, vname, fwd_bwd, rnd)
         row = {"slice": slice_id, "model": f"{SLICES[slice_id][0]}[{SLICES[slice_id][1]} layers]" if SLICES[slice_id][1] else SLICES[slice_id][0],
                "variant": vname, "round": rnd, "recompute": {k: list(v) if isinstance(v, tuple) else v for k, v in rec.items()},
                "layout": spec.layout, "model_overrides": SLICES[slice_id][3], "seq_length": SEQ, "micro_batch_size": 1,
@@ -188,7 +198,7 @@ def measure(out: Path, slices: list[str], rounds: int, budget_s: float, iters: i
                "build_s": build_s, "elapsed_s": time.monotonic() - t0}
         return row  # the model and its tensors go with this frame; the caller empties the cache
 
-    def _profile_row(slice_id: str, vname: str, fwd_bwd: Any) -> None:
+    def _profile_row(slice_id: str, vname: str, fwd_bwd: Any, rnd: int) -> None:
         from torch.profiler import ProfilerActivity
         from torch.profiler import profile as torch_profile
 
@@ -205,7 +215,7 @@ def measure(out: Path, slices: list[str], rounds: int, budget_s: float, iters: i
             if t_us > 0 and e.count > 0:  # only CUDA activity is recorded: kernels, memcpy and memset
                 kernels.append({"name": e.key[:240], "time_s": t_us / 1e6 / PROFILE_ITERS, "calls": e.count / PROFILE_ITERS})
         kernels.sort(key=lambda k: -k["time_s"])
-        row = {"event": "profile", "slice": slice_id, "variant": vname, "apply_rope_fusion": bool(rope_fusion), "iters": PROFILE_ITERS,
+        row = {"event": "profile", "slice": slice_id, "variant": vname, "round": rnd, "apply_rope_fusion": bool(rope_fusion), "iters": PROFILE_ITERS,
                "events_fwd_bwd_s": ev[0].elapsed_time(ev[1]) / 1e3 / PROFILE_ITERS, "kernels_total_s": sum(k["time_s"] for k in kernels),
                "kernels_count": len(kernels), "kernels": kernels[:60]}
         with open(out / "profile.jsonl", "a") as fh:
@@ -215,7 +225,7 @@ def measure(out: Path, slices: list[str], rounds: int, budget_s: float, iters: i
     failures = 0
     for rnd in range(rounds):
         for sid in slices:
-            vs = variants(SLICES[sid][2])[:1] if profile else variants(SLICES[sid][2])
+            vs = variants(SLICES[sid][2])[:1] if profile is True else variants(SLICES[sid][2])
             for vname, rec in (vs if rnd % 2 == 0 else vs[::-1]):
                 if time.monotonic() - t0 > budget_s:
                     emit({"event": "skipped", "slice": sid, "variant": vname, "round": rnd, "reason": f"budget {budget_s:.0f} s spent"})
@@ -277,15 +287,46 @@ def _read_row(d: dict[str, Any], where: str) -> tuple[str, str]:
     return sid, variant
 
 
-def compare(paths: list[str]) -> dict[str, Any]:
+def _kernel_times(paths: list[str]) -> dict[tuple[str, str, int], tuple[float, bool]]:
+    """``(slice, variant, round) -> (kernels_total_s, apply_rope_fusion)`` from ``PROFILE=all`` rows.
+
+    Raises:
+        ValueError: a file that cannot be read, a row that is not a profile row with a known slice and variant, a round
+            and a finite positive ``kernels_total_s``, or a second row of one key (named by file and line).
+    """
+    from tuner.validate_trials import json_lines
+
+    out: dict[tuple[str, str, int], tuple[float, bool]] = {}
+    for p in paths:
+        for _, where, d in json_lines(p, str(p), "expected the profile rows benchmarks/h200_recompute.py writes with PROFILE=all"):
+            if not isinstance(d, dict) or d.get("event") != "profile":
+                raise ValueError(f"{where}: not a profile row (event 'profile'); --kernels takes the profile.jsonl of PROFILE=all")
+            sid, variant, rnd = d.get("slice"), d.get("variant"), d.get("round")
+            if not isinstance(sid, str) or sid not in SLICES or variant not in dict(variants(SLICES[sid][2])):
+                raise ValueError(f"{where}: slice {sid!r:.40} / variant {variant!r:.40} is not one this benchmark runs")
+            if isinstance(rnd, bool) or not isinstance(rnd, int) or rnd < 0:
+                raise ValueError(f"{where}: no round (a profile row of PROFILE=1, base only, has none; run PROFILE=all)")
+            if not _finite(d.get("kernels_total_s"), True):
+                raise ValueError(f"{where}: kernels_total_s must be a finite number > 0")
+            key = (sid, str(variant), rnd)
+            if key in out:
+                raise ValueError(f"{where}: a second profile row of {sid} {variant} round {rnd}")
+            out[key] = (float(d["kernels_total_s"]), bool(d.get("apply_rope_fusion")))
+    return out
+
+
+def compare(paths: list[str], kernels: list[str] | None = None) -> dict[str, Any]:
     """Measured extra time / saving per variant against its slice's base, beside the model's prediction (see the
-    module docstring). Returns ``{"slices": {...}, "rows": [...], "summary": {...}}``.
+    module docstring). With ``kernels`` (``PROFILE=all`` profile files) each row's time is its passes' kernel total
+    (:func:`_kernel_times`) instead of the CUDA-event time. Returns ``{"slices": {...}, "rows": [...], "summary": {...}}``,
+    and ``"timing": "kernels"`` with ``kernels``.
 
     Raises:
         ValueError: a file that cannot be read, a line that is not a JSON object, a row that is not this benchmark's
             (:func:`_read_row`) or a second row of one slice, variant and round (named by file and line), or rows of
             both RoPE settings, no measured row at all, a slice without its ``base`` row, or a row whose model,
-            ``seq_length``, ``micro_batch_size``, precision or overrides are not this benchmark's.
+            ``seq_length``, ``micro_batch_size``, precision or overrides are not this benchmark's; with ``kernels``, a
+            measured row without its profile row or with the other RoPE setting.
     """
     from cost_model.estimate import estimate
     from launch.harness.spec import HarnessEnv, harness_layout
@@ -310,6 +351,17 @@ def compare(paths: list[str]) -> dict[str, Any]:
                          "PROFILE=1's kernel census in profile.jsonl is not compared)")
     if len({bool(r.get("apply_rope_fusion")) for rs in got.values() for r in rs}) > 1:
         raise ValueError("the rows mix runs with and without ROPE_FUSION=1; compare one setting at a time")
+    if kernels:
+        kt = _kernel_times(kernels)
+        for rs in got.values():
+            for i, r in enumerate(rs):
+                key = (r["slice"], r["variant"], r["round"])
+                if key not in kt:
+                    raise ValueError(f"{', '.join(kernels)}: no profile row of {key[0]} {key[1]} round {key[2]}; "
+                                     "--kernels needs the profile.jsonl written with the same PROFILE=all run")
+                if kt[key][1] != bool(r.get("apply_rope_fusion")):
+                    raise ValueError(f"{key[0]} {key[1]} round {key[2]}: the profile row and the measured row differ in ROPE_FUSION")
+                rs[i] = {**r, "fwd_bwd_s": kt[key][0], "fwd_bwd_event_s": r["fwd_bwd_s"]}
 
     def med(rs: list[dict[str, Any]], k: str) -> float:
         return statistics.median(r[k] for r in rs)
@@ -365,17 +417,25 @@ def compare(paths: list[str]) -> dict[str, Any]:
                        "predicted_layers_fwd_bwd_s": round(per_layer * layers, 5),
                        "error": round(per_layer * layers / med(base, "fwd_bwd_s") - 1, 4)}
     ratios = [r["extra_measured_over_predicted"] for r in rows if r["extra_measured_over_predicted"] is not None and r["predicted_extra_s"] > 0.002]
-    return {"slices": slices, "rows": rows, "summary": {"variants": len(rows), "extra_ratio_median": statistics.median(ratios) if ratios else None,
-                                      "within_20pct": sum(1 for x in ratios if abs(x - 1) <= 0.2), "of": len(ratios)}}
+    res: dict[str, Any] = {"slices": slices, "rows": rows, "summary": {
+        "variants": len(rows), "extra_ratio_median": statistics.median(ratios) if ratios else None,
+        "within_20pct": sum(1 for x in ratios if abs(x - 1) <= 0.2), "of": len(ratios)}}
+    if kernels:
+        res["timing"] = "kernels"
+    return res
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--compare", nargs="+", default=None, help="recompute.jsonl files to compare with the cost model (no GPU)")
+    ap.add_argument("--kernels", nargs="+", default=None, help="with --compare: PROFILE=all profile.jsonl files (time by kernels)")
     a = ap.parse_args()
+    if a.kernels and not a.compare:
+        print("error: --kernels goes with --compare RECOMPUTE.jsonl", file=sys.stderr)
+        return 2
     if a.compare:
         try:
-            print(json.dumps(compare(a.compare), indent=1))
+            print(json.dumps(compare(a.compare, a.kernels), indent=1))
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -389,7 +449,7 @@ def main() -> int:
         return 2
     return measure(out, slices, int(os.environ.get("ROUNDS") or 2), float(os.environ.get("BUDGET_S") or 500),
                    int(os.environ.get("ITERS") or 12), rope_fusion=os.environ.get("ROPE_FUSION") == "1",
-                   profile=os.environ.get("PROFILE") == "1")
+                   profile="all" if os.environ.get("PROFILE") == "all" else os.environ.get("PROFILE") == "1")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,13 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None) -> list[str]:
 
     - CPU optimizer offload: memory is priced from the allocator's view of the fifth batch (peak +2.4% / +5.1%, host
       -3.1% / +0.3% at offload 0.5 / 1.0, on the rows it was read from), but the step was predicted 10-24% too short,
-      and with DP > 1 the first optimizer's clones are priced from the source only.
+      and with DP > 1 the first optimizer's clones are priced from the source only. The ninth batch timed the
+      primitives (``benchmarks/h200_cpu_adam.py``, ``benchmarks/h200_offload.py``): fused CPU AdamW per thread, and,
+      with the precision-aware optimizer, the host-blocking copy of the fp32 masters from pageable memory
+      (``optimizer/cpu_offloading/hybrid_optimizer.py``, ``_get_sub_optimizer_param_groups``: ``.cpu().pin_memory()``
+      then ``.float()``); their sum is within -5% to +13% of the optimizer's step on 1, 16 threads and both parameter
+      kinds but for fp32 on 16 threads (+33%), and -10% of a whole step's offload time. They are reported, not priced:
+      priced from them, the seed's reference port (8 single-thread processes per node) would be 41% too fast.
     - recompute (full, or selective ``moe``) on MoE layers (a MoE model, or no model given): timed on the decoder alone
       (sixth batch, ``benchmarks/h200_recompute.py``, no output layer or loss in the difference) the extra time was
       0.86-0.96x the predicted extra (MiniMax-M2 full 0.91, ``moe`` 0.86; Qwen3-30B-A3B full 0.96; its ``moe`` 0.41 with
@@ -30,7 +36,9 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None) -> list[str]:
       1.11-1.12x and ``core_attn`` 0.99-1.10x: no note.
     - selective ``layernorm`` recompute on MoE layers: +5.4 ms per MiniMax-M2 layer per 8,192-token micro-batch (rounds
       +3.4 and +7.4 ms) where the model prices 0.1 ms, Qwen3-30B-A3B +6.6 ms with a 6.4 ms spread (sixth batch); reseeded
-      (seventh batch) +4.0 and -15.3 ms with 9-11 ms between rounds: unresolved.
+      (seventh batch) +4.0 and -15.3 ms with 9-11 ms between rounds. By the GPU kernels' time (tenth batch,
+      ``PROFILE=all``) it added +0.8 and -1.0 ms: host time, not GPU work. Full and ``moe`` recompute of MoE layers by
+      kernels: 0.32-0.54x the predicted extra, rounds within 2 ms.
     - MLA (``kv_lora_rank`` > 0): with the fused RoPE a dense DeepSeek-V3 layer's forward + backward took 70.8 ms per
       8,192-token micro-batch on the decoder alone against 64.0 ms predicted since the eighth batch priced attention by
       head dim (61.8 ms before; the embedding's backward, about 3 ms, is in the measured time and not in the predicted
@@ -47,7 +55,17 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None) -> list[str]:
     if layout.optimizer_offload_fraction > 0:
         dp = layout.world_size // max(1, layout.tp * layout.pp * layout.cp)
         msg = ("CPU optimizer offload: on 1 x H200 the memory matched the first steps' peak (+2-5%, host -3% to 0%), "
-               "but the predicted step was 10-24% too short (docs/measurements.md, fifth batch)")
+               "but the predicted step was 10-24% too short (docs/measurements.md, fifth batch). Timed alone (ninth "
+               "batch), torch's fused CPU AdamW stepped 0.57 G parameters/s on one thread and 3.9 G on 16; torchrun "
+               "(--nproc-per-node > 1) and Ray actors (slime's ask 1 CPU) leave each process one thread unless "
+               "OMP_NUM_THREADS is set")
+        if layout.use_precision_aware_optimizer:
+            msg += ("; with the precision-aware optimizer, megatron-core 0.13-0.19 keeps the fp32 masters in pageable host "
+                    "memory, so each step also copies 4 B per offloaded parameter back at 6.7 GB/s and holds the process "
+                    "meanwhile (2.29 s against 0.83 s without the precision-aware optimizer, 2.44 G parameters, 16 "
+                    "threads; Megatron-LM main pins them since PR 4547). The model keeps its derived per-node CPU Adam "
+                    "rate: priced from these primitives instead, the seed's reference port would be predicted 41% too "
+                    "fast, so that gap is not settled")
         if dp > 1:
             msg += (f"; at DP {dp} the 'optimizer' part and the host memory include the first HybridDeviceOptimizer's fp32 "
                     "clones of this rank's unsharded parameters (megatron-core 0.19 builds it before DistributedOptimizer "
@@ -64,14 +82,17 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None) -> list[str]:
             "0.86-1.14x the predicted extra time on MiniMax-M2, 0.35-0.96x on Qwen3-30B-A3B, whose single passes spread "
             "by up to 30 ms (the 1-GPU MoE slices are host-bound: the GPU was busy 57% of a MiniMax-M2 pass); as the "
             "difference of two whole trial steps it measured 0.8-2.3x on two machines (docs/measurements.md, fifth to "
-            "seventh batches): confirm the step with a real trial"
+            "seventh batches); by the GPU kernels' time (tenth batch, rounds within 2 ms) it added 0.32-0.54x the "
+            "predicted extra: the model's extra re-pays the fixed per-expert costs of the forward, host time that a "
+            "GPU-bound step may hide: confirm the step with a real trial"
         )
     if selective and "layernorm" in layout.recompute_modules and moe:
         out.append(
             "recompute 'layernorm': on 1 x H200 it cost +5.4 and +6.6 ms per MoE slice per 8,192-token micro-batch in one "
             "run and +4.0 and -15.3 ms (rounds 9-11 ms apart) in a reseeded re-run, against 0.1 ms predicted "
-            "(docs/measurements.md, sixth and seventh batches): unresolved on the host-bound 1-GPU slices and not priced, "
-            "so such layouts may be predicted too fast"
+            "(docs/measurements.md, sixth and seventh batches); its GPU kernels added +0.8 and -1.0 ms (tenth batch, "
+            "rounds 1.2-1.4 ms apart), so the difference was the host-bound slices' host time: on a host-bound step "
+            "such layouts may be predicted a few ms per layer too fast"
         )
     if model is not None and model.is_mla:
         out.append(

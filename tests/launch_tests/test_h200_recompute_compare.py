@@ -155,3 +155,58 @@ def test_a_row_of_another_workload_is_refused(tmp_path, field, value, needle):
     with pytest.raises(ValueError, match=re.escape(f"line 2: {needle}")):
         hr.compare([str(f)])
 
+
+
+@pytest.mark.parametrize("rows, profile, compared", [("recompute.jsonl", None, "compare.json"),
+                                                     ("recompute.jsonl", "profile.jsonl", "compare_kernels.json"),
+                                                     ("recompute_rope.jsonl", None, "compare_rope.json"),
+                                                     ("recompute_rope.jsonl", "profile_rope.jsonl", "compare_kernels_rope.json")])
+def test_the_tenth_batch_comparison_is_what_compare_gives(rows, profile, compared):
+    """``h200_te_2026-12-02/call32`` (``PROFILE=all``, quoted in docs/measurements.md, "Tenth batch"): by CUDA events and
+    by the kernels' total under the shipped cost model."""
+    d = Path(__file__).parents[2] / "benchmarks" / "results" / "h200_te_2026-12-02" / "call32"
+    got = hr.compare([str(d / rows)], [str(d / profile)] if profile else None)
+    assert json.loads(json.dumps(got)) == json.loads((d / compared).read_text())
+    if profile:
+        assert got["timing"] == "kernels"
+        ev = hr.compare([str(d / rows)])
+        # the kernels' total replaced the event time: the host-bound MoE slices' GPU work is far below their event time
+        if "mm" in got["slices"]:
+            assert got["slices"]["mm"]["fwd_bwd_s"] < 0.8 * ev["slices"]["mm"]["fwd_bwd_s"]
+        assert got["slices"]["ds"]["fwd_bwd_s"] == pytest.approx(ev["slices"]["ds"]["fwd_bwd_s"], rel=0.03)  # GPU-bound
+
+
+def test_kernels_needs_profile_rows_of_every_measured_row(tmp_path):
+    d = Path(__file__).parents[2] / "benchmarks" / "results" / "h200_te_2026-12-02" / "call32"
+    rows = d / "recompute.jsonl"
+    prof = [json.loads(ln) for ln in (d / "profile.jsonl").read_text().splitlines() if ln.strip()]
+    short = tmp_path / "profile.jsonl"
+    short.write_text("\n".join(json.dumps(p) for p in prof[1:]) + "\n")
+    with pytest.raises(ValueError, match="no profile row of"):
+        hr.compare([str(rows)], [str(short)])
+    no_round = tmp_path / "p1.jsonl"
+    no_round.write_text(json.dumps({k: v for k, v in prof[0].items() if k != "round"}) + "\n")
+    with pytest.raises(ValueError, match="no round"):
+        hr.compare([str(rows)], [str(no_round)])
+    twice = tmp_path / "p2.jsonl"
+    twice.write_text(json.dumps(prof[0]) + "\n" + json.dumps(prof[0]) + "\n")
+    with pytest.raises(ValueError, match="a second profile row"):
+        hr.compare([str(rows)], [str(twice)])
+    with pytest.raises(ValueError, match="not a profile row"):
+        hr.compare([str(rows)], [str(rows)])
+
+
+def test_the_printed_notes_quote_the_tenth_batch():
+    """The recompute notes printed beside MoE layouts quote ``call32/compare_kernels.json``."""
+    from cost_model.fidelity import known_gaps
+    from specs import Layout, load_model
+
+    d = Path(__file__).parents[2] / "benchmarks" / "results" / "h200_te_2026-12-02" / "call32"
+    rows = {(r["slice"], r["variant"]): r for r in json.loads((d / "compare_kernels.json").read_text())["rows"]}
+    heavy = [rows[(s, v)]["extra_measured_over_predicted"] for s in ("mm", "qw") for v in ("full", "sel-moe")]
+    moe = load_model("Qwen3-30B-A3B")
+    full = known_gaps(Layout(world_size=8, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1), moe)
+    assert f"{min(heavy):.2f}-{max(heavy):.2f}x the predicted extra" in full[0]
+    ln = known_gaps(Layout(world_size=8, recompute_granularity="selective", recompute_modules=("layernorm",)), moe)
+    mm, qw = rows[("mm", "sel-layernorm")]["extra_s"] * 1e3, rows[("qw", "sel-layernorm")]["extra_s"] * 1e3
+    assert f"{mm:+.1f} and {qw:+.1f} ms" in ln[0]
