@@ -124,6 +124,28 @@ def _copy_rows() -> list[dict[str, Any]]:
     return rows
 
 
+def _gather(ps: list[Any], q: Any, timeout_s: float = 900.0) -> list[dict[str, Any]] | None:
+    """One result from each of the child processes ``ps`` (None, with every child stopped, when one dies or the wait
+    passes ``timeout_s``: a child that fails must not leave the call waiting on the queue)."""
+    import queue as queue_mod
+
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < len(ps):
+        try:
+            got.append(q.get(timeout=5.0))
+        except queue_mod.Empty:
+            if time.monotonic() > deadline or any(p.exitcode not in (None, 0) for p in ps):
+                for p in ps:
+                    if p.is_alive():
+                        p.terminate()
+                    p.join()
+                return None
+    for p in ps:
+        p.join()
+    return got
+
+
 def measure(out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("spawn")
@@ -138,9 +160,11 @@ def measure(out: Path) -> int:
             q = ctx.Queue()
             p = ctx.Process(target=_adam_rate, args=(threads, PARAMS_ONE_PROCESS, fused, q))
             p.start()
-            r = q.get()
-            p.join()
-            _run(rows, out, {"kind": "adam", "threads": threads, "processes": 1, "fused": fused, **r})
+            got = _gather([p], q)
+            if got is None:
+                _run(rows, out, {"kind": "error", "case": f"adam threads {threads} fused {fused}", "exitcode": p.exitcode})
+                continue
+            _run(rows, out, {"kind": "adam", "threads": threads, "processes": 1, "fused": fused, **got[0]})
     for procs in sorted({1, 2, 4, 8, 16, cores}):
         if procs > cores:
             continue
@@ -149,9 +173,10 @@ def measure(out: Path) -> int:
         ps = [ctx.Process(target=_adam_rate, args=(1, PARAMS_PER_CONCURRENT_PROCESS, True, q, start)) for _ in range(procs)]
         for p in ps:
             p.start()
-        got = [q.get() for _ in ps]
-        for p in ps:
-            p.join()
+        got = _gather(ps, q)
+        if got is None:
+            _run(rows, out, {"kind": "error", "case": f"adam_procs {procs}", "exitcodes": [p.exitcode for p in ps]})
+            continue
         per = [g["params_per_s"] for g in got]
         _run(rows, out, {"kind": "adam_procs", "threads": 1, "processes": procs, "fused": True,
                          "per_process_params_per_s": per, "median_per_process_params_per_s": statistics.median(per),
@@ -161,33 +186,75 @@ def measure(out: Path) -> int:
     return 0
 
 
-def compare(path: Path) -> int:
-    """Print the constants the rows imply: the single-thread fused rate, the every-core rate, the node cap."""
+def read_primitives(path: Path) -> dict[str, Any]:
+    """The rows of ``$OUT/cpu_adam.jsonl``, checked: ``{"host": row, "fused": {threads: params/s}, "unfused": {...},
+    "procs": {P: {"aggregate": params/s, "median_per_process": params/s}}, "copies": {name: GB/s}}`` (one process's
+    rates by thread count; ``procs``: P single-thread processes at once).
+
+    Raises:
+        TunerError: the file cannot be read, a line is not a JSON object, a row of a known kind lacks a field or has one
+            of the wrong type or out of range (rates and bandwidths finite and > 0, counts whole numbers >= 1), a
+            measurement appears twice, or there is no ``host`` row or no fused one-process ``adam`` row; named by file
+            and line.
+    """
+    from device_rows import flag, number, read_rows, text
+
     from specs.errors import TunerError
 
-    try:
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError) as e:
-        raise TunerError(f"{path}: not a cpu_adam.jsonl file of JSON lines ({e})") from e
-    host = next((r for r in rows if r.get("kind") == "host"), None)
-    adam = [r for r in rows if r.get("kind") == "adam" and r.get("fused")]
-    procs = [r for r in rows if r.get("kind") == "adam_procs"]
-    if host is None or not adam:
-        raise TunerError(f"{path}: needs a 'host' row and fused 'adam' rows (written by this script on the device)")
-    one = next((r for r in adam if r["threads"] == 1), None)
-    every = max(adam, key=lambda r: r["threads"])
+    out: dict[str, Any] = {"host": None, "fused": {}, "unfused": {}, "procs": {}, "copies": {}}
+    for where, r in read_rows(path, "benchmarks/h200_cpu_adam.py"):
+        kind = text(r, "kind", where, ("host", "adam", "adam_procs", "copy"))
+        if kind == "host":
+            if out["host"] is not None:
+                raise TunerError(f"{where}: a second host row")
+            for k in ("sched_affinity", "torch_default_threads"):
+                if r.get(k) is not None:
+                    number(r, k, where, integer=True)
+            out["host"] = r
+        elif kind == "adam":
+            threads = number(r, "threads", where, integer=True)
+            if "processes" in r and number(r, "processes", where, integer=True) != 1:
+                raise TunerError(f"{where}: an 'adam' row is one process (processes 1)")
+            table = out["fused" if flag(r, "fused", where) else "unfused"]
+            if threads in table:
+                raise TunerError(f"{where}: a second {'fused' if r['fused'] else 'unfused'} 'adam' row at {threads} threads")
+            table[threads] = number(r, "params_per_s", where)
+        elif kind == "adam_procs":
+            procs = number(r, "processes", where, integer=True)
+            if procs in out["procs"]:
+                raise TunerError(f"{where}: a second 'adam_procs' row of {procs} processes")
+            out["procs"][procs] = {"aggregate": number(r, "aggregate_params_per_s", where),
+                                   "median_per_process": number(r, "median_per_process_params_per_s", where)}
+        else:
+            name = text(r, "name", where)
+            if name in out["copies"]:
+                raise TunerError(f"{where}: a second copy row {name!r}")
+            out["copies"][name] = number(r, "gb_per_s", where)
+    if out["host"] is None or not out["fused"]:
+        raise TunerError(f"{path}: needs a 'host' row and fused one-process 'adam' rows (written by this script on the device)")
+    return out
+
+
+def compare(path: Path) -> dict[str, Any]:
+    """The constants the rows imply: the single-thread fused rate, the every-core rate, the node's aggregate.
+
+    Raises:
+        TunerError: as :func:`read_primitives`.
+    """
+    p = read_primitives(path)
+    host, fused = p["host"], p["fused"]
+    every = max(fused)
     res: dict[str, Any] = {"cpu_model": host.get("cpu_model"), "cores": host.get("sched_affinity"),
                            "torch_default_threads": host.get("torch_default_threads"),
-                           "fused_params_per_s_by_threads": {r["threads"]: round(r["params_per_s"] / 1e9, 3) for r in adam}}
-    if one:
-        res["single_thread_params_per_s"] = one["params_per_s"]
-    res["every_core_params_per_s"] = every["params_per_s"]
-    if procs:
-        res["aggregate_single_thread_processes"] = {r["processes"]: round(r["aggregate_params_per_s"] / 1e9, 3) for r in procs}
-        res["node_aggregate_max_params_per_s"] = max([r["aggregate_params_per_s"] for r in procs] + [every["params_per_s"]])
-    res["copies_gb_per_s"] = {r["name"]: round(r["gb_per_s"], 2) for r in rows if r.get("kind") == "copy"}
-    sys.stdout.write(json.dumps(res, indent=1) + "\n")
-    return 0
+                           "fused_params_per_s_by_threads": {t: round(v / 1e9, 3) for t, v in sorted(fused.items())}}
+    if 1 in fused:
+        res["single_thread_params_per_s"] = fused[1]
+    res["every_core_params_per_s"] = fused[every]
+    if p["procs"]:
+        res["aggregate_single_thread_processes"] = {n: round(v["aggregate"] / 1e9, 3) for n, v in sorted(p["procs"].items())}
+        res["node_aggregate_max_params_per_s"] = max([v["aggregate"] for v in p["procs"].values()] + [fused[every]])
+    res["copies_gb_per_s"] = {n: round(v, 2) for n, v in p["copies"].items()}
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,15 +265,11 @@ def main(argv: list[str] | None = None) -> int:
         from specs.errors import TunerError
 
         try:
-            try:
-                return compare(a.compare)
-            except (KeyError, TypeError, ValueError) as e:
-                if isinstance(e, TunerError):
-                    raise
-                raise TunerError(f"{a.compare}: a row lacks a field this script writes ({e!r})") from e
+            sys.stdout.write(json.dumps(compare(a.compare), indent=1) + "\n")
         except TunerError as e:
             sys.stderr.write(f"error: {e}\n")
             return 2
+        return 0
     return measure(Path(os.environ.get("OUT") or "h200_cpu_adam_out"))
 
 

@@ -13,7 +13,8 @@ optimizer hands them over (``distrib_optimizer.py``, ``_copy_model_grads_to_main
 - ``bf16``: the precision-aware optimizer (``--use-precision-aware-optimizer``): bf16 shard parameters with an fp32
   ``decoupled_grad``. The optimizer's CPU copy is ``.cpu().pin_memory()`` and then ``.float()``: an fp32 master in
   **pageable** host memory, copied back to the bf16 GPU parameter after each tensor's step;
-- ``fp32``: without it: fp32 main parameters and gradients; the CPU copy stays pinned.
+- ``fp32``: without it: fp32 main parameters and gradients; the CPU copy stays pinned (what pinned masters cost:
+  Megatron-LM's ``validate_args`` refuses offload without the precision-aware optimizer, so its runs take the path above).
 
 Each at the process's default threads (every core) and at one thread (what ``torchrun --nproc-per-node`` > 1 and slime's
 Ray actors leave a process), offload fraction 1.0, and 0.5 for ``bf16``. Also times the copies alone (1 GiB): pinned and
@@ -118,70 +119,92 @@ def _copies(q: Any) -> None:
     q.put(rows)
 
 
-def _rows(path: Path, what: str) -> list[dict[str, Any]]:
-    from specs.errors import TunerError
-
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError) as e:
-        raise TunerError(f"{path}: not a {what} file of JSON lines ({e})") from e
+_STEP_KEYS_IGNORED = ("optimizer_offload_fraction", "use_precision_aware_optimizer")
 
 
 def compare(offload: Path, primitives: Path, steps: list[Path]) -> dict[str, Any]:
     """The primitives' sum against each measured case (see the module's docstring). Returns the printed object.
 
     Raises:
-        TunerError: a file is missing, not JSON lines, or lacks the rows named above.
+        TunerError: a file cannot be read, a line is not a JSON object, a row lacks a field or has one of the wrong
+            type or out of range (named by file and line), a case or copy appears twice, a ``--steps`` file is given
+            twice or has no offload row, an offload row has several same-machine base rows, or the rows named above
+            are missing.
     """
+    from device_rows import flag, number, read_rows, text
+    from h200_cpu_adam import read_primitives
+
     from specs.errors import TunerError
 
-    rows, prim = _rows(offload, "offload.jsonl"), _rows(primitives, "cpu_adam.jsonl")
-    rate = {int(r["threads"]): float(r["params_per_s"]) for r in prim
-            if r.get("kind") == "adam" and r.get("fused") and r.get("processes", 1) == 1}
-    page = next((float(r["gb_per_s"]) * 1e9 for r in rows if r.get("name") == "h2d_pageable_fp32_to_bf16"), None)
-    if not rate or page is None:
-        raise TunerError(f"{primitives} needs fused one-process 'adam' rows and {offload} an 'h2d_pageable_fp32_to_bf16' "
-                         "copy row (both written on the device by these scripts)")
-    if any(v <= 0 for v in [*rate.values(), page]):
-        raise TunerError("a rate or bandwidth in the rows is not positive")
+    prim = read_primitives(primitives)
+    rate = prim["fused"]
+    hdo: list[tuple[str, dict[str, Any]]] = []
+    page: float | None = None
+    seen: set[str] = set()
+    for where, r in read_rows(offload, "benchmarks/h200_offload.py"):
+        kind = text(r, "kind", where, ("copy", "hdo"))
+        key = f"{kind} {text(r, 'name' if kind == 'copy' else 'case', where)}"
+        if key in seen:
+            raise TunerError(f"{where}: a second row of {key}")
+        seen.add(key)
+        if kind == "copy":
+            bw = number(r, "gb_per_s", where)
+            if r["name"] == "h2d_pageable_fp32_to_bf16":
+                page = bw * 1e9
+        elif text(r, "status", where) == "ok":
+            hdo.append((where, r))
+    if page is None:
+        raise TunerError(f"{offload}: no 'h2d_pageable_fp32_to_bf16' copy row (written on the device by this script)")
     every = max(rate)
 
-    def price(params: float, threads: int, pageable: bool) -> float:
+    def price(params: float, threads: int, pageable: bool, where: str) -> float:
         if threads not in rate:
-            raise TunerError(f"no fused AdamW rate at {threads} threads in {primitives} (has {sorted(rate)})")
+            raise TunerError(f"{where}: no fused AdamW rate at {threads} threads in {primitives} (has {sorted(rate)})")
         return params * (1 / rate[threads] + (4.0 / page if pageable else 0.0))
 
     out: dict[str, Any] = {"fused_adamw_params_per_s": rate, "pageable_h2d_bytes_per_s": page, "optimizer_alone": [],
                            "whole_steps": []}
-    for r in rows:
-        if r.get("kind") != "hdo" or r.get("status") != "ok":
-            continue
-        pred = price(float(r["offloaded_params"]), int(r["threads"]), r["params"] == "bf16")
-        out["optimizer_alone"].append({"case": r["case"], "measured_s": round(r["step_s"], 3), "primitives_s": round(pred, 3),
-                                       "ratio": round(r["step_s"] / pred, 3)})
+    for where, r in hdo:
+        kind = text(r, "params", where, ("bf16", "fp32"))
+        step = number(r, "step_s", where)
+        pred = price(number(r, "offloaded_params", where), number(r, "threads", where, integer=True), kind == "bf16", where)
+        out["optimizer_alone"].append({"case": r["case"], "measured_s": round(step, 3), "primitives_s": round(pred, 3),
+                                       "ratio": round(step / pred, 3)})
+    if len(set(map(str, steps))) < len(steps):
+        raise TunerError("--steps: a file is given twice")
     for path in steps:
-        sweep = [r for r in _rows(path, "sweep.jsonl") if r.get("status") == "ok" and isinstance(r.get("layout"), dict)]
-        for r in sweep:
+        sweep = [(w, r) for w, r in read_rows(path, "launch.harness.sweep (sweep.jsonl)")
+                 if r.get("status") == "ok" and isinstance(r.get("layout"), dict)]
+        found = 0
+        for where, r in sweep:
             lay = r["layout"]
-            frac = float(lay.get("optimizer_offload_fraction") or 0)
+            frac = number(lay, "optimizer_offload_fraction", where, positive=False, at_most=1.0) if "optimizer_offload_fraction" in lay else 0.0
             if frac <= 0:
                 continue
-            key = {k: v for k, v in lay.items() if k not in ("optimizer_offload_fraction", "use_precision_aware_optimizer")}
-            base = [b for b in sweep if b is not r and float(b["layout"].get("optimizer_offload_fraction") or 0) == 0
+            found += 1
+            pa = flag(lay, "use_precision_aware_optimizer", where, default=True)
+            key = {k: v for k, v in lay.items() if k not in _STEP_KEYS_IGNORED}
+            base = [(bw, b) for bw, b in sweep if b is not r and not b["layout"].get("optimizer_offload_fraction")
                     and b.get("model") == r.get("model") and b.get("precision") == r.get("precision")
-                    and not b.get("options") and {k: v for k, v in b["layout"].items()
-                                                  if k not in ("optimizer_offload_fraction", "use_precision_aware_optimizer")} == key]
-            params = ((r.get("host_memory_per_rank") or [{}])[0].get("offload") or {}).get("rank_params")
-            if not base or not params:
-                out["whole_steps"].append({"case": r["id"], "file": str(path), "skipped": "no same-machine base row or no rank_params"})
+                    and (b.get("options") or {}) == (r.get("options") or {})
+                    and {k: v for k, v in b["layout"].items() if k not in _STEP_KEYS_IGNORED} == key]
+            hm = r.get("host_memory_per_rank")
+            off = (hm[0].get("offload") if isinstance(hm, list) and hm and isinstance(hm[0], dict) else None) or {}
+            case = r.get("id", where)
+            if not base or not isinstance(off, dict) or "rank_params" not in off:
+                out["whole_steps"].append({"case": case, "file": f"{path.parent.name}/{path.name}", "skipped": "no same-machine base row or no rank_params"})
                 continue
-            extra = float(r["step_time_s"]) - float(base[0]["step_time_s"])
-            pred = price(float(params) * frac, every, bool(lay.get("use_precision_aware_optimizer")))
-            out["whole_steps"].append({"case": r["id"], "base": base[0]["id"], "file": str(path), "measured_extra_s": round(extra, 3),
+            if len(base) > 1:
+                raise TunerError(f"{where}: {len(base)} rows of {path} could be its base ({', '.join(str(b.get('id')) for _, b in base)})")
+            bwhere, b = base[0]
+            extra = number(r, "step_time_s", where) - number(b, "step_time_s", bwhere)
+            pred = price(number(off, "rank_params", where) * frac, every, pa, where)
+            out["whole_steps"].append({"case": case, "base": b.get("id"), "file": f"{path.parent.name}/{path.name}", "measured_extra_s": round(extra, 3),
                                        "primitives_s": round(pred, 3), "ratio": round(extra / pred, 3)})
-    procs8 = next((r for r in prim if r.get("kind") == "adam_procs" and r.get("processes") == 8), None)
-    if procs8 is not None:
-        out["seed_reference_what_if"] = _seed_reference(float(procs8["median_per_process_params_per_s"]), page)
+        if not found:
+            raise TunerError(f"--steps {path}: no finished harness row with optimizer offload")
+    if 8 in prim["procs"]:
+        out["seed_reference_what_if"] = _seed_reference(prim["procs"][8]["median_per_process"], page)
     return out
 
 
@@ -220,19 +243,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--primitives", type=Path, default=None, help="the cpu_adam.jsonl of benchmarks/h200_cpu_adam.py")
     ap.add_argument("--steps", type=Path, nargs="*", default=[], help="harness sweep.jsonl files with offload rows")
     a = ap.parse_args(argv)
+    if a.compare is None and (a.primitives is not None or a.steps):
+        sys.stderr.write("error: --primitives and --steps go with --compare OFFLOAD.jsonl\n")
+        return 2
     if a.compare is not None:
         from specs.errors import TunerError
 
         try:
             if a.primitives is None:
                 raise TunerError("--compare needs --primitives CPU_ADAM.jsonl")
-            try:
-                res = compare(a.compare, a.primitives, a.steps)
-            except (KeyError, TypeError, ValueError, AttributeError) as e:
-                if isinstance(e, TunerError):
-                    raise
-                raise TunerError(f"a row lacks a field these scripts write ({e!r})") from e
-            sys.stdout.write(json.dumps(res, indent=1) + "\n")
+            sys.stdout.write(json.dumps(compare(a.compare, a.primitives, a.steps), indent=1) + "\n")
         except TunerError as e:
             sys.stderr.write(f"error: {e}\n")
             return 2
@@ -251,12 +271,14 @@ def measure() -> int:
         sys.stdout.write(json.dumps(row) + "\n")
         sys.stdout.flush()
 
+    from h200_cpu_adam import _gather
+
     q = ctx.Queue()
     p = ctx.Process(target=_copies, args=(q,))
     p.start()
-    for r in q.get():
+    got = _gather([p], q)
+    for r in (got[0] if got else [{"kind": "error", "case": "copies", "exitcode": p.exitcode}]):
         emit(r)
-    p.join()
     only = set(filter(None, os.environ.get("OFFLOAD_ONLY", "").split(",")))
     for kind, fraction, threads in (("bf16", 1.0, None), ("fp32", 1.0, None), ("bf16", 0.5, None), ("bf16", 1.0, 1),
                                     ("fp32", 1.0, 1)):
@@ -266,11 +288,11 @@ def measure() -> int:
         q = ctx.Queue()
         p = ctx.Process(target=_case, args=(kind, fraction, threads, q))
         p.start()
-        p.join()
-        if p.exitcode != 0:
+        res = _gather([p], q)
+        if res is None:
             emit({"kind": "hdo", "case": tag, "status": f"exit {p.exitcode}"})
             continue
-        emit({"case": tag, "status": "ok", **q.get()})
+        emit({"case": tag, "status": "ok", **res[0]})
     return 0
 
 

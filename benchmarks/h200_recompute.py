@@ -302,16 +302,24 @@ def _kernel_times(paths: list[str]) -> dict[tuple[str, str, int], tuple[float, b
             if not isinstance(d, dict) or d.get("event") != "profile":
                 raise ValueError(f"{where}: not a profile row (event 'profile'); --kernels takes the profile.jsonl of PROFILE=all")
             sid, variant, rnd = d.get("slice"), d.get("variant"), d.get("round")
-            if not isinstance(sid, str) or sid not in SLICES or variant not in dict(variants(SLICES[sid][2])):
+            if (not isinstance(sid, str) or sid not in SLICES or not isinstance(variant, str)
+                    or variant not in dict(variants(SLICES[sid][2]))):
                 raise ValueError(f"{where}: slice {sid!r:.40} / variant {variant!r:.40} is not one this benchmark runs")
-            if isinstance(rnd, bool) or not isinstance(rnd, int) or rnd < 0:
+            if "round" not in d:
                 raise ValueError(f"{where}: no round (a profile row of PROFILE=1, base only, has none; run PROFILE=all)")
+            if isinstance(rnd, bool) or not isinstance(rnd, int) or rnd < 0:
+                raise ValueError(f"{where}: round must be a whole number >= 0, got {rnd!r:.20}")
+            if "apply_rope_fusion" in d and not isinstance(d["apply_rope_fusion"], bool):
+                raise ValueError(f"{where}: apply_rope_fusion must be true or false, got {d['apply_rope_fusion']!r:.20}")
             if not _finite(d.get("kernels_total_s"), True):
                 raise ValueError(f"{where}: kernels_total_s must be a finite number > 0")
-            key = (sid, str(variant), rnd)
+            rope = bool(d.get("apply_rope_fusion"))
+            key = (sid, variant, rnd)
             if key in out:
+                if out[key][1] != rope:
+                    raise ValueError(f"{where}: the profile rows mix runs with and without ROPE_FUSION=1; compare one setting at a time")
                 raise ValueError(f"{where}: a second profile row of {sid} {variant} round {rnd}")
-            out[key] = (float(d["kernels_total_s"]), bool(d.get("apply_rope_fusion")))
+            out[key] = (float(d["kernels_total_s"]), rope)
     return out
 
 
@@ -334,7 +342,7 @@ def compare(paths: list[str], kernels: list[str] | None = None) -> dict[str, Any
     from tuner.validate_trials import json_lines
 
     got: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    seen: set[tuple[str, str, Any]] = set()
+    seen: set[tuple[str, str, Any, bool]] = set()
     for p in paths:
         for _, where, d in json_lines(p, str(p), "expected the rows benchmarks/h200_recompute.py writes"):
             if not isinstance(d, dict):
@@ -342,9 +350,11 @@ def compare(paths: list[str], kernels: list[str] | None = None) -> dict[str, Any
             if "fwd_bwd_s" not in d and "event" in d:
                 continue  # versions, skipped, error
             got.setdefault(_read_row(d, where), []).append(d)
-            key = (d["slice"], d["variant"], d["round"])
+            key = (d["slice"], d["variant"], d["round"], bool(d.get("apply_rope_fusion")))
             if key in seen:
                 raise ValueError(f"{where}: a second row of {d['slice']} {d['variant']} round {d['round']}")
+            if (*key[:3], not key[3]) in seen:
+                raise ValueError(f"{where}: the rows mix runs with and without ROPE_FUSION=1; compare one setting at a time")
             seen.add(key)
     if not got:
         raise ValueError(f"{', '.join(paths)}: no measured rows (a row of benchmarks/h200_recompute.py has fwd_bwd_s; "

@@ -57,13 +57,13 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None) -> list[str]:
         msg = ("CPU optimizer offload: on 1 x H200 the memory matched the first steps' peak (+2-5%, host -3% to 0%), "
                "but the predicted step was 10-24% too short (docs/measurements.md, fifth batch). Timed alone (ninth "
                "batch), torch's fused CPU AdamW stepped 0.57 G parameters/s on one thread and 3.9 G on 16; torchrun "
-               "(--nproc-per-node > 1) and Ray actors (slime's ask 1 CPU) leave each process one thread unless "
+               "(--nproc-per-node > 1) and Ray actors (slime's train actors ask for 1 CPU) leave each process one thread unless "
                "OMP_NUM_THREADS is set")
         if layout.use_precision_aware_optimizer:
             msg += ("; with the precision-aware optimizer, megatron-core 0.13-0.19 keeps the fp32 masters in pageable host "
                     "memory, so each step also copies 4 B per offloaded parameter back at 6.7 GB/s and holds the process "
-                    "meanwhile (2.29 s against 0.83 s without the precision-aware optimizer, 2.44 G parameters, 16 "
-                    "threads; Megatron-LM main pins them since PR 4547). The model keeps its derived per-node CPU Adam "
+                    "meanwhile (2.29 s against 0.83 s with pinned fp32 masters, 2.44 G parameters, 16 threads; "
+                    "Megatron-LM main pins them since PR 4547). The model keeps its derived per-node CPU Adam "
                     "rate: priced from these primitives instead, the seed's reference port would be predicted 41% too "
                     "fast, so that gap is not settled")
         if dp > 1:

@@ -210,3 +210,20 @@ def test_the_printed_notes_quote_the_tenth_batch():
     ln = known_gaps(Layout(world_size=8, recompute_granularity="selective", recompute_modules=("layernorm",)), moe)
     mm, qw = rows[("mm", "sel-layernorm")]["extra_s"] * 1e3, rows[("qw", "sel-layernorm")]["extra_s"] * 1e3
     assert f"{mm:+.1f} and {qw:+.1f} ms" in ln[0]
+
+
+def test_kernels_rows_are_checked_field_by_field(tmp_path):
+    d = Path(__file__).parents[2] / "benchmarks" / "results" / "h200_te_2026-12-02" / "call32"
+    rows = d / "recompute.jsonl"
+    prof = [json.loads(ln) for ln in (d / "profile.jsonl").read_text().splitlines() if ln.strip()]
+    for field, value, message in (("variant", ["full"], "is not one this benchmark runs"), ("round", "0", "round must be a whole"),
+                                  ("round", -1, "round must be a whole"), ("apply_rope_fusion", "no", "must be true or false")):
+        f = tmp_path / "p.jsonl"
+        f.write_text(json.dumps({**prof[0], field: value}) + "\n")
+        with pytest.raises(ValueError, match=message):
+            hr.compare([str(rows)], [str(f)])
+    # the two RoPE runs in one comparison: named as such, not as a duplicate row
+    with pytest.raises(ValueError, match="mix runs with and without ROPE_FUSION"):
+        hr.compare([str(rows), str(d / "recompute_rope.jsonl")])
+    with pytest.raises(ValueError, match="mix runs with and without ROPE_FUSION"):
+        hr.compare([str(rows)], [str(d / "profile.jsonl"), str(d / "profile_rope.jsonl")])
