@@ -246,12 +246,14 @@ def compare(path: Path) -> dict[str, Any]:
     every = max(fused)
     res: dict[str, Any] = {"cpu_model": host.get("cpu_model"), "cores": host.get("sched_affinity"),
                            "torch_default_threads": host.get("torch_default_threads"),
-                           "fused_params_per_s_by_threads": {t: round(v / 1e9, 3) for t, v in sorted(fused.items())}}
+                           "fused_params_per_s_by_threads": {t: round(v / 1e9, 3) for t, v in sorted(fused.items())},
+                           "unfused_params_per_s_by_threads": {t: round(v / 1e9, 3) for t, v in sorted(p["unfused"].items())}}
     if 1 in fused:
         res["single_thread_params_per_s"] = fused[1]
     res["every_core_params_per_s"] = fused[every]
     if p["procs"]:
         res["aggregate_single_thread_processes"] = {n: round(v["aggregate"] / 1e9, 3) for n, v in sorted(p["procs"].items())}
+        res["median_per_process_single_thread"] = {n: round(v["median_per_process"] / 1e9, 3) for n, v in sorted(p["procs"].items())}
         res["node_aggregate_max_params_per_s"] = max([v["aggregate"] for v in p["procs"].values()] + [fused[every]])
     res["copies_gb_per_s"] = {n: round(v, 2) for n, v in p["copies"].items()}
     return res

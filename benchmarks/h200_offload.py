@@ -191,14 +191,19 @@ def compare(offload: Path, primitives: Path, steps: list[Path]) -> dict[str, Any
             hm = r.get("host_memory_per_rank")
             off = (hm[0].get("offload") if isinstance(hm, list) and hm and isinstance(hm[0], dict) else None) or {}
             case = r.get("id", where)
-            if not base or not isinstance(off, dict) or "rank_params" not in off:
-                out["whole_steps"].append({"case": case, "file": f"{path.parent.name}/{path.name}", "skipped": "no same-machine base row or no rank_params"})
+            if not isinstance(off, dict) or "rank_params" not in off:
+                out["whole_steps"].append({"case": case, "file": f"{path.parent.name}/{path.name}", "skipped": "no rank_params"})
+                continue
+            pred = price(number(off, "rank_params", where) * frac, every, pa, where)
+            if not base:
+                out["whole_steps"].append({"case": case, "file": f"{path.parent.name}/{path.name}", "skipped": "no same-machine base row",
+                                           "measured_step_s": round(number(r, "step_time_s", where), 3),
+                                           "primitives_s": round(pred, 3)})
                 continue
             if len(base) > 1:
                 raise TunerError(f"{where}: {len(base)} rows of {path} could be its base ({', '.join(str(b.get('id')) for _, b in base)})")
             bwhere, b = base[0]
             extra = number(r, "step_time_s", where) - number(b, "step_time_s", bwhere)
-            pred = price(number(off, "rank_params", where) * frac, every, pa, where)
             out["whole_steps"].append({"case": case, "base": b.get("id"), "file": f"{path.parent.name}/{path.name}", "measured_extra_s": round(extra, 3),
                                        "primitives_s": round(pred, 3), "ratio": round(extra / pred, 3)})
         if not found:

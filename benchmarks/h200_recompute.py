@@ -287,8 +287,9 @@ def _read_row(d: dict[str, Any], where: str) -> tuple[str, str]:
     return sid, variant
 
 
-def _kernel_times(paths: list[str]) -> dict[tuple[str, str, int], tuple[float, bool]]:
-    """``(slice, variant, round) -> (kernels_total_s, apply_rope_fusion)`` from ``PROFILE=all`` rows.
+def _kernel_times(paths: list[str]) -> dict[tuple[str, str, int], tuple[float, bool, float | None]]:
+    """``(slice, variant, round) -> (kernels_total_s, apply_rope_fusion, events_fwd_bwd_s)`` from ``PROFILE=all`` rows
+    (the last: the CUDA-event time of the same profiled passes, None when absent or not a finite positive number).
 
     Raises:
         ValueError: a file that cannot be read, a row that is not a profile row with a known slice and variant, a round
@@ -296,7 +297,7 @@ def _kernel_times(paths: list[str]) -> dict[tuple[str, str, int], tuple[float, b
     """
     from tuner.validate_trials import json_lines
 
-    out: dict[tuple[str, str, int], tuple[float, bool]] = {}
+    out: dict[tuple[str, str, int], tuple[float, bool, float | None]] = {}
     for p in paths:
         for _, where, d in json_lines(p, str(p), "expected the profile rows benchmarks/h200_recompute.py writes with PROFILE=all"):
             if not isinstance(d, dict) or d.get("event") != "profile":
@@ -319,7 +320,8 @@ def _kernel_times(paths: list[str]) -> dict[tuple[str, str, int], tuple[float, b
                 if out[key][1] != rope:
                     raise ValueError(f"{where}: the profile rows mix runs with and without ROPE_FUSION=1; compare one setting at a time")
                 raise ValueError(f"{where}: a second profile row of {sid} {variant} round {rnd}")
-            out[key] = (float(d["kernels_total_s"]), rope)
+            ev = d.get("events_fwd_bwd_s")
+            out[key] = (float(d["kernels_total_s"]), rope, float(ev) if _finite(ev, True) else None)
     return out
 
 
@@ -390,6 +392,14 @@ def compare(paths: list[str], kernels: list[str] | None = None) -> dict[str, Any
     if no_base:
         raise ValueError(f"{', '.join(paths)}: slice {', '.join(no_base)} has no base row; every variant is measured against its "
                          "slice's base")
+    profiled: dict[str, dict[str, list[float]]] = {}
+    if kernels:
+        for (sid, vname, _), (k_s, _, ev_s) in kt.items():
+            if vname == "base" and sid in {s for s, _ in got}:
+                p = profiled.setdefault(sid, {"kernels_s": [], "events_s": []})
+                p["kernels_s"].append(k_s)
+                if ev_s is not None:
+                    p["events_s"].append(ev_s)
     rows = []
     for (sid, vname), rs in sorted(got.items()):
         base = got[(sid, "base")]
@@ -426,6 +436,10 @@ def compare(paths: list[str], kernels: list[str] | None = None) -> dict[str, Any
         slices[sid] = {"layers": layers, "fwd_bwd_s": round(med(base, "fwd_bwd_s"), 5),
                        "predicted_layers_fwd_bwd_s": round(per_layer * layers, 5),
                        "error": round(per_layer * layers / med(base, "fwd_bwd_s") - 1, 4)}
+        if sid in profiled:  # the base's profiled passes, one per round: their kernels' total and their event time
+            slices[sid]["base_profiled_kernels_s"] = [round(min(profiled[sid]["kernels_s"]), 5), round(max(profiled[sid]["kernels_s"]), 5)]
+            if profiled[sid]["events_s"]:
+                slices[sid]["base_profiled_events_s"] = [round(min(profiled[sid]["events_s"]), 5), round(max(profiled[sid]["events_s"]), 5)]
     ratios = [r["extra_measured_over_predicted"] for r in rows if r["extra_measured_over_predicted"] is not None and r["predicted_extra_s"] > 0.002]
     res: dict[str, Any] = {"slices": slices, "rows": rows, "summary": {
         "variants": len(rows), "extra_ratio_median": statistics.median(ratios) if ratios else None,

@@ -55,7 +55,7 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None) -> list[str]:
     if layout.optimizer_offload_fraction > 0:
         dp = layout.world_size // max(1, layout.tp * layout.pp * layout.cp)
         msg = ("CPU optimizer offload: on 1 x H200 the memory matched the first steps' peak (+2-5%, host -3% to 0%), "
-               "but the predicted step was 10-24% too short (docs/measurements.md, fifth batch). Timed alone (ninth "
+               "but the predicted step was 10-24% too short (-11.7% / -23.3% at offload 0.5 / 1.0, docs/validation.md). Timed alone (ninth "
                "batch), torch's fused CPU AdamW stepped 0.57 G parameters/s on one thread and 3.9 G on 16; torchrun "
                "(--nproc-per-node > 1) and Ray actors (slime's train actors ask for 1 CPU) leave each process one thread unless "
                "OMP_NUM_THREADS is set")
@@ -65,7 +65,7 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None) -> list[str]:
                     "meanwhile (2.29 s against 0.83 s with pinned fp32 masters, 2.44 G parameters, 16 threads; "
                     "Megatron-LM main pins them since PR 4547). The model keeps its derived per-node CPU Adam "
                     "rate: priced from these primitives instead, the seed's reference port would be predicted 41% too "
-                    "fast, so that gap is not settled")
+                    "fast, so the offload step's price is not settled")
         if dp > 1:
             msg += (f"; at DP {dp} the 'optimizer' part and the host memory include the first HybridDeviceOptimizer's fp32 "
                     "clones of this rank's unsharded parameters (megatron-core 0.19 builds it before DistributedOptimizer "

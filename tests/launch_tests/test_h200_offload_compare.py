@@ -154,3 +154,9 @@ def test_bad_step_files_are_refused(tmp_path):
 def test_the_recorded_comparison_is_what_compare_gives(res):
     """``call31/compare.json`` (quoted in docs/measurements.md, "Ninth batch") is what ``--compare`` prints now."""
     assert json.loads(json.dumps(res)) == json.loads((OFFLOAD.parent / "compare.json").read_text())
+
+
+def test_the_recorded_primitives_comparison_is_what_compare_gives():
+    """``call30/compare.json`` (quoted in docs/measurements.md, "Ninth batch") is what ``h200_cpu_adam.py --compare``
+    prints now."""
+    assert json.loads(json.dumps(hca.compare(CPU_ADAM))) == json.loads((CPU_ADAM.parent / "compare.json").read_text())
