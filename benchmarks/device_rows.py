@@ -8,7 +8,16 @@ from pathlib import Path
 from typing import Any
 
 from specs.errors import TunerError
-from tuner.validate_trials import json_lines
+
+
+def finite_number(v: Any, positive: bool) -> bool:
+    """Whether ``v`` is a JSON number (not a boolean) that is finite, and > 0 when ``positive`` (else any finite)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v) and (v > 0 or not positive)
+    except OverflowError:
+        return False
 
 
 def read_rows(path: Path, what: str) -> list[tuple[str, dict[str, Any]]]:
@@ -17,6 +26,8 @@ def read_rows(path: Path, what: str) -> list[tuple[str, dict[str, Any]]]:
     Raises:
         TunerError: the file cannot be read, a line is not JSON or not a JSON object, or it has no rows.
     """
+    from tuner.validate_trials import json_lines
+
     out = []
     for _, where, d in json_lines(path, str(path), f"expected the rows {what} writes"):
         if not isinstance(d, dict):
@@ -38,12 +49,7 @@ def number(d: dict[str, Any], key: str, where: str, *, positive: bool = True, in
     v = d.get(key)
     want = ("a whole number >= 1" if integer else "a finite number " + ("> 0" if positive else ">= 0")) + (
         f" and <= {at_most:g}" if at_most is not None else "")
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool)
-    if ok:
-        try:
-            ok = math.isfinite(v) and (v > 0 if positive or integer else v >= 0)
-        except OverflowError:
-            ok = False
+    ok = finite_number(v, positive or integer) and (positive or integer or v >= 0)
     if ok and integer:
         ok = float(v).is_integer()
     if ok and at_most is not None:

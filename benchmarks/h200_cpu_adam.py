@@ -124,7 +124,7 @@ def _copy_rows() -> list[dict[str, Any]]:
     return rows
 
 
-def _gather(ps: list[Any], q: Any, timeout_s: float = 900.0) -> list[dict[str, Any]] | None:
+def gather_results(ps: list[Any], q: Any, timeout_s: float = 900.0) -> list[dict[str, Any]] | None:
     """One result from each of the child processes ``ps`` (None, with every child stopped, when one dies or the wait
     passes ``timeout_s``: a child that fails must not leave the call waiting on the queue)."""
     import queue as queue_mod
@@ -160,7 +160,7 @@ def measure(out: Path) -> int:
             q = ctx.Queue()
             p = ctx.Process(target=_adam_rate, args=(threads, PARAMS_ONE_PROCESS, fused, q))
             p.start()
-            got = _gather([p], q)
+            got = gather_results([p], q)
             if got is None:
                 _run(rows, out, {"kind": "error", "case": f"adam threads {threads} fused {fused}", "exitcode": p.exitcode})
                 continue
@@ -173,7 +173,7 @@ def measure(out: Path) -> int:
         ps = [ctx.Process(target=_adam_rate, args=(1, PARAMS_PER_CONCURRENT_PROCESS, True, q, start)) for _ in range(procs)]
         for p in ps:
             p.start()
-        got = _gather(ps, q)
+        got = gather_results(ps, q)
         if got is None:
             _run(rows, out, {"kind": "error", "case": f"adam_procs {procs}", "exitcodes": [p.exitcode for p in ps]})
             continue

@@ -214,30 +214,31 @@ def compare(offload: Path, primitives: Path, steps: list[Path]) -> dict[str, Any
 
 
 def _seed_reference(per_process_rate: float, pageable: float) -> dict[str, float]:
-    """The seed's reference port with its offload time replaced by ``offloaded x (1 / per_process_rate + 4 / pageable)``;
-    the offloaded parameters of its slowest rank are what the model's offload term gives at a unit CPU Adam rate with
-    the copies hidden (offload_overlap 1)."""
+    """The seed's reference port (its row of ``cost_model/data/seed_runs.csv``, as ``tune validate`` reads it) with its
+    offload time replaced by ``offloaded x (1 / per_process_rate + 4 / pageable)``; the offloaded parameters of its
+    slowest rank are what the model's offload term gives at a unit CPU Adam rate with the copies hidden
+    (``offload_overlap`` 1)."""
     import dataclasses
 
     from cost_model.calibration import DEFAULT_CALIBRATION
     from cost_model.estimate import estimate
-    from specs import Layout, RecomputeGranularity, RecomputeMethod, Workload, load_model, parse_gpus
+    from cost_model.validate import read_runs
 
-    model, cluster, work = load_model("MiniMax-M2"), parse_gpus("64xH200"), Workload(seq_length=8192, global_batch_size=128)
-    lay = Layout(world_size=64, tp=2, sequence_parallel=True, pp=2, ep=8, etp=1, micro_batch_size=1,
-                 recompute_granularity=RecomputeGranularity.full, recompute_method=RecomputeMethod.uniform,
-                 recompute_num_layers=1, optimizer_offload_fraction=1.0, overlap_cpu_optimizer_d2h_h2d=True)
-    base = estimate(model, cluster, work, lay)
+    runs, _ = read_runs([str(Path(__file__).resolve().parents[1] / "cost_model" / "data" / "seed_runs.csv")])
+    run = next(r for r in runs if r.run_id == "seed-reference")
+    assert run.model and run.cluster and run.workload and run.published_tokens, "the seed's reference row is estimable"
+    model, cluster, work, lay = run.model, run.cluster, run.workload, run.layout
+    base = estimate(model, cluster, work, lay, options=run.options)
     gpus_per_node = min(cluster.gpus_per_node, cluster.num_gpus)
     unit = dataclasses.replace(DEFAULT_CALIBRATION, cpu_adam_params_per_s_per_node=float(gpus_per_node), offload_overlap=1.0)
-    offloaded = estimate(model, cluster, work, lay, calibration=unit).time["offload"]
+    offloaded = estimate(model, cluster, work, lay, calibration=unit, options=run.options).time["offload"]
     new = offloaded * (1 / per_process_rate + 4.0 / pageable)
     step = base.step_time_s - base.time["offload"] + new
     tokens = work.global_batch_size * work.seq_length / cluster.num_gpus / step
     return {"offloaded_params_per_gpu": round(offloaded), "model_offload_s": round(base.time["offload"], 2),
             "primitives_offload_s": round(new, 2), "model_tokens_per_s_per_gpu": round(base.tokens_per_s_per_gpu, 1),
-            "primitives_tokens_per_s_per_gpu": round(tokens, 1), "measured": 557.8,
-            "primitives_error": round(tokens / 557.8 - 1, 3)}
+            "primitives_tokens_per_s_per_gpu": round(tokens, 1), "measured": run.published_tokens,
+            "primitives_error": round(tokens / run.published_tokens - 1, 3)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -276,12 +277,12 @@ def measure() -> int:
         sys.stdout.write(json.dumps(row) + "\n")
         sys.stdout.flush()
 
-    from h200_cpu_adam import _gather
+    from h200_cpu_adam import gather_results
 
     q = ctx.Queue()
     p = ctx.Process(target=_copies, args=(q,))
     p.start()
-    got = _gather([p], q)
+    got = gather_results([p], q)
     for r in (got[0] if got else [{"kind": "error", "case": "copies", "exitcode": p.exitcode}]):
         emit(r)
     only = set(filter(None, os.environ.get("OFFLOAD_ONLY", "").split(",")))
@@ -293,7 +294,7 @@ def measure() -> int:
         q = ctx.Queue()
         p = ctx.Process(target=_case, args=(kind, fraction, threads, q))
         p.start()
-        res = _gather([p], q)
+        res = gather_results([p], q)
         if res is None:
             emit({"kind": "hdo", "case": tag, "status": f"exit {p.exitcode}"})
             continue

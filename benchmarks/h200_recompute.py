@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import statistics
 import sys
@@ -242,12 +241,9 @@ def measure(out: Path, slices: list[str], rounds: int, budget_s: float, iters: i
 
 
 def _finite(v: Any, positive: bool) -> bool:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    try:
-        return math.isfinite(v) and (v > 0 or not positive)
-    except OverflowError:
-        return False
+    from device_rows import finite_number  # the one check of the device comparisons (benchmarks/device_rows.py)
+
+    return finite_number(v, positive)
 
 
 def _read_row(d: dict[str, Any], where: str) -> tuple[str, str]:
