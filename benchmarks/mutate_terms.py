@@ -124,6 +124,8 @@ EXPLICIT: tuple[Mutation, ...] = (
     _const("master weights 4 B with the precision-aware optimizer", T + "state:MASTER_REMAINDER_BYTES", 4.0),
     _edit("no host sync of the tokens per expert", T + "comm:_fixed_layer_cost", "layer + cal.moe_host_sync_latency_s + ", "layer + "),
     _const("GEMM backward = forward", T + "compute:GEMM_PASSES", 2.0),
+    _edit("Blackwell Ultra priced as Blackwell", T + "context:build_context", "cal.family_factor(gpu.family, gpu.generation)",
+          "cal.family_factor(gpu.family)"),
     _const("two SP collectives per block", T + "comm:SP_COLLECTIVES_PER_BLOCK", 2.0),
     _const("no-TE attention keeps two hidden tensors", T + "activations:ATTENTION_HIDDEN_TENSORS", 2.0),
     _edit("recompute re-runs the backward's elementwise work too", T + "recompute:_forward_share",

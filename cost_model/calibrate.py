@@ -50,6 +50,7 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "attention_efficiency": (0.15, 0.95),
     "gemm_family_factor_ampere": (0.5, 1.5),
     "gemm_family_factor_blackwell": (0.5, 1.5),
+    "gemm_generation_factor_blackwell_ultra": (0.5, 1.5),
     "fp8_gemm_efficiency_ratio": (0.3, 1.3),
     "fp8_blockwise_gemm_efficiency_ratio": (0.3, 1.3),
     "mxfp8_gemm_efficiency_ratio": (0.3, 1.3),

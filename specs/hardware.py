@@ -69,6 +69,9 @@ class GPUSpec:
     """GPUs that share one NVLink domain (8 for HGX, 72 for an NVL72 rack)."""
     family: str
     """Architecture family (ampere, hopper, blackwell) for calibration constants."""
+    generation: str = ""
+    """A chip generation within the family that has its own calibration factor (``blackwell_ultra``: B300, GB300,
+    a different die from B200 / GB200 at the same bf16 / fp8 datasheet peaks); "" = the family's own."""
     source: str
     server: str = ""
     """The server type the datasheet's system numbers are of (e.g. ``AWS p5en.48xlarge``, ``DGX H100``)."""
@@ -121,6 +124,7 @@ def load_gpu(name: str) -> GPUSpec:
         gpus_per_node=int(d["gpus_per_node"]),
         nvlink_domain=int(d["nvlink_domain"]),
         family=str(d["family"]),
+        generation=str(d.get("generation") or ""),
         source=str(d["source"]),
         server=str(d.get("server") or ""),
         network=str(d.get("network") or ""),

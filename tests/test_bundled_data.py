@@ -33,6 +33,14 @@ def test_unknown_family_lists_the_accepted_ones():
         _checked_datasheet("my.yaml", text)
 
 
+def test_blackwell_ultra_is_named_by_its_generation():
+    assert [load_gpu(n).generation for n in ("B300", "GB300")] == ["blackwell_ultra", "blackwell_ultra"]
+    assert [load_gpu(n).generation for n in ("B200", "GB200", "H200")] == ["", "", ""]
+    assert {load_gpu(n).family for n in ("B200", "GB200", "B300", "GB300")} == {"blackwell"}  # mxfp8 stays allowed
+    with pytest.raises(TunerError, match=r"generation is 'rubin'; accepted: blackwell_ultra"):
+        _checked_datasheet("my.yaml", H200 + "generation: rubin\n")
+
+
 def test_wrong_kind_and_bad_yaml():
     with pytest.raises(TunerError, match=r"gpus_per_node: 'eight' is not of type 'integer'"):
         _checked_datasheet("my.yaml", H200.replace("gpus_per_node: 8", "gpus_per_node: eight"))

@@ -343,7 +343,7 @@ def build_context(
     prec = Precision(workload.precision)
     if prec != Precision.bf16 and not gpu.peak_flops(prec):
         raise TunerError(f"precision {prec.value}: {gpu.name} has no tensor cores for it")
-    fam = cal.family_factor(gpu.family)
+    fam = cal.family_factor(gpu.family, gpu.generation)
     s = float(workload.seq_length)
     gbs = float(workload.global_batch_size)
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from term_fixtures import BASE, TEST_CAL, TINY_DENSE, TINY_MOE, make_ctx
+from term_fixtures import BASE, TEST_CAL, TEST_CLUSTER, TINY_DENSE, TINY_MOE, make_ctx
 
 from cost_model.terms import activations, compute
-from specs import Precision, Workload, load_model
+from cost_model.terms.context import build_context
+from specs import Precision, RunOptions, Workload, load_model
+from specs.layout import Layout, LayoutTable
 
 HBM = 2e12 * 0.75
 
@@ -59,6 +61,25 @@ def test_attention_times():
     fp8 = make_ctx(workload=Workload(seq_length=1024, global_batch_size=16, precision=Precision.fp8), **BASE)
     assert compute.attention_linear_time(fp8)[0, 0] == pytest.approx(f / (2e15 * eff(f / 2)))  # GEMMs at the fp8 peak
     assert compute.core_attention_time(fp8)[0, 0] == pytest.approx(compute.core_attention_time(c)[0, 0])  # attention stays bf16
+
+
+def test_family_and_generation_factors_scale_every_compute_peak():
+    """Blackwell's factor applies to B200 / GB200; Blackwell Ultra's multiplies it on B300 / GB300 (GEMMs at every
+    precision and attention, through ``gemm_peak_flops`` and ``bf16_peak_flops``); Hopper has neither."""
+    import dataclasses
+
+    cal = TEST_CAL.replace(gemm_family_factor_blackwell=0.8, gemm_generation_factor_blackwell_ultra=1.25,
+                           fp8_gemm_efficiency_ratio=0.9)
+    wl = Workload(seq_length=1024, global_batch_size=16, precision=Precision.fp8)
+    table = LayoutTable.from_layouts([Layout(world_size=16, **BASE)])
+    peaks = {}
+    for fam, gen in (("hopper", ""), ("blackwell", ""), ("blackwell", "blackwell_ultra")):
+        cl = dataclasses.replace(TEST_CLUSTER, gpu=dataclasses.replace(TEST_CLUSTER.gpu, family=fam, generation=gen))
+        c = build_context(TINY_MOE, cl, wl, table, cal, RunOptions())
+        peaks[(fam, gen)] = (c.gemm_peak_flops, c.bf16_peak_flops)
+    assert peaks[("hopper", "")] == pytest.approx((2e15 * 0.9, 1e15))
+    assert peaks[("blackwell", "")] == pytest.approx((2e15 * 0.9 * 0.8, 1e15 * 0.8))
+    assert peaks[("blackwell", "blackwell_ultra")] == pytest.approx((2e15 * 0.9 * 0.8 * 1.25, 1e15 * 0.8 * 1.25))
 
 
 def test_attention_head_dim_factor():
