@@ -156,6 +156,12 @@ def fit_calibration(
     bounds = FIT_BOUNDS if bounds is None else bounds
     cand = list(names or bounds)
     act = _active(batch, start, cand, bounds, probe_range=probe_range)
+    gens = {r.cluster.gpu.generation for r in batch.runs if r.cluster is not None and r.cluster.gpu.family == "blackwell"}
+    if "gemm_generation_factor_blackwell_ultra" in act and "" not in gens:
+        # only Blackwell Ultra rows: its factor and Blackwell's multiply the same peaks and cannot be told apart
+        act.remove("gemm_generation_factor_blackwell_ultra")
+        if progress:
+            progress("gemm_generation_factor_blackwell_ultra not fitted: no B200 / GB200 row to tell it from gemm_family_factor_blackwell")
     if not act:
         raise TunerError("no calibration constant changes the predictions of these runs")
     if progress:

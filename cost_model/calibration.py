@@ -311,7 +311,8 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
         "dp_overlap", "pp_p2p_overlap", "offload_overlap", "allocator_overhead_fraction", "flex_sm_share",
         "tp_comm_overlap_fraction", "cp_p2p_overlap", "ep_a2a_overlap",
     )},
-    **{k: (0.0, 2.0, True) for k in (
+    # a GPU family's or precision's compute at a tenth of its datasheet's share or less is a typo, not a calibration
+    **{k: (0.1, 2.0, False) for k in (
         "gemm_family_factor_ampere", "gemm_family_factor_blackwell", "gemm_generation_factor_blackwell_ultra",
         "fp8_gemm_efficiency_ratio", "fp8_blockwise_gemm_efficiency_ratio", "mxfp8_gemm_efficiency_ratio", "nvfp4_gemm_efficiency_ratio",
     )},

@@ -298,7 +298,8 @@ def estimate_table(
         time=time,
         step_time_s=step,
         tokens_per_s_per_gpu=tps,
-        mfu=6.0 * model.active_params() * tps / c.bf16_peak_flops,  # the seed's convention, as cost_model.flops.mfu
+        # the seed's convention (cost_model.flops.mfu): over the datasheet's dense bf16 peak, not the fitted one
+        mfu=6.0 * model.active_params() * tps / cluster.gpu.peak_flops_bf16,
         model_tflops_per_gpu=megatron_flops_per_token(model, workload.seq_length) * tps / 1e12,
         usd_per_million_tokens=cluster.usd_per_gpu_hour / (tps * 3600.0) * 1e6,
         hbm_bytes=cluster.gpu.hbm_bytes,

@@ -7,14 +7,25 @@ They are not corrections: the measured slices are small (1-4 layers on one GPU),
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from specs import Layout, ModelSpec, RecomputeGranularity
+
+if TYPE_CHECKING:
+    from cost_model.calibration import Calibration
+    from specs import GPUSpec
 
 __all__ = ["known_gaps"]
 
 
-def known_gaps(layout: Layout, model: ModelSpec | None = None) -> list[str]:
-    """Measured gaps of the estimate that apply to ``layout`` (and ``model`` when given), one line each (empty when none
-    apply).
+def known_gaps(layout: Layout, model: ModelSpec | None = None, gpu: GPUSpec | None = None,
+               calibration: Calibration | None = None) -> list[str]:
+    """Measured gaps of the estimate that apply to ``layout`` (and ``model`` and ``gpu`` when given), one line each
+    (empty when none apply). ``calibration`` (default: the shipped one) is the one the estimate used.
+
+    - Blackwell Ultra (``GPUSpec.generation``, B300 / GB300): its compute is priced through a factor fitted to NVIDIA's
+      published runs (:attr:`cost_model.calibration.Calibration.gemm_generation_factor_blackwell_ultra`), not measured
+      by this project (docs/validation.md, 2026-12-02 07:15 UTC).
 
     - CPU optimizer offload: memory is priced from the allocator's view of the fifth batch (peak +2.4% / +5.1%, host
       -3.1% / +0.3% at offload 0.5 / 1.0, on the rows it was read from), but the step was predicted 10-24% too short,
@@ -52,6 +63,16 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None) -> list[str]:
       eighth batch (:attr:`cost_model.calibration.Calibration.attention_sink_extra_keys`: 0.006 s predicted).
     """
     out: list[str] = []
+    if gpu is not None and gpu.generation == "blackwell_ultra":
+        from cost_model.calibration import DEFAULT_CALIBRATION
+
+        factor = (calibration or DEFAULT_CALIBRATION).gemm_generation_factor_blackwell_ultra
+        out.append(
+            f"{gpu.name} (Blackwell Ultra): its datasheet gives it the dense bf16 and fp8 peaks of B200 / GB200, yet "
+            "NVIDIA's tables ran the same layouts faster there, so its compute is priced "
+            f"{factor:.2f}x Blackwell's through a factor fitted to those "
+            "runs (gemm_generation_factor_blackwell_ultra), not measured by this project (docs/validation.md)"
+        )
     if layout.optimizer_offload_fraction > 0:
         dp = layout.world_size // max(1, layout.tp * layout.pp * layout.cp)
         msg = ("CPU optimizer offload: on 1 x H200 the memory matched the first steps' peak (+2-5%, host -3% to 0%), "

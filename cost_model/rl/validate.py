@@ -166,11 +166,11 @@ def read_runs(path: str | Path) -> tuple[list[RunRow], list[str]]:
                 vals[c] = int(r[c])
             for c in ("mean_seq_len", "step_time_s"):
                 col = c
-                vals[c] = float(r[c])
+                vals[c] = _positive_seconds(r[c])
             opt: dict[str, float | None] = {}
             for c in ("generation_time_s", "training_time_s", "refit_time_s"):
                 col = c
-                opt[c] = float(r[c]) if r.get(c) else None
+                opt[c] = _positive_seconds(r[c]) if r.get(c) else None
             col = "colocated"
             if r["colocated"] not in ("0", "1", "true", "false", "True", "False"):
                 raise ValueError(r["colocated"])
@@ -211,8 +211,20 @@ def read_runs(path: str | Path) -> tuple[list[RunRow], list[str]]:
         except TunerError as e:
             errors.append(str(e))
         except ValueError:
-            errors.append(f"line {line}: column {col}: cannot read {r.get(col)!r}")
+            errors.append(f"line {line}: column {col}: cannot read {r.get(col)!r}"
+                          + (" (a positive finite number)" if col in _POSITIVE_COLUMNS else ""))
     return rows, errors
+
+
+_POSITIVE_COLUMNS = ("mean_seq_len", "step_time_s", "generation_time_s", "training_time_s", "refit_time_s")
+
+
+def _positive_seconds(text: str) -> float:
+    """``text`` as a positive finite number (a time or a mean length). Raises ValueError otherwise."""
+    v = float(text)
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError(text)
+    return v
 
 
 # --------------------------------------------------------------------------- prediction

@@ -254,3 +254,18 @@ def test_the_attention_kernel_constants_are_bounded(field, tmp_path):
     p.write_text(f"{field}: 1.0e+300\n")
     with pytest.raises(TunerError, match=rf"calibration constant {field} = 1e\+300 is outside \[0, "):
         load_calibration(p)
+
+
+def test_mfu_is_over_the_datasheet_bf16_peak_on_every_gpu():
+    """MFU (the seed's convention) divides by the datasheet's dense bf16 peak, not by the peak the fitted family and
+    generation factors give the time terms: the same throughput on B200 and B300 (both 2,250 TFLOP/s) is the same MFU."""
+    from cost_model.flops import mfu
+
+    model = load_model("Llama-3.1-8B")
+    wl = Workload(seq_length=8192, global_batch_size=128)
+    cal = DEFAULT_CALIBRATION.replace(gemm_family_factor_blackwell=0.5, gemm_generation_factor_blackwell_ultra=1.5)
+    for g in ("B200", "B300", "H100"):
+        cl = parse_gpus(f"8x{g}")
+        e = estimate(model, cl, wl, Layout(world_size=8, tp=1, pp=1), calibration=cal)
+        assert e.mfu == pytest.approx(mfu(model, e.tokens_per_s_per_gpu, cl.gpu.peak_flops_bf16), rel=1e-9)
+        assert e.mfu == pytest.approx(6 * model.active_params() * e.tokens_per_s_per_gpu / {"B200": 2250e12, "B300": 2250e12, "H100": 989.4e12}[g], rel=1e-9)

@@ -80,3 +80,15 @@ def test_mla_gap_only_for_mla_models():
     ds = known_gaps(plain, load_model("DeepSeek-V3"))
     assert len(ds) == 1 and ds[0].startswith("MLA:") and "against 65.3 ms predicted" in ds[0] and "128 heads" in ds[0]
     assert known_gaps(plain, load_model("MiniMax-M2")) == []
+
+
+def test_blackwell_ultra_gets_a_note_with_the_factor_it_was_priced_with():
+    from cost_model.calibration import DEFAULT_CALIBRATION
+    from specs import load_gpu
+
+    lay = Layout(world_size=8)
+    assert known_gaps(lay, None, load_gpu("B200")) == [] and known_gaps(lay, None, load_gpu("H200")) == []
+    (note,) = known_gaps(lay, None, load_gpu("GB300"))
+    assert note.startswith("GB300 (Blackwell Ultra)") and f"{DEFAULT_CALIBRATION.gemm_generation_factor_blackwell_ultra:.2f}x" in note
+    (mine,) = known_gaps(lay, None, load_gpu("B300"), DEFAULT_CALIBRATION.replace(gemm_generation_factor_blackwell_ultra=1.5))
+    assert "1.50x Blackwell's" in mine

@@ -258,6 +258,23 @@ def test_bad_rows_are_named_and_good_rows_still_read(tmp_path):
     assert "line 3" in errors[1]
 
 
+def test_step_times_must_be_positive_finite_numbers(tmp_path):
+    import csv
+
+    src = list(csv.DictReader((ROOT / "benchmarks" / "data" / "rl_runs.csv").open()))
+    f = tmp_path / "runs.csv"
+    with f.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(src[0]))
+        w.writeheader()
+        for v in ("0", "-5", "nan", "inf"):
+            w.writerow({**src[0], "step_time_s": v})
+        w.writerow(src[0])
+    rows, errors = read_runs(f)
+    assert len(rows) == 1 and len(errors) == 4
+    assert all(f"line {i + 2}: column step_time_s: cannot read {v!r} (a positive finite number)" == e
+               for i, (v, e) in enumerate(zip(("0", "-5", "nan", "inf"), errors)))
+
+
 def test_missing_columns_are_listed(tmp_path):
     f = tmp_path / "runs.csv"
     f.write_text("source,model\nx,y\n")

@@ -111,3 +111,28 @@ def test_run_options_move_the_prediction_the_right_way(minimax, h200x64, seed_wo
         assert other.step_time_s <= base.step_time_s
     with pytest.raises(ValueError):
         RunOptions(cp_comm_type="ring")
+
+
+def test_the_blackwell_ultra_factor_is_fitted_only_beside_other_blackwell_rows(tmp_path):
+    """On B300 / GB300 rows alone the Ultra factor and Blackwell's multiply the same peaks: only Blackwell's is fitted."""
+    import csv
+
+    from cost_model.calibrate import fit_calibration
+
+    src = Path(__file__).parents[2] / "benchmarks" / "data" / "published_runs.csv"
+    with src.open() as f:
+        rows = list(csv.DictReader(f))
+    fields = list(rows[0])
+
+    def fitted(gpus: set[str]) -> tuple[str, ...]:
+        out = tmp_path / f"{'-'.join(sorted(gpus))}.csv"
+        with out.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerows(r for r in rows if r["gpu_type"] in gpus and "llama" in r["model"].lower())
+        runs, _ = read_runs([str(out)])
+        return fit_calibration(runs, max_nfev=2).fitted
+
+    only_ultra = fitted({"GB300"})
+    assert "gemm_family_factor_blackwell" in only_ultra and "gemm_generation_factor_blackwell_ultra" not in only_ultra
+    assert "gemm_generation_factor_blackwell_ultra" in fitted({"GB300", "GB200"})

@@ -143,6 +143,14 @@ def test_estimate_json_seed_layout():
     assert 0.8 * 2034.42 <= d["tokens_per_s_per_gpu"] <= 1.2 * 2034.42
 
 
+def test_workload_flags_take_megatron_spellings_too():
+    base = ("estimate", "--model", "Llama-3.1-8B", "--gpus", "8xH100", "--json")
+    short = json.loads(_run(*base, "--seq-len", "4096", "--global-batch", "64").stdout)
+    megatron = json.loads(_run(*base, "--seq-length", "4096", "--global-batch-size", "64").stdout)
+    default = json.loads(_run(*base).stdout)
+    assert short["tokens_per_s_per_gpu"] == megatron["tokens_per_s_per_gpu"] != default["tokens_per_s_per_gpu"]
+
+
 def test_check_lists_every_broken_rule():
     r = runner.invoke(app, ["check", "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "32", "--pp", "3", "--ep", "7"])
     assert r.exit_code == 2
@@ -346,7 +354,8 @@ def test_binary_files_are_rejected_cleanly(tmp_path):
 
 def test_calibration_values_are_range_checked(tmp_path):
     p = tmp_path / "cal.yaml"
-    for text in ("gemm_efficiency: -0.5\n", "gemm_efficiency: 0\n", "hbm_efficiency: .nan\n", "moe_load_imbalance: 0.5\n"):
+    for text in ("gemm_efficiency: -0.5\n", "gemm_efficiency: 0\n", "hbm_efficiency: .nan\n", "moe_load_imbalance: 0.5\n",
+                 "gemm_generation_factor_blackwell_ultra: 1.0e-300\n", "gemm_family_factor_blackwell: 0.05\n"):
         p.write_text(text)
         r = runner.invoke(app, ["estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "2", "--ep", "8", "--calibration", str(p)])
         assert r.exit_code == 2 and "calibration" in r.output, (text, r.output)

@@ -106,3 +106,22 @@ def test_a_mixed_study_is_judged_against_its_fastest_measured_trial(capsys, monk
     rows[0]["tokens_per_s_per_gpu"] = 9e5
     _front.print_ties(rows, {"trial": 9, "source": "predicted"})
     assert "within measurement noise of trial 2" in capsys.readouterr().out
+
+
+def _pred(trial, tps, peak=100.0, **lay):
+    return {"trial": trial, "source": "predicted", "layout": Layout(world_size=2, ep=2, micro_batch_size=2, **lay).to_dict(),
+            "tokens_per_s_per_gpu": tps, "peak_gib": peak}
+
+
+def test_predicted_layouts_within_one_percent_of_a_predicted_best_are_named():
+    from tuner.report import PREDICTED_TIE, predicted_ties, predicted_ties_text, ties_note
+
+    rows = [_pred(0, 1000.0), _pred(1, 995.0, 80.0, dispatcher="allgather"), _pred(2, 1000.0 * (1 - PREDICTED_TIE) - 0.01),
+            _pred(3, 999.0), _row(4, BEST)]
+    assert [(t["trial"], round(t["gap"], 4)) for t in predicted_ties(rows, 0)] == [(3, 0.001), (1, 0.005)]  # not 2 (just over), not 4 (measured)
+    text = predicted_ties_text(rows, 0)
+    assert text is not None and text.startswith("predicted within 1% of trial 0: trial 3 (")
+    assert "trial 1 (TP1 PP1 EP2 DP2, none, allgather, mbs 2): 995.0 tokens/s/GPU (-0.5%), peak 80.0 GiB" in text
+    assert predicted_ties(rows, 4) == [] and predicted_ties_text([_pred(0, 1000.0), _pred(1, 900.0)], 0) is None
+    (note,) = ties_note(rows, 0)
+    assert note.startswith("Predicted within 1% of trial 0") and note.endswith("real trials.")

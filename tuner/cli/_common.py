@@ -308,8 +308,9 @@ NetworkOpt = Annotated[str | None, typer.Option("--network", help="Scale-out fab
 MegatronCoreOpt = Annotated[str | None, typer.Option("--megatron-core", help="megatron-core release whose validity rules apply (0.13 .. 0.19; default the newest).", rich_help_panel="Cluster")]
 HostMemOpt = Annotated[float | None, typer.Option("--host-memory-gib", help="Host memory per node, GiB (default: the server type's; H200 p5en 2,048): layouts whose predicted host memory (CPU optimizer offload) exceeds it are refused.", rich_help_panel="Cluster")]
 PriceOpt = Annotated[float | None, typer.Option("--usd-per-gpu-hour", help="Price per GPU-hour (default 7.91, the seed's).", rich_help_panel="Cluster")]
-SeqOpt = Annotated[int, typer.Option("--seq-len", help="Tokens per row (--seq-length).", rich_help_panel="Workload")]
-GbsOpt = Annotated[int, typer.Option("--global-batch", help="Rows per optimizer step (--global-batch-size).", rich_help_panel="Workload")]
+SeqOpt = Annotated[int, typer.Option("--seq-len", "--seq-length", help="Tokens per row (Megatron's --seq-length).", rich_help_panel="Workload")]
+GbsOpt = Annotated[int, typer.Option("--global-batch", "--global-batch-size", help="Rows per optimizer step (Megatron's --global-batch-size).",
+                                     rich_help_panel="Workload")]
 PrecOpt = Annotated[str, typer.Option("--precision", help="bf16 or fp8.", rich_help_panel="Workload")]
 HeadroomOpt = Annotated[float, typer.Option("--memory-headroom", help="Fraction of HBM kept free (default 0.07: the largest under-prediction of the reserved peak measured on H200, 6.0%, plus a point; docs/validation.md).", rich_help_panel="Search")]
 CalOpt = Annotated[Path | None, typer.Option("--calibration", help="Calibration YAML overriding the cost model's constants.", rich_help_panel="Search")]

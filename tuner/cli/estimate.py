@@ -137,8 +137,9 @@ def estimate(
                       network, host_memory_gib)
     opts = RunOptions(overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm, **({"megatron_core": megatron_core} if megatron_core else {}))
     lay = estimable_layout(layout, m, w, c, opts)
+    cal = load_calibration(calibration)
     try:
-        e = _estimate(m, c, w, lay, calibration=load_calibration(calibration), memory_headroom=memory_headroom, options=opts)
+        e = _estimate(m, c, w, lay, calibration=cal, memory_headroom=memory_headroom, options=opts)
     except InfeasibleLayout as ex:
         raise rule_error(ex, m, lay) from None
     d = e.to_dict()
@@ -146,7 +147,7 @@ def estimate(
     d["network"] = c.network.key if c.network else None
     d["megatron_core"] = opts.megatron_core
     d["warnings"] = layout_warnings(lay, m, opts)
-    d["known_gaps"] = known_gaps(lay, m)
+    d["known_gaps"] = known_gaps(lay, m, c.gpu, cal)
     if plot is not None:
         from tuner.plots import plot_breakdown
 

@@ -285,8 +285,13 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
         out.print(f"  --pipeline-model-parallel-layout '{pls}'")
     if best["source"] == "predicted":
         lay = best["layout"]
-        for gap in known_gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay), prep.model):
+        for gap in known_gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay), prep.model, prep.cluster.gpu, prep.calibration):
             out.print(f"  note: {gap}", markup=False)
+        from tuner.report import predicted_ties_text
+
+        tie = predicted_ties_text(rows, best["trial"])
+        if tie is not None:
+            out.print(f"  note: {tie}", markup=False)
     print_ties(rows, best)
     out.print("Files:")
     for p in files.values():
