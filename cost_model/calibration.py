@@ -139,7 +139,7 @@ class Calibration:
     GB300 than on GB200, in the same containers (e.g. Llama-3.1-70B fp8, TP1 PP1 DP64, container 26.04: GB200 +4.2%, GB300 -17.6%). Fitted by
     ``tune calibrate`` (1.19 on the published runs, 1.18-1.22 in every k-fold fold); the cause is not settled by these
     rows (Blackwell Ultra's higher board power and its doubled attention exponent throughput are candidates), so it is
-    one factor on all compute. docs/validation.md, 2026-12-02 (07:00 UTC)."""
+    one factor on all compute. docs/validation.md, 2026-12-02 (07:15 UTC)."""
     fp8_gemm_efficiency_ratio: float = 1.0
     """Achieved fraction of the fp8 peak relative to the bf16 fraction, per-tensor fp8 recipes
     (quantisation kernels and amax reductions are inside the GEMM time here)."""

@@ -35,7 +35,7 @@ import numpy.typing as npt
 
 from cost_model import step_detail
 from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
-from cost_model.flops import megatron_flops_per_token
+from cost_model.flops import megatron_flops_per_token, mfu
 from cost_model.terms import activations, comm, compute, context, memory, optimizer, params, recompute, schedule, state
 from cost_model.terms.context import Array, TableContext
 from cost_model.types import Estimate
@@ -298,8 +298,7 @@ def estimate_table(
         time=time,
         step_time_s=step,
         tokens_per_s_per_gpu=tps,
-        # the seed's convention (cost_model.flops.mfu): over the datasheet's dense bf16 peak, not the fitted one
-        mfu=6.0 * model.active_params() * tps / cluster.gpu.peak_flops_bf16,
+        mfu=mfu(model, tps, cluster.gpu.peak_flops_bf16),
         model_tflops_per_gpu=megatron_flops_per_token(model, workload.seq_length) * tps / 1e12,
         usd_per_million_tokens=cluster.usd_per_gpu_hour / (tps * 3600.0) * 1e6,
         hbm_bytes=cluster.gpu.hbm_bytes,

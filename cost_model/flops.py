@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+import numpy as np
+
 from specs import ModelSpec
+
+_Rate = TypeVar("_Rate", float, np.ndarray)
 
 __all__ = ["megatron_flops_per_token", "mfu", "usd_per_million_tokens"]
 
@@ -66,11 +72,11 @@ def megatron_flops_per_token(model: ModelSpec, seq_length: int) -> float:
     return float(total)
 
 
-def mfu(model: ModelSpec, tokens_per_s_per_gpu: float, peak_flops_bf16: float) -> float:
+def mfu(model: ModelSpec, tokens_per_s_per_gpu: _Rate, peak_flops_bf16: float) -> _Rate:
     """Model FLOP utilisation by the seed's convention: ``6 * N_active * tokens/s / peak``.
 
     ``N_active`` is :meth:`ModelSpec.active_params`; ``peak`` is the GPU's dense bf16
-    peak (FLOP/s). At 2,034.42 tokens/s/GPU on H200 (989.4 TFLOP/s) MiniMax-M2 gives
+    peak (FLOP/s), the datasheet's, not the fitted one; ``tokens_per_s_per_gpu`` a number or an array. At 2,034.42 tokens/s/GPU on H200 (989.4 TFLOP/s) MiniMax-M2 gives
     0.1285 (seeds/001 ``result.mfu``). Attention's s^2 term is not counted.
     """
     return 6.0 * model.active_params() * tokens_per_s_per_gpu / peak_flops_bf16

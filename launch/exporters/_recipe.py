@@ -109,7 +109,7 @@ def _result(measurement: Measurement, model: ModelSpec, cluster: Cluster) -> dic
     cv = None
     if len(times) >= 2 and statistics.fmean(times) > 0:
         cv = _num(100.0 * statistics.stdev(times) / statistics.fmean(times), 2)
-    mfu = 6.0 * model.active_params() * tps / cluster.gpu.peak_flops_bf16
+    mfu = 6.0 * model.active_params() * tps / cluster.gpu.peak_flops_bf16  # cost_model.flops.mfu (launch does not import cost_model)
     return {
         "tokens_per_s_per_gpu": _num(tps, 2),
         "usd_per_million_tokens": _sig(cluster.usd_per_gpu_hour * 1e6 / (tps * 3600.0)),

@@ -19,6 +19,7 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from cost_model.flops import mfu
 from cost_model.types import Estimate
 from launch import Measurement, TrialFailed, TrialStopped
 from specs import Cluster, ModelSpec
@@ -134,7 +135,7 @@ def result_of(layout: Layout, m: Measurement, pred: Estimate, *, model: ModelSpe
         "peak_gib": _gib(m.peak_bytes),
         "headroom_gib": _gib(gpu.hbm_bytes - m.peak_bytes),
         "step_time_s": float(np.median(m.step_times_s)) if m.step_times_s else float("nan"),
-        "mfu": 6.0 * model.active_params() * tps / gpu.peak_flops_bf16,
+        "mfu": mfu(model, tps, gpu.peak_flops_bf16),
         "usd_per_million_tokens": cluster.usd_per_gpu_hour / (tps * 3600) * 1e6,
         **prediction_of(pred),
         "pred_model_tflops_per_gpu": pred.model_tflops_per_gpu,
