@@ -1,4 +1,5 @@
-"""Every use of Optuna's private API in this project, in one module, written against **Optuna 5.0.0**.
+"""Every use of Optuna's private API in this project, in one module, written against **Optuna 5.1.0** (and checked against 5.0.0: 5.1 changed none of the
+names, signatures or the RDB schema below; its ORM models only gained type annotations).
 
 The study code uses Optuna's public API (studies, ``ask``/``tell``, ``enqueue_trial``, ``add_trial``, samplers,
 storages, heartbeats) and nothing private outside this module. What it needs beyond that, and why:
@@ -11,7 +12,7 @@ storages, heartbeats) and nothing private outside this module. What it needs bey
    once; on SQLite that check-and-set is not atomic between threads (two threads of ``--parallel-trials``
    were seen to pop the same trial: "Cannot tell a PRUNED trial"). Across processes the RDB server's row
    locks or the journal file's lock serialise it.
-3. **A heartbeat for the journal storage** (:class:`HeartbeatJournalStorage`): Optuna 5.0's ``RDBStorage``
+3. **A heartbeat for the journal storage** (:class:`HeartbeatJournalStorage`): Optuna 5.0's and 5.1's ``RDBStorage``
    implements ``optuna.storages._heartbeat.BaseHeartbeat`` (``record_heartbeat``, ``_get_stale_trial_ids``,
    ``get_heartbeat_interval``, ``get_heartbeat_stale_trial_callback``), ``JournalStorage`` does not. With it,
    ``Study.optimize`` runs its heartbeat thread and ``fail_stale_trials`` for the journal as for an RDB.
@@ -40,14 +41,16 @@ from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import FrozenTrial, TrialState
 
 __all__ = [
-    "HEARTBEAT_ATTR", "OPTUNA_VERSION", "RDB_ALEMBIC_REVISION", "RDB_SCHEMA_VERSION", "HeartbeatJournalStorage", "ThreadSafeRDBStorage",
+    "HEARTBEAT_ATTR", "OPTUNA_CHECKED_RELEASES", "OPTUNA_VERSION", "RDB_ALEMBIC_REVISION", "RDB_SCHEMA_VERSION", "HeartbeatJournalStorage", "ThreadSafeRDBStorage",
     "add_finished_trials", "create_trial", "retried_trial_number", "retry_history", "set_trial_state", "set_trial_user_attr", "storage_of",
     "trial_id_of",
 ]
 
 #: The Optuna release this module is written against.
-OPTUNA_VERSION = "5.0.0"
-#: ``optuna.storages._rdb.models.SCHEMA_VERSION`` and the alembic revision of that schema (Optuna 5.0.0).
+OPTUNA_VERSION = "5.1.0"
+#: The Optuna releases (major.minor) whose private API this module was checked against, item by item.
+OPTUNA_CHECKED_RELEASES = ("5.0", "5.1")
+#: ``optuna.storages._rdb.models.SCHEMA_VERSION`` and the alembic revision of that schema (Optuna 5.0.0 and 5.1.0).
 RDB_SCHEMA_VERSION = 12
 RDB_ALEMBIC_REVISION = "v3.2.0.a"
 #: The trial system attribute :class:`HeartbeatJournalStorage` keeps a trial's last heartbeat in (seconds since the epoch).
