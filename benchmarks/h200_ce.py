@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+
+from cuda_timing import cuda_median_seconds  # benchmarks/cuda_timing.py (the script's folder is on sys.path)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -51,17 +53,8 @@ def main() -> int:
     parallel_state.initialize_model_parallel(1, 1)
     tp = parallel_state.get_tensor_model_parallel_group()
 
-    def timed(fn: object, reps: int = 10, warm: int = 3) -> float:
-        ts = []
-        for k in range(warm + reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()  # type: ignore[operator]
-            b.record()
-            torch.cuda.synchronize()
-            if k >= warm:
-                ts.append(a.elapsed_time(b) / 1e3)
-        return statistics.median(ts)
+    def timed(fn: Callable[[], object]) -> float:
+        return cuda_median_seconds(fn, reps=10, warm=3)
 
     paths = {"unfused": lambda x, y: tensor_parallel.vocab_parallel_cross_entropy(x, y),
              "native": lambda x, y: fused_vocab_parallel_cross_entropy(x, y, tp)}

@@ -18,11 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from cuda_timing import cuda_median_seconds  # benchmarks/cuda_timing.py (the script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = (256, 512, 1024, 2048, 4096, 8192)
@@ -50,17 +51,8 @@ def measure() -> int:
     dev = torch.device("cuda", 0)
     grouped = hasattr(torch, "_grouped_mm")
 
-    def timed(fn: object, reps: int = 20, warm: int = 5) -> float:
-        ts = []
-        for k in range(warm + reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()  # type: ignore[operator]
-            b.record()
-            torch.cuda.synchronize()
-            if k >= warm:
-                ts.append(a.elapsed_time(b) / 1e3)
-        return statistics.median(ts)
+    def timed(fn: Callable[[], object]) -> float:
+        return cuda_median_seconds(fn, reps=20, warm=5)
 
     rows_out: list[dict] = []
     for model, (h, f) in expert_shapes().items():
