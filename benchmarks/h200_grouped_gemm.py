@@ -2,6 +2,7 @@
 
     OUT=... python3 benchmarks/h200_grouped_gemm.py            # on the device (torch only)
     python benchmarks/h200_grouped_gemm.py --compare FILE       # here: the efficiency table by model and rows
+    python benchmarks/h200_grouped_gemm.py --fit COMPARE.json   # here: the rows curve the cost model ships
 
 For the routed experts of each MoE model in ``specs/data/models`` (fc1: ``hidden -> 2 x expert FFN``, SwiGLU's gate and
 up fused as Megatron's ``TEGroupedLinear`` holds them; fc2: ``expert FFN -> hidden``), times the three GEMMs of a
@@ -141,8 +142,37 @@ def compare(path: str) -> int:
     return 0
 
 
+def fit(path: str) -> int:
+    """Fit the cost model's rows curve to a ``--compare`` table's bf16 points: ``efficiency = plateau x rows / (rows +
+    half_rows + half_rows_work / (hidden x expert FFN))`` (``cost_model.terms.compute.grouped_gemm_efficiency``), least
+    squares on the log error; prints the three constants, the error of every point and their median and max."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    shapes = expert_shapes()
+    pts = [r for r in json.loads(Path(path).read_text()) if r["dtype"] == "bf16"]
+    rows = np.array([r["rows"] for r in pts], dtype=float)
+    eff = np.array([r["efficiency"] for r in pts])
+    hf = np.array([float(shapes[r["model"]][0] * shapes[r["model"]][1]) for r in pts])
+
+    def resid(p: Any) -> Any:
+        plateau, half, work = p
+        return np.log(plateau * rows / (rows + half + work * 1e9 / hf)) - np.log(eff)
+
+    sol = least_squares(resid, [0.7, 50.0, 1.0], bounds=([0.3, 0.0, 0.0], [1.0, 1e3, 10.0]))
+    err = np.exp(sol.fun) - 1
+    out = {"plateau": round(float(sol.x[0]), 4), "grouped_gemm_half_rows": round(float(sol.x[1]), 1),
+           "grouped_gemm_half_rows_work": float(f"{sol.x[2] * 1e9:.4g}"), "points": len(pts),
+           "median_abs_error": round(float(np.median(np.abs(err))), 4), "max_abs_error": round(float(np.max(np.abs(err))), 4),
+           "errors": [{"model": r["model"], "rows": r["rows"], "measured": r["efficiency"], "error": round(float(e), 4)}
+                      for r, e in zip(pts, err)]}
+    print(json.dumps(out, indent=0))
+    return 0
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--compare", default=None)
+    ap.add_argument("--fit", default=None, help="a --compare table (JSON): fit the rows curve")
     a = ap.parse_args()
-    sys.exit(compare(a.compare) if a.compare else measure())
+    sys.exit(fit(a.fit) if a.fit else compare(a.compare) if a.compare else measure())

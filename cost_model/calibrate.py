@@ -46,7 +46,6 @@ __all__ = [
 FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_efficiency": (0.3, 0.95),
     "grouped_gemm_efficiency": (0.15, 0.95),
-    "grouped_gemm_half_rows": (8.0, 4096.0),
     "attention_efficiency": (0.15, 0.95),
     "gemm_family_factor_ampere": (0.5, 1.5),
     "gemm_family_factor_blackwell": (0.5, 1.5),

@@ -49,8 +49,19 @@ class Calibration:
     cuBLAS grouped GEMM) at large rows per expert, before the rows-per-expert
     penalty below. NVIDIA's MoE guide (megatron/core/transformer/moe/README.md)
     reports grouped GEMM below dense GEMM efficiency."""
-    grouped_gemm_half_rows: float = 256.0
-    """Rows (token copies) per local expert at which grouped-GEMM efficiency halves."""
+    grouped_gemm_half_rows: float = 88.3
+    """Rows (token copies) per local expert at which grouped-GEMM efficiency halves for an expert of unbounded size:
+    the constant part of the measured half-point ``grouped_gemm_half_rows + grouped_gemm_half_rows_work / (hidden x
+    expert FFN per rank)``. Measured on 1 x H200 (torch 2.11 ``torch._grouped_mm``, bf16, forward + dgrad + wgrad,
+    the expert shapes of nine MoE models at 256-8192 rows; docs/measurements.md, "Eleventh batch"; the curve fitted by
+    ``python benchmarks/h200_grouped_gemm.py --fit benchmarks/results/h200_te_2026-12-02/call33/compare.json``, kept in
+    ``rows_curve.json`` beside it), not fitted to the published runs."""
+    grouped_gemm_half_rows_work: float = 1.226e9
+    """The shape-dependent part of the grouped GEMM's half-point, in rows x hidden x expert FFN (elements): an
+    expert of ``hidden x ffn`` halves its efficiency ``grouped_gemm_half_rows_work / (hidden x ffn)`` rows later
+    (Qwen3-30B-A3B's 2048 x 768 expert at ~870 rows, DeepSeek-V3's 7168 x 2048 at ~130). Measured with
+    ``grouped_gemm_half_rows`` (same batch: the two-constant curve fits the 54 measured points at 4.2% median,
+    14% max error)."""
     grouped_gemm_efficiency_floor: float = 1e-3
     """Lowest grouped-GEMM efficiency used: with a handful of rows per local expert the curve above
     tends to 0 and the expert time to infinity. A guard, not a measurement (1e-3 of peak is ~1
@@ -131,7 +142,8 @@ class Calibration:
     gemm_family_factor_blackwell: float = 1.0
     """The same for Blackwell (B200, GB200, B300, GB300)."""
     gemm_generation_factor_blackwell_ultra: float = 1.0
-    """Compute efficiencies (GEMMs at every precision, attention) on Blackwell Ultra (B300, GB300;
+    """Compute efficiencies (GEMMs at bf16 and the fp8 formats, attention; not nvfp4 GEMMs, whose datasheet peak is
+    already 1.5x Blackwell's: docs/validation.md, 2026-12-02 (16:00 UTC)) on Blackwell Ultra (B300, GB300;
     ``GPUSpec.generation``) relative to Blackwell's, on top of :attr:`gemm_family_factor_blackwell`. The datasheets
     give Blackwell Ultra the same dense bf16 and fp8 peaks as B200 / GB200 (NVIDIA HGX B300 and GB300 NVL72
     datasheets), yet NVIDIA's tables ran the same layouts faster there: held out by model with one factor for both,
@@ -139,7 +151,7 @@ class Calibration:
     GB300 than on GB200, in the same containers (e.g. Llama-3.1-70B fp8, TP1 PP1 DP64, container 26.04: GB200 +4.2%, GB300 -17.6%). Fitted by
     ``tune calibrate`` (1.19 on the published runs, 1.18-1.22 in every k-fold fold); the cause is not settled by these
     rows (Blackwell Ultra's higher board power and its doubled attention exponent throughput are candidates), so it is
-    one factor on all compute. docs/validation.md, 2026-12-02 (07:15 UTC)."""
+    one factor on that compute. docs/validation.md, 2026-12-02 (07:15 UTC)."""
     fp8_gemm_efficiency_ratio: float = 1.0
     """Achieved fraction of the fp8 peak relative to the bf16 fraction, per-tensor fp8 recipes
     (quantisation kernels and amax reductions are inside the GEMM time here)."""
@@ -329,6 +341,7 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
     "cpu_adam_params_per_s_per_node": (0.0, float("inf"), True),
     "host_process_bytes": (0.0, 2.0**40, False),
     "grouped_gemm_half_rows": (0.0, float("inf"), False),
+    "grouped_gemm_half_rows_work": (0.0, float("inf"), False),
     # the attention kernel's measured extras (eighth batch: 1.55e10 MACs, 590 and 730 keys): bounded well above what
     # any kernel showed, so a typo cannot overflow a step to inf
     "attention_call_macs": (0.0, 1e13, False),

@@ -35,29 +35,29 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None, gpu: GPUSpec | No
       (``optimizer/cpu_offloading/hybrid_optimizer.py``, ``_get_sub_optimizer_param_groups``: ``.cpu().pin_memory()``
       then ``.float()``); their sum is within -5% to +13% of the optimizer's step on 1, 16 threads and both parameter
       kinds but for fp32 on 16 threads (+33%), and -10% of a whole step's offload time. They are reported, not priced:
-      priced from them, the seed's reference port (8 single-thread processes per node) would be 41% too fast.
+      priced from them, the seed's reference port (8 single-thread processes per node) would be 37% too fast.
     - recompute (full, or selective ``moe``) on MoE layers (a MoE model, or no model given): timed on the decoder alone
       (sixth batch, ``benchmarks/h200_recompute.py``, no output layer or loss in the difference) the extra time was
-      0.87-0.98x the predicted extra (MiniMax-M2 full 0.92, ``moe`` 0.87; Qwen3-30B-A3B full 0.98; its ``moe`` 0.41 with
-      a 5 ms spread between rounds); reseeded and re-run (seventh batch) MiniMax-M2 full 1.14, ``moe`` 1.16, Qwen3-30B-A3B
-      full 0.48 and ``moe`` 0.36 with passes 30 ms apart (ratios under the model since the refit of 2026-12-02 that gave
-      Blackwell Ultra its own factor): the 1-GPU MoE slices are host-bound (the profile had the GPU
+      0.77-0.90x the predicted extra (MiniMax-M2 full 0.83, ``moe`` 0.77; Qwen3-30B-A3B full 0.90; its ``moe`` 0.38 with
+      a 5 ms spread between rounds); reseeded and re-run (seventh batch) MiniMax-M2 full 1.03, ``moe`` 1.03, Qwen3-30B-A3B
+      full 0.44 and ``moe`` 0.32 with passes 30 ms apart (ratios under the model since the refit of 2026-12-02 17:00 UTC
+      with the measured grouped-GEMM rows curve): the 1-GPU MoE slices are host-bound (the profile had the GPU
       busy 44 of 77 ms of a MiniMax-M2 pass). As the difference of two whole harness steps it was 0.8-2.3x on each of
-      two machines (fifth and seventh batches). On a dense (MLA) layer full recompute cost 1.04-1.07x, ``mlp``
-      1.10-1.11x and ``core_attn`` 0.96-1.06x: no note.
+      two machines (fifth and seventh batches). On a dense (MLA) layer full recompute cost 1.06-1.08x, ``mlp``
+      1.10-1.11x and ``core_attn`` 1.02-1.05x: no note.
     - selective ``layernorm`` recompute on MoE layers: +5.4 ms per MiniMax-M2 layer per 8,192-token micro-batch (rounds
       +3.4 and +7.4 ms) where the model prices 0.1 ms, Qwen3-30B-A3B +6.6 ms with a 6.4 ms spread (sixth batch); reseeded
       (seventh batch) +4.0 and -15.3 ms with 9-11 ms between rounds. By the GPU kernels' time (tenth batch,
       ``PROFILE=all``) it added +0.8 and -1.0 ms: host time, not GPU work. Full and ``moe`` recompute of MoE layers by
-      kernels: 0.33-0.54x the predicted extra, rounds within 2 ms.
+      kernels: 0.29-0.49x the predicted extra, rounds within 2 ms.
     - MLA (``kv_lora_rank`` > 0): with the fused RoPE a dense DeepSeek-V3 layer's forward + backward took 70.8 ms per
-      8,192-token micro-batch on the decoder alone against 65.3 ms predicted (64.0 ms when the eighth batch priced attention
-      by head dim, 61.8 ms before; the embedding's backward, about 3 ms, is in the measured time and not in the predicted
+      8,192-token micro-batch on the decoder alone against 63.9 ms predicted (65.3 ms before the refit of 2026-12-02
+      17:00 UTC, 64.0 ms when the eighth batch priced attention by head dim, 61.8 ms before; the embedding's backward, about 3 ms, is in the measured time and not in the predicted
       one). Timed alone, core attention with all 128 heads (no kv grouping) ran 8-13% longer than MLA's shape at 32
       heads, from which its factor comes (``benchmarks/h200_attention.py``). The unfused RoPE (``apply_rope_fusion``
       off, as the harness runs it) costs 5.23 ms more, priced since the seventh batch
       (:func:`cost_model.terms.compute.mla_unfused_rope_time`), which brought ``mla_up_proj`` recompute from 3.3x to
-      1.08-1.10x.
+      1.08-1.09x.
     - GPT-OSS's clamped quick-GEGLU: +0.010 s on a 0.51 s step of a 2-layer GPT-OSS-120B slice (about 2%;
       "GPT-OSS-120B's layer features", call18), not priced. Its attention sinks (+0.011 s there) are priced since the
       eighth batch (:attr:`cost_model.calibration.Calibration.attention_sink_extra_keys`: 0.006 s predicted).
@@ -85,7 +85,7 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None, gpu: GPUSpec | No
                     "memory, so each step also copies 4 B per offloaded parameter back at 6.7 GB/s and holds the process "
                     "meanwhile (2.29 s against 0.83 s with pinned fp32 masters, 2.44 G parameters, 16 threads; "
                     "Megatron-LM main pins them since PR 4547). The model keeps its derived per-node CPU Adam "
-                    "rate: priced from these primitives instead, the seed's reference port would be predicted 41% too "
+                    "rate: priced from these primitives instead, the seed's reference port would be predicted 37% too "
                     "fast, so the offload step's price is not settled")
         if dp > 1:
             msg += (f"; at DP {dp} the 'optimizer' part and the host memory include the first HybridDeviceOptimizer's fp32 "
@@ -100,10 +100,10 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None, gpu: GPUSpec | No
     if heavy and moe:
         out.append(
             "recompute: on 1 x H200, timed on the decoder alone, full and selective 'moe' recompute of MoE layers cost "
-            "0.87-1.16x the predicted extra time on MiniMax-M2, 0.36-0.98x on Qwen3-30B-A3B, whose single passes spread "
+            "0.77-1.03x the predicted extra time on MiniMax-M2, 0.32-0.90x on Qwen3-30B-A3B, whose single passes spread "
             "by up to 30 ms (the 1-GPU MoE slices are host-bound: the GPU was busy 57% of a MiniMax-M2 pass); as the "
             "difference of two whole trial steps it measured 0.8-2.3x on two machines (docs/measurements.md, fifth to "
-            "seventh batches); by the GPU kernels' time (tenth batch, rounds within 2 ms) it added 0.33-0.54x the "
+            "seventh batches); by the GPU kernels' time (tenth batch, rounds within 2 ms) it added 0.29-0.49x the "
             "predicted extra: the model's extra re-pays the fixed per-expert costs of the forward, host time that a "
             "GPU-bound step may hide: confirm the step with a real trial"
         )
@@ -118,7 +118,7 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None, gpu: GPUSpec | No
     if model is not None and model.is_mla:
         out.append(
             "MLA: on 1 x H200 a dense DeepSeek-V3 layer with the fused RoPE (Megatron-LM's default) took 70.8 ms per "
-            "8,192-token micro-batch against 65.3 ms predicted (decoder alone, the embedding's ~3 ms backward included); "
+            "8,192-token micro-batch against 63.9 ms predicted (decoder alone, the embedding's ~3 ms backward included); "
             "timed alone, its core attention with 128 heads and no kv grouping ran 8-13% longer than the head-dim "
             "factor measured at 32 heads predicts (docs/measurements.md, seventh and eighth batches): predicted 5-10% too fast"
         )

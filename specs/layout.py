@@ -111,12 +111,6 @@ class Dispatcher(str, Enum):
         """The allgather dispatcher (``MoEAllGatherTokenDispatcher``): every token goes to every EP rank."""
         return self.moe_token_dispatcher_type == "allgather"
 
-    @property
-    def dedups_per_node(self) -> bool:
-        """Across nodes a token is sent once per distinct remote node and forwarded inside it over
-        NVLink (DeepEP's normal kernels, DeepEP README "NVLink + RDMA forwarding"), not once per GPU."""
-        return _DISPATCHER_TRAITS[self].dedups_per_node
-
 
 @dataclass(frozen=True, slots=True)
 class _DispatcherTraits:
@@ -124,15 +118,14 @@ class _DispatcherTraits:
 
     moe_token_dispatcher_type: str
     moe_flex_dispatcher_backend: str | None
-    dedups_per_node: bool
 
 
 #: One row per :class:`Dispatcher` member (checked at import below).
 _DISPATCHER_TRAITS: dict[Dispatcher, _DispatcherTraits] = {
-    Dispatcher.alltoall: _DispatcherTraits("alltoall", None, dedups_per_node=False),
-    Dispatcher.allgather: _DispatcherTraits("allgather", None, dedups_per_node=False),
-    Dispatcher.flex_deepep: _DispatcherTraits("flex", "deepep", dedups_per_node=True),
-    Dispatcher.flex_hybridep: _DispatcherTraits("flex", "hybridep", dedups_per_node=False),
+    Dispatcher.alltoall: _DispatcherTraits("alltoall", None),
+    Dispatcher.allgather: _DispatcherTraits("allgather", None),
+    Dispatcher.flex_deepep: _DispatcherTraits("flex", "deepep"),
+    Dispatcher.flex_hybridep: _DispatcherTraits("flex", "hybridep"),
 }
 assert set(_DISPATCHER_TRAITS) == set(Dispatcher), "every Dispatcher member needs its _DISPATCHER_TRAITS row"
 

@@ -18,10 +18,13 @@ from specs._data import NETWORKS_FILE, data_file
 from specs.errors import TunerError
 from specs.layout import Dispatcher
 
-__all__ = ["DispatcherOnFabric", "Network", "RUNS", "intra_domain_efficiency", "list_networks", "load_network"]
+__all__ = ["COUNTED", "DispatcherOnFabric", "Network", "RUNS", "intra_domain_efficiency", "list_networks", "load_network"]
 
 #: Values of a dispatcher's ``runs`` on a fabric.
 RUNS = ("true", "false", "unknown")
+
+#: Values of a dispatcher's ``counted`` on a fabric (:attr:`DispatcherOnFabric.counted`).
+COUNTED = ("per_gpu", "per_node")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -35,6 +38,11 @@ class DispatcherOnFabric:
     """Fraction of the per-GPU NIC bandwidth its kernels reach (its own published measurement); None = NCCL's,
     the calibration's ``network_efficiency``."""
     source: str
+    counted: str = "per_gpu"
+    """What bytes the efficiency is counted on (:data:`COUNTED`): ``per_gpu``, one copy per remote GPU that holds one
+    of a token's experts; ``per_node``, one copy per NVLink domain that does, the token's own included (how DeepEP's
+    and HybridEP's benchmarks count their RDMA bytes: ``num_rdma_token_sent`` / ``count_rdma_send_from_routing_map``
+    over the (token, node) pairs)."""
 
     @property
     def runs_across(self) -> bool:
@@ -117,8 +125,10 @@ def load_network(key: str) -> Network:
     for name, v in (f.get("dispatchers") or {}).items():
         runs = str(v.get("runs")).lower()
         assert runs in RUNS, f"networks.yaml {real}/{name}: runs {runs!r} not in {RUNS}"
+        counted = str(v.get("counted", "per_gpu"))
+        assert counted in COUNTED, f"networks.yaml {real}/{name}: counted {counted!r} not in {COUNTED}"
         disp[Dispatcher(name).value] = DispatcherOnFabric(runs=runs, efficiency=_efficiency(v.get("efficiency"), f"{real}/{name}"),
-                                                           source=str(v.get("source", "")))
+                                                           source=str(v.get("source", "")), counted=counted)
     intra = intra_domain_efficiency()
     return Network(key=real, name=str(f["name"]), per_gpu_bytes_per_s=float(f["per_gpu_gbps"]) * 1e9 / 8, dispatchers=disp,
                    intra_domain_efficiency=intra, source=str(f.get("source", "")))

@@ -14,6 +14,7 @@ import numpy as np
 
 from cost_model.terms import state
 from cost_model.terms.context import Array, BoolArray, TableContext, col
+from specs import ModelSpec
 from specs.units import BF16_BYTES, FP32_BYTES
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "cp_ring_time",
     "collective_bandwidth",
     "distinct_groups_hit",
+    "holders_hit",
     "dp_bytes_per_param",
     "dp_comm_time",
     "ep_all_to_all_time",
@@ -157,6 +159,32 @@ def distinct_groups_hit(num_experts: float, topk: float, groups: Array) -> Array
     for i in range(int(topk)):
         miss = miss * np.clip((num_experts - per - i) / (num_experts - i), 0.0, 1.0)
     return g * (1.0 - miss)
+
+
+def holders_hit(model: ModelSpec, holders: Array) -> Array:
+    """Expected number of expert holders (GPUs or NVLink domains, each with ``E / holders`` experts in order) that hold
+    one of a token's ``topk`` experts under forced (uniform) routing, with group-limited routing where the model has
+    it (``--moe-router-num-groups G``, ``--moe-router-group-topk K``: Megatron's ``group_limited_topk`` picks K of G
+    contiguous expert groups, then the top-k experts inside them; the random logits of
+    ``--moe-router-force-load-balancing`` go through the same routing, ``megatron/core/transformer/moe/router.py``):
+    - no group limit: :func:`distinct_groups_hit` ``(E, topk, holders)``;
+    - a router group spans whole holders (``holders >= G``): the experts lie uniformly in K groups,
+      :func:`distinct_groups_hit` ``(K E / G, topk, K holders / G)``;
+    - a holder holds whole router groups (``holders < G``): the distinct holders of K groups drawn from G,
+      :func:`distinct_groups_hit` ``(G, K, holders)`` (each chosen group taken to receive one of the experts).
+    DeepSeek-V3 (256 experts, G 8, K 4) over 8 NVLink domains: 3.6 domains hit, not 5.3.
+
+    Returns:
+        A count, the shape of ``holders``.
+    """
+    e, k = float(model.num_experts), float(model.moe_router_topk)
+    g, kg = float(model.moe_router_num_groups), float(model.moe_router_group_topk)
+    h: Array = np.maximum(np.asarray(holders, dtype=np.float64), 1.0)
+    if not (g > 1 and 0 < kg < g):
+        return distinct_groups_hit(e, k, h)
+    spans = distinct_groups_hit(kg * e / g, k, kg * h / g)
+    within = distinct_groups_hit(g, kg, h)
+    return np.where(h >= g, spans, within)
 
 
 # --------------------------------------------------------------------------- tensor parallel
@@ -312,16 +340,19 @@ def _a2a_bandwidths(c: TableContext) -> tuple[float, float]:
 
 def flex_dispatch_time(c: TableContext, remote: Array) -> Array:
     """One flex all-to-all (DeepEP / HybridEP): a token goes once to each distinct GPU that holds one of
-    its experts (:func:`distinct_groups_hit` over ``ep`` GPUs), not once per expert; NVLink and network traffic
+    its experts (:func:`holders_hit` over ``ep`` GPUs), not once per expert; NVLink and network traffic
     overlap. Each link at the dispatcher's own published bandwidth (no fixed speedup over NCCL): on NVLink
     ``dispatch_nvlink_efficiency`` of the GPU's NVLink bandwidth (DeepEP 0.96, HybridEP 0.82,
-    ``specs/data/networks.yaml`` ``intra_domain``); across nodes the bytes for the remote GPUs hit at
-    ``dispatch_network_efficiency`` of the per-GPU NIC share. For DeepEP that is its *logical* RDMA bandwidth
-    (DeepEP README, V1 normal kernels, H800 + CX7: 43 / 58 / 51 GB/s at EP 16 / 32 / 64 of a ~50 GB/s NIC, counted
-    per destination GPU): its sending once per remote node and forwarding over NVLink
-    (:attr:`specs.Dispatcher.dedups_per_node`) is what lets the logical figure exceed the NIC, so the node
-    de-duplication is inside that efficiency and not applied again (applied on top it put DeepEP 28% ahead of
-    alltoall on 256 H100 where NVIDIA measured it 1-6% behind, docs/published_pairs.md).
+    ``specs/data/networks.yaml`` ``intra_domain``); across nodes ``dispatch_network_efficiency`` of the per-GPU NIC
+    share, on the bytes the dispatcher's own figure is counted on (:attr:`TableContext.network_counted_per_node`):
+    - per remote GPU hit (``tokens x gpus hit x remote share``): NCCL's fitted figure, which DeepEP also gets across
+      nodes: its README's kernel bandwidth (V1 normal kernels, H800 + CX7: 43 / 58 / 51 GB/s at EP 16 / 32 / 64) would
+      put it ahead of alltoall on 256 H100 where NVIDIA's training runs measured it 1-6% behind
+      (docs/published_pairs.md, docs/validation.md 2026-12-02 17:00 UTC);
+    - per NVLink domain hit, the token's own included (``tokens x holders_hit(domains)``), how
+      HybridEP's benchmark counts its RDMA bytes (``count_rdma_send_from_routing_map``, DeepEP ``hybrid_ep`` branch
+      README, H100 + IB: 41-54 GB/s at EP 16-64, 16 SMs): the node de-duplication of its hierarchical
+      RDMA-then-NVLink design is in the bytes, not in the efficiency.
 
     Args:
         remote: :func:`ep_remote_fraction`, ``(n, 1)``.
@@ -334,9 +365,11 @@ def flex_dispatch_time(c: TableContext, remote: Array) -> Array:
     net = cluster.inter_node_bytes_per_s / cluster.gpus_per_node * c.dispatch_network_efficiency
     ep = col(c.ep)
     tok = BF16_BYTES * c.tokens / col(c.tp) * m.h
-    gpus_hit = distinct_groups_hit(m.experts, m.topk, ep)
+    gpus_hit = holders_hit(c.model, ep)
+    domains = ep / col(ep_local_peers(c))
+    copies_across = np.where(c.network_counted_per_node, holders_hit(c.model, domains), gpus_hit * remote)
     over_nvlink = tok * gpus_hit * (ep - 1) / ep * c.load_imbalance
-    over_network = tok * gpus_hit * remote * c.load_imbalance
+    over_network = np.where(remote > 0, tok * copies_across * c.load_imbalance, 0.0)
     return np.maximum(over_nvlink / nv, over_network / net)
 
 

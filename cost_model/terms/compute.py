@@ -316,15 +316,19 @@ def core_attention_time(c: TableContext) -> Array:
 
 def grouped_gemm_efficiency(c: TableContext) -> Array:
     """Grouped-GEMM efficiency at this many rows per local expert:
-    ``grouped_gemm_efficiency x rows / (rows + grouped_gemm_half_rows)``, floored at
-    ``grouped_gemm_efficiency_floor``; ``rows = tokens x topk x etp x ep / (tp x E)``.
+    ``grouped_gemm_efficiency x rows / (rows + half)``, floored at ``grouped_gemm_efficiency_floor``, with
+    ``rows = tokens x topk x etp x ep / (tp x E)`` and the half-point measured by expert shape,
+    ``half = grouped_gemm_half_rows + grouped_gemm_half_rows_work / (hidden x moe_ffn / etp)`` (1 x H200,
+    docs/measurements.md, "Eleventh batch": a small expert needs more rows to fill the GPU).
 
     Returns:
         A fraction, ``(n, 1)``.
     """
     m, cal = c.dims, c.cal
-    rows = c.tokens * m.topk * col(c.etp) * col(c.ep) / (col(c.tp) * m.experts)
-    eff = cal.grouped_gemm_efficiency * rows / (rows + cal.grouped_gemm_half_rows)
+    etp = col(c.etp)
+    rows = c.tokens * m.topk * etp * col(c.ep) / (col(c.tp) * m.experts)
+    half = cal.grouped_gemm_half_rows + cal.grouped_gemm_half_rows_work * etp / (m.h * m.moe_ffn)
+    eff = cal.grouped_gemm_efficiency * rows / (rows + half)
     return np.maximum(eff, cal.grouped_gemm_efficiency_floor)
 
 

@@ -276,8 +276,9 @@ class TableContext:
     """Flex dispatcher (:attr:`Dispatcher.is_flex`)."""
     allgather: BoolArray
     """Allgather dispatcher (:attr:`Dispatcher.is_allgather`)."""
-    dedups_per_node: BoolArray
-    """A dispatcher that sends once per remote node (:attr:`Dispatcher.dedups_per_node`)."""
+    network_counted_per_node: BoolArray
+    """The row's dispatcher's network efficiency is counted on one copy per NVLink domain hit
+    (:attr:`specs.network.DispatcherOnFabric.counted` ``per_node``), ``(n, 1)``; else on one per remote GPU hit."""
     dispatch_nvlink_efficiency: Array
     """Fraction of NVLink bandwidth the row's dispatcher reaches inside an NVLink domain: a flex backend's own
     published figure (``intra_domain`` of ``specs/data/networks.yaml``), else NCCL's
@@ -344,6 +345,10 @@ def build_context(
     if prec != Precision.bf16 and not gpu.peak_flops(prec):
         raise TunerError(f"precision {prec.value}: {gpu.name} has no tensor cores for it")
     fam = cal.family_factor(gpu.family, gpu.generation)
+    # nvfp4 GEMMs take the family factor alone: Blackwell Ultra's datasheet nvfp4 peak (GB300 15 PF dense against
+    # GB200's 10) already carries what the generation factor stands for at the other precisions (docs/validation.md,
+    # "Issue 14, 2026-12-02 (16:00 UTC)")
+    gemm_fam = cal.family_factor(gpu.family) if prec == Precision.nvfp4 else fam
     s = float(workload.seq_length)
     gbs = float(workload.global_batch_size)
 
@@ -375,7 +380,7 @@ def build_context(
         nvlink_size=cluster.nvlink_size,
         seq=s,
         global_batch=gbs,
-        gemm_peak_flops=gpu.peak_flops(prec) * cal.precision_ratio(prec.value) * fam,
+        gemm_peak_flops=gpu.peak_flops(prec) * cal.precision_ratio(prec.value) * gemm_fam,
         bf16_peak_flops=gpu.peak_flops_bf16 * fam,
         hbm_bytes_per_s=gpu.hbm_bytes_per_s * cal.hbm_efficiency,
         low_precision_weight_bytes=prec.low_precision_weight_bytes,
@@ -416,10 +421,19 @@ def build_context(
         offload_fraction=table["optimizer_offload_fraction"].astype(float)[:, None],
         flex=_mask(disp, Dispatcher, lambda d: d.is_flex),
         allgather=_mask(disp, Dispatcher, lambda d: d.is_allgather),
-        dedups_per_node=_mask(disp, Dispatcher, lambda d: d.dedups_per_node),
+        network_counted_per_node=_counted_per_node(disp, cluster),
         dispatch_nvlink_efficiency=nv_eff,
         dispatch_network_efficiency=net_eff,
     )
+
+
+def _counted_per_node(disp: npt.NDArray[np.str_], cluster: Cluster) -> BoolArray:
+    """Per row, whether the dispatcher's efficiency across the cluster's fabric is counted per NVLink domain hit
+    (:attr:`TableContext.network_counted_per_node`); no fabric (NCCL's figure) counts per GPU. ``(n, 1)``."""
+    if cluster.network is None:
+        return np.zeros((len(disp), 1), dtype=np.bool_)
+    per_node = cluster.network
+    return _mask(disp, Dispatcher, lambda d: per_node.dispatcher(d).counted == "per_node")
 
 
 def _dispatcher_efficiencies(disp: npt.NDArray[np.str_], cluster: Cluster, cal: Calibration) -> tuple[Array, Array]:

@@ -20,7 +20,7 @@ def test_gaps_apply_to_offload_and_heavy_recompute_only():
     one = known_gaps(Layout(world_size=8, tp=8, optimizer_offload_fraction=0.5))
     assert "10-24% too short" in one[0] and "unsharded" not in one[0]  # DP 1: no first-optimizer clause
     full = known_gaps(Layout(world_size=8, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1))
-    assert len(full) == 1 and "0.87-1.16x" in full[0] and "decoder alone" in full[0] and "0.8-2.3x" in full[0] and "host-bound" in full[0]
+    assert len(full) == 1 and "0.77-1.03x" in full[0] and "decoder alone" in full[0] and "0.8-2.3x" in full[0] and "host-bound" in full[0]
     assert len(known_gaps(Layout(world_size=8, recompute_granularity="selective", recompute_modules=("moe",)))) == 1
     ln = known_gaps(Layout(world_size=8, recompute_granularity="selective", recompute_modules=("core_attn", "layernorm")))
     assert len(ln) == 1 and ln[0].startswith("recompute 'layernorm'") and "0.1 ms predicted" in ln[0]
@@ -78,7 +78,7 @@ def test_mla_gap_only_for_mla_models():
 
     plain = Layout(world_size=8)
     ds = known_gaps(plain, load_model("DeepSeek-V3"))
-    assert len(ds) == 1 and ds[0].startswith("MLA:") and "against 65.3 ms predicted" in ds[0] and "128 heads" in ds[0]
+    assert len(ds) == 1 and ds[0].startswith("MLA:") and "against 63.9 ms predicted" in ds[0] and "128 heads" in ds[0]
     assert known_gaps(plain, load_model("MiniMax-M2")) == []
 
 

@@ -82,6 +82,21 @@ def test_family_and_generation_factors_scale_every_compute_peak():
     assert peaks[("blackwell", "blackwell_ultra")] == pytest.approx((2e15 * 0.9 * 0.8 * 1.25, 1e15 * 0.8 * 1.25))
 
 
+
+def test_nvfp4_gemms_on_blackwell_ultra_take_the_family_factor_alone():
+    """Blackwell Ultra's datasheet nvfp4 peak already differs from Blackwell's (GB300 15 PF, GB200 10 PF), so its
+    nvfp4 GEMMs are not multiplied by the generation factor again; its attention (bf16) still is."""
+    import dataclasses
+
+    cal = TEST_CAL.replace(gemm_family_factor_blackwell=0.8, gemm_generation_factor_blackwell_ultra=1.25,
+                           nvfp4_gemm_efficiency_ratio=0.5)
+    wl = Workload(seq_length=1024, global_batch_size=16, precision=Precision.nvfp4)
+    table = LayoutTable.from_layouts([Layout(world_size=16, **BASE)])
+    gpu = dataclasses.replace(TEST_CLUSTER.gpu, family="blackwell", generation="blackwell_ultra", peak_flops_fp4=4e15)
+    c = build_context(TINY_MOE, dataclasses.replace(TEST_CLUSTER, gpu=gpu), wl, table, cal, RunOptions())
+    assert (c.gemm_peak_flops, c.bf16_peak_flops) == pytest.approx((4e15 * 0.5 * 0.8, 1e15 * 0.8 * 1.25))
+
+
 def test_attention_head_dim_factor():
     assert compute.attention_head_dim_factor(make_ctx(model=TINY_DENSE.replace(kv_channels=128), tp=2)) == 1.0
     assert compute.attention_head_dim_factor(make_ctx(model=TINY_DENSE.replace(kv_channels=192), tp=2)) == 0.680
@@ -131,9 +146,21 @@ def test_attention_window_and_sink_extra_keys():
 
 def test_grouped_gemm_efficiency_and_its_floor():
     # rows per local expert: 512 tokens x top-2 x etp 1 x ep 4 / (tp 2 x 8 experts) = 256 -> half of 0.55
-    assert compute.grouped_gemm_efficiency(make_ctx(**BASE))[0, 0] == pytest.approx(0.275)
-    tiny = make_ctx(cal=TEST_CAL.replace(grouped_gemm_half_rows=1e9), **BASE)
+    flat = TEST_CAL.replace(grouped_gemm_efficiency=0.55, grouped_gemm_half_rows=256.0, grouped_gemm_half_rows_work=0.0)
+    assert compute.grouped_gemm_efficiency(make_ctx(cal=flat, **BASE))[0, 0] == pytest.approx(0.275)
+    tiny = make_ctx(cal=flat.replace(grouped_gemm_half_rows=1e9), **BASE)
     assert compute.grouped_gemm_efficiency(tiny)[0, 0] == 1e-3
+
+
+def test_grouped_gemm_half_point_grows_as_the_expert_shrinks():
+    # half = half_rows + work x etp / (hidden x moe_ffn): the shape part alone doubles the half-point here
+    c = make_ctx(**BASE)
+    hf = c.dims.h * c.dims.moe_ffn
+    shaped = TEST_CAL.replace(grouped_gemm_efficiency=0.55, grouped_gemm_half_rows=128.0, grouped_gemm_half_rows_work=128.0 * hf)
+    assert compute.grouped_gemm_efficiency(make_ctx(cal=shaped, **BASE))[0, 0] == pytest.approx(0.55 * 256 / (256 + 256))
+    # ETP 2 gathers twice the rows and halves each rank's expert FFN: rows 512, half 128 + 256
+    c2 = make_ctx(cal=shaped, **{**BASE, "etp": 2})
+    assert compute.grouped_gemm_efficiency(c2)[0, 0] == pytest.approx(0.55 * 512 / (512 + 384))
 
 
 def test_moe_times():

@@ -27,17 +27,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_dispatcher_properties():
     want = {
-        # member: (--moe-token-dispatcher-type, --moe-flex-dispatcher-backend, is_flex, is_allgather, dedups_per_node)
-        Dispatcher.alltoall: ("alltoall", None, False, False, False),
-        Dispatcher.allgather: ("allgather", None, False, True, False),
-        Dispatcher.flex_deepep: ("flex", "deepep", True, False, True),
-        Dispatcher.flex_hybridep: ("flex", "hybridep", True, False, False),
+        # member: (--moe-token-dispatcher-type, --moe-flex-dispatcher-backend, is_flex, is_allgather)
+        Dispatcher.alltoall: ("alltoall", None, False, False),
+        Dispatcher.allgather: ("allgather", None, False, True),
+        Dispatcher.flex_deepep: ("flex", "deepep", True, False),
+        Dispatcher.flex_hybridep: ("flex", "hybridep", True, False),
     }
     assert set(want) == set(Dispatcher) == set(_DISPATCHER_TRAITS)
-    for d, (kind, backend, flex, ag, dedup) in want.items():
-        assert (d.moe_token_dispatcher_type, d.moe_flex_dispatcher_backend, d.is_flex, d.is_allgather, d.dedups_per_node) == (
-            kind, backend, flex, ag, dedup
-        ), d
+    for d, (kind, backend, flex, ag) in want.items():
+        assert (d.moe_token_dispatcher_type, d.moe_flex_dispatcher_backend, d.is_flex, d.is_allgather) == (kind, backend, flex, ag), d
 
 
 def test_recompute_properties():
@@ -49,7 +47,7 @@ def test_recompute_properties():
 def test_enum_mask_reads_properties():
     col = np.array(["alltoall", "flex+deepep", "allgather", "flex+hybridep"], dtype=_COLUMNS["dispatcher"])
     assert enum_mask(col, Dispatcher, lambda d: d.is_flex).tolist() == [False, True, False, True]
-    assert enum_mask(col, Dispatcher, lambda d: d.dedups_per_node).tolist() == [False, True, False, False]
+    assert enum_mask(col, Dispatcher, lambda d: d.is_allgather).tolist() == [False, False, True, False]
     assert enum_mask(col[:0], Dispatcher, lambda d: d.is_flex).shape == (0,)
 
 
@@ -83,10 +81,10 @@ def test_adding_a_dispatcher_is_one_member_and_one_traits_row(tmp_path):
     layout_py = tmp_path / "specs" / "layout.py"
     src = layout_py.read_text()
     member = '    flex_hybridep = "flex+hybridep"\n'
-    row = '    Dispatcher.flex_hybridep: _DispatcherTraits("flex", "hybridep", dedups_per_node=False),\n'
+    row = '    Dispatcher.flex_hybridep: _DispatcherTraits("flex", "hybridep"),\n'
     assert src.count(member) == 1 and src.count(row) == 1
     src = src.replace(member, member + '    flex_deepep_ll = "flex+deepep_ll"\n')
-    src = src.replace(row, row + '    Dispatcher.flex_deepep_ll: _DispatcherTraits("flex", "deepep", dedups_per_node=True),\n')
+    src = src.replace(row, row + '    Dispatcher.flex_deepep_ll: _DispatcherTraits("flex", "deepep"),\n')
     layout_py.write_text(src)
     script = textwrap.dedent(
         f"""
