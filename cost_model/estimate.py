@@ -273,11 +273,26 @@ def estimate_table(
         An :class:`EstimateTable` with arrays of shape ``(n,)``.
 
     Raises:
-        TunerError: ``memory_headroom`` outside [0, 1), or a precision the GPU has no
-            tensor cores for.
+        TunerError: ``memory_headroom`` outside [0, 1), a precision the GPU has no
+            tensor cores for, or calibration constants that give a non-finite step time or
+            peak memory (e.g. ``moe_load_imbalance: 1e300`` in a ``--calibration`` file).
     """
     if not 0.0 <= memory_headroom < 1.0:
         raise TunerError(f"--memory-headroom must be in [0, 1), got {memory_headroom}")
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        out = _estimate_table(model, cluster, workload, table, calibration, memory_headroom, options)
+    bad = ~(np.isfinite(out.step_time_s) & np.isfinite(out.peak_bytes) & (out.step_time_s > 0))
+    if bad.any():
+        parts = sorted({k for k, v in {**out.time, **out.memory}.items() if not np.all(np.isfinite(v[bad]))})
+        raise TunerError(
+            f"the calibration constants give a non-finite step time or peak memory for {int(bad.sum())} of {len(bad)} layouts "
+            f"(parts: {', '.join(parts) or 'step'}): check the constants of the --calibration file; the shipped ones are in "
+            "cost_model/data/calibration.yaml")
+    return out
+
+
+def _estimate_table(model: ModelSpec, cluster: Cluster, workload: Workload, table: LayoutTable, calibration: Calibration,
+                    memory_headroom: float, options: RunOptions) -> EstimateTable:
     c = context.build_context(model, cluster, workload, table, calibration, options)
     dense = params.dense_params(c)
     experts = params.expert_params(c)

@@ -607,3 +607,24 @@ def test_split_hint_never_suggests_a_refused_split():
     r = runner.invoke(app, [*base, "--first-stage-layers", "40", "--last-stage-layers", "40"])  # too many layers
     assert r.exit_code == 2 and "rule pipeline_split" in r.output
     assert "try --first-stage-layers 31 --last-stage-layers 31" not in r.output and "try --first-stage-layers" in r.output
+
+
+def test_constants_that_overflow_the_step_are_refused_before_any_study(tmp_path, monkeypatch):
+    """A finite but absurd constant (in range, so the calibration loads) that makes a step or a peak inf / nan is one
+    message, exit 2, and no study is created (Optuna would refuse the nan and leave an empty study behind)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "huge.yaml").write_text("constants:\n  moe_load_imbalance: 1.0e+300\n")
+    est = runner.invoke(app, ["estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--vpp", "4",
+                              "--ep", "8", "--recompute", "full", "--first-stage-layers", "7", "--last-stage-layers", "7",
+                              "--calibration", "huge.yaml"])
+    assert est.exit_code == 2 and "non-finite step time or peak memory" in est.output and "Traceback" not in est.output
+    (tmp_path / "tiny.yaml").write_text("constants:\n  cpu_adam_params_per_s_per_node: 1.0e-300\n")
+    main = runner.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--calibration", "tiny.yaml", "--trials", "4", "--study", "adam"])
+    assert main.exit_code == 2 and "non-finite" in main.output and "--calibration" in main.output
+    assert not (tmp_path / "results" / "adam").exists()
+
+
+def test_an_empty_megatron_core_is_refused_by_estimate_as_by_the_main_job():
+    r = runner.invoke(app, ["estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--ep", "8",
+                            "--megatron-core", ""])
+    assert r.exit_code == 2 and "--megatron-core ''" in r.output and "known: 0.13" in r.output

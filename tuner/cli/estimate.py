@@ -135,7 +135,7 @@ def estimate(
         check_image_path("--plot", plot)
     m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd_per_gpu_hour, seq_len, global_batch, precision, layers,
                       network, host_memory_gib)
-    opts = RunOptions(overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm, **({"megatron_core": megatron_core} if megatron_core else {}))
+    opts = RunOptions(overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm, **({"megatron_core": megatron_core} if megatron_core is not None else {}))
     lay = estimable_layout(layout, m, w, c, opts)
     cal = load_calibration(calibration)
     try:
@@ -207,7 +207,7 @@ def check(
 
     notes: list[str] = []
     m, c, w = _inputs(model, gpus, gpus_per_node, None, None, seq_len, global_batch, precision, layers, network)
-    opts = RunOptions(overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm, **({"megatron_core": megatron_core} if megatron_core else {}))
+    opts = RunOptions(overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm, **({"megatron_core": megatron_core} if megatron_core is not None else {}))
     lay = layout.to_layout(c.num_gpus)
     string_broken: list[tuple[str, str]] = []
     skip_split = False
