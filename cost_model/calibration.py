@@ -143,7 +143,7 @@ class Calibration:
     """The same for Blackwell (B200, GB200, B300, GB300)."""
     gemm_generation_factor_blackwell_ultra: float = 1.0
     """Compute efficiencies (GEMMs at bf16 and the fp8 formats, attention; not nvfp4 GEMMs, whose datasheet peak is
-    already 1.5x Blackwell's: docs/validation.md, 2026-12-02 (16:00 UTC)) on Blackwell Ultra (B300, GB300;
+    already 1.5x Blackwell's: docs/validation.md, 2026-12-02 (17:00 UTC)) on Blackwell Ultra (B300, GB300;
     ``GPUSpec.generation``) relative to Blackwell's, on top of :attr:`gemm_family_factor_blackwell`. The datasheets
     give Blackwell Ultra the same dense bf16 and fp8 peaks as B200 / GB200 (NVIDIA HGX B300 and GB300 NVL72
     datasheets), yet NVIDIA's tables ran the same layouts faster there: held out by model with one factor for both,

@@ -347,7 +347,7 @@ def build_context(
     fam = cal.family_factor(gpu.family, gpu.generation)
     # nvfp4 GEMMs take the family factor alone: Blackwell Ultra's datasheet nvfp4 peak (GB300 15 PF dense against
     # GB200's 10) already carries what the generation factor stands for at the other precisions (docs/validation.md,
-    # "Issue 14, 2026-12-02 (16:00 UTC)")
+    # "Issue 14, 2026-12-02 (17:00 UTC)")
     gemm_fam = cal.family_factor(gpu.family) if prec == Precision.nvfp4 else fam
     s = float(workload.seq_length)
     gbs = float(workload.global_batch_size)
@@ -432,8 +432,8 @@ def _counted_per_node(disp: npt.NDArray[np.str_], cluster: Cluster) -> BoolArray
     (:attr:`TableContext.network_counted_per_node`); no fabric (NCCL's figure) counts per GPU. ``(n, 1)``."""
     if cluster.network is None:
         return np.zeros((len(disp), 1), dtype=np.bool_)
-    per_node = cluster.network
-    return _mask(disp, Dispatcher, lambda d: per_node.dispatcher(d).counted == "per_node")
+    fabric = cluster.network
+    return _mask(disp, Dispatcher, lambda d: fabric.dispatcher(d).counted == "per_node")
 
 
 def _dispatcher_efficiencies(disp: npt.NDArray[np.str_], cluster: Cluster, cal: Calibration) -> tuple[Array, Array]:
