@@ -367,7 +367,7 @@ def build_context(
         m: selective & np.array([m in ms for ms in mod_sets], dtype=np.bool_)[mod_inv][:, None] for m in RECOMPUTE_MODULES
     }
     disp = table["dispatcher"]
-    nv_eff, net_eff = _dispatcher_efficiencies(disp, cluster, cal)
+    nv_eff, net_eff, per_node = _dispatcher_efficiencies(disp, cluster, cal)
     return TableContext(
         model=model,
         cluster=cluster,
@@ -421,32 +421,27 @@ def build_context(
         offload_fraction=table["optimizer_offload_fraction"].astype(float)[:, None],
         flex=_mask(disp, Dispatcher, lambda d: d.is_flex),
         allgather=_mask(disp, Dispatcher, lambda d: d.is_allgather),
-        network_counted_per_node=_counted_per_node(disp, cluster),
+        network_counted_per_node=per_node,
         dispatch_nvlink_efficiency=nv_eff,
         dispatch_network_efficiency=net_eff,
     )
 
 
-def _counted_per_node(disp: npt.NDArray[np.str_], cluster: Cluster) -> BoolArray:
-    """Per row, whether the dispatcher's efficiency across the cluster's fabric is counted per NVLink domain hit
-    (:attr:`TableContext.network_counted_per_node`); no fabric (NCCL's figure) counts per GPU. ``(n, 1)``."""
-    if cluster.network is None:
-        return np.zeros((len(disp), 1), dtype=np.bool_)
-    fabric = cluster.network
-    return _mask(disp, Dispatcher, lambda d: fabric.dispatcher(d).counted == "per_node")
-
-
-def _dispatcher_efficiencies(disp: npt.NDArray[np.str_], cluster: Cluster, cal: Calibration) -> tuple[Array, Array]:
+def _dispatcher_efficiencies(disp: npt.NDArray[np.str_], cluster: Cluster, cal: Calibration) -> tuple[Array, Array, BoolArray]:
     """Per row, the dispatcher's NVLink and network efficiencies (:attr:`TableContext.dispatch_nvlink_efficiency`,
-    :attr:`TableContext.dispatch_network_efficiency`), each ``(n, 1)``."""
+    :attr:`TableContext.dispatch_network_efficiency`) and whether the network one is counted per NVLink domain hit
+    (:attr:`TableContext.network_counted_per_node`; without a named fabric, NCCL's figure, per GPU), each ``(n, 1)``."""
     intra = intra_domain_efficiency()
     nv = np.full(len(disp), cal.alltoall_nvlink_efficiency)
     net = np.full(len(disp), cal.network_efficiency)
+    per_node = np.zeros(len(disp), dtype=np.bool_)
     for d in Dispatcher:
         rows = disp == d.value
         if not rows.any():
             continue
         nv[rows] = intra.get(d.value) or cal.alltoall_nvlink_efficiency
         if cluster.network is not None:
-            net[rows] = cluster.network.dispatcher(d).efficiency or cal.network_efficiency
-    return nv[:, None], net[:, None]
+            on_fabric = cluster.network.dispatcher(d)
+            net[rows] = on_fabric.efficiency or cal.network_efficiency
+            per_node[rows] = on_fabric.counted == "per_node"
+    return nv[:, None], net[:, None], per_node[:, None]
