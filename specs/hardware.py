@@ -159,6 +159,21 @@ def _checked_datasheet(file: str, text: str) -> dict[str, Any]:
 #: The slowest scale-out network per node modelled (Gb/s): below it the communication times overflow; real training
 #: fabrics are 100-3,200 Gb/s per node.
 MIN_NETWORK_GBPS = 1.0
+#: The fastest (Gb/s per node): 8 NICs of 1.6 Tb/s (InfiniBand XDR) is 12,800; beyond 100,000 a figure is a typo
+#: (bits for bytes, Mb/s for Gb/s), and the network would vanish from every estimate.
+MAX_NETWORK_GBPS = 100_000.0
+
+
+def check_network_gbps(bytes_per_s: float) -> None:
+    """Refuse a per-node network bandwidth (bytes/s) outside [MIN_NETWORK_GBPS, MAX_NETWORK_GBPS] Gb/s.
+
+    Raises:
+        TunerError: not finite, or outside the range (one message naming ``--network-gbps`` and the range).
+    """
+    gbps = bytes_per_s * 8 / 1e9
+    if not (math.isfinite(gbps) and MIN_NETWORK_GBPS <= gbps <= MAX_NETWORK_GBPS):
+        raise TunerError(f"--network-gbps must be a number of at least {MIN_NETWORK_GBPS:g} and at most "
+                         f"{MAX_NETWORK_GBPS:,.0f} Gb/s per node, got {gbps:g}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -191,9 +206,7 @@ class Cluster:
                 f"{self.gpus_per_node}-GPU nodes; use {lo or self.gpus_per_node} or {lo + self.gpus_per_node}, "
                 "or set --gpus-per-node"
             )
-        if not math.isfinite(self.inter_node_bytes_per_s) or self.inter_node_bytes_per_s * 8 / 1e9 < MIN_NETWORK_GBPS:
-            raise TunerError(f"--network-gbps must be a number of at least {MIN_NETWORK_GBPS:g} Gb/s per node, got "
-                             f"{self.inter_node_bytes_per_s * 8 / 1e9:g}")
+        check_network_gbps(self.inter_node_bytes_per_s)
         if not math.isfinite(self.usd_per_gpu_hour) or self.usd_per_gpu_hour < 0:
             raise TunerError(f"--usd-per-gpu-hour must be a non-negative number, got {self.usd_per_gpu_hour:g}")
         if self.num_gpus > MAX_GPUS:
@@ -259,8 +272,8 @@ def parse_gpus(
     gpu = load_gpu(gname)
     if gpus_per_node is not None and gpus_per_node <= 0:
         raise TunerError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
-    if inter_node_bytes_per_s is not None and not (math.isfinite(inter_node_bytes_per_s) and inter_node_bytes_per_s * 8 / 1e9 >= MIN_NETWORK_GBPS):
-        raise TunerError(f"--network-gbps must be a number of at least {MIN_NETWORK_GBPS:g} Gb/s per node, got {inter_node_bytes_per_s * 8 / 1e9:g}")
+    if inter_node_bytes_per_s is not None:
+        check_network_gbps(inter_node_bytes_per_s)
     if count > MAX_GPUS or (nodes is not None and int(nodes) * count > MAX_GPUS):
         raise TunerError(f"--gpus {text!r}: more GPUs than this tool models (at most {MAX_GPUS:,})")
     if nodes is not None:
