@@ -114,12 +114,33 @@ def _count(v: Any, what: str) -> int:
 REQUIRED_LAYOUT_KEYS = ("world_size", "tp", "pp", "cp", "ep", "micro_batch_size")
 
 
+#: What ``versions.transformer_engine`` says when the harness ran without Transformer Engine (launch.harness.sweep
+#: writes "not installed"; older rows left it empty or wrote None).
+TE_ABSENT = ("", "not installed", "None")
+
+
+def _te_version(d: dict[str, Any]) -> str | None:
+    """The row's Transformer Engine release as "MAJOR.MINOR", or None when it ran without TE.
+
+    Raises:
+        ValueError: ``versions.transformer_engine`` is neither absent ("not installed", "", None) nor a version string
+            such as "2.20.2" (a number, a list, free text would be read as TE present, of an unknown release).
+    """
+    v = (d.get("versions") or {}).get("transformer_engine")
+    if v is None or (isinstance(v, str) and v.strip() in TE_ABSENT):
+        return None
+    if not isinstance(v, str) or not re.match(r"^\d+\.\d+(\.|$|\+|[a-z])", v.strip()):
+        raise ValueError(f"versions.transformer_engine must be a version string such as \"2.20.2\" or \"not installed\", "
+                         f"got {v!r:.40}")
+    return ".".join(v.strip().split(".")[:2])
+
+
 def _te(d: dict[str, Any]) -> bool:
     harness = ((d.get("run_options") or {}).get("harness")) or {}
+    version = _te_version(d)  # read (and refused when garbled) even where the harness flag decides
     if "use_transformer_engine" in harness:
         return _flag(harness["use_transformer_engine"], "run_options.harness.use_transformer_engine")
-    te = str((d.get("versions") or {}).get("transformer_engine", "not installed"))
-    return te not in ("", "not installed", "None")
+    return version is not None
 
 
 def _options(d: dict[str, Any], te: bool) -> RunOptions:
@@ -148,9 +169,9 @@ def _options(d: dict[str, Any], te: bool) -> RunOptions:
         kw["apply_rope_fusion"] = True  # launch/harness/train.py: the fusions Megatron-LM runs by default
     if "cross_entropy_fusion" in h and _flag(h["cross_entropy_fusion"], "run_options.harness.cross_entropy_fusion"):
         kw.update(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")
-    tev = str((d.get("versions") or {}).get("transformer_engine", ""))
-    if re.match(r"^\d+\.\d+", tev):
-        kw["te_version"] = ".".join(tev.split(".")[:2])
+    tev = _te_version(d)
+    if tev is not None:
+        kw["te_version"] = tev
     return RunOptions(**{**_fields(base), **kw})
 
 
@@ -246,15 +267,41 @@ def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
                 wl = Workload(seq_length=_count(d["seq_length"], "seq_length"), global_batch_size=_count(d["global_batch_size"], "global_batch_size"),
                               precision=d.get("precision") or "bf16")
                 lay = harness_layout(Layout.from_dict(d["layout"]), HarnessEnv(transformer_engine=te))
-                parse_gpus(str(d["gpus"]))
+                cluster = parse_gpus(str(d["gpus"]))
             except (KeyError, TypeError, ValueError, AttributeError, TunerError) as e:
                 raise TunerError(f"{where}: cannot read the row ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                                  "a row is one object as launch.harness.sweep writes it") from None
+            _check_measured(d, cluster.gpu.hbm_bytes / 2**30, where)
             rows.append(TrialRow(source=f"{name}:{i}", label=label, model=model, gpus=str(d["gpus"]), workload=wl, layout=lay,
                                  options=opts, transformer_engine=te, step_time_s=float(d["step_time_s"]),
                                  peak_reserved_gib=float(d["peak_reserved_gib"]),
                                  peak_allocated_gib=float(d["peak_allocated_gib"]) if _pos(d.get("peak_allocated_gib")) else None))
     return rows, skipped
+
+
+#: The longest training step a trials row may report (s): a day. The harness times a few steps of a short trial
+#: (seconds each on the device: docs/measurements.md); a larger figure is a unit slip (ms or us written as s).
+MAX_STEP_TIME_S = 86_400.0
+
+
+def _check_measured(d: dict[str, Any], hbm_gib: float, where: str) -> None:
+    """Refuse a row whose measured figures cannot be true of the GPU it names.
+
+    Args:
+        d: the row (its ``step_time_s`` and ``peak_reserved_gib``/``peak_allocated_gib`` already positive numbers).
+        hbm_gib: the GPU's memory (GiB, ``specs/data/gpus/*.yaml`` ``hbm_mib``): the caching allocator cannot reserve
+            more than the device holds.
+
+    Raises:
+        TunerError: a step over :data:`MAX_STEP_TIME_S`, or a peak above ``hbm_gib``, naming the row and the range.
+    """
+    if float(d["step_time_s"]) > MAX_STEP_TIME_S:
+        raise TunerError(f"{where}: step_time_s {d['step_time_s']!r} is more than a day ({MAX_STEP_TIME_S:,.0f} s); the "
+                         "harness writes seconds per training step")
+    for key in ("peak_reserved_gib", "peak_allocated_gib"):
+        if _pos(d.get(key)) and float(d[key]) > hbm_gib:
+            raise TunerError(f"{where}: {key} {d[key]!r} is more than the {d['gpus']} GPU holds ({hbm_gib:.1f} GiB); the "
+                             "harness writes GiB per GPU (2**30 bytes)")
 
 
 def _pos(v: Any) -> bool:

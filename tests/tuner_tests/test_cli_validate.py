@@ -77,6 +77,13 @@ def test_validate_trials_predicts_each_stack_with_its_calibration(tmp_path):
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "model": "MiniMax-M2[0 layers]"}),
          "model 'MiniMax-M2[0 layers]': a slice has 1 to 62 layers"),
         ("[" * 100000 + "]" * 100000, "nested too deeply"),
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "versions": {"transformer_engine": 123}}),
+         "versions.transformer_engine must be a version string such as"),
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "versions": {"transformer_engine": "banana"}}),
+         "got 'banana'"),
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "step_time_s": 1.5e6}), "step_time_s 1500000.0 is more than a day"),
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "peak_reserved_gib": 500.0}),
+         "peak_reserved_gib 500.0 is more than the 1xH200 GPU holds"),
     ],
 )
 def test_bad_trials_files_are_one_message_exit_2(tmp_path, line, needle):
