@@ -27,6 +27,7 @@ import yaml
 
 from search_spaces.rules import DEFAULT_RULE_ENV, RULES, Rule, RuleEnv, applicable_recompute_modules
 from specs import ModelSpec, Workload
+from specs._data import read_user_yaml
 from specs.errors import TunerError
 from specs.layout import (
     RECOMPUTE_MODULES,
@@ -277,13 +278,12 @@ class SearchSpace:
             return cls.from_dict(default, source="the default space")
         p = Path(path)
         try:
-            data = yaml.safe_load(p.read_text())
+            text = p.read_text()
         except OSError as e:
             raise TunerError(f"--space {str(p)!r}: cannot read it ({e.strerror or e})") from None
         except UnicodeDecodeError:
             raise TunerError(f"--space {str(p)!r}: not a text file (a YAML search space is expected)") from None
-        except yaml.YAMLError as e:
-            raise TunerError(f"--space {str(p)!r}: not valid YAML ({e})") from None
+        data = read_user_yaml(text, f"--space {str(p)!r}")
         if data is None:
             data = {}
         if not isinstance(data, Mapping):

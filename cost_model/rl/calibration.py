@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from specs._data import read_user_yaml
 from specs.errors import TunerError
 
 __all__ = ["DEFAULT_RL_CALIBRATION", "RLCalibration", "load_rl_calibration", "save_rl_calibration"]
@@ -81,9 +82,10 @@ def load_rl_calibration(path: str | Path) -> RLCalibration:
     """
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise TunerError(f"--calibration {str(p)!r}: cannot read it as YAML ({e})") from None
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise TunerError(f"--calibration {str(p)!r}: cannot read it ({e})") from None
+    data = read_user_yaml(text, f"--calibration {str(p)!r}")
     if not isinstance(data, dict):
         raise TunerError(f"--calibration {str(p)!r}: expected a mapping of RL calibration factors")
     data = data.get("rl_calibration", data)

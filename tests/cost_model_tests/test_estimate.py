@@ -222,6 +222,31 @@ def test_calibration_files_refuse_stray_keys_and_say_why_1e30_is_text(tmp_path):
         load_calibration(p)
 
 
+def test_calibration_files_refuse_a_repeated_key_an_empty_file_and_say_where_yaml_breaks(tmp_path):
+    """PyYAML keeps the last of two equal keys silently; an empty file read as "use the shipped constants" hid a lost
+    edit; PyYAML's own message runs over several lines. Each is one message naming the file."""
+    from cost_model.calibration import load_calibration
+    from cost_model.rl.calibration import load_rl_calibration
+
+    p = tmp_path / "c.yaml"
+    p.write_text("gemm_efficiency: 0.8\nhbm_efficiency: 0.7\ngemm_efficiency: 0.9\n")
+    with pytest.raises(TunerError, match=r"key 'gemm_efficiency' appears twice \(lines 1 and 3\)"):
+        load_calibration(p)
+    p.write_text("constants:\n  gemm_efficiency: 0.8\n  gemm_efficiency: 0.8\n")
+    with pytest.raises(TunerError, match="appears twice"):
+        load_calibration(p)
+    p.write_text("")
+    with pytest.raises(TunerError, match="the file is empty"):
+        load_calibration(p)
+    p.write_text("gemm_efficiency: [0.8\n")
+    with pytest.raises(TunerError, match=r"not valid YAML \(line 2, column 1: ") as e:
+        load_calibration(p)
+    assert "\n" not in str(e.value)
+    p.write_text("rl_calibration:\n  source: a\n  source: b\n")
+    with pytest.raises(TunerError, match="key 'source' appears twice"):
+        load_rl_calibration(p)
+
+
 # ---- issue 13: the first cut's inline constants are range-checked Calibration fields ----------------------
 
 

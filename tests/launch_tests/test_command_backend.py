@@ -130,7 +130,7 @@ def test_json_template(tmp_path):
         ({"argv": ["prog"], "framework": "nemo"}, "framework must be megatron or slime"),
         ({"argv": ["prog"], "shell": True}, "unknown key(s) shell"),
         ("- just\n- a list\n", "expected a mapping"),
-        ("argv: [unclosed\n", "not YAML or JSON"),
+        ("argv: [unclosed\n", "not valid YAML"),
     ],
 )
 def test_template_errors(tmp_path, doc, needle):

@@ -99,6 +99,7 @@ def test_yaml_file_overrides_defaults(tmp_path: Path) -> None:
         ("pipeline_split: {even: false, max_stage_deficit: 0}\n", ("no split is left",)),
         ("- tp\n", ("expected a mapping",)),
         ("tp: [1\n", ("not valid YAML",)),
+        ("tp: [1, 2]\nep: [8]\ntp: [4]\n", ("--space", "key 'tp' appears twice (lines 1 and 3)")),
     ],
 )
 def test_bad_yaml_raises(tmp_path: Path, text: str, needles: tuple[str, ...]) -> None:
