@@ -1,6 +1,7 @@
 """Expert GEMM speed by shape on one GPU (issue 14: does a routed expert's GEMM run slower when its weight is small?).
 
     OUT=... python3 benchmarks/h200_grouped_gemm.py            # on the device (torch only)
+    OUT=... IMPL=te python3 benchmarks/h200_grouped_gemm.py    # on the device: TE's GroupedLinear beside torch's
     python benchmarks/h200_grouped_gemm.py --compare FILE       # here: the efficiency table by model and rows
     python benchmarks/h200_grouped_gemm.py --fit COMPARE.json   # here: the rows curve the cost model ships
 
@@ -12,6 +13,12 @@ it, and with one ``torch.matmul`` per expert otherwise (``impl`` says which). Al
 scales, ``torch._scaled_mm`` per expert), the recipe of the published fp8 rows. Times are CUDA-event medians of 20
 after 5 warm-up. Writes ``$OUT/grouped_gemm.jsonl``: one row per (model, gemm, rows, dtype): ``seconds``, ``flops``,
 ``tflops``.
+
+``IMPL=te`` (twelfth batch, 2026-12-03) times what the harness and production runs call instead: Transformer Engine's
+``GroupedLinear`` (the module of Megatron's ``TEGroupedMLP``), forward and forward + backward of fc1 and fc2 over
+``groups`` local experts (8 and 32 as the published EP layouts hold them, 256 as the one-GPU MiniMax-M2 slice does), and
+``torch._grouped_mm`` at the same groups, rows and shapes, bf16 and fp8 (TE delayed scaling). Writes
+``$OUT/grouped_te.jsonl``: one row per (model, gemm, groups, rows, dtype, impl, pass) with ``seconds`` and ``flops``.
 """
 
 from __future__ import annotations
@@ -120,6 +127,119 @@ def _one_shape(torch: Any, dev: Any, timed: Callable[[Callable[[], object]], flo
     return out
 
 
+#: (groups, rows) of the TE batch: the published EP layouts' local experts at their rows, and the one-GPU slices'.
+TE_CASES = ((8, 256), (8, 1024), (8, 4096), (32, 256), (32, 1024), (32, 4096))
+TE_SLICE_CASES = {"MiniMax-M2": ((256, 256), (256, 512), (256, 1024))}
+
+
+def measure_te() -> int:
+    """TE ``GroupedLinear`` against ``torch._grouped_mm`` (module docstring); one JSON line per timing."""
+    import torch
+    import transformer_engine
+    import transformer_engine.pytorch as te
+    from transformer_engine.common.recipe import DelayedScaling, Format
+
+    out = Path(os.environ.get("OUT") or "h200_grouped_gemm_out")
+    out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device("cuda", 0)
+    fh = open(out / "grouped_te.jsonl", "w", encoding="utf-8")  # noqa: SIM115 - written row by row (a cut call keeps its rows)
+    fh.write(json.dumps({"meta": True, "torch": torch.__version__, "transformer_engine": transformer_engine.__version__,
+                         "gpu": torch.cuda.get_device_name(0)}) + "\n")
+
+    def emit(**r: Any) -> None:
+        fh.write(json.dumps(r) + "\n")
+        fh.flush()
+
+    def timed(fn: Callable[[], object]) -> float:
+        return cuda_median_seconds(fn, reps=20, warm=5)
+
+    recipe = DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=16, amax_compute_algo="max")
+    for model, (h, f) in expert_shapes().items():
+        for groups, m in TE_CASES + TE_SLICE_CASES.get(model, ()):
+            for gemm, (k, n) in {"fc1": (h, 2 * f), "fc2": (f, h)}.items():
+                base = {"model": model, "gemm": gemm, "k": k, "n": n, "rows": m, "groups": groups, "flops": 2.0 * groups * m * k * n}
+                try:
+                    for r in _te_case(torch, te, recipe, dev, timed, groups, m, k, n):
+                        emit(**base, **r)
+                except Exception as e:  # noqa: BLE001 - one shape's failure is recorded, the rest still run
+                    emit(**base, error=repr(e)[:300])
+                torch.cuda.empty_cache()
+            print(model, groups, m, flush=True)
+    fh.close()
+    return 0
+
+
+def _te_case(torch: Any, te: Any, recipe: Any, dev: Any, timed: Callable[[Callable[[], object]], float], groups: int,
+             m: int, k: int, n: int) -> list[dict]:
+    """The timings of one (groups, rows, k, n): TE bf16 and fp8 forward and backward, torch bf16 forward and backward."""
+    out: list[dict] = []
+    lin = te.GroupedLinear(groups, k, n, bias=False, params_dtype=torch.bfloat16, device=dev)
+    x = torch.randn(groups * m, k, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(groups * m, n, device=dev, dtype=torch.bfloat16)
+    splits = [m] * groups
+    for dtype in ("bf16", "fp8"):
+        def ctx(dtype: str = dtype) -> Any:
+            return te.fp8_autocast(enabled=True, fp8_recipe=recipe) if dtype == "fp8" else torch.enable_grad()
+
+        def fwd(ctx: Callable[[], Any] = ctx) -> object:
+            with ctx():
+                return lin(x, splits)
+
+        def step(ctx: Callable[[], Any] = ctx) -> None:
+            with ctx():
+                y = lin(x, splits)
+            y.backward(dy)
+
+        tf, ts = timed(fwd), timed(step)
+        out.append({"dtype": dtype, "impl": "te.GroupedLinear", "pass": "fwd", "seconds": tf})
+        out.append({"dtype": dtype, "impl": "te.GroupedLinear", "pass": "bwd", "seconds": max(ts - tf, 0.0)})
+    w = torch.randn(groups, k, n, device=dev, dtype=torch.bfloat16) * 0.02
+    xs = torch.randn(groups * m, k, device=dev, dtype=torch.bfloat16)
+    dys = torch.randn(groups * m, n, device=dev, dtype=torch.bfloat16)
+    offs = torch.arange(m, groups * m + 1, m, device=dev, dtype=torch.int32)
+    wt = w.transpose(-2, -1)
+    out.append({"dtype": "bf16", "impl": "torch._grouped_mm", "pass": "fwd",
+                "seconds": timed(lambda: torch._grouped_mm(xs, w, offs=offs))})
+    out.append({"dtype": "bf16", "impl": "torch._grouped_mm", "pass": "bwd",
+                "seconds": timed(lambda: (torch._grouped_mm(dys, wt, offs=offs), torch._grouped_mm(xs.t(), dys, offs=offs)))})
+    return out
+
+
+def compare_te(path: str) -> int:
+    """Per (model, groups, rows): fwd + bwd efficiency of TE bf16, torch bf16 and TE fp8 over the H200's peaks, and the
+    ratios TE / torch (bf16) and fp8 / bf16 (TE)."""
+    sys.path.insert(0, str(ROOT))
+    from specs import load_gpu
+
+    gpu = load_gpu("H200")
+    rows = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+    acc: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        if r.get("meta") or "seconds" not in r:
+            continue
+        t = acc.setdefault((r["model"], r["groups"], r["rows"], r["dtype"], r["impl"]), {"flops": 0.0, "seconds": 0.0})
+        t["flops"] += r["flops"] * (2 if r["pass"] == "bwd" else 1)  # dgrad + wgrad: twice the forward's FLOPs
+        t["seconds"] += r["seconds"]
+    eff = {k: v["flops"] / v["seconds"] / (gpu.peak_flops_bf16 if k[3] == "bf16" else gpu.peak_flops("fp8"))
+           for k, v in acc.items() if v["seconds"] > 0}
+    out = []
+    for (model, g, m) in sorted({k[:3] for k in eff}):
+        te_b, to_b, te_8 = (eff.get((model, g, m, d, i)) for d, i in (("bf16", "te.GroupedLinear"), ("bf16", "torch._grouped_mm"),
+                                                                       ("fp8", "te.GroupedLinear")))
+        tps = {(model, g, m, d, i): acc[(model, g, m, d, i)]["seconds"] for d, i in (("bf16", "te.GroupedLinear"), ("fp8", "te.GroupedLinear"))
+               if (model, g, m, d, i) in acc}
+        s16, s8 = tps.get((model, g, m, "bf16", "te.GroupedLinear")), tps.get((model, g, m, "fp8", "te.GroupedLinear"))
+        out.append({"model": model, "groups": g, "rows": m, "te_bf16": _r(te_b), "torch_bf16": _r(to_b), "te_fp8": _r(te_8),
+                    "te_over_torch": _r(te_b / to_b if te_b and to_b else None),
+                    "fp8_speedup": _r(s16 / s8 if s16 and s8 else None)})
+    print(json.dumps(out, indent=0))
+    return 0
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 4)
+
+
 def compare(path: str) -> int:
     """Print, per model and rows, the fwd + dgrad + wgrad bf16 efficiency over the H200's dense bf16 peak, and fp8's."""
     sys.path.insert(0, str(ROOT))
@@ -174,5 +294,10 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--compare", default=None)
     ap.add_argument("--fit", default=None, help="a --compare table (JSON): fit the rows curve")
+    ap.add_argument("--compare-te", default=None, help="a grouped_te.jsonl of IMPL=te: TE against torch, fp8 against bf16")
     a = ap.parse_args()
-    sys.exit(fit(a.fit) if a.fit else compare(a.compare) if a.compare else measure())
+    if a.fit:
+        sys.exit(fit(a.fit))
+    if a.compare_te:
+        sys.exit(compare_te(a.compare_te))
+    sys.exit(compare(a.compare) if a.compare else measure_te() if os.environ.get("IMPL") == "te" else measure())
