@@ -4,6 +4,8 @@
     OUT=... IMPL=te python3 benchmarks/h200_grouped_gemm.py    # on the device: TE's GroupedLinear beside torch's
     python benchmarks/h200_grouped_gemm.py --compare FILE       # here: the efficiency table by model and rows
     python benchmarks/h200_grouped_gemm.py --fit COMPARE.json   # here: the rows curve the cost model ships
+    python benchmarks/h200_grouped_gemm.py --compare-te F.jsonl  # here: TE / torch and fp8 / bf16 by shape (IMPL=te rows)
+    python benchmarks/h200_grouped_gemm.py --fit-te F.jsonl      # here: TE's time as GPU time and launch cost, three forms
 
 For the routed experts of each MoE model in ``specs/data/models`` (fc1: ``hidden -> 2 x expert FFN``, SwiGLU's gate and
 up fused as Megatron's ``TEGroupedLinear`` holds them; fc2: ``expert FFN -> hidden``), times the three GEMMs of a
@@ -236,6 +238,62 @@ def compare_te(path: str) -> int:
     return 0
 
 
+def fit_te(path: str) -> int:
+    """How TE's ``GroupedLinear`` time is made (twelfth batch): per (model, groups, rows, dtype), fc1 + fc2 forward +
+    backward measured against the shipped model's GPU time of those GEMMs (the rows curve of
+    ``cost_model.terms.compute.grouped_gemm_efficiency`` with the shipped calibration; fp8 at the fp8 peak x
+    ``fp8_gemm_efficiency_ratio``) and a launch cost of ``4 x per_call + 6 x groups x per_gemm`` (two modules, forward
+    and backward; six GEMMs per expert), combined as their ``sum``, their ``max``, or ``soft`` (the root of the sum
+    of squares). Least squares on the log error; prints per dtype and form the two constants and the median and max
+    |error|."""
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT))
+    from cost_model.calibration import DEFAULT_CALIBRATION as cal
+    from specs import load_gpu
+
+    gpu = load_gpu("H200")
+    shapes = expert_shapes()
+    rows = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+    t = {(r["model"], r["gemm"], r["groups"], r["rows"], r["dtype"], r["impl"], r["pass"]): r["seconds"]
+         for r in rows if not r.get("meta") and "seconds" in r}
+    out: dict[str, Any] = {}
+    for dtype in ("bf16", "fp8"):
+        pts = []
+        for (model, gemm, groups, m, d, impl, p) in t:
+            if (impl, p, gemm, d) != ("te.GroupedLinear", "fwd", "fc1", dtype):
+                continue
+            h, f = shapes[model]
+            measured = sum(t[(model, g, groups, m, d, impl, q)] for g in ("fc1", "fc2") for q in ("fwd", "bwd"))
+            flops = 3 * (2 * groups * m * h * 2 * f + 2 * groups * m * f * h)
+            eff = max(cal.grouped_gemm_efficiency * m / (m + cal.grouped_gemm_half_rows + cal.grouped_gemm_half_rows_work / (h * f)),
+                      cal.grouped_gemm_efficiency_floor)
+            peak = gpu.peak_flops_bf16 if dtype == "bf16" else gpu.peak_flops("fp8") * cal.fp8_gemm_efficiency_ratio
+            pts.append((groups, flops / (peak * eff), measured))
+        g, gpu_t, y = (np.array([p[i] for p in pts]) for i in range(3))
+        for name, r in _fit_forms(g, gpu_t, y).items():
+            out[f"{dtype}/{name}"] = {**r, "points": len(pts)}
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+def _fit_forms(g: Any, gpu_t: Any, y: Any) -> dict[str, dict[str, float]]:
+    """:func:`fit_te`'s three forms fitted to points of ``g`` groups, model GPU time ``gpu_t`` and measured ``y`` (s)."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    forms = {"sum": lambda a, b: gpu_t + 4 * a + 6 * g * b, "max": lambda a, b: np.maximum(gpu_t, 4 * a + 6 * g * b),
+             "soft": lambda a, b: np.hypot(gpu_t, 4 * a + 6 * g * b)}
+    out = {}
+    for name, fn in forms.items():
+        sol = least_squares(lambda x, fn=fn: np.log(fn(x[0] * 1e-6, x[1] * 1e-6)) - np.log(y), [100.0, 20.0],
+                            bounds=([0.0, 0.0], [5000.0, 500.0]))
+        err = np.exp(sol.fun) - 1
+        out[name] = {"per_call_us": round(float(sol.x[0]), 1), "per_gemm_per_expert_us": round(float(sol.x[1]), 1),
+                     "median_abs_error": round(float(np.median(np.abs(err))), 4), "max_abs_error": round(float(np.max(np.abs(err))), 4)}
+    return out
+
+
 def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 4)
 
@@ -295,7 +353,10 @@ if __name__ == "__main__":
     ap.add_argument("--compare", default=None)
     ap.add_argument("--fit", default=None, help="a --compare table (JSON): fit the rows curve")
     ap.add_argument("--compare-te", default=None, help="a grouped_te.jsonl of IMPL=te: TE against torch, fp8 against bf16")
+    ap.add_argument("--fit-te", default=None, help="a grouped_te.jsonl of IMPL=te: how its time is made (sum, max, soft)")
     a = ap.parse_args()
+    if a.fit_te:
+        sys.exit(fit_te(a.fit_te))
     if a.fit:
         sys.exit(fit(a.fit))
     if a.compare_te:
