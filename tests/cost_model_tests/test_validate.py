@@ -136,3 +136,20 @@ def test_the_blackwell_ultra_factor_is_fitted_only_beside_other_blackwell_rows(t
     only_ultra = fitted({"GB300"})
     assert "gemm_family_factor_blackwell" in only_ultra and "gemm_generation_factor_blackwell_ultra" not in only_ultra
     assert "gemm_generation_factor_blackwell_ultra" in fitted({"GB300", "GB200"})
+
+
+def test_a_release_regression_of_one_configuration_is_left_out_with_the_faster_row_named(tmp_path):
+    """Two runs of one configuration 1.3x or more apart: the slower is a release's regression (published rows 59, 211,
+    212); closer runs are both kept, and a run of another layout is never compared."""
+    from cost_model.validate import RELEASE_REGRESSION_RATIO
+
+    fast = ROW
+    slow = ROW.replace("7,src", "8,src", 1).replace(",14000,", f",{14000 / RELEASE_REGRESSION_RATIO - 1:.0f},")
+    near = ROW.replace("7,src", "9,src", 1).replace(",14000,", f",{14000 / RELEASE_REGRESSION_RATIO + 50:.0f},")
+    other = ROW.replace("7,src", "10,src", 1).replace(",128,", ",256,").replace(",14000,", ",7000,")
+    runs, _ = read_runs(_csv(tmp_path, fast, slow, near, other))
+    why = {r.run_id: r.unrepresentable for r in runs}
+    assert why["8"].startswith("a release regression: row 7") and "1.30x faster" in why["8"]
+    assert why["7"] == why["9"] == why["10"] == ""
+    published, _ = read_runs(ROOT / "benchmarks" / "data" / "published_runs.csv")
+    assert sorted(r.run_id for r in published if r.unrepresentable.startswith("a release regression")) == ["211", "212", "59"]
