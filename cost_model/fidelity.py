@@ -49,7 +49,7 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None, gpu: GPUSpec | No
       +3.4 and +7.4 ms) where the model prices 0.1 ms, Qwen3-30B-A3B +6.6 ms with a 6.4 ms spread (sixth batch); reseeded
       (seventh batch) +4.0 and -15.3 ms with 9-11 ms between rounds. By the GPU kernels' time (tenth batch,
       ``PROFILE=all``) it added +0.8 and -1.0 ms: host time, not GPU work. Full and ``moe`` recompute of MoE layers by
-      kernels: 0.29-0.49x the predicted extra, rounds within 2 ms.
+      kernels: 0.30-0.49x the predicted extra, rounds within 2 ms (ratios under the refit of 2026-12-03).
     - MLA (``kv_lora_rank`` > 0): with the fused RoPE a dense DeepSeek-V3 layer's forward + backward took 70.8 ms per
       8,192-token micro-batch on the decoder alone against 63.9 ms predicted (65.3 ms before the refit of 2026-12-02
       17:00 UTC, 64.0 ms when the eighth batch priced attention by head dim, 61.8 ms before; the embedding's backward, about 3 ms, is in the measured time and not in the predicted
@@ -100,10 +100,10 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None, gpu: GPUSpec | No
     if heavy and moe:
         out.append(
             "recompute: on 1 x H200, timed on the decoder alone, full and selective 'moe' recompute of MoE layers cost "
-            "0.77-1.03x the predicted extra time on MiniMax-M2, 0.32-0.90x on Qwen3-30B-A3B, whose single passes spread "
+            "0.79-1.05x the predicted extra time on MiniMax-M2, 0.33-0.91x on Qwen3-30B-A3B, whose single passes spread "
             "by up to 30 ms (the 1-GPU MoE slices are host-bound: the GPU was busy 57% of a MiniMax-M2 pass); as the "
             "difference of two whole trial steps it measured 0.8-2.3x on two machines (docs/measurements.md, fifth to "
-            "seventh batches); by the GPU kernels' time (tenth batch, rounds within 2 ms) it added 0.29-0.49x the "
+            "seventh batches); by the GPU kernels' time (tenth batch, rounds within 2 ms) it added 0.30-0.49x the "
             "predicted extra: the model's extra re-pays the fixed per-expert costs of the forward, host time that a "
             "GPU-bound step may hide: confirm the step with a real trial"
         )
