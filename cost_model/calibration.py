@@ -373,6 +373,9 @@ def _read_constants(p: Path, base: Calibration) -> Calibration:
         data = data["constants"]
     if not isinstance(data, dict):
         raise TunerError(f"--calibration {str(p)!r}: expected a mapping of constant names to numbers")
+    if not data:
+        raise TunerError(f"--calibration {str(p)!r}: names no constant; write constant: value lines (or a 'tune calibrate' "
+                         "output), or leave --calibration out for the shipped calibration")
     names = {f.name for f in dataclasses.fields(Calibration)}
     unknown = sorted(set(data) - names)
     if unknown:

@@ -337,6 +337,7 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
         paths = [paths]
     runs: list[Run] = []
     problems: list[RowProblem] = []
+    seen_ids: dict[str, str] = {}
     gpu_names = {g.lower(): g for g in list_gpus()}
     for path in paths:
         p = Path(path)
@@ -346,6 +347,10 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
             raise TunerError(f"--data {str(p)!r}: cannot read it ({e})") from None
         reader = csv.DictReader(text.splitlines())
         cols = [c.strip() for c in (reader.fieldnames or [])]
+        twice = sorted({c for c in cols if c and cols.count(c) > 1})
+        if twice:
+            raise TunerError(f"--data {str(p)!r}: column(s) {', '.join(twice)} appear twice in the header; a run table "
+                             "names each column once (the reader would keep only the last)")
         missing = [c for c in REQUIRED_COLUMNS if c not in cols]
         if missing:
             raise TunerError(
@@ -370,6 +375,13 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
             cp, ep, etp, mbs = num("cp", default=1.0), num("ep", default=1.0), num("etp", default=1.0), num("mbs", default=1.0)
             tok = num("tokens_per_s_per_gpu", integer=False)
             tfl = num("model_tflops_per_gpu", integer=False)
+            for c, v, top in (("tokens_per_s_per_gpu", tok, MAX_TOKENS_PER_S_PER_GPU), ("model_tflops_per_gpu", tfl, MAX_TFLOPS_PER_GPU)):
+                if v is not None and v > top:
+                    here.append(RowProblem(i, rid, c, f"{r.get(c)!r} is more than {top:,.0f}: not a measurement of one GPU"))
+            if rid in seen_ids:
+                here.append(RowProblem(i, rid, "id", f"id {rid!r} is already the id of row {seen_ids[rid]}; ids name rows in "
+                                                      "messages and must be unique"))
+            seen_ids.setdefault(rid, f"{i} of {p.name}")
             gflop = num("implied_gflop_per_token", integer=False)
             gname = r.get("gpu_type", "").strip()
             if gname.lower() not in gpu_names:
@@ -506,6 +518,12 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
     mark_release_regressions(runs)
     return runs, problems
 
+
+#: Upper bounds of a published figure per GPU: a tokens/s/GPU above 10 M (the fastest published row is 45,275) or a model
+#: TFLOP/s/GPU above 100,000 (GB300's dense fp4 peak is 15,000) is a typo, and would outrank the real runs it repeats
+#: (:func:`mark_release_regressions`).
+MAX_TOKENS_PER_S_PER_GPU = 1e7
+MAX_TFLOPS_PER_GPU = 1e5
 
 #: Two published runs of one configuration (model, GPUs, sequence, batch, precision, layout and every recipe setting
 #: the model reads) further apart than this are not two measurements of a layout: the slower is a regression of its

@@ -23,7 +23,9 @@ def data_file(sub: str) -> Any:
 
 def read_user_yaml(text: str, label: str) -> Any:
     """Parse a user's YAML file (a calibration, a search space, a command template): PyYAML's safe loader, with a key
-    written twice in one mapping refused (PyYAML keeps the last one silently, so an edit above it would be lost).
+    written twice in one mapping refused (PyYAML keeps the last one silently, so an edit above it would be lost), and
+    aliases (``*name``, also in merge keys ``<<: *name``) refused: these files are short, and aliases can make a small
+    file expand to billions of items (the "billion laughs").
 
     Args:
         text: the file's text.
@@ -33,27 +35,37 @@ def read_user_yaml(text: str, label: str) -> Any:
         The document (None for an empty file).
 
     Raises:
-        TunerError: not YAML (one line: where and what, from PyYAML's mark and problem), or a repeated key (named, with
-            both lines).
+        TunerError: not YAML (one line: where and what, from PyYAML's mark and problem), a repeated key (named, with
+            its lines), or an alias (its line).
     """
     import yaml
 
     from specs.errors import TunerError
 
     class _Loader(yaml.SafeLoader):
-        pass
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                raise TunerError(f"{label}: line {mark.line + 1}: an alias (*name) is not accepted here; write the value "
+                                 "out (aliases, and merge keys through them, are refused in these files)")
+            return super().compose_node(parent, index)
 
     def _mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:
         seen: dict[Any, int] = {}
         for k, _ in node.value:
+            if k.tag == "tag:yaml.org,2002:merge":
+                continue  # a merge key needs an alias, refused above; an inline one PyYAML merges below
             key = loader.construct_object(k, deep=True)
+            line = k.start_mark.line + 1
             try:
-                first = seen.setdefault(key, k.start_mark.line + 1)
+                first = seen.get(key)
+                seen.setdefault(key, line)
             except TypeError:  # an unhashable key: PyYAML's own constructor refuses it below
                 continue
-            if first != k.start_mark.line + 1:
-                raise TunerError(f"{label}: key {key!r} appears twice (lines {first} and {k.start_mark.line + 1}); "
-                                 "PyYAML keeps only the last, so write it once")
+            if first is not None:
+                where = f"lines {first} and {line}" if first != line else f"both on line {line}"
+                raise TunerError(f"{label}: key {key!r:.60} appears twice ({where}); PyYAML keeps only the last, so "
+                                 "write it once")
         return loader.construct_mapping(node, deep=True)
 
     _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)

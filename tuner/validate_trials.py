@@ -129,10 +129,11 @@ def _te_version(d: dict[str, Any]) -> str | None:
     v = (d.get("versions") or {}).get("transformer_engine")
     if v is None or (isinstance(v, str) and v.strip() in TE_ABSENT):
         return None
-    if not isinstance(v, str) or not re.match(r"^\d+\.\d+(\.|$|\+|[a-z])", v.strip()):
-        raise ValueError(f"versions.transformer_engine must be a version string such as \"2.20.2\" or \"not installed\", "
-                         f"got {v!r:.40}")
-    return ".".join(v.strip().split(".")[:2])
+    m = re.match(r"^(\d+)\.(\d+)(?:$|[.+a-z])", v.strip()) if isinstance(v, str) else None
+    if m is None or int(m.group(1)) < 1:
+        raise ValueError(f"versions.transformer_engine must be a version string of TE 1.0 or later such as \"2.20.2\", "
+                         f"or \"not installed\"; got {v!r:.40}")
+    return f"{int(m.group(1))}.{int(m.group(2))}"
 
 
 def _te(d: dict[str, Any]) -> bool:
@@ -179,6 +180,20 @@ def _fields(o: RunOptions) -> dict[str, Any]:
     return {k: getattr(o, k) for k in o.__dataclass_fields__}
 
 
+class _RepeatedKey(ValueError):
+    """A JSON object with a key written twice (``json`` keeps the last silently)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' ``object_pairs_hook``: the object, or :class:`_RepeatedKey` naming a key written twice."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _RepeatedKey(k)
+        out[k] = v
+    return out
+
+
 def json_lines(path: str | Path, label: str, expected: str) -> Iterator[tuple[int, str, Any]]:
     """The non-blank lines of a JSON-lines file, parsed: ``(line number, "LABEL, line N", value)`` (also read by the
     device benchmarks' comparisons, e.g. ``benchmarks/h200_recompute.py --compare``).
@@ -188,8 +203,8 @@ def json_lines(path: str | Path, label: str, expected: str) -> Iterator[tuple[in
         expected: what the file should hold, appended to a message about a line that is not JSON.
 
     Raises:
-        TunerError: the file cannot be read (as UTF-8), or a line is not JSON or is nested too deeply to read, named by
-            ``label`` and its line.
+        TunerError: the file cannot be read (as UTF-8), or a line is not JSON, repeats a key in one object or is nested
+            too deeply to read, named by ``label`` and its line.
     """
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
@@ -200,9 +215,12 @@ def json_lines(path: str | Path, label: str, expected: str) -> Iterator[tuple[in
             continue
         where = f"{label}, line {i}"
         try:
-            value = json.loads(line)
+            value = json.loads(line, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as e:
             raise TunerError(f"{where}: not JSON ({e.msg}); {expected}") from None
+        except _RepeatedKey as e:
+            raise TunerError(f"{where}: key {e.args[0]!r:.60} appears twice in one object (JSON keeps only the last); "
+                             f"{expected}") from None
         except RecursionError:
             raise TunerError(f"{where}: JSON nested too deeply to read; {expected}") from None
         yield i, where, value
@@ -269,7 +287,11 @@ def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
                 lay = harness_layout(Layout.from_dict(d["layout"]), HarnessEnv(transformer_engine=te))
                 cluster = parse_gpus(str(d["gpus"]))
             except (KeyError, TypeError, ValueError, AttributeError, TunerError) as e:
-                raise TunerError(f"{where}: cannot read the row ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                msg = str(e).splitlines()[0] if str(e) else ""
+                if isinstance(e, KeyError):
+                    msg = f"no field {msg}"
+                msg = msg.replace("--gpus ", "gpus ")  # the row's field, not the command line's flag
+                raise TunerError(f"{where}: cannot read the row ({msg or type(e).__name__}); "
                                  "a row is one object as launch.harness.sweep writes it") from None
             _check_measured(d, cluster.gpu.hbm_bytes / 2**30, where)
             rows.append(TrialRow(source=f"{name}:{i}", label=label, model=model, gpus=str(d["gpus"]), workload=wl, layout=lay,

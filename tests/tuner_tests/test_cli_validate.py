@@ -78,12 +78,16 @@ def test_validate_trials_predicts_each_stack_with_its_calibration(tmp_path):
          "model 'MiniMax-M2[0 layers]': a slice has 1 to 62 layers"),
         ("[" * 100000 + "]" * 100000, "nested too deeply"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "versions": {"transformer_engine": 123}}),
-         "versions.transformer_engine must be a version string such as"),
+         "versions.transformer_engine must be a version string of TE 1.0 or later"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "versions": {"transformer_engine": "banana"}}),
          "got 'banana'"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "step_time_s": 1.5e6}), "step_time_s 1500000.0 is more than a day"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "peak_reserved_gib": 500.0}),
          "peak_reserved_gib 500.0 is more than the 1xH200 GPU holds"),
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "versions": {"transformer_engine": "0.9.0"}}),
+         "TE 1.0 or later"),
+        (TE_SWEEP.read_text().splitlines()[0].replace('"step_time_s": ', '"step_time_s": 1.0, "step_time_s": ', 1),
+         "key 'step_time_s' appears twice in one object"),
     ],
 )
 def test_bad_trials_files_are_one_message_exit_2(tmp_path, line, needle):
@@ -162,3 +166,22 @@ def test_a_row_run_with_megatron_fusions_is_predicted_with_the_fused_rope(tmp_pa
     assert read_trials([g])[0][0].options.apply_rope_fusion
     unfused, fused = predict_trials(rows)
     assert fused.step_time_s < unfused.step_time_s
+
+
+def test_a_te_release_with_a_suffix_is_read_by_its_major_minor(tmp_path):
+    from tuner.validate_trials import read_trials
+
+    f = tmp_path / "t.jsonl"
+    row = json.loads(TE_SWEEP.read_text().splitlines()[0])
+    f.write_text("\n".join(json.dumps({**row, "versions": {**row.get("versions", {}), "transformer_engine": v}})
+                           for v in ("2.20rc1", "2.20+abc", "1.13.0.dev0+git")) + "\n")
+    rows, _ = read_trials([f])
+    assert [r.options.te_version for r in rows] == ["2.20", "2.20", "1.13"]
+
+
+def test_a_file_whose_every_row_is_left_out_says_why(tmp_path):
+    f = tmp_path / "t.jsonl"
+    f.write_text(json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "step_time_s": -1.0}) + "\n")
+    r = runner.invoke(app, ["validate", "--trials", str(f)])
+    assert r.exit_code == 2 and "1 rows left out" in r.output
+    assert "step_time_s -1.0" in " ".join(r.output.split()) and "not a positive number" in " ".join(r.output.split())

@@ -70,8 +70,9 @@ def _trials(trials: list[Path], calibration: Path | None, as_json: bool, rows: b
 
     trows, skipped = read_trials([str(t) for t in trials])
     if not trows:
+        why = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
         raise TunerError(f"--trials {', '.join(map(str, trials))}: no finished row (status ok with a step time and a reserved peak); "
-                         f"{len(skipped)} rows left out")
+                         f"{len(skipped)} rows left out" + (f": {why}" if why else ""))
     preds = predict_trials(trows, calibration)
     summ = summarize_trials(preds)
     data = {
