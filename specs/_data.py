@@ -77,3 +77,15 @@ def read_user_yaml(text: str, label: str) -> Any:
         raise TunerError(f"{label}: not valid YAML ({where}{e.problem or e.context or 'unreadable'})") from None
     except yaml.YAMLError as e:
         raise TunerError(f"{label}: not valid YAML ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+
+
+def dump_user_yaml(doc: Any) -> str:
+    """YAML text of ``doc`` that :func:`read_user_yaml` reads back: PyYAML's safe dumper, without the anchors and aliases
+    it would write for an object referenced twice (``&id001`` / ``*id001``), which that reader refuses."""
+    import yaml
+
+    class _Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False)

@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from specs._data import read_user_yaml
+from specs._data import dump_user_yaml, read_user_yaml
 from specs.errors import TunerError
 
 __all__ = ["DEFAULT_RL_CALIBRATION", "RLCalibration", "load_rl_calibration", "save_rl_calibration"]
@@ -102,4 +100,4 @@ def load_rl_calibration(path: str | Path) -> RLCalibration:
 
 def save_rl_calibration(cal: RLCalibration) -> str:
     """YAML text of ``cal`` (pure: the caller writes it)."""
-    return yaml.safe_dump({"rl_calibration": dataclasses.asdict(cal)}, sort_keys=False)
+    return dump_user_yaml({"rl_calibration": dataclasses.asdict(cal)})

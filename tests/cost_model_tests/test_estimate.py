@@ -257,6 +257,12 @@ def test_calibration_files_refuse_a_repeated_key_an_empty_file_and_say_where_yam
             load_calibration(p)
     p.write_text("constants:\n  <<: {gemm_efficiency: 0.8}\n  hbm_efficiency: 0.7\n")  # an inline merge key is plain YAML
     assert load_calibration(p).gemm_efficiency == 0.8
+    # what the tool writes it reads back: PyYAML's safe_dump would write an object referenced twice as &id001 / *id001
+    from specs._data import dump_user_yaml
+
+    shared = ["benchmarks/data/published_runs.csv"]
+    p.write_text(dump_user_yaml({"provenance": {"data": shared, "fitted_on": shared}, "constants": {"gemm_efficiency": 0.7}}))
+    assert "*id" not in p.read_text() and load_calibration(p).gemm_efficiency == 0.7
 
 
 # ---- issue 13: the first cut's inline constants are range-checked Calibration fields ----------------------

@@ -268,11 +268,11 @@ def calibrate(
     error of each model's runs predicted by a fit on the other models' runs.
     """
     import numpy as np
-    import yaml
 
     from cost_model.calibrate import fit_calibration, kfold_by_model
     from cost_model.calibration import BASE_CALIBRATION, DEFAULT_CALIBRATION, load_calibration
     from cost_model.validate import spearman
+    from specs._data import dump_user_yaml
 
     argv = ctx.obj.argv if isinstance(ctx.obj, CliState) else ()
     if not data and not study:
@@ -333,7 +333,7 @@ def calibrate(
         out.print(t)
         doc["provenance"]["kfold_by_model"] = kf
     try:
-        out_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+        out_file.write_text(dump_user_yaml(doc))
     except OSError as e:
         raise TunerError(f"--out {str(out_file)!r}: cannot write it ({e})") from None
     out.print(f"wrote {out_file} (use it with {shell_command('--calibration', out_file)})", markup=False)
@@ -343,9 +343,9 @@ def _calibrate_study(study: str, storage: str | None, results_dir: Path, out_fil
     """``tune calibrate --study NAME`` alone: step-time constants to the measured step times and
     memory constants to the measured peak (reserved) memory of the study's trials."""
     import numpy as np
-    import yaml
 
     from cost_model.calibrate import TRIAL_STEP_NAMES, fit_observations, predict_observations
+    from specs._data import dump_user_yaml
 
     obs, notes = _study_observations(study, storage, results_dir)
     if len(obs) < 2:
@@ -387,7 +387,7 @@ def _calibrate_study(study: str, storage: str | None, results_dir: Path, out_fil
         out.print(f"  {k}: {getattr(start, k):.4g} -> {getattr(fit.calibration, k):.4g}")
     out.print(f"stack of these trials: {escape(stack)} (the constants describe that stack; the shipped calibration is unchanged)")
     try:
-        out_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+        out_file.write_text(dump_user_yaml(doc))
     except OSError as e:
         raise TunerError(f"--out {str(out_file)!r}: cannot write it ({e})") from None
     out.print(f"wrote {out_file} (use it with {shell_command('--calibration', out_file)})", markup=False)
