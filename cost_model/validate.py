@@ -378,10 +378,11 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
             for c, v, top in (("tokens_per_s_per_gpu", tok, MAX_TOKENS_PER_S_PER_GPU), ("model_tflops_per_gpu", tfl, MAX_TFLOPS_PER_GPU)):
                 if v is not None and v > top:
                     here.append(RowProblem(i, rid, c, f"{r.get(c)!r} is more than {top:,.0f}: not a measurement of one GPU"))
-            if rid in seen_ids:
-                here.append(RowProblem(i, rid, "id", f"id {rid!r} is already the id of row {seen_ids[rid]}; ids name rows in "
-                                                      "messages and must be unique"))
-            seen_ids.setdefault(rid, f"{i} of {p.name}")
+            if r.get("id", "").strip():  # an explicit id (a blank one is the row's number, which repeats across files)
+                if rid in seen_ids:
+                    here.append(RowProblem(i, rid, "id", f"id {rid!r} is already the id of row {seen_ids[rid]}; ids name rows "
+                                                          "in messages and must be unique"))
+                seen_ids.setdefault(rid, f"{i} of {p.name}")
             gflop = num("implied_gflop_per_token", integer=False)
             gname = r.get("gpu_type", "").strip()
             if gname.lower() not in gpu_names:

@@ -163,3 +163,13 @@ def test_a_run_table_refuses_a_column_twice_a_repeated_id_and_an_impossible_figu
     why = {(p.run_id, p.column): p.message for p in problems}
     assert "id '7' is already the id of row 1" in why[("7", "id")]
     assert "not a measurement of one GPU" in why[("9", "tokens_per_s_per_gpu")]
+
+
+def test_rows_without_ids_in_two_tables_are_not_repeats(tmp_path):
+    header = HEADER.replace("id,", "", 1)
+    row = ROW.split(",", 1)[1]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = _csv(tmp_path / "a", row, header=header), _csv(tmp_path / "b", row, header=header)
+    runs, problems = read_runs([a, b])
+    assert len(runs) == 2 and not problems
