@@ -124,7 +124,8 @@ def _te_version(d: dict[str, Any]) -> str | None:
 
     Raises:
         ValueError: ``versions.transformer_engine`` is neither absent ("not installed", "", None) nor a version string
-            such as "2.20.2" (a number, a list, free text would be read as TE present, of an unknown release).
+            of TE 1.0 or later such as "2.20.2" or "2.20rc1" (read as "2.20"); a number, a list or free text would
+            have been read as TE present, of an unknown release.
     """
     v = (d.get("versions") or {}).get("transformer_engine")
     if v is None or (isinstance(v, str) and v.strip() in TE_ABSENT):
