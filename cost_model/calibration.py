@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specs._data import read_user_yaml
+from specs._data import load_user_yaml
 from specs.errors import TunerError
 
 __all__ = ["Calibration", "BASE_CALIBRATION", "DEFAULT_CALIBRATION", "SHIPPED_CALIBRATION_FILE", "load_calibration"]
@@ -357,11 +357,7 @@ SHIPPED_CALIBRATION_FILE = Path(__file__).parent / "data" / "calibration.yaml"
 
 
 def _read_constants(p: Path, base: Calibration) -> Calibration:
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise TunerError(f"--calibration {str(p)!r}: cannot read it ({e})") from None
-    data = read_user_yaml(text, f"--calibration {str(p)!r}")
+    data = load_user_yaml(p, f"--calibration {str(p)!r}", "a calibration YAML")
     if data is None:
         raise TunerError(f"--calibration {str(p)!r}: the file is empty; write constant: value lines (or a 'tune calibrate' "
                          "output), or leave --calibration out for the shipped calibration")

@@ -38,7 +38,7 @@ from pathlib import Path
 from launch._trial import SAFE_ENV, LocalProcess, MeasuredBackend, MegatronLogSteps, free_port
 from launch.base import BackendSettings, Measurement, StepReporter, check_trial_limits
 from specs import Cluster, ModelSpec, Workload
-from specs._data import read_user_yaml
+from specs._data import load_user_yaml
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 
@@ -174,13 +174,7 @@ def load_template(path: str | Path) -> CommandTemplate:
     """
     p = Path(path)
     where = f"--command-template {p}"
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise TunerError(f"{where}: cannot read it ({e.strerror or e})") from None
-    except UnicodeDecodeError:
-        raise TunerError(f"{where}: not a text file (a YAML or JSON command template is expected)") from None
-    doc = read_user_yaml(text, where)
+    doc = load_user_yaml(p, where, "a YAML or JSON command template")
     if not isinstance(doc, dict):
         raise TunerError(f"{where}: expected a mapping with argv: [...] (and optional env, timeout_s, framework)")
     unknown_keys = sorted(str(k) for k in doc if k not in _KEYS)

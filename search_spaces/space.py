@@ -27,7 +27,7 @@ import yaml
 
 from search_spaces.rules import DEFAULT_RULE_ENV, RULES, Rule, RuleEnv, applicable_recompute_modules
 from specs import ModelSpec, Workload
-from specs._data import read_user_yaml
+from specs._data import load_user_yaml
 from specs.errors import TunerError
 from specs.layout import (
     RECOMPUTE_MODULES,
@@ -287,13 +287,7 @@ class SearchSpace:
         if path is None:
             return cls.from_dict(default, source="the default space")
         p = Path(path)
-        try:
-            text = p.read_text()
-        except OSError as e:
-            raise TunerError(f"--space {str(p)!r}: cannot read it ({e.strerror or e})") from None
-        except UnicodeDecodeError:
-            raise TunerError(f"--space {str(p)!r}: not a text file (a YAML search space is expected)") from None
-        data = read_user_yaml(text, f"--space {str(p)!r}")
+        data = load_user_yaml(p, f"--space {str(p)!r}", "a YAML search space")
         if data is None:
             data = {}
         if not isinstance(data, Mapping):

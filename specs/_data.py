@@ -79,6 +79,30 @@ def read_user_yaml(text: str, label: str) -> Any:
         raise TunerError(f"{label}: not valid YAML ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
 
 
+def load_user_yaml(path: Any, label: str, expected: str) -> Any:
+    """Read and parse a user's YAML file with :func:`read_user_yaml`.
+
+    Args:
+        path: the file (a ``str`` or ``Path``).
+        label: how the file is named in messages (``--space PATH``).
+        expected: what the file should be, for a file that is not text ("a YAML search space").
+
+    Raises:
+        TunerError: the file cannot be read, is not UTF-8 text, or is not accepted by :func:`read_user_yaml`.
+    """
+    from pathlib import Path
+
+    from specs.errors import TunerError
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise TunerError(f"{label}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise TunerError(f"{label}: not a text file ({expected} is expected)") from None
+    return read_user_yaml(text, label)
+
+
 def dump_user_yaml(doc: Any) -> str:
     """YAML text of ``doc`` that :func:`read_user_yaml` reads back: PyYAML's safe dumper, without the anchors and aliases
     it would write for an object referenced twice (``&id001`` / ``*id001``), which that reader refuses."""

@@ -286,14 +286,15 @@ def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
                 wl = Workload(seq_length=_count(d["seq_length"], "seq_length"), global_batch_size=_count(d["global_batch_size"], "global_batch_size"),
                               precision=d.get("precision") or "bf16")
                 lay = harness_layout(Layout.from_dict(d["layout"]), HarnessEnv(transformer_engine=te))
-                cluster = parse_gpus(str(d["gpus"]))
             except (KeyError, TypeError, ValueError, AttributeError, TunerError) as e:
                 msg = str(e).splitlines()[0] if str(e) else ""
-                if isinstance(e, KeyError):
-                    msg = f"no field {msg}"
-                msg = msg.replace("--gpus ", "gpus ")  # the row's field, not the command line's flag
-                raise TunerError(f"{where}: cannot read the row ({msg or type(e).__name__}); "
+                raise TunerError(f"{where}: cannot read the row ({f'no field {msg}' if isinstance(e, KeyError) else msg or type(e).__name__}); "
                                  "a row is one object as launch.harness.sweep writes it") from None
+            try:
+                cluster = parse_gpus(str(d["gpus"]))
+            except TunerError as e:  # parse_gpus names the command line's flag; here it is the row's field
+                text = str(d["gpus"])
+                raise TunerError(f"{where}: the row's gpus {text!r:.40}: {str(e).removeprefix(f'--gpus {text!r}: ')}") from None
             _check_measured(d, cluster.gpu.hbm_bytes / 2**30, where)
             rows.append(TrialRow(source=f"{name}:{i}", label=label, model=model, gpus=str(d["gpus"]), workload=wl, layout=lay,
                                  options=opts, transformer_engine=te, step_time_s=float(d["step_time_s"]),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specs._data import dump_user_yaml, read_user_yaml
+from specs._data import dump_user_yaml, load_user_yaml
 from specs.errors import TunerError
 
 __all__ = ["DEFAULT_RL_CALIBRATION", "RLCalibration", "load_rl_calibration", "save_rl_calibration"]
@@ -79,11 +79,7 @@ def load_rl_calibration(path: str | Path) -> RLCalibration:
         TunerError: unreadable file, not a mapping, unknown keys (listed with the accepted ones), bad values.
     """
     p = Path(path)
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise TunerError(f"--calibration {str(p)!r}: cannot read it ({e})") from None
-    data = read_user_yaml(text, f"--calibration {str(p)!r}")
+    data = load_user_yaml(p, f"--calibration {str(p)!r}", "an RL calibration YAML")
     if not isinstance(data, dict):
         raise TunerError(f"--calibration {str(p)!r}: expected a mapping of RL calibration factors")
     data = data.get("rl_calibration", data)
