@@ -36,10 +36,16 @@ PERMUTED_TOKEN_BUFFERS = 2.0
 #: ``cross_entropy.py`` ``ctx.save_for_backward(_input)``).
 TE_CE_INPLACE_BYTES = 2.0
 
-#: The same from TE 2.18 (commit 01bbe3ee, "Fix the numerical issue with the Fused CE loss"): a separate fp32
-#: gradient (``torch.empty_like(_input, dtype=torch.float32)``) is saved, 4 B, while the bf16 logits (2 B) are
-#: alive until the loss forward returns.
-TE_CE_FP32_GRAD_BYTES = 4.0 + 2.0
+#: The same from TE 2.18, **measured** on 1 x H200 with TE 2.20.2 (2026-12-01, ``docs/measurements.md``, "Fused
+#: cross-entropy"): the training step's allocated peak fell by 2.0 B per logit against the native path's 6 B when only
+#: ``--cross-entropy-loss-fusion`` (TE) changed (MiniMax-M2 slice, ``call15`` ``mm-base`` 84.52 GiB -> ``mm-ce-fusion``
+#: 81.46 GiB, 8,192 x 200,064 logits), and the loss alone kept nothing above the bf16 logits and their bf16 gradient
+#: (``benchmarks/h200_ce.py``, ``call20/ce.jsonl``: extra peak 0.00 B per element, five vocabularies): the bf16 logits
+#: and one bf16 logits-sized buffer, 4 B. Reading TE 2.18 (commit 01bbe3ee, ``grad_input = torch.empty_like(_input,
+#: dtype=torch.float32)``) had given 4 B of fp32 gradient plus the 2 B logits, 6 B; that buffer does not show on
+#: TE 2.20.2. TE 2.18 and 2.19 were not measured. Judged out of sample on Qwen3-30B-A3B's 151,936 vocabulary
+#: (``call17`` ``qw-bridge-like``): the reserved peak predicted +2.8% (+9.0% with 6 B).
+TE_CE_FP32_GRAD_BYTES = 2.0 + 2.0
 
 #: TE version from which the fused cross-entropy keeps an fp32 gradient.
 TE_CE_FP32_GRAD_SINCE = (2, 18)
@@ -159,7 +165,7 @@ def logits_bytes_per_element(c: TableContext) -> float:
     """Bytes per logit element held on the last stage: Megatron's native cross-entropy keeps the fp32 softmax and
     the bf16 logits (``logits_bytes_per_element``, megatron/core/tensor_parallel/cross_entropy.py); TE's fused
     cross-entropy (``cross_entropy_fusion_impl te``) :data:`TE_CE_INPLACE_BYTES` up to TE 2.17 and
-    :data:`TE_CE_FP32_GRAD_BYTES` from TE 2.18 (:attr:`specs.RunOptions.te_version`).
+    :data:`TE_CE_FP32_GRAD_BYTES` (measured on TE 2.20.2) from TE 2.18 (:attr:`specs.RunOptions.te_version`).
 
     Returns:
         Bytes per element (a scalar).

@@ -198,7 +198,7 @@ def test_logits_bytes_with_te_fused_cross_entropy():
     te17 = RunOptions(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te", te_version="2.17")
     assert memory.logits_bytes_per_element(make_ctx(options=te17, **BASE)) == 2.0  # the gradient in place, bf16
     te18 = RunOptions(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te", te_version="2.18")
-    assert memory.logits_bytes_per_element(make_ctx(options=te18, **BASE)) == 6.0  # fp32 gradient + the bf16 logits
+    assert memory.logits_bytes_per_element(make_ctx(options=te18, **BASE)) == 4.0  # measured on TE 2.20.2: bf16 logits + one bf16 buffer
     native = RunOptions(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="native", te_version="2.17")
     assert memory.logits_bytes_per_element(make_ctx(options=native, cal=TEST_CAL.replace(logits_bytes_per_element=5.0), **BASE)) == 5.0
     assert memory.logits_bytes(make_ctx(options=te17, **BASE)).tolist() == [[0.0, 2 * 512 * 1024 / 2 * 2]]
