@@ -194,9 +194,15 @@ class Calibration:
     nvlink_efficiency: float = 0.75
     """Achieved fraction of NVLink per-direction bandwidth by NCCL ring collectives
     (nccl-tests bus bandwidth ~360 of 450 GB/s on H100 SXM)."""
-    alltoall_nvlink_efficiency: float = 0.55
-    """Achieved fraction of NVLink bandwidth by NCCL all-to-all inside a node (lower than
-    rings: many small peer transfers)."""
+    alltoall_nvlink_efficiency: float = 0.95
+    """Achieved fraction of NVLink bandwidth by NCCL all-to-all inside a node. **Set, not fitted** (2026-12-03): the
+    published pairs in which only the dispatcher changed inside one NVLink domain measured alltoall 4.0% and 4.4% faster
+    than HybridEP (GPT-OSS-120B, rows 133 -> 134 on B200 and 203 -> 206 on GB200, docs/published_pairs.md), which
+    needs NCCL's all-to-all near HybridEP's own NVLink figure (0.82, ``specs/data/networks.yaml``) with its larger
+    bytes; every refit with it free until 2026-12-03 put it at its bound, 0.95 (0.948). Freed again after the
+    verification-card rows were read as their recipes say, the fit moved it to 0.41, ordering both pairs wrong and
+    predicting DeepEP inside the node 27% ahead of alltoall for the main job, to slow GPT-OSS-120B's bf16 Blackwell
+    alltoall rows (over-predicted by 25-40% held out, a gap no term explains); so it stays at the bound."""
     network_efficiency: float = 0.80
     """Achieved fraction of per-node network bandwidth (EFA / InfiniBand) by NCCL."""
     dp_overlap: float = 0.0

@@ -72,7 +72,8 @@ OPTIONAL_COLUMNS = (
     *("use_megatron_fsdp", "cpu_offloading_num_layers", "use_precision_aware_optimizer", "exp_avg_dtype", "exp_avg_sq_dtype",
       "grad_reduce_in_fp32", "fp8_recipe", "fp8_param_gather", "fp4_param_gather", "cross_entropy_loss_fusion",
       "cross_entropy_fusion_impl", "te_version", "recompute_granularity", "recompute_method", "recompute_num_layers",
-      "recompute_modules", "overlap_moe_expert_parallel_comm", "cuda_graph_impl", "cuda_graph_scope", "optimizer"),
+      "recompute_modules", "overlap_moe_expert_parallel_comm", "cuda_graph_impl", "cuda_graph_scope", "optimizer",
+      "optimizer_fp8_recipe"),
 )
 #: The setting columns (Megatron's names) that ``benchmarks/tools/apply_published_fixes.py`` writes from each row's
 #: recipe (``benchmarks/data/published_runs_fixes.md``); a non-blank cell wins over a ``key=value`` in
@@ -479,6 +480,7 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
                     te_version=setting("te_version", _DEFAULT_OPTIONS.te_version),
                     cpu_offloading_num_layers=int(setting("cpu_offloading_num_layers", "0") or 0),
                     optimizer=optimizer,
+                    optimizer_fp8_recipe=setting("optimizer_fp8_recipe", "") or None if prec == Precision.bf16 else None,
                 )
                 rec = _recompute(r.get("recompute", ""), notes)
                 gran = setting("recompute_granularity", "")

@@ -128,6 +128,15 @@ class RunOptions:
     optimizer does not own the master weights: they stay fp32 (4 B), not 2-B remainders (optimizer_config.py
     ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``, l.355-362; measured on H200: +2 B per parameter
     for tensorwise over delayed, docs/measurements.md)."""
+    optimizer_fp8_recipe: str | None = None
+    """``OptimizerConfig.fp8_recipe`` of a **bf16** run, as the framework hands it to megatron-core: None from this
+    project's harness and the seed's slime run (Megatron-LM's ``--fp8-recipe`` default is ``delayed``; either way TE's
+    FusedAdam keeps the masters as 2-B remainders); ``tensorwise`` from Megatron-Bridge, whose ``MixedPrecisionConfig``
+    defaults ``fp8_recipe`` to ``"tensorwise"`` even for ``bf16_mixed`` and copies it onto the optimizer config
+    (``training/mixed_precision.py`` l.45-47 and ``update_config_with_precision_overrides``, v0.2.0 to v0.6.0), so
+    megatron-core's ``use_precision_aware_optimizer_no_fp8_or_ds_fp8`` is False (``optimizer_config.py`` l.404-411
+    at cd4afffa) and the distributed optimizer keeps fp32 master shards itself, 4 B (read in the source,
+    ``benchmarks/data/published_runs_cards.md`` F1; not measured)."""
     apply_rope_fusion: bool = True
     """``apply_rope_fusion`` (Megatron-LM fuses RoPE unless ``--no-rope-fusion``, megatron/training/arguments.py at
     ``core_v0.19.0``; so do the Megatron-Bridge perf recipes). Unfused, MLA applies RoPE and assembles q and k with
@@ -170,6 +179,8 @@ class RunOptions:
         object.__setattr__(self, "cuda_graph_scope", tuple(str(x) for x in self.cuda_graph_scope))
         if self.fp8_recipe not in FP8_RECIPES:
             raise TunerError(f"fp8_recipe {self.fp8_recipe!r}: accepted {', '.join(FP8_RECIPES)}")
+        if self.optimizer_fp8_recipe is not None and self.optimizer_fp8_recipe not in FP8_RECIPES:
+            raise TunerError(f"optimizer_fp8_recipe {self.optimizer_fp8_recipe!r}: accepted none, {', '.join(FP8_RECIPES)}")
         if self.cross_entropy_fusion_impl not in CROSS_ENTROPY_IMPLS:
             raise TunerError(f"cross_entropy_fusion_impl {self.cross_entropy_fusion_impl!r}: accepted {', '.join(CROSS_ENTROPY_IMPLS)}")
         if self.optimizer not in OPTIMIZERS:
@@ -216,9 +227,12 @@ class RunOptions:
 
     def precision_aware_owns_masters(self, precision: Precision) -> bool:
         """With ``--use-precision-aware-optimizer``, TE's FusedAdam keeps the master weights as 16-bit remainders
-        (2 B): bf16 and fp8 delayed scaling; not fp8 current scaling, blockwise, mxfp8 or nvfp4, whose masters stay
-        fp32 (optimizer_config.py ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``)."""
-        return precision == Precision.bf16 or (precision == Precision.fp8 and self.fp8_recipe == "delayed")
+        (2 B): bf16 (unless :attr:`optimizer_fp8_recipe` is ``tensorwise``, Megatron-Bridge's) and fp8 delayed
+        scaling; not fp8 current scaling, blockwise, mxfp8 or nvfp4, whose masters stay fp32 (optimizer_config.py
+        ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``: the optimizer's ``fp8_recipe`` None or ``delayed``)."""
+        if precision == Precision.bf16:
+            return self.optimizer_fp8_recipe in (None, "delayed")
+        return precision == Precision.fp8 and self.fp8_recipe == "delayed"
 
     @property
     def cuda_graph_full(self) -> bool:

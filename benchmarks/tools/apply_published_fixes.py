@@ -31,7 +31,8 @@ COLUMNS = (
     "use_megatron_fsdp", "cpu_offloading_num_layers", "use_precision_aware_optimizer", "exp_avg_dtype", "exp_avg_sq_dtype",
     "grad_reduce_in_fp32", "fp8_recipe", "fp8_param_gather", "fp4_param_gather", "cross_entropy_loss_fusion",
     "cross_entropy_fusion_impl", "te_version", "recompute_granularity", "recompute_method", "recompute_num_layers",
-    "recompute_modules", "overlap_moe_expert_parallel_comm", "cuda_graph_impl", "cuda_graph_scope", "optimizer", "recipe_source",
+    "recompute_modules", "overlap_moe_expert_parallel_comm", "cuda_graph_impl", "cuda_graph_scope", "optimizer",
+    "optimizer_fp8_recipe", "recipe_source",
 )
 
 #: Transformer Engine (major.minor) class of each container, for the fused cross-entropy's bytes: up to TE 2.17 the
@@ -120,6 +121,10 @@ def normalise(fix: dict[str, str], run: dict[str, str]) -> tuple[dict[str, str],
         if out["cuda_graph_scope"] == "full":
             notes.append("TE CUDA graphs with an empty scope: the whole layer")
     out["optimizer"] = fix["optimizer"].strip()
+    if prec == "bf16" or prec.startswith("bf16"):
+        # Bridge's MixedPrecisionConfig.fp8_recipe defaults to "tensorwise" even for bf16_mixed and is copied onto the
+        # optimizer config (training/mixed_precision.py, v0.2.0-v0.6.0): megatron-core keeps fp32 masters itself
+        out["optimizer_fp8_recipe"] = "tensorwise"
     preset = fix["preset"].strip()
     out["recipe_source"] = f"Megatron-Bridge {fix['bridge_tag']}" + (f" :: {preset}" if preset else " (family-wide fields only)")
     return out, notes
@@ -185,6 +190,8 @@ def main() -> int:
             changed.append("precision-aware optimizer on (was off)")
         if cols["exp_avg_dtype"] == "bf16":
             changed.append("bf16 moments (was fp32)")
+        if cols["optimizer_fp8_recipe"] == "tensorwise" and cols["use_precision_aware_optimizer"] == "True":
+            changed.append("fp32 master weights, not 2-B remainders (the optimizer gets Bridge's fp8_recipe tensorwise)")
         if cols["fp8_param_gather"] == "True" or cols["fp4_param_gather"] == "True":
             changed.append("low-precision weights without a bf16 copy (was bf16 + copy)")
         if cols["cross_entropy_fusion_impl"] == "te":

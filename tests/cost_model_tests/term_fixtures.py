@@ -43,7 +43,7 @@ TEST_WORKLOAD = Workload(seq_length=1024, global_batch_size=16)
 #: The unfitted constants, with a non-zero DP overlap (so that its term shows).
 # the rows curve flat in the expert's shape (the tiny model's 64-wide experts would sit on the floor of the measured
 # one); test_terms_compute tests the shape part by itself
-TEST_CAL = BASE_CALIBRATION.replace(dp_overlap=0.25, attention_call_macs=0.0, grouped_gemm_efficiency=0.55,
+TEST_CAL = BASE_CALIBRATION.replace(dp_overlap=0.25, attention_call_macs=0.0, grouped_gemm_efficiency=0.55, alltoall_nvlink_efficiency=0.55,
                                     grouped_gemm_half_rows=256.0, grouped_gemm_half_rows_work=0.0)  # the fixed call part is tested by itself (test_terms_compute)
 
 

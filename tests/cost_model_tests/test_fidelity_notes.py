@@ -20,7 +20,7 @@ def test_gaps_apply_to_offload_and_heavy_recompute_only():
     one = known_gaps(Layout(world_size=8, tp=8, optimizer_offload_fraction=0.5))
     assert "10-24% too short" in one[0] and "unsharded" not in one[0]  # DP 1: no first-optimizer clause
     full = known_gaps(Layout(world_size=8, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1))
-    assert len(full) == 1 and "0.79-1.05x" in full[0] and "decoder alone" in full[0] and "0.8-2.3x" in full[0] and "host-bound" in full[0]
+    assert len(full) == 1 and "0.78-1.03x" in full[0] and "decoder alone" in full[0] and "0.8-2.3x" in full[0] and "host-bound" in full[0]
     assert len(known_gaps(Layout(world_size=8, recompute_granularity="selective", recompute_modules=("moe",)))) == 1
     ln = known_gaps(Layout(world_size=8, recompute_granularity="selective", recompute_modules=("core_attn", "layernorm")))
     assert len(ln) == 1 and ln[0].startswith("recompute 'layernorm'") and "0.1 ms predicted" in ln[0]

@@ -13,7 +13,7 @@ import pytest
 from term_fixtures import BASE, TINY_DENSE, make_ctx
 
 from cost_model.terms import params, state
-from specs import Precision, RunOptions, Workload
+from specs import Precision, RunOptions, TunerError, Workload
 
 R0, R1 = (0, 0), (0, 1)  # (row, rank class): pipeline rank 0 and rank 1 of BASE
 
@@ -141,6 +141,19 @@ def test_precision_aware_master_weights_per_recipe(precision, recipe, expected):
     assert state.optimizer_bytes_per_param(make_ctx(workload=w, options=RunOptions(fp8_recipe=recipe), **BASE))[0, 0] == expected
     # MX and fp4 keep fp32 masters too (the test GPU has no Blackwell tensor cores: the rule only)
     assert not RunOptions().precision_aware_owns_masters(Precision.mxfp8) and not RunOptions().precision_aware_owns_masters(Precision.nvfp4)
+
+
+def test_bridge_bf16_optimizer_fp8_recipe_keeps_fp32_masters():
+    # Megatron-Bridge hands the optimizer fp8_recipe "tensorwise" even for bf16: megatron-core keeps fp32 masters
+    w = Workload(seq_length=1024, global_batch_size=16, precision="bf16")
+    bridge = RunOptions(optimizer_fp8_recipe="tensorwise")
+    assert state.optimizer_bytes_per_param(make_ctx(workload=w, options=bridge, **BASE))[0, 0] == 4 + 4 + 4
+    assert state.optimizer_bytes_per_param(make_ctx(workload=w, options=RunOptions(optimizer_fp8_recipe="delayed"), **BASE))[0, 0] == 2 + 4 + 4
+    assert not bridge.precision_aware_owns_masters(Precision.bf16) and RunOptions().precision_aware_owns_masters(Precision.bf16)
+    # an fp8 run's masters follow its own recipe, not this field
+    assert RunOptions(optimizer_fp8_recipe="tensorwise").precision_aware_owns_masters(Precision.fp8)
+    with pytest.raises(TunerError, match="optimizer_fp8_recipe 'mxfp9': accepted none, delayed, tensorwise"):
+        RunOptions(optimizer_fp8_recipe="mxfp9")
 
 
 def test_distributed_muon_keeps_one_momentum():

@@ -175,3 +175,15 @@ def test_rows_without_ids_in_two_tables_are_not_repeats(tmp_path):
     a, b = _csv(tmp_path / "a", row, header=header), _csv(tmp_path / "b", row, header=header)
     runs, problems = read_runs([a, b])
     assert len(runs) == 2 and not problems
+
+
+def test_bridge_bf16_rows_hand_the_optimizer_fp8_recipe_tensorwise():
+    # benchmarks/data/published_runs_cards.md F1: Megatron-Bridge's bf16 runs keep fp32 masters (the optimizer gets
+    # MixedPrecisionConfig's fp8_recipe "tensorwise"); fp8 rows follow their own recipe; rows without a recipe read stay None
+    published, _ = read_runs(ROOT / "benchmarks" / "data" / "published_runs.csv")
+    by_id = {r.run_id: r for r in published if r.options is not None}
+    assert by_id["8"].options.optimizer_fp8_recipe == "tensorwise"  # GPT-OSS-120B H100 bf16, Bridge v0.3.0
+    assert not by_id["8"].options.precision_aware_owns_masters(Precision.bf16)
+    assert by_id["52"].options.optimizer_fp8_recipe is None  # Qwen3-235B H100 fp8: its fp8_recipe decides
+    assert all(r.options.optimizer_fp8_recipe is None for r in published if r.options is not None and r.workload is not None
+               and r.workload.precision != Precision.bf16)
