@@ -100,7 +100,7 @@ EXPLICIT: tuple[Mutation, ...] = (
           "per_param = c.low_precision_weight_bytes if low_only else", "per_param = BF16_BYTES + c.low_precision_weight_bytes if low_only else"),
     _edit("precision-aware masters 2 B for every recipe", T + "state:optimizer_bytes_per_param", "c.precision_aware & owns", "c.precision_aware"),
     _const("TE CE in place keeps fp32", T + "memory:TE_CE_INPLACE_BYTES", 4.0),
-    _const("TE CE from 2.18 as the code-read fp32 gradient + logits", T + "memory:TE_CE_FP32_GRAD_BYTES", 6.0),
+    _const("TE CE from 2.18 as the code-read fp32 gradient + logits", T + "memory:TE_CE_BYTES_SINCE_2_18", 6.0),
     _edit("offload keeps no layer in transit", T + "memory:offload_kept_bytes", "per_rank - off * per_layer + per_layer", "per_rank - off * per_layer"),
     _const("current scaling quantises in one kernel", T + "comm:FP8_CURRENT_SCALING_KERNELS", 1.0),
     _const("host: 18 B per offloaded parameter (the bf16 copy kept)", T + "optimizer:HOST_BYTES_PER_OFFLOADED_PARAM", 18.0),

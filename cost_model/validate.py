@@ -480,7 +480,7 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
                     te_version=setting("te_version", _DEFAULT_OPTIONS.te_version),
                     cpu_offloading_num_layers=int(setting("cpu_offloading_num_layers", "0") or 0),
                     optimizer=optimizer,
-                    optimizer_fp8_recipe=setting("optimizer_fp8_recipe", "") or None if prec == Precision.bf16 else None,
+                    optimizer_fp8_recipe=(setting("optimizer_fp8_recipe", "") or None) if prec == Precision.bf16 else None,
                 )
                 rec = _recompute(r.get("recompute", ""), notes)
                 gran = setting("recompute_granularity", "")

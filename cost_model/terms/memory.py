@@ -45,10 +45,10 @@ TE_CE_INPLACE_BYTES = 2.0
 #: dtype=torch.float32)``) had given 4 B of fp32 gradient plus the 2 B logits, 6 B; that buffer does not show on
 #: TE 2.20.2. TE 2.18 and 2.19 were not measured. Judged out of sample on Qwen3-30B-A3B's 151,936 vocabulary
 #: (``call17`` ``qw-bridge-like``): the reserved peak predicted +2.8% (+9.0% with 6 B).
-TE_CE_FP32_GRAD_BYTES = 2.0 + 2.0
+TE_CE_BYTES_SINCE_2_18 = 2.0 + 2.0
 
-#: TE version from which the fused cross-entropy keeps an fp32 gradient.
-TE_CE_FP32_GRAD_SINCE = (2, 18)
+#: TE version from which the fused cross-entropy no longer writes its gradient in place (TE 2.18, commit 01bbe3ee).
+TE_CE_BYTES_CHANGED_IN = (2, 18)
 
 
 def embedding_activation_bytes(c: TableContext, inflight: Array) -> Array:
@@ -165,7 +165,7 @@ def logits_bytes_per_element(c: TableContext) -> float:
     """Bytes per logit element held on the last stage: Megatron's native cross-entropy keeps the fp32 softmax and
     the bf16 logits (``logits_bytes_per_element``, megatron/core/tensor_parallel/cross_entropy.py); TE's fused
     cross-entropy (``cross_entropy_fusion_impl te``) :data:`TE_CE_INPLACE_BYTES` up to TE 2.17 and
-    :data:`TE_CE_FP32_GRAD_BYTES` (measured on TE 2.20.2) from TE 2.18 (:attr:`specs.RunOptions.te_version`).
+    :data:`TE_CE_BYTES_SINCE_2_18` (measured on TE 2.20.2) from TE 2.18 (:attr:`specs.RunOptions.te_version`).
 
     Returns:
         Bytes per element (a scalar).
@@ -173,7 +173,7 @@ def logits_bytes_per_element(c: TableContext) -> float:
     opt = c.options
     if not opt.te_cross_entropy:
         return c.cal.logits_bytes_per_element
-    return TE_CE_FP32_GRAD_BYTES if opt.te_version_tuple >= TE_CE_FP32_GRAD_SINCE else TE_CE_INPLACE_BYTES
+    return TE_CE_BYTES_SINCE_2_18 if opt.te_version_tuple >= TE_CE_BYTES_CHANGED_IN else TE_CE_INPLACE_BYTES
 
 
 def logits_bytes(c: TableContext) -> Array:
