@@ -263,11 +263,22 @@ def _setting(r: dict[str, str], notes: dict[str, str], key: str, default: str) -
 
 
 def _setting_flag(r: dict[str, str], notes: dict[str, str], key: str, default: bool) -> bool:
-    """A boolean :func:`_setting`: true, 1 or yes."""
-    v = (r.get(key) or "").strip()
+    """A boolean :func:`_setting`: true / 1 / yes or false / 0 / no.
+
+    Raises:
+        ValueError: a setting column holding anything else (the row is then not representable, with this reason).
+    """
+    v = (r.get(key) or "").strip().strip("'\"").lower()
     if v:
-        return v.strip("'\"").lower() in ("true", "1", "yes")
+        if v not in ("true", "1", "yes", "false", "0", "no"):
+            raise ValueError(f"{key} {r.get(key, '')[:40]!r}: expected true or false")
+        return v in ("true", "1", "yes")
     return _flag(notes, key, default)
+
+
+def _optional(v: str) -> str | None:
+    """A setting whose blank or ``none`` means unset."""
+    return None if v.strip().lower() in ("", "none") else v.strip()
 
 
 def _notes(text: str) -> dict[str, str]:
@@ -343,7 +354,7 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
     for path in paths:
         p = Path(path)
         try:
-            text = p.read_text(encoding="utf-8")
+            text = p.read_text(encoding="utf-8-sig")  # a spreadsheet's byte-order mark is not part of the first column's name
         except (OSError, UnicodeDecodeError) as e:
             raise TunerError(f"--data {str(p)!r}: cannot read it ({e})") from None
         reader = csv.DictReader(text.splitlines())
@@ -417,7 +428,14 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
             if model.mtp_num_layers and "w/o mtp" in (low_notes + " " + run.framework_version.lower() + " " + r.get("model", "").lower()):
                 model = model.replace(mtp_num_layers=0)
             if "mtp_num_layers" in notes:
-                model = model.replace(mtp_num_layers=int(notes["mtp_num_layers"]))
+                try:
+                    mtp = int(notes["mtp_num_layers"])
+                    if not 0 <= mtp <= model.num_layers:
+                        raise ValueError(f"must be between 0 and the model's {model.num_layers} layers")
+                    model = model.replace(mtp_num_layers=mtp)
+                except (TunerError, ValueError) as e:
+                    run.unrepresentable = f"note mtp_num_layers={notes['mtp_num_layers'][:40]!r}: {e}"
+                    continue
             run.model = model
             reasons = []
             if not tok and not tfl:
@@ -449,7 +467,8 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
                 runs.pop()
                 continue
             disp = (r.get("dispatcher", "") + " " + notes.get("moe_flex_dispatcher_backend", "")).lower()
-            dispatcher = Dispatcher.flex_hybridep if "hybridep" in disp else Dispatcher.flex_deepep if "deepep" in disp else Dispatcher.alltoall
+            dispatcher = (Dispatcher.flex_hybridep if "hybridep" in disp else Dispatcher.flex_deepep if "deepep" in disp
+                          else Dispatcher.allgather if "allgather" in disp else Dispatcher.alltoall)
             if "dispatcher" in notes:  # a spelling Layout normalises (or rejects, naming the accepted ones)
                 dispatcher = cast(Dispatcher, notes["dispatcher"])
             setting = functools.partial(_setting, r, notes)
@@ -480,7 +499,7 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
                     te_version=setting("te_version", _DEFAULT_OPTIONS.te_version),
                     cpu_offloading_num_layers=int(setting("cpu_offloading_num_layers", "0") or 0),
                     optimizer=optimizer,
-                    optimizer_fp8_recipe=(setting("optimizer_fp8_recipe", "") or None) if prec == Precision.bf16 else None,
+                    optimizer_fp8_recipe=_optional(setting("optimizer_fp8_recipe", "")) if prec == Precision.bf16 else None,
                 )
                 rec = _recompute(r.get("recompute", ""), notes)
                 gran = setting("recompute_granularity", "")
@@ -500,6 +519,7 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
                 if split is None:
                     run.unrepresentable = f"{model.num_layers} layers cannot be split over pp {int(pp)} x vpp {int(vpp)}"  # type: ignore[arg-type]
                     continue
+                stage_layer_counts(model.num_layers, int(pp), int(vpp), split[0], split[1])  # type: ignore[arg-type]  # a note's first/last split: this row only
                 run.layout = Layout(
                     world_size=run.num_gpus, tp=int(tp), pp=int(pp), vpp=int(vpp), cp=int(cp), ep=int(ep) if model.is_moe else 1,  # type: ignore[arg-type]
                     etp=int(etp) if model.is_moe else 1, micro_batch_size=int(mbs), sequence_parallel=int(tp) > 1,  # type: ignore[arg-type]

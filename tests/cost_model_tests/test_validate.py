@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from typer.testing import CliRunner
 
 from cost_model.calibration import load_calibration
 from cost_model.estimate import estimate
-from cost_model.validate import read_runs
+from cost_model.validate import predict_runs, read_runs
 from specs import Precision, RunOptions, Workload, load_gpu, load_model, parse_gpus
 from specs.layout import Layout
 from tuner.cli import app
@@ -187,3 +188,42 @@ def test_bridge_bf16_rows_hand_the_optimizer_fp8_recipe_tensorwise():
     assert by_id["52"].options.optimizer_fp8_recipe is None  # Qwen3-235B H100 fp8: its fp8_recipe decides
     assert all(r.options.optimizer_fp8_recipe is None for r in published if r.options is not None and r.workload is not None
                and r.workload.precision != Precision.bf16)
+
+
+def test_a_bad_note_or_setting_leaves_out_its_row_only(tmp_path):
+    # an adversarial review (2026-12-03): a note's first-stage split or MTP depth, or a setting column's garbage, had
+    # stopped the whole table (exit 2 without a row named, or an internal error), or was read silently as false
+    src = ROOT / "benchmarks" / "data" / "published_runs.csv"
+    rows = list(csv.DictReader(src.open(encoding="utf-8")))
+    cols = list(rows[0].keys())
+    keep = [dict(r) for r in rows if r["id"] in ("1", "8", "9", "10")]
+    keep[0]["other_notes"] += "; first_stage_layers=1000"
+    keep[1]["other_notes"] += "; mtp_num_layers=abc"
+    keep[2]["overlap_moe_expert_parallel_comm"] = "banana"
+    keep[3]["optimizer_fp8_recipe"] = "None"  # blank and "none" both mean unset
+    p = tmp_path / "runs.csv"
+    with p.open("w", encoding="utf-8-sig", newline="") as fh:  # with a byte-order mark, as spreadsheets write
+        w = csv.DictWriter(fh, fieldnames=cols)
+        w.writeheader()
+        w.writerows(keep)
+    runs, problems = read_runs(p)
+    why = {r.run_id: r.unrepresentable for r in runs}
+    assert set(why) == {"1", "8", "9", "10"} and not problems  # the ids were read: the BOM is not part of 'id'
+    assert "first (1000) + last (0) leaves" in why["1"]
+    assert why["8"].startswith("note mtp_num_layers='abc'")
+    assert "overlap_moe_expert_parallel_comm 'banana': expected true or false" in why["9"]
+    assert why["10"] == "" and next(r for r in runs if r.run_id == "10").options.optimizer_fp8_recipe is None
+    assert len(predict_runs(runs)) == 1  # the good row is still predicted
+
+
+def test_allgather_in_the_dispatcher_cell_is_read(tmp_path):
+    src = ROOT / "benchmarks" / "data" / "published_runs.csv"
+    rows = [r for r in csv.DictReader(src.open(encoding="utf-8")) if r["id"] == "8"]
+    rows[0]["dispatcher"] = "allgather"
+    p = tmp_path / "runs.csv"
+    with p.open("w", encoding="utf-8", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    runs, _ = read_runs(p)
+    assert runs[0].layout is not None and runs[0].layout.dispatcher.value == "allgather"

@@ -610,6 +610,15 @@ def test_split_hint_never_suggests_a_refused_split():
     assert "try --first-stage-layers 31 --last-stage-layers 31" not in r.output and "try --first-stage-layers" in r.output
 
 
+def test_split_hint_gives_up_on_far_more_virtual_stages_than_layers():
+    from specs import Layout, load_model
+    from tuner.cli._layout import split_hint
+
+    m = load_model("MiniMax-M2")  # 62 layers: 2 x 10,000 virtual stages had searched for minutes before refusing
+    assert split_hint(m, Layout(world_size=64, pp=2, vpp=10000, ep=8)) == ""
+    assert split_hint(m, Layout(world_size=64, pp=8, vpp=4, ep=8)).startswith("; try --first-stage-layers")
+
+
 def test_constants_that_overflow_the_step_are_refused_before_any_study(tmp_path, monkeypatch):
     """A finite but absurd constant (in range, so the calibration loads) that makes a step or a peak inf / nan is one
     message, exit 2, and no study is created (Optuna would refuse the nan and leave an empty study behind)."""

@@ -145,6 +145,8 @@ def split_hint(model: Any, lay: Any) -> str:
     except InfeasibleLayout:
         even = None
     given = (lay.num_layers_in_first_pipeline_stage, lay.num_layers_in_last_pipeline_stage)
+    if lay.pp * lay.vpp > 2 * model.num_layers:  # far more virtual stages than layers: no split worth naming, and the
+        return ""  # search below grows with (pp x vpp)^2 (--vpp 10000 had run for minutes)
     best = None
     for d in range(0, 2 * lay.pp * lay.vpp + 1):
         for df in sorted(range(d + 1), key=lambda x: (abs(2 * x - d), x)):  # symmetric first
