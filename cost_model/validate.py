@@ -215,6 +215,11 @@ class Run:
         return "tokens" if self.published_tokens else "tflops"
 
     @property
+    def published(self) -> float:
+        """The published number of :attr:`metric` (0 when neither is published)."""
+        return self.published_tokens or self.published_tflops or 0.0
+
+    @property
     def layout_key(self) -> str:
         return self.layout.key() + f"|opts={self.options}" if self.layout is not None else ""
 
@@ -428,11 +433,8 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
             if model.mtp_num_layers and "w/o mtp" in (low_notes + " " + run.framework_version.lower() + " " + r.get("model", "").lower()):
                 model = model.replace(mtp_num_layers=0)
             if "mtp_num_layers" in notes:
-                try:
-                    mtp = int(notes["mtp_num_layers"])
-                    if not 0 <= mtp <= model.num_layers:
-                        raise ValueError(f"must be between 0 and the model's {model.num_layers} layers")
-                    model = model.replace(mtp_num_layers=mtp)
+                try:  # ModelSpec refuses a negative depth or one above the decoder's layers
+                    model = model.replace(mtp_num_layers=int(notes["mtp_num_layers"]))
                 except (TunerError, ValueError) as e:
                     run.unrepresentable = f"note mtp_num_layers={notes['mtp_num_layers'][:40]!r}: {e}"
                     continue
@@ -571,18 +573,16 @@ def mark_release_regressions(runs: Sequence[Run]) -> list[Run]:
     for r in runs:
         if r.unrepresentable or r.layout is None or r.workload is None:
             continue
-        value = r.published_tokens or r.published_tflops
-        if not value:
+        if not r.published:
             continue
         key = (r.model_name.lower(), r.gpu_type, r.num_gpus, r.seq_length, r.workload.global_batch_size, r.precision,
                r.metric, r.layout_key)
         groups.setdefault(key, []).append(r)
     marked: list[Run] = []
     for group in groups.values():
-        best = max(group, key=lambda r: r.published_tokens or r.published_tflops or 0.0)
-        top = best.published_tokens or best.published_tflops or 0.0
-        for r in sorted(group, key=lambda r: r.published_tokens or r.published_tflops or 0.0):
-            ratio = top / (r.published_tokens or r.published_tflops or top)
+        best = max(group, key=lambda r: r.published)
+        for r in sorted(group, key=lambda r: r.published):
+            ratio = best.published / r.published
             if ratio >= RELEASE_REGRESSION_RATIO:
                 r.unrepresentable = (f"a release regression: row {best.run_id} ({best.framework_version or 'another release'}) ran "
                                      f"this configuration {ratio:.2f}x faster; two runs of one configuration {RELEASE_REGRESSION_RATIO:g}x or more "
@@ -657,7 +657,7 @@ class RunBatch:
 
     def targets(self) -> np.ndarray:
         """The published number each run is compared with (tokens/s/GPU, else TFLOP/s/GPU)."""
-        return np.array([float(r.published_tokens or r.published_tflops or float("nan")) for r in self.runs])
+        return np.array([r.published or float("nan") for r in self.runs])
 
     def predicted_metric(self, calibration: Calibration) -> np.ndarray:
         tok, tfl, _, _ = self.predict(calibration)

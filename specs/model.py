@@ -148,6 +148,9 @@ class ModelSpec:
                 raise TunerError(f"model {self.name!r}: {name} must be > 0, got {getattr(self, name)}")
         if self.num_layers > MAX_LAYERS:
             raise TunerError(f"model {self.name!r}: num_layers {self.num_layers:,} is more than this tool models (at most {MAX_LAYERS:,})")
+        if self.mtp_num_layers > self.num_layers:
+            raise TunerError(f"model {self.name!r}: mtp_num_layers {self.mtp_num_layers:,} is more than its {self.num_layers} "
+                             "decoder layers (MTP adds a few prediction layers: DeepSeek-V3 has 1)")
         if self.num_attention_heads % self.num_query_groups:
             raise TunerError(
                 f"model {self.name!r}: num_attention_heads ({self.num_attention_heads}) must be a multiple of "

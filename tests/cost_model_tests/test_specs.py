@@ -131,3 +131,12 @@ def test_a_model_folder_with_config_json_loads(tmp_path):
     assert m.name == "MyMoE" and m.active_params() == 10_415_112_192
     with pytest.raises(TunerError, match="a folder without a config.json"):
         load_model(str(tmp_path))
+
+
+def test_mtp_depth_is_bounded_by_the_decoder():
+    from specs import TunerError, load_model
+
+    ds = load_model("DeepSeek-V3")
+    assert ds.replace(mtp_num_layers=ds.num_layers).mtp_num_layers == ds.num_layers
+    with pytest.raises(TunerError, match="mtp_num_layers 1,000,000,000 is more than its 61 decoder layers"):
+        ds.replace(mtp_num_layers=10**9)  # a run table's note had predicted 0 tokens/s and entered the summary
