@@ -78,6 +78,8 @@ def main() -> None:
         "dense": stats(dense),
         "all": stats(preds),
         "per_model": {m: stats([p for p in preds if p.run.model.name == m]) for m in folds},
+        # each fold's release gain per month, measured on its training models' repeats (cost_model.validate.measure_release_gain)
+        "release_gain_per_month_by_fold": {m: round(f["release_gain"], 5) for m, f in folds.items()},
         "seed_anchors_shipped_calibration": {"tuned (measured 2034.42)": seed.get("seed-tuned"), "reference (measured 557.8)": seed.get("seed-reference")},
         "seconds": round(time.perf_counter() - t0, 1),
         "machine": f"{platform.machine()}, {platform.python_version()}",

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from cost_model.calibration import BASE_CALIBRATION, Calibration
-from cost_model.validate import Run, RunBatch
+from cost_model.validate import Run, RunBatch, measure_release_gain
 from specs import HARNESS_RUN_OPTIONS
 from specs.errors import TunerError
 
@@ -61,6 +61,7 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "moe_layer_overhead_s": (0.0, 3e-3),
     "expert_gemm_overhead_s": (0.0, 1e-4),
     "cuda_graph_overhead_factor": (0.05, 1.0),
+    "cuda_graph_partial_overhead_factor": (0.05, 1.0),
     "moe_load_imbalance": (1.0, 2.0),
 }
 
@@ -124,6 +125,7 @@ def fit_calibration(
     progress: Callable[[str], None] | None = None,
     bounds: Mapping[str, tuple[float, float]] | None = None,
     probe_range: bool = False,
+    release_gain: float | None = None,
 ) -> FitResult:
     """Fit the constants of :data:`FIT_BOUNDS` to ``runs`` (the representable ones).
 
@@ -137,6 +139,9 @@ def fit_calibration(
             for real trials on other software stacks).
         probe_range: decide which constants the data can move by probing across their bound
             range rather than by a 10% change (see :func:`_active`).
+        release_gain: throughput gain per month of container releases applied to the runs' predictions
+            (default :data:`cost_model.validate.RELEASE_GAIN_PER_MONTH`; the k-fold passes the one its training
+            folds' repeats measure).
 
     Returns:
         A :class:`FitResult`.
@@ -146,7 +151,7 @@ def fit_calibration(
     """
     from scipy.optimize import least_squares
 
-    batch = RunBatch(runs)
+    batch = RunBatch(runs, release_gain=release_gain)
     if len(batch.runs) < 2:
         raise TunerError(f"calibration needs at least 2 representable measured runs, got {len(batch.runs)}")
     y = np.log(batch.targets())
@@ -197,7 +202,7 @@ def kfold_by_model(
     """Out-of-model error: for each model, fit on the other models' runs and predict this one's.
 
     Returns:
-        ``{model: {"runs": [...], "predicted": array, "published": array, "fit": FitResult}}``
+        ``{model: {"runs": [...], "predicted": array, "published": array, "fit": FitResult, "release_gain": float}}``
         (``predicted`` is in the run's metric: tokens/s/GPU, else model TFLOP/s/GPU).
     """
     usable = [r for r in runs if not r.unrepresentable and r.layout is not None]
@@ -218,9 +223,12 @@ def kfold_by_model(
 
 
 def _fold(train: Sequence[Run], test: Sequence[Run], start: Calibration, max_nfev: int) -> dict[str, Any]:
-    fit = fit_calibration(train, start=start, max_nfev=max_nfev)
-    b = RunBatch(test)
-    return {"runs": b.runs, "predicted": b.predicted_metric(fit.calibration), "published": b.targets(), "fit": fit}
+    # the release gain too is measured on the training folds' repeats only, so no number comes from the held-out model
+    gain = measure_release_gain(train)["gain_per_month"]
+    fit = fit_calibration(train, start=start, max_nfev=max_nfev, release_gain=gain)
+    b = RunBatch(test, release_gain=gain)
+    return {"runs": b.runs, "predicted": b.predicted_metric(fit.calibration), "published": b.targets(), "fit": fit,
+            "release_gain": gain}
 
 
 def relative_errors(pred: np.ndarray, pub: np.ndarray) -> np.ndarray:

@@ -228,9 +228,14 @@ class Calibration:
     overlap the compute that hides their all-to-all runs on the other SMs, so the hidden part costs this share of
     its time (NCCL's all-to-all uses few channels: not modelled). Not fitted."""
     cuda_graph_overhead_factor: float = 0.3
-    """Share of the fixed per-layer MoE costs (``moe_layer_overhead_s``, and with whole-iteration
-    graphs also ``expert_gemm_overhead_s``) left when CUDA graphs capture them (kernel launches
-    replayed from the graph, ``--cuda-graph-scope``)."""
+    """Share of the fixed per-layer MoE costs (``moe_layer_overhead_s`` and ``expert_gemm_overhead_s``) left when
+    whole-iteration (or whole-layer) CUDA graphs capture them (kernel launches replayed from the graph,
+    ``--cuda-graph-scope full_iteration``)."""
+    cuda_graph_partial_overhead_factor: float = 0.3
+    """Share of ``moe_layer_overhead_s`` left when TE's per-module CUDA graphs capture only the MoE router and its
+    preprocessing (``--cuda-graph-impl transformer_engine --cuda-graph-scope moe_router moe_preprocess``): the
+    dispatch, the experts and the combine still launch eagerly, so less is removed than by a whole-iteration graph.
+    Fitted separately from :attr:`cuda_graph_overhead_factor` (the published rows run both kinds)."""
     pp_p2p_overlap: float = 0.8
     """Fraction of pipeline send/recv time hidden (overlap_p2p_comm is on by default with VPP)."""
     # ---- optimizer and offload ----------------------------------------------------
@@ -321,7 +326,7 @@ class Calibration:
 _RANGES: dict[str, tuple[float, float, bool]] = {
     **{k: (0.0, 1.0, True) for k in (
         "gemm_efficiency", "grouped_gemm_efficiency", "attention_efficiency", "hbm_efficiency",
-        "cuda_graph_overhead_factor",
+        "cuda_graph_overhead_factor", "cuda_graph_partial_overhead_factor",
         "nvlink_efficiency", "alltoall_nvlink_efficiency", "network_efficiency", "pcie_efficiency",
     )},
     **{k: (0.0, 1.0, False) for k in (
@@ -352,6 +357,9 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
     "attention_call_macs": (0.0, 1e13, False),
     "attention_window_extra_keys": (0.0, 1e6, False),
     "attention_sink_extra_keys": (0.0, 1e6, False),
+    # fixed costs per layer, GEMM or quantisation: a second or more per call is a typo (1e300 would make every step inf)
+    **{k: (0.0, 1.0, False) for k in ("moe_layer_overhead_s", "moe_host_sync_latency_s", "expert_gemm_overhead_s",
+                                      "fp8_quantize_overhead_s")},
 }
 
 #: The class defaults above, before any fit (kept for reference and for tests of the fit itself).

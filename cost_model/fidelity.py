@@ -28,20 +28,20 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None, gpu: GPUSpec | No
       by this project (docs/validation.md, 2026-12-02 07:15 UTC).
 
     - CPU optimizer offload: memory is priced from the allocator's view of the fifth batch (peak +2.4% / +5.1%, host
-      -3.1% / +0.3% at offload 0.5 / 1.0, on the rows it was read from), but the step was predicted 10-24% too short,
+      -3.1% / +0.3% at offload 0.5 / 1.0, on the rows it was read from), but the step was predicted 14-25% too short,
       and with DP > 1 the first optimizer's clones are priced from the source only. The ninth batch timed the
       primitives (``benchmarks/h200_cpu_adam.py``, ``benchmarks/h200_offload.py``): fused CPU AdamW per thread, and,
       with the precision-aware optimizer, the host-blocking copy of the fp32 masters from pageable memory
       (``optimizer/cpu_offloading/hybrid_optimizer.py``, ``_get_sub_optimizer_param_groups``: ``.cpu().pin_memory()``
       then ``.float()``); their sum is within -5% to +13% of the optimizer's step on 1, 16 threads and both parameter
       kinds but for fp32 on 16 threads (+33%), and -10% of a whole step's offload time. They are reported, not priced:
-      priced from them, the seed's reference port (8 single-thread processes per node) would be 36% too fast.
+      priced from them, the seed's reference port (8 single-thread processes per node) would be 38% too fast.
     - recompute (full, or selective ``moe``) on MoE layers (a MoE model, or no model given): timed on the decoder alone
       (sixth batch, ``benchmarks/h200_recompute.py``, no output layer or loss in the difference) the extra time was
-      0.78-0.87x the predicted extra (MiniMax-M2 full 0.83, ``moe`` 0.78; Qwen3-30B-A3B full 0.87; its ``moe`` 0.36 with
-      a 5 ms spread between rounds); reseeded and re-run (seventh batch) MiniMax-M2 full 1.03, ``moe`` 1.03, Qwen3-30B-A3B
-      full 0.42 and ``moe`` 0.31 with passes 30 ms apart (ratios under the second refit of 2026-12-03, after the
-      verification cards were read as their recipes say): the 1-GPU MoE slices are host-bound (the profile had the GPU
+      0.93-1.04x the predicted extra (MiniMax-M2 full 0.98, ``moe`` 0.93; Qwen3-30B-A3B full 1.04; its ``moe`` 0.44 with
+      a 5 ms spread between rounds); reseeded and re-run (seventh batch) MiniMax-M2 full 1.22, ``moe`` 1.24, Qwen3-30B-A3B
+      full 0.51 and ``moe`` 0.38 with passes 30 ms apart (ratios under the third refit of 2026-12-03: the release
+      term and TE's partial CUDA graphs): the 1-GPU MoE slices are host-bound (the profile had the GPU
       busy 44 of 77 ms of a MiniMax-M2 pass). As the difference of two whole harness steps it was 0.8-2.3x on each of
       two machines (fifth and seventh batches). On a dense (MLA) layer full recompute cost 1.06-1.08x, ``mlp``
       1.10-1.11x and ``core_attn`` 1.02-1.05x: no note.
@@ -49,7 +49,7 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None, gpu: GPUSpec | No
       +3.4 and +7.4 ms) where the model prices 0.1 ms, Qwen3-30B-A3B +6.6 ms with a 6.4 ms spread (sixth batch); reseeded
       (seventh batch) +4.0 and -15.3 ms with 9-11 ms between rounds. By the GPU kernels' time (tenth batch,
       ``PROFILE=all``) it added +0.8 and -1.0 ms: host time, not GPU work. Full and ``moe`` recompute of MoE layers by
-      kernels: 0.29-0.49x the predicted extra, rounds within 2 ms (ratios under the second refit of 2026-12-03).
+      kernels: 0.35-0.58x the predicted extra, rounds within 2 ms (ratios under the third refit of 2026-12-03).
     - MLA (``kv_lora_rank`` > 0): with the fused RoPE a dense DeepSeek-V3 layer's forward + backward took 70.8 ms per
       8,192-token micro-batch on the decoder alone against 63.9 ms predicted (65.3 ms before the refit of 2026-12-02
       17:00 UTC, 64.0 ms when the eighth batch priced attention by head dim, 61.8 ms before; the embedding's backward, about 3 ms, is in the measured time and not in the predicted
@@ -76,7 +76,7 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None, gpu: GPUSpec | No
     if layout.optimizer_offload_fraction > 0:
         dp = layout.world_size // max(1, layout.tp * layout.pp * layout.cp)
         msg = ("CPU optimizer offload: on 1 x H200 the memory matched the first steps' peak (+2-5%, host -3% to 0%), "
-               "but the predicted step was 10-24% too short (-11.7% / -23.3% at offload 0.5 / 1.0, docs/validation.md). Timed alone (ninth "
+               "but the predicted step was 14-25% too short (-14.2% / -24.7% at offload 0.5 / 1.0, docs/validation.md). Timed alone (ninth "
                "batch), torch's fused CPU AdamW stepped 0.57 G parameters/s on one thread and 3.9 G on 16; torchrun "
                "(--nproc-per-node > 1) and Ray actors (slime's train actors ask for 1 CPU) leave each process one thread unless "
                "OMP_NUM_THREADS is set")
@@ -85,7 +85,7 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None, gpu: GPUSpec | No
                     "memory, so each step also copies 4 B per offloaded parameter back at 6.7 GB/s and holds the process "
                     "meanwhile (2.29 s against 0.83 s with pinned fp32 masters, 2.44 G parameters, 16 threads; "
                     "Megatron-LM main pins them since PR 4547). The model keeps its derived per-node CPU Adam "
-                    "rate: priced from these primitives instead, the seed's reference port would be predicted 36% too "
+                    "rate: priced from these primitives instead, the seed's reference port would be predicted 38% too "
                     "fast, so the offload step's price is not settled")
         if dp > 1:
             msg += (f"; at DP {dp} the 'optimizer' part and the host memory include the first HybridDeviceOptimizer's fp32 "
@@ -100,10 +100,10 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None, gpu: GPUSpec | No
     if heavy and moe:
         out.append(
             "recompute: on 1 x H200, timed on the decoder alone, full and selective 'moe' recompute of MoE layers cost "
-            "0.78-1.03x the predicted extra time on MiniMax-M2, 0.31-0.87x on Qwen3-30B-A3B, whose single passes spread "
+            "0.93-1.24x the predicted extra time on MiniMax-M2, 0.38-1.04x on Qwen3-30B-A3B, whose single passes spread "
             "by up to 30 ms (the 1-GPU MoE slices are host-bound: the GPU was busy 57% of a MiniMax-M2 pass); as the "
             "difference of two whole trial steps it measured 0.8-2.3x on two machines (docs/measurements.md, fifth to "
-            "seventh batches); by the GPU kernels' time (tenth batch, rounds within 2 ms) it added 0.29-0.49x the "
+            "seventh batches); by the GPU kernels' time (tenth batch, rounds within 2 ms) it added 0.35-0.58x the "
             "predicted extra: the model's extra re-pays the fixed per-expert costs of the forward, host time that a "
             "GPU-bound step may hide: confirm the step with a real trial"
         )

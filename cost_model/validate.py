@@ -23,13 +23,17 @@ Conventions for published rows (``shared/data/published_runs.md``):
   fp32 main gradients, bf16 weights beside any quantised copy, native cross-entropy, Adam, and ``tensorwise``
   for an fp8 precision cell that says CS (current scaling), else ``delayed``;
 - two runs of one configuration :data:`RELEASE_REGRESSION_RATIO` (1.3x) or more apart are a release's regression,
-  not a layout effect: the slower is left out, naming the faster (:func:`mark_release_regressions`).
+  not a layout effect: the slower is left out, naming the faster (:func:`mark_release_regressions`);
+- a run of a NeMo container release before :data:`REFERENCE_RELEASE` (26.08) is predicted slower by
+  :data:`RELEASE_GAIN_PER_MONTH` a month of releases (:func:`release_factor`), the gain the same configurations
+  published in two releases show (:func:`measure_release_gain`).
 """
 
 from __future__ import annotations
 
 import csv
 import functools
+import io
 import math
 import re
 import statistics
@@ -61,6 +65,10 @@ __all__ = [
     "model_alias",
     "RunBatch",
     "mark_release_regressions",
+    "measure_release_gain",
+    "release_factor",
+    "RELEASE_GAIN_PER_MONTH",
+    "REFERENCE_RELEASE",
 ]
 
 #: Columns a run table must have (any order; more columns are ignored).
@@ -267,6 +275,79 @@ def _setting(r: dict[str, str], notes: dict[str, str], key: str, default: str) -
     return notes.get(key, default).strip("'\"")
 
 
+#: What the ``cuda_graph_impl`` column accepts (megatron-core 0.19 ``--cuda-graph-impl``: none, local,
+#: transformer_engine; ``full_iteration`` is Megatron-Bridge's name for the local whole-iteration graph).
+CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
+
+
+def _setting_choice(r: dict[str, str], notes: dict[str, str], key: str, default: str, accepted: Sequence[str]) -> str:
+    """A :func:`_setting` that must be one of ``accepted`` (case-insensitive; blank -> ``default``).
+
+    Raises:
+        ValueError: anything else, naming the column and the accepted values (the row is then not representable).
+    """
+    v = _setting(r, notes, key, default).strip().lower()
+    if not v:
+        return default
+    if v not in accepted:
+        raise ValueError(f"{key} {v[:40]!r}: accepted {', '.join(accepted)} (or blank)")
+    return v
+
+
+def _dispatcher_cell(cell: str, notes: dict[str, str]) -> Dispatcher:
+    """The token dispatcher of a row: its ``dispatcher`` cell (free text naming alltoall, allgather, DeepEP or
+    HybridEP; blank = alltoall, Megatron's default; ``flex`` with no backend = DeepEP, the default of
+    ``moe_flex_dispatcher_backend``) or its notes' ``moe_flex_dispatcher_backend`` / ``dispatcher``.
+
+    Raises:
+        ValueError: a non-blank cell that names none of them (the row is then not representable, with this reason).
+    """
+    disp = (cell + " " + notes.get("moe_flex_dispatcher_backend", "")).lower()
+    if "dispatcher" in notes:  # a spelling Layout normalises (or rejects, naming the accepted ones)
+        return cast(Dispatcher, notes["dispatcher"])
+    if "hybridep" in disp:
+        return Dispatcher.flex_hybridep
+    if "deepep" in disp:
+        return Dispatcher.flex_deepep
+    if "allgather" in disp:
+        return Dispatcher.allgather
+    if "alltoall" in disp or not disp.strip():
+        return Dispatcher.alltoall
+    if re.search(r"\bflex\b", disp):  # flex's default backend (megatron-core 0.19 TransformerConfig)
+        return Dispatcher.flex_deepep
+    raise ValueError(f"dispatcher {cell.strip()[:40]!r}: name alltoall, allgather, DeepEP or HybridEP (or leave it blank for alltoall)")
+
+
+def _setting_int(r: dict[str, str], notes: dict[str, str], key: str, default: int) -> int:
+    """A non-negative integer :func:`_setting` (blank -> ``default``).
+
+    Raises:
+        ValueError: anything else, naming the column (the row is then not representable, with this reason).
+    """
+    v = _setting(r, notes, key, "").strip()
+    if not v:
+        return default
+    if not v.isdigit():
+        raise ValueError(f"{key} {v[:40]!r}: expected a non-negative integer")
+    return int(v)
+
+
+def _note_fraction(notes: dict[str, str], key: str) -> float:
+    """A note's fraction in [0, 1] (absent -> 0).
+
+    Raises:
+        ValueError: anything else, naming the key (the row is then not representable, with this reason).
+    """
+    v = notes.get(key, "").strip("'\"")
+    try:
+        f = float(v) if v else 0.0
+    except ValueError:
+        f = float("nan")
+    if not 0.0 <= f <= 1.0:
+        raise ValueError(f"note {key}={v[:40]!r}: expected a fraction from 0 to 1")
+    return f
+
+
 def _setting_flag(r: dict[str, str], notes: dict[str, str], key: str, default: bool) -> bool:
     """A boolean :func:`_setting`: true / 1 / yes or false / 0 / no.
 
@@ -362,7 +443,7 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
             text = p.read_text(encoding="utf-8-sig")  # a spreadsheet's byte-order mark is not part of the first column's name
         except (OSError, UnicodeDecodeError) as e:
             raise TunerError(f"--data {str(p)!r}: cannot read it ({e})") from None
-        reader = csv.DictReader(text.splitlines())
+        reader = csv.DictReader(io.StringIO(text, newline=""))  # not splitlines(): a form feed in a cell is not a row break
         cols = [c.strip() for c in (reader.fieldnames or [])]
         twice = sorted({c for c in cols if c and cols.count(c) > 1})
         if twice:
@@ -468,22 +549,21 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
                 problems.append(RowProblem(i, rid, col, "out of range: " + str(e).split(': ', 1)[-1].replace('--seq-len and --global-batch', 'seq_len and gbs')))
                 runs.pop()
                 continue
-            disp = (r.get("dispatcher", "") + " " + notes.get("moe_flex_dispatcher_backend", "")).lower()
-            dispatcher = (Dispatcher.flex_hybridep if "hybridep" in disp else Dispatcher.flex_deepep if "deepep" in disp
-                          else Dispatcher.allgather if "allgather" in disp else Dispatcher.alltoall)
-            if "dispatcher" in notes:  # a spelling Layout normalises (or rejects, naming the accepted ones)
-                dispatcher = cast(Dispatcher, notes["dispatcher"])
             setting = functools.partial(_setting, r, notes)
-            impl = setting("cuda_graph_impl", "none")
-            scope: tuple[str, ...] = ()
-            if impl not in ("none", "None", ""):
-                raw_scope = setting("cuda_graph_scope", "")
-                scope = _list(raw_scope) if raw_scope else ("full",)
+            choice = functools.partial(_setting_choice, r, notes)
             natural = notes.get("routing", "").lower() == "natural"
             flag = functools.partial(_setting_flag, r, notes)
             cs = "cs" in re.split(r"[^a-z]+", r.get("precision", "").lower()) or "current" in r.get("precision", "").lower()
             optimizer = setting("optimizer", "adam")
             try:
+                dispatcher = _dispatcher_cell(r.get("dispatcher", ""), notes)
+                impl = choice("cuda_graph_impl", "none", CUDA_GRAPH_IMPLS)
+                scope: tuple[str, ...] = ()
+                if impl != "none":
+                    raw_scope = setting("cuda_graph_scope", "")
+                    scope = _list(raw_scope) if raw_scope else ("full",)
+                if int(vpp) > 1 and int(pp) == 1:  # type: ignore[arg-type]
+                    raise ValueError(f"vpp {int(vpp)} with pp 1: Megatron's virtual pipeline needs pp > 1")  # type: ignore[arg-type]
                 run.options = RunOptions(
                     moe_router_force_load_balancing=model.is_moe and not natural,
                     cp_comm_type=notes.get("cp_comm_type", "p2p"),
@@ -499,25 +579,25 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
                     cross_entropy_loss_fusion=flag("cross_entropy_loss_fusion", False),
                     cross_entropy_fusion_impl=setting("cross_entropy_fusion_impl", "native"),
                     te_version=setting("te_version", _DEFAULT_OPTIONS.te_version),
-                    cpu_offloading_num_layers=int(setting("cpu_offloading_num_layers", "0") or 0),
+                    cpu_offloading_num_layers=_setting_int(r, notes, "cpu_offloading_num_layers", 0),
                     optimizer=optimizer,
                     optimizer_fp8_recipe=_optional(setting("optimizer_fp8_recipe", "")) if prec == Precision.bf16 else None,
                 )
                 rec = _recompute(r.get("recompute", ""), notes)
-                gran = setting("recompute_granularity", "")
+                gran = choice("recompute_granularity", "", ("none", "selective", "full"))
                 if gran == "none":
                     rec = {}
                 elif gran == "selective":
                     mods = tuple(m for m in _list(setting("recompute_modules", "core_attn")) if m in RECOMPUTE_MODULES)
                     rec = dict(recompute_granularity="selective", recompute_modules=mods) if mods else {}
                 elif gran == "full":
-                    rec = dict(recompute_granularity="full", recompute_method=setting("recompute_method", "uniform") or "uniform",
-                               recompute_num_layers=int(setting("recompute_num_layers", "1") or 1))
+                    rec = dict(recompute_granularity="full", recompute_method=choice("recompute_method", "uniform", ("uniform", "block")),
+                               recompute_num_layers=_setting_int(r, notes, "recompute_num_layers", 1))
                 if notes.get("recompute") == "full":
-                    rec = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=int(notes.get("recompute_num_layers", 1)))
+                    rec = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=_setting_int({}, notes, "recompute_num_layers", 1))
                 split = _pipeline_split(model, int(pp), int(vpp))  # type: ignore[arg-type]
                 if "first_stage_layers" in notes:
-                    split = (int(notes["first_stage_layers"]), int(notes.get("last_stage_layers", 0)))
+                    split = (_setting_int({}, notes, "first_stage_layers", 0), _setting_int({}, notes, "last_stage_layers", 0))
                 if split is None:
                     run.unrepresentable = f"{model.num_layers} layers cannot be split over pp {int(pp)} x vpp {int(vpp)}"  # type: ignore[arg-type]
                     continue
@@ -526,7 +606,7 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
                     world_size=run.num_gpus, tp=int(tp), pp=int(pp), vpp=int(vpp), cp=int(cp), ep=int(ep) if model.is_moe else 1,  # type: ignore[arg-type]
                     etp=int(etp) if model.is_moe else 1, micro_batch_size=int(mbs), sequence_parallel=int(tp) > 1,  # type: ignore[arg-type]
                     dispatcher=dispatcher, num_layers_in_first_pipeline_stage=split[0], num_layers_in_last_pipeline_stage=split[1],
-                    optimizer_offload_fraction=float(notes.get("optimizer_offload_fraction", 0.0)),
+                    optimizer_offload_fraction=_note_fraction(notes, "optimizer_offload_fraction"),
                     use_precision_aware_optimizer=flag("use_precision_aware_optimizer", False) and optimizer == "adam",
                     exp_avg_dtype=setting("exp_avg_dtype", "fp32") or "fp32", exp_avg_sq_dtype=setting("exp_avg_sq_dtype", "fp32") or "fp32",
                     **rec,
@@ -558,6 +638,22 @@ MAX_TFLOPS_PER_GPU = 1e5
 RELEASE_REGRESSION_RATIO = 1.3
 
 
+def _configuration_key(r: Run) -> tuple[Any, ...]:
+    """What makes two published runs the same configuration: model, GPU, GPUs, sequence, global batch, precision,
+    the published metric and the layout with every setting the reader takes (``layout_key``)."""
+    return (r.model_name.lower(), r.gpu_type, r.num_gpus, r.seq_length, r.workload.global_batch_size,  # type: ignore[union-attr]
+            r.precision, r.metric, r.layout_key)
+
+
+def _comparable(runs: Sequence[Run]) -> dict[tuple[Any, ...], list[Run]]:
+    groups: dict[tuple[Any, ...], list[Run]] = {}
+    for r in runs:
+        if r.unrepresentable or r.layout is None or r.workload is None or not r.published:
+            continue
+        groups.setdefault(_configuration_key(r), []).append(r)
+    return groups
+
+
 def mark_release_regressions(runs: Sequence[Run]) -> list[Run]:
     """Leave out (``unrepresentable``) each run that another run of the same configuration beat by at least
     :data:`RELEASE_REGRESSION_RATIO`: a software regression of its release, which no layout term can explain.
@@ -569,17 +665,8 @@ def mark_release_regressions(runs: Sequence[Run]) -> list[Run]:
     Returns:
         The runs marked (in place), slowest first within each configuration.
     """
-    groups: dict[tuple[Any, ...], list[Run]] = {}
-    for r in runs:
-        if r.unrepresentable or r.layout is None or r.workload is None:
-            continue
-        if not r.published:
-            continue
-        key = (r.model_name.lower(), r.gpu_type, r.num_gpus, r.seq_length, r.workload.global_batch_size, r.precision,
-               r.metric, r.layout_key)
-        groups.setdefault(key, []).append(r)
     marked: list[Run] = []
-    for group in groups.values():
+    for group in _comparable(runs).values():
         best = max(group, key=lambda r: r.published)
         for r in sorted(group, key=lambda r: r.published):
             ratio = best.published / r.published
@@ -589,6 +676,75 @@ def mark_release_regressions(runs: Sequence[Run]) -> list[Run]:
                                      "apart are not a layout effect (benchmarks/data/published_runs.md)")
                 marked.append(r)
     return marked
+
+
+#: The NeMo container release the published-run predictions are made for: the newest in
+#: ``benchmarks/data/published_runs.csv`` (26.08, Megatron-Bridge v0.6.0). A user's own estimate has no release and is
+#: at this one.
+REFERENCE_RELEASE = (26, 8)
+
+#: Throughput a NeMo container release gains per month of releases, the same configuration run again
+#: (:func:`measure_release_gain`: 30 configurations of the published runs published in two releases 2-7 months apart,
+#: geometric mean 1.45% a month, oldest against newest; median pair 1.044x). Measured on the repeats alone, not
+#: fitted to the model's errors. A published run of a release ``m`` months before :data:`REFERENCE_RELEASE` is
+#: predicted ``(1 + gain) ** -m`` as fast (:func:`release_factor`).
+RELEASE_GAIN_PER_MONTH = 0.0145
+
+
+def container_release(framework_version: str) -> tuple[int, int] | None:
+    """``(yy, mm)`` of the NeMo container a run's ``framework_version`` names (``"... container 26.02.01"`` ->
+    ``(26, 2)``); None when it names none (a verification card, Megatron-LM, the project's own measurements)."""
+    m = re.search(r"container (\d\d)\.(\d\d)", framework_version)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+#: The oldest container release of the published tables (25.09): the trend is measured between it and
+#: :data:`REFERENCE_RELEASE`, so an older release is priced as this one (no extrapolation).
+OLDEST_MEASURED_RELEASE = (25, 9)
+
+
+def months_before_reference(framework_version: str) -> int:
+    """Months from a run's container release to :data:`REFERENCE_RELEASE` (0 when none is named or it is newer; at
+    most the months from :data:`OLDEST_MEASURED_RELEASE`, the span the trend was measured over)."""
+    rel = container_release(framework_version)
+    if rel is None:
+        return 0
+    span = (REFERENCE_RELEASE[0] - OLDEST_MEASURED_RELEASE[0]) * 12 + REFERENCE_RELEASE[1] - OLDEST_MEASURED_RELEASE[1]
+    return min(span, max(0, (REFERENCE_RELEASE[0] - rel[0]) * 12 + REFERENCE_RELEASE[1] - rel[1]))
+
+
+def release_factor(framework_version: str, gain_per_month: float = RELEASE_GAIN_PER_MONTH) -> float:
+    """Throughput of a run on its release relative to :data:`REFERENCE_RELEASE`: ``(1 + gain) ** -months``
+    (1.0 for a run with no container release). Applied to published-run predictions only (:class:`RunBatch`)."""
+    return float((1.0 + gain_per_month) ** -months_before_reference(framework_version))
+
+
+def measure_release_gain(runs: Sequence[Run]) -> dict[str, Any]:
+    """The throughput gain per month of releases, from configurations published in two or more releases.
+
+    For each configuration (:func:`_configuration_key`; representable runs, release regressions already left out)
+    with runs in releases of different months, the oldest and the newest run:
+    ``gain = exp(sum(log(newest / oldest)) / sum(months apart)) - 1``.
+
+    Returns:
+        ``{"gain_per_month", "pairs", "median_ratio", "months"}`` (``pairs``: list of
+        ``(oldest_id, newest_id, months, ratio)``); gain 0.0 when no pair exists.
+    """
+    pairs = []
+    for group in _comparable(runs).values():
+        dated = [(container_release(r.framework_version), r) for r in group]
+        dated = [(d, r) for d, r in dated if d is not None]
+        if len(dated) < 2:
+            continue
+        dated.sort(key=lambda x: x[0])  # type: ignore[arg-type, return-value]
+        (d0, a), (d1, b) = dated[0], dated[-1]
+        months = (d1[0] - d0[0]) * 12 + d1[1] - d0[1]  # type: ignore[index]
+        if months > 0:
+            pairs.append((a.run_id, b.run_id, months, b.published / a.published))
+    total = sum(p[2] for p in pairs)
+    gain = math.exp(sum(math.log(p[3]) for p in pairs) / total) - 1.0 if total else 0.0
+    return {"gain_per_month": gain, "pairs": pairs, "median_ratio": statistics.median(p[3] for p in pairs) if pairs else 1.0,
+            "months": sorted({p[2] for p in pairs})}
 
 
 def _cluster(gpu: GPUSpec, num_gpus: int) -> Cluster:
@@ -636,16 +792,21 @@ class RunBatch:
     vectorised :func:`~cost_model.estimate.estimate_table` call (used by the fit, which
     predicts the same rows hundreds of times)."""
 
-    def __init__(self, runs: Iterable[Run]) -> None:
+    def __init__(self, runs: Iterable[Run], *, release_gain: float | None = None) -> None:
+        """``release_gain``: per month of container releases (default :data:`RELEASE_GAIN_PER_MONTH`)."""
 
         self.runs = [r for r in runs if not r.unrepresentable and r.layout is not None]
         groups: dict[tuple[Any, ...], list[int]] = {}
         for i, r in enumerate(self.runs):
             groups.setdefault(_group_key(r), []).append(i)
         self.groups = [(idx, LayoutTable.from_layouts([self.runs[i].layout for i in idx])) for idx in groups.values()]
+        gain = RELEASE_GAIN_PER_MONTH if release_gain is None else release_gain
+        self.release_factor = np.array([release_factor(r.framework_version, gain) for r in self.runs])
+        """Per run, :func:`release_factor` of its container release (multiplies its predicted throughput)."""
 
     def predict(self, calibration: Calibration) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(tokens/s/GPU, model TFLOP/s/GPU, fits, peak GiB) per run, in ``self.runs`` order."""
+        """(tokens/s/GPU, model TFLOP/s/GPU, fits, peak GiB) per run, in ``self.runs`` order; throughput times each
+        run's :attr:`release_factor` (the software of its container release, :data:`RELEASE_GAIN_PER_MONTH`)."""
 
         n = len(self.runs)
         tok, tfl, fits, peak = np.zeros(n), np.zeros(n), np.zeros(n, dtype=bool), np.zeros(n)
@@ -653,7 +814,7 @@ class RunBatch:
             r = self.runs[idx[0]]
             e = estimate_table(r.model, r.cluster, r.workload, table, calibration=calibration, memory_headroom=0.0, options=r.options)  # type: ignore[arg-type]
             tok[idx], tfl[idx], fits[idx], peak[idx] = e.tokens_per_s_per_gpu, e.model_tflops_per_gpu, e.fits, e.peak_bytes / 2**30
-        return tok, tfl, fits, peak
+        return tok * self.release_factor, tfl * self.release_factor, fits, peak
 
     def targets(self) -> np.ndarray:
         """The published number each run is compared with (tokens/s/GPU, else TFLOP/s/GPU)."""

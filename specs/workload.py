@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 from specs.errors import TunerError
@@ -189,8 +190,8 @@ class RunOptions:
             raise TunerError(f"cpu_offloading_num_layers must be a non-negative integer, got {self.cpu_offloading_num_layers!r}")
         major, minor = megatron_core_version(self.megatron_core)
         object.__setattr__(self, "megatron_core", f"{major}.{minor}")
-        if self.te_version_tuple < (1, 0):
-            raise TunerError(f"te_version {self.te_version!r}: expected major.minor such as 2.20")
+        if not re.fullmatch(r"\d+\.\d+(\.\d+)?", str(self.te_version)) or self.te_version_tuple < (1, 0):
+            raise TunerError(f"te_version {self.te_version!r}: expected major.minor (or major.minor.patch) such as 2.20")
 
     @property
     def megatron_core_tuple(self) -> tuple[int, int]:

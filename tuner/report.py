@@ -203,7 +203,7 @@ def measured_ties(rows: list[dict[str, Any]], best_trial: int, z: float = TIE_Z)
 
 
 #: Predicted throughputs within this fraction of the best's are not told apart by the model: held out by model, its
-#: median error on NVIDIA's published runs is 8-20% (dense 7.8%, H100 / B200 MoE 19.9%, 2026-12-03 second refit; docs/validation.md), and a layout's neighbours share most of it,
+#: median error on NVIDIA's published runs is 6-15% (dense 6.5%, H100 / B200 MoE 14.5%, 2026-12-03 third refit; docs/validation.md), and a layout's neighbours share most of it,
 #: but not so little that a 1% gap means an order.
 PREDICTED_TIE = 0.01
 
@@ -235,7 +235,7 @@ def predicted_ties_text(rows: list[dict[str, Any]], best_trial: int) -> str | No
     listed = "; ".join(f"trial {t['trial']} ({long_label(t)}): {t['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU ({0.0 - t['gap']:+.1%}), "
                        f"peak {t['peak_gib']:.1f} GiB" for t in ties[:3]) + (f"; and {len(ties) - 3} more" if len(ties) > 3 else "")
     return (f"predicted within {PREDICTED_TIE:.0%} of trial {best_trial}: {listed}. The model cannot order layouts this close "
-            "(held out by model, its median error on NVIDIA's published runs is 8-20%, docs/validation.md): choose on memory, "
+            "(held out by model, its median error on NVIDIA's published runs is 6-15%, docs/validation.md): choose on memory, "
             "or measure them with real trials")
 
 

@@ -227,6 +227,33 @@ def json_lines(path: str | Path, label: str, expected: str) -> Iterator[tuple[in
         yield i, where, value
 
 
+#: TransformerConfig fields a sweep row records (``run_options.transformer``) and the ModelSpec field each must equal.
+_RAN_MODEL_FIELDS = (("num_layers", "num_layers"), ("hidden_size", "hidden_size"), ("num_attention_heads", "num_attention_heads"),
+                     ("num_query_groups", "num_query_groups"), ("num_moe_experts", "num_experts"), ("moe_router_topk", "moe_router_topk"))
+
+
+def _check_ran_model(d: dict[str, Any], model: ModelSpec, where: str) -> None:
+    """A row's ``model`` field must be the model its ``run_options.transformer`` says megatron-core built, and a row
+    without ``precision`` (older sweeps: bf16) must not have run fp8.
+
+    Raises:
+        TunerError: a field of ``run_options.transformer`` that differs from the model named (or its overrides), or
+            ``transformer.fp8`` set on a row with no ``precision``.
+    """
+    ran = (d.get("run_options") or {}).get("transformer") if isinstance(d.get("run_options"), dict) else None
+    if not isinstance(ran, dict):
+        return
+    for cfg_key, spec_key in _RAN_MODEL_FIELDS:
+        v = ran.get(cfg_key)
+        want = getattr(model, spec_key) or None  # a dense model: num_experts 0, the config's None
+        if v is not None and not isinstance(v, bool) and isinstance(v, int) and v != want:
+            raise TunerError(f"{where}: the row's model {d.get('model')!r} has {spec_key} {want}, but megatron-core ran "
+                             f"{cfg_key} {v} (run_options.transformer): the row is of another model or slice")
+    if not d.get("precision") and ran.get("fp8"):
+        raise TunerError(f"{where}: the row has no precision but ran fp8 (run_options.transformer.fp8 {ran.get('fp8')!r}); "
+                         "give its precision (fp8) or it would be predicted as bf16")
+
+
 def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
     """Read sweep JSON-lines files.
 
@@ -254,6 +281,7 @@ def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
             # benchmarks/h200_te.py: ModelSpec fields replaced in the slice (an EP rank's experts, a feature off)
             model = override_model(model, d.get("model_overrides"), where)
             label = str(d.get("id") or d.get("label") or f"line {i}")
+            _check_ran_model(d, model, where)
             if d.get("status") != "ok":
                 skipped.append(f"{name}:{i} {label}: status {d.get('status')!r}")
                 continue

@@ -400,11 +400,14 @@ def ep_all_to_all_time(c: TableContext) -> Array:
 
 
 def _fixed_layer_cost(c: TableContext) -> Array:
-    """Per MoE layer per pass: ``moe_layer_overhead_s`` (x ``cuda_graph_overhead_factor`` when CUDA graphs
-    capture the router) plus the host sync of the tokens per expert, ``moe_host_sync_latency_s``, for every
-    dispatcher (the grouped GEMM's splits are a host list)."""
+    """Per MoE layer per pass: ``moe_layer_overhead_s`` (x ``cuda_graph_overhead_factor`` under whole-iteration CUDA
+    graphs, x ``cuda_graph_partial_overhead_factor`` when graphs capture only the router / preprocessing) plus the
+    host sync of the tokens per expert, ``moe_host_sync_latency_s``, for every dispatcher (the grouped GEMM's splits
+    are a host list)."""
     cal = c.cal
-    layer = cal.moe_layer_overhead_s * (cal.cuda_graph_overhead_factor if c.options.cuda_graph_moe else 1.0)
+    o = c.options
+    graphs = cal.cuda_graph_overhead_factor if o.cuda_graph_full else cal.cuda_graph_partial_overhead_factor if o.cuda_graph_moe else 1.0
+    layer = cal.moe_layer_overhead_s * graphs
     return layer + cal.moe_host_sync_latency_s + np.zeros_like(c.tokens)
 
 

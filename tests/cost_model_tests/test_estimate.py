@@ -288,7 +288,8 @@ def test_former_inline_constants_keep_their_values_and_ranges(name, value, bad):
         BASE_CALIBRATION.replace(**{name: bad})
 
 
-@pytest.mark.parametrize("field", ["attention_call_macs", "attention_window_extra_keys", "attention_sink_extra_keys"])
+@pytest.mark.parametrize("field", ["attention_call_macs", "attention_window_extra_keys", "attention_sink_extra_keys",
+                                   "moe_layer_overhead_s", "moe_host_sync_latency_s", "expert_gemm_overhead_s", "fp8_quantize_overhead_s"])
 def test_the_attention_kernel_constants_are_bounded(field, tmp_path):
     # a huge value (1.0e+300, read as a number) overflowed the window's keys to inf and the study's tell to NaN
     from cost_model.calibration import load_calibration

@@ -217,10 +217,15 @@ def test_moe_fixed_costs():
     assert comm.moe_fixed_cost_backward(c)[0, 0] == pytest.approx(0.3e-3 + 0.5e-3 + 4 * 2 * 30e-6)
     flex = make_ctx(**BASE, dispatcher="flex+deepep")  # the same host sync: the grouped GEMM's splits are a host list
     assert comm.moe_fixed_cost_forward(flex)[0, 0] == pytest.approx(0.3e-3 + 0.5e-3 + 2 * 2 * 30e-6)
-    graphs = make_ctx(options=RunOptions(cuda_graph_scope=("moe_router",)), **BASE)
-    assert comm.moe_fixed_cost_forward(graphs)[0, 0] == pytest.approx(0.3e-3 * 0.3 + 0.5e-3 + 2 * 2 * 30e-6)
-    whole = make_ctx(options=RunOptions(cuda_graph_scope=("full_iteration",)), **BASE)
+    # TE graphs of the router only: the partial factor on the layer cost, none on the per-expert GEMMs (still eager)
+    cal = TEST_CAL.replace(cuda_graph_overhead_factor=0.3, cuda_graph_partial_overhead_factor=0.6)
+    graphs = make_ctx(cal=cal, options=RunOptions(cuda_graph_scope=("moe_router",)), **BASE)
+    assert comm.moe_fixed_cost_forward(graphs)[0, 0] == pytest.approx(0.3e-3 * 0.6 + 0.5e-3 + 2 * 2 * 30e-6)
+    # a whole-iteration graph: the full factor on both
+    whole = make_ctx(cal=cal, options=RunOptions(cuda_graph_scope=("full_iteration",)), **BASE)
     assert comm.moe_fixed_cost_backward(whole)[0, 0] == pytest.approx(0.3e-3 * 0.3 + 0.5e-3 + 4 * 2 * 30e-6 * 0.3)
+    both = make_ctx(cal=cal, options=RunOptions(cuda_graph_scope=("moe_router", "full")), **BASE)  # whole layers win
+    assert comm.moe_fixed_cost_forward(both)[0, 0] == pytest.approx(0.3e-3 * 0.3 + 0.5e-3 + 2 * 2 * 30e-6 * 0.3)
 
 
 def test_fp8_quantize_cost_per_local_expert_gemm():

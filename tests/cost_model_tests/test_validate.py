@@ -227,3 +227,104 @@ def test_allgather_in_the_dispatcher_cell_is_read(tmp_path):
         w.writerows(rows)
     runs, _ = read_runs(p)
     assert runs[0].layout is not None and runs[0].layout.dispatcher.value == "allgather"
+
+
+def test_a_published_run_of_an_older_release_is_predicted_slower_by_the_measured_gain_a_month(tmp_path):
+    """The release term: the same row in container 26.04 and 26.08 is predicted (1 + gain) ** 4 apart, throughput only;
+    a row naming no container release (a verification card, NeMo 24.07, the project's own runs) is at the reference."""
+    from cost_model.validate import REFERENCE_RELEASE, RELEASE_GAIN_PER_MONTH, release_factor
+
+    assert REFERENCE_RELEASE == (26, 8)
+    assert release_factor("Megatron-Bridge / NeMo container 26.08") == 1.0
+    assert release_factor("Megatron-Bridge / NeMo container 26.02.01") == pytest.approx((1 + RELEASE_GAIN_PER_MONTH) ** -6)
+    assert release_factor("Megatron-Bridge / NeMo container 25.11") == pytest.approx((1 + RELEASE_GAIN_PER_MONTH) ** -9)
+    # the trend is not extrapolated: before 25.09 (the oldest table) as 25.09, after 26.08 as 26.08
+    assert release_factor("Megatron-Bridge / NeMo container 20.01") == release_factor("Megatron-Bridge / NeMo container 25.09")
+    assert release_factor("Megatron-Bridge / NeMo container 25.09") == pytest.approx((1 + RELEASE_GAIN_PER_MONTH) ** -11)
+    assert release_factor("Megatron-Bridge / NeMo container 27.03") == release_factor("Megatron-Bridge / NeMo container 26.13") == 1.0
+    for none in ("Megatron-Bridge (model verification card, Jul/Aug-2026)", "NeMo 24.07 container (Megatron-Core ~0.8)",
+                 "seed: slime MiniMax-M2 recipe", ""):
+        assert release_factor(none) == 1.0
+    new = ROW.replace("7,src", "8,src", 1).replace("container 26.04", "container 26.08").replace(",128,", ",256,")
+    old = ROW.replace(",128,", ",256,")
+    runs, _ = read_runs(_csv(tmp_path, old, new))
+    p = {q.run.run_id: q for q in predict_runs(runs)}
+    assert p["7"].tokens_per_s_per_gpu / p["8"].tokens_per_s_per_gpu == pytest.approx((1 + RELEASE_GAIN_PER_MONTH) ** -4, rel=1e-9)
+    assert p["7"].model_tflops_per_gpu / p["8"].model_tflops_per_gpu == pytest.approx((1 + RELEASE_GAIN_PER_MONTH) ** -4, rel=1e-9)
+    assert p["7"].peak_gib == p["8"].peak_gib
+
+
+def test_the_release_gain_is_what_the_published_repeats_measure(tmp_path):
+    """RELEASE_GAIN_PER_MONTH is measure_release_gain of the published table (oldest against newest run of each
+    configuration published in releases of different months), not a fitted or chosen number."""
+    from cost_model.validate import RELEASE_GAIN_PER_MONTH, measure_release_gain
+
+    a = ROW.replace(",128,", ",256,")
+    b = a.replace("7,src", "8,src", 1).replace("container 26.04", "container 26.08").replace(",14000,", ",15400,")
+    c = a.replace("7,src", "9,src", 1).replace("container 26.04", "container 26.06").replace(",14000,", ",12000,")  # the middle one is not used
+    runs, _ = read_runs(_csv(tmp_path, a, b, c))
+    m = measure_release_gain(runs)
+    assert m["pairs"] == [("7", "8", 4, pytest.approx(1.1))]
+    assert m["gain_per_month"] == pytest.approx(1.1 ** 0.25 - 1)
+    published, _ = read_runs(ROOT / "benchmarks" / "data" / "published_runs.csv")
+    m = measure_release_gain(published)
+    assert len(m["pairs"]) == 30 and m["months"] == [2, 3, 4, 5, 7]
+    assert abs(m["gain_per_month"] - RELEASE_GAIN_PER_MONTH) < 5e-5
+
+
+@pytest.mark.parametrize(("column", "value", "reason"), [
+    ("cuda_graph_impl", "banana", "cuda_graph_impl 'banana': accepted none, local, transformer_engine, full_iteration"),
+    ("dispatcher", "banana", "dispatcher 'banana': name alltoall, allgather, DeepEP or HybridEP"),
+    ("recompute_granularity", "banana", "recompute_granularity 'banana': accepted none, selective, full"),
+    ("te_version", "2.-5", "te_version '2.-5': expected major.minor"),
+    ("cpu_offloading_num_layers", "abc", "cpu_offloading_num_layers 'abc': expected a non-negative integer"),
+    ("vpp", "4", "vpp 4 with pp 1: Megatron's virtual pipeline needs pp > 1"),
+    ("other_notes", "optimizer_offload_fraction=1.5", "note optimizer_offload_fraction='1.5': expected a fraction from 0 to 1"),
+])
+def test_a_setting_cell_the_reader_cannot_take_leaves_out_its_row_naming_the_column(tmp_path, column, value, reason):
+    # an adversarial review (2026-12-03): these fell back quietly (graphs on, alltoall, no recompute, TE 2.-5 read, vpp
+    # ignored) or ended in a message that named no column ("invalid literal for int()")
+    src = ROOT / "benchmarks" / "data" / "published_runs.csv"
+    rows = [dict(r) for r in csv.DictReader(src.open(encoding="utf-8-sig")) if r["id"] in ("131", "132")]  # pp 1, EP
+    rows[0][column] = value
+    p = tmp_path / "runs.csv"
+    with p.open("w", encoding="utf-8", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    runs, problems = read_runs(p)
+    why = {r.run_id: r.unrepresentable for r in runs}
+    assert not problems and reason in why["131"], why["131"]
+    assert why["132"] == ""
+
+
+def test_flex_without_a_backend_is_deepep_and_a_form_feed_does_not_split_a_row(tmp_path):
+    src = ROOT / "benchmarks" / "data" / "published_runs.csv"
+    rows = [dict(r) for r in csv.DictReader(src.open(encoding="utf-8-sig")) if r["id"] in ("131", "132")]
+    rows[0]["dispatcher"] = "flex"
+    rows[1]["dispatcher"] = "alltoall (flex backend unset)"
+    rows[1]["other_notes"] = "page\fbreak"
+    p = tmp_path / "runs.csv"
+    with p.open("w", encoding="utf-8", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    runs, problems = read_runs(p)
+    assert not problems and [r.run_id for r in runs] == ["131", "132"]
+    assert runs[0].layout.dispatcher == "flex+deepep" and runs[1].layout.dispatcher == "alltoall"
+
+
+def test_the_kfold_measures_the_release_gain_on_its_training_models_only(tmp_path):
+    """The held-out model's own repeats do not set the release gain its predictions use."""
+    from cost_model.calibrate import kfold_by_model
+
+    a = ROW.replace(",128,", ",256,")
+    b = a.replace("7,src", "8,src", 1).replace("container 26.04", "container 26.08").replace(",14000,", ",15400,")
+    other = a.replace("7,src", "9,src", 1).replace("LLAMA3_8B", "LLAMA3_70B").replace(",14000,", ",1500,").replace(",700,", ",600,")
+    other2 = other.replace("9,src", "10,src", 1).replace(",256,", ",512,")
+    runs, problems = read_runs(_csv(tmp_path, a, b, other, other2))
+    assert not problems and all(not r.unrepresentable for r in runs)
+    folds = kfold_by_model(runs, max_nfev=2)
+    held = {r.model.name: m for m, f in folds.items() for r in f["runs"]}
+    assert folds[held["Llama-3.1-8B"]]["release_gain"] == 0.0  # its training fold (the 70B rows) has no repeats
+    assert folds[held["Llama-3.1-70B"]]["release_gain"] == pytest.approx(1.1 ** 0.25 - 1)

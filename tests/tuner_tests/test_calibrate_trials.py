@@ -94,7 +94,7 @@ def test_calibrate_study_fits_measured_trials_and_the_file_loads(tmp_path):
     s0, p0 = _errors(obs, DEFAULT_CALIBRATION)
     s1, p1 = _errors(obs, cal)
     assert s0 > 0.4 and s1 < 0.5 * s0, (s0, s1)
-    assert p0 > 0.1 and p1 < 0.05, (p0, p1)
+    assert p1 < 0.05 and p1 < 0.5 * p0, (p0, p1)  # the shipped calibration's p0 follows its refits (9.6% on 2026-12-03)
     # ... and through the command line.
     base = ["estimate", "--model", "MiniMax-M2", "--gpus", "4xH200", "--global-batch", "8", "--ep", "4", "--json"]
     r0, r1 = runner.invoke(app, base), runner.invoke(app, base + ["--calibration", str(out)])
@@ -161,7 +161,7 @@ def test_bench_extrapolation_fits_small_slices_and_judges_4gpu(capsys):
     assert len(one_gpu) == 3 and all(abs(x["pred_peak_gib"] / x["reserved_gib"] - 1) < 0.08 for x in one_gpu), one_gpu
     assert fit["after"]["step_median"] < 0.5 * fit["before"]["step_median"], (fit["before"]["step_median"], fit["after"]["step_median"])
     assert judge["after"]["step_median"] < 0.15 < 0.4 < judge["before"]["step_median"]
-    assert judge["after"]["peak_reserved_median"] < 0.05 < 0.1 < judge["before"]["peak_reserved_median"]
+    assert judge["after"]["peak_reserved_median"] < 0.05 and judge["after"]["peak_reserved_median"] < 0.5 * judge["before"]["peak_reserved_median"]
 
 
 def test_bench_refuses_bad_rows_and_overlapping_sets(tmp_path, capsys):

@@ -88,6 +88,14 @@ def test_validate_trials_predicts_each_stack_with_its_calibration(tmp_path):
          "TE 1.0 or later"),
         (TE_SWEEP.read_text().splitlines()[0].replace('"step_time_s": ', '"step_time_s": 1.0, "step_time_s": ', 1),
          "key 'step_time_s' appears twice in one object"),
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "model": "Qwen3-30B-A3B[1 layers]"}),
+         "has hidden_size 2048, but megatron-core ran hidden_size 3072 (run_options.transformer): the row is of another model"),
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "model": "MiniMax-M2[2 layers]"}),
+         "has num_layers 2, but megatron-core ran num_layers 1"),
+        (json.dumps({k: v for k, v in json.loads(TE_SWEEP.read_text().splitlines()[0]).items() if k != "precision"}
+                    | {"run_options": {**json.loads(TE_SWEEP.read_text().splitlines()[0])["run_options"],
+                                       "transformer": {**json.loads(TE_SWEEP.read_text().splitlines()[0])["run_options"]["transformer"], "fp8": "hybrid"}}}),
+         "the row has no precision but ran fp8"),
     ],
 )
 def test_bad_trials_files_are_one_message_exit_2(tmp_path, line, needle):

@@ -41,7 +41,7 @@ def _read(data: list[Path]) -> tuple[list[Any], list[Any]]:
 
 def _published_json(preds: list[Any], runs: list[Any], problems: list[Any], calibration: Path | None) -> dict[str, Any]:
     """Every row, the rows not represented, the unreadable cells and the summary, as plain JSON values."""
-    from cost_model.validate import summarize
+    from cost_model.validate import release_factor, summarize
 
     def num(x: float) -> float | None:
         return float(x) if x is not None and math.isfinite(x) else None
@@ -51,6 +51,7 @@ def _published_json(preds: list[Any], runs: list[Any], problems: list[Any], cali
         "precision": p.run.precision, "layout": p.run.layout.label, "dispatcher": p.run.layout.dispatcher.value,
         "metric": "tokens_per_s_per_gpu" if p.run.metric == "tokens" else "model_tflops_per_gpu",
         "published": num(p.published), "predicted": num(p.predicted), "error": num(p.error), "fits": bool(p.fits), "peak_gib": num(p.peak_gib),
+        "release_factor": release_factor(p.run.framework_version),
     } for p in preds]
     groups = [{**g, "group": list(g["group"])} for g in summarize(preds)]
     allp = summarize(preds, key=lambda p: ("all", "all"))[0]
@@ -132,7 +133,7 @@ def validate(
     import sys
 
     from cost_model.calibration import load_calibration
-    from cost_model.validate import predict_runs, summarize
+    from cost_model.validate import REFERENCE_RELEASE, RELEASE_GAIN_PER_MONTH, predict_runs, release_factor, summarize
 
     if not data and not trials:
         raise TunerError("--data or --trials is required, e.g. --data benchmarks/data/published_runs.csv")
@@ -188,6 +189,11 @@ def validate(
     out.print(f"{len(preds)} runs estimated, {len(unrep)} not representable (listed above), {_bad_rows(problems)} rows with unreadable cells (on stderr); "
               f"predicted not to fit at 0% headroom: {sum(1 for p in preds if not p.fits)}. "
               f"Calibration: {calibration or 'shipped (cost_model/data/calibration.yaml)'}")
+    older = sum(1 for p in preds if release_factor(p.run.framework_version) < 1.0)
+    if older:
+        out.print(f"{older} runs of NeMo container releases before {REFERENCE_RELEASE[0]}.{REFERENCE_RELEASE[1]:02d} are predicted "
+                  f"{RELEASE_GAIN_PER_MONTH * 100:.2f}% slower per month of releases (the gain the published repeats measure; "
+                  "cost_model.validate.release_factor)")
 
 
 def _study_runs(study: str, storage: str | None, results_dir: Path) -> list[Any]:
