@@ -693,9 +693,10 @@ RELEASE_GAIN_PER_MONTH = 0.0145
 
 def container_release(framework_version: str) -> tuple[int, int] | None:
     """``(yy, mm)`` of the NeMo container a run's ``framework_version`` names (``"... container 26.02.01"`` ->
-    ``(26, 2)``); None when it names none (a verification card, Megatron-LM, the project's own measurements)."""
-    m = re.search(r"container (\d\d)\.(\d\d)", framework_version)
-    return (int(m.group(1)), int(m.group(2))) if m else None
+    ``(26, 2)``, any case); None when it names none (a verification card, Megatron-LM, the project's own measurements)
+    or a month outside 01-12."""
+    m = re.search(r"container (\d\d)\.(\d\d)(?!\d)", framework_version, re.IGNORECASE)
+    return (int(m.group(1)), int(m.group(2))) if m and 1 <= int(m.group(2)) <= 12 else None
 
 
 #: The oldest container release of the published tables (25.09): the trend is measured between it and

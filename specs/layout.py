@@ -193,6 +193,10 @@ class Layout:
                 raise TunerError(f"layout {f} must be a positive integer, got {v!r}")
             if v > 2**31 - 1:  # the layout table's int64 columns, and far beyond any cluster
                 raise TunerError(f"layout {f} must be at most {2**31 - 1:,}, got {v:.3g}")
+        for f in ("recompute_num_layers", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
+            v = getattr(self, f)
+            if isinstance(v, (int, np.integer)) and not isinstance(v, bool) and abs(v) > 2**31 - 1:  # int64 columns
+                raise TunerError(f"layout {f} must be at most {2**31 - 1:,}, got {v:.3g}")
         if not 0.0 <= self.optimizer_offload_fraction <= 1.0:
             raise TunerError(f"optimizer_offload_fraction must be in [0, 1], got {self.optimizer_offload_fraction}")
         for m in self.recompute_modules:

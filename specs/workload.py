@@ -73,6 +73,11 @@ class Workload:
 #: router and token preprocessing, whose small kernels make up the fixed per-layer MoE cost.
 CUDA_GRAPH_MOE_SCOPES = ("moe_router", "moe_preprocess", "moe", "full_iteration")
 
+#: ``--cuda-graph-scope`` values (megatron-core 0.19 ``CudaGraphModule`` / the deprecated ``CudaGraphScope``, incl.
+#: ``full_iteration``) and ``full``: this project's name for whole layers captured (a published row's graphs with no
+#: scope given).
+CUDA_GRAPH_SCOPES = ("full", "full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunOptions:
@@ -177,7 +182,10 @@ class RunOptions:
                 raise TunerError(f"{f.name} must be true or false, got {getattr(self, f.name)!r}")
         if self.cp_comm_type not in ("p2p", "a2a"):
             raise TunerError(f"cp_comm_type {self.cp_comm_type!r}: accepted p2p or a2a")
-        object.__setattr__(self, "cuda_graph_scope", tuple(str(x) for x in self.cuda_graph_scope))
+        object.__setattr__(self, "cuda_graph_scope", tuple(str(x).strip().lower() for x in self.cuda_graph_scope))
+        unknown = [x for x in self.cuda_graph_scope if x not in CUDA_GRAPH_SCOPES]
+        if unknown:
+            raise TunerError(f"cuda_graph_scope {unknown[0][:40]!r}: accepted {', '.join(CUDA_GRAPH_SCOPES)}")
         if self.fp8_recipe not in FP8_RECIPES:
             raise TunerError(f"fp8_recipe {self.fp8_recipe!r}: accepted {', '.join(FP8_RECIPES)}")
         if self.optimizer_fp8_recipe is not None and self.optimizer_fp8_recipe not in FP8_RECIPES:

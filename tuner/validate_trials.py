@@ -241,17 +241,24 @@ def _check_ran_model(d: dict[str, Any], model: ModelSpec, where: str) -> None:
             ``transformer.fp8`` set on a row with no ``precision``.
     """
     ran = (d.get("run_options") or {}).get("transformer") if isinstance(d.get("run_options"), dict) else None
-    if not isinstance(ran, dict):
+    if ran is None:
         return
+    if not isinstance(ran, dict):
+        raise TunerError(f"{where}: 'run_options.transformer' must be an object (as launch.harness.sweep writes it), got {ran!r:.60}")
     for cfg_key, spec_key in _RAN_MODEL_FIELDS:
         v = ran.get(cfg_key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not float(v).is_integer():
+            raise TunerError(f"{where}: run_options.transformer.{cfg_key} must be an integer (as megatron-core records it), got {v!r:.40}")
         want = getattr(model, spec_key) or None  # a dense model: num_experts 0, the config's None
-        if v is not None and not isinstance(v, bool) and isinstance(v, int) and v != want:
+        if int(v) != want:
             raise TunerError(f"{where}: the row's model {d.get('model')!r} has {spec_key} {want}, but megatron-core ran "
-                             f"{cfg_key} {v} (run_options.transformer): the row is of another model or slice")
-    if not d.get("precision") and ran.get("fp8"):
-        raise TunerError(f"{where}: the row has no precision but ran fp8 (run_options.transformer.fp8 {ran.get('fp8')!r}); "
-                         "give its precision (fp8) or it would be predicted as bf16")
+                             f"{cfg_key} {int(v)} (run_options.transformer): the row is of another model or slice")
+    precision = str(d.get("precision") or "")
+    if ran.get("fp8") and not precision.lower().startswith("fp8"):
+        raise TunerError(f"{where}: the row's precision is {precision or 'not given'!s} but it ran fp8 "
+                         f"(run_options.transformer.fp8 {ran.get('fp8')!r}); give its precision (fp8)")
 
 
 def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:

@@ -328,3 +328,36 @@ def test_the_kfold_measures_the_release_gain_on_its_training_models_only(tmp_pat
     held = {r.model.name: m for m, f in folds.items() for r in f["runs"]}
     assert folds[held["Llama-3.1-8B"]]["release_gain"] == 0.0  # its training fold (the 70B rows) has no repeats
     assert folds[held["Llama-3.1-70B"]]["release_gain"] == pytest.approx(1.1 ** 0.25 - 1)
+
+
+def test_a_second_adversarial_review_s_inputs_are_refused_or_left_out_with_their_name(tmp_path):
+    # 2026-12-03, third session: an oversized layer count crashed (OverflowError, exit 1); a CUDA-graph scope was never
+    # checked (read as no graphs); a container month 00 or 13 was priced as a release
+    from cost_model.validate import container_release
+    from specs.errors import TunerError
+
+    assert container_release("NeMo Container 25.09") == (25, 9)
+    assert container_release("container 26.00") is None and container_release("container 26.13") is None
+    assert container_release("container 25.9") is None
+    with pytest.raises(TunerError, match="recompute_num_layers must be at most 2,147,483,647"):
+        Layout(world_size=8, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=10**20)
+    with pytest.raises(TunerError, match="num_layers_in_first_pipeline_stage must be at most"):
+        Layout(world_size=8, pp=2, num_layers_in_first_pipeline_stage=10**20)
+    with pytest.raises(TunerError, match="cuda_graph_scope 'bogus': accepted full, full_iteration, attn"):
+        RunOptions(cuda_graph_scope=("moe_router", "bogus"))
+    assert RunOptions(cuda_graph_scope=("MOE_ROUTER",)).cuda_graph_moe
+    p = tmp_path / "c.yaml"
+    p.write_text("moe_layer_overhead_s: 1" + "0" * 400 + "\n")
+    with pytest.raises(TunerError, match="too large for a constant"):
+        load_calibration(p)
+    src = ROOT / "benchmarks" / "data" / "published_runs.csv"
+    rows = [dict(r) for r in csv.DictReader(src.open(encoding="utf-8-sig")) if r["id"] in ("147", "149")]
+    rows[0]["cuda_graph_scope"] = "bogus"
+    q = tmp_path / "runs.csv"
+    with q.open("w", encoding="utf-8", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    runs, problems = read_runs(q)
+    why = {r.run_id: r.unrepresentable for r in runs}
+    assert "cuda_graph_scope 'bogus'" in why["147"] and why["149"] == ""

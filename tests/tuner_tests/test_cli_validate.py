@@ -95,7 +95,22 @@ def test_validate_trials_predicts_each_stack_with_its_calibration(tmp_path):
         (json.dumps({k: v for k, v in json.loads(TE_SWEEP.read_text().splitlines()[0]).items() if k != "precision"}
                     | {"run_options": {**json.loads(TE_SWEEP.read_text().splitlines()[0])["run_options"],
                                        "transformer": {**json.loads(TE_SWEEP.read_text().splitlines()[0])["run_options"]["transformer"], "fp8": "hybrid"}}}),
-         "the row has no precision but ran fp8"),
+         "the row's precision is not given but it ran fp8"),
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]),
+                     "run_options": {**json.loads(TE_SWEEP.read_text().splitlines()[0])["run_options"],
+                                     "transformer": {**json.loads(TE_SWEEP.read_text().splitlines()[0])["run_options"]["transformer"], "fp8": "e4m3"}}}),
+         "the row's precision is bf16 but it ran fp8"),
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]),
+                     "run_options": {**json.loads(TE_SWEEP.read_text().splitlines()[0])["run_options"],
+                                     "transformer": {**json.loads(TE_SWEEP.read_text().splitlines()[0])["run_options"]["transformer"], "hidden_size": 4096.0}}}),
+         "megatron-core ran hidden_size 4096"),
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]),
+                     "run_options": {**json.loads(TE_SWEEP.read_text().splitlines()[0])["run_options"],
+                                     "transformer": {**json.loads(TE_SWEEP.read_text().splitlines()[0])["run_options"]["transformer"], "num_moe_experts": "128"}}}),
+         "run_options.transformer.num_moe_experts must be an integer"),
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]),
+                     "run_options": {**json.loads(TE_SWEEP.read_text().splitlines()[0])["run_options"], "transformer": []}}),
+         "'run_options.transformer' must be an object"),
     ],
 )
 def test_bad_trials_files_are_one_message_exit_2(tmp_path, line, needle):
