@@ -159,21 +159,22 @@ def _model_for(name: str) -> tuple[ModelSpec | None, str]:
     return None, f"no bundled preset for model {name!r} (presets: {', '.join(list_models())})"
 
 
+def _first_named(text: str, table: Sequence[tuple[str, Any]]) -> Any:
+    """The value of the first ``(word, value)`` of ``table`` whose word is in ``text`` (lower-cased); None if none is."""
+    t = text.lower()
+    return next((v for word, v in table if word in t), None)
+
+
+#: Words of a precision cell, checked in this order ("FP8-MX" is MXFP8, "FP8 blockwise" is not plain fp8).
+_PRECISION_WORDS = (("fp4", Precision.nvfp4), ("mx", Precision.mxfp8), ("block", Precision.fp8_blockwise),
+                    ("fp8", Precision.fp8), ("bf16", Precision.bf16))
+#: Words of a dispatcher cell, checked in this order ("alltoall (flex backend unset)" is alltoall).
+_DISPATCHER_WORDS = (("hybridep", Dispatcher.flex_hybridep), ("deepep", Dispatcher.flex_deepep),
+                     ("allgather", Dispatcher.allgather), ("alltoall", Dispatcher.alltoall))
+
+
 def _precision(text: str) -> Precision | None:
-    t = text.strip().lower()
-    if not t:
-        return None
-    if "nvfp4" in t or "fp4" in t:
-        return Precision.nvfp4
-    if "mx" in t:
-        return Precision.mxfp8
-    if "block" in t:
-        return Precision.fp8_blockwise
-    if "fp8" in t:
-        return Precision.fp8
-    if "bf16" in t:
-        return Precision.bf16
-    return None
+    return cast("Precision | None", _first_named(text, _PRECISION_WORDS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,13 +306,10 @@ def _dispatcher_cell(cell: str, notes: dict[str, str]) -> Dispatcher:
     disp = (cell + " " + notes.get("moe_flex_dispatcher_backend", "")).lower()
     if "dispatcher" in notes:  # a spelling Layout normalises (or rejects, naming the accepted ones)
         return cast(Dispatcher, notes["dispatcher"])
-    if "hybridep" in disp:
-        return Dispatcher.flex_hybridep
-    if "deepep" in disp:
-        return Dispatcher.flex_deepep
-    if "allgather" in disp:
-        return Dispatcher.allgather
-    if "alltoall" in disp or not disp.strip():
+    named = _first_named(disp, _DISPATCHER_WORDS)
+    if named is not None:
+        return cast(Dispatcher, named)
+    if not disp.strip():
         return Dispatcher.alltoall
     if re.search(r"\bflex\b", disp):  # flex's default backend (megatron-core 0.19 TransformerConfig)
         return Dispatcher.flex_deepep
@@ -771,7 +769,7 @@ class Prediction:
 
     @property
     def published(self) -> float:
-        return float(self.run.published_tokens or self.run.published_tflops or float("nan"))
+        return float(self.run.published or float("nan"))
 
     @property
     def predicted(self) -> float:

@@ -32,6 +32,24 @@ def _csv(tmp_path: Path, *rows: str, header: str = HEADER) -> Path:
     return p
 
 
+PUBLISHED = ROOT / "benchmarks" / "data" / "published_runs.csv"
+
+
+def _published(*ids: str) -> list[dict[str, str]]:
+    """Copies of the published table's rows with these ids, in the table's order."""
+    return [dict(r) for r in csv.DictReader(PUBLISHED.open(encoding="utf-8-sig")) if r["id"] in ids]
+
+
+def _table(tmp_path: Path, rows: list[dict[str, str]], encoding: str = "utf-8") -> Path:
+    """``rows`` written as a run table (the published table's columns) at ``tmp_path / "runs.csv"``."""
+    p = tmp_path / "runs.csv"
+    with p.open("w", encoding=encoding, newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    return p
+
+
 def test_validate_good_and_bad_rows(tmp_path):
     bad_gpu = ROW.replace(",H100,", ",H900,").replace("7,src", "8,src", 1)
     bad_num = ROW.replace(",8192,", ",eight,").replace("7,src", "9,src", 1)
@@ -152,7 +170,7 @@ def test_a_release_regression_of_one_configuration_is_left_out_with_the_faster_r
     why = {r.run_id: r.unrepresentable for r in runs}
     assert why["8"].startswith("a release regression: row 7") and "1.30x faster" in why["8"]
     assert why["7"] == why["9"] == why["10"] == ""
-    published, _ = read_runs(ROOT / "benchmarks" / "data" / "published_runs.csv")
+    published, _ = read_runs(PUBLISHED)
     assert sorted(r.run_id for r in published if r.unrepresentable.startswith("a release regression")) == ["211", "212", "59"]
     # the threshold sits in the gap of the published repeats: 55 configurations within 1.16x, three at 1.58-1.77x
     assert 1.16 < RELEASE_REGRESSION_RATIO < 1.58
@@ -181,7 +199,7 @@ def test_rows_without_ids_in_two_tables_are_not_repeats(tmp_path):
 def test_bridge_bf16_rows_hand_the_optimizer_fp8_recipe_tensorwise():
     # benchmarks/data/published_runs_cards.md F1: Megatron-Bridge's bf16 runs keep fp32 masters (the optimizer gets
     # MixedPrecisionConfig's fp8_recipe "tensorwise"); fp8 rows follow their own recipe; rows without a recipe read stay None
-    published, _ = read_runs(ROOT / "benchmarks" / "data" / "published_runs.csv")
+    published, _ = read_runs(PUBLISHED)
     by_id = {r.run_id: r for r in published if r.options is not None}
     assert by_id["8"].options.optimizer_fp8_recipe == "tensorwise"  # GPT-OSS-120B H100 bf16, Bridge v0.3.0
     assert not by_id["8"].options.precision_aware_owns_masters(Precision.bf16)
@@ -193,20 +211,12 @@ def test_bridge_bf16_rows_hand_the_optimizer_fp8_recipe_tensorwise():
 def test_a_bad_note_or_setting_leaves_out_its_row_only(tmp_path):
     # an adversarial review (2026-12-03): a note's first-stage split or MTP depth, or a setting column's garbage, had
     # stopped the whole table (exit 2 without a row named, or an internal error), or was read silently as false
-    src = ROOT / "benchmarks" / "data" / "published_runs.csv"
-    rows = list(csv.DictReader(src.open(encoding="utf-8")))
-    cols = list(rows[0].keys())
-    keep = [dict(r) for r in rows if r["id"] in ("1", "8", "9", "10")]
+    keep = _published("1", "8", "9", "10")
     keep[0]["other_notes"] += "; first_stage_layers=1000"
     keep[1]["other_notes"] += "; mtp_num_layers=abc"
     keep[2]["overlap_moe_expert_parallel_comm"] = "banana"
     keep[3]["optimizer_fp8_recipe"] = "None"  # blank and "none" both mean unset
-    p = tmp_path / "runs.csv"
-    with p.open("w", encoding="utf-8-sig", newline="") as fh:  # with a byte-order mark, as spreadsheets write
-        w = csv.DictWriter(fh, fieldnames=cols)
-        w.writeheader()
-        w.writerows(keep)
-    runs, problems = read_runs(p)
+    runs, problems = read_runs(_table(tmp_path, keep, encoding="utf-8-sig"))  # with a byte-order mark, as spreadsheets write
     why = {r.run_id: r.unrepresentable for r in runs}
     assert set(why) == {"1", "8", "9", "10"} and not problems  # the ids were read: the BOM is not part of 'id'
     assert "first (1000) + last (0) leaves" in why["1"]
@@ -217,15 +227,9 @@ def test_a_bad_note_or_setting_leaves_out_its_row_only(tmp_path):
 
 
 def test_allgather_in_the_dispatcher_cell_is_read(tmp_path):
-    src = ROOT / "benchmarks" / "data" / "published_runs.csv"
-    rows = [r for r in csv.DictReader(src.open(encoding="utf-8")) if r["id"] == "8"]
+    rows = _published("8")
     rows[0]["dispatcher"] = "allgather"
-    p = tmp_path / "runs.csv"
-    with p.open("w", encoding="utf-8", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
-        w.writeheader()
-        w.writerows(rows)
-    runs, _ = read_runs(p)
+    runs, _ = read_runs(_table(tmp_path, rows))
     assert runs[0].layout is not None and runs[0].layout.dispatcher.value == "allgather"
 
 
@@ -266,7 +270,7 @@ def test_the_release_gain_is_what_the_published_repeats_measure(tmp_path):
     m = measure_release_gain(runs)
     assert m["pairs"] == [("7", "8", 4, pytest.approx(1.1))]
     assert m["gain_per_month"] == pytest.approx(1.1 ** 0.25 - 1)
-    published, _ = read_runs(ROOT / "benchmarks" / "data" / "published_runs.csv")
+    published, _ = read_runs(PUBLISHED)
     m = measure_release_gain(published)
     assert len(m["pairs"]) == 30 and m["months"] == [2, 3, 4, 5, 7]
     assert abs(m["gain_per_month"] - RELEASE_GAIN_PER_MONTH) < 5e-5
@@ -284,32 +288,20 @@ def test_the_release_gain_is_what_the_published_repeats_measure(tmp_path):
 def test_a_setting_cell_the_reader_cannot_take_leaves_out_its_row_naming_the_column(tmp_path, column, value, reason):
     # an adversarial review (2026-12-03): these fell back quietly (graphs on, alltoall, no recompute, TE 2.-5 read, vpp
     # ignored) or ended in a message that named no column ("invalid literal for int()")
-    src = ROOT / "benchmarks" / "data" / "published_runs.csv"
-    rows = [dict(r) for r in csv.DictReader(src.open(encoding="utf-8-sig")) if r["id"] in ("131", "132")]  # pp 1, EP
+    rows = _published("131", "132")  # pp 1, EP
     rows[0][column] = value
-    p = tmp_path / "runs.csv"
-    with p.open("w", encoding="utf-8", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
-        w.writeheader()
-        w.writerows(rows)
-    runs, problems = read_runs(p)
+    runs, problems = read_runs(_table(tmp_path, rows))
     why = {r.run_id: r.unrepresentable for r in runs}
     assert not problems and reason in why["131"], why["131"]
     assert why["132"] == ""
 
 
 def test_flex_without_a_backend_is_deepep_and_a_form_feed_does_not_split_a_row(tmp_path):
-    src = ROOT / "benchmarks" / "data" / "published_runs.csv"
-    rows = [dict(r) for r in csv.DictReader(src.open(encoding="utf-8-sig")) if r["id"] in ("131", "132")]
+    rows = _published("131", "132")
     rows[0]["dispatcher"] = "flex"
     rows[1]["dispatcher"] = "alltoall (flex backend unset)"
     rows[1]["other_notes"] = "page\fbreak"
-    p = tmp_path / "runs.csv"
-    with p.open("w", encoding="utf-8", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
-        w.writeheader()
-        w.writerows(rows)
-    runs, problems = read_runs(p)
+    runs, problems = read_runs(_table(tmp_path, rows))
     assert not problems and [r.run_id for r in runs] == ["131", "132"]
     assert runs[0].layout.dispatcher == "flex+deepep" and runs[1].layout.dispatcher == "alltoall"
 
@@ -350,14 +342,8 @@ def test_a_second_adversarial_review_s_inputs_are_refused_or_left_out_with_their
     p.write_text("moe_layer_overhead_s: 1" + "0" * 400 + "\n")
     with pytest.raises(TunerError, match="too large for a constant"):
         load_calibration(p)
-    src = ROOT / "benchmarks" / "data" / "published_runs.csv"
-    rows = [dict(r) for r in csv.DictReader(src.open(encoding="utf-8-sig")) if r["id"] in ("147", "149")]
+    rows = _published("147", "149")
     rows[0]["cuda_graph_scope"] = "bogus"
-    q = tmp_path / "runs.csv"
-    with q.open("w", encoding="utf-8", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
-        w.writeheader()
-        w.writerows(rows)
-    runs, problems = read_runs(q)
+    runs, problems = read_runs(_table(tmp_path, rows))
     why = {r.run_id: r.unrepresentable for r in runs}
     assert "cuda_graph_scope 'bogus'" in why["147"] and why["149"] == ""

@@ -16,6 +16,15 @@ NO_TE = ROOT / "tests/fixtures/h200_minimax_slice.jsonl"
 runner = CliRunner()
 
 
+def _ran(transformer: dict | list, drop: str = "") -> str:
+    """The first TE sweep row with its ``run_options.transformer`` updated by ``transformer`` (or replaced, when not a
+    dict), and field ``drop`` left out: one JSON line."""
+    d = json.loads(TE_SWEEP.read_text().splitlines()[0])
+    ran = {**d["run_options"]["transformer"], **transformer} if isinstance(transformer, dict) else transformer
+    d["run_options"] = {**d["run_options"], "transformer": ran}
+    return json.dumps({k: v for k, v in d.items() if k != drop})
+
+
 def test_validate_json_has_every_row_and_the_summary():
     r = runner.invoke(app, ["validate", "--data", str(ROOT / "cost_model/data/seed_runs.csv"), "--json"])
     assert r.exit_code == 0, r.output
@@ -92,24 +101,11 @@ def test_validate_trials_predicts_each_stack_with_its_calibration(tmp_path):
          "has hidden_size 2048, but megatron-core ran hidden_size 3072 (run_options.transformer): the row is of another model"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "model": "MiniMax-M2[2 layers]"}),
          "has num_layers 2, but megatron-core ran num_layers 1"),
-        (json.dumps({k: v for k, v in json.loads(TE_SWEEP.read_text().splitlines()[0]).items() if k != "precision"}
-                    | {"run_options": {**json.loads(TE_SWEEP.read_text().splitlines()[0])["run_options"],
-                                       "transformer": {**json.loads(TE_SWEEP.read_text().splitlines()[0])["run_options"]["transformer"], "fp8": "hybrid"}}}),
-         "the row's precision is not given but it ran fp8"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]),
-                     "run_options": {**json.loads(TE_SWEEP.read_text().splitlines()[0])["run_options"],
-                                     "transformer": {**json.loads(TE_SWEEP.read_text().splitlines()[0])["run_options"]["transformer"], "fp8": "e4m3"}}}),
-         "the row's precision is bf16 but it ran fp8"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]),
-                     "run_options": {**json.loads(TE_SWEEP.read_text().splitlines()[0])["run_options"],
-                                     "transformer": {**json.loads(TE_SWEEP.read_text().splitlines()[0])["run_options"]["transformer"], "hidden_size": 4096.0}}}),
-         "megatron-core ran hidden_size 4096"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]),
-                     "run_options": {**json.loads(TE_SWEEP.read_text().splitlines()[0])["run_options"],
-                                     "transformer": {**json.loads(TE_SWEEP.read_text().splitlines()[0])["run_options"]["transformer"], "num_moe_experts": "128"}}}),
-         "run_options.transformer.num_moe_experts must be an integer"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]),
-                     "run_options": {**json.loads(TE_SWEEP.read_text().splitlines()[0])["run_options"], "transformer": []}}),
+        (_ran({"fp8": "hybrid"}, drop="precision"), "the row's precision is not given but it ran fp8"),
+        (_ran({"fp8": "e4m3"}), "the row's precision is bf16 but it ran fp8"),
+        (_ran({"hidden_size": 4096.0}), "megatron-core ran hidden_size 4096"),
+        (_ran({"num_moe_experts": "128"}), "run_options.transformer.num_moe_experts must be an integer"),
+        (_ran([]),
          "'run_options.transformer' must be an object"),
     ],
 )
