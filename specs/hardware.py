@@ -299,7 +299,7 @@ def parse_gpus(
     if inter_node_bytes_per_s is None:
         inter_node_bytes_per_s = net.per_gpu_bytes_per_s * per if net is not None else DEFAULT_INTER_NODE_BYTES_PER_S
     if host_memory_gib is not None and not (math.isfinite(host_memory_gib) and host_memory_gib > 0):
-        raise TunerError(f"--host-memory-gib must be a positive number, got {host_memory_gib:g}")
+        raise TunerError(f"--host-memory-gib must be a finite positive number of GiB, got {host_memory_gib:g}")
     return Cluster(
         gpu=gpu,
         num_gpus=total,

@@ -282,7 +282,10 @@ def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
             if isinstance(d, dict) and not isinstance(d.get("layout"), dict) and d.get("status") in ("skipped", "refused"):
                 skipped.append(f"{name}:{i} {d.get('id') or d.get('label') or ''}: status {d.get('status')!r} ({str(d.get('reason') or d.get('message') or '')[:80]})")
                 continue
-            if not isinstance(d, dict) or not isinstance(d.get("layout"), dict):
+            if not isinstance(d, dict):
+                raise TunerError(f"{where}: the line is a JSON {type(d).__name__}, not an object; a trials file holds the JSON lines "
+                                 "(one object each) of launch.harness.sweep")
+            if not isinstance(d.get("layout"), dict):
                 raise TunerError(f"{where}: the row has no layout (a 'layout' object); a trials file holds the JSON lines of launch.harness.sweep")
             model = _model(str(d.get("model", "")), where)
             # benchmarks/h200_te.py: ModelSpec fields replaced in the slice (an EP rank's experts, a feature off)

@@ -128,3 +128,10 @@ def test_a_study_opens_by_a_sqlite_url_with_a_query_and_names_a_changed_network(
     assert r.exit_code == 0 and "Pareto front" in r.output, r.output
     r = _run(*base, "--network", "ib-ndr")
     assert r.exit_code == 2 and "--network efa-v3" in r.output and "--network ib-ndr" in r.output, r.output
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "-5"])
+def test_host_memory_that_is_not_a_finite_positive_number_is_refused(value):
+    r = runner.invoke(app, ["estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--ep", "8",
+                            "--host-memory-gib", value])
+    assert r.exit_code == 2 and "--host-memory-gib must be a finite positive number of GiB" in r.output, r.output

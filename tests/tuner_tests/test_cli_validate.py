@@ -57,6 +57,7 @@ def test_validate_trials_predicts_each_stack_with_its_calibration(tmp_path):
     [
         ("not json", "not JSON"),
         (json.dumps({"model": "MiniMax-M2", "status": "ok"}), "the row has no layout"),
+        ("[1, 2, 3]", "the line is a JSON list, not an object"),
         (json.dumps({"model": "GPT-5", "layout": {"tp": 1}, "status": "ok"}), "model 'GPT-5' is not a bundled model or a slice of one"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "versions": "x"}), "'versions' must be an object"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "seq_length": True}), "seq_length must be a whole number >= 1, got True"),
