@@ -187,15 +187,15 @@ class Layout:
     """Decoder layers on the last pipeline rank; 0 = even split."""
 
     def __post_init__(self) -> None:
-        for f in ("world_size", "tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size"):
+        sizes = ("world_size", "tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size")
+        for f in sizes:
             v = getattr(self, f)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
                 raise TunerError(f"layout {f} must be a positive integer, got {v!r}")
-            if v > 2**31 - 1:  # the layout table's int64 columns, and far beyond any cluster
-                raise TunerError(f"layout {f} must be at most {2**31 - 1:,}, got {v:.3g}")
-        for f in ("recompute_num_layers", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
+        for f in (*sizes, "recompute_num_layers", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
             v = getattr(self, f)
-            if isinstance(v, (int, np.integer)) and not isinstance(v, bool) and abs(v) > 2**31 - 1:  # int64 columns
+            # the layout table's int64 columns, and far beyond any cluster or model
+            if isinstance(v, (int, np.integer)) and not isinstance(v, bool) and abs(v) > 2**31 - 1:
                 raise TunerError(f"layout {f} must be at most {2**31 - 1:,}, got {v:.3g}")
         if not 0.0 <= self.optimizer_offload_fraction <= 1.0:
             raise TunerError(f"optimizer_offload_fraction must be in [0, 1], got {self.optimizer_offload_fraction}")
