@@ -181,6 +181,9 @@ def test_working_set_bytes():
     assert memory.working_set_bytes(make_ctx(**BASE), moe, dense).tolist() == [[150.0, 50.0]]
     full = make_ctx(**BASE, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=2)
     assert memory.working_set_bytes(full, moe, dense).tolist() == [[600.0, 200.0]]  # the group of 2 layers, whole
+    # block recompute checkpoints each of its layers alone: one layer whole, whatever recompute_num_layers is
+    block = make_ctx(**BASE, recompute_granularity="full", recompute_method="block", recompute_num_layers=2)
+    assert memory.working_set_bytes(block, moe, dense).tolist() == [[300.0, 100.0]]
 
 
 def test_activation_bytes():
