@@ -459,6 +459,11 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
             r = {k.strip(): (v or "") for k, v in raw.items() if k is not None}
             rid = r.get("id", "").strip() or str(i)
             here: list[RowProblem] = []
+            extra, short = len(raw.get(None) or []), sum(1 for k, v in raw.items() if k is not None and v is None)
+            if extra or short:  # csv.DictReader pads a short row with blanks and keeps a long row's surplus apart
+                problems.append(RowProblem(i, rid, "(row)", f"{len(cols) - short + extra} cells where the header has {len(cols)}: "
+                                                          "a cell left out, or a comma in a cell that is not quoted"))
+                continue
             num = functools.partial(_cell, r, i, rid, here)
             ngpu, tp, pp, gbs, seq = num("num_gpus"), num("tp"), num("pp"), num("gbs"), num("seq_len")
             for c, v in (("num_gpus", ngpu), ("tp", tp), ("pp", pp), ("gbs", gbs), ("seq_len", seq)):

@@ -394,7 +394,7 @@ def _dense_ep(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
 def _dense_ep_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     return (
         f"model {m.name!r} is dense (num_experts 0): ep ({lay.ep}) and etp ({lay.etp}) must both be 1; "
-        "expert parallelism needs --num-experts"
+        "expert parallelism needs a MoE model (Megatron's --num-experts)"
     )
 
 

@@ -284,6 +284,9 @@ def parse_gpus(
     else:
         total = count
         per = gpus_per_node or min(gpu.gpus_per_node, max(count, 1))
+    if nodes is not None and (int(nodes) <= 0 or per <= 0):
+        what = "the node count" if int(nodes) <= 0 else "the GPUs per node"
+        raise TunerError(f"--gpus {text!r}: {what} must be at least 1 (NODESxPER_NODExGPU such as 8x8xH200)")
     if total <= 0 or per <= 0:
         raise TunerError(f"--gpus {text!r}: the GPU count must be at least 1")
     net: Network | None = None

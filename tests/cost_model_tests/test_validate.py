@@ -71,6 +71,19 @@ def test_validate_out_of_range_cells_skip_only_their_row(tmp_path):
     assert "--gpus" not in r.output and "Llama-3.1-8B" in r.output and "1 runs estimated" in r.output
 
 
+def test_a_row_with_more_or_fewer_cells_than_the_header_is_left_out_named(tmp_path):
+    """csv.DictReader pads a short row with blanks and sets a long row's surplus apart: either would read shifted
+    or missing settings as defaults, so the row is left out with its cell count."""
+    n = len(ROW.split(","))
+    long_row = ROW.replace("7,src", "13,src", 1) + ",surplus"
+    short_row = ",".join(ROW.replace("7,src", "14,src", 1).split(",")[:-2])
+    r = runner.invoke(app, ["validate", "--data", str(_csv(tmp_path, long_row, ROW, short_row))])
+    assert r.exit_code == 0, r.output
+    assert f"row 1 (id 13), column '(row)': {n + 1} cells where the header has {n}" in r.output
+    assert f"row 3 (id 14), column '(row)': {n - 2} cells where the header has {n}" in r.output
+    assert "1 runs estimated" in r.output and "Traceback" not in r.output
+
+
 def test_validate_missing_column_and_nothing_usable(tmp_path):
     r = runner.invoke(app, ["validate", "--data", str(_csv(tmp_path, "1,2", header="model,tp"))])
     assert r.exit_code == 2 and "missing column(s) gpu_type" in r.output

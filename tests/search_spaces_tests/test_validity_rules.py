@@ -129,7 +129,7 @@ BAD: dict[str, tuple[Layout, str | dict[str, Any], Workload, tuple[str, ...]]] =
         seed_layout(pp=2, vpp=1, num_layers_in_first_pipeline_stage=0, num_layers_in_last_pipeline_stage=0),
         "Llama-3.1-8B",
         WORKLOAD,
-        ("ep (8)", "etp (1)", "dense"),
+        ("ep (8)", "etp (1)", "dense", "needs a MoE model"),
     ),
     "seq_div_2cp": (
         seed_layout(cp=2, ep=4),

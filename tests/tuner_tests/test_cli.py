@@ -219,6 +219,8 @@ def _write(tmp_path: Path, name: str, text: str) -> str:
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--network-gbps", "1e30"], "at most 100,000 Gb/s per node, got 1e+30"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--usd-per-gpu-hour", "nan"], "--usd-per-gpu-hour must be"),
         (["--model", "MiniMax-M2", "--gpus", "100000000000000000000xH200"], "more GPUs than this tool models"),
+        (["--model", "MiniMax-M2", "--gpus", "8x0xH200"], "'8x0xH200': the GPUs per node must be at least 1"),
+        (["--model", "MiniMax-M2", "--gpus", "0x8xH200"], "'0x8xH200': the node count must be at least 1"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--global-batch", "99999999999999999999"], "at most"),
         # the pipeline schedule is simulated per micro-batch: a batch far beyond any published run would not finish
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--global-batch", "65537"], "--global-batch must be at most 65,536 sequences"),
@@ -232,6 +234,24 @@ def test_bad_input_one_clear_message(args, needle, tmp_path):
     assert needle in r.output
     assert "Traceback" not in r.output
     assert not any(tmp_path.iterdir()), "a rejected input must not leave a study behind"
+
+
+def test_bad_results_dir_and_storage_refused_before_any_work(tmp_path):
+    """A file where the results folder would go, or a storage URL of no database kind SQLAlchemy knows, is named
+    before the layouts are enumerated (no layout summary printed), exit 2, nothing written."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("keep me")
+    base = ["--model", "MiniMax-M2", "--gpus", "64xH200"]
+    for extra, needle in (
+        (["--results-dir", str(blocker)], f"{blocker} is a file, not a folder"),
+        (["--results-dir", str(blocker / "sub")], f"{blocker} is a file, not a folder"),
+        (["--storage", "bogus://x", "--results-dir", str(tmp_path / "r")], "--storage 'bogus://x': not an RDB URL SQLAlchemy can open"),
+    ):
+        r = runner.invoke(app, base + extra)
+        assert r.exit_code == 2, r.output
+        assert needle in r.output and "Traceback" not in r.output
+        assert "Layouts considered" not in r.output  # refused before the enumeration
+    assert blocker.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
 def test_trial_steps_and_warmup_checked(tmp_path, monkeypatch):

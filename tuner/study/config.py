@@ -257,6 +257,18 @@ def _validate_config(config: TuneConfig) -> None:
         )
     if config.storage is not None:
         _check_storage_syntax(config.storage)
+    _check_results_dir(config.results_dir)
+
+
+def _check_results_dir(results_dir: str) -> None:
+    """Raises TunerError when ``--results-dir`` or a folder above it is a file (before any work: the study folder
+    ``<results-dir>/<study>/`` could not be made)."""
+    p = Path(results_dir)
+    for a in (p, *p.parents):
+        if a.exists():
+            if not a.is_dir():
+                raise TunerError(f"--results-dir {results_dir!r}: {a} is a file, not a folder; give a folder (it will hold <results-dir>/<study>/)")
+            return
 
 
 def _check_storage_syntax(url: str) -> None:
@@ -271,3 +283,12 @@ def _check_storage_syntax(url: str) -> None:
         raise TunerError(f"--storage {_mask(url)!r}: expected an RDB URL (sqlite:///path.db, postgresql://user@host/db) or journal:PATH")
     elif url.split("?")[0] in ("sqlite://", "sqlite:///", "sqlite:///:memory:"):
         raise TunerError(f"--storage {url!r} is an in-memory database: the study would be lost when tune exits; give a file, e.g. sqlite:///tune.db")
+    else:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+        try:
+            make_url(url).get_dialect()  # the database kind is one SQLAlchemy knows (its driver is loaded on opening)
+        except (ArgumentError, NoSuchModuleError, ValueError) as e:
+            raise TunerError(f"--storage {_mask(url)!r}: not an RDB URL SQLAlchemy can open ({_mask(str(e).splitlines()[0])}); "
+                             "give sqlite:///path.db, postgresql://user@host/db, mysql://... or journal:PATH") from None
