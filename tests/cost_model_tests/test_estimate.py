@@ -288,16 +288,26 @@ def test_former_inline_constants_keep_their_values_and_ranges(name, value, bad):
         BASE_CALIBRATION.replace(**{name: bad})
 
 
-@pytest.mark.parametrize("field", ["attention_call_macs", "attention_window_extra_keys", "attention_sink_extra_keys",
-                                   "moe_layer_overhead_s", "moe_host_sync_latency_s", "expert_gemm_overhead_s", "fp8_quantize_overhead_s"])
-def test_the_attention_kernel_constants_are_bounded(field, tmp_path):
-    # a huge value (1.0e+300, read as a number) overflowed the window's keys to inf and the study's tell to NaN
+_HUGE = ["attention_call_macs", "attention_window_extra_keys", "attention_sink_extra_keys",
+         "moe_layer_overhead_s", "moe_host_sync_latency_s", "expert_gemm_overhead_s", "fp8_quantize_overhead_s"]
+_EFFICIENCIES = ["gemm_efficiency", "grouped_gemm_efficiency", "attention_efficiency", "hbm_efficiency",
+                 "nvlink_efficiency", "alltoall_nvlink_efficiency", "network_efficiency", "pcie_efficiency"]
+
+
+@pytest.mark.parametrize(("field", "text", "bound"), [(f, "1.0e+300", r"1e\+300 is outside \[0, ") for f in _HUGE]
+                         + [(f, "1.0e-300", r"1e-300 is outside \[0.01, 1\]") for f in _EFFICIENCIES])
+def test_the_calibration_constants_are_bounded(field, text, bound, tmp_path):
+    # a huge fixed cost or attention extra (1.0e+300, read as a number) overflowed the window's keys to inf and the
+    # study's tell to NaN; an efficiency of 1e-300 printed a step of 1e300 s (0.01 of a datasheet peak is the lowest taken)
     from cost_model.calibration import load_calibration
 
     p = tmp_path / "c.yaml"
-    p.write_text(f"{field}: 1.0e+300\n")
-    with pytest.raises(TunerError, match=rf"calibration constant {field} = 1e\+300 is outside \[0, "):
+    p.write_text(f"{field}: {text}\n")
+    with pytest.raises(TunerError, match=rf"calibration constant {field} = {bound}"):
         load_calibration(p)
+    if field in _EFFICIENCIES:
+        p.write_text(f"{field}: 0.01\n")
+        assert getattr(load_calibration(p), field) == 0.01
 
 
 def test_mfu_is_over_the_datasheet_bf16_peak_on_every_gpu():
