@@ -120,6 +120,12 @@ CASES: list[dict[str, Any]] = [
     # production recipes run and the sweeps above did not; against fo-ds-base / ds-mla-base and fo-mm-base
     case("fu-ds-base", DS, 1, est_s=45, options={"megatron_fusions": True}),
     case("fu-mm-base", MM, 1, est_s=45, options={"megatron_fusions": True}),
+    # thirteenth batch (2026-12-03, evening): full block recompute of 1-4 of the Qwen3-30B-A3B slice's 4 layers against
+    # no recompute and uniform 1 on one machine: the backward's working set under block recompute (one layer, each
+    # block layer its own checkpoint, or the block's N layers) and block recompute's cost per layer recomputed
+    *[case(f"bk-qw-{k}", QW, 4, est_s=50, **lay)
+      for k, lay in (("base", {}), ("full-uniform1", {**FULL, "recompute_method": "uniform"}),
+                     *((f"full-block{n}", {**FULL, "recompute_num_layers": n, "recompute_method": "block"}) for n in (1, 2, 3, 4)))],
 ]
 
 
