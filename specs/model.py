@@ -346,10 +346,17 @@ class ModelSpec:
         return dataclasses.replace(self, **changes)
 
 
+#: The largest integer field a config may hold (widths, counts, vocabularies): far above any model's (vocabularies reach
+#: ~10**6), and small enough that products of two stay inside numpy's int64 (10**30 overflowed a per-layer list).
+MAX_CONFIG_INT = 2**31
+
+
 def _as_int(value: Any, key: str, where: str) -> int:
-    """An integer field of a config: ints and integral floats; anything else is an error."""
+    """An integer field of a config: ints and integral floats up to :data:`MAX_CONFIG_INT`; anything else is an error."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not value.is_integer()):
         raise TunerError(f"model config {where!r}: {key} must be an integer, got {value!r}")
+    if abs(value) > MAX_CONFIG_INT:
+        raise TunerError(f"model config {where!r}: {key} {int(value):,} is more than this tool models (at most {MAX_CONFIG_INT:,})")
     return int(value)
 
 
@@ -456,6 +463,9 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
     for k, v in vals.items():
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise TunerError(f"model config {name_for_errors!r}: {k} must be a positive integer, got {v!r}")
+        top = MAX_LAYERS if k == "num_hidden_layers" else MAX_CONFIG_INT  # layers: before the per-layer lists below
+        if v > top:
+            raise TunerError(f"model config {name_for_errors!r}: {k} {v:,} is more than this tool models (at most {top:,})")
     h, L, n = vals["hidden_size"], vals["num_hidden_layers"], vals["num_attention_heads"]
     g = _as_int(_first(cfg, "num_key_value_heads", "num_query_groups", default=n), "num_key_value_heads", name_for_errors)
     d = _as_int(_first(cfg, "head_dim", "kv_channels", default=h // n), "head_dim", name_for_errors)

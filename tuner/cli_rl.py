@@ -341,6 +341,9 @@ def plan(
             text = exporter.render(ExportContext.for_rl_plan(best, job))
             for target, what in ((export, "--export"), (None if out is None else out / exporter.file_name, "--out")):
                 if target is not None:
+                    from tuner.study.config import check_output_path
+
+                    check_output_path(what, target)
                     try:
                         written.append(exporter.save(text, target))
                     except OSError as e:
@@ -488,7 +491,15 @@ def calibrate_cmd(
         raise _fail(e) from None
     text = save_rl_calibration(fitted)
     if out is not None:
-        out.write_text(text)
+        from tuner.study.config import check_output_path
+
+        try:
+            check_output_path("--out", out)
+            out.write_text(text)
+        except TunerError as e:
+            raise _fail(e) from None
+        except OSError as e:
+            raise _fail(TunerError(f"--out {str(out)!r}: cannot write it ({e.strerror or e})")) from None
     if json_out:
         _out.print_json(json.dumps({"measured": measured, "predicted_before": _plan_dict(predicted)["predicted"], "predicted_after": _plan_dict(after)["predicted"], "calibration": dataclasses.asdict(fitted)}))
         return

@@ -106,8 +106,11 @@ def check_image_path(option: str, path: Path) -> None:
     from matplotlib.backend_bases import FigureCanvasBase
 
     from specs.errors import TunerError
+    from tuner.study.config import check_output_path
 
     kinds = sorted(FigureCanvasBase.get_supported_filetypes())
+    if str(path).strip():
+        check_output_path(option, path)  # under a file, or a study's own file
     if not str(path).strip() or path.is_dir():
         raise TunerError(f"{option} {str(path)!r}: give an image file name, e.g. chart.png (accepted types: {', '.join(kinds)})")
     if not path.parent.is_dir():

@@ -343,6 +343,9 @@ def test_estimate_bad_layout_flags(extra, needle):
     [
         ({"num_local_experts": -8}, "non-negative"),
         ({"num_hidden_layers": 10_000_000}, "at most 10,000"),
+        ({"num_hidden_layers": 10**30}, "num_hidden_layers 1,000,000,000,000,000,000,000,000,000,000 is more than this tool models (at most 10,000)"),
+        ({"intermediate_size": 10**30}, "intermediate_size 1,000,000,000,000,000,000,000,000,000,000 is more than this tool models (at most 2,147,483,648)"),
+        ({"num_local_experts": 10**20}, "num_local_experts 100,000,000,000,000,000,000 is more than this tool models"),
         ({"intermediate_size": 14336.7}, "intermediate_size must be an integer"),
         ({"num_key_value_heads": 64}, "must be a multiple of num_key_value_heads"),
         ({"num_experts_per_tok": 16, "num_local_experts": 8}, "exceeds num_experts"),

@@ -138,7 +138,8 @@ def test_journal_storage_errors_and_the_recorded_storage(tmp_path):
     cut = tmp_path / "cut.log"
     cut.write_bytes(j.read_bytes() + b'{"op_code": 5, "worker_id": "x", "trial')
     before = cut.read_bytes()
-    out = r.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "3", "--study", "ok", "--storage", f"journal:{cut}", "--results-dir", res])
+    out = r.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "3", "--study", "ok", "--storage", f"journal:{cut}",
+                            "--results-dir", str(tmp_path / "res2")])  # another folder: res/ok records ok.log as its storage
     assert out.exit_code == 2 and "line" in out.output and "left as it is" in out.output, out.output
     assert cut.read_bytes() == before
 

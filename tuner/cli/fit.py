@@ -243,7 +243,10 @@ def _study_observations(study: str, storage: str | None, results_dir: Path) -> t
 
 
 def _check_writable(path: Path) -> None:
-    """Raise TunerError now if ``path`` cannot be written (the fit would otherwise be lost)."""
+    """Raise TunerError now if ``path`` cannot be written (the fit would otherwise be lost), or is a study's own file."""
+    from tuner.study.config import check_output_path
+
+    check_output_path("--out", path)
     existed = path.exists()
     try:
         with open(path, "a"):

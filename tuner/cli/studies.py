@@ -50,6 +50,10 @@ def pareto(
     from tuner.report import front_rows, write_pareto_csv
     from tuner.study import trial_rows
 
+    if csv_out:  # before the study is opened
+        from tuner.study.config import check_output_path
+
+        check_output_path("--csv", csv_out)
     st = load_study(study, storage, results_dir)
     m, c, w, cfg = study_context(st)
     rows = trial_rows(st)
@@ -115,6 +119,10 @@ def export_cmd(
     from tuner.study import trial_rows
 
     exporter = get_exporter(fmt)
+    if out_file is not None:
+        from tuner.study.config import check_output_path
+
+        check_output_path("--out", out_file)
     st = load_study(study, storage, results_dir)
     m, c, w, cfg = study_context(st)
     rows = trial_rows(st)

@@ -56,6 +56,9 @@ def _slug(label: str) -> str:
 
 
 def _write_json(path: Path, obj: Any, what: str) -> None:
+    from tuner.study.config import check_output_path
+
+    check_output_path(what, path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(obj, separators=(",", ":")))
@@ -92,6 +95,10 @@ def timeline(
         raise TunerError("--compare draws into the --png chart: give --png FILE")
     if png is not None:
         check_image_path("--png", png)
+    if out_file is not None:  # before the study is opened
+        from tuner.study.config import check_output_path
+
+        check_output_path("--out", out_file)
     others = [_read_trace(p) for p in compare or ()]  # read before anything is written: a bad --compare leaves no file
     if study is not None:
         if layout != LayoutFlags() or model is not None or gpus is not None or layers is not None or network is not None or megatron_core is not None:
@@ -208,6 +215,10 @@ def report(
     from tuner.report_html import study_report
     from tuner.study import trial_rows
 
+    if out_file is not None:  # before the study is opened
+        from tuner.study.config import check_output_path
+
+        check_output_path("--out", out_file)
     st = load_study(study, storage, results_dir)
     m, c, w, cfg = study_context(st)
     rows = trial_rows(st)

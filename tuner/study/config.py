@@ -260,6 +260,37 @@ def _validate_config(config: TuneConfig) -> None:
     _check_results_dir(config.results_dir)
 
 
+#: The files a study's folder keeps for itself (``results/<study>/``): an output written over one loses the study.
+STUDY_OWN_FILES = ("study.db", "config.yaml", ".tune.lock")
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def check_output_path(option: str, path: Path) -> None:
+    """Refuse an output file (``--out``, ``--csv``, ``--png``, ``--export``, ...) that would overwrite a study: an
+    existing SQLite database (an Optuna RDB storage), an Optuna journal (JSON lines with ``op_code``), or a file a
+    study's folder keeps for itself (:data:`STUDY_OWN_FILES`, beside a ``study.db``); and one under a file.
+
+    Raises:
+        TunerError: naming ``option``, the path and why.
+    """
+    for a in path.parents:
+        if a.exists():
+            if not a.is_dir():
+                raise TunerError(f"{option} {str(path)!r}: {a} is a file, not a folder")
+            break
+    if not path.is_file():
+        return
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return  # the write itself reports it
+    own = path.name in STUDY_OWN_FILES and (path.parent / "study.db").exists()
+    if head.startswith(_SQLITE_MAGIC) or own or (head.startswith(b"{") and b'"op_code"' in head.split(b"\n", 1)[0]):
+        raise TunerError(f"{option} {str(path)!r} is a study's own file (its storage or its record); writing there would lose "
+                         "the study and its trials: give another path")
+
+
 def _check_results_dir(results_dir: str) -> None:
     """Raises TunerError when ``--results-dir`` or a folder above it is a file (before any work: the study folder
     ``<results-dir>/<study>/`` could not be made)."""

@@ -350,6 +350,7 @@ def open_study(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, *, hea
         TunerError: bad or unreadable storage, a study made with other inputs, space or constants, or an
             unwritable results folder.
     """
+    _check_same_storage(cfg, name, out_dir)
     created = not out_dir.exists()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -364,6 +365,37 @@ def open_study(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, *, hea
             except OSError:
                 pass
         raise
+
+
+def _check_same_storage(cfg: TuneConfig, name: str, out_dir: Path) -> None:
+    """Refuse a run whose storage is not the one the study folder records (``results/<study>/config.yaml``): it would
+    start another study under the same name and write its files over the folder's (its pareto.csv, recipe, report).
+
+    Raises:
+        TunerError: naming both storages.
+    """
+    try:
+        old = yaml.safe_load((out_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return  # no record (a new folder) or an unreadable one: the study's own checks decide
+    if not isinstance(old, dict) or not isinstance(old.get("config"), dict):
+        return
+    was = old["config"].get("storage")
+    if was is not None and not isinstance(was, str):
+        return  # a hand-edited record: the study's own checks decide
+    before, now = storage_url(dataclasses.replace(cfg, storage=was), out_dir), storage_url(cfg, out_dir)
+
+    def same_place(url: str) -> str:  # one file named by two paths is one storage
+        for prefix in ("sqlite:///", "journal:"):
+            if url.startswith(prefix) and "?" not in url:
+                return prefix + str(Path(url[len(prefix):]).resolve())
+        return url
+
+    if same_place(before) != same_place(now):
+        raise TunerError(
+            f"study {name!r} in {out_dir} is kept in {_mask(before)!r} ({out_dir / 'config.yaml'}); this run names "
+            f"{_mask(now)!r}. Resume it with {'--storage ' + repr(_mask(was)) if was else 'no --storage'}, or give another --study name"
+        )
 
 
 def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, heartbeat: Heartbeat | None) -> tuple[optuna.Study, str]:
