@@ -135,6 +135,8 @@ EXPLICIT: tuple[Mutation, ...] = (
     _edit("EP peers counted as adjacent (ETP ignored)", T + "comm:ep_local_peers", "c.nvlink_size // np.maximum(c.etp, 1)", "c.nvlink_size // 1"),
     _edit("working set without full recompute: a whole layer", T + "memory:working_set_bytes",
           "one_layer * c.cal.backward_working_set_fraction", "one_layer"),
+    _edit("full block recompute's working set: the whole block (as uniform's group)", T + "memory:working_set_bytes",
+          "np.where(c.uniform, c.recompute_num_layers, 1.0)", "c.recompute_num_layers"),
     _edit("nvfp4 GEMMs on Blackwell Ultra take the generation factor too", T + "context:build_context",
           "cal.family_factor(gpu.family) if prec == Precision.nvfp4 else fam", "fam"),
     _edit("grouped-GEMM half-point blind to the expert's shape", T + "compute:grouped_gemm_efficiency",

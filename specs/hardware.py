@@ -37,6 +37,8 @@ DEFAULT_INTER_NODE_BYTES_PER_S = 3.2e12 / 8
 #: Price per GPU-hour that the seed implies: $1.08 per 1M tokens at 2,034.42
 #: tokens/s/GPU (seeds/001 ``result``): 1.08 * 2034.42 * 3600 / 1e6 = 7.91 $/GPU-h.
 DEFAULT_USD_PER_GPU_HOUR = round(1.08 * 2034.42 * 3600 / 1e6, 2)
+#: The largest price per GPU-hour accepted (US dollars): over a hundred times the default (7.91), far above a cloud's list price.
+MAX_USD_PER_GPU_HOUR = 1000.0
 
 #: Largest cluster the tool accepts.
 MAX_GPUS = 1_000_000
@@ -164,6 +166,18 @@ MIN_NETWORK_GBPS = 1.0
 MAX_NETWORK_GBPS = 100_000.0
 
 
+def network_bytes_per_s(gbps: float) -> float:
+    """``--network-gbps`` (Gb/s per node) as bytes/s, checked first in its own unit (1e308 Gb/s overflows as bytes).
+
+    Raises:
+        TunerError: see :func:`check_network_gbps`.
+    """
+    if not (math.isfinite(gbps) and MIN_NETWORK_GBPS <= gbps <= MAX_NETWORK_GBPS):
+        raise TunerError(f"--network-gbps must be a number of at least {MIN_NETWORK_GBPS:g} and at most "
+                         f"{MAX_NETWORK_GBPS:,.0f} Gb/s per node, got {gbps:g}")
+    return gbps * 1e9 / 8
+
+
 def check_network_gbps(bytes_per_s: float) -> None:
     """Refuse a per-node network bandwidth (bytes/s) outside [MIN_NETWORK_GBPS, MAX_NETWORK_GBPS] Gb/s.
 
@@ -207,8 +221,8 @@ class Cluster:
                 "or set --gpus-per-node"
             )
         check_network_gbps(self.inter_node_bytes_per_s)
-        if not math.isfinite(self.usd_per_gpu_hour) or self.usd_per_gpu_hour < 0:
-            raise TunerError(f"--usd-per-gpu-hour must be a non-negative number, got {self.usd_per_gpu_hour:g}")
+        if not math.isfinite(self.usd_per_gpu_hour) or not 0 <= self.usd_per_gpu_hour <= MAX_USD_PER_GPU_HOUR:
+            raise TunerError(f"--usd-per-gpu-hour must be a number in [0, {MAX_USD_PER_GPU_HOUR:,}] (US dollars), got {self.usd_per_gpu_hour:g}")
         if self.num_gpus > MAX_GPUS:
             raise TunerError(f"--gpus: {self.num_gpus:,} GPUs is more than this tool models (at most {MAX_GPUS:,})")
         if not math.isfinite(self.host_memory_bytes_per_node) or self.host_memory_bytes_per_node < 0:

@@ -407,7 +407,7 @@ def model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") -> 
     """
     try:
         return _model_from_hf_config(cfg, name=name, where=where)
-    except (TypeError, ValueError, AttributeError, KeyError) as e:
+    except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as e:  # OverflowError: int(1e999)
         if isinstance(e, TunerError):
             raise
         raise TunerError(f"model config {(where or name)!r}: a field has a wrong type or value ({type(e).__name__}: {e})") from None
@@ -478,15 +478,25 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
     # Which layers are MoE.
     freq: list[int]
     if "moe_layer_freq" in over:
-        freq = list(over.pop("moe_layer_freq"))
+        raw = over.pop("moe_layer_freq")
+        if not isinstance(raw, (list, tuple)) or any(isinstance(x, bool) or not isinstance(x, int) for x in raw):
+            raise TunerError(f"model config {name_for_errors!r}: tuner.moe_layer_freq must be a list of 0 / 1 per layer "
+                             f"(1 = MoE, Megatron's --moe-layer-freq list form), got {raw!r}"[:300])
+        freq = list(raw)
     elif not num_experts:
         freq = [0] * L
     elif "first_k_dense_replace" in cfg:
         first_dense = _as_int(cfg["first_k_dense_replace"], "first_k_dense_replace", name_for_errors)
         step = _as_int(cfg.get("moe_layer_freq", 1) or 1, "moe_layer_freq", name_for_errors)
+        if first_dense < 0 or step < 1:
+            raise TunerError(f"model config {name_for_errors!r}: first_k_dense_replace must be >= 0 and moe_layer_freq >= 1, "
+                             f"got {first_dense} and {step}")
         freq = [1 if (i >= first_dense and (i - first_dense) % step == 0) else 0 for i in range(L)]
     elif "mlp_only_layers" in cfg or "decoder_sparse_step" in cfg:
-        only = set(cfg.get("mlp_only_layers") or [])
+        raw_only = cfg.get("mlp_only_layers") or []
+        if not isinstance(raw_only, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in raw_only):
+            raise TunerError(f"model config {name_for_errors!r}: mlp_only_layers must be a list of layer indices, got {raw_only!r}"[:300])
+        only = set(raw_only)
         step = _as_int(cfg.get("decoder_sparse_step", 1) or 1, "decoder_sparse_step", name_for_errors)
         freq = [0 if (i in only or (i + 1) % step) else 1 for i in range(L)]
     else:
@@ -543,6 +553,8 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
     if partial is None and cfg.get("rotary_dim") and d:
         partial = float(cfg["rotary_dim"]) / d
     topk_method = str(cfg.get("topk_method", ""))
+    n_group = _as_int(cfg.get("n_group") or 1, "n_group", name_for_errors) if topk_method in ("group_limited_greedy", "noaux_tc") else 1
+    grouped = n_group > 1  # DeepSeek's group-limited routing (Megatron --moe-router-num-groups / --moe-router-group-topk)
     numerics = dict(
         norm_epsilon=_as_float(_first(cfg, "rms_norm_eps", "layer_norm_eps", "norm_epsilon", default=1e-5), "rms_norm_eps", name_for_errors),
         rotary_base=_as_float(_first(cfg, "rope_theta", "rotary_base", default=10000.0), "rope_theta", name_for_errors),
@@ -555,8 +567,8 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
         moe_router_score_function="sigmoid" if str(cfg.get("scoring_func", "softmax")) == "sigmoid" else "softmax",
         moe_router_enable_expert_bias=bool(cfg.get("use_routing_bias")) or topk_method == "noaux_tc",
         moe_router_topk_scaling_factor=float(cfg.get("routed_scaling_factor") or 0.0) if num_experts else 0.0,
-        moe_router_num_groups=int(cfg.get("n_group") or 0) if topk_method in ("group_limited_greedy", "noaux_tc") and int(cfg.get("n_group") or 1) > 1 else 0,
-        moe_router_group_topk=int(cfg.get("topk_group") or 0) if topk_method in ("group_limited_greedy", "noaux_tc") and int(cfg.get("n_group") or 1) > 1 else 0,
+        moe_router_num_groups=n_group if grouped else 0,
+        moe_router_group_topk=_as_int(cfg.get("topk_group") or 0, "topk_group", name_for_errors) if grouped else 0,
     )
     spec = dict(
         name=name,
@@ -618,6 +630,8 @@ def load_model(name_or_path: str) -> ModelSpec:
             cfg = json.loads(p.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise TunerError(f"--model {name_or_path!r}: cannot read it as JSON ({e})") from None
+        except RecursionError:
+            raise TunerError(f"--model {name_or_path!r}: cannot read it as JSON (nested too deeply for a config.json)") from None
         if not isinstance(cfg, dict):
             raise TunerError(f"--model {name_or_path!r}: expected a JSON object (a Hugging Face config.json)")
         cfg.setdefault("_source", str(p))

@@ -32,6 +32,9 @@ CROSS_ENTROPY_IMPLS = ("native", "te")
 OPTIMIZERS = ("adam", "dist_muon")
 
 
+#: The longest sequence (tokens) a workload may name: 2**24, far above the longest in benchmarks/data/published_runs.csv.
+MAX_SEQ_LENGTH = 2**24
+
 #: The largest global batch (sequences) a workload may have: the pipeline schedule's timeline is simulated per
 #: micro-batch (cost_model/pipeline_schedule.py), so its time grows with the batch (65,536 takes about 90 s for the main
 #: job's space on 2 cores); the largest published run in benchmarks/data/published_runs.csv uses 16,384.
@@ -54,8 +57,8 @@ class Workload:
             raise TunerError(f"--seq-len must be a positive integer, got {self.seq_length}")
         if self.global_batch_size <= 0:
             raise TunerError(f"--global-batch must be a positive integer, got {self.global_batch_size}")
-        if self.seq_length > 2**24:
-            raise TunerError(f"--seq-len must be at most {2**24:,}, got {self.seq_length:,}")
+        if self.seq_length > MAX_SEQ_LENGTH:
+            raise TunerError(f"--seq-len must be at most {MAX_SEQ_LENGTH:,}, got {self.seq_length:,}")
         if self.global_batch_size > MAX_GLOBAL_BATCH:
             raise TunerError(f"--global-batch must be at most {MAX_GLOBAL_BATCH:,} sequences, got {self.global_batch_size:,} (the "
                              "pipeline schedule is simulated per micro-batch; the published runs in benchmarks/data use at most 16,384)")

@@ -333,8 +333,9 @@ def plan(
             export_note = f"no plan's trainer layout is inside the backend's validated scope; the export is plan 1, {best.trainer.note}"
         elif best is not ps.plans[0]:
             gain = 1 - ps.plans[0].step_time_s / best.step_time_s
+            faster = (f"{gain:.1%} faster" if gain >= 0.0005 else "as fast (within 0.1%)") + f" ({ps.plans[0].step_time_s:.1f} s per step)"
             export_note = (f"the export is the fastest plan inside the trainer's validated scope ({best.step_time_s:.1f} s per step); "
-                           f"plan 1 is predicted {gain:.1%} faster but {ps.plans[0].trainer.note}")
+                           f"plan 1 is predicted {faster} but {ps.plans[0].trainer.note}")
         written: list[Path] = []
         if export is not None or out is not None:
             exporter = get_exporter("slime-rl" if framework == Framework.slime else "nemo-rl")
@@ -476,6 +477,10 @@ def calibrate_cmd(
         trainer_gpus = cl.num_gpus if colocated else cl.num_gpus - rollout_gpus
         if trainer_gpus < 1 or rollout_gpus > cl.num_gpus:
             raise TunerError(f"--rollout-gpus {rollout_gpus} leaves no trainer GPU of the {cl.num_gpus}")
+        per = cl.gpus_per_node
+        if rollout_gpus < 1 or (not colocated and rollout_gpus % per):
+            raise TunerError(f"--rollout-gpus {rollout_gpus}: rollout GPUs are whole {per}-GPU nodes of --gpus {cl.label}"
+                             + ("" if colocated else f" (the trainer has the rest); accepted: {', '.join(str(r) for r in range(per, cl.num_gpus, per))}"))
         sub = Cluster(gpu=cl.gpu, num_gpus=trainer_gpus, gpus_per_node=min(cl.gpus_per_node, trainer_gpus), inter_node_bytes_per_s=cl.inter_node_bytes_per_s)
         wl = job.workload
         trainer = trainer_for_layout(job.model, sub, wl, tl.backend, tp=tl.tp, cp=tl.cp, ep=tl.ep, pp=tl.pp, vpp=tl.vpp, logprob_passes=logprob_passes)

@@ -17,7 +17,7 @@ from specs.layout import Layout
 from specs.units import DEFAULT_MEMORY_HEADROOM
 from tuner.pareto import pareto_mask
 
-__all__ = ["pick_trial_row", "front_rows", "measured_ties", "ties_note", "runs_note", "runs_summary", "fastest_measured", "long_label", "write_pareto_csv", "plot_front", "front_figure", "export_context", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
+__all__ = ["pick_trial_row", "front_rows", "measured_ties", "between_run_noise", "ties_note", "runs_note", "runs_summary", "fastest_measured", "long_label", "write_pareto_csv", "plot_front", "front_figure", "export_context", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
 
 FRONT_COLUMNS = (
     "trial",
@@ -130,6 +130,24 @@ def _mean_rel_sd(xs: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) / mean
 
 
+def _runs(r: dict[str, Any]) -> list[float]:
+    """The throughputs (tokens/s/GPU) of a row's confirmation runs (``runs_tokens_per_s_per_gpu``), valid ones only."""
+    return [float(x) for x in r.get("runs_tokens_per_s_per_gpu") or () if _positive(x)]
+
+
+def between_run_noise(rows: list[dict[str, Any]]) -> float | None:
+    """The spread between runs of one layout, pooled over the measured rows run more than once (``--confirm-runs``):
+    ``sqrt(sum((k_i - 1) * sd_i**2) / sum(k_i - 1))``, ``sd_i`` the sample standard deviation / mean of row i's k_i run
+    throughputs (the pooled variance of one-way analysis of variance). A fraction; None when no row has two runs."""
+    num = den = 0.0
+    for r in rows:
+        runs = _runs(r) if r.get("source") == "measured" else []
+        if len(runs) >= 2:
+            num += (len(runs) - 1) * _mean_rel_sd(runs)[1] ** 2
+            den += len(runs) - 1
+    return math.sqrt(num / den) if den else None
+
+
 def fastest_measured(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The measured row with the highest (finite, positive) ``tokens_per_s_per_gpu``, or None."""
     measured = [r for r in rows if r.get("source") == "measured" and _positive(r.get("tokens_per_s_per_gpu"))]
@@ -150,9 +168,12 @@ def measured_ties(rows: list[dict[str, Any]], best_trial: int, z: float = TIE_Z)
     standard error is that of the mean of its runs, from the spread between them (at least the
     within-run one divided by the square root of the number of runs).
 
-    With one run this is within-run noise only. Separate runs of one layout can differ by more (on the lent
-    H200 machine, 2-layer MiniMax-M2 slice without TE: 0.91-1.10 s for one layout over four runs,
-    docs/measurements.md), so a tie is a floor on the uncertainty, not its size.
+    Separate runs of one layout differ by more than a run's own steps say (on the lent H200 machines: 2-layer
+    MiniMax-M2 slice without TE 0.91-1.10 s over four runs; Qwen3-30B-A3B 4-layer slice with TE 1.346-1.756 s over
+    eight runs, a 10% standard deviation, 2026-12-04; docs/measurements.md). So once the study holds layouts measured
+    more than once, the spread between runs is pooled over them (:func:`between_run_noise`) and no run counts as more
+    precise than it: a layout measured k times has a standard error of at least that spread / sqrt(k). Before any
+    layout was measured twice only the within-run noise is known, and a tie is a floor on the uncertainty, not its size.
 
     Args:
         rows: finished trials as from ``tuner.study.trial_rows`` (need ``source``,
@@ -166,6 +187,8 @@ def measured_ties(rows: list[dict[str, Any]], best_trial: int, z: float = TIE_Z)
         not a measured trial with at least 3 measured steps.
     """
 
+    pooled = between_run_noise(rows) or 0.0
+
     def rel_se(r: dict[str, Any]) -> float | None:
         raw = r.get("step_times_s")
         if r.get("source") != "measured" or not isinstance(raw, (list, tuple)):
@@ -174,12 +197,12 @@ def measured_ties(rows: list[dict[str, Any]], best_trial: int, z: float = TIE_Z)
         if len(t) < 3:
             return None
         within = math.sqrt(math.pi / 2.0) * _mean_rel_sd(t)[1] / math.sqrt(len(t))
-        runs = [float(x) for x in r.get("runs_tokens_per_s_per_gpu") or () if _positive(x)]
+        runs = _runs(r)
         if len(runs) < 2:
-            return within
+            return max(within, pooled)
         # confirmed (--confirm-runs): the standard error of the mean of the runs, which sees the drift between runs
         between = _mean_rel_sd(runs)[1] / math.sqrt(len(runs))
-        return max(between, within / math.sqrt(len(runs)))
+        return max(between, within / math.sqrt(len(runs)), pooled / math.sqrt(len(runs)))
 
     def tps(r: dict[str, Any]) -> float | None:
         v = r.get("tokens_per_s_per_gpu")
@@ -249,8 +272,12 @@ def ties_note(rows: list[dict[str, Any]], trial: int) -> list[str]:
     if not ties:
         return []
     listed = ", ".join(f"trial {t['trial']} ({t['label']}, {0.0 - t['gap']:+.1%})" for t in ties[:5]) + (f" and {len(ties) - 5} more" if len(ties) > 5 else "")
-    return [f"Measured within the trials' own noise ({TIE_Z:g} standard errors of the difference of the median step times) of {listed}: "
-            "the trials cannot rank these layouts, and runs of one layout can differ by more."]
+    spread = between_run_noise(rows)
+    if spread is None:
+        return [f"Measured within the trials' own noise ({TIE_Z:g} standard errors of the difference of the median step times) of {listed}: "
+                "the trials cannot rank these layouts, and runs of one layout can differ by more."]
+    return [f"Measured within noise ({TIE_Z:g} standard errors of the difference, counting the {spread:.1%} spread between runs of one "
+            f"layout that this study measured) of {listed}: the trials cannot rank these layouts."]
 
 
 def runs_summary(row: dict[str, Any]) -> str | None:

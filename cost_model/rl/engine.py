@@ -26,6 +26,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -69,6 +70,11 @@ class Engine(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+def _collapse_repeats(text: str) -> str:
+    """``"a: a: a: b"`` -> ``"a: b"``: aiconfigurator's nested errors repeat their prefix once per level."""
+    return re.sub(r"((?:[^:]+: ))\1+", r"\1", text)
 
 
 class EngineDataError(TunerError):
@@ -489,7 +495,7 @@ def aiconfigurator_latency_table(
         except TunerError as e:
             first_error = first_error or str(e)
         except Exception as e:  # aiconfigurator's PerfDataNotAvailableError and kin: no measured data for this shape
-            first_error = first_error or str(e)[:200]
+            first_error = first_error or _collapse_repeats(str(e))[:200]
     else:
         hint = ""
         if precision == GenerationPrecision.bf16 and "MoE data missing" in first_error and _checkpoint_quant(model_id) == "fp8":

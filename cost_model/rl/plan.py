@@ -31,6 +31,7 @@ from cost_model.rl.step import StepParts, compose_step
 from cost_model.rl.trainer import TrainerBackend, TrainerPlan, best_trainer, rl_workload, trainer_for_layout
 from specs import GIB, Cluster, ModelSpec, Precision, Workload
 from specs.errors import TunerError
+from specs.workload import MAX_SEQ_LENGTH
 
 __all__ = [
     "MAX_ASYNC_STEPS",
@@ -122,6 +123,11 @@ class RLJob:
         for f in ("prompt_len", "response_len", "prompts_per_step", "generations_per_prompt"):
             if getattr(self, f) < 1:
                 raise TunerError(f"--{f.replace('_', '-')} {getattr(self, f)}: must be at least 1")
+        longest = max(self.prompt_len + self.response_len, self.max_seq_len)
+        if longest > MAX_SEQ_LENGTH:  # the trainer's sequence (specs.Workload's bound), said in this command's options
+            raise TunerError(f"--prompt-len {self.prompt_len:,} + --response-len {self.response_len:,}"
+                             + (f" (or --max-seq-len {self.max_seq_len:,})" if self.max_seq_len else "")
+                             + f": a sequence of at most {MAX_SEQ_LENGTH:,} tokens is accepted")
         if not (0 < self.mean_prompt_len <= self.prompt_len):
             raise TunerError(f"--mean-prompt-len {self.mean_prompt_len:g}: must be above 0 and at most --prompt-len {self.prompt_len:,}")
         if self.sequences > MAX_SEQUENCES_PER_STEP:
@@ -560,6 +566,7 @@ def enumerate_plans(
     elif colocated is False and nodes == 1:
         raise TunerError(f"a non-colocated plan needs at least two nodes; --gpus {cl.label} has one")
     rejected: dict[str, int] = {}
+    example: dict[str, str] = {}  # reason -> the first full message it stands for
     considered = 0
     plans: list[RLPlan] = []
     utils_default = {True: (0.6, 0.8), False: (0.8, 0.9)}
@@ -598,8 +605,15 @@ def enumerate_plans(
                                 except TunerError as e:
                                     reason = _reason(str(e))
                                     rejected[reason] = rejected.get(reason, 0) + 1
+                                    if reason != str(e):
+                                        example.setdefault(reason, str(e))
     if not plans:
-        why = "; ".join(f"{k} ({v})" for k, v in rejected.items()) or "no split, engine shape or trainer layout to try"
+        def count(k: str, v: int) -> str:
+            if k.endswith(" (splits)"):
+                return f"{k.removesuffix(' (splits)')} ({v} split{'s' if v != 1 else ''})"
+            return f"{k} ({v} candidates" + (f"; the first: {example[k]}" if k == _NO_DATA and k in example else "") + ")"
+
+        why = "; ".join(count(k, v) for k, v in rejected.items()) or "no split, engine shape or trainer layout to try"
         raise TunerError(f"no RL plan fits {job.model.name} on {cl.label}: {why}")
     plans.sort(key=lambda p: p.step_time_s)
     return PlanSet(plans=plans, considered=considered, rejected=rejected)
@@ -610,8 +624,11 @@ def _reason(message: str) -> str:
     if "do not fit" in message or "does not fit" in message:
         return "engine weights or a request do not fit the engine's memory"
     if "has no" in message and "data" in message:
-        return "aiconfigurator has no data for the engine shape"
+        return _NO_DATA
     return message
+
+
+_NO_DATA = "aiconfigurator has no data for the engine shape"
 
 
 def tokens_per_step(job: RLJob) -> float:

@@ -218,6 +218,8 @@ def _write(tmp_path: Path, name: str, text: str) -> str:
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--network-gbps", "1e-310"], "--network-gbps must be a number of at least 1 and at most"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--network-gbps", "1e30"], "at most 100,000 Gb/s per node, got 1e+30"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--usd-per-gpu-hour", "nan"], "--usd-per-gpu-hour must be"),
+        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--network-gbps", "1e308"], "Gb/s per node, got 1e+308"),  # "got inf" before
+        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--usd-per-gpu-hour", "1e308"], "--usd-per-gpu-hour must be a number in [0, 1,000.0] (US dollars), got 1e+308"),
         (["--model", "MiniMax-M2", "--gpus", "100000000000000000000xH200"], "more GPUs than this tool models"),
         (["--model", "MiniMax-M2", "--gpus", "8x0xH200"], "'8x0xH200': the GPUs per node must be at least 1"),
         (["--model", "MiniMax-M2", "--gpus", "0x8xH200"], "'0x8xH200': the node count must be at least 1"),
@@ -345,6 +347,12 @@ def test_estimate_bad_layout_flags(extra, needle):
         ({"num_hidden_layers": 10_000_000}, "at most 10,000"),
         ({"num_hidden_layers": 10**30}, "num_hidden_layers 1,000,000,000,000,000,000,000,000,000,000 is more than this tool models (at most 10,000)"),
         ({"intermediate_size": 10**30}, "intermediate_size 1,000,000,000,000,000,000,000,000,000,000 is more than this tool models (at most 2,147,483,648)"),
+        ({"topk_method": "noaux_tc", "n_group": float("inf")}, "n_group must be an integer, got inf"),  # OverflowError before
+        ({"mlp_only_layers": 5}, "mlp_only_layers must be a list of layer indices, got 5"),  # no field named before
+        ({"mlp_only_layers": [[1]]}, "mlp_only_layers must be a list of layer indices"),
+        ({"tuner": {"moe_layer_freq": 5}}, "tuner.moe_layer_freq must be a list of 0 / 1 per layer"),
+        ({"first_k_dense_replace": -5}, "first_k_dense_replace must be >= 0"),  # accepted before
+        ({"topk_method": "noaux_tc", "n_group": 2, "topk_group": 1e300}, "topk_group 1,000,000"),
         ({"num_local_experts": 10**20}, "num_local_experts 100,000,000,000,000,000,000 is more than this tool models"),
         ({"intermediate_size": 14336.7}, "intermediate_size must be an integer"),
         ({"num_key_value_heads": 64}, "must be a multiple of num_key_value_heads"),
@@ -365,6 +373,13 @@ def test_bad_model_config_values(cfg, needle, tmp_path):
     r = runner.invoke(app, ["estimate", "--model", str(p), "--gpus", "8xH100"])
     assert r.exit_code == 2, r.output
     assert needle in r.output and "Traceback" not in r.output
+
+
+def test_a_deeply_nested_config_is_refused_cleanly(tmp_path):
+    p = tmp_path / "deep.json"
+    p.write_text('{"a":' * 100_000 + "1" + "}" * 100_000)  # RecursionError before
+    r = runner.invoke(app, ["estimate", "--model", str(p), "--gpus", "8xH100"])
+    assert r.exit_code == 2 and "cannot read it as JSON (nested too deeply for a config.json)" in r.output and "Traceback" not in r.output
 
 
 def test_binary_files_are_rejected_cleanly(tmp_path):

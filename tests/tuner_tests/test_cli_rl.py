@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -317,3 +318,74 @@ def test_the_export_is_the_fastest_plan_inside_the_trainer_s_validated_scope(tmp
         assert exported["predicted"]["step_time_s"] == d["plans"][0]["predicted"]["step_time_s"] and d["export_note"] is None
         return
     assert "validated scope" in d["export_note"] and "outside AutoModel's validated scope" in d["export_note"]
+
+
+def test_no_plan_names_its_counts_and_the_first_engine_data_gap(monkeypatch):
+    """A job refused for engine data names one gap whole (what the engine model lacked), counts candidates and splits apart."""
+    from specs.errors import TunerError
+
+    def no_data(job, shape):
+        raise TunerError(f"aiconfigurator 0.12.0 has no bf16 sglang data for Qwen/Qwen3-30B-A3B on h100_sxm at {shape.label}: no rows")
+
+    monkeypatch.setattr(plan_mod.enumerate_plans, "__kwdefaults__", {**plan_mod.enumerate_plans.__kwdefaults__, "latency": no_data})
+    monkeypatch.setattr(plan_mod.evaluate, "__kwdefaults__", {**plan_mod.evaluate.__kwdefaults__, "latency": no_data})
+    r = CliRunner().invoke(app, ["rl", *JOB, "--framework", "nemo-rl"])
+    assert r.exit_code == 2, r.output
+    text = " ".join(r.output.split())
+    assert "no RL plan fits Qwen3-30B-A3B on 4x8xH100" in text
+    assert "aiconfigurator has no data for the engine shape (" in text and " candidates; the first: aiconfigurator 0.12.0 has no bf16 sglang data for Qwen/Qwen3-30B-A3B on h100_sxm at tp=" in text
+    assert "(splits)" not in text
+
+
+def test_nested_engine_errors_are_said_once():
+    from cost_model.rl.engine import _collapse_repeats
+
+    assert _collapse_repeats("perf database error: perf database error: no DSA rows (first: /x)") == "perf database error: no DSA rows (first: /x)"
+    assert _collapse_repeats("a: b: c") == "a: b: c"
+
+
+@pytest.mark.real_engine
+def test_the_readmes_refused_slime_job_says_why(tmp_path, monkeypatch):
+    """README: MiniMax-M3 with slime's SGLang engines is refused with the reason (aiconfigurator 0.12.0 has no SGLang rows
+    for its attention); the message counts splits as splits and shows the first gap once, not its nested prefixes."""
+    monkeypatch.setenv("MLT_CACHE_DIR", str(tmp_path / "cache"))
+    r = CliRunner().invoke(app, ["rl", "--model", "MiniMax-M3", "--gpus", "32x8xH200", "--framework", "slime",
+                                 "--prompt-len", "2048", "--response-len", "6144"])
+    assert r.exit_code == 2, r.output
+    msg = " ".join(r.stderr.split())
+    assert "no RL plan fits MiniMax-M3 on 32x8xH200" in msg
+    assert "the first: aiconfigurator 0.12.0 has no bf16 sglang data for MiniMaxAI/MiniMax-M3 on h200_sxm at " in msg
+    assert "perf database error: perf database error" not in msg
+    assert re.search(r"no megatron trainer layout fits the split's trainer GPUs \(\d+ splits?\)", msg) and "(splits)" not in msg
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("response_len,count\n100,nan\n", "lengths and counts must be finite numbers"),
+    ("response_len,count\n100,1e308\n200,1e308\n", "counts up to 1,000,000,000,000 and lengths up to 2,147,483,648 tokens are accepted"),
+    ("[[1, 2]]", "lengths and counts must be finite numbers"),
+    ('{"lengths": [1e400]}', "lengths and counts must be finite numbers"),
+])
+def test_bad_response_length_histograms_are_refused(tmp_path, text, needle):
+    """Each crashed with an internal error before (ValueError / OverflowError, a numpy overflow warning)."""
+    f = tmp_path / ("h.json" if text.startswith(("[", "{")) else "h.csv")
+    f.write_text(text)
+    r = CliRunner().invoke(app, ["rl", *JOB, "--response-lengths", str(f)])
+    msg = " ".join(r.stderr.split())
+    assert r.exit_code == 2 and needle in msg and "internal error" not in r.output and "Warning" not in r.output, r.output
+
+
+def test_a_sequence_too_long_names_this_commands_options():
+    r = CliRunner().invoke(app, ["rl", *JOB[:4], "--response-len", "99999999999"])
+    msg = " ".join(r.stderr.split())
+    assert r.exit_code == 2 and "--prompt-len 2,048 + --response-len 99,999,999,999: a sequence of at most 16,777,216 tokens is accepted" in msg
+    assert "--seq-len" not in msg
+
+
+def test_calibrate_names_rollout_gpus_that_are_not_whole_nodes():
+    r = CliRunner().invoke(app, [
+        "rl", "calibrate", "--log", str(ROOT / "tests" / "fixtures" / "rl_logs" / "nemo_rl_grpo_sync.log"),
+        "--model", "Qwen3-30B-A3B", "--gpus", "4x8xH100", "--rollout-gpus", "17",
+        "--rollout-layout", "vllm:tp=2,ep=1,pp=1", "--trainer-layout", "megatron:tp=1,cp=1,ep=8,pp=1,vpp=1",
+    ])
+    msg = " ".join(r.stderr.split())
+    assert r.exit_code == 2 and "--rollout-gpus 17: rollout GPUs are whole 8-GPU nodes of --gpus 4x8xH100" in msg and "accepted: 8, 16, 24" in msg, msg

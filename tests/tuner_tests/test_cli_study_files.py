@@ -68,3 +68,66 @@ def test_resuming_under_another_storage_is_refused(study):
     # the same database named by its absolute path is the same storage: the study resumes
     r = runner.invoke(app, [*MAIN, "--trials", "1", "--results-dir", str(study / "results"), "--storage", f"sqlite:///{(folder / 'study.db').resolve()}"])
     assert r.exit_code == 0, r.output
+
+
+def _journal_study(tmp_path: Path, name: str) -> tuple[Path, Path, list[str]]:
+    res, journal = tmp_path / "results", tmp_path / f"{name}.log"
+    args = ["--model", "Llama-3.1-8B", "--gpus", "8xH200", "--trials", "2", "--study", name, "--results-dir", str(res)]
+    r = runner.invoke(app, [*args, "--storage", f"journal:{journal}"])
+    assert r.exit_code == 0, r.output
+    return res / name, journal, args
+
+
+def test_a_journal_study_s_record_is_not_overwritten(tmp_path):
+    """Its folder has no study.db, so config.yaml (where its trials are kept) was written over before."""
+    folder, journal, _ = _journal_study(tmp_path, "sj")
+    rec = (folder / "config.yaml").read_bytes()
+    r = runner.invoke(app, ["export", "--study", "sj", "--results-dir", str(tmp_path / "results"), "--format", "slime",
+                            "--out", str(folder / "config.yaml")])
+    assert r.exit_code == 2 and "is a study's own file" in r.output, r.output
+    assert (folder / "config.yaml").read_bytes() == rec
+
+
+@pytest.mark.parametrize("damage", ["garbled", "binary", "not a record"])
+def test_a_resume_with_an_unreadable_record_is_refused_not_forked(tmp_path, damage):
+    """Before, a garbled config.yaml made the resume start a new empty SQLite study beside the journal's trials and
+    rewrite the folder's outputs; a binary one crashed (UnicodeDecodeError)."""
+    folder, journal, args = _journal_study(tmp_path, "sj2")
+    (folder / "config.yaml").write_bytes({"garbled": b"config: [unclosed\n", "binary": bytes(range(128, 256)),
+                                          "not a record": b"- 1\n- 2\n"}[damage])
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    jbefore = journal.read_bytes()
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and "config.yaml cannot be read" in r.output and "internal error" not in r.output, r.output
+    after = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != ".tune.lock"}  # the run's lock stays, by design
+    assert after == before and journal.read_bytes() == jbefore
+
+
+def test_a_folder_without_its_record_is_not_resumed_into_another_storage(tmp_path):
+    folder, journal, args = _journal_study(tmp_path, "sj3")
+    (folder / "config.yaml").unlink()
+    r = runner.invoke(app, args)  # no --storage: would start a SQLite study beside the journal study's outputs
+    assert r.exit_code == 2 and "holds a study's outputs" in r.output and "no config.yaml or study.db" in r.output, r.output
+    assert not (folder / "study.db").exists()
+    r = runner.invoke(app, [*args, "--storage", f"journal:{journal}"])  # with its storage: resumed
+    assert r.exit_code == 0 and "4 layouts evaluated in total" in r.output, r.output
+
+
+@pytest.mark.parametrize(("args", "flag", "target", "ok"), [
+    (["export", "--format", "slime"], "--out", "recipe.yaml", False),  # a shell script into the recipe: written before
+    (["export", "--format", "megatron"], "--out", "pareto.csv", False),
+    (["pareto"], "--csv", "recipe.yaml", False),
+    (["report"], "--out", "pareto.csv", False),
+    (["timeline"], "--out", "recipe.yaml", False),
+    (["export", "--format", "recipe"], "--out", "recipe.yaml", True),  # the same kind of file: the user's to rewrite
+    (["pareto"], "--csv", "pareto.csv", True),
+])
+def test_a_study_s_outputs_are_only_rewritten_by_their_own_kind(study, args, flag, target, ok):
+    folder = study / "results" / "base"
+    before = (folder / target).read_bytes()
+    r = runner.invoke(app, [*args, "--study", "base", "--results-dir", str(study / "results"), flag, str(folder / target)])
+    if ok:
+        assert r.exit_code == 0, r.output
+        return
+    assert r.exit_code == 2 and f"would write over the study's own {target} with another kind of file" in r.output, r.output
+    assert (folder / target).read_bytes() == before

@@ -125,3 +125,43 @@ def test_predicted_layouts_within_one_percent_of_a_predicted_best_are_named():
     assert predicted_ties(rows, 4) == [] and predicted_ties_text([_pred(0, 1000.0), _pred(1, 900.0)], 0) is None
     (note,) = ties_note(rows, 0)
     assert note.startswith("Predicted within 1% of trial 0") and note.endswith("real trials.")
+
+
+def test_between_run_noise_is_the_pooled_spread_of_the_confirmed_layouts():
+    from tuner.report import between_run_noise
+
+    a, b = _row(0, BEST), _row(1, NONE_AG)
+    assert between_run_noise([a, b]) is None  # nothing measured twice
+    a["runs_tokens_per_s_per_gpu"] = [90.0, 110.0]  # SD/mean 14.14%, 1 degree of freedom
+    b["runs_tokens_per_s_per_gpu"] = [100.0, 100.0, 100.0]  # 0%, 2 degrees of freedom
+    pred = _row(2, BEST, source="predicted")
+    pred["runs_tokens_per_s_per_gpu"] = [1.0, 2.0]  # not measured: left out
+    sd_a = math.sqrt(200.0) / 100.0
+    assert math.isclose(between_run_noise([a, b, pred]), math.sqrt(sd_a**2 / 3.0), rel_tol=1e-12)
+
+
+def test_a_single_run_ties_within_the_spread_between_runs_the_study_measured(capsys, monkeypatch):
+    """2026-12-04: eight runs of one layout on the lent H200 spread 10% while each run's steps were steady (CV 2-8%):
+    a layout measured once 8% below the best is not told apart from it once the study has seen that spread."""
+    from rich.console import Console
+
+    from tuner.report import ties_note
+
+    steady = [1.0, 1.01, 0.99, 1.0, 1.01, 0.99, 1.0, 1.01, 0.99, 1.0]
+    rows = [_row(0, steady), _row(1, [1.08 * t for t in steady], dispatcher="allgather")]
+    assert measured_ties(rows, 0) == []  # within-run noise only: 8% apart is a difference
+    assert ties_note(rows, 0) == []
+    tps = rows[0]["tokens_per_s_per_gpu"]
+    rows[0]["runs_tokens_per_s_per_gpu"] = [tps * 0.9, tps, tps * 1.1]  # the best's confirmation runs: SD 10%
+    (t,) = measured_ties(rows, 0)
+    assert t["trial"] == 1 and math.isclose(t["threshold"], 2 * math.sqrt(0.1**2 / 3 + 0.1**2), rel_tol=1e-9)
+    rows[1]["step_times_s"] = [1.5 * x for x in steady]  # 33% slower: still a difference
+    rows[1]["tokens_per_s_per_gpu"] = tps / 1.5
+    assert measured_ties(rows, 0) == []
+    rows[1]["step_times_s"] = [1.08 * x for x in steady]
+    rows[1]["tokens_per_s_per_gpu"] = tps / 1.08
+    (note,) = ties_note(rows, 0)
+    assert "counting the 10.0% spread between runs of one layout" in note and "trial 1 (" in note
+    monkeypatch.setattr(_front, "out", Console(width=400, highlight=False))
+    _front.print_ties(rows, {"trial": 0, "source": "measured"})
+    assert "with the 10.0% spread between runs of one layout this study measured" in capsys.readouterr().out

@@ -50,7 +50,7 @@ def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: st
 def print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:
     """Say which measured trials the best one cannot be told apart from (tuner.report.measured_ties), after the
     runs of the layouts measured more than once (--confirm-runs)."""
-    from tuner.report import TIE_Z, fastest_measured, long_label, measured_ties, runs_summary
+    from tuner.report import TIE_Z, between_run_noise, fastest_measured, long_label, measured_ties, runs_summary
 
     for r in sorted(rows, key=lambda r: -float(r.get("tokens_per_s_per_gpu") or 0)):
         text = runs_summary(r)
@@ -67,8 +67,13 @@ def print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:
         return
     listed = "; ".join(f"trial {t['trial']} ({t['label']}): {t['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU, {0.0 - t['gap']:+.1%}" for t in ties[:5])
     more = f"; and {len(ties) - 5} more" if len(ties) > 5 else ""
+    spread = between_run_noise(rows)
+    basis = ("the median step times" if spread is None
+             else f"the runs, with the {spread:.1%} spread between runs of one layout this study measured")
+    caveat = ("runs of one layout can differ by more than their own noise (docs/measurements.md), so treat them as equally "
+              "fast and choose on memory, or re-measure them (--confirm-runs)." if spread is None
+              else "treat them as equally fast and choose on memory, or give them more runs (--confirm-runs).")
     out.print(
-        f"  [yellow]within measurement noise of trial {best['trial']}[/] ({TIE_Z:g} standard errors of the difference of the median step times): "
-        f"{escape(listed)}{more}. Their step times cannot rank these layouts; runs of one layout can differ by more than their "
-        "own noise (docs/measurements.md), so treat them as equally fast and choose on memory, or re-measure them."
+        f"  [yellow]within measurement noise of trial {best['trial']}[/] ({TIE_Z:g} standard errors of the difference of {basis}): "
+        f"{escape(listed)}{more}. Their step times cannot rank these layouts; {caveat}"
     )

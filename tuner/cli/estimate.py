@@ -95,6 +95,7 @@ def _inputs(model: str | None, gpus: str | None, gpus_per_node: int | None, netw
     """
     from launch.harness.spec import slice_model
     from specs import Workload, load_model, parse_gpus
+    from specs.hardware import network_bytes_per_s
 
     if precision not in ("bf16", "fp8"):
         raise TunerError(f"--precision {precision!r}: accepted bf16 or fp8")
@@ -102,7 +103,7 @@ def _inputs(model: str | None, gpus: str | None, gpus_per_node: int | None, netw
         raise TunerError(f"--layers must be a positive integer (decoder layers of the slice), got {layers!r}")
     m = slice_model(load_model(require(model, "--model", "MiniMax-M2")), layers)
     c = parse_gpus(require(gpus, "--gpus", "64xH200"), gpus_per_node=gpus_per_node,
-                   inter_node_bytes_per_s=network_gbps * 1e9 / 8 if network_gbps is not None else None, usd_per_gpu_hour=usd,
+                   inter_node_bytes_per_s=network_bytes_per_s(network_gbps) if network_gbps is not None else None, usd_per_gpu_hour=usd,
                    network=network, host_memory_gib=host_memory_gib, require_network=True)
     w = Workload(seq_length=seq_len, global_batch_size=global_batch, precision=precision)
     if precision == "fp8" and not c.gpu.peak_flops_fp8:

@@ -265,10 +265,17 @@ STUDY_OWN_FILES = ("study.db", "config.yaml", ".tune.lock")
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
-def check_output_path(option: str, path: Path) -> None:
+#: Files ``tune`` writes into a study's folder besides its record (``config.yaml``) and database (``study.db``).
+STUDY_OUTPUT_FILES = ("pareto.csv", "pareto.png", "recipe.yaml", "run_slime.sh", "megatron_args.sh", "report.html")
+
+
+def check_output_path(option: str, path: Path, *, writes: str | None = None) -> None:
     """Refuse an output file (``--out``, ``--csv``, ``--png``, ``--export``, ...) that would overwrite a study: an
     existing SQLite database (an Optuna RDB storage), an Optuna journal (JSON lines with ``op_code``), or a file a
-    study's folder keeps for itself (:data:`STUDY_OWN_FILES`, beside a ``study.db``); and one under a file.
+    study's folder keeps for itself (:data:`STUDY_OWN_FILES`, beside a ``study.db`` or as the study's record); and one
+    under a file. In a study's folder, one of the study's outputs (:data:`STUDY_OUTPUT_FILES`) is only written over by
+    the same kind of output (``writes``: the file name that output has there, e.g. ``recipe.yaml`` for
+    ``tune export --format recipe``).
 
     Raises:
         TunerError: naming ``option``, the path and why.
@@ -285,10 +292,26 @@ def check_output_path(option: str, path: Path) -> None:
             head = fh.read(4096)
     except OSError:
         return  # the write itself reports it
-    own = path.name in STUDY_OWN_FILES and (path.parent / "study.db").exists()
+    own = path.name in STUDY_OWN_FILES and ((path.parent / "study.db").exists() or _is_study_record(path))
     if head.startswith(_SQLITE_MAGIC) or own or (head.startswith(b"{") and b'"op_code"' in head.split(b"\n", 1)[0]):
         raise TunerError(f"{option} {str(path)!r} is a study's own file (its storage or its record); writing there would lose "
                          "the study and its trials: give another path")
+    in_study = (path.parent / "study.db").exists() or _is_study_record(path.parent / "config.yaml")
+    if path.name in STUDY_OUTPUT_FILES and path.name != writes and in_study:
+        raise TunerError(f"{option} {str(path)!r} would write over the study's own {path.name} with another kind of file"
+                         f"{'' if writes is None else ' (the study keeps this kind as ' + writes + ')'}: give another path")
+
+
+def _is_study_record(path: Path) -> bool:
+    """A study's ``config.yaml`` (its record: the ``config`` and ``resolved`` mappings ``tune`` writes), whatever its
+    storage (a journal-backed study's folder has no study.db to tell it by)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("config"), dict) and "resolved" in data
 
 
 def _check_results_dir(results_dir: str) -> None:

@@ -17,6 +17,7 @@ from search_spaces.rules import RuleEnv
 from search_spaces.space import Enumeration, SearchSpace, enumerate_layouts
 from specs import DEFAULT_RUN_OPTIONS, Cluster, ModelSpec, RunOptions, Workload, load_model, parse_gpus
 from specs.errors import TunerError
+from specs.hardware import network_bytes_per_s
 from specs.layout import Dispatcher
 from tuner.pareto import pareto_mask
 from tuner.study.config import STACKS, TuneConfig, _validate_config, harness_without_te, run_options_for_backend
@@ -81,7 +82,7 @@ def prepare(config: TuneConfig) -> Prepared:
     cluster = parse_gpus(
         config.gpus,
         gpus_per_node=config.gpus_per_node,
-        inter_node_bytes_per_s=config.network_gbps * 1e9 / 8 if config.network_gbps is not None else None,
+        inter_node_bytes_per_s=network_bytes_per_s(config.network_gbps) if config.network_gbps is not None else None,
         usd_per_gpu_hour=config.usd_per_gpu_hour,
         network=config.network,
         host_memory_gib=config.host_memory_gib,

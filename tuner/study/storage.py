@@ -22,7 +22,7 @@ from cost_model.calibration import BASE_CALIBRATION, Calibration
 from launch import TrialFailed
 from specs import ModelSpec
 from specs.errors import TunerError
-from tuner.study.config import TuneConfig, _mask, trial_warmup_steps
+from tuner.study.config import STUDY_OUTPUT_FILES, TuneConfig, _mask, trial_warmup_steps
 from tuner.study.prepare import Prepared
 
 __all__ = ["METRIC_NAMES", "Heartbeat", "StudyLock", "model_spec_from_dict", "model_spec_to_dict", "open_storage", "open_study", "resolved", "storage_url"]
@@ -370,32 +370,57 @@ def open_study(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, *, hea
 def _check_same_storage(cfg: TuneConfig, name: str, out_dir: Path) -> None:
     """Refuse a run whose storage is not the one the study folder records (``results/<study>/config.yaml``): it would
     start another study under the same name and write its files over the folder's (its pareto.csv, recipe, report).
+    A folder whose record cannot be read, or that holds a study's outputs or database with no record, is refused too:
+    nothing would say where its trials are kept.
 
     Raises:
-        TunerError: naming both storages.
+        TunerError: naming both storages, or the record and what to do.
     """
-    try:
-        old = yaml.safe_load((out_dir / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
-        return  # no record (a new folder) or an unreadable one: the study's own checks decide
-    if not isinstance(old, dict) or not isinstance(old.get("config"), dict):
+    if not out_dir.is_dir():
         return
+    rec = out_dir / "config.yaml"
+    where = "it says where the study's trials are kept"
+    if not rec.exists():
+        db = out_dir / "study.db"
+        outputs = [f for f in STUDY_OUTPUT_FILES if (out_dir / f).exists()]
+        if db.exists() and cfg.storage and not same_storage_place(storage_url(cfg, out_dir), f"sqlite:///{db.as_posix()}"):
+            raise TunerError(f"study {name!r}: {out_dir} holds study.db but no config.yaml, and this run names {_mask(cfg.storage)!r}; "
+                             "resume it with no --storage, or give another --study name")
+        if not db.exists() and not cfg.storage and outputs:
+            raise TunerError(f"study {name!r}: {out_dir} holds a study's outputs ({', '.join(outputs)}) but no config.yaml or study.db "
+                             f"({where}); resume it with its --storage, or give another --study name")
+        return
+    try:
+        old = yaml.safe_load(rec.read_text())
+        ok = isinstance(old, dict) and isinstance(old.get("config"), dict)
+        why = "" if ok else "not a study's record"
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        old, ok, why = None, False, f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+    if not ok:
+        raise TunerError(f"study {name!r}: {rec} cannot be read ({why}); {where}. Restore it (or remove the folder), "
+                         "or give another --study name")
+    assert isinstance(old, dict)
     was = old["config"].get("storage")
     if was is not None and not isinstance(was, str):
-        return  # a hand-edited record: the study's own checks decide
+        raise TunerError(f"study {name!r}: {rec} records a storage that is not a URL ({was!r}); {where}. Restore it, or give another --study name")
     before, now = storage_url(dataclasses.replace(cfg, storage=was), out_dir), storage_url(cfg, out_dir)
+    if not same_storage_place(before, now):
+        raise TunerError(
+            f"study {name!r} in {out_dir} is kept in {_mask(before)!r} ({rec}); this run names "
+            f"{_mask(now)!r}. Resume it with {'--storage ' + repr(_mask(was)) if was else 'no --storage'}, or give another --study name"
+        )
 
-    def same_place(url: str) -> str:  # one file named by two paths is one storage
+
+def same_storage_place(a: str, b: str) -> bool:
+    """Two storage URLs that name one place (one SQLite or journal file named by two paths is one storage)."""
+
+    def place(url: str) -> str:
         for prefix in ("sqlite:///", "journal:"):
             if url.startswith(prefix) and "?" not in url:
                 return prefix + str(Path(url[len(prefix):]).resolve())
         return url
 
-    if same_place(before) != same_place(now):
-        raise TunerError(
-            f"study {name!r} in {out_dir} is kept in {_mask(before)!r} ({out_dir / 'config.yaml'}); this run names "
-            f"{_mask(now)!r}. Resume it with {'--storage ' + repr(_mask(was)) if was else 'no --storage'}, or give another --study name"
-        )
+    return place(a) == place(b)
 
 
 def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, heartbeat: Heartbeat | None) -> tuple[optuna.Study, str]:
