@@ -131,3 +131,90 @@ def test_a_study_s_outputs_are_only_rewritten_by_their_own_kind(study, args, fla
         return
     assert r.exit_code == 2 and f"would write over the study's own {target} with another kind of file" in r.output, r.output
     assert (folder / target).read_bytes() == before
+
+
+def _run(args, cwd=None, monkeypatch=None):
+    if cwd is not None:
+        monkeypatch.chdir(cwd)
+    return runner.invoke(app, args)
+
+
+def test_a_relative_storage_is_the_same_file_from_any_folder(tmp_path, monkeypatch):
+    """The record keeps the store resolved where it was written: the same journal named absolutely from elsewhere resumes
+    (refused before); the same relative name from another folder, a different file, is refused (it forked before)."""
+    k, other = tmp_path / "k", tmp_path / "other"
+    (k / "J").mkdir(parents=True)
+    (other / "J").mkdir(parents=True)
+    args = ["--model", "Llama-3.1-8B", "--gpus", "8xH200", "--trials", "2", "--study", "s", "--results-dir", str(k / "R")]
+    assert _run([*args, "--storage", "journal:J/s.log"], k, monkeypatch).exit_code == 0
+    pareto = (k / "R" / "s" / "pareto.csv").read_bytes()
+    r = _run([*args, "--storage", "journal:J/s.log"], other, monkeypatch)
+    assert r.exit_code == 2 and f"is kept in 'journal:{(k / 'J' / 's.log').resolve()}'" in r.output, r.output
+    assert (k / "R" / "s" / "pareto.csv").read_bytes() == pareto and not (other / "J" / "s.log").exists()
+    r = _run([*args, "--storage", f"journal:{k / 'J' / 's.log'}"], other, monkeypatch)
+    assert r.exit_code == 0 and "4 layouts evaluated in total" in r.output, r.output
+    r = _run(["pareto", "--study", "s", "--results-dir", str(k / "R")], other, monkeypatch)  # the recorded store, found from here
+    assert r.exit_code == 0 and "Pareto front" in r.output, r.output
+
+
+def test_a_moved_study_folder_resumes_and_is_not_forked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["--model", "Llama-3.1-8B", "--gpus", "8xH200", "--trials", "2", "--study", "s"]
+    assert runner.invoke(app, [*args, "--results-dir", "M", "--storage", "sqlite:///M/s/study.db"]).exit_code == 0
+    (tmp_path / "M").rename(tmp_path / "M2")
+    (tmp_path / "M" / "s").mkdir(parents=True)
+    r = runner.invoke(app, [*args, "--results-dir", "M2", "--storage", "sqlite:///M/s/study.db"])  # a new empty store: forked before
+    assert r.exit_code == 2 and "holds study.db, and this run would start a new store" in r.output, r.output
+    assert not (tmp_path / "M" / "s" / "study.db").exists()
+    r = runner.invoke(app, [*args, "--results-dir", "M2"])  # refused before: the record named M's database
+    assert r.exit_code == 0 and "4 layouts evaluated in total" in r.output, r.output
+
+
+def test_charts_are_not_a_study_and_side_files_are_its_own(tmp_path):
+    res = tmp_path / "results"
+    (res / "new").mkdir(parents=True)
+    (res / "new" / "pareto.png").write_bytes(b"\x89PNG")  # e.g. `tune estimate --plot results/new/pareto.png`
+    args = ["--model", "Llama-3.1-8B", "--gpus", "8xH200", "--trials", "2", "--results-dir", str(res)]
+    assert runner.invoke(app, [*args, "--study", "new"]).exit_code == 0
+    folder, journal, jargs = _journal_study(tmp_path, "j")
+    for target in (folder / ".tune.lock", res / "new" / "study.db-wal"):
+        target.write_text("x") if not target.exists() else None
+        r = runner.invoke(app, ["export", "--study", "new", "--results-dir", str(res), "--format", "recipe", "--out", str(target)])
+        assert r.exit_code == 2 and "is a study's own file" in r.output, (target, r.output)
+    r = runner.invoke(app, ["export", "--study", "new", "--results-dir", str(res), "--format", "recipe", "--out", str(folder / "recipe.yaml")])
+    assert r.exit_code == 2 and "is study 'j''s own recipe.yaml; this writes study 'new''s" in r.output, r.output
+
+
+@pytest.mark.parametrize("record", [b"[" * 5000 + b"]" * 5000, b"config: {storage: \"sqlite:///a\\0b\"}\nresolved: {}\n", b""])
+def test_a_damaged_record_is_a_users_file_not_an_internal_error(tmp_path, record):
+    res = tmp_path / "results"
+    args = ["--model", "Llama-3.1-8B", "--gpus", "8xH200", "--trials", "2", "--study", "s", "--results-dir", str(res)]
+    assert runner.invoke(app, args).exit_code == 0
+    (res / "s" / "config.yaml").write_bytes(record)
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and "internal error" not in r.output and "config.yaml" in r.output, r.output
+    assert "delete it to resume the folder's study.db with no --storage" in r.output  # not "remove the folder": it holds the trials
+    r = runner.invoke(app, ["pareto", "--study", "s", "--results-dir", str(res)])  # study.db is beside it: still read
+    assert r.exit_code == 0, r.output
+
+
+def test_a_dangling_record_link_is_refused(tmp_path):
+    res = tmp_path / "results"
+    args = ["--model", "Llama-3.1-8B", "--gpus", "8xH200", "--trials", "2", "--study", "s", "--results-dir", str(res)]
+    assert runner.invoke(app, args).exit_code == 0
+    (res / "s" / "config.yaml").unlink()
+    (res / "s" / "config.yaml").symlink_to(tmp_path / "nowhere.yaml")
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and "is a link to nothing" in r.output and not (tmp_path / "nowhere.yaml").exists(), r.output
+
+
+def test_verify_may_rewrite_the_study_s_recipe(study):
+    """tune verify --out writes the recipe with its correctness block: the study's recipe.yaml is its kind of file (it
+    was refused as another kind). Without torch the command then stops on the harness's needs, before any write."""
+    folder = study / "results" / "base"
+    r = runner.invoke(app, ["verify", "--study", "base", "--results-dir", str(study / "results"), "--trial", "0",
+                            "--reference", "tp=1,pp=1", "--out", str(folder / "recipe.yaml")])
+    assert "would write over" not in r.output and "is a study's own file" not in r.output, r.output
+    r = runner.invoke(app, ["verify", "--study", "base", "--results-dir", str(study / "results"), "--trial", "0",
+                            "--reference", "tp=1,pp=1", "--out", str(folder / "pareto.csv")])
+    assert r.exit_code == 2 and "would write over the study's own pareto.csv" in r.output, r.output

@@ -237,12 +237,18 @@ def recorded_storage(config_yaml: Path) -> str | None:
     """The ``--storage`` a study was run with, as its ``results/<study>/config.yaml`` records it (None if none)."""
     import yaml
 
+    from tuner.study.config import RECORD_ERRORS, read_study_record
+
     try:
-        cfg = (yaml.safe_load(config_yaml.read_text()) or {}).get("config") or {}
-    except (OSError, yaml.YAMLError, AttributeError):
+        rec = read_study_record(config_yaml)
+        cfg = (rec or {}).get("config") or {}
+        st = cfg.get("storage")
+    except (*RECORD_ERRORS, yaml.YAMLError, AttributeError):
         return None
-    st = cfg.get("storage")
-    return st if isinstance(st, str) and st else None
+    if not (isinstance(st, str) and st):
+        return None
+    place = rec.get("storage_place")  # the same store made absolute when it was written: found from any folder
+    return place if isinstance(place, str) and place and "\0" not in place else st
 
 
 def load_study(study: str | None, storage: str | None, results_dir: Path) -> Any:

@@ -53,7 +53,7 @@ def pareto(
     if csv_out:  # before the study is opened
         from tuner.study.config import check_output_path
 
-        check_output_path("--csv", csv_out, writes="pareto.csv")
+        check_output_path("--csv", csv_out, writes="pareto.csv", study=study)
     st = load_study(study, storage, results_dir)
     m, c, w, cfg = study_context(st)
     rows = trial_rows(st)
@@ -122,7 +122,7 @@ def export_cmd(
     if out_file is not None:
         from tuner.study.config import check_output_path
 
-        check_output_path("--out", out_file, writes=exporter.file_name)
+        check_output_path("--out", out_file, writes=exporter.file_name, study=study)
     st = load_study(study, storage, results_dir)
     m, c, w, cfg = study_context(st)
     rows = trial_rows(st)

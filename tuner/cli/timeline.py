@@ -218,7 +218,7 @@ def report(
     if out_file is not None:  # before the study is opened
         from tuner.study.config import check_output_path
 
-        check_output_path("--out", out_file, writes="report.html")
+        check_output_path("--out", out_file, writes="report.html", study=study)
     st = load_study(study, storage, results_dir)
     m, c, w, cfg = study_context(st)
     rows = trial_rows(st)

@@ -117,7 +117,7 @@ def _check_out(out_file: Path | None) -> None:
     if out_file is not None:
         from tuner.study.config import check_output_path
 
-        check_output_path("--out", out_file)
+        check_output_path("--out", out_file, writes="recipe.yaml")  # the recipe with its correctness block
     if out_file is not None and (out_file.is_dir() or not (out_file.parent.is_dir() and os.access(out_file.parent, os.W_OK))):
         raise TunerError(f"--out {str(out_file)!r}: cannot write a file there (checked before any GPU work, not after)")
 

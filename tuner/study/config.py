@@ -261,6 +261,7 @@ def _validate_config(config: TuneConfig) -> None:
 
 
 #: The files a study's folder keeps for itself (``results/<study>/``): an output written over one loses the study.
+#: SQLite's own side files of ``study.db`` (``study.db-wal``, ``-shm``, ``-journal``) count too (:func:`_own_name`).
 STUDY_OWN_FILES = ("study.db", "config.yaml", ".tune.lock")
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -268,14 +269,50 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"
 #: Files ``tune`` writes into a study's folder besides its record (``config.yaml``) and database (``study.db``).
 STUDY_OUTPUT_FILES = ("pareto.csv", "pareto.png", "recipe.yaml", "run_slime.sh", "megatron_args.sh", "report.html")
 
+#: What reading a study's record can raise on a damaged file (a binary, a nesting deeper than Python's stack, a NUL in a
+#: path); each is a user's file to name, not an internal error.
+RECORD_ERRORS: tuple[type[BaseException], ...] = (OSError, UnicodeDecodeError, RecursionError, ValueError)
 
-def check_output_path(option: str, path: Path, *, writes: str | None = None) -> None:
+
+def _own_name(name: str) -> bool:
+    return name in STUDY_OWN_FILES or name.startswith("study.db-")
+
+
+def read_study_record(path: Path) -> Any:
+    """The parsed ``config.yaml`` of a study folder (any YAML value; the caller checks its shape).
+
+    Raises:
+        the errors of :data:`RECORD_ERRORS` and ``yaml.YAMLError``: unreadable, not text, not YAML, nested too deeply.
+    """
+    import yaml
+
+    return yaml.safe_load(path.read_text())
+
+
+def _is_study_record(path: Path) -> bool:
+    """A study's ``config.yaml`` (its record: the ``config`` and ``resolved`` mappings ``tune`` writes), whatever its
+    storage (a journal-backed study's folder has no study.db to tell it by)."""
+    import yaml
+
+    try:
+        data = read_study_record(path)
+    except (*RECORD_ERRORS, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("config"), dict) and "resolved" in data
+
+
+def is_study_folder(folder: Path) -> bool:
+    """A folder ``tune`` made for a study: it holds ``study.db`` or a study's record."""
+    return (folder / "study.db").exists() or _is_study_record(folder / "config.yaml")
+
+
+def check_output_path(option: str, path: Path, *, writes: str | None = None, study: str | None = None) -> None:
     """Refuse an output file (``--out``, ``--csv``, ``--png``, ``--export``, ...) that would overwrite a study: an
     existing SQLite database (an Optuna RDB storage), an Optuna journal (JSON lines with ``op_code``), or a file a
-    study's folder keeps for itself (:data:`STUDY_OWN_FILES`, beside a ``study.db`` or as the study's record); and one
-    under a file. In a study's folder, one of the study's outputs (:data:`STUDY_OUTPUT_FILES`) is only written over by
-    the same kind of output (``writes``: the file name that output has there, e.g. ``recipe.yaml`` for
-    ``tune export --format recipe``).
+    study's folder keeps for itself (:data:`STUDY_OWN_FILES`); and one under a file. In a study's folder, one of the
+    study's outputs (:data:`STUDY_OUTPUT_FILES`) is only written over by the same kind of output of the same study
+    (``writes``: the file name that output has there, e.g. ``recipe.yaml`` for ``tune export --format recipe``;
+    ``study``: the study this command reads, whose folder is ``<results-dir>/<study>``).
 
     Raises:
         TunerError: naming ``option``, the path and why.
@@ -292,26 +329,39 @@ def check_output_path(option: str, path: Path, *, writes: str | None = None) -> 
             head = fh.read(4096)
     except OSError:
         return  # the write itself reports it
-    own = path.name in STUDY_OWN_FILES and ((path.parent / "study.db").exists() or _is_study_record(path))
+    in_study = is_study_folder(path.parent)
+    own = _own_name(path.name) and in_study
     if head.startswith(_SQLITE_MAGIC) or own or (head.startswith(b"{") and b'"op_code"' in head.split(b"\n", 1)[0]):
         raise TunerError(f"{option} {str(path)!r} is a study's own file (its storage or its record); writing there would lose "
                          "the study and its trials: give another path")
-    in_study = (path.parent / "study.db").exists() or _is_study_record(path.parent / "config.yaml")
-    if path.name in STUDY_OUTPUT_FILES and path.name != writes and in_study:
-        raise TunerError(f"{option} {str(path)!r} would write over the study's own {path.name} with another kind of file"
-                         f"{'' if writes is None else ' (the study keeps this kind as ' + writes + ')'}: give another path")
+    if path.name in STUDY_OUTPUT_FILES and in_study:
+        if study is not None and path.parent.name != study:
+            raise TunerError(f"{option} {str(path)!r} is study {path.parent.name!r}'s own {path.name}; this writes study "
+                             f"{study!r}'s: give another path")
+        if path.name != writes:
+            raise TunerError(f"{option} {str(path)!r} would write over the study's own {path.name} with another kind of file"
+                             f"{'' if writes is None else ' (the study keeps this kind as ' + writes + ')'}: give another path")
 
 
-def _is_study_record(path: Path) -> bool:
-    """A study's ``config.yaml`` (its record: the ``config`` and ``resolved`` mappings ``tune`` writes), whatever its
-    storage (a journal-backed study's folder has no study.db to tell it by)."""
-    import yaml
+def storage_file(url: str) -> Path | None:
+    """The file of a file-backed Optuna storage (``sqlite:///PATH``, ``journal:PATH``; a query string dropped), or
+    None for a server URL. The path as written (relative ones stay relative)."""
+    for prefix in ("sqlite:///", "journal:"):
+        if url.startswith(prefix):
+            return Path(url[len(prefix):].split("?", 1)[0])
+    return None
 
+
+def storage_place(url: str) -> str:
+    """``url`` with its file, if it has one, made absolute and resolved (relative paths against this process's folder),
+    so that two names of one file compare equal; a server URL, or a path that cannot be resolved, as it is."""
+    f = storage_file(url)
+    if f is None:
+        return url
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return False
-    return isinstance(data, dict) and isinstance(data.get("config"), dict) and "resolved" in data
+        return ("sqlite:///" if url.startswith("sqlite:///") else "journal:") + str(f.resolve())
+    except (OSError, ValueError, RuntimeError):  # a NUL byte, a symlink loop
+        return url
 
 
 def _check_results_dir(results_dir: str) -> None:

@@ -22,7 +22,7 @@ from cost_model.calibration import BASE_CALIBRATION, Calibration
 from launch import TrialFailed
 from specs import ModelSpec
 from specs.errors import TunerError
-from tuner.study.config import STUDY_OUTPUT_FILES, TuneConfig, _mask, trial_warmup_steps
+from tuner.study.config import RECORD_ERRORS, STUDY_OUTPUT_FILES, TuneConfig, _mask, read_study_record, storage_file, storage_place, trial_warmup_steps
 from tuner.study.prepare import Prepared
 
 __all__ = ["METRIC_NAMES", "Heartbeat", "StudyLock", "model_spec_from_dict", "model_spec_to_dict", "open_storage", "open_study", "resolved", "storage_url"]
@@ -368,59 +368,63 @@ def open_study(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, *, hea
 
 
 def _check_same_storage(cfg: TuneConfig, name: str, out_dir: Path) -> None:
-    """Refuse a run whose storage is not the one the study folder records (``results/<study>/config.yaml``): it would
-    start another study under the same name and write its files over the folder's (its pareto.csv, recipe, report).
-    A folder whose record cannot be read, or that holds a study's outputs or database with no record, is refused too:
-    nothing would say where its trials are kept.
+    """Refuse a run that would fork a study folder's trials: its storage is not the one the folder records
+    (``results/<study>/config.yaml``, compared as resolved files) while that one still exists; or the folder's record
+    cannot be read; or the folder holds a study's outputs or database but no record, and this run would start a new
+    store beside them. A study whose recorded store is gone (its folder or journal moved) resumes from the one named.
 
     Raises:
         TunerError: naming both storages, or the record and what to do.
     """
+    import yaml
+
     if not out_dir.is_dir():
         return
-    rec = out_dir / "config.yaml"
-    where = "it says where the study's trials are kept"
+    rec, db = out_dir / "config.yaml", out_dir / "study.db"
+    now = storage_url(cfg, out_dir)
+    here = storage_place(now)
+    db_url = f"sqlite:///{db.as_posix()}"
+    new_file = storage_file(now)
+    starts_new = new_file is not None and not new_file.exists()
+    if rec.is_symlink() and not rec.exists():
+        raise TunerError(f"study {name!r}: {rec} is a link to nothing; it says where the study's trials are kept. Restore it, "
+                         "or give another --study name")
     if not rec.exists():
-        db = out_dir / "study.db"
-        outputs = [f for f in STUDY_OUTPUT_FILES if (out_dir / f).exists()]
-        if db.exists() and cfg.storage and not same_storage_place(storage_url(cfg, out_dir), f"sqlite:///{db.as_posix()}"):
+        outputs = [f for f in STUDY_OUTPUT_FILES if f != "pareto.png" and (out_dir / f).exists()]  # a chart is not a study's
+        if db.exists() and cfg.storage and here != storage_place(db_url):
             raise TunerError(f"study {name!r}: {out_dir} holds study.db but no config.yaml, and this run names {_mask(cfg.storage)!r}; "
                              "resume it with no --storage, or give another --study name")
         if not db.exists() and not cfg.storage and outputs:
             raise TunerError(f"study {name!r}: {out_dir} holds a study's outputs ({', '.join(outputs)}) but no config.yaml or study.db "
-                             f"({where}); resume it with its --storage, or give another --study name")
+                             "(they say where its trials are kept); resume it with its --storage, or give another --study name")
         return
+    fix = ("delete it to resume the folder's study.db with no --storage" if db.exists()
+           else "delete it and resume with the study's --storage")
     try:
-        old = yaml.safe_load(rec.read_text())
-        ok = isinstance(old, dict) and isinstance(old.get("config"), dict)
-        why = "" if ok else "not a study's record"
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        old, ok, why = None, False, f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
-    if not ok:
-        raise TunerError(f"study {name!r}: {rec} cannot be read ({why}); {where}. Restore it (or remove the folder), "
-                         "or give another --study name")
-    assert isinstance(old, dict)
+        old = read_study_record(rec)
+        why = "" if isinstance(old, dict) and isinstance(old.get("config"), dict) else "not a study's record"
+    except (*RECORD_ERRORS, yaml.YAMLError) as e:
+        old, why = None, f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+    if why or not isinstance(old, dict):
+        raise TunerError(f"study {name!r}: {rec} cannot be read ({why}); it says where the study's trials are kept. Restore it, "
+                         f"or {fix}; or give another --study name")
     was = old["config"].get("storage")
-    if was is not None and not isinstance(was, str):
-        raise TunerError(f"study {name!r}: {rec} records a storage that is not a URL ({was!r}); {where}. Restore it, or give another --study name")
-    before, now = storage_url(dataclasses.replace(cfg, storage=was), out_dir), storage_url(cfg, out_dir)
-    if not same_storage_place(before, now):
-        raise TunerError(
-            f"study {name!r} in {out_dir} is kept in {_mask(before)!r} ({rec}); this run names "
-            f"{_mask(now)!r}. Resume it with {'--storage ' + repr(_mask(was)) if was else 'no --storage'}, or give another --study name"
-        )
-
-
-def same_storage_place(a: str, b: str) -> bool:
-    """Two storage URLs that name one place (one SQLite or journal file named by two paths is one storage)."""
-
-    def place(url: str) -> str:
-        for prefix in ("sqlite:///", "journal:"):
-            if url.startswith(prefix) and "?" not in url:
-                return prefix + str(Path(url[len(prefix):]).resolve())
-        return url
-
-    return place(a) == place(b)
+    place = old.get("storage_place")
+    if (was is not None and not isinstance(was, str)) or (place is not None and not isinstance(place, str)) or "\0" in f"{was}{place}":
+        raise TunerError(f"study {name!r}: {rec} records a storage that is not a URL ({was!r}); it says where the study's trials "
+                         f"are kept. Restore it, or {fix}; or give another --study name")
+    # the recorded store, resolved where it was written (older records: resolved now, as it was named)
+    then = storage_place(db_url) if not was else (place or storage_place(was))
+    then_file = storage_file(then)
+    if then != here and (then_file is None or then_file.exists()):
+        again = "no --storage" if not was else f"--storage {_mask(then)!r}"
+        raise TunerError(f"study {name!r} in {out_dir} is kept in {_mask(then)!r} ({rec}); this run names {_mask(now)!r}. "
+                         f"Resume it with {again}, or give another --study name")
+    # the recorded store is still there and named, or gone (moved with its folder, or deleted): the run resumes from the
+    # one it names, but does not start a new, empty store beside the folder's own study.db
+    if db.exists() and here != storage_place(db_url) and starts_new:
+        raise TunerError(f"study {name!r}: {out_dir} holds study.db, and this run would start a new store at {_mask(now)!r} "
+                         "instead; resume it with no --storage, or give another --study name")
 
 
 def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, heartbeat: Heartbeat | None) -> tuple[optuna.Study, str]:
@@ -493,7 +497,8 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, he
             study.set_user_attr(key, value)
     try:
         (out_dir / "config.yaml").write_text(
-            yaml.safe_dump({"config": cfg.to_dict(), "resolved": now, "space": prep.space.to_dict(), "calibration": prep.calibration.to_dict()}, sort_keys=False)
+            yaml.safe_dump({"config": cfg.to_dict(), "storage_place": storage_place(url), "resolved": now, "space": prep.space.to_dict(),
+                            "calibration": prep.calibration.to_dict()}, sort_keys=False)
         )
     except OSError as e:
         raise TunerError(f"cannot write {out_dir / 'config.yaml'} ({e.strerror or e})") from None
