@@ -145,7 +145,8 @@ def between_run_noise(rows: list[dict[str, Any]]) -> float | None:
         if len(runs) >= 2:
             num += (len(runs) - 1) * _mean_rel_sd(runs)[1] ** 2
             den += len(runs) - 1
-    return math.sqrt(num / den) if den else None
+    spread = math.sqrt(num / den) if den else None
+    return spread if spread is not None and math.isfinite(spread) else None  # runs of 1e308 tokens/s: no spread to say
 
 
 def fastest_measured(rows: list[dict[str, Any]]) -> dict[str, Any] | None:

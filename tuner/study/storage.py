@@ -497,7 +497,7 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, he
             study.set_user_attr(key, value)
     try:
         (out_dir / "config.yaml").write_text(
-            yaml.safe_dump({"config": cfg.to_dict(), "storage_place": storage_place(url), "resolved": now, "space": prep.space.to_dict(),
+            yaml.safe_dump({"config": cfg.to_dict(), "storage_place": storage_place(url) if storage_file(url) else None, "resolved": now, "space": prep.space.to_dict(),
                             "calibration": prep.calibration.to_dict()}, sort_keys=False)
         )
     except OSError as e:
