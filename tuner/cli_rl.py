@@ -24,7 +24,7 @@ from cost_model.rl.engine import Engine, GenerationPrecision
 from cost_model.rl.layouts import TrainerLayout, parse_engine_layout, parse_trainer_layout
 from cost_model.rl.lengths import LengthDistribution
 from cost_model.rl.models import load_rl_model
-from cost_model.rl.plan import Framework, PlanChoice, RLJob, RLPlan, check_async_steps, enumerate_plans, evaluate
+from cost_model.rl.plan import MAX_SEQUENCES_PER_STEP, Framework, PlanChoice, RLJob, RLPlan, check_async_steps, enumerate_plans, evaluate
 from cost_model.rl.trainer import TrainerBackend, trainer_for_layout
 from cost_model.rl.validate import predict_rows, read_runs, summarise
 from launch.exporters import ExportContext, get_exporter
@@ -44,6 +44,10 @@ EngineOpt = Annotated[Engine | None, typer.Option("--engine", help="vllm or sgla
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
 CalOpt = Annotated[Path | None, typer.Option("--calibration", help="RL calibration YAML from `tune rl calibrate`.")]
 
+
+#: The most sequences one engine may run at once (``--max-num-seqs``): no engine runs more than a step holds
+#: (``MAX_SEQUENCES_PER_STEP``, cost_model/rl/plan.py).
+MAX_NUM_SEQS = MAX_SEQUENCES_PER_STEP
 
 def _fail(e: TunerError) -> typer.Exit:
     _err.print(f"[red]error: {escape(str(e))}[/red]", highlight=False, soft_wrap=True)
@@ -183,8 +187,9 @@ def _check_plan_options(
     check_async_steps(job, async_steps)
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:  # NaN fails too
         raise TunerError(f"--gpu-memory-utilization {gpu_memory_utilization:g}: must be in (0, 1] (the fraction of each GPU's memory an engine takes)")
-    if max_num_seqs is not None and max_num_seqs < 1:
-        raise TunerError(f"--max-num-seqs {max_num_seqs}: must be at least 1 (sequences an engine runs at once; the search tries 256 and 1024 by default)")
+    if max_num_seqs is not None and not 1 <= max_num_seqs <= MAX_NUM_SEQS:
+        raise TunerError(f"--max-num-seqs {max_num_seqs}: must be in 1..{MAX_NUM_SEQS:,} (sequences an engine runs at once; the search "
+                         "tries 256 and 1024 by default)")
     if top < 1:
         raise TunerError(f"--top {top}: must be at least 1 (plans to print)")
     if colocated is False and cl.num_nodes == 1:

@@ -344,6 +344,11 @@ def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
 #: The longest training step a trials row may report (s): a day. The harness times a few steps of a short trial
 #: (seconds each on the device: docs/measurements.md); a larger figure is a unit slip (ms or us written as s).
 MAX_STEP_TIME_S = 86_400.0
+#: The shortest step and the smallest peak a measured row may give: a training step takes at least a kernel launch's
+#: microseconds and a training process holds at least its CUDA context's megabytes; below these the error is a unit slip
+#: (or 1e-320), and the ratio of a prediction to it is not a number to print.
+MIN_STEP_TIME_S = 1e-6
+MIN_PEAK_GIB = 1e-3
 
 
 def _check_measured(d: dict[str, Any], hbm_gib: float, where: str) -> None:
@@ -360,10 +365,16 @@ def _check_measured(d: dict[str, Any], hbm_gib: float, where: str) -> None:
     if float(d["step_time_s"]) > MAX_STEP_TIME_S:
         raise TunerError(f"{where}: step_time_s {d['step_time_s']!r} is more than a day ({MAX_STEP_TIME_S:,.0f} s); the "
                          "harness writes seconds per training step")
+    if float(d["step_time_s"]) < MIN_STEP_TIME_S:
+        raise TunerError(f"{where}: step_time_s {d['step_time_s']!r} is less than {MIN_STEP_TIME_S:g} s; the harness writes "
+                         "seconds per training step")
     for key in ("peak_reserved_gib", "peak_allocated_gib"):
         if _pos(d.get(key)) and float(d[key]) > hbm_gib:
             raise TunerError(f"{where}: {key} {d[key]!r} is more than the {d['gpus']} GPU holds ({hbm_gib:.1f} GiB); the "
                              "harness writes GiB per GPU (2**30 bytes)")
+        if _pos(d.get(key)) and float(d[key]) < MIN_PEAK_GIB:
+            raise TunerError(f"{where}: {key} {d[key]!r} is less than {MIN_PEAK_GIB:g} GiB; the harness writes GiB per GPU "
+                             "(2**30 bytes)")
 
 
 def _pos(v: Any) -> bool:

@@ -54,6 +54,7 @@ class MeasuredStep:
 
 
 _NEMO_TIMER = re.compile(r"^\s*•\s*([A-Za-z0-9_/\- ]+?):\s*([0-9.]+)s(?:\s*\([0-9.]+%\))?\s*$")
+_NEMO_TIMER_LIKE = re.compile(r"^\s*•\s*([A-Za-z0-9_/\- ]+?):\s*(\S+?)s(?:\s*\(.*\))?\s*$")  # a timer line, any value
 _NEMO_LEN = re.compile(r"Mean Generation Length:\s*([0-9.]+)")
 _SLIME = re.compile(r"perf (\d+): (\{.*\})\s*$")
 
@@ -72,6 +73,10 @@ def _nemo(lines: list[str]) -> list[MeasuredStep]:
             while i < len(lines):
                 t = _NEMO_TIMER.match(lines[i])
                 if not t:
+                    bad = _NEMO_TIMER_LIKE.match(lines[i])
+                    if bad:  # e.g. "nan s" or "-5.00s": a step left out without a word before
+                        raise TunerError(f"line {i + 1}: timer {bad.group(1).strip()!r} reads {bad.group(2)!r}, not a number of seconds "
+                                         "(NeMo-RL writes '• NAME: 12.34s (5.6%)')")
                     break
                 timers[t.group(1).strip()] = float(t.group(2))
                 i += 1
@@ -150,7 +155,10 @@ def read_log(path: str | Path) -> list[MeasuredStep]:
         lines = p.read_text(errors="replace").splitlines()
     except OSError as e:
         raise TunerError(f"--log {str(p)!r}: cannot read it ({e.strerror or e})") from None
-    steps = _nemo(lines) or _slime(lines)
+    try:
+        steps = _nemo(lines) or _slime(lines)
+    except TunerError as e:
+        raise TunerError(f"--log {str(p)!r}: {e}") from None
     if not steps:
         raise TunerError(
             f"--log {str(p)!r}: no step timing found; expected NeMo-RL's '⏱️  Timing:' blocks "

@@ -120,8 +120,9 @@ MINIMAX = ["--model", "MiniMax-M2", "--gpus", "8x8xH200"]
     ("extra", "needle"),
     [
         # crashed (exit 1, "internal error") before
-        (["--max-num-seqs", "0"], "--max-num-seqs 0: must be at least 1"),
-        (["--max-num-seqs", "-1"], "--max-num-seqs -1: must be at least 1"),
+        (["--max-num-seqs", "0"], "--max-num-seqs 0: must be in 1..16,384"),
+        (["--max-num-seqs", "-1"], "--max-num-seqs -1: must be in 1..16,384"),
+        (["--max-num-seqs", "99999999999"], "--max-num-seqs 99999999999: must be in 1..16,384"),  # accepted before
         (["--engine-ep", "0"], "--engine-ep 0: must be at least 1 (1 = experts tensor-parallel); accepted: 1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64"),
         (["--gpu-memory-utilization", "nan"], "--gpu-memory-utilization nan: must be in (0, 1]"),
         # accepted with exit 0 before
@@ -389,3 +390,17 @@ def test_calibrate_names_rollout_gpus_that_are_not_whole_nodes():
     ])
     msg = " ".join(r.stderr.split())
     assert r.exit_code == 2 and "--rollout-gpus 17: rollout GPUs are whole 8-GPU nodes of --gpus 4x8xH100" in msg and "accepted: 8, 16, 24" in msg, msg
+
+
+@pytest.mark.parametrize("value", ["nans", "-5.00s"])
+def test_calibrate_names_a_timer_that_is_not_a_number(tmp_path, value):
+    """The step with such a timer was left out without a word before (or, when every step had one, 'no step timing')."""
+    src = (ROOT / "tests" / "fixtures" / "rl_logs" / "nemo_rl_grpo_sync.log").read_text()
+    log = tmp_path / "bad.log"
+    log.write_text(src.replace("• generation: 200.00s (66.7%)", f"• generation: {value} (66.7%)", 1))
+    r = CliRunner().invoke(app, [
+        "rl", "calibrate", "--log", str(log), "--model", "Qwen3-30B-A3B", "--gpus", "4x8xH100", "--rollout-gpus", "32", "--colocated",
+        "--rollout-layout", "vllm:tp=2,ep=1,pp=1", "--trainer-layout", "megatron:tp=1,cp=1,ep=8,pp=1,vpp=1",
+    ])
+    msg = " ".join(r.stderr.split())
+    assert r.exit_code == 2 and f"line 14: timer 'generation' reads {value[:-1]!r}, not a number of seconds" in msg, r.output

@@ -92,6 +92,8 @@ def test_validate_trials_predicts_each_stack_with_its_calibration(tmp_path):
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "versions": {"transformer_engine": "banana"}}),
          "got 'banana'"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "step_time_s": 1.5e6}), "step_time_s 1500000.0 is more than a day"),
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "step_time_s": 1e-320}), "step_time_s 1e-320 is less than 1e-06 s"),  # inf% before
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "peak_reserved_gib": 1e-320}), "peak_reserved_gib 1e-320 is less than 0.001 GiB"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "peak_reserved_gib": 500.0}),
          "peak_reserved_gib 500.0 is more than the 1xH200 GPU holds"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "versions": {"transformer_engine": "0.9.0"}}),
