@@ -170,7 +170,8 @@ def network_bytes_per_s(gbps: float) -> float:
     """``--network-gbps`` (Gb/s per node) as bytes/s, checked first in its own unit (1e308 Gb/s overflows as bytes).
 
     Raises:
-        TunerError: see :func:`check_network_gbps`.
+        TunerError: not finite, or outside [MIN_NETWORK_GBPS, MAX_NETWORK_GBPS] (one message naming ``--network-gbps``
+            and the range).
     """
     if not (math.isfinite(gbps) and MIN_NETWORK_GBPS <= gbps <= MAX_NETWORK_GBPS):
         raise TunerError(f"--network-gbps must be a number of at least {MIN_NETWORK_GBPS:g} and at most "
@@ -184,10 +185,7 @@ def check_network_gbps(bytes_per_s: float) -> None:
     Raises:
         TunerError: not finite, or outside the range (one message naming ``--network-gbps`` and the range).
     """
-    gbps = bytes_per_s * 8 / 1e9
-    if not (math.isfinite(gbps) and MIN_NETWORK_GBPS <= gbps <= MAX_NETWORK_GBPS):
-        raise TunerError(f"--network-gbps must be a number of at least {MIN_NETWORK_GBPS:g} and at most "
-                         f"{MAX_NETWORK_GBPS:,.0f} Gb/s per node, got {gbps:g}")
+    network_bytes_per_s(bytes_per_s * 8 / 1e9)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

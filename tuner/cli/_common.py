@@ -166,19 +166,10 @@ class TuneGroup(TyperGroup):
 
 def _missing_sqlite_file(url: str) -> Path | None:
     """The file of a SQLite URL when it does not exist (query strings and ``sqlite+driver`` forms included), else None."""
-    if not url.startswith("sqlite"):
-        return None
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
+    from tuner.study.config import storage_file
 
-    try:
-        u = make_url(url)
-    except ArgumentError:
-        return None  # Optuna reports a malformed URL itself
-    db = u.database or ""
-    if not u.drivername.startswith("sqlite") or db in ("", ":memory:") or db.startswith("file:"):
-        return None
-    return None if Path(db).is_file() else Path(db)
+    db = storage_file(url) if url.startswith("sqlite") else None
+    return None if db is None or db.is_file() else db
 
 
 def _is_storage_error(e: BaseException) -> bool:

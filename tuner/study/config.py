@@ -344,12 +344,26 @@ def check_output_path(option: str, path: Path, *, writes: str | None = None, stu
 
 
 def storage_file(url: str) -> Path | None:
-    """The file of a file-backed Optuna storage (``sqlite:///PATH``, ``journal:PATH``; a query string dropped), or
-    None for a server URL. The path as written (relative ones stay relative)."""
-    for prefix in ("sqlite:///", "journal:"):
-        if url.startswith(prefix):
-            return Path(url[len(prefix):].split("?", 1)[0])
-    return None
+    """The file of a file-backed Optuna storage, as written (relative paths stay relative), or None for a server URL,
+    an in-memory or ``file:`` SQLite URL, or a malformed one. ``journal:PATH`` and ``journal://PATH`` (Optuna's
+    ``JournalFileBackend`` path); SQLite as SQLAlchemy reads it (``make_url``: ``sqlite+pysqlite:///``, query strings)."""
+    if url.startswith("journal:"):
+        path = url[len("journal:"):]
+        path = path[2:] if path.startswith("//") else path
+        return Path(path) if path else None
+    if not url.startswith("sqlite"):
+        return None
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        u = make_url(url)
+    except (ArgumentError, ValueError):
+        return None
+    db = u.database or ""
+    if not u.drivername.startswith("sqlite") or db in ("", ":memory:") or db.startswith("file:"):
+        return None
+    return Path(db)
 
 
 def storage_place(url: str) -> str:
@@ -359,7 +373,7 @@ def storage_place(url: str) -> str:
     if f is None:
         return url
     try:
-        return ("sqlite:///" if url.startswith("sqlite:///") else "journal:") + str(f.resolve())
+        return ("journal:" if url.startswith("journal:") else "sqlite:///") + str(f.resolve())
     except (OSError, ValueError, RuntimeError):  # a NUL byte, a symlink loop
         return url
 

@@ -151,11 +151,10 @@ def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None =
     from tuner.study import _optuna
 
     if url.startswith("journal:"):
-        path = url[len("journal:"):]
-        if path.startswith("//"):
-            path = path[2:]
-        if not path:
+        file = storage_file(url)
+        if file is None:
             raise TunerError("--storage journal:PATH needs a file path, e.g. journal:/shared/tune/study.log")
+        path = str(file)
         from optuna.storages import JournalStorage
         from optuna.storages.journal import JournalFileBackend
 
@@ -383,7 +382,7 @@ def _check_same_storage(cfg: TuneConfig, name: str, out_dir: Path) -> None:
     rec, db = out_dir / "config.yaml", out_dir / "study.db"
     now = storage_url(cfg, out_dir)
     here = storage_place(now)
-    db_url = f"sqlite:///{db.as_posix()}"
+    own = storage_place(f"sqlite:///{db.as_posix()}")  # the folder's own study.db
     new_file = storage_file(now)
     starts_new = new_file is not None and not new_file.exists()
     if rec.is_symlink() and not rec.exists():
@@ -391,7 +390,7 @@ def _check_same_storage(cfg: TuneConfig, name: str, out_dir: Path) -> None:
                          "or give another --study name")
     if not rec.exists():
         outputs = [f for f in STUDY_OUTPUT_FILES if f != "pareto.png" and (out_dir / f).exists()]  # a chart is not a study's
-        if db.exists() and cfg.storage and here != storage_place(db_url):
+        if db.exists() and cfg.storage and here != own:
             raise TunerError(f"study {name!r}: {out_dir} holds study.db but no config.yaml, and this run names {_mask(cfg.storage)!r}; "
                              "resume it with no --storage, or give another --study name")
         if not db.exists() and not cfg.storage and outputs:
@@ -414,7 +413,7 @@ def _check_same_storage(cfg: TuneConfig, name: str, out_dir: Path) -> None:
         raise TunerError(f"study {name!r}: {rec} records a storage that is not a URL ({was!r}); it says where the study's trials "
                          f"are kept. Restore it, or {fix}; or give another --study name")
     # the recorded store, resolved where it was written (older records: resolved now, as it was named)
-    then = storage_place(db_url) if not was else (place or storage_place(was))
+    then = own if not was else (place or storage_place(was))
     then_file = storage_file(then)
     if then != here and (then_file is None or then_file.exists()):
         again = "no --storage" if not was else f"--storage {_mask(then)!r}"
@@ -422,7 +421,7 @@ def _check_same_storage(cfg: TuneConfig, name: str, out_dir: Path) -> None:
                          f"Resume it with {again}, or give another --study name")
     # the recorded store is still there and named, or gone (moved with its folder, or deleted): the run resumes from the
     # one it names, but does not start a new, empty store beside the folder's own study.db
-    if db.exists() and here != storage_place(db_url) and starts_new:
+    if db.exists() and here != own and starts_new:
         raise TunerError(f"study {name!r}: {out_dir} holds study.db, and this run would start a new store at {_mask(now)!r} "
                          "instead; resume it with no --storage, or give another --study name")
 
