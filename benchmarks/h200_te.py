@@ -5,7 +5,8 @@ Started by ``benchmarks/h200_te.sh`` (which sets the environment). Parts (``PART
 - ``probe``: the first-trial probe (``benchmarks/h200_te_layouts.py`` ``PROBE``) as the fresh machine's first GPU work;
 - ``component``: the optimizer component test (:func:`tuner.verify.run_component_test`);
 - ``sweep``: the layouts of ``benchmarks/h200_te_layouts.py`` ``CASES`` (the local backend, one torchrun each); with
-  ``SWEEP_ONLY=id,id,...`` only those, in that order;
+  ``SWEEP_ONLY=id,id,...`` only those, in that order; ``SWEEP_GPUS=1xH100`` records (and predicts) the cases on the
+  GPU the machine has when it is not the cases' H200;
 - ``snapshot``: only the sweep cases with the saved-tensor census;
 - ``parity``: the convergence check with the ``norm_grad_scaled`` fault (its checkpoint kept), then gradient parity
   of four 1-GPU layout pairs and two faults from that checkpoint (:func:`tuner.verify.run_grad_parity`);
@@ -130,10 +131,11 @@ def run_sweep_case(c: dict[str, Any], cid: str, out_name: str) -> dict[str, Any]
 
     model = slice_model(load_model(c["model"]), c["layers"])
     model = override_model(model, c.get("model_overrides"), c["id"])
-    cluster = parse_gpus(c["gpus"])
+    gpus = os.environ.get("SWEEP_GPUS") or c["gpus"]  # the GPU the machine has, when it is not the case's H200 (1xH100)
+    cluster = parse_gpus(gpus)
     wl = Workload(seq_length=c["seq_len"], global_batch_size=c["global_batch"], precision=c["precision"])
     lay = Layout.from_dict(c["layout"])
-    row: dict[str, Any] = {"id": cid, "case": c["id"], "model": model.name, "gpus": c["gpus"], "seq_length": wl.seq_length,
+    row: dict[str, Any] = {"id": cid, "case": c["id"], "model": model.name, "gpus": gpus, "seq_length": wl.seq_length,
                            "global_batch_size": wl.global_batch_size, "precision": c["precision"], "layout": lay.to_dict(), "label": lay.label, "model_overrides": c.get("model_overrides") or {},
                            "options": c["options"], "steps": c["steps"], "warmup": c["warmup"], "uptime_at_start_s": uptime_s(),
                            "driver_elapsed_at_start_s": elapsed()}
@@ -338,9 +340,30 @@ def build_queue(parts: list[str]) -> list[tuple[str, str, float, Any]]:
     return [x for x in q if not (x[0] in seen or seen.add(x[0]))]  # type: ignore[func-returns-value]
 
 
+def check_sweep_gpus() -> None:
+    """``SWEEP_GPUS``, when set, must name one GPU of a bundled type (``1xH100``): the sweep's cases are 1-GPU layouts.
+
+    Raises:
+        SystemExit: anything else, with what is accepted.
+    """
+    raw = os.environ.get("SWEEP_GPUS")
+    if not raw:
+        return
+    from specs import parse_gpus
+    from specs.errors import TunerError
+
+    try:
+        n = parse_gpus(raw).num_gpus
+    except TunerError as e:
+        raise SystemExit(f"SWEEP_GPUS {raw!r}: {e}") from None
+    if n != 1:
+        raise SystemExit(f"SWEEP_GPUS {raw!r}: the sweep's cases run on one GPU; give 1xGPU (e.g. 1xH100)")
+
+
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     WORK.mkdir(parents=True, exist_ok=True)
+    check_sweep_gpus()
     parts = [p.strip() for p in (os.environ.get("PART") or "all").split(",") if p.strip()]
     state = State(WORK / "state.json")
     queue = build_queue(parts)

@@ -126,6 +126,14 @@ CASES: list[dict[str, Any]] = [
     *[case(f"bk-qw-{k}", QW, 4, est_s=50, **lay)
       for k, lay in (("base", {}), ("full-uniform1", {**FULL, "recompute_method": "uniform"}),
                      *((f"full-block{n}", {**FULL, "recompute_num_layers": n, "recompute_method": "block"}) for n in (1, 2, 3, 4)))],
+    # fifteenth batch (2026-12-07): the launch-bound regime on whole steps (benchmarks/h200_moe_host.py measures the
+    # layers): one EP rank's experts of the published Qwen3-30B-A3B rows (16 of 128 = EP 8) at their 4,096-token
+    # sequence and micro-batch 1 / 2 / 4, all 128 experts at micro-batch 1, and one EP 8 rank of MiniMax-M2 (32 of 256)
+    *[case(f"lb-qw-e16-mbs{m}", QW, 4, est_s=45, seq_len=4096, global_batch=8, micro_batch_size=m, model_overrides={"num_experts": 16})
+      for m in (1, 2, 4)],
+    case("lb-qw-e128-mbs1", QW, 4, est_s=50, seq_len=4096, global_batch=8),
+    *[case(f"lb-mm-e32-mbs{m}", MM, 2, est_s=45, seq_len=4096, global_batch=8, micro_batch_size=m, model_overrides={"num_experts": 32})
+      for m in (1, 4)],
 ]
 
 

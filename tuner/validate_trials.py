@@ -32,7 +32,8 @@ from specs import HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS, ModelSpec, RunOpt
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 
-__all__ = ["NO_TE_CALIBRATION_FILE", "TrialPrediction", "TrialRow", "json_lines", "predict_trials", "read_trials", "summarize_trials"]
+__all__ = ["NO_TE_CALIBRATION_FILE", "TrialPrediction", "TrialRow", "json_lines", "predict_trials", "read_trials", "run_spread",
+           "summarize_trials"]
 
 #: Constants of the no-TE trial harness (megatron-core's local spec, SequentialMLP experts): fitted by
 #: ``benchmarks/bench_trial_calibration.py --fit-data <1- and 2-GPU sweeps> --out ...`` (docs/measurements.md).
@@ -413,6 +414,51 @@ def predict_trials(rows: list[TrialRow], calibration: str | Path | None = None) 
     return out
 
 
+#: Median of |x| for x ~ N(0, 1): a model exact on each layout's mean shows this times the run-to-run spread as its
+#: median |error| on single runs (normal noise; the probit of 0.75).
+HALF_NORMAL_MEDIAN = 0.6745
+
+
+def _configuration(r: TrialRow) -> tuple[Any, ...]:
+    """What ran, without where it was written: two rows with the same key are runs of one layout."""
+    return (r.model, r.gpus, r.workload, r.layout, r.options, r.transformer_engine)
+
+
+def run_spread(preds: list[TrialPrediction]) -> dict[str, Any]:
+    """How far separate runs of one configuration (model slice, GPUs, workload, layout, options and stack) spread, and
+    what that allows a model on single runs.
+
+    ``spread``: the step times' pooled relative standard deviation over the configurations run more than once,
+    ``sqrt(sum((k_i - 1) * sd_i**2) / sum(k_i - 1))`` with ``sd_i`` the sample standard deviation over the mean of
+    configuration i's ``k_i`` runs (one-way analysis of variance; as :func:`tuner.report.between_run_noise` pools a
+    study's repeated trials). ``noise_floor``: :data:`HALF_NORMAL_MEDIAN` x ``spread``, the median |error| a model exact
+    on every configuration's mean would show on single runs if the runs spread normally. ``step_median_abs_error_of_means``:
+    the predictions' median |error| against each configuration's mean step time (every configuration, run once or more).
+
+    Returns:
+        ``{"configurations", "repeated", "repeat_runs", "dof", "spread", "noise_floor", "step_median_abs_error_of_means"}``;
+        the spread and the floor are None when no configuration ran twice.
+    """
+    groups: dict[tuple[Any, ...], list[TrialPrediction]] = {}
+    for p in preds:
+        groups.setdefault(_configuration(p.row), []).append(p)
+    num = dof = 0.0
+    repeated = runs = 0
+    for ps in groups.values():
+        if len(ps) < 2:
+            continue
+        t = [p.row.step_time_s for p in ps]
+        num += (len(t) - 1) * (statistics.stdev(t) / statistics.fmean(t)) ** 2
+        dof += len(t) - 1
+        repeated += 1
+        runs += len(t)
+    spread = math.sqrt(num / dof) if dof else None
+    of_means = [abs(ps[0].step_time_s / statistics.fmean(p.row.step_time_s for p in ps) - 1) for ps in groups.values()]
+    return {"configurations": len(groups), "repeated": repeated, "repeat_runs": runs, "dof": int(dof), "spread": spread,
+            "noise_floor": HALF_NORMAL_MEDIAN * spread if spread is not None else None,
+            "step_median_abs_error_of_means": float(statistics.median(of_means)) if of_means else None}
+
+
 def summarize_trials(preds: list[TrialPrediction]) -> dict[str, Any]:
     """Median and max |error| of step time and of peak memory (against the reserved peak), Spearman of step time,
     over all rows and per stack (``te`` / ``no_te``)."""
@@ -432,4 +478,4 @@ def summarize_trials(preds: list[TrialPrediction]) -> dict[str, Any]:
         }
 
     return {"all": one(preds), "te": one([p for p in preds if p.row.transformer_engine]),
-            "no_te": one([p for p in preds if not p.row.transformer_engine])}
+            "no_te": one([p for p in preds if not p.row.transformer_engine]), "run_spread": run_spread(preds)}

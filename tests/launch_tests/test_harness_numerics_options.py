@@ -163,3 +163,21 @@ def test_the_te_sweep_list_runs_here_and_covers_the_issue():
             "model:Qwen3-30B-A3B", "model:DeepSeek-V3"}
     assert need <= seen, need - seen
     assert len(CASES) >= 16 and len({c["id"] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize(("value", "needle"), [("banana", "expected COUNTxGPU"), ("2xH200", "run on one GPU"), ("1xH999", "H999")])
+def test_the_te_sweep_refuses_a_sweep_gpus_it_cannot_record(monkeypatch, value, needle):
+    """``SWEEP_GPUS`` names the GPU the machine has when it is not the cases' H200; anything but one GPU of a bundled type
+    stops the driver before a case runs, with what is accepted (a row recorded on a wrong GPU would be judged against the
+    wrong datasheet)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+    import h200_te
+
+    monkeypatch.setenv("SWEEP_GPUS", value)
+    with pytest.raises(SystemExit, match=needle):
+        h200_te.check_sweep_gpus()
+    monkeypatch.setenv("SWEEP_GPUS", "1xH100")
+    h200_te.check_sweep_gpus()

@@ -207,3 +207,31 @@ def test_a_file_whose_every_row_is_left_out_says_why(tmp_path):
     r = runner.invoke(app, ["validate", "--trials", str(f)])
     assert r.exit_code == 2 and "1 rows left out" in r.output
     assert "step_time_s -1.0" in " ".join(r.output.split()) and "not a positive number" in " ".join(r.output.split())
+
+
+def test_validate_trials_pools_the_spread_of_configurations_run_more_than_once(tmp_path):
+    """Rows of one configuration in several files are runs of one layout: their pooled spread, the median |error| a model
+    exact on their mean would show on single runs, and the model's error against each configuration's mean."""
+    first, second = (json.loads(x) for x in TE_SWEEP.read_text().splitlines()[:2])
+    runs = [{**first, "step_time_s": t} for t in (1.0, 1.1, 1.2)]
+    f = tmp_path / "repeats.jsonl"
+    f.write_text("\n".join(json.dumps(x) for x in [*runs, second]) + "\n")
+    r = runner.invoke(app, ["validate", "--trials", str(f), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)["trials"]
+    sp = d["summary"]["run_spread"]
+    assert (sp["configurations"], sp["repeated"], sp["repeat_runs"], sp["dof"]) == (2, 1, 3, 2)
+    assert sp["spread"] == pytest.approx(0.1 / 1.1)  # sample standard deviation over the mean
+    assert sp["noise_floor"] == pytest.approx(0.6745 * 0.1 / 1.1)
+    pred = {x["label"] if x["source"].endswith(":4") else "run": x["step_time_s"]["predicted"] for x in d["rows"]}
+    of_means = sorted([abs(pred["run"] / 1.1 - 1), abs(d["rows"][3]["step_time_s"]["error"])])
+    assert sp["step_median_abs_error_of_means"] == pytest.approx(sum(of_means) / 2)
+    r = runner.invoke(app, ["validate", "--trials", str(f), "--no-rows"])
+    assert r.exit_code == 0 and "1 configuration ran more than once (3 runs)" in r.output.replace("\n", " ")
+    # a file with no repeat says the spread cannot be measured from it, and gives no number
+    one = tmp_path / "once.jsonl"
+    one.write_text(json.dumps(first) + "\n")
+    r = runner.invoke(app, ["validate", "--trials", str(one), "--json"])
+    assert json.loads(r.output)["trials"]["summary"]["run_spread"]["spread"] is None
+    r = runner.invoke(app, ["validate", "--trials", str(one), "--no-rows"])
+    assert "no configuration ran twice" in r.output.replace("\n", " ")

@@ -110,6 +110,16 @@ def _trials(trials: list[Path], calibration: Path | None, as_json: bool, rows: b
                   "-" if not math.isfinite(v["step_spearman"]) else f"{v['step_spearman']:+.2f}",
                   f"{v['memory_median_abs_error'] * 100:.1f}%", f"{v['memory_max_abs_error'] * 100:.1f}%")
     out.print(t)
+    sp = summ["run_spread"]
+    if sp["spread"] is not None:
+        out.print(f"run-to-run spread: {sp['repeated']} configuration{'s' if sp['repeated'] != 1 else ''} ran more than once ({sp['repeat_runs']} runs): their step times "
+                  f"spread {sp['spread'] * 100:.1f}% (pooled standard deviation / mean, {sp['dof']} degrees of freedom), so a model exact "
+                  f"on each configuration's mean would show a step median |error| of about {sp['noise_floor'] * 100:.1f}% on single runs; "
+                  f"against each configuration's mean ({sp['configurations']} configurations) the model's is "
+                  f"{sp['step_median_abs_error_of_means'] * 100:.1f}%")
+    else:
+        out.print(f"run-to-run spread: no configuration ran twice in these files ({sp['configurations']} configurations): the step errors "
+                  "above include the machine's run-to-run spread, which these rows cannot measure")
     return data
 
 
