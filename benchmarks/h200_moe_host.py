@@ -100,28 +100,15 @@ def measure(out: Path, configs: list[str], budget_s: float) -> int:
     """Run the configurations on the GPU (see the module docstring); returns 1 if any failed."""
     import torch
     import torch.distributed as dist
-    from megatron.core import parallel_state
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from one_gpu import decoder_model, init_one_gpu, jsonl_emitter
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     from launch.harness.train import _transformer_config, _versions
 
     t0 = time.monotonic()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29543")
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
-    parallel_state.initialize_model_parallel(1, 1)
-    model_parallel_cuda_manual_seed(1234)
-    rows_file = out / "moe_host.jsonl"
-
-    def emit(row: dict[str, Any]) -> None:
-        print(json.dumps({k: v for k, v in row.items() if not k.endswith("_all")}), flush=True)
-        with open(rows_file, "a") as fh:
-            fh.write(json.dumps(row) + "\n")
+    init_one_gpu("29543")
+    emit = jsonl_emitter(out / "moe_host.jsonl", lambda row: {k: v for k, v in row.items() if not k.endswith("_all")})
 
     def kernels_total(fn: Any) -> float:
         with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -143,15 +130,8 @@ def measure(out: Path, configs: list[str], budget_s: float) -> int:
             cfg.apply_rope_fusion = True
             cfg.bias_dropout_fusion = True
         m = spec.model
-        torch.manual_seed(1234)
-        model_parallel_cuda_manual_seed(1234)
         tb = time.monotonic()
-        block = get_gpt_decoder_block_spec(cfg, use_transformer_engine=True, normalization="RMSNorm", vp_stage=None)
-        model = GPTModel(config=cfg, transformer_layer_spec=block, vocab_size=m["vocab_size"], max_sequence_length=max(s for s, _ in POINTS),
-                         pre_process=True, post_process=False, share_embeddings_and_output_weights=False,
-                         position_embedding_type="rope", rotary_percent=m["rotary_percent"], rotary_base=int(m["rotary_base"]))
-        model.cuda(torch.cuda.current_device())
-        model.train()
+        model = decoder_model(cfg, m, max(s for s, _ in POINTS))
         build_s = time.monotonic() - tb
         g = torch.Generator(device="cuda").manual_seed(1234)
         for seq, mbs in POINTS:

@@ -106,26 +106,13 @@ def measure(out: Path, slices: list[str], rounds: int, budget_s: float, iters: i
     kernel census) or ``"all"`` (every variant timed and profiled)."""
     import torch
     import torch.distributed as dist
-    from megatron.core import parallel_state
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from one_gpu import decoder_model, init_one_gpu, jsonl_emitter
 
     from launch.harness.train import _transformer_config, _versions
 
     t0 = time.monotonic()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29541")
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
-    parallel_state.initialize_model_parallel(1, 1)
-    model_parallel_cuda_manual_seed(1234)
-    rows_file = out / "recompute.jsonl"
-
-    def emit(row: dict[str, Any]) -> None:
-        print(json.dumps(row), flush=True)
-        with open(rows_file, "a") as fh:
-            fh.write(json.dumps(row) + "\n")
+    init_one_gpu("29541")
+    emit = jsonl_emitter(out / "recompute.jsonl")
 
     def events_between(fn: Any, n: int) -> list[float]:
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
@@ -143,15 +130,8 @@ def measure(out: Path, slices: list[str], rounds: int, budget_s: float, iters: i
             cfg.apply_rope_fusion = True
         m = spec.model
         # the same weights for every variant and round, so the router sends the same tokens to the same experts
-        torch.manual_seed(1234)
-        model_parallel_cuda_manual_seed(1234)
         tb = time.monotonic()
-        block = get_gpt_decoder_block_spec(cfg, use_transformer_engine=True, normalization="RMSNorm", vp_stage=None)
-        model = GPTModel(config=cfg, transformer_layer_spec=block, vocab_size=m["vocab_size"], max_sequence_length=SEQ,
-                         pre_process=True, post_process=False, share_embeddings_and_output_weights=False,
-                         position_embedding_type="rope", rotary_percent=m["rotary_percent"], rotary_base=int(m["rotary_base"]))
-        model.cuda(torch.cuda.current_device())
-        model.train()
+        model = decoder_model(cfg, m, SEQ)
         build_s = time.monotonic() - tb
         g = torch.Generator(device="cuda").manual_seed(1234)
         tokens = torch.randint(0, m["vocab_size"], (1, SEQ), device="cuda", generator=g)
