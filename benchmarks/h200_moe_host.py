@@ -199,6 +199,15 @@ def measure(out: Path, configs: list[str], budget_s: float) -> int:
 
 #: What a measured row must carry, each a finite number > 0 (seconds).
 TIMES = ("fwd_s", "bwd_s", "host_fwd_s", "host_bwd_s", "kernels_fwd_s", "kernels_fwd_bwd_s")
+#: The longest pass a row may report (s): one layer's forward or backward takes milliseconds on the device; an hour is a
+#: unit slip, and squares of 1e308 are not numbers.
+MAX_PASS_S = 3600.0
+#: Times whose per-layer value the analysis uses (the host's own times are reported, not fitted).
+USED = ("fwd_s", "bwd_s", "kernels_fwd_s", "kernels_bwd_s")
+
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def read_rows(paths: list[str]) -> dict[tuple[str, int, int], dict[str, float]]:
@@ -206,7 +215,9 @@ def read_rows(paths: list[str]) -> dict[tuple[str, int, int], dict[str, float]]:
 
     Raises:
         ValueError: a file that cannot be read, a line that is not a JSON object, a row of an unknown configuration or
-            point, a missing or non-positive time, a second row of one key, or no measured row (named by file and line).
+            point, a field that contradicts its configuration (model, layers, experts, precision), a time that is
+            missing, not a number, at most 0 or above :data:`MAX_PASS_S`, forward kernels longer than the forward +
+            backward ones, a second row of one key, or no measured row (named by file and line).
     """
     from device_rows import finite_number
 
@@ -220,17 +231,25 @@ def read_rows(paths: list[str]) -> dict[tuple[str, int, int], dict[str, float]]:
             if "event" in d:
                 continue
             cid, seq, mbs = d.get("config"), d.get("seq_length"), d.get("micro_batch_size")
-            if cid not in CONFIGS or (seq, mbs) not in POINTS:
+            if not isinstance(cid, str) or cid not in CONFIGS or not _whole(seq) or not _whole(mbs) or (seq, mbs) not in POINTS:
                 raise ValueError(f"{where}: configuration {cid!r:.40} at seq {seq!r:.12} / micro-batch {mbs!r:.12} is not one "
-                                 f"this benchmark runs ({', '.join(CONFIGS)} at {POINTS})")
-            bad = [k for k in TIMES if not finite_number(d.get(k), True)]
+                                 f"this benchmark runs ({', '.join(CONFIGS)} at (seq, micro-batch) {POINTS})")
+            name, layers, experts, precision, _, _ = CONFIGS[cid]
+            said = {"model": name, "layers": layers, "num_experts": experts, "precision": precision}
+            off = [f"{k} {d[k]!r:.30} (configuration {cid} has {v!r})" for k, v in said.items() if k in d and d[k] != v]
+            if off:
+                raise ValueError(f"{where}: {'; '.join(off)}: not a row of configuration {cid}")
+            bad = [k for k in TIMES if not finite_number(d.get(k), True) or d[k] > MAX_PASS_S]
             if bad:
-                raise ValueError(f"{where}: {', '.join(bad)} must be finite numbers > 0 (seconds)")
+                raise ValueError(f"{where}: {', '.join(bad)} must be numbers > 0 and at most {MAX_PASS_S:.0f} (seconds per pass)")
+            if d["kernels_fwd_s"] > d["kernels_fwd_bwd_s"]:
+                raise ValueError(f"{where}: kernels_fwd_s {d['kernels_fwd_s']:.6g} is above kernels_fwd_bwd_s {d['kernels_fwd_bwd_s']:.6g}: "
+                                 "a forward's kernels cannot take longer than a forward and a backward")
             key = (cid, seq, mbs)
             if key in out:
                 raise ValueError(f"{where}: a second row of {cid} at seq {seq}, micro-batch {mbs}")
             row = {k: float(d[k]) for k in TIMES}
-            row["kernels_bwd_s"] = max(row["kernels_fwd_bwd_s"] - row["kernels_fwd_s"], 0.0)
+            row["kernels_bwd_s"] = row["kernels_fwd_bwd_s"] - row["kernels_fwd_s"]
             out[key] = row
     if not out:
         raise ValueError(f"{', '.join(paths)}: no measured rows (a row of benchmarks/h200_moe_host.py has fwd_s)")
@@ -242,28 +261,50 @@ LAYER_PAIRS = {"qw-e16": ("qw-e16-l1", "qw-e16-l2"), "qw-e16-fu": ("qw-e16-l1-fu
 PROBE = POINTS[0]
 
 
-def per_layer(rows: dict[tuple[str, int, int], dict[str, float]]) -> dict[tuple[str, int, int], dict[str, float]]:
-    """One MoE layer's times per (configuration, point): the 2-layer row less the 1-layer row for :data:`LAYER_PAIRS`;
-    for a 1-layer configuration its row less its model's embedding share (the 1-layer row less the layer, from the
-    model's pair at the same point; nothing taken off where the pair was not measured)."""
+def per_layer(rows: dict[tuple[str, int, int], dict[str, float]]) -> tuple[dict[tuple[str, int, int], dict[str, float]], list[str]]:
+    """One MoE layer's times per (configuration, point), and the rows left out with why.
+
+    For :data:`LAYER_PAIRS` measured at a point, the 2-layer row less the 1-layer row (keyed by the pair's name); for
+    a 1-layer configuration (a pair's 1-layer row without its partner too) its row less its model's embedding share (the
+    plain pair's 1-layer row less its layer at the same point; nothing taken off where that pair was not measured). A
+    2-layer row without its 1-layer partner is left out.
+
+    Raises:
+        ValueError: a per-layer time (events or kernels, forward or backward) at or below 0: the 2-layer row is not
+            slower than the 1-layer row, or the embedding's share is the whole row (named by configuration and point).
+    """
     out: dict[tuple[str, int, int], dict[str, float]] = {}
     emb: dict[tuple[str, int, int], dict[str, float]] = {}
+    left_out: list[str] = []
     keys = (*TIMES, "kernels_bwd_s")
+    paired: set[tuple[str, int, int]] = set()
+
+    def check(name: str, seq: int, mbs: int, layer: dict[str, float], how: str) -> dict[str, float]:
+        low = [k for k in USED if layer[k] <= 0]
+        if low:
+            raise ValueError(f"{name} at seq {seq}, micro-batch {mbs}: one layer's {', '.join(low)} is at or below 0 ({how}); "
+                             "the rows cannot be one layer's times")
+        return layer
+
     for name, (one, two) in LAYER_PAIRS.items():
         for seq, mbs in POINTS:
             a, b = rows.get((one, seq, mbs)), rows.get((two, seq, mbs))
             if a and b:
-                layer = {k: b[k] - a[k] for k in keys}
+                layer = check(name, seq, mbs, {k: b[k] - a[k] for k in keys}, f"{two} less {one}")
                 out[(name, seq, mbs)] = layer
+                paired |= {(one, seq, mbs), (two, seq, mbs)}
                 if not CONFIGS[one][5]:  # the plain pair's embedding share stands for the plain configurations
                     emb[(CONFIGS[one][0], seq, mbs)] = {k: a[k] - layer[k] for k in keys}
-    for (cid, seq, mbs), r in rows.items():
-        model, layers, _, _, _, _ = CONFIGS[cid]
-        if layers != 1 or any(cid == one for one, _ in LAYER_PAIRS.values()):
+            elif b:
+                left_out.append(f"{two} at seq {seq}, micro-batch {mbs}: no {one} row at that point to take its embedding off")
+    for (cid, seq, mbs), r in sorted(rows.items()):
+        model, layers, _, _, _, fused = CONFIGS[cid]
+        if layers != 1 or (cid, seq, mbs) in paired:
             continue
-        e = emb.get((model, seq, mbs), {})
-        out[(cid, seq, mbs)] = {k: r[k] - e.get(k, 0.0) for k in keys}
-    return out
+        e = emb.get((model, seq, mbs)) if not fused else None
+        how = f"{cid} less the embedding share of {model}'s pair" if e else cid
+        out[(cid, seq, mbs)] = check(cid, seq, mbs, {k: r[k] - (e or {}).get(k, 0.0) for k in keys}, how)
+    return out, left_out
 
 
 def fit_host(layers: dict[tuple[str, int, int], dict[str, float]]) -> dict[str, Any]:
@@ -284,8 +325,10 @@ def fit_host(layers: dict[tuple[str, int, int], dict[str, float]]) -> dict[str, 
         xs += [[1, 0, 2 * experts], [0, 1, 4 * experts]]
         ys += [r["fwd_s"], r["bwd_s"]]
         names.append(cid)
-    if len(ys) < 6:
-        raise ValueError("fewer than three plain bf16 configurations measured at the 128-token point: nothing to fit")
+    counts = {CONFIGS[LAYER_PAIRS.get(c, (c,))[0]][2] for c in names}
+    if len(ys) < 6 or len(counts) < 2:
+        raise ValueError("fewer than three plain bf16 configurations, of at least two local-expert counts, measured at the "
+                         f"128-token point ({', '.join(names) or 'none'}): nothing to fit the per-expert cost with")
     sol, *_ = np.linalg.lstsq(np.array(xs, float), np.array(ys, float), rcond=None)
     pred = np.array(xs, float) @ sol
     err = pred / np.array(ys) - 1
@@ -318,11 +361,21 @@ def combine(layers: dict[tuple[str, int, int], dict[str, float]]) -> dict[str, A
 
 
 def compare(paths: list[str]) -> dict[str, Any]:
-    """The analysis of ``moe_host.jsonl`` files (see the module docstring): per-layer times, the host fit, the forms."""
-    layers = per_layer(read_rows(paths))
+    """The analysis of ``moe_host.jsonl`` files (see the module docstring): per-layer times, the host fit, the forms,
+    and the rows left out.
+
+    Raises:
+        ValueError: a row :func:`read_rows` refuses, a per-layer time :func:`per_layer` refuses, or too few
+            configurations at the probe point to fit (naming the files).
+    """
+    layers, left_out = per_layer(read_rows(paths))
     table = [{"config": cid, "seq_length": seq, "micro_batch_size": mbs, **{k: round(v * 1e3, 3) for k, v in r.items()}}
              for (cid, seq, mbs), r in sorted(layers.items())]
-    return {"per_layer_ms": table, "host_fit": fit_host(layers), "forms": combine(layers)}
+    try:
+        fit = fit_host(layers)
+    except ValueError as e:
+        raise ValueError(f"{', '.join(paths)}: {e}") from None
+    return {"per_layer_ms": table, "host_fit": fit, "forms": combine(layers), "left_out": left_out}
 
 
 def main() -> int:
@@ -336,14 +389,46 @@ def main() -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         return 0
+    try:
+        configs, budget = _run_settings()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     out = Path(os.environ.get("OUT") or "h200_moe_host_out")
+    if out.exists() and not out.is_dir():
+        print(f"error: OUT {str(out)!r:.80} is a file; OUT is the folder the rows go to", file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
-    configs = [c for c in (os.environ.get("CONFIGS") or ",".join(CONFIGS)).split(",") if c]
+    return measure(out, configs, budget)
+
+
+def _run_settings() -> tuple[list[str], float]:
+    """``CONFIGS`` (default every configuration, in :data:`CONFIGS` order) and ``BUDGET_S`` (default 300) from the
+    environment, checked before anything is created or imported.
+
+    Raises:
+        ValueError: no configuration, an unknown or repeated one, or a budget that is not a number of seconds > 0.
+    """
+    import math
+    import reprlib
+
+    raw = os.environ.get("CONFIGS")
+    configs = [c.strip() for c in (raw if raw is not None else ",".join(CONFIGS)).split(",") if c.strip()]
+    if not configs:
+        raise ValueError(f"CONFIGS {reprlib.repr(raw)}: no configuration; known: {', '.join(CONFIGS)}")
     bad = [c for c in configs if c not in CONFIGS]
     if bad:
-        print(f"CONFIGS: unknown {bad}; known: {sorted(CONFIGS)}", file=sys.stderr)
-        return 2
-    return measure(out, configs, float(os.environ.get("BUDGET_S") or 300))
+        raise ValueError(f"CONFIGS: unknown {reprlib.repr(bad)}; known: {', '.join(CONFIGS)}")
+    twice = sorted({c for c in configs if configs.count(c) > 1})
+    if twice:
+        raise ValueError(f"CONFIGS: {', '.join(twice)} given twice (its rows would have one key)")
+    try:
+        budget = float(os.environ.get("BUDGET_S") or 300)
+    except ValueError:
+        budget = float("nan")
+    if not (math.isfinite(budget) and budget > 0):
+        raise ValueError(f"BUDGET_S {reprlib.repr(os.environ.get('BUDGET_S'))}: a number of seconds > 0")
+    return configs, budget
 
 
 if __name__ == "__main__":

@@ -28,13 +28,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import reprlib
 import shutil
 import sys
 import tarfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -131,7 +132,7 @@ def run_sweep_case(c: dict[str, Any], cid: str, out_name: str) -> dict[str, Any]
 
     model = slice_model(load_model(c["model"]), c["layers"])
     model = override_model(model, c.get("model_overrides"), c["id"])
-    gpus = os.environ.get("SWEEP_GPUS") or c["gpus"]  # the GPU the machine has, when it is not the case's H200 (1xH100)
+    gpus = sweep_gpus() or c["gpus"]  # the GPU the machine has, when it is not the case's H200 (1xH100)
     cluster = parse_gpus(gpus)
     wl = Workload(seq_length=c["seq_len"], global_batch_size=c["global_batch"], precision=c["precision"])
     lay = Layout.from_dict(c["layout"])
@@ -328,42 +329,48 @@ def build_queue(parts: list[str]) -> list[tuple[str, str, float, Any]]:
             only = [x.strip() for x in (os.environ.get("SWEEP_ONLY") or "").split(",") if x.strip()]
             unknown = sorted(set(only) - {x[0] for x in sweep})
             if unknown:
-                raise SystemExit(f"SWEEP_ONLY {unknown}: not sweep cases; accepted: {[x[0] for x in sweep]}")
+                refuse(f"SWEEP_ONLY {reprlib.repr(unknown)}: not sweep cases; accepted: {[x[0] for x in sweep]}")
             q += [x for cid in only for x in sweep if x[0] == cid] if only else sweep
         elif p == "snapshot":
             q += [x for x in sweep if x[0] in census_ids]
         elif p == "parity":
             q += parity + parity_extra
         else:
-            raise SystemExit(f"PART {p!r}: accepted all, probe, component, sweep, snapshot, parity, probe_last")
+            refuse(f"PART {p!r:.40}: accepted all, probe, component, sweep, snapshot, parity, probe_last")
     seen: set[str] = set()
     return [x for x in q if not (x[0] in seen or seen.add(x[0]))]  # type: ignore[func-returns-value]
 
 
-def check_sweep_gpus() -> None:
-    """``SWEEP_GPUS``, when set, must name one GPU of a bundled type (``1xH100``): the sweep's cases are 1-GPU layouts.
+def refuse(message: str) -> NoReturn:
+    """Stop the driver on bad input: one line on standard error, exit 2 (before any case runs)."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
-    Raises:
-        SystemExit: anything else, with what is accepted.
-    """
+
+def sweep_gpus() -> str | None:
+    """``SWEEP_GPUS`` read as the GPU it names, written the one way rows are (``1xH100``), or None when it is not set;
+    it must name one GPU of a bundled type (the sweep's cases are 1-GPU layouts), else :func:`refuse`."""
     raw = os.environ.get("SWEEP_GPUS")
     if not raw:
-        return
+        return None
     from specs import parse_gpus
     from specs.errors import TunerError
+    from specs.hardware import gpus_shown
 
+    shown = gpus_shown(raw)
     try:
-        n = parse_gpus(raw).num_gpus
+        cluster = parse_gpus(raw)
     except TunerError as e:
-        raise SystemExit(f"SWEEP_GPUS {raw!r}: {e}") from None
-    if n != 1:
-        raise SystemExit(f"SWEEP_GPUS {raw!r}: the sweep's cases run on one GPU; give 1xGPU (e.g. 1xH100)")
+        refuse(f"SWEEP_GPUS {shown}: {str(e).removeprefix(f'--gpus {shown}: ')}")
+    if cluster.num_gpus != 1:
+        refuse(f"SWEEP_GPUS {shown}: the sweep's cases run on one GPU; give 1xGPU (e.g. 1xH100)")
+    return f"1x{cluster.gpu.name}"
 
 
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     WORK.mkdir(parents=True, exist_ok=True)
-    check_sweep_gpus()
+    sweep_gpus()
     parts = [p.strip() for p in (os.environ.get("PART") or "all").split(",") if p.strip()]
     state = State(WORK / "state.json")
     queue = build_queue(parts)

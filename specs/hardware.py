@@ -27,6 +27,7 @@ __all__ = [
     "MAX_GPUS",
     "list_gpus",
     "load_gpu",
+    "gpus_shown",
     "parse_gpus",
 ]
 
@@ -111,7 +112,7 @@ def load_gpu(name: str) -> GPUSpec:
     if key is None:
         close = difflib.get_close_matches(name.lower(), list(by_lower), n=2, cutoff=0.5)
         hint = f" Did you mean {', '.join(by_lower[c] for c in close)}?" if close else ""
-        raise TunerError(f"unknown GPU {name!r}.{hint} Known GPUs: {', '.join(sorted(files))}")
+        raise TunerError(f"unknown GPU {name!r:.60}.{hint} Known GPUs: {', '.join(sorted(files))}")
     d = _checked_datasheet(files[key].name, files[key].read_text())
     return GPUSpec(
         name=d["name"],
@@ -251,7 +252,16 @@ class Cluster:
         return f"{self.num_gpus}x{self.gpu.name}"
 
 
-_GPUS_RE = re.compile(r"^\s*(?:(\d+)\s*[xX*]\s*)?(\d+)\s*[xX*]\s*([A-Za-z][A-Za-z0-9_-]*)\s*$")
+_GPUS_RE = re.compile(r"^\s*(?:(\d+)\s*[xX*]\s*)?(\d+)\s*[xX*]\s*([A-Za-z][A-Za-z0-9_-]*)\s*$", re.ASCII)
+#: Digits a count of --gpus may have: more is past :data:`MAX_GPUS` whatever they say (and Python refuses to read an
+#: integer of over 4,300 digits).
+_MAX_COUNT_DIGITS = len(str(MAX_GPUS)) + 6
+
+
+def gpus_shown(text: str) -> str:
+    """``text`` as :func:`parse_gpus`'s messages quote it (``--gpus SHOWN: ...``): its repr, cut to 60 characters, so a
+    megabyte of input is not echoed back."""
+    return repr(text) if len(text or "") <= 60 else repr(text[:57]) + "..."
 
 
 def parse_gpus(
@@ -274,33 +284,38 @@ def parse_gpus(
         TunerError: malformed text, unknown GPU, zero GPUs, a count that is not a whole number of nodes, an unknown
             network, or (``require_network``) a GPU whose server type has no default network and no ``network``.
     """
+    shown = gpus_shown(text)
     m = _GPUS_RE.match(text or "")
     if not m:
         raise TunerError(
-            f"--gpus {text!r}: expected COUNTxGPU such as 64xH200, or NODESxPER_NODExGPU such as 8x8xH200 "
+            f"--gpus {shown}: expected COUNTxGPU such as 64xH200, or NODESxPER_NODExGPU such as 8x8xH200 "
             f"(GPUs: {', '.join(list_gpus())})"
         )
-    nodes, count, gname = m.group(1), int(m.group(2)), m.group(3)
+    if any(g is not None and len(g.lstrip("0")) > _MAX_COUNT_DIGITS for g in (m.group(1), m.group(2))):
+        raise TunerError(f"--gpus {shown}: more GPUs than this tool models (at most {MAX_GPUS:,})")
+    # leading zeros read as nothing (Python reads no integer of over 4,300 digits, zeros included)
+    nodes = m.group(1).lstrip("0") or "0" if m.group(1) is not None else None
+    count, gname = int(m.group(2).lstrip("0") or "0"), m.group(3)
     gpu = load_gpu(gname)
     if gpus_per_node is not None and gpus_per_node <= 0:
         raise TunerError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
     if inter_node_bytes_per_s is not None:
         check_network_gbps(inter_node_bytes_per_s)
     if count > MAX_GPUS or (nodes is not None and int(nodes) * count > MAX_GPUS):
-        raise TunerError(f"--gpus {text!r}: more GPUs than this tool models (at most {MAX_GPUS:,})")
+        raise TunerError(f"--gpus {shown}: more GPUs than this tool models (at most {MAX_GPUS:,})")
     if nodes is not None:
         per = count
         total = int(nodes) * count
         if gpus_per_node is not None and gpus_per_node != per:
-            raise TunerError(f"--gpus {text!r} says {per} GPUs per node but --gpus-per-node is {gpus_per_node}")
+            raise TunerError(f"--gpus {shown} says {per} GPUs per node but --gpus-per-node is {gpus_per_node}")
     else:
         total = count
         per = gpus_per_node or min(gpu.gpus_per_node, max(count, 1))
     if nodes is not None and (int(nodes) <= 0 or per <= 0):
         what = "the node count" if int(nodes) <= 0 else "the GPUs per node"
-        raise TunerError(f"--gpus {text!r}: {what} must be at least 1 (NODESxPER_NODExGPU such as 8x8xH200)")
+        raise TunerError(f"--gpus {shown}: {what} must be at least 1 (NODESxPER_NODExGPU such as 8x8xH200)")
     if total <= 0 or per <= 0:
-        raise TunerError(f"--gpus {text!r}: the GPU count must be at least 1")
+        raise TunerError(f"--gpus {shown}: the GPU count must be at least 1")
     net: Network | None = None
     if network is not None:
         net = load_network(network)
@@ -308,7 +323,7 @@ def parse_gpus(
         net = load_network(gpu.network)
     elif require_network:
         raise TunerError(
-            f"--gpus {text!r}: {gpu.name}'s server type ({gpu.server or 'not named in its datasheet'}) has no default network; "
+            f"--gpus {shown}: {gpu.name}'s server type ({gpu.server or 'not named in its datasheet'}) has no default network; "
             f"name it with --network (known: {', '.join(list_networks())})"
         )
     if inter_node_bytes_per_s is None:

@@ -30,6 +30,7 @@ from cost_model.validate import spearman
 from launch.harness.spec import HarnessEnv, harness_layout, override_model, slice_model
 from specs import HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS, ModelSpec, RunOptions, Workload, list_models, load_model, parse_gpus
 from specs.errors import InfeasibleLayout, TunerError
+from specs.hardware import gpus_shown
 from specs.layout import Layout
 
 __all__ = ["NO_TE_CALIBRATION_FILE", "TrialPrediction", "TrialRow", "json_lines", "predict_trials", "read_trials", "run_spread",
@@ -275,8 +276,17 @@ def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
     """
     rows: list[TrialRow] = []
     skipped: list[str] = []
+    seen: dict[tuple[int, int], str] = {}
     for path in paths:
         p = Path(path)
+        try:  # one file given twice (again, through a link or another path) would count each row as two runs
+            st = p.stat()
+            if (st.st_dev, st.st_ino) in seen:
+                raise TunerError(f"--trials {str(p)!r:.120}: the same file as --trials {seen[(st.st_dev, st.st_ino)]!r:.120}; give each "
+                                 "file once")
+            seen[(st.st_dev, st.st_ino)] = str(p)
+        except OSError:
+            pass  # json_lines names a file it cannot read
         # the file's folder names it (call12/sweep.jsonl); a generic folder (callNN/sweep/sweep.jsonl) takes its parent too
         name = "/".join(x for x in (p.parent.parent.name if p.parent.name == p.stem else "", p.parent.name, p.name) if x)
         for i, where, d in json_lines(p, f"--trials {p}", "a trials file holds the JSON lines of launch.harness.sweep"):
@@ -333,12 +343,14 @@ def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
                 cluster = parse_gpus(str(d["gpus"]))
             except TunerError as e:  # parse_gpus names the command line's flag; here it is the row's field
                 text = str(d["gpus"])
-                raise TunerError(f"{where}: the row's gpus {text!r:.40}: {str(e).removeprefix(f'--gpus {text!r}: ')}") from None
+                raise TunerError(f"{where}: the row's gpus {text!r:.40}: {str(e).removeprefix(f'--gpus {gpus_shown(text)}: ')}") from None
             _check_measured(d, cluster.gpu.hbm_bytes / 2**30, where)
+            ran_as = (cluster.num_gpus, cluster.gpus_per_node, cluster.gpu.name, *_timing_settings(d))
             rows.append(TrialRow(source=f"{name}:{i}", label=label, model=model, gpus=str(d["gpus"]), workload=wl, layout=lay,
                                  options=opts, transformer_engine=te, step_time_s=float(d["step_time_s"]),
                                  peak_reserved_gib=float(d["peak_reserved_gib"]),
-                                 peak_allocated_gib=float(d["peak_allocated_gib"]) if _pos(d.get("peak_allocated_gib")) else None))
+                                 peak_allocated_gib=float(d["peak_allocated_gib"]) if _pos(d.get("peak_allocated_gib")) else None,
+                                 extra={"ran_as": ran_as}))
     return rows, skipped
 
 
@@ -419,9 +431,25 @@ def predict_trials(rows: list[TrialRow], calibration: str | Path | None = None) 
 HALF_NORMAL_MEDIAN = 0.6745
 
 
+#: Harness settings that change a trial's timed steps without changing what the cost model is given (its
+#: :class:`~specs.RunOptions`): TE's fused token permutation, megatron-core's other fusions (gradient-accumulation and
+#: bias-dropout fusion come with the fused RoPE), and a ``torch.profiler`` step among the timed ones. Runs that differ in
+#: one are not runs of one configuration.
+TIMING_SETTINGS = ("moe_permute_fusion", "megatron_fusions", "profile_step")
+
+
+def _timing_settings(d: dict[str, Any]) -> tuple[bool, ...]:
+    """Whether each of :data:`TIMING_SETTINGS` was on in row ``d`` (its ``options``, ``run_options.harness`` or
+    ``run_options.transformer``; absent, false and null read as off)."""
+    ro = d.get("run_options") if isinstance(d.get("run_options"), dict) else {}
+    where = [x for x in (d.get("options"), ro.get("harness"), ro.get("transformer")) if isinstance(x, dict)]
+    return tuple(any(w.get(k) not in (None, False, 0) for w in where) for k in TIMING_SETTINGS)
+
+
 def _configuration(r: TrialRow) -> tuple[Any, ...]:
-    """What ran, without where it was written: two rows with the same key are runs of one layout."""
-    return (r.model, r.gpus, r.workload, r.layout, r.options, r.transformer_engine)
+    """What ran, without where it was written: two rows with the same key are runs of one layout (the GPUs as parsed,
+    so ``1xh200`` and ``1xH200`` are one machine; the harness settings of :data:`TIMING_SETTINGS` apart)."""
+    return (r.model, r.extra.get("ran_as", r.gpus), r.workload, r.layout, r.options, r.transformer_engine)
 
 
 def run_spread(preds: list[TrialPrediction]) -> dict[str, Any]:
@@ -435,13 +463,25 @@ def run_spread(preds: list[TrialPrediction]) -> dict[str, Any]:
     on every configuration's mean would show on single runs if the runs spread normally. ``step_median_abs_error_of_means``:
     the predictions' median |error| against each configuration's mean step time (every configuration, run once or more).
 
+    A row whose step time and peaks equal another row's of the same configuration to the last digit is a copy of that
+    run (a file copied, a line pasted twice), counted once (``identical_rows``).
+
     Returns:
-        ``{"configurations", "repeated", "repeat_runs", "dof", "spread", "noise_floor", "step_median_abs_error_of_means"}``;
-        the spread and the floor are None when no configuration ran twice.
+        ``{"configurations", "repeated", "repeat_runs", "dof", "identical_rows", "spread", "noise_floor",
+        "step_median_abs_error_of_means"}``; the spread and the floor are None when no configuration ran twice.
     """
     groups: dict[tuple[Any, ...], list[TrialPrediction]] = {}
+    measured: set[tuple[Any, ...]] = set()
+    identical = 0
     for p in preds:
-        groups.setdefault(_configuration(p.row), []).append(p)
+        key = _configuration(p.row)
+        # a row that repeats another's measurement to the last digit is a copy of it, not a second run
+        same = (key, p.row.step_time_s, p.row.peak_reserved_gib, p.row.peak_allocated_gib)
+        if same in measured:
+            identical += 1
+            continue
+        measured.add(same)
+        groups.setdefault(key, []).append(p)
     num = dof = 0.0
     repeated = runs = 0
     for ps in groups.values():
@@ -454,7 +494,7 @@ def run_spread(preds: list[TrialPrediction]) -> dict[str, Any]:
         runs += len(t)
     spread = math.sqrt(num / dof) if dof else None
     of_means = [abs(ps[0].step_time_s / statistics.fmean(p.row.step_time_s for p in ps) - 1) for ps in groups.values()]
-    return {"configurations": len(groups), "repeated": repeated, "repeat_runs": runs, "dof": int(dof), "spread": spread,
+    return {"configurations": len(groups), "repeated": repeated, "repeat_runs": runs, "dof": int(dof), "identical_rows": identical, "spread": spread,
             "noise_floor": HALF_NORMAL_MEDIAN * spread if spread is not None else None,
             "step_median_abs_error_of_means": float(statistics.median(of_means)) if of_means else None}
 

@@ -70,19 +70,67 @@ def test_compare_recovers_the_host_constants_and_finds_the_form(tmp_path):
 def test_compare_refuses_rows_it_cannot_read(tmp_path):
     good = _row("qw-e16-l1", 128, 1)
     for bad, msg in (({**good, "config": "qw-e99"}, "not one this benchmark runs"),
+                     ({**good, "config": ["qw-e16-l1"]}, "not one this benchmark runs"),
                      ({**good, "micro_batch_size": 3}, "not one this benchmark runs"),
-                     ({**good, "fwd_s": 0}, "fwd_s must be finite"),
-                     ({**good, "kernels_fwd_s": float("nan")}, "kernels_fwd_s must be finite"),
-                     ({**good, "bwd_s": True}, "bwd_s must be finite")):
+                     ({**good, "micro_batch_size": True}, "not one this benchmark runs"),
+                     ({**good, "seq_length": 128.0}, "not one this benchmark runs"),
+                     ({**good, "num_experts": 32}, "num_experts 32 .configuration qw-e16-l1 has 16"),
+                     ({**good, "model": "MiniMax-M2"}, "not a row of configuration qw-e16-l1"),
+                     ({**good, "fwd_s": 0}, "fwd_s must be numbers > 0"),
+                     ({**good, "fwd_s": 1e300}, "at most 3600"),
+                     ({**good, "kernels_fwd_s": float("nan")}, "kernels_fwd_s must be numbers > 0"),
+                     ({**good, "bwd_s": True}, "bwd_s must be numbers > 0"),
+                     ({**good, "kernels_fwd_s": 1.0, "kernels_fwd_bwd_s": 0.5}, "cannot take longer")):
         with pytest.raises(ValueError, match=msg):
             hm.compare([_write(tmp_path, [bad])])
     with pytest.raises(ValueError, match="a second row"):
         hm.compare([_write(tmp_path, [good, good])])
     with pytest.raises(ValueError, match="no measured rows"):
         hm.compare([_write(tmp_path, [])])
-    # too few configurations at the probe point to fit three constants
-    with pytest.raises(ValueError, match="nothing to fit"):
+    # too few configurations at the probe point to fit three constants: the message names the file
+    with pytest.raises(ValueError, match="moe_host.jsonl: fewer than three"):
         hm.compare([_write(tmp_path, [good])])
+    # one expert count only: the per-expert cost cannot be told from the layer's
+    with pytest.raises(ValueError, match="at least two local-expert counts"):
+        hm.compare([_write(tmp_path, [_row(c, 128, 1) for c in ("qw-e16-l1", "qw-e16-l2", "qw-e16-l1-fp8")])])
+
+
+def test_a_two_layer_row_not_slower_than_its_one_layer_row_is_refused(tmp_path):
+    rows = [_row(c, s, m) for c in ("qw-e16-l1", "qw-e16-l2", "qw-e8-l1", "qw-e32-l1") for s, m in hm.POINTS]
+    two = next(r for r in rows if r["config"] == "qw-e16-l2" and r["seq_length"] == 4096 and r["micro_batch_size"] == 2)
+    one = next(r for r in rows if r["config"] == "qw-e16-l1" and r["seq_length"] == 4096 and r["micro_batch_size"] == 2)
+    two.update({k: one[k] for k in hm.TIMES})
+    with pytest.raises(ValueError, match="qw-e16 at seq 4096, micro-batch 2: one layer's fwd_s, bwd_s, kernels_fwd_s, kernels_bwd_s"):
+        hm.compare([_write(tmp_path, rows)])
+
+
+def test_unpaired_rows_are_used_alone_or_listed(tmp_path):
+    """A pair's 1-layer row without its 2-layer partner is a 1-layer configuration; a 2-layer row without its 1-layer
+    partner cannot lose its embedding and is listed as left out."""
+    rows = [_row(c, s, m) for c in ("qw-e16-l1", "qw-e8-l1", "qw-e32-l1", "mm-e32-l2") for s, m in hm.POINTS]
+    out = hm.compare([_write(tmp_path, rows)])
+    configs = {r["config"] for r in out["per_layer_ms"]}
+    assert {"qw-e16-l1", "qw-e8-l1", "qw-e32-l1"} <= configs and "mm-e32" not in configs
+    assert len(out["left_out"]) == len(hm.POINTS) and all(x.startswith("mm-e32-l2 at seq") for x in out["left_out"])
+    json.dumps(out, allow_nan=False)  # strict JSON: every number finite
+
+
+def test_the_gpu_run_refuses_its_settings_before_it_starts(tmp_path, monkeypatch, capsys):
+    """CONFIGS, BUDGET_S and OUT are checked before torch is imported or a folder is made."""
+    for env, needle in (({"CONFIGS": ","}, "no configuration"), ({"CONFIGS": "bogus"}, "unknown"),
+                        ({"CONFIGS": "qw-e8-l1,qw-e8-l1"}, "given twice"), ({"BUDGET_S": "abc"}, "BUDGET_S"),
+                        ({"BUDGET_S": "-5"}, "BUDGET_S"), ({"OUT": str(tmp_path / "afile")}, "is a file")):
+        (tmp_path / "afile").write_text("keep")
+        for k in ("CONFIGS", "BUDGET_S", "OUT"):
+            monkeypatch.delenv(k, raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setattr(sys, "argv", ["h200_moe_host.py"])
+        monkeypatch.chdir(tmp_path)
+        assert hm.main() == 2
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1
+        assert (tmp_path / "afile").read_text() == "keep" and not (tmp_path / "h200_moe_host_out").exists()
 
 
 def test_compare_from_the_command_line_names_the_bad_file(tmp_path, capsys, monkeypatch):

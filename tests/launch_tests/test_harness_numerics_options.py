@@ -165,11 +165,12 @@ def test_the_te_sweep_list_runs_here_and_covers_the_issue():
     assert len(CASES) >= 16 and len({c["id"] for c in CASES}) == len(CASES)
 
 
-@pytest.mark.parametrize(("value", "needle"), [("banana", "expected COUNTxGPU"), ("2xH200", "run on one GPU"), ("1xH999", "H999")])
-def test_the_te_sweep_refuses_a_sweep_gpus_it_cannot_record(monkeypatch, value, needle):
+@pytest.mark.parametrize(("value", "needle"), [("banana", "expected COUNTxGPU"), ("2xH200", "run on one GPU"), ("1xH999", "H999"),
+                                               ("0xH200", "at least 1"), ("9" * 5000 + "xH100", "more GPUs than")])
+def test_the_te_sweep_refuses_a_sweep_gpus_it_cannot_record(monkeypatch, capsys, value, needle):
     """``SWEEP_GPUS`` names the GPU the machine has when it is not the cases' H200; anything but one GPU of a bundled type
-    stops the driver before a case runs, with what is accepted (a row recorded on a wrong GPU would be judged against the
-    wrong datasheet)."""
+    stops the driver before a case runs: one line naming SWEEP_GPUS (not a --gpus flag), exit 2 (a row recorded on a wrong
+    GPU would be judged against the wrong datasheet). A GPU it accepts is written the one way rows are."""
     import sys
     from pathlib import Path
 
@@ -177,7 +178,12 @@ def test_the_te_sweep_refuses_a_sweep_gpus_it_cannot_record(monkeypatch, value, 
     import h200_te
 
     monkeypatch.setenv("SWEEP_GPUS", value)
-    with pytest.raises(SystemExit, match=needle):
-        h200_te.check_sweep_gpus()
-    monkeypatch.setenv("SWEEP_GPUS", "1xH100")
-    h200_te.check_sweep_gpus()
+    with pytest.raises(SystemExit) as e:
+        h200_te.sweep_gpus()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and needle in err and "SWEEP_GPUS" in err and "--gpus" not in err and len(err) < 400
+    for spelled in ("1xH100", " 1 x h100 ", "01*H100"):
+        monkeypatch.setenv("SWEEP_GPUS", spelled)
+        assert h200_te.sweep_gpus() == "1xH100"
+    monkeypatch.delenv("SWEEP_GPUS")
+    assert h200_te.sweep_gpus() is None

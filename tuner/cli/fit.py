@@ -111,15 +111,20 @@ def _trials(trials: list[Path], calibration: Path | None, as_json: bool, rows: b
                   f"{v['memory_median_abs_error'] * 100:.1f}%", f"{v['memory_max_abs_error'] * 100:.1f}%")
     out.print(t)
     sp = summ["run_spread"]
+
+    def n(k: int, what: str) -> str:
+        return f"{k} {what}{'' if k == 1 else 's'}"
+
+    copies = f"; {n(sp['identical_rows'], 'row')} repeating another's measurement to the last digit counted once" if sp["identical_rows"] else ""
     if sp["spread"] is not None:
-        out.print(f"run-to-run spread: {sp['repeated']} configuration{'s' if sp['repeated'] != 1 else ''} ran more than once ({sp['repeat_runs']} runs): their step times "
-                  f"spread {sp['spread'] * 100:.1f}% (pooled standard deviation / mean, {sp['dof']} degrees of freedom), so a model exact "
-                  f"on each configuration's mean would show a step median |error| of about {sp['noise_floor'] * 100:.1f}% on single runs; "
-                  f"against each configuration's mean ({sp['configurations']} configurations) the model's is "
-                  f"{sp['step_median_abs_error_of_means'] * 100:.1f}%")
+        out.print(f"run-to-run spread: {n(sp['repeated'], 'configuration')} ran more than once ({sp['repeat_runs']} runs): their step "
+                  f"times spread {sp['spread'] * 100:.1f}% (pooled standard deviation / mean, {n(sp['dof'], 'degree')} of freedom), so a "
+                  f"model exact on each configuration's mean would show a step median |error| of about {sp['noise_floor'] * 100:.1f}% on "
+                  f"single runs; against each configuration's mean ({n(sp['configurations'], 'configuration')}) the model's is "
+                  f"{sp['step_median_abs_error_of_means'] * 100:.1f}%{copies}")
     else:
-        out.print(f"run-to-run spread: no configuration ran twice in these files ({sp['configurations']} configurations): the step errors "
-                  "above include the machine's run-to-run spread, which these rows cannot measure")
+        out.print(f"run-to-run spread: no configuration ran twice in these files ({n(sp['configurations'], 'configuration')}): the "
+                  f"step errors above include the machine's run-to-run spread, which these rows cannot measure{copies}")
     return data
 
 
