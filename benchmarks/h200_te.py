@@ -355,15 +355,13 @@ def sweep_gpus() -> str | None:
         return None
     from specs import parse_gpus
     from specs.errors import TunerError
-    from specs.hardware import gpus_shown
 
-    shown = gpus_shown(raw)
     try:
-        cluster = parse_gpus(raw)
+        cluster = parse_gpus(raw, name="SWEEP_GPUS")
     except TunerError as e:
-        refuse(f"SWEEP_GPUS {shown}: {str(e).removeprefix(f'--gpus {shown}: ')}")
+        refuse(str(e))
     if cluster.num_gpus != 1:
-        refuse(f"SWEEP_GPUS {shown}: the sweep's cases run on one GPU; give 1xGPU (e.g. 1xH100)")
+        refuse(f"SWEEP_GPUS {reprlib.repr(raw)}: the sweep's cases run on one GPU; give 1xGPU (e.g. 1xH100)")
     return f"1x{cluster.gpu.name}"
 
 

@@ -27,7 +27,6 @@ __all__ = [
     "MAX_GPUS",
     "list_gpus",
     "load_gpu",
-    "gpus_shown",
     "parse_gpus",
 ]
 
@@ -258,9 +257,9 @@ _GPUS_RE = re.compile(r"^\s*(?:(\d+)\s*[xX*]\s*)?(\d+)\s*[xX*]\s*([A-Za-z][A-Za-
 _MAX_COUNT_DIGITS = len(str(MAX_GPUS)) + 6
 
 
-def gpus_shown(text: str) -> str:
-    """``text`` as :func:`parse_gpus`'s messages quote it (``--gpus SHOWN: ...``): its repr, cut to 60 characters, so a
-    megabyte of input is not echoed back."""
+def _shown(text: str) -> str:
+    """``text`` as :func:`parse_gpus`'s messages quote it: its repr, cut to 60 characters, so a megabyte of input is not
+    echoed back."""
     return repr(text) if len(text or "") <= 60 else repr(text[:57]) + "..."
 
 
@@ -273,49 +272,54 @@ def parse_gpus(
     network: str | None = None,
     host_memory_gib: float | None = None,
     require_network: bool = False,
+    name: str = "--gpus",
 ) -> Cluster:
     """Parse ``64xH200`` (GPUs) or ``8x8xH200`` (nodes x GPUs per node).
 
     ``network`` names the scale-out fabric (:func:`specs.network.load_network`; default: the GPU's server type's,
     :attr:`GPUSpec.network`); the per-node bandwidth is its per-GPU bandwidth x GPUs per node unless
     ``inter_node_bytes_per_s`` (``--network-gbps``) overrides it. ``host_memory_gib`` defaults to the server's.
+    ``name``: what the messages call the text (the command line's ``--gpus``, a file's field, an environment variable).
 
     Raises:
         TunerError: malformed text, unknown GPU, zero GPUs, a count that is not a whole number of nodes, an unknown
             network, or (``require_network``) a GPU whose server type has no default network and no ``network``.
     """
-    shown = gpus_shown(text)
+    shown = _shown(text)
     m = _GPUS_RE.match(text or "")
     if not m:
         raise TunerError(
-            f"--gpus {shown}: expected COUNTxGPU such as 64xH200, or NODESxPER_NODExGPU such as 8x8xH200 "
+            f"{name} {shown}: expected COUNTxGPU such as 64xH200, or NODESxPER_NODExGPU such as 8x8xH200 "
             f"(GPUs: {', '.join(list_gpus())})"
         )
     if any(g is not None and len(g.lstrip("0")) > _MAX_COUNT_DIGITS for g in (m.group(1), m.group(2))):
-        raise TunerError(f"--gpus {shown}: more GPUs than this tool models (at most {MAX_GPUS:,})")
+        raise TunerError(f"{name} {shown}: more GPUs than this tool models (at most {MAX_GPUS:,})")
     # leading zeros read as nothing (Python reads no integer of over 4,300 digits, zeros included)
     nodes = m.group(1).lstrip("0") or "0" if m.group(1) is not None else None
     count, gname = int(m.group(2).lstrip("0") or "0"), m.group(3)
-    gpu = load_gpu(gname)
+    try:
+        gpu = load_gpu(gname)
+    except TunerError as e:
+        raise TunerError(f"{name} {shown}: {e}") from None
     if gpus_per_node is not None and gpus_per_node <= 0:
         raise TunerError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
     if inter_node_bytes_per_s is not None:
         check_network_gbps(inter_node_bytes_per_s)
     if count > MAX_GPUS or (nodes is not None and int(nodes) * count > MAX_GPUS):
-        raise TunerError(f"--gpus {shown}: more GPUs than this tool models (at most {MAX_GPUS:,})")
+        raise TunerError(f"{name} {shown}: more GPUs than this tool models (at most {MAX_GPUS:,})")
     if nodes is not None:
         per = count
         total = int(nodes) * count
         if gpus_per_node is not None and gpus_per_node != per:
-            raise TunerError(f"--gpus {shown} says {per} GPUs per node but --gpus-per-node is {gpus_per_node}")
+            raise TunerError(f"{name} {shown} says {per} GPUs per node but --gpus-per-node is {gpus_per_node}")
     else:
         total = count
         per = gpus_per_node or min(gpu.gpus_per_node, max(count, 1))
     if nodes is not None and (int(nodes) <= 0 or per <= 0):
         what = "the node count" if int(nodes) <= 0 else "the GPUs per node"
-        raise TunerError(f"--gpus {shown}: {what} must be at least 1 (NODESxPER_NODExGPU such as 8x8xH200)")
+        raise TunerError(f"{name} {shown}: {what} must be at least 1 (NODESxPER_NODExGPU such as 8x8xH200)")
     if total <= 0 or per <= 0:
-        raise TunerError(f"--gpus {shown}: the GPU count must be at least 1")
+        raise TunerError(f"{name} {shown}: the GPU count must be at least 1")
     net: Network | None = None
     if network is not None:
         net = load_network(network)
@@ -323,7 +327,7 @@ def parse_gpus(
         net = load_network(gpu.network)
     elif require_network:
         raise TunerError(
-            f"--gpus {shown}: {gpu.name}'s server type ({gpu.server or 'not named in its datasheet'}) has no default network; "
+            f"{name} {shown}: {gpu.name}'s server type ({gpu.server or 'not named in its datasheet'}) has no default network; "
             f"name it with --network (known: {', '.join(list_networks())})"
         )
     if inter_node_bytes_per_s is None:

@@ -135,18 +135,25 @@ def _runs(r: dict[str, Any]) -> list[float]:
     return [float(x) for x in r.get("runs_tokens_per_s_per_gpu") or () if _positive(x)]
 
 
+def pooled_spread(groups: Sequence[Sequence[float]]) -> tuple[float | None, int]:
+    """The spread between repeated measurements of one thing, pooled over the groups of at least two:
+    ``sqrt(sum((k_i - 1) * sd_i**2) / sum(k_i - 1))``, ``sd_i`` the sample standard deviation / mean of group i's
+    ``k_i`` values (the pooled variance of one-way analysis of variance). Returns ``(spread, degrees of freedom)``; the
+    spread is a fraction, None when no group has two values or it is not finite (values of 1e308: no spread to say)."""
+    num = 0.0
+    dof = 0
+    for g in groups:
+        if len(g) >= 2:
+            num += (len(g) - 1) * _mean_rel_sd(list(g))[1] ** 2
+            dof += len(g) - 1
+    spread = math.sqrt(num / dof) if dof else None
+    return (spread if spread is not None and math.isfinite(spread) else None), dof
+
+
 def between_run_noise(rows: list[dict[str, Any]]) -> float | None:
     """The spread between runs of one layout, pooled over the measured rows run more than once (``--confirm-runs``):
-    ``sqrt(sum((k_i - 1) * sd_i**2) / sum(k_i - 1))``, ``sd_i`` the sample standard deviation / mean of row i's k_i run
-    throughputs (the pooled variance of one-way analysis of variance). A fraction; None when no row has two runs."""
-    num = den = 0.0
-    for r in rows:
-        runs = _runs(r) if r.get("source") == "measured" else []
-        if len(runs) >= 2:
-            num += (len(runs) - 1) * _mean_rel_sd(runs)[1] ** 2
-            den += len(runs) - 1
-    spread = math.sqrt(num / den) if den else None
-    return spread if spread is not None and math.isfinite(spread) else None  # runs of 1e308 tokens/s: no spread to say
+    :func:`pooled_spread` of each row's run throughputs. A fraction; None when no row has two runs."""
+    return pooled_spread([_runs(r) if r.get("source") == "measured" else [] for r in rows])[0]
 
 
 def fastest_measured(rows: list[dict[str, Any]]) -> dict[str, Any] | None:

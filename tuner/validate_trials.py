@@ -30,8 +30,8 @@ from cost_model.validate import spearman
 from launch.harness.spec import HarnessEnv, harness_layout, override_model, slice_model
 from specs import HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS, ModelSpec, RunOptions, Workload, list_models, load_model, parse_gpus
 from specs.errors import InfeasibleLayout, TunerError
-from specs.hardware import gpus_shown
 from specs.layout import Layout
+from tuner.report import pooled_spread
 
 __all__ = ["NO_TE_CALIBRATION_FILE", "TrialPrediction", "TrialRow", "json_lines", "predict_trials", "read_trials", "run_spread",
            "summarize_trials"]
@@ -340,10 +340,9 @@ def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
                 raise TunerError(f"{where}: cannot read the row ({f'no field {msg}' if isinstance(e, KeyError) else msg or type(e).__name__}); "
                                  "a row is one object as launch.harness.sweep writes it") from None
             try:
-                cluster = parse_gpus(str(d["gpus"]))
-            except TunerError as e:  # parse_gpus names the command line's flag; here it is the row's field
-                text = str(d["gpus"])
-                raise TunerError(f"{where}: the row's gpus {text!r:.40}: {str(e).removeprefix(f'--gpus {gpus_shown(text)}: ')}") from None
+                cluster = parse_gpus(str(d["gpus"]), name="the row's gpus")
+            except TunerError as e:
+                raise TunerError(f"{where}: {e}") from None
             _check_measured(d, cluster.gpu.hbm_bytes / 2**30, where)
             ran_as = (cluster.num_gpus, cluster.gpus_per_node, cluster.gpu.name, *_timing_settings(d))
             rows.append(TrialRow(source=f"{name}:{i}", label=label, model=model, gpus=str(d["gpus"]), workload=wl, layout=lay,
@@ -456,10 +455,8 @@ def run_spread(preds: list[TrialPrediction]) -> dict[str, Any]:
     """How far separate runs of one configuration (model slice, GPUs, workload, layout, options and stack) spread, and
     what that allows a model on single runs.
 
-    ``spread``: the step times' pooled relative standard deviation over the configurations run more than once,
-    ``sqrt(sum((k_i - 1) * sd_i**2) / sum(k_i - 1))`` with ``sd_i`` the sample standard deviation over the mean of
-    configuration i's ``k_i`` runs (one-way analysis of variance; as :func:`tuner.report.between_run_noise` pools a
-    study's repeated trials). ``noise_floor``: :data:`HALF_NORMAL_MEDIAN` x ``spread``, the median |error| a model exact
+    ``spread``: the step times' pooled relative standard deviation over the configurations run more than once
+    (:func:`tuner.report.pooled_spread`, as a study's repeated trials are pooled). ``noise_floor``: :data:`HALF_NORMAL_MEDIAN` x ``spread``, the median |error| a model exact
     on every configuration's mean would show on single runs if the runs spread normally. ``step_median_abs_error_of_means``:
     the predictions' median |error| against each configuration's mean step time (every configuration, run once or more).
 
@@ -482,19 +479,11 @@ def run_spread(preds: list[TrialPrediction]) -> dict[str, Any]:
             continue
         measured.add(same)
         groups.setdefault(key, []).append(p)
-    num = dof = 0.0
-    repeated = runs = 0
-    for ps in groups.values():
-        if len(ps) < 2:
-            continue
-        t = [p.row.step_time_s for p in ps]
-        num += (len(t) - 1) * (statistics.stdev(t) / statistics.fmean(t)) ** 2
-        dof += len(t) - 1
-        repeated += 1
-        runs += len(t)
-    spread = math.sqrt(num / dof) if dof else None
+    repeats = [[p.row.step_time_s for p in ps] for ps in groups.values() if len(ps) >= 2]
+    spread, dof = pooled_spread(repeats)
+    repeated, runs = len(repeats), sum(len(t) for t in repeats)
     of_means = [abs(ps[0].step_time_s / statistics.fmean(p.row.step_time_s for p in ps) - 1) for ps in groups.values()]
-    return {"configurations": len(groups), "repeated": repeated, "repeat_runs": runs, "dof": int(dof), "identical_rows": identical, "spread": spread,
+    return {"configurations": len(groups), "repeated": repeated, "repeat_runs": runs, "dof": dof, "identical_rows": identical, "spread": spread,
             "noise_floor": HALF_NORMAL_MEDIAN * spread if spread is not None else None,
             "step_median_abs_error_of_means": float(statistics.median(of_means)) if of_means else None}
 
