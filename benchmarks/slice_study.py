@@ -17,6 +17,12 @@ against what is left of ``BUDGET_S`` (seconds since this program started); a run
 the next call. Done runs are read back from ``$WORK/runs.jsonl`` (``WORK`` default ``/tmp/slice_study``, which
 lasts while the machine stays warm) and from ``PREV`` (an earlier call's ``runs.jsonl``, for a fresh machine).
 Writes ``$OUT/runs.jsonl`` (every run so far, after each run) and ``$OUT/driver.log``.
+
+    python3 benchmarks/slice_study.py --table runs.jsonl   # no GPU: the per-layout table in Markdown
+
+The table: per layout, the mean of its runs' tokens/s/GPU (median of each run's timed steps), the spread
+(max - min over the mean, in %), the analytical model's prediction, the peak reserved memory, the mean wall
+seconds of one run; ranked by the mean, and the GPU-seconds of all runs.
 """
 
 from __future__ import annotations
@@ -118,5 +124,39 @@ def main() -> int:
     return 0
 
 
+def table(path: Path) -> str:
+    """The Markdown table of ``path`` (a ``runs.jsonl``): one line per layout, best mean first; failed layouts last."""
+    from statistics import mean
+
+    rows = read_rows(path)
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault(r["case"], []).append(r)
+
+    def key(c: str) -> float:
+        ok = [r["tokens_per_s_per_gpu"] for r in by[c] if r.get("status") == "ok"]
+        return -mean(ok) if ok else 0.0
+
+    lines = ["| rank | layout | runs | mean tok/s/GPU | spread % | runs' tok/s/GPU | predicted | pred err % | reserved GiB "
+             "| pred peak GiB | wall s/run |", "|" + "---|" * 11]
+    for i, c in enumerate(sorted(by, key=key), 1):
+        rs = by[c]
+        ok = [r["tokens_per_s_per_gpu"] for r in rs if r.get("status") == "ok"]
+        pred = rs[0].get("pred_tokens_per_s_per_gpu")
+        m = mean(ok) if ok else None
+        res = [r["peak_reserved_gib"] for r in rs if r.get("peak_reserved_gib") is not None]
+        lines.append(
+            f"| {i} | {c} | {len(rs)} | {f'{m:,.0f}' if m else ', '.join(sorted({str(r.get('status')) for r in rs}))} "
+            f"| {f'{100 * (max(ok) - min(ok)) / m:.1f}' if len(ok) > 1 else '-'} | {', '.join(f'{x:,.0f}' for x in ok) or '-'} "
+            f"| {f'{pred:,.0f}' if pred else '-'} | {f'{100 * (pred - m) / m:+.0f}' if pred and m else '-'} "
+            f"| {f'{max(res):.1f}' if res else '-'} | {rs[0].get('pred_peak_gib') or 0:.1f} | {mean(r.get('wall_s') or 0 for r in rs):.0f} |")
+    gs = sum(r.get("wall_s") or 0 for r in rows)
+    lines.append(f"\n{len(by)} layouts, {len(rows)} runs, {gs:,.0f} GPU-seconds of trials (wall_s summed).")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--table"] and len(sys.argv) == 3:
+        print(table(Path(sys.argv[2])))
+        sys.exit(0)
     sys.exit(main())
