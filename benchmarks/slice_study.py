@@ -14,7 +14,7 @@ The driver adds ``run_id`` (``p<pass>-<case>``), ``pass``, ``case``, ``card`` (n
 
 Before a run starts, its planned time (the case's ``est_s``, or the wall of its earlier run plus 5 s) is checked
 against what is left of ``BUDGET_S`` (seconds since this program started); a run that does not fit is left for
-the next call. Done runs are read back from ``$WORK/runs.jsonl`` (``WORK`` default ``/tmp/slice_study``, which
+the next call. A sweep that stops before its trial (torch or megatron-core missing, no GPU) stops the driver. Done runs are read back from ``$WORK/runs.jsonl`` (``WORK`` default ``/tmp/slice_study``, which
 lasts while the machine stays warm) and from ``PREV`` (an earlier call's ``runs.jsonl``, for a fresh machine).
 Writes ``$OUT/runs.jsonl`` (every run so far, after each run) and ``$OUT/driver.log``.
 
@@ -108,7 +108,10 @@ def main() -> int:
                          str(GLOBAL_BATCH), "--layouts", str(lay_file), "--out", str(out_file), "--steps", str(STEPS), "--warmup",
                          str(WARMUP), "--timeout", f"{max(60.0, min(240.0, left - 10)):.0f}", "--trials-dir", str(WORK / "trials" / rid)])
         got = read_rows(out_file)
-        row = got[0] if got else {"status": "driver_error", "message": f"launch.harness.sweep exited {rc} with no row"}
+        if not got:  # the sweep refused before any trial (its message is above): the environment, not the layout
+            log(f"{rid}: launch.harness.sweep exited {rc} with no row: stopping")
+            return 2
+        row = got[0]
         row.update(run_id=rid, case=c["id"], card=name, started_utc=started, driver_wall_s=time.monotonic() - t, **{"pass": p})
         rows.append(row)
         have.add(rid)
