@@ -116,6 +116,8 @@ class GainPolicy:
     runs: npt.NDArray[np.int64] = field(init=False)
     failed: npt.NDArray[np.bool_] = field(init=False)
     pending: npt.NDArray[np.bool_] = field(init=False)
+    p_fit: Array = field(init=False)
+    """Each candidate's chance to fit in memory: P(predicted x exp(N(memory_bias, memory_sigma)) <= hbm_bytes)."""
     _obs: list[_Obs] = field(init=False, default_factory=list)
     _cross: list[Array] = field(init=False, default_factory=list)
     """Prior covariance of every candidate with each observed one (columns of K(·, obs))."""
@@ -199,9 +201,9 @@ class GainPolicy:
         mean, _ = self.posterior()
         return int(measured[np.argmax(self.predicted[measured] * np.exp(mean[measured]))])
 
-    def _chance_to_beat(self, mean: Array, sd: Array, target: float) -> Array:
-        """P(true throughput > target) of every candidate under its posterior."""
-        return ndtr((mean + np.log(self.predicted) - math.log(target)) / sd)
+    def _chance_to_beat(self, idx: npt.NDArray[np.int64] | slice, mean: Array, sd: Array, target: float) -> Array:
+        """P(true throughput > target) of the candidates ``idx`` under their posterior (``mean``, ``sd``: of all)."""
+        return np.asarray(ndtr((mean[idx] + np.log(self.predicted[idx]) - math.log(target)) / sd[idx]))
 
     def next(self) -> Decision:
         """What to do next (see the module docstring)."""
@@ -219,7 +221,7 @@ class GainPolicy:
         else:
             best = float(self.predicted[inc] * np.exp(mean[inc]))
             target = best * (1 + p.min_gain)
-            may_beat = open_ & (self._chance_to_beat(mean, sd, target) * self.p_fit >= 1 - p.confidence)
+            may_beat = open_ & (self._chance_to_beat(slice(None), mean, sd, target) * self.p_fit >= 1 - p.confidence)
             if not may_beat.any():
                 return self._repeat_or_stop(inc, mean, sd, budget_left)
             open_ = may_beat
@@ -242,7 +244,7 @@ class GainPolicy:
         measured = np.flatnonzero((self.runs > 0) & (self.runs < p.max_runs) & ~self.pending)
         rivals = [int(j) for j in measured if j != inc]
         if rivals:
-            beat = self._chance_to_beat(mean[rivals], sd[rivals], best * (1 + p.min_gain))
+            beat = self._chance_to_beat(np.asarray(rivals), mean, sd, best * (1 + p.min_gain))
             close = [j for j, b in zip(rivals, beat) if b >= 1 - p.confidence]
             if close:
                 j = max(close, key=lambda r: float(self.predicted[r] * np.exp(mean[r])))
