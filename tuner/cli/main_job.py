@@ -252,9 +252,11 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, *, verbose
         out.print(f"  {escape(res.stop_note)}", soft_wrap=False)
     out.print(
         f"Space: {fmt_int(en.considered)} layouts, {fmt_int(prep.n_valid)} valid, {fmt_int(prep.n_fit)} candidates "
-        f"({fmt_int(int((prep.fits & ~prep.surely_fits).sum()))} may not fit); {len(rows)} evaluated"
-        + (f"; {res.gpu_hours_now:,.1f} GPU-hours this run" if cfg.backend != "model" else "")
+        f"({fmt_int(int((prep.fits & ~prep.surely_fits).sum()))} may not fit)"
     )
+    out.print(f"Study {escape(res.study_name)}: {len(rows)} layouts evaluated in total ({res.evaluated_now} now"
+              + (f"; {res.pruned_now} pruned, {res.failed_now} failed; {res.gpu_hours_now:,.1f} GPU-hours" if cfg.backend != "model" else "")
+              + ")")
     if best["source"] == "predicted":
         for gap in gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay), prep.model, prep.cluster.gpu, prep.calibration)[:2]:
             out.print(f"note: {gap.line}", markup=False)
@@ -306,7 +308,7 @@ def _print_best(best: dict[str, Any], tied: list[dict[str, Any]], pls: str, hbm_
     out.print(f"  tokens/s/GPU {best['tokens_per_s_per_gpu']:,.0f} (90%: {best['tokens_per_s_per_gpu_low']:,.0f}-"
               f"{best['tokens_per_s_per_gpu_high']:,.0f}); MFU {best['mfu']:.1%}; ${best['usd_per_million_tokens']:.2f}/1M tok")
     mem = (f"{best['peak_gib']:.1f} GiB" if src == "measured" else
-           f"{best['peak_gib']:.1f} GiB (90%: {best['peak_gib_low']:.1f}-{best['peak_gib_high']:.1f})")
+           f"{best['peak_gib']:.1f} GiB (at most {best['peak_gib_high']:.1f})")
     out.print(f"  peak {mem} of {hbm_gib:.1f}; step {best['step_time_s']:.2f} s")
     if pls:
         out.print(f"  --pipeline-model-parallel-layout '{pls}'", markup=False)
