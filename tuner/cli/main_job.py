@@ -84,6 +84,7 @@ def main_job(
     storage: StorageOpt = None,
     results_dir: ResultsOpt = Path("results"),
     seed: Annotated[int, typer.Option("--seed", help="Sampler seed.", rich_help_panel="Study")] = 0,
+    trial_policy: Annotated[str, typer.Option("--trial-policy", help="Real trials: gain (the expected gain per GPU-hour, until the stopping rule or the budget says stop) or queue (the predicted front and fastest first, then NSGA-II, for --trials layouts).", rich_help_panel="Trials")] = "gain",
     gpu_hours: Annotated[float | None, typer.Option("--gpu-hours", help="Real trials: the GPU-hours this run may spend (a trial costs its wall time, start-up included, times --gpus).", rich_help_panel="Trials")] = None,
     stop_confidence: Annotated[float, typer.Option("--stop-confidence", help="Real trials: stop when no untried layout may beat the best by more than --stop-gain with this confidence.", rich_help_panel="Trials")] = 0.9,
     stop_gain: Annotated[float, typer.Option("--stop-gain", help="Real trials: the gain over the best (a fraction) the stopping rule looks for.", rich_help_panel="Trials")] = 0.02,
@@ -138,6 +139,7 @@ def main_job(
         parallel_trials=parallel_trials,
         trial_env=tuple(trial_env or ()),
         gpu_hours=gpu_hours,
+        policy=trial_policy,
         stop_confidence=stop_confidence,
         stop_gain=stop_gain,
         prune_margin=None if (not math.isnan(prune_margin) and prune_margin < 0) else prune_margin,  # NaN is rejected later
@@ -257,6 +259,9 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, *, verbose
     out.print(f"Study {escape(res.study_name)}: {len(rows)} layouts evaluated in total ({res.evaluated_now} now"
               + (f"; {res.pruned_now} pruned, {res.failed_now} failed; {res.gpu_hours_now:,.1f} GPU-hours" if cfg.backend != "model" else "")
               + ")")
+    for note in (res.budget_note, res.confirm_note):
+        if note:
+            out.print(f"note: {escape(note)}")
     if best["source"] == "predicted":
         for gap in gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay), prep.model, prep.cluster.gpu, prep.calibration)[:2]:
             out.print(f"note: {gap.line}", markup=False)
