@@ -679,3 +679,19 @@ def test_an_empty_megatron_core_is_refused_by_estimate_as_by_the_main_job():
     r = runner.invoke(app, ["estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--ep", "8",
                             "--megatron-core", ""])
     assert r.exit_code == 2 and "--megatron-core ''" in r.output and "known: 0.13" in r.output
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_main_job_fits_the_terminal_and_cuts_no_cell(tmp_path, monkeypatch, width):
+    from tuner.cli._common import out as console
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(console, "width", width)
+    r = _run("--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "12", "--results-dir", "r", "--study", "w")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert max(len(ln) for ln in lines) <= width, "\n".join(ln for ln in lines if len(ln) > width)
+    assert "…" not in r.stdout and len(lines) <= 30
+    head = lines[lines.index(next(ln for ln in lines if ln.startswith("trial ")))]
+    assert head.split()[:3] == ["trial", "layout", "recompute"]  # the trial number first, never cut
+    assert lines[2].startswith("Best layout (predicted, trial ") and "(90%: " in r.stdout

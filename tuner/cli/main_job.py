@@ -40,6 +40,7 @@ from tuner.cli._common import (
     err,
     fmt_int,
     out,
+    print_command,
     require,
     shell_command,
     study_flags,
@@ -183,6 +184,8 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, *, verbose
               f"seq {w.seq_length:,}, gbs {w.global_batch_size}, {w.precision.value}, {cfg.backend} backend")
     if verbose:
         _print_space(prep, cfg)
+    if cfg.backend != "model" and cfg.policy == "gain":
+        _print_plan(prep, cfg)
     # The bar starts when the study is open and its first trial begins (run_study calls on_trial(0, n)):
     # a refused study (other inputs, a busy lock, a bad storage) prints its error without a bar before it.
     progress = Progress(
@@ -278,13 +281,45 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, *, verbose
         pp = policy_params(prep, 1)
         trial_gh = (pp.startup_s + pp.steps * float(best["step_time_s"])) * c.num_gpus / 3600
         budget = max(1, round(5 * trial_gh))
-        args = [a for a in state.argv if a not in ("-v", "--verbose", "--png")] or ["--model", prep.model.name, "--gpus", cfg.gpus]
         out.print(f"Next: measure the contenders (about {trial_gh:,.1f} GPU-hours a trial):", markup=False)
-        out.print("  " + shell_command("tune", *args, "--backend", "ray", "--gpu-hours", budget), markup=False, soft_wrap=True)
+        print_command("tune", *_real_trial_args(state.argv, prep, cfg), "--backend", "ray", "--gpu-hours", budget)
     else:
         out.print("Next: check convergence against a reference layout:", markup=False)
-        out.print("  " + shell_command("tune", "verify", *flags, "--trial", best["trial"], "--reference", "tp=1,pp=1,ep=1"),
-                  markup=False, soft_wrap=True)
+        print_command("tune", "verify", *flags, "--trial", best["trial"], "--reference", "tp=1,pp=1,ep=1")
+
+
+def _real_trial_args(argv: tuple[str, ...], prep: Any, cfg: Any) -> list[str]:
+    """The user's arguments for the same job with real trials: without the output flags, --trials (the policy and the
+    budget decide) and --study (real trials go to a study of their own)."""
+    drop_value = {"--trials", "--study", "--top"}
+    drop = {"-v", "--verbose", "--png"}
+    args: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in drop_value:
+            skip = True
+            continue
+        if a in drop or any(a.startswith(f"{d}=") for d in drop_value):
+            continue
+        args.append(a)
+    return args or ["--model", prep.model.name, "--gpus", cfg.gpus]
+
+
+def _print_plan(prep: Any, cfg: Any) -> None:
+    """Real trials under the gain policy: what a trial costs and what the budget buys, before the first one starts."""
+    from tuner.study.config import n_trials, policy_params
+
+    pp = policy_params(prep, n_trials(cfg))
+    step = prep.estimates.step_time_s[prep.contenders]
+    each = (pp.startup_s + pp.steps * float(step.min())) * prep.cluster.num_gpus / 3600 if len(step) else float("nan")
+    buys = f"; --gpu-hours {cfg.gpu_hours:g} buys at most {int(cfg.gpu_hours // each)} of them" if cfg.gpu_hours and each == each else ""
+    out.print(f"Plan: {fmt_int(int(prep.contenders.sum()))} contenders; a trial costs about {each:,.1f} GPU-hours "
+              f"({prep.cluster.num_gpus} GPUs, {pp.startup_s:.0f} s start-up until measured, {pp.steps} steps){buys}; at most "
+              f"{pp.max_trials} trials; stop when no untried layout may beat the best by {cfg.stop_gain:.0%} at "
+              f"{cfg.stop_confidence:.0%} confidence")
 
 
 def _print_space(prep: Any, cfg: Any) -> None:
