@@ -32,7 +32,8 @@ REPORT_S = 0.5
 """The step time the fake reports (seconds)."""
 TPS = 8 * 8192 / REPORT_S / 2
 """The tokens/s/GPU that step time gives: global batch x sequence / step time / world size."""
-MEASURED = ("local", "ray", "command")
+#: The Ray cluster takes seconds to start: its cases are `slow`.
+MEASURED = ("local", pytest.param("ray", marks=pytest.mark.slow), "command")
 
 
 @pytest.fixture(scope="module")

@@ -400,6 +400,7 @@ def test_calibration_values_are_range_checked(tmp_path):
         assert r.exit_code == 2 and "calibration" in r.output, (text, r.output)
 
 
+@pytest.mark.slow
 def test_equivalent_inputs_resume_the_same_study(tmp_path):
     a = _run("--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "3", "--results-dir", str(tmp_path), "--study", "eq")
     assert a.exit_code == 0, a.output
@@ -407,6 +408,7 @@ def test_equivalent_inputs_resume_the_same_study(tmp_path):
     assert b.exit_code == 0, b.output
 
 
+@pytest.mark.slow
 def test_reports_survive_a_moved_model_config(tmp_path):
     from importlib import resources
 

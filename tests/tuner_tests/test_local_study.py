@@ -16,6 +16,8 @@ from specs.errors import TunerError
 from tuner.cli import app
 from tuner.study import TuneConfig, prepare, run_study, trial_rows
 
+pytestmark = pytest.mark.slow  # studies of real trials: processes of the fake harness
+
 FAKE = str(Path(__file__).parents[1] / "launch_tests" / "fake_trial.py")
 
 

@@ -14,6 +14,8 @@ from specs.errors import TunerError
 from tuner.pareto import pareto_mask
 from tuner.study import CandidateIndex, TuneConfig, prepare, run_study, trial_rows
 
+pytestmark = pytest.mark.slow  # whole studies on SQLite, some of them with worker processes
+
 
 @pytest.fixture(scope="module")
 def prep():

@@ -25,6 +25,8 @@ from tuner.verify import (
     run_grad_parity,
 )
 
+pytestmark = pytest.mark.slow  # trial processes of the fake harness and the device driver
+
 ROOT = Path(__file__).parents[2]
 FAKE = str(ROOT / "tests" / "launch_tests" / "fake_trial.py")
 FAKE_COMPONENT = [sys.executable, str(ROOT / "tests" / "launch_tests" / "fake_component.py")]

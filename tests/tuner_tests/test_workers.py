@@ -17,6 +17,8 @@ import pytest
 
 from tuner.study import open_storage
 
+pytestmark = pytest.mark.slow  # worker processes, heartbeats and their grace period
+
 ROOT = Path(__file__).parents[2]
 HERE = Path(__file__).parent
 
