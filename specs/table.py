@@ -33,51 +33,41 @@ class BadCell(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Column:
-    """One column of a table.
-
-    ``parse`` turns the stripped cell into a value; it raises ``ValueError`` (or ``TunerError`` with its own
-    message, which names the column and the value) on a cell it cannot read. Numbers are then checked against the bounds: ``low`` (exclusive when
-    ``low_open``) and ``high``, and a float must be finite. An ``optional`` column may be absent from the
-    header or blank (its value is then ``default``); a required one may be neither.
-    """
+    """One column: ``parse`` turns the stripped cell into a value, raising ``ValueError`` (or ``TunerError`` with a
+    message naming the column and the value); a cell must be one of ``choices`` when given, and a number finite
+    and within ``low`` (exclusive when ``low_open``) and ``high``. An ``optional`` column may be absent from the
+    header or blank (value ``default``)."""
 
     name: str
     parse: Callable[[str], Any] = str
     unit: str = ""
-    """Unit of the values (``s``, ``tokens``), for the reader's messages and the table's documentation."""
+    """Unit of the values (``s``, ``tokens``): the table's documentation."""
     low: float | None = None
     low_open: bool = False
     high: float | None = None
     optional: bool = False
     default: Any = None
+    choices: tuple[str, ...] = ()
 
     def read(self, cell: str) -> Any:
-        """The value of ``cell`` (stripped).
-
-        Raises:
-            ValueError: a blank required cell, a cell ``parse`` refuses, or a number out of bounds.
-            TunerError: ``parse``'s own message.
-        """
+        """The value of ``cell``. Raises ValueError (or parse's TunerError) on a cell it cannot read."""
         if not cell:
             if self.optional:
                 return self.default
             raise ValueError(cell)
+        if self.choices and cell not in self.choices:
+            raise ValueError(cell)
         v = self.parse(cell)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            if isinstance(v, float) and not math.isfinite(v):
-                raise ValueError(cell)
-            if self.low is not None and (v <= self.low if self.low_open else v < self.low):
-                raise ValueError(cell)
-            if self.high is not None and v > self.high:
-                raise ValueError(cell)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and (
+                (isinstance(v, float) and not math.isfinite(v)) or (self.low is not None and (v <= self.low if self.low_open else v < self.low))
+                or (self.high is not None and v > self.high)):
+            raise ValueError(cell)
         return v
 
     @property
     def hint(self) -> str:
-        """What a cell must be, when the bounds say more than the type (``" (a positive finite number)"``)."""
-        if self.low == 0 and self.low_open and self.high is None:
-            return " (a positive finite number)"
-        return ""
+        """What a cell must be, when the bounds say more than the type."""
+        return " (a positive finite number)" if self.low == 0 and self.low_open and self.high is None else ""
 
 
 def read_table(path: str | Path, columns: Sequence[Column], build: Callable[[int, Mapping[str, Any]], T], *, what: str,

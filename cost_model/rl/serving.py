@@ -111,15 +111,6 @@ class ServingRun:
         return f"{self.id}: {self.model} {self.gpu} {self.engine} {self.precision} {self.shape.label} {load} {self.isl:g}/{self.osl:g}"
 
 
-def _one_of(*accepted: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        if text not in accepted:
-            raise ValueError(text)
-        return text
-
-    return parse
-
-
 def _lengths(text: str) -> str:
     """A ``lengths`` cell (:func:`_check_lengths`), kept as written."""
     _check_lengths(text)
@@ -135,13 +126,13 @@ TABLE = (
     Column("tp", int, low=1),
     Column("ep", int, low=1, optional=True, default=1),
     Column("dp", int, low=1, optional=True, default=1),
-    Column("load", _one_of("closed", "open")),
+    Column("load", choices=("closed", "open")),
     Column("concurrency", int, low=0, optional=True, default=0),
     Column("num_prompts", int, low=1),
     Column("isl", float, "tokens", low=1),
     Column("osl", float, "tokens", low=1),
     Column("lengths", _lengths),
-    Column("metric", _one_of(*METRICS)),
+    Column("metric", choices=tuple(METRICS)),
     Column("measured", float, low=0, low_open=True),
     Column("notes", optional=True, default=""),
 )

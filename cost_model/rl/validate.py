@@ -60,13 +60,6 @@ __all__ = [
     "TABLE",
 ]
 
-def _flag(text: str) -> bool:
-    """A 0/1 or true/false cell. Raises ValueError on anything else."""
-    if text not in ("0", "1", "true", "false", "True", "False"):
-        raise ValueError(text)
-    return text in ("1", "true", "True")
-
-
 def _positive(name: str, *, optional: bool = False) -> Column:
     return Column(name, float, "s" if name.endswith("_s") else "tokens", low=0, low_open=True, optional=optional)
 
@@ -78,7 +71,7 @@ TABLE = (
     Column("model"),
     Column("gpu"),
     *(Column(c, int) for c in ("num_gpus", "gpus_per_node")),
-    Column("colocated", _flag),
+    Column("colocated", lambda t: t in ("1", "true", "True"), choices=("0", "1", "true", "false", "True", "False")),
     *(Column(c, int) for c in ("async_steps", "trainer_gpus", "rollout_gpus")),
     Column("trainer_layout", lambda t: parse_trainer_layout(t, "trainer_layout")),
     Column("rollout_layout", lambda t: parse_engine_layout(t, "rollout_layout")),
