@@ -184,7 +184,7 @@ def test_resume_after_the_model_config_was_edited_is_refused(tmp_path):
     # a study made before a ModelSpec field existed resumes when the model has that field's default
     import optuna
 
-    mm = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "2", "--results-dir", str(tmp_path / "r"), "--study", "mm"]
+    mm = ["--model", "MiniMax-M2", "--layers", "2", "--gpus", "8xH200", "--trials", "2", "--results-dir", str(tmp_path / "r"), "--study", "mm"]
     assert CliRunner().invoke(app, mm).exit_code == 0
     st = optuna.load_study(study_name="mm", storage=f"sqlite:///{tmp_path / 'r' / 'mm' / 'study.db'}")
     st.set_user_attr("model_spec", {k: v for k, v in st.user_attrs["model_spec"].items() if k not in ("softmax_type", "add_bias_linear")})

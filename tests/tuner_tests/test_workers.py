@@ -95,24 +95,25 @@ def test_journal_storage_errors_and_the_recorded_storage(tmp_path):
     from tuner.cli import app
 
     r = CliRunner()
+    job = ["--model", "Llama-3.1-8B", "--gpus", "8xH200"]  # a small space: the journal is what is tested
     res = str(tmp_path / "res")
     bad = tmp_path / "garbage.log"
     bad.write_bytes(b"\x8e\x00not json\n")
-    out = r.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "2", "--study", "g", "--storage", f"journal:{bad}", "--results-dir", res])
+    out = r.invoke(app, [*job, "--trials", "2", "--study", "g", "--storage", f"journal:{bad}", "--results-dir", res])
     assert out.exit_code == 2 and "not an Optuna journal file" in out.output
     assert not (tmp_path / "res" / "g").exists()  # a refused study leaves no folder behind
     other = tmp_path / "other.jsonl"  # JSON lines, but not Optuna's operations (no op_code)
     other.write_text('{"a": 1}\n')
-    out = r.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "2", "--study", "g", "--storage", f"journal:{other}", "--results-dir", res])
+    out = r.invoke(app, [*job, "--trials", "2", "--study", "g", "--storage", f"journal:{other}", "--results-dir", res])
     assert out.exit_code == 2 and "not an Optuna journal file" in out.output and other.read_text() == '{"a": 1}\n'
     missing = tmp_path / "missing.log"
     out = r.invoke(app, ["pareto", "--study", "nosuch", "--storage", f"journal:{missing}"])
     assert out.exit_code == 2 and "no journal file" in out.output and not missing.exists()  # reading creates nothing
     typo = tmp_path / "no-such-dir" / "j.log"
-    out = r.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "2", "--study", "t", "--storage", f"journal:{typo}", "--results-dir", res])
+    out = r.invoke(app, [*job, "--trials", "2", "--study", "t", "--storage", f"journal:{typo}", "--results-dir", res])
     assert out.exit_code == 2 and "does not exist" in out.output and not typo.parent.exists()  # no stray journal of its own
     j = tmp_path / "ok.log"
-    out = r.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "3", "--study", "ok", "--storage", f"journal:{j}", "--results-dir", res])
+    out = r.invoke(app, [*job, "--trials", "3", "--study", "ok", "--storage", f"journal:{j}", "--results-dir", res])
     assert out.exit_code == 0, out.output
     out = r.invoke(app, ["pareto", "--study", "ok", "--results-dir", res])  # no --storage: the one recorded in config.yaml
     assert out.exit_code == 0 and "Pareto front" in out.output
@@ -121,7 +122,7 @@ def test_journal_storage_errors_and_the_recorded_storage(tmp_path):
     cut = tmp_path / "cut.log"
     cut.write_bytes(j.read_bytes() + b'{"op_code": 5, "worker_id": "x", "trial')
     before = cut.read_bytes()
-    out = r.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "3", "--study", "ok", "--storage", f"journal:{cut}",
+    out = r.invoke(app, [*job, "--trials", "3", "--study", "ok", "--storage", f"journal:{cut}",
                             "--results-dir", str(tmp_path / "res2")])  # another folder: res/ok records ok.log as its storage
     assert out.exit_code == 2 and "line" in out.output and "left as it is" in out.output, out.output
     assert cut.read_bytes() == before
