@@ -402,9 +402,10 @@ def test_calibration_values_are_range_checked(tmp_path):
 
 @pytest.mark.slow
 def test_equivalent_inputs_resume_the_same_study(tmp_path):
-    a = _run("--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "3", "--results-dir", str(tmp_path), "--study", "eq")
+    a = _run("--model", "MiniMax-M2", "--layers", "4", "--gpus", "16xH200", "--trials", "3", "--results-dir", str(tmp_path), "--study", "eq")
     assert a.exit_code == 0, a.output
-    b = _run("--model", "minimax-m2", "--gpus", "8x8xH200", "--network-gbps", "3200", "--trials", "3", "--results-dir", str(tmp_path), "--study", "eq")
+    b = _run("--model", "minimax-m2", "--layers", "4", "--gpus", "2x8xH200", "--network-gbps", "3200", "--trials", "3", "--results-dir", str(tmp_path),
+             "--study", "eq")
     assert b.exit_code == 0, b.output
 
 

@@ -143,7 +143,7 @@ def test_resume_with_another_space_is_refused_before_anything_is_written(tmp_pat
 
     from tuner.cli import app
 
-    args = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "4", "--results-dir", str(tmp_path), "--study", "sp"]
+    args = ["--model", "MiniMax-M2", "--layers", "4", "--gpus", "16xH200", "--trials", "4", "--results-dir", str(tmp_path), "--study", "sp"]
     assert CliRunner().invoke(app, args).exit_code == 0
     before = (tmp_path / "sp" / "config.yaml").read_text()
     space = tmp_path / "space.yaml"
