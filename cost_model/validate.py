@@ -168,9 +168,9 @@ def _first_named(text: str, table: Sequence[tuple[str, Any]]) -> Any:
 #: Words of a precision cell, checked in this order ("FP8-MX" is MXFP8, "FP8 blockwise" is not plain fp8).
 _PRECISION_WORDS = (("fp4", Precision.nvfp4), ("mx", Precision.mxfp8), ("block", Precision.fp8_blockwise),
                     ("fp8", Precision.fp8), ("bf16", Precision.bf16))
-#: Words of a dispatcher cell, checked in this order ("alltoall (flex backend unset)" is alltoall).
-_DISPATCHER_WORDS = (("hybridep", Dispatcher.flex_hybridep), ("deepep", Dispatcher.flex_deepep),
-                     ("allgather", Dispatcher.allgather), ("alltoall", Dispatcher.alltoall))
+#: Words of a dispatcher cell (each dispatcher's ``published_words``), checked in this order: a flex backend's
+#: first, the longest first ("alltoall (flex backend unset)" is alltoall; "hybridep" is not "deepep").
+_DISPATCHER_WORDS = tuple(sorted(((w, d) for d in Dispatcher for w in d.traits.published_words), key=lambda x: (not x[1].is_flex, -len(x[0]))))
 
 
 def _precision(text: str) -> Precision | None:

@@ -135,6 +135,11 @@ class TrialBackend(abc.ABC):
     name: ClassVar[str] = "base"
     source: ClassVar[str] = "predicted"
     """``"predicted"`` (nothing runs) or ``"measured"`` (real trials on GPUs)."""
+    runs_harness: ClassVar[bool] = False
+    """Its trials run the megatron-core trial harness (``launch/harness``): their estimate assumes the
+    harness's run options, with or without Transformer Engine (:func:`tuner.study.run_options_for_backend`)."""
+    own_flags: ClassVar[frozenset[str]] = frozenset()
+    """The ``tune`` flags that only this backend reads (e.g. ``--ray-address``); refused with any other backend."""
 
     @property
     def measured(self) -> bool:

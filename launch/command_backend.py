@@ -242,6 +242,7 @@ class CommandBackend(MeasuredBackend):
     """
 
     name = "command"
+    own_flags = frozenset({"--command-template"})
 
     def __init__(
         self,

@@ -120,6 +120,8 @@ class LocalBackend(MeasuredBackend):
     """
 
     name = "local"
+    runs_harness = True
+    own_flags = frozenset({"--trial-profile-step"})
 
     def __init__(
         self,

@@ -236,6 +236,8 @@ class RayBackend(MeasuredBackend):
     """
 
     name = "ray"
+    runs_harness = True
+    own_flags = frozenset({"--ray-address", "--parallel-trials", "--trial-env"})
 
     def __init__(
         self,

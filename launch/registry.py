@@ -9,12 +9,13 @@ Adding a backend: write the class (override the hooks it supports), add one entr
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from launch.base import BackendSettings, TrialBackend
 from specs.errors import TunerError
 
-__all__ = ["BACKENDS", "BackendEntry", "backend_class", "get_backend", "register_backend"]
+__all__ = ["BACKENDS", "BackendEntry", "backend_class", "backends_where", "get_backend", "register_backend"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,6 +80,13 @@ def backend_class(name: str) -> type[TrialBackend]:
     if not (isinstance(cls, type) and issubclass(cls, TrialBackend)):
         raise TypeError(f"backend {name!r}: {entry.target} is not a TrialBackend subclass")
     return cls
+
+
+def backends_where(has: Callable[[type[TrialBackend]], bool]) -> str:
+    """The registered backends whose class ``has`` a trait, e.g. ``lambda b: "--ray-address" in b.own_flags``, as
+    ``a``, ``a or b`` or ``a, b or c`` (for messages such as "--ray-address is for --backend ray")."""
+    names = [n for n in _REGISTRY if has(backend_class(n))]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def get_backend(name: str, settings: BackendSettings | None = None) -> TrialBackend:

@@ -75,10 +75,11 @@ class RecomputeMethod(str, Enum):
 class Dispatcher(str, Enum):
     """MoE token dispatcher: ``--moe-token-dispatcher-type`` plus, for flex, ``--moe-flex-dispatcher-backend``.
 
-    What each member means to Megatron and to the cost model is its row of
-    :data:`_DISPATCHER_TRAITS` (just below): adding a dispatcher is one member here and one
-    row there; the table column, the rules, the estimate and the exported flags read the
-    properties.
+    What each member means to Megatron, the cost model, the trial harness and the run tables is
+    its row of :data:`_DISPATCHER_TRAITS` (just below): adding a dispatcher is one member here and
+    one row there; the table column, the rules, the estimate, the exported flags, the recipe
+    schema's enum, the harness's check and the published-run reader read them. Its fabric
+    figures (``specs/data/networks.yaml``) are optional: without them it is priced as NCCL.
     """
 
     alltoall = "alltoall"
@@ -100,6 +101,11 @@ class Dispatcher(str, Enum):
         return _DISPATCHER_TRAITS[self].moe_flex_dispatcher_backend
 
     @property
+    def traits(self) -> _DispatcherTraits:
+        """Its row of :data:`_DISPATCHER_TRAITS` (library, harness probe, published spellings)."""
+        return _DISPATCHER_TRAITS[self]
+
+    @property
     def is_flex(self) -> bool:
         """The flex dispatcher (``MoEFlexTokenDispatcher``, megatron/core/transformer/moe/token_dispatcher.py):
         needs expert TP x EP > 1, sends a token once to each distinct GPU holding one of its experts,
@@ -114,18 +120,26 @@ class Dispatcher(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class _DispatcherTraits:
-    """What a :class:`Dispatcher` member is: its Megatron flags and its behaviour in the cost model."""
+    """What a :class:`Dispatcher` member is: its Megatron flags, the library its kernels come from, what the
+    trial harness must find installed to run it, and the words that name it in a published run's table."""
 
     moe_token_dispatcher_type: str
     moe_flex_dispatcher_backend: str | None
+    library: str = ""
+    """The communication library of a flex backend (``DeepEP``, ``HybridEP``); "" for Megatron's own."""
+    harness_probe: str | None = None
+    """The :class:`launch.harness.spec.HarnessEnv` field that must be true for the harness to run it; None: always runs."""
+    published_words: tuple[str, ...] = ()
+    """Lower-case words that name it in a run table's dispatcher cell (:mod:`cost_model.validate` looks for a flex
+    backend's words first, the longest first: ``hybridep`` before ``deepep`` before ``allgather``)."""
 
 
 #: One row per :class:`Dispatcher` member (checked at import below).
 _DISPATCHER_TRAITS: dict[Dispatcher, _DispatcherTraits] = {
-    Dispatcher.alltoall: _DispatcherTraits("alltoall", None),
-    Dispatcher.allgather: _DispatcherTraits("allgather", None),
-    Dispatcher.flex_deepep: _DispatcherTraits("flex", "deepep"),
-    Dispatcher.flex_hybridep: _DispatcherTraits("flex", "hybridep"),
+    Dispatcher.alltoall: _DispatcherTraits("alltoall", None, published_words=("alltoall",)),
+    Dispatcher.allgather: _DispatcherTraits("allgather", None, published_words=("allgather",)),
+    Dispatcher.flex_deepep: _DispatcherTraits("flex", "deepep", "DeepEP", "deep_ep", ("deepep",)),
+    Dispatcher.flex_hybridep: _DispatcherTraits("flex", "hybridep", "HybridEP", "hybrid_ep", ("hybridep",)),
 }
 assert set(_DISPATCHER_TRAITS) == set(Dispatcher), "every Dispatcher member needs its _DISPATCHER_TRAITS row"
 

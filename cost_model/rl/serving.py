@@ -31,9 +31,10 @@ model, GPU, shape or precision aiconfigurator has no data for is reported with t
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -45,11 +46,13 @@ from cost_model.rl.plan import BLOCK_SIZE, kv_capacity_tokens
 from cost_model.rl.simulator import EngineRun, simulate_engine
 from specs import Cluster, load_gpu
 from specs.errors import TunerError
+from specs.table import BadCell, Column, read_table
 
 __all__ = [
     "COLUMNS",
     "METRICS",
     "SHAREGPT_MAX_LEN",
+    "TABLE",
     "ServingLatency",
     "ServingPrediction",
     "ServingRun",
@@ -59,29 +62,6 @@ __all__ = [
     "silicon_runs",
     "summarise_serving",
 ]
-
-COLUMNS = (
-    "id",
-    "source",
-    "model",
-    "gpu",
-    "engine",
-    "engine_version",
-    "precision",
-    "tp",
-    "ep",
-    "dp",
-    "load",
-    "concurrency",
-    "num_prompts",
-    "isl",
-    "osl",
-    "lengths",
-    "metric",
-    "measured",
-    "notes",
-)
-_OPTIONAL = ("engine_version", "notes", "dp", "concurrency")
 
 #: Metrics a row may publish, with their unit.
 METRICS = {"tpot_ms": "ms", "output_tok_s": "tok/s", "output_tok_s_per_gpu": "tok/s/GPU"}
@@ -131,8 +111,36 @@ class ServingRun:
         return f"{self.id}: {self.model} {self.gpu} {self.engine} {self.precision} {self.shape.label} {load} {self.isl:g}/{self.osl:g}"
 
 
+def _lengths(text: str) -> str:
+    """A ``lengths`` cell (:func:`_check_lengths`), kept as written."""
+    _check_lengths(text)
+    return text
+
+
+#: The serving-runs table (``benchmarks/data/engine_decode.csv``; lengths in tokens).
+TABLE = (
+    *(Column(c) for c in ("id", "source", "model", "gpu")),
+    Column("engine", Engine),
+    Column("engine_version", optional=True, default=""),
+    Column("precision"),
+    Column("tp", int, low=1),
+    Column("ep", int, low=1, optional=True, default=1),
+    Column("dp", int, low=1, optional=True, default=1),
+    Column("load", choices=("closed", "open")),
+    Column("concurrency", int, low=0, optional=True, default=0),
+    Column("num_prompts", int, low=1),
+    Column("isl", float, "tokens", low=1),
+    Column("osl", float, "tokens", low=1),
+    Column("lengths", _lengths),
+    Column("metric", choices=tuple(METRICS)),
+    Column("measured", float, low=0, low_open=True),
+    Column("notes", optional=True, default=""),
+)
+COLUMNS = tuple(c.name for c in TABLE)
+
+
 def read_serving_runs(path: str | Path) -> tuple[list[ServingRun], list[str]]:
-    """Read a serving-runs CSV.
+    """Read a serving-runs CSV (:data:`TABLE`; lines starting with ``#`` are comments).
 
     Returns:
         ``(rows, errors)``: the readable rows, and one message per unreadable row naming its line and column.
@@ -140,72 +148,15 @@ def read_serving_runs(path: str | Path) -> tuple[list[ServingRun], list[str]]:
     Raises:
         TunerError: an unreadable file, or a header without the required columns (listed).
     """
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise TunerError(f"{str(p)!r}: cannot read it ({e})") from None
-    reader = csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))
-    header = [h.strip() for h in (reader.fieldnames or [])]
-    missing = [c for c in COLUMNS if c not in header and c not in _OPTIONAL]
-    if missing:
-        raise TunerError(f"{str(p)!r}: missing columns {', '.join(missing)}; a serving-runs table has {', '.join(COLUMNS)}")
-    rows: list[ServingRun] = []
-    errors: list[str] = []
-    for line, raw in enumerate(reader, start=2):
-        r = {(k or "").strip(): (v or "").strip() for k, v in raw.items()}
-        col = ""
-        try:
-            col = "engine"
-            engine = Engine(r["engine"])
-            col = "precision"
-            precision = r["precision"]
-            if not precision:
-                raise ValueError("empty")
-            col = "tp"
-            shape = EngineShape(tp=int(r["tp"]), ep=int(r["ep"] or 1), attention_dp=int(r.get("dp") or 1))
-            col = "load"
-            if r["load"] not in ("closed", "open"):
-                raise ValueError(r["load"])
-            col = "concurrency"
-            conc = int(r.get("concurrency") or 0)
-            if r["load"] == "closed" and conc < 1:
-                raise ValueError(r.get("concurrency"))
-            col = "num_prompts"
-            n = int(r["num_prompts"])
-            col = "isl"
-            isl = float(r["isl"])
-            col = "osl"
-            osl = float(r["osl"])
-            col = "lengths"
-            _check_lengths(r["lengths"])
-            col = "metric"
-            if r["metric"] not in METRICS:
-                raise ValueError(r["metric"])
-            col = "measured"
-            measured = float(r["measured"])
-            if n < 1 or isl < 1 or osl < 1 or measured <= 0:
-                col = "num_prompts / isl / osl / measured"
-                raise ValueError("non-positive")
-            for c in ("id", "model", "gpu", "source"):
-                col = c
-                if not r[c]:
-                    raise ValueError("empty")
-            rows.append(
-                ServingRun(
-                    line=line, id=r["id"], source=r["source"], model=r["model"], gpu=r["gpu"], engine=engine,
-                    engine_version=r.get("engine_version", ""), precision=precision, shape=shape, load=r["load"],
-                    concurrency=conc, num_prompts=n, isl=isl, osl=osl, lengths=r["lengths"], metric=r["metric"],
-                    measured=measured, notes=r.get("notes", ""),
-                )
-            )
-        except KeyError as e:
-            errors.append(f"line {line}: column {e.args[0]} is missing")
-        except TunerError as e:
-            errors.append(f"line {line}: column {col}: {e}")
-        except ValueError:
-            errors.append(f"line {line}: column {col}: cannot read {r.get(col)!r}")
-    return rows, errors
+
+    def build(line: int, v: Mapping[str, Any]) -> ServingRun:
+        if v["load"] == "closed" and v["concurrency"] < 1:
+            raise BadCell("concurrency", " (a closed load needs --max-concurrency >= 1)")
+        shape = EngineShape(tp=v["tp"], ep=v["ep"], attention_dp=v["dp"])
+        named = {k: x for k, x in v.items() if k not in ("tp", "ep", "dp")}
+        return ServingRun(line=line, shape=shape, **named)
+
+    return read_table(path, TABLE, build, what=repr(str(path)), table="serving-runs", comment="#")
 
 
 def _check_lengths(text: str) -> float | None:

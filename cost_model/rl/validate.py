@@ -17,12 +17,12 @@ error of the step time), for the fit-on-old / judge-on-new protocol of ``benchma
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from scipy import optimize
@@ -36,6 +36,7 @@ from cost_model.rl.plan import Framework, LatencyProvider, PlanChoice, RLJob, RL
 from cost_model.rl.trainer import trainer_for_layout
 from specs import DEFAULT_INTER_NODE_BYTES_PER_S, Cluster, Precision, load_gpu
 from specs.errors import TunerError
+from specs.table import Column, read_table
 
 __all__ = [
     "ASSUMED_MEAN_PROMPT_LEN",
@@ -56,36 +57,35 @@ __all__ = [
     "read_runs",
     "recalibrate",
     "summarise",
+    "TABLE",
 ]
 
-COLUMNS = (
-    "source",
-    "framework",
-    "model",
-    "gpu",
-    "num_gpus",
-    "gpus_per_node",
-    "colocated",
-    "async_steps",
-    "trainer_gpus",
-    "rollout_gpus",
-    "trainer_layout",
-    "rollout_layout",
-    "max_prompt_len",
-    "max_seq_len",
-    "mean_seq_len",
-    "prompts_per_step",
-    "generations_per_prompt",
-    "step_time_s",
-    "generation_time_s",
-    "training_time_s",
-    "refit_time_s",
-    "notes",
-    "generation_precision",
-    "training_precision",
+def _positive(name: str, *, optional: bool = False) -> Column:
+    return Column(name, float, "s" if name.endswith("_s") else "tokens", low=0, low_open=True, optional=optional)
+
+
+#: The runs table (``benchmarks/data/rl_runs.csv``): blank optional cells are not published, or BF16 for the precisions.
+TABLE = (
+    Column("source"),
+    Column("framework", Framework),
+    Column("model"),
+    Column("gpu"),
+    *(Column(c, int) for c in ("num_gpus", "gpus_per_node")),
+    Column("colocated", lambda t: t in ("1", "true", "True"), choices=("0", "1", "true", "false", "True", "False")),
+    *(Column(c, int) for c in ("async_steps", "trainer_gpus", "rollout_gpus")),
+    Column("trainer_layout", lambda t: parse_trainer_layout(t, "trainer_layout")),
+    Column("rollout_layout", lambda t: parse_engine_layout(t, "rollout_layout")),
+    *(Column(c, int, "tokens") for c in ("max_prompt_len", "max_seq_len")),
+    _positive("mean_seq_len"),
+    *(Column(c, int) for c in ("prompts_per_step", "generations_per_prompt")),
+    _positive("step_time_s"),
+    *(_positive(c, optional=True) for c in ("generation_time_s", "training_time_s", "refit_time_s")),
+    Column("notes", optional=True, default=""),
+    Column("generation_precision", GenerationPrecision, optional=True, default=GenerationPrecision.bf16),
+    Column("training_precision", Precision, optional=True, default=Precision.bf16),
 )
-#: Columns a runs table may leave out (blank = not published, or BF16 for the precisions).
-OPTIONAL_COLUMNS = ("generation_time_s", "training_time_s", "refit_time_s", "notes", "generation_precision", "training_precision")
+COLUMNS = tuple(c.name for c in TABLE)
+OPTIONAL_COLUMNS = tuple(c.name for c in TABLE if c.optional)
 
 #: Mean prompt tokens of NeMo-RL's OpenMathInstruct-2 / DAPO-Math runs (problem text plus the
 #: math prompt template, ``examples/prompts/cot.txt``): an assumption; the tables do not say.
@@ -134,7 +134,7 @@ class RunRow:
 
 
 def read_runs(path: str | Path) -> tuple[list[RunRow], list[str]]:
-    """Read a runs CSV.
+    """Read a runs CSV (:data:`TABLE`).
 
     Returns:
         ``(rows, errors)``: the readable rows, and one message per unreadable row naming its line and column.
@@ -142,89 +142,12 @@ def read_runs(path: str | Path) -> tuple[list[RunRow], list[str]]:
     Raises:
         TunerError: an unreadable file, or a header that lacks required columns (listed).
     """
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise TunerError(f"--data {str(p)!r}: cannot read it ({e})") from None
-    reader = csv.DictReader(text.splitlines())
-    header = [h.strip() for h in (reader.fieldnames or [])]
-    missing = [c for c in COLUMNS if c not in header and c not in OPTIONAL_COLUMNS]
-    if missing:
-        raise TunerError(f"--data {str(p)!r}: missing columns {', '.join(missing)}; a runs table has {', '.join(COLUMNS)}")
-    rows: list[RunRow] = []
-    errors: list[str] = []
-    for line, raw in enumerate(reader, start=2):
-        r = {(k or "").strip(): (v or "").strip() for k, v in raw.items()}
-        col = ""
-        try:
-            col = "framework"
-            fw = Framework(r["framework"])
-            vals: dict[str, object] = {}
-            for c in ("num_gpus", "gpus_per_node", "async_steps", "trainer_gpus", "rollout_gpus", "max_prompt_len", "max_seq_len", "prompts_per_step", "generations_per_prompt"):
-                col = c
-                vals[c] = int(r[c])
-            for c in ("mean_seq_len", "step_time_s"):
-                col = c
-                vals[c] = _positive_seconds(r[c])
-            opt: dict[str, float | None] = {}
-            for c in ("generation_time_s", "training_time_s", "refit_time_s"):
-                col = c
-                opt[c] = _positive_seconds(r[c]) if r.get(c) else None
-            col = "colocated"
-            if r["colocated"] not in ("0", "1", "true", "false", "True", "False"):
-                raise ValueError(r["colocated"])
-            colocated = r["colocated"] in ("1", "true", "True")
-            col = "trainer_layout"
-            trainer = parse_trainer_layout(r["trainer_layout"], f"line {line}: trainer_layout")
-            col = "rollout_layout"
-            rollout = parse_engine_layout(r["rollout_layout"], f"line {line}: rollout_layout")
-            for c in ("model", "gpu", "source"):
-                col = c
-                if not r[c]:
-                    raise ValueError("empty")
-            col = "generation_precision"
-            gen_prec = GenerationPrecision(r.get("generation_precision") or "bf16")
-            col = "training_precision"
-            train_prec = Precision(r.get("training_precision") or "bf16")
-            rows.append(
-                RunRow(
-                    line=line,
-                    source=r["source"],
-                    framework=fw,
-                    model=r["model"],
-                    gpu=r["gpu"],
-                    colocated=colocated,
-                    trainer=trainer,
-                    rollout=rollout,
-                    notes=r.get("notes", ""),
-                    generation_time_s=opt["generation_time_s"],
-                    training_time_s=opt["training_time_s"],
-                    refit_time_s=opt["refit_time_s"],
-                    generation_precision=gen_prec,
-                    training_precision=train_prec,
-                    **vals,  # type: ignore[arg-type]
-                )
-            )
-        except KeyError as e:
-            errors.append(f"line {line}: column {e.args[0]} is empty or missing")
-        except TunerError as e:
-            errors.append(str(e))
-        except ValueError:
-            errors.append(f"line {line}: column {col}: cannot read {r.get(col)!r}"
-                          + (" (a positive finite number)" if col in _POSITIVE_COLUMNS else ""))
-    return rows, errors
 
+    def build(line: int, v: Mapping[str, Any]) -> RunRow:
+        named = {k: x for k, x in v.items() if k not in ("trainer_layout", "rollout_layout")}
+        return RunRow(line=line, trainer=v["trainer_layout"], rollout=v["rollout_layout"], **named)
 
-_POSITIVE_COLUMNS = ("mean_seq_len", "step_time_s", "generation_time_s", "training_time_s", "refit_time_s")
-
-
-def _positive_seconds(text: str) -> float:
-    """``text`` as a positive finite number (a time or a mean length). Raises ValueError otherwise."""
-    v = float(text)
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(text)
-    return v
+    return read_table(path, TABLE, build, what=f"--data {str(path)!r}", table="runs")
 
 
 # --------------------------------------------------------------------------- prediction

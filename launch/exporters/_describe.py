@@ -164,7 +164,6 @@ def _summary(layout: Layout, model: ModelSpec, workload: Workload, pls: str | No
     parts = [", ".join(degrees), rows, rec, opt, off]
     if model.is_moe:
         d = layout.dispatcher
-        backend = {"deepep": "DeepEP", "hybridep": "HybridEP"}.get(d.moe_flex_dispatcher_backend or "")
-        parts.append(f"flex dispatcher with {backend}" if backend else f"{d.value} dispatcher")
+        parts.append(f"flex dispatcher with {d.traits.library}" if d.is_flex else f"{d.value} dispatcher")
     return "; ".join(parts)
 

@@ -429,7 +429,8 @@ def write_recipe(path: str | Path, recipe: Mapping[str, Any]) -> Path:
 
 @lru_cache(maxsize=1)
 def recipe_schema() -> dict[str, Any]:
-    """The recipe JSON Schema (draft 2020-12), ``launch/schema/recipe.schema.json``.
+    """The recipe JSON Schema (draft 2020-12), ``launch/schema/recipe.schema.json``, with the
+    ``layout.dispatcher`` enum filled in from :class:`specs.layout.Dispatcher` (the one list of dispatchers).
 
     Returns:
         The schema as a dict (cached).
@@ -439,6 +440,7 @@ def recipe_schema() -> dict[str, Any]:
     """
     text = resources.files("launch").joinpath("schema/recipe.schema.json").read_text()
     schema: dict[str, Any] = json.loads(text)
+    schema["properties"]["layout"]["properties"]["dispatcher"]["enum"] = [*(d.value for d in Dispatcher), None]
     return schema
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from specs import ModelSpec, Workload
 from specs.errors import TunerError
-from specs.layout import Dispatcher, Layout, RecomputeGranularity
+from specs.layout import Layout, RecomputeGranularity
 
 __all__ = ["FAULTS", "FP8_RECIPES", "HARNESS_OPTIONS", "HarnessEnv", "HarnessSpec", "build_spec", "fault_reasons", "harness_layout", "override_model", "slice_model",
            "torchrun_command", "unsupported_reasons", "HARNESS_MODULE"]
@@ -165,10 +165,9 @@ def unsupported_reasons(layout: Layout, model: ModelSpec, workload: Workload, en
             f"context parallelism (cp={layout.cp}) needs Transformer Engine: megatron-core's local "
             "DotProductAttention asserts 'Context parallelism is only supported by TEDotProductAttention'"
         )
-    if layout.dispatcher == Dispatcher.flex_deepep and not env.deep_ep:
-        out.append("the flex+deepep dispatcher needs DeepEP (the deep_ep package), which is not installed here")
-    if layout.dispatcher == Dispatcher.flex_hybridep and not env.hybrid_ep:
-        out.append("the flex+hybridep dispatcher needs HybridEP (deep_ep.hybrid_ep), which is not installed here")
+    d = layout.dispatcher.traits
+    if d.harness_probe is not None and not getattr(env, d.harness_probe):
+        out.append(f"the {layout.dispatcher} dispatcher needs {d.library} ({d.harness_probe}), which is not installed here")
     if "moe_act" in layout.recompute_modules and not te:
         out.append(
             "recompute module moe_act needs grouped GEMM (megatron-core: 'moe_act in recompute_modules is only supported "

@@ -298,14 +298,16 @@ def _transformer_config(spec: HarnessSpec) -> Any:
     if lay["num_layers_in_last_pipeline_stage"]:
         kw["num_layers_in_last_pipeline_stage"] = lay["num_layers_in_last_pipeline_stage"]
     if moe:
-        disp = lay["dispatcher"]
+        from specs.layout import Dispatcher
+
+        disp = Dispatcher(lay["dispatcher"])
         kw.update(
             num_moe_experts=m["num_experts"],
             moe_ffn_hidden_size=m["moe_ffn_hidden_size"],
             moe_router_topk=m["moe_router_topk"],
             moe_layer_freq=list(m["moe_layer_freq"]),
             moe_grouped_gemm=te,
-            moe_token_dispatcher_type=disp.split("+")[0],
+            moe_token_dispatcher_type=disp.moe_token_dispatcher_type,
             moe_router_score_function=m["moe_router_score_function"],
             moe_router_enable_expert_bias=m["moe_router_enable_expert_bias"],
             moe_router_load_balancing_type="none",
@@ -313,8 +315,8 @@ def _transformer_config(spec: HarnessSpec) -> Any:
             moe_router_dtype="fp32",
             moe_permute_fusion=bool(spec.moe_permute_fusion),
         )
-        if "+" in disp:
-            kw["moe_flex_dispatcher_backend"] = disp.split("+")[1]
+        if disp.moe_flex_dispatcher_backend:
+            kw["moe_flex_dispatcher_backend"] = disp.moe_flex_dispatcher_backend
         if m["moe_shared_expert_intermediate_size"]:
             kw["moe_shared_expert_intermediate_size"] = m["moe_shared_expert_intermediate_size"]
         if m["moe_router_topk_scaling_factor"]:

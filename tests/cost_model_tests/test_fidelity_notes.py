@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from cost_model.fidelity import known_gaps
@@ -48,6 +49,7 @@ def test_estimate_json_and_text_carry_the_gaps():
     assert t.exit_code == 0 and "note: recompute of MoE layers" in t.output and "docs/known_gaps.md#recompute" in t.output
 
 
+@pytest.mark.slow
 def test_main_job_prints_the_gap_of_its_best_layout(tmp_path):
     space = tmp_path / "full.yaml"
     space.write_text(

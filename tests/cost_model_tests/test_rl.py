@@ -323,6 +323,7 @@ def test_calibration_from_measured_parts_reproduces_them(tmp_path):
     assert load_rl_calibration(f) == cal
 
 
+@pytest.mark.slow
 def test_aiconfigurator_path_on_a_small_case(tmp_path, monkeypatch):
     # not skipped: the `test` extra pins aiconfigurator==0.12.0 (as the `rl` extra does), so CI runs this path
     import importlib.util

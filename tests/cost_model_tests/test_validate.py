@@ -145,6 +145,7 @@ def test_run_options_move_the_prediction_the_right_way(minimax, h200x64, seed_wo
         RunOptions(cp_comm_type="ring")
 
 
+@pytest.mark.slow
 def test_the_blackwell_ultra_factor_is_fitted_only_beside_other_blackwell_rows(tmp_path):
     """On B300 / GB300 rows alone the Ultra factor and Blackwell's multiply the same peaks: only Blackwell's is fitted."""
     import csv

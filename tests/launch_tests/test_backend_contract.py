@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launch import Measurement, TrialBackend, TrialFailed, TrialStopped, backend_class
+from launch import Measurement, TrialBackend, TrialFailed, TrialStopped, backend_class, backends
 from launch.base import FailureKind
 from launch.harness.spec import HarnessEnv, slice_model
 from specs import Workload, load_model, parse_gpus
+from specs.errors import TunerError
 from specs.layout import Layout
 
 from .fake_trial import FAKE, recorded_pids, survivors, wait_until
@@ -32,7 +33,8 @@ REPORT_S = 0.5
 """The step time the fake reports (seconds)."""
 TPS = 8 * 8192 / REPORT_S / 2
 """The tokens/s/GPU that step time gives: global batch x sequence / step time / world size."""
-MEASURED = ("local", "ray", "command")
+#: The Ray cluster takes seconds to start: its cases are `slow`.
+MEASURED = ("local", pytest.param("ray", marks=pytest.mark.slow), "command")
 
 
 @pytest.fixture(scope="module")
@@ -232,3 +234,30 @@ def test_hooks(any_kit):
         import ray
 
         assert ray.is_initialized()  # a backend closes only the Ray instance it started itself
+
+
+#: A value of each backend-only flag (its TuneConfig field is the flag's name).
+OWN_FLAG_VALUES = {"--trial-profile-step": 1, "--command-template": "run.sh.tmpl", "--ray-address": "auto", "--parallel-trials": 2,
+                   "--trial-env": ("NCCL_DEBUG=INFO",)}
+
+
+@pytest.mark.parametrize("name", list(backends()))
+def test_its_own_flags_are_tune_flags_refused_with_every_other_backend(name):
+    """A backend's traits are class attributes (``source``, ``runs_harness``, ``own_flags``); the checks of
+    the flags read them, so every other backend refuses its flags with one message naming it."""
+    import typer
+
+    from tuner.cli import app
+    from tuner.study import TuneConfig, _validate_config
+
+    cls = backend_class(name)
+    assert cls.name == name and cls.source in ("predicted", "measured") and not (cls.runs_harness and cls.source != "measured")
+    options = {o for p in typer.main.get_command(app).params for o in p.opts}
+    for flag in cls.own_flags:
+        assert flag in options
+        field = {flag.removeprefix("--").replace("-", "_"): OWN_FLAG_VALUES[flag]}
+        for other in set(backends()) - {name}:
+            if flag in backend_class(other).own_flags:
+                continue
+            with pytest.raises(TunerError, match=f"{flag}.* --backend {name}"):
+                _validate_config(TuneConfig(model="m", gpus="8xH200", backend=other, **field))

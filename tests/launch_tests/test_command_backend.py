@@ -268,6 +268,7 @@ def test_the_templates_timeout_wins_over_the_backends(tmp_path):
 # --------------------------------------------------------------------------- the command line
 
 
+@pytest.mark.slow
 def test_cli_errors_and_a_study(tmp_path):
     from typer.testing import CliRunner
 

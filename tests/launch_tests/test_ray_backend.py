@@ -24,6 +24,8 @@ from specs.layout import Layout
 
 from .fake_trial import FAKE, recorded_pids, survivors, wait_until
 
+pytestmark = pytest.mark.slow  # a simulated Ray cluster
+
 ray = pytest.importorskip("ray")
 
 WL = Workload(seq_length=8192, global_batch_size=8)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -72,19 +73,22 @@ def test_a_value_longer_than_its_column_is_refused_not_truncated():
         LayoutTable(cols)
 
 
+@pytest.mark.slow
 def test_adding_a_dispatcher_is_one_member_and_one_traits_row(tmp_path):
-    """The newcomer exercise: a copy of specs/search_spaces/cost_model where specs/layout.py alone gains
-    ``flex+deepep_ll`` (14 characters, longer than any member today): the table keeps it whole, the
-    rules treat it as flex, and the estimate gives it DeepEP's costs when its traits are DeepEP's."""
-    for pkg in ("specs", "search_spaces", "cost_model"):
+    """The newcomer exercise: a copy of the product packages where specs/layout.py alone gains ``flex+deepep_ll``
+    (DeepEP's low-latency kernels; 14 characters, longer than any member today). The table keeps it whole,
+    the rules treat it as flex, the estimate gives it DeepEP's costs when its traits are DeepEP's, and the
+    dispatcher contract suite (tests/launch_tests/test_dispatcher_contract.py) passes for it unchanged."""
+    for pkg in ("specs", "search_spaces", "cost_model", "launch", "tuner"):
         shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "tests" / "launch_tests" / "test_dispatcher_contract.py", tmp_path)
     layout_py = tmp_path / "specs" / "layout.py"
     src = layout_py.read_text()
     member = '    flex_hybridep = "flex+hybridep"\n'
-    row = '    Dispatcher.flex_hybridep: _DispatcherTraits("flex", "hybridep"),\n'
+    row = '    Dispatcher.flex_hybridep: _DispatcherTraits("flex", "hybridep", "HybridEP", "hybrid_ep", ("hybridep",)),\n'
     assert src.count(member) == 1 and src.count(row) == 1
     src = src.replace(member, member + '    flex_deepep_ll = "flex+deepep_ll"\n')
-    src = src.replace(row, row + '    Dispatcher.flex_deepep_ll: _DispatcherTraits("flex", "deepep"),\n')
+    src = src.replace(row, row + '    Dispatcher.flex_deepep_ll: _DispatcherTraits("flex", "deepep", "DeepEP", "deep_ep", ("deepep_ll",)),\n')
     layout_py.write_text(src)
     script = textwrap.dedent(
         f"""
@@ -104,6 +108,11 @@ def test_adding_a_dispatcher_is_one_member_and_one_traits_row(tmp_path):
         print("ok")
         """
     )
-    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)}, capture_output=True, text=True)
+    env = {"PYTHONPATH": str(tmp_path), "PATH": os.environ.get("PATH", "")}
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+    suite = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "test_dispatcher_contract.py"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert suite.returncode == 0, suite.stdout[-3000:]
+    assert "25 passed" in suite.stdout  # 5 cases x 5 dispatchers, flex+deepep_ll among them

@@ -1,13 +1,14 @@
 """A study worker for tests that kill one (test_workers.py): a fake real-trial backend and the study it runs.
 
-    python study_worker.py STORAGE RESULTS_DIR MARKER    # runs trials that hang: killed by the test
+    python study_worker.py STORAGE RESULTS_DIR    # runs a trial that hangs: killed by the test
+
+Once its trial's heartbeat is in the storage, the worker prints ``running N`` (N: the trial number).
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 from launch.base import Measurement, TrialBackend
 
@@ -23,28 +24,52 @@ def config(storage: str, results_dir: str, trials: int):  # noqa: ANN201
 
 
 class Sleepy(TrialBackend):
-    """Measures a layout after ``step_s`` seconds; with ``marker``, writes the trial number there and never finishes."""
+    """Measures a layout after ``step_s`` seconds; with ``hang_in``, a storage URL, it waits for the trial's
+    heartbeat there, prints ``running N`` and never finishes."""
 
     name = "sleepy"
     source = "measured"
 
-    def __init__(self, step_s: float = 0.0, marker: str | None = None) -> None:
+    def __init__(self, step_s: float = 0.0, hang_in: str | None = None) -> None:
         self.step_s = step_s
-        self.marker = marker
+        self.hang_in = hang_in
         self.layouts: list[str] = []
 
     def run(self, layout, *, model, cluster, workload, reporter=None, trial_number=None):  # noqa: ANN001, ANN201
         self.layouts.append(layout.key())
-        if self.marker:
-            Path(self.marker).write_text(str(trial_number))
-            time.sleep(600)  # RUNNING until the test kills this process
+        if self.hang_in:
+            # killed before its first heartbeat, a trial is never stale (Optuna's RDB storage and the journal's alike)
+            for _ in range(3000):
+                if has_heartbeat(self.hang_in, trial_number):
+                    print(f"running {trial_number}", flush=True)
+                    time.sleep(600)  # RUNNING until the test kills this process
+                time.sleep(0.1)
+            raise SystemExit(f"trial {trial_number} sent no heartbeat")
         time.sleep(self.step_s)
         return Measurement(layout=layout, source="measured", tokens_per_s_per_gpu=1000.0 + len(self.layouts), peak_bytes=50 * 2**30,
                            step_times_s=(1.0,))
 
 
+def has_heartbeat(storage: str, number: int) -> bool:
+    """Trial ``number`` of study "w" has a heartbeat recorded (journal: its system attribute; RDB: Optuna's heartbeat table)."""
+    if storage.startswith("journal:"):
+        import optuna
+
+        from tuner.study import open_storage
+        from tuner.study._optuna import HEARTBEAT_ATTR
+
+        trials = optuna.load_study(study_name="w", storage=open_storage(storage)).trials
+        return number < len(trials) and HEARTBEAT_ATTR in trials[number].system_attrs
+    import sqlite3
+
+    with sqlite3.connect(storage.removeprefix("sqlite:///")) as db:
+        (n,) = db.execute("SELECT count(*) FROM trial_heartbeats h JOIN trials t ON h.trial_id = t.trial_id WHERE t.number = ?",
+                          (number,)).fetchone()
+    return bool(n)
+
+
 if __name__ == "__main__":
     from tuner.study import prepare, run_study
 
-    storage, results_dir, marker = sys.argv[1:4]
-    run_study(prepare(config(storage, results_dir, trials=3)), backend=Sleepy(marker=marker))
+    storage, results_dir = sys.argv[1:3]
+    run_study(prepare(config(storage, results_dir, trials=3)), backend=Sleepy(hang_in=storage))

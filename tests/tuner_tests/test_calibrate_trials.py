@@ -77,6 +77,7 @@ def _errors(obs: list[Observation], cal) -> tuple[float, float]:
     return float(np.median(np.abs(step / ms - 1))), float(np.median(np.abs(peak / mp - 1)))
 
 
+@pytest.mark.slow
 def test_calibrate_study_fits_measured_trials_and_the_file_loads(tmp_path):
     shipped = SHIPPED_CALIBRATION_FILE.read_text()
     name, results = _make_study(tmp_path)

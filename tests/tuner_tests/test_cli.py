@@ -52,10 +52,10 @@ def test_exported_recipe_is_valid_and_predicted(main_run):
     assert rec["prediction"]["note"] == "predicted, not measured"
     lay = rec["layout"]
     assert lay["tp"] * lay["pp"] * lay["cp"] * lay["dp"] == 64
-    if lay["pp"] > 1:
-        counts = layer_counts_from_string(lay["pipeline_model_parallel_layout"], lay["pp"], 62)
-        assert sum(map(sum, counts)) == 62
-        assert f"--pipeline-model-parallel-layout '{lay['pipeline_model_parallel_layout']}'" in (out / "run_slime.sh").read_text()
+    assert lay["pp"] > 1  # the seed job's best layout pipelines its 62 layers: the layout string is exported
+    counts = layer_counts_from_string(lay["pipeline_model_parallel_layout"], lay["pp"], 62)
+    assert sum(map(sum, counts)) == 62
+    assert f"--pipeline-model-parallel-layout '{lay['pipeline_model_parallel_layout']}'" in (out / "run_slime.sh").read_text()
     # bash accepts both scripts
     for f in ("run_slime.sh", "megatron_args.sh"):
         assert subprocess.run(["bash", "-n", str(out / f)]).returncode == 0
@@ -400,13 +400,16 @@ def test_calibration_values_are_range_checked(tmp_path):
         assert r.exit_code == 2 and "calibration" in r.output, (text, r.output)
 
 
+@pytest.mark.slow
 def test_equivalent_inputs_resume_the_same_study(tmp_path):
-    a = _run("--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "3", "--results-dir", str(tmp_path), "--study", "eq")
+    a = _run("--model", "MiniMax-M2", "--layers", "4", "--gpus", "16xH200", "--trials", "3", "--results-dir", str(tmp_path), "--study", "eq")
     assert a.exit_code == 0, a.output
-    b = _run("--model", "minimax-m2", "--gpus", "8x8xH200", "--network-gbps", "3200", "--trials", "3", "--results-dir", str(tmp_path), "--study", "eq")
+    b = _run("--model", "minimax-m2", "--layers", "4", "--gpus", "2x8xH200", "--network-gbps", "3200", "--trials", "3", "--results-dir", str(tmp_path),
+             "--study", "eq")
     assert b.exit_code == 0, b.output
 
 
+@pytest.mark.slow
 def test_reports_survive_a_moved_model_config(tmp_path):
     from importlib import resources
 
@@ -539,10 +542,13 @@ def test_calibrate_records_its_command_shell_quoted(tmp_path):
     import shlex
 
     out = tmp_path / "cal out.yaml"
-    r = runner.invoke(app, ["calibrate", "--data", "benchmarks/data/published_runs.csv", "--out", str(out), "--max-nfev", "5"])
+    data = tmp_path / "runs; $HOME.csv"  # the first 20 published runs: a fit of seconds, not of the whole table
+    lines = (Path(__file__).parents[2] / "benchmarks/data/published_runs.csv").read_text().splitlines(keepends=True)
+    data.write_text("".join(lines[:21]))
+    r = runner.invoke(app, ["calibrate", "--data", str(data), "--out", str(out), "--max-nfev", "5"])
     assert r.exit_code == 0, r.output
     doc = yaml.safe_load(out.read_text())
-    assert shlex.split(doc["provenance"]["command"]) == ["tune", "calibrate", "--data", "benchmarks/data/published_runs.csv", "--out", str(out), "--max-nfev", "5"]
+    assert shlex.split(doc["provenance"]["command"]) == ["tune", "calibrate", "--data", str(data), "--out", str(out), "--max-nfev", "5"]
     assert f"--calibration '{out}'" in r.stdout
 
 

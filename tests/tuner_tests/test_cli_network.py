@@ -12,6 +12,8 @@ from launch.export import validate_recipe
 from specs import load_gpu
 from tuner.cli import app
 
+pytestmark = pytest.mark.slow  # a study of its own (module fixture)
+
 runner = CliRunner()
 
 

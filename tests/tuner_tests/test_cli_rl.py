@@ -345,6 +345,7 @@ def test_nested_engine_errors_are_said_once():
     assert _collapse_repeats("a: b: c") == "a: b: c"
 
 
+@pytest.mark.slow
 @pytest.mark.real_engine
 def test_the_readmes_refused_slime_job_says_why(tmp_path, monkeypatch):
     """README: MiniMax-M3 with slime's SGLang engines is refused with the reason (aiconfigurator 0.12.0 has no SGLang rows

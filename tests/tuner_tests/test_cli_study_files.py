@@ -12,6 +12,8 @@ from typer.testing import CliRunner
 
 from tuner.cli import app
 
+pytestmark = pytest.mark.slow  # whole studies through the command line
+
 runner = CliRunner()
 MAIN = ["--model", "Llama-3.1-8B", "--gpus", "8xH200", "--trials", "2", "--study", "base"]
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from tuner.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
-TE_SWEEP = ROOT / "benchmarks/results/h200_te_2026-12-01/call12/sweep.jsonl"
+TE_SWEEP = ROOT / "tests/fixtures/h200_te_call12/sweep.jsonl"  # a copy of benchmarks/results/h200_te_2026-12-01/call12/sweep.jsonl
 NO_TE = ROOT / "tests/fixtures/h200_minimax_slice.jsonl"
 runner = CliRunner()
 

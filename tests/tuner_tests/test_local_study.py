@@ -16,6 +16,8 @@ from specs.errors import TunerError
 from tuner.cli import app
 from tuner.study import TuneConfig, prepare, run_study, trial_rows
 
+pytestmark = pytest.mark.slow  # studies of real trials: processes of the fake harness
+
 FAKE = str(Path(__file__).parents[1] / "launch_tests" / "fake_trial.py")
 
 
@@ -74,20 +76,21 @@ def test_measured_trials_land_in_the_study(tmp_path, slow_tp):
 
 
 def test_pruning_saves_time(tmp_path, one_fast, monkeypatch):
-    full = run_study(prepare(_cfg(tmp_path / "a", prune_margin=None, trials=6)), backend=_backend(tmp_path / "a"))
+    # the first layout tried is the fast one (allgather, no recompute); the 3 after it are slow
+    full = run_study(prepare(_cfg(tmp_path / "a", prune_margin=None, trials=4)), backend=_backend(tmp_path / "a"))
     # the slow layouts' steps after the 4th (where the pruner can first stop them: 2 warm-up + 2 measured) take
     # 1 s: a pruned trial is stopped within that second, however far the step reader lags on a loaded machine
     monkeypatch.setenv("FAKE_TAIL", "4:1")
-    pruned = run_study(prepare(_cfg(tmp_path / "b", prune_margin=0.25, trials=6)), backend=_backend(tmp_path / "b"))
+    pruned = run_study(prepare(_cfg(tmp_path / "b", prune_margin=0.25, trials=4)), backend=_backend(tmp_path / "b"))
     assert full.pruned_now == 0 and pruned.pruned_now >= 1
-    assert full.evaluated_now == 6 and pruned.evaluated_now + pruned.pruned_now == 6  # both tried 6 layouts
+    assert full.evaluated_now == 4 and pruned.evaluated_now + pruned.pruned_now == 4  # both tried 4 layouts
     p = [t for t in pruned.study.trials if "pruned" in t.user_attrs]
     assert all(t.state == optuna.trial.TrialState.PRUNED for t in p)
     info = p[0].user_attrs["pruned"]
     assert "below the best so far" in info["reason"] and len(info["step_times_s"]) >= 4
     assert (info["layout"]["dispatcher"], info["layout"]["recompute_granularity"]) != ("allgather", "none")
     assert "pred_tokens_per_s_per_gpu" in info
-    # of the same 6 layouts' budget, the pruned ones stopped before their 6 steps: the time pruning saves
+    # of the same 4 layouts' budget, the pruned ones stopped before their 6 steps: the time pruning saves
     assert all(len(t.user_attrs["pruned"]["step_times_s"]) < 6 for t in p)
 
 

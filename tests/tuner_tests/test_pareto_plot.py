@@ -11,6 +11,8 @@ from matplotlib.text import Text
 from specs.layout import Layout
 from tuner.report import front_figure, front_rows, plot_front
 
+pytestmark = pytest.mark.slow  # a study of its own (module fixture)
+
 
 def _row(trial: int, gib: float, tps: float) -> dict:
     return {"trial": trial, "source": "predicted", "layout": Layout(world_size=8).to_dict(), "peak_gib": gib, "tokens_per_s_per_gpu": tps,

@@ -15,6 +15,8 @@ from specs.layout import Layout
 from tuner.cli import app
 from tuner.study import trial_rows
 
+pytestmark = pytest.mark.slow  # a study of its own (module fixture)
+
 runner = CliRunner()
 
 

@@ -14,6 +14,8 @@ from specs.errors import TunerError
 from tuner.pareto import pareto_mask
 from tuner.study import CandidateIndex, TuneConfig, prepare, run_study, trial_rows
 
+pytestmark = pytest.mark.slow  # whole studies on SQLite, some of them with worker processes
+
 
 @pytest.fixture(scope="module")
 def prep():
@@ -141,7 +143,7 @@ def test_resume_with_another_space_is_refused_before_anything_is_written(tmp_pat
 
     from tuner.cli import app
 
-    args = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "4", "--results-dir", str(tmp_path), "--study", "sp"]
+    args = ["--model", "MiniMax-M2", "--layers", "4", "--gpus", "16xH200", "--trials", "4", "--results-dir", str(tmp_path), "--study", "sp"]
     assert CliRunner().invoke(app, args).exit_code == 0
     before = (tmp_path / "sp" / "config.yaml").read_text()
     space = tmp_path / "space.yaml"
@@ -182,7 +184,7 @@ def test_resume_after_the_model_config_was_edited_is_refused(tmp_path):
     # a study made before a ModelSpec field existed resumes when the model has that field's default
     import optuna
 
-    mm = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "2", "--results-dir", str(tmp_path / "r"), "--study", "mm"]
+    mm = ["--model", "MiniMax-M2", "--layers", "2", "--gpus", "8xH200", "--trials", "2", "--results-dir", str(tmp_path / "r"), "--study", "mm"]
     assert CliRunner().invoke(app, mm).exit_code == 0
     st = optuna.load_study(study_name="mm", storage=f"sqlite:///{tmp_path / 'r' / 'mm' / 'study.db'}")
     st.set_user_attr("model_spec", {k: v for k, v in st.user_attrs["model_spec"].items() if k not in ("softmax_type", "add_bias_linear")})

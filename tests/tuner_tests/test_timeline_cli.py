@@ -18,6 +18,8 @@ from specs.errors import TunerError
 from tuner.cli import app
 from tuner.study import TuneConfig, prepare, run_study, trial_rows
 
+pytestmark = pytest.mark.slow  # studies and trial processes of the fake harness
+
 runner = CliRunner()
 FAKE = str(Path(__file__).parents[1] / "launch_tests" / "fake_trial.py")
 SEED = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--vpp", "4", "--ep", "8", "--recompute", "full",

@@ -19,6 +19,8 @@ from specs.layout import Layout
 from tuner.cli import app
 from tuner.verify import correctness_block, local_backend_factory, parity_backend_factory, parse_layout_spec, plan_verify, run_verify
 
+pytestmark = pytest.mark.slow  # trial processes of the fake harness and studies
+
 FAKE = str(Path(__file__).parents[1] / "launch_tests" / "fake_trial.py")
 WL = Workload(seq_length=8192, global_batch_size=8)
 runner = CliRunner()

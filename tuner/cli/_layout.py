@@ -19,6 +19,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from specs.errors import InfeasibleLayout, TunerError
+from specs.layout import Dispatcher
 
 __all__ = ["LayoutFlags", "layout_options", "apply_layout_string", "split_hint"]
 
@@ -46,7 +47,7 @@ class LayoutFlags:
     recompute_num_layers: int | None = _opt(None, "--recompute-num-layers", help="full only; default 1")
     recompute_modules: str | None = _opt(None, "--recompute-modules", help="selective only, comma-separated, e.g. core_attn,moe_act")
     optimizer_offload_fraction: float = _opt(0.0, "--optimizer-offload-fraction", help="0 (none) .. 1")
-    dispatcher: str = _opt("alltoall", "--dispatcher", help="alltoall, allgather, flex+deepep, flex+hybridep")
+    dispatcher: str = _opt("alltoall", "--dispatcher", help=", ".join(d.value for d in Dispatcher))
     first_stage_layers: int = _opt(0, "--first-stage-layers", help="decoder layers on pipeline rank 0 (0 = even split)")
     last_stage_layers: int = _opt(0, "--last-stage-layers", help="decoder layers on the last pipeline rank (0 = even)")
     exp_avg_dtype: str = _opt("fp32", "--exp-avg-dtype", help="Adam moments dtype: fp32 or bf16")

@@ -166,11 +166,20 @@ def policy_params(prep: Any, max_trials: int) -> Any:
 
 
 def harness_without_te(backend: str) -> bool:
-    """The study's trials run the harness (``local`` / ``ray``) and Transformer Engine is not importable
-    here. For ``ray`` this is read on the driver: run the driver in the nodes' Python environment."""
+    """The study's trials run the harness (a backend whose class has ``runs_harness``: ``local``, ``ray``) and
+    Transformer Engine is not importable here. For ``ray`` this is read on the driver: run the driver in the
+    nodes' Python environment."""
     from launch.harness.spec import HarnessEnv
 
-    return backend in ("local", "ray") and not HarnessEnv.detect().transformer_engine
+    return _runs_harness(backend) and not HarnessEnv.detect().transformer_engine
+
+
+def _runs_harness(backend: str) -> bool:
+    """:attr:`launch.base.TrialBackend.runs_harness` of the backend registered as ``backend`` (False for a name
+    not registered here, e.g. in a study's record)."""
+    from launch.registry import BACKENDS, backend_class
+
+    return backend in BACKENDS and backend_class(backend).runs_harness
 
 
 def run_options_for_backend(backend: str, megatron_core: str | None = None) -> RunOptions:
@@ -182,7 +191,7 @@ def run_options_for_backend(backend: str, megatron_core: str | None = None) -> R
     (``--megatron-core``; None = the newest known)."""
     from specs import DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS
 
-    if backend in ("local", "ray"):
+    if _runs_harness(backend):
         opts = HARNESS_RUN_OPTIONS if harness_without_te(backend) else HARNESS_TE_RUN_OPTIONS
     else:
         opts = DEFAULT_RUN_OPTIONS
@@ -243,38 +252,47 @@ def _validate_config(config: TuneConfig) -> None:
         raise TunerError(
             f"--trial-warmup-steps must be from 0 to {config.trial_steps - 1} (fewer than --trial-steps {config.trial_steps}), got {config.trial_warmup_steps}"
         )
+    from launch.registry import backend_class, backends_where
+
+    backend = backend_class(config.backend)  # its traits decide which backend-only flags it takes
+
+    def _reads(flag: str) -> str:
+        return backends_where(lambda b: flag in b.own_flags)
+
     ps = config.trial_profile_step
     if ps is not None and not 1 <= ps <= config.trial_steps:
         raise TunerError(f"--trial-profile-step must be a step from 1 to --trial-steps ({config.trial_steps}), got {ps}")
-    if ps is not None and config.backend != "local":
-        raise TunerError(f"--trial-profile-step is for --backend local (its trial folders are on this machine; this run uses --backend {config.backend})")
+    if ps is not None and "--trial-profile-step" not in backend.own_flags:
+        raise TunerError(f"--trial-profile-step is for --backend {_reads('--trial-profile-step')} (its trial folders are on this machine; "
+                         f"this run uses --backend {config.backend})")
     if not (math.isfinite(config.trial_timeout_s) and config.trial_timeout_s > 0):
         raise TunerError(f"--trial-timeout must be a positive number of seconds, got {config.trial_timeout_s}")
     if config.megatron_core is not None:
         from specs import megatron_core_version
 
         megatron_core_version(config.megatron_core)
-    if config.command_template and config.backend != "command":
-        raise TunerError(f"--command-template is for --backend command (this run uses --backend {config.backend})")
-    if config.ray_address is not None and config.backend != "ray":
-        raise TunerError(f"--ray-address is for --backend ray (this run uses --backend {config.backend})")
+    if config.command_template and "--command-template" not in backend.own_flags:
+        raise TunerError(f"--command-template is for --backend {_reads('--command-template')} (this run uses --backend {config.backend})")
+    if config.ray_address is not None and "--ray-address" not in backend.own_flags:
+        raise TunerError(f"--ray-address is for --backend {_reads('--ray-address')} (this run uses --backend {config.backend})")
     if config.ray_address is not None:
         from launch.ray_backend import parse_ray_address
 
         parse_ray_address(config.ray_address)
     if not _is_int(config.parallel_trials) or not 1 <= config.parallel_trials <= 64:
         raise TunerError(f"--parallel-trials must be from 1 to 64, got {config.parallel_trials!r}")
-    if config.parallel_trials > 1 and config.backend != "ray":
-        raise TunerError(f"--parallel-trials > 1 needs --backend ray (the {config.backend} backend runs one trial at a time)")
+    if config.parallel_trials > 1 and "--parallel-trials" not in backend.own_flags:
+        raise TunerError(f"--parallel-trials > 1 needs --backend {_reads('--parallel-trials')} (the {config.backend} backend runs one trial at a time)")
     trial_env_dict(config.trial_env)
     if not _is_int(config.confirm_runs) or not 0 <= config.confirm_runs <= 20:
         raise TunerError(f"--confirm-runs must be from 0 (no confirmation) to 20 more runs per layout, got {config.confirm_runs!r}")
-    if config.confirm_runs and config.backend == "model":
-        raise TunerError("--confirm-runs re-measures real trials; --backend model measures nothing (use --backend local, ray or command)")
+    if config.confirm_runs and backend.source != "measured":
+        raise TunerError(f"--confirm-runs re-measures real trials; --backend {config.backend} measures nothing "
+                         f"(use --backend {backends_where(lambda b: b.source == 'measured')})")
     if not _is_int(config.recalibrate_after) or not 0 <= config.recalibrate_after <= 1000:
         raise TunerError(f"--recalibrate-after must be from 0 (never) to 1,000 measured trials, got {config.recalibrate_after!r}")
-    if config.trial_env and config.backend != "ray":
-        raise TunerError(f"--trial-env is for --backend ray (this run uses --backend {config.backend})")
+    if config.trial_env and "--trial-env" not in backend.own_flags:
+        raise TunerError(f"--trial-env is for --backend {_reads('--trial-env')} (this run uses --backend {config.backend})")
     if not _is_int(config.heartbeat_interval_s) or not 1 <= config.heartbeat_interval_s <= 3600:
         raise TunerError(f"the heartbeat interval must be a whole number of seconds from 1 to 3,600, got {config.heartbeat_interval_s!r}")
     if not _is_int(config.heartbeat_grace_s) or not config.heartbeat_interval_s < config.heartbeat_grace_s <= 86_400:

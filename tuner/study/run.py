@@ -406,7 +406,7 @@ class StudyRun:
                 optuna.storages.fail_stale_trials(self.study)
         for row in self.queue.first:
             self.study.enqueue_trial(self.index.params_of_row(row), user_attrs=TrialRecord(enqueued=QUEUED_FIRST).attrs())
-        n_jobs = self.cfg.parallel_trials if self.cfg.backend == "ray" else 1
+        n_jobs = self.cfg.parallel_trials  # > 1 only for a backend that reads --parallel-trials (_validate_config)
         # Optuna stops when this run's budget is spent or the space ran out (study.stop in after_trial / objective);
         # a layout of the budget given back after the stop (a refusal at run time) takes one more round
         while self.budget_left():

@@ -191,9 +191,17 @@ def storage_url(config: TuneConfig, out_dir: Path) -> str:
     return f"sqlite:///{(out_dir / 'study.db').as_posix()}"
 
 
+def _measured(backend: str) -> bool:
+    """The backend registered as ``backend`` measures (its class's ``source``); an unregistered name does too."""
+    from launch.registry import BACKENDS, backend_class
+
+    return backend not in BACKENDS or backend_class(backend).source == "measured"
+
+
 def resolved(prep: Prepared) -> dict[str, Any]:
     """The inputs that decide a study's numbers, resolved (so 64xH200 and 8x8xH200 compare equal)."""
     c = prep.cluster
+    measured = _measured(prep.config.backend)
     return {
         "model": prep.model.name,
         "gpu": c.gpu.name,
@@ -212,8 +220,8 @@ def resolved(prep: Prepared) -> dict[str, Any]:
         "memory_headroom": prep.config.memory_headroom,
         "layers": prep.model.num_layers,
         # real trials: steps and warm-up decide what a measurement is (step times drift for ~10 steps)
-        "trial_steps": prep.config.trial_steps if prep.config.backend != "model" else None,
-        "trial_warmup_steps": trial_warmup_steps(prep.config) if prep.config.backend != "model" else None,
+        "trial_steps": prep.config.trial_steps if measured else None,
+        "trial_warmup_steps": trial_warmup_steps(prep.config) if measured else None,
     }
 
 

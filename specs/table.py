@@ -1,0 +1,123 @@
+"""One reader for the CSV tables of measured runs: a column schema, read by one function that names the line
+and the column of every cell it cannot read.
+
+A table is a tuple of :class:`Column` (name, how a cell is read, unit, bounds, optional); :func:`read_table`
+reads a file against it and hands each readable row, as a dict of values, to a ``build`` function that
+makes the caller's row object (and may refuse a combination of cells with :class:`BadCell`).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from specs.errors import TunerError
+
+__all__ = ["BadCell", "Column", "read_table"]
+
+T = TypeVar("T")
+
+
+class BadCell(ValueError):
+    """A cell of a row that :func:`read_table`'s ``build`` refuses (a value that contradicts another cell)."""
+
+    def __init__(self, column: str, hint: str = "") -> None:
+        super().__init__(column)
+        self.column = column
+        self.hint = hint
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column: ``parse`` turns the stripped cell into a value, raising ``ValueError`` (or ``TunerError`` with a
+    message naming the column and the value); a cell must be one of ``choices`` when given, and a number finite
+    and within ``low`` (exclusive when ``low_open``) and ``high``. An ``optional`` column may be absent from the
+    header or blank (value ``default``)."""
+
+    name: str
+    parse: Callable[[str], Any] = str
+    unit: str = ""
+    """Unit of the values (``s``, ``tokens``): the table's documentation."""
+    low: float | None = None
+    low_open: bool = False
+    high: float | None = None
+    optional: bool = False
+    default: Any = None
+    choices: tuple[str, ...] = ()
+
+    def read(self, cell: str) -> Any:
+        """The value of ``cell``. Raises ValueError (or parse's TunerError) on a cell it cannot read."""
+        if not cell:
+            if self.optional:
+                return self.default
+            raise ValueError(cell)
+        if self.choices and cell not in self.choices:
+            raise ValueError(cell)
+        v = self.parse(cell)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and (
+                (isinstance(v, float) and not math.isfinite(v)) or (self.low is not None and (v <= self.low if self.low_open else v < self.low))
+                or (self.high is not None and v > self.high)):
+            raise ValueError(cell)
+        return v
+
+    @property
+    def hint(self) -> str:
+        """What a cell must be, when the bounds say more than the type."""
+        return " (a positive finite number)" if self.low == 0 and self.low_open and self.high is None else ""
+
+
+def read_table(path: str | Path, columns: Sequence[Column], build: Callable[[int, Mapping[str, Any]], T], *, what: str,
+               table: str, comment: str | None = None) -> tuple[list[T], list[str]]:
+    """Read the CSV file ``path`` against ``columns``.
+
+    Args:
+        path: the file (UTF-8, a byte-order mark allowed).
+        columns: the table's columns; the header may hold others (ignored) and in any order.
+        build: makes one row from its line number (the header is line 1) and its values by column name;
+            it may raise :class:`BadCell` (the row is then refused, naming that column) or ``TunerError``.
+        what: how messages name the file, e.g. ``"--data 'runs.csv'"``.
+        table: what the table is, for the message of a missing column (``"runs"``: "a runs table has ...").
+        comment: lines starting with it are skipped (e.g. ``"#"``); None keeps every line.
+
+    Returns:
+        ``(rows, errors)``: the rows ``build`` made, and one message per refused row naming its line and
+        column (``line 3: column load: cannot read 'sometimes'``); a row is refused at its first bad cell.
+
+    Raises:
+        TunerError: the file cannot be read, or its header lacks required columns (listed with the table's).
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TunerError(f"{what}: cannot read it ({e})") from None
+    lines = [ln for ln in text.splitlines() if not (comment and ln.startswith(comment))]
+    reader = csv.DictReader(lines)
+    header = {h.strip() for h in (reader.fieldnames or [])}
+    missing = [c.name for c in columns if c.name not in header and not c.optional]
+    if missing:
+        raise TunerError(f"{what}: missing columns {', '.join(missing)}; a {table} table has {', '.join(c.name for c in columns)}")
+    rows: list[T] = []
+    errors: list[str] = []
+    by_name = {c.name: c for c in columns}
+    for line, raw in enumerate(reader, start=2):
+        cells = {(k or "").strip(): (v or "").strip() for k, v in raw.items() if isinstance(v, str) or v is None}
+        col: Column | None = None
+        try:
+            values: dict[str, Any] = {}
+            for col in columns:
+                values[col.name] = col.read(cells.get(col.name, ""))
+            col = None
+            rows.append(build(line, values))
+        except BadCell as e:
+            known = by_name.get(e.column)
+            errors.append(f"line {line}: column {e.column}: cannot read {cells.get(e.column, '')!r}{e.hint or (known.hint if known else '')}")
+        except TunerError as e:  # its own message names the value it refused
+            errors.append(f"line {line}: {e}")
+        except ValueError as e:
+            errors.append(f"line {line}: column {col.name}: cannot read {cells.get(col.name, '')!r}{col.hint}" if col else f"line {line}: {e}")
+    return rows, errors
