@@ -552,11 +552,6 @@ def test_rerunning_shows_the_study_and_adds_trials_only_when_asked(tmp_path):
     assert resumed.evaluated_now == 2 and len(_keys(resumed.study)) == 7 and "the space ran out" in resumed.budget_note
 
 
-def test_a_new_default_study_is_not_a_report(tmp_path):
-    res = run_study(_seven(tmp_path, study=None))  # nothing held yet: the default --trials
-    assert res.evaluated_now == 7 and "already holds" not in (res.budget_note or "")
-
-
 def test_global_batch_notes(tmp_path):
     from tuner.study.prepare import global_batch_notes
 
