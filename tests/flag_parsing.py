@@ -6,7 +6,7 @@ import shlex
 
 
 def argv_flags(tokens: list[str]) -> dict[str, tuple[str, ...]]:
-    """``{flag: values}`` from the first ``--flag`` on; ``${MODEL_ARGS[@]}`` ends the current flag.
+    """``{flag: values}`` from the first ``--flag`` on; an array expansion (``${MODEL_ARGS[@]}``) ends the current flag.
 
     Raises:
         AssertionError: a flag given twice or a value before any flag.
@@ -14,7 +14,7 @@ def argv_flags(tokens: list[str]) -> dict[str, tuple[str, ...]]:
     flags: dict[str, tuple[str, ...]] = {}
     cur = None
     for tok in tokens[tokens.index(next(t for t in tokens if t.startswith("--"))) :]:
-        if "MODEL_ARGS" in tok:
+        if "_ARGS[@]}" in tok:
             cur = None
         elif tok.startswith("--"):
             assert tok not in flags, f"{tok} given twice"
@@ -26,7 +26,7 @@ def argv_flags(tokens: list[str]) -> dict[str, tuple[str, ...]]:
 
 
 def command_flags(script: str) -> dict[str, tuple[str, ...]]:
-    """``{flag: values}`` of the ``python3 -m ...`` (or ``"$PYTHON" -m ...``) command of a run script."""
+    """``{flag: values}`` of the ``python3 -m ...`` (or ``"$PYTHON" -m ...``, ``"$PYTHON" "$SLIME_ENTRY"``) command of a run script."""
     text = script.replace("\\\n", " ")
-    line = next(ln for ln in text.splitlines() if ln.strip().startswith(("python3 -m", '"$PYTHON" -m')))
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith(("python3 -m", '"$PYTHON" -m', '"$PYTHON" "$SLIME_ENTRY"')))
     return argv_flags(shlex.split(line))

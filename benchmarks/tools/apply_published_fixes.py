@@ -218,7 +218,7 @@ def main() -> int:
         w.writerow({k: run.get(k, "") for k in base_cols + list(COLUMNS)})
     RUNS.write_text(buf.getvalue(), encoding="utf-8")
     note = NOTE.read_text(encoding="utf-8")
-    section = ("<!-- applied:begin -->\n## Applied to published_runs.csv, row by row (issue 14)\n\n"
+    section = ("<!-- applied:begin -->\n## Applied to published_runs.csv, row by row\n\n"
                f"`python benchmarks/tools/apply_published_fixes.py` wrote the columns `{', '.join(COLUMNS)}` into "
                "`published_runs.csv` (the reader, `cost_model/validate.py::read_runs`, prefers them over `other_notes`). "
                f"{len(fixes)} rows have values from their Megatron-Bridge recipe, the 25.09 rows the few settings read in NeMo 2.0's "

@@ -1,6 +1,8 @@
-"""``megatron_args.sh``: the layout's Megatron-LM arguments as a bash array, to ``source`` (or run, to print them)."""
+"""``megatron_args.sh``: the layout's Megatron-LM arguments as a bash array; run, it launches ``pretrain_gpt.py`` with torchrun."""
 
 from __future__ import annotations
+
+import shlex
 
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._describe import _summary
@@ -9,27 +11,50 @@ from launch.exporters._shell import SHEBANG, STRICT_MODE, bash_array, comment
 from specs import Cluster, ModelSpec, Workload
 from specs.layout import Layout
 
-__all__ = ["megatron_args_script", "MegatronArgsExporter"]
+__all__ = ["MEGATRON_SCRIPT_ENV", "megatron_args_script", "MegatronArgsExporter"]
 
-#: Run as a program (not sourced): strict mode, then print the arguments. Sourced, the caller's
-#: shell options stay as they were (``set -e`` in an interactive shell would close it at the next
-#: failing command).
+#: Run as a program (not sourced): strict mode, then the launch. Sourced, the caller's shell options stay as they were
+#: (``set -e`` in an interactive shell would close it at the next failing command).
 _EXECUTED = '[[ -n "${BASH_VERSION:-}" && "${BASH_SOURCE[0]}" == "$0" ]]'
+
+#: The environment variables ``megatron_args.sh`` reads when run: name -> what it is (and its default). Defaults as in
+#: Megatron-LM's ``examples/llama/train_llama3_8b_h100_fp8.sh`` (NVIDIA/Megatron-LM at 779c5b7): ``pretrain_gpt.py`` run
+#: from the checkout's root, ``--split 99,1,0``, ``--save-interval 1000``, ``MASTER_ADDR`` localhost, ``MASTER_PORT`` 29500.
+MEGATRON_SCRIPT_ENV: dict[str, str] = {
+    "DATA_PATH": "your data: the prefix of the .bin/.idx pair tools/preprocess_data.py writes (--data-path), or MOCK for "
+                 "the mock data of Megatron-LM (--mock-data); required",
+    "TOKENIZER_MODEL": "the Hugging Face tokenizer, e.g. the checkpoint folder (--tokenizer-model); required unless DATA_PATH=MOCK",
+    "TRAIN_ITERS": "the number of optimizer steps (--train-iters); required",
+    "CHECKPOINT_PATH": "where checkpoints are saved and a run resumes from (--save, --load); default checkpoints/<model>",
+    "SAVE_INTERVAL": "steps between checkpoints (--save-interval); default 1000",
+    "SPLIT": "train / validation / test shares of DATA_PATH (--split); default 99,1,0",
+    "TENSORBOARD_DIR": "a folder for TensorBoard logs (--tensorboard-dir); default: unset, no logs",
+    "PRETRAIN_SCRIPT": "Megatron-LM's training program; default pretrain_gpt.py (run from the Megatron-LM checkout)",
+    "NNODES": "nodes of the run (torchrun --nnodes); default the layout's",
+    "NODE_RANK": "this node's rank (torchrun --node-rank); default 0",
+    "MASTER_ADDR": "the first node's address (torchrun --master-addr); default localhost",
+    "MASTER_PORT": "a free port on the first node (torchrun --master-port); default 29500",
+}
+
+
+def _need(v: str, indent: str = "  ") -> str:
+    """``: "${V:?set V to ...}"``: stop with the variable's name and meaning when it is unset (no quote in the text)."""
+    return f'{indent}: "${{{v}:?set {v} to {MEGATRON_SCRIPT_ENV[v].split("; required")[0]}}}"'
 
 
 def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout) -> str:
-    """A bash file that defines ``MEGATRON_ARGS=( ... )``, one flag and its values per line.
+    """A bash file that defines ``MEGATRON_ARGS=( ... )`` and, run, launches Megatron-LM's training on the user's data.
 
-    Every element is ``shlex.quote``-d, so the pipeline layout string's ``|``,
-    ``(`` and ``*`` reach Megatron unchanged. Use it as::
+    Every element is ``shlex.quote``-d, so the pipeline layout string's ``|``, ``(`` and ``*`` reach
+    Megatron unchanged. Three uses:
 
-        source megatron_args.sh
-        torchrun --nnodes N --nproc-per-node G ... pretrain_gpt.py "${MEGATRON_ARGS[@]}" <data and tokenizer args>
-
-    (``$(cat file)`` would not do: word splitting does not undo quotes.) Run as a program
-    (``./megatron_args.sh``) it turns on ``set -euo pipefail``, prints the arguments one per line
-    (``mapfile -t ARGS < <(./megatron_args.sh)`` reads them back) and starts nothing; sourced, it
-    only defines the array and leaves the shell's options alone.
+    - ``./megatron_args.sh`` (on every node, with ``NODE_RANK`` and ``MASTER_ADDR``): strict mode,
+      then ``torchrun ... "$PRETRAIN_SCRIPT" "${MEGATRON_ARGS[@]}"`` with the data, tokenizer,
+      checkpoint and step arguments of :data:`MEGATRON_SCRIPT_ENV` (``DATA_PATH=MOCK``: Megatron's
+      ``--mock-data`` with its ``NullTokenizer``);
+    - ``./megatron_args.sh --print``: the layout's arguments one per line
+      (``mapfile -t ARGS < <(./megatron_args.sh --print)``), nothing started;
+    - ``source megatron_args.sh``: only defines the array and leaves the shell's options alone.
 
     Args:
         model: The model.
@@ -49,17 +74,41 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
         f"# Megatron-LM arguments for {model.name} on {cluster.num_gpus} {cluster.gpu.name} "
         f"({cluster.num_nodes} x {cluster.gpus_per_node}): {layout.label}",
         *comment(_summary(layout, model, workload)),
-        "# Exported by megatron-layout-tuner. Use (bash):",
-        "#   source megatron_args.sh",
-        f"#   torchrun --nnodes {cluster.num_nodes} --nproc-per-node {cluster.gpus_per_node} ... pretrain_gpt.py "
-        '"${MEGATRON_ARGS[@]}" <data, tokenizer and checkpoint arguments>',
-        "# Run as a program (./megatron_args.sh) it prints the arguments, one per line, and starts nothing.",
+        "# Exported by megatron-layout-tuner. Three uses (bash):",
+        "#   ./megatron_args.sh           launch pretrain_gpt.py with torchrun on this node (run it on every node with",
+        "#                                NODE_RANK and MASTER_ADDR); needs DATA_PATH (or MOCK), TOKENIZER_MODEL, TRAIN_ITERS;",
+        "#                                reads CHECKPOINT_PATH, SAVE_INTERVAL, SPLIT, TENSORBOARD_DIR, PRETRAIN_SCRIPT,",
+        "#                                NNODES, MASTER_PORT",
+        "#   ./megatron_args.sh --print   print the layout's arguments, one per line, and start nothing",
+        "#   source megatron_args.sh      define MEGATRON_ARGS only",
     ]
     if model.qk_layernorm_full_dim:
         head.append("# --spec needs slime's slime_plugins package on PYTHONPATH (full-width QK norm).")
     head.append(f"if {_EXECUTED}; then {STRICT_MODE}; fi")
-    tail = f"if {_EXECUTED}; then printf '%s\\n' \"${{MEGATRON_ARGS[@]}}\"; fi\n"
-    return "\n".join(head) + "\n" + bash_array("MEGATRON_ARGS", argv) + tail
+    name = shlex.quote(f"checkpoints/{model.name}")
+    tail = [
+        f"if {_EXECUTED}; then",
+        '  if [ "${1:-}" = --print ]; then printf \'%s\\n\' "${MEGATRON_ARGS[@]}"; exit 0; fi',
+        _need("DATA_PATH"),
+        _need("TRAIN_ITERS"),
+        '  if [ "$DATA_PATH" = MOCK ]; then',
+        "    DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer)",
+        "  else",
+        _need("TOKENIZER_MODEL", "    "),
+        '    DATA_ARGS=(--data-path "$DATA_PATH" --split "${SPLIT:-99,1,0}"',
+        '      --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER_MODEL")',
+        "  fi",
+        f'  CHECKPOINT_PATH=${{CHECKPOINT_PATH:-{name}}}',
+        '  DATA_ARGS+=(--train-iters "$TRAIN_ITERS" --save "$CHECKPOINT_PATH" --load "$CHECKPOINT_PATH"',
+        '    --save-interval "${SAVE_INTERVAL:-1000}")',
+        '  if [ -n "${TENSORBOARD_DIR:-}" ]; then DATA_ARGS+=(--tensorboard-dir "$TENSORBOARD_DIR"); fi',
+        f'  torchrun --nnodes "${{NNODES:-{cluster.num_nodes}}}" --node-rank "${{NODE_RANK:-0}}" '
+        f"--nproc-per-node {cluster.gpus_per_node} \\",
+        '    --master-addr "${MASTER_ADDR:-localhost}" --master-port "${MASTER_PORT:-29500}" \\',
+        '    "${PRETRAIN_SCRIPT:-pretrain_gpt.py}" "${MEGATRON_ARGS[@]}" "${DATA_ARGS[@]}"',
+        "fi",
+    ]
+    return "\n".join(head) + "\n" + bash_array("MEGATRON_ARGS", argv) + "\n".join(tail) + "\n"
 
 
 class MegatronArgsExporter(Exporter):
@@ -67,7 +116,7 @@ class MegatronArgsExporter(Exporter):
 
     name = "megatron"
     file_name = "megatron_args.sh"
-    description = 'megatron_args.sh: MEGATRON_ARGS=(...) for Megatron-LM\'s pretrain_gpt.py (source it; pass "${MEGATRON_ARGS[@]}")'
+    description = "megatron_args.sh: run it to launch Megatron-LM's pretrain_gpt.py with torchrun on your data (DATA_PATH, TOKENIZER_MODEL, TRAIN_ITERS); source it for MEGATRON_ARGS"
     executable = True
 
     def render(self, context: ExportContext) -> str:

@@ -319,9 +319,10 @@ def recipe_dict(
                "; no network was named: check yours before relying on this layout.")
         )
     notes.append(
-        "`run` (the body of run_slime.sh) expects HF_CKPT, TORCH_DIST, SFT_DATA, PROFILE_DIR and SLIME_ENTRY_MODULE, and reads "
-        "PYTHON (default python3) and SLIME_DIR (a slime checkout, put on PYTHONPATH). For Megatron-LM, "
-        "`source megatron_args.sh` and pass \"${MEGATRON_ARGS[@]}\" to pretrain_gpt.py with your data arguments."
+        "`run` (the body of run_slime.sh) trains on your rows with slime's SFT path on a running Ray cluster: it needs HF_CKPT, "
+        "TORCH_DIST, SFT_DATA and SAVE_DIR, and reads SLIME_DIR (a slime checkout), NUM_EPOCH (1) or NUM_ROLLOUT; BENCHMARK=1 "
+        "runs the seed's 20-step benchmark. For Megatron-LM, megatron_args.sh launches pretrain_gpt.py with torchrun "
+        "(DATA_PATH, TOKENIZER_MODEL, TRAIN_ITERS, CHECKPOINT_PATH), or `source` it for MEGATRON_ARGS."
     )
 
     recipe: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""``run_slime.sh``: a slime launch of the layout, in the seed recipe's ``run:`` style, that runs as it is."""
+"""``run_slime.sh``: a slime training launch of the layout on the user's rows, in the seed recipe's ``run:`` style."""
 
 from __future__ import annotations
 
@@ -24,24 +24,40 @@ from launch.exporters._flags import (
 )
 from launch.exporters._shell import SHEBANG, STRICT_MODE, Sh, bash_array, command, comment, group_flags
 from specs import Cluster, ModelSpec, Workload
-from specs.errors import TunerError
 from specs.layout import Dispatcher, Layout
 
-__all__ = ["SLIME_SCRIPT_ENV", "slime_script", "SlimeScriptExporter"]
+__all__ = ["SEED_NUM_ROLLOUT", "SEED_ROLLOUT", "SFT_ROLLOUT", "SLIME_SCRIPT_ENV", "slime_script", "SlimeScriptExporter"]
+
+#: slime's supervised fine-tuning rollout (``slime/rollout/sft_rollout.py``, as slime's ``scripts/run-*-sft.sh`` use it).
+SFT_ROLLOUT = "slime.rollout.sft_rollout.generate_rollout"
+
+#: The seed's benchmark (``BENCHMARK=1``): its own pre-tokenized rollout module (not part of slime) and 20 steps.
+SEED_ROLLOUT = "pretokenized_sft_rollout.generate_rollout"
+SEED_NUM_ROLLOUT = 20
 
 #: The environment variables ``run_slime.sh`` reads: name -> what it is (and its default, if any).
 SLIME_SCRIPT_ENV: dict[str, str] = {
-    "HF_CKPT": "the Hugging Face checkpoint folder (--hf-checkpoint); required",
-    "TORCH_DIST": "the torch_dist checkpoint of the same weights (--ref-load); required",
-    "SFT_DATA": "the training rows (--prompt-data); required",
-    "PROFILE_DIR": "a folder for TensorBoard logs (--tensorboard-dir); required",
-    "SLIME_ENTRY_MODULE": "the slime module that `python -m` runs (the seed recipe does not name it); required",
+    "HF_CKPT": "the Hugging Face checkpoint folder, also the tokenizer (--hf-checkpoint); required",
+    "TORCH_DIST": "the torch_dist checkpoint of the same weights, the starting point (--ref-load); required",
+    "SFT_DATA": "your training rows, a parquet or JSONL file with a messages column (--prompt-data); required",
+    "SAVE_DIR": "where checkpoints are saved and a run resumes from (--save, --load); required unless BENCHMARK=1",
+    "SLIME_DIR": "a slime checkout: put first on PYTHONPATH (slime_plugins) and where the entry point is; default: unset",
+    "SLIME_ENTRY": "the slime program to run; default $SLIME_DIR/train_async.py (train_async.py with SLIME_DIR unset)",
+    "NUM_EPOCH": "passes over SFT_DATA (--num-epoch); default 1",
+    "NUM_ROLLOUT": "optimizer steps instead of epochs (--num-rollout); default: unset (20 with BENCHMARK=1)",
+    "SAVE_INTERVAL": "steps between checkpoints (--save-interval); default 1000, as slime's SFT scripts",
+    "TENSORBOARD_DIR": "a folder for TensorBoard logs (--tensorboard-dir); default: unset, no logs",
     "PYTHON": "the Python interpreter; default python3",
-    "SLIME_DIR": "a slime checkout, put first on PYTHONPATH (the entry module and slime_plugins); default: unset, PYTHONPATH as it is",
-    "NVLINK_COUNT": "NVLinks of this machine (NCCL_NVLS_ENABLE=1 when > 0); default: counted from `nvidia-smi topo -m`",
+    "NVLINK_COUNT": "NVLinks of this machine (NCCL_NVLS_ENABLE=1 when > 0); default: counted from nvidia-smi topo -m",
+    "BENCHMARK": "1: the seed's benchmark (its pre-tokenized rollout module, NUM_ROLLOUT steps, nothing saved); default 0",
 }
 
-_REQUIRED = ("HF_CKPT", "TORCH_DIST", "SFT_DATA", "PROFILE_DIR")
+_REQUIRED = ("HF_CKPT", "TORCH_DIST", "SFT_DATA")
+
+
+def _need(v: str) -> str:
+    """``: "${V:?set V to ...}"``: stop with the variable's name and meaning when it is unset."""
+    return f': "${{{v}:?set {v} to {SLIME_SCRIPT_ENV[v].split(";")[0]}}}"'
 
 
 def slime_script(
@@ -51,24 +67,22 @@ def slime_script(
     layout: Layout,
     *,
     extra_env: Mapping[str, str] | None = None,
-    num_rollout: int = 20,
-    entry_module: str | None = None,
 ) -> str:
-    """Bash that trains ``layout`` with slime, in the seed's ``run:`` style (the recipe's ``run`` block).
+    """Bash that trains ``layout`` with slime on the user's rows (the recipe's ``run`` block).
 
-    Checks that the variables it needs are set (``: "${HF_CKPT:?...}"``), reads ``PYTHON``
-    (default ``python3``), ``SLIME_DIR`` (prepended to ``PYTHONPATH`` when set) and ``NVLINK_COUNT``
-    (default: counted as slime's scripts do), then the seed's four environment exports,
-    ``MODEL_ARGS=( ... )`` from :func:`model_args`, then ``"$PYTHON" -m "$SLIME_ENTRY_MODULE" --async``
-    with the seed's SFT arguments (``--rollout-batch-size`` and ``--global-batch-size`` both the
-    workload's global batch), the layout's flags in the seed's order, the seed's optimizer
-    hyperparameters and misc flags, the token dispatcher and the pipeline layout string. With the
-    seed's layout on 8 x 8 H200 every flag of the seed's command line comes back with its value.
+    slime's supervised fine-tuning path, as slime's ``scripts/run-qwen3-235B-A22B-sft.sh`` runs it
+    (THUDM/slime at 4a2812e): ``train_async.py`` with :data:`SFT_ROLLOUT`, ``--loss-type sft_loss``,
+    ``--debug-train-only`` (no SGLang engines: SFT generates nothing). The script checks the
+    variables it needs (``: "${HF_CKPT:?...}"``), reads the others of :data:`SLIME_SCRIPT_ENV` with
+    their defaults, exports the seed's four environment variables, defines ``MODEL_ARGS=( ... )``
+    from :func:`model_args`, then runs ``"$PYTHON" "$SLIME_ENTRY"`` with the cluster, the data and
+    step arguments, the layout's flags in the seed's order, the seed's optimizer hyperparameters
+    and misc flags, the token dispatcher and the pipeline layout string. ``BENCHMARK=1`` swaps the
+    data and step arguments for the seed's benchmark (:data:`SEED_ROLLOUT`, ``--num-rollout 20``,
+    nothing saved): with the seed's layout on 8 x 8 H200 every flag of the seed's command line then
+    comes back with its value. slime's trainer joins the Ray cluster that is running (``ray start``).
     Every argument is ``shlex.quote``-d; only the variables above are expanded.
-
-    The seed writes its entry point as ``<slime entry module>``; unless ``entry_module`` is given
-    (then it is the default of ``SLIME_ENTRY_MODULE``) the script stops with a message when
-    ``SLIME_ENTRY_MODULE`` is unset. :class:`SlimeScriptExporter` adds the shebang and strict mode.
+    :class:`SlimeScriptExporter` adds the shebang and strict mode.
 
     Args:
         model: The model.
@@ -77,33 +91,32 @@ def slime_script(
         layout: The layout.
         extra_env: More environment variables, exported after the seed's four;
             values are literal (they are quoted for the shell).
-        num_rollout: ``--num-rollout``: optimizer steps (20 in the seed).
-        entry_module: The default slime module to run with ``python -m``.
 
     Returns:
         The script's text (bash), without a shebang.
 
     Raises:
         TunerError: as :func:`layout_args`, if the world size is not the
-            cluster's GPU count, an extra variable name is not a shell name, or
-            ``num_rollout`` is below 1.
+            cluster's GPU count, or an extra variable name is not a shell name.
     """
     _check(layout, model, workload, cluster)
-    if num_rollout < 1:
-        raise TunerError(f"num_rollout must be at least 1, got {num_rollout}")
     env = _env(extra_env)
     gbs = str(workload.global_batch_size)
-    entry = (f"SLIME_ENTRY_MODULE=${{SLIME_ENTRY_MODULE:-{shlex.quote(entry_module)}}}" if entry_module else
-             'SLIME_ENTRY_MODULE=${SLIME_ENTRY_MODULE:?set SLIME_ENTRY_MODULE to the slime module to run with python -m}')
     out: list[str] = [
         f"# slime: {model.name} on {cluster.num_gpus} {cluster.gpu.name} ({cluster.num_nodes} x {cluster.gpus_per_node}), "
         f"{layout.label}",
         *comment(_summary(layout, model, workload)),
-        "# Needs HF_CKPT, TORCH_DIST, SFT_DATA, PROFILE_DIR and SLIME_ENTRY_MODULE; reads PYTHON (default python3),",
-        "# SLIME_DIR (a slime checkout, put first on PYTHONPATH) and NVLINK_COUNT (default: counted with nvidia-smi).",
-        *(f': "${{{v}:?set {v} to {SLIME_SCRIPT_ENV[v].split(";")[0]}}}"' for v in _REQUIRED),
-        entry,
+        *comment(
+            "Trains on your rows with slime's SFT path. Needs a Ray cluster running on the nodes (`ray start --head` on the "
+            "first, `ray start --address HEAD:6379` on the others) and HF_CKPT, TORCH_DIST, SFT_DATA, SAVE_DIR; reads "
+            "SLIME_DIR, SLIME_ENTRY, NUM_EPOCH, NUM_ROLLOUT, SAVE_INTERVAL, TENSORBOARD_DIR, PYTHON, NVLINK_COUNT. "
+            "BENCHMARK=1 runs the seed's 20-step benchmark instead."
+        ),
+        *(_need(v) for v in _REQUIRED),
         "PYTHON=${PYTHON:-python3}",
+        "SLIME_ENTRY=${SLIME_ENTRY:-${SLIME_DIR:+$SLIME_DIR/}train_async.py}",
+        "NUM_EPOCH=${NUM_EPOCH:-1}",
+        "SAVE_INTERVAL=${SAVE_INTERVAL:-1000}",
         'if [ -n "${SLIME_DIR:-}" ]; then export PYTHONPATH="$SLIME_DIR${PYTHONPATH:+:$PYTHONPATH}"; fi',
         "NVLINK_COUNT=${NVLINK_COUNT:-$(nvidia-smi topo -m 2>/dev/null | grep -o 'NV[0-9][0-9]*' | wc -l || true)}",
         "",
@@ -111,6 +124,18 @@ def slime_script(
     for k, v in env.items():
         out.append(f"export {k}={v if k in SEED_ENV and SEED_ENV[k] == v else shlex.quote(v)}")
     out += ["", bash_array("MODEL_ARGS", model_args(model)).rstrip("\n"), ""]
+    out += [
+        'if [ "${BENCHMARK:-0}" = 1 ]; then',
+        f"  RUN_ARGS=(--rollout-function-path {SEED_ROLLOUT} --num-rollout \"${{NUM_ROLLOUT:-{SEED_NUM_ROLLOUT}}}\")",
+        "else",
+        "  " + _need("SAVE_DIR"),
+        f"  RUN_ARGS=(--rollout-function-path {SFT_ROLLOUT} --rollout-shuffle",
+        '    --load "$SAVE_DIR" --save "$SAVE_DIR" --save-interval "$SAVE_INTERVAL")',
+        '  if [ -n "${NUM_ROLLOUT:-}" ]; then RUN_ARGS+=(--num-rollout "$NUM_ROLLOUT"); else RUN_ARGS+=(--num-epoch "$NUM_EPOCH"); fi',
+        "fi",
+        'if [ -n "${TENSORBOARD_DIR:-}" ]; then RUN_ARGS+=(--tensorboard-dir "$TENSORBOARD_DIR"); fi',
+        "",
+    ]
     if model.is_moe and layout.dispatcher == Dispatcher.allgather:
         out.append("# The layout's dispatcher is allgather; slime rewrites allgather to alltoall, so alltoall is asked for.")
     groups: list[Sequence[str]] = [
@@ -119,11 +144,10 @@ def slime_script(
         (Sh('"${MODEL_ARGS[@]}"'),),
         ("--hf-checkpoint", Sh('"$HF_CKPT"')),
         ("--ref-load", Sh('"$TORCH_DIST"')),
-        ("--rollout-function-path", "pretokenized_sft_rollout.generate_rollout"),
         ("--prompt-data", Sh('"$SFT_DATA"')),
         ("--input-key", "messages"),
         ("--metadata-key", "metadata"),
-        ("--num-rollout", str(num_rollout)),
+        (Sh('"${RUN_ARGS[@]}"'),),
         ("--rollout-batch-size", gbs),
         ("--global-batch-size", gbs),
         ("--loss-type", "sft_loss"),
@@ -140,14 +164,14 @@ def slime_script(
     prec = _precision_args(workload, "slime")
     if prec:
         groups.append(prec)
-    groups += [("--distributed-timeout-minutes", "30"), ("--tensorboard-dir", Sh('"$PROFILE_DIR"'))]
+    groups += [("--distributed-timeout-minutes", "30")]
     disp = _dispatcher_args(layout, model, "slime")
     if disp:
         groups.append(disp)
     pls = _pipeline_layout_string(layout, model)
     if pls is not None:
         groups.append(("--pipeline-model-parallel-layout", pls))
-    out += command((Sh('"$PYTHON"'), "-m", Sh('"$SLIME_ENTRY_MODULE"'), "--async"), groups)
+    out += command((Sh('"$PYTHON"'), Sh('"$SLIME_ENTRY"')), groups)
     return "\n".join(out) + "\n"
 
 
@@ -156,7 +180,7 @@ class SlimeScriptExporter(Exporter):
 
     name = "slime"
     file_name = "run_slime.sh"
-    description = "run_slime.sh: a slime launch in the seed recipe's run: style (bash; reads HF_CKPT, TORCH_DIST, SFT_DATA, PROFILE_DIR, SLIME_ENTRY_MODULE, PYTHON, SLIME_DIR)"
+    description = "run_slime.sh: a slime SFT training launch of your rows (bash; needs HF_CKPT, TORCH_DIST, SFT_DATA, SAVE_DIR and a running Ray cluster)"
     executable = True
 
     def render(self, context: ExportContext) -> str:

@@ -1,11 +1,10 @@
-"""The exported scripts run as they are: ``run_slime.sh`` executed against a fake slime entry module,
+"""The exported scripts run as they are: ``run_slime.sh`` executed against a fake slime ``train_async.py``,
 ``megatron_args.sh`` sourced into a fake ``pretrain_gpt.py`` (and executed on its own).
 
 The fakes (``tests/launch_tests/fake_entry/``) parse the arguments as Megatron's argparse would,
 check Megatron's cross-flag rules and the ``--pipeline-model-parallel-layout`` grammar, and dump
 what arrived; the tests compare that with the layout that was exported. Nothing in a file is
-edited: the entry points come from environment variables (``PYTHON``, ``SLIME_ENTRY_MODULE``,
-``SLIME_DIR``).
+edited: the entry points come from environment variables (``PYTHON``, ``SLIME_ENTRY``, ``SLIME_DIR``).
 """
 
 from __future__ import annotations
@@ -108,15 +107,18 @@ def _arrived(d: dict) -> dict:
 # --------------------------------------------------------------------------- run_slime.sh
 
 
+FAKE_SLIME = str(FAKES / "fake_slime_train.py")
+
+
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_run_slime_sh_executes_and_its_values_arrive(name, tmp_path, model, cluster):
     lay = LAYOUTS[name]
     script = _write(tmp_path, "slime", model, cluster, lay)
     assert script.read_text().startswith("#!/usr/bin/env bash\n")
     assert stat.S_IMODE(script.stat().st_mode) == 0o755
-    env = _env(tmp_path, PYTHON=sys.executable, SLIME_ENTRY_MODULE="fake_slime_train", SLIME_DIR=str(FAKES),
+    env = _env(tmp_path, PYTHON=sys.executable, SLIME_ENTRY=FAKE_SLIME, SLIME_DIR=str(FAKES),
                HF_CKPT="/ckpt/MiniMax M2", TORCH_DIST="/ckpt/torch dist", SFT_DATA="/data/rows;1.parquet",
-               PROFILE_DIR="/tmp/prof $HOME", NVLINK_COUNT="4",
+               SAVE_DIR="/ckpt/out $HOME", TENSORBOARD_DIR="/tmp/prof $HOME", NVLINK_COUNT="4",
                FAKE_ENTRY_ENV="CUDA_DEVICE_MAX_CONNECTIONS,PYTORCH_CUDA_ALLOC_CONF,TORCHINDUCTOR_COMPILE_THREADS,NCCL_NVLS_ENABLE")
     p = subprocess.run([str(script)], env=env, cwd=_glob_trap(tmp_path), capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
@@ -129,41 +131,66 @@ def test_run_slime_sh_executes_and_its_values_arrive(name, tmp_path, model, clus
     assert d["micro_batch_size"] is None and d["dynamic_batch"] and d["max_tokens_per_gpu"] == lay.micro_batch_size * W.seq_length // lay.cp
     assert d["global_batch_size"] == 128 and d["seq_length"] == 8192
     assert d["spec"] == ["slime_plugins.models.minimax_m2", "get_minimax_m2_layer_spec"]
-    # the caller's paths arrive as one word each, with their spaces, ';' and '$' untouched
+    # the caller's paths arrive as one word each, with their spaces, ';' and '$' untouched; one epoch of slime's SFT
     assert d["slime"] == {
         "--actor-num-nodes": "8", "--actor-num-gpus-per-node": "8", "--hf-checkpoint": "/ckpt/MiniMax M2",
         "--ref-load": "/ckpt/torch dist", "--prompt-data": "/data/rows;1.parquet", "--tensorboard-dir": "/tmp/prof $HOME",
-        "--num-rollout": "20", "--rollout-batch-size": "128", "--loss-type": "sft_loss",
-        "--rollout-function-path": "pretokenized_sft_rollout.generate_rollout",
+        "--load": "/ckpt/out $HOME", "--save": "/ckpt/out $HOME", "--save-interval": "1000", "--num-epoch": "1",
+        "--rollout-batch-size": "128", "--loss-type": "sft_loss", "--debug-train-only": "", "--rollout-shuffle": "",
+        "--rollout-function-path": "slime.rollout.sft_rollout.generate_rollout",
     }
     assert d["env"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
                         "TORCHINDUCTOR_COMPILE_THREADS": "1", "NCCL_NVLS_ENABLE": "1"}
 
 
+BASE = dict(PYTHON=sys.executable, SLIME_ENTRY=FAKE_SLIME, SLIME_DIR=str(FAKES), HF_CKPT="/c", TORCH_DIST="/t",
+            SFT_DATA="/d", SAVE_DIR="/s", NVLINK_COUNT="0")
+
+
+@pytest.mark.parametrize(("extra", "want"), [
+    ({"NUM_ROLLOUT": "300", "SAVE_INTERVAL": "50"}, {"--num-rollout": "300", "--save-interval": "50"}),
+    ({"NUM_EPOCH": "3"}, {"--num-epoch": "3"}),
+    # the seed's benchmark: its pre-tokenized rollout module, 20 steps, nothing saved (SAVE_DIR not needed)
+    ({"BENCHMARK": "1", "SAVE_DIR": None}, {"--rollout-function-path": "pretokenized_sft_rollout.generate_rollout",
+                                             "--num-rollout": "20", "--load": None, "--save": None, "--rollout-shuffle": None}),
+])  # fmt: skip
+def test_run_slime_sh_steps_and_benchmark_come_from_variables(extra, want, tmp_path, model, cluster):
+    script = _write(tmp_path, "slime", model, cluster, LAYOUTS["seed"])
+    env = _env(tmp_path, **{k: v for k, v in {**BASE, **extra}.items() if v is not None})
+    p = subprocess.run([str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    got = json.loads((tmp_path / "dump.json").read_text())["slime"]
+    assert {k: got.get(k) for k in want} == want
+
+
 def test_run_slime_sh_stops_on_a_missing_variable(tmp_path, model, cluster):
     script = _write(tmp_path, "slime", model, cluster, LAYOUTS["seed"])
-    base = dict(PYTHON=sys.executable, SLIME_ENTRY_MODULE="fake_slime_train", SLIME_DIR=str(FAKES), HF_CKPT="/c",
-                TORCH_DIST="/t", SFT_DATA="/d", PROFILE_DIR="/p", NVLINK_COUNT="0")
-    for missing, needle in (("SFT_DATA", "set SFT_DATA to the training rows"), ("SLIME_ENTRY_MODULE", "set SLIME_ENTRY_MODULE")):
-        env = _env(tmp_path, **{k: v for k, v in base.items() if k != missing})
+    for missing, needle in (("SFT_DATA", "set SFT_DATA to your training rows"), ("SAVE_DIR", "set SAVE_DIR to where checkpoints")):
+        env = _env(tmp_path, **{k: v for k, v in BASE.items() if k != missing})
         p = subprocess.run([str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
         assert p.returncode != 0 and needle in p.stderr, p.stderr
         assert not (tmp_path / "dump.json").exists()  # stopped before the launch
     # without NVLINK_COUNT and without nvidia-smi on PATH the count is 0, not an error under `set -e`
-    env = _env(tmp_path, **{k: v for k, v in base.items() if k != "NVLINK_COUNT"}, FAKE_ENTRY_ENV="NCCL_NVLS_ENABLE")
+    env = _env(tmp_path, **{k: v for k, v in BASE.items() if k != "NVLINK_COUNT"}, FAKE_ENTRY_ENV="NCCL_NVLS_ENABLE")
     env["PATH"] = os.pathsep.join(str(Path(x).parent) for x in (shutil.which("bash"), shutil.which("grep"), shutil.which("wc")))
     p = subprocess.run([str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert json.loads((tmp_path / "dump.json").read_text())["env"] == {"NCCL_NVLS_ENABLE": "0"}
 
 
-def test_run_slime_sh_fails_when_the_entry_fails(tmp_path, model, cluster):
-    """Strict mode: the script's exit status is the launch's (a fake that refuses an argument exits 3)."""
+def test_run_slime_sh_runs_slimes_train_async_by_default_and_fails_when_the_entry_fails(tmp_path, model, cluster):
+    """``SLIME_ENTRY`` defaults to ``$SLIME_DIR/train_async.py``; strict mode: the script's exit status is the launch's."""
     script = _write(tmp_path, "slime", model, cluster, LAYOUTS["seed"])
-    env = _env(tmp_path, PYTHON=sys.executable, SLIME_ENTRY_MODULE="no_such_module_here", SLIME_DIR=str(FAKES), HF_CKPT="/c",
-               TORCH_DIST="/t", SFT_DATA="/d", PROFILE_DIR="/p", NVLINK_COUNT="0")
+    slime_dir = tmp_path / "slime"
+    slime_dir.mkdir()
+    (slime_dir / "train_async.py").write_text("import sys\nprint('train_async', len(sys.argv) > 50)\n")
+    env = _env(tmp_path, **{**BASE, "SLIME_DIR": str(slime_dir)})
+    env.pop("SLIME_ENTRY")
     p = subprocess.run([str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 1 and "No module named no_such_module_here" in p.stderr
+    assert p.returncode == 0 and p.stdout == "train_async True\n", p.stderr
+    env = _env(tmp_path, **{**BASE, "SLIME_ENTRY": str(tmp_path / "no_such_entry.py")})
+    p = subprocess.run([str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "no_such_entry.py" in p.stderr
 
 
 # --------------------------------------------------------------------------- megatron_args.sh
@@ -185,10 +212,10 @@ def test_megatron_args_sh_sourced_into_pretrain_gpt(name, tmp_path, model, clust
     assert d["argv"] == megatron_args(model, cluster, W, lay)  # every element intact, in order
 
 
-def test_megatron_args_sh_executed_prints_its_arguments_and_sourced_keeps_shell_options(tmp_path, model, cluster):
+def test_megatron_args_sh_print_prints_its_arguments_and_sourced_keeps_shell_options(tmp_path, model, cluster):
     lay = LAYOUTS["seed"]
     f = _write(tmp_path, "megatron", model, cluster, lay)
-    p = subprocess.run([str(f)], env=_env(tmp_path), cwd=_glob_trap(tmp_path), capture_output=True, text=True, timeout=60)
+    p = subprocess.run([str(f), "--print"], env=_env(tmp_path), cwd=_glob_trap(tmp_path), capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines() == megatron_args(model, cluster, W, lay)
     # sourced: defines the array, prints nothing, leaves errexit / nounset / pipefail as they were
@@ -198,6 +225,45 @@ def test_megatron_args_sh_executed_prints_its_arguments_and_sourced_keeps_shell_
     lines = p.stdout.splitlines()
     assert lines[0].startswith("flags=") and not set("eu") & set(lines[0].removeprefix("flags="))
     assert lines[1:] == ["pipefail-off", f"n={len(megatron_args(model, cluster, W, lay))}"]
+
+
+def _launch_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = _env(tmp_path, PYTHON=sys.executable, PRETRAIN_SCRIPT=str(FAKES / "pretrain_gpt.py"), FAKE_ENTRY_ENV="FAKE_TORCHRUN_OPTS", **extra)
+    env["PATH"] = f"{FAKES}{os.pathsep}{env['PATH']}"  # the fake torchrun
+    return env
+
+
+def test_megatron_args_sh_run_launches_pretrain_gpt_with_the_users_data(tmp_path, model, cluster):
+    lay = LAYOUTS["seed"]
+    f = _write(tmp_path, "megatron", model, cluster, lay)
+    env = _launch_env(tmp_path, DATA_PATH="/data/my corpus_text_document", TOKENIZER_MODEL="/ckpt/MiniMax M2", TRAIN_ITERS="500",
+                      NODE_RANK="3", MASTER_ADDR="10.0.0.1")
+    p = subprocess.run([str(f)], env=env, cwd=_glob_trap(tmp_path), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    d = json.loads((tmp_path / "dump.json").read_text())
+    assert _arrived(d) == _expected(lay, model)
+    n = len(megatron_args(model, cluster, W, lay))
+    assert d["argv"][:n] == megatron_args(model, cluster, W, lay)
+    assert d["argv"][n:] == ["--data-path", "/data/my corpus_text_document", "--split", "99,1,0", "--tokenizer-type",
+                             "HuggingFaceTokenizer", "--tokenizer-model", "/ckpt/MiniMax M2", "--train-iters", "500",
+                             "--save", "checkpoints/MiniMax-M2", "--load", "checkpoints/MiniMax-M2", "--save-interval", "1000"]
+    assert d["env"]["FAKE_TORCHRUN_OPTS"].split() == ["--nnodes=8", "--node-rank=3", "--nproc-per-node=8",
+                                                      "--master-addr=10.0.0.1", "--master-port=29500"]
+
+
+def test_megatron_args_sh_run_with_mock_data_and_missing_variables(tmp_path, model, cluster):
+    f = _write(tmp_path, "megatron", model, cluster, LAYOUTS["seed"])
+    for env_extra, needle in (({"TRAIN_ITERS": "5"}, "set DATA_PATH to your data"), ({"DATA_PATH": "MOCK"}, "set TRAIN_ITERS"),
+                              ({"DATA_PATH": "/d", "TRAIN_ITERS": "5"}, "set TOKENIZER_MODEL")):
+        p = subprocess.run([str(f)], env=_launch_env(tmp_path, **env_extra), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert p.returncode != 0 and needle in p.stderr, p.stderr
+        assert not (tmp_path / "dump.json").exists()
+    env = _launch_env(tmp_path, DATA_PATH="MOCK", TRAIN_ITERS="5", CHECKPOINT_PATH="/ck", TENSORBOARD_DIR="/tb")
+    p = subprocess.run([str(f)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    argv = json.loads((tmp_path / "dump.json").read_text())["argv"]
+    assert argv[-13:] == ["--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters", "5", "--save", "/ck",
+                          "--load", "/ck", "--save-interval", "1000", "--tensorboard-dir", "/tb"]
 
 
 def test_the_recipe_run_block_is_run_slime_sh_without_its_frame(model, cluster):

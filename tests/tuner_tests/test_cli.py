@@ -497,8 +497,13 @@ def test_ctrl_c_in_the_main_job_says_how_to_resume(monkeypatch, tmp_path):
     args = ["--model", "Llama-3.1-8B", "--gpus", "8xH100", "--trials", "3", "--results-dir", str(rd), "--study", "x.y-1"]
     r = runner.invoke(app, args + ["--debug"])
     assert r.exit_code == 130, r.output
-    line = next(ln for ln in r.stderr.splitlines() if "re-run the same command to resume" in ln)
+    line = next(ln for ln in r.stderr.splitlines() if "to resume: " in ln)
     assert shlex.split(line.split("resume: ", 1)[1]) == ["tune", *args]  # pastes back as the same command, --debug aside
+    # without --trials the same command would only show the study: the resume command adds --resume
+    args = [a for a in args if a not in ("--trials", "3")]
+    r = runner.invoke(app, args)
+    line = next(ln for ln in r.stderr.splitlines() if "to resume: " in ln)
+    assert r.exit_code == 130 and shlex.split(line.split("resume: ", 1)[1]) == ["tune", *args, "--resume"]
 
 
 # --------------------------------------------------------------------------- study names, suggested commands (issue 18.7)

@@ -59,7 +59,7 @@ def slow_tp(monkeypatch):
 def test_layers_slices_the_model_and_names_the_study(tmp_path):
     prep = prepare(_cfg(tmp_path, study=None, backend="model"))
     assert prep.model.num_layers == 4 and prep.model.hidden_size == 3072
-    assert prep.config.study_name(prep.model, prep.cluster) == "MiniMax-M2-L4-4xH200-s8192-gbs8"
+    assert prep.config.study_name(prep.model, prep.cluster) == "MiniMax-M2-L4-4xH200-s8192-gbs8-megatron"  # --stack megatron
 
 
 def test_measured_trials_land_in_the_study(tmp_path, slow_tp):

@@ -522,3 +522,45 @@ def test_gpt_oss_commands_follow_the_studys_megatron_core(tmp_path):
         assert ("megatron_core: '>=0.19.0'" in recipe) == (pos == "yarn") and (("not the model's YaRN" in " ".join(recipe.replace("''", "'").split())) == (pos == "rope"))
         r = CliRunner().invoke(app, ["export", "--study", name, "--results-dir", str(tmp_path / "r"), "--format", "megatron"])
         assert r.exit_code == 0 and f"position-embedding-type {pos}" in " ".join(r.output.split()), r.output
+
+
+# ---- study semantics: what a re-run does, what the default name holds, the global batch ----
+
+
+@pytest.mark.parametrize(("kw", "suffix"), [
+    ({}, ""), ({"network": "efa-v3"}, ""), ({"megatron_core": "0.19"}, ""),  # the defaults add nothing
+    ({"network": "ib-ndr"}, "-ib-ndr"), ({"stack": "megatron"}, "-megatron"), ({"megatron_core": "0.15"}, "-mc0.15"),
+    ({"precision": "fp8"}, "-fp8"), ({"network_gbps": 1600.0}, "-1600gbps"), ({"backend": "local"}, "-local"),
+    ({"network": "ib-ndr", "stack": "megatron", "megatron_core": "0.13"}, "-ib-ndr-megatron-mc0.13"),
+])  # fmt: skip
+def test_the_default_study_name_holds_what_makes_the_space_differ(kw, suffix):
+    from specs import load_model, parse_gpus
+    from tuner.study import _STUDY_NAME_RE
+
+    cluster = parse_gpus("64xH200", network=kw.get("network"), require_network=True)
+    name = TuneConfig(model="MiniMax-M2", gpus="64xH200", **kw).study_name(load_model("MiniMax-M2"), cluster)
+    assert name == "MiniMax-M2-8x8xH200-s8192-gbs128" + suffix and _STUDY_NAME_RE.match(name)
+
+
+def test_rerunning_shows_the_study_and_adds_trials_only_when_asked(tmp_path):
+    first = run_study(_seven(tmp_path, trials=3))
+    assert first.evaluated_now == 3 and first.budget_note is None
+    again = run_study(_seven(tmp_path))  # the same command without --trials
+    assert again.evaluated_now == 0 and len(_keys(again.study)) == 3
+    assert "already holds 3 trials: shown as they are, none added; --trials N evaluates N more layouts, --resume" in again.budget_note
+    more = run_study(_seven(tmp_path, trials=2))
+    assert more.evaluated_now == 2 and len(_keys(more.study)) == 5
+    resumed = run_study(_seven(tmp_path, resume=True))  # the default budget: the 2 layouts the space has left
+    assert resumed.evaluated_now == 2 and len(_keys(resumed.study)) == 7 and "the space ran out" in resumed.budget_note
+
+
+def test_global_batch_notes(tmp_path):
+    from tuner.study.prepare import global_batch_notes
+
+    assert global_batch_notes(128, 64, 8, 1) == []  # the seed: 16 micro-batches per DP rank
+    (few_rows,) = global_batch_notes(128, 1024, 16, 1)  # DeepSeek-V3's default batch on 1,024 GPUs
+    assert few_rows.startswith("--global-batch 128 is fewer rows than GPUs (1,024)") and "at least 8 GPUs" in few_rows
+    (one_mb,) = global_batch_notes(128, 128, 64, 2)
+    assert one_mb.startswith("the predicted fastest layout runs one micro-batch per step on each of its 64 data-parallel ranks")
+    assert len(global_batch_notes(16, 64, 16, 1)) == 2
+    assert any(n.startswith("--global-batch 16 is fewer rows than GPUs (64)") for n in _seven(tmp_path, gpus="64xH100").enumeration.notes)

@@ -83,6 +83,7 @@ def main_job(
     stack: Annotated[str, typer.Option("--stack", help="slime (default; leaves out allgather, which slime rewrites) or megatron.", rich_help_panel="Search")] = "slime",
     study: StudyOpt = None,
     storage: StorageOpt = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Evaluate more layouts in an existing study (48, after any an interrupted run left queued). Without it or --trials, re-running a command shows its study as it is.", rich_help_panel="Study")] = False,
     results_dir: ResultsOpt = Path("results"),
     seed: Annotated[int, typer.Option("--seed", help="Sampler seed.", rich_help_panel="Study")] = 0,
     trial_policy: Annotated[str, typer.Option("--trial-policy", help="Real trials: gain (the expected gain per GPU-hour, until the stopping rule or the budget says stop) or queue (the predicted front and fastest first, then NSGA-II, for --trials layouts).", rich_help_panel="Trials")] = "gain",
@@ -124,6 +125,7 @@ def main_job(
         study=study,
         storage=storage,
         trials=trials,
+        resume=resume,
         backend=backend,
         stack=stack,
         seed=seed,
@@ -208,8 +210,9 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, *, verbose
     except KeyboardInterrupt:
         if progress.live.is_started:
             progress.stop()
-        resume = f": {shell_command('tune', *state.argv)}" if state.argv else ""
-        err.print(f"[yellow]interrupted:[/] finished trials are kept in the study; re-run the same command to resume{escape(resume)}", soft_wrap=True)
+        again = [*state.argv, *([] if "--resume" in state.argv or "--trials" in state.argv else ["--resume"])]
+        resume = f": {shell_command('tune', *again)}" if state.argv else ": re-run the command with --resume"
+        err.print(f"[yellow]interrupted:[/] finished trials are kept in the study; to resume{escape(resume)}", soft_wrap=True)
         raise typer.Exit(code=130) from None
     finally:
         if progress.live.is_started:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specs import Cluster, ModelSpec, RunOptions
+from specs import NEWEST_MEGATRON_CORE, Cluster, ModelSpec, RunOptions, megatron_core_version
 from specs.errors import TunerError
 
 __all__ = [
@@ -69,6 +69,10 @@ class TuneConfig:
     the pruner or failed (out of memory, timeout, crash) counts; a proposal that is skipped (breaks a rule, is
     predicted not to fit, was evaluated before or is being run by another worker) does not. Fewer when the space
     runs out of such layouts (:attr:`TuneResult.budget_note` says so). Confirmation runs are extra."""
+    resume: bool = False
+    """``--resume``: evaluate more layouts in a study that already holds trials (the default number, :data:`DEFAULT_TRIALS`,
+    after any an interrupted run left queued). Without it, and without ``--trials``, a run of an existing study evaluates
+    nothing and reports the study as it is."""
     backend: str = "model"
     stack: str = "slime"
     """Training stack the recipe targets: ``slime`` (drops the allgather dispatcher, which
@@ -130,7 +134,15 @@ class TuneConfig:
     ``model`` backend (trials of milliseconds) a trial left RUNNING this long is taken for a stopped worker's too."""
 
     def study_name(self, model: ModelSpec, cluster: Cluster) -> str:
-        """``--study``, or ``<model>[-L<layers>]-<cluster>-s<seq>-gbs<batch>`` (obeying the ``--study`` name rule)."""
+        """``--study``, or ``<model>[-L<layers>]-<cluster>-s<seq>-gbs<batch>`` then what else makes the space or its numbers
+        differ from the defaults, each only when it does: ``-fp8``, the network (``-ib-ndr``) when it is not the GPU's
+        server's, ``-<N>gbps`` (``--network-gbps``), ``-megatron`` (``--stack``), ``-mc<release>`` (``--megatron-core``
+        other than the newest) and the backend of real trials (``-local``). A run with another of these inputs so opens
+        its own study instead of being refused by the existing one. Obeys the ``--study`` name rule.
+
+        Raises:
+            TunerError: ``megatron_core`` is not a release (:func:`specs.megatron_core_version`).
+        """
         if self.study:
             return self.study
         name = re.sub(r"\[\d+ layers?\]$", "", model.name)  # a --layers slice is named below
@@ -138,7 +150,22 @@ class TuneConfig:
         # a default name obeys the --study rule (_STUDY_NAME_RE), whatever a config.json path is called
         base = re.sub(r"[^A-Za-z0-9._-]+", "-", base).lstrip("._-")[:64] or "model"
         sl = f"-L{self.layers}" if self.layers else ""
-        return f"{base}{sl}-{cluster.label}-s{self.seq_length}-gbs{self.global_batch_size}"
+        extra = ""
+        if self.precision != "bf16":
+            extra += f"-{self.precision}"
+        if cluster.network is not None and cluster.network.key != cluster.gpu.network:
+            extra += f"-{cluster.network.key}"
+        if self.network_gbps is not None:
+            extra += "-" + format(self.network_gbps, "g").replace("+", "") + "gbps"
+        if self.stack != "slime":
+            extra += f"-{self.stack}"
+        if self.megatron_core is not None:
+            release = "{}.{}".format(*megatron_core_version(self.megatron_core))
+            if release != NEWEST_MEGATRON_CORE:
+                extra += f"-mc{release}"
+        if self.backend != "model":
+            extra += f"-{self.backend}"
+        return f"{base}{sl}-{cluster.label}-s{self.seq_length}-gbs{self.global_batch_size}{extra}"[:128]
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, as plain values (stored with the study and in ``config.yaml``)."""

@@ -158,6 +158,8 @@ def prepare(config: TuneConfig) -> Prepared:
     front_local = pareto_mask(est.tokens_per_s_per_gpu[idx], est.peak_bytes[idx])
     front = idx[front_local]
     front = front[np.argsort(-est.tokens_per_s_per_gpu[front])]
+    en.notes.extend(global_batch_notes(workload.global_batch_size, cluster.num_gpus, int(en.valid.dp[front[0]]),
+                                       int(en.valid["micro_batch_size"][front[0]])))
     prep = Prepared(
         config=config,
         model=model,
@@ -177,6 +179,33 @@ def prepare(config: TuneConfig) -> Prepared:
         headroom=headroom,
     )
     return prep
+
+
+def global_batch_notes(global_batch_size: int, num_gpus: int, dp: int, micro_batch_size: int) -> list[str]:
+    """Warnings about ``--global-batch`` for the cluster and for the predicted fastest layout (DP ``dp``, ``micro_batch_size``).
+
+    - fewer rows than GPUs: the batch, not memory, caps data parallelism (DP <= rows), so every layout spreads one model
+      replica over at least ``ceil(num_gpus / global_batch_size)`` GPUs;
+    - one micro-batch (or less) per data-parallel rank: the pipeline cannot fill and nothing is left to overlap the
+      gradient reduce-scatter with (Megatron overlaps it with the backward of the micro-batches before the last).
+
+    Returns:
+        Zero, one or two one-line notes.
+    """
+    notes = []
+    if global_batch_size < num_gpus:
+        notes.append(
+            f"--global-batch {global_batch_size:,} is fewer rows than GPUs ({num_gpus:,}): the batch caps data parallelism at "
+            f"{global_batch_size:,}, so each model replica spans at least {math.ceil(num_gpus / global_batch_size):,} GPUs; "
+            "check the batch you will train with"
+        )
+    if global_batch_size // (dp * micro_batch_size) <= 1:
+        notes.append(
+            f"the predicted fastest layout runs one micro-batch per step on each of its {dp:,} data-parallel ranks "
+            f"(--global-batch {global_batch_size:,} / DP {dp:,} / micro-batch {micro_batch_size}): its pipeline cannot fill and no "
+            "gradient reduction overlaps the backward; a larger --global-batch gives each rank more micro-batches"
+        )
+    return notes
 
 
 def _no_fit_message(

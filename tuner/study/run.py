@@ -35,7 +35,7 @@ from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 from tuner.study import _optuna
 from tuner.study.candidates import CandidateIndex, CandidateQueue
-from tuner.study.config import n_trials, policy_params, run_options_for_backend, trial_env_dict, trial_warmup_steps
+from tuner.study.config import DEFAULT_TRIALS, n_trials, policy_params, run_options_for_backend, trial_env_dict, trial_warmup_steps
 from tuner.study.confirm import MAX_CONFIRM_ROUNDS, enqueue_round
 from tuner.study.predicted import PredictedTrials
 from tuner.study.prepare import Prepared
@@ -196,6 +196,13 @@ class StudyRun:
             self.pruner = StepTimePruner(warmup_steps=trial_warmup_steps(cfg), margin=cfg.prune_margin)
         self.index = CandidateIndex(prep.enumeration.valid, prep.fits)
         trials = self.study.get_trials(deepcopy=False)
+        held = sum(1 for t in trials if t.state.is_finished())
+        report_only = None
+        if held and cfg.trials is None and not cfg.resume:
+            # re-running the same command shows the study; more trials only when asked for
+            self.n_trials = 0
+            report_only = (f"study {self.name!r} already holds {held} trials: shown as they are, none added; --trials N "
+                           f"evaluates N more layouts, --resume continues it ({DEFAULT_TRIALS} more)")
         self._seen = evaluated_keys(trials)
         waiting = [t for t in trials if t.state == TrialState.WAITING] if backend.measured else []
         self._fail_leftovers(trials)
@@ -212,7 +219,9 @@ class StudyRun:
         try:
             if self.on_trial:
                 self.on_trial(0, self._total)  # the study is open and its queue set: trials start now
-            if backend.measured and cfg.policy == "gain":
+            if report_only is not None:
+                pass
+            elif backend.measured and cfg.policy == "gain":
                 self._search_policy()
             elif backend.measured:
                 self._search_measured()
@@ -230,7 +239,7 @@ class StudyRun:
             backend.close()
         with self._lock:
             c = self._counts
-            short = self._exhausted if self._started < self.n_trials else None
+            short = report_only or (self._exhausted if self._started < self.n_trials else None)
             return TuneResult(
                 prepared=prep, study=self.study, study_name=self.name, storage=self.storage_url, out_dir=self.out_dir,
                 evaluated_now=c.evaluated, skipped_now=c.skipped, backend=backend.name, pruned_now=c.pruned, failed_now=c.failed,

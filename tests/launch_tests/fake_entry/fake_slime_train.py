@@ -1,8 +1,7 @@
-"""Test helper: a stand-in for slime's entry module (``python -m fake_slime_train --async ...``).
+"""Test helper: a stand-in for slime's ``train_async.py`` (``python train_async.py ...``).
 
-``run_slime.sh`` runs it when ``SLIME_ENTRY_MODULE=fake_slime_train`` and this folder is on the path
-(``SLIME_DIR``). It checks the slime-specific arguments, then the Megatron ones
-(:func:`megatron_argv.check_and_dump`), and dumps what arrived.
+``run_slime.sh`` runs it when ``SLIME_ENTRY`` names this file. It takes the slime-specific arguments
+apart, checks the Megatron ones (:func:`megatron_argv.check_and_dump`), and dumps what arrived.
 """
 
 from __future__ import annotations
@@ -13,17 +12,20 @@ from megatron_argv import check_and_dump
 
 
 def main(argv: list[str]) -> None:
-    if not argv or argv[0] != "--async":
-        print(f"fake_slime_train: expected --async first, got {argv[:1]}", file=sys.stderr)
-        sys.exit(3)
-    rest = argv[1:]
+    rest = argv
     slime: dict[str, str] = {}
     keep: list[str] = []
     it = iter(rest)
-    for tok in it:  # slime's own flags with one value; the rest is Megatron's
+    for tok in it:  # slime's own flags with one value or none; the rest is Megatron's
         if tok in ("--actor-num-nodes", "--actor-num-gpus-per-node", "--hf-checkpoint", "--ref-load", "--prompt-data",
-                   "--tensorboard-dir", "--num-rollout", "--rollout-batch-size", "--loss-type", "--rollout-function-path"):
+                   "--tensorboard-dir", "--num-rollout", "--num-epoch", "--rollout-batch-size", "--loss-type",
+                   "--rollout-function-path", "--load", "--save", "--save-interval"):
+            if tok in slime:
+                print(f"fake_slime_train: {tok} given twice", file=sys.stderr)
+                sys.exit(3)
             slime[tok] = next(it)
+        elif tok in ("--debug-train-only", "--rollout-shuffle"):
+            slime[tok] = ""
         else:
             keep.append(tok)
     check_and_dump("fake_slime_train", keep, extra={"slime": slime})
