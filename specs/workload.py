@@ -161,6 +161,10 @@ class RunOptions:
     te_version: str = "2.20"
     """Transformer Engine version (major.minor) the run used: TE <= 2.17 writes the cross-entropy gradient in place
     into the bf16 logits; TE 2.18 (commit 01bbe3ee) keeps a separate fp32 gradient."""
+    moe_permute_fusion: bool = False
+    """``--moe-permute-fusion`` (Transformer Engine's fused token permutation; Megatron-core default False,
+    ``transformer_config.py``). Recorded and exported; the cost model does not price it (its time and memory were not
+    measured on this project's machines)."""
     bias_activation_fusion: bool = True
     """``bias_activation_fusion`` (Megatron-LM ``--bias-swiglu-fusion``, on by default; off in this project's
     trial harness): the (probability-weighted) SwiGLU is one fused function that saves only its input

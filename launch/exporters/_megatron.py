@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._describe import _summary
 from launch.exporters._flags import megatron_args
-from launch.exporters._shell import SHEBANG, STRICT_MODE, bash_array, comment
-from specs import Cluster, ModelSpec, Workload
+from launch.exporters._shell import SHEBANG, STRICT_MODE, Sh, bash_array, comment
+from specs import Cluster, ModelSpec, RunOptions, Workload
 from specs.layout import Layout
 
 __all__ = ["megatron_args_script", "MegatronArgsExporter"]
@@ -17,7 +19,8 @@ __all__ = ["megatron_args_script", "MegatronArgsExporter"]
 _EXECUTED = '[[ -n "${BASH_VERSION:-}" && "${BASH_SOURCE[0]}" == "$0" ]]'
 
 
-def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout) -> str:
+def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, *, options: RunOptions | None = None,
+                         user_args: Sequence[str] = ()) -> str:
     """A bash file that defines ``MEGATRON_ARGS=( ... )``, one flag and its values per line.
 
     Every element is ``shlex.quote``-d, so the pipeline layout string's ``|``,
@@ -36,6 +39,8 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
         cluster: The GPUs.
         workload: The workload.
         layout: The layout.
+        options: The run options (their arguments other than Megatron-LM's defaults are written).
+        user_args: The user's own arguments kept (``tune --from``).
 
     Returns:
         The file's text, from ``#!/usr/bin/env bash``.
@@ -43,7 +48,7 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
     Raises:
         TunerError: as :func:`megatron_args`.
     """
-    argv = megatron_args(model, cluster, workload, layout)
+    argv = megatron_args(model, cluster, workload, layout, options=options, user_args=user_args)
     head = [
         SHEBANG,
         f"# Megatron-LM arguments for {model.name} on {cluster.num_gpus} {cluster.gpu.name} "
@@ -59,6 +64,7 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
         head.append("# --spec needs slime's slime_plugins package on PYTHONPATH (full-width QK norm).")
     head.append(f"if {_EXECUTED}; then {STRICT_MODE}; fi")
     tail = f"if {_EXECUTED}; then printf '%s\\n' \"${{MEGATRON_ARGS[@]}}\"; fi\n"
+    argv = [Sh(f'"{a}"') if "$" in a and '"' not in a else a for a in argv]  # the user's "$VAR" stays an expansion
     return "\n".join(head) + "\n" + bash_array("MEGATRON_ARGS", argv) + tail
 
 
@@ -76,4 +82,5 @@ class MegatronArgsExporter(Exporter):
         Raises:
             TunerError: as :func:`megatron_args_script`.
         """
-        return megatron_args_script(context.model, context.cluster, context.workload, context.layout)
+        return megatron_args_script(context.model, context.cluster, context.workload, context.layout, options=context.options,
+                                    user_args=context.user_args)

@@ -19,11 +19,13 @@ from launch.exporters._flags import (
     _pipeline_layout_string,
     _precision_args,
     _recompute_args,
+    kept_user_args,
     misc_lines,
     model_args,
+    options_args,
 )
 from launch.exporters._shell import SHEBANG, STRICT_MODE, Sh, bash_array, command, comment, group_flags
-from specs import Cluster, ModelSpec, Workload
+from specs import Cluster, ModelSpec, RunOptions, Workload
 from specs.errors import TunerError
 from specs.layout import Dispatcher, Layout
 
@@ -53,6 +55,8 @@ def slime_script(
     extra_env: Mapping[str, str] | None = None,
     num_rollout: int = 20,
     entry_module: str | None = None,
+    options: RunOptions | None = None,
+    user_args: Sequence[str] = (),
 ) -> str:
     """Bash that trains ``layout`` with slime, in the seed's ``run:`` style (the recipe's ``run`` block).
 
@@ -79,6 +83,9 @@ def slime_script(
             values are literal (they are quoted for the shell).
         num_rollout: ``--num-rollout``: optimizer steps (20 in the seed).
         entry_module: The default slime module to run with ``python -m``.
+        options: The run options: ``--grad-reduce-in-bf16`` for bf16 main gradients, and the arguments of the others
+            that differ from Megatron-LM's defaults, after the misc flags.
+        user_args: The user's own arguments (``tune --from``), last, less those the command already has.
 
     Returns:
         The script's text (bash), without a shebang.
@@ -136,7 +143,8 @@ def slime_script(
     groups += [("--use-dynamic-batch-size",), ("--max-tokens-per-gpu", str(_max_tokens_per_gpu(layout, workload)))]
     groups += list(_OPTIMIZER_LINES)
     groups += group_flags(_optimizer_layout_args(layout))
-    groups += list(misc_lines(model))
+    groups += list(misc_lines(model, options))
+    groups += group_flags(options_args(model, workload, options))
     prec = _precision_args(workload, "slime")
     if prec:
         groups.append(prec)
@@ -147,6 +155,9 @@ def slime_script(
     pls = _pipeline_layout_string(layout, model)
     if pls is not None:
         groups.append(("--pipeline-model-parallel-layout", pls))
+    written = ["--async"] + [str(a) for g in groups for a in g] + model_args(model)
+    for g in group_flags(kept_user_args(user_args, written)):
+        groups.append([Sh(f'"{a}"') if "$" in a and '"' not in a else a for a in g])  # the user's "$VAR" stays an expansion
     out += command((Sh('"$PYTHON"'), "-m", Sh('"$SLIME_ENTRY_MODULE"'), "--async"), groups)
     return "\n".join(out) + "\n"
 
@@ -165,6 +176,7 @@ class SlimeScriptExporter(Exporter):
         Raises:
             TunerError: as :func:`slime_script`.
         """
-        body = slime_script(context.model, context.cluster, context.workload, context.layout)
+        body = slime_script(context.model, context.cluster, context.workload, context.layout, options=context.options,
+                            user_args=context.user_args)
         head = [SHEBANG, f"# {self.file_name}, exported by megatron-layout-tuner: run it as it is (./{self.file_name}).", STRICT_MODE]
         return "\n".join(head) + "\n" + body

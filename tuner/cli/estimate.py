@@ -29,21 +29,18 @@ from tuner.cli._common import (
     PerNodeOpt,
     PrecOpt,
     PriceOpt,
+    RunChoice,
     SeqOpt,
     err,
     out,
     require,
+    run_options,
 )
 from tuner.cli._layout import LayoutFlags, apply_layout_string, layout_options, split_hint
 
 __all__ = ["app", "estimate", "check"]
 
 app = typer.Typer()
-
-
-A2AOverlapOpt = Annotated[bool, typer.Option("--overlap-moe-expert-parallel-comm/--no-overlap-moe-expert-parallel-comm",
-                                              help="EP all-to-all overlapped with another micro-batch (a run option, not a layout field).",
-                                              rich_help_panel="Run options")]
 
 
 def estimable_layout(layout: LayoutFlags, m: Any, w: Any, c: Any, opts: Any) -> Any:
@@ -61,6 +58,13 @@ def estimable_layout(layout: LayoutFlags, m: Any, w: Any, c: Any, opts: Any) -> 
                              "and first/last-rank splits; `tune check` accepts it")
     refuse_env_rules(lay, m, w, c, opts)
     return lay
+
+
+def run_options_dict(opts: Any) -> dict[str, Any]:
+    """The run options as plain values (tuples as lists), for JSON and the recipe."""
+    import dataclasses
+
+    return {f.name: list(v) if isinstance(v := getattr(opts, f.name), tuple) else v for f in dataclasses.fields(opts)}
 
 
 def rule_error(ex: InfeasibleLayout, m: Any, lay: Any) -> TunerError:
@@ -113,13 +117,14 @@ def _inputs(model: str | None, gpus: str | None, gpus_per_node: int | None, netw
 
 @app.command()
 @layout_options
+@run_options
 def estimate(
     layout: LayoutFlags,
+    run: RunChoice,
     model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None, network_gbps: NetOpt = None,
     usd_per_gpu_hour: PriceOpt = None, seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
     calibration: CalOpt = None, memory_headroom: HeadroomOpt = DEFAULT_MEMORY_HEADROOM,
     network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None, host_memory_gib: HostMemOpt = None,
-    overlap_moe_expert_parallel_comm: A2AOverlapOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as JSON.")] = False,
     plot: Annotated[Path | None, typer.Option("--plot", help="Also draw the memory and time parts as stacked bars (PNG).")] = None,
 ) -> None:
@@ -127,7 +132,6 @@ def estimate(
     from cost_model.calibration import load_calibration
     from cost_model.estimate import estimate as _estimate
     from search_spaces.rules import layout_warnings
-    from specs import RunOptions
     from tuner.report import pipeline_layout_of
 
     if plot is not None:
@@ -136,7 +140,8 @@ def estimate(
         check_image_path("--plot", plot)
     m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd_per_gpu_hour, seq_len, global_batch, precision, layers,
                       network, host_memory_gib)
-    opts = RunOptions(overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm, **({"megatron_core": megatron_core} if megatron_core is not None else {}))
+    stack = run.resolve(precision, megatron_core)
+    opts = stack.options
     lay = estimable_layout(layout, m, w, c, opts)
     cal = load_calibration(calibration)
     try:
@@ -149,6 +154,9 @@ def estimate(
     d["megatron_core"] = opts.megatron_core
     d["warnings"] = layout_warnings(lay, m, opts)
     d["known_gaps"] = known_gaps(lay, m, c.gpu, cal)
+    d["stack"] = stack.preset.name
+    d["run_flags"] = list(stack.overrides)
+    d["run_options"] = run_options_dict(opts)
     if plot is not None:
         from tuner.plots import plot_breakdown
 
@@ -162,6 +170,7 @@ def estimate(
         return
     out.print(f"[bold]{lay.label}[/] ({escape(m.name)} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}) - [bold]predicted[/] by the analytical model")
     out.print(f"  recompute {lay.recompute_label}, offload {lay.offload_label}, {lay.dispatcher.value} dispatcher, micro-batch {lay.micro_batch_size}")
+    out.print(f"  {escape(stack.line)}", soft_wrap=True)
     if d["pipeline_model_parallel_layout"]:
         out.print(f"  --pipeline-model-parallel-layout '{d['pipeline_model_parallel_layout']}'")
     out.print(f"  predicted tokens/s/GPU {e.tokens_per_s_per_gpu:,.1f}; step {e.step_time_s:.2f} s; ${e.usd_per_million_tokens:.2f} per 1M tokens")
@@ -192,11 +201,13 @@ def estimate(
 
 @app.command()
 @layout_options
+@run_options
 def check(
     layout: LayoutFlags,
+    run: RunChoice,
     model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None,
     seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
-    network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None, overlap_moe_expert_parallel_comm: A2AOverlapOpt = False,
+    network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None,
 ) -> None:
     """Is a layout valid under Megatron's rules? Lists every rule it breaks (exit 2 if any).
 
@@ -204,11 +215,10 @@ def check(
     split (VPP, layers on the first and last rank) is taken from it instead of --vpp/--first/--last.
     """
     from search_spaces.rules import POLICY_RULES, RuleEnv, check_layout, layout_warnings
-    from specs import RunOptions
 
     notes: list[str] = []
     m, c, w = _inputs(model, gpus, gpus_per_node, None, None, seq_len, global_batch, precision, layers, network)
-    opts = RunOptions(overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm, **({"megatron_core": megatron_core} if megatron_core is not None else {}))
+    opts = run.resolve(precision, megatron_core).options
     lay = layout.to_layout(c.num_gpus)
     string_broken: list[tuple[str, str]] = []
     skip_split = False

@@ -35,6 +35,7 @@ from tuner.cli._common import (
     PrecOpt,
     PriceOpt,
     ResultsOpt,
+    RunChoice,
     SeqOpt,
     StorageOpt,
     StudyOpt,
@@ -42,6 +43,7 @@ from tuner.cli._common import (
     fmt_int,
     out,
     require,
+    run_options,
     shell_command,
     study_flags,
 )
@@ -50,8 +52,10 @@ from tuner.cli._front import print_front, print_ties, table_rows
 __all__ = ["main_job"]
 
 
+@run_options
 def main_job(
     ctx: typer.Context,
+    run: RunChoice,
     model: ModelOpt = None,
     gpus: GpusOpt = None,
     gpus_per_node: PerNodeOpt = None,
@@ -80,7 +84,7 @@ def main_job(
     parallel_trials: Annotated[int, typer.Option("--parallel-trials", help="Real trials this worker runs at once (--backend ray; each its own placement group).", rich_help_panel="Trials")] = 1,
     trial_env: Annotated[list[str] | None, typer.Option("--trial-env", help="NAME=VALUE for every rank of a real trial (--backend ray), repeatable, e.g. --trial-env NCCL_IB_HCA=mlx5.", rich_help_panel="Trials")] = None,
     prune_margin: Annotated[float, typer.Option("--prune-margin", help="Stop a real trial more than this fraction slower than the best so far (after its warm-up and 2 measured steps); negative = never.", rich_help_panel="Trials")] = 0.25,
-    stack: Annotated[str, typer.Option("--stack", help="slime (default; leaves out allgather, which slime rewrites) or megatron.", rich_help_panel="Search")] = "slime",
+    from_file: Annotated[Path | None, typer.Option("--from", help="Your launch: a Megatron-LM / slime argument list or shell script (MODEL_ARGS=(...) arrays expanded), or a recipe.yaml. Its model, GPUs, workload, layout and run options are the inputs (flags given here win), its layout the baseline and the first trial; its other arguments are kept in the exported commands.", rich_help_panel="Job")] = None,
     study: StudyOpt = None,
     storage: StorageOpt = None,
     results_dir: ResultsOpt = Path("results"),
@@ -91,7 +95,7 @@ def main_job(
     """Find the fastest layout that fits: `tune --model MiniMax-M2 --gpus 64xH200`."""
     if ctx.invoked_subcommand is not None:
         return
-    if model is None and gpus is None:
+    if model is None and gpus is None and from_file is None:
         out.print(ctx.get_help())
         raise typer.Exit(code=0)
     from tuner.study import TuneConfig
@@ -100,6 +104,14 @@ def main_job(
         raise TunerError(f"--trials must be at least 1, got {trials}")
     if precision not in ("bf16", "fp8"):
         raise TunerError(f"--precision {precision!r}: accepted bf16 or fp8")
+    launch = None
+    if from_file is not None:
+        from tuner.cli._from import launch_inputs
+
+        launch = launch_inputs(from_file, ctx, model=model, gpus=gpus, seq_len=seq_len, global_batch=global_batch,
+                               precision=precision, layers=layers, run=run)
+        model, gpus, seq_len, global_batch = launch.model, launch.gpus, launch.seq_len, launch.global_batch
+        precision, layers, run = launch.precision, launch.layers, launch.run
     cfg = TuneConfig(
         model=require(model, "--model", "MiniMax-M2"),
         gpus=require(gpus, "--gpus", "64xH200"),
@@ -119,7 +131,10 @@ def main_job(
         storage=storage,
         trials=trials,
         backend=backend,
-        stack=stack,
+        stack=run.stack or "slime",
+        run_flags={k: list(v) if isinstance(v, tuple) else v for k, v in run.flags.given().items()},
+        baseline=launch.baseline if launch else None,
+        user_args=launch.launch.user_args if launch else (),
         seed=seed,
         results_dir=str(results_dir),
         layers=layers,
@@ -136,10 +151,10 @@ def main_job(
         prune_margin=None if (not math.isnan(prune_margin) and prune_margin < 0) else prune_margin,  # NaN is rejected later
     )
     state = ctx.obj if isinstance(ctx.obj, CliState) else CliState(argv=(), debug=False)
-    _run_main(cfg, top, results_dir, state)
+    _run_main(cfg, top, results_dir, state, launch)
 
 
-def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
+def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: Any = None) -> None:
     """Run the main job of ``cfg`` and print it; ``state.argv`` is the command a resume repeats.
 
     Raises:
@@ -176,6 +191,12 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
         f"backend [bold]{cfg.backend}[/] ({'every number below is a prediction of the analytical model; nothing was measured' if cfg.backend == 'model' else 'trials are measured'})"
     )
     out.print(f"Network assumed: {escape(c.network_label)}; megatron-core {prep.options.megatron_core} rules", soft_wrap=True)
+    out.print(escape(prep.stack.line), soft_wrap=True)
+    if launch is not None:
+        from tuner.cli._from import launch_lines
+
+        for line in launch_lines(prep, launch):
+            out.print(line, markup=False)
     n_rule = en.considered - len(en.valid)
     n_nofit = prep.n_valid - prep.n_fit
     out.print(f"Layouts considered: [bold]{fmt_int(en.considered)}[/]")
@@ -261,7 +282,8 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
         best_row = next((r for r in rows if r["trial"] == best["trial"]), {})
         files.update(export_files(res.out_dir, prep.model, c, w, lay, study=res.study_name, calibration=prep.calibration,
                                   memory_headroom=cfg.memory_headroom, measurement=measurement_from_row(best_row, lay),
-                                  notes=runs_note(best_row) + ties_note(rows, best["trial"]), megatron_core=prep.options.megatron_core))
+                                  notes=runs_note(best_row) + ties_note(rows, best["trial"]), megatron_core=prep.options.megatron_core,
+                                  options=prep.options, stack=prep.stack.preset.name, user_args=cfg.user_args))
         from tuner.report_html import ReportUnavailable, study_report
 
         try:
@@ -283,6 +305,10 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
     )
     if pls:
         out.print(f"  --pipeline-model-parallel-layout '{pls}'")
+    if launch is not None:
+        from tuner.cli._from import compare_line
+
+        out.print(compare_line(prep, best), markup=False, soft_wrap=True)
     if best["source"] == "predicted":
         lay = best["layout"]
         for gap in known_gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay), prep.model, prep.cluster.gpu, prep.calibration):

@@ -209,6 +209,7 @@ def resolved(prep: Prepared) -> dict[str, Any]:
         "precision": prep.workload.precision.value,
         "backend": prep.config.backend,
         "stack": prep.config.stack,
+        "run_options": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(prep.options).items()},
         "memory_headroom": prep.config.memory_headroom,
         "layers": prep.model.num_layers,
         # real trials: steps and warm-up decide what a measurement is (step times drift for ~10 steps)
