@@ -199,8 +199,9 @@ def resolve_run_options(flags: RunFlags, stack: str | None = None, *, precision:
             ``--cross-entropy-fusion-impl`` while the loss fusion is off, ``--fp8-param-gather`` with bf16.
     """
     preset = load_stack(stack or DEFAULT_STACK)
-    base = dataclasses.replace(RunOptions(**dict(preset.run_options)),
-                               **({"megatron_core": megatron_core} if megatron_core is not None else {}))
+    base = RunOptions(**dict(preset.run_options))
+    if megatron_core is not None:
+        base = dataclasses.replace(base, megatron_core=megatron_core)
     g = flags.given()
     if g.get("accumulate_allreduce_grads_in_fp32") and g.get("grad_reduce_in_bf16"):
         raise TunerError("--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 contradict each other (main gradients "
