@@ -64,7 +64,8 @@ class LaunchFile:
 
     path: Path
     kind: str
-    """``shell`` (an argument list or script) or ``recipe`` (this project's ``recipe.yaml``)."""
+    """``shell`` (an argument list or script), ``recipe`` (this project's ``recipe.yaml``) or ``megatron-bridge`` (an
+    override YAML: its sections' settings as Megatron-LM's arguments)."""
     stack: str
     """The stack the launch is written for: ``slime`` or ``megatron-lm``."""
     model: str | None = None
@@ -221,6 +222,10 @@ def _parser() -> argparse.ArgumentParser:
               "--tp-comm-overlap", "--moe-router-force-load-balancing", "--use-megatron-fsdp", "--no-rope-fusion",
               "--no-bias-swiglu-fusion", "--enable-cuda-graph", "--external-cuda-graph"):
         p.add_argument(a, action="store_true", default=None)
+    for a in ("--sequence-parallel", "--use-distributed-optimizer", "--use-precision-aware-optimizer", "--optimizer-cpu-offload",
+              "--cross-entropy-loss-fusion", "--moe-permute-fusion", "--fp8-param-gather", "--overlap-grad-reduce",
+              "--overlap-moe-expert-parallel-comm", "--tp-comm-overlap", "--moe-router-force-load-balancing", "--use-megatron-fsdp"):
+        p.add_argument("--no-" + a[2:], dest=a[2:].replace("-", "_"), action="store_false")  # a Megatron-Bridge YAML's false
     return p
 
 
@@ -308,7 +313,8 @@ def _identify_model(arch: Mapping[str, list[str]], given: str | None) -> tuple[s
 
 
 def _layout_of(ns: argparse.Namespace, slime: bool) -> dict[str, Any]:
-    """:class:`tuner.cli._layout.LayoutFlags` fields of the parsed launch."""
+    """:class:`tuner.cli._layout.LayoutFlags` fields of the parsed launch (``slime``: a stack that turns the distributed
+    optimizer on unless told otherwise: slime, Megatron-Bridge's recipes)."""
     d: dict[str, Any] = {}
     for k, a in (("tp", "tensor_model_parallel_size"), ("pp", "pipeline_model_parallel_size"), ("cp", "context_parallel_size"),
                  ("ep", "expert_model_parallel_size"), ("etp", "expert_tensor_parallel_size"),
@@ -335,7 +341,7 @@ def _layout_of(ns: argparse.Namespace, slime: bool) -> dict[str, Any]:
     elif disp:
         d["dispatcher"] = disp
     d["no_precision_aware_optimizer"] = not ns.use_precision_aware_optimizer
-    d["no_distributed_optimizer"] = not (ns.use_distributed_optimizer or slime)  # slime turns it on itself
+    d["no_distributed_optimizer"] = ns.use_distributed_optimizer is False or not (ns.use_distributed_optimizer or slime)
     return d
 
 
@@ -355,7 +361,8 @@ def _run_flags_of(ns: argparse.Namespace) -> RunFlags:
     )
 
 
-def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[str], model: str | None, gpu: str | None) -> LaunchFile:
+def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[str], model: str | None, gpu: str | None,
+               names: Mapping[str, str] | None = None) -> LaunchFile:
     label = f"--from {str(path)!r}"
     parser = _parser()
     arch_names = _model_flags()
@@ -375,6 +382,8 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
         raise TunerError(f"{label}: {e}") from None
     slime = any(w.split("=")[0] in _SLIME_ONLY for w in argv)
     understood = sorted({w.split("=")[0] for w in argv if w.startswith("--")} - {w.split("=")[0] for w in extras if w.startswith("--")})
+    if names:
+        understood = sorted({names.get(n, n) for n in understood})
     no_effect: list[str] = []
     not_understood: list[str] = []
     user_args: list[str] = []
@@ -382,7 +391,9 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
     for w in extras:
         if w.startswith("--"):
             n = w.split("=")[0]
-            (no_effect if n in NO_EFFECT_ARGS else not_understood).append(n)
+            positive = "--" + n[5:] if n.startswith("--no-") else n
+            without = n in NO_EFFECT_ARGS or (names is not None and (positive in _BRIDGE_NO_EFFECT or "." in n))
+            (no_effect if without else not_understood).append(names.get(n, n) if names else n)
             keep = True
         elif not keep:
             not_understood.append(w)
@@ -396,16 +407,91 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
         lns, _ = lp.parse_known_args(list(launcher))
         if lns.nnodes and str(lns.nnodes).isdigit() and lns.nproc and str(lns.nproc).isdigit():
             nodes, per_node = int(lns.nnodes), int(lns.nproc)
-    lay = _layout_of(ns, slime)
+    lay = _layout_of(ns, slime or kind == "megatron-bridge")  # Bridge's recipes turn the distributed optimizer on
     if ns.use_dynamic_batch_size and ns.max_tokens_per_gpu and ns.seq_length and "micro_batch_size" not in lay:
         lay["micro_batch_size"] = max(1, ns.max_tokens_per_gpu * (ns.context_parallel_size or 1) // ns.seq_length)
     return LaunchFile(
-        path=path, kind=kind, stack="slime" if slime else "megatron-lm", model=name, num_layers=layers, model_notes=notes,
+        path=path, kind=kind, stack="megatron-bridge" if kind == "megatron-bridge" else "slime" if slime else "megatron-lm", model=name, num_layers=layers, model_notes=notes,
         gpu=gpu, nodes=nodes, gpus_per_node=per_node, seq_length=ns.seq_length, global_batch_size=ns.global_batch_size,
         precision="fp8" if ns.fp8_format else ("bf16" if ns.bf16 or argv else None), layout=lay, run_flags=_run_flags_of(ns),
         understood=tuple(understood), no_effect=tuple(dict.fromkeys(no_effect)), not_understood=tuple(dict.fromkeys(not_understood)),
-        user_args=tuple(user_args),
+        user_args=tuple(user_args) if kind != "megatron-bridge" else (),
     )
+
+
+#: Sections of a Megatron-Bridge ``ConfigContainer`` (``training/config.py``) whose settings do not change the estimate.
+_BRIDGE_NO_EFFECT_SECTIONS = frozenset({"scheduler", "logger", "checkpoint", "rng", "tokenizer", "validation", "profiling",
+                                         "rerun_state_machine", "ft", "straggler", "nvrx_straggler", "inprocess_restart",
+                                         "tensor_inspect", "env_vars"})
+#: Sections read setting by setting.
+_BRIDGE_SECTIONS = frozenset({"model", "train", "dataset", "optimizer", "ddp", "dist", "comm_overlap", "mixed_precision", "peft"})
+#: Megatron-Bridge settings whose Megatron-LM argument is spelled otherwise.
+_BRIDGE_RENAMED = {"num_moe_experts": "num-experts", "virtual_pipeline_model_parallel_size": "num-virtual-stages-per-pipeline-rank",
+                   "num_layers_in_first_pipeline_stage": "decoder-first-pipeline-num-layers",
+                   "num_layers_in_last_pipeline_stage": "decoder-last-pipeline-num-layers", "bias_activation_fusion": "bias-swiglu-fusion",
+                   "apply_rope_fusion": "rope-fusion"}
+#: Megatron-Bridge settings without effect on the estimate beside :data:`NO_EFFECT_ARGS` (as flags).
+_BRIDGE_NO_EFFECT = frozenset({"--train-iters", "--eval-iters", "--eval-interval", "--finetune-lr", "--average-in-collective",
+                               "--check-for-nan-in-grad", "--check-for-large-grads", "--data-parallel-sharding-strategy",
+                               "--gradient-accumulation-fusion", "--use-torch-fsdp2", "--bf16", "--params-dtype", "--pipeline-dtype",
+                               "--autocast-dtype", "--grad-reduce-in-fp32", "--overlap-param-gather", "--data-path", "--blend",
+                               "--split", "--num-workers", "--dataloader-type", "--random-seed"})
+
+
+def _bridge_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[str, str]]:
+    """A Megatron-Bridge override YAML as Megatron-LM arguments, and each argument's ``section.key`` (for messages).
+
+    ``ddp`` / ``mixed_precision`` ``grad_reduce_in_fp32`` becomes ``--accumulate-allreduce-grads-in-fp32`` or
+    ``--grad-reduce-in-bf16``; a false boolean ``--no-KEY``; ``mixed_precision.fp8`` ``--fp8-format``; sections without
+    effect on the estimate (:data:`_BRIDGE_NO_EFFECT_SECTIONS`) become ``--no-effect:section.key`` placeholders.
+    """
+    argv: list[str] = []
+    names: dict[str, str] = {}
+
+    def put(flag: str, where: str, *values: str) -> None:
+        argv.append(flag)
+        argv.extend(values)
+        names[flag] = where
+
+    for section, body in doc.items():
+        sec = str(section)
+        if sec in _BRIDGE_NO_EFFECT_SECTIONS:
+            for k in body if isinstance(body, Mapping) else [None]:
+                put(f"--{sec}.{k}" if k is not None else f"--{sec}", f"{sec}.{k}" if k is not None else sec)
+            continue
+        if sec == "mixed_precision" and isinstance(body, str):
+            if "fp8" in body:
+                put("--fp8-format", f"{sec}: {body}", "hybrid")
+                if "cs" in body or "current" in body:
+                    put("--fp8-recipe", f"{sec}: {body}", "tensorwise")
+            else:
+                put("--bf16", f"{sec}: {body}")
+            continue
+        if sec not in _BRIDGE_SECTIONS or not isinstance(body, Mapping):
+            put(f"--{sec}", sec)
+            continue
+        for k, v in body.items():
+            key = str(k)
+            where = f"{sec}.{key}"
+            if key == "grad_reduce_in_fp32" and isinstance(v, bool):
+                put("--accumulate-allreduce-grads-in-fp32" if v else "--grad-reduce-in-bf16", where)
+                continue
+            if sec == "mixed_precision" and key == "fp8":
+                if v:
+                    put("--fp8-format", where, str(v))
+                continue
+            flag = "--" + _BRIDGE_RENAMED.get(key, key.replace("_", "-"))
+            if isinstance(v, bool):
+                put(flag if v else "--no-" + flag[2:], where)
+            elif isinstance(v, list):
+                put(flag, where, *(str(x) for x in v))
+            elif v is None:
+                continue
+            elif isinstance(v, Mapping):
+                put(flag, where)
+            else:
+                put(flag, where, str(v))
+    return argv, names
 
 
 def read_launch(path: str | Path, *, model: str | None = None) -> LaunchFile:
@@ -422,13 +508,18 @@ def read_launch(path: str | Path, *, model: str | None = None) -> LaunchFile:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise TunerError(f"{label}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
-    accepted = ("accepted: a Megatron-LM / slime argument list or shell script, or a recipe.yaml written by tune")
+    accepted = ("accepted: a Megatron-LM / slime argument list or shell script, a Megatron-Bridge override YAML, or a recipe.yaml "
+                "written by tune")
     if p.suffix in (".yaml", ".yml"):
         from specs._data import read_user_yaml
 
         doc = read_user_yaml(text, label)
+        if isinstance(doc, Mapping) and any(k in doc for k in ("model", "train", "ddp", "optimizer")) and "schema_version" not in doc:
+            argv, names = _bridge_args(doc, label)
+            return _read_args(p, "megatron-bridge", [], argv, model, None, names=names)
         if not (isinstance(doc, Mapping) and isinstance(doc.get("run"), str) and "schema_version" in doc):
-            raise TunerError(f"{label}: a YAML file without the recipe's schema_version and run block; {accepted}")
+            raise TunerError(f"{label}: a YAML file that is neither a recipe.yaml (schema_version, run) nor a Megatron-Bridge "
+                             f"override (model, train, ddp, optimizer sections); {accepted}")
         gpu = doc.get("gpu") if isinstance(doc.get("gpu"), Mapping) else {}
         launcher, argv = _safe_args(doc["run"], label, accepted)
         given = model or (str(doc["model"]) if doc.get("model") else None)

@@ -225,7 +225,7 @@ def test_flags_on_the_command_line_win_over_the_file():
 
 @pytest.mark.parametrize(("text", "name", "message"), [
     ("hello world\n", "notes.txt", "no command with -- arguments"),
-    ("a: 1\n", "x.yaml", "without the recipe's schema_version and run block"),
+    ("a: 1\n", "x.yaml", "neither a recipe.yaml (schema_version, run) nor a Megatron-Bridge"),
     ("torchrun pretrain_gpt.py --hidden-size 1234 --num-attention-heads 7\n", "run.sh", "is none of the presets"),
     ("torchrun pretrain_gpt.py --tensor-model-parallel-size 2\n", "run.sh", "names no model"),
     ("torchrun pretrain_gpt.py --tensor-model-parallel-size two\n", "run.sh", "wrong type"),
@@ -260,3 +260,15 @@ def test_the_main_job_from_the_seed_launch(tmp_path):
     assert "--calculate-per-token-loss" in run and run.count("  --hf-checkpoint ") == 1
     rec = yaml.safe_load((tmp_path / "s/recipe.yaml").read_text())
     assert rec["stack"]["preset"] == "slime" and "--lr" in rec["stack"]["user_args"]
+
+
+def test_a_megatron_bridge_override_yaml_is_read_setting_by_setting():
+    fi = _from(ROOT / "tests/fixtures/launch/bridge_override.yaml", gpus="16xH100", model="Qwen3-30B-A3B")
+    lf = fi.launch
+    assert (lf.kind, fi.run.stack, fi.seq_len, fi.global_batch) == ("megatron-bridge", "megatron-bridge", 4096, 512)
+    assert lf.not_understood == ("model.my_experimental_knob",)
+    assert {"optimizer.lr", "logger.log_interval", "dist.use_torch_fsdp2", "model.gradient_accumulation_fusion"} <= set(lf.no_effect)
+    assert {"model.expert_model_parallel_size", "ddp.grad_reduce_in_fp32", "model.recompute_modules"} <= set(lf.understood)
+    assert (fi.baseline["ep"], fi.baseline["recompute_modules"], fi.baseline["use_distributed_optimizer"]) == (16, ["moe_act"], True)
+    o = resolve_run_options(fi.run.flags, fi.run.stack).options
+    assert (o.grad_reduce_in_fp32, o.cross_entropy_fusion_impl, o.overlap_grad_reduce) == (False, "te", True)
