@@ -352,6 +352,10 @@ def recipe_dict(
             "rows": workload.dataset,
             "global_batch": int(workload.global_batch_size),
             "precision": str(workload.precision),
+            **({"task": workload.task} if workload.task != "pretrain" else {}),
+            **({"lora": {"rank": workload.lora_rank, "target_modules": list(workload.lora_target_modules),
+                         "note": "Megatron-Bridge's LoRA (peft.lora.LoRA dim and target_modules); Megatron-LM and slime "
+                                 "have no LoRA arguments, so `run` trains every weight"}} if workload.task == "lora" else {}),
         },
         "layout": _layout_section(layout, model, workload, pls),
         "result": result,

@@ -290,7 +290,9 @@ def study_context(st: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
     c = parse_gpus(f"{res['num_gpus']}x{res['gpu']}", gpus_per_node=res["gpus_per_node"],
                    inter_node_bytes_per_s=res["inter_node_bytes_per_s"], usd_per_gpu_hour=res["usd_per_gpu_hour"],
                    network=res.get("network") or None, host_memory_gib=res.get("host_memory_gib") or None)
-    w = Workload(seq_length=res["seq_length"], global_batch_size=res["global_batch_size"], precision=res.get("precision", "bf16"))
+    lora = {"lora_rank": res["lora_rank"], "lora_target_modules": tuple(res["lora_target_modules"])} if res.get("task") == "lora" else {}
+    w = Workload(seq_length=res["seq_length"], global_batch_size=res["global_batch_size"], precision=res.get("precision", "bf16"),
+                 task=res.get("task") or "pretrain", **lora)
     return m, c, w, cfg
 
 
@@ -353,6 +355,11 @@ TransformerImplOpt = Annotated[str | None, typer.Option("--transformer-impl", he
 CpuOffloadLayersOpt = Annotated[int | None, typer.Option("--cpu-offloading-num-layers", help="Layers per pipeline rank whose activations go to host memory.", rich_help_panel=_RUN)]
 OptimizerOpt = Annotated[str | None, typer.Option("--optimizer", help="adam or dist_muon.", rich_help_panel=_RUN)]
 
+_TASK = "Workload"
+TaskOpt = Annotated[str | None, typer.Option("--task", help="pretrain (default), sft (packed sequences, loss on the responses: the same compute) or lora (frozen base weights, low-rank adapters with their own gradients and optimizer state).", rich_help_panel=_TASK)]
+LoraRankOpt = Annotated[int | None, typer.Option("--lora-rank", help="--task lora: the adapters' rank r (default 32, Megatron-Bridge's).", rich_help_panel=_TASK)]
+LoraTargetsOpt = Annotated[str | None, typer.Option("--lora-target-modules", help="--task lora: comma-separated linear layers to adapt (default Megatron-Bridge's: linear_qkv,linear_proj,linear_fc1,linear_fc2).", rich_help_panel=_TASK)]
+
 #: The command parameter of each :class:`specs.stacks.RunFlags` field and its option (one alias each, above).
 RUN_FLAG_OPTIONS: dict[str, Any] = {
     "accumulate_allreduce_grads_in_fp32": AccumulateFp32Opt, "grad_reduce_in_bf16": GradReduceBf16Opt,
@@ -381,20 +388,24 @@ def run_options(func: Any) -> Any:
     if "run" not in sig.parameters:
         raise TypeError(f"{func.__name__}: @run_options needs a `run: RunChoice` parameter")
     own = [p for p in sig.parameters.values() if p.name != "run"]
-    names = ("stack", *RUN_FLAG_OPTIONS)
+    names = ("stack", "task", "lora_rank", "lora_target_modules", *RUN_FLAG_OPTIONS)
     clash = {p.name for p in own} & set(names)
     if clash:
         raise TypeError(f"{func.__name__}: parameters {sorted(clash)} clash with the run options")
-    added = [inspect.Parameter("stack", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=StackOpt)]
+    added = [inspect.Parameter("stack", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=StackOpt),
+             inspect.Parameter("task", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=TaskOpt),
+             inspect.Parameter("lora_rank", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=LoraRankOpt),
+             inspect.Parameter("lora_target_modules", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=LoraTargetsOpt)]
     added += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=a) for n, a in RUN_FLAG_OPTIONS.items()]
 
     @functools.wraps(func)
     def command(**kwargs: Any) -> Any:
         stack = kwargs.pop("stack")
+        task = {k: kwargs.pop(k) for k in ("task", "lora_rank", "lora_target_modules")}
         given = {n: kwargs.pop(n) for n in RUN_FLAG_OPTIONS}
         if given["cuda_graph_scope"] is not None:
             given["cuda_graph_scope"] = tuple(given["cuda_graph_scope"])
-        return func(run=RunChoice(stack=stack, flags=RunFlags(**given)), **kwargs)
+        return func(run=RunChoice(stack=stack, flags=RunFlags(**given), **task), **kwargs)
 
     params = own + added
     command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
@@ -409,6 +420,26 @@ class RunChoice:
     stack: str | None
     flags: Any
     """:class:`specs.stacks.RunFlags`."""
+    task: str | None = None
+    lora_rank: int | None = None
+    lora_target_modules: str | None = None
+
+    def workload_kw(self) -> dict[str, Any]:
+        """``--task``, ``--lora-rank`` and ``--lora-target-modules`` as :class:`specs.Workload` fields (those given).
+
+        Raises:
+            TunerError: ``--lora-rank`` or ``--lora-target-modules`` without ``--task lora``.
+        """
+        kw: dict[str, Any] = {}
+        if self.task is not None:
+            kw["task"] = self.task.strip().lower()
+        if (self.lora_rank is not None or self.lora_target_modules is not None) and kw.get("task") != "lora":
+            raise TunerError("--lora-rank and --lora-target-modules need --task lora")
+        if self.lora_rank is not None:
+            kw["lora_rank"] = self.lora_rank
+        if self.lora_target_modules is not None:
+            kw["lora_target_modules"] = tuple(m for m in self.lora_target_modules.replace(" ", ",").split(",") if m)
+        return kw
 
     def resolve(self, precision: str = "bf16", megatron_core: str | None = None) -> Any:
         """:func:`specs.stacks.resolve_run_options` of these flags: a :class:`specs.stacks.StackRun`.

@@ -89,7 +89,7 @@ def refuse_env_rules(lay: Any, m: Any, w: Any, c: Any, opts: Any) -> None:
 
 def _inputs(model: str | None, gpus: str | None, gpus_per_node: int | None, network_gbps: float | None, usd: float | None,
             seq_len: int, global_batch: int, precision: str, layers: int | None, network: str | None = None,
-            host_memory_gib: float | None = None) -> tuple[Any, Any, Any]:
+            host_memory_gib: float | None = None, task: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
     """(model, cluster, workload) of the command line; ``layers`` slices the model as ``tune --layers`` does.
 
     Raises:
@@ -109,7 +109,7 @@ def _inputs(model: str | None, gpus: str | None, gpus_per_node: int | None, netw
     c = parse_gpus(require(gpus, "--gpus", "64xH200"), gpus_per_node=gpus_per_node,
                    inter_node_bytes_per_s=network_bytes_per_s(network_gbps) if network_gbps is not None else None, usd_per_gpu_hour=usd,
                    network=network, host_memory_gib=host_memory_gib, require_network=True)
-    w = Workload(seq_length=seq_len, global_batch_size=global_batch, precision=precision)
+    w = Workload(seq_length=seq_len, global_batch_size=global_batch, precision=precision, **(task or {}))
     if precision == "fp8" and not c.gpu.peak_flops_fp8:
         raise TunerError(f"--precision fp8: {c.gpu.name} has no fp8 tensor cores; use --precision bf16")
     return m, c, w
@@ -139,7 +139,7 @@ def estimate(
 
         check_image_path("--plot", plot)
     m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd_per_gpu_hour, seq_len, global_batch, precision, layers,
-                      network, host_memory_gib)
+                      network, host_memory_gib, run.workload_kw())
     stack = run.resolve(precision, megatron_core)
     opts = stack.options
     lay = estimable_layout(layout, m, w, c, opts)
@@ -155,6 +155,7 @@ def estimate(
     d["warnings"] = layout_warnings(lay, m, opts)
     d["known_gaps"] = known_gaps(lay, m, c.gpu, cal)
     d["stack"] = stack.preset.name
+    d["task"] = w.task
     d["run_flags"] = list(stack.overrides)
     d["run_options"] = run_options_dict(opts)
     if plot is not None:
@@ -170,7 +171,8 @@ def estimate(
         return
     out.print(f"[bold]{lay.label}[/] ({escape(m.name)} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}) - [bold]predicted[/] by the analytical model")
     out.print(f"  recompute {lay.recompute_label}, offload {lay.offload_label}, {lay.dispatcher.value} dispatcher, micro-batch {lay.micro_batch_size}")
-    out.print(f"  {escape(stack.line)}", soft_wrap=True)
+    out.print(f"  {escape(stack.line)}" + (f"; task {w.task}" + (f", LoRA rank {w.lora_rank} on {','.join(w.lora_target_modules)}"
+                                                                  if w.task == "lora" else "") if w.task != "pretrain" else ""), soft_wrap=True)
     if d["pipeline_model_parallel_layout"]:
         out.print(f"  --pipeline-model-parallel-layout '{d['pipeline_model_parallel_layout']}'")
     out.print(f"  predicted tokens/s/GPU {e.tokens_per_s_per_gpu:,.1f}; step {e.step_time_s:.2f} s; ${e.usd_per_million_tokens:.2f} per 1M tokens")
@@ -217,7 +219,7 @@ def check(
     from search_spaces.rules import POLICY_RULES, RuleEnv, check_layout, layout_warnings
 
     notes: list[str] = []
-    m, c, w = _inputs(model, gpus, gpus_per_node, None, None, seq_len, global_batch, precision, layers, network)
+    m, c, w = _inputs(model, gpus, gpus_per_node, None, None, seq_len, global_batch, precision, layers, network, None, run.workload_kw())
     opts = run.resolve(precision, megatron_core).options
     lay = layout.to_layout(c.num_gpus)
     string_broken: list[tuple[str, str]] = []

@@ -134,6 +134,7 @@ def main_job(
         stack=run.stack or "slime",
         run_flags={k: list(v) if isinstance(v, tuple) else v for k, v in run.flags.given().items()},
         baseline=launch.baseline if launch else None,
+        **run.workload_kw(),
         user_args=launch.launch.user_args if launch else (),
         seed=seed,
         results_dir=str(results_dir),
@@ -191,7 +192,8 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: An
         f"backend [bold]{cfg.backend}[/] ({'every number below is a prediction of the analytical model; nothing was measured' if cfg.backend == 'model' else 'trials are measured'})"
     )
     out.print(f"Network assumed: {escape(c.network_label)}; megatron-core {prep.options.megatron_core} rules", soft_wrap=True)
-    out.print(escape(prep.stack.line), soft_wrap=True)
+    task = "" if w.task == "pretrain" else f"; task {w.task}" + (f", LoRA rank {w.lora_rank}" if w.task == "lora" else "")
+    out.print(escape(prep.stack.line + task), soft_wrap=True)
     if launch is not None:
         from tuner.cli._from import launch_lines
 

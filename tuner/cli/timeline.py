@@ -106,7 +106,7 @@ def timeline(
     others = [_read_trace(p) for p in compare or ()]  # read before anything is written: a bad --compare leaves no file
     if study is not None:
         if (layout != LayoutFlags() or model is not None or gpus is not None or layers is not None or network is not None or megatron_core is not None
-                or run.stack is not None or run.flags.given()):
+                or run.stack is not None or run.flags.given() or run.task is not None):
             raise TunerError("--study draws its trial's layout with the study's model, GPUs, network and run options: leave out the layout "
                              "flags, --model, --gpus, --layers, --network, --megatron-core, --stack and the run flags")
         det, title, extra, default, measured = _study_trial(study, trial, storage, results_dir)
@@ -171,8 +171,10 @@ def _flags_layout(layout: LayoutFlags, model: str | None, gpus: str | None, laye
     from specs.stacks import RunFlags
     from tuner.cli.estimate import _inputs, estimable_layout, rule_error
 
-    m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd, seq_len, global_batch, precision, layers, network)
-    stack = (run or RunChoice(stack=None, flags=RunFlags())).resolve(precision, megatron_core)
+    run = run or RunChoice(stack=None, flags=RunFlags())
+    m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd, seq_len, global_batch, precision, layers, network, None,
+                      run.workload_kw())
+    stack = run.resolve(precision, megatron_core)
     opts = stack.options
     lay = estimable_layout(layout, m, w, c, opts)
     try:

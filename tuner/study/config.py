@@ -80,6 +80,10 @@ class TuneConfig:
     launch file's own layout)."""
     user_args: tuple[str, ...] = ()
     """The launch file's own arguments that the exported commands keep (``tune --from``)."""
+    task: str = "pretrain"
+    """``--task``: pretrain, sft or lora (:attr:`specs.Workload.task`)."""
+    lora_rank: int = 32
+    lora_target_modules: tuple[str, ...] = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
     seed: int = 0
     results_dir: str = "results"
     layers: int | None = None
