@@ -320,7 +320,7 @@ def _estimate_table(model: ModelSpec, cluster: Cluster, workload: Workload, tabl
         usd_per_million_tokens=cluster.usd_per_gpu_hour / (tps * 3600.0) * 1e6,
         hbm_bytes=cluster.gpu.hbm_bytes,
         usable_bytes=cluster.gpu.hbm_bytes * (1 - memory_headroom),
-        host_bytes_per_node=optimizer.host_bytes_per_node(c, owned, sum(lora.trainable_params(c, dense, experts))),
+        host_bytes_per_node=optimizer.host_bytes_per_node(c, owned, np.add(*lora.trainable_params(c, dense, experts))),
         host_memory_bytes=cluster.host_memory_bytes_per_node,
     )
 

@@ -7,6 +7,7 @@ off by 10% fails.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -104,3 +105,12 @@ def test_lora_on_a_module_the_model_does_not_have_is_refused():
         estimate(m, c, Workload(task="lora"), lay)
     assert estimate(m, c, Workload(task="lora", lora_target_modules=("linear_fc1", "linear_fc2")), lay).memory["main_grads"] > 0
     assert dataclasses.replace(Workload(task="lora"), lora_rank=8).lora_rank == 8
+
+
+def test_published_sft_and_lora_runs_are_validated_with_their_task(tmp_path):
+    """The Megatron-Bridge SFT / LoRA rows of the run table are predicted (with --task), not refused."""
+    from cost_model.validate import read_runs
+
+    runs = {r.run_id: r for r in read_runs(Path(__file__).resolve().parents[2] / "benchmarks/data/published_runs.csv")[0]}
+    assert runs["102"].workload.task == "sft" and runs["103"].workload.task == "lora"
+    assert not runs["103"].unrepresentable
