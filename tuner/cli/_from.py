@@ -145,5 +145,6 @@ def compare_line(prep: Any, best: dict[str, Any]) -> str:
     if e is None:
         return f"your launch: not estimated ({why}); best: {best['label']}, {best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU"
     gain = best["tokens_per_s_per_gpu"] / e.tokens_per_s_per_gpu - 1 if e.tokens_per_s_per_gpu > 0 else float("nan")
-    return (f"your launch: {e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU predicted, {e.peak_bytes / GIB:.1f} GiB; best: {best['label']}, "
+    fit = "" if e.fits else " (predicted not to fit)"
+    return (f"your launch: {e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU predicted, {e.peak_bytes / GIB:.1f} GiB{fit}; best: {best['label']}, "
             f"{best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU {best['source']}, {best['peak_gib']:.1f} GiB, {gain:+.0%}")
