@@ -64,8 +64,9 @@ class LaunchFile:
 
     path: Path
     kind: str
-    """``shell`` (an argument list or script), ``recipe`` (this project's ``recipe.yaml``) or ``megatron-bridge`` (an
-    override YAML: its sections' settings as Megatron-LM's arguments)."""
+    """``shell`` (an argument list or script), ``recipe`` (this project's ``recipe.yaml``), ``megatron-bridge`` (an
+    override YAML: its sections' settings as Megatron-LM's arguments) or ``nemo-rl`` (a NeMo-RL config with its
+    ``defaults:`` files merged: ``policy.megatron_cfg`` read as Megatron-Bridge's settings)."""
     stack: str
     """The stack the launch is written for: ``slime`` or ``megatron-lm``."""
     model: str | None = None
@@ -88,6 +89,9 @@ class LaunchFile:
     not_understood: tuple[str, ...] = ()
     user_args: tuple[str, ...] = ()
     """The launch's arguments without effect or not understood, with their values, in order: the exports keep them."""
+    task: dict[str, Any] | None = None
+    """``task``, ``lora_rank``, ``lora_target_modules`` when the file trains LoRA adapters (NeMo-RL
+    ``policy.megatron_cfg.peft.enabled``), else None."""
 
     @property
     def summary(self) -> str:
@@ -220,11 +224,12 @@ def _parser() -> argparse.ArgumentParser:
               "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16", "--cross-entropy-loss-fusion",
               "--moe-permute-fusion", "--fp8-param-gather", "--overlap-grad-reduce", "--overlap-moe-expert-parallel-comm",
               "--tp-comm-overlap", "--moe-router-force-load-balancing", "--use-megatron-fsdp", "--no-rope-fusion",
-              "--no-bias-swiglu-fusion", "--enable-cuda-graph", "--external-cuda-graph"):
+              "--no-bias-swiglu-fusion", "--enable-cuda-graph", "--external-cuda-graph", "--rope-fusion", "--bias-swiglu-fusion"):
         p.add_argument(a, action="store_true", default=None)
     for a in ("--sequence-parallel", "--use-distributed-optimizer", "--use-precision-aware-optimizer", "--optimizer-cpu-offload",
               "--cross-entropy-loss-fusion", "--moe-permute-fusion", "--fp8-param-gather", "--overlap-grad-reduce",
-              "--overlap-moe-expert-parallel-comm", "--tp-comm-overlap", "--moe-router-force-load-balancing", "--use-megatron-fsdp"):
+              "--overlap-moe-expert-parallel-comm", "--tp-comm-overlap", "--moe-router-force-load-balancing", "--use-megatron-fsdp",
+              "--moe-enable-deepep", "--overlap-cpu-optimizer-d2h-h2d", "--fp16"):
         p.add_argument("--no-" + a[2:], dest=a[2:].replace("-", "_"), action="store_false")  # a Megatron-Bridge YAML's false
     return p
 
@@ -355,7 +360,8 @@ def _run_flags_of(ns: argparse.Namespace) -> RunFlags:
         overlap_grad_reduce=ns.overlap_grad_reduce, overlap_moe_expert_parallel_comm=ns.overlap_moe_expert_parallel_comm,
         tp_comm_overlap=ns.tp_comm_overlap, moe_router_force_load_balancing=ns.moe_router_force_load_balancing,
         cp_comm_type=ns.cp_comm_type, use_megatron_fsdp=ns.use_megatron_fsdp,
-        apply_rope_fusion=False if ns.no_rope_fusion else None, bias_swiglu_fusion=False if ns.no_bias_swiglu_fusion else None,
+        apply_rope_fusion=False if ns.no_rope_fusion else (True if ns.rope_fusion else None),
+        bias_swiglu_fusion=False if ns.no_bias_swiglu_fusion else (True if ns.bias_swiglu_fusion else None),
         transformer_impl=ns.transformer_impl, cpu_offloading_num_layers=ns.cpu_offloading_num_layers,
         optimizer=None if ns.optimizer in (None, "adam") else ns.optimizer,
     )
@@ -386,19 +392,26 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
         understood = sorted({names.get(n, n) for n in understood})
     no_effect: list[str] = []
     not_understood: list[str] = []
+    understood_empty: list[str] = []
     user_args: list[str] = []
     keep = False
     for w in extras:
         if w.startswith("--"):
             n = w.split("=")[0]
+            if n.startswith("--empty:"):
+                understood_empty.append(names.get(n, n) if names else n)
+                continue
             positive = "--" + n[5:] if n.startswith("--no-") else n
             without = n in NO_EFFECT_ARGS or (names is not None and (positive in _BRIDGE_NO_EFFECT or "." in n))
+            if names and n.startswith("--nemo-rl."):
+                without = True
             (no_effect if without else not_understood).append(names.get(n, n) if names else n)
             keep = True
         elif not keep:
             not_understood.append(w)
             continue
         user_args.append(w)
+    understood = sorted({*understood, *understood_empty})
     nodes, per_node = ns.actor_num_nodes, ns.actor_num_gpus_per_node
     if nodes is None and launcher:  # torchrun --nnodes N --nproc-per-node G
         lp = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -407,15 +420,15 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
         lns, _ = lp.parse_known_args(list(launcher))
         if lns.nnodes and str(lns.nnodes).isdigit() and lns.nproc and str(lns.nproc).isdigit():
             nodes, per_node = int(lns.nnodes), int(lns.nproc)
-    lay = _layout_of(ns, slime or kind == "megatron-bridge")  # Bridge's recipes turn the distributed optimizer on
+    lay = _layout_of(ns, slime or kind in ("megatron-bridge", "nemo-rl"))  # Bridge's recipes turn the distributed optimizer on
     if ns.use_dynamic_batch_size and ns.max_tokens_per_gpu and ns.seq_length and "micro_batch_size" not in lay:
         lay["micro_batch_size"] = max(1, ns.max_tokens_per_gpu * (ns.context_parallel_size or 1) // ns.seq_length)
     return LaunchFile(
-        path=path, kind=kind, stack="megatron-bridge" if kind == "megatron-bridge" else "slime" if slime else "megatron-lm", model=name, num_layers=layers, model_notes=notes,
+        path=path, kind=kind, stack=kind if kind in ("megatron-bridge", "nemo-rl") else "slime" if slime else "megatron-lm", model=name, num_layers=layers, model_notes=notes,
         gpu=gpu, nodes=nodes, gpus_per_node=per_node, seq_length=ns.seq_length, global_batch_size=ns.global_batch_size,
         precision="fp8" if ns.fp8_format else ("bf16" if ns.bf16 or argv else None), layout=lay, run_flags=_run_flags_of(ns),
         understood=tuple(understood), no_effect=tuple(dict.fromkeys(no_effect)), not_understood=tuple(dict.fromkeys(not_understood)),
-        user_args=tuple(user_args) if kind != "megatron-bridge" else (),
+        user_args=tuple(user_args) if kind in ("shell", "recipe") else (),
     )
 
 
@@ -435,7 +448,7 @@ _BRIDGE_NO_EFFECT = frozenset({"--train-iters", "--eval-iters", "--eval-interval
                                "--check-for-nan-in-grad", "--check-for-large-grads", "--data-parallel-sharding-strategy",
                                "--gradient-accumulation-fusion", "--use-torch-fsdp2", "--bf16", "--params-dtype", "--pipeline-dtype",
                                "--autocast-dtype", "--grad-reduce-in-fp32", "--overlap-param-gather", "--data-path", "--blend",
-                               "--split", "--num-workers", "--dataloader-type", "--random-seed"})
+                               "--split", "--num-workers", "--dataloader-type", "--random-seed", "--use-custom-fsdp"})
 
 
 def _bridge_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[str, str]]:
@@ -447,6 +460,7 @@ def _bridge_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[st
     """
     argv: list[str] = []
     names: dict[str, str] = {}
+    empties: list[str] = []
 
     def put(flag: str, where: str, *values: str) -> None:
         argv.append(flag)
@@ -483,6 +497,8 @@ def _bridge_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[st
             flag = "--" + _BRIDGE_RENAMED.get(key, key.replace("_", "-"))
             if isinstance(v, bool):
                 put(flag if v else "--no-" + flag[2:], where)
+            elif isinstance(v, list) and not v:  # an empty list: nothing of it (e.g. no CUDA graph modules)
+                empties.append(where)
             elif isinstance(v, list):
                 put(flag, where, *(str(x) for x in v))
             elif v is None:
@@ -491,7 +507,127 @@ def _bridge_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[st
                 put(flag, where)
             else:
                 put(flag, where, str(v))
+    for where in empties:
+        names[f"--empty:{where}"] = where
+        argv.append(f"--empty:{where}")
     return argv, names
+
+
+#: NeMo-RL ``policy.megatron_cfg`` settings without effect on the estimate (RL bookkeeping, conversion, logging).
+_NEMO_RL_NO_EFFECT = frozenset({"enabled", "empty_unused_memory_level", "force_reconvert_from_hf", "freeze_moe_router",
+                                "moe_router_bias_update_rate", "moe_per_layer_logging", "defer_fp32_logits", "use_gloo_process_groups",
+                                "pipeline_dtype", "converter_type", "track_moe_metrics", "moe_router_dtype",
+                                "moe_router_load_balancing_type", "moe_shared_expert_overlap", "mtp_loss_scaling_factor",
+                                "mtp_use_repeated_layer", "mtp_detach_heads", "cuda_graph_warmup_steps", "fused_linear_logprobs_chunk_size",
+                                "use_fused_linear_logprobs", "use_fused_weighted_squared_relu", "gradient_accumulation_fusion",
+                                "fine_grained_activation_offloading", "offload_modules", "bias_activation_fusion_checks"})
+
+
+def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+    return out
+
+
+def _nemo_rl_doc(p: Path, doc: Mapping[str, Any], label: str, depth: int = 0) -> dict[str, Any]:
+    """``doc`` with its ``defaults:`` files (relative to ``p``) merged under it, as NeMo-RL's config loader does.
+
+    Raises:
+        TunerError: a ``defaults`` file that cannot be read, or a chain deeper than 8.
+    """
+    from specs._data import read_user_yaml
+
+    parent = doc.get("defaults")
+    if not isinstance(parent, str):
+        return dict(doc)
+    if depth >= 8:
+        raise TunerError(f"{label}: its defaults: chain is deeper than 8 files")
+    f = (p.parent / parent).resolve()
+    try:
+        base = read_user_yaml(f.read_text(encoding="utf-8"), f"{label} (defaults {parent})")
+    except OSError as e:
+        raise TunerError(f"{label}: its defaults: file {parent!r} cannot be read ({e.strerror or e}); put it beside the file") from None
+    if not isinstance(base, Mapping):
+        raise TunerError(f"{label}: its defaults: file {parent!r} is not a mapping")
+    return _deep_merge(_nemo_rl_doc(f, base, label, depth + 1), {k: v for k, v in doc.items() if k != "defaults"})
+
+
+def _nemo_rl_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[str, str], str | None, int | None, int | None,
+                                                                dict[str, Any] | None]:
+    """A NeMo-RL config (its Megatron trainer, ``policy.megatron_cfg``) as Megatron-LM arguments: (argv, names, the
+    model's Hugging Face id, nodes, GPUs per node, the LoRA settings as :class:`tuner.cli._common.RunChoice` task fields or
+    None).
+
+    Raises:
+        TunerError: the config trains with NeMo-RL's DTensor / AutoModel path (``policy.megatron_cfg.enabled`` false).
+    """
+    policy = doc.get("policy") if isinstance(doc.get("policy"), Mapping) else {}
+    mcfg = policy.get("megatron_cfg") if isinstance(policy.get("megatron_cfg"), Mapping) else {}
+    if not mcfg.get("enabled"):
+        raise TunerError(f"{label}: policy.megatron_cfg.enabled is not true: it trains with NeMo-RL's DTensor / AutoModel path, "
+                         "which tune --from does not read (its Megatron trainer only)")
+    model_keys = {k: v for k, v in mcfg.items() if not isinstance(v, Mapping) and k not in _NEMO_RL_NO_EFFECT}
+    if not mcfg.get("activation_checkpointing"):
+        for k in ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules"):
+            model_keys.pop(k, None)
+    model_keys.pop("activation_checkpointing", None)
+    bridge: dict[str, Any] = {
+        "model": model_keys, "optimizer": mcfg.get("optimizer") or {}, "ddp": mcfg.get("distributed_data_parallel_config") or {},
+        "train": {k: policy[f"train_{k}"] for k in ("global_batch_size", "micro_batch_size") if isinstance(policy.get(f"train_{k}"), int)},
+        "dataset": {"seq_length": policy["max_total_sequence_length"]} if isinstance(policy.get("max_total_sequence_length"), int) else {},
+    }
+    fp8 = mcfg.get("fp8_cfg") if isinstance(mcfg.get("fp8_cfg"), Mapping) else {}
+    if fp8.get("enabled"):
+        bridge["mixed_precision"] = {"fp8": fp8.get("fp8") or "hybrid", "fp8_recipe": fp8.get("fp8_recipe"),
+                                     "fp8_param_gather": bool(fp8.get("fp8_param"))}
+    argv, names = _bridge_args(bridge, label)
+    where_of = {"model": "policy.megatron_cfg", "optimizer": "policy.megatron_cfg.optimizer",
+                "ddp": "policy.megatron_cfg.distributed_data_parallel_config", "mixed_precision": "policy.megatron_cfg.fp8_cfg",
+                "train": "policy.train", "dataset": "policy.max_total_sequence_length"}
+    for flag, where in list(names.items()):
+        sec, _, key = where.partition(".")
+        names[flag] = f"{where_of.get(sec, sec)}{'_' if sec == 'train' else '.'}{key}" if sec != "dataset" else where_of[sec]
+    for k in mcfg:
+        if k in _NEMO_RL_NO_EFFECT or (isinstance(mcfg[k], Mapping) and k in ("scheduler", "env_vars")):
+            flag = f"--nemo-rl.megatron_cfg.{k}"
+            argv.append(flag)
+            names[flag] = f"policy.megatron_cfg.{k}"
+    if str(policy.get("precision", "bfloat16")).lower() in ("bfloat16", "bf16"):
+        argv.append("--bf16")
+        names["--bf16"] = "policy.precision"
+    for k in policy:
+        if k not in ("megatron_cfg", "model_name", "train_global_batch_size", "train_micro_batch_size", "max_total_sequence_length",
+                     "precision"):
+            flag = f"--nemo-rl.policy.{k}"
+            argv.append(flag)
+            names[flag] = f"policy.{k}"
+    for k in doc:
+        if k not in ("policy", "cluster", "defaults"):
+            argv.append(f"--nemo-rl.{k}")
+            names[f"--nemo-rl.{k}"] = str(k)
+    cluster = doc.get("cluster") if isinstance(doc.get("cluster"), Mapping) else {}
+    nodes, per_node = cluster.get("num_nodes"), cluster.get("gpus_per_node")
+    peft = mcfg.get("peft") if isinstance(mcfg.get("peft"), Mapping) else {}
+    task = None
+    if peft.get("enabled"):  # NeMo-RL's peft block is Megatron-Bridge's LoRA (dim, target_modules; empty = Bridge's default)
+        task = {"task": "lora", "lora_rank": int(peft.get("dim") or 32),
+                **({"lora_target_modules": ",".join(peft["target_modules"])} if peft.get("target_modules") else {})}
+    argv.append("--nemo-rl.megatron_cfg.peft")
+    names["--nemo-rl.megatron_cfg.peft"] = "policy.megatron_cfg.peft"
+    hf = policy.get("model_name")
+    return (argv, names, str(hf) if hf else None, nodes if isinstance(nodes, int) else None,
+            per_node if isinstance(per_node, int) else None, task)
+
+
+def _preset_of_hf(hf: str | None) -> str | None:
+    """The model preset whose name is the Hugging Face id's last part (``Qwen/Qwen3-30B-A3B`` -> ``Qwen3-30B-A3B``)."""
+    from specs import list_models
+
+    if not hf:
+        return None
+    tail = hf.rstrip("/").split("/")[-1].lower()
+    return next((n for n in list_models() if n.lower() == tail), None)
 
 
 def read_launch(path: str | Path, *, model: str | None = None) -> LaunchFile:
@@ -514,6 +650,17 @@ def read_launch(path: str | Path, *, model: str | None = None) -> LaunchFile:
         from specs._data import read_user_yaml
 
         doc = read_user_yaml(text, label)
+        if isinstance(doc, Mapping) and isinstance(doc.get("policy"), Mapping):
+            from dataclasses import replace
+
+            argv, names, hf, nodes, per_node, task = _nemo_rl_args(_nemo_rl_doc(p, doc, label), label)
+            given = model or _preset_of_hf(hf)
+            if given is None:
+                raise TunerError(f"{label}: policy.model_name {hf!r} is none of the presets; give --model with a preset or a "
+                                 "Hugging Face config.json")
+            lf = _read_args(p, "nemo-rl", [], argv, given, None, names=names)
+            return replace(lf, stack="nemo-rl", nodes=nodes or lf.nodes, gpus_per_node=per_node or lf.gpus_per_node,
+                           task=task or lf.task)
         if isinstance(doc, Mapping) and any(k in doc for k in ("model", "train", "ddp", "optimizer")) and "schema_version" not in doc:
             argv, names = _bridge_args(doc, label)
             return _read_args(p, "megatron-bridge", [], argv, model, None, names=names)

@@ -272,3 +272,23 @@ def test_a_megatron_bridge_override_yaml_is_read_setting_by_setting():
     assert (fi.baseline["ep"], fi.baseline["recompute_modules"], fi.baseline["use_distributed_optimizer"]) == (16, ["moe_act"], True)
     o = resolve_run_options(fi.run.flags, fi.run.stack).options
     assert (o.grad_reduce_in_fp32, o.cross_entropy_fusion_impl, o.overlap_grad_reduce) == (False, "te", True)
+
+
+def test_a_nemo_rl_config_is_read_through_its_defaults_chain():
+    fi = _from(ROOT / "tests/fixtures/launch/nemo_rl_lora.yaml", gpus="H100")
+    lf = fi.launch
+    assert (lf.kind, fi.run.stack, fi.model, fi.gpus, fi.seq_len, fi.global_batch) == (
+        "nemo-rl", "nemo-rl", "Llama-3.1-8B", "2x8xH100", 2048, 128)
+    assert (fi.baseline["tp"], fi.baseline["micro_batch_size"], fi.baseline["recompute_granularity"]) == (2, 2, "full")
+    assert (fi.run.task, fi.run.lora_rank, fi.run.lora_target_modules) == ("lora", 16, "linear_qkv,linear_proj")
+    assert {"grpo", "loss_fn", "policy.generation", "policy.megatron_cfg.optimizer.lr"} <= set(lf.no_effect)
+    assert not lf.not_understood
+    base = _from(ROOT / "tests/fixtures/launch/nemo_rl_base.yaml", gpus="H100")
+    assert base.baseline["recompute_granularity"] == "none" and base.run.task is None  # checkpointing off: recompute unread
+
+
+def test_a_nemo_rl_config_without_its_defaults_file_is_refused(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text((ROOT / "tests/fixtures/launch/nemo_rl_lora.yaml").read_text())
+    with pytest.raises(TunerError, match="defaults: file 'nemo_rl_base.yaml' cannot be read"):
+        _from(f, gpus="H100")

@@ -88,7 +88,10 @@ def launch_inputs(path: Path, ctx: Any, *, model: str | None, gpus: str | None, 
     global_batch = lf.global_batch_size if lf.global_batch_size and default("global_batch") else global_batch
     precision = lf.precision if lf.precision and default("precision") else precision
     layers = layers if layers is not None else lf.num_layers
-    merged = RunChoice(stack=run.stack or lf.stack, flags=_merge_flags(lf.run_flags, run.flags))
+    task = {"task": run.task, "lora_rank": run.lora_rank, "lora_target_modules": run.lora_target_modules}
+    if run.task is None and lf.task:
+        task = {"task": None, "lora_rank": None, "lora_target_modules": None, **lf.task}
+    merged = RunChoice(stack=run.stack or lf.stack, flags=_merge_flags(lf.run_flags, run.flags), **task)
     m = slice_model(load_model(name), layers)
     flags = LayoutFlags(**{k: v for k, v in lf.layout.items() if k != "pipeline_layout"})
     try:
