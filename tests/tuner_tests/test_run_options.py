@@ -292,3 +292,12 @@ def test_a_nemo_rl_config_without_its_defaults_file_is_refused(tmp_path):
     f.write_text((ROOT / "tests/fixtures/launch/nemo_rl_lora.yaml").read_text())
     with pytest.raises(TunerError, match="defaults: file 'nemo_rl_base.yaml' cannot be read"):
         _from(f, gpus="H100")
+
+
+def test_a_study_is_not_resumed_with_other_run_options(tmp_path):
+    args = ["--model", "Llama-3.1-8B", "--gpus", "8xH100", "--trials", "2", "--study", "r", "--results-dir", str(tmp_path)]
+    assert runner.invoke(app, args).exit_code == 0
+    r = runner.invoke(app, [*args, "--grad-reduce-in-bf16"])
+    assert r.exit_code == 2 and "run options grad_reduce_in_fp32=True; this run asks for run options grad_reduce_in_fp32=False" in r.output
+    r = runner.invoke(app, [*args, "--task", "lora"])
+    assert r.exit_code == 2 and "--task pretrain" in r.output and "--task lora" in r.output
