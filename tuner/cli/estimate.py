@@ -172,7 +172,7 @@ def estimate(
     out.print(f"[bold]{lay.label}[/] ({escape(m.name)} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}) - [bold]predicted[/] by the analytical model")
     out.print(f"  recompute {lay.recompute_label}, offload {lay.offload_label}, {lay.dispatcher.value} dispatcher, micro-batch {lay.micro_batch_size}")
     out.print(f"  {escape(stack.line)}" + (f"; task {w.task}" + (f", LoRA rank {w.lora_rank} on {','.join(w.lora_target_modules)}"
-                                                                  if w.task == "lora" else "") if w.task != "pretrain" else ""), soft_wrap=True)
+                                                                  if w.task == "lora" else "") if w.task != "pretrain" else ""))
     if d["pipeline_model_parallel_layout"]:
         out.print(f"  --pipeline-model-parallel-layout '{d['pipeline_model_parallel_layout']}'")
     out.print(f"  predicted tokens/s/GPU {e.tokens_per_s_per_gpu:,.1f}; step {e.step_time_s:.2f} s; ${e.usd_per_million_tokens:.2f} per 1M tokens")

@@ -193,7 +193,7 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: An
     )
     out.print(f"Network assumed: {escape(c.network_label)}; megatron-core {prep.options.megatron_core} rules", soft_wrap=True)
     task = "" if w.task == "pretrain" else f"; task {w.task}" + (f", LoRA rank {w.lora_rank}" if w.task == "lora" else "")
-    out.print(escape(prep.stack.line + task), soft_wrap=True)
+    out.print(escape(prep.stack.line + task))
     if launch is not None:
         from tuner.cli._from import launch_lines
 

@@ -127,7 +127,7 @@ def timeline(
     out.print(f"  step {trace_step_seconds(trace):.3f} s (the estimate's {e.step_time_s:.3f} s), pipeline bubble {max(0.0, trace_bubble_fraction(trace)):.1%} of the step, "
               f"{e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU; {det.pp} pipeline ranks x {det.vpp} virtual stages, {det.num_microbatches} micro-batches")
     if stack_line:
-        out.print(f"  {stack_line}", markup=False, soft_wrap=True)
+        out.print(f"  {stack_line}", markup=False)
     out.print(f"  predicted trace: {path}", markup=False)
     for p in measured:
         out.print(f"  measured trace (torch.profiler, one step of the trial): {p}", markup=False)
