@@ -134,8 +134,17 @@ def model_alias(name: str) -> str | None:
     return presets.get(key) or _ALIASES.get(key)
 
 
-def _model_for(name: str) -> tuple[ModelSpec | None, str]:
-    """(spec, "") or (None, reason). Megatron README's GPT rows are built from the name's numbers."""
+def _model_for(name: str, base: Path | None = None) -> tuple[ModelSpec | None, str]:
+    """(spec, "") or (None, reason). Megatron README's GPT rows are built from the name's numbers; a name ending in
+    ``.json`` is a Hugging Face ``config.json`` (a relative path from the table's folder ``base``, else as given)."""
+    if name.strip().lower().endswith(".json"):
+        f = Path(name.strip())
+        if not f.is_absolute() and base is not None and (base / f).is_file():
+            f = base / f
+        try:
+            return load_model(str(f)), ""
+        except TunerError as e:
+            return None, f"model {name.strip()[:80]!r}: {e}"
     preset = model_alias(name)
     if preset:
         return load_model(preset), ""
@@ -505,7 +514,7 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
                 is_moe=r.get("is_moe", "").strip().upper().startswith("Y"),
             )
             runs.append(run)
-            model, why = _model_for(run.model_name)
+            model, why = _model_for(run.model_name, p.parent)
             if model is None:
                 run.unrepresentable = why
                 continue
