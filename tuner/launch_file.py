@@ -179,11 +179,33 @@ def _expand(word: str, variables: Mapping[str, list[str]]) -> list[str]:
     return [word]
 
 
-def _launch_args(text: str) -> tuple[list[str], list[str]]:
-    """(the launcher's arguments, the training arguments) of the script's command with the most ``--`` arguments."""
-    stmts, variables = _shell_statements(text)
+def _sourced(stmts: list[list[str]], base: Path | None, depth: int = 0) -> dict[str, list[str]]:
+    """The variables of the files the script ``source``-s (``source F`` / ``. F``): ``F`` relative to ``base`` (the
+    script's folder), a leading ``${SCRIPT_DIR}/``-style variable read as that folder (slime's scripts source
+    ``"${SCRIPT_DIR}/models/<model>.sh"``). Files not found are skipped (their variables stay unexpanded, and are named)."""
+    out: dict[str, list[str]] = {}
+    if base is None or depth > 4:
+        return out
+    for st in stmts:
+        if len(st) >= 2 and st[0] in ("source", "."):
+            rel = re.sub(r"^\$\{?[A-Za-z_][A-Za-z0-9_]*\}?/", "", st[1])
+            f = base / rel
+            if f.is_file():
+                try:
+                    sub, variables = _shell_statements(f.read_text(encoding="utf-8"))
+                except (OSError, UnicodeDecodeError, TunerError):
+                    continue
+                out |= _sourced(sub, f.parent, depth + 1) | variables
+    return out
+
+
+def _launch_args(text: str, base: Path | None = None) -> tuple[list[str], list[str]]:
+    """(the launcher's arguments, the training arguments) of the script's command with the most ``--`` arguments; a
+    variable the script uses there but neither sets nor sources stays as it is (``${MODEL_ARGS[@]}``), to be named."""
+    stmts, own = _shell_statements(text)
     if not stmts:
         raise TunerError("it holds no command")
+    variables = _sourced(stmts, base) | own
     def score(stmt: list[str]) -> int:
         return sum(x.startswith("--") for w in stmt for x in _expand(w, variables))
 
@@ -195,7 +217,8 @@ def _launch_args(text: str) -> tuple[list[str], list[str]]:
     launcher = words[:cut] if cut else []
     rest = words[cut:] if cut else words
     first = next((i for i, w in enumerate(rest) if w.startswith("-")), len(rest))
-    return launcher, rest[first:]
+    unset = [w for w in rest[:first] if (v := _VAR.match(w)) and v.group(2)]  # ${MODEL_ARGS[@]} before the first flag: named
+    return launcher, unset + rest[first:]
 
 
 # ---- arguments ------------------------------------------------------------------------------------------------------
@@ -407,6 +430,9 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
                 without = True
             (no_effect if without else not_understood).append(names.get(n, n) if names else n)
             keep = True
+        elif (v := _VAR.match(w)) and v.group(2):  # an array the file uses but neither sets nor sources: arguments unknown
+            not_understood.append(f"{w} (not set in the file)")
+            continue
         elif not keep:
             not_understood.append(w)
             continue
@@ -676,13 +702,13 @@ def read_launch(path: str | Path, *, model: str | None = None) -> LaunchFile:
 
             lf = replace(lf, nodes=int(gpu["count"]) // int(gpu["per_node"]), gpus_per_node=int(gpu["per_node"]))
         return lf
-    launcher, argv = _safe_args(text, label, accepted)
+    launcher, argv = _safe_args(text, label, accepted, p.parent)
     return _read_args(p, "shell", launcher, argv, model, None)
 
 
-def _safe_args(text: str, label: str, accepted: str) -> tuple[list[str], list[str]]:
+def _safe_args(text: str, label: str, accepted: str, base: Path | None = None) -> tuple[list[str], list[str]]:
     try:
-        launcher, argv = _launch_args(text)
+        launcher, argv = _launch_args(text, base)
     except TunerError as e:
         raise TunerError(f"{label}: {e}; {accepted}") from None
     if not any(w.startswith("--") for w in argv):

@@ -304,3 +304,19 @@ def test_a_study_is_not_resumed_with_other_run_options(tmp_path):
     assert r.exit_code == 2 and "run options grad_reduce_in_fp32=True; this run asks for run options grad_reduce_in_fp32=False" in r.output
     r = runner.invoke(app, [*args, "--task", "lora"])
     assert r.exit_code == 2 and "--task pretrain" in r.output and "--task lora" in r.output
+
+
+def test_a_sourced_model_file_is_read_and_an_unset_array_is_named(tmp_path):
+    """slime's run scripts source "${SCRIPT_DIR}/models/<model>.sh" for MODEL_ARGS."""
+    text = SEED_LAUNCH.read_text()
+    cut = text.index("export CUDA_DEVICE_MAX_CONNECTIONS")
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models/minimax-m2.sh").write_text(text[:cut])
+    run = tmp_path / "run.sh"
+    run.write_text('SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"\n'
+                   'source "${SCRIPT_DIR}/models/minimax-m2.sh"\n' + text[cut:])
+    assert _estimate_from(_from(run)) == _estimate_from(_from(SEED_LAUNCH))
+    alone = tmp_path / "alone.sh"
+    alone.write_text(text[cut:])
+    lf = _from(alone, model="MiniMax-M2").launch
+    assert lf.not_understood == ("${MODEL_ARGS[@]} (not set in the file)",)
