@@ -36,7 +36,7 @@ import numpy.typing as npt
 from cost_model import step_detail
 from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
 from cost_model.flops import megatron_flops_per_token, mfu
-from cost_model.terms import activations, comm, compute, context, memory, optimizer, params, recompute, schedule, state
+from cost_model.terms import activations, comm, compute, context, lora, memory, optimizer, params, recompute, schedule, state
 from cost_model.terms.context import Array, TableContext
 from cost_model.types import Estimate
 from search_spaces.rules import check_layout
@@ -158,10 +158,11 @@ def _memory_by_rank(c: TableContext, dense: Array, experts: Array, owned: Array,
     ) + memory.cuda_graph_buffer_bytes(c, inflight)
     logits = memory.logits_bytes(c)
     buffers = memory.dispatcher_buffer_bytes(c, copies)
+    tdense, texp = lora.trainable_params(c, dense, experts)
     return {
-        "weights": state.weight_bytes(c, dense, experts),
-        "main_grads": state.main_grad_bytes(c, dense, experts),
-        "optimizer": state.optimizer_state_bytes(c, owned) + state.offload_build_bytes(c, dense, experts),
+        "weights": state.weight_bytes(c, dense, experts) + lora.adapter_weight_bytes(c),
+        "main_grads": state.main_grad_bytes(c, tdense, texp),
+        "optimizer": state.optimizer_state_bytes(c, owned) + state.offload_build_bytes(c, tdense, texp),
         "activations": act,
         "logits": logits * c.live,
         "dispatcher_buffers": buffers,
@@ -236,7 +237,7 @@ def _time_parts(c: TableContext, dense: Array, experts: Array, owned: Array, cop
         "ep_comm": schedule.busy_time(c, per_mb["ep_comm"], mean),
         "pp_bubble": schedule.bubble_time(c, slowest, mean),
         "pp_p2p": schedule.pp_p2p_time(c),
-        "dp_comm": comm.dp_comm_time(c, dense, experts, total),
+        "dp_comm": comm.dp_comm_time(c, *lora.trainable_params(c, dense, experts), total),
         "optimizer": optimizer.optimizer_step_time(c, owned),
         "offload": optimizer.offload_time(c, owned),
     }
@@ -294,9 +295,10 @@ def estimate_table(
 def _estimate_table(model: ModelSpec, cluster: Cluster, workload: Workload, table: LayoutTable, calibration: Calibration,
                     memory_headroom: float, options: RunOptions) -> EstimateTable:
     c = context.build_context(model, cluster, workload, table, calibration, options)
+    lora.check_targets(c)
     dense = params.dense_params(c)
     experts = params.expert_params(c)
-    owned = state.owned_params(c, dense, experts)
+    owned = state.owned_params(c, *lora.trainable_params(c, dense, experts))
     copies = activations.routed_token_copies(c)
 
     by_rank = _memory_by_rank(c, dense, experts, owned, copies)
@@ -318,7 +320,7 @@ def _estimate_table(model: ModelSpec, cluster: Cluster, workload: Workload, tabl
         usd_per_million_tokens=cluster.usd_per_gpu_hour / (tps * 3600.0) * 1e6,
         hbm_bytes=cluster.gpu.hbm_bytes,
         usable_bytes=cluster.gpu.hbm_bytes * (1 - memory_headroom),
-        host_bytes_per_node=optimizer.host_bytes_per_node(c, owned, dense + experts),
+        host_bytes_per_node=optimizer.host_bytes_per_node(c, owned, np.add(*lora.trainable_params(c, dense, experts))),
         host_memory_bytes=cluster.host_memory_bytes_per_node,
     )
 
@@ -414,7 +416,8 @@ def _details(c: TableContext, est: Estimate, times: step_detail.ChunkTimes, copi
     cls = step_detail.rank_class_of(model, layout, [int(x) for x in c.rank[0]])
     dense = params.dense_params(c)
     experts = params.expert_params(c)
-    owned = state.owned_params(c, dense, experts)
+    tdense, texp = lora.trainable_params(c, dense, experts)
+    owned = state.owned_params(c, tdense, texp)
     c0 = step_detail.no_overlap(c)
     per_mb = _time_per_microbatch(c, copies)
     total = _total({p: per_mb[p] for p in step_detail.CHUNK_PARTS})
@@ -426,12 +429,12 @@ def _details(c: TableContext, est: Estimate, times: step_detail.ChunkTimes, copi
         one = np.zeros_like(c.live)
         one[0, k] = True  # the class alone: the per-step terms' slowest rank is this one
         ck, ck0 = dataclasses.replace(c, live=one), dataclasses.replace(c0, live=one)
-        dp, opt, off = (float(comm.dp_comm_time(ck, dense, experts, window)[0]), float(optimizer.optimizer_step_time(ck, owned)[0]),
+        dp, opt, off = (float(comm.dp_comm_time(ck, tdense, texp, window)[0]), float(optimizer.optimizer_step_time(ck, owned)[0]),
                         float(optimizer.offload_time(ck, owned)[0]))
         for name, v in (("pp_p2p", p2p), ("dp_comm", dp), ("optimizer", opt), ("offload", off)):
             tail[name].append(v)
         hidden["pp_p2p"].append(max(p2p0 - p2p, 0.0))
-        hidden["dp_comm"].append(max(float(comm.dp_comm_time(ck0, dense, experts, window)[0]) - dp, 0.0))
+        hidden["dp_comm"].append(max(float(comm.dp_comm_time(ck0, tdense, texp, window)[0]) - dp, 0.0))
         hidden["offload"].append(max(float(optimizer.offload_time(ck0, owned)[0]) - off, 0.0))
     by_rank = _memory_by_rank(c, dense, experts, owned, copies)
     closed = float(m * schedule.slowest_rank_time(total)[0] + schedule.fill_drain_microbatches(c)[0] * schedule.mean_rank_time(c, total)[0])

@@ -134,8 +134,17 @@ def model_alias(name: str) -> str | None:
     return presets.get(key) or _ALIASES.get(key)
 
 
-def _model_for(name: str) -> tuple[ModelSpec | None, str]:
-    """(spec, "") or (None, reason). Megatron README's GPT rows are built from the name's numbers."""
+def _model_for(name: str, base: Path | None = None) -> tuple[ModelSpec | None, str]:
+    """(spec, "") or (None, reason). Megatron README's GPT rows are built from the name's numbers; a name ending in
+    ``.json`` is a Hugging Face ``config.json`` (a relative path from the table's folder ``base``, else as given)."""
+    if name.strip().lower().endswith(".json"):
+        f = Path(name.strip())
+        if not f.is_absolute() and base is not None and (base / f).is_file():
+            f = base / f
+        try:
+            return load_model(str(f)), ""
+        except TunerError as e:
+            return None, f"model {name.strip()[:80]!r}: {e}"
     preset = model_alias(name)
     if preset:
         return load_model(preset), ""
@@ -505,7 +514,7 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
                 is_moe=r.get("is_moe", "").strip().upper().startswith("Y"),
             )
             runs.append(run)
-            model, why = _model_for(run.model_name)
+            model, why = _model_for(run.model_name, p.parent)
             if model is None:
                 run.unrepresentable = why
                 continue
@@ -528,9 +537,9 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
                 reasons.append("neither tokens/s/GPU nor model TFLOP/s/GPU is published")
             if "not megatron-core" in run.framework_version.lower():
                 reasons.append("not Megatron-core (NeMo AutoModel: PyTorch FSDP2), whose costs differ")
-            task = r.get("task", "").strip().lower()
-            if task and task != "pre-training":
-                reasons.append(f"task {r.get('task')!r}: fine-tuning (frozen weights / packed sequences) is not modelled")
+            task = {"": "pretrain", "pre-training": "pretrain", "sft": "sft", "lora": "lora"}.get(r.get("task", "").strip().lower())
+            if task is None:
+                reasons.append(f"task {r.get('task')!r}: accepted Pre-Training, SFT or LoRA")
             if r.get("confidence", "").strip().lower().startswith("low"):
                 reasons.append(f"confidence {r.get('confidence')!r} in the source table (internally inconsistent)")
             if ("tokendrop" in r.get("model", "").lower() or re.search(r"token[- ]?drop(ping)? (row|run)s? *\(this", low_notes)
@@ -546,7 +555,8 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
                 continue
             try:
                 run.cluster = _cluster(gpu, run.num_gpus)
-                run.workload = Workload(seq_length=int(seq), global_batch_size=int(gbs), precision=prec)  # type: ignore[arg-type]
+                run.workload = Workload(seq_length=int(seq), global_batch_size=int(gbs), precision=prec,  # type: ignore[arg-type]
+                                        task=task or "pretrain")
             except TunerError as e:  # out-of-range cells (e.g. 2,000,000 GPUs): this row only
                 col = "num_gpus" if "GPUs" in str(e) else "seq_len / gbs"
                 problems.append(RowProblem(i, rid, col, "out of range: " + str(e).split(': ', 1)[-1].replace('--seq-len and --global-batch', 'seq_len and gbs')))

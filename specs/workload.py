@@ -12,6 +12,8 @@ from specs.versions import NEWEST_MEGATRON_CORE, megatron_core_version
 
 __all__ = [
     "CROSS_ENTROPY_IMPLS",
+    "LORA_TARGET_MODULES",
+    "TASKS",
     "CUDA_GRAPH_MOE_SCOPES",
     "DEFAULT_RUN_OPTIONS",
     "FP8_RECIPES",
@@ -30,6 +32,12 @@ CROSS_ENTROPY_IMPLS = ("native", "te")
 #: Optimizers the cost model sizes: Adam (``--optimizer adam``) and Megatron's layer-wise distributed Muon
 #: (Megatron-Bridge ``optimizer_type="muon"``, ``distributed_muon_with_cosine_annealing``).
 OPTIMIZERS = ("adam", "dist_muon")
+
+
+#: What a step trains (``--task``).
+TASKS = ("pretrain", "sft", "lora")
+#: The linear layers LoRA can adapt (Megatron-core's module names; Megatron-Bridge's default targets, all four).
+LORA_TARGET_MODULES = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 
 
 #: The longest sequence (tokens) a workload may name: 2**24, far above the longest in benchmarks/data/published_runs.csv.
@@ -51,6 +59,14 @@ class Workload:
     """Rows per optimizer step (``--global-batch-size``)."""
     precision: Precision = Precision.bf16
     dataset: str = "synthetic fixed-length rows"
+    task: str = "pretrain"
+    """``pretrain``, ``sft`` (full-parameter fine-tuning on packed sequences with the loss masked to the responses: the
+    same compute and memory as pretraining at the packed length; only the supervised share of the tokens differs) or
+    ``lora`` (frozen base weights with low-rank adapters, :data:`LORA_TARGET_MODULES`)."""
+    lora_rank: int = 32
+    """LoRA's rank r (Megatron-Bridge ``LoRA.dim``, default 32, ``src/megatron/bridge/peft/lora.py`` l.146 at 067f987d)."""
+    lora_target_modules: tuple[str, ...] = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+    """The linear layers LoRA adapts (Megatron-Bridge's default ``target_modules``, same file l.143-145)."""
 
     def __post_init__(self) -> None:
         if self.seq_length <= 0:
@@ -62,6 +78,14 @@ class Workload:
         if self.global_batch_size > MAX_GLOBAL_BATCH:
             raise TunerError(f"--global-batch must be at most {MAX_GLOBAL_BATCH:,} sequences, got {self.global_batch_size:,} (the "
                              "pipeline schedule is simulated per micro-batch; the published runs in benchmarks/data use at most 16,384)")
+        if self.task not in TASKS:
+            raise TunerError(f"--task {str(self.task)[:40]!r}: accepted {', '.join(TASKS)}")
+        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank <= 0:
+            raise TunerError(f"--lora-rank must be a positive integer, got {self.lora_rank!r}")
+        object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))
+        bad = [m for m in self.lora_target_modules if m not in LORA_TARGET_MODULES]
+        if bad or not self.lora_target_modules:
+            raise TunerError(f"--lora-target-modules {(bad[0] if bad else '')[:40]!r}: accepted {', '.join(LORA_TARGET_MODULES)}")
         try:
             object.__setattr__(self, "precision", Precision(self.precision))
         except ValueError:
@@ -161,6 +185,10 @@ class RunOptions:
     te_version: str = "2.20"
     """Transformer Engine version (major.minor) the run used: TE <= 2.17 writes the cross-entropy gradient in place
     into the bf16 logits; TE 2.18 (commit 01bbe3ee) keeps a separate fp32 gradient."""
+    moe_permute_fusion: bool = False
+    """``--moe-permute-fusion`` (Transformer Engine's fused token permutation; Megatron-core default False,
+    ``transformer_config.py``). Recorded and exported; the cost model does not price it (its time and memory were not
+    measured on this project's machines)."""
     bias_activation_fusion: bool = True
     """``bias_activation_fusion`` (Megatron-LM ``--bias-swiglu-fusion``, on by default; off in this project's
     trial harness): the (probability-weighted) SwiGLU is one fused function that saves only its input

@@ -547,6 +547,9 @@ def export_context(
     correctness: Any = None,
     notes: Sequence[str] = (),
     megatron_core: str | None = None,
+    options: Any = None,
+    stack: str = "",
+    user_args: Sequence[str] = (),
 ) -> Any:
     """The :class:`launch.exporters.ExportContext` of ``layout``, with the cost model's estimate of it; its model as the
     commands for ``megatron_core`` (the study's ``--megatron-core``; None: the newest) build it
@@ -558,6 +561,9 @@ def export_context(
         measurement: the trial's :class:`~launch.base.Measurement` (None: predicted only).
         correctness: the ``tune verify`` block stored with the trial (None: not run).
         notes: more recipe notes (confirmation runs, measured ties).
+        options: the run options the study estimated with (:class:`specs.RunOptions`; None: the default stack's).
+        stack: the stack preset they came from.
+        user_args: the user's own launch arguments the commands keep (``tune --from``).
 
     Raises:
         TunerError: the layout breaks a rule of the estimate.
@@ -568,10 +574,13 @@ def export_context(
     kw: dict[str, Any] = {"memory_headroom": memory_headroom}
     if calibration is not None:
         kw["calibration"] = calibration
+    if options is not None:
+        kw["options"] = options
     est = estimate(model, cluster, workload, layout, **kw)
     exported, why = model_for_release(model, megatron_core)
     return ExportContext(model=exported, cluster=cluster, workload=workload, layout=layout, study=study, estimate=est,
-                         measurement=measurement, correctness=correctness, notes=(*notes, *((why,) if why else ())))
+                         measurement=measurement, correctness=correctness, notes=(*notes, *((why,) if why else ())),
+                         options=options, stack=stack, user_args=tuple(user_args))
 
 
 def export_files(
@@ -588,6 +597,9 @@ def export_files(
     notes: Sequence[str] = (),
     correctness: Any = None,
     megatron_core: str | None = None,
+    options: Any = None,
+    stack: str = "",
+    user_args: Sequence[str] = (),
 ) -> dict[str, Path]:
     """Write the files of every format the main job exports (:func:`launch.exporters.main_job_exporters`:
     ``recipe.yaml``, ``run_slime.sh``, ``megatron_args.sh``) for ``layout`` into ``out_dir``.
@@ -604,6 +616,7 @@ def export_files(
     from launch.exporters import main_job_exporters
 
     ctx = export_context(model, cluster, workload, layout, study=study, calibration=calibration, memory_headroom=memory_headroom,
-                         measurement=measurement, correctness=correctness, notes=notes, megatron_core=megatron_core)
+                         measurement=measurement, correctness=correctness, notes=notes, megatron_core=megatron_core,
+                         options=options, stack=stack, user_args=user_args)
     rendered = [(e, e.render(ctx)) for e in main_job_exporters()]
     return {e.name: e.save(text, out_dir / e.file_name) for e, text in rendered}

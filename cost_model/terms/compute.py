@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from cost_model.calibration import Calibration
+from cost_model.terms import lora
 from cost_model.terms.context import Array, TableContext, col
 
 __all__ = [
@@ -414,7 +415,7 @@ def attention_compute_time(c: TableContext, linear: Array, core: Array, elementw
     Returns:
         Seconds, ``(n, 1)``.
     """
-    return GEMM_PASSES * (linear + core) + elementwise
+    return lora.gemm_passes(c, GEMM_PASSES) * linear + GEMM_PASSES * core + elementwise
 
 
 def moe_compute_time(c: TableContext, experts: Array, router: Array, shared: Array, elementwise: Array) -> Array:
@@ -423,7 +424,7 @@ def moe_compute_time(c: TableContext, experts: Array, router: Array, shared: Arr
     Returns:
         Seconds, ``(n, 1)``.
     """
-    return GEMM_PASSES * (experts + router + shared) + elementwise
+    return lora.gemm_passes(c, GEMM_PASSES) * (experts + router + shared) + elementwise
 
 
 def dense_compute_time(c: TableContext, mlp: Array, attention_elementwise: Array) -> Array:
@@ -433,7 +434,7 @@ def dense_compute_time(c: TableContext, mlp: Array, attention_elementwise: Array
     Returns:
         Seconds, ``(n, 1)``.
     """
-    return GEMM_PASSES * mlp + attention_elementwise * c.cal.dense_mlp_elementwise_share
+    return lora.gemm_passes(c, GEMM_PASSES) * mlp + attention_elementwise * c.cal.dense_mlp_elementwise_share
 
 
 def loss_time(c: TableContext) -> Array:
@@ -457,5 +458,5 @@ def logits_time(c: TableContext) -> Array:
         Seconds, ``(n, K)``; 0 on other ranks.
     """
     f = logits_flops(c)
-    gemms = GEMM_PASSES * f / (c.bf16_peak_flops * gemm_efficiency(f, c.cal))
+    gemms = lora.gemm_passes(c, GEMM_PASSES) * f / (c.bf16_peak_flops * gemm_efficiency(f, c.cal))
     return c.is_last * (gemms + loss_time(c))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from specs import Cluster, ModelSpec, Workload
+from specs import Cluster, ModelSpec, RunOptions, Workload
 from specs.layout import Layout
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -46,6 +46,12 @@ class ExportContext:
     render; None for a training layout. ``layout`` is then the plan's trainer layout."""
     rl_job: RLJob | None = None
     """The RL job ``rl_plan`` was predicted for (model, cluster, lengths, batch)."""
+    options: RunOptions | None = None
+    """The run options the layout was estimated with (None: the default stack's); the commands write them."""
+    stack: str = ""
+    """The stack preset of :attr:`options` (:mod:`specs.stacks`; "" when none was named)."""
+    user_args: tuple[str, ...] = ()
+    """The user's own launch arguments the commands keep (``tune --from``: those without effect or not understood)."""
 
     @classmethod
     def for_rl_plan(cls, plan: RLPlan, job: RLJob) -> ExportContext:

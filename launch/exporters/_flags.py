@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from specs import NEWEST_MEGATRON_CORE, Cluster, ModelSpec, Precision, Workload, megatron_core_version
+from specs import NEWEST_MEGATRON_CORE, Cluster, ModelSpec, Precision, RunOptions, Workload, megatron_core_version
 from specs.errors import TunerError
 from specs.layout import Dispatcher, Layout, RecomputeGranularity
 
@@ -52,19 +52,63 @@ _MISC_LINES: tuple[tuple[str, ...], ...] = (
 MISC_ARGS: tuple[str, ...] = tuple(a for line in _MISC_LINES for a in line)
 
 
-def misc_lines(model: ModelSpec) -> tuple[tuple[str, ...], ...]:
+def misc_lines(model: ModelSpec, options: RunOptions | None = None) -> tuple[tuple[str, ...], ...]:
     """:data:`_MISC_LINES` for ``model``: ``--attention-backend fused`` instead of ``flash`` when its softmax is not vanilla
     (GPT-OSS's attention sinks): Transformer Engine disables FlashAttention for any other ``softmax_type``
     (transformer_engine/pytorch/attention/dot_product_attention/utils.py, ``get_attention_backend``) and Megatron's
     ``flash`` backend turns the fused and unfused ones off, so no backend would be left; cuDNN's fused attention runs sinks."""
+    lines = _MISC_LINES
+    if options is not None and not options.grad_reduce_in_fp32:  # bf16 main gradients (--grad-reduce-in-bf16)
+        lines = tuple(("--grad-reduce-in-bf16", "--attention-softmax-in-fp32") if line == _MISC_LINES[1] else line for line in lines)
     if model.softmax_type == "vanilla":
-        return _MISC_LINES
-    return tuple(("--attention-backend", "fused") if line == ("--attention-backend", "flash") else line for line in _MISC_LINES)
+        return lines
+    return tuple(("--attention-backend", "fused") if line == ("--attention-backend", "flash") else line for line in lines)
 
 
-def misc_args(model: ModelSpec) -> tuple[str, ...]:
+def misc_args(model: ModelSpec, options: RunOptions | None = None) -> tuple[str, ...]:
     """:func:`misc_lines` as one argv tuple."""
-    return tuple(a for line in misc_lines(model) for a in line)
+    return tuple(a for line in misc_lines(model, options) for a in line)
+
+
+def options_args(model: ModelSpec, workload: Workload, options: RunOptions | None) -> list[str]:
+    """The run options' arguments other than Megatron-LM's defaults (:func:`specs.stacks.run_option_args`), without
+    those the model's own arguments already write (MiniMax-M2's ``--moe-permute-fusion`` and ``--no-rope-fusion``)."""
+    if options is None:
+        return []
+    from specs.stacks import run_option_args
+
+    return run_option_args(options, precision=workload.precision.value, skip=tuple(model.extra_megatron_args))
+
+
+#: slime's own arguments (its RL loop, rollout engine and Ray placement; THUDM/slime ``slime/utils/arguments.py``):
+#: Megatron-LM's ``pretrain_gpt.py`` refuses them, so ``megatron_args.sh`` leaves them out of a slime launch's arguments.
+SLIME_ONLY_ARGS = frozenset("""
+--async --actor-num-nodes --actor-num-gpus-per-node --colocate --hf-checkpoint --ref-load --rollout-function-path
+--prompt-data --input-key --label-key --metadata-key --tool-key --apply-chat-template --num-rollout --rollout-batch-size
+--rollout-shuffle --rollout-max-response-len --rollout-max-prompt-len --rollout-temperature --rollout-top-p
+--rollout-num-gpus-per-engine --rollout-num-gpus --n-samples-per-prompt --over-sampling-batch-size --balance-data
+--num-steps-per-rollout --loss-type --disable-compute-advantages-and-returns --debug-train-only --advantage-estimator
+--use-kl-loss --kl-loss-coef --kl-loss-type --kl-coef --entropy-coef --eps-clip --eps-clip-high --sglang-mem-fraction-static
+--sglang-ep-size --use-dynamic-batch-size --max-tokens-per-gpu --use-wandb --wandb-project --wandb-group --model-name
+""".split())
+
+
+def kept_user_args(argv: Sequence[str], written: Sequence[str]) -> list[str]:
+    """The user's own arguments (``tune --from``: those without effect on the estimate or not understood), in order,
+    less each flag group that ``written`` (the exported command) already has with the same values. A later flag wins
+    in argparse, so the user's values stand where they differ."""
+    have = {tuple(a.strip('"') for a in g) for g in _groups(written)}  # "$HF_CKPT" written as an expansion is $HF_CKPT
+    return [a for g in _groups(argv) if tuple(a.strip('"') for a in g) not in have for a in g]
+
+
+def _groups(argv: Sequence[str]) -> list[list[str]]:
+    groups: list[list[str]] = []
+    for x in argv:
+        if str(x).startswith("--") or not groups:
+            groups.append([str(x)])
+        else:
+            groups[-1].append(str(x))
+    return groups
 
 #: slime's MiniMax-M2 layer spec (scripts/models/minimax-m2.sh): full-width QK RMSNorm.
 _MINIMAX_M2_SPEC = ("--spec", "slime_plugins.models.minimax_m2", "get_minimax_m2_layer_spec")
@@ -458,15 +502,17 @@ def layout_args(layout: Layout, model: ModelSpec, workload: Workload, *, framewo
     return a
 
 
-def megatron_args(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout) -> list[str]:
+def megatron_args(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, *, options: RunOptions | None = None,
+                  user_args: Sequence[str] = ()) -> list[str]:
     """The full Megatron-LM argument list for ``pretrain_gpt.py`` (data arguments aside).
 
     :func:`model_args`, then :func:`layout_args` (with ``--micro-batch-size``),
     ``--max-position-embeddings`` (the sequence length, as slime sets it),
     ``--bf16`` (plus ``--fp8-format hybrid`` for an fp8 workload), the seed's
     optimizer hyperparameters (:data:`OPTIMIZER_HPARAMS`) and numerics flags
-    (:data:`MISC_ARGS`). Data, tokenizer, checkpoint and ``--train-iters``
-    arguments are the user's to add.
+    (:data:`MISC_ARGS`; ``--grad-reduce-in-bf16`` for bf16 main gradients), the run ``options``' arguments
+    (:func:`options_args`) and the user's ``user_args`` (``tune --from``, :func:`kept_user_args`). Data, tokenizer,
+    checkpoint and ``--train-iters`` arguments are the user's to add.
 
     Args:
         model: The model.
@@ -482,14 +528,16 @@ def megatron_args(model: ModelSpec, cluster: Cluster, workload: Workload, layout
             the cluster's GPU count.
     """
     _check(layout, model, workload, cluster)
-    return [
+    argv = [
         *model_args(model),
         *layout_args(layout, model, workload, framework="megatron"),
         "--max-position-embeddings", str(workload.seq_length),
         *_precision_args(workload, "megatron"),
         *OPTIMIZER_HPARAMS,
-        *misc_args(model),
+        *misc_args(model, options),
+        *options_args(model, workload, options),
     ]  # fmt: skip
+    return argv + [a for g in _groups(kept_user_args(user_args, argv)) if g[0] not in SLIME_ONLY_ARGS for a in g]
 
 def _env(extra_env: Mapping[str, str] | None) -> dict[str, str]:
     env = dict(SEED_ENV)

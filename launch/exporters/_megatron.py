@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._describe import _summary
 from launch.exporters._flags import megatron_args
-from launch.exporters._shell import SHEBANG, STRICT_MODE, bash_array, comment
-from specs import Cluster, ModelSpec, Workload
+from launch.exporters._shell import SHEBANG, STRICT_MODE, Sh, bash_array, comment
+from specs import Cluster, ModelSpec, RunOptions, Workload
 from specs.layout import Layout
 
 __all__ = ["MEGATRON_SCRIPT_ENV", "megatron_args_script", "MegatronArgsExporter"]
@@ -42,7 +43,8 @@ def _need(v: str, indent: str = "  ") -> str:
     return f'{indent}: "${{{v}:?set {v} to {MEGATRON_SCRIPT_ENV[v].split("; required")[0]}}}"'
 
 
-def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout) -> str:
+def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, *, options: RunOptions | None = None,
+                         user_args: Sequence[str] = ()) -> str:
     """A bash file that defines ``MEGATRON_ARGS=( ... )`` and, run, launches Megatron-LM's training on the user's data.
 
     Every element is ``shlex.quote``-d, so the pipeline layout string's ``|``, ``(`` and ``*`` reach
@@ -61,6 +63,8 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
         cluster: The GPUs.
         workload: The workload.
         layout: The layout.
+        options: The run options (their arguments other than Megatron-LM's defaults are written).
+        user_args: The user's own arguments kept (``tune --from``).
 
     Returns:
         The file's text, from ``#!/usr/bin/env bash``.
@@ -68,7 +72,7 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
     Raises:
         TunerError: as :func:`megatron_args`.
     """
-    argv = megatron_args(model, cluster, workload, layout)
+    argv = megatron_args(model, cluster, workload, layout, options=options, user_args=user_args)
     head = [
         SHEBANG,
         f"# Megatron-LM arguments for {model.name} on {cluster.num_gpus} {cluster.gpu.name} "
@@ -108,6 +112,7 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
         '    "${PRETRAIN_SCRIPT:-pretrain_gpt.py}" "${MEGATRON_ARGS[@]}" "${DATA_ARGS[@]}"',
         "fi",
     ]
+    argv = [Sh(f'"{x}"') if "$" in x and '"' not in x else x for x in argv]  # the user's "$VAR" stays an expansion
     return "\n".join(head) + "\n" + bash_array("MEGATRON_ARGS", argv) + "\n".join(tail) + "\n"
 
 
@@ -125,4 +130,5 @@ class MegatronArgsExporter(Exporter):
         Raises:
             TunerError: as :func:`megatron_args_script`.
         """
-        return megatron_args_script(context.model, context.cluster, context.workload, context.layout)
+        return megatron_args_script(context.model, context.cluster, context.workload, context.layout, options=context.options,
+                                    user_args=context.user_args)

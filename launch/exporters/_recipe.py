@@ -24,7 +24,7 @@ from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._describe import _layout_note, _summary
 from launch.exporters._flags import GIB, GPT_YARN_SINCE, _env, _max_tokens_per_gpu, _pipeline_layout_string
 from launch.exporters._slime import slime_script
-from specs import Cluster, ModelSpec, Workload
+from specs import Cluster, ModelSpec, RunOptions, Workload
 from specs.errors import TunerError
 from specs.layout import Dispatcher, Layout, RecomputeGranularity
 
@@ -213,6 +213,9 @@ def recipe_dict(
     extra_env: Mapping[str, str] | None = None,
     correctness: Mapping[str, Any] | None = None,
     extra_notes: Sequence[str] = (),
+    options: RunOptions | None = None,
+    stack: str = "",
+    user_args: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The recipe for ``layout``, with the seed's fields and key order.
 
@@ -244,6 +247,10 @@ def recipe_dict(
         extra_env: More environment variables for the run script.
         correctness: The ``correctness`` block (default: "not run" with how to run it).
         extra_notes: More ``notes``, after the status notes (e.g. the measured trials within noise of this one).
+        options: The run options of the estimate: ``stack.run_options`` lists those other than the defaults, and
+            ``run`` writes them.
+        stack: The stack preset named (``stack.preset``).
+        user_args: The user's own launch arguments (``tune --from``): ``run`` keeps them, ``stack.user_args`` lists them.
 
     Returns:
         A plain dict (str, int, float, bool, None, list, dict, date) in the
@@ -257,7 +264,7 @@ def recipe_dict(
         raise TunerError(f"the estimate is for {estimate.layout.label}, not for {layout.label}")
     if measurement is not None and measurement.layout != layout:
         raise TunerError(f"the measurement is for {measurement.layout.label}, not for {layout.label}")
-    run = slime_script(model, cluster, workload, layout, extra_env=extra_env)
+    run = slime_script(model, cluster, workload, layout, extra_env=extra_env, options=options, user_args=user_args)
     pls = _pipeline_layout_string(layout, model)
 
     status, result, failure_note = "predicted", None, None
@@ -347,12 +354,16 @@ def recipe_dict(
     if study:
         recipe["study"] = study
     recipe |= {
-        "stack": {"framework": _STACK_FRAMEWORK, "megatron_core": f">={core}", "note": stack_note},
+        "stack": {"framework": _STACK_FRAMEWORK, "megatron_core": f">={core}", "note": stack_note, **_run_block(options, stack, user_args)},
         "workload": {
             "row_tokens": int(workload.seq_length),
             "rows": workload.dataset,
             "global_batch": int(workload.global_batch_size),
             "precision": str(workload.precision),
+            **({"task": workload.task} if workload.task != "pretrain" else {}),
+            **({"lora": {"rank": workload.lora_rank, "target_modules": list(workload.lora_target_modules),
+                         "note": "Megatron-Bridge's LoRA (peft.lora.LoRA dim and target_modules); Megatron-LM and slime "
+                                 "have no LoRA arguments, so `run` trains every weight"}} if workload.task == "lora" else {}),
         },
         "layout": _layout_section(layout, model, workload, pls),
         "result": result,
@@ -489,6 +500,23 @@ def validate_recipe(recipe: Mapping[str, Any]) -> None:
         raise TunerError("recipe does not match launch/schema/recipe.schema.json:\n" + "\n".join(lines))
 
 
+def _run_block(options: RunOptions | None, stack: str, user_args: Sequence[str]) -> dict[str, Any]:
+    """``stack.preset``, ``stack.run_options`` (the fields other than :class:`RunOptions`' defaults, the seed's) and
+    ``stack.user_args``, each only when there is something to say."""
+    import dataclasses
+
+    d: dict[str, Any] = {}
+    if stack:
+        d["preset"] = stack
+    if options is not None:
+        default = RunOptions()
+        d["run_options"] = {f.name: list(v) if isinstance(v := getattr(options, f.name), tuple) else v
+                            for f in dataclasses.fields(options) if getattr(options, f.name) != getattr(default, f.name)}
+    if user_args:
+        d["user_args"] = [str(a) for a in user_args]
+    return d
+
+
 class RecipeExporter(Exporter):
     """``recipe.yaml``: :func:`recipe_dict` of the context, validated (:func:`validate_recipe`), as YAML (:func:`dump_recipe`)."""
 
@@ -504,6 +532,6 @@ class RecipeExporter(Exporter):
         """
         rec = recipe_dict(context.model, context.cluster, context.workload, context.layout, estimate=context.estimate,
                           measurement=context.measurement, study=context.study, correctness=context.correctness,
-                          extra_notes=context.notes)
+                          extra_notes=context.notes, options=context.options, stack=context.stack, user_args=context.user_args)
         validate_recipe(rec)
         return dump_recipe(rec)

@@ -19,11 +19,13 @@ from launch.exporters._flags import (
     _pipeline_layout_string,
     _precision_args,
     _recompute_args,
+    kept_user_args,
     misc_lines,
     model_args,
+    options_args,
 )
 from launch.exporters._shell import SHEBANG, STRICT_MODE, Sh, bash_array, command, comment, group_flags
-from specs import Cluster, ModelSpec, Workload
+from specs import Cluster, ModelSpec, RunOptions, Workload
 from specs.layout import Dispatcher, Layout
 
 __all__ = ["SEED_NUM_ROLLOUT", "SEED_ROLLOUT", "SFT_ROLLOUT", "SLIME_SCRIPT_ENV", "slime_script", "SlimeScriptExporter"]
@@ -67,6 +69,8 @@ def slime_script(
     layout: Layout,
     *,
     extra_env: Mapping[str, str] | None = None,
+    options: RunOptions | None = None,
+    user_args: Sequence[str] = (),
 ) -> str:
     """Bash that trains ``layout`` with slime on the user's rows (the recipe's ``run`` block).
 
@@ -91,6 +95,9 @@ def slime_script(
         layout: The layout.
         extra_env: More environment variables, exported after the seed's four;
             values are literal (they are quoted for the shell).
+        options: The run options: ``--grad-reduce-in-bf16`` for bf16 main gradients, and the arguments of the others
+            that differ from Megatron-LM's defaults, after the misc flags.
+        user_args: The user's own arguments (``tune --from``), last, less those the command already has.
 
     Returns:
         The script's text (bash), without a shebang.
@@ -160,7 +167,8 @@ def slime_script(
     groups += [("--use-dynamic-batch-size",), ("--max-tokens-per-gpu", str(_max_tokens_per_gpu(layout, workload)))]
     groups += list(_OPTIMIZER_LINES)
     groups += group_flags(_optimizer_layout_args(layout))
-    groups += list(misc_lines(model))
+    groups += list(misc_lines(model, options))
+    groups += group_flags(options_args(model, workload, options))
     prec = _precision_args(workload, "slime")
     if prec:
         groups.append(prec)
@@ -171,6 +179,9 @@ def slime_script(
     pls = _pipeline_layout_string(layout, model)
     if pls is not None:
         groups.append(("--pipeline-model-parallel-layout", pls))
+    written = [str(a) for g in groups for a in g] + model_args(model)
+    for g in group_flags(kept_user_args(user_args, written)):
+        groups.append([Sh(f'"{a}"') if "$" in a and '"' not in a else a for a in g])  # the user's "$VAR" stays an expansion
     out += command((Sh('"$PYTHON"'), Sh('"$SLIME_ENTRY"')), groups)
     return "\n".join(out) + "\n"
 
@@ -189,6 +200,7 @@ class SlimeScriptExporter(Exporter):
         Raises:
             TunerError: as :func:`slime_script`.
         """
-        body = slime_script(context.model, context.cluster, context.workload, context.layout)
+        body = slime_script(context.model, context.cluster, context.workload, context.layout, options=context.options,
+                            user_args=context.user_args)
         head = [SHEBANG, f"# {self.file_name}, exported by megatron-layout-tuner: run it as it is (./{self.file_name}).", STRICT_MODE]
         return "\n".join(head) + "\n" + body

@@ -307,8 +307,21 @@ def study_context(st: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
     c = parse_gpus(f"{res['num_gpus']}x{res['gpu']}", gpus_per_node=res["gpus_per_node"],
                    inter_node_bytes_per_s=res["inter_node_bytes_per_s"], usd_per_gpu_hour=res["usd_per_gpu_hour"],
                    network=res.get("network") or None, host_memory_gib=res.get("host_memory_gib") or None)
-    w = Workload(seq_length=res["seq_length"], global_batch_size=res["global_batch_size"], precision=res.get("precision", "bf16"))
+    lora = {"lora_rank": res["lora_rank"], "lora_target_modules": tuple(res["lora_target_modules"])} if res.get("task") == "lora" else {}
+    w = Workload(seq_length=res["seq_length"], global_batch_size=res["global_batch_size"], precision=res.get("precision", "bf16"),
+                 task=res.get("task") or "pretrain", **lora)
     return m, c, w, cfg
+
+
+def stored_run(st: Any) -> tuple[Any, str, tuple[str, ...]]:
+    """(run options, stack preset, the user's launch arguments) a study made by ``tune`` was estimated and exports with;
+    the options are None for a study stored before they were recorded (its backend's then)."""
+    from specs import RunOptions
+
+    stored = (st.user_attrs.get("resolved") or {}).get("run_options")
+    cfg = st.user_attrs.get("config") or {}
+    opts = RunOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}) if isinstance(stored, dict) else None
+    return opts, str(cfg.get("stack") or ""), tuple(str(a) for a in cfg.get("user_args") or ())
 
 
 # ---- option aliases shared by the areas ------------------------------------------------
@@ -332,3 +345,125 @@ StudyOpt = Annotated[str | None, typer.Option("--study", help="Study name (defau
 StudyNameOpt = Annotated[str | None, typer.Option("--study", help="Study name (required; `tune` prints it, e.g. MiniMax-M2-8x8xH200-s8192-gbs128).", rich_help_panel="Study")]
 StorageOpt = Annotated[str | None, typer.Option("--storage", help="Optuna storage URL (default sqlite:///results/<study>/study.db).", rich_help_panel="Study")]
 ResultsOpt = Annotated[Path, typer.Option("--results-dir", help="Where study folders go.", rich_help_panel="Study")]
+
+
+# ---- run options: the stack preset and Megatron-LM's run flags, shared by every command that estimates ------------
+
+_RUN = "Run options (Megatron-LM's flags; default: the --stack preset's)"
+StackOpt = Annotated[str | None, typer.Option("--stack", help="Stack preset whose run options are the defaults: slime (default, the seed's), megatron-lm (alias megatron), megatron-bridge (its performance recipes) or nemo-rl (its Megatron trainer); specs/data/stacks/ cites each one's source. A flag below overrides it. slime also leaves out the allgather dispatcher, which it rewrites to alltoall.", rich_help_panel=_RUN)]
+AccumulateFp32Opt = Annotated[bool | None, typer.Option("--accumulate-allreduce-grads-in-fp32", help="Main gradients and their reduction in fp32 (4 B per parameter).", rich_help_panel=_RUN)]
+GradReduceBf16Opt = Annotated[bool | None, typer.Option("--grad-reduce-in-bf16", help="Main gradients and their reduction in bf16 (2 B per parameter; Megatron-Bridge's perf recipes).", rich_help_panel=_RUN)]
+CeFusionOpt = Annotated[bool | None, typer.Option("--cross-entropy-loss-fusion/--no-cross-entropy-loss-fusion", help="A fused cross-entropy kernel (fewer logits bytes kept).", rich_help_panel=_RUN)]
+CeImplOpt = Annotated[str | None, typer.Option("--cross-entropy-fusion-impl", help="native or te (Transformer Engine's parallel cross-entropy); needs the loss fusion.", rich_help_panel=_RUN)]
+CudaGraphImplOpt = Annotated[str | None, typer.Option("--cuda-graph-impl", help="none, local, transformer_engine or full_iteration (without --cuda-graph-scope: whole layers, or the whole step).", rich_help_panel=_RUN)]
+CudaGraphScopeOpt = Annotated[list[str] | None, typer.Option("--cuda-graph-scope", "--cuda-graph-modules", help="What CUDA graphs capture (repeatable or comma-separated): attn, mlp, moe, moe_router, moe_preprocess, mamba, full_iteration, full.", rich_help_panel=_RUN)]
+PermuteFusionOpt = Annotated[bool | None, typer.Option("--moe-permute-fusion/--no-moe-permute-fusion", help="TE's fused token permutation (recorded and exported; not priced).", rich_help_panel=_RUN)]
+Fp8RecipeOpt = Annotated[str | None, typer.Option("--fp8-recipe", help="delayed or tensorwise: the GEMMs' recipe with --precision fp8; with bf16 the optimizer's (tensorwise keeps fp32 master weights).", rich_help_panel=_RUN)]
+Fp8ParamGatherOpt = Annotated[bool | None, typer.Option("--fp8-param-gather/--no-fp8-param-gather", help="fp8 weights only, no bf16 copy (--precision fp8).", rich_help_panel=_RUN)]
+OverlapGradOpt = Annotated[bool | None, typer.Option("--overlap-grad-reduce/--no-overlap-grad-reduce", help="DP gradient reduction and parameter gather overlapped with compute.", rich_help_panel=_RUN)]
+A2AOverlapOpt = Annotated[bool | None, typer.Option("--overlap-moe-expert-parallel-comm/--no-overlap-moe-expert-parallel-comm", help="EP all-to-all overlapped with another micro-batch.", rich_help_panel=_RUN)]
+TpOverlapOpt = Annotated[bool | None, typer.Option("--tp-comm-overlap/--no-tp-comm-overlap", help="TP collectives overlapped with GEMMs (TE userbuffers).", rich_help_panel=_RUN)]
+ForceBalanceOpt = Annotated[bool | None, typer.Option("--moe-router-force-load-balancing/--no-moe-router-force-load-balancing", help="Uniform routing (benchmarks); default natural routing.", rich_help_panel=_RUN)]
+CpCommOpt = Annotated[str | None, typer.Option("--cp-comm-type", help="p2p or a2a.", rich_help_panel=_RUN)]
+FsdpOpt = Annotated[bool | None, typer.Option("--use-megatron-fsdp/--no-use-megatron-fsdp", help="Parameters, gradients and optimizer states sharded over DP.", rich_help_panel=_RUN)]
+RopeFusionOpt = Annotated[bool | None, typer.Option("--rope-fusion/--no-rope-fusion", help="Fused RoPE (Megatron-LM's default on).", rich_help_panel=_RUN)]
+SwigluFusionOpt = Annotated[bool | None, typer.Option("--bias-swiglu-fusion/--no-bias-swiglu-fusion", help="Fused SwiGLU (Megatron-LM's default on).", rich_help_panel=_RUN)]
+TransformerImplOpt = Annotated[str | None, typer.Option("--transformer-impl", help="transformer_engine (default) or local.", rich_help_panel=_RUN)]
+CpuOffloadLayersOpt = Annotated[int | None, typer.Option("--cpu-offloading-num-layers", help="Layers per pipeline rank whose activations go to host memory.", rich_help_panel=_RUN)]
+OptimizerOpt = Annotated[str | None, typer.Option("--optimizer", help="adam or dist_muon.", rich_help_panel=_RUN)]
+
+_TASK = "Workload"
+TaskOpt = Annotated[str | None, typer.Option("--task", help="pretrain (default), sft (packed sequences, loss on the responses: the same compute) or lora (frozen base weights, low-rank adapters with their own gradients and optimizer state).", rich_help_panel=_TASK)]
+LoraRankOpt = Annotated[int | None, typer.Option("--lora-rank", help="--task lora: the adapters' rank r (default 32, Megatron-Bridge's).", rich_help_panel=_TASK)]
+LoraTargetsOpt = Annotated[str | None, typer.Option("--lora-target-modules", help="--task lora: comma-separated linear layers to adapt (default Megatron-Bridge's: linear_qkv,linear_proj,linear_fc1,linear_fc2).", rich_help_panel=_TASK)]
+
+#: The command parameter of each :class:`specs.stacks.RunFlags` field and its option (one alias each, above).
+RUN_FLAG_OPTIONS: dict[str, Any] = {
+    "accumulate_allreduce_grads_in_fp32": AccumulateFp32Opt, "grad_reduce_in_bf16": GradReduceBf16Opt,
+    "cross_entropy_loss_fusion": CeFusionOpt, "cross_entropy_fusion_impl": CeImplOpt, "cuda_graph_impl": CudaGraphImplOpt,
+    "cuda_graph_scope": CudaGraphScopeOpt, "moe_permute_fusion": PermuteFusionOpt, "fp8_recipe": Fp8RecipeOpt,
+    "fp8_param_gather": Fp8ParamGatherOpt, "overlap_grad_reduce": OverlapGradOpt, "overlap_moe_expert_parallel_comm": A2AOverlapOpt,
+    "tp_comm_overlap": TpOverlapOpt, "moe_router_force_load_balancing": ForceBalanceOpt, "cp_comm_type": CpCommOpt,
+    "use_megatron_fsdp": FsdpOpt, "apply_rope_fusion": RopeFusionOpt, "bias_swiglu_fusion": SwigluFusionOpt,
+    "transformer_impl": TransformerImplOpt, "cpu_offloading_num_layers": CpuOffloadLayersOpt, "optimizer": OptimizerOpt,
+}
+
+
+def run_options(func: Any) -> Any:
+    """Give a command ``--stack`` and every run flag (:data:`RUN_FLAG_OPTIONS`); the command takes them as one
+    ``run: RunChoice`` (the preset's name and the :class:`specs.stacks.RunFlags` given).
+
+    Raises:
+        TypeError: ``func`` has no ``run`` parameter, or one of its own parameters has a run flag's name.
+    """
+    import functools
+    import inspect
+
+    from specs.stacks import RunFlags
+
+    sig = inspect.signature(func, eval_str=True)
+    if "run" not in sig.parameters:
+        raise TypeError(f"{func.__name__}: @run_options needs a `run: RunChoice` parameter")
+    own = [p for p in sig.parameters.values() if p.name != "run"]
+    names = ("stack", "task", "lora_rank", "lora_target_modules", *RUN_FLAG_OPTIONS)
+    clash = {p.name for p in own} & set(names)
+    if clash:
+        raise TypeError(f"{func.__name__}: parameters {sorted(clash)} clash with the run options")
+    added = [inspect.Parameter("stack", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=StackOpt),
+             inspect.Parameter("task", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=TaskOpt),
+             inspect.Parameter("lora_rank", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=LoraRankOpt),
+             inspect.Parameter("lora_target_modules", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=LoraTargetsOpt)]
+    added += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=a) for n, a in RUN_FLAG_OPTIONS.items()]
+
+    @functools.wraps(func)
+    def command(**kwargs: Any) -> Any:
+        stack = kwargs.pop("stack")
+        task = {k: kwargs.pop(k) for k in ("task", "lora_rank", "lora_target_modules")}
+        given = {n: kwargs.pop(n) for n in RUN_FLAG_OPTIONS}
+        if given["cuda_graph_scope"] is not None:
+            given["cuda_graph_scope"] = tuple(given["cuda_graph_scope"])
+        return func(run=RunChoice(stack=stack, flags=RunFlags(**given), **task), **kwargs)
+
+    params = own + added
+    command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params} | {"return": sig.return_annotation}
+    return command
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunChoice:
+    """``--stack`` and the run flags of one command line, before they are resolved (:meth:`resolve`)."""
+
+    stack: str | None
+    flags: Any
+    """:class:`specs.stacks.RunFlags`."""
+    task: str | None = None
+    lora_rank: int | None = None
+    lora_target_modules: str | None = None
+
+    def workload_kw(self) -> dict[str, Any]:
+        """``--task``, ``--lora-rank`` and ``--lora-target-modules`` as :class:`specs.Workload` fields (those given).
+
+        Raises:
+            TunerError: ``--lora-rank`` or ``--lora-target-modules`` without ``--task lora``.
+        """
+        kw: dict[str, Any] = {}
+        if self.task is not None:
+            kw["task"] = self.task.strip().lower()
+        if (self.lora_rank is not None or self.lora_target_modules is not None) and kw.get("task") != "lora":
+            raise TunerError("--lora-rank and --lora-target-modules need --task lora")
+        if self.lora_rank is not None:
+            kw["lora_rank"] = self.lora_rank
+        if self.lora_target_modules is not None:
+            kw["lora_target_modules"] = tuple(m for m in self.lora_target_modules.replace(" ", ",").split(",") if m)
+        return kw
+
+    def resolve(self, precision: str = "bf16", megatron_core: str | None = None) -> Any:
+        """:func:`specs.stacks.resolve_run_options` of these flags: a :class:`specs.stacks.StackRun`.
+
+        Raises:
+            TunerError: an unknown stack or value, or contradictory flags.
+        """
+        from specs.stacks import resolve_run_options
+
+        return resolve_run_options(self.flags, self.stack, precision=precision, megatron_core=megatron_core)

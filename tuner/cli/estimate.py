@@ -29,21 +29,18 @@ from tuner.cli._common import (
     PerNodeOpt,
     PrecOpt,
     PriceOpt,
+    RunChoice,
     SeqOpt,
     err,
     out,
     require,
+    run_options,
 )
 from tuner.cli._layout import LayoutFlags, apply_layout_string, layout_options, split_hint
 
 __all__ = ["app", "estimate", "check"]
 
 app = typer.Typer()
-
-
-A2AOverlapOpt = Annotated[bool, typer.Option("--overlap-moe-expert-parallel-comm/--no-overlap-moe-expert-parallel-comm",
-                                              help="EP all-to-all overlapped with another micro-batch (a run option, not a layout field).",
-                                              rich_help_panel="Run options")]
 
 
 def estimable_layout(layout: LayoutFlags, m: Any, w: Any, c: Any, opts: Any) -> Any:
@@ -61,6 +58,13 @@ def estimable_layout(layout: LayoutFlags, m: Any, w: Any, c: Any, opts: Any) -> 
                              "and first/last-rank splits; `tune check` accepts it")
     refuse_env_rules(lay, m, w, c, opts)
     return lay
+
+
+def run_options_dict(opts: Any) -> dict[str, Any]:
+    """The run options as plain values (tuples as lists), for JSON and the recipe."""
+    import dataclasses
+
+    return {f.name: list(v) if isinstance(v := getattr(opts, f.name), tuple) else v for f in dataclasses.fields(opts)}
 
 
 def rule_error(ex: InfeasibleLayout, m: Any, lay: Any) -> TunerError:
@@ -85,7 +89,7 @@ def refuse_env_rules(lay: Any, m: Any, w: Any, c: Any, opts: Any) -> None:
 
 def _inputs(model: str | None, gpus: str | None, gpus_per_node: int | None, network_gbps: float | None, usd: float | None,
             seq_len: int, global_batch: int, precision: str, layers: int | None, network: str | None = None,
-            host_memory_gib: float | None = None) -> tuple[Any, Any, Any]:
+            host_memory_gib: float | None = None, task: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
     """(model, cluster, workload) of the command line; ``layers`` slices the model as ``tune --layers`` does.
 
     Raises:
@@ -105,7 +109,7 @@ def _inputs(model: str | None, gpus: str | None, gpus_per_node: int | None, netw
     c = parse_gpus(require(gpus, "--gpus", "64xH200"), gpus_per_node=gpus_per_node,
                    inter_node_bytes_per_s=network_bytes_per_s(network_gbps) if network_gbps is not None else None, usd_per_gpu_hour=usd,
                    network=network, host_memory_gib=host_memory_gib, require_network=True)
-    w = Workload(seq_length=seq_len, global_batch_size=global_batch, precision=precision)
+    w = Workload(seq_length=seq_len, global_batch_size=global_batch, precision=precision, **(task or {}))
     if precision == "fp8" and not c.gpu.peak_flops_fp8:
         raise TunerError(f"--precision fp8: {c.gpu.name} has no fp8 tensor cores; use --precision bf16")
     return m, c, w
@@ -113,13 +117,14 @@ def _inputs(model: str | None, gpus: str | None, gpus_per_node: int | None, netw
 
 @app.command()
 @layout_options
+@run_options
 def estimate(
     layout: LayoutFlags,
+    run: RunChoice,
     model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None, network_gbps: NetOpt = None,
     usd_per_gpu_hour: PriceOpt = None, seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
     calibration: CalOpt = None, memory_headroom: HeadroomOpt = None,
     network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None, host_memory_gib: HostMemOpt = None,
-    overlap_moe_expert_parallel_comm: A2AOverlapOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as JSON.")] = False,
     plot: Annotated[Path | None, typer.Option("--plot", help="Also draw the memory and time parts as stacked bars (PNG).")] = None,
 ) -> None:
@@ -127,7 +132,6 @@ def estimate(
     from cost_model.calibration import load_calibration
     from cost_model.estimate import estimate as _estimate
     from search_spaces.rules import layout_warnings
-    from specs import RunOptions
     from tuner.report import pipeline_layout_of
 
     if plot is not None:
@@ -135,8 +139,9 @@ def estimate(
 
         check_image_path("--plot", plot)
     m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd_per_gpu_hour, seq_len, global_batch, precision, layers,
-                      network, host_memory_gib)
-    opts = RunOptions(overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm, **({"megatron_core": megatron_core} if megatron_core is not None else {}))
+                      network, host_memory_gib, run.workload_kw())
+    stack = run.resolve(precision, megatron_core)
+    opts = stack.options
     lay = estimable_layout(layout, m, w, c, opts)
     cal = load_calibration(calibration)
     bars = error_bars(m, c.gpu, w.precision)
@@ -155,6 +160,10 @@ def estimate(
     d["warnings"] = layout_warnings(lay, m, opts)
     found = gaps(lay, m, c.gpu, cal)
     d["known_gaps"] = [g.long for g in found]
+    d["stack"] = stack.preset.name
+    d["task"] = w.task
+    d["run_flags"] = list(stack.overrides)
+    d["run_options"] = run_options_dict(opts)
     if plot is not None:
         from tuner.plots import plot_breakdown
 
@@ -168,6 +177,8 @@ def estimate(
         return
     out.print(f"[bold]{lay.label}[/] ({escape(m.name)} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}) - [bold]predicted[/] by the analytical model")
     out.print(f"  recompute {lay.recompute_label}, offload {lay.offload_label}, {lay.dispatcher.value} dispatcher, micro-batch {lay.micro_batch_size}")
+    out.print(f"  {escape(stack.line)}" + (f"; task {w.task}" + (f", LoRA rank {w.lora_rank} on {','.join(w.lora_target_modules)}"
+                                                                  if w.task == "lora" else "") if w.task != "pretrain" else ""))
     if d["pipeline_model_parallel_layout"]:
         out.print(f"  --pipeline-model-parallel-layout '{d['pipeline_model_parallel_layout']}'")
     out.print(f"  tokens/s/GPU {e.tokens_per_s_per_gpu:,.1f} (90%: {lo:,.0f}-{hi:,.0f}); step {e.step_time_s:.2f} s")
@@ -201,11 +212,13 @@ def estimate(
 
 @app.command()
 @layout_options
+@run_options
 def check(
     layout: LayoutFlags,
+    run: RunChoice,
     model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None,
     seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
-    network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None, overlap_moe_expert_parallel_comm: A2AOverlapOpt = False,
+    network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None,
 ) -> None:
     """Is a layout valid under Megatron's rules? Lists every rule it breaks (exit 2 if any).
 
@@ -213,11 +226,10 @@ def check(
     split (VPP, layers on the first and last rank) is taken from it instead of --vpp/--first/--last.
     """
     from search_spaces.rules import POLICY_RULES, RuleEnv, check_layout, layout_warnings
-    from specs import RunOptions
 
     notes: list[str] = []
-    m, c, w = _inputs(model, gpus, gpus_per_node, None, None, seq_len, global_batch, precision, layers, network)
-    opts = RunOptions(overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm, **({"megatron_core": megatron_core} if megatron_core is not None else {}))
+    m, c, w = _inputs(model, gpus, gpus_per_node, None, None, seq_len, global_batch, precision, layers, network, None, run.workload_kw())
+    opts = run.resolve(precision, megatron_core).options
     lay = layout.to_layout(c.num_gpus)
     string_broken: list[tuple[str, str]] = []
     skip_split = False

@@ -34,6 +34,7 @@ from tuner.cli._common import (
     PrecOpt,
     PriceOpt,
     ResultsOpt,
+    RunChoice,
     SeqOpt,
     StorageOpt,
     StudyOpt,
@@ -42,6 +43,7 @@ from tuner.cli._common import (
     out,
     print_command,
     require,
+    run_options,
     shell_command,
     study_flags,
 )
@@ -50,8 +52,10 @@ from tuner.cli._front import print_front, print_ties, table_rows
 __all__ = ["main_job"]
 
 
+@run_options
 def main_job(
     ctx: typer.Context,
+    run: RunChoice,
     model: ModelOpt = None,
     gpus: GpusOpt = None,
     gpus_per_node: PerNodeOpt = None,
@@ -80,7 +84,7 @@ def main_job(
     parallel_trials: Annotated[int, typer.Option("--parallel-trials", help="Real trials this worker runs at once (--backend ray; each its own placement group).", rich_help_panel="Trials")] = 1,
     trial_env: Annotated[list[str] | None, typer.Option("--trial-env", help="NAME=VALUE for every rank of a real trial (--backend ray), repeatable, e.g. --trial-env NCCL_IB_HCA=mlx5.", rich_help_panel="Trials")] = None,
     prune_margin: Annotated[float, typer.Option("--prune-margin", help="Stop a real trial more than this fraction slower than the best so far (after its warm-up and 2 measured steps); negative = never.", rich_help_panel="Trials")] = 0.25,
-    stack: Annotated[str, typer.Option("--stack", help="slime (default; leaves out allgather, which slime rewrites) or megatron.", rich_help_panel="Search")] = "slime",
+    from_file: Annotated[Path | None, typer.Option("--from", help="Your launch: a Megatron-LM / slime argument list or shell script (MODEL_ARGS=(...) arrays expanded), or a recipe.yaml. Its model, GPUs, workload, layout and run options are the inputs (flags given here win), its layout the baseline and the first trial; its other arguments are kept in the exported commands.", rich_help_panel="Job")] = None,
     study: StudyOpt = None,
     storage: StorageOpt = None,
     resume: Annotated[bool, typer.Option("--resume", help="Evaluate more layouts in an existing study (48, after any an interrupted run left queued). Without it or --trials, re-running a command shows its study as it is.", rich_help_panel="Study")] = False,
@@ -98,7 +102,7 @@ def main_job(
     """Find the fastest layout that fits: `tune --model MiniMax-M2 --gpus 64xH200`."""
     if ctx.invoked_subcommand is not None:
         return
-    if model is None and gpus is None:
+    if model is None and gpus is None and from_file is None:
         out.print(ctx.get_help())
         raise typer.Exit(code=0)
     from tuner.study import TuneConfig
@@ -107,6 +111,14 @@ def main_job(
         raise TunerError(f"--trials must be at least 1, got {trials}")
     if precision not in ("bf16", "fp8"):
         raise TunerError(f"--precision {precision!r}: accepted bf16 or fp8")
+    launch = None
+    if from_file is not None:
+        from tuner.cli._from import launch_inputs
+
+        launch = launch_inputs(from_file, ctx, model=model, gpus=gpus, seq_len=seq_len, global_batch=global_batch,
+                               precision=precision, layers=layers, run=run)
+        model, gpus, seq_len, global_batch = launch.model, launch.gpus, launch.seq_len, launch.global_batch
+        precision, layers, run = launch.precision, launch.layers, launch.run
     cfg = TuneConfig(
         model=require(model, "--model", "MiniMax-M2"),
         gpus=require(gpus, "--gpus", "64xH200"),
@@ -127,7 +139,11 @@ def main_job(
         trials=trials,
         resume=resume,
         backend=backend,
-        stack=stack,
+        stack=run.stack or "slime",
+        run_flags={k: list(v) if isinstance(v, tuple) else v for k, v in run.flags.given().items()},
+        baseline=launch.baseline if launch else None,
+        **run.workload_kw(),
+        user_args=launch.launch.user_args if launch else (),
         seed=seed,
         results_dir=str(results_dir),
         layers=layers,
@@ -148,10 +164,10 @@ def main_job(
         prune_margin=None if (not math.isnan(prune_margin) and prune_margin < 0) else prune_margin,  # NaN is rejected later
     )
     state = ctx.obj if isinstance(ctx.obj, CliState) else CliState(argv=(), debug=False)
-    _run_main(cfg, top, results_dir, state, verbose=verbose, png=png)
+    _run_main(cfg, top, results_dir, state, launch, verbose=verbose, png=png)
 
 
-def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, *, verbose: bool = False, png: bool = False) -> None:
+def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: Any = None, *, verbose: bool = False, png: bool = False) -> None:
     """Run the main job of ``cfg`` and print it; ``state.argv`` is the command a resume repeats.
 
     Raises:
@@ -184,6 +200,13 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, *, verbose
     src_word = "predicted" if cfg.backend == "model" else "measured"
     out.print(f"[bold]{escape(prep.model.name)}[/] on {c.label}, {c.network.key if c.network else 'custom network'}, "
               f"seq {w.seq_length:,}, gbs {w.global_batch_size}, {w.precision.value}, {cfg.backend} backend")
+    task = "" if w.task == "pretrain" else f"; task {w.task}" + (f", LoRA rank {w.lora_rank}" if w.task == "lora" else "")
+    out.print(escape(prep.stack.line + task))
+    if launch is not None:
+        from tuner.cli._from import launch_lines
+
+        for line in launch_lines(prep, launch):
+            out.print(line, markup=False)
     if verbose:
         _print_space(prep, cfg)
     if cfg.backend != "model" and cfg.policy == "gain":
@@ -244,7 +267,8 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, *, verbose
         best_row = next((r for r in rows if r["trial"] == best["trial"]), {})
         files.update(export_files(res.out_dir, prep.model, c, w, lay, study=res.study_name, calibration=prep.calibration,
                                   memory_headroom=prep.headroom, measurement=measurement_from_row(best_row, lay),
-                                  notes=runs_note(best_row) + ties_note(rows, best["trial"]), megatron_core=prep.options.megatron_core))
+                                  notes=runs_note(best_row) + ties_note(rows, best["trial"]), megatron_core=prep.options.megatron_core,
+                                  options=prep.options, stack=prep.stack.preset.name, user_args=cfg.user_args))
         from tuner.report_html import ReportUnavailable, study_report
 
         try:
@@ -268,6 +292,10 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, *, verbose
     for note in (res.budget_note, res.confirm_note):
         if note:
             out.print(f"note: {escape(note)}")
+    if launch is not None:
+        from tuner.cli._from import compare_line
+
+        out.print(compare_line(prep, best), markup=False, soft_wrap=True)
     if best["source"] == "predicted":
         for gap in gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay), prep.model, prep.cluster.gpu, prep.calibration)[:2]:
             out.print(f"note: {gap.line}", markup=False)

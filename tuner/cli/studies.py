@@ -31,13 +31,15 @@ def study_export_context(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], l
     """
     from cost_model.calibration import Calibration
     from launch.exporters import measurement_from_row
+    from tuner.cli._common import stored_run
     from tuner.report import export_context, runs_note, ties_note
 
     cal = Calibration(**st.user_attrs["calibration"]) if "calibration" in st.user_attrs else Calibration()
     notes = runs_note(row) + ties_note(rows, row["trial"]) if row is not None else []
     return export_context(m, c, w, lay, study=st.study_name, calibration=cal, memory_headroom=headroom_for(m, c.gpu, w.precision, cfg.get("memory_headroom")),
                           measurement=measurement_from_row(row, lay) if row is not None else None, correctness=correctness, notes=notes,
-                          megatron_core=(st.user_attrs.get("resolved") or {}).get("megatron_core"))
+                          megatron_core=(st.user_attrs.get("resolved") or {}).get("megatron_core"),
+                          **dict(zip(("options", "stack", "user_args"), stored_run(st), strict=True)))
 
 
 @app.command()

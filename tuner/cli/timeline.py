@@ -26,11 +26,13 @@ from tuner.cli._common import (
     PrecOpt,
     PriceOpt,
     ResultsOpt,
+    RunChoice,
     SeqOpt,
     StorageOpt,
     err,
     load_study,
     out,
+    run_options,
     study_context,
 )
 from tuner.cli._layout import LayoutFlags, layout_options
@@ -76,8 +78,10 @@ CompareOpt = Annotated[list[Path] | None, typer.Option("--compare", help="With -
 
 @app.command()
 @layout_options
+@run_options
 def timeline(
     layout: LayoutFlags,
+    run: RunChoice,
     study: StudyOpt = None, trial: TrialOpt = None, storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
     model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None, network_gbps: NetOpt = None,
     usd_per_gpu_hour: PriceOpt = None, seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
@@ -101,15 +105,17 @@ def timeline(
         check_output_path("--out", out_file)
     others = [_read_trace(p) for p in compare or ()]  # read before anything is written: a bad --compare leaves no file
     if study is not None:
-        if layout != LayoutFlags() or model is not None or gpus is not None or layers is not None or network is not None or megatron_core is not None:
-            raise TunerError("--study draws its trial's layout with the study's model, GPUs and network: leave out the layout flags, --model, "
-                             "--gpus, --layers, --network and --megatron-core")
+        if (layout != LayoutFlags() or model is not None or gpus is not None or layers is not None or network is not None or megatron_core is not None
+                or run.stack is not None or run.flags.given() or run.task is not None):
+            raise TunerError("--study draws its trial's layout with the study's model, GPUs, network and run options: leave out the layout "
+                             "flags, --model, --gpus, --layers, --network, --megatron-core, --stack and the run flags")
         det, title, extra, default, measured = _study_trial(study, trial, storage, results_dir)
+        stack_line = ""
     else:
         if trial is not None:
             raise TunerError("--trial needs --study (a trial of which study?)")
-        det, title = _flags_layout(layout, model, gpus, layers, gpus_per_node, network_gbps, usd_per_gpu_hour, seq_len, global_batch, precision,
-                                   calibration, memory_headroom, network, megatron_core)
+        det, title, stack_line = _flags_layout(layout, model, gpus, layers, gpus_per_node, network_gbps, usd_per_gpu_hour, seq_len, global_batch, precision,
+                                   calibration, memory_headroom, network, megatron_core, run)
         extra, default, measured = {}, Path(f"timeline_{_slug(det.estimate.layout.label)}.json"), []
     trace = step_trace(det, title=title, extra=extra)
     problems = check_trace(trace)
@@ -120,6 +126,8 @@ def timeline(
     out.print(f"[bold]{e.layout.label}[/] ({title}) - [bold]predicted[/] by the analytical model")
     out.print(f"  step {trace_step_seconds(trace):.3f} s (the estimate's {e.step_time_s:.3f} s), pipeline bubble {max(0.0, trace_bubble_fraction(trace)):.1%} of the step, "
               f"{e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU; {det.pp} pipeline ranks x {det.vpp} virtual stages, {det.num_microbatches} micro-batches")
+    if stack_line:
+        out.print(f"  {stack_line}", markup=False)
     out.print(f"  predicted trace: {path}", markup=False)
     for p in measured:
         out.print(f"  measured trace (torch.profiler, one step of the trial): {p}", markup=False)
@@ -155,22 +163,25 @@ def _read_trace(path: Path) -> dict[str, Any]:
 
 def _flags_layout(layout: LayoutFlags, model: str | None, gpus: str | None, layers: int | None, gpus_per_node: int | None, network_gbps: float | None,
                   usd: float | None, seq_len: int, global_batch: int, precision: str, calibration: Path | None, memory_headroom: float | None,
-                  network: str | None = None, megatron_core: str | None = None) -> tuple[Any, str]:
-    """(estimate details, title) of the layout the flags give; refused as ``tune estimate`` refuses it (the network's and
-    the megatron-core release's rules included)."""
+                  network: str | None = None, megatron_core: str | None = None, run: RunChoice | None = None) -> tuple[Any, str, str]:
+    """(estimate details, title, the stack's line) of the layout the flags give, with the run options of ``run`` (None: the default stack's);
+    refused as ``tune estimate`` refuses it (the network's and the megatron-core release's rules included)."""
     from cost_model.calibration import load_calibration
     from cost_model.estimate import estimate_details
-    from specs import RunOptions
+    from specs.stacks import RunFlags
     from tuner.cli.estimate import _inputs, estimable_layout, rule_error
 
-    m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd, seq_len, global_batch, precision, layers, network)
-    opts = RunOptions(**({"megatron_core": megatron_core} if megatron_core else {}))
+    run = run or RunChoice(stack=None, flags=RunFlags())
+    m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd, seq_len, global_batch, precision, layers, network, None,
+                      run.workload_kw())
+    stack = run.resolve(precision, megatron_core)
+    opts = stack.options
     lay = estimable_layout(layout, m, w, c, opts)
     try:
         det = estimate_details(m, c, w, lay, calibration=load_calibration(calibration), memory_headroom=headroom_for(m, c.gpu, w.precision, memory_headroom), options=opts)
     except InfeasibleLayout as ex:
         raise rule_error(ex, m, lay) from None
-    return det, f"{m.name} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}"
+    return det, f"{m.name} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}", stack.line
 
 
 def _study_trial(study: str, trial: int | None, storage: str | None, results_dir: Path) -> tuple[Any, str, dict[str, Any], Path, list[Path]]:
@@ -178,6 +189,7 @@ def _study_trial(study: str, trial: int | None, storage: str | None, results_dir
     from cost_model.calibration import Calibration
     from cost_model.estimate import estimate_details
     from specs.layout import Layout
+    from tuner.cli._common import stored_run
     from tuner.report import pick_trial_row
     from tuner.study import run_options_for_backend, trial_rows
 
@@ -188,8 +200,9 @@ def _study_trial(study: str, trial: int | None, storage: str | None, results_dir
     lay = Layout.from_dict(row["layout"])
     cal = Calibration(**st.user_attrs["calibration"]) if "calibration" in st.user_attrs else Calibration()
     backend = str(cfg.get("backend", "model"))
+    opts = stored_run(st)[0] or run_options_for_backend(backend)
     try:
-        det = estimate_details(m, c, w, lay, calibration=cal, memory_headroom=headroom_for(m, c.gpu, w.precision, cfg.get("memory_headroom")), options=run_options_for_backend(backend))
+        det = estimate_details(m, c, w, lay, calibration=cal, memory_headroom=headroom_for(m, c.gpu, w.precision, cfg.get("memory_headroom")), options=opts)
     except InfeasibleLayout as ex:
         raise TunerError(f"trial {row['trial']} of {st.study_name!r}: the estimate refuses its layout (rule {ex.rule_id}: {ex.reason})") from None
     measured = measured_traces(row.get("log_path")) if row.get("source") == "measured" else []

@@ -15,7 +15,6 @@ from cost_model.estimate import estimate_table
 from launch import TrialBackend
 from specs.errors import TunerError
 from specs.layout import Layout, LayoutTable, categories
-from tuner.study.config import run_options_for_backend
 from tuner.study.prepare import Prepared
 from tuner.study.records import TrialRecord
 
@@ -251,6 +250,8 @@ class CandidateQueue:
         fastest = fit_idx[np.argsort(-est.tokens_per_s_per_gpu[fit_idx])[: 4 * min(n_trials, MAX_ENQUEUED)]]
         spread = _spread(prep.front, est.peak_bytes, max(2, n_trials // 2))
         order = [int(i) for i in fastest] + spread if backend.measured else spread + [int(i) for i in fastest]
+        if prep.baseline_row is not None and prep.fits[prep.baseline_row]:
+            order.insert(0, prep.baseline_row)  # the user's own layout (tune --from) is always evaluated
         budget = min(MAX_ENQUEUED, max(1, (3 * n_trials) // 4)) - queued_already
         queued: list[int] = []
         keys: set[str] = set()
@@ -341,7 +342,7 @@ class CandidateQueue:
             if self.rest:
                 sub = prep.enumeration.valid.select(np.asarray(self.rest))
                 est = estimate_table(prep.model, prep.cluster, prep.workload, sub, calibration=fit.calibration,
-                                     memory_headroom=prep.headroom, options=run_options_for_backend(prep.config.backend))
+                                     memory_headroom=prep.headroom, options=prep.options)
                 order = np.argsort(-est.tokens_per_s_per_gpu, kind="stable")
                 self.rest[:] = [self.rest[int(j)] for j in order]
             record.update(step_median_abs_error=(fit.step.median_abs_error if fit.step else None),

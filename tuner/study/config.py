@@ -19,11 +19,11 @@ from specs.errors import TunerError
 
 __all__ = [
     "DEFAULT_TRIALS", "MAX_TRIALS", "STACKS", "TuneConfig", "harness_without_te", "n_trials", "run_options_for_backend",
-    "trial_env_dict", "trial_warmup_steps",
+    "study_run_options", "trial_env_dict", "trial_warmup_steps",
 ]
 
-#: Training stacks a recipe can target.
-STACKS = ("slime", "megatron")
+#: Training stacks a recipe can target (``specs/data/stacks/``; ``megatron`` is ``megatron-lm``).
+STACKS = ("slime", "megatron-lm", "megatron-bridge", "nemo-rl", "megatron")
 
 #: Trial policies of real trials (:attr:`TuneConfig.policy`).
 POLICIES = ("gain", "queue")
@@ -75,8 +75,21 @@ class TuneConfig:
     nothing and reports the study as it is."""
     backend: str = "model"
     stack: str = "slime"
-    """Training stack the recipe targets: ``slime`` (drops the allgather dispatcher, which
-    slime rewrites to alltoall) or ``megatron`` (Megatron-LM / Megatron-Bridge)."""
+    """Training stack the recipe targets, a preset of :mod:`specs.stacks` whose run options the estimates use:
+    ``slime`` (drops the allgather dispatcher, which slime rewrites to alltoall), ``megatron-lm`` (alias
+    ``megatron``), ``megatron-bridge`` or ``nemo-rl``."""
+    run_flags: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Run flags given over the stack's (:class:`specs.stacks.RunFlags` fields; lists for tuples). They apply to the
+    ``model`` and ``command`` backends; the harness of real trials runs its own stack."""
+    baseline: dict[str, Any] | None = None
+    """A layout (:meth:`specs.Layout.to_dict`) the run evaluates first when it is a candidate (``tune --from``: the
+    launch file's own layout)."""
+    user_args: tuple[str, ...] = ()
+    """The launch file's own arguments that the exported commands keep (``tune --from``)."""
+    task: str = "pretrain"
+    """``--task``: pretrain, sft or lora (:attr:`specs.Workload.task`)."""
+    lora_rank: int = 32
+    lora_target_modules: tuple[str, ...] = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
     seed: int = 0
     results_dir: str = "results"
     layers: int | None = None
@@ -223,6 +236,26 @@ def run_options_for_backend(backend: str, megatron_core: str | None = None) -> R
     else:
         opts = DEFAULT_RUN_OPTIONS
     return dataclasses.replace(opts, megatron_core=megatron_core) if megatron_core else opts
+
+
+def study_run_options(config: TuneConfig) -> Any:
+    """The :class:`specs.stacks.StackRun` of a study: the ``model`` and ``command`` backends estimate with the stack
+    preset and the run flags over it; ``local`` and ``ray`` with the harness's stack (:func:`run_options_for_backend`),
+    the preset kept for the exports.
+
+    Raises:
+        TunerError: an unknown stack, a contradiction among the run flags, or run flags with real trials of the harness.
+    """
+    from specs.stacks import RunFlags, resolve_run_options
+
+    flags = RunFlags(**{k: tuple(v) if isinstance(v, list) else v for k, v in (config.run_flags or {}).items()})
+    run = resolve_run_options(flags, config.stack, precision=config.precision, megatron_core=config.megatron_core)
+    if config.backend in ("local", "ray"):
+        if run.flags:
+            raise TunerError(f"--backend {config.backend}: real trials run the trial harness's own stack, so run flags "
+                             f"({', '.join(run.flags)}) cannot apply; leave them out, or use --backend model or command")
+        return dataclasses.replace(run, options=run_options_for_backend(config.backend, config.megatron_core))
+    return run
 
 
 def trial_warmup_steps(config: TuneConfig) -> int:

@@ -7,6 +7,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from specs.errors import TunerError
 from specs.hardware import network_bytes_per_s
 from specs.layout import Dispatcher
 from tuner.pareto import pareto_mask
-from tuner.study.config import STACKS, TuneConfig, _validate_config, harness_without_te, run_options_for_backend
+from tuner.study.config import TuneConfig, _validate_config, harness_without_te, study_run_options
 
 __all__ = ["Prepared", "prepare"]
 
@@ -47,7 +48,12 @@ class Prepared:
     enumerate_seconds: float
     estimate_seconds: float
     options: RunOptions = DEFAULT_RUN_OPTIONS
-    """The run options the estimates assumed (the backend's stack, the megatron-core release)."""
+    """The run options the estimates assumed (the stack preset and run flags, or the harness's stack; the megatron-core
+    release)."""
+    stack: Any = None
+    """The :class:`specs.stacks.StackRun` of the run (the preset, the flags over it)."""
+    baseline_row: int | None = None
+    """Row of the valid table that is ``config.baseline`` (None: no baseline, or it breaks a rule or is not in the space)."""
     n_over_host: int = 0
     """Layouts that fit in GPU memory but are predicted over ``--host-memory-gib`` per node (refused)."""
     bars: ErrorBars | None = None
@@ -111,19 +117,19 @@ def prepare(config: TuneConfig) -> Prepared:
         host_memory_gib=config.host_memory_gib,
         require_network=True,
     )
-    workload = Workload(seq_length=config.seq_length, global_batch_size=config.global_batch_size, precision=config.precision)
+    workload = Workload(seq_length=config.seq_length, global_batch_size=config.global_batch_size, precision=config.precision,
+                        task=config.task, lora_rank=config.lora_rank, lora_target_modules=tuple(config.lora_target_modules))
     if workload.precision.value == "fp8" and not cluster.gpu.peak_flops_fp8:
         raise TunerError(f"--precision fp8: {cluster.gpu.name} has no fp8 tensor cores; use --precision bf16")
     space = SearchSpace.load(config.space)
-    if config.stack not in STACKS:
-        raise TunerError(f"--stack {config.stack!r}: accepted {', '.join(STACKS)}")
+    stack = study_run_options(config)
     stack_notes: list[str] = []
-    if config.stack == "slime" and Dispatcher.allgather in space.dispatcher:
+    if stack.preset.drops_allgather and Dispatcher.allgather in space.dispatcher:
         kept = tuple(d for d in space.dispatcher if d != Dispatcher.allgather)
         if not kept:
-            raise TunerError("--stack slime: the search space allows only the allgather dispatcher, which slime rewrites to alltoall; add alltoall or use --stack megatron")
+            raise TunerError("--stack slime: the search space allows only the allgather dispatcher, which slime rewrites to alltoall; add alltoall or use --stack megatron-lm")
         space = space.replace(dispatcher=kept)
-        stack_notes.append("--stack slime: the allgather dispatcher is left out (slime rewrites it to alltoall); use --stack megatron to include it")
+        stack_notes.append("--stack slime: the allgather dispatcher is left out (slime rewrites it to alltoall); use --stack megatron-lm to include it")
     if harness_without_te(config.backend) and True in space.use_precision_aware_optimizer:
         # The harness turns the precision-aware optimizer off without TE (launch/harness/train.py): predict,
         # measure and export the layout as it runs (fp32 master weights, not TE's 2-byte remainders).
@@ -131,7 +137,7 @@ def prepare(config: TuneConfig) -> Prepared:
         stack_notes.append("real trials without Transformer Engine: the precision-aware optimizer is off (it needs TE's FusedAdam), "
                            "so the layouts are predicted and measured with fp32 master weights")
     cal = load_calibration(config.calibration)
-    opts = run_options_for_backend(config.backend, config.megatron_core)
+    opts = stack.options
     env = RuleEnv.of(cluster, opts)
     t0 = time.perf_counter()
     en = enumerate_layouts(space, model, cluster.num_gpus, workload, env)
@@ -174,6 +180,8 @@ def prepare(config: TuneConfig) -> Prepared:
         enumerate_seconds=t1 - t0,
         estimate_seconds=t2 - t1,
         options=opts,
+        stack=stack,
+        baseline_row=_baseline_row(en.valid, config.baseline),
         n_over_host=int(np.count_nonzero(gpu_fits & ~host_fits)),
         bars=bars,
         headroom=headroom,
@@ -208,6 +216,23 @@ def global_batch_notes(global_batch_size: int, num_gpus: int, dp: int, micro_bat
     return notes
 
 
+def _baseline_row(valid: Any, baseline: dict[str, Any] | None) -> int | None:
+    """The row of ``valid`` (a :class:`specs.LayoutTable`) equal to the layout ``baseline`` (its ``to_dict``), or None."""
+    if baseline is None or len(valid) == 0:
+        return None
+    from specs import Layout
+
+    want = Layout.from_dict(baseline).key()
+    cols = ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size")
+    mask = np.ones(len(valid), dtype=bool)
+    for c in cols:
+        mask &= np.asarray(valid[c]) == baseline[c]
+    for i in np.flatnonzero(mask):
+        if valid.row(int(i)).key() == want:
+            return int(i)
+    return None
+
+
 def _no_fit_message(
     config: TuneConfig,
     model: ModelSpec,
@@ -240,11 +265,11 @@ def _no_fit_message(
     for n in sizes:
         try:
             c2 = dataclasses.replace(cluster, num_gpus=n, gpus_per_node=min(max(cluster.gpus_per_node, min(n, cluster.gpu.gpus_per_node)), n))
-            en2 = enumerate_layouts(space, model, n, workload, RuleEnv.of(c2, run_options_for_backend(config.backend, config.megatron_core)))
+            en2 = enumerate_layouts(space, model, n, workload, RuleEnv.of(c2, study_run_options(config).options))
             if len(en2.valid) == 0:
                 continue
             e2 = estimate_table(model, c2, workload, en2.valid, calibration=cal, memory_headroom=headroom,
-                                options=run_options_for_backend(config.backend))
+                                options=study_run_options(config).options)
         except TunerError:
             continue
         if e2.fits.any():

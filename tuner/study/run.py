@@ -35,7 +35,7 @@ from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 from tuner.study import _optuna
 from tuner.study.candidates import CandidateIndex, CandidateQueue
-from tuner.study.config import DEFAULT_TRIALS, n_trials, policy_params, run_options_for_backend, trial_env_dict, trial_warmup_steps
+from tuner.study.config import DEFAULT_TRIALS, n_trials, policy_params, trial_env_dict, trial_warmup_steps
 from tuner.study.confirm import MAX_CONFIRM_ROUNDS, enqueue_round
 from tuner.study.predicted import PredictedTrials
 from tuner.study.prepare import Prepared
@@ -397,7 +397,7 @@ class StudyRun:
             InfeasibleLayout: the layout breaks a rule (a candidate never does).
         """
         return estimate(self.prep.model, self.prep.cluster, self.prep.workload, layout, calibration=self.prep.calibration,
-                        memory_headroom=self.prep.headroom, options=run_options_for_backend(self.cfg.backend))
+                        memory_headroom=self.prep.headroom, options=self.prep.options)
 
     def next_number(self) -> int:
         """(Default storage) the number the next trial will get."""

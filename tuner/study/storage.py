@@ -217,6 +217,10 @@ def resolved(prep: Prepared) -> dict[str, Any]:
         "precision": prep.workload.precision.value,
         "backend": prep.config.backend,
         "stack": prep.config.stack,
+        "task": prep.workload.task,
+        "lora_rank": prep.workload.lora_rank if prep.workload.task == "lora" else None,
+        "lora_target_modules": list(prep.workload.lora_target_modules) if prep.workload.task == "lora" else None,
+        "run_options": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(prep.options).items()},
         "memory_headroom": prep.config.memory_headroom,
         "layers": prep.model.num_layers,
         # real trials: steps and warm-up decide what a measurement is (step times drift for ~10 steps)
@@ -276,7 +280,7 @@ _OPTION_OF: dict[str, tuple[str, float, str]] = {
 
 def _as_option(key: str, value: Any) -> str:
     """``key=value`` as the user gave it (``--network-gbps 3,200 Gb/s per node``), else ``key=value``."""
-    if key in ("network", "megatron_core", "precision", "stack", "backend"):
+    if key in ("network", "megatron_core", "precision", "stack", "backend", "task", "lora_rank"):
         return f"--{key.replace('_', '-')} {value}"
     if key in _OPTION_OF and isinstance(value, (int, float)) and not isinstance(value, bool):
         opt, scale, unit = _OPTION_OF[key]
@@ -296,8 +300,14 @@ def check_study_config(study: optuna.Study, config: TuneConfig, name: str, calib
         # Keys added in later versions (e.g. "layers") are compared only when the stored study has them.
         diff = [k for k in now if k in old_res and old_res[k] != now[k]]
         if diff:
-            was = ", ".join(_as_option(k, old_res.get(k)) for k in diff)
-            new = ", ".join(_as_option(k, now[k]) for k in diff)
+            def shown(res: dict[str, Any], k: str) -> str:
+                if k == "run_options" and isinstance(old_res.get(k), dict) and isinstance(now.get(k), dict):
+                    fields = [f for f in now[k] if old_res[k].get(f) != now[k].get(f)]
+                    return "run options " + ", ".join(f"{f}={res[k].get(f)!r}" for f in fields)
+                return _as_option(k, res.get(k))
+
+            was = ", ".join(shown(old_res, k) for k in diff)
+            new = ", ".join(shown(now, k) for k in diff)
             raise TunerError(
                 f"study {name!r} already exists with {was}; this run asks for {new}. "
                 "Use another --study name (or the same inputs to resume it)."

@@ -1,0 +1,322 @@
+"""Run options on the command line (Megatron-LM's flags), the stack presets, and ``tune --from`` (the user's launch)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from specs import DEFAULT_RUN_OPTIONS, Precision, RunOptions, TunerError
+from specs.stacks import RunFlags, list_stacks, load_stack, resolve_run_options
+from tuner.cli import app
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[2]
+SEED_LAUNCH = ROOT / "tests/fixtures/launch/seed_minimax_m2_launch.sh"
+SEED_RECIPE = ROOT / "tests/fixtures/seed_minimax_m2_recipe.yaml"
+#: The seed's layout as explicit flags (seeds/001: TP1 PP8 VPP4 EP8, first/last 7, full recompute, mbs 1).
+SEED_FLAGS = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "8", "--ep", "8", "--recompute", "full",
+              "--pipeline-layout", "Et|(tt|)*30tL"]
+
+
+def _estimate(*args: str) -> dict:
+    r = runner.invoke(app, ["estimate", *args, "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+# ---- presets ------------------------------------------------------------------------------------------------------
+
+
+def test_the_default_stack_is_the_seeds_run_options():
+    run = resolve_run_options(RunFlags())
+    assert run.preset.name == "slime" and run.options == DEFAULT_RUN_OPTIONS and run.overrides == ()
+
+
+def test_every_preset_loads_and_cites_an_upstream_file_at_a_commit():
+    assert list_stacks() == ["megatron-bridge", "megatron-lm", "nemo-rl", "slime"]
+    for name in list_stacks():
+        p = load_stack(name)
+        assert p.sources and all(re.search(r"@[0-9a-f]{8} \S+ l\.\d", s) for s in p.sources), p.sources
+        raw = yaml.safe_load((ROOT / f"specs/data/stacks/{name}.yaml").read_text())
+        assert all(re.fullmatch(r"[0-9a-f]{40}", s["commit"]) for s in raw["sources"])
+
+
+def test_megatron_is_an_alias_of_megatron_lm():
+    assert load_stack("megatron").name == "megatron-lm" == load_stack("Megatron-LM").name
+
+
+def test_megatron_bridge_sets_its_perf_recipe_options():
+    o = resolve_run_options(RunFlags(), "megatron-bridge").options
+    assert (o.grad_reduce_in_fp32, o.cross_entropy_loss_fusion, o.cross_entropy_fusion_impl, o.optimizer_fp8_recipe) == (
+        False, True, "te", "tensorwise")
+
+
+def test_a_flag_overrides_the_preset_and_the_line_says_so():
+    run = resolve_run_options(RunFlags(accumulate_allreduce_grads_in_fp32=True, cross_entropy_loss_fusion=True), "megatron-bridge")
+    assert run.options.grad_reduce_in_fp32 is True
+    assert run.overrides == ("--accumulate-allreduce-grads-in-fp32",)  # the loss fusion repeats the preset's value
+    assert "stack megatron-bridge" in run.line and "overrides: --accumulate-allreduce-grads-in-fp32" in run.line
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (RunFlags(grad_reduce_in_bf16=True, accumulate_allreduce_grads_in_fp32=True), "contradict each other"),
+    (RunFlags(cuda_graph_impl="none", cuda_graph_scope=("moe_router",)), "no graph is captured"),
+    (RunFlags(cross_entropy_fusion_impl="te"), "the cross-entropy loss fusion is off"),
+    (RunFlags(cross_entropy_loss_fusion=False, cross_entropy_fusion_impl="te"), "--no-cross-entropy-loss-fusion"),
+    (RunFlags(fp8_param_gather=True), "--precision is bf16"),
+    (RunFlags(cuda_graph_scope=("everything",)), "accepted full, full_iteration"),
+    (RunFlags(fp8_recipe="mxfp9"), "--fp8-recipe 'mxfp9': accepted delayed, tensorwise"),
+])
+def test_contradictory_or_unknown_flags_are_refused(flags, message):
+    with pytest.raises(TunerError, match=re.escape(message)):
+        resolve_run_options(flags)
+
+
+def test_an_unknown_stack_names_the_accepted_ones():
+    r = runner.invoke(app, ["check", "--model", "MiniMax-M2", "--gpus", "64xH200", "--stack", "deepspeed"])
+    assert r.exit_code == 2 and "--stack 'deepspeed': accepted megatron-bridge, megatron-lm, nemo-rl, slime" in r.output
+
+
+def test_fp8_recipe_with_bf16_is_the_optimizers_recipe():
+    """Megatron copies --fp8-recipe onto the optimizer config: tensorwise keeps fp32 master weights in a bf16 run."""
+    o = resolve_run_options(RunFlags(fp8_recipe="tensorwise")).options
+    assert (o.fp8_recipe, o.optimizer_fp8_recipe, o.precision_aware_owns_masters(Precision.bf16)) == ("delayed", "tensorwise", False)
+    assert resolve_run_options(RunFlags(fp8_recipe="tensorwise"), precision="fp8").options.fp8_recipe == "tensorwise"
+
+
+def test_cuda_graph_impl_without_scope_captures_whole_layers():
+    assert resolve_run_options(RunFlags(cuda_graph_impl="transformer_engine")).options.cuda_graph_scope == ("full",)
+    assert resolve_run_options(RunFlags(cuda_graph_impl="full_iteration")).options.cuda_graph_scope == ("full_iteration",)
+    assert resolve_run_options(RunFlags(cuda_graph_scope=("attn,moe_router",))).options.cuda_graph_scope == ("attn", "moe_router")
+
+
+# ---- the commands -------------------------------------------------------------------------------------------------
+
+
+def test_estimate_prices_bf16_main_grads_and_says_which_stack():
+    base = _estimate(*SEED_FLAGS)
+    bf16 = _estimate(*SEED_FLAGS, "--grad-reduce-in-bf16")
+    assert base["stack"] == "slime" and base["run_flags"] == [] and bf16["run_flags"] == ["--grad-reduce-in-bf16"]
+    assert bf16["run_options"]["grad_reduce_in_fp32"] is False
+    assert bf16["peak_gib"] < base["peak_gib"]
+    r = runner.invoke(app, ["estimate", *SEED_FLAGS, "--stack", "megatron-bridge", "--no-cross-entropy-loss-fusion"])
+    assert r.exit_code == 0, r.output
+    assert "stack megatron-bridge (specs/data/stacks/megatron-bridge.yaml); overrides: --no-cross-entropy-loss-fusion" in r.output
+
+
+def test_contradictory_flags_exit_2_on_every_estimating_command(tmp_path):
+    bad = ["--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32"]
+    for cmd in (["estimate"], ["check"], ["timeline", "--out", str(tmp_path / "t.json")], []):
+        r = runner.invoke(app, [*cmd, *SEED_FLAGS[:4], *bad, *(["--pp", "8", "--ep", "8"] if cmd else [])])
+        assert r.exit_code == 2 and "contradict each other" in r.output, (cmd, r.output)
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_every_run_flag_has_one_alias_on_every_estimating_command():
+    import typer
+
+    from tuner.cli._common import RUN_FLAG_OPTIONS
+
+    assert set(RUN_FLAG_OPTIONS) == {f.name for f in dataclasses.fields(RunFlags)}
+    root = typer.main.get_command(app)
+    for cmd in (root, *(root.get_command(None, n) for n in ("estimate", "check", "timeline"))):
+        opts = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
+        for flag in ("--stack", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--cross-entropy-fusion-impl",
+                     "--cuda-graph-scope", "--moe-permute-fusion", "--no-moe-permute-fusion", "--fp8-recipe", "--task"):
+            assert flag in opts, (cmd.name, flag)
+
+
+# ---- exports --------------------------------------------------------------------------------------------------------
+
+
+def test_exported_commands_write_the_run_options():
+    from launch.exporters._flags import megatron_args
+    from launch.exporters._recipe import recipe_dict
+    from specs import Layout, Workload, load_model, parse_gpus
+
+    m, c, w = load_model("Qwen3-30B-A3B"), parse_gpus("16xH100"), Workload(seq_length=4096, global_batch_size=512)
+    lay = Layout(world_size=16, ep=16)
+    opts = resolve_run_options(RunFlags(), "megatron-bridge").options
+    argv = megatron_args(m, c, w, lay, options=opts)
+    assert "--grad-reduce-in-bf16" in argv and "--accumulate-allreduce-grads-in-fp32" not in argv
+    assert argv[argv.index("--cross-entropy-fusion-impl") + 1] == "te" and "--cross-entropy-loss-fusion" in argv
+    assert "--overlap-grad-reduce" in argv and "--moe-permute-fusion" in argv
+    plain = megatron_args(m, c, w, lay)
+    assert "--accumulate-allreduce-grads-in-fp32" in plain and "--cross-entropy-loss-fusion" not in plain
+    rec = recipe_dict(m, c, w, lay, options=opts, stack="megatron-bridge")
+    assert rec["stack"]["preset"] == "megatron-bridge"
+    assert rec["stack"]["run_options"]["grad_reduce_in_fp32"] is False
+    assert "--grad-reduce-in-bf16" in rec["run"]
+
+
+def test_a_model_argument_is_not_written_twice():
+    """MiniMax-M2's MODEL_ARGS already hold --moe-permute-fusion and --no-rope-fusion."""
+    from launch.exporters._flags import megatron_args
+    from specs import Layout, Workload, load_model, parse_gpus
+
+    opts = dataclasses.replace(RunOptions(), moe_permute_fusion=True, apply_rope_fusion=False)
+    argv = megatron_args(load_model("MiniMax-M2"), parse_gpus("64xH200"), Workload(), Layout(world_size=64, ep=8, pp=2), options=opts)
+    assert argv.count("--moe-permute-fusion") == 1 and argv.count("--no-rope-fusion") == 1
+
+
+# ---- tune --from --------------------------------------------------------------------------------------------------
+
+
+def _from(path: Path, gpus: str | None = "H200", model: str | None = None):
+    from tuner.cli._common import RunChoice
+    from tuner.cli._from import launch_inputs
+
+    return launch_inputs(path, None, model=model, gpus=gpus, seq_len=8192, global_batch=128, precision="bf16", layers=None,
+                         run=RunChoice(stack=None, flags=RunFlags()))
+
+
+def _estimate_from(fi) -> tuple[float, float]:
+    from cost_model.estimate import estimate
+    from specs import Layout, Workload, load_model, parse_gpus
+
+    o = resolve_run_options(fi.run.flags, fi.run.stack).options
+    e = estimate(load_model(fi.model), parse_gpus(fi.gpus), Workload(seq_length=fi.seq_len, global_batch_size=fi.global_batch),
+                 Layout.from_dict(fi.baseline), options=o)
+    return e.tokens_per_s_per_gpu, e.peak_bytes
+
+
+def test_the_seed_launch_gives_the_explicit_flags_estimate():
+    """seeds/001's run block with slime's MiniMax-M2 MODEL_ARGS: the same numbers as tune estimate with its flags."""
+    fi = _from(SEED_LAUNCH)
+    assert (fi.model, fi.gpus, fi.seq_len, fi.global_batch, fi.run.stack) == ("MiniMax-M2", "8x8xH200", 8192, 128, "slime")
+    explicit = _estimate(*SEED_FLAGS)
+    tps, peak = _estimate_from(fi)
+    assert (tps, peak / 2**30) == (explicit["tokens_per_s_per_gpu"], explicit["peak_gib"])
+    # and the same from the seed's recipe.yaml (its run block, its model and GPUs)
+    assert _estimate_from(_from(SEED_RECIPE, gpus=None)) == _estimate_from(fi)
+
+
+def test_every_argument_of_the_launch_is_sorted_once():
+    lf = _from(SEED_LAUNCH).launch
+    text = SEED_LAUNCH.read_text()
+    flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", text))
+    sorted_ = set(lf.understood) | set(lf.no_effect) | set(lf.not_understood)
+    assert flags == sorted_ and not lf.not_understood
+    assert not set(lf.understood) & set(lf.no_effect)
+    assert "--lr" in lf.no_effect and "--tensor-model-parallel-size" in lf.understood and "--hidden-size" in lf.understood
+
+
+def test_an_argument_not_understood_is_named_and_kept(tmp_path):
+    f = tmp_path / "run.sh"
+    f.write_text(SEED_LAUNCH.read_text().replace("--attention-backend flash", "--attention-backend flash --my-new-flag 3 \\\n  "
+                                                                              "--accumulate-allreduce-grads-in-fp32"))
+    lf = _from(f).launch
+    assert lf.not_understood == ("--my-new-flag",) and "--my-new-flag 3" in " ".join(lf.user_args)
+    assert "not understood: --my-new-flag" in lf.summary
+
+
+def test_flags_on_the_command_line_win_over_the_file():
+    from tuner.cli._common import RunChoice
+    from tuner.cli._from import launch_inputs
+
+    fi = launch_inputs(SEED_LAUNCH, None, model=None, gpus="H200", seq_len=8192, global_batch=128, precision="bf16", layers=None,
+                       run=RunChoice(stack="megatron-bridge", flags=RunFlags(grad_reduce_in_bf16=True)))
+    run = resolve_run_options(fi.run.flags, fi.run.stack)  # the file's --accumulate-allreduce-grads-in-fp32 gives way
+    assert run.options.grad_reduce_in_fp32 is False and run.preset.name == "megatron-bridge"
+
+
+@pytest.mark.parametrize(("text", "name", "message"), [
+    ("hello world\n", "notes.txt", "no command with -- arguments"),
+    ("a: 1\n", "x.yaml", "neither a recipe.yaml (schema_version, run) nor a Megatron-Bridge"),
+    ("torchrun pretrain_gpt.py --hidden-size 1234 --num-attention-heads 7\n", "run.sh", "is none of the presets"),
+    ("torchrun pretrain_gpt.py --tensor-model-parallel-size 2\n", "run.sh", "names no model"),
+    ("torchrun pretrain_gpt.py --tensor-model-parallel-size two\n", "run.sh", "wrong type"),
+])
+def test_a_file_that_is_not_a_launch_is_refused(tmp_path, text, name, message):
+    f = tmp_path / name
+    f.write_text(text)
+    r = runner.invoke(app, ["--from", str(f), "--gpus", "8xH100"])
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, r.output
+
+
+def test_gpus_that_disagree_with_the_file_are_refused():
+    with pytest.raises(TunerError, match=r"runs on 64 GPUs \(8 x 8\) but --gpus 32xH200 has 32"):
+        _from(SEED_LAUNCH, gpus="32xH200")
+
+
+def test_the_main_job_from_the_seed_launch(tmp_path):
+    """The launch is the first trial, printed as the baseline beside the best; exports keep the user's arguments."""
+    space = tmp_path / "space.yaml"
+    space.write_text("tp: [1]\npp: [8]\nvpp: [4, 8]\ncp: [1]\nep: [8]\netp: [1]\nmicro_batch_size: [1]\n"
+                     "recompute:\n  - {granularity: full, method: uniform, num_layers: 1}\noptimizer_offload_fraction: [0.0]\n"
+                     "dispatcher: [alltoall]\n")
+    r = runner.invoke(app, ["--from", str(SEED_LAUNCH), "--gpus", "H200", "--space", str(space), "--trials", "2",
+                            "--results-dir", str(tmp_path), "--study", "s"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    explicit = _estimate(*SEED_FLAGS)
+    assert f"its layout TP1 PP8 VPP4 EP8 DP8: {explicit['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU predicted" in r.output
+    assert "it is the study's first trial" in r.output and "none not understood" in r.output
+    assert re.search(r"your launch: [\d,.]+ tokens/s/GPU predicted, [\d.]+ GiB; best: TP1 PP8 VPP\d EP8 DP8, .*[+-]\d+%", r.output)
+    assert "stack slime (specs/data/stacks/slime.yaml)" in r.output
+    run = (tmp_path / "s/run_slime.sh").read_text()
+    assert "--calculate-per-token-loss" in run and run.count("  --hf-checkpoint ") == 1
+    rec = yaml.safe_load((tmp_path / "s/recipe.yaml").read_text())
+    assert rec["stack"]["preset"] == "slime" and "--lr" in rec["stack"]["user_args"]
+
+
+def test_a_megatron_bridge_override_yaml_is_read_setting_by_setting():
+    fi = _from(ROOT / "tests/fixtures/launch/bridge_override.yaml", gpus="16xH100", model="Qwen3-30B-A3B")
+    lf = fi.launch
+    assert (lf.kind, fi.run.stack, fi.seq_len, fi.global_batch) == ("megatron-bridge", "megatron-bridge", 4096, 512)
+    assert lf.not_understood == ("model.my_experimental_knob",)
+    assert {"optimizer.lr", "logger.log_interval", "dist.use_torch_fsdp2", "model.gradient_accumulation_fusion"} <= set(lf.no_effect)
+    assert {"model.expert_model_parallel_size", "ddp.grad_reduce_in_fp32", "model.recompute_modules"} <= set(lf.understood)
+    assert (fi.baseline["ep"], fi.baseline["recompute_modules"], fi.baseline["use_distributed_optimizer"]) == (16, ["moe_act"], True)
+    o = resolve_run_options(fi.run.flags, fi.run.stack).options
+    assert (o.grad_reduce_in_fp32, o.cross_entropy_fusion_impl, o.overlap_grad_reduce) == (False, "te", True)
+
+
+def test_a_nemo_rl_config_is_read_through_its_defaults_chain():
+    fi = _from(ROOT / "tests/fixtures/launch/nemo_rl_lora.yaml", gpus="H100")
+    lf = fi.launch
+    assert (lf.kind, fi.run.stack, fi.model, fi.gpus, fi.seq_len, fi.global_batch) == (
+        "nemo-rl", "nemo-rl", "Llama-3.1-8B", "2x8xH100", 2048, 128)
+    assert (fi.baseline["tp"], fi.baseline["micro_batch_size"], fi.baseline["recompute_granularity"]) == (2, 2, "full")
+    assert (fi.run.task, fi.run.lora_rank, fi.run.lora_target_modules) == ("lora", 16, "linear_qkv,linear_proj")
+    assert {"grpo", "loss_fn", "policy.generation", "policy.megatron_cfg.optimizer.lr"} <= set(lf.no_effect)
+    assert not lf.not_understood
+    base = _from(ROOT / "tests/fixtures/launch/nemo_rl_base.yaml", gpus="H100")
+    assert base.baseline["recompute_granularity"] == "none" and base.run.task is None  # checkpointing off: recompute unread
+
+
+def test_a_nemo_rl_config_without_its_defaults_file_is_refused(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text((ROOT / "tests/fixtures/launch/nemo_rl_lora.yaml").read_text())
+    with pytest.raises(TunerError, match="defaults: file 'nemo_rl_base.yaml' cannot be read"):
+        _from(f, gpus="H100")
+
+
+def test_a_study_is_not_resumed_with_other_run_options(tmp_path):
+    args = ["--model", "Llama-3.1-8B", "--gpus", "8xH100", "--trials", "2", "--study", "r", "--results-dir", str(tmp_path)]
+    assert runner.invoke(app, args).exit_code == 0
+    r = runner.invoke(app, [*args, "--grad-reduce-in-bf16"])
+    assert r.exit_code == 2 and "run options grad_reduce_in_fp32=True; this run asks for run options grad_reduce_in_fp32=False" in r.output
+    r = runner.invoke(app, [*args, "--task", "lora"])
+    assert r.exit_code == 2 and "--task pretrain" in r.output and "--task lora" in r.output
+
+
+def test_a_sourced_model_file_is_read_and_an_unset_array_is_named(tmp_path):
+    """slime's run scripts source "${SCRIPT_DIR}/models/<model>.sh" for MODEL_ARGS."""
+    text = SEED_LAUNCH.read_text()
+    cut = text.index("export CUDA_DEVICE_MAX_CONNECTIONS")
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models/minimax-m2.sh").write_text(text[:cut])
+    run = tmp_path / "run.sh"
+    run.write_text('SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"\n'
+                   'source "${SCRIPT_DIR}/models/minimax-m2.sh"\n' + text[cut:])
+    assert _estimate_from(_from(run)) == _estimate_from(_from(SEED_LAUNCH))
+    alone = tmp_path / "alone.sh"
+    alone.write_text(text[cut:])
+    lf = _from(alone, model="MiniMax-M2").launch
+    assert lf.not_understood == ("${MODEL_ARGS[@]} (not set in the file)",)

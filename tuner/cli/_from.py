@@ -1,0 +1,153 @@
+"""``tune --from FILE``: the user's launch as the main job's inputs and its baseline (:mod:`tuner.launch_file`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specs.errors import InfeasibleLayout, TunerError
+from tuner.cli._common import GIB, RunChoice
+
+__all__ = ["FromInputs", "launch_inputs", "launch_lines", "compare_line"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FromInputs:
+    """The main job's inputs with a launch file's filled in (the command line's flags win)."""
+
+    model: str
+    gpus: str
+    seq_len: int
+    global_batch: int
+    precision: str
+    layers: int | None
+    run: RunChoice
+    baseline: dict[str, Any]
+    """The launch's layout (:meth:`specs.Layout.to_dict`)."""
+    launch: Any
+    """The :class:`tuner.launch_file.LaunchFile`."""
+
+
+def _merge_flags(file_flags: Any, cli_flags: Any) -> Any:
+    """The launch's run flags under the command line's: a command-line flag replaces the file's of the same setting
+    (both gradient dtypes, the CUDA graph impl and scope, the cross-entropy fusion and its impl go together)."""
+    from specs.stacks import RunFlags
+
+    f, c = file_flags.given(), cli_flags.given()
+    for group in (("accumulate_allreduce_grads_in_fp32", "grad_reduce_in_bf16"), ("cuda_graph_impl", "cuda_graph_scope"),
+                  ("cross_entropy_loss_fusion", "cross_entropy_fusion_impl")):
+        if any(k in c for k in group):
+            for k in group:
+                f.pop(k, None)
+    return RunFlags(**{**f, **c})
+
+
+def launch_inputs(path: Path, ctx: Any, *, model: str | None, gpus: str | None, seq_len: int, global_batch: int, precision: str,
+                  layers: int | None, run: RunChoice) -> FromInputs:
+    """Read ``path`` and fill the main job's inputs from it where the command line leaves them at their defaults.
+
+    ``--gpus`` may be just the GPU (``--gpus H200``): the count is the file's nodes x GPUs per node.
+
+    Raises:
+        TunerError: the file cannot be read or is none of the forms (:func:`tuner.launch_file.read_launch`), it names
+            no model and no ``--model`` is given, the GPUs are not known or disagree with the file, or its layout cannot
+            be estimated.
+    """
+    from launch.harness.spec import slice_model
+    from specs import load_model, parse_gpus
+    from tuner.cli._layout import LayoutFlags, apply_layout_string
+    from tuner.launch_file import read_launch
+
+    lf = read_launch(path, model=model)
+    label = f"--from {str(path)!r}"
+    name = model or lf.model
+    if not name:
+        raise TunerError(f"{label}: the file names no model (no --hidden-size / --num-attention-heads / --num-experts); give --model")
+    count = lf.nodes * lf.gpus_per_node if lf.nodes and lf.gpus_per_node else None
+    where = f"{lf.nodes} x {lf.gpus_per_node}" if count else ""
+    if gpus is None and lf.gpu and count:
+        gpus = f"{lf.nodes}x{lf.gpus_per_node}x{lf.gpu}"
+    elif gpus is not None and "x" not in gpus.lower():
+        if not count:
+            raise TunerError(f"{label}: the file does not say how many GPUs it runs on; give --gpus COUNTxGPU, e.g. --gpus 64x{gpus}")
+        gpus = f"{lf.nodes}x{lf.gpus_per_node}x{gpus}"
+    if gpus is None:
+        hint = f" (the file runs {where} GPUs: e.g. --gpus H200)" if count else ", e.g. --gpus 64xH200"
+        raise TunerError(f"{label}: give the GPUs with --gpus{hint}")
+    cluster = parse_gpus(gpus)
+    if count and cluster.num_gpus != count:
+        raise TunerError(f"{label}: the file runs on {count} GPUs ({where}) but --gpus {gpus} has {cluster.num_gpus}; "
+                         "give --gpus with the GPU alone (--gpus H200) or the file's count")
+
+    def default(param: str) -> bool:
+        src = ctx.get_parameter_source(param) if ctx is not None else None
+        return src is None or src.name in ("DEFAULT", "DEFAULT_MAP")
+
+    seq_len = lf.seq_length if lf.seq_length and default("seq_len") else seq_len
+    global_batch = lf.global_batch_size if lf.global_batch_size and default("global_batch") else global_batch
+    precision = lf.precision if lf.precision and default("precision") else precision
+    layers = layers if layers is not None else lf.num_layers
+    task = {"task": run.task, "lora_rank": run.lora_rank, "lora_target_modules": run.lora_target_modules}
+    if run.task is None and lf.task:
+        task = {"task": None, "lora_rank": None, "lora_target_modules": None, **lf.task}
+    merged = RunChoice(stack=run.stack or lf.stack, flags=_merge_flags(lf.run_flags, run.flags), **task)
+    m = slice_model(load_model(name), layers)
+    flags = LayoutFlags(**{k: v for k, v in lf.layout.items() if k != "pipeline_layout"})
+    try:
+        lay = flags.to_layout(cluster.num_gpus)
+        if lf.layout.get("pipeline_layout"):
+            lay, odd, _ = apply_layout_string(lay, m, lf.layout["pipeline_layout"], vpp_given=flags.vpp_given,
+                                              split_given=flags.split_given)
+            if odd:
+                raise TunerError(f"{label}: --pipeline-model-parallel-layout {lf.layout['pipeline_layout']!r} is valid for Megatron "
+                                 "but not of the first/last-stage form the cost model estimates")
+    except InfeasibleLayout as e:
+        raise TunerError(f"{label}: its layout breaks rule {e.rule_id}: {e.reason}") from None
+    return FromInputs(model=name, gpus=gpus, seq_len=seq_len, global_batch=global_batch, precision=precision, layers=layers,
+                      run=merged, baseline=lay.to_dict(), launch=lf)
+
+
+def baseline_estimate(prep: Any) -> tuple[Any, str]:
+    """(the estimate of the study's baseline layout or None, why none)."""
+    from cost_model.estimate import estimate
+    from specs import Layout
+
+    lay = Layout.from_dict(prep.config.baseline)
+    try:
+        return estimate(prep.model, prep.cluster, prep.workload, lay, calibration=prep.calibration,
+                        memory_headroom=prep.config.memory_headroom, options=prep.options), ""
+    except InfeasibleLayout as e:
+        return None, f"it breaks rule {e.rule_id}: {e.reason}"
+
+
+def launch_lines(prep: Any, fi: FromInputs) -> list[str]:
+    """What the main job prints about the launch before the search: how its arguments were read, its layout and its
+    predicted throughput and memory."""
+    lf = fi.launch
+    lay = prep.config.baseline
+    e, why = baseline_estimate(prep)
+    lines = [f"Your launch ({lf.path.name}): {lf.summary}"]
+    lines += [f"  note: {n}" for n in lf.model_notes]
+    from specs import Layout
+
+    label = Layout.from_dict(lay).label
+    if e is None:
+        lines.append(f"  its layout {label}: not estimated, {why}")
+        return lines
+    fit = "fits" if e.fits else "does NOT fit"
+    trial = ("it is the study's first trial" if prep.baseline_row is not None and prep.fits[prep.baseline_row]
+             else "not a candidate of the search (outside the space, or predicted not to fit)")
+    lines.append(f"  its layout {label}: {e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU predicted, {e.peak_gib:.1f} GiB ({fit}); {trial}")
+    return lines
+
+
+def compare_line(prep: Any, best: dict[str, Any]) -> str:
+    """``your launch: N tokens/s/GPU predicted, X GiB; best: LABEL, M tokens/s/GPU, Y GiB, +P%``."""
+    e, why = baseline_estimate(prep)
+    if e is None:
+        return f"your launch: not estimated ({why}); best: {best['label']}, {best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU"
+    gain = best["tokens_per_s_per_gpu"] / e.tokens_per_s_per_gpu - 1 if e.tokens_per_s_per_gpu > 0 else float("nan")
+    fit = "" if e.fits else " (predicted not to fit)"
+    return (f"your launch: {e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU predicted, {e.peak_bytes / GIB:.1f} GiB{fit}; best: {best['label']}, "
+            f"{best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU {best['source']}, {best['peak_gib']:.1f} GiB, {gain:+.0%}")
