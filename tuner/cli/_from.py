@@ -116,7 +116,7 @@ def baseline_estimate(prep: Any) -> tuple[Any, str]:
     lay = Layout.from_dict(prep.config.baseline)
     try:
         return estimate(prep.model, prep.cluster, prep.workload, lay, calibration=prep.calibration,
-                        memory_headroom=prep.config.memory_headroom, options=prep.options), ""
+                        memory_headroom=prep.headroom, options=prep.options), ""
     except InfeasibleLayout as e:
         return None, f"it breaks rule {e.rule_id}: {e.reason}"
 

@@ -150,7 +150,8 @@ class TuneConfig:
         """``--study``, or ``<model>[-L<layers>]-<cluster>-s<seq>-gbs<batch>`` then what else makes the space or its numbers
         differ from the defaults, each only when it does: ``-fp8``, the network (``-ib-ndr``) when it is not the GPU's
         server's, ``-<N>gbps`` (``--network-gbps``), ``-megatron`` (``--stack``), ``-mc<release>`` (``--megatron-core``
-        other than the newest) and the backend of real trials (``-local``). A run with another of these inputs so opens
+        other than the newest), ``-sft`` / ``-lora`` (``--task``), ``-r<digest>`` (run options other than the stack's) and
+        the backend of real trials (``-local``). A run with another of these inputs so opens
         its own study instead of being refused by the existing one. Obeys the ``--study`` name rule.
 
         Raises:
@@ -176,6 +177,13 @@ class TuneConfig:
             release = "{}.{}".format(*megatron_core_version(self.megatron_core))
             if release != NEWEST_MEGATRON_CORE:
                 extra += f"-mc{release}"
+        if self.task != "pretrain":
+            extra += f"-{self.task}"
+        if self.run_flags:  # run options other than the stack's: a short digest of them
+            import hashlib
+            import json
+
+            extra += "-r" + hashlib.sha1(json.dumps(self.run_flags, sort_keys=True, default=str).encode()).hexdigest()[:6]
         if self.backend != "model":
             extra += f"-{self.backend}"
         return f"{base}{sl}-{cluster.label}-s{self.seq_length}-gbs{self.global_batch_size}{extra}"[:128]
