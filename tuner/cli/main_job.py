@@ -295,7 +295,7 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: An
     if launch is not None:
         from tuner.cli._from import compare_line
 
-        out.print(compare_line(prep, best), markup=False, soft_wrap=True)
+        out.print(compare_line(prep, best), markup=False)
     if best["source"] == "predicted":
         for gap in gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay), prep.model, prep.cluster.gpu, prep.calibration)[:2]:
             out.print(f"note: {gap.line}", markup=False)
