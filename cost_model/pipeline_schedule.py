@@ -16,6 +16,14 @@ p2p transfer), a backward of stage ``s`` for the backward on stage ``s + 1`` (th
 own forward). With the same chunk time on every rank it reproduces the bubble of Narayanan et al.
 2021 (arXiv 2104.04473 §2.2): ``(pp - 1) / vpp`` micro-batch times, i.e. a step of
 ``(M + (pp - 1) / vpp) * (t_f + t_b)``.
+
+:func:`pipeline_makespan` (the estimate's pipeline time) needs only the step's end. Past
+:data:`FULL_SIMULATION_MICROBATCHES` it simulates a few periods of the schedule (micro-batch counts of the same
+residue modulo the period: 1 for 1F1B, ``group`` interleaved) and extrapolates once the step's growth per period is
+the steady state's: the same in two successive periods and equal to the slowest rank's busy time per period (the
+largest cycle of the list schedule without p2p, so no later cycle can overtake it). Where that does not show within
+a bounded number of micro-batches it simulates them all. Measured against the full simulation:
+``benchmarks/bench_pipeline_makespan.py``. :func:`simulate_pipeline` (the step timeline) times every operation.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from functools import lru_cache
 from specs.errors import TunerError
 
 __all__ = [
-    "Pass", "PipelineOp", "ScheduledOp", "megatron_order", "pipeline_makespan", "schedule_table", "simulate_pipeline", "stage_of",
+    "FULL_SIMULATION_MICROBATCHES", "Pass", "PipelineOp", "ScheduledOp", "megatron_order", "pipeline_makespan", "schedule_table", "simulate_pipeline", "stage_of",
     "warmup_microbatches",
 ]
 
@@ -149,8 +157,30 @@ class _Plan:
     """Indices of each rank's operations, in its execution order."""
 
 
-@lru_cache(maxsize=256)
+#: Micro-batches per step up to which :func:`pipeline_makespan` simulates every one (the default workloads' steps are
+#: below it, so their estimates are the full simulation's to the last digit).
+FULL_SIMULATION_MICROBATCHES = 512
+#: Operations of a schedule above which its plan is not kept in :func:`_plan`'s cache (a timeline of a large batch).
+_CACHED_PLAN_OPS = 1 << 16
+#: The first bounded simulation runs this many times pp micro-batches (the warm-up is at most about 2 x pp).
+_FIRST_PERIODS = 8
+#: Relative tolerance of "the same growth per period" (float rounding of sums of seconds).
+_STEADY_RTOL = 1e-9
+
+
 def _plan(pp: int, vpp: int, num_microbatches: int, group: int | None) -> _Plan:
+    """:func:`_build_plan`, kept in a bounded cache for schedules of at most :data:`_CACHED_PLAN_OPS` operations."""
+    if 2 * pp * vpp * num_microbatches <= _CACHED_PLAN_OPS:
+        return _cached_plan(pp, vpp, num_microbatches, group)
+    return _build_plan(pp, vpp, num_microbatches, group)
+
+
+@lru_cache(maxsize=256)
+def _cached_plan(pp: int, vpp: int, num_microbatches: int, group: int | None) -> _Plan:
+    return _build_plan(pp, vpp, num_microbatches, group)
+
+
+def _build_plan(pp: int, vpp: int, num_microbatches: int, group: int | None) -> _Plan:
     """The dependency structure of a schedule: a list schedule (each rank runs its operations in Megatron's order,
     one at a time, each once its dependency has run) visited rank by rank until every operation is placed; the
     visit order does not depend on the durations, so it is computed once per schedule.
@@ -269,11 +299,36 @@ def pipeline_makespan(
     group: int | None = None,
 ) -> float:
     """The end of the last operation of :func:`simulate_pipeline` (seconds from the step's start), without
-    building its operation list.
+    building its operation list; above :data:`FULL_SIMULATION_MICROBATCHES` micro-batches extrapolated from a
+    bounded simulation once it is in its steady state (see the module's docstring).
 
     Raises:
         TunerError: as :func:`simulate_pipeline`.
     """
     _check_tables(pp, vpp, forward_s, backward_s)
-    _, end = _times(_plan(pp, vpp, num_microbatches, group), forward_s, backward_s, p2p_s)
+    m = num_microbatches
+    if m > FULL_SIMULATION_MICROBATCHES and pp > 1:
+        period = 1 if vpp == 1 else (pp if group is None else group)
+        # the slowest rank's busy time per period: a cycle of the schedule, so a lower bound of its growth
+        slowest = period * max(sum(f) + sum(b) for f, b in zip(forward_s, backward_s))
+
+        def at(k: int) -> tuple[int, float, float]:
+            """k moved up to m's residue (the same last group), its makespan and the next period's growth."""
+            k += (m - k) % period
+            t = _makespan(pp, vpp, k, forward_s, backward_s, p2p_s, group)
+            return k, t, _makespan(pp, vpp, k + period, forward_s, backward_s, p2p_s, group) - t
+
+        a, ta, da = at(_FIRST_PERIODS * pp)
+        while 2 * a + period <= m // 2:
+            b, tb, db = at(2 * a)
+            tol = _STEADY_RTOL * tb
+            if db >= slowest - tol and abs(db - da) <= tol and abs((tb - ta) / ((b - a) // period) - db) <= tol:
+                return tb + (m - b) // period * db
+            a, ta, da = b, tb, db
+    return _makespan(pp, vpp, m, forward_s, backward_s, p2p_s, group)
+
+
+def _makespan(pp: int, vpp: int, m: int, forward_s: list[list[float]], backward_s: list[list[float]], p2p_s: float,
+              group: int | None) -> float:
+    _, end = _times(_plan(pp, vpp, m, group), forward_s, backward_s, p2p_s)
     return max(end)
