@@ -155,6 +155,8 @@ class _Plan:
     """The wait crosses a stage boundary (the p2p transfer applies)."""
     by_rank: tuple[tuple[int, ...], ...]
     """Indices of each rank's operations, in its execution order."""
+    slot: tuple[int, ...]
+    """Where the operation's duration is in the flat list of forward then backward ``[rank][chunk]`` seconds."""
 
 
 #: Micro-batches per step up to which :func:`pipeline_makespan` simulates every one (the default workloads' steps are
@@ -226,7 +228,9 @@ def _build_plan(pp: int, vpp: int, num_microbatches: int, group: int | None) -> 
                 progressed = True
         if not progressed:  # a Megatron order never deadlocks; guard against a bad table
             raise TunerError(f"pipeline simulation: the schedule deadlocked (pp {pp}, vpp {vpp}, M {num_microbatches})")
-    return _Plan(ops=tuple(ops), rank=tuple(rank), after=tuple(after), lagged=tuple(lagged), by_rank=tuple(tuple(x) for x in by_rank))
+    slot = tuple((0 if op.kind is Pass.forward else n_stages) + r * vpp + op.chunk for op, r in zip(ops, rank))
+    return _Plan(ops=tuple(ops), rank=tuple(rank), after=tuple(after), lagged=tuple(lagged), by_rank=tuple(tuple(x) for x in by_rank),
+                 slot=slot)
 
 
 def _times(
@@ -238,16 +242,15 @@ def _times(
     start = [0.0] * n
     end = [0.0] * n
     free = [0.0] * len(forward_s)
-    for i, (op, r, dep, lag) in enumerate(zip(plan.ops, plan.rank, plan.after, plan.lagged)):
+    dur = [x for row in forward_s for x in row] + [x for row in backward_s for x in row]
+    for i, (r, dep, lag, k) in enumerate(zip(plan.rank, plan.after, plan.lagged, plan.slot)):
         t = free[r]
         if dep >= 0:
             ready = end[dep] + p2p_s if lag else end[dep]
             if ready > t:
                 t = ready
-        e = t + (forward_s[r][op.chunk] if op.kind is Pass.forward else backward_s[r][op.chunk])
         start[i] = t
-        end[i] = e
-        free[r] = e
+        end[i] = free[r] = t + dur[k]
     return start, end
 
 
