@@ -86,6 +86,7 @@ def main_job(
     results_dir: ResultsOpt = Path("results"),
     seed: Annotated[int, typer.Option("--seed", help="Sampler seed.", rich_help_panel="Study")] = 0,
     top: Annotated[int, typer.Option("--top", min=0, help="Rows of the Pareto table to print (0 = all).", rich_help_panel="Output")] = 15,
+    png: Annotated[bool, typer.Option("--png", help="Also draw the front as pareto.png (report.html shows it too).", rich_help_panel="Output")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of an error (accepted anywhere on the command line; or TUNE_DEBUG=1); the exit code is unchanged.")] = False,
 ) -> None:
     """Find the fastest layout that fits: `tune --model MiniMax-M2 --gpus 64xH200`."""
@@ -136,11 +137,12 @@ def main_job(
         prune_margin=None if (not math.isnan(prune_margin) and prune_margin < 0) else prune_margin,  # NaN is rejected later
     )
     state = ctx.obj if isinstance(ctx.obj, CliState) else CliState(argv=(), debug=False)
-    _run_main(cfg, top, results_dir, state)
+    _run_main(cfg, top, results_dir, state, png=png)
 
 
-def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
-    """Run the main job of ``cfg`` and print it; ``state.argv`` is the command a resume repeats.
+def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, *, png: bool = False) -> None:
+    """Run the main job of ``cfg`` and print it (``png``: draw pareto.png too; without it a pareto.png of an earlier run
+    of the study is removed, being out of date); ``state.argv`` is the command a resume repeats.
 
     Raises:
         TunerError: bad inputs or flag combinations, a refused study, a backend that cannot run here,
@@ -244,17 +246,18 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
     lay = best["layout"]
     pls = pipeline_layout_of(lay, prep.model)
     report_note = ""
-    files = {
-        "pareto": res.out_dir / "pareto.csv",
-        "plot": res.out_dir / "pareto.png",
-    }
+    files = {"pareto": res.out_dir / "pareto.csv"}
     try:
         write_pareto_csv(files["pareto"], front)
-        plot_front(
-            files["plot"], rows, front,
-            title=f"{prep.model.name} on {c.label}, seq {w.seq_length}, gbs {w.global_batch_size} ({src_word})",
-            usable_gib=prep.estimates.usable_bytes / GIB, labelled=table_rows(front, top),
-        )
+        if png:
+            files["plot"] = res.out_dir / "pareto.png"
+            plot_front(
+                files["plot"], rows, front,
+                title=f"{prep.model.name} on {c.label}, seq {w.seq_length}, gbs {w.global_batch_size} ({src_word})",
+                usable_gib=prep.estimates.usable_bytes / GIB, labelled=table_rows(front, top),
+            )
+        else:
+            (res.out_dir / "pareto.png").unlink(missing_ok=True)
         from launch.exporters import measurement_from_row
         from tuner.report import runs_note, ties_note
 
