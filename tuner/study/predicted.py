@@ -48,36 +48,38 @@ from tuner.study.records import TrialRecord, claimed_elsewhere, failure_of, pred
 if TYPE_CHECKING:
     from tuner.study.run import StudyRun
 
-__all__ = ["FLUSH_EVERY", "FLUSH_EVERY_S", "CandidateSampler", "MemoNSGAIISampler", "PredictedTrials"]
+__all__ = ["FLUSH_EVERY", "FLUSH_EVERY_S", "CandidateSampler", "PredictedTrials", "memo_parents"]
 
 #: Evaluated trials written to the default storage at least this often (trials, seconds).
 FLUSH_EVERY = 256
 FLUSH_EVERY_S = 2.0
 
 
-class MemoNSGAIISampler(optuna.samplers.NSGAIISampler):
-    """Optuna's NSGA-II with each generation's parent population kept in memory: Optuna's own cache keeps the
-    parents' trial ids and finds them by a scan over every trial of the study at each proposal.
+def memo_parents(sampler: optuna.samplers.NSGAIISampler) -> optuna.samplers.NSGAIISampler:
+    """``sampler`` with each generation's parent population kept in memory (``get_parent_population``): Optuna's
+    own cache keeps the parents' trial ids in the study and finds them by a scan over every trial at each proposal.
 
-    The first call for a generation returns what Optuna's selects (in its order); later calls the cached parents in
-    the study's trial order, as Optuna's cache does, so the proposals are Optuna's.
+    The first call for a generation returns what Optuna selects (in its order), later calls the cached parents in
+    the study's trial order, as Optuna's cache does, so the proposals are Optuna's. The sampler stays an instance
+    of Optuna's class: the generation attributes it writes on trials are named after the class.
     """
+    own = sampler.get_parent_population
+    parents: dict[tuple[int, int], list[FrozenTrial]] = {}
+    selected: set[tuple[int, int]] = set()
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._parents: dict[tuple[int, int], list[FrozenTrial]] = {}
-        self._selected: set[tuple[int, int]] = set()
-
-    def get_parent_population(self, study: optuna.Study, generation: int) -> list[FrozenTrial]:
+    def get_parent_population(study: optuna.Study, generation: int) -> list[FrozenTrial]:
         key = (id(study), generation)
-        if key in self._parents:
-            return self._parents[key]
-        parents = super().get_parent_population(study, generation)
-        if key in self._selected or generation == 0:
-            self._parents[key] = parents
+        if key in parents:
+            return parents[key]
+        got = own(study, generation)
+        if key in selected or generation == 0:
+            parents[key] = got
         else:
-            self._selected.add(key)
-        return parents
+            selected.add(key)
+        return got
+
+    sampler.get_parent_population = get_parent_population  # type: ignore[method-assign]
+    return sampler
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +164,7 @@ class PredictedTrials:
         """The in-memory study the sampler runs on: the study's COMPLETE trials (parameters, values, the sampler's
         system attributes), then the queue (:attr:`CandidateQueue.first`)."""
         run = self.study_run
-        self.sampler = CandidateSampler(MemoNSGAIISampler(seed=run.cfg.seed, population_size=16), dict(run.index.distributions()),
+        self.sampler = CandidateSampler(memo_parents(optuna.samplers.NSGAIISampler(seed=run.cfg.seed, population_size=16)), dict(run.index.distributions()),
                                         self._propose, run.note_skip, lambda: not run.budget_left())
         mirror = optuna.create_study(directions=["maximize", "minimize"], sampler=self.sampler)
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
