@@ -113,28 +113,32 @@ def megatron_order(pp: int, rank: int, vpp: int, num_microbatches: int, group: i
         TunerError: sizes < 1, a rank outside the pipeline, or an interleaved schedule with fewer
             micro-batches than the pipeline size (Megatron refuses it too).
     """
+    g = _check_sizes(pp, rank, vpp, num_microbatches, group)
+    return [PipelineOp(Pass.backward if b else Pass.forward, mb, c) for b, mb, c in _order(pp, rank, vpp, num_microbatches, g)]
+
+
+def _check_sizes(pp: int, rank: int, vpp: int, num_microbatches: int, group: int | None) -> int:
+    """The group size (default pp), once the sizes are checked (see :func:`megatron_order`)."""
     if pp < 1 or vpp < 1 or num_microbatches < 1 or not 0 <= rank < pp:
         raise TunerError(f"pipeline schedule: pp {pp}, vpp {vpp}, rank {rank}, micro-batches {num_microbatches} are not a valid pipeline")
     g = pp if group is None else group
     if vpp > 1 and (num_microbatches < pp or g < pp):
         raise TunerError(f"interleaved schedule: {num_microbatches} micro-batches per step with pp {pp}; Megatron needs at least pp")
-    table = schedule_table(num_microbatches, vpp, g) if vpp > 1 else [(mb, 0) for mb in range(num_microbatches)]
+    return g
+
+
+def _order(pp: int, rank: int, vpp: int, num_microbatches: int, group: int) -> list[tuple[bool, int, int]]:
+    """:func:`megatron_order` as (backward?, micro-batch, chunk) tuples (sizes already checked)."""
+    table = schedule_table(num_microbatches, vpp, group) if vpp > 1 else [(mb, 0) for mb in range(num_microbatches)]
     total = len(table)
-
-    def fwd(k: int) -> PipelineOp:
-        mb, c = table[k]
-        return PipelineOp(Pass.forward, mb, c)
-
-    def bwd(k: int) -> PipelineOp:
-        mb, c = table[k]
-        return PipelineOp(Pass.backward, mb, vpp - 1 - c)
-
-    w = warmup_microbatches(pp, rank, vpp, num_microbatches, g)
-    ops = [fwd(k) for k in range(w)]
+    fwd = [(False, mb, c) for mb, c in table]
+    bwd = [(True, mb, vpp - 1 - c) for mb, c in table]
+    w = warmup_microbatches(pp, rank, vpp, num_microbatches, group)
+    ops = fwd[:w]
     for i in range(total - w):
-        ops.append(fwd(w + i))
-        ops.append(bwd(i))
-    ops.extend(bwd(k) for k in range(total - w, total))
+        ops.append(fwd[w + i])
+        ops.append(bwd[i])
+    ops.extend(bwd[total - w:])
     return ops
 
 
@@ -147,7 +151,8 @@ def stage_of(op: PipelineOp, rank: int, pp: int) -> int:
 class _Plan:
     """Every operation of one schedule in an order that respects its dependencies (flat lists, one entry each)."""
 
-    ops: tuple[PipelineOp, ...]
+    ops: tuple[tuple[bool, int, int], ...]
+    """(backward?, micro-batch, chunk) of each operation."""
     rank: tuple[int, ...]
     after: tuple[int, ...]
     """Index of the operation this one waits for on another stage (or its own forward, on the last stage); -1: none."""
@@ -190,47 +195,55 @@ def _build_plan(pp: int, vpp: int, num_microbatches: int, group: int | None) -> 
     Raises:
         TunerError: bad sizes (see :func:`megatron_order`), or an order that deadlocks (never for Megatron's).
     """
-    orders = [megatron_order(pp, r, vpp, num_microbatches, group) for r in range(pp)]
+    g = _check_sizes(pp, 0, vpp, num_microbatches, group)
+    orders = [_order(pp, r, vpp, num_microbatches, g) for r in range(pp)]
     n_stages = pp * vpp
-    placed_f: dict[tuple[int, int], int] = {}  # (micro-batch, stage) -> index of its forward
-    placed_b: dict[tuple[int, int], int] = {}
+    last = n_stages - 1
+    unplaced = -2
+    placed_f = [unplaced] * (num_microbatches * n_stages)  # micro-batch * n_stages + stage -> index of its forward
+    placed_b = [unplaced] * (num_microbatches * n_stages)
     nxt = [0] * pp
-    ops: list[PipelineOp] = []
+    ops: list[tuple[bool, int, int]] = []
     rank: list[int] = []
     after: list[int] = []
     lagged: list[bool] = []
+    slot: list[int] = []
     by_rank: list[list[int]] = [[] for _ in range(pp)]
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
         for r in range(pp):
-            while nxt[r] < len(orders[r]):
-                op = orders[r][nxt[r]]
-                s = stage_of(op, r, pp)
-                dep: int | None
-                if op.kind is Pass.forward:
-                    dep, lag = (placed_f.get((op.microbatch, s - 1)), True) if s > 0 else (-1, False)
-                elif s == n_stages - 1:
-                    dep, lag = placed_f.get((op.microbatch, s)), False
+            order, k, mine = orders[r], nxt[r], by_rank[r]
+            while k < len(order):
+                op = order[k]
+                b, mb, c = op
+                s = c * pp + r
+                at = mb * n_stages + s
+                if not b:
+                    dep, lag = (placed_f[at - 1], True) if s > 0 else (-1, False)
+                elif s == last:
+                    dep, lag = placed_f[at], False
                 else:
-                    dep, lag = placed_b.get((op.microbatch, s + 1)), True
-                if dep is None:
+                    dep, lag = placed_b[at + 1], True
+                if dep == unplaced:
                     break  # waits for another rank
                 i = len(ops)
-                (placed_f if op.kind is Pass.forward else placed_b)[(op.microbatch, s)] = i
+                (placed_b if b else placed_f)[at] = i
                 ops.append(op)
                 rank.append(r)
                 after.append(dep)
                 lagged.append(lag)
-                by_rank[r].append(i)
-                nxt[r] += 1
-                remaining -= 1
+                slot.append((n_stages if b else 0) + r * vpp + c)
+                mine.append(i)
+                k += 1
+            if k != nxt[r]:
+                remaining -= k - nxt[r]
+                nxt[r] = k
                 progressed = True
         if not progressed:  # a Megatron order never deadlocks; guard against a bad table
             raise TunerError(f"pipeline simulation: the schedule deadlocked (pp {pp}, vpp {vpp}, M {num_microbatches})")
-    slot = tuple((0 if op.kind is Pass.forward else n_stages) + r * vpp + op.chunk for op, r in zip(ops, rank))
     return _Plan(ops=tuple(ops), rank=tuple(rank), after=tuple(after), lagged=tuple(lagged), by_rank=tuple(tuple(x) for x in by_rank),
-                 slot=slot)
+                 slot=tuple(slot))
 
 
 def _times(
@@ -288,7 +301,9 @@ def simulate_pipeline(
     _check_tables(pp, vpp, forward_s, backward_s)
     plan = _plan(pp, vpp, num_microbatches, group)
     start, end = _times(plan, forward_s, backward_s, p2p_s)
-    return [ScheduledOp(rank=r, op=plan.ops[i], start_s=start[i], end_s=end[i]) for r, idx in enumerate(plan.by_rank) for i in idx]
+    kinds = (Pass.forward, Pass.backward)
+    return [ScheduledOp(rank=r, op=PipelineOp(kinds[plan.ops[i][0]], plan.ops[i][1], plan.ops[i][2]), start_s=start[i], end_s=end[i])
+            for r, idx in enumerate(plan.by_rank) for i in idx]
 
 
 def pipeline_makespan(
