@@ -69,6 +69,11 @@ TIME_PARTS = (
     "offload",
 )
 
+#: Rows estimated at once: a larger table is estimated in blocks of this many rows, so the estimate's temporaries
+#: (tens of float64 arrays of shape (rows, rank classes)) stay bounded; every default space is below it.
+ROW_BLOCK = 1 << 20
+
+
 @dataclass(frozen=True, slots=True)
 class EstimateTable:
     """Estimates for every row of a :class:`LayoutTable` (arrays of shape ``(n,)``)."""
@@ -280,7 +285,12 @@ def estimate_table(
     if not 0.0 <= memory_headroom < 1.0:
         raise TunerError(f"--memory-headroom must be in [0, 1), got {memory_headroom}")
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        out = _estimate_table(model, cluster, workload, table, calibration, memory_headroom, options)
+        n = len(table)
+        if n <= ROW_BLOCK:
+            out = _estimate_table(model, cluster, workload, table, calibration, memory_headroom, options)
+        else:
+            blocks = (LayoutTable({k: v[lo:lo + ROW_BLOCK] for k, v in table.cols.items()}) for lo in range(0, n, ROW_BLOCK))  # views
+            out = _in_blocks([_estimate_table(model, cluster, workload, b, calibration, memory_headroom, options) for b in blocks])
     bad = ~(np.isfinite(out.step_time_s) & np.isfinite(out.peak_bytes) & (out.step_time_s > 0))
     if bad.any():
         parts = sorted({k for k, v in {**out.time, **out.memory}.items() if not np.all(np.isfinite(v[bad]))})
@@ -289,6 +299,25 @@ def estimate_table(
             f"(parts: {', '.join(parts) or 'step'}): check the constants of the --calibration file; the shipped ones are in "
             "cost_model/data/calibration.yaml")
     return out
+
+
+def _in_blocks(blocks: list[EstimateTable]) -> EstimateTable:
+    """One table of the rows of ``blocks``, in order (their scalars are the same)."""
+    first = blocks[0]
+    return EstimateTable(
+        memory={k: np.concatenate([b.memory[k] for b in blocks]) for k in first.memory},
+        peak_bytes=np.concatenate([b.peak_bytes for b in blocks]),
+        time={k: np.concatenate([b.time[k] for b in blocks]) for k in first.time},
+        step_time_s=np.concatenate([b.step_time_s for b in blocks]),
+        tokens_per_s_per_gpu=np.concatenate([b.tokens_per_s_per_gpu for b in blocks]),
+        mfu=np.concatenate([b.mfu for b in blocks]),
+        model_tflops_per_gpu=np.concatenate([b.model_tflops_per_gpu for b in blocks]),
+        usd_per_million_tokens=np.concatenate([b.usd_per_million_tokens for b in blocks]),
+        hbm_bytes=first.hbm_bytes,
+        usable_bytes=first.usable_bytes,
+        host_bytes_per_node=np.concatenate([b.host_bytes_per_node for b in blocks]),
+        host_memory_bytes=first.host_memory_bytes,
+    )
 
 
 def _estimate_table(model: ModelSpec, cluster: Cluster, workload: Workload, table: LayoutTable, calibration: Calibration,
