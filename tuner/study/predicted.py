@@ -96,7 +96,7 @@ class CandidateSampler(optuna.samplers.BaseSampler):
     """A sampler (``inner``, NSGA-II) whose trials are only layouts to run.
 
     For a trial it samples as ``inner`` would (its relative sample, then each parameter that sample leaves out, in the
-    order of ``params``) and hands the parameters to ``propose``; a proposal it skips is counted by ``note_skip``
+    order of ``distributions``) and hands the parameters to ``propose``; a proposal it skips is counted by ``note_skip``
     and sampled again in the same trial, until one is run, ``note_skip`` returns a fallback row, or ``stop()``.
     :meth:`take` gives what a trial settled on (None: its parameters were queued, not sampled).
     """
