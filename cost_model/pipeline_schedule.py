@@ -18,12 +18,13 @@ own forward). With the same chunk time on every rank it reproduces the bubble of
 ``(M + (pp - 1) / vpp) * (t_f + t_b)``.
 
 :func:`pipeline_makespan` (the estimate's pipeline time) needs only the step's end. Past
-:data:`FULL_SIMULATION_MICROBATCHES` it simulates a few periods of the schedule (micro-batch counts of the same
-residue modulo the period: 1 for 1F1B, ``group`` interleaved) and extrapolates once the step's growth per period is
-the steady state's: the same in two successive periods and equal to the slowest rank's busy time per period (the
-largest cycle of the list schedule without p2p, so no later cycle can overtake it). Where that does not show within
-a bounded number of micro-batches it simulates them all. Measured against the full simulation:
-``benchmarks/bench_pipeline_makespan.py``. :func:`simulate_pipeline` (the step timeline) times every operation.
+:data:`FULL_SIMULATION_MICROBATCHES` it simulates shorter steps of the same schedule, ``a`` and ``2a`` micro-batches
+from ``a = 8 x pp`` up (each also one period longer; counts of m's residue modulo the period: 1 for 1F1B, ``group``
+interleaved, so the last group is the same), and extrapolates once the step is in its steady state: it grows by the
+same time over one period at ``a`` and at ``2a`` and on average between them, and by at least the slowest rank's
+busy time per period (a lower bound of the steady growth). Otherwise ``a`` doubles while ``2a`` stays within half
+of m, and then it simulates all m. Measured against the full simulation: ``benchmarks/bench_pipeline_makespan.py``.
+:func:`simulate_pipeline` (the step timeline) times every operation.
 """
 
 from __future__ import annotations
