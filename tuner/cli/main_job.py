@@ -141,8 +141,8 @@ def main_job(
 
 
 def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, *, png: bool = False) -> None:
-    """Run the main job of ``cfg`` and print it (``png``: draw pareto.png too; without it a pareto.png of an earlier run
-    of the study is removed, being out of date); ``state.argv`` is the command a resume repeats.
+    """Run the main job of ``cfg`` and print it (``png``: draw pareto.png too); ``state.argv`` is the command a resume
+    repeats.
 
     Raises:
         TunerError: bad inputs or flag combinations, a refused study, a backend that cannot run here,
@@ -256,8 +256,6 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, *, png: bo
                 title=f"{prep.model.name} on {c.label}, seq {w.seq_length}, gbs {w.global_batch_size} ({src_word})",
                 usable_gib=prep.estimates.usable_bytes / GIB, labelled=table_rows(front, top),
             )
-        else:
-            (res.out_dir / "pareto.png").unlink(missing_ok=True)
         from launch.exporters import measurement_from_row
         from tuner.report import runs_note, ties_note
 
