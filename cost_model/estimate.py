@@ -28,7 +28,10 @@ Every efficiency and overhead constant is a named field of
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -370,12 +373,34 @@ def estimate(
     mean busy time, and the step time, throughput, MFU and cost follow. With equal ranks this equals the table's
     closed form; see docs/cost_model.md ("Step time") for how far they differ otherwise.
 
+    The last :data:`RECENT_ESTIMATES` results are kept: a repeated call with the same model, cluster and workload
+    objects and equal other inputs returns the same (frozen) :class:`Estimate`.
+
     Raises:
         InfeasibleLayout: the layout breaks a rule (the first one; ``tune check``
             lists them all).
         TunerError: the layout's world size differs from the cluster's GPU count.
     """
-    return _single(model, cluster, workload, layout, calibration, memory_headroom, options, details=False)[0]
+    key = (id(model), id(cluster), id(workload), layout, calibration, memory_headroom, options)
+    with _recent_lock:
+        hit = _recent.get(key)
+        if hit is not None and hit[0] is model and hit[1] is cluster and hit[2] is workload:
+            _recent.move_to_end(key)
+            return hit[3]
+    est = _single(model, cluster, workload, layout, calibration, memory_headroom, options, details=False)[0]
+    with _recent_lock:
+        _recent[key] = (model, cluster, workload, est)
+        while len(_recent) > RECENT_ESTIMATES:
+            _recent.popitem(last=False)
+    return est
+
+
+#: Single estimates :func:`estimate` keeps, the most recent first out last: a study's report asks again for the
+#: estimates of its front, which its trials made. Keyed by the identity of the model, cluster and workload objects
+#: (held by the entry, so an identity is never reused while it is kept) and the value of the rest.
+RECENT_ESTIMATES = 256
+_recent: OrderedDict[tuple[Any, ...], tuple[ModelSpec, Cluster, Workload, Estimate]] = OrderedDict()
+_recent_lock = threading.Lock()
 
 
 def estimate_details(

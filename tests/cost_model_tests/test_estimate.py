@@ -344,3 +344,13 @@ def test_a_table_estimated_in_row_blocks_is_the_table_estimated_whole(monkeypatc
         assert list(parts_b) == list(parts_w)
         for k in parts_w:
             np.testing.assert_allclose(parts_b[k], parts_w[k], rtol=1e-15, err_msg=k)
+
+
+def test_a_repeated_single_estimate_is_the_one_kept(minimax, h200x64, seed_workload, seed_tuned):
+    import copy
+
+    first = estimate(minimax, h200x64, seed_workload, seed_tuned)
+    assert estimate(minimax, h200x64, seed_workload, seed_tuned) is first
+    other = estimate(minimax, copy.deepcopy(h200x64), seed_workload, seed_tuned)  # another cluster object: computed again
+    assert other is not first and other == first
+    assert estimate(minimax, h200x64, seed_workload, seed_tuned, memory_headroom=0.2) != first
