@@ -28,7 +28,10 @@ Every efficiency and overhead constant is a named field of
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -68,6 +71,11 @@ TIME_PARTS = (
     "optimizer",
     "offload",
 )
+
+#: Rows estimated at once: a larger table is estimated in blocks of this many rows, so the estimate's temporaries
+#: (tens of float64 arrays of shape (rows, rank classes)) stay bounded; every default space is below it.
+ROW_BLOCK = 1 << 20
+
 
 @dataclass(frozen=True, slots=True)
 class EstimateTable:
@@ -281,7 +289,12 @@ def estimate_table(
     if not 0.0 <= memory_headroom < 1.0:
         raise TunerError(f"--memory-headroom must be in [0, 1), got {memory_headroom}")
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        out = _estimate_table(model, cluster, workload, table, calibration, memory_headroom, options)
+        n = len(table)
+        if n <= ROW_BLOCK:
+            out = _estimate_table(model, cluster, workload, table, calibration, memory_headroom, options)
+        else:
+            blocks = (LayoutTable({k: v[lo:lo + ROW_BLOCK] for k, v in table.cols.items()}) for lo in range(0, n, ROW_BLOCK))  # views
+            out = _in_blocks([_estimate_table(model, cluster, workload, b, calibration, memory_headroom, options) for b in blocks])
     bad = ~(np.isfinite(out.step_time_s) & np.isfinite(out.peak_bytes) & (out.step_time_s > 0))
     if bad.any():
         parts = sorted({k for k, v in {**out.time, **out.memory}.items() if not np.all(np.isfinite(v[bad]))})
@@ -290,6 +303,25 @@ def estimate_table(
             f"(parts: {', '.join(parts) or 'step'}): check the constants of the --calibration file; the shipped ones are in "
             "cost_model/data/calibration.yaml")
     return out
+
+
+def _in_blocks(blocks: list[EstimateTable]) -> EstimateTable:
+    """One table of the rows of ``blocks``, in order (their scalars are the same)."""
+    first = blocks[0]
+    return EstimateTable(
+        memory={k: np.concatenate([b.memory[k] for b in blocks]) for k in first.memory},
+        peak_bytes=np.concatenate([b.peak_bytes for b in blocks]),
+        time={k: np.concatenate([b.time[k] for b in blocks]) for k in first.time},
+        step_time_s=np.concatenate([b.step_time_s for b in blocks]),
+        tokens_per_s_per_gpu=np.concatenate([b.tokens_per_s_per_gpu for b in blocks]),
+        mfu=np.concatenate([b.mfu for b in blocks]),
+        model_tflops_per_gpu=np.concatenate([b.model_tflops_per_gpu for b in blocks]),
+        usd_per_million_tokens=np.concatenate([b.usd_per_million_tokens for b in blocks]),
+        hbm_bytes=first.hbm_bytes,
+        usable_bytes=first.usable_bytes,
+        host_bytes_per_node=np.concatenate([b.host_bytes_per_node for b in blocks]),
+        host_memory_bytes=first.host_memory_bytes,
+    )
 
 
 def _estimate_table(model: ModelSpec, cluster: Cluster, workload: Workload, table: LayoutTable, calibration: Calibration,
@@ -343,12 +375,34 @@ def estimate(
     mean busy time, and the step time, throughput, MFU and cost follow. With equal ranks this equals the table's
     closed form; see docs/cost_model.md ("Step time") for how far they differ otherwise.
 
+    The last :data:`RECENT_ESTIMATES` results are kept: a repeated call with the same model, cluster and workload
+    objects and equal other inputs returns the same (frozen) :class:`Estimate`.
+
     Raises:
         InfeasibleLayout: the layout breaks a rule (the first one; ``tune check``
             lists them all).
         TunerError: the layout's world size differs from the cluster's GPU count.
     """
-    return _single(model, cluster, workload, layout, calibration, memory_headroom, options, details=False)[0]
+    key = (id(model), id(cluster), id(workload), layout, calibration, memory_headroom, options)
+    with _recent_lock:
+        hit = _recent.get(key)
+        if hit is not None and hit[0] is model and hit[1] is cluster and hit[2] is workload:
+            _recent.move_to_end(key)
+            return hit[3]
+    est = _single(model, cluster, workload, layout, calibration, memory_headroom, options, details=False)[0]
+    with _recent_lock:
+        _recent[key] = (model, cluster, workload, est)
+        while len(_recent) > RECENT_ESTIMATES:
+            _recent.popitem(last=False)
+    return est
+
+
+#: Single estimates :func:`estimate` keeps, the most recent first out last: a study's report asks again for the
+#: estimates of its front, which its trials made. Keyed by the identity of the model, cluster and workload objects
+#: (held by the entry, so an identity is never reused while it is kept) and the value of the rest.
+RECENT_ESTIMATES = 256
+_recent: OrderedDict[tuple[Any, ...], tuple[ModelSpec, Cluster, Workload, Estimate]] = OrderedDict()
+_recent_lock = threading.Lock()
 
 
 def estimate_details(

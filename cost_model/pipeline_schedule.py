@@ -16,6 +16,15 @@ p2p transfer), a backward of stage ``s`` for the backward on stage ``s + 1`` (th
 own forward). With the same chunk time on every rank it reproduces the bubble of Narayanan et al.
 2021 (arXiv 2104.04473 §2.2): ``(pp - 1) / vpp`` micro-batch times, i.e. a step of
 ``(M + (pp - 1) / vpp) * (t_f + t_b)``.
+
+:func:`pipeline_makespan` (the estimate's pipeline time) needs only the step's end. Past
+:data:`FULL_SIMULATION_MICROBATCHES` it simulates shorter steps of the same schedule, ``a`` and ``2a`` micro-batches
+from ``a = 8 x pp`` up (each also one period longer; counts of m's residue modulo the period: 1 for 1F1B, ``group``
+interleaved, so the last group is the same), and extrapolates once the step is in its steady state: it grows by the
+same time over one period at ``a`` and at ``2a`` and on average between them, and by at least the slowest rank's
+busy time per period (a lower bound of the steady growth). Otherwise ``a`` doubles while ``2a`` stays within half
+of m, and then it simulates all m. Measured against the full simulation: ``benchmarks/bench_pipeline_makespan.py``.
+:func:`simulate_pipeline` (the step timeline) times every operation.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ from functools import lru_cache
 from specs.errors import TunerError
 
 __all__ = [
-    "Pass", "PipelineOp", "ScheduledOp", "megatron_order", "pipeline_makespan", "schedule_table", "simulate_pipeline", "stage_of",
+    "FULL_SIMULATION_MICROBATCHES", "Pass", "PipelineOp", "ScheduledOp", "megatron_order", "pipeline_makespan", "schedule_table", "simulate_pipeline", "stage_of",
     "warmup_microbatches",
 ]
 
@@ -105,28 +114,32 @@ def megatron_order(pp: int, rank: int, vpp: int, num_microbatches: int, group: i
         TunerError: sizes < 1, a rank outside the pipeline, or an interleaved schedule with fewer
             micro-batches than the pipeline size (Megatron refuses it too).
     """
+    g = _check_sizes(pp, rank, vpp, num_microbatches, group)
+    return [PipelineOp(Pass.backward if b else Pass.forward, mb, c) for b, mb, c in _order(pp, rank, vpp, num_microbatches, g)]
+
+
+def _check_sizes(pp: int, rank: int, vpp: int, num_microbatches: int, group: int | None) -> int:
+    """The group size (default pp), once the sizes are checked (see :func:`megatron_order`)."""
     if pp < 1 or vpp < 1 or num_microbatches < 1 or not 0 <= rank < pp:
         raise TunerError(f"pipeline schedule: pp {pp}, vpp {vpp}, rank {rank}, micro-batches {num_microbatches} are not a valid pipeline")
     g = pp if group is None else group
     if vpp > 1 and (num_microbatches < pp or g < pp):
         raise TunerError(f"interleaved schedule: {num_microbatches} micro-batches per step with pp {pp}; Megatron needs at least pp")
-    table = schedule_table(num_microbatches, vpp, g) if vpp > 1 else [(mb, 0) for mb in range(num_microbatches)]
+    return g
+
+
+def _order(pp: int, rank: int, vpp: int, num_microbatches: int, group: int) -> list[tuple[bool, int, int]]:
+    """:func:`megatron_order` as (backward?, micro-batch, chunk) tuples (sizes already checked)."""
+    table = schedule_table(num_microbatches, vpp, group) if vpp > 1 else [(mb, 0) for mb in range(num_microbatches)]
     total = len(table)
-
-    def fwd(k: int) -> PipelineOp:
-        mb, c = table[k]
-        return PipelineOp(Pass.forward, mb, c)
-
-    def bwd(k: int) -> PipelineOp:
-        mb, c = table[k]
-        return PipelineOp(Pass.backward, mb, vpp - 1 - c)
-
-    w = warmup_microbatches(pp, rank, vpp, num_microbatches, g)
-    ops = [fwd(k) for k in range(w)]
+    fwd = [(False, mb, c) for mb, c in table]
+    bwd = [(True, mb, vpp - 1 - c) for mb, c in table]
+    w = warmup_microbatches(pp, rank, vpp, num_microbatches, group)
+    ops = fwd[:w]
     for i in range(total - w):
-        ops.append(fwd(w + i))
-        ops.append(bwd(i))
-    ops.extend(bwd(k) for k in range(total - w, total))
+        ops.append(fwd[w + i])
+        ops.append(bwd[i])
+    ops.extend(bwd[total - w:])
     return ops
 
 
@@ -139,7 +152,8 @@ def stage_of(op: PipelineOp, rank: int, pp: int) -> int:
 class _Plan:
     """Every operation of one schedule in an order that respects its dependencies (flat lists, one entry each)."""
 
-    ops: tuple[PipelineOp, ...]
+    ops: tuple[tuple[bool, int, int], ...]
+    """(backward?, micro-batch, chunk) of each operation."""
     rank: tuple[int, ...]
     after: tuple[int, ...]
     """Index of the operation this one waits for on another stage (or its own forward, on the last stage); -1: none."""
@@ -147,10 +161,34 @@ class _Plan:
     """The wait crosses a stage boundary (the p2p transfer applies)."""
     by_rank: tuple[tuple[int, ...], ...]
     """Indices of each rank's operations, in its execution order."""
+    slot: tuple[int, ...]
+    """Where the operation's duration is in the flat list of forward then backward ``[rank][chunk]`` seconds."""
+
+
+#: Micro-batches per step up to which :func:`pipeline_makespan` simulates every one (the default workloads' steps are
+#: below it, so their estimates are the full simulation's to the last digit).
+FULL_SIMULATION_MICROBATCHES = 512
+#: Operations of a schedule above which its plan is not kept in :func:`_plan`'s cache (a timeline of a large batch).
+_CACHED_PLAN_OPS = 1 << 16
+#: The first bounded simulation runs this many times pp micro-batches (the warm-up is at most about 2 x pp).
+_FIRST_PERIODS = 8
+#: Relative tolerance of "the same growth per period" (float rounding of sums of seconds).
+_STEADY_RTOL = 1e-9
+
+
+def _plan(pp: int, vpp: int, num_microbatches: int, group: int | None) -> _Plan:
+    """:func:`_build_plan`, kept in a bounded cache for schedules of at most :data:`_CACHED_PLAN_OPS` operations."""
+    if 2 * pp * vpp * num_microbatches <= _CACHED_PLAN_OPS:
+        return _cached_plan(pp, vpp, num_microbatches, group)
+    return _build_plan(pp, vpp, num_microbatches, group)
 
 
 @lru_cache(maxsize=256)
-def _plan(pp: int, vpp: int, num_microbatches: int, group: int | None) -> _Plan:
+def _cached_plan(pp: int, vpp: int, num_microbatches: int, group: int | None) -> _Plan:
+    return _build_plan(pp, vpp, num_microbatches, group)
+
+
+def _build_plan(pp: int, vpp: int, num_microbatches: int, group: int | None) -> _Plan:
     """The dependency structure of a schedule: a list schedule (each rank runs its operations in Megatron's order,
     one at a time, each once its dependency has run) visited rank by rank until every operation is placed; the
     visit order does not depend on the durations, so it is computed once per schedule.
@@ -158,45 +196,55 @@ def _plan(pp: int, vpp: int, num_microbatches: int, group: int | None) -> _Plan:
     Raises:
         TunerError: bad sizes (see :func:`megatron_order`), or an order that deadlocks (never for Megatron's).
     """
-    orders = [megatron_order(pp, r, vpp, num_microbatches, group) for r in range(pp)]
+    g = _check_sizes(pp, 0, vpp, num_microbatches, group)
+    orders = [_order(pp, r, vpp, num_microbatches, g) for r in range(pp)]
     n_stages = pp * vpp
-    placed_f: dict[tuple[int, int], int] = {}  # (micro-batch, stage) -> index of its forward
-    placed_b: dict[tuple[int, int], int] = {}
+    last = n_stages - 1
+    unplaced = -2
+    placed_f = [unplaced] * (num_microbatches * n_stages)  # micro-batch * n_stages + stage -> index of its forward
+    placed_b = [unplaced] * (num_microbatches * n_stages)
     nxt = [0] * pp
-    ops: list[PipelineOp] = []
+    ops: list[tuple[bool, int, int]] = []
     rank: list[int] = []
     after: list[int] = []
     lagged: list[bool] = []
+    slot: list[int] = []
     by_rank: list[list[int]] = [[] for _ in range(pp)]
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
         for r in range(pp):
-            while nxt[r] < len(orders[r]):
-                op = orders[r][nxt[r]]
-                s = stage_of(op, r, pp)
-                dep: int | None
-                if op.kind is Pass.forward:
-                    dep, lag = (placed_f.get((op.microbatch, s - 1)), True) if s > 0 else (-1, False)
-                elif s == n_stages - 1:
-                    dep, lag = placed_f.get((op.microbatch, s)), False
+            order, k, mine = orders[r], nxt[r], by_rank[r]
+            while k < len(order):
+                op = order[k]
+                b, mb, c = op
+                s = c * pp + r
+                at = mb * n_stages + s
+                if not b:
+                    dep, lag = (placed_f[at - 1], True) if s > 0 else (-1, False)
+                elif s == last:
+                    dep, lag = placed_f[at], False
                 else:
-                    dep, lag = placed_b.get((op.microbatch, s + 1)), True
-                if dep is None:
+                    dep, lag = placed_b[at + 1], True
+                if dep == unplaced:
                     break  # waits for another rank
                 i = len(ops)
-                (placed_f if op.kind is Pass.forward else placed_b)[(op.microbatch, s)] = i
+                (placed_b if b else placed_f)[at] = i
                 ops.append(op)
                 rank.append(r)
                 after.append(dep)
                 lagged.append(lag)
-                by_rank[r].append(i)
-                nxt[r] += 1
-                remaining -= 1
+                slot.append((n_stages if b else 0) + r * vpp + c)
+                mine.append(i)
+                k += 1
+            if k != nxt[r]:
+                remaining -= k - nxt[r]
+                nxt[r] = k
                 progressed = True
         if not progressed:  # a Megatron order never deadlocks; guard against a bad table
             raise TunerError(f"pipeline simulation: the schedule deadlocked (pp {pp}, vpp {vpp}, M {num_microbatches})")
-    return _Plan(ops=tuple(ops), rank=tuple(rank), after=tuple(after), lagged=tuple(lagged), by_rank=tuple(tuple(x) for x in by_rank))
+    return _Plan(ops=tuple(ops), rank=tuple(rank), after=tuple(after), lagged=tuple(lagged), by_rank=tuple(tuple(x) for x in by_rank),
+                 slot=tuple(slot))
 
 
 def _times(
@@ -208,16 +256,15 @@ def _times(
     start = [0.0] * n
     end = [0.0] * n
     free = [0.0] * len(forward_s)
-    for i, (op, r, dep, lag) in enumerate(zip(plan.ops, plan.rank, plan.after, plan.lagged)):
+    dur = [x for row in forward_s for x in row] + [x for row in backward_s for x in row]
+    for i, (r, dep, lag, k) in enumerate(zip(plan.rank, plan.after, plan.lagged, plan.slot)):
         t = free[r]
         if dep >= 0:
             ready = end[dep] + p2p_s if lag else end[dep]
             if ready > t:
                 t = ready
-        e = t + (forward_s[r][op.chunk] if op.kind is Pass.forward else backward_s[r][op.chunk])
         start[i] = t
-        end[i] = e
-        free[r] = e
+        end[i] = free[r] = t + dur[k]
     return start, end
 
 
@@ -255,7 +302,9 @@ def simulate_pipeline(
     _check_tables(pp, vpp, forward_s, backward_s)
     plan = _plan(pp, vpp, num_microbatches, group)
     start, end = _times(plan, forward_s, backward_s, p2p_s)
-    return [ScheduledOp(rank=r, op=plan.ops[i], start_s=start[i], end_s=end[i]) for r, idx in enumerate(plan.by_rank) for i in idx]
+    kinds = (Pass.forward, Pass.backward)
+    return [ScheduledOp(rank=r, op=PipelineOp(kinds[plan.ops[i][0]], plan.ops[i][1], plan.ops[i][2]), start_s=start[i], end_s=end[i])
+            for r, idx in enumerate(plan.by_rank) for i in idx]
 
 
 def pipeline_makespan(
@@ -269,11 +318,36 @@ def pipeline_makespan(
     group: int | None = None,
 ) -> float:
     """The end of the last operation of :func:`simulate_pipeline` (seconds from the step's start), without
-    building its operation list.
+    building its operation list; above :data:`FULL_SIMULATION_MICROBATCHES` micro-batches extrapolated from a
+    bounded simulation once it is in its steady state (see the module's docstring).
 
     Raises:
         TunerError: as :func:`simulate_pipeline`.
     """
     _check_tables(pp, vpp, forward_s, backward_s)
-    _, end = _times(_plan(pp, vpp, num_microbatches, group), forward_s, backward_s, p2p_s)
+    m = num_microbatches
+    if m > FULL_SIMULATION_MICROBATCHES and pp > 1:
+        period = 1 if vpp == 1 else (pp if group is None else group)
+        # the slowest rank's busy time per period: a cycle of the schedule, so a lower bound of its growth
+        slowest = period * max(sum(f) + sum(b) for f, b in zip(forward_s, backward_s))
+
+        def at(k: int) -> tuple[int, float, float]:
+            """k moved up to m's residue (the same last group), its makespan and the next period's growth."""
+            k += (m - k) % period
+            t = _makespan(pp, vpp, k, forward_s, backward_s, p2p_s, group)
+            return k, t, _makespan(pp, vpp, k + period, forward_s, backward_s, p2p_s, group) - t
+
+        a, ta, da = at(_FIRST_PERIODS * pp)
+        while 2 * a + period <= m // 2:
+            b, tb, db = at(2 * a)
+            tol = _STEADY_RTOL * tb
+            if db >= slowest - tol and abs(db - da) <= tol and abs((tb - ta) / ((b - a) // period) - db) <= tol:
+                return tb + (m - b) // period * db
+            a, ta, da = b, tb, db
+    return _makespan(pp, vpp, m, forward_s, backward_s, p2p_s, group)
+
+
+def _makespan(pp: int, vpp: int, m: int, forward_s: list[list[float]], backward_s: list[list[float]], p2p_s: float,
+              group: int | None) -> float:
+    _, end = _times(_plan(pp, vpp, m, group), forward_s, backward_s, p2p_s)
     return max(end)

@@ -43,9 +43,9 @@ LORA_TARGET_MODULES = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 #: The longest sequence (tokens) a workload may name: 2**24, far above the longest in benchmarks/data/published_runs.csv.
 MAX_SEQ_LENGTH = 2**24
 
-#: The largest global batch (sequences) a workload may have: the pipeline schedule's timeline is simulated per
-#: micro-batch (cost_model/pipeline_schedule.py), so its time grows with the batch (65,536 takes about 90 s for the main
-#: job's space on 2 cores); the largest published run in benchmarks/data/published_runs.csv uses 16,384.
+#: The largest global batch (sequences) a workload may have: the step timeline (``tune timeline``) simulates the
+#: pipeline schedule micro-batch by micro-batch (cost_model/pipeline_schedule.py), so its time grows with the batch;
+#: the largest published run in benchmarks/data/published_runs.csv uses 16,384.
 MAX_GLOBAL_BATCH = 65_536
 
 

@@ -323,3 +323,34 @@ def test_mfu_is_over_the_datasheet_bf16_peak_on_every_gpu():
         e = estimate(model, cl, wl, Layout(world_size=8, tp=1, pp=1), calibration=cal)
         assert e.mfu == pytest.approx(mfu(model, e.tokens_per_s_per_gpu, cl.gpu.peak_flops_bf16), rel=1e-9)
         assert e.mfu == pytest.approx(6 * model.active_params() * e.tokens_per_s_per_gpu / {"B200": 2250e12, "B300": 2250e12, "H100": 989.4e12}[g], rel=1e-9)
+
+
+def test_a_table_estimated_in_row_blocks_is_the_table_estimated_whole(monkeypatch):
+    import sys
+
+    from search_spaces.space import SearchSpace, enumerate_layouts
+
+    est_mod = sys.modules["cost_model.estimate"]  # the package exports a function of the same name
+
+    model, cluster, w = load_model("Llama-3.1-8B"), parse_gpus("8xH100"), Workload()
+    valid = enumerate_layouts(SearchSpace.load(None), model, cluster.num_gpus, w).valid
+    whole = estimate_table(model, cluster, w, valid)
+    monkeypatch.setattr(est_mod, "ROW_BLOCK", 97)
+    assert len(valid) > 3 * 97
+    blocks = estimate_table(model, cluster, w, valid)
+    for name in ("peak_bytes", "step_time_s", "tokens_per_s_per_gpu", "mfu", "model_tflops_per_gpu", "usd_per_million_tokens", "host_bytes_per_node"):
+        np.testing.assert_allclose(getattr(blocks, name), getattr(whole, name), rtol=1e-15, err_msg=name)
+    for parts_b, parts_w in ((blocks.memory, whole.memory), (blocks.time, whole.time)):
+        assert list(parts_b) == list(parts_w)
+        for k in parts_w:
+            np.testing.assert_allclose(parts_b[k], parts_w[k], rtol=1e-15, err_msg=k)
+
+
+def test_a_repeated_single_estimate_is_the_one_kept(minimax, h200x64, seed_workload, seed_tuned):
+    import copy
+
+    first = estimate(minimax, h200x64, seed_workload, seed_tuned)
+    assert estimate(minimax, h200x64, seed_workload, seed_tuned) is first
+    other = estimate(minimax, copy.deepcopy(h200x64), seed_workload, seed_tuned)  # another cluster object: computed again
+    assert other is not first and other == first
+    assert estimate(minimax, h200x64, seed_workload, seed_tuned, memory_headroom=0.2) != first

@@ -82,3 +82,22 @@ def test_each_rank_runs_megatron_s_order_and_the_makespan_is_the_last_end(pp, vp
     for r in range(pp):
         assert [o.op for o in ops if o.rank == r] == megatron_order(pp, r, vpp, m)
     assert pipeline_makespan(pp, vpp, m, f, b, p2p_s=0.01) == max(o.end_s for o in ops)
+
+
+@pytest.mark.parametrize("pp,vpp,m,uneven", [(4, 1, 700, True), (4, 2, 800, True), (3, 3, 600, False), (2, 4, 1000, False)])
+def test_a_large_batch_s_makespan_is_the_full_simulation_s(pp, vpp, m, uneven):
+    import random
+
+    from cost_model import pipeline_schedule as ps
+
+    assert m > ps.FULL_SIMULATION_MICROBATCHES  # the bounded path: a few periods simulated, the rest extrapolated
+    rng = random.Random(pp * 100 + vpp * 10 + m)
+    if uneven:  # the estimate's shape: equal middle ranks, the first and last (output layer) apart
+        f = [[0.4] * vpp for _ in range(pp)]
+        b = [[0.9] * vpp for _ in range(pp)]
+        f[0], f[-1], b[-1] = [0.35] * vpp, [0.55] * vpp, [1.1] * vpp
+    else:  # every chunk different
+        f = [[rng.uniform(0.5, 1.5) for _ in range(vpp)] for _ in range(pp)]
+        b = [[x * rng.uniform(1.5, 3.0) for x in r] for r in f]
+    full = max(o.end_s for o in simulate_pipeline(pp, vpp, m, f, b))
+    assert ps.pipeline_makespan(pp, vpp, m, f, b) == pytest.approx(full, rel=1e-12)

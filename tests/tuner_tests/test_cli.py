@@ -24,7 +24,7 @@ def _run(*args: str):
 
 @pytest.fixture(scope="module")
 def main_run(tmp_path_factory):
-    """One real main job: MiniMax-M2 on 64 H200 (the seed's job), 16 trials."""
+    """One real main job: MiniMax-M2 on 64 H200 (the seed's job), 16 trials, the front drawn (--png)."""
     d = tmp_path_factory.mktemp("results")
     r = _run("--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "16", "--results-dir", str(d), "--study", "m2", "--verbose", "--png")
     return r, d / "m2"
@@ -83,6 +83,7 @@ def test_resume_never_evaluates_a_layout_twice(main_run):
     keys = [t.user_attrs["key"] for t in done]
     assert len(keys) == len(set(keys))
     assert len(st.trials) == 28  # 16 + 12 trials kept
+    assert "pareto.png" not in again.output  # drawn (and listed) only with --png
 
 
 def test_resume_with_other_inputs_is_refused(main_run):

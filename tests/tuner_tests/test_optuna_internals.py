@@ -168,3 +168,22 @@ def test_the_bulk_writer_refuses_what_add_trial_refuses(tmp_path):
     assert len(study.trials) == 1  # nothing of a refused batch is written
     mem = optuna.create_study(directions=["maximize", "minimize"])  # not an RDB: one add_trial each
     assert _optuna.add_finished_trials(mem, _templates(3)) == 3 and len(mem.trials) == 3
+
+
+def test_a_new_study_file_is_the_one_rdb_storage_makes(tmp_path):
+    import sqlite3
+
+    def contents(path):
+        with sqlite3.connect(path) as c:
+            schema = sorted(c.execute("SELECT type, name, sql FROM sqlite_master"))
+            return schema, list(c.execute("SELECT * FROM version_info")), list(c.execute("SELECT * FROM alembic_version"))
+
+    RDBStorage(f"sqlite:///{tmp_path / 'optuna.db'}")
+    assert _optuna.create_sqlite_schema(tmp_path / "ours.db")
+    assert not _optuna.create_sqlite_schema(tmp_path / "ours.db")  # an existing file is left alone
+    assert contents(tmp_path / "ours.db") == contents(tmp_path / "optuna.db")
+    storage = RDBStorage(f"sqlite:///{tmp_path / 'ours.db'}")
+    assert storage._version_manager.get_current_version() == _optuna.RDB_ALEMBIC_REVISION
+    study = optuna.create_study(storage=storage, study_name="s")
+    study.add_trial(create_trial(value=1.0, params={"x": "a"}, distributions={"x": CategoricalDistribution(["a"])}))
+    assert [t.value for t in optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'ours.db'}").trials] == [1.0]

@@ -16,7 +16,11 @@ proposals; only evaluated layouts reach the study's storage, each written whole:
   both count a layout; a claim left RUNNING by a worker that stopped is ignored once it is older than the grace
   period (:attr:`TuneConfig.heartbeat_grace_s`) and failed by the next run.
 
-Skipped proposals are never written.
+Skipped proposals are never written, and never become trials of the in-memory study either: the sampler
+(:class:`CandidateSampler`) checks each NSGA-II proposal against the candidate table and draws again, within the
+same trial, until it is a layout to run. The draws are the ones the sampler would make over a trial per skipped
+proposal (a skipped trial completes nothing, so NSGA-II's generation and parents stay the same), so the run
+evaluates the same layouts; the sampler's scans over the study's trials stay as long as the layouts evaluated.
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ import datetime
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import optuna
+from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from cost_model.types import Estimate
@@ -42,11 +48,99 @@ from tuner.study.records import TrialRecord, claimed_elsewhere, failure_of, pred
 if TYPE_CHECKING:
     from tuner.study.run import StudyRun
 
-__all__ = ["FLUSH_EVERY", "FLUSH_EVERY_S", "PredictedTrials"]
+__all__ = ["FLUSH_EVERY", "FLUSH_EVERY_S", "CandidateSampler", "PredictedTrials", "memo_parents"]
 
 #: Evaluated trials written to the default storage at least this often (trials, seconds).
 FLUSH_EVERY = 256
 FLUSH_EVERY_S = 2.0
+
+
+def memo_parents(sampler: optuna.samplers.NSGAIISampler) -> optuna.samplers.NSGAIISampler:
+    """``sampler`` with each generation's parent population kept in memory (``get_parent_population``): Optuna's
+    own cache keeps the parents' trial ids in the study and finds them by a scan over every trial at each proposal.
+
+    The first call for a generation returns what Optuna selects (in its order), later calls the cached parents in
+    the study's trial order, as Optuna's cache does, so the proposals are Optuna's. The sampler stays an instance
+    of Optuna's class: the generation attributes it writes on trials are named after the class.
+    """
+    own = sampler.get_parent_population
+    parents: dict[tuple[int, int], list[FrozenTrial]] = {}
+    selected: set[tuple[int, int]] = set()
+
+    def get_parent_population(study: optuna.Study, generation: int) -> list[FrozenTrial]:
+        key = (id(study), generation)
+        if key in parents:
+            return parents[key]
+        got = own(study, generation)
+        if key in selected or generation == 0:
+            parents[key] = got
+        else:
+            selected.add(key)
+        return got
+
+    sampler.get_parent_population = get_parent_population  # type: ignore[method-assign]
+    return sampler
+
+
+@dataclass(frozen=True, slots=True)
+class Sampled:
+    """What :class:`CandidateSampler` settled on for one trial."""
+
+    proposal: Proposal | None
+    """The layout to run; None: the run stops sampling (a fallback is queued, or the space ran out)."""
+    fallback: int | None
+    """Row of the candidate to queue after :data:`~tuner.study.proposals.FALLBACK_AFTER_SKIPS` skips in a row."""
+
+
+class CandidateSampler(optuna.samplers.BaseSampler):
+    """A sampler (``inner``, NSGA-II) whose trials are only layouts to run.
+
+    For a trial it samples as ``inner`` would (its relative sample, then each parameter that sample leaves out, in the
+    order of ``distributions``) and hands the parameters to ``propose``; a proposal it skips is counted by ``note_skip``
+    and sampled again in the same trial, until one is run, ``note_skip`` returns a fallback row, or ``stop()``.
+    :meth:`take` gives what a trial settled on (None: its parameters were queued, not sampled).
+    """
+
+    def __init__(self, inner: optuna.samplers.BaseSampler, distributions: dict[str, BaseDistribution],
+                 propose: Callable[[dict[str, str]], Proposal | None], note_skip: Callable[[], int | None],
+                 stop: Callable[[], bool]) -> None:
+        self.inner = inner
+        self.distributions = distributions
+        self._propose, self._note_skip, self._stop = propose, note_skip, stop
+        self._sampled: dict[int, Sampled] = {}
+
+    def take(self, number: int) -> Sampled | None:
+        """What trial ``number`` settled on, once; None for a trial whose parameters were queued."""
+        return self._sampled.pop(number, None)
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return dict(self.distributions)
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        space = self.inner.infer_relative_search_space(study, trial)
+        while True:
+            rel = self.inner.sample_relative(study, trial, space)
+            params = {p: rel[p] if p in rel else self.inner.sample_independent(study, trial, p, d) for p, d in self.distributions.items()}
+            prop = self._propose(params)
+            if prop is not None and prop.skip is None:
+                self._sampled[trial.number] = Sampled(prop, None)
+                return params
+            row = self._note_skip()
+            if row is not None or self._stop():
+                self._sampled[trial.number] = Sampled(None, row)
+                return params
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution) -> Any:
+        return self.inner.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self.inner.before_trial(study, trial)
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None) -> None:
+        self.inner.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.inner.reseed_rng()
 
 
 class PredictedTrials:
@@ -70,8 +164,9 @@ class PredictedTrials:
         """The in-memory study the sampler runs on: the study's COMPLETE trials (parameters, values, the sampler's
         system attributes), then the queue (:attr:`CandidateQueue.first`)."""
         run = self.study_run
-        mirror = optuna.create_study(directions=["maximize", "minimize"],
-                                     sampler=optuna.samplers.NSGAIISampler(seed=run.cfg.seed, population_size=16))
+        self.sampler = CandidateSampler(memo_parents(optuna.samplers.NSGAIISampler(seed=run.cfg.seed, population_size=16)), dict(run.index.distributions()),
+                                        self._propose, run.note_skip, lambda: not run.budget_left())
+        mirror = optuna.create_study(directions=["maximize", "minimize"], sampler=self.sampler)
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             mirror.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, values=t.values, params=t.params,
                                                        distributions=t.distributions, system_attrs=t.system_attrs))
@@ -90,14 +185,15 @@ class PredictedTrials:
         try:
             while run.budget_left():
                 trial = mirror.ask()
-                prop = run.resolve({p: trial.suggest_categorical(p, run.index.labels[p]) for p in run.index.params}, explain=False)
-                if prop is not None and prop.skip is None and self.shared and claimed_elsewhere(
-                        self.study.get_trials(deepcopy=False), None, prop.key, stale_before=self._stale_before()):
-                    prop = Proposal(prop.params, prop.row, prop.layout, prop.key, DUPLICATE)
+                params = {p: trial.suggest_categorical(p, run.index.labels[p]) for p in run.index.params}
+                sampled = self.sampler.take(trial.number)
+                prop = self._propose(params) if sampled is None else sampled.proposal
                 if prop is None or prop.skip is not None or not run.reserve():
                     mirror.tell(trial, state=TrialState.PRUNED)
-                    if prop is None or prop.skip is not None:
+                    if sampled is None and (prop is None or prop.skip is not None):  # a queued candidate
                         self._skipped(mirror)
+                    elif sampled is not None and sampled.fallback is not None:
+                        self._enqueue_fallback(mirror, sampled.fallback)
                     continue
                 self._evaluate(mirror, trial, prop)
                 if len(self.pending) >= FLUSH_EVERY or time.monotonic() - self._last_flush > FLUSH_EVERY_S:
@@ -105,10 +201,22 @@ class PredictedTrials:
         finally:
             self.flush()
 
+    def _propose(self, params: dict[str, str]) -> Proposal | None:
+        """The proposal of these parameters (:meth:`StudyRun.resolve`); on a shared storage a layout another
+        worker has claimed is a duplicate."""
+        prop = self.study_run.resolve(params, explain=False)
+        if prop is not None and prop.skip is None and self.shared and claimed_elsewhere(
+                self.study.get_trials(deepcopy=False), None, prop.key, stale_before=self._stale_before()):
+            prop = Proposal(prop.params, prop.row, prop.layout, prop.key, DUPLICATE)
+        return prop
+
     def _skipped(self, mirror: optuna.Study) -> None:
         row = self.study_run.note_skip()
         if row is not None:
-            mirror.enqueue_trial(self.study_run.index.params_of_row(row), user_attrs=TrialRecord(enqueued=QUEUED_FALLBACK).attrs())
+            self._enqueue_fallback(mirror, row)
+
+    def _enqueue_fallback(self, mirror: optuna.Study, row: int) -> None:
+        mirror.enqueue_trial(self.study_run.index.params_of_row(row), user_attrs=TrialRecord(enqueued=QUEUED_FALLBACK).attrs())
 
     def _stale_before(self) -> datetime.datetime:
         return datetime.datetime.now() - datetime.timedelta(seconds=self.study_run.heartbeat.grace_s)
