@@ -3,8 +3,10 @@
 A :class:`World` draws the truth from the analytical model's measured error structure: each part of the
 estimate's step time (:data:`cost_model.estimate.TIME_PARTS`) is scaled by a per-world lognormal factor of its
 group (compute, recompute, tensor/context/data-parallel and pipeline point-to-point communication, expert
-all-to-all, pipeline bubble, host: optimizer step and offload), the sum by a per-layout lognormal factor that
-is a deterministic function of the world's seed and the layout's fields; the memory parts
+all-to-all, pipeline bubble, host: optimizer step and offload), the sum by the layout's own lognormal factor, a
+deterministic function of the world's seed and the layout's fields: the product of one factor per value of each
+feature (:data:`FEATURES`: TP, PP, ..., and pairs such as TP x EP), shared by every layout with that value, and a
+small one of the layout alone; the memory parts
 (:data:`cost_model.estimate.MEMORY_PARTS`) likewise, weights and optimizer states nearly exact, activations and
 the framework's overhead wider. :class:`SimulatedBackend` returns the world's measurement of a layout: run-to-run
 and step-to-step noise, out of memory when the true peak exceeds the GPU's HBM, a share of crashes and hangs, and
@@ -47,8 +49,8 @@ from specs import DEFAULT_RUN_OPTIONS, Cluster, ModelSpec, RunOptions, Workload
 from specs.layout import Layout, LayoutTable
 
 __all__ = [
-    "TIME_GROUPS", "ErrorStructure", "SimulatedBackend", "TrialCost", "World", "WorldTable", "layout_hashes", "layout_normals",
-    "startup_seconds",
+    "FEATURES", "TIME_GROUPS", "ErrorStructure", "SimulatedBackend", "TrialCost", "World", "WorldTable", "feature_hashes", "layout_hashes",
+    "layout_normals", "startup_seconds",
 ]
 
 #: The groups of step-time parts that share one per-world error factor, and each group's sigma relative to
@@ -75,6 +77,26 @@ MEMORY_SIGMAS: dict[str, float] = {
     "framework_overhead": 0.25,
 }
 
+_SINGLE: dict[str, tuple[str, ...]] = {
+    "tp": ("tp", "sequence_parallel"),
+    "pp": ("pp",),
+    "vpp": ("vpp",),
+    "cp": ("cp",),
+    "ep": ("ep", "etp"),
+    "micro_batch_size": ("micro_batch_size",),
+    "recompute": ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules"),
+    "offload": ("optimizer_offload_fraction", "overlap_cpu_optimizer_d2h_h2d"),
+    "dispatcher": ("dispatcher",),
+    "pipeline_split": ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"),
+    "optimizer": ("use_distributed_optimizer", "use_precision_aware_optimizer", "exp_avg_dtype", "exp_avg_sq_dtype"),
+}
+_PAIRS = (("tp", "ep"), ("pp", "vpp"), ("micro_batch_size", "recompute"), ("tp", "cp"), ("ep", "dispatcher"))
+
+#: The layout features whose values carry their own error in a world (each value of each feature, and each
+#: combination of values of the pairs that interact most: a layout's error is shared with the layouts that have the
+#: same TP, the same TP and EP, ...), as the LayoutTable columns each is made of.
+FEATURES: dict[str, tuple[str, ...]] = {**_SINGLE, **{f"{a}*{b}": _SINGLE[a] + _SINGLE[b] for a, b in _PAIRS}}
+
 #: Median absolute step-time error of the model on held-out published runs
 #: (``benchmarks/results/kfold_2026-12-07/bench_validation.json``: ``moe_h100_b200``, ``dense``).
 HELD_OUT_MEDIAN_ERROR = {"moe": 0.1453, "dense": 0.065}
@@ -94,7 +116,12 @@ class ErrorStructure:
     """The median over a world's valid layouts of |true mean step time / predicted - 1|."""
     idiosyncratic_share: float = 0.5
     """Share of the log step-time error's variance that is the layout's own (the rest comes from the per-world
-    factors of the time groups, shared by all layouts in proportion to their parts)."""
+    factors of the time groups, shared by all layouts in proportion to their parts). Of it, a lognormal sigma of
+    ``layout_sigma`` belongs to the layout alone and the rest is split evenly over the values of the features
+    (:data:`FEATURES`)."""
+    layout_sigma: float = 0.03
+    """Lognormal sigma of the error of a layout alone, below the run-to-run noise: layouts that differ in one
+    feature's value differ in that value's error and this much more."""
     memory_sigmas: Mapping[str, float] = field(default_factory=lambda: dict(MEMORY_SIGMAS))
     memory_idiosyncratic_sigma: float = 0.03
     """The layout's own lognormal factor on its activations, logits, buffers and overhead."""
@@ -146,14 +173,29 @@ def _mix(h: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     return h ^ (h >> np.uint64(31))
 
 
-def layout_hashes(table: LayoutTable) -> npt.NDArray[np.uint64]:
-    """A 64-bit hash of each row's fields, shape ``(n,)``: the same layout gets the same hash whether it comes in a
-    table or alone (:meth:`LayoutTable.from_layouts`)."""
+def layout_hashes(table: LayoutTable, columns: tuple[str, ...] | None = None) -> npt.NDArray[np.uint64]:
+    """A 64-bit hash of each row's ``columns`` (None: every field), shape ``(n,)``: the same layout gets the same hash
+    whether it comes in a table or alone (:meth:`LayoutTable.from_layouts`)."""
     h = np.zeros(len(table), dtype=np.uint64)
     with np.errstate(over="ignore"):
-        for name in sorted(table.cols):
+        for name in sorted(columns if columns is not None else table.cols):
             h = _mix(h ^ _column_bits(table[name]))
     return h
+
+
+#: A feature's distinct hashes and each row's index into them.
+_Codes = tuple[npt.NDArray[np.uint64], npt.NDArray[np.intp]]
+
+
+def feature_hashes(table: LayoutTable) -> dict[str, _Codes]:
+    """:func:`layout_hashes` of each feature's columns (:data:`FEATURES`) and of the whole layout (``"layout"``), as
+    the distinct hashes and each row's index into them."""
+    out: dict[str, _Codes] = {}
+    for name, cols in FEATURES.items():
+        uniq, inv = np.unique(layout_hashes(table, cols), return_inverse=True)
+        out[name] = (uniq, inv.reshape(-1))
+    out["layout"] = (layout_hashes(table), np.arange(len(table)))
+    return out
 
 
 def layout_normals(hashes: npt.NDArray[np.uint64], seed: int, stream: int) -> npt.NDArray[np.float64]:
@@ -183,7 +225,8 @@ class WorldTable:
         self.model, self.cluster, self.workload, self.table = model, cluster, workload, table
         self.calibration, self.options = calibration, options
         self.estimates = estimates if estimates is not None else self.estimate(table)
-        self.hashes = layout_hashes(table)
+        self.hashes = feature_hashes(table)
+        """:func:`feature_hashes` of the rows."""
         self.weights = _group_weights(self.estimates)
         """Each time group's share of each row's predicted step time, ``(n, len(TIME_GROUPS))``."""
         self._scales: dict[tuple[float, float], float] = {}
@@ -260,33 +303,41 @@ class World:
         self.time_factors = dict(zip(TIME_GROUPS, np.exp(r * base.group_scale(self.errors) * rng.standard_normal(len(r))).tolist(), strict=True))
         sig = np.array([self.errors.memory_sigmas.get(p, 0.0) for p in MEMORY_PARTS])
         self.memory_factors = dict(zip(MEMORY_PARTS, np.exp(sig * rng.standard_normal(len(sig))).tolist(), strict=True))
+        own_var = self.idiosyncratic_sigma**2 - self.errors.layout_sigma**2
+        self.feature_sigma = math.sqrt(max(own_var, 0.0) / len(FEATURES))
+        """Lognormal sigma of each feature value's error (:data:`FEATURES`)."""
         truth = self._truth(base.hashes, base.estimates)
         self.true_step_time_s = truth.step_time_s
         self.true_peak_bytes = truth.peak_bytes
         self.fits = truth.peak_bytes <= self.cluster.gpu.hbm_bytes
 
-    def _truth(self, hashes: npt.NDArray[np.uint64], est: EstimateTable) -> _Truth:
-        step = np.zeros(len(hashes))
+    def _truth(self, hashes: dict[str, _Codes], est: EstimateTable) -> _Truth:
+        n = len(hashes["layout"][1])
+        step = np.zeros(n)
         for g, (parts, _) in TIME_GROUPS.items():
             for p in parts:
                 step = step + np.asarray(est.time[p]) * self.time_factors[g]
-        step = step * np.exp(self.idiosyncratic_sigma * layout_normals(hashes, self.seed, 2))
-        exact = np.zeros(len(hashes))
-        loose = np.zeros(len(hashes))
+        own = self.errors.layout_sigma * layout_normals(hashes["layout"][0], self.seed, 2)
+        for k, name in enumerate(FEATURES):
+            uniq, inv = hashes[name]
+            own = own + self.feature_sigma * layout_normals(uniq, self.seed, 10 + k)[inv]
+        step = step * np.exp(own)
+        exact = np.zeros(n)
+        loose = np.zeros(n)
         for p in MEMORY_PARTS:
             v = np.asarray(est.memory[p]) * self.memory_factors[p]
             if p in ("weights", "main_grads", "optimizer"):
                 exact = exact + v
             else:
                 loose = loose + v
-        peak = exact + loose * np.exp(self.errors.memory_idiosyncratic_sigma * layout_normals(hashes, self.seed, 3))
+        peak = exact + loose * np.exp(self.errors.memory_idiosyncratic_sigma * layout_normals(hashes["layout"][0], self.seed, 3))
         return _Truth(step_time_s=step, peak_bytes=peak)
 
     def truth_of(self, layout: Layout) -> tuple[float, float]:
         """``(true mean step time in s, true peak bytes per GPU)`` of one layout: the same numbers as its row of the
         table (the estimate of a one-row table, the same hash)."""
         table = LayoutTable.from_layouts([layout])
-        t = self._truth(layout_hashes(table), self.base.estimate(table))
+        t = self._truth(feature_hashes(table), self.base.estimate(table))
         return float(t.step_time_s[0]), float(t.peak_bytes[0])
 
     def tokens_per_s_per_gpu(self, step_time_s: Any) -> Any:
