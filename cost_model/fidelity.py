@@ -7,6 +7,7 @@ They are not corrections: the measured slices are small (1-4 layers on one GPU),
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from specs import Layout, ModelSpec, RecomputeGranularity
@@ -15,11 +16,32 @@ if TYPE_CHECKING:
     from cost_model.calibration import Calibration
     from specs import GPUSpec
 
-__all__ = ["known_gaps"]
+__all__ = ["Gap", "gaps", "known_gaps"]
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """A measured gap of the estimate: its id (the anchor of its long form in ``docs/known_gaps.md``), one line to print
+    beside a prediction, and the long form with its measurements."""
+
+    id: str
+    short: str
+    long: str
+
+    @property
+    def line(self) -> str:
+        """The short form and where the long form is."""
+        return f"{self.short} (docs/known_gaps.md#{self.id})"
 
 
 def known_gaps(layout: Layout, model: ModelSpec | None = None, gpu: GPUSpec | None = None,
                calibration: Calibration | None = None) -> list[str]:
+    """The long forms of :func:`gaps`."""
+    return [g.long for g in gaps(layout, model, gpu, calibration)]
+
+
+def gaps(layout: Layout, model: ModelSpec | None = None, gpu: GPUSpec | None = None,
+         calibration: Calibration | None = None) -> list[Gap]:
     """Measured gaps of the estimate that apply to ``layout`` (and ``model`` and ``gpu`` when given), one line each
     (empty when none apply). ``calibration`` (default: the shipped one) is the one the estimate used.
 
@@ -62,17 +84,18 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None, gpu: GPUSpec | No
       "GPT-OSS-120B's layer features", call18), not priced. Its attention sinks (+0.011 s there) are priced since the
       eighth batch (:attr:`cost_model.calibration.Calibration.attention_sink_extra_keys`: 0.006 s predicted).
     """
-    out: list[str] = []
+    out: list[Gap] = []
     if gpu is not None and gpu.generation == "blackwell_ultra":
         from cost_model.calibration import DEFAULT_CALIBRATION
 
         factor = (calibration or DEFAULT_CALIBRATION).gemm_generation_factor_blackwell_ultra
-        out.append(
+        out.append(Gap(
+            "blackwell-ultra", f"{gpu.name}: compute priced {factor:.2f}x Blackwell's by a factor fitted to published runs",
             f"{gpu.name} (Blackwell Ultra): its datasheet gives it the dense bf16 and fp8 peaks of B200 / GB200, yet "
             "NVIDIA's tables ran the same layouts faster there, so its compute is priced "
             f"{factor:.2f}x Blackwell's through a factor fitted to those "
             "runs (gemm_generation_factor_blackwell_ultra), not measured by this project (docs/validation.md)"
-        )
+        ))
     if layout.optimizer_offload_fraction > 0:
         dp = layout.world_size // max(1, layout.tp * layout.pp * layout.cp)
         msg = ("CPU optimizer offload: on 1 x H200 the memory matched the first steps' peak (+2-5%, host -3% to 0%), "
@@ -93,12 +116,14 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None, gpu: GPUSpec | No
                     "replaces it; they do not shrink with DP, so offload can cost GPU memory here), freed only when Python's "
                     "cyclic collector runs (gc.collect() after the build freed them on H200); priced from the source, not "
                     "measured at DP > 1")
-        out.append(msg + ": confirm with a real trial")
+        out.append(Gap("offload", "CPU optimizer offload: step measured 14-25% longer than predicted on 1 x H200",
+                       msg + ": confirm with a real trial"))
     moe = model is None or model.is_moe
     selective = layout.recompute_granularity is RecomputeGranularity.selective
     heavy = layout.recompute_granularity is RecomputeGranularity.full or (selective and "moe" in layout.recompute_modules)
     if heavy and moe:
-        out.append(
+        out.append(Gap(
+            "recompute", "recompute of MoE layers: measured 0.4-2.3x the predicted extra time",
             "recompute: on 1 x H200, timed on the decoder alone, full and selective 'moe' recompute of MoE layers cost "
             "0.93-1.24x the predicted extra time on MiniMax-M2, 0.38-1.04x on Qwen3-30B-A3B, whose single passes spread "
             "by up to 30 ms (the 1-GPU MoE slices are host-bound: the GPU was busy 57% of a MiniMax-M2 pass); as the "
@@ -106,26 +131,29 @@ def known_gaps(layout: Layout, model: ModelSpec | None = None, gpu: GPUSpec | No
             "seventh batches); by the GPU kernels' time (tenth batch, rounds within 2 ms) it added 0.35-0.58x the "
             "predicted extra: the model's extra re-pays the fixed per-expert costs of the forward, host time that a "
             "GPU-bound step may hide: confirm the step with a real trial"
-        )
+        ))
     if selective and "layernorm" in layout.recompute_modules and moe:
-        out.append(
+        out.append(Gap(
+            "recompute-layernorm", "'layernorm' recompute of MoE layers: a few ms per layer of host time not priced",
             "recompute 'layernorm': on 1 x H200 it cost +5.4 and +6.6 ms per MoE slice per 8,192-token micro-batch in one "
             "run and +4.0 and -15.3 ms (rounds 9-11 ms apart) in a reseeded re-run, against 0.1 ms predicted "
             "(docs/measurements.md, sixth and seventh batches); its GPU kernels added +0.8 and -1.0 ms (tenth batch, "
             "rounds 1.2-1.4 ms apart), so the difference was the host-bound slices' host time: on a host-bound step "
             "such layouts may be predicted a few ms per layer too fast"
-        )
+        ))
     if model is not None and model.is_mla:
-        out.append(
+        out.append(Gap(
+            "mla", "MLA: a dense layer measured 5-10% slower than predicted on 1 x H200",
             "MLA: on 1 x H200 a dense DeepSeek-V3 layer with the fused RoPE (Megatron-LM's default) took 70.8 ms per "
             "8,192-token micro-batch against 63.9 ms predicted (decoder alone, the embedding's ~3 ms backward included); "
             "timed alone, its core attention with 128 heads and no kv grouping ran 8-13% longer than the head-dim "
             "factor measured at 32 heads predicts (docs/measurements.md, seventh and eighth batches): predicted 5-10% too fast"
-        )
+        ))
     if model is not None and model.activation_func == "quick_gelu":
-        out.append(
+        out.append(Gap(
+            "gpt-oss", "GPT-OSS: the clamped quick-GEGLU (about 2% of a step) is not priced",
             "GPT-OSS features: on 1 x H200 the clamped quick-GEGLU cost about 2% of a 2-layer slice's step (about 4% of "
             "its layers' own time), which the model does not price (docs/measurements.md, GPT-OSS-120B's layer features; "
             "the attention sinks are priced): predicted a little too fast"
-        )
+        ))
     return out

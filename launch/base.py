@@ -52,13 +52,16 @@ class TrialFailed(Exception):
         kind: what went wrong.
         log_path: the trial's log (``results/<study>/trials/<n>/``), "" if none.
         memory_reached_bytes: for ``oom``, the memory the failing rank had reached (bytes; NaN if unknown).
+        wall_s: seconds the trial ran (None: the caller's clock tells).
     """
 
-    def __init__(self, kind: FailureKind, message: str, log_path: str = "", *, memory_reached_bytes: float = float("nan")) -> None:
+    def __init__(self, kind: FailureKind, message: str, log_path: str = "", *, memory_reached_bytes: float = float("nan"),
+                 wall_s: float | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.log_path = log_path
         self.memory_reached_bytes = memory_reached_bytes
+        self.wall_s = wall_s
 
 
 class TrialStopped(Exception):
@@ -69,10 +72,13 @@ class TrialStopped(Exception):
         step_times_s: the steps measured before it was stopped (seconds, warm-up included).
         tokens_per_s_per_gpu: throughput of those steps.
         log_path: the trial's log folder.
+        wall_s: seconds the trial ran (None: the caller's clock tells).
     """
 
-    def __init__(self, reason: str, *, step_times_s: Sequence[float] = (), tokens_per_s_per_gpu: Sequence[float] = (), log_path: str = "") -> None:
+    def __init__(self, reason: str, *, step_times_s: Sequence[float] = (), tokens_per_s_per_gpu: Sequence[float] = (), log_path: str = "",
+                 wall_s: float | None = None) -> None:
         super().__init__(reason)
+        self.wall_s = wall_s
         self.reason = reason
         self.step_times_s = tuple(step_times_s)
         self.tokens_per_s_per_gpu = tuple(tokens_per_s_per_gpu)

@@ -11,15 +11,17 @@ from typing import Any
 import numpy as np
 
 from cost_model.estimate import estimate
+from cost_model.uncertainty import Z90, ErrorBars
 from search_spaces.pipeline import emit_layout_string
 from specs import Cluster, ModelSpec, Workload
 from specs.layout import Layout
 from specs.units import DEFAULT_MEMORY_HEADROOM
 from tuner.pareto import pareto_mask
 
-__all__ = ["pick_trial_row", "front_rows", "measured_ties", "between_run_noise", "ties_note", "runs_note", "runs_summary", "fastest_measured", "long_label", "write_pareto_csv", "plot_front", "front_figure", "export_context", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
+__all__ = ["pick_best", "pick_trial_row", "front_rows", "measured_ties", "between_run_noise", "ties_note", "runs_note", "runs_summary", "fastest_measured", "long_label", "write_pareto_csv", "plot_front", "front_figure", "export_context", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
 
 FRONT_COLUMNS = (
+    "fit",
     "trial",
     "source",
     "label",
@@ -30,9 +32,13 @@ FRONT_COLUMNS = (
     "layer_split",
     "pipeline_model_parallel_layout",
     "tokens_per_s_per_gpu",
+    "tokens_per_s_per_gpu_low",
+    "tokens_per_s_per_gpu_high",
     "mfu",
     "usd_per_million_tokens",
     "peak_gib",
+    "peak_gib_low",
+    "peak_gib_high",
     "headroom_gib",
     "step_time_s",
     "runs",
@@ -73,8 +79,31 @@ def pick_trial_row(study_name: str, rows: list[dict[str, Any]], model: ModelSpec
     return match[0]
 
 
-def front_rows(rows: list[dict[str, Any]], model: ModelSpec) -> list[dict[str, Any]]:
-    """The Pareto-optimal trials (max tokens/s/GPU, min peak memory), fastest first, as table rows."""
+#: Standard deviation of one run's log throughput about its layout's mean (:attr:`tuner.study.policy.PolicyParams.run_sigma`):
+#: a measured row's interval is its mean times ``exp(+-Z90 * RUN_SIGMA / sqrt(runs))``.
+RUN_SIGMA = 0.085
+
+
+def _intervals(r: dict[str, Any], bars: ErrorBars | None, hbm_gib: float | None) -> dict[str, Any]:
+    """A front row's 90% intervals (tokens/s/GPU and peak GiB) and whether it fits: a prediction's from the error bars,
+    a measurement's from the run-to-run spread over its runs."""
+    tps, peak = float(r["tokens_per_s_per_gpu"]), float(r["peak_gib"])
+    if r.get("source", "predicted") == "measured":
+        k = math.exp(Z90 * RUN_SIGMA / math.sqrt(max(int(r.get("runs", 1)), 1)))
+        return {"tokens_per_s_per_gpu_low": tps / k, "tokens_per_s_per_gpu_high": tps * k, "peak_gib_low": peak, "peak_gib_high": peak,
+                "fit": "ran"}
+    if bars is None:
+        return {"tokens_per_s_per_gpu_low": float("nan"), "tokens_per_s_per_gpu_high": float("nan"), "peak_gib_low": float("nan"),
+                "peak_gib_high": float("nan"), "fit": ""}
+    lo, hi = bars.throughput_interval(tps)
+    mlo, mhi = bars.memory_interval(peak)
+    fit = "" if hbm_gib is None else "fits" if mhi <= hbm_gib else "may not fit"
+    return {"tokens_per_s_per_gpu_low": lo, "tokens_per_s_per_gpu_high": hi, "peak_gib_low": mlo, "peak_gib_high": mhi, "fit": fit}
+
+
+def front_rows(rows: list[dict[str, Any]], model: ModelSpec, bars: ErrorBars | None = None, hbm_gib: float | None = None) -> list[dict[str, Any]]:
+    """The Pareto-optimal trials (max tokens/s/GPU, min peak memory), fastest first, as table rows, each with its 90%
+    intervals and whether it fits (``bars``: the study's error bars; ``hbm_gib``: the GPU's memory)."""
     ok = [r for r in rows if "tokens_per_s_per_gpu" in r and "peak_gib" in r]
     if not ok:
         return []
@@ -106,7 +135,28 @@ def front_rows(rows: list[dict[str, Any]], model: ModelSpec) -> list[dict[str, A
                 "layout": lay,
             }
         )
+        out[-1].update(_intervals(out[-1], bars, hbm_gib))
     return out
+
+
+def pick_best(front: list[dict[str, Any]], tie: float = 0.01) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The recommended row of a front and the rows tied with it.
+
+    Rows that run or surely fit are preferred to those that may not fit. Of those within ``tie`` (a fraction) of the
+    fastest, the least peak memory wins, then the fewest GPUs per model replica (tp x pp x cp), then the layout's key:
+    a rule that does not depend on the order trials were sampled in.
+
+    Returns:
+        (best, the other rows within ``tie`` of the fastest); (None, []) for an empty front.
+    """
+    pool = [r for r in front if r.get("fit") != "may not fit"] or list(front)
+    if not pool:
+        return None, []
+    top = max(float(r["tokens_per_s_per_gpu"]) for r in pool)
+    near = [r for r in pool if float(r["tokens_per_s_per_gpu"]) >= top * (1 - tie)]
+    lay_key = lambda r: (float(r["peak_gib"]), r["layout"].tp * r["layout"].pp * r["layout"].cp, r["layout"].key())  # noqa: E731
+    near.sort(key=lay_key)
+    return near[0], near[1:]
 
 
 def long_label(row: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from cost_model.uncertainty import error_bars
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._describe import _layout_note, _summary
 from launch.exporters._flags import GIB, GPT_YARN_SINCE, _env, _max_tokens_per_gpu, _pipeline_layout_string
@@ -121,9 +122,15 @@ def _result(measurement: Measurement, model: ModelSpec, cluster: Cluster) -> dic
     }
 
 
-def _prediction(estimate: Estimate) -> dict[str, Any]:
+def _prediction(estimate: Estimate, model: ModelSpec, cluster: Cluster, workload: Workload) -> dict[str, Any]:
+    bars = error_bars(model, cluster.gpu, workload.precision)
+    lo, hi = bars.throughput_interval(estimate.tokens_per_s_per_gpu)
+    mlo, mhi = bars.memory_interval(estimate.peak_bytes)
     return {
         "tokens_per_s_per_gpu": _num(estimate.tokens_per_s_per_gpu, 2),
+        "tokens_per_s_per_gpu_interval": [_num(lo, 1), _num(hi, 1)],
+        "peak_memory_gib_interval": [_num(mlo / GIB, 2), _num(mhi / GIB, 2)],
+        "interval": f"90%, error bars of the {bars.family} family (docs/error_bars.md)",
         "step_time_s": _sig(estimate.step_time_s, 4),
         "mfu": _num(estimate.mfu, 4),
         "model_tflops_per_gpu": _num(estimate.model_tflops_per_gpu, 1),
@@ -348,7 +355,7 @@ def recipe_dict(
         },
         "layout": _layout_section(layout, model, workload, pls),
         "result": result,
-        "prediction": _prediction(estimate) if estimate is not None else None,
+        "prediction": _prediction(estimate, model, cluster, workload) if estimate is not None else None,
         "correctness": dict(correctness) if correctness is not None else {"result": "not run", "note": _CORRECTNESS_NOTE},
         "env": _env(extra_env),
         "patches": [],

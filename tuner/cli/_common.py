@@ -30,9 +30,9 @@ __all__ = [
     "check_study_name", "load_study", "recorded_storage", "study_context", "fmt_int",
 ]
 
-# Wide enough for the Pareto table when output is piped (rich falls back to 80 columns).
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
+# The terminal's width, or COLUMNS when the output is piped (80 when that is not set), as rich does by default.
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
 
 GIB = 2**30
 
@@ -309,7 +309,7 @@ SeqOpt = Annotated[int, typer.Option("--seq-len", "--seq-length", help="Tokens p
 GbsOpt = Annotated[int, typer.Option("--global-batch", "--global-batch-size", help="Rows per optimizer step (Megatron's --global-batch-size).",
                                      rich_help_panel="Workload")]
 PrecOpt = Annotated[str, typer.Option("--precision", help="bf16 or fp8.", rich_help_panel="Workload")]
-HeadroomOpt = Annotated[float, typer.Option("--memory-headroom", help="Fraction of HBM kept free (default 0.07: the largest under-prediction of the reserved peak measured on H200, 6.0%, plus a point; docs/validation.md).", rich_help_panel="Search")]
+HeadroomOpt = Annotated[float | None, typer.Option("--memory-headroom", help="A fixed fraction of HBM to keep free. Default: the error bars' rule (a layout is out only if even its optimistic memory is over the GPU; docs/error_bars.md).", rich_help_panel="Search")]
 CalOpt = Annotated[Path | None, typer.Option("--calibration", help="Calibration YAML overriding the cost model's constants.", rich_help_panel="Search")]
 StudyOpt = Annotated[str | None, typer.Option("--study", help="Study name (default: model-gpus-seq-gbs).", rich_help_panel="Study")]
 StudyNameOpt = Annotated[str | None, typer.Option("--study", help="Study name (required; `tune` prints it, e.g. MiniMax-M2-8x8xH200-s8192-gbs128).", rich_help_panel="Study")]

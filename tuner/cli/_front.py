@@ -17,8 +17,9 @@ def table_rows(front: list[dict[str, Any]], top: int) -> list[dict[str, Any]]:
     return front if top <= 0 else front[:top]
 
 
-def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: str = "`tune pareto --top 0`") -> None:
-    """The Pareto table (its ``trial`` column numbers the points of ``pareto.png``); then how many rows were left out.
+def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: str = "tune pareto --top 0") -> None:
+    """The Pareto table in seven columns that fit 80 (its ``trial`` column numbers the points of ``pareto.png``); then how
+    many rows were left out. Offload, dispatcher, layer split, MFU and $/1M tokens are in ``pareto.csv`` and ``report.html``.
 
     Args:
         front: rows of :func:`tuner.report.front_rows`, fastest first.
@@ -26,25 +27,26 @@ def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: st
         title: the table's title.
         more_hint: where the rest is, e.g. ``tune pareto --study NAME --top 0`` (shell-quoted).
     """
-    t = Table(title=title, title_justify="left", show_lines=False)
-    for col, just in [
-        ("trial", "right"), ("layout", "left"), ("recompute", "left"), ("offload", "left"), ("dispatcher", "left"),
-        ("mbs", "right"), ("first/last", "left"), ("tokens/s/GPU", "right"), ("MFU (6N)", "right"), ("$/1M tok", "right"),
-        ("peak GiB", "right"), ("headroom GiB", "right"), ("source", "left"),
-    ]:
-        t.add_column(col, justify=just, no_wrap=True)
+    t = Table(title=title, title_justify="left", box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
+    for col, just in [("trial", "right"), ("layout", "left"), ("recompute", "left"), ("mbs", "right"),
+                      ("tok/s", "right"), ("90%", "right"), ("peak GiB", "right")]:
+        t.add_column(col, justify=just, overflow="fold", no_wrap=col in ("trial", "layout"))
     for r in table_rows(front, top):
-        lay = r["layout"]
-        split = "even" if r["layer_split"] == "even" else f"{lay.num_layers_in_first_pipeline_stage}/{lay.num_layers_in_last_pipeline_stage}"
-        t.add_row(
-            str(r["trial"]), r["label"], r["recompute"].replace("selective ", "sel. ").replace("+", ","), "none" if r["offload"] == "none" else r["offload"].replace("optimizer ", "optim "),
-            r["dispatcher"], str(r["micro_batch_size"]), split,
-            f"{r['tokens_per_s_per_gpu']:,.1f}", f"{r['mfu']:.1%}", f"{r['usd_per_million_tokens']:.2f}",
-            f"{r['peak_gib']:.1f}", f"{r['headroom_gib']:.1f}", r["source"],
-        )
+        rec = _short_recompute(r["recompute"])
+        star = "*" if r.get("fit") == "may not fit" else " "
+        lo, hi = r.get("tokens_per_s_per_gpu_low"), r.get("tokens_per_s_per_gpu_high")
+        band = f"{lo:,.0f}-{hi:,.0f}" if isinstance(lo, float) and lo == lo else ""
+        t.add_row(str(r["trial"]), r["label"], rec, str(r["micro_batch_size"]), f"{r['tokens_per_s_per_gpu']:,.0f}", band,
+                  f"{r['peak_gib']:.1f}{star}")
     out.print(t)
     if top > 0 and len(front) > top:
-        out.print(f"  ({len(front) - top} more on the front: see pareto.csv or {escape(more_hint)})", soft_wrap=True)
+        out.print(f"{len(front) - top} more on the front:")
+        out.print(f"  {escape(more_hint)}", soft_wrap=True)
+
+
+def _short_recompute(label: str) -> str:
+    """``full uniform 1`` -> ``full u1``, ``full block 2`` -> ``full b2``, ``selective moe+mlp`` -> ``sel moe,mlp``."""
+    return label.replace("full uniform ", "full u").replace("full block ", "full b").replace("selective ", "sel ").replace("+", ",")
 
 
 def print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:

@@ -11,9 +11,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from cost_model.fidelity import known_gaps
+from cost_model.fidelity import gaps
+from cost_model.uncertainty import error_bars
 from specs.errors import InfeasibleLayout, TunerError
-from specs.units import DEFAULT_MEMORY_HEADROOM
 from tuner.cli._common import (
     GIB,
     CalOpt,
@@ -117,7 +117,7 @@ def estimate(
     layout: LayoutFlags,
     model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None, network_gbps: NetOpt = None,
     usd_per_gpu_hour: PriceOpt = None, seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
-    calibration: CalOpt = None, memory_headroom: HeadroomOpt = DEFAULT_MEMORY_HEADROOM,
+    calibration: CalOpt = None, memory_headroom: HeadroomOpt = None,
     network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None, host_memory_gib: HostMemOpt = None,
     overlap_moe_expert_parallel_comm: A2AOverlapOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as JSON.")] = False,
@@ -139,16 +139,22 @@ def estimate(
     opts = RunOptions(overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm, **({"megatron_core": megatron_core} if megatron_core is not None else {}))
     lay = estimable_layout(layout, m, w, c, opts)
     cal = load_calibration(calibration)
+    bars = error_bars(m, c.gpu, w.precision)
+    headroom = bars.headroom if memory_headroom is None else memory_headroom
     try:
-        e = _estimate(m, c, w, lay, calibration=cal, memory_headroom=memory_headroom, options=opts)
+        e = _estimate(m, c, w, lay, calibration=cal, memory_headroom=headroom, options=opts)
     except InfeasibleLayout as ex:
         raise rule_error(ex, m, lay) from None
     d = e.to_dict()
+    lo, hi = bars.throughput_interval(e.tokens_per_s_per_gpu)
+    mlo, mhi = bars.memory_interval(e.peak_bytes)
+    d.update(predicted_low=lo, predicted_high=hi, peak_gib_low=mlo / GIB, peak_gib_high=mhi / GIB, error_bars=bars.to_dict())
     d["pipeline_model_parallel_layout"] = pipeline_layout_of(lay, m)
     d["network"] = c.network.key if c.network else None
     d["megatron_core"] = opts.megatron_core
     d["warnings"] = layout_warnings(lay, m, opts)
-    d["known_gaps"] = known_gaps(lay, m, c.gpu, cal)
+    found = gaps(lay, m, c.gpu, cal)
+    d["known_gaps"] = [g.long for g in found]
     if plot is not None:
         from tuner.plots import plot_breakdown
 
@@ -164,18 +170,21 @@ def estimate(
     out.print(f"  recompute {lay.recompute_label}, offload {lay.offload_label}, {lay.dispatcher.value} dispatcher, micro-batch {lay.micro_batch_size}")
     if d["pipeline_model_parallel_layout"]:
         out.print(f"  --pipeline-model-parallel-layout '{d['pipeline_model_parallel_layout']}'")
-    out.print(f"  predicted tokens/s/GPU {e.tokens_per_s_per_gpu:,.1f}; step {e.step_time_s:.2f} s; ${e.usd_per_million_tokens:.2f} per 1M tokens")
-    out.print(f"  predicted MFU {e.mfu:.1%} (6 x N_active x tokens/s over dense bf16 peak, the seed's convention; no attention term); "
-              f"model TFLOP/s/GPU {e.model_tflops_per_gpu:.0f} (Megatron's FLOPs formula, with attention)")
-    fit = "fits" if e.fits else "[red]does NOT fit[/]"
-    out.print(f"  predicted peak {e.peak_gib:.1f} GiB of {e.hbm_bytes / GIB:.1f} GiB ({fit} with {memory_headroom:.0%} headroom; headroom {e.headroom_gib:.1f} GiB)")
+    out.print(f"  tokens/s/GPU {e.tokens_per_s_per_gpu:,.1f} (90%: {lo:,.0f}-{hi:,.0f}); step {e.step_time_s:.2f} s")
+    out.print(f"  MFU {e.mfu:.1%} (6N); model TFLOP/s/GPU {e.model_tflops_per_gpu:.0f}; ${e.usd_per_million_tokens:.2f} per 1M tokens")
+    if memory_headroom is not None:
+        fit = "fits" if e.fits else "[red]does NOT fit[/]"
+        fit += f" with {memory_headroom:.0%} headroom"
+    else:
+        fit = ("fits" if mhi <= e.hbm_bytes else "[red]does NOT fit[/]" if mlo > e.hbm_bytes else "[yellow]may not fit[/]")
+    out.print(f"  peak {e.peak_gib:.1f} GiB (90%: {mlo / GIB:.1f}-{mhi / GIB:.1f}) of {e.hbm_bytes / GIB:.1f} GiB: {fit}")
     host = "fits" if e.host_fits else "[red]does NOT fit[/]"
     out.print(f"  predicted host memory {e.host_bytes_per_node / GIB:,.1f} GiB per node of {c.host_memory_bytes_per_node / GIB:,.0f} GiB ({host}); "
               f"network {escape(c.network_label)}; megatron-core {opts.megatron_core} rules")
     for wline in d["warnings"]:
         out.print(f"  [yellow]warning:[/] {escape(wline)}")
-    for gap in d["known_gaps"]:
-        out.print(f"  note: {escape(gap)}")
+    for g in found:
+        out.print(f"  note: {escape(g.line)}")
     t = Table(title="predicted memory per GPU (worst pipeline rank)", title_justify="left")
     t.add_column("part")
     t.add_column("GiB", justify="right")

@@ -12,6 +12,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from specs import parse_gpus
 from specs.errors import TunerError
 from tuner.cli._common import CliState, ResultsOpt, err, load_study, out, shell_command, study_context
 
@@ -41,17 +42,24 @@ def _read(data: list[Path]) -> tuple[list[Any], list[Any]]:
 
 def _published_json(preds: list[Any], runs: list[Any], problems: list[Any], calibration: Path | None) -> dict[str, Any]:
     """Every row, the rows not represented, the unreadable cells and the summary, as plain JSON values."""
+    from cost_model.uncertainty import error_bars
     from cost_model.validate import release_factor, summarize
 
     def num(x: float) -> float | None:
         return float(x) if x is not None and math.isfinite(x) else None
+
+    def bands(p: Any) -> dict[str, Any]:
+        b = error_bars(p.run.model, p.run.cluster.gpu, p.run.precision)
+        return {"predicted_low": num(p.predicted * b.throughput.low), "predicted_high": num(p.predicted * b.throughput.high),
+                "peak_gib_low": num(p.peak_gib * b.memory.low), "peak_gib_high": num(p.peak_gib * b.memory.high),
+                "error_bars": b.family}
 
     rows = [{
         "id": p.run.run_id, "row": p.run.row, "model": p.run.model.name, "gpu": p.run.gpu_type, "num_gpus": p.run.num_gpus,
         "precision": p.run.precision, "layout": p.run.layout.label, "dispatcher": p.run.layout.dispatcher.value,
         "metric": "tokens_per_s_per_gpu" if p.run.metric == "tokens" else "model_tflops_per_gpu",
         "published": num(p.published), "predicted": num(p.predicted), "error": num(p.error), "fits": bool(p.fits), "peak_gib": num(p.peak_gib),
-        "release_factor": release_factor(p.run.framework_version),
+        "release_factor": release_factor(p.run.framework_version), **bands(p),
     } for p in preds]
     groups = [{**g, "group": list(g["group"])} for g in summarize(preds)]
     allp = summarize(preds, key=lambda p: ("all", "all"))[0]
@@ -63,6 +71,16 @@ def _published_json(preds: list[Any], runs: list[Any], problems: list[Any], cali
         "summary": {"groups": groups, "all": {**allp, "group": ["all", "all"]},
                     "predicted_not_to_fit": sum(1 for p in preds if not p.fits)},
     }
+
+
+def _trial_bands(p: Any) -> dict[str, Any]:
+    """A trial row's 90% intervals: tokens/s/GPU (the inverse of the predicted step) and peak GiB."""
+    from cost_model.uncertainty import error_bars
+
+    b = error_bars(p.row.model, parse_gpus(p.row.gpus).gpu, p.row.workload.precision)
+    tps = p.row.workload.seq_length * p.row.workload.global_batch_size / p.step_time_s / parse_gpus(p.row.gpus).num_gpus
+    return {"predicted": tps, "predicted_low": tps * b.throughput.low, "predicted_high": tps * b.throughput.high,
+            "peak_gib_low": p.peak_gib * b.memory.low, "peak_gib_high": p.peak_gib * b.memory.high, "error_bars": b.family}
 
 
 def _trials(trials: list[Path], calibration: Path | None, as_json: bool, rows: bool) -> dict[str, Any]:
@@ -82,7 +100,7 @@ def _trials(trials: list[Path], calibration: Path | None, as_json: bool, rows: b
                   "transformer_engine": p.row.transformer_engine, "calibration": p.calibration,
                   "step_time_s": {"measured": p.row.step_time_s, "predicted": p.step_time_s, "error": p.step_error},
                   "peak_gib": {"measured_reserved": p.row.peak_reserved_gib, "measured_allocated": p.row.peak_allocated_gib,
-                               "predicted": p.peak_gib, "error": p.memory_error}} for p in preds],
+                               "predicted": p.peak_gib, "error": p.memory_error}, **_trial_bands(p)} for p in preds],
         "skipped": skipped,
         "summary": summ,
     }

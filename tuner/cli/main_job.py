@@ -14,10 +14,9 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cost_model.fidelity import known_gaps
+from cost_model.fidelity import gaps
 from specs import Layout
 from specs.errors import TunerError
-from specs.units import DEFAULT_MEMORY_HEADROOM
 from tuner.cli._common import (
     GIB,
     CalOpt,
@@ -65,7 +64,7 @@ def main_job(
     precision: PrecOpt = "bf16",
     space: Annotated[Path | None, typer.Option("--space", help="Search-space YAML (copy search_spaces/default_space.yaml).", rich_help_panel="Search")] = None,
     calibration: CalOpt = None,
-    memory_headroom: HeadroomOpt = DEFAULT_MEMORY_HEADROOM,
+    memory_headroom: HeadroomOpt = None,
     trials: Annotated[int | None, typer.Option("--trials", help="Layouts to evaluate in this run (default 48; sampled layouts that are invalid, do not fit or were evaluated before do not count): the predicted front and fastest candidates first, then NSGA-II.", rich_help_panel="Search")] = None,
     backend: Annotated[str, typer.Option("--backend", help="model (analytical, default), local (real trials: the megatron-core harness under torchrun on this machine's GPUs), ray (the harness on a Ray cluster's nodes) or command (your slime / Megatron-LM launch command, --command-template).", rich_help_panel="Search")] = "model",
     layers: LayersOpt = None,
@@ -85,7 +84,12 @@ def main_job(
     storage: StorageOpt = None,
     results_dir: ResultsOpt = Path("results"),
     seed: Annotated[int, typer.Option("--seed", help="Sampler seed.", rich_help_panel="Study")] = 0,
-    top: Annotated[int, typer.Option("--top", min=0, help="Rows of the Pareto table to print (0 = all).", rich_help_panel="Output")] = 15,
+    gpu_hours: Annotated[float | None, typer.Option("--gpu-hours", help="Real trials: the GPU-hours this run may spend (a trial costs its wall time, start-up included, times --gpus).", rich_help_panel="Trials")] = None,
+    stop_confidence: Annotated[float, typer.Option("--stop-confidence", help="Real trials: stop when no untried layout may beat the best by more than --stop-gain with this confidence.", rich_help_panel="Trials")] = 0.9,
+    stop_gain: Annotated[float, typer.Option("--stop-gain", help="Real trials: the gain over the best (a fraction) the stopping rule looks for.", rich_help_panel="Trials")] = 0.02,
+    top: Annotated[int, typer.Option("--top", min=0, help="Rows of the Pareto table to print (0 = all).", rich_help_panel="Output")] = 7,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print the space's counts by rule and the notes behind the numbers.", rich_help_panel="Output")] = False,
+    png: Annotated[bool, typer.Option("--png", help="Also draw pareto.png (report.html always shows the front).", rich_help_panel="Output")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of an error (accepted anywhere on the command line; or TUNE_DEBUG=1); the exit code is unchanged.")] = False,
 ) -> None:
     """Find the fastest layout that fits: `tune --model MiniMax-M2 --gpus 64xH200`."""
@@ -133,13 +137,16 @@ def main_job(
         confirm_runs=confirm_runs,
         parallel_trials=parallel_trials,
         trial_env=tuple(trial_env or ()),
+        gpu_hours=gpu_hours,
+        stop_confidence=stop_confidence,
+        stop_gain=stop_gain,
         prune_margin=None if (not math.isnan(prune_margin) and prune_margin < 0) else prune_margin,  # NaN is rejected later
     )
     state = ctx.obj if isinstance(ctx.obj, CliState) else CliState(argv=(), debug=False)
-    _run_main(cfg, top, results_dir, state)
+    _run_main(cfg, top, results_dir, state, verbose=verbose, png=png)
 
 
-def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
+def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, *, verbose: bool = False, png: bool = False) -> None:
     """Run the main job of ``cfg`` and print it; ``state.argv`` is the command a resume repeats.
 
     Raises:
@@ -147,7 +154,7 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
             no finished trial, or results that cannot be written.
     """
     from launch import BackendSettings, get_backend
-    from tuner.report import export_files, front_rows, pipeline_layout_of, plot_front, write_pareto_csv
+    from tuner.report import export_files, front_rows, pick_best, pipeline_layout_of, plot_front, write_pareto_csv
     from tuner.study import _mask, _validate_config, prepare, run_study, trial_rows
 
     _validate_config(cfg)  # flag combinations first: one message about the flags, before any backend is probed
@@ -170,29 +177,10 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
     c = prep.cluster
     w = prep.workload
     src_word = "predicted" if cfg.backend == "model" else "measured"
-    out.print(
-        f"[bold]{escape(prep.model.name)}[/] on [bold]{c.label}[/] ({c.num_gpus} GPUs, {c.gpu.hbm_bytes / GIB:.1f} GiB each), "
-        f"seq {w.seq_length:,}, global batch {w.global_batch_size}, {w.precision.value}; "
-        f"backend [bold]{cfg.backend}[/] ({'every number below is a prediction of the analytical model; nothing was measured' if cfg.backend == 'model' else 'trials are measured'})"
-    )
-    out.print(f"Network assumed: {escape(c.network_label)}; megatron-core {prep.options.megatron_core} rules", soft_wrap=True)
-    n_rule = en.considered - len(en.valid)
-    n_nofit = prep.n_valid - prep.n_fit
-    out.print(f"Layouts considered: [bold]{fmt_int(en.considered)}[/]")
-    out.print(f"  break a Megatron rule: {fmt_int(n_rule)}")
-    for rid, cnt in sorted(en.rule_counts.items(), key=lambda kv: -kv[1]):
-        if cnt:
-            out.print(f"    {rid:<34} {fmt_int(cnt):>12}")
-    host = (f"; over {c.host_memory_bytes_per_node / GIB:,.0f} GiB of host memory per node: {fmt_int(prep.n_over_host)}"
-            if prep.n_over_host else "")
-    out.print(
-        f"  valid: {fmt_int(prep.n_valid)}; predicted not to fit in {prep.estimates.usable_bytes / GIB:.1f} GiB "
-        f"({cfg.memory_headroom:.0%} headroom): {fmt_int(n_nofit - prep.n_over_host)}{host}; candidates: [bold]{fmt_int(prep.n_fit)}[/]"
-    )
-    for note in getattr(en, "notes", []) or []:
-        out.print(f"  note: {note}", markup=False)
-    out.print(f"  (enumerated and checked in {prep.enumerate_seconds:.2f} s, estimated in {prep.estimate_seconds:.2f} s)")
-
+    out.print(f"[bold]{escape(prep.model.name)}[/] on {c.label}, {c.network.key if c.network else 'custom network'}, "
+              f"seq {w.seq_length:,}, gbs {w.global_batch_size}, {w.precision.value}, {cfg.backend} backend")
+    if verbose:
+        _print_space(prep, cfg)
     # The bar starts when the study is open and its first trial begins (run_study calls on_trial(0, n)):
     # a refused study (other inputs, a busy lock, a bad storage) prints its error without a bar before it.
     progress = Progress(
@@ -201,7 +189,7 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=out,
-        transient=False,
+        transient=cfg.backend == "model",
     )
     task = progress.add_task(f"Optuna search ({cfg.backend} backend)", total=None)
 
@@ -223,87 +211,106 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
             progress.stop()
 
     rows = trial_rows(res.study)
-    front = front_rows(rows, prep.model)
-    out.print(
-        f"Study [bold]{escape(res.study_name)}[/] ({escape(_mask(res.storage))}): {len(rows)} layouts evaluated in total "
-        f"({res.evaluated_now} now; {res.skipped_now} sampled layouts skipped as invalid, not fitting or already evaluated"
-        + (f"; {res.pruned_now} real trials pruned, {res.failed_now} failed" if cfg.backend != "model" else "")
-        + (f"; {res.confirmed_now} confirmation runs" if res.confirmed_now else "")
-        + ")"
-    )
-    if res.confirm_note:
-        err.print(f"[yellow]note:[/] {escape(res.confirm_note)}")
-    if res.budget_note:
-        err.print(f"[yellow]note:[/] {escape(res.budget_note)}")
     flags = study_flags(res.study_name, results_dir)
-    print_front(front, top, title=f"Pareto front: tokens/s/GPU vs peak memory per GPU ({src_word})",
-                more_hint=f"`{shell_command('tune', 'pareto', *flags, '--top', '0')}`")
+    front = front_rows(rows, prep.model, prep.bars, c.gpu.hbm_bytes / GIB)
     if not front:
         raise TunerError("the study has no finished trial; nothing to export")
-    best = front[0]
+    best, tied = pick_best(front)
+    assert best is not None
     lay = best["layout"]
     pls = pipeline_layout_of(lay, prep.model)
     report_note = ""
-    files = {
-        "pareto": res.out_dir / "pareto.csv",
-        "plot": res.out_dir / "pareto.png",
-    }
+    files = {"pareto": res.out_dir / "pareto.csv"}
     try:
         write_pareto_csv(files["pareto"], front)
-        plot_front(
-            files["plot"], rows, front,
-            title=f"{prep.model.name} on {c.label}, seq {w.seq_length}, gbs {w.global_batch_size} ({src_word})",
-            usable_gib=prep.estimates.usable_bytes / GIB, labelled=table_rows(front, top),
-        )
+        if png:
+            files["plot"] = res.out_dir / "pareto.png"
+            plot_front(
+                files["plot"], rows, front,
+                title=f"{prep.model.name} on {c.label}, seq {w.seq_length}, gbs {w.global_batch_size} ({src_word})",
+                usable_gib=prep.estimates.usable_bytes / GIB, labelled=table_rows(front, top),
+            )
         from launch.exporters import measurement_from_row
         from tuner.report import runs_note, ties_note
 
         best_row = next((r for r in rows if r["trial"] == best["trial"]), {})
         files.update(export_files(res.out_dir, prep.model, c, w, lay, study=res.study_name, calibration=prep.calibration,
-                                  memory_headroom=cfg.memory_headroom, measurement=measurement_from_row(best_row, lay),
+                                  memory_headroom=prep.headroom, measurement=measurement_from_row(best_row, lay),
                                   notes=runs_note(best_row) + ties_note(rows, best["trial"]), megatron_core=prep.options.megatron_core))
         from tuner.report_html import ReportUnavailable, study_report
 
         try:
             files["report"] = study_report(res.out_dir / "report.html", study=res.study_name, model=prep.model, cluster=c, workload=w, rows=rows,
-                                           front=front, backend=cfg.backend, calibration=prep.calibration, memory_headroom=cfg.memory_headroom,
+                                           front=front, backend=cfg.backend, calibration=prep.calibration, memory_headroom=prep.headroom,
                                            files={**{p.name: p for p in files.values()}, "config.yaml": res.out_dir / "config.yaml"})
         except ReportUnavailable as e:  # the study, the front and the recipe files are written: only the page is left out
             report_note = f"note: report.html was not written: {e}; `tune report --study {res.study_name}` writes it later"
     except OSError as e:
         raise TunerError(f"cannot write the results to {res.out_dir} ({e.strerror or e}: {e.filename}); the study and its trials are kept in {_mask(res.storage)}") from None
+    _print_best(best, tied, pls, c.gpu.hbm_bytes / GIB)
+    if res.stop_note:
+        out.print(f"  {escape(res.stop_note)}", soft_wrap=False)
     out.print(
-        f"\n[bold green]Best layout[/] ({best['source']}): [bold]{best['label']}[/], recompute {best['recompute']}, "
-        f"offload {best['offload']}, {best['dispatcher']} dispatcher, micro-batch {best['micro_batch_size']}, layer split {best['layer_split']}"
+        f"Space: {fmt_int(en.considered)} layouts, {fmt_int(prep.n_valid)} valid, {fmt_int(prep.n_fit)} candidates "
+        f"({fmt_int(int((prep.fits & ~prep.surely_fits).sum()))} may not fit); {len(rows)} evaluated"
+        + (f"; {res.gpu_hours_now:,.1f} GPU-hours this run" if cfg.backend != "model" else "")
     )
-    out.print(
-        f"  {best['source']}: {best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU, MFU {best['mfu']:.1%} (6 x N_active x tokens/s over dense bf16 peak), "
-        f"${best['usd_per_million_tokens']:.2f} per 1M tokens, peak {best['peak_gib']:.1f} GiB "
-        f"(headroom {best['headroom_gib']:.1f} GiB), step {best['step_time_s']:.2f} s"
-    )
-    if pls:
-        out.print(f"  --pipeline-model-parallel-layout '{pls}'")
     if best["source"] == "predicted":
-        lay = best["layout"]
-        for gap in known_gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay), prep.model, prep.cluster.gpu, prep.calibration):
-            out.print(f"  note: {gap}", markup=False)
-        from tuner.report import predicted_ties_text
-
-        tie = predicted_ties_text(rows, best["trial"])
-        if tie is not None:
-            out.print(f"  note: {tie}", markup=False)
+        for gap in gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay), prep.model, prep.cluster.gpu, prep.calibration)[:2]:
+            out.print(f"note: {gap.line}", markup=False)
+    out.print()
+    print_front(front, top, title=f"Pareto front ({src_word}; tok/s = tokens/s/GPU, 90% interval; * may not fit)",
+                more_hint=shell_command("tune", "pareto", *flags, "--top", "0"))
     print_ties(rows, best)
-    out.print("Files:")
-    for p in files.values():
-        out.print(f"  {p}", markup=False)
+    out.print(f"Results in {res.out_dir}/: {', '.join(p.name for p in files.values())}", markup=False)
     if report_note:
         out.print(report_note, markup=False, soft_wrap=True)
-    out.print(
-        ("The recipe's status is 'predicted': confirm with real trials before training, and check "
-         "convergence against a reference layout: " if best["source"] == "predicted" else
-         "Before training on it, check convergence against a reference layout: ")
-        + (shell_command("tune", "verify", *flags, "--trial", best["trial"], "--reference", "tp=1,pp=1,ep=1")
-           if c.num_gpus <= c.gpus_per_node else
-           "tune verify on a slice that fits one machine (a study with --layers N --gpus KxGPU; see README)"),
-        markup=False, soft_wrap=True,  # a suggested command stays on one line, to paste
-    )
+    if best["source"] == "predicted":
+        from tuner.study.config import policy_params
+
+        pp = policy_params(prep, 1)
+        trial_gh = (pp.startup_s + pp.steps * float(best["step_time_s"])) * c.num_gpus / 3600
+        budget = max(1, round(5 * trial_gh))
+        args = [a for a in state.argv if a not in ("-v", "--verbose", "--png")] or ["--model", prep.model.name, "--gpus", cfg.gpus]
+        out.print(f"Next: measure the contenders (about {trial_gh:,.1f} GPU-hours a trial):", markup=False)
+        out.print("  " + shell_command("tune", *args, "--backend", "ray", "--gpu-hours", budget), markup=False, soft_wrap=True)
+    else:
+        out.print("Next: check convergence against a reference layout:", markup=False)
+        out.print("  " + shell_command("tune", "verify", *flags, "--trial", best["trial"], "--reference", "tp=1,pp=1,ep=1"),
+                  markup=False, soft_wrap=True)
+
+
+def _print_space(prep: Any, cfg: Any) -> None:
+    """``--verbose``: the network, the space's counts by rule, what was left out and why."""
+    en, c = prep.enumeration, prep.cluster
+    out.print(f"Network: {escape(c.network_label)}; megatron-core {prep.options.megatron_core} rules", soft_wrap=True)
+    out.print(f"Layouts considered: {fmt_int(en.considered)}; break a Megatron rule: {fmt_int(en.considered - len(en.valid))}")
+    for rid, cnt in sorted(en.rule_counts.items(), key=lambda kv: -kv[1]):
+        if cnt:
+            out.print(f"  {rid:<34} {fmt_int(cnt):>12}")
+    rule = (f"a fixed {cfg.memory_headroom:.0%} headroom" if cfg.memory_headroom is not None else
+            f"memory interval of the {prep.bars.family} error bars" if prep.bars else "the prediction")
+    out.print(f"Valid: {fmt_int(prep.n_valid)}; not fitting ({rule}): {fmt_int(prep.n_valid - prep.n_fit - prep.n_over_host)}; "
+              f"over host memory: {fmt_int(prep.n_over_host)}; candidates: {fmt_int(prep.n_fit)}, "
+              f"of which surely slower than the best: {fmt_int(int((prep.fits & ~prep.contenders).sum()))}")
+    for note in en.notes:
+        out.print(f"note: {note}", markup=False)
+    out.print(f"(enumerated and checked in {prep.enumerate_seconds:.2f} s, estimated in {prep.estimate_seconds:.2f} s)")
+
+
+def _print_best(best: dict[str, Any], tied: list[dict[str, Any]], pls: str, hbm_gib: float) -> None:
+    """The result block: the layout, its throughput and memory with their 90% intervals, the layout string, ties."""
+    src = best["source"]
+    out.print(f"[bold green]Best layout[/] ({src}, trial {best['trial']}): [bold]{best['label']}[/]")
+    out.print(f"  recompute {best['recompute']}, offload {best['offload']}, {best['dispatcher']}, micro-batch {best['micro_batch_size']}")
+    out.print(f"  tokens/s/GPU {best['tokens_per_s_per_gpu']:,.0f} (90%: {best['tokens_per_s_per_gpu_low']:,.0f}-"
+              f"{best['tokens_per_s_per_gpu_high']:,.0f}); MFU {best['mfu']:.1%}; ${best['usd_per_million_tokens']:.2f}/1M tok")
+    mem = (f"{best['peak_gib']:.1f} GiB" if src == "measured" else
+           f"{best['peak_gib']:.1f} GiB (90%: {best['peak_gib_low']:.1f}-{best['peak_gib_high']:.1f})")
+    out.print(f"  peak {mem} of {hbm_gib:.1f}; step {best['step_time_s']:.2f} s")
+    if pls:
+        out.print(f"  --pipeline-model-parallel-layout '{pls}'", markup=False)
+    if tied:
+        names = ", ".join(str(t["trial"]) for t in tied[:4]) + (f" and {len(tied) - 4} more" if len(tied) > 4 else "")
+        out.print(f"  tie: trials {names} within 1%; picked by least memory (docs/studies.md#ties)", markup=False)
+

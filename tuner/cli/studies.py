@@ -10,8 +10,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from cost_model.uncertainty import memory_headroom as headroom_for
 from specs.errors import TunerError
-from specs.units import DEFAULT_MEMORY_HEADROOM
 from tuner.cli._common import ResultsOpt, StorageOpt, StudyNameOpt, err, load_study, out, shell_command, study_context, study_flags
 from tuner.cli._front import print_front, print_ties
 from tuner.verify import stored_correctness
@@ -35,7 +35,7 @@ def study_export_context(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], l
 
     cal = Calibration(**st.user_attrs["calibration"]) if "calibration" in st.user_attrs else Calibration()
     notes = runs_note(row) + ties_note(rows, row["trial"]) if row is not None else []
-    return export_context(m, c, w, lay, study=st.study_name, calibration=cal, memory_headroom=cfg.get("memory_headroom", DEFAULT_MEMORY_HEADROOM),
+    return export_context(m, c, w, lay, study=st.study_name, calibration=cal, memory_headroom=headroom_for(m, c.gpu, w.precision, cfg.get("memory_headroom")),
                           measurement=measurement_from_row(row, lay) if row is not None else None, correctness=correctness, notes=notes,
                           megatron_core=(st.user_attrs.get("resolved") or {}).get("megatron_core"))
 

@@ -10,8 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
+from cost_model.uncertainty import memory_headroom as headroom_for
 from specs.errors import InfeasibleLayout, TunerError
-from specs.units import DEFAULT_MEMORY_HEADROOM
 from tuner.cli._common import (
     CalOpt,
     GbsOpt,
@@ -81,7 +81,7 @@ def timeline(
     study: StudyOpt = None, trial: TrialOpt = None, storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
     model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None, network_gbps: NetOpt = None,
     usd_per_gpu_hour: PriceOpt = None, seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
-    calibration: CalOpt = None, memory_headroom: HeadroomOpt = DEFAULT_MEMORY_HEADROOM,
+    calibration: CalOpt = None, memory_headroom: HeadroomOpt = None,
     out_file: OutOpt = None, png: PngOpt = None, compare: CompareOpt = None,
     network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None,
 ) -> None:
@@ -154,7 +154,7 @@ def _read_trace(path: Path) -> dict[str, Any]:
 
 
 def _flags_layout(layout: LayoutFlags, model: str | None, gpus: str | None, layers: int | None, gpus_per_node: int | None, network_gbps: float | None,
-                  usd: float | None, seq_len: int, global_batch: int, precision: str, calibration: Path | None, memory_headroom: float,
+                  usd: float | None, seq_len: int, global_batch: int, precision: str, calibration: Path | None, memory_headroom: float | None,
                   network: str | None = None, megatron_core: str | None = None) -> tuple[Any, str]:
     """(estimate details, title) of the layout the flags give; refused as ``tune estimate`` refuses it (the network's and
     the megatron-core release's rules included)."""
@@ -167,7 +167,7 @@ def _flags_layout(layout: LayoutFlags, model: str | None, gpus: str | None, laye
     opts = RunOptions(**({"megatron_core": megatron_core} if megatron_core else {}))
     lay = estimable_layout(layout, m, w, c, opts)
     try:
-        det = estimate_details(m, c, w, lay, calibration=load_calibration(calibration), memory_headroom=memory_headroom, options=opts)
+        det = estimate_details(m, c, w, lay, calibration=load_calibration(calibration), memory_headroom=headroom_for(m, c.gpu, w.precision, memory_headroom), options=opts)
     except InfeasibleLayout as ex:
         raise rule_error(ex, m, lay) from None
     return det, f"{m.name} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}"
@@ -189,7 +189,7 @@ def _study_trial(study: str, trial: int | None, storage: str | None, results_dir
     cal = Calibration(**st.user_attrs["calibration"]) if "calibration" in st.user_attrs else Calibration()
     backend = str(cfg.get("backend", "model"))
     try:
-        det = estimate_details(m, c, w, lay, calibration=cal, memory_headroom=cfg.get("memory_headroom", DEFAULT_MEMORY_HEADROOM), options=run_options_for_backend(backend))
+        det = estimate_details(m, c, w, lay, calibration=cal, memory_headroom=headroom_for(m, c.gpu, w.precision, cfg.get("memory_headroom")), options=run_options_for_backend(backend))
     except InfeasibleLayout as ex:
         raise TunerError(f"trial {row['trial']} of {st.study_name!r}: the estimate refuses its layout (rule {ex.rule_id}: {ex.reason})") from None
     measured = measured_traces(row.get("log_path")) if row.get("source") == "measured" else []
@@ -232,7 +232,7 @@ def report(
     cal = Calibration(**st.user_attrs["calibration"]) if "calibration" in st.user_attrs else Calibration()
     try:
         study_report(path, study=st.study_name, model=m, cluster=c, workload=w, rows=rows, front=front, backend=str(cfg.get("backend", "model")),
-                     calibration=cal, memory_headroom=cfg.get("memory_headroom", DEFAULT_MEMORY_HEADROOM), files=files)
+                     calibration=cal, memory_headroom=headroom_for(m, c.gpu, w.precision, cfg.get("memory_headroom")), files=files)
     except OSError as e:
         raise TunerError(f"--out {str(path)!r}: cannot write it ({e.strerror or e})") from None
     err.print(f"wrote {path}", markup=False)

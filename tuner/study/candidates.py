@@ -341,7 +341,7 @@ class CandidateQueue:
             if self.rest:
                 sub = prep.enumeration.valid.select(np.asarray(self.rest))
                 est = estimate_table(prep.model, prep.cluster, prep.workload, sub, calibration=fit.calibration,
-                                     memory_headroom=prep.config.memory_headroom, options=run_options_for_backend(prep.config.backend))
+                                     memory_headroom=prep.headroom, options=run_options_for_backend(prep.config.backend))
                 order = np.argsort(-est.tokens_per_s_per_gpu, kind="stable")
                 self.rest[:] = [self.rest[int(j)] for j in order]
             record.update(step_median_abs_error=(fit.step.median_abs_error if fit.step else None),

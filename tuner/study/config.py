@@ -16,7 +16,6 @@ from typing import Any
 
 from specs import Cluster, ModelSpec, RunOptions
 from specs.errors import TunerError
-from specs.units import DEFAULT_MEMORY_HEADROOM
 
 __all__ = [
     "DEFAULT_TRIALS", "MAX_TRIALS", "STACKS", "TuneConfig", "harness_without_te", "n_trials", "run_options_for_backend",
@@ -25,6 +24,9 @@ __all__ = [
 
 #: Training stacks a recipe can target.
 STACKS = ("slime", "megatron")
+
+#: Trial policies of real trials (:attr:`TuneConfig.policy`).
+POLICIES = ("gain", "queue")
 
 #: Layouts a run evaluates when ``--trials`` is not given.
 DEFAULT_TRIALS = 48
@@ -56,10 +58,10 @@ class TuneConfig:
     precision: str = "bf16"
     space: str | None = None
     calibration: str | None = None
-    memory_headroom: float = DEFAULT_MEMORY_HEADROOM
-    """Fraction of HBM kept free (``--memory-headroom``): 0.07, the largest under-prediction of the reserved peak
-    measured on H200 (6.0%: the no-TE harness, 15 rows, with its calibration; 1.9% with TE, 5 layouts) plus one
-    point (docs/validation.md)."""
+    memory_headroom: float | None = None
+    """Fraction of HBM kept free (``--memory-headroom``): a fixed margin, the whole fit rule. None = the error bars'
+    rule (:mod:`cost_model.uncertainty`): a layout is a candidate unless even its optimistic memory is over the GPU,
+    and "may not fit" unless its pessimistic memory fits."""
     study: str | None = None
     storage: str | None = None
     trials: int | None = None
@@ -100,6 +102,16 @@ class TuneConfig:
     """Trials run at once by this worker (``ray`` backend: each its own placement group)."""
     trial_env: tuple[str, ...] = ()
     """``KEY=VALUE`` environment variables for every rank of a real trial (``ray`` backend)."""
+    gpu_hours: float | None = None
+    """Real trials: the GPU-hours this run may spend (``--gpu-hours``); None = no limit but ``trials``."""
+    policy: str = "gain"
+    """Real trials: ``gain`` (:class:`tuner.study.policy.GainPolicy`: expected gain per GPU-hour, a stopping rule)
+    or ``queue`` (the predicted front and fastest first, then NSGA-II, for ``trials`` layouts)."""
+    stop_confidence: float = 0.9
+    """Real trials, ``gain`` policy: stop when no untried layout may beat the best by more than ``stop_gain``
+    with this probability's complement."""
+    stop_gain: float = 0.02
+    """Real trials, ``gain`` policy: the gain the stopping rule looks for (a fraction of the best's throughput)."""
     recalibrate_after: int = 4
     """Real trials: refit the cost model to the measurements after every this many measured trials and
     re-rank the candidates not yet run (0 = never; the queue is then fixed at the start)."""
@@ -136,6 +148,21 @@ class TuneConfig:
 def n_trials(config: TuneConfig) -> int:
     """Layouts the run evaluates: ``config.trials``, or :data:`DEFAULT_TRIALS` when None."""
     return config.trials if config.trials is not None else DEFAULT_TRIALS
+
+
+def policy_params(prep: Any, max_trials: int) -> Any:
+    """The :class:`tuner.study.policy.PolicyParams` of a prepared study: the prior from its error bars, the rules
+    from its flags. Start-up before a trial's first measured cost: 60 s on one node, 300 s across nodes (a prior the
+    first trial replaces)."""
+    from tuner.study.policy import PolicyParams
+
+    cfg, bars = prep.config, prep.bars
+    return PolicyParams(
+        sigma=bars.throughput.sigma, bias=bars.throughput.mu, memory_sigma=bars.memory.sigma,
+        confidence=cfg.stop_confidence, min_gain=cfg.stop_gain, steps=cfg.trial_steps,
+        startup_s=60.0 if prep.cluster.num_gpus <= prep.cluster.gpus_per_node else 300.0,
+        gpu_hours=cfg.gpu_hours, max_trials=max_trials,
+    )
 
 
 def harness_without_te(backend: str) -> bool:
@@ -255,6 +282,19 @@ def _validate_config(config: TuneConfig) -> None:
             f"the heartbeat grace period must be a whole number of seconds above the interval ({config.heartbeat_interval_s}) "
             f"and at most 86,400, got {config.heartbeat_grace_s!r}"
         )
+    if config.gpu_hours is not None:
+        if not (math.isfinite(config.gpu_hours) and config.gpu_hours > 0):
+            raise TunerError(f"--gpu-hours must be a positive number of GPU-hours, got {config.gpu_hours}")
+        if config.backend == "model":
+            raise TunerError("--gpu-hours is a budget of real trials; --backend model measures nothing (use --backend local, ray or command)")
+    if config.policy not in POLICIES:
+        raise TunerError(f"the trial policy {config.policy!r}: accepted {', '.join(POLICIES)}")
+    if not (math.isfinite(config.stop_confidence) and 0 < config.stop_confidence < 1):
+        raise TunerError(f"--stop-confidence must be a fraction between 0 and 1 (e.g. 0.9), got {config.stop_confidence}")
+    if not (math.isfinite(config.stop_gain) and 0 <= config.stop_gain < 1):
+        raise TunerError(f"--stop-gain must be a fraction from 0 to 1 (e.g. 0.02), got {config.stop_gain}")
+    if config.memory_headroom is not None and not (math.isfinite(config.memory_headroom) and 0 <= config.memory_headroom < 1):
+        raise TunerError(f"--memory-headroom must be a fraction from 0 to 1 (e.g. 0.07), got {config.memory_headroom}")
     if config.storage is not None:
         _check_storage_syntax(config.storage)
     _check_results_dir(config.results_dir)

@@ -12,6 +12,7 @@ import numpy as np
 
 from cost_model.calibration import Calibration, load_calibration
 from cost_model.estimate import EstimateTable, estimate_table
+from cost_model.uncertainty import ErrorBars, error_bars
 from launch.harness.spec import slice_model
 from search_spaces.rules import RuleEnv
 from search_spaces.space import Enumeration, SearchSpace, enumerate_layouts
@@ -39,6 +40,8 @@ class Prepared:
     estimates: EstimateTable
     """Estimates of every valid layout (rows of ``enumeration.valid``)."""
     fits: np.ndarray
+    """The candidates: valid layouts not surely over the GPU's memory (even at the low end of their memory interval;
+    with ``--memory-headroom``, those that fit with that margin) nor over the host's."""
     front: np.ndarray
     """Indices (into the valid table) of the predicted Pareto front among fitting layouts."""
     enumerate_seconds: float
@@ -47,6 +50,26 @@ class Prepared:
     """The run options the estimates assumed (the backend's stack, the megatron-core release)."""
     n_over_host: int = 0
     """Layouts that fit in GPU memory but are predicted over ``--host-memory-gib`` per node (refused)."""
+    bars: ErrorBars | None = None
+    """The error bars of this job's predictions (:func:`cost_model.uncertainty.error_bars`)."""
+    headroom: float = 0.0
+    """Fraction of HBM a layout must leave free to surely fit: ``--memory-headroom``, else the error bars'."""
+
+    @property
+    def surely_fits(self) -> np.ndarray:
+        """Candidates that fit even at the high end of their memory interval (the rest "may not fit")."""
+        return self.fits & self.estimates.fits
+
+    @property
+    def contenders(self) -> np.ndarray:
+        """Candidates not surely slower than the best: their optimistic throughput reaches the pessimistic throughput
+        of the fastest candidate that surely fits (all candidates when none surely fits or there are no bars)."""
+        sure = self.surely_fits
+        if self.bars is None or not sure.any():
+            return self.fits
+        tps = self.estimates.tokens_per_s_per_gpu
+        floor = float(tps[sure].max()) * self.bars.throughput.low
+        return self.fits & (tps * self.bars.throughput.high >= floor)
 
     @property
     def n_valid(self) -> int:
@@ -114,11 +137,14 @@ def prepare(config: TuneConfig) -> Prepared:
     en = enumerate_layouts(space, model, cluster.num_gpus, workload, env)
     en.notes.extend(stack_notes)
     t1 = time.perf_counter()
-    est = estimate_table(model, cluster, workload, en.valid, calibration=cal, memory_headroom=config.memory_headroom, options=opts)
+    bars = error_bars(model, cluster.gpu, workload.precision)
+    headroom = bars.headroom if config.memory_headroom is None else config.memory_headroom
+    est = estimate_table(model, cluster, workload, en.valid, calibration=cal, memory_headroom=headroom, options=opts)
     t2 = time.perf_counter()
-    gpu_fits = est.fits
+    # a fixed --memory-headroom is the whole rule; else only what does not fit even at its optimistic memory is out
+    gpu_fits = est.fits if config.memory_headroom is not None else ~bars.surely_over(est.peak_bytes, cluster.gpu.hbm_bytes)
     if not gpu_fits.any():
-        raise TunerError(_no_fit_message(config, model, cluster, workload, space, cal, en, est))
+        raise TunerError(_no_fit_message(config, model, cluster, workload, space, cal, en, est, headroom))
     host_fits = est.host_fits
     fits = gpu_fits & host_fits
     if not fits.any():
@@ -147,6 +173,8 @@ def prepare(config: TuneConfig) -> Prepared:
         estimate_seconds=t2 - t1,
         options=opts,
         n_over_host=int(np.count_nonzero(gpu_fits & ~host_fits)),
+        bars=bars,
+        headroom=headroom,
     )
     return prep
 
@@ -160,6 +188,7 @@ def _no_fit_message(
     cal: Calibration,
     en: Enumeration,
     est: EstimateTable,
+    headroom: float,
 ) -> str:
     if len(en.valid) == 0:
         worst = ", ".join(f"{k} ({v})" for k, v in sorted(en.rule_counts.items(), key=lambda kv: -kv[1])[:3] if v)
@@ -172,7 +201,7 @@ def _no_fit_message(
     msg = (
         f"{model.name} fits on no layout of the search space on {cluster.label}: the smallest predicted peak is "
         f"{best:.1f} GiB per GPU against {est.usable_bytes / 2**30:.1f} GiB usable "
-        f"({cluster.gpu.hbm_bytes / 2**30:.1f} GiB less {config.memory_headroom:.0%} headroom)."
+        f"({cluster.gpu.hbm_bytes / 2**30:.1f} GiB less {headroom:.0%} headroom)."
     )
     per = cluster.gpus_per_node
     node_counts = sorted({k * 2**e for k in (1, 3) for e in range(0, 14)})
@@ -185,7 +214,7 @@ def _no_fit_message(
             en2 = enumerate_layouts(space, model, n, workload, RuleEnv.of(c2, run_options_for_backend(config.backend, config.megatron_core)))
             if len(en2.valid) == 0:
                 continue
-            e2 = estimate_table(model, c2, workload, en2.valid, calibration=cal, memory_headroom=config.memory_headroom,
+            e2 = estimate_table(model, c2, workload, en2.valid, calibration=cal, memory_headroom=headroom,
                                 options=run_options_for_backend(config.backend))
         except TunerError:
             continue

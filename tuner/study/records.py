@@ -55,6 +55,8 @@ class TrialRecord:
     """This trial runs again the layout of a trial whose worker stopped sending heartbeats (and which was failed)."""
     intermediate_tokens_per_s_per_gpu: list[float] | None = None
     """Throughput of each step a real trial reported so far (tokens/s/GPU, warm-up included)."""
+    gpu_hours: float | None = None
+    """GPU-hours the trial cost: its wall time (start-up included) times the cluster's GPUs."""
     label: str | None = None
     """The layout's label (``TP1 PP4 VPP8 EP16 DP16``), a flat copy of ``result``'s (or ``failure``'s / ``pruned``'s), so
     that Optuna's dashboard shows it as a column (:func:`summary_of`)."""

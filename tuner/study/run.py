@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+import numpy as np
 import optuna
 from optuna.trial import TrialState
 
@@ -34,7 +35,7 @@ from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 from tuner.study import _optuna
 from tuner.study.candidates import CandidateIndex, CandidateQueue
-from tuner.study.config import n_trials, run_options_for_backend, trial_env_dict, trial_warmup_steps
+from tuner.study.config import n_trials, policy_params, run_options_for_backend, trial_env_dict, trial_warmup_steps
 from tuner.study.confirm import MAX_CONFIRM_ROUNDS, enqueue_round
 from tuner.study.predicted import PredictedTrials
 from tuner.study.prepare import Prepared
@@ -83,6 +84,10 @@ class TuneResult:
     """Why the confirmation asked for did not run, if it did not."""
     budget_note: str | None = None
     """Why this run evaluated fewer layouts than ``--trials`` asked for (the space ran out), if it did."""
+    stop_note: str | None = None
+    """Real trials under the ``gain`` policy: why the policy stopped, with the trials and GPU-hours it spent."""
+    gpu_hours_now: float = 0.0
+    """GPU-hours the real trials of this run cost."""
 
 
 @dataclass(slots=True)
@@ -144,6 +149,8 @@ class StudyRun:
         self._confirming = False
         self._exhausted: str | None = None
         self._confirm_note: str | None = None
+        self._stop_note: str | None = None
+        self._gpu_hours = 0.0
 
     # ---- the run ---------------------------------------------------------------------------------------
 
@@ -158,7 +165,7 @@ class StudyRun:
         prep, cfg = self.prep, self.cfg
         self.backend = self._given_backend or get_backend(cfg.backend, BackendSettings(
             calibration=prep.calibration,
-            memory_headroom=cfg.memory_headroom,
+            memory_headroom=prep.headroom,
             trials_dir=self.out_dir / "trials",
             num_gpus=prep.cluster.num_gpus,
             steps=cfg.trial_steps,
@@ -205,7 +212,9 @@ class StudyRun:
         try:
             if self.on_trial:
                 self.on_trial(0, self._total)  # the study is open and its queue set: trials start now
-            if backend.measured:
+            if backend.measured and cfg.policy == "gain":
+                self._search_policy()
+            elif backend.measured:
                 self._search_measured()
                 if cfg.confirm_runs:
                     self._confirm()
@@ -225,7 +234,8 @@ class StudyRun:
             return TuneResult(
                 prepared=prep, study=self.study, study_name=self.name, storage=self.storage_url, out_dir=self.out_dir,
                 evaluated_now=c.evaluated, skipped_now=c.skipped, backend=backend.name, pruned_now=c.pruned, failed_now=c.failed,
-                confirmed_now=c.confirmed, confirm_note=self._confirm_note, budget_note=short,
+                confirmed_now=c.confirmed, confirm_note=self._confirm_note, budget_note=short, stop_note=self._stop_note,
+                gpu_hours_now=self._gpu_hours,
             )
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
@@ -378,7 +388,7 @@ class StudyRun:
             InfeasibleLayout: the layout breaks a rule (a candidate never does).
         """
         return estimate(self.prep.model, self.prep.cluster, self.prep.workload, layout, calibration=self.prep.calibration,
-                        memory_headroom=self.cfg.memory_headroom, options=run_options_for_backend(self.cfg.backend))
+                        memory_headroom=self.prep.headroom, options=run_options_for_backend(self.cfg.backend))
 
     def next_number(self) -> int:
         """(Default storage) the number the next trial will get."""
@@ -402,6 +412,87 @@ class StudyRun:
         while self.budget_left():
             self.study.optimize(self.objective, n_trials=None, callbacks=[self.after_trial], catch=(TrialFailed,),
                                 gc_after_trial=False, n_jobs=n_jobs)
+
+    def _search_policy(self) -> None:
+        """Real trials under :class:`tuner.study.policy.GainPolicy`: a round picks up to ``--parallel-trials`` layouts
+        (new ones, or repeats of measured ones), runs them, and feeds every finished trial of the study (other
+        workers' too) to the policy, until it stops; why it stopped is :attr:`TuneResult.stop_note`."""
+        from tuner.study.policy import GainPolicy
+
+        prep, cfg = self.prep, self.cfg
+        pol_rows = np.flatnonzero(prep.contenders)
+        pos = {int(r): i for i, r in enumerate(pol_rows)}
+        est = prep.estimates
+        policy = GainPolicy(
+            predicted=est.tokens_per_s_per_gpu[pol_rows], step_time_s=est.step_time_s[pol_rows], peak_bytes=est.peak_bytes[pol_rows],
+            codes=np.stack([self.index.codes[d][pol_rows] for d in self.index.params] or [np.zeros(len(pol_rows), dtype=np.int64)], axis=1),
+            hbm_bytes=prep.cluster.gpu.hbm_bytes, gpus=prep.cluster.num_gpus, params=policy_params(prep, self.n_trials))
+        observed: set[int] = set()
+        first_of: dict[int, int] = {}
+        n_jobs = cfg.parallel_trials if cfg.backend == "ray" else 1
+        cheapest = float(policy.trial_gpu_hours(slice(None)).min()) if len(pol_rows) else 0.0
+        if cfg.gpu_hours is not None and cfg.gpu_hours < cheapest:
+            raise TunerError(f"--gpu-hours {cfg.gpu_hours:g}: one trial of the cheapest candidate is predicted to cost {cheapest:,.1f} "
+                             f"GPU-hours ({prep.cluster.num_gpus} GPUs, start-up and {cfg.trial_steps} steps); give at least that")
+        while True:
+            self._feed(policy, pos, observed, first_of)
+            picks = []
+            for _ in range(n_jobs):
+                d = policy.next()
+                if d.index is None:
+                    if not picks:
+                        self._stop_note = self._stop_statement(policy, d.reason, first_of, pol_rows)
+                    break
+                row = int(pol_rows[d.index])
+                lay = prep.enumeration.valid.row(row)
+                if not d.repeat and (lay.key() in self._seen or self.backend.refusal(lay, prep.model, prep.workload) is not None):
+                    policy.failed[d.index] = True  # evaluated elsewhere, or this backend cannot run it: never picked again
+                    continue
+                policy.take(d.index)
+                attrs = TrialRecord(enqueued="policy: run again" if d.repeat else "policy: expected gain per GPU-hour",
+                                    repeat_of=first_of.get(d.index) if d.repeat else None).attrs()
+                self.study.enqueue_trial(self.index.params_of_row(row), user_attrs=attrs)
+                picks.append(d)
+            if not picks:
+                if self._stop_note is not None:
+                    return
+                continue
+            with self._lock:
+                self._total = max(self._total, self._done + len(picks))
+            self.study.optimize(self.objective, n_trials=len(picks), callbacks=[self.after_trial], catch=(TrialFailed,),
+                                gc_after_trial=False, n_jobs=min(n_jobs, len(picks)))
+            for d in picks:
+                policy.pending[d.index] = False
+
+    def _feed(self, policy: Any, pos: dict[int, int], observed: set[int], first_of: dict[int, int]) -> None:
+        """Give the policy every finished trial of the study it has not seen (this worker's and others')."""
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
+            if t.number in observed:
+                continue
+            r = TrialRecord.of(t)
+            if r.skipped is not None or r.interrupted is not None:
+                continue
+            row = self.index.find_fitting({k: str(v) for k, v in t.params.items()})
+            i = pos.get(row) if row is not None else None
+            observed.add(t.number)
+            if i is None:
+                continue
+            if r.repeat_of is None:
+                first_of.setdefault(i, t.number)
+            gh = float(r.gpu_hours or 0.0)
+            if r.result and r.result.get("source") == "measured":
+                policy.observe(i, float(r.result["tokens_per_s_per_gpu"]), gpu_hours=gh, startup_s=r.result.get("startup_s"))
+            elif r.pruned and r.pruned.get("tokens_per_s_per_gpu"):
+                policy.observe(i, float(r.pruned["tokens_per_s_per_gpu"]), gpu_hours=gh, pruned=True)
+            else:
+                policy.observe(i, None, gpu_hours=gh, failed=True)
+
+    def _stop_statement(self, policy: Any, reason: str, first_of: dict[int, int], rows: np.ndarray) -> str:
+        """One line: how many trials and GPU-hours the policy spent, which trial is best, and why it stopped."""
+        inc = policy.incumbent()
+        best = f"trial {first_of[inc]}" if inc is not None and inc in first_of else "no measured trial"
+        return (f"stopped after {policy.trials} trials ({policy.spent_gpu_hours:,.1f} GPU-hours); best: {best}; "
+                + reason.replace("the best", best if inc is not None else "the best"))
 
     def _confirm(self) -> None:
         """``--confirm-runs``: rounds of :func:`tuner.study.confirm.enqueue_round`, each run to its end, one trial at a
@@ -466,17 +557,18 @@ class StudyRun:
         assert prop.row is not None
         predicted = self.predict(prop.layout)
         pred = prediction_of(predicted)
+        t0 = time.monotonic()
         try:
             m = self.backend.run(prop.layout, model=self.prep.model, cluster=self.prep.cluster, workload=self.prep.workload,
                                  reporter=self._reporter(trial, repeat_of), trial_number=trial.number)
         except TrialFailed as e:
             failure = failure_of(prop.layout, e, pred)
-            TrialRecord.write(trial, failure=failure, **summary_of(failure))
+            TrialRecord.write(trial, failure=failure, gpu_hours=self._spend(e.wall_s, t0), **summary_of(failure))
             self.finished("failed", progress=False)
             raise
         except TrialStopped as e:
             pruned = pruned_of(prop.layout, e, pred)
-            TrialRecord.write(trial, pruned=pruned, **summary_of(pruned))
+            TrialRecord.write(trial, pruned=pruned, gpu_hours=self._spend(e.wall_s, t0), **summary_of(pruned))
             self.finished("pruned", progress=False)
             raise optuna.TrialPruned(e.reason) from None
         except InfeasibleLayout as e:
@@ -484,10 +576,22 @@ class StudyRun:
                 self.release()
             self.refuse(prop.key)
             self._skip(trial, str(e))
+        wall = m.extra.get("wall_s")
+        gpu_hours = self._spend(wall, t0)
         result = result_of(prop.layout, m, predicted, model=self.prep.model, cluster=self.prep.cluster)
-        TrialRecord.write(trial, result=result, **summary_of(result))
+        if m.step_times_s:
+            result["startup_s"] = max(gpu_hours * 3600 / self.prep.cluster.num_gpus - float(sum(m.step_times_s)), 0.0)
+        TrialRecord.write(trial, result=result, gpu_hours=gpu_hours, **summary_of(result))
         self.finished("confirmed" if repeat_of is not None else "evaluated", progress=False)
         return m.tokens_per_s_per_gpu, m.peak_bytes / 2**30
+
+    def _spend(self, wall_s: float | None, t0: float) -> float:
+        """GPU-hours of a trial that ran ``wall_s`` seconds (None: since ``t0`` on this clock), counted to this run."""
+        wall = wall_s if wall_s is not None else time.monotonic() - t0
+        gh = wall * self.prep.cluster.num_gpus / 3600.0
+        with self._lock:
+            self._gpu_hours += gh
+        return gh
 
     def _skip(self, trial: optuna.Trial, why: str) -> NoReturn:
         """Record the trial as a skipped proposal and end it (``TrialPruned``); queue the fallback if it is due."""
@@ -520,7 +624,7 @@ class StudyRun:
                 self._done += 1
             done, total, confirming = self._done, self._total, self._confirming
             spent = self._started >= self.n_trials or self._exhausted is not None
-            if self.queue.lazy and not confirming and not spent and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            if self.cfg.policy == "queue" and self.queue.lazy and not confirming and not spent and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                 # no new search trial is queued once the budget is spent (nor while confirming)
                 self.queue.recalibrate(study)
                 row = self.queue.pop_rest(self._seen)

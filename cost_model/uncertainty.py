@@ -1,0 +1,155 @@
+"""Error bars of the analytical model: 90% intervals of throughput and peak memory per GPU.
+
+An interval is a pair of multipliers of the prediction, ``[low, high]``, read from the measured error
+structure of the model (``cost_model/data/error_bars.yaml``, written by ``benchmarks/fit_error_bars.py``):
+
+- throughput (tokens/s/GPU): the 5th and 95th percentiles of measured / predicted over runs the model was
+  not fitted on (published runs predicted k-fold by model, and the one-GPU H200 trial rows), by family
+  (dense / MoE, bf16 / fp8 recipes), a family with few rows widened towards the pooled spread;
+- peak memory: the high end from measured peaks of real trials (reserved memory, which the model predicts),
+  the low end from published runs that ran: a run that ran fits its GPU, so ``HBM / predicted`` bounds its
+  measured / predicted from above, and the low end is the smallest such bound seen (the model over-predicts the
+  memory of production stacks whose settings it is not told).
+
+The method and its judgement (coverage of held-out runs) are in ``docs/error_bars.md``; the data behind the
+shipped numbers in ``benchmarks/results/2026-12-07_error_bars/``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import yaml
+
+from specs import GPUSpec, ModelSpec, Precision
+from specs.errors import TunerError
+
+__all__ = ["ERROR_BARS_FILE", "Band", "ErrorBars", "error_bars", "family_of", "load_error_bars", "memory_headroom"]
+
+ERROR_BARS_FILE = Path(__file__).resolve().parent / "data" / "error_bars.yaml"
+
+#: z of the two-sided 90% interval of a normal distribution: converts an interval on log scale to its sigma.
+Z90 = 1.6448536269514722
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Band:
+    """A 90% interval as multipliers of the prediction (measured / predicted at the 5th and 95th percentile)."""
+
+    low: float
+    high: float
+    rows: int = 0
+    """Measurements it was read from."""
+    spread: float | None = None
+    """Standard deviation of ``log(measured / predicted)`` where it is known apart from the band (memory: the real
+    trials' own spread, narrower than a band whose low end is the "surely does not fit" bound); None = from the band."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.low) and math.isfinite(self.high) and 0 < self.low <= 1 <= self.high):
+            raise TunerError(f"error band [{self.low}, {self.high}]: accepted 0 < low <= 1 <= high, both finite")
+
+    @property
+    def sigma(self) -> float:
+        """Standard deviation of ``log(measured / predicted)`` (for the trial policy): :attr:`spread`, else the
+        band's width as a normal's on log scale."""
+        if self.spread is not None:
+            return self.spread
+        return (math.log(self.high) - math.log(self.low)) / (2 * Z90)
+
+    @property
+    def mu(self) -> float:
+        """The band's centre on log scale: the model's bias (0 = unbiased)."""
+        return (math.log(self.high) + math.log(self.low)) / 2
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ErrorBars:
+    """The intervals that apply to one model on one GPU at one precision."""
+
+    family: str
+    throughput: Band
+    memory: Band
+
+    def throughput_interval(self, tokens_per_s_per_gpu: Any) -> tuple[Any, Any]:
+        """(low, high) tokens/s/GPU of a prediction (a float or an array)."""
+        return tokens_per_s_per_gpu * self.throughput.low, tokens_per_s_per_gpu * self.throughput.high
+
+    def memory_interval(self, peak_bytes: Any) -> tuple[Any, Any]:
+        """(low, high) peak bytes per GPU of a prediction (a float or an array)."""
+        return peak_bytes * self.memory.low, peak_bytes * self.memory.high
+
+    def surely_over(self, peak_bytes: npt.NDArray[np.float64], hbm_bytes: float) -> npt.NDArray[np.bool_]:
+        """Layouts that do not fit even at the low end of their memory interval."""
+        return peak_bytes * self.memory.low > hbm_bytes
+
+    def may_not_fit(self, peak_bytes: npt.NDArray[np.float64], hbm_bytes: float) -> npt.NDArray[np.bool_]:
+        """Layouts whose memory interval reaches over the GPU's memory (a real trial tells)."""
+        return peak_bytes * self.memory.high > hbm_bytes
+
+    @property
+    def headroom(self) -> float:
+        """The fraction of HBM a layout must leave free to fit even at the high end of its memory interval."""
+        return 1.0 - 1.0 / self.memory.high
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"family": self.family, "level": 0.9,
+                "throughput": {"low": self.throughput.low, "high": self.throughput.high, "rows": self.throughput.rows},
+                "memory": {"low": self.memory.low, "high": self.memory.high, "rows": self.memory.rows}}
+
+
+def family_of(model: ModelSpec, gpu: GPUSpec, precision: Precision | str) -> tuple[str, ...]:
+    """The family keys of a job, most specific first: ``moe-fp8-blackwell``, ``moe-fp8``, ``moe``."""
+    arch = "moe" if model.num_experts else "dense"
+    prec = "bf16" if str(getattr(precision, "value", precision)).lower() == "bf16" else "fp8"
+    return (f"{arch}-{prec}-{gpu.family}", f"{arch}-{prec}", arch)
+
+
+def _band(d: Any, where: str) -> Band:
+    if not isinstance(d, dict) or not {"low", "high"} <= set(d):
+        raise TunerError(f"{where}: an error band needs 'low' and 'high'")
+    try:
+        spread = d.get("sigma")
+        return Band(low=float(d["low"]), high=float(d["high"]), rows=int(d.get("rows", 0)), spread=None if spread is None else float(spread))
+    except (TypeError, ValueError) as e:
+        raise TunerError(f"{where}: {e}") from None
+
+
+@cache
+def load_error_bars(path: Path = ERROR_BARS_FILE) -> tuple[dict[str, Band], dict[str, Band]]:
+    """The throughput and memory bands of every family in ``path``.
+
+    Raises:
+        TunerError: the file is unreadable, or a band is not ``0 < low <= 1 <= high``.
+    """
+    try:
+        d = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise TunerError(f"error bars {path}: {e}") from None
+    if not isinstance(d, dict) or not isinstance(d.get("throughput"), dict) or not isinstance(d.get("memory"), dict):
+        raise TunerError(f"error bars {path}: needs 'throughput' and 'memory' sections of families")
+    tput = {str(k): _band(v, f"{path}: throughput.{k}") for k, v in d["throughput"].items()}
+    mem = {str(k): _band(v, f"{path}: memory.{k}") for k, v in d["memory"].items()}
+    for sec, bands in (("throughput", tput), ("memory", mem)):
+        if "all" not in bands:
+            raise TunerError(f"error bars {path}: the {sec} section needs an 'all' family")
+    return tput, mem
+
+
+def error_bars(model: ModelSpec, gpu: GPUSpec, precision: Precision | str, path: Path = ERROR_BARS_FILE) -> ErrorBars:
+    """The error bars of a job: for each quantity, the most specific family the file has, else ``all``."""
+    tput, mem = load_error_bars(path)
+    keys = family_of(model, gpu, precision)
+    t_key = next((k for k in keys if k in tput), "all")
+    m_key = next((k for k in keys if k in mem), "all")
+    return ErrorBars(family=t_key, throughput=tput[t_key], memory=mem[m_key])
+
+
+def memory_headroom(model: ModelSpec, gpu: GPUSpec, precision: Precision | str, given: float | None) -> float:
+    """The fraction of HBM kept free: ``given`` (``--memory-headroom``), else the error bars' (:attr:`ErrorBars.headroom`)."""
+    return given if given is not None else error_bars(model, gpu, precision).headroom

@@ -1,0 +1,170 @@
+"""The trial policy (tuner.study.policy.GainPolicy): its belief, its choice, its stopping rule, its budget; and a study
+of real trials run under it (a measured backend that returns a fixed truth)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from launch import Measurement, TrialBackend
+from tuner.cli import app
+from tuner.study import TuneConfig, prepare, run_study, trial_rows
+from tuner.study.policy import GainPolicy, PolicyParams
+
+
+def _policy(predicted, *, codes=None, peak=None, **kw):
+    n = len(predicted)
+    params = PolicyParams(**{"sigma": 0.1, "run_sigma": 0.02, "startup_s": 100.0, "steps": 10, **kw})
+    return GainPolicy(predicted=np.asarray(predicted, float), step_time_s=np.full(n, 1.0),
+                      peak_bytes=np.asarray(peak if peak is not None else [50e9] * n, float),
+                      codes=np.asarray(codes if codes is not None else [[i] for i in range(n)], dtype=np.int64),
+                      hbm_bytes=100e9, gpus=8, params=params)
+
+
+def test_first_pick_is_the_fastest_that_fits():
+    p = _policy([100, 120, 110], peak=[50e9, 150e9, 50e9])  # 120 is predicted 1.5x over the GPU
+    assert p.p_fit[1] < 1e-6 and p.next().index == 2
+
+
+def test_a_measurement_moves_its_neighbours_and_not_strangers():
+    # layouts 0 and 1 share every dimension but one; 2 differs in all three
+    p = _policy([100, 100, 100], codes=[[0, 0, 0], [0, 0, 1], [1, 1, 1]], shared=0.0)
+    p.observe(0, 80.0, gpu_hours=0.5)
+    mean, sd = p.posterior()
+    assert mean[0] == pytest.approx(math.log(0.8), abs=0.02)
+    assert mean[1] < -0.05 and abs(mean[2]) < abs(mean[1])  # the neighbour is pulled down more than the stranger
+    assert sd[0] < sd[1] < sd[2]
+
+
+def test_a_shared_error_recalibrates_every_candidate():
+    p = _policy([100, 100], codes=[[0], [1]], shared=1.0)
+    p.observe(0, 80.0, gpu_hours=0.5)
+    mean, _ = p.posterior()
+    assert mean[1] == pytest.approx(mean[0], rel=1e-6)
+
+
+def test_stops_when_nothing_untried_may_beat_the_best():
+    p = _policy([100, 60, 55], sigma=0.05)
+    assert p.next().index == 0
+    p.observe(0, 100.0, gpu_hours=0.5)
+    d = p.next()
+    assert d.index is None and "no untried layout may beat the best by more than 2%" in d.reason
+
+
+def test_keeps_measuring_while_an_untried_layout_may_win():
+    p = _policy([100, 98, 60], sigma=0.1)
+    p.observe(0, 100.0, gpu_hours=0.5)
+    assert p.next().index == 1
+
+
+def test_close_measured_layouts_are_run_again_up_to_max_runs():
+    p = _policy([100, 100], sigma=0.05, run_sigma=0.05, codes=[[0], [1]], max_runs=2)
+    p.observe(0, 100.0, gpu_hours=0.5)
+    p.observe(1, 101.0, gpu_hours=0.5)
+    d = p.next()
+    assert d.repeat and d.index in (0, 1)  # a 1% gap under a 5% run-to-run spread: run one again
+    for _ in range(3):
+        p.observe(d.index, 100.5, gpu_hours=0.5)
+        d = p.next()
+        if d.index is None:
+            break
+        assert d.repeat and p.runs[d.index] < 2
+    assert d.index is None and p.runs.max() <= 2
+
+
+def test_budget_stops_before_a_trial_that_would_overrun_it():
+    p = _policy([100, 99, 98], gpu_hours=0.1)  # a trial: (100 s + 10 x 1 s) x 8 GPUs = 0.24 GPU-hours
+    d = p.next()
+    assert d.index is None and "GPU-hour budget" in d.reason and "0.2" in d.reason
+
+
+def test_trials_cap():
+    p = _policy([100, 99, 98], max_trials=1)
+    p.observe(0, 100.0, gpu_hours=0.1)
+    assert "trials allowed" in p.next().reason
+
+
+def test_a_failed_layout_is_not_picked_again():
+    p = _policy([100, 90])
+    p.observe(0, None, gpu_hours=0.1, failed=True)
+    assert p.next().index == 1
+
+
+def test_measured_startup_replaces_the_prior():
+    p = _policy([100])
+    assert float(p.trial_gpu_hours(0)) == pytest.approx((100 + 10) * 8 / 3600)
+    p.observe(0, 100.0, gpu_hours=0.1, startup_s=20.0)
+    assert float(p.trial_gpu_hours(0)) == pytest.approx((20 + 10) * 8 / 3600)
+
+
+# ---- a study under the policy -----------------------------------------------------------------------------------
+
+
+class _Truth(TrialBackend):
+    """A measured backend whose truth is the prediction times a factor that depends on TP (TP 1 is 10% faster than
+    predicted, the rest 10% slower); each trial 'runs' 100 s."""
+
+    name = "truth"
+    source = "measured"
+
+    def __init__(self) -> None:
+        from cost_model.estimate import estimate
+
+        self._estimate = estimate
+        self.runs = 0
+
+    def run(self, layout, *, model, cluster, workload, reporter=None, trial_number=None):
+        self.runs += 1
+        e = self._estimate(model, cluster, workload, layout)
+        tps = e.tokens_per_s_per_gpu * (1.1 if layout.tp == 1 else 0.9)
+        step = e.step_time_s * e.tokens_per_s_per_gpu / tps
+        return Measurement(layout=layout, source="measured", tokens_per_s_per_gpu=tps, peak_bytes=e.peak_bytes,
+                           step_times_s=(step,) * 4, extra={"wall_s": 100.0})
+
+
+def _cfg(tmp_path, **kw):
+    base = dict(model="Qwen3-30B-A3B", gpus="8xH100", layers=4, global_batch_size=16, backend="command", trials=30,
+                stack="megatron", results_dir=str(tmp_path), trial_steps=4, study="p", prune_margin=None)
+    base.update(kw)
+    return TuneConfig(**base)
+
+
+def test_a_study_under_the_policy_stops_itself_and_counts_gpu_hours(tmp_path):
+    prep = prepare(_cfg(tmp_path))
+    backend = _Truth()
+    res = run_study(prep, backend=backend)
+    assert res.stop_note is not None and res.stop_note.startswith(f"stopped after {backend.runs} trials")
+    assert backend.runs < 30 and res.gpu_hours_now == pytest.approx(backend.runs * 100 * 8 / 3600)
+    rows = trial_rows(res.study)
+    best = max(rows, key=lambda r: r["tokens_per_s_per_gpu"])
+    assert best["layout"]["tp"] == 1
+    assert all(r.get("gpu_hours") is None or r["gpu_hours"] > 0 for r in rows)
+
+
+def test_a_study_under_the_policy_keeps_to_its_gpu_hours(tmp_path):
+    backend = _Truth()
+    res = run_study(prepare(_cfg(tmp_path, gpu_hours=1.0)), backend=backend)
+    assert res.gpu_hours_now <= 1.0 + 1e-9 and "budget" in (res.stop_note or "")
+
+
+@pytest.mark.parametrize(("args", "msg"), [
+    (["--gpu-hours", "0"], "--gpu-hours must be a positive number"),
+    (["--gpu-hours", "-3"], "--gpu-hours must be a positive number"),
+    (["--gpu-hours", "nan"], "--gpu-hours must be a positive number"),
+    (["--gpu-hours", "abc"], "--gpu-hours"),
+    (["--gpu-hours", "5", "--backend", "model"], "budget of real trials"),
+    (["--stop-confidence", "1", "--backend", "command"], "--stop-confidence must be a fraction"),
+    (["--stop-confidence", "0", "--backend", "command"], "--stop-confidence must be a fraction"),
+])
+def test_bad_budget_and_stopping_inputs_are_refused(tmp_path, args, msg):
+    r = CliRunner().invoke(app, ["--model", "Qwen3-30B-A3B", "--gpus", "8xH100", "--results-dir", str(tmp_path), *args])
+    assert r.exit_code == 2 and msg in r.output, r.output
+    assert not any(tmp_path.iterdir())  # refused before anything is written
+
+
+def test_a_budget_smaller_than_one_trial_names_the_cheapest(tmp_path):
+    with pytest.raises(Exception, match=r"--gpu-hours 0.001: one trial of the cheapest candidate is predicted to cost"):
+        run_study(prepare(_cfg(tmp_path, gpu_hours=0.001)), backend=_Truth())

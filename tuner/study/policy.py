@@ -1,0 +1,260 @@
+"""The trial policy of real trials: which candidate to measure next, when to measure one again, and when to stop.
+
+Belief. For every candidate ``i`` the log ratio ``y_i = log(true tokens/s/GPU / predicted)`` is a Gaussian
+process whose prior mean is the error band's bias and whose covariance is
+
+    k(i, j) = s2 * (rho + (1 - rho) * prod_d c ** [i and j differ in dimension d])
+
+``s2`` is the band's variance (:attr:`cost_model.uncertainty.Band.sigma` squared), ``rho`` the share of the
+error every layout of the job has in common (the calibration's error for this model and cluster), ``c`` the
+correlation kept per search dimension two layouts differ in. A measurement of ``i`` is
+``log(measured / predicted) = y_i + e``, ``e ~ N(0, run_sigma^2)`` (run-to-run spread; a pruned trial's few
+steps count as ``pruned_runs`` of a run). Each measurement updates every candidate's posterior (Rasmussen &
+Williams 2006, eq. 2.19, one observation at a time), which is how a measurement recalibrates the ranking.
+
+Choice. The next trial is the untried candidate with the highest expected improvement over the incumbent (the
+measured layout of highest posterior mean), times its chance to fit in memory, per expected GPU-hour
+(Jones et al. 1998 for expected improvement; a failed fit costs its start-up and one step). When no untried
+candidate may beat the incumbent by more than ``min_gain`` with probability ``1 - confidence``, measured
+layouts that may still beat it by that much are measured again (the one with fewer runs first); then the
+policy stops. It also stops when the next trial would overrun ``gpu_hours`` or ``max_trials``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+from scipy.special import ndtr
+
+__all__ = ["Decision", "GainPolicy", "PolicyParams"]
+
+Array = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PolicyParams:
+    """The policy's prior and rules; units: seconds, GPU-hours, fractions."""
+
+    sigma: float
+    """Standard deviation of ``log(measured / predicted)`` tokens/s/GPU before any trial (the error band's)."""
+    bias: float = 0.0
+    """Mean of ``log(measured / predicted)`` before any trial (the error band's centre)."""
+    shared: float = 0.5
+    """``rho``: share of the prior variance common to every layout of the job."""
+    per_dimension: float = 0.6
+    """``c``: correlation kept for each search dimension in which two layouts differ."""
+    run_sigma: float = 0.085
+    """Standard deviation of one run's log throughput about its layout's mean: the run-to-run spread measured on
+    one H200 over every repeated configuration of the TE sweeps (``tune validate --trials``,
+    ``benchmarks/results/h200_te_2026-12-04``)."""
+    memory_sigma: float = 0.03
+    """Standard deviation of ``log(measured / predicted)`` peak memory (the chance a layout fits)."""
+    memory_bias: float = 0.0
+    confidence: float = 0.9
+    """The stopping rule's confidence."""
+    min_gain: float = 0.02
+    """The stopping rule's gain: stop when nothing may beat the incumbent by more than this fraction."""
+    startup_s: float = 300.0
+    """Seconds a trial spends before its first step (process start, model build, first step's warm-up), until a
+    trial measures it."""
+    steps: int = 20
+    """Steps of a full trial."""
+    max_runs: int = 3
+    """Most runs of one layout (the first and its repeats)."""
+    gpu_hours: float | None = None
+    """Budget; None = no limit but ``max_trials``."""
+    max_trials: int = 48
+    """Most trials (repeats included)."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.confidence < 1:
+            raise ValueError(f"confidence {self.confidence}: accepted a fraction in (0, 1)")
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The policy's answer: measure candidate ``index`` (``repeat``: again), or stop (``index`` None) and why."""
+
+    index: int | None
+    repeat: bool = False
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class _Obs:
+    index: int
+    value: float
+    noise: float
+
+
+@dataclass(slots=True)
+class GainPolicy:
+    """The policy over ``n`` candidates (arrays of shape ``(n,)``; ``codes`` of shape ``(n, d)``).
+
+    Args:
+        predicted: predicted tokens/s/GPU.
+        step_time_s: predicted step time, seconds.
+        peak_bytes: predicted peak memory per GPU, bytes.
+        codes: each candidate's code in every search dimension (integers).
+        hbm_bytes: the GPU's memory, bytes.
+        gpus: GPUs a trial takes.
+        params: the prior and the rules.
+    """
+
+    predicted: Array
+    step_time_s: Array
+    peak_bytes: Array
+    codes: npt.NDArray[np.int64]
+    hbm_bytes: float
+    gpus: int
+    params: PolicyParams
+    spent_gpu_hours: float = 0.0
+    trials: int = 0
+    runs: npt.NDArray[np.int64] = field(init=False)
+    failed: npt.NDArray[np.bool_] = field(init=False)
+    pending: npt.NDArray[np.bool_] = field(init=False)
+    p_fit: Array = field(init=False)
+    """Each candidate's chance to fit in memory: P(predicted x exp(N(memory_bias, memory_sigma)) <= hbm_bytes)."""
+    _obs: list[_Obs] = field(init=False, default_factory=list)
+    _cross: list[Array] = field(init=False, default_factory=list)
+    """Prior covariance of every candidate with each observed one (columns of K(·, obs))."""
+    _startup: list[float] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.predicted)
+        self.runs = np.zeros(n, dtype=np.int64)
+        self.failed = np.zeros(n, dtype=bool)
+        self.pending = np.zeros(n, dtype=bool)
+        p = self.params
+        self.p_fit = ndtr((np.log(self.hbm_bytes / np.maximum(self.peak_bytes, 1.0)) - p.memory_bias) / max(p.memory_sigma, 1e-9))
+
+    # ---- belief -----------------------------------------------------------------------------------------
+
+    def _prior_cov(self, i: int) -> Array:
+        p = self.params
+        differ = (self.codes != self.codes[i]).sum(axis=1)
+        return p.sigma**2 * (p.shared + (1 - p.shared) * p.per_dimension ** differ)
+
+    def posterior(self) -> tuple[Array, Array]:
+        """Mean and standard deviation of ``y`` (log true / predicted) of every candidate."""
+        p = self.params
+        n = len(self.predicted)
+        mean = np.full(n, p.bias)
+        var = np.full(n, p.sigma**2)
+        if not self._obs:
+            return mean, np.sqrt(var)
+        kx = np.stack(self._cross, axis=1)  # (n, m)
+        idx = [o.index for o in self._obs]
+        k = kx[idx, :] + np.diag([o.noise**2 for o in self._obs])
+        chol = np.linalg.cholesky(k)
+        resid = np.array([o.value for o in self._obs]) - p.bias
+        alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, resid))
+        mean = mean + kx @ alpha
+        v = np.linalg.solve(chol, kx.T)  # (m, n)
+        var = np.maximum(var - (v * v).sum(axis=0), 1e-12)
+        return mean, np.sqrt(var)
+
+    def observe(self, index: int, tokens_per_s_per_gpu: float | None, *, gpu_hours: float, startup_s: float | None = None,
+                pruned: bool = False, failed: bool = False) -> None:
+        """Record a finished trial of candidate ``index``: its throughput (None when it failed), the GPU-hours it cost,
+        and (when measured) its start-up seconds. A pruned trial's few steps count for a fraction of a run."""
+        self.pending[index] = False
+        self.trials += 1
+        self.spent_gpu_hours += gpu_hours
+        if startup_s is not None and math.isfinite(startup_s) and startup_s > 0:
+            self._startup.append(startup_s)
+        if failed or tokens_per_s_per_gpu is None or not tokens_per_s_per_gpu > 0:
+            self.failed[index] = True
+            return
+        self.runs[index] += 1
+        noise = self.params.run_sigma * (2.0 if pruned else 1.0)
+        self._obs.append(_Obs(index, math.log(tokens_per_s_per_gpu / self.predicted[index]), noise))
+        self._cross.append(self._prior_cov(index))
+
+    def take(self, index: int) -> None:
+        """Mark a candidate as being measured (so a parallel pick does not take it twice)."""
+        self.pending[index] = True
+
+    # ---- choice -----------------------------------------------------------------------------------------
+
+    @property
+    def startup_s(self) -> float:
+        """Start-up seconds of a trial: the median measured, else the prior."""
+        return float(np.median(self._startup)) if self._startup else self.params.startup_s
+
+    def trial_gpu_hours(self, index: int | npt.NDArray[np.int64] | slice) -> Array:
+        """Expected GPU-hours of a trial: a full one if the layout fits, else start-up and one step."""
+        step = self.step_time_s[index]
+        full = self.startup_s + self.params.steps * step
+        oom = self.startup_s + step
+        pf = self.p_fit[index]
+        return np.asarray((pf * full + (1 - pf) * oom) * self.gpus / 3600.0)
+
+    def incumbent(self) -> int | None:
+        """The measured candidate of highest posterior mean throughput (the answer so far)."""
+        measured = np.flatnonzero(self.runs > 0)
+        if not len(measured):
+            return None
+        mean, _ = self.posterior()
+        return int(measured[np.argmax(self.predicted[measured] * np.exp(mean[measured]))])
+
+    def _chance_to_beat(self, idx: npt.NDArray[np.int64] | slice, mean: Array, sd: Array, target: float) -> Array:
+        """P(true throughput > target) of the candidates ``idx`` under their posterior (``mean``, ``sd``: of all)."""
+        return np.asarray(ndtr((mean[idx] + np.log(self.predicted[idx]) - math.log(target)) / sd[idx]))
+
+    def next(self) -> Decision:
+        """What to do next (see the module docstring)."""
+        p = self.params
+        if self.trials + int(self.pending.sum()) >= p.max_trials:
+            return Decision(None, reason=f"the {p.max_trials} trials allowed (--trials) are spent")
+        mean, sd = self.posterior()
+        open_ = (self.runs == 0) & ~self.failed & ~self.pending
+        inc = self.incumbent()
+        cost = self.trial_gpu_hours(slice(None))
+        budget_left = math.inf if p.gpu_hours is None else p.gpu_hours - self.spent_gpu_hours
+        if inc is None:
+            # nothing measured yet: the most promising by expected throughput and chance to fit, per GPU-hour
+            value = self.predicted * np.exp(mean + sd**2 / 2) * self.p_fit / cost
+        else:
+            best = float(self.predicted[inc] * np.exp(mean[inc]))
+            target = best * (1 + p.min_gain)
+            may_beat = open_ & (self._chance_to_beat(slice(None), mean, sd, target) * self.p_fit >= 1 - p.confidence)
+            if not may_beat.any():
+                return self._repeat_or_stop(inc, mean, sd, budget_left)
+            open_ = may_beat
+            # expected improvement of a lognormal over ``best`` (closed form)
+            mu = mean + np.log(self.predicted)
+            d2 = (mu - math.log(best)) / sd
+            ei = np.exp(mu + sd**2 / 2) * ndtr(d2 + sd) - best * ndtr(d2)
+            value = ei * self.p_fit / cost
+        affordable = open_ & (cost <= budget_left)
+        if not affordable.any():
+            if open_.any():
+                return Decision(None, reason=self._budget_reason(float(cost[open_].min())))
+            return Decision(None, reason="every candidate has been measured or has failed")
+        pick = int(np.flatnonzero(affordable)[np.argmax(value[affordable])])
+        return Decision(pick)
+
+    def _repeat_or_stop(self, inc: int, mean: Array, sd: Array, budget_left: float) -> Decision:
+        p = self.params
+        best = float(self.predicted[inc] * np.exp(mean[inc]))
+        measured = np.flatnonzero((self.runs > 0) & (self.runs < p.max_runs) & ~self.pending)
+        rivals = [int(j) for j in measured if j != inc]
+        if rivals:
+            beat = self._chance_to_beat(np.asarray(rivals), mean, sd, best * (1 + p.min_gain))
+            close = [j for j, b in zip(rivals, beat) if b >= 1 - p.confidence]
+            if close:
+                j = max(close, key=lambda r: float(self.predicted[r] * np.exp(mean[r])))
+                pick = j if self.runs[j] <= self.runs[inc] or self.runs[inc] >= p.max_runs else inc
+                if float(self.trial_gpu_hours(pick)) <= budget_left:
+                    return Decision(pick, repeat=True)
+                return Decision(None, reason=self._budget_reason(float(self.trial_gpu_hours(pick))))
+        return Decision(None, reason=f"no untried layout may beat the best by more than {p.min_gain:.0%} "
+                                     f"at {p.confidence:.0%} confidence")
+
+    def _budget_reason(self, cheapest: float) -> str:
+        return (f"the GPU-hour budget is spent ({self.spent_gpu_hours:,.1f} of {self.params.gpu_hours:,.1f}; "
+                f"the cheapest trial left costs {cheapest:,.1f})")
