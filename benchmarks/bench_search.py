@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 import optuna  # noqa: E402
 
-from launch.simulated import startup_seconds  # noqa: E402
-from tuner.search_bench import POLICIES, WorldResult, available_policies, prepare_case, run_world, summarize  # noqa: E402
+from launch.simulated import ErrorStructure, startup_seconds  # noqa: E402
+from tuner.search_bench import POLICIES, TODAY_HEADROOM, WorldResult, prepare_case, run_world, summarize  # noqa: E402
 from tuner.study import TuneConfig  # noqa: E402
 
 #: The cases: TuneConfig fields (the ``command`` backend's run options: a production Megatron-core run with TE).
@@ -46,10 +46,15 @@ CASES: dict[str, dict[str, Any]] = {
 _PREPARED: dict[str, Any] = {}
 
 
-def _one(task: tuple[str, int, tuple[str, ...]]) -> list[dict[str, Any]]:
-    case, seed, policies = task
-    prep, base = _PREPARED[case]
-    return [{"case": case, **r.to_dict()} for r in run_world(prep, base, seed, policies)]
+def _errors(case: Any, source: str) -> ErrorStructure:
+    b = case.base
+    return ErrorStructure.for_model(b.model, b.cluster.gpu, b.workload.precision, source=source)
+
+
+def _one(task: tuple[str, int, tuple[str, ...], str]) -> list[dict[str, Any]]:
+    name, seed, policies, source = task
+    case = _PREPARED[name]
+    return [{"case": name, **r.to_dict()} for r in run_world(case, seed, policies, errors=_errors(case, source))]
 
 
 def _git_commit() -> str:
@@ -76,14 +81,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--processes", type=int, default=1)
     ap.add_argument("--cases", default="minimax,deepseek,llama70b", help=f"comma-separated: {', '.join(CASES)}")
-    ap.add_argument("--policies", default=",".join(available_policies()), help=f"comma-separated: {', '.join(POLICIES)}")
+    ap.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated: {', '.join(POLICIES)}")
+    ap.add_argument("--errors", choices=("bars", "kfold"), default="bars",
+                    help="size of the worlds' step-time error: the job's error bars (default) or the k-fold median error")
     ap.add_argument("--out", type=Path, help="JSON output file")
     args = ap.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
     policies = tuple(p for p in args.policies.split(",") if p)
-    bad = [c for c in cases if c not in CASES] + [p for p in policies if p not in available_policies()]
+    bad = [c for c in cases if c not in CASES] + [p for p in policies if p not in POLICIES]
     if bad or args.worlds < 1 or args.processes < 1:
-        ap.error(f"unknown case or policy {bad}; cases: {', '.join(CASES)}; policies here: {', '.join(available_policies())}"
+        ap.error(f"unknown case or policy {bad}; cases: {', '.join(CASES)}; policies: {', '.join(POLICIES)}"
                  if bad else "--worlds and --processes must be >= 1")
     # each failed simulated trial (out of memory, crash, timeout) is logged by Optuna as a warning: keep errors only
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -93,12 +100,19 @@ def main(argv: list[str] | None = None) -> int:
     meta: dict[str, Any] = {}
     for c in cases:
         t = time.perf_counter()
-        prep, base = prepare_case(TuneConfig(backend="command", **CASES[c]))
-        _PREPARED[c] = (prep, base)
-        meta[c] = {"config": CASES[c], "cluster": prep.cluster.label, "valid": prep.n_valid, "candidates": prep.n_fit,
-                   "startup_s": startup_seconds(prep.cluster.num_gpus), "prepare_s": round(time.perf_counter() - t, 2)}
-        print(f"{c}: {prep.n_valid:,} valid, {prep.n_fit:,} candidates, prepared in {meta[c]['prepare_s']} s", flush=True)
-    tasks = [(c, s, policies) for c in cases for s in range(args.first_seed, args.first_seed + args.worlds)]
+        case = prepare_case(TuneConfig(backend="command", **CASES[c]))
+        _PREPARED[c] = case
+        new, today = case.new, case.today
+        e = _errors(case, args.errors)
+        meta[c] = {"config": CASES[c], "cluster": new.cluster.label, "valid": new.n_valid, "candidates": new.n_fit,
+                   "contenders": int(new.contenders.sum()), "surely_fit": int(new.surely_fits.sum()),
+                   f"candidates_headroom_{TODAY_HEADROOM}": today.n_fit, "startup_s": startup_seconds(new.cluster.num_gpus),
+                   "errors": {"source": args.errors, "median_step_error": e.median_step_error, "throughput_bias": e.throughput_bias,
+                              "run_sigma": e.run_sigma, "crash_rate": e.crash_rate, "hang_rate": e.hang_rate},
+                   "prepare_s": round(time.perf_counter() - t, 2)}
+        print(f"{c}: {new.n_valid:,} valid, {new.n_fit:,} candidates ({meta[c]['contenders']:,} contenders), "
+              f"{today.n_fit:,} with headroom {TODAY_HEADROOM}; prepared in {meta[c]['prepare_s']} s", flush=True)
+    tasks = [(c, s, policies, args.errors) for c in cases for s in range(args.first_seed, args.first_seed + args.worlds)]
     rows: list[dict[str, Any]] = []
     if args.processes > 1:
         with mp.get_context("fork").Pool(args.processes) as pool:

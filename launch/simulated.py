@@ -15,10 +15,12 @@ it is not a registered backend (:mod:`launch.registry`) and no command line offe
 
 The sizes (:class:`ErrorStructure`) come from:
 
-* step-time error against the model: the median absolute error of the k-fold validation held out by model,
-  0.1453 for MoE (36 rows, H100/B200) and 0.065 for dense models (100 rows)
-  (``benchmarks/results/kfold_2026-12-07/bench_validation.json``); the median error over worlds and valid
-  layouts is set to it (:meth:`WorldTable.group_scale`);
+* step-time error against the model (:meth:`ErrorStructure.for_model`): by default the error bars' 90% throughput
+  band of the job's family (``cost_model/data/error_bars.yaml``: measured / predicted over held-out published runs
+  and the H200 trial rows), its width as a lognormal sigma and its centre as the model's bias; or (``kfold``) the
+  median absolute error of the k-fold validation held out by model, 0.1453 for MoE (36 rows, H100/B200) and
+  0.065 for dense models (100 rows) (``benchmarks/results/kfold_2026-12-07/bench_validation.json``). The median
+  error over worlds and valid layouts is set to it (:meth:`WorldTable.group_scale`);
 * run-to-run spread: repeated runs of one layout on the lent H200s spread 4.4% (the 26-row TE sweep) to 8.5% (every
   TE sweep and probe file, 31 degrees of freedom) (``tune validate --trials``, docs/validation.md), taken as a
   lognormal sigma of 0.06 per run, and 0.02 per step around the run's mean;
@@ -44,8 +46,9 @@ from scipy.special import ndtr, ndtri
 
 from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
 from cost_model.estimate import MEMORY_PARTS, EstimateTable, estimate_table
+from cost_model.uncertainty import error_bars
 from launch.base import FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped
-from specs import DEFAULT_RUN_OPTIONS, Cluster, ModelSpec, RunOptions, Workload
+from specs import DEFAULT_RUN_OPTIONS, Cluster, GPUSpec, ModelSpec, Precision, RunOptions, Workload
 from specs.layout import Layout, LayoutTable
 
 __all__ = [
@@ -113,7 +116,9 @@ class ErrorStructure:
     """How far a world departs from the model, and how its trials behave (fractions; seconds)."""
 
     median_step_error: float
-    """The median over a world's valid layouts of |true mean step time / predicted - 1|."""
+    """The median over worlds and valid layouts of |true mean step time / (predicted x bias) - 1|."""
+    throughput_bias: float = 0.0
+    """The model's bias: the median log(true / predicted) throughput (the error band's centre)."""
     idiosyncratic_share: float = 0.5
     """Share of the log step-time error's variance that is the layout's own (the rest comes from the per-world
     factors of the time groups, shared by all layouts in proportion to their parts). Of it, a lognormal sigma of
@@ -135,10 +140,36 @@ class ErrorStructure:
     hang_rate: float = 0.01
 
     @classmethod
-    def for_model(cls, model: ModelSpec, **overrides: Any) -> ErrorStructure:
-        """The held-out error of the model's family (:data:`HELD_OUT_MEDIAN_ERROR`: MoE or dense)."""
-        fam = "moe" if model.num_experts else "dense"
-        return cls(**{"median_step_error": HELD_OUT_MEDIAN_ERROR[fam], **overrides})
+    def for_model(cls, model: ModelSpec, gpu: GPUSpec | None = None, precision: Precision | str = "bf16", *, source: str = "bars",
+                  **overrides: Any) -> ErrorStructure:
+        """The error of the job's family. ``source="bars"``: the error bars' throughput band
+        (:func:`cost_model.uncertainty.error_bars` of ``gpu`` and ``precision``; its width as a lognormal sigma, its
+        centre as the bias); ``"kfold"``: the k-fold median error of MoE or dense models (:data:`HELD_OUT_MEDIAN_ERROR`),
+        no bias.
+
+        Raises:
+            ValueError: another ``source``, or ``"bars"`` without ``gpu``.
+        """
+        if source == "kfold":
+            base: dict[str, Any] = {"median_step_error": HELD_OUT_MEDIAN_ERROR["moe" if model.num_experts else "dense"]}
+        elif source == "bars" and gpu is not None:
+            band = error_bars(model, gpu, precision).throughput
+            base = {"median_step_error": _median_abs_for_lognormal_sigma(band.sigma), "throughput_bias": band.mu}
+        else:
+            raise ValueError(f"error source {source!r} (gpu {gpu}): accepted 'bars' with a GPU, or 'kfold'")
+        return cls(**{**base, **overrides})
+
+
+def _median_abs_for_lognormal_sigma(sigma: float) -> float:
+    """The median of ``|exp(sigma Z) - 1|``, by bisection (the inverse of :func:`_lognormal_sigma_for_median_abs`)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        m = (lo + hi) / 2
+        if float(ndtr(math.log1p(m) / sigma) - ndtr(math.log1p(-m) / sigma)) < 0.5:
+            lo = m
+        else:
+            hi = m
+    return (lo + hi) / 2
 
 
 def _lognormal_sigma_for_median_abs(m: float) -> float:
@@ -296,7 +327,7 @@ class World:
         self.base = base
         self.model, self.cluster, self.workload = base.model, base.cluster, base.workload
         self.seed = int(seed)
-        self.errors = errors if errors is not None else ErrorStructure.for_model(base.model)
+        self.errors = errors if errors is not None else ErrorStructure.for_model(base.model, base.cluster.gpu, base.workload.precision)
         self.idiosyncratic_sigma = math.sqrt(self.errors.idiosyncratic_share) * _lognormal_sigma_for_median_abs(self.errors.median_step_error)
         r = np.array([rel for _, rel in TIME_GROUPS.values()])
         rng = np.random.default_rng([self.seed, 1])
@@ -321,7 +352,7 @@ class World:
         for k, name in enumerate(FEATURES):
             uniq, inv = hashes[name]
             own = own + self.feature_sigma * layout_normals(uniq, self.seed, 10 + k)[inv]
-        step = step * np.exp(own)
+        step = step * np.exp(own - self.errors.throughput_bias)
         exact = np.zeros(n)
         loose = np.zeros(n)
         for p in MEMORY_PARTS:
@@ -447,7 +478,7 @@ class SimulatedBackend(TrialBackend):
         if peak > hbm:
             self._charge(key, "oom", self.startup_s + mean_s, 1)
             raise TrialFailed(FailureKind.oom, f"{where}: out of memory at {hbm / 2**30:.1f} GiB (true peak {peak / 2**30:.1f} GiB)",
-                              memory_reached_bytes=hbm)
+                              memory_reached_bytes=hbm, wall_s=self.startup_s + mean_s)
         u = float(rng.random())
         hang = u < w.errors.hang_rate
         crash_at = int(rng.integers(1, self.steps + 1)) if w.errors.hang_rate <= u < w.errors.hang_rate + w.errors.crash_rate else None
@@ -462,20 +493,22 @@ class SimulatedBackend(TrialBackend):
         for i in range(self.steps):
             if hang and i >= self.steps // 2:
                 self._charge(key, "timeout", self.timeout_s, i)
-                raise TrialFailed(FailureKind.timeout, f"{where}: timed out after {self.timeout_s:g} s (hung at step {i + 1})")
+                raise TrialFailed(FailureKind.timeout, f"{where}: timed out after {self.timeout_s:g} s (hung at step {i + 1})",
+                                  wall_s=self.timeout_s)
             elapsed += float(times[i])
             if elapsed > self.timeout_s:
                 self._charge(key, "timeout", self.timeout_s, i)
-                raise TrialFailed(FailureKind.timeout, f"{where}: timed out after {self.timeout_s:g} s at step {i + 1}")
+                raise TrialFailed(FailureKind.timeout, f"{where}: timed out after {self.timeout_s:g} s at step {i + 1}",
+                                  wall_s=self.timeout_s)
             if crash_at is not None and i + 1 == crash_at:
                 self._charge(key, "crash", elapsed, i + 1)
-                raise TrialFailed(FailureKind.crash, f"{where}: crashed at step {i + 1}")
+                raise TrialFailed(FailureKind.crash, f"{where}: crashed at step {i + 1}", wall_s=elapsed)
             if reporter is not None:
                 why = reporter([float(x) for x in tps_all[: i + 1]])
                 if why is not None:
                     self._charge(key, "pruned", elapsed, i + 1)
                     raise TrialStopped(why, step_times_s=[float(x) for x in times[: i + 1]],
-                                       tokens_per_s_per_gpu=[float(x) for x in tps_all[: i + 1]])
+                                       tokens_per_s_per_gpu=[float(x) for x in tps_all[: i + 1]], wall_s=elapsed)
         self._charge(key, "measured", elapsed, self.steps)
         kept = times[self.warmup_steps:]
         med = float(np.median(kept))

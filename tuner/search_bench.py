@@ -3,12 +3,13 @@ and what it spent, over worlds drawn from the model's error structure (:mod:`lau
 
 Policies (:data:`POLICIES`):
 
-* ``model``: no trial; the candidate with the highest predicted throughput;
-* ``queue``: :func:`tuner.study.run_study` with the study's default configuration (``policy="queue"`` where the
-  configuration has a ``policy`` field) on a :class:`~launch.simulated.SimulatedBackend`;
-* ``gain``: the same with ``policy="gain"`` (only where :class:`~tuner.study.TuneConfig` has that field);
-* ``random``: the candidates in a random order, each a trial stopped by the study's pruner (the same margin), until
-  the GPU-hours of ``gain`` (else of ``queue``) in the same world are spent.
+* ``model``: no trial; the fastest predicted of the candidates that surely fit (:attr:`Prepared.surely_fits`);
+* ``queue``: today's default before the trial policy: :func:`tuner.study.run_study` with ``policy="queue"`` over the
+  candidates of a fixed ``--memory-headroom`` of 0.07 (:data:`TODAY_HEADROOM`), on a
+  :class:`~launch.simulated.SimulatedBackend`;
+* ``gain``: the same with the default configuration (``policy="gain"``, the error bars' pruning);
+* ``random``: the default configuration's candidates in a random order, each a trial stopped by the study's pruner
+  (the same margin), until the GPU-hours of ``gain`` (else of ``queue``) in the same world are spent.
 
 A study's final pick is the measured layout with the highest throughput, its runs taken together
 (:func:`tuner.study.trial_rows`, :func:`tuner.report.fastest_measured`). Regret = 1 - true throughput of the pick /
@@ -18,7 +19,9 @@ pruned included. A pick that truly does not fit (``model`` only: trials pick mea
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import inspect
 import math
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -31,25 +34,20 @@ import optuna
 
 from launch.base import TrialFailed, TrialStopped
 from launch.harness.pruner import StepTimePruner
-from launch.simulated import SimulatedBackend, World, WorldTable
+from launch.simulated import ErrorStructure, SimulatedBackend, World, WorldTable
 from specs.layout import Layout
 from tuner.report import fastest_measured
-from tuner.study import Prepared, TuneConfig, _optuna, prepare, run_study, trial_rows
+from tuner.study import Prepared, TuneConfig, _optuna, prepare, records, run_study, trial_rows
 from tuner.study.config import trial_warmup_steps
 
-__all__ = ["POLICIES", "WorldResult", "available_policies", "prepare_case", "run_world", "summarize"]
+__all__ = ["POLICIES", "TODAY_HEADROOM", "Case", "WorldResult", "prepare_case", "run_world", "summarize"]
 
 #: Every policy the benchmark knows, in report order.
 POLICIES = ("model", "queue", "gain", "random")
 
-
-def _has_policy_field() -> bool:
-    return any(f.name == "policy" for f in dataclasses.fields(TuneConfig))
-
-
-def available_policies() -> tuple[str, ...]:
-    """The policies this code can run: ``gain`` only where :class:`TuneConfig` has a ``policy`` field."""
-    return tuple(p for p in POLICIES if p != "gain" or _has_policy_field())
+#: The fixed memory headroom of the ``queue`` policy's candidates: the default before the error bars (the largest
+#: under-prediction of the reserved peak measured on H200 plus one point, docs/validation.md).
+TODAY_HEADROOM = 0.07
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,23 +65,35 @@ class WorldResult:
     pick: str
     """The pick's label ("" when none)."""
     best_pruned: bool
-    """The world's true best was not among the study's candidates (pruned before any trial)."""
+    """The world's true best was not among the layouts this policy could pick (pruned before any trial: the
+    candidates of its configuration; ``gain``: those not surely slower, :attr:`Prepared.contenders`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def prepare_case(config: TuneConfig) -> tuple[Prepared, WorldTable]:
-    """The candidates of ``config`` (:func:`tuner.study.prepare`) and the table every world of the case is drawn
-    on: done once per case.
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One job prepared once for every world: the default configuration's candidates (``new``), those of the
+    fixed headroom of the ``queue`` policy (``today``), and the table the worlds are drawn on."""
+
+    new: Prepared
+    today: Prepared
+    base: WorldTable
+
+
+def prepare_case(config: TuneConfig) -> Case:
+    """The candidates of ``config`` (:func:`tuner.study.prepare`), with ``policy="queue"`` and ``memory_headroom``
+    :data:`TODAY_HEADROOM` as well, and the table every world of the case is drawn on: done once per case.
 
     Raises:
         TunerError: what :func:`tuner.study.prepare` raises.
     """
-    prep = prepare(config)
-    base = WorldTable(prep.model, prep.cluster, prep.workload, prep.enumeration.valid, estimates=prep.estimates,
-                      calibration=prep.calibration, options=prep.options)
-    return prep, base
+    new = prepare(config)
+    today = prepare(dataclasses.replace(config, policy="queue", memory_headroom=TODAY_HEADROOM))
+    base = WorldTable(new.model, new.cluster, new.workload, new.enumeration.valid, estimates=new.estimates,
+                      calibration=new.calibration, options=new.options)
+    return Case(new=new, today=today, base=base)
 
 
 def _backend(world: World, cfg: TuneConfig) -> SimulatedBackend:
@@ -112,13 +122,34 @@ def _in_memory(url: str, **_: Any) -> optuna.storages.BaseStorage:
     return optuna.storages.InMemoryStorage()
 
 
-def _study(prep: Prepared, world: World, policy: str, seed: int, tmp: str) -> tuple[Layout | None, SimulatedBackend]:
-    changes: dict[str, Any] = {"results_dir": tmp, "seed": seed % 2**32}
-    if _has_policy_field():
-        changes["policy"] = policy
-    cfg = dataclasses.replace(prep.config, **changes)
+def _pruned_as_one_number(warmup_steps: int) -> Any:
+    """A work-around while ``StudyRun._feed`` reads a pruned trial's ``tokens_per_s_per_gpu`` (a list of every step's
+    throughput, :func:`tuner.study.records.pruned_of`) as one number: the pruned record with the median of its
+    post-warm-up steps there (the pruner's own figure), the steps under ``steps_tokens_per_s_per_gpu``."""
+
+    def pruned(layout: Layout, e: TrialStopped, prediction: Any) -> dict[str, Any]:
+        rec = records.pruned_of(layout, e, prediction)
+        steps = list(e.tokens_per_s_per_gpu)
+        rec["steps_tokens_per_s_per_gpu"] = steps
+        rec["tokens_per_s_per_gpu"] = float(np.median(steps[warmup_steps:] or steps)) if steps else 0.0
+        return rec
+
+    return pruned
+
+
+def _feed_reads_a_list_as_a_number() -> bool:
+    from tuner.study.run import StudyRun
+
+    return 'float(r.pruned["tokens_per_s_per_gpu"])' in inspect.getsource(StudyRun._feed) if hasattr(StudyRun, "_feed") else False
+
+
+def _study(prep: Prepared, world: World, seed: int, tmp: str) -> tuple[Layout | None, SimulatedBackend]:
+    cfg = dataclasses.replace(prep.config, results_dir=tmp, seed=seed % 2**32)
     backend = _backend(world, cfg)
-    with mock.patch.object(_optuna, "ThreadSafeRDBStorage", _in_memory):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(_optuna, "ThreadSafeRDBStorage", _in_memory))
+        if _feed_reads_a_list_as_a_number():
+            stack.enter_context(mock.patch("tuner.study.run.pruned_of", _pruned_as_one_number(trial_warmup_steps(cfg))))
         result = run_study(dataclasses.replace(prep, config=cfg), backend=backend)
     best = fastest_measured(trial_rows(result.study))
     return (Layout.from_dict(best["layout"]) if best else None), backend
@@ -149,43 +180,46 @@ def _random(prep: Prepared, world: World, seed: int, gpu_hours: float) -> tuple[
     return (best[1] if best else None), backend
 
 
-def run_world(prep: Prepared, base: WorldTable, seed: int, policies: Iterable[str], *, tmp_root: str | None = None) -> list[WorldResult]:
-    """Draw world ``seed`` on ``base`` and run each policy in it (``random`` after ``gain`` / ``queue``, whose
-    GPU-hours it spends; with neither it is skipped). Studies run in a temporary folder under ``tmp_root``.
+def run_world(case: Case, seed: int, policies: Iterable[str], *, tmp_root: str | None = None,
+              errors: ErrorStructure | None = None) -> list[WorldResult]:
+    """Draw world ``seed`` on ``case.base`` (with ``errors``; None: the job's error bars) and run each policy in it
+    (``random`` after ``gain`` / ``queue``, whose GPU-hours it spends; with neither it is skipped). Studies run in a
+    temporary folder under ``tmp_root``.
 
     Raises:
-        ValueError: an unknown policy, or ``gain`` where :class:`TuneConfig` has no ``policy`` field.
+        ValueError: an unknown policy.
     """
     wanted = list(policies)
-    bad = [p for p in wanted if p not in available_policies()]
+    bad = [p for p in wanted if p not in POLICIES]
     if bad:
-        raise ValueError(f"policies {bad} cannot run here; available: {', '.join(available_policies())}")
-    world = World(base, seed=seed)
+        raise ValueError(f"policies {bad}: available {', '.join(POLICIES)}")
+    world = World(case.base, seed=seed, errors=errors)
     best = world.best_row()
     if best is None:
         return []
     best_tps = float(world.true_tokens_per_s_per_gpu[best])
-    best_pruned = not bool(prep.fits[best])
+    new, today = case.new, case.today
+    pickable = {"model": new.surely_fits, "queue": today.fits, "gain": new.contenders, "random": new.fits}
     out: dict[str, WorldResult] = {}
 
     def record(policy: str, pick: Layout | None, backend: SimulatedBackend | None) -> None:
         out[policy] = WorldResult(
             policy=policy, seed=seed, regret=_regret(world, best_tps, pick), gpu_hours=backend.gpu_hours if backend else 0.0,
             trials=len(backend.trials) if backend else 0, outcomes=_outcomes(backend) if backend else {},
-            pick=pick.label if pick else "", best_pruned=best_pruned)
+            pick=pick.label if pick else "", best_pruned=not bool(pickable[policy][best]))
 
     if "model" in wanted:
-        fit = np.flatnonzero(prep.fits)
-        row = int(fit[np.argmax(prep.estimates.tokens_per_s_per_gpu[fit])])
-        record("model", prep.enumeration.valid.row(row), None)
-    for policy in ("queue", "gain"):
+        fit = np.flatnonzero(new.surely_fits)
+        row = int(fit[np.argmax(new.estimates.tokens_per_s_per_gpu[fit])])
+        record("model", new.enumeration.valid.row(row), None)
+    for policy, prep in (("queue", today), ("gain", new)):
         if policy in wanted:
             with tempfile.TemporaryDirectory(dir=tmp_root) as tmp:
-                record(policy, *_study(prep, world, policy, seed, tmp))
+                record(policy, *_study(prep, world, seed, tmp))
     if "random" in wanted:
         ref = out.get("gain") or out.get("queue")
         if ref is not None:
-            record("random", *_random(prep, world, seed, ref.gpu_hours))
+            record("random", *_random(new, world, seed, ref.gpu_hours))
     return [out[p] for p in POLICIES if p in out]
 
 

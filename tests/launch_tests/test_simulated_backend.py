@@ -33,7 +33,7 @@ def base():
 
 
 def _world(base, seed=0, **errors):
-    return World(base, seed=seed, errors=ErrorStructure.for_model(base.model, **{**QUIET, **errors}))
+    return World(base, seed=seed, errors=ErrorStructure.for_model(base.model, source="kfold", **{**QUIET, **errors}))
 
 
 def _run(backend, world, row, reporter=None):
@@ -57,10 +57,24 @@ def test_one_seed_is_one_world_and_a_layout_alone_gets_its_row_s_truth(base):
 def test_the_error_against_the_model_has_the_configured_size(base):
     """Pooled over worlds, the median |true / predicted - 1| is the family's held-out error (MoE: 0.1453)."""
     errs = np.concatenate([np.abs(_world(base, s).step_errors()) for s in range(30)])
-    assert ErrorStructure.for_model(base.model).median_step_error == 0.1453
+    assert ErrorStructure.for_model(base.model, source="kfold").median_step_error == 0.1453
     assert float(np.median(errs)) == pytest.approx(0.1453, rel=0.25)
     half = np.concatenate([np.abs(_world(base, s, median_step_error=0.05).step_errors()) for s in range(30)])
     assert float(np.median(half)) == pytest.approx(0.05, rel=0.25)
+
+
+def test_by_default_the_error_bars_give_the_size_and_the_bias(base):
+    from cost_model.uncertainty import error_bars
+
+    band = error_bars(base.model, base.cluster.gpu, base.workload.precision).throughput
+    e = ErrorStructure.for_model(base.model, base.cluster.gpu, base.workload.precision)
+    assert e.throughput_bias == band.mu
+    # the median |exp(sigma Z) - 1| of the band's sigma: about 0.6745 sigma for a narrow band
+    assert e.median_step_error == pytest.approx(0.6745 * band.sigma, rel=0.05)
+    w = World(base, seed=0)  # the default
+    assert w.errors == e
+    with pytest.raises(ValueError, match="accepted"):
+        ErrorStructure.for_model(base.model, source="bars")
 
 
 def test_a_measurement_of_the_truth_with_the_reporter_called_after_every_step(base):
