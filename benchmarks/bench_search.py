@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--errors", choices=("bars", "kfold"), default="bars",
                     help="size of the worlds' step-time error: the job's error bars (default) or the k-fold median error")
     ap.add_argument("--out", type=Path, help="JSON output file")
+    ap.add_argument("--merge", type=Path, nargs="*", default=[],
+                    help="JSON outputs of earlier runs: their worlds join this run's in the summary (a world run here wins)")
     args = ap.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
     policies = tuple(p for p in args.policies.split(",") if p)
@@ -123,14 +125,22 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for task in tasks:
             rows.extend(_one(task))
+    have = {(r["case"], r["seed"], r["policy"]) for r in rows}
+    for f in args.merge:
+        old = json.loads(f.read_text())
+        for r in old["worlds"]:
+            k = (r["case"], r["seed"], r["policy"])
+            if r["case"] in cases and k not in have:
+                rows.append(r)
+                have.add(k)
     summary = {c: summarize(WorldResult(**{k: v for k, v in r.items() if k != "case"}) for r in rows if r["case"] == c) for c in cases}
     print(_table(summary))
     seconds = time.perf_counter() - t0
-    print(f"{len(tasks)} worlds in {seconds:.0f} s")
+    print(f"{len(tasks)} worlds run in {seconds:.0f} s" + (f", worlds of {len(args.merge)} earlier runs merged" if args.merge else ""))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
-            "benchmark": "bench_search", "argv": sys.argv[1:], "commit": _git_commit(), "cases": meta, "policies": policies,
+            "benchmark": "bench_search", "argv": sys.argv[1:], "merged": [str(f) for f in args.merge], "commit": _git_commit(), "cases": meta, "policies": policies,
             "summary": summary, "worlds": sorted(rows, key=lambda r: (r["case"], r["seed"], POLICIES.index(r["policy"]))),
             "seconds": round(seconds, 1), "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         }, indent=1) + "\n")
