@@ -77,7 +77,7 @@ def _table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--worlds", type=int, default=200, help="worlds per case (seeds 0 .. N-1)")
+    ap.add_argument("--worlds", type=int, default=200, help="worlds per case (seeds 0 .. N-1); 0 with --merge: only summarize")
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--processes", type=int, default=1)
     ap.add_argument("--cases", default="minimax,deepseek,llama70b", help=f"comma-separated: {', '.join(CASES)}")
@@ -91,9 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     cases = [c for c in args.cases.split(",") if c]
     policies = tuple(p for p in args.policies.split(",") if p)
     bad = [c for c in cases if c not in CASES] + [p for p in policies if p not in POLICIES]
-    if bad or args.worlds < 1 or args.processes < 1:
+    if bad or args.worlds < (0 if args.merge else 1) or args.processes < 1:
         ap.error(f"unknown case or policy {bad}; cases: {', '.join(CASES)}; policies: {', '.join(POLICIES)}"
-                 if bad else "--worlds and --processes must be >= 1")
+                 if bad else "--worlds (0 only with --merge) and --processes must be >= 1")
     # each failed simulated trial (out of memory, crash, timeout) is logged by Optuna as a warning: keep errors only
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     for h in logging.getLogger("optuna").handlers:

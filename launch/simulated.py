@@ -108,7 +108,7 @@ HELD_OUT_MEDIAN_ERROR = {"moe": 0.1453, "dense": 0.065}
 def startup_seconds(num_gpus: int) -> float:
     """Seconds from launch to the first step (processes, NCCL set-up, model build): 300 s at 64 GPUs, times
     ``(num_gpus / 64) ** 0.25`` (600 s at 1,024). An assumption, not a measurement."""
-    return 300.0 * (num_gpus / 64) ** 0.25
+    return 300.0 * math.pow(num_gpus / 64, 0.25)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -201,7 +201,8 @@ def _mix(h: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """SplitMix64's finaliser (Steele et al. 2014), elementwise."""
     h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return h ^ (h >> np.uint64(31))
+    out: npt.NDArray[np.uint64] = h ^ (h >> np.uint64(31))
+    return out
 
 
 def layout_hashes(table: LayoutTable, columns: tuple[str, ...] | None = None) -> npt.NDArray[np.uint64]:
