@@ -404,6 +404,8 @@ class TrialCost:
     """``measured``, ``pruned``, ``oom``, ``crash`` or ``timeout``."""
     gpu_seconds: float
     steps: int
+    true_step_time_s: float = math.nan
+    """The layout's true mean step time (seconds; for the benchmark's reading, never shown to a policy)."""
 
 
 class SimulatedBackend(TrialBackend):
@@ -441,10 +443,10 @@ class SimulatedBackend(TrialBackend):
         """GPU-hours spent by every trial so far."""
         return self.gpu_seconds / 3600.0
 
-    def _charge(self, key: str, outcome: str, seconds: float, steps: int) -> None:
+    def _charge(self, key: str, outcome: str, seconds: float, steps: int, true_step_time_s: float) -> None:
         g = seconds * self.world.cluster.num_gpus
         self.gpu_seconds += g
-        self.trials.append(TrialCost(key, outcome, g, steps))
+        self.trials.append(TrialCost(key, outcome, g, steps, true_step_time_s))
 
     def run(
         self,
@@ -477,7 +479,7 @@ class SimulatedBackend(TrialBackend):
         hbm = w.cluster.gpu.hbm_bytes
         where = f"simulated trial {trial_number if trial_number is not None else '-'} ({layout.label})"
         if peak > hbm:
-            self._charge(key, "oom", self.startup_s + mean_s, 1)
+            self._charge(key, "oom", self.startup_s + mean_s, 1, mean_s)
             raise TrialFailed(FailureKind.oom, f"{where}: out of memory at {hbm / 2**30:.1f} GiB (true peak {peak / 2**30:.1f} GiB)",
                               memory_reached_bytes=hbm, wall_s=self.startup_s + mean_s)
         u = float(rng.random())
@@ -493,24 +495,24 @@ class SimulatedBackend(TrialBackend):
         elapsed = self.startup_s
         for i in range(self.steps):
             if hang and i >= self.steps // 2:
-                self._charge(key, "timeout", self.timeout_s, i)
+                self._charge(key, "timeout", self.timeout_s, i, mean_s)
                 raise TrialFailed(FailureKind.timeout, f"{where}: timed out after {self.timeout_s:g} s (hung at step {i + 1})",
                                   wall_s=self.timeout_s)
             elapsed += float(times[i])
             if elapsed > self.timeout_s:
-                self._charge(key, "timeout", self.timeout_s, i)
+                self._charge(key, "timeout", self.timeout_s, i, mean_s)
                 raise TrialFailed(FailureKind.timeout, f"{where}: timed out after {self.timeout_s:g} s at step {i + 1}",
                                   wall_s=self.timeout_s)
             if crash_at is not None and i + 1 == crash_at:
-                self._charge(key, "crash", elapsed, i + 1)
+                self._charge(key, "crash", elapsed, i + 1, mean_s)
                 raise TrialFailed(FailureKind.crash, f"{where}: crashed at step {i + 1}", wall_s=elapsed)
             if reporter is not None:
                 why = reporter([float(x) for x in tps_all[: i + 1]])
                 if why is not None:
-                    self._charge(key, "pruned", elapsed, i + 1)
+                    self._charge(key, "pruned", elapsed, i + 1, mean_s)
                     raise TrialStopped(why, step_times_s=[float(x) for x in times[: i + 1]],
                                        tokens_per_s_per_gpu=[float(x) for x in tps_all[: i + 1]], wall_s=elapsed)
-        self._charge(key, "measured", elapsed, self.steps)
+        self._charge(key, "measured", elapsed, self.steps, mean_s)
         kept = times[self.warmup_steps:]
         med = float(np.median(kept))
         return Measurement(

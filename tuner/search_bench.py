@@ -64,7 +64,10 @@ class WorldResult:
     """Trials by outcome: measured, pruned, oom, crash, timeout."""
     pick: str
     """The pick's label ("" when none)."""
-    best_pruned: bool
+    regret_best_measured: float = math.nan
+    """The regret of the truly fastest layout this policy measured to the end (NaN: none, or no trial): the part of
+    :attr:`regret` that the search left (the rest is the pick's noise)."""
+    best_pruned: bool = False
     """The world's true best was not among the layouts this policy could pick (pruned before any trial: the
     candidates of its configuration; ``gain``: those not surely slower, :attr:`Prepared.contenders`)."""
 
@@ -203,10 +206,13 @@ def run_world(case: Case, seed: int, policies: Iterable[str], *, tmp_root: str |
     out: dict[str, WorldResult] = {}
 
     def record(policy: str, pick: Layout | None, backend: SimulatedBackend | None) -> None:
+        done = [t.true_step_time_s for t in backend.trials if t.outcome == "measured"] if backend else []
         out[policy] = WorldResult(
             policy=policy, seed=seed, regret=_regret(world, best_tps, pick), gpu_hours=backend.gpu_hours if backend else 0.0,
             trials=len(backend.trials) if backend else 0, outcomes=_outcomes(backend) if backend else {},
-            pick=pick.label if pick else "", best_pruned=not bool(pickable[policy][best]))
+            pick=pick.label if pick else "",
+            regret_best_measured=float(1.0 - world.tokens_per_s_per_gpu(min(done)) / best_tps) if done else math.nan,
+            best_pruned=not bool(pickable[policy][best]))
 
     if "model" in wanted:
         fit = np.flatnonzero(new.surely_fits)
@@ -229,7 +235,8 @@ def _quantile(xs: Sequence[float], q: float) -> float:
 
 def summarize(results: Iterable[WorldResult]) -> dict[str, dict[str, Any]]:
     """Per policy: worlds, share within 5% and 2% of the true best, median and 90th-percentile regret, median and
-    90th-percentile GPU-hours, median trials, share of worlds whose true best was pruned before any trial."""
+    90th-percentile GPU-hours, median trials, share of worlds whose true best was pruned before any trial; where
+    known, the median :attr:`WorldResult.regret_best_measured` and the share of it within 2%."""
     by: dict[str, list[WorldResult]] = {}
     for r in results:
         by.setdefault(r.policy, []).append(r)
@@ -250,4 +257,8 @@ def summarize(results: Iterable[WorldResult]) -> dict[str, dict[str, Any]]:
             "trials_median": _quantile([float(r.trials) for r in rs], 0.5),
             "best_pruned": sum(r.best_pruned for r in rs) / len(rs),
         }
+        tried = [r.regret_best_measured for r in rs if math.isfinite(r.regret_best_measured)]
+        if tried:
+            out[p]["regret_best_measured_median"] = _quantile(tried, 0.5)
+            out[p]["best_measured_within_2pct"] = sum(x <= 0.02 for x in tried) / len(tried)
     return out

@@ -25,6 +25,8 @@ def test_a_tiny_run_gives_every_metric_per_policy(case, tmp_path):
     # random order spends (at least) the gain policy's GPU-hours, stopping at the first trial that reaches them
     assert by["random"].gpu_hours >= by["gain"].gpu_hours
     assert all(0.0 <= r.regret <= 1.0 for r in results)
+    # the pick is one of the layouts measured to the end: the best of them is at least as good
+    assert all(r.regret_best_measured <= r.regret + 1e-12 for r in results if r.policy != "model" and r.pick)
     s = summarize(results)
     assert list(s) == [p for p in POLICIES if p in policies]
     for m in s.values():
