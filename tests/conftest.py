@@ -1,6 +1,12 @@
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Piped output takes its width from COLUMNS (rich's default); the CLI tests read whole lines, so they run wide. The
+# tests of the 80- and 120-column layouts set the console's width themselves.
+os.environ["COLUMNS"] = "200"
 
 from specs import Workload, load_model, parse_gpus
 from specs.layout import Layout

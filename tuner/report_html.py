@@ -295,9 +295,17 @@ def render_report(
                   f"{(r['tps'] / fastest - 1) * 100:.1f}%", _fmt(r["peak"], 1), _fmt(r["headroom"], 1), r["source"]) for r in near]
     answer = (f"trial {near[0]['trial']} ({near[0]['label']}, {near[0]['recompute']}, {near[0]['dispatcher']}): {_fmt(near[0]['headroom'], 1)} GiB of "
               f"headroom at {_fmt(near[0]['tps'], 1)} tokens/s/GPU") if near else "-"
-    front_body = [(r["trial"], r["label"], r["recompute"], r["offload"], r["dispatcher"], r["mbs"], r["split"], _fmt(r["tps"], 1),
-                   _fmt(r["mfu"] * 100 if r["mfu"] is not None else None, 1) + "%", _fmt(r["peak"], 1), _fmt(r["headroom"], 1), _fmt(r["step"], 3),
-                   r["source"]) for r in front_d]
+    bands = {int(f["trial"]): f for f in front}
+
+    def band(t: int) -> str:
+        f = bands.get(t, {})
+        lo, hi = _num(f.get("tokens_per_s_per_gpu_low")), _num(f.get("tokens_per_s_per_gpu_high"))
+        return "-" if lo is None or hi is None else f"{lo:,.0f}-{hi:,.0f}"
+
+    front_body = [(r["trial"], r["label"], r["recompute"], r["offload"], r["dispatcher"], r["mbs"], r["split"], _fmt(r["tps"], 1), band(r["trial"]),
+                   _fmt(r["mfu"] * 100 if r["mfu"] is not None else None, 1) + "%", _fmt(r["peak"], 1),
+                   _fmt(_num(bands.get(r["trial"], {}).get("peak_gib_high")), 1), bands.get(r["trial"], {}).get("fit", ""), _fmt(r["step"], 3),
+                   r["source"], bands.get(r["trial"], {}).get("pipeline_model_parallel_layout", "")) for r in front_d]
     if ties:
         ties_html = (f"<p>Measured trials within their own noise of trial {ties_of} (2 standard errors of the difference of the median step "
                      "times): their step times cannot rank them; choose on memory, or measure again.</p>"
@@ -326,8 +334,11 @@ def render_report(
         _table(["trial", "layout", "recompute", "dispatcher", "mbs", "first/last", "tokens/s/GPU", "vs fastest", "peak GiB", "headroom GiB", "source"],
                near_body, left=(1, 2, 3, 5, 10), tbody_id="near-body", pick_first=True),
         '<h2 id="table">The front</h2>',
-        _table(["trial", "layout", "recompute", "offload", "dispatcher", "mbs", "first/last", "tokens/s/GPU", "MFU (6N)", "peak GiB", "headroom GiB", "step s", "source"],
-               front_body, left=(1, 2, 3, 4, 6, 12)),
+        "<p>90%: the interval of tokens/s/GPU (a prediction's from the model's error bars, docs/error_bars.md; a measurement's from "
+        "the run-to-run spread); peak at most: the high end of the predicted peak; fit: fits, may not fit (a real trial tells) or ran.</p>",
+        _table(["trial", "layout", "recompute", "offload", "dispatcher", "mbs", "first/last", "tokens/s/GPU", "90%", "MFU (6N)", "peak GiB",
+                "peak at most", "fit", "step s", "source", "--pipeline-model-parallel-layout"],
+               front_body, left=(1, 2, 3, 4, 6, 12, 14, 15)),
         '<h2 id="breakdown">Where the memory and the step go</h2>',
         "<p>Each front layout's predicted memory per GPU (worst pipeline rank) and step time, by part, least memory first. "
         + html.escape(" ".join(trend)) + "</p>",

@@ -45,7 +45,7 @@ def test_estimate_json_and_text_carry_the_gaps():
     assert r.exit_code == 0, r.output
     assert any("recompute" in g for g in json.loads(r.output)["known_gaps"])
     t = CliRunner().invoke(app, args)
-    assert t.exit_code == 0 and "note: recompute: on 1 x H200" in t.output
+    assert t.exit_code == 0 and "note: recompute of MoE layers" in t.output and "docs/known_gaps.md#recompute" in t.output
 
 
 def test_main_job_prints_the_gap_of_its_best_layout(tmp_path):
@@ -59,7 +59,7 @@ def test_main_job_prints_the_gap_of_its_best_layout(tmp_path):
                                  "--stack", "megatron", "--trials", "2", "--results-dir", str(tmp_path), "--study", "full"])
     assert r.exit_code == 0, r.output
     best = r.output[r.output.index("Best layout"):]
-    assert "note: recompute: on 1 x H200" in best
+    assert "note: recompute of MoE layers" in best
 
 
 def test_gpt_oss_features_gap_only_for_gpt_oss():

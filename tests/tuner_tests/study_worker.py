@@ -19,7 +19,7 @@ def config(storage: str, results_dir: str, trials: int):  # noqa: ANN201
     from tuner.study import TuneConfig
 
     return TuneConfig(model="MiniMax-M2", gpus="4xH200", layers=4, global_batch_size=8, stack="megatron", study="w", storage=storage,
-                      results_dir=results_dir, trials=trials, prune_margin=None, recalibrate_after=0, **HEARTBEAT)
+                      results_dir=results_dir, trials=trials, prune_margin=None, recalibrate_after=0, policy="queue", **HEARTBEAT)
 
 
 class Sleepy(TrialBackend):

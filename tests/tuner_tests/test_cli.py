@@ -26,7 +26,7 @@ def _run(*args: str):
 def main_run(tmp_path_factory):
     """One real main job: MiniMax-M2 on 64 H200 (the seed's job), 16 trials."""
     d = tmp_path_factory.mktemp("results")
-    r = _run("--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "16", "--results-dir", str(d), "--study", "m2")
+    r = _run("--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "16", "--results-dir", str(d), "--study", "m2", "--verbose", "--png")
     return r, d / "m2"
 
 
@@ -34,10 +34,10 @@ def test_main_job_reports_counts_front_and_files(main_run):
     r, out = main_run
     assert r.exit_code == 0, r.output
     text = r.output
-    assert "Layouts considered:" in text and "break a Megatron rule" in text and "predicted not to fit" in text
+    assert "Layouts considered:" in text and "break a Megatron rule" in text and "not fitting (memory interval" in text
     assert "world_div_etp_ep_pp" in text  # grouped by rule
-    assert "Pareto front" in text and "(predicted)" in text
-    assert "nothing was measured" in text
+    assert "Pareto front (predicted" in text and "Best layout (predicted" in text
+    assert "model backend" in text and "(90%: " in text
     assert "--pipeline-model-parallel-layout '" in text
     for f in ("pareto.csv", "pareto.png", "recipe.yaml", "run_slime.sh", "megatron_args.sh", "study.db", "config.yaml"):
         assert (out / f).exists(), f
@@ -319,7 +319,7 @@ def test_estimate_error_is_not_eaten_by_markup():
 
 
 def test_dense_model_note_is_printed_whole(tmp_path):
-    r = _run("--model", "Llama-3.1-8B", "--gpus", "8xH100", "--trials", "4", "--results-dir", str(tmp_path))
+    r = _run("--model", "Llama-3.1-8B", "--gpus", "8xH100", "--trials", "4", "--results-dir", str(tmp_path), "--verbose")
     assert r.exit_code == 0, r.output
     assert "collapsed to [1], [1], [alltoall]" in r.output
 
@@ -520,13 +520,16 @@ def test_suggested_commands_are_shell_quoted_and_run_as_printed(tmp_path):
     rd = tmp_path / "results; dir $HOME"  # a space, a ';' and a '$' in the path
     r = _run("--model", "Llama-3.1-8B", "--gpus", "8xH100", "--trials", "6", "--top", "1", "--results-dir", str(rd), "--study", "q")
     assert r.exit_code == 0, r.output
-    more = next(ln for ln in r.stdout.splitlines() if "more on the front" in ln)
-    pareto_cmd = shlex.split(more.split("`")[1])
+    lines = r.stdout.splitlines()
+    more = next(i for i, ln in enumerate(lines) if "more on the front" in ln)
+    pareto_cmd = shlex.split(lines[more + 1])
     assert pareto_cmd == ["tune", "pareto", "--study", "q", "--results-dir", str(rd), "--top", "0"]
     again = _run(*pareto_cmd[1:])
     assert again.exit_code == 0 and "Pareto front (predicted)" in again.output
-    verify_cmd = shlex.split(r.stdout.rsplit("reference layout: ", 1)[1])  # one node: the exact tune verify command
-    assert verify_cmd[:6] == ["tune", "verify", "--study", "q", "--results-dir", str(rd)] and verify_cmd[-2:] == ["--reference", "tp=1,pp=1,ep=1"]
+    nxt = next(i for i, ln in enumerate(lines) if ln.startswith("Next: measure"))
+    trials_cmd = shlex.split(lines[nxt + 1])  # the same job with real trials and a budget
+    assert trials_cmd[:5] == ["tune", "--model", "Llama-3.1-8B", "--gpus", "8xH100"] and trials_cmd[-4:-1] == ["--backend", "ray", "--gpu-hours"]
+    assert trials_cmd[trials_cmd.index("--results-dir") + 1] == str(rd)
     missing = runner.invoke(app, ["pareto", "--study", "nope", "--results-dir", str(rd)])
     suggestion = missing.stderr.split("`")[1]
     assert shlex.split(suggestion)[-4:] == ["--study", "nope", "--results-dir", str(rd)]
@@ -676,3 +679,19 @@ def test_an_empty_megatron_core_is_refused_by_estimate_as_by_the_main_job():
     r = runner.invoke(app, ["estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--ep", "8",
                             "--megatron-core", ""])
     assert r.exit_code == 2 and "--megatron-core ''" in r.output and "known: 0.13" in r.output
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_main_job_fits_the_terminal_and_cuts_no_cell(tmp_path, monkeypatch, width):
+    from tuner.cli._common import out as console
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(console, "width", width)
+    r = _run("--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "12", "--results-dir", "r", "--study", "w")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert max(len(ln) for ln in lines) <= width, "\n".join(ln for ln in lines if len(ln) > width)
+    assert "…" not in r.stdout and len(lines) <= 30
+    head = lines[lines.index(next(ln for ln in lines if ln.startswith("trial ")))]
+    assert head.split()[:3] == ["trial", "layout", "recompute"]  # the trial number first, never cut
+    assert lines[2].startswith("Best layout (predicted, trial ") and "(90%: " in r.stdout

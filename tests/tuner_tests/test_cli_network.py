@@ -23,14 +23,14 @@ def _run(*args: str):
 def efa_run(tmp_path_factory):
     """The main job on the seed's cluster (H200: AWS p5en, EFA v3 by default)."""
     d = tmp_path_factory.mktemp("results")
-    r = _run("--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "12", "--results-dir", str(d), "--study", "efa")
+    r = _run("--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "12", "--results-dir", str(d), "--study", "efa", "--verbose")
     return r, d / "efa"
 
 
 def test_main_job_prints_and_records_the_network(efa_run):
     r, out = efa_run
     assert r.exit_code == 0, r.output
-    assert "Network assumed: NVLink domain 8 GPUs; efa-v3 (AWS EFA v3), 3,200 Gb/s per node; megatron-core 0.19 rules" in r.output
+    assert "Network: NVLink domain 8 GPUs; efa-v3 (AWS EFA v3), 3,200 Gb/s per node; megatron-core 0.19 rules" in r.output
     assert "dispatcher_fabric" in r.output  # the cross-node flex layouts are counted as refused
     rec = yaml.safe_load((out / "recipe.yaml").read_text())
     validate_recipe(rec)

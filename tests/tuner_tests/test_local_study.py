@@ -25,7 +25,7 @@ PINNED_CALIBRATION = str(Path(__file__).parents[1] / "fixtures" / "calibration_p
 
 
 def _cfg(tmp_path, **kw):
-    base = dict(model="MiniMax-M2", gpus="4xH200", layers=4, global_batch_size=8, backend="local", trials=6,
+    base = dict(model="MiniMax-M2", gpus="4xH200", layers=4, global_batch_size=8, backend="local", trials=6, policy="queue",
                 stack="megatron", results_dir=str(tmp_path), trial_steps=6, study="s", calibration=PINNED_CALIBRATION)
     base.update(kw)
     return TuneConfig(**base)

@@ -125,9 +125,16 @@ class _Truth(TrialBackend):
                            step_times_s=(step,) * 4, extra={"wall_s": 100.0})
 
 
+SPACE = ("tp: [1, 2, 4]\npp: [1]\nvpp: [1]\ncp: [1]\nep: [1, 2]\netp: [1]\nmicro_batch_size: [1, 2]\n"
+         "recompute:\n  - {granularity: none}\n  - {granularity: full, method: uniform, num_layers: [1]}\n"
+         "optimizer_offload_fraction: [0.0]\ndispatcher: [alltoall]\npipeline_split: {even: true, max_stage_deficit: 0}\n")
+
+
 def _cfg(tmp_path, **kw):
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
     base = dict(model="Qwen3-30B-A3B", gpus="8xH100", layers=4, global_batch_size=16, backend="command", trials=30,
-                stack="megatron", results_dir=str(tmp_path), trial_steps=4, study="p", prune_margin=None)
+                stack="megatron", results_dir=str(tmp_path), trial_steps=4, study="p", prune_margin=None, space=str(space))
     base.update(kw)
     return TuneConfig(**base)
 

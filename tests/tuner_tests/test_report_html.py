@@ -72,7 +72,7 @@ def page(tmp_path_factory):
                       catch_exceptions=False)
     assert r.exit_code == 0, r.output
     out = d / "rep"
-    assert str(out / "report.html") in r.output  # listed with the other files
+    assert f"Results in {out}/:" in r.output and "report.html" in r.output  # listed with the other files
     p = _Page()
     p.feed((out / "report.html").read_text(encoding="utf-8"))
     st = optuna.load_study(study_name="rep", storage=f"sqlite:///{out / 'study.db'}")

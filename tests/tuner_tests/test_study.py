@@ -79,7 +79,7 @@ def test_enqueued_first_trials_are_the_predicted_front(prep, tmp_path):
     rows = trial_rows(res.study)
     assert best.key() in {r["key"] for r in rows}  # the table's fastest candidate is evaluated first
     # ... and its trial records the single-layout estimate (the simulated pipeline), as tune estimate prints it
-    one = estimate(prep.model, prep.cluster, prep.workload, best, calibration=prep.calibration, memory_headroom=p.config.memory_headroom)
+    one = estimate(prep.model, prep.cluster, prep.workload, best, calibration=prep.calibration, memory_headroom=p.headroom)
     got = next(r for r in rows if r["key"] == best.key())
     assert got["tokens_per_s_per_gpu"] == got["pred_tokens_per_s_per_gpu"] == one.tokens_per_s_per_gpu
     assert got["peak_gib"] == pytest.approx(one.peak_gib) and got["pred_step_time_s"] == one.step_time_s
@@ -315,7 +315,7 @@ def test_a_space_of_seven_candidates_evaluates_seven_and_says_it_ran_out(tmp_pat
     res = run_study(p)  # nothing left
     assert res.evaluated_now == 0 and "0 of the 20" in res.budget_note and len(_keys(res.study)) == 7
     # with real trials (Study.optimize): the same budget, the fallback to the next unevaluated candidate, the same stop
-    p = _seven(tmp_path / "m", trials=20, study="m")
+    p = _seven(tmp_path / "m", trials=20, study="m", policy="queue")
     res = run_study(p, backend=FlakyBackend())
     tried = [t.user_attrs["key"] for t in res.study.trials if "result" in t.user_attrs or "failure" in t.user_attrs]
     assert res.evaluated_now + res.failed_now == 7 and len(set(tried)) == len(tried) == 7 and "the space ran out" in res.budget_note
@@ -334,7 +334,7 @@ def test_the_cli_says_when_the_space_ran_out(tmp_path):
     r = CliRunner().invoke(app, ["--model", "Llama-3.1-8B", "--gpus", "8xH100", "--global-batch", "16", "--space", str(space), "--stack", "megatron",
                                  "--memory-headroom", "0.4", "--trials", "20", "--results-dir", str(tmp_path), "--study", "seven"])
     assert r.exit_code == 0, r.output
-    assert "7 layouts evaluated in total (7 now;" in r.output and "the space ran out" in r.output and "7 of the 20" in r.output
+    assert "7 layouts evaluated in total (7 now)" in r.output and "the space ran out" in r.output and "7 of the 20" in r.output
 
 
 class Concurrent(TrialBackend):
@@ -371,7 +371,7 @@ class Concurrent(TrialBackend):
 
 def test_parallel_trials_in_threads_spend_the_budget_exactly_once(tmp_path):
     """--parallel-trials runs trials in Optuna's threads: the budget, the counts and the claims are shared state."""
-    p = _small(tmp_path, trials=16, backend="ray", parallel_trials=4, prune_margin=None, recalibrate_after=0)
+    p = _small(tmp_path, trials=16, backend="ray", parallel_trials=4, prune_margin=None, recalibrate_after=0, policy="queue")
     b = Concurrent()
     res = run_study(p, backend=b)
     assert b.most >= 2  # trials did run at once

@@ -31,7 +31,7 @@ def test_two_workers_with_trials_10_each_evaluate_20_distinct_layouts(tmp_path):
              for i in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
-    now = [int(re.search(r"\((\d+) now;", o).group(1)) for o in outs]
+    now = [int(re.search(r"\((\d+) now[;)]", o).group(1)) for o in outs]
     assert now == [10, 10], outs  # each worker evaluated the 10 layouts its --trials asked for ...
     st = optuna.load_study(study_name="w", storage=open_storage(f"journal:{journal}"))
     done = [t for t in st.trials if t.state == optuna.trial.TrialState.COMPLETE and "result" in t.user_attrs]

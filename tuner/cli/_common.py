@@ -203,6 +203,23 @@ def shell_command(*words: Any) -> str:
     return shlex.join(str(w) for w in words)
 
 
+def print_command(*words: Any, indent: int = 2) -> None:
+    """Print a suggested command, shell-quoted, wrapped at the console's width with `` \\`` continuations (a shell
+    reads the lines as one command, so it pastes as printed)."""
+    parts = [shlex.quote(str(w)) for w in words]
+    width = max(out.width - 2, 40)
+    lines, cur = [], " " * indent + parts[0]
+    for p in parts[1:]:
+        if len(cur) + 1 + len(p) > width:
+            lines.append(cur + " \\")
+            cur = " " * (indent + 2) + p
+        else:
+            cur += " " + p
+    lines.append(cur)
+    for ln in lines:
+        out.print(ln, markup=False, soft_wrap=True)
+
+
 def study_flags(study: str, results_dir: Path) -> list[str]:
     """``--study NAME`` and, when it is not the default, ``--results-dir DIR``: what a suggested
     ``tune pareto / export / verify`` needs to find the study (its ``--storage`` is in ``config.yaml``)."""

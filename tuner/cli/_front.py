@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from rich.markup import escape
 from rich.table import Table
 
-from tuner.cli._common import out
+from tuner.cli._common import out, print_command
 
 __all__ = ["print_front", "print_ties", "table_rows"]
 
@@ -41,7 +42,7 @@ def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: st
     out.print(t)
     if top > 0 and len(front) > top:
         out.print(f"{len(front) - top} more on the front:")
-        out.print(f"  {escape(more_hint)}", soft_wrap=True)
+        print_command(*shlex.split(more_hint))
 
 
 def _short_recompute(label: str) -> str:

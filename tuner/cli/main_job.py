@@ -40,6 +40,7 @@ from tuner.cli._common import (
     err,
     fmt_int,
     out,
+    print_command,
     require,
     shell_command,
     study_flags,
@@ -84,6 +85,7 @@ def main_job(
     storage: StorageOpt = None,
     results_dir: ResultsOpt = Path("results"),
     seed: Annotated[int, typer.Option("--seed", help="Sampler seed.", rich_help_panel="Study")] = 0,
+    trial_policy: Annotated[str, typer.Option("--trial-policy", help="Real trials: gain (the expected gain per GPU-hour, until the stopping rule or the budget says stop) or queue (the predicted front and fastest first, then NSGA-II, for --trials layouts).", rich_help_panel="Trials")] = "gain",
     gpu_hours: Annotated[float | None, typer.Option("--gpu-hours", help="Real trials: the GPU-hours this run may spend (a trial costs its wall time, start-up included, times --gpus).", rich_help_panel="Trials")] = None,
     stop_confidence: Annotated[float, typer.Option("--stop-confidence", help="Real trials: stop when no untried layout may beat the best by more than --stop-gain with this confidence.", rich_help_panel="Trials")] = 0.9,
     stop_gain: Annotated[float, typer.Option("--stop-gain", help="Real trials: the gain over the best (a fraction) the stopping rule looks for.", rich_help_panel="Trials")] = 0.02,
@@ -138,6 +140,7 @@ def main_job(
         parallel_trials=parallel_trials,
         trial_env=tuple(trial_env or ()),
         gpu_hours=gpu_hours,
+        policy=trial_policy,
         stop_confidence=stop_confidence,
         stop_gain=stop_gain,
         prune_margin=None if (not math.isnan(prune_margin) and prune_margin < 0) else prune_margin,  # NaN is rejected later
@@ -181,6 +184,8 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, *, verbose
               f"seq {w.seq_length:,}, gbs {w.global_batch_size}, {w.precision.value}, {cfg.backend} backend")
     if verbose:
         _print_space(prep, cfg)
+    if cfg.backend != "model" and cfg.policy == "gain":
+        _print_plan(prep, cfg)
     # The bar starts when the study is open and its first trial begins (run_study calls on_trial(0, n)):
     # a refused study (other inputs, a busy lock, a bad storage) prints its error without a bar before it.
     progress = Progress(
@@ -252,9 +257,14 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, *, verbose
         out.print(f"  {escape(res.stop_note)}", soft_wrap=False)
     out.print(
         f"Space: {fmt_int(en.considered)} layouts, {fmt_int(prep.n_valid)} valid, {fmt_int(prep.n_fit)} candidates "
-        f"({fmt_int(int((prep.fits & ~prep.surely_fits).sum()))} may not fit); {len(rows)} evaluated"
-        + (f"; {res.gpu_hours_now:,.1f} GPU-hours this run" if cfg.backend != "model" else "")
+        f"({fmt_int(int((prep.fits & ~prep.surely_fits).sum()))} may not fit)"
     )
+    out.print(f"Study {escape(res.study_name)}: {len(rows)} layouts evaluated in total ({res.evaluated_now} now"
+              + (f"; {res.pruned_now} pruned, {res.failed_now} failed; {res.gpu_hours_now:,.1f} GPU-hours" if cfg.backend != "model" else "")
+              + ")")
+    for note in (res.budget_note, res.confirm_note):
+        if note:
+            out.print(f"note: {escape(note)}")
     if best["source"] == "predicted":
         for gap in gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay), prep.model, prep.cluster.gpu, prep.calibration)[:2]:
             out.print(f"note: {gap.line}", markup=False)
@@ -271,13 +281,45 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, *, verbose
         pp = policy_params(prep, 1)
         trial_gh = (pp.startup_s + pp.steps * float(best["step_time_s"])) * c.num_gpus / 3600
         budget = max(1, round(5 * trial_gh))
-        args = [a for a in state.argv if a not in ("-v", "--verbose", "--png")] or ["--model", prep.model.name, "--gpus", cfg.gpus]
         out.print(f"Next: measure the contenders (about {trial_gh:,.1f} GPU-hours a trial):", markup=False)
-        out.print("  " + shell_command("tune", *args, "--backend", "ray", "--gpu-hours", budget), markup=False, soft_wrap=True)
+        print_command("tune", *_real_trial_args(state.argv, prep, cfg), "--backend", "ray", "--gpu-hours", budget)
     else:
         out.print("Next: check convergence against a reference layout:", markup=False)
-        out.print("  " + shell_command("tune", "verify", *flags, "--trial", best["trial"], "--reference", "tp=1,pp=1,ep=1"),
-                  markup=False, soft_wrap=True)
+        print_command("tune", "verify", *flags, "--trial", best["trial"], "--reference", "tp=1,pp=1,ep=1")
+
+
+def _real_trial_args(argv: tuple[str, ...], prep: Any, cfg: Any) -> list[str]:
+    """The user's arguments for the same job with real trials: without the output flags, --trials (the policy and the
+    budget decide) and --study (real trials go to a study of their own)."""
+    drop_value = {"--trials", "--study", "--top"}
+    drop = {"-v", "--verbose", "--png"}
+    args: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in drop_value:
+            skip = True
+            continue
+        if a in drop or any(a.startswith(f"{d}=") for d in drop_value):
+            continue
+        args.append(a)
+    return args or ["--model", prep.model.name, "--gpus", cfg.gpus]
+
+
+def _print_plan(prep: Any, cfg: Any) -> None:
+    """Real trials under the gain policy: what a trial costs and what the budget buys, before the first one starts."""
+    from tuner.study.config import n_trials, policy_params
+
+    pp = policy_params(prep, n_trials(cfg))
+    step = prep.estimates.step_time_s[prep.contenders]
+    each = (pp.startup_s + pp.steps * float(step.min())) * prep.cluster.num_gpus / 3600 if len(step) else float("nan")
+    buys = f"; --gpu-hours {cfg.gpu_hours:g} buys at most {int(cfg.gpu_hours // each)} of them" if cfg.gpu_hours and each == each else ""
+    out.print(f"Plan: {fmt_int(int(prep.contenders.sum()))} contenders; a trial costs about {each:,.1f} GPU-hours "
+              f"({prep.cluster.num_gpus} GPUs, {pp.startup_s:.0f} s start-up until measured, {pp.steps} steps){buys}; at most "
+              f"{pp.max_trials} trials; stop when no untried layout may beat the best by {cfg.stop_gain:.0%} at "
+              f"{cfg.stop_confidence:.0%} confidence")
 
 
 def _print_space(prep: Any, cfg: Any) -> None:
@@ -306,7 +348,7 @@ def _print_best(best: dict[str, Any], tied: list[dict[str, Any]], pls: str, hbm_
     out.print(f"  tokens/s/GPU {best['tokens_per_s_per_gpu']:,.0f} (90%: {best['tokens_per_s_per_gpu_low']:,.0f}-"
               f"{best['tokens_per_s_per_gpu_high']:,.0f}); MFU {best['mfu']:.1%}; ${best['usd_per_million_tokens']:.2f}/1M tok")
     mem = (f"{best['peak_gib']:.1f} GiB" if src == "measured" else
-           f"{best['peak_gib']:.1f} GiB (90%: {best['peak_gib_low']:.1f}-{best['peak_gib_high']:.1f})")
+           f"{best['peak_gib']:.1f} GiB (at most {best['peak_gib_high']:.1f})")
     out.print(f"  peak {mem} of {hbm_gib:.1f}; step {best['step_time_s']:.2f} s")
     if pls:
         out.print(f"  --pipeline-model-parallel-layout '{pls}'", markup=False)

@@ -288,7 +288,7 @@ def _validate_config(config: TuneConfig) -> None:
         if config.backend == "model":
             raise TunerError("--gpu-hours is a budget of real trials; --backend model measures nothing (use --backend local, ray or command)")
     if config.policy not in POLICIES:
-        raise TunerError(f"the trial policy {config.policy!r}: accepted {', '.join(POLICIES)}")
+        raise TunerError(f"--trial-policy {config.policy!r}: accepted {', '.join(POLICIES)}")
     if not (math.isfinite(config.stop_confidence) and 0 < config.stop_confidence < 1):
         raise TunerError(f"--stop-confidence must be a fraction between 0 and 1 (e.g. 0.9), got {config.stop_confidence}")
     if not (math.isfinite(config.stop_gain) and 0 <= config.stop_gain < 1):

@@ -3,11 +3,13 @@
 Belief. For every candidate ``i`` the log ratio ``y_i = log(true tokens/s/GPU / predicted)`` is a Gaussian
 process whose prior mean is the error band's bias and whose covariance is
 
-    k(i, j) = s2 * (rho + (1 - rho) * prod_d c ** [i and j differ in dimension d])
+    k(i, j) = level^2 + s2 * (rho + (1 - rho) * prod_d c ** [i and j differ in dimension d])
 
-``s2`` is the band's variance (:attr:`cost_model.uncertainty.Band.sigma` squared), ``rho`` the share of the
-error every layout of the job has in common (the calibration's error for this model and cluster), ``c`` the
-correlation kept per search dimension two layouts differ in. A measurement of ``i`` is
+``s2`` is the band's variance (:attr:`cost_model.uncertainty.Band.sigma` squared), ``rho`` the share of it every
+layout of the job has in common, ``c`` the correlation kept per search dimension two layouts differ in, and
+``level`` the spread of the error common to every layout on the user's own stack, which published runs of other
+stacks cannot bound (the same configuration published twice differs by up to 2x between container releases): the
+first measurement sets the level, the later ones the ranking. A measurement of ``i`` is
 ``log(measured / predicted) = y_i + e``, ``e ~ N(0, run_sigma^2)`` (run-to-run spread; a pruned trial's few
 steps count as ``pruned_runs`` of a run). Each measurement updates every candidate's posterior (Rasmussen &
 Williams 2006, eq. 2.19, one observation at a time), which is how a measurement recalibrates the ranking.
@@ -42,8 +44,12 @@ class PolicyParams:
     """Standard deviation of ``log(measured / predicted)`` tokens/s/GPU before any trial (the error band's)."""
     bias: float = 0.0
     """Mean of ``log(measured / predicted)`` before any trial (the error band's centre)."""
-    shared: float = 0.5
-    """``rho``: share of the prior variance common to every layout of the job."""
+    shared: float = 0.58
+    """``rho``: share of the band's variance common to every layout of the job: 1 - (0.102 / 0.158)^2, the held-out
+    published residuals' spread within a (model, GPU, precision) group against their whole spread
+    (``benchmarks/results/2026-12-07_error_bars/heldout_rows.jsonl``, 201 rows in 36 groups of 3 or more)."""
+    level: float = 0.5
+    """Standard deviation of the log error common to every layout on the user's stack (see the module docstring)."""
     per_dimension: float = 0.6
     """``c``: correlation kept for each search dimension in which two layouts differ."""
     run_sigma: float = 0.085
@@ -136,14 +142,14 @@ class GainPolicy:
     def _prior_cov(self, i: int) -> Array:
         p = self.params
         differ = (self.codes != self.codes[i]).sum(axis=1)
-        return p.sigma**2 * (p.shared + (1 - p.shared) * p.per_dimension ** differ)
+        return p.level**2 + p.sigma**2 * (p.shared + (1 - p.shared) * p.per_dimension ** differ)
 
     def posterior(self) -> tuple[Array, Array]:
         """Mean and standard deviation of ``y`` (log true / predicted) of every candidate."""
         p = self.params
         n = len(self.predicted)
         mean = np.full(n, p.bias)
-        var = np.full(n, p.sigma**2)
+        var = np.full(n, p.level**2 + p.sigma**2)
         if not self._obs:
             return mean, np.sqrt(var)
         kx = np.stack(self._cross, axis=1)  # (n, m)

@@ -459,10 +459,9 @@ class StudyRun:
                 continue
             with self._lock:
                 self._total = max(self._total, self._done + len(picks))
+            # a pick stays pending until its trial is fed back: one another worker runs is not picked again meanwhile
             self.study.optimize(self.objective, n_trials=len(picks), callbacks=[self.after_trial], catch=(TrialFailed,),
                                 gc_after_trial=False, n_jobs=min(n_jobs, len(picks)))
-            for d in picks:
-                policy.pending[d.index] = False
 
     def _feed(self, policy: Any, pos: dict[int, int], observed: set[int], first_of: dict[int, int]) -> None:
         """Give the policy every finished trial of the study it has not seen (this worker's and others')."""
