@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     for h in logging.getLogger("optuna").handlers:
         h.addFilter(lambda r: r.levelno >= logging.ERROR)
     t0 = time.perf_counter()
+    commit = _git_commit()  # the code this run imported
     meta: dict[str, Any] = {}
     for c in cases:
         t = time.perf_counter()
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
-            "benchmark": "bench_search", "argv": sys.argv[1:], "merged": [str(f) for f in args.merge], "commit": _git_commit(), "cases": meta, "policies": policies,
+            "benchmark": "bench_search", "argv": sys.argv[1:], "merged": [str(f) for f in args.merge], "commit": commit, "cases": meta, "policies": policies,
             "summary": summary, "worlds": sorted(rows, key=lambda r: (r["case"], r["seed"], POLICIES.index(r["policy"]))),
             "seconds": round(seconds, 1), "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         }, indent=1) + "\n")
