@@ -57,7 +57,9 @@ __all__ = [
 ]
 
 #: The groups of step-time parts that share one per-world error factor, and each group's sigma relative to
-#: compute's (communication over the network and the host are less well modelled than the GEMMs).
+#: compute's (communication over the network and the host are less well modelled than the GEMMs). The experts'
+#: grouped GEMMs are not a part of their own in the estimate (``compute`` holds dense and expert GEMMs): their
+#: error as it varies with the local expert count is carried by the EP values' errors (:data:`FEATURES`).
 TIME_GROUPS: dict[str, tuple[tuple[str, ...], float]] = {
     "compute": (("compute",), 1.0),
     "recompute": (("recompute",), 1.0),
@@ -232,7 +234,7 @@ def feature_hashes(table: LayoutTable) -> dict[str, _Codes]:
 
 def layout_normals(hashes: npt.NDArray[np.uint64], seed: int, stream: int) -> npt.NDArray[np.float64]:
     """One standard normal per layout hash (:func:`layout_hashes`), a deterministic function of the hash, ``seed``
-    and ``stream`` (independent streams for the step time, the memory and a trial's noise). Shape ``(n,)``."""
+    and ``stream`` (independent streams for the layout's own step time, its memory and each feature). Shape ``(n,)``."""
     with np.errstate(over="ignore"):
         salt = np.uint64((seed * 0x9E3779B97F4A7C15 + stream * 0xD1B54A32D192ED03 + 1) % 2**64)
         h = _mix(_mix(hashes ^ salt))
