@@ -437,7 +437,7 @@ class StudyRun:
         while True:
             self._feed(policy, pos, observed, first_of)
             picks = []
-            for _ in range(n_jobs):
+            while len(picks) < n_jobs:
                 d = policy.next()
                 if d.index is None:
                     if not picks:
