@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated: {', '.join(POLICIES)}")
     ap.add_argument("--errors", choices=("bars", "kfold"), default="bars",
                     help="size of the worlds' step-time error: the job's error bars (default) or the k-fold median error")
+    ap.add_argument("--gpu-hours", type=float, default=None, help="the gain policy's budget (--gpu-hours; default none)")
     ap.add_argument("--out", type=Path, help="JSON output file")
     ap.add_argument("--merge", type=Path, nargs="*", default=[],
                     help="JSON outputs of earlier runs: their worlds join this run's in the summary (a world run here wins)")
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     meta: dict[str, Any] = {}
     for c in cases:
         t = time.perf_counter()
-        case = prepare_case(TuneConfig(backend="command", **CASES[c]))
+        case = prepare_case(TuneConfig(backend="command", gpu_hours=args.gpu_hours, **CASES[c]))
         _PREPARED[c] = case
         new, today = case.new, case.today
         e = _errors(case, args.errors)
