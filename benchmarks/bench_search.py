@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                    "errors": {"source": args.errors, "median_step_error": e.median_step_error, "throughput_bias": e.throughput_bias,
                               "run_sigma": e.run_sigma, "crash_rate": e.crash_rate, "hang_rate": e.hang_rate},
                    "prepare_s": round(time.perf_counter() - t, 2)}
-        print(f"{c}: {new.n_valid:,} valid, {new.n_fit:,} candidates ({meta[c]['contenders']:,} contenders), "
-              f"{today.n_fit:,} with headroom {TODAY_HEADROOM}; prepared in {meta[c]['prepare_s']} s", flush=True)
+        print(f"{c}: {new.n_valid:,} valid, {new.n_fit:,} candidates ({meta[c]['contenders']:,} contenders),\n"
+              f"  {today.n_fit:,} with headroom {TODAY_HEADROOM}; prepared in {meta[c]['prepare_s']} s", flush=True)
     tasks = [(c, s, policies, args.errors) for c in cases for s in range(args.first_seed, args.first_seed + args.worlds)]
     rows: list[dict[str, Any]] = []
     if args.processes > 1:
