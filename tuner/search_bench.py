@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import math
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -37,8 +36,9 @@ from launch.harness.pruner import StepTimePruner
 from launch.simulated import ErrorStructure, SimulatedBackend, World, WorldTable
 from specs.layout import Layout
 from tuner.report import fastest_measured
-from tuner.study import Prepared, TuneConfig, _optuna, prepare, records, run_study, trial_rows
+from tuner.study import Prepared, TuneConfig, _optuna, prepare, run_study, trial_rows
 from tuner.study.config import trial_warmup_steps
+from tuner.study.run import POLICY_BEST_ATTR
 
 __all__ = ["POLICIES", "TODAY_HEADROOM", "Case", "WorldResult", "prepare_case", "run_world", "summarize"]
 
@@ -125,36 +125,15 @@ def _in_memory(url: str, **_: Any) -> optuna.storages.BaseStorage:
     return optuna.storages.InMemoryStorage()
 
 
-def _pruned_as_one_number(warmup_steps: int) -> Any:
-    """A work-around while ``StudyRun._feed`` reads a pruned trial's ``tokens_per_s_per_gpu`` (a list of every step's
-    throughput, :func:`tuner.study.records.pruned_of`) as one number: the pruned record with the median of its
-    post-warm-up steps there (the pruner's own figure), the steps under ``steps_tokens_per_s_per_gpu``."""
-
-    def pruned(layout: Layout, e: TrialStopped, prediction: Any) -> dict[str, Any]:
-        rec = records.pruned_of(layout, e, prediction)
-        steps = list(e.tokens_per_s_per_gpu)
-        rec["steps_tokens_per_s_per_gpu"] = steps
-        rec["tokens_per_s_per_gpu"] = float(np.median(steps[warmup_steps:] or steps)) if steps else 0.0
-        return rec
-
-    return pruned
-
-
-def _feed_reads_a_list_as_a_number() -> bool:
-    from tuner.study.run import StudyRun
-
-    return 'float(r.pruned["tokens_per_s_per_gpu"])' in inspect.getsource(StudyRun._feed) if hasattr(StudyRun, "_feed") else False
-
-
 def _study(prep: Prepared, world: World, seed: int, tmp: str) -> tuple[Layout | None, SimulatedBackend]:
     cfg = dataclasses.replace(prep.config, results_dir=tmp, seed=seed % 2**32)
     backend = _backend(world, cfg)
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(_optuna, "ThreadSafeRDBStorage", _in_memory))
-        if _feed_reads_a_list_as_a_number():
-            stack.enter_context(mock.patch("tuner.study.run.pruned_of", _pruned_as_one_number(trial_warmup_steps(cfg))))
         result = run_study(dataclasses.replace(prep, config=cfg), backend=backend)
-    best = fastest_measured(trial_rows(result.study))
+    rows = trial_rows(result.study)
+    chosen = result.study.user_attrs.get(POLICY_BEST_ATTR)  # the gain policy's answer (posterior mean), if it named one
+    best = next((r for r in rows if r["trial"] == chosen), None) or fastest_measured(rows)
     return (Layout.from_dict(best["layout"]) if best else None), backend
 
 
