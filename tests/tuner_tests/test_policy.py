@@ -175,3 +175,23 @@ def test_bad_budget_and_stopping_inputs_are_refused(tmp_path, args, msg):
 def test_a_budget_smaller_than_one_trial_names_the_cheapest(tmp_path):
     with pytest.raises(Exception, match=r"--gpu-hours 0.001: one trial of the cheapest candidate is predicted to cost"):
         run_study(prepare(_cfg(tmp_path, gpu_hours=0.001)), backend=_Truth())
+
+
+class _Pruning(_Truth):
+    """As :class:`_Truth`, but a layout without EP is stopped by the pruner after four steps."""
+
+    def run(self, layout, *, model, cluster, workload, reporter=None, trial_number=None):
+        from launch import TrialStopped
+
+        m = super().run(layout, model=model, cluster=cluster, workload=workload)
+        if layout.ep == 1:
+            raise TrialStopped("slower than the best", step_times_s=m.step_times_s, tokens_per_s_per_gpu=[m.tokens_per_s_per_gpu] * 4,
+                               wall_s=50.0)
+        return m
+
+
+def test_a_pruned_trial_is_fed_back_as_its_steps_median(tmp_path):
+    res = run_study(prepare(_cfg(tmp_path)), backend=_Pruning())
+    assert res.pruned_now >= 1 and res.stop_note is not None  # the policy read the pruned steps and went on to its stop
+    best = res.study.user_attrs["policy_best_trial"]
+    assert next(r for r in trial_rows(res.study) if r["trial"] == best)["layout"]["ep"] > 1

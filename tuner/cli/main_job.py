@@ -177,6 +177,7 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: An
     from launch import BackendSettings, get_backend
     from tuner.report import export_files, front_rows, pick_best, pipeline_layout_of, plot_front, write_pareto_csv
     from tuner.study import _mask, _validate_config, prepare, run_study, trial_rows
+    from tuner.study.run import POLICY_BEST_ATTR
 
     _validate_config(cfg)  # flag combinations first: one message about the flags, before any backend is probed
     # Reject unknown / unavailable backends before any work (ray connects once, in run_study).
@@ -247,6 +248,11 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: An
     if not front:
         raise TunerError("the study has no finished trial; nothing to export")
     best, tied = pick_best(front)
+    chosen = res.study.user_attrs.get(POLICY_BEST_ATTR)  # the gain policy's answer, when it stopped by its rule
+    if chosen is not None and chosen != best["trial"]:
+        row = [r for r in rows if r["trial"] == chosen]
+        if row:
+            best, tied = front_rows(row, prep.model, prep.bars, c.gpu.hbm_bytes / GIB)[0], []
     assert best is not None
     lay = best["layout"]
     pls = pipeline_layout_of(lay, prep.model)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import logging
 import signal
+import statistics
 import threading
 import time
 import warnings
@@ -53,7 +54,11 @@ from tuner.study.records import (
 )
 from tuner.study.storage import Heartbeat, StudyLock, open_study
 
-__all__ = ["FALLBACK_AFTER_SKIPS", "Proposal", "StudyRun", "TuneResult", "run_study"]
+__all__ = ["FALLBACK_AFTER_SKIPS", "POLICY_BEST_ATTR", "Proposal", "StudyRun", "TuneResult", "run_study"]
+
+#: The study attribute holding the trial the gain policy's stop named best: the measured layout of highest posterior mean
+#: throughput (its runs and its neighbours' measurements together, not its own noisy mean alone).
+POLICY_BEST_ATTR = "policy_best_trial"
 
 log = logging.getLogger("tuner.study")
 
@@ -451,6 +456,9 @@ class StudyRun:
                 if d.index is None:
                     if not picks:
                         self._stop_note = self._stop_statement(policy, d.reason, first_of, pol_rows)
+                        inc = policy.incumbent()
+                        if inc is not None and inc in first_of:
+                            self.study.set_user_attr(POLICY_BEST_ATTR, first_of[inc])
                     break
                 row = int(pol_rows[d.index])
                 lay = prep.enumeration.valid.row(row)
@@ -491,7 +499,9 @@ class StudyRun:
             if r.result and r.result.get("source") == "measured":
                 policy.observe(i, float(r.result["tokens_per_s_per_gpu"]), gpu_hours=gh, startup_s=r.result.get("startup_s"))
             elif r.pruned and r.pruned.get("tokens_per_s_per_gpu"):
-                policy.observe(i, float(r.pruned["tokens_per_s_per_gpu"]), gpu_hours=gh, pruned=True)
+                steps = [float(x) for x in r.pruned["tokens_per_s_per_gpu"]]  # every step, warm-up included
+                timed = steps[trial_warmup_steps(self.cfg):] or steps
+                policy.observe(i, statistics.median(timed), gpu_hours=gh, pruned=True)
             else:
                 policy.observe(i, None, gpu_hours=gh, failed=True)
 
