@@ -46,8 +46,8 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
     argv = megatron_args(model, cluster, workload, layout)
     head = [
         SHEBANG,
-        f"# Megatron-LM arguments for {model.name} on {cluster.num_gpus} {cluster.gpu.name} "
-        f"({cluster.num_nodes} x {cluster.gpus_per_node}): {layout.label}",
+        *comment(f"Megatron-LM arguments for {model.name} on {cluster.num_gpus} {cluster.gpu.name} "
+                 f"({cluster.num_nodes} x {cluster.gpus_per_node}): {layout.label}", None),
         *comment(_summary(layout, model, workload)),
         "# Exported by megatron-layout-tuner. Use (bash):",
         "#   source megatron_args.sh",

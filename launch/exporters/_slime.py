@@ -96,8 +96,8 @@ def slime_script(
     entry = (f"SLIME_ENTRY_MODULE=${{SLIME_ENTRY_MODULE:-{shlex.quote(entry_module)}}}" if entry_module else
              'SLIME_ENTRY_MODULE=${SLIME_ENTRY_MODULE:?set SLIME_ENTRY_MODULE to the slime module to run with python -m}')
     out: list[str] = [
-        f"# slime: {model.name} on {cluster.num_gpus} {cluster.gpu.name} ({cluster.num_nodes} x {cluster.gpus_per_node}), "
-        f"{layout.label}",
+        *comment(f"slime: {model.name} on {cluster.num_gpus} {cluster.gpu.name} ({cluster.num_nodes} x {cluster.gpus_per_node}), "
+                 f"{layout.label}", None),
         *comment(_summary(layout, model, workload)),
         "# Needs HF_CKPT, TORCH_DIST, SFT_DATA, PROFILE_DIR and SLIME_ENTRY_MODULE; reads PYTHON (default python3),",
         "# SLIME_DIR (a slime checkout, put first on PYTHONPATH) and NVLINK_COUNT (default: counted with nvidia-smi).",

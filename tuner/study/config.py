@@ -83,6 +83,9 @@ class TuneConfig:
     ``trial_steps``. On 2 x H200 (MiniMax-M2 slice, no TE, 2026-11-29) a trial's step time fell by
     20-40% over its first ~10 steps before it settled
     (benchmarks/results/h200_x2_2026-11-29/step_times.jsonl), hence 10 of the default 20."""
+    allow_config_args: bool = False
+    """Use the launch arguments a ``--model`` config.json's ``tuner`` section adds (``--allow-config-args``;
+    :func:`specs.load_model`); they are printed and recorded in the recipe."""
     trial_timeout_s: float = 900.0
     """Wall-clock limit of one real trial, model build included (seconds)."""
     trial_profile_step: int | None = None

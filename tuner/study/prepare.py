@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shlex
 import time
 from dataclasses import dataclass
 
@@ -67,7 +68,7 @@ def prepare(config: TuneConfig) -> Prepared:
             the space fits in memory (the message names the fewest GPUs that would).
     """
     _validate_config(config)
-    model = slice_model(load_model(config.model), config.layers)
+    model = slice_model(load_model(config.model, allow_config_args=config.allow_config_args), config.layers)
     if model.num_experts and not model.num_moe_layers:
         first_moe = next((i for i, f in enumerate(load_model(config.model).moe_layer_freq) if f), 0) + 1
         if config.layers is None:
@@ -95,6 +96,8 @@ def prepare(config: TuneConfig) -> Prepared:
     if config.stack not in STACKS:
         raise TunerError(f"--stack {config.stack!r}: accepted {', '.join(STACKS)}")
     stack_notes: list[str] = []
+    if config.allow_config_args and model.extra_megatron_args:
+        stack_notes.append(f"--allow-config-args: the model's config adds to every trial and export: {shlex.join(model.extra_megatron_args)}")
     if config.stack == "slime" and Dispatcher.allgather in space.dispatcher:
         kept = tuple(d for d in space.dispatcher if d != Dispatcher.allgather)
         if not kept:
