@@ -632,7 +632,7 @@ def load_model(name_or_path: str, *, allow_config_args: bool = False) -> ModelSp
     if p.is_dir() and (p / "config.json").is_file():  # a Hugging Face model folder
         p = p / "config.json"
     if p.suffix == ".json" or p.exists():
-        if not p.is_file():
+        if p.is_dir() or not p.exists():
             what = "a folder without a config.json" if p.is_dir() else "no such file"
             raise TunerError(f"--model {name_or_path!r}: {what}; give a preset name ({', '.join(list_models())}) or a config.json path")
         cfg = load_user_json(p, f"--model {name_or_path!r}", "a Hugging Face config.json")
