@@ -93,6 +93,22 @@ def test_list_placeholders_expand_to_the_tuners_flags(tmp_path, m4):
     assert "--max-tokens-per-gpu" in slime.fill(lay, model=m4, cluster=parse_gpus("4xH200"), workload=WL, steps=4)[0]
 
 
+@pytest.mark.parametrize("argv0", ["bash", "/bin/sh"])
+def test_a_shell_script_template_gets_each_value_as_one_word(tmp_path, m4, monkeypatch, argv0):
+    """``bash -c SCRIPT``: the pipeline layout's ``|`` and ``*`` and an environment value's ``$(...)`` reach the program
+    as they are (quoted in the script), not run by the shell."""
+    monkeypatch.setenv("EVIL", f"$(touch {tmp_path}/pwned)")
+    tpl = load_template(_tpl(tmp_path, {"argv": [argv0, "-ec", "printf '%s\\n' {pipeline_layout} {env:EVIL} {tp}"]}))
+    lay = Layout(world_size=4, pp=2, vpp=2, ep=2)
+    argv, _ = tpl.fill(lay, model=m4, cluster=parse_gpus("4xH200"), workload=WL, steps=4)
+    import subprocess
+
+    out = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, check=True).stdout.splitlines()
+    la = layout_args(lay, m4, WL, framework="megatron")
+    assert out == [la[la.index("--pipeline-model-parallel-layout") + 1], f"$(touch {tmp_path}/pwned)", "1"]
+    assert not (tmp_path / "pwned").exists()
+
+
 def test_model_args_follow_the_studys_megatron_core_release(tmp_path):
     """GPT-OSS's YaRN flags exist from megatron-core 0.19: a study for 0.18 gets plain RoPE in its trial commands; the
     backend takes the release from the study's settings."""
