@@ -117,10 +117,11 @@ def load_user_json(path: str | Path, label: str, expected: str, *, limit: int = 
 
 
 def _same_kind(old: bytes, new: bytes) -> bool:
-    """Whether an existing file's first bytes say it is the kind being written: empty, or the same first line (the
-    shebang, ``<!DOCTYPE html>``, a CSV header, ``# recipe.yaml``), compared over its first 16 bytes."""
+    """Whether an existing file's first bytes say it is the kind being written: the same first line (the shebang,
+    ``<!DOCTYPE html>``, a CSV header, ``# recipe.yaml``, PNG's signature) over its first 16 bytes or the file's length."""
     head = new.split(b"\n", 1)[0][:16]
-    return not old or old.startswith(head)
+    n = min(len(old), len(head))
+    return old[:n] == head[:n]
 
 
 def write_output(path: str | Path, text: str | bytes, *, label: str = "", force: bool = False,

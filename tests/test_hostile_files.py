@@ -54,3 +54,74 @@ def test_a_hostile_space_file_is_refused_in_one_line(tmp_path, text, needle):
     (tmp_path / "s.yaml").write_text(text)
     with pytest.raises(TunerError, match=needle):
         SearchSpace.load(str(tmp_path / "s.yaml"))
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def _link(t: Path) -> Path:
+    (t / "target.txt").write_text("keep me\n")
+    (t / "out.sh").symlink_to(t / "target.txt")
+    return t / "out.sh"
+
+
+def _other_kind(t: Path) -> Path:
+    (t / "out.sh").write_text("my notes\n")
+    return t / "out.sh"
+
+
+def _folder(t: Path) -> Path:
+    (t / "out.sh").mkdir()
+    return t / "out.sh"
+
+
+@pytest.mark.parametrize(("make", "needle", "forced"), [
+    (_link, "is a link", True),
+    (_other_kind, "holds another kind of file", True),
+    (lambda t: (os.mkfifo(t / "out.sh"), t / "out.sh")[1], "is not a regular file", True),
+    (_folder, "is a folder", False),
+    (lambda t: t / "no" / "such" / "out.sh", "no folder", False),
+])
+def test_an_output_replaces_only_its_own_kind(tmp_path, make, needle, forced):
+    from specs.files import write_output
+
+    p = make(tmp_path)
+    before = sorted(x.name for x in tmp_path.rglob("*"))
+    with pytest.raises(TunerError, match=needle):
+        write_output(p, "#!/usr/bin/env bash\necho hi\n", label="--out", executable=True)
+    assert sorted(x.name for x in tmp_path.rglob("*")) == before  # nothing created, no temporary file left
+    if (tmp_path / "target.txt").exists():
+        assert (tmp_path / "target.txt").read_text() == "keep me\n"
+    if forced:
+        write_output(p, "#!/usr/bin/env bash\necho hi\n", force=True, executable=True)
+        assert p.is_file() and not p.is_symlink() and p.read_text().endswith("echo hi\n") and os.access(p, os.X_OK)
+        if (tmp_path / "target.txt").exists():
+            assert (tmp_path / "target.txt").read_text() == "keep me\n"  # the link was replaced, not its target
+
+
+def test_an_output_of_the_same_kind_is_replaced_atomically(tmp_path):
+    from specs.files import write_output
+
+    p = tmp_path / "r.csv"
+    write_output(p, "a,b\n1,2\n")
+    old = os.stat(p).st_ino
+    write_output(p, "a,b\n3,4\n")
+    assert p.read_text() == "a,b\n3,4\n" and os.stat(p).st_ino != old  # a new file renamed over it
+    assert [x.name for x in tmp_path.iterdir()] == ["r.csv"]
+
+
+def test_a_full_disk_is_named_with_the_file(tmp_path, monkeypatch):
+    import errno
+
+    from specs.files import write_output
+
+    (tmp_path / "r.html").write_text("<!DOCTYPE html>\nold\n")
+
+    def full(fd, *a):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(TunerError, match=r"r\.html.*the disk is full"):
+        write_output(tmp_path / "r.html", "<!DOCTYPE html>\nnew\n", label="--out")
+    assert (tmp_path / "r.html").read_text() == "<!DOCTYPE html>\nold\n"  # the old page stays whole
+    assert [x.name for x in tmp_path.iterdir()] == ["r.html"]

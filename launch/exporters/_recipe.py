@@ -27,6 +27,7 @@ from launch.exporters._shell import comment
 from launch.exporters._slime import slime_script
 from specs import Cluster, ModelSpec, Workload
 from specs.errors import TunerError
+from specs.files import write_output
 from specs.layout import Dispatcher, Layout, RecomputeGranularity
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -398,8 +399,8 @@ def dump_recipe(recipe: Mapping[str, Any]) -> str:
     return _RECIPE_HEADER + body
 
 
-def write_recipe(path: str | Path, recipe: Mapping[str, Any]) -> Path:
-    """Validate ``recipe`` and write it as YAML to ``path`` (parents created).
+def write_recipe(path: str | Path, recipe: Mapping[str, Any], *, force: bool = False) -> Path:
+    """Validate ``recipe`` and write it as YAML to ``path`` (:func:`specs.files.write_output`).
 
     Args:
         path: Where to write, e.g. ``results/<study>/recipe.yaml``.
@@ -410,16 +411,11 @@ def write_recipe(path: str | Path, recipe: Mapping[str, Any]) -> Path:
 
     Raises:
         TunerError: if the recipe does not validate (:func:`validate_recipe`)
-            or the file cannot be written.
+            or as :func:`specs.files.write_output`.
     """
     validate_recipe(recipe)
     p = Path(path)
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(comment(p.name, None)[0] + "\n" + dump_recipe(recipe))
-    except OSError as e:
-        raise TunerError(f"cannot write recipe {p}: {e}") from None
-    return p
+    return write_output(p, comment(p.name, None)[0] + "\n" + dump_recipe(recipe), force=force)
 
 
 # --------------------------------------------------------------------------- schema

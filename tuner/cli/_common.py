@@ -263,9 +263,19 @@ def load_study(study: str | None, storage: str | None, results_dir: Path) -> Any
         raise TunerError(f"--storage {url!r}: no database file at {missing}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from tuner.study import _mask, open_storage
+    from tuner.study.config import storage_file
+    from tuner.study.storage import check_store_holds, sqlite_read_only
 
+    check_store_holds(url, name, f"--study {name!r} is read from it")
+    db_file = storage_file(url) if url.startswith("sqlite") else None
     try:
-        return optuna.load_study(study_name=name, storage=open_storage(url, create=False))
+        if db_file is not None:  # read only (a read-only filesystem too): reading a study changes no byte of it
+            from optuna.storages import RDBStorage
+
+            storage = RDBStorage(url, engine_kwargs={"creator": lambda: sqlite_read_only(db_file)}, skip_table_creation=True)
+        else:
+            storage = open_storage(url, create=False)
+        return optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         raise TunerError(f"--study {name!r}: no such study in {_mask(url)}") from None
     except Exception as e:  # noqa: BLE001 - storage errors
@@ -315,3 +325,4 @@ StudyOpt = Annotated[str | None, typer.Option("--study", help="Study name (defau
 StudyNameOpt = Annotated[str | None, typer.Option("--study", help="Study name (required; `tune` prints it, e.g. MiniMax-M2-8x8xH200-s8192-gbs128).", rich_help_panel="Study")]
 StorageOpt = Annotated[str | None, typer.Option("--storage", help="Optuna storage URL (default sqlite:///results/<study>/study.db).", rich_help_panel="Study")]
 ResultsOpt = Annotated[Path, typer.Option("--results-dir", help="Where study folders go.", rich_help_panel="Study")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an output that is a link (the link, not its target) or another kind of file.")]

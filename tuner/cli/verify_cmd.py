@@ -215,10 +215,9 @@ def _grad_parity(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any,
 
 
 def _write_recipe(out_file: Path, text: str) -> None:
-    try:
-        out_file.write_text(text)
-    except OSError as e:
-        raise TunerError(f"--out {str(out_file)!r}: cannot write ({e.strerror})") from None
+    from specs.files import write_output
+
+    write_output(out_file, text, label="--out")
     err.print(f"wrote {out_file}", markup=False)
 
 

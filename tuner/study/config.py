@@ -309,22 +309,25 @@ def is_study_folder(folder: Path) -> bool:
     return (folder / "study.db").exists() or _is_study_record(folder / "config.yaml")
 
 
-def check_output_path(option: str, path: Path, *, writes: str | None = None, study: str | None = None) -> None:
+def check_output_path(option: str, path: Path, *, writes: str | None = None, study: str | None = None, force: bool = False) -> None:
     """Refuse an output file (``--out``, ``--csv``, ``--png``, ``--export``, ...) that would overwrite a study: an
     existing SQLite database (an Optuna RDB storage), an Optuna journal (JSON lines with ``op_code``), or a file a
     study's folder keeps for itself (:data:`STUDY_OWN_FILES`); and one under a file. In a study's folder, one of the
     study's outputs (:data:`STUDY_OUTPUT_FILES`) is only written over by the same kind of output of the same study
     (``writes``: the file name that output has there, e.g. ``recipe.yaml`` for ``tune export --format recipe``;
-    ``study``: the study this command reads, whose folder is ``<results-dir>/<study>``).
+    ``study``: the study this command reads, whose folder is ``<results-dir>/<study>``). A missing folder is not
+    created; a link or a file that is not a regular file is replaced only with ``force`` (``--force``), and then the
+    link itself, not what it points to (:func:`specs.files.write_output`, which also checks the kind of file).
 
     Raises:
         TunerError: naming ``option``, the path and why.
     """
-    for a in path.parents:
-        if a.exists():
-            if not a.is_dir():
-                raise TunerError(f"{option} {str(path)!r}: {a} is a file, not a folder")
-            break
+    if not path.parent.is_dir():
+        what = "is a file, not a folder" if path.parent.exists() else "does not exist; create it first"
+        raise TunerError(f"{option} {str(path)!r}: {path.parent} {what}")
+    if not force and (path.is_symlink() or (path.exists() and not path.is_file() and not path.is_dir())):
+        raise TunerError(f"{option} {str(path)!r} is {'a link' if path.is_symlink() else 'not a regular file'}; give another "
+                         "path, or --force to replace it")
     if not path.is_file():
         return
     try:

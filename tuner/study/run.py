@@ -50,7 +50,7 @@ from tuner.study.records import (
     result_of,
     summary_of,
 )
-from tuner.study.storage import Heartbeat, StudyLock, open_study
+from tuner.study.storage import Heartbeat, StudyLock, is_own_store, open_study
 
 __all__ = ["FALLBACK_AFTER_SKIPS", "Proposal", "StudyRun", "TuneResult", "run_study"]
 
@@ -560,7 +560,7 @@ def run_study(
             ``tune`` process is running the same study in its default storage.
     """
     run = StudyRun(prep, on_trial=on_trial, backend=backend)
-    if prep.config.storage:
+    if prep.config.storage and not is_own_store(prep.config, run.out_dir):
         return run.run()
     out_dir = run.out_dir
     created = not out_dir.exists()

@@ -22,6 +22,7 @@ from cost_model.calibration import BASE_CALIBRATION, Calibration
 from launch import TrialFailed
 from specs import ModelSpec
 from specs.errors import TunerError
+from specs.files import write_output
 from tuner.study.config import RECORD_ERRORS, STUDY_OUTPUT_FILES, TuneConfig, _mask, read_study_record, storage_file, storage_place, trial_warmup_steps
 from tuner.study.prepare import Prepared
 
@@ -189,6 +190,12 @@ def storage_url(config: TuneConfig, out_dir: Path) -> str:
     if config.storage:
         return config.storage
     return f"sqlite:///{(out_dir / 'study.db').as_posix()}"
+
+
+def is_own_store(cfg: TuneConfig, out_dir: Path) -> bool:
+    """Whether the run's storage is the study folder's own ``study.db``, however ``--storage`` names it (then one
+    process at a time: :class:`StudyLock`)."""
+    return storage_place(storage_url(cfg, out_dir)) == storage_place(f"sqlite:///{(out_dir / 'study.db').as_posix()}")
 
 
 def resolved(prep: Prepared) -> dict[str, Any]:
@@ -424,6 +431,53 @@ def _check_same_storage(cfg: TuneConfig, name: str, out_dir: Path) -> None:
     if db.exists() and here != own and starts_new:
         raise TunerError(f"study {name!r}: {out_dir} holds study.db, and this run would start a new store at {_mask(now)!r} "
                          "instead; resume it with no --storage, or give another --study name")
+    check_store_holds(now, name, f"{rec} records study {name!r}")
+
+
+def sqlite_read_only(path: Path) -> Any:
+    """A ``sqlite3`` connection that cannot write ``path``: ``mode=ro``, or ``immutable=1`` where the folder is read-only
+    and the file was left in write-ahead-log mode (its ``-shm`` cannot be made)."""
+    import sqlite3
+    from urllib.parse import quote
+
+    base = f"file:{quote(str(Path(path).resolve()))}"
+    conn = sqlite3.connect(f"{base}?mode=ro", uri=True, check_same_thread=False)
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn
+    except sqlite3.OperationalError:
+        conn.close()
+        return sqlite3.connect(f"{base}?immutable=1", uri=True, check_same_thread=False)
+
+
+def check_store_holds(url: str, name: str, why: str) -> None:
+    """Refuse to open a file store that should hold study ``name`` (``why``: what says so) but is missing, empty, or a
+    SQLite file without that study: opening it would start a new, empty study in its place. Reads it only.
+
+    Raises:
+        TunerError: naming the file, what is wrong and what to restore.
+    """
+    import sqlite3
+
+    f = storage_file(url)
+    if f is None:
+        return
+    fix = "restore it from a copy (or give the --storage that holds it), or give another --study name"
+    if not f.is_file() or f.stat().st_size == 0:
+        raise TunerError(f"study {name!r}: {why}, but its store {f} is {'empty' if f.is_file() else 'missing'}; {fix}")
+    if url.startswith("journal:"):
+        return
+    try:
+        conn = sqlite_read_only(f)
+        try:
+            names = [r[0] for r in conn.execute("SELECT study_name FROM studies")]
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        raise TunerError(f"study {name!r}: {why}, but its store {f} is not an Optuna study database ({e}); {fix}") from None
+    if name not in names:
+        raise TunerError(f"study {name!r}: {why}, but its store {f} holds {', '.join(map(repr, names[:5])) or 'no study'} "
+                         f"instead; {fix}")
 
 
 def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, heartbeat: Heartbeat | None) -> tuple[optuna.Study, str]:
@@ -494,13 +548,9 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, he
                        ("calibration", prep.calibration.to_dict()), ("space", prep.space.to_dict()), ("cost_model_digest", formula_digest())):
         if stored.get(key) != json.loads(json.dumps(value)):  # a resumed study with the same inputs: no write
             study.set_user_attr(key, value)
-    try:
-        (out_dir / "config.yaml").write_text(
-            yaml.safe_dump({"config": cfg.to_dict(), "storage_place": storage_place(url) if storage_file(url) else None, "resolved": now, "space": prep.space.to_dict(),
-                            "calibration": prep.calibration.to_dict()}, sort_keys=False)
-        )
-    except OSError as e:
-        raise TunerError(f"cannot write {out_dir / 'config.yaml'} ({e.strerror or e})") from None
+    write_output(out_dir / "config.yaml", yaml.safe_dump(
+        {"config": cfg.to_dict(), "storage_place": storage_place(url) if storage_file(url) else None, "resolved": now,
+         "space": prep.space.to_dict(), "calibration": prep.calibration.to_dict()}, sort_keys=False))
     return study, url
 
 
