@@ -124,7 +124,7 @@ def test_journal_storage_errors_and_the_recorded_storage(tmp_path):
     assert out.exit_code == 2 and "not an Optuna journal file" in out.output and other.read_text() == '{"a": 1}\n'
     missing = tmp_path / "missing.log"
     out = r.invoke(app, ["pareto", "--study", "nosuch", "--storage", f"journal:{missing}"])
-    assert out.exit_code == 2 and "no journal file" in out.output and not missing.exists()  # reading creates nothing
+    assert out.exit_code == 2 and "is missing" in out.output and not missing.exists()  # reading creates nothing
     typo = tmp_path / "no-such-dir" / "j.log"
     out = r.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "2", "--study", "t", "--storage", f"journal:{typo}", "--results-dir", res])
     assert out.exit_code == 2 and "does not exist" in out.output and not typo.parent.exists()  # no stray journal of its own
@@ -167,4 +167,4 @@ def test_reading_a_study_from_a_missing_sqlite_file_creates_nothing(tmp_path):
 
     missing = tmp_path / "nosuch.db"
     r = CliRunner().invoke(app, ["pareto", "--study", "s", "--storage", f"sqlite:///{missing}"])
-    assert r.exit_code == 2 and "no database file" in r.output and not missing.exists()
+    assert r.exit_code == 2 and "is missing" in r.output and not missing.exists()

@@ -164,14 +164,6 @@ class TuneGroup(TyperGroup):
 # ---- small helpers ---------------------------------------------------------------------
 
 
-def _missing_sqlite_file(url: str) -> Path | None:
-    """The file of a SQLite URL when it does not exist (query strings and ``sqlite+driver`` forms included), else None."""
-    from tuner.study.config import storage_file
-
-    db = storage_file(url) if url.startswith("sqlite") else None
-    return None if db is None or db.is_file() else db
-
-
 def _is_storage_error(e: BaseException) -> bool:
     """An error of the study's storage layer (Optuna's ``StorageInternalError``, SQLAlchemy's database errors)."""
     import optuna
@@ -258,15 +250,12 @@ def load_study(study: str | None, storage: str | None, results_dir: Path) -> Any
     if not storage and not db.exists():
         first = shell_command("tune", "--model", "...", "--gpus", "...", *study_flags(name, results_dir))
         raise TunerError(f"--study {name!r}: no study database at {db}; run `{first}` first, or give --storage")
-    missing = _missing_sqlite_file(url)
-    if missing is not None:  # SQLite would create an empty database file: reading a study writes nothing
-        raise TunerError(f"--storage {url!r}: no database file at {missing}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from tuner.study import _mask, open_storage
     from tuner.study.config import storage_file
     from tuner.study.storage import check_store_holds, sqlite_read_only
 
-    check_store_holds(url, name, f"--study {name!r} is read from it")
+    check_store_holds(url, name, f"--study {name!r} is read from it")  # missing, empty or another study's: opened, not made
     db_file = storage_file(url) if url.startswith("sqlite") else None
     try:
         if db_file is not None:  # read only (a read-only filesystem too): reading a study changes no byte of it

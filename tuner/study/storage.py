@@ -145,8 +145,7 @@ def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None =
     storage also keeps trial state changes atomic among this process's threads (``--parallel-trials``).
 
     Raises:
-        TunerError: ``journal:`` without a path, a journal file that cannot be opened, or (``create=False``)
-            one that does not exist.
+        TunerError: ``journal:`` without a path, or a journal file that cannot be opened.
         ValueError, ImportError: (with ``heartbeat``) a malformed RDB URL, or its database driver missing.
     """
     from tuner.study import _optuna
@@ -159,8 +158,6 @@ def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None =
         from optuna.storages import JournalStorage
         from optuna.storages.journal import JournalFileBackend
 
-        if not create and not Path(path).is_file():
-            raise TunerError(f"--storage {url!r}: no journal file at {path}")
         if create and not Path(path).parent.is_dir():
             # not created here: on a shared filesystem a mistyped folder would give one worker a journal of its own
             raise TunerError(f"--storage {url!r}: the folder {str(Path(path).parent)!r} does not exist; create it (on the filesystem "
