@@ -260,7 +260,7 @@ def test_trial_files_and_measurement_extras(tmp_path, m4):
     assert m.grad_norms[0] == pytest.approx(2.0) and m.losses[0] == pytest.approx(9.9)  # the log's values
     assert m.extra["summary"]["iterations"] == 6 and m.extra["summary"]["memory_reports"] == 2 and m.extra["summary"]["bad_lines"] == 0
     assert m.extra["notes"] == [f"command backend: {tmp_path / 't.yaml'}"]
-    assert {p.name for p in (tmp_path / "trials" / "7").iterdir()} == {"log.txt", "command.txt", "command.json"}
+    assert {p.name for p in (tmp_path / "trials" / "7").iterdir()} == {"log.txt", "command.txt", "command.json", "process.json"}
 
 
 @pytest.mark.parametrize(

@@ -88,7 +88,7 @@ class TuneGroup(TyperGroup):
       without ``--debug``.
     * A usage error (unknown option, bad value: typer / click) prints one red line naming the
       command's ``--help`` and exits 2.
-    * Ctrl-C exits 130 (the main job first says how to resume); any other exception is a bug:
+    * Ctrl-C, and SIGTERM likewise, exits 130 (the main job first says how to resume); any other exception is a bug:
       one line asking for a report (the traceback with ``--debug``), exit 1.
 
     Sub-apps named in :attr:`lazy` (``name -> "module:typer_app"``) are imported only when their
@@ -119,6 +119,19 @@ class TuneGroup(TyperGroup):
         Returns:
             The exit code when ``standalone_mode`` is False (else it exits the process with it).
         """
+        import signal
+        import threading
+
+        main = threading.current_thread() is threading.main_thread()
+        old_term = signal.signal(signal.SIGTERM, signal.default_int_handler) if main else None  # `kill`, a scheduler: as Ctrl-C
+        try:
+            return self._main(args, prog_name, complete_var, standalone_mode, windows_expand_args, **extra)
+        finally:
+            if old_term is not None:
+                signal.signal(signal.SIGTERM, old_term)
+
+    def _main(self, args: Sequence[str] | None, prog_name: str | None, complete_var: str | None, standalone_mode: bool,
+              windows_expand_args: bool, **extra: Any) -> Any:
         argv, flag = _take_debug(sys.argv[1:] if args is None else args)
         debug = flag or os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
         extra.setdefault("obj", CliState(argv=tuple(argv), debug=debug))

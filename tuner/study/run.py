@@ -199,9 +199,9 @@ class StudyRun:
         self._total = self.n_trials + sum(1 for t in waiting if TrialRecord.of(t).repeat_of is not None)
         # Ctrl-C with trials running in worker threads (--parallel-trials): Optuna waits for them, so tell the
         # backend to stop them (each kills its processes and frees its placement group) before it waits.
-        old_handler = None
+        old_handlers: dict[signal.Signals, Any] = {}  # SIGTERM (a scheduler's stop, `kill`) as Ctrl-C: the trials stop, their layouts stay queued
         if threading.current_thread() is threading.main_thread():
-            old_handler = signal.signal(signal.SIGINT, self._on_sigint)
+            old_handlers = {s: signal.signal(s, self._on_sigint) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             if self.on_trial:
                 self.on_trial(0, self._total)  # the study is open and its queue set: trials start now
@@ -216,8 +216,8 @@ class StudyRun:
             self._settle()  # Optuna does not wait for its worker threads: let them record their trials
             raise
         finally:
-            if old_handler is not None:
-                signal.signal(signal.SIGINT, old_handler)
+            for s, h in old_handlers.items():
+                signal.signal(s, h)
             backend.close()
         with self._lock:
             c = self._counts
