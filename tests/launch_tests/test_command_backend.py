@@ -304,3 +304,27 @@ def test_cli_errors_and_a_study(tmp_path):
     assert "trials are measured" in r.output
     logs = sorted((tmp_path / "res" / "cmd" / "trials").glob("*/log.txt"))
     assert len(logs) >= 1 and all("elapsed time per iteration" in p.read_text() for p in logs)
+
+
+def test_a_measurement_above_the_gpus_peak_is_flagged_and_kept_out_of_the_best(tmp_path):
+    """A template that runs less work than the study assumes (here: 1 ms steps, MFU far above 100%): the trial is kept,
+    marked implausible with the question to ask, and is not the best; the outputs are written from the others."""
+    import optuna
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+    from tuner.study import trial_rows
+
+    runner = CliRunner()
+    args = ["--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8", "--stack", "megatron",
+            "--backend", "command", "--trials", "1", "--trial-steps", "4", "--results-dir", str(tmp_path / "res"), "--study", "c"]
+    for name, step_ms in (("ok.yaml", 2000.0), ("fast.yaml", 1.0)):
+        tpl = _tpl(tmp_path, {"argv": [*_megatron("ok", step_ms), "{layout_args}"]}, name)
+        r = runner.invoke(app, [*args, "--command-template", str(tpl)])
+        assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+    st = optuna.load_study(study_name="c", storage=f"sqlite:///{tmp_path / 'res' / 'c' / 'study.db'}")
+    (bad,) = [t for t in st.trials if t.state == optuna.trial.TrialState.FAIL]
+    fail = bad.user_attrs["failure"]
+    assert fail["kind"] == "implausible" and "{global_batch_size} and {seq_length}" in fail["message"] and fail["result"]["mfu"] > 1
+    assert [r["trial"] for r in trial_rows(st)] == [0]  # the front and the best hold only the plausible trial
+    assert (tmp_path / "res" / "c" / "recipe.yaml").is_file()

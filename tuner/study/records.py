@@ -153,6 +153,17 @@ def result_of(layout: Layout, m: Measurement, pred: Estimate, *, model: ModelSpe
     return res
 
 
+def implausible(result: Mapping[str, Any]) -> str | None:
+    """Why a measured ``result`` (:func:`result_of`) cannot be right, or None: a model FLOP utilisation above 100% of
+    the GPU's dense bf16 peak means the run did less work per step than the study assumes (a launch template that
+    hard-codes a smaller batch or sequence)."""
+    mfu_ = result.get("mfu")
+    if result.get("source") == "measured" and isinstance(mfu_, float) and mfu_ > 1.0:
+        return (f"measured MFU {mfu_:.0%} is above 100% of the GPU's peak, so the run did less work per step than the "
+                "study's batch and sequence: does the launch template pass {global_batch_size} and {seq_length}?")
+    return None
+
+
 def failure_of(layout: Layout, e: TrialFailed, prediction: Mapping[str, float]) -> dict[str, Any]:
     """A failed trial's ``failure``: kind, message, log, the layout, the prediction, and for an out-of-memory
     the memory the failing rank had reached (GiB) when known."""

@@ -28,6 +28,7 @@ from optuna.trial import TrialState
 from cost_model.estimate import estimate
 from cost_model.types import Estimate
 from launch import BackendSettings, StepReporter, TrialBackend, TrialFailed, TrialStopped, get_backend
+from launch.base import FailureKind
 from launch.harness.pruner import StepTimePruner
 from search_spaces.rules import check_layout
 from specs.errors import InfeasibleLayout, TunerError
@@ -45,6 +46,7 @@ from tuner.study.records import (
     claimed_elsewhere,
     evaluated_keys,
     failure_of,
+    implausible,
     prediction_of,
     pruned_of,
     result_of,
@@ -485,6 +487,13 @@ class StudyRun:
             self.refuse(prop.key)
             self._skip(trial, str(e))
         result = result_of(prop.layout, m, predicted, model=self.prep.model, cluster=self.prep.cluster)
+        why = implausible(result)
+        if why is not None:  # kept, marked, and out of the front and the best: a FAIL with its numbers
+            e = TrialFailed(FailureKind.implausible, why, m.log_path)
+            failure = {**failure_of(prop.layout, e, pred), "result": result}
+            TrialRecord.write(trial, failure=failure, **summary_of(failure))
+            self.finished("failed", progress=False)
+            raise e
         TrialRecord.write(trial, result=result, **summary_of(result))
         self.finished("confirmed" if repeat_of is not None else "evaluated", progress=False)
         return m.tokens_per_s_per_gpu, m.peak_bytes / 2**30
