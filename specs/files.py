@@ -12,6 +12,7 @@ name). A failed write names the file and, for a full disk, says so.
 
 from __future__ import annotations
 
+import csv
 import errno
 import json
 import os
@@ -24,7 +25,8 @@ from typing import Any
 
 from specs.errors import TunerError
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_DATA_BYTES", "parse_errors", "read_user_text", "load_user_json", "write_output"]
+__all__ = ["MAX_CONFIG_BYTES", "MAX_DATA_BYTES", "RepeatedKey", "load_user_json", "parse_errors", "read_user_text", "unique_keys",
+           "write_output"]
 
 #: Largest configuration file read (a ``config.json``, ``--space``, ``--calibration``, a command template): the
 #: largest bundled one is under 4 KiB.
@@ -36,21 +38,21 @@ MAX_DATA_BYTES = 256 * 2**20
 @contextmanager
 def parse_errors(label: str, expected: str) -> Iterator[None]:
     """Turn what a parser raises on a hostile document into one :class:`TunerError` naming ``label``: nesting deeper
-    than Python's stack (``RecursionError``) and an integer too long to convert (``ValueError``, Python's 4,300-digit
-    limit). A :class:`TunerError` passes as it is."""
+    than Python's stack (``RecursionError``), an integer too long to convert (``ValueError``, Python's 4,300-digit
+    limit) and a CSV cell past ``csv``'s field limit (``csv.Error``). A :class:`TunerError` passes as it is."""
     try:
         yield
     except TunerError:
         raise
     except RecursionError:
         raise TunerError(f"{label}: nested too deeply to read; {expected} is expected") from None
-    except ValueError as e:
+    except (ValueError, csv.Error) as e:
         raise TunerError(f"{label}: cannot read it ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__}); "
                          f"{expected} is expected") from None
 
 
 def read_user_text(path: str | Path, label: str, expected: str, *, limit: int = MAX_CONFIG_BYTES,
-                   encoding: str = "utf-8") -> str:
+                   encoding: str = "utf-8", errors: str = "strict") -> str:
     """The text of a user's file, read only if it is a regular file of at most ``limit`` bytes.
 
     Args:
@@ -59,6 +61,7 @@ def read_user_text(path: str | Path, label: str, expected: str, *, limit: int = 
         expected: what the file should be ("a YAML search space").
         limit: the most bytes read (:data:`MAX_CONFIG_BYTES`, :data:`MAX_DATA_BYTES`).
         encoding: its text encoding (``utf-8-sig`` drops a spreadsheet's byte-order mark).
+        errors: what to do with bytes that are not ``encoding`` (``replace``: a log's stray bytes).
 
     Raises:
         TunerError: missing or unreadable, not a regular file, larger than ``limit``, or not text in ``encoding``.
@@ -80,20 +83,21 @@ def read_user_text(path: str | Path, label: str, expected: str, *, limit: int = 
     if len(data) > limit:
         raise TunerError(f"{label}: more than the {limit:,} bytes read; {expected} is expected")
     try:
-        return data.decode(encoding)
+        return data.decode(encoding, errors)
     except UnicodeDecodeError:
         raise TunerError(f"{label}: not a text file ({expected} is expected)") from None
 
 
-class _RepeatedKey(ValueError):
-    pass
+class RepeatedKey(ValueError):
+    """A key written twice in one JSON object (its ``args[0]``)."""
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' ``object_pairs_hook``: the object, or :class:`RepeatedKey` naming a key written twice."""
     d: dict[str, Any] = {}
     for k, v in pairs:
         if k in d:
-            raise _RepeatedKey(k)
+            raise RepeatedKey(k)
         d[k] = v
     return d
 
@@ -108,8 +112,8 @@ def load_user_json(path: str | Path, label: str, expected: str, *, limit: int = 
     text = read_user_text(path, label, expected, limit=limit)
     with parse_errors(label, expected):
         try:
-            return json.loads(text, object_pairs_hook=_unique_keys)
-        except _RepeatedKey as e:
+            return json.loads(text, object_pairs_hook=unique_keys)
+        except RepeatedKey as e:
             raise TunerError(f"{label}: key {e.args[0]!r:.60} appears twice in one object (JSON keeps only the last); "
                              "write it once") from None
         except json.JSONDecodeError as e:

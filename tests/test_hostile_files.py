@@ -125,3 +125,24 @@ def test_a_full_disk_is_named_with_the_file(tmp_path, monkeypatch):
         write_output(tmp_path / "r.html", "<!DOCTYPE html>\nnew\n", label="--out")
     assert (tmp_path / "r.html").read_text() == "<!DOCTYPE html>\nold\n"  # the old page stays whole
     assert [x.name for x in tmp_path.iterdir()] == ["r.html"]
+
+
+def _big_cell(t: Path) -> str:
+    (t / "runs.csv").write_text("model,gpu\n" + "x" * 200_000 + ",H200\n")
+    return str(t / "runs.csv")
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (lambda t: ["validate", "--data", "/dev/zero"], "not a regular file"),
+    (lambda t: ["validate", "--data", _big_cell(t)], "field larger than field limit"),
+    (lambda t: ["rl", "--model", "Qwen3-30B-A3B", "--gpus", "100000x8xH200"], "at most 131,072"),
+    (lambda t: ["--model", "Llama-3.1-8B", "--gpus", "100000x8xH200"], "at most 131,072"),
+    (lambda t: ["pareto", "--study", "name\n"], "a study name is"),
+])
+def test_hostile_command_inputs_get_one_line(tmp_path, args, needle):
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    r = CliRunner().invoke(app, args(tmp_path))
+    assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output, r.output

@@ -45,6 +45,7 @@ from cost_model.rl.plan import BLOCK_SIZE, kv_capacity_tokens
 from cost_model.rl.simulator import EngineRun, simulate_engine
 from specs import Cluster, load_gpu
 from specs.errors import TunerError
+from specs.files import MAX_DATA_BYTES, parse_errors, read_user_text
 
 __all__ = [
     "COLUMNS",
@@ -141,10 +142,7 @@ def read_serving_runs(path: str | Path) -> tuple[list[ServingRun], list[str]]:
         TunerError: an unreadable file, or a header without the required columns (listed).
     """
     p = Path(path)
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise TunerError(f"{str(p)!r}: cannot read it ({e})") from None
+    text = read_user_text(p, repr(str(p)), "a CSV table of engine steps", limit=MAX_DATA_BYTES)
     reader = csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))
     header = [h.strip() for h in (reader.fieldnames or [])]
     missing = [c for c in COLUMNS if c not in header and c not in _OPTIONAL]
@@ -152,7 +150,9 @@ def read_serving_runs(path: str | Path) -> tuple[list[ServingRun], list[str]]:
         raise TunerError(f"{str(p)!r}: missing columns {', '.join(missing)}; a serving-runs table has {', '.join(COLUMNS)}")
     rows: list[ServingRun] = []
     errors: list[str] = []
-    for line, raw in enumerate(reader, start=2):
+    with parse_errors(repr(str(p)), "a CSV table of engine steps"):
+        table = list(reader)
+    for line, raw in enumerate(table, start=2):
         r = {(k or "").strip(): (v or "").strip() for k, v in raw.items()}
         col = ""
         try:

@@ -36,6 +36,7 @@ from cost_model.rl.plan import Framework, LatencyProvider, PlanChoice, RLJob, RL
 from cost_model.rl.trainer import trainer_for_layout
 from specs import DEFAULT_INTER_NODE_BYTES_PER_S, Cluster, Precision, load_gpu
 from specs.errors import TunerError
+from specs.files import MAX_DATA_BYTES, parse_errors, read_user_text
 
 __all__ = [
     "ASSUMED_MEAN_PROMPT_LEN",
@@ -143,18 +144,17 @@ def read_runs(path: str | Path) -> tuple[list[RunRow], list[str]]:
         TunerError: an unreadable file, or a header that lacks required columns (listed).
     """
     p = Path(path)
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise TunerError(f"--data {str(p)!r}: cannot read it ({e})") from None
+    text = read_user_text(p, f"--data {str(p)!r}", "a CSV table of RL runs", limit=MAX_DATA_BYTES)
     reader = csv.DictReader(text.splitlines())
+    with parse_errors(f"--data {str(p)!r}", "a CSV table of RL runs"):
+        table = list(reader)
     header = [h.strip() for h in (reader.fieldnames or [])]
     missing = [c for c in COLUMNS if c not in header and c not in OPTIONAL_COLUMNS]
     if missing:
         raise TunerError(f"--data {str(p)!r}: missing columns {', '.join(missing)}; a runs table has {', '.join(COLUMNS)}")
     rows: list[RunRow] = []
     errors: list[str] = []
-    for line, raw in enumerate(reader, start=2):
+    for line, raw in enumerate(table, start=2):
         r = {(k or "").strip(): (v or "").strip() for k, v in raw.items()}
         col = ""
         try:

@@ -31,7 +31,7 @@ DEFAULT_TRIALS = 48
 #: Most layouts one run accepts (``--trials``).
 MAX_TRIALS = 100_000
 
-_STUDY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_STUDY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -200,7 +200,7 @@ def _validate_config(config: TuneConfig) -> None:
     Raises:
         TunerError: the first bad input, named with what it accepts.
     """
-    if config.study is not None and not _STUDY_NAME_RE.match(config.study):
+    if config.study is not None and not _STUDY_NAME_RE.fullmatch(config.study):
         raise TunerError(
             f"--study {config.study!r}: a study name is 1-128 letters, digits, '.', '_' or '-', starting with a letter or "
             "digit (it names the folder results/<study>/)"
