@@ -146,3 +146,25 @@ def test_hostile_command_inputs_get_one_line(tmp_path, args, needle):
 
     r = CliRunner().invoke(app, args(tmp_path))
     assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output, r.output
+
+
+def test_a_storage_password_stays_out_of_the_files():
+    from tuner.study.config import TuneConfig, storage_place
+
+    url = "postgresql://tuner:s3cret@db.example:5432/studies"
+    assert TuneConfig(model="m", gpus="g", storage=url).to_dict()["storage"] == "postgresql://tuner@db.example:5432/studies"
+    assert storage_place(url) == storage_place("postgresql://tuner:other@db.example:5432/studies")  # one place, any password
+
+
+def test_a_missing_postgresql_driver_is_named(tmp_path):
+    import importlib.util
+
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    if importlib.util.find_spec("psycopg2") or importlib.util.find_spec("psycopg"):
+        pytest.skip("a PostgreSQL driver is installed here")
+    r = CliRunner().invoke(app, ["--model", "Llama-3.1-8B", "--gpus", "8xH200", "--storage", "postgresql://u:pw@127.0.0.1:1/db",
+                                 "--results-dir", str(tmp_path)])
+    assert r.exit_code == 2 and "pip install 'psycopg[binary]'" in r.output and "pw" not in r.output, r.output

@@ -257,6 +257,7 @@ def load_study(study: str | None, storage: str | None, results_dir: Path) -> Any
 
     name = check_study_name(require(study, "--study", "MiniMax-M2-8x8xH200-s8192-gbs128"))
     db = results_dir / name / "study.db"
+    storage_given = bool(storage) or db.exists()
     if not storage and not db.exists():
         storage = recorded_storage(results_dir / name / "config.yaml")
     url = storage or f"sqlite:///{db.as_posix()}"
@@ -281,7 +282,9 @@ def load_study(study: str | None, storage: str | None, results_dir: Path) -> Any
     except KeyError:
         raise TunerError(f"--study {name!r}: no such study in {_mask(url)}") from None
     except Exception as e:  # noqa: BLE001 - storage errors
-        raise TunerError(f"--study {name!r}: cannot open {_mask(url)} ({type(e).__name__}: {_mask(str(e).splitlines()[0]) if str(e) else ''})") from None
+        hint = "" if storage_given else "; a recorded server URL has no password: give --storage with it, or set PGPASSWORD"
+        raise TunerError(f"--study {name!r}: cannot open {_mask(url)} ({type(e).__name__}: {_mask(str(e).splitlines()[0]) if str(e) else ''})"
+                         f"{hint}") from None
 
 
 def study_context(st: Any) -> tuple[Any, Any, Any, dict[str, Any]]:

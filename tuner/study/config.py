@@ -132,8 +132,11 @@ class TuneConfig:
         return f"{base}{sl}-{cluster.label}-s{self.seq_length}-gbs{self.global_batch_size}"
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field, as plain values (stored with the study and in ``config.yaml``)."""
-        return dataclasses.asdict(self)
+        """Every field, as plain values (stored with the study and in ``config.yaml``): the storage URL without its
+        password, which is taken from ``--storage`` or the driver's own sources (``PGPASSWORD``, ``~/.pgpass``)."""
+        d = dataclasses.asdict(self)
+        d["storage"] = None if self.storage is None else without_password(self.storage)
+        return d
 
 
 def n_trials(config: TuneConfig) -> int:
@@ -188,6 +191,11 @@ def trial_env_dict(items: Sequence[str]) -> dict[str, str]:
 def _mask(url: str) -> str:
     """A storage URL with its password hidden."""
     return re.sub(r"(://[^:/@]+:)[^@/]*@", r"\1***@", url)
+
+
+def without_password(url: str) -> str:
+    """A storage URL without its password (``postgresql://user@host/db``): what a file or the study keeps."""
+    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1@", url)
 
 
 def _is_int(v: Any) -> bool:
@@ -374,10 +382,11 @@ def storage_file(url: str) -> Path | None:
 
 def storage_place(url: str) -> str:
     """``url`` with its file, if it has one, made absolute and resolved (relative paths against this process's folder),
-    so that two names of one file compare equal; a server URL, or a path that cannot be resolved, as it is."""
+    so that two names of one file compare equal; a server URL without its password; a path that cannot be resolved as
+    it is."""
     f = storage_file(url)
     if f is None:
-        return url
+        return without_password(url)
     try:
         return ("journal:" if url.startswith("journal:") else "sqlite:///") + str(f.resolve())
     except (OSError, ValueError, RuntimeError):  # a NUL byte, a symlink loop

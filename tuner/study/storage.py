@@ -499,6 +499,9 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, he
     except TunerError:
         raise
     except (ValueError, ImportError) as e:  # bad storage URL, missing DB driver, unreadable journal
+        if isinstance(e, ImportError) and url.startswith("postgres"):
+            raise TunerError(f"--storage {_mask(url)!r}: its PostgreSQL driver is not installed: pip install 'psycopg[binary]' "
+                             "(the postgres extra) and write postgresql+psycopg://..., or pip install psycopg2-binary") from None
         if url.startswith("journal:"):
             raise TunerError(f"--storage {_mask(url)!r}: not an Optuna journal file (JSON lines) or unreadable; give a new path or an existing journal") from None
         raise TunerError(f"--storage {_mask(url)!r}: cannot open the study ({_mask(str(e))})") from None
