@@ -168,3 +168,23 @@ def test_reading_a_study_from_a_missing_sqlite_file_creates_nothing(tmp_path):
     missing = tmp_path / "nosuch.db"
     r = CliRunner().invoke(app, ["pareto", "--study", "s", "--storage", f"sqlite:///{missing}"])
     assert r.exit_code == 2 and "is missing" in r.output and not missing.exists()
+
+
+def test_two_workers_that_pick_one_layout_at_once_never_both_measure_it():
+    """PostgreSQL can give two trials started at once one number: each worker tells its own trial by its id, and of two
+    RUNNING trials holding one layout neither goes on unseen (the 4 x 50 battery measured a layout twice before)."""
+    import datetime
+
+    from optuna.trial import FrozenTrial, TrialState
+
+    from tuner.study.records import claimed_elsewhere
+
+    def running(trial_id: int, number: int) -> FrozenTrial:
+        return FrozenTrial(number=number, state=TrialState.RUNNING, value=None, datetime_start=datetime.datetime.now(),
+                           datetime_complete=None, params={}, distributions={}, user_attrs={"key": "tp2-pp1"}, system_attrs={},
+                           intermediate_values={}, trial_id=trial_id)
+
+    for numbers in ((7, 7), (7, 8), (8, 7)):
+        trials = [running(1, numbers[0]), running(2, numbers[1])]
+        assert claimed_elsewhere(trials, 1, "tp2-pp1") or claimed_elsewhere(trials, 2, "tp2-pp1")
+        assert not claimed_elsewhere(trials[:1], 1, "tp2-pp1")  # alone, a trial keeps its layout

@@ -261,6 +261,10 @@ def load_study(study: str | None, storage: str | None, results_dir: Path) -> Any
     if not storage and not db.exists():
         storage = recorded_storage(results_dir / name / "config.yaml")
     url = storage or f"sqlite:///{db.as_posix()}"
+    if storage:
+        from tuner.study.config import _check_storage_syntax
+
+        _check_storage_syntax(storage)
     if not storage and not db.exists():
         first = shell_command("tune", "--model", "...", "--gpus", "...", *study_flags(name, results_dir))
         raise TunerError(f"--study {name!r}: no study database at {db}; run `{first}` first, or give --storage")

@@ -7,6 +7,7 @@ one, it returns and the sub-command runs.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -141,6 +142,18 @@ def main_job(
     _run_main(cfg, top, results_dir, state)
 
 
+def _with_trials(argv: Sequence[str], left: int) -> list[str]:
+    """``argv`` with ``--trials left`` in place of its ``--trials N`` (the resumed run evaluates what this one left)."""
+    out: list[str] = []
+    it = iter(argv)
+    for a in it:
+        if a == "--trials":
+            next(it, None)
+        elif not a.startswith("--trials="):
+            out.append(a)
+    return [*out, "--trials", str(left)]
+
+
 def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
     """Run the main job of ``cfg`` and print it; ``state.argv`` is the command a resume repeats.
 
@@ -207,7 +220,10 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
     )
     task = progress.add_task(f"Optuna search ({cfg.backend} backend)", total=None)
 
+    count = [0, 0]  # done, total: a resume runs what was left
+
     def on_trial(done: int, total: int) -> None:
+        count[:] = [done, total]
         if not progress.live.is_started:
             progress.start()
         progress.update(task, completed=done, total=total)
@@ -217,7 +233,8 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState) -> None:
     except KeyboardInterrupt:
         if progress.live.is_started:
             progress.stop()
-        resume = f": {shell_command('tune', *state.argv)}" if state.argv else ""
+        argv = _with_trials(state.argv, count[1] - count[0]) if count[0] and count[1] > count[0] else state.argv
+        resume = f": {shell_command('tune', *argv)}" if argv else ""
         err.print(f"[yellow]interrupted:[/] finished trials are kept in the study; re-run the same command to resume{escape(resume)}", soft_wrap=True)
         raise typer.Exit(code=130) from None
     finally:

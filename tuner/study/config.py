@@ -421,7 +421,13 @@ def _check_storage_syntax(url: str) -> None:
         from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
         try:
-            make_url(url).get_dialect()  # the database kind is one SQLAlchemy knows (its driver is loaded on opening)
+            dialect = make_url(url).get_dialect()  # the database kind is one SQLAlchemy knows
         except (ArgumentError, NoSuchModuleError, ValueError) as e:
             raise TunerError(f"--storage {_mask(url)!r}: not an RDB URL SQLAlchemy can open ({_mask(str(e).splitlines()[0])}); "
                              "give sqlite:///path.db, postgresql://user@host/db, mysql://... or journal:PATH") from None
+        try:
+            dialect.import_dbapi()
+        except ImportError as e:
+            extra = " (the postgres extra: pip install 'megatron-layout-tuner[postgres]')" if url.startswith("postgres") else ""
+            raise TunerError(f"--storage {_mask(url)!r}: its database driver is not installed ({e}); pip install "
+                             f"{'psycopg[binary]' if 'psycopg' in str(e) else e.name or 'the driver'}{extra}") from None

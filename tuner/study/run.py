@@ -300,13 +300,13 @@ class StudyRun:
         why = "refused by the backend earlier in this run" if refused else self.backend.refusal(lay, self.prep.model, self.prep.workload)
         return Proposal(params, row, lay, key, why)
 
-    def claim(self, key: str, number: int) -> bool:
-        """Take the layout for trial ``number`` of this process; False when the study has it (evaluated, or
-        RUNNING in a lower-numbered trial of another worker: of two that pick it at once, the later yields)."""
+    def claim(self, key: str, trial_id: int) -> bool:
+        """Take the layout for this process's trial ``trial_id`` (its key written); False when the study has it
+        (evaluated, or RUNNING in another worker's trial: :func:`claimed_elsewhere`)."""
         with self._lock:
             if key in self._seen:
                 return False
-            if self.cfg.storage and claimed_elsewhere(self.study.get_trials(deepcopy=False), number, key):
+            if self.cfg.storage and claimed_elsewhere(self.study.get_trials(deepcopy=False), trial_id, key):
                 return False
             self._seen.add(key)
             return True
@@ -462,7 +462,7 @@ class StudyRun:
                 trial.study.stop()
                 TrialRecord.write(trial, skipped=f"not run: this run's {self.n_trials} layouts (--trials) were started by its other trials")
                 raise optuna.TrialPruned("budget spent")
-            if not self.claim(prop.key, trial.number):
+            if not self.claim(prop.key, trial._trial_id):
                 self.release()
                 self._skip(trial, DUPLICATE)
         assert prop.row is not None

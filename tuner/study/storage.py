@@ -354,9 +354,11 @@ def open_study(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, *, hea
             unwritable results folder.
     """
     _check_same_storage(cfg, name, out_dir)
-    created = not out_dir.exists()
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+    try:  # made by this run (not by a worker started beside it): only then is it this run's to remove
+        out_dir.mkdir(parents=True)
+        created = True
+    except FileExistsError:
+        created = False
     except OSError as e:
         raise TunerError(f"--results-dir {cfg.results_dir!r}: cannot create {out_dir} ({e.strerror})") from None
     try:
@@ -499,9 +501,6 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, he
     except TunerError:
         raise
     except (ValueError, ImportError) as e:  # bad storage URL, missing DB driver, unreadable journal
-        if isinstance(e, ImportError) and url.startswith("postgres"):
-            raise TunerError(f"--storage {_mask(url)!r}: its PostgreSQL driver is not installed: pip install 'psycopg[binary]' "
-                             "(the postgres extra) and write postgresql+psycopg://..., or pip install psycopg2-binary") from None
         if url.startswith("journal:"):
             raise TunerError(f"--storage {_mask(url)!r}: not an Optuna journal file (JSON lines) or unreadable; give a new path or an existing journal") from None
         raise TunerError(f"--storage {_mask(url)!r}: cannot open the study ({_mask(str(e))})") from None

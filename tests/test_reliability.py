@@ -1,5 +1,6 @@
-"""One guard for users' files (:mod:`specs.files`): every hostile file gets one :class:`TunerError` naming it, before
-anything parses more than the size limit, whatever reader asks (``--model``, ``--space``, ``--calibration``)."""
+"""Bad input loses nothing and runs nothing (docs/reliability.md): one guard for users' files (:mod:`specs.files`) gives
+every hostile file one :class:`TunerError` naming it before anything parses more than the size limit; outputs replace
+only their own kind; a storage password stays out of files; a resume asks for what was left."""
 
 from __future__ import annotations
 
@@ -165,6 +166,13 @@ def test_a_missing_postgresql_driver_is_named(tmp_path):
 
     if importlib.util.find_spec("psycopg2") or importlib.util.find_spec("psycopg"):
         pytest.skip("a PostgreSQL driver is installed here")
-    r = CliRunner().invoke(app, ["--model", "Llama-3.1-8B", "--gpus", "8xH200", "--storage", "postgresql://u:pw@127.0.0.1:1/db",
-                                 "--results-dir", str(tmp_path)])
-    assert r.exit_code == 2 and "pip install 'psycopg[binary]'" in r.output and "pw" not in r.output, r.output
+    for args in (["--model", "Llama-3.1-8B", "--gpus", "8xH200"], ["pareto", "--study", "s"]):
+        r = CliRunner().invoke(app, [*args, "--storage", "postgresql://u:pw@127.0.0.1:1/db", "--results-dir", str(tmp_path)])
+        assert r.exit_code == 2 and "pip install psycopg[binary]" in r.output and "pw" not in r.output, r.output
+
+
+def test_the_resume_command_after_an_interrupt_asks_for_what_was_left():
+    from tuner.cli.main_job import _with_trials
+
+    assert _with_trials(["--model", "M", "--trials", "50", "--study", "s"], 37) == ["--model", "M", "--study", "s", "--trials", "37"]
+    assert _with_trials(["--model", "M", "--trials=50"], 3) == ["--model", "M", "--trials", "3"]
