@@ -70,10 +70,11 @@ def read_user_text(path: str | Path, label: str, expected: str, *, limit: int = 
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block the open
     except (OSError, ValueError) as e:
         raise TunerError(f"{label}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # a folder, a FIFO, a device such as /dev/zero
+        os.close(fd)
+        raise TunerError(f"{label}: not a regular file; {expected} is expected")
     with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise TunerError(f"{label}: not a regular file; {expected} is expected")
         if st.st_size > limit:
             raise TunerError(f"{label}: {st.st_size:,} bytes is more than the {limit:,} read; {expected} is expected")
         try:

@@ -55,6 +55,8 @@ def test_a_hostile_space_file_is_refused_in_one_line(tmp_path, text, needle):
     (tmp_path / "s.yaml").write_text(text)
     with pytest.raises(TunerError, match=needle):
         SearchSpace.load(str(tmp_path / "s.yaml"))
+    with pytest.raises(TunerError, match="not a regular file"):  # a folder (an internal error before)
+        SearchSpace.load(str(tmp_path))
 
 
 # --------------------------------------------------------------------------- outputs
