@@ -88,6 +88,18 @@ def test_a_journal_study_s_record_is_not_overwritten(tmp_path):
     assert (folder / "config.yaml").read_bytes() == rec
 
 
+def test_a_journal_with_a_cut_last_line_is_read_by_reading_commands_and_refused_by_a_run(tmp_path):
+    folder, journal, args = _journal_study(tmp_path, "cut")
+    with journal.open("a") as f:
+        f.write('{"op_code": 5, "worker_id": "x", "trial_id": 1, "user_attr')  # a worker killed mid-line
+    before = journal.read_bytes()
+    r = runner.invoke(app, ["pareto", "--study", "cut", "--results-dir", str(tmp_path / "results")])
+    assert r.exit_code == 0 and "last line of" in r.output and "2 layouts evaluated" in r.output, r.output
+    r = runner.invoke(app, [*args, "--storage", f"journal:{journal}"])
+    assert r.exit_code == 2 and "not an Optuna journal file" in r.output, r.output
+    assert journal.read_bytes() == before
+
+
 @pytest.mark.parametrize("damage", ["garbled", "binary", "not a record"])
 def test_a_resume_with_an_unreadable_record_is_refused_not_forked(tmp_path, damage):
     """Before, a garbled config.yaml made the resume start a new empty SQLite study beside the journal's trials and

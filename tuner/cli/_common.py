@@ -285,8 +285,11 @@ def load_study(study: str | None, storage: str | None, results_dir: Path) -> Any
         return optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         raise TunerError(f"--study {name!r}: no such study in {_mask(url)}") from None
+    except TunerError:
+        raise
     except Exception as e:  # noqa: BLE001 - storage errors
-        hint = "" if storage_given else "; a recorded server URL has no password: give --storage with it, or set PGPASSWORD"
+        server = storage_file(url) is None and not url.startswith("journal:")
+        hint = "" if storage_given or not server else "; a recorded server URL has no password: give --storage with it, or set PGPASSWORD"
         raise TunerError(f"--study {name!r}: cannot open {_mask(url)} ({type(e).__name__}: {_mask(str(e).splitlines()[0]) if str(e) else ''})"
                          f"{hint}") from None
 

@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import json
 import logging
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -85,19 +86,27 @@ def retry_dead_worker_trial(grace_s: int) -> Any:
     return callback
 
 
-def _check_journal_lines(url: str, path: Path) -> None:
+def _check_journal_lines(url: str, path: Path, *, read_only: bool = False) -> str | None:
     """Refuse a journal file with a line that is not JSON, before anything is appended to it.
 
     Optuna reads a journal whose *last* line is cut (a writer killed mid-line), but a record appended after such a line
-    makes the whole file unreadable; so a damaged journal is refused here, untouched.
+    makes the whole file unreadable; so a damaged journal is refused here, untouched. A command that only reads
+    (``read_only``) reads one whose last line is cut, and gets a note saying so.
+
+    Returns:
+        The note for a cut last line that was read, else None.
 
     Raises:
         TunerError: the file cannot be read, or a line (numbered from 1) is not a JSON object.
     """
     if not path.is_file() or path.stat().st_size == 0:
-        return
+        return None
     bad = _first_bad_journal_line(url, path)
-    if bad is not None and bad == _journal_line_count(path):  # the last line: maybe another worker is appending it now
+    last = bad is not None and bad == _journal_line_count(path)
+    if last and read_only:
+        return (f"note: the last line of {path} is cut (a worker killed while writing); the study is read without it. "
+                "Remove that line (keep a copy) before a run appends to the journal")
+    if last:  # maybe another worker is appending it now
         time.sleep(1.0)
         bad = _first_bad_journal_line(url, path)
     if bad is not None:
@@ -105,6 +114,7 @@ def _check_journal_lines(url: str, path: Path) -> None:
             f"--storage {_mask(url)!r}: {path} is not an Optuna journal file: line {bad} is not a JSON record; the file "
             "was left as it is. If a worker was killed while writing, remove that last line (keep a copy) and run again; "
             "otherwise give a new path or an existing journal")
+    return None
 
 
 def _journal_line_count(path: Path) -> int:
@@ -162,7 +172,9 @@ def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None =
             # not created here: on a shared filesystem a mistyped folder would give one worker a journal of its own
             raise TunerError(f"--storage {url!r}: the folder {str(Path(path).parent)!r} does not exist; create it (on the filesystem "
                              "the workers share) and run again")
-        _check_journal_lines(url, Path(path))
+        note = _check_journal_lines(url, Path(path), read_only=not create)
+        if note is not None:
+            print(note, file=sys.stderr)
         try:
             if heartbeat is None:
                 return JournalStorage(JournalFileBackend(path))
