@@ -26,7 +26,7 @@ def test_two_workers_with_trials_10_each_evaluate_20_distinct_layouts(tmp_path):
     journal.parent.mkdir()  # the shared folder exists (a mistyped one is refused)
     cmd = [sys.executable, "-m", "tuner.cli", "--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8",
            "--stack", "megatron", "--trials", "10", "--study", "w", "--storage", f"journal:{journal}", "--results-dir", str(tmp_path / "res")]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     procs = [subprocess.Popen([*cmd, "--seed", str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
              for i in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
@@ -41,6 +41,44 @@ def test_two_workers_with_trials_10_each_evaluate_20_distinct_layouts(tmp_path):
     assert all("duplicate" in t.user_attrs.get("skipped", "") for t in st.trials if t not in done)
 
 
+def fresh_postgres() -> str:
+    """A new, empty database on the PostgreSQL server named by ``TUNE_TEST_POSTGRES_URL`` (.ci/run starts one), as a
+    storage URL; skips the test without one."""
+    import uuid
+
+    base = os.environ.get("TUNE_TEST_POSTGRES_URL")
+    if not base:
+        pytest.skip("no PostgreSQL server: set TUNE_TEST_POSTGRES_URL (.ci/run starts one)")
+    psycopg = pytest.importorskip("psycopg")
+    name = f"t{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(base.replace("+psycopg", ""), autocommit=True) as c:
+        c.execute(f"CREATE DATABASE {name}")
+    return base.rsplit("/", 1)[0] + "/" + name
+
+
+def test_four_workers_started_together_on_a_fresh_postgresql_database_measure_each_layout_once(tmp_path):
+    """Real (command) trials: 4 workers started at once on an empty database all start (Optuna's tables are created
+    once), and no layout is measured twice (the 4 x 50 battery measured one twice before)."""
+    import yaml
+
+    url = fresh_postgres()
+    tpl = tmp_path / "t.yaml"
+    fake = str(HERE.parent / "launch_tests" / "fake_trial.py")
+    tpl.write_text(yaml.safe_dump({"argv": [sys.executable, fake, "--FAKE_FORMAT=megatron", "--FAKE_STEPS={steps}", "--FAKE_STEP_S=0",
+                                            "--FAKE_REPORT_STEP_S=2.0", "{layout_args}"]}))
+    cmd = [sys.executable, "-m", "tuner.cli", "--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8",
+           "--stack", "megatron", "--backend", "command", "--command-template", str(tpl), "--trials", "3", "--trial-steps", "4",
+           "--study", "w", "--storage", url]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([*cmd, "--seed", str(i), "--results-dir", str(tmp_path / f"r{i}")], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path) for i in range(4)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    st = optuna.load_study(study_name="w", storage=url)
+    ran = [t.user_attrs["key"] for t in st.trials if "result" in t.user_attrs or "failure" in t.user_attrs]
+    assert len(ran) == len(set(ran)) == 12
+
+
 def _has_heartbeat(storage: str, number: int) -> bool:
     """Trial ``number`` of study "w" has a heartbeat recorded (journal: its system attribute; RDB: Optuna's heartbeat table)."""
     if number < 0:
@@ -50,15 +88,21 @@ def _has_heartbeat(storage: str, number: int) -> bool:
 
         trials = optuna.load_study(study_name="w", storage=open_storage(storage)).trials
         return number < len(trials) and HEARTBEAT_ATTR in trials[number].system_attrs
-    import sqlite3
+    import sqlalchemy
 
-    with sqlite3.connect(storage.removeprefix("sqlite:///")) as db:
-        (n,) = db.execute("SELECT count(*) FROM trial_heartbeats h JOIN trials t ON h.trial_id = t.trial_id WHERE t.number = ?",
-                          (number,)).fetchone()
+    q = "SELECT count(*) FROM trial_heartbeats h JOIN trials t ON h.trial_id = t.trial_id WHERE t.number = :n"
+    engine = sqlalchemy.create_engine(storage)
+    try:
+        with engine.connect() as db:
+            n = db.execute(sqlalchemy.text(q), {"n": number}).scalar()
+    except sqlalchemy.exc.DBAPIError:  # no tables yet
+        return False
+    finally:
+        engine.dispose()
     return bool(n)
 
 
-@pytest.mark.parametrize("kind", ["journal", "rdb"])
+@pytest.mark.parametrize("kind", ["journal", "rdb", "postgres"])
 def test_a_killed_worker_loses_nothing(tmp_path, kind):
     """A worker is killed (kill -9) while its trial is RUNNING; a second worker fails that trial once its
     heartbeat is stale (Optuna's fail_stale_trials) and runs the layout again, recorded as a retry."""
@@ -68,9 +112,10 @@ def test_a_killed_worker_loses_nothing(tmp_path, kind):
     from tuner.study import prepare, run_study, trial_rows
 
     (tmp_path / "shared").mkdir()
-    storage = f"journal:{tmp_path / 'shared' / 'j.log'}" if kind == "journal" else f"sqlite:///{tmp_path / 'shared' / 's.db'}"
+    storage = (f"journal:{tmp_path / 'shared' / 'j.log'}" if kind == "journal" else fresh_postgres() if kind == "postgres"
+               else f"sqlite:///{tmp_path / 'shared' / 's.db'}")
     marker = tmp_path / "running"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     a = subprocess.Popen([sys.executable, str(HERE / "study_worker.py"), storage, str(tmp_path / "a"), str(marker)], env=env, cwd=tmp_path,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -247,8 +247,9 @@ def recorded_storage(config_yaml: Path) -> str | None:
     return place if isinstance(place, str) and place and "\0" not in place else st
 
 
-def load_study(study: str | None, storage: str | None, results_dir: Path) -> Any:
-    """The Optuna study ``study`` (``--storage``, else the one ``config.yaml`` records, else ``results/<study>/study.db``).
+def load_study(study: str | None, storage: str | None, results_dir: Path, *, writes: bool = False) -> Any:
+    """The Optuna study ``study`` (``--storage``, else the one ``config.yaml`` records, else ``results/<study>/study.db``),
+    a SQLite file opened read-only unless the command ``writes`` to the study (``tune verify`` stores its results).
 
     Raises:
         TunerError: no ``--study``, a name ``tune`` would refuse, no such database or study, or a storage that cannot be opened.
@@ -276,7 +277,7 @@ def load_study(study: str | None, storage: str | None, results_dir: Path) -> Any
     check_store_holds(url, name, f"--study {name!r} is read from it")  # missing, empty or another study's: opened, not made
     db_file = storage_file(url) if url.startswith("sqlite") else None
     try:
-        if db_file is not None:  # read only (a read-only filesystem too): reading a study changes no byte of it
+        if db_file is not None and not writes:  # read only (a read-only filesystem too): reading a study changes no byte of it
             from optuna.storages import RDBStorage
 
             storage = RDBStorage(url, engine_kwargs={"creator": lambda: sqlite_read_only(db_file)}, skip_table_creation=True)
