@@ -99,7 +99,7 @@ def input_cases() -> list[tuple[str, Callable[[Path], list[str]]]]:
     for name, make in model_files.items():
         for cmd in ([], ["estimate"]) if name != "extra launch args" else ([],):  # estimate launches nothing: it may read them
             cases.append((f"--model {name} ({'tune' if not cmd else cmd[0]})", lambda t, m=make, c=cmd: [*c, "--model", m(t), *RUN[:2]]))
-    for flag, extra in (("--space", []), ("--calibration", [])):
+    for flag in ("--space", "--calibration"):
         for name, make in HOSTILE_TEXTS.items():
             cases.append((f"{flag} {name}", lambda t, f=flag, m=make: ["--model", "Llama-3.1-8B", *RUN, f, m(t, "x.yaml"),
                                                                          "--results-dir", str(t / "r")]))
@@ -236,9 +236,39 @@ def process_cases(reps: int) -> list[dict[str, object]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--kill-reps", type=int, default=5)
+    ap.add_argument("--kill-reps", type=int, default=5, help="kill -9 cases (0: no process cases)")
+    ap.add_argument("--case-timeout", type=int, default=60, help="seconds a case may take before it counts as a hang")
+    ap.add_argument("--memory-gib", type=float, default=8.0, help="address-space limit of this process (a case past it fails)")
     a = ap.parse_args()
-    runner = CliRunner()
+    import resource
+
+    limit = int(a.memory_gib * 2**30)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    class Hang(Exception):
+        pass
+
+    def on_alarm(signum: int, frame: object) -> None:
+        raise Hang(f"no answer in {a.case_timeout} s")
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    cli = CliRunner()
+
+    class _Result:
+        def __init__(self, e: BaseException) -> None:
+            self.exit_code, self.output = -1, f"{type(e).__name__}: {e}"
+
+    class runner:  # noqa: N801 - a CliRunner whose cases are cut off by the alarm and the memory limit
+        @staticmethod
+        def invoke(app_: object, args: list[str]) -> object:
+            signal.alarm(a.case_timeout)
+            try:
+                return cli.invoke(app_, args)
+            except (Hang, MemoryError) as e:
+                return _Result(e)
+            finally:
+                signal.alarm(0)
+
     rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory() as root:
         study = Path(root) / "study"
@@ -265,13 +295,13 @@ def main() -> None:
             made = not (t / "no").exists()
             rows.append({"case": name, "ok": ok and same and intact and made, "exit": r.exit_code, "line": line,
                          "unchanged": same and intact, "no_folder_made": made})
-    rows += process_cases(a.kill_reps)
+    rows += process_cases(a.kill_reps) if a.kill_reps else []
     bad = [r for r in rows if not r["ok"]]
     for r in bad:
         print(f"FAIL {r['case']}: exit {r.get('exit')} {r.get('line', '')}")
     kills = [r["seconds_to_gone"] for r in rows if "seconds_to_gone" in r and r["seconds_to_gone"] is not None]
-    print(f"{len(rows) - len(bad)} of {len(rows)} cases passed; trial groups gone after their driver died in at most "
-          f"{max(kills):.2f} s" if kills else "")
+    print(f"{len(rows) - len(bad)} of {len(rows)} cases passed" + (f"; trial groups gone after their driver died in at most "
+                                                                   f"{max(kills):.2f} s" if kills else ""))
     if a.out:
         a.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
