@@ -287,11 +287,11 @@ def main() -> None:
             args = make(t)
             folder = t / keep
             before = _digest(folder) if folder.is_dir() else {}
-            victim = (t / "victim.txt").read_text() if (t / "victim.txt").exists() else None
+            victim = (t / "victim.txt").read_bytes() if (t / "victim.txt").exists() else None
             r = runner.invoke(app, args)
             ok, line = _clean(r)
             same = (_digest(folder) if folder.is_dir() else {}) == before
-            intact = victim is None or (t / "victim.txt").read_text() == victim
+            intact = victim is None or (t / "victim.txt").read_bytes() == victim
             made = not (t / "no").exists()
             rows.append({"case": name, "ok": ok and same and intact and made, "exit": r.exit_code, "line": line,
                          "unchanged": same and intact, "no_folder_made": made})
