@@ -20,7 +20,7 @@ json.dump(d, open(sys.argv[1], "w"), indent=1)
 PY
 T0=$(date +%s)
 python3 -m tuner.cli --model "$R/MiniMax-M2-64e.json" --layers 2 --gpus 2xH200 --seq-len 4096 --global-batch 8 \
-    --trials 4 --study v2 --results-dir "$R" --stack megatron > "$OUT/study.txt" 2>&1
+    --trials 4 --study v2 --results-dir "$R" --stack megatron --allow-config-args > "$OUT/study.txt" 2>&1
 echo "study rc=$? $(( $(date +%s) - T0 ))s" | tee -a "$OUT/log.txt"
 run() {  # name, extra args...  (skipped when the call's time is nearly spent)
   local name=$1; shift

@@ -50,6 +50,7 @@ from cost_model.flops import megatron_flops_per_token
 from search_spaces.pipeline import stage_layer_counts
 from specs import Cluster, GPUSpec, ModelSpec, Precision, RunOptions, Workload, list_gpus, list_models, load_gpu, load_model, load_network
 from specs.errors import InfeasibleLayout, TunerError
+from specs.files import MAX_DATA_BYTES, parse_errors, read_user_text
 from specs.layout import RECOMPUTE_MODULES, Dispatcher, Layout, LayoutTable
 
 __all__ = [
@@ -446,11 +447,12 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
     gpu_names = {g.lower(): g for g in list_gpus()}
     for path in paths:
         p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8-sig")  # a spreadsheet's byte-order mark is not part of the first column's name
-        except (OSError, UnicodeDecodeError) as e:
-            raise TunerError(f"--data {str(p)!r}: cannot read it ({e})") from None
+        label = f"--data {str(p)!r}"
+        # utf-8-sig: a spreadsheet's byte-order mark is not part of the first column's name
+        text = read_user_text(p, label, "a CSV table of runs", limit=MAX_DATA_BYTES, encoding="utf-8-sig")
         reader = csv.DictReader(io.StringIO(text, newline=""))  # not splitlines(): a form feed in a cell is not a row break
+        with parse_errors(label, "a CSV table of runs"):  # a cell past csv's field limit, too
+            table = list(reader)
         cols = [c.strip() for c in (reader.fieldnames or [])]
         twice = sorted({c for c in cols if c and cols.count(c) > 1})
         if twice:
@@ -464,7 +466,7 @@ def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: boo
             )
         if "tokens_per_s_per_gpu" not in cols and "model_tflops_per_gpu" not in cols:
             raise TunerError(f"--data {str(p)!r}: needs a tokens_per_s_per_gpu or model_tflops_per_gpu column")
-        for i, raw in enumerate(reader, start=1):
+        for i, raw in enumerate(table, start=1):
             r = {k.strip(): (v or "") for k, v in raw.items() if k is not None}
             rid = r.get("id", "").strip() or str(i)
             here: list[RowProblem] = []

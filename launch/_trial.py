@@ -46,7 +46,7 @@ from launch.megatron_log import MegatronLogReader
 from specs.layout import Layout
 
 __all__ = ["INTERRUPT_GRACE_S", "SAFE_ENV", "STOP_GRACE_S", "HarnessLines", "LocalProcess", "MeasuredBackend", "MegatronLogSteps",
-           "StepSource", "Trial", "TrialProcesses", "TrialSteps", "free_port", "kill_group", "tail"]
+           "StepSource", "Trial", "TrialProcesses", "TrialSteps", "free_port", "kill_group", "running_trials", "start_watchdog", "tail"]
 
 #: Environment every trial gets: NVLink multicast off (it can take a shared host's GPUs
 #: out of service), one CUDA connection (Megatron's overlap needs it), unbuffered output.
@@ -106,6 +106,95 @@ def kill_group(proc: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> 
         return
 
 
+def _die_with_parent() -> None:
+    """``preexec_fn`` of a trial's first process (Linux): SIGTERM when the thread that started it dies
+    (``prctl(PR_SET_PDEATHSIG)``, ``man 2 PR_SET_PDEATHSIG``); torchrun passes it to its ranks. Elsewhere nothing."""
+    import ctypes
+    import sys
+
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+
+
+#: The watchdog of one trial's process group: a process of its own session, started by the driver, that polls
+#: every half second; once its parent (the driver) is gone (it is re-parented: ``kill -9`` of ``tune``, a lost
+#: shell) it sends the group SIGTERM, then SIGKILL after the grace; it exits when the group is gone.
+_WATCHDOG = """
+import os, signal, sys, time
+driver, pgid, grace = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+def alive():
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+while alive():
+    if os.getppid() != driver:
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            end = time.monotonic() + wait
+            while alive() and time.monotonic() < end:
+                time.sleep(0.1)
+        break
+    time.sleep(0.5)
+"""
+
+
+def start_watchdog(pgid: int, grace_s: float = INTERRUPT_GRACE_S) -> subprocess.Popen[bytes]:
+    """Start the watchdog (:data:`_WATCHDOG`) that kills process group ``pgid`` when this process dies."""
+    import sys
+
+    return subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHDOG, str(os.getpid()), str(pgid), str(grace_s)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def record_process(trial_dir: Path, pgid: int) -> None:
+    """Write ``process.json`` in the trial's folder: the host, the trial's process group and the driver's pid (read
+    by :func:`running_trials`)."""
+    import json
+
+    (trial_dir / "process.json").write_text(json.dumps({"host": socket.gethostname(), "pgid": pgid, "driver": os.getpid()}) + "\n")
+
+
+def running_trials(trials_dir: Path) -> list[str]:
+    """The trials under ``trials_dir`` recorded on this host (``process.json``) whose process group still runs while
+    their driver is gone (an orphan: its driver was killed with its watchdog), as ``"trial N (process group P)"``."""
+    import json
+
+    host, out = socket.gethostname(), []
+    for rec in sorted(trials_dir.glob("*/process.json")):
+        try:
+            d = json.loads(rec.read_text())
+            pgid, driver = int(d["pgid"]), int(d["driver"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if d.get("host") != host or _pid_alive(driver):
+            continue
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            pass
+        out.append(f"trial {rec.parent.name} (process group {pgid})")
+    return out
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
 def tail(path: str | Path, max_bytes: int = 200_000) -> str:
     """The last ``max_bytes`` bytes of a file as text (bytes that are not UTF-8 are replaced); "" if unreadable."""
     try:
@@ -144,7 +233,10 @@ class TrialProcesses(abc.ABC):
 
 class LocalProcess(TrialProcesses):
     """One program on this machine, in a process group of its own (``start_new_session``), with stdout and
-    stderr written to ``log_path`` and stdin closed.
+    stderr written to ``log_path`` and stdin closed. It dies with its driver: the program gets SIGTERM when the
+    driver dies (:func:`_die_with_parent`) and a watchdog (:func:`start_watchdog`) kills its whole group; the
+    group and host are recorded in the trial's ``process.json``. A trial whose orphaned processes still run on this
+    host (:func:`running_trials`) keeps a new one from starting beside it.
 
     Args:
         argv: the command, run without a shell.
@@ -154,16 +246,25 @@ class LocalProcess(TrialProcesses):
 
     Raises:
         TrialFailed: (``crash``) the program cannot be started (not found, not executable).
+        TunerError: an earlier trial's orphaned processes still run on this host (named, with how to stop them).
     """
 
     def __init__(self, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str], trial_dir: Path) -> None:
+        from specs.errors import TunerError
+
+        orphans = running_trials(trial_dir.parent)
+        if orphans:
+            raise TunerError(f"{', '.join(orphans)} of an earlier run still run on this host and may hold its GPUs; stop "
+                             "them (kill -- -GROUP) or let them end, then run again")
         self.log_path = log_path
         with open(log_path, "wb") as log:  # the child writes through its own copy of the descriptor
             try:
                 self.proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             start_new_session=True, env=dict(env), cwd=os.getcwd())
+                                             start_new_session=True, env=dict(env), cwd=os.getcwd(), preexec_fn=_die_with_parent)
             except OSError as e:
                 raise TrialFailed(FailureKind.crash, f"cannot start {argv[0]!r}: {e.strerror or e}", str(trial_dir)) from None
+        record_process(trial_dir, self.proc.pid)
+        self.watchdog = start_watchdog(self.proc.pid)
 
     def poll(self) -> list[int | None]:
         return [self.proc.poll()]
@@ -171,6 +272,9 @@ class LocalProcess(TrialProcesses):
     def kill(self, grace_s: float) -> None:
         if self.proc.poll() is None:
             kill_group(self.proc, grace_s)
+        if self.watchdog.poll() is None:  # the group is gone: so is its watchdog, within half a second
+            self.watchdog.kill()
+        self.watchdog.wait()
 
     def collect(self) -> str:
         return tail(self.log_path)

@@ -22,6 +22,8 @@ class FailureKind(str, Enum):
     oom = "oom"
     timeout = "timeout"
     crash = "crash"
+    implausible = "implausible"
+    """The run ended, but its numbers cannot be right (:func:`tuner.study.records.implausible`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -9,7 +9,7 @@ A launch template (``--command-template FILE``, YAML or JSON)::
 
 Placeholders are substituted in each argv element on its own, and the command runs
 without a shell, so a value is never re-split or interpreted (``;`` or ``$(...)`` stays
-text). ``{model_args}`` and ``{layout_args}`` (:func:`launch.export.model_args` and
+text); in the script of a ``bash -c SCRIPT`` template each value is ``shlex.quote``-d. ``{model_args}`` and ``{layout_args}`` (:func:`launch.export.model_args` and
 :func:`launch.export.layout_args`) expand to several elements and must be an element
 on their own; ``{env:NAME}`` is the tuner's environment variable NAME (checked when the
 backend starts); ``{{`` and ``}}`` are literal braces.
@@ -90,6 +90,19 @@ def _substitute(text: str, values: Mapping[str, str]) -> str:
     return _TOKEN_RE.sub(one, text)
 
 
+def _shell_script_index(argv: tuple[str, ...]) -> int | None:
+    """The index of the script of a ``sh -c SCRIPT`` / ``bash -lc SCRIPT`` template (its values are then substituted
+    ``shlex.quote``-d, so the shell reads each as one word: ``{pipeline_layout}``'s ``|`` and ``*`` stay text), else None."""
+    if not argv or os.path.basename(argv[0]) not in ("sh", "bash", "dash", "zsh", "ksh"):
+        return None
+    for i, a in enumerate(argv[1:], start=1):
+        if not a.startswith("-"):
+            return None
+        if not a.startswith("--") and "c" in a:
+            return i + 1 if i + 1 < len(argv) else None
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class CommandTemplate:
     """A checked launch template (see the module's docstring)."""
@@ -153,12 +166,14 @@ class CommandTemplate:
             lists["{model_args}"] = model_args(model_for_release(model, megatron_core)[0])  # GPT YaRN only from 0.19
         if "{layout_args}" in self.argv:
             lists["{layout_args}"] = layout_args(layout, model, workload, framework=self.framework)  # type: ignore[arg-type]
+        script = _shell_script_index(self.argv)
+        quoted = {k: shlex.quote(v) for k, v in values.items()}
         argv: list[str] = []
-        for el in self.argv:
+        for i, el in enumerate(self.argv):
             if el in lists:
                 argv += lists[el]
             else:
-                argv.append(_substitute(el, values))
+                argv.append(_substitute(el, quoted if i == script else values))
         env = {k: _substitute(v, values) for k, v in self.env}
         return argv, env
 

@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from launch._trial import INTERRUPT_GRACE_S, SAFE_ENV, HarnessLines, MeasuredBackend, TrialProcesses, kill_group, tail
+from launch._trial import INTERRUPT_GRACE_S, SAFE_ENV, HarnessLines, MeasuredBackend, TrialProcesses, kill_group, start_watchdog, tail
 from launch.base import BackendSettings, FailureKind, Measurement, StepReporter, TrialFailed, check_trial_limits
 from launch.harness.spec import HARNESS_MODULE, HarnessEnv, build_spec, harness_args, unsupported_reasons
 from specs import Cluster, ModelSpec, Workload
@@ -113,6 +113,7 @@ class _NodeAgent:
         with open(d / f"log.node{node}.txt", "wb") as log:  # the child writes through its own copy of the descriptor
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True, env=full, cwd=cwd)
+        start_watchdog(self.proc.pid)  # the actor's process gone (the driver killed, its job ended): the group goes too
         return int(self.proc.pid)
 
     def poll(self) -> int | None:

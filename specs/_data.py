@@ -90,17 +90,11 @@ def load_user_yaml(path: Any, label: str, expected: str) -> Any:
     Raises:
         TunerError: the file cannot be read, is not UTF-8 text, or is not accepted by :func:`read_user_yaml`.
     """
-    from pathlib import Path
+    from specs.files import parse_errors, read_user_text
 
-    from specs.errors import TunerError
-
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise TunerError(f"{label}: cannot read it ({e.strerror or e})") from None
-    except UnicodeDecodeError:
-        raise TunerError(f"{label}: not a text file ({expected} is expected)") from None
-    return read_user_yaml(text, label)
+    text = read_user_text(path, label, expected)
+    with parse_errors(label, expected):
+        return read_user_yaml(text, label)
 
 
 def dump_user_yaml(doc: Any) -> str:

@@ -40,8 +40,9 @@ DEFAULT_USD_PER_GPU_HOUR = round(1.08 * 2034.42 * 3600 / 1e6, 2)
 #: The largest price per GPU-hour accepted (US dollars): over a hundred times the default (7.91), far above a cloud's list price.
 MAX_USD_PER_GPU_HOUR = 1000.0
 
-#: Largest cluster the tool accepts.
-MAX_GPUS = 1_000_000
+#: Largest cluster any command accepts: 2**17, above the largest clusters announced (about 100,000 GPUs); the RL
+#: planner's search grows with the GPU count (``tune rl`` at 131,072 H200 took over 5 minutes, 8,192 took 83 s).
+MAX_GPUS = 131_072
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -251,7 +252,7 @@ class Cluster:
         return f"{self.num_gpus}x{self.gpu.name}"
 
 
-_GPUS_RE = re.compile(r"^\s*(?:(\d+)\s*[xX*]\s*)?(\d+)\s*[xX*]\s*([A-Za-z][A-Za-z0-9_-]*)\s*$", re.ASCII)
+_GPUS_RE = re.compile(r"\s*(?:(\d+)\s*[xX*]\s*)?(\d+)\s*[xX*]\s*([A-Za-z][A-Za-z0-9_-]*)\s*", re.ASCII)
 #: Digits a count of --gpus may have: more is past :data:`MAX_GPUS` whatever they say (and Python refuses to read an
 #: integer of over 4,300 digits).
 _MAX_COUNT_DIGITS = len(str(MAX_GPUS)) + 6
@@ -286,7 +287,7 @@ def parse_gpus(
             network, or (``require_network``) a GPU whose server type has no default network and no ``network``.
     """
     shown = _shown(text)
-    m = _GPUS_RE.match(text or "")
+    m = _GPUS_RE.fullmatch(text or "")
     if not m:
         raise TunerError(
             f"{name} {shown}: expected COUNTxGPU such as 64xH200, or NODESxPER_NODExGPU such as 8x8xH200 "

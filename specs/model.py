@@ -9,12 +9,14 @@ import dataclasses
 import difflib
 import json
 import math
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from specs._data import MODEL_DIR, data_files
 from specs.errors import TunerError
+from specs.files import load_user_json
 
 __all__ = ["MAX_LAYERS", "ModelSpec", "list_models", "load_model", "model_from_hf_config"]
 
@@ -129,6 +131,9 @@ class ModelSpec:
     """Where the numbers come from (URL or file)."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.name, str) and not self.name.isprintable():
+            raise TunerError(f"model {self.name!r}: a model name has no control characters (a newline, a tab, an escape); "
+                             "rename its folder or file")
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if f.type in ("int",) and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
@@ -612,32 +617,36 @@ def list_models() -> list[str]:
     return sorted(data_files(MODEL_DIR, ".json"))
 
 
-def load_model(name_or_path: str) -> ModelSpec:
+def load_model(name_or_path: str, *, allow_config_args: bool = False) -> ModelSpec:
     """A bundled preset by name (case-insensitive), a ``config.json`` path or a folder holding one.
+
+    A file's ``"tuner": {"extra_megatron_args": [...]}`` reaches every trial and exported script, so a file from
+    elsewhere (a downloaded ``config.json``) can add ``--load``, ``--save`` or ``--data-path``: it is refused unless
+    ``allow_config_args`` (``--allow-config-args``); the bundled presets' are the project's own.
 
     Raises:
         TunerError: unknown name (with close names suggested), unreadable or
-            malformed file, or missing fields.
+            malformed file (:func:`specs.files.load_user_json`), missing fields, or launch arguments not allowed.
     """
     p = Path(name_or_path)
     if p.is_dir() and (p / "config.json").is_file():  # a Hugging Face model folder
         p = p / "config.json"
     if p.suffix == ".json" or p.exists():
-        if not p.is_file():
+        if p.is_dir() or not p.exists():
             what = "a folder without a config.json" if p.is_dir() else "no such file"
             raise TunerError(f"--model {name_or_path!r}: {what}; give a preset name ({', '.join(list_models())}) or a config.json path")
-        try:
-            cfg = json.loads(p.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise TunerError(f"--model {name_or_path!r}: cannot read it as JSON ({e})") from None
-        except RecursionError:
-            raise TunerError(f"--model {name_or_path!r}: cannot read it as JSON (nested too deeply for a config.json)") from None
+        cfg = load_user_json(p, f"--model {name_or_path!r}", "a Hugging Face config.json")
         if not isinstance(cfg, dict):
             raise TunerError(f"--model {name_or_path!r}: expected a JSON object (a Hugging Face config.json)")
         cfg.setdefault("_source", str(p))
         # Hugging Face layout: <model name>/config.json
         display = p.resolve().parent.name if p.name == "config.json" and p.resolve().parent.name else p.stem
-        return model_from_hf_config(cfg, name=display, where=str(p))
+        model = model_from_hf_config(cfg, name=display, where=str(p))
+        if model.extra_megatron_args and not allow_config_args:
+            raise TunerError(f"--model {name_or_path!r}: its 'tuner' section adds launch arguments to every trial and exported "
+                             f"script: {shlex.join(model.extra_megatron_args)[:300]}; read them, then pass --allow-config-args "
+                             "to use them (or delete them from the file)")
+        return model
     files = data_files(MODEL_DIR, ".json")
     by_lower = {k.lower(): k for k in files}
     key = by_lower.get(name_or_path.lower())

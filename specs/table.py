@@ -90,13 +90,13 @@ def read_table(path: str | Path, columns: Sequence[Column], build: Callable[[int
     Raises:
         TunerError: the file cannot be read, or its header lacks required columns (listed with the table's).
     """
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        raise TunerError(f"{what}: cannot read it ({e})") from None
+    from specs.files import MAX_DATA_BYTES, parse_errors, read_user_text
+
+    text = read_user_text(Path(path), what, f"a CSV {table} table", limit=MAX_DATA_BYTES, encoding="utf-8-sig")
     lines = [ln for ln in text.splitlines() if not (comment and ln.startswith(comment))]
-    reader = csv.DictReader(lines)
+    with parse_errors(what, f"a CSV {table} table"):
+        reader = csv.DictReader(lines)
+        records = list(reader)
     header = {h.strip() for h in (reader.fieldnames or [])}
     missing = [c.name for c in columns if c.name not in header and not c.optional]
     if missing:
@@ -104,7 +104,7 @@ def read_table(path: str | Path, columns: Sequence[Column], build: Callable[[int
     rows: list[T] = []
     errors: list[str] = []
     by_name = {c.name: c for c in columns}
-    for line, raw in enumerate(reader, start=2):
+    for line, raw in enumerate(records, start=2):
         cells = {(k or "").strip(): (v or "").strip() for k, v in raw.items() if isinstance(v, str) or v is None}
         col: Column | None = None
         try:

@@ -18,7 +18,7 @@ KNOWN_MEGATRON_CORE: tuple[str, ...] = ("0.13", "0.14", "0.15", "0.16", "0.17", 
 #: The default of ``--megatron-core``: the newest release the project knows.
 NEWEST_MEGATRON_CORE = KNOWN_MEGATRON_CORE[-1]
 
-_VERSION_RE = re.compile(r"^\s*(?:core_v|v)?(\d+)\.(\d+)(?:\.\d+)?(?:(?:rc|a|b|\.dev|\+)\S*)?\s*$")
+_VERSION_RE = re.compile(r"\s*(?:core_v|v)?(\d+)\.(\d+)(?:\.\d+)?(?:(?:rc|a|b|\.dev|\+)\S*)?\s*")
 
 
 def megatron_core_version(text: str) -> tuple[int, int]:
@@ -27,7 +27,7 @@ def megatron_core_version(text: str) -> tuple[int, int]:
     Raises:
         TunerError: not a version, or a release the project does not know (the known ones are named).
     """
-    m = _VERSION_RE.match(str(text))
+    m = _VERSION_RE.fullmatch(str(text))
     known = ", ".join(KNOWN_MEGATRON_CORE)
     if not m:
         raise TunerError(f"--megatron-core {text!r}: not a version such as 0.16 or 0.16.0rc0; known: {known}")

@@ -295,6 +295,7 @@ def plan(
     out: Annotated[Path | None, typer.Option("--out", help="Write the best plan's launch into this folder: nemo_rl_grpo.yaml (nemo-rl) or run_slime_rl.sh (slime, executable).")] = None,
     export: Annotated[Path | None, typer.Option("--export", help="Write the best plan's launch to this file instead (same formats as --out).")] = None,
     json_out: JsonOpt = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an output that is a link (the link, not its target) or another kind of file.")] = False,
 ) -> None:
     """Rank RL plans for a job: colocated or split, engine shapes, trainer layouts, async depth."""
     if ctx.invoked_subcommand is not None:
@@ -349,11 +350,10 @@ def plan(
                 if target is not None:
                     from tuner.study.config import check_output_path
 
-                    check_output_path(what, target)
-                    try:
-                        written.append(exporter.save(text, target))
-                    except OSError as e:
-                        raise TunerError(f"{what} {str(target)!r}: cannot write it ({e.strerror or e})") from None
+                    if what == "--out" and out is not None and not out.is_dir() and out.parent.is_dir():
+                        out.mkdir()  # the folder named, not the ones above it
+                    check_output_path(what, target, force=force)
+                    written.append(exporter.save(text, target, force=force))
     except TunerError as e:
         raise _fail(e) from None
     if json_out:
@@ -463,6 +463,7 @@ def calibrate_cmd(
     calibration: CalOpt = None,
     out: Annotated[Path | None, typer.Option("--out", help="Write the fitted factors here (YAML for --calibration).")] = None,
     json_out: JsonOpt = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an output that is a link (the link, not its target) or another kind of file.")] = False,
 ) -> None:
     """Fit this cluster's factors from a run's per-step timing, so the next plan is calibrated to it."""
     try:
@@ -501,15 +502,14 @@ def calibrate_cmd(
         raise _fail(e) from None
     text = save_rl_calibration(fitted)
     if out is not None:
+        from specs.files import write_output
         from tuner.study.config import check_output_path
 
         try:
-            check_output_path("--out", out)
-            out.write_text(text)
+            check_output_path("--out", out, force=force)
+            write_output(out, text, label="--out", force=force)
         except TunerError as e:
             raise _fail(e) from None
-        except OSError as e:
-            raise _fail(TunerError(f"--out {str(out)!r}: cannot write it ({e.strerror or e})")) from None
     if json_out:
         _out.print_json(json.dumps({"measured": measured, "predicted_before": _plan_dict(predicted)["predicted"], "predicted_after": _plan_dict(after)["predicted"], "calibration": dataclasses.asdict(fitted)}))
         return

@@ -23,6 +23,7 @@ __all__ = [
     "breakdown_figures",
     "front_trend",
     "plot_breakdown",
+    "save_figure",
     "plot_timelines",
 ]
 
@@ -96,7 +97,7 @@ def front_trend(items: Sequence[Estimate]) -> list[str]:
     return out
 
 
-def check_image_path(option: str, path: Path) -> None:
+def check_image_path(option: str, path: Path, *, force: bool = False) -> None:
     """Refuse an image path matplotlib cannot write, before any work: empty, a folder, a missing folder, or a suffix
     that is not one of matplotlib's file types (``FigureCanvasBase.get_supported_filetypes``: png, pdf, svg, ...).
 
@@ -110,15 +111,28 @@ def check_image_path(option: str, path: Path) -> None:
 
     kinds = sorted(FigureCanvasBase.get_supported_filetypes())
     if str(path).strip():
-        check_output_path(option, path)  # under a file, or a study's own file
+        check_output_path(option, path, force=force)  # a missing folder, a link, or a study's own file
     if not str(path).strip() or path.is_dir():
         raise TunerError(f"{option} {str(path)!r}: give an image file name, e.g. chart.png (accepted types: {', '.join(kinds)})")
-    if not path.parent.is_dir():
-        raise TunerError(f"{option} {str(path)!r}: the folder {str(path.parent)!r} does not exist")
     suffix = path.suffix.lower().lstrip(".")
     if suffix not in kinds:
         raise TunerError(f"{option} {str(path)!r}: {('.' + suffix) if suffix else 'no file type'} is not an image type matplotlib writes; "
                          f"accepted: {', '.join(kinds)}")
+
+
+def save_figure(fig: Any, path: Path, *, force: bool = False) -> None:
+    """Draw ``fig`` in the file type of ``path``'s suffix and write it with :func:`specs.files.write_output`.
+
+    Raises:
+        TunerError: as :func:`specs.files.write_output`.
+    """
+    import io
+
+    from specs.files import write_output
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format=Path(path).suffix.lstrip(".").lower() or "png")
+    write_output(path, buf.getvalue(), force=force)
 
 
 def plot_breakdown(path: Path, e: Estimate, *, title: str = "") -> None:
@@ -156,7 +170,7 @@ def plot_breakdown(path: Path, e: Estimate, *, title: str = "") -> None:
     fig.suptitle(f"{title or e.layout.label} (predicted)", fontsize=10)
     fig.tight_layout()
     try:
-        fig.savefig(path)
+        save_figure(fig, path)
     finally:
         plt.close(fig)
 
@@ -170,7 +184,7 @@ _GANTT = {
 _GANTT_LABELS = {"forward": "forward (F<micro-batch>)", "backward": "backward (B<micro-batch>)", "hidden": "communication hidden behind compute"}
 
 
-def plot_timelines(path: Path, traces: Sequence[dict[str, Any]], *, titles: Sequence[str] | None = None) -> None:
+def plot_timelines(path: Path, traces: Sequence[dict[str, Any]], *, titles: Sequence[str] | None = None, force: bool = False) -> None:
     """A PNG Gantt chart of one or more step traces (:func:`cost_model.timeline.step_trace`), one panel each on a
     common time axis: per pipeline rank a row of its forward / backward chunks (the gaps are the pipeline bubble)
     and a row of the same time by part (compute, recompute, exposed communication, then the step's tail).
@@ -234,6 +248,6 @@ def plot_timelines(path: Path, traces: Sequence[dict[str, Any]], *, titles: Sequ
     fig.legend(handles=handles, loc="lower center", ncol=6, fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.06 if n > 1 else 0.09, 1, 1))
     try:
-        fig.savefig(path)
+        save_figure(fig, path, force=force)
     finally:
         plt.close(fig)

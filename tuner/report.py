@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +15,7 @@ from cost_model.estimate import estimate
 from cost_model.uncertainty import Z90, ErrorBars
 from search_spaces.pipeline import emit_layout_string
 from specs import Cluster, ModelSpec, Workload
+from specs.files import write_output
 from specs.layout import Layout
 from specs.units import DEFAULT_MEMORY_HEADROOM
 from tuner.pareto import pareto_mask
@@ -370,13 +372,18 @@ def runs_note(row: dict[str, Any]) -> list[str]:
     return [note]
 
 
-def write_pareto_csv(path: Path, front: list[dict[str, Any]]) -> None:
-    """One row per Pareto-optimal trial; the ``source`` column says predicted or measured."""
-    with path.open("w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(FRONT_COLUMNS)
-        for r in front:
-            w.writerow([r[c] if not isinstance(r[c], float) else f"{r[c]:.6g}" for c in FRONT_COLUMNS])
+def write_pareto_csv(path: Path, front: list[dict[str, Any]], *, label: str = "", force: bool = False) -> None:
+    """One row per Pareto-optimal trial; the ``source`` column says predicted or measured.
+
+    Raises:
+        TunerError: as :func:`specs.files.write_output`.
+    """
+    fh = io.StringIO(newline="")
+    w = csv.writer(fh)
+    w.writerow(FRONT_COLUMNS)
+    for r in front:
+        w.writerow([r[c] if not isinstance(r[c], float) else f"{r[c]:.6g}" for c in FRONT_COLUMNS])
+    write_output(path, fh.getvalue(), label=label, force=force)
 
 
 #: Leader-line lengths (points) and directions (degrees; up-left first: the region above and left of a
@@ -528,8 +535,10 @@ def plot_front(path: Path, rows: list[dict[str, Any]], front: list[dict[str, Any
     import matplotlib.pyplot as plt
 
     fig, _ = front_figure(rows, front, title, usable_gib, labelled)
+    from tuner.plots import save_figure
+
     try:
-        fig.savefig(path)
+        save_figure(fig, path)
     finally:
         plt.close(fig)
 

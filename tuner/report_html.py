@@ -357,19 +357,18 @@ def render_report(
     return "\n".join(parts)
 
 
-def write_report(path: Path, **kwargs: Any) -> Path:
-    """Write :func:`render_report` (same arguments) to ``path``.
+def write_report(path: Path, *, force: bool = False, **kwargs: Any) -> Path:
+    """Write :func:`render_report` (same arguments) to ``path`` (:func:`specs.files.write_output`, ``force``).
 
     Returns:
         ``path``.
 
     Raises:
-        TunerError: plotly's bundle cannot be read.
-        OSError: the file cannot be written.
+        TunerError: plotly's bundle cannot be read, or as :func:`specs.files.write_output`.
     """
-    text = render_report(**kwargs)
-    path.write_text(text, encoding="utf-8")
-    return path
+    from specs.files import write_output
+
+    return write_output(path, render_report(**kwargs), force=force)
 
 
 def study_report(
@@ -385,6 +384,7 @@ def study_report(
     calibration: Any = None,
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
     files: Mapping[str, Path] | None = None,
+    force: bool = False,
 ) -> Path:
     """Write ``report.html`` of a study: the front layouts' breakdowns are their :func:`cost_model.estimate.estimate`
     (with the study's calibration, headroom and its backend's run options), the ties are :func:`tuner.report.measured_ties`
@@ -394,8 +394,7 @@ def study_report(
         ``path``.
 
     Raises:
-        TunerError: plotly's bundle cannot be read.
-        OSError: the page cannot be written.
+        TunerError: plotly's bundle cannot be read, or as :func:`specs.files.write_output` (``force``).
     """
     import os
 
@@ -421,5 +420,5 @@ def study_report(
     rel = {name: os.path.relpath(p, path.parent) for name, p in (files or {}).items()}
     heading = (f"{model.name} on {cluster.label} ({cluster.num_gpus} GPUs, {cluster.gpu.hbm_bytes / GIB:.1f} GiB each), seq {workload.seq_length:,}, "
                f"global batch {workload.global_batch_size}, {workload.precision.value}; backend {backend}; {len(rows)} layouts evaluated")
-    return write_report(path, study=study, heading=heading, rows=rows, front=front, breakdowns=breakdowns,
+    return write_report(path, force=force, study=study, heading=heading, rows=rows, front=front, breakdowns=breakdowns,
                         usable_gib=cluster.gpu.hbm_bytes * (1 - memory_headroom) / GIB, ties=ties, ties_of=best["trial"] if best else None, files=rel)

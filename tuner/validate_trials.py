@@ -30,6 +30,7 @@ from cost_model.validate import spearman
 from launch.harness.spec import HarnessEnv, harness_layout, override_model, slice_model
 from specs import HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS, ModelSpec, RunOptions, Workload, list_models, load_model, parse_gpus
 from specs.errors import InfeasibleLayout, TunerError
+from specs.files import MAX_DATA_BYTES, RepeatedKey, read_user_text, unique_keys
 from specs.layout import Layout
 from tuner.report import pooled_spread
 
@@ -40,7 +41,7 @@ __all__ = ["NO_TE_CALIBRATION_FILE", "TrialPrediction", "TrialRow", "json_lines"
 #: ``benchmarks/bench_trial_calibration.py --fit-data <1- and 2-GPU sweeps> --out ...`` (docs/measurements.md).
 NO_TE_CALIBRATION_FILE = Path(__file__).resolve().parents[1] / "cost_model" / "data" / "calibration_harness_no_te.yaml"
 
-_MODEL_FIELD = re.compile(r"^\s*(?P<name>[^\[]+?)\s*(?:\[(?P<layers>\d+) layers?\])?\s*$")
+_MODEL_FIELD = re.compile(r"\s*(?P<name>[^\[]+?)\s*(?:\[(?P<layers>\d+) layers?\])?\s*")
 
 
 @dataclass(slots=True)
@@ -83,7 +84,7 @@ class TrialPrediction:
 
 
 def _model(field_value: str, where: str) -> ModelSpec:
-    m = _MODEL_FIELD.match(field_value or "")
+    m = _MODEL_FIELD.fullmatch(field_value or "")
     name = m["name"] if m else ""
     if not m or name not in list_models():
         raise TunerError(
@@ -183,20 +184,6 @@ def _fields(o: RunOptions) -> dict[str, Any]:
     return {k: getattr(o, k) for k in o.__dataclass_fields__}
 
 
-class _RepeatedKey(ValueError):
-    """A JSON object with a key written twice (``json`` keeps the last silently)."""
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``json.loads``' ``object_pairs_hook``: the object, or :class:`_RepeatedKey` naming a key written twice."""
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise _RepeatedKey(k)
-        out[k] = v
-    return out
-
-
 def json_lines(path: str | Path, label: str, expected: str) -> Iterator[tuple[int, str, Any]]:
     """The non-blank lines of a JSON-lines file, parsed: ``(line number, "LABEL, line N", value)`` (also read by the
     device benchmarks' comparisons, e.g. ``benchmarks/h200_recompute.py --compare``).
@@ -209,23 +196,22 @@ def json_lines(path: str | Path, label: str, expected: str) -> Iterator[tuple[in
         TunerError: the file cannot be read (as UTF-8), or a line is not JSON, repeats a key in one object or is nested
             too deeply to read, named by ``label`` and its line.
     """
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise TunerError(f"{label}: cannot read it ({e})") from None
+    lines = read_user_text(path, label, expected, limit=MAX_DATA_BYTES).splitlines()
     for i, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         where = f"{label}, line {i}"
         try:
-            value = json.loads(line, object_pairs_hook=_unique_keys)
+            value = json.loads(line, object_pairs_hook=unique_keys)
         except json.JSONDecodeError as e:
             raise TunerError(f"{where}: not JSON ({e.msg}); {expected}") from None
-        except _RepeatedKey as e:
+        except RepeatedKey as e:
             raise TunerError(f"{where}: key {e.args[0]!r:.60} appears twice in one object (JSON keeps only the last); "
                              f"{expected}") from None
         except RecursionError:
             raise TunerError(f"{where}: JSON nested too deeply to read; {expected}") from None
+        except ValueError as e:  # an integer past Python's 4,300 digits
+            raise TunerError(f"{where}: cannot read it ({str(e)[:120]}); {expected}") from None
         yield i, where, value
 
 

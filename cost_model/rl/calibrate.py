@@ -33,6 +33,7 @@ import numpy as np
 from cost_model.rl.calibration import RLCalibration
 from cost_model.rl.plan import RLPlan
 from specs.errors import TunerError
+from specs.files import MAX_DATA_BYTES, read_user_text
 
 __all__ = ["MeasuredStep", "fit_from_measured", "mean_measured", "read_log"]
 
@@ -151,10 +152,7 @@ def read_log(path: str | Path) -> list[MeasuredStep]:
         TunerError: an unreadable file, or one with no step timing in either format.
     """
     p = Path(path)
-    try:
-        lines = p.read_text(errors="replace").splitlines()
-    except OSError as e:
-        raise TunerError(f"--log {str(p)!r}: cannot read it ({e.strerror or e})") from None
+    lines = read_user_text(p, f"--log {str(p)!r}", "a NeMo-RL or slime log", limit=MAX_DATA_BYTES, errors="replace").splitlines()
     try:
         steps = _nemo(lines) or _slime(lines)
     except TunerError as e:

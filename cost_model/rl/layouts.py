@@ -36,7 +36,7 @@ class EngineLayout:
     max_num_seqs: int | None = None
 
 
-_KV = re.compile(r"^\s*([a-z_]+)\s*=\s*([0-9.]+)\s*$")
+_KV = re.compile(r"\s*([a-z_]+)\s*=\s*([0-9.]+)\s*")
 
 
 def _kv(text: str, what: str, allowed: Sequence[str]) -> tuple[str, dict[str, float]]:
@@ -45,7 +45,7 @@ def _kv(text: str, what: str, allowed: Sequence[str]) -> tuple[str, dict[str, fl
     kind, _, rest = text.strip().partition(":")
     out: dict[str, float] = {}
     for part in filter(None, rest.split(",")):
-        m = _KV.match(part)
+        m = _KV.fullmatch(part)
         if not m or m.group(1) not in allowed:
             raise TunerError(f"{what} {text!r}: cannot read {part.strip()!r}; accepted keys: {', '.join(allowed)}")
         out[m.group(1)] = float(m.group(2))

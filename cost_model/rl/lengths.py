@@ -20,6 +20,7 @@ import numpy.typing as npt
 from scipy import special
 
 from specs.errors import TunerError
+from specs.files import MAX_DATA_BYTES, parse_errors, read_user_text
 
 #: Bounds of a ``--response-lengths`` histogram: a count of one length (responses) and a length (tokens). Far above any
 #: run's (an RL run logs millions of responses; lengths above ``--response-len`` are cut to it anyway), low enough that
@@ -146,17 +147,15 @@ class LengthDistribution:
                 positive integer (row named).
         """
         p = Path(path)
-        try:
-            text = p.read_text()
-        except (OSError, UnicodeDecodeError) as e:
-            raise TunerError(f"--response-lengths {str(p)!r}: cannot read it ({e})") from None
+        where = f"--response-lengths {str(p)!r}"
+        text = read_user_text(p, where, "a table or list of response lengths", limit=MAX_DATA_BYTES)
         lengths: list[float] = []
         counts: list[float] = []
         stripped = text.lstrip()
-        where = f"--response-lengths {str(p)!r}"
         if stripped.startswith("[") or stripped.startswith("{"):
             try:
-                data = json.loads(text)
+                with parse_errors(where, "a JSON list of response lengths"):
+                    data = json.loads(text)
             except json.JSONDecodeError as e:
                 raise TunerError(f"{where}: not valid JSON ({e})") from None
             if isinstance(data, dict):
@@ -165,7 +164,8 @@ class LengthDistribution:
             elif isinstance(data, list):
                 lengths, counts = list(data), [1] * len(data)
         elif stripped and "," in stripped.splitlines()[0]:
-            rows = list(csv.DictReader(stripped.splitlines()))
+            with parse_errors(where, "a CSV table of response lengths"):
+                rows = list(csv.DictReader(stripped.splitlines()))
             header = [h.strip().lower() for h in (rows[0].keys() if rows else [])]
             lcol = next((h for h in ("response_len", "length", "tokens", "response_length") if h in header), None)
             if lcol is None:

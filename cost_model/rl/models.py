@@ -19,4 +19,4 @@ def load_rl_model(name: str) -> ModelSpec:
     Raises:
         TunerError: an unknown name (every known one listed) or an unreadable config.
     """
-    return load_model(name)
+    return load_model(name, allow_config_args=True)  # the RL plan's launches do not pass them

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from specs import Cluster, ModelSpec, RunOptions, Workload
+from specs.files import write_output
 from specs.layout import Layout
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -92,29 +93,25 @@ class Exporter(abc.ABC):
                 the cluster or Megatron's rules), or the result fails the format's own checks.
         """
 
-    def write(self, context: ExportContext, path: Path) -> Path:
+    def write(self, context: ExportContext, path: Path, *, force: bool = False) -> Path:
         """Render ``context`` and :meth:`save` it to ``path``.
 
         Returns:
             ``path``.
 
         Raises:
-            TunerError: as :meth:`render` (nothing is written then).
-            OSError: the file cannot be written.
+            TunerError: as :meth:`render` or :meth:`save` (nothing is written then).
         """
-        return self.save(self.render(context), path)
+        return self.save(self.render(context), path, force=force)
 
-    def save(self, text: str, path: Path) -> Path:
-        """Write rendered ``text`` to ``path`` (parents created; mode 0o755 when :attr:`executable`).
+    def save(self, text: str, path: Path, *, force: bool = False) -> Path:
+        """Write rendered ``text`` to ``path`` with :func:`specs.files.write_output` (atomically; mode 0o755 when
+        :attr:`executable`; a link or another kind of file there only with ``force``).
 
         Returns:
             ``path``.
 
         Raises:
-            OSError: the file cannot be written.
+            TunerError: as :func:`specs.files.write_output` (its folder missing, a full disk, ...).
         """
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        if self.executable:
-            path.chmod(0o755)
-        return path
+        return write_output(path, text, force=force, executable=self.executable)

@@ -75,8 +75,8 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
     argv = megatron_args(model, cluster, workload, layout, options=options, user_args=user_args)
     head = [
         SHEBANG,
-        f"# Megatron-LM arguments for {model.name} on {cluster.num_gpus} {cluster.gpu.name} "
-        f"({cluster.num_nodes} x {cluster.gpus_per_node}): {layout.label}",
+        *comment(f"Megatron-LM arguments for {model.name} on {cluster.num_gpus} {cluster.gpu.name} "
+                 f"({cluster.num_nodes} x {cluster.gpus_per_node}): {layout.label}", None),
         *comment(_summary(layout, model, workload)),
         "# Exported by megatron-layout-tuner. Three uses (bash):",
         "#   ./megatron_args.sh           launch pretrain_gpt.py with torchrun on this node (run it on every node with",

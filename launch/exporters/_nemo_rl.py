@@ -21,6 +21,7 @@ import yaml
 
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._rl_describe import prediction_lines, rl_plan_of
+from launch.exporters._shell import comment
 from specs.errors import TunerError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -139,7 +140,7 @@ def render_nemo_rl_yaml(plan: RLPlan, job: RLJob) -> str:
     except jsonschema.ValidationError as e:
         where = ".".join(str(k) for k in e.absolute_path) or "(top)"
         raise TunerError(f"the NeMo-RL recipe fails launch/schema/nemo_rl_grpo.schema.json at {where}: {e.message}") from None
-    head = "".join(f"# {line}\n" for line in prediction_lines(plan, job))
+    head = "".join(c + "\n" for line in prediction_lines(plan, job) for c in comment(line, None))
     return head + yaml.safe_dump(cfg, sort_keys=False)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import shlex
 import statistics
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
@@ -23,9 +24,11 @@ from cost_model.uncertainty import error_bars
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._describe import _layout_note, _summary
 from launch.exporters._flags import GIB, GPT_YARN_SINCE, _env, _max_tokens_per_gpu, _pipeline_layout_string
+from launch.exporters._shell import comment
 from launch.exporters._slime import slime_script
 from specs import Cluster, ModelSpec, RunOptions, Workload
 from specs.errors import TunerError
+from specs.files import write_output
 from specs.layout import Dispatcher, Layout, RecomputeGranularity
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -296,6 +299,9 @@ def recipe_dict(
     notes.extend(str(n) for n in extra_notes)
     if pls is not None:
         notes.append(_layout_note(pls, layout, model))
+    if model.extra_megatron_args:
+        notes.append(f"The model's config ({model.source or model.name}) adds these launch arguments: "
+                     f"{shlex.join(model.extra_megatron_args)}.")
     if model.is_moe and layout.dispatcher == Dispatcher.allgather:
         notes.append("slime rewrites the allgather dispatcher to alltoall (it needs variable sequence lengths), so `run` asks for alltoall.")
     if model.qk_layernorm_full_dim:
@@ -412,8 +418,8 @@ def dump_recipe(recipe: Mapping[str, Any]) -> str:
     return _RECIPE_HEADER + body
 
 
-def write_recipe(path: str | Path, recipe: Mapping[str, Any]) -> Path:
-    """Validate ``recipe`` and write it as YAML to ``path`` (parents created).
+def write_recipe(path: str | Path, recipe: Mapping[str, Any], *, force: bool = False) -> Path:
+    """Validate ``recipe`` and write it as YAML to ``path`` (:func:`specs.files.write_output`).
 
     Args:
         path: Where to write, e.g. ``results/<study>/recipe.yaml``.
@@ -424,16 +430,11 @@ def write_recipe(path: str | Path, recipe: Mapping[str, Any]) -> Path:
 
     Raises:
         TunerError: if the recipe does not validate (:func:`validate_recipe`)
-            or the file cannot be written.
+            or as :func:`specs.files.write_output`.
     """
     validate_recipe(recipe)
     p = Path(path)
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(f"# {p.name}\n" + dump_recipe(recipe))
-    except OSError as e:
-        raise TunerError(f"cannot write recipe {p}: {e}") from None
-    return p
+    return write_output(p, comment(p.name, None)[0] + "\n" + dump_recipe(recipe), force=force)
 
 
 # --------------------------------------------------------------------------- schema

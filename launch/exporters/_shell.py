@@ -41,9 +41,12 @@ def group_flags(argv: Sequence[str]) -> list[list[str]]:
     return groups
 
 
-def comment(text: str) -> list[str]:
-    """``text`` as bash comment lines of at most 112 characters."""
-    return ["# " + line for line in textwrap.wrap(text, 110, break_on_hyphens=False)]
+def comment(text: str, width: int | None = 110) -> list[str]:
+    """``text`` as comment lines (``# `` then at most ``width`` characters; None: one line, as it is), every character
+    that is not printable (a newline, a carriage return, an escape) written as a space: a value in a comment (a model's
+    folder name, a file path) cannot end the comment and become a command of the script or a key of a YAML file."""
+    flat = "".join(c if c.isprintable() else " " for c in str(text))
+    return ["# " + line for line in (textwrap.wrap(flat, width, break_on_hyphens=False) if width else [flat])]
 
 
 def words(group: Iterable[str]) -> str:

@@ -110,8 +110,8 @@ def slime_script(
     env = _env(extra_env)
     gbs = str(workload.global_batch_size)
     out: list[str] = [
-        f"# slime: {model.name} on {cluster.num_gpus} {cluster.gpu.name} ({cluster.num_nodes} x {cluster.gpus_per_node}), "
-        f"{layout.label}",
+        *comment(f"slime: {model.name} on {cluster.num_gpus} {cluster.gpu.name} ({cluster.num_nodes} x {cluster.gpus_per_node}), "
+                 f"{layout.label}", None),
         *comment(_summary(layout, model, workload)),
         *comment(
             "Trains on your rows with slime's SFT path. Needs a Ray cluster running on the nodes (`ray start --head` on the "

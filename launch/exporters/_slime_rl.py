@@ -95,7 +95,7 @@ def render_slime_script(plan: RLPlan, job: RLJob) -> str:
     """
     argv = slime_rl_args(plan, job)
     entry = "train_async.py" if plan.choice.async_steps else "train.py"
-    lines = [SHEBANG, *(f"# {line}" for line in prediction_lines(plan, job))]
+    lines = [SHEBANG, *(c for line in prediction_lines(plan, job) for c in comment(line, None))]
     lines += comment(
         "Model, checkpoint and data flags (MODEL_ARGS, --hf-checkpoint, --load, --prompt-data, ...) are yours: pass them after this "
         "script's name. Reads PYTHON (default python3) and SLIME_DIR (a slime checkout; default: the working folder)."

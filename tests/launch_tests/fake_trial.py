@@ -17,7 +17,9 @@ on its command line (they win; a Ray node or a launch template gets them that wa
   with FAKE_HANG_ATTEMPT=A only the Ray attempt A hangs, the others run ok);
 - FAKE_STEP_S: seconds each step sleeps (default 0.01), or per tensor-parallel size
   FAKE_STEP_S_TP<n>, or FAKE_FAST_STEP_S for the layouts that match FAKE_FAST_IF ("field=value,...");
-  FAKE_REPORT_STEP_S: a step time to report instead of the one slept;
+  FAKE_REPORT_STEP_S: a step time to report instead of the one slept; else the harness format reports the step slept
+  FAKE_REPORT_SCALE times longer (default 100: a real step of these slices takes seconds, and a throughput above the
+  GPU's peak is refused as implausible);
   FAKE_TAIL: ``N:S``; the steps after step N of the layouts that do not match FAKE_FAST_IF sleep S seconds
   (a trial to be stopped after step N is still running when its reader falls behind on a loaded machine);
 - FAKE_PID_DIR: a folder; each process of the fake creates ``fake.<pid>`` there at its start, and
@@ -138,6 +140,7 @@ def _harness(cfg, args, out_path, node, mode, hang_after, pid_dir) -> int:
     world = lay["world_size"]
     tokens = spec["global_batch_size"] * spec["seq_length"]
     report_s = float(cfg.get("FAKE_REPORT_STEP_S", "0")) or None  # a step time to report instead of the one slept
+    scale = float(cfg.get("FAKE_REPORT_SCALE", "100"))  # else the step slept, this many times longer: a throughput a GPU can reach
 
     def write(obj):
         with open(out_path, "a") as f:
@@ -201,7 +204,7 @@ def _harness(cfg, args, out_path, node, mode, hang_after, pid_dir) -> int:
         if mode == "hang" and step == hang_after:
             _hang(pid_dir)  # before the step's line: a reader that sees the step finds the child running
         if not (loss_mode == "missing" and step == 4 and spec.get("data") == "corpus"):
-            rs = report_s or step_s
+            rs = report_s or step_s * scale
             line = {"event": "step", "step": step, "step_time_s": rs, "tokens_per_s_per_gpu": tokens / rs / world, "loss": loss_at(step), "grad_norm": 1.0}
             write({**line, "profiled": True} if step == spec.get("profile_step") else line)
         if mode == "oom" and step == 2:
@@ -218,7 +221,7 @@ def _harness(cfg, args, out_path, node, mode, hang_after, pid_dir) -> int:
             Path(f).write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
             files.append(f)
         write({"event": "profile", "step": spec["profile_step"], "files": files})
-    rs = report_s or step_s
+    rs = report_s or step_s * scale
     write({"event": "summary", "steps": len(times), "median_step_time_s": rs, "step_time_cv": 0.0,
            "tokens_per_s_per_gpu": tokens / rs / world, "peak_allocated_bytes": [80 * GIB] * world,
            "peak_reserved_bytes": [90 * GIB] * world, "layout": lay, "versions": {"torch": "fake"}, "notes": spec["notes"]})

@@ -93,6 +93,22 @@ def test_list_placeholders_expand_to_the_tuners_flags(tmp_path, m4):
     assert "--max-tokens-per-gpu" in slime.fill(lay, model=m4, cluster=parse_gpus("4xH200"), workload=WL, steps=4)[0]
 
 
+@pytest.mark.parametrize("argv0", ["bash", "/bin/sh"])
+def test_a_shell_script_template_gets_each_value_as_one_word(tmp_path, m4, monkeypatch, argv0):
+    """``bash -c SCRIPT``: the pipeline layout's ``|`` and ``*`` and an environment value's ``$(...)`` reach the program
+    as they are (quoted in the script), not run by the shell."""
+    monkeypatch.setenv("EVIL", f"$(touch {tmp_path}/pwned)")
+    tpl = load_template(_tpl(tmp_path, {"argv": [argv0, "-ec", "printf '%s\\n' {pipeline_layout} {env:EVIL} {tp}"]}))
+    lay = Layout(world_size=4, pp=2, vpp=2, ep=2)
+    argv, _ = tpl.fill(lay, model=m4, cluster=parse_gpus("4xH200"), workload=WL, steps=4)
+    import subprocess
+
+    out = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, check=True).stdout.splitlines()
+    la = layout_args(lay, m4, WL, framework="megatron")
+    assert out == [la[la.index("--pipeline-model-parallel-layout") + 1], f"$(touch {tmp_path}/pwned)", "1"]
+    assert not (tmp_path / "pwned").exists()
+
+
 def test_model_args_follow_the_studys_megatron_core_release(tmp_path):
     """GPT-OSS's YaRN flags exist from megatron-core 0.19: a study for 0.18 gets plain RoPE in its trial commands; the
     backend takes the release from the study's settings."""
@@ -244,7 +260,7 @@ def test_trial_files_and_measurement_extras(tmp_path, m4):
     assert m.grad_norms[0] == pytest.approx(2.0) and m.losses[0] == pytest.approx(9.9)  # the log's values
     assert m.extra["summary"]["iterations"] == 6 and m.extra["summary"]["memory_reports"] == 2 and m.extra["summary"]["bad_lines"] == 0
     assert m.extra["notes"] == [f"command backend: {tmp_path / 't.yaml'}"]
-    assert {p.name for p in (tmp_path / "trials" / "7").iterdir()} == {"log.txt", "command.txt", "command.json"}
+    assert {p.name for p in (tmp_path / "trials" / "7").iterdir()} == {"log.txt", "command.txt", "command.json", "process.json"}
 
 
 @pytest.mark.parametrize(
@@ -289,3 +305,27 @@ def test_cli_errors_and_a_study(tmp_path):
     assert "command backend" in r.output and "Best layout (measured" in r.output
     logs = sorted((tmp_path / "res" / "cmd" / "trials").glob("*/log.txt"))
     assert len(logs) >= 1 and all("elapsed time per iteration" in p.read_text() for p in logs)
+
+
+def test_a_measurement_above_the_gpus_peak_is_flagged_and_kept_out_of_the_best(tmp_path):
+    """A template that runs less work than the study assumes (here: 1 ms steps, MFU far above 100%): the trial is kept,
+    marked implausible with the question to ask, and is not the best; the outputs are written from the others."""
+    import optuna
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+    from tuner.study import trial_rows
+
+    runner = CliRunner()
+    args = ["--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8", "--stack", "megatron",
+            "--backend", "command", "--trials", "1", "--trial-steps", "4", "--results-dir", str(tmp_path / "res"), "--study", "c"]
+    for name, step_ms in (("ok.yaml", 2000.0), ("fast.yaml", 1.0)):
+        tpl = _tpl(tmp_path, {"argv": [*_megatron("ok", step_ms), "{layout_args}"]}, name)
+        r = runner.invoke(app, [*args, "--command-template", str(tpl)])
+        assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+    st = optuna.load_study(study_name="c", storage=f"sqlite:///{tmp_path / 'res' / 'c' / 'study.db'}")
+    (bad,) = [t for t in st.trials if t.state == optuna.trial.TrialState.FAIL]
+    fail = bad.user_attrs["failure"]
+    assert fail["kind"] == "implausible" and "{global_batch_size} and {seq_length}" in fail["message"] and fail["result"]["mfu"] > 1
+    assert [r["trial"] for r in trial_rows(st)] == [0]  # the front and the best hold only the plausible trial
+    assert (tmp_path / "res" / "c" / "recipe.yaml").is_file()

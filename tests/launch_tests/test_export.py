@@ -402,7 +402,7 @@ def test_recipe_yaml_round_trips(tmp_path, model, cluster, workload, seed_layout
     text = dump_recipe(rec)
     assert yaml.safe_load(text) == rec
     assert "\nrun: |\n" in text
-    p = write_recipe(tmp_path / "out" / "recipe.yaml", rec)
+    p = write_recipe(tmp_path / "recipe.yaml", rec)
     assert p.read_text().startswith("# recipe.yaml\n")
     assert yaml.safe_load(p.read_text()) == rec
 

@@ -275,3 +275,39 @@ def test_the_recipe_run_block_is_run_slime_sh_without_its_frame(model, cluster):
     head, body = script.split("\n", 3)[:3], script.split("\n", 3)[3]
     assert head == ["#!/usr/bin/env bash", "# run_slime.sh, exported by megatron-layout-tuner: run it as it is (./run_slime.sh).", "set -euo pipefail"]
     assert body == run and "set -e" not in run  # pasting `run` into a shell does not turn on errexit there
+
+
+# --------------------------------------------------------------------------- hostile names and values
+
+
+def test_scripts_from_a_hostile_name_run_only_the_launch(tmp_path, model, cluster):
+    """A model name and a config's launch argument full of shell syntax (a newline too, past the name check) reach the
+    scripts as comments and quoted words: `bash -n` parses them, and run for real nothing but the launch runs."""
+    import dataclasses
+
+    trap = _glob_trap(tmp_path)
+    evil = f"M2 $(touch {trap}/a) `touch {trap}/b`; touch {trap}/c #'\""
+    hostile = dataclasses.replace(model, extra_megatron_args=(*model.extra_megatron_args, "--x", evil))
+    object.__setattr__(hostile, "name", f"{evil}\ntouch {trap}/d #\r\x1b[2J")  # ModelSpec refuses it: the exporter's own guard
+    lay = LAYOUTS["seed"]
+    slime, meg = _write(tmp_path, "slime", hostile, cluster, lay), _write(tmp_path, "megatron", hostile, cluster, lay)
+    for f in (slime, meg):
+        assert subprocess.run([BASH, "-n", str(f)], capture_output=True).returncode == 0
+        assert not any(line.startswith("touch") for line in f.read_text().splitlines())
+    env = _env(tmp_path, PYTHON=sys.executable, SLIME_ENTRY_MODULE="fake_slime_train", SLIME_DIR=str(FAKES), HF_CKPT="/c",
+               TORCH_DIST="/t", SFT_DATA="/d", PROFILE_DIR="/p", NVLINK_COUNT="0")
+    p = subprocess.run([str(slime)], env=env, cwd=trap, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    argv = json.loads((tmp_path / "dump.json").read_text())["argv"]
+    assert argv[argv.index("--x") + 1] == evil  # one word, as written
+    p = subprocess.run([BASH, "-c", 'source "$1"; "$PYTHON" "$2" "${MEGATRON_ARGS[@]}"', "bash", str(meg), str(FAKES / "pretrain_gpt.py")],
+                       env=env, cwd=trap, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert sorted(x.name for x in trap.iterdir()) == ["1-62"]  # nothing but the launch ran
+
+
+def test_a_comment_carries_no_control_character():
+    from launch.exporters._shell import comment
+
+    assert comment("a\nb\rc\x1bd", None) == ["# a b c d"]
+    assert all("\n" not in line for line in comment("x\n" * 80))

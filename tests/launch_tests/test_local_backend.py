@@ -41,7 +41,7 @@ def _run(b, m4, mode, monkeypatch, lay=None, **kw):
 def test_trial_files_and_measurement_extras(backend, m4, monkeypatch, tmp_path):
     m = _run(backend, m4, "ok", monkeypatch, trial_number=7)
     d = tmp_path / "trials" / "7"
-    assert m.log_path == str(d) and {p.name for p in d.iterdir()} == {"spec.json", "steps.jsonl", "log.txt", "command.txt"}
+    assert m.log_path == str(d) and {p.name for p in d.iterdir()} == {"spec.json", "steps.jsonl", "log.txt", "command.txt", "process.json"}
     assert (d / "command.txt").read_text().split()[:2] == [sys.executable, FAKE]
     assert m.extra["notes"] == list(m.extra["summary"]["notes"]) and m.extra["data"] == {}  # the spec's notes; synthetic data
 

@@ -155,6 +155,7 @@ def test_run_slime_rl_sh_executes_and_its_values_arrive(tmp_path, colocated, asy
         pytest.skip("bash is not installed")
     plan, job = _sglang_plan(colocated, async_steps, shape, eager)
     exporter = get_exporter("slime-rl")
+    (tmp_path / "out dir").mkdir()  # a path with a space; an exporter makes no folder
     script = exporter.write(ExportContext.for_rl_plan(plan, job), tmp_path / "out dir" / exporter.file_name)
     assert script.name == "run_slime_rl.sh" and stat.S_IMODE(script.stat().st_mode) == 0o755
     text = script.read_text()

@@ -380,7 +380,7 @@ def test_a_deeply_nested_config_is_refused_cleanly(tmp_path):
     p = tmp_path / "deep.json"
     p.write_text('{"a":' * 100_000 + "1" + "}" * 100_000)  # RecursionError before
     r = runner.invoke(app, ["estimate", "--model", str(p), "--gpus", "8xH100"])
-    assert r.exit_code == 2 and "cannot read it as JSON (nested too deeply for a config.json)" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 2 and "nested too deeply" in r.output and "Traceback" not in r.output
 
 
 def test_binary_files_are_rejected_cleanly(tmp_path):

@@ -90,6 +90,18 @@ def test_a_journal_study_s_record_is_not_overwritten(tmp_path):
     assert (folder / "config.yaml").read_bytes() == rec
 
 
+def test_a_journal_with_a_cut_last_line_is_read_by_reading_commands_and_refused_by_a_run(tmp_path):
+    folder, journal, args = _journal_study(tmp_path, "cut")
+    with journal.open("a") as f:
+        f.write('{"op_code": 5, "worker_id": "x", "trial_id": 1, "user_attr')  # a worker killed mid-line
+    before = journal.read_bytes()
+    r = runner.invoke(app, ["pareto", "--study", "cut", "--results-dir", str(tmp_path / "results")])
+    assert r.exit_code == 0 and "last line of" in r.output and "2 layouts evaluated" in r.output, r.output
+    r = runner.invoke(app, [*args, "--storage", f"journal:{journal}"])
+    assert r.exit_code == 2 and "not an Optuna journal file" in r.output, r.output
+    assert journal.read_bytes() == before
+
+
 @pytest.mark.parametrize("damage", ["garbled", "binary", "not a record"])
 def test_a_resume_with_an_unreadable_record_is_refused_not_forked(tmp_path, damage):
     """Before, a garbled config.yaml made the resume start a new empty SQLite study beside the journal's trials and
@@ -220,3 +232,69 @@ def test_verify_may_rewrite_the_study_s_recipe(study):
     r = runner.invoke(app, ["verify", "--study", "base", "--results-dir", str(study / "results"), "--trial", "0",
                             "--reference", "tp=1,pp=1", "--out", str(folder / "pareto.csv")])
     assert r.exit_code == 2 and "would write over the study's own pareto.csv" in r.output, r.output
+
+
+def _bytes(folder: Path) -> dict[str, str]:
+    """Each file's sha256 (SQLite's side files -wal and -shm left out: a reader may make them, the store is study.db)."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())
+            if p.is_file() and not p.name.startswith("study.db-")}
+
+
+def _other_study_db(tmp_path: Path) -> bytes:
+    r = runner.invoke(app, ["--model", "Llama-3.1-8B", "--gpus", "8xH200", "--trials", "1", "--study", "other",
+                            "--results-dir", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    return _db_bytes(tmp_path / "o" / "other" / "study.db", tmp_path / "other.db")
+
+
+def _db_bytes(db: Path, copy: Path) -> bytes:
+    """The bytes of a SQLite file with its write-ahead log in it (a copy made with SQLite's backup)."""
+    src, dst = sqlite3.connect(db), sqlite3.connect(copy)
+    src.backup(dst)
+    dst.execute("PRAGMA journal_mode=DELETE")
+    src.close()
+    dst.close()
+    return copy.read_bytes()
+
+
+@pytest.mark.parametrize(("damage", "needle"), [
+    ("delete", "no study database"),
+    ("empty", "is empty"),
+    ("other", "holds 'other' instead"),
+])
+def test_a_study_whose_store_is_gone_is_never_silently_replaced(study, tmp_path, damage, needle):
+    """config.yaml records the study: a deleted, emptied or swapped study.db is refused by the main job and by every
+    reading command, and no refused command changes a byte of the folder."""
+    import shutil
+
+    res = tmp_path / "results"
+    shutil.copytree(study / "results", res)
+    db = res / "base" / "study.db"
+    for side in res.glob("base/study.db-*"):
+        side.unlink()
+    db.write_bytes(_db_bytes(study / "results" / "base" / "study.db", tmp_path / "base.db"))
+    if damage == "delete":
+        db.unlink()
+    else:
+        db.write_bytes(b"" if damage == "empty" else _other_study_db(tmp_path))
+    before = _bytes(res / "base")
+    for args in ([*MAIN], ["pareto", "--study", "base"], ["export", "--study", "base"], ["report", "--study", "base"]):
+        r = runner.invoke(app, [*args, "--results-dir", str(res)])
+        want = "is missing" if damage == "delete" and args == MAIN else needle
+        assert r.exit_code == 2 and want in r.output and "Traceback" not in r.output, (args, r.output)
+        assert _bytes(res / "base") == before
+
+
+def test_an_output_link_or_a_missing_folder_is_refused_and_force_replaces_the_link(study, tmp_path):
+    target = tmp_path / "keep.txt"
+    target.write_text("mine\n")
+    link = tmp_path / "run.sh"
+    link.symlink_to(target)
+    base = ["export", "--study", "base", "--results-dir", str(study / "results"), "--format", "slime", "--out"]
+    r = runner.invoke(app, [*base, str(link)])
+    assert r.exit_code == 2 and "is a link" in r.output and "--force" in r.output, r.output
+    r = runner.invoke(app, [*base, str(tmp_path / "no" / "dir" / "run.sh")])
+    assert r.exit_code == 2 and "does not exist" in r.output and not (tmp_path / "no").exists(), r.output
+    r = runner.invoke(app, [*base, str(link), "--force"])
+    assert r.exit_code == 0 and not link.is_symlink() and link.read_text().startswith("#!/usr/bin/env bash"), r.output
+    assert target.read_text() == "mine\n"

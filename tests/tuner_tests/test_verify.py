@@ -248,7 +248,7 @@ def test_cli_verify_fail_exits_1_and_keeps_the_study_clean(study, monkeypatch):
     ([], "--reference is required"),
     (["--reference", "tp=1", "--trial", "999"], "not a finished trial"),
     (["--reference", "tp=1", "--steps", "1"], "--steps"),
-    (["--reference", "tp=1", "--out", "/nonexistent_dir/r.yaml"], "cannot write a file there"),
+    (["--reference", "tp=1", "--out", "/nonexistent_dir/r.yaml"], "does not exist"),
 ])
 def test_cli_verify_bad_input_is_one_line(study, monkeypatch, args, msg):
     _patch_cli(monkeypatch)
@@ -353,7 +353,7 @@ def test_cli_verify_refuses_before_any_arm_runs(study, monkeypatch):
 
 @pytest.mark.parametrize("args,msg", [
     (["--reference", "tp=1", "--grad-parity", "--noise-factor", "0"], "--noise-factor"),
-    (["--reference", "tp=1", "--grad-parity", "--out", "/nonexistent_dir/r.yaml"], "cannot write a file there"),
+    (["--reference", "tp=1", "--grad-parity", "--out", "/nonexistent_dir/r.yaml"], "does not exist"),
     (["--reference", "tp=1,pp=1,ep=1", "--grad-parity", "--candidate", "tp=1,pp=1,ep=1"], "same layout"),
 ])
 def test_cli_grad_parity_bad_input_is_refused_before_any_gpu_work(study, monkeypatch, args, msg):

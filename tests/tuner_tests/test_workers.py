@@ -28,7 +28,7 @@ def test_two_workers_with_trials_10_each_evaluate_20_distinct_layouts(tmp_path):
     journal.parent.mkdir()  # the shared folder exists (a mistyped one is refused)
     cmd = [sys.executable, "-m", "tuner.cli", "--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8",
            "--stack", "megatron", "--trials", "10", "--study", "w", "--storage", f"journal:{journal}", "--results-dir", str(tmp_path / "res")]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     procs = [subprocess.Popen([*cmd, "--seed", str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
              for i in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
@@ -43,7 +43,45 @@ def test_two_workers_with_trials_10_each_evaluate_20_distinct_layouts(tmp_path):
     assert all("duplicate" in t.user_attrs.get("skipped", "") for t in st.trials if t not in done)
 
 
-@pytest.mark.parametrize("kind", ["journal", "rdb"])
+def fresh_postgres() -> str:
+    """A new, empty database on the PostgreSQL server named by ``TUNE_TEST_POSTGRES_URL`` (.ci/run starts one), as a
+    storage URL; skips the test without one."""
+    import uuid
+
+    base = os.environ.get("TUNE_TEST_POSTGRES_URL")
+    if not base:
+        pytest.skip("no PostgreSQL server: set TUNE_TEST_POSTGRES_URL (.ci/run starts one)")
+    psycopg = pytest.importorskip("psycopg")
+    name = f"t{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(base.replace("+psycopg", ""), autocommit=True) as c:
+        c.execute(f"CREATE DATABASE {name}")
+    return base.rsplit("/", 1)[0] + "/" + name
+
+
+def test_four_workers_started_together_on_a_fresh_postgresql_database_measure_each_layout_once(tmp_path):
+    """Real (command) trials: 4 workers started at once on an empty database all start (Optuna's tables are created
+    once), and no layout is measured twice (the 4 x 50 battery measured one twice before)."""
+    import yaml
+
+    url = fresh_postgres()
+    tpl = tmp_path / "t.yaml"
+    fake = str(HERE.parent / "launch_tests" / "fake_trial.py")
+    tpl.write_text(yaml.safe_dump({"argv": [sys.executable, fake, "--FAKE_FORMAT=megatron", "--FAKE_STEPS={steps}", "--FAKE_STEP_S=0",
+                                            "--FAKE_REPORT_STEP_S=2.0", "{layout_args}"]}))
+    cmd = [sys.executable, "-m", "tuner.cli", "--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8",
+           "--stack", "megatron", "--backend", "command", "--command-template", str(tpl), "--trials", "3", "--trial-steps", "4",
+           "--study", "w", "--storage", url]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([*cmd, "--seed", str(i), "--results-dir", str(tmp_path / f"r{i}")], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path) for i in range(4)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    st = optuna.load_study(study_name="w", storage=url)
+    ran = [t.user_attrs["key"] for t in st.trials if "result" in t.user_attrs or "failure" in t.user_attrs]
+    assert len(ran) == len(set(ran)) == 12
+
+
+@pytest.mark.parametrize("kind", ["journal", "rdb", "postgres"])
 def test_a_killed_worker_loses_nothing(tmp_path, kind):
     """A worker is killed (kill -9) while its trial is RUNNING; a second worker fails that trial once its
     heartbeat is stale (Optuna's fail_stale_trials) and runs the layout again, recorded as a retry."""
@@ -52,9 +90,11 @@ def test_a_killed_worker_loses_nothing(tmp_path, kind):
     from tuner.study import prepare, run_study, trial_rows
 
     (tmp_path / "shared").mkdir()
-    storage = f"journal:{tmp_path / 'shared' / 'j.log'}" if kind == "journal" else f"sqlite:///{tmp_path / 'shared' / 's.db'}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    a = subprocess.Popen([sys.executable, str(HERE / "study_worker.py"), storage, str(tmp_path / "a")], env=env, cwd=tmp_path,
+    storage = (f"journal:{tmp_path / 'shared' / 'j.log'}" if kind == "journal" else fresh_postgres() if kind == "postgres"
+               else f"sqlite:///{tmp_path / 'shared' / 's.db'}")
+    marker = tmp_path / "running"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    a = subprocess.Popen([sys.executable, str(HERE / "study_worker.py"), storage, str(tmp_path / "a"), str(marker)], env=env, cwd=tmp_path,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         seen = []
@@ -108,7 +148,7 @@ def test_journal_storage_errors_and_the_recorded_storage(tmp_path):
     assert out.exit_code == 2 and "not an Optuna journal file" in out.output and other.read_text() == '{"a": 1}\n'
     missing = tmp_path / "missing.log"
     out = r.invoke(app, ["pareto", "--study", "nosuch", "--storage", f"journal:{missing}"])
-    assert out.exit_code == 2 and "no journal file" in out.output and not missing.exists()  # reading creates nothing
+    assert out.exit_code == 2 and "is missing" in out.output and not missing.exists()  # reading creates nothing
     typo = tmp_path / "no-such-dir" / "j.log"
     out = r.invoke(app, [*job, "--trials", "2", "--study", "t", "--storage", f"journal:{typo}", "--results-dir", res])
     assert out.exit_code == 2 and "does not exist" in out.output and not typo.parent.exists()  # no stray journal of its own
@@ -151,4 +191,24 @@ def test_reading_a_study_from_a_missing_sqlite_file_creates_nothing(tmp_path):
 
     missing = tmp_path / "nosuch.db"
     r = CliRunner().invoke(app, ["pareto", "--study", "s", "--storage", f"sqlite:///{missing}"])
-    assert r.exit_code == 2 and "no database file" in r.output and not missing.exists()
+    assert r.exit_code == 2 and "is missing" in r.output and not missing.exists()
+
+
+def test_two_workers_that_pick_one_layout_at_once_never_both_measure_it():
+    """PostgreSQL can give two trials started at once one number: each worker tells its own trial by its id, and of two
+    RUNNING trials holding one layout neither goes on unseen (the 4 x 50 battery measured a layout twice before)."""
+    import datetime
+
+    from optuna.trial import FrozenTrial, TrialState
+
+    from tuner.study.records import claimed_elsewhere
+
+    def running(trial_id: int, number: int) -> FrozenTrial:
+        return FrozenTrial(number=number, state=TrialState.RUNNING, value=None, datetime_start=datetime.datetime.now(),
+                           datetime_complete=None, params={}, distributions={}, user_attrs={"key": "tp2-pp1"}, system_attrs={},
+                           intermediate_values={}, trial_id=trial_id)
+
+    for numbers in ((7, 7), (7, 8), (8, 7)):
+        trials = [running(1, numbers[0]), running(2, numbers[1])]
+        assert claimed_elsewhere(trials, 1, "tp2-pp1") or claimed_elsewhere(trials, 2, "tp2-pp1")
+        assert not claimed_elsewhere(trials[:1], 1, "tp2-pp1")  # alone, a trial keeps its layout

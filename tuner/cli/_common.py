@@ -88,7 +88,7 @@ class TuneGroup(TyperGroup):
       without ``--debug``.
     * A usage error (unknown option, bad value: typer / click) prints one red line naming the
       command's ``--help`` and exits 2.
-    * Ctrl-C exits 130 (the main job first says how to resume); any other exception is a bug:
+    * Ctrl-C, and SIGTERM likewise, exits 130 (the main job first says how to resume); any other exception is a bug:
       one line asking for a report (the traceback with ``--debug``), exit 1.
 
     Sub-apps named in :attr:`lazy` (``name -> "module:typer_app"``) are imported only when their
@@ -119,6 +119,19 @@ class TuneGroup(TyperGroup):
         Returns:
             The exit code when ``standalone_mode`` is False (else it exits the process with it).
         """
+        import signal
+        import threading
+
+        main = threading.current_thread() is threading.main_thread()
+        old_term = signal.signal(signal.SIGTERM, signal.default_int_handler) if main else None  # `kill`, a scheduler: as Ctrl-C
+        try:
+            return self._main(args, prog_name, complete_var, standalone_mode, windows_expand_args, **extra)
+        finally:
+            if old_term is not None:
+                signal.signal(signal.SIGTERM, old_term)
+
+    def _main(self, args: Sequence[str] | None, prog_name: str | None, complete_var: str | None, standalone_mode: bool,
+              windows_expand_args: bool, **extra: Any) -> Any:
         argv, flag = _take_debug(sys.argv[1:] if args is None else args)
         debug = flag or os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
         extra.setdefault("obj", CliState(argv=tuple(argv), debug=debug))
@@ -162,14 +175,6 @@ class TuneGroup(TyperGroup):
 
 
 # ---- small helpers ---------------------------------------------------------------------
-
-
-def _missing_sqlite_file(url: str) -> Path | None:
-    """The file of a SQLite URL when it does not exist (query strings and ``sqlite+driver`` forms included), else None."""
-    from tuner.study.config import storage_file
-
-    db = storage_file(url) if url.startswith("sqlite") else None
-    return None if db is None or db.is_file() else db
 
 
 def _is_storage_error(e: BaseException) -> bool:
@@ -259,8 +264,9 @@ def recorded_storage(config_yaml: Path) -> str | None:
     return place if isinstance(place, str) and place and "\0" not in place else st
 
 
-def load_study(study: str | None, storage: str | None, results_dir: Path) -> Any:
-    """The Optuna study ``study`` (``--storage``, else the one ``config.yaml`` records, else ``results/<study>/study.db``).
+def load_study(study: str | None, storage: str | None, results_dir: Path, *, writes: bool = False) -> Any:
+    """The Optuna study ``study`` (``--storage``, else the one ``config.yaml`` records, else ``results/<study>/study.db``),
+    a SQLite file opened read-only unless the command ``writes`` to the study (``tune verify`` stores its results).
 
     Raises:
         TunerError: no ``--study``, a name ``tune`` would refuse, no such database or study, or a storage that cannot be opened.
@@ -269,24 +275,41 @@ def load_study(study: str | None, storage: str | None, results_dir: Path) -> Any
 
     name = check_study_name(require(study, "--study", "MiniMax-M2-8x8xH200-s8192-gbs128"))
     db = results_dir / name / "study.db"
+    storage_given = bool(storage) or db.exists()
     if not storage and not db.exists():
         storage = recorded_storage(results_dir / name / "config.yaml")
     url = storage or f"sqlite:///{db.as_posix()}"
+    if storage:
+        from tuner.study.config import _check_storage_syntax
+
+        _check_storage_syntax(storage)
     if not storage and not db.exists():
         first = shell_command("tune", "--model", "...", "--gpus", "...", *study_flags(name, results_dir))
         raise TunerError(f"--study {name!r}: no study database at {db}; run `{first}` first, or give --storage")
-    missing = _missing_sqlite_file(url)
-    if missing is not None:  # SQLite would create an empty database file: reading a study writes nothing
-        raise TunerError(f"--storage {url!r}: no database file at {missing}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from tuner.study import _mask, open_storage
+    from tuner.study.config import storage_file
+    from tuner.study.storage import check_store_holds, sqlite_read_only
 
+    check_store_holds(url, name, f"--study {name!r} is read from it")  # missing, empty or another study's: opened, not made
+    db_file = storage_file(url) if url.startswith("sqlite") else None
     try:
-        return optuna.load_study(study_name=name, storage=open_storage(url, create=False))
+        if db_file is not None and not writes:  # read only (a read-only filesystem too): reading a study changes no byte of it
+            from optuna.storages import RDBStorage
+
+            storage = RDBStorage(url, engine_kwargs={"creator": lambda: sqlite_read_only(db_file)}, skip_table_creation=True)
+        else:
+            storage = open_storage(url, create=False)
+        return optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         raise TunerError(f"--study {name!r}: no such study in {_mask(url)}") from None
+    except TunerError:
+        raise
     except Exception as e:  # noqa: BLE001 - storage errors
-        raise TunerError(f"--study {name!r}: cannot open {_mask(url)} ({type(e).__name__}: {_mask(str(e).splitlines()[0]) if str(e) else ''})") from None
+        server = storage_file(url) is None and not url.startswith("journal:")
+        hint = "" if storage_given or not server else "; a recorded server URL has no password: give --storage with it, or set PGPASSWORD"
+        raise TunerError(f"--study {name!r}: cannot open {_mask(url)} ({type(e).__name__}: {_mask(str(e).splitlines()[0]) if str(e) else ''})"
+                         f"{hint}") from None
 
 
 def study_context(st: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
@@ -467,3 +490,6 @@ class RunChoice:
         from specs.stacks import resolve_run_options
 
         return resolve_run_options(self.flags, self.stack, precision=precision, megatron_core=megatron_core)
+
+
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an output that is a link (the link, not its target) or another kind of file.")]

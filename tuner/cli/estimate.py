@@ -105,7 +105,7 @@ def _inputs(model: str | None, gpus: str | None, gpus_per_node: int | None, netw
         raise TunerError(f"--precision {precision!r}: accepted bf16 or fp8")
     if layers is not None and layers < 1:
         raise TunerError(f"--layers must be a positive integer (decoder layers of the slice), got {layers!r}")
-    m = slice_model(load_model(require(model, "--model", "MiniMax-M2")), layers)
+    m = slice_model(load_model(require(model, "--model", "MiniMax-M2"), allow_config_args=True), layers)  # launches nothing
     c = parse_gpus(require(gpus, "--gpus", "64xH200"), gpus_per_node=gpus_per_node,
                    inter_node_bytes_per_s=network_bytes_per_s(network_gbps) if network_gbps is not None else None, usd_per_gpu_hour=usd,
                    network=network, host_memory_gib=host_memory_gib, require_network=True)

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from specs import parse_gpus
 from specs.errors import TunerError
-from tuner.cli._common import CliState, ResultsOpt, err, load_study, out, shell_command, study_context
+from tuner.cli._common import CliState, ForceOpt, ResultsOpt, err, load_study, out, shell_command, study_context
 
 __all__ = ["app", "validate", "calibrate"]
 
@@ -275,19 +275,15 @@ def _study_observations(study: str, storage: str | None, results_dir: Path) -> t
     return obs, notes
 
 
-def _check_writable(path: Path) -> None:
+def _check_writable(path: Path, force: bool) -> None:
     """Raise TunerError now if ``path`` cannot be written (the fit would otherwise be lost), or is a study's own file."""
+    import os
+
     from tuner.study.config import check_output_path
 
-    check_output_path("--out", path)
-    existed = path.exists()
-    try:
-        with open(path, "a"):
-            pass
-    except OSError as e:
-        raise TunerError(f"--out {str(path)!r}: cannot write it ({e.strerror or e})") from None
-    if not existed:
-        path.unlink(missing_ok=True)
+    check_output_path("--out", path, force=force)
+    if not os.access(path.parent, os.W_OK):
+        raise TunerError(f"--out {str(path)!r}: cannot write in {path.parent} (no permission)")
 
 
 @app.command()
@@ -302,6 +298,7 @@ def calibrate(
     kfold: Annotated[bool, typer.Option("--kfold/--no-kfold", help="Also report k-fold error with folds by model (fit on the others, predict this one).")] = False,
     max_nfev: Annotated[int, typer.Option("--max-nfev", help="Most residual evaluations per fit.", min=5, max=10000)] = 60,
     processes: Annotated[int, typer.Option("--processes", help="Processes for the k-fold fits.", min=1, max=256)] = 1,
+    force: ForceOpt = False,
 ) -> None:
     """Fit the named efficiency constants to measured runs (least squares on log error) and write a calibration YAML.
 
@@ -315,13 +312,14 @@ def calibrate(
     from cost_model.calibration import BASE_CALIBRATION, DEFAULT_CALIBRATION, load_calibration
     from cost_model.validate import spearman
     from specs._data import dump_user_yaml
+    from specs.files import write_output
 
     argv = ctx.obj.argv if isinstance(ctx.obj, CliState) else ()
     if not data and not study:
         raise TunerError("give --data CSV (measured runs) or --study NAME (a study with measured trials)")
     if out_file is None:
         raise TunerError("--out is required, e.g. --out calibration.yaml")
-    _check_writable(out_file)  # before a fit that can take minutes
+    _check_writable(out_file, force)  # before a fit that can take minutes
     problems: list[Any] = []
     runs: list[Any] = []
     if data:
@@ -333,7 +331,7 @@ def calibrate(
         runs += _study_runs(study, storage, results_dir)
     start = load_calibration(calibration) if calibration else (DEFAULT_CALIBRATION if study and not data else BASE_CALIBRATION)
     if study and not data:
-        _calibrate_study(study, storage, results_dir, out_file, start, calibration, max_nfev)
+        _calibrate_study(study, storage, results_dir, out_file, start, calibration, max_nfev, force)
         return
     usable = [r for r in runs if not r.unrepresentable and r.layout is not None]
     if len(usable) < 2:
@@ -374,20 +372,19 @@ def calibrate(
             t.add_row(m, str(len(e)), f"{np.median(e) * 100:.1f}%", f"{np.mean(e) * 100:.1f}%", "-" if math.isnan(rho) else f"{rho:+.2f}")
         out.print(t)
         doc["provenance"]["kfold_by_model"] = kf
-    try:
-        out_file.write_text(dump_user_yaml(doc))
-    except OSError as e:
-        raise TunerError(f"--out {str(out_file)!r}: cannot write it ({e})") from None
+    write_output(out_file, dump_user_yaml(doc), label="--out", force=force)
     out.print(f"wrote {out_file} (use it with {shell_command('--calibration', out_file)})", markup=False)
 
 
-def _calibrate_study(study: str, storage: str | None, results_dir: Path, out_file: Path, start: Any, calibration: Path | None, max_nfev: int) -> None:
+def _calibrate_study(study: str, storage: str | None, results_dir: Path, out_file: Path, start: Any, calibration: Path | None, max_nfev: int,
+                     force: bool) -> None:
     """``tune calibrate --study NAME`` alone: step-time constants to the measured step times and
     memory constants to the measured peak (reserved) memory of the study's trials."""
     import numpy as np
 
     from cost_model.calibrate import TRIAL_STEP_NAMES, fit_observations, predict_observations
     from specs._data import dump_user_yaml
+    from specs.files import write_output
 
     obs, notes = _study_observations(study, storage, results_dir)
     if len(obs) < 2:
@@ -428,10 +425,7 @@ def _calibrate_study(study: str, storage: str | None, results_dir: Path, out_fil
     for k in fit.fitted:
         out.print(f"  {k}: {getattr(start, k):.4g} -> {getattr(fit.calibration, k):.4g}")
     out.print(f"stack of these trials: {escape(stack)} (the constants describe that stack; the shipped calibration is unchanged)")
-    try:
-        out_file.write_text(dump_user_yaml(doc))
-    except OSError as e:
-        raise TunerError(f"--out {str(out_file)!r}: cannot write it ({e})") from None
+    write_output(out_file, dump_user_yaml(doc), label="--out", force=force)
     out.print(f"wrote {out_file} (use it with {shell_command('--calibration', out_file)})", markup=False)
 
 

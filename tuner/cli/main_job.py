@@ -7,6 +7,7 @@ one, it returns and the sub-command runs.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -85,6 +86,7 @@ def main_job(
     trial_env: Annotated[list[str] | None, typer.Option("--trial-env", help="NAME=VALUE for every rank of a real trial (--backend ray), repeatable, e.g. --trial-env NCCL_IB_HCA=mlx5.", rich_help_panel="Trials")] = None,
     prune_margin: Annotated[float, typer.Option("--prune-margin", help="Stop a real trial more than this fraction slower than the best so far (after its warm-up and 2 measured steps); negative = never.", rich_help_panel="Trials")] = 0.25,
     from_file: Annotated[Path | None, typer.Option("--from", help="Your launch: a Megatron-LM / slime argument list or shell script (MODEL_ARGS=(...) arrays expanded), or a recipe.yaml. Its model, GPUs, workload, layout and run options are the inputs (flags given here win), its layout the baseline and the first trial; its other arguments are kept in the exported commands.", rich_help_panel="Job")] = None,
+    allow_config_args: Annotated[bool, typer.Option("--allow-config-args", help="Use the launch arguments a --model config.json adds (its tuner.extra_megatron_args): printed, and recorded in the recipe.", rich_help_panel="Job")] = False,
     study: StudyOpt = None,
     storage: StorageOpt = None,
     resume: Annotated[bool, typer.Option("--resume", help="Evaluate more layouts in an existing study (48, after any an interrupted run left queued). Without it or --trials, re-running a command shows its study as it is.", rich_help_panel="Study")] = False,
@@ -149,6 +151,7 @@ def main_job(
         layers=layers,
         trial_steps=trial_steps,
         trial_warmup_steps=trial_warmup_steps,
+        allow_config_args=allow_config_args,
         trial_timeout_s=trial_timeout,
         trial_profile_step=trial_profile_step,
         command_template=str(command_template) if command_template else None,
@@ -165,6 +168,18 @@ def main_job(
     )
     state = ctx.obj if isinstance(ctx.obj, CliState) else CliState(argv=(), debug=False)
     _run_main(cfg, top, results_dir, state, launch, verbose=verbose, png=png)
+
+
+def _with_trials(argv: Sequence[str], left: int) -> list[str]:
+    """``argv`` with ``--trials left`` in place of its ``--trials N`` (the resumed run evaluates what this one left)."""
+    out: list[str] = []
+    it = iter(argv)
+    for a in it:
+        if a == "--trials":
+            next(it, None)
+        elif not a.startswith("--trials="):
+            out.append(a)
+    return [*out, "--trials", str(left)]
 
 
 def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: Any = None, *, verbose: bool = False, png: bool = False) -> None:
@@ -224,7 +239,10 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: An
     )
     task = progress.add_task(f"Optuna search ({cfg.backend} backend)", total=None)
 
+    count = [0, 0]  # done, total: a resume runs what was left
+
     def on_trial(done: int, total: int) -> None:
+        count[:] = [done, total]
         if not progress.live.is_started:
             progress.start()
         progress.update(task, completed=done, total=total)
@@ -234,7 +252,9 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: An
     except KeyboardInterrupt:
         if progress.live.is_started:
             progress.stop()
-        again = [*state.argv, *([] if "--resume" in state.argv or "--trials" in state.argv else ["--resume"])]
+        left = count[1] - count[0] if count[0] and count[1] > count[0] else 0
+        again = (_with_trials(state.argv, left) if left
+                 else [*state.argv, *([] if "--resume" in state.argv or "--trials" in state.argv else ["--resume"])])
         resume = f": {shell_command('tune', *again)}" if state.argv else ": re-run the command with --resume"
         err.print(f"[yellow]interrupted:[/] finished trials are kept in the study; to resume{escape(resume)}", soft_wrap=True)
         raise typer.Exit(code=130) from None

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from cost_model.uncertainty import memory_headroom as headroom_for
 from specs.errors import TunerError
-from tuner.cli._common import ResultsOpt, StorageOpt, StudyNameOpt, err, load_study, out, shell_command, study_context, study_flags
+from tuner.cli._common import ForceOpt, ResultsOpt, StorageOpt, StudyNameOpt, err, load_study, out, shell_command, study_context, study_flags
 from tuner.cli._front import print_front, print_ties
 from tuner.verify import stored_correctness
 
@@ -47,6 +47,7 @@ def pareto(
     study: StudyNameOpt = None, storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
     top: Annotated[int, typer.Option("--top", min=0, help="Rows to print (0 = all).")] = 0,
     csv_out: Annotated[Path | None, typer.Option("--csv", help="Also write the front as CSV here.")] = None,
+    force: ForceOpt = False,
 ) -> None:
     """Show a study's Pareto front (throughput vs peak memory) with predicted vs measured values."""
     from tuner.report import front_rows, write_pareto_csv
@@ -55,7 +56,7 @@ def pareto(
     if csv_out:  # before the study is opened
         from tuner.study.config import check_output_path
 
-        check_output_path("--csv", csv_out, writes="pareto.csv", study=study)
+        check_output_path("--csv", csv_out, writes="pareto.csv", study=study, force=force)
     st = load_study(study, storage, results_dir)
     m, c, w, cfg = study_context(st)
     rows = trial_rows(st)
@@ -94,10 +95,7 @@ def pareto(
             out.print(f"refit after {rec['after_measured_trials']} measured trials: step-time median error {se:.1%} in the fit" if se is not None else
                       f"refit after {rec['after_measured_trials']} measured trials", markup=False)
     if csv_out:
-        try:
-            write_pareto_csv(csv_out, front)
-        except OSError as e:
-            raise TunerError(f"--csv {str(csv_out)!r}: cannot write it ({e.strerror or e})") from None
+        write_pareto_csv(csv_out, front, label="--csv", force=force)
         out.print(f"wrote {csv_out}", markup=False)
 
 
@@ -113,6 +111,7 @@ def export_cmd(
     trial: Annotated[int | None, typer.Option("--trial", help="Trial number (default: the fastest on the front).")] = None,
     fmt: Annotated[str, typer.Option("--format", help=_format_help())] = "recipe",
     out_file: Annotated[Path | None, typer.Option("--out", help="File to write (default: stdout); a script is written executable.")] = None,
+    force: ForceOpt = False,
 ) -> None:
     """Export a study's layout in one of the registered formats (a recipe YAML, a slime run script, a Megatron-LM argument file)."""
     from launch.exporters import get_exporter
@@ -124,7 +123,7 @@ def export_cmd(
     if out_file is not None:
         from tuner.study.config import check_output_path
 
-        check_output_path("--out", out_file, writes=exporter.file_name, study=study)
+        check_output_path("--out", out_file, writes=exporter.file_name, study=study, force=force)
     st = load_study(study, storage, results_dir)
     m, c, w, cfg = study_context(st)
     rows = trial_rows(st)
@@ -134,8 +133,5 @@ def export_cmd(
     if out_file is None:
         sys.stdout.write(text)
         return
-    try:
-        exporter.save(text, out_file)
-    except OSError as e:
-        raise TunerError(f"--out {str(out_file)!r}: cannot write ({e.strerror})") from None
+    exporter.save(text, out_file, force=force)
     err.print(f"wrote {out_file}", markup=False)

@@ -14,6 +14,7 @@ from cost_model.uncertainty import memory_headroom as headroom_for
 from specs.errors import InfeasibleLayout, TunerError
 from tuner.cli._common import (
     CalOpt,
+    ForceOpt,
     GbsOpt,
     GpusOpt,
     HeadroomOpt,
@@ -57,15 +58,12 @@ def _slug(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", label).strip("-")
 
 
-def _write_json(path: Path, obj: Any, what: str) -> None:
+def _write_json(path: Path, obj: Any, what: str, force: bool = False) -> None:
+    from specs.files import write_output
     from tuner.study.config import check_output_path
 
-    check_output_path(what, path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(obj, separators=(",", ":")))
-    except OSError as e:
-        raise TunerError(f"{what} {str(path)!r}: cannot write it ({e.strerror or e})") from None
+    check_output_path(what, path, force=force)
+    write_output(path, json.dumps(obj, separators=(",", ":")), label=what, force=force)
 
 
 StudyOpt = Annotated[str | None, typer.Option("--study", help="A study made by `tune`: its trial (--trial) is drawn with the study's inputs.", rich_help_panel="Study")]
@@ -87,7 +85,7 @@ def timeline(
     usd_per_gpu_hour: PriceOpt = None, seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
     calibration: CalOpt = None, memory_headroom: HeadroomOpt = None,
     out_file: OutOpt = None, png: PngOpt = None, compare: CompareOpt = None,
-    network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None,
+    network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None, force: ForceOpt = False,
 ) -> None:
     """Write one predicted step as a Chrome trace (open it in Perfetto or chrome://tracing): a lane per pipeline rank and
     virtual stage with each micro-batch's forward and backward in Megatron's order, the step by part (compute, recompute,
@@ -98,11 +96,11 @@ def timeline(
     if compare and png is None:
         raise TunerError("--compare draws into the --png chart: give --png FILE")
     if png is not None:
-        check_image_path("--png", png)
+        check_image_path("--png", png, force=force)
     if out_file is not None:  # before the study is opened
         from tuner.study.config import check_output_path
 
-        check_output_path("--out", out_file)
+        check_output_path("--out", out_file, force=force)
     others = [_read_trace(p) for p in compare or ()]  # read before anything is written: a bad --compare leaves no file
     if study is not None:
         if (layout != LayoutFlags() or model is not None or gpus is not None or layers is not None or network is not None or megatron_core is not None
@@ -121,7 +119,7 @@ def timeline(
     problems = check_trace(trace)
     assert not problems, f"the trace is malformed: {problems[:3]}"  # an internal invariant (tests/cost_model_tests/test_timeline.py)
     path = out_file or default
-    _write_json(path, trace, "--out")
+    _write_json(path, trace, "--out", force)
     e = det.estimate
     out.print(f"[bold]{e.layout.label}[/] ({title}) - [bold]predicted[/] by the analytical model")
     out.print(f"  step {trace_step_seconds(trace):.3f} s (the estimate's {e.step_time_s:.3f} s), pipeline bubble {max(0.0, trace_bubble_fraction(trace)):.1%} of the step, "
@@ -134,10 +132,7 @@ def timeline(
     if png is not None:
         from tuner.plots import plot_timelines
 
-        try:
-            plot_timelines(png, [trace, *others])
-        except OSError as ex:
-            raise TunerError(f"--png {str(png)!r}: cannot write it ({ex.strerror or ex})") from None
+        plot_timelines(png, [trace, *others], force=force)
         out.print(f"  Gantt chart: {png}", markup=False)
     out.print("  open a trace in https://ui.perfetto.dev (Open trace file) or chrome://tracing (Load)", markup=False)
 
@@ -220,6 +215,7 @@ def report(
     study: Annotated[str | None, typer.Option("--study", help="A study made by `tune`.", rich_help_panel="Study")] = None,
     storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
     out_file: Annotated[Path | None, typer.Option("--out", help="Page to write (default: results/<study>/report.html).")] = None,
+    force: ForceOpt = False,
 ) -> None:
     """Write a study's report.html (the main job writes it too): the Pareto front with hover details and filters, the layouts
     near the fastest with the most headroom, each front layout's memory and time by part, the measured ties, the study's files."""
@@ -231,7 +227,7 @@ def report(
     if out_file is not None:  # before the study is opened
         from tuner.study.config import check_output_path
 
-        check_output_path("--out", out_file, writes="report.html", study=study)
+        check_output_path("--out", out_file, writes="report.html", study=study, force=force)
     st = load_study(study, storage, results_dir)
     m, c, w, cfg = study_context(st)
     rows = trial_rows(st)
@@ -243,9 +239,6 @@ def report(
     known = ("pareto.csv", "pareto.png", "recipe.yaml", "run_slime.sh", "megatron_args.sh", "config.yaml")
     files = {p.name: p for p in [*(folder / n for n in known), *sorted(folder.glob("timeline_trial*.json"))] if p.is_file()}
     cal = Calibration(**st.user_attrs["calibration"]) if "calibration" in st.user_attrs else Calibration()
-    try:
-        study_report(path, study=st.study_name, model=m, cluster=c, workload=w, rows=rows, front=front, backend=str(cfg.get("backend", "model")),
-                     calibration=cal, memory_headroom=headroom_for(m, c.gpu, w.precision, cfg.get("memory_headroom")), files=files)
-    except OSError as e:
-        raise TunerError(f"--out {str(path)!r}: cannot write it ({e.strerror or e})") from None
+    study_report(path, study=st.study_name, model=m, cluster=c, workload=w, rows=rows, front=front, backend=str(cfg.get("backend", "model")),
+                 calibration=cal, memory_headroom=headroom_for(m, c.gpu, w.precision, cfg.get("memory_headroom")), files=files, force=force)
     err.print(f"wrote {path}", markup=False)

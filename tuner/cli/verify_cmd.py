@@ -118,7 +118,7 @@ def _check_out(out_file: Path | None) -> None:
         from tuner.study.config import check_output_path
 
         check_output_path("--out", out_file, writes="recipe.yaml")  # the recipe with its correctness block
-    if out_file is not None and (out_file.is_dir() or not (out_file.parent.is_dir() and os.access(out_file.parent, os.W_OK))):
+    if out_file is not None and (out_file.is_dir() or not os.access(out_file.parent, os.W_OK)):
         raise TunerError(f"--out {str(out_file)!r}: cannot write a file there (checked before any GPU work, not after)")
 
 
@@ -147,7 +147,7 @@ def _component(kind: str, study: str | None, storage: str | None, results_dir: P
     if out_file is not None and study is None:
         raise TunerError("--out with --component needs --study: the recipe is a study's layout")
     _check_out(out_file)
-    st = load_study(study, storage, results_dir) if study is not None else None
+    st = load_study(study, storage, results_dir, writes=True) if study is not None else None
     where = (results_dir / st.study_name / "verify" / "component") if st is not None else (results_dir / "component-test")
     plan = plan_component_test(out_dir=where, experts=experts, max_experts=max_experts, steps=steps,
                                moments=tuple(x.strip() for x in moments.split(",") if x.strip()))
@@ -215,10 +215,9 @@ def _grad_parity(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any,
 
 
 def _write_recipe(out_file: Path, text: str) -> None:
-    try:
-        out_file.write_text(text)
-    except OSError as e:
-        raise TunerError(f"--out {str(out_file)!r}: cannot write ({e.strerror})") from None
+    from specs.files import write_output
+
+    write_output(out_file, text, label="--out")
     err.print(f"wrote {out_file}", markup=False)
 
 
@@ -237,7 +236,7 @@ def _candidate(study: str, storage: str | None, results_dir: Path, trial: int | 
     from tuner.report import pick_trial_row
     from tuner.study import trial_rows
 
-    st = load_study(study, storage, results_dir)
+    st = load_study(study, storage, results_dir, writes=True)
     m, c, w, cfg = study_context(st)
     rows = trial_rows(st)
     if not need_trial:

@@ -159,11 +159,28 @@ def create_sqlite_schema(path: str | Path) -> bool:
     return True
 
 
+#: Attempts at creating Optuna's tables when workers start together on a fresh database.
+SCHEMA_ATTEMPTS = 5
+
+
 class ThreadSafeRDBStorage(RDBStorage):
-    """``RDBStorage`` whose ``set_trial_state_values`` is atomic among this process's threads (item 2 above)."""
+    """``RDBStorage`` whose ``set_trial_state_values`` is atomic among this process's threads (item 2 above).
+
+    Workers started together on a fresh database each create Optuna's tables; on PostgreSQL all but one fail with a
+    unique violation (``pg_type``'s, while the winner's ``CREATE TABLE`` commits): such a worker tries again, up to
+    :data:`SCHEMA_ATTEMPTS` times, and then finds the tables made."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+        for attempt in range(1, SCHEMA_ATTEMPTS + 1):
+            try:
+                super().__init__(*args, **kwargs)
+                break
+            except (IntegrityError, ProgrammingError) as e:  # UniqueViolation / DuplicateTable of a concurrent creation
+                if attempt == SCHEMA_ATTEMPTS or not any(w in str(e) for w in ("already exists", "duplicate key", "UniqueViolation")):
+                    raise
+                time.sleep(0.2 * attempt)
         self._state_lock = threading.Lock()
 
     def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:

@@ -33,7 +33,7 @@ DEFAULT_TRIALS = 48
 #: Most layouts one run accepts (``--trials``).
 MAX_TRIALS = 100_000
 
-_STUDY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_STUDY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -102,6 +102,9 @@ class TuneConfig:
     ``trial_steps``. On 2 x H200 (MiniMax-M2 slice, no TE, 2026-11-29) a trial's step time fell by
     20-40% over its first ~10 steps before it settled
     (benchmarks/results/h200_x2_2026-11-29/step_times.jsonl), hence 10 of the default 20."""
+    allow_config_args: bool = False
+    """Use the launch arguments a ``--model`` config.json's ``tuner`` section adds (``--allow-config-args``;
+    :func:`specs.load_model`); they are printed and recorded in the recipe."""
     trial_timeout_s: float = 900.0
     """Wall-clock limit of one real trial, model build included (seconds)."""
     trial_profile_step: int | None = None
@@ -189,8 +192,11 @@ class TuneConfig:
         return f"{base}{sl}-{cluster.label}-s{self.seq_length}-gbs{self.global_batch_size}{extra}"[:128]
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field, as plain values (stored with the study and in ``config.yaml``)."""
-        return dataclasses.asdict(self)
+        """Every field, as plain values (stored with the study and in ``config.yaml``): the storage URL without its
+        password, which is taken from ``--storage`` or the driver's own sources (``PGPASSWORD``, ``~/.pgpass``)."""
+        d = dataclasses.asdict(self)
+        d["storage"] = None if self.storage is None else without_password(self.storage)
+        return d
 
 
 def n_trials(config: TuneConfig) -> int:
@@ -291,6 +297,11 @@ def _mask(url: str) -> str:
     return re.sub(r"(://[^:/@]+:)[^@/]*@", r"\1***@", url)
 
 
+def without_password(url: str) -> str:
+    """A storage URL without its password (``postgresql://user@host/db``): what a file or the study keeps."""
+    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1@", url)
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -301,7 +312,7 @@ def _validate_config(config: TuneConfig) -> None:
     Raises:
         TunerError: the first bad input, named with what it accepts.
     """
-    if config.study is not None and not _STUDY_NAME_RE.match(config.study):
+    if config.study is not None and not _STUDY_NAME_RE.fullmatch(config.study):
         raise TunerError(
             f"--study {config.study!r}: a study name is 1-128 letters, digits, '.', '_' or '-', starting with a letter or "
             "digit (it names the folder results/<study>/)"
@@ -432,22 +443,25 @@ def is_study_folder(folder: Path) -> bool:
     return (folder / "study.db").exists() or _is_study_record(folder / "config.yaml")
 
 
-def check_output_path(option: str, path: Path, *, writes: str | None = None, study: str | None = None) -> None:
+def check_output_path(option: str, path: Path, *, writes: str | None = None, study: str | None = None, force: bool = False) -> None:
     """Refuse an output file (``--out``, ``--csv``, ``--png``, ``--export``, ...) that would overwrite a study: an
     existing SQLite database (an Optuna RDB storage), an Optuna journal (JSON lines with ``op_code``), or a file a
     study's folder keeps for itself (:data:`STUDY_OWN_FILES`); and one under a file. In a study's folder, one of the
     study's outputs (:data:`STUDY_OUTPUT_FILES`) is only written over by the same kind of output of the same study
     (``writes``: the file name that output has there, e.g. ``recipe.yaml`` for ``tune export --format recipe``;
-    ``study``: the study this command reads, whose folder is ``<results-dir>/<study>``).
+    ``study``: the study this command reads, whose folder is ``<results-dir>/<study>``). A missing folder is not
+    created; a link or a file that is not a regular file is replaced only with ``force`` (``--force``), and then the
+    link itself, not what it points to (:func:`specs.files.write_output`, which also checks the kind of file).
 
     Raises:
         TunerError: naming ``option``, the path and why.
     """
-    for a in path.parents:
-        if a.exists():
-            if not a.is_dir():
-                raise TunerError(f"{option} {str(path)!r}: {a} is a file, not a folder")
-            break
+    if not path.parent.is_dir():
+        what = "is a file, not a folder" if path.parent.exists() else "does not exist; create it first"
+        raise TunerError(f"{option} {str(path)!r}: {path.parent} {what}")
+    if not force and (path.is_symlink() or (path.exists() and not path.is_file() and not path.is_dir())):
+        raise TunerError(f"{option} {str(path)!r} is {'a link' if path.is_symlink() else 'not a regular file'}; give another "
+                         "path, or --force to replace it")
     if not path.is_file():
         return
     try:
@@ -494,10 +508,11 @@ def storage_file(url: str) -> Path | None:
 
 def storage_place(url: str) -> str:
     """``url`` with its file, if it has one, made absolute and resolved (relative paths against this process's folder),
-    so that two names of one file compare equal; a server URL, or a path that cannot be resolved, as it is."""
+    so that two names of one file compare equal; a server URL without its password; a path that cannot be resolved as
+    it is."""
     f = storage_file(url)
     if f is None:
-        return url
+        return without_password(url)
     try:
         return ("journal:" if url.startswith("journal:") else "sqlite:///") + str(f.resolve())
     except (OSError, ValueError, RuntimeError):  # a NUL byte, a symlink loop
@@ -532,7 +547,13 @@ def _check_storage_syntax(url: str) -> None:
         from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
         try:
-            make_url(url).get_dialect()  # the database kind is one SQLAlchemy knows (its driver is loaded on opening)
+            dialect = make_url(url).get_dialect()  # the database kind is one SQLAlchemy knows
         except (ArgumentError, NoSuchModuleError, ValueError) as e:
             raise TunerError(f"--storage {_mask(url)!r}: not an RDB URL SQLAlchemy can open ({_mask(str(e).splitlines()[0])}); "
                              "give sqlite:///path.db, postgresql://user@host/db, mysql://... or journal:PATH") from None
+        try:
+            dialect.import_dbapi()
+        except ImportError as e:
+            extra = " (the postgres extra: pip install 'megatron-layout-tuner[postgres]')" if url.startswith("postgres") else ""
+            raise TunerError(f"--storage {_mask(url)!r}: its database driver is not installed ({e}); pip install "
+                             f"{'psycopg[binary]' if 'psycopg' in str(e) else e.name or 'the driver'}{extra}") from None

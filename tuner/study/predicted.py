@@ -269,7 +269,7 @@ class PredictedTrials:
         tid, number = _optuna.create_trial(self.study, optuna.trial.create_trial(state=TrialState.RUNNING, **common))
         self.writes += 1
         try:
-            if claimed_elsewhere(self.study.get_trials(deepcopy=False), number, record.key or "", stale_before=self._stale_before()):
+            if claimed_elsewhere(self.study.get_trials(deepcopy=False), tid, record.key or "", stale_before=self._stale_before()):
                 _optuna.set_trial_user_attr(self.study, tid, "skipped", DUPLICATE + " (claimed by another worker at the same moment)")
                 _optuna.set_trial_state(self.study, tid, TrialState.PRUNED)
                 self.writes += 2

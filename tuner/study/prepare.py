@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shlex
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -96,7 +97,7 @@ def prepare(config: TuneConfig) -> Prepared:
             the space fits in memory (the message names the fewest GPUs that would).
     """
     _validate_config(config)
-    model = slice_model(load_model(config.model), config.layers)
+    model = slice_model(load_model(config.model, allow_config_args=config.allow_config_args), config.layers)
     if model.num_experts and not model.num_moe_layers:
         first_moe = next((i for i, f in enumerate(load_model(config.model).moe_layer_freq) if f), 0) + 1
         if config.layers is None:
@@ -124,6 +125,8 @@ def prepare(config: TuneConfig) -> Prepared:
     space = SearchSpace.load(config.space)
     stack = study_run_options(config)
     stack_notes: list[str] = []
+    if config.allow_config_args and model.extra_megatron_args:
+        stack_notes.append(f"--allow-config-args: the model's config adds to every trial and export: {shlex.join(model.extra_megatron_args)}")
     if stack.preset.drops_allgather and Dispatcher.allgather in space.dispatcher:
         kept = tuple(d for d in space.dispatcher if d != Dispatcher.allgather)
         if not kept:

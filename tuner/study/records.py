@@ -155,6 +155,17 @@ def result_of(layout: Layout, m: Measurement, pred: Estimate, *, model: ModelSpe
     return res
 
 
+def implausible(result: Mapping[str, Any]) -> str | None:
+    """Why a measured ``result`` (:func:`result_of`) cannot be right, or None: a model FLOP utilisation above 100% of
+    the GPU's dense bf16 peak means the run did less work per step than the study assumes (a launch template that
+    hard-codes a smaller batch or sequence)."""
+    mfu_ = result.get("mfu")
+    if result.get("source") == "measured" and isinstance(mfu_, float) and mfu_ > 1.0:
+        return (f"measured MFU {mfu_:.0%} is above 100% of the GPU's peak, so the run did less work per step than the "
+                "study's batch and sequence: does the launch template pass {global_batch_size} and {seq_length}?")
+    return None
+
+
 def failure_of(layout: Layout, e: TrialFailed, prediction: Mapping[str, float]) -> dict[str, Any]:
     """A failed trial's ``failure``: kind, message, log, the layout, the prediction, and for an out-of-memory
     the memory the failing rank had reached (GiB) when known."""
@@ -202,13 +213,15 @@ def evaluated_keys(trials: Sequence[FrozenTrial]) -> set[str]:
     return out
 
 
-def claimed_elsewhere(trials: Sequence[FrozenTrial], number: int | None, key: str, *, stale_before: datetime.datetime | None = None) -> bool:
-    """Another trial of the study (of any worker sharing its storage) has this layout: settled, or RUNNING with a
-    lower number than ``number`` (None: any RUNNING one) (of two workers that pick a layout at once, the later
-    trial yields). A RUNNING trial started before ``stale_before`` is not counted (a stopped worker's)."""
+def claimed_elsewhere(trials: Sequence[FrozenTrial], trial_id: int | None, key: str, *, stale_before: datetime.datetime | None = None) -> bool:
+    """Another trial of the study than ``trial_id`` (Optuna's ``_trial_id``; None: none is this run's) has this layout,
+    settled or RUNNING. Called after the trial's own key is written: of two workers that pick a layout at once, the one
+    that reads second sees the other's key and yields (both may yield; neither can miss the other), so no layout is
+    measured twice. Trial ids, not numbers: PostgreSQL can give two trials started at once one number. A RUNNING trial
+    started before ``stale_before`` is not counted (a stopped worker's)."""
     retried = retried_numbers(trials)
     for t in trials:
-        if t.number == number:
+        if t._trial_id == trial_id:
             continue
         r = TrialRecord.of(t)
         if r.key != key or r.skipped is not None:
@@ -216,7 +229,7 @@ def claimed_elsewhere(trials: Sequence[FrozenTrial], number: int | None, key: st
         if is_settled(t, retried):
             return True
         fresh = stale_before is None or t.datetime_start is None or t.datetime_start >= stale_before
-        if t.state == TrialState.RUNNING and (number is None or t.number < number) and fresh:
+        if t.state == TrialState.RUNNING and fresh:
             return True
     return False
 

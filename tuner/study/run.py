@@ -30,6 +30,7 @@ from optuna.trial import TrialState
 from cost_model.estimate import estimate
 from cost_model.types import Estimate
 from launch import BackendSettings, StepReporter, TrialBackend, TrialFailed, TrialStopped, get_backend
+from launch.base import FailureKind
 from launch.harness.pruner import StepTimePruner
 from search_spaces.rules import check_layout
 from specs.errors import InfeasibleLayout, TunerError
@@ -47,12 +48,13 @@ from tuner.study.records import (
     claimed_elsewhere,
     evaluated_keys,
     failure_of,
+    implausible,
     prediction_of,
     pruned_of,
     result_of,
     summary_of,
 )
-from tuner.study.storage import Heartbeat, StudyLock, open_study
+from tuner.study.storage import Heartbeat, StudyLock, is_own_store, open_study
 
 __all__ = ["FALLBACK_AFTER_SKIPS", "POLICY_BEST_ATTR", "Proposal", "StudyRun", "TuneResult", "run_study"]
 
@@ -218,9 +220,9 @@ class StudyRun:
         self._total = self.n_trials + sum(1 for t in waiting if TrialRecord.of(t).repeat_of is not None)
         # Ctrl-C with trials running in worker threads (--parallel-trials): Optuna waits for them, so tell the
         # backend to stop them (each kills its processes and frees its placement group) before it waits.
-        old_handler = None
+        old_handlers: dict[signal.Signals, Any] = {}  # SIGTERM (a scheduler's stop, `kill`) as Ctrl-C: the trials stop, their layouts stay queued
         if threading.current_thread() is threading.main_thread():
-            old_handler = signal.signal(signal.SIGINT, self._on_sigint)
+            old_handlers = {s: signal.signal(s, self._on_sigint) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             if self.on_trial:
                 self.on_trial(0, self._total)  # the study is open and its queue set: trials start now
@@ -239,8 +241,8 @@ class StudyRun:
             self._settle()  # Optuna does not wait for its worker threads: let them record their trials
             raise
         finally:
-            if old_handler is not None:
-                signal.signal(signal.SIGINT, old_handler)
+            for s, h in old_handlers.items():
+                signal.signal(s, h)
             backend.close()
         with self._lock:
             c = self._counts
@@ -322,13 +324,13 @@ class StudyRun:
         why = "refused by the backend earlier in this run" if refused else self.backend.refusal(lay, self.prep.model, self.prep.workload)
         return Proposal(params, row, lay, key, why)
 
-    def claim(self, key: str, number: int) -> bool:
-        """Take the layout for trial ``number`` of this process; False when the study has it (evaluated, or
-        RUNNING in a lower-numbered trial of another worker: of two that pick it at once, the later yields)."""
+    def claim(self, key: str, trial_id: int) -> bool:
+        """Take the layout for this process's trial ``trial_id`` (its key written); False when the study has it
+        (evaluated, or RUNNING in another worker's trial: :func:`claimed_elsewhere`)."""
         with self._lock:
             if key in self._seen:
                 return False
-            if self.cfg.storage and claimed_elsewhere(self.study.get_trials(deepcopy=False), number, key):
+            if self.cfg.storage and claimed_elsewhere(self.study.get_trials(deepcopy=False), trial_id, key):
                 return False
             self._seen.add(key)
             return True
@@ -569,7 +571,7 @@ class StudyRun:
                 trial.study.stop()
                 TrialRecord.write(trial, skipped=f"not run: this run's {self.n_trials} layouts (--trials) were started by its other trials")
                 raise optuna.TrialPruned("budget spent")
-            if not self.claim(prop.key, trial.number):
+            if not self.claim(prop.key, trial._trial_id):
                 self.release()
                 self._skip(trial, DUPLICATE)
         assert prop.row is not None
@@ -599,6 +601,13 @@ class StudyRun:
         result = result_of(prop.layout, m, predicted, model=self.prep.model, cluster=self.prep.cluster)
         if m.step_times_s:
             result["startup_s"] = max(gpu_hours * 3600 / self.prep.cluster.num_gpus - float(sum(m.step_times_s)), 0.0)
+        why = implausible(result)
+        if why is not None:  # kept, marked, and out of the front and the best: a FAIL with its numbers
+            e = TrialFailed(FailureKind.implausible, why, m.log_path)
+            failure = {**failure_of(prop.layout, e, pred), "result": result}
+            TrialRecord.write(trial, failure=failure, gpu_hours=gpu_hours, **summary_of(failure))
+            self.finished("failed", progress=False)
+            raise e
         TrialRecord.write(trial, result=result, gpu_hours=gpu_hours, **summary_of(result))
         self.finished("confirmed" if repeat_of is not None else "evaluated", progress=False)
         return m.tokens_per_s_per_gpu, m.peak_bytes / 2**30
@@ -682,7 +691,7 @@ def run_study(
             ``tune`` process is running the same study in its default storage.
     """
     run = StudyRun(prep, on_trial=on_trial, backend=backend)
-    if prep.config.storage:
+    if prep.config.storage and not is_own_store(prep.config, run.out_dir):
         return run.run()
     out_dir = run.out_dir
     created = not out_dir.exists()

@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import json
 import logging
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from cost_model.calibration import BASE_CALIBRATION, Calibration
 from launch import TrialFailed
 from specs import ModelSpec
 from specs.errors import TunerError
+from specs.files import write_output
 from tuner.study.config import RECORD_ERRORS, STUDY_OUTPUT_FILES, TuneConfig, _mask, read_study_record, storage_file, storage_place, trial_warmup_steps
 from tuner.study.prepare import Prepared
 
@@ -84,19 +86,27 @@ def retry_dead_worker_trial(grace_s: int) -> Any:
     return callback
 
 
-def _check_journal_lines(url: str, path: Path) -> None:
+def _check_journal_lines(url: str, path: Path, *, read_only: bool = False) -> str | None:
     """Refuse a journal file with a line that is not JSON, before anything is appended to it.
 
     Optuna reads a journal whose *last* line is cut (a writer killed mid-line), but a record appended after such a line
-    makes the whole file unreadable; so a damaged journal is refused here, untouched.
+    makes the whole file unreadable; so a damaged journal is refused here, untouched. A command that only reads
+    (``read_only``) reads one whose last line is cut, and gets a note saying so.
+
+    Returns:
+        The note for a cut last line that was read, else None.
 
     Raises:
         TunerError: the file cannot be read, or a line (numbered from 1) is not a JSON object.
     """
     if not path.is_file() or path.stat().st_size == 0:
-        return
+        return None
     bad = _first_bad_journal_line(url, path)
-    if bad is not None and bad == _journal_line_count(path):  # the last line: maybe another worker is appending it now
+    last = bad is not None and bad == _journal_line_count(path)
+    if last and read_only:
+        return (f"note: the last line of {path} is cut (a worker killed while writing); the study is read without it. "
+                "Remove that line (keep a copy) before a run appends to the journal")
+    if last:  # maybe another worker is appending it now
         time.sleep(1.0)
         bad = _first_bad_journal_line(url, path)
     if bad is not None:
@@ -104,6 +114,7 @@ def _check_journal_lines(url: str, path: Path) -> None:
             f"--storage {_mask(url)!r}: {path} is not an Optuna journal file: line {bad} is not a JSON record; the file "
             "was left as it is. If a worker was killed while writing, remove that last line (keep a copy) and run again; "
             "otherwise give a new path or an existing journal")
+    return None
 
 
 def _journal_line_count(path: Path) -> int:
@@ -144,8 +155,7 @@ def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None =
     storage also keeps trial state changes atomic among this process's threads (``--parallel-trials``).
 
     Raises:
-        TunerError: ``journal:`` without a path, a journal file that cannot be opened, or (``create=False``)
-            one that does not exist.
+        TunerError: ``journal:`` without a path, or a journal file that cannot be opened.
         ValueError, ImportError: (with ``heartbeat``) a malformed RDB URL, or its database driver missing.
     """
     from tuner.study import _optuna
@@ -158,13 +168,13 @@ def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None =
         from optuna.storages import JournalStorage
         from optuna.storages.journal import JournalFileBackend
 
-        if not create and not Path(path).is_file():
-            raise TunerError(f"--storage {url!r}: no journal file at {path}")
         if create and not Path(path).parent.is_dir():
             # not created here: on a shared filesystem a mistyped folder would give one worker a journal of its own
             raise TunerError(f"--storage {url!r}: the folder {str(Path(path).parent)!r} does not exist; create it (on the filesystem "
                              "the workers share) and run again")
-        _check_journal_lines(url, Path(path))
+        note = _check_journal_lines(url, Path(path), read_only=not create)
+        if note is not None:
+            print(note, file=sys.stderr)
         try:
             if heartbeat is None:
                 return JournalStorage(JournalFileBackend(path))
@@ -196,6 +206,12 @@ def _measured(backend: str) -> bool:
     from launch.registry import BACKENDS, backend_class
 
     return backend not in BACKENDS or backend_class(backend).source == "measured"
+
+
+def is_own_store(cfg: TuneConfig, out_dir: Path) -> bool:
+    """Whether the run's storage is the study folder's own ``study.db``, however ``--storage`` names it (then one
+    process at a time: :class:`StudyLock`)."""
+    return storage_place(storage_url(cfg, out_dir)) == storage_place(f"sqlite:///{(out_dir / 'study.db').as_posix()}")
 
 
 def resolved(prep: Prepared) -> dict[str, Any]:
@@ -368,9 +384,11 @@ def open_study(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, *, hea
             unwritable results folder.
     """
     _check_same_storage(cfg, name, out_dir)
-    created = not out_dir.exists()
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+    try:  # made by this run (not by a worker started beside it): only then is it this run's to remove
+        out_dir.mkdir(parents=True)
+        created = True
+    except FileExistsError:
+        created = False
     except OSError as e:
         raise TunerError(f"--results-dir {cfg.results_dir!r}: cannot create {out_dir} ({e.strerror})") from None
     try:
@@ -442,6 +460,53 @@ def _check_same_storage(cfg: TuneConfig, name: str, out_dir: Path) -> None:
     if db.exists() and here != own and starts_new:
         raise TunerError(f"study {name!r}: {out_dir} holds study.db, and this run would start a new store at {_mask(now)!r} "
                          "instead; resume it with no --storage, or give another --study name")
+    check_store_holds(now, name, f"{rec} records study {name!r}")
+
+
+def sqlite_read_only(path: Path) -> Any:
+    """A ``sqlite3`` connection that cannot write ``path``: ``mode=ro``, or ``immutable=1`` where the folder is read-only
+    and the file was left in write-ahead-log mode (its ``-shm`` cannot be made)."""
+    import sqlite3
+    from urllib.parse import quote
+
+    base = f"file:{quote(str(Path(path).resolve()))}"
+    conn = sqlite3.connect(f"{base}?mode=ro", uri=True, check_same_thread=False)
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn
+    except sqlite3.OperationalError:
+        conn.close()
+        return sqlite3.connect(f"{base}?immutable=1", uri=True, check_same_thread=False)
+
+
+def check_store_holds(url: str, name: str, why: str) -> None:
+    """Refuse to open a file store that should hold study ``name`` (``why``: what says so) but is missing, empty, or a
+    SQLite file without that study: opening it would start a new, empty study in its place. Reads it only.
+
+    Raises:
+        TunerError: naming the file, what is wrong and what to restore.
+    """
+    import sqlite3
+
+    f = storage_file(url)
+    if f is None:
+        return
+    fix = "restore it from a copy (or give the --storage that holds it), or give another --study name"
+    if not f.is_file() or f.stat().st_size == 0:
+        raise TunerError(f"study {name!r}: {why}, but its store {f} is {'empty' if f.is_file() else 'missing'}; {fix}")
+    if url.startswith("journal:"):
+        return
+    try:
+        conn = sqlite_read_only(f)
+        try:
+            names = [r[0] for r in conn.execute("SELECT study_name FROM studies")]
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        raise TunerError(f"study {name!r}: {why}, but its store {f} is not an Optuna study database ({e}); {fix}") from None
+    if name not in names:
+        raise TunerError(f"study {name!r}: {why}, but its store {f} holds {', '.join(map(repr, names[:5])) or 'no study'} "
+                         f"instead; {fix}")
 
 
 def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, heartbeat: Heartbeat | None) -> tuple[optuna.Study, str]:
@@ -514,13 +579,9 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, he
                        ("calibration", prep.calibration.to_dict()), ("space", prep.space.to_dict()), ("cost_model_digest", formula_digest())):
         if stored.get(key) != json.loads(json.dumps(value)):  # a resumed study with the same inputs: no write
             study.set_user_attr(key, value)
-    try:
-        (out_dir / "config.yaml").write_text(
-            yaml.safe_dump({"config": cfg.to_dict(), "storage_place": storage_place(url) if storage_file(url) else None, "resolved": now, "space": prep.space.to_dict(),
-                            "calibration": prep.calibration.to_dict()}, sort_keys=False)
-        )
-    except OSError as e:
-        raise TunerError(f"cannot write {out_dir / 'config.yaml'} ({e.strerror or e})") from None
+    write_output(out_dir / "config.yaml", yaml.safe_dump(
+        {"config": cfg.to_dict(), "storage_place": storage_place(url) if storage_file(url) else None, "resolved": now,
+         "space": prep.space.to_dict(), "calibration": prep.calibration.to_dict()}, sort_keys=False))
     return study, url
 
 

@@ -1,0 +1,196 @@
+"""Reading a user's files and writing outputs: the one guard every reader and writer goes through.
+
+Reading (:func:`read_user_text`, :func:`load_user_json`): only a regular file (not a folder, a FIFO or a device such
+as ``/dev/zero``), at most a size limit, read before anything parses it; parsers' recursion and integer-conversion
+errors (a 5,000-digit integer: Python's ``int`` limit) come back as one :class:`TunerError` naming the file.
+
+Writing (:func:`write_output`): the text goes to a temporary file in the same folder, which is then renamed over the
+target, so a reader never sees half a file and a full disk leaves the old file as it was. A link, a folder or another
+kind of file at the target is refused unless ``force``; the folder must exist (nothing is created that the user did not
+name). A failed write names the file and, for a full disk, says so.
+"""
+
+from __future__ import annotations
+
+import csv
+import errno
+import json
+import os
+import stat
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from specs.errors import TunerError
+
+__all__ = ["MAX_CONFIG_BYTES", "MAX_DATA_BYTES", "RepeatedKey", "load_user_json", "parse_errors", "read_user_text", "unique_keys",
+           "write_output"]
+
+#: Largest configuration file read (a ``config.json``, ``--space``, ``--calibration``, a command template): the
+#: largest bundled one is under 4 KiB.
+MAX_CONFIG_BYTES = 2**20
+#: Largest data file read (``tune validate --data`` tables, trial JSON lines, traces).
+MAX_DATA_BYTES = 256 * 2**20
+
+
+@contextmanager
+def parse_errors(label: str, expected: str) -> Iterator[None]:
+    """Turn what a parser raises on a hostile document into one :class:`TunerError` naming ``label``: nesting deeper
+    than Python's stack (``RecursionError``), an integer too long to convert (``ValueError``, Python's 4,300-digit
+    limit) and a CSV cell past ``csv``'s field limit (``csv.Error``). A :class:`TunerError` passes as it is."""
+    try:
+        yield
+    except TunerError:
+        raise
+    except RecursionError:
+        raise TunerError(f"{label}: nested too deeply to read; {expected} is expected") from None
+    except (ValueError, csv.Error) as e:
+        raise TunerError(f"{label}: cannot read it ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__}); "
+                         f"{expected} is expected") from None
+
+
+def read_user_text(path: str | Path, label: str, expected: str, *, limit: int = MAX_CONFIG_BYTES,
+                   encoding: str = "utf-8", errors: str = "strict") -> str:
+    """The text of a user's file, read only if it is a regular file of at most ``limit`` bytes.
+
+    Args:
+        path: the file.
+        label: how it is named in messages (``--space PATH``).
+        expected: what the file should be ("a YAML search space").
+        limit: the most bytes read (:data:`MAX_CONFIG_BYTES`, :data:`MAX_DATA_BYTES`).
+        encoding: its text encoding (``utf-8-sig`` drops a spreadsheet's byte-order mark).
+        errors: what to do with bytes that are not ``encoding`` (``replace``: a log's stray bytes).
+
+    Raises:
+        TunerError: missing or unreadable, not a regular file, larger than ``limit``, or not text in ``encoding``.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block the open
+    except (OSError, ValueError) as e:
+        raise TunerError(f"{label}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # a folder, a FIFO, a device such as /dev/zero
+        os.close(fd)
+        raise TunerError(f"{label}: not a regular file; {expected} is expected")
+    with os.fdopen(fd, "rb") as fh:
+        if st.st_size > limit:
+            raise TunerError(f"{label}: {st.st_size:,} bytes is more than the {limit:,} read; {expected} is expected")
+        try:
+            data = fh.read(limit + 1)
+        except OSError as e:
+            raise TunerError(f"{label}: cannot read it ({e.strerror or e})") from None
+    if len(data) > limit:
+        raise TunerError(f"{label}: more than the {limit:,} bytes read; {expected} is expected")
+    try:
+        return data.decode(encoding, errors)
+    except UnicodeDecodeError:
+        raise TunerError(f"{label}: not a text file ({expected} is expected)") from None
+
+
+class RepeatedKey(ValueError):
+    """A key written twice in one JSON object (its ``args[0]``)."""
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' ``object_pairs_hook``: the object, or :class:`RepeatedKey` naming a key written twice."""
+    d: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in d:
+            raise RepeatedKey(k)
+        d[k] = v
+    return d
+
+
+def load_user_json(path: str | Path, label: str, expected: str, *, limit: int = MAX_CONFIG_BYTES) -> Any:
+    """A user's JSON file, read with :func:`read_user_text`; a key written twice in one object is refused (``json``
+    keeps the last one silently, as PyYAML would: the YAML readers refuse it too).
+
+    Raises:
+        TunerError: as :func:`read_user_text`, not JSON, a repeated key, or as :func:`parse_errors`.
+    """
+    text = read_user_text(path, label, expected, limit=limit)
+    with parse_errors(label, expected):
+        try:
+            return json.loads(text, object_pairs_hook=unique_keys)
+        except RepeatedKey as e:
+            raise TunerError(f"{label}: key {e.args[0]!r:.60} appears twice in one object (JSON keeps only the last); "
+                             "write it once") from None
+        except json.JSONDecodeError as e:
+            raise TunerError(f"{label}: not JSON ({e.msg}, line {e.lineno}); {expected} is expected") from None
+
+
+def _same_kind(old: bytes, new: bytes) -> bool:
+    """Whether an existing file's first bytes say it is the kind being written: the same first line (the shebang,
+    ``<!DOCTYPE html>``, a CSV header, ``# recipe.yaml``, PNG's signature) over its first 16 bytes or the file's length."""
+    head = new.split(b"\n", 1)[0][:16]
+    n = min(len(old), len(head))
+    return old[:n] == head[:n]
+
+
+def write_output(path: str | Path, text: str | bytes, *, label: str = "", force: bool = False,
+                 executable: bool = False) -> Path:
+    """Write ``text`` to ``path`` atomically: a temporary file in the same folder, renamed over ``path``.
+
+    Args:
+        path: the file; its folder must exist.
+        text: what to write (``str``: UTF-8).
+        label: how the output is named in messages (``--out``); "" names the path only.
+        force: replace a link (the link itself, never its target) or a file of another kind.
+        executable: mode 0o755 (0o644 otherwise), less the process's umask.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        TunerError: the folder is missing; ``path`` is a folder; ``path`` is a link, not a regular file, or a non-empty
+            file whose first line is not the one this output starts with, and not ``force``; or the write failed (a
+            full disk said so), each naming the file. Nothing is changed then.
+    """
+    p = Path(path)
+    data = text.encode() if isinstance(text, str) else text
+    name = f"{label} {str(p)!r}" if label else str(p)
+    if not p.parent.is_dir():
+        raise TunerError(f"{name}: no folder {str(p.parent)!r}; create it first, or give a path in an existing folder")
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise TunerError(f"{name}: cannot write it ({e.strerror or e})") from None
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise TunerError(f"{name} is a folder; give a file path")
+        why = ("is a link (the file it points to would be written)" if stat.S_ISLNK(st.st_mode)
+               else "is not a regular file" if not stat.S_ISREG(st.st_mode) else "")
+        if not why:
+            try:
+                with open(p, "rb") as fh:
+                    old = fh.read(16)
+            except OSError:
+                old = b""
+            why = "" if _same_kind(old, data) else "holds another kind of file"
+        if why and not force:
+            raise TunerError(f"{name} {why}; give another path, or --force to replace it")
+    mask = os.umask(0)
+    os.umask(mask)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name[:64]}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, (0o755 if executable else 0o644) & ~mask)
+        os.replace(tmp, p)
+    except OSError as e:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise TunerError(f"{name}: the disk is full (no space left to write it); nothing was written") from None
+        raise TunerError(f"{name}: cannot write it ({e.strerror or e})") from None
+    return p
