@@ -524,7 +524,7 @@ def front_figure(rows: list[dict[str, Any]], front: list[dict[str, Any]], title:
 
 
 def plot_front(path: Path, rows: list[dict[str, Any]], front: list[dict[str, Any]], title: str, usable_gib: float,
-               labelled: list[dict[str, Any]] | None = None) -> None:
+               labelled: list[dict[str, Any]] | None = None, *, force: bool = False) -> None:
     """PNG scatter of every evaluated trial and the front (peak GiB vs tokens/s/GPU), each point of
     ``labelled`` (the printed table's rows) marked with its trial number, no two labels overlapping
     (:func:`front_figure`).
@@ -538,7 +538,7 @@ def plot_front(path: Path, rows: list[dict[str, Any]], front: list[dict[str, Any
     from tuner.plots import save_figure
 
     try:
-        save_figure(fig, path)
+        save_figure(fig, path, force=force)
     finally:
         plt.close(fig)
 
@@ -628,4 +628,5 @@ def export_files(
                          measurement=measurement, correctness=correctness, notes=notes, megatron_core=megatron_core,
                          options=options, stack=stack, user_args=user_args)
     rendered = [(e, e.render(ctx)) for e in main_job_exporters()]
-    return {e.name: e.save(text, out_dir / e.file_name) for e, text in rendered}
+    # the study folder's own files: replaced whatever an earlier version wrote there (a link itself, not its target)
+    return {e.name: e.save(text, out_dir / e.file_name, force=True) for e, text in rendered}

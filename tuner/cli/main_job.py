@@ -279,13 +279,13 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: An
     report_note = ""
     files = {"pareto": res.out_dir / "pareto.csv"}
     try:
-        write_pareto_csv(files["pareto"], front)
+        write_pareto_csv(files["pareto"], front, force=True)  # the study folder's own files: whatever wrote them before
         if png:
             files["plot"] = res.out_dir / "pareto.png"
             plot_front(
                 files["plot"], rows, front,
                 title=f"{prep.model.name} on {c.label}, seq {w.seq_length}, gbs {w.global_batch_size} ({src_word})",
-                usable_gib=prep.estimates.usable_bytes / GIB, labelled=table_rows(front, top),
+                usable_gib=prep.estimates.usable_bytes / GIB, labelled=table_rows(front, top), force=True,
             )
         from launch.exporters import measurement_from_row
         from tuner.report import runs_note, ties_note
@@ -300,7 +300,7 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: An
         try:
             files["report"] = study_report(res.out_dir / "report.html", study=res.study_name, model=prep.model, cluster=c, workload=w, rows=rows,
                                            front=front, backend=cfg.backend, calibration=prep.calibration, memory_headroom=prep.headroom,
-                                           files={**{p.name: p for p in files.values()}, "config.yaml": res.out_dir / "config.yaml"})
+                                           files={**{p.name: p for p in files.values()}, "config.yaml": res.out_dir / "config.yaml"}, force=True)
         except ReportUnavailable as e:  # the study, the front and the recipe files are written: only the page is left out
             report_note = f"note: report.html was not written: {e}; `tune report --study {res.study_name}` writes it later"
     except OSError as e:

@@ -581,7 +581,7 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, he
             study.set_user_attr(key, value)
     write_output(out_dir / "config.yaml", yaml.safe_dump(
         {"config": cfg.to_dict(), "storage_place": storage_place(url) if storage_file(url) else None, "resolved": now,
-         "space": prep.space.to_dict(), "calibration": prep.calibration.to_dict()}, sort_keys=False))
+         "space": prep.space.to_dict(), "calibration": prep.calibration.to_dict()}, sort_keys=False), force=True)
     return study, url
 
 
