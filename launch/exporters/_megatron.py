@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 
@@ -89,7 +90,7 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
     if model.qk_layernorm_full_dim:
         head.append("# --spec needs slime's slime_plugins package on PYTHONPATH (full-width QK norm).")
     head.append(f"if {_EXECUTED}; then {STRICT_MODE}; fi")
-    name = shlex.quote(f"checkpoints/{model.name}")
+    name = shlex.quote("checkpoints/" + re.sub(r"[\x00-\x1f\x7f]+", "_", model.name))  # no control character reaches the script
     tail = [
         f"if {_EXECUTED}; then",
         '  if [ "${1:-}" = --print ]; then printf \'%s\\n\' "${MEGATRON_ARGS[@]}"; exit 0; fi',

@@ -294,8 +294,7 @@ def test_scripts_from_a_hostile_name_run_only_the_launch(tmp_path, model, cluste
     for f in (slime, meg):
         assert subprocess.run([BASH, "-n", str(f)], capture_output=True).returncode == 0
         assert not any(line.startswith("touch") for line in f.read_text().splitlines())
-    env = _env(tmp_path, PYTHON=sys.executable, SLIME_ENTRY_MODULE="fake_slime_train", SLIME_DIR=str(FAKES), HF_CKPT="/c",
-               TORCH_DIST="/t", SFT_DATA="/d", PROFILE_DIR="/p", NVLINK_COUNT="0")
+    env = _env(tmp_path, **BASE)
     p = subprocess.run([str(slime)], env=env, cwd=trap, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     argv = json.loads((tmp_path / "dump.json").read_text())["argv"]

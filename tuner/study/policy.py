@@ -119,6 +119,9 @@ class GainPolicy:
     params: PolicyParams
     spent_gpu_hours: float = 0.0
     trials: int = 0
+    base_trials: int = 0
+    """Trials the study held before this run (``--trials`` and ``--gpu-hours`` count this run's own)."""
+    base_gpu_hours: float = 0.0
     runs: npt.NDArray[np.int64] = field(init=False)
     failed: npt.NDArray[np.bool_] = field(init=False)
     pending: npt.NDArray[np.bool_] = field(init=False)
@@ -214,13 +217,13 @@ class GainPolicy:
     def next(self) -> Decision:
         """What to do next (see the module docstring)."""
         p = self.params
-        if self.trials + int(self.pending.sum()) >= p.max_trials:
+        if self.trials - self.base_trials + int(self.pending.sum()) >= p.max_trials:
             return Decision(None, reason=f"the {p.max_trials} trials allowed (--trials) are spent")
         mean, sd = self.posterior()
         open_ = (self.runs == 0) & ~self.failed & ~self.pending
         inc = self.incumbent()
         cost = self.trial_gpu_hours(slice(None))
-        budget_left = math.inf if p.gpu_hours is None else p.gpu_hours - self.spent_gpu_hours
+        budget_left = math.inf if p.gpu_hours is None else p.gpu_hours - self.run_gpu_hours
         if inc is None:
             # nothing measured yet: the most promising by expected throughput and chance to fit, per GPU-hour
             value = self.predicted * np.exp(mean + sd**2 / 2) * self.p_fit / cost
@@ -261,6 +264,20 @@ class GainPolicy:
         return Decision(None, reason=f"no untried layout may beat the best by more than {p.min_gain:.0%} "
                                      f"at {p.confidence:.0%} confidence")
 
+    @property
+    def run_gpu_hours(self) -> float:
+        """GPU-hours of this run's trials."""
+        return self.spent_gpu_hours - self.base_gpu_hours
+
+    @property
+    def run_trials(self) -> int:
+        """This run's trials."""
+        return self.trials - self.base_trials
+
+    def start_run(self) -> None:
+        """What was observed so far belongs to earlier runs: the budgets count from here."""
+        self.base_trials, self.base_gpu_hours = self.trials, self.spent_gpu_hours
+
     def _budget_reason(self, cheapest: float) -> str:
-        return (f"the GPU-hour budget is spent ({self.spent_gpu_hours:,.1f} of {self.params.gpu_hours:,.1f}; "
+        return (f"the GPU-hour budget is spent ({self.run_gpu_hours:,.1f} of {self.params.gpu_hours:,.1f}; "
                 f"the cheapest trial left costs {cheapest:,.1f})")

@@ -450,6 +450,8 @@ class StudyRun:
         if cfg.gpu_hours is not None and cfg.gpu_hours < cheapest:
             raise TunerError(f"--gpu-hours {cfg.gpu_hours:g}: one trial of the cheapest candidate is predicted to cost {cheapest:,.1f} "
                              f"GPU-hours ({prep.cluster.num_gpus} GPUs, start-up and {cfg.trial_steps} steps); give at least that")
+        self._feed(policy, pos, observed, first_of)
+        policy.start_run()
         while True:
             self._feed(policy, pos, observed, first_of)
             picks = []
@@ -511,7 +513,7 @@ class StudyRun:
         """One line: how many trials and GPU-hours the policy spent, which trial is best, and why it stopped."""
         inc = policy.incumbent()
         best = f"trial {first_of[inc]}" if inc is not None and inc in first_of else "no measured trial"
-        return (f"stopped after {policy.trials} trials ({policy.spent_gpu_hours:,.1f} GPU-hours); best: {best}; "
+        return (f"stopped after {policy.run_trials} trials ({policy.run_gpu_hours:,.1f} GPU-hours); best: {best}; "
                 + reason.replace("the best", best if inc is not None else "the best"))
 
     def _confirm(self) -> None:
