@@ -114,13 +114,13 @@ def test_resume_with_another_cost_model_is_refused_and_the_study_still_reads(mai
     assert "another version of the cost model" in r.output and "0123456789abcdef" in r.output and "Traceback" not in r.output
     assert content() == before
     p = _run("pareto", "--study", "m2", "--results-dir", str(out.parent), "--top", "3")
-    assert p.exit_code == 0 and "Pareto front (predicted)" in p.output
+    assert p.exit_code == 0 and "Pareto front (predicted;" in p.output
 
 
 def test_pareto_and_export_commands(main_run, tmp_path):
     _, out = main_run
     r = _run("pareto", "--study", "m2", "--results-dir", str(out.parent), "--top", "3")
-    assert r.exit_code == 0 and "Pareto front (predicted)" in r.output
+    assert r.exit_code == 0 and "Pareto front (predicted;" in r.output
     r = _run("export", "--study", "m2", "--results-dir", str(out.parent), "--format", "megatron", "--out", str(tmp_path / "a.sh"))
     assert r.exit_code == 0
     text = (tmp_path / "a.sh").read_text()
@@ -534,7 +534,7 @@ def test_suggested_commands_are_shell_quoted_and_run_as_printed(tmp_path):
     pareto_cmd = shlex.split(lines[more + 1])
     assert pareto_cmd == ["tune", "pareto", "--study", "q", "--results-dir", str(rd), "--top", "0"]
     again = _run(*pareto_cmd[1:])
-    assert again.exit_code == 0 and "Pareto front (predicted)" in again.output
+    assert again.exit_code == 0 and "Pareto front (predicted;" in again.output
     nxt = next(i for i, ln in enumerate(lines) if ln.startswith("Next: measure"))
     trials_cmd = shlex.split(lines[nxt + 1])  # the same job with real trials and a budget
     assert trials_cmd[:5] == ["tune", "--model", "Llama-3.1-8B", "--gpus", "8xH100"] and trials_cmd[-4:-1] == ["--backend", "ray", "--gpu-hours"]

@@ -28,7 +28,8 @@ def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: st
         title: the table's title.
         more_hint: where the rest is, e.g. ``tune pareto --study NAME --top 0`` (shell-quoted).
     """
-    t = Table(title=title, title_justify="left", box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
+    out.print(title)  # not the table's title: rich wraps a title to the table's width
+    t = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
     for col, just in [("trial", "right"), ("layout", "left"), ("recompute", "left"), ("mbs", "right"),
                       ("tok/s", "right"), ("90%", "right"), ("peak GiB", "right")]:
         t.add_column(col, justify=just, overflow="fold", no_wrap=col in ("trial", "layout"))

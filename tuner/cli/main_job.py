@@ -411,5 +411,6 @@ def _print_best(best: dict[str, Any], tied: list[dict[str, Any]], pls: str, hbm_
         out.print(f"  --pipeline-model-parallel-layout '{pls}'", markup=False)
     if tied:
         names = ", ".join(str(t["trial"]) for t in tied[:4]) + (f" and {len(tied) - 4} more" if len(tied) > 4 else "")
-        out.print(f"  tie: trials {names} within 1%; picked by least memory (docs/studies.md#ties)", markup=False)
+        out.print(f"  tie: trial{'s' if len(tied) > 1 else ''} {names} within 1%; the least memory wins (docs/studies.md#ties)",
+                  markup=False)
 

@@ -60,14 +60,17 @@ def pareto(
     st = load_study(study, storage, results_dir)
     m, c, w, cfg = study_context(st)
     rows = trial_rows(st)
-    front = front_rows(rows, m)
+    from cost_model.uncertainty import error_bars
+
+    front = front_rows(rows, m, error_bars(m, c.gpu, w.precision), c.gpu.hbm_bytes / 2**30)
     if not front:
         raise TunerError(f"study {st.study_name!r} has no finished trial yet")
     srcs = {r["source"] for r in front}
     out.print(f"Study [bold]{escape(st.study_name)}[/]: {escape(m.name)} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}; "
               f"backend {escape(str(cfg.get('backend')))}; {len(rows)} layouts evaluated")
     more = shell_command("tune", "pareto", *study_flags(st.study_name, results_dir), "--top", "0")
-    print_front(front, top, title=f"Pareto front ({' and '.join(sorted(srcs))})", more_hint=f"`{more}`")
+    print_front(front, top, title=f"Pareto front ({' and '.join(sorted(srcs))}; tok/s = tokens/s/GPU, 90% interval; * may not fit)",
+                more_hint=more)
     print_ties(rows, front[0])
     real = [t for t in st.trials if "pruned" in t.user_attrs or ("failure" in t.user_attrs and "pred_peak_gib" in t.user_attrs["failure"])]
     if any("pred_tokens_per_s_per_gpu" in r for r in rows) and ("measured" in srcs or real):

@@ -231,7 +231,9 @@ def report(
     st = load_study(study, storage, results_dir)
     m, c, w, cfg = study_context(st)
     rows = trial_rows(st)
-    front = front_rows(rows, m)
+    from cost_model.uncertainty import error_bars
+
+    front = front_rows(rows, m, error_bars(m, c.gpu, w.precision), c.gpu.hbm_bytes / 2**30)
     if not front:
         raise TunerError(f"study {st.study_name!r} has no finished trial yet")
     folder = results_dir / st.study_name

@@ -249,7 +249,10 @@ class CandidateQueue:
         fit_idx = np.flatnonzero(prep.fits)
         fastest = fit_idx[np.argsort(-est.tokens_per_s_per_gpu[fit_idx])[: 4 * min(n_trials, MAX_ENQUEUED)]]
         spread = _spread(prep.front, est.peak_bytes, max(2, n_trials // 2))
-        order = [int(i) for i in fastest] + spread if backend.measured else spread + [int(i) for i in fastest]
+        sure = np.flatnonzero(prep.surely_fits)
+        sure_fastest = [int(i) for i in sure[np.argsort(-est.tokens_per_s_per_gpu[sure], kind="stable")[:4]]]
+        # the model backend evaluates the fastest layouts that surely fit first: the best it names is the table's
+        order = [int(i) for i in fastest] + spread if backend.measured else sure_fastest + spread + [int(i) for i in fastest]
         if prep.baseline_row is not None and prep.fits[prep.baseline_row]:
             order.insert(0, prep.baseline_row)  # the user's own layout (tune --from) is always evaluated
         budget = min(MAX_ENQUEUED, max(1, (3 * n_trials) // 4)) - queued_already
