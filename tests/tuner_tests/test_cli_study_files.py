@@ -227,17 +227,17 @@ def test_verify_may_rewrite_the_study_s_recipe(study):
     was refused as another kind). Without torch the command then stops on the harness's needs, before any write."""
     folder = study / "results" / "base"
     r = runner.invoke(app, ["verify", "--study", "base", "--results-dir", str(study / "results"), "--trial", "0",
-                            "--reference", "tp=1,pp=1", "--out", str(folder / "recipe.yaml")])
+                            "--reference", "tp=2,pp=1", "--out", str(folder / "recipe.yaml")])
     assert "would write over" not in r.output and "is a study's own file" not in r.output, r.output
     r = runner.invoke(app, ["verify", "--study", "base", "--results-dir", str(study / "results"), "--trial", "0",
-                            "--reference", "tp=1,pp=1", "--out", str(folder / "pareto.csv")])
+                            "--reference", "tp=2,pp=1", "--out", str(folder / "pareto.csv")])
     assert r.exit_code == 2 and "would write over the study's own pareto.csv" in r.output, r.output
 
 
 def _bytes(folder: Path) -> dict[str, str]:
     """Each file's sha256 (SQLite's side files -wal and -shm left out: a reader may make them, the store is study.db)."""
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())
-            if p.is_file() and not p.name.startswith("study.db-")}
+            if p.is_file() and not p.name.startswith("study.db-") and p.name != ".tune.lock"}  # the lock holds the running pid
 
 
 def _other_study_db(tmp_path: Path) -> bytes:
@@ -265,14 +265,18 @@ def _db_bytes(db: Path, copy: Path) -> bytes:
 def test_a_study_whose_store_is_gone_is_never_silently_replaced(study, tmp_path, damage, needle):
     """config.yaml records the study: a deleted, emptied or swapped study.db is refused by the main job and by every
     reading command, and no refused command changes a byte of the folder."""
-    import shutil
 
     res = tmp_path / "results"
-    shutil.copytree(study / "results", res)
+    # a study of its own, made in another process (no connection of this one left on its file): its record names its store
+    import subprocess
+    import sys
+
+    made = subprocess.run([sys.executable, "-m", "tuner.cli", *MAIN, "--results-dir", str(res)], capture_output=True, text=True)
+    assert made.returncode == 0, made.stdout + made.stderr
     db = res / "base" / "study.db"
+    db.write_bytes(_db_bytes(db, tmp_path / "base.db"))
     for side in res.glob("base/study.db-*"):
         side.unlink()
-    db.write_bytes(_db_bytes(study / "results" / "base" / "study.db", tmp_path / "base.db"))
     if damage == "delete":
         db.unlink()
     else:
