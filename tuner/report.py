@@ -20,7 +20,10 @@ from specs.layout import Layout
 from specs.units import DEFAULT_MEMORY_HEADROOM
 from tuner.pareto import pareto_mask
 
-__all__ = ["pick_best", "pick_trial_row", "front_rows", "measured_ties", "between_run_noise", "ties_note", "runs_note", "runs_summary", "fastest_measured", "long_label", "write_pareto_csv", "plot_front", "front_figure", "export_context", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
+#: The study attribute that holds the trial the main job named best (``tune export``, ``timeline``, ``verify`` default to it).
+BEST_TRIAL_ATTR = "best_trial"
+
+__all__ = ["BEST_TRIAL_ATTR", "pick_best", "pick_trial_row", "front_rows", "measured_ties", "between_run_noise", "ties_note", "runs_note", "runs_summary", "fastest_measured", "long_label", "write_pareto_csv", "plot_front", "front_figure", "export_context", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
 
 FRONT_COLUMNS = (
     "fit",
@@ -61,14 +64,18 @@ def pipeline_layout_of(layout: Layout, model: ModelSpec) -> str:
     )
 
 
-def pick_trial_row(study_name: str, rows: list[dict[str, Any]], model: ModelSpec, trial: int | None, purpose: str) -> dict[str, Any]:
-    """The finished trial ``trial`` of ``rows`` (from :func:`tuner.study.trial_rows`), or the fastest on the front when None.
+def pick_trial_row(study_name: str, rows: list[dict[str, Any]], model: ModelSpec, trial: int | None, purpose: str,
+                   best: int | None = None) -> dict[str, Any]:
+    """The finished trial ``trial`` of ``rows`` (from :func:`tuner.study.trial_rows`); when None, ``best`` (the trial the
+    main job named best, :data:`BEST_TRIAL_ATTR`) if it is finished, else the fastest on the front.
 
     Raises:
         TunerError: no finished trial, or ``trial`` is not one (the message lists the finished ones).
     """
     from specs.errors import TunerError
 
+    if trial is None and best is not None and any(r["trial"] == best for r in rows):
+        trial = best
     if trial is None:
         front = front_rows(rows, model)
         if not front:
@@ -144,14 +151,15 @@ def front_rows(rows: list[dict[str, Any]], model: ModelSpec, bars: ErrorBars | N
 def pick_best(front: list[dict[str, Any]], tie: float = 0.01) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The recommended row of a front and the rows tied with it.
 
-    Rows that run or surely fit are preferred to those that may not fit. Of those within ``tie`` (a fraction) of the
+    Rows that ran or surely fit are preferred; when none does, those whose predicted peak fits the GPU; then any. Of those within ``tie`` (a fraction) of the
     fastest, the least peak memory wins, then the fewest GPUs per model replica (tp x pp x cp), then the layout's key:
     a rule that does not depend on the order trials were sampled in.
 
     Returns:
         (best, the other rows within ``tie`` of the fastest); (None, []) for an empty front.
     """
-    pool = [r for r in front if r.get("fit") != "may not fit"] or list(front)
+    pool = ([r for r in front if r.get("fit") != "may not fit"]
+            or [r for r in front if float(r.get("headroom_gib", -1.0)) >= 0] or list(front))
     if not pool:
         return None, []
     top = max(float(r["tokens_per_s_per_gpu"]) for r in pool)
@@ -305,7 +313,7 @@ def predicted_ties(rows: list[dict[str, Any]], best_trial: int, within: float = 
         if r.get("trial") == best_trial or r.get("source") != "predicted" or not _positive(v) or r.get("layout") is None:
             continue
         gap = (top - float(v)) / top
-        if gap <= within:
+        if abs(gap) <= within:
             out.append({**r, "gap": gap})
     return sorted(out, key=lambda r: r["gap"])
 

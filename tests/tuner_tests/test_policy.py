@@ -173,7 +173,7 @@ def test_bad_budget_and_stopping_inputs_are_refused(tmp_path, args, msg):
 
 
 def test_a_budget_smaller_than_one_trial_names_the_cheapest(tmp_path):
-    with pytest.raises(Exception, match=r"--gpu-hours 0.001: one trial of the cheapest candidate is predicted to cost"):
+    with pytest.raises(Exception, match=r"--gpu-hours 0.001: one trial of the quickest candidate is predicted to cost"):
         run_study(prepare(_cfg(tmp_path, gpu_hours=0.001)), backend=_Truth())
 
 
@@ -195,3 +195,36 @@ def test_a_pruned_trial_is_fed_back_as_its_steps_median(tmp_path):
     assert res.pruned_now >= 1 and res.stop_note is not None  # the policy read the pruned steps and went on to its stop
     best = res.study.user_attrs["policy_best_trial"]
     assert next(r for r in trial_rows(res.study) if r["trial"] == best)["layout"]["ep"] > 1
+
+
+def test_a_refused_budget_leaves_no_study(tmp_path):
+    with pytest.raises(Exception, match="--gpu-hours"):
+        run_study(prepare(_cfg(tmp_path, gpu_hours=0.001)), backend=_Truth())
+    assert not (tmp_path / "p").exists()
+
+
+def test_the_default_trial_of_export_is_the_main_jobs_best(tmp_path):
+    from tuner.report import pick_trial_row
+
+    rows = [{"trial": 0, "tokens_per_s_per_gpu": 10.0, "peak_gib": 1.0, "layout": {"world_size": 8}},
+            {"trial": 1, "tokens_per_s_per_gpu": 20.0, "peak_gib": 2.0, "layout": {"world_size": 8}}]
+    from specs import load_model
+
+    assert pick_trial_row("s", rows, load_model("Llama-3.1-8B"), None, "export", best=0)["trial"] == 0
+
+
+def test_the_best_is_one_that_fits_when_it_can():
+    from specs import Layout
+    from tuner.report import pick_best
+
+    def row(trial, tps, peak, fit, headroom):
+        return {"trial": trial, "tokens_per_s_per_gpu": tps, "peak_gib": peak, "fit": fit, "headroom_gib": headroom,
+                "layout": Layout(world_size=8, micro_batch_size=trial + 1)}
+
+    over = row(0, 120.0, 99.0, "may not fit", -19.0)
+    inside = row(1, 100.0, 70.0, "may not fit", 10.0)
+    assert pick_best([over, inside])[0]["trial"] == 1  # nothing surely fits: the one whose prediction fits
+    assert pick_best([over, inside, row(2, 90.0, 50.0, "fits", 30.0)])[0]["trial"] == 2
+    tied, other = row(3, 100.5, 60.0, "fits", 20.0), row(4, 100.0, 55.0, "fits", 25.0)
+    best, ties = pick_best([tied, other])
+    assert best["trial"] == 4 and [t["trial"] for t in ties] == [3]  # within 1%: the least memory

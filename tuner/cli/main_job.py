@@ -190,7 +190,7 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: An
             no finished trial, or results that cannot be written.
     """
     from launch import BackendSettings, get_backend
-    from tuner.report import export_files, front_rows, pick_best, pipeline_layout_of, plot_front, write_pareto_csv
+    from tuner.report import BEST_TRIAL_ATTR, export_files, front_rows, pick_best, pipeline_layout_of, plot_front, write_pareto_csv
     from tuner.study import _mask, _validate_config, prepare, run_study, trial_rows
     from tuner.study.run import POLICY_BEST_ATTR
 
@@ -265,6 +265,10 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: An
     rows = trial_rows(res.study)
     flags = study_flags(res.study_name, results_dir)
     front = front_rows(rows, prep.model, prep.bars, c.gpu.hbm_bytes / GIB)
+    if cfg.memory_headroom is not None:  # a fixed margin is the whole fit rule: every candidate fits by it
+        for r in front:
+            if r.get("fit") == "may not fit":
+                r["fit"] = "fits"
     if not front:
         raise TunerError("the study has no finished trial; nothing to export")
     best, tied = pick_best(front)
@@ -274,6 +278,7 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: An
         if row:
             best, tied = front_rows(row, prep.model, prep.bars, c.gpu.hbm_bytes / GIB)[0], []
     assert best is not None
+    res.study.set_user_attr(BEST_TRIAL_ATTR, best["trial"])
     lay = best["layout"]
     pls = pipeline_layout_of(lay, prep.model)
     report_note = ""
@@ -367,13 +372,14 @@ def _real_trial_args(argv: tuple[str, ...], prep: Any, cfg: Any) -> list[str]:
 
 def _print_plan(prep: Any, cfg: Any) -> None:
     """Real trials under the gain policy: what a trial costs and what the budget buys, before the first one starts."""
-    from tuner.study.config import n_trials, policy_params
+    from tuner.study.config import cheapest_trial_gpu_hours, n_trials, policy_params
+    from tuner.study.policy import fmt_gpu_hours
 
     pp = policy_params(prep, n_trials(cfg))
-    step = prep.estimates.step_time_s[prep.contenders]
-    each = (pp.startup_s + pp.steps * float(step.min())) * prep.cluster.num_gpus / 3600 if len(step) else float("nan")
+    each = cheapest_trial_gpu_hours(prep)
     buys = f"; --gpu-hours {cfg.gpu_hours:g} buys at most {int(cfg.gpu_hours // each)} of them" if cfg.gpu_hours and each == each else ""
-    out.print(f"Plan: {fmt_int(int(prep.contenders.sum()))} contenders; a trial costs about {each:,.1f} GPU-hours "
+    out.print(f"Plan: {fmt_int(int(prep.contenders.sum()))} contenders (candidates not surely slower than the best); a trial costs "
+              f"about {fmt_gpu_hours(each)} GPU-hours "
               f"({prep.cluster.num_gpus} GPUs, {pp.startup_s:.0f} s start-up until measured, {pp.steps} steps){buys}; at most "
               f"{pp.max_trials} trials; stop when no untried layout may beat the best by {cfg.stop_gain:.0%} at "
               f"{cfg.stop_confidence:.0%} confidence")
@@ -409,6 +415,8 @@ def _print_best(best: dict[str, Any], tied: list[dict[str, Any]], pls: str, hbm_
     out.print(f"  peak {mem} of {hbm_gib:.1f}; step {best['step_time_s']:.2f} s")
     if pls:
         out.print(f"  --pipeline-model-parallel-layout '{pls}'", markup=False)
+    if best.get("fit") == "may not fit":
+        out.print("  [yellow]warning:[/] no candidate surely fits; this one may not: a real trial tells (docs/error_bars.md)")
     if tied:
         names = ", ".join(str(t["trial"]) for t in tied[:4]) + (f" and {len(tied) - 4} more" if len(tied) > 4 else "")
         out.print(f"  tie: trial{'s' if len(tied) > 1 else ''} {names} within 1%; the least memory wins (docs/studies.md#ties)",

@@ -130,7 +130,7 @@ def export_cmd(
     st = load_study(study, storage, results_dir)
     m, c, w, cfg = study_context(st)
     rows = trial_rows(st)
-    row = pick_trial_row(st.study_name, rows, m, trial, "export")
+    row = pick_trial_row(st.study_name, rows, m, trial, "export", best=st.user_attrs.get("best_trial"))
     lay = Layout.from_dict(row["layout"])
     text = exporter.render(study_export_context(st, m, c, w, cfg, lay, row, rows, correctness=stored_correctness(st, row["trial"])))
     if out_file is None:

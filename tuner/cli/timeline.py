@@ -191,7 +191,7 @@ def _study_trial(study: str, trial: int | None, storage: str | None, results_dir
     st = load_study(study, storage, results_dir)
     m, c, w, cfg = study_context(st)
     rows = trial_rows(st)
-    row = pick_trial_row(st.study_name, rows, m, trial, "draw")
+    row = pick_trial_row(st.study_name, rows, m, trial, "draw", best=st.user_attrs.get("best_trial"))
     lay = Layout.from_dict(row["layout"])
     cal = Calibration(**st.user_attrs["calibration"]) if "calibration" in st.user_attrs else Calibration()
     backend = str(cfg.get("backend", "model"))

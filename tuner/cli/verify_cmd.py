@@ -241,7 +241,7 @@ def _candidate(study: str, storage: str | None, results_dir: Path, trial: int | 
     rows = trial_rows(st)
     if not need_trial:
         return st, m, c, w, cfg, None, None, None
-    row = pick_trial_row(st.study_name, rows, m, trial, "verify")
+    row = pick_trial_row(st.study_name, rows, m, trial, "verify", best=st.user_attrs.get("best_trial"))
     return st, m, c, w, cfg, Layout.from_dict(row["layout"]), row["trial"], row
 
 

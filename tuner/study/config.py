@@ -219,6 +219,32 @@ def policy_params(prep: Any, max_trials: int) -> Any:
     )
 
 
+def cheapest_trial_gpu_hours(prep: Any) -> float:
+    """GPU-hours of one full trial of the quickest contender (:attr:`Prepared.contenders`): the start-up prior of
+    :func:`policy_params` plus ``--trial-steps`` predicted steps, times the cluster's GPUs; NaN without contenders."""
+    pp = policy_params(prep, 1)
+    step = prep.estimates.step_time_s[prep.contenders]
+    return float((pp.startup_s + pp.steps * float(step.min())) * prep.cluster.num_gpus / 3600) if len(step) else float("nan")
+
+
+def check_budget(prep: Any) -> None:
+    """Refuse a ``--gpu-hours`` smaller than one trial of the quickest contender, before the study is opened.
+
+    Raises:
+        TunerError: naming the cost of that trial.
+    """
+    from tuner.study.policy import fmt_gpu_hours
+
+    cfg = prep.config
+    if cfg.gpu_hours is None or cfg.backend == "model" or cfg.policy != "gain":
+        return
+    cheapest = cheapest_trial_gpu_hours(prep)
+    if cfg.gpu_hours < cheapest:
+        raise TunerError(f"--gpu-hours {cfg.gpu_hours:g}: one trial of the quickest candidate is predicted to cost "
+                         f"{fmt_gpu_hours(cheapest)} GPU-hours ({prep.cluster.num_gpus} GPUs, start-up and {cfg.trial_steps} "
+                         "steps); give at least that")
+
+
 def harness_without_te(backend: str) -> bool:
     """The study's trials run the harness (a backend whose class has ``runs_harness``: ``local``, ``ray``) and
     Transformer Engine is not importable here. For ``ray`` this is read on the driver: run the driver in the

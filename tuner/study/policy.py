@@ -31,7 +31,12 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import ndtr
 
-__all__ = ["Decision", "GainPolicy", "PolicyParams"]
+__all__ = ["Decision", "GainPolicy", "PolicyParams", "fmt_gpu_hours"]
+
+
+def fmt_gpu_hours(x: float) -> str:
+    """GPU-hours for a message: three significant digits under 100 (0.0123, 7.83), whole hours above (4,957)."""
+    return f"{x:.3g}" if abs(x) < 100 else f"{x:,.0f}"
 
 Array = npt.NDArray[np.float64]
 
@@ -279,5 +284,5 @@ class GainPolicy:
         self.base_trials, self.base_gpu_hours = self.trials, self.spent_gpu_hours
 
     def _budget_reason(self, cheapest: float) -> str:
-        return (f"the GPU-hour budget is spent ({self.run_gpu_hours:,.1f} of {self.params.gpu_hours:,.1f}; "
-                f"the cheapest trial left costs {cheapest:,.1f})")
+        return (f"the GPU-hour budget is spent ({fmt_gpu_hours(self.run_gpu_hours)} of {fmt_gpu_hours(self.params.gpu_hours or 0.0)}; "
+                f"the cheapest trial left costs {fmt_gpu_hours(cheapest)})")

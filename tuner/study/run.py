@@ -37,8 +37,9 @@ from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 from tuner.study import _optuna
 from tuner.study.candidates import CandidateIndex, CandidateQueue
-from tuner.study.config import DEFAULT_TRIALS, n_trials, policy_params, trial_env_dict, trial_warmup_steps
+from tuner.study.config import DEFAULT_TRIALS, check_budget, n_trials, policy_params, trial_env_dict, trial_warmup_steps
 from tuner.study.confirm import MAX_CONFIRM_ROUNDS, enqueue_round
+from tuner.study.policy import fmt_gpu_hours
 from tuner.study.predicted import PredictedTrials
 from tuner.study.prepare import Prepared
 from tuner.study.proposals import DUPLICATE, FALLBACK_AFTER_SKIPS, QUEUED_FALLBACK, QUEUED_FIRST, Proposal
@@ -195,6 +196,8 @@ class StudyRun:
             )
         heartbeat = self.heartbeat if (cfg.storage and backend.measured) else None
         try:
+            if backend.measured:
+                check_budget(prep)  # before the study is opened: a refused run leaves no study behind
             self.study, self.storage_url = open_study(cfg, prep, self.name, self.out_dir, heartbeat=heartbeat)
         except BaseException:
             backend.close()  # a Ray instance this run started must not outlive a refused study
@@ -446,10 +449,6 @@ class StudyRun:
         observed: set[int] = set()
         first_of: dict[int, int] = {}
         n_jobs = cfg.parallel_trials if cfg.backend == "ray" else 1
-        cheapest = float(policy.trial_gpu_hours(slice(None)).min()) if len(pol_rows) else 0.0
-        if cfg.gpu_hours is not None and cfg.gpu_hours < cheapest:
-            raise TunerError(f"--gpu-hours {cfg.gpu_hours:g}: one trial of the cheapest candidate is predicted to cost {cheapest:,.1f} "
-                             f"GPU-hours ({prep.cluster.num_gpus} GPUs, start-up and {cfg.trial_steps} steps); give at least that")
         self._feed(policy, pos, observed, first_of)
         policy.start_run()
         while True:
@@ -513,7 +512,8 @@ class StudyRun:
         """One line: how many trials and GPU-hours the policy spent, which trial is best, and why it stopped."""
         inc = policy.incumbent()
         best = f"trial {first_of[inc]}" if inc is not None and inc in first_of else "no measured trial"
-        return (f"stopped after {policy.run_trials} trials ({policy.run_gpu_hours:,.1f} GPU-hours); best: {best}; "
+        n = policy.run_trials
+        return (f"stopped after {n} trial{'s' if n != 1 else ''} ({fmt_gpu_hours(policy.run_gpu_hours)} GPU-hours); best: {best}; "
                 + reason.replace("the best", best if inc is not None else "the best"))
 
     def _confirm(self) -> None:
@@ -602,7 +602,9 @@ class StudyRun:
         gpu_hours = self._spend(wall, t0)
         result = result_of(prop.layout, m, predicted, model=self.prep.model, cluster=self.prep.cluster)
         if m.step_times_s:
-            result["startup_s"] = max(gpu_hours * 3600 / self.prep.cluster.num_gpus - float(sum(m.step_times_s)), 0.0)
+            # the steps a trial ran, warm-up included, at its median step: the rest of its wall time is start-up
+            ran = max(len(m.step_times_s), self.cfg.trial_steps) * float(np.median(m.step_times_s))
+            result["startup_s"] = max(gpu_hours * 3600 / self.prep.cluster.num_gpus - ran, 0.0)
         why = implausible(result)
         if why is not None:  # kept, marked, and out of the front and the best: a FAIL with its numbers
             e = TrialFailed(FailureKind.implausible, why, m.log_path)
