@@ -60,11 +60,17 @@ def has_heartbeat(storage: str, number: int) -> bool:
 
         trials = optuna.load_study(study_name="w", storage=open_storage(storage)).trials
         return number < len(trials) and HEARTBEAT_ATTR in trials[number].system_attrs
-    import sqlite3
+    import sqlalchemy  # any RDB storage (SQLite, PostgreSQL): Optuna's heartbeat table
 
-    with sqlite3.connect(storage.removeprefix("sqlite:///")) as db:
-        (n,) = db.execute("SELECT count(*) FROM trial_heartbeats h JOIN trials t ON h.trial_id = t.trial_id WHERE t.number = ?",
-                          (number,)).fetchone()
+    q = "SELECT count(*) FROM trial_heartbeats h JOIN trials t ON h.trial_id = t.trial_id WHERE t.number = :n"
+    engine = sqlalchemy.create_engine(storage)
+    try:
+        with engine.connect() as db:
+            n = db.execute(sqlalchemy.text(q), {"n": number}).scalar()
+    except sqlalchemy.exc.DBAPIError:  # no tables yet
+        return False
+    finally:
+        engine.dispose()
     return bool(n)
 
 

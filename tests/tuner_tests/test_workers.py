@@ -70,6 +70,7 @@ def test_four_workers_started_together_on_a_fresh_postgresql_database_measure_ea
                                             "--FAKE_REPORT_STEP_S=2.0", "{layout_args}"]}))
     cmd = [sys.executable, "-m", "tuner.cli", "--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8",
            "--stack", "megatron", "--backend", "command", "--command-template", str(tpl), "--trials", "3", "--trial-steps", "4",
+           "--trial-policy", "queue",
            "--study", "w", "--storage", url]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     procs = [subprocess.Popen([*cmd, "--seed", str(i), "--results-dir", str(tmp_path / f"r{i}")], stdout=subprocess.PIPE,
