@@ -259,6 +259,10 @@ def _no_fit_message(
         f"{model.name} fits on no layout of the search space on {cluster.label}: the smallest predicted peak is "
         f"{best:.1f} GiB per GPU against {est.usable_bytes / 2**30:.1f} GiB usable "
         f"({cluster.gpu.hbm_bytes / 2**30:.1f} GiB less {headroom:.0%} headroom)."
+        if config.memory_headroom is not None else
+        f"{model.name} fits on no layout of the search space on {cluster.label}: the smallest predicted peak is "
+        f"{best:.1f} GiB per GPU, over the GPU's {cluster.gpu.hbm_bytes / 2**30:.1f} GiB even at the low end of its "
+        "memory interval (docs/error_bars.md)."
     )
     per = cluster.gpus_per_node
     node_counts = sorted({k * 2**e for k in (1, 3) for e in range(0, 14)})
