@@ -69,3 +69,24 @@ def test_only_what_is_surely_slower_is_left_out_of_the_trials(tmp_path):
     floor = tps[prep.surely_fits].max() * prep.bars.throughput.low
     assert np.array_equal(prep.contenders, prep.fits & (tps * prep.bars.throughput.high >= floor))
     assert prep.contenders.sum() < prep.fits.sum()
+
+
+@pytest.mark.parametrize(("args", "fit"), [
+    (["--gpus", "64xH200", "--tp", "1", "--pp", "8", "--vpp", "4", "--ep", "8", "--recompute", "full", "--first-stage-layers", "7",
+      "--last-stage-layers", "7"], "fits"),
+    (["--gpus", "64xH200", "--tp", "1", "--pp", "8", "--vpp", "8", "--ep", "8", "--recompute", "selective", "--recompute-modules", "moe",
+      "--mbs", "2", "--dispatcher", "flex+deepep", "--first-stage-layers", "7", "--last-stage-layers", "7"], "may not fit"),
+    (["--gpus", "8xH200", "--ep", "8"], "does not fit"),
+])
+def test_estimate_says_whether_a_layout_fits_in_three_words(args, fit):
+    import json
+
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    r = CliRunner().invoke(app, ["estimate", "--model", "MiniMax-M2", *args, "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["fit"] == fit and d["peak_gib_low"] <= d["peak_gib"] <= d["peak_gib_high"]
+    assert d["predicted_low"] <= d["tokens_per_s_per_gpu"] <= d["predicted_high"]

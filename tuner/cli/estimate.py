@@ -153,7 +153,9 @@ def estimate(
     d = e.to_dict()
     lo, hi = bars.throughput_interval(e.tokens_per_s_per_gpu)
     mlo, mhi = bars.memory_interval(e.peak_bytes)
-    d.update(predicted_low=lo, predicted_high=hi, peak_gib_low=mlo / GIB, peak_gib_high=mhi / GIB, error_bars=bars.to_dict())
+    d.update(predicted_low=lo, predicted_high=hi, peak_gib_low=mlo / GIB, peak_gib_high=mhi / GIB, error_bars=bars.to_dict(),
+             fit=(("fits" if e.fits else "does not fit") if memory_headroom is not None else
+                  "fits" if mhi <= e.hbm_bytes else "does not fit" if mlo > e.hbm_bytes else "may not fit"))
     d["pipeline_model_parallel_layout"] = pipeline_layout_of(lay, m)
     d["network"] = c.network.key if c.network else None
     d["megatron_core"] = opts.megatron_core

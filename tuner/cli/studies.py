@@ -117,6 +117,7 @@ def export_cmd(
     force: ForceOpt = False,
 ) -> None:
     """Export a study's layout in one of the registered formats (a recipe YAML, a slime run script, a Megatron-LM argument file)."""
+    from cost_model.uncertainty import error_bars
     from launch.exporters import get_exporter
     from specs.layout import Layout
     from tuner.report import pick_trial_row
@@ -132,6 +133,10 @@ def export_cmd(
     rows = trial_rows(st)
     row = pick_trial_row(st.study_name, rows, m, trial, "export", best=st.user_attrs.get("best_trial"))
     lay = Layout.from_dict(row["layout"])
+    peak, hbm = float(row.get("peak_gib") or 0.0), c.gpu.hbm_bytes / 2**30
+    if row.get("source") == "predicted" and peak > hbm / error_bars(m, c.gpu, w.precision).memory.high:
+        err.print(f"[yellow]warning:[/] trial {row['trial']} is predicted at {peak:.1f} GiB per GPU of {hbm:.1f}: it may not fit; "
+                  "confirm it with a real trial before training on it")
     text = exporter.render(study_export_context(st, m, c, w, cfg, lay, row, rows, correctness=stored_correctness(st, row["trial"])))
     if out_file is None:
         sys.stdout.write(text)
