@@ -415,7 +415,7 @@ def _validate_config(config: TuneConfig) -> None:
     if not (math.isfinite(config.stop_confidence) and 0 < config.stop_confidence < 1):
         raise TunerError(f"--stop-confidence must be a fraction between 0 and 1 (e.g. 0.9), got {config.stop_confidence}")
     if not (math.isfinite(config.stop_gain) and 0 <= config.stop_gain < 1):
-        raise TunerError(f"--stop-gain must be a fraction from 0 to 1 (e.g. 0.02), got {config.stop_gain}")
+        raise TunerError(f"--stop-gain must be a fraction at least 0 and below 1 (e.g. 0.02), got {config.stop_gain}")
     if config.memory_headroom is not None and not (math.isfinite(config.memory_headroom) and 0 <= config.memory_headroom < 1):
         raise TunerError(f"--memory-headroom must be a fraction from 0 to 1 (e.g. 0.07), got {config.memory_headroom}")
     if config.storage is not None:
