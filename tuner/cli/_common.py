@@ -419,38 +419,25 @@ def run_options(func: Any) -> Any:
     Raises:
         TypeError: ``func`` has no ``run`` parameter, or one of its own parameters has a run flag's name.
     """
-    import functools
     import inspect
 
     from specs.stacks import RunFlags
+    from tuner.cli._layout import fold_options
 
-    sig = inspect.signature(func, eval_str=True)
-    if "run" not in sig.parameters:
-        raise TypeError(f"{func.__name__}: @run_options needs a `run: RunChoice` parameter")
-    own = [p for p in sig.parameters.values() if p.name != "run"]
-    names = ("stack", "task", "lora_rank", "lora_target_modules", *RUN_FLAG_OPTIONS)
-    clash = {p.name for p in own} & set(names)
-    if clash:
-        raise TypeError(f"{func.__name__}: parameters {sorted(clash)} clash with the run options")
+    task_names = ("task", "lora_rank", "lora_target_modules")
     added = [inspect.Parameter("stack", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=StackOpt),
              inspect.Parameter("task", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=TaskOpt),
              inspect.Parameter("lora_rank", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=LoraRankOpt),
              inspect.Parameter("lora_target_modules", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=LoraTargetsOpt)]
     added += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=a) for n, a in RUN_FLAG_OPTIONS.items()]
 
-    @functools.wraps(func)
-    def command(**kwargs: Any) -> Any:
-        stack = kwargs.pop("stack")
-        task = {k: kwargs.pop(k) for k in ("task", "lora_rank", "lora_target_modules")}
-        given = {n: kwargs.pop(n) for n in RUN_FLAG_OPTIONS}
+    def build(v: dict[str, Any]) -> RunChoice:
+        given = {n: v[n] for n in RUN_FLAG_OPTIONS}
         if given["cuda_graph_scope"] is not None:
             given["cuda_graph_scope"] = tuple(given["cuda_graph_scope"])
-        return func(run=RunChoice(stack=stack, flags=RunFlags(**given), **task), **kwargs)
+        return RunChoice(stack=v["stack"], flags=RunFlags(**given), **{k: v[k] for k in task_names})
 
-    params = own + added
-    command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-    command.__annotations__ = {p.name: p.annotation for p in params} | {"return": sig.return_annotation}
-    return command
+    return fold_options(func, "run", "RunChoice", added, build, "run options")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -112,29 +112,41 @@ _PARAMETERS = _parameters()
 _NAMES = tuple(p.name for p in _PARAMETERS)
 
 
+def fold_options(func: Any, param: str, kind: str, added: list[inspect.Parameter], build: Callable[[dict[str, Any]], Any],
+                 what: str) -> Any:
+    """``func`` with the options ``added`` in place of its parameter ``param``: the command line gives the options, and
+    ``func`` gets ``build(their values by name)`` (a ``kind``) as ``param`` (how :func:`layout_options` and
+    :func:`tuner.cli._common.run_options` give a command many options as one object).
+
+    Raises:
+        TypeError: ``func`` has no ``param`` parameter, or one of its own parameters has the name of an added option.
+    """
+    sig = inspect.signature(func, eval_str=True)
+    if param not in sig.parameters:
+        raise TypeError(f"{func.__name__}: @{what.replace(' ', '_')} needs a `{param}: {kind}` parameter")
+    own = [p for p in sig.parameters.values() if p.name != param]
+    names = tuple(p.name for p in added)
+    clash = {p.name for p in own} & set(names)
+    if clash:
+        raise TypeError(f"{func.__name__}: parameters {sorted(clash)} clash with the {what}")
+
+    @functools.wraps(func)
+    def command(**kwargs: Any) -> Any:
+        return func(**{param: build({k: kwargs.pop(k) for k in names})}, **kwargs)
+
+    params = own + added
+    command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params} | {"return": sig.return_annotation}
+    return command
+
+
 def layout_options(func: F) -> F:
     """Give a command every :class:`LayoutFlags` option; the command takes them as one ``layout: LayoutFlags``.
 
     Raises:
         TypeError: ``func`` has no ``layout`` parameter, or one of its own parameters has a layout flag's name.
     """
-    sig = inspect.signature(func, eval_str=True)
-    if "layout" not in sig.parameters:
-        raise TypeError(f"{func.__name__}: @layout_options needs a `layout: LayoutFlags` parameter")
-    own = [p for p in sig.parameters.values() if p.name != "layout"]
-    clash = {p.name for p in own} & set(_NAMES)
-    if clash:
-        raise TypeError(f"{func.__name__}: parameters {sorted(clash)} clash with the layout options")
-
-    @functools.wraps(func)
-    def command(**kwargs: Any) -> Any:
-        flags = LayoutFlags(**{k: kwargs.pop(k) for k in _NAMES})
-        return func(layout=flags, **kwargs)
-
-    params = own + _PARAMETERS
-    command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-    command.__annotations__ = {p.name: p.annotation for p in params} | {"return": sig.return_annotation}
-    return command  # type: ignore[return-value]
+    return fold_options(func, "layout", "LayoutFlags", _PARAMETERS, lambda v: LayoutFlags(**v), "layout options")  # type: ignore[no-any-return]
 
 
 def split_hint(model: Any, lay: Any) -> str:
