@@ -88,14 +88,11 @@ def pick_trial_row(study_name: str, rows: list[dict[str, Any]], model: ModelSpec
     return match[0]
 
 
-#: Standard deviation of one run's log throughput about its layout's mean (:attr:`tuner.study.policy.PolicyParams.run_sigma`):
-#: a measured row's interval is its mean times ``exp(+-Z90 * RUN_SIGMA / sqrt(runs))``.
-RUN_SIGMA = 0.085
-
-
 def _intervals(r: dict[str, Any], bars: ErrorBars | None, hbm_gib: float | None) -> dict[str, Any]:
     """A front row's 90% intervals (tokens/s/GPU and peak GiB) and whether it fits: a prediction's from the error bars,
     a measurement's from the run-to-run spread over its runs."""
+    from tuner.study.policy import RUN_SIGMA  # a measured row's interval: its mean times exp(+-Z90 * RUN_SIGMA / sqrt(runs))
+
     tps, peak = float(r["tokens_per_s_per_gpu"]), float(r["peak_gib"])
     if r.get("source", "predicted") == "measured":
         k = math.exp(Z90 * RUN_SIGMA / math.sqrt(max(int(r.get("runs", 1)), 1)))

@@ -40,6 +40,10 @@ def fmt_gpu_hours(x: float) -> str:
 
 Array = npt.NDArray[np.float64]
 
+#: Standard deviation of one run's log throughput about its layout's mean: the run-to-run spread measured on one H200
+#: over every repeated configuration of the TE sweeps (``tune validate --trials``, ``benchmarks/results/h200_te_2026-12-04``).
+RUN_SIGMA = 0.085
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PolicyParams:
@@ -57,10 +61,8 @@ class PolicyParams:
     """Standard deviation of the log error common to every layout on the user's stack (see the module docstring)."""
     per_dimension: float = 0.6
     """``c``: correlation kept for each search dimension in which two layouts differ."""
-    run_sigma: float = 0.085
-    """Standard deviation of one run's log throughput about its layout's mean: the run-to-run spread measured on
-    one H200 over every repeated configuration of the TE sweeps (``tune validate --trials``,
-    ``benchmarks/results/h200_te_2026-12-04``)."""
+    run_sigma: float = RUN_SIGMA
+    """Standard deviation of one run's log throughput about its layout's mean (:data:`RUN_SIGMA`)."""
     memory_sigma: float = 0.03
     """Standard deviation of ``log(measured / predicted)`` peak memory (the chance a layout fits)."""
     memory_bias: float = 0.0
