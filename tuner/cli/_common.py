@@ -8,11 +8,13 @@ package has no import cycle (``tests/test_package_order.py``).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import shlex
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
@@ -412,6 +414,34 @@ RUN_FLAG_OPTIONS: dict[str, Any] = {
 }
 
 
+def fold_options(func: Any, param: str, kind: str, added: list[inspect.Parameter], build: Callable[[dict[str, Any]], Any],
+                 what: str) -> Any:
+    """``func`` with the options ``added`` in place of its parameter ``param``: the command line gives the options, and
+    ``func`` gets ``build(their values by name)`` (a ``kind``) as ``param`` (how :func:`tuner.cli._layout.layout_options` and
+    :func:`run_options` give a command many options as one object).
+
+    Raises:
+        TypeError: ``func`` has no ``param`` parameter, or one of its own parameters has the name of an added option.
+    """
+    sig = inspect.signature(func, eval_str=True)
+    if param not in sig.parameters:
+        raise TypeError(f"{func.__name__}: @{what.replace(' ', '_')} needs a `{param}: {kind}` parameter")
+    own = [p for p in sig.parameters.values() if p.name != param]
+    names = tuple(p.name for p in added)
+    clash = {p.name for p in own} & set(names)
+    if clash:
+        raise TypeError(f"{func.__name__}: parameters {sorted(clash)} clash with the {what}")
+
+    @functools.wraps(func)
+    def command(**kwargs: Any) -> Any:
+        return func(**{param: build({k: kwargs.pop(k) for k in names})}, **kwargs)
+
+    params = own + added
+    command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params} | {"return": sig.return_annotation}
+    return command
+
+
 def run_options(func: Any) -> Any:
     """Give a command ``--stack`` and every run flag (:data:`RUN_FLAG_OPTIONS`); the command takes them as one
     ``run: RunChoice`` (the preset's name and the :class:`specs.stacks.RunFlags` given).
@@ -422,7 +452,6 @@ def run_options(func: Any) -> Any:
     import inspect
 
     from specs.stacks import RunFlags
-    from tuner.cli._layout import fold_options
 
     task_names = ("task", "lora_rank", "lora_target_modules")
     added = [inspect.Parameter("stack", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=StackOpt),

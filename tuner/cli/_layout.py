@@ -9,7 +9,6 @@ panel) in their metadata, as megatron-core's dataclasses carry their argparse me
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import typing
 from collections.abc import Callable
@@ -20,6 +19,7 @@ import typer
 
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Dispatcher
+from tuner.cli._common import fold_options
 
 __all__ = ["LayoutFlags", "layout_options", "apply_layout_string", "split_hint"]
 
@@ -110,34 +110,6 @@ def _parameters() -> list[inspect.Parameter]:
 
 _PARAMETERS = _parameters()
 _NAMES = tuple(p.name for p in _PARAMETERS)
-
-
-def fold_options(func: Any, param: str, kind: str, added: list[inspect.Parameter], build: Callable[[dict[str, Any]], Any],
-                 what: str) -> Any:
-    """``func`` with the options ``added`` in place of its parameter ``param``: the command line gives the options, and
-    ``func`` gets ``build(their values by name)`` (a ``kind``) as ``param`` (how :func:`layout_options` and
-    :func:`tuner.cli._common.run_options` give a command many options as one object).
-
-    Raises:
-        TypeError: ``func`` has no ``param`` parameter, or one of its own parameters has the name of an added option.
-    """
-    sig = inspect.signature(func, eval_str=True)
-    if param not in sig.parameters:
-        raise TypeError(f"{func.__name__}: @{what.replace(' ', '_')} needs a `{param}: {kind}` parameter")
-    own = [p for p in sig.parameters.values() if p.name != param]
-    names = tuple(p.name for p in added)
-    clash = {p.name for p in own} & set(names)
-    if clash:
-        raise TypeError(f"{func.__name__}: parameters {sorted(clash)} clash with the {what}")
-
-    @functools.wraps(func)
-    def command(**kwargs: Any) -> Any:
-        return func(**{param: build({k: kwargs.pop(k) for k in names})}, **kwargs)
-
-    params = own + added
-    command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-    command.__annotations__ = {p.name: p.annotation for p in params} | {"return": sig.return_annotation}
-    return command
 
 
 def layout_options(func: F) -> F:
