@@ -47,7 +47,7 @@ def _codes(layouts: list[dict[str, Any]]) -> np.ndarray:
     return np.asarray(cols, dtype=np.int64).T if cols else np.zeros((len(layouts), 1), dtype=np.int64)
 
 
-def replay(cases: dict[str, dict[str, Any]], *, hbm_gib: float, order: int) -> dict[str, Any]:
+def replay(cases: dict[str, dict[str, Any]], *, hbm_gib: float, order: int, live: Any = None) -> dict[str, Any]:
     from cost_model.uncertainty import error_bars
     from specs import load_model, parse_gpus
     from tuner.study.policy import GainPolicy, PolicyParams
@@ -71,6 +71,8 @@ def replay(cases: dict[str, dict[str, Any]], *, hbm_gib: float, order: int) -> d
             reason = d.reason
             break
         n = names[d.index]
+        if live is not None:  # run it now on this machine's GPU
+            runs[n].append(live(n, len(trials)))
         if used[n] >= len(runs[n]):
             pol.failed[d.index] = True  # no recorded run left for it
             continue
@@ -83,12 +85,48 @@ def replay(cases: dict[str, dict[str, Any]], *, hbm_gib: float, order: int) -> d
                     startup_s=(wall - steps) if ok else None)
         trials.append(n)
     inc = pol.incumbent()
-    means = {n: statistics.mean(r["tokens_per_s_per_gpu"] for r in cases[n]["runs"] if r.get("status") == "ok")
-             for n in names if any(r.get("status") == "ok" for r in cases[n]["runs"])}
-    best = max(means, key=lambda n: means[n])
+    means = {n: statistics.mean(r["tokens_per_s_per_gpu"] for r in runs[n] if r.get("status") == "ok")
+             for n in names if any(r.get("status") == "ok" for r in runs[n])}
+    best = max(means, key=lambda n: means[n]) if means else None
     pick = names[inc] if inc is not None else None
-    return {"order": order, "pick": pick, "reference_best": best, "gap": (means[pick] / means[best] - 1) if pick else None,
+    return {"order": order, "pick": pick, "reference_best": best,
+            "gap": (means[pick] / means[best] - 1) if pick in means and best else None,
             "trials": len(trials), "distinct_layouts": len(set(trials)), "gpu_minutes": pol.spent_gpu_hours * 60, "stop": reason}
+
+
+def _live(cases: dict[str, dict[str, Any]], hbm_gib: float) -> dict[str, Any]:
+    """The policy run live: each trial it asks for is a new run of that layout on this machine's GPU."""
+    import slice_study
+    from slice_study_layouts import CASES
+
+    by_id = {c["id"]: c for c in CASES}
+    name = slice_study.card()
+    gpus = "1xH200" if "H200" in name else "1xH100"
+    slice_study.OUT.mkdir(parents=True, exist_ok=True)
+    slice_study.WORK.mkdir(parents=True, exist_ok=True)
+    live_rows: list[dict[str, Any]] = []
+
+    def run(case: str, k: int) -> dict[str, Any]:
+        row = slice_study.run_case(by_id[case], f"live{k}-{case}", name, gpus, 240.0)
+        if row is None:
+            raise SystemExit("the sweep refused before any trial")
+        row["pass"] = "live"
+        live_rows.append(row)
+        (slice_study.OUT / "live.jsonl").write_text("".join(json.dumps(r) + "\n" for r in live_rows))
+        return row
+
+    # the policy sees only its own live runs; the recorded runs are the reference
+    fresh = {n: {**c, "runs": []} for n, c in cases.items()}
+    out = replay(fresh, hbm_gib=hbm_gib, order=0, live=run)
+    ok = {n: [r["tokens_per_s_per_gpu"] for r in c["runs"] if r.get("status") == "ok"] for n, c in cases.items()}
+    means = {n: statistics.mean(v) for n, v in ok.items() if v}
+    best = max(means, key=lambda n: means[n])
+    pick = out["pick"]
+    out.update(reference_best=best, reference="mean of the recorded runs (RUNS.jsonl)",
+               gap=(means[pick] / means[best] - 1) if pick in means else None,
+               gpu_minutes_measuring_everything_twice=sum(float(r.get("wall_s") or 0) for c in cases.values() for r in c["runs"]) / 60,
+               trials_run=[r["run_id"] for r in live_rows])
+    return out
 
 
 def main() -> None:
@@ -96,8 +134,14 @@ def main() -> None:
     ap.add_argument("runs")
     ap.add_argument("--hbm-gib", type=float, default=79.6, help="the card's memory (H100 80 GB: 79.6 GiB as nvidia-smi reports it)")
     ap.add_argument("--orders", type=int, default=20)
+    ap.add_argument("--live", action="store_true",
+                    help="on the GPU machine: run each trial the policy asks for now (benchmarks/slice_study.py's run), "
+                         "and judge its pick against RUNS.jsonl's means; writes $OUT/live.jsonl")
     a = ap.parse_args()
     cases = _cases(Path(a.runs))
+    if a.live:
+        print(json.dumps(_live(cases, a.hbm_gib), indent=2))
+        return
     all_runs = [r for c in cases.values() for r in c["runs"]]
     everything = sum(float(r.get("wall_s") or 0) for r in all_runs) / 60
     once = sum(float(c["runs"][0].get("wall_s") or 0) for c in cases.values()) / 60

@@ -70,10 +70,37 @@ def card() -> str:
         return "unknown"
 
 
-def main() -> int:
-    from slice_study_layouts import CASES, GLOBAL_BATCH, LAYERS, MODEL, SEQ_LEN, STEPS, WARMUP
+def run_case(c: dict[str, Any], rid: str, name: str, gpus: str, left: float) -> dict[str, Any] | None:
+    """One run of case ``c`` (a :data:`slice_study_layouts.CASES` entry) as ``launch.harness.sweep``'s trial, with
+    ``left`` seconds of budget: its row with ``run_id``, ``case``, ``card``, ``started_utc`` and ``driver_wall_s``
+    added, or None when the sweep refused before any trial (the environment, not the layout; its message above)."""
+    from slice_study_layouts import GLOBAL_BATCH, LAYERS, MODEL, SEQ_LEN, STEPS, WARMUP
 
     from launch.harness import sweep
+
+    lay_file, out_file = WORK / f"{rid}.layout.jsonl", WORK / f"{rid}.row.jsonl"
+    lay_file.write_text(json.dumps(c["layout"]) + "\n")
+    out_file.unlink(missing_ok=True)
+    started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    t = time.monotonic()
+    rc = sweep.main(["--model", MODEL, "--layers", str(LAYERS), "--gpus", gpus, "--seq-len", str(SEQ_LEN), "--global-batch",
+                     str(GLOBAL_BATCH), "--layouts", str(lay_file), "--out", str(out_file), "--steps", str(STEPS), "--warmup",
+                     str(WARMUP), "--timeout", f"{max(60.0, min(240.0, left - 10)):.0f}", "--trials-dir", str(WORK / "trials" / rid)])
+    got = read_rows(out_file)
+    shutil.rmtree(WORK / "trials" / rid / "0" / "ckpt", ignore_errors=True)
+    if not got:
+        log(f"{rid}: launch.harness.sweep exited {rc} with no row: stopping")
+        return None
+    row = got[0]
+    row.update(run_id=rid, case=c["id"], card=name, started_utc=started, driver_wall_s=time.monotonic() - t)
+    log(f"{rid}: {row.get('status')} tokens/s/GPU {row.get('tokens_per_s_per_gpu') or 0:.0f} (predicted "
+        f"{row.get('pred_tokens_per_s_per_gpu') or 0:.0f}), reserved {row.get('peak_reserved_gib') or 0:.1f} GiB, "
+        f"wall {row.get('wall_s') or 0:.0f} s")
+    return row
+
+
+def main() -> int:
+    from slice_study_layouts import CASES
 
     OUT.mkdir(parents=True, exist_ok=True)
     WORK.mkdir(parents=True, exist_ok=True)
@@ -99,28 +126,15 @@ def main() -> int:
         if est > left:
             log(f"{rid}: left for the next call (planned {est:.0f} s, {left:.0f} s left)")
             continue
-        lay_file, out_file = WORK / f"{rid}.layout.jsonl", WORK / f"{rid}.row.jsonl"
-        lay_file.write_text(json.dumps(c["layout"]) + "\n")
-        out_file.unlink(missing_ok=True)
-        started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        t = time.monotonic()
-        rc = sweep.main(["--model", MODEL, "--layers", str(LAYERS), "--gpus", gpus, "--seq-len", str(SEQ_LEN), "--global-batch",
-                         str(GLOBAL_BATCH), "--layouts", str(lay_file), "--out", str(out_file), "--steps", str(STEPS), "--warmup",
-                         str(WARMUP), "--timeout", f"{max(60.0, min(240.0, left - 10)):.0f}", "--trials-dir", str(WORK / "trials" / rid)])
-        got = read_rows(out_file)
-        if not got:  # the sweep refused before any trial (its message is above): the environment, not the layout
-            log(f"{rid}: launch.harness.sweep exited {rc} with no row: stopping")
+        row = run_case(c, rid, name, gpus, left)
+        if row is None:
             return 2
-        row = got[0]
-        row.update(run_id=rid, case=c["id"], card=name, started_utc=started, driver_wall_s=time.monotonic() - t, **{"pass": p})
+        row["pass"] = p
         rows.append(row)
         have.add(rid)
         with runs.open("a") as f:
             f.write(json.dumps(row) + "\n")
         shutil.copyfile(runs, OUT / "runs.jsonl")
-        shutil.rmtree(WORK / "trials" / rid / "0" / "ckpt", ignore_errors=True)
-        log(f"{rid}: {row.get('status')} tokens/s/GPU {row.get('tokens_per_s_per_gpu') or 0:.0f} (predicted "
-            f"{row.get('pred_tokens_per_s_per_gpu') or 0:.0f}), reserved {row.get('peak_reserved_gib') or 0:.1f} GiB, wall {row.get('wall_s') or 0:.0f} s")
     shutil.copyfile(runs, OUT / "runs.jsonl")
     left_ids = [f"p{p}-{c['id']}" for p, c in order if f"p{p}-{c['id']}" not in have]
     log(f"end: {len(order) - len(left_ids)} of {len(order)} runs done; left: {left_ids}")
