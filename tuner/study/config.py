@@ -36,6 +36,10 @@ MAX_TRIALS = 100_000
 _STUDY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
+_DEFAULT_STOP_CONFIDENCE = 0.9
+_DEFAULT_STOP_GAIN = 0.02
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TuneConfig:
     """Everything a tuning run depends on; saved with the study (``config.yaml``)."""
@@ -127,10 +131,10 @@ class TuneConfig:
     policy: str = "gain"
     """Real trials: ``gain`` (:class:`tuner.study.policy.GainPolicy`: expected gain per GPU-hour, a stopping rule)
     or ``queue`` (the predicted front and fastest first, then NSGA-II, for ``trials`` layouts)."""
-    stop_confidence: float = 0.9
+    stop_confidence: float = _DEFAULT_STOP_CONFIDENCE
     """Real trials, ``gain`` policy: stop when no untried layout may beat the best by more than ``stop_gain``
     with this probability's complement."""
-    stop_gain: float = 0.02
+    stop_gain: float = _DEFAULT_STOP_GAIN
     """Real trials, ``gain`` policy: the gain the stopping rule looks for (a fraction of the best's throughput)."""
     recalibrate_after: int = 4
     """Real trials: refit the cost model to the measurements after every this many measured trials and
@@ -416,6 +420,9 @@ def _validate_config(config: TuneConfig) -> None:
         raise TunerError(f"--stop-confidence must be a fraction between 0 and 1 (e.g. 0.9), got {config.stop_confidence}")
     if not (math.isfinite(config.stop_gain) and 0 <= config.stop_gain < 1):
         raise TunerError(f"--stop-gain must be a fraction at least 0 and below 1 (e.g. 0.02), got {config.stop_gain}")
+    if config.backend == "model" and (config.stop_gain, config.stop_confidence) != (_DEFAULT_STOP_GAIN, _DEFAULT_STOP_CONFIDENCE):
+        raise TunerError("--stop-gain and --stop-confidence stop real trials; --backend model measures nothing "
+                         "(use --backend local, ray or command)")
     if config.memory_headroom is not None and not (math.isfinite(config.memory_headroom) and 0 <= config.memory_headroom < 1):
         raise TunerError(f"--memory-headroom must be a fraction from 0 to 1 (e.g. 0.07), got {config.memory_headroom}")
     if config.storage is not None:
