@@ -10,7 +10,9 @@ best true throughput among the first k that truly fit is compared with the world
 as exact (no run-to-run noise) and the order is not updated by what they show, so this is neither a bound on an
 adaptive policy nor a policy: it says how far down the model's list the answer sits. Prints one JSON object: per case,
 the share of worlds within 5% and 2% for each k, the k needed for 50/80/95% of worlds, and the GPU-hours of the
-first k trials (the policy's own estimate of each trial's cost).
+first k trials (the policy's own estimate of each trial's cost); and the median over worlds of the standard deviation
+of log(true / predicted step time) over the 300 layouts predicted fastest (the worlds' spread between layouts, to
+compare with ``benchmarks/trial_spread.py``'s ``model_error_sd_within_model_net_of_run_noise``).
 """
 
 from __future__ import annotations
@@ -30,11 +32,11 @@ KS = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50, 100)
 def main() -> int:
     from bench_search import CASES
 
+    from launch.simulated import World
+    from tuner.search_bench import prepare_case
     from tuner.study import TuneConfig
     from tuner.study.policy import GainPolicy
     from tuner.study.run import policy_params
-    from tuner.search_bench import prepare_case
-    from launch.simulated import World
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worlds", type=int, default=200)
@@ -56,6 +58,9 @@ def main() -> int:
         within5 = {k: 0 for k in KS}
         within2 = {k: 0 for k in KS}
         ranks = []
+        spread = []
+        pred_step = np.asarray(est.step_time_s)
+        top300 = np.argsort(pred_step)[:300]
         n = 0
         for seed in range(a.worlds):
             w = World(base, seed=seed)
@@ -63,6 +68,7 @@ def main() -> int:
             if best is None:
                 continue
             n += 1
+            spread.append(float(np.std(np.log(w.true_step_time_s[top300] / pred_step[top300]))))
             tps = np.where(w.fits, w.true_tokens_per_s_per_gpu, 0.0)
             top = tps[best]
             got = np.maximum.accumulate(tps[order]) / top
@@ -80,6 +86,7 @@ def main() -> int:
             "worlds": n, "candidates": int(len(rows)),
             "within_5pct": {k: within5[k] / n for k in KS}, "within_2pct": {k: within2[k] / n for k in KS},
             "gpu_hours_of_first_k": {k: float(cum_cost[min(k, len(cum_cost)) - 1]) for k in KS},
+            "within_world_sd_of_log_error_top300_median": float(np.median(spread)),
             "rank_of_true_best_median": float(np.median(ranks)), "rank_of_true_best_p90": float(np.quantile(ranks, 0.9)),
             **ks_needed,
         }
