@@ -65,7 +65,7 @@ def test_tune_rl_out_writes_the_framework_launch_through_the_registry(tmp_path):
     r = CliRunner().invoke(app, ["rl", *JOB, "--framework", "slime", "--top", "1", "--out", str(tmp_path / "slime")])
     assert r.exit_code == 0, r.output
     s = tmp_path / "slime" / "run_slime_rl.sh"
-    assert stat.S_IMODE(s.stat().st_mode) == 0o755 and s.read_text().startswith("#!/usr/bin/env bash\n") and "wrote the exported plan's slime launch" in r.stdout
+    assert stat.S_IMODE(s.stat().st_mode) == 0o755 and s.read_text().startswith("#!/usr/bin/env bash\n") and "wrote the recommended plan's slime launch" in r.stdout
 
 
 def test_tune_rl_table_labels_predictions():
@@ -77,10 +77,10 @@ def test_tune_rl_table_labels_predictions():
 
 def test_tune_rl_plan_counts_add_up():
     """The plans set aside and the evaluated ones add up to the plans considered; splits without a trainer layout are
-    counted apart, as splits."""
+    counted apart, as splits (--verbose names them)."""
     import re
 
-    r = CliRunner().invoke(app, ["rl", *JOB, "--top", "3"])
+    r = CliRunner().invoke(app, ["rl", *JOB, "--top", "3", "--verbose"])
     assert r.exit_code == 0, r.output
     line = " ".join(r.stdout.split())
     m = re.search(r"Plans considered: ([\d,]+); evaluated: ([\d,]+); set aside: (.*?)(; splits not tried: .*?)? Fastest", line)

@@ -23,13 +23,15 @@ import typer
 import typer.main
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
+from rich.table import Table
 from typer.core import TyperGroup
 
 from specs.errors import InfeasibleLayout, TunerError
 
 __all__ = [
     "GIB", "DEBUG_ENV", "CliState", "TuneGroup", "out", "err", "error_message", "require", "shell_command", "study_flags",
-    "check_study_name", "load_study", "recorded_storage", "study_context", "fmt_int",
+    "check_study_name", "load_study", "recorded_storage", "study_context", "fmt_int", "Col", "fitted_table",
 ]
 
 # The terminal's width, or COLUMNS when the output is piped (80 when that is not set), as rich does by default.
@@ -225,6 +227,46 @@ def print_command(*words: Any, indent: int = 2) -> None:
     lines.append(cur)
     for ln in lines:
         out.print(ln, markup=False, soft_wrap=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Col:
+    """One column of :func:`fitted_table`: its header, ``"left"`` or ``"right"``, and when it goes at a narrow width
+    (``drop`` 0: never; otherwise the highest ``drop`` goes first)."""
+
+    header: str
+    justify: str = "left"
+    drop: int = 0
+
+
+def fitted_table(cols: Sequence[Col], rows: Sequence[Sequence[str]], console: Console | None = None) -> Table:
+    """A borderless table (the main job's style) of the columns that fit ``console``'s width (default :data:`out`).
+
+    Optional columns (``drop`` > 0) leave, highest ``drop`` first, until the widest row fits; the others always stay
+    and fold rather than cut (no ``…``). Each row holds one string per column of ``cols``; what a narrow terminal
+    leaves out belongs in the command's ``--json``.
+    """
+    console = console or out
+    keep = list(range(len(cols)))
+
+    def build() -> Table:
+        t = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
+        for i in keep:
+            t.add_column(cols[i].header, justify="right" if cols[i].justify == "right" else "left", overflow="fold")
+        for r in rows:
+            t.add_row(*(r[i] for i in keep))
+        return t
+
+    def width(t: Table) -> int:  # unwrapped (console.measure would clamp it to the console)
+        return Measurement.get(console, console.options.update_width(1 << 16), t).maximum
+
+    t = build()
+    for i in sorted((i for i, c in enumerate(cols) if c.drop), key=lambda i: -cols[i].drop):
+        if width(t) <= console.width:
+            break
+        keep.remove(i)
+        t = build()
+    return t
 
 
 def study_flags(study: str, results_dir: Path) -> list[str]:
