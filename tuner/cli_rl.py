@@ -38,7 +38,7 @@ __all__ = ["rl_app"]
 rl_app = typer.Typer(help="RL post-training: split GPUs between trainer and generation, shape both, export a recipe.", no_args_is_help=False, add_completion=False)
 
 Model = Annotated[str, typer.Option("--model", help="Model preset (tune models) or config.json path.")]
-Gpus = Annotated[str, typer.Option("--gpus", help="NODESxPER_NODExGPU, e.g. 32x8xH200.")]
+Gpus = Annotated[str, typer.Option("--gpus", help="Nodes x GPUs per node x GPU type, e.g. 32x8xH200.")]
 FrameworkOpt = Annotated[Framework, typer.Option("--framework", help="nemo-rl or slime.")]
 EngineOpt = Annotated[Engine | None, typer.Option("--engine", help="vllm or sglang (default: vllm for nemo-rl, sglang for slime).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]

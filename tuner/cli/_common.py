@@ -21,10 +21,13 @@ from typing import Annotated, Any, ClassVar
 
 import typer
 import typer.main
+import typer.rich_utils
+from rich.columns import Columns
 from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 from typer.core import TyperGroup
 
 from specs.errors import InfeasibleLayout, TunerError
@@ -81,6 +84,28 @@ def _red(text: str) -> None:
 def _traceback(e: BaseException) -> None:
     sys.stderr.write("".join(traceback.format_exception(type(e), e, e.__traceback__)))
     sys.stderr.flush()
+
+
+class _FoldingHelpTable(Table):
+    """The tables of typer's ``--help`` panels, whose cells fold instead of being cut with ``…`` in a narrow terminal
+    (typer leaves its option columns at rich's default overflow, ellipsis: typer/rich_utils.py, 0.29)."""
+
+    def add_row(self, *renderables: Any, **kwargs: Any) -> None:
+        super().add_row(*renderables, **kwargs)
+        for column in self.columns:
+            column.overflow = "fold"
+
+
+def _folding_help_columns(renderables: Any = None, *args: Any, **kwargs: Any) -> Columns:
+    """An option's help in typer's ``--help`` (rich ``Columns``), its words folded rather than cut with ``…``."""
+    for r in renderables or ():
+        if isinstance(r, Text) and r.overflow is None:
+            r.overflow = "fold"
+    return Columns(renderables, *args, **kwargs)
+
+
+typer.rich_utils.Table = _FoldingHelpTable  # type: ignore[misc]
+typer.rich_utils.Columns = _folding_help_columns  # type: ignore[assignment]
 
 
 class TuneGroup(TyperGroup):

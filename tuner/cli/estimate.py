@@ -9,7 +9,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from cost_model.fidelity import gaps
 from cost_model.uncertainty import error_bars
@@ -17,6 +16,7 @@ from specs.errors import InfeasibleLayout, TunerError
 from tuner.cli._common import (
     GIB,
     CalOpt,
+    Col,
     GbsOpt,
     GpusOpt,
     HeadroomOpt,
@@ -32,6 +32,7 @@ from tuner.cli._common import (
     RunChoice,
     SeqOpt,
     err,
+    fitted_table,
     out,
     require,
     run_options,
@@ -198,18 +199,12 @@ def estimate(
         out.print(f"  [yellow]warning:[/] {escape(wline)}")
     for g in found:
         out.print(f"  note: {escape(g.line)}")
-    t = Table(title="predicted memory per GPU (worst pipeline rank)", title_justify="left")
-    t.add_column("part")
-    t.add_column("GiB", justify="right")
-    for k, v in e.memory.items():
-        t.add_row(k, f"{v / GIB:.2f}")
-    out.print(t)
-    t = Table(title="predicted step time", title_justify="left")
-    t.add_column("part")
-    t.add_column("s", justify="right")
-    for k, v in e.time.items():
-        t.add_row(k, f"{v:.3f}")
-    out.print(t)
+    # memory and step time side by side, by part (both predicted)
+    mem = [(k, f"{v / GIB:.2f}") for k, v in e.memory.items()]
+    tim = [(k, f"{v:.3f}") for k, v in e.time.items()]
+    rows = [[*(mem[i] if i < len(mem) else ("", "")), *(tim[i] if i < len(tim) else ("", ""))] for i in range(max(len(mem), len(tim)))]
+    out.print("Predicted by part: memory per GPU (worst pipeline rank) and step time")
+    out.print(fitted_table([Col("memory"), Col("GiB", "right"), Col("step time"), Col("s", "right")], rows))
 
 
 @app.command()
