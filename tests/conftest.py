@@ -23,6 +23,7 @@ def terminal(monkeypatch):
 
         for console in (out, err):
             monkeypatch.setattr(console, "width", width)
+        monkeypatch.setenv("COLUMNS", str(width))  # typer's --help makes its console at each call
 
         def check(text: str) -> list[str]:
             lines = text.splitlines()

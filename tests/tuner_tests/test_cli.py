@@ -705,3 +705,38 @@ def test_main_job_fits_the_terminal_and_cuts_no_cell(tmp_path, monkeypatch, term
     assert head.split()[:3] == ["trial", "layout", "recompute"]  # the trial number first, never cut
     assert next(ln for ln in lines if ln.strip()).startswith("MiniMax-M2 on ") and "(90%: " in r.stdout
     assert any(ln.startswith("Best layout (predicted, trial ") for ln in lines[:4])
+
+
+ESTIMATE = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--vpp", "4", "--ep", "8", "--recompute", "full",
+            "--first-stage-layers", "7", "--last-stage-layers", "7"]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--help"], "--global-batch"),
+    (["rl", "--help"], "calibrate"),
+    (["estimate", *ESTIMATE], "dispatcher_buffers"),
+    (["check", *ESTIMATE], "valid"),
+    (["models"], "Qwen3-235B-A22B"),
+    (["gpus"], "GB300"),
+    (["validate", "--data", "cost_model/data/seed_runs.csv"], "TP1 PP8 VPP4 EP8 DP8"),
+    (["validate", "--trials", "tests/fixtures/h200_te_call12/sweep.jsonl"], "mm-fp8-tensorwise"),
+], ids=["help", "rl-help", "estimate", "check", "models", "gpus", "validate", "validate-trials"])
+def test_each_command_fits_the_terminal_and_cuts_no_cell(terminal, monkeypatch, width, args, needle):
+    """At 80 and 120 columns no line is wider and no cell is cut; what a narrow terminal leaves out is in --json."""
+    fits = terminal(width)
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    r = runner.invoke(app, args, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    fits(r.output)
+    assert needle in r.output
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_pareto_fits_the_terminal_and_cuts_no_cell(main_run, terminal, width):
+    fits = terminal(width)
+    _, study = main_run
+    r = _run("pareto", "--study", "m2", "--results-dir", str(study.parent))
+    assert r.exit_code == 0, r.output
+    lines = fits(r.output)
+    assert any(ln.split()[:3] == ["trial", "layout", "recompute"] for ln in lines)

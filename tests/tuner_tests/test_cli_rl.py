@@ -405,3 +405,18 @@ def test_calibrate_names_a_timer_that_is_not_a_number(tmp_path, value):
     ])
     msg = " ".join(r.stderr.split())
     assert r.exit_code == 2 and f"line 14: timer 'generation' reads {value[:-1]!r}, not a number of seconds" in msg, r.output
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_tune_rl_names_its_plan_first_and_fits_the_terminal(terminal, width):
+    """The recommended plan comes first; the tables keep the columns that fit (no line wider, no cell cut) and a legend
+    defines the ones shown."""
+    fits = terminal(width)
+    r = CliRunner().invoke(app, ["rl", *JOB, "--async-steps", "1", "--top", "3"])
+    assert r.exit_code == 0, r.output
+    lines = fits(r.output)
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("Recommended plan (predicted, plan "))
+    assert first < next(i for i, ln in enumerate(lines) if ln.startswith("Fastest plans"))
+    head = next(ln for ln in lines if ln.lstrip().startswith("#  GPUs"))
+    assert (head.split()[:5] == ["#", "GPUs", "engines", "trainer", "K"]) if width == 80 else ("logprob" in head)
+    assert "GPUs: rollout+trainer GPUs" in " ".join(r.output.split()) and "docs/rl.md#reading-the-output" in r.output
