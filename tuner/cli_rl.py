@@ -29,7 +29,7 @@ from cost_model.rl.validate import predict_rows, read_runs, summarise
 from launch.exporters import ExportContext, get_exporter
 from specs import Cluster, Precision, parse_gpus
 from specs.errors import TunerError
-from tuner.cli._common import Col, fitted_table
+from tuner.cli._common import Col, fitted_table, say
 from tuner.cli._common import err as _err
 from tuner.cli._common import out as _out
 
@@ -193,7 +193,7 @@ def _print_plans(title: str, plans: list[RLPlan], *, async_steps: int) -> list[s
     t = fitted_table([_COLUMNS[i][0] for i in shown], [[r[i] for i in shown] for r in rows], console=_out)
     _out.print(t)
     for text, n in notes.items():
-        _out.print(f"  note {n}: {text}", markup=False)
+        say(text, label=f"note {n}:", markup=False, console=_out)
     return [str(c.header) for c in t.columns]
 
 
@@ -217,7 +217,7 @@ def _print_recommended(best: RLPlan, rank: int, framework: Framework, note: str,
         parts.append(("switch", pt.switch_s))
     _out.print("  seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in parts), markup=False)
     if note:
-        _out.print(f"  note: {note}", markup=False)
+        say(note, label="note:", markup=False, console=_out)
     if hint:
         what = "slime launch (run_slime_rl.sh)" if framework == Framework.slime else "NeMo-RL recipe (nemo_rl_grpo.yaml)"
         _out.print(f"  --out DIR writes its {what}", markup=False)

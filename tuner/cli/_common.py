@@ -26,6 +26,7 @@ from rich.columns import Columns
 from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 from typer.core import TyperGroup
@@ -34,7 +35,7 @@ from specs.errors import InfeasibleLayout, TunerError
 
 __all__ = [
     "GIB", "DEBUG_ENV", "CliState", "TuneGroup", "out", "err", "error_message", "require", "shell_command", "study_flags",
-    "check_study_name", "load_study", "recorded_storage", "study_context", "fmt_int", "Col", "fitted_table",
+    "check_study_name", "load_study", "recorded_storage", "study_context", "fmt_int", "Col", "fitted_table", "say",
 ]
 
 # The terminal's width, or COLUMNS when the output is piped (80 when that is not set), as rich does by default.
@@ -292,6 +293,19 @@ def fitted_table(cols: Sequence[Col], rows: Sequence[Sequence[str]], console: Co
         keep.remove(i)
         t = build()
     return t
+
+
+def say(text: str, *, label: str = "", indent: int = 2, markup: bool = True, console: Console | None = None) -> None:
+    """Print ``text`` ``indent`` spaces in, after ``label`` (``note:``) if given, its wrapped lines under its first word
+    (a hanging indent): a long line reads as one paragraph of whole words at any width."""
+    console = console or out
+    body = Text.from_markup(text) if markup else Text(text)
+    g = Table.grid(padding=(0, 1, 0, 0))
+    if label:
+        g.add_column(no_wrap=True)
+    g.add_column(overflow="fold")
+    g.add_row(*([Text.from_markup(label) if markup else Text(label)] if label else []), body)
+    console.print(Padding(g, (0, 0, 0, indent)))
 
 
 def study_flags(study: str, results_dir: Path) -> list[str]:
