@@ -68,21 +68,15 @@ def test_tune_rl_out_writes_the_framework_launch_through_the_registry(tmp_path):
     assert stat.S_IMODE(s.stat().st_mode) == 0o755 and s.read_text().startswith("#!/usr/bin/env bash\n") and "wrote the recommended plan's slime launch" in r.stdout
 
 
-def test_tune_rl_table_labels_predictions():
-    r = CliRunner().invoke(app, ["rl", *JOB, "--top", "3"])
-    assert r.exit_code == 0, r.output
-    out = " ".join(r.stdout.split())
-    assert "prediction" in out and "Fastest plan per rollout-GPU count (every count, not a Pareto front)" in out and "Front" not in out
-
-
-def test_tune_rl_plan_counts_add_up():
-    """The plans set aside and the evaluated ones add up to the plans considered; splits without a trainer layout are
-    counted apart, as splits (--verbose names them)."""
+def test_tune_rl_labels_predictions_and_its_plan_counts_add_up():
+    """Every number is labelled a prediction; the plans set aside and the evaluated ones add up to the plans
+    considered; splits without a trainer layout are counted apart, as splits (--verbose names them)."""
     import re
 
     r = CliRunner().invoke(app, ["rl", *JOB, "--top", "3", "--verbose"])
     assert r.exit_code == 0, r.output
     line = " ".join(r.stdout.split())
+    assert "prediction" in line and "Fastest plan per rollout-GPU count (every count, not a Pareto front)" in line and "Front" not in line
     m = re.search(r"Plans considered: ([\d,]+); evaluated: ([\d,]+); set aside: (.*?)(; splits not tried: .*?)? Fastest", line)
     assert m, line
     considered, evaluated = (int(x.replace(",", "")) for x in m.groups()[:2])
@@ -412,7 +406,7 @@ def test_tune_rl_names_its_plan_first_and_fits_the_terminal(terminal, width):
     """The recommended plan comes first; the tables keep the columns that fit (no line wider, no cell cut) and a legend
     defines the ones shown."""
     fits = terminal(width)
-    r = CliRunner().invoke(app, ["rl", *JOB, "--async-steps", "1", "--top", "3"])
+    r = CliRunner().invoke(app, ["rl", *JOB, "--no-colocated", "--rollout-gpus", "16", "--async-steps", "1", "--top", "3"])
     assert r.exit_code == 0, r.output
     lines = fits(r.output)
     first = next(i for i, ln in enumerate(lines) if ln.startswith("Recommended plan (predicted, plan "))
