@@ -428,18 +428,17 @@ def plan(
             "fastest_per_rollout_gpus": [_plan_dict(p) for p in ps.fastest_per_rollout_gpus()],
             "fastest_per_async_depth": [_plan_dict(p) for p in ps.fastest_per_async_depth()],
             "written": [str(w) for w in written],
+            "recommended_plan": _plan_dict(best),
             "exported_plan": _plan_dict(best) if written else None,
             "export_note": export_note or None,
             "note": "every number is a prediction; nothing was measured",
         }))
         return
-    _out.print(
-        f"{job.model.name} on {job.cluster.label}, {framework} + {job.engine}: {job.prompts_per_step} prompts x {job.generations_per_prompt} generations, "
-        f"prompt <= {job.prompt_len:,}, response <= {job.response_len:,} ({job.responses.source}); calibration: {cal.source}",
-        highlight=False,
-        markup=False,
-    )
-    _out.print("Every number below is a prediction (rollout simulation + analytical estimate); nothing was measured.")
+    _out.print(f"[bold]{escape(job.model.name)}[/] on {job.cluster.label}, {framework} + {job.engine}: {job.prompts_per_step} prompts x "
+               f"{job.generations_per_prompt} generations a step", highlight=False)
+    say(f"prompt <= {job.prompt_len:,}, response <= {job.response_len:,} tokens ({job.responses.source}); calibration: {cal.source}",
+        markup=False, console=_out)
+    _out.print("Every number is a prediction (simulated rollout, analytical trainer).")
     ranked = _distinct(ps.plans, len(ps.plans))
     rank = next(i for i, p in enumerate(ranked, 1) if p.choice == best.choice and p.trainer.label == best.trainer.label)
     if not best.trainer.in_validated_scope:

@@ -305,6 +305,7 @@ def test_the_export_is_the_fastest_plan_inside_the_trainer_s_validated_scope(tmp
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     exported = d["exported_plan"]
+    assert exported == d["recommended_plan"]  # what the terminal names first
     assert not any("outside" in n for n in exported["notes"])
     inside = [p for p in d["plans"] if not any("outside" in n for n in p["notes"])]
     assert exported["predicted"]["step_time_s"] == inside[0]["predicted"]["step_time_s"]  # the fastest plan inside the scope
