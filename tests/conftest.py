@@ -12,6 +12,30 @@ from specs import Workload, load_model, parse_gpus
 from specs.layout import Layout
 
 
+@pytest.fixture
+def terminal(monkeypatch):
+    """``terminal(width)`` sets the command line's consoles to ``width`` columns (as ``COLUMNS`` does when the output
+    is piped) and returns a check of an output at that width: no line wider, no cell cut (no ``…``); it returns the
+    output's lines."""
+
+    def at(width: int):
+        from tuner.cli._common import err, out
+
+        for console in (out, err):
+            monkeypatch.setattr(console, "width", width)
+        monkeypatch.setenv("COLUMNS", str(width))  # typer's --help makes its console at each call
+
+        def check(text: str) -> list[str]:
+            lines = text.splitlines()
+            assert max(map(len, lines)) <= width, "\n".join(ln for ln in lines if len(ln) > width)
+            assert "…" not in text, "\n".join(ln for ln in lines if "…" in ln)
+            return lines
+
+        return check
+
+    return at
+
+
 @pytest.fixture(scope="session")
 def minimax():
     return load_model("MiniMax-M2")

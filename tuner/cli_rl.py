@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from cost_model.rl.calibrate import fit_from_measured, mean_measured, read_log
 from cost_model.rl.calibration import DEFAULT_RL_CALIBRATION, load_rl_calibration, save_rl_calibration
@@ -30,15 +29,16 @@ from cost_model.rl.validate import predict_rows, read_runs, summarise
 from launch.exporters import ExportContext, get_exporter
 from specs import Cluster, Precision, parse_gpus
 from specs.errors import TunerError
+from tuner.cli._common import Col, fitted_table, say
+from tuner.cli._common import err as _err
+from tuner.cli._common import out as _out
 
 __all__ = ["rl_app"]
 
 rl_app = typer.Typer(help="RL post-training: split GPUs between trainer and generation, shape both, export a recipe.", no_args_is_help=False, add_completion=False)
-_err = Console(stderr=True)
-_out = Console(width=None if Console().is_terminal else 220)
 
 Model = Annotated[str, typer.Option("--model", help="Model preset (tune models) or config.json path.")]
-Gpus = Annotated[str, typer.Option("--gpus", help="NODESxPER_NODExGPU, e.g. 32x8xH200.")]
+Gpus = Annotated[str, typer.Option("--gpus", help="Nodes x GPUs per node x GPU type, e.g. 32x8xH200.")]
 FrameworkOpt = Annotated[Framework, typer.Option("--framework", help="nemo-rl or slime.")]
 EngineOpt = Annotated[Engine | None, typer.Option("--engine", help="vllm or sglang (default: vllm for nemo-rl, sglang for slime).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
@@ -144,20 +144,83 @@ def _distinct(plans: list[RLPlan], top: int) -> list[RLPlan]:
     return out
 
 
-def _table(title: str, plans: list[RLPlan]) -> Table:
-    t = Table(title=title, title_justify="left")
-    for col in ("#", "mode", "engines", "mem", "seqs", "graphs", "trainer", "K", "step s", "gen", "logprob", "train", "refit", "switch", "notes"):
-        t.add_column(col, justify="right" if col in ("#", "mem", "seqs", "K", "step s", "gen", "logprob", "train", "refit", "switch") else "left")
+def _short(label: str) -> str:
+    """``megatron:tp=2,cp=1,ep=8,pp=4,vpp=1`` -> ``megatron tp2 ep8 pp4``; ``vllm:tp=8,ep=1,pp=1`` -> ``vllm tp8``
+    (sizes of 1 left out, as the main job's layouts)."""
+    head, _, body = label.partition(":")
+    sizes = [f"{k}{v}" for k, v in (kv.split("=", 1) for kv in body.split(",") if "=" in kv) if v != "1"]
+    return " ".join([head, *sizes])
+
+
+#: The columns of the plan tables, each with its definition in the legend under them and when it goes at a narrow
+#: width (``Col.drop``: the highest first; 0 stays). docs/rl.md, "Reading the output", defines them at length.
+_COLUMNS: tuple[tuple[Col, str], ...] = (
+    (Col("#", "right"), ""),
+    (Col("GPUs"), "rollout+trainer GPUs, or colocated (both on all)"),
+    (Col("engines"), "engines x parallel sizes (1s left out)"),
+    (Col("mem", "right", 7), "gpu_memory_utilization"),
+    (Col("seqs", "right", 8), "max_num_seqs"),
+    (Col("graphs", "left", 9), "CUDA graphs or eager"),
+    (Col("trainer"), ""),
+    (Col("K", "right", 3), "async depth"),
+    (Col("step s", "right"), "predicted seconds per step"),
+    (Col("gen", "right", 1), "generation"),
+    (Col("logprob", "right", 4), "log-prob passes"),
+    (Col("train", "right", 2), "training"),
+    (Col("refit", "right", 5), "weights to the engines"),
+    (Col("switch", "right", 6), "colocated phase change"),
+    (Col("note"), ""),
+)
+
+
+def _print_plans(title: str, plans: list[RLPlan], *, async_steps: int) -> list[str]:
+    """One table of ``plans`` in the columns that fit the terminal (every field is in ``--json``), then its notes, each
+    once, numbered as the ``note`` column names them. Returns the headers shown."""
+    notes: dict[str, int] = {}
+    rows = []
     for i, p in enumerate(plans, 1):
-        c = p.choice
-        pt = p.parts
-        mode = "colocated" if c.colocated else f"{c.rollout_gpus}+{c.trainer_gpus}"
-        t.add_row(
-            str(i), mode, f"{c.num_engines}x {p.rollout_label}", f"{c.gpu_memory_utilization:g}", str(c.max_num_seqs), "eager" if c.enforce_eager else "graphs",
-            p.trainer.label, str(c.async_steps), f"{pt.step_time_s:.1f}", f"{pt.generation_s:.1f}", f"{pt.logprob_s:.1f}", f"{pt.training_s:.1f}",
-            f"{pt.refit_s:.1f}", f"{pt.switch_s:.1f}", "; ".join(p.notes),
-        )
-    return t
+        c, pt = p.choice, p.parts
+        ids = ",".join(str(notes.setdefault(n, len(notes) + 1)) for n in p.notes)
+        rows.append([
+            str(i), "colocated" if c.colocated else f"{c.rollout_gpus}+{c.trainer_gpus}", f"{c.num_engines}x {_short(p.rollout_label)}",
+            f"{c.gpu_memory_utilization:g}", str(c.max_num_seqs), "eager" if c.enforce_eager else "graphs", _short(p.trainer.label),
+            str(c.async_steps), f"{pt.step_time_s:.1f}", f"{pt.generation_s:.1f}", f"{pt.logprob_s:.1f}", f"{pt.training_s:.1f}",
+            f"{pt.refit_s:.1f}", f"{pt.switch_s:.1f}", ids,
+        ])
+    # K only where the search tried more than one depth; note only where a plan has one
+    shown = [i for i, (col, _) in enumerate(_COLUMNS) if not (col.header == "K" and not async_steps) and not (col.header == "note" and not notes)]
+    _out.print(title, markup=False)
+    t = fitted_table([_COLUMNS[i][0] for i in shown], [[r[i] for i in shown] for r in rows], console=_out)
+    _out.print(t)
+    for text, n in notes.items():
+        say(text, label=f"note {n}:", markup=False, console=_out)
+    return [str(c.header) for c in t.columns]
+
+
+def _legend(headers: list[str]) -> str:
+    """One line (wrapped at whole words) defining the columns ``headers`` of a table."""
+    what = dict((c.header, w) for c, w in _COLUMNS)
+    return "; ".join(f"{h}: {what[h]}" for h in headers if what.get(h)) + " (docs/rl.md#reading-the-output)"
+
+
+def _print_recommended(best: RLPlan, rank: int, framework: Framework, note: str, *, hint: bool) -> None:
+    """The plan ``tune rl`` exports (the fastest inside the trainer's validated scope), first and in full."""
+    c, pt = best.choice, best.parts
+    where = f"colocated on all {c.rollout_gpus} GPUs" if c.colocated else f"{c.rollout_gpus} rollout GPUs + {c.trainer_gpus} trainer GPUs"
+    _out.print(f"[bold green]Recommended plan[/] (predicted, plan {rank} below): [bold]{pt.step_time_s:.1f} s[/] per step")
+    _out.print(f"  {where}, async depth K {c.async_steps}", markup=False)
+    _out.print(f"  engines: {c.num_engines} x {best.rollout_label}, {'eager' if c.enforce_eager else 'CUDA graphs'}", markup=False)
+    _out.print(f"    gpu_memory_utilization {c.gpu_memory_utilization:g}, max_num_seqs {c.max_num_seqs}", markup=False)
+    _out.print(f"  trainer: {best.trainer.label}", markup=False)
+    parts = [("generation", pt.generation_s), ("log-probs", pt.logprob_s), ("training", pt.training_s), ("refit", pt.refit_s)]
+    if c.colocated:
+        parts.append(("switch", pt.switch_s))
+    _out.print("  seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in parts), markup=False)
+    if note:
+        say(note, label="note:", markup=False, console=_out)
+    if hint:
+        what = "slime launch (run_slime_rl.sh)" if framework == Framework.slime else "NeMo-RL recipe (nemo_rl_grpo.yaml)"
+        _out.print(f"  --out DIR writes its {what}", markup=False)
 
 
 def _check_plan_options(
@@ -296,6 +359,7 @@ def plan(
     export: Annotated[Path | None, typer.Option("--export", help="Write the best plan's launch to this file instead (same formats as --out).")] = None,
     json_out: JsonOpt = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an output that is a link (the link, not its target) or another kind of file.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Say why each set-aside plan was set aside.")] = False,
 ) -> None:
     """Rank RL plans for a job: colocated or split, engine shapes, trainer layouts, async depth."""
     if ctx.invoked_subcommand is not None:
@@ -364,31 +428,46 @@ def plan(
             "fastest_per_rollout_gpus": [_plan_dict(p) for p in ps.fastest_per_rollout_gpus()],
             "fastest_per_async_depth": [_plan_dict(p) for p in ps.fastest_per_async_depth()],
             "written": [str(w) for w in written],
+            "recommended_plan": _plan_dict(best),
             "exported_plan": _plan_dict(best) if written else None,
             "export_note": export_note or None,
             "note": "every number is a prediction; nothing was measured",
         }))
         return
-    _out.print(
-        f"{job.model.name} on {job.cluster.label}, {framework} + {job.engine}: {job.prompts_per_step} prompts x {job.generations_per_prompt} generations, "
-        f"prompt <= {job.prompt_len:,}, response <= {job.response_len:,} ({job.responses.source}); calibration: {cal.source}",
-        highlight=False,
-        markup=False,
-    )
-    _out.print("[bold]Every number below is a prediction (rollout simulation + analytical estimate); nothing was measured.[/bold]")
+    _out.print(f"[bold]{escape(job.model.name)}[/] on {job.cluster.label}, {framework} + {job.engine}: {job.prompts_per_step} prompts x "
+               f"{job.generations_per_prompt} generations a step", highlight=False)
+    say(f"prompt <= {job.prompt_len:,}, response <= {job.response_len:,} tokens ({job.responses.source}); calibration: {cal.source}",
+        markup=False, console=_out)
+    _out.print("Every number is a prediction (simulated rollout, analytical trainer).")
+    ranked = _distinct(ps.plans, len(ps.plans))
+    rank = next(i for i, p in enumerate(ranked, 1) if p.choice == best.choice and p.trainer.label == best.trainer.label)
+    if not best.trainer.in_validated_scope:
+        rec_note = f"no plan's trainer is inside its validated scope; this one is {best.trainer.note}"
+    elif best is not ps.plans[0]:
+        gain = 1 - ps.plans[0].step_time_s / best.step_time_s
+        rec_note = f"plan 1 is predicted {f'{gain:.1%} faster' if gain >= 0.0005 else 'as fast'} but {ps.plans[0].trainer.note}"
+    else:
+        rec_note = ""
+    _print_recommended(best, rank, framework, rec_note, hint=not written)
+    _out.print()
     # plans set aside add up with the evaluated ones to the considered; a split without a trainer layout is counted as a split
     plan_rej = {k: v for k, v in ps.rejected.items() if not k.endswith("(splits)")}
     split_rej = {k.removesuffix(" (splits)"): v for k, v in ps.rejected.items() if k.endswith("(splits)")}
-    _out.print(f"Plans considered: {ps.considered:,}; evaluated: {len(ps.plans):,}; set aside: " + (", ".join(f"{k} ({v})" for k, v in plan_rej.items()) or "none")
-               + ("; splits not tried: " + ", ".join(f"{k} ({v} split{'s' if v != 1 else ''})" for k, v in split_rej.items()) if split_rej else ""), highlight=False, markup=False)
-    _out.print(_table("Fastest plans (predicted seconds per step)", _distinct(ps.plans, top)))
-    _out.print(_table("Fastest plan per rollout-GPU count (every count, not a Pareto front)", ps.fastest_per_rollout_gpus()))
+    counts = f"Plans considered: {ps.considered:,}; evaluated: {len(ps.plans):,}; set aside: "
+    if verbose:
+        _out.print(counts + (", ".join(f"{k} ({v})" for k, v in plan_rej.items()) or "none")
+                   + ("; splits not tried: " + ", ".join(f"{k} ({v} split{'s' if v != 1 else ''})" for k, v in split_rej.items()) if split_rej else ""),
+                   highlight=False, markup=False)
+    else:
+        _out.print(counts + f"{sum(plan_rej.values()):,}" + (f"; splits not tried: {sum(split_rej.values()):,}" if split_rej else "")
+                   + " (--verbose says why)", highlight=False, markup=False)
+    headers = _print_plans("Fastest plans (predicted seconds per step)", ranked[:top], async_steps=async_steps)
+    _print_plans("Fastest plan per rollout-GPU count (every count, not a Pareto front)", ps.fastest_per_rollout_gpus(), async_steps=async_steps)
     if async_steps:
-        _out.print(_table("Fastest plan per async depth K (staleness)", ps.fastest_per_async_depth()))
-    if written and export_note:
-        _out.print(f"note: {export_note}", highlight=False, markup=False)
+        _print_plans("Fastest plan per async depth K (staleness)", ps.fastest_per_async_depth(), async_steps=async_steps)
+    _out.print(_legend(headers), markup=False, highlight=False)
     for w in written:
-        _out.print(f"wrote the exported plan's {'slime launch' if framework == Framework.slime else 'NeMo-RL recipe'} to {w}", highlight=False, markup=False)
+        _out.print(f"wrote the recommended plan's {'slime launch' if framework == Framework.slime else 'NeMo-RL recipe'} to {w}", highlight=False, markup=False)
 
 
 @rl_app.command("validate")
@@ -416,15 +495,17 @@ def validate_cmd(
             "unreadable": errors, "summary": summary,
         }))
         return
-    t = Table(title=f"Measured vs predicted step time ({data}; calibration: {cal.source})", title_justify="left")
-    for col in ("line", "run", "measured s", "predicted s", "error", "gen", "logprob", "train", "refit", "switch"):
-        t.add_column(col)
+    _out.print(f"Measured vs predicted step time ({data}; calibration: {cal.source})", markup=False, highlight=False)
+    cols = [Col("line", "right"), Col("run"), Col("measured s", "right"), Col("predicted s", "right"), Col("error", "right"),
+            Col("gen", "right", 1), Col("logprob", "right", 3), Col("train", "right", 2), Col("refit", "right", 4), Col("switch", "right", 5)]
+    rows = []
     for r in results:
         if r.plan is None:
             continue
         pt = r.plan.parts
-        t.add_row(str(r.row.line), r.row.label, f"{r.row.step_time_s:g}", f"{pt.step_time_s:.1f}", f"{r.rel_error('step'):+.0%}",
-                  f"{pt.generation_s:.1f}", f"{pt.logprob_s:.1f}", f"{pt.training_s:.1f}", f"{pt.refit_s:.1f}", f"{pt.switch_s:.1f}")
+        rows.append([str(r.row.line), r.row.label, f"{r.row.step_time_s:g}", f"{pt.step_time_s:.1f}", f"{r.rel_error('step'):+.0%}",
+                     f"{pt.generation_s:.1f}", f"{pt.logprob_s:.1f}", f"{pt.training_s:.1f}", f"{pt.refit_s:.1f}", f"{pt.switch_s:.1f}"])
+    t = fitted_table(cols, rows, console=_out)
     _out.print(t)
     st = summary["step"]
     assert isinstance(st, dict)
@@ -438,8 +519,15 @@ def validate_cmd(
     assert isinstance(verdicts, list)
     for v in verdicts:
         _out.print(f"colocated vs split, {v['group']}: measured faster {v['measured']}, predicted faster {v['predicted']} ({'agree' if v['agree'] else 'MISS'})", highlight=False, markup=False)
+    hints: dict[str, None] = {}  # a reason in brackets that many rows share is said once, after them
     for u in unreadable:
-        _err.print(f"[yellow]not predicted: {escape(u)}[/yellow]", highlight=False, soft_wrap=True)
+        m = re.fullmatch(r"(.*?)\s+\[(.+)\]", u, re.S)
+        if m:
+            u, hint = m.groups()
+            hints[hint] = None
+        _err.print(f"[yellow]not predicted:[/yellow] {escape(u)}", highlight=False)
+    for h in hints:
+        _err.print(f"  {escape(h)}", highlight=False)
 
 
 @rl_app.command("calibrate")

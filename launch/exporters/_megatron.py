@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._describe import _summary
 from launch.exporters._flags import megatron_args
-from launch.exporters._shell import SHEBANG, STRICT_MODE, Sh, bash_array, comment
+from launch.exporters._shell import SHEBANG, STRICT_MODE, Sh, bash_array, comment, require_set
 from specs import Cluster, ModelSpec, RunOptions, Workload
 from specs.layout import Layout
 
@@ -39,9 +39,9 @@ MEGATRON_SCRIPT_ENV: dict[str, str] = {
 }
 
 
-def _need(v: str, indent: str = "  ") -> str:
-    """``: "${V:?set V to ...}"``: stop with the variable's name and meaning when it is unset (no quote in the text)."""
-    return f'{indent}: "${{{v}:?set {v} to {MEGATRON_SCRIPT_ENV[v].split("; required")[0]}}}"'
+def _need(v: str) -> str:
+    """What to set ``v`` to (the text of :data:`MEGATRON_SCRIPT_ENV`, up to "; required")."""
+    return MEGATRON_SCRIPT_ENV[v].split("; required")[0]
 
 
 def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, *, options: RunOptions | None = None,
@@ -94,12 +94,11 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
     tail = [
         f"if {_EXECUTED}; then",
         '  if [ "${1:-}" = --print ]; then printf \'%s\\n\' "${MEGATRON_ARGS[@]}"; exit 0; fi',
-        _need("DATA_PATH"),
-        _need("TRAIN_ITERS"),
+        *require_set("megatron_args.sh", [("DATA_PATH", _need("DATA_PATH"), None), ("TRAIN_ITERS", _need("TRAIN_ITERS"), None),
+                                          ("TOKENIZER_MODEL", _need("TOKENIZER_MODEL"), '[ "${DATA_PATH:-}" != MOCK ]')], "  "),
         '  if [ "$DATA_PATH" = MOCK ]; then',
         "    DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer)",
         "  else",
-        _need("TOKENIZER_MODEL", "    "),
         '    DATA_ARGS=(--data-path "$DATA_PATH" --split "${SPLIT:-99,1,0}"',
         '      --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER_MODEL")',
         "  fi",

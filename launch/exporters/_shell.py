@@ -64,3 +64,27 @@ def command(head: Sequence[str], groups: Sequence[Sequence[str]]) -> list[str]:
     """A command over several lines: ``head`` then one flag group per line, joined by backslash-newlines."""
     lines = [words(head)] + ["  " + words(g) for g in groups]
     return [ln + " \\" for ln in lines[:-1]] + [lines[-1]]
+
+
+def require_set(script: str, needed: Sequence[tuple[str, str, str | None]], indent: str = "") -> list[str]:
+    """Bash lines that check every variable of ``needed`` and, when any is unset or empty, name them all at once on
+    stderr (``set NAME to WHAT``, one a line) and exit 2 before anything runs.
+
+    Args:
+        script: The script's file name, at the head of the message.
+        needed: ``(NAME, WHAT, CONDITION)``: the variable, what to set it to (plain text), and a bash test under which
+            it is needed (``[ "${BENCHMARK:-0}" != 1 ]``), or None when it always is.
+        indent: Spaces before each line.
+    """
+    lines = ["_missing=()"]
+    for name, what, condition in needed:
+        check = f'[ -n "${{{name}:-}}" ] || _missing+=({shlex.quote(f"set {name} to {what}")})'
+        lines.append(f"if {condition}; then {check}; fi" if condition else check)
+    lines += [
+        'if [ "${#_missing[@]}" -gt 0 ]; then',
+        f"  printf '%s: these variables are needed and not set:\\n' {shlex.quote(script)} >&2",
+        "  printf '  %s\\n' \"${_missing[@]}\" >&2",
+        "  exit 2",
+        "fi",
+    ]
+    return [indent + ln for ln in lines]

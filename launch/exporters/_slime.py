@@ -24,7 +24,7 @@ from launch.exporters._flags import (
     model_args,
     options_args,
 )
-from launch.exporters._shell import SHEBANG, STRICT_MODE, Sh, bash_array, command, comment, group_flags
+from launch.exporters._shell import SHEBANG, STRICT_MODE, Sh, bash_array, command, comment, group_flags, require_set
 from specs import Cluster, ModelSpec, RunOptions, Workload
 from specs.layout import Dispatcher, Layout
 
@@ -57,9 +57,10 @@ SLIME_SCRIPT_ENV: dict[str, str] = {
 _REQUIRED = ("HF_CKPT", "TORCH_DIST", "SFT_DATA")
 
 
-def _need(v: str) -> str:
-    """``: "${V:?set V to ...}"``: stop with the variable's name and meaning when it is unset."""
-    return f': "${{{v}:?set {v} to {SLIME_SCRIPT_ENV[v].split(";")[0]}}}"'
+def _needed() -> list[tuple[str, str, str | None]]:
+    """The variables ``run_slime.sh`` needs, each with what to set it to and when (:func:`require_set`)."""
+    return [(v, SLIME_SCRIPT_ENV[v].split(";")[0], None) for v in _REQUIRED] + [
+        ("SAVE_DIR", SLIME_SCRIPT_ENV["SAVE_DIR"].split(";")[0], '[ "${BENCHMARK:-0}" != 1 ]')]
 
 
 def slime_script(
@@ -77,7 +78,7 @@ def slime_script(
     slime's supervised fine-tuning path, as slime's ``scripts/run-qwen3-235B-A22B-sft.sh`` runs it
     (THUDM/slime at 4a2812e): ``train_async.py`` with :data:`SFT_ROLLOUT`, ``--loss-type sft_loss``,
     ``--debug-train-only`` (no SGLang engines: SFT generates nothing). The script checks the
-    variables it needs (``: "${HF_CKPT:?...}"``), reads the others of :data:`SLIME_SCRIPT_ENV` with
+    variables it needs, naming every one missing at once (:func:`require_set`), reads the others of :data:`SLIME_SCRIPT_ENV` with
     their defaults, exports the seed's four environment variables, defines ``MODEL_ARGS=( ... )``
     from :func:`model_args`, then runs ``"$PYTHON" "$SLIME_ENTRY"`` with the cluster, the data and
     step arguments, the layout's flags in the seed's order, the seed's optimizer hyperparameters
@@ -119,7 +120,7 @@ def slime_script(
             "SLIME_DIR, SLIME_ENTRY, NUM_EPOCH, NUM_ROLLOUT, SAVE_INTERVAL, TENSORBOARD_DIR, PYTHON, NVLINK_COUNT. "
             "BENCHMARK=1 runs the seed's 20-step benchmark instead."
         ),
-        *(_need(v) for v in _REQUIRED),
+        *require_set("run_slime.sh", _needed()),
         "PYTHON=${PYTHON:-python3}",
         "SLIME_ENTRY=${SLIME_ENTRY:-${SLIME_DIR:+$SLIME_DIR/}train_async.py}",
         "NUM_EPOCH=${NUM_EPOCH:-1}",
@@ -135,7 +136,6 @@ def slime_script(
         'if [ "${BENCHMARK:-0}" = 1 ]; then',
         f"  RUN_ARGS=(--rollout-function-path {SEED_ROLLOUT} --num-rollout \"${{NUM_ROLLOUT:-{SEED_NUM_ROLLOUT}}}\")",
         "else",
-        "  " + _need("SAVE_DIR"),
         f"  RUN_ARGS=(--rollout-function-path {SFT_ROLLOUT} --rollout-shuffle",
         '    --load "$SAVE_DIR" --save "$SAVE_DIR" --save-interval "$SAVE_INTERVAL")',
         '  if [ -n "${NUM_ROLLOUT:-}" ]; then RUN_ARGS+=(--num-rollout "$NUM_ROLLOUT"); else RUN_ARGS+=(--num-epoch "$NUM_EPOCH"); fi',

@@ -163,13 +163,28 @@ def test_run_slime_sh_steps_and_benchmark_come_from_variables(extra, want, tmp_p
     assert {k: got.get(k) for k in want} == want
 
 
-def test_run_slime_sh_stops_on_a_missing_variable(tmp_path, model, cluster):
+NEEDED_SLIME = {"HF_CKPT": "set HF_CKPT to the Hugging Face checkpoint folder", "TORCH_DIST": "set TORCH_DIST to the torch_dist",
+                "SFT_DATA": "set SFT_DATA to your training rows", "SAVE_DIR": "set SAVE_DIR to where checkpoints"}
+
+
+@pytest.mark.parametrize("missing", [("SFT_DATA",), ("SAVE_DIR",), tuple(NEEDED_SLIME)])
+def test_run_slime_sh_names_every_missing_variable_at_once(tmp_path, model, cluster, missing):
+    """Run with bash against the fake slime, the needed variables left out (all of them: an empty environment but for
+    the fake's): one message names each, exit 2, before anything runs."""
     script = _write(tmp_path, "slime", model, cluster, LAYOUTS["seed"])
-    for missing, needle in (("SFT_DATA", "set SFT_DATA to your training rows"), ("SAVE_DIR", "set SAVE_DIR to where checkpoints")):
-        env = _env(tmp_path, **{k: v for k, v in BASE.items() if k != missing})
-        p = subprocess.run([str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
-        assert p.returncode != 0 and needle in p.stderr, p.stderr
-        assert not (tmp_path / "dump.json").exists()  # stopped before the launch
+    env = _env(tmp_path, **{k: v for k, v in BASE.items() if k not in missing})
+    p = subprocess.run(["bash", str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.startswith("run_slime.sh: these variables are needed and not set:\n"), p.stderr
+    assert [ln.split()[1] for ln in p.stderr.splitlines()[1:]] == list(missing)
+    assert all(NEEDED_SLIME[v] in p.stderr for v in missing)
+    assert not (tmp_path / "dump.json").exists()  # stopped before the launch
+    if missing == ("SAVE_DIR",):  # the benchmark saves nothing: SAVE_DIR is not needed there
+        p = subprocess.run(["bash", str(script)], env={**env, "BENCHMARK": "1"}, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+
+
+def test_run_slime_sh_counts_nvlinks_without_nvidia_smi(tmp_path, model, cluster):
+    script = _write(tmp_path, "slime", model, cluster, LAYOUTS["seed"])
     # without NVLINK_COUNT and without nvidia-smi on PATH the count is 0, not an error under `set -e`
     env = _env(tmp_path, **{k: v for k, v in BASE.items() if k != "NVLINK_COUNT"}, FAKE_ENTRY_ENV="NCCL_NVLS_ENABLE")
     env["PATH"] = os.pathsep.join(str(Path(x).parent) for x in (shutil.which("bash"), shutil.which("grep"), shutil.which("wc")))
@@ -253,10 +268,12 @@ def test_megatron_args_sh_run_launches_pretrain_gpt_with_the_users_data(tmp_path
 
 def test_megatron_args_sh_run_with_mock_data_and_missing_variables(tmp_path, model, cluster):
     f = _write(tmp_path, "megatron", model, cluster, LAYOUTS["seed"])
-    for env_extra, needle in (({"TRAIN_ITERS": "5"}, "set DATA_PATH to your data"), ({"DATA_PATH": "MOCK"}, "set TRAIN_ITERS"),
-                              ({"DATA_PATH": "/d", "TRAIN_ITERS": "5"}, "set TOKENIZER_MODEL")):
-        p = subprocess.run([str(f)], env=_launch_env(tmp_path, **env_extra), cwd=tmp_path, capture_output=True, text=True, timeout=60)
-        assert p.returncode != 0 and needle in p.stderr, p.stderr
+    for env_extra, missing in (({}, ["DATA_PATH", "TRAIN_ITERS", "TOKENIZER_MODEL"]), ({"TRAIN_ITERS": "5"}, ["DATA_PATH", "TOKENIZER_MODEL"]),
+                               ({"DATA_PATH": "MOCK"}, ["TRAIN_ITERS"]), ({"DATA_PATH": "/d", "TRAIN_ITERS": "5"}, ["TOKENIZER_MODEL"])):
+        p = subprocess.run(["bash", str(f)], env=_launch_env(tmp_path, **env_extra), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and p.stderr.startswith("megatron_args.sh: these variables are needed and not set:\n"), p.stderr
+        assert [ln.split()[1] for ln in p.stderr.splitlines()[1:]] == missing, p.stderr
+        assert "set DATA_PATH to your data" in p.stderr or "DATA_PATH" not in missing
         assert not (tmp_path / "dump.json").exists()
     env = _launch_env(tmp_path, DATA_PATH="MOCK", TRAIN_ITERS="5", CHECKPOINT_PATH="/ck", TENSORBOARD_DIR="/tb")
     p = subprocess.run([str(f)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)

@@ -65,24 +65,18 @@ def test_tune_rl_out_writes_the_framework_launch_through_the_registry(tmp_path):
     r = CliRunner().invoke(app, ["rl", *JOB, "--framework", "slime", "--top", "1", "--out", str(tmp_path / "slime")])
     assert r.exit_code == 0, r.output
     s = tmp_path / "slime" / "run_slime_rl.sh"
-    assert stat.S_IMODE(s.stat().st_mode) == 0o755 and s.read_text().startswith("#!/usr/bin/env bash\n") and "wrote the exported plan's slime launch" in r.stdout
+    assert stat.S_IMODE(s.stat().st_mode) == 0o755 and s.read_text().startswith("#!/usr/bin/env bash\n") and "wrote the recommended plan's slime launch" in r.stdout
 
 
-def test_tune_rl_table_labels_predictions():
-    r = CliRunner().invoke(app, ["rl", *JOB, "--top", "3"])
-    assert r.exit_code == 0, r.output
-    out = " ".join(r.stdout.split())
-    assert "prediction" in out and "Fastest plan per rollout-GPU count (every count, not a Pareto front)" in out and "Front" not in out
-
-
-def test_tune_rl_plan_counts_add_up():
-    """The plans set aside and the evaluated ones add up to the plans considered; splits without a trainer layout are
-    counted apart, as splits."""
+def test_tune_rl_labels_predictions_and_its_plan_counts_add_up():
+    """Every number is labelled a prediction; the plans set aside and the evaluated ones add up to the plans
+    considered; splits without a trainer layout are counted apart, as splits (--verbose names them)."""
     import re
 
-    r = CliRunner().invoke(app, ["rl", *JOB, "--top", "3"])
+    r = CliRunner().invoke(app, ["rl", *JOB, "--top", "3", "--verbose"])
     assert r.exit_code == 0, r.output
     line = " ".join(r.stdout.split())
+    assert "prediction" in line and "Fastest plan per rollout-GPU count (every count, not a Pareto front)" in line and "Front" not in line
     m = re.search(r"Plans considered: ([\d,]+); evaluated: ([\d,]+); set aside: (.*?)(; splits not tried: .*?)? Fastest", line)
     assert m, line
     considered, evaluated = (int(x.replace(",", "")) for x in m.groups()[:2])
@@ -311,6 +305,7 @@ def test_the_export_is_the_fastest_plan_inside_the_trainer_s_validated_scope(tmp
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     exported = d["exported_plan"]
+    assert exported == d["recommended_plan"]  # what the terminal names first
     assert not any("outside" in n for n in exported["notes"])
     inside = [p for p in d["plans"] if not any("outside" in n for n in p["notes"])]
     assert exported["predicted"]["step_time_s"] == inside[0]["predicted"]["step_time_s"]  # the fastest plan inside the scope
@@ -405,3 +400,18 @@ def test_calibrate_names_a_timer_that_is_not_a_number(tmp_path, value):
     ])
     msg = " ".join(r.stderr.split())
     assert r.exit_code == 2 and f"line 14: timer 'generation' reads {value[:-1]!r}, not a number of seconds" in msg, r.output
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_tune_rl_names_its_plan_first_and_fits_the_terminal(terminal, width):
+    """The recommended plan comes first; the tables keep the columns that fit (no line wider, no cell cut) and a legend
+    defines the ones shown."""
+    fits = terminal(width)
+    r = CliRunner().invoke(app, ["rl", *JOB, "--no-colocated", "--rollout-gpus", "16", "--async-steps", "1", "--top", "3"])
+    assert r.exit_code == 0, r.output
+    lines = fits(r.output)
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("Recommended plan (predicted, plan "))
+    assert first < next(i for i, ln in enumerate(lines) if ln.startswith("Fastest plans"))
+    head = next(ln for ln in lines if ln.lstrip().startswith("#  GPUs"))
+    assert (head.split()[:5] == ["#", "GPUs", "engines", "trainer", "K"]) if width == 80 else ("logprob" in head)
+    assert "GPUs: rollout+trainer GPUs" in " ".join(r.output.split()) and "docs/rl.md#reading-the-output" in r.output

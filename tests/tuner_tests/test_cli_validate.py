@@ -49,7 +49,7 @@ def test_validate_trials_predicts_each_stack_with_its_calibration(tmp_path):
     assert d["summary"]["te"]["rows"] == 4 and d["summary"]["no_te"]["rows"] == len(no_te)
     # the table form prints the same summary
     r = runner.invoke(app, ["validate", "--trials", str(TE_SWEEP)])
-    assert r.exit_code == 0 and "step median |error|" in r.output and "mm-fp8-delayed" in r.output
+    assert r.exit_code == 0 and "step median" in r.output and "mm-fp8-delayed" in r.output
 
 
 @pytest.mark.parametrize(

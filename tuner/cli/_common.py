@@ -21,15 +21,21 @@ from typing import Annotated, Any, ClassVar
 
 import typer
 import typer.main
+import typer.rich_utils
+from rich.columns import Columns
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
+from rich.padding import Padding
+from rich.table import Table
+from rich.text import Text
 from typer.core import TyperGroup
 
 from specs.errors import InfeasibleLayout, TunerError
 
 __all__ = [
     "GIB", "DEBUG_ENV", "CliState", "TuneGroup", "out", "err", "error_message", "require", "shell_command", "study_flags",
-    "check_study_name", "load_study", "recorded_storage", "study_context", "fmt_int",
+    "check_study_name", "load_study", "recorded_storage", "study_context", "fmt_int", "Col", "fitted_table", "say",
 ]
 
 # The terminal's width, or COLUMNS when the output is piped (80 when that is not set), as rich does by default.
@@ -79,6 +85,28 @@ def _red(text: str) -> None:
 def _traceback(e: BaseException) -> None:
     sys.stderr.write("".join(traceback.format_exception(type(e), e, e.__traceback__)))
     sys.stderr.flush()
+
+
+class _FoldingHelpTable(Table):
+    """The tables of typer's ``--help`` panels, whose cells fold instead of being cut with ``…`` in a narrow terminal
+    (typer leaves its option columns at rich's default overflow, ellipsis: typer/rich_utils.py, 0.29)."""
+
+    def add_row(self, *renderables: Any, **kwargs: Any) -> None:
+        super().add_row(*renderables, **kwargs)
+        for column in self.columns:
+            column.overflow = "fold"
+
+
+def _folding_help_columns(renderables: Any = None, *args: Any, **kwargs: Any) -> Columns:
+    """An option's help in typer's ``--help`` (rich ``Columns``), its words folded rather than cut with ``…``."""
+    for r in renderables or ():
+        if isinstance(r, Text) and r.overflow is None:
+            r.overflow = "fold"
+    return Columns(renderables, *args, **kwargs)
+
+
+typer.rich_utils.Table = _FoldingHelpTable  # type: ignore[misc]
+typer.rich_utils.Columns = _folding_help_columns  # type: ignore[assignment]
 
 
 class TuneGroup(TyperGroup):
@@ -225,6 +253,59 @@ def print_command(*words: Any, indent: int = 2) -> None:
     lines.append(cur)
     for ln in lines:
         out.print(ln, markup=False, soft_wrap=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Col:
+    """One column of :func:`fitted_table`: its header, ``"left"`` or ``"right"``, and when it goes at a narrow width
+    (``drop`` 0: never; otherwise the highest ``drop`` goes first)."""
+
+    header: str
+    justify: str = "left"
+    drop: int = 0
+
+
+def fitted_table(cols: Sequence[Col], rows: Sequence[Sequence[str]], console: Console | None = None) -> Table:
+    """A borderless table (the main job's style) of the columns that fit ``console``'s width (default :data:`out`).
+
+    Optional columns (``drop`` > 0) leave, highest ``drop`` first, until the widest row fits; the others always stay
+    and fold rather than cut (no ``…``). Each row holds one string per column of ``cols``; what a narrow terminal
+    leaves out belongs in the command's ``--json``.
+    """
+    console = console or out
+    keep = list(range(len(cols)))
+
+    def build() -> Table:
+        t = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
+        for i in keep:
+            t.add_column(cols[i].header, justify="right" if cols[i].justify == "right" else "left", overflow="fold")
+        for r in rows:
+            t.add_row(*(r[i] for i in keep))
+        return t
+
+    def width(t: Table) -> int:  # unwrapped (console.measure would clamp it to the console)
+        return Measurement.get(console, console.options.update_width(1 << 16), t).maximum
+
+    t = build()
+    for i in sorted((i for i, c in enumerate(cols) if c.drop), key=lambda i: -cols[i].drop):
+        if width(t) <= console.width:
+            break
+        keep.remove(i)
+        t = build()
+    return t
+
+
+def say(text: str, *, label: str = "", indent: int = 2, markup: bool = True, console: Console | None = None) -> None:
+    """Print ``text`` ``indent`` spaces in, after ``label`` (``note:``) if given, its wrapped lines under its first word
+    (a hanging indent): a long line reads as one paragraph of whole words at any width."""
+    console = console or out
+    body = Text.from_markup(text) if markup else Text(text)
+    g = Table.grid(padding=(0, 1, 0, 0))
+    if label:
+        g.add_column(no_wrap=True)
+    g.add_column(overflow="fold")
+    g.add_row(*([Text.from_markup(label) if markup else Text(label)] if label else []), body)
+    console.print(Padding(g, (0, 0, 0, indent)))
 
 
 def study_flags(study: str, results_dir: Path) -> list[str]:

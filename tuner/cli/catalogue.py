@@ -2,43 +2,64 @@
 
 from __future__ import annotations
 
-import typer
-from rich.table import Table
+import json
+import sys
+from typing import Annotated
 
-from tuner.cli._common import GIB, out
+import typer
+
+from tuner.cli._common import GIB, Col, fitted_table, out
 
 __all__ = ["app", "models", "gpus"]
 
 app = typer.Typer()
 
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the list as JSON (every field, at any width).")]
+
 
 @app.command()
-def models() -> None:
+def models(as_json: JsonOpt = False) -> None:
     """List the bundled model presets."""
     from specs import list_models, load_model
 
-    t = Table(title="bundled models (or give --model path/to/config.json)", title_justify="left")
-    for col in ("name", "layers", "hidden", "heads/groups", "experts (top-k)", "active params", "total params", "source"):
-        t.add_column(col, overflow="fold")
+    rows = []
     for n in list_models():
         m = load_model(n)
-        t.add_row(n, str(m.num_layers), str(m.hidden_size), f"{m.num_attention_heads}/{m.num_query_groups}",
-                  f"{m.num_experts} ({m.moe_router_topk})" if m.is_moe else "dense",
-                  f"{m.active_params() / 1e9:.2f} B", f"{m.total_params() / 1e9:.1f} B", m.source.split(" ")[0])
-    out.print(t)
+        rows.append({"name": n, "layers": m.num_layers, "hidden": m.hidden_size, "heads": m.num_attention_heads,
+                     "query_groups": m.num_query_groups, "experts": m.num_experts if m.is_moe else 0,
+                     "topk": m.moe_router_topk if m.is_moe else 0, "active_params": m.active_params(),
+                     "total_params": m.total_params(), "source": m.source.split(" ")[0]})
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    out.print("Bundled models (or give --model path/to/config.json); parameters in billions")
+    cols = [Col("name"), Col("layers", "right"), Col("hidden", "right", 2), Col("heads/groups", "left", 3),
+            Col("experts (top-k)"), Col("active", "right"), Col("total", "right"), Col("source", "left", 4)]
+    out.print(fitted_table(cols, [[r["name"], str(r["layers"]), str(r["hidden"]), f"{r['heads']}/{r['query_groups']}",
+                                   f"{r['experts']} ({r['topk']})" if r["experts"] else "dense", f"{r['active_params'] / 1e9:.2f}",
+                                   f"{r['total_params'] / 1e9:.1f}", r["source"]] for r in rows]))
 
 
 @app.command()
-def gpus() -> None:
+def gpus(as_json: JsonOpt = False) -> None:
     """List the bundled GPU types and their datasheet numbers."""
     from specs import list_gpus, load_gpu
 
-    t = Table(title="bundled GPUs", title_justify="left")
-    for col in ("name", "memory GiB", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM TB/s", "NVLink GB/s/dir", "per node", "NVLink domain"):
-        t.add_column(col)
+    rows = []
     for n in list_gpus():
         g = load_gpu(n)
-        t.add_row(g.name, f"{g.hbm_bytes / GIB:.1f}", f"{g.peak_flops_bf16 / 1e12:.0f}", f"{g.peak_flops_fp8 / 1e12:.0f}" if g.peak_flops_fp8 else "-",
-                  f"{g.hbm_bytes_per_s / 1e12:.2f}", f"{g.nvlink_bytes_per_s / 1e9:.0f}", str(g.gpus_per_node), str(g.nvlink_domain))
-    out.print(t)
-    out.print("Dense (non-sparse) peaks from NVIDIA datasheets; memory as nvidia-smi reports it. Sources: specs/data/gpus/*.yaml")
+        rows.append({"name": g.name, "memory_gib": g.hbm_bytes / GIB, "bf16_tflops": g.peak_flops_bf16 / 1e12,
+                     "fp8_tflops": g.peak_flops_fp8 / 1e12 if g.peak_flops_fp8 else None, "hbm_tb_per_s": g.hbm_bytes_per_s / 1e12,
+                     "nvlink_gb_per_s_per_direction": g.nvlink_bytes_per_s / 1e9, "gpus_per_node": g.gpus_per_node,
+                     "nvlink_domain": g.nvlink_domain})
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    out.print("Bundled GPUs: dense (non-sparse) peaks from NVIDIA datasheets; memory as nvidia-smi reports it "
+              "(specs/data/gpus/*.yaml). NVLink: GB/s per direction; domain: GPUs one NVLink domain joins.")
+    cols = [Col("name"), Col("GiB", "right"), Col("bf16 TFLOP/s", "right"), Col("fp8 TFLOP/s", "right"), Col("HBM TB/s", "right"),
+            Col("NVLink", "right"), Col("per node", "right", 1), Col("domain", "right")]
+    out.print(fitted_table(cols, [[r["name"], f"{r['memory_gib']:.1f}", f"{r['bf16_tflops']:.0f}",
+                                   "-" if r["fp8_tflops"] is None else f"{r['fp8_tflops']:.0f}", f"{r['hbm_tb_per_s']:.2f}",
+                                   f"{r['nvlink_gb_per_s_per_direction']:.0f}", str(r["gpus_per_node"]), str(r["nvlink_domain"])]
+                                  for r in rows]))

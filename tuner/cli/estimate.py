@@ -9,7 +9,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from cost_model.fidelity import gaps
 from cost_model.uncertainty import error_bars
@@ -17,6 +16,7 @@ from specs.errors import InfeasibleLayout, TunerError
 from tuner.cli._common import (
     GIB,
     CalOpt,
+    Col,
     GbsOpt,
     GpusOpt,
     HeadroomOpt,
@@ -32,9 +32,11 @@ from tuner.cli._common import (
     RunChoice,
     SeqOpt,
     err,
+    fitted_table,
     out,
     require,
     run_options,
+    say,
 )
 from tuner.cli._layout import LayoutFlags, apply_layout_string, layout_options, split_hint
 
@@ -178,7 +180,7 @@ def estimate(
         sys.stdout.write(json.dumps(d, indent=2) + "\n")
         return
     out.print(f"[bold]{lay.label}[/] ({escape(m.name)} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}) - [bold]predicted[/] by the analytical model")
-    out.print(f"  recompute {lay.recompute_label}, offload {lay.offload_label}, {lay.dispatcher.value} dispatcher, micro-batch {lay.micro_batch_size}")
+    say(f"recompute {lay.recompute_label}, offload {lay.offload_label}, {lay.dispatcher.value} dispatcher, micro-batch {lay.micro_batch_size}")
     out.print(f"  {escape(stack.line)}" + (f"; task {w.task}" + (f", LoRA rank {w.lora_rank} on {','.join(w.lora_target_modules)}"
                                                                   if w.task == "lora" else "") if w.task != "pretrain" else ""))
     if d["pipeline_model_parallel_layout"]:
@@ -192,24 +194,18 @@ def estimate(
         fit = ("fits" if mhi <= e.hbm_bytes else "[red]does NOT fit[/]" if mlo > e.hbm_bytes else "[yellow]may not fit[/]")
     out.print(f"  peak {e.peak_gib:.1f} GiB (90%: {mlo / GIB:.1f}-{mhi / GIB:.1f}) of {e.hbm_bytes / GIB:.1f} GiB: {fit}")
     host = "fits" if e.host_fits else "[red]does NOT fit[/]"
-    out.print(f"  predicted host memory {e.host_bytes_per_node / GIB:,.1f} GiB per node of {c.host_memory_bytes_per_node / GIB:,.0f} GiB ({host}); "
-              f"network {escape(c.network_label)}; megatron-core {opts.megatron_core} rules")
+    say(f"predicted host memory {e.host_bytes_per_node / GIB:,.1f} GiB per node of {c.host_memory_bytes_per_node / GIB:,.0f} GiB ({host})")
+    say(f"network {escape(c.network_label)}; megatron-core {opts.megatron_core} rules")
     for wline in d["warnings"]:
-        out.print(f"  [yellow]warning:[/] {escape(wline)}")
+        say(escape(wline), label="[yellow]warning:[/]")
     for g in found:
-        out.print(f"  note: {escape(g.line)}")
-    t = Table(title="predicted memory per GPU (worst pipeline rank)", title_justify="left")
-    t.add_column("part")
-    t.add_column("GiB", justify="right")
-    for k, v in e.memory.items():
-        t.add_row(k, f"{v / GIB:.2f}")
-    out.print(t)
-    t = Table(title="predicted step time", title_justify="left")
-    t.add_column("part")
-    t.add_column("s", justify="right")
-    for k, v in e.time.items():
-        t.add_row(k, f"{v:.3f}")
-    out.print(t)
+        say(escape(g.line), label="note:")
+    # memory and step time side by side, by part (both predicted)
+    mem = [(k, f"{v / GIB:.2f}") for k, v in e.memory.items()]
+    tim = [(k, f"{v:.3f}") for k, v in e.time.items()]
+    rows = [[*(mem[i] if i < len(mem) else ("", "")), *(tim[i] if i < len(tim) else ("", ""))] for i in range(max(len(mem), len(tim)))]
+    out.print("Predicted by part: memory per GPU (worst pipeline rank) and step time")
+    out.print(fitted_table([Col("memory"), Col("GiB", "right"), Col("step time"), Col("s", "right")], rows))
 
 
 @app.command()

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from specs import parse_gpus
 from specs.errors import TunerError
-from tuner.cli._common import CliState, ForceOpt, ResultsOpt, err, load_study, out, shell_command, study_context
+from tuner.cli._common import CliState, Col, ForceOpt, ResultsOpt, err, fitted_table, load_study, out, shell_command, study_context
 
 __all__ = ["app", "validate", "calibrate"]
 
@@ -107,27 +107,27 @@ def _trials(trials: list[Path], calibration: Path | None, as_json: bool, rows: b
     if as_json:
         return data
     if rows:
-        t = Table(title="real trials: predicted vs measured (step time; peak memory against the reserved peak)", title_justify="left")
-        for c in ("row", "label", "model", "GPUs", "prec.", "TE", "step meas.", "step pred.", "error", "reserved GiB", "pred. GiB", "error"):
-            t.add_column(c, justify="right" if c not in ("row", "label", "model", "GPUs", "prec.", "TE") else "left")
-        for p in preds:
-            t.add_row(p.row.source, p.row.label, p.row.model.name, p.row.gpus, str(p.row.workload.precision), "yes" if p.row.transformer_engine else "no",
-                      f"{p.row.step_time_s:.3f}", f"{p.step_time_s:.3f}", _pct(p.step_error), f"{p.row.peak_reserved_gib:.2f}",
-                      f"{p.peak_gib:.2f}", _pct(p.memory_error))
-        out.print(t)
+        out.print("Real trials, measured and predicted: step time (s) and peak memory (GiB; measured: the reserved peak)")
+        cols = [Col("row", "left", 6), Col("label"), Col("model", "left", 5), Col("GPUs", "left", 4), Col("prec.", "left", 3),
+                Col("TE", "left", 2), Col("step s", "right"), Col("pred.", "right"), Col("error", "right"), Col("peak GiB", "right"),
+                Col("pred.", "right"), Col("error", "right", 1)]
+        out.print(fitted_table(cols, [[p.row.source, p.row.label, p.row.model.name, p.row.gpus, str(p.row.workload.precision),
+                                       "yes" if p.row.transformer_engine else "no", f"{p.row.step_time_s:.3f}", f"{p.step_time_s:.3f}",
+                                       _pct(p.step_error), f"{p.row.peak_reserved_gib:.2f}", f"{p.peak_gib:.2f}", _pct(p.memory_error)]
+                                      for p in preds]))
     for line in skipped:
         err.print(f"[yellow]left out:[/] {escape(line)}")
-    t = Table(title="summary (Spearman: step time over the rows)", title_justify="left")
-    for c in ("stack", "rows", "step median |error|", "step max", "Spearman", "memory median |error|", "memory max"):
-        t.add_column(c)
+    out.print("Summary: |error| of step time and peak memory, median and max; Spearman of step time over the rows")
+    srows = []
     for k in ("all", "te", "no_te"):
         v = summ[k]
         if not v["rows"]:
             continue
-        t.add_row(k.replace("_", "-"), str(v["rows"]), f"{v['step_median_abs_error'] * 100:.1f}%", f"{v['step_max_abs_error'] * 100:.1f}%",
-                  "-" if not math.isfinite(v["step_spearman"]) else f"{v['step_spearman']:+.2f}",
-                  f"{v['memory_median_abs_error'] * 100:.1f}%", f"{v['memory_max_abs_error'] * 100:.1f}%")
-    out.print(t)
+        srows.append([k.replace("_", "-"), str(v["rows"]), f"{v['step_median_abs_error'] * 100:.1f}%", f"{v['step_max_abs_error'] * 100:.1f}%",
+                      "-" if not math.isfinite(v["step_spearman"]) else f"{v['step_spearman']:+.2f}",
+                      f"{v['memory_median_abs_error'] * 100:.1f}%", f"{v['memory_max_abs_error'] * 100:.1f}%"])
+    out.print(fitted_table([Col("stack"), Col("rows", "right"), Col("step median", "right"), Col("step max", "right"), Col("Spearman", "right"),
+                            Col("memory median", "right"), Col("memory max", "right")], srows))
     sp = summ["run_spread"]
 
     def n(k: int, what: str) -> str:
@@ -193,32 +193,32 @@ def validate(
         sys.stdout.write(_strict_json(result) + "\n")
         return
     if rows:
-        t = Table(title="predicted vs published (every prediction is the analytical model's; published numbers are measured)", title_justify="left")
-        for c in ("id", "model", "GPUs", "precision", "layout", "metric", "published", "predicted", "error", "fits"):
-            t.add_column(c, justify="right" if c in ("GPUs", "published", "predicted", "error") else "left")
+        out.print("Predicted (the analytical model) vs published (measured): tokens/s/GPU, or TFLOP/s/GPU where a run "
+                  "publishes no tokens/s (unit)")
+        cols = [Col("id", "left", 6), Col("model"), Col("GPUs", "right"), Col("prec.", "left", 3), Col("layout"), Col("unit", "left", 5),
+                Col("published", "right"), Col("predicted", "right"), Col("error", "right"), Col("fits", "left", 2)]
+        prows = []
         for p in preds:
             r = p.run
-            metric = "tokens/s/GPU" if r.metric == "tokens" else "TFLOP/s/GPU"
-            t.add_row(r.run_id, r.model.name, f"{r.num_gpus}x{r.gpu_type}", r.precision, r.layout.label + (f" {r.layout.dispatcher.value}" if r.model.is_moe else ""),
-                      metric, f"{p.published:,.1f}", f"{p.predicted:,.1f}", _pct(p.error), "yes" if p.fits else "no")
-        out.print(t)
+            prows.append([r.run_id, r.model.name, f"{r.num_gpus}x{r.gpu_type}", r.precision,
+                          r.layout.label + (f" {r.layout.dispatcher.value}" if r.model.is_moe else ""),
+                          "tok/s" if r.metric == "tokens" else "TFLOP/s", f"{p.published:,.1f}", f"{p.predicted:,.1f}", _pct(p.error),
+                          "yes" if p.fits else "no"])
+        out.print(fitted_table(cols, prows))
     unrep = [r for r in runs if r.unrepresentable]
     if unrep:
-        t = Table(title=f"runs the model cannot represent ({len(unrep)}): listed, not estimated", title_justify="left")
-        for c in ("id", "model", "GPUs", "reason"):
-            t.add_column(c)
-        for r in unrep:
-            t.add_row(r.run_id, r.model_name, f"{r.num_gpus}x{r.gpu_type}", r.unrepresentable)
-        out.print(t)
-    t = Table(title="summary per GPU type and precision (Spearman: within each model's rows that differ in layout, >= 3 layouts)", title_justify="left")
-    for c in ("GPU", "precision", "runs", "median |error|", "MAPE", "Spearman per model"):
-        t.add_column(c)
+        out.print(f"Runs the model cannot represent ({len(unrep)}): listed, not estimated")
+        out.print(fitted_table([Col("id", "left", 2), Col("model"), Col("GPUs", "left", 1), Col("reason")],
+                               [[r.run_id, r.model_name, f"{r.num_gpus}x{r.gpu_type}", str(r.unrepresentable)] for r in unrep]))
+    out.print("Summary per GPU type and precision (Spearman: within each model's rows that differ in layout, >= 3 layouts)")
+    grows = []
     for s in summarize(preds):
         rho = ", ".join(f"{m} {v:+.2f}" for m, v in s["spearman"].items()) or "-"
-        t.add_row(s["group"][0], s["group"][1], str(s["rows"]), f"{s['median_abs_error'] * 100:.1f}%", f"{s['mape'] * 100:.1f}%", rho)
+        grows.append([s["group"][0], s["group"][1], str(s["rows"]), f"{s['median_abs_error'] * 100:.1f}%", f"{s['mape'] * 100:.1f}%", rho])
     allp = summarize(preds, key=lambda p: ("all", "all"))[0]
-    t.add_row("all", "all", str(allp["rows"]), f"{allp['median_abs_error'] * 100:.1f}%", f"{allp['mape'] * 100:.1f}%", "")
-    out.print(t)
+    grows.append(["all", "all", str(allp["rows"]), f"{allp['median_abs_error'] * 100:.1f}%", f"{allp['mape'] * 100:.1f}%", ""])
+    out.print(fitted_table([Col("GPU"), Col("prec."), Col("runs", "right"), Col("median |error|", "right"), Col("MAPE", "right"),
+                            Col("Spearman per model")], grows))
     out.print(f"{len(preds)} runs estimated, {len(unrep)} not representable (listed above), {_bad_rows(problems)} rows with unreadable cells (on stderr); "
               f"predicted not to fit at 0% headroom: {sum(1 for p in preds if not p.fits)}. "
               f"Calibration: {calibration or 'shipped (cost_model/data/calibration.yaml)'}")

@@ -8,11 +8,23 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from cost_model.uncertainty import memory_headroom as headroom_for
 from specs.errors import TunerError
-from tuner.cli._common import ForceOpt, ResultsOpt, StorageOpt, StudyNameOpt, err, load_study, out, shell_command, study_context, study_flags
+from tuner.cli._common import (
+    Col,
+    ForceOpt,
+    ResultsOpt,
+    StorageOpt,
+    StudyNameOpt,
+    err,
+    fitted_table,
+    load_study,
+    out,
+    shell_command,
+    study_context,
+    study_flags,
+)
 from tuner.cli._front import print_front, print_ties
 from tuner.verify import stored_correctness
 
@@ -74,9 +86,7 @@ def pareto(
     print_ties(rows, front[0])
     real = [t for t in st.trials if "pruned" in t.user_attrs or ("failure" in t.user_attrs and "pred_peak_gib" in t.user_attrs["failure"])]
     if any("pred_tokens_per_s_per_gpu" in r for r in rows) and ("measured" in srcs or real):
-        t = Table(title="predicted vs measured (every real trial)", title_justify="left")
-        for col in ("trial", "layout", "outcome", "pred tokens/s/GPU", "meas tokens/s/GPU", "err %", "pred GiB", "meas GiB"):
-            t.add_column(col)
+        out.print("Predicted vs measured, every real trial (tokens/s/GPU; peak GiB)")
         lines = [(r["trial"], r["label"], "measured", r["pred_tokens_per_s_per_gpu"], r["tokens_per_s_per_gpu"], r["pred_peak_gib"], r["peak_gib"])
                  for r in rows if r.get("source") == "measured"]
         for tr in real:
@@ -86,10 +96,13 @@ def pareto(
                 lines.append((tr.number, a["label"], "pruned", a["pred_tokens_per_s_per_gpu"], tps[len(tps) // 2], a["pred_peak_gib"], float("nan")))
             else:
                 lines.append((tr.number, a["label"], a["kind"], a["pred_tokens_per_s_per_gpu"], float("nan"), a["pred_peak_gib"], a.get("memory_reached_gib", float("nan"))))
+        cells = []
         for n, label, outcome, ptps, mtps, pgib, mgib in sorted(lines):
             rel = f"{(ptps / mtps - 1) * 100:+.1f}" if mtps == mtps and mtps else "-"
-            t.add_row(str(n), label, outcome, f"{ptps:,.1f}", f"{mtps:,.1f}" if mtps == mtps else "-", rel, f"{pgib:.1f}", f"{mgib:.1f}" if mgib == mgib else "-")
-        out.print(t)
+            cells.append([str(n), label, outcome, f"{ptps:,.1f}", f"{mtps:,.1f}" if mtps == mtps else "-", rel, f"{pgib:.1f}",
+                          f"{mgib:.1f}" if mgib == mgib else "-"])
+        out.print(fitted_table([Col("trial", "right"), Col("layout"), Col("outcome"), Col("predicted", "right"), Col("measured", "right"),
+                                Col("err %", "right"), Col("pred. GiB", "right", 2), Col("GiB", "right", 1)], cells))
     for rec in st.user_attrs.get("recalibrations", []):
         if "error" in rec:
             out.print(f"refit after {rec['after_measured_trials']} measured trials failed ({rec['error']}); the previous constants were kept", markup=False)
