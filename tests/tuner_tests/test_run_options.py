@@ -265,6 +265,35 @@ def test_the_main_job_from_the_seed_launch(tmp_path):
     assert rec["stack"]["preset"] == "slime" and "--lr" in rec["stack"]["user_args"]
 
 
+def test_estimate_from_the_seed_launch_is_the_explicit_flags_estimate():
+    """`tune estimate --from` takes the launch's layout and options: the numbers of the explicit flags, and the launch's
+    arguments as read."""
+    d = _estimate("--from", str(SEED_LAUNCH), "--gpus", "H200")
+    explicit = _estimate(*SEED_FLAGS)
+    assert (d["tokens_per_s_per_gpu"], d["peak_gib"]) == (explicit["tokens_per_s_per_gpu"], explicit["peak_gib"])
+    assert d["pipeline_model_parallel_layout"] == "Et|(tt|)*30tL" and d["stack"] == "slime"
+    assert d["launch"]["not_understood"] == [] and "--lr" in d["launch"]["no_effect"]
+
+
+def test_estimate_from_with_a_layout_flag_replaces_the_launchs_pipeline_split():
+    """--pp given here drops the launch's layout string (its split is for PP 8); the rest of the launch stays."""
+    args = ["--pp", "4", "--first-stage-layers", "15", "--last-stage-layers", "15"]
+    d = _estimate("--from", str(SEED_LAUNCH), "--gpus", "H200", *args)
+    explicit = _estimate(*SEED_FLAGS[:4], "--ep", "8", "--recompute", "full", *args)
+    assert d["layout"] == explicit["layout"] and d["tokens_per_s_per_gpu"] == explicit["tokens_per_s_per_gpu"]
+
+
+def test_timeline_from_the_seed_launch_is_the_explicit_flags_trace(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    r = runner.invoke(app, ["timeline", "--from", str(SEED_LAUNCH), "--gpus", "H200", "--out", str(a)])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["timeline", *SEED_FLAGS, "--out", str(b)])
+    assert r.exit_code == 0, r.output
+    assert a.read_text() == b.read_text()
+    r = runner.invoke(app, ["timeline", "--from", str(SEED_LAUNCH), "--study", "s", "--results-dir", str(tmp_path)])
+    assert r.exit_code == 2 and "leave out the layout flags, --from" in r.output
+
+
 def test_a_megatron_bridge_override_yaml_is_read_setting_by_setting():
     fi = _from(ROOT / "tests/fixtures/launch/bridge_override.yaml", gpus="16xH100", model="Qwen3-30B-A3B")
     lf = fi.launch
