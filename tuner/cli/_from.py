@@ -76,7 +76,12 @@ def launch_inputs(path: Path, ctx: Any, *, model: str | None, gpus: str | None, 
     from tuner.cli._layout import LayoutFlags, apply_layout_string
     from tuner.launch_file import read_launch
 
-    lf = read_launch(path, model=model)
+    def default(param: str) -> bool:
+        src = ctx.get_parameter_source(param) if ctx is not None else None
+        return src is None or src.name in ("DEFAULT", "DEFAULT_MAP")
+
+    lf = read_launch(path, model=model, gpus=gpus, precision=None if default("precision") else precision,
+                     fp8_recipe=run.flags.fp8_recipe)
     label = f"--from {str(path)!r}"
     name = model or lf.model
     if not name:
@@ -96,10 +101,6 @@ def launch_inputs(path: Path, ctx: Any, *, model: str | None, gpus: str | None, 
     if count and cluster.num_gpus != count:
         raise TunerError(f"{label}: the file runs on {count} GPUs ({where}) but --gpus {gpus} has {cluster.num_gpus}; "
                          "give --gpus with the GPU alone (--gpus H200) or the file's count")
-
-    def default(param: str) -> bool:
-        src = ctx.get_parameter_source(param) if ctx is not None else None
-        return src is None or src.name in ("DEFAULT", "DEFAULT_MAP")
 
     seq_len = lf.seq_length if lf.seq_length and default("seq_len") else seq_len
     global_batch = lf.global_batch_size if lf.global_batch_size and default("global_batch") else global_batch
