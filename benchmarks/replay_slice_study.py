@@ -47,7 +47,8 @@ def _codes(layouts: list[dict[str, Any]]) -> np.ndarray:
     return np.asarray(cols, dtype=np.int64).T if cols else np.zeros((len(layouts), 1), dtype=np.int64)
 
 
-def replay(cases: dict[str, dict[str, Any]], *, hbm_gib: float, order: int, live: Any = None) -> dict[str, Any]:
+def replay(cases: dict[str, dict[str, Any]], *, hbm_gib: float, order: int, live: Any = None,
+           gpu_hours: float | None = None) -> dict[str, Any]:
     from cost_model.uncertainty import error_bars
     from specs import load_model, parse_gpus
     from tuner.study.policy import GainPolicy, PolicyParams
@@ -62,7 +63,7 @@ def replay(cases: dict[str, dict[str, Any]], *, hbm_gib: float, order: int, live
         peak_bytes=np.array([(cases[n]["pred_peak_gib"] or 0.0) * GIB for n in names], float),
         codes=_codes([cases[n]["layout"] for n in names]), hbm_bytes=hbm_gib * GIB, gpus=1,
         params=PolicyParams(sigma=bars.throughput.sigma, bias=bars.throughput.mu, memory_sigma=bars.memory.sigma,
-                            startup_s=60.0, steps=8, max_runs=2, max_trials=40))
+                            startup_s=60.0, steps=8, max_runs=2, max_trials=40, gpu_hours=gpu_hours))
     used = dict.fromkeys(names, 0)
     trials = []
     while True:
@@ -117,7 +118,7 @@ def _live(cases: dict[str, dict[str, Any]], hbm_gib: float) -> dict[str, Any]:
 
     # the policy sees only its own live runs; the recorded runs are the reference
     fresh = {n: {**c, "runs": []} for n, c in cases.items()}
-    out = replay(fresh, hbm_gib=hbm_gib, order=0, live=run)
+    out = replay(fresh, hbm_gib=hbm_gib, order=0, live=run, gpu_hours=9 / 60)  # within one 10-minute device call
     ok = {n: [r["tokens_per_s_per_gpu"] for r in c["runs"] if r.get("status") == "ok"] for n, c in cases.items()}
     means = {n: statistics.mean(v) for n, v in ok.items() if v}
     best = max(means, key=lambda n: means[n])
