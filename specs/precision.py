@@ -55,7 +55,7 @@ class Precision(str, Enum):
         """Bytes per element of an activation a quantised GEMM saves for its backward (its input, kept for
         the weight gradient), on a stack with Transformer Engine.
 
-        Measured on 1 x H200 (TE 2.20.2, megatron-core 0.19.2, 2026-12-01,
+        Measured on 1 x H200 (TE 2.20.2, megatron-core 0.19.2,
         ``benchmarks/results/h200_te_2026-12-01/call12/census.jsonl``, ``mm-fp8-delayed``): in fp8 the QKV
         GEMM's input (the fused norm's output), the output projection's input and the experts' fc1 / fc2
         inputs are saved as ``uint8`` column-wise copies, 1 B per element (TE ``Float8Tensor``; Hopper

@@ -56,7 +56,7 @@ GEMM_PASSES = 3.0
 
 #: HBM bytes-equivalent per logit element of the loss, forward + backward, of each of megatron-core 0.19's
 #: cross-entropy paths (:attr:`specs.RunOptions.cross_entropy_path`). **Measured** on 1 x H200 (TE 2.20.2, torch 2.11,
-#: 2026-12-01, ``benchmarks/h200_ce.py``, rows in ``benchmarks/results/h200_te_2026-12-01/call20/ce.jsonl``): the
+#: ``benchmarks/h200_ce.py``, rows in ``benchmarks/results/h200_te_2026-12-01/call20/ce.jsonl``): the
 #: loss's forward + backward time on 8,192 x V bf16 logits, V = 128,256 .. 201,088, times the GPU's achieved copy
 #: bandwidth (3.75-4.22 TB/s), over the elements; the median of five vocabularies (spread within 3%, the first
 #: measured at 70.5 for ``unfused``). Reading the code gives the order, not the size: the unfused path makes about
@@ -65,7 +65,7 @@ GEMM_PASSES = 3.0
 CROSS_ENTROPY_BYTES_PER_LOGIT = {"unfused": 64.0, "native": 49.0, "te": 9.5}
 
 #: Core attention's speed by (q / k head dim, v head dim) relative to head dim 128, the same heads, kv groups and length.
-#: **Measured** on 1 x H200 (TE 2.20.2 cuDNN FusedAttention, bf16, causal, 2026-12-02; ``benchmarks/h200_attention.py``,
+#: **Measured** on 1 x H200 (TE 2.20.2 cuDNN FusedAttention, bf16, causal; ``benchmarks/h200_attention.py``,
 #: rows in ``benchmarks/results/h200_te_2026-12-02/call29/attn/attention.jsonl``, derived by ``--compare``): the GPU
 #: kernels' forward + backward time at 32 heads, 8 kv groups, 8,192 tokens, above the fixed part of a call
 #: (:attr:`cost_model.calibration.Calibration.attention_call_macs`). (192, 128) is MLA's shape (DeepSeek-V3, Kimi-K2).
