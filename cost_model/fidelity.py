@@ -45,45 +45,7 @@ def gaps(layout: Layout, model: ModelSpec | None = None, gpu: GPUSpec | None = N
     """Measured gaps of the estimate that apply to ``layout`` (and ``model`` and ``gpu`` when given), one line each
     (empty when none apply). ``calibration`` (default: the shipped one) is the one the estimate used.
 
-    - Blackwell Ultra (``GPUSpec.generation``, B300 / GB300): its compute is priced through a factor fitted to
-      NVIDIA's published runs (:attr:`cost_model.calibration.Calibration.gemm_generation_factor_blackwell_ultra`), not
-      measured by this project (``benchmarks/results/2026-12-02_validation``).
-    - CPU optimizer offload: memory is priced from the allocator's view (``h200_te_2026-12-01/call20``-``22``; peak
-      +2.4% / +5.1%, host -3.1% / +0.3% at offload 0.5 / 1.0, on the rows it was read from), but the step was
-      predicted 14-25% too short, and with DP > 1 the first optimizer's clones are priced from the source only.
-      ``h200_te_2026-12-02/call30``-``31`` timed the primitives (``benchmarks/h200_cpu_adam.py``,
-      ``benchmarks/h200_offload.py``): fused CPU AdamW per thread, and, with the precision-aware optimizer, the
-      host-blocking copy of the fp32 masters from pageable memory (``optimizer/cpu_offloading/hybrid_optimizer.py``,
-      ``_get_sub_optimizer_param_groups``: ``.cpu().pin_memory()`` then ``.float()``); their sum is within -5% to +13%
-      of the optimizer's step on 1, 16 threads and both parameter kinds but for fp32 on 16 threads (+33%), and -10% of
-      a whole step's offload time. They are reported, not priced: priced from them, the seed's reference port (8
-      single-thread processes per node) would be 38% too fast.
-    - recompute (full, or selective ``moe``) on MoE layers (a MoE model, or no model given): timed on the decoder
-      alone (``h200_te_2026-12-01/call23``, ``benchmarks/h200_recompute.py``, no output layer or loss in the
-      difference) the extra time was 0.93-1.04x the predicted extra (MiniMax-M2 full 0.98, ``moe`` 0.93; Qwen3-30B-A3B
-      full 1.04; its ``moe`` 0.44 with a 5 ms spread between rounds); reseeded and re-run
-      (``h200_te_2026-12-01/call24``) MiniMax-M2 full 1.22, ``moe`` 1.24, Qwen3-30B-A3B full 0.51 and ``moe`` 0.38
-      with passes 30 ms apart (ratios under the shipped calibration: the release term and TE's partial CUDA graphs):
-      the 1-GPU MoE slices are host-bound (the profile had the GPU busy 44 of 77 ms of a MiniMax-M2 pass). As the
-      difference of two whole harness steps it was 0.8-2.3x on each of two machines
-      (``h200_te_2026-12-01/call20``-``22``, ``h200_te_2026-12-01/call25``). On a dense (MLA) layer full recompute
-      cost 1.06-1.08x, ``mlp`` 1.10-1.11x and ``core_attn`` 1.02-1.05x: no note.
-    - selective ``layernorm`` recompute on MoE layers: +5.4 ms per MiniMax-M2 layer per 8,192-token micro-batch
-      (rounds +3.4 and +7.4 ms) where the model prices 0.1 ms, Qwen3-30B-A3B +6.6 ms with a 6.4 ms spread
-      (``h200_te_2026-12-01/call23``); reseeded (``h200_te_2026-12-01/call24``) +4.0 and -15.3 ms with 9-11 ms between
-      rounds. By the GPU kernels' time (``h200_te_2026-12-02/call32``, ``PROFILE=all``) it added +0.8 and -1.0 ms:
-      host time, not GPU work. Full and ``moe`` recompute of MoE layers by kernels: 0.35-0.58x the predicted extra,
-      rounds within 2 ms (ratios under the shipped calibration).
-    - MLA (``kv_lora_rank`` > 0): with the fused RoPE a dense DeepSeek-V3 layer's forward + backward took 70.8 ms per
-      8,192-token micro-batch on the decoder alone against 63.9 ms predicted (the embedding's backward, about 3 ms, is
-      in the measured time and not in the predicted one). Timed alone, core attention with all 128 heads (no kv
-      grouping) ran 8-13% longer than MLA's shape at 32 heads, from which its factor comes
-      (``benchmarks/h200_attention.py``). The unfused RoPE (``apply_rope_fusion`` off, as the harness runs it) costs
-      5.23 ms more, priced (:func:`cost_model.terms.compute.mla_unfused_rope_time`), which brought ``mla_up_proj``
-      recompute from 3.3x to 1.08-1.09x.
-    - GPT-OSS's clamped quick-GEGLU: +0.010 s on a 0.51 s step of a 2-layer GPT-OSS-120B slice (about 2%;
-      ``h200_te_2026-12-01/call18``), not priced. Its attention sinks (+0.011 s there) are priced
-      (:attr:`cost_model.calibration.Calibration.attention_sink_extra_keys`: 0.006 s predicted).
+    What each gap measured, and where: ``docs/known_gaps.md`` (the section of each :attr:`Gap.id`).
     """
     out: list[Gap] = []
     if gpu is not None and gpu.generation == "blackwell_ultra":
