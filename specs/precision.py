@@ -28,11 +28,6 @@ class Precision(str, Enum):
         return self.value
 
     @property
-    def is_fp8(self) -> bool:
-        """True for the three fp8 recipes (GEMMs at the GPU's fp8 peak)."""
-        return self in (Precision.fp8, Precision.fp8_blockwise, Precision.mxfp8)
-
-    @property
     def low_precision_weight_bytes(self) -> float:
         """Bytes per parameter of the quantised weight copy kept beside the bf16 weight.
 
