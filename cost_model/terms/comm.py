@@ -68,10 +68,8 @@ EXPERT_GEMMS_BACKWARD = 4.0
 FP8_CURRENT_SCALING_KERNELS = 2.0
 
 #: Data-parallel bytes per parameter per step with the distributed optimizer: the fp32 gradient
-#: reduce-scatter and the bf16 parameter all-gather; without it an all-reduce = 2 reduce-scatters
-#: (megatron/core/distributed/param_and_grad_buffer.py).
+#: reduce-scatter and the bf16 parameter all-gather (megatron/core/distributed/param_and_grad_buffer.py).
 DISTOPT_BYTES_PER_PARAM = FP32_BYTES + BF16_BYTES
-ALLREDUCE_BYTES_PER_PARAM = 2 * FP32_BYTES
 
 #: Megatron FSDP bytes per parameter per micro-batch: bf16 parameters all-gathered for forward
 #: and again for backward, fp32 gradients reduce-scattered.
