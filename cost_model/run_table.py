@@ -254,8 +254,7 @@ def _num(raw: str, column: str, row: int, rid: str, problems: list[RowProblem], 
     return v
 
 
-#: ``key=value`` in a row's notes; keys may hold digits (``moe_a2a_overlap=True``; the digit-free pattern of the
-#: first cut could not read it, docs/production_sources.md F10).
+#: ``key=value`` in a row's notes; keys may hold digits (``moe_a2a_overlap=True``, docs/production_sources.md F10).
 _KV_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(\[[^\]]*\]|[^;|,\s]+)")
 
 
@@ -406,12 +405,11 @@ def _pipeline_split(model: ModelSpec, pp: int, vpp: int) -> tuple[int, int] | No
 
 
 
-def read_runs(paths: str | Path | Sequence[str | Path], *, calibration_only: bool = False) -> tuple[list[Run], list[RowProblem]]:
+def read_runs(paths: str | Path | Sequence[str | Path]) -> tuple[list[Run], list[RowProblem]]:
     """Read one or more run tables.
 
     Args:
         paths: CSV file(s) with :data:`REQUIRED_COLUMNS` (and any of the optional ones).
-        calibration_only: unused; kept for symmetry with :func:`predict_runs`.
 
     Returns:
         ``(runs, problems)``: one :class:`Run` per row whose cells could be read
