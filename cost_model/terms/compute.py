@@ -273,7 +273,7 @@ def core_attention_work(c: TableContext) -> Array:
     is not vanilla), plus the fixed part of a full-attention call
     (:attr:`~cost_model.calibration.Calibration.attention_call_macs` per sequence of the micro-batch, on the
     full-attention layers' share), over :func:`attention_head_dim_factor`. Measured with cuDNN's fused attention on
-    1 x H200 (TE 2.20.2, ``benchmarks/h200_attention.py``, docs/measurements.md "Eighth batch").
+    1 x H200 (TE 2.20.2, ``benchmarks/h200_attention.py``, ``benchmarks/results/h200_te_2026-12-02/call29``).
 
     Returns:
         MAC-equivalents per layer per micro-batch per GPU, ``(n, 1)``.
@@ -307,7 +307,7 @@ def core_attention_time(c: TableContext) -> Array:
     """Forward time of the attention kernel: :func:`core_attention_work` at ``attention_efficiency`` of the bf16 peak
     (the efficiency is the forward + backward average against a backward of 2 forwards; the fit's start from
     FlashAttention-2, Dao 2023; measured 0.239 at head dim 128 on 1 x H200
-    (docs/measurements.md, "Eighth batch"); the shipped fit on published runs, which did not see that measurement, 0.2375).
+    (``benchmarks/results/h200_te_2026-12-02/call29``); the shipped fit on published runs, which did not see that measurement, 0.2375).
 
     Returns:
         Seconds, ``(n, 1)``.
@@ -320,7 +320,7 @@ def grouped_gemm_efficiency(c: TableContext) -> Array:
     ``grouped_gemm_efficiency x rows / (rows + half)``, floored at ``grouped_gemm_efficiency_floor``, with
     ``rows = tokens x topk x etp x ep / (tp x E)`` and the half-point measured by expert shape,
     ``half = grouped_gemm_half_rows + grouped_gemm_half_rows_work / (hidden x moe_ffn / etp)`` (1 x H200,
-    docs/measurements.md, "Eleventh batch": a small expert needs more rows to fill the GPU).
+    ``benchmarks/results/h200_te_2026-12-02/call33``: a small expert needs more rows to fill the GPU).
 
     Returns:
         A fraction, ``(n, 1)``.
