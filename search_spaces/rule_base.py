@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -94,6 +95,23 @@ class Rule:
         """Why ``layout`` breaks this rule: the values involved and what would be accepted."""
         return str(self.explain_fn(layout, model, workload, env) if self.uses_env else self.explain_fn(layout, model, workload))
 
+
+
+#: Every rule, in the order :func:`rule` registered them (their order in :mod:`search_spaces.rule_checks`).
+REGISTERED: list[Rule] = []
+
+
+def rule(id: str, columns: tuple[str, ...], *, explain: ExplainFn) -> Callable[[CheckFn], CheckFn]:
+    """Register the decorated check as a :class:`Rule` named ``id``: its docstring is the rule's description (the
+    check it mirrors and its source), ``explain`` gives the reason for one failing layout, and a check of four
+    arguments reads the :class:`RuleEnv` (``uses_env``)."""
+
+    def register(check: CheckFn) -> CheckFn:
+        REGISTERED.append(Rule(id=id, description=" ".join((check.__doc__ or "").split()), columns=columns, check_fn=check,
+                               explain_fn=explain, uses_env=len(inspect.signature(check).parameters) == 4))
+        return check
+
+    return register
 
 
 # --------------------------------------------------------------------------- helpers
