@@ -404,11 +404,10 @@ def _read_constants(p: Path, base: Calibration) -> Calibration:
         hint = ("; YAML reads a number such as 1e30 as text: write it with a decimal point and a signed exponent (1.0e+30)"
                 if any(_numeric_text(data[k]) for k in bad) else "")
         raise TunerError(f"--calibration {str(p)!r}: values of {bad} are not numbers{hint}")
-    huge = sorted(k for k, v in data.items() if isinstance(v, int) and abs(v) > 2**1023)
-    if huge:  # an integer of hundreds of digits: float() overflows
-        raise TunerError(f"--calibration {str(p)!r}: values of {huge} are too large for a constant")
     try:
         return base.replace(**{k: float(v) for k, v in data.items()})
+    except OverflowError:  # an integer of hundreds of digits
+        raise TunerError(f"--calibration {str(p)!r}: a value is too large for a constant") from None
     except TunerError as e:
         raise TunerError(f"--calibration {str(p)!r}: {e}") from None
 

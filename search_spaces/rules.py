@@ -16,6 +16,9 @@ Rules that depend on more than the layout, the model and the workload read a :cl
 megatron-core release (rules that changed between releases, ``docs/megatron_versions.md``) and the
 cluster's network (which dispatchers run across its fabric, ``specs/data/networks.yaml``). Without one
 (the default) they check what every release and fabric accept.
+
+A rule is added in :mod:`search_spaces.rule_checks`: an explanation function and a check decorated with
+:func:`~search_spaces.rule_base.rule`, whose docstring is the rule's description (the check it mirrors and its source).
 """
 
 from __future__ import annotations
