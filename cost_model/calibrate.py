@@ -234,12 +234,6 @@ def _fold(train: Sequence[Run], test: Sequence[Run], start: Calibration, max_nfe
             "release_gain": gain}
 
 
-def relative_errors(pred: np.ndarray, pub: np.ndarray) -> np.ndarray:
-    """predicted / published - 1, elementwise."""
-    out: np.ndarray = np.asarray(pred) / np.asarray(pub) - 1.0
-    return out
-
-
 def _finite(x: float) -> bool:
     return isinstance(x, float) and math.isfinite(x)
 

@@ -2,7 +2,7 @@
 
 Every number the analytical model uses that is not a datasheet figure or an
 exact count lives here, as one field of :class:`Calibration`. A calibration file
-(YAML, ``{field: value}``) overrides them; ``tune calibrate`` (a later issue)
+(YAML, ``{field: value}``) overrides them; ``tune calibrate``
 fits them. The defaults below are the shipped calibration: what each one
 approximates, and what it was checked against, is in its docstring.
 
@@ -52,31 +52,32 @@ class Calibration:
     """Rows (token copies) per local expert at which grouped-GEMM efficiency halves for an expert of unbounded size:
     the constant part of the measured half-point ``grouped_gemm_half_rows + grouped_gemm_half_rows_work / (hidden x
     expert FFN per rank)``. Measured on 1 x H200 (torch 2.11 ``torch._grouped_mm``, bf16, forward + dgrad + wgrad,
-    the expert shapes of nine MoE models at 256-8192 rows; docs/measurements.md, "Eleventh batch"; the curve fitted by
+    the expert shapes of nine MoE models at 256-8192 rows; the curve fitted by
     ``python benchmarks/h200_grouped_gemm.py --fit benchmarks/results/h200_te_2026-12-02/call33/compare.json``, kept in
     ``rows_curve.json`` beside it), not fitted to the published runs."""
     grouped_gemm_half_rows_work: float = 1.226e9
     """The shape-dependent part of the grouped GEMM's half-point, in rows x hidden x expert FFN (elements): an
     expert of ``hidden x ffn`` halves its efficiency ``grouped_gemm_half_rows_work / (hidden x ffn)`` rows later
     (Qwen3-30B-A3B's 2048 x 768 expert at ~870 rows, DeepSeek-V3's 7168 x 2048 at ~130). Measured with
-    ``grouped_gemm_half_rows`` (same batch: the two-constant curve fits the 54 measured points at 4.2% median,
+    ``grouped_gemm_half_rows`` (same measurement: the two-constant curve fits the 54 measured points at 4.2% median,
     14% max error)."""
     grouped_gemm_efficiency_floor: float = 1e-3
     """Lowest grouped-GEMM efficiency used: with a handful of rows per local expert the curve above
     tends to 0 and the expert time to infinity. A guard, not a measurement (1e-3 of peak is ~1
-    TFLOP/s on H100, far below any measured grouped GEMM); the first cut's inline floor, not fitted."""
+    TFLOP/s on H100, far below any measured grouped GEMM); not fitted."""
     attention_efficiency: float = 0.45
     """Causal flash attention's forward + backward speed, as a fraction of the bf16 peak against
     :func:`cost_model.terms.compute.core_attention_flops`, which counts multiply-accumulates (half the
     FLOPs): the achieved fraction of peak in FLOPs is twice this. This default is only the fit's start;
     the shipped fit is 0.2375 (0.475 of peak; FlashAttention-2, Dao 2023: ~50-70% forward, ~35-45%
-    backward on A100 / H100 at head dim 128). Since the eighth batch it is head dim 128's speed above a call's fixed
+    backward on A100 / H100 at head dim 128). It is head dim 128's speed above a call's fixed
     part (:func:`cost_model.terms.compute.core_attention_work`); cuDNN's fused attention measured 0.239 so on 1 x H200,
-    a measurement the fit did not use (docs/measurements.md, "Eighth batch")."""
+    a measurement the fit did not use (``benchmarks/results/h200_te_2026-12-02/call29``)."""
     attention_call_macs: float = 1.553e10
     """The fixed part of one full-attention kernel call per sequence, forward-equivalent multiply-accumulates at the
     head-dim-128 speed (:func:`cost_model.terms.compute.core_attention_work`): measured on 1 x H200 (TE 2.20.2 cuDNN
-    FusedAttention, 2026-12-02, ``benchmarks/h200_attention.py --compare``, call29): 32 heads at 4,096 and 8,192 tokens
+    FusedAttention, ``benchmarks/h200_attention.py --compare``,
+    ``benchmarks/results/h200_te_2026-12-02/call29``): 32 heads at 4,096 and 8,192 tokens
     (4x the work) took 1.069 and 3.684 ms forward + backward in the kernels, so 0.197 ms of a call does not grow with
     the work; x 989.4 TFLOP/s x 0.239 / 3. Judged on 8 heads at 8,192 tokens, 64 at 2,048, 16 at 16,384 and micro-batch 2: within
     3.4%. A sliding-window call showed none (its time went with its tokens). Not fitted."""
@@ -102,14 +103,14 @@ class Calibration:
     biases (``add_bias_linear``, GPT-OSS): measured on 1 x H200 with TE 2.20.2 / megatron-core 0.19.2, a 2-layer
     GPT-OSS-120B slice with one EP 8 rank's 16 experts at micro-batch 4 x 4,096 tokens ran 0.513 s with its biases
     and 0.480 s without (0.033 s over 262,144 copy-layers = 126 ns each, x 0.75 x 4.8 TB/s / 2,880;
-    docs/measurements.md, benchmarks/results/h200_te_2026-12-01/call18). Not fitted."""
+    ``benchmarks/results/h200_te_2026-12-01/call18``). Not fitted."""
     unfused_mla_rope_bytes_per_element: float = 93.5
     """HBM-equivalent bytes per q element (token x head x q head dim, ``q_dim / tp`` per token), forward + backward, of
     MLA's RoPE and q / k assembly when RoPE is not fused (``apply_rope_fusion`` off): measured on 1 x H200 with TE 2.20.2
     / megatron-core 0.19.2, one DeepSeek-V3 dense MLA layer at 8,192 tokens ran 5.23 ms slower per forward + backward
     unfused than fused (75.98 vs 70.75 ms, medians of 3 rounds; the profile puts it in ``CatArrayBatchedCopy``), x 0.75 x
-    4.8 TB/s / (8,192 x 128 x 192) elements (docs/measurements.md "Seventh batch",
-    benchmarks/results/h200_te_2026-12-01/call24). Far above the tensors' own bytes: the strided copies run at a
+    4.8 TB/s / (8,192 x 128 x 192) elements
+    (``benchmarks/results/h200_te_2026-12-01/call24``). Far above the tensors' own bytes: the strided copies run at a
     fraction of the bandwidth. Not fitted."""
     unfused_mla_rope_forward_share: float = 0.56
     """The forward's part of :attr:`unfused_mla_rope_bytes_per_element` (what ``mla_up_proj`` recompute and full
@@ -121,20 +122,20 @@ class Calibration:
     traffic (the same 2x as a GEMM's dgrad + wgrad, Narayanan et al. 2021 §5.1). Splits the
     forward+backward elementwise times above: a forward (what recompute re-runs) is
     ``1 / (1 + this)`` of them, and the fp32 cross-entropy traffic of the logits is ``1 + this``
-    passes. The first cut's inline ``/ 3``; not fitted."""
+    passes. Chosen (``/ 3``), not fitted."""
     dense_mlp_elementwise_share: float = 0.5
     """A dense MLP block's memory-bound work (its norm, residual add and activation function)
     relative to the attention block's (``elementwise_bytes_per_token_attn``): the MLP side has about
-    half the elementwise ops (no RoPE, no QK norm, no softmax-adjacent casts). The first cut's inline
-    ``/ 2``; not fitted."""
+    half the elementwise ops (no RoPE, no QK norm, no softmax-adjacent casts). Chosen
+    (``/ 2``), not fitted."""
     norm_elementwise_share: float = 0.5
     """The two norms' share of the attention block's memory-bound time: what selective
-    ``layernorm`` recompute re-runs (a forward of both norms). The first cut's inline value
-    (``/ 6`` = this x a forward's ``1 / 3``); not fitted."""
+    ``layernorm`` recompute re-runs (a forward of both norms). Chosen
+    (``/ 6`` = this x a forward's ``1 / 3``), not fitted."""
     moe_act_elementwise_share: float = 0.5
     """The expert activation's (SwiGLU with its probability scaling) share of the MoE memory-bound
-    time: what selective ``moe_act`` recompute re-runs. The first cut's inline value (``/ 6`` = this
-    x a forward's ``1 / 3``); not fitted."""
+    time: what selective ``moe_act`` recompute re-runs. Chosen (``/ 6`` = this
+    x a forward's ``1 / 3``), not fitted."""
     gemm_family_factor_ampere: float = 1.0
     """Compute efficiencies (dense GEMM, grouped GEMM, attention) on Ampere relative to Hopper,
     whose values are the fields above. Fitted by ``tune calibrate`` where rows exist."""
@@ -142,7 +143,7 @@ class Calibration:
     """The same for Blackwell (B200, GB200, B300, GB300)."""
     gemm_generation_factor_blackwell_ultra: float = 1.0
     """Compute efficiencies (GEMMs at bf16 and the fp8 formats, attention; not nvfp4 GEMMs, whose datasheet peak is
-    already 1.5x Blackwell's: docs/validation.md, 2026-12-02 (17:00 UTC)) on Blackwell Ultra (B300, GB300;
+    already 1.5x Blackwell's: ``benchmarks/results/2026-12-02_validation``) on Blackwell Ultra (B300, GB300;
     ``GPUSpec.generation``) relative to Blackwell's, on top of :attr:`gemm_family_factor_blackwell`. The datasheets
     give Blackwell Ultra the same dense bf16 and fp8 peaks as B200 / GB200 (NVIDIA HGX B300 and GB300 NVL72
     datasheets), yet NVIDIA's tables ran the same layouts faster there: held out by model with one factor for both,
@@ -150,7 +151,7 @@ class Calibration:
     GB300 than on GB200, in the same containers (e.g. Llama-3.1-70B fp8, TP1 PP1 DP64, container 26.04: GB200 +4.2%, GB300 -17.6%). Fitted by
     ``tune calibrate`` (1.19 on the published runs, 1.18-1.22 in every k-fold fold); the cause is not settled by these
     rows (Blackwell Ultra's higher board power and its doubled attention exponent throughput are candidates), so it is
-    one factor on that compute. docs/validation.md, 2026-12-02 (07:15 UTC)."""
+    one factor on that compute (``benchmarks/results/2026-12-02_validation``)."""
     fp8_gemm_efficiency_ratio: float = 1.0
     """Achieved fraction of the fp8 peak relative to the bf16 fraction, per-tensor fp8 recipes
     (quantisation kernels and amax reductions are inside the GEMM time here)."""
@@ -175,9 +176,9 @@ class Calibration:
     tokens per expert that stalls the stream. The grouped GEMM takes its splits as a host list (megatron-core
     ``TEGroupedMLP.forward``: ``tokens_per_expert.tolist()`` for TE's ``GroupedLinear(m_splits)``), and DeepEP's
     normal dispatch returns the received counts as a host list too (DeepEP README, ``Buffer.dispatch``); the alltoall
-    dispatcher also ``.cpu()``-s its splits (token_dispatcher.py). The first cut gave flex no such sync, which put
-    DeepEP / HybridEP ahead of alltoall where NVIDIA measured them 1-6% behind (docs/published_pairs.md).
-    (Was ``alltoall_sync_latency_s``.)"""
+    dispatcher also ``.cpu()``-s its splits (token_dispatcher.py). Without it on flex,
+    DeepEP / HybridEP came out ahead of alltoall where NVIDIA measured them 1-6% behind (docs/published_pairs.md).
+    """
     expert_gemm_overhead_s: float = 30e-6
     """Fixed cost per local expert per expert GEMM (fc1, fc2 forward; their dgrad and wgrad
     backward): Transformer Engine's GroupedLinear runs one cuBLAS GEMM per local expert, each
@@ -187,7 +188,8 @@ class Calibration:
     """Fixed cost per local expert GEMM of quantising its operands in an fp8 / fp4 run (TE's grouped GEMM casts each
     expert's slice with its own kernels; doubled for current scaling, ``comm.FP8_CURRENT_SCALING_KERNELS``).
     **Set from one measurement**: 1 x H200, TE 2.20.2, MiniMax-M2 1-layer slice, fp8 delayed scaling, 256 local
-    experts, 8 micro-batches (``mm-fp8-delayed``, 2026-12-01): 1.298 s per step against 1.089 s predicted without
+    experts, 8 micro-batches (``mm-fp8-delayed``, ``benchmarks/results/h200_te_2026-12-01``): 1.298 s per step
+    against 1.089 s predicted without
     it, over 8 x 6 x 256 expert GEMMs = 17 us each. Not fitted by ``tune calibrate`` (published runs cannot
     separate it from the fp8 GEMM efficiency); judged on the tensorwise row (docs/measurements.md)."""
     # ---- communication ------------------------------------------------------------
@@ -195,11 +197,11 @@ class Calibration:
     """Achieved fraction of NVLink per-direction bandwidth by NCCL ring collectives
     (nccl-tests bus bandwidth ~360 of 450 GB/s on H100 SXM)."""
     alltoall_nvlink_efficiency: float = 0.95
-    """Achieved fraction of NVLink bandwidth by NCCL all-to-all inside a node. **Set, not fitted** (2026-12-03): the
+    """Achieved fraction of NVLink bandwidth by NCCL all-to-all inside a node. **Set, not fitted**: the
     published pairs in which only the dispatcher changed inside one NVLink domain measured alltoall 4.0% and 4.4% faster
     than HybridEP (GPT-OSS-120B, rows 133 -> 134 on B200 and 203 -> 206 on GB200, docs/published_pairs.md), which
     needs NCCL's all-to-all near HybridEP's own NVLink figure (0.82, ``specs/data/networks.yaml``) with its larger
-    bytes; every refit with it free until 2026-12-03 put it at its bound, 0.95 (0.948). Freed again after the
+    bytes; a refit with it free put it at its bound, 0.95 (0.948). Freed again after the
     verification-card rows were read as their recipes say, the fit moved it to 0.41, ordering both pairs wrong and
     predicting DeepEP inside the node 27% ahead of alltoall for the main job, to slow GPT-OSS-120B's bf16 Blackwell
     alltoall rows (over-predicted by 25-40% held out, a gap no term explains); so it stays at the bound."""
@@ -217,10 +219,10 @@ class Calibration:
     (Megatron overlaps each block's send with the previous block's attention)."""
     ep_a2a_overlap: float = 0.68
     """Fraction of EP all-to-all time hidden with ``--overlap-moe-expert-parallel-comm`` (dispatch / combine of one
-    micro-batch under the compute of another). **Set from a published pair** (docs/published_pairs.md, item 5 of
-    issue 14): GPT-OSS-120B on 64 GB200, EP 64, alltoall, rows 197 / 200 -> 206, A2A overlap off -> on, everything
+    micro-batch under the compute of another). **Set from a published pair** (docs/published_pairs.md):
+    GPT-OSS-120B on 64 GB200, EP 64, alltoall, rows 197 / 200 -> 206, A2A overlap off -> on, everything
     else equal: +5.4% / +5.6% tokens/s/GPU measured; the model gives +5.5% at 0.68 (+4.7% at the 0.57 a fit reached).
-    Not fitted (``tune calibrate`` fitted it freely before issue 14 and it made the held-out Qwen3-235B-A22B
+    Not fitted (fitted freely by ``tune calibrate`` it made the held-out Qwen3-235B-A22B
     H100 rows 43% too fast). The pairs span two releases, so this is a rough value."""
     flex_sm_share: float = 0.15
     """Share of a GPU's SMs the flex dispatchers' kernels hold while they run: Megatron's ``moe_deepep_num_sms``
@@ -252,7 +254,7 @@ class Calibration:
     to set it; it is checked against it."""
     host_process_bytes: float = 2.36 * 2**30
     """Host memory (RSS) of one training process besides CPU optimizer offload: CUDA context, libraries, data
-    loader. **Measured** on 1 x H200 with TE (2026-12-01, ``benchmarks/results/h200_te_2026-12-01/call12/sweep.jsonl``:
+    loader. **Measured** on 1 x H200 with TE (``benchmarks/results/h200_te_2026-12-01/call12/sweep.jsonl``:
     peak RSS 2.33-2.38 GiB on the 4 MiniMax-M2 rows and the Qwen3 probe); not fitted."""
     pcie_efficiency: float = 0.70
     """Achieved fraction of PCIe bandwidth for pinned host<->device copies."""
@@ -269,13 +271,13 @@ class Calibration:
     """Temporaries of the layer running backward (without full recompute), as a fraction of one
     layer's activations: the gradients of its activations in flight while its saved tensors are
     still held (Korthikanti et al. 2022 count stored activations only). Under full recompute the
-    whole group being recomputed is counted instead. The first cut's inline ``* 0.5``; not fitted
+    whole group being recomputed is counted instead. Chosen (``* 0.5``), not fitted
     (the H200 trials' peaks of docs/measurements.md were predicted with this value)."""
     base_process_groups: float = 2.0
     """NCCL communicators every rank holds whatever the layout, on top of one per parallel dimension
     of size > 1 (``nccl_bytes_per_communicator`` each), e.g. the default world group and the
     data-parallel-with-context group of the gradient reduce, which megatron/core/parallel_state.py
-    creates for every layout. The first cut's inline ``+ 2``; not fitted."""
+    creates for every layout. Chosen (``+ 2``), not fitted."""
     flex_dispatcher_buffer_bytes: float = 2.0 * 2**30
     """DeepEP / HybridEP communication buffers per rank (DeepEP's default NVL buffer ~1 GB
     plus RDMA buffer)."""
@@ -353,7 +355,7 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
     "host_process_bytes": (0.0, 2.0**40, False),
     "grouped_gemm_half_rows": (0.0, float("inf"), False),
     "grouped_gemm_half_rows_work": (0.0, float("inf"), False),
-    # the attention kernel's measured extras (eighth batch: 1.55e10 MACs, 590 and 730 keys): bounded well above what
+    # the attention kernel's measured extras (1.55e10 MACs, 590 and 730 keys): bounded well above what
     # any kernel showed, so a typo cannot overflow a step to inf
     "attention_call_macs": (0.0, 1e13, False),
     "attention_window_extra_keys": (0.0, 1e6, False),
@@ -402,11 +404,10 @@ def _read_constants(p: Path, base: Calibration) -> Calibration:
         hint = ("; YAML reads a number such as 1e30 as text: write it with a decimal point and a signed exponent (1.0e+30)"
                 if any(_numeric_text(data[k]) for k in bad) else "")
         raise TunerError(f"--calibration {str(p)!r}: values of {bad} are not numbers{hint}")
-    huge = sorted(k for k, v in data.items() if isinstance(v, int) and abs(v) > 2**1023)
-    if huge:  # an integer of hundreds of digits: float() overflows
-        raise TunerError(f"--calibration {str(p)!r}: values of {huge} are too large for a constant")
     try:
         return base.replace(**{k: float(v) for k, v in data.items()})
+    except OverflowError:  # an integer of hundreds of digits
+        raise TunerError(f"--calibration {str(p)!r}: a value is too large for a constant") from None
     except TunerError as e:
         raise TunerError(f"--calibration {str(p)!r}: {e}") from None
 

@@ -36,7 +36,7 @@ from functools import lru_cache
 from specs.errors import TunerError
 
 __all__ = [
-    "FULL_SIMULATION_MICROBATCHES", "Pass", "PipelineOp", "ScheduledOp", "megatron_order", "pipeline_makespan", "schedule_table", "simulate_pipeline", "stage_of",
+    "FULL_SIMULATION_MICROBATCHES", "Pass", "PipelineOp", "ScheduledOp", "megatron_order", "pipeline_makespan", "schedule_table", "simulate_pipeline",
     "warmup_microbatches",
 ]
 
@@ -141,11 +141,6 @@ def _order(pp: int, rank: int, vpp: int, num_microbatches: int, group: int) -> l
         ops.append(bwd[i])
     ops.extend(bwd[total - w:])
     return ops
-
-
-def stage_of(op: PipelineOp, rank: int, pp: int) -> int:
-    """Pipeline stage of ``op`` on ``rank``: chunk * pp + rank (VPP-major)."""
-    return op.chunk * pp + rank
 
 
 @dataclass(frozen=True, slots=True)

@@ -117,26 +117,60 @@ def step_trace(d: StepDetails, *, title: str = "", source: str = "predicted", ex
         ``ts`` / ``dur`` in microseconds from the step's start), ``displayTimeUnit`` and ``otherData`` (layout,
         ``step_time_s``, ``bubble_fraction``, the time and memory parts, the pipeline's simulated and closed-form time).
     """
-    est, pp, vpp, m = d.estimate, d.pp, d.vpp, d.num_microbatches
-    lay = est.layout
-    meta: list[dict[str, Any]] = []
-    events: list[dict[str, Any]] = []
+    est, lay = d.estimate, d.estimate.layout
+    step_end = d.pipeline_s + sum(max(d.tail[p]) for p in TAIL_PARTS)
+    events, hidden_cursor = _schedule_events(d, step_end)
+    events += _tail_events(d, step_end, hidden_cursor)
+    events.sort(key=lambda e: (e["pid"], e["tid"], e["ts"]))
+    other = {
+        "source": source,
+        "title": title,
+        "layout": lay.label,
+        "layout_fields": lay.to_dict(),
+        "recompute": lay.recompute_label,
+        "dispatcher": lay.dispatcher.value,
+        "micro_batch_size": lay.micro_batch_size,
+        "num_microbatches": d.num_microbatches,
+        "step_time_s": est.step_time_s,
+        "bubble_fraction": d.bubble_fraction,
+        "pipeline_s": d.pipeline_s,
+        "closed_form_pipeline_s": d.closed_form_pipeline_s,
+        "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu,
+        "peak_gib": est.peak_gib,
+        "time_parts_s": dict(est.time),
+        "memory_gib_worst_rank": {k: v / GIB for k, v in est.memory.items()},
+        "memory_gib_by_rank": {k: [x / GIB for x in v] for k, v in d.memory.items()},
+        "note": ("Every event is a prediction of the analytical model. Within a forward or backward the parts are drawn back to back; "
+                 "the model gives their totals, not how the kernels interleave. Idle time in the stage lanes before the tail is the pipeline bubble."),
+        **(extra or {}),
+    }
+    return {"traceEvents": _meta_events(d) + events, "displayTimeUnit": "ms", "otherData": other}
+
+
+def _meta_events(d: StepDetails) -> list[dict[str, Any]]:
+    """The trace's process and thread names: one process per PP rank, a thread per chunk and per part lane."""
+    pp, meta = d.pp, []
     for r in range(pp):
-        role = _role(r, pp)
         what = f"{int(sum(d.layers[r]))} layers"
         if r == 0:
             what += " + embedding"
         if r == pp - 1:
             what += " + output layer"
-        meta += [_meta(r, None, "process_name", f"PP rank {r} ({role}; {what})"), _meta(r, None, "process_sort_index", r)]
-        for v in range(vpp):
+        meta += [_meta(r, None, "process_name", f"PP rank {r} ({_role(r, pp)}; {what})"), _meta(r, None, "process_sort_index", r)]
+        for v in range(d.vpp):
             stage = v * pp + r
             meta += [_meta(r, v, "thread_name", f"stage {stage} (chunk {v}, {int(d.layers[r][v])} layers)"), _meta(r, v, "thread_sort_index", v)]
         for tid, name in ((PARTS_TID, "GPU time by part (exposed)"), (HIDDEN_TID, "communication hidden behind compute"), (P2P_TID, "PP p2p sends (hidden)")):
             meta += [_meta(r, tid, "thread_name", name), _meta(r, tid, "thread_sort_index", tid)]
-    t = d.times
-    step_end = d.pipeline_s + sum(max(d.tail[p]) for p in TAIL_PARTS)
-    sends = 2 * m * vpp  # the estimate's p2p sends per rank per step (terms.schedule.pp_p2p_time)
+    return meta
+
+
+def _schedule_events(d: StepDetails, step_end: float) -> tuple[list[dict[str, Any]], list[float]]:
+    """Every forward and backward of the pipeline schedule with its parts, the communication hidden under it and the
+    p2p send after it; and where each rank's hidden lane ends."""
+    pp, vpp, t = d.pp, d.vpp, d.times
+    events: list[dict[str, Any]] = []
+    sends = 2 * d.num_microbatches * vpp  # the estimate's p2p sends per rank per step (terms.schedule.pp_p2p_time)
     hidden_cursor = [0.0] * pp
     p2p_cursor = [0.0] * pp
     for op in d.schedule:
@@ -171,17 +205,23 @@ def step_trace(d: StepDetails, *, title: str = "", source: str = "predicted", ex
             events.append(_x(f"send {'activation' if fwd else 'gradient'} mb{mb}", "hidden", r, P2P_TID, at, dur,
                              {"microbatch": mb, "to_stage": stage + (1 if fwd else -1), "seconds": send}, _COLOURS["hidden"]))
             p2p_cursor[r] = at + dur
+    return events, hidden_cursor
+
+
+def _tail_events(d: StepDetails, step_end: float, hidden_cursor: list[float]) -> list[dict[str, Any]]:
+    """The step's tail after the pipeline (its parts back to back) and the DP and offload communication hidden."""
+    events: list[dict[str, Any]] = []
     phase = d.pipeline_s
     starts: dict[str, float] = {}
     for part in TAIL_PARTS:
         starts[part] = phase
         length = max(d.tail[part])
-        for r in range(pp):
+        for r in range(d.pp):
             dur = d.tail[part][r]
             if dur > 0:
                 events.append(_x(TAIL_NAMES[part], part, r, PARTS_TID, phase, dur, {"seconds": dur, "step_part_s": length}, _COLOURS[part]))
         phase += length
-    for r in range(pp):
+    for r in range(d.pp):
         at = hidden_cursor[r]
         for part, name, start in (("dp_comm", "DP comm (hidden)", d.pipeline_s - d.tail_hidden["dp_comm"][r]),
                                   ("offload", "offload copies (hidden)", starts["offload"])):
@@ -191,30 +231,7 @@ def step_trace(d: StepDetails, *, title: str = "", source: str = "predicted", ex
             if dur > 0:
                 events.append(_x(name, "hidden", r, HIDDEN_TID, at, dur, {"seconds": h}, _COLOURS["hidden"]))
                 at += dur
-    events.sort(key=lambda e: (e["pid"], e["tid"], e["ts"]))
-    other = {
-        "source": source,
-        "title": title,
-        "layout": lay.label,
-        "layout_fields": lay.to_dict(),
-        "recompute": lay.recompute_label,
-        "dispatcher": lay.dispatcher.value,
-        "micro_batch_size": lay.micro_batch_size,
-        "num_microbatches": m,
-        "step_time_s": est.step_time_s,
-        "bubble_fraction": d.bubble_fraction,
-        "pipeline_s": d.pipeline_s,
-        "closed_form_pipeline_s": d.closed_form_pipeline_s,
-        "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu,
-        "peak_gib": est.peak_gib,
-        "time_parts_s": dict(est.time),
-        "memory_gib_worst_rank": {k: v / GIB for k, v in est.memory.items()},
-        "memory_gib_by_rank": {k: [x / GIB for x in v] for k, v in d.memory.items()},
-        "note": ("Every event is a prediction of the analytical model. Within a forward or backward the parts are drawn back to back; "
-                 "the model gives their totals, not how the kernels interleave. Idle time in the stage lanes before the tail is the pipeline bubble."),
-        **(extra or {}),
-    }
-    return {"traceEvents": meta + events, "displayTimeUnit": "ms", "otherData": other}
+    return events
 
 
 def _complete(trace: dict[str, Any]) -> list[dict[str, Any]]:

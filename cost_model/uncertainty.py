@@ -88,10 +88,6 @@ class ErrorBars:
         """Layouts that do not fit even at the low end of their memory interval."""
         return peak_bytes * self.memory.low > hbm_bytes
 
-    def may_not_fit(self, peak_bytes: npt.NDArray[np.float64], hbm_bytes: float) -> npt.NDArray[np.bool_]:
-        """Layouts whose memory interval reaches over the GPU's memory (a real trial tells)."""
-        return peak_bytes * self.memory.high > hbm_bytes
-
     @property
     def headroom(self) -> float:
         """The fraction of HBM a layout must leave free to fit even at the high end of its memory interval."""

@@ -19,7 +19,8 @@ The sizes (:class:`ErrorStructure`) come from:
   band of the job's family (``cost_model/data/error_bars.yaml``: measured / predicted over held-out published runs
   and the H200 trial rows), its width as a lognormal sigma and its centre as the model's bias; or (``kfold``) the
   median absolute error of the k-fold validation held out by model, 0.1453 for MoE (36 rows, H100/B200) and
-  0.065 for dense models (100 rows) (``benchmarks/results/kfold_2026-12-07/bench_validation.json``). The median
+  0.065 for dense models (100 rows)
+  (``benchmarks/results/2026-12-07_kfold_validation/bench_validation.json``). The median
   error over worlds and valid layouts is set to it (:meth:`WorldTable.group_scale`);
 * run-to-run spread: repeated runs of one layout on the lent H200s spread 4.4% (the 26-row TE sweep) to 8.5% (every
   TE sweep and probe file, 31 degrees of freedom) (``tune validate --trials``, docs/validation.md), taken as a
@@ -103,7 +104,7 @@ _PAIRS = (("tp", "ep"), ("pp", "vpp"), ("micro_batch_size", "recompute"), ("tp",
 FEATURES: dict[str, tuple[str, ...]] = {**_SINGLE, **{f"{a}*{b}": _SINGLE[a] + _SINGLE[b] for a, b in _PAIRS}}
 
 #: Median absolute step-time error of the model on held-out published runs
-#: (``benchmarks/results/kfold_2026-12-07/bench_validation.json``: ``moe_h100_b200``, ``dense``).
+#: (``benchmarks/results/2026-12-07_kfold_validation/bench_validation.json``: ``moe_h100_b200``, ``dense``).
 HELD_OUT_MEDIAN_ERROR = {"moe": 0.1453, "dense": 0.065}
 
 

@@ -23,9 +23,7 @@ def data_file(sub: str) -> Any:
 
 def read_user_yaml(text: str, label: str) -> Any:
     """Parse a user's YAML file (a calibration, a search space, a command template): PyYAML's safe loader, with a key
-    written twice in one mapping refused (PyYAML keeps the last one silently, so an edit above it would be lost), and
-    aliases (``*name``, also in merge keys ``<<: *name``) refused: these files are short, and aliases can make a small
-    file expand to billions of items (the "billion laughs").
+    written twice in one mapping refused (PyYAML keeps the last one silently, so an edit above it would be lost).
 
     Args:
         text: the file's text.
@@ -35,26 +33,21 @@ def read_user_yaml(text: str, label: str) -> Any:
         The document (None for an empty file).
 
     Raises:
-        TunerError: not YAML (one line: where and what, from PyYAML's mark and problem), a repeated key (named, with
-            its lines), or an alias (its line).
+        TunerError: not YAML (one line: where and what, from PyYAML's mark and problem), or a repeated key (named,
+            with its lines).
     """
     import yaml
 
     from specs.errors import TunerError
 
     class _Loader(yaml.SafeLoader):
-        def compose_node(self, parent: Any, index: Any) -> Any:
-            if self.check_event(yaml.AliasEvent):
-                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
-                raise TunerError(f"{label}: line {mark.line + 1}: an alias (*name) is not accepted here; write the value "
-                                 "out (aliases, and merge keys through them, are refused in these files)")
-            return super().compose_node(parent, index)
+        pass
 
     def _mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:
         seen: dict[Any, int] = {}
         for k, _ in node.value:
             if k.tag == "tag:yaml.org,2002:merge":
-                continue  # a merge key needs an alias, refused above; an inline one PyYAML merges below
+                continue  # PyYAML merges it below
             key = loader.construct_object(k, deep=True)
             line = k.start_mark.line + 1
             try:
@@ -99,7 +92,7 @@ def load_user_yaml(path: Any, label: str, expected: str) -> Any:
 
 def dump_user_yaml(doc: Any) -> str:
     """YAML text of ``doc`` that :func:`read_user_yaml` reads back: PyYAML's safe dumper, without the anchors and aliases
-    it would write for an object referenced twice (``&id001`` / ``*id001``), which that reader refuses."""
+    it would write for an object referenced twice (``&id001`` / ``*id001``): every value written out."""
     import yaml
 
     class _Dumper(yaml.SafeDumper):

@@ -253,9 +253,6 @@ class Cluster:
 
 
 _GPUS_RE = re.compile(r"\s*(?:(\d+)\s*[xX*]\s*)?(\d+)\s*[xX*]\s*([A-Za-z][A-Za-z0-9_-]*)\s*", re.ASCII)
-#: Digits a count of --gpus may have: more is past :data:`MAX_GPUS` whatever they say (and Python refuses to read an
-#: integer of over 4,300 digits).
-_MAX_COUNT_DIGITS = len(str(MAX_GPUS)) + 6
 
 
 def _shown(text: str) -> str:
@@ -293,11 +290,11 @@ def parse_gpus(
             f"{name} {shown}: expected COUNTxGPU such as 64xH200, or NODESxPER_NODExGPU such as 8x8xH200 "
             f"(GPUs: {', '.join(list_gpus())})"
         )
-    if any(g is not None and len(g.lstrip("0")) > _MAX_COUNT_DIGITS for g in (m.group(1), m.group(2))):
-        raise TunerError(f"{name} {shown}: more GPUs than this tool models (at most {MAX_GPUS:,})")
-    # leading zeros read as nothing (Python reads no integer of over 4,300 digits, zeros included)
-    nodes = m.group(1).lstrip("0") or "0" if m.group(1) is not None else None
-    count, gname = int(m.group(2).lstrip("0") or "0"), m.group(3)
+    try:
+        nodes = int(m.group(1)) if m.group(1) is not None else None
+        count, gname = int(m.group(2)), m.group(3)
+    except ValueError:  # Python reads no integer of over 4,300 digits
+        raise TunerError(f"{name} {shown}: more GPUs than this tool models (at most {MAX_GPUS:,})") from None
     try:
         gpu = load_gpu(gname)
     except TunerError as e:
@@ -306,18 +303,18 @@ def parse_gpus(
         raise TunerError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
     if inter_node_bytes_per_s is not None:
         check_network_gbps(inter_node_bytes_per_s)
-    if count > MAX_GPUS or (nodes is not None and int(nodes) * count > MAX_GPUS):
+    if count > MAX_GPUS or (nodes is not None and nodes * count > MAX_GPUS):
         raise TunerError(f"{name} {shown}: more GPUs than this tool models (at most {MAX_GPUS:,})")
     if nodes is not None:
         per = count
-        total = int(nodes) * count
+        total = nodes * count
         if gpus_per_node is not None and gpus_per_node != per:
             raise TunerError(f"{name} {shown} says {per} GPUs per node but --gpus-per-node is {gpus_per_node}")
     else:
         total = count
         per = gpus_per_node or min(gpu.gpus_per_node, max(count, 1))
-    if nodes is not None and (int(nodes) <= 0 or per <= 0):
-        what = "the node count" if int(nodes) <= 0 else "the GPUs per node"
+    if nodes is not None and (nodes <= 0 or per <= 0):
+        what = "the node count" if nodes <= 0 else "the GPUs per node"
         raise TunerError(f"{name} {shown}: {what} must be at least 1 (NODESxPER_NODExGPU such as 8x8xH200)")
     if total <= 0 or per <= 0:
         raise TunerError(f"{name} {shown}: the GPU count must be at least 1")

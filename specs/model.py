@@ -22,10 +22,6 @@ __all__ = ["MAX_LAYERS", "ModelSpec", "list_models", "load_model", "model_from_h
 
 #: Most decoder layers a model may have (the largest published models have ~100-200).
 MAX_LAYERS = 10_000
-#: Longest sliding window this tool models, tokens (GPT-OSS: 128; any longer window beyond the sequence is full attention).
-MAX_WINDOW = 1 << 24
-#: Bound of the activation clamp and GLU offset (GPT-OSS: 7.0 and 1.0): a guard against nonsense, not a Megatron rule.
-MAX_CLAMP = 1e4
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -174,18 +170,12 @@ class ModelSpec:
                 f"model {self.name!r}: a MoE model needs moe_router_topk and moe_ffn_hidden_size > 0 "
                 f"(got {self.moe_router_topk}, {self.moe_ffn_hidden_size})"
             )
-        if self.rope_scaling_type == "yarn" and not (0 < self.rope_scaling_beta_slow <= self.rope_scaling_beta_fast <= MAX_CLAMP
-                                                     and 0 < self.rope_scaling_factor <= MAX_CLAMP):
-            raise TunerError(f"model {self.name!r}: YaRN rope_scaling needs 0 < beta_slow <= beta_fast <= {MAX_CLAMP:g} and 0 < factor <= "
-                             f"{MAX_CLAMP:g}, got beta_slow {self.rope_scaling_beta_slow!r}, beta_fast {self.rope_scaling_beta_fast!r}, "
-                             f"factor {self.rope_scaling_factor!r}")
+        if self.rope_scaling_type == "yarn" and not (0 < self.rope_scaling_beta_slow <= self.rope_scaling_beta_fast
+                                                     and 0 < self.rope_scaling_factor):
+            raise TunerError(f"model {self.name!r}: YaRN rope_scaling needs 0 < beta_slow <= beta_fast and 0 < factor, got beta_slow "
+                             f"{self.rope_scaling_beta_slow!r}, beta_fast {self.rope_scaling_beta_fast!r}, factor {self.rope_scaling_factor!r}")
         if self.rope_scaling_type and self.rope_scaling_factor <= 0:
             raise TunerError(f"model {self.name!r}: rope_scaling.factor must be > 0, got {self.rope_scaling_factor!r}")
-        if self.rope_scaling_original_max_position_embeddings > MAX_POSITIONS:
-            raise TunerError(f"model {self.name!r}: rope_scaling.original_max_position_embeddings {self.rope_scaling_original_max_position_embeddings:,} "
-                             f"is more than this tool models (at most {MAX_POSITIONS:,})")
-        if self.rotary_base > MAX_ROPE_THETA:
-            raise TunerError(f"model {self.name!r}: rope_theta {self.rotary_base:g} is more than this tool models (at most {MAX_ROPE_THETA:g})")
         if self.is_mla and (self.qk_head_dim <= 0 or self.v_head_dim <= 0):
             raise TunerError(f"model {self.name!r}: an MLA model (kv_lora_rank > 0) needs qk_nope_head_dim (qk_head_dim) and v_head_dim > 0, "
                              f"got {self.qk_head_dim} and {self.v_head_dim}")
@@ -199,14 +189,9 @@ class ModelSpec:
         if (self.activation_func_clamp_value or self.glu_linear_offset) and self.activation_func != "quick_gelu":
             raise TunerError(f"model {self.name!r}: activation_func_clamp_value and glu_linear_offset apply to the quick_gelu GLU only "
                              f"(got {self.activation_func_clamp_value!r} and {self.glu_linear_offset!r} with {self.activation_func!r})")
-        if not 0 <= self.activation_func_clamp_value <= MAX_CLAMP:
-            raise TunerError(f"model {self.name!r}: activation_func_clamp_value (HF swiglu_limit) must be from 0 (no clamp) to {MAX_CLAMP:g}, "
+        if self.activation_func_clamp_value < 0:
+            raise TunerError(f"model {self.name!r}: activation_func_clamp_value (HF swiglu_limit) must be >= 0 (0: no clamp), "
                              f"got {self.activation_func_clamp_value!r}")
-        if not -MAX_CLAMP <= self.glu_linear_offset <= MAX_CLAMP:
-            raise TunerError(f"model {self.name!r}: glu_linear_offset must be within +-{MAX_CLAMP:g}, got {self.glu_linear_offset!r}")
-        if self.window_size > MAX_WINDOW:
-            raise TunerError(f"model {self.name!r}: window_size (HF sliding_window) {self.window_size:,} is more than this tool models "
-                             f"(at most {MAX_WINDOW:,} tokens; 0 = no sliding window)")
         if self.window_attn_skip_freq and (
             len(self.window_attn_skip_freq) != self.num_layers or any(x not in (0, 1) for x in self.window_attn_skip_freq)
         ):
@@ -374,10 +359,6 @@ def _as_float(value: Any, key: str, where: str) -> float:
 #: HF ``rope_scaling.rope_type`` values read ("" / default / linear / dynamic / longrope: Megatron's rope unscaled).
 _ROPE_TYPES = frozenset({"", "default", "linear", "dynamic", "longrope", "llama3", "yarn"})
 
-#: The largest RoPE base and YaRN original context modelled (Llama 3: 500,000; Qwen3: 1,000,000).
-MAX_ROPE_THETA = 1e9
-MAX_POSITIONS = 1 << 24
-
 
 def _yarn_details(rs: dict[str, Any], cfg: dict[str, Any], where: str) -> dict[str, Any]:
     """YaRN's ModelSpec fields from a config's ``rope_scaling`` as transformers reads them (``_compute_yarn_parameters``):
@@ -418,6 +399,146 @@ def model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") -> 
         raise TunerError(f"model config {(where or name)!r}: a field has a wrong type or value ({type(e).__name__}: {e})") from None
 
 
+def _unwrap(cfg: dict[str, Any], w: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The text model's config (a multimodal checkpoint's ``text_config``) and the ``tuner`` section's overrides."""
+    if "text_config" in cfg and "hidden_size" not in cfg:
+        if not isinstance(cfg["text_config"], dict):
+            raise TunerError(f"model config {w!r}: text_config must be an object")
+        cfg = {**cfg["text_config"], "tuner": cfg.get("tuner", {})}
+    if not isinstance(cfg.get("tuner") or {}, dict):
+        raise TunerError(f"model config {w!r}: its 'tuner' section must be an object")
+    return cfg, dict(cfg.get("tuner") or {})
+
+
+#: The required sizes and the key names each model family spells them with.
+_REQUIRED = {
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+    "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "num_attention_heads": ("num_attention_heads", "n_head"),
+    "vocab_size": ("vocab_size",),
+}
+
+
+def _sizes(cfg: dict[str, Any], w: str) -> tuple[dict[str, int], int, Any, Any]:
+    """The required sizes (:data:`_REQUIRED`), the routed experts and the raw dense and expert FFN widths.
+
+    Raises:
+        TunerError: a required size missing or not a positive integer (layers up to :data:`MAX_LAYERS`).
+    """
+    vals = {k: _first(cfg, *alts) for k, alts in _REQUIRED.items()}
+    missing = [k for k, v in vals.items() if v is None]
+    num_experts = _as_int(_first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0, "num_local_experts", w)
+    inter = _first(cfg, "intermediate_size", "ffn_hidden_size", "n_inner")
+    moe_inter = _first(cfg, "moe_intermediate_size", "expert_intermediate_size")
+    if num_experts and moe_inter is None:
+        moe_inter = inter  # Mixtral / MiniMax / GPT-OSS: intermediate_size is the expert width
+    if inter is None and not num_experts:
+        missing.append("intermediate_size")
+    if num_experts and _first(cfg, "num_experts_per_tok", "moe_topk", "top_k") is None:
+        missing.append("num_experts_per_tok")
+    if missing:
+        raise TunerError(
+            f"model config {w!r} is missing {', '.join(missing)}; a Hugging Face config.json with "
+            "hidden_size, num_hidden_layers, num_attention_heads, vocab_size and intermediate_size "
+            "(plus num_local_experts/num_experts_per_tok for MoE) is accepted"
+        )
+    for k, v in vals.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise TunerError(f"model config {w!r}: {k} must be a positive integer, got {v!r}")
+        top = MAX_LAYERS if k == "num_hidden_layers" else MAX_CONFIG_INT  # layers: before the per-layer lists below
+        if v > top:
+            raise TunerError(f"model config {w!r}: {k} {v:,} is more than this tool models (at most {top:,})")
+    return vals, num_experts, inter, moe_inter
+
+
+def _shared_width(cfg: dict[str, Any], moe_inter: Any, w: str) -> int:
+    """Total width of the shared experts: given, or their count x the routed expert's width."""
+    shared = _first(cfg, "shared_intermediate_size", "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")
+    if shared is None and _first(cfg, "n_shared_experts", "num_shared_experts"):
+        shared = _as_int(_first(cfg, "n_shared_experts", "num_shared_experts"), "n_shared_experts", w) * _as_int(moe_inter, "moe_intermediate_size", w)
+    return _as_int(shared or 0, "shared_intermediate_size", w)
+
+
+def _moe_layer_freq(cfg: dict[str, Any], over: dict[str, Any], num_experts: int, L: int, w: str) -> list[int]:
+    """Which layers are MoE (1) or dense (0): the ``tuner`` section's list (popped from ``over``), DeepSeek's
+    ``first_k_dense_replace`` / ``moe_layer_freq``, Qwen's ``mlp_only_layers`` / ``decoder_sparse_step``, else all."""
+    if "moe_layer_freq" in over:
+        raw = over.pop("moe_layer_freq")
+        if not isinstance(raw, (list, tuple)) or any(isinstance(x, bool) or not isinstance(x, int) for x in raw):
+            raise TunerError(f"model config {w!r}: tuner.moe_layer_freq must be a list of 0 / 1 per layer "
+                             f"(1 = MoE, Megatron's --moe-layer-freq list form), got {raw!r}"[:300])
+        return list(raw)
+    if not num_experts:
+        return [0] * L
+    if "first_k_dense_replace" in cfg:
+        first_dense = _as_int(cfg["first_k_dense_replace"], "first_k_dense_replace", w)
+        step = _as_int(cfg.get("moe_layer_freq", 1) or 1, "moe_layer_freq", w)
+        if first_dense < 0 or step < 1:
+            raise TunerError(f"model config {w!r}: first_k_dense_replace must be >= 0 and moe_layer_freq >= 1, "
+                             f"got {first_dense} and {step}")
+        return [1 if (i >= first_dense and (i - first_dense) % step == 0) else 0 for i in range(L)]
+    if "mlp_only_layers" in cfg or "decoder_sparse_step" in cfg:
+        raw_only = cfg.get("mlp_only_layers") or []
+        if not isinstance(raw_only, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in raw_only):
+            raise TunerError(f"model config {w!r}: mlp_only_layers must be a list of layer indices, got {raw_only!r}"[:300])
+        only = set(raw_only)
+        step = _as_int(cfg.get("decoder_sparse_step", 1) or 1, "decoder_sparse_step", w)
+        return [0 if (i in only or (i + 1) % step) else 1 for i in range(L)]
+    return [1] * L
+
+
+def _windows(cfg: dict[str, Any], L: int, w: str) -> tuple[int, tuple[int, ...]]:
+    """The sliding window (tokens, 0: none) and which layers attend fully (1) or slide (0), from ``layer_types``
+    (GPT-OSS without it: transformers' ``GptOssConfig`` default, sliding on even layers, 0-indexed)."""
+    types = cfg.get("layer_types")
+    if cfg.get("sliding_window") and not types and str(cfg.get("model_type", "")) == "gpt_oss":
+        types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(L)]
+    if not (cfg.get("sliding_window") and types):
+        return 0, ()
+    if not isinstance(types, list) or len(types) != L:
+        raise TunerError(f"model config {w!r}: layer_types must list one entry per layer ({L})")
+    odd_types = sorted({str(t) for t in types} - {"sliding_attention", "full_attention"})
+    if odd_types:
+        raise TunerError(f"model config {w!r}: layer_types entries must be sliding_attention or full_attention, got {odd_types[0]!r}")
+    return _as_int(cfg["sliding_window"], "sliding_window", w), tuple(0 if str(t) == "sliding_attention" else 1 for t in types)
+
+
+def _numerics(cfg: dict[str, Any], d: int, num_experts: int, w: str) -> dict[str, Any]:
+    """The fields that reach the run command but not the cost: norm epsilon, RoPE and its scaling, the router's
+    score function, expert bias, scaling factor and groups (DeepSeek's group-limited routing)."""
+    rs = cfg.get("rope_scaling") or {}
+    if not isinstance(rs, dict):
+        raise TunerError(f"model config {w!r}: rope_scaling must be an object (e.g. {{\"rope_type\": \"yarn\", "
+                         f"\"factor\": 32}}) or null, got {rs!r}")
+    rs_type = rs.get("rope_type") or rs.get("type") or ""
+    if rs_type not in _ROPE_TYPES:
+        raise TunerError(f"model config {w!r}: rope_scaling.rope_type must be one of {', '.join(sorted(t for t in _ROPE_TYPES if t))}, "
+                         f"got {rs_type!r}")
+    if rs_type in ("default", "linear", "dynamic", "longrope"):  # not carried to Megatron's flags (its rope is unscaled)
+        rs_type = ""
+    partial = cfg.get("partial_rotary_factor")
+    if partial is None and cfg.get("rotary_dim") and d:
+        partial = float(cfg["rotary_dim"]) / d
+    topk_method = str(cfg.get("topk_method", ""))
+    n_group = _as_int(cfg.get("n_group") or 1, "n_group", w) if topk_method in ("group_limited_greedy", "noaux_tc") else 1
+    grouped = n_group > 1  # Megatron --moe-router-num-groups / --moe-router-group-topk
+    return dict(
+        norm_epsilon=_as_float(_first(cfg, "rms_norm_eps", "layer_norm_eps", "norm_epsilon", default=1e-5), "rms_norm_eps", w),
+        rotary_base=_as_float(_first(cfg, "rope_theta", "rotary_base", default=10000.0), "rope_theta", w),
+        rotary_percent=float(partial if partial is not None else 1.0),
+        rope_scaling_type=rs_type,
+        rope_scaling_factor=_as_float(_first(rs, "factor", default=1.0), "rope_scaling.factor", w),
+        rope_scaling_mscale=_as_float(_first(rs, "mscale", default=1.0), "rope_scaling.mscale", w),
+        rope_scaling_mscale_all_dim=_as_float(_first(rs, "mscale_all_dim", default=0.0), "rope_scaling.mscale_all_dim", w),
+        **(_yarn_details(rs, cfg, w) if rs_type == "yarn" else {}),
+        moe_router_score_function="sigmoid" if str(cfg.get("scoring_func", "softmax")) == "sigmoid" else "softmax",
+        moe_router_enable_expert_bias=bool(cfg.get("use_routing_bias")) or topk_method == "noaux_tc",
+        moe_router_topk_scaling_factor=float(cfg.get("routed_scaling_factor") or 0.0) if num_experts else 0.0,
+        moe_router_num_groups=n_group if grouped else 0,
+        moe_router_group_topk=_as_int(cfg.get("topk_group") or 0, "topk_group", w) if grouped else 0,
+    )
+
+
 def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") -> ModelSpec:
     """Build a :class:`ModelSpec` from a Hugging Face ``config.json`` dictionary.
 
@@ -429,182 +550,64 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
     Raises:
         TunerError: if a required field is missing or not a positive integer.
     """
-    name_for_errors = where or name
-    if "text_config" in cfg and "hidden_size" not in cfg:
-        if not isinstance(cfg["text_config"], dict):
-            raise TunerError(f"model config {name_for_errors!r}: text_config must be an object")
-        cfg = {**cfg["text_config"], "tuner": cfg.get("tuner", {})}
-    if not isinstance(cfg.get("tuner") or {}, dict):
-        raise TunerError(f"model config {name_for_errors!r}: its 'tuner' section must be an object")
-    over = dict(cfg.get("tuner") or {})
-    required = {
-        "hidden_size": ("hidden_size", "n_embd", "d_model"),
-        "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers"),
-        "num_attention_heads": ("num_attention_heads", "n_head"),
-        "vocab_size": ("vocab_size",),
-    }
-    vals: dict[str, Any] = {}
-    missing = []
-    for k, alts in required.items():
-        v = _first(cfg, *alts)
-        if v is None:
-            missing.append(k)
-        vals[k] = v
-    num_experts = _as_int(_first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0, "num_local_experts", name_for_errors)
-    inter = _first(cfg, "intermediate_size", "ffn_hidden_size", "n_inner")
-    moe_inter = _first(cfg, "moe_intermediate_size", "expert_intermediate_size")
-    if num_experts and moe_inter is None:
-        moe_inter = inter  # Mixtral / MiniMax / GPT-OSS: intermediate_size is the expert width
-    if inter is None and not num_experts:
-        missing.append("intermediate_size")
-    if num_experts and _first(cfg, "num_experts_per_tok", "moe_topk", "top_k") is None:
-        missing.append("num_experts_per_tok")
-    if missing:
-        raise TunerError(
-            f"model config {name_for_errors!r} is missing {', '.join(missing)}; a Hugging Face config.json with "
-            "hidden_size, num_hidden_layers, num_attention_heads, vocab_size and intermediate_size "
-            "(plus num_local_experts/num_experts_per_tok for MoE) is accepted"
-        )
-    for k, v in vals.items():
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            raise TunerError(f"model config {name_for_errors!r}: {k} must be a positive integer, got {v!r}")
-        top = MAX_LAYERS if k == "num_hidden_layers" else MAX_CONFIG_INT  # layers: before the per-layer lists below
-        if v > top:
-            raise TunerError(f"model config {name_for_errors!r}: {k} {v:,} is more than this tool models (at most {top:,})")
+    w = where or name
+    cfg, over = _unwrap(cfg, w)
+    vals, num_experts, inter, moe_inter = _sizes(cfg, w)
     h, L, n = vals["hidden_size"], vals["num_hidden_layers"], vals["num_attention_heads"]
-    g = _as_int(_first(cfg, "num_key_value_heads", "num_query_groups", default=n), "num_key_value_heads", name_for_errors)
-    d = _as_int(_first(cfg, "head_dim", "kv_channels", default=h // n), "head_dim", name_for_errors)
-    topk = _as_int(_first(cfg, "num_experts_per_tok", "moe_topk", "top_k", default=0) or 0, "num_experts_per_tok", name_for_errors)
-    # Shared experts.
-    shared = _first(cfg, "shared_intermediate_size", "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")
-    if shared is None and _first(cfg, "n_shared_experts", "num_shared_experts"):
-        shared = _as_int(_first(cfg, "n_shared_experts", "num_shared_experts"), "n_shared_experts", name_for_errors) * _as_int(moe_inter, "moe_intermediate_size", name_for_errors)
-    shared = _as_int(shared or 0, "shared_intermediate_size", name_for_errors)
-    # Which layers are MoE.
-    freq: list[int]
-    if "moe_layer_freq" in over:
-        raw = over.pop("moe_layer_freq")
-        if not isinstance(raw, (list, tuple)) or any(isinstance(x, bool) or not isinstance(x, int) for x in raw):
-            raise TunerError(f"model config {name_for_errors!r}: tuner.moe_layer_freq must be a list of 0 / 1 per layer "
-                             f"(1 = MoE, Megatron's --moe-layer-freq list form), got {raw!r}"[:300])
-        freq = list(raw)
-    elif not num_experts:
-        freq = [0] * L
-    elif "first_k_dense_replace" in cfg:
-        first_dense = _as_int(cfg["first_k_dense_replace"], "first_k_dense_replace", name_for_errors)
-        step = _as_int(cfg.get("moe_layer_freq", 1) or 1, "moe_layer_freq", name_for_errors)
-        if first_dense < 0 or step < 1:
-            raise TunerError(f"model config {name_for_errors!r}: first_k_dense_replace must be >= 0 and moe_layer_freq >= 1, "
-                             f"got {first_dense} and {step}")
-        freq = [1 if (i >= first_dense and (i - first_dense) % step == 0) else 0 for i in range(L)]
-    elif "mlp_only_layers" in cfg or "decoder_sparse_step" in cfg:
-        raw_only = cfg.get("mlp_only_layers") or []
-        if not isinstance(raw_only, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in raw_only):
-            raise TunerError(f"model config {name_for_errors!r}: mlp_only_layers must be a list of layer indices, got {raw_only!r}"[:300])
-        only = set(raw_only)
-        step = _as_int(cfg.get("decoder_sparse_step", 1) or 1, "decoder_sparse_step", name_for_errors)
-        freq = [0 if (i in only or (i + 1) % step) else 1 for i in range(L)]
-    else:
-        freq = [1] * L
+    d = _as_int(_first(cfg, "head_dim", "kv_channels", default=h // n), "head_dim", w)
     mla = {
-        "q_lora_rank": _as_int(cfg.get("q_lora_rank") or 0, "q_lora_rank", name_for_errors),
-        "kv_lora_rank": _as_int(cfg.get("kv_lora_rank") or 0, "kv_lora_rank", name_for_errors),
-        "qk_head_dim": _as_int(cfg.get("qk_nope_head_dim") or 0, "qk_nope_head_dim", name_for_errors),
-        "qk_pos_emb_head_dim": _as_int(cfg.get("qk_rope_head_dim") or 0, "qk_rope_head_dim", name_for_errors),
-        "v_head_dim": _as_int(cfg.get("v_head_dim") or 0, "v_head_dim", name_for_errors),
+        "q_lora_rank": _as_int(cfg.get("q_lora_rank") or 0, "q_lora_rank", w),
+        "kv_lora_rank": _as_int(cfg.get("kv_lora_rank") or 0, "kv_lora_rank", w),
+        "qk_head_dim": _as_int(cfg.get("qk_nope_head_dim") or 0, "qk_nope_head_dim", w),
+        "qk_pos_emb_head_dim": _as_int(cfg.get("qk_rope_head_dim") or 0, "qk_rope_head_dim", w),
+        "v_head_dim": _as_int(cfg.get("v_head_dim") or 0, "v_head_dim", w),
     }
     if mla["kv_lora_rank"]:
         d = mla["qk_head_dim"] + mla["qk_pos_emb_head_dim"]
         # MLA always normalises its q and kv latents (Megatron: --qk-layernorm with --multi-latent-attention).
         cfg = {**cfg, "qk_layernorm": True}
-    window = 0
-    skip: tuple[int, ...] = ()
-    types = cfg.get("layer_types")
-    if cfg.get("sliding_window") and not types and str(cfg.get("model_type", "")) == "gpt_oss":
-        # transformers' GptOssConfig default: sliding on even layers (0-indexed), full on odd ones
-        types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(L)]
-    if cfg.get("sliding_window") and types:
-        if not isinstance(types, list) or len(types) != L:
-            raise TunerError(f"model config {name_for_errors!r}: layer_types must list one entry per layer ({L})")
-        odd_types = sorted({str(t) for t in types} - {"sliding_attention", "full_attention"})
-        if odd_types:
-            raise TunerError(f"model config {name_for_errors!r}: layer_types entries must be sliding_attention or full_attention, "
-                             f"got {odd_types[0]!r}")
-        window = _as_int(cfg["sliding_window"], "sliding_window", name_for_errors)
-        skip = tuple(0 if str(t) == "sliding_attention" else 1 for t in types)
     gpt_oss: dict[str, Any] = {}
     if str(cfg.get("model_type", "")) == "gpt_oss":
         # Megatron-Bridge gpt_oss_bridge.py: biases everywhere, attention sinks (softmax_type learnable), the clamped
         # quick-GELU GLU with offset 1.0 and limit swiglu_limit (7.0).
         # add_qkv_bias follows add_bias_linear: Megatron-LM sets it whenever add_bias_linear is (arguments.py)
-        gpt_oss = dict(add_bias_linear=True, add_qkv_bias=True, softmax_type="learnable",
-                       activation_func="quick_gelu", activation_func_clamp_value=_as_float(cfg.get("swiglu_limit", 7.0), "swiglu_limit", name_for_errors),
-                       glu_linear_offset=1.0)
-    mtp = _as_int(_first(cfg, "num_nextn_predict_layers", default=0) or 0, "num_nextn_predict_layers", name_for_errors)
+        gpt_oss = dict(add_bias_linear=True, add_qkv_bias=True, softmax_type="learnable", activation_func="quick_gelu",
+                       activation_func_clamp_value=_as_float(cfg.get("swiglu_limit", 7.0), "swiglu_limit", w), glu_linear_offset=1.0)
+    mtp = _as_int(_first(cfg, "num_nextn_predict_layers", default=0) or 0, "num_nextn_predict_layers", w)
     if cfg.get("use_mtp") and not mtp:
-        mtp = _as_int(cfg.get("num_mtp_modules") or 0, "num_mtp_modules", name_for_errors)
-    qk_norm = bool(_first(cfg, "use_qk_norm", "qk_layernorm", default=str(cfg.get("model_type", "")).startswith("qwen3")))
-    rs = cfg.get("rope_scaling") or {}
-    if not isinstance(rs, dict):
-        raise TunerError(f"model config {name_for_errors!r}: rope_scaling must be an object (e.g. {{\"rope_type\": \"yarn\", "
-                         f"\"factor\": 32}}) or null, got {rs!r}")
-    rs_type = rs.get("rope_type") or rs.get("type") or ""
-    if rs_type not in _ROPE_TYPES:
-        raise TunerError(f"model config {name_for_errors!r}: rope_scaling.rope_type must be one of {', '.join(sorted(t for t in _ROPE_TYPES if t))}, "
-                         f"got {rs_type!r}")
-    if rs_type in ("default", "linear", "dynamic", "longrope"):  # not carried to Megatron's flags (its rope is unscaled)
-        rs_type = ""
-    partial = cfg.get("partial_rotary_factor")
-    if partial is None and cfg.get("rotary_dim") and d:
-        partial = float(cfg["rotary_dim"]) / d
-    topk_method = str(cfg.get("topk_method", ""))
-    n_group = _as_int(cfg.get("n_group") or 1, "n_group", name_for_errors) if topk_method in ("group_limited_greedy", "noaux_tc") else 1
-    grouped = n_group > 1  # DeepSeek's group-limited routing (Megatron --moe-router-num-groups / --moe-router-group-topk)
-    numerics = dict(
-        norm_epsilon=_as_float(_first(cfg, "rms_norm_eps", "layer_norm_eps", "norm_epsilon", default=1e-5), "rms_norm_eps", name_for_errors),
-        rotary_base=_as_float(_first(cfg, "rope_theta", "rotary_base", default=10000.0), "rope_theta", name_for_errors),
-        rotary_percent=float(partial if partial is not None else 1.0),
-        rope_scaling_type=rs_type,
-        rope_scaling_factor=_as_float(_first(rs, "factor", default=1.0), "rope_scaling.factor", name_for_errors),
-        rope_scaling_mscale=_as_float(_first(rs, "mscale", default=1.0), "rope_scaling.mscale", name_for_errors),
-        rope_scaling_mscale_all_dim=_as_float(_first(rs, "mscale_all_dim", default=0.0), "rope_scaling.mscale_all_dim", name_for_errors),
-        **(_yarn_details(rs, cfg, name_for_errors) if rs_type == "yarn" else {}),
-        moe_router_score_function="sigmoid" if str(cfg.get("scoring_func", "softmax")) == "sigmoid" else "softmax",
-        moe_router_enable_expert_bias=bool(cfg.get("use_routing_bias")) or topk_method == "noaux_tc",
-        moe_router_topk_scaling_factor=float(cfg.get("routed_scaling_factor") or 0.0) if num_experts else 0.0,
-        moe_router_num_groups=n_group if grouped else 0,
-        moe_router_group_topk=_as_int(cfg.get("topk_group") or 0, "topk_group", name_for_errors) if grouped else 0,
-    )
+        mtp = _as_int(cfg.get("num_mtp_modules") or 0, "num_mtp_modules", w)
+    window, skip = _windows(cfg, L, w)
+    moe_only = num_experts and moe_inter == inter and "moe_intermediate_size" not in cfg  # no dense FFN
     spec = dict(
         name=name,
         num_layers=L,
         hidden_size=h,
         num_attention_heads=n,
-        num_query_groups=g,
+        num_query_groups=_as_int(_first(cfg, "num_key_value_heads", "num_query_groups", default=n), "num_key_value_heads", w),
         kv_channels=d,
-        ffn_hidden_size=_as_int(inter or 0, "intermediate_size", name_for_errors) if not (num_experts and moe_inter == inter and "moe_intermediate_size" not in cfg) else 0,
+        ffn_hidden_size=0 if moe_only else _as_int(inter or 0, "intermediate_size", w),
         vocab_size=vals["vocab_size"],
         num_experts=num_experts,
-        moe_router_topk=topk,
-        moe_ffn_hidden_size=_as_int(moe_inter or 0, "moe_intermediate_size", name_for_errors) if num_experts else 0,
-        moe_shared_expert_intermediate_size=shared,
-        moe_layer_freq=tuple(int(x) for x in freq),
+        moe_router_topk=_as_int(_first(cfg, "num_experts_per_tok", "moe_topk", "top_k", default=0) or 0, "num_experts_per_tok", w),
+        moe_ffn_hidden_size=_as_int(moe_inter or 0, "moe_intermediate_size", w) if num_experts else 0,
+        moe_shared_expert_intermediate_size=_shared_width(cfg, moe_inter, w),
+        moe_layer_freq=tuple(int(x) for x in _moe_layer_freq(cfg, over, num_experts, L, w)),
         gated_linear_unit=str(_first(cfg, "hidden_act", default="silu")) in ("silu", "swiglu", "gelu_pytorch_tanh", "geglu"),
         untie_embeddings_and_output_weights=not bool(cfg.get("tie_word_embeddings", False)),
-        qk_layernorm=qk_norm,
+        qk_layernorm=bool(_first(cfg, "use_qk_norm", "qk_layernorm", default=str(cfg.get("model_type", "")).startswith("qwen3"))),
         qk_layernorm_full_dim=str(cfg.get("qk_norm_type", "")) == "per_layer",
         mtp_num_layers=mtp,
-        max_position_embeddings=_as_int(cfg.get("max_position_embeddings") or 0, "max_position_embeddings", name_for_errors),
+        max_position_embeddings=_as_int(cfg.get("max_position_embeddings") or 0, "max_position_embeddings", w),
         window_size=window,
         window_attn_skip_freq=skip,
         **gpt_oss,
         source=str(cfg.get("_source", "")),
         **mla,
-        **numerics,
+        **_numerics(cfg, d, num_experts, w),
     )
     unknown = set(over) - {f.name for f in dataclasses.fields(ModelSpec)}
     if unknown:
-        raise TunerError(f"model config {name_for_errors!r}: unknown keys in its 'tuner' section: {sorted(unknown)}")
+        raise TunerError(f"model config {w!r}: unknown keys in its 'tuner' section: {sorted(unknown)}")
     spec.update(over)
     for k in ("moe_layer_freq", "extra_megatron_args", "window_attn_skip_freq"):
         if isinstance(spec.get(k), list):

@@ -28,11 +28,6 @@ class Precision(str, Enum):
         return self.value
 
     @property
-    def is_fp8(self) -> bool:
-        """True for the three fp8 recipes (GEMMs at the GPU's fp8 peak)."""
-        return self in (Precision.fp8, Precision.fp8_blockwise, Precision.mxfp8)
-
-    @property
     def low_precision_weight_bytes(self) -> float:
         """Bytes per parameter of the quantised weight copy kept beside the bf16 weight.
 
@@ -55,7 +50,7 @@ class Precision(str, Enum):
         """Bytes per element of an activation a quantised GEMM saves for its backward (its input, kept for
         the weight gradient), on a stack with Transformer Engine.
 
-        Measured on 1 x H200 (TE 2.20.2, megatron-core 0.19.2, 2026-12-01,
+        Measured on 1 x H200 (TE 2.20.2, megatron-core 0.19.2,
         ``benchmarks/results/h200_te_2026-12-01/call12/census.jsonl``, ``mm-fp8-delayed``): in fp8 the QKV
         GEMM's input (the fused norm's output), the output projection's input and the experts' fc1 / fc2
         inputs are saved as ``uint8`` column-wise copies, 1 B per element (TE ``Float8Tensor``; Hopper

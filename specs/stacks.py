@@ -51,11 +51,6 @@ class StackPreset:
     """``repo@commit path l.lines: what was read there``, one per upstream file."""
     notes: tuple[str, ...] = ()
 
-    @property
-    def source_line(self) -> str:
-        """The first upstream file, as ``repo path @ commit[:8]``."""
-        return self.sources[0].split(":", 1)[0] if self.sources else ""
-
 
 def list_stacks() -> list[str]:
     """Names of the bundled stack presets, sorted."""

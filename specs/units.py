@@ -21,4 +21,4 @@ FP8_BYTES = 1.0
 DEFAULT_MEMORY_HEADROOM = 0.07
 """Fraction of HBM kept free by default (``--memory-headroom``): the largest under-prediction of the reserved
 peak measured on H200, 6.0% (the no-TE harness, 15 rows, with its own calibration; 1.9% with TE over 5
-layouts), plus one point. Source: docs/validation.md, "Memory headroom" (measured 2026-12-01)."""
+layouts), plus one point. Source: ``benchmarks/results/2026-12-01_validation``, "Memory headroom"."""

@@ -141,7 +141,7 @@ class RunOptions:
     saved (:data:`HARNESS_RUN_OPTIONS`). It also means the TE layer spec: the input norm fused into the
     QKV GEMM (``TELayerNormColumnParallelLinear``), a separate pre-MLP norm only in MoE layers (``TENorm``)."""
 
-    # ---- memory-relevant flags of production stacks (issue 14) ---------------------------------------
+    # ---- memory-relevant flags of production stacks ---------------------------------------
     grad_reduce_in_fp32: bool = True
     """``grad_reduce_in_fp32`` (DistributedDataParallelConfig): main gradients and their reduction in fp32 (4 B per
     parameter); False sizes the gradient buffer in the parameter dtype, bf16 (2 B)

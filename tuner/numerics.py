@@ -694,7 +694,8 @@ def decide_component_test(rows: Iterable[Mapping[str, Any]], *, required_moments
     remainders, a wrong hyperparameter, bf16 masters) at least one ``control`` arm exceeds the bound at some step
     (or differs bitwise); a control whose run failed detected nothing and fails the test; a control that stays within
     the bound is reported as "did not fail" (e.g. beta2 0.95 for 0.98: Adam's bias-corrected first update does not
-    depend on beta2, and after 3 steps the change is within the bound, measured on the H200 2026-12-01). Tested arms
+    depend on beta2, and after 3 steps the change is within the bound, measured on
+    the H200, ``benchmarks/results/h200_te_2026-12-01/call12``). Tested arms
     outside ``required_moments`` are reported with their verdict but do not decide.
 
     Raises:

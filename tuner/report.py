@@ -235,7 +235,8 @@ def measured_ties(rows: list[dict[str, Any]], best_trial: int, z: float = TIE_Z)
 
     Separate runs of one layout differ by more than a run's own steps say (on the lent H200 machines: 2-layer
     MiniMax-M2 slice without TE 0.91-1.10 s over four runs; Qwen3-30B-A3B 4-layer slice with TE 1.346-1.756 s over
-    eight runs, a 10% standard deviation, 2026-12-04; docs/measurements.md). So once the study holds layouts measured
+    eight runs, a 10% standard deviation,
+    ``benchmarks/results/h200_te_2026-12-04``). So once the study holds layouts measured
     more than once, the spread between runs is pooled over them (:func:`between_run_noise`) and no run counts as more
     precise than it: a layout measured k times has a standard error of at least that spread / sqrt(k). Before any
     layout was measured twice only the within-run noise is known, and a tie is a floor on the uncertainty, not its size.
@@ -291,7 +292,8 @@ def measured_ties(rows: list[dict[str, Any]], best_trial: int, z: float = TIE_Z)
 
 
 #: Predicted throughputs within this fraction of the best's are not told apart by the model: held out by model, its
-#: median error on NVIDIA's published runs is 6-15% (dense 6.5%, H100 / B200 MoE 14.5%, 2026-12-03 third refit; docs/validation.md), and a layout's neighbours share most of it,
+#: median error on NVIDIA's published runs is 6-15% (dense 6.5%, H100 / B200 MoE 14.5%,
+#: ``benchmarks/results/2026-12-04_kfold_validation``), and a layout's neighbours share most of it,
 #: but not so little that a 1% gap means an order.
 PREDICTED_TIE = 0.01
 

@@ -34,8 +34,8 @@ class RLCalibration:
     logprob_scale: float = 1.0
     """Measured / predicted log-prob time."""
     refit_ipc_bytes_per_s: float = 38e9
-    """Model bytes refitted per second when colocated (CUDA IPC over ZMQ, same GPUs). NeMo-RL PR #638
-    (2025-07): DeepSeek-V3 (1.34e12 bf16 bytes) colocated refit 55 s, of which ~20 s offload:
+    """Model bytes refitted per second when colocated (CUDA IPC over ZMQ, same GPUs). NeMo-RL PR #638:
+    DeepSeek-V3 (1.34e12 bf16 bytes) colocated refit 55 s, of which ~20 s offload:
     1.34e12 / 35 s = 38e9."""
     refit_nccl_bytes_per_s: float = 94e9
     """Model bytes refitted per second when not colocated (NCCL broadcast trainer -> engines). NeMo-RL

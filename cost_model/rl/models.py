@@ -3,14 +3,9 @@ performance-table model that was not a preset, is one now) or a ``config.json`` 
 
 from __future__ import annotations
 
-from specs import ModelSpec, list_models, load_model
+from specs import ModelSpec, load_model
 
-__all__ = ["load_rl_model", "rl_model_names"]
-
-
-def rl_model_names() -> list[str]:
-    """The bundled preset names."""
-    return list_models()
+__all__ = ["load_rl_model"]
 
 
 def load_rl_model(name: str) -> ModelSpec:

@@ -523,48 +523,9 @@ def enumerate_plans(
     """
     check_async_steps(job, async_steps)
     cl = job.cluster
-    nodes = cl.num_nodes
-    per = cl.gpus_per_node
     gen = _Generation(job, latency)
-    workload = job.workload
     trainers: dict[tuple[int, TrainerBackend], TrainerPlan | None] = {}
-
-    def trainer_on(n: int, backend: TrainerBackend) -> TrainerPlan | None:
-        key = (n, backend)
-        if key not in trainers:
-            sub = Cluster(gpu=cl.gpu, num_gpus=n, gpus_per_node=min(per, n), inter_node_bytes_per_s=cl.inter_node_bytes_per_s, usd_per_gpu_hour=cl.usd_per_gpu_hour)
-            if trainer_layout is not None:
-                t = trainer_layout
-                try:
-                    trainers[key] = trainer_for_layout(
-                        job.model, sub, workload, t.backend, tp=t.tp, cp=t.cp, ep=t.ep, pp=t.pp, vpp=t.vpp,
-                        optimizer_steps=job.optimizer_steps, logprob_passes=job.logprob_passes,
-                    )
-                except TunerError:
-                    trainers[key] = None
-                return trainers[key]
-            best = best_trainer(
-                job.model, sub, workload, backend, optimizer_steps=job.optimizer_steps, logprob_passes=job.logprob_passes, top=1
-            )
-            trainers[key] = best[0] if best else None
-        return trainers[key]
-
-    splits: list[tuple[bool, int]] = []
-    if colocated in (None, True):
-        splits.append((True, cl.num_gpus))
-    if colocated in (None, False) and nodes > 1:
-        wanted = None if rollout_gpus is None else set(rollout_gpus)
-        if wanted is not None:
-            for g in wanted:
-                if g >= cl.num_gpus:
-                    raise TunerError(f"--rollout-gpus {g} leaves no GPU of the {cl.num_gpus} for the trainer; at most {cl.num_gpus - per}")
-                if g % per:
-                    raise TunerError(f"--rollout-gpus {g} is not a whole number of {per}-GPU nodes")
-        for r in range(1, nodes):
-            if wanted is None or r * per in wanted:
-                splits.append((False, r * per))
-    elif colocated is False and nodes == 1:
-        raise TunerError(f"a non-colocated plan needs at least two nodes; --gpus {cl.label} has one")
+    splits = _splits(cl, colocated, rollout_gpus)
     rejected: dict[str, int] = {}
     example: dict[str, str] = {}  # reason -> the first full message it stands for
     considered = 0
@@ -575,7 +536,7 @@ def enumerate_plans(
     for is_coloc, r_gpus in splits:
         t_gpus = cl.num_gpus if is_coloc else cl.num_gpus - r_gpus
         for backend in backends:
-            trainer = trainer_on(t_gpus, backend)
+            trainer = _trainer_on(job, t_gpus, backend, trainer_layout, trainers)
             if trainer is None:
                 key = f"no {backend} trainer layout fits the split's trainer GPUs (splits)"
                 rejected[key] = rejected.get(key, 0) + 1
@@ -608,15 +569,71 @@ def enumerate_plans(
                                     if reason != str(e):
                                         example.setdefault(reason, str(e))
     if not plans:
-        def count(k: str, v: int) -> str:
-            if k.endswith(" (splits)"):
-                return f"{k.removesuffix(' (splits)')} ({v} split{'s' if v != 1 else ''})"
-            return f"{k} ({v} candidates" + (f"; the first: {example[k]}" if k == _NO_DATA and k in example else "") + ")"
-
-        why = "; ".join(count(k, v) for k, v in rejected.items()) or "no split, engine shape or trainer layout to try"
+        why = "; ".join(_count(k, v, example) for k, v in rejected.items()) or "no split, engine shape or trainer layout to try"
         raise TunerError(f"no RL plan fits {job.model.name} on {cl.label}: {why}")
     plans.sort(key=lambda p: p.step_time_s)
     return PlanSet(plans=plans, considered=considered, rejected=rejected)
+
+
+def _trainer_on(job: RLJob, n: int, backend: TrainerBackend, trainer_layout: TrainerLayout | None,
+                cache: dict[tuple[int, TrainerBackend], TrainerPlan | None]) -> TrainerPlan | None:
+    """The trainer's plan on ``n`` GPUs of the job's cluster: ``trainer_layout`` when given (None when it does not
+    fit), else the best layout of ``backend`` (None when none fits); kept in ``cache`` by ``(n, backend)``."""
+    key = (n, backend)
+    if key in cache:
+        return cache[key]
+    cl = job.cluster
+    sub = Cluster(gpu=cl.gpu, num_gpus=n, gpus_per_node=min(cl.gpus_per_node, n), inter_node_bytes_per_s=cl.inter_node_bytes_per_s,
+                  usd_per_gpu_hour=cl.usd_per_gpu_hour)
+    plan: TrainerPlan | None
+    if trainer_layout is not None:
+        t = trainer_layout
+        try:
+            plan = trainer_for_layout(
+                job.model, sub, job.workload, t.backend, tp=t.tp, cp=t.cp, ep=t.ep, pp=t.pp, vpp=t.vpp,
+                optimizer_steps=job.optimizer_steps, logprob_passes=job.logprob_passes,
+            )
+        except TunerError:
+            plan = None
+    else:
+        best = best_trainer(job.model, sub, job.workload, backend, optimizer_steps=job.optimizer_steps, logprob_passes=job.logprob_passes, top=1)
+        plan = best[0] if best else None
+    cache[key] = plan
+    return plan
+
+
+def _splits(cl: Cluster, colocated: bool | None, rollout_gpus: Iterable[int] | None) -> list[tuple[bool, int]]:
+    """The ``(colocated, rollout GPUs)`` splits to try: all GPUs colocated, and every whole-node split (or those of
+    ``rollout_gpus``) that leaves the trainer a node.
+
+    Raises:
+        TunerError: rollout GPUs that are not whole nodes or leave no trainer GPU; non-colocated on one node.
+    """
+    nodes, per = cl.num_nodes, cl.gpus_per_node
+    splits: list[tuple[bool, int]] = []
+    if colocated in (None, True):
+        splits.append((True, cl.num_gpus))
+    if colocated in (None, False) and nodes > 1:
+        wanted = None if rollout_gpus is None else set(rollout_gpus)
+        if wanted is not None:
+            for g in wanted:
+                if g >= cl.num_gpus:
+                    raise TunerError(f"--rollout-gpus {g} leaves no GPU of the {cl.num_gpus} for the trainer; at most {cl.num_gpus - per}")
+                if g % per:
+                    raise TunerError(f"--rollout-gpus {g} is not a whole number of {per}-GPU nodes")
+        for r in range(1, nodes):
+            if wanted is None or r * per in wanted:
+                splits.append((False, r * per))
+    elif colocated is False and nodes == 1:
+        raise TunerError(f"a non-colocated plan needs at least two nodes; --gpus {cl.label} has one")
+    return splits
+
+
+def _count(k: str, v: int, example: dict[str, str]) -> str:
+    """One rejection reason with its count, for the message when no plan fits."""
+    if k.endswith(" (splits)"):
+        return f"{k.removesuffix(' (splits)')} ({v} split{'s' if v != 1 else ''})"
+    return f"{k} ({v} candidates" + (f"; the first: {example[k]}" if k == _NO_DATA and k in example else "") + ")"
 
 
 def _reason(message: str) -> str:

@@ -126,106 +126,126 @@ def simulate_engine(
             f"a request of {longest:,} tokens does not fit in the engine's KV cache of {kv_capacity_tokens:,} tokens; "
             "give the engine more GPUs (tp), a higher gpu_memory_utilization, or shorter sequences"
         )
-    cap = int(kv_capacity_tokens)
-    # Python lists, not numpy arrays: the loop touches one element at a time (numpy scalars cost ~10x here)
-    plen: list[int] = prompt.tolist()
-    rlen: list[int] = resp.tolist()
-    done = [0] * r  # tokens generated before the current admission
-    start = [0] * r  # iteration of the current admission
-    version = [0] * r
-    running = [False] * r
-    waiting: deque[int] = deque(range(r))
-    finish: list[tuple[int, int, int]] = []  # (finish iteration, request, version)
-    order: list[tuple[int, int, int]] = []  # (-admission counter, request, version): top = latest admitted
-    first_t = [math.nan] * r  # time of each request's first token
-    finish_t = [math.nan] * r
-    awaiting_first: list[int] = []  # admitted since the last decode segment
-    it = 0
-    t = decode_t = prefill_t = 0.0
-    used = n = 0
-    counter = preemptions = peak = 0
-    running_iters = 0
-    just_preempted = False
-    while True:
-        admitted_tokens = 0
-        if not just_preempted:
-            while waiting and n < max_num_seqs:
-                i = waiting[0]
-                need = plen[i] + done[i]
-                if used + need + (n + 1) * block_size > cap:
-                    break
-                waiting.popleft()
-                running[i] = True
-                start[i] = it
-                version[i] += 1
-                used += need
-                n += 1
-                heapq.heappush(finish, (it + rlen[i] - done[i], i, version[i]))
-                heapq.heappush(order, (-counter, i, version[i]))
-                counter += 1
-                admitted_tokens += need
-                awaiting_first.append(i)
-        just_preempted = False
-        if admitted_tokens:
-            dt = latency.prefill_s(admitted_tokens)
-            t += dt
-            prefill_t += dt
-        peak = max(peak, n)
-        if n == 0:
-            if waiting:  # unreachable given the check above; kept as an invariant
-                raise AssertionError("simulator: nothing runs but requests wait")
-            break
-        if used + n * (1 + block_size) > cap:
-            # preempt the latest-admitted running request (recompute later)
-            while True:
-                _, j, v = heapq.heappop(order)
-                if running[j] and version[j] == v:
-                    break
-            running[j] = False
-            done[j] += it - start[j]
-            used -= plen[j] + done[j]
-            n -= 1
-            waiting.appendleft(j)
-            preemptions += 1
-            just_preempted = True
-            continue
-        while not (running[finish[0][1]] and version[finish[0][1]] == finish[0][2]):
-            heapq.heappop(finish)
-        k_fin = finish[0][0] - it
-        k_mem = (cap - used - n * block_size) // n
-        k = max(1, min(k_fin, k_mem))
-        ctx_mid = used / n + (k - 1) / 2.0
-        dt = k * latency.decode_s(n, ctx_mid)
-        for i in awaiting_first:
-            if running[i] and math.isnan(first_t[i]):
-                first_t[i] = t + dt / k
-        awaiting_first.clear()
-        t += dt
-        decode_t += dt
-        it += k
-        used += n * k
-        running_iters += n * k
-        while finish and finish[0][0] <= it:
-            f_it, i, v = heapq.heappop(finish)
-            if running[i] and version[i] == v:
-                running[i] = False
-                used -= plen[i] + rlen[i]
-                n -= 1
-                finish_t[i] = t
+    e = _Engine(prompt.tolist(), resp.tolist(), latency, int(kv_capacity_tokens), max_num_seqs, block_size)
+    e.run()
     multi = resp > 1
-    tpot = float(np.mean((np.asarray(finish_t)[multi] - np.asarray(first_t)[multi]) / (resp[multi] - 1))) if np.any(multi) else 0.0
+    tpot = float(np.mean((np.asarray(e.finish_t)[multi] - np.asarray(e.first_t)[multi]) / (resp[multi] - 1))) if np.any(multi) else 0.0
     return EngineRun(
-        makespan_s=t,
-        decode_s=decode_t,
-        prefill_s=prefill_t,
-        iterations=it,
-        preemptions=preemptions,
+        makespan_s=e.t,
+        decode_s=e.decode_t,
+        prefill_s=e.prefill_t,
+        iterations=e.it,
+        preemptions=e.preemptions,
         requests=r,
         generated_tokens=int(resp.sum()),
-        peak_running=peak,
-        mean_running=running_iters / it if it else 0.0,
+        peak_running=e.peak,
+        mean_running=e.running_iters / e.it if e.it else 0.0,
         mean_tpot_s=tpot,
     )
+
+
+class _Engine:
+    """One engine's simulation state (:func:`simulate_engine`): per-request Python lists, not numpy arrays (the loop
+    touches one element at a time, where numpy scalars cost ~10x), and the event heaps."""
+
+    def __init__(self, plen: list[int], rlen: list[int], latency: LatencyTable, cap: int, max_num_seqs: int, block_size: int) -> None:
+        r = len(plen)
+        self.plen, self.rlen, self.latency = plen, rlen, latency
+        self.cap, self.max_num_seqs, self.block_size = cap, max_num_seqs, block_size
+        self.done = [0] * r  # tokens generated before the current admission
+        self.start = [0] * r  # iteration of the current admission
+        self.version = [0] * r
+        self.running = [False] * r
+        self.waiting: deque[int] = deque(range(r))
+        self.finish: list[tuple[int, int, int]] = []  # (finish iteration, request, version)
+        self.order: list[tuple[int, int, int]] = []  # (-admission counter, request, version): top = latest admitted
+        self.first_t = [math.nan] * r  # time of each request's first token
+        self.finish_t = [math.nan] * r
+        self.awaiting_first: list[int] = []  # admitted since the last decode segment
+        self.it = self.used = self.n = self.counter = self.preemptions = self.peak = self.running_iters = 0
+        self.t = self.decode_t = self.prefill_t = 0.0
+
+    def run(self) -> None:
+        """Admit, prefill and decode until every request has finished."""
+        just_preempted = False
+        while True:
+            admitted_tokens = 0 if just_preempted else self._admit()
+            just_preempted = False
+            if admitted_tokens:
+                dt = self.latency.prefill_s(admitted_tokens)
+                self.t += dt
+                self.prefill_t += dt
+            self.peak = max(self.peak, self.n)
+            if self.n == 0:
+                if self.waiting:  # unreachable given simulate_engine's check; kept as an invariant
+                    raise AssertionError("simulator: nothing runs but requests wait")
+                return
+            if self.used + self.n * (1 + self.block_size) > self.cap:
+                self._preempt()
+                just_preempted = True
+                continue
+            self._decode()
+
+    def _admit(self) -> int:
+        """Admit waiting requests, first come first served, while they fit; the tokens to prefill."""
+        admitted = 0
+        while self.waiting and self.n < self.max_num_seqs:
+            i = self.waiting[0]
+            need = self.plen[i] + self.done[i]
+            if self.used + need + (self.n + 1) * self.block_size > self.cap:
+                break
+            self.waiting.popleft()
+            self.running[i] = True
+            self.start[i] = self.it
+            self.version[i] += 1
+            self.used += need
+            self.n += 1
+            heapq.heappush(self.finish, (self.it + self.rlen[i] - self.done[i], i, self.version[i]))
+            heapq.heappush(self.order, (-self.counter, i, self.version[i]))
+            self.counter += 1
+            admitted += need
+            self.awaiting_first.append(i)
+        return admitted
+
+    def _preempt(self) -> None:
+        """Preempt the latest-admitted running request (recomputed when it is admitted again)."""
+        while True:
+            _, j, v = heapq.heappop(self.order)
+            if self.running[j] and self.version[j] == v:
+                break
+        self.running[j] = False
+        self.done[j] += self.it - self.start[j]
+        self.used -= self.plen[j] + self.done[j]
+        self.n -= 1
+        self.waiting.appendleft(j)
+        self.preemptions += 1
+
+    def _decode(self) -> None:
+        """Decode up to the next event (a completion, or a full KV cache), then retire the finished requests."""
+        finish, running, version, n = self.finish, self.running, self.version, self.n
+        while not (running[finish[0][1]] and version[finish[0][1]] == finish[0][2]):
+            heapq.heappop(finish)
+        k_fin = finish[0][0] - self.it
+        k_mem = (self.cap - self.used - n * self.block_size) // n
+        k = max(1, min(k_fin, k_mem))
+        ctx_mid = self.used / n + (k - 1) / 2.0
+        dt = k * self.latency.decode_s(n, ctx_mid)
+        for i in self.awaiting_first:
+            if running[i] and math.isnan(self.first_t[i]):
+                self.first_t[i] = self.t + dt / k
+        self.awaiting_first.clear()
+        self.t += dt
+        self.decode_t += dt
+        self.it += k
+        self.used += n * k
+        self.running_iters += n * k
+        while finish and finish[0][0] <= self.it:
+            _, i, v = heapq.heappop(finish)
+            if running[i] and version[i] == v:
+                running[i] = False
+                self.used -= self.plen[i] + self.rlen[i]
+                self.n -= 1
+                self.finish_t[i] = self.t
 
 
 def simulate_rollout(

@@ -58,8 +58,8 @@ __all__ = [
 ATTENTION_HIDDEN_TENSORS = 3.0
 
 #: Hidden-size tensors of the attention block under Transformer Engine: the fused norm's input (bf16) and its
-#: output, the QKV GEMM's input (bf16, or 1 B in fp8). **Measured** on 1 x H200 (TE 2.20.2, megatron-core 0.19.2,
-#: 2026-12-01; saved-tensor census of ``decoder.layers.0.self_attention``, MiniMax-M2 bf16: two ``[8192, 3072]``
+#: output, the QKV GEMM's input (bf16, or 1 B in fp8). **Measured** on 1 x H200 (TE 2.20.2, megatron-core 0.19.2;
+#: saved-tensor census of ``decoder.layers.0.self_attention``, MiniMax-M2 bf16: two ``[8192, 3072]``
 #: bf16 tensors besides Q, K, V, the output and the QK-norm inputs; fp8: one bf16 and one ``uint8 [3072, 8192]``),
 #: ``benchmarks/results/h200_te_2026-12-01/call12/census.jsonl``.
 TE_ATTENTION_HIDDEN_TENSORS = 2.0

@@ -68,10 +68,8 @@ EXPERT_GEMMS_BACKWARD = 4.0
 FP8_CURRENT_SCALING_KERNELS = 2.0
 
 #: Data-parallel bytes per parameter per step with the distributed optimizer: the fp32 gradient
-#: reduce-scatter and the bf16 parameter all-gather; without it an all-reduce = 2 reduce-scatters
-#: (megatron/core/distributed/param_and_grad_buffer.py).
+#: reduce-scatter and the bf16 parameter all-gather (megatron/core/distributed/param_and_grad_buffer.py).
 DISTOPT_BYTES_PER_PARAM = FP32_BYTES + BF16_BYTES
-ALLREDUCE_BYTES_PER_PARAM = 2 * FP32_BYTES
 
 #: Megatron FSDP bytes per parameter per micro-batch: bf16 parameters all-gathered for forward
 #: and again for backward, fp32 gradients reduce-scattered.
@@ -348,7 +346,7 @@ def flex_dispatch_time(c: TableContext, remote: Array) -> Array:
     - per remote GPU hit (``tokens x gpus hit x remote share``): NCCL's fitted figure, which DeepEP also gets across
       nodes: its README's kernel bandwidth (V1 normal kernels, H800 + CX7: 43 / 58 / 51 GB/s at EP 16 / 32 / 64) would
       put it ahead of alltoall on 256 H100 where NVIDIA's training runs measured it 1-6% behind
-      (docs/published_pairs.md, docs/validation.md 2026-12-02 17:00 UTC);
+      (docs/published_pairs.md, ``benchmarks/results/2026-12-02_validation``);
     - per NVLink domain hit, the token's own included (``tokens x holders_hit(domains)``), how
       HybridEP's benchmark counts its RDMA bytes (``count_rdma_send_from_routing_map``, DeepEP ``hybrid_ep`` branch
       README, H100 + IB: 41-54 GB/s at EP 16-64, 16 SMs): the node de-duplication of its hierarchical

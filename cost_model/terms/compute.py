@@ -56,7 +56,7 @@ GEMM_PASSES = 3.0
 
 #: HBM bytes-equivalent per logit element of the loss, forward + backward, of each of megatron-core 0.19's
 #: cross-entropy paths (:attr:`specs.RunOptions.cross_entropy_path`). **Measured** on 1 x H200 (TE 2.20.2, torch 2.11,
-#: 2026-12-01, ``benchmarks/h200_ce.py``, rows in ``benchmarks/results/h200_te_2026-12-01/call20/ce.jsonl``): the
+#: ``benchmarks/h200_ce.py``, rows in ``benchmarks/results/h200_te_2026-12-01/call20/ce.jsonl``): the
 #: loss's forward + backward time on 8,192 x V bf16 logits, V = 128,256 .. 201,088, times the GPU's achieved copy
 #: bandwidth (3.75-4.22 TB/s), over the elements; the median of five vocabularies (spread within 3%, the first
 #: measured at 70.5 for ``unfused``). Reading the code gives the order, not the size: the unfused path makes about
@@ -65,7 +65,7 @@ GEMM_PASSES = 3.0
 CROSS_ENTROPY_BYTES_PER_LOGIT = {"unfused": 64.0, "native": 49.0, "te": 9.5}
 
 #: Core attention's speed by (q / k head dim, v head dim) relative to head dim 128, the same heads, kv groups and length.
-#: **Measured** on 1 x H200 (TE 2.20.2 cuDNN FusedAttention, bf16, causal, 2026-12-02; ``benchmarks/h200_attention.py``,
+#: **Measured** on 1 x H200 (TE 2.20.2 cuDNN FusedAttention, bf16, causal; ``benchmarks/h200_attention.py``,
 #: rows in ``benchmarks/results/h200_te_2026-12-02/call29/attn/attention.jsonl``, derived by ``--compare``): the GPU
 #: kernels' forward + backward time at 32 heads, 8 kv groups, 8,192 tokens, above the fixed part of a call
 #: (:attr:`cost_model.calibration.Calibration.attention_call_macs`). (192, 128) is MLA's shape (DeepSeek-V3, Kimi-K2).
@@ -273,7 +273,7 @@ def core_attention_work(c: TableContext) -> Array:
     is not vanilla), plus the fixed part of a full-attention call
     (:attr:`~cost_model.calibration.Calibration.attention_call_macs` per sequence of the micro-batch, on the
     full-attention layers' share), over :func:`attention_head_dim_factor`. Measured with cuDNN's fused attention on
-    1 x H200 (TE 2.20.2, ``benchmarks/h200_attention.py``, docs/measurements.md "Eighth batch").
+    1 x H200 (TE 2.20.2, ``benchmarks/h200_attention.py``, ``benchmarks/results/h200_te_2026-12-02/call29``).
 
     Returns:
         MAC-equivalents per layer per micro-batch per GPU, ``(n, 1)``.
@@ -307,7 +307,7 @@ def core_attention_time(c: TableContext) -> Array:
     """Forward time of the attention kernel: :func:`core_attention_work` at ``attention_efficiency`` of the bf16 peak
     (the efficiency is the forward + backward average against a backward of 2 forwards; the fit's start from
     FlashAttention-2, Dao 2023; measured 0.239 at head dim 128 on 1 x H200
-    (docs/measurements.md, "Eighth batch"); the shipped fit on published runs, which did not see that measurement, 0.2375).
+    (``benchmarks/results/h200_te_2026-12-02/call29``); the shipped fit on published runs, which did not see that measurement, 0.2375).
 
     Returns:
         Seconds, ``(n, 1)``.
@@ -320,7 +320,7 @@ def grouped_gemm_efficiency(c: TableContext) -> Array:
     ``grouped_gemm_efficiency x rows / (rows + half)``, floored at ``grouped_gemm_efficiency_floor``, with
     ``rows = tokens x topk x etp x ep / (tp x E)`` and the half-point measured by expert shape,
     ``half = grouped_gemm_half_rows + grouped_gemm_half_rows_work / (hidden x moe_ffn / etp)`` (1 x H200,
-    docs/measurements.md, "Eleventh batch": a small expert needs more rows to fill the GPU).
+    ``benchmarks/results/h200_te_2026-12-02/call33``: a small expert needs more rows to fill the GPU).
 
     Returns:
         A fraction, ``(n, 1)``.

@@ -346,8 +346,8 @@ def build_context(
         raise TunerError(f"precision {prec.value}: {gpu.name} has no tensor cores for it")
     fam = cal.family_factor(gpu.family, gpu.generation)
     # nvfp4 GEMMs take the family factor alone: Blackwell Ultra's datasheet nvfp4 peak (GB300 15 PF dense against
-    # GB200's 10) already carries what the generation factor stands for at the other precisions (docs/validation.md,
-    # "Issue 14, 2026-12-02 (17:00 UTC)")
+    # GB200's 10) already carries what the generation factor stands for at the other precisions
+    # (benchmarks/results/2026-12-02_validation)
     gemm_fam = cal.family_factor(gpu.family) if prec == Precision.nvfp4 else fam
     s = float(workload.seq_length)
     gbs = float(workload.global_batch_size)

@@ -31,14 +31,15 @@ OFFLOAD_BYTES_PER_PARAM = FP32_BYTES + BF16_BYTES
 #: Host bytes per offloaded parameter that megatron-core 0.19's ``HybridDeviceOptimizer`` keeps
 #: (``optimizer/cpu_offloading/hybrid_optimizer.py``; ``launch.harness.hostmem.offload_host_bytes``): the CPU fp32
 #: parameter (the pinned copy of the bf16 shard is replaced by its fp32 clone, ``param_update_in_fp32``; without the
-#: precision-aware optimizer the shard is already fp32), the pinned fp32 gradient and AdamW's two fp32 moments,
-#: 4 + 4 + 8 with or without the precision-aware optimizer. Measured on 1 x H200 (2026-12-01, ``mem-mm-offload-*``,
-#: live tensors after step 1): 16 B per offloaded parameter, no bf16 copy.
+#: precision-aware optimizer the shard is already fp32), the pinned fp32 gradient and AdamW's two fp32 moments, 4 + 4
+#: + 8 with or without the precision-aware optimizer. Measured on 1 x H200 (``benchmarks/results/h200_te_2026-12-01``,
+#: ``mem-mm-offload-*``, live tensors after step 1): 16 B per offloaded parameter, no bf16 copy.
 HOST_BYTES_PER_OFFLOADED_PARAM = 4 * FP32_BYTES
 
-#: Host RSS beyond the live tensors per offloaded parameter, **measured** on 1 x H200 (2026-12-01, ``mem-mm-offload-*``:
-#: 4.7 B at fraction 0.5, 3.9 B at 1.0, with and without ``gc.collect()``): the CUDA caching host allocator rounds
-#: pinned blocks up and keeps the freed pinned bf16 copies of the build; not separated further.
+#: Host RSS beyond the live tensors per offloaded parameter, **measured** on 1 x H200
+#: (``benchmarks/results/h200_te_2026-12-01``, ``mem-mm-offload-*``: 4.7 B at fraction 0.5, 3.9 B at 1.0, with and
+#: without ``gc.collect()``): the CUDA caching host allocator rounds pinned blocks up and keeps the freed pinned bf16
+#: copies of the build; not separated further.
 HOST_PINNED_OVERHEAD_BYTES_PER_OFFLOADED_PARAM = 4.0
 
 

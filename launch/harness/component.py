@@ -107,7 +107,7 @@ class ComponentArm:
     """The arm whose masters this arm's must equal bit for bit."""
     detects: str = ""
     """For a control: the class of bug it stands for (``remainders``, ``hyperparameter``, ``masters``). The test
-    must catch every class: at least one control of each class must fail (the issue's "a wrong epsilon or beta")."""
+    must catch every class: at least one control of each class must fail (a wrong epsilon or beta among them)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}

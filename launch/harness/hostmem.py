@@ -51,7 +51,8 @@ def offload_host_bytes(offloaded_params: int, *, precision_aware: bool) -> int:
     """Host bytes that megatron-core's CPU optimizer offload holds for ``offloaded_params`` parameters (one rank).
 
     Per offloaded parameter, read in megatron-core 0.19 ``optimizer/cpu_offloading/hybrid_optimizer.py`` and measured
-    on 1 x H200 (2026-12-01, the live tensors after step 1, ``docs/measurements.md``): the CPU fp32 parameter (with the
+    on 1 x H200 (the live tensors after step 1, ``benchmarks/results/h200_te_2026-12-01``): the CPU fp32 parameter
+    (with the
     precision-aware optimizer the pinned copy of the bf16 shard is replaced by its fp32 clone, ``param_update_in_fp32``;
     without it the fp32 main shard is copied), the pinned fp32 gradient buffer (``_set_sub_optimizer_grads``) and
     AdamW's ``exp_avg`` and ``exp_avg_sq`` (fp32): 4 + 4 + 8 = 16 bytes either way (``precision_aware`` is kept for

@@ -156,7 +156,7 @@ def unsupported_reasons(layout: Layout, model: ModelSpec, workload: Workload, en
     optimizer is offloaded), ``token_dispatcher.py`` (flex needs DeepEP or HybridEP),
     ``transformer_config.py`` (``TransformerConfig.__post_init__`` raises "moe_act in
     recompute_modules is only supported with moe_grouped_gemm"; without TE the harness builds
-    experts as ``SequentialMLP``, no grouped GEMM: seen on H200, 2026-11-29).
+    experts as ``SequentialMLP``, no grouped GEMM: seen on H200, ``benchmarks/results/h200_x2_2026-11-29``).
     """
     out: list[str] = []
     te = env.transformer_engine

@@ -103,7 +103,7 @@ class TuneConfig:
     """Optimizer steps per real trial, warm-up included."""
     trial_warmup_steps: int | None = None
     """Leading steps of a real trial left out of its median step time; None = half of
-    ``trial_steps``. On 2 x H200 (MiniMax-M2 slice, no TE, 2026-11-29) a trial's step time fell by
+    ``trial_steps``. On 2 x H200 (MiniMax-M2 slice, no TE) a trial's step time fell by
     20-40% over its first ~10 steps before it settled
     (benchmarks/results/h200_x2_2026-11-29/step_times.jsonl), hence 10 of the default 20."""
     allow_config_args: bool = False
