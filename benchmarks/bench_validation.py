@@ -9,6 +9,7 @@ is judged on. Prints one JSON object:
   mxfp8): median |error| of tokens/s/GPU (target <= 15%) and Spearman within each model's
   rows that differ in layout (target >= 0.8);
 - ``dense``: every dense row (target median |error| <= 10%);
+- ``fine_tuning``: the SFT and LoRA rows (target median |error| <= 15%), each row listed;
 - ``all`` and per-fold figures; ``seed_anchors``: the seed's runs under the shipped calibration.
 """
 
@@ -36,10 +37,12 @@ def main() -> None:
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--max-nfev", type=int, default=60)
     ap.add_argument("--rows", default=None, help="also write every held-out row's prediction here (JSON lines)")
+    ap.add_argument("--hold-out", action="append", default=None, metavar="MODEL",
+                    help="run only this model's fold (repeatable; each still fitted on every other model's rows)")
     a = ap.parse_args()
     t0 = time.perf_counter()
     runs, problems = read_runs([a.data, str(ROOT / "cost_model" / "data" / "seed_runs.csv")])
-    folds = kfold_by_model(runs, processes=a.processes, max_nfev=a.max_nfev)
+    folds = kfold_by_model(runs, processes=a.processes, max_nfev=a.max_nfev, models=a.hold_out)
     preds: list[Prediction] = []
     for f in folds.values():
         for r, p in zip(f["runs"], f["predicted"]):
@@ -67,6 +70,7 @@ def main() -> None:
                                      "error": round(p.error, 4)}) + "\n")
     moe = [p for p in preds if p.run.is_moe and p.run.gpu_type in ("H100", "B200") and p.run.precision != "nvfp4" and p.run.metric == "tokens"]
     dense = [p for p in preds if not p.run.model.is_moe]
+    tuned = [p for p in preds if p.run.workload.task in ("sft", "lora")]
     seed = {p.run.run_id: round(p.tokens_per_s_per_gpu, 1) for p in predict_runs([r for r in runs if "seed" in r.run_id], DEFAULT_CALIBRATION)}
     out = {
         "benchmark": "kfold_by_model",
@@ -76,6 +80,11 @@ def main() -> None:
         "moe_h100_b200": stats(moe),
         "moe_h100_b200_by_precision": {k: stats([p for p in moe if p.run.precision == k]) for k in sorted({p.run.precision for p in moe})},
         "dense": stats(dense),
+        "fine_tuning": {**stats(tuned), **{t: stats([p for p in tuned if p.run.workload.task == t]) for t in ("sft", "lora")},
+                        "rows_each": [{"run_id": p.run.run_id, "task": p.run.task, "model": p.run.model.name,
+                                       "gpus": f"{p.run.num_gpus}x{p.run.gpu_type}", "precision": p.run.precision,
+                                       "layout": p.run.layout.label, "published": p.published,
+                                       "predicted": round(p.predicted, 1), "error": round(p.error, 4)} for p in tuned]},
         "all": stats(preds),
         "per_model": {m: stats([p for p in preds if p.run.model.name == m]) for m in folds},
         # each fold's release gain per month, measured on its training models' repeats (cost_model.validate.measure_release_gain)

@@ -198,16 +198,19 @@ def kfold_by_model(
     max_nfev: int = 60,
     progress: Callable[[str], None] | None = None,
     processes: int = 1,
+    models: Sequence[str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Out-of-model error: for each model, fit on the other models' runs and predict this one's.
+
+    ``models`` limits the folds to those models (each still fitted on every other model's runs); None: every model.
 
     Returns:
         ``{model: {"runs": [...], "predicted": array, "published": array, "fit": FitResult, "release_gain": float}}``
         (``predicted`` is in the run's metric: tokens/s/GPU, else model TFLOP/s/GPU).
     """
     usable = [r for r in runs if not r.unrepresentable and r.layout is not None]
-    models = sorted({r.model.name for r in usable})  # type: ignore[union-attr]
-    jobs = [(m, [r for r in usable if r.model.name != m], [r for r in usable if r.model.name == m]) for m in models]  # type: ignore[union-attr]
+    names = sorted({r.model.name for r in usable if models is None or r.model.name in models})  # type: ignore[union-attr]
+    jobs = [(m, [r for r in usable if r.model.name != m], [r for r in usable if r.model.name == m]) for m in names]  # type: ignore[union-attr]
     if processes > 1:
         import multiprocessing as mp
 

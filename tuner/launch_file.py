@@ -1,8 +1,9 @@
 """A user's launch as the tuner's inputs: ``tune --from FILE``.
 
 :func:`read_launch` reads a Megatron-LM / slime argument list or shell script (``MODEL_ARGS=( ... )`` arrays and
-``NAME=value`` assignments expanded where the launch uses them, ``"${MODEL_ARGS[@]}"`` included), or this project's
-``recipe.yaml`` (its ``run`` block, its model and GPU). The launch's arguments are parsed with :mod:`argparse` and
+``NAME=value`` assignments expanded where the launch uses them, ``"${MODEL_ARGS[@]}"`` included), this project's
+``recipe.yaml`` (its ``run`` block, its model and GPU), a Megatron-Bridge override YAML or performance config
+(``ConfigContainer`` and ``perf_matrix``), or a NeMo-RL config. The launch's arguments are parsed with :mod:`argparse` and
 sorted three ways (:class:`LaunchFile`): **understood** (the model, the GPUs, the workload, the layout and the run
 options the cost model prices), **known without effect** on the estimate (:data:`NO_EFFECT_ARGS`: learning rate,
 paths, logging, RL rollout settings ...) and **not understood** (named, never dropped). The arguments that are not
@@ -12,6 +13,7 @@ understood or have no effect are kept, in order, for the exported commands (:att
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -225,7 +227,7 @@ def _launch_args(text: str, base: Path | None = None) -> tuple[list[str], list[s
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False, prog="launch")
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False, prog="launch", exit_on_error=False)
     ints = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
             "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--virtual-pipeline-model-parallel-size",
             "--num-virtual-stages-per-pipeline-rank", "--num-layers-per-virtual-pipeline-stage",
@@ -257,7 +259,19 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _model_flags() -> set[str]:
+def _numbers(v: Sequence[str]) -> list[str]:
+    """An argument's values with numbers in one spelling (``7.0`` and ``7`` alike)."""
+    out = []
+    for x in v:
+        try:
+            out.append(repr(float(x)))
+        except ValueError:
+            out.append(x)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _model_flags() -> frozenset[str]:
     """Every architecture argument the exports write for some preset (:func:`launch.exporters._flags.model_args`)."""
     from launch.exporters._flags import model_args
     from specs import list_models, load_model
@@ -265,10 +279,10 @@ def _model_flags() -> set[str]:
     names = {"--yarn-correction-range-round-to-int"}
     for n in list_models():
         names |= {x for x in model_args(load_model(n)) if x.startswith("--")}
-    return names - set(_parser()._option_string_actions) - NO_EFFECT_ARGS
+    return frozenset(names - set(_parser()._option_string_actions) - NO_EFFECT_ARGS)
 
 
-def _flag_values(argv: Sequence[str], names: set[str]) -> tuple[dict[str, list[str]], list[str]]:
+def _flag_values(argv: Sequence[str], names: set[str] | frozenset[str]) -> tuple[dict[str, list[str]], list[str]]:
     """The arguments of ``argv`` named in ``names`` with their values, and the rest in order."""
     found: dict[str, list[str]] = {}
     rest: list[str] = []
@@ -304,6 +318,8 @@ def _identify_model(arch: Mapping[str, list[str]], given: str | None) -> tuple[s
         return flag[2:].replace("-", "_")
 
     file_arch = {dest(k): v for k, v in arch.items()}
+    if "num_experts" not in file_arch:  # a dense model: its MoE settings (a dumped config's defaults) do not name it
+        file_arch = {k: v for k, v in file_arch.items() if not k.startswith("moe_")}
     if not given and not any(k in file_arch for k in _IDENTITY):
         return None, None, ()
     names = [given] if given else list_models()
@@ -315,7 +331,7 @@ def _identify_model(arch: Mapping[str, list[str]], given: str | None) -> tuple[s
             return given, None, ()  # a config.json path: the file's architecture is not compared
         pre, _ = _flag_values(model_args(m), set(arch) | {"--num-layers"})
         pre_d = {dest(k): v for k, v in pre.items()}
-        if given or all(pre_d.get(k) == v for k, v in file_arch.items() if k in _IDENTITY):
+        if given or all(_numbers(pre_d.get(k, ())) == _numbers(v) for k, v in file_arch.items() if k in _IDENTITY):
             best = (m.name, pre_d)
             break
     if best is None:
@@ -334,7 +350,7 @@ def _identify_model(arch: Mapping[str, list[str]], given: str | None) -> tuple[s
         elif n_file != n_pre:
             notes.append(f"--num-layers {n_file}: {name} has {n_pre}; the preset's is used")
     for k, v in file_arch.items():
-        if k != "num_layers" and pre_d.get(k) != v:
+        if k != "num_layers" and (k not in pre_d or _numbers(pre_d[k]) != _numbers(v)):
             notes.append(f"--{k.replace('_', '-')} {' '.join(v)}".strip() + f": {name}'s is "
                          + (" ".join(pre_d[k]) or "set" if k in pre_d else "unset") + "; the preset's is used")
     return name, layers, tuple(notes)
@@ -378,7 +394,7 @@ def _run_flags_of(ns: argparse.Namespace) -> RunFlags:
     return RunFlags(
         accumulate_allreduce_grads_in_fp32=ns.accumulate_allreduce_grads_in_fp32, grad_reduce_in_bf16=ns.grad_reduce_in_bf16,
         cross_entropy_loss_fusion=ns.cross_entropy_loss_fusion, cross_entropy_fusion_impl=ns.cross_entropy_fusion_impl,
-        cuda_graph_impl=impl, cuda_graph_scope=tuple(ns.cuda_graph_scope) if ns.cuda_graph_scope else None,
+        cuda_graph_impl=impl, cuda_graph_scope=tuple(ns.cuda_graph_scope) if ns.cuda_graph_scope and impl != "none" else None,
         moe_permute_fusion=ns.moe_permute_fusion, fp8_recipe=ns.fp8_recipe, fp8_param_gather=ns.fp8_param_gather,
         overlap_grad_reduce=ns.overlap_grad_reduce, overlap_moe_expert_parallel_comm=ns.overlap_moe_expert_parallel_comm,
         tp_comm_overlap=ns.tp_comm_overlap, moe_router_force_load_balancing=ns.moe_router_force_load_balancing,
@@ -402,7 +418,8 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
         raise TunerError(f"{label}: an argument has a value of the wrong type (e.g. a word where a number goes); "
                          "fix it in the file") from None
     except argparse.ArgumentError as e:
-        raise TunerError(f"{label}: {e}") from None
+        flag = (e.argument_name or "").split("/")[0]
+        raise TunerError(f"{label}: {(names or {}).get(flag, flag) or 'an argument'}: {e.message}; fix it in the file") from None
     if ns.fp16:
         raise TunerError(f"{label}: --fp16 training is not modelled; accepted bf16 (--bf16) or fp8 (--fp8-format)")
     try:
@@ -482,22 +499,41 @@ def _bridge_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[st
 
     ``ddp`` / ``mixed_precision`` ``grad_reduce_in_fp32`` becomes ``--accumulate-allreduce-grads-in-fp32`` or
     ``--grad-reduce-in-bf16``; a false boolean ``--no-KEY``; ``mixed_precision.fp8`` ``--fp8-format``; sections without
-    effect on the estimate (:data:`_BRIDGE_NO_EFFECT_SECTIONS`) become ``--no-effect:section.key`` placeholders.
+    effect on the estimate (:data:`_BRIDGE_NO_EFFECT_SECTIONS`) become ``--no-effect:section.key`` placeholders; a null
+    (Megatron's default) is understood where the argument is one the estimate reads, else named.
     """
     argv: list[str] = []
     names: dict[str, str] = {}
     empties: list[str] = []
+    known = set(_parser()._option_string_actions) | _model_flags()
 
     def put(flag: str, where: str, *values: str) -> None:
+        if flag in names and names[flag] != where:  # a second section sets the same argument: named too
+            positive = "--" + flag[5:] if flag.startswith("--no-") else flag
+            if flag in known:
+                empties.append(where)
+            elif positive in _BRIDGE_NO_EFFECT or positive in NO_EFFECT_ARGS:
+                names[f"--{where}"] = where  # a placeholder without effect (its name has a dot)
+                argv.append(f"--{where}")
+            else:
+                names[f"--also-{len(names)}-{flag[2:]}"] = where
+                argv.append(f"--also-{len(names) - 1}-{flag[2:]}")
         argv.append(flag)
         argv.extend(values)
-        names[flag] = where
+        names.setdefault(flag, where)
 
-    for section, body in doc.items():
+    # mixed_precision last: Megatron-Bridge applies it over the model's settings (training/mixed_precision.py)
+    for section, body in sorted(doc.items(), key=lambda kv: str(kv[0]) == "mixed_precision"):
         sec = str(section)
+        if sec == "_target_":  # the dumped config's class
+            put("--config._target_", sec)
+            continue
         if sec in _BRIDGE_NO_EFFECT_SECTIONS:
             for k in body if isinstance(body, Mapping) else [None]:
-                put(f"--{sec}.{k}" if k is not None else f"--{sec}", f"{sec}.{k}" if k is not None else sec)
+                put(f"--{sec}.{k}" if k is not None else f"--{sec}.", f"{sec}.{k}" if k is not None else sec)
+            continue
+        if sec in _BRIDGE_SECTIONS and body is None:  # a section left unset (e.g. comm_overlap: null in a dumped config)
+            empties.append(sec)
             continue
         if sec == "mixed_precision" and isinstance(body, str):
             if "fp8" in body:
@@ -513,12 +549,20 @@ def _bridge_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[st
         for k, v in body.items():
             key = str(k)
             where = f"{sec}.{key}"
-            if key == "grad_reduce_in_fp32" and isinstance(v, bool):
+            if key == "_target_":  # the section's class
+                put(f"--{sec}._target_", where)
+                continue
+            if isinstance(v, Mapping) and str(v.get("_target_", "")).startswith("torch."):  # a dumped dtype
+                v = _TORCH_DTYPES.get(str(v["_target_"]), str(v["_target_"]))
+            if key == "grad_reduce_in_fp32" and isinstance(v, bool):  # the later section's wins (mixed_precision's last)
+                argv[:] = [a for a in argv if a not in ("--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16")]
                 put("--accumulate-allreduce-grads-in-fp32" if v else "--grad-reduce-in-bf16", where)
                 continue
             if sec == "mixed_precision" and key == "fp8":
                 if v:
                     put("--fp8-format", where, str(v))
+                else:
+                    empties.append(where)
                 continue
             flag = "--" + _BRIDGE_RENAMED.get(key, key.replace("_", "-"))
             if isinstance(v, bool):
@@ -527,16 +571,123 @@ def _bridge_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[st
                 empties.append(where)
             elif isinstance(v, list):
                 put(flag, where, *(str(x) for x in v))
-            elif v is None:
-                continue
-            elif isinstance(v, Mapping):
-                put(flag, where)
+            elif v is None:  # unset, so Megatron's default: understood when the estimate reads the argument
+                if flag in known:
+                    empties.append(where)
+                else:
+                    put(flag, where)
+            elif isinstance(v, Mapping):  # a nested config: named, not read
+                put(flag if flag not in known else f"--nested-{flag[2:]}", where)
             else:
                 put(flag, where, str(v))
     for where in empties:
         names[f"--empty:{where}"] = where
         argv.append(f"--empty:{where}")
     return argv, names
+
+
+#: The dtypes of a dumped Megatron-Bridge config (``{_target_: torch.float32, _call_: false}``) as Megatron-LM names them.
+_TORCH_DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.uint8": "uint8",
+                 "torch.float8_e4m3fn": "fp8"}
+
+#: A Megatron-Bridge performance config's ``perf_matrix`` settings (``scripts/performance/configs/*/*.yaml``) as
+#: Megatron-LM's arguments.
+_PERF_MATRIX_ARGS = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size", "cp": "--context-parallel-size",
+                     "vp": "--num-virtual-stages-per-pipeline-rank", "ep": "--expert-model-parallel-size",
+                     "etp": "--expert-tensor-parallel-size", "mbs": "--micro-batch-size", "gbs": "--global-batch-size",
+                     "seq_length": "--seq-length", "fsdp": "--use-megatron-fsdp", "use_megatron_fsdp": "--use-megatron-fsdp"}
+#: The ``perf_matrix`` precision entry each ``--precision`` (and ``--fp8-recipe``) selects, with its arguments.
+_PERF_PRECISIONS = {("bf16", None): ("bf16", ["--bf16"]), ("fp8", None): ("fp8_cs", ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]),
+                    ("fp8", "tensorwise"): ("fp8_cs", ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"])}
+
+
+def _gpu_words(gpus: str | None) -> tuple[int | None, str | None]:
+    """(GPU count or None, GPU name or None) of a ``--gpus`` value: ``16xH100``, ``2x8xH100`` or ``H100``."""
+    if not gpus:
+        return None, None
+    parts = gpus.strip().split("x")
+    nums = [int(x) for x in parts[:-1] if x.isdigit()]
+    count = 1
+    for n in nums:
+        count *= n
+    return (count if nums else None), parts[-1]
+
+
+def _perf_matrix_args(matrix: Mapping[str, Any], label: str, gpus: str | None, precision: str | None,
+                      fp8_recipe: str | None) -> tuple[list[str], dict[str, str], str, int, int | None]:
+    """One entry of a Megatron-Bridge performance config's ``perf_matrix`` (``{gpu: {num_gpus_N: {common: {...},
+    bf16: {...}, fp8_cs: {...}}}}``) as Megatron-LM arguments: the entry of ``--gpus`` (its GPU, and its count where
+    given or the only one), its ``common`` settings and those of the precision ``--precision`` selects
+    (:data:`_PERF_PRECISIONS`).
+
+    Returns:
+        (arguments, each argument's ``perf_matrix.gpu.num_gpus_N.key``, the GPU, the GPU count, GPUs per node).
+
+    Raises:
+        TunerError: no entry for the GPU, the count or the precision (each names those the file has), or a malformed
+            matrix.
+    """
+    have = {str(g).lower(): body for g, body in matrix.items() if isinstance(body, Mapping)}
+    menu = "; ".join(f"{g}: {', '.join(str(k).removeprefix('num_gpus_') for k in b)} GPUs" for g, b in have.items())
+    count, gpu = _gpu_words(gpus)
+    if gpu is None:
+        if len(have) != 1:
+            raise TunerError(f"{label}: its perf_matrix has several GPUs ({menu}); give --gpus, e.g. --gpus H100")
+        gpu = next(iter(have))
+    if gpu.lower() not in have:
+        raise TunerError(f"{label}: its perf_matrix has no entry for {gpu} ({menu}); give --gpus with one of them")
+    entries = {str(k): v for k, v in have[gpu.lower()].items()}
+    if count is None:
+        if len(entries) != 1:
+            raise TunerError(f"{label}: its perf_matrix has several GPU counts for {gpu} ({menu}); give --gpus COUNTx{gpu}")
+        key = next(iter(entries))
+    else:
+        key = f"num_gpus_{count}"
+        if key not in entries:
+            raise TunerError(f"{label}: its perf_matrix has no entry for {count} x {gpu} ({menu})")
+    if not key.removeprefix("num_gpus_").isdigit() or not isinstance(entries[key], Mapping):
+        raise TunerError(f"{label}: perf_matrix.{gpu.lower()}.{key} is not a num_gpus_N entry with settings")
+    entry = entries[key]
+    where = f"perf_matrix.{gpu.lower()}.{key}"
+    choice = (precision or "bf16", fp8_recipe if precision == "fp8" else None)
+    if choice not in _PERF_PRECISIONS:
+        raise TunerError(f"{label}: {where} has no entry for --precision {choice[0]} with --fp8-recipe {fp8_recipe}; "
+                         "accepted: --precision bf16, or fp8 with the tensorwise recipe (its fp8_cs)")
+    block, prec_args = _PERF_PRECISIONS[choice]
+    if block not in entry:
+        raise TunerError(f"{label}: {where} has no {block} entry (it has {', '.join(k for k in entry if k != 'common')}); "
+                         "give --precision with one it has")
+    argv: list[str] = list(prec_args)
+    names = {a: f"{where}.{block}" for a in prec_args if a.startswith("--")}
+    per_node: int | None = None
+    for part in ("common", block):
+        body = entry.get(part) or {}
+        if not isinstance(body, Mapping):
+            raise TunerError(f"{label}: {where}.{part} is not a mapping of settings")
+        for k, v in body.items():
+            at = f"{where}.{part}.{k}"
+            if k == "num_gpus_per_node" and isinstance(v, int):
+                per_node = v
+                argv.append(f"--empty:{at}")  # understood: sets the GPUs per node
+                names[f"--empty:{at}"] = at
+            elif k == "cuda_graphs" and v is False:
+                argv.append(f"--empty:{at}")  # understood: no CUDA graphs, the default
+                names[f"--empty:{at}"] = at
+            elif k in _PERF_MATRIX_ARGS and isinstance(v, bool):
+                flag = _PERF_MATRIX_ARGS[k]
+                argv.append(flag if v else "--no-" + flag[2:])
+                names[argv[-1]] = at
+            elif k in _PERF_MATRIX_ARGS and v is None:  # unset: Megatron's default (e.g. vp: null, no virtual stages)
+                argv.append(f"--empty:{at}")
+                names[f"--empty:{at}"] = at
+            elif k in _PERF_MATRIX_ARGS:
+                argv += [_PERF_MATRIX_ARGS[k], str(v)]
+                names[_PERF_MATRIX_ARGS[k]] = at
+            else:  # e.g. cuda_graphs: true (its scope is set in the recipe's Python)
+                flag = f"--perf-matrix-{k.replace('_', '-')}"
+                argv += [flag, str(v)]
+                names[flag] = at
+    return argv, names, gpu, int(key.removeprefix("num_gpus_")), per_node
 
 
 #: NeMo-RL ``policy.megatron_cfg`` settings without effect on the estimate (RL bookkeeping, conversion, logging).
@@ -656,8 +807,11 @@ def _preset_of_hf(hf: str | None) -> str | None:
     return next((n for n in list_models() if n.lower() == tail), None)
 
 
-def read_launch(path: str | Path, *, model: str | None = None) -> LaunchFile:
-    """Read the launch file ``path`` (see the module docstring); ``model`` (``--model``) names the model when given.
+def read_launch(path: str | Path, *, model: str | None = None, gpus: str | None = None, precision: str | None = None,
+                fp8_recipe: str | None = None) -> LaunchFile:
+    """Read the launch file ``path`` (see the module docstring); ``model`` (``--model``) names the model when given;
+    ``gpus``, ``precision`` and ``fp8_recipe`` (``--gpus``, ``--precision``, ``--fp8-recipe``) pick the entry of a
+    Megatron-Bridge performance config's ``perf_matrix`` (:func:`_perf_matrix_args`).
 
     Raises:
         TunerError: the file cannot be read, is none of the accepted forms (a shell script or argument list with a
@@ -687,12 +841,32 @@ def read_launch(path: str | Path, *, model: str | None = None) -> LaunchFile:
             lf = _read_args(p, "nemo-rl", [], argv, given, None, names=names)
             return replace(lf, stack="nemo-rl", nodes=nodes or lf.nodes, gpus_per_node=per_node or lf.gpus_per_node,
                            task=task or lf.task)
+        if isinstance(doc, Mapping) and isinstance(doc.get("ConfigContainer"), Mapping):  # a performance config
+            from dataclasses import replace
+
+            argv, names = _bridge_args(doc["ConfigContainer"], label)
+            others = [k for k in doc if k not in ("ConfigContainer", "perf_matrix")]
+            for k in others:
+                argv.append(f"--{k}")
+                names[f"--{k}"] = str(k)
+            if not isinstance(doc.get("perf_matrix"), Mapping):
+                return _read_args(p, "megatron-bridge", [], argv, model, None, names=names)
+            more, more_names, pgpu, count, pper = _perf_matrix_args(doc["perf_matrix"], label, gpus, precision, fp8_recipe)
+            lf = _read_args(p, "megatron-bridge", [], argv + more, model, None, names={**names, **more_names})
+            from specs.hardware import load_gpu
+
+            spec = load_gpu(pgpu)
+            per_node = min(pper or spec.gpus_per_node, count)
+            if count % per_node:
+                raise TunerError(f"{label}: perf_matrix: {count} GPUs are not whole nodes of {per_node}")
+            return replace(lf, gpu=spec.name, nodes=count // per_node, gpus_per_node=per_node)
         if isinstance(doc, Mapping) and any(k in doc for k in ("model", "train", "ddp", "optimizer")) and "schema_version" not in doc:
             argv, names = _bridge_args(doc, label)
             return _read_args(p, "megatron-bridge", [], argv, model, None, names=names)
         if not (isinstance(doc, Mapping) and isinstance(doc.get("run"), str) and "schema_version" in doc):
             raise TunerError(f"{label}: a YAML file that is neither a recipe.yaml (schema_version, run) nor a Megatron-Bridge "
-                             f"override (model, train, ddp, optimizer sections); {accepted}")
+                             f"override (model, train, ddp, optimizer sections) or performance config (ConfigContainer, "
+                             f"perf_matrix); {accepted}")
         gpu = doc.get("gpu") if isinstance(doc.get("gpu"), Mapping) else {}
         launcher, argv = _safe_args(doc["run"], label, accepted)
         given = model or (str(doc["model"]) if doc.get("model") else None)

@@ -334,6 +334,9 @@ def test_the_kfold_measures_the_release_gain_on_its_training_models_only(tmp_pat
     held = {r.model.name: m for m, f in folds.items() for r in f["runs"]}
     assert folds[held["Llama-3.1-8B"]]["release_gain"] == 0.0  # its training fold (the 70B rows) has no repeats
     assert folds[held["Llama-3.1-70B"]]["release_gain"] == pytest.approx(1.1 ** 0.25 - 1)
+    one = kfold_by_model(runs, max_nfev=2, models=["Llama-3.1-70B"])  # one fold, still fitted on the other model
+    assert list(one) == ["Llama-3.1-70B"] and [r.run_id for r in one["Llama-3.1-70B"]["runs"]] == ["9", "10"]
+    assert one["Llama-3.1-70B"]["release_gain"] == folds["Llama-3.1-70B"]["release_gain"]
 
 
 def test_a_second_adversarial_review_s_inputs_are_refused_or_left_out_with_their_name(tmp_path):

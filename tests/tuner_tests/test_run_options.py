@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from specs import DEFAULT_RUN_OPTIONS, Precision, RunOptions, TunerError
 from specs.stacks import RunFlags, list_stacks, load_stack, resolve_run_options
 from tuner.cli import app
+from tuner.launch_file import read_launch
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]
@@ -231,7 +232,7 @@ def test_flags_on_the_command_line_win_over_the_file():
     ("a: 1\n", "x.yaml", "neither a recipe.yaml (schema_version, run) nor a Megatron-Bridge"),
     ("torchrun pretrain_gpt.py --hidden-size 1234 --num-attention-heads 7\n", "run.sh", "is none of the presets"),
     ("torchrun pretrain_gpt.py --tensor-model-parallel-size 2\n", "run.sh", "names no model"),
-    ("torchrun pretrain_gpt.py --tensor-model-parallel-size two\n", "run.sh", "wrong type"),
+    ("torchrun pretrain_gpt.py --tensor-model-parallel-size two\n", "run.sh", "--tensor-model-parallel-size: invalid int value: 'two'"),
 ])
 def test_a_file_that_is_not_a_launch_is_refused(tmp_path, text, name, message):
     f = tmp_path / name
@@ -265,6 +266,35 @@ def test_the_main_job_from_the_seed_launch(tmp_path):
     assert rec["stack"]["preset"] == "slime" and "--lr" in rec["stack"]["user_args"]
 
 
+def test_estimate_from_the_seed_launch_is_the_explicit_flags_estimate():
+    """`tune estimate --from` takes the launch's layout and options: the numbers of the explicit flags, and the launch's
+    arguments as read."""
+    d = _estimate("--from", str(SEED_LAUNCH), "--gpus", "H200")
+    explicit = _estimate(*SEED_FLAGS)
+    assert (d["tokens_per_s_per_gpu"], d["peak_gib"]) == (explicit["tokens_per_s_per_gpu"], explicit["peak_gib"])
+    assert d["pipeline_model_parallel_layout"] == "Et|(tt|)*30tL" and d["stack"] == "slime"
+    assert d["launch"]["not_understood"] == [] and "--lr" in d["launch"]["no_effect"]
+
+
+def test_estimate_from_with_a_layout_flag_replaces_the_launchs_pipeline_split():
+    """--pp given here drops the launch's layout string (its split is for PP 8); the rest of the launch stays."""
+    args = ["--pp", "4", "--first-stage-layers", "15", "--last-stage-layers", "15"]
+    d = _estimate("--from", str(SEED_LAUNCH), "--gpus", "H200", *args)
+    explicit = _estimate(*SEED_FLAGS[:4], "--ep", "8", "--recompute", "full", *args)
+    assert d["layout"] == explicit["layout"] and d["tokens_per_s_per_gpu"] == explicit["tokens_per_s_per_gpu"]
+
+
+def test_timeline_from_the_seed_launch_is_the_explicit_flags_trace(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    r = runner.invoke(app, ["timeline", "--from", str(SEED_LAUNCH), "--gpus", "H200", "--out", str(a)])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["timeline", *SEED_FLAGS, "--out", str(b)])
+    assert r.exit_code == 0, r.output
+    assert a.read_text() == b.read_text()
+    r = runner.invoke(app, ["timeline", "--from", str(SEED_LAUNCH), "--study", "s", "--results-dir", str(tmp_path)])
+    assert r.exit_code == 2 and "leave out the layout flags, --from" in r.output
+
+
 def test_a_megatron_bridge_override_yaml_is_read_setting_by_setting():
     fi = _from(ROOT / "tests/fixtures/launch/bridge_override.yaml", gpus="16xH100", model="Qwen3-30B-A3B")
     lf = fi.launch
@@ -275,6 +305,76 @@ def test_a_megatron_bridge_override_yaml_is_read_setting_by_setting():
     assert (fi.baseline["ep"], fi.baseline["recompute_modules"], fi.baseline["use_distributed_optimizer"]) == (16, ["moe_act"], True)
     o = resolve_run_options(fi.run.flags, fi.run.stack).options
     assert (o.grad_reduce_in_fp32, o.cross_entropy_fusion_impl, o.overlap_grad_reduce) == (False, "te", True)
+
+
+BRIDGE_PERF = ROOT / "tests/fixtures/launch/qwen3_30b_a3b_llm_pretrain.yaml"
+
+
+def _leaves(doc, prefix=""):
+    """Every setting of a YAML mapping as ``a.b.c``."""
+    for k, v in doc.items():
+        if isinstance(v, dict) and v:
+            yield from _leaves(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}"
+
+
+def test_a_megatron_bridge_performance_config_is_read_entry_by_entry():
+    """Megatron-Bridge's own Qwen3-30B-A3B performance config: the --gpus entry of its perf_matrix, the --precision one
+    of that; every setting of its ConfigContainer and of the entry read is sorted once, the rest named."""
+    fi = _from(BRIDGE_PERF, gpus="H100", model="Qwen3-30B-A3B")
+    lf = fi.launch
+    assert (fi.gpus, fi.seq_len, fi.global_batch, fi.precision, fi.run.stack) == ("2x8xH100", 4096, 512, "bf16", "megatron-bridge")
+    b = fi.baseline
+    assert (b["tp"], b["pp"], b["vpp"], b["ep"], b["micro_batch_size"], b["recompute_granularity"]) == (1, 2, 12, 8, 1, "none")
+    assert lf.not_understood == ("model.moe_router_fusion",)
+    doc = yaml.safe_load(BRIDGE_PERF.read_text())
+    read = {*_leaves(doc["ConfigContainer"]), *(f"perf_matrix.h100.num_gpus_16.{k}" for k in _leaves(doc["perf_matrix"]["h100"]["num_gpus_16"])
+                                               if not k.startswith("fp8_cs")), "perf_matrix.h100.num_gpus_16.bf16"}  # its precision
+    got = [*lf.understood, *lf.no_effect, *lf.not_understood]
+    assert len(got) == len(set(got)) and set(got) == read, set(got) ^ read
+    fp8 = read_launch(BRIDGE_PERF, model="Qwen3-30B-A3B", gpus="16xH100", precision="fp8")
+    assert (fp8.precision, fp8.layout["micro_batch_size"], fp8.run_flags.fp8_recipe) == ("fp8", 2, "tensorwise")
+    gb = read_launch(BRIDGE_PERF, model="Qwen3-30B-A3B", gpus="GB200")
+    assert (gb.nodes, gb.gpus_per_node, gb.layout["micro_batch_size"]) == (2, 4, 4)
+    assert "perf_matrix.gb200.num_gpus_8.common.cuda_graphs" in gb.not_understood  # its scope is in the recipe's Python
+
+
+def test_a_whole_megatron_bridge_config_as_it_saves_one_is_read_setting_by_setting():
+    """A dumped ConfigContainer (GPT-OSS-120B's H100 performance recipe): the model found from its architecture, and each
+    of its 669 settings sorted exactly once: understood, without effect, or named as not understood."""
+    path = ROOT / "tests/fixtures/launch/gpt_oss_120b_pretrain_h100_config_dump.yaml"
+    fi = _from(path, gpus="64xH100")
+    lf = fi.launch
+    assert (fi.model, fi.seq_len, fi.global_batch, fi.precision, fi.run.stack) == ("GPT-OSS-120B", 4096, 512, "bf16", "megatron-bridge")
+    b = fi.baseline
+    assert (b["tp"], b["pp"], b["ep"], b["recompute_granularity"]) == (1, 4, 8, "selective")
+    o = resolve_run_options(fi.run.flags, fi.run.stack).options  # ddp and mixed_precision agree on bf16 reduction
+    assert (o.grad_reduce_in_fp32, o.cross_entropy_fusion_impl, o.cuda_graph_scope) == (False, "te", ())  # impl none: no graphs
+    doc = yaml.safe_load(path.read_text())
+    settings = {f"{k}.{kk}" if isinstance(v, dict) and k != "optimizer_config_override_provider" else k
+                for k, v in doc.items() for kk in (v if isinstance(v, dict) else [None])}
+    got = [*lf.understood, *lf.no_effect, *lf.not_understood]
+    assert len(settings) == 669 and len(got) == len(set(got)) and set(got) == settings, set(got) ^ settings
+    assert {"model.moe_shared_expert_overlap", "model.delay_wgrad_compute"} <= set(lf.not_understood)
+    assert {"checkpoint.save", "logger.log_interval", "optimizer.lr"} <= set(lf.no_effect)
+
+
+@pytest.mark.parametrize(("gpus", "message"), [
+    (None, "its perf_matrix has several GPUs (h100: 16 GPUs; gb200: 8 GPUs; b200: 8 GPUs); give --gpus"),
+    ("32xH100", "its perf_matrix has no entry for 32 x H100"),
+    ("H200", "its perf_matrix has no entry for H200"),
+])
+def test_a_performance_config_without_an_entry_for_the_gpus_is_refused(gpus, message):
+    r = runner.invoke(app, ["estimate", "--from", str(BRIDGE_PERF), "--model", "Qwen3-30B-A3B", *(["--gpus", gpus] if gpus else [])])
+    assert r.exit_code == 2 and message in " ".join(r.output.split()) and "Traceback" not in r.output, r.output
+
+
+def test_estimate_from_a_performance_config_is_its_entrys_explicit_flags():
+    d = _estimate("--from", str(BRIDGE_PERF), "--model", "Qwen3-30B-A3B", "--gpus", "H100")
+    explicit = _estimate("--model", "Qwen3-30B-A3B", "--gpus", "16xH100", "--stack", "megatron-bridge", "--seq-len", "4096",
+                         "--global-batch", "512", "--pp", "2", "--vpp", "12", "--ep", "8", "--cross-entropy-fusion-impl", "te")
+    assert (d["tokens_per_s_per_gpu"], d["peak_gib"]) == (explicit["tokens_per_s_per_gpu"], explicit["peak_gib"])
 
 
 def test_a_nemo_rl_config_is_read_through_its_defaults_chain():

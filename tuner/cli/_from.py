@@ -4,12 +4,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from specs.errors import InfeasibleLayout, TunerError
 from tuner.cli._common import GIB, RunChoice
 
-__all__ = ["FromInputs", "launch_inputs", "launch_lines", "compare_line"]
+__all__ = ["FromOpt", "FromInputs", "launch_inputs", "launch_layout", "launch_lines", "compare_line", "launch_summary"]
+
+FromOpt = Annotated[Path | None, typer.Option(
+    "--from", help="Your launch, read as `tune --from` reads it (a Megatron-LM / slime argument list or shell script, a "
+                   "Megatron-Bridge override YAML, a NeMo-RL config or a recipe.yaml): its model, GPUs, workload, layout "
+                   "and run options are this layout's; flags given here win.")]
+
+#: Layout flags that go together: one of the first tuple given on the command line replaces the launch's values of the
+#: second (a pipeline size or split given here drops the launch's split and layout string; a recompute granularity its
+#: method, layer count and modules).
+_LAYOUT_GROUPS = (
+    (("pp", "vpp", "first_stage_layers", "last_stage_layers", "pipeline_layout"),
+     ("vpp", "first_stage_layers", "last_stage_layers", "pipeline_layout")),
+    (("recompute", "recompute_method", "recompute_num_layers", "recompute_modules"),
+     ("recompute_method", "recompute_num_layers", "recompute_modules")),
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -59,7 +76,12 @@ def launch_inputs(path: Path, ctx: Any, *, model: str | None, gpus: str | None, 
     from tuner.cli._layout import LayoutFlags, apply_layout_string
     from tuner.launch_file import read_launch
 
-    lf = read_launch(path, model=model)
+    def default(param: str) -> bool:
+        src = ctx.get_parameter_source(param) if ctx is not None else None
+        return src is None or src.name in ("DEFAULT", "DEFAULT_MAP")
+
+    lf = read_launch(path, model=model, gpus=gpus, precision=None if default("precision") else precision,
+                     fp8_recipe=run.flags.fp8_recipe)
     label = f"--from {str(path)!r}"
     name = model or lf.model
     if not name:
@@ -79,10 +101,6 @@ def launch_inputs(path: Path, ctx: Any, *, model: str | None, gpus: str | None, 
     if count and cluster.num_gpus != count:
         raise TunerError(f"{label}: the file runs on {count} GPUs ({where}) but --gpus {gpus} has {cluster.num_gpus}; "
                          "give --gpus with the GPU alone (--gpus H200) or the file's count")
-
-    def default(param: str) -> bool:
-        src = ctx.get_parameter_source(param) if ctx is not None else None
-        return src is None or src.name in ("DEFAULT", "DEFAULT_MAP")
 
     seq_len = lf.seq_length if lf.seq_length and default("seq_len") else seq_len
     global_batch = lf.global_batch_size if lf.global_batch_size and default("global_batch") else global_batch
@@ -106,6 +124,35 @@ def launch_inputs(path: Path, ctx: Any, *, model: str | None, gpus: str | None, 
         raise TunerError(f"{label}: its layout breaks rule {e.rule_id}: {e.reason}") from None
     return FromInputs(model=name, gpus=gpus, seq_len=seq_len, global_batch=global_batch, precision=precision, layers=layers,
                       run=merged, baseline=lay.to_dict(), launch=lf)
+
+
+def launch_layout(fi: FromInputs, layout: Any, ctx: Any) -> Any:
+    """The launch's layout flags under the command line's (:class:`tuner.cli._layout.LayoutFlags`): a flag given here
+    replaces the launch's of the same setting and its group (:data:`_LAYOUT_GROUPS`); ``ctx`` (the click context) says
+    which were given."""
+    import dataclasses
+
+    from tuner.cli._layout import LayoutFlags
+
+    def given(name: str) -> bool:
+        src = ctx.get_parameter_source(name) if ctx is not None else None
+        return src is not None and src.name not in ("DEFAULT", "DEFAULT_MAP")
+
+    cli = {f.name for f in dataclasses.fields(LayoutFlags) if given(f.name)}
+    f = dict(fi.launch.layout)
+    for trigger, dropped in _LAYOUT_GROUPS:
+        if cli & set(trigger):
+            for k in dropped:
+                f.pop(k, None)
+    return LayoutFlags(**{**f, **{k: getattr(layout, k) for k in cli}})
+
+
+def launch_summary(fi: FromInputs) -> dict[str, Any]:
+    """How the launch's arguments were read, for ``--json``: the file, its form, and the arguments understood, without
+    effect on the estimate and not understood."""
+    lf = fi.launch
+    return {"file": str(lf.path), "kind": lf.kind, "understood": list(lf.understood), "no_effect": list(lf.no_effect),
+            "not_understood": list(lf.not_understood), "notes": list(lf.model_notes)}
 
 
 def baseline_estimate(prep: Any) -> tuple[Any, str]:

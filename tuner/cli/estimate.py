@@ -36,6 +36,7 @@ from tuner.cli._common import (
     require,
     run_options,
 )
+from tuner.cli._from import FromOpt
 from tuner.cli._layout import LayoutFlags, apply_layout_string, layout_options, split_hint
 
 __all__ = ["app", "estimate", "check"]
@@ -119,8 +120,10 @@ def _inputs(model: str | None, gpus: str | None, gpus_per_node: int | None, netw
 @layout_options
 @run_options
 def estimate(
+    ctx: typer.Context,
     layout: LayoutFlags,
     run: RunChoice,
+    from_file: FromOpt = None,
     model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None, network_gbps: NetOpt = None,
     usd_per_gpu_hour: PriceOpt = None, seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
     calibration: CalOpt = None, memory_headroom: HeadroomOpt = None,
@@ -138,6 +141,15 @@ def estimate(
         from tuner.plots import check_image_path
 
         check_image_path("--plot", plot)
+    launch = None
+    if from_file is not None:
+        from tuner.cli._from import launch_inputs, launch_layout
+
+        launch = launch_inputs(from_file, ctx, model=model, gpus=gpus, seq_len=seq_len, global_batch=global_batch,
+                               precision=precision, layers=layers, run=run)
+        model, gpus, seq_len, global_batch = launch.model, launch.gpus, launch.seq_len, launch.global_batch
+        precision, layers, run = launch.precision, launch.layers, launch.run
+        layout = launch_layout(launch, layout, ctx)
     m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd_per_gpu_hour, seq_len, global_batch, precision, layers,
                       network, host_memory_gib, run.workload_kw())
     stack = run.resolve(precision, megatron_core)
@@ -166,6 +178,10 @@ def estimate(
     d["task"] = w.task
     d["run_flags"] = list(stack.overrides)
     d["run_options"] = run_options_dict(opts)
+    if launch is not None:
+        from tuner.cli._from import launch_summary
+
+        d["launch"] = launch_summary(launch)
     if plot is not None:
         from tuner.plots import plot_breakdown
 
@@ -181,6 +197,10 @@ def estimate(
     out.print(f"  recompute {lay.recompute_label}, offload {lay.offload_label}, {lay.dispatcher.value} dispatcher, micro-batch {lay.micro_batch_size}")
     out.print(f"  {escape(stack.line)}" + (f"; task {w.task}" + (f", LoRA rank {w.lora_rank} on {','.join(w.lora_target_modules)}"
                                                                   if w.task == "lora" else "") if w.task != "pretrain" else ""))
+    if launch is not None:
+        out.print(f"  your launch ({launch.launch.path.name}): {launch.launch.summary}", markup=False)
+        for n in launch.launch.model_notes:
+            out.print(f"  note: {n}", markup=False)
     if d["pipeline_model_parallel_layout"]:
         out.print(f"  --pipeline-model-parallel-layout '{d['pipeline_model_parallel_layout']}'")
     out.print(f"  tokens/s/GPU {e.tokens_per_s_per_gpu:,.1f} (90%: {lo:,.0f}-{hi:,.0f}); step {e.step_time_s:.2f} s")

@@ -36,6 +36,7 @@ from tuner.cli._common import (
     run_options,
     study_context,
 )
+from tuner.cli._from import FromOpt
 from tuner.cli._layout import LayoutFlags, layout_options
 
 __all__ = ["MEASURED_TRACE_GLOB", "app", "measured_traces", "report", "timeline"]
@@ -78,8 +79,10 @@ CompareOpt = Annotated[list[Path] | None, typer.Option("--compare", help="With -
 @layout_options
 @run_options
 def timeline(
+    ctx: typer.Context,
     layout: LayoutFlags,
     run: RunChoice,
+    from_file: FromOpt = None,
     study: StudyOpt = None, trial: TrialOpt = None, storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
     model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None, network_gbps: NetOpt = None,
     usd_per_gpu_hour: PriceOpt = None, seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
@@ -103,15 +106,23 @@ def timeline(
         check_output_path("--out", out_file, force=force)
     others = [_read_trace(p) for p in compare or ()]  # read before anything is written: a bad --compare leaves no file
     if study is not None:
-        if (layout != LayoutFlags() or model is not None or gpus is not None or layers is not None or network is not None or megatron_core is not None
+        if (layout != LayoutFlags() or from_file is not None or model is not None or gpus is not None or layers is not None or network is not None or megatron_core is not None
                 or run.stack is not None or run.flags.given() or run.task is not None):
             raise TunerError("--study draws its trial's layout with the study's model, GPUs, network and run options: leave out the layout "
-                             "flags, --model, --gpus, --layers, --network, --megatron-core, --stack and the run flags")
+                             "flags, --from, --model, --gpus, --layers, --network, --megatron-core, --stack and the run flags")
         det, title, extra, default, measured = _study_trial(study, trial, storage, results_dir)
         stack_line = ""
     else:
         if trial is not None:
             raise TunerError("--trial needs --study (a trial of which study?)")
+        if from_file is not None:
+            from tuner.cli._from import launch_inputs, launch_layout
+
+            fi = launch_inputs(from_file, ctx, model=model, gpus=gpus, seq_len=seq_len, global_batch=global_batch,
+                               precision=precision, layers=layers, run=run)
+            model, gpus, seq_len, global_batch = fi.model, fi.gpus, fi.seq_len, fi.global_batch
+            precision, layers, run = fi.precision, fi.layers, fi.run
+            layout = launch_layout(fi, layout, ctx)
         det, title, stack_line = _flags_layout(layout, model, gpus, layers, gpus_per_node, network_gbps, usd_per_gpu_hour, seq_len, global_batch, precision,
                                    calibration, memory_headroom, network, megatron_core, run)
         extra, default, measured = {}, Path(f"timeline_{_slug(det.estimate.layout.label)}.json"), []
