@@ -101,6 +101,9 @@ class BackendSettings:
     """:class:`cost_model.calibration.Calibration` of the ``model`` backend (None: the shipped one)."""
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM
     """Fraction of HBM kept free (``model`` backend)."""
+    options: Any = None
+    """:class:`specs.RunOptions` the ``model`` backend prices a layout with: the study's stack preset and run flags
+    (None: the defaults)."""
     trials_dir: Path = Path("results/trials")
     """Where each trial's folder goes (``results/<study>/trials``)."""
     num_gpus: int | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
 from cost_model.estimate import estimate
 from launch.base import BackendSettings, Measurement, StepReporter, TrialBackend
-from specs import Cluster, ModelSpec, Workload
+from specs import DEFAULT_RUN_OPTIONS, Cluster, ModelSpec, RunOptions, Workload
 from specs.layout import Layout
 from specs.units import DEFAULT_MEMORY_HEADROOM
 
@@ -21,15 +21,18 @@ class ModelBackend(TrialBackend):
     name = "model"
     source = "predicted"
 
-    def __init__(self, *, calibration: Calibration = DEFAULT_CALIBRATION, memory_headroom: float = DEFAULT_MEMORY_HEADROOM) -> None:
+    def __init__(self, *, calibration: Calibration = DEFAULT_CALIBRATION, memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
+                 options: RunOptions = DEFAULT_RUN_OPTIONS) -> None:
         self.calibration = calibration
         self.memory_headroom = memory_headroom
+        self.options = options
 
     @classmethod
     def from_settings(cls, settings: BackendSettings) -> ModelBackend:
-        """Uses ``calibration`` (None: the shipped one) and ``memory_headroom``."""
+        """Uses ``calibration`` (None: the shipped one), ``memory_headroom`` and ``options`` (None: the defaults)."""
         cal = settings.calibration if settings.calibration is not None else DEFAULT_CALIBRATION
-        return cls(calibration=cal, memory_headroom=settings.memory_headroom)
+        opts = settings.options if settings.options is not None else DEFAULT_RUN_OPTIONS
+        return cls(calibration=cal, memory_headroom=settings.memory_headroom, options=opts)
 
     def run(
         self,
@@ -42,7 +45,8 @@ class ModelBackend(TrialBackend):
         trial_number: int | None = None,
     ) -> Measurement:
         """The estimate of ``layout`` (``reporter`` and ``trial_number`` are ignored: nothing runs)."""
-        e = estimate(model, cluster, workload, layout, calibration=self.calibration, memory_headroom=self.memory_headroom)
+        e = estimate(model, cluster, workload, layout, calibration=self.calibration, memory_headroom=self.memory_headroom,
+                     options=self.options)
         return Measurement(
             layout=layout,
             source=self.source,

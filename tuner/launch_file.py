@@ -98,10 +98,20 @@ class LaunchFile:
     @property
     def summary(self) -> str:
         """``N understood; K without effect on the estimate: ...; M not understood: ...`` (each name listed once)."""
+        return self.short_summary(limit=None)
+
+    def short_summary(self, limit: int | None = 6) -> str:
+        """:attr:`summary` with at most ``limit`` names of those not understood and none of those without effect
+        (None: every name)."""
+
+        def names(xs: tuple[str, ...]) -> str:
+            shown = xs if limit is None else xs[:limit]
+            return " ".join(shown) + (f" and {len(xs) - len(shown)} more" if len(xs) > len(shown) else "")
+
         s = f"{len(self.understood)} arguments understood"
         if self.no_effect:
-            s += f"; {len(self.no_effect)} without effect on the estimate: {' '.join(self.no_effect)}"
-        s += f"; not understood: {' '.join(self.not_understood)}" if self.not_understood else "; none not understood"
+            s += f"; {len(self.no_effect)} without effect on the estimate" + (f": {names(self.no_effect)}" if limit is None else "")
+        s += f"; {len(self.not_understood)} not understood: {names(self.not_understood)}" if self.not_understood else "; none not understood"
         return s
 
 

@@ -420,3 +420,24 @@ def test_a_sourced_model_file_is_read_and_an_unset_array_is_named(tmp_path):
     alone.write_text(text[cut:])
     lf = _from(alone, model="MiniMax-M2").launch
     assert lf.not_understood == ("${MODEL_ARGS[@]} (not set in the file)",)
+
+
+def test_a_launch_outside_the_space_is_the_first_trial_priced_with_its_stack(tmp_path):
+    """The seed's launch (VPP 4) with a space that holds only VPP 8, on the megatron-bridge stack: its layout is added
+    as a candidate and trial 0 records the launch's own estimate (the model backend prices the study's run options)."""
+    space = tmp_path / "space.yaml"
+    space.write_text("tp: [1]\npp: [8]\nvpp: [8]\ncp: [1]\nep: [8]\netp: [1]\nmicro_batch_size: [1]\n"
+                     "recompute:\n  - {granularity: full, method: uniform, num_layers: 1}\noptimizer_offload_fraction: [0.0]\n"
+                     "dispatcher: [alltoall]\n")
+    r = runner.invoke(app, ["--from", str(SEED_LAUNCH), "--gpus", "H200", "--space", str(space), "--trials", "2", "--stack",
+                            "megatron-bridge", "--results-dir", str(tmp_path), "--study", "s"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "it is the study's first trial" in r.output
+    import optuna
+
+    first = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's/study.db'}").trials[0].user_attrs
+    launch = re.search(r"its layout (TP1 PP8 VPP4 EP8 DP8): ([\d,.]+) tokens/s/GPU predicted, ([\d.]+) GiB", r.output)
+    assert launch and first["label"] == launch[1]
+    assert f"{first['tokens_per_s_per_gpu']:,.1f}" == launch[2] and f"{first['peak_gib']:.1f}" == launch[3]
+    default = runner.invoke(app, ["estimate", *SEED_FLAGS, "--json"])
+    assert json.loads(default.output)["tokens_per_s_per_gpu"] != pytest.approx(first["tokens_per_s_per_gpu"], rel=1e-6)

@@ -11,7 +11,7 @@ import typer
 from specs.errors import InfeasibleLayout, TunerError
 from tuner.cli._common import GIB, RunChoice
 
-__all__ = ["FromOpt", "FromInputs", "launch_inputs", "launch_layout", "launch_lines", "compare_line", "launch_summary"]
+__all__ = ["FromOpt", "FromInputs", "arguments_read", "launch_inputs", "launch_layout", "launch_lines", "compare_line", "launch_summary"]
 
 FromOpt = Annotated[Path | None, typer.Option(
     "--from", help="Your launch, read as `tune --from` reads it (a Megatron-LM / slime argument list or shell script, a "
@@ -168,13 +168,23 @@ def baseline_estimate(prep: Any) -> tuple[Any, str]:
         return None, f"it breaks rule {e.rule_id}: {e.reason}"
 
 
-def launch_lines(prep: Any, fi: FromInputs) -> list[str]:
-    """What the main job prints about the launch before the search: how its arguments were read, its layout and its
-    predicted throughput and memory."""
+def arguments_read(lf: Any, *, verbose: bool, hint: str = "--verbose or --json") -> str:
+    """How a launch file's arguments were read: every name with ``verbose``, else the first few of each list and where
+    to find them all (``hint``)."""
+    if verbose:
+        return str(lf.summary)
+    short = str(lf.short_summary())
+    return short if short == lf.summary else f"{short} (all of them: {hint})"
+
+
+def launch_lines(prep: Any, fi: FromInputs, *, verbose: bool = False) -> list[str]:
+    """What the main job prints about the launch before the search: how its arguments were read (every name with
+    ``verbose``, else the first few of each list and ``--verbose`` / ``--json`` for all), its layout and its predicted
+    throughput and memory."""
     lf = fi.launch
     lay = prep.config.baseline
     e, why = baseline_estimate(prep)
-    lines = [f"Your launch ({lf.path.name}): {lf.summary}"]
+    lines = [f"Your launch ({lf.path.name}): {arguments_read(lf, verbose=verbose)}"]
     lines += [f"  note: {n}" for n in lf.model_notes]
     from specs import Layout
 

@@ -200,7 +200,10 @@ def estimate(
     out.print(f"  {escape(stack.line)}" + (f"; task {w.task}" + (f", LoRA rank {w.lora_rank} on {','.join(w.lora_target_modules)}"
                                                                   if w.task == "lora" else "") if w.task != "pretrain" else ""))
     if launch is not None:
-        out.print(f"  your launch ({launch.launch.path.name}): {launch.launch.summary}", markup=False)
+        from tuner.cli._from import arguments_read
+
+        out.print(f"  your launch ({launch.launch.path.name}): {arguments_read(launch.launch, verbose=False, hint='--json')}",
+                  markup=False)
         for n in launch.launch.model_notes:
             out.print(f"  note: {n}", markup=False)
     if d["pipeline_model_parallel_layout"]:

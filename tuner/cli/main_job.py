@@ -221,7 +221,7 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: An
     if launch is not None:
         from tuner.cli._from import launch_lines
 
-        for line in launch_lines(prep, launch):
+        for line in launch_lines(prep, launch, verbose=verbose):
             out.print(line, markup=False)
     if verbose:
         _print_space(prep, cfg)

@@ -16,9 +16,9 @@ from cost_model.calibration import Calibration, load_calibration
 from cost_model.estimate import EstimateTable, estimate_table
 from cost_model.uncertainty import ErrorBars, error_bars
 from launch.harness.spec import slice_model
-from search_spaces.rules import RuleEnv
+from search_spaces.rules import RuleEnv, check_layout
 from search_spaces.space import Enumeration, SearchSpace, enumerate_layouts
-from specs import DEFAULT_RUN_OPTIONS, Cluster, ModelSpec, RunOptions, Workload, load_model, parse_gpus
+from specs import DEFAULT_RUN_OPTIONS, Cluster, Layout, LayoutTable, ModelSpec, RunOptions, Workload, load_model, parse_gpus
 from specs.errors import TunerError
 from specs.hardware import network_bytes_per_s
 from specs.layout import Dispatcher
@@ -145,6 +145,8 @@ def prepare(config: TuneConfig) -> Prepared:
     t0 = time.perf_counter()
     en = enumerate_layouts(space, model, cluster.num_gpus, workload, env)
     en.notes.extend(stack_notes)
+    if config.baseline is not None:
+        en = _with_baseline(en, config.baseline, model, workload, env)
     t1 = time.perf_counter()
     bars = error_bars(model, cluster.gpu, workload.precision)
     headroom = bars.headroom if config.memory_headroom is None else config.memory_headroom
@@ -219,12 +221,24 @@ def global_batch_notes(global_batch_size: int, num_gpus: int, dp: int, micro_bat
     return notes
 
 
+def _with_baseline(en: Enumeration, baseline: dict[str, Any], model: ModelSpec, workload: Workload, env: RuleEnv) -> Enumeration:
+    """``en`` with the user's launch layout (``tune --from``) appended to its valid layouts when the space does not hold
+    it and it breaks no rule, so that it is estimated and evaluated like every candidate (a note says so)."""
+    if _baseline_row(en.valid, baseline) is not None:
+        return en
+    lay = Layout.from_dict(baseline)
+    if check_layout(lay, model, workload, env):
+        return en  # it breaks a rule: the launch block says which
+    one = LayoutTable.from_layouts([lay])
+    valid = LayoutTable({k: np.concatenate([np.asarray(en.valid[k]), np.asarray(one[k])]) for k in en.valid.cols})
+    notes = [*en.notes, f"your launch's layout ({lay.label}) is outside the search space: added as a candidate"]
+    return dataclasses.replace(en, valid=valid, considered=en.considered + 1, notes=notes)
+
+
 def _baseline_row(valid: Any, baseline: dict[str, Any] | None) -> int | None:
     """The row of ``valid`` (a :class:`specs.LayoutTable`) equal to the layout ``baseline`` (its ``to_dict``), or None."""
     if baseline is None or len(valid) == 0:
         return None
-    from specs import Layout
-
     want = Layout.from_dict(baseline).key()
     cols = ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size")
     mask = np.ones(len(valid), dtype=bool)

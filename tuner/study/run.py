@@ -174,6 +174,7 @@ class StudyRun:
         self.backend = self._given_backend or get_backend(cfg.backend, BackendSettings(
             calibration=prep.calibration,
             memory_headroom=prep.headroom,
+            options=prep.options,
             trials_dir=self.out_dir / "trials",
             num_gpus=prep.cluster.num_gpus,
             steps=cfg.trial_steps,
