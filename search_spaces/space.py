@@ -30,6 +30,7 @@ from specs import ModelSpec, Workload
 from specs._data import load_user_yaml
 from specs.errors import TunerError
 from specs.layout import (
+    CODED_COLUMNS,
     RECOMPUTE_MODULES,
     Dispatcher,
     Layout,
@@ -426,10 +427,12 @@ class Enumeration:
 
 @dataclass(frozen=True, slots=True)
 class _Dim:
-    """One dimension of the product: ``size`` options, each a value per column."""
+    """One dimension of the product: ``size`` options, each a value per column (a string column as codes
+    into ``cats``)."""
 
     name: str
     cols: dict[str, npt.NDArray[Any]]
+    cats: dict[str, tuple[str, ...]]
     size: int
 
 
@@ -438,10 +441,17 @@ _COL_DTYPES: dict[str, np.dtype[Any]] = {k: v.dtype for k, v in LayoutTable.from
 
 
 def _dim(name: str, cols: Mapping[str, Sequence[Any]]) -> _Dim:
-    arrays = {k: np.asarray(list(v)).astype(_COL_DTYPES[k]) for k, v in cols.items()}
+    arrays: dict[str, npt.NDArray[Any]] = {}
+    cats: dict[str, tuple[str, ...]] = {}
+    for k, v in cols.items():
+        if k in CODED_COLUMNS:
+            cats[k] = tuple(dict.fromkeys(v))
+            arrays[k] = np.array([cats[k].index(x) for x in v], dtype=_COL_DTYPES[k])
+        else:
+            arrays[k] = np.asarray(list(v)).astype(_COL_DTYPES[k])
     sizes = {len(a) for a in arrays.values()}
     assert len(sizes) == 1, (name, sizes)
-    return _Dim(name, arrays, sizes.pop())
+    return _Dim(name, arrays, cats, sizes.pop())
 
 
 def _build_dims(space: SearchSpace, model: ModelSpec, notes: list[str]) -> list[_Dim]:
@@ -529,6 +539,7 @@ class _Product:
         self.world_size = world_size
         fill = LayoutTable.from_layouts([Layout(world_size=world_size)])
         self.fill = {k: v[:1] for k, v in fill.cols.items()}
+        self.fill_cats = fill.cats
 
     def missing(self, columns: Sequence[str]) -> list[str]:
         need = {self.col_dim[c] for c in columns if c in self.col_dim}
@@ -556,15 +567,20 @@ class _Product:
         """The rows so far; only ``columns`` (default: all) hold real values, the rest a placeholder."""
         want = set(_COL_DTYPES if columns is None else columns)
         cols: dict[str, npt.NDArray[Any]] = {}
+        cats: dict[str, tuple[str, ...]] = {}
         for c, dtype in _COL_DTYPES.items():
             d = self.col_dim.get(c)
             if d is not None and d in self.idx and c in want:
                 cols[c] = self.dims[d].cols[c][self.idx[d]]
+                if c in CODED_COLUMNS:
+                    cats[c] = self.dims[d].cats[c]
             elif c == "world_size":
                 cols[c] = np.full(self.rows, self.world_size, dtype=dtype)
             else:
                 cols[c] = np.broadcast_to(self.fill[c], (self.rows,))
-        return LayoutTable(cols)
+                if c in CODED_COLUMNS:
+                    cats[c] = self.fill_cats[c]
+        return LayoutTable(cols, cats)
 
 
 def enumerate_layouts(space: SearchSpace, model: ModelSpec, cluster_world_size: int, workload: Workload,

@@ -14,7 +14,7 @@ import optuna
 from cost_model.estimate import estimate_table
 from launch import TrialBackend
 from specs.errors import TunerError
-from specs.layout import Layout, LayoutTable, categories
+from specs.layout import CODED_COLUMNS, Layout, LayoutTable, categories
 from tuner.study.prepare import Prepared
 from tuner.study.records import TrialRecord
 
@@ -93,38 +93,18 @@ def _unique(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return inv.reshape(-1), first, len(first)
 
 
-#: A unicode column with more distinct values than this is coded by :func:`specs.layout.categories` itself.
-_FEW_STRINGS = 32
-
-
-def _string_codes(col: np.ndarray) -> np.ndarray:
-    """Each row's index into :func:`specs.layout.categories` of a unicode column (the same order), faster for the
-    few distinct strings a layout column holds: one vectorised comparison per distinct string finds its rows,
-    and ``categories`` orders the distinct strings (a column of more than :data:`_FEW_STRINGS` takes
-    ``categories`` whole)."""
-    out = np.full(len(col), -1, dtype=np.int64)
-    distinct: list[str] = []
-    i = 0
-    while True:
-        out[col == col[i]] = len(distinct)
-        distinct.append(str(col[i]))
-        todo = out < 0
-        i = int(np.argmax(todo))
-        if not todo[i]:
-            break
-        if len(distinct) >= _FEW_STRINGS:
-            return categories(col)[1]
-    order, _ = categories(np.array(distinct, dtype=col.dtype))
-    pos = {s: k for k, s in enumerate(order)}
-    return np.array([pos[s] for s in distinct], dtype=np.int64)[out]
-
-
-def _column_codes(col: np.ndarray) -> tuple[np.ndarray, int]:
+def _column_codes(table: LayoutTable, name: str) -> tuple[np.ndarray, int]:
     """Each row's code in a LayoutTable column and the number of codes (the column's distinct values in the order
     ``np.unique`` sorts numbers and :func:`specs.layout.categories` orders strings)."""
-    if col.dtype.kind == "U":
-        inv = _string_codes(col)
-    elif col.dtype.kind in "biu":
+    if name in CODED_COLUMNS:
+        cats, codes = table.codes(name)
+        used = np.flatnonzero(np.bincount(codes, minlength=len(cats)))
+        order, _ = categories(np.array([cats[i] for i in used]))
+        pos = np.zeros(len(cats), dtype=np.int64)
+        pos[used] = [order.index(cats[i]) for i in used]
+        return pos[codes], len(used)
+    col = table[name]
+    if col.dtype.kind in "biu":
         inv = _unique(col.astype(np.int64, copy=False))[0]
     else:
         _, inv = np.unique(col, return_inverse=True)
@@ -152,7 +132,7 @@ class CandidateIndex:
             key = np.zeros(n, dtype=np.int64)
             for c in cols:
                 if n:
-                    inv, radix = _column_codes(valid[c])
+                    inv, radix = _column_codes(valid, c)
                 else:
                     inv, radix = np.zeros(0, dtype=np.int64), 1
                 key = key * radix + inv
