@@ -336,7 +336,7 @@ def categories(values: npt.NDArray[Any]) -> tuple[list[str], npt.NDArray[np.intp
     return [str(v) for v in uniq], np.asarray(inv, dtype=np.intp)
 
 
-def _encode(values: npt.NDArray[Any]) -> tuple[tuple[str, ...], npt.NDArray[np.int16]]:
+def _encode(values: npt.NDArray[Any]) -> tuple[npt.NDArray[np.str_], npt.NDArray[np.int16]]:
     """A string column as its categories (:func:`categories`' order) and each row's :data:`CODE_DTYPE` code.
 
     Raises:
@@ -346,7 +346,7 @@ def _encode(values: npt.NDArray[Any]) -> tuple[tuple[str, ...], npt.NDArray[np.i
     uniq, inv = categories(strings.reshape(-1))
     if len(uniq) > np.iinfo(CODE_DTYPE).max:
         raise ValueError(f"a LayoutTable string column holds {len(uniq)} distinct values, more than its codes count")
-    return tuple(uniq), inv.astype(CODE_DTYPE)
+    return np.array(uniq, dtype=str), inv.astype(CODE_DTYPE)
 
 
 _E = TypeVar("_E", bound=Enum)
@@ -372,9 +372,8 @@ def enum_mask(table: LayoutTable, column: str, enum: type[_E], predicate: Callab
     return table.where(column, lambda v: holds.get(v, False))
 
 
-#: Column dtypes of a :class:`LayoutTable` (one per Layout field). ``str`` columns (enum values,
-#: the comma-joined recompute modules) are stored as :data:`CODE_DTYPE` codes into the table's
-#: categories: 2 bytes a row instead of 4 a character.
+#: Column dtypes of a :class:`LayoutTable` (one per Layout field), as ``table[name]`` gives them. ``str``
+#: columns (enum values, the comma-joined recompute modules) are held as codes into categories.
 _COLUMNS: dict[str, Any] = {
     "world_size": np.int64,
     "tp": np.int64,
@@ -400,10 +399,10 @@ _COLUMNS: dict[str, Any] = {
     "num_layers_in_last_pipeline_stage": np.int64,
 }
 
-#: The string columns of a :class:`LayoutTable`.
+#: The string columns of a :class:`LayoutTable`: always held as codes.
 CODED_COLUMNS: tuple[str, ...] = tuple(k for k, v in _COLUMNS.items() if v is str)
 
-#: dtype of a string column's codes.
+#: dtype of the codes of a string column given as strings.
 CODE_DTYPE = np.int16
 
 
@@ -416,24 +415,27 @@ class LayoutTable:
     """Many layouts as numpy columns (struct of arrays), for vectorised rules and estimates.
 
     Columns are the :class:`Layout` field names; ``dp`` and ``edp`` are derived properties.
-    ``recompute_modules`` is comma-joined. The string columns (:data:`CODED_COLUMNS`) are held
-    as codes into per-column categories (:meth:`codes`); ``table[name]`` gives their strings
-    (a new array each call), :meth:`where` and :meth:`isin` test them per category.
+    ``recompute_modules`` is comma-joined. A column is held either as its values or as integer
+    codes into its categories (``table[name]`` is then ``categories[name][codes]``, a new array
+    each call); categories may repeat a value, and the columns of one search dimension may share
+    one codes array (:func:`search_spaces.space.enumerate_layouts` gives such tables: about one
+    byte a row per dimension). String columns (:data:`CODED_COLUMNS`) are always coded.
+    :meth:`codes`, :meth:`where` and :meth:`isin` read a column per category.
 
     Args:
-        cols: one array per column, of one length. A string column is an array of strings, or
-            of integer codes when ``categories`` names it.
-        categories: for a column given as codes, its categories (code ``i`` is ``categories[name][i]``).
+        cols: one array per column, of one length: values, or integer codes where
+            ``categories`` names the column. A string column's values are encoded.
+        categories: for each column given as codes, its categories.
 
     Raises:
-        ValueError: a column is missing, the lengths differ, or a string column's codes come without
-            categories (or its strings with them).
+        ValueError: a column is missing, the lengths differ, a string column's codes come without
+            categories, or a column's values come with categories.
     """
 
     __slots__ = ("cols", "cats")
 
     def __init__(self, cols: Mapping[str, npt.NDArray[Any]],
-                 categories: Mapping[str, tuple[str, ...]] | None = None) -> None:
+                 categories: Mapping[str, npt.NDArray[Any]] | None = None) -> None:
         missing = set(_COLUMNS) - set(cols)
         if missing:
             raise ValueError(f"LayoutTable is missing columns {sorted(missing)}")
@@ -442,16 +444,16 @@ class LayoutTable:
             raise ValueError(f"LayoutTable columns differ in length: {n}")
         given = categories or {}
         self.cols: dict[str, npt.NDArray[Any]] = {}
-        self.cats: dict[str, tuple[str, ...]] = {}
-        for k in _COLUMNS:
-            if k not in CODED_COLUMNS:
-                self.cols[k] = _as_column(k, cols[k])
-                continue
+        self.cats: dict[str, npt.NDArray[Any]] = {}
+        for k, dtype in _COLUMNS.items():
             v = np.asarray(cols[k])
             if k in given:
                 if v.dtype.kind not in "iu":
                     raise ValueError(f"LayoutTable column {k}: categories given with {v.dtype} values, not codes")
-                self.cols[k], self.cats[k] = v.astype(CODE_DTYPE, copy=False), tuple(given[k])
+                self.cols[k] = v
+                self.cats[k] = np.asarray(given[k]) if dtype is str else np.asarray(given[k]).astype(dtype, copy=False)
+            elif dtype is not str:
+                self.cols[k] = _as_column(k, v)
             elif v.dtype.kind in "UO" or not len(v):
                 self.cats[k], self.cols[k] = _encode(v)
             else:
@@ -461,35 +463,41 @@ class LayoutTable:
         return len(self.cols["tp"])
 
     def __getitem__(self, name: str) -> npt.NDArray[Any]:
-        """Column ``name``: the stored array, or a string column's values (decoded, a new array)."""
+        """Column ``name``'s values, shape ``(n,)`` (decoded from its codes, a new array, when coded)."""
         if name in self.cats:
-            decoded: npt.NDArray[np.str_] = np.asarray(self.cats[name] or ("",))[self.cols[name]]
+            decoded: npt.NDArray[Any] = self.cats[name][self.cols[name]]
             return decoded
         return self.cols[name]
 
-    def codes(self, name: str) -> tuple[tuple[str, ...], npt.NDArray[np.int16]]:
-        """A string column as its categories and each row's code into them (shape ``(n,)``)."""
-        return self.cats[name], self.cols[name]
+    def codes(self, name: str) -> tuple[npt.NDArray[Any], npt.NDArray[np.integer[Any]]]:
+        """Column ``name`` as categories and each row's code into them (shape ``(n,)``); a column held as
+        values gives its distinct values."""
+        if name in self.cats:
+            return self.cats[name], self.cols[name]
+        uniq, inv = np.unique(self.cols[name], return_inverse=True)
+        return uniq, inv.reshape(-1)
 
-    def where(self, name: str, predicate: Callable[[str], bool]) -> npt.NDArray[np.bool_]:
-        """``predicate`` of each row's value of string column ``name``, run once per category; shape ``(n,)``."""
+    def where(self, name: str, predicate: Callable[[Any], bool]) -> npt.NDArray[np.bool_]:
+        """``predicate`` of each row's value of column ``name``, run once per category; shape ``(n,)``."""
         cats, codes = self.codes(name)
-        return np.array([bool(predicate(c)) for c in cats] or [False], dtype=np.bool_)[codes]
+        per_category = np.array([bool(predicate(c)) for c in cats.tolist()], dtype=np.bool_)
+        out: npt.NDArray[np.bool_] = per_category[codes]
+        return out
 
-    def isin(self, name: str, *values: str) -> npt.NDArray[np.bool_]:
-        """Rows whose string column ``name`` is one of ``values``; shape ``(n,)``."""
+    def isin(self, name: str, *values: Any) -> npt.NDArray[np.bool_]:
+        """Rows whose column ``name`` is one of ``values``; shape ``(n,)``."""
         return self.where(name, lambda v: v in values)
 
     @property
     def dp(self) -> np.ndarray:
         """Dense data-parallel size per row, ``world / (tp pp cp)``."""
-        out: np.ndarray = self.cols["world_size"] // (self.cols["tp"] * self.cols["pp"] * self.cols["cp"])
+        out: np.ndarray = self["world_size"] // (self["tp"] * self["pp"] * self["cp"])
         return out
 
     @property
     def edp(self) -> np.ndarray:
         """Expert data-parallel size per row, ``world / (etp ep pp)``."""
-        out: np.ndarray = self.cols["world_size"] // (self.cols["etp"] * self.cols["ep"] * self.cols["pp"])
+        out: np.ndarray = self["world_size"] // (self["etp"] * self["ep"] * self["pp"])
         return out
 
     @classmethod
@@ -503,8 +511,12 @@ class LayoutTable:
         return cls({k: np.array(v) if v else np.zeros(0, dtype=_COLUMNS[k]) for k, v in cols.items()})
 
     def select(self, mask_or_index: npt.NDArray[Any] | slice) -> LayoutTable:
-        """The rows a bool mask, an index array or a slice picks (a slice gives views)."""
-        return LayoutTable({k: v[mask_or_index] for k, v in self.cols.items()}, self.cats)
+        """The rows a bool mask, an index array or a slice picks (a slice gives views; shared codes stay shared)."""
+        picked: dict[int, npt.NDArray[Any]] = {}
+        for v in self.cols.values():
+            if id(v) not in picked:
+                picked[id(v)] = v[mask_or_index]
+        return LayoutTable({k: picked[id(v)] for k, v in self.cols.items()}, self.cats)
 
     def row(self, i: int) -> Layout:
         d: dict[str, Any] = {}

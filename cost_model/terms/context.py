@@ -305,7 +305,9 @@ def _mask(table: LayoutTable, column: str, enum: type[_E], predicate: Callable[[
 def _dtype_bytes(table: LayoutTable, column: str) -> Array:
     """Bytes per element of an optimizer-state dtype column, ``(n, 1)``."""
     cats, codes = table.codes(column)
-    return np.array([float(_STATE_DTYPE_BYTES.get(c, 0)) for c in cats], dtype=np.float64)[codes][:, None]
+    per_category = np.array([float(_STATE_DTYPE_BYTES.get(c, 0)) for c in cats.tolist()], dtype=np.float64)
+    out: Array = per_category[codes][:, None]
+    return out
 
 
 def build_context(
@@ -344,7 +346,7 @@ def build_context(
     r = ranks.rank_arrays(model, table)
     selective = _mask(table, "recompute_granularity", RecomputeGranularity, lambda g: g.recomputes_modules)
     mod_values, mod_inv = table.codes("recompute_modules")
-    mod_sets = [set(v.split(",")) for v in mod_values]
+    mod_sets = [set(v.split(",")) for v in mod_values.tolist()]
     recomputed = {
         m: selective & np.array([m in ms for ms in mod_sets], dtype=np.bool_)[mod_inv][:, None] for m in RECOMPUTE_MODULES
     }
@@ -417,10 +419,11 @@ def _dispatcher_efficiencies(table: LayoutTable, cluster: Cluster, cal: Calibrat
     nv = np.full(len(cats), cal.alltoall_nvlink_efficiency)
     net = np.full(len(cats), cal.network_efficiency)
     per_node = np.zeros(len(cats), dtype=np.bool_)
-    for d in Dispatcher:
-        if d.value not in cats:
+    members = {d.value: d for d in Dispatcher}
+    for i, v in enumerate(cats.tolist()):
+        d = members.get(v)
+        if d is None:
             continue
-        i = cats.index(d.value)
         nv[i] = intra.get(d.value) or cal.alltoall_nvlink_efficiency
         if cluster.network is not None:
             on_fabric = cluster.network.dispatcher(d)

@@ -14,7 +14,7 @@ import optuna
 from cost_model.estimate import estimate_table
 from launch import TrialBackend
 from specs.errors import TunerError
-from specs.layout import CODED_COLUMNS, Layout, LayoutTable, categories
+from specs.layout import Layout, LayoutTable, categories
 from tuner.study.prepare import Prepared
 from tuner.study.records import TrialRecord
 
@@ -96,20 +96,26 @@ def _unique(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
 def _column_codes(table: LayoutTable, name: str) -> tuple[np.ndarray, int]:
     """Each row's code in a LayoutTable column and the number of codes (the column's distinct values in the order
     ``np.unique`` sorts numbers and :func:`specs.layout.categories` orders strings)."""
-    if name in CODED_COLUMNS:
-        cats, codes = table.codes(name)
-        used = np.flatnonzero(np.bincount(codes, minlength=len(cats)))
-        order, _ = categories(np.array([cats[i] for i in used]))
-        pos = np.zeros(len(cats), dtype=np.int64)
-        pos[used] = [order.index(cats[i]) for i in used]
-        return pos[codes], len(used)
-    col = table[name]
-    if col.dtype.kind in "biu":
-        inv = _unique(col.astype(np.int64, copy=False))[0]
+    if name not in table.cats:
+        col = table[name]
+        if col.dtype.kind in "biu":
+            inv = _unique(col.astype(np.int64, copy=False))[0]
+        else:
+            _, inv = np.unique(col, return_inverse=True)
+            inv = inv.reshape(-1)
+        return inv, int(inv.max()) + 1
+    values, codes = table.codes(name)
+    used = np.flatnonzero(np.bincount(codes, minlength=len(values)))
+    if values.dtype.kind == "U":
+        order, _ = categories(values[used])
+        rank = {s: i for i, s in enumerate(order)}
+        pos_used, k = np.array([rank[str(values[i])] for i in used], dtype=np.int64), len(order)
     else:
-        _, inv = np.unique(col, return_inverse=True)
-        inv = inv.reshape(-1)
-    return inv, int(inv.max()) + 1
+        uniq, inv = np.unique(values[used], return_inverse=True)
+        pos_used, k = inv.reshape(-1), len(uniq)
+    pos = np.zeros(len(values), dtype=np.int64)
+    pos[used] = pos_used
+    return pos[codes], k
 
 
 class CandidateIndex:
