@@ -337,12 +337,16 @@ def categories(values: npt.NDArray[Any]) -> tuple[list[str], npt.NDArray[np.intp
 
 
 def _encode(values: npt.NDArray[Any]) -> tuple[npt.NDArray[np.str_], npt.NDArray[np.int16]]:
-    """A string column as its categories (:func:`categories`' order) and each row's :data:`CODE_DTYPE` code.
+    """A string column as its categories and each row's :data:`CODE_DTYPE` code: for a few rows the distinct values
+    in order of appearance, else :func:`categories`' order.
 
     Raises:
         ValueError: more distinct values than the codes can count.
     """
     strings = values if values.dtype.kind == "U" else values.astype(str)
+    if len(strings) <= 64:
+        first = {v: i for i, v in enumerate(dict.fromkeys(strings.reshape(-1).tolist()))}
+        return np.array(list(first), dtype=str), np.array([first[v] for v in strings.reshape(-1).tolist()], dtype=CODE_DTYPE)
     uniq, inv = categories(strings.reshape(-1))
     if len(uniq) > np.iinfo(CODE_DTYPE).max:
         raise ValueError(f"a LayoutTable string column holds {len(uniq)} distinct values, more than its codes count")
