@@ -608,7 +608,10 @@ def enumerate_layouts(space: SearchSpace, model: ModelSpec, cluster_world_size: 
     Rules are applied in :data:`~search_spaces.rules.RULES` order on partial
     products (a rule as soon as the dimensions it reads are crossed in), so
     ``rule_counts`` equals what :func:`~search_spaces.rules.check_table` would
-    give on the full product.
+    give on the full product. A rule is evaluated once per combination of the
+    options of the dimensions it reads and looked up per row. The valid table
+    holds every column as codes into its dimension's options (one array per
+    dimension, shared by its columns; :class:`~specs.layout.LayoutTable`).
 
     Args:
         space: the candidates.
