@@ -15,8 +15,8 @@ Each run measures, one after the other so that they share the machine's load:
   cost_model; not the study, the CLI or Optuna), builds the main job's space as ``tuner.study.prepare`` does for
   ``--stack slime`` and the ``model`` backend (the default space without the allgather dispatcher, production run
   options, the cluster's rule environment), enumerates, rule-checks and estimates it once, cold, and exits; its
-  ``floor_s`` (the same, inside the process after Python's start-up) and its valid / fitting counts, which must be
-  the main job's (checked);
+  ``floor_s`` (the same, inside the process after Python's start-up), its considered / valid counts, which must be
+  the main job's (checked), and its fitting count (at the default memory headroom);
 * ``main_job_wall_s``: ``tune --model MiniMax-M2 --gpus 64xH200`` (as ``python -m tuner.cli``) as a user runs it
   (Python start-up, imports, enumerate, estimate, the study, the recipe, exit), in its own process;
 * the same job once more in a process that counts (``--driver``): ``imports_s`` (``import tuner.cli``), ``job_s``
@@ -121,7 +121,8 @@ def _floor() -> None:
     est = estimate_table(model, cluster, w, en.valid, options=DEFAULT_RUN_OPTIONS)
     fit = int((est.fits & est.host_fits).sum())
     t2 = time.perf_counter()
-    print("FLOOR " + json.dumps({"floor_imports_s": round(t1 - t0, 3), "floor_s": round(t2 - t0, 3), "valid": len(en.valid), "fit": fit}))
+    print("FLOOR " + json.dumps({"floor_imports_s": round(t1 - t0, 3), "floor_s": round(t2 - t0, 3), "considered": en.considered,
+                                 "valid": len(en.valid), "fit": fit}))
 
 
 def _wall(cmd: list[str], code: Path = ROOT) -> tuple[float, str]:
@@ -154,9 +155,8 @@ def main() -> None:
             floor_wall, fl_out = _wall([sys.executable, str(Path(__file__).resolve()), "--floor"])
             fl = json.loads(next(x for x in fl_out.splitlines() if x.startswith("FLOOR "))[6:])
             wall, job_out = _wall([sys.executable, "-m", "tuner.cli", *JOB, "--results-dir", f"{tmp}/w{i}"], code)
-            counts = f"valid: {fl['valid']:,}; "
-            if counts not in job_out or f"candidates: {fl['fit']:,}" not in job_out:
-                raise SystemExit(f"the floor's space ({fl['valid']:,} valid, {fl['fit']:,} fit) is not the main job's:\n{job_out[:1500]}")
+            if f"Space: {fl['considered']:,} layouts, {fl['valid']:,} valid, " not in job_out:
+                raise SystemExit(f"the floor's space ({fl['considered']:,} layouts, {fl['valid']:,} valid) is not the main job's:\n{job_out[:1500]}")
             _, drv = _wall([sys.executable, str(Path(__file__).resolve()), "--driver", f"{tmp}/d{i}"], code)
             d = json.loads(next(x for x in drv.splitlines() if x.startswith("BENCH "))[6:])
             row = {"benchmark": "main_job", "run": i, "floor_wall_s": round(floor_wall, 2), **fl, "main_job_wall_s": round(wall, 2), **d,

@@ -28,8 +28,10 @@ Every efficiency and overhead constant is a named field of
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,8 +75,9 @@ TIME_PARTS = (
 )
 
 #: Rows estimated at once: a larger table is estimated in blocks of this many rows, so the estimate's temporaries
-#: (tens of float64 arrays of shape (rows, rank classes)) stay bounded; every default space is below it.
-ROW_BLOCK = 1 << 20
+#: (tens of float64 arrays of shape (rows, rank classes), about 1 KB a row) stay bounded. Blocks of 2**16 took
+#: less CPU than 2**18 or 2**20 on the main job's space and on wider ones (docs/benchmarks.md, "Speed at scale").
+ROW_BLOCK = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,8 +296,8 @@ def estimate_table(
         if n <= ROW_BLOCK:
             out = _estimate_table(model, cluster, workload, table, calibration, memory_headroom, options)
         else:
-            blocks = (LayoutTable({k: v[lo:lo + ROW_BLOCK] for k, v in table.cols.items()}) for lo in range(0, n, ROW_BLOCK))  # views
-            out = _in_blocks([_estimate_table(model, cluster, workload, b, calibration, memory_headroom, options) for b in blocks])
+            blocks = (table.select(slice(lo, lo + ROW_BLOCK)) for lo in range(0, n, ROW_BLOCK))  # views
+            out = _in_blocks((_estimate_table(model, cluster, workload, b, calibration, memory_headroom, options) for b in blocks), n)
     bad = ~(np.isfinite(out.step_time_s) & np.isfinite(out.peak_bytes) & (out.step_time_s > 0))
     if bad.any():
         parts = sorted({k for k, v in {**out.time, **out.memory}.items() if not np.all(np.isfinite(v[bad]))})
@@ -305,23 +308,48 @@ def estimate_table(
     return out
 
 
-def _in_blocks(blocks: list[EstimateTable]) -> EstimateTable:
-    """One table of the rows of ``blocks``, in order (their scalars are the same)."""
-    first = blocks[0]
+def _in_blocks(blocks: Iterator[EstimateTable], n: int) -> EstimateTable:
+    """One table of the ``n`` rows of ``blocks``, in order (their scalars are the same): each block is copied
+    into arrays made for all ``n`` rows when the first comes, and dropped."""
+    first = next(blocks)
+    whole = {k: np.empty(n, dtype=v.dtype) for k, v in _row_arrays(first).items()}
+    lo = 0
+    for b in itertools.chain([first], blocks):
+        arrays = _row_arrays(b)
+        m = len(b.step_time_s)
+        for k, v in arrays.items():
+            whole[k][lo:lo + m] = v
+        lo += m
+    assert lo == n, (lo, n)
     return EstimateTable(
-        memory={k: np.concatenate([b.memory[k] for b in blocks]) for k in first.memory},
-        peak_bytes=np.concatenate([b.peak_bytes for b in blocks]),
-        time={k: np.concatenate([b.time[k] for b in blocks]) for k in first.time},
-        step_time_s=np.concatenate([b.step_time_s for b in blocks]),
-        tokens_per_s_per_gpu=np.concatenate([b.tokens_per_s_per_gpu for b in blocks]),
-        mfu=np.concatenate([b.mfu for b in blocks]),
-        model_tflops_per_gpu=np.concatenate([b.model_tflops_per_gpu for b in blocks]),
-        usd_per_million_tokens=np.concatenate([b.usd_per_million_tokens for b in blocks]),
+        memory={k: whole[f"memory.{k}"] for k in first.memory},
+        peak_bytes=whole["peak_bytes"],
+        time={k: whole[f"time.{k}"] for k in first.time},
+        step_time_s=whole["step_time_s"],
+        tokens_per_s_per_gpu=whole["tokens_per_s_per_gpu"],
+        mfu=whole["mfu"],
+        model_tflops_per_gpu=whole["model_tflops_per_gpu"],
+        usd_per_million_tokens=whole["usd_per_million_tokens"],
         hbm_bytes=first.hbm_bytes,
         usable_bytes=first.usable_bytes,
-        host_bytes_per_node=np.concatenate([b.host_bytes_per_node for b in blocks]),
+        host_bytes_per_node=whole["host_bytes_per_node"],
         host_memory_bytes=first.host_memory_bytes,
     )
+
+
+def _row_arrays(t: EstimateTable) -> dict[str, Array]:
+    """The per-row arrays of ``t`` by name (``memory.<part>``, ``time.<part>``, the other fields)."""
+    return {
+        **{f"memory.{k}": v for k, v in t.memory.items()},
+        "peak_bytes": t.peak_bytes,
+        **{f"time.{k}": v for k, v in t.time.items()},
+        "step_time_s": t.step_time_s,
+        "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu,
+        "mfu": t.mfu,
+        "model_tflops_per_gpu": t.model_tflops_per_gpu,
+        "usd_per_million_tokens": t.usd_per_million_tokens,
+        "host_bytes_per_node": t.host_bytes_per_node,
+    }
 
 
 def _estimate_table(model: ModelSpec, cluster: Cluster, workload: Workload, table: LayoutTable, calibration: Calibration,

@@ -130,14 +130,6 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _map_unique(values: npt.NDArray[np.str_], fn: Callable[[str], bool]) -> BoolArray:
-    """Apply a Python predicate once per distinct string of a column."""
-    if len(values) == 0:
-        return np.zeros(0, dtype=np.bool_)
-    uniq, inv = np.unique(values, return_inverse=True)
-    return np.array([fn(str(u)) for u in uniq], dtype=np.bool_)[inv.reshape(-1)]
-
-
 @dataclass(frozen=True, slots=True)
 class _SplitStats:
     feasible: BoolArray

@@ -13,7 +13,6 @@ from search_spaces.rule_base import (
     _divisors,
     _dp,
     _layout_counts,
-    _map_unique,
     _split_reason,
     _split_stats,
     applicable_recompute_modules,
@@ -332,20 +331,20 @@ def _recompute_full(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     MultiTokenPredictionLayer._checkpointed_forward); uniform groups must tile every chunk (core 0.16
     transformer_block.py TransformerBlock._checkpointed_forward indexes past the chunk); block <= largest chunk
     (tuner policy: more is the same as all)."""
-    full = t["recompute_granularity"] == "full"
+    full = t.isin("recompute_granularity", "full")
     if not full.any():
         return np.ones(len(t), dtype=np.bool_)
-    method, n = t["recompute_method"], t["recompute_num_layers"]
-    ok = ((method == "uniform") | (method == "block")) & (n >= 1) & (t["recompute_modules"] == "")
+    uniform, block, n = t.isin("recompute_method", "uniform"), t.isin("recompute_method", "block"), t["recompute_num_layers"]
+    ok = (uniform | block) & (n >= 1) & t.isin("recompute_modules", "")
     if m.mtp_num_layers > 0:
-        ok &= (method != "uniform") | (n == 1)
+        ok &= ~uniform | (n == 1)
     sub = np.flatnonzero(full)
     stats = _split_stats(t, m, sub)
-    n_sub, method_sub = n[sub], method[sub]
+    n_sub = n[sub]
     safe_n = np.maximum(n_sub, 1)
     chunk_ok = ~stats.feasible | (
-        ((method_sub != "block") | (n_sub <= stats.max_chunk))
-        & ((method_sub != "uniform") | (stats.chunk_gcd % safe_n == 0))
+        (~block[sub] | (n_sub <= stats.max_chunk))
+        & (~uniform[sub] | (stats.chunk_gcd % safe_n == 0))
     )
     ok_sub = ok[sub] & chunk_ok
     out = np.ones(len(t), dtype=np.bool_)
@@ -368,8 +367,8 @@ def _recompute_selective_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
 def _recompute_selective(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     """selective recompute: no recompute_method (arguments.py validate_args), recompute_num_layers None
     (transformer_config.py TransformerConfig.__post_init__), at least one module."""
-    sel = t["recompute_granularity"] == "selective"
-    ok = (t["recompute_method"] == "none") & (t["recompute_num_layers"] == 0) & (t["recompute_modules"] != "")
+    sel = t.isin("recompute_granularity", "selective")
+    ok = t.isin("recompute_method", "none") & (t["recompute_num_layers"] == 0) & ~t.isin("recompute_modules", "")
     return _b(~sel | ok)
 
 
@@ -384,8 +383,8 @@ def _recompute_none_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
 @rule("recompute_none", ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules"), explain=_recompute_none_x)
 def _recompute_none(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     """no recompute: method, num_layers and modules unset (tuner policy: one form per setting)."""
-    none = t["recompute_granularity"] == "none"
-    ok = (t["recompute_method"] == "none") & (t["recompute_num_layers"] == 0) & (t["recompute_modules"] == "")
+    none = t.isin("recompute_granularity", "none")
+    ok = t.isin("recompute_method", "none") & (t["recompute_num_layers"] == 0) & t.isin("recompute_modules", "")
     return _b(~none | ok)
 
 
@@ -405,7 +404,7 @@ def _recompute_modules(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     (transformer_config.py TransformerConfig.__post_init__ raises for mla_up_proj without MLA and moe_act without
     grouped GEMM, which the tuner always uses for MoE)."""
     allowed = set(applicable_recompute_modules(m))
-    return _b(_map_unique(t["recompute_modules"], lambda s: all(x in allowed for x in s.split(",") if x)))
+    return t.where("recompute_modules", lambda s: all(x in allowed for x in s.split(",") if x))
 
 
 # --------------------------------------------------------------------------- optimizer and dispatcher
@@ -446,7 +445,7 @@ def _dtypes_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
 def _dtypes(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     """exp_avg/exp_avg_sq dtypes other than fp32 need the precision-aware optimizer (optimizer_config.py
     OptimizerConfig.__post_init__)."""
-    fp32 = (t["exp_avg_dtype"] == "fp32") & (t["exp_avg_sq_dtype"] == "fp32")
+    fp32 = t.isin("exp_avg_dtype", "fp32") & t.isin("exp_avg_sq_dtype", "fp32")
     return _b(fp32 | t["use_precision_aware_optimizer"])
 
 
@@ -467,10 +466,9 @@ def _dispatcher(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     """flex dispatcher needs etp*ep > 1 (megatron/core/transformer/moe/token_dispatcher.py
     MoEFlexTokenDispatcher.__init__, 'Flex token dispatcher requires TPxEP > 1', where TP is the expert TP); a dense
     model has no dispatcher: alltoall only (tuner policy)."""
-    d = t["dispatcher"]
     if not m.is_moe:
-        return _b(d == Dispatcher.alltoall.value)
-    flex = enum_mask(d, Dispatcher, lambda x: x.is_flex)
+        return t.isin("dispatcher", Dispatcher.alltoall.value)
+    flex = enum_mask(t, "dispatcher", Dispatcher, lambda x: x.is_flex)
     return _b(~flex | (t["etp"] * t["ep"] > 1))
 
 
@@ -492,7 +490,7 @@ def _dispatcher_release(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv)
     megatron/core/transformer/moe/token_dispatcher.py)."""
     if env.megatron_core >= FLEX_BACKEND_SINCE or not m.is_moe:
         return _b(np.ones(len(t), dtype=bool))
-    return _b(~enum_mask(t["dispatcher"], Dispatcher, lambda x: x.is_flex))
+    return _b(~enum_mask(t, "dispatcher", Dispatcher, lambda x: x.is_flex))
 
 
 def _dispatcher_fabric_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -> str:
@@ -517,7 +515,7 @@ def _dispatcher_fabric(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) 
     net = env.network
     if net is None or not m.is_moe or not net.not_across:
         return np.ones(len(t), dtype=np.bool_)
-    bad = enum_mask(t["dispatcher"], Dispatcher, lambda d: not net.dispatcher(d).runs_across)
+    bad = enum_mask(t, "dispatcher", Dispatcher, lambda d: not net.dispatcher(d).runs_across)
     crosses = t["etp"] * t["ep"] > max(env.nvlink_size, 1)
     return _b(~(bad & crosses))
 

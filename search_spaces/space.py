@@ -30,6 +30,7 @@ from specs import ModelSpec, Workload
 from specs._data import load_user_yaml
 from specs.errors import TunerError
 from specs.layout import (
+    CODED_COLUMNS,
     RECOMPUTE_MODULES,
     Dispatcher,
     Layout,
@@ -433,12 +434,14 @@ class _Dim:
     size: int
 
 
-#: Column dtypes of a LayoutTable, read from an empty one.
-_COL_DTYPES: dict[str, np.dtype[Any]] = {k: v.dtype for k, v in LayoutTable.from_layouts([]).cols.items()}
+#: Column dtypes of a LayoutTable's values, read from an empty one (strings: any width).
+_COL_DTYPES: dict[str, np.dtype[Any]] = {k: np.dtype(str) if k in CODED_COLUMNS else v.dtype
+                                         for k, v in LayoutTable.from_layouts([]).cols.items()}
 
 
 def _dim(name: str, cols: Mapping[str, Sequence[Any]]) -> _Dim:
-    arrays = {k: np.asarray(list(v)).astype(_COL_DTYPES[k]) for k, v in cols.items()}
+    arrays = {k: np.array(list(v), dtype=str) if k in CODED_COLUMNS else np.asarray(list(v)).astype(_COL_DTYPES[k])
+              for k, v in cols.items()}
     sizes = {len(a) for a in arrays.values()}
     assert len(sizes) == 1, (name, sizes)
     return _Dim(name, arrays, sizes.pop())
@@ -518,53 +521,76 @@ def _build_dims(space: SearchSpace, model: ModelSpec, notes: list[str]) -> list[
 
 
 class _Product:
-    """A partial cartesian product of dimensions, as one index array per crossed dimension."""
+    """A partial cartesian product of dimensions: per crossed dimension of more than one option, each row's option
+    (an unsigned array as narrow as the dimension's size allows)."""
 
     def __init__(self, dims: list[_Dim], world_size: int) -> None:
         self.dims = {d.name: d for d in dims}
         self.order = [d.name for d in dims]
         self.col_dim = {c: d.name for d in dims for c in d.cols}
-        self.idx: dict[str, npt.NDArray[np.int32]] = {}
+        self.idx: dict[str, npt.NDArray[np.unsignedinteger[Any]]] = {}
+        self.crossed: set[str] = set()
         self.rows = 1
         self.world_size = world_size
         fill = LayoutTable.from_layouts([Layout(world_size=world_size)])
-        self.fill = {k: v[:1] for k, v in fill.cols.items()}
+        self.fill = {k: fill[k] for k in fill.cols}
 
     def missing(self, columns: Sequence[str]) -> list[str]:
         need = {self.col_dim[c] for c in columns if c in self.col_dim}
-        return [n for n in self.order if n in need and n not in self.idx]
+        return [n for n in self.order if n in need and n not in self.crossed]
 
     def rest_size(self) -> int:
-        return math.prod(self.dims[n].size for n in self.order if n not in self.idx)
+        return math.prod(self.dims[n].size for n in self.order if n not in self.crossed)
 
     def cross(self, names: Sequence[str]) -> None:
         """Cross in dimensions: every current row is repeated once per option (row-major)."""
         for name in names:
+            self.crossed.add(name)
             n = self.dims[name].size
             if n == 1:
-                self.idx[name] = np.zeros(self.rows, dtype=np.int32)
                 continue
             self.idx = {k: np.repeat(v, n) for k, v in self.idx.items()}
-            self.idx[name] = np.tile(np.arange(n, dtype=np.int32), self.rows)
+            self.idx[name] = np.tile(np.arange(n, dtype=np.min_scalar_type(n - 1)), self.rows)
             self.rows *= n
 
     def keep(self, mask: npt.NDArray[np.bool_]) -> None:
         self.idx = {k: v[mask] for k, v in self.idx.items()}
         self.rows = int(np.count_nonzero(mask))
 
-    def table(self, columns: Sequence[str] | None = None) -> LayoutTable:
-        """The rows so far; only ``columns`` (default: all) hold real values, the rest a placeholder."""
-        want = set(_COL_DTYPES if columns is None else columns)
+    def table(self, rows: int | None = None, idx: Mapping[str, npt.NDArray[Any]] | None = None) -> LayoutTable:
+        """The rows so far as a table of codes into the dimensions' options (the columns of a dimension share its
+        array; a dimension not crossed yet holds a placeholder). ``rows`` and ``idx`` stand for other rows' options."""
+        n = self.rows if rows is None else rows
+        idx = self.idx if idx is None else idx
+        zero = np.broadcast_to(np.zeros(1, dtype=np.uint8), (n,))
         cols: dict[str, npt.NDArray[Any]] = {}
-        for c, dtype in _COL_DTYPES.items():
+        cats: dict[str, npt.NDArray[Any]] = {}
+        for c in _COL_DTYPES:
             d = self.col_dim.get(c)
-            if d is not None and d in self.idx and c in want:
-                cols[c] = self.dims[d].cols[c][self.idx[d]]
+            if d is not None and d in self.crossed:
+                cols[c], cats[c] = idx.get(d, zero), self.dims[d].cols[c]
             elif c == "world_size":
-                cols[c] = np.full(self.rows, self.world_size, dtype=dtype)
+                cols[c], cats[c] = zero, np.array([self.world_size])
             else:
-                cols[c] = np.broadcast_to(self.fill[c], (self.rows,))
-        return LayoutTable(cols)
+                cols[c], cats[c] = zero, self.fill[c]
+        return LayoutTable(cols, cats)
+
+    def distinct(self, columns: Sequence[str]) -> tuple[LayoutTable, npt.NDArray[Any] | None]:
+        """A table of every combination of the options of the crossed dimensions that hold ``columns``, and each row's
+        index into it; when there are at least as many combinations as rows, the rows themselves and None."""
+        need = {self.col_dim[c] for c in columns if c in self.col_dim}
+        names = [n for n in self.order if n in need and n in self.idx]
+        sizes = [self.dims[n].size for n in names]
+        combos = math.prod(sizes)
+        if combos >= self.rows:
+            return self.table(), None
+        code_type = np.min_scalar_type(combos - 1)
+        grid = np.indices(sizes, dtype=code_type).reshape(len(sizes), combos)
+        key = np.zeros(self.rows, dtype=code_type)
+        for name, size in zip(names, sizes, strict=True):
+            key *= code_type.type(size)
+            key += self.idx[name]
+        return self.table(combos, dict(zip(names, grid, strict=True))), key
 
 
 def enumerate_layouts(space: SearchSpace, model: ModelSpec, cluster_world_size: int, workload: Workload,
@@ -582,7 +608,10 @@ def enumerate_layouts(space: SearchSpace, model: ModelSpec, cluster_world_size: 
     Rules are applied in :data:`~search_spaces.rules.RULES` order on partial
     products (a rule as soon as the dimensions it reads are crossed in), so
     ``rule_counts`` equals what :func:`~search_spaces.rules.check_table` would
-    give on the full product.
+    give on the full product. A rule is evaluated once per combination of the
+    options of the dimensions it reads and looked up per row. The valid table
+    holds every column as codes into its dimension's options (one array per
+    dimension, shared by its columns; :class:`~specs.layout.LayoutTable`).
 
     Args:
         space: the candidates.
@@ -614,15 +643,17 @@ def enumerate_layouts(space: SearchSpace, model: ModelSpec, cluster_world_size: 
         while i < len(RULES) and not prod.missing(RULES[i].columns):
             batch.append(RULES[i])
             i += 1
-        table = prod.table([c for rule in batch for c in rule.columns])
+        table, key = prod.distinct([c for rule in batch for c in rule.columns])
         rest = prod.rest_size()
         alive = np.ones(prod.rows, dtype=np.bool_)
         for rule in batch:
             ok = rule.check(table, model, workload, env)
+            if key is not None:
+                ok = ok[key]
             counts[rule.id] += int(np.count_nonzero(alive & ~ok)) * rest
             alive &= ok
         prod.keep(alive)
-    prod.cross([n for n in prod.order if n not in prod.idx])
+    prod.cross([n for n in prod.order if n not in prod.crossed])
     valid = prod.table()
     assert sum(counts.values()) + len(valid) == considered, (sum(counts.values()), len(valid), considered)
     return Enumeration(considered=considered, rule_counts=counts, valid=valid, notes=notes)

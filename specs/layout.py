@@ -7,7 +7,7 @@ Field names are Megatron-core's (``ModelParallelConfig`` / ``TransformerConfig``
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeVar
@@ -25,6 +25,7 @@ __all__ = [
     "OPTIMIZER_STATE_DTYPES",
     "Layout",
     "LayoutTable",
+    "CODED_COLUMNS",
     "categories",
     "enum_mask",
 ]
@@ -335,40 +336,48 @@ def categories(values: npt.NDArray[Any]) -> tuple[list[str], npt.NDArray[np.intp
     return [str(v) for v in uniq], np.asarray(inv, dtype=np.intp)
 
 
+def _encode(values: npt.NDArray[Any]) -> tuple[npt.NDArray[np.str_], npt.NDArray[np.int16]]:
+    """A string column as its categories and each row's :data:`CODE_DTYPE` code: for a few rows the distinct values
+    in order of appearance, else :func:`categories`' order.
+
+    Raises:
+        ValueError: more distinct values than the codes can count.
+    """
+    strings = values if values.dtype.kind == "U" else values.astype(str)
+    if len(strings) <= 64:
+        first = {v: i for i, v in enumerate(dict.fromkeys(strings.reshape(-1).tolist()))}
+        return np.array(list(first), dtype=str), np.array([first[v] for v in strings.reshape(-1).tolist()], dtype=CODE_DTYPE)
+    uniq, inv = categories(strings.reshape(-1))
+    if len(uniq) > np.iinfo(CODE_DTYPE).max:
+        raise ValueError(f"a LayoutTable string column holds {len(uniq)} distinct values, more than its codes count")
+    return np.array(uniq, dtype=str), inv.astype(CODE_DTYPE)
+
+
 _E = TypeVar("_E", bound=Enum)
 
 
-def enum_mask(values: npt.NDArray[Any], enum: type[_E], predicate: Callable[[_E], bool]) -> npt.NDArray[np.bool_]:
+def enum_mask(table: LayoutTable, column: str, enum: type[_E], predicate: Callable[[_E], bool]) -> npt.NDArray[np.bool_]:
     """``predicate`` of each row's member of ``enum``, for a string column of a :class:`LayoutTable`.
 
-    The predicate (usually a property, e.g. ``lambda d: d.is_flex``) runs once per member; the
-    column is then compared with the values of the members it holds for (one vectorised string
-    comparison each, ~1 ms per 10^5 rows). This is how the rules and the cost model read what a
+    The predicate (usually a property, e.g. ``lambda d: d.is_flex``) runs once per category of the
+    column (:meth:`LayoutTable.where`). This is how the rules and the cost model read what a
     dispatcher or recompute setting means, instead of comparing spellings.
 
     Args:
-        values: a column of enum values (shape ``(n,)``; tables hold validated :class:`Layout`
-            values only).
+        table: the layouts (tables hold validated :class:`Layout` values only).
+        column: a string column holding values of ``enum``.
         enum: the enum class the values belong to.
         predicate: what to ask of each member.
 
     Returns:
-        Bool array of shape ``(n,)``.
+        Bool array of shape ``(len(table),)``.
     """
-    out = np.zeros(len(values), dtype=np.bool_)
-    for member in enum:
-        if predicate(member):
-            out |= values == member.value
-    return out
+    holds = {member.value: predicate(member) for member in enum}
+    return table.where(column, lambda v: holds.get(v, False))
 
 
-def _str_width(values: Iterable[str]) -> str:
-    """Numpy unicode dtype wide enough for every one of ``values`` (so a column never truncates)."""
-    return f"U{max(len(v) for v in values)}"
-
-
-#: Column dtypes of a :class:`LayoutTable` (one per Layout field); string columns are as wide as
-#: their longest accepted value (computed from the enums, so a new member never truncates).
+#: Column dtypes of a :class:`LayoutTable` (one per Layout field), as ``table[name]`` gives them. ``str``
+#: columns (enum values, the comma-joined recompute modules) are held as codes into categories.
 _COLUMNS: dict[str, Any] = {
     "world_size": np.int64,
     "tp": np.int64,
@@ -379,68 +388,120 @@ _COLUMNS: dict[str, Any] = {
     "etp": np.int64,
     "micro_batch_size": np.int64,
     "sequence_parallel": np.bool_,
-    "recompute_granularity": _str_width(g.value for g in RecomputeGranularity),
-    "recompute_method": _str_width(m.value for m in RecomputeMethod),
+    "recompute_granularity": str,
+    "recompute_method": str,
     "recompute_num_layers": np.int64,
-    "recompute_modules": _str_width([",".join(RECOMPUTE_MODULES)]),
+    "recompute_modules": str,
     "optimizer_offload_fraction": np.float64,
     "overlap_cpu_optimizer_d2h_h2d": np.bool_,
-    "dispatcher": _str_width(d.value for d in Dispatcher),
+    "dispatcher": str,
     "use_distributed_optimizer": np.bool_,
     "use_precision_aware_optimizer": np.bool_,
-    "exp_avg_dtype": _str_width(OPTIMIZER_STATE_DTYPES),
-    "exp_avg_sq_dtype": _str_width(OPTIMIZER_STATE_DTYPES),
+    "exp_avg_dtype": str,
+    "exp_avg_sq_dtype": str,
     "num_layers_in_first_pipeline_stage": np.int64,
     "num_layers_in_last_pipeline_stage": np.int64,
 }
 
+#: The string columns of a :class:`LayoutTable`: always held as codes.
+CODED_COLUMNS: tuple[str, ...] = tuple(k for k, v in _COLUMNS.items() if v is str)
+
+#: dtype of the codes of a string column given as strings.
+CODE_DTYPE = np.int16
+
 
 def _as_column(name: str, values: Any) -> npt.NDArray[Any]:
-    """``values`` as column ``name``'s dtype; a string longer than the column is an error, not truncated."""
-    src = np.asarray(values)
-    dtype = np.dtype(_COLUMNS[name])
-    if dtype.kind == "U" and src.dtype.kind in "UO" and (src.dtype.kind == "O" or src.dtype.itemsize > dtype.itemsize) and len(src):
-        lengths = np.char.str_len(src.astype(str))
-        if int(lengths.max()) * 4 > dtype.itemsize:
-            longest = str(src.reshape(-1)[int(np.argmax(lengths))])
-            raise ValueError(f"LayoutTable column {name}: {longest!r} is longer than the column's {dtype.itemsize // 4} characters")
-    return src.astype(dtype, copy=False)
+    """``values`` as numeric column ``name``'s dtype."""
+    return np.asarray(values).astype(_COLUMNS[name], copy=False)
 
 
 class LayoutTable:
     """Many layouts as numpy columns (struct of arrays), for vectorised rules and estimates.
 
-    ``recompute_modules`` is stored comma-joined. Columns are the :class:`Layout`
-    field names; ``dp`` and ``edp`` are derived properties.
+    Columns are the :class:`Layout` field names; ``dp`` and ``edp`` are derived properties.
+    ``recompute_modules`` is comma-joined. A column is held either as its values or as integer
+    codes into its categories (``table[name]`` is then ``categories[name][codes]``, a new array
+    each call); categories may repeat a value, and the columns of one search dimension may share
+    one codes array (:func:`search_spaces.space.enumerate_layouts` gives such tables: about one
+    byte a row per dimension). String columns (:data:`CODED_COLUMNS`) are always coded.
+    :meth:`codes`, :meth:`where` and :meth:`isin` read a column per category.
+
+    Args:
+        cols: one array per column, of one length: values, or integer codes where
+            ``categories`` names the column. A string column's values are encoded.
+        categories: for each column given as codes, its categories.
+
+    Raises:
+        ValueError: a column is missing, the lengths differ, a string column's codes come without
+            categories, or a column's values come with categories.
     """
 
-    __slots__ = ("cols",)
+    __slots__ = ("cols", "cats")
 
-    def __init__(self, cols: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, cols: Mapping[str, npt.NDArray[Any]],
+                 categories: Mapping[str, npt.NDArray[Any]] | None = None) -> None:
         missing = set(_COLUMNS) - set(cols)
         if missing:
             raise ValueError(f"LayoutTable is missing columns {sorted(missing)}")
         n = {len(np.asarray(v)) for v in cols.values()}
         if len(n) > 1:
             raise ValueError(f"LayoutTable columns differ in length: {n}")
-        self.cols = {k: _as_column(k, cols[k]) for k in _COLUMNS}
+        given = categories or {}
+        self.cols: dict[str, npt.NDArray[Any]] = {}
+        self.cats: dict[str, npt.NDArray[Any]] = {}
+        for k, dtype in _COLUMNS.items():
+            v = np.asarray(cols[k])
+            if k in given:
+                if v.dtype.kind not in "iu":
+                    raise ValueError(f"LayoutTable column {k}: categories given with {v.dtype} values, not codes")
+                self.cols[k] = v
+                self.cats[k] = np.asarray(given[k]) if dtype is str else np.asarray(given[k]).astype(dtype, copy=False)
+            elif dtype is not str:
+                self.cols[k] = _as_column(k, v)
+            elif v.dtype.kind in "UO" or not len(v):
+                self.cats[k], self.cols[k] = _encode(v)
+            else:
+                raise ValueError(f"LayoutTable column {k}: {v.dtype} values without categories, not strings")
 
     def __len__(self) -> int:
         return len(self.cols["tp"])
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def __getitem__(self, name: str) -> npt.NDArray[Any]:
+        """Column ``name``'s values, shape ``(n,)`` (decoded from its codes, a new array, when coded)."""
+        if name in self.cats:
+            decoded: npt.NDArray[Any] = self.cats[name][self.cols[name]]
+            return decoded
         return self.cols[name]
+
+    def codes(self, name: str) -> tuple[npt.NDArray[Any], npt.NDArray[np.integer[Any]]]:
+        """Column ``name`` as categories and each row's code into them (shape ``(n,)``); a column held as
+        values gives its distinct values."""
+        if name in self.cats:
+            return self.cats[name], self.cols[name]
+        uniq, inv = np.unique(self.cols[name], return_inverse=True)
+        return uniq, inv.reshape(-1)
+
+    def where(self, name: str, predicate: Callable[[Any], bool]) -> npt.NDArray[np.bool_]:
+        """``predicate`` of each row's value of column ``name``, run once per category; shape ``(n,)``."""
+        cats, codes = self.codes(name)
+        per_category = np.array([bool(predicate(c)) for c in cats.tolist()], dtype=np.bool_)
+        out: npt.NDArray[np.bool_] = per_category[codes]
+        return out
+
+    def isin(self, name: str, *values: Any) -> npt.NDArray[np.bool_]:
+        """Rows whose column ``name`` is one of ``values``; shape ``(n,)``."""
+        return self.where(name, lambda v: v in values)
 
     @property
     def dp(self) -> np.ndarray:
         """Dense data-parallel size per row, ``world / (tp pp cp)``."""
-        out: np.ndarray = self.cols["world_size"] // (self.cols["tp"] * self.cols["pp"] * self.cols["cp"])
+        out: np.ndarray = self["world_size"] // (self["tp"] * self["pp"] * self["cp"])
         return out
 
     @property
     def edp(self) -> np.ndarray:
         """Expert data-parallel size per row, ``world / (etp ep pp)``."""
-        out: np.ndarray = self.cols["world_size"] // (self.cols["etp"] * self.cols["ep"] * self.cols["pp"])
+        out: np.ndarray = self["world_size"] // (self["etp"] * self["ep"] * self["pp"])
         return out
 
     @classmethod
@@ -453,13 +514,20 @@ class LayoutTable:
                 cols[k].append(",".join(v) if k == "recompute_modules" else v)
         return cls({k: np.array(v) if v else np.zeros(0, dtype=_COLUMNS[k]) for k, v in cols.items()})
 
-    def select(self, mask_or_index: np.ndarray) -> LayoutTable:
-        return LayoutTable({k: v[mask_or_index] for k, v in self.cols.items()})
+    def select(self, mask_or_index: npt.NDArray[Any] | slice) -> LayoutTable:
+        """The rows a bool mask, an index array or a slice picks (a slice gives views; shared codes stay shared)."""
+        picked: dict[int, npt.NDArray[Any]] = {}
+        for v in self.cols.values():
+            if id(v) not in picked:
+                picked[id(v)] = v[mask_or_index]
+        return LayoutTable({k: picked[id(v)] for k, v in self.cols.items()}, self.cats)
 
     def row(self, i: int) -> Layout:
         d: dict[str, Any] = {}
         for k in _COLUMNS:
             v = self.cols[k][i]
+            if k in self.cats:
+                v = self.cats[k][int(v)]
             d[k] = v.item() if isinstance(v, np.generic) else v
         return Layout.from_dict(d)
 

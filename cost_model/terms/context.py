@@ -23,7 +23,7 @@ from cost_model.calibration import Calibration
 from cost_model.terms import ranks
 from specs import Cluster, ModelSpec, Precision, RunOptions, Workload
 from specs.errors import TunerError
-from specs.layout import RECOMPUTE_MODULES, Dispatcher, LayoutTable, RecomputeGranularity, RecomputeMethod, categories, enum_mask
+from specs.layout import RECOMPUTE_MODULES, Dispatcher, LayoutTable, RecomputeGranularity, RecomputeMethod, enum_mask
 from specs.network import intra_domain_efficiency
 from specs.units import BF16_BYTES, FP32_BYTES
 
@@ -297,33 +297,17 @@ class TableContext:
         return self.recomputed[module]
 
 
-def _mask(values: npt.NDArray[np.str_], enum: type[_E], predicate: Callable[[_E], bool]) -> BoolArray:
+def _mask(table: LayoutTable, column: str, enum: type[_E], predicate: Callable[[_E], bool]) -> BoolArray:
     """:func:`specs.layout.enum_mask` as a column ``(n, 1)``."""
-    return enum_mask(values, enum, predicate)[:, None]
+    return enum_mask(table, column, enum, predicate)[:, None]
 
 
-def _dtype_bytes(values: npt.NDArray[np.str_]) -> Array:
+def _dtype_bytes(table: LayoutTable, column: str) -> Array:
     """Bytes per element of an optimizer-state dtype column, ``(n, 1)``."""
-    out = np.zeros(len(values))
-    for name, size in _STATE_DTYPE_BYTES.items():
-        out[values == name] = size
-    return out[:, None]
-
-
-def _distinct(values: npt.NDArray[np.str_], most: int = 32) -> tuple[list[str], npt.NDArray[np.intp]]:
-    """Distinct strings of a column and each row's index into them, peeled off one comparison at a
-    time (a search space's column holds a handful of values; :func:`specs.layout.categories`, which
-    hashes every character position, takes over beyond ``most``). Order: first appearance."""
-    inv = np.full(len(values), -1, dtype=np.intp)
-    uniq: list[str] = []
-    while len(uniq) < most:
-        todo = np.flatnonzero(inv < 0)
-        if not len(todo):
-            return uniq, inv
-        v = values[todo[0]]
-        inv[(values == v) & (inv < 0)] = len(uniq)
-        uniq.append(str(v))
-    return categories(values)
+    cats, codes = table.codes(column)
+    per_category = np.array([float(_STATE_DTYPE_BYTES.get(c, 0)) for c in cats.tolist()], dtype=np.float64)
+    out: Array = per_category[codes][:, None]
+    return out
 
 
 def build_context(
@@ -360,14 +344,13 @@ def build_context(
     dp = table.dp.astype(float)
 
     r = ranks.rank_arrays(model, table)
-    selective = _mask(table["recompute_granularity"], RecomputeGranularity, lambda g: g.recomputes_modules)
-    mod_values, mod_inv = _distinct(table["recompute_modules"])
-    mod_sets = [set(v.split(",")) for v in mod_values]
+    selective = _mask(table, "recompute_granularity", RecomputeGranularity, lambda g: g.recomputes_modules)
+    mod_values, mod_inv = table.codes("recompute_modules")
+    mod_sets = [set(v.split(",")) for v in mod_values.tolist()]
     recomputed = {
         m: selective & np.array([m in ms for ms in mod_sets], dtype=np.bool_)[mod_inv][:, None] for m in RECOMPUTE_MODULES
     }
-    disp = table["dispatcher"]
-    nv_eff, net_eff, per_node = _dispatcher_efficiencies(disp, cluster, cal)
+    nv_eff, net_eff, per_node = _dispatcher_efficiencies(table, cluster, cal)
     return TableContext(
         model=model,
         cluster=cluster,
@@ -411,37 +394,39 @@ def build_context(
         tokens=(mbs * s / cp)[:, None],
         recompute_num_layers=np.maximum(table["recompute_num_layers"].astype(float), 1.0)[:, None],
         selective=selective,
-        full=_mask(table["recompute_granularity"], RecomputeGranularity, lambda g: g.recomputes_whole_layers),
-        uniform=_mask(table["recompute_method"], RecomputeMethod, lambda m: m.recomputes_every_layer),
+        full=_mask(table, "recompute_granularity", RecomputeGranularity, lambda g: g.recomputes_whole_layers),
+        uniform=_mask(table, "recompute_method", RecomputeMethod, lambda m: m.recomputes_every_layer),
         recomputed=recomputed,
         distributed_optimizer=np.asarray(table["use_distributed_optimizer"], dtype=np.bool_)[:, None],
         precision_aware=np.asarray(table["use_precision_aware_optimizer"], dtype=np.bool_)[:, None],
-        exp_avg_bytes=_dtype_bytes(table["exp_avg_dtype"]),
-        exp_avg_sq_bytes=_dtype_bytes(table["exp_avg_sq_dtype"]),
+        exp_avg_bytes=_dtype_bytes(table, "exp_avg_dtype"),
+        exp_avg_sq_bytes=_dtype_bytes(table, "exp_avg_sq_dtype"),
         offload_fraction=table["optimizer_offload_fraction"].astype(float)[:, None],
-        flex=_mask(disp, Dispatcher, lambda d: d.is_flex),
-        allgather=_mask(disp, Dispatcher, lambda d: d.is_allgather),
+        flex=_mask(table, "dispatcher", Dispatcher, lambda d: d.is_flex),
+        allgather=_mask(table, "dispatcher", Dispatcher, lambda d: d.is_allgather),
         network_counted_per_node=per_node,
         dispatch_nvlink_efficiency=nv_eff,
         dispatch_network_efficiency=net_eff,
     )
 
 
-def _dispatcher_efficiencies(disp: npt.NDArray[np.str_], cluster: Cluster, cal: Calibration) -> tuple[Array, Array, BoolArray]:
+def _dispatcher_efficiencies(table: LayoutTable, cluster: Cluster, cal: Calibration) -> tuple[Array, Array, BoolArray]:
     """Per row, the dispatcher's NVLink and network efficiencies (:attr:`TableContext.dispatch_nvlink_efficiency`,
     :attr:`TableContext.dispatch_network_efficiency`) and whether the network one is counted per NVLink domain hit
     (:attr:`TableContext.network_counted_per_node`; without a named fabric, NCCL's figure, per GPU), each ``(n, 1)``."""
     intra = intra_domain_efficiency()
-    nv = np.full(len(disp), cal.alltoall_nvlink_efficiency)
-    net = np.full(len(disp), cal.network_efficiency)
-    per_node = np.zeros(len(disp), dtype=np.bool_)
-    for d in Dispatcher:
-        rows = disp == d.value
-        if not rows.any():
+    cats, codes = table.codes("dispatcher")
+    nv = np.full(len(cats), cal.alltoall_nvlink_efficiency)
+    net = np.full(len(cats), cal.network_efficiency)
+    per_node = np.zeros(len(cats), dtype=np.bool_)
+    members = {d.value: d for d in Dispatcher}
+    for i, v in enumerate(cats.tolist()):
+        d = members.get(v)
+        if d is None:
             continue
-        nv[rows] = intra.get(d.value) or cal.alltoall_nvlink_efficiency
+        nv[i] = intra.get(d.value) or cal.alltoall_nvlink_efficiency
         if cluster.network is not None:
             on_fabric = cluster.network.dispatcher(d)
-            net[rows] = on_fabric.efficiency or cal.network_efficiency
-            per_node[rows] = on_fabric.counted == "per_node"
-    return nv[:, None], net[:, None], per_node[:, None]
+            net[i] = on_fabric.efficiency or cal.network_efficiency
+            per_node[i] = on_fabric.counted == "per_node"
+    return nv[codes][:, None], net[codes][:, None], per_node[codes][:, None]

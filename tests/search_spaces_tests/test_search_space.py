@@ -257,6 +257,16 @@ def _rows(table: LayoutTable) -> list[tuple[Any, ...]]:
     return sorted(zip(*(table[n].tolist() for n in names), strict=True))
 
 
+def test_the_valid_table_is_one_byte_a_row_per_dimension(minimax: ModelSpec) -> None:
+    v = enumerate_layouts(SearchSpace.load(), minimax, 64, WORKLOAD).valid
+    held = {id(a): a for a in v.cols.values() if 0 not in a.strides}
+    # pipeline, tp, cp, ep, etp, micro_batch_size, vpp, recompute, offload, dispatcher; the rest hold one option
+    assert [a.dtype.itemsize for a in held.values()] == [1] * 10
+    assert v.cols["pp"] is v.cols["num_layers_in_first_pipeline_stage"]
+    i = len(v) // 2
+    assert v.row(i).to_dict() == {k: v[k][i].item() if k != "recompute_modules" else [x for x in v[k][i].split(",") if x] for k in v.cols}
+
+
 def test_enumeration_matches_brute_force(tmp_path: Path, minimax: ModelSpec) -> None:
     f = tmp_path / "small.yaml"
     f.write_text(

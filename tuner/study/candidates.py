@@ -93,43 +93,62 @@ def _unique(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return inv.reshape(-1), first, len(first)
 
 
-#: A unicode column with more distinct values than this is coded by :func:`specs.layout.categories` itself.
-_FEW_STRINGS = 32
-
-
-def _string_codes(col: np.ndarray) -> np.ndarray:
-    """Each row's index into :func:`specs.layout.categories` of a unicode column (the same order), faster for the
-    few distinct strings a layout column holds: one vectorised comparison per distinct string finds its rows,
-    and ``categories`` orders the distinct strings (a column of more than :data:`_FEW_STRINGS` takes
-    ``categories`` whole)."""
-    out = np.full(len(col), -1, dtype=np.int64)
-    distinct: list[str] = []
-    i = 0
-    while True:
-        out[col == col[i]] = len(distinct)
-        distinct.append(str(col[i]))
-        todo = out < 0
-        i = int(np.argmax(todo))
-        if not todo[i]:
-            break
-        if len(distinct) >= _FEW_STRINGS:
-            return categories(col)[1]
-    order, _ = categories(np.array(distinct, dtype=col.dtype))
-    pos = {s: k for k, s in enumerate(order)}
-    return np.array([pos[s] for s in distinct], dtype=np.int64)[out]
-
-
-def _column_codes(col: np.ndarray) -> tuple[np.ndarray, int]:
+def _column_codes(table: LayoutTable, name: str) -> tuple[np.ndarray, int]:
     """Each row's code in a LayoutTable column and the number of codes (the column's distinct values in the order
     ``np.unique`` sorts numbers and :func:`specs.layout.categories` orders strings)."""
-    if col.dtype.kind == "U":
-        inv = _string_codes(col)
-    elif col.dtype.kind in "biu":
-        inv = _unique(col.astype(np.int64, copy=False))[0]
+    if name not in table.cats:
+        col = table[name]
+        if col.dtype.kind in "biu":
+            inv = _unique(col.astype(np.int64, copy=False))[0]
+        else:
+            _, inv = np.unique(col, return_inverse=True)
+            inv = inv.reshape(-1)
+        return inv, int(inv.max()) + 1
+    values, codes = table.codes(name)
+    used = np.flatnonzero(np.bincount(codes, minlength=len(values)))
+    if values.dtype.kind == "U":
+        order, _ = categories(values[used])
+        rank = {s: i for i, s in enumerate(order)}
+        pos_used, k = np.array([rank[str(values[i])] for i in used], dtype=np.int64), len(order)
     else:
-        _, inv = np.unique(col, return_inverse=True)
-        inv = inv.reshape(-1)
-    return inv, int(inv.max()) + 1
+        uniq, inv = np.unique(values[used], return_inverse=True)
+        pos_used, k = inv.reshape(-1), len(uniq)
+    pos = np.zeros(len(values), dtype=np.int64)
+    pos[used] = pos_used
+    return pos[codes], k
+
+
+def _row_codes(table: LayoutTable, cols: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(inverse, first index, count)`` of the distinct value combinations of ``cols``, row by row."""
+    n = len(table)
+    key = np.zeros(n, dtype=np.int64)
+    for c in cols:
+        inv, radix = _column_codes(table, c) if n else (np.zeros(0, dtype=np.int64), 1)
+        key = key * radix + inv
+    return _unique(key) if n else (key, np.zeros(0, dtype=np.int64), 0)
+
+
+#: A dimension whose columns share one code array with at most this many categories is coded per category.
+_FEW_CATEGORIES = 256
+
+
+def _dimension_codes(table: LayoutTable, cols: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, int]:
+    """:func:`_row_codes` of a search dimension. When its columns are codes into categories that share one array (as
+    :func:`search_spaces.space.enumerate_layouts` makes them), the combinations are found among the first row of each
+    category used and spread to the rows by their code (the inverse as narrow as the count allows)."""
+    shared = {id(table.cols[c]) for c in cols}
+    codes = table.cols[cols[0]]
+    if (len(shared) > 1 or any(c not in table.cats for c in cols) or not len(table)
+            or max(len(table.cats[c]) for c in cols) > _FEW_CATEGORIES):
+        return _row_codes(table, cols)
+    used = np.flatnonzero(np.bincount(codes, minlength=len(table.cats[cols[0]])))
+    first_of = np.array([int(np.argmax(codes == u)) for u in used], dtype=np.int64)
+    inv_used, _, k = _row_codes(table.select(first_of), cols)
+    first = np.full(k, len(table), dtype=np.int64)
+    np.minimum.at(first, inv_used, first_of)
+    lut = np.zeros(len(table.cats[cols[0]]), dtype=np.min_scalar_type(max(k - 1, 0)))
+    lut[used] = inv_used
+    return lut[codes], first, k
 
 
 class CandidateIndex:
@@ -149,20 +168,13 @@ class CandidateIndex:
         self.rep_row: dict[str, list[int]] = {}
         code = np.zeros(n, dtype=np.int64)
         for dim, cols in DIMENSIONS.items():
-            key = np.zeros(n, dtype=np.int64)
-            for c in cols:
-                if n:
-                    inv, radix = _column_codes(valid[c])
-                else:
-                    inv, radix = np.zeros(0, dtype=np.int64), 1
-                key = key * radix + inv
-            inv, first, k = _unique(key) if n else (key, np.zeros(0, dtype=np.int64), 0)
+            inv, first, k = _dimension_codes(valid, cols)
             reps = [int(i) for i in first]
             self.codes[dim] = inv
             self.rep_row[dim] = reps
             self.labels[dim] = [_label(dim, valid.row(i)) for i in reps]
-            code = code * k + inv
-        self.row_code = code
+            code *= k
+            code += inv
         fit_rows = np.flatnonzero(fits)
         order = np.argsort(code[fit_rows])
         self._fit_sorted_codes = code[fit_rows][order]
