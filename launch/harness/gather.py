@@ -43,7 +43,7 @@ from specs.errors import TunerError
 
 __all__ = ["GRAD_DUMP_FORMAT", "model_fingerprint", "GatherPlan", "ParamShard", "assemble", "canonical_name", "gather_plan", "layer_offsets", "shard_like_megatron"]
 
-#: Format tag of a gradient dump's ``index.json`` (written by :mod:`launch.harness.grads`, read by :mod:`tuner.numerics`).
+#: Format tag of a gradient dump's ``index.json`` (written by :mod:`launch.harness.grads`, read by :mod:`tuner.verify.parity`).
 GRAD_DUMP_FORMAT = "tune-grad-dump/1"
 
 

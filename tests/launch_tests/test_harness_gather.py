@@ -150,7 +150,7 @@ def test_torch_side_matches_numpy_where_torch_is_installed():
     """The harness runs the same plan with torch.cat / torch.chunk, and rebuilds TE's masters with torch (CPU check)."""
     torch = pytest.importorskip("torch")
     from launch.harness.component import _rebuild_master
-    from tuner.numerics import split_fp32
+    from tuner.verify.component import split_fp32
 
     full = np.random.default_rng(2).standard_normal((8, 3)).astype(np.float32)
     plan = gather_plan(ParamShard(name="decoder.layers.0.mlp.experts.linear_fc1.weight0", shape=(4, 3), tensor_model_parallel=True, partition_dim=0,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from specs.errors import TunerError
-from tuner.convergence import ConvergenceThresholds, compare_losses
+from tuner.verify.convergence import ConvergenceThresholds, compare_losses
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "verify_h200_curves.json"
 

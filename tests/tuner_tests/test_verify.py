@@ -10,14 +10,17 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import tuner.verify as verify_mod
+import tuner.verify.loss_check as loss_check_mod
+import tuner.verify.parity_check as parity_check_mod
 from launch.export import validate_recipe
 from launch.harness.spec import HarnessEnv, build_spec, slice_model
 from specs import Workload, load_model, parse_gpus
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 from tuner.cli import app
-from tuner.verify import correctness_block, local_backend_factory, parity_backend_factory, parse_layout_spec, plan_verify, run_verify
+from tuner.verify.inputs import parse_layout_spec
+from tuner.verify.loss_check import correctness_block, local_backend_factory, plan_verify, run_verify
+from tuner.verify.parity_check import parity_backend_factory
 
 pytestmark = pytest.mark.slow  # trial processes of the fake harness and studies
 
@@ -203,9 +206,9 @@ def _patch_cli(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # the study's 4 GPUs
     # the study's best predicted layout uses the flex dispatcher: a machine with DeepEP / HybridEP installed
     env = HarnessEnv(deep_ep=True, hybrid_ep=True)
-    monkeypatch.setattr(verify_mod, "local_backend_factory",
+    monkeypatch.setattr(loss_check_mod, "local_backend_factory",
                         lambda timeout_s=900.0: local_backend_factory(timeout_s=timeout_s, launcher=[sys.executable, FAKE], env=env))
-    monkeypatch.setattr(verify_mod, "parity_backend_factory",
+    monkeypatch.setattr(parity_check_mod, "parity_backend_factory",
                         lambda timeout_s=900.0: parity_backend_factory(timeout_s=timeout_s, launcher=[sys.executable, FAKE], env=env))
     import launch.local_backend as lb
 
@@ -332,7 +335,7 @@ def test_a_measured_trial_that_passes_is_exported_as_verified(tmp_path, monkeypa
 def test_cli_verify_refuses_before_any_arm_runs(study, monkeypatch):
     """A candidate that needs DeepEP / HybridEP, which this machine lacks: refused before the
     reference arm spends its GPU time, with what to do instead."""
-    monkeypatch.setattr(verify_mod, "local_backend_factory", lambda timeout_s=900.0: _fake_factory(timeout_s))
+    monkeypatch.setattr(loss_check_mod, "local_backend_factory", lambda timeout_s=900.0: _fake_factory(timeout_s))
     import launch.local_backend as lb
 
     monkeypatch.setattr(lb, "check_harness_dependencies", lambda what="": None)

@@ -14,7 +14,7 @@ from cost_model.uncertainty import memory_headroom as headroom_for
 from specs.errors import TunerError
 from tuner.cli._common import ForceOpt, ResultsOpt, StorageOpt, StudyNameOpt, err, load_study, out, shell_command, study_context, study_flags
 from tuner.cli._front import print_front, print_ties
-from tuner.verify import stored_correctness
+from tuner.verify.correctness import stored_correctness
 
 __all__ = ["app", "pareto", "export_cmd", "study_export_context"]
 

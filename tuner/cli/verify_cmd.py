@@ -12,7 +12,7 @@ from rich.table import Table
 
 from specs.errors import TunerError
 from tuner.cli._common import ResultsOpt, StorageOpt, StudyNameOpt, err, load_study, out, study_context
-from tuner.verify import stored_correctness
+from tuner.verify.correctness import stored_correctness
 
 __all__ = ["app", "verify"]
 
@@ -57,7 +57,8 @@ def verify(
     ``verified`` only when the convergence check and gradient parity both passed for its layout.
     """
     from specs.layout import Layout
-    from tuner.verify import VerifyOutcome, correctness_block, local_backend_factory, parse_layout_spec, plan_verify, run_verify
+    from tuner.verify.inputs import parse_layout_spec
+    from tuner.verify.loss_check import VerifyOutcome, correctness_block, local_backend_factory, plan_verify, run_verify
 
     if component is not None:
         if grad_parity:
@@ -131,8 +132,8 @@ def _store(st: Any, key: str, value: Any, where: str) -> None:
 
 def _component(kind: str, study: str | None, storage: str | None, results_dir: Path, experts: int | None, max_experts: int,
                moments: str, component_steps: str, timeout: float, out_file: Path | None) -> None:
-    """``tune verify --component optimizer``: the optimizer component test (:func:`tuner.verify.run_component_test`)."""
-    from tuner.verify import plan_component_test, run_component_test
+    """``tune verify --component optimizer``: the optimizer component test (:func:`tuner.verify.component.run_component_test`)."""
+    from tuner.verify.component import plan_component_test, run_component_test
 
     if kind != "optimizer":
         raise TunerError(f"--component {kind!r}: accepted optimizer (precision-aware Adam against an FP64 reference)")
@@ -186,7 +187,7 @@ def _grad_parity(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any,
                  noise_factor: float, noise_floor: float, timeout: float, out_file: Path | None) -> None:
     """``tune verify --grad-parity``: every parameter's gradient of the candidate against the reference's."""
     from launch.local_backend import check_harness_dependencies, check_local_gpus
-    from tuner.verify import parity_backend_factory, plan_grad_parity, run_grad_parity
+    from tuner.verify.parity_check import parity_backend_factory, plan_grad_parity, run_grad_parity
 
     if not noise_factor > 0 or not noise_floor >= 0:
         raise TunerError(f"--noise-factor must be > 0 and --noise-floor >= 0, got {noise_factor}, {noise_floor}")

@@ -206,6 +206,33 @@ def compare_losses(
             missing_steps=missing, non_finite_steps=bad, messages=tuple(msgs), thresholds=th,
         )
 
+    m, m_failed, m_msgs = _curve_metrics(c, g, good, th)
+    failed += m_failed
+    msgs += m_msgs
+    return ConvergenceResult(
+        passed=not failed,
+        failed_metrics=tuple(failed),
+        steps=len(steps),
+        compared_steps=len(good),
+        correlation=m["correlation"],
+        final_loss_difference=m["final_loss_difference"],
+        pointwise_failures=int(m["pointwise_failures"]),
+        pointwise_failure_ratio=m["pointwise_failure_ratio"],
+        outliers=int(m["outliers"]),
+        outlier_ratio=m["outlier_ratio"],
+        missing_steps=missing,
+        non_finite_steps=bad,
+        messages=tuple(msgs),
+        thresholds=th,
+    )
+
+
+def _curve_metrics(c: np.ndarray, g: np.ndarray, good: Sequence[int], th: ConvergenceThresholds) -> tuple[dict[str, float], list[str], list[str]]:
+    """Bridge's four metrics of the candidate ``c`` against the reference ``g`` (same steps ``good``, finite, >= 2):
+    the values, the failed metrics' names and their messages."""
+    failed: list[str] = []
+    msgs: list[str] = []
+    nan = float("nan")
     # correlation (Pearson, scale-free: computed on the curves divided by their largest magnitude so that
     # huge losses do not overflow); undefined for a flat curve
     scale = float(max(np.max(np.abs(c)), np.max(np.abs(g)), 1e-300))
@@ -248,19 +275,5 @@ def compare_losses(
         failed.append("outliers")
         msgs.append(f"{n_out} of {len(good)} steps are {th.outlier_threshold:g}-sigma outliers of the residual ({out_ratio:.0%} > {th.max_outlier_ratio:.0%})")
 
-    return ConvergenceResult(
-        passed=not failed,
-        failed_metrics=tuple(failed),
-        steps=len(steps),
-        compared_steps=len(good),
-        correlation=corr,
-        final_loss_difference=fin,
-        pointwise_failures=pw,
-        pointwise_failure_ratio=pw_ratio,
-        outliers=n_out,
-        outlier_ratio=out_ratio,
-        missing_steps=missing,
-        non_finite_steps=bad,
-        messages=tuple(msgs),
-        thresholds=th,
-    )
+    return ({"correlation": corr, "final_loss_difference": fin, "pointwise_failures": pw, "pointwise_failure_ratio": pw_ratio,
+             "outliers": n_out, "outlier_ratio": out_ratio}, failed, msgs)
