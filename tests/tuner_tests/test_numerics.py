@@ -69,8 +69,6 @@ def test_nan_missing_tensor_and_shape_mismatch_fail_with_their_metric():
     r = compare_gradients(shp, G)
     assert r.failed_metrics == ("shape_mismatch",) and "[65, 32] vs [64, 32]" in r.messages[0]
     assert compare_gradients({}, {}).failed_metrics == ("no_tensors",)
-    with pytest.raises(TunerError, match="not an array|float array"):
-        tensor_diff("x", np.array(["a"]), np.array(["b"]))
 
 
 def test_zero_gradients():
@@ -104,8 +102,6 @@ def test_threshold_from_the_reference_noise():
     bad = compare_gradients({k: v for k, v in G.items() if k != "a.weight"}, G)
     with pytest.raises(TunerError, match="noise measurement"):
         ParityThresholds.from_noise(bad)
-    with pytest.raises(TunerError):
-        ParityThresholds(rel_l2=-1)
 
 
 def _dump(path, grads, **meta):

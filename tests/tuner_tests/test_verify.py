@@ -83,8 +83,6 @@ def test_plan_rejects_bad_pairs(m4, c4, tmp_path):
         plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path, lr=0)
     with pytest.raises(TunerError, match="never reach the peak"):
         plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path, steps=20, lr_warmup_steps=100)
-    with pytest.raises(TunerError, match="out of range"):
-        parse_layout_spec("tp=99999999999999999999999", 4)
 
 
 def test_parse_layout_spec():
@@ -284,15 +282,13 @@ def test_cli_verify_a_given_candidate_layout(study, monkeypatch):
 def test_harness_spec_checks_the_verify_fields(m4):
     with pytest.raises(TunerError, match="needs save_checkpoint"):
         build_spec(m4, CAND, WL, env=HarnessEnv(), options={"pretrain_steps": 5})
-    with pytest.raises(TunerError, match="pretrain_steps must be an integer"):
-        build_spec(m4, CAND, WL, env=HarnessEnv(), options={"pretrain_steps": -1, "save_checkpoint": "x"})
     with pytest.raises(TunerError, match="unknown harness options"):
         build_spec(m4, CAND, WL, env=HarnessEnv(), options={"learning_rate": 1e-4})
     with pytest.raises(InfeasibleLayout, match="loads none"):
         build_spec(m4, CAND, WL, env=HarnessEnv(), options={"fault": "embedding_shard_misplaced"})
     with pytest.raises(InfeasibleLayout, match="TP > 1"):
         build_spec(m4, Layout(world_size=4, ep=2), WL, env=HarnessEnv(), options={"fault": "embedding_shard_misplaced", "load_checkpoint": "x"})
-    # under TE the mask fault builds TE's attention with no mask (launch/harness/train.py _patch_te_block)
+    # under TE the mask fault builds TE's attention with no mask (launch/harness/build.py _patch_te_block)
     assert build_spec(m4, CAND, WL, env=HarnessEnv(transformer_engine=True), options={"fault": "non_causal_attention"}).fault == "non_causal_attention"
 
 

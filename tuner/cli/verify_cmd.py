@@ -189,8 +189,6 @@ def _grad_parity(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any,
     from launch.local_backend import check_harness_dependencies, check_local_gpus
     from tuner.verify.parity_check import parity_backend_factory, plan_grad_parity, run_grad_parity
 
-    if not noise_factor > 0 or not noise_floor >= 0:
-        raise TunerError(f"--noise-factor must be > 0 and --noise-floor >= 0, got {noise_factor}, {noise_floor}")
     out_dir = results_dir / st.study_name / "verify" / f"parity-{name}"
     plan = plan_grad_parity(m, c, w, lay, ref, out_dir=out_dir, init_checkpoint=init_checkpoint, corpus=corpus,
                             reference_dir=results_dir / st.study_name / "verify" / f"parity-reference-{_slug(ref.label)}",

@@ -235,15 +235,15 @@ def plan_verify(
     from launch.harness.data import load_corpus
     from launch.harness.spec import FAULTS
 
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 3 <= steps <= 100_000:
-        raise TunerError(f"--steps must be an integer from 3 to 100,000 (a correlation needs a curve), got {steps!r}")
-    if not (isinstance(lr, (int, float)) and 0 < lr < 1):
+    if steps < 3:
+        raise TunerError(f"--steps must be at least 3 (a correlation needs a curve), got {steps!r}")
+    if not 0 < lr < 1:
         raise TunerError(f"--lr must be in (0, 1), got {lr!r}")
     if fault is not None and fault not in FAULTS:
         raise TunerError(f"--fault {fault!r}: accepted {', '.join(FAULTS)}")
     for flag, v in (("--lr-warmup-steps", lr_warmup_steps), ("--warm-start-steps", warm_start_steps)):
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 100_000:
-            raise TunerError(f"{flag} must be an integer from 0 to 100,000, got {v!r}")
+        if v < 0:
+            raise TunerError(f"{flag} must be 0 or more, got {v!r}")
     if lr_warmup_steps > steps:
         raise TunerError(f"--lr-warmup-steps {lr_warmup_steps} is more than --steps {steps}: the measured steps would never reach the peak learning rate")
     if init_checkpoint is not None:

@@ -125,10 +125,10 @@ def plan_grad_parity(
                          "compares two layouts of one model")
     if fault is not None and fault not in FAULTS:
         raise TunerError(f"--fault {fault!r}: accepted {', '.join(FAULTS)}")
-    if isinstance(data_step_offset, bool) or not isinstance(data_step_offset, int) or data_step_offset < 0:
+    if data_step_offset < 0:
         raise TunerError(f"the batch's step must be an integer >= 0, got {data_step_offset!r}")
     if not (factor >= 1 and 0 < floor < 1):
-        raise TunerError(f"parity threshold rule needs factor >= 1 and 0 < floor < 1, got factor {factor!r}, floor {floor!r}")
+        raise TunerError(f"--noise-factor must be >= 1 and --noise-floor in (0, 1), got {factor!r}, {floor!r}")
     check_pair(candidate, reference, model, cluster, workload, fault, "reference")
     if init_checkpoint is not None:
         why = checkpoint_model_reasons(init_checkpoint, model)
