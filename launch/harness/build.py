@@ -85,7 +85,7 @@ def _local_modules(fault: str | None = None) -> tuple[type, type]:
     import torch.nn.functional as F
     from megatron.core.transformer.module import MegatronModule
 
-    class SDPACoreAttention(MegatronModule):
+    class SDPACoreAttention(MegatronModule):  # type: ignore[misc]  # megatron-core is untyped
         """Causal attention through ``torch.nn.functional.scaled_dot_product_attention`` (flash / efficient kernels).
 
         Inputs as megatron-core passes them to a core attention: query ``[s, b, heads, d]``,
@@ -103,7 +103,7 @@ def _local_modules(fault: str | None = None) -> tuple[type, type]:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=self.softmax_scale, enable_gqa=gqa)
             return out.permute(2, 0, 1, 3).reshape(s, b, h * d)
 
-    class HarnessRMSNorm(torch.nn.RMSNorm):
+    class HarnessRMSNorm(torch.nn.RMSNorm):  # type: ignore[misc]  # torch is not installed where mypy runs
         """``torch.nn.RMSNorm`` built the way megatron-core builds a norm, usable with sequence parallelism.
 
         With sequence parallelism each TP rank normalises a different slice of the

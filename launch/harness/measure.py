@@ -61,6 +61,7 @@ def _dump_grads(spec: HarnessSpec, chunks: list[Any], cfg: Any, losses: Any, las
         "versions": _versions(),
         "run_options": _run_options(spec),
     }
+    assert spec.dump_grads is not None  # called only when the spec asks for a dump
     return dump_gradients(chunks, spec.dump_grads, meta, gated_linear_unit=bool(spec.model.get("gated_linear_unit", True)),
                           num_experts=int(spec.model.get("num_experts") or 0))
 
@@ -181,7 +182,7 @@ def _profiles_here() -> bool:
     """This rank writes a profile: the first rank of its tensor-, context- and data-parallel groups (one per pipeline stage)."""
     from megatron.core import parallel_state as ps
 
-    return ps.get_tensor_model_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
+    return bool(ps.get_tensor_model_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0)
 
 
 def _profiler(spec: HarnessSpec, step: int) -> Any:

@@ -51,9 +51,6 @@ FAULTS: dict[str, str] = {
     ),
 }
 
-#: Faults that need no particular layout: they act on the gradient or the attention mask, with or without TE.
-LAYOUT_FREE_FAULTS = ("norm_grad_scaled", "non_causal_attention")
-
 #: Transformer Engine fp8 recipes the harness runs (Megatron ``--fp8-recipe``): ``delayed`` (per-tensor scale from an
 #: amax history) and ``tensorwise`` (per-tensor current scaling); ``blockwise`` (DeepSeek-style 128x128 / 1x128 blocks).
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
@@ -331,7 +328,7 @@ class HarnessSpec:
     def num_microbatches(self) -> int:
         lay = self.layout
         dp = lay["world_size"] // (lay["tp"] * lay["pp"] * lay["cp"])
-        return self.global_batch_size // (lay["micro_batch_size"] * dp)
+        return int(self.global_batch_size // (lay["micro_batch_size"] * dp))
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
@@ -357,7 +354,8 @@ class HarnessSpec:
         return cls(**d)
 
     def model_spec(self) -> ModelSpec:
-        return ModelSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in self.model.items()})
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in self.model.items()}
+        return ModelSpec(**fields)
 
     def layout_obj(self) -> Layout:
         return Layout.from_dict(self.layout)

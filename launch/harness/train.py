@@ -46,6 +46,7 @@ from launch.harness.measure import _census, _dump_grads, _export_profile, _forwa
 from launch.harness.results import cv, median_after_warmup
 from launch.harness.spec import HarnessEnv, HarnessSpec, fault_reasons, parse_argv, unsupported_reasons
 from launch.harness.step import _batches, _forward_step, _global_loss
+from specs.precision import Precision
 
 
 class _Out:
@@ -290,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     env = HarnessEnv.detect()
     lay = spec.layout_obj()
-    reasons = unsupported_reasons(lay, spec.model_spec(), Workload(seq_length=spec.seq_length, global_batch_size=spec.global_batch_size, precision=spec.precision), env)
+    reasons = unsupported_reasons(lay, spec.model_spec(), Workload(seq_length=spec.seq_length, global_batch_size=spec.global_batch_size, precision=Precision(spec.precision)), env)
     reasons += fault_reasons(spec.fault, lay, env)
     if spec.use_transformer_engine and not env.transformer_engine:
         reasons.append("the spec asks for Transformer Engine, which is not importable here")

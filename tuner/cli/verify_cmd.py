@@ -276,7 +276,7 @@ def _print_outcome(o: Any) -> None:
     out.print(f"curves: {escape(o.plan.out_dir)}/losses.png; details: {escape(o.plan.out_dir)}/verify.json")
 
 
-def _recipe_text(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any, row: dict[str, Any] | None, block: dict[str, Any]) -> str:
+def _recipe_text(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any, row: dict[str, Any] | None, block: dict[str, Any] | None) -> str:
     """The recipe of ``lay`` (trial ``row``, or a given candidate when None) with the correctness ``block``."""
     from launch.exporters import get_exporter
     from tuner.cli.studies import study_export_context

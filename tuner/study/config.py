@@ -288,7 +288,8 @@ def study_run_options(config: TuneConfig) -> Any:
     """
     from specs.stacks import RunFlags, resolve_run_options
 
-    flags = RunFlags(**{k: tuple(v) if isinstance(v, list) else v for k, v in (config.run_flags or {}).items()})
+    given: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in (config.run_flags or {}).items()}
+    flags = RunFlags(**given)
     run = resolve_run_options(flags, config.stack, precision=config.precision, megatron_core=config.megatron_core)
     if config.backend in ("local", "ray"):
         if run.flags:

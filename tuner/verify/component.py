@@ -331,8 +331,8 @@ class ComponentOutcome:
 
     plan: ComponentPlan
     result: str
-    decision: Any = None
-    """A :class:`ComponentResult` (None on error)."""
+    decision: ComponentResult | None = None
+    """None on error."""
     rows: tuple[dict[str, Any], ...] = ()
     error: str = ""
     date: str = ""

@@ -382,7 +382,7 @@ class GradDump:
         t = self.meta["tensors"][name]
         f = self.path / t["file"]
         try:
-            a = np.load(f, mmap_mode="r")
+            a: np.ndarray = np.load(f, mmap_mode="r")
         except (OSError, ValueError) as e:
             raise TunerError(f"gradient dump {self.path}: cannot read {t['file']} for {name} ({e})") from None
         if list(a.shape) != list(t["shape"]):

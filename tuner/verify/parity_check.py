@@ -164,7 +164,7 @@ class GradParityOutcome:
     thresholds: Any = None
     error: str = ""
     arm_seconds: dict[str, float] = field(default_factory=dict)
-    losses: dict[str, float] = field(default_factory=dict)
+    losses: dict[str, float | None] = field(default_factory=dict)
     """Step-1 loss of each arm (the same batch and weights: equal to bf16 noise)."""
     reused: tuple[str, ...] = ()
     date: str = ""
@@ -266,7 +266,7 @@ def run_grad_parity(
         if on_arm:
             on_arm(arm.name, "done")
     noise = parity = th = None
-    losses: dict[str, float] = {}
+    losses: dict[str, float | None] = {}
     if not error:
         ref, rep, cand = (load_grad_dump(a.dump_dir) for a in plan.arms)
         losses = {a.name: d.meta.get("loss") for a, d in zip(plan.arms, (ref, rep, cand))}
