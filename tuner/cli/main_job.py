@@ -308,12 +308,12 @@ def _choose_best(res: Any, rows: list[dict[str, Any]], prep: Any, cfg: Any) -> t
     if not front:
         raise TunerError("the study has no finished trial; nothing to export")
     best, tied = pick_best(front)
+    assert best is not None  # the front is not empty
     chosen = res.study.user_attrs.get(POLICY_BEST_ATTR)  # the gain policy's answer, when it stopped by its rule
     if chosen is not None and chosen != best["trial"]:
         row = [r for r in rows if r["trial"] == chosen]
         if row:
             best, tied = front_rows(row, prep.model, prep.bars, c.gpu.hbm_bytes / GIB)[0], []
-    assert best is not None
     res.study.set_user_attr(BEST_TRIAL_ATTR, best["trial"])
     return front, best, tied
 
