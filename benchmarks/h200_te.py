@@ -254,7 +254,7 @@ def parity_candidates(ref: Any) -> dict[str, tuple[Any, str | None]]:
 
 
 def run_convergence(cid: str) -> dict[str, Any]:
-    from tuner.verify.loss_check import correctness_block, local_backend_factory, plan_verify, run_verify
+    from tuner.verify.loss_check import convergence_block, local_backend_factory, plan_verify, run_verify
 
     m, c, wl, ref = _parity_setup()
     cand, fault = parity_candidates(ref)["par-fault-norm-grad-scaled"]
@@ -264,7 +264,7 @@ def run_convergence(cid: str) -> dict[str, Any]:
                    keep_checkpoint=True)
     d = o.to_dict()
     d.pop("arm_logs", None)
-    emit("parity.jsonl", {"id": cid, "kind": "convergence", "seconds": time.monotonic() - t, "block": correctness_block(o), **d})
+    emit("parity.jsonl", {"id": cid, "kind": "convergence", "seconds": time.monotonic() - t, "block": convergence_block(o), **d})
     if o.result == "error":
         for arm in ("reference", "candidate"):
             keep_log(f"{cid}-{arm}", WORK / "conv" / arm)

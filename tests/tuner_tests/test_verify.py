@@ -19,7 +19,7 @@ from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 from tuner.cli import app
 from tuner.verify.inputs import parse_layout_spec
-from tuner.verify.loss_check import correctness_block, local_backend_factory, plan_verify, run_verify
+from tuner.verify.loss_check import convergence_block, local_backend_factory, plan_verify, run_verify
 from tuner.verify.parity_check import parity_backend_factory
 
 pytestmark = pytest.mark.slow  # trial processes of the fake harness and studies
@@ -137,7 +137,7 @@ def test_negative_control_fails_and_names_the_metric(m4, c4, tmp_path, monkeypat
     p = plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path / "v", steps=20, fault="sp_norm_grad_unreduced")
     o = run_verify(p, _fake_factory())
     assert o.result == "fail" and "final_loss" in o.convergence.failed_metrics
-    blk = correctness_block(o)
+    blk = convergence_block(o)
     assert blk["result"] == "fail" and "final_loss" in blk["convergence"]["failed_metrics"] and "final loss 4.5113 vs 3.7526" in blk["summary"]
 
 
@@ -174,7 +174,7 @@ def test_an_arm_that_crashes_is_an_error_not_a_verdict(m4, c4, tmp_path, monkeyp
     p = plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path / "v", steps=5)
     o = run_verify(p, _fake_factory())
     assert o.result == "error" and o.convergence is None and "reference arm" in o.error
-    assert correctness_block(o)["result"] == "error"
+    assert convergence_block(o)["result"] == "error"
     assert json.loads((tmp_path / "v" / "verify.json").read_text())["result"] == "error"
 
 

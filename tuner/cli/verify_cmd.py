@@ -58,7 +58,7 @@ def verify(
     """
     from specs.layout import Layout
     from tuner.verify.inputs import parse_layout_spec
-    from tuner.verify.loss_check import VerifyOutcome, correctness_block, local_backend_factory, plan_verify, run_verify
+    from tuner.verify.loss_check import VerifyOutcome, convergence_block, local_backend_factory, plan_verify, run_verify
 
     if component is not None:
         if grad_parity:
@@ -105,7 +105,7 @@ def verify(
 
     outcome: VerifyOutcome = run_verify(plan, local_backend_factory(timeout_s=timeout), keep_checkpoint=keep_checkpoint, on_arm=on_arm)
     _print_outcome(outcome)
-    block = correctness_block(outcome)
+    block = convergence_block(outcome)
     if fault is None and trial_no is not None:
         _store(st, f"verify:{trial_no}", block, f"{plan.out_dir}/verify.json")
     if out_file:

@@ -26,7 +26,7 @@ def correctness_block(
     """The recipe's ``correctness`` block in the seed's form, with gradient parity next to the convergence check.
 
     Args:
-        convergence: the block of the loss-curve check (:func:`tuner.verify.loss_check.correctness_block` of its
+        convergence: the block of the loss-curve check (:func:`tuner.verify.loss_check.convergence_block` of its
             outcome: ``result``, ``summary``, ``reference``, ``convergence``), or None if not run.
         grad_parity: a :class:`ParityResult` or its :func:`parity_block`, or None if not run.
         component_tests: entries in the seed's form (:meth:`ComponentResult.entry`).

@@ -54,7 +54,7 @@ __all__ = [
     "VerifyArm",
     "VerifyOutcome",
     "VerifyPlan",
-    "correctness_block",
+    "convergence_block",
     "local_backend_factory",
     "plan_verify",
     "run_verify",
@@ -413,8 +413,9 @@ def plot_losses(outcome: VerifyOutcome, path: str | Path) -> Path:
     return path
 
 
-def correctness_block(outcome: VerifyOutcome) -> dict[str, Any]:
-    """The recipe's ``correctness`` block in the seed's form (``result``, ``summary``, ``reference``, ``convergence``)."""
+def convergence_block(outcome: VerifyOutcome) -> dict[str, Any]:
+    """The convergence check's ``correctness`` block in the seed's form (``result``, ``summary``, ``reference``,
+    ``convergence``); :func:`tuner.verify.correctness.correctness_block` joins it with the other checks."""
     p = outcome.plan
     start = (f"the checkpoint {p.init_checkpoint}, loaded into both layouts" if p.init_checkpoint else
              "one megatron-core distributed checkpoint written once by the reference arm"
