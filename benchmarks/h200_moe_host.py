@@ -12,7 +12,7 @@ is, was never measured on a whole layer.
 What runs: for each configuration (a model's layer shape, its local-expert count: the experts one EP rank holds, since
 with top-k routing one GPU holding ``E / ep`` experts gets the rows per expert of that EP rank), a ``GPTModel`` with
 ``post_process=False`` (the embedding and the decoder layers) built from the harness's own ``TransformerConfig``
-(:func:`launch.harness.train._transformer_config`: TE layer spec, grouped GEMM, alltoall dispatcher, the harness's
+(:func:`launch.harness.build._transformer_config`: TE layer spec, grouped GEMM, alltoall dispatcher, the harness's
 fusions), then at each (sequence, micro-batch) point :data:`POINTS` back-to-back training iterations with no
 synchronisation between them, each timed three ways:
 
@@ -104,7 +104,7 @@ def measure(out: Path, configs: list[str], budget_s: float) -> int:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from launch.harness.train import _transformer_config, _versions
+    from launch.harness.build import _transformer_config, _versions
 
     t0 = time.monotonic()
     init_one_gpu("29543")

@@ -11,7 +11,7 @@ Why a benchmark of its own: the harness trials' recompute extra was the differen
 1-5% CV, on slices where the output layer and the loss are half of the step, so the same case differed 2x between
 machines (``docs/measurements.md``, fifth batch). Here each variant is a ``GPTModel`` with ``post_process=False`` (the
 embedding and the decoder layers, no output layer, no loss) built from the harness's own ``TransformerConfig``
-(:func:`launch.harness.train._transformer_config`, TE layer spec, grouped GEMM, the precision and recompute fields of a
+(:func:`launch.harness.build._transformer_config`, TE layer spec, grouped GEMM, the precision and recompute fields of a
 harness trial), and timed by CUDA events over back-to-back iterations of one micro-batch (no synchronisation between
 them): ``fwd_bwd_s`` forward + backward (the backward fed a fixed random output gradient; the weights' gradients
 accumulate as they do between micro-batches), ``fwd_s`` the training forward alone (grad enabled, graph dropped) and
@@ -108,7 +108,7 @@ def measure(out: Path, slices: list[str], rounds: int, budget_s: float, iters: i
     import torch.distributed as dist
     from one_gpu import decoder_model, init_one_gpu, jsonl_emitter
 
-    from launch.harness.train import _transformer_config, _versions
+    from launch.harness.build import _transformer_config, _versions
 
     t0 = time.monotonic()
     init_one_gpu("29541")

@@ -3,13 +3,13 @@
 Started by ``benchmarks/h200_te.sh`` (which sets the environment). Parts (``PART``, comma-separated):
 
 - ``probe``: the first-trial probe (``benchmarks/h200_te_layouts.py`` ``PROBE``) as the fresh machine's first GPU work;
-- ``component``: the optimizer component test (:func:`tuner.verify.run_component_test`);
+- ``component``: the optimizer component test (:func:`tuner.verify.component.run_component_test`);
 - ``sweep``: the layouts of ``benchmarks/h200_te_layouts.py`` ``CASES`` (the local backend, one torchrun each); with
   ``SWEEP_ONLY=id,id,...`` only those, in that order; ``SWEEP_GPUS=1xH100`` records (and predicts) the cases on the
   GPU the machine has when it is not the cases' H200;
 - ``snapshot``: only the sweep cases with the saved-tensor census;
 - ``parity``: the convergence check with the ``norm_grad_scaled`` fault (its checkpoint kept), then gradient parity
-  of four 1-GPU layout pairs and two faults from that checkpoint (:func:`tuner.verify.run_grad_parity`);
+  of four 1-GPU layout pairs and two faults from that checkpoint (:func:`tuner.verify.parity_check.run_grad_parity`);
 - ``probe_last``: the probe again, at the end of the batch;
 - ``all``: probe, component, the first sweep cases, parity, the rest of the sweep, probe_last.
 
@@ -200,7 +200,7 @@ def _f(x: Any) -> str:
 
 
 def run_component(cid: str) -> dict[str, Any]:
-    from tuner.verify import plan_component_test, run_component_test
+    from tuner.verify.component import plan_component_test, run_component_test
 
     left = BUDGET - elapsed()
     plan = plan_component_test(out_dir=WORK / "component", max_experts=int(os.environ.get("COMPONENT_MAX_EXPERTS", "256")), moments=("fp32",),
@@ -254,7 +254,7 @@ def parity_candidates(ref: Any) -> dict[str, tuple[Any, str | None]]:
 
 
 def run_convergence(cid: str) -> dict[str, Any]:
-    from tuner.verify import correctness_block, local_backend_factory, plan_verify, run_verify
+    from tuner.verify.loss_check import convergence_block, local_backend_factory, plan_verify, run_verify
 
     m, c, wl, ref = _parity_setup()
     cand, fault = parity_candidates(ref)["par-fault-norm-grad-scaled"]
@@ -264,18 +264,18 @@ def run_convergence(cid: str) -> dict[str, Any]:
                    keep_checkpoint=True)
     d = o.to_dict()
     d.pop("arm_logs", None)
-    emit("parity.jsonl", {"id": cid, "kind": "convergence", "seconds": time.monotonic() - t, "block": correctness_block(o), **d})
+    emit("parity.jsonl", {"id": cid, "kind": "convergence", "seconds": time.monotonic() - t, "block": convergence_block(o), **d})
     if o.result == "error":
         for arm in ("reference", "candidate"):
             keep_log(f"{cid}-{arm}", WORK / "conv" / arm)
-    from tuner.verify import layout_text
+    from tuner.verify.inputs import layout_text
 
     log(f"{cid}: convergence {o.result} ({o.summary()[:240]}) in {time.monotonic() - t:.0f} s; candidate {layout_text(cand)} with fault {fault}")
     return {"result": o.result}
 
 
 def run_parity(cid: str) -> dict[str, Any]:
-    from tuner.verify import parity_backend_factory, plan_grad_parity, run_grad_parity
+    from tuner.verify.parity_check import parity_backend_factory, plan_grad_parity, run_grad_parity
 
     m, c, wl, ref = _parity_setup()
     cand, fault = parity_candidates(ref)[cid]

@@ -149,7 +149,7 @@ class CommandTemplate:
         if missing:
             raise TunerError(f"--command-template {self.source}: set the environment variable(s) {', '.join(missing)} it uses ({{env:NAME}})")
         pls = _pipeline_layout_string(layout, model) or ""
-        scalars: dict[str, str] = {
+        scalars: dict[str, object] = {
             "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp, "ep": layout.ep, "etp": layout.etp,
             "dp": layout.dp, "micro_batch_size": layout.micro_batch_size, "global_batch_size": workload.global_batch_size,
             "seq_length": workload.seq_length, "pipeline_layout": pls, "num_nodes": cluster.num_nodes,

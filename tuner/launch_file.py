@@ -740,6 +740,11 @@ def _nemo_rl_doc(p: Path, doc: Mapping[str, Any], label: str, depth: int = 0) ->
     return _deep_merge(_nemo_rl_doc(f, base, label, depth + 1), {k: v for k, v in doc.items() if k != "defaults"})
 
 
+def _section(doc: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    """``doc[key]`` when it is a mapping, else an empty one."""
+    v = doc.get(key)
+    return v if isinstance(v, Mapping) else {}
+
 def _nemo_rl_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[str, str], str | None, int | None, int | None,
                                                                 dict[str, Any] | None]:
     """A NeMo-RL config (its Megatron trainer, ``policy.megatron_cfg``) as Megatron-LM arguments: (argv, names, the
@@ -749,8 +754,8 @@ def _nemo_rl_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[s
     Raises:
         TunerError: the config trains with NeMo-RL's DTensor / AutoModel path (``policy.megatron_cfg.enabled`` false).
     """
-    policy = doc.get("policy") if isinstance(doc.get("policy"), Mapping) else {}
-    mcfg = policy.get("megatron_cfg") if isinstance(policy.get("megatron_cfg"), Mapping) else {}
+    policy = _section(doc, "policy")
+    mcfg = _section(policy, "megatron_cfg")
     if not mcfg.get("enabled"):
         raise TunerError(f"{label}: policy.megatron_cfg.enabled is not true: it trains with NeMo-RL's DTensor / AutoModel path, "
                          "which tune --from does not read (its Megatron trainer only)")
@@ -764,7 +769,7 @@ def _nemo_rl_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[s
         "train": {k: policy[f"train_{k}"] for k in ("global_batch_size", "micro_batch_size") if isinstance(policy.get(f"train_{k}"), int)},
         "dataset": {"seq_length": policy["max_total_sequence_length"]} if isinstance(policy.get("max_total_sequence_length"), int) else {},
     }
-    fp8 = mcfg.get("fp8_cfg") if isinstance(mcfg.get("fp8_cfg"), Mapping) else {}
+    fp8 = _section(mcfg, "fp8_cfg")
     if fp8.get("enabled"):
         bridge["mixed_precision"] = {"fp8": fp8.get("fp8") or "hybrid", "fp8_recipe": fp8.get("fp8_recipe"),
                                      "fp8_param_gather": bool(fp8.get("fp8_param"))}
@@ -793,9 +798,9 @@ def _nemo_rl_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[s
         if k not in ("policy", "cluster", "defaults"):
             argv.append(f"--nemo-rl.{k}")
             names[f"--nemo-rl.{k}"] = str(k)
-    cluster = doc.get("cluster") if isinstance(doc.get("cluster"), Mapping) else {}
+    cluster = _section(doc, "cluster")
     nodes, per_node = cluster.get("num_nodes"), cluster.get("gpus_per_node")
-    peft = mcfg.get("peft") if isinstance(mcfg.get("peft"), Mapping) else {}
+    peft = _section(mcfg, "peft")
     task = None
     if peft.get("enabled"):  # NeMo-RL's peft block is Megatron-Bridge's LoRA (dim, target_modules; empty = Bridge's default)
         task = {"task": "lora", "lora_rank": int(peft.get("dim") or 32),
@@ -877,7 +882,7 @@ def read_launch(path: str | Path, *, model: str | None = None, gpus: str | None 
             raise TunerError(f"{label}: a YAML file that is neither a recipe.yaml (schema_version, run) nor a Megatron-Bridge "
                              f"override (model, train, ddp, optimizer sections) or performance config (ConfigContainer, "
                              f"perf_matrix); {accepted}")
-        gpu = doc.get("gpu") if isinstance(doc.get("gpu"), Mapping) else {}
+        gpu = _section(doc, "gpu")
         launcher, argv = _safe_args(doc["run"], label, accepted)
         given = model or (str(doc["model"]) if doc.get("model") else None)
         lf = _read_args(p, "recipe", launcher, argv, given, str(gpu.get("type")) if gpu.get("type") else None)

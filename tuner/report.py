@@ -7,7 +7,7 @@ import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -176,7 +176,7 @@ def long_label(row: dict[str, Any]) -> str:
 TIE_Z = 2.0
 
 
-def _positive(v: Any) -> bool:
+def _positive(v: Any) -> TypeGuard[int | float]:
     """A positive finite number (not a bool): what a step time or a throughput read from a study may be used as."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 

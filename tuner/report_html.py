@@ -295,26 +295,8 @@ def render_report(
                   f"{(r['tps'] / fastest - 1) * 100:.1f}%", _fmt(r["peak"], 1), _fmt(r["headroom"], 1), r["source"]) for r in near]
     answer = (f"trial {near[0]['trial']} ({near[0]['label']}, {near[0]['recompute']}, {near[0]['dispatcher']}): {_fmt(near[0]['headroom'], 1)} GiB of "
               f"headroom at {_fmt(near[0]['tps'], 1)} tokens/s/GPU") if near else "-"
-    bands = {int(f["trial"]): f for f in front}
-
-    def band(t: int) -> str:
-        f = bands.get(t, {})
-        lo, hi = _num(f.get("tokens_per_s_per_gpu_low")), _num(f.get("tokens_per_s_per_gpu_high"))
-        return "-" if lo is None or hi is None else f"{lo:,.0f}-{hi:,.0f}"
-
-    front_body = [(r["trial"], r["label"], r["recompute"], r["offload"], r["dispatcher"], r["mbs"], r["split"], _fmt(r["tps"], 1), band(r["trial"]),
-                   _fmt(r["mfu"] * 100 if r["mfu"] is not None else None, 1) + "%", _fmt(r["peak"], 1),
-                   _fmt(_num(bands.get(r["trial"], {}).get("peak_gib_high")), 1), bands.get(r["trial"], {}).get("fit", ""), _fmt(r["step"], 3),
-                   r["source"], bands.get(r["trial"], {}).get("pipeline_model_parallel_layout", "")) for r in front_d]
-    if ties:
-        ties_html = (f"<p>Measured trials within their own noise of trial {ties_of} (2 standard errors of the difference of the median step "
-                     "times): their step times cannot rank them; choose on memory, or measure again.</p>"
-                     + _table(["trial", "layout", "tokens/s/GPU", "gap"], [(t["trial"], t["label"], _fmt(float(t["tokens_per_s_per_gpu"]), 1),
-                                                                          f"{-float(t['gap']):+.1%}") for t in ties], left=(1,)))
-    elif "measured" in sources:
-        ties_html = f"<p>No measured trial is within the measurement noise of the fastest measured one (trial {ties_of}).</p>"
-    else:
-        ties_html = "<p>No trial was measured (the model backend predicts); ties within measurement noise need real trials.</p>"
+    front_body = _front_body(front_d, front)
+    ties_html = _ties_html(ties, ties_of, sources)
     files_html = "<ul>" + "".join(f'<li><a href="{html.escape(p)}">{html.escape(n)}</a> <code>{html.escape(p)}</code></li>' for n, p in (files or {}).items()) + "</ul>"
     parts = [
         "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{html.escape(study)}: layout tuner report</title>",
@@ -355,6 +337,34 @@ def render_report(
         f"<script>{_SCRIPT}</script>", "</body></html>",
     ]
     return "\n".join(parts)
+
+
+def _front_body(front_d: Sequence[Mapping[str, Any]], front: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+    """The rows of the front's table: the page's rows ``front_d`` with the intervals and fit of :func:`tuner.report.front_rows`."""
+    bands = {int(f["trial"]): f for f in front}
+
+    def band(t: int) -> str:
+        f = bands.get(t, {})
+        lo, hi = _num(f.get("tokens_per_s_per_gpu_low")), _num(f.get("tokens_per_s_per_gpu_high"))
+        return "-" if lo is None or hi is None else f"{lo:,.0f}-{hi:,.0f}"
+
+    front_body = [(r["trial"], r["label"], r["recompute"], r["offload"], r["dispatcher"], r["mbs"], r["split"], _fmt(r["tps"], 1), band(r["trial"]),
+                   _fmt(r["mfu"] * 100 if r["mfu"] is not None else None, 1) + "%", _fmt(r["peak"], 1),
+                   _fmt(_num(bands.get(r["trial"], {}).get("peak_gib_high")), 1), bands.get(r["trial"], {}).get("fit", ""), _fmt(r["step"], 3),
+                   r["source"], bands.get(r["trial"], {}).get("pipeline_model_parallel_layout", "")) for r in front_d]
+    return front_body
+
+
+def _ties_html(ties: Sequence[Mapping[str, Any]], ties_of: int | None, sources: set[str]) -> str:
+    """The ties section: the measured trials within noise of the fastest, or why there are none."""
+    if ties:
+        return (f"<p>Measured trials within their own noise of trial {ties_of} (2 standard errors of the difference of the median step "
+                "times): their step times cannot rank them; choose on memory, or measure again.</p>"
+                + _table(["trial", "layout", "tokens/s/GPU", "gap"], [(t["trial"], t["label"], _fmt(float(t["tokens_per_s_per_gpu"]), 1),
+                                                                     f"{-float(t['gap']):+.1%}") for t in ties], left=(1,)))
+    if "measured" in sources:
+        return f"<p>No measured trial is within the measurement noise of the fastest measured one (trial {ties_of}).</p>"
+    return "<p>No trial was measured (the model backend predicts); ties within measurement noise need real trials.</p>"
 
 
 def write_report(path: Path, *, force: bool = False, **kwargs: Any) -> Path:

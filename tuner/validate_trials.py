@@ -162,7 +162,7 @@ def _options(d: dict[str, Any], te: bool) -> RunOptions:
                          "tensorwise recipes (a blockwise row is not read)")
     if "fp8_param_gather" in h and _flag(h["fp8_param_gather"], "run_options.harness.fp8_param_gather"):
         kw["fp8_param_gather"] = True
-    asked = d.get("options") if isinstance(d.get("options"), dict) else {}
+    asked: dict[str, Any] = d["options"] if isinstance(d.get("options"), dict) else {}
     fused = _flag(h["megatron_fusions"], "run_options.harness.megatron_fusions") if "megatron_fusions" in h else None
     if "megatron_fusions" in asked:
         want = _flag(asked["megatron_fusions"], "options.megatron_fusions")
@@ -305,7 +305,7 @@ def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
             absent = [k for k in ("gpus", "seq_length", "global_batch_size") if k not in d]
             if absent:
                 raise TunerError(f"{where}: the row lacks {', '.join(absent)} (launch.harness.sweep writes them)")
-            harness_opts = {**(d.get("options") if isinstance(d.get("options"), dict) else {}),
+            harness_opts = {**(d["options"] if isinstance(d.get("options"), dict) else {}),
                             **((((d.get("run_options") or {}).get("harness")) or {}) if isinstance(d.get("run_options"), dict) else {})}
             if harness_opts.get("gc_after_build") is True:
                 skipped.append(f"{name}:{i} {label}: a control run with gc.collect() after the optimizer build (gc_after_build); "
@@ -426,7 +426,7 @@ TIMING_SETTINGS = ("moe_permute_fusion", "megatron_fusions", "profile_step")
 def _timing_settings(d: dict[str, Any]) -> tuple[bool, ...]:
     """Whether each of :data:`TIMING_SETTINGS` was on in row ``d`` (its ``options``, ``run_options.harness`` or
     ``run_options.transformer``; absent, false and null read as off)."""
-    ro = d.get("run_options") if isinstance(d.get("run_options"), dict) else {}
+    ro: dict[str, Any] = d["run_options"] if isinstance(d.get("run_options"), dict) else {}
     where = [x for x in (d.get("options"), ro.get("harness"), ro.get("transformer")) if isinstance(x, dict)]
     return tuple(any(w.get(k) not in (None, False, 0) for w in where) for k in TIMING_SETTINGS)
 

@@ -296,6 +296,35 @@ def model_args(model: ModelSpec) -> list[str]:
     if model.untie_embeddings_and_output_weights:
         a += ["--untie-embeddings-and-output-weights"]
     a += ["--vocab-size", str(model.vocab_size)]
+    a += _rope_args(model, gpt_yarn)
+    if model.qk_layernorm:
+        a += ["--qk-layernorm"]
+    if model.is_mla:
+        a += ["--multi-latent-attention"]
+        if model.q_lora_rank:
+            a += ["--q-lora-rank", str(model.q_lora_rank)]
+        a += [
+            "--kv-lora-rank", str(model.kv_lora_rank),
+            "--qk-head-dim", str(model.qk_head_dim),
+            "--qk-pos-emb-head-dim", str(model.qk_pos_emb_head_dim),
+            "--v-head-dim", str(model.v_head_dim),
+        ]  # fmt: skip
+    if model.is_moe:
+        a += _moe_args(model)
+    if model.mtp_num_layers > 0:
+        a += ["--mtp-num-layers", str(model.mtp_num_layers)]
+    a += list(model.extra_megatron_args)
+    return a
+
+
+
+# --------------------------------------------------------------------------- layout flags
+
+
+def _rope_args(model: ModelSpec, gpt_yarn: bool) -> list[str]:
+    """:func:`model_args`' rotary flags: partial rotary, base, and Llama-3 or YaRN scaling (``gpt_yarn``: a GPT model's
+    YaRN, with megatron-core 0.19's ``--yarn-*`` flags)."""
+    a: list[str] = []
     if model.rotary_percent != 1.0:
         a += ["--rotary-percent", _flag_num(model.rotary_percent)]
     a += ["--rotary-base", _flag_num(model.rotary_base)]
@@ -311,46 +340,36 @@ def model_args(model: ModelSpec) -> list[str]:
                 a += ["--yarn-original-max-position-embeddings", str(model.rope_scaling_original_max_position_embeddings)]
             a += ["--yarn-beta-fast", _flag_num(model.rope_scaling_beta_fast), "--yarn-beta-slow", _flag_num(model.rope_scaling_beta_slow),
                   "--yarn-correction-range-round-to-int" if model.rope_scaling_truncate else "--no-yarn-correction-range-round-to-int"]
-    if model.qk_layernorm:
-        a += ["--qk-layernorm"]
-    if model.is_mla:
-        a += ["--multi-latent-attention"]
-        if model.q_lora_rank:
-            a += ["--q-lora-rank", str(model.q_lora_rank)]
-        a += [
-            "--kv-lora-rank", str(model.kv_lora_rank),
-            "--qk-head-dim", str(model.qk_head_dim),
-            "--qk-pos-emb-head-dim", str(model.qk_pos_emb_head_dim),
-            "--v-head-dim", str(model.v_head_dim),
-        ]  # fmt: skip
-    if model.is_moe:
-        if not model.num_moe_layers:
-            raise TunerError(f"model {model.name!r} has {model.num_experts} experts but no MoE layer in moe_layer_freq")
-        a += [
-            "--num-experts", str(model.num_experts),
-            "--moe-ffn-hidden-size", str(model.moe_ffn_hidden_size),
-            "--moe-router-topk", str(model.moe_router_topk),
-            "--moe-layer-freq", _layer_freq_expr(model.moe_layer_freq),
-        ]  # fmt: skip
-        if model.moe_shared_expert_intermediate_size > 0:
-            a += ["--moe-shared-expert-intermediate-size", str(model.moe_shared_expert_intermediate_size)]
-        if model.moe_router_score_function != "softmax":
-            a += ["--moe-router-score-function", model.moe_router_score_function]
-        if model.moe_router_enable_expert_bias:
-            a += ["--moe-router-enable-expert-bias"]
-        if model.moe_router_topk_scaling_factor:
-            a += ["--moe-router-topk-scaling-factor", _flag_num(model.moe_router_topk_scaling_factor)]
-        if model.moe_router_num_groups:
-            a += ["--moe-router-num-groups", str(model.moe_router_num_groups), "--moe-router-group-topk", str(model.moe_router_group_topk)]
-        a += ["--moe-router-dtype", "fp32", "--moe-grouped-gemm"]
-    if model.mtp_num_layers > 0:
-        a += ["--mtp-num-layers", str(model.mtp_num_layers)]
-    a += list(model.extra_megatron_args)
     return a
 
 
+def _moe_args(model: ModelSpec) -> list[str]:
+    """:func:`model_args`' MoE block: experts, expert FFN, top-k, layer frequency, shared experts and the router.
 
-# --------------------------------------------------------------------------- layout flags
+    Raises:
+        TunerError: no MoE layer in ``moe_layer_freq``.
+    """
+    a: list[str] = []
+    if not model.num_moe_layers:
+        raise TunerError(f"model {model.name!r} has {model.num_experts} experts but no MoE layer in moe_layer_freq")
+    a += [
+        "--num-experts", str(model.num_experts),
+        "--moe-ffn-hidden-size", str(model.moe_ffn_hidden_size),
+        "--moe-router-topk", str(model.moe_router_topk),
+        "--moe-layer-freq", _layer_freq_expr(model.moe_layer_freq),
+    ]  # fmt: skip
+    if model.moe_shared_expert_intermediate_size > 0:
+        a += ["--moe-shared-expert-intermediate-size", str(model.moe_shared_expert_intermediate_size)]
+    if model.moe_router_score_function != "softmax":
+        a += ["--moe-router-score-function", model.moe_router_score_function]
+    if model.moe_router_enable_expert_bias:
+        a += ["--moe-router-enable-expert-bias"]
+    if model.moe_router_topk_scaling_factor:
+        a += ["--moe-router-topk-scaling-factor", _flag_num(model.moe_router_topk_scaling_factor)]
+    if model.moe_router_num_groups:
+        a += ["--moe-router-num-groups", str(model.moe_router_num_groups), "--moe-router-group-topk", str(model.moe_router_group_topk)]
+    a += ["--moe-router-dtype", "fp32", "--moe-grouped-gemm"]
+    return a
 
 
 def _pipeline_layout_string(layout: Layout, model: ModelSpec) -> str | None:

@@ -226,7 +226,7 @@ def recipe_dict(
     "measured"``: then ``measured`` with a ``result`` section, or ``failed`` when
     the trial failed (its kind and log go to ``notes``). It is ``verified`` only
     when it is measured and ``correctness`` (the block of ``tune verify``,
-    :func:`tuner.verify.correctness_block`) says ``pass``.
+    :func:`tuner.verify.correctness.correctness_block`) says ``pass``.
     ``prediction`` holds the cost model's ``estimate`` (or null), ``run`` the
     :func:`slime_script`, ``notes`` the pipeline layout explained in the seed's
     words and what the user must provide.
@@ -238,10 +238,7 @@ def recipe_dict(
     (``measurement.extra["measured"]``, else today).
 
     Args:
-        model: The model.
-        cluster: The GPUs.
-        workload: The workload.
-        layout: The layout.
+        model, cluster, workload, layout: What the recipe is for (the model, the GPUs, the workload, the layout).
         estimate: The cost model's estimate for ``layout``.
         measurement: A trial's measurement of ``layout``.
         study: Name of the study that chose the layout (written when given).
@@ -270,6 +267,46 @@ def recipe_dict(
     run = slime_script(model, cluster, workload, layout, extra_env=extra_env, options=options, user_args=user_args)
     pls = _pipeline_layout_string(layout, model)
 
+    status, result, failure_note = _status(measurement, correctness, model, cluster)
+
+    core, core_why = _min_megatron_core(layout, model)
+    stack_note = f"megatron-core >= {core}: {'; '.join(core_why)}."
+    if model.qk_layernorm_full_dim:
+        stack_note += " Needs slime's slime_plugins (MiniMax-M2 layer spec) importable, also under Megatron-LM."
+
+    author_d: dict[str, Any] = {"name": author}
+    if author_url:
+        author_d["url"] = author_url
+
+    notes = _notes(model, cluster, layout, status, failure_note, extra_notes, pls)
+
+    recipe: dict[str, Any] = {
+        "schema_version": 1,
+        "model": _model_name(model),
+        "gpu": _gpu_section(cluster),
+        "author": author_d,
+        "status": status,
+    }
+    if study:
+        recipe["study"] = study
+    recipe |= {
+        "stack": {"framework": _STACK_FRAMEWORK, "megatron_core": f">={core}", "note": stack_note, **_run_block(options, stack, user_args)},
+        "workload": _workload_section(workload),
+        "layout": _layout_section(layout, model, workload, pls),
+        "result": result,
+        "prediction": _prediction(estimate, model, cluster, workload) if estimate is not None else None,
+        "correctness": dict(correctness) if correctness is not None else {"result": "not run", "note": _CORRECTNESS_NOTE},
+        "env": _env(extra_env),
+        "patches": [],
+        "run": run,
+        "notes": notes,
+    }
+    return recipe
+
+
+def _status(measurement: Measurement | None, correctness: Mapping[str, Any] | None, model: ModelSpec,
+            cluster: Cluster) -> tuple[str, dict[str, Any] | None, str | None]:
+    """The recipe's ``status`` (predicted, measured, failed or verified), its ``result`` section and the failure's note."""
     status, result, failure_note = "predicted", None, None
     if measurement is not None and measurement.source == "measured":
         if measurement.failure.value != "none":
@@ -281,16 +318,44 @@ def recipe_dict(
             status, result = "measured", _result(measurement, model, cluster)
     if status == "measured" and correctness is not None and correctness.get("result") == "pass":
         status = "verified"
+    return status, result, failure_note
 
-    core, core_why = _min_megatron_core(layout, model)
-    stack_note = f"megatron-core >= {core}: {'; '.join(core_why)}."
-    if model.qk_layernorm_full_dim:
-        stack_note += " Needs slime's slime_plugins (MiniMax-M2 layer spec) importable, also under Megatron-LM."
 
-    author_d: dict[str, Any] = {"name": author}
-    if author_url:
-        author_d["url"] = author_url
+def _gpu_section(cluster: Cluster) -> dict[str, Any]:
+    """The recipe's ``gpu`` section: type, memory, count, per node and the network."""
+    return {
+        "type": cluster.gpu.name,
+        "memory_gb": math.ceil(cluster.gpu.hbm_bytes / GIB),
+        "count": int(cluster.num_gpus),
+        "per_node": int(cluster.gpus_per_node),
+        "network": {
+            "fabric": cluster.network.key if cluster.network else "unnamed",
+            **({"name": cluster.network.name} if cluster.network else {}),
+            "per_node_gbps": _sig(cluster.inter_node_bytes_per_s * 8 / 1e9),
+            "nvlink_domain": int(cluster.nvlink_size),
+            "dispatchers_not_across": list(cluster.network.not_across) if cluster.network else [],
+        },
+    }
 
+
+def _workload_section(workload: Workload) -> dict[str, Any]:
+    """The recipe's ``workload`` section: row length, rows, global batch, precision (and the task, LoRA's rank)."""
+    return {
+        "row_tokens": int(workload.seq_length),
+        "rows": workload.dataset,
+        "global_batch": int(workload.global_batch_size),
+        "precision": str(workload.precision),
+        **({"task": workload.task} if workload.task != "pretrain" else {}),
+        **({"lora": {"rank": workload.lora_rank, "target_modules": list(workload.lora_target_modules),
+                     "note": "Megatron-Bridge's LoRA (peft.lora.LoRA dim and target_modules); Megatron-LM and slime "
+                             "have no LoRA arguments, so `run` trains every weight"}} if workload.task == "lora" else {}),
+    }
+
+
+def _notes(model: ModelSpec, cluster: Cluster, layout: Layout, status: str, failure_note: str | None, extra_notes: Sequence[str],
+           pls: Any) -> list[str]:
+    """The recipe's ``notes``: the status, the pipeline layout in the seed's words, what slime and Megatron-LM change
+    or need, and what the user must provide."""
     notes: list[str] = []
     if status == "predicted":
         notes.append("Predicted by the analytical cost model, not measured: run it (`tune` trials) before relying on the numbers.")
@@ -337,50 +402,7 @@ def recipe_dict(
         "runs the seed's 20-step benchmark. For Megatron-LM, megatron_args.sh launches pretrain_gpt.py with torchrun "
         "(DATA_PATH, TOKENIZER_MODEL, TRAIN_ITERS, CHECKPOINT_PATH), or `source` it for MEGATRON_ARGS."
     )
-
-    recipe: dict[str, Any] = {
-        "schema_version": 1,
-        "model": _model_name(model),
-        "gpu": {
-            "type": cluster.gpu.name,
-            "memory_gb": math.ceil(cluster.gpu.hbm_bytes / GIB),
-            "count": int(cluster.num_gpus),
-            "per_node": int(cluster.gpus_per_node),
-            "network": {
-                "fabric": cluster.network.key if cluster.network else "unnamed",
-                **({"name": cluster.network.name} if cluster.network else {}),
-                "per_node_gbps": _sig(cluster.inter_node_bytes_per_s * 8 / 1e9),
-                "nvlink_domain": int(cluster.nvlink_size),
-                "dispatchers_not_across": list(cluster.network.not_across) if cluster.network else [],
-            },
-        },
-        "author": author_d,
-        "status": status,
-    }
-    if study:
-        recipe["study"] = study
-    recipe |= {
-        "stack": {"framework": _STACK_FRAMEWORK, "megatron_core": f">={core}", "note": stack_note, **_run_block(options, stack, user_args)},
-        "workload": {
-            "row_tokens": int(workload.seq_length),
-            "rows": workload.dataset,
-            "global_batch": int(workload.global_batch_size),
-            "precision": str(workload.precision),
-            **({"task": workload.task} if workload.task != "pretrain" else {}),
-            **({"lora": {"rank": workload.lora_rank, "target_modules": list(workload.lora_target_modules),
-                         "note": "Megatron-Bridge's LoRA (peft.lora.LoRA dim and target_modules); Megatron-LM and slime "
-                                 "have no LoRA arguments, so `run` trains every weight"}} if workload.task == "lora" else {}),
-        },
-        "layout": _layout_section(layout, model, workload, pls),
-        "result": result,
-        "prediction": _prediction(estimate, model, cluster, workload) if estimate is not None else None,
-        "correctness": dict(correctness) if correctness is not None else {"result": "not run", "note": _CORRECTNESS_NOTE},
-        "env": _env(extra_env),
-        "patches": [],
-        "run": run,
-        "notes": notes,
-    }
-    return recipe
+    return notes
 
 
 class _Dumper(yaml.SafeDumper):

@@ -109,7 +109,6 @@ def slime_script(
     """
     _check(layout, model, workload, cluster)
     env = _env(extra_env)
-    gbs = str(workload.global_batch_size)
     out: list[str] = [
         *comment(f"slime: {model.name} on {cluster.num_gpus} {cluster.gpu.name} ({cluster.num_nodes} x {cluster.gpus_per_node}), "
                  f"{layout.label}", None),
@@ -145,6 +144,18 @@ def slime_script(
     ]
     if model.is_moe and layout.dispatcher == Dispatcher.allgather:
         out.append("# The layout's dispatcher is allgather; slime rewrites allgather to alltoall, so alltoall is asked for.")
+    groups = _groups(model, cluster, workload, layout, options)
+    written = [str(a) for g in groups for a in g] + model_args(model)
+    for g in group_flags(kept_user_args(user_args, written)):
+        groups.append([Sh(f'"{a}"') if "$" in a and '"' not in a else a for a in g])  # the user's "$VAR" stays an expansion
+    out += command((Sh('"$PYTHON"'), Sh('"$SLIME_ENTRY"')), groups)
+    return "\n".join(out) + "\n"
+
+
+def _groups(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, options: RunOptions | None) -> list[Sequence[str]]:
+    """:func:`slime_script`'s arguments, one group a line: cluster, model, data, SFT, the layout, optimizer, misc and
+    run options, precision, dispatcher and pipeline layout (the user's own arguments are added after)."""
+    gbs = str(workload.global_batch_size)
     groups: list[Sequence[str]] = [
         ("--actor-num-nodes", str(cluster.num_nodes)),
         ("--actor-num-gpus-per-node", str(cluster.gpus_per_node)),
@@ -179,11 +190,7 @@ def slime_script(
     pls = _pipeline_layout_string(layout, model)
     if pls is not None:
         groups.append(("--pipeline-model-parallel-layout", pls))
-    written = [str(a) for g in groups for a in g] + model_args(model)
-    for g in group_flags(kept_user_args(user_args, written)):
-        groups.append([Sh(f'"{a}"') if "$" in a and '"' not in a else a for a in g])  # the user's "$VAR" stays an expansion
-    out += command((Sh('"$PYTHON"'), Sh('"$SLIME_ENTRY"')), groups)
-    return "\n".join(out) + "\n"
+    return groups
 
 
 class SlimeScriptExporter(Exporter):

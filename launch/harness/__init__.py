@@ -10,6 +10,9 @@ Modules:
 - :mod:`launch.harness.pruner` (no torch): the step-time pruner;
 - :mod:`launch.harness.train` (torch, megatron-core): the program itself,
   ``torchrun --nproc-per-node N -m launch.harness.train --spec spec.json --out steps.jsonl``.
+  Its pieces (torch and megatron-core at call time): :mod:`launch.harness.build` (the model, optimizer and
+  checkpoints), :mod:`launch.harness.step` (micro-batches and loss), :mod:`launch.harness.measure` (memory,
+  profiles, census, gradient dumps).
 """
 
 from launch.harness.pruner import StepTimePruner

@@ -4,7 +4,7 @@ One process, no torchrun (world size 1; EP 1)::
 
     python -m launch.harness.component --spec component.json --out component.jsonl
 
-What it does (the decision is :func:`tuner.numerics.decide_component_test`'s, from the JSON lines):
+What it does (the decision is :func:`tuner.verify.component.decide_component_test`'s, from the JSON lines):
 
 1. builds one transformer layer with a MoE block of the seed's shape (hidden 4,096, top-10, expert
    FFN 1,024; 512 experts, or as many as fit in this GPU's and host's memory, :func:`experts_that_fit`),
@@ -13,7 +13,7 @@ What it does (the decision is :func:`tuner.numerics.decide_component_test`'s, fr
 2. records the gradients of ``len(steps)`` real forward and backward passes at the initial weights
    (one batch of random tokens each), scaled by one factor so that the first step's global norm is
    ``grad_norm`` (2.0: gradient clipping at 1.0 then acts, as early in training);
-3. for each optimizer arm (:data:`tuner.numerics.COMPONENT_ARMS`): builds the same layer again from the
+3. for each optimizer arm (:data:`COMPONENT_ARMS`): builds the same layer again from the
    same seed (checked: the bf16 weights are bitwise the recorded initial weights), wraps it in
    megatron-core's ``DistributedDataParallel`` and builds the arm's optimizer with
    ``get_megatron_optimizer``; each step writes the recorded gradient into the gradient buffer and calls
@@ -21,7 +21,7 @@ What it does (the decision is :func:`tuner.numerics.decide_component_test`'s, fr
    main weight; TE FusedAdam's ``master_param``, rebuilt from the bf16 weight and the int16 remainder
    with ``store_param_remainders``; the CPU copy with offload) and compares the update (master minus
    initial weight) with an FP64 Adam fed the same gradients and the same clip coefficients
-   (:func:`tuner.numerics.adam_reference`, here in torch float64 on the GPU, tensor by tensor);
+   (:func:`tuner.verify.component.adam_reference`, here in torch float64 on the GPU, tensor by tensor);
 4. compares the rebuilt masters of arm ``gpu`` with arm ``explicit_masters``'s bit for bit.
 
 Exit status: 0 done (whatever the verdict); 2 bad spec or no Transformer Engine; 1 an error.
@@ -169,16 +169,8 @@ class ComponentSpec:
             raise TunerError(f"component arms {bad}: accepted {', '.join(sorted(names))}")
         if "default" not in self.arms:
             raise TunerError("the component test needs the 'default' arm (it sets the bound)")
-        if not self.steps or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in self.steps) or list(self.steps) != sorted(set(self.steps)):
-            raise TunerError(f"component steps must be increasing integers >= 1, got {self.steps!r}")
-        for n in ("hidden_size", "moe_ffn_hidden_size", "num_experts", "max_experts", "moe_router_topk", "tokens", "vocab_size"):
-            v = getattr(self, n)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise TunerError(f"component {n} must be a positive integer, got {v!r}")
-        if self.experts is not None and not (isinstance(self.experts, int) and self.moe_router_topk <= self.experts <= self.num_experts):
+        if self.experts is not None and not self.moe_router_topk <= self.experts <= self.num_experts:
             raise TunerError(f"component experts must be from top-k ({self.moe_router_topk}) to {self.num_experts}, got {self.experts!r}")
-        if not (self.grad_norm > 0 and math.isfinite(self.grad_norm)):
-            raise TunerError(f"component grad_norm must be > 0, got {self.grad_norm!r}")
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
@@ -292,11 +284,11 @@ def _seed_all(seed: int) -> None:
 def _build_ddp(hspec: Any, seed: int) -> tuple[Any, Any]:
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-    from launch.harness import train
+    from launch.harness import build
 
     _seed_all(seed)
-    cfg = train._transformer_config(hspec)
-    chunks = train._build_chunks(hspec, cfg)
+    cfg = build._transformer_config(hspec)
+    chunks = build._build_chunks(hspec, cfg)
     ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True),
                                   chunks[0])
     return cfg, ddp
@@ -358,7 +350,7 @@ def _inner_te(d: Any) -> Any:
 
 def _rebuild_master(bf16: Any, remainder: Any) -> Any:
     """FP32 masters from bf16 weights and int16 remainders, as TE's ``AdamFunctorMasterParamRemainder`` does
-    (:func:`tuner.numerics.reconstruct_fp32`): the bf16 bits minus one where the remainder is negative, as the high
+    (:func:`tuner.verify.component.reconstruct_fp32`): the bf16 bits minus one where the remainder is negative, as the high
     half, the remainder as the low half (little-endian int16 pair)."""
     import torch
 
@@ -392,7 +384,7 @@ def _master(opt: Any, p: Any, arm: ComponentArm) -> Any:
 
 
 def _reference_update(p0: Any, grads: list[Any], k: int, hyper: AdamHyper, wd: float, coeffs: list[float]) -> Any:
-    """FP64 Adam (:func:`tuner.numerics.adam_reference`) for ``k`` steps on the GPU; returns the update ``p_k - p_0``."""
+    """FP64 Adam (:func:`tuner.verify.component.adam_reference`) for ``k`` steps on the GPU; returns the update ``p_k - p_0``."""
     import torch
 
     p00 = p0.to("cuda", torch.float64).reshape(-1)
@@ -414,8 +406,8 @@ def _run(spec: ComponentSpec, out: _Out) -> None:
     import torch.distributed as dist
     from megatron.core import parallel_state
 
+    from launch.harness.build import _versions
     from launch.harness.hostmem import process_memory, system_memory
-    from launch.harness.train import _versions
 
     parallel_state.initialize_model_parallel(1, 1)
     free, total = torch.cuda.mem_get_info()

@@ -41,9 +41,9 @@ from typing import Any
 
 from specs.errors import TunerError
 
-__all__ = ["GRAD_DUMP_FORMAT", "model_fingerprint", "GatherPlan", "ParamShard", "assemble", "canonical_name", "gather_plan", "layer_offsets", "shard_like_megatron"]
+__all__ = ["GRAD_DUMP_FORMAT", "model_fingerprint", "GatherPlan", "ParamShard", "assemble", "canonical_name", "gather_plan"]
 
-#: Format tag of a gradient dump's ``index.json`` (written by :mod:`launch.harness.grads`, read by :mod:`tuner.numerics`).
+#: Format tag of a gradient dump's ``index.json`` (written by :mod:`launch.harness.grads`, read by :mod:`tuner.verify.parity`).
 GRAD_DUMP_FORMAT = "tune-grad-dump/1"
 
 
@@ -184,51 +184,3 @@ def assemble(pieces: Sequence[Any], plan: GatherPlan, cat: Callable[[list[Any], 
         halves = [chunk(x, 2, 0) for x in pieces]
         return cat([h[0] for h in halves] + [h[1] for h in halves], 0)
     return cat(list(pieces), plan.dim)
-
-
-def layer_offsets(num_layers: int, pp: int, vpp: int = 1, first: int = 0, last: int = 0) -> dict[tuple[int, int], tuple[int, int]]:
-    """``{(pp_rank, vpp_rank): (first global layer, layer count)}`` for megatron-core's split.
-
-    Even split over the ``pp x vpp`` virtual stages in execution order (stage ``vpp_rank x pp + pp_rank``),
-    or ``first`` / ``last`` layers on the first / last pipeline rank and the rest even
-    (``num_layers_in_first/last_pipeline_stage``, without VPP). Source: megatron-core 0.19
-    ``transformer/transformer_block.py`` ``get_num_layers_to_build`` and ``get_transformer_layer_offset``.
-
-    Raises:
-        TunerError: the layers do not split that way.
-    """
-    out: dict[tuple[int, int], tuple[int, int]] = {}
-    if first or last:
-        if vpp != 1:
-            raise TunerError("uneven first/last pipeline stages with VPP are not modelled here")
-        mid = num_layers - first - last
-        n_mid = pp - (1 if first else 0) - (1 if last else 0)
-        if n_mid < 0 or (n_mid == 0 and mid) or (n_mid and mid % n_mid):
-            raise TunerError(f"{num_layers} layers do not split over PP {pp} with first {first} and last {last}")
-        counts = [(first if (r == 0 and first) else last if (r == pp - 1 and last) else (mid // n_mid if n_mid else 0)) for r in range(pp)]
-        start = 0
-        for r, c in enumerate(counts):
-            out[(r, 0)] = (start, c)
-            start += c
-        return out
-    stages = pp * vpp
-    if num_layers % stages:
-        raise TunerError(f"{num_layers} layers do not split evenly over PP {pp} x VPP {vpp}")
-    per = num_layers // stages
-    for v in range(vpp):
-        for r in range(pp):
-            out[(r, v)] = ((v * pp + r) * per, per)
-    return out
-
-
-def shard_like_megatron(full: Any, plan: GatherPlan, rank: int, chunk: Callable[[Any, int, int], list[Any]], cat: Callable[[list[Any], int], Any]) -> Any:
-    """Rank ``rank``'s piece of ``full`` as megatron-core splits it (the inverse of :func:`assemble`; for tests).
-
-    A gated fc1 weight: the rank's slice of the gate rows followed by its slice of the up rows.
-    """
-    if plan.group is None:
-        return full
-    if plan.glu:
-        gate, up = chunk(full, 2, 0)
-        return cat([chunk(gate, plan.group_size, 0)[rank], chunk(up, plan.group_size, 0)[rank]], 0)
-    return chunk(full, plan.group_size, plan.dim)[rank]

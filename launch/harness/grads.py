@@ -4,7 +4,7 @@
   full fp32 gradient, gathered over its DP shards (the distributed optimizer reduce-scatters each bucket,
   so only this rank's slice is reduced: the buckets are all-gathered over the same group first) and over
   its TP / EP / PP shards by the plan of :mod:`launch.harness.gather`; written as one ``.npy`` file per
-  tensor plus ``index.json`` (:data:`tuner.numerics.GRAD_DUMP_FORMAT`) by the rank that owns it.
+  tensor plus ``index.json`` (:data:`launch.harness.gather.GRAD_DUMP_FORMAT`) by the rank that owns it.
 - :func:`scale_norm_grad`: the ``norm_grad_scaled`` fault.
 - :class:`SavedTensorCensus`: every tensor autograd saves during one forward of chosen modules
   (``torch.autograd.graph.saved_tensors_hooks``), with shape, dtype and bytes, deduplicated by storage,

@@ -138,6 +138,11 @@ def read_results(path: str | Path) -> HarnessResult:
     return parse_results(None, _objs=read_lines(path))
 
 
+#: Events kept as :class:`HarnessResult`'s field of that name (the last line wins) or appended to a list field.
+_ONE_LINE = {"start": "start", "data": "data", "summary": "summary", "grads": "grads", "profile": "profile", "forward_only": "forward_only"}
+_MANY_LINES = {"pretrain": "pretrain", "census": "census", "memory_phase": "memory_phases", "oom": "ooms", "error": "errors"}
+
+
 def parse_results(text: str | None, *, _objs: list[dict[str, Any]] | None = None) -> HarnessResult:
     """Parse the harness's JSON lines given as text (e.g. read on another node)."""
     r = HarnessResult()
@@ -156,28 +161,10 @@ def parse_results(text: str | None, *, _objs: list[dict[str, Any]] | None = None
                 )
             except (KeyError, TypeError, ValueError):
                 r.bad_lines += 1
-        elif ev == "start":
-            r.start = obj
-        elif ev == "data":
-            r.data = obj
-        elif ev == "pretrain":
-            r.pretrain.append(obj)
-        elif ev == "summary":
-            r.summary = obj
-        elif ev == "grads":
-            r.grads = obj
-        elif ev == "census":
-            r.census.append(obj)
-        elif ev == "profile":
-            r.profile = obj
-        elif ev == "memory_phase":
-            r.memory_phases.append(obj)
-        elif ev == "forward_only":
-            r.forward_only = obj
-        elif ev == "oom":
-            r.ooms.append(obj)
-        elif ev == "error":
-            r.errors.append(obj)
+        elif ev in _ONE_LINE:
+            setattr(r, _ONE_LINE[ev], obj)
+        elif ev in _MANY_LINES:
+            getattr(r, _MANY_LINES[ev]).append(obj)
         elif ev == "refused":
             r.refused.extend(str(x) for x in obj.get("reasons", []))
         else:

@@ -17,6 +17,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from cost_model.estimate import estimate
 from launch.base import TrialFailed
@@ -70,14 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     options = HARNESS_TE_RUN_OPTIONS if backend.env.transformer_engine else HARNESS_RUN_OPTIONS
     out = Path(a.out)
     for i, lay in layouts:
-        row: dict = {"n": i, "label": lay.label, "layout": lay.to_dict(), "model": model.name, "gpus": cluster.label,
+        row: dict[str, Any] = {"n": i, "label": lay.label, "layout": lay.to_dict(), "model": model.name, "gpus": cluster.label,
                      "seq_length": wl.seq_length, "global_batch_size": wl.global_batch_size}
         broken = check_layout(lay, model, wl)
         if broken:
             row["rules_broken"] = [f"[{r}] {m}" for r, m in broken]
         try:
-            e = estimate(model, cluster, wl, harness_layout(lay, backend.env), options=options)
-            row.update(pred_step_time_s=e.step_time_s, pred_tokens_per_s_per_gpu=e.tokens_per_s_per_gpu, pred_peak_gib=e.peak_bytes / GIB)
+            est = estimate(model, cluster, wl, harness_layout(lay, backend.env), options=options)
+            row.update(pred_step_time_s=est.step_time_s, pred_tokens_per_s_per_gpu=est.tokens_per_s_per_gpu, pred_peak_gib=est.peak_bytes / GIB)
         except Exception as ex:  # noqa: BLE001 - record, keep measuring
             row["pred_error"] = str(ex)
         t0 = time.monotonic()

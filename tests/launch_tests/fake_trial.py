@@ -156,7 +156,7 @@ def _harness(cfg, args, out_path, node, mode, hang_after, pid_dir) -> int:
         with open(os.path.join(spec["save_checkpoint"], "init.json"), "w") as f:
             json.dump({"init": 1.0 + (spec["seed"] % 97) / 970.0 + 0.01 * spec.get("pretrain_steps", 0), "layout": lay}, f)
         Path(spec["save_checkpoint"], "metadata.json").write_text("{}")
-        from tuner.numerics import model_fingerprint
+        from launch.harness.gather import model_fingerprint
 
         Path(spec["save_checkpoint"], "model.json").write_text(json.dumps({"model": spec["model"], "fingerprint": model_fingerprint(spec["model"])}))
     if spec.get("load_checkpoint"):
@@ -231,7 +231,7 @@ def _harness(cfg, args, out_path, node, mode, hang_after, pid_dir) -> int:
 def _dump_grads(cfg, spec, init, lay, loss):
     import numpy as np
 
-    from tuner.numerics import GRAD_DUMP_FORMAT, model_fingerprint
+    from launch.harness.gather import GRAD_DUMP_FORMAT, model_fingerprint
 
     d = spec["dump_grads"]
     os.makedirs(os.path.join(d, "tensors"), exist_ok=True)

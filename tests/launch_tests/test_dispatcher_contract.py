@@ -21,7 +21,7 @@ from search_spaces.rules import check_layout
 from specs import LayoutTable, Workload, load_model, parse_gpus
 from specs.layout import Dispatcher, Layout
 from tuner.cli import app
-from tuner.verify import parse_layout_spec
+from tuner.verify.inputs import parse_layout_spec
 
 WL = Workload(seq_length=8192, global_batch_size=128)
 #: MiniMax-M2 on 64 H200: EP 8 inside one NVLink domain, so every dispatcher runs on the default fabric

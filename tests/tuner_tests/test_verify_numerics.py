@@ -15,15 +15,10 @@ from launch.harness.spec import HarnessEnv, slice_model
 from specs import Workload, load_model, parse_gpus
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
-from tuner.verify import (
-    checkpoint_model_reasons,
-    parity_backend_factory,
-    plan_component_test,
-    plan_grad_parity,
-    plan_verify,
-    run_component_test,
-    run_grad_parity,
-)
+from tuner.verify.component import plan_component_test, run_component_test
+from tuner.verify.inputs import checkpoint_model_reasons
+from tuner.verify.loss_check import plan_verify
+from tuner.verify.parity_check import parity_backend_factory, plan_grad_parity, run_grad_parity
 
 pytestmark = pytest.mark.slow  # trial processes of the fake harness and the device driver
 
@@ -87,7 +82,7 @@ def test_component_test_fails_or_errors(tmp_path, monkeypatch, mode, result):
 
 def _ckpt(m1, c1, tmp_path, monkeypatch):
     """A checkpoint written by the fake harness (a convergence check's reference arm, kept)."""
-    from tuner.verify import local_backend_factory, run_verify
+    from tuner.verify.loss_check import local_backend_factory, run_verify
 
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
     p = plan_verify(m1, c1, WL, MBS2, REF, out_dir=tmp_path / "conv", steps=6, warm_start_steps=2, fault="norm_grad_scaled")
@@ -212,7 +207,7 @@ def test_device_driver_sweep_rows_record_what_ran_and_final_keeps_room_for_the_p
 
 
 def _cli_component(monkeypatch):
-    import tuner.verify as verify_mod
+    import tuner.verify.component as verify_mod
 
     real_plan, real_run = verify_mod.plan_component_test, verify_mod.run_component_test
     monkeypatch.setattr(verify_mod, "plan_component_test", lambda **kw: real_plan(**kw, env=TE, check_machine=False))

@@ -429,12 +429,6 @@ def _calibrate_study(study: str, storage: str | None, results_dir: Path, out_fil
     out.print(f"wrote {out_file} (use it with {shell_command('--calibration', out_file)})", markup=False)
 
 
-def register(app: typer.Typer) -> None:
-    """Add ``validate`` and ``calibrate`` to the ``tune`` app."""
-    app.command("validate")(validate)
-    app.command("calibrate")(calibrate)
-
-
 def _finite(obj: Any) -> Any:
     """``obj`` with every NaN or infinite float replaced by None (JSON has no NaN: a strict parser refuses it)."""
     import math

@@ -189,10 +189,25 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: An
         TunerError: bad inputs or flag combinations, a refused study, a backend that cannot run here,
             no finished trial, or results that cannot be written.
     """
+    from tuner.study import trial_rows
+
+    prep = _prepare_main(cfg)
+    _print_header(prep, cfg, launch, verbose=verbose)
+    res = _run_with_progress(prep, cfg, state)
+    rows = trial_rows(res.study)
+    front, best, tied = _choose_best(res, rows, prep, cfg)
+    files, report_note = _write_results(res, prep, cfg, rows, front, best, top=top, png=png)
+    _print_outcome(res, prep, cfg, state, rows, front, best, tied, files, report_note, results_dir=results_dir, top=top, launch=launch)
+
+
+def _prepare_main(cfg: Any) -> Any:
+    """The study's :class:`tuner.study.Prepared`, after the flags, the backend and (local backend) this machine are checked.
+
+    Raises:
+        TunerError: bad flag combinations, a backend that cannot run here, too few GPUs or no torch here.
+    """
     from launch import BackendSettings, get_backend
-    from tuner.report import BEST_TRIAL_ATTR, export_files, front_rows, pick_best, pipeline_layout_of, plot_front, write_pareto_csv
-    from tuner.study import _mask, _validate_config, prepare, run_study, trial_rows
-    from tuner.study.run import POLICY_BEST_ATTR
+    from tuner.study import _validate_config, prepare
 
     _validate_config(cfg)  # flag combinations first: one message about the flags, before any backend is probed
     # Reject unknown / unavailable backends before any work (ray connects once, in run_study).
@@ -210,10 +225,13 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: An
         from launch.local_backend import check_harness_dependencies
 
         check_harness_dependencies()  # before any output or trial: one clear message if torch is missing
-    en = prep.enumeration
+    return prep
+
+
+def _print_header(prep: Any, cfg: Any, launch: Any, *, verbose: bool) -> None:
+    """The job's first lines: model, GPUs, workload, stack (and the launch file's, the space, the plan when asked)."""
     c = prep.cluster
     w = prep.workload
-    src_word = "predicted" if cfg.backend == "model" else "measured"
     out.print(f"[bold]{escape(prep.model.name)}[/] on {c.label}, {c.network.key if c.network else 'custom network'}, "
               f"seq {w.seq_length:,}, gbs {w.global_batch_size}, {w.precision.value}, {cfg.backend} backend")
     task = "" if w.task == "pretrain" else f"; task {w.task}" + (f", LoRA rank {w.lora_rank}" if w.task == "lora" else "")
@@ -227,6 +245,12 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: An
         _print_space(prep, cfg)
     if cfg.backend != "model" and cfg.policy == "gain":
         _print_plan(prep, cfg)
+
+
+def _run_with_progress(prep: Any, cfg: Any, state: CliState) -> Any:
+    """:func:`tuner.study.run_study` under a progress bar; Ctrl-C prints how to resume and exits 130."""
+    from tuner.study import run_study
+
     # The bar starts when the study is open and its first trial begins (run_study calls on_trial(0, n)):
     # a refused study (other inputs, a busy lock, a bad storage) prints its error without a bar before it.
     progress = Progress(
@@ -262,8 +286,20 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: An
         if progress.live.is_started:
             progress.stop()
 
-    rows = trial_rows(res.study)
-    flags = study_flags(res.study_name, results_dir)
+    return res
+
+
+def _choose_best(res: Any, rows: list[dict[str, Any]], prep: Any, cfg: Any) -> tuple[list[dict[str, Any]], dict[str, Any], list[Any]]:
+    """The Pareto front, the best row (the gain policy's choice when it stopped by its rule) and the rows tied with it;
+    the best trial is recorded in the study.
+
+    Raises:
+        TunerError: no finished trial.
+    """
+    from tuner.report import BEST_TRIAL_ATTR, front_rows, pick_best
+    from tuner.study.run import POLICY_BEST_ATTR
+
+    c = prep.cluster
     front = front_rows(rows, prep.model, prep.bars, c.gpu.hbm_bytes / GIB)
     if cfg.memory_headroom is not None:  # a fixed margin is the whole fit rule: every candidate fits by it
         for r in front:
@@ -272,15 +308,29 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: An
     if not front:
         raise TunerError("the study has no finished trial; nothing to export")
     best, tied = pick_best(front)
+    assert best is not None  # the front is not empty
     chosen = res.study.user_attrs.get(POLICY_BEST_ATTR)  # the gain policy's answer, when it stopped by its rule
     if chosen is not None and chosen != best["trial"]:
         row = [r for r in rows if r["trial"] == chosen]
         if row:
             best, tied = front_rows(row, prep.model, prep.bars, c.gpu.hbm_bytes / GIB)[0], []
-    assert best is not None
     res.study.set_user_attr(BEST_TRIAL_ATTR, best["trial"])
-    lay = best["layout"]
-    pls = pipeline_layout_of(lay, prep.model)
+    return front, best, tied
+
+
+def _write_results(res: Any, prep: Any, cfg: Any, rows: list[dict[str, Any]], front: list[dict[str, Any]], best: dict[str, Any], *,
+                   top: int, png: bool) -> tuple[dict[str, Path], str]:
+    """``pareto.csv``, the plot (``png``), the exported recipe files and ``report.html`` in the study's folder:
+    the files written and a note when the report was left out.
+
+    Raises:
+        TunerError: the folder cannot be written (the study is kept).
+    """
+    from tuner.report import export_files, plot_front, write_pareto_csv
+    from tuner.study import _mask
+
+    c, w, lay = prep.cluster, prep.workload, best["layout"]
+    src_word = "predicted" if cfg.backend == "model" else "measured"
     report_note = ""
     files = {"pareto": res.out_dir / "pareto.csv"}
     try:
@@ -310,6 +360,19 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: An
             report_note = f"note: report.html was not written: {e}; `tune report --study {res.study_name}` writes it later"
     except OSError as e:
         raise TunerError(f"cannot write the results to {res.out_dir} ({e.strerror or e}: {e.filename}); the study and its trials are kept in {_mask(res.storage)}") from None
+    return files, report_note
+
+
+def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[dict[str, Any]], front: list[dict[str, Any]],
+                   best: dict[str, Any], tied: list[Any], files: dict[str, Path], report_note: str, *, results_dir: Path, top: int,
+                   launch: Any) -> None:
+    """The best layout, the space and study counts, the front, the files and the next command."""
+    from tuner.report import pipeline_layout_of
+
+    c, en, lay = prep.cluster, prep.enumeration, best["layout"]
+    src_word = "predicted" if cfg.backend == "model" else "measured"
+    flags = study_flags(res.study_name, results_dir)
+    pls = pipeline_layout_of(lay, prep.model)
     _print_best(best, tied, pls, c.gpu.hbm_bytes / GIB)
     if res.stop_note:
         out.print(f"  {escape(res.stop_note)}", soft_wrap=False)

@@ -149,7 +149,7 @@ def export_cmd(
     if row.get("source") == "predicted" and peak > hbm / error_bars(m, c.gpu, w.precision).memory.high:
         err.print(f"[yellow]warning:[/] trial {row['trial']} is predicted at {peak:.1f} GiB per GPU of {hbm:.1f}: it may not fit; "
                   "confirm it with a real trial before training on it")
-    from tuner.verify import stored_correctness  # launch's process helpers: not imported by the main job
+    from tuner.verify.correctness import stored_correctness  # launch's process helpers: not imported by the main job
 
     text = exporter.render(study_export_context(st, m, c, w, cfg, lay, row, rows, correctness=stored_correctness(st, row["trial"])))
     if out_file is None:

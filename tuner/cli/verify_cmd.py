@@ -56,7 +56,9 @@ def verify(
     ``verified`` only when the convergence check and gradient parity both passed for its layout.
     """
     from specs.layout import Layout
-    from tuner.verify import VerifyOutcome, correctness_block, local_backend_factory, parse_layout_spec, plan_verify, run_verify, stored_correctness
+    from tuner.verify.correctness import stored_correctness
+    from tuner.verify.inputs import parse_layout_spec
+    from tuner.verify.loss_check import VerifyOutcome, convergence_block, local_backend_factory, plan_verify, run_verify
 
     if component is not None:
         if grad_parity:
@@ -103,7 +105,7 @@ def verify(
 
     outcome: VerifyOutcome = run_verify(plan, local_backend_factory(timeout_s=timeout), keep_checkpoint=keep_checkpoint, on_arm=on_arm)
     _print_outcome(outcome)
-    block = correctness_block(outcome)
+    block = convergence_block(outcome)
     if fault is None and trial_no is not None:
         _store(st, f"verify:{trial_no}", block, f"{plan.out_dir}/verify.json")
     if out_file:
@@ -130,8 +132,9 @@ def _store(st: Any, key: str, value: Any, where: str) -> None:
 
 def _component(kind: str, study: str | None, storage: str | None, results_dir: Path, experts: int | None, max_experts: int,
                moments: str, component_steps: str, timeout: float, out_file: Path | None) -> None:
-    """``tune verify --component optimizer``: the optimizer component test (:func:`tuner.verify.run_component_test`)."""
-    from tuner.verify import plan_component_test, run_component_test, stored_correctness
+    """``tune verify --component optimizer``: the optimizer component test (:func:`tuner.verify.component.run_component_test`)."""
+    from tuner.verify.component import plan_component_test, run_component_test
+    from tuner.verify.correctness import stored_correctness
 
     if kind != "optimizer":
         raise TunerError(f"--component {kind!r}: accepted optimizer (precision-aware Adam against an FP64 reference)")
@@ -185,10 +188,9 @@ def _grad_parity(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any,
                  noise_factor: float, noise_floor: float, timeout: float, out_file: Path | None) -> None:
     """``tune verify --grad-parity``: every parameter's gradient of the candidate against the reference's."""
     from launch.local_backend import check_harness_dependencies, check_local_gpus
-    from tuner.verify import parity_backend_factory, plan_grad_parity, run_grad_parity, stored_correctness
+    from tuner.verify.correctness import stored_correctness
+    from tuner.verify.parity_check import parity_backend_factory, plan_grad_parity, run_grad_parity
 
-    if not noise_factor > 0 or not noise_floor >= 0:
-        raise TunerError(f"--noise-factor must be > 0 and --noise-floor >= 0, got {noise_factor}, {noise_floor}")
     out_dir = results_dir / st.study_name / "verify" / f"parity-{name}"
     plan = plan_grad_parity(m, c, w, lay, ref, out_dir=out_dir, init_checkpoint=init_checkpoint, corpus=corpus,
                             reference_dir=results_dir / st.study_name / "verify" / f"parity-reference-{_slug(ref.label)}",
@@ -276,7 +278,7 @@ def _print_outcome(o: Any) -> None:
     out.print(f"curves: {escape(o.plan.out_dir)}/losses.png; details: {escape(o.plan.out_dir)}/verify.json")
 
 
-def _recipe_text(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any, row: dict[str, Any] | None, block: dict[str, Any]) -> str:
+def _recipe_text(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any, row: dict[str, Any] | None, block: dict[str, Any] | None) -> str:
     """The recipe of ``lay`` (trial ``row``, or a given candidate when None) with the correctness ``block``."""
     from launch.exporters import get_exporter
     from tuner.cli.studies import study_export_context

@@ -23,16 +23,7 @@ Modules, one responsibility each:
 
 from __future__ import annotations
 
-from typing import Any
-
-from tuner.study import confirm as _confirm
-from tuner.study import records as _records
-from tuner.study import storage as _storage
 from tuner.study.candidates import DIMENSIONS, MAX_ENQUEUED, CandidateIndex, CandidateQueue
-from tuner.study.candidates import _label as _label
-from tuner.study.candidates import _split_label as _split_label
-from tuner.study.candidates import _spread as _spread
-from tuner.study.config import _STUDY_NAME_RE as _STUDY_NAME_RE
 from tuner.study.config import (
     DEFAULT_TRIALS,
     MAX_TRIALS,
@@ -43,15 +34,12 @@ from tuner.study.config import (
     trial_env_dict,
     trial_warmup_steps,
 )
-from tuner.study.config import _check_storage_syntax as _check_storage_syntax
 from tuner.study.config import _mask as _mask
 from tuner.study.config import _validate_config as _validate_config
 from tuner.study.confirm import MAX_CONFIRM_ROUNDS, MAX_FINALISTS
 from tuner.study.prepare import Prepared, prepare
-from tuner.study.prepare import _no_fit_message as _no_fit_message
 from tuner.study.records import TrialRecord, trial_rows
 from tuner.study.run import StudyRun, TuneResult, run_study
-from tuner.study.run import _run_study as _run_study
 from tuner.study.storage import model_spec_from_dict, model_spec_to_dict, open_storage
 
 __all__ = [
@@ -81,18 +69,3 @@ __all__ = [
     "trial_warmup_steps",
 ]
 
-
-# Names earlier versions of this module defined, under those names (callers import them from here).
-_finalists = _confirm.finalists
-_settled = _records.is_settled
-_StudyLock = _storage.StudyLock
-_check_study_config = _storage.check_study_config
-_open_study = _storage.open_study
-_quiet_optuna = _storage.quiet_optuna
-_resolved = _storage.resolved
-_storage_url = _storage.storage_url
-
-
-def _best_measured(study: Any) -> float | None:
-    """Highest measured tokens/s/GPU among the study's finished trials; None if none was measured (earlier name)."""
-    return _records.best_measured(study.get_trials(deepcopy=False))

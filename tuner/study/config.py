@@ -30,7 +30,7 @@ POLICIES = ("gain", "queue")
 
 #: Layouts a run evaluates when ``--trials`` is not given.
 DEFAULT_TRIALS = 48
-#: Most layouts one run accepts (``--trials``).
+#: Most layouts one run accepts (``--trials``): a larger figure would run until the space is exhausted.
 MAX_TRIALS = 100_000
 
 _STUDY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -292,7 +292,8 @@ def study_run_options(config: TuneConfig) -> Any:
     """
     from specs.stacks import RunFlags, resolve_run_options
 
-    flags = RunFlags(**{k: tuple(v) if isinstance(v, list) else v for k, v in (config.run_flags or {}).items()})
+    given: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in (config.run_flags or {}).items()}
+    flags = RunFlags(**given)
     run = resolve_run_options(flags, config.stack, precision=config.precision, megatron_core=config.megatron_core)
     if config.backend in ("local", "ray"):
         if run.flags:
@@ -355,8 +356,8 @@ def _validate_config(config: TuneConfig) -> None:
         raise TunerError(f"--layers must be a positive integer (decoder layers of the slice), got {config.layers!r}")
     if config.prune_margin is not None and not (math.isfinite(config.prune_margin) and config.prune_margin >= 0):
         raise TunerError(f"--prune-margin must be a finite number >= 0 (negative: never prune), got {config.prune_margin}")
-    if not 1 <= config.trial_steps <= 100_000:
-        raise TunerError(f"--trial-steps must be from 1 to 100,000, got {config.trial_steps}")
+    if config.trial_steps < 1:
+        raise TunerError(f"--trial-steps must be from 1 up, got {config.trial_steps}")
     if not 0 <= trial_warmup_steps(config) < config.trial_steps:
         raise TunerError(
             f"--trial-warmup-steps must be from 0 to {config.trial_steps - 1} (fewer than --trial-steps {config.trial_steps}), got {config.trial_warmup_steps}"
@@ -388,27 +389,23 @@ def _validate_config(config: TuneConfig) -> None:
         from launch.ray_backend import parse_ray_address
 
         parse_ray_address(config.ray_address)
-    if not _is_int(config.parallel_trials) or not 1 <= config.parallel_trials <= 64:
-        raise TunerError(f"--parallel-trials must be from 1 to 64, got {config.parallel_trials!r}")
+    if config.parallel_trials < 1:
+        raise TunerError(f"--parallel-trials must be at least 1, got {config.parallel_trials!r}")
     if config.parallel_trials > 1 and "--parallel-trials" not in backend.own_flags:
         raise TunerError(f"--parallel-trials > 1 needs --backend {_reads('--parallel-trials')} (the {config.backend} backend runs one trial at a time)")
     trial_env_dict(config.trial_env)
-    if not _is_int(config.confirm_runs) or not 0 <= config.confirm_runs <= 20:
-        raise TunerError(f"--confirm-runs must be from 0 (no confirmation) to 20 more runs per layout, got {config.confirm_runs!r}")
+    if config.confirm_runs < 0:
+        raise TunerError(f"--confirm-runs must be 0 (no confirmation) or more runs per layout, got {config.confirm_runs!r}")
     if config.confirm_runs and backend.source != "measured":
         raise TunerError(f"--confirm-runs re-measures real trials; --backend {config.backend} measures nothing "
                          f"(use --backend {backends_where(lambda b: b.source == 'measured')})")
-    if not _is_int(config.recalibrate_after) or not 0 <= config.recalibrate_after <= 1000:
-        raise TunerError(f"--recalibrate-after must be from 0 (never) to 1,000 measured trials, got {config.recalibrate_after!r}")
+    if config.recalibrate_after < 0:
+        raise TunerError(f"--recalibrate-after must be 0 (never) or a number of measured trials, got {config.recalibrate_after!r}")
     if config.trial_env and "--trial-env" not in backend.own_flags:
         raise TunerError(f"--trial-env is for --backend {_reads('--trial-env')} (this run uses --backend {config.backend})")
-    if not _is_int(config.heartbeat_interval_s) or not 1 <= config.heartbeat_interval_s <= 3600:
-        raise TunerError(f"the heartbeat interval must be a whole number of seconds from 1 to 3,600, got {config.heartbeat_interval_s!r}")
-    if not _is_int(config.heartbeat_grace_s) or not config.heartbeat_interval_s < config.heartbeat_grace_s <= 86_400:
-        raise TunerError(
-            f"the heartbeat grace period must be a whole number of seconds above the interval ({config.heartbeat_interval_s}) "
-            f"and at most 86,400, got {config.heartbeat_grace_s!r}"
-        )
+    if not 1 <= config.heartbeat_interval_s < config.heartbeat_grace_s:  # else a live trial would be failed as stale
+        raise TunerError(f"the heartbeat grace period ({config.heartbeat_grace_s!r} s) must exceed its interval "
+                         f"({config.heartbeat_interval_s!r} s, at least 1)")
     if config.gpu_hours is not None:
         if not (math.isfinite(config.gpu_hours) and config.gpu_hours > 0):
             raise TunerError(f"--gpu-hours must be a positive number of GPU-hours, got {config.gpu_hours}")

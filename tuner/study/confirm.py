@@ -64,9 +64,9 @@ def enqueue_round(study: optuna.Study, runs: int) -> ConfirmRound:
     need = {n: runs - have.get(n, 0) for n in chosen if runs - have.get(n, 0) > 0}
     if not need:
         return ConfirmRound(0)
-    for r in range(max(need.values())):
+    for k in range(max(need.values())):
         for n in chosen:
-            if need.get(n, 0) > r:
+            if need.get(n, 0) > k:
                 study.enqueue_trial(by_number[n].params, user_attrs=TrialRecord(
-                    repeat_of=n, enqueued=f"confirmation run {have.get(n, 0) + r + 1} of {runs} of trial {n}").attrs())
+                    repeat_of=n, enqueued=f"confirmation run {have.get(n, 0) + k + 1} of {runs} of trial {n}").attrs())
     return ConfirmRound(len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))))

@@ -97,18 +97,7 @@ def prepare(config: TuneConfig) -> Prepared:
             the space fits in memory (the message names the fewest GPUs that would).
     """
     _validate_config(config)
-    model = slice_model(load_model(config.model, allow_config_args=config.allow_config_args), config.layers)
-    if model.num_experts and not model.num_moe_layers:
-        first_moe = next((i for i, f in enumerate(load_model(config.model).moe_layer_freq) if f), 0) + 1
-        if config.layers is None:
-            raise TunerError(
-                f"model {model.name!r} declares {model.num_experts} experts but none of its {model.num_layers} layers is an MoE layer "
-                "(first_k_dense_replace / moe_layer_freq cover them all); fix its config"
-            )
-        raise TunerError(
-            f"--layers {config.layers}: the first {config.layers} layers of {load_model(config.model).name} are all dense, so the "
-            f"slice has no MoE layer to tune; use --layers {first_moe} or more"
-        )
+    model = _model(config)
     cluster = parse_gpus(
         config.gpus,
         gpus_per_node=config.gpus_per_node,
@@ -124,21 +113,7 @@ def prepare(config: TuneConfig) -> Prepared:
         raise TunerError(f"--precision fp8: {cluster.gpu.name} has no fp8 tensor cores; use --precision bf16")
     space = SearchSpace.load(config.space)
     stack = study_run_options(config)
-    stack_notes: list[str] = []
-    if config.allow_config_args and model.extra_megatron_args:
-        stack_notes.append(f"--allow-config-args: the model's config adds to every trial and export: {shlex.join(model.extra_megatron_args)}")
-    if stack.preset.drops_allgather and Dispatcher.allgather in space.dispatcher:
-        kept = tuple(d for d in space.dispatcher if d != Dispatcher.allgather)
-        if not kept:
-            raise TunerError("--stack slime: the search space allows only the allgather dispatcher, which slime rewrites to alltoall; add alltoall or use --stack megatron-lm")
-        space = space.replace(dispatcher=kept)
-        stack_notes.append("--stack slime: the allgather dispatcher is left out (slime rewrites it to alltoall); use --stack megatron-lm to include it")
-    if harness_without_te(config.backend) and True in space.use_precision_aware_optimizer:
-        # The harness turns the precision-aware optimizer off without TE (launch/harness/train.py): predict,
-        # measure and export the layout as it runs (fp32 master weights, not TE's 2-byte remainders).
-        space = space.replace(use_precision_aware_optimizer=(False,))
-        stack_notes.append("real trials without Transformer Engine: the precision-aware optimizer is off (it needs TE's FusedAdam), "
-                           "so the layouts are predicted and measured with fp32 master weights")
+    space, stack_notes = _stack_space(config, model, space, stack)
     cal = load_calibration(config.calibration)
     opts = stack.options
     env = RuleEnv.of(cluster, opts)
@@ -192,6 +167,52 @@ def prepare(config: TuneConfig) -> Prepared:
         headroom=headroom,
     )
     return prep
+
+
+def _model(config: TuneConfig) -> ModelSpec:
+    """The model of ``config``, sliced to ``--layers``.
+
+    Raises:
+        TunerError: a MoE model (or its slice) without an MoE layer.
+    """
+    model = slice_model(load_model(config.model, allow_config_args=config.allow_config_args), config.layers)
+    if model.num_experts and not model.num_moe_layers:
+        first_moe = next((i for i, f in enumerate(load_model(config.model).moe_layer_freq) if f), 0) + 1
+        if config.layers is None:
+            raise TunerError(
+                f"model {model.name!r} declares {model.num_experts} experts but none of its {model.num_layers} layers is an MoE layer "
+                "(first_k_dense_replace / moe_layer_freq cover them all); fix its config"
+            )
+        raise TunerError(
+            f"--layers {config.layers}: the first {config.layers} layers of {load_model(config.model).name} are all dense, so the "
+            f"slice has no MoE layer to tune; use --layers {first_moe} or more"
+        )
+    return model
+
+
+def _stack_space(config: TuneConfig, model: ModelSpec, space: SearchSpace, stack: Any) -> tuple[SearchSpace, list[str]]:
+    """The space as the stack and the harness can run it (slime's allgather, the precision-aware optimizer without
+    TE left out) and the notes that say so.
+
+    Raises:
+        TunerError: the space allows only the allgather dispatcher under slime.
+    """
+    stack_notes: list[str] = []
+    if config.allow_config_args and model.extra_megatron_args:
+        stack_notes.append(f"--allow-config-args: the model's config adds to every trial and export: {shlex.join(model.extra_megatron_args)}")
+    if stack.preset.drops_allgather and Dispatcher.allgather in space.dispatcher:
+        kept = tuple(d for d in space.dispatcher if d != Dispatcher.allgather)
+        if not kept:
+            raise TunerError("--stack slime: the search space allows only the allgather dispatcher, which slime rewrites to alltoall; add alltoall or use --stack megatron-lm")
+        space = space.replace(dispatcher=kept)
+        stack_notes.append("--stack slime: the allgather dispatcher is left out (slime rewrites it to alltoall); use --stack megatron-lm to include it")
+    if harness_without_te(config.backend) and True in space.use_precision_aware_optimizer:
+        # The harness turns the precision-aware optimizer off without TE (launch/harness/build.py): predict,
+        # measure and export the layout as it runs (fp32 master weights, not TE's 2-byte remainders).
+        space = space.replace(use_precision_aware_optimizer=(False,))
+        stack_notes.append("real trials without Transformer Engine: the precision-aware optimizer is off (it needs TE's FusedAdam), "
+                           "so the layouts are predicted and measured with fp32 master weights")
+    return space, stack_notes
 
 
 def global_batch_notes(global_batch_size: int, num_gpus: int, dp: int, micro_batch_size: int) -> list[str]:

@@ -57,23 +57,6 @@ class ConvergenceThresholds:
     skip_first_percent: float = 0.0
     """Percent of leading steps left out of the checks (0..100)."""
 
-    def __post_init__(self) -> None:
-        for f in ("correlation_threshold", "high_loss_tolerance", "medium_loss_tolerance", "low_loss_tolerance", "max_outlier_ratio",
-                  "final_loss_tolerance", "outlier_threshold", "skip_first_percent"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-                raise TunerError(f"convergence threshold {f} must be a number, got {v!r}")
-        for name in ("high_loss_tolerance", "medium_loss_tolerance", "low_loss_tolerance", "max_outlier_ratio", "final_loss_tolerance"):
-            v = getattr(self, name)
-            if not 0 <= v < 1:
-                raise TunerError(f"convergence threshold {name} must be in [0, 1), got {v}")
-        if not -1 <= self.correlation_threshold <= 1:
-            raise TunerError(f"correlation_threshold must be in [-1, 1], got {self.correlation_threshold}")
-        if not self.outlier_threshold > 0:
-            raise TunerError(f"outlier_threshold must be > 0, got {self.outlier_threshold}")
-        if not 0 <= self.skip_first_percent < 100:
-            raise TunerError(f"skip_first_percent must be in [0, 100), got {self.skip_first_percent}")
-
     def tolerance(self, reference_loss: float) -> float:
         """The point-wise relative tolerance for a step whose reference loss is ``reference_loss``."""
         if reference_loss > 2.0:
@@ -128,28 +111,9 @@ class ConvergenceResult:
 
 
 def as_curve(values: Mapping[int, float] | Sequence[float], *, first_step: int = 1) -> dict[int, float]:
-    """A loss curve as ``{step: loss}``; a sequence is numbered from ``first_step``.
-
-    Raises:
-        TunerError: a step that is not an integer, or a loss that is not a number.
-    """
-    if isinstance(values, Mapping):
-        items = values.items()
-    elif isinstance(values, (list, tuple, np.ndarray)):
-        items = enumerate(values, start=first_step)
-    else:
-        raise TunerError(f"a loss curve is a list of numbers or a {{step: loss}} dict, got {type(values).__name__}")
-    out: dict[int, float] = {}
-    for k, v in items:
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-            raise TunerError(f"loss curve step {k!r} is not an integer")
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
-            raise TunerError(f"loss curve step {k}: {v!r} is not a number")
-        try:
-            out[int(k)] = float(v)
-        except OverflowError:
-            raise TunerError(f"loss curve step {k}: {str(v)[:20]}... is too large for a float") from None
-    return out
+    """A loss curve as ``{step: loss}``; a sequence is numbered from ``first_step``."""
+    items = values.items() if isinstance(values, Mapping) else enumerate(values, start=first_step)
+    return {int(k): float(v) for k, v in items}
 
 
 def compare_losses(
@@ -170,10 +134,8 @@ def compare_losses(
         ``final_loss``, ``outliers``, or ``too_few_steps`` when fewer than 2 steps compare).
 
     Raises:
-        TunerError: both curves are empty, or a step or loss is not a number.
+        TunerError: both curves are empty.
     """
-    if thresholds is not None and not isinstance(thresholds, ConvergenceThresholds):
-        raise TunerError(f"thresholds must be a ConvergenceThresholds, got {type(thresholds).__name__}")
     th = thresholds or ConvergenceThresholds()
     cand, ref = as_curve(candidate), as_curve(reference)
     steps = sorted(set(cand) | set(ref))
@@ -206,6 +168,33 @@ def compare_losses(
             missing_steps=missing, non_finite_steps=bad, messages=tuple(msgs), thresholds=th,
         )
 
+    m, m_failed, m_msgs = _curve_metrics(c, g, good, th)
+    failed += m_failed
+    msgs += m_msgs
+    return ConvergenceResult(
+        passed=not failed,
+        failed_metrics=tuple(failed),
+        steps=len(steps),
+        compared_steps=len(good),
+        correlation=m["correlation"],
+        final_loss_difference=m["final_loss_difference"],
+        pointwise_failures=int(m["pointwise_failures"]),
+        pointwise_failure_ratio=m["pointwise_failure_ratio"],
+        outliers=int(m["outliers"]),
+        outlier_ratio=m["outlier_ratio"],
+        missing_steps=missing,
+        non_finite_steps=bad,
+        messages=tuple(msgs),
+        thresholds=th,
+    )
+
+
+def _curve_metrics(c: np.ndarray, g: np.ndarray, good: Sequence[int], th: ConvergenceThresholds) -> tuple[dict[str, float], list[str], list[str]]:
+    """Bridge's four metrics of the candidate ``c`` against the reference ``g`` (same steps ``good``, finite, >= 2):
+    the values, the failed metrics' names and their messages."""
+    failed: list[str] = []
+    msgs: list[str] = []
+    nan = float("nan")
     # correlation (Pearson, scale-free: computed on the curves divided by their largest magnitude so that
     # huge losses do not overflow); undefined for a flat curve
     scale = float(max(np.max(np.abs(c)), np.max(np.abs(g)), 1e-300))
@@ -248,19 +237,5 @@ def compare_losses(
         failed.append("outliers")
         msgs.append(f"{n_out} of {len(good)} steps are {th.outlier_threshold:g}-sigma outliers of the residual ({out_ratio:.0%} > {th.max_outlier_ratio:.0%})")
 
-    return ConvergenceResult(
-        passed=not failed,
-        failed_metrics=tuple(failed),
-        steps=len(steps),
-        compared_steps=len(good),
-        correlation=corr,
-        final_loss_difference=fin,
-        pointwise_failures=pw,
-        pointwise_failure_ratio=pw_ratio,
-        outliers=n_out,
-        outlier_ratio=out_ratio,
-        missing_steps=missing,
-        non_finite_steps=bad,
-        messages=tuple(msgs),
-        thresholds=th,
-    )
+    return ({"correlation": corr, "final_loss_difference": fin, "pointwise_failures": pw, "pointwise_failure_ratio": pw_ratio,
+             "outliers": n_out, "outlier_ratio": out_ratio}, failed, msgs)
