@@ -158,7 +158,9 @@ def test_pareto_shows_predicted_vs_measured(tmp_path, slow_tp):
     run_study(prepare(_cfg(tmp_path, prune_margin=None, trials=3)), backend=_backend(tmp_path))
     r = CliRunner().invoke(app, ["pareto", "--study", "s", "--results-dir", str(tmp_path)])
     assert r.exit_code == 0, r.output
-    assert "predicted vs measured" in r.output and "meas tokens/s/GPU" in r.output
+    assert "Predicted vs measured, every real trial (tokens/s/GPU; peak GiB)" in r.output
+    header = next(ln for ln in r.output.splitlines() if ln.lstrip().startswith("trial") and "outcome" in ln)
+    assert header.split()[:5] == ["trial", "layout", "outcome", "predicted", "measured"]
 
 
 def test_pareto_lists_pruned_and_failed_trials(tmp_path, one_fast, monkeypatch):
