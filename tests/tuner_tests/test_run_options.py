@@ -441,3 +441,14 @@ def test_a_launch_outside_the_space_is_the_first_trial_priced_with_its_stack(tmp
     assert f"{first['tokens_per_s_per_gpu']:,.1f}" == launch[2] and f"{first['peak_gib']:.1f}" == launch[3]
     default = runner.invoke(app, ["estimate", *SEED_FLAGS, "--json"])
     assert json.loads(default.output)["tokens_per_s_per_gpu"] != pytest.approx(first["tokens_per_s_per_gpu"], rel=1e-6)
+
+
+def test_the_comparison_names_what_to_change_from_the_launch():
+    from specs import Layout
+    from tuner.cli._from import layout_changes
+
+    a = Layout.from_dict({"world_size": 16, "tp": 1, "pp": 2, "vpp": 12, "ep": 8, "micro_batch_size": 1})
+    b = Layout.from_dict({"world_size": 16, "tp": 1, "pp": 2, "vpp": 4, "ep": 8, "micro_batch_size": 2,
+                          "recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": 4})
+    assert layout_changes(a, b) == ["VPP 12->4", "micro-batch 1->2", "recompute none->full block 4"]
+    assert layout_changes(a, a) == []

@@ -26,7 +26,6 @@ from rich.columns import Columns
 from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement
-from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 from typer.core import TyperGroup
@@ -297,15 +296,16 @@ def fitted_table(cols: Sequence[Col], rows: Sequence[Sequence[str]], console: Co
 
 def say(text: str, *, label: str = "", indent: int = 2, markup: bool = True, console: Console | None = None) -> None:
     """Print ``text`` ``indent`` spaces in, after ``label`` (``note:``) if given, its wrapped lines under its first word
-    (a hanging indent): a long line reads as one paragraph of whole words at any width."""
+    (a hanging indent): a long line reads as one paragraph of whole words at any width, with no trailing spaces."""
     console = console or out
     body = Text.from_markup(text) if markup else Text(text)
-    g = Table.grid(padding=(0, 1, 0, 0))
-    if label:
-        g.add_column(no_wrap=True)
-    g.add_column(overflow="fold")
-    g.add_row(*([Text.from_markup(label) if markup else Text(label)] if label else []), body)
-    console.print(Padding(g, (0, 0, 0, indent)))
+    head = (Text.from_markup(label) if markup else Text(label)) if label else Text()
+    hang = head.cell_len + (1 if label else 0)
+    width = max(console.width - indent - hang, 20)
+    for k, line in enumerate(body.wrap(console, width)):
+        line.rstrip()
+        prefix = Text(" " * indent) + (head + " " if k == 0 and label else Text(" " * hang))
+        console.print(prefix + line, soft_wrap=True)
 
 
 def study_flags(study: str, results_dir: Path) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -199,6 +200,33 @@ def launch_lines(prep: Any, fi: FromInputs, *, verbose: bool = False) -> list[st
     return lines
 
 
+#: Lognormal sigma of the model's error between two layouts of one model on one machine, net of run-to-run noise
+#: (``benchmarks/results/2026-12-07_search_simulated/trial_spread.json``: 73 H200 trial rows, 6 model groups).
+BETWEEN_LAYOUTS_SIGMA = 0.0628
+#: A predicted gain over the launch below this is within the model's 90% error on the ratio of two layouts.
+GAIN_WITHIN_ERROR = math.expm1(1.645 * math.sqrt(2) * BETWEEN_LAYOUTS_SIGMA)
+
+
+def layout_changes(launch: Any, best: Any) -> list[str]:
+    """What differs between two layouts (:class:`specs.Layout`), as ``name old->new``, in Megatron's order of
+    parallelism, then micro-batch, recompute, offload, dispatcher, optimizer and the pipeline split."""
+    a, b = launch, best
+
+    def opt(x: Any) -> str:
+        return ("precision-aware " + "/".join((x.exp_avg_dtype, x.exp_avg_sq_dtype))) if x.use_precision_aware_optimizer else "fp32 Adam"
+
+    def split(x: Any) -> str:
+        f, l_ = x.num_layers_in_first_pipeline_stage, x.num_layers_in_last_pipeline_stage
+        return f"{f}/{l_}" if (f or l_) else "even"
+
+    fields = [("TP", lambda x: x.tp), ("PP", lambda x: x.pp), ("VPP", lambda x: x.vpp), ("CP", lambda x: x.cp),
+              ("EP", lambda x: x.ep), ("ETP", lambda x: x.etp), ("sequence parallel", lambda x: "on" if x.sequence_parallel else "off"),
+              ("micro-batch", lambda x: x.micro_batch_size), ("recompute", lambda x: x.recompute_label),
+              ("offload", lambda x: x.offload_label), ("dispatcher", lambda x: x.dispatcher.value), ("optimizer", opt),
+              ("first/last stage layers", split)]
+    return [f"{name} {get(a)}->{get(b)}" for name, get in fields if get(a) != get(b)]
+
+
 def compare_line(prep: Any, best: dict[str, Any]) -> str:
     """``your launch: N tokens/s/GPU predicted, X GiB; best: LABEL, M tokens/s/GPU, Y GiB, +P%``."""
     e, why = baseline_estimate(prep)
@@ -206,5 +234,12 @@ def compare_line(prep: Any, best: dict[str, Any]) -> str:
         return f"your launch: not estimated ({why}); best: {best['label']}, {best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU"
     gain = best["tokens_per_s_per_gpu"] / e.tokens_per_s_per_gpu - 1 if e.tokens_per_s_per_gpu > 0 else float("nan")
     fit = "" if e.fits else " (predicted not to fit)"
+    from specs import Layout
+
+    b = best["layout"]
+    changes = layout_changes(Layout.from_dict(prep.config.baseline), b if isinstance(b, Layout) else Layout.from_dict(b))
+    change = f"; change: {', '.join(changes)}" if changes else "; it is your launch's layout"
+    if changes and best["source"] == "predicted" and abs(gain) < GAIN_WITHIN_ERROR:
+        change += f" (a gain under {GAIN_WITHIN_ERROR:.0%} is within the model's error: measure both)"
     return (f"your launch: {e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU predicted, {e.peak_bytes / GIB:.1f} GiB{fit}; best: {best['label']}, "
-            f"{best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU {best['source']}, {best['peak_gib']:.1f} GiB, {gain:+.0%}")
+            f"{best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU {best['source']}, {best['peak_gib']:.1f} GiB, {gain:+.0%}{change}")

@@ -45,6 +45,7 @@ from tuner.cli._common import (
     print_command,
     require,
     run_options,
+    say,
     shell_command,
     study_flags,
 )
@@ -85,7 +86,7 @@ def main_job(
     parallel_trials: Annotated[int, typer.Option("--parallel-trials", help="Real trials this worker runs at once (--backend ray; each its own placement group).", rich_help_panel="Trials")] = 1,
     trial_env: Annotated[list[str] | None, typer.Option("--trial-env", help="NAME=VALUE for every rank of a real trial (--backend ray), repeatable, e.g. --trial-env NCCL_IB_HCA=mlx5.", rich_help_panel="Trials")] = None,
     prune_margin: Annotated[float, typer.Option("--prune-margin", help="Stop a real trial more than this fraction slower than the best so far (after its warm-up and 2 measured steps); negative = never.", rich_help_panel="Trials")] = 0.25,
-    from_file: Annotated[Path | None, typer.Option("--from", help="Your launch: a Megatron-LM / slime argument list or shell script (MODEL_ARGS=(...) arrays expanded), or a recipe.yaml. Its model, GPUs, workload, layout and run options are the inputs (flags given here win), its layout the baseline and the first trial; its other arguments are kept in the exported commands.", rich_help_panel="Job")] = None,
+    from_file: Annotated[Path | None, typer.Option("--from", help="Your launch: a Megatron-LM / slime argument list or shell script (MODEL_ARGS=(...) arrays expanded), a recipe.yaml, a Megatron-Bridge YAML (override, perf_matrix config or saved ConfigContainer; give --model) or a NeMo-RL config. Its model, GPUs, workload, layout and run options are the inputs (flags given here win), its layout the baseline and the first trial; its other arguments are kept in the exported commands.", rich_help_panel="Job")] = None,
     allow_config_args: Annotated[bool, typer.Option("--allow-config-args", help="Use the launch arguments a --model config.json adds (its tuner.extra_megatron_args): printed, and recorded in the recipe.", rich_help_panel="Job")] = False,
     study: StudyOpt = None,
     storage: StorageOpt = None,
@@ -240,7 +241,7 @@ def _print_header(prep: Any, cfg: Any, launch: Any, *, verbose: bool) -> None:
         from tuner.cli._from import launch_lines
 
         for line in launch_lines(prep, launch, verbose=verbose):
-            out.print(line, markup=False)
+            say(line.lstrip(), indent=len(line) - len(line.lstrip()), markup=False)
     if verbose:
         _print_space(prep, cfg)
     if cfg.backend != "model" and cfg.policy == "gain":
@@ -389,7 +390,7 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
     if launch is not None:
         from tuner.cli._from import compare_line
 
-        out.print(compare_line(prep, best), markup=False)
+        say(compare_line(prep, best), indent=0, markup=False)
     if best["source"] == "predicted":
         for gap in gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay), prep.model, prep.cluster.gpu, prep.calibration)[:2]:
             out.print(f"note: {gap.line}", markup=False)
@@ -401,13 +402,21 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
     if report_note:
         out.print(report_note, markup=False, soft_wrap=True)
     if best["source"] == "predicted":
-        from tuner.study.config import policy_params
+        from tuner.study.config import cheapest_trial_gpu_hours, policy_params
 
         pp = policy_params(prep, 1)
-        trial_gh = (pp.startup_s + pp.steps * float(best["step_time_s"])) * c.num_gpus / 3600
-        budget = max(1, round(5 * trial_gh))
-        out.print(f"Next: measure the contenders (about {trial_gh:,.1f} GPU-hours a trial):", markup=False)
-        print_command("tune", *_real_trial_args(state.argv, prep, cfg), "--backend", "ray", "--gpu-hours", budget)
+        # five trials: of the best's predicted cost, and at least five of the cheapest contender's (what the plan counts)
+        trial_gh = max((pp.startup_s + pp.steps * float(best["step_time_s"])) * c.num_gpus / 3600, cheapest_trial_gpu_hours(prep))
+        budget = max(1, math.ceil(5 * trial_gh))
+        if prep.stack is not None and prep.stack.flags:
+            # run flags need the user's own stack: the harness (local, ray) runs its own and refuses them
+            out.print(f"Next: measure the contenders through your own launch, which has these run flags (about "
+                      f"{trial_gh:,.1f} GPU-hours a trial; docs/trials.md#through-your-own-launch):", markup=False)
+            print_command("tune", *_real_trial_args(state.argv, prep, cfg), "--backend", "command", "--command-template",
+                          "launch/templates/slime_command.yaml", "--gpu-hours", budget)
+        else:
+            out.print(f"Next: measure the contenders (about {trial_gh:,.1f} GPU-hours a trial):", markup=False)
+            print_command("tune", *_real_trial_args(state.argv, prep, cfg), "--backend", "ray", "--gpu-hours", budget)
     else:
         out.print("Next: check convergence against a reference layout:", markup=False)
         print_command("tune", "verify", *flags, "--trial", best["trial"], "--reference", "tp=1,pp=1,ep=1")
