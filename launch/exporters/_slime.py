@@ -122,6 +122,8 @@ def slime_script(
         *require_set("run_slime.sh", _needed()),
         "PYTHON=${PYTHON:-python3}",
         "SLIME_ENTRY=${SLIME_ENTRY:-${SLIME_DIR:+$SLIME_DIR/}train_async.py}",
+        '[ -f "$SLIME_ENTRY" ] || { printf \'run_slime.sh: no slime entry point at %s: set SLIME_DIR to a slime checkout '
+        '(or SLIME_ENTRY to its train_async.py)\\n\' "$SLIME_ENTRY" >&2; exit 2; }',
         "NUM_EPOCH=${NUM_EPOCH:-1}",
         "SAVE_INTERVAL=${SAVE_INTERVAL:-1000}",
         'if [ -n "${SLIME_DIR:-}" ]; then export PYTHONPATH="$SLIME_DIR${PYTHONPATH:+:$PYTHONPATH}"; fi',

@@ -205,7 +205,7 @@ def test_run_slime_sh_runs_slimes_train_async_by_default_and_fails_when_the_entr
     assert p.returncode == 0 and p.stdout == "train_async True\n", p.stderr
     env = _env(tmp_path, **{**BASE, "SLIME_ENTRY": str(tmp_path / "no_such_entry.py")})
     p = subprocess.run([str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 2 and "no_such_entry.py" in p.stderr
+    assert p.returncode == 2 and "no slime entry point at" in p.stderr and "no_such_entry.py" in p.stderr
 
 
 # --------------------------------------------------------------------------- megatron_args.sh
