@@ -26,7 +26,7 @@ from typing import Any
 from specs.errors import TunerError
 
 __all__ = ["MAX_CONFIG_BYTES", "MAX_DATA_BYTES", "RepeatedKey", "load_user_json", "parse_errors", "read_user_text", "unique_keys",
-           "write_output"]
+           "write_error", "write_output"]
 
 #: Largest configuration file read (a ``config.json``, ``--space``, ``--calibration``, a command template): the
 #: largest bundled one is under 4 KiB.
@@ -190,7 +190,12 @@ def write_output(path: str | Path, text: str | bytes, *, label: str = "", force:
                 os.unlink(tmp)
             except OSError:
                 pass
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise TunerError(f"{name}: the disk is full (no space left to write it); nothing was written") from None
-        raise TunerError(f"{name}: cannot write it ({e.strerror or e})") from None
+        raise write_error(name, e) from None
     return p
+
+
+def write_error(name: str, e: OSError) -> TunerError:
+    """The one message for a failed write of the file ``name``: a full disk (or quota) said so, else the system's reason."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return TunerError(f"{name}: the disk is full (no space left to write it); nothing was written")
+    return TunerError(f"{name}: cannot write it ({e.strerror or e})")

@@ -445,11 +445,17 @@ def read_study_record(path: Path) -> Any:
     """The parsed ``config.yaml`` of a study folder (any YAML value; the caller checks its shape).
 
     Raises:
-        the errors of :data:`RECORD_ERRORS` and ``yaml.YAMLError``: unreadable, not text, not YAML, nested too deeply.
+        the errors of :data:`RECORD_ERRORS` and ``yaml.YAMLError``: unreadable, not a regular file, larger than
+        :data:`specs.files.MAX_CONFIG_BYTES`, not text, not YAML, nested too deeply.
     """
     import yaml
 
-    return yaml.safe_load(path.read_text())
+    from specs.files import parse_errors, read_user_text
+
+    label = str(path)
+    text = read_user_text(path, label, "a study's record written by tune")
+    with parse_errors(label, "a study's record written by tune"):
+        return yaml.safe_load(text)
 
 
 def _is_study_record(path: Path) -> bool:
