@@ -427,9 +427,13 @@ def store_cases(study_root: Path) -> list[Case]:
         for cmd in reads:
             def make(t: Path, d: str = damage, c: list[str] = cmd) -> list[str]:
                 res, url = copy(t, d)
-                head = c or ["--model", "Llama-3.1-8B", "--gpus", "8xH200", "--resume", "--trials", "1"]
+                if not c:  # a run of the journal's study from a new folder: the journal itself is what is refused
+                    return ["--model", "Llama-3.1-8B", "--gpus", "8xH200", "--resume", "--trials", "1", "--study", "jbase",
+                            "--results-dir", str(t / "fresh"), "--storage", url]
                 tail = ["--out", str(t / "o.out")] if c in (["export"], ["report"], ["timeline"]) else []
-                return [*head, *tail, "--study", "jbase", "--results-dir", str(res), "--storage", url]
+                return [*c, *tail, "--study", "jbase", "--results-dir", str(res), "--storage", url]
+            if not cmd and damage in ("empty", "delete"):
+                continue  # a run into an empty or new journal from a new folder starts the study there: nothing records it
             readable = damage == "cut last line" and cmd
             cases.append((f"journal {damage} ({cmd[0] if cmd else 'tune'})", make, "results", 0 if readable else 2,
                           "cut" if readable else ""))

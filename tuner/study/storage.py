@@ -603,9 +603,13 @@ class StudyLock:
         made = not out_dir.exists()
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise TunerError(f"cannot create the study folder {out_dir} ({e.strerror})") from None
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise TunerError(f"cannot write the study's lock file {self.path} ({e.strerror}): a run needs its study folder "
+                             "writable") from None
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
