@@ -3,10 +3,13 @@
     python benchmarks/reliability_battery.py [--out battery.jsonl]
 
 Each bad-input case runs one ``tune`` command in this process (typer's runner) in a scratch folder and passes when it
-exits 2 with one ``error:`` line, no traceback and no internal error, and (where it names them) the files it must not
-change are byte for byte the same. Each process case starts a trial's process group under a driver, kills the driver
-(``kill -9``) or sends ``tune`` SIGTERM, and passes when no process of the group is left. Prints one line per case
-that failed and the totals; ``--out`` writes every case as a JSON line.
+exits 2 with one ``error:`` line (``tune check``: its list of broken rules), no traceback and no internal error, and
+(where it names them) the files it must not change are byte for byte the same and no folder was made. A few cases
+must succeed instead (exit 0, files unchanged): reading a study on a read-only filesystem, and a journal whose last
+line was cut. As root (Linux), a read-only study is a read-only bind mount and a full disk a 256 KiB tmpfs filled to
+the last byte; without root those cases are left out, and the totals say so. Each process case starts a trial's
+process group under a driver, kills the driver (``kill -9``) or sends ``tune`` SIGTERM, and passes when no process of
+the group is left. Prints one line per case that failed and the totals; ``--out`` writes every case as a JSON line.
 """
 
 from __future__ import annotations
@@ -615,6 +618,8 @@ def main() -> None:
     kills = [r["seconds_to_gone"] for r in rows if "seconds_to_gone" in r and r["seconds_to_gone"] is not None]
     print(f"{len(rows) - len(bad)} of {len(rows)} cases passed" + (f"; trial groups gone after their driver died in at most "
                                                                    f"{max(kills):.2f} s" if kills else ""))
+    if not CAN_MOUNT:
+        print("read-only and full-disk cases left out: they need root (Linux) to mount a folder read-only or a small tmpfs")
     if a.out:
         a.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
