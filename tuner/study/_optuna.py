@@ -11,9 +11,8 @@ storages, heartbeats) and nothing private outside this module. What it needs bey
    ``Study._pop_waiting_trial_id`` pops a queued trial by ``set_trial_state_values(RUNNING)`` returning True
    once; on SQLite that check-and-set is not atomic between threads (two threads of ``--parallel-trials``
    were seen to pop the same trial: "Cannot tell a PRUNED trial"), nor between processes (SQLite ignores the
-   row lock Optuna asks for, ``SELECT ... FOR UPDATE``, and pysqlite reads outside a transaction: two of 4
-   workers on one file died so in 4 x 50 trials), so on a SQLite file the call also holds an ``flock`` on
-   the database file. Across processes PostgreSQL's row locks or the journal file's lock serialise it.
+   row lock Optuna asks for, ``SELECT ... FOR UPDATE``, and pysqlite reads outside a transaction: two workers
+   on one file pop the same trial), so on a SQLite file the call also holds an ``flock`` on the database file. Across processes PostgreSQL's row locks or the journal file's lock serialise it.
 3. **A heartbeat for the journal storage** (:class:`HeartbeatJournalStorage`): Optuna 5.0's and 5.1's ``RDBStorage``
    implements ``optuna.storages._heartbeat.BaseHeartbeat`` (``record_heartbeat``, ``_get_stale_trial_ids``,
    ``get_heartbeat_interval``, ``get_heartbeat_stale_trial_callback``), ``JournalStorage`` does not. With it,
@@ -170,9 +169,8 @@ class ThreadSafeRDBStorage(RDBStorage):
 
     Workers started together on a fresh database each create Optuna's tables; on PostgreSQL all but one fail with a
     unique violation (``pg_type``'s, while the winner's ``CREATE TABLE`` commits), on a SQLite file with a table that
-    already exists, a duplicate ``alembic_version`` row or a locked file (3 of 4 workers of the workers battery):
-    such a worker tries again, up to
-    :data:`SCHEMA_ATTEMPTS` times, and then finds the tables made."""
+    already exists, a duplicate ``alembic_version`` row or a locked file: such a
+    worker tries again, up to :data:`SCHEMA_ATTEMPTS` times, and then finds the tables made."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
