@@ -571,8 +571,11 @@ def _nemo_rl_doc(p: Path, doc: Mapping[str, Any], label: str, depth: int = 0) ->
     if depth >= 8:
         raise TunerError(f"{label}: its defaults: chain is deeper than 8 files")
     f = (p.parent / parent).resolve()
-    base = read_user_yaml(read_user_text(f, f"{label}: its defaults: file {parent!r}", "a NeMo-RL YAML beside the file"),
-                          f"{label} (defaults {parent})")
+    try:
+        text = read_user_text(f, f"{label}: its defaults: file {parent!r}", "a NeMo-RL YAML beside the file")
+    except TunerError as e:
+        raise TunerError(f"{e}; put it beside the file") from None
+    base = read_user_yaml(text, f"{label} (defaults {parent})")
     if not isinstance(base, Mapping):
         raise TunerError(f"{label}: its defaults: file {parent!r} is not a mapping")
     return _deep_merge(_nemo_rl_doc(f, base, label, depth + 1), {k: v for k, v in doc.items() if k != "defaults"})
