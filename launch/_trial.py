@@ -153,12 +153,12 @@ def start_watchdog(pgid: int, grace_s: float = INTERRUPT_GRACE_S) -> subprocess.
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
-def record_process(trial_dir: Path, pgid: int) -> None:
-    """Write ``process.json`` in the trial's folder: the host, the trial's process group and the driver's pid (read
-    by :func:`running_trials`)."""
+def record_process(trial_dir: Path, pgid: int, name: str = "process.json") -> None:
+    """Write ``name`` (``process.json``) in the trial's folder: the host, the trial's process group and the driver's
+    pid (read by :func:`running_trials`)."""
     import json
 
-    (trial_dir / "process.json").write_text(json.dumps({"host": socket.gethostname(), "pgid": pgid, "driver": os.getpid()}) + "\n")
+    (trial_dir / name).write_text(json.dumps({"host": socket.gethostname(), "pgid": pgid, "driver": os.getpid()}) + "\n")
 
 
 def running_trials(trials_dir: Path) -> list[str]:

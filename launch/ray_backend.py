@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from launch._trial import INTERRUPT_GRACE_S, SAFE_ENV, HarnessLines, MeasuredBackend, TrialProcesses, kill_group, start_watchdog, tail
+from launch._trial import INTERRUPT_GRACE_S, SAFE_ENV, HarnessLines, MeasuredBackend, TrialProcesses, kill_group, record_process, start_watchdog, tail
 from launch.base import BackendSettings, FailureKind, Measurement, StepReporter, TrialFailed, check_trial_limits
 from launch.harness.spec import HARNESS_MODULE, HarnessEnv, build_spec, harness_args, unsupported_reasons
 from specs import Cluster, ModelSpec, Workload
@@ -114,6 +114,8 @@ class _NodeAgent:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True, env=full, cwd=cwd)
         start_watchdog(self.proc.pid)  # the actor's process gone (the driver killed, its job ended): the group goes too
+        # host and group on record, as a local trial's (this actor's pid as the driver); a node after the first its own
+        record_process(d, self.proc.pid, "process.json" if node == "0" else f"process.node{node}.json")
         return int(self.proc.pid)
 
     def poll(self) -> int | None:

@@ -25,8 +25,8 @@ from typing import Any
 
 from specs.errors import TunerError
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_DATA_BYTES", "RepeatedKey", "load_user_json", "parse_errors", "read_user_text", "unique_keys",
-           "write_output"]
+__all__ = ["MAX_CONFIG_BYTES", "MAX_DATA_BYTES", "RepeatedKey", "load_user_json", "parse_errors", "read_user_text", "refuse_another_kind",
+           "unique_keys", "write_error", "write_output"]
 
 #: Largest configuration file read (a ``config.json``, ``--space``, ``--calibration``, a command template): the
 #: largest bundled one is under 4 KiB.
@@ -129,6 +129,25 @@ def _same_kind(old: bytes, new: bytes) -> bool:
     return old[:n] == head[:n]
 
 
+def refuse_another_kind(path: str | Path, text: str | bytes, *, label: str = "") -> None:
+    """Refuse to replace the non-empty file at ``path`` whose first line is not the one ``text`` starts with (the kind
+    of file being written: :func:`write_output`'s check, for a command to make before work that takes long). A missing
+    or unreadable file passes (the write reports it).
+
+    Raises:
+        TunerError: naming the file; ``--force`` replaces it.
+    """
+    data = text.encode() if isinstance(text, str) else text
+    try:
+        with open(path, "rb") as fh:
+            old = fh.read(16)
+    except OSError:
+        return
+    if not _same_kind(old, data):
+        name = f"{label} {str(path)!r}" if label else str(path)
+        raise TunerError(f"{name} holds another kind of file; give another path, or --force to replace it")
+
+
 def write_output(path: str | Path, text: str | bytes, *, label: str = "", force: bool = False,
                  executable: bool = False) -> Path:
     """Write ``text`` to ``path`` atomically: a temporary file in the same folder, renamed over ``path``.
@@ -164,13 +183,8 @@ def write_output(path: str | Path, text: str | bytes, *, label: str = "", force:
             raise TunerError(f"{name} is a folder; give a file path")
         why = ("is a link (the file it points to would be written)" if stat.S_ISLNK(st.st_mode)
                else "is not a regular file" if not stat.S_ISREG(st.st_mode) else "")
-        if not why:
-            try:
-                with open(p, "rb") as fh:
-                    old = fh.read(16)
-            except OSError:
-                old = b""
-            why = "" if _same_kind(old, data) else "holds another kind of file"
+        if not why and not force:
+            refuse_another_kind(p, data, label=label)
         if why and not force:
             raise TunerError(f"{name} {why}; give another path, or --force to replace it")
     mask = os.umask(0)
@@ -190,7 +204,12 @@ def write_output(path: str | Path, text: str | bytes, *, label: str = "", force:
                 os.unlink(tmp)
             except OSError:
                 pass
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise TunerError(f"{name}: the disk is full (no space left to write it); nothing was written") from None
-        raise TunerError(f"{name}: cannot write it ({e.strerror or e})") from None
+        raise write_error(name, e) from None
     return p
+
+
+def write_error(name: str, e: OSError) -> TunerError:
+    """The one message for a failed write of the file ``name``: a full disk (or quota) said so, else the system's reason."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return TunerError(f"{name}: the disk is full (no space left to write it); nothing was written")
+    return TunerError(f"{name}: cannot write it ({e.strerror or e})")

@@ -141,6 +141,10 @@ def _big_cell(t: Path) -> str:
     (lambda t: ["rl", "--model", "Qwen3-30B-A3B", "--gpus", "100000x8xH200"], "at most 131,072"),
     (lambda t: ["--model", "Llama-3.1-8B", "--gpus", "100000x8xH200"], "at most 131,072"),
     (lambda t: ["pareto", "--study", "name\n"], "a study name is"),
+    (lambda t: ["--from", _fifo(t), "--gpus", "8xH200"], "not a regular file"),
+    (lambda t: ["--from", _text(t, "l.yaml", "a: " + "[" * 50_000 + "]" * 50_000), "--gpus", "8xH200"], "nested too deeply"),
+    (lambda t: ["calibrate", "--data", str(Path(__file__).parents[1] / "benchmarks" / "data" / "published_runs.csv"),
+                "--out", _text(t, "notes.txt", "my notes\n")], "holds another kind of file"),  # before the fit: no "fitting"
 ])
 def test_hostile_command_inputs_get_one_line(tmp_path, args, needle):
     from typer.testing import CliRunner
@@ -148,7 +152,17 @@ def test_hostile_command_inputs_get_one_line(tmp_path, args, needle):
     from tuner.cli import app
 
     r = CliRunner().invoke(app, args(tmp_path))
-    assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output, r.output
+    assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output and "fitting" not in r.output, r.output
+
+
+def _fifo(t: Path) -> str:
+    os.mkfifo(t / "launch.sh")
+    return str(t / "launch.sh")
+
+
+def _text(t: Path, name: str, text: str) -> str:
+    (t / name).write_text(text)
+    return str(t / name)
 
 
 def test_a_storage_password_stays_out_of_the_files():

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from specs.errors import TunerError
+from specs.files import parse_errors, read_user_text
 from specs.stacks import RunFlags
 
 __all__ = ["NO_EFFECT_ARGS", "LaunchFile", "read_launch"]
@@ -204,8 +205,8 @@ def _sourced(stmts: list[list[str]], base: Path | None, depth: int = 0) -> dict[
             f = base / rel
             if f.is_file():
                 try:
-                    sub, variables = _shell_statements(f.read_text(encoding="utf-8"))
-                except (OSError, UnicodeDecodeError, TunerError):
+                    sub, variables = _shell_statements(read_user_text(f, str(f), "a shell script"))
+                except TunerError:
                     continue
                 out |= _sourced(sub, f.parent, depth + 1) | variables
     return out
@@ -732,9 +733,10 @@ def _nemo_rl_doc(p: Path, doc: Mapping[str, Any], label: str, depth: int = 0) ->
         raise TunerError(f"{label}: its defaults: chain is deeper than 8 files")
     f = (p.parent / parent).resolve()
     try:
-        base = read_user_yaml(f.read_text(encoding="utf-8"), f"{label} (defaults {parent})")
-    except OSError as e:
-        raise TunerError(f"{label}: its defaults: file {parent!r} cannot be read ({e.strerror or e}); put it beside the file") from None
+        text = read_user_text(f, f"{label}: its defaults: file {parent!r}", "a NeMo-RL YAML beside the file")
+    except TunerError as e:
+        raise TunerError(f"{e}; put it beside the file") from None
+    base = read_user_yaml(text, f"{label} (defaults {parent})")
     if not isinstance(base, Mapping):
         raise TunerError(f"{label}: its defaults: file {parent!r} is not a mapping")
     return _deep_merge(_nemo_rl_doc(f, base, label, depth + 1), {k: v for k, v in doc.items() if k != "defaults"})
@@ -835,12 +837,14 @@ def read_launch(path: str | Path, *, model: str | None = None, gpus: str | None 
     """
     p = Path(path)
     label = f"--from {str(p)!r}"
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise TunerError(f"{label}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
     accepted = ("accepted: a Megatron-LM / slime argument list or shell script, a Megatron-Bridge override YAML, or a recipe.yaml "
                 "written by tune")
+    text = read_user_text(p, label, "a launch script, argument list or YAML")
+    with parse_errors(label, "a launch script, argument list or YAML"):
+        return _read_launch(p, text, label, accepted, model)
+
+
+def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | None) -> LaunchFile:
     if p.suffix in (".yaml", ".yml"):
         from specs._data import read_user_yaml
 

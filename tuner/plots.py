@@ -110,10 +110,9 @@ def check_image_path(option: str, path: Path, *, force: bool = False) -> None:
     from tuner.study.config import check_output_path
 
     kinds = sorted(FigureCanvasBase.get_supported_filetypes())
-    if str(path).strip():
-        check_output_path(option, path, force=force)  # a missing folder, a link, or a study's own file
     if not str(path).strip() or path.is_dir():
         raise TunerError(f"{option} {str(path)!r}: give an image file name, e.g. chart.png (accepted types: {', '.join(kinds)})")
+    check_output_path(option, path, force=force)  # a missing folder, a link, or a study's own file
     suffix = path.suffix.lower().lstrip(".")
     if suffix not in kinds:
         raise TunerError(f"{option} {str(path)!r}: {('.' + suffix) if suffix else 'no file type'} is not an image type matplotlib writes; "

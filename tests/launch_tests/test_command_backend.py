@@ -308,8 +308,10 @@ def test_cli_errors_and_a_study(tmp_path):
 
 
 def test_a_measurement_above_the_gpus_peak_is_flagged_and_kept_out_of_the_best(tmp_path):
-    """A template that runs less work than the study assumes (here: 1 ms steps, MFU far above 100%): the trial is kept,
-    marked implausible with the question to ask, and is not the best; the outputs are written from the others."""
+    """A template that runs less work than the study assumes: 1 ms steps (MFU far above 100%), and 200 ms steps (MFU
+    about 60%, but 2.4 x the predicted throughput, past the top of the model's band by more than its width). Each
+    trial is kept, marked implausible with the question to ask, and is not the best; the outputs are written from
+    the others."""
     import optuna
     from typer.testing import CliRunner
 
@@ -319,13 +321,15 @@ def test_a_measurement_above_the_gpus_peak_is_flagged_and_kept_out_of_the_best(t
     runner = CliRunner()
     args = ["--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8", "--stack", "megatron",
             "--backend", "command", "--trials", "1", "--trial-steps", "4", "--results-dir", str(tmp_path / "res"), "--study", "c"]
-    for name, step_ms in (("ok.yaml", 2000.0), ("fast.yaml", 1.0)):
+    for name, step_ms in (("ok.yaml", 2000.0), ("fast.yaml", 1.0), ("floor.yaml", 200.0)):
         tpl = _tpl(tmp_path, {"argv": [*_megatron("ok", step_ms), "{layout_args}"]}, name)
         r = runner.invoke(app, [*args, "--command-template", str(tpl)])
         assert r.exit_code == 0 and "Traceback" not in r.output, r.output
     st = optuna.load_study(study_name="c", storage=f"sqlite:///{tmp_path / 'res' / 'c' / 'study.db'}")
-    (bad,) = [t for t in st.trials if t.state == optuna.trial.TrialState.FAIL]
-    fail = bad.user_attrs["failure"]
-    assert fail["kind"] == "implausible" and "{global_batch_size} and {seq_length}" in fail["message"] and fail["result"]["mfu"] > 1
+    mfu_bad, floor_bad = [t.user_attrs["failure"] for t in st.trials if t.state == optuna.trial.TrialState.FAIL]
+    for fail in (mfu_bad, floor_bad):
+        assert fail["kind"] == "implausible" and "{global_batch_size} and {seq_length}" in fail["message"]
+    assert mfu_bad["result"]["mfu"] > 1 and "MFU" in mfu_bad["message"]
+    assert floor_bad["result"]["mfu"] < 1 and "by more than its error bar" in floor_bad["message"]
     assert [r["trial"] for r in trial_rows(st)] == [0]  # the front and the best hold only the plausible trial
     assert (tmp_path / "res" / "c" / "recipe.yaml").is_file()

@@ -79,7 +79,10 @@ def test_a_two_node_trial_spreads_and_every_node_sees_the_rendezvous(ray_cluster
     pl = json.loads((d / "placement.json").read_text())
     assert pl["strategy"] == "STRICT_SPREAD" and pl["bundles"] == [2, 2]
     assert len({n["node_id"] for n in pl["nodes"]}) == 2  # two distinct nodes
-    assert {p.name for p in d.iterdir()} >= {"spec.json", "steps.jsonl", "log.node0.txt", "log.node1.txt", "command.node0.txt", "command.node1.txt"}
+    assert {p.name for p in d.iterdir()} >= {"spec.json", "steps.jsonl", "log.node0.txt", "log.node1.txt", "command.node0.txt", "command.node1.txt",
+                                             "process.json", "process.node1.json"}
+    recs = [json.loads((d / f).read_text()) for f in ("process.json", "process.node1.json")]
+    assert all(r["host"] and r["pgid"] > 0 for r in recs) and recs[0]["pgid"] != recs[1]["pgid"]  # each node's own group
     assert ray.util.placement_group_table() and _pgs_removed()
 
 

@@ -302,3 +302,46 @@ def test_an_output_link_or_a_missing_folder_is_refused_and_force_replaces_the_li
     r = runner.invoke(app, [*base, str(link), "--force"])
     assert r.exit_code == 0 and not link.is_symlink() and link.read_text().startswith("#!/usr/bin/env bash"), r.output
     assert target.read_text() == "mine\n"
+
+
+@pytest.fixture
+def read_only_copy(study, tmp_path) -> Path:
+    """A copy of the study's results on a read-only filesystem: a read-only bind mount as root (for whom ``chmod a-w``
+    changes nothing), else the folder's write bits taken off; skips where neither holds."""
+    import os
+    import shutil
+    import subprocess
+
+    res = tmp_path / "results"
+    shutil.copytree(study / "results", res)
+    if os.geteuid() != 0:
+        for p in (res, *res.rglob("*")):
+            p.chmod(p.stat().st_mode & ~0o222)
+        yield res
+        for p in (res, *res.rglob("*")):
+            p.chmod(p.stat().st_mode | 0o200)
+        return
+    mounted = subprocess.run(["mount", "--bind", str(res), str(res)], capture_output=True).returncode == 0
+    if not mounted:
+        pytest.skip("root without mount: a read-only folder cannot be made here")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(res)], check=True, capture_output=True)
+        yield res
+    finally:
+        subprocess.run(["umount", "-l", str(res)], check=False)
+
+
+def test_a_read_only_study_is_read_by_the_reading_commands_and_refused_by_a_run(read_only_copy, tmp_path):
+    """SQLite opened read-only (``immutable=1`` where its ``-shm`` cannot be made): a study on a read-only filesystem
+    could not be read before."""
+    res = read_only_copy
+    folder = res / "base"
+    before = _digest(folder)
+    for args in (["pareto"], ["export", "--out", str(tmp_path / "r.yaml")], ["report", "--out", str(tmp_path / "r.html")],
+                 ["timeline", "--out", str(tmp_path / "t.json")]):
+        r = runner.invoke(app, [*args, "--study", "base", "--results-dir", str(res)])
+        assert r.exit_code == 0 and "Traceback" not in r.output, (args, r.output)
+    assert (tmp_path / "r.yaml").is_file() and (tmp_path / "r.html").is_file()
+    r = runner.invoke(app, [*MAIN, "--resume", "--results-dir", str(res)])
+    assert r.exit_code == 2 and r.output.count("error:") == 1 and "internal error" not in r.output, r.output
+    assert _digest(folder) == before

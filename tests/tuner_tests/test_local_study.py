@@ -221,7 +221,7 @@ def test_real_trials_without_te_predict_the_optimizer_that_runs(tmp_path):
 def test_confirm_runs_remeasure_the_finalists_interleaved_and_report_the_mean(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
     monkeypatch.setenv("FAKE_STEP_S", "0.01")
-    monkeypatch.setenv("FAKE_REPORT_STEP_S", "0.5")  # every layout reports the same step time: the finalists tie
+    monkeypatch.setenv("FAKE_REPORT_STEP_S", "2.0")  # every layout the same plausible step time: the finalists tie
     res = run_study(prepare(_cfg(tmp_path, prune_margin=None, trials=4, confirm_runs=2)), backend=_backend(tmp_path))
     rows = trial_rows(res.study)
     keys = [r["key"] for r in rows]
@@ -256,7 +256,7 @@ def test_confirm_runs_need_real_trials(tmp_path):
 def test_confirmation_waits_for_queued_search_trials(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
     monkeypatch.setenv("FAKE_STEP_S", "0.01")
-    monkeypatch.setenv("FAKE_REPORT_STEP_S", "0.5")
+    monkeypatch.setenv("FAKE_REPORT_STEP_S", "2.0")
     prep = prepare(_cfg(tmp_path, prune_margin=None, trials=1, confirm_runs=1))
     res = run_study(prep, backend=_backend(tmp_path))  # one measured trial; the lazy queue holds none after the last
     assert res.confirmed_now == 1 and not res.confirm_note
@@ -296,7 +296,7 @@ def test_a_failed_confirmation_run_is_reported_and_confirmation_tops_up(tmp_path
 
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
     monkeypatch.setenv("FAKE_STEP_S", "0.01")
-    monkeypatch.setenv("FAKE_REPORT_STEP_S", "0.5")
+    monkeypatch.setenv("FAKE_REPORT_STEP_S", "2.0")
 
     # the first confirmation run (the second run of all) runs out of memory
     b = _raising_at(tmp_path, 2, TrialFailed(FailureKind.oom, "CUDA out of memory (fake)", str(tmp_path), memory_reached_bytes=150 * 2**30))
@@ -316,7 +316,7 @@ def test_a_failed_confirmation_run_is_reported_and_confirmation_tops_up(tmp_path
 def test_an_interrupted_confirmation_is_completed_on_resume(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
     monkeypatch.setenv("FAKE_STEP_S", "0.01")
-    monkeypatch.setenv("FAKE_REPORT_STEP_S", "0.5")
+    monkeypatch.setenv("FAKE_REPORT_STEP_S", "2.0")
 
     b = _raising_at(tmp_path, 3, KeyboardInterrupt())  # Ctrl-C during the second confirmation run
     prep = prepare(_cfg(tmp_path, prune_margin=None, trials=1, confirm_runs=2))
@@ -330,7 +330,7 @@ def test_an_interrupted_confirmation_is_completed_on_resume(tmp_path, monkeypatc
 def test_the_confirmation_phase_runs_no_search_trial_when_another_worker_took_a_run(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
     monkeypatch.setenv("FAKE_STEP_S", "0.01")
-    monkeypatch.setenv("FAKE_REPORT_STEP_S", "0.5")
+    monkeypatch.setenv("FAKE_REPORT_STEP_S", "2.0")
 
     class OtherWorker(LocalBackend):
         calls = 0

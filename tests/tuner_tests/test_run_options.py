@@ -393,7 +393,7 @@ def test_a_nemo_rl_config_is_read_through_its_defaults_chain():
 def test_a_nemo_rl_config_without_its_defaults_file_is_refused(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text((ROOT / "tests/fixtures/launch/nemo_rl_lora.yaml").read_text())
-    with pytest.raises(TunerError, match="defaults: file 'nemo_rl_base.yaml' cannot be read"):
+    with pytest.raises(TunerError, match="defaults: file 'nemo_rl_base.yaml': cannot read it .*; put it beside the file"):
         _from(f, gpus="H100")
 
 

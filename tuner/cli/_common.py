@@ -360,7 +360,13 @@ def load_study(study: str | None, storage: str | None, results_dir: Path, *, wri
     db = results_dir / name / "study.db"
     storage_given = bool(storage) or db.exists()
     if not storage and not db.exists():
-        storage = recorded_storage(results_dir / name / "config.yaml")
+        from tuner.study.config import _is_study_record
+
+        rec = results_dir / name / "config.yaml"
+        storage = recorded_storage(rec)
+        if storage is None and (rec.exists() or rec.is_symlink()) and not _is_study_record(rec):
+            raise TunerError(f"--study {name!r}: {rec} cannot be read as a study's record (it says where the study's "
+                             "trials are kept, and the folder has no study.db); restore it, or give --storage")
     url = storage or f"sqlite:///{db.as_posix()}"
     if storage:
         from tuner.study.config import _check_storage_syntax

@@ -276,12 +276,16 @@ def _study_observations(study: str, storage: str | None, results_dir: Path) -> t
 
 
 def _check_writable(path: Path, force: bool) -> None:
-    """Raise TunerError now if ``path`` cannot be written (the fit would otherwise be lost), or is a study's own file."""
+    """Raise TunerError now if ``path`` cannot be written (the fit would otherwise be lost), is a study's own file, or
+    holds another kind of file than the calibration YAML (its first line, ``provenance:``)."""
     import os
 
+    from specs.files import refuse_another_kind
     from tuner.study.config import check_output_path
 
     check_output_path("--out", path, force=force)
+    if not force:
+        refuse_another_kind(path, "provenance:\n", label="--out")
     if not os.access(path.parent, os.W_OK):
         raise TunerError(f"--out {str(path)!r}: cannot write in {path.parent} (no permission)")
 

@@ -10,8 +10,9 @@ storages, heartbeats) and nothing private outside this module. What it needs bey
 2. **Atomic state changes among one process's threads on an RDB storage** (:class:`ThreadSafeRDBStorage`):
    ``Study._pop_waiting_trial_id`` pops a queued trial by ``set_trial_state_values(RUNNING)`` returning True
    once; on SQLite that check-and-set is not atomic between threads (two threads of ``--parallel-trials``
-   were seen to pop the same trial: "Cannot tell a PRUNED trial"). Across processes the RDB server's row
-   locks or the journal file's lock serialise it.
+   were seen to pop the same trial: "Cannot tell a PRUNED trial"), nor between processes (SQLite ignores the
+   row lock Optuna asks for, ``SELECT ... FOR UPDATE``, and pysqlite reads outside a transaction: two workers
+   on one file pop the same trial), so on a SQLite file the call also holds an ``flock`` on the database file. Across processes PostgreSQL's row locks or the journal file's lock serialise it.
 3. **A heartbeat for the journal storage** (:class:`HeartbeatJournalStorage`): Optuna 5.0's and 5.1's ``RDBStorage``
    implements ``optuna.storages._heartbeat.BaseHeartbeat`` (``record_heartbeat``, ``_get_stale_trial_ids``,
    ``get_heartbeat_interval``, ``get_heartbeat_stale_trial_callback``), ``JournalStorage`` does not. With it,
@@ -167,26 +168,41 @@ class ThreadSafeRDBStorage(RDBStorage):
     """``RDBStorage`` whose ``set_trial_state_values`` is atomic among this process's threads (item 2 above).
 
     Workers started together on a fresh database each create Optuna's tables; on PostgreSQL all but one fail with a
-    unique violation (``pg_type``'s, while the winner's ``CREATE TABLE`` commits): such a worker tries again, up to
-    :data:`SCHEMA_ATTEMPTS` times, and then finds the tables made."""
+    unique violation (``pg_type``'s, while the winner's ``CREATE TABLE`` commits), on a SQLite file with a table that
+    already exists, a duplicate ``alembic_version`` row or a locked file: such a
+    worker tries again, up to :data:`SCHEMA_ATTEMPTS` times, and then finds the tables made."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        from sqlalchemy.exc import IntegrityError, ProgrammingError
+        from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
         for attempt in range(1, SCHEMA_ATTEMPTS + 1):
             try:
                 super().__init__(*args, **kwargs)
                 break
-            except (IntegrityError, ProgrammingError) as e:  # UniqueViolation / DuplicateTable of a concurrent creation
-                if attempt == SCHEMA_ATTEMPTS or not any(w in str(e) for w in ("already exists", "duplicate key", "UniqueViolation")):
+            except (IntegrityError, OperationalError, ProgrammingError) as e:  # a concurrent creation's duplicate table or row
+                if attempt == SCHEMA_ATTEMPTS or not any(w in str(e) for w in ("already exists", "duplicate key", "UniqueViolation",
+                                                                               "UNIQUE constraint failed", "database is locked")):
                     raise
                 time.sleep(0.2 * attempt)
         self._state_lock = threading.Lock()
 
     def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
-        """``RDBStorage.set_trial_state_values`` under this process's lock."""
+        """``RDBStorage.set_trial_state_values`` under this process's lock, and on a SQLite file under an exclusive
+        ``flock`` of the file (the other processes' calls wait for it)."""
+        import fcntl
+        import os
+
         with self._state_lock:
-            return super().set_trial_state_values(trial_id, state, values)
+            url = str(self.url)
+            path = url[len("sqlite:///"):].split("?", 1)[0] if url.startswith("sqlite:///") else ""
+            fd = os.open(path, os.O_RDONLY) if path and path != ":memory:" and os.path.isfile(path) else None
+            try:
+                if fd is not None:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                return super().set_trial_state_values(trial_id, state, values)
+            finally:
+                if fd is not None:
+                    os.close(fd)  # drops the flock
 
     def __getstate__(self) -> dict[Any, Any]:
         state = super().__getstate__()

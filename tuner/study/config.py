@@ -449,11 +449,17 @@ def read_study_record(path: Path) -> Any:
     """The parsed ``config.yaml`` of a study folder (any YAML value; the caller checks its shape).
 
     Raises:
-        the errors of :data:`RECORD_ERRORS` and ``yaml.YAMLError``: unreadable, not text, not YAML, nested too deeply.
+        the errors of :data:`RECORD_ERRORS` and ``yaml.YAMLError``: unreadable, not a regular file, larger than
+        :data:`specs.files.MAX_CONFIG_BYTES`, not text, not YAML, nested too deeply.
     """
     import yaml
 
-    return yaml.safe_load(path.read_text())
+    from specs.files import parse_errors, read_user_text
+
+    label = str(path)
+    text = read_user_text(path, label, "a study's record written by tune")
+    with parse_errors(label, "a study's record written by tune"):
+        return yaml.safe_load(text)
 
 
 def _is_study_record(path: Path) -> bool:
@@ -480,7 +486,7 @@ def check_output_path(option: str, path: Path, *, writes: str | None = None, stu
     study's outputs (:data:`STUDY_OUTPUT_FILES`) is only written over by the same kind of output of the same study
     (``writes``: the file name that output has there, e.g. ``recipe.yaml`` for ``tune export --format recipe``;
     ``study``: the study this command reads, whose folder is ``<results-dir>/<study>``). A missing folder is not
-    created; a link or a file that is not a regular file is replaced only with ``force`` (``--force``), and then the
+    created; a folder is refused; a link or a file that is not a regular file is replaced only with ``force`` (``--force``), and then the
     link itself, not what it points to (:func:`specs.files.write_output`, which also checks the kind of file).
 
     Raises:
@@ -489,6 +495,8 @@ def check_output_path(option: str, path: Path, *, writes: str | None = None, stu
     if not path.parent.is_dir():
         what = "is a file, not a folder" if path.parent.exists() else "does not exist; create it first"
         raise TunerError(f"{option} {str(path)!r}: {path.parent} {what}")
+    if path.is_dir() and not path.is_symlink():
+        raise TunerError(f"{option} {str(path)!r} is a folder; give a file path")
     if not force and (path.is_symlink() or (path.exists() and not path.is_file() and not path.is_dir())):
         raise TunerError(f"{option} {str(path)!r} is {'a link' if path.is_symlink() else 'not a regular file'}; give another "
                          "path, or --force to replace it")

@@ -21,6 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from cost_model.flops import mfu
 from cost_model.types import Estimate
+from cost_model.uncertainty import Band
 from launch import Measurement, TrialFailed, TrialStopped
 from specs import Cluster, ModelSpec
 from specs.layout import Layout
@@ -155,14 +156,34 @@ def result_of(layout: Layout, m: Measurement, pred: Estimate, *, model: ModelSpe
     return res
 
 
-def implausible(result: Mapping[str, Any]) -> str | None:
-    """Why a measured ``result`` (:func:`result_of`) cannot be right, or None: a model FLOP utilisation above 100% of
-    the GPU's dense bf16 peak means the run did less work per step than the study assumes (a launch template that
-    hard-codes a smaller batch or sequence)."""
+def implausible(result: Mapping[str, Any], band: Band | None = None) -> str | None:
+    """Why a measured ``result`` (:func:`result_of`) cannot be right, or None. Either means the run did less work per
+    step than the study assumes (a launch template that hard-codes a smaller batch or sequence):
+
+    - a model FLOP utilisation above 100% of the GPU's dense bf16 peak;
+    - a throughput past the model's fastest step (the top of its 90% band, ``band.high`` x the prediction) by more
+      than the band's width again: measured / predicted above ``high * high / low``. On the band's log-normal
+      reading that is the centre plus about 4.9 standard deviations (``cost_model.uncertainty``; the bands of
+      ``cost_model/data/error_bars.yaml`` put it at 1.6-2.1 x the prediction).
+
+    Args:
+        result: the trial's result (tokens/s/GPU, its prediction, MFU as a fraction, ``source``).
+        band: the job's throughput band (:attr:`cost_model.uncertainty.ErrorBars.throughput`); None checks MFU only.
+    """
+    if result.get("source") != "measured":
+        return None
+    ask = "does the launch template pass {global_batch_size} and {seq_length}?"
     mfu_ = result.get("mfu")
-    if result.get("source") == "measured" and isinstance(mfu_, float) and mfu_ > 1.0:
+    if isinstance(mfu_, float) and mfu_ > 1.0:
         return (f"measured MFU {mfu_:.0%} is above 100% of the GPU's peak, so the run did less work per step than the "
-                "study's batch and sequence: does the launch template pass {global_batch_size} and {seq_length}?")
+                f"study's batch and sequence: {ask}")
+    tps, pred = result.get("tokens_per_s_per_gpu"), result.get("pred_tokens_per_s_per_gpu")
+    if band is not None and isinstance(tps, float) and isinstance(pred, float) and pred > 0:
+        ratio, floor = tps / pred, band.high * band.high / band.low
+        if ratio > floor:
+            return (f"measured throughput is {ratio:.2f} x the prediction, past the model's fastest step ({band.high:.2f} x) "
+                    f"by more than its error bar (over {floor:.2f} x), so the run likely did less work per step than the "
+                    f"study's batch and sequence: {ask}")
     return None
 
 

@@ -606,7 +606,7 @@ class StudyRun:
             # the steps a trial ran, warm-up included, at its median step: the rest of its wall time is start-up
             ran = max(len(m.step_times_s), self.cfg.trial_steps) * float(np.median(m.step_times_s))
             result["startup_s"] = max(gpu_hours * 3600 / self.prep.cluster.num_gpus - ran, 0.0)
-        why = implausible(result)
+        why = implausible(result, None if self.prep.bars is None else self.prep.bars.throughput)
         if why is not None:  # kept, marked, and out of the front and the best: a FAIL with its numbers
             e = TrialFailed(FailureKind.implausible, why, m.log_path)
             failure = {**failure_of(prop.layout, e, pred), "result": result}

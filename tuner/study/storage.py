@@ -591,7 +591,8 @@ class StudyLock:
     run would otherwise take the first one's RUNNING trials for leftovers of an interrupt and fail them.
 
     Raises:
-        TunerError: the folder cannot be created, or another process holds the lock (its pid is named).
+        TunerError: the folder cannot be created, the lock file cannot be written (a full disk said so; a folder
+            made for it is removed), or another process holds the lock (its pid is named).
     """
 
     def __init__(self, out_dir: Path, name: str) -> None:
@@ -599,11 +600,16 @@ class StudyLock:
         import os
 
         self.path = out_dir / ".tune.lock"
+        made = not out_dir.exists()
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise TunerError(f"cannot create the study folder {out_dir} ({e.strerror})") from None
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise TunerError(f"cannot write the study's lock file {self.path} ({e.strerror}): a run needs its study folder "
+                             "writable") from None
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -616,8 +622,17 @@ class StudyLock:
                 f"study {name!r} is being run by another tune process{f' (pid {who})' if who else ''}; wait for it to finish, "
                 "or let several workers share it through --storage journal:PATH or an RDB URL"
             ) from None
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+        try:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+        except OSError as e:
+            from specs.files import write_error
+
+            os.close(self.fd)
+            if made:  # a full disk: the folder made for the lock goes too
+                self.path.unlink(missing_ok=True)
+                out_dir.rmdir()
+            raise write_error(str(self.path), e) from None
 
     def release(self) -> None:
         """Drop the lock (the file stays)."""
