@@ -841,10 +841,11 @@ def read_launch(path: str | Path, *, model: str | None = None, gpus: str | None 
                 "written by tune")
     text = read_user_text(p, label, "a launch script, argument list or YAML")
     with parse_errors(label, "a launch script, argument list or YAML"):
-        return _read_launch(p, text, label, accepted, model)
+        return _read_launch(p, text, label, accepted, model, gpus, precision, fp8_recipe)
 
 
-def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | None) -> LaunchFile:
+def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | None, gpus: str | None, precision: str | None,
+                 fp8_recipe: str | None) -> LaunchFile:
     if p.suffix in (".yaml", ".yml"):
         from specs._data import read_user_yaml
 
