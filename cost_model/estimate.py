@@ -44,7 +44,7 @@ from cost_model.flops import megatron_flops_per_token, mfu
 from cost_model.terms import activations, comm, compute, context, lora, memory, optimizer, params, recompute, schedule, state
 from cost_model.terms.context import Array, TableContext
 from cost_model.types import Estimate
-from search_spaces.rules import check_layout
+from search_spaces.rules import RuleEnv, check_layout
 from specs import DEFAULT_RUN_OPTIONS, Cluster, ModelSpec, RunOptions, Workload
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout, LayoutTable
@@ -465,7 +465,8 @@ def _single(
     """:func:`estimate` (and, with ``details``, :func:`estimate_details`) of one layout."""
     if layout.world_size != cluster.num_gpus:
         raise TunerError(f"layout world_size {layout.world_size} differs from the cluster's {cluster.num_gpus} GPUs")
-    broken = check_layout(layout, model, workload)
+    # the run options' own rule (activation offloading); the cluster's (fabric, release) are the caller's to check
+    broken = check_layout(layout, model, workload, RuleEnv(cpu_offloading_num_layers=options.cpu_offloading_num_layers))
     if broken:
         rule_id, reason = broken[0]
         raise InfeasibleLayout(rule_id, reason)

@@ -37,6 +37,8 @@ class RuleEnv:
     """GPUs of one NVLink domain (:attr:`specs.Cluster.nvlink_size`); an EP group larger crosses the fabric."""
     cp_comm_type: str = "p2p"
     """``--cp-comm-type`` of the run (:attr:`specs.RunOptions.cp_comm_type`)."""
+    cpu_offloading_num_layers: int = 0
+    """``--cpu-offloading-num-layers`` of the run (activation offloading; 0 = off)."""
 
     @classmethod
     def of(cls, cluster: Cluster | None = None, options: RunOptions | None = None) -> RuleEnv:
@@ -46,6 +48,7 @@ class RuleEnv:
             network=cluster.network if cluster is not None else None,
             nvlink_size=cluster.nvlink_size if cluster is not None else 0,
             cp_comm_type=options.cp_comm_type if options is not None else "p2p",
+            cpu_offloading_num_layers=options.cpu_offloading_num_layers if options is not None else 0,
         )
 
     @property

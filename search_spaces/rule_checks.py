@@ -540,6 +540,30 @@ def _cp_attention(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> Bo
     return _b(t["cp"] == 1)
 
 
+def _cpu_offloading_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -> str:
+    n = env.cpu_offloading_num_layers
+    if n >= m.num_layers:
+        return f"--cpu-offloading-num-layers {n}: activation offloading takes fewer layers than the model's {m.num_layers}"
+    why = [x for x in ((f"pp {lay.pp}" if lay.pp > 1 else ""),
+                       (f"recompute {lay.recompute_label}" if lay.recompute_granularity.value != "none" else "")) if x]
+    return (f"--cpu-offloading-num-layers {n} (activation offloading) runs only with pp 1 and no recompute, and this "
+            f"layout has {' and '.join(why)}; use pp 1 without recompute, or leave the flag out")
+
+
+@rule("cpu_offloading", ("pp", "recompute_granularity"), explain=_cpu_offloading_x)
+def _cpu_offloading(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> BoolArray:
+    """activation offloading (``--cpu-offloading-num-layers N``) needs N below the layer count, no pipeline
+    parallelism and no recompute (megatron/core/transformer/transformer_config.py TransformerConfig.__post_init__:
+    "CPU offloading can be done only for layers less than", "Currently there is no support for Pipeline parallelism
+    with CPU offloading", "CPU offloading does not work when activation recomputation is enabled")."""
+    n = env.cpu_offloading_num_layers
+    if not n:
+        return np.ones(len(t), dtype=np.bool_)
+    if n >= m.num_layers:
+        return np.zeros(len(t), dtype=np.bool_)
+    return _b((t["pp"] == 1) & t.isin("recompute_granularity", "none"))
+
+
 def layout_warnings(layout: Layout, model: ModelSpec, options: RunOptions) -> list[str]:
     """Things Megatron accepts that are reported to fail, for one layout: with EP all-to-all overlap
     (``overlap_moe_expert_parallel_comm``) an odd number of MoE layers on a pipeline stage (a virtual stage with

@@ -415,6 +415,9 @@ def plan(
                     from tuner.study.config import check_output_path
 
                     if what == "--out" and out is not None and not out.is_dir() and out.parent.is_dir():
+                        if out.exists() or out.is_symlink():
+                            raise TunerError(f"--out {str(out)!r} is a file, not a folder; give a folder (it is made when "
+                                             "missing), or --export FILE to write the launch to a file")
                         out.mkdir()  # the folder named, not the ones above it
                     check_output_path(what, target, force=force)
                     written.append(exporter.save(text, target, force=force))

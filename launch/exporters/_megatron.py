@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._describe import _summary
 from launch.exporters._flags import megatron_args
-from launch.exporters._shell import SHEBANG, STRICT_MODE, Sh, bash_array, comment, require_set
+from launch.exporters._shell import SHEBANG, STRICT_MODE, Sh, bash_array, comment, require_set, user_arg_variables
 from specs import Cluster, ModelSpec, RunOptions, Workload
 from specs.layout import Layout
 
@@ -90,6 +90,9 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
     if model.qk_layernorm_full_dim:
         head.append("# --spec needs slime's slime_plugins package on PYTHONPATH (full-width QK norm).")
     head.append(f"if {_EXECUTED}; then {STRICT_MODE}; fi")
+    user_vars = user_arg_variables(user_args, known=("DATA_PATH", "TRAIN_ITERS", "TOKENIZER_MODEL", "CHECKPOINT_PATH"))
+    if user_vars:  # the kept arguments expand them as MEGATRON_ARGS is built, under set -u when executed
+        head += [f"if {_EXECUTED}; then", *require_set("megatron_args.sh", user_vars, "  "), "fi"]
     name = shlex.quote("checkpoints/" + re.sub(r"[\x00-\x1f\x7f]+", "_", model.name))  # no control character reaches the script
     tail = [
         f"if {_EXECUTED}; then",

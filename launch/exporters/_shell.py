@@ -8,6 +8,7 @@ reaches the program unchanged.
 
 from __future__ import annotations
 
+import re
 import shlex
 import textwrap
 from collections.abc import Iterable, Sequence
@@ -64,6 +65,18 @@ def command(head: Sequence[str], groups: Sequence[Sequence[str]]) -> list[str]:
     """A command over several lines: ``head`` then one flag group per line, joined by backslash-newlines."""
     lines = [words(head)] + ["  " + words(g) for g in groups]
     return [ln + " \\" for ln in lines[:-1]] + [lines[-1]]
+
+
+def user_arg_variables(args: Sequence[str], known: Sequence[str] = ()) -> list[tuple[str, str, str | None]]:
+    """The shell variables (``$NAME`` / ``${NAME}``) the user's kept arguments expand, less ``known`` ones the script
+    sets itself, as :func:`require_set` entries: a script run under ``set -u`` names them instead of stopping at the
+    first."""
+    names: list[str] = []
+    for a in args:
+        for n in re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", str(a)):
+            if n not in names and n not in known:
+                names.append(n)
+    return [(n, "the value your launch used for it", None) for n in names]
 
 
 def require_set(script: str, needed: Sequence[tuple[str, str, str | None]], indent: str = "") -> list[str]:

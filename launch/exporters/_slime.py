@@ -24,7 +24,17 @@ from launch.exporters._flags import (
     model_args,
     options_args,
 )
-from launch.exporters._shell import SHEBANG, STRICT_MODE, Sh, bash_array, command, comment, group_flags, require_set
+from launch.exporters._shell import (
+    SHEBANG,
+    STRICT_MODE,
+    Sh,
+    bash_array,
+    command,
+    comment,
+    group_flags,
+    require_set,
+    user_arg_variables,
+)
 from specs import Cluster, ModelSpec, RunOptions, Workload
 from specs.layout import Dispatcher, Layout
 
@@ -55,6 +65,11 @@ SLIME_SCRIPT_ENV: dict[str, str] = {
 }
 
 _REQUIRED = ("HF_CKPT", "TORCH_DIST", "SFT_DATA")
+
+
+#: Variables run_slime.sh sets itself (a default) or reads as optional: a kept argument may expand them.
+_SET_HERE = ("PYTHON", "SLIME_ENTRY", "NUM_EPOCH", "SAVE_INTERVAL", "NVLINK_COUNT", "SAVE_DIR", "HF_CKPT", "TORCH_DIST", "SFT_DATA",
+             "SLIME_DIR", "PYTHONPATH")
 
 
 def _needed() -> list[tuple[str, str, str | None]]:
@@ -119,7 +134,7 @@ def slime_script(
             "SLIME_DIR, SLIME_ENTRY, NUM_EPOCH, NUM_ROLLOUT, SAVE_INTERVAL, TENSORBOARD_DIR, PYTHON, NVLINK_COUNT. "
             "BENCHMARK=1 runs the seed's 20-step benchmark instead."
         ),
-        *require_set("run_slime.sh", _needed()),
+        *require_set("run_slime.sh", _needed() + user_arg_variables(user_args, known=_SET_HERE)),
         "PYTHON=${PYTHON:-python3}",
         "SLIME_ENTRY=${SLIME_ENTRY:-${SLIME_DIR:+$SLIME_DIR/}train_async.py}",
         '[ -f "$SLIME_ENTRY" ] || { printf \'run_slime.sh: no slime entry point at %s: set SLIME_DIR to a slime checkout '

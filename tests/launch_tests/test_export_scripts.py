@@ -327,3 +327,17 @@ def test_a_comment_carries_no_control_character():
 
     assert comment("a\nb\rc\x1bd", None) == ["# a b c d"]
     assert all("\n" not in line for line in comment("x\n" * 80))
+
+
+@pytest.mark.parametrize("name", ["slime", "megatron"])
+def test_a_variable_the_users_kept_arguments_expand_is_named_when_unset(name, tmp_path, model, cluster):
+    """``tune --from`` keeps the launch's other arguments, ``$PROFILE_DIR`` included: run with it unset, the script
+    names it among the missing variables (exit 2) instead of dying on ``set -u``."""
+    exporter = get_exporter(name)
+    ctx = ExportContext(model=model, cluster=cluster, workload=W, layout=LAYOUTS["seed"],
+                        user_args=("--profile-dir", "$PROFILE_DIR"))
+    script = exporter.write(ctx, tmp_path / exporter.file_name)
+    env = _env(tmp_path, **BASE)
+    env.pop("PROFILE_DIR", None)
+    p = subprocess.run(["bash", str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "set PROFILE_DIR to" in p.stderr and "unbound" not in p.stderr, p.stderr

@@ -312,6 +312,7 @@ use_distributed_optimizer: [true, false]
         "sequence_parallel",
         "sp_seq_div_tp",
         "cp_attention_variant",
+        "cpu_offloading",  # activation offloading is off here
         "recompute_selective",
         "recompute_none",
         "recompute_modules_model",

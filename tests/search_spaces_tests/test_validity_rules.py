@@ -239,6 +239,8 @@ BAD: dict[str, tuple[Layout, str | dict[str, Any], Workload, tuple[str, ...]]] =
                            ("flex+hybridep", "megatron-core 0.15", "arrived in 0.16"), RuleEnv(megatron_core=(0, 15))),
     "cp_attention_variant": (seed_layout(cp=2, pp=1, vpp=1), {"softmax_type": "learnable"}, WORKLOAD,
                              ("cp 2 with softmax_type learnable", "--cp-comm-type a2a", "use cp 1")),
+    "cpu_offloading": (seed_layout(), {}, WORKLOAD, ("--cpu-offloading-num-layers 2", "pp 8", "recompute full uniform 1"),
+                       RuleEnv(cpu_offloading_num_layers=2)),
 }
 
 #: The environment of the rules that read one (the others ignore it): the seed's cluster, AWS p5en with EFA v3.

@@ -257,8 +257,8 @@ def test_the_main_job_from_the_seed_launch(tmp_path):
     assert r.exit_code == 0, r.output
     explicit = _estimate(*SEED_FLAGS)
     assert f"its layout TP1 PP8 VPP4 EP8 DP8: {explicit['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU predicted" in r.output
-    assert "it is the study's first trial" in r.output and "none not understood" in r.output
-    assert re.search(r"your launch: [\d,.]+ tokens/s/GPU predicted, [\d.]+ GiB; best: TP1 PP8 VPP\d EP8 DP8, .*[+-]\d+%", r.output)
+    assert "the study evaluates it" in r.output and "none not understood" in r.output
+    assert re.search(r"your launch \(trial 0\): [\d,.]+ tokens/s/GPU predicted, [\d.]+ GiB; best: TP1 PP8 VPP\d EP8 DP8, .*[+-]\d+%", r.output)
     assert "stack slime (specs/data/stacks/slime.yaml)" in r.output
     run = (tmp_path / "s/run_slime.sh").read_text()
     assert "--calculate-per-token-loss" in run and run.count("  --hf-checkpoint ") == 1
@@ -432,7 +432,7 @@ def test_a_launch_outside_the_space_is_the_first_trial_priced_with_its_stack(tmp
     r = runner.invoke(app, ["--from", str(SEED_LAUNCH), "--gpus", "H200", "--space", str(space), "--trials", "2", "--stack",
                             "megatron-bridge", "--results-dir", str(tmp_path), "--study", "s"], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
-    assert "it is the study's first trial" in r.output
+    assert "the study evaluates it" in r.output
     import optuna
 
     first = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's/study.db'}").trials[0].user_attrs

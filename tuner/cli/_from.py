@@ -194,7 +194,7 @@ def launch_lines(prep: Any, fi: FromInputs, *, verbose: bool = False) -> list[st
         lines.append(f"  its layout {label}: not estimated, {why}")
         return lines
     fit = "fits" if e.fits else "does NOT fit"
-    trial = ("it is the study's first trial" if prep.baseline_row is not None and prep.fits[prep.baseline_row]
+    trial = ("the study evaluates it" if prep.baseline_row is not None and prep.fits[prep.baseline_row]
              else "not a candidate of the search (outside the space, or predicted not to fit)")
     lines.append(f"  its layout {label}: {e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU predicted, {e.peak_gib:.1f} GiB ({fit}); {trial}")
     return lines
@@ -227,19 +227,36 @@ def layout_changes(launch: Any, best: Any) -> list[str]:
     return [f"{name} {get(a)}->{get(b)}" for name, get in fields if get(a) != get(b)]
 
 
-def compare_line(prep: Any, best: dict[str, Any]) -> str:
-    """``your launch: N tokens/s/GPU predicted, X GiB; best: LABEL, M tokens/s/GPU, Y GiB, +P%``."""
-    e, why = baseline_estimate(prep)
-    if e is None:
-        return f"your launch: not estimated ({why}); best: {best['label']}, {best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU"
-    gain = best["tokens_per_s_per_gpu"] / e.tokens_per_s_per_gpu - 1 if e.tokens_per_s_per_gpu > 0 else float("nan")
-    fit = "" if e.fits else " (predicted not to fit)"
+def compare_line(prep: Any, best: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> str:
+    """``your launch (trial T): N tokens/s/GPU measured|predicted, X GiB; best: LABEL, M tokens/s/GPU, Y GiB, +P%;
+    change: ...``. The launch's own trial among ``rows`` (the study's trial rows) gives its numbers, measured when it
+    was; else its prediction."""
     from specs import Layout
 
-    b = best["layout"]
-    changes = layout_changes(Layout.from_dict(prep.config.baseline), b if isinstance(b, Layout) else Layout.from_dict(b))
+    base = Layout.from_dict(prep.config.baseline)
+    mine = [r for r in rows or () if _layout_of(r).key() == base.key() and r.get("tokens_per_s_per_gpu")]
+    mine.sort(key=lambda r: r.get("source") != "measured")  # a measurement first
+    e, why = baseline_estimate(prep)
+    if mine:
+        r = mine[0]
+        tps, gib, src, fits = float(r["tokens_per_s_per_gpu"]), float(r["peak_gib"]), str(r["source"]), True
+        who = f"your launch (trial {r['trial']})"
+    elif e is not None:
+        tps, gib, src, fits, who = e.tokens_per_s_per_gpu, e.peak_bytes / GIB, "predicted", bool(e.fits), "your launch"
+    else:
+        return f"your launch: not estimated ({why}); best: {best['label']}, {best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU"
+    gain = best["tokens_per_s_per_gpu"] / tps - 1 if tps > 0 else float("nan")
+    fit = "" if fits else " (predicted not to fit)"
+    changes = layout_changes(base, _layout_of(best))
     change = f"; change: {', '.join(changes)}" if changes else "; it is your launch's layout"
-    if changes and best["source"] == "predicted" and abs(gain) < GAIN_WITHIN_ERROR:
+    if changes and "predicted" in (best["source"], src) and abs(gain) < GAIN_WITHIN_ERROR:
         change += f" (a gain under {GAIN_WITHIN_ERROR:.0%} is within the model's error: measure both)"
-    return (f"your launch: {e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU predicted, {e.peak_bytes / GIB:.1f} GiB{fit}; best: {best['label']}, "
+    return (f"{who}: {tps:,.1f} tokens/s/GPU {src}, {gib:.1f} GiB{fit}; best: {best['label']}, "
             f"{best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU {best['source']}, {best['peak_gib']:.1f} GiB, {gain:+.0%}{change}")
+
+
+def _layout_of(row: dict[str, Any]) -> Any:
+    from specs import Layout
+
+    lay = row["layout"]
+    return lay if isinstance(lay, Layout) else Layout.from_dict(lay)

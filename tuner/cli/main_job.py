@@ -390,7 +390,7 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
     if launch is not None:
         from tuner.cli._from import compare_line
 
-        say(compare_line(prep, best), indent=0, markup=False)
+        say(compare_line(prep, best, rows), indent=0, markup=False)
     if best["source"] == "predicted":
         for gap in gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay), prep.model, prep.cluster.gpu, prep.calibration)[:2]:
             out.print(f"note: {gap.line}", markup=False)

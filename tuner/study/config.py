@@ -38,6 +38,7 @@ _STUDY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 _DEFAULT_STOP_CONFIDENCE = 0.9
 _DEFAULT_STOP_GAIN = 0.02
+_DEFAULT_RECALIBRATE_AFTER = 4
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -136,7 +137,7 @@ class TuneConfig:
     with this probability's complement."""
     stop_gain: float = _DEFAULT_STOP_GAIN
     """Real trials, ``gain`` policy: the gain the stopping rule looks for (a fraction of the best's throughput)."""
-    recalibrate_after: int = 4
+    recalibrate_after: int = _DEFAULT_RECALIBRATE_AFTER
     """Real trials: refit the cost model to the measurements after every this many measured trials and
     re-rank the candidates not yet run (0 = never; the queue is then fixed at the start)."""
     confirm_runs: int = 0
@@ -413,6 +414,13 @@ def _validate_config(config: TuneConfig) -> None:
             raise TunerError("--gpu-hours is a budget of real trials; --backend model measures nothing (use --backend local, ray or command)")
     if config.policy not in POLICIES:
         raise TunerError(f"--trial-policy {config.policy!r}: accepted {', '.join(POLICIES)}")
+    if config.policy == "queue" and (config.gpu_hours is not None
+                                     or (config.stop_gain, config.stop_confidence) != (_DEFAULT_STOP_GAIN, _DEFAULT_STOP_CONFIDENCE)):
+        raise TunerError("--gpu-hours, --stop-gain and --stop-confidence drive the gain policy; --trial-policy queue runs "
+                         "--trials layouts in the predicted order (leave them out, or use --trial-policy gain)")
+    if config.policy == "gain" and config.backend != "model" and (config.confirm_runs or config.recalibrate_after != _DEFAULT_RECALIBRATE_AFTER):
+        raise TunerError("--confirm-runs and --recalibrate-after belong to --trial-policy queue; the gain policy repeats close "
+                         "rivals and learns from every measurement itself (leave them out, or use --trial-policy queue)")
     if not (math.isfinite(config.stop_confidence) and 0 < config.stop_confidence < 1):
         raise TunerError(f"--stop-confidence must be a fraction between 0 and 1 (e.g. 0.9), got {config.stop_confidence}")
     if not (math.isfinite(config.stop_gain) and 0 <= config.stop_gain < 1):

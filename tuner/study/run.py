@@ -452,6 +452,7 @@ class StudyRun:
         n_jobs = cfg.parallel_trials if cfg.backend == "ray" else 1
         self._feed(policy, pos, observed, first_of)
         policy.start_run()
+        self._run_launch_first()
         while True:
             self._feed(policy, pos, observed, first_of)
             picks = []
@@ -483,6 +484,21 @@ class StudyRun:
             # a pick stays pending until its trial is fed back: one another worker runs is not picked again meanwhile
             self.study.optimize(self.objective, n_trials=len(picks), callbacks=[self.after_trial], catch=(TrialFailed,),
                                 gc_after_trial=False, n_jobs=min(n_jobs, len(picks)))
+
+    def _run_launch_first(self) -> None:
+        """The user's launch (``tune --from``) is measured before the policy's picks, whether or not the policy would
+        pick it: it is the baseline every answer is compared with. Nothing when the study already evaluated it."""
+        prep = self.prep
+        row = prep.baseline_row
+        if row is None or not prep.fits[row]:
+            return
+        lay = prep.enumeration.valid.row(row)
+        if lay.key() in self._seen or self.backend.refusal(lay, prep.model, prep.workload) is not None:
+            return
+        self.study.enqueue_trial(self.index.params_of_row(row), user_attrs=TrialRecord(enqueued="your launch (--from)").attrs())
+        with self._lock:
+            self._total = max(self._total, self._done + 1)
+        self.study.optimize(self.objective, n_trials=1, callbacks=[self.after_trial], catch=(TrialFailed,), gc_after_trial=False)
 
     def _feed(self, policy: Any, pos: dict[int, int], observed: set[int], first_of: dict[int, int]) -> None:
         """Give the policy every finished trial of the study it has not seen (this worker's and others')."""
