@@ -452,3 +452,14 @@ def test_the_comparison_names_what_to_change_from_the_launch():
                           "recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": 4})
     assert layout_changes(a, b) == ["VPP 12->4", "micro-batch 1->2", "recompute none->full block 4"]
     assert layout_changes(a, a) == []
+
+
+def test_allgather_under_slime_is_refused_or_taken_as_the_alltoall_slime_runs(tmp_path):
+    """slime rewrites the allgather dispatcher to alltoall: an explicit --dispatcher allgather is refused under it, and a
+    launch asking for allgather is estimated as the alltoall it runs."""
+    r = runner.invoke(app, ["estimate", *SEED_FLAGS, "--dispatcher", "allgather"])
+    assert r.exit_code == 2 and "--stack slime rewrites it to alltoall" in r.output
+    ag = tmp_path / "seed_ag.sh"
+    ag.write_text(SEED_LAUNCH.read_text().replace("alltoall", "allgather"))
+    got = _estimate("--from", str(ag), "--gpus", "H200")
+    assert got["tokens_per_s_per_gpu"] == _estimate(*SEED_FLAGS)["tokens_per_s_per_gpu"]
