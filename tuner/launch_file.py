@@ -891,13 +891,33 @@ def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | Non
         launcher, argv = _safe_args(doc["run"], label, accepted)
         given = model or (str(doc["model"]) if doc.get("model") else None)
         lf = _read_args(p, "recipe", launcher, argv, given, str(gpu.get("type")) if gpu.get("type") else None)
-        if lf.nodes is None and gpu.get("count") and gpu.get("per_node"):
-            from dataclasses import replace
+        from dataclasses import replace
 
+        if lf.nodes is None and gpu.get("count") and gpu.get("per_node"):
             lf = replace(lf, nodes=int(gpu["count"]) // int(gpu["per_node"]), gpus_per_node=int(gpu["per_node"]))
-        return lf
+        return _recipe_blocks(lf, doc)
     launcher, argv = _safe_args(text, label, accepted, p.parent)
     return _read_args(p, "shell", launcher, argv, model, None)
+
+
+def _recipe_blocks(lf: LaunchFile, doc: Mapping[str, Any]) -> LaunchFile:
+    """A ``recipe.yaml``'s own blocks over what its ``run`` command says: the stack preset it was tuned with
+    (``stack.preset``), the dispatcher it chose (``layout.dispatcher``: slime's command asks for alltoall where the
+    layout is allgather) and the task (``workload.task``, ``workload.lora``), which the command cannot carry."""
+    from dataclasses import replace
+
+    stack, layout, work = (doc.get(k) if isinstance(doc.get(k), Mapping) else {} for k in ("stack", "layout", "workload"))
+    if isinstance(stack.get("preset"), str):
+        lf = replace(lf, stack=stack["preset"])
+    if isinstance(layout.get("dispatcher"), str):
+        lf = replace(lf, layout={**lf.layout, "dispatcher": layout["dispatcher"]})
+    if work.get("task") in ("sft", "lora"):
+        lora = work.get("lora") if isinstance(work.get("lora"), Mapping) else {}
+        task: dict[str, Any] = {"task": work["task"]}
+        if work["task"] == "lora":
+            task.update(lora_rank=lora.get("rank"), lora_target_modules=tuple(lora.get("target_modules") or ()))
+        lf = replace(lf, task=task)
+    return lf
 
 
 def _safe_args(text: str, label: str, accepted: str, base: Path | None = None) -> tuple[list[str], list[str]]:

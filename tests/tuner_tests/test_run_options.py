@@ -463,3 +463,16 @@ def test_allgather_under_slime_is_refused_or_taken_as_the_alltoall_slime_runs(tm
     ag.write_text(SEED_LAUNCH.read_text().replace("alltoall", "allgather"))
     got = _estimate("--from", str(ag), "--gpus", "H200")
     assert got["tokens_per_s_per_gpu"] == _estimate(*SEED_FLAGS)["tokens_per_s_per_gpu"]
+
+
+def test_a_recipe_read_back_with_from_keeps_its_stack_dispatcher_and_prediction(tmp_path):
+    """A Megatron-Bridge study's recipe.yaml (its best is allgather, which the slime-style `run` command writes as
+    alltoall) read back by `tune estimate --from` gives the recipe's own prediction, on its own stack."""
+    perf = ROOT / "tests/fixtures/launch/qwen3_30b_a3b_llm_pretrain.yaml"
+    r = runner.invoke(app, ["--from", str(perf), "--model", "Qwen3-30B-A3B", "--gpus", "H100", "--trials", "3",
+                            "--results-dir", str(tmp_path), "--study", "q"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    rec = yaml.safe_load((tmp_path / "q/recipe.yaml").read_text())
+    back = _estimate("--from", str(tmp_path / "q/recipe.yaml"))
+    assert back["stack"] == rec["stack"]["preset"] == "megatron-bridge"
+    assert back["tokens_per_s_per_gpu"] == pytest.approx(rec["prediction"]["tokens_per_s_per_gpu"], rel=1e-6)
