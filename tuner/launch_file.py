@@ -438,6 +438,10 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
     except TunerError as e:
         raise TunerError(f"{label}: {e}") from None
     slime = any(w.split("=")[0] in _SLIME_ONLY for w in argv)
+    if kind == "shell" and not slime and name is not None and not (ns.bf16 or ns.fp8_format):
+        # Megatron-LM's arguments.py: without --bf16 / --fp16 the run trains in fp32 (slime turns --bf16 on itself)
+        raise TunerError(f"{label}: no --bf16 (or --fp8-format): Megatron-LM would train in fp32, which is not modelled; "
+                         "accepted bf16 (--bf16) or fp8 (--fp8-format)")
     understood = sorted({w.split("=")[0] for w in argv if w.startswith("--")} - {w.split("=")[0] for w in extras if w.startswith("--")})
     if names:
         understood = sorted({names.get(n, n) for n in understood})

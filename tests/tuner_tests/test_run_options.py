@@ -476,3 +476,16 @@ def test_a_recipe_read_back_with_from_keeps_its_stack_dispatcher_and_prediction(
     back = _estimate("--from", str(tmp_path / "q/recipe.yaml"))
     assert back["stack"] == rec["stack"]["preset"] == "megatron-bridge"
     assert back["tokens_per_s_per_gpu"] == pytest.approx(rec["prediction"]["tokens_per_s_per_gpu"], rel=1e-6)
+
+
+def test_a_megatron_lm_launch_without_bf16_is_refused_as_fp32(tmp_path):
+    """Megatron-LM trains in fp32 without --bf16: not priced as bf16."""
+    f = tmp_path / "fp32.sh"
+    f.write_text("torchrun pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
+                 "--group-query-attention --num-query-groups 8 --ffn-hidden-size 14336 --seq-length 8192 "
+                 "--max-position-embeddings 131072 --swiglu --normalization RMSNorm --tensor-model-parallel-size 2 "
+                 "--sequence-parallel\n")
+    r = runner.invoke(app, ["estimate", "--from", str(f), "--model", "Llama-3.1-8B", "--gpus", "8xH100"])
+    assert r.exit_code == 2 and "no --bf16" in r.output and "fp32" in r.output, r.output
+    f.write_text(f.read_text().replace("--swiglu", "--swiglu --bf16"))
+    assert runner.invoke(app, ["estimate", "--from", str(f), "--model", "Llama-3.1-8B", "--gpus", "8xH100"]).exit_code == 0
