@@ -47,8 +47,8 @@ def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: st
 
 
 def _short_recompute(label: str) -> str:
-    """``full uniform 1`` -> ``full u1``, ``full block 2`` -> ``full b2``, ``selective moe+mlp`` -> ``sel moe,mlp``."""
-    return label.replace("full uniform ", "full u").replace("full block ", "full b").replace("selective ", "sel ").replace("+", ",")
+    """``full uniform 1`` -> ``full u1``, ``full block 2`` -> ``full b2``, ``selective moe+mlp`` -> ``sel moe, mlp`` (wraps at whole module names)."""
+    return label.replace("full uniform ", "full u").replace("full block ", "full b").replace("selective ", "sel ").replace("+", ", ")
 
 
 def print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:
