@@ -203,11 +203,13 @@ def _legend(headers: list[str]) -> str:
     return "; ".join(f"{h}: {what[h]}" for h in headers if what.get(h)) + " (docs/rl.md#reading-the-output)"
 
 
-def _print_recommended(best: RLPlan, rank: int, framework: Framework, note: str, *, hint: bool) -> None:
-    """The plan ``tune rl`` exports (the fastest inside the trainer's validated scope), first and in full."""
+def _print_recommended(best: RLPlan, rank: int, framework: Framework, note: str, *, hint: bool, shown: int) -> None:
+    """The plan ``tune rl`` exports (the fastest inside the trainer's validated scope), first and in full; ``rank`` is
+    its place in the ranked plans, of which the table below shows ``shown``."""
     c, pt = best.choice, best.parts
     where = f"colocated on all {c.rollout_gpus} GPUs" if c.colocated else f"{c.rollout_gpus} rollout GPUs + {c.trainer_gpus} trainer GPUs"
-    _out.print(f"[bold green]Recommended plan[/] (predicted, plan {rank} below): [bold]{pt.step_time_s:.1f} s[/] per step")
+    place = f"plan {rank} below" if rank <= shown else f"plan {rank} of the ranking; --top {rank} shows it"
+    _out.print(f"[bold green]Recommended plan[/] (predicted, {place}): [bold]{pt.step_time_s:.1f} s[/] per step")
     _out.print(f"  {where}, async depth K {c.async_steps}", markup=False)
     _out.print(f"  engines: {c.num_engines} x {best.rollout_label}, {'eager' if c.enforce_eager else 'CUDA graphs'}", markup=False)
     _out.print(f"    gpu_memory_utilization {c.gpu_memory_utilization:g}, max_num_seqs {c.max_num_seqs}", markup=False)
@@ -451,7 +453,7 @@ def plan(
         rec_note = f"plan 1 is predicted {f'{gain:.1%} faster' if gain >= 0.0005 else 'as fast'} but {ps.plans[0].trainer.note}"
     else:
         rec_note = ""
-    _print_recommended(best, rank, framework, rec_note, hint=not written)
+    _print_recommended(best, rank, framework, rec_note, hint=not written, shown=top)
     _out.print()
     # plans set aside add up with the evaluated ones to the considered; a split without a trainer layout is counted as a split
     plan_rej = {k: v for k, v in ps.rejected.items() if not k.endswith("(splits)")}
