@@ -416,7 +416,8 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
                           "launch/templates/slime_command.yaml", "--gpu-hours", budget)
         else:
             out.print(f"Next: measure the contenders (about {trial_gh:,.1f} GPU-hours a trial):", markup=False)
-            print_command("tune", *_real_trial_args(state.argv, prep, cfg), "--backend", "ray", "--gpu-hours", budget)
+            print_command("tune", *_real_trial_args(state.argv, prep, cfg), "--backend", "ray", "--ray-address", "auto", "--gpu-hours",
+                          budget)
     else:
         out.print("Next: check convergence against a reference layout:", markup=False)
         print_command("tune", "verify", *flags, "--trial", best["trial"], "--reference", "tp=1,pp=1,ep=1")
