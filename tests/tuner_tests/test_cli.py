@@ -537,7 +537,7 @@ def test_suggested_commands_are_shell_quoted_and_run_as_printed(tmp_path):
     assert again.exit_code == 0 and "Pareto front (predicted;" in again.output
     nxt = next(i for i, ln in enumerate(lines) if ln.startswith("Next: measure"))
     trials_cmd = shlex.split(lines[nxt + 1])  # the same job with real trials and a budget
-    assert trials_cmd[:5] == ["tune", "--model", "Llama-3.1-8B", "--gpus", "8xH100"] and trials_cmd[-4:-1] == ["--backend", "ray", "--gpu-hours"]
+    assert trials_cmd[:5] == ["tune", "--model", "Llama-3.1-8B", "--gpus", "8xH100"] and trials_cmd[-6:-1] == ["--backend", "ray", "--ray-address", "auto", "--gpu-hours"]
     assert trials_cmd[trials_cmd.index("--results-dir") + 1] == str(rd)
     missing = runner.invoke(app, ["pareto", "--study", "nope", "--results-dir", str(rd)])
     suggestion = missing.stderr.split("`")[1]
