@@ -93,11 +93,21 @@ SLIME_ONLY_ARGS = frozenset("""
 """.split())
 
 
+#: The flag groups the exported scripts write from their own variables (run_slime.sh's RUN_ARGS): a launch read back
+#: from an exported ``recipe.yaml`` carries them, and keeping them would repeat them at every round trip.
+SCRIPT_OWN_GROUPS = frozenset({
+    ("--load", "$SAVE_DIR"), ("--save", "$SAVE_DIR"), ("--save-interval", "$SAVE_INTERVAL"), ("--num-epoch", "$NUM_EPOCH"),
+    ("--num-rollout", "$NUM_ROLLOUT"), ("--tensorboard-dir", "$TENSORBOARD_DIR"), ("--rollout-shuffle",),
+    ("--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout"),
+})
+
+
 def kept_user_args(argv: Sequence[str], written: Sequence[str]) -> list[str]:
     """The user's own arguments (``tune --from``: those without effect on the estimate or not understood), in order,
-    less each flag group that ``written`` (the exported command) already has with the same values. A later flag wins
-    in argparse, so the user's values stand where they differ."""
-    have = {tuple(a.strip('"') for a in g) for g in _groups(written)}  # "$HF_CKPT" written as an expansion is $HF_CKPT
+    less each flag group that ``written`` (the exported command) already has with the same values and the groups the
+    scripts write themselves (:data:`SCRIPT_OWN_GROUPS`). A later flag wins in argparse, so the user's values stand
+    where they differ."""
+    have = {tuple(a.strip('"') for a in g) for g in _groups(written)} | SCRIPT_OWN_GROUPS  # "$X" written is $X
     return [a for g in _groups(argv) if tuple(a.strip('"') for a in g) not in have for a in g]
 
 

@@ -489,3 +489,15 @@ def test_a_megatron_lm_launch_without_bf16_is_refused_as_fp32(tmp_path):
     assert r.exit_code == 2 and "no --bf16" in r.output and "fp32" in r.output, r.output
     f.write_text(f.read_text().replace("--swiglu", "--swiglu --bf16"))
     assert runner.invoke(app, ["estimate", "--from", str(f), "--model", "Llama-3.1-8B", "--gpus", "8xH100"]).exit_code == 0
+
+
+def test_a_recipe_round_trip_does_not_repeat_the_scripts_own_arguments(tmp_path):
+    """run_slime.sh's own `--save "$SAVE_DIR"` (and the like) read back from a recipe.yaml are not kept again."""
+    src = SEED_LAUNCH
+    for study in ("a", "b"):
+        r = runner.invoke(app, ["--from", str(src), "--gpus", "H200", "--trials", "1", "--results-dir", str(tmp_path),
+                                "--study", study], env={"COLUMNS": "200"})
+        assert r.exit_code == 0, r.output
+        src = tmp_path / study / "recipe.yaml"
+    for name in ("run_slime.sh", "megatron_args.sh"):
+        assert (tmp_path / "b" / name).read_text().count("--save ") == 1, name
