@@ -186,7 +186,8 @@ def _sp_policy_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
         return f"sequence_parallel needs tp > 1, got tp {lay.tp}; turn sequence_parallel off"
     return (
         f"tp is {lay.tp} but sequence_parallel is off; the tuner always uses sequence parallelism when tp > 1 "
-        "(megatron-core <= 0.14 raises for ep > 1 and tp > 1 without it, >= 0.15 warns)"
+        "(megatron-core <= 0.14 raises for ep > 1 and tp > 1 without it, >= 0.15 warns) and its cost model prices "
+        "only that: add --sequence-parallel (in a launch given with --from, too)"
     )
 
 
