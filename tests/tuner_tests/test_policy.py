@@ -167,7 +167,7 @@ def test_a_study_under_the_policy_keeps_to_its_gpu_hours(tmp_path):
     (["--gpu-hours", "5", "--backend", "command", "--trial-policy", "queue"], "drive the gain policy"),
     (["--confirm-runs", "2", "--backend", "command"], "belong to --trial-policy queue"),
     (["--stop-confidence", "0.8", "--backend", "model"], "stop real trials"),
-    (["--stop-confidence", "1", "--backend", "command"], "--stop-confidence must be a fraction"),
+    (["--stop-confidence", "1", "--backend", "command"], "--stop-confidence must be a fraction strictly"),
     (["--stop-confidence", "0", "--backend", "command"], "--stop-confidence must be a fraction"),
 ])
 def test_bad_budget_and_stopping_inputs_are_refused(tmp_path, args, msg):

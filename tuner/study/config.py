@@ -422,7 +422,7 @@ def _validate_config(config: TuneConfig) -> None:
         raise TunerError("--confirm-runs and --recalibrate-after belong to --trial-policy queue; the gain policy repeats close "
                          "rivals and learns from every measurement itself (leave them out, or use --trial-policy queue)")
     if not (math.isfinite(config.stop_confidence) and 0 < config.stop_confidence < 1):
-        raise TunerError(f"--stop-confidence must be a fraction between 0 and 1 (e.g. 0.9), got {config.stop_confidence}")
+        raise TunerError(f"--stop-confidence must be a fraction strictly between 0 and 1 (e.g. 0.9), got {config.stop_confidence}")
     if not (math.isfinite(config.stop_gain) and 0 <= config.stop_gain < 1):
         raise TunerError(f"--stop-gain must be a fraction at least 0 and below 1 (e.g. 0.02), got {config.stop_gain}")
     if config.backend == "model" and (config.stop_gain, config.stop_confidence) != (_DEFAULT_STOP_GAIN, _DEFAULT_STOP_CONFIDENCE):
