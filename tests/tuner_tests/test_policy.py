@@ -151,6 +151,22 @@ def test_a_study_under_the_policy_stops_itself_and_counts_gpu_hours(tmp_path):
     assert all(r.get("gpu_hours") is None or r["gpu_hours"] > 0 for r in rows)
 
 
+def test_the_users_launch_is_measured_first_under_the_policy(tmp_path):
+    """`tune --from`: the launch (TP 4, surely slower here, so never the policy's own pick) is trial 0, measured."""
+    from specs import Layout
+
+    launch = Layout.from_dict({"world_size": 8, "tp": 4, "pp": 1, "ep": 2, "micro_batch_size": 1, "sequence_parallel": True})
+    prep = prepare(_cfg(tmp_path, baseline=launch.to_dict()))
+    assert prep.baseline_row is not None
+    res = run_study(prep, backend=_Truth())
+    rows = sorted(trial_rows(res.study), key=lambda r: r["trial"])
+    first = rows[0]
+    assert first["trial"] == 0 and first["source"] == "measured"
+    assert (first["layout"]["tp"], first["layout"]["ep"], first["layout"]["micro_batch_size"]) == (4, 2, 1)
+    assert sum(1 for r in rows if (r["layout"]["tp"], r["layout"]["ep"], r["layout"]["micro_batch_size"]) == (4, 2, 1)
+               and r["layout"]["recompute_granularity"] == "none") == 1  # not measured twice
+
+
 def test_a_study_under_the_policy_keeps_to_its_gpu_hours(tmp_path):
     backend = _Truth()
     res = run_study(prepare(_cfg(tmp_path, gpu_hours=1.0)), backend=backend)
