@@ -165,6 +165,12 @@ def test_the_users_launch_is_measured_first_under_the_policy(tmp_path):
     assert (first["layout"]["tp"], first["layout"]["ep"], first["layout"]["micro_batch_size"]) == (4, 2, 1)
     assert sum(1 for r in rows if (r["layout"]["tp"], r["layout"]["ep"], r["layout"]["micro_batch_size"]) == (4, 2, 1)
                and r["layout"]["recompute_granularity"] == "none") == 1  # not measured twice
+    from tuner.cli._from import compare_line
+
+    best = max(rows, key=lambda r: r["tokens_per_s_per_gpu"])
+    line = compare_line(prep, best, rows)  # the launch's measurement, not its prediction, against the measured best
+    assert line.startswith(f"your launch (trial 0): {first['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU measured"), line
+    assert f"{best['tokens_per_s_per_gpu'] / first['tokens_per_s_per_gpu'] - 1:+.0%}" in line
 
 
 def test_a_study_under_the_policy_keeps_to_its_gpu_hours(tmp_path):
