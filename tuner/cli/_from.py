@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from specs.errors import InfeasibleLayout, TunerError
+from specs.stacks import DEFAULT_STACK, load_stack
 from tuner.cli._common import GIB, RunChoice
 
 __all__ = ["FromOpt", "FromInputs", "arguments_read", "launch_inputs", "launch_layout", "launch_lines", "compare_line", "launch_summary"]
@@ -112,6 +114,11 @@ def launch_inputs(path: Path, ctx: Any, *, model: str | None, gpus: str | None, 
         task = {"task": None, "lora_rank": None, "lora_target_modules": None, **lf.task}
     merged = RunChoice(stack=run.stack or lf.stack, flags=_merge_flags(lf.run_flags, run.flags), **task)
     m = slice_model(load_model(name), layers)
+    stack = load_stack(merged.stack or DEFAULT_STACK)
+    if m.is_moe and stack.drops_allgather and lf.layout.get("dispatcher") == "allgather":
+        # the stack runs alltoall where the launch asks for allgather: the launch is what runs
+        lf = dataclasses.replace(lf, layout={**lf.layout, "dispatcher": "alltoall"}, model_notes=(
+            *lf.model_notes, f"--stack {stack.name} rewrites the launch's allgather dispatcher to alltoall: taken as alltoall"))
     flags = LayoutFlags(**{k: v for k, v in lf.layout.items() if k != "pipeline_layout"})
     try:
         lay = flags.to_layout(cluster.num_gpus)

@@ -157,17 +157,9 @@ def estimate(
     stack = run.resolve(precision, megatron_core)
     opts = stack.options
     lay = estimable_layout(layout, m, w, c, opts)
-    rewritten = ""
     if stack.preset.drops_allgather and m.is_moe and lay.dispatcher.value == "allgather":
-        if launch is None:
-            raise TunerError(f"--dispatcher allgather: --stack {stack.preset.name} rewrites it to alltoall, so the run would use "
-                             "alltoall; ask for --dispatcher alltoall, or use --stack megatron-lm to estimate allgather")
-        import dataclasses
-
-        from specs.layout import Dispatcher
-
-        lay = dataclasses.replace(lay, dispatcher=Dispatcher.alltoall)
-        rewritten = f"--stack {stack.preset.name} rewrites your launch's allgather dispatcher to alltoall: estimated with alltoall"
+        raise TunerError(f"--dispatcher allgather: --stack {stack.preset.name} rewrites it to alltoall, so the run would use "
+                         "alltoall; ask for --dispatcher alltoall, or use --stack megatron-lm to estimate allgather")
     cal = load_calibration(calibration)
     bars = error_bars(m, c.gpu, w.precision)
     headroom = bars.headroom if memory_headroom is None else memory_headroom
@@ -215,7 +207,7 @@ def estimate(
 
         out.print(f"  your launch ({launch.launch.path.name}): {arguments_read(launch.launch, verbose=False, hint='--json')}",
                   markup=False)
-        for n in [*launch.launch.model_notes, *([rewritten] if rewritten else [])]:
+        for n in launch.launch.model_notes:
             out.print(f"  note: {n}", markup=False)
     if d["pipeline_model_parallel_layout"]:
         out.print(f"  --pipeline-model-parallel-layout '{d['pipeline_model_parallel_layout']}'")

@@ -121,11 +121,6 @@ def prepare(config: TuneConfig) -> Prepared:
     en = enumerate_layouts(space, model, cluster.num_gpus, workload, env)
     en.notes.extend(stack_notes)
     if config.baseline is not None:
-        if stack.preset.drops_allgather and model.is_moe and config.baseline.get("dispatcher") == Dispatcher.allgather.value:
-            # the launch's stack runs alltoall where it asks for allgather: price and measure what runs
-            config = dataclasses.replace(config, baseline={**config.baseline, "dispatcher": Dispatcher.alltoall.value})
-            en.notes.append(f"--stack {stack.preset.name} rewrites your launch's allgather dispatcher to alltoall: "
-                            "its layout is taken with alltoall")
         en = _with_baseline(en, config.baseline, model, workload, env)
     t1 = time.perf_counter()
     bars = error_bars(model, cluster.gpu, workload.precision)
