@@ -514,6 +514,28 @@ class LayoutTable:
                 cols[k].append(",".join(v) if k == "recompute_modules" else v)
         return cls({k: np.array(v) if v else np.zeros(0, dtype=_COLUMNS[k]) for k, v in cols.items()})
 
+    def append(self, other: LayoutTable) -> LayoutTable:
+        """This table's rows, then ``other``'s: a coded column stays coded (``other``'s values mapped to this table's
+        categories, new ones added), so a wide enumeration is not decoded to add a few rows."""
+        cols: dict[str, npt.NDArray[Any]] = {}
+        cats: dict[str, npt.NDArray[Any]] = {}
+        for k in _COLUMNS:
+            if k not in self.cats:
+                cols[k] = np.concatenate([self.cols[k], np.asarray(other[k]).astype(self.cols[k].dtype)])
+                continue
+            mine = self.cats[k].tolist()
+            where = {v: i for i, v in reversed(list(enumerate(mine)))}
+            theirs, codes = other.codes(k)
+            for v in theirs.tolist():
+                if v not in where:
+                    where[v] = len(mine)
+                    mine.append(v)
+            dt = np.promote_types(self.cols[k].dtype, np.min_scalar_type(len(mine)))
+            mapped = np.array([where[v] for v in theirs.tolist()], dtype=dt)
+            cols[k] = np.concatenate([self.cols[k].astype(dt, copy=False), mapped[codes]])
+            cats[k] = np.asarray(mine)
+        return LayoutTable(cols, cats)
+
     def select(self, mask_or_index: npt.NDArray[Any] | slice) -> LayoutTable:
         """The rows a bool mask, an index array or a slice picks (a slice gives views; shared codes stay shared)."""
         picked: dict[int, npt.NDArray[Any]] = {}

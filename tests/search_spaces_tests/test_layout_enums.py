@@ -121,3 +121,19 @@ def test_adding_a_dispatcher_is_one_member_and_one_traits_row(tmp_path):
                            cwd=tmp_path, env=env, capture_output=True, text=True)
     assert suite.returncode == 0, suite.stdout[-3000:]
     assert "25 passed" in suite.stdout  # 5 cases x 5 dispatchers, flex+deepep_ll among them
+
+
+def test_appending_rows_keeps_coded_columns_coded_and_values_whole():
+    """A layout appended to an enumeration's coded table (``tune --from``'s launch) reads back as itself, the table's
+    rows unchanged, its string columns still codes."""
+    from search_spaces.space import SearchSpace, enumerate_layouts
+    from specs import Layout, LayoutTable, Workload, load_model
+
+    m = load_model("Qwen3-30B-A3B")
+    valid = enumerate_layouts(SearchSpace.load(), m, 8, Workload(seq_length=4096, global_batch_size=16)).valid
+    extra = Layout.from_dict({"world_size": 8, "tp": 1, "pp": 1, "ep": 8, "micro_batch_size": 3, "dispatcher": "allgather",
+                              "recompute_granularity": "selective", "recompute_modules": ["core_attn", "moe_act"]})
+    both = valid.append(LayoutTable.from_layouts([extra]))
+    assert len(both) == len(valid) + 1 and both.row(len(valid)).key() == extra.key()
+    assert all(both.row(i).key() == valid.row(i).key() for i in (0, len(valid) // 2, len(valid) - 1))
+    assert set(both.cats) >= {"dispatcher", "recompute_modules"} and both.cols["dispatcher"].dtype.kind in "iu"

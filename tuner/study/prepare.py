@@ -250,8 +250,7 @@ def _with_baseline(en: Enumeration, baseline: dict[str, Any], model: ModelSpec, 
     lay = Layout.from_dict(baseline)
     if check_layout(lay, model, workload, env):
         return en  # it breaks a rule: the launch block says which
-    one = LayoutTable.from_layouts([lay])
-    valid = LayoutTable({k: np.concatenate([np.asarray(en.valid[k]), np.asarray(one[k])]) for k in en.valid.cols})
+    valid = en.valid.append(LayoutTable.from_layouts([lay]))
     notes = [*en.notes, f"your launch's layout ({lay.label}) is outside the search space: added as a candidate"]
     return dataclasses.replace(en, valid=valid, considered=en.considered + 1, notes=notes)
 
