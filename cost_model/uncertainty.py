@@ -30,12 +30,23 @@ import yaml
 from specs import GPUSpec, ModelSpec, Precision
 from specs.errors import TunerError
 
-__all__ = ["ERROR_BARS_FILE", "Band", "ErrorBars", "error_bars", "family_of", "load_error_bars", "memory_headroom"]
+__all__ = ["BETWEEN_LAYOUTS_SIGMA", "ERROR_BARS_FILE", "Band", "ErrorBars", "error_bars", "family_of", "load_error_bars", "memory_headroom", "ratio_within_error"]
 
 ERROR_BARS_FILE = Path(__file__).resolve().parent / "data" / "error_bars.yaml"
 
 #: z of the two-sided 90% interval of a normal distribution: converts an interval on log scale to its sigma.
 Z90 = 1.6448536269514722
+
+#: Lognormal sigma of the model's error between two layouts of one model on one machine, net of run-to-run noise
+#: (``benchmarks/results/2026-12-07_search_simulated/trial_spread.json``: 73 H200 trial rows in 6 model groups, by
+#: ``benchmarks/trial_spread.py``). The job's shared error cancels in a ratio of two of its layouts; this does not.
+BETWEEN_LAYOUTS_SIGMA = 0.0628
+
+
+def ratio_within_error() -> float:
+    """The predicted gain of one layout over another of the same job below which the two are within the model's 90%
+    error on their ratio: ``exp(Z90 sqrt(2) BETWEEN_LAYOUTS_SIGMA) - 1`` (about 0.157)."""
+    return math.expm1(Z90 * math.sqrt(2) * BETWEEN_LAYOUTS_SIGMA)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

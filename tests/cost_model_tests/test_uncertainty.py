@@ -90,3 +90,13 @@ def test_estimate_says_whether_a_layout_fits_in_three_words(args, fit):
     d = json.loads(r.stdout)
     assert d["fit"] == fit and d["peak_gib_low"] <= d["peak_gib"] <= d["peak_gib_high"]
     assert d["predicted_low"] <= d["tokens_per_s_per_gpu"] <= d["predicted_high"]
+
+
+def test_the_ratio_of_two_layouts_is_within_error_below_its_90_percent_band():
+    """Two layouts of one job differ by their own errors only (sigma 0.0628 each): 90% of ratios lie within
+    exp(1.645 sqrt(2) sigma), about +16%."""
+    from cost_model.uncertainty import BETWEEN_LAYOUTS_SIGMA, ratio_within_error
+
+    z = np.random.default_rng(0).standard_normal((2, 200_000)) * BETWEEN_LAYOUTS_SIGMA
+    within = np.mean(np.abs(z[0] - z[1]) < np.log1p(ratio_within_error()))
+    assert 0.89 < within < 0.92 and abs(ratio_within_error() - 0.157) < 0.001

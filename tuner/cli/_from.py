@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from cost_model.uncertainty import ratio_within_error
 from specs.errors import InfeasibleLayout, TunerError
 from specs.stacks import DEFAULT_STACK, load_stack
 from tuner.cli._common import GIB, RunChoice
@@ -207,13 +207,6 @@ def launch_lines(prep: Any, fi: FromInputs, *, verbose: bool = False) -> list[st
     return lines
 
 
-#: Lognormal sigma of the model's error between two layouts of one model on one machine, net of run-to-run noise
-#: (``benchmarks/results/2026-12-07_search_simulated/trial_spread.json``: 73 H200 trial rows, 6 model groups).
-BETWEEN_LAYOUTS_SIGMA = 0.0628
-#: A predicted gain over the launch below this is within the model's 90% error on the ratio of two layouts.
-GAIN_WITHIN_ERROR = math.expm1(1.645 * math.sqrt(2) * BETWEEN_LAYOUTS_SIGMA)
-
-
 def layout_changes(launch: Any, best: Any) -> list[str]:
     """What differs between two layouts (:class:`specs.Layout`), as ``name old->new``, in Megatron's order of
     parallelism, then micro-batch, recompute, offload, dispatcher, optimizer and the pipeline split."""
@@ -256,8 +249,8 @@ def compare_line(prep: Any, best: dict[str, Any], rows: list[dict[str, Any]] | N
     fit = "" if fits else " (predicted not to fit)"
     changes = layout_changes(base, _layout_of(best))
     change = f"; change: {', '.join(changes)}" if changes else "; it is your launch's layout"
-    if changes and "predicted" in (best["source"], src) and abs(gain) < GAIN_WITHIN_ERROR:
-        change += f" (a gain under {GAIN_WITHIN_ERROR:.0%} is within the model's error: measure both)"
+    if changes and "predicted" in (best["source"], src) and abs(gain) < ratio_within_error():
+        change += f" (a gain under {ratio_within_error():.0%} is within the model's error: measure both)"
     return (f"{who}: {tps:,.1f} tokens/s/GPU {src}, {gib:.1f} GiB{fit}; best: {best['label']}, "
             f"{best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU {best['source']}, {best['peak_gib']:.1f} GiB, {gain:+.0%}{change}")
 
