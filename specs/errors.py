@@ -6,6 +6,11 @@ without a traceback (``--debug`` shows it).
 
 from __future__ import annotations
 
+from enum import Enum
+from typing import TypeVar
+
+E = TypeVar("E", bound=Enum)
+
 
 class TunerError(ValueError):
     """A user input was rejected: the message names the input and what would be accepted."""
@@ -23,3 +28,15 @@ class InfeasibleLayout(TunerError):
         super().__init__(f"[{rule_id}] {reason}")
         self.rule_id = rule_id
         self.reason = reason
+
+
+def enum_member(enum: type[E], value: object, flag: str) -> E:
+    """``value`` (a member of ``enum`` or its value, e.g. ``"bf16"``) as the member.
+
+    Raises:
+        TunerError: ``value`` is none of ``enum``'s values; the message names ``flag`` and lists them.
+    """
+    try:
+        return enum(value)
+    except ValueError:
+        raise TunerError(f"{flag} {value!r}: accepted {', '.join(str(e.value) for e in enum)}") from None

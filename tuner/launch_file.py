@@ -19,7 +19,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from specs.errors import TunerError
 from specs.files import parse_errors, read_user_text
@@ -61,6 +61,15 @@ _SLIME_ONLY = ("--actor-num-nodes", "--actor-num-gpus-per-node", "--max-tokens-p
                "--rollout-batch-size", "--hf-checkpoint", "--debug-train-only")
 
 
+class LaunchTask(TypedDict, total=False):
+    """A launch's training task as :class:`tuner.cli._common.RunChoice` fields (those it gives)."""
+
+    task: str
+    lora_rank: int
+    lora_target_modules: str
+    """Comma-separated, as ``--lora-target-modules``."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LaunchFile:
     """What a launch file says, and how each of its arguments was read."""
@@ -92,7 +101,7 @@ class LaunchFile:
     not_understood: tuple[str, ...] = ()
     user_args: tuple[str, ...] = ()
     """The launch's arguments without effect or not understood, with their values, in order: the exports keep them."""
-    task: dict[str, Any] | None = None
+    task: LaunchTask | None = None
     """``task``, ``lora_rank``, ``lora_target_modules`` when the file trains LoRA adapters (NeMo-RL
     ``policy.megatron_cfg.peft.enabled``), else None."""
 
@@ -752,7 +761,7 @@ def _section(doc: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     return v if isinstance(v, Mapping) else {}
 
 def _nemo_rl_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[str, str], str | None, int | None, int | None,
-                                                                dict[str, Any] | None]:
+                                                                LaunchTask | None]:
     """A NeMo-RL config (its Megatron trainer, ``policy.megatron_cfg``) as Megatron-LM arguments: (argv, names, the
     model's Hugging Face id, nodes, GPUs per node, the LoRA settings as :class:`tuner.cli._common.RunChoice` task fields or
     None).
@@ -807,7 +816,7 @@ def _nemo_rl_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[s
     cluster = _section(doc, "cluster")
     nodes, per_node = cluster.get("num_nodes"), cluster.get("gpus_per_node")
     peft = _section(mcfg, "peft")
-    task = None
+    task: LaunchTask | None = None
     if peft.get("enabled"):  # NeMo-RL's peft block is Megatron-Bridge's LoRA (dim, target_modules; empty = Bridge's default)
         task = {"task": "lora", "lora_rank": int(peft.get("dim") or 32),
                 **({"lora_target_modules": ",".join(peft["target_modules"])} if peft.get("target_modules") else {})}
@@ -910,18 +919,25 @@ def _recipe_blocks(lf: LaunchFile, doc: Mapping[str, Any]) -> LaunchFile:
     layout is allgather) and the task (``workload.task``, ``workload.lora``), which the command cannot carry."""
     from dataclasses import replace
 
-    stack, layout, work = (doc.get(k) if isinstance(doc.get(k), Mapping) else {} for k in ("stack", "layout", "workload"))
+    stack, layout, work = (_mapping(doc.get(k)) for k in ("stack", "layout", "workload"))
     if isinstance(stack.get("preset"), str):
         lf = replace(lf, stack=stack["preset"])
     if isinstance(layout.get("dispatcher"), str):
         lf = replace(lf, layout={**lf.layout, "dispatcher": layout["dispatcher"]})
     if work.get("task") in ("sft", "lora"):
-        lora = work.get("lora") if isinstance(work.get("lora"), Mapping) else {}
-        task: dict[str, Any] = {"task": work["task"]}
-        if work["task"] == "lora":
-            task.update(lora_rank=lora.get("rank"), lora_target_modules=tuple(lora.get("target_modules") or ()))
+        lora = _mapping(work.get("lora"))
+        task: LaunchTask = {"task": work["task"]}
+        if work["task"] == "lora" and lora.get("rank") is not None:
+            task["lora_rank"] = lora["rank"]
+        if work["task"] == "lora" and lora.get("target_modules"):
+            task["lora_target_modules"] = ",".join(map(str, lora["target_modules"]))
         lf = replace(lf, task=task)
     return lf
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    """``value`` if it is a mapping (a YAML block), else an empty one."""
+    return value if isinstance(value, Mapping) else {}
 
 
 def _safe_args(text: str, label: str, accepted: str, base: Path | None = None) -> tuple[list[str], list[str]]:

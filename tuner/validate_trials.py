@@ -28,8 +28,8 @@ from cost_model.calibration import Calibration, load_calibration
 from cost_model.estimate import estimate
 from cost_model.validate import spearman
 from launch.harness.spec import HarnessEnv, harness_layout, override_model, slice_model
-from specs import HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS, ModelSpec, RunOptions, Workload, list_models, load_model, parse_gpus
-from specs.errors import InfeasibleLayout, TunerError
+from specs import HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS, ModelSpec, Precision, RunOptions, Workload, list_models, load_model, parse_gpus
+from specs.errors import InfeasibleLayout, TunerError, enum_member
 from specs.files import MAX_DATA_BYTES, RepeatedKey, read_user_text, unique_keys
 from specs.layout import Layout
 from tuner.report import pooled_spread
@@ -319,7 +319,7 @@ def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
                 te = _te(d)
                 opts = _options(d, te)
                 wl = Workload(seq_length=_count(d["seq_length"], "seq_length"), global_batch_size=_count(d["global_batch_size"], "global_batch_size"),
-                              precision=d.get("precision") or "bf16")
+                              precision=enum_member(Precision, d.get("precision") or "bf16", "--precision"))
                 lay = harness_layout(Layout.from_dict(d["layout"]), HarnessEnv(transformer_engine=te))
             except (KeyError, TypeError, ValueError, AttributeError, TunerError) as e:
                 msg = str(e).splitlines()[0] if str(e) else ""

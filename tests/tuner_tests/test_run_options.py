@@ -390,6 +390,17 @@ def test_a_nemo_rl_config_is_read_through_its_defaults_chain():
     assert base.baseline["recompute_granularity"] == "none" and base.run.task is None  # checkpointing off: recompute unread
 
 
+def test_a_lora_recipe_read_with_from_gives_its_task(tmp_path):
+    """A recipe.yaml's workload.lora block (target_modules a YAML list) read as the --lora-* values."""
+    rec = yaml.safe_load(SEED_RECIPE.read_text())
+    rec["workload"] |= {"task": "lora", "lora": {"rank": 16, "target_modules": ["linear_qkv", "linear_proj"]}}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(rec))
+    fi = _from(tmp_path / "recipe.yaml", gpus=None)
+    assert (fi.run.task, fi.run.lora_rank, fi.run.lora_target_modules) == ("lora", 16, "linear_qkv,linear_proj")
+    kw = fi.run.workload_kw()
+    assert kw == {"task": "lora", "lora_rank": 16, "lora_target_modules": ("linear_qkv", "linear_proj")}
+
+
 def test_a_nemo_rl_config_without_its_defaults_file_is_refused(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text((ROOT / "tests/fixtures/launch/nemo_rl_lora.yaml").read_text())

@@ -104,8 +104,9 @@ def _folding_help_columns(renderables: Any = None, *args: Any, **kwargs: Any) ->
     return Columns(renderables, *args, **kwargs)
 
 
-typer.rich_utils.Table = _FoldingHelpTable  # type: ignore[misc]
-typer.rich_utils.Columns = _folding_help_columns  # type: ignore[assignment]
+# typer.rich_utils imports these two from rich without re-exporting them, hence attr-defined
+typer.rich_utils.Table = _FoldingHelpTable  # type: ignore[attr-defined]
+typer.rich_utils.Columns = _folding_help_columns  # type: ignore[attr-defined,assignment]
 
 
 class TuneGroup(TyperGroup):
@@ -339,7 +340,7 @@ def recorded_storage(config_yaml: Path) -> str | None:
         rec = read_study_record(config_yaml)
         cfg = (rec or {}).get("config") or {}
         st = cfg.get("storage")
-    except (*RECORD_ERRORS, yaml.YAMLError, AttributeError):
+    except RECORD_ERRORS + (yaml.YAMLError, AttributeError):
         return None
     if not (isinstance(st, str) and st):
         return None
@@ -386,10 +387,10 @@ def load_study(study: str | None, storage: str | None, results_dir: Path, *, wri
         if db_file is not None and not writes:  # read only (a read-only filesystem too): reading a study changes no byte of it
             from optuna.storages import RDBStorage
 
-            storage = RDBStorage(url, engine_kwargs={"creator": lambda: sqlite_read_only(db_file)}, skip_table_creation=True)
+            store = RDBStorage(url, engine_kwargs={"creator": lambda: sqlite_read_only(db_file)}, skip_table_creation=True)
         else:
-            storage = open_storage(url, create=False)
-        return optuna.load_study(study_name=name, storage=storage)
+            store = open_storage(url, create=False)
+        return optuna.load_study(study_name=name, storage=store)
     except KeyError:
         raise TunerError(f"--study {name!r}: no such study in {_mask(url)}") from None
     except TunerError:
@@ -432,7 +433,10 @@ def stored_run(st: Any) -> tuple[Any, str, tuple[str, ...]]:
 
     stored = (st.user_attrs.get("resolved") or {}).get("run_options")
     cfg = st.user_attrs.get("config") or {}
-    opts = RunOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}) if isinstance(stored, dict) else None
+    opts = None
+    if isinstance(stored, dict):
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}
+        opts = RunOptions(**fields)
     return opts, str(cfg.get("stack") or ""), tuple(str(a) for a in cfg.get("user_args") or ())
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -13,6 +14,9 @@ from cost_model.uncertainty import ratio_within_error
 from specs.errors import InfeasibleLayout, TunerError
 from specs.stacks import DEFAULT_STACK, load_stack
 from tuner.cli._common import GIB, RunChoice
+
+if TYPE_CHECKING:
+    from specs import Layout
 
 __all__ = ["FromOpt", "FromInputs", "arguments_read", "launch_inputs", "launch_layout", "launch_lines", "compare_line", "launch_summary"]
 
@@ -109,10 +113,11 @@ def launch_inputs(path: Path, ctx: Any, *, model: str | None, gpus: str | None, 
     global_batch = lf.global_batch_size if lf.global_batch_size and default("global_batch") else global_batch
     precision = lf.precision if lf.precision and default("precision") else precision
     layers = layers if layers is not None else lf.num_layers
-    task = {"task": run.task, "lora_rank": run.lora_rank, "lora_target_modules": run.lora_target_modules}
+    task, rank, modules = run.task, run.lora_rank, run.lora_target_modules
     if run.task is None and lf.task:
-        task = {"task": None, "lora_rank": None, "lora_target_modules": None, **lf.task}
-    merged = RunChoice(stack=run.stack or lf.stack, flags=_merge_flags(lf.run_flags, run.flags), **task)
+        task, rank, modules = lf.task.get("task"), lf.task.get("lora_rank"), lf.task.get("lora_target_modules")
+    merged = RunChoice(stack=run.stack or lf.stack, flags=_merge_flags(lf.run_flags, run.flags), task=task,
+                       lora_rank=rank, lora_target_modules=modules)
     m = slice_model(load_model(name), layers)
     stack = load_stack(merged.stack or DEFAULT_STACK)
     if m.is_moe and stack.drops_allgather and lf.layout.get("dispatcher") == "allgather":
@@ -207,19 +212,20 @@ def launch_lines(prep: Any, fi: FromInputs, *, verbose: bool = False) -> list[st
     return lines
 
 
-def layout_changes(launch: Any, best: Any) -> list[str]:
+def layout_changes(launch: Layout, best: Layout) -> list[str]:
     """What differs between two layouts (:class:`specs.Layout`), as ``name old->new``, in Megatron's order of
     parallelism, then micro-batch, recompute, offload, dispatcher, optimizer and the pipeline split."""
     a, b = launch, best
 
-    def opt(x: Any) -> str:
+    def opt(x: Layout) -> str:
         return ("precision-aware " + "/".join((x.exp_avg_dtype, x.exp_avg_sq_dtype))) if x.use_precision_aware_optimizer else "fp32 Adam"
 
-    def split(x: Any) -> str:
+    def split(x: Layout) -> str:
         f, l_ = x.num_layers_in_first_pipeline_stage, x.num_layers_in_last_pipeline_stage
         return f"{f}/{l_}" if (f or l_) else "even"
 
-    fields = [("TP", lambda x: x.tp), ("PP", lambda x: x.pp), ("VPP", lambda x: x.vpp), ("CP", lambda x: x.cp),
+    fields: list[tuple[str, Callable[[Layout], object]]] = [
+              ("TP", lambda x: x.tp), ("PP", lambda x: x.pp), ("VPP", lambda x: x.vpp), ("CP", lambda x: x.cp),
               ("EP", lambda x: x.ep), ("ETP", lambda x: x.etp), ("sequence parallel", lambda x: "on" if x.sequence_parallel else "off"),
               ("micro-batch", lambda x: x.micro_batch_size), ("recompute", lambda x: x.recompute_label),
               ("offload", lambda x: x.offload_label), ("dispatcher", lambda x: x.dispatcher.value), ("optimizer", opt),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from rich.console import JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
@@ -30,8 +31,9 @@ def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: st
     """
     out.print(title)  # not the table's title: rich wraps a title to the table's width
     t = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
-    for col, just in [("trial", "right"), ("layout", "left"), ("recompute", "left"), ("mbs", "right"),
-                      ("tok/s", "right"), ("90%", "right"), ("peak GiB", "right")]:
+    columns: list[tuple[str, JustifyMethod]] = [("trial", "right"), ("layout", "left"), ("recompute", "left"),
+                                                ("mbs", "right"), ("tok/s", "right"), ("90%", "right"), ("peak GiB", "right")]
+    for col, just in columns:
         t.add_column(col, justify=just, overflow="fold", no_wrap=col in ("trial", "layout"))
     for r in table_rows(front, top):
         rec = _short_recompute(r["recompute"])
@@ -63,9 +65,10 @@ def print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:
             out.print(f"  {warn}confirmed{'[/]' if warn else ''}: trial {r['trial']} ({escape(long_label(r))}): "
                       f"{r['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU over {escape(text)}")
     if best.get("source") != "measured":  # a study that mixes sources: against its fastest measured trial
-        best = fastest_measured(rows)
-        if best is None:
+        measured = fastest_measured(rows)
+        if measured is None:
             return
+        best = measured
     ties = measured_ties(rows, best["trial"])
     if not ties:
         return

@@ -5,8 +5,9 @@ from __future__ import annotations
 import datetime
 import math
 import platform
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -16,6 +17,9 @@ from specs import parse_gpus
 from specs.errors import TunerError
 from tuner.cli._common import CliState, Col, ForceOpt, ResultsOpt, err, fitted_table, load_study, out, shell_command, study_context
 
+if TYPE_CHECKING:
+    from cost_model.run_table import RowProblem
+
 __all__ = ["app", "validate", "calibrate"]
 
 app = typer.Typer()
@@ -24,7 +28,7 @@ DataOpt = Annotated[list[Path] | None, typer.Option("--data", help="Run table CS
 CalOpt = Annotated[Path | None, typer.Option("--calibration", help="Calibration YAML overriding the shipped constants.")]
 
 
-def _bad_rows(problems: list) -> int:
+def _bad_rows(problems: Sequence[RowProblem]) -> int:
     """Rows with at least one unreadable cell (``problems`` has one entry per cell)."""
     return len({(p.row, p.run_id) for p in problems})
 
@@ -199,9 +203,10 @@ def validate(
                 Col("published", "right"), Col("predicted", "right"), Col("error", "right"), Col("fits", "left", 2)]
         prows = []
         for p in preds:
-            r = p.run
-            prows.append([r.run_id, r.model.name, f"{r.num_gpus}x{r.gpu_type}", r.precision,
-                          r.layout.label + (f" {r.layout.dispatcher.value}" if r.model.is_moe else ""),
+            r, m = p.run, p.run.model
+            assert m is not None, "predict_runs estimates only the runs it built a model for"
+            prows.append([r.run_id, m.name, f"{r.num_gpus}x{r.gpu_type}", r.precision,
+                          r.layout.label + (f" {r.layout.dispatcher.value}" if m.is_moe else ""),
                           "tok/s" if r.metric == "tokens" else "TFLOP/s", f"{p.published:,.1f}", f"{p.predicted:,.1f}", _pct(p.error),
                           "yes" if p.fits else "no"])
         out.print(fitted_table(cols, prows))

@@ -477,7 +477,7 @@ def _is_study_record(path: Path) -> bool:
 
     try:
         data = read_study_record(path)
-    except (*RECORD_ERRORS, yaml.YAMLError):
+    except RECORD_ERRORS + (yaml.YAMLError,):
         return False
     return isinstance(data, dict) and isinstance(data.get("config"), dict) and "resolved" in data
 

@@ -159,8 +159,8 @@ class GainPolicy:
 
     def _prior_cov(self, i: int) -> Array:
         p = self.params
-        differ = (self.codes != self.codes[i]).sum(axis=1)
-        return p.level**2 + p.sigma**2 * (p.shared + (1 - p.shared) * p.per_dimension ** differ)
+        differ: npt.NDArray[np.int64] = (self.codes != self.codes[i]).sum(axis=1)
+        return p.level**2 + p.sigma**2 * (p.shared + (1 - p.shared) * p.per_dimension ** differ.astype(np.float64))
 
     def posterior(self) -> tuple[Array, Array]:
         """Mean and standard deviation of ``y`` (log true / predicted) of every candidate."""

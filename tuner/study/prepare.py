@@ -18,8 +18,8 @@ from cost_model.uncertainty import ErrorBars, error_bars
 from launch.harness.spec import slice_model
 from search_spaces.rules import RuleEnv, check_layout
 from search_spaces.space import Enumeration, SearchSpace, enumerate_layouts
-from specs import DEFAULT_RUN_OPTIONS, Cluster, Layout, LayoutTable, ModelSpec, RunOptions, Workload, load_model, parse_gpus
-from specs.errors import TunerError
+from specs import DEFAULT_RUN_OPTIONS, Cluster, Layout, LayoutTable, ModelSpec, Precision, RunOptions, Workload, load_model, parse_gpus
+from specs.errors import TunerError, enum_member
 from specs.hardware import network_bytes_per_s
 from specs.layout import Dispatcher
 from tuner.pareto import pareto_mask
@@ -107,7 +107,8 @@ def prepare(config: TuneConfig) -> Prepared:
         host_memory_gib=config.host_memory_gib,
         require_network=True,
     )
-    workload = Workload(seq_length=config.seq_length, global_batch_size=config.global_batch_size, precision=config.precision,
+    workload = Workload(seq_length=config.seq_length, global_batch_size=config.global_batch_size,
+                        precision=enum_member(Precision, config.precision, "--precision"),
                         task=config.task, lora_rank=config.lora_rank, lora_target_modules=tuple(config.lora_target_modules))
     if workload.precision.value == "fp8" and not cluster.gpu.peak_flops_fp8:
         raise TunerError(f"--precision fp8: {cluster.gpu.name} has no fp8 tensor cores; use --precision bf16")

@@ -39,7 +39,7 @@ from tuner.study import _optuna
 from tuner.study.candidates import CandidateIndex, CandidateQueue
 from tuner.study.config import DEFAULT_TRIALS, check_budget, n_trials, policy_params, trial_env_dict, trial_warmup_steps
 from tuner.study.confirm import MAX_CONFIRM_ROUNDS, enqueue_round
-from tuner.study.policy import fmt_gpu_hours
+from tuner.study.policy import Decision, fmt_gpu_hours
 from tuner.study.predicted import PredictedTrials
 from tuner.study.prepare import Prepared
 from tuner.study.proposals import DUPLICATE, FALLBACK_AFTER_SKIPS, QUEUED_FALLBACK, QUEUED_FIRST, Proposal
@@ -455,7 +455,7 @@ class StudyRun:
         self._run_launch_first()
         while True:
             self._feed(policy, pos, observed, first_of)
-            picks = []
+            picks: list[Decision] = []
             while len(picks) < n_jobs:
                 d = policy.next()
                 if d.index is None:
@@ -624,11 +624,11 @@ class StudyRun:
             result["startup_s"] = max(gpu_hours * 3600 / self.prep.cluster.num_gpus - ran, 0.0)
         why = implausible(result, None if self.prep.bars is None else self.prep.bars.throughput)
         if why is not None:  # kept, marked, and out of the front and the best: a FAIL with its numbers
-            e = TrialFailed(FailureKind.implausible, why, m.log_path)
-            failure = {**failure_of(prop.layout, e, pred), "result": result}
+            bad = TrialFailed(FailureKind.implausible, why, m.log_path)
+            failure = {**failure_of(prop.layout, bad, pred), "result": result}
             TrialRecord.write(trial, failure=failure, gpu_hours=gpu_hours, **summary_of(failure))
             self.finished("failed", progress=False)
-            raise e
+            raise bad
         TrialRecord.write(trial, result=result, gpu_hours=gpu_hours, **summary_of(result))
         self.finished("confirmed" if repeat_of is not None else "evaluated", progress=False)
         return m.tokens_per_s_per_gpu, m.peak_bytes / 2**30

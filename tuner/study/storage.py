@@ -258,7 +258,7 @@ def model_spec_from_dict(d: dict[str, Any]) -> ModelSpec:
     (its commands then use plain RoPE, logged), rather than with defaults that are not its own (GPT-OSS does not round
     the correction range; the default does).
     """
-    spec = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    spec: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
     missing = _EXPORT_ONLY_MODEL_FIELDS - set(spec)
     if missing and spec.get("rope_scaling_type") == "yarn" and not spec.get("kv_lora_rank"):
         spec |= _recorded_yarn_details(spec, missing)
@@ -438,7 +438,7 @@ def _check_same_storage(cfg: TuneConfig, name: str, out_dir: Path) -> None:
     try:
         old = read_study_record(rec)
         why = "" if isinstance(old, dict) and isinstance(old.get("config"), dict) else "not a study's record"
-    except (*RECORD_ERRORS, yaml.YAMLError) as e:
+    except RECORD_ERRORS + (yaml.YAMLError,) as e:
         old, why = None, f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
     if why or not isinstance(old, dict):
         raise TunerError(f"study {name!r}: {rec} cannot be read ({why}); it says where the study's trials are kept. Restore it, "
