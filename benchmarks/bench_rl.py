@@ -10,7 +10,7 @@ colocated-vs-split verdicts on the judge set, and the rows that cannot be predic
 ``engine`` predicts every row of ``benchmarks/data/engine_decode.csv`` (published vLLM / SGLang
 serving runs of MoE models on H100 / H200, provenance in ``engine_decode.md``) with the engine model
 ``tune rl`` uses (aiconfigurator's per-iteration latency driving the continuous-batching simulator,
-:mod:`cost_model.rl.serving`) and prints the error of each row, the median |error| of the closed-load
+:mod:`rl.serving`) and prints the error of each row, the median |error| of the closed-load
 (decode) rows, TPOT rows alone and throughput rows alone, the open-load (``--request-rate inf``) rows
 apart, and aiconfigurator's own silicon samples apart again (not independent of it). Nothing is fitted.
 """
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from cost_model.rl.calibration import DEFAULT_RL_CALIBRATION
-from cost_model.rl.serving import ServingPrediction, predict_serving, read_serving_runs, silicon_runs, summarise_serving
-from cost_model.rl.validate import fit_calibration, fit_calibrations, predict_rows, read_runs, recalibrate
+from rl.calibration import DEFAULT_RL_CALIBRATION
+from rl.serving import ServingPrediction, predict_serving, read_serving_runs, silicon_runs, summarise_serving
+from rl.validate import fit_calibration, fit_calibrations, predict_rows, read_runs, recalibrate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,8 +71,8 @@ def steps() -> int:
     """The step-model part: fit on v0.4 + v0.5, judge on v0.6 (never fitted).
 
     The protocol's factors: per-GPU generation and training scales, fixed costs (switch, step
-    overhead) shared by all GPUs (:func:`cost_model.rl.validate.fit_calibrations`). The per-GPU fit
-    of all four (:func:`~cost_model.rl.validate.fit_calibration` per GPU) is printed after it for comparison.
+    overhead) shared by all GPUs (:func:`rl.validate.fit_calibrations`). The per-GPU fit
+    of all four (:func:`~rl.validate.fit_calibration` per GPU) is printed after it for comparison.
     """
     rows, errors = read_runs(ROOT / "benchmarks" / "data" / "rl_runs.csv")
     res = predict_rows(rows)

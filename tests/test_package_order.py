@@ -1,4 +1,4 @@
-"""The packages form layers: each imports only the ones below it (specs < search_spaces < cost_model < launch < tuner).
+"""The packages form layers: each imports only the ones below it (specs < search_spaces < cost_model < launch < rl < tuner).
 
 Every import is read from the source (module level and inside functions alike), so a cycle cannot
 be dodged by importing late.
@@ -10,7 +10,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = ["specs", "search_spaces", "cost_model", "launch", "tuner"]
+ORDER = ["specs", "search_spaces", "cost_model", "launch", "rl", "tuner"]
 
 
 def _imports(path: Path) -> set[str]:

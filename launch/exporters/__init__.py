@@ -6,12 +6,10 @@
 * ``recipe``: ``recipe.yaml`` (:class:`RecipeExporter`, the seed recipe's format, validated
   against ``launch/schema/recipe.schema.json``);
 * ``slime``: ``run_slime.sh`` (:class:`SlimeScriptExporter`, executable);
-* ``megatron``: ``megatron_args.sh`` (:class:`MegatronArgsExporter`, ``source`` it);
-* ``nemo-rl``: ``nemo_rl_grpo.yaml`` (:class:`NemoRLRecipeExporter`, an RL plan as a NeMo-RL GRPO recipe);
-* ``slime-rl``: ``run_slime_rl.sh`` (:class:`SlimeRLExporter`, an RL plan as a slime launch, executable).
+* ``megatron``: ``megatron_args.sh`` (:class:`MegatronArgsExporter`, ``source`` it).
 
-The two RL formats render an :class:`ExportContext` built by :meth:`ExportContext.for_rl_plan`
-(``tune rl --out DIR``); they are not main-job formats, and refuse a training layout's context.
+The RL formats (``nemo-rl``, ``slime-rl``) live in :mod:`rl.exporters`, which registers them here
+after these three when it is imported (``tune rl`` and ``tune export`` import it).
 
 Adding a format: write one module with an
 :class:`Exporter` subclass (``name``, ``file_name``, ``description``, ``executable``, ``main_job``
@@ -23,20 +21,16 @@ from __future__ import annotations
 
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._megatron import MegatronArgsExporter, megatron_args_script
-from launch.exporters._nemo_rl import NemoRLRecipeExporter, nemo_rl_config, nemo_rl_schema, render_nemo_rl_yaml
 from launch.exporters._recipe import RecipeExporter, dump_recipe, measurement_from_row, recipe_dict, recipe_schema, validate_recipe, write_recipe
 from launch.exporters._registry import exporter_names, exporters, get_exporter, main_job_exporters, register_exporter
 from launch.exporters._slime import SLIME_SCRIPT_ENV, SlimeScriptExporter, slime_script
-from launch.exporters._slime_rl import SlimeRLExporter, render_slime_script, slime_rl_args
 
 __all__ = [
     "ExportContext",
     "Exporter",
     "MegatronArgsExporter",
-    "NemoRLRecipeExporter",
     "RecipeExporter",
     "SLIME_SCRIPT_ENV",
-    "SlimeRLExporter",
     "SlimeScriptExporter",
     "dump_recipe",
     "exporter_names",
@@ -45,14 +39,9 @@ __all__ = [
     "main_job_exporters",
     "measurement_from_row",
     "megatron_args_script",
-    "nemo_rl_config",
-    "nemo_rl_schema",
     "recipe_dict",
     "recipe_schema",
     "register_exporter",
-    "render_nemo_rl_yaml",
-    "render_slime_script",
-    "slime_rl_args",
     "slime_script",
     "validate_recipe",
     "write_recipe",
@@ -61,5 +50,3 @@ __all__ = [
 register_exporter(RecipeExporter())
 register_exporter(SlimeScriptExporter())
 register_exporter(MegatronArgsExporter())
-register_exporter(NemoRLRecipeExporter())
-register_exporter(SlimeRLExporter())

@@ -13,7 +13,6 @@ from specs.files import write_output
 from specs.layout import Layout
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from cost_model.rl.plan import RLJob, RLPlan
     from cost_model.types import Estimate
     from launch.base import Measurement
 
@@ -42,26 +41,18 @@ class ExportContext:
     """The ``correctness`` block of ``tune verify`` (:func:`tuner.verify.correctness.correctness_block`), or None (not run)."""
     notes: tuple[str, ...] = ()
     """More notes for formats that carry notes (the recipe), e.g. the measured trials within noise of this one."""
-    rl_plan: RLPlan | None = None
-    """An RL post-training plan (``tune rl --out``): what the RL formats (``nemo-rl``, ``slime-rl``)
-    render; None for a training layout. ``layout`` is then the plan's trainer layout."""
-    rl_job: RLJob | None = None
-    """The RL job ``rl_plan`` was predicted for (model, cluster, lengths, batch)."""
+    rl_plan: object | None = None
+    """An RL post-training plan (:class:`rl.plan.RLPlan`, ``tune rl --out``; built by
+    :func:`rl.exporters.plan_context`): what the RL formats (``nemo-rl``, ``slime-rl``) render; None for a
+    training layout. ``layout`` is then the plan's trainer layout."""
+    rl_job: object | None = None
+    """The RL job (:class:`rl.plan.RLJob`) ``rl_plan`` was predicted for (model, cluster, lengths, batch)."""
     options: RunOptions | None = None
     """The run options the layout was estimated with (None: the default stack's); the commands write them."""
     stack: str = ""
     """The stack preset of :attr:`options` (:mod:`specs.stacks`; "" when none was named)."""
     user_args: tuple[str, ...] = ()
     """The user's own launch arguments the commands keep (``tune --from``: those without effect or not understood)."""
-
-    @classmethod
-    def for_rl_plan(cls, plan: RLPlan, job: RLJob) -> ExportContext:
-        """The context of an RL plan: the trainer's GPUs, workload and layout, with the plan and job attached."""
-        cl = job.cluster
-        n = plan.choice.trainer_gpus
-        trainer = Cluster(gpu=cl.gpu, num_gpus=n, gpus_per_node=min(cl.gpus_per_node, n), inter_node_bytes_per_s=cl.inter_node_bytes_per_s,
-                          usd_per_gpu_hour=cl.usd_per_gpu_hour)
-        return cls(model=job.model, cluster=trainer, workload=job.workload, layout=plan.trainer.layout, rl_plan=plan, rl_job=job)
 
 
 class Exporter(abc.ABC):

@@ -226,7 +226,7 @@ def test_calibration_files_refuse_a_repeated_key_an_empty_file_and_say_where_yam
     """PyYAML keeps the last of two equal keys silently; an empty file read as "use the shipped constants" hid a lost
     edit; PyYAML's own message runs over several lines. Each is one message naming the file."""
     from cost_model.calibration import load_calibration
-    from cost_model.rl.calibration import load_rl_calibration
+    from rl.calibration import load_rl_calibration
 
     p = tmp_path / "c.yaml"
     p.write_text("gemm_efficiency: 0.8\nhbm_efficiency: 0.7\ngemm_efficiency: 0.9\n")

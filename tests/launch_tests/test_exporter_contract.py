@@ -13,17 +13,17 @@ import subprocess
 
 import pytest
 import yaml
+from rl_tests.test_rl_export import seed_plan
 
 from cost_model.estimate import estimate
-from cost_model.rl.engine import Engine
-from cost_model.rl.plan import Framework
-from cost_model.rl.trainer import TrainerBackend
 from launch.exporters import ExportContext, Exporter, exporters, get_exporter, validate_recipe
+from rl.engine import Engine
+from rl.exporters import plan_context  # registers the RL formats, so the suite runs over them too
+from rl.plan import Framework
+from rl.trainer import TrainerBackend
 from search_spaces.pipeline import layer_counts_from_string, stage_layer_counts
 from specs import Workload, load_model, parse_gpus
 from specs.errors import TunerError
-
-from .test_rl_export import seed_plan
 
 WL = Workload(seq_length=8192, global_batch_size=128)
 #: RL plans of each framework (its engine and trainer): an RL format renders at least one of them.
@@ -55,7 +55,7 @@ def test_it_renders_its_context_and_the_pipeline_string_round_trips(exporter, tr
         texts = []
         for kw in RL_PLANS:
             try:
-                texts.append(exporter.render(ExportContext.for_rl_plan(*seed_plan(**kw))))
+                texts.append(exporter.render(plan_context(*seed_plan(**kw))))
             except TunerError:  # a plan of another framework
                 pass
         assert texts and all(t.strip() for t in texts)

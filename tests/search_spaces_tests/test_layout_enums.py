@@ -84,7 +84,7 @@ def test_adding_a_dispatcher_is_one_member_and_one_traits_row(tmp_path):
     (DeepEP's low-latency kernels; 14 characters, longer than any member today). The table keeps it whole,
     the rules treat it as flex, the estimate gives it DeepEP's costs when its traits are DeepEP's, and the
     dispatcher contract suite (tests/launch_tests/test_dispatcher_contract.py) passes for it unchanged."""
-    for pkg in ("specs", "search_spaces", "cost_model", "launch", "tuner"):
+    for pkg in ("specs", "search_spaces", "cost_model", "launch", "rl", "tuner"):
         shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "tests" / "launch_tests" / "test_dispatcher_contract.py", tmp_path)
     layout_py = tmp_path / "specs" / "layout.py"

@@ -7,7 +7,7 @@
 * the cost model against measurements: ``validate``, ``calibrate`` (:mod:`tuner.cli.fit`);
 * numerics: ``verify`` (:mod:`tuner.cli.verify_cmd`);
 * the catalogue: ``models``, ``gpus`` (:mod:`tuner.cli.catalogue`).
-* RL post-training: ``rl`` (:mod:`tuner.cli_rl`, mounted as ``tune rl``, imported only when it runs).
+* RL post-training: ``rl`` (:mod:`rl.cli`, mounted as ``tune rl``, imported only when it runs).
 
 The areas share :mod:`tuner.cli._common` (consoles, the error boundary, study loading, option
 aliases) and :mod:`tuner.cli._layout` (the layout options); none imports this package's
@@ -31,7 +31,7 @@ __all__ = ["app", "main"]
 
 
 class _Tune(TuneGroup):
-    lazy = {"rl": "tuner.cli_rl:rl_app"}
+    lazy = {"rl": "rl.cli:rl_app"}
 
 
 app = typer.Typer(

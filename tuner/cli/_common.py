@@ -23,13 +23,12 @@ import typer
 import typer.main
 import typer.rich_utils
 from rich.columns import Columns
-from rich.console import Console
 from rich.markup import escape
-from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 from typer.core import TyperGroup
 
+from specs.console import Col, err, fitted_table, out, say
 from specs.errors import InfeasibleLayout, TunerError
 
 __all__ = [
@@ -37,9 +36,6 @@ __all__ = [
     "check_study_name", "load_study", "recorded_storage", "study_context", "fmt_int", "Col", "fitted_table", "say",
 ]
 
-# The terminal's width, or COLUMNS when the output is piped (80 when that is not set), as rich does by default.
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
 
 GIB = 2**30
 
@@ -255,60 +251,6 @@ def print_command(*words: Any, indent: int = 2) -> None:
         out.print(ln, markup=False, soft_wrap=True)
 
 
-@dataclass(frozen=True, slots=True)
-class Col:
-    """One column of :func:`fitted_table`: its header, ``"left"`` or ``"right"``, and when it goes at a narrow width
-    (``drop`` 0: never; otherwise the highest ``drop`` goes first)."""
-
-    header: str
-    justify: str = "left"
-    drop: int = 0
-
-
-def fitted_table(cols: Sequence[Col], rows: Sequence[Sequence[str]], console: Console | None = None) -> Table:
-    """A borderless table (the main job's style) of the columns that fit ``console``'s width (default :data:`out`).
-
-    Optional columns (``drop`` > 0) leave, highest ``drop`` first, until the widest row fits; the others always stay
-    and fold rather than cut (no ``…``). Each row holds one string per column of ``cols``; what a narrow terminal
-    leaves out belongs in the command's ``--json``.
-    """
-    console = console or out
-    keep = list(range(len(cols)))
-
-    def build() -> Table:
-        t = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
-        for i in keep:
-            t.add_column(cols[i].header, justify="right" if cols[i].justify == "right" else "left", overflow="fold")
-        for r in rows:
-            t.add_row(*(r[i] for i in keep))
-        return t
-
-    def width(t: Table) -> int:  # unwrapped (console.measure would clamp it to the console)
-        return Measurement.get(console, console.options.update_width(1 << 16), t).maximum
-
-    t = build()
-    for i in sorted((i for i, c in enumerate(cols) if c.drop), key=lambda i: -cols[i].drop):
-        if width(t) <= console.width:
-            break
-        keep.remove(i)
-        t = build()
-    return t
-
-
-def say(text: str, *, label: str = "", indent: int = 2, markup: bool = True, console: Console | None = None) -> None:
-    """Print ``text`` ``indent`` spaces in, after ``label`` (``note:``) if given, its wrapped lines under its first word
-    (a hanging indent): a long line reads as one paragraph of whole words at any width, with no trailing spaces."""
-    console = console or out
-    body = Text.from_markup(text) if markup else Text(text)
-    head = (Text.from_markup(label) if markup else Text(label)) if label else Text()
-    hang = head.cell_len + (1 if label else 0)
-    width = max(console.width - indent - hang, 20)
-    for k, line in enumerate(body.wrap(console, width)):
-        line.rstrip()
-        prefix = Text(" " * indent) + (head + " " if k == 0 and label else Text(" " * hang))
-        console.print(prefix + line, soft_wrap=True)
-
-
 def study_flags(study: str, results_dir: Path) -> list[str]:
     """``--study NAME`` and, when it is not the default, ``--results-dir DIR``: what a suggested
     ``tune pareto / export / verify`` needs to find the study (its ``--storage`` is in ``config.yaml``)."""
@@ -361,7 +303,7 @@ def load_study(study: str | None, storage: str | None, results_dir: Path, *, wri
     db = results_dir / name / "study.db"
     storage_given = bool(storage) or db.exists()
     if not storage and not db.exists():
-        from tuner.study.config import _is_study_record
+        from specs.study_files import _is_study_record
 
         rec = results_dir / name / "config.yaml"
         storage = recorded_storage(rec)

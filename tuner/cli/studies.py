@@ -115,6 +115,7 @@ def pareto(
 
 
 def _format_help() -> str:
+    import rl.exporters  # noqa: F401 - registers the RL formats (nemo-rl, slime-rl), which `tune export` names and refuses
     from launch.exporters import exporters
 
     return "One of: " + "; ".join(f"{n} ({e.description})" for n, e in exporters().items()) + "."

@@ -27,13 +27,13 @@ from typing import Any
 import numpy as np
 from scipy import optimize
 
-from cost_model.rl.calibration import DEFAULT_RL_CALIBRATION, RLCalibration
-from cost_model.rl.engine import GenerationPrecision
-from cost_model.rl.layouts import EngineLayout, TrainerLayout, parse_engine_layout, parse_trainer_layout
-from cost_model.rl.lengths import LengthDistribution
-from cost_model.rl.models import load_rl_model
-from cost_model.rl.plan import Framework, LatencyProvider, PlanChoice, RLJob, RLPlan, default_latency, evaluate
-from cost_model.rl.trainer import trainer_for_layout
+from rl.calibration import DEFAULT_RL_CALIBRATION, RLCalibration
+from rl.engine import GenerationPrecision
+from rl.layouts import EngineLayout, TrainerLayout, parse_engine_layout, parse_trainer_layout
+from rl.lengths import LengthDistribution
+from rl.models import load_rl_model
+from rl.plan import Framework, LatencyProvider, PlanChoice, RLJob, RLPlan, default_latency, evaluate
+from rl.trainer import trainer_for_layout
 from specs import DEFAULT_INTER_NODE_BYTES_PER_S, Cluster, Precision, load_gpu
 from specs.errors import TunerError
 from specs.table import Column, read_table

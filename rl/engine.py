@@ -1,6 +1,6 @@
 """Per-iteration latency of one generation engine, and the aiconfigurator adapter that provides it.
 
-The rollout simulator (:mod:`cost_model.rl.simulator`) asks two questions of an engine:
+The rollout simulator (:mod:`rl.simulator`) asks two questions of an engine:
 how long one decode iteration of ``n`` running sequences at mean context ``c`` tokens
 takes, and how long the prefill of ``t`` prompt tokens takes. :class:`LatencyTable`
 answers both by interpolating a grid of per-iteration latencies; the grid comes from

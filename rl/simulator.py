@@ -7,7 +7,7 @@ vLLM v1's (``vllm/v1/core/sched/scheduler.py``) does:
   and the KV cache has room for the request's tokens (prompt, plus what it had generated
   before a preemption) and one block of headroom per running sequence;
 - runs one decode iteration for every running sequence (one token each); an iteration's
-  latency comes from a :class:`~cost_model.rl.engine.LatencyTable` at the running count
+  latency comes from a :class:`~rl.engine.LatencyTable` at the running count
   and mean context; admitted tokens cost one prefill;
 - when the next iteration would not fit in the KV cache, preempts the most recently
   admitted running request (vLLM's ``preempt`` of the lowest-priority, last-scheduled
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from cost_model.rl.engine import LatencyTable
+from rl.engine import LatencyTable
 from specs.errors import TunerError
 
 __all__ = ["EngineRun", "RolloutRun", "simulate_engine", "simulate_rollout"]

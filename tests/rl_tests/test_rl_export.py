@@ -9,11 +9,12 @@ import jsonschema
 import pytest
 import yaml
 
-from cost_model.rl.engine import Engine, EngineShape, LatencyTable
-from cost_model.rl.lengths import LengthDistribution
-from cost_model.rl.plan import Framework, PlanChoice, RLJob, evaluate
-from cost_model.rl.trainer import TrainerBackend, rl_workload, trainer_for_layout
-from launch.exporters import ExportContext, get_exporter, nemo_rl_config, nemo_rl_schema, render_nemo_rl_yaml, render_slime_script
+from launch.exporters import ExportContext, get_exporter
+from rl.engine import Engine, EngineShape, LatencyTable
+from rl.exporters import nemo_rl_config, nemo_rl_schema, plan_context, render_nemo_rl_yaml, render_slime_script
+from rl.lengths import LengthDistribution
+from rl.plan import Framework, PlanChoice, RLJob, evaluate
+from rl.trainer import TrainerBackend, rl_workload, trainer_for_layout
 from specs import load_model, parse_gpus
 from specs.errors import TunerError
 
@@ -156,7 +157,7 @@ def test_run_slime_rl_sh_executes_and_its_values_arrive(tmp_path, colocated, asy
     plan, job = _sglang_plan(colocated, async_steps, shape, eager)
     exporter = get_exporter("slime-rl")
     (tmp_path / "out dir").mkdir()  # a path with a space; an exporter makes no folder
-    script = exporter.write(ExportContext.for_rl_plan(plan, job), tmp_path / "out dir" / exporter.file_name)
+    script = exporter.write(plan_context(plan, job), tmp_path / "out dir" / exporter.file_name)
     assert script.name == "run_slime_rl.sh" and stat.S_IMODE(script.stat().st_mode) == 0o755
     text = script.read_text()
     assert text.startswith("#!/usr/bin/env bash\n") and "\nset -euo pipefail\n" in text and "PREDICTED" in text
@@ -198,5 +199,5 @@ def test_rl_formats_are_registered_and_refuse_a_training_layout():
         with pytest.raises(TunerError, match=rf"--format {name} renders an RL post-training plan: .*tune rl .*--out DIR"):
             get_exporter(name).render(ctx)
     plan, job = seed_plan()
-    text = get_exporter("nemo-rl").render(ExportContext.for_rl_plan(plan, job))
+    text = get_exporter("nemo-rl").render(plan_context(plan, job))
     assert text == render_nemo_rl_yaml(plan, job) and not get_exporter("nemo-rl").executable

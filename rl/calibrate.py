@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cost_model.rl.calibration import RLCalibration
-from cost_model.rl.plan import RLPlan
+from rl.calibration import RLCalibration
+from rl.plan import RLPlan
 from specs.errors import TunerError
 from specs.files import MAX_DATA_BYTES, read_user_text
 

@@ -6,7 +6,7 @@ and ``AsyncGRPOConfig``, ``nemo_rl/models/policy/__init__.py::PolicyConfig`` / `
 ``DTensorConfig``, ``nemo_rl/models/generation/interfaces.py::GenerationConfig`` /
 ``ColocationConfig``, ``nemo_rl/models/generation/vllm/config.py::VllmSpecificArgs``; the AutoModel
 backend's ``dtensor_cfg.expert_parallel_size`` as the ``minimax-m3`` branch (e1cefaa3) reads it.
-``launch/schema/nemo_rl_grpo.schema.json`` is our JSON Schema of those keys; every rendered recipe
+``rl/schema/nemo_rl_grpo.schema.json`` is our JSON Schema of those keys; every rendered recipe
 is validated against it.
 """
 
@@ -20,12 +20,12 @@ import jsonschema
 import yaml
 
 from launch.exporters._base import ExportContext, Exporter
-from launch.exporters._rl_describe import prediction_lines, rl_plan_of
 from launch.exporters._shell import comment
+from rl.exporters._describe import prediction_lines, rl_plan_of
 from specs.errors import TunerError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from cost_model.rl.plan import RLJob, RLPlan
+    from rl.plan import RLJob, RLPlan
 
 __all__ = ["NemoRLRecipeExporter", "nemo_rl_config", "nemo_rl_schema", "render_nemo_rl_yaml"]
 
@@ -36,8 +36,8 @@ def nemo_rl_config(plan: RLPlan, job: RLJob) -> dict[str, Any]:
     Raises:
         TunerError: a plan NeMo-RL cannot run (an SGLang engine).
     """
-    from cost_model.rl.engine import Engine, GenerationPrecision, aic_model_name
-    from cost_model.rl.trainer import TrainerBackend
+    from rl.engine import Engine, GenerationPrecision, aic_model_name
+    from rl.trainer import TrainerBackend
 
     c = plan.choice
     if c.engine != Engine.vllm:
@@ -122,8 +122,8 @@ def nemo_rl_config(plan: RLPlan, job: RLJob) -> dict[str, Any]:
 
 
 def nemo_rl_schema() -> dict[str, Any]:
-    """Our JSON schema of the NeMo-RL GRPO recipe keys (``launch/schema/nemo_rl_grpo.schema.json``)."""
-    text = resources.files("launch").joinpath("schema/nemo_rl_grpo.schema.json").read_text()
+    """Our JSON schema of the NeMo-RL GRPO recipe keys (``rl/schema/nemo_rl_grpo.schema.json``)."""
+    text = resources.files("rl").joinpath("schema/nemo_rl_grpo.schema.json").read_text()
     data: dict[str, Any] = json.loads(text)
     return data
 
@@ -139,7 +139,7 @@ def render_nemo_rl_yaml(plan: RLPlan, job: RLJob) -> str:
         jsonschema.validate(cfg, nemo_rl_schema())
     except jsonschema.ValidationError as e:
         where = ".".join(str(k) for k in e.absolute_path) or "(top)"
-        raise TunerError(f"the NeMo-RL recipe fails launch/schema/nemo_rl_grpo.schema.json at {where}: {e.message}") from None
+        raise TunerError(f"the NeMo-RL recipe fails rl/schema/nemo_rl_grpo.schema.json at {where}: {e.message}") from None
     head = "".join(c + "\n" for line in prediction_lines(plan, job) for c in comment(line, None))
     return head + yaml.safe_dump(cfg, sort_keys=False)
 
@@ -149,7 +149,7 @@ class NemoRLRecipeExporter(Exporter):
 
     name = "nemo-rl"
     file_name = "nemo_rl_grpo.yaml"
-    description = "nemo_rl_grpo.yaml: an RL plan as a NeMo-RL GRPO recipe (tune rl --out; checked against launch/schema/nemo_rl_grpo.schema.json)"
+    description = "nemo_rl_grpo.yaml: an RL plan as a NeMo-RL GRPO recipe (tune rl --out; checked against rl/schema/nemo_rl_grpo.schema.json)"
     main_job = False
 
     def render(self, context: ExportContext) -> str:

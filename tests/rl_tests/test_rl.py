@@ -7,16 +7,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cost_model.rl.calibrate import fit_from_measured, mean_measured, read_log
-from cost_model.rl.calibration import DEFAULT_RL_CALIBRATION, load_rl_calibration, save_rl_calibration
-from cost_model.rl.engine import EngineShape, LatencyTable
-from cost_model.rl.layouts import parse_engine_layout, parse_trainer_layout
-from cost_model.rl.lengths import LengthDistribution
-from cost_model.rl.plan import PlanChoice, RLJob, enumerate_plans, evaluate, kv_capacity_tokens
-from cost_model.rl.simulator import simulate_engine, simulate_rollout
-from cost_model.rl.step import compose_step
-from cost_model.rl.trainer import TrainerBackend, rl_workload, trainer_for_layout
-from cost_model.rl.validate import read_runs
+from rl.calibrate import fit_from_measured, mean_measured, read_log
+from rl.calibration import DEFAULT_RL_CALIBRATION, load_rl_calibration, save_rl_calibration
+from rl.engine import EngineShape, LatencyTable
+from rl.layouts import parse_engine_layout, parse_trainer_layout
+from rl.lengths import LengthDistribution
+from rl.plan import PlanChoice, RLJob, enumerate_plans, evaluate, kv_capacity_tokens
+from rl.simulator import simulate_engine, simulate_rollout
+from rl.step import compose_step
+from rl.trainer import TrainerBackend, rl_workload, trainer_for_layout
+from rl.validate import read_runs
 from specs import load_model, parse_gpus
 from specs.errors import TunerError
 
@@ -329,7 +329,7 @@ def test_aiconfigurator_path_on_a_small_case(tmp_path, monkeypatch):
     import importlib.util
 
     assert importlib.util.find_spec("aiconfigurator_core") is not None, "install the test extra: pip install -e '.[test]' (it pins aiconfigurator==0.12.0)"
-    from cost_model.rl.engine import Engine, GenerationPrecision, aiconfigurator_latency_table
+    from rl.engine import Engine, GenerationPrecision, aiconfigurator_latency_table
 
     monkeypatch.setenv("MLT_CACHE_DIR", str(tmp_path))
     t = aiconfigurator_latency_table("Qwen3-30B-A3B", "H200", Engine.vllm, EngineShape(tp=1), max_ctx=4096)
@@ -351,7 +351,7 @@ def test_aiconfigurator_path_on_a_small_case(tmp_path, monkeypatch):
     with pytest.raises(TunerError, match="own checkpoint is FP8 .* a BF16 run is not predicted"):
         aiconfigurator_latency_table("DeepSeek-V3", "H100", Engine.vllm, EngineShape(tp=16), max_ctx=1536)
     # the refusal is cached too: the next run answers it without aiconfigurator
-    import cost_model.rl.engine as eng
+    import rl.engine as eng
 
     assert len(list(tmp_path.glob("aic-*.nodata.txt"))) == 2  # gpt-oss BF16 above, DeepSeek-V3 BF16 here
     monkeypatch.setattr(eng, "_handle", lambda *a: pytest.fail("asked aiconfigurator again"))
@@ -367,7 +367,7 @@ def test_aiconfigurator_path_on_a_small_case(tmp_path, monkeypatch):
 
 
 def test_missing_aiconfigurator_names_the_extra(monkeypatch, tmp_path):
-    import cost_model.rl.engine as eng
+    import rl.engine as eng
 
     def no_module(name):
         raise ImportError(name)
@@ -384,8 +384,8 @@ def test_missing_aiconfigurator_names_the_extra(monkeypatch, tmp_path):
 def test_shared_fixed_cost_fit_recovers_known_factors():
     import dataclasses
 
-    from cost_model.rl.calibration import DEFAULT_RL_CALIBRATION
-    from cost_model.rl.validate import fit_calibrations, predict_rows, recalibrate
+    from rl.calibration import DEFAULT_RL_CALIBRATION
+    from rl.validate import fit_calibrations, predict_rows, recalibrate
 
     rows, _ = read_runs(ROOT / "benchmarks" / "data" / "rl_runs.csv")
     pick = [r for r in rows if r.source == "nemo-rl-v0.5" and r.model in ("Qwen3-30B-A3B", "Llama-3.1-8B", "Qwen3-32B")]

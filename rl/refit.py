@@ -4,13 +4,13 @@ Refit streams the whole model once per step from the trainer's layout to the eng
 (NeMo-RL: ``policy.stream_weights_via_ipc_zmq`` when colocated, a NCCL broadcast
 ``broadcast_weights_for_collective`` when not; slime: ``update_weights`` from distributed
 tensors / NCCL). Its time is the model's bytes over a streaming rate anchored on NeMo-RL's
-published refit times (:class:`~cost_model.rl.calibration.RLCalibration`), bounded below by
+published refit times (:class:`~rl.calibration.RLCalibration`), bounded below by
 what each rollout node must receive over its network link when the trainer is elsewhere.
 """
 
 from __future__ import annotations
 
-from cost_model.rl.calibration import RLCalibration
+from rl.calibration import RLCalibration
 
 __all__ = ["refit_s", "switch_s"]
 

@@ -17,21 +17,23 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from cost_model.rl.calibrate import fit_from_measured, mean_measured, read_log
-from cost_model.rl.calibration import DEFAULT_RL_CALIBRATION, load_rl_calibration, save_rl_calibration
-from cost_model.rl.engine import Engine, GenerationPrecision
-from cost_model.rl.layouts import TrainerLayout, parse_engine_layout, parse_trainer_layout
-from cost_model.rl.lengths import LengthDistribution
-from cost_model.rl.models import load_rl_model
-from cost_model.rl.plan import MAX_SEQUENCES_PER_STEP, Framework, PlanChoice, RLJob, RLPlan, check_async_steps, enumerate_plans, evaluate
-from cost_model.rl.trainer import TrainerBackend, trainer_for_layout
-from cost_model.rl.validate import predict_rows, read_runs, summarise
-from launch.exporters import ExportContext, get_exporter
+from launch.exporters import get_exporter
+from rl.calibrate import fit_from_measured, mean_measured, read_log
+from rl.calibration import DEFAULT_RL_CALIBRATION, RLCalibration, load_rl_calibration, save_rl_calibration
+from rl.engine import Engine, GenerationPrecision
+from rl.exporters import plan_context
+from rl.layouts import TrainerLayout, parse_engine_layout, parse_trainer_layout
+from rl.lengths import LengthDistribution
+from rl.models import load_rl_model
+from rl.plan import MAX_SEQUENCES_PER_STEP, Framework, PlanChoice, PlanSet, RLJob, RLPlan, check_async_steps, enumerate_plans, evaluate
+from rl.trainer import TrainerBackend, trainer_for_layout
+from rl.validate import predict_rows, read_runs, summarise
 from specs import Cluster, Precision, parse_gpus
+from specs.console import Col, fitted_table, say
+from specs.console import err as _err
+from specs.console import out as _out
 from specs.errors import TunerError
-from tuner.cli._common import Col, fitted_table, say
-from tuner.cli._common import err as _err
-from tuner.cli._common import out as _out
+from specs.study_files import check_output_path
 
 __all__ = ["rl_app"]
 
@@ -46,7 +48,7 @@ CalOpt = Annotated[Path | None, typer.Option("--calibration", help="RL calibrati
 
 
 #: The most sequences one engine may run at once (``--max-num-seqs``): no engine runs more than a step holds
-#: (``MAX_SEQUENCES_PER_STEP``, cost_model/rl/plan.py).
+#: (``MAX_SEQUENCES_PER_STEP``, rl/plan.py).
 MAX_NUM_SEQS = MAX_SEQUENCES_PER_STEP
 
 def _fail(e: TunerError) -> typer.Exit:
@@ -243,7 +245,7 @@ def _check_plan_options(
     are :class:`RLJob`'s); the first bad one raises, naming the option and what it accepts.
 
     Bounds: ``--async-steps`` 0..8 and the sweep's simulated sequences
-    (:func:`~cost_model.rl.plan.check_async_steps`); ``--gpu-memory-utilization`` in (0, 1];
+    (:func:`~rl.plan.check_async_steps`); ``--gpu-memory-utilization`` in (0, 1];
     ``--max-num-seqs`` and ``--top`` at least 1; ``--rollout-gpus`` whole nodes leaving the trainer
     one; ``--engine-tp`` / ``--engine-ep`` engines that tile nodes; ``--trainer-layout`` one that
     passes Megatron's rules on at least one trainer size the search tries.
@@ -378,13 +380,7 @@ def plan(
         )
         cal = load_rl_calibration(calibration) if calibration else DEFAULT_RL_CALIBRATION
         tl = parse_trainer_layout(trainer_layout, "--trainer-layout") if trainer_layout else None
-        if trainer_backend in ("", "all"):
-            backends = (TrainerBackend.megatron,) if framework == Framework.slime else (TrainerBackend.megatron, TrainerBackend.automodel)
-        else:
-            try:
-                backends = (TrainerBackend(trainer_backend),)
-            except ValueError:
-                raise TunerError(f"--trainer-backend {trainer_backend!r}: accepted megatron, automodel or all") from None
+        backends = _backends(framework, trainer_backend)
         _check_plan_options(
             job, async_steps=async_steps, colocated=colocated, rollout_gpus=rollout_gpus, engine_tp=engine_tp, engine_ep=engine_ep,
             gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs, top=top, trainer_layout=tl, trainer_layout_text=trainer_layout,
@@ -397,48 +393,88 @@ def plan(
             max_num_seqs=(256, 1024) if max_num_seqs is None else (max_num_seqs,),
             enforce_eager=(False, True) if enforce_eager is None else (enforce_eager,), trainer_layout=tl,
         )
-        # export the fastest plan whose trainer layout is known to run (inside its backend's validated scope); a faster
-        # plan outside it is printed first but not exported
-        best = next((p for p in ps.plans if p.trainer.in_validated_scope), ps.plans[0])
-        export_note = ""
-        if not best.trainer.in_validated_scope:
-            export_note = f"no plan's trainer layout is inside the backend's validated scope; the export is plan 1, {best.trainer.note}"
-        elif best is not ps.plans[0]:
-            gain = 1 - ps.plans[0].step_time_s / best.step_time_s
-            faster = (f"{gain:.1%} faster" if gain >= 0.0005 else "as fast (within 0.1%)") + f" ({ps.plans[0].step_time_s:.1f} s per step)"
-            export_note = (f"the export is the fastest plan inside the trainer's validated scope ({best.step_time_s:.1f} s per step); "
-                           f"plan 1 is predicted {faster} but {ps.plans[0].trainer.note}")
-        written: list[Path] = []
-        if export is not None or out is not None:
-            exporter = get_exporter("slime-rl" if framework == Framework.slime else "nemo-rl")
-            text = exporter.render(ExportContext.for_rl_plan(best, job))
-            for target, what in ((export, "--export"), (None if out is None else out / exporter.file_name, "--out")):
-                if target is not None:
-                    from tuner.study.config import check_output_path
-
-                    if what == "--out" and out is not None and not out.is_dir() and out.parent.is_dir():
-                        if out.exists() or out.is_symlink():
-                            raise TunerError(f"--out {str(out)!r} is a file, not a folder; give a folder (it is made when "
-                                             "missing), or --export FILE to write the launch to a file")
-                        out.mkdir()  # the folder named, not the ones above it
-                    check_output_path(what, target, force=force)
-                    written.append(exporter.save(text, target, force=force))
+        best, export_note = _plan_to_export(ps)
+        written = _write_launch(best, job, framework, out=out, export=export, force=force)
     except TunerError as e:
         raise _fail(e) from None
     if json_out:
-        _out.print_json(json.dumps({
-            "model": job.model.name, "cluster": job.cluster.label, "framework": str(framework), "engine": str(job.engine),
-            "responses": job.responses.source, "calibration": cal.source, "considered": ps.considered, "rejected": ps.rejected,
-            "plans": [_plan_dict(p) for p in _distinct(ps.plans, top)],
-            "fastest_per_rollout_gpus": [_plan_dict(p) for p in ps.fastest_per_rollout_gpus()],
-            "fastest_per_async_depth": [_plan_dict(p) for p in ps.fastest_per_async_depth()],
-            "written": [str(w) for w in written],
-            "recommended_plan": _plan_dict(best),
-            "exported_plan": _plan_dict(best) if written else None,
-            "export_note": export_note or None,
-            "note": "every number is a prediction; nothing was measured",
-        }))
+        _print_plan_json(job, framework, cal, ps, best, top=top, written=written, export_note=export_note)
         return
+    _print_plan_text(job, framework, cal, ps, best, top=top, written=written, verbose=verbose, async_steps=async_steps)
+
+
+def _backends(framework: Framework, trainer_backend: str) -> tuple[TrainerBackend, ...]:
+    """The trainer backends ``--trainer-backend`` names ("" or ``all``: the framework's).
+
+    Raises:
+        TunerError: a name that is not a backend.
+    """
+    if trainer_backend in ("", "all"):
+        return (TrainerBackend.megatron,) if framework == Framework.slime else (TrainerBackend.megatron, TrainerBackend.automodel)
+    try:
+        return (TrainerBackend(trainer_backend),)
+    except ValueError:
+        raise TunerError(f"--trainer-backend {trainer_backend!r}: accepted megatron, automodel or all") from None
+
+
+def _plan_to_export(ps: PlanSet) -> tuple[RLPlan, str]:
+    """The plan to export, and why it is not plan 1 ("" when it is)."""
+    # export the fastest plan whose trainer layout is known to run (inside its backend's validated scope); a faster
+    # plan outside it is printed first but not exported
+    best = next((p for p in ps.plans if p.trainer.in_validated_scope), ps.plans[0])
+    export_note = ""
+    if not best.trainer.in_validated_scope:
+        export_note = f"no plan's trainer layout is inside the backend's validated scope; the export is plan 1, {best.trainer.note}"
+    elif best is not ps.plans[0]:
+        gain = 1 - ps.plans[0].step_time_s / best.step_time_s
+        faster = (f"{gain:.1%} faster" if gain >= 0.0005 else "as fast (within 0.1%)") + f" ({ps.plans[0].step_time_s:.1f} s per step)"
+        export_note = (f"the export is the fastest plan inside the trainer's validated scope ({best.step_time_s:.1f} s per step); "
+                       f"plan 1 is predicted {faster} but {ps.plans[0].trainer.note}")
+    return best, export_note
+
+
+def _write_launch(best: RLPlan, job: RLJob, framework: Framework, *, out: Path | None, export: Path | None, force: bool) -> list[Path]:
+    """Write ``best``'s launch in the framework's format to ``--export FILE`` and into ``--out DIR``; the files written.
+
+    Raises:
+        TunerError: a plan the format cannot run, an ``--out`` that is a file, or an output :func:`check_output_path` refuses.
+    """
+    written: list[Path] = []
+    if export is not None or out is not None:
+        exporter = get_exporter("slime-rl" if framework == Framework.slime else "nemo-rl")
+        text = exporter.render(plan_context(best, job))
+        for target, what in ((export, "--export"), (None if out is None else out / exporter.file_name, "--out")):
+            if target is not None:
+                if what == "--out" and out is not None and not out.is_dir() and out.parent.is_dir():
+                    if out.exists() or out.is_symlink():
+                        raise TunerError(f"--out {str(out)!r} is a file, not a folder; give a folder (it is made when "
+                                         "missing), or --export FILE to write the launch to a file")
+                    out.mkdir()  # the folder named, not the ones above it
+                check_output_path(what, target, force=force)
+                written.append(exporter.save(text, target, force=force))
+    return written
+
+
+def _print_plan_json(job: RLJob, framework: Framework, cal: RLCalibration, ps: PlanSet, best: RLPlan, *, top: int, written: list[Path],
+                     export_note: str) -> None:
+    """``tune rl --json``: the ranked plans, the recommended one and what was written, as one JSON document."""
+    _out.print_json(json.dumps({
+        "model": job.model.name, "cluster": job.cluster.label, "framework": str(framework), "engine": str(job.engine),
+        "responses": job.responses.source, "calibration": cal.source, "considered": ps.considered, "rejected": ps.rejected,
+        "plans": [_plan_dict(p) for p in _distinct(ps.plans, top)],
+        "fastest_per_rollout_gpus": [_plan_dict(p) for p in ps.fastest_per_rollout_gpus()],
+        "fastest_per_async_depth": [_plan_dict(p) for p in ps.fastest_per_async_depth()],
+        "written": [str(w) for w in written],
+        "recommended_plan": _plan_dict(best),
+        "exported_plan": _plan_dict(best) if written else None,
+        "export_note": export_note or None,
+        "note": "every number is a prediction; nothing was measured",
+    }))
+
+
+def _print_plan_text(job: RLJob, framework: Framework, cal: RLCalibration, ps: PlanSet, best: RLPlan, *, top: int, written: list[Path],
+                     verbose: bool, async_steps: int) -> None:
+    """``tune rl``'s report: the job, the recommended plan, the counts, the plan tables and the files written."""
     _out.print(f"[bold]{escape(job.model.name)}[/] on {job.cluster.label}, {framework} + {job.engine}: {job.prompts_per_step} prompts x "
                f"{job.generations_per_prompt} generations a step", highlight=False)
     say(f"prompt <= {job.prompt_len:,}, response <= {job.response_len:,} tokens ({job.responses.source}); calibration: {cal.source}",
@@ -503,19 +539,19 @@ def validate_cmd(
     _out.print(f"Measured vs predicted step time ({data}; calibration: {cal.source})", markup=False, highlight=False)
     cols = [Col("line", "right"), Col("run"), Col("measured s", "right"), Col("predicted s", "right"), Col("error", "right"),
             Col("gen", "right", 1), Col("logprob", "right", 3), Col("train", "right", 2), Col("refit", "right", 4), Col("switch", "right", 5)]
-    rows = []
+    table_rows: list[list[str]] = []
     for r in results:
         if r.plan is None:
             continue
         pt = r.plan.parts
-        rows.append([str(r.row.line), r.row.label, f"{r.row.step_time_s:g}", f"{pt.step_time_s:.1f}", f"{r.rel_error('step'):+.0%}",
+        table_rows.append([str(r.row.line), r.row.label, f"{r.row.step_time_s:g}", f"{pt.step_time_s:.1f}", f"{r.rel_error('step'):+.0%}",
                      f"{pt.generation_s:.1f}", f"{pt.logprob_s:.1f}", f"{pt.training_s:.1f}", f"{pt.refit_s:.1f}", f"{pt.switch_s:.1f}"])
-    t = fitted_table(cols, rows, console=_out)
+    t = fitted_table(cols, table_rows, console=_out)
     _out.print(t)
     st = summary["step"]
     assert isinstance(st, dict)
     med = st["median_abs_error"]
-    _out.print(f"step time: {st['n']} rows predicted of {len(rows) + len(errors)}; median |error| {'n/a' if med is None else f'{med:.1%}'}", highlight=False, markup=False)
+    _out.print(f"step time: {st['n']} rows predicted of {len(table_rows) + len(errors)}; median |error| {'n/a' if med is None else f'{med:.1%}'}", highlight=False, markup=False)
     for part in ("generation", "training"):
         s = summary[part]
         assert isinstance(s, dict)
@@ -596,7 +632,6 @@ def calibrate_cmd(
     text = save_rl_calibration(fitted)
     if out is not None:
         from specs.files import write_output
-        from tuner.study.config import check_output_path
 
         try:
             check_output_path("--out", out, force=force)

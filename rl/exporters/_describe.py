@@ -1,16 +1,27 @@
-"""What the RL formats share: the plan of a context (or why there is none) and the prediction lines their headers carry."""
+"""What the RL formats share: the context of a plan, the plan of a context (or why there is none) and the prediction lines their
+headers carry."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from launch.exporters._base import ExportContext
+from specs import Cluster
 from specs.errors import TunerError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from cost_model.rl.plan import RLJob, RLPlan
+    from rl.plan import RLJob, RLPlan
 
-__all__ = ["prediction_lines", "rl_plan_of"]
+__all__ = ["plan_context", "prediction_lines", "rl_plan_of"]
+
+
+def plan_context(plan: RLPlan, job: RLJob) -> ExportContext:
+    """The context of an RL plan: the trainer's GPUs, workload and layout, with the plan and job attached."""
+    cl = job.cluster
+    n = plan.choice.trainer_gpus
+    trainer = Cluster(gpu=cl.gpu, num_gpus=n, gpus_per_node=min(cl.gpus_per_node, n), inter_node_bytes_per_s=cl.inter_node_bytes_per_s,
+                      usd_per_gpu_hour=cl.usd_per_gpu_hour)
+    return ExportContext(model=job.model, cluster=trainer, workload=job.workload, layout=plan.trainer.layout, rl_plan=plan, rl_job=job)
 
 
 def rl_plan_of(context: ExportContext, fmt: str) -> tuple[RLPlan, RLJob]:
@@ -19,12 +30,15 @@ def rl_plan_of(context: ExportContext, fmt: str) -> tuple[RLPlan, RLJob]:
     Raises:
         TunerError: a context without an RL plan (a training study's layout): the format named with where its plans come from.
     """
-    if context.rl_plan is None or context.rl_job is None:
+    from rl.plan import RLJob, RLPlan
+
+    plan, job = context.rl_plan, context.rl_job
+    if not isinstance(plan, RLPlan) or not isinstance(job, RLJob):
         raise TunerError(
             f"--format {fmt} renders an RL post-training plan: write it with `tune rl ... --out DIR`; "
             "a training study's layout exports as recipe, slime or megatron"
         )
-    return context.rl_plan, context.rl_job
+    return plan, job
 
 
 def prediction_lines(plan: RLPlan, job: RLJob) -> list[str]:

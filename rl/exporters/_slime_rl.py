@@ -15,12 +15,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from launch.exporters._base import ExportContext, Exporter
-from launch.exporters._rl_describe import prediction_lines, rl_plan_of
 from launch.exporters._shell import SHEBANG, STRICT_MODE, bash_array, comment
+from rl.exporters._describe import prediction_lines, rl_plan_of
 from specs.errors import TunerError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from cost_model.rl.plan import RLJob, RLPlan
+    from rl.plan import RLJob, RLPlan
 
 __all__ = ["SlimeRLExporter", "render_slime_script", "slime_rl_args"]
 
@@ -31,8 +31,8 @@ def slime_rl_args(plan: RLPlan, job: RLJob) -> list[str]:
     Raises:
         TunerError: a plan slime cannot run (a vLLM engine or an AutoModel trainer).
     """
-    from cost_model.rl.engine import Engine
-    from cost_model.rl.trainer import TrainerBackend
+    from rl.engine import Engine
+    from rl.trainer import TrainerBackend
 
     c = plan.choice
     if c.engine != Engine.sglang:

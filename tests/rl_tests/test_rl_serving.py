@@ -1,4 +1,4 @@
-"""The engine-model check (cost_model.rl.serving): the published-runs reader, request lengths, predictions on synthetic latency."""
+"""The engine-model check (rl.serving): the published-runs reader, request lengths, predictions on synthetic latency."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cost_model.rl.engine import LatencyTable
-from cost_model.rl.serving import ServingRun, predict_serving, read_serving_runs, serving_requests, summarise_serving
+from rl.engine import LatencyTable
+from rl.serving import ServingRun, predict_serving, read_serving_runs, serving_requests, summarise_serving
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = "id,source,model,gpu,engine,engine_version,precision,tp,ep,dp,load,concurrency,num_prompts,isl,osl,lengths,metric,measured,notes"
@@ -74,7 +74,7 @@ def test_open_load_runs_everything_at_once_and_per_gpu_divides(tmp_path):
 def test_request_lengths_follow_the_row():
     base = dict(line=2, id="a", source="s", model="Qwen3-30B-A3B", gpu="H100", engine="vllm", engine_version="", precision="bf16",
                 load="closed", concurrency=4, num_prompts=1000, metric="tpot_ms", measured=1.0, notes="")
-    from cost_model.rl.engine import Engine, EngineShape
+    from rl.engine import Engine, EngineShape
 
     base.update(engine=Engine.vllm, shape=EngineShape())
     p, o = serving_requests(ServingRun(isl=1024, osl=8192, lengths="uniform:0.8", **base))

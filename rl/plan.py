@@ -6,10 +6,10 @@ the trainer GPUs; the engine shape (TP, EP, attention-DP, PP), ``gpu_memory_util
 backend; the async depth K. :func:`evaluate` predicts its step time and parts;
 :func:`enumerate_plans` walks every plan that fits and ranks them.
 
-Generation is simulated (:mod:`cost_model.rl.simulator`) over the job's response-length
+Generation is simulated (:mod:`rl.simulator`) over the job's response-length
 distribution with each engine's per-iteration latency; training and log-probs come from
-the project's estimate (:mod:`cost_model.rl.trainer`); refit and switch from
-:mod:`cost_model.rl.refit`; they combine by :mod:`cost_model.rl.step`.
+the project's estimate (:mod:`rl.trainer`); refit and switch from
+:mod:`rl.refit`; they combine by :mod:`rl.step`.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from enum import Enum
 import numpy as np
 import numpy.typing as npt
 
-from cost_model.rl.calibration import DEFAULT_RL_CALIBRATION, RLCalibration
-from cost_model.rl.engine import Engine, EngineDataError, EngineShape, GenerationPrecision, LatencyTable, aiconfigurator_latency_table, weight_bytes_per_param
-from cost_model.rl.layouts import TrainerLayout
-from cost_model.rl.lengths import LengthDistribution
-from cost_model.rl.refit import refit_s, switch_s
-from cost_model.rl.simulator import RolloutRun, simulate_rollout
-from cost_model.rl.step import StepParts, compose_step
-from cost_model.rl.trainer import TrainerBackend, TrainerPlan, best_trainer, rl_workload, trainer_for_layout
+from rl.calibration import DEFAULT_RL_CALIBRATION, RLCalibration
+from rl.engine import Engine, EngineDataError, EngineShape, GenerationPrecision, LatencyTable, aiconfigurator_latency_table, weight_bytes_per_param
+from rl.layouts import TrainerLayout
+from rl.lengths import LengthDistribution
+from rl.refit import refit_s, switch_s
+from rl.simulator import RolloutRun, simulate_rollout
+from rl.step import StepParts, compose_step
+from rl.trainer import TrainerBackend, TrainerPlan, best_trainer, rl_workload, trainer_for_layout
 from specs import GIB, Cluster, ModelSpec, Precision, Workload
 from specs.errors import TunerError
 from specs.workload import MAX_SEQ_LENGTH
@@ -159,7 +159,7 @@ class RLJob:
 
     @property
     def workload(self) -> Workload:
-        """The trainer's workload of one optimizer step (:func:`~cost_model.rl.trainer.rl_workload`)."""
+        """The trainer's workload of one optimizer step (:func:`~rl.trainer.rl_workload`)."""
         return rl_workload(
             sequences=self.train_sequences, mean_total_len=self.mean_prompt_len + self.responses.mean, max_total_len=self.max_total_len, precision=self.training_precision
         )
@@ -287,7 +287,7 @@ def _expert_params(model: ModelSpec) -> float:
 
 def engine_weight_bytes(model: ModelSpec, shape: EngineShape, bytes_per_param: tuple[float, float] = (2.0, 2.0)) -> float:
     """Weight bytes per GPU of one engine (``bytes_per_param`` = (dense, expert); BF16 by default,
-    :func:`~cost_model.rl.engine.weight_bytes_per_param` for others).
+    :func:`~rl.engine.weight_bytes_per_param` for others).
 
     Experts are sharded over all the engine's ``tp * attention_dp`` ranks (EP x expert-TP);
     the other weights over ``tp * pp`` and replicated on each attention-DP rank.
@@ -397,8 +397,8 @@ def evaluate(
         job: the RL step and cluster.
         choice: the plan's decisions.
         trainer: the trainer layout on ``choice.trainer_gpus`` GPUs (from
-            :func:`~cost_model.rl.trainer.best_trainer` or
-            :func:`~cost_model.rl.trainer.trainer_for_layout`), its times before calibration scales.
+            :func:`~rl.trainer.best_trainer` or
+            :func:`~rl.trainer.trainer_for_layout`), its times before calibration scales.
         calibration: per-cluster factors.
         latency: where engine latencies come from.
 

@@ -6,8 +6,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cost_model.rl.engine import Engine, EngineShape
-from cost_model.rl.trainer import TrainerBackend
+from rl.engine import Engine, EngineShape
+from rl.trainer import TrainerBackend
 from specs.errors import TunerError
 
 __all__ = ["EngineLayout", "TrainerLayout", "parse_engine_layout", "parse_trainer_layout"]

@@ -10,9 +10,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-import cost_model.rl.plan as plan_mod
-from cost_model.rl.engine import LatencyTable
-from tuner.cli_rl import rl_app
+import rl.plan as plan_mod
+from rl.cli import rl_app
+from rl.engine import LatencyTable
 
 ROOT = Path(__file__).resolve().parents[2]
 app = typer.Typer()
@@ -198,7 +198,7 @@ def test_a_model_aiconfigurator_has_no_data_for_names_what_it_has(tmp_path, monk
 
 @pytest.mark.real_engine
 def test_missing_aiconfigurator_names_the_extra(tmp_path, monkeypatch):
-    import cost_model.rl.engine as eng
+    import rl.engine as eng
 
     real = eng.importlib.import_module
 
@@ -287,7 +287,7 @@ def test_the_export_is_the_fastest_plan_inside_the_trainer_s_validated_scope(tmp
     it): the export is still the fastest plan inside the scope, and the note says what is faster outside it."""
     import dataclasses
 
-    import tuner.cli_rl as cli_rl
+    import rl.cli as cli_rl
 
     real = cli_rl.enumerate_plans
 
@@ -334,7 +334,7 @@ def test_no_plan_names_its_counts_and_the_first_engine_data_gap(monkeypatch):
 
 
 def test_nested_engine_errors_are_said_once():
-    from cost_model.rl.engine import _collapse_repeats
+    from rl.engine import _collapse_repeats
 
     assert _collapse_repeats("perf database error: perf database error: no DSA rows (first: /x)") == "perf database error: no DSA rows (first: /x)"
     assert _collapse_repeats("a: b: c") == "a: b: c"

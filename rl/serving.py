@@ -6,7 +6,7 @@ weights' precision, TP / EP / attention-DP, and the client's load. Two loads:
 
 - ``closed``: ``--max-concurrency C`` with ``N`` prompts: at most ``C`` requests in flight, a new
   one sent when one ends. The engine sees a queue served ``C`` at a time, which is
-  :func:`~cost_model.rl.simulator.simulate_engine` with ``max_num_seqs = C`` and every request
+  :func:`~rl.simulator.simulate_engine` with ``max_num_seqs = C`` and every request
   queued at time 0.
 - ``open``: ``--request-rate inf``: all ``N`` requests at once; the engine's own cap on running
   sequences (vLLM's ``max_num_seqs`` default 1024 on GPUs of >= 70 GiB, ``vllm/engine/arg_utils.py``
@@ -20,11 +20,11 @@ exponential with that mean, cut at 2,048 tokens as ``vllm bench``'s ShareGPT sam
 assumption: the published totals carry no distribution).
 
 Metrics predicted: ``tpot_ms`` (mean time per output token after the first, as the clients report
-it: :attr:`~cost_model.rl.simulator.EngineRun.mean_tpot_s`) and ``output_tok_s`` (generated tokens
+it: :attr:`~rl.simulator.EngineRun.mean_tpot_s`) and ``output_tok_s`` (generated tokens
 over the makespan) or ``output_tok_s_per_gpu`` (that over the engine's GPUs).
 
 Every prediction uses the same per-iteration latency as ``tune rl``
-(:func:`~cost_model.rl.engine.aiconfigurator_latency_table`) at the row's precision; a row whose
+(:func:`~rl.engine.aiconfigurator_latency_table`) at the row's precision; a row whose
 model, GPU, shape or precision aiconfigurator has no data for is reported with the reason.
 """
 
@@ -39,11 +39,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from cost_model.rl.engine import Engine, EngineShape, GenerationPrecision, LatencyTable, aiconfigurator_latency_table, weight_bytes_per_param
-from cost_model.rl.lengths import LengthDistribution
-from cost_model.rl.models import load_rl_model
-from cost_model.rl.plan import BLOCK_SIZE, kv_capacity_tokens
-from cost_model.rl.simulator import EngineRun, simulate_engine
+from rl.engine import Engine, EngineShape, GenerationPrecision, LatencyTable, aiconfigurator_latency_table, weight_bytes_per_param
+from rl.lengths import LengthDistribution
+from rl.models import load_rl_model
+from rl.plan import BLOCK_SIZE, kv_capacity_tokens
+from rl.simulator import EngineRun, simulate_engine
 from specs import Cluster, load_gpu
 from specs.errors import TunerError
 from specs.table import BadCell, Column, read_table
@@ -90,7 +90,7 @@ class ServingRun:
     engine: Engine
     engine_version: str
     precision: str
-    """``bf16``, ``fp8`` or ``checkpoint`` (:class:`~cost_model.rl.engine.GenerationPrecision`); any other
+    """``bf16``, ``fp8`` or ``checkpoint`` (:class:`~rl.engine.GenerationPrecision`); any other
     value (``mxfp8``) is kept and refused at prediction, naming it."""
     shape: EngineShape
     load: str
@@ -241,7 +241,7 @@ class ServingPrediction:
 def predict_serving(row: ServingRun, *, latency: ServingLatency = _aiconfigurator, memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> ServingPrediction:
     """Predict one row: simulate its requests on one engine and read the row's metric off the run.
 
-    The KV cache is :func:`~cost_model.rl.plan.kv_capacity_tokens` at ``memory_fraction`` with CUDA
+    The KV cache is :func:`~rl.plan.kv_capacity_tokens` at ``memory_fraction`` with CUDA
     graphs (the benchmarks' default), weights at the row's precision.
 
     Never raises for a row it cannot predict: the reason is in :attr:`ServingPrediction.error`.
