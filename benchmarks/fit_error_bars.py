@@ -11,11 +11,16 @@ Inputs:
 - the published runs (``benchmarks/data/published_runs.csv``) under the shipped calibration: each ran, so its
   GPU memory over the predicted peak bounds measured / predicted from above (the memory band's low end).
 
-Method, per family (dense / MoE x bf16 / fp8 recipes, and ``all``): ``x = log(measured / predicted)``; the
-band is the 5th and 95th percentiles of ``x`` (linear interpolation), each end pulled towards the pooled
-band's with weight ``K / (n + K)`` (n rows in the family, K = :data:`SHRINK_ROWS`), so a family of a few rows
-is not narrower than the evidence allows. Judged by leave-one-model-out: each model's rows are judged against
-bands fitted on the other models' rows only. Prints one JSON object; ``--write`` writes the YAML.
+Method, per family (dense / MoE x bf16 / fp8 recipes, and ``all``): ``x = log(measured / predicted)``; each
+end of the band is the split-conformal quantile of ``x`` at ``a = 0.05`` per end (:func:`conformal_ends`: the
+``k``-th smallest and the ``k``-th largest of the ``n`` rows, ``k = ceil((n + 1)(1 - a))``; Vovk, Gammerman and
+Shafer, "Algorithmic Learning in a Random World", Springer 2005; Lei, G'Sell, Rinaldo, Tibshirani and
+Wasserman, "Distribution-Free Predictive Inference for Regression", JASA 113(523), 2018), so that a new row
+exchangeable with the fitted ones falls outside each end with probability at most ``a``. Each end is then
+pulled towards the pooled band's with weight ``K / (n + K)`` (n rows in the family, K = :data:`SHRINK_ROWS`),
+so a family of a few rows is not narrower than the evidence allows. Judged by leave-one-model-out: each
+model's rows are judged against bands fitted on the other models' rows only. Prints one JSON object;
+``--write`` writes the YAML.
 """
 
 from __future__ import annotations
@@ -39,8 +44,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SHRINK_ROWS = 10
 #: Share of the published runs that ran which the memory band's low end may call "surely over" the GPU.
 MEMORY_LOW_QUANTILE = 0.01
-#: Percentiles of the 90% band.
+#: Percentiles of the memory band's trial rows.
 QUANTILES = (0.05, 0.95)
+#: Miscoverage of each end of the 90% throughput band (split-conformal, :func:`conformal_ends`).
+ALPHA_PER_END = 0.05
 
 
 def _family(is_moe: bool, precision: str) -> str:
@@ -106,16 +113,35 @@ def _quantiles(x: list[float]) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
+def conformal_ends(x: list[float], alpha: float = ALPHA_PER_END) -> tuple[float, float]:
+    """The split-conformal lower and upper ends of ``x`` (n values): the ``k``-th smallest and the ``k``-th largest
+    value, ``k = ceil((n + 1)(1 - alpha))`` (the empirical quantile of level ``k / n``, numpy's
+    ``method="inverted_cdf"``). For ``n`` exchangeable values and one more, the new one is above the upper end
+    (below the lower end) with probability at most ``alpha`` (Lei et al., JASA 2018, Theorem 2.1). Where
+    ``k > n`` (fewer than ``1 / alpha - 1`` values) the exact end is infinite; the extreme value is taken and
+    the family shrinkage of :func:`fit_bands` widens it towards the pooled band.
+
+    Raises:
+        ValueError: ``x`` is empty.
+    """
+    if not x:
+        raise ValueError("conformal_ends: no values")
+    xs = np.sort(np.asarray(x, dtype=float))
+    n = len(xs)
+    k = min(n, math.ceil((n + 1) * (1 - alpha) - 1e-9))  # the tolerance keeps an exact integer product exact
+    return float(xs[n - k]), float(xs[k - 1])
+
+
 def fit_bands(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Throughput bands per family (and ``all``) from rows with ``family`` and ``x``; log-scale ends."""
-    pooled = _quantiles([r["x"] for r in rows])
+    pooled = conformal_ends([r["x"] for r in rows])
     out = {"all": {"lo": min(pooled[0], 0.0), "hi": max(pooled[1], 0.0), "rows": len(rows)}}
     fams: dict[str, list[float]] = defaultdict(list)
     for r in rows:
         fams[r["family"]].append(r["x"])
         fams[r["family"].split("-")[0]].append(r["x"])
     for f, x in sorted(fams.items()):
-        lo, hi = _quantiles(x)
+        lo, hi = conformal_ends(x)
         w = SHRINK_ROWS / (len(x) + SHRINK_ROWS)
         lo, hi = (1 - w) * lo + w * pooled[0], (1 - w) * hi + w * pooled[1]
         out[f] = {"lo": min(lo, 0.0), "hi": max(hi, 0.0), "rows": len(x)}

@@ -3,9 +3,10 @@
 An interval is a pair of multipliers of the prediction, ``[low, high]``, read from the measured error
 structure of the model (``cost_model/data/error_bars.yaml``, written by ``benchmarks/fit_error_bars.py``):
 
-- throughput (tokens/s/GPU): the 5th and 95th percentiles of measured / predicted over runs the model was
-  not fitted on (published runs predicted k-fold by model, and the one-GPU H200 trial rows), by family
-  (dense / MoE, bf16 / fp8 recipes), a family with few rows widened towards the pooled spread;
+- throughput (tokens/s/GPU): the split-conformal 5% and 95% quantiles of measured / predicted over runs the
+  model was not fitted on (published runs predicted k-fold by model, and the one-GPU H200 trial rows; Lei et
+  al., "Distribution-Free Predictive Inference for Regression", JASA 2018), by family (dense / MoE, bf16 / fp8
+  recipes), a family with few rows widened towards the pooled spread;
 - peak memory: the high end from measured peaks of real trials (reserved memory, which the model predicts),
   the low end from published runs that ran: a run that ran fits its GPU, so ``HBM / predicted`` bounds its
   measured / predicted from above, and the low end is the smallest such bound seen (the model over-predicts the

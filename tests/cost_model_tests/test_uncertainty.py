@@ -100,3 +100,52 @@ def test_the_ratio_of_two_layouts_is_within_error_below_its_90_percent_band():
     z = np.random.default_rng(0).standard_normal((2, 200_000)) * BETWEEN_LAYOUTS_SIGMA
     within = np.mean(np.abs(z[0] - z[1]) < np.log1p(ratio_within_error()))
     assert 0.89 < within < 0.92 and abs(ratio_within_error() - 0.157) < 0.001
+
+
+def _fit_module():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import fit_error_bars
+
+    return fit_error_bars
+
+
+def test_conformal_ends_are_the_kth_order_statistics():
+    """k = ceil((n + 1) 0.95): the k-th smallest and the k-th largest; fewer than 19 values take the extremes."""
+    f = _fit_module()
+    x = list(np.random.default_rng(1).permutation(100).astype(float))
+    assert f.conformal_ends(x) == (4.0, 95.0)  # k = 96
+    assert f.conformal_ends(x[:19]) == (min(x[:19]), max(x[:19]))  # k = 19 = n
+    assert f.conformal_ends([3.0, 1.0, 2.0]) == (1.0, 3.0)  # k = 4 > n: the extremes
+    with pytest.raises(ValueError, match="no values"):
+        f.conformal_ends([])
+
+
+def test_a_new_exchangeable_value_falls_past_each_conformal_end_at_most_5_percent_of_the_time():
+    f = _fit_module()
+    rng = np.random.default_rng(2)
+    over = under = 0
+    for _ in range(4000):
+        z = rng.standard_normal(31)
+        lo, hi = f.conformal_ends(list(z[:30]))
+        over += z[30] > hi
+        under += z[30] < lo
+    # exactly 1 - 30/31 = 0.032 for continuous values (n = 30, k = 30)
+    assert 0.022 < over / 4000 < 0.043 and 0.022 < under / 4000 < 0.043
+
+
+def test_shipped_throughput_bands_and_judgement_are_the_fit_of_the_recorded_residuals():
+    """cost_model/data/error_bars.yaml and fit_error_bars.json are what fit_error_bars.py gives on the recorded rows."""
+    import json
+    from pathlib import Path
+
+    f = _fit_module()
+    folder = Path(__file__).resolve().parents[2] / "benchmarks/results/2026-12-07_error_bars"
+    rows = [json.loads(line) for line in (folder / "residuals.jsonl").read_text().splitlines()]
+    tput, _ = load_error_bars()
+    for fam, b in f.fit_bands(rows).items():
+        assert (tput[fam].low, tput[fam].high, tput[fam].rows) == (round(math.exp(b["lo"]), 4), round(math.exp(b["hi"]), 4), b["rows"])
+    recorded = json.loads((folder / "fit_error_bars.json").read_text())["throughput_judged_leave_one_model_out"]
+    assert f.judge(rows) == recorded
