@@ -73,20 +73,34 @@ def heldout_rows(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def trial_rows() -> tuple[list[dict[str, Any]], list[float]]:
-    """H200 trial rows with TE: throughput residuals, and log(measured / predicted) of the reserved peak."""
+def trial_rows() -> tuple[list[dict[str, Any]], list[float], list[str]]:
+    """H200 trial rows with TE: throughput residuals, log(measured / predicted) of the reserved peak, and each
+    row's job (model and precision: the rows that differ in layout only)."""
     from tuner.validate_trials import predict_trials, read_trials
 
     files = sorted(glob.glob(str(ROOT / "benchmarks/results/h200_te_*/*/sweep.jsonl")) + glob.glob(str(ROOT / "benchmarks/results/h200_te_*/*/probe*.jsonl")))
     rows, _ = read_trials(files)
     preds = predict_trials(rows)
-    tput, mem = [], []
+    tput, mem, jobs = [], [], []
     for p in preds:
         prec = str(getattr(p.row.workload.precision, "value", p.row.workload.precision))
         tput.append({"source": "h200_trials", "model": p.row.model.name.split("[")[0], "family": _family(bool(p.row.model.num_experts), prec),
                      "x": math.log(1.0 + p.step_error)})  # measured / predicted tokens/s = predicted / measured step
         mem.append(-math.log(1.0 + p.memory_error))
-    return tput, mem
+        jobs.append(f"{p.row.model.name}/{prec}")
+    return tput, mem, jobs
+
+
+def shared_share(x: list[float], groups: list[str], min_rows: int = 3) -> float:
+    """The share of the variance of ``x`` common to the rows of a group: ``1 - s_w^2 / s^2``, ``s_w`` the pooled
+    within-group standard deviation over groups of at least ``min_rows`` rows, ``s`` the standard deviation of all
+    (both with ``ddof = 1``), clipped to [0, 1]. The same reading as the trial policy's ``shared`` of throughput."""
+    by: dict[str, list[float]] = defaultdict(list)
+    for v, g in zip(x, groups, strict=True):
+        by[g].append(v)
+    big = [np.asarray(v) for v in by.values() if len(v) >= min_rows]
+    within = sum(float(((v - v.mean()) ** 2).sum()) for v in big) / sum(len(v) - 1 for v in big)
+    return float(min(1.0, max(0.0, 1.0 - within / float(np.var(x, ddof=1)))))
 
 
 def published_memory_bounds() -> list[dict[str, Any]]:
@@ -169,11 +183,13 @@ def judge(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "coverage_by_source": {k: {"rows": len(v), "coverage": round(float(np.mean(v)), 4)} for k, v in per_source.items()}}
 
 
-def memory_band(trial_mem: list[float], bounds: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+def memory_band(trial_mem: list[float], bounds: list[dict[str, Any]], shared: float) -> dict[str, dict[str, float]]:
     """The memory band (log-scale ends) per family: the high end is the largest measured / predicted peak of the
     trials; the low end (what "surely does not fit" is judged by) the :data:`MEMORY_LOW_QUANTILE` quantile of
     ``HBM / predicted`` over the published runs that ran, at most the trials' 5th percentile. ``sigma`` is the
-    trials' standard deviation of ``log(measured / predicted)`` (the chance a layout fits, for the trial policy)."""
+    trials' standard deviation of ``log(measured / predicted)`` (the chance a layout fits, for the trial policy), and
+    ``shared`` the share of its variance common to the layouts of one job (:func:`shared_share` by model and precision:
+    what one layout's measured peak or out-of-memory says of the others')."""
     hi = max(max(trial_mem), 0.0)
     lo_trials = _quantiles(trial_mem)[0]
     sigma = float(np.std(trial_mem, ddof=1))
@@ -184,7 +200,7 @@ def memory_band(trial_mem: list[float], bounds: list[dict[str, Any]]) -> dict[st
         fams[b["family"].split("-")[0]].append(b["bound"])
     for f, x in fams.items():
         lo = float(np.quantile(np.asarray(x), MEMORY_LOW_QUANTILE))
-        out[f] = {"lo": min(lo_trials, lo, 0.0), "hi": hi, "rows": len(x) + len(trial_mem), "sigma": sigma}
+        out[f] = {"lo": min(lo_trials, lo, 0.0), "hi": hi, "rows": len(x) + len(trial_mem), "sigma": sigma, "shared": shared}
     return out
 
 
@@ -195,11 +211,11 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="also write the rows and the judgement into this folder")
     a = ap.parse_args()
     pub = heldout_rows(Path(a.heldout))
-    trials, trial_mem = trial_rows()
+    trials, trial_mem, trial_jobs = trial_rows()
     rows = pub + trials
     bands = fit_bands(rows)
     bounds = published_memory_bounds()
-    mem = memory_band(trial_mem, bounds)
+    mem = memory_band(trial_mem, bounds, shared_share(trial_mem, trial_jobs))
     mem_cover = {
         "published_runs_low_end_at_or_below_hbm": round(float(np.mean([b["bound"] >= _band_of(mem, b["family"])["lo"] for b in bounds])), 4),
         "published_runs_predicted_over_hbm": sum(b["predicted_over_hbm"] for b in bounds),
@@ -208,7 +224,7 @@ def main() -> None:
     result = {
         "throughput_bands": {k: {"low": round(math.exp(v["lo"]), 4), "high": round(math.exp(v["hi"]), 4), "rows": v["rows"]} for k, v in bands.items()},
         "memory_bands": {k: {"low": round(math.exp(v["lo"]), 4), "high": round(math.exp(v["hi"]), 4), "sigma": round(v["sigma"], 4),
-                             "rows": v["rows"]} for k, v in mem.items()},
+                             "shared": round(v["shared"], 2), "rows": v["rows"]} for k, v in mem.items()},
         "throughput_judged_leave_one_model_out": judge(rows),
         "memory_checks": mem_cover,
         "rows": {"published_heldout": len(pub), "h200_trials": len(trials), "published_memory_bounds": len(bounds)},

@@ -149,3 +149,81 @@ def test_shipped_throughput_bands_and_judgement_are_the_fit_of_the_recorded_resi
         assert (tput[fam].low, tput[fam].high, tput[fam].rows) == (round(math.exp(b["lo"]), 4), round(math.exp(b["hi"]), 4), b["rows"])
     recorded = json.loads((folder / "fit_error_bars.json").read_text())["throughput_judged_leave_one_model_out"]
     assert f.judge(rows) == recorded
+
+
+GIB = 2.0**30
+HBM = 80 * GIB
+
+
+def test_chance_to_fit_before_any_trial_is_the_policy_s_prior():
+    from cost_model.uncertainty import chance_to_fit
+    from tuner.study.policy import GainPolicy, PolicyParams
+
+    peak = np.linspace(60, 90, 31) * GIB
+    pol = GainPolicy(predicted=np.ones(31), step_time_s=np.ones(31), peak_bytes=peak, codes=np.zeros((31, 1), dtype=np.int64),
+                     hbm_bytes=HBM, gpus=8, params=PolicyParams(sigma=0.1, memory_sigma=0.0235, memory_bias=0.01))
+    got = chance_to_fit(peak, HBM, sigma=0.0235, shared=0.54, bias=0.01)
+    assert np.allclose(got, pol.p_fit, atol=1e-12)
+
+
+def test_an_out_of_memory_lowers_and_a_low_peak_raises_the_others_chance():
+    from cost_model.uncertainty import chance_to_fit
+
+    peak = np.array([76.0, 77.0, 78.0, 79.0, 70.0]) * GIB
+    kw = dict(sigma=0.0235, shared=0.54)
+    prior = chance_to_fit(peak, HBM, **kw)
+    after_oom = chance_to_fit(peak, HBM, out_of_memory=[0], **kw)
+    assert after_oom[0] == 0.0 and np.all(after_oom[1:] < prior[1:])
+    low = chance_to_fit(peak, HBM, measured={0: 72.0 * GIB}, **kw)  # 5% under its prediction
+    assert low[0] == 1.0 and np.all(low[1:4] > prior[1:4])
+    # a job whose errors are the layouts' own learns nothing about the others
+    alone = chance_to_fit(peak, HBM, out_of_memory=[0], sigma=0.0235, shared=0.0)
+    assert np.allclose(alone[1:], chance_to_fit(peak, HBM, sigma=0.0235, shared=0.0)[1:])
+
+
+def test_chance_to_fit_is_the_posterior_of_the_shared_error_model():
+    """Against the model drawn: exact normal algebra for a measured peak, rejection sampling for out-of-memory."""
+    from scipy.special import ndtr
+
+    from cost_model.uncertainty import chance_to_fit
+
+    sigma, shared = 0.0235, 0.54
+    tau, s = sigma * math.sqrt(shared), sigma * math.sqrt(1 - shared)
+    peak = np.array([78.0, 78.5, 79.0, 75.0]) * GIB
+    t = np.log(HBM / peak)
+    # measured peak 3% over: b | z ~ N(z tau^2 / (tau^2 + s^2), tau^2 s^2 / (tau^2 + s^2))
+    z = math.log(1.03)
+    m, v = z * tau**2 / (tau**2 + s**2), tau**2 * s**2 / (tau**2 + s**2)
+    got = chance_to_fit(peak, HBM, sigma=sigma, shared=shared, measured={3: 75.0 * 1.03 * GIB})
+    assert np.allclose(got[:3], ndtr((t[:3] - m) / math.sqrt(v + s**2)), atol=2e-4)
+    # two out-of-memory layouts
+    rng = np.random.default_rng(3)
+    b = tau * rng.standard_normal(400_000)
+    u = s * rng.standard_normal((400_000, 3))
+    keep = (b + u[:, 0] > t[0]) & (b + u[:, 1] > t[1])
+    want = np.mean(b[keep] + u[keep, 2] <= t[2])
+    got = chance_to_fit(peak, HBM, sigma=sigma, shared=shared, out_of_memory={0, 1})
+    assert got[2] == pytest.approx(want, abs=4 * math.sqrt(want * (1 - want) / keep.sum()) + 1e-3)
+    assert got[2] < chance_to_fit(peak, HBM, sigma=sigma, shared=shared, out_of_memory={0})[2]
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    (dict(sigma=0.0, shared=0.5), "sigma"), (dict(sigma=0.02, shared=1.5), "shared"),
+    (dict(sigma=0.02, shared=0.5, out_of_memory=[9]), "index"), (dict(sigma=0.02, shared=0.5, measured={0: float("nan")}), "measured peak"),
+])
+def test_chance_to_fit_refuses_what_it_cannot_read(kw, match):
+    from cost_model.uncertainty import chance_to_fit
+
+    with pytest.raises(ValueError, match=match):
+        chance_to_fit(np.ones(3) * GIB, HBM, **kw)
+
+
+def test_the_memory_band_says_how_much_of_its_error_a_job_shares():
+    """shared = 1 - within-job variance / all: measured on the H200 trials grouped by model and precision."""
+    f = _fit_module()
+    _, mem = load_error_bars()
+    assert mem["moe"].shared == mem["all"].shared and 0.3 < mem["all"].shared < 0.8
+    x = [0.0, 0.1, 0.2, 1.0, 1.1, 1.2, 5.0]
+    assert f.shared_share(x, ["a", "a", "a", "b", "b", "b", "c"]) == pytest.approx(1 - 0.01 / np.var(x, ddof=1))
+    with pytest.raises(TunerError, match="shared"):
+        Band(low=0.9, high=1.1, shared=1.2)
