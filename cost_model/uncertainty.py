@@ -3,9 +3,10 @@
 An interval is a pair of multipliers of the prediction, ``[low, high]``, read from the measured error
 structure of the model (``cost_model/data/error_bars.yaml``, written by ``benchmarks/fit_error_bars.py``):
 
-- throughput (tokens/s/GPU): the 5th and 95th percentiles of measured / predicted over runs the model was
-  not fitted on (published runs predicted k-fold by model, and the one-GPU H200 trial rows), by family
-  (dense / MoE, bf16 / fp8 recipes), a family with few rows widened towards the pooled spread;
+- throughput (tokens/s/GPU): the split-conformal 5% and 95% quantiles of measured / predicted over runs the
+  model was not fitted on (published runs predicted k-fold by model, and the one-GPU H200 trial rows; Lei et
+  al., "Distribution-Free Predictive Inference for Regression", JASA 2018), by family (dense / MoE, bf16 / fp8
+  recipes), a family with few rows widened towards the pooled spread;
 - peak memory: the high end from measured peaks of real trials (reserved memory, which the model predicts),
   the low end from published runs that ran: a run that ran fits its GPU, so ``HBM / predicted`` bounds its
   measured / predicted from above, and the low end is the smallest such bound seen (the model over-predicts the
@@ -18,6 +19,7 @@ shipped numbers in ``benchmarks/results/2026-12-07_error_bars/``.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -30,7 +32,10 @@ import yaml
 from specs import GPUSpec, ModelSpec, Precision
 from specs.errors import TunerError
 
-__all__ = ["BETWEEN_LAYOUTS_SIGMA", "ERROR_BARS_FILE", "Band", "ErrorBars", "error_bars", "family_of", "load_error_bars", "memory_headroom", "ratio_within_error"]
+__all__ = [
+    "BETWEEN_LAYOUTS_SIGMA", "ERROR_BARS_FILE", "Band", "ErrorBars", "chance_to_fit", "error_bars", "family_of", "load_error_bars", "memory_headroom",
+    "ratio_within_error",
+]
 
 ERROR_BARS_FILE = Path(__file__).resolve().parent / "data" / "error_bars.yaml"
 
@@ -60,10 +65,15 @@ class Band:
     spread: float | None = None
     """Standard deviation of ``log(measured / predicted)`` where it is known apart from the band (memory: the real
     trials' own spread, narrower than a band whose low end is the "surely does not fit" bound); None = from the band."""
+    shared: float | None = None
+    """Share of the variance of ``log(measured / predicted)`` common to every layout of one job (memory: from the real
+    trials grouped by model and precision; what :func:`chance_to_fit` learns from one layout about the others)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.low) and math.isfinite(self.high) and 0 < self.low <= 1 <= self.high):
             raise TunerError(f"error band [{self.low}, {self.high}]: accepted 0 < low <= 1 <= high, both finite")
+        if self.shared is not None and not 0 <= self.shared <= 1:
+            raise TunerError(f"error band shared share {self.shared}: accepted a fraction in [0, 1]")
 
     @property
     def sigma(self) -> float:
@@ -121,8 +131,9 @@ def _band(d: Any, where: str) -> Band:
     if not isinstance(d, dict) or not {"low", "high"} <= set(d):
         raise TunerError(f"{where}: an error band needs 'low' and 'high'")
     try:
-        spread = d.get("sigma")
-        return Band(low=float(d["low"]), high=float(d["high"]), rows=int(d.get("rows", 0)), spread=None if spread is None else float(spread))
+        spread, shared = d.get("sigma"), d.get("shared")
+        return Band(low=float(d["low"]), high=float(d["high"]), rows=int(d.get("rows", 0)), spread=None if spread is None else float(spread),
+                    shared=None if shared is None else float(shared))
     except (TypeError, ValueError) as e:
         raise TunerError(f"{where}: {e}") from None
 
@@ -160,3 +171,72 @@ def error_bars(model: ModelSpec, gpu: GPUSpec, precision: Precision | str, path:
 def memory_headroom(model: ModelSpec, gpu: GPUSpec, precision: Precision | str, given: float | None) -> float:
     """The fraction of HBM kept free: ``given`` (``--memory-headroom``), else the error bars' (:attr:`ErrorBars.headroom`)."""
     return given if given is not None else error_bars(model, gpu, precision).headroom
+
+
+#: Points of the grids :func:`chance_to_fit` integrates on (the job's shared error, and the margin ``log(HBM / predicted)``).
+_GRID = 1001
+
+
+def chance_to_fit(peak_bytes: npt.NDArray[np.float64], hbm_bytes: float, *, sigma: float, shared: float, bias: float = 0.0,
+                  measured: Mapping[int, float] | None = None, out_of_memory: Collection[int] = ()) -> npt.NDArray[np.float64]:
+    """Each layout's chance to fit the GPU, given the measured peaks and the out-of-memory failures of those tried.
+
+    Model: ``z_i = log(true peak_i / predicted peak_i) = b + u_i``, with ``b ~ N(bias, shared sigma^2)`` the error
+    common to every layout of the job and ``u_i ~ N(0, (1 - shared) sigma^2)`` the layout's own, independent. A
+    measured peak is ``z_i`` (reserved memory, taken as exact); an out-of-memory says ``z_i > t_i``, ``t_i =
+    log(hbm_bytes / peak_i)`` (a censored observation). The posterior of ``b`` is the prior times a normal
+    likelihood for each measured peak and ``Phi((b - t_j) / s)`` for each out-of-memory ``j`` (``s`` the own
+    error's standard deviation), integrated on a grid; a layout fits with chance ``E[Phi((t_i - b) / s)]``. With
+    nothing observed that is ``Phi((t_i - bias) / sigma)``, the trial policy's prior
+    (:class:`tuner.study.policy.GainPolicy`'s ``p_fit``). ``sigma`` and ``shared``: the memory band's
+    (:attr:`Band.sigma`, :attr:`Band.shared`). A layout measured is 1; one out of memory (and not measured) is 0.
+
+    Args:
+        peak_bytes: predicted peak memory per GPU of every layout, bytes, shape ``(n,)``.
+        hbm_bytes: the GPU's memory, bytes.
+        measured: index of a tried layout -> its measured peak memory per GPU, bytes.
+        out_of_memory: indices of the tried layouts that ran out of memory.
+
+    Returns:
+        The chance of each layout, shape ``(n,)``.
+
+    Raises:
+        ValueError: ``sigma`` not positive, ``shared`` outside [0, 1], an index outside ``[0, n)`` or a measured
+            peak not positive and finite.
+    """
+    from scipy.special import log_ndtr, ndtr
+
+    peak = np.maximum(np.asarray(peak_bytes, dtype=float), 1.0)
+    n = len(peak)
+    measured = dict(measured or {})
+    oom = sorted(set(out_of_memory) - set(measured))
+    if not (math.isfinite(sigma) and sigma > 0) or not 0 <= shared <= 1:
+        raise ValueError(f"chance_to_fit: sigma {sigma}, shared {shared}: accepted sigma > 0 and shared in [0, 1]")
+    if any(not 0 <= i < n for i in [*measured, *oom]):
+        raise ValueError(f"chance_to_fit: a tried layout's index is outside [0, {n})")
+    if any(not (math.isfinite(v) and v > 0) for v in measured.values()):
+        raise ValueError("chance_to_fit: a measured peak must be positive and finite (bytes)")
+    t = np.log(hbm_bytes / peak)
+    tau, s = sigma * math.sqrt(shared), max(sigma * math.sqrt(1 - shared), 1e-9 * sigma)
+    if tau == 0 or not (measured or oom):
+        out = np.asarray(ndtr((t - bias) / sigma), dtype=float)
+    else:
+        # the measured peaks' normal posterior of b (conjugate), then the out-of-memory likelihoods on a grid
+        idx = np.fromiter(measured, dtype=np.int64, count=len(measured))
+        z = np.log(np.fromiter(measured.values(), dtype=float, count=len(measured)) / peak[idx])
+        prec = 1 / tau**2 + len(z) / s**2
+        m0, sd0 = (bias / tau**2 + z.sum() / s**2) / prec, prec**-0.5
+        lo, hi = m0 - 8 * sd0, max(m0 + 8 * sd0, float(t[oom].max()) + 8 * s if oom else -math.inf)
+        b = np.linspace(lo, hi, _GRID)
+        logw = -0.5 * ((b - m0) / sd0) ** 2
+        for j in oom:
+            logw = logw + log_ndtr((b - t[j]) / s)
+        w = np.exp(logw - logw.max())
+        w /= w.sum()
+        # the chance to fit as a function of the margin t, on a grid wide enough to reach 0 and 1, read per layout
+        tg = np.linspace(lo - 8 * s, hi + 8 * s, _GRID)
+        fit_at = np.asarray(ndtr((tg[:, None] - b[None, :]) / s), dtype=float) @ w
+        out = np.interp(t, tg, fit_at)
+    out[oom] = 0.0
+    out[list(measured)] = 1.0
+    return out

@@ -164,7 +164,7 @@ def implausible(result: Mapping[str, Any], band: Band | None = None) -> str | No
     - a throughput past the model's fastest step (the top of its 90% band, ``band.high`` x the prediction) by more
       than the band's width again: measured / predicted above ``high * high / low``. On the band's log-normal
       reading that is the centre plus about 4.9 standard deviations (``cost_model.uncertainty``; the bands of
-      ``cost_model/data/error_bars.yaml`` put it at 1.6-2.1 x the prediction).
+      ``cost_model/data/error_bars.yaml`` put it at 1.7-2.4 x the prediction).
 
     Args:
         result: the trial's result (tokens/s/GPU, its prediction, MFU as a fraction, ``source``).
