@@ -126,7 +126,10 @@ def normalise(fix: dict[str, str], run: dict[str, str]) -> tuple[dict[str, str],
         # optimizer config (training/mixed_precision.py, v0.2.0-v0.6.0): megatron-core keeps fp32 masters itself
         out["optimizer_fp8_recipe"] = "tensorwise"
     preset = fix["preset"].strip()
-    out["recipe_source"] = f"Megatron-Bridge {fix['bridge_tag']}" + (f" :: {preset}" if preset else " (family-wide fields only)")
+    if fix["bridge_tag"].strip():
+        out["recipe_source"] = f"Megatron-Bridge {fix['bridge_tag']}" + (f" :: {preset}" if preset else " (family-wide fields only)")
+    else:  # a run of another stack, read by hand in the write-up that published it
+        out["recipe_source"] = preset
     return out, notes
 
 
