@@ -701,7 +701,7 @@ def _perf_matrix_args(matrix: Mapping[str, Any], label: str, gpus: str | None, p
             elif k in _PERF_MATRIX_SETTINGS and v in (None, False, 0):
                 argv.append(f"--empty:{at}")  # understood: the script sets nothing
                 names[f"--empty:{at}"] = at
-            elif k in _PERF_MATRIX_SETTINGS and (v is True or (k != "cuda_graphs" and isinstance(v, int) and not isinstance(v, bool) and v > 0)):
+            elif k in _PERF_MATRIX_SETTINGS and (v is True if k == "cuda_graphs" else type(v) is int and v > 0):
                 flags = _PERF_MATRIX_SETTINGS[k](v)
                 argv += flags
                 names.update({f: at for f in flags if f.startswith("--")})
