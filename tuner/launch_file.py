@@ -619,7 +619,20 @@ _TORCH_DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float
 _PERF_MATRIX_ARGS = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size", "cp": "--context-parallel-size",
                      "vp": "--num-virtual-stages-per-pipeline-rank", "ep": "--expert-model-parallel-size",
                      "etp": "--expert-tensor-parallel-size", "mbs": "--micro-batch-size", "gbs": "--global-batch-size",
-                     "seq_length": "--seq-length", "fsdp": "--use-megatron-fsdp", "use_megatron_fsdp": "--use-megatron-fsdp"}
+                     "seq_length": "--seq-length", "use_megatron_fsdp": "--use-megatron-fsdp"}
+#: ``perf_matrix`` settings Megatron-Bridge's performance scripts set beyond the layout
+#: (NVIDIA-NeMo/Megatron-Bridge 22a838d7 ``scripts/performance/utils/helpers.py`` l.114-135, the same since v0.1.0rc3):
+#: ``cuda_graphs`` is ``model.enable_cuda_graph``, which megatron-core's ``TransformerConfig`` turns into
+#: ``cuda_graph_impl="local"`` (whole-layer graphs); ``recompute_num_layers`` is full recompute, method block;
+#: ``cpu_offloading_num_layers`` offloads that many layers' activations (``cpu_offloading_weights=False``). A value
+#: of None, False or 0 sets nothing.
+_PERF_MATRIX_SETTINGS = {"cuda_graphs": lambda v: ["--enable-cuda-graph"],
+                         "recompute_num_layers": lambda v: ["--recompute-granularity", "full", "--recompute-method", "block",
+                                                            "--recompute-num-layers", str(v)],
+                         "cpu_offloading_num_layers": lambda v: ["--cpu-offloading-num-layers", str(v)]}
+#: ``perf_matrix`` keys of the performance configs that those scripts never read (``fsdp``: only ``use_megatron_fsdp``
+#: is read; ``nccl_ub`` is set by ``run_script.py`` from the model, not from the file): without effect.
+_PERF_MATRIX_UNREAD = frozenset({"fsdp", "nccl_ub", "keep_fp8_transpose_cache_when_using_custom_fsdp"})
 #: The ``perf_matrix`` precision entry each ``--precision`` (and ``--fp8-recipe``) selects, with its arguments.
 _PERF_PRECISIONS = {("bf16", None): ("bf16", ["--bf16"]), ("fp8", None): ("fp8_cs", ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]),
                     ("fp8", "tensorwise"): ("fp8_cs", ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"])}
@@ -694,9 +707,16 @@ def _perf_matrix_args(matrix: Mapping[str, Any], label: str, gpus: str | None, p
                 per_node = v
                 argv.append(f"--empty:{at}")  # understood: sets the GPUs per node
                 names[f"--empty:{at}"] = at
-            elif k == "cuda_graphs" and v is False:
-                argv.append(f"--empty:{at}")  # understood: no CUDA graphs, the default
+            elif k in _PERF_MATRIX_SETTINGS and v in (None, False, 0):
+                argv.append(f"--empty:{at}")  # understood: the script sets nothing
                 names[f"--empty:{at}"] = at
+            elif k in _PERF_MATRIX_SETTINGS and (v is True if k == "cuda_graphs" else type(v) is int and v > 0):
+                flags = _PERF_MATRIX_SETTINGS[k](v)
+                argv += flags
+                names.update({f: at for f in flags if f.startswith("--")})
+            elif k in _PERF_MATRIX_UNREAD:
+                argv.append(f"--{at}")  # a placeholder without effect (its name has a dot)
+                names[f"--{at}"] = at
             elif k in _PERF_MATRIX_ARGS and isinstance(v, bool):
                 flag = _PERF_MATRIX_ARGS[k]
                 argv.append(flag if v else "--no-" + flag[2:])
@@ -707,7 +727,7 @@ def _perf_matrix_args(matrix: Mapping[str, Any], label: str, gpus: str | None, p
             elif k in _PERF_MATRIX_ARGS:
                 argv += [_PERF_MATRIX_ARGS[k], str(v)]
                 names[_PERF_MATRIX_ARGS[k]] = at
-            else:  # e.g. cuda_graphs: true (its scope is set in the recipe's Python)
+            else:  # a key the performance scripts do not read, or a value they would not accept
                 flag = f"--perf-matrix-{k.replace('_', '-')}"
                 argv += [flag, str(v)]
                 names[flag] = at

@@ -88,7 +88,7 @@ def normalise(fix: dict[str, str], run: dict[str, str]) -> tuple[dict[str, str],
         out[k] = fix[k] if fix[k] in ("fp32", "bf16") else ""
     out["grad_reduce_in_fp32"] = _bool(fix["grad_reduce_in_fp32"])
     prec = run.get("precision", "").lower()
-    if "fp8" in prec and "mx" not in prec and "block" not in prec:
+    if "fp8" in prec and "mx" not in prec and "block" not in prec and fix["bridge_tag"].strip():
         out["fp8_recipe"] = "tensorwise"  # Bridge FP8-CS = current scaling (mixed_precision.py bf16_with_fp8_current_scaling_mixed)
     out["fp8_param_gather"] = _bool(fix["fp8_param_gather"])
     out["fp4_param_gather"] = _bool(fix["fp4_param_gather"])
@@ -126,7 +126,10 @@ def normalise(fix: dict[str, str], run: dict[str, str]) -> tuple[dict[str, str],
         # optimizer config (training/mixed_precision.py, v0.2.0-v0.6.0): megatron-core keeps fp32 masters itself
         out["optimizer_fp8_recipe"] = "tensorwise"
     preset = fix["preset"].strip()
-    out["recipe_source"] = f"Megatron-Bridge {fix['bridge_tag']}" + (f" :: {preset}" if preset else " (family-wide fields only)")
+    if fix["bridge_tag"].strip():
+        out["recipe_source"] = f"Megatron-Bridge {fix['bridge_tag']}" + (f" :: {preset}" if preset else " (family-wide fields only)")
+    else:  # a run of another stack, read by hand in the write-up that published it
+        out["recipe_source"] = preset
     return out, notes
 
 
@@ -221,7 +224,7 @@ def main() -> int:
     section = ("<!-- applied:begin -->\n## Applied to published_runs.csv, row by row\n\n"
                f"`python benchmarks/tools/apply_published_fixes.py` wrote the columns `{', '.join(COLUMNS)}` into "
                "`published_runs.csv` (the reader, `cost_model/validate.py::read_runs`, prefers them over `other_notes`). "
-               f"{len(fixes)} rows have values from their Megatron-Bridge recipe, the 25.09 rows the few settings read in NeMo 2.0's "
+               f"{len(fixes)} rows have values from the recipe that ran them (a Megatron-Bridge one unless `recipe_source` names another), the other 25.09 rows the few settings read in NeMo 2.0's "
                "perf scripts (the script's `nemo2_columns`); the other rows keep blank cells (their recipe was not "
                "read: see 'Rows not resolved' above) and are read as before. `te_version` is the TE class of the row's "
                "container for the fused cross-entropy's bytes, **inferred** (see the script's `TE_OF_RELEASE`).\n\n"

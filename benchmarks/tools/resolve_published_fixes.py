@@ -6,7 +6,11 @@ importing those modules at the tag with sys.path = scripts/performance; see
 benchmarks/data/published_runs_fixes.md). The rules applied on top of a preset are the ones read in
 the tag's perf scripts and recipes, cited per field in published_runs_fixes.md.
 
-Usage: python benchmarks/tools/resolve_published_fixes.py PRESET_DIR > benchmarks/data/published_runs_fixes.csv
+Usage: python benchmarks/tools/resolve_published_fixes.py PRESET_DIR [KEEP_CSV] > new_fixes.csv
+
+KEEP_CSV (e.g. the current benchmarks/data/published_runs_fixes.csv, read before the output replaces it): its rows
+whose ``preset_match`` starts with "read by hand" are kept as they are (rows read in a recipe or write-up by hand,
+cited in their ``source``; published_runs_fixes.md, "Read by hand for the memory target").
 """
 
 from __future__ import annotations
@@ -234,9 +238,16 @@ def main() -> None:
                       for t in sorted(set(TAG_OF_RELEASE.values()))}
     with open("benchmarks/data/published_runs.csv", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
+    kept = {}
+    if len(sys.argv) > 2:
+        with open(sys.argv[2], encoding="utf-8") as f:
+            kept = {k["id"]: k for k in csv.DictReader(f) if k["preset_match"].startswith("read by hand")}
     w = csv.DictWriter(sys.stdout, fieldnames=FIELDS, lineterminator="\n")
     w.writeheader()
     for r in rows:
+        if r["id"] in kept:
+            w.writerow(kept[r["id"]])
+            continue
         out = manual(r) or resolve(r, presets_by_tag)
         if out and re.search(r"Megatron-FSDP=\d+", r["other_notes"]) and str(out["use_megatron_fsdp"]) != "True":
             # the published table's FSDP column says FSDP; the preset does not set it (or no preset matched)

@@ -335,9 +335,32 @@ def test_a_megatron_bridge_performance_config_is_read_entry_by_entry():
     assert len(got) == len(set(got)) and set(got) == read, set(got) ^ read
     fp8 = read_launch(BRIDGE_PERF, model="Qwen3-30B-A3B", gpus="16xH100", precision="fp8")
     assert (fp8.precision, fp8.layout["micro_batch_size"], fp8.run_flags.fp8_recipe) == ("fp8", 2, "tensorwise")
+    assert "perf_matrix.h100.num_gpus_16.common.fsdp" in lf.no_effect  # Bridge's scripts read use_megatron_fsdp only
     gb = read_launch(BRIDGE_PERF, model="Qwen3-30B-A3B", gpus="GB200")
     assert (gb.nodes, gb.gpus_per_node, gb.layout["micro_batch_size"]) == (2, 4, 4)
-    assert "perf_matrix.gb200.num_gpus_8.common.cuda_graphs" in gb.not_understood  # its scope is in the recipe's Python
+    # cuda_graphs: true is model.enable_cuda_graph, megatron-core's cuda_graph_impl "local" (whole layers)
+    assert (gb.run_flags.cuda_graph_impl, gb.run_flags.cuda_graph_scope) == ("local", None)
+    assert "perf_matrix.gb200.num_gpus_8.common.cuda_graphs" in gb.understood and gb.not_understood == ("model.moe_router_fusion",)
+
+
+@pytest.mark.parametrize("key, value, flags", [
+    ("cuda_graphs", "true", {"cuda_graph_impl": "local"}),
+    ("cuda_graphs", "false", {}),
+    ("recompute_num_layers", "5", {"recompute": "full", "recompute_method": "block", "recompute_num_layers": 5}),
+    ("recompute_num_layers", "null", {}),
+    ("cpu_offloading_num_layers", "20", {"cpu_offloading_num_layers": 20}),
+    ("cpu_offloading_num_layers", "0", {}),
+])
+def test_a_performance_config_s_perf_matrix_settings_are_read_as_bridge_s_scripts_apply_them(tmp_path, key, value, flags):
+    """Megatron-Bridge 22a838d7 scripts/performance/utils/helpers.py l.114-135: each perf_matrix setting as the run
+    option or layout flag it sets; a null, false or 0 sets nothing and is still understood."""
+    f = tmp_path / "perf.yaml"
+    f.write_text(BRIDGE_PERF.read_text().replace("        cuda_graphs: false\n", f"        {key}: {value}\n", 1))
+    lf = read_launch(f, model="Qwen3-30B-A3B", gpus="H100")
+    assert f"perf_matrix.h100.num_gpus_16.common.{key}" in lf.understood
+    base = read_launch(BRIDGE_PERF, model="Qwen3-30B-A3B", gpus="H100")
+    assert lf.run_flags == dataclasses.replace(base.run_flags, **{k: v for k, v in flags.items() if hasattr(base.run_flags, k)})
+    assert lf.layout == {**base.layout, **{k: v for k, v in flags.items() if not hasattr(base.run_flags, k)}}
 
 
 def test_a_whole_megatron_bridge_config_as_it_saves_one_is_read_setting_by_setting():

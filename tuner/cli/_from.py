@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import typer
 
@@ -18,7 +18,8 @@ from tuner.cli._common import GIB, RunChoice
 if TYPE_CHECKING:
     from specs import Layout
 
-__all__ = ["FromOpt", "FromInputs", "arguments_read", "launch_inputs", "launch_layout", "launch_lines", "compare_line", "launch_summary"]
+__all__ = ["FromOpt", "FromInputs", "CommandInputs", "arguments_read", "command_inputs", "launch_inputs", "launch_layout", "launch_lines",
+           "compare_line", "launch_summary"]
 
 FromOpt = Annotated[Path | None, typer.Option(
     "--from", help="Your launch, read as `tune --from` reads it (a Megatron-LM / slime argument list or shell script, a "
@@ -137,6 +138,38 @@ def launch_inputs(path: Path, ctx: Any, *, model: str | None, gpus: str | None, 
         raise TunerError(f"{label}: its layout breaks rule {e.rule_id}: {e.reason}") from None
     return FromInputs(model=name, gpus=gpus, seq_len=seq_len, global_batch=global_batch, precision=precision, layers=layers,
                       run=merged, baseline=lay.to_dict(), launch=lf)
+
+
+class CommandInputs(NamedTuple):
+    """An estimating command's inputs with ``--from`` applied (unchanged without it), in the order they unpack."""
+
+    launch: FromInputs | None
+    model: str | None
+    gpus: str | None
+    seq_len: int
+    global_batch: int
+    precision: str
+    layers: int | None
+    run: RunChoice
+    layout: Any
+    """The layout flags (:class:`tuner.cli._layout.LayoutFlags`), or None for a command that takes none."""
+
+
+def command_inputs(from_file: Path | None, ctx: Any, *, model: str | None, gpus: str | None, seq_len: int, global_batch: int,
+                   precision: str, layers: int | None, run: RunChoice, layout: Any = None) -> CommandInputs:
+    """The inputs of the main job, ``tune estimate`` and ``tune timeline``: the command line's, with the launch of
+    ``--from`` (:func:`launch_inputs`) filling what it leaves at its defaults, and its layout under the command line's
+    layout flags (:func:`launch_layout`) where ``layout`` is given.
+
+    Raises:
+        TunerError: as :func:`launch_inputs`.
+    """
+    if from_file is None:
+        return CommandInputs(None, model, gpus, seq_len, global_batch, precision, layers, run, layout)
+    fi = launch_inputs(from_file, ctx, model=model, gpus=gpus, seq_len=seq_len, global_batch=global_batch, precision=precision,
+                       layers=layers, run=run)
+    return CommandInputs(fi, fi.model, fi.gpus, fi.seq_len, fi.global_batch, fi.precision, fi.layers, fi.run,
+                         None if layout is None else launch_layout(fi, layout, ctx))
 
 
 def launch_layout(fi: FromInputs, layout: Any, ctx: Any) -> Any:

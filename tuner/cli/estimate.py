@@ -143,15 +143,11 @@ def estimate(
         from tuner.plots import check_image_path
 
         check_image_path("--plot", plot)
-    launch = None
-    if from_file is not None:
-        from tuner.cli._from import launch_inputs, launch_layout
+    from tuner.cli._from import command_inputs
 
-        launch = launch_inputs(from_file, ctx, model=model, gpus=gpus, seq_len=seq_len, global_batch=global_batch,
-                               precision=precision, layers=layers, run=run)
-        model, gpus, seq_len, global_batch = launch.model, launch.gpus, launch.seq_len, launch.global_batch
-        precision, layers, run = launch.precision, launch.layers, launch.run
-        layout = launch_layout(launch, layout, ctx)
+    launch, model, gpus, seq_len, global_batch, precision, layers, run, layout = command_inputs(
+        from_file, ctx, model=model, gpus=gpus, seq_len=seq_len, global_batch=global_batch, precision=precision, layers=layers, run=run,
+        layout=layout)
     m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd_per_gpu_hour, seq_len, global_batch, precision, layers,
                       network, host_memory_gib, run.workload_kw())
     stack = run.resolve(precision, megatron_core)

@@ -114,14 +114,10 @@ def main_job(
         raise TunerError(f"--trials must be at least 1, got {trials}")
     if precision not in ("bf16", "fp8"):
         raise TunerError(f"--precision {precision!r}: accepted bf16 or fp8")
-    launch = None
-    if from_file is not None:
-        from tuner.cli._from import launch_inputs
+    from tuner.cli._from import command_inputs
 
-        launch = launch_inputs(from_file, ctx, model=model, gpus=gpus, seq_len=seq_len, global_batch=global_batch,
-                               precision=precision, layers=layers, run=run)
-        model, gpus, seq_len, global_batch = launch.model, launch.gpus, launch.seq_len, launch.global_batch
-        precision, layers, run = launch.precision, launch.layers, launch.run
+    launch, model, gpus, seq_len, global_batch, precision, layers, run, _ = command_inputs(
+        from_file, ctx, model=model, gpus=gpus, seq_len=seq_len, global_batch=global_batch, precision=precision, layers=layers, run=run)
     cfg = TuneConfig(
         model=require(model, "--model", "MiniMax-M2"),
         gpus=require(gpus, "--gpus", "64xH200"),

@@ -115,14 +115,11 @@ def timeline(
     else:
         if trial is not None:
             raise TunerError("--trial needs --study (a trial of which study?)")
-        if from_file is not None:
-            from tuner.cli._from import launch_inputs, launch_layout
+        from tuner.cli._from import command_inputs
 
-            fi = launch_inputs(from_file, ctx, model=model, gpus=gpus, seq_len=seq_len, global_batch=global_batch,
-                               precision=precision, layers=layers, run=run)
-            model, gpus, seq_len, global_batch = fi.model, fi.gpus, fi.seq_len, fi.global_batch
-            precision, layers, run = fi.precision, fi.layers, fi.run
-            layout = launch_layout(fi, layout, ctx)
+        _, model, gpus, seq_len, global_batch, precision, layers, run, layout = command_inputs(
+            from_file, ctx, model=model, gpus=gpus, seq_len=seq_len, global_batch=global_batch, precision=precision, layers=layers,
+            run=run, layout=layout)
         det, title, stack_line = _flags_layout(layout, model, gpus, layers, gpus_per_node, network_gbps, usd_per_gpu_hour, seq_len, global_batch, precision,
                                    calibration, memory_headroom, network, megatron_core, run)
         extra, default, measured = {}, Path(f"timeline_{_slug(det.estimate.layout.label)}.json"), []
