@@ -108,8 +108,6 @@ def main_job(
     if model is None and gpus is None and from_file is None:
         out.print(ctx.get_help())
         raise typer.Exit(code=0)
-    if trials is not None and trials < 1:
-        raise TunerError(f"--trials must be at least 1, got {trials}")
     if precision not in ("bf16", "fp8"):
         raise TunerError(f"--precision {precision!r}: accepted bf16 or fp8")
     launch = None
