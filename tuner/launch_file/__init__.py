@@ -13,11 +13,14 @@ understood or have no effect are kept, in order, for the exported commands (:att
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from specs._data import read_user_yaml
 from specs.errors import TunerError
 from specs.files import parse_errors, read_user_text
+from specs.hardware import load_gpu
 from tuner.launch_file.args import NO_EFFECT_ARGS, LaunchFile, _read_args
 from tuner.launch_file.bridge import _bridge_args, _perf_matrix_args
 from tuner.launch_file.nemo_rl import _nemo_rl_args, _nemo_rl_doc, _section
@@ -59,12 +62,8 @@ def read_launch(path: str | Path, *, model: str | None = None, gpus: str | None 
 def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | None, gpus: str | None, precision: str | None,
                  fp8_recipe: str | None) -> LaunchFile:
     if p.suffix in (".yaml", ".yml"):
-        from specs._data import read_user_yaml
-
         doc = read_user_yaml(text, label)
         if isinstance(doc, Mapping) and isinstance(doc.get("policy"), Mapping):
-            from dataclasses import replace
-
             argv, names, hf, nodes, per_node, task = _nemo_rl_args(_nemo_rl_doc(p, doc, label), label)
             given = model or _preset_of_hf(hf)
             if given is None:
@@ -74,8 +73,6 @@ def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | Non
             return replace(lf, stack="nemo-rl", nodes=nodes or lf.nodes, gpus_per_node=per_node or lf.gpus_per_node,
                            task=task or lf.task)
         if isinstance(doc, Mapping) and isinstance(doc.get("ConfigContainer"), Mapping):  # a performance config
-            from dataclasses import replace
-
             argv, names = _bridge_args(doc["ConfigContainer"], label)
             others = [k for k in doc if k not in ("ConfigContainer", "perf_matrix")]
             for k in others:
@@ -85,8 +82,6 @@ def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | Non
                 return _read_args(p, "megatron-bridge", [], argv, model, None, names=names)
             more, more_names, pgpu, count, pper = _perf_matrix_args(doc["perf_matrix"], label, gpus, precision, fp8_recipe)
             lf = _read_args(p, "megatron-bridge", [], argv + more, model, None, names={**names, **more_names})
-            from specs.hardware import load_gpu
-
             spec = load_gpu(pgpu)
             per_node = min(pper or spec.gpus_per_node, count)
             if count % per_node:
@@ -103,8 +98,6 @@ def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | Non
         launcher, argv = _safe_args(doc["run"], label, accepted)
         given = model or (str(doc["model"]) if doc.get("model") else None)
         lf = _read_args(p, "recipe", launcher, argv, given, str(gpu.get("type")) if gpu.get("type") else None)
-        from dataclasses import replace
-
         if lf.nodes is None and gpu.get("count") and gpu.get("per_node"):
             lf = replace(lf, nodes=int(gpu["count"]) // int(gpu["per_node"]), gpus_per_node=int(gpu["per_node"]))
         return _recipe_blocks(lf, doc)
@@ -116,8 +109,6 @@ def _recipe_blocks(lf: LaunchFile, doc: Mapping[str, Any]) -> LaunchFile:
     """A ``recipe.yaml``'s own blocks over what its ``run`` command says: the stack preset it was tuned with
     (``stack.preset``), the dispatcher it chose (``layout.dispatcher``: slime's command asks for alltoall where the
     layout is allgather) and the task (``workload.task``, ``workload.lora``), which the command cannot carry."""
-    from dataclasses import replace
-
     stack, layout, work = (doc.get(k) if isinstance(doc.get(k), Mapping) else {} for k in ("stack", "layout", "workload"))
     if isinstance(stack.get("preset"), str):
         lf = replace(lf, stack=stack["preset"])
