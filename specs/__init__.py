@@ -23,7 +23,7 @@ from specs.hardware import (
     parse_gpus,
 )
 from specs.layout import RECOMPUTE_MODULES, Dispatcher, Layout, LayoutTable, RecomputeGranularity, RecomputeMethod
-from specs.model import MAX_LAYERS, ModelSpec, list_models, load_model, model_from_hf_config
+from specs.model import ModelSpec, list_models, load_model, model_from_hf_config
 from specs.network import DispatcherOnFabric, Network, list_networks, load_network
 from specs.precision import Precision
 from specs.units import BF16_BYTES, DEFAULT_MEMORY_HEADROOM, FP8_BYTES, FP32_BYTES, GIB, MIB
@@ -52,7 +52,6 @@ __all__ = [
     "Layout",
     "LayoutTable",
     "MAX_GPUS",
-    "MAX_LAYERS",
     "MIB",
     "ModelSpec",
     "Network",

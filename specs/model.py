@@ -18,10 +18,7 @@ from specs._data import MODEL_DIR, data_files
 from specs.errors import TunerError
 from specs.files import load_user_json
 
-__all__ = ["MAX_LAYERS", "ModelSpec", "list_models", "load_model", "model_from_hf_config"]
-
-#: Most decoder layers a model may have (the largest published models have ~100-200).
-MAX_LAYERS = 10_000
+__all__ = ["ModelSpec", "list_models", "load_model", "model_from_hf_config"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -147,8 +144,6 @@ class ModelSpec:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size"):
             if getattr(self, name) <= 0:
                 raise TunerError(f"model {self.name!r}: {name} must be > 0, got {getattr(self, name)}")
-        if self.num_layers > MAX_LAYERS:
-            raise TunerError(f"model {self.name!r}: num_layers {self.num_layers:,} is more than this tool models (at most {MAX_LAYERS:,})")
         if self.mtp_num_layers > self.num_layers:
             raise TunerError(f"model {self.name!r}: mtp_num_layers {self.mtp_num_layers:,} is more than its {self.num_layers} "
                              "decoder layers (MTP adds a few prediction layers: DeepSeek-V3 has 1)")
@@ -423,7 +418,7 @@ def _sizes(cfg: dict[str, Any], w: str) -> tuple[dict[str, int], int, Any, Any]:
     """The required sizes (:data:`_REQUIRED`), the routed experts and the raw dense and expert FFN widths.
 
     Raises:
-        TunerError: a required size missing or not a positive integer (layers up to :data:`MAX_LAYERS`).
+        TunerError: a required size missing or not a positive integer up to :data:`MAX_CONFIG_INT`.
     """
     vals = {k: _first(cfg, *alts) for k, alts in _REQUIRED.items()}
     missing = [k for k, v in vals.items() if v is None]
@@ -445,9 +440,8 @@ def _sizes(cfg: dict[str, Any], w: str) -> tuple[dict[str, int], int, Any, Any]:
     for k, v in vals.items():
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise TunerError(f"model config {w!r}: {k} must be a positive integer, got {v!r}")
-        top = MAX_LAYERS if k == "num_hidden_layers" else MAX_CONFIG_INT  # layers: before the per-layer lists below
-        if v > top:
-            raise TunerError(f"model config {w!r}: {k} {v:,} is more than this tool models (at most {top:,})")
+        if v > MAX_CONFIG_INT:
+            raise TunerError(f"model config {w!r}: {k} {v:,} is more than this tool models (at most {MAX_CONFIG_INT:,})")
     return vals, num_experts, inter, moe_inter
 
 

@@ -157,7 +157,7 @@ def test_the_te_sweep_list_runs_here_and_covers_the_issue():
 
 
 @pytest.mark.parametrize(("value", "needle"), [("banana", "expected COUNTxGPU"), ("2xH200", "run on one GPU"), ("1xH999", "H999"),
-                                               ("0xH200", "at least 1"), ("9" * 5000 + "xH100", "more GPUs than")])
+                                               ("0xH200", "at least 1")])
 def test_the_te_sweep_refuses_a_sweep_gpus_it_cannot_record(monkeypatch, capsys, value, needle):
     """``SWEEP_GPUS`` names the GPU the machine has when it is not the cases' H200; anything but one GPU of a bundled type
     stops the driver before a case runs: one line naming SWEEP_GPUS (not a --gpus flag), exit 2 (a row recorded on a wrong

@@ -210,7 +210,6 @@ def _write(tmp_path: Path, name: str, text: str) -> str:
         (["--model", "MiniMax-M2"], "--gpus is required"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--study", ".."], "a study name is"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--study", "../escape"], "a study name is"),
-        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "99999999999"], "--trials must be from 1"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--seed", "-1"], "--seed must be"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--gpus-per-node", "0"], "--gpus-per-node must be at least 1"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--gpus-per-node", "128"], "exceeds the 64 GPUs"),
@@ -220,7 +219,6 @@ def _write(tmp_path: Path, name: str, text: str) -> str:
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--network-gbps", "1e30"], "at most 100,000 Gb/s per node, got 1e+30"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--usd-per-gpu-hour", "nan"], "--usd-per-gpu-hour must be"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--network-gbps", "1e308"], "Gb/s per node, got 1e+308"),  # "got inf" before
-        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--usd-per-gpu-hour", "1e308"], "--usd-per-gpu-hour must be a number in [0, 1,000.0] (US dollars), got 1e+308"),
         (["--model", "MiniMax-M2", "--gpus", "100000000000000000000xH200"], "more GPUs than this tool models"),
         (["--model", "MiniMax-M2", "--gpus", "8x0xH200"], "'8x0xH200': the GPUs per node must be at least 1"),
         (["--model", "MiniMax-M2", "--gpus", "0x8xH200"], "'0x8xH200': the node count must be at least 1"),
@@ -331,7 +329,6 @@ def test_dense_model_note_is_printed_whole(tmp_path):
         (["--recompute", "bogus"], "--recompute 'bogus': accepted none, selective, full"),
         (["--dispatcher", "nccl"], "--dispatcher 'nccl': accepted alltoall"),
         (["--recompute", "full", "--recompute-modules", "core_attn"], "--recompute-modules needs --recompute selective"),
-        (["--pipeline-layout", "E(t|)*100000000L"], "expands to more than"),
         (["--pipeline-layout", ""], "pipeline_layout"),
     ],
 )
@@ -345,8 +342,6 @@ def test_estimate_bad_layout_flags(extra, needle):
     "cfg,needle",
     [
         ({"num_local_experts": -8}, "non-negative"),
-        ({"num_hidden_layers": 10_000_000}, "at most 10,000"),
-        ({"num_hidden_layers": 10**30}, "num_hidden_layers 1,000,000,000,000,000,000,000,000,000,000 is more than this tool models (at most 10,000)"),
         ({"intermediate_size": 10**30}, "intermediate_size 1,000,000,000,000,000,000,000,000,000,000 is more than this tool models (at most 2,147,483,648)"),
         ({"topk_method": "noaux_tc", "n_group": float("inf")}, "n_group must be an integer, got inf"),  # OverflowError before
         ({"mlp_only_layers": 5}, "mlp_only_layers must be a list of layer indices, got 5"),  # no field named before

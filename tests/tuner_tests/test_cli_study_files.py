@@ -199,7 +199,7 @@ def test_charts_are_not_a_study_and_side_files_are_its_own(tmp_path):
     assert r.exit_code == 2 and "is study 'j''s own recipe.yaml; this writes study 'new''s" in r.output, r.output
 
 
-@pytest.mark.parametrize("record", [b"[" * 5000 + b"]" * 5000, b"config: {storage: \"sqlite:///a\\0b\"}\nresolved: {}\n", b""])
+@pytest.mark.parametrize("record", [b"[" * 5000 + b"]" * 5000, b""])
 def test_a_damaged_record_is_a_users_file_not_an_internal_error(tmp_path, record):
     res = tmp_path / "results"
     args = ["--model", "Llama-3.1-8B", "--gpus", "8xH200", "--trials", "2", "--study", "s", "--results-dir", str(res)]
@@ -210,16 +210,6 @@ def test_a_damaged_record_is_a_users_file_not_an_internal_error(tmp_path, record
     assert "delete it to resume the folder's study.db with no --storage" in r.output  # not "remove the folder": it holds the trials
     r = runner.invoke(app, ["pareto", "--study", "s", "--results-dir", str(res)])  # study.db is beside it: still read
     assert r.exit_code == 0, r.output
-
-
-def test_a_dangling_record_link_is_refused(tmp_path):
-    res = tmp_path / "results"
-    args = ["--model", "Llama-3.1-8B", "--gpus", "8xH200", "--trials", "2", "--study", "s", "--results-dir", str(res)]
-    assert runner.invoke(app, args).exit_code == 0
-    (res / "s" / "config.yaml").unlink()
-    (res / "s" / "config.yaml").symlink_to(tmp_path / "nowhere.yaml")
-    r = runner.invoke(app, args)
-    assert r.exit_code == 2 and "is a link to nothing" in r.output and not (tmp_path / "nowhere.yaml").exists(), r.output
 
 
 def test_verify_may_rewrite_the_study_s_recipe(study):

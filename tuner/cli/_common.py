@@ -287,7 +287,7 @@ def recorded_storage(config_yaml: Path) -> str | None:
     if not (isinstance(st, str) and st):
         return None
     place = rec.get("storage_place")  # the same store made absolute when it was written: found from any folder
-    return place if isinstance(place, str) and place and "\0" not in place else st
+    return place if isinstance(place, str) and place else st
 
 
 def load_study(study: str | None, storage: str | None, results_dir: Path, *, writes: bool = False) -> Any:
@@ -307,7 +307,7 @@ def load_study(study: str | None, storage: str | None, results_dir: Path, *, wri
 
         rec = results_dir / name / "config.yaml"
         storage = recorded_storage(rec)
-        if storage is None and (rec.exists() or rec.is_symlink()) and not _is_study_record(rec):
+        if storage is None and rec.exists() and not _is_study_record(rec):
             raise TunerError(f"--study {name!r}: {rec} cannot be read as a study's record (it says where the study's "
                              "trials are kept, and the folder has no study.db); restore it, or give --storage")
     url = storage or f"sqlite:///{db.as_posix()}"

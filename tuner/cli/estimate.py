@@ -194,41 +194,7 @@ def estimate(
     if as_json:
         sys.stdout.write(json.dumps(d, indent=2) + "\n")
         return
-    out.print(f"[bold]{lay.label}[/] ({escape(m.name)} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}) - [bold]predicted[/] by the analytical model")
-    say(f"recompute {lay.recompute_label}, offload {lay.offload_label}, {lay.dispatcher.value} dispatcher, micro-batch {lay.micro_batch_size}")
-    out.print(f"  {escape(stack.line)}" + (f"; task {w.task}" + (f", LoRA rank {w.lora_rank} on {','.join(w.lora_target_modules)}"
-                                                                  if w.task == "lora" else "") if w.task != "pretrain" else ""))
-    if launch is not None:
-        from tuner.cli._from import arguments_read
-
-        out.print(f"  your launch ({launch.launch.path.name}): {arguments_read(launch.launch, verbose=False, hint='--json')}",
-                  markup=False)
-        for n in launch.launch.model_notes:
-            out.print(f"  note: {n}", markup=False)
-    if d["pipeline_model_parallel_layout"]:
-        out.print(f"  --pipeline-model-parallel-layout '{d['pipeline_model_parallel_layout']}'")
-    out.print(f"  tokens/s/GPU {e.tokens_per_s_per_gpu:,.1f} (90%: {lo:,.0f}-{hi:,.0f}); step {e.step_time_s:.2f} s")
-    out.print(f"  MFU {e.mfu:.1%} (6N); model TFLOP/s/GPU {e.model_tflops_per_gpu:.0f}; ${e.usd_per_million_tokens:.2f} per 1M tokens")
-    if memory_headroom is not None:
-        fit = "fits" if e.fits else "[red]does NOT fit[/]"
-        fit += f" with {memory_headroom:.0%} headroom"
-    else:
-        fit = ("fits" if mhi <= e.hbm_bytes else "[red]does NOT fit[/]" if mlo > e.hbm_bytes else "[yellow]may not fit[/]")
-    out.print(f"  peak {e.peak_gib:.1f} GiB (90%: {mlo / GIB:.1f}-{mhi / GIB:.1f}) of {e.hbm_bytes / GIB:.1f} GiB: {fit}")
-    host = "fits" if e.host_fits else "[red]does NOT fit[/]"
-    say(f"predicted host memory {e.host_bytes_per_node / GIB:,.1f} GiB per node of {c.host_memory_bytes_per_node / GIB:,.0f} GiB ({host})")
-    say(f"network {escape(c.network_label)}; megatron-core {opts.megatron_core} rules")
-    for wline in d["warnings"]:
-        say(escape(wline), label="[yellow]warning:[/]")
-    for g in found:
-        say(escape(g.line), label="note:")
-    # memory and step time side by side, by part (both predicted)
-    mem = [(k, f"{v / GIB:.2f}") for k, v in e.memory.items()]
-    tim = [(k, f"{v:.3f}") for k, v in e.time.items()]
-    rows = [[*(mem[i] if i < len(mem) else ("", "")), *(tim[i] if i < len(tim) else ("", ""))] for i in range(max(len(mem), len(tim)))]
-    out.print("Predicted by part: memory per GPU (worst pipeline rank) and step time")
-    out.print(fitted_table([Col("memory"), Col("GiB", "right"), Col("step time"), Col("s", "right")], rows))
-
+    _print_estimate(e, d, lay, m, c, w, stack, launch, found, memory_headroom, (lo, hi, mlo, mhi))
 
 @app.command()
 @layout_options
@@ -284,3 +250,44 @@ def check(
     for rid, reason in policy:
         out.print(f"  note [{rid}] (the tuner's own convention; Megatron accepts it): {reason}", markup=False)
     raise typer.Exit(code=2)
+
+
+def _print_estimate(e: Any, d: dict[str, Any], lay: Any, m: Any, c: Any, w: Any, stack: Any, launch: Any, found: list[Any],
+                    memory_headroom: float | None, bounds: tuple[float, float, float, float]) -> None:
+    """Print ``tune estimate``'s text: the estimate ``e`` (``d``, its JSON form) of layout ``lay``; ``bounds`` the 90%
+    intervals of throughput (tokens/s/GPU) and peak memory (bytes)."""
+    lo, hi, mlo, mhi = bounds
+    out.print(f"[bold]{lay.label}[/] ({escape(m.name)} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}) - [bold]predicted[/] by the analytical model")
+    say(f"recompute {lay.recompute_label}, offload {lay.offload_label}, {lay.dispatcher.value} dispatcher, micro-batch {lay.micro_batch_size}")
+    out.print(f"  {escape(stack.line)}" + (f"; task {w.task}" + (f", LoRA rank {w.lora_rank} on {','.join(w.lora_target_modules)}"
+                                                                  if w.task == "lora" else "") if w.task != "pretrain" else ""))
+    if launch is not None:
+        from tuner.cli._from import arguments_read
+
+        out.print(f"  your launch ({launch.launch.path.name}): {arguments_read(launch.launch, verbose=False, hint='--json')}",
+                  markup=False)
+        for n in launch.launch.model_notes:
+            out.print(f"  note: {n}", markup=False)
+    if d["pipeline_model_parallel_layout"]:
+        out.print(f"  --pipeline-model-parallel-layout '{d['pipeline_model_parallel_layout']}'")
+    out.print(f"  tokens/s/GPU {e.tokens_per_s_per_gpu:,.1f} (90%: {lo:,.0f}-{hi:,.0f}); step {e.step_time_s:.2f} s")
+    out.print(f"  MFU {e.mfu:.1%} (6N); model TFLOP/s/GPU {e.model_tflops_per_gpu:.0f}; ${e.usd_per_million_tokens:.2f} per 1M tokens")
+    if memory_headroom is not None:
+        fit = "fits" if e.fits else "[red]does NOT fit[/]"
+        fit += f" with {memory_headroom:.0%} headroom"
+    else:
+        fit = ("fits" if mhi <= e.hbm_bytes else "[red]does NOT fit[/]" if mlo > e.hbm_bytes else "[yellow]may not fit[/]")
+    out.print(f"  peak {e.peak_gib:.1f} GiB (90%: {mlo / GIB:.1f}-{mhi / GIB:.1f}) of {e.hbm_bytes / GIB:.1f} GiB: {fit}")
+    host = "fits" if e.host_fits else "[red]does NOT fit[/]"
+    say(f"predicted host memory {e.host_bytes_per_node / GIB:,.1f} GiB per node of {c.host_memory_bytes_per_node / GIB:,.0f} GiB ({host})")
+    say(f"network {escape(c.network_label)}; megatron-core {stack.options.megatron_core} rules")
+    for wline in d["warnings"]:
+        say(escape(wline), label="[yellow]warning:[/]")
+    for g in found:
+        say(escape(g.line), label="note:")
+    # memory and step time side by side, by part (both predicted)
+    mem = [(k, f"{v / GIB:.2f}") for k, v in e.memory.items()]
+    tim = [(k, f"{v:.3f}") for k, v in e.time.items()]
+    rows = [[*(mem[i] if i < len(mem) else ("", "")), *(tim[i] if i < len(tim) else ("", ""))] for i in range(max(len(mem), len(tim)))]
+    out.print("Predicted by part: memory per GPU (worst pipeline rank) and step time")
+    out.print(fitted_table([Col("memory"), Col("GiB", "right"), Col("step time"), Col("s", "right")], rows))

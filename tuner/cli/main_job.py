@@ -108,63 +108,53 @@ def main_job(
     if model is None and gpus is None and from_file is None:
         out.print(ctx.get_help())
         raise typer.Exit(code=0)
-    from tuner.study import TuneConfig
-
-    if trials is not None and trials < 1:
-        raise TunerError(f"--trials must be at least 1, got {trials}")
     if precision not in ("bf16", "fp8"):
         raise TunerError(f"--precision {precision!r}: accepted bf16 or fp8")
     from tuner.cli._from import command_inputs
 
     launch, model, gpus, seq_len, global_batch, precision, layers, run, _ = command_inputs(
         from_file, ctx, model=model, gpus=gpus, seq_len=seq_len, global_batch=global_batch, precision=precision, layers=layers, run=run)
-    cfg = TuneConfig(
-        model=require(model, "--model", "MiniMax-M2"),
-        gpus=require(gpus, "--gpus", "64xH200"),
-        gpus_per_node=gpus_per_node,
-        network_gbps=network_gbps,
-        network=network,
-        megatron_core=megatron_core,
-        host_memory_gib=host_memory_gib,
-        usd_per_gpu_hour=usd_per_gpu_hour,
-        seq_length=seq_len,
-        global_batch_size=global_batch,
-        precision=precision,
-        space=str(space) if space else None,
-        calibration=str(calibration) if calibration else None,
-        memory_headroom=memory_headroom,
-        study=study,
-        storage=storage,
-        trials=trials,
-        resume=resume,
-        backend=backend,
+    cfg = _tune_config(locals())
+    state = ctx.obj if isinstance(ctx.obj, CliState) else CliState(argv=(), debug=False)
+    _run_main(cfg, top, results_dir, state, launch, verbose=verbose, png=png)
+
+
+#: The options of :func:`main_job` that are :class:`tuner.study.TuneConfig` fields of the same name and value.
+_AS_GIVEN = ("gpus_per_node", "network_gbps", "network", "megatron_core", "host_memory_gib", "usd_per_gpu_hour", "precision",
+             "memory_headroom", "study", "storage", "trials", "resume", "backend", "seed", "layers", "trial_steps",
+             "trial_warmup_steps", "allow_config_args", "trial_profile_step", "ray_address", "recalibrate_after",
+             "confirm_runs", "parallel_trials", "gpu_hours", "stop_confidence", "stop_gain")
+
+
+def _tune_config(a: dict[str, Any]) -> Any:
+    """The :class:`tuner.study.TuneConfig` of :func:`main_job`'s arguments ``a`` (with those ``--from`` gives).
+
+    Raises:
+        TunerError: no ``--model`` or ``--gpus``; ``--lora-rank`` or ``--lora-target-modules`` without ``--task lora``.
+    """
+    from tuner.study import TuneConfig
+
+    run, launch, prune_margin = a["run"], a["launch"], a["prune_margin"]
+    return TuneConfig(
+        **{k: a[k] for k in _AS_GIVEN},
+        model=require(a["model"], "--model", "MiniMax-M2"),
+        gpus=require(a["gpus"], "--gpus", "64xH200"),
+        seq_length=a["seq_len"],
+        global_batch_size=a["global_batch"],
+        space=str(a["space"]) if a["space"] else None,
+        calibration=str(a["calibration"]) if a["calibration"] else None,
         stack=run.stack or "slime",
         run_flags={k: list(v) if isinstance(v, tuple) else v for k, v in run.flags.given().items()},
         baseline=launch.baseline if launch else None,
         **run.workload_kw(),
         user_args=launch.launch.user_args if launch else (),
-        seed=seed,
-        results_dir=str(results_dir),
-        layers=layers,
-        trial_steps=trial_steps,
-        trial_warmup_steps=trial_warmup_steps,
-        allow_config_args=allow_config_args,
-        trial_timeout_s=trial_timeout,
-        trial_profile_step=trial_profile_step,
-        command_template=str(command_template) if command_template else None,
-        ray_address=ray_address,
-        recalibrate_after=recalibrate_after,
-        confirm_runs=confirm_runs,
-        parallel_trials=parallel_trials,
-        trial_env=tuple(trial_env or ()),
-        gpu_hours=gpu_hours,
-        policy=trial_policy,
-        stop_confidence=stop_confidence,
-        stop_gain=stop_gain,
+        results_dir=str(a["results_dir"]),
+        trial_timeout_s=a["trial_timeout"],
+        command_template=str(a["command_template"]) if a["command_template"] else None,
+        trial_env=tuple(a["trial_env"] or ()),
+        policy=a["trial_policy"],
         prune_margin=None if (not math.isnan(prune_margin) and prune_margin < 0) else prune_margin,  # NaN is rejected later
     )
-    state = ctx.obj if isinstance(ctx.obj, CliState) else CliState(argv=(), debug=False)
-    _run_main(cfg, top, results_dir, state, launch, verbose=verbose, png=png)
 
 
 def _with_trials(argv: Sequence[str], left: int) -> list[str]:

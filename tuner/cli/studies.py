@@ -53,6 +53,33 @@ def study_export_context(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], l
                           **dict(zip(("options", "stack", "user_args"), stored_run(st), strict=True)))
 
 
+def study_front(study: str | None, storage: str | None, results_dir: Path, output: tuple[str, Path | None, str], *,
+                force: bool) -> tuple[Any, Any, Any, Any, dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(study, model, cluster, workload, config, trial rows, front rows) of a study with a finished trial; ``output``
+    (option, path or None, the file name it has in a study's folder) is checked before the study is opened.
+
+    Raises:
+        TunerError: an output path that would overwrite a study (:func:`tuner.study.config.check_output_path`), a study
+            that cannot be opened, or one with no finished trial.
+    """
+    from cost_model.uncertainty import error_bars
+    from tuner.report import front_rows
+    from tuner.study import trial_rows
+
+    option, path, writes = output
+    if path is not None:
+        from tuner.study.config import check_output_path
+
+        check_output_path(option, path, writes=writes, study=study, force=force)
+    st = load_study(study, storage, results_dir)
+    m, c, w, cfg = study_context(st)
+    rows = trial_rows(st)
+    front = front_rows(rows, m, error_bars(m, c.gpu, w.precision), c.gpu.hbm_bytes / 2**30)
+    if not front:
+        raise TunerError(f"study {st.study_name!r} has no finished trial yet")
+    return st, m, c, w, cfg, rows, front
+
+
 @app.command()
 def pareto(
     study: StudyNameOpt = None, storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
@@ -61,21 +88,9 @@ def pareto(
     force: ForceOpt = False,
 ) -> None:
     """Show a study's Pareto front (throughput vs peak memory) with predicted vs measured values."""
-    from tuner.report import front_rows, write_pareto_csv
-    from tuner.study import trial_rows
+    from tuner.report import write_pareto_csv
 
-    if csv_out:  # before the study is opened
-        from tuner.study.config import check_output_path
-
-        check_output_path("--csv", csv_out, writes="pareto.csv", study=study, force=force)
-    st = load_study(study, storage, results_dir)
-    m, c, w, cfg = study_context(st)
-    rows = trial_rows(st)
-    from cost_model.uncertainty import error_bars
-
-    front = front_rows(rows, m, error_bars(m, c.gpu, w.precision), c.gpu.hbm_bytes / 2**30)
-    if not front:
-        raise TunerError(f"study {st.study_name!r} has no finished trial yet")
+    st, m, c, w, cfg, rows, front = study_front(study, storage, results_dir, ("--csv", csv_out, "pareto.csv"), force=force)
     srcs = {r["source"] for r in front}
     out.print(f"Study [bold]{escape(st.study_name)}[/]: {escape(m.name)} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}; "
               f"backend {escape(str(cfg.get('backend')))}; {len(rows)} layouts evaluated")

@@ -228,22 +228,10 @@ def report(
     """Write a study's report.html (the main job writes it too): the Pareto front with hover details and filters, the layouts
     near the fastest with the most headroom, each front layout's memory and time by part, the measured ties, the study's files."""
     from cost_model.calibration import Calibration
-    from tuner.report import front_rows
+    from tuner.cli.studies import study_front
     from tuner.report_html import study_report
-    from tuner.study import trial_rows
 
-    if out_file is not None:  # before the study is opened
-        from tuner.study.config import check_output_path
-
-        check_output_path("--out", out_file, writes="report.html", study=study, force=force)
-    st = load_study(study, storage, results_dir)
-    m, c, w, cfg = study_context(st)
-    rows = trial_rows(st)
-    from cost_model.uncertainty import error_bars
-
-    front = front_rows(rows, m, error_bars(m, c.gpu, w.precision), c.gpu.hbm_bytes / 2**30)
-    if not front:
-        raise TunerError(f"study {st.study_name!r} has no finished trial yet")
+    st, m, c, w, cfg, rows, front = study_front(study, storage, results_dir, ("--out", out_file, "report.html"), force=force)
     folder = results_dir / st.study_name
     path = out_file or folder / "report.html"
     known = ("pareto.csv", "pareto.png", "recipe.yaml", "run_slime.sh", "megatron_args.sh", "config.yaml")

@@ -26,7 +26,6 @@ from __future__ import annotations
 from tuner.study.candidates import DIMENSIONS, MAX_ENQUEUED, CandidateIndex, CandidateQueue
 from tuner.study.config import (
     DEFAULT_TRIALS,
-    MAX_TRIALS,
     STACKS,
     TuneConfig,
     harness_without_te,
@@ -48,7 +47,6 @@ __all__ = [
     "MAX_CONFIRM_ROUNDS",
     "MAX_ENQUEUED",
     "MAX_FINALISTS",
-    "MAX_TRIALS",
     "STACKS",
     "CandidateIndex",
     "CandidateQueue",

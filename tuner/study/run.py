@@ -727,8 +727,3 @@ def run_study(
                 out_dir.rmdir()
             except OSError:
                 pass
-
-
-def _run_study(prep: Prepared, *, on_trial: Callable[[int, int], None] | None = None, backend: TrialBackend | None = None) -> TuneResult:
-    """A run without the default storage's process lock (earlier name; use :func:`run_study`)."""
-    return StudyRun(prep, on_trial=on_trial, backend=backend).run()

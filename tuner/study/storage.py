@@ -421,9 +421,6 @@ def _check_same_storage(cfg: TuneConfig, name: str, out_dir: Path) -> None:
     own = storage_place(f"sqlite:///{db.as_posix()}")  # the folder's own study.db
     new_file = storage_file(now)
     starts_new = new_file is not None and not new_file.exists()
-    if rec.is_symlink() and not rec.exists():
-        raise TunerError(f"study {name!r}: {rec} is a link to nothing; it says where the study's trials are kept. Restore it, "
-                         "or give another --study name")
     if not rec.exists():
         outputs = [f for f in STUDY_OUTPUT_FILES if f != "pareto.png" and (out_dir / f).exists()]  # a chart is not a study's
         if db.exists() and cfg.storage and here != own:
@@ -445,7 +442,7 @@ def _check_same_storage(cfg: TuneConfig, name: str, out_dir: Path) -> None:
                          f"or {fix}; or give another --study name")
     was = old["config"].get("storage")
     place = old.get("storage_place")
-    if (was is not None and not isinstance(was, str)) or (place is not None and not isinstance(place, str)) or "\0" in f"{was}{place}":
+    if (was is not None and not isinstance(was, str)) or (place is not None and not isinstance(place, str)):
         raise TunerError(f"study {name!r}: {rec} records a storage that is not a URL ({was!r}); it says where the study's trials "
                          f"are kept. Restore it, or {fix}; or give another --study name")
     # the recorded store, resolved where it was written (older records: resolved now, as it was named)

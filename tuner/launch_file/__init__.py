@@ -1,0 +1,135 @@
+"""A user's launch as the tuner's inputs: ``tune --from FILE``.
+
+:func:`read_launch` reads a Megatron-LM / slime argument list or shell script (``MODEL_ARGS=( ... )`` arrays and
+``NAME=value`` assignments expanded where the launch uses them, ``"${MODEL_ARGS[@]}"`` included), this project's
+``recipe.yaml`` (its ``run`` block, its model and GPU), a Megatron-Bridge override YAML or performance config
+(``ConfigContainer`` and ``perf_matrix``), or a NeMo-RL config. The launch's arguments are parsed with :mod:`argparse` and
+sorted three ways (:class:`LaunchFile`): **understood** (the model, the GPUs, the workload, the layout and the run
+options the cost model prices), **known without effect** on the estimate (:data:`NO_EFFECT_ARGS`: learning rate,
+paths, logging, RL rollout settings ...) and **not understood** (named, never dropped). The arguments that are not
+understood or have no effect are kept, in order, for the exported commands (:attr:`LaunchFile.user_args`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from specs._data import read_user_yaml
+from specs.errors import TunerError
+from specs.files import parse_errors, read_user_text
+from specs.hardware import load_gpu
+from tuner.launch_file.args import NO_EFFECT_ARGS, LaunchFile, LaunchTask, _read_args
+from tuner.launch_file.bridge import _bridge_args, _perf_matrix_args
+from tuner.launch_file.nemo_rl import _nemo_rl_args, _nemo_rl_doc, _section
+from tuner.launch_file.shell import _launch_args
+
+__all__ = ["NO_EFFECT_ARGS", "LaunchFile", "read_launch"]
+
+
+def _preset_of_hf(hf: str | None) -> str | None:
+    """The model preset whose name is the Hugging Face id's last part (``Qwen/Qwen3-30B-A3B`` -> ``Qwen3-30B-A3B``)."""
+    from specs import list_models
+
+    if not hf:
+        return None
+    tail = hf.rstrip("/").split("/")[-1].lower()
+    return next((n for n in list_models() if n.lower() == tail), None)
+
+
+def read_launch(path: str | Path, *, model: str | None = None, gpus: str | None = None, precision: str | None = None,
+                fp8_recipe: str | None = None) -> LaunchFile:
+    """Read the launch file ``path`` (see the module docstring); ``model`` (``--model``) names the model when given;
+    ``gpus``, ``precision`` and ``fp8_recipe`` (``--gpus``, ``--precision``, ``--fp8-recipe``) pick the entry of a
+    Megatron-Bridge performance config's ``perf_matrix`` (:func:`_perf_matrix_args`).
+
+    Raises:
+        TunerError: the file cannot be read, is none of the accepted forms (a shell script or argument list with a
+            command that has ``--`` arguments, or a ``recipe.yaml`` with a ``run`` block), or names a model that is
+            neither a preset nor given with ``--model``.
+    """
+    p = Path(path)
+    label = f"--from {str(p)!r}"
+    accepted = ("accepted: a Megatron-LM / slime argument list or shell script, a Megatron-Bridge override YAML, or a recipe.yaml "
+                "written by tune")
+    text = read_user_text(p, label, "a launch script, argument list or YAML")
+    with parse_errors(label, "a launch script, argument list or YAML"):
+        return _read_launch(p, text, label, accepted, model, gpus, precision, fp8_recipe)
+
+
+def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | None, gpus: str | None, precision: str | None,
+                 fp8_recipe: str | None) -> LaunchFile:
+    if p.suffix in (".yaml", ".yml"):
+        doc = read_user_yaml(text, label)
+        if isinstance(doc, Mapping) and isinstance(doc.get("policy"), Mapping):
+            argv, names, hf, nodes, per_node, task = _nemo_rl_args(_nemo_rl_doc(p, doc, label), label)
+            given = model or _preset_of_hf(hf)
+            if given is None:
+                raise TunerError(f"{label}: policy.model_name {hf!r} is none of the presets; give --model with a preset or a "
+                                 "Hugging Face config.json")
+            lf = _read_args(p, "nemo-rl", [], argv, given, None, names=names)
+            return replace(lf, stack="nemo-rl", nodes=nodes or lf.nodes, gpus_per_node=per_node or lf.gpus_per_node,
+                           task=task or lf.task)
+        if isinstance(doc, Mapping) and isinstance(doc.get("ConfigContainer"), Mapping):  # a performance config
+            argv, names = _bridge_args(doc["ConfigContainer"], label)
+            others = [k for k in doc if k not in ("ConfigContainer", "perf_matrix")]
+            for k in others:
+                argv.append(f"--{k}")
+                names[f"--{k}"] = str(k)
+            if not isinstance(doc.get("perf_matrix"), Mapping):
+                return _read_args(p, "megatron-bridge", [], argv, model, None, names=names)
+            more, more_names, pgpu, count, pper = _perf_matrix_args(doc["perf_matrix"], label, gpus, precision, fp8_recipe)
+            lf = _read_args(p, "megatron-bridge", [], argv + more, model, None, names={**names, **more_names})
+            spec = load_gpu(pgpu)
+            per_node = min(pper or spec.gpus_per_node, count)
+            if count % per_node:
+                raise TunerError(f"{label}: perf_matrix: {count} GPUs are not whole nodes of {per_node}")
+            return replace(lf, gpu=spec.name, nodes=count // per_node, gpus_per_node=per_node)
+        if isinstance(doc, Mapping) and any(k in doc for k in ("model", "train", "ddp", "optimizer")) and "schema_version" not in doc:
+            argv, names = _bridge_args(doc, label)
+            return _read_args(p, "megatron-bridge", [], argv, model, None, names=names)
+        if not (isinstance(doc, Mapping) and isinstance(doc.get("run"), str) and "schema_version" in doc):
+            raise TunerError(f"{label}: a YAML file that is neither a recipe.yaml (schema_version, run) nor a Megatron-Bridge "
+                             f"override (model, train, ddp, optimizer sections) or performance config (ConfigContainer, "
+                             f"perf_matrix); {accepted}")
+        gpu = _section(doc, "gpu")
+        launcher, argv = _safe_args(doc["run"], label, accepted)
+        given = model or (str(doc["model"]) if doc.get("model") else None)
+        lf = _read_args(p, "recipe", launcher, argv, given, str(gpu.get("type")) if gpu.get("type") else None)
+        if lf.nodes is None and gpu.get("count") and gpu.get("per_node"):
+            lf = replace(lf, nodes=int(gpu["count"]) // int(gpu["per_node"]), gpus_per_node=int(gpu["per_node"]))
+        return _recipe_blocks(lf, doc)
+    launcher, argv = _safe_args(text, label, accepted, p.parent)
+    return _read_args(p, "shell", launcher, argv, model, None)
+
+
+def _recipe_blocks(lf: LaunchFile, doc: Mapping[str, Any]) -> LaunchFile:
+    """A ``recipe.yaml``'s own blocks over what its ``run`` command says: the stack preset it was tuned with
+    (``stack.preset``), the dispatcher it chose (``layout.dispatcher``: slime's command asks for alltoall where the
+    layout is allgather) and the task (``workload.task``, ``workload.lora``), which the command cannot carry."""
+    stack, layout, work = (_section(doc, k) for k in ("stack", "layout", "workload"))
+    if isinstance(stack.get("preset"), str):
+        lf = replace(lf, stack=stack["preset"])
+    if isinstance(layout.get("dispatcher"), str):
+        lf = replace(lf, layout={**lf.layout, "dispatcher": layout["dispatcher"]})
+    if work.get("task") in ("sft", "lora"):
+        lora = _section(work, "lora")
+        task: LaunchTask = {"task": work["task"]}
+        if work["task"] == "lora" and lora.get("rank") is not None:
+            task["lora_rank"] = lora["rank"]
+        if work["task"] == "lora" and lora.get("target_modules"):
+            task["lora_target_modules"] = ",".join(map(str, lora["target_modules"]))
+        lf = replace(lf, task=task)
+    return lf
+
+
+def _safe_args(text: str, label: str, accepted: str, base: Path | None = None) -> tuple[list[str], list[str]]:
+    try:
+        launcher, argv = _launch_args(text, base)
+    except TunerError as e:
+        raise TunerError(f"{label}: {e}; {accepted}") from None
+    if not any(w.startswith("--") for w in argv):
+        raise TunerError(f"{label}: no command with -- arguments in it; {accepted}")
+    return launcher, argv
