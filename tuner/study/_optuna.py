@@ -26,6 +26,7 @@ storages, heartbeats) and nothing private outside this module. What it needs bey
 5. **A new study file without alembic's script walk** (:func:`create_sqlite_schema`): for a file with no
    ``alembic_version`` row ``RDBStorage`` loads alembic's migration scripts to learn the head revision; the
    tables, rows and stamp it would write are written directly (for schema :data:`RDB_SCHEMA_VERSION` only).
+   ``RDBStorage`` then opens it with its public ``skip_table_creation`` and ``skip_compatibility_check``.
 
 ``tests/tuner_tests/test_optuna_internals.py`` fails when any of these names, signatures or the schema change.
 """
@@ -35,6 +36,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,8 +48,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 __all__ = [
     "HEARTBEAT_ATTR", "OPTUNA_CHECKED_RELEASES", "OPTUNA_VERSION", "RDB_ALEMBIC_REVISION", "RDB_SCHEMA_VERSION", "HeartbeatJournalStorage", "ThreadSafeRDBStorage",
-    "add_finished_trials", "create_sqlite_schema", "create_trial", "retried_trial_number", "retry_history", "set_trial_state", "set_trial_user_attr", "storage_of",
-    "trial_id_of",
+    "add_finished_trials", "close_storages", "create_sqlite_schema", "create_trial", "retried_trial_number", "retry_history", "set_trial_state",
+    "set_trial_user_attr", "storage_of", "trial_id_of",
 ]
 
 #: The Optuna release this module is written against.
@@ -163,6 +165,18 @@ def create_sqlite_schema(path: str | Path) -> bool:
 #: Attempts at creating Optuna's tables when workers start together on a fresh database.
 SCHEMA_ATTEMPTS = 5
 
+#: The :class:`ThreadSafeRDBStorage` objects of this process not yet garbage (:func:`close_storages`).
+_LIVE_STORAGES: weakref.WeakSet[RDBStorage] = weakref.WeakSet()
+
+
+def close_storages() -> None:
+    """Close the database connections of every :class:`ThreadSafeRDBStorage` of this process (SQLAlchemy's
+    ``Engine.dispose``): on a SQLite file in write-ahead-log mode the last connection's close writes the log into the
+    file and removes ``-wal`` and ``-shm``, as the collector's close at exit would. A storage stays usable (a later
+    call opens new connections)."""
+    for storage in list(_LIVE_STORAGES):
+        storage.engine.dispose()
+
 
 class ThreadSafeRDBStorage(RDBStorage):
     """``RDBStorage`` whose ``set_trial_state_values`` is atomic among this process's threads (item 2 above).
@@ -185,6 +199,7 @@ class ThreadSafeRDBStorage(RDBStorage):
                     raise
                 time.sleep(0.2 * attempt)
         self._state_lock = threading.Lock()
+        _LIVE_STORAGES.add(self)
 
     def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
         """``RDBStorage.set_trial_state_values`` under this process's lock, and on a SQLite file under an exclusive
@@ -212,6 +227,7 @@ class ThreadSafeRDBStorage(RDBStorage):
     def __setstate__(self, state: dict[Any, Any]) -> None:
         super().__setstate__(state)
         self._state_lock = threading.Lock()
+        _LIVE_STORAGES.add(self)
 
 
 class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
