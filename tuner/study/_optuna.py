@@ -362,9 +362,12 @@ def add_finished_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> i
         values: list[dict[str, Any]] = []
         user: list[dict[str, Any]] = []
         system: list[dict[str, Any]] = []
+        conn = session.connection()
         for t in trials:
-            tid = session.execute(add_trial, {"study_id": study._study_id, "number": number, "state": t.state,
-                                              "datetime_start": t.datetime_start, "datetime_complete": t.datetime_complete}).inserted_primary_key[0]
+            key = conn.execute(add_trial, {"study_id": study._study_id, "number": number, "state": t.state,
+                                           "datetime_start": t.datetime_start, "datetime_complete": t.datetime_complete}).inserted_primary_key
+            assert key is not None  # an INSERT of one row
+            tid = key[0]
             number += 1
             params.extend({"trial_id": tid, "param_name": name, "param_value": t.distributions[name].to_internal_repr(value),
                            "distribution_json": dists.distribution_to_json(t.distributions[name])} for name, value in t.params.items())
@@ -376,5 +379,5 @@ def add_finished_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> i
         for model, rows in ((models.TrialParamModel, params), (models.TrialValueModel, values),
                             (models.TrialUserAttributeModel, user), (models.TrialSystemAttributeModel, system)):
             if rows:
-                session.execute(sqlalchemy.insert(model.__table__), rows)
+                conn.execute(sqlalchemy.insert(model.__table__), rows)
     return 1
