@@ -24,8 +24,9 @@ Each run measures, one after the other so that they share the machine's load:
   rest: front, recipe files, report, printing) and the storage writes: SQL transactions that wrote while the study
   was opened and while its trials ran (tests/tuner_tests/write_counter.py), per evaluated trial.
 
-Prints one JSON line per run with ``ratio_wall`` = main_job_wall_s / floor_wall_s, then one summary line (median
-and range over the runs).
+Prints one JSON line per run with ``ratio_wall`` = main_job_wall_s / floor_wall_s and ``ratio_cpu`` (the same for the
+two processes' user + system CPU time, the steadier figure on a loaded machine), then one summary line (median and
+range over the runs).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -125,14 +127,20 @@ def _floor() -> None:
                                  "valid": len(en.valid), "fit": fit}))
 
 
-def _wall(cmd: list[str], code: Path = ROOT) -> tuple[float, str]:
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _wall(cmd: list[str], code: Path = ROOT) -> tuple[float, str, float]:
+    """Run ``cmd``: its wall time, stdout and CPU time (user + system)."""
     env = {**os.environ, "PYTHONPATH": str(code)}
-    t = time.perf_counter()
+    c, t = _children_cpu(), time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=code, env=env)
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, _children_cpu() - c
     if p.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
-    return wall, p.stdout
+    return wall, p.stdout, cpu
 
 
 def main() -> None:
@@ -152,21 +160,23 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(1, a.runs + 1):
-            floor_wall, fl_out = _wall([sys.executable, str(Path(__file__).resolve()), "--floor"])
+            floor_wall, fl_out, floor_cpu = _wall([sys.executable, str(Path(__file__).resolve()), "--floor"])
             fl = json.loads(next(x for x in fl_out.splitlines() if x.startswith("FLOOR "))[6:])
-            wall, job_out = _wall([sys.executable, "-m", "tuner.cli", *JOB, "--results-dir", f"{tmp}/w{i}"], code)
+            wall, job_out, cpu = _wall([sys.executable, "-m", "tuner.cli", *JOB, "--results-dir", f"{tmp}/w{i}"], code)
             if f"Space: {fl['considered']:,} layouts, {fl['valid']:,} valid, " not in job_out:
                 raise SystemExit(f"the floor's space ({fl['considered']:,} layouts, {fl['valid']:,} valid) is not the main job's:\n{job_out[:1500]}")
-            _, drv = _wall([sys.executable, str(Path(__file__).resolve()), "--driver", f"{tmp}/d{i}"], code)
+            _, drv, _ = _wall([sys.executable, str(Path(__file__).resolve()), "--driver", f"{tmp}/d{i}"], code)
             d = json.loads(next(x for x in drv.splitlines() if x.startswith("BENCH "))[6:])
-            row = {"benchmark": "main_job", "run": i, "floor_wall_s": round(floor_wall, 2), **fl, "main_job_wall_s": round(wall, 2), **d,
-                   "ratio_wall": round(wall / floor_wall, 2), "ratio_job_floor": round(d["job_s"] / fl["floor_s"], 2),
+            row = {"benchmark": "main_job", "run": i, "floor_wall_s": round(floor_wall, 2), "floor_cpu_s": round(floor_cpu, 2), **fl,
+                   "main_job_wall_s": round(wall, 2), "main_job_cpu_s": round(cpu, 2), **d,
+                   "ratio_wall": round(wall / floor_wall, 2), "ratio_cpu": round(cpu / floor_cpu, 2), "ratio_job_floor": round(d["job_s"] / fl["floor_s"], 2),
                    "load_avg_1m": round(os.getloadavg()[0], 2)}
             rows.append(row)
             print(json.dumps(row), flush=True)
     summary = {"benchmark": "main_job_summary", "checkout": str(code), "runs": len(rows), "target_ratio": 2.0, "target_writes_per_trial": 2,
                "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
-    for k in ("floor_wall_s", "floor_s", "main_job_wall_s", "job_s", "study_s", "ratio_wall", "ratio_job_floor", "writes_per_trial"):
+    for k in ("floor_wall_s", "floor_cpu_s", "floor_s", "main_job_wall_s", "main_job_cpu_s", "job_s", "study_s", "ratio_wall", "ratio_cpu",
+              "ratio_job_floor", "writes_per_trial"):
         v = [r[k] for r in rows]
         summary[k] = {"median": round(statistics.median(v), 3), "min": min(v), "max": max(v)}
     print(json.dumps(summary))

@@ -580,7 +580,7 @@ def test_estimate_and_check_share_one_declaration_of_the_layout_options():
     cmd = typer.main.get_command(app)
     want = {f.metadata["option"].default.split("/")[0] for f in dataclasses.fields(LayoutFlags)}  # each field's first flag name
     for name in ("estimate", "check"):
-        opts = {o for p in cmd.commands[name].params for o in p.opts}
+        opts = {o for p in cmd.get_command(None, name).params for o in p.opts}
         assert want <= opts, (name, want - opts)
     assert len(want) == len(dataclasses.fields(LayoutFlags)) == 20
 
@@ -641,8 +641,11 @@ def test_export_out_writes_scripts_executable(main_run, tmp_path):
 
 def test_tune_rl_is_mounted_and_imported_only_when_used():
     code = ("import sys; from typer.testing import CliRunner; from tuner.cli import app; r = CliRunner().invoke(app, ['models']); "
-            "assert r.exit_code == 0 and 'rl.cli' not in sys.modules; r = CliRunner().invoke(app, ['rl', '--help']); "
-            "assert r.exit_code == 0 and 'validate' in r.output and 'calibrate' in r.output and 'rl.cli' in sys.modules; print('ok')")
+            "assert r.exit_code == 0 and 'rl.cli' not in sys.modules; "
+            "assert 'tuner.cli.catalogue' in sys.modules and not {'tuner.cli.estimate', 'tuner.cli.fit'} & set(sys.modules); "
+            "r = CliRunner().invoke(app, ['rl', '--help']); "
+            "assert r.exit_code == 0 and 'validate' in r.output and 'calibrate' in r.output and 'rl.cli' in sys.modules; "
+            "assert sys.modules['typer.rich_utils'].Table.__name__ == '_FoldingHelpTable'; print('ok')")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
     r = runner.invoke(app, ["rl", "validate"])  # through the root app: one line, exit 2, as every command

@@ -187,3 +187,20 @@ def test_a_new_study_file_is_the_one_rdb_storage_makes(tmp_path):
     study = optuna.create_study(storage=storage, study_name="s")
     study.add_trial(create_trial(value=1.0, params={"x": "a"}, distributions={"x": CategoricalDistribution(["a"])}))
     assert [t.value for t in optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'ours.db'}").trials] == [1.0]
+
+
+def test_closing_the_storages_writes_the_log_into_the_study_file(tmp_path):
+    import sqlite3
+
+    db = tmp_path / "study.db"
+    assert _optuna.create_sqlite_schema(db)
+    storage = _optuna.ThreadSafeRDBStorage(f"sqlite:///{db}", engine_kwargs=_optuna.local_sqlite_engine_kwargs(db),
+                                           skip_table_creation=True, skip_compatibility_check=True)  # as open_study opens a file it made
+    study = optuna.create_study(storage=storage, study_name="s")
+    study.add_trial(create_trial(value=1.0, params={"x": "a"}, distributions={"x": CategoricalDistribution(["a"])}))
+    assert (tmp_path / "study.db-wal").exists()
+    _optuna.close_storages()
+    assert not (tmp_path / "study.db-wal").exists() and not (tmp_path / "study.db-shm").exists()
+    with sqlite3.connect(db) as c:
+        assert list(c.execute("SELECT value FROM trial_values")) == [(1.0,)]
+    assert [t.value for t in study.trials] == [1.0]  # the storage stays usable

@@ -117,18 +117,37 @@ class TuneGroup(TyperGroup):
     * Ctrl-C, and SIGTERM likewise, exits 130 (the main job first says how to resume); any other exception is a bug:
       one line asking for a report (the traceback with ``--debug``), exit 1.
 
-    Sub-apps named in :attr:`lazy` (``name -> "module:typer_app"``) are imported only when their
-    command is run or listed, so ``tune`` does not pay for them at every start.
+    Command areas named in :attr:`areas` (``"module:typer_app" -> its command names``, their commands merged into
+    this group) and sub-apps named in :attr:`lazy` (``name -> "module:typer_app"``, mounted as a group) are imported
+    only when one of their commands is run or the commands are listed, so a command pays for its own area only.
     """
 
+    areas: ClassVar[dict[str, tuple[str, ...]]] = {}
     lazy: ClassVar[dict[str, str]] = {}
 
+    def _load_area(self, spec: str) -> None:
+        import importlib
+
+        module, _, attr = spec.partition(":")
+        built = typer.main.get_command(getattr(importlib.import_module(module), attr))
+        for name, cmd in (built.commands if isinstance(built, TyperGroup) else {built.name or "": built}).items():
+            self.commands.setdefault(name, cmd)
+
     def list_commands(self, ctx: Any) -> list[str]:
-        """The commands, the lazy ones after the others."""
-        return [*super().list_commands(ctx), *(n for n in self.lazy if n not in self.commands)]
+        """The commands: this group's own, each area's in the order :attr:`areas` names them, then the lazy sub-apps."""
+        for spec in self.areas:
+            self._load_area(spec)
+        order = [n for names in self.areas.values() for n in names]
+        rank = {n: i for i, n in enumerate(order)}
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda n: rank.get(n, len(order))) + [n for n in self.lazy if n not in self.commands]
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
-        """The command ``cmd_name``, importing a lazy sub-app the first time it is asked for."""
+        """The command ``cmd_name``, importing its area (all of them for a name no area lists) or lazy sub-app the first
+        time it is asked for."""
+        if cmd_name not in self.commands and cmd_name not in self.lazy:
+            for spec in [s for s, names in self.areas.items() if cmd_name in names] or list(self.areas):
+                self._load_area(spec)
         if cmd_name not in self.commands and cmd_name in self.lazy:
             import importlib
 

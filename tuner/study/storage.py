@@ -514,9 +514,9 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, he
     try:
         if heartbeat is None and not url.startswith("journal:"):
             # --parallel-trials: atomic state changes among threads; the study's own file: commits without an fsync each
-            kw = {} if cfg.storage else {"engine_kwargs": _optuna.local_sqlite_engine_kwargs(out_dir / "study.db")}
-            if not cfg.storage:
-                _optuna.create_sqlite_schema(out_dir / "study.db")
+            kw: dict[str, Any] = {} if cfg.storage else {"engine_kwargs": _optuna.local_sqlite_engine_kwargs(out_dir / "study.db")}
+            if not cfg.storage and _optuna.create_sqlite_schema(out_dir / "study.db"):  # made here, of Optuna's schema
+                kw.update(skip_table_creation=True, skip_compatibility_check=True)
             storage: Any = _optuna.ThreadSafeRDBStorage(url, **kw)
         else:
             storage = open_storage(url, heartbeat=heartbeat)
