@@ -209,7 +209,6 @@ def gain_loop(prep: Prepared, world: World, *, slices: bool, a2a_across_nodes: b
     pruner = StepTimePruner(warmup_steps=trial_warmup_steps(cfg), margin=cfg.prune_margin) if cfg.prune_margin is not None else None
     warm = trial_warmup_steps(cfg)
     best: float | None = None
-    run = {"model": prep.model, "cluster": prep.cluster, "workload": prep.workload}
     while True:
         d = policy.next()
         if d.index is None:
@@ -229,7 +228,7 @@ def gain_loop(prep: Prepared, world: World, *, slices: bool, a2a_across_nodes: b
             return pruner.decide(list(tps), _best) if pruner is not None and not _repeat else None
 
         try:
-            meas = backend.run(lay, reporter=report, **run)
+            meas = backend.run(lay, model=prep.model, cluster=prep.cluster, workload=prep.workload, reporter=report)
         except TrialStopped as e:
             steps = list(e.tokens_per_s_per_gpu)
             policy.observe(d.index, float(np.median(steps[warm:] or steps)), gpu_hours=(backend.gpu_seconds - before) / 3600, pruned=True)

@@ -196,7 +196,8 @@ class GainPolicy:
     def _prior_cov(self, i: int) -> Array:
         p = self.params
         differ = (self.codes != self.codes[i]).sum(axis=1)
-        return p.level**2 + p.sigma**2 * (p.shared + (1 - p.shared) * p.per_dimension ** differ)
+        out: Array = p.level**2 + p.sigma**2 * (p.shared + (1 - p.shared) * p.per_dimension ** differ)
+        return out
 
     def posterior(self) -> tuple[Array, Array]:
         """Mean and standard deviation of ``y`` (log true / predicted) of every candidate."""
