@@ -53,8 +53,9 @@ the world's truth:
 Its step time is the seen parts of the layout's step, scaled by ``slice layers / stage layers``; its measurement the
 same run-to-run and step-to-step noise, warm-up, crashes and hangs as a full trial's. Its cost: slice GPUs x (the
 slice start-up, :data:`SLICE_STARTUP_S`, an assumption: few layers to build on one or two nodes) + its steps). With
-``a2a_across_nodes=False`` (the benchmark's sensitivity case) a slice sees nothing of the expert all-to-all of a
-layout whose EP x ETP spans more than one node (as if it ran on one node at a smaller EP), at the same cost.
+``a2a="in-node"`` (a sensitivity case of the benchmark) a slice sees nothing of the expert all-to-all of a layout
+whose EP x ETP spans more than one node (as if it ran on one node at a smaller EP), with ``a2a="none"`` nothing of any
+layout's all-to-all; at the same cost.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ from specs import DEFAULT_RUN_OPTIONS, Cluster, GPUSpec, ModelSpec, Precision, R
 from specs.layout import Layout, LayoutTable
 
 __all__ = [
-    "FEATURES", "SLICE_LAYERS", "SLICE_STARTUP_S", "SLICE_UNSEEN_FEATURES", "SLICE_UNSEEN_PARTS", "TIME_GROUPS", "SliceMeasurement", "SlicePlan", "ErrorStructure", "SimulatedBackend", "TrialCost", "World", "WorldTable", "feature_hashes", "layout_hashes",
+    "FEATURES", "SLICE_A2A", "SLICE_LAYERS", "SLICE_STARTUP_S", "SLICE_UNSEEN_FEATURES", "SLICE_UNSEEN_PARTS", "TIME_GROUPS", "SliceMeasurement", "SlicePlan", "ErrorStructure", "SimulatedBackend", "TrialCost", "World", "WorldTable", "feature_hashes", "layout_hashes",
     "layout_normals", "slice_plan", "startup_seconds",
 ]
 
@@ -131,6 +132,8 @@ FEATURES: dict[str, tuple[str, ...]] = {**_SINGLE, **{f"{a}*{b}": _SINGLE[a] + _
 SLICE_UNSEEN_PARTS = ("pp_bubble", "pp_p2p", "dp_comm")
 #: The features (:data:`FEATURES`) whose error a slice trial does not see: those of the pipeline.
 SLICE_UNSEEN_FEATURES = ("pp", "vpp", "pipeline_split", "pp*vpp")
+#: What a slice trial sees of the expert all-to-all (:func:`slice_plan`).
+SLICE_A2A = ("all", "in-node", "none")
 #: Most layers a slice trial runs (the layers of one pipeline stage, at most this many).
 SLICE_LAYERS = 4
 #: Seconds from a slice trial's launch to its first step: an assumption (a few layers on one or two nodes; a
@@ -357,17 +360,24 @@ class SlicePlan:
     """The model's step time of the slice: the seen parts x ``scale``."""
 
 
-def slice_plan(model: ModelSpec, cluster: Cluster, table: LayoutTable, est: EstimateTable, *, a2a_across_nodes: bool = True) -> SlicePlan:
-    """The slice trial of every row of ``table`` (its estimate ``est``): see the module docstring.
-    ``a2a_across_nodes=False``: the slice does not see ``ep_comm`` where ``ep * etp`` exceeds a node."""
+def slice_plan(model: ModelSpec, cluster: Cluster, table: LayoutTable, est: EstimateTable, *, a2a: str = "all") -> SlicePlan:
+    """The slice trial of every row of ``table`` (its estimate ``est``): see the module docstring. ``a2a``: the
+    all-to-all (``ep_comm``) the slice sees: ``"all"``; ``"in-node"``: not where ``ep * etp`` exceeds a node;
+    ``"none"``.
+
+    Raises:
+        ValueError: another ``a2a``.
+    """
+    if a2a not in SLICE_A2A:
+        raise ValueError(f"a2a {a2a!r}: accepted {', '.join(SLICE_A2A)}")
     tp, cp, ep, etp, pp = (np.asarray(table[c], dtype=np.int64) for c in ("tp", "cp", "ep", "etp", "pp"))
     gpus = np.lcm(np.lcm(tp * cp, ep * etp), cluster.gpus_per_node)
     stage_layers = np.ceil(model.num_layers / pp)
     scale = np.minimum(stage_layers, SLICE_LAYERS) / stage_layers
     n = len(table)
     seen = {p: np.full(n, p not in SLICE_UNSEEN_PARTS) for p in est.time}
-    if not a2a_across_nodes:
-        seen["ep_comm"] = ep * etp <= cluster.gpus_per_node
+    if a2a != "all":
+        seen["ep_comm"] = (ep * etp <= cluster.gpus_per_node) & (a2a == "in-node")
     pred = sum((np.asarray(est.time[p], dtype=np.float64) * seen[p] for p in est.time), np.zeros(n)) * scale
     return SlicePlan(gpus=gpus, scale=scale, seen=seen, predicted_step_time_s=pred)
 
@@ -448,11 +458,11 @@ class World:
         out: npt.NDArray[np.float64] = step * np.exp(own - self.errors.throughput_bias) * plan.scale
         return out
 
-    def slice_truth_of(self, layout: Layout, *, a2a_across_nodes: bool = True) -> tuple[float, float, int]:
+    def slice_truth_of(self, layout: Layout, *, a2a: str = "all") -> tuple[float, float, int]:
         """``(true mean step time, predicted step time, GPUs)`` of one layout's slice trial (:func:`slice_plan`)."""
         table = LayoutTable.from_layouts([layout])
         est = self.base.estimate(table)
-        plan = slice_plan(self.model, self.cluster, table, est, a2a_across_nodes=a2a_across_nodes)
+        plan = slice_plan(self.model, self.cluster, table, est, a2a=a2a)
         true = self._slice_truth(feature_hashes(table), est, plan)
         return float(true[0]), float(plan.predicted_step_time_s[0]), int(plan.gpus[0])
 
@@ -645,8 +655,8 @@ class SimulatedBackend(TrialBackend):
                    "notes": [], "summary": {}, "true_step_time_s": mean_s},
         )
 
-    def run_slice(self, layout: Layout, *, a2a_across_nodes: bool = True, startup_s: float = SLICE_STARTUP_S) -> SliceMeasurement:
-        """The world's measurement of ``layout``'s slice trial (see the module docstring; ``a2a_across_nodes``: as
+    def run_slice(self, layout: Layout, *, a2a: str = "all", startup_s: float = SLICE_STARTUP_S) -> SliceMeasurement:
+        """The world's measurement of ``layout``'s slice trial (see the module docstring; ``a2a``: as
         :func:`slice_plan`): ``steps`` steps after ``startup_s``, the warm-up left out, at the slice's GPUs.
 
         Raises:
@@ -658,7 +668,7 @@ class SimulatedBackend(TrialBackend):
         self._slice_runs[key] = k + 1
         h = int(layout_hashes(LayoutTable.from_layouts([layout]))[0])
         rng = np.random.default_rng([w.seed, 6, k, h])
-        mean_s, pred_s, gpus = w.slice_truth_of(layout, a2a_across_nodes=a2a_across_nodes)
+        mean_s, pred_s, gpus = w.slice_truth_of(layout, a2a=a2a)
         where = f"simulated slice of {layout.label}"
         u = float(rng.random())
         run_mean = mean_s * math.exp(w.errors.run_sigma * float(rng.standard_normal()))

@@ -14,7 +14,8 @@ Policies (:data:`POLICIES`):
   slice, :meth:`~launch.simulated.SimulatedBackend.run_slice`), driven by this module's own loop (:func:`gain_loop`:
   the study's policy loop without Optuna: the same candidates, prior, pruner and stopping rule); no real backend
   offers slice trials;
-* ``slice-a2a``: ``gain+slice`` where a slice sees nothing of an all-to-all across nodes (``a2a_across_nodes=False``);
+* ``slice-a2a``: ``gain+slice`` where a slice sees nothing of an all-to-all across nodes (``a2a="in-node"``);
+* ``slice-noa2a``: ``gain+slice`` where a slice sees nothing of the all-to-all (``a2a="none"``);
 * ``slice-300s``: ``gain+slice`` with a slice start-up of 300 s (a full-scale trial's at 64 GPUs) in place of
   :data:`~launch.simulated.SLICE_STARTUP_S`;
 * ``gain-loop``: :func:`gain_loop` without slices (to compare the loop with the study's ``gain``).
@@ -53,12 +54,14 @@ from tuner.study.run import POLICY_BEST_ATTR
 
 __all__ = ["POLICIES", "SLICE_POLICIES", "TODAY_HEADROOM", "Case", "WorldResult", "gain_loop", "prepare_case", "run_world", "summarize"]
 
-#: The policies of :func:`gain_loop`: (slices, a slice sees an all-to-all across nodes, slice start-up seconds).
-SLICE_POLICIES: dict[str, tuple[bool, bool, float]] = {
-    "gain-loop": (False, True, SLICE_STARTUP_S),
-    "gain+slice": (True, True, SLICE_STARTUP_S),
-    "slice-a2a": (True, False, SLICE_STARTUP_S),
-    "slice-300s": (True, True, 300.0),
+#: The policies of :func:`gain_loop`: (slices, the all-to-all a slice sees (:func:`~launch.simulated.slice_plan`),
+#: slice start-up seconds).
+SLICE_POLICIES: dict[str, tuple[bool, str, float]] = {
+    "gain-loop": (False, "all", SLICE_STARTUP_S),
+    "gain+slice": (True, "all", SLICE_STARTUP_S),
+    "slice-a2a": (True, "in-node", SLICE_STARTUP_S),
+    "slice-noa2a": (True, "none", SLICE_STARTUP_S),
+    "slice-300s": (True, "all", 300.0),
 }
 
 #: Every policy the benchmark knows, in report order.
@@ -114,7 +117,8 @@ def prepare_case(config: TuneConfig) -> Case:
         TunerError: what :func:`tuner.study.prepare` raises.
     """
     new = prepare(config)
-    today = prepare(dataclasses.replace(config, policy="queue", memory_headroom=TODAY_HEADROOM))
+    # the queue policy takes no GPU-hour budget (--gpu-hours belongs to the gain policy)
+    today = prepare(dataclasses.replace(config, policy="queue", memory_headroom=TODAY_HEADROOM, gpu_hours=None))
     base = WorldTable(new.model, new.cluster, new.workload, new.enumeration.valid, estimates=new.estimates,
                       calibration=new.calibration, options=new.options)
     return Case(new=new, today=today, base=base)
@@ -183,7 +187,7 @@ def _random(prep: Prepared, world: World, seed: int, gpu_hours: float) -> tuple[
     return (best[1] if best else None), backend
 
 
-def gain_loop(prep: Prepared, world: World, *, slices: bool, a2a_across_nodes: bool = True,
+def gain_loop(prep: Prepared, world: World, *, slices: bool, a2a: str = "all",
               slice_startup_s: float = SLICE_STARTUP_S) -> tuple[Layout | None, SimulatedBackend]:
     """The study's gain policy loop, one trial at a time, without Optuna: the contenders (:attr:`Prepared.contenders`),
     :func:`~tuner.study.config.policy_params`, full trials stopped by the study's pruner against the best measured
@@ -201,7 +205,7 @@ def gain_loop(prep: Prepared, world: World, *, slices: bool, a2a_across_nodes: b
     params = dataclasses.replace(policy_params(prep, n_trials(cfg)), slice_startup_s=slice_startup_s)
     extra: dict[str, Any] = {}
     if slices:
-        plan = slice_plan(prep.model, prep.cluster, prep.enumeration.valid, est, a2a_across_nodes=a2a_across_nodes)
+        plan = slice_plan(prep.model, prep.cluster, prep.enumeration.valid, est, a2a=a2a)
         extra = {"slice_step_time_s": plan.predicted_step_time_s[rows], "slice_gpus": plan.gpus[rows].astype(np.float64),
                  "slice_sigma": world.slice_unseen_sigma(plan)[rows]}
     policy = GainPolicy(predicted=est.tokens_per_s_per_gpu[rows], step_time_s=est.step_time_s[rows], peak_bytes=est.peak_bytes[rows],
@@ -217,7 +221,7 @@ def gain_loop(prep: Prepared, world: World, *, slices: bool, a2a_across_nodes: b
         before = backend.gpu_seconds
         if d.slice:
             try:
-                m = backend.run_slice(lay, a2a_across_nodes=a2a_across_nodes, startup_s=slice_startup_s)
+                m = backend.run_slice(lay, a2a=a2a, startup_s=slice_startup_s)
                 ratio: float | None = m.predicted_step_time_s / m.step_time_s
             except TrialFailed:
                 ratio = None
@@ -286,7 +290,7 @@ def run_world(case: Case, seed: int, policies: Iterable[str], *, tmp_root: str |
                 record(policy, *_study(prep, world, seed, tmp))
     for policy, (slices, a2a, startup) in SLICE_POLICIES.items():
         if policy in wanted:
-            record(policy, *gain_loop(new, world, slices=slices, a2a_across_nodes=a2a, slice_startup_s=startup))
+            record(policy, *gain_loop(new, world, slices=slices, a2a=a2a, slice_startup_s=startup))
     if "random" in wanted:
         ref = out.get("gain") or out.get("queue")
         if ref is not None:

@@ -32,7 +32,8 @@ GPU-hour among a full trial and a slice of each candidate that may beat it (neve
 the augmented expected improvement of Huang et al. 2006 (J. Global Optim. 34:441), expected improvement x
 ``alpha1`` (the correlation of the slice with the full layout, ``sd / sqrt(sd^2 + slice_sigma^2)``; 1 for a full
 trial) x ``alpha2`` (``1 - noise / sqrt(sd^2 + slice_sigma^2 + noise^2)``, the share of the observation that is
-not noise), per expected GPU-hour. A slice never measures memory, never becomes the incumbent and never ends the
+not noise), per expected GPU-hour; under ``gpu_hours``, only a slice that leaves the budget for a full trial of its
+layout (its value comes through that trial). A slice never measures memory, never becomes the incumbent and never ends the
 search: the answer and the stopping statement name a layout measured in full; slices only narrow the others.
 """
 
@@ -344,7 +345,7 @@ class GainPolicy:
         s_cost = self.slice_gpu_hours(slice(None))
         u2 = self.slice_sigma**2
         part = ei * self.p_fit * (sd / np.sqrt(sd**2 + u2)) * (1 - run / np.sqrt(sd**2 + u2 + run**2))
-        cut = open_ & ~self.sliced & (s_cost <= budget_left)
+        cut = open_ & ~self.sliced & (s_cost + cost <= budget_left)  # a slice is worth something if a full trial can follow
         if not full_ok.any() and not cut.any():
             if open_.any():
                 return Decision(None, reason=self._budget_reason(float(min(cost[open_].min(), s_cost[open_].min()))))
