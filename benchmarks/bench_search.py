@@ -2,8 +2,9 @@
 
 For each case, the candidates are prepared once (enumerate, check, estimate); then each world (a hidden truth drawn
 from the model's held-out error structure, seeds 0 .. N-1) runs every policy: model-only top-1, the study with
-today's default configuration (``queue``), the study with ``policy="gain"`` where the code has it, and random order
-with the GPU-hours of ``gain`` (else ``queue``). Prints the table and writes the JSON (``--out``).
+today's default configuration (``queue``), the study with ``policy="gain"`` where the code has it, the gain policy
+with slice trials and its sensitivity cases (``gain+slice``, ``slice-a2a``, ``slice-noa2a``, ``slice-300s``: simulated only,
+``tuner.search_bench.SLICE_POLICIES``), and random order with the GPU-hours of ``gain`` (else ``queue``). Prints the table and writes the JSON (``--out``).
 
     python benchmarks/bench_search.py --worlds 200 --processes 2 --out benchmarks/results/<folder>/bench_search.json
 
@@ -65,13 +66,13 @@ def _git_commit() -> str:
 
 
 def _table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
-    lines = [f"{'case':<9} {'policy':<7} {'worlds':>6} {'<=5%':>5} {'<=2%':>5} {'regret':>6} {'p90':>6} "
-             f"{'GPU-h':>7} {'trials':>6} {'pruned':>6}"]
+    lines = [f"{'case':<8} {'policy':<12} {'n':>3} {'<=5%':>5} {'<=2%':>5} {'regret':>6} {'p90':>6} "
+             f"{'GPU-h':>7} {'trials':>6} {'slices':>6} {'pruned':>5}"]
     for case, by in summary.items():
         for p, s in by.items():
-            lines.append(f"{case:<9} {p:<7} {s['worlds']:>6} {s['within_5pct']:>5.0%} {s['within_2pct']:>5.0%} "
+            lines.append(f"{case:<8} {p:<12} {s['worlds']:>3} {s['within_5pct']:>5.0%} {s['within_2pct']:>5.0%} "
                          f"{s['regret_median']:>6.1%} {s['regret_p90']:>6.1%} {s['gpu_hours_median']:>7.1f} "
-                         f"{s['trials_median']:>6.0f} {s['best_pruned']:>6.1%}")
+                         f"{s['trials_median']:>6.0f} {s.get('slices_median', 0):>6.0f} {s['best_pruned']:>5.1%}")
     return "\n".join(lines)
 
 

@@ -31,6 +31,31 @@ The sizes (:class:`ErrorStructure`) come from:
 
 The crash (2%) and hang (1%) shares and the start-up time (300 s at 64 GPUs, growing as the fourth root of
 the GPU count: 600 s at 1,024) are assumptions, not measurements.
+
+Slice trials (:meth:`SimulatedBackend.run_slice`, :func:`slice_plan`): a cheaper fidelity. The slice of a layout runs
+the layers of one pipeline stage, at most :data:`SLICE_LAYERS`, with pipeline size 1 and the layout's TP, CP, EP,
+ETP, micro-batch, recompute, offload, optimizer and dispatcher, on the fewest whole nodes whose GPUs hold both
+``tp x cp`` and ``ep x etp`` (``lcm(tp*cp, ep*etp, gpus_per_node)``: one node of 8 unless EP x ETP or TP x CP needs
+more), data-parallel only as far as those need, each step the layout's own count of micro-batches. What it sees of
+the world's truth:
+
+* seen: the time parts ``compute``, ``recompute``, ``tp_comm``, ``cp_comm``, ``ep_comm`` (its EP groups span as
+  many nodes as the full layout's, so an EP across nodes sees the inter-node fabric), ``optimizer`` and
+  ``offload`` (host), each with its group's per-world factor; the per-feature factors of every feature but those of
+  the pipeline; the model's bias;
+* not seen (:data:`SLICE_UNSEEN_PARTS`, :data:`SLICE_UNSEEN_FEATURES`): the pipeline bubble, the pipeline's
+  point-to-point, the data-parallel gradient communication at full data-parallel size, the per-feature factors of
+  PP, VPP, the pipeline split and PP x VPP, and the layout's own factor (what ties its error to all its fields);
+* memory: its peak is not the full layout's (fewer layers; optimizer states sharded over another data-parallel
+  size); only its activations per layer match the layout's. It never runs out of memory here and tells the policy
+  nothing about memory.
+
+Its step time is the seen parts of the layout's step, scaled by ``slice layers / stage layers``; its measurement the
+same run-to-run and step-to-step noise, warm-up, crashes and hangs as a full trial's. Its cost: slice GPUs x (the
+slice start-up, :data:`SLICE_STARTUP_S`, an assumption: few layers to build on one or two nodes) + its steps). With
+``a2a="in-node"`` (a sensitivity case of the benchmark) a slice sees nothing of the expert all-to-all of a layout
+whose EP x ETP spans more than one node (as if it ran on one node at a smaller EP), with ``a2a="none"`` nothing of any
+layout's all-to-all; at the same cost.
 """
 
 from __future__ import annotations
@@ -53,8 +78,8 @@ from specs import DEFAULT_RUN_OPTIONS, Cluster, GPUSpec, ModelSpec, Precision, R
 from specs.layout import Layout, LayoutTable
 
 __all__ = [
-    "FEATURES", "TIME_GROUPS", "ErrorStructure", "SimulatedBackend", "TrialCost", "World", "WorldTable", "feature_hashes", "layout_hashes",
-    "layout_normals", "startup_seconds",
+    "FEATURES", "SLICE_A2A", "SLICE_LAYERS", "SLICE_STARTUP_S", "SLICE_UNSEEN_FEATURES", "SLICE_UNSEEN_PARTS", "TIME_GROUPS", "SliceMeasurement", "SlicePlan", "ErrorStructure", "SimulatedBackend", "TrialCost", "World", "WorldTable", "feature_hashes", "layout_hashes",
+    "layout_normals", "slice_plan", "startup_seconds",
 ]
 
 #: The groups of step-time parts that share one per-world error factor, and each group's sigma relative to
@@ -102,6 +127,18 @@ _PAIRS = (("tp", "ep"), ("pp", "vpp"), ("micro_batch_size", "recompute"), ("tp",
 #: combination of values of the pairs that interact most: a layout's error is shared with the layouts that have the
 #: same TP, the same TP and EP, ...), as the LayoutTable columns each is made of.
 FEATURES: dict[str, tuple[str, ...]] = {**_SINGLE, **{f"{a}*{b}": _SINGLE[a] + _SINGLE[b] for a, b in _PAIRS}}
+
+#: The step-time parts a slice trial does not run (see the module docstring).
+SLICE_UNSEEN_PARTS = ("pp_bubble", "pp_p2p", "dp_comm")
+#: The features (:data:`FEATURES`) whose error a slice trial does not see: those of the pipeline.
+SLICE_UNSEEN_FEATURES = ("pp", "vpp", "pipeline_split", "pp*vpp")
+#: What a slice trial sees of the expert all-to-all (:func:`slice_plan`).
+SLICE_A2A = ("all", "in-node", "none")
+#: Most layers a slice trial runs (the layers of one pipeline stage, at most this many).
+SLICE_LAYERS = 4
+#: Seconds from a slice trial's launch to its first step: an assumption (a few layers on one or two nodes; a
+#: full-scale trial's start-up is :func:`startup_seconds`, 300 s at 64 GPUs).
+SLICE_STARTUP_S = 90.0
 
 #: Median absolute step-time error of the model on held-out published runs
 #: (``benchmarks/results/2026-12-07_kfold_validation/bench_validation.json``: ``moe_h100_b200``, ``dense``).
@@ -310,6 +347,42 @@ def _group_weights(est: EstimateTable) -> npt.NDArray[np.float64]:
 
 
 @dataclass(frozen=True, slots=True)
+class SlicePlan:
+    """The slice trial of each row of a table (:func:`slice_plan`), arrays of shape ``(n,)``."""
+
+    gpus: npt.NDArray[np.int64]
+    """GPUs the slice takes: ``lcm(tp*cp, ep*etp, gpus_per_node)``."""
+    scale: npt.NDArray[np.float64]
+    """Slice layers / layers of one pipeline stage."""
+    seen: dict[str, npt.NDArray[np.bool_]]
+    """Per time part (:data:`cost_model.estimate.TIME_PARTS`): the rows whose slice runs it."""
+    predicted_step_time_s: npt.NDArray[np.float64]
+    """The model's step time of the slice: the seen parts x ``scale``."""
+
+
+def slice_plan(model: ModelSpec, cluster: Cluster, table: LayoutTable, est: EstimateTable, *, a2a: str = "all") -> SlicePlan:
+    """The slice trial of every row of ``table`` (its estimate ``est``): see the module docstring. ``a2a``: the
+    all-to-all (``ep_comm``) the slice sees: ``"all"``; ``"in-node"``: not where ``ep * etp`` exceeds a node;
+    ``"none"``.
+
+    Raises:
+        ValueError: another ``a2a``.
+    """
+    if a2a not in SLICE_A2A:
+        raise ValueError(f"a2a {a2a!r}: accepted {', '.join(SLICE_A2A)}")
+    tp, cp, ep, etp, pp = (np.asarray(table[c], dtype=np.int64) for c in ("tp", "cp", "ep", "etp", "pp"))
+    gpus = np.lcm(np.lcm(tp * cp, ep * etp), cluster.gpus_per_node)
+    stage_layers = np.ceil(model.num_layers / pp)
+    scale = np.minimum(stage_layers, SLICE_LAYERS) / stage_layers
+    n = len(table)
+    seen = {p: np.full(n, p not in SLICE_UNSEEN_PARTS) for p in est.time}
+    if a2a != "all":
+        seen["ep_comm"] = (ep * etp <= cluster.gpus_per_node) & (a2a == "in-node")
+    pred = sum((np.asarray(est.time[p], dtype=np.float64) * seen[p] for p in est.time), np.zeros(n)) * scale
+    return SlicePlan(gpus=gpus, scale=scale, seen=seen, predicted_step_time_s=pred)
+
+
+@dataclass(frozen=True, slots=True)
 class _Truth:
     step_time_s: npt.NDArray[np.float64]
     peak_bytes: npt.NDArray[np.float64]
@@ -368,6 +441,46 @@ class World:
         peak = exact + loose * np.exp(self.errors.memory_idiosyncratic_sigma * layout_normals(hashes["layout"][0], self.seed, 3))
         return _Truth(step_time_s=step, peak_bytes=peak)
 
+    def _slice_truth(self, hashes: dict[str, _Codes], est: EstimateTable, plan: SlicePlan) -> npt.NDArray[np.float64]:
+        """The slice's true mean step time (seconds) of each row: its seen parts with their groups' factors, times the
+        seen features' factors and the bias, times ``plan.scale``."""
+        n = len(hashes["layout"][1])
+        step = np.zeros(n)
+        for g, (parts, _) in TIME_GROUPS.items():
+            for p in parts:
+                step = step + np.asarray(est.time[p]) * plan.seen[p] * self.time_factors[g]
+        own = np.zeros(n)
+        for k, name in enumerate(FEATURES):
+            if name in SLICE_UNSEEN_FEATURES:
+                continue
+            uniq, inv = hashes[name]
+            own = own + self.feature_sigma * layout_normals(uniq, self.seed, 10 + k)[inv]
+        out: npt.NDArray[np.float64] = step * np.exp(own - self.errors.throughput_bias) * plan.scale
+        return out
+
+    def slice_truth_of(self, layout: Layout, *, a2a: str = "all") -> tuple[float, float, int]:
+        """``(true mean step time, predicted step time, GPUs)`` of one layout's slice trial (:func:`slice_plan`)."""
+        table = LayoutTable.from_layouts([layout])
+        est = self.base.estimate(table)
+        plan = slice_plan(self.model, self.cluster, table, est, a2a=a2a)
+        true = self._slice_truth(feature_hashes(table), est, plan)
+        return float(true[0]), float(plan.predicted_step_time_s[0]), int(plan.gpus[0])
+
+    def slice_unseen_sigma(self, plan: SlicePlan) -> npt.NDArray[np.float64]:
+        """Standard deviation of the log error of each row's step time that its slice does not see, shape ``(n,)``:
+        each time group's unseen share of the predicted step time x the group's sigma (independent groups), the
+        unseen features' sigmas and the layout's own (:attr:`ErrorStructure.layout_sigma`)."""
+        est = self.base.estimates
+        total = np.asarray(est.step_time_s, dtype=np.float64)
+        scale = self.base.group_scale(self.errors)
+        var = np.zeros(len(total))
+        for parts, rel in TIME_GROUPS.values():
+            share = sum((np.asarray(est.time[p]) * ~plan.seen[p] for p in parts), np.zeros(len(total))) / np.maximum(total, 1e-12)
+            var = var + (share * rel * scale) ** 2
+        var = var + len(SLICE_UNSEEN_FEATURES) * self.feature_sigma**2 + self.errors.layout_sigma**2
+        out: npt.NDArray[np.float64] = np.sqrt(var)
+        return out
+
     def truth_of(self, layout: Layout) -> tuple[float, float]:
         """``(true mean step time in s, true peak bytes per GPU)`` of one layout: the same numbers as its row of the
         table (the estimate of a one-row table, the same hash)."""
@@ -399,12 +512,25 @@ class World:
 
 
 @dataclass(frozen=True, slots=True)
+class SliceMeasurement:
+    """A slice trial's result (:meth:`SimulatedBackend.run_slice`)."""
+
+    step_time_s: float
+    """Median measured step time after the warm-up, seconds."""
+    predicted_step_time_s: float
+    """The model's step time of the slice (:attr:`SlicePlan.predicted_step_time_s`)."""
+    gpus: int
+    gpu_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class TrialCost:
     """What one simulated trial cost and how it ended."""
 
     layout_key: str
     outcome: str
-    """``measured``, ``pruned``, ``oom``, ``crash`` or ``timeout``."""
+    """``measured``, ``pruned``, ``oom``, ``crash`` or ``timeout``; a slice trial's: ``slice``, ``slice_crash``,
+    ``slice_timeout``."""
     gpu_seconds: float
     steps: int
     true_step_time_s: float = math.nan
@@ -439,6 +565,7 @@ class SimulatedBackend(TrialBackend):
         self.gpu_seconds = 0.0
         self.trials: list[TrialCost] = []
         self._runs: dict[str, int] = {}
+        self._slice_runs: dict[str, int] = {}
         self._cancelled = False
 
     @property
@@ -446,8 +573,8 @@ class SimulatedBackend(TrialBackend):
         """GPU-hours spent by every trial so far."""
         return self.gpu_seconds / 3600.0
 
-    def _charge(self, key: str, outcome: str, seconds: float, steps: int, true_step_time_s: float) -> None:
-        g = seconds * self.world.cluster.num_gpus
+    def _charge(self, key: str, outcome: str, seconds: float, steps: int, true_step_time_s: float, gpus: int | None = None) -> None:
+        g = seconds * (self.world.cluster.num_gpus if gpus is None else gpus)
         self.gpu_seconds += g
         self.trials.append(TrialCost(key, outcome, g, steps, true_step_time_s))
 
@@ -527,6 +654,39 @@ class SimulatedBackend(TrialBackend):
             extra={"peak_allocated_bytes": peak, "step_time_cv": float(np.std(kept) / np.mean(kept)), "wall_s": elapsed,
                    "notes": [], "summary": {}, "true_step_time_s": mean_s},
         )
+
+    def run_slice(self, layout: Layout, *, a2a: str = "all", startup_s: float = SLICE_STARTUP_S) -> SliceMeasurement:
+        """The world's measurement of ``layout``'s slice trial (see the module docstring; ``a2a``: as
+        :func:`slice_plan`): ``steps`` steps after ``startup_s``, the warm-up left out, at the slice's GPUs.
+
+        Raises:
+            TrialFailed: a crash or a hang (``timeout``), the same shares as a full trial's.
+        """
+        w = self.world
+        key = layout.key()
+        k = self._slice_runs.get(key, 0)
+        self._slice_runs[key] = k + 1
+        h = int(layout_hashes(LayoutTable.from_layouts([layout]))[0])
+        rng = np.random.default_rng([w.seed, 6, k, h])
+        mean_s, pred_s, gpus = w.slice_truth_of(layout, a2a=a2a)
+        where = f"simulated slice of {layout.label}"
+        u = float(rng.random())
+        run_mean = mean_s * math.exp(w.errors.run_sigma * float(rng.standard_normal()))
+        times = run_mean * np.exp(w.errors.step_sigma * rng.standard_normal(self.steps))
+        if self.warmup_steps:
+            times[: self.warmup_steps] *= 1 + w.errors.warmup_slowdown * (1 - np.arange(self.warmup_steps) / self.warmup_steps)
+        if u < w.errors.hang_rate:
+            self._charge(key, "slice_timeout", self.timeout_s, self.steps // 2, mean_s, gpus)
+            raise TrialFailed(FailureKind.timeout, f"{where}: timed out after {self.timeout_s:g} s", wall_s=self.timeout_s)
+        if u < w.errors.hang_rate + w.errors.crash_rate:
+            at = int(rng.integers(1, self.steps + 1))
+            wall = startup_s + float(times[:at].sum())
+            self._charge(key, "slice_crash", wall, at, mean_s, gpus)
+            raise TrialFailed(FailureKind.crash, f"{where}: crashed at step {at}", wall_s=wall)
+        wall = startup_s + float(times.sum())
+        self._charge(key, "slice", wall, self.steps, mean_s, gpus)
+        return SliceMeasurement(step_time_s=float(np.median(times[self.warmup_steps:])), predicted_step_time_s=pred_s, gpus=gpus,
+                                gpu_seconds=wall * gpus)
 
     def cancel(self) -> None:
         """Every later run raises KeyboardInterrupt (nothing runs in the background)."""

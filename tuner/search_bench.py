@@ -9,9 +9,19 @@ Policies (:data:`POLICIES`):
   :class:`~launch.simulated.SimulatedBackend`;
 * ``gain``: the same with the default configuration (``policy="gain"``, the error bars' pruning);
 * ``random``: the default configuration's candidates in a random order, each a trial stopped by the study's pruner
-  (the same margin), until the GPU-hours of ``gain`` (else of ``queue``) in the same world are spent.
+  (the same margin), until the GPU-hours of ``gain`` (else of ``queue``) in the same world are spent;
+* ``gain+slice``: the gain policy with slice trials (:class:`~tuner.study.policy.GainPolicy` given each candidate's
+  slice, :meth:`~launch.simulated.SimulatedBackend.run_slice`), driven by this module's own loop (:func:`gain_loop`:
+  the study's policy loop without Optuna: the same candidates, prior, pruner and stopping rule); no real backend
+  offers slice trials;
+* ``slice-a2a``: ``gain+slice`` where a slice sees nothing of an all-to-all across nodes (``a2a="in-node"``);
+* ``slice-noa2a``: ``gain+slice`` where a slice sees nothing of the all-to-all (``a2a="none"``);
+* ``slice-300s``: ``gain+slice`` with a slice start-up of 300 s (a full-scale trial's at 64 GPUs) in place of
+  :data:`~launch.simulated.SLICE_STARTUP_S`;
+* ``gain-loop``: :func:`gain_loop` without slices (to compare the loop with the study's ``gain``).
 
-A study's final pick is the measured layout with the highest throughput, its runs taken together
+A slice never becomes the pick: the gain policy's answer is its incumbent, a layout measured in full. A study's
+final pick (``queue``) is the measured layout with the highest throughput, its runs taken together
 (:func:`tuner.study.trial_rows`, :func:`tuner.report.fastest_measured`). Regret = 1 - true throughput of the pick /
 true throughput of the world's best layout: the fastest of *all* valid layouts that truly fit, those the model
 pruned included. A pick that truly does not fit (``model`` only: trials pick measured layouts) has regret 1.
@@ -33,17 +43,29 @@ import optuna
 
 from launch.base import TrialFailed, TrialStopped
 from launch.harness.pruner import StepTimePruner
-from launch.simulated import ErrorStructure, SimulatedBackend, World, WorldTable
+from launch.simulated import SLICE_STARTUP_S, ErrorStructure, SimulatedBackend, World, WorldTable, slice_plan
 from specs.layout import Layout
 from tuner.report import fastest_measured
 from tuner.study import Prepared, TuneConfig, _optuna, prepare, run_study, trial_rows
-from tuner.study.config import trial_warmup_steps
+from tuner.study.candidates import CandidateIndex
+from tuner.study.config import n_trials, policy_params, trial_warmup_steps
+from tuner.study.policy import GainPolicy
 from tuner.study.run import POLICY_BEST_ATTR
 
-__all__ = ["POLICIES", "TODAY_HEADROOM", "Case", "WorldResult", "prepare_case", "run_world", "summarize"]
+__all__ = ["POLICIES", "SLICE_POLICIES", "TODAY_HEADROOM", "Case", "WorldResult", "gain_loop", "prepare_case", "run_world", "summarize"]
+
+#: The policies of :func:`gain_loop`: (slices, the all-to-all a slice sees (:func:`~launch.simulated.slice_plan`),
+#: slice start-up seconds).
+SLICE_POLICIES: dict[str, tuple[bool, str, float]] = {
+    "gain-loop": (False, "all", SLICE_STARTUP_S),
+    "gain+slice": (True, "all", SLICE_STARTUP_S),
+    "slice-a2a": (True, "in-node", SLICE_STARTUP_S),
+    "slice-noa2a": (True, "none", SLICE_STARTUP_S),
+    "slice-300s": (True, "all", 300.0),
+}
 
 #: Every policy the benchmark knows, in report order.
-POLICIES = ("model", "queue", "gain", "random")
+POLICIES = ("model", "queue", "gain", *SLICE_POLICIES, "random")
 
 #: The fixed memory headroom of the ``queue`` policy's candidates: the default before the error bars (the largest
 #: under-prediction of the reserved peak measured on H200 plus one point, docs/validation.md).
@@ -67,6 +89,8 @@ class WorldResult:
     regret_best_measured: float = math.nan
     """The regret of the truly fastest layout this policy measured to the end (NaN: none, or no trial): the part of
     :attr:`regret` that the search left (the rest is the pick's noise)."""
+    slices: int = 0
+    """Slice trials (``gain+slice``; not counted in :attr:`trials`, their GPU-hours in :attr:`gpu_hours`)."""
     best_pruned: bool = False
     """The world's true best was not among the layouts this policy could pick (pruned before any trial: the
     candidates of its configuration; ``gain``: those not surely slower, :attr:`Prepared.contenders`)."""
@@ -93,7 +117,8 @@ def prepare_case(config: TuneConfig) -> Case:
         TunerError: what :func:`tuner.study.prepare` raises.
     """
     new = prepare(config)
-    today = prepare(dataclasses.replace(config, policy="queue", memory_headroom=TODAY_HEADROOM))
+    # the queue policy takes no GPU-hour budget (--gpu-hours belongs to the gain policy)
+    today = prepare(dataclasses.replace(config, policy="queue", memory_headroom=TODAY_HEADROOM, gpu_hours=None))
     base = WorldTable(new.model, new.cluster, new.workload, new.enumeration.valid, estimates=new.estimates,
                       calibration=new.calibration, options=new.options)
     return Case(new=new, today=today, base=base)
@@ -162,6 +187,66 @@ def _random(prep: Prepared, world: World, seed: int, gpu_hours: float) -> tuple[
     return (best[1] if best else None), backend
 
 
+def gain_loop(prep: Prepared, world: World, *, slices: bool, a2a: str = "all",
+              slice_startup_s: float = SLICE_STARTUP_S) -> tuple[Layout | None, SimulatedBackend]:
+    """The study's gain policy loop, one trial at a time, without Optuna: the contenders (:attr:`Prepared.contenders`),
+    :func:`~tuner.study.config.policy_params`, full trials stopped by the study's pruner against the best measured
+    first run, a pruned trial fed back as the median of its steps after the warm-up; with ``slices``, the policy is
+    given each contender's slice (:func:`~launch.simulated.slice_plan`; the unseen error's sigma,
+    :meth:`~launch.simulated.World.slice_unseen_sigma`, from the world's error structure, not its draws) and slice
+    trials run on :meth:`~launch.simulated.SimulatedBackend.run_slice`. Returns the policy's answer (its incumbent, a
+    layout measured in full) and the backend (its trials and GPU-hours)."""
+    cfg = prep.config
+    backend = _backend(world, cfg)
+    rows = np.flatnonzero(prep.contenders)
+    est = prep.estimates
+    index = CandidateIndex(prep.enumeration.valid, prep.fits)
+    codes = np.stack([index.codes[d][rows] for d in index.params] or [np.zeros(len(rows), dtype=np.int64)], axis=1)
+    params = dataclasses.replace(policy_params(prep, n_trials(cfg)), slice_startup_s=slice_startup_s)
+    extra: dict[str, Any] = {}
+    if slices:
+        plan = slice_plan(prep.model, prep.cluster, prep.enumeration.valid, est, a2a=a2a)
+        extra = {"slice_step_time_s": plan.predicted_step_time_s[rows], "slice_gpus": plan.gpus[rows].astype(np.float64),
+                 "slice_sigma": world.slice_unseen_sigma(plan)[rows]}
+    policy = GainPolicy(predicted=est.tokens_per_s_per_gpu[rows], step_time_s=est.step_time_s[rows], peak_bytes=est.peak_bytes[rows],
+                        codes=codes, hbm_bytes=prep.cluster.gpu.hbm_bytes, gpus=prep.cluster.num_gpus, params=params, **extra)
+    pruner = StepTimePruner(warmup_steps=trial_warmup_steps(cfg), margin=cfg.prune_margin) if cfg.prune_margin is not None else None
+    warm = trial_warmup_steps(cfg)
+    best: float | None = None
+    while True:
+        d = policy.next()
+        if d.index is None:
+            break
+        lay = prep.enumeration.valid.row(int(rows[d.index]))
+        before = backend.gpu_seconds
+        if d.slice:
+            try:
+                m = backend.run_slice(lay, a2a=a2a, startup_s=slice_startup_s)
+                ratio: float | None = m.predicted_step_time_s / m.step_time_s
+            except TrialFailed:
+                ratio = None
+            policy.observe_slice(d.index, ratio, gpu_hours=(backend.gpu_seconds - before) / 3600)
+            continue
+
+        def report(tps: Sequence[float], _best: float | None = best, _repeat: bool = d.repeat) -> str | None:
+            return pruner.decide(list(tps), _best) if pruner is not None and not _repeat else None
+
+        try:
+            meas = backend.run(lay, model=prep.model, cluster=prep.cluster, workload=prep.workload, reporter=report)
+        except TrialStopped as e:
+            steps = list(e.tokens_per_s_per_gpu)
+            policy.observe(d.index, float(np.median(steps[warm:] or steps)), gpu_hours=(backend.gpu_seconds - before) / 3600, pruned=True)
+            continue
+        except TrialFailed:
+            policy.observe(d.index, None, gpu_hours=(backend.gpu_seconds - before) / 3600, failed=True)
+            continue
+        policy.observe(d.index, meas.tokens_per_s_per_gpu, gpu_hours=(backend.gpu_seconds - before) / 3600)
+        if not d.repeat:
+            best = meas.tokens_per_s_per_gpu if best is None else max(best, meas.tokens_per_s_per_gpu)
+    inc = policy.incumbent()
+    return (prep.enumeration.valid.row(int(rows[inc])) if inc is not None else None), backend
+
+
 def run_world(case: Case, seed: int, policies: Iterable[str], *, tmp_root: str | None = None,
               errors: ErrorStructure | None = None) -> list[WorldResult]:
     """Draw world ``seed`` on ``case.base`` (with ``errors``; None: the job's error bars) and run each policy in it
@@ -181,14 +266,16 @@ def run_world(case: Case, seed: int, policies: Iterable[str], *, tmp_root: str |
         return []
     best_tps = float(world.true_tokens_per_s_per_gpu[best])
     new, today = case.new, case.today
-    pickable = {"model": new.surely_fits, "queue": today.fits, "gain": new.contenders, "random": new.fits}
+    pickable = {"model": new.surely_fits, "queue": today.fits, "gain": new.contenders, "random": new.fits,
+                **{p: new.contenders for p in SLICE_POLICIES}}
     out: dict[str, WorldResult] = {}
 
     def record(policy: str, pick: Layout | None, backend: SimulatedBackend | None) -> None:
         done = [t.true_step_time_s for t in backend.trials if t.outcome == "measured"] if backend else []
+        full = [t for t in backend.trials if not t.outcome.startswith("slice")] if backend else []
         out[policy] = WorldResult(
             policy=policy, seed=seed, regret=_regret(world, best_tps, pick), gpu_hours=backend.gpu_hours if backend else 0.0,
-            trials=len(backend.trials) if backend else 0, outcomes=_outcomes(backend) if backend else {},
+            trials=len(full), slices=len(backend.trials) - len(full) if backend else 0, outcomes=_outcomes(backend) if backend else {},
             pick=pick.label if pick else "",
             regret_best_measured=float(1.0 - world.tokens_per_s_per_gpu(min(done)) / best_tps) if done else math.nan,
             best_pruned=not bool(pickable[policy][best]))
@@ -201,6 +288,9 @@ def run_world(case: Case, seed: int, policies: Iterable[str], *, tmp_root: str |
         if policy in wanted:
             with tempfile.TemporaryDirectory(dir=tmp_root) as tmp:
                 record(policy, *_study(prep, world, seed, tmp))
+    for policy, (slices, a2a, startup) in SLICE_POLICIES.items():
+        if policy in wanted:
+            record(policy, *gain_loop(new, world, slices=slices, a2a=a2a, slice_startup_s=startup))
     if "random" in wanted:
         ref = out.get("gain") or out.get("queue")
         if ref is not None:
@@ -234,6 +324,7 @@ def summarize(results: Iterable[WorldResult]) -> dict[str, dict[str, Any]]:
             "gpu_hours_median": _quantile([r.gpu_hours for r in rs], 0.5),
             "gpu_hours_p90": _quantile([r.gpu_hours for r in rs], 0.9),
             "trials_median": _quantile([float(r.trials) for r in rs], 0.5),
+            "slices_median": _quantile([float(r.slices) for r in rs], 0.5),
             "best_pruned": sum(r.best_pruned for r in rs) / len(rs),
         }
         tried = [r.regret_best_measured for r in rs if math.isfinite(r.regret_best_measured)]

@@ -13,7 +13,7 @@ from launch import TrialFailed, TrialStopped, backend_class
 from launch.base import FailureKind
 from launch.harness.pruner import StepTimePruner
 from launch.harness.spec import slice_model
-from launch.simulated import ErrorStructure, SimulatedBackend, World, WorldTable, startup_seconds
+from launch.simulated import ErrorStructure, SimulatedBackend, World, WorldTable, slice_plan, startup_seconds
 from search_spaces.rules import RuleEnv
 from search_spaces.space import SearchSpace, enumerate_layouts
 from specs import DEFAULT_RUN_OPTIONS, Workload, load_model, parse_gpus
@@ -161,3 +161,45 @@ def test_hooks_and_no_registration(base):
     with pytest.raises(TunerError, match="unknown backend"):
         backend_class("simulated")  # never a user-facing backend
     assert math.isfinite(b.world.idiosyncratic_sigma) and b.world.idiosyncratic_sigma > 0
+
+
+# ---- slice trials -----------------------------------------------------------------------------------------------
+
+EXACT = {"throughput_bias": 0.0, "idiosyncratic_share": 0.0, "layout_sigma": 0.0, "run_sigma": 0.0, "step_sigma": 0.0,
+         "warmup_slowdown": 0.0}
+
+
+def _exact_world(base, **factors):
+    """A world whose every time group is exact but ``factors``, with no noise and no layout's own error."""
+    w = _world(base, **EXACT)
+    w.time_factors = {g: factors.get(g, 1.0) for g in w.time_factors}
+    return w
+
+
+def test_a_slice_does_not_see_the_pipeline_bubble_and_does_see_compute(base):
+    bubble = np.asarray(base.estimates.time["pp_bubble"])
+    row = int(np.flatnonzero(bubble > 0.05 * np.asarray(base.estimates.step_time_s))[0])
+    lay = base.table.row(row)
+    w = _exact_world(base, pp_bubble=2.0)  # only the pipeline bubble is wrong
+    full, _ = w.truth_of(lay)
+    assert full > 1.05 * float(base.estimates.step_time_s[row])
+    m = SimulatedBackend(w, steps=4, warmup_steps=1).run_slice(lay)
+    assert m.step_time_s == pytest.approx(m.predicted_step_time_s, rel=1e-9)  # the slice measures what the model says
+    m = SimulatedBackend(_exact_world(base, compute=2.0), steps=4, warmup_steps=1).run_slice(lay)
+    assert m.step_time_s > 1.2 * m.predicted_step_time_s
+
+
+def test_a_slice_costs_less_than_a_full_trial_and_knows_what_it_misses(base):
+    w = _world(base)
+    row = _fitting_row(w)
+    b = SimulatedBackend(w, steps=6, warmup_steps=2)
+    _run(b, w, row)
+    m = b.run_slice(base.table.row(row))
+    assert [t.outcome for t in b.trials] == ["measured", "slice"]
+    assert m.gpus == 8 and m.gpu_seconds == pytest.approx(b.trials[1].gpu_seconds)
+    assert b.trials[1].gpu_seconds < b.trials[0].gpu_seconds
+    plan = slice_plan(base.model, base.cluster, base.table, base.estimates)
+    unseen = w.slice_unseen_sigma(plan)
+    pp1 = np.asarray(base.table["pp"]) == 1
+    # with no pipeline, only the data-parallel gradients and the pipeline's features are unseen: less to miss
+    assert unseen.min() > 0 and unseen[pp1].mean() < unseen[~pp1].mean()

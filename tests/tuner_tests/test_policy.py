@@ -3,6 +3,7 @@ of real trials run under it (a measured backend that returns a fixed truth)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -98,6 +99,57 @@ def test_measured_startup_replaces_the_prior():
     assert float(p.trial_gpu_hours(0)) == pytest.approx((100 + 10) * 8 / 3600)
     p.observe(0, 100.0, gpu_hours=0.1, startup_s=20.0)
     assert float(p.trial_gpu_hours(0)) == pytest.approx((20 + 10) * 8 / 3600)
+
+
+# ---- slice trials ----------------------------------------------------------------------------------------------
+
+
+def _sliced(predicted, *, slice_sigma=0.05, **kw):
+    n = len(predicted)
+    p = _policy(predicted, **kw)
+    p.slice_step_time_s, p.slice_gpus, p.slice_sigma = np.full(n, 0.25), np.full(n, 8.0), np.full(n, slice_sigma)
+    return p
+
+
+def test_a_slice_narrows_the_layout_and_its_neighbours_less_than_a_full_trial():
+    codes = [[0, 0, 0], [0, 0, 1], [1, 1, 1]]
+    full, part = _sliced([100] * 3, codes=codes, shared=0.0), _sliced([100] * 3, codes=codes, shared=0.0)
+    prior = full.posterior()[1]
+    full.observe(0, 90.0, gpu_hours=0.5)
+    part.observe_slice(0, 0.9, gpu_hours=0.05)
+    (m_full, sd_full), (m_part, sd_part) = full.posterior(), part.posterior()
+    assert np.all(sd_full[:2] < sd_part[:2]) and np.all(sd_part[:2] < prior[:2])
+    assert m_part[0] == pytest.approx(m_full[0], abs=0.03) and m_part[0] < -0.05  # the same evidence, less sure
+    assert part.runs.sum() == 0 and part.slices == 1 and part.sliced[0]
+
+
+def test_a_slice_costs_less_than_a_full_trial():
+    p = _sliced([100, 90])
+    assert np.all(p.slice_gpu_hours(slice(None)) < p.trial_gpu_hours(slice(None)))
+    with pytest.raises(ValueError, match="without slice"):
+        _policy([100]).observe_slice(0, 1.0, gpu_hours=0.01)
+
+
+def test_the_answer_is_always_measured_in_full():
+    """Slices that say an untried layout is fast make it worth a full trial, never the answer; the stop names a
+    layout measured in full."""
+    truth = np.array([1.0, 1.3, 1.0, 0.9, 1.25])
+    p = _sliced([100, 95, 99, 98, 97], sigma=0.2, run_sigma=0.01, slice_sigma=0.02)
+    p.params = dataclasses.replace(p.params, slice_startup_s=1.0)
+    kinds = []
+    for _ in range(30):
+        d = p.next()
+        if d.index is None:
+            break
+        kinds.append("slice" if d.slice else "full")
+        if d.slice:
+            p.observe_slice(d.index, float(truth[d.index]), gpu_hours=float(p.slice_gpu_hours(d.index)))
+        else:
+            p.observe(d.index, float(p.predicted[d.index] * truth[d.index]), gpu_hours=float(p.trial_gpu_hours(d.index)))
+        inc = p.incumbent()
+        assert inc is None or p.runs[inc] > 0
+    assert kinds[0] == "full" and "slice" in kinds and d.index is None
+    assert p.incumbent() == 1 and p.runs[1] > 0  # the fastest, found by its slice, then measured in full
 
 
 # ---- a study under the policy -----------------------------------------------------------------------------------

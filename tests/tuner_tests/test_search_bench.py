@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.search_bench import POLICIES, prepare_case, run_world, summarize
+from tuner.search_bench import POLICIES, SLICE_POLICIES, prepare_case, run_world, summarize
 from tuner.study import TuneConfig
 
 
@@ -15,7 +15,7 @@ def case():
 
 
 def test_a_tiny_run_gives_every_metric_per_policy(case, tmp_path):
-    policies = list(POLICIES)
+    policies = [p for p in POLICIES if p not in SLICE_POLICIES or p == "gain+slice"]  # the variants: the same loop
     results = [r for seed in range(2) for r in run_world(case, seed, policies, tmp_root=str(tmp_path))]
     assert [r.policy for r in results] == policies * 2
     by = {r.policy: r for r in results if r.seed == 0}
@@ -24,6 +24,7 @@ def test_a_tiny_run_gives_every_metric_per_policy(case, tmp_path):
     assert 1 <= by["gain"].trials and by["gain"].gpu_hours > 0
     # random order spends (at least) the gain policy's GPU-hours, stopping at the first trial that reaches them
     assert by["random"].gpu_hours >= by["gain"].gpu_hours
+    assert by["gain+slice"].trials >= 1 and by["gain+slice"].pick  # the answer is a layout measured in full
     assert all(0.0 <= r.regret <= 1.0 for r in results)
     # the pick is one of the layouts measured to the end: the best of them is at least as good
     assert all(r.regret_best_measured <= r.regret + 1e-12 for r in results if r.policy != "model" and r.pick)
@@ -38,3 +39,10 @@ def test_a_tiny_run_gives_every_metric_per_policy(case, tmp_path):
 def test_an_unknown_policy_is_refused(case):
     with pytest.raises(ValueError, match="available"):
         run_world(case, 0, ["best"])
+
+
+def test_the_benchmark_s_own_loop_is_the_study_s_gain_policy(case, tmp_path):
+    """Without slices, the loop that runs slice trials makes the study's choices: the same trials, GPU-hours, pick."""
+    gain, loop = run_world(case, 1, ["gain", "gain-loop"], tmp_root=str(tmp_path))
+    assert (loop.pick, loop.trials, loop.outcomes, loop.slices) == (gain.pick, gain.trials, gain.outcomes, 0)
+    assert loop.gpu_hours == pytest.approx(gain.gpu_hours)

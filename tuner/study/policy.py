@@ -20,6 +20,21 @@ measured layout of highest posterior mean), times its chance to fit in memory, p
 candidate may beat the incumbent by more than ``min_gain`` with probability ``1 - confidence``, measured
 layouts that may still beat it by that much are measured again (the one with fewer runs first); then the
 policy stops. It also stops when the next trial would overrun ``gpu_hours`` or ``max_trials``.
+
+Slices (only where the caller gives each candidate's slice: ``slice_step_time_s``, ``slice_gpus``,
+``slice_sigma``). A slice trial runs a few layers of one pipeline stage of the layout at its TP / CP / EP / ETP on
+the fewest whole nodes that hold them, for a fraction of a full trial's GPU-hours. Its measurement,
+``log(predicted / measured slice step time)``, is an observation of ``y_i`` with noise
+``sqrt(run_sigma^2 + slice_sigma_i^2)``: ``slice_sigma_i`` is the error of what the slice does not run (pipeline
+bubble and point-to-point, data-parallel gradients at full scale, the errors tied to PP / VPP), its share of the
+layout's predicted step time times its sigma. Once an incumbent exists, the next step is the best by value per
+GPU-hour among a full trial and a slice of each candidate that may beat it (never sliced, never measured in full):
+the augmented expected improvement of Huang et al. 2006 (J. Global Optim. 34:441), expected improvement x
+``alpha1`` (the correlation of the slice with the full layout, ``sd / sqrt(sd^2 + slice_sigma^2)``; 1 for a full
+trial) x ``alpha2`` (``1 - noise / sqrt(sd^2 + slice_sigma^2 + noise^2)``, the share of the observation that is
+not noise), per expected GPU-hour; under ``gpu_hours``, only a slice that leaves the budget for a full trial of its
+layout (its value comes through that trial). A slice never measures memory, never becomes the incumbent and never ends the
+search: the answer and the stopping statement name a layout measured in full; slices only narrow the others.
 """
 
 from __future__ import annotations
@@ -88,7 +103,11 @@ class PolicyParams:
     gpu_hours: float | None = None
     """Budget; None = no limit but ``max_trials``."""
     max_trials: int = 48
-    """Most trials (repeats included)."""
+    """Most trials (repeats included; slices not counted)."""
+    slice_startup_s: float = 90.0
+    """Seconds a slice trial spends before its first step (one or two nodes, a few layers to build): an assumption."""
+    max_slices: int = 400
+    """Most slice trials."""
 
     def __post_init__(self) -> None:
         if not 0 < self.confidence < 1:
@@ -97,11 +116,13 @@ class PolicyParams:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """The policy's answer: measure candidate ``index`` (``repeat``: again), or stop (``index`` None) and why."""
+    """The policy's answer: measure candidate ``index`` (``repeat``: again; ``slice``: its slice), or stop (``index``
+    None) and why."""
 
     index: int | None
     repeat: bool = False
     reason: str = ""
+    slice: bool = False
 
 
 @dataclass(slots=True)
@@ -123,6 +144,9 @@ class GainPolicy:
         hbm_bytes: the GPU's memory, bytes.
         gpus: GPUs a trial takes.
         params: the prior and the rules.
+        slice_step_time_s: predicted step time of each candidate's slice, seconds (None: no slice trials).
+        slice_gpus: GPUs each candidate's slice takes.
+        slice_sigma: standard deviation of the log error of each candidate's step time that its slice does not see.
     """
 
     predicted: Array
@@ -137,14 +161,24 @@ class GainPolicy:
     base_trials: int = 0
     """Trials the study held before this run (``--trials`` and ``--gpu-hours`` count this run's own)."""
     base_gpu_hours: float = 0.0
+    slice_step_time_s: Array | None = None
+    slice_gpus: Array | None = None
+    slice_sigma: Array | None = None
+    slices: int = 0
+    """Slice trials observed."""
     runs: npt.NDArray[np.int64] = field(init=False)
     failed: npt.NDArray[np.bool_] = field(init=False)
     pending: npt.NDArray[np.bool_] = field(init=False)
+    sliced: npt.NDArray[np.bool_] = field(init=False)
     p_fit: Array = field(init=False)
     """Each candidate's chance to fit in memory: P(predicted x exp(N(memory_bias, memory_sigma)) <= hbm_bytes)."""
     _obs: list[_Obs] = field(init=False, default_factory=list)
-    _cross: list[Array] = field(init=False, default_factory=list)
-    """Prior covariance of every candidate with each observed one (columns of K(·, obs))."""
+    _v: Array = field(init=False)
+    """Rows ``L^-1 K(obs, ·)`` (``L``: the Cholesky factor of the observations' covariance), one per observation."""
+    _a: list[float] = field(init=False, default_factory=list)
+    """``L^-1 (values - bias)``."""
+    _shift: Array = field(init=False)
+    _reduce: Array = field(init=False)
     _startup: list[float] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -152,6 +186,9 @@ class GainPolicy:
         self.runs = np.zeros(n, dtype=np.int64)
         self.failed = np.zeros(n, dtype=bool)
         self.pending = np.zeros(n, dtype=bool)
+        self.sliced = np.zeros(n, dtype=bool)
+        self._v = np.zeros((0, n))
+        self._shift, self._reduce = np.zeros(n), np.zeros(n)
         p = self.params
         self.p_fit = ndtr((np.log(self.hbm_bytes / np.maximum(self.peak_bytes, 1.0)) - p.memory_bias) / max(p.memory_sigma, 1e-9))
 
@@ -160,26 +197,31 @@ class GainPolicy:
     def _prior_cov(self, i: int) -> Array:
         p = self.params
         differ: npt.NDArray[np.int64] = (self.codes != self.codes[i]).sum(axis=1)
-        return p.level**2 + p.sigma**2 * (p.shared + (1 - p.shared) * p.per_dimension ** differ.astype(np.float64))
+        out: Array = p.level**2 + p.sigma**2 * (p.shared + (1 - p.shared) * p.per_dimension ** differ.astype(np.float64))
+        return out
 
     def posterior(self) -> tuple[Array, Array]:
         """Mean and standard deviation of ``y`` (log true / predicted) of every candidate."""
         p = self.params
-        n = len(self.predicted)
-        mean = np.full(n, p.bias)
-        var = np.full(n, p.level**2 + p.sigma**2)
-        if not self._obs:
-            return mean, np.sqrt(var)
-        kx = np.stack(self._cross, axis=1)  # (n, m)
-        idx = [o.index for o in self._obs]
-        k = kx[idx, :] + np.diag([o.noise**2 for o in self._obs])
-        chol = np.linalg.cholesky(k)
-        resid = np.array([o.value for o in self._obs]) - p.bias
-        alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, resid))
-        mean = mean + kx @ alpha
-        v = np.linalg.solve(chol, kx.T)  # (m, n)
-        var = np.maximum(var - (v * v).sum(axis=0), 1e-12)
-        return mean, np.sqrt(var)
+        return p.bias + self._shift, np.sqrt(np.maximum(p.level**2 + p.sigma**2 - self._reduce, 1e-12))
+
+    def _add(self, index: int, value: float, noise: float) -> None:
+        """Condition the belief on ``value = y_index + N(0, noise^2)``: one more row of the Cholesky factor of the
+        observations' covariance and of ``L^-1 K(obs, ·)`` (Rasmussen & Williams 2006, eq. 2.19, updated one
+        observation at a time), so the posterior costs O(n) after it."""
+        m = len(self._obs)
+        cov = self._prior_cov(index)
+        lvec = self._v[:m, index]
+        d = math.sqrt(max(float(cov[index]) + noise**2 - float(lvec @ lvec), 1e-12))
+        row = (cov - lvec @ self._v[:m]) / d
+        a = (value - self.params.bias - float(lvec @ np.asarray(self._a))) / d
+        if m == len(self._v):
+            self._v = np.concatenate([self._v, np.zeros((max(m, 8), len(cov)))])
+        self._v[m] = row
+        self._a.append(a)
+        self._shift += row * a
+        self._reduce += row * row
+        self._obs.append(_Obs(index, value, noise))
 
     def observe(self, index: int, tokens_per_s_per_gpu: float | None, *, gpu_hours: float, startup_s: float | None = None,
                 pruned: bool = False, failed: bool = False) -> None:
@@ -195,8 +237,25 @@ class GainPolicy:
             return
         self.runs[index] += 1
         noise = self.params.run_sigma * (2.0 if pruned else 1.0)
-        self._obs.append(_Obs(index, math.log(tokens_per_s_per_gpu / self.predicted[index]), noise))
-        self._cross.append(self._prior_cov(index))
+        self._add(index, math.log(tokens_per_s_per_gpu / self.predicted[index]), noise)
+
+    def observe_slice(self, index: int, speed_ratio: float | None, *, gpu_hours: float) -> None:
+        """Record a finished slice trial of candidate ``index``: predicted / measured slice step time (None when it
+        failed: nothing learnt, never sliced again) and the GPU-hours it cost.
+
+        Raises:
+            ValueError: the policy was built without slices.
+        """
+        if self.slice_sigma is None:
+            raise ValueError("a slice observed by a policy built without slice_step_time_s, slice_gpus, slice_sigma")
+        self.pending[index] = False
+        self.sliced[index] = True
+        self.slices += 1
+        self.spent_gpu_hours += gpu_hours
+        if speed_ratio is None or not speed_ratio > 0:
+            return
+        noise = math.hypot(self.params.run_sigma, float(self.slice_sigma[index]))
+        self._add(index, math.log(speed_ratio), noise)
 
     def take(self, index: int) -> None:
         """Mark a candidate as being measured (so a parallel pick does not take it twice)."""
@@ -216,6 +275,18 @@ class GainPolicy:
         oom = self.startup_s + step
         pf = self.p_fit[index]
         return np.asarray((pf * full + (1 - pf) * oom) * self.gpus / 3600.0)
+
+    def slice_gpu_hours(self, index: int | npt.NDArray[np.int64] | slice) -> Array:
+        """Expected GPU-hours of a slice trial: its start-up and steps at its GPUs (a slice is not expected to run out
+        of memory: a few layers, the optimizer's states sharded its own way).
+
+        Raises:
+            ValueError: the policy was built without slices.
+        """
+        if self.slice_step_time_s is None or self.slice_gpus is None:
+            raise ValueError("slice trials asked of a policy built without slice_step_time_s, slice_gpus, slice_sigma")
+        p = self.params
+        return np.asarray((p.slice_startup_s + p.steps * self.slice_step_time_s[index]) * self.slice_gpus[index] / 3600.0)
 
     def incumbent(self) -> int | None:
         """The measured candidate of highest posterior mean throughput (the answer so far)."""
@@ -254,6 +325,8 @@ class GainPolicy:
             d2 = (mu - math.log(best)) / sd
             ei = np.exp(mu + sd**2 / 2) * ndtr(d2 + sd) - best * ndtr(d2)
             value = ei * self.p_fit / cost
+            if self.slice_sigma is not None and self.slices < p.max_slices:
+                return self._full_or_slice(open_, ei, sd, cost, budget_left)
         affordable = open_ & (cost <= budget_left)
         if not affordable.any():
             if open_.any():
@@ -261,6 +334,28 @@ class GainPolicy:
             return Decision(None, reason="every candidate has been measured or has failed")
         pick = int(np.flatnonzero(affordable)[np.argmax(value[affordable])])
         return Decision(pick)
+
+    def _full_or_slice(self, open_: npt.NDArray[np.bool_], ei: Array, sd: Array, cost: Array, budget_left: float) -> Decision:
+        """The best by augmented expected improvement per GPU-hour among a full trial and a slice of each candidate
+        that may beat the incumbent (see the module docstring)."""
+        assert self.slice_sigma is not None
+        run = self.params.run_sigma
+        full = ei * self.p_fit * (1 - run / np.sqrt(sd**2 + run**2)) / cost
+        full_ok = open_ & (cost <= budget_left)
+        s_cost = self.slice_gpu_hours(slice(None))
+        u2 = self.slice_sigma**2
+        part = ei * self.p_fit * (sd / np.sqrt(sd**2 + u2)) * (1 - run / np.sqrt(sd**2 + u2 + run**2))
+        cut = open_ & ~self.sliced & (s_cost + cost <= budget_left)  # a slice is worth something if a full trial can follow
+        if not full_ok.any() and not cut.any():
+            if open_.any():
+                return Decision(None, reason=self._budget_reason(float(min(cost[open_].min(), s_cost[open_].min()))))
+            return Decision(None, reason="every candidate has been measured or has failed")
+        best_full = int(np.flatnonzero(full_ok)[np.argmax(full[full_ok])]) if full_ok.any() else None
+        best_cut = int(np.flatnonzero(cut)[np.argmax(part[cut] / s_cost[cut])]) if cut.any() else None
+        if best_cut is not None and (best_full is None or part[best_cut] / s_cost[best_cut] > full[best_full]):
+            return Decision(best_cut, slice=True)
+        assert best_full is not None
+        return Decision(best_full)
 
     def _repeat_or_stop(self, inc: int, mean: Array, sd: Array, budget_left: float) -> Decision:
         p = self.params
