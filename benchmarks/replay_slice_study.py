@@ -82,8 +82,10 @@ def replay(cases: dict[str, dict[str, Any]], *, hbm_gib: float, order: int, live
         wall = float(r.get("wall_s") or 0.0)
         steps = float(sum(r.get("step_times_s") or ()))
         ok = r.get("status") == "ok"
+        peak = r.get("peak_reserved_gib")
         pol.observe(d.index, float(r["tokens_per_s_per_gpu"]) if ok else None, gpu_hours=wall / 3600, failed=not ok,
-                    startup_s=(wall - steps) if ok else None)
+                    startup_s=(wall - steps) if ok else None, peak_bytes=float(peak) * 2**30 if ok and peak else None,
+                    out_of_memory=r.get("status") == "oom")
         trials.append(n)
     inc = pol.incumbent()
     means = {n: statistics.mean(r["tokens_per_s_per_gpu"] for r in runs[n] if r.get("status") == "ok")

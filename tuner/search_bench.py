@@ -41,7 +41,7 @@ from unittest import mock
 import numpy as np
 import optuna
 
-from launch.base import TrialFailed, TrialStopped
+from launch.base import FailureKind, TrialFailed, TrialStopped
 from launch.harness.pruner import StepTimePruner
 from launch.simulated import SLICE_STARTUP_S, ErrorStructure, SimulatedBackend, World, WorldTable, slice_plan
 from specs.layout import Layout
@@ -237,10 +237,11 @@ def gain_loop(prep: Prepared, world: World, *, slices: bool, a2a: str = "all",
             steps = list(e.tokens_per_s_per_gpu)
             policy.observe(d.index, float(np.median(steps[warm:] or steps)), gpu_hours=(backend.gpu_seconds - before) / 3600, pruned=True)
             continue
-        except TrialFailed:
-            policy.observe(d.index, None, gpu_hours=(backend.gpu_seconds - before) / 3600, failed=True)
+        except TrialFailed as e:
+            policy.observe(d.index, None, gpu_hours=(backend.gpu_seconds - before) / 3600, failed=True,
+                           out_of_memory=e.kind == FailureKind.oom)
             continue
-        policy.observe(d.index, meas.tokens_per_s_per_gpu, gpu_hours=(backend.gpu_seconds - before) / 3600)
+        policy.observe(d.index, meas.tokens_per_s_per_gpu, gpu_hours=(backend.gpu_seconds - before) / 3600, peak_bytes=meas.peak_bytes)
         if not d.repeat:
             best = meas.tokens_per_s_per_gpu if best is None else max(best, meas.tokens_per_s_per_gpu)
     inc = policy.incumbent()

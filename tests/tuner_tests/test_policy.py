@@ -306,3 +306,22 @@ def test_the_best_is_one_that_fits_when_it_can():
     tied, other = row(3, 100.5, 60.0, "fits", 20.0), row(4, 100.0, 55.0, "fits", 25.0)
     best, ties = pick_best([tied, other])
     assert best["trial"] == 4 and [t["trial"] for t in ties] == [3]  # within 1%: the least memory
+
+
+def test_an_out_of_memory_lowers_the_chance_to_fit_of_the_bigger_layouts():
+    p = _policy([100, 99, 98], peak=[98e9, 99e9, 60e9], memory_sigma=0.05, memory_shared=0.5)
+    before = p.p_fit.copy()
+    p.observe(0, None, gpu_hours=0.1, failed=True, out_of_memory=True)
+    assert p.p_fit[0] == 0.0
+    assert p.p_fit[1] < before[1] - 0.1  # the model under-predicts memory on this job: 99 GB is likely over too
+    assert p.p_fit[2] == pytest.approx(before[2], abs=1e-3)  # far from the edge either way
+
+
+def test_a_measured_peak_under_the_prediction_raises_the_chance_to_fit():
+    p = _policy([100, 99], peak=[90e9, 101e9], memory_sigma=0.05, memory_shared=0.5)
+    before = p.p_fit[1]
+    p.observe(0, 100.0, gpu_hours=0.1, peak_bytes=81e9)  # 10% under its prediction
+    assert p.p_fit[0] == 1.0 and p.p_fit[1] > before + 0.2
+    q = _policy([100, 99], peak=[90e9, 101e9], memory_sigma=0.05, memory_shared=0.5)
+    q.observe(0, None, gpu_hours=0.1, failed=True)  # a crash says nothing about memory
+    assert q.p_fit[1] == pytest.approx(before)

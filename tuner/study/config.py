@@ -219,6 +219,7 @@ def policy_params(prep: Any, max_trials: int) -> Any:
     cfg, bars = prep.config, prep.bars
     return PolicyParams(
         sigma=bars.throughput.sigma, bias=bars.throughput.mu, memory_sigma=bars.memory.sigma,
+        **({"memory_shared": bars.memory.shared} if bars.memory.shared is not None else {}),
         confidence=cfg.stop_confidence, min_gain=cfg.stop_gain, steps=cfg.trial_steps,
         startup_s=60.0 if prep.cluster.num_gpus <= prep.cluster.gpus_per_node else 300.0,
         gpu_hours=cfg.gpu_hours, max_trials=max_trials,

@@ -89,6 +89,10 @@ class PolicyParams:
     memory_sigma: float = 0.03
     """Standard deviation of ``log(measured / predicted)`` peak memory (the chance a layout fits)."""
     memory_bias: float = 0.0
+    memory_shared: float = 0.54
+    """Share of the memory error's variance common to every layout of the job (the memory band's ``shared``,
+    :attr:`cost_model.uncertainty.Band.shared`): a measured peak or an out-of-memory moves every candidate's chance
+    to fit through it (:func:`cost_model.uncertainty.chance_to_fit`)."""
     confidence: float = 0.9
     """The stopping rule's confidence."""
     min_gain: float = 0.02
@@ -171,7 +175,10 @@ class GainPolicy:
     pending: npt.NDArray[np.bool_] = field(init=False)
     sliced: npt.NDArray[np.bool_] = field(init=False)
     p_fit: Array = field(init=False)
-    """Each candidate's chance to fit in memory: P(predicted x exp(N(memory_bias, memory_sigma)) <= hbm_bytes)."""
+    """Each candidate's chance to fit in memory: before any trial P(predicted x exp(N(memory_bias, memory_sigma)) <=
+    hbm_bytes), then given the measured peaks and out-of-memory failures (:func:`cost_model.uncertainty.chance_to_fit`)."""
+    _peaks: dict[int, float] = field(init=False, default_factory=dict)
+    _oom: set[int] = field(init=False, default_factory=set)
     _obs: list[_Obs] = field(init=False, default_factory=list)
     _v: Array = field(init=False)
     """Rows ``L^-1 K(obs, ·)`` (``L``: the Cholesky factor of the observations' covariance), one per observation."""
@@ -224,20 +231,37 @@ class GainPolicy:
         self._obs.append(_Obs(index, value, noise))
 
     def observe(self, index: int, tokens_per_s_per_gpu: float | None, *, gpu_hours: float, startup_s: float | None = None,
-                pruned: bool = False, failed: bool = False) -> None:
+                pruned: bool = False, failed: bool = False, peak_bytes: float | None = None,
+                out_of_memory: bool = False) -> None:
         """Record a finished trial of candidate ``index``: its throughput (None when it failed), the GPU-hours it cost,
-        and (when measured) its start-up seconds. A pruned trial's few steps count for a fraction of a run."""
+        (when measured) its start-up seconds and peak memory per GPU (bytes), and whether it ran out of memory. A
+        pruned trial's few steps count for a fraction of a run. A peak or an out-of-memory updates every candidate's
+        chance to fit."""
         self.pending[index] = False
         self.trials += 1
         self.spent_gpu_hours += gpu_hours
         if startup_s is not None and math.isfinite(startup_s) and startup_s > 0:
             self._startup.append(startup_s)
+        self._learn_memory(index, peak_bytes, out_of_memory)
         if failed or tokens_per_s_per_gpu is None or not tokens_per_s_per_gpu > 0:
             self.failed[index] = True
             return
         self.runs[index] += 1
         noise = self.params.run_sigma * (2.0 if pruned else 1.0)
         self._add(index, math.log(tokens_per_s_per_gpu / self.predicted[index]), noise)
+
+    def _learn_memory(self, index: int, peak_bytes: float | None, out_of_memory: bool) -> None:
+        if peak_bytes is not None and math.isfinite(peak_bytes) and peak_bytes > 0 and index not in self._peaks:
+            self._peaks[index] = peak_bytes
+        elif out_of_memory and index not in self._oom:
+            self._oom.add(index)
+        else:
+            return
+        from cost_model.uncertainty import chance_to_fit
+
+        p = self.params
+        self.p_fit = chance_to_fit(self.peak_bytes, self.hbm_bytes, sigma=max(p.memory_sigma, 1e-9), shared=p.memory_shared,
+                                   bias=p.memory_bias, measured=self._peaks, out_of_memory=self._oom)
 
     def observe_slice(self, index: int, speed_ratio: float | None, *, gpu_hours: float) -> None:
         """Record a finished slice trial of candidate ``index``: predicted / measured slice step time (None when it

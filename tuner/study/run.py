@@ -517,13 +517,15 @@ class StudyRun:
                 first_of.setdefault(i, t.number)
             gh = float(r.gpu_hours or 0.0)
             if r.result and r.result.get("source") == "measured":
-                policy.observe(i, float(r.result["tokens_per_s_per_gpu"]), gpu_hours=gh, startup_s=r.result.get("startup_s"))
+                peak = r.result.get("peak_gib")
+                policy.observe(i, float(r.result["tokens_per_s_per_gpu"]), gpu_hours=gh, startup_s=r.result.get("startup_s"),
+                               peak_bytes=float(peak) * 2**30 if peak is not None else None)
             elif r.pruned and r.pruned.get("tokens_per_s_per_gpu"):
                 steps = [float(x) for x in r.pruned["tokens_per_s_per_gpu"]]  # every step, warm-up included
                 timed = steps[trial_warmup_steps(self.cfg):] or steps
                 policy.observe(i, statistics.median(timed), gpu_hours=gh, pruned=True)
             else:
-                policy.observe(i, None, gpu_hours=gh, failed=True)
+                policy.observe(i, None, gpu_hours=gh, failed=True, out_of_memory=bool(r.failure and r.failure.get("kind") == "oom"))
 
     def _stop_statement(self, policy: Any, reason: str, first_of: dict[int, int], rows: np.ndarray) -> str:
         """One line: how many trials and GPU-hours the policy spent, which trial is best, and why it stopped."""
