@@ -37,9 +37,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 T0 = time.monotonic()
 OUT = Path(os.environ.get("OUT") or "slice_study_out")
 WORK = Path(os.environ.get("WORK") or "/tmp/slice_study")
@@ -74,8 +71,7 @@ def run_case(c: dict[str, Any], rid: str, name: str, gpus: str, left: float) -> 
     """One run of case ``c`` (a :data:`slice_study_layouts.CASES` entry) as ``launch.harness.sweep``'s trial, with
     ``left`` seconds of budget: its row with ``run_id``, ``case``, ``card``, ``started_utc`` and ``driver_wall_s``
     added, or None when the sweep refused before any trial (the environment, not the layout; its message above)."""
-    from slice_study_layouts import GLOBAL_BATCH, LAYERS, MODEL, SEQ_LEN, STEPS, WARMUP
-
+    from benchmarks.slice_study_layouts import GLOBAL_BATCH, LAYERS, MODEL, SEQ_LEN, STEPS, WARMUP
     from launch.harness import sweep
 
     lay_file, out_file = WORK / f"{rid}.layout.jsonl", WORK / f"{rid}.row.jsonl"
@@ -100,7 +96,7 @@ def run_case(c: dict[str, Any], rid: str, name: str, gpus: str, left: float) -> 
 
 
 def main() -> int:
-    from slice_study_layouts import CASES
+    from benchmarks.slice_study_layouts import CASES
 
     OUT.mkdir(parents=True, exist_ok=True)
     WORK.mkdir(parents=True, exist_ok=True)
