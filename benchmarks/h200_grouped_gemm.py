@@ -1,11 +1,11 @@
 """Expert GEMM speed by shape on one GPU (issue 14: does a routed expert's GEMM run slower when its weight is small?).
 
-    OUT=... python3 benchmarks/h200_grouped_gemm.py            # on the device (torch only)
-    OUT=... IMPL=te python3 benchmarks/h200_grouped_gemm.py    # on the device: TE's GroupedLinear beside torch's
-    python benchmarks/h200_grouped_gemm.py --compare FILE       # here: the efficiency table by model and rows
-    python benchmarks/h200_grouped_gemm.py --fit COMPARE.json   # here: the rows curve the cost model ships
-    python benchmarks/h200_grouped_gemm.py --compare-te F.jsonl  # here: TE / torch and fp8 / bf16 by shape (IMPL=te rows)
-    python benchmarks/h200_grouped_gemm.py --fit-te F.jsonl      # here: TE's time as GPU time and launch cost, three forms
+    PYTHONPATH=. OUT=... python3 benchmarks/h200_grouped_gemm.py          # on the device (torch only)
+    PYTHONPATH=. OUT=... IMPL=te python3 benchmarks/h200_grouped_gemm.py  # on the device: TE's GroupedLinear beside torch's
+    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --compare FILE       # here: the efficiency table by model and rows
+    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --fit COMPARE.json   # here: the rows curve the cost model ships
+    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --compare-te F.jsonl  # here: TE / torch and fp8 / bf16 by shape (IMPL=te rows)
+    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --fit-te F.jsonl      # here: TE's time as GPU time and launch cost, three forms
 
 For the routed experts of each MoE model in ``specs/data/models`` (fc1: ``hidden -> 2 x expert FFN``, SwiGLU's gate and
 up fused as Megatron's ``TEGroupedLinear`` holds them; fc2: ``expert FFN -> hidden``), times the three GEMMs of a

@@ -10,7 +10,7 @@ trial (torchrun start, model build, the steps and the exit), i.e. the GPU-second
 The driver adds ``run_id`` (``p<pass>-<case>``), ``pass``, ``case``, ``card`` (nvidia-smi's name) and
 ``started_utc``.
 
-    BUDGET_S=540 python3 benchmarks/slice_study.py     # on the GPU machine, megatron-core and torch importable
+    PYTHONPATH=. BUDGET_S=540 python3 benchmarks/slice_study.py   # on the GPU machine, megatron-core and torch importable
 
 Before a run starts, its planned time (the case's ``est_s``, or the wall of its earlier run plus 5 s) is checked
 against what is left of ``BUDGET_S`` (seconds since this program started); a run that does not fit is left for
@@ -18,7 +18,7 @@ the next call. A sweep that stops before its trial (torch or megatron-core missi
 lasts while the machine stays warm) and from ``PREV`` (an earlier call's ``runs.jsonl``, for a fresh machine).
 Writes ``$OUT/runs.jsonl`` (every run so far, after each run) and ``$OUT/driver.log``.
 
-    python3 benchmarks/slice_study.py --table runs.jsonl   # no GPU: the per-layout table in Markdown
+    PYTHONPATH=. python3 benchmarks/slice_study.py --table runs.jsonl   # no GPU: the per-layout table in Markdown
 
 The table: per layout, the mean of its runs' tokens/s/GPU (median of each run's timed steps), the spread
 (max - min over the mean, in %), the analytical model's prediction, the peak reserved memory, the mean wall
