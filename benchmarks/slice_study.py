@@ -18,7 +18,7 @@ the next call. A sweep that stops before its trial (torch or megatron-core missi
 lasts while the machine stays warm) and from ``PREV`` (an earlier call's ``runs.jsonl``, for a fresh machine).
 Writes ``$OUT/runs.jsonl`` (every run so far, after each run) and ``$OUT/driver.log``.
 
-    PYTHONPATH=. python3 benchmarks/slice_study.py --table runs.jsonl   # no GPU: the per-layout table in Markdown
+    python3 benchmarks/slice_study.py --table runs.jsonl   # no GPU: the per-layout table in Markdown
 
 The table: per layout, the mean of its runs' tokens/s/GPU (median of each run's timed steps), the spread
 (max - min over the mean, in %), the analytical model's prediction, the peak reserved memory, the mean wall
