@@ -53,8 +53,7 @@ def _driver(results_dir: str) -> None:
     import tuner.cli as cli
 
     t1 = time.perf_counter()
-    sys.path.insert(0, str(ROOT / "tests" / "tuner_tests"))  # this copy's write counter
-    from write_counter import count_storage_writes
+    from write_counter import count_storage_writes  # this copy's (tests/tuner_tests on the driver's PYTHONPATH)
 
     import tuner.study as study_pkg
 
@@ -132,9 +131,10 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _wall(cmd: list[str], code: Path = ROOT) -> tuple[float, str, float]:
-    """Run ``cmd``: its wall time, stdout and CPU time (user + system)."""
-    env = {**os.environ, "PYTHONPATH": str(code)}
+def _wall(cmd: list[str], code: Path = ROOT, *more: Path) -> tuple[float, str, float]:
+    """Run ``cmd`` in ``code`` with ``code`` (then ``more``) as its PYTHONPATH: its wall time, stdout and CPU time
+    (user + system)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (code, *more))}
     c, t = _children_cpu(), time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=code, env=env)
     wall, cpu = time.perf_counter() - t, _children_cpu() - c
@@ -165,7 +165,7 @@ def main() -> None:
             wall, job_out, cpu = _wall([sys.executable, "-m", "tuner.cli", *JOB, "--results-dir", f"{tmp}/w{i}"], code)
             if f"Space: {fl['considered']:,} layouts, {fl['valid']:,} valid, " not in job_out:
                 raise SystemExit(f"the floor's space ({fl['considered']:,} layouts, {fl['valid']:,} valid) is not the main job's:\n{job_out[:1500]}")
-            _, drv, _ = _wall([sys.executable, str(Path(__file__).resolve()), "--driver", f"{tmp}/d{i}"], code)
+            _, drv, _ = _wall([sys.executable, str(Path(__file__).resolve()), "--driver", f"{tmp}/d{i}"], code, ROOT / "tests" / "tuner_tests")
             d = json.loads(next(x for x in drv.splitlines() if x.startswith("BENCH "))[6:])
             row = {"benchmark": "main_job", "run": i, "floor_wall_s": round(floor_wall, 2), "floor_cpu_s": round(floor_cpu, 2), **fl,
                    "main_job_wall_s": round(wall, 2), "main_job_cpu_s": round(cpu, 2), **d,

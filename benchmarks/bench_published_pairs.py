@@ -18,11 +18,11 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from cost_model.calibration import load_calibration
+from cost_model.validate import predict_runs, read_runs
 
-from cost_model.calibration import load_calibration  # noqa: E402
-from cost_model.validate import predict_runs, read_runs  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
 
 TARGET = ("dispatcher", "ep")
 REPORTED = ("dispatcher", "ep", "a2a_overlap", "recompute")

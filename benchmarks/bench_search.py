@@ -27,14 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import optuna
+
+from launch.simulated import ErrorStructure, startup_seconds
+from tuner.search_bench import POLICIES, TODAY_HEADROOM, WorldResult, prepare_case, run_world, summarize
+from tuner.study import TuneConfig
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import optuna  # noqa: E402
-
-from launch.simulated import ErrorStructure, startup_seconds  # noqa: E402
-from tuner.search_bench import POLICIES, TODAY_HEADROOM, WorldResult, prepare_case, run_world, summarize  # noqa: E402
-from tuner.study import TuneConfig  # noqa: E402
 
 #: The cases: TuneConfig fields (the ``command`` backend's run options: a production Megatron-core run with TE).
 CASES: dict[str, dict[str, Any]] = {

@@ -21,18 +21,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
+from cost_model.estimate import estimate, estimate_table
+from specs.layout import LayoutTable
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import numpy as np  # noqa: E402
-
-from cost_model.estimate import estimate, estimate_table  # noqa: E402
-from specs.layout import LayoutTable  # noqa: E402
 
 
 def _compare(prep, layouts) -> dict:

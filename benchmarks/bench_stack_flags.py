@@ -24,8 +24,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 
 def run_flags(harness: dict[str, Any], options: dict[str, Any], precision: str) -> list[str]:
     """The run flags of a row's harness settings (the harness runs its SwiGLU unfused, RoPE unfused unless

@@ -64,17 +64,17 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from cost_model.calibrate import Observation, fit_observations, predict_observations
+from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
+from cost_model.validate import spearman
+from launch.harness.spec import HarnessEnv, harness_layout, slice_model
+from search_spaces.rules import check_layout
+from specs import Workload, load_model, parse_gpus
+from specs.errors import TunerError
+from specs.layout import Layout
 
-from cost_model.calibrate import Observation, fit_observations, predict_observations  # noqa: E402
-from cost_model.calibration import DEFAULT_CALIBRATION, Calibration  # noqa: E402
-from cost_model.validate import spearman  # noqa: E402
-from launch.harness.spec import HarnessEnv, harness_layout, slice_model  # noqa: E402
-from search_spaces.rules import check_layout  # noqa: E402
-from specs import Workload, load_model, parse_gpus  # noqa: E402
-from specs.errors import TunerError  # noqa: E402
-from specs.layout import Layout  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
 
 FIXTURE = ROOT / "tests" / "fixtures" / "h200_minimax_slice.jsonl"
 STACK_NOTE = ("fitted to real trials of megatron-core 0.19.2 WITHOUT Transformer Engine (local spec, SDPA attention, "

@@ -29,8 +29,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 #: (id, q heads, kv heads, q/k head dim, v head dim, seq_length, window or 0, softmax_type, micro-batch)
 CASES: list[tuple[str, int, int, int, int, int, int, str, int]] = [
     *[(f"hd{d}-s{s}", 32, 8, d, d, s, 0, "vanilla", 1) for s in (4096, 8192) for d in (64, 96, 128, 192, 256)],

@@ -25,9 +25,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from cuda_timing import cuda_median_seconds  # benchmarks/cuda_timing.py (the script's folder is on sys.path)
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.cuda_timing import cuda_median_seconds
 
 VOCABS = {"MiniMax-M2": 200064, "GPT-OSS-120B": 201088, "Qwen3-30B-A3B": 151936, "DeepSeek-V3": 129280, "Llama-3.1-8B": 128256}
 TOKENS = 8192

@@ -197,8 +197,7 @@ def read_primitives(path: Path) -> dict[str, Any]:
             measurement appears twice, or there is no ``host`` row or no fused one-process ``adam`` row; named by file
             and line.
     """
-    from device_rows import flag, number, read_rows, text
-
+    from benchmarks.device_rows import flag, number, read_rows, text
     from specs.errors import TunerError
 
     out: dict[str, Any] = {"host": None, "fused": {}, "unfused": {}, "procs": {}, "copies": {}}

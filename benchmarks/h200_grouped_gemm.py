@@ -1,11 +1,11 @@
 """Expert GEMM speed by shape on one GPU (issue 14: does a routed expert's GEMM run slower when its weight is small?).
 
-    OUT=... python3 benchmarks/h200_grouped_gemm.py            # on the device (torch only)
-    OUT=... IMPL=te python3 benchmarks/h200_grouped_gemm.py    # on the device: TE's GroupedLinear beside torch's
-    python benchmarks/h200_grouped_gemm.py --compare FILE       # here: the efficiency table by model and rows
-    python benchmarks/h200_grouped_gemm.py --fit COMPARE.json   # here: the rows curve the cost model ships
-    python benchmarks/h200_grouped_gemm.py --compare-te F.jsonl  # here: TE / torch and fp8 / bf16 by shape (IMPL=te rows)
-    python benchmarks/h200_grouped_gemm.py --fit-te F.jsonl      # here: TE's time as GPU time and launch cost, three forms
+    PYTHONPATH=. OUT=... python3 benchmarks/h200_grouped_gemm.py          # on the device (torch only)
+    PYTHONPATH=. OUT=... IMPL=te python3 benchmarks/h200_grouped_gemm.py  # on the device: TE's GroupedLinear beside torch's
+    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --compare FILE       # here: the efficiency table by model and rows
+    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --fit COMPARE.json   # here: the rows curve the cost model ships
+    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --compare-te F.jsonl  # here: TE / torch and fp8 / bf16 by shape (IMPL=te rows)
+    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --fit-te F.jsonl      # here: TE's time as GPU time and launch cost, three forms
 
 For the routed experts of each MoE model in ``specs/data/models`` (fc1: ``hidden -> 2 x expert FFN``, SwiGLU's gate and
 up fused as Megatron's ``TEGroupedLinear`` holds them; fc2: ``expert FFN -> hidden``), times the three GEMMs of a
@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cuda_timing import cuda_median_seconds  # benchmarks/cuda_timing.py (the script's folder is on sys.path)
+from benchmarks.cuda_timing import cuda_median_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = (256, 512, 1024, 2048, 4096, 8192)
@@ -210,7 +210,6 @@ def _te_case(torch: Any, te: Any, recipe: Any, dev: Any, timed: Callable[[Callab
 def compare_te(path: str) -> int:
     """Per (model, groups, rows): fwd + bwd efficiency of TE bf16, torch bf16 and TE fp8 over the H200's peaks, and the
     ratios TE / torch (bf16) and fp8 / bf16 (TE)."""
-    sys.path.insert(0, str(ROOT))
     from specs import load_gpu
 
     gpu = load_gpu("H200")
@@ -248,7 +247,6 @@ def fit_te(path: str) -> int:
     |error|."""
     import numpy as np
 
-    sys.path.insert(0, str(ROOT))
     from cost_model.calibration import DEFAULT_CALIBRATION as cal
     from specs import load_gpu
 
@@ -300,7 +298,6 @@ def _r(v: float | None) -> float | None:
 
 def compare(path: str) -> int:
     """Print, per model and rows, the fwd + dgrad + wgrad bf16 efficiency over the H200's dense bf16 peak, and fp8's."""
-    sys.path.insert(0, str(ROOT))
     from specs import load_gpu
 
     gpu = load_gpu("H200")

@@ -42,8 +42,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 QW, MM = "Qwen3-30B-A3B", "MiniMax-M2"
 #: id -> (model, layers, local experts, precision, fp8_recipe, fused). The Qwen3-30B-A3B expert counts are one rank of
 #: EP 16, 8, 4 and 1 (the published rows run EP 8 and 16); MiniMax-M2's one rank of EP 32, 8 and 1 (the main job runs
@@ -100,10 +98,10 @@ def measure(out: Path, configs: list[str], budget_s: float) -> int:
     """Run the configurations on the GPU (see the module docstring); returns 1 if any failed."""
     import torch
     import torch.distributed as dist
-    from one_gpu import decoder_model, init_one_gpu, jsonl_emitter
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
+    from benchmarks.one_gpu import decoder_model, init_one_gpu, jsonl_emitter
     from launch.harness.build import _transformer_config, _versions
 
     t0 = time.monotonic()
@@ -219,8 +217,7 @@ def read_rows(paths: list[str]) -> dict[tuple[str, int, int], dict[str, float]]:
             missing, not a number, at most 0 or above :data:`MAX_PASS_S`, forward kernels longer than the forward +
             backward ones, a second row of one key, or no measured row (named by file and line).
     """
-    from device_rows import finite_number
-
+    from benchmarks.device_rows import finite_number
     from tuner.validate_trials import json_lines
 
     out: dict[tuple[str, int, int], dict[str, float]] = {}

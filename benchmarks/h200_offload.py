@@ -131,9 +131,8 @@ def compare(offload: Path, primitives: Path, steps: list[Path]) -> dict[str, Any
             twice or has no offload row, an offload row has several same-machine base rows, or the rows named above
             are missing.
     """
-    from device_rows import flag, number, read_rows, text
-    from h200_cpu_adam import read_primitives
-
+    from benchmarks.device_rows import flag, number, read_rows, text
+    from benchmarks.h200_cpu_adam import read_primitives
     from specs.errors import TunerError
 
     prim = read_primitives(primitives)
@@ -277,7 +276,7 @@ def measure() -> int:
         sys.stdout.write(json.dumps(row) + "\n")
         sys.stdout.flush()
 
-    from h200_cpu_adam import gather_results
+    from benchmarks.h200_cpu_adam import gather_results
 
     q = ctx.Queue()
     p = ctx.Process(target=_copies, args=(q,))

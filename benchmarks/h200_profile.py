@@ -17,8 +17,6 @@ import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 
 def main() -> int:
     from launch.harness.spec import slice_model

@@ -59,8 +59,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 MM, QW, DS = "MiniMax-M2", "Qwen3-30B-A3B", "DeepSeek-V3"
 MOE_MODULES = ("core_attn", "layernorm", "moe_act", "moe")
 #: slice id -> (model, layers, selective modules its layers have, model_overrides)
@@ -106,8 +104,8 @@ def measure(out: Path, slices: list[str], rounds: int, budget_s: float, iters: i
     kernel census) or ``"all"`` (every variant timed and profiled)."""
     import torch
     import torch.distributed as dist
-    from one_gpu import decoder_model, init_one_gpu, jsonl_emitter
 
+    from benchmarks.one_gpu import decoder_model, init_one_gpu, jsonl_emitter
     from launch.harness.build import _transformer_config, _versions
 
     t0 = time.monotonic()
@@ -221,7 +219,7 @@ def measure(out: Path, slices: list[str], rounds: int, budget_s: float, iters: i
 
 
 def _finite(v: Any, positive: bool) -> bool:
-    from device_rows import finite_number  # the one check of the device comparisons (benchmarks/device_rows.py)
+    from benchmarks.device_rows import finite_number  # the one check of the device comparisons (benchmarks/device_rows.py)
 
     return finite_number(v, positive)
 

@@ -37,9 +37,6 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 T0 = time.monotonic()
 OUT = Path(os.environ.get("OUT") or "h200_te_out")
 WORK = Path(os.environ.get("WORK") or "/tmp/h200_te")
@@ -301,7 +298,7 @@ def run_parity(cid: str) -> dict[str, Any]:
 
 def build_queue(parts: list[str]) -> list[tuple[str, str, float, Any]]:
     """(case id, output file, planned seconds, runner)."""
-    from h200_te_layouts import CASES, PROBE
+    from benchmarks.h200_te_layouts import CASES, PROBE
 
     sweep = [(c["id"], "sweep.jsonl", float(c["est_s"]), (lambda c=c, cid=c["id"]: run_sweep_case(c, cid, "sweep.jsonl"))) for c in CASES]
     probe_first = [("probe-first", "probe.jsonl", float(PROBE["est_s"]), lambda: run_sweep_case(PROBE, "probe-first", "probe.jsonl"))]

@@ -35,10 +35,10 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from cost_model.terms import TERM_MODULES
 
-from cost_model.terms import TERM_MODULES  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
 
 TESTS = "tests/cost_model_tests"
 DIGEST_TEST = "tests/cost_model_tests/test_estimate_digest.py"
@@ -207,10 +207,10 @@ _FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)")
 
 def run(m: Mutation | None, with_digest: bool) -> Outcome:
     """``pytest`` over the cost-model tests with ``m`` applied (None: the baseline)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")]))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
     if m is not None:
         env["COST_MODEL_MUTATION"] = json.dumps(m.spec)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "mutation_plugin", "-p", "no:cacheprovider", "--tb=no", "-rfE", TESTS]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "benchmarks.mutation_plugin", "-p", "no:cacheprovider", "--tb=no", "-rfE", TESTS]
     if not with_digest:
         cmd += ["--ignore", DIGEST_TEST]
     t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """A pytest plugin that applies one cost-model mutation before any test imports the code (see mutate_terms.py).
 
-Loaded with ``-p mutation_plugin`` (``benchmarks/`` on PYTHONPATH); the mutation is the JSON object in
+Loaded with ``-p benchmarks.mutation_plugin`` (the repository root on PYTHONPATH); the mutation is the JSON object in
 the environment variable ``COST_MODEL_MUTATION``:
 
 - ``{"kind": "scale", "target": "cost_model.terms.params:dense_params", "factor": 1.1}``: the function

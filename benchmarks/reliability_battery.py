@@ -26,12 +26,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from typer.testing import CliRunner
+
+from tuner.cli import app
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from typer.testing import CliRunner  # noqa: E402
-
-from tuner.cli import app  # noqa: E402
 
 PRESET = ROOT / "specs" / "data" / "models" / "Qwen3-30B-A3B.json"
 RUN = ["--gpus", "8xH200", "--trials", "1"]

@@ -99,8 +99,8 @@ def replay(cases: dict[str, dict[str, Any]], *, hbm_gib: float, order: int, live
 
 def _live(cases: dict[str, dict[str, Any]], hbm_gib: float) -> dict[str, Any]:
     """The policy run live: each trial it asks for is a new run of that layout on this machine's GPU."""
-    import slice_study
-    from slice_study_layouts import CASES
+    from benchmarks import slice_study
+    from benchmarks.slice_study_layouts import CASES
 
     by_id = {c["id"]: c for c in CASES}
     name = slice_study.card()

@@ -20,18 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 KS = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50, 100)
 
 
 def main() -> int:
-    from bench_search import CASES
-
+    from benchmarks.bench_search import CASES
     from launch.simulated import World
     from tuner.search_bench import prepare_case
     from tuner.study import TuneConfig

@@ -10,7 +10,7 @@ trial (torchrun start, model build, the steps and the exit), i.e. the GPU-second
 The driver adds ``run_id`` (``p<pass>-<case>``), ``pass``, ``case``, ``card`` (nvidia-smi's name) and
 ``started_utc``.
 
-    BUDGET_S=540 python3 benchmarks/slice_study.py     # on the GPU machine, megatron-core and torch importable
+    PYTHONPATH=. BUDGET_S=540 python3 benchmarks/slice_study.py   # on the GPU machine, megatron-core and torch importable
 
 Before a run starts, its planned time (the case's ``est_s``, or the wall of its earlier run plus 5 s) is checked
 against what is left of ``BUDGET_S`` (seconds since this program started); a run that does not fit is left for
@@ -36,9 +36,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 T0 = time.monotonic()
 OUT = Path(os.environ.get("OUT") or "slice_study_out")
@@ -74,8 +71,7 @@ def run_case(c: dict[str, Any], rid: str, name: str, gpus: str, left: float) -> 
     """One run of case ``c`` (a :data:`slice_study_layouts.CASES` entry) as ``launch.harness.sweep``'s trial, with
     ``left`` seconds of budget: its row with ``run_id``, ``case``, ``card``, ``started_utc`` and ``driver_wall_s``
     added, or None when the sweep refused before any trial (the environment, not the layout; its message above)."""
-    from slice_study_layouts import GLOBAL_BATCH, LAYERS, MODEL, SEQ_LEN, STEPS, WARMUP
-
+    from benchmarks.slice_study_layouts import GLOBAL_BATCH, LAYERS, MODEL, SEQ_LEN, STEPS, WARMUP
     from launch.harness import sweep
 
     lay_file, out_file = WORK / f"{rid}.layout.jsonl", WORK / f"{rid}.row.jsonl"
@@ -100,7 +96,7 @@ def run_case(c: dict[str, Any], rid: str, name: str, gpus: str, left: float) -> 
 
 
 def main() -> int:
-    from slice_study_layouts import CASES
+    from benchmarks.slice_study_layouts import CASES
 
     OUT.mkdir(parents=True, exist_ok=True)
     WORK.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,6 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 JOB = ["--model", "MiniMax-M2", "--layers", "8", "--gpus", "64xH200", "--global-batch", "256", "--stack", "megatron",
        "--backend", "command", "--trial-steps", "4", "--trial-policy", "queue", "--study", "w"]

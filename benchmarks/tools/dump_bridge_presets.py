@@ -1,14 +1,14 @@
-# Dump every WorkloadBaseConfig preset of a Megatron-Bridge tag as JSON lines: python dump_bridge_presets.py <checkout of the tag>/scripts/performance > presets_<tag>.jsonl
+# Dump every WorkloadBaseConfig preset of a Megatron-Bridge tag as JSON lines, the tag's perf scripts on the import path:
+#   PYTHONPATH=<checkout of the tag>/scripts/performance python benchmarks/tools/dump_bridge_presets.py > presets_<tag>.jsonl
 import dataclasses
 import importlib
 import json
 import os
 import sys
 
-root = sys.argv[1]
-sys.path.insert(0, root)
-# stub modules that may be imported at module level without megatron.bridge
-import utils.utils  # noqa: E402, F401 - the perf scripts' helpers, imported first as the scripts do
+import utils.utils  # the perf scripts' helpers, imported first as the scripts do
+
+root = os.path.dirname(os.path.dirname(utils.utils.__file__))  # <checkout>/scripts/performance
 
 out = []
 cfgdir = os.path.join(root, "configs")

@@ -2,7 +2,7 @@
 
 Inputs: benchmarks/data/published_runs.csv and one JSON-lines dump per Bridge tag of every
 WorkloadBaseConfig preset in scripts/performance/configs/*/*workload_base_configs.py (made by
-importing those modules at the tag with sys.path = scripts/performance; see
+importing those modules at the tag with scripts/performance on PYTHONPATH; see
 benchmarks/data/published_runs_fixes.md). The rules applied on top of a preset are the ones read in
 the tag's perf scripts and recipes, cited per field in published_runs_fixes.md.
 

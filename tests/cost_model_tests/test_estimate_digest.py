@@ -9,17 +9,16 @@ numbers re-records the digests (``benchmarks/estimate_digest.py --write``) and s
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from benchmarks import estimate_digest
+
 pytestmark = pytest.mark.slow  # the estimate of every layout of the default spaces
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import estimate_digest  # noqa: E402
 
 RECORDED = json.loads((ROOT / "tests/fixtures/estimate_digest.json").read_text())
 

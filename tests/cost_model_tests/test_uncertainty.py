@@ -103,11 +103,7 @@ def test_the_ratio_of_two_layouts_is_within_error_below_its_90_percent_band():
 
 
 def _fit_module():
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import fit_error_bars
+    from benchmarks import fit_error_bars
 
     return fit_error_bars
 

@@ -2,11 +2,8 @@
 
 import sys
 import types
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-
-from cuda_timing import cuda_median_seconds  # noqa: E402
+from benchmarks.cuda_timing import cuda_median_seconds
 
 
 def _fake_torch(monkeypatch, millis):

@@ -4,18 +4,15 @@ device rows (``benchmarks/results/h200_te_2026-12-02/call29``), and bad rows get
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-import h200_attention as ha  # noqa: E402
-
-from cost_model.calibration import BASE_CALIBRATION  # noqa: E402
-from cost_model.terms import compute  # noqa: E402
-from specs.errors import TunerError  # noqa: E402
-from specs.hardware import load_gpu  # noqa: E402
+from benchmarks import h200_attention as ha
+from cost_model.calibration import BASE_CALIBRATION
+from cost_model.terms import compute
+from specs.errors import TunerError
+from specs.hardware import load_gpu
 
 ROWS = Path(__file__).parents[2] / "benchmarks" / "results" / "h200_te_2026-12-02" / "call29" / "attn" / "attention.jsonl"
 PEAK = load_gpu("H200").peak_flops_bf16

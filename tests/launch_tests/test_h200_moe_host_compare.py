@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-import h200_moe_host as hm  # noqa: E402
+from benchmarks import h200_moe_host as hm
 
 
 def test_every_configuration_builds_a_te_spec_with_its_experts_and_precision():

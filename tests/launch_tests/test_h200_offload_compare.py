@@ -5,18 +5,15 @@ primitives' sum is judged against the optimizer's step and a whole step, and bad
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-import h200_cpu_adam as hca  # noqa: E402
-import h200_offload as ho  # noqa: E402
-
-from cost_model.fidelity import known_gaps  # noqa: E402
-from specs import Layout  # noqa: E402
-from specs.errors import TunerError  # noqa: E402
+from benchmarks import h200_cpu_adam as hca
+from benchmarks import h200_offload as ho
+from cost_model.fidelity import known_gaps
+from specs import Layout
+from specs.errors import TunerError
 
 ROOT = Path(__file__).parents[2] / "benchmarks" / "results"
 CPU_ADAM = ROOT / "h200_te_2026-12-02" / "call30" / "cpu_adam.jsonl"

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-import h200_recompute as hr  # noqa: E402
+from benchmarks import h200_recompute as hr
 
 
 def test_every_variant_builds_a_te_spec_with_its_recompute_fields():
@@ -154,7 +152,6 @@ def test_a_row_of_another_workload_is_refused(tmp_path, field, value, needle):
     f.write_text(json.dumps(_row("base", 0, 0.08, 3e9)) + "\n" + json.dumps({**_row("base", 1, 0.08, 3e9), field: value}) + "\n")
     with pytest.raises(ValueError, match=re.escape(f"line 2: {needle}")):
         hr.compare([str(f)])
-
 
 
 @pytest.mark.parametrize("rows, profile, compared", [("recompute.jsonl", None, "compare.json"),

@@ -127,12 +127,7 @@ def test_component_spec_and_how_many_experts_fit():
 def test_the_te_sweep_list_runs_here_and_covers_the_issue():
     """benchmarks/h200_te_layouts.py: every case builds a harness spec with TE and breaks no Megatron rule (no GPU time on
     a case that cannot start), and together they cover what issue 14 lists."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-    from h200_te_layouts import CASES, PROBE
-
+    from benchmarks.h200_te_layouts import CASES, PROBE
     from search_spaces.rules import check_layout
 
     seen: set[str] = set()
@@ -162,11 +157,7 @@ def test_the_te_sweep_refuses_a_sweep_gpus_it_cannot_record(monkeypatch, capsys,
     """``SWEEP_GPUS`` names the GPU the machine has when it is not the cases' H200; anything but one GPU of a bundled type
     stops the driver before a case runs: one line naming SWEEP_GPUS (not a --gpus flag), exit 2 (a row recorded on a wrong
     GPU would be judged against the wrong datasheet). A GPU it accepts is written the one way rows are."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-    import h200_te
+    from benchmarks import h200_te
 
     monkeypatch.setenv("SWEEP_GPUS", value)
     with pytest.raises(SystemExit) as e:

@@ -5,7 +5,6 @@ the 1- and 2-GPU sweeps, judge on the 4-GPU rows)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from benchmarks import bench_trial_calibration
 from cost_model.calibrate import Observation, fit_observations, predict_observations
 from cost_model.calibration import DEFAULT_CALIBRATION, SHIPPED_CALIBRATION_FILE, load_calibration
 from launch.harness.spec import slice_model
@@ -25,7 +25,6 @@ from tuner.study import TuneConfig, model_spec_to_dict, prepare
 from tuner.study.storage import resolved as _resolved
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "h200_minimax_slice.jsonl"
-BENCH = Path(__file__).parents[2] / "benchmarks" / "bench_trial_calibration.py"
 SWEEPS = Path(__file__).parents[2] / "benchmarks" / "results" / "h200_x2_2026-11-29"
 runner = CliRunner()
 
@@ -131,23 +130,15 @@ def test_half_split_out_of_sample():
     assert p1 < 0.05 < 0.1 < p0, (p0, p1)
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_trial_calibration", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_bench_extrapolation_fits_small_slices_and_judges_4gpu(capsys):
     """The benchmark's --fit-data/--judge-data mode on the committed files: row counts, each row as the harness
     ran it (the 1-GPU layouts were listed with precision-aware Adam on, which runs off without TE), and the fit."""
-    bench = _bench()
     with pytest.raises(SystemExit):
-        bench.main(["--fit-data", str(FIXTURE)])  # --judge-data missing
+        bench_trial_calibration.main(["--fit-data", str(FIXTURE)])  # --judge-data missing
     assert "go together" in capsys.readouterr().err
     args = ["--fit-data", str(SWEEPS / "sweep_l2_2gpu.jsonl"), str(SWEEPS / "sweep_l1_1gpu_local.jsonl"),
             "--judge-data", str(FIXTURE), "--judge-gpus", "4xH200", "--max-nfev", "60", "--json"]
-    assert bench.main(args) == 0
+    assert bench_trial_calibration.main(args) == 0
     r = json.loads(capsys.readouterr().out)
     fit_files, judge_files = r["data"]["fit"], r["data"]["judge"]
     assert [(f["rows"], f["kinds"], f["skipped"]) for f in fit_files] == [
@@ -167,19 +158,18 @@ def test_bench_extrapolation_fits_small_slices_and_judges_4gpu(capsys):
 
 
 def test_bench_refuses_bad_rows_and_overlapping_sets(tmp_path, capsys):
-    bench = _bench()
     rows = [json.loads(x) for x in FIXTURE.read_text().splitlines() if x.strip()]
     garbage = tmp_path / "g.jsonl"
     garbage.write_text(json.dumps(rows[0]) + "\nnot json\n")
-    assert bench.main(["--fit-data", str(garbage), "--judge-data", str(FIXTURE)]) == 2
+    assert bench_trial_calibration.main(["--fit-data", str(garbage), "--judge-data", str(FIXTURE)]) == 2
     assert "g.jsonl: line 2: not JSON" in capsys.readouterr().err
     # the same rows on both sides would be judged in-sample
-    assert bench.main(["--fit-data", str(FIXTURE), "--judge-data", str(FIXTURE)]) == 2
+    assert bench_trial_calibration.main(["--fit-data", str(FIXTURE), "--judge-data", str(FIXTURE)]) == 2
     assert "in both the fit and the judge set" in capsys.readouterr().err
     # rows that cannot be predicted are skipped with the reason, not fitted
     bad = [dict(rows[0], step_time_s=-1.0), dict(rows[1], layout=dict(rows[1]["layout"], tp=3)), dict(rows[2], n="x")]
     f = tmp_path / "bad.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in bad + rows[3:]))
-    kept, skipped = bench.read_data_rows(f, ["4xH200"])
+    kept, skipped = bench_trial_calibration.read_data_rows(f, ["4xH200"])
     assert skipped["no valid step time"] == 1 and skipped["breaks rule world_div_tp_pp_cp"] == 1
     assert any(k.startswith("malformed") for k in skipped) and all(r["n"] not in (0, 1, 2) for r in kept)

@@ -110,14 +110,12 @@ def test_a_failed_trial_is_one_line_on_stderr(tmp_path):
     import subprocess
 
     code = (
-        "import sys; sys.path.insert(0, sys.argv[2]); sys.path.insert(0, sys.argv[3]);"
-        "from test_local_study import _cfg, _backend; from pathlib import Path; from tuner.study import prepare, run_study;"
+        "import sys; from pathlib import Path; from test_local_study import _cfg, _backend; from tuner.study import prepare, run_study;"
         "run_study(prepare(_cfg(Path(sys.argv[1]), trials=2)), backend=_backend(Path(sys.argv[1])))"
     )
     root = Path(__file__).parents[2]
-    env = {**os.environ, "FAKE_TRIAL_MODE": "crash"}
-    p = subprocess.run([sys.executable, "-c", code, str(tmp_path), str(Path(__file__).parent), str(root)],
-                       capture_output=True, text=True, env=env, timeout=120, cwd=root)
+    env = {**os.environ, "FAKE_TRIAL_MODE": "crash", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(root)])}
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env, timeout=120, cwd=root)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "failed with parameters" in p.stderr and "crash" in p.stderr  # Optuna's one line per failed trial ...
     assert "Traceback" not in p.stderr  # ... without the traceback of an outcome

@@ -162,7 +162,7 @@ def test_without_a_checkpoint_the_reference_writes_the_seed_weights(m1, c1, tmp_
 
 def _driver(tmp_path, **env):
     e = {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "H200_TE_LAUNCHER": f"{sys.executable} {FAKE}",
-         "H200_TE_COMPONENT_LAUNCHER": " ".join(FAKE_COMPONENT), "H200_TE_FAKE_TE": "1", "FAKE_STEP_S": "0.001", "FAKE_TRIAL_MODE": "ok", **env}
+         "H200_TE_COMPONENT_LAUNCHER": " ".join(FAKE_COMPONENT), "H200_TE_FAKE_TE": "1", "FAKE_STEP_S": "0.001", "FAKE_TRIAL_MODE": "ok", "PYTHONPATH": str(ROOT), **env}
     return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "h200_te.py")], env=e, capture_output=True, text=True, timeout=500)
 
 

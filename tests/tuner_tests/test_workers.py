@@ -88,7 +88,7 @@ def test_four_workers_started_together_on_a_fresh_database_measure_each_layout_o
 def test_a_killed_worker_loses_nothing(tmp_path, kind):
     """A worker is killed (kill -9) while its trial is RUNNING; a second worker fails that trial once its
     heartbeat is stale (Optuna's fail_stale_trials) and runs the layout again, recorded as a retry."""
-    from study_worker import HEARTBEAT, Sleepy, config  # tests/tuner_tests is on sys.path (pytest's rootdir-less import)
+    from study_worker import HEARTBEAT, Sleepy, config  # beside this file (pytest imports tests/tuner_tests by folder)
 
     from tuner.study import prepare, run_study, trial_rows
 

@@ -2,8 +2,7 @@
 import json, sys, time
 import numpy as np
 from optuna.trial import TrialState
-sys.path.insert(0, "benchmarks")
-import bench_search
+from benchmarks import bench_search
 from cost_model.uncertainty import chance_to_fit, load_error_bars
 from tuner.search_bench import prepare_case, run_world
 from tuner.study import TuneConfig
