@@ -3,7 +3,7 @@ follows the model's first-trial order would need.
 
     PYTHONPATH=. python benchmarks/search_rank_of_best.py [--worlds 200] [--cases minimax,deepseek,llama70b]
 
-For each case (``bench_search.CASES``) and world (``launch.simulated.World``, the error bars' structure), the gain
+For each case (``bench_search.CASES``) and world (``benchmarks.simulated.World``, the error bars' structure), the gain
 policy's candidates (``Prepared.contenders``) are put in the order of its first pick (expected throughput x chance to
 fit / GPU-hours of a trial, :class:`tuner.study.policy.GainPolicy` before any measurement). For k = 1, 2, 3, ... the
 best true throughput among the first k that truly fit is compared with the world's true best. Measurements are taken
@@ -28,8 +28,8 @@ KS = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50, 100)
 
 def main() -> int:
     from benchmarks.bench_search import CASES
-    from launch.simulated import World
-    from tuner.search_bench import prepare_case
+    from benchmarks.search_bench import prepare_case
+    from benchmarks.simulated import World
     from tuner.study import TuneConfig
     from tuner.study.policy import GainPolicy
     from tuner.study.run import policy_params

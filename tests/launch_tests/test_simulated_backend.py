@@ -1,4 +1,4 @@
-"""The simulated backend (launch/simulated.py): the backend contract where it applies, a world's truth (one seed,
+"""The simulated backend (benchmarks/simulated.py): the backend contract where it applies, a world's truth (one seed,
 one truth; the table and one layout agree; its error against the model is the configured size; out of memory
 where the true peak is over HBM), the reporter and the pruner, and the GPU-seconds each trial costs."""
 
@@ -9,11 +9,11 @@ import math
 import numpy as np
 import pytest
 
+from benchmarks.simulated import ErrorStructure, SimulatedBackend, World, WorldTable, slice_plan, startup_seconds
 from launch import TrialFailed, TrialStopped, backend_class
 from launch.base import FailureKind
 from launch.harness.pruner import StepTimePruner
 from launch.harness.spec import slice_model
-from launch.simulated import ErrorStructure, SimulatedBackend, World, WorldTable, slice_plan, startup_seconds
 from search_spaces.rules import RuleEnv
 from search_spaces.space import SearchSpace, enumerate_layouts
 from specs import DEFAULT_RUN_OPTIONS, Workload, load_model, parse_gpus

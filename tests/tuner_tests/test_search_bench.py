@@ -1,10 +1,10 @@
-"""The search benchmark's policies on simulated worlds (tuner/search_bench.py): a tiny run produces the metrics."""
+"""The search benchmark's policies on simulated worlds (benchmarks/search_bench.py): a tiny run produces the metrics."""
 
 from __future__ import annotations
 
 import pytest
 
-from tuner.search_bench import POLICIES, SLICE_POLICIES, prepare_case, run_world, summarize
+from benchmarks.search_bench import POLICIES, SLICE_POLICIES, prepare_case, run_world, summarize
 from tuner.study import TuneConfig
 
 

@@ -4,7 +4,7 @@ import numpy as np
 from optuna.trial import TrialState
 from benchmarks import bench_search
 from cost_model.uncertainty import chance_to_fit, load_error_bars
-from tuner.search_bench import prepare_case, run_world
+from benchmarks.search_bench import prepare_case, run_world
 from tuner.study import TuneConfig
 from tuner.study import run as run_mod
 from tuner.study.records import TrialRecord

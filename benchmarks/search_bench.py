@@ -1,23 +1,23 @@
 """The search on simulated clusters: how often a policy's final pick is within a few percent of the true best,
-and what it spent, over worlds drawn from the model's error structure (:mod:`launch.simulated`).
+and what it spent, over worlds drawn from the model's error structure (:mod:`benchmarks.simulated`).
 
 Policies (:data:`POLICIES`):
 
 * ``model``: no trial; the fastest predicted of the candidates that surely fit (:attr:`Prepared.surely_fits`);
 * ``queue``: today's default before the trial policy: :func:`tuner.study.run_study` with ``policy="queue"`` over the
   candidates of a fixed ``--memory-headroom`` of 0.07 (:data:`TODAY_HEADROOM`), on a
-  :class:`~launch.simulated.SimulatedBackend`;
+  :class:`~benchmarks.simulated.SimulatedBackend`;
 * ``gain``: the same with the default configuration (``policy="gain"``, the error bars' pruning);
 * ``random``: the default configuration's candidates in a random order, each a trial stopped by the study's pruner
   (the same margin), until the GPU-hours of ``gain`` (else of ``queue``) in the same world are spent;
 * ``gain+slice``: the gain policy with slice trials (:class:`~tuner.study.policy.GainPolicy` given each candidate's
-  slice, :meth:`~launch.simulated.SimulatedBackend.run_slice`), driven by this module's own loop (:func:`gain_loop`:
+  slice, :meth:`~benchmarks.simulated.SimulatedBackend.run_slice`), driven by this module's own loop (:func:`gain_loop`:
   the study's policy loop without Optuna: the same candidates, prior, pruner and stopping rule); no real backend
   offers slice trials;
 * ``slice-a2a``: ``gain+slice`` where a slice sees nothing of an all-to-all across nodes (``a2a="in-node"``);
 * ``slice-noa2a``: ``gain+slice`` where a slice sees nothing of the all-to-all (``a2a="none"``);
 * ``slice-300s``: ``gain+slice`` with a slice start-up of 300 s (a full-scale trial's at 64 GPUs) in place of
-  :data:`~launch.simulated.SLICE_STARTUP_S`;
+  :data:`~benchmarks.simulated.SLICE_STARTUP_S`;
 * ``gain-loop``: :func:`gain_loop` without slices (to compare the loop with the study's ``gain``).
 
 A slice never becomes the pick: the gain policy's answer is its incumbent, a layout measured in full. A study's
@@ -41,9 +41,9 @@ from unittest import mock
 import numpy as np
 import optuna
 
+from benchmarks.simulated import SLICE_STARTUP_S, ErrorStructure, SimulatedBackend, World, WorldTable, slice_plan
 from launch.base import FailureKind, TrialFailed, TrialStopped
 from launch.harness.pruner import StepTimePruner
-from launch.simulated import SLICE_STARTUP_S, ErrorStructure, SimulatedBackend, World, WorldTable, slice_plan
 from specs.layout import Layout
 from tuner.report import fastest_measured
 from tuner.study import Prepared, TuneConfig, _optuna, prepare, run_study, trial_rows
@@ -54,7 +54,7 @@ from tuner.study.run import POLICY_BEST_ATTR
 
 __all__ = ["POLICIES", "SLICE_POLICIES", "TODAY_HEADROOM", "Case", "WorldResult", "gain_loop", "prepare_case", "run_world", "summarize"]
 
-#: The policies of :func:`gain_loop`: (slices, the all-to-all a slice sees (:func:`~launch.simulated.slice_plan`),
+#: The policies of :func:`gain_loop`: (slices, the all-to-all a slice sees (:func:`~benchmarks.simulated.slice_plan`),
 #: slice start-up seconds).
 SLICE_POLICIES: dict[str, tuple[bool, str, float]] = {
     "gain-loop": (False, "all", SLICE_STARTUP_S),
@@ -192,9 +192,9 @@ def gain_loop(prep: Prepared, world: World, *, slices: bool, a2a: str = "all",
     """The study's gain policy loop, one trial at a time, without Optuna: the contenders (:attr:`Prepared.contenders`),
     :func:`~tuner.study.config.policy_params`, full trials stopped by the study's pruner against the best measured
     first run, a pruned trial fed back as the median of its steps after the warm-up; with ``slices``, the policy is
-    given each contender's slice (:func:`~launch.simulated.slice_plan`; the unseen error's sigma,
-    :meth:`~launch.simulated.World.slice_unseen_sigma`, from the world's error structure, not its draws) and slice
-    trials run on :meth:`~launch.simulated.SimulatedBackend.run_slice`. Returns the policy's answer (its incumbent, a
+    given each contender's slice (:func:`~benchmarks.simulated.slice_plan`; the unseen error's sigma,
+    :meth:`~benchmarks.simulated.World.slice_unseen_sigma`, from the world's error structure, not its draws) and slice
+    trials run on :meth:`~benchmarks.simulated.SimulatedBackend.run_slice`. Returns the policy's answer (its incumbent, a
     layout measured in full) and the backend (its trials and GPU-hours)."""
     cfg = prep.config
     backend = _backend(world, cfg)
