@@ -260,6 +260,7 @@ def test_the_main_job_from_the_seed_launch(tmp_path):
     assert "the study evaluates it" in r.output and "none not understood" in r.output
     assert re.search(r"your launch \(trial 0\): [\d,.]+ tokens/s/GPU predicted, [\d.]+ GiB; best: TP1 PP8 VPP\d EP8 DP8, .*[+-]\d+%", r.output)
     assert "stack slime (specs/data/stacks/slime.yaml)" in r.output
+    assert "--command-template launch/templates/slime_command.yaml" in r.output
     run = (tmp_path / "s/run_slime.sh").read_text()
     assert "--calculate-per-token-loss" in run and run.count("  --hf-checkpoint ") == 1
     rec = yaml.safe_load((tmp_path / "s/recipe.yaml").read_text())
@@ -467,6 +468,8 @@ def test_a_launch_outside_the_space_is_the_first_trial_priced_with_its_stack(tmp
                             "megatron-bridge", "--results-dir", str(tmp_path), "--study", "s"], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
     assert "the study evaluates it" in r.output
+    # the shipped template runs slime: a megatron-bridge launch is pointed to how to write its own
+    assert "slime_command.yaml" not in r.output and "docs/trials.md#a-template-for-a-torchrun-launch" in r.output
     import optuna
 
     first = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's/study.db'}").trials[0].user_attrs
@@ -616,3 +619,14 @@ def test_the_exported_megatron_lm_script_reads_back_whole(tmp_path):
     assert (lf.nodes, lf.gpus_per_node, lf.not_understood) == (2, 8, ())
     assert {"--nnodes", "--nproc-per-node"} <= set(lf.understood) and {"--node_rank", "--master-addr"} <= set(lf.no_effect)
     assert not {"--nnodes", "--node_rank"} & set(" ".join(lf.user_args).split())
+
+
+def test_the_torchrun_template_of_the_docs_loads(tmp_path):
+    """docs/trials.md#a-template-for-a-torchrun-launch, where the main job points a non-slime launch."""
+    from launch.command_backend import load_template
+
+    doc = (ROOT / "docs/trials.md").read_text().split("### A template for a torchrun launch", 1)[1]
+    text = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "t.yaml").write_text(text)
+    tpl = load_template(tmp_path / "t.yaml")
+    assert tpl.framework == "megatron" and "{layout_args}" in tpl.argv and "pretrain_gpt.py" in tpl.argv
