@@ -229,7 +229,7 @@ def test_flags_on_the_command_line_win_over_the_file():
 
 @pytest.mark.parametrize(("text", "name", "message"), [
     ("hello world\n", "notes.txt", "no command with -- arguments"),
-    ("a: 1\n", "x.yaml", "Megatron-Bridge override YAML or performance config, a NeMo-RL config, or a recipe.yaml"),
+    ("a: 1\n", "x.yaml", "performance config (ConfigContainer, perf_matrix), a NeMo-RL config (policy section), or a recipe.yaml"),
     ("torchrun pretrain_gpt.py --hidden-size 1234 --num-attention-heads 7\n", "run.sh", "is none of the presets"),
     ("torchrun pretrain_gpt.py --tensor-model-parallel-size 2\n", "run.sh", "names no model"),
     ("torchrun pretrain_gpt.py --tensor-model-parallel-size two\n", "run.sh", "--tensor-model-parallel-size: invalid int value: 'two'"),
