@@ -229,7 +229,7 @@ def test_flags_on_the_command_line_win_over_the_file():
 
 @pytest.mark.parametrize(("text", "name", "message"), [
     ("hello world\n", "notes.txt", "no command with -- arguments"),
-    ("a: 1\n", "x.yaml", "neither a recipe.yaml (schema_version, run) nor a Megatron-Bridge"),
+    ("a: 1\n", "x.yaml", "performance config (ConfigContainer, perf_matrix), a NeMo-RL config (policy section), or a recipe.yaml"),
     ("torchrun pretrain_gpt.py --hidden-size 1234 --num-attention-heads 7\n", "run.sh", "is none of the presets"),
     ("torchrun pretrain_gpt.py --tensor-model-parallel-size 2\n", "run.sh", "names no model"),
     ("torchrun pretrain_gpt.py --tensor-model-parallel-size two\n", "run.sh", "--tensor-model-parallel-size: invalid int value: 'two'"),
@@ -260,6 +260,7 @@ def test_the_main_job_from_the_seed_launch(tmp_path):
     assert "the study evaluates it" in r.output and "none not understood" in r.output
     assert re.search(r"your launch \(trial 0\): [\d,.]+ tokens/s/GPU predicted, [\d.]+ GiB; best: TP1 PP8 VPP\d EP8 DP8, .*[+-]\d+%", r.output)
     assert "stack slime (specs/data/stacks/slime.yaml)" in r.output
+    assert "--command-template launch/templates/slime_command.yaml" in r.output
     run = (tmp_path / "s/run_slime.sh").read_text()
     assert "--calculate-per-token-loss" in run and run.count("  --hf-checkpoint ") == 1
     rec = yaml.safe_load((tmp_path / "s/recipe.yaml").read_text())
@@ -467,6 +468,8 @@ def test_a_launch_outside_the_space_is_the_first_trial_priced_with_its_stack(tmp
                             "megatron-bridge", "--results-dir", str(tmp_path), "--study", "s"], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
     assert "the study evaluates it" in r.output
+    # the shipped template runs slime: a megatron-bridge launch is pointed to how to write its own
+    assert "slime_command.yaml" not in r.output and "docs/trials.md#a-template-for-a-torchrun-launch" in r.output
     import optuna
 
     first = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's/study.db'}").trials[0].user_attrs
@@ -535,3 +538,95 @@ def test_a_recipe_round_trip_does_not_repeat_the_scripts_own_arguments(tmp_path)
         src = tmp_path / study / "recipe.yaml"
     for name in ("run_slime.sh", "megatron_args.sh"):
         assert (tmp_path / "b" / name).read_text().count("--save ") == 1, name
+
+
+#: A Megatron-LM launch as its examples write one: torchrun's arguments and the training arguments in arrays.
+LLAMA_70B_LAUNCH = """GPUS_PER_NODE=8
+NNODES=8
+DISTRIBUTED_ARGS=(--nproc_per_node $GPUS_PER_NODE --nnodes $NNODES --master_addr $MASTER_ADDR --master_port 6000)
+MODEL_ARGS=(--num-layers 80 --hidden-size 8192 --ffn-hidden-size 28672 --num-attention-heads 64 --group-query-attention
+  --num-query-groups 8 --kv-channels 128 --seq-length 8192 --swiglu --normalization RMSNorm --bf16)
+PARALLEL_ARGS=(--tensor-model-parallel-size 8 --sequence-parallel --pipeline-model-parallel-size 4
+  --num-layers-per-virtual-pipeline-stage 5)
+torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py ${MODEL_ARGS[@]} ${PARALLEL_ARGS[@]}
+"""
+
+
+@pytest.mark.parametrize("quote", ["", '"'])
+def test_torchruns_arguments_in_an_array_give_the_gpu_count(tmp_path, quote):
+    f = tmp_path / "run.sh"
+    f.write_text(LLAMA_70B_LAUNCH.replace("${DISTRIBUTED_ARGS[@]}", f"{quote}${{DISTRIBUTED_ARGS[@]}}{quote}"))
+    lf = read_launch(f)
+    assert (lf.model, lf.nodes, lf.gpus_per_node) == ("Llama-3.1-70B", 8, 8)
+
+
+def test_layers_per_virtual_stage_are_megatrons_virtual_pipeline_size(tmp_path):
+    """Megatron-LM's validate_args: vpp = num_layers // pp // N (80 // 4 // 5 = 4), the layer count the launch's
+    --num-layers, else the model's."""
+    f = tmp_path / "run.sh"
+    f.write_text(LLAMA_70B_LAUNCH)
+    fi = _from(f, gpus="H100")
+    assert (fi.baseline["tp"], fi.baseline["pp"], fi.baseline["vpp"]) == (8, 4, 4)
+    f.write_text(LLAMA_70B_LAUNCH.replace("--num-layers 80 ", ""))  # the preset's 80 layers
+    assert read_launch(f).layout["vpp"] == 4
+    f.write_text(LLAMA_70B_LAUNCH.replace("stage 5", "stage 20"))  # one virtual stage: no interleaving
+    assert "vpp" not in read_launch(f).layout
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (LLAMA_70B_LAUNCH.replace("stage 5", "stage 3"), "80 layers in 4 pipeline stages are not whole virtual stages of 3 layers"),
+    ("torchrun pretrain_gpt.py --bf16 --pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 5\n",
+     "needs the model's layer count"),
+])
+def test_layers_per_virtual_stage_that_cannot_be_read_are_refused(tmp_path, text, message):
+    f = tmp_path / "run.sh"
+    f.write_text(text)
+    r = runner.invoke(app, ["estimate", "--from", str(f), "--gpus", "H100"])
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, r.output
+
+
+def test_recompute_activations_is_selective_recompute(tmp_path):
+    """Megatron-LM's validate_args: --recompute-activations sets recompute_granularity = 'selective'."""
+    f = tmp_path / "run.sh"
+    f.write_text(LLAMA_70B_LAUNCH.replace("--sequence-parallel", "--sequence-parallel --recompute-activations"))
+    lf = read_launch(f)
+    assert lf.layout["recompute"] == "selective" and "--recompute-activations" in lf.understood
+
+
+def test_a_variables_default_is_the_files_value_else_the_default(tmp_path, monkeypatch):
+    """${VAR:-default} and ${VAR-default}: the file's assignment, else the default; never the reader's environment."""
+    monkeypatch.setenv("PP", "2")
+    f = tmp_path / "run.sh"
+    f.write_text('TP=${TP:-4}\nEMPTY=\n' + LLAMA_70B_LAUNCH.replace("--tensor-model-parallel-size 8", "--tensor-model-parallel-size ${TP:-2}")
+                 .replace("--pipeline-model-parallel-size 4", "--pipeline-model-parallel-size=${PP:-4}")
+                 .replace("--seq-length 8192", "--seq-length ${EMPTY-8192}${EMPTY:-4096}"))
+    lf = read_launch(f)
+    assert (lf.layout["tp"], lf.layout["pp"], lf.seq_length) == (4, 4, 4096)
+
+
+def test_the_exported_megatron_lm_script_reads_back_whole(tmp_path):
+    """megatron_args.sh: torchrun's --nnodes x --nproc-per-node is the GPU count, its other arguments have no effect."""
+    from launch.exporters._megatron import megatron_args_script
+    from specs import Layout, Workload, load_model, parse_gpus
+
+    f = tmp_path / "megatron_args.sh"
+    f.write_text(megatron_args_script(load_model("Llama-3.1-8B"), parse_gpus("16xH100"), Workload(), Layout(world_size=16, tp=2)))
+    lf = read_launch(f)
+    assert (lf.model, lf.nodes, lf.gpus_per_node, lf.not_understood) == ("Llama-3.1-8B", 2, 8, ())
+    args = re.split(r"^\s*torchrun ", f.read_text(), flags=re.M)[0]  # the arguments; after an unknown script torchrun's are read
+    f.write_text(args + 'torchrun --nnodes 2 --node_rank 0 --nproc-per-node 8 --master-addr h "$SCRIPT" "${MEGATRON_ARGS[@]}"\n')
+    lf = read_launch(f)
+    assert (lf.nodes, lf.gpus_per_node, lf.not_understood) == (2, 8, ())
+    assert {"--nnodes", "--nproc-per-node"} <= set(lf.understood) and {"--node_rank", "--master-addr"} <= set(lf.no_effect)
+    assert not {"--nnodes", "--node_rank"} & set(" ".join(lf.user_args).split())
+
+
+def test_the_torchrun_template_of_the_docs_loads(tmp_path):
+    """docs/trials.md#a-template-for-a-torchrun-launch, where the main job points a non-slime launch."""
+    from launch.command_backend import load_template
+
+    doc = (ROOT / "docs/trials.md").read_text().split("### A template for a torchrun launch", 1)[1]
+    text = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "t.yaml").write_text(text)
+    tpl = load_template(tmp_path / "t.yaml")
+    assert tpl.framework == "megatron" and "{layout_args}" in tpl.argv and "pretrain_gpt.py" in tpl.argv

@@ -394,12 +394,19 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
         # five trials: of the best's predicted cost, and at least five of the cheapest contender's (what the plan counts)
         trial_gh = max((pp.startup_s + pp.steps * float(best["step_time_s"])) * c.num_gpus / 3600, cheapest_trial_gpu_hours(prep))
         budget = max(1, math.ceil(5 * trial_gh))
-        if prep.stack is not None and prep.stack.flags:
+        if prep.stack is not None and prep.stack.flags and prep.stack.preset.name == "slime":
             # run flags need the user's own stack: the harness (local, ray) runs its own and refuses them
             out.print(f"Next: measure the contenders through your own launch, which has these run flags (about "
                       f"{trial_gh:,.1f} GPU-hours a trial; docs/trials.md#through-your-own-launch):", markup=False)
             print_command("tune", *_real_trial_args(state.argv, prep, cfg), "--backend", "command", "--command-template",
                           "launch/templates/slime_command.yaml", "--gpu-hours", budget)
+        elif prep.stack is not None and prep.stack.flags:
+            # the shipped template runs slime's entry point: another stack's launch needs a template of its own
+            out.print(f"Next: measure the contenders through your own {prep.stack.preset.name} launch, which has these run flags "
+                      f"(about {trial_gh:,.1f} GPU-hours a trial): write its launch template "
+                      "(docs/trials.md#a-template-for-a-torchrun-launch), then:", markup=False)
+            print_command("tune", *_real_trial_args(state.argv, prep, cfg), "--backend", "command", "--command-template",
+                          "YOUR_TEMPLATE.yaml", "--gpu-hours", budget)
         else:
             out.print(f"Next: measure the contenders (about {trial_gh:,.1f} GPU-hours a trial):", markup=False)
             print_command("tune", *_real_trial_args(state.argv, prep, cfg), "--backend", "ray", "--ray-address", "auto", "--gpu-hours",

@@ -47,13 +47,14 @@ def read_launch(path: str | Path, *, model: str | None = None, gpus: str | None 
 
     Raises:
         TunerError: the file cannot be read, is none of the accepted forms (a shell script or argument list with a
-            command that has ``--`` arguments, or a ``recipe.yaml`` with a ``run`` block), or names a model that is
-            neither a preset nor given with ``--model``.
+            command that has ``--`` arguments, a Megatron-Bridge YAML, a NeMo-RL config or a ``recipe.yaml`` with a
+            ``run`` block), or names a model that is neither a preset nor given with ``--model``.
     """
     p = Path(path)
     label = f"--from {str(p)!r}"
-    accepted = ("accepted: a Megatron-LM / slime argument list or shell script, a Megatron-Bridge override YAML, or a recipe.yaml "
-                "written by tune")
+    accepted = ("accepted: a Megatron-LM / slime argument list or shell script, a Megatron-Bridge override YAML (model, "
+                "train, ddp, optimizer sections) or performance config (ConfigContainer, perf_matrix), a NeMo-RL config "
+                "(policy section), or a recipe.yaml written by tune (schema_version, run)")
     text = read_user_text(p, label, "a launch script, argument list or YAML")
     with parse_errors(label, "a launch script, argument list or YAML"):
         return _read_launch(p, text, label, accepted, model, gpus, precision, fp8_recipe)
@@ -91,9 +92,7 @@ def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | Non
             argv, names = _bridge_args(doc, label)
             return _read_args(p, "megatron-bridge", [], argv, model, None, names=names)
         if not (isinstance(doc, Mapping) and isinstance(doc.get("run"), str) and "schema_version" in doc):
-            raise TunerError(f"{label}: a YAML file that is neither a recipe.yaml (schema_version, run) nor a Megatron-Bridge "
-                             f"override (model, train, ddp, optimizer sections) or performance config (ConfigContainer, "
-                             f"perf_matrix); {accepted}")
+            raise TunerError(f"{label}: a YAML file of none of the accepted forms; {accepted}")
         gpu = _section(doc, "gpu")
         launcher, argv = _safe_args(doc["run"], label, accepted)
         given = model or (str(doc["model"]) if doc.get("model") else None)

@@ -39,6 +39,12 @@ NO_EFFECT_ARGS = frozenset("""
 --cuda-graph-warmup-steps --te-rng-tracker --use-te-rng-tracker
 """.split())
 
+#: torchrun's arguments (torch/distributed/run.py), both spellings: ``--nnodes`` x ``--nproc-per-node`` is the GPU count,
+#: the others have no effect on the estimate.
+_TORCHRUN_ARGS = frozenset(f"--{a}" for n in ("nnodes", "nproc-per-node", "node-rank", "master-addr", "master-port",
+                                             "rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf", "max-restarts")
+                           for a in {n, n.replace("-", "_")})
+
 #: Model-architecture arguments: they identify the model preset (``--num-layers`` below the preset's slices it).
 _IDENTITY = ("hidden_size", "num_attention_heads", "num_experts", "moe_ffn_hidden_size", "vocab_size", "moe_router_topk",
              "num_query_groups", "kv_channels", "kv_lora_rank", "q_lora_rank")
@@ -142,7 +148,8 @@ def _parser() -> argparse.ArgumentParser:
               "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16", "--cross-entropy-loss-fusion",
               "--moe-permute-fusion", "--fp8-param-gather", "--overlap-grad-reduce", "--overlap-moe-expert-parallel-comm",
               "--tp-comm-overlap", "--moe-router-force-load-balancing", "--use-megatron-fsdp", "--no-rope-fusion",
-              "--no-bias-swiglu-fusion", "--enable-cuda-graph", "--external-cuda-graph", "--rope-fusion", "--bias-swiglu-fusion"):
+              "--no-bias-swiglu-fusion", "--enable-cuda-graph", "--external-cuda-graph", "--rope-fusion", "--bias-swiglu-fusion",
+              "--recompute-activations"):
         p.add_argument(a, action="store_true", default=None)
     for a in ("--sequence-parallel", "--use-distributed-optimizer", "--use-precision-aware-optimizer", "--optimizer-cpu-offload",
               "--cross-entropy-loss-fusion", "--moe-permute-fusion", "--fp8-param-gather", "--overlap-grad-reduce",
@@ -266,6 +273,8 @@ def _layout_of(ns: argparse.Namespace, slime: bool) -> dict[str, Any]:
     d["sequence_parallel"] = bool(ns.sequence_parallel)
     if ns.recompute_granularity:
         d["recompute"] = ns.recompute_granularity
+    if ns.recompute_activations:  # Megatron-LM's validate_args: selective, whatever --recompute-granularity says
+        d["recompute"] = "selective"
     if ns.recompute_modules:
         d["recompute_modules"] = ",".join(ns.recompute_modules)
     if ns.micro_batch_size:
@@ -280,6 +289,48 @@ def _layout_of(ns: argparse.Namespace, slime: bool) -> dict[str, Any]:
     d["no_precision_aware_optimizer"] = not ns.use_precision_aware_optimizer
     d["no_distributed_optimizer"] = ns.use_distributed_optimizer is False or not (ns.use_distributed_optimizer or slime)
     return d
+
+
+def _vpp_of_stage_layers(ns: argparse.Namespace, arch: Mapping[str, list[str]], model: str | None, argv: Sequence[str],
+                         label: str) -> int:
+    """The virtual pipeline size ``--num-layers-per-virtual-pipeline-stage N`` gives, as Megatron-LM's
+    ``validate_args`` computes it (megatron/training/arguments.py): ``L // pp // N``, ``L`` the launch's
+    ``--num-layers`` (else the model's layer count), plus one for each of ``--account-for-embedding-in-pipeline-split``
+    and ``--account-for-loss-in-pipeline-split``.
+
+    Raises:
+        TunerError: the layer count is unknown (no ``--num-layers`` and no model), another way of giving the virtual
+            pipeline is given too, a first/last stage size is given, or the counts do not divide (Megatron's asserts).
+    """
+    n, pp = ns.num_layers_per_virtual_pipeline_stage, ns.pipeline_model_parallel_size or 1
+    flag = f"--num-layers-per-virtual-pipeline-stage {n}"
+    others = [a for a, v in (("--num-virtual-stages-per-pipeline-rank", ns.num_virtual_stages_per_pipeline_rank),
+                             ("--virtual-pipeline-model-parallel-size", ns.virtual_pipeline_model_parallel_size),
+                             ("--pipeline-model-parallel-layout", ns.pipeline_model_parallel_layout)) if v is not None]
+    if others:
+        raise TunerError(f"{label}: {flag} and {others[0]} both set the virtual pipeline; Megatron-LM accepts one of them")
+    if ns.decoder_first_pipeline_num_layers is not None or ns.decoder_last_pipeline_num_layers is not None:
+        raise TunerError(f"{label}: {flag} with an uneven pipeline (--decoder-first/last-pipeline-num-layers): Megatron-LM "
+                         "asks for --num-virtual-stages-per-pipeline-rank there")
+    if "--num-layers" in arch and arch["--num-layers"]:
+        layers: int | None = int(arch["--num-layers"][0])
+    else:
+        layers = None
+        if model is not None:
+            from specs import load_model
+
+            try:
+                layers = load_model(model, allow_config_args=True).num_layers  # its layer count only
+            except TunerError:
+                layers = None
+    if layers is None:
+        raise TunerError(f"{label}: {flag} needs the model's layer count to give the virtual pipeline size; add "
+                         "--num-layers to the file or give --model")
+    total = layers + sum(f in argv for f in ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"))
+    if n < 1 or total % pp or (total // pp) % n:
+        raise TunerError(f"{label}: {flag}: {total} layers in {pp} pipeline stages are not whole virtual stages of {n} "
+                         "layers (Megatron-LM refuses it); accepted: a divisor of the layers per pipeline stage")
+    return int(total // pp // n)
 
 
 def _run_flags_of(ns: argparse.Namespace) -> RunFlags:
@@ -304,6 +355,8 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
     label = f"--from {str(path)!r}"
     parser = _parser()
     arch_names = _model_flags()
+    torch_run, argv = _flag_values(argv, _TORCHRUN_ARGS)  # torchrun's own, where the script's name was not found
+    launcher = [*launcher, *(x for k, v in torch_run.items() for x in (k, *v))]
     arch, rest = _flag_values(argv, arch_names)
     try:
         ns, extras = parser.parse_known_args(rest)
@@ -351,7 +404,9 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
             not_understood.append(w)
             continue
         user_args.append(w)
-    understood = sorted({*understood, *understood_empty})
+    gpu_count = {"--nnodes", "--nproc-per-node", "--nproc_per_node"}
+    understood = sorted({*understood, *understood_empty, *(k for k in torch_run if k in gpu_count)})
+    no_effect = [*(k for k in torch_run if k not in gpu_count), *no_effect]
     nodes, per_node = ns.actor_num_nodes, ns.actor_num_gpus_per_node
     if nodes is None and launcher:  # torchrun --nnodes N --nproc-per-node G
         lp = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -361,6 +416,11 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
         if lns.nnodes and str(lns.nnodes).isdigit() and lns.nproc and str(lns.nproc).isdigit():
             nodes, per_node = int(lns.nnodes), int(lns.nproc)
     lay = _layout_of(ns, slime or kind in ("megatron-bridge", "nemo-rl"))  # Bridge's recipes turn the distributed optimizer on
+    if ns.num_layers_per_virtual_pipeline_stage is not None:
+        vpp = _vpp_of_stage_layers(ns, arch, name, argv, label)
+        lay.pop("vpp", None)
+        if vpp > 1:
+            lay["vpp"] = vpp
     if ns.use_dynamic_batch_size and ns.max_tokens_per_gpu and ns.seq_length and "micro_batch_size" not in lay:
         lay["micro_batch_size"] = max(1, ns.max_tokens_per_gpu * (ns.context_parallel_size or 1) // ns.seq_length)
     return LaunchFile(

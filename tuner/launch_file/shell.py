@@ -1,5 +1,7 @@
 """Shell text: the command of a launch script with the most ``--`` arguments, its ``NAME=value`` and ``NAME=( ... )``
-variables (and those of the files it sources) expanded where the command uses them."""
+variables (and those of the files it sources) expanded where the command uses them, in the file's order as bash
+does. ``${NAME:-default}`` / ``${NAME-default}`` take the file's value of ``NAME``, else the default: the launch is read
+from the file, never from the reader's environment."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from specs.files import read_user_text
 _SEPARATORS = set(";&|\n")
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 _VAR = re.compile(r"^\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(\[@\]|\[\*\])?\}|([A-Za-z_][A-Za-z0-9_]*))$")
+#: ``${NAME:-default}``, ``${NAME-default}``, ``${NAME}`` or ``$NAME`` inside a word (bash's parameter expansion).
+_PARAM = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^{}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def _shell_statements(text: str) -> tuple[list[list[str]], dict[str, list[str]]]:
@@ -54,31 +58,51 @@ def _shell_statements(text: str) -> tuple[list[list[str]], dict[str, list[str]]]
             continue
         if is_punct:
             if any(ch in _SEPARATORS for ch in t):
+                _assign(stmts, variables)
                 stmts.append([])
             i += 1
             continue
         stmts[-1].append(t)
         i += 1
-    out: list[list[str]] = []
-    for s in stmts:
-        words = s[1:] if s[:1] == ["export"] else s
-        if words and all(_ASSIGN.match(w) for w in words):
-            for w in words:
-                m = _ASSIGN.match(w)
-                assert m is not None
-                variables[m.group(1)] = [m.group(2)]
-            continue
-        if s:
-            out.append(s)
-    return out, variables
+    _assign(stmts, variables)
+    return [st for st in stmts if st], variables
+
+
+def _assign(stmts: list[list[str]], variables: dict[str, list[str]]) -> None:
+    """The last statement of ``stmts``, when it is ``[export] NAME=value ...``: its values (expanded) into
+    ``variables``, the statement emptied."""
+    st = stmts[-1]
+    words = st[1:] if st[:1] == ["export"] else st
+    if words and all(_ASSIGN.match(w) for w in words):
+        for w in words:
+            m = _ASSIGN.match(w)
+            assert m is not None
+            variables[m.group(1)] = [_substitute(m.group(2), variables)]
+        st.clear()
+
+
+def _substitute(word: str, variables: Mapping[str, list[str]]) -> str:
+    """``word`` with its ``${NAME:-default}`` / ``${NAME-default}`` (the file's value, else the default: ``:-`` also
+    when the value is empty) and its ``$NAME`` / ``${NAME}`` the file sets replaced, as bash expands them; a variable
+    the file does not set, without a default, stays as it is (to be named)."""
+
+    def one(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(4)
+        value = " ".join(variables[name]) if name in variables else None
+        if m.group(2):
+            unset = value is None or (m.group(2) == ":-" and not value)
+            return _substitute(m.group(3), variables) if unset else str(value)
+        return m.group(0) if value is None else value
+
+    return _PARAM.sub(one, word)
 
 
 def _expand(word: str, variables: Mapping[str, list[str]]) -> list[str]:
     """``word`` with a whole-word ``$NAME``, ``${NAME}`` or ``${NAME[@]}`` replaced by the variable's value(s) when the
-    file sets it; otherwise the word as it is."""
+    file sets it, else its parameter expansions (:func:`_substitute`)."""
     m = _VAR.match(word)
     if not m:
-        return [word]
+        return [_substitute(word, variables)]
     name = m.group(1) or m.group(3)
     if name in variables:
         return list(variables[name]) if m.group(2) else [" ".join(variables[name])]
