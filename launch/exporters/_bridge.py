@@ -192,7 +192,7 @@ def _header(context: ExportContext, from_file: bool) -> str:
         lines.append(f"# predicted (analytical cost model): {est.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
                      f"{est.peak_bytes / GIB:.1f} GiB peak per GPU")
     if from_file:
-        lines.append("# Your --from file with the layout written into its keys; its comments are not kept.")
+        lines.append("# Your --from file with the layout in its keys (its comments are not kept).")
     else:
         lines.append("# An override: merge these keys into your ConfigContainer recipe.")
     return "\n".join(lines) + "\n"
