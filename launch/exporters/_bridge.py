@@ -210,9 +210,9 @@ def bridge_yaml(context: ExportContext) -> str:
     if context.bridge_yaml:
         doc = yaml.safe_load(context.bridge_yaml)
         if _perf_config(doc):
-            raise TunerError("--format bridge: the --from file is a Megatron-Bridge performance config (ConfigContainer, "
-                             "perf_matrix), whose perf_matrix entry sets the layout; it writes an override YAML or a saved "
-                             "ConfigContainer only: use --format recipe or megatron for this study")
+            raise TunerError("--format bridge writes into a Megatron-Bridge override YAML or saved ConfigContainer; this "
+                             "study's --from file is a performance config (ConfigContainer, perf_matrix), whose perf_matrix "
+                             "entry sets the layout: use --format recipe or megatron for this study")
         if not isinstance(doc, Mapping):
             raise TunerError("--format bridge: the --from file is not a Megatron-Bridge YAML of sections (model, train, ...)")
     always, if_present = bridge_settings(context)

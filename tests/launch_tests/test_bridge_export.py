@@ -101,13 +101,13 @@ def test_a_performance_config_is_refused_and_left_out_of_the_main_job():
     bridge = get_exporter("bridge")
     assert not bridge.in_main_job(ctx) and bridge.in_main_job(_context(OVERRIDE, "Qwen3-30B-A3B", "16xH100", QWEN_PP))
     assert not bridge.in_main_job(_context(None, "Qwen3-30B-A3B", "16xH100", QWEN_PP))
-    with pytest.raises(TunerError, match="performance config .* use --format recipe or megatron"):
+    with pytest.raises(TunerError, match="writes into a Megatron-Bridge override YAML or saved ConfigContainer; .* performance config .* use --format recipe or megatron"):
         bridge.render(ctx)
 
 
 def test_the_main_job_from_a_bridge_yaml_writes_it_and_export_gives_the_same(tmp_path):
     runner = CliRunner()
-    r = runner.invoke(app, ["--from", str(OVERRIDE), "--model", "Qwen3-30B-A3B", "--gpus", "16xH100", "--trials", "3",
+    r = runner.invoke(app, ["--from", str(OVERRIDE), "--model", "Qwen3-30B-A3B", "--gpus", "16xH100", "--trials", "1",
                             "--study", "b", "--results-dir", str(tmp_path)])
     assert r.exit_code == 0, r.output
     written = (tmp_path / "b" / "megatron_bridge.yaml").read_text()
