@@ -3,7 +3,9 @@
 With the text of a Megatron-Bridge override YAML or saved ``ConfigContainer`` (``tune --from``;
 :attr:`ExportContext.bridge_yaml`), the file is that YAML with the layout and the priced run options written into its
 own keys, every other key unchanged and in its order (comments are not kept: PyYAML drops them). Without one, it is an
-override file of just those keys, under the same sections, to merge into a recipe.
+override file of just those keys, under the same sections, to merge into a recipe. A comment header gives the layout
+and its prediction, and names a precision other than the one the file's ``mixed_precision`` selects (which is not
+rewritten: the file's recipe name is kept).
 
 Key names are ``ConfigContainer``'s (NVIDIA-NeMo/Megatron-Bridge 067f987d ``src/megatron/bridge/training/config.py``
 and ``docs/megatron-lm-to-megatron-bridge.md``): ``model.*`` are the fields of megatron-core's ``TransformerConfig`` /
@@ -185,8 +187,19 @@ def _represent_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.SequenceNo
 _Dumper.add_representer(list, _represent_list)
 
 
-def _header(context: ExportContext, from_file: bool) -> str:
-    lay, est = context.layout, context.estimate
+def _file_precision(doc: Mapping[str, Any]) -> str | None:
+    """bf16 or fp8, as the file's ``mixed_precision`` (a recipe name or a saved config's section) selects it, as
+    ``tune --from`` reads it; None when the file has none."""
+    mp = doc.get("mixed_precision")
+    if isinstance(mp, str):
+        return "fp8" if "fp8" in mp else "bf16"
+    if isinstance(mp, Mapping):
+        return "fp8" if mp.get("fp8") else "bf16"
+    return None
+
+
+def _header(context: ExportContext, doc: Mapping[str, Any]) -> str:
+    lay, est, from_file = context.layout, context.estimate, bool(context.bridge_yaml)
     lines = [f"# Megatron-Bridge settings for {context.model.name} on {context.cluster.label}: {lay.label}"]
     if est is not None:
         lines.append(f"# predicted (analytical cost model): {est.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
@@ -195,6 +208,9 @@ def _header(context: ExportContext, from_file: bool) -> str:
         lines.append("# Your --from file with the layout in its keys (its comments are not kept).")
     else:
         lines.append("# An override: merge these keys into your ConfigContainer recipe.")
+    have, priced = _file_precision(doc), str(context.workload.precision)
+    if have is not None and have != priced:
+        lines.append(f"# Priced at {priced}, but its mixed_precision is {have}: set it to match.")
     return "\n".join(lines) + "\n"
 
 
@@ -218,7 +234,7 @@ def bridge_yaml(context: ExportContext) -> str:
     always, if_present = bridge_settings(context)
     out = _merge(dict(doc), always, if_present)
     body = yaml.dump(out, Dumper=_Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
-    return _header(context, bool(context.bridge_yaml)) + body
+    return _header(context, out) + body
 
 
 class BridgeExporter(Exporter):

@@ -88,6 +88,17 @@ def test_keys_the_layout_makes_irrelevant_are_cleared_only_where_the_file_has_th
         None, None, None)
 
 
+def test_a_precision_other_than_the_file_s_is_named_in_its_header(tmp_path):
+    """The file trains bf16 (no mixed_precision: Bridge's default); a study priced at fp8 says so."""
+    ctx = _context(OVERRIDE, "Qwen3-30B-A3B", "16xH100", QWEN_PP)
+    assert "Priced at" not in get_exporter("bridge").render(ctx)
+    f = tmp_path / "bf16.yaml"
+    f.write_text(OVERRIDE.read_text() + "mixed_precision: bf16_mixed\n")
+    fp8 = ExportContext(model=ctx.model, cluster=ctx.cluster, layout=QWEN_PP, bridge_yaml=f.read_text(),
+                        workload=Workload(seq_length=4096, global_batch_size=512, precision="fp8"))
+    assert "# Priced at fp8, but its mixed_precision is bf16: set it to match." in get_exporter("bridge").render(fp8)
+
+
 def test_without_a_bridge_file_it_writes_an_override_of_the_layout_keys_only():
     out = yaml.safe_load(get_exporter("bridge").render(_context(None, "Qwen3-30B-A3B", "16xH100", QWEN_PP)))
     assert list(out) == ["model", "train", "optimizer", "ddp"]
