@@ -566,6 +566,7 @@ def export_context(
     options: Any = None,
     stack: str = "",
     user_args: Sequence[str] = (),
+    bridge_yaml: str = "",
 ) -> Any:
     """The :class:`launch.exporters.ExportContext` of ``layout``, with the cost model's estimate of it; its model as the
     commands for ``megatron_core`` (the study's ``--megatron-core``; None: the newest) build it
@@ -580,6 +581,7 @@ def export_context(
         options: the run options the study estimated with (:class:`specs.RunOptions`; None: the default stack's).
         stack: the stack preset they came from.
         user_args: the user's own launch arguments the commands keep (``tune --from``).
+        bridge_yaml: the text of a ``--from`` Megatron-Bridge YAML (the ``bridge`` format writes into it).
 
     Raises:
         TunerError: the layout breaks a rule of the estimate.
@@ -596,7 +598,7 @@ def export_context(
     exported, why = model_for_release(model, megatron_core)
     return ExportContext(model=exported, cluster=cluster, workload=workload, layout=layout, study=study, estimate=est,
                          measurement=measurement, correctness=correctness, notes=(*notes, *((why,) if why else ())),
-                         options=options, stack=stack, user_args=tuple(user_args))
+                         options=options, stack=stack, user_args=tuple(user_args), bridge_yaml=bridge_yaml)
 
 
 def export_files(
@@ -616,9 +618,11 @@ def export_files(
     options: Any = None,
     stack: str = "",
     user_args: Sequence[str] = (),
+    bridge_yaml: str = "",
 ) -> dict[str, Path]:
     """Write the files of every format the main job exports (:func:`launch.exporters.main_job_exporters`:
-    ``recipe.yaml``, ``run_slime.sh``, ``megatron_args.sh``) for ``layout`` into ``out_dir``.
+    ``recipe.yaml``, ``run_slime.sh``, ``megatron_args.sh``; ``megatron_bridge.yaml`` too with a ``bridge_yaml``,
+    :meth:`~launch.exporters.Exporter.in_main_job`) for ``layout`` into ``out_dir``.
 
     Every file is rendered before any is written, so a layout one format refuses leaves none behind.
 
@@ -633,7 +637,7 @@ def export_files(
 
     ctx = export_context(model, cluster, workload, layout, study=study, calibration=calibration, memory_headroom=memory_headroom,
                          measurement=measurement, correctness=correctness, notes=notes, megatron_core=megatron_core,
-                         options=options, stack=stack, user_args=user_args)
-    rendered = [(e, e.render(ctx)) for e in main_job_exporters()]
+                         options=options, stack=stack, user_args=user_args, bridge_yaml=bridge_yaml)
+    rendered = [(e, e.render(ctx)) for e in main_job_exporters() if e.in_main_job(ctx)]
     # the study folder's own files: replaced whatever an earlier version wrote there (a link itself, not its target)
     return {e.name: e.save(text, out_dir / e.file_name, force=True) for e, text in rendered}

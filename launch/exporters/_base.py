@@ -53,6 +53,9 @@ class ExportContext:
     """The stack preset of :attr:`options` (:mod:`specs.stacks`; "" when none was named)."""
     user_args: tuple[str, ...] = ()
     """The user's own launch arguments the commands keep (``tune --from``: those without effect or not understood)."""
+    bridge_yaml: str = ""
+    """The text of the user's Megatron-Bridge YAML (``tune --from``), which the ``bridge`` format writes the layout
+    into; "" when the launch was none."""
 
 
 class Exporter(abc.ABC):
@@ -74,6 +77,10 @@ class Exporter(abc.ABC):
     """Whether the file is a program (written with mode 0o755)."""
     main_job: ClassVar[bool] = True
     """Whether ``tune`` writes this file for its best layout (False: only ``tune export --format``)."""
+
+    def in_main_job(self, context: ExportContext) -> bool:
+        """Whether ``tune`` writes this file for ``context``'s best layout (default: :attr:`main_job`)."""
+        return self.main_job
 
     @abc.abstractmethod
     def render(self, context: ExportContext) -> str:

@@ -605,9 +605,9 @@ def test_export_formats_come_from_the_registry(main_run, tmp_path, monkeypatch):
     from launch.exporters import ExportContext, Exporter, _registry, exporter_names, register_exporter
 
     _, out = main_run
-    assert exporter_names() == ["recipe", "slime", "megatron", "nemo-rl", "slime-rl"]
+    assert exporter_names() == ["recipe", "slime", "megatron", "bridge", "nemo-rl", "slime-rl"]
     r = runner.invoke(app, ["export", "--study", "m2", "--results-dir", str(out.parent), "--format", "yaml"])
-    assert r.exit_code == 2 and "--format 'yaml': accepted recipe, slime, megatron, nemo-rl or slime-rl" in r.stderr
+    assert r.exit_code == 2 and "--format 'yaml': accepted recipe, slime, megatron, bridge, nemo-rl or slime-rl" in r.stderr
     # the RL formats render `tune rl` plans: a training study's layout is refused, naming where they come from
     r = runner.invoke(app, ["export", "--study", "m2", "--results-dir", str(out.parent), "--format", "nemo-rl"])
     assert r.exit_code == 2 and "renders an RL post-training plan" in r.stderr and "tune rl" in r.stderr

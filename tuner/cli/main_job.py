@@ -148,6 +148,7 @@ def _tune_config(a: dict[str, Any]) -> Any:
         baseline=launch.baseline if launch else None,
         **run.workload_kw(),
         user_args=launch.launch.user_args if launch else (),
+        bridge_yaml=launch.launch.path.read_text() if launch and launch.launch.kind == "megatron-bridge" else "",
         results_dir=str(a["results_dir"]),
         trial_timeout_s=a["trial_timeout"],
         command_template=str(a["command_template"]) if a["command_template"] else None,
@@ -336,7 +337,8 @@ def _write_results(res: Any, prep: Any, cfg: Any, rows: list[dict[str, Any]], fr
         files.update(export_files(res.out_dir, prep.model, c, w, lay, study=res.study_name, calibration=prep.calibration,
                                   memory_headroom=prep.headroom, measurement=measurement_from_row(best_row, lay),
                                   notes=runs_note(best_row) + ties_note(rows, best["trial"]), megatron_core=prep.options.megatron_core,
-                                  options=prep.options, stack=prep.stack.preset.name, user_args=cfg.user_args))
+                                  options=prep.options, stack=prep.stack.preset.name, user_args=cfg.user_args,
+                                  bridge_yaml=cfg.bridge_yaml))
         from tuner.report_html import ReportUnavailable, study_report
 
         try:

@@ -49,7 +49,7 @@ def study_export_context(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], l
     notes = runs_note(row) + ties_note(rows, row["trial"]) if row is not None else []
     return export_context(m, c, w, lay, study=st.study_name, calibration=cal, memory_headroom=headroom_for(m, c.gpu, w.precision, cfg.get("memory_headroom")),
                           measurement=measurement_from_row(row, lay) if row is not None else None, correctness=correctness, notes=notes,
-                          megatron_core=(st.user_attrs.get("resolved") or {}).get("megatron_core"),
+                          megatron_core=(st.user_attrs.get("resolved") or {}).get("megatron_core"), bridge_yaml=str(cfg.get("bridge_yaml") or ""),
                           **dict(zip(("options", "stack", "user_args"), stored_run(st), strict=True)))
 
 

@@ -92,6 +92,9 @@ class TuneConfig:
     launch file's own layout)."""
     user_args: tuple[str, ...] = ()
     """The launch file's own arguments that the exported commands keep (``tune --from``)."""
+    bridge_yaml: str = ""
+    """The text of a ``tune --from`` Megatron-Bridge YAML, which the ``bridge`` export writes the layout into; ""
+    when the launch was none."""
     task: str = "pretrain"
     """``--task``: pretrain, sft or lora (:attr:`specs.Workload.task`)."""
     lora_rank: int = 32

@@ -1,0 +1,259 @@
+"""``megatron_bridge.yaml``: the layout as Megatron-Bridge settings, in the user's own Bridge YAML when there is one.
+
+With the text of a Megatron-Bridge override YAML or saved ``ConfigContainer`` (``tune --from``;
+:attr:`ExportContext.bridge_yaml`), the file is that YAML with the layout and the priced run options written into its
+own keys, every other key unchanged and in its order (comments are not kept: PyYAML drops them). Without one, it is an
+override file of just those keys, under the same sections, to merge into a recipe. A comment header gives the layout
+and its prediction, and names a precision other than the one the file's ``mixed_precision`` selects (which is not
+rewritten: the file's recipe name is kept).
+
+Key names are ``ConfigContainer``'s (NVIDIA-NeMo/Megatron-Bridge 067f987d ``src/megatron/bridge/training/config.py``
+and ``docs/megatron-lm-to-megatron-bridge.md``): ``model.*`` are the fields of megatron-core's ``TransformerConfig`` /
+``ModelParallelConfig`` that ``GPTModelProvider`` inherits (NVIDIA/Megatron-LM d98e8a64
+``megatron/core/transformer/transformer_config.py``, ``megatron/core/model_parallel_config.py``), ``optimizer.*``
+``OptimizerConfig``'s, ``ddp.*`` ``DistributedDataParallelConfig``'s. Written:
+
+* ``model``: ``tensor_model_parallel_size``, ``pipeline_model_parallel_size``, ``virtual_pipeline_model_parallel_size``
+  (null when not interleaved), ``context_parallel_size``, ``sequence_parallel``, ``pipeline_model_parallel_layout``
+  (PP > 1: the split as the Megatron-LM export writes it; ``TransformerConfig`` refuses it beside
+  ``num_layers_in_first/last_pipeline_stage`` or ``account_for_*_in_pipeline_split``, so those are cleared where the
+  file has them), ``recompute_granularity`` / ``recompute_method`` / ``recompute_num_layers`` / ``recompute_modules``,
+  for MoE models ``expert_model_parallel_size``, ``expert_tensor_parallel_size``, ``moe_token_dispatcher_type`` and
+  ``moe_flex_dispatcher_backend`` (flex), and ``seq_length`` where the file has it;
+* ``train``: ``micro_batch_size``, ``global_batch_size`` (``dataset.seq_length`` / ``sequence_length`` where present);
+* ``optimizer`` and ``ddp``: ``use_distributed_optimizer`` (both: Bridge keeps them in step);
+  ``optimizer.use_precision_aware_optimizer``, ``optimizer_cpu_offload``, ``optimizer_offload_fraction``,
+  ``overlap_cpu_optimizer_d2h_h2d``, ``exp_avg_dtype``, ``exp_avg_sq_dtype`` (a string Bridge's override turns into a
+  ``torch.dtype``: ``training/utils/omegaconf_utils.py`` with ``utils/activation_map.py`` ``str_to_dtype``; a saved
+  config's ``{_target_: torch.X, _call_: false}`` form where the file has it);
+* run options, where they differ from :class:`specs.RunOptions`' defaults or the file has the key:
+  ``ddp.overlap_grad_reduce`` / ``overlap_param_gather``, ``model.cross_entropy_loss_fusion`` (and
+  ``cross_entropy_fusion_impl``), ``apply_rope_fusion``, ``bias_activation_fusion``, ``cp_comm_type``,
+  ``cpu_offloading`` / ``cpu_offloading_num_layers``, and for MoE ``moe_permute_fusion``,
+  ``moe_router_force_load_balancing``. The others (CUDA graphs, communication overlap, FSDP, precision recipes) are
+  left as the file gives them.
+
+A key the layout makes irrelevant (``recompute_method`` without full recompute, ``recompute_modules`` without
+selective recompute: null is megatron-core's default, ``["core_attn"]``; first/last stage counts beside the layout
+string) is set to null only where the file has it; nothing else is added.
+
+A performance config (``ConfigContainer`` plus ``perf_matrix``) is refused: its layout is the ``perf_matrix`` entry
+that Bridge's performance scripts apply over ``ConfigContainer``, a different file shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from launch.exporters._base import ExportContext, Exporter
+from launch.exporters._flags import GIB, _check, _pipeline_layout_string
+from specs import RunOptions
+from specs.errors import TunerError
+from specs.layout import RecomputeGranularity
+
+__all__ = ["BridgeExporter", "bridge_settings", "bridge_yaml"]
+
+#: The layout's optimizer-state dtypes as Bridge's ``str_to_dtype`` names them, and as ``torch`` does (saved configs).
+_TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn"}
+
+
+def _perf_config(doc: Any) -> bool:
+    return isinstance(doc, Mapping) and ("perf_matrix" in doc or "ConfigContainer" in doc)
+
+
+def bridge_settings(context: ExportContext) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The Bridge settings of ``context``'s layout and run options, as (always written, written where non-default or
+    present in the user's file): ``{section: {key: value}}`` each, sections and keys in the order they are written.
+
+    Raises:
+        TunerError: the layout contradicts the model or workload, or its layers cannot be split over the pipeline.
+    """
+    lay, model, work = context.layout, context.model, context.workload
+    _check(lay, model, work)
+    pls = _pipeline_layout_string(lay, model)
+    m: dict[str, Any] = {
+        "tensor_model_parallel_size": lay.tp,
+        "pipeline_model_parallel_size": lay.pp,
+        "virtual_pipeline_model_parallel_size": lay.vpp if lay.vpp > 1 else None,
+        "context_parallel_size": lay.cp,
+        "sequence_parallel": bool(lay.sequence_parallel and lay.tp > 1),
+    }
+    if model.is_moe:
+        m["expert_model_parallel_size"] = lay.ep
+        m["expert_tensor_parallel_size"] = lay.etp
+    if pls is not None:
+        m["pipeline_model_parallel_layout"] = pls
+    g = lay.recompute_granularity
+    m["recompute_granularity"] = None if g == RecomputeGranularity.none else g.value
+    if g == RecomputeGranularity.full:
+        m["recompute_method"] = lay.recompute_method.value
+        m["recompute_num_layers"] = lay.recompute_num_layers
+    elif g == RecomputeGranularity.selective:
+        m["recompute_modules"] = list(lay.recompute_modules or ("core_attn",))
+    if model.is_moe:
+        m["moe_token_dispatcher_type"] = lay.dispatcher.moe_token_dispatcher_type
+        if lay.dispatcher.moe_flex_dispatcher_backend:
+            m["moe_flex_dispatcher_backend"] = lay.dispatcher.moe_flex_dispatcher_backend
+    offload = lay.optimizer_offload_fraction > 0
+    opt: dict[str, Any] = {"use_distributed_optimizer": lay.use_distributed_optimizer,
+                           "use_precision_aware_optimizer": lay.use_precision_aware_optimizer}
+    if offload:
+        opt |= {"optimizer_cpu_offload": True, "optimizer_offload_fraction": float(lay.optimizer_offload_fraction),
+                "overlap_cpu_optimizer_d2h_h2d": lay.overlap_cpu_optimizer_d2h_h2d}
+    for k in ("exp_avg_dtype", "exp_avg_sq_dtype"):
+        if getattr(lay, k) != "fp32":
+            opt[k] = getattr(lay, k)
+    always = {"model": m, "train": {"micro_batch_size": lay.micro_batch_size, "global_batch_size": work.global_batch_size},
+              "optimizer": opt, "ddp": {"use_distributed_optimizer": lay.use_distributed_optimizer}}
+
+    # written only where the file has the key (or, for run options, where the value is not the default)
+    o, d = context.options or RunOptions(), RunOptions()
+    if_present: dict[str, dict[str, Any]] = {
+        "model": {"virtual_pipeline_model_parallel_size": None, "pipeline_model_parallel_layout": None,
+                  "num_layers_in_first_pipeline_stage": None, "num_layers_in_last_pipeline_stage": None,
+                  "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False,
+                  "recompute_method": None, "recompute_num_layers": None, "recompute_modules": None,
+                  "seq_length": work.seq_length},
+        "dataset": {"seq_length": work.seq_length, "sequence_length": work.seq_length},
+        "optimizer": {"optimizer_cpu_offload": False, "exp_avg_dtype": "fp32", "exp_avg_sq_dtype": "fp32"},
+    }
+    runs: dict[str, dict[str, Any]] = {
+        "ddp": {"overlap_grad_reduce": o.overlap_grad_reduce, "overlap_param_gather": o.overlap_grad_reduce},
+        "model": {"cross_entropy_loss_fusion": o.cross_entropy_loss_fusion, "apply_rope_fusion": o.apply_rope_fusion,
+                  "bias_activation_fusion": o.bias_activation_fusion, "cp_comm_type": o.cp_comm_type,
+                  "cpu_offloading": o.cpu_offloading_num_layers > 0},
+    }
+    if o.cross_entropy_loss_fusion:
+        runs["model"]["cross_entropy_fusion_impl"] = o.cross_entropy_fusion_impl
+    if o.cpu_offloading_num_layers:
+        runs["model"]["cpu_offloading_num_layers"] = o.cpu_offloading_num_layers
+    if model.is_moe:
+        runs["model"] |= {"moe_permute_fusion": o.moe_permute_fusion, "moe_router_force_load_balancing": o.moe_router_force_load_balancing}
+    defaults = {"overlap_grad_reduce": d.overlap_grad_reduce, "overlap_param_gather": d.overlap_grad_reduce,
+                "cross_entropy_loss_fusion": d.cross_entropy_loss_fusion, "cross_entropy_fusion_impl": d.cross_entropy_fusion_impl,
+                "apply_rope_fusion": d.apply_rope_fusion, "bias_activation_fusion": d.bias_activation_fusion,
+                "cp_comm_type": d.cp_comm_type, "cpu_offloading": False, "cpu_offloading_num_layers": 0,
+                "moe_permute_fusion": d.moe_permute_fusion, "moe_router_force_load_balancing": d.moe_router_force_load_balancing}
+    for sec, kv in runs.items():
+        for k, v in kv.items():
+            if v != defaults[k]:
+                always.setdefault(sec, {})[k] = v
+            else:
+                if_present.setdefault(sec, {})[k] = v
+    return always, if_present
+
+
+def _dtype_value(old: Any, new: Any) -> Any:
+    """An optimizer-state dtype in the form the file writes it: a saved config's ``{_target_: torch.X, _call_: false}``
+    or Bridge's string."""
+    if isinstance(old, Mapping) and "_target_" in old and isinstance(new, str):
+        return {**old, "_target_": f"torch.{_TORCH_DTYPE.get(new, new)}"}
+    return new
+
+
+def _merge(doc: dict[str, Any], always: Mapping[str, Mapping[str, Any]], if_present: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """``doc`` with ``always``'s keys set (a missing section added at the end, a missing key at its section's end) and
+    ``if_present``'s keys set where the section already has them; every other key as it was, in its order."""
+    out = dict(doc)
+    for sec in dict.fromkeys([*always, *if_present]):
+        old = out.get(sec)
+        body = dict(old) if isinstance(old, Mapping) else {}
+        for k, v in if_present.get(sec, {}).items():
+            if k in body and k not in always.get(sec, {}):
+                body[k] = _dtype_value(body[k], v) if k.endswith("_dtype") else v
+        for k, v in always.get(sec, {}).items():
+            body[k] = _dtype_value(body.get(k), v) if k.endswith("_dtype") else v
+        if body:
+            out[sec] = body
+    return out
+
+
+class _Dumper(yaml.SafeDumper):
+    """Safe YAML without anchors (a list the user's file repeats is written out twice, as it was): mappings as
+    blocks, a list of scalars on one line (``[core_attn, moe_act]``)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.SequenceNode:
+    flat = all(not isinstance(x, (list, tuple, Mapping)) for x in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flat)
+
+
+_Dumper.add_representer(list, _represent_list)
+
+
+def _file_precision(doc: Mapping[str, Any]) -> str | None:
+    """bf16 or fp8, as the file's ``mixed_precision`` (a recipe name or a saved config's section) selects it, as
+    ``tune --from`` reads it; None when the file has none."""
+    mp = doc.get("mixed_precision")
+    if isinstance(mp, str):
+        return "fp8" if "fp8" in mp else "bf16"
+    if isinstance(mp, Mapping):
+        return "fp8" if mp.get("fp8") else "bf16"
+    return None
+
+
+def _header(context: ExportContext, doc: Mapping[str, Any]) -> str:
+    lay, est, from_file = context.layout, context.estimate, bool(context.bridge_yaml)
+    lines = [f"# Megatron-Bridge settings for {context.model.name} on {context.cluster.label}: {lay.label}"]
+    if est is not None:
+        lines.append(f"# predicted (analytical cost model): {est.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
+                     f"{est.peak_bytes / GIB:.1f} GiB peak per GPU")
+    if from_file:
+        lines.append("# Your --from file with the layout in its keys (its comments are not kept).")
+    else:
+        lines.append("# An override: merge these keys into your ConfigContainer recipe.")
+    have, priced = _file_precision(doc), str(context.workload.precision)
+    if have is not None and have != priced:
+        lines.append(f"# Priced at {priced}, but its mixed_precision is {have}: set it to match.")
+    return "\n".join(lines) + "\n"
+
+
+def bridge_yaml(context: ExportContext) -> str:
+    """The file's text: :attr:`ExportContext.bridge_yaml` (or an empty document) with :func:`bridge_settings` written
+    into it, behind a comment header.
+
+    Raises:
+        TunerError: the user's YAML is a performance config or not a mapping of sections, or as
+            :func:`bridge_settings`.
+    """
+    doc: Any = {}
+    if context.bridge_yaml:
+        doc = yaml.safe_load(context.bridge_yaml)
+        if _perf_config(doc):
+            raise TunerError("--format bridge writes into a Megatron-Bridge override YAML or saved ConfigContainer; this "
+                             "study's --from file is a performance config (ConfigContainer, perf_matrix), whose perf_matrix "
+                             "entry sets the layout: use --format recipe or megatron for this study")
+        if not isinstance(doc, Mapping):
+            raise TunerError("--format bridge: the --from file is not a Megatron-Bridge YAML of sections (model, train, ...)")
+    always, if_present = bridge_settings(context)
+    out = _merge(dict(doc), always, if_present)
+    body = yaml.dump(out, Dumper=_Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
+    return _header(context, out) + body
+
+
+class BridgeExporter(Exporter):
+    """``megatron_bridge.yaml``: :func:`bridge_yaml` of the context. The main job writes it when ``--from`` is a
+    Megatron-Bridge override YAML or saved ``ConfigContainer`` (:meth:`in_main_job`)."""
+
+    name = "bridge"
+    file_name = "megatron_bridge.yaml"
+    description = ("megatron_bridge.yaml: the layout in Megatron-Bridge ConfigContainer keys (your --from Bridge YAML with "
+                   "them written in, or an override of just them)")
+
+    def in_main_job(self, context: ExportContext) -> bool:
+        """Only for a ``--from`` Megatron-Bridge YAML that is not a performance config."""
+        return bool(context.bridge_yaml) and not _perf_config(yaml.safe_load(context.bridge_yaml))
+
+    def render(self, context: ExportContext) -> str:
+        """The YAML of ``context``.
+
+        Raises:
+            TunerError: as :func:`bridge_yaml`.
+        """
+        return bridge_yaml(context)
