@@ -327,6 +327,24 @@ def test_with_the_users_launch_megatron_args_sh_runs_the_users_training(tmp_path
     assert _arrived(d) == _expected(LAYOUTS["seed"], model)
 
 
+def test_with_the_users_launch_run_slime_sh_runs_the_users_training(tmp_path, model, cluster):
+    """As megatron_args.sh: the launch's schedule, checkpoints and logging, no SAVE_DIR needed, each flag once."""
+    from launch.exporters._flags import HPARAM_FLAGS
+
+    f = _with_user_args(tmp_path, "slime", model, cluster)
+    env = {k: v for k, v in BASE.items() if k != "SAVE_DIR"}
+    p = subprocess.run([str(f)], env=_env(tmp_path, **env, DATA_PATH="/data/tok", TOKENIZER="/ckpt/llama"), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    d = json.loads((tmp_path / "dump.json").read_text())  # the fake refuses --save, --load, ... given twice
+    flags = [a for a in d["argv"] if a.startswith("--")]
+    assert len(flags) == len(set(flags)), flags
+    assert not set(flags) & (HPARAM_FLAGS - set(USER)), set(flags) & HPARAM_FLAGS
+    assert _last(d["argv"], "--lr") == "1.5e-4" and _last(d["argv"], "--wandb-project") == "llama70b-pretrain"
+    assert {k: d["slime"][k] for k in ("--save", "--load", "--tensorboard-dir")} == {"--save": "/ckpt/out", "--load": "/ckpt/out",
+                                                                                      "--tensorboard-dir": "/logs/tb"}
+
+
 def test_megatron_args_sh_print_needs_no_environment(tmp_path, model, cluster):
     f = _with_user_args(tmp_path, "megatron", model, cluster)
     for env, shown in (({}, "$DATA_PATH"), ({"DATA_PATH": "/data/tok"}, "/data/tok")):
