@@ -430,3 +430,15 @@ def test_deepep_across_nodes_carries_a_network_note(model, cluster, workload, se
     note = "spans NVLink domains, so DeepEP's inter-node kernels"
     assert any(note in n for n in recipe_dict(model, cluster, workload, cross)["notes"])
     assert not any(note in n for n in recipe_dict(model, cluster, workload, inside)["notes"])
+
+
+@pytest.mark.parametrize("command", ["export", "verify", "timeline"])
+def test_trial_help_names_the_default_the_command_takes(command):
+    """Without --trial these commands take the trial `tune` recommended (tuner.report.pick_trial_row with the study's
+    best_trial, chosen by pick_best), which need not be the fastest on the front: the help says so."""
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    r = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "the study's best" in r.output and "fastest on" not in r.output, r.output
