@@ -140,8 +140,13 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
       checkpoint and step arguments of :data:`MEGATRON_SCRIPT_ENV` (``DATA_PATH=MOCK``: Megatron's
       ``--mock-data`` with its ``NullTokenizer``);
     - ``./megatron_args.sh --print``: the layout's arguments one per line
-      (``mapfile -t ARGS < <(./megatron_args.sh --print)``), nothing started;
+      (``mapfile -t ARGS < <(./megatron_args.sh --print)``), nothing started and no variable needed (one the
+      arguments expand that is not set is printed as ``$NAME``);
     - ``source megatron_args.sh``: only defines the array and leaves the shell's options alone.
+
+    With ``user_args`` the array is :func:`megatron_args`' (the user's training settings win) and the run adds only
+    the data, tokenizer, step, checkpoint and log arguments that ``user_args`` do not set (:class:`_OwnRunArgs`),
+    needing only their variables and those ``user_args`` expand.
 
     Args:
         model: The model.
