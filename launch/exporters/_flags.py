@@ -123,7 +123,8 @@ def merge_user_args(tuned: Sequence[Sequence[str]], free: Sequence[Sequence[str]
     or against itself.
 
     ``tuned`` are the groups the study chose or priced (model, layout, parallelism, memory, precision, run options):
-    they stand, and a user's group of the same flag is left out. ``free`` are the tool's other groups (numerics,
+    they stand, and a user's group of the same flag, or of one that excludes it (``--fp16`` beside ``--bf16``), is left
+    out. ``free`` are the tool's other groups (numerics,
     ``--max-position-embeddings``): one is left out when the user's arguments set its flag or a flag that excludes it
     (:data:`EXCLUSIVE_FLAGS`). The user's groups equal to one the tool writes, or that the scripts write themselves
     (:func:`kept_user_args`), are left out too.
@@ -131,7 +132,7 @@ def merge_user_args(tuned: Sequence[Sequence[str]], free: Sequence[Sequence[str]
     Returns:
         (the ``free`` groups kept, the user's groups kept), each in order.
     """
-    tuned_flags = {str(g[0]) for g in tuned if g}
+    tuned_flags = flags_taken({str(g[0]) for g in tuned if g})
     written = [str(a) for g in (*tuned, *free) for a in g]
     user = [g for g in _groups(kept_user_args(user_args, written)) if g[0] not in tuned_flags]
     taken = flags_taken({g[0] for g in user})
