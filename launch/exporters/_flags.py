@@ -108,6 +108,23 @@ EXCLUSIVE_FLAGS: tuple[frozenset[str], ...] = (
 )
 
 
+#: The flags a layout decides (:func:`layout_args` writes them, or leaves Megatron's default by writing none), with
+#: their older spellings (``--recompute-activations`` is selective recompute, ``--moe-enable-deepep`` the flex
+#: dispatcher, the ``--decoder-*-pipeline-num-layers`` and virtual-stage flags a pipeline split that Megatron refuses
+#: beside ``--pipeline-model-parallel-layout``): a user's argument among them never reaches an exported command, or it
+#: would undo the tuned layout.
+LAYOUT_FLAGS = frozenset("""
+--micro-batch-size --tensor-model-parallel-size --sequence-parallel --pipeline-model-parallel-size
+--context-parallel-size --expert-model-parallel-size --expert-tensor-parallel-size --recompute-granularity
+--recompute-method --recompute-num-layers --recompute-modules --recompute-activations --use-distributed-optimizer
+--optimizer-cpu-offload --optimizer-offload-fraction --overlap-cpu-optimizer-d2h-h2d --use-precision-aware-optimizer
+--exp-avg-dtype --exp-avg-sq-dtype --moe-token-dispatcher-type --moe-flex-dispatcher-backend --moe-enable-deepep
+--pipeline-model-parallel-layout --decoder-first-pipeline-num-layers --decoder-last-pipeline-num-layers
+--num-layers-per-virtual-pipeline-stage --num-virtual-stages-per-pipeline-rank
+--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split
+""".split())
+
+
 def flags_taken(flags: Sequence[str] | set[str]) -> set[str]:
     """``flags`` and every flag that cannot stand beside one of them (:data:`EXCLUSIVE_FLAGS`)."""
     out = set(flags)
@@ -123,8 +140,8 @@ def merge_user_args(tuned: Sequence[Sequence[str]], free: Sequence[Sequence[str]
     or against itself.
 
     ``tuned`` are the groups the study chose or priced (model, layout, parallelism, memory, precision, run options):
-    they stand, and a user's group of the same flag, or of one that excludes it (``--fp16`` beside ``--bf16``), is left
-    out. ``free`` are the tool's other groups (numerics,
+    they stand, and a user's group of the same flag, of one that excludes it (``--fp16`` beside ``--bf16``) or of a
+    flag the layout decides (:data:`LAYOUT_FLAGS`) is left out. ``free`` are the tool's other groups (numerics,
     ``--max-position-embeddings``): one is left out when the user's arguments set its flag or a flag that excludes it
     (:data:`EXCLUSIVE_FLAGS`). The user's groups equal to one the tool writes, or that the scripts write themselves
     (:func:`kept_user_args`), are left out too.
@@ -132,7 +149,7 @@ def merge_user_args(tuned: Sequence[Sequence[str]], free: Sequence[Sequence[str]
     Returns:
         (the ``free`` groups kept, the user's groups kept), each in order.
     """
-    tuned_flags = flags_taken({str(g[0]) for g in tuned if g})
+    tuned_flags = flags_taken({str(g[0]) for g in tuned if g}) | LAYOUT_FLAGS
     written = [str(a) for g in (*tuned, *free) for a in g]
     user = [g for g in _groups(kept_user_args(user_args, written)) if g[0] not in tuned_flags]
     taken = flags_taken({g[0] for g in user})

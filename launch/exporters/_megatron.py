@@ -58,7 +58,8 @@ _TOKENIZER_FLAGS = frozenset({"--tokenizer-type", "--tokenizer-model"})
 @dataclass(frozen=True)
 class _OwnRunArgs:
     """The data, tokenizer, step, checkpoint and log arguments ``megatron_args.sh`` adds from its variables when run:
-    each only where the arguments of the array (the user's, ``tune --from``) do not set it or one that excludes it."""
+    each only where the arguments of the array (the user's, ``tune --from``) do not set it or one that excludes it; the
+    tokenizer only with its own data (the user's data comes with the user's tokenizer, or Megatron's default)."""
 
     data: bool
     tokenizer: bool
@@ -73,7 +74,7 @@ class _OwnRunArgs:
     def given(cls, flags: set[str]) -> _OwnRunArgs:
         """What to add beside an array that sets ``flags``."""
         data = not flags & _DATA_FLAGS
-        return cls(data=data, tokenizer=not flags & _TOKENIZER_FLAGS, split=data and "--split" not in flags,
+        return cls(data=data, tokenizer=data and not flags & _TOKENIZER_FLAGS, split=data and "--split" not in flags,
                    train_iters=not flags & {"--train-iters", "--train-samples"}, save="--save" not in flags,
                    load="--load" not in flags, save_interval="--save-interval" not in flags,
                    tensorboard="--tensorboard-dir" not in flags)
@@ -92,7 +93,7 @@ class _OwnRunArgs:
         if self.train_iters:
             out.append(("TRAIN_ITERS", _need("TRAIN_ITERS"), None))
         if self.tokenizer:
-            out.append(("TOKENIZER_MODEL", _need("TOKENIZER_MODEL"), '[ "${DATA_PATH:-}" != MOCK ]' if self.data else None))
+            out.append(("TOKENIZER_MODEL", _need("TOKENIZER_MODEL"), '[ "${DATA_PATH:-}" != MOCK ]'))
         return out
 
     @property
@@ -112,8 +113,6 @@ class _OwnRunArgs:
                     "  else",
                     '    DATA_ARGS+=(--data-path "$DATA_PATH"' + split + (tok if self.tokenizer else "") + ")",
                     "  fi"]
-        elif self.tokenizer:
-            out.append("  DATA_ARGS+=(" + tok.lstrip() + ")")
         if self.train_iters:
             out.append('  DATA_ARGS+=(--train-iters "$TRAIN_ITERS")')
         if self.save or self.load:
@@ -183,8 +182,9 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
         head.append("# --spec needs slime's slime_plugins package on PYTHONPATH (full-width QK norm).")
     head.append(f"if {_EXECUTED}; then {STRICT_MODE}; fi")
     user_vars = user_arg_variables(user_args, known=[n for n, _, _ in own.checks])
-    head += [f'if {_EXECUTED} && [ "${{1:-}}" != --print ]; then',
-             *require_set("megatron_args.sh", [*own.checks, *user_vars], "  "), "fi"]
+    if own.checks or user_vars:
+        head += [f'if {_EXECUTED} && [ "${{1:-}}" != --print ]; then',
+                 *require_set("megatron_args.sh", [*own.checks, *user_vars], "  "), "fi"]
     if user_vars:  # the kept arguments expand them as MEGATRON_ARGS is built, under set -u when executed
         shown = " ".join(f'"${{{n}=\\${n}}}"' for n, _, _ in user_vars)
         head.append(f'if {_EXECUTED} && [ "${{1:-}}" = --print ]; then : {shown}; fi')

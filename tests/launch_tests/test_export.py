@@ -445,13 +445,14 @@ def test_trial_help_names_the_default_the_command_takes(command):
 
 
 def test_the_users_arguments_and_the_tools_never_say_one_thing_twice_or_against_itself():
-    """merge_user_args: a tuned flag stands (the user's --tensor-model-parallel-size and --fp16 beside --bf16 go), the
+    """merge_user_args: a tuned flag stands (the user's --tensor-model-parallel-size, --fp16 beside --bf16 and
+    --recompute-activations, selective recompute the layout did not choose, go), the
     user's setting replaces a free flag of the tool's and one Megatron refuses beside it (--lr-warmup-fraction)."""
     from launch.exporters._flags import merge_user_args
 
     tuned = [["--bf16"], ["--tensor-model-parallel-size", "4"]]
     free = [["--attention-backend", "flash"], ["--lr-warmup-fraction", "0.1"], ["--attention-softmax-in-fp32"]]
-    user = ["--fp16", "--tensor-model-parallel-size", "8", "--lr-warmup-iters", "5", "--attention-backend", "fused",
+    user = ["--fp16", "--tensor-model-parallel-size", "8", "--recompute-activations", "--lr-warmup-iters", "5", "--attention-backend", "fused",
             "--attention-softmax-in-fp32", "--log-interval", "1"]
     assert merge_user_args(tuned, free, user) == ([["--attention-softmax-in-fp32"]],
                                                   [["--lr-warmup-iters", "5"], ["--attention-backend", "fused"], ["--log-interval", "1"]])

@@ -345,6 +345,17 @@ def test_with_the_users_launch_run_slime_sh_runs_the_users_training(tmp_path, mo
                                                                                       "--tensorboard-dir": "/logs/tb"}
 
 
+def test_with_the_users_mock_data_megatron_args_sh_needs_no_variable_and_adds_no_tokenizer(tmp_path, model, cluster):
+    ctx = ExportContext(model=model, cluster=cluster, workload=W, layout=LAYOUTS["seed"],
+                        user_args=("--mock-data", "--train-iters", "10", "--recompute-activations"))
+    f = get_exporter("megatron").write(ctx, tmp_path / "megatron_args.sh")
+    p = subprocess.run([str(f)], env=_launch_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    d = json.loads((tmp_path / "dump.json").read_text())
+    assert "--tokenizer-type" not in d["argv"] and d["argv"].count("--train-iters") == 1
+    assert "--recompute-activations" not in d["argv"] and _arrived(d) == _expected(LAYOUTS["seed"], model)
+
+
 def test_megatron_args_sh_print_needs_no_environment(tmp_path, model, cluster):
     f = _with_user_args(tmp_path, "megatron", model, cluster)
     for env, shown in (({}, "$DATA_PATH"), ({"DATA_PATH": "/data/tok"}, "/data/tok")):
