@@ -46,10 +46,6 @@ def _need(v: str) -> str:
     return MEGATRON_SCRIPT_ENV[v].split("; required")[0]
 
 
-def _and(names: Sequence[str]) -> str:
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-
-
 #: The user's flags that give the data (one of them is the data source) and the tokenizer.
 _DATA_FLAGS = next(s for s in EXCLUSIVE_FLAGS if "--data-path" in s)
 _TOKENIZER_FLAGS = frozenset({"--tokenizer-type", "--tokenizer-model"})
@@ -163,8 +159,8 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
     """
     argv = megatron_args(model, cluster, workload, layout, options=options, user_args=user_args)
     own = _OwnRunArgs.given({a for a in argv if a.startswith("--")})
-    needs = [n for n, _, _ in own.checks]
-    runs = textwrap.wrap("NODE_RANK and MASTER_ADDR); " + (f"needs {_and(needs)}; " if needs else "")
+    needs = [n + " (or MOCK)" * (n == "DATA_PATH") for n in ("DATA_PATH", "TOKENIZER_MODEL", "TRAIN_ITERS") if n in {c[0] for c in own.checks}]
+    runs = textwrap.wrap("NODE_RANK and MASTER_ADDR); " + (f"needs {', '.join(needs)}; " if needs else "")
                          + f"reads {', '.join([*own.read, 'PRETRAIN_SCRIPT', 'NNODES', 'MASTER_PORT'])}", 78)
     head = [
         SHEBANG,
