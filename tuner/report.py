@@ -318,12 +318,19 @@ def predicted_ties(rows: list[dict[str, Any]], best_trial: int, within: float = 
 
 
 def predicted_ties_text(rows: list[dict[str, Any]], best_trial: int) -> str | None:
-    """One sentence naming the predicted trials within :data:`PREDICTED_TIE` of ``best_trial`` (at most 3), or None."""
+    """One sentence naming the predicted trials within :data:`PREDICTED_TIE` of ``best_trial`` (at most 3), or None.
+
+    A trial predicted not to fit (``headroom_gib`` below 0: its predicted peak over the GPU's memory) is no alternative
+    to choose on memory: it is left out, and the sentence says how many were."""
     ties = predicted_ties(rows, best_trial)
-    if not ties:
+    fit = [t for t in ties if not float(t.get("headroom_gib", 0.0)) < 0]
+    over = len(ties) - len(fit)
+    if not fit:
         return None
     listed = "; ".join(f"trial {t['trial']} ({long_label(t)}): {t['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU ({0.0 - t['gap']:+.1%}), "
-                       f"peak {t['peak_gib']:.1f} GiB" for t in ties[:3]) + (f"; and {len(ties) - 3} more" if len(ties) > 3 else "")
+                       f"peak {t['peak_gib']:.1f} GiB" for t in fit[:3]) + (f"; and {len(fit) - 3} more" if len(fit) > 3 else "")
+    if over:
+        listed += f" ({over} more within {PREDICTED_TIE:.0%} {'is' if over == 1 else 'are'} predicted not to fit the GPU, left out)"
     return (f"predicted within {PREDICTED_TIE:.0%} of trial {best_trial}: {listed}. The model cannot order layouts this close "
             "(held out by model, its median error on NVIDIA's published runs is 6-15%, docs/validation.md): choose on memory, "
             "or measure them with real trials")

@@ -22,7 +22,7 @@ from specs import NEWEST_MEGATRON_CORE, Cluster, ModelSpec, Precision, RunOption
 from specs.errors import TunerError
 from specs.layout import Dispatcher, Layout, RecomputeGranularity
 
-__all__ = ["SEED_ENV", "OPTIMIZER_HPARAMS", "MISC_ARGS", "misc_args", "misc_lines", "Framework", "model_args", "layout_args", "megatron_args"]
+__all__ = ["SEED_ENV", "OPTIMIZER_HPARAMS", "HPARAM_FLAGS", "EXCLUSIVE_FLAGS", "merge_user_args", "MISC_ARGS", "misc_args", "misc_lines", "Framework", "model_args", "layout_args", "megatron_args"]
 
 GIB = 2**30
 
@@ -89,8 +89,72 @@ SLIME_ONLY_ARGS = frozenset("""
 --rollout-num-gpus-per-engine --rollout-num-gpus --n-samples-per-prompt --over-sampling-batch-size --balance-data
 --num-steps-per-rollout --loss-type --disable-compute-advantages-and-returns --debug-train-only --advantage-estimator
 --use-kl-loss --kl-loss-coef --kl-loss-type --kl-coef --entropy-coef --eps-clip --eps-clip-high --sglang-mem-fraction-static
---sglang-ep-size --use-dynamic-batch-size --max-tokens-per-gpu --use-wandb --wandb-project --wandb-group --model-name
+--sglang-ep-size --use-dynamic-batch-size --max-tokens-per-gpu --use-wandb --wandb-group --model-name
 """.split())
+
+#: The tool's own training hyperparameters: the seed's optimizer and schedule (:data:`OPTIMIZER_HPARAMS`) and its
+#: dropout. A command that carries the user's launch arguments (``tune --from``) writes none of them: that launch is
+#: the user's training, and Megatron-LM's defaults stand where it sets nothing.
+HPARAM_FLAGS = frozenset([a for a in OPTIMIZER_HPARAMS if a.startswith("--")] + ["--attention-dropout", "--hidden-dropout"])
+
+#: Megatron-LM flags a launch sets at most one of (``megatron/training/arguments.py``, ``validate_args``: "can only
+#: specify one of lr-warmup-fraction and lr-warmup-iters", iteration- or sample-based training, one data source).
+EXCLUSIVE_FLAGS: tuple[frozenset[str], ...] = (
+    frozenset({"--lr-warmup-fraction", "--lr-warmup-iters", "--lr-warmup-samples"}),
+    frozenset({"--train-iters", "--train-samples"}),
+    frozenset({"--lr-decay-iters", "--lr-decay-samples"}),
+    frozenset({"--data-path", "--mock-data", "--train-data-path", "--data-args-path", "--per-split-data-args-path"}),
+    frozenset({"--fp16", "--bf16"}),
+)
+
+
+#: The flags a layout decides (:func:`layout_args` writes them, or leaves Megatron's default by writing none), with
+#: their older spellings (``--recompute-activations`` is selective recompute, ``--moe-enable-deepep`` the flex
+#: dispatcher, the ``--decoder-*-pipeline-num-layers`` and virtual-stage flags a pipeline split that Megatron refuses
+#: beside ``--pipeline-model-parallel-layout``): a user's argument among them never reaches an exported command, or it
+#: would undo the tuned layout.
+LAYOUT_FLAGS = frozenset("""
+--micro-batch-size --tensor-model-parallel-size --sequence-parallel --pipeline-model-parallel-size
+--context-parallel-size --expert-model-parallel-size --expert-tensor-parallel-size --recompute-granularity
+--recompute-method --recompute-num-layers --recompute-modules --recompute-activations --use-distributed-optimizer
+--optimizer-cpu-offload --optimizer-offload-fraction --overlap-cpu-optimizer-d2h-h2d --use-precision-aware-optimizer
+--exp-avg-dtype --exp-avg-sq-dtype --moe-token-dispatcher-type --moe-flex-dispatcher-backend --moe-enable-deepep
+--pipeline-model-parallel-layout --decoder-first-pipeline-num-layers --decoder-last-pipeline-num-layers
+--num-layers-per-virtual-pipeline-stage --num-virtual-stages-per-pipeline-rank
+--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split
+""".split())
+
+
+def flags_taken(flags: Sequence[str] | set[str]) -> set[str]:
+    """``flags`` and every flag that cannot stand beside one of them (:data:`EXCLUSIVE_FLAGS`)."""
+    out = set(flags)
+    for s in EXCLUSIVE_FLAGS:
+        if out & s:
+            out |= s
+    return out
+
+
+def merge_user_args(tuned: Sequence[Sequence[str]], free: Sequence[Sequence[str]],
+                    user_args: Sequence[str]) -> tuple[list[list[str]], list[list[str]]]:
+    """Join the tool's flag groups with the user's kept launch arguments (``tune --from``) so that nothing is said twice
+    or against itself.
+
+    ``tuned`` are the groups the study chose or priced (model, layout, parallelism, memory, precision, run options):
+    they stand, and a user's group of the same flag, of one that excludes it (``--fp16`` beside ``--bf16``) or of a
+    flag the layout decides (:data:`LAYOUT_FLAGS`) is left out. ``free`` are the tool's other groups (numerics,
+    ``--max-position-embeddings``): one is left out when the user's arguments set its flag or a flag that excludes it
+    (:data:`EXCLUSIVE_FLAGS`). The user's groups equal to one the tool writes, or that the scripts write themselves
+    (:func:`kept_user_args`), are left out too.
+
+    Returns:
+        (the ``free`` groups kept, the user's groups kept), each in order.
+    """
+    tuned_flags = flags_taken({str(g[0]) for g in tuned if g}) | LAYOUT_FLAGS
+    written = [str(a) for g in (*tuned, *free) for a in g]
+    user = [g for g in _groups(kept_user_args(user_args, written)) if g[0] not in tuned_flags]
+    taken = flags_taken({g[0] for g in user})
+    return [list(g) for g in free if g and str(g[0]) not in taken], user
+
 
 
 #: The flag groups the exported scripts write from their own variables (run_slime.sh's RUN_ARGS): a launch read back
@@ -535,13 +599,17 @@ def megatron_args(model: ModelSpec, cluster: Cluster, workload: Workload, layout
                   user_args: Sequence[str] = ()) -> list[str]:
     """The full Megatron-LM argument list for ``pretrain_gpt.py`` (data arguments aside).
 
-    :func:`model_args`, then :func:`layout_args` (with ``--micro-batch-size``),
+    Without ``user_args``: :func:`model_args`, then :func:`layout_args` (with ``--micro-batch-size``),
     ``--max-position-embeddings`` (the sequence length, as slime sets it),
     ``--bf16`` (plus ``--fp8-format hybrid`` for an fp8 workload), the seed's
     optimizer hyperparameters (:data:`OPTIMIZER_HPARAMS`) and numerics flags
     (:data:`MISC_ARGS`; ``--grad-reduce-in-bf16`` for bf16 main gradients), the run ``options``' arguments
-    (:func:`options_args`) and the user's ``user_args`` (``tune --from``, :func:`kept_user_args`). Data, tokenizer,
-    checkpoint and ``--train-iters`` arguments are the user's to add.
+    (:func:`options_args`). Data, tokenizer, checkpoint and ``--train-iters`` arguments are the user's to add.
+
+    With ``user_args`` (``tune --from``: the user's launch is their training): the model, layout, precision and run
+    options' flags, the numerics flags and ``--max-position-embeddings`` the user's arguments do not set, then the
+    user's arguments (:func:`merge_user_args`, slime's own flags left out): no hyperparameter of the tool's
+    (:data:`HPARAM_FLAGS`) is added.
 
     Args:
         model: The model.
@@ -557,6 +625,12 @@ def megatron_args(model: ModelSpec, cluster: Cluster, workload: Workload, layout
             the cluster's GPU count.
     """
     _check(layout, model, workload, cluster)
+    if user_args:
+        tuned = _groups([*model_args(model), *layout_args(layout, model, workload, framework="megatron"),
+                         *_precision_args(workload, "megatron"), *options_args(model, workload, options)])
+        free = _groups(["--max-position-embeddings", str(workload.seq_length), *misc_args(model, options)])
+        free, user = merge_user_args(tuned, [g for g in free if g[0] not in HPARAM_FLAGS], user_args)
+        return [a for g in (*tuned, *free, *(g for g in user if g[0] not in SLIME_ONLY_ARGS)) for a in g]
     argv = [
         *model_args(model),
         *layout_args(layout, model, workload, framework="megatron"),
@@ -566,7 +640,7 @@ def megatron_args(model: ModelSpec, cluster: Cluster, workload: Workload, layout
         *misc_args(model, options),
         *options_args(model, workload, options),
     ]  # fmt: skip
-    return argv + [a for g in _groups(kept_user_args(user_args, argv)) if g[0] not in SLIME_ONLY_ARGS for a in g]
+    return argv
 
 def _env(extra_env: Mapping[str, str] | None) -> dict[str, str]:
     env = dict(SEED_ENV)

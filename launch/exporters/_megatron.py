@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 import shlex
+import textwrap
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._describe import _summary
-from launch.exporters._flags import megatron_args
+from launch.exporters._flags import EXCLUSIVE_FLAGS, megatron_args
 from launch.exporters._shell import SHEBANG, STRICT_MODE, Sh, bash_array, comment, require_set, user_arg_variables
 from specs import Cluster, ModelSpec, RunOptions, Workload
 from specs.layout import Layout
@@ -44,6 +46,83 @@ def _need(v: str) -> str:
     return MEGATRON_SCRIPT_ENV[v].split("; required")[0]
 
 
+#: The user's flags that give the data (one of them is the data source) and the tokenizer.
+_DATA_FLAGS = next(s for s in EXCLUSIVE_FLAGS if "--data-path" in s)
+_TOKENIZER_FLAGS = frozenset({"--tokenizer-type", "--tokenizer-model"})
+
+
+@dataclass(frozen=True)
+class _OwnRunArgs:
+    """The data, tokenizer, step, checkpoint and log arguments ``megatron_args.sh`` adds from its variables when run:
+    each only where the arguments of the array (the user's, ``tune --from``) do not set it or one that excludes it; the
+    tokenizer only with its own data (the user's data comes with the user's tokenizer, or Megatron's default)."""
+
+    data: bool
+    tokenizer: bool
+    split: bool
+    train_iters: bool
+    save: bool
+    load: bool
+    save_interval: bool
+    tensorboard: bool
+
+    @classmethod
+    def given(cls, flags: set[str]) -> _OwnRunArgs:
+        """What to add beside an array that sets ``flags``."""
+        data = not flags & _DATA_FLAGS
+        return cls(data=data, tokenizer=data and not flags & _TOKENIZER_FLAGS, split=data and "--split" not in flags,
+                   train_iters=not flags & {"--train-iters", "--train-samples"}, save="--save" not in flags,
+                   load="--load" not in flags, save_interval="--save-interval" not in flags,
+                   tensorboard="--tensorboard-dir" not in flags)
+
+    @property
+    def adds(self) -> bool:
+        """Whether any argument is added (bash before 4.4 takes an empty array's expansion for an unset variable)."""
+        return any((self.data, self.tokenizer, self.train_iters, self.save, self.load, self.save_interval, self.tensorboard))
+
+    @property
+    def checks(self) -> list[tuple[str, str, str | None]]:
+        """The variables needed, as :func:`require_set` entries."""
+        out: list[tuple[str, str, str | None]] = []
+        if self.data:
+            out.append(("DATA_PATH", _need("DATA_PATH"), None))
+        if self.train_iters:
+            out.append(("TRAIN_ITERS", _need("TRAIN_ITERS"), None))
+        if self.tokenizer:
+            out.append(("TOKENIZER_MODEL", _need("TOKENIZER_MODEL"), '[ "${DATA_PATH:-}" != MOCK ]'))
+        return out
+
+    @property
+    def read(self) -> list[str]:
+        """The optional variables read."""
+        return [v for v, on in (("CHECKPOINT_PATH", self.save or self.load), ("SAVE_INTERVAL", self.save_interval),
+                                ("SPLIT", self.split), ("TENSORBOARD_DIR", self.tensorboard)) if on]
+
+    def lines(self, checkpoints: str) -> list[str]:
+        """Bash lines (indented two spaces) that build ``DATA_ARGS``; ``checkpoints``: CHECKPOINT_PATH's default."""
+        tok = ' --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER_MODEL"'
+        out = ["  DATA_ARGS=()"]
+        if self.data:
+            split = ' --split "${SPLIT:-99,1,0}"' if self.split else ""
+            out += ['  if [ "$DATA_PATH" = MOCK ]; then',
+                    "    DATA_ARGS+=(--mock-data" + (" --tokenizer-type NullTokenizer" if self.tokenizer else "") + ")",
+                    "  else",
+                    '    DATA_ARGS+=(--data-path "$DATA_PATH"' + split + (tok if self.tokenizer else "") + ")",
+                    "  fi"]
+        if self.train_iters:
+            out.append('  DATA_ARGS+=(--train-iters "$TRAIN_ITERS")')
+        if self.save or self.load:
+            out.append(f"  CHECKPOINT_PATH=${{CHECKPOINT_PATH:-{checkpoints}}}")
+        ck = [w for f, on in (("--save", self.save), ("--load", self.load)) if on for w in (f, '"$CHECKPOINT_PATH"')]
+        if self.save_interval:
+            ck += ["--save-interval", '"${SAVE_INTERVAL:-1000}"']
+        if ck:
+            out.append("  DATA_ARGS+=(" + " ".join(ck) + ")")
+        if self.tensorboard:
+            out.append('  if [ -n "${TENSORBOARD_DIR:-}" ]; then DATA_ARGS+=(--tensorboard-dir "$TENSORBOARD_DIR"); fi')
+        return out
+
+
 def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, *, options: RunOptions | None = None,
                          user_args: Sequence[str] = ()) -> str:
     """A bash file that defines ``MEGATRON_ARGS=( ... )`` and, run, launches Megatron-LM's training on the user's data.
@@ -56,8 +135,13 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
       checkpoint and step arguments of :data:`MEGATRON_SCRIPT_ENV` (``DATA_PATH=MOCK``: Megatron's
       ``--mock-data`` with its ``NullTokenizer``);
     - ``./megatron_args.sh --print``: the layout's arguments one per line
-      (``mapfile -t ARGS < <(./megatron_args.sh --print)``), nothing started;
+      (``mapfile -t ARGS < <(./megatron_args.sh --print)``), nothing started and no variable needed (one the
+      arguments expand that is not set is printed as ``$NAME``);
     - ``source megatron_args.sh``: only defines the array and leaves the shell's options alone.
+
+    With ``user_args`` the array is :func:`megatron_args`' (the user's training settings win) and the run adds only
+    the data, tokenizer, step, checkpoint and log arguments that ``user_args`` do not set (:class:`_OwnRunArgs`),
+    needing only their variables and those ``user_args`` expand.
 
     Args:
         model: The model.
@@ -74,6 +158,10 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
         TunerError: as :func:`megatron_args`.
     """
     argv = megatron_args(model, cluster, workload, layout, options=options, user_args=user_args)
+    own = _OwnRunArgs.given({a for a in argv if a.startswith("--")})
+    needs = [n + " (or MOCK)" * (n == "DATA_PATH") for n in ("DATA_PATH", "TOKENIZER_MODEL", "TRAIN_ITERS") if n in {c[0] for c in own.checks}]
+    runs = textwrap.wrap("NODE_RANK and MASTER_ADDR); " + (f"needs {', '.join(needs)}; " if needs else "")
+                         + f"reads {', '.join([*own.read, 'PRETRAIN_SCRIPT', 'NNODES', 'MASTER_PORT'])}", 78)
     head = [
         SHEBANG,
         *comment(f"Megatron-LM arguments for {model.name} on {cluster.num_gpus} {cluster.gpu.name} "
@@ -81,38 +169,30 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
         *comment(_summary(layout, model, workload)),
         "# Exported by megatron-layout-tuner. Three uses (bash):",
         "#   ./megatron_args.sh           launch pretrain_gpt.py with torchrun on this node (run it on every node with",
-        "#                                NODE_RANK and MASTER_ADDR); needs DATA_PATH (or MOCK), TOKENIZER_MODEL, TRAIN_ITERS;",
-        "#                                reads CHECKPOINT_PATH, SAVE_INTERVAL, SPLIT, TENSORBOARD_DIR, PRETRAIN_SCRIPT,",
-        "#                                NNODES, MASTER_PORT",
-        "#   ./megatron_args.sh --print   print the layout's arguments, one per line, and start nothing",
+        *("#" + " " * 32 + line for line in runs),
+        "#   ./megatron_args.sh --print   print the layout's arguments, one per line, and start nothing (a variable",
+        "#                                not set is printed as $NAME)",
         "#   source megatron_args.sh      define MEGATRON_ARGS only",
     ]
     if model.qk_layernorm_full_dim:
         head.append("# --spec needs slime's slime_plugins package on PYTHONPATH (full-width QK norm).")
     head.append(f"if {_EXECUTED}; then {STRICT_MODE}; fi")
-    user_vars = user_arg_variables(user_args, known=("DATA_PATH", "TRAIN_ITERS", "TOKENIZER_MODEL", "CHECKPOINT_PATH"))
+    user_vars = user_arg_variables(user_args, known=[n for n, _, _ in own.checks])
+    if own.checks or user_vars:
+        head += [f'if {_EXECUTED} && [ "${{1:-}}" != --print ]; then',
+                 *require_set("megatron_args.sh", [*own.checks, *user_vars], "  "), "fi"]
     if user_vars:  # the kept arguments expand them as MEGATRON_ARGS is built, under set -u when executed
-        head += [f"if {_EXECUTED}; then", *require_set("megatron_args.sh", user_vars, "  "), "fi"]
+        shown = " ".join(f'"${{{n}=\\${n}}}"' for n, _, _ in user_vars)
+        head.append(f'if {_EXECUTED} && [ "${{1:-}}" = --print ]; then : {shown}; fi')
     name = shlex.quote("checkpoints/" + re.sub(r"[\x00-\x1f\x7f]+", "_", model.name))  # no control character reaches the script
     tail = [
         f"if {_EXECUTED}; then",
         '  if [ "${1:-}" = --print ]; then printf \'%s\\n\' "${MEGATRON_ARGS[@]}"; exit 0; fi',
-        *require_set("megatron_args.sh", [("DATA_PATH", _need("DATA_PATH"), None), ("TRAIN_ITERS", _need("TRAIN_ITERS"), None),
-                                          ("TOKENIZER_MODEL", _need("TOKENIZER_MODEL"), '[ "${DATA_PATH:-}" != MOCK ]')], "  "),
-        '  if [ "$DATA_PATH" = MOCK ]; then',
-        "    DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer)",
-        "  else",
-        '    DATA_ARGS=(--data-path "$DATA_PATH" --split "${SPLIT:-99,1,0}"',
-        '      --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER_MODEL")',
-        "  fi",
-        f'  CHECKPOINT_PATH=${{CHECKPOINT_PATH:-{name}}}',
-        '  DATA_ARGS+=(--train-iters "$TRAIN_ITERS" --save "$CHECKPOINT_PATH" --load "$CHECKPOINT_PATH"',
-        '    --save-interval "${SAVE_INTERVAL:-1000}")',
-        '  if [ -n "${TENSORBOARD_DIR:-}" ]; then DATA_ARGS+=(--tensorboard-dir "$TENSORBOARD_DIR"); fi',
+        *(own.lines(name) if own.adds else []),
         f'  torchrun --nnodes "${{NNODES:-{cluster.num_nodes}}}" --node-rank "${{NODE_RANK:-0}}" '
         f"--nproc-per-node {cluster.gpus_per_node} \\",
         '    --master-addr "${MASTER_ADDR:-localhost}" --master-port "${MASTER_PORT:-29500}" \\',
-        '    "${PRETRAIN_SCRIPT:-pretrain_gpt.py}" "${MEGATRON_ARGS[@]}" "${DATA_ARGS[@]}"',
+        '    "${PRETRAIN_SCRIPT:-pretrain_gpt.py}" "${MEGATRON_ARGS[@]}"' + (' "${DATA_ARGS[@]}"' if own.adds else ""),
         "fi",
     ]
     argv = [Sh(f'"{x}"') if "$" in x and '"' not in x else x for x in argv]  # the user's "$VAR" stays an expansion

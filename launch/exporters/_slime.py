@@ -9,6 +9,7 @@ from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._describe import _summary
 from launch.exporters._flags import (
     _OPTIMIZER_LINES,
+    HPARAM_FLAGS,
     SEED_ENV,
     _check,
     _dispatcher_args,
@@ -19,7 +20,7 @@ from launch.exporters._flags import (
     _pipeline_layout_string,
     _precision_args,
     _recompute_args,
-    kept_user_args,
+    merge_user_args,
     misc_lines,
     model_args,
     options_args,
@@ -72,10 +73,29 @@ _SET_HERE = ("PYTHON", "SLIME_ENTRY", "NUM_EPOCH", "SAVE_INTERVAL", "NVLINK_COUN
              "SLIME_DIR", "PYTHONPATH")
 
 
-def _needed() -> list[tuple[str, str, str | None]]:
-    """The variables ``run_slime.sh`` needs, each with what to set it to and when (:func:`require_set`)."""
+def _needed(save_dir: bool = True) -> list[tuple[str, str, str | None]]:
+    """The variables ``run_slime.sh`` needs, each with what to set it to and when (:func:`require_set`); ``save_dir``:
+    whether it saves or loads checkpoints at ``SAVE_DIR``."""
     return [(v, SLIME_SCRIPT_ENV[v].split(";")[0], None) for v in _REQUIRED] + [
-        ("SAVE_DIR", SLIME_SCRIPT_ENV["SAVE_DIR"].split(";")[0], '[ "${BENCHMARK:-0}" != 1 ]')]
+        ("SAVE_DIR", SLIME_SCRIPT_ENV["SAVE_DIR"].split(";")[0], '[ "${BENCHMARK:-0}" != 1 ]')] * save_dir
+
+
+def _run_args(user_flags: set[str]) -> list[str]:
+    """Bash lines that build ``RUN_ARGS`` (the rollout, checkpoint, step and log arguments), without those the user's
+    arguments set (``user_flags``)."""
+    ck = [w for f, v in (("--load", '"$SAVE_DIR"'), ("--save", '"$SAVE_DIR"'), ("--save-interval", '"$SAVE_INTERVAL"'))
+          if f not in user_flags for w in (f, v)]
+    out = [
+        'if [ "${BENCHMARK:-0}" = 1 ]; then',
+        f"  RUN_ARGS=(--rollout-function-path {SEED_ROLLOUT} --num-rollout \"${{NUM_ROLLOUT:-{SEED_NUM_ROLLOUT}}}\")",
+        "else",
+        f"  RUN_ARGS=(--rollout-function-path {SFT_ROLLOUT} --rollout-shuffle" + ("\n    " + " ".join(ck) if ck else "") + ")",
+        '  if [ -n "${NUM_ROLLOUT:-}" ]; then RUN_ARGS+=(--num-rollout "$NUM_ROLLOUT"); else RUN_ARGS+=(--num-epoch "$NUM_EPOCH"); fi',
+        "fi",
+    ]
+    if "--tensorboard-dir" not in user_flags:
+        out.append('if [ -n "${TENSORBOARD_DIR:-}" ]; then RUN_ARGS+=(--tensorboard-dir "$TENSORBOARD_DIR"); fi')
+    return out
 
 
 def slime_script(
@@ -113,7 +133,10 @@ def slime_script(
             values are literal (they are quoted for the shell).
         options: The run options: ``--grad-reduce-in-bf16`` for bf16 main gradients, and the arguments of the others
             that differ from Megatron-LM's defaults, after the misc flags.
-        user_args: The user's own arguments (``tune --from``), last, less those the command already has.
+        user_args: The user's own arguments (``tune --from``): their training, so the seed's optimizer hyperparameters
+            and dropout are left out, the numerics flags they set or exclude too (:func:`merge_user_args`), and the
+            checkpoint and log arguments they set are not written from SAVE_DIR, SAVE_INTERVAL, TENSORBOARD_DIR; then
+            they come last, less those the command already has.
 
     Returns:
         The script's text (bash), without a shebang.
@@ -124,17 +147,27 @@ def slime_script(
     """
     _check(layout, model, workload, cluster)
     env = _env(extra_env)
+    groups = _groups(model, cluster, workload, layout, options, hparams=not user_args)
+    user: list[list[str]] = []
+    if user_args:  # the user's launch is their training: no hyperparameter of the tool's, theirs win
+        misc = [g for line in misc_lines(model, options) for g in group_flags(line) if g[0] not in HPARAM_FLAGS]
+        free, user = merge_user_args([*groups, *group_flags(model_args(model))], misc, user_args)
+        groups += free
+    user_flags = {g[0] for g in user}
+    save_dir = not {"--save", "--load"} <= user_flags
+    reads = [v for v, on in (("SAVE_INTERVAL", "--save-interval" not in user_flags),
+                             ("TENSORBOARD_DIR", "--tensorboard-dir" not in user_flags)) if on]
     out: list[str] = [
         *comment(f"slime: {model.name} on {cluster.num_gpus} {cluster.gpu.name} ({cluster.num_nodes} x {cluster.gpus_per_node}), "
                  f"{layout.label}", None),
         *comment(_summary(layout, model, workload)),
         *comment(
             "Trains on your rows with slime's SFT path. Needs a Ray cluster running on the nodes (`ray start --head` on the "
-            "first, `ray start --address HEAD:6379` on the others) and HF_CKPT, TORCH_DIST, SFT_DATA, SAVE_DIR; reads "
-            "SLIME_DIR, SLIME_ENTRY, NUM_EPOCH, NUM_ROLLOUT, SAVE_INTERVAL, TENSORBOARD_DIR, PYTHON, NVLINK_COUNT. "
+            f"first, `ray start --address HEAD:6379` on the others) and HF_CKPT, TORCH_DIST, SFT_DATA{', SAVE_DIR' * save_dir}; "
+            f"reads {', '.join(['SLIME_DIR', 'SLIME_ENTRY', 'NUM_EPOCH', 'NUM_ROLLOUT', *reads, 'PYTHON', 'NVLINK_COUNT'])}. "
             "BENCHMARK=1 runs the seed's 20-step benchmark instead."
         ),
-        *require_set("run_slime.sh", _needed() + user_arg_variables(user_args, known=_SET_HERE)),
+        *require_set("run_slime.sh", _needed(save_dir) + user_arg_variables(user_args, known=_SET_HERE)),
         "PYTHON=${PYTHON:-python3}",
         "SLIME_ENTRY=${SLIME_ENTRY:-${SLIME_DIR:+$SLIME_DIR/}train_async.py}",
         '[ -f "$SLIME_ENTRY" ] || { printf \'run_slime.sh: no slime entry point at %s: set SLIME_DIR to a slime checkout '
@@ -148,30 +181,20 @@ def slime_script(
     for k, v in env.items():
         out.append(f"export {k}={v if k in SEED_ENV and SEED_ENV[k] == v else shlex.quote(v)}")
     out += ["", bash_array("MODEL_ARGS", model_args(model)).rstrip("\n"), ""]
-    out += [
-        'if [ "${BENCHMARK:-0}" = 1 ]; then',
-        f"  RUN_ARGS=(--rollout-function-path {SEED_ROLLOUT} --num-rollout \"${{NUM_ROLLOUT:-{SEED_NUM_ROLLOUT}}}\")",
-        "else",
-        f"  RUN_ARGS=(--rollout-function-path {SFT_ROLLOUT} --rollout-shuffle",
-        '    --load "$SAVE_DIR" --save "$SAVE_DIR" --save-interval "$SAVE_INTERVAL")',
-        '  if [ -n "${NUM_ROLLOUT:-}" ]; then RUN_ARGS+=(--num-rollout "$NUM_ROLLOUT"); else RUN_ARGS+=(--num-epoch "$NUM_EPOCH"); fi',
-        "fi",
-        'if [ -n "${TENSORBOARD_DIR:-}" ]; then RUN_ARGS+=(--tensorboard-dir "$TENSORBOARD_DIR"); fi',
-        "",
-    ]
+    out += [*_run_args(user_flags), ""]
     if model.is_moe and layout.dispatcher == Dispatcher.allgather:
         out.append("# The layout's dispatcher is allgather; slime rewrites allgather to alltoall, so alltoall is asked for.")
-    groups = _groups(model, cluster, workload, layout, options)
-    written = [str(a) for g in groups for a in g] + model_args(model)
-    for g in group_flags(kept_user_args(user_args, written)):
+    for g in user:
         groups.append([Sh(f'"{a}"') if "$" in a and '"' not in a else a for a in g])  # the user's "$VAR" stays an expansion
     out += command((Sh('"$PYTHON"'), Sh('"$SLIME_ENTRY"')), groups)
     return "\n".join(out) + "\n"
 
 
-def _groups(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, options: RunOptions | None) -> list[Sequence[str]]:
+def _groups(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, options: RunOptions | None, *,
+            hparams: bool = True) -> list[Sequence[str]]:
     """:func:`slime_script`'s arguments, one group a line: cluster, model, data, SFT, the layout, optimizer, misc and
-    run options, precision, dispatcher and pipeline layout (the user's own arguments are added after)."""
+    run options, precision, dispatcher and pipeline layout (the user's own arguments are added after). ``hparams``
+    False: without the seed's optimizer hyperparameters and numerics flags (a command with the user's arguments)."""
     gbs = str(workload.global_batch_size)
     groups: list[Sequence[str]] = [
         ("--actor-num-nodes", str(cluster.num_nodes)),
@@ -193,9 +216,9 @@ def _groups(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layo
     ]
     groups += group_flags(_parallel_args(layout, model) + _recompute_args(layout))
     groups += [("--use-dynamic-batch-size",), ("--max-tokens-per-gpu", str(_max_tokens_per_gpu(layout, workload)))]
-    groups += list(_OPTIMIZER_LINES)
+    groups += list(_OPTIMIZER_LINES) * hparams
     groups += group_flags(_optimizer_layout_args(layout))
-    groups += list(misc_lines(model, options))
+    groups += list(misc_lines(model, options)) * hparams
     groups += group_flags(options_args(model, workload, options))
     prec = _precision_args(workload, "slime")
     if prec:

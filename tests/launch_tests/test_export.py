@@ -430,3 +430,29 @@ def test_deepep_across_nodes_carries_a_network_note(model, cluster, workload, se
     note = "spans NVLink domains, so DeepEP's inter-node kernels"
     assert any(note in n for n in recipe_dict(model, cluster, workload, cross)["notes"])
     assert not any(note in n for n in recipe_dict(model, cluster, workload, inside)["notes"])
+
+
+@pytest.mark.parametrize("command", ["export", "verify", "timeline"])
+def test_trial_help_names_the_default_the_command_takes(command):
+    """Without --trial these commands take the trial `tune` recommended (tuner.report.pick_trial_row with the study's
+    best_trial, chosen by pick_best), which need not be the fastest on the front: the help says so."""
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    r = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "the study's best" in r.output and "fastest on" not in r.output, r.output
+
+
+def test_the_users_arguments_and_the_tools_never_say_one_thing_twice_or_against_itself():
+    """merge_user_args: a tuned flag stands (the user's --tensor-model-parallel-size, --fp16 beside --bf16 and
+    --recompute-activations, selective recompute the layout did not choose, go), the
+    user's setting replaces a free flag of the tool's and one Megatron refuses beside it (--lr-warmup-fraction)."""
+    from launch.exporters._flags import merge_user_args
+
+    tuned = [["--bf16"], ["--tensor-model-parallel-size", "4"]]
+    free = [["--attention-backend", "flash"], ["--lr-warmup-fraction", "0.1"], ["--attention-softmax-in-fp32"]]
+    user = ["--fp16", "--tensor-model-parallel-size", "8", "--recompute-activations", "--lr-warmup-iters", "5", "--attention-backend", "fused",
+            "--attention-softmax-in-fp32", "--log-interval", "1"]
+    assert merge_user_args(tuned, free, user) == ([["--attention-softmax-in-fp32"]],
+                                                  [["--lr-warmup-iters", "5"], ["--attention-backend", "fused"], ["--log-interval", "1"]])

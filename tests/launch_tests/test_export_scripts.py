@@ -283,6 +283,88 @@ def test_megatron_args_sh_run_with_mock_data_and_missing_variables(tmp_path, mod
                           "--load", "/ck", "--save-interval", "1000", "--tensorboard-dir", "/tb"]
 
 
+#: A Megatron-LM launch's training settings as ``tune --from`` keeps them (without effect on the estimate): its schedule
+#: (warm-up in iterations), data, tokenizer through its own variable, checkpoints and logging.
+USER = ("--use-mcore-models", "--max-position-embeddings", "131072", "--train-iters", "50000", "--lr", "1.5e-4", "--min-lr",
+        "1.5e-5", "--lr-decay-style", "cosine", "--lr-warmup-iters", "2000", "--weight-decay", "0.1", "--clip-grad", "1.0",
+        "--attention-dropout", "0.0", "--data-path", "$DATA_PATH", "--tokenizer-type", "HuggingFaceTokenizer",
+        "--tokenizer-model", "$TOKENIZER", "--split", "99,1,0", "--save-interval", "1000", "--save", "/ckpt/out", "--load",
+        "/ckpt/out", "--tensorboard-dir", "/logs/tb", "--wandb-project", "llama70b-pretrain", "--log-throughput")
+
+
+def _last(argv: list[str], flag: str) -> str:
+    """The value argparse keeps for ``flag``: the one after its last occurrence."""
+    return argv[len(argv) - 1 - argv[::-1].index(flag) + 1]
+
+
+def _with_user_args(tmp_path: Path, name: str, model, cluster) -> Path:
+    exporter = get_exporter(name)
+    ctx = ExportContext(model=model, cluster=cluster, workload=W, layout=LAYOUTS["seed"], user_args=USER)
+    return exporter.write(ctx, tmp_path / exporter.file_name)
+
+
+def test_with_the_users_launch_megatron_args_sh_runs_the_users_training(tmp_path, model, cluster):
+    """``tune --from``: the layout is the tool's, the training the user's: no hyperparameter of the tool's (Megatron
+    refuses --lr-warmup-fraction beside the launch's --lr-warmup-iters), the launch's --save, data and tokenizer
+    variable, each flag once."""
+    from launch.exporters._flags import HPARAM_FLAGS
+
+    f = _with_user_args(tmp_path, "megatron", model, cluster)
+    assert "TOKENIZER_MODEL" not in f.read_text()  # one tokenizer variable: the launch's
+    p = subprocess.run([str(f)], env=_launch_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and [ln.split()[1] for ln in p.stderr.splitlines()[1:]] == ["DATA_PATH", "TOKENIZER"], p.stderr
+    p = subprocess.run([str(f)], env=_launch_env(tmp_path, DATA_PATH="/data/tok", TOKENIZER="/ckpt/llama"), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    d = json.loads((tmp_path / "dump.json").read_text())
+    argv = d["argv"]
+    flags = [a for a in argv if a.startswith("--")]
+    assert len(flags) == len(set(flags)), flags
+    assert not set(flags) & (HPARAM_FLAGS - set(USER)), set(flags) & HPARAM_FLAGS  # e.g. no --adam-beta2 0.98
+    want = {"--lr": "1.5e-4", "--save": "/ckpt/out", "--load": "/ckpt/out", "--data-path": "/data/tok",
+            "--tokenizer-model": "/ckpt/llama", "--max-position-embeddings": "131072", "--wandb-project": "llama70b-pretrain"}
+    assert {k: _last(argv, k) for k in want} == want
+    assert _arrived(d) == _expected(LAYOUTS["seed"], model)
+
+
+def test_with_the_users_launch_run_slime_sh_runs_the_users_training(tmp_path, model, cluster):
+    """As megatron_args.sh: the launch's schedule, checkpoints and logging, no SAVE_DIR needed, each flag once."""
+    from launch.exporters._flags import HPARAM_FLAGS
+
+    f = _with_user_args(tmp_path, "slime", model, cluster)
+    env = {k: v for k, v in BASE.items() if k != "SAVE_DIR"}
+    p = subprocess.run([str(f)], env=_env(tmp_path, **env, DATA_PATH="/data/tok", TOKENIZER="/ckpt/llama"), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    d = json.loads((tmp_path / "dump.json").read_text())  # the fake refuses --save, --load, ... given twice
+    flags = [a for a in d["argv"] if a.startswith("--")]
+    assert len(flags) == len(set(flags)), flags
+    assert not set(flags) & (HPARAM_FLAGS - set(USER)), set(flags) & HPARAM_FLAGS
+    assert _last(d["argv"], "--lr") == "1.5e-4" and _last(d["argv"], "--wandb-project") == "llama70b-pretrain"
+    assert {k: d["slime"][k] for k in ("--save", "--load", "--tensorboard-dir")} == {"--save": "/ckpt/out", "--load": "/ckpt/out",
+                                                                                      "--tensorboard-dir": "/logs/tb"}
+
+
+def test_with_the_users_mock_data_megatron_args_sh_needs_no_variable_and_adds_no_tokenizer(tmp_path, model, cluster):
+    ctx = ExportContext(model=model, cluster=cluster, workload=W, layout=LAYOUTS["seed"],
+                        user_args=("--mock-data", "--train-iters", "10", "--recompute-activations"))
+    f = get_exporter("megatron").write(ctx, tmp_path / "megatron_args.sh")
+    p = subprocess.run([str(f)], env=_launch_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    d = json.loads((tmp_path / "dump.json").read_text())
+    assert "--tokenizer-type" not in d["argv"] and d["argv"].count("--train-iters") == 1
+    assert "--recompute-activations" not in d["argv"] and _arrived(d) == _expected(LAYOUTS["seed"], model)
+
+
+def test_megatron_args_sh_print_needs_no_environment(tmp_path, model, cluster):
+    f = _with_user_args(tmp_path, "megatron", model, cluster)
+    for env, shown in (({}, "$DATA_PATH"), ({"DATA_PATH": "/data/tok"}, "/data/tok")):
+        p = subprocess.run([str(f), "--print"], env=_env(tmp_path, **env), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and not p.stderr, p.stderr
+        out = p.stdout.splitlines()
+        assert out[out.index("--data-path") + 1] == shown and out[-1] == "--log-throughput"
+
+
 def test_the_recipe_run_block_is_run_slime_sh_without_its_frame(model, cluster):
     import yaml
 

@@ -70,10 +70,11 @@ def test_it_renders_its_context_and_the_pipeline_string_round_trips(exporter, tr
                 texts.append(exporter.render(plan_context(*seed_plan(**kw))))
             except TunerError:  # a plan of another framework
                 pass
-        assert texts and all(t.strip() for t in texts)
+        assert texts and all(t.strip() and t.endswith("\n") and not t.endswith("\n\n") for t in texts)
         return
     path = exporter.write(training, tmp_path / exporter.file_name)
     text = path.read_text()
+    assert text.endswith("\n") and not text.endswith("\n\n")  # one final newline: a tool reading lines gets the last
     lay = training.layout
     if exporter.file_name.endswith(".yaml"):
         rec = yaml.safe_load(text)

@@ -127,6 +127,17 @@ def test_predicted_layouts_within_one_percent_of_a_predicted_best_are_named():
     assert note.startswith("Predicted within 1% of trial 0") and note.endswith("real trials.")
 
 
+def test_a_predicted_near_tie_that_does_not_fit_is_left_out_and_counted():
+    from tuner.report import predicted_ties_text
+
+    over = {**_pred(1, 999.0, 146.7, dispatcher="allgather"), "headroom_gib": -6.3}  # 146.7 GiB on a 140.4 GiB GPU
+    rows = [_pred(0, 1000.0), over, {**_pred(2, 998.0, 90.0, recompute_granularity="selective"), "headroom_gib": 50.4}]
+    text = predicted_ties_text(rows, 0)
+    assert text is not None and "trial 1" not in text and "trial 2 (" in text
+    assert "(1 more within 1% is predicted not to fit the GPU, left out)" in text
+    assert predicted_ties_text(rows[:2], 0) is None  # only a layout that does not fit: no near-tie to choose
+
+
 def test_between_run_noise_is_the_pooled_spread_of_the_confirmed_layouts():
     from tuner.report import between_run_noise
 

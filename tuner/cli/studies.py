@@ -139,7 +139,7 @@ def _format_help() -> str:
 @app.command("export")
 def export_cmd(
     study: StudyNameOpt = None, storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
-    trial: Annotated[int | None, typer.Option("--trial", help="Trial number (default: the fastest on the front).")] = None,
+    trial: Annotated[int | None, typer.Option("--trial", help="Trial number (default: the study's best, the layout tune recommended: of those that ran or are predicted to fit, the least memory within 1% of the fastest).")] = None,
     fmt: Annotated[str, typer.Option("--format", help=_format_help())] = "recipe",
     out_file: Annotated[Path | None, typer.Option("--out", help="File to write (default: stdout); a script is written executable.")] = None,
     force: ForceOpt = False,

@@ -68,7 +68,7 @@ def _write_json(path: Path, obj: Any, what: str, force: bool = False) -> None:
 
 
 StudyOpt = Annotated[str | None, typer.Option("--study", help="A study made by `tune`: its trial (--trial) is drawn with the study's inputs.", rich_help_panel="Study")]
-TrialOpt = Annotated[int | None, typer.Option("--trial", help="Trial number of --study (default: the fastest on its front).", rich_help_panel="Study")]
+TrialOpt = Annotated[int | None, typer.Option("--trial", help="Trial number of --study (default: the study's best, the layout tune recommended: of those that ran or are predicted to fit, the least memory within 1% of the fastest).", rich_help_panel="Study")]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Trace file to write (default: results/<study>/timeline_trial<N>.json, beside a measured "
                                                            "trial's own trace when it has one; without --study timeline_<layout>.json here).")]
 PngOpt = Annotated[Path | None, typer.Option("--png", help="Also draw the trace as a Gantt chart (PNG).")]

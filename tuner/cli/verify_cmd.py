@@ -23,7 +23,7 @@ def verify(
     study: StudyNameOpt = None,
     storage: StorageOpt = None,
     results_dir: ResultsOpt = Path("results"),
-    trial: Annotated[int | None, typer.Option("--trial", help="Trial whose layout is checked (default: the fastest on the front).")] = None,
+    trial: Annotated[int | None, typer.Option("--trial", help="Trial whose layout is checked (default: the study's best, the layout tune recommended: of those that ran or are predicted to fit, the least memory within 1% of the fastest).")] = None,
     reference: Annotated[str | None, typer.Option("--reference", help="Reference layout as key=value pairs, e.g. 'tp=1,pp=1,ep=1' (other fields: Megatron's defaults).")] = None,
     candidate: Annotated[str | None, typer.Option("--candidate", help="Check this layout (key=value pairs) instead of a trial's; the study gives the model, GPUs and workload.")] = None,
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps per arm.")] = 20,

@@ -46,6 +46,11 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--use-distributed-optimizer", action="store_true")
     p.add_argument("--use-precision-aware-optimizer", action="store_true")
     p.add_argument("--spec", nargs="*", default=None)
+    p.add_argument("--lr-warmup-fraction", type=float, default=None)
+    p.add_argument("--lr-warmup-iters", type=int, default=0)
+    p.add_argument("--lr-warmup-samples", type=int, default=0)
+    p.add_argument("--train-iters", type=int, default=None)
+    p.add_argument("--train-samples", type=int, default=None)
     return p
 
 
@@ -102,6 +107,11 @@ def check_and_dump(prog: str, argv: list[str], *, extra: dict | None = None) -> 
         fail("--moe-token-dispatcher-type flex needs --moe-flex-dispatcher-backend")
     if args.optimizer_cpu_offload and not args.use_precision_aware_optimizer:
         fail("--optimizer-cpu-offload requires --use-precision-aware-optimizer")
+    # megatron/training/arguments.py, validate_args
+    if args.lr_warmup_fraction is not None and (args.lr_warmup_iters or args.lr_warmup_samples):
+        fail("can only specify one of lr-warmup-fraction and lr-warmup-iters")
+    if args.train_iters is not None and args.train_samples is not None:
+        fail("expected iteration-based training")
     if args.use_dynamic_batch_size == (args.micro_batch_size is not None):
         fail("give either --micro-batch-size (Megatron-LM) or --use-dynamic-batch-size (slime)")
     if args.pipeline_model_parallel_layout is not None:
