@@ -70,14 +70,18 @@ def misc_args(model: ModelSpec, options: RunOptions | None = None) -> tuple[str,
     return tuple(a for line in misc_lines(model, options) for a in line)
 
 
-def options_args(model: ModelSpec, workload: Workload, options: RunOptions | None) -> list[str]:
+def options_args(model: ModelSpec, workload: Workload, options: RunOptions | None, layout: Layout) -> list[str]:
     """The run options' arguments other than Megatron-LM's defaults (:func:`specs.stacks.run_option_args`), without
-    those the model's own arguments already write (MiniMax-M2's ``--moe-permute-fusion`` and ``--no-rope-fusion``)."""
+    those the model's own arguments already write (MiniMax-M2's ``--moe-permute-fusion`` and ``--no-rope-fusion``),
+    and without ``--tp-comm-overlap`` at TP 1: Megatron-LM turns sequence parallelism off there and then refuses the
+    overlap (``megatron/training/arguments.py``, ``validate_args``: "Tensor parallel communication/GEMM overlap can
+    happen only when sequence parallelism is enabled")."""
     if options is None:
         return []
     from specs.stacks import run_option_args
 
-    return run_option_args(options, precision=workload.precision.value, skip=tuple(model.extra_megatron_args))
+    skip = (*model.extra_megatron_args, *(("--tp-comm-overlap",) if layout.tp == 1 else ()))
+    return run_option_args(options, precision=workload.precision.value, skip=skip)
 
 
 #: slime's own arguments (its RL loop, rollout engine and Ray placement; THUDM/slime ``slime/utils/arguments.py``):
@@ -627,7 +631,7 @@ def megatron_args(model: ModelSpec, cluster: Cluster, workload: Workload, layout
     _check(layout, model, workload, cluster)
     if user_args:
         tuned = _groups([*model_args(model), *layout_args(layout, model, workload, framework="megatron"),
-                         *_precision_args(workload, "megatron"), *options_args(model, workload, options)])
+                         *_precision_args(workload, "megatron"), *options_args(model, workload, options, layout)])
         free = _groups(["--max-position-embeddings", str(workload.seq_length), *misc_args(model, options)])
         free, user = merge_user_args(tuned, [g for g in free if g[0] not in HPARAM_FLAGS], user_args)
         return [a for g in (*tuned, *free, *(g for g in user if g[0] not in SLIME_ONLY_ARGS)) for a in g]
@@ -638,7 +642,7 @@ def megatron_args(model: ModelSpec, cluster: Cluster, workload: Workload, layout
         *_precision_args(workload, "megatron"),
         *OPTIMIZER_HPARAMS,
         *misc_args(model, options),
-        *options_args(model, workload, options),
+        *options_args(model, workload, options, layout),
     ]  # fmt: skip
     return argv
 

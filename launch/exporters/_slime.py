@@ -219,7 +219,7 @@ def _groups(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layo
     groups += list(_OPTIMIZER_LINES) * hparams
     groups += group_flags(_optimizer_layout_args(layout))
     groups += list(misc_lines(model, options)) * hparams
-    groups += group_flags(options_args(model, workload, options))
+    groups += group_flags(options_args(model, workload, options, layout))
     prec = _precision_args(workload, "slime")
     if prec:
         groups.append(prec)

@@ -456,3 +456,14 @@ def test_the_users_arguments_and_the_tools_never_say_one_thing_twice_or_against_
             "--attention-softmax-in-fp32", "--log-interval", "1"]
     assert merge_user_args(tuned, free, user) == ([["--attention-softmax-in-fp32"]],
                                                   [["--lr-warmup-iters", "5"], ["--attention-backend", "fused"], ["--log-interval", "1"]])
+
+
+def test_tp_comm_overlap_is_left_out_at_tp_1():
+    """Megatron-LM turns sequence parallelism off at TP 1 and then refuses --tp-comm-overlap."""
+    from specs import RunOptions
+
+    qwen, wl, opts = load_model("Qwen3-30B-A3B"), Workload(seq_length=4096, global_batch_size=64), RunOptions(tp_comm_overlap=True)
+    tp1, tp2 = Layout(world_size=8, ep=8), Layout(world_size=8, tp=2, ep=4, sequence_parallel=True)
+    assert "--tp-comm-overlap" not in megatron_args(qwen, parse_gpus("8xH100"), wl, tp1, options=opts)
+    assert "--tp-comm-overlap" not in slime_script(qwen, parse_gpus("8xH100"), wl, tp1, options=opts)
+    assert "--tp-comm-overlap" in megatron_args(qwen, parse_gpus("8xH100"), wl, tp2, options=opts)
