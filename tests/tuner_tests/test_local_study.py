@@ -38,22 +38,31 @@ def _backend(tmp_path, steps=6):
                         launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02)
 
 
+#: The fake reports each step 1000 times longer than it sleeps: the study sees steps of seconds, and a trial
+#: of 6 steps sleeps a few hundredths of a second in all.
+QUICK = "1000"
+
+
 @pytest.fixture
 def one_fast(monkeypatch):
-    """Only allgather layouts without recompute step fast (0.02 s); the others take 0.15 s: pruned."""
+    """Only allgather layouts without recompute step fast (reported 2 s); the others report 15 s: pruned where a
+    study prunes. A test that prunes sets FAKE_TAIL, so that the trial to be stopped is still running when
+    the pruner reads its 5th step."""
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
-    monkeypatch.setenv("FAKE_STEP_S", "0.15")
+    monkeypatch.setenv("FAKE_REPORT_SCALE", QUICK)
+    monkeypatch.setenv("FAKE_STEP_S", "0.015")
     monkeypatch.setenv("FAKE_FAST_IF", "dispatcher=allgather,recompute_granularity=none")
-    monkeypatch.setenv("FAKE_FAST_STEP_S", "0.02")
+    monkeypatch.setenv("FAKE_FAST_STEP_S", "0.002")
 
 
 @pytest.fixture
 def slow_tp(monkeypatch):
-    """TP 1 layouts step in 0.02 s, TP 2 and TP 4 in 0.15 s: 7x slower, so they are pruned."""
+    """TP 1 layouts step in (report) 2 s, TP 2 and TP 4 in 15 s: 7x slower, so they are pruned where a study prunes."""
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
-    monkeypatch.setenv("FAKE_STEP_S_TP1", "0.02")
-    monkeypatch.setenv("FAKE_STEP_S_TP2", "0.15")
-    monkeypatch.setenv("FAKE_STEP_S_TP4", "0.15")
+    monkeypatch.setenv("FAKE_REPORT_SCALE", QUICK)
+    monkeypatch.setenv("FAKE_STEP_S_TP1", "0.002")
+    monkeypatch.setenv("FAKE_STEP_S_TP2", "0.015")
+    monkeypatch.setenv("FAKE_STEP_S_TP4", "0.015")
 
 
 def test_layers_slices_the_model_and_names_the_study(tmp_path):
@@ -78,9 +87,10 @@ def test_measured_trials_land_in_the_study(tmp_path, slow_tp):
 def test_pruning_saves_time(tmp_path, one_fast, monkeypatch):
     # the first layout tried is the fast one (allgather, no recompute); the 3 after it are slow
     full = run_study(prepare(_cfg(tmp_path / "a", prune_margin=None, trials=4)), backend=_backend(tmp_path / "a"))
-    # the slow layouts' steps after the 4th (where the pruner can first stop them: 2 warm-up + 2 measured) take
-    # 1 s: a pruned trial is stopped within that second, however far the step reader lags on a loaded machine
-    monkeypatch.setenv("FAKE_TAIL", "4:1")
+    # the slow layouts' steps after the 5th (where the pruner can first stop them: 3 warm-up, half of the 6 trial
+    # steps, + 2 measured) take 1 s: a pruned trial is stopped within that second, however far the step reader
+    # lags on a loaded machine
+    monkeypatch.setenv("FAKE_TAIL", "5:1")
     pruned = run_study(prepare(_cfg(tmp_path / "b", prune_margin=0.25, trials=4)), backend=_backend(tmp_path / "b"))
     assert full.pruned_now == 0 and pruned.pruned_now >= 1
     assert full.evaluated_now == 4 and pruned.evaluated_now + pruned.pruned_now == 4  # both tried 4 layouts
@@ -162,6 +172,7 @@ def test_pareto_shows_predicted_vs_measured(tmp_path, slow_tp):
 
 
 def test_pareto_lists_pruned_and_failed_trials(tmp_path, one_fast, monkeypatch):
+    monkeypatch.setenv("FAKE_TAIL", "5:1")  # the slow layouts' steps after the 5th take 1 s: stopped by the pruner
     run_study(prepare(_cfg(tmp_path, prune_margin=0.25, trials=6)), backend=_backend(tmp_path))
     monkeypatch.setenv("FAKE_TRIAL_MODE", "oom")
     run_study(prepare(_cfg(tmp_path, prune_margin=0.25, trials=2)), backend=_backend(tmp_path))
