@@ -198,7 +198,7 @@ def test_pareto_shows_predicted_vs_measured(measured_study):
 
 def test_pareto_lists_pruned_and_failed_trials(tmp_path, one_fast, monkeypatch):
     monkeypatch.setenv("FAKE_TAIL", "5:1")  # the slow layouts' steps after the 5th take 1 s: stopped by the pruner
-    run_study(prepare(_cfg(tmp_path, prune_margin=0.25, trials=6)), backend=_backend(tmp_path))
+    run_study(prepare(_cfg(tmp_path, prune_margin=0.25, trials=4)), backend=_backend(tmp_path))
     monkeypatch.setenv("FAKE_TRIAL_MODE", "oom")
     run_study(prepare(_cfg(tmp_path, prune_margin=0.25, trials=2)), backend=_backend(tmp_path))
     r = CliRunner().invoke(app, ["pareto", "--study", "s", "--results-dir", str(tmp_path)])
