@@ -129,7 +129,7 @@ def test_a_second_run_of_a_running_study_is_refused(tmp_path):
     from tuner.cli import app
     from tuner.study.storage import StudyLock as _StudyLock
 
-    args = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "4", "--results-dir", str(tmp_path), "--study", "busy"]
+    args = ["--model", "MiniMax-M2", "--layers", "4", "--gpus", "64xH200", "--trials", "4", "--results-dir", str(tmp_path), "--study", "busy"]
     lock = _StudyLock(tmp_path / "busy", "busy")  # as if another tune process were running it
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 2 and "being run by another tune process" in r.output and "Traceback" not in r.output, r.output
