@@ -56,7 +56,7 @@ def one_fast(monkeypatch):
 
 
 def _slow_tp(mp: pytest.MonkeyPatch) -> None:
-    """TP 1 layouts step in (report) 2 s, TP 2 and TP 4 in 15 s: 7x slower, so they are pruned where a study prunes."""
+    """TP 1 layouts report steps of 2 s, TP 2 and TP 4 of 15 s: 7x slower, so they are pruned where a study prunes."""
     mp.setenv("FAKE_TRIAL_MODE", "ok")
     mp.setenv("FAKE_REPORT_SCALE", QUICK)
     mp.setenv("FAKE_STEP_S_TP1", "0.002")
@@ -81,13 +81,13 @@ def _slow_tp_study(tmp_path_factory, steps=6, **kw):
 
 @pytest.fixture(scope="module")
 def measured_study(tmp_path_factory):
-    """6 measured trials of 6 steps, the default recalibration."""
+    """--trials 6 of 6 steps, the default recalibration."""
     return _slow_tp_study(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def recalibrated_study(tmp_path_factory):
-    """--recalibrate-after 2: 7 trials of 4 steps, refitted after every 2 measured ones."""
+    """--recalibrate-after 2: --trials 7 of 4 steps, refitted after every 2 measured trials."""
     return _slow_tp_study(tmp_path_factory, steps=4, trials=7, recalibrate_after=2)
 
 
