@@ -247,22 +247,40 @@ def _db_bytes(db: Path, copy: Path) -> bytes:
     return copy.read_bytes()
 
 
-@pytest.mark.parametrize(("damage", "needle"), [
-    ("delete", "no study database"),
-    ("empty", "is empty"),
-    ("other", "holds 'other' instead"),
-])
-def test_a_study_whose_store_is_gone_is_never_silently_replaced(study, tmp_path, damage, needle):
-    """config.yaml records the study: a deleted, emptied or swapped study.db is refused by the main job and by every
-    reading command, and no refused command changes a byte of the folder."""
+DAMAGES = {"delete": "no study database", "empty": "is empty", "other": "holds 'other' instead"}
 
-    res = tmp_path / "results"
-    # a study of its own, made in another process (no connection of this one left on its file): its record names its store
+
+@pytest.fixture(scope="module")
+def studies_made_elsewhere(tmp_path_factory) -> dict[str, Path]:
+    """For each damage of :data:`DAMAGES`, a results folder holding a study of its own ("base"), all made by the main
+    job (``python -m tuner.cli``) in one other process: no connection of this one is left on their files."""
+    import json
     import subprocess
     import sys
 
-    made = subprocess.run([sys.executable, "-m", "tuner.cli", *MAIN, "--results-dir", str(res)], capture_output=True, text=True)
+    root = tmp_path_factory.mktemp("made")
+    res = {d: root / d / "results" for d in DAMAGES}
+    runs = [[*MAIN, "--results-dir", str(r)] for r in res.values()]
+    code = ("import json, runpy, sys\n"
+            "for argv in json.loads(sys.argv[1]):\n"
+            "    sys.argv = ['tune', *argv]\n"
+            "    try:\n"
+            "        runpy.run_module('tuner.cli', run_name='__main__', alter_sys=True)\n"
+            "    except SystemExit as e:\n"
+            "        if e.code not in (None, 0):\n"
+            "            raise\n")
+    made = subprocess.run([sys.executable, "-c", code, json.dumps(runs)], capture_output=True, text=True)
     assert made.returncode == 0, made.stdout + made.stderr
+    return res
+
+
+@pytest.mark.parametrize(("damage", "needle"), DAMAGES.items())
+def test_a_study_whose_store_is_gone_is_never_silently_replaced(studies_made_elsewhere, tmp_path, damage, needle):
+    """config.yaml records the study: a deleted, emptied or swapped study.db is refused by the main job and by every
+    reading command, and no refused command changes a byte of the folder."""
+
+    # a study of its own, made in another process: its record names its store
+    res = studies_made_elsewhere[damage]
     db = res / "base" / "study.db"
     db.write_bytes(_db_bytes(db, tmp_path / "base.db"))
     for side in res.glob("base/study.db-*"):

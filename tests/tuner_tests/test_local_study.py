@@ -38,22 +38,57 @@ def _backend(tmp_path, steps=6):
                         launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02)
 
 
+#: The fake reports each step 1000 times longer than it sleeps: the study sees steps of seconds, and a trial
+#: of 6 steps sleeps a few hundredths of a second in all.
+QUICK = "1000"
+
+
 @pytest.fixture
 def one_fast(monkeypatch):
-    """Only allgather layouts without recompute step fast (0.02 s); the others take 0.15 s: pruned."""
+    """Only allgather layouts without recompute step fast (reported 2 s); the others report 15 s: pruned where a
+    study prunes. A test that prunes sets FAKE_TAIL, so that the trial to be stopped is still running when
+    the pruner reads its 5th step."""
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
-    monkeypatch.setenv("FAKE_STEP_S", "0.15")
+    monkeypatch.setenv("FAKE_REPORT_SCALE", QUICK)
+    monkeypatch.setenv("FAKE_STEP_S", "0.015")
     monkeypatch.setenv("FAKE_FAST_IF", "dispatcher=allgather,recompute_granularity=none")
-    monkeypatch.setenv("FAKE_FAST_STEP_S", "0.02")
+    monkeypatch.setenv("FAKE_FAST_STEP_S", "0.002")
+
+
+def _slow_tp(mp: pytest.MonkeyPatch) -> None:
+    """TP 1 layouts report steps of 2 s, TP 2 and TP 4 of 15 s: 7x slower, so they are pruned where a study prunes."""
+    mp.setenv("FAKE_TRIAL_MODE", "ok")
+    mp.setenv("FAKE_REPORT_SCALE", QUICK)
+    mp.setenv("FAKE_STEP_S_TP1", "0.002")
+    mp.setenv("FAKE_STEP_S_TP2", "0.015")
+    mp.setenv("FAKE_STEP_S_TP4", "0.015")
 
 
 @pytest.fixture
 def slow_tp(monkeypatch):
-    """TP 1 layouts step in 0.02 s, TP 2 and TP 4 in 0.15 s: 7x slower, so they are pruned."""
-    monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
-    monkeypatch.setenv("FAKE_STEP_S_TP1", "0.02")
-    monkeypatch.setenv("FAKE_STEP_S_TP2", "0.15")
-    monkeypatch.setenv("FAKE_STEP_S_TP4", "0.15")
+    _slow_tp(monkeypatch)
+
+
+def _slow_tp_study(tmp_path_factory, steps=6, **kw):
+    """A study of real trials (the layouts of ``slow_tp``, no pruning) run once for the tests of this module that only
+    read what it recorded: its folder and the RunResult."""
+    root = tmp_path_factory.mktemp("study")
+    with pytest.MonkeyPatch.context() as mp:
+        _slow_tp(mp)
+        prep = prepare(_cfg(root, prune_margin=None, **kw))
+        return root, prep, run_study(prep, backend=_backend(root, steps=steps))
+
+
+@pytest.fixture(scope="module")
+def measured_study(tmp_path_factory):
+    """--trials 6 of 6 steps, the default recalibration."""
+    return _slow_tp_study(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def recalibrated_study(tmp_path_factory):
+    """--recalibrate-after 2: --trials 7 of 4 steps, refitted after every 2 measured trials."""
+    return _slow_tp_study(tmp_path_factory, steps=4, trials=7, recalibrate_after=2)
 
 
 def test_layers_slices_the_model_and_names_the_study(tmp_path):
@@ -62,9 +97,8 @@ def test_layers_slices_the_model_and_names_the_study(tmp_path):
     assert prep.config.study_name(prep.model, prep.cluster) == "MiniMax-M2-L4-4xH200-s8192-gbs8-megatron"  # --stack megatron
 
 
-def test_measured_trials_land_in_the_study(tmp_path, slow_tp):
-    prep = prepare(_cfg(tmp_path, prune_margin=None))
-    res = run_study(prep, backend=_backend(tmp_path))
+def test_measured_trials_land_in_the_study(measured_study):
+    _, _, res = measured_study
     rows = trial_rows(res.study)
     assert res.evaluated_now >= 3 and rows
     for r in rows:
@@ -78,9 +112,10 @@ def test_measured_trials_land_in_the_study(tmp_path, slow_tp):
 def test_pruning_saves_time(tmp_path, one_fast, monkeypatch):
     # the first layout tried is the fast one (allgather, no recompute); the 3 after it are slow
     full = run_study(prepare(_cfg(tmp_path / "a", prune_margin=None, trials=4)), backend=_backend(tmp_path / "a"))
-    # the slow layouts' steps after the 4th (where the pruner can first stop them: 2 warm-up + 2 measured) take
-    # 1 s: a pruned trial is stopped within that second, however far the step reader lags on a loaded machine
-    monkeypatch.setenv("FAKE_TAIL", "4:1")
+    # the slow layouts' steps after the 5th (where the pruner can first stop them: 3 warm-up, half of the 6 trial
+    # steps, + 2 measured) take 1 s: a pruned trial is stopped within that second, however far the step reader
+    # lags on a loaded machine
+    monkeypatch.setenv("FAKE_TAIL", "5:1")
     pruned = run_study(prepare(_cfg(tmp_path / "b", prune_margin=0.25, trials=4)), backend=_backend(tmp_path / "b"))
     assert full.pruned_now == 0 and pruned.pruned_now >= 1
     assert full.evaluated_now == 4 and pruned.evaluated_now + pruned.pruned_now == 4  # both tried 4 layouts
@@ -152,9 +187,9 @@ def test_cli_layers_and_local_gpu_count(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "this machine's 2 GPUs" in r.output and "--gpus 2xH200" in r.output
 
 
-def test_pareto_shows_predicted_vs_measured(tmp_path, slow_tp):
-    run_study(prepare(_cfg(tmp_path, prune_margin=None, trials=3)), backend=_backend(tmp_path))
-    r = CliRunner().invoke(app, ["pareto", "--study", "s", "--results-dir", str(tmp_path)])
+def test_pareto_shows_predicted_vs_measured(measured_study):
+    root, _, _ = measured_study
+    r = CliRunner().invoke(app, ["pareto", "--study", "s", "--results-dir", str(root)])
     assert r.exit_code == 0, r.output
     assert "Predicted vs measured, every real trial (tokens/s/GPU; peak GiB)" in r.output
     header = next(ln for ln in r.output.splitlines() if ln.lstrip().startswith("trial") and "outcome" in ln)
@@ -162,7 +197,8 @@ def test_pareto_shows_predicted_vs_measured(tmp_path, slow_tp):
 
 
 def test_pareto_lists_pruned_and_failed_trials(tmp_path, one_fast, monkeypatch):
-    run_study(prepare(_cfg(tmp_path, prune_margin=0.25, trials=6)), backend=_backend(tmp_path))
+    monkeypatch.setenv("FAKE_TAIL", "5:1")  # the slow layouts' steps after the 5th take 1 s: stopped by the pruner
+    run_study(prepare(_cfg(tmp_path, prune_margin=0.25, trials=4)), backend=_backend(tmp_path))
     monkeypatch.setenv("FAKE_TRIAL_MODE", "oom")
     run_study(prepare(_cfg(tmp_path, prune_margin=0.25, trials=2)), backend=_backend(tmp_path))
     r = CliRunner().invoke(app, ["pareto", "--study", "s", "--results-dir", str(tmp_path)])
@@ -178,11 +214,10 @@ def test_a_study_keeps_its_slice(tmp_path):
         run_study(prepare(_cfg(tmp_path, backend="model", trials=2, layers=2)))
 
 
-def test_recalibrates_as_it_goes_and_reranks_the_queue(tmp_path, slow_tp):
+def test_recalibrates_as_it_goes_and_reranks_the_queue(recalibrated_study):
     """--recalibrate-after 2: after every 2 measured trials the constants are refitted to the measurements and
     the rest of the queue is re-ranked by the refitted prediction; every refit is recorded in the study."""
-    prep = prepare(_cfg(tmp_path, prune_margin=None, trials=7, recalibrate_after=2))
-    res = run_study(prep, backend=_backend(tmp_path, steps=4))
+    _, prep, res = recalibrated_study
     recs = res.study.user_attrs.get("recalibrations")
     assert recs and [r["after_measured_trials"] for r in recs][:2] == [2, 4]
     assert all("error" not in r for r in recs), recs
@@ -201,9 +236,9 @@ def test_recalibrate_after_zero_keeps_the_fixed_queue(tmp_path, slow_tp):
     assert not [t for t in res.study.trials if "after recalibration" in str(t.user_attrs.get("enqueued", ""))]
 
 
-def test_pareto_lists_the_refits(tmp_path, slow_tp):
-    run_study(prepare(_cfg(tmp_path, prune_margin=None, trials=4, recalibrate_after=2)), backend=_backend(tmp_path, steps=4))
-    r = CliRunner().invoke(app, ["pareto", "--study", "s", "--results-dir", str(tmp_path)])
+def test_pareto_lists_the_refits(recalibrated_study):
+    root, _, _ = recalibrated_study
+    r = CliRunner().invoke(app, ["pareto", "--study", "s", "--results-dir", str(root)])
     assert r.exit_code == 0 and "refit after 2 measured trials: step-time median error" in r.output
 
 

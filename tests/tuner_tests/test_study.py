@@ -129,7 +129,7 @@ def test_a_second_run_of_a_running_study_is_refused(tmp_path):
     from tuner.cli import app
     from tuner.study.storage import StudyLock as _StudyLock
 
-    args = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "4", "--results-dir", str(tmp_path), "--study", "busy"]
+    args = ["--model", "MiniMax-M2", "--layers", "4", "--gpus", "64xH200", "--trials", "4", "--results-dir", str(tmp_path), "--study", "busy"]
     lock = _StudyLock(tmp_path / "busy", "busy")  # as if another tune process were running it
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 2 and "being run by another tune process" in r.output and "Traceback" not in r.output, r.output
@@ -483,24 +483,18 @@ def test_a_study_from_before_a_constant_was_named_resumes_but_another_value_is_r
     # when the field keeps the base value (the formula is unchanged); a stored value that differs is refused.
     from tuner.study import open_storage
 
-    cfg = TuneConfig(model="MiniMax-M2", gpus="64xH200", trials=3, results_dir=str(tmp_path), study="old")
-    run_study(prepare(cfg))
+    p = prepare(TuneConfig(model="MiniMax-M2", gpus="64xH200", trials=3, results_dir=str(tmp_path), study="old"))
+    run_study(p)
     url = f"sqlite:///{tmp_path}/old/study.db"
     study = optuna.load_study(study_name="old", storage=open_storage(url))
     cal = dict(study.user_attrs["calibration"])
     cal.pop("base_process_groups")
     study.set_user_attr("calibration", cal)
-    run_study(prepare(dataclasses_replace(cfg, trials=4)))  # resumes
+    run_study(_cfg(p, tmp_path, trials=4))  # resumes
     cal["hbm_efficiency"] = cal["hbm_efficiency"] * 0.5
     study.set_user_attr("calibration", cal)
     with pytest.raises(TunerError, match="hbm_efficiency"):
-        run_study(prepare(dataclasses_replace(cfg, trials=5)))
-
-
-def dataclasses_replace(obj, **kw):
-    import dataclasses
-
-    return dataclasses.replace(obj, **kw)
+        run_study(_cfg(p, tmp_path, trials=5))
 
 
 def test_gpt_oss_commands_follow_the_studys_megatron_core(tmp_path):
