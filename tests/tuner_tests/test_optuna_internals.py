@@ -204,3 +204,19 @@ def test_closing_the_storages_writes_the_log_into_the_study_file(tmp_path):
     with sqlite3.connect(db) as c:
         assert list(c.execute("SELECT value FROM trial_values")) == [(1.0,)]
     assert [t.value for t in study.trials] == [1.0]  # the storage stays usable
+
+
+def test_closing_reaches_an_engine_its_storage_left_behind(tmp_path):
+    """A storage dropped by its last reference can leave its engine (and its open connections) in a cycle the frozen
+    collector never scans: the engine is still closed, and the log folded into study.db."""
+    db = tmp_path / "study.db"
+    assert _optuna.create_sqlite_schema(str(db))
+    storage = _optuna.ThreadSafeRDBStorage(f"sqlite:///{db}", engine_kwargs=_optuna.local_sqlite_engine_kwargs(db),
+                                           skip_table_creation=True, skip_compatibility_check=True)
+    study = optuna.create_study(storage=storage, study_name="s")
+    study.add_trial(create_trial(value=1.0, params={"x": "a"}, distributions={"x": CategoricalDistribution(["a"])}))
+    left_behind = storage.engine  # stands for the cycle that keeps it alive
+    del study, storage
+    assert (tmp_path / "study.db-wal").exists()
+    _optuna.close_storages()
+    assert not (tmp_path / "study.db-wal").exists() and left_behind is not None

@@ -165,8 +165,10 @@ def create_sqlite_schema(path: str | Path) -> bool:
 #: Attempts at creating Optuna's tables when workers start together on a fresh database.
 SCHEMA_ATTEMPTS = 5
 
-#: The :class:`ThreadSafeRDBStorage` objects of this process not yet garbage (:func:`close_storages`).
-_LIVE_STORAGES: weakref.WeakSet[RDBStorage] = weakref.WeakSet()
+#: The SQLAlchemy engines of this process's :class:`ThreadSafeRDBStorage` objects (:func:`close_storages`): an engine,
+#: not its storage, since a storage dropped by its last reference can leave its engine, and the engine's open
+#: connections, in a reference cycle the collector never scans once the process is frozen (``gc.freeze``).
+_LIVE_ENGINES: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def close_storages() -> None:
@@ -174,8 +176,8 @@ def close_storages() -> None:
     ``Engine.dispose``): on a SQLite file in write-ahead-log mode the last connection's close writes the log into the
     file and removes ``-wal`` and ``-shm``, as the collector's close at exit would. A storage stays usable (a later
     call opens new connections)."""
-    for storage in list(_LIVE_STORAGES):
-        storage.engine.dispose()
+    for engine in list(_LIVE_ENGINES):
+        engine.dispose()
 
 
 class ThreadSafeRDBStorage(RDBStorage):
@@ -199,7 +201,7 @@ class ThreadSafeRDBStorage(RDBStorage):
                     raise
                 time.sleep(0.2 * attempt)
         self._state_lock = threading.Lock()
-        _LIVE_STORAGES.add(self)
+        _LIVE_ENGINES.add(self.engine)
 
     def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
         """``RDBStorage.set_trial_state_values`` under this process's lock, and on a SQLite file under an exclusive
@@ -227,7 +229,7 @@ class ThreadSafeRDBStorage(RDBStorage):
     def __setstate__(self, state: dict[Any, Any]) -> None:
         super().__setstate__(state)
         self._state_lock = threading.Lock()
-        _LIVE_STORAGES.add(self)
+        _LIVE_ENGINES.add(self.engine)
 
 
 class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
