@@ -275,15 +275,18 @@ def parse_gpus(
         TunerError: malformed text, unknown GPU, zero GPUs, a count that is not a whole number of nodes, an unknown
             network, or (``require_network``) a GPU whose server type has no default network and no ``network``.
     """
-    shown = repr(text)
+    shown = repr(text) if len(text or "") <= 80 else repr(text[:77] + "...")
     m = _GPUS_RE.fullmatch(text or "")
     if not m:
         raise TunerError(
             f"{name} {shown}: expected COUNTxGPU such as 64xH200, or NODESxPER_NODExGPU such as 8x8xH200 "
             f"(GPUs: {', '.join(list_gpus())})"
         )
-    nodes = int(m.group(1)) if m.group(1) is not None else None
-    count, gname = int(m.group(2)), m.group(3)
+    try:
+        nodes = int(m.group(1)) if m.group(1) is not None else None
+        count, gname = int(m.group(2)), m.group(3)
+    except ValueError:  # a count too long for int(), so past MAX_GPUS
+        raise TunerError(f"{name} {shown}: more GPUs than this tool models (at most {MAX_GPUS:,})") from None
     try:
         gpu = load_gpu(gname)
     except TunerError as e:

@@ -429,6 +429,6 @@ def study_report(
     ties = measured_ties(as_dicts, best["trial"]) if best else []
     rel = {name: os.path.relpath(p, path.parent) for name, p in (files or {}).items()}
     heading = (f"{model.name} on {cluster.label} ({cluster.num_gpus} GPUs, {cluster.gpu.hbm_bytes / GIB:.1f} GiB each), seq {workload.seq_length:,}, "
-               f"global batch {workload.global_batch_size}, {workload.precision.value}; backend {backend}; {len(rows)} layouts evaluated")
+               f"global batch {workload.global_batch_size}, {workload.precision.value}; backend {backend}; {len(rows):,} layouts evaluated")
     return write_report(path, force=force, study=study, heading=heading, rows=rows, front=front, breakdowns=breakdowns,
                         usable_gib=cluster.gpu.hbm_bytes * (1 - memory_headroom) / GIB, ties=ties, ties_of=best["trial"] if best else None, files=rel)

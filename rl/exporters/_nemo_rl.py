@@ -13,7 +13,9 @@ is validated against it.
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jsonschema
@@ -26,8 +28,23 @@ from specs.errors import TunerError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from rl.plan import RLJob, RLPlan
+    from specs.model import ModelSpec
 
 __all__ = ["NemoRLRecipeExporter", "nemo_rl_config", "nemo_rl_schema", "render_nemo_rl_yaml"]
+
+
+def hf_model_id(model: ModelSpec) -> str:
+    """What NeMo-RL's ``policy.model_name`` loads for ``model``: the Hugging Face id of a preset read from
+    ``https://huggingface.co/<org>/<name>`` (its ``_source``), the folder of a ``config.json`` the user gave,
+    else the model's name. Never aiconfigurator's id (``rl.engine.AIC_MODELS``), which may name another model.
+    """
+    src = model.source.split()[0] if model.source.strip() else ""
+    m = re.match(r"https://huggingface\.co/([^/\s]+/[^/\s]+)", src)
+    if m:
+        return m.group(1)
+    if Path(src).name == "config.json":
+        return str(Path(src).resolve().parent)
+    return model.name
 
 
 def nemo_rl_config(plan: RLPlan, job: RLJob) -> dict[str, Any]:
@@ -36,7 +53,7 @@ def nemo_rl_config(plan: RLPlan, job: RLJob) -> dict[str, Any]:
     Raises:
         TunerError: a plan NeMo-RL cannot run (an SGLang engine).
     """
-    from rl.engine import Engine, GenerationPrecision, aic_model_name
+    from rl.engine import Engine, GenerationPrecision
     from rl.trainer import TrainerBackend
 
     c = plan.choice
@@ -44,12 +61,8 @@ def nemo_rl_config(plan: RLPlan, job: RLJob) -> dict[str, Any]:
         raise TunerError("the NeMo-RL export needs a vLLM engine (NeMo-RL's generation backend); use --engine vllm or --framework slime")
     per = job.cluster.gpus_per_node
     lay = plan.trainer.layout
-    try:
-        model_name = aic_model_name(job.model.name)
-    except TunerError:
-        model_name = job.model.name
     policy: dict[str, Any] = {
-        "model_name": model_name,
+        "model_name": hf_model_id(job.model),
         "train_global_batch_size": job.train_sequences,
         "train_micro_batch_size": 1,
         "logprob_batch_size": 1,

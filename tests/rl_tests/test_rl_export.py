@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
@@ -25,9 +26,9 @@ def _latency(job, shape):
     return LatencyTable.from_functions(lambda n, c: 0.02 + 1e-5 * n, lambda t: 1e-5 * t, max_ctx=job.max_total_len)
 
 
-def seed_plan(engine=Engine.vllm, framework=Framework.nemo_rl, backend=TrainerBackend.automodel):
+def seed_plan(engine=Engine.vllm, framework=Framework.nemo_rl, backend=TrainerBackend.automodel, model="MiniMax-M3"):
     job = RLJob(
-        model=load_model("MiniMax-M3"),
+        model=load_model(model),
         cluster=parse_gpus("32x8xH200"),
         framework=framework,
         engine=engine,
@@ -89,6 +90,19 @@ def test_exported_recipe_and_the_seed_recipe_pass_our_schema():
     bad["policy"]["generation"]["vllm_cfg"]["gpu_memory_utilization"] = 1.5
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)
+
+
+def test_recipe_names_the_trained_model_not_the_engine_data_model(tmp_path):
+    """MiniMax-M2's engine costs come from aiconfigurator's MiniMax-M2.5 config; the recipe must still load M2."""
+    plan, job = seed_plan(model="MiniMax-M2")
+    assert nemo_rl_config(plan, job)["policy"]["model_name"] == "MiniMaxAI/MiniMax-M2"
+    cfg = json.loads((Path(__file__).resolve().parents[2] / "specs" / "data" / "models" / "MiniMax-M2.json").read_text())
+    cfg = {k: v for k, v in cfg.items() if k not in ("_source", "tuner")}
+    folder = tmp_path / "my-m2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    plan, job = seed_plan(model=str(folder / "config.json"))
+    assert nemo_rl_config(plan, job)["policy"]["model_name"] == str(folder.resolve())
 
 
 def test_recipe_says_it_is_a_prediction():

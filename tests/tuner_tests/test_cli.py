@@ -220,6 +220,7 @@ def _write(tmp_path: Path, name: str, text: str) -> str:
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--usd-per-gpu-hour", "nan"], "--usd-per-gpu-hour must be"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--network-gbps", "1e308"], "Gb/s per node, got 1e+308"),  # "got inf" before
         (["--model", "MiniMax-M2", "--gpus", "100000000000000000000xH200"], "more GPUs than this tool models"),
+        (["--model", "MiniMax-M2", "--gpus", "9" * 5000 + "xH200"], "9...': more GPUs than this tool models"),
         (["--model", "MiniMax-M2", "--gpus", "8x0xH200"], "'8x0xH200': the GPUs per node must be at least 1"),
         (["--model", "MiniMax-M2", "--gpus", "0x8xH200"], "'0x8xH200': the node count must be at least 1"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--global-batch", "99999999999999999999"], "at most"),

@@ -352,6 +352,13 @@ def _write_results(res: Any, prep: Any, cfg: Any, rows: list[dict[str, Any]], fr
     return files, report_note
 
 
+def _study_counts(res: Any, evaluated: int, backend: str) -> str:
+    """``Study NAME: 102,561 layouts evaluated in total (2,000 now; ...)``: ``evaluated`` in the study, ``res``'s
+    counts of this run (pruned, failed and GPU-hours where a backend ran trials)."""
+    ran = f"; {res.pruned_now:,} pruned, {res.failed_now:,} failed; {res.gpu_hours_now:,.1f} GPU-hours" if backend != "model" else ""
+    return f"Study {escape(res.study_name)}: {evaluated:,} layouts evaluated in total ({res.evaluated_now:,} now{ran})"
+
+
 def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[dict[str, Any]], front: list[dict[str, Any]],
                    best: dict[str, Any], tied: list[Any], files: dict[str, Path], report_note: str, *, results_dir: Path, top: int,
                    launch: Any) -> None:
@@ -369,9 +376,7 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
         f"Space: {fmt_int(en.considered)} layouts, {fmt_int(prep.n_valid)} valid, {fmt_int(prep.n_fit)} candidates "
         f"({fmt_int(int((prep.fits & ~prep.surely_fits).sum()))} may not fit)"
     )
-    out.print(f"Study {escape(res.study_name)}: {len(rows)} layouts evaluated in total ({res.evaluated_now} now"
-              + (f"; {res.pruned_now} pruned, {res.failed_now} failed; {res.gpu_hours_now:,.1f} GPU-hours" if cfg.backend != "model" else "")
-              + ")")
+    out.print(_study_counts(res, len(rows), cfg.backend))
     for note in (res.budget_note, res.confirm_note):
         if note:
             out.print(f"note: {escape(note)}")

@@ -93,7 +93,7 @@ def pareto(
     st, m, c, w, cfg, rows, front = study_front(study, storage, results_dir, ("--csv", csv_out, "pareto.csv"), force=force)
     srcs = {r["source"] for r in front}
     out.print(f"Study [bold]{escape(st.study_name)}[/]: {escape(m.name)} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}; "
-              f"backend {escape(str(cfg.get('backend')))}; {len(rows)} layouts evaluated")
+              f"backend {escape(str(cfg.get('backend')))}; {len(rows):,} layouts evaluated")
     more = shell_command("tune", "pareto", *study_flags(st.study_name, results_dir), "--top", "0")
     print_front(front, top, title=f"Pareto front ({' and '.join(sorted(srcs))}; tok/s = tokens/s/GPU, 90% interval; * may not fit)",
                 more_hint=more)

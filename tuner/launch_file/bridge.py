@@ -196,7 +196,7 @@ def _perf_matrix_args(matrix: Mapping[str, Any], label: str, gpus: str | None, p
                          "accepted: --precision bf16, or fp8 with the tensorwise recipe (its fp8_cs)")
     block, prec_args = _PERF_PRECISIONS[choice]
     if block not in entry:
-        raise TunerError(f"{label}: {where} has no {block} entry (it has {', '.join(k for k in entry if k != 'common')}); "
+        raise TunerError(f"{label}: {where} has no {block} entry (it has {', '.join(str(k) for k in entry if k != 'common')}); "
                          "give --precision with one it has")
     argv: list[str] = list(prec_args)
     names = {a: f"{where}.{block}" for a in prec_args if a.startswith("--")}
@@ -205,7 +205,7 @@ def _perf_matrix_args(matrix: Mapping[str, Any], label: str, gpus: str | None, p
         body = entry.get(part) or {}
         if not isinstance(body, Mapping):
             raise TunerError(f"{label}: {where}.{part} is not a mapping of settings")
-        for k, v in body.items():
+        for k, v in ((str(k), v) for k, v in body.items()):  # YAML may give a number as a key
             at = f"{where}.{part}.{k}"
             if k == "num_gpus_per_node" and isinstance(v, int):
                 per_node = v
