@@ -669,3 +669,18 @@ def test_the_torchrun_template_of_the_docs_loads(tmp_path):
     (tmp_path / "t.yaml").write_text(text)
     tpl = load_template(tmp_path / "t.yaml")
     assert tpl.framework == "megatron" and "{layout_args}" in tpl.argv and "pretrain_gpt.py" in tpl.argv
+
+
+def test_a_study_stored_before_a_run_option_existed_resumes_unless_one_it_has_differs():
+    """``cuda_graph_impl`` is newer than some stored studies: a field the stored study lacks is not a difference."""
+    from types import SimpleNamespace
+
+    from cost_model.calibration import BASE_CALIBRATION
+    from tuner.study.storage import check_study_config
+
+    now = {"run_options": {"cuda_graph_scope": [], "cuda_graph_impl": "none"}}
+    old = SimpleNamespace(user_attrs={"resolved": {"run_options": {"cuda_graph_scope": []}}})
+    check_study_config(old, None, "s", BASE_CALIBRATION, now)  # type: ignore[arg-type]
+    other = SimpleNamespace(user_attrs={"resolved": {"run_options": {"cuda_graph_scope": ["attn"]}}})
+    with pytest.raises(TunerError, match=r"cuda_graph_scope=\['attn'\]"):
+        check_study_config(other, None, "s", BASE_CALIBRATION, now)  # type: ignore[arg-type]
