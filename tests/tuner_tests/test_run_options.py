@@ -684,3 +684,9 @@ def test_a_study_stored_before_a_run_option_existed_resumes_unless_one_it_has_di
     other = SimpleNamespace(user_attrs={"resolved": {"run_options": {"cuda_graph_scope": ["attn"]}}})
     with pytest.raises(TunerError, match=r"cuda_graph_scope=\['attn'\]"):
         check_study_config(other, None, "s", BASE_CALIBRATION, now)  # type: ignore[arg-type]
+
+
+def test_estimate_refuses_full_recompute_under_per_layer_cuda_graphs():
+    r = runner.invoke(app, ["estimate", "--model", "Llama-3.1-8B", "--gpus", "8xH200", "--tp", "1", "--pp", "1",
+                            "--recompute", "full", "--cuda-graph-impl", "local"])
+    assert r.exit_code == 2 and "breaks rule cuda_graphs" in r.output, r.output
