@@ -465,8 +465,9 @@ def _single(
     """:func:`estimate` (and, with ``details``, :func:`estimate_details`) of one layout."""
     if layout.world_size != cluster.num_gpus:
         raise TunerError(f"layout world_size {layout.world_size} differs from the cluster's {cluster.num_gpus} GPUs")
-    # the run options' own rule (activation offloading); the cluster's (fabric, release) are the caller's to check
-    broken = check_layout(layout, model, workload, RuleEnv(cpu_offloading_num_layers=options.cpu_offloading_num_layers))
+    # the run options' own rules (activation offloading, CUDA graphs); the cluster's (fabric, release) are the caller's
+    broken = check_layout(layout, model, workload, RuleEnv(cpu_offloading_num_layers=options.cpu_offloading_num_layers,
+                                                           cuda_graph_impl=options.cuda_graph_effective_impl))
     if broken:
         rule_id, reason = broken[0]
         raise InfeasibleLayout(rule_id, reason)

@@ -39,6 +39,8 @@ class RuleEnv:
     """``--cp-comm-type`` of the run (:attr:`specs.RunOptions.cp_comm_type`)."""
     cpu_offloading_num_layers: int = 0
     """``--cpu-offloading-num-layers`` of the run (activation offloading; 0 = off)."""
+    cuda_graph_impl: str = "none"
+    """The CUDA graph implementation megatron-core runs (:attr:`specs.RunOptions.cuda_graph_effective_impl`)."""
 
     @classmethod
     def of(cls, cluster: Cluster | None = None, options: RunOptions | None = None) -> RuleEnv:
@@ -49,6 +51,7 @@ class RuleEnv:
             nvlink_size=cluster.nvlink_size if cluster is not None else 0,
             cp_comm_type=options.cp_comm_type if options is not None else "p2p",
             cpu_offloading_num_layers=options.cpu_offloading_num_layers if options is not None else 0,
+            cuda_graph_impl=options.cuda_graph_effective_impl if options is not None else "none",
         )
 
     @property

@@ -565,6 +565,34 @@ def _cpu_offloading(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> 
     return _b((t["pp"] == 1) & t.isin("recompute_granularity", "none"))
 
 
+#: The per-layer CUDA graph implementations: megatron-core refuses them with full recompute and with activation
+#: offloading (``full_iteration`` passes both checks).
+_LAYER_GRAPH_IMPLS = ("local", "transformer_engine")
+
+
+def _cuda_graphs_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -> str:
+    impl = env.cuda_graph_impl
+    if env.cpu_offloading_num_layers:
+        return (f"--cuda-graph-impl {impl} with --cpu-offloading-num-layers {env.cpu_offloading_num_layers}: Megatron "
+                "refuses CUDA graphs with CPU offloading; use --cuda-graph-impl full_iteration, or drop one of them")
+    return (f"--cuda-graph-impl {impl} with recompute {lay.recompute_label}: Megatron runs full recompute only with "
+            "--cuda-graph-impl full_iteration; use selective or no recompute, or that impl")
+
+
+@rule("cuda_graphs", ("recompute_granularity",), explain=_cuda_graphs_x)
+def _cuda_graphs(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> BoolArray:
+    """per-layer CUDA graphs (``--cuda-graph-impl local`` or ``transformer_engine``) run neither with activation
+    offloading nor with full recompute; ``full_iteration`` (also the deprecated ``--cuda-graph-scope
+    full_iteration``) runs with both (megatron/core/transformer/transformer_config.py TransformerConfig.__post_init__
+    at d98e8a64: "CUDA graphs not supported with CPU offloading.", "full recompute is only supported with full
+    iteration CUDA graph.")."""
+    if env.cuda_graph_impl not in _LAYER_GRAPH_IMPLS:
+        return np.ones(len(t), dtype=np.bool_)
+    if env.cpu_offloading_num_layers:
+        return np.zeros(len(t), dtype=np.bool_)
+    return _b(~t.isin("recompute_granularity", "full"))
+
+
 def layout_warnings(layout: Layout, model: ModelSpec, options: RunOptions) -> list[str]:
     """Things Megatron accepts that are reported to fail, for one layout: with EP all-to-all overlap
     (``overlap_moe_expert_parallel_comm``) an odd number of MoE layers on a pipeline stage (a virtual stage with

@@ -17,7 +17,7 @@ from typing import Any
 
 from specs._data import data_files, read_user_yaml
 from specs.errors import TunerError
-from specs.workload import CROSS_ENTROPY_IMPLS, CUDA_GRAPH_SCOPES, FP8_RECIPES, OPTIMIZERS, RunOptions
+from specs.workload import CROSS_ENTROPY_IMPLS, CUDA_GRAPH_IMPLS, CUDA_GRAPH_SCOPES, FP8_RECIPES, OPTIMIZERS, RunOptions
 
 __all__ = [
     "CUDA_GRAPH_IMPLS", "DEFAULT_STACK", "STACK_ALIASES", "RUN_FLAG_NAMES", "RunFlags", "StackPreset", "StackRun",
@@ -30,7 +30,6 @@ DEFAULT_STACK = "slime"
 #: Older names still accepted.
 STACK_ALIASES = {"megatron": "megatron-lm"}
 #: ``--cuda-graph-impl`` values (Megatron-LM ``arguments.py``): ``none`` turns CUDA graphs off.
-CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
 #: ``--transformer-impl`` values.
 TRANSFORMER_IMPLS = ("transformer_engine", "local")
 
@@ -191,7 +190,10 @@ def resolve_run_options(flags: RunFlags, stack: str | None = None, *, precision:
     Raises:
         TunerError: an unknown stack or value, or flags that contradict each other: ``--grad-reduce-in-bf16`` with
             ``--accumulate-allreduce-grads-in-fp32``, ``--cuda-graph-impl none`` with ``--cuda-graph-scope``,
-            ``--cross-entropy-fusion-impl`` while the loss fusion is off, ``--fp8-param-gather`` with bf16.
+            ``--cross-entropy-fusion-impl`` while the loss fusion is off, ``--fp8-param-gather`` with bf16,
+            per-layer CUDA graphs (impl ``local`` or ``transformer_engine``) with ``--cpu-offloading-num-layers``
+            (megatron/core/transformer/transformer_config.py at d98e8a64: "CUDA graphs not supported with CPU
+            offloading.").
     """
     preset = load_stack(stack or DEFAULT_STACK)
     base = RunOptions(**dict(preset.run_options))
@@ -230,6 +232,8 @@ def resolve_run_options(flags: RunFlags, stack: str | None = None, *, precision:
     if graph_impl == "none" and scope:
         raise TunerError(f"--cuda-graph-impl none with --cuda-graph-scope {' '.join(scope)}: no graph is captured with impl none; "
                          "give one of them")
+    if graph_impl is not None:
+        kw["cuda_graph_impl"] = graph_impl
     if graph_impl == "none":
         kw["cuda_graph_scope"] = ()
     elif scope:
@@ -260,6 +264,10 @@ def resolve_run_options(flags: RunFlags, stack: str | None = None, *, precision:
     if opt is not None:
         kw["optimizer"] = opt
     options = dataclasses.replace(base, **kw)
+    if options.cpu_offloading_num_layers and options.cuda_graph_effective_impl in ("local", "transformer_engine"):
+        raise TunerError(f"--cuda-graph-impl {options.cuda_graph_impl} with --cpu-offloading-num-layers "
+                         f"{options.cpu_offloading_num_layers}: Megatron refuses CUDA graphs with CPU offloading "
+                         "(transformer_config.py); use --cuda-graph-impl full_iteration, or drop one of them")
     overrides = tuple(_spell(n, v) for n, v in g.items() if _changes(n, v, base, options))
     return StackRun(preset=preset, options=options, overrides=overrides, flags=tuple(_spell(n, v) for n, v in g.items()))
 
@@ -267,7 +275,7 @@ def resolve_run_options(flags: RunFlags, stack: str | None = None, *, precision:
 def _changes(name: str, value: Any, base: RunOptions, options: RunOptions) -> bool:
     """Whether the flag ``name`` moved a field away from the preset's value."""
     fields = {"accumulate_allreduce_grads_in_fp32": "grad_reduce_in_fp32", "grad_reduce_in_bf16": "grad_reduce_in_fp32",
-              "bias_swiglu_fusion": "bias_activation_fusion", "cuda_graph_impl": "cuda_graph_scope",
+              "bias_swiglu_fusion": "bias_activation_fusion", "cuda_graph_impl": ("cuda_graph_impl", "cuda_graph_scope"),
               "transformer_impl": "te_attention", "fp8_recipe": ("fp8_recipe", "optimizer_fp8_recipe")}.get(name, name)
     names = fields if isinstance(fields, tuple) else (fields,)
     return any(getattr(base, f) != getattr(options, f) for f in names)
@@ -286,10 +294,12 @@ def run_option_args(options: RunOptions, *, precision: str = "bf16", skip: tuple
         if options.cross_entropy_fusion_impl != "native":
             a += ["--cross-entropy-fusion-impl", options.cross_entropy_fusion_impl]
     if options.cuda_graph_scope:
-        if options.cuda_graph_scope == ("full_iteration",):
+        if options.cuda_graph_impl == "full_iteration":
+            a += ["--cuda-graph-impl", "full_iteration"]
+        elif options.cuda_graph_scope == ("full_iteration",):
             a += ["--cuda-graph-impl", "local", "--cuda-graph-scope", "full_iteration"]
         else:
-            a += ["--cuda-graph-impl", "transformer_engine"]
+            a += ["--cuda-graph-impl", options.cuda_graph_impl]
             scopes = [s for s in options.cuda_graph_scope if s != "full"]
             if scopes:
                 a += ["--cuda-graph-scope", *scopes]

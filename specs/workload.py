@@ -105,6 +105,9 @@ CUDA_GRAPH_MOE_SCOPES = ("moe_router", "moe_preprocess", "moe", "full_iteration"
 #: scope given).
 CUDA_GRAPH_SCOPES = ("full", "full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
 
+#: ``--cuda-graph-impl`` values (megatron-core ``TransformerConfig.cuda_graph_impl``; ``none`` is its default).
+CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunOptions:
@@ -126,6 +129,11 @@ class RunOptions:
     """``--overlap-moe-expert-parallel-comm``: EP all-to-all overlapped with another micro-batch's compute."""
     cuda_graph_scope: tuple[str, ...] = ()
     """``--cuda-graph-scope`` values when CUDA graphs are on (``--cuda-graph-impl`` not none); empty = off."""
+    cuda_graph_impl: str = "none"
+    """``--cuda-graph-impl`` (:data:`CUDA_GRAPH_IMPLS`): who captures the graphs; exported as given, read by the
+    validity rules, not priced (the cost model reads :attr:`cuda_graph_scope`). Kept consistent with the scope: a
+    scope without an impl gets ``transformer_engine`` (``local`` for ``full_iteration``), an impl without a scope
+    gets ``full`` (``full_iteration`` for that impl)."""
     use_megatron_fsdp: bool = False
     """``--use-megatron-fsdp`` (ZeRO-3 style: parameters, gradients and optimizer states sharded over DP)."""
     overlap_grad_reduce: bool = False
@@ -217,6 +225,14 @@ class RunOptions:
         unknown = [x for x in self.cuda_graph_scope if x not in CUDA_GRAPH_SCOPES]
         if unknown:
             raise TunerError(f"cuda_graph_scope {unknown[0][:40]!r}: accepted {', '.join(CUDA_GRAPH_SCOPES)}")
+        impl = str(self.cuda_graph_impl).strip().lower()
+        if impl not in CUDA_GRAPH_IMPLS:
+            raise TunerError(f"cuda_graph_impl {impl[:40]!r}: accepted {', '.join(CUDA_GRAPH_IMPLS)}")
+        if self.cuda_graph_scope and impl == "none":
+            impl = "local" if self.cuda_graph_scope == ("full_iteration",) else "transformer_engine"
+        elif impl != "none" and not self.cuda_graph_scope:
+            object.__setattr__(self, "cuda_graph_scope", ("full_iteration",) if impl == "full_iteration" else ("full",))
+        object.__setattr__(self, "cuda_graph_impl", impl)
         if self.fp8_recipe not in FP8_RECIPES:
             raise TunerError(f"fp8_recipe {self.fp8_recipe!r}: accepted {', '.join(FP8_RECIPES)}")
         if self.optimizer_fp8_recipe is not None and self.optimizer_fp8_recipe not in FP8_RECIPES:
@@ -273,6 +289,14 @@ class RunOptions:
         if precision == Precision.bf16:
             return self.optimizer_fp8_recipe in (None, "delayed")
         return precision == Precision.fp8 and self.fp8_recipe == "delayed"
+
+    @property
+    def cuda_graph_effective_impl(self) -> str:
+        """The implementation megatron-core runs: ``full_iteration`` also for the deprecated scope ``full_iteration``
+        (megatron/core/transformer/cuda_graph_config.py at d98e8a64 migrates it), ``none`` when graphs are off."""
+        if not self.cuda_graph_scope:
+            return "none"
+        return "full_iteration" if "full_iteration" in self.cuda_graph_scope else self.cuda_graph_impl
 
     @property
     def cuda_graph_full(self) -> bool:

@@ -313,6 +313,7 @@ use_distributed_optimizer: [true, false]
         "sp_seq_div_tp",
         "cp_attention_variant",
         "cpu_offloading",  # activation offloading is off here
+        "cuda_graphs",  # CUDA graphs are off here
         "recompute_selective",
         "recompute_none",
         "recompute_modules_model",

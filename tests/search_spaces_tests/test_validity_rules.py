@@ -241,6 +241,8 @@ BAD: dict[str, tuple[Layout, str | dict[str, Any], Workload, tuple[str, ...]]] =
                              ("cp 2 with softmax_type learnable", "--cp-comm-type a2a", "use cp 1")),
     "cpu_offloading": (seed_layout(), {}, WORKLOAD, ("--cpu-offloading-num-layers 2", "pp 8", "recompute full uniform 1"),
                        RuleEnv(cpu_offloading_num_layers=2)),
+    "cuda_graphs": (seed_layout(), {}, WORKLOAD, ("--cuda-graph-impl local", "recompute full uniform 1", "full_iteration"),
+                    RuleEnv(cuda_graph_impl="local")),
 }
 
 #: The environment of the rules that read one (the others ignore it): the seed's cluster, AWS p5en with EFA v3.

@@ -11,8 +11,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from specs import DEFAULT_RUN_OPTIONS, Precision, RunOptions, TunerError
-from specs.stacks import RunFlags, list_stacks, load_stack, resolve_run_options
+from search_spaces.rules import RuleEnv, check_layout
+from specs import DEFAULT_RUN_OPTIONS, Layout, Precision, RunOptions, TunerError, Workload, load_model
+from specs.stacks import RunFlags, list_stacks, load_stack, resolve_run_options, run_option_args
 from tuner.cli import app
 from tuner.launch_file import read_launch
 
@@ -95,6 +96,44 @@ def test_cuda_graph_impl_without_scope_captures_whole_layers():
     assert resolve_run_options(RunFlags(cuda_graph_impl="transformer_engine")).options.cuda_graph_scope == ("full",)
     assert resolve_run_options(RunFlags(cuda_graph_impl="full_iteration")).options.cuda_graph_scope == ("full_iteration",)
     assert resolve_run_options(RunFlags(cuda_graph_scope=("attn,moe_router",))).options.cuda_graph_scope == ("attn", "moe_router")
+
+
+
+@pytest.mark.parametrize("impl, scope, args", [
+    ("local", None, ["--cuda-graph-impl", "local"]),
+    ("transformer_engine", ("attn",), ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "attn"]),
+    ("full_iteration", None, ["--cuda-graph-impl", "full_iteration"]),
+    (None, ("moe_router",), ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "moe_router"]),
+])
+def test_the_cuda_graph_impl_given_is_the_one_exported(impl, scope, args):
+    o = resolve_run_options(RunFlags(cuda_graph_impl=impl, cuda_graph_scope=scope)).options
+    a = run_option_args(o)
+    i = a.index("--cuda-graph-impl")
+    assert a[i:i + len(args)] == args and a.count("--cuda-graph-impl") == 1
+
+
+def test_per_layer_cuda_graphs_refuse_full_recompute_and_cpu_offloading():
+    """megatron/core/transformer/transformer_config.py at d98e8a64: per-layer graphs refuse both; full_iteration not."""
+    env = RuleEnv.of(options=resolve_run_options(RunFlags(cuda_graph_impl="local")).options)
+    full = dict(check_layout(Layout(world_size=8, tp=1, pp=1, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
+                             load_model("Llama-3.1-8B"), Workload(seq_length=8192, global_batch_size=128), env))
+    assert "cuda_graphs" in full
+    for impl, offload, bad in (("full_iteration", 0, False), ("local", 2, True), ("full_iteration", 2, False)):
+        env = RuleEnv.of(options=RunOptions(cuda_graph_impl=impl, cpu_offloading_num_layers=offload))
+        got = dict(check_layout(Layout(world_size=8, tp=1, pp=1), load_model("Llama-3.1-8B"), Workload(seq_length=8192, global_batch_size=128), env))
+        assert ("cuda_graphs" in got) == bad, (impl, offload, got)
+
+
+
+def test_a_perf_config_with_cuda_graphs_and_cpu_offloading_is_refused_by_name(tmp_path):
+    """Megatron refuses cuda_graphs: true (impl local) with CPU offloading at start-up: so does tune, naming both."""
+    f = tmp_path / "perf.yaml"
+    f.write_text(BRIDGE_PERF.read_text().replace("        cuda_graphs: false\n        tp: 1\n        pp: 2\n",
+                                                 "        cuda_graphs: true\n        cpu_offloading_num_layers: 47\n"
+                                                 "        tp: 1\n        pp: 1\n", 1).replace("vp: 12", "vp: null", 1))
+    r = runner.invoke(app, ["--from", str(f), "--model", "Qwen3-30B-A3B", "--gpus", "16xH100"])
+    assert r.exit_code == 2, r.output
+    assert "--cuda-graph-impl local with --cpu-offloading-num-layers 47" in " ".join(r.output.split())
 
 
 # ---- the commands -------------------------------------------------------------------------------------------------
@@ -630,3 +669,24 @@ def test_the_torchrun_template_of_the_docs_loads(tmp_path):
     (tmp_path / "t.yaml").write_text(text)
     tpl = load_template(tmp_path / "t.yaml")
     assert tpl.framework == "megatron" and "{layout_args}" in tpl.argv and "pretrain_gpt.py" in tpl.argv
+
+
+def test_a_study_stored_before_a_run_option_existed_resumes_unless_one_it_has_differs():
+    """``cuda_graph_impl`` is newer than some stored studies: a field the stored study lacks is not a difference."""
+    from types import SimpleNamespace
+
+    from cost_model.calibration import BASE_CALIBRATION
+    from tuner.study.storage import check_study_config
+
+    now = {"run_options": {"cuda_graph_scope": [], "cuda_graph_impl": "none"}}
+    old = SimpleNamespace(user_attrs={"resolved": {"run_options": {"cuda_graph_scope": []}}})
+    check_study_config(old, None, "s", BASE_CALIBRATION, now)  # type: ignore[arg-type]
+    other = SimpleNamespace(user_attrs={"resolved": {"run_options": {"cuda_graph_scope": ["attn"]}}})
+    with pytest.raises(TunerError, match=r"cuda_graph_scope=\['attn'\]"):
+        check_study_config(other, None, "s", BASE_CALIBRATION, now)  # type: ignore[arg-type]
+
+
+def test_estimate_refuses_full_recompute_under_per_layer_cuda_graphs():
+    r = runner.invoke(app, ["estimate", "--model", "Llama-3.1-8B", "--gpus", "8xH200", "--tp", "1", "--pp", "1",
+                            "--recompute", "full", "--cuda-graph-impl", "local"])
+    assert r.exit_code == 2 and "breaks rule cuda_graphs" in r.output, r.output

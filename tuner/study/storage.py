@@ -313,12 +313,17 @@ def check_study_config(study: optuna.Study, config: TuneConfig, name: str, calib
     """
     old_res = study.user_attrs.get("resolved")
     if old_res is not None:
-        # Keys added in later versions (e.g. "layers") are compared only when the stored study has them.
-        diff = [k for k in now if k in old_res and old_res[k] != now[k]]
+        # Keys added in later versions (e.g. "layers", a run option) are compared only when the stored study has them.
+        def same(k: str) -> bool:
+            if k == "run_options" and isinstance(old_res[k], dict) and isinstance(now[k], dict):
+                return all(old_res[k][f] == v for f, v in now[k].items() if f in old_res[k])
+            return bool(old_res[k] == now[k])
+
+        diff = [k for k in now if k in old_res and not same(k)]
         if diff:
             def shown(res: dict[str, Any], k: str) -> str:
                 if k == "run_options" and isinstance(old_res.get(k), dict) and isinstance(now.get(k), dict):
-                    fields = [f for f in now[k] if old_res[k].get(f) != now[k].get(f)]
+                    fields = [f for f in now[k] if f in old_res[k] and old_res[k][f] != now[k][f]]
                     return "run options " + ", ".join(f"{f}={res[k].get(f)!r}" for f in fields)
                 return _as_option(k, res.get(k))
 
