@@ -53,12 +53,9 @@ from launch.exporters._flags import GIB, _check, _pipeline_layout_string
 from specs import RunOptions
 from specs.errors import TunerError
 from specs.layout import RecomputeGranularity
+from specs.precision import TORCH_DTYPES
 
 __all__ = ["BridgeExporter", "bridge_settings", "bridge_yaml"]
-
-#: The layout's optimizer-state dtypes as Bridge's ``str_to_dtype`` names them, and as ``torch`` does (saved configs).
-_TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn"}
-
 
 def _perf_config(doc: Any) -> bool:
     return isinstance(doc, Mapping) and ("perf_matrix" in doc or "ConfigContainer" in doc)
@@ -150,7 +147,7 @@ def _dtype_value(old: Any, new: Any) -> Any:
     """An optimizer-state dtype in the form the file writes it: a saved config's ``{_target_: torch.X, _call_: false}``
     or Bridge's string."""
     if isinstance(old, Mapping) and "_target_" in old and isinstance(new, str):
-        return {**old, "_target_": f"torch.{_TORCH_DTYPE.get(new, new)}"}
+        return {**old, "_target_": f"torch.{TORCH_DTYPES.get(new, new)}"}
     return new
 
 

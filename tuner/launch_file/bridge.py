@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from specs.errors import TunerError
+from specs.precision import TORCH_DTYPES
 from tuner.launch_file.args import _BRIDGE_NO_EFFECT, NO_EFFECT_ARGS, _model_flags, _parser
 
 #: Sections of a Megatron-Bridge ``ConfigContainer`` (``training/config.py``) whose settings do not change the estimate.
@@ -115,8 +116,7 @@ def _bridge_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[st
 
 
 #: The dtypes of a dumped Megatron-Bridge config (``{_target_: torch.float32, _call_: false}``) as Megatron-LM names them.
-_TORCH_DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.uint8": "uint8",
-                 "torch.float8_e4m3fn": "fp8"}
+_TORCH_DTYPES = {f"torch.{t}": name for name, t in TORCH_DTYPES.items()}
 
 #: A Megatron-Bridge performance config's ``perf_matrix`` settings (``scripts/performance/configs/*/*.yaml``) as
 #: Megatron-LM's arguments.
