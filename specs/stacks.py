@@ -29,7 +29,6 @@ STACK_DIR = "data/stacks"
 DEFAULT_STACK = "slime"
 #: Older names still accepted.
 STACK_ALIASES = {"megatron": "megatron-lm"}
-#: ``--cuda-graph-impl`` values (Megatron-LM ``arguments.py``): ``none`` turns CUDA graphs off.
 #: ``--transformer-impl`` values.
 TRANSFORMER_IMPLS = ("transformer_engine", "local")
 
