@@ -325,3 +325,38 @@ def test_a_measured_peak_under_the_prediction_raises_the_chance_to_fit():
     q = _policy([100, 99], peak=[90e9, 101e9], memory_sigma=0.05, memory_shared=0.5)
     q.observe(0, None, gpu_hours=0.1, failed=True)  # a crash says nothing about memory
     assert q.p_fit[1] == pytest.approx(before)
+
+
+class _OomOnMbs2(_Truth):
+    """As :class:`_Truth`, but a micro-batch of 2 runs out of memory in its first step."""
+
+    def run(self, layout, *, model, cluster, workload, reporter=None, trial_number=None):
+        from launch import FailureKind, TrialFailed
+
+        if layout.micro_batch_size == 2:
+            raise TrialFailed(FailureKind.oom, "CUDA out of memory", memory_reached_bytes=80e9)
+        return super().run(layout, model=model, cluster=cluster, workload=workload)
+
+
+def test_the_study_feeds_measured_peaks_and_out_of_memory_to_the_policy(tmp_path, monkeypatch):
+    from cost_model.estimate import estimate
+    from specs import Layout
+    from tuner.study import policy as policy_mod
+
+    seen: list[tuple[int, float | None, bool]] = []
+    observe = policy_mod.GainPolicy.observe
+
+    def spy(self, index, tps, **kw):
+        seen.append((index, kw.get("peak_bytes"), kw.get("out_of_memory", False)))
+        return observe(self, index, tps, **kw)
+
+    monkeypatch.setattr(policy_mod.GainPolicy, "observe", spy)
+    prep = prepare(_cfg(tmp_path))
+    res = run_study(prep, backend=_OomOnMbs2())
+    rows = {r["trial"]: r for r in trial_rows(res.study)}
+    assert any(oom for _, _, oom in seen) and any(p is not None for _, p, _ in seen)
+    for r in rows.values():
+        if r.get("source") == "measured":  # its peak, in bytes, as the backend measured it (stored in GiB)
+            lay = Layout.from_dict(r["layout"])
+            want = estimate(prep.model, prep.cluster, prep.workload, lay).peak_bytes
+            assert any(p is not None and p == pytest.approx(want, rel=1e-3) for _, p, _ in seen)
