@@ -358,7 +358,8 @@ _MARKER_PT = 30  # scatter size (points**2) of a front point
 _TRIAL_PT = 12  # ... of an evaluated trial
 
 
-def _place_labels(ax: Any, points: list[tuple[float, float]], texts: list[str], avoid: Sequence[tuple[float, float, float]],
+def _place_labels(ax: Any, points: list[tuple[float, float]], texts: list[str],
+                  avoid: Sequence[tuple[float, float, float]],
                   *, lines: Sequence[Any] = (), bold: int | None = 0) -> list[Any]:
     """Annotate ``points`` (data coordinates) with ``texts``, no two labels overlapping: each at the first offset of
     :data:`_LABEL_RADII` x :data:`_LABEL_ANGLES` whose box stays in the axes and meets no placed label, marker of

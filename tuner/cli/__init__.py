@@ -47,7 +47,8 @@ class _Tune(TuneGroup):
 app = typer.Typer(
     name="tune",
     cls=_Tune,
-    help="Parallel-layout tuner for Megatron-core training: predicts, searches and exports the fastest layout that fits.",
+    help="Parallel-layout tuner for Megatron-core training: predicts, searches and exports the fastest layout that "
+    "fits.",
     add_completion=False,
     no_args_is_help=False,
     pretty_exceptions_enable=False,

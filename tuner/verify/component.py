@@ -90,14 +90,15 @@ def adam_reference(p0: Any, grads: Sequence[Any], hyper: AdamHyper, *, weight_de
     """Adam with decoupled weight decay in float64: the reference the optimizer arms are measured against.
 
     For step ``t`` (from 1), gradient ``g`` (times the step's clip coefficient):
-    ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2``, ``p = p - lr (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + wd p)``.
-    The form of TE's ``AdamFunctor`` (``adam.cu``, "weight decay" mode) and, in exact arithmetic, of
+    ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2``, ``p = p - lr (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps)
+    + wd p)``. The form of TE's ``AdamFunctor`` (``adam.cu``, "weight decay" mode) and, in exact arithmetic, of
     ``torch.optim.AdamW`` (which decays first: ``p (1 - lr wd)``, then the same step).
 
     Args:
         p0: the initial weights (any float dtype).
         grads: one gradient per step.
-        weight_decay: this tensor's decay (megatron-core leaves biases and norms undecayed); default ``hyper.weight_decay``.
+        weight_decay: this tensor's decay (megatron-core leaves biases and norms undecayed); default
+        ``hyper.weight_decay``.
         clip_coeffs: one clip coefficient per step (:func:`clip_coefficient` of the step's global norm); default 1.
 
     Returns:
@@ -150,22 +151,27 @@ class ComponentResult:
             a = self.arms.get(name)
             if not a:
                 continue
-            errs = ", ".join(f"{_fmt(a['errors'].get(s))} after {s} step{'s' if s != 1 else ''} (bound {_fmt(self.bound.get(s))})" for s in self.steps)
+            errs = ", ".join(f"{_fmt(a['errors'].get(s))} after {s} step{'s' if s != 1 else ''} (bound "
+                             f"{_fmt(self.bound.get(s))})" for s in self.steps)
             parts.append(f"{name.replace('_', ' ')}: worst tensor (update) relative L2 error {errs}: {a['verdict']}")
         b = self.bitwise
         if b:
             parts.append("reconstructed FP32 masters " + ("bitwise identical to" if b.get("identical") else "NOT bitwise identical to")
-                         + f" the arm with explicit FP32 masters ({b.get('mismatched', '?')} of {b.get('elements', '?')} elements differ)")
+                         + f" the arm with explicit FP32 masters ({b.get('mismatched', '?')} of "
+                         f"{b.get('elements', '?')} elements differ)")
         ctl = [(n, a) for n, a in self.arms.items() if a["kind"] == "control"]
         if ctl:
-            parts.append("negative controls: " + "; ".join(f"{n.removeprefix('control_').replace('_', ' ')} {a['verdict']} ({a['why']})" for n, a in ctl))
-        parts.append(f"bound 2 x the default GPU optimizer's error + 1e-3 (default: {', '.join(_fmt(self.default_error.get(s)) for s in self.steps)})")
+            parts.append("negative controls: " + "; ".join(f"{n.removeprefix('control_').replace('_', ' ')} "
+                                                           f"{a['verdict']} ({a['why']})" for n, a in ctl))
+        parts.append("bound 2 x the default GPU optimizer's error + 1e-3 (default: "
+                     f"{', '.join(_fmt(self.default_error.get(s)) for s in self.steps)})")
         if self.problems:
             parts.append("problems: " + "; ".join(self.problems))
         return "; ".join(parts)
 
     def entry(self, *, shape: str, gpu: str, date: str, note: str = "") -> dict[str, Any]:
-        """The recipe's ``correctness.component_tests`` entry in the seed's form (test, shape, gpu, date, result, detail, note)."""
+        """The recipe's ``correctness.component_tests`` entry in the seed's form (test, shape, gpu, date, result,
+        detail, note)."""
         offl = "offload" in self.arms
         return {
             "test": "precision-aware Adam on the GPU" + (" and CPU optimizer offload (fraction 1.0, overlapped copies)" if offl else "")
@@ -175,20 +181,24 @@ class ComponentResult:
             "date": date,
             "result": self.result,
             "detail": self.detail(),
-            "note": note or "the optimizer step is elementwise: the arms are fed the same recorded gradients as the FP64 reference",
+            "note": note or "the optimizer step is elementwise: the arms are fed the same recorded gradients as the "
+            "FP64 reference",
         }
 
     def to_dict(self) -> dict[str, Any]:
-        return {"result": self.result, "steps": list(self.steps), "default_error": {str(k): v for k, v in self.default_error.items()},
+        return {"result": self.result, "steps": list(self.steps),
+                "default_error": {str(k): v for k, v in self.default_error.items()},
                 "bound": {str(k): v for k, v in self.bound.items()}, "arms": self.arms, "bitwise": self.bitwise,
-                "problems": list(self.problems), "required_moments": list(self.required_moments), "detail": self.detail()}
+                "problems": list(self.problems), "required_moments": list(self.required_moments),
+                "detail": self.detail()}
 
 
 def _fmt(x: Any) -> str:
     return f"{x:.3g}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
 
 
-def decide_component_test(rows: Iterable[Mapping[str, Any]], *, required_moments: Sequence[str] = ("fp32",)) -> ComponentResult:
+def decide_component_test(rows: Iterable[Mapping[str, Any]], *,
+                          required_moments: Sequence[str] = ("fp32",)) -> ComponentResult:
     """Decide the component test from the component program's JSON lines (:mod:`launch.harness.component`).
 
     Rows used: ``{"event": "arm", "arm", "kind", "step", "worst_rel_l2", "worst_tensor"}`` per arm and
@@ -225,15 +235,16 @@ def decide_component_test(rows: Iterable[Mapping[str, Any]], *, required_moments
             bit_rows.append(r)
     if "default" not in by_arm:
         raise TunerError("the component test has no result for the default GPU optimizer"
-                         + (f" (it failed: {errors['default'][:200]})" if "default" in errors else "") + ": no bound can be set")
+                         + (f" (it failed: {errors['default'][:200]})" if "default" in errors else "") + ": no bound "
+                         "can be set")
     steps = tuple(sorted(by_arm["default"]))
     default_error = {s: float(by_arm["default"][s]["worst_rel_l2"]) for s in steps}
     bound = {s: component_bound(e) for s, e in default_error.items()}
     arms: dict[str, dict[str, Any]] = {}
     problems: list[str] = []
     for name in list(by_arm) + [n for n in errors if n not in by_arm]:
-        arms[name], problem = _arm_verdict(name, kinds.get(name, ""), by_arm.get(name, {}), errors.get(name), bit_rows, bound,
-                                           required_moments)
+        arms[name], problem = _arm_verdict(name, kinds.get(name, ""), by_arm.get(name, {}), errors.get(name), bit_rows,
+                                           bound, required_moments)
         if problem:
             problems.append(problem)
     # Every class of bug must be caught by at least one of its controls (one wrong hyperparameter, eps or beta2,
@@ -244,18 +255,20 @@ def decide_component_test(rows: Iterable[Mapping[str, Any]], *, required_moments
             classes.setdefault(str(info.get("detects") or name), []).append(name)
     for cls, names in sorted(classes.items()):
         if not any(arms[n]["verdict"] == "failed as expected" for n in names):
-            problems.append(f"no negative control of class {cls} failed: " + "; ".join(f"{n} {arms[n]['verdict']} ({arms[n].get('why', '')})" for n in names))
+            problems.append(f"no negative control of class {cls} failed: " + "; ".join(f"{n} {arms[n]['verdict']} "
+                                                                                       f"({arms[n].get('why', '')})" for n in names))
     need = [a.name for a in COMPONENT_ARMS if a.kind == "test" and a.moments in required_moments and a.name not in arms]
     problems += [f"arm {n} was not run" for n in need]
     bit, problem = _bitwise(bit_rows, "gpu" in arms)
     if problem:
         problems.append(problem)
-    return ComponentResult(passed=not problems, steps=steps, default_error=default_error, bound=bound, arms=arms, bitwise=bit,
-                           problems=tuple(problems), required_moments=tuple(required_moments))
+    return ComponentResult(passed=not problems, steps=steps, default_error=default_error, bound=bound, arms=arms,
+                           bitwise=bit, problems=tuple(problems), required_moments=tuple(required_moments))
 
 
 
-def _arm_verdict(name: str, kind: str, rs: Mapping[int, Mapping[str, Any]], err: str | None, bit_rows: Sequence[Mapping[str, Any]],
+def _arm_verdict(name: str, kind: str, rs: Mapping[int, Mapping[str, Any]], err: str | None,
+                 bit_rows: Sequence[Mapping[str, Any]],
                  bound: Mapping[int, float], required_moments: Sequence[str]) -> tuple[dict[str, Any], str]:
     """One arm's row of :attr:`ComponentResult.arms` and the problem that fails the test ('' when none)."""
     spec = {a.name: a for a in COMPONENT_ARMS}
@@ -304,12 +317,14 @@ def _arm_verdict(name: str, kind: str, rs: Mapping[int, Mapping[str, Any]], err:
 
 
 def _bitwise(bit_rows: Sequence[Mapping[str, Any]], gpu_ran: bool) -> tuple[dict[str, Any], str]:
-    """The ``gpu`` arm's bitwise comparison of the rebuilt masters, and the problem that fails the test ('' when none)."""
+    """The ``gpu`` arm's bitwise comparison of the rebuilt masters, and the problem that fails the test ('' when
+    none)."""
     main = [b for b in bit_rows if b.get("arm") == "gpu"]
     if not main:
         return {}, "no bitwise comparison of the rebuilt masters was recorded" if gpu_ran else ""
     bit = {"arm": "gpu", "against": main[0].get("against"), "steps": sorted(int(b["step"]) for b in main),
-           "identical": all(bool(b.get("identical")) for b in main), "mismatched": sum(int(b.get("mismatched", 0)) for b in main),
+           "identical": all(bool(b.get("identical")) for b in main),
+           "mismatched": sum(int(b.get("mismatched", 0)) for b in main),
            "elements": sum(int(b.get("elements", 0)) for b in main)}
     return bit, "" if bit["identical"] else "the rebuilt masters are not bitwise identical to the explicit-master arm's"
 
@@ -347,14 +362,16 @@ class ComponentOutcome:
         """The ``correctness.component_tests`` entry in the seed's form."""
         shape = self.plan.spec.shape_text(self.experts or self.plan.spec.num_experts)
         if self.decision is None:
-            return {"test": "precision-aware Adam on the GPU and CPU optimizer offload (fraction 1.0, overlapped copies), each against an "
-                            "FP64 reference", "shape": shape, "gpu": self.plan.gpu, "date": self.date, "result": "error", "detail": self.error,
-                    "note": "the component program did not finish"}
+            return {"test": "precision-aware Adam on the GPU and CPU optimizer offload (fraction 1.0, overlapped "
+                            "copies), each against an FP64 reference", "shape": shape, "gpu": self.plan.gpu,
+                    "date": self.date,
+                    "result": "error", "detail": self.error, "note": "the component program did not finish"}
         return self.decision.entry(shape=shape, gpu=self.plan.gpu, date=self.date)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"result": self.result, "error": self.error, "date": self.date, "seconds": self.seconds, "entry": self.entry(),
-                "decision": self.decision.to_dict() if self.decision is not None else None, "spec": json.loads(self.plan.spec.to_json())}
+        return {"result": self.result, "error": self.error, "date": self.date, "seconds": self.seconds,
+                "entry": self.entry(), "decision": self.decision.to_dict() if self.decision is not None else None,
+                "spec": json.loads(self.plan.spec.to_json())}
 
 
 def plan_component_test(
@@ -395,18 +412,21 @@ def plan_component_test(
     spec = ComponentSpec(experts=experts, max_experts=max_experts, steps=tuple(steps), arms=names)
     e = env if env is not None else HarnessEnv.detect()
     if not e.transformer_engine:
-        raise TunerError("tune verify --component optimizer needs Transformer Engine on this machine: megatron-core's precision-aware "
-                         "Adam is TE's FusedAdam (with store_param_remainders); install transformer-engine, or run it where it is installed")
+        raise TunerError("tune verify --component optimizer needs Transformer Engine on this machine: megatron-core's "
+                         "precision-aware Adam is TE's FusedAdam (with store_param_remainders); install "
+                         "transformer-engine, or run it where it is installed")
     if check_machine:
         from launch.local_backend import check_harness_dependencies, machine_gpu_count
 
         check_harness_dependencies("tune verify --component optimizer")
         if machine_gpu_count() < 1:
-            raise TunerError("tune verify --component optimizer needs 1 GPU and this machine shows none (nvidia-smi / CUDA_VISIBLE_DEVICES)")
+            raise TunerError("tune verify --component optimizer needs 1 GPU and this machine shows none (nvidia-smi / "
+                             "CUDA_VISIBLE_DEVICES)")
     return ComponentPlan(spec=spec, out_dir=str(out_dir), required_moments=tuple(moments), gpu=gpu)
 
 
-def run_component_test(plan: ComponentPlan, *, launcher: list[str] | None = None, timeout_s: float = 900.0) -> ComponentOutcome:
+def run_component_test(plan: ComponentPlan, *, launcher: list[str] | None = None,
+                       timeout_s: float = 900.0) -> ComponentOutcome:
     """Run the component program (one process, one GPU) and decide (:func:`decide_component_test`).
 
     Writes ``<out>/component_spec.json``, ``<out>/component.jsonl`` (the program's lines), ``<out>/log.txt`` and
@@ -436,11 +456,13 @@ def run_component_test(plan: ComponentPlan, *, launcher: list[str] | None = None
             lines.unlink()
     except OSError as e:
         raise TunerError(f"cannot write the component test's folder {out} ({e.strerror or e})") from None
-    cmd = [*(launcher or [sys.executable, "-m", "launch.harness.component"]), "--spec", str(spec_path), "--out", str(lines)]
+    cmd = [*(launcher or [sys.executable, "-m", "launch.harness.component"]), "--spec", str(spec_path), "--out",
+           str(lines)]
     t0 = time.monotonic()
     error = ""
     with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **SAFE_ENV})
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env={**os.environ, **SAFE_ENV})
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -458,8 +480,8 @@ def run_component_test(plan: ComponentPlan, *, launcher: list[str] | None = None
             decision = decide_component_test(rows, required_moments=plan.required_moments)
         except TunerError as e:
             error = str(e)
-    o = ComponentOutcome(plan=plan, result="error" if decision is None else decision.result, decision=decision, rows=rows, error=error,
-                         date=_dt.date.today().isoformat(), seconds=time.monotonic() - t0)
+    o = ComponentOutcome(plan=plan, result="error" if decision is None else decision.result, decision=decision,
+                         rows=rows, error=error, date=_dt.date.today().isoformat(), seconds=time.monotonic() - t0)
     (out / "component.json").write_text(json.dumps(o.to_dict(), indent=2, default=json_default))
     return o
 

@@ -96,8 +96,9 @@ class ConvergenceResult:
     def summary(self) -> str:
         """One line: passed, or which metrics failed and by how much."""
         if self.passed:
-            return (f"passed: correlation {self.correlation:.7f}, final loss difference {self.final_loss_difference:.4f}, "
-                    f"{self.pointwise_failures} point-wise failures, {self.outliers} outliers over {self.compared_steps} steps")
+            return (f"passed: correlation {self.correlation:.7f}, final loss difference "
+                    f"{self.final_loss_difference:.4f}, {self.pointwise_failures} point-wise failures, {self.outliers} "
+                    f"outliers over {self.compared_steps} steps")
         return "failed " + ", ".join(self.failed_metrics) + ": " + "; ".join(self.messages)
 
     def to_dict(self) -> dict[str, Any]:
@@ -147,7 +148,8 @@ def compare_losses(
     if missing:
         failed.append("missing_steps")
         who = ["candidate" if s not in cand else "reference" for s in missing]
-        msgs.append(f"{len(missing)} steps missing ({', '.join(f'{s} in {w}' for s, w in list(zip(missing, who))[:5])}{' ...' if len(missing) > 5 else ''})")
+        msgs.append(f"{len(missing)} steps missing "
+                    f"({', '.join(f'{s} in {w}' for s, w in list(zip(missing, who))[:5])}{' ...' if len(missing) > 5 else ''})")
     common = [s for s in steps if s in cand and s in ref]
     bad = tuple(s for s in common if not (math.isfinite(cand[s]) and math.isfinite(ref[s])))
     if bad:
@@ -189,7 +191,8 @@ def compare_losses(
     )
 
 
-def _curve_metrics(c: np.ndarray, g: np.ndarray, good: Sequence[int], th: ConvergenceThresholds) -> tuple[dict[str, float], list[str], list[str]]:
+def _curve_metrics(c: np.ndarray, g: np.ndarray, good: Sequence[int],
+                   th: ConvergenceThresholds) -> tuple[dict[str, float], list[str], list[str]]:
     """Bridge's four metrics of the candidate ``c`` against the reference ``g`` (same steps ``good``, finite, >= 2):
     the values, the failed metrics' names and their messages."""
     failed: list[str] = []
@@ -207,7 +210,8 @@ def _curve_metrics(c: np.ndarray, g: np.ndarray, good: Sequence[int], th: Conver
         corr = float(np.corrcoef(cs, gs)[0, 1])
     if not (corr >= th.correlation_threshold):
         failed.append("correlation")
-        msgs.append(f"correlation {corr:.4f} < {th.correlation_threshold}" if corr == corr else "correlation undefined: one curve is flat")
+        msgs.append(f"correlation {corr:.4f} < {th.correlation_threshold}" if corr == corr else "correlation "
+                    "undefined: one curve is flat")
 
     # point-wise relative tolerance, keyed on the reference value
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -219,14 +223,15 @@ def _curve_metrics(c: np.ndarray, g: np.ndarray, good: Sequence[int], th: Conver
     if pw_ratio > th.max_outlier_ratio:
         failed.append("point_wise_tolerance")
         worst = int(np.argmax(rel - tol))
-        msgs.append(f"{pw} of {len(good)} steps out of tolerance ({pw_ratio:.0%} > {th.max_outlier_ratio:.0%}; worst step {good[worst]}: "
-                    f"{c[worst]:.5g} vs {g[worst]:.5g}, {rel[worst]:.1%} > {tol[worst]:.0%})")
+        msgs.append(f"{pw} of {len(good)} steps out of tolerance ({pw_ratio:.0%} > {th.max_outlier_ratio:.0%}; worst "
+                    f"step {good[worst]}: {c[worst]:.5g} vs {g[worst]:.5g}, {rel[worst]:.1%} > {tol[worst]:.0%})")
 
     # final loss
     fin = float(abs(cs[-1] - gs[-1]) / abs(gs[-1])) if gs[-1] != 0 else (0.0 if cs[-1] == 0 else float("inf"))
     if fin > th.final_loss_tolerance:
         failed.append("final_loss")
-        msgs.append(f"final loss {c[-1]:.5g} vs {g[-1]:.5g} at step {good[-1]}: {fin:.2%} > {th.final_loss_tolerance:.0%}")
+        msgs.append(f"final loss {c[-1]:.5g} vs {g[-1]:.5g} at step {good[-1]}: {fin:.2%} > "
+                    f"{th.final_loss_tolerance:.0%}")
 
     # outliers of the residuals (scaled like the correlation)
     res = cs - gs
@@ -235,7 +240,8 @@ def _curve_metrics(c: np.ndarray, g: np.ndarray, good: Sequence[int], th: Conver
     out_ratio = n_out / len(good)
     if out_ratio > th.max_outlier_ratio:
         failed.append("outliers")
-        msgs.append(f"{n_out} of {len(good)} steps are {th.outlier_threshold:g}-sigma outliers of the residual ({out_ratio:.0%} > {th.max_outlier_ratio:.0%})")
+        msgs.append(f"{n_out} of {len(good)} steps are {th.outlier_threshold:g}-sigma outliers of the residual "
+                    f"({out_ratio:.0%} > {th.max_outlier_ratio:.0%})")
 
-    return ({"correlation": corr, "final_loss_difference": fin, "pointwise_failures": pw, "pointwise_failure_ratio": pw_ratio,
-             "outliers": n_out, "outlier_ratio": out_ratio}, failed, msgs)
+    return ({"correlation": corr, "final_loss_difference": fin, "pointwise_failures": pw,
+             "pointwise_failure_ratio": pw_ratio, "outliers": n_out, "outlier_ratio": out_ratio}, failed, msgs)

@@ -39,7 +39,8 @@ def correctness_block(
         any of them failed; ``error`` when one could not finish; else ``incomplete`` (one of the two not run).
     """
     conv = dict(convergence) if convergence is not None else None
-    gp = parity_block(grad_parity) if isinstance(grad_parity, ParityResult) else (dict(grad_parity) if grad_parity is not None else None)
+    gp = parity_block(grad_parity) if isinstance(grad_parity,
+                                                 ParityResult) else (dict(grad_parity) if grad_parity is not None else None)
     comps = [dict(c) for c in component_tests]
     results = {"convergence": conv.get("result") if conv else None, "grad_parity": gp.get("result") if gp else None}
     comp_results = [c.get("result") for c in comps]
@@ -68,17 +69,20 @@ def correctness_block(
     if comps:
         out["component_tests"] = comps
     if conv is not None:
-        out["convergence"] = conv.get("convergence", {k: v for k, v in conv.items() if k not in ("summary", "reference")})
+        out["convergence"] = conv.get("convergence",
+                                      {k: v for k, v in conv.items() if k not in ("summary", "reference")})
     if gp is not None:
         out["grad_parity"] = gp
     if result == "incomplete":
         missing = [label for k, label in (("convergence", "the convergence check (tune verify)"),
-                                          ("grad_parity", "gradient parity (tune verify --grad-parity)")) if results[k] is None]
+                                          ("grad_parity",
+                                           "gradient parity (tune verify --grad-parity)")) if results[k] is None]
         out["note"] = "status verified needs both the convergence check and gradient parity; not run: " + ", ".join(missing)
     return out
 
 
-def stored_correctness(st: Any, trial_no: int | None, *, convergence: Any = None, grad_parity: Any = None) -> dict[str, Any] | None:
+def stored_correctness(st: Any, trial_no: int | None, *, convergence: Any = None, grad_parity: Any = None) -> dict[str,
+                                                                                                                   Any] | None:
     """The ``correctness`` block of a study's trial from what ``tune verify`` stored: the convergence check
     (``verify:N``), gradient parity (``verify-parity:N``) and the optimizer component test (``verify-component``),
     the given ones replacing the stored ones; None when nothing was checked (:func:`correctness_block`)."""

@@ -52,7 +52,8 @@ def parse_layout_spec(text: str, world_size: int) -> Layout:
     d.setdefault("world_size", world_size)
     ints = {"world_size", "tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size", "recompute_num_layers",
             "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"}
-    bools = {"sequence_parallel", "use_distributed_optimizer", "use_precision_aware_optimizer", "overlap_cpu_optimizer_d2h_h2d"}
+    bools = {"sequence_parallel", "use_distributed_optimizer", "use_precision_aware_optimizer",
+             "overlap_cpu_optimizer_d2h_h2d"}
     out: dict[str, Any] = {}
     for k, v in d.items():
         if k in ints:
@@ -99,13 +100,15 @@ def check_pair(candidate: Layout, reference: Layout, model: ModelSpec, cluster: 
     """
     for name, lay in (("candidate", candidate), ("reference", reference)):
         if lay.world_size != cluster.num_gpus:
-            raise TunerError(f"the {name} layout {lay.label} is for {lay.world_size} GPUs, the check for {cluster.num_gpus} ({cluster.label})")
+            raise TunerError(f"the {name} layout {lay.label} is for {lay.world_size} GPUs, the check for "
+                             f"{cluster.num_gpus} ({cluster.label})")
         broken = check_layout(lay, model, workload)
         if broken:
             rule, why = broken[0]
             raise InfeasibleLayout(rule, f"the {name} layout {lay.label} breaks a rule: {why}")
     if candidate == reference and fault is None:
-        raise TunerError(f"the candidate and the reference are the same layout ({candidate.label}): nothing to compare; give another {what}")
+        raise TunerError(f"the candidate and the reference are the same layout ({candidate.label}): nothing to "
+                         f"compare; give another {what}")
 
 
 def json_default(x: Any) -> Any:
@@ -146,7 +149,7 @@ def checkpoint_model_reasons(path: str | Path, model: ModelSpec) -> list[str]:
         return [f"{side}: unreadable ({e})"]
     want = model_fingerprint(dataclasses.asdict(model))
     if fp != want:
-        return [f"the checkpoint {str(p)!r} is of another model ({name!r}, fingerprint {fp}) than the check's {model.name!r} "
-                f"(fingerprint {want}): layers, widths or experts differ"]
+        return [f"the checkpoint {str(p)!r} is of another model ({name!r}, fingerprint {fp}) than the check's "
+                f"{model.name!r} (fingerprint {want}): layers, widths or experts differ"]
     return []
 

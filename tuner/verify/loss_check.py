@@ -142,11 +142,15 @@ class VerifyPlan:
             "seed": self.seed,
             "lr_warmup_steps": self.lr_warmup_steps,
             "warm_start_steps": self.warm_start_steps,
-            "optimizer": "Adam (beta1 0.9, beta2 0.95), linear warm-up then constant learning rate, weight decay 0.1, gradient clipping 1.0; fresh in each arm",
-            "data": {"corpus": self.corpus_source, "sha256": self.corpus_sha256, "tokenizer": "bytes", "order": "Megatron pretraining sampler"},
-            "checkpoint": {"dir": self.checkpoint_dir, "written_by": "the user" if self.init_checkpoint else "reference",
+            "optimizer": "Adam (beta1 0.9, beta2 0.95), linear warm-up then constant learning rate, weight decay 0.1, "
+            "gradient clipping 1.0; fresh in each arm",
+            "data": {"corpus": self.corpus_source, "sha256": self.corpus_sha256, "tokenizer": "bytes",
+                     "order": "Megatron pretraining sampler"},
+            "checkpoint": {"dir": self.checkpoint_dir,
+                           "written_by": "the user" if self.init_checkpoint else "reference",
                            "loaded_by": [a.name for a in self.arms]},
-            "arms": [{"name": a.name, "label": a.layout.label, "save_checkpoint": a.save_checkpoint, "load_checkpoint": a.load_checkpoint, "fault": a.fault} for a in self.arms],
+            "arms": [{"name": a.name, "label": a.layout.label, "save_checkpoint": a.save_checkpoint,
+                      "load_checkpoint": a.load_checkpoint, "fault": a.fault} for a in self.arms],
             "fault": self.fault,
             "thresholds": {k: getattr(self.thresholds, k) for k in self.thresholds.__slots__},
         }
@@ -245,11 +249,13 @@ def plan_verify(
         if v < 0:
             raise TunerError(f"{flag} must be 0 or more, got {v!r}")
     if lr_warmup_steps > steps:
-        raise TunerError(f"--lr-warmup-steps {lr_warmup_steps} is more than --steps {steps}: the measured steps would never reach the peak learning rate")
+        raise TunerError(f"--lr-warmup-steps {lr_warmup_steps} is more than --steps {steps}: the measured steps would "
+                         "never reach the peak learning rate")
     if init_checkpoint is not None:
         ic = Path(init_checkpoint)
         if not (ic.is_dir() and (ic / "metadata.json").exists()):
-            raise TunerError(f"--init-checkpoint {str(ic)!r}: not a megatron-core distributed checkpoint (a folder with metadata.json)")
+            raise TunerError(f"--init-checkpoint {str(ic)!r}: not a megatron-core distributed checkpoint (a folder "
+                             "with metadata.json)")
         why = checkpoint_model_reasons(ic, model)
         if why:
             raise TunerError("--init-checkpoint: " + "; ".join(why))
@@ -266,28 +272,35 @@ def plan_verify(
     else:
         ckpt = str(out / "checkpoint")
         arms = (
-            VerifyArm(name="reference", layout=reference, save_checkpoint=ckpt, load_checkpoint=ckpt, pretrain_steps=warm_start_steps),
+            VerifyArm(name="reference", layout=reference, save_checkpoint=ckpt, load_checkpoint=ckpt,
+                      pretrain_steps=warm_start_steps),
             VerifyArm(name="candidate", layout=candidate, save_checkpoint=None, load_checkpoint=ckpt, fault=fault),
         )
     return VerifyPlan(
         model=model, cluster=cluster, workload=workload, candidate=candidate, reference=reference, steps=steps,
-        lr=float(lr), seed=seed, out_dir=str(out), checkpoint_dir=ckpt, corpus_path=str(corpus) if corpus is not None else None,
-        corpus_source=c.source, corpus_sha256=c.sha256, arms=arms, fault=fault, thresholds=thresholds or ConvergenceThresholds(),
-        warm_start_steps=warm_start_steps, lr_warmup_steps=lr_warmup_steps, init_checkpoint=str(init_checkpoint) if init_checkpoint is not None else None,
+        lr=float(lr), seed=seed, out_dir=str(out), checkpoint_dir=ckpt,
+        corpus_path=str(corpus) if corpus is not None else None,
+        corpus_source=c.source, corpus_sha256=c.sha256, arms=arms, fault=fault,
+        thresholds=thresholds or ConvergenceThresholds(),
+        warm_start_steps=warm_start_steps, lr_warmup_steps=lr_warmup_steps,
+        init_checkpoint=str(init_checkpoint) if init_checkpoint is not None else None,
     )
 
 
-#: Makes the backend of one arm: (plan, arm) -> an object with ``run(layout, *, model, cluster, workload, trial_dir=...)``.
+#: Makes the backend of one arm: (plan, arm) -> an object with ``run(layout, *, model, cluster, workload,
+#: trial_dir=...)``.
 BackendFactory = Callable[[VerifyPlan, VerifyArm], Any]
 
 
-def local_backend_factory(*, timeout_s: float = 900.0, launcher: list[str] | None = None, env: Any = None) -> BackendFactory:
+def local_backend_factory(*, timeout_s: float = 900.0, launcher: list[str] | None = None,
+                          env: Any = None) -> BackendFactory:
     """Arms run by :class:`launch.local_backend.LocalBackend` (``launcher`` / ``env``: for tests)."""
     from launch.local_backend import LocalBackend
 
     def make(plan: VerifyPlan, arm: VerifyArm) -> Any:
         return LocalBackend(
-            trials_dir=plan.out_dir, num_gpus=plan.cluster.num_gpus, steps=plan.steps, warmup_steps=min(2, plan.steps - 1),
+            trials_dir=plan.out_dir, num_gpus=plan.cluster.num_gpus, steps=plan.steps,
+            warmup_steps=min(2, plan.steps - 1),
             timeout_s=timeout_s, launcher=launcher, env=env, harness_options=arm.harness_options(plan),
         )
 
@@ -321,14 +334,16 @@ def run_verify(
         why = factory(plan, arm).refusal(arm.layout, plan.model, plan.workload)
         if why:
             raise InfeasibleLayout("harness_env", f"the {arm.name} arm ({arm.layout.label}) cannot run here: {why}; "
-                                   "check a layout this machine can run with --candidate KEY=VALUE,... (e.g. the same layout with dispatcher=alltoall)")
+                                   "check a layout this machine can run with --candidate KEY=VALUE,... (e.g. the same "
+                                   "layout with dispatcher=alltoall)")
     out = Path(plan.out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
         ck = Path(plan.checkpoint_dir)
         if ck.exists() and plan.init_checkpoint is None:
             shutil.rmtree(ck)  # a stale checkpoint of an earlier check: the reference arm writes it again
-        (out / "verify.json").write_text(json.dumps({"result": "running", "plan": plan.to_dict()}, indent=2, default=str))
+        (out / "verify.json").write_text(json.dumps({"result": "running", "plan": plan.to_dict()}, indent=2,
+                                                    default=str))
     except OSError as e:
         raise TunerError(f"cannot write the check's folder {out} ({e.strerror or e})") from None
     losses: dict[str, tuple[float, ...]] = {}
@@ -341,7 +356,8 @@ def run_verify(
                 on_arm(arm.name, "start")
             backend = factory(plan, arm)
             try:
-                m: Measurement = backend.run(arm.layout, model=plan.model, cluster=plan.cluster, workload=plan.workload, trial_dir=arm.name)
+                m: Measurement = backend.run(arm.layout, model=plan.model, cluster=plan.cluster, workload=plan.workload,
+                                             trial_dir=arm.name)
             except (TrialFailed, TrialStopped) as e:
                 logs[arm.name] = getattr(e, "log_path", "") or str(out / arm.name)
                 error = f"the {arm.name} arm ({arm.layout.label}) did not finish: {e}"
@@ -392,9 +408,11 @@ def plot_losses(outcome: VerifyOutcome, path: str | Path) -> Path:
     fig, (a, b) = plt.subplots(2, 1, figsize=(7, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
     p = outcome.plan
     a.plot(np.arange(1, len(ref) + 1), ref, "o-", ms=3, label=f"reference {p.reference.label}")
-    a.plot(np.arange(1, len(cand) + 1), cand, "s--", ms=3, label=f"candidate {p.candidate.label}" + (f" (fault: {p.fault})" if p.fault else ""))
+    a.plot(np.arange(1, len(cand) + 1), cand, "s--", ms=3,
+           label=f"candidate {p.candidate.label}" + (f" (fault: {p.fault})" if p.fault else ""))
     a.set_ylabel("loss (mean over the global batch)")
-    a.set_title(f"{p.model.name} on {p.cluster.label}: {outcome.result} ({', '.join(outcome.convergence.failed_metrics) if outcome.convergence and outcome.convergence.failed_metrics else 'all checks'})", fontsize=9)
+    a.set_title(f"{p.model.name} on {p.cluster.label}: {outcome.result} "
+                f"({', '.join(outcome.convergence.failed_metrics) if outcome.convergence and outcome.convergence.failed_metrics else 'all checks'})", fontsize=9)
     a.legend(fontsize=8)
     n = min(len(ref), len(cand))
     if n:
@@ -419,11 +437,13 @@ def convergence_block(outcome: VerifyOutcome) -> dict[str, Any]:
     p = outcome.plan
     start = (f"the checkpoint {p.init_checkpoint}, loaded into both layouts" if p.init_checkpoint else
              "one megatron-core distributed checkpoint written once by the reference arm"
-             + (f" after {p.warm_start_steps} warm-start steps from the seed" if p.warm_start_steps else " from the seed")
+             + (f" after {p.warm_start_steps} warm-start steps from the seed" if p.warm_start_steps else " from the "
+                "seed")
              + " and loaded into both layouts")
-    ref_text = (f"{p.reference.label} on the same {p.cluster.label}: the same starting weights ({start}), the same rows in the "
-                f"same order ({p.corpus_source}, byte tokens), the same hyperparameters (Adam, lr {p.lr:g} after {p.lr_warmup_steps} "
-                f"warm-up steps, fresh optimizer state, global batch {p.workload.global_batch_size}, seq {p.workload.seq_length})")
+    ref_text = (f"{p.reference.label} on the same {p.cluster.label}: the same starting weights ({start}), the same "
+                f"rows in the same order ({p.corpus_source}, byte tokens), the same hyperparameters (Adam, lr {p.lr:g} "
+                f"after {p.lr_warmup_steps} warm-up steps, fresh optimizer state, global batch "
+                f"{p.workload.global_batch_size}, seq {p.workload.seq_length})")
     conv: dict[str, Any] = {"steps": p.steps, "result": outcome.result}
     if outcome.convergence is not None:
         c = outcome.convergence
@@ -435,9 +455,9 @@ def convergence_block(outcome: VerifyOutcome) -> dict[str, Any]:
         if c.failed_metrics:
             conv["failed_metrics"] = list(c.failed_metrics)
     conv["reference"] = p.reference.label
-    conv["note"] = (f"candidate arm: {p.candidate.label}; reference arm: {p.reference.label}; {p.steps} steps each on {p.model.name}, "
-                    f"checked {outcome.date} by `tune verify` with Megatron-Bridge validate_convergence's metrics and default "
-                    "thresholds (missing steps and NaN fail)")
+    conv["note"] = (f"candidate arm: {p.candidate.label}; reference arm: {p.reference.label}; {p.steps} steps each on "
+                    f"{p.model.name}, checked {outcome.date} by `tune verify` with Megatron-Bridge "
+                    "validate_convergence's metrics and default thresholds (missing steps and NaN fail)")
     if outcome.error:
         conv["note"] += f"; error: {outcome.error}"
     return {
