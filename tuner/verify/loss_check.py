@@ -1,33 +1,16 @@
 """``tune verify``: does a layout train the same numbers as a reference layout?
 
-The plan (:func:`plan_verify`), for a candidate layout and a reference layout of the
-same model, GPUs and workload:
+:func:`plan_verify` plans two arms of the same model, GPUs and workload. The reference arm trains
+``warm_start_steps`` from the seed (from random weights a check compares little more than how fast each arm
+learns byte frequencies), writes a megatron-core distributed checkpoint once (``<out>/checkpoint``), loads it back
+and trains ``steps`` steps with a fresh optimizer; the candidate arm loads the same checkpoint (resharded to its
+TP/PP/VPP/EP) and trains ``steps`` steps. With ``init_checkpoint`` both load the user's checkpoint instead. Both
+see the same byte-tokenised rows in Megatron's sample order (:mod:`launch.harness.data`), the same hyperparameters
+(Adam, linear warm-up then constant learning rate, clipping 1.0, weight decay 0.1) and global batch; the loss of a
+step is the mean over the global batch. :func:`tuner.verify.convergence.compare_losses` decides.
 
-1. **reference arm**: the harness builds the model with the reference layout from the
-   seed, trains it ``warm_start_steps`` steps (a warm start: from random weights a check
-   compares little more than how fast each arm learns byte frequencies), writes the weights
-   once as a megatron-core distributed checkpoint (``<out>/checkpoint``), loads them back
-   (the same code path as the candidate) and trains ``steps`` optimizer steps with a fresh
-   optimizer;
-2. **candidate arm**: the harness builds the model with the candidate layout, loads the
-   same checkpoint (megatron-core reshards it to the candidate's TP/PP/VPP/EP) and trains
-   ``steps`` optimizer steps with a fresh optimizer.
-
-With ``init_checkpoint`` (the user's own distributed checkpoint) both arms load that instead.
-Both arms: the same byte-tokenised text in Megatron's sample order (so every optimizer step
-sees the same rows, :mod:`launch.harness.data`; the measured steps read the rows after the
-warm start's), the same hyperparameters (Adam, linear learning-rate warm-up then constant,
-gradient clipping 1.0, weight decay 0.1), the same global batch. The loss of
-each step is the mean over the global batch. Then :func:`tuner.verify.convergence.compare_losses`
-(Megatron-Bridge's metrics and thresholds, plus missing steps and NaN fail) decides.
-
-Outputs under ``<out>``: ``verify.json`` (plan, both curves, the result),
-``losses.png`` (both curves and the relative difference) and each arm's harness folder
-(``reference/``, ``candidate/``: spec, JSON lines, log). The checkpoint is deleted after
-the check unless asked to keep it.
-
-Runs on this machine's GPUs with the local backend (torchrun); the layouts must be for the
-GPU count of this machine (use a slice of the model, ``--layers``, as for real trials).
+Outputs under ``<out>``: ``verify.json``, ``losses.png`` and each arm's harness folder (``reference/``,
+``candidate/``); the checkpoint is deleted afterwards unless kept. Runs on this machine's GPUs (local backend).
 """
 
 
@@ -49,16 +32,8 @@ from specs.layout import Layout
 from tuner.verify.convergence import ConvergenceResult, ConvergenceThresholds, compare_losses
 from tuner.verify.inputs import check_pair, checkpoint_model_reasons, json_default
 
-__all__ = [
-    "DEFAULT_LR",
-    "VerifyArm",
-    "VerifyOutcome",
-    "VerifyPlan",
-    "convergence_block",
-    "local_backend_factory",
-    "plan_verify",
-    "run_verify",
-]
+__all__ = ["DEFAULT_LR", "VerifyArm", "VerifyOutcome", "VerifyPlan", "convergence_block", "local_backend_factory",
+           "plan_verify", "run_verify"]
 
 #: MiniMax-M2 slice (the loss rose from 12.6 to 17.7, then spiked; bf16 noise grew into 14% differences).
 DEFAULT_LR = 1e-4
@@ -89,19 +64,10 @@ class VerifyArm:
 
     def harness_options(self, plan: VerifyPlan) -> dict[str, Any]:
         """Fields of this arm's :class:`launch.harness.spec.HarnessSpec`."""
-        opts: dict[str, Any] = {
-            "data": "corpus",
-            "corpus_path": plan.corpus_path,
-            "corpus_sha256": plan.corpus_sha256,
-            "lr": plan.lr,
-            "load_checkpoint": self.load_checkpoint,
-            "save_checkpoint": self.save_checkpoint,
-            "fault": self.fault,
-            "pretrain_steps": self.pretrain_steps,
-            "data_step_offset": plan.warm_start_steps,
-            "lr_warmup_steps": plan.lr_warmup_steps,
-        }
-        return opts
+        return {"data": "corpus", "corpus_path": plan.corpus_path, "corpus_sha256": plan.corpus_sha256, "lr": plan.lr,
+                "load_checkpoint": self.load_checkpoint, "save_checkpoint": self.save_checkpoint, "fault": self.fault,
+                "pretrain_steps": self.pretrain_steps, "data_step_offset": plan.warm_start_steps,
+                "lr_warmup_steps": plan.lr_warmup_steps}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -131,16 +97,11 @@ class VerifyPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "model": self.model.name,
-            "gpus": self.cluster.label,
-            "seq_length": self.workload.seq_length,
+            "model": self.model.name, "gpus": self.cluster.label, "seq_length": self.workload.seq_length,
             "global_batch_size": self.workload.global_batch_size,
             "candidate": {"label": self.candidate.label, "layout": self.candidate.to_dict()},
             "reference": {"label": self.reference.label, "layout": self.reference.to_dict()},
-            "steps": self.steps,
-            "lr": self.lr,
-            "seed": self.seed,
-            "lr_warmup_steps": self.lr_warmup_steps,
+            "steps": self.steps, "lr": self.lr, "seed": self.seed, "lr_warmup_steps": self.lr_warmup_steps,
             "warm_start_steps": self.warm_start_steps,
             "optimizer": "Adam (beta1 0.9, beta2 0.95), linear warm-up then constant learning rate, weight decay 0.1, "
             "gradient clipping 1.0; fresh in each arm",
@@ -180,54 +141,24 @@ class VerifyOutcome:
         return self.convergence.summary()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "result": self.result,
-            "summary": self.summary(),
-            "date": self.date,
-            "plan": self.plan.to_dict(),
-            "reference_losses": list(self.reference_losses),
-            "candidate_losses": list(self.candidate_losses),
-            "convergence": self.convergence.to_dict() if self.convergence else None,
-            "error": self.error,
-            "arm_logs": self.arm_logs,
-            "versions": self.versions,
-        }
+        return {"result": self.result, "summary": self.summary(), "date": self.date, "plan": self.plan.to_dict(),
+                "reference_losses": list(self.reference_losses), "candidate_losses": list(self.candidate_losses),
+                "convergence": self.convergence.to_dict() if self.convergence else None, "error": self.error,
+                "arm_logs": self.arm_logs, "versions": self.versions}
 
 
-
-def plan_verify(
-    model: ModelSpec,
-    cluster: Cluster,
-    workload: Workload,
-    candidate: Layout,
-    reference: Layout,
-    *,
-    out_dir: str | Path,
-    steps: int = 20,
-    lr: float = DEFAULT_LR,
-    lr_warmup_steps: int = DEFAULT_LR_WARMUP,
-    warm_start_steps: int = DEFAULT_WARM_START,
-    init_checkpoint: str | Path | None = None,
-    seed: int = DEFAULT_SEED,
-    corpus: str | Path | None = None,
-    fault: str | None = None,
-    thresholds: ConvergenceThresholds | None = None,
-) -> VerifyPlan:
+def plan_verify(model: ModelSpec, cluster: Cluster, workload: Workload, candidate: Layout, reference: Layout, *,
+                out_dir: str | Path, steps: int = 20, lr: float = DEFAULT_LR, lr_warmup_steps: int = DEFAULT_LR_WARMUP,
+                warm_start_steps: int = DEFAULT_WARM_START, init_checkpoint: str | Path | None = None,
+                seed: int = DEFAULT_SEED, corpus: str | Path | None = None, fault: str | None = None,
+                thresholds: ConvergenceThresholds | None = None) -> VerifyPlan:
     """The checkpoint-once, load-many plan for a candidate / reference pair (no GPU work; see the module docstring).
 
     Args:
-        model: the model (already sliced with ``--layers`` where needed).
-        cluster: the GPUs; both layouts must use all of them.
-        workload: sequence length and global batch of both arms.
-        candidate: the layout under test.
-        reference: the layout trusted to train correctly (e.g. TP 1 PP 1 EP 1).
-        out_dir: folder of this check's outputs.
-        steps: optimizer steps per arm (>= 3).
-        lr: peak learning rate of both arms (linear warm-up over ``lr_warmup_steps``, then constant).
-        warm_start_steps: steps the reference arm trains from the seed before it writes the
-            starting checkpoint (0: the check starts from the seed's random weights).
-        init_checkpoint: a megatron-core distributed checkpoint of this model (e.g. your own) that
-            both arms load instead; then nothing is written and there is no warm start.
+        model: the model (already sliced with ``--layers`` where needed); both layouts use all of ``cluster``.
+        steps: optimizer steps per arm (>= 3); ``lr`` the peak learning rate after ``lr_warmup_steps``.
+        warm_start_steps: steps the reference arm trains before it writes the starting checkpoint.
+        init_checkpoint: a megatron-core distributed checkpoint of this model both arms load instead (no warm start).
         corpus: a UTF-8 text file, or None for CPython's bundled documentation.
         fault: a deliberate bug for the candidate arm (:data:`launch.harness.spec.FAULTS`): a negative control.
 
@@ -263,19 +194,11 @@ def plan_verify(
     check_pair(candidate, reference, model, cluster, workload, fault, "--reference")
     c = load_corpus(corpus)
     out = Path(out_dir)
-    if init_checkpoint is not None:
-        ckpt = str(Path(init_checkpoint))
-        arms = (
-            VerifyArm(name="reference", layout=reference, save_checkpoint=None, load_checkpoint=ckpt),
-            VerifyArm(name="candidate", layout=candidate, save_checkpoint=None, load_checkpoint=ckpt, fault=fault),
-        )
-    else:
-        ckpt = str(out / "checkpoint")
-        arms = (
-            VerifyArm(name="reference", layout=reference, save_checkpoint=ckpt, load_checkpoint=ckpt,
+    ckpt = str(Path(init_checkpoint)) if init_checkpoint is not None else str(out / "checkpoint")
+    save = None if init_checkpoint is not None else ckpt
+    arms = (VerifyArm(name="reference", layout=reference, save_checkpoint=save, load_checkpoint=ckpt,
                       pretrain_steps=warm_start_steps),
-            VerifyArm(name="candidate", layout=candidate, save_checkpoint=None, load_checkpoint=ckpt, fault=fault),
-        )
+            VerifyArm(name="candidate", layout=candidate, save_checkpoint=None, load_checkpoint=ckpt, fault=fault))
     return VerifyPlan(
         model=model, cluster=cluster, workload=workload, candidate=candidate, reference=reference, steps=steps,
         lr=float(lr), seed=seed, out_dir=str(out), checkpoint_dir=ckpt,
@@ -307,23 +230,11 @@ def local_backend_factory(*, timeout_s: float = 900.0, launcher: list[str] | Non
     return make
 
 
-def run_verify(
-    plan: VerifyPlan,
-    backend_factory: BackendFactory | None = None,
-    *,
-    keep_checkpoint: bool = False,
-    on_arm: Callable[[str, str], None] | None = None,
-) -> VerifyOutcome:
-    """Run both arms of ``plan`` and compare their loss curves; write ``verify.json`` and ``losses.png``.
-
-    An arm that fails (out of memory, timeout, crash) makes the outcome ``error`` with the
-    arm's message; it is not a ``fail`` of the check (nothing was compared).
-
-    Args:
-        plan: from :func:`plan_verify`.
-        backend_factory: makes each arm's backend (default: the local backend).
-        keep_checkpoint: keep ``<out>/checkpoint`` (default: deleted at the end).
-        on_arm: called with (arm name, "start" | "done" | "failed") for progress.
+def run_verify(plan: VerifyPlan, backend_factory: BackendFactory | None = None, *, keep_checkpoint: bool = False,
+               on_arm: Callable[[str, str], None] | None = None) -> VerifyOutcome:
+    """Run both arms of ``plan`` (each on ``backend_factory``'s backend, default local) and compare their loss curves;
+    write ``verify.json`` and ``losses.png``. An arm that fails (out of memory, timeout, crash) makes the outcome
+    ``error``, not ``fail`` (nothing was compared). ``on_arm`` gets (arm name, "start" | "done" | "failed").
 
     Raises:
         TunerError: ``out_dir`` cannot be written.
@@ -375,17 +286,9 @@ def run_verify(
     conv = None
     if not error:
         conv = compare_losses(losses["candidate"], losses["reference"], plan.thresholds)
-    outcome = VerifyOutcome(
-        plan=plan,
-        result="error" if error else conv.result,  # type: ignore[union-attr]
-        convergence=conv,
-        reference_losses=losses.get("reference", ()),
-        candidate_losses=losses.get("candidate", ()),
-        error=error,
-        arm_logs=logs,
-        date=_dt.date.today().isoformat(),
-        versions=versions,
-    )
+    outcome = VerifyOutcome(plan=plan, result=conv.result if conv else "error", convergence=conv,
+                            reference_losses=losses.get("reference", ()), candidate_losses=losses.get("candidate", ()),
+                            error=error, arm_logs=logs, date=_dt.date.today().isoformat(), versions=versions)
     (out / "verify.json").write_text(json.dumps(outcome.to_dict(), indent=2, default=json_default))
     if conv is not None:
         try:
@@ -411,8 +314,9 @@ def plot_losses(outcome: VerifyOutcome, path: str | Path) -> Path:
     a.plot(np.arange(1, len(cand) + 1), cand, "s--", ms=3,
            label=f"candidate {p.candidate.label}" + (f" (fault: {p.fault})" if p.fault else ""))
     a.set_ylabel("loss (mean over the global batch)")
-    a.set_title(f"{p.model.name} on {p.cluster.label}: {outcome.result} "
-                f"({', '.join(outcome.convergence.failed_metrics) if outcome.convergence and outcome.convergence.failed_metrics else 'all checks'})", fontsize=9)
+    failed = outcome.convergence.failed_metrics if outcome.convergence else ()
+    a.set_title(f"{p.model.name} on {p.cluster.label}: {outcome.result} ({', '.join(failed) or 'all checks'})",
+                fontsize=9)
     a.legend(fontsize=8)
     n = min(len(ref), len(cand))
     if n:
