@@ -16,16 +16,8 @@ from cost_model.estimate import MEMORY_PARTS, TIME_PARTS
 from cost_model.types import Estimate
 from specs.units import GIB
 
-__all__ = [
-    "check_image_path",
-    "MEMORY_COLOURS",
-    "TIME_COLOURS",
-    "breakdown_figures",
-    "front_trend",
-    "plot_breakdown",
-    "save_figure",
-    "plot_timelines",
-]
+__all__ = ["check_image_path", "MEMORY_COLOURS", "TIME_COLOURS", "breakdown_figures", "front_trend", "plot_breakdown",
+           "save_figure", "plot_timelines"]
 
 #: One colour per part, shared by every chart (plotly and matplotlib take the same hex strings).
 MEMORY_COLOURS = {
@@ -36,12 +28,10 @@ TIME_COLOURS = {
     "compute": "#2ca02c", "recompute": "#ffbb33", "tp_comm": "#d62728", "cp_comm": "#ff9896", "ep_comm": "#8c1c13",
     "pp_bubble": "#e8e8e8", "pp_p2p": "#9467bd", "dp_comm": "#8c564b", "optimizer": "#bcbd22", "offload": "#17becf",
 }
-_PART_LABELS = {
-    "main_grads": "main grads (fp32)", "dispatcher_buffers": "dispatcher buffers",
-    "framework_overhead": "framework overhead",
-    "tp_comm": "TP comm", "cp_comm": "CP comm", "ep_comm": "EP all-to-all", "pp_bubble": "pipeline bubble",
-    "pp_p2p": "PP p2p", "dp_comm": "DP comm", "offload": "CPU offload",
-}
+_PART_LABELS = {"main_grads": "main grads (fp32)", "dispatcher_buffers": "dispatcher buffers",
+                "framework_overhead": "framework overhead", "tp_comm": "TP comm", "cp_comm": "CP comm",
+                "ep_comm": "EP all-to-all", "pp_bubble": "pipeline bubble", "pp_p2p": "PP p2p", "dp_comm": "DP comm",
+                "offload": "CPU offload"}
 
 
 def _label(part: str) -> str:

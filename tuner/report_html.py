@@ -264,20 +264,10 @@ def _fmt(v: float | None, d: int) -> str:
     return "-" if v is None else f"{v:,.{d}f}"
 
 
-def render_report(
-    *,
-    study: str,
-    heading: str,
-    rows: Sequence[Mapping[str, Any]],
-    front: Sequence[Mapping[str, Any]],
-    breakdowns: Mapping[int, Estimate],
-    usable_gib: float,
-    ties: Sequence[Mapping[str, Any]] = (),
-    ties_of: int | None = None,
-    files: Mapping[str, str] | None = None,
-    notes: Sequence[str] = (),
-    near_best: float = NEAR_BEST,
-) -> str:
+def render_report(*, study: str, heading: str, rows: Sequence[Mapping[str, Any]], front: Sequence[Mapping[str, Any]],
+                  breakdowns: Mapping[int, Estimate], usable_gib: float, ties: Sequence[Mapping[str, Any]] = (),
+                  ties_of: int | None = None, files: Mapping[str, str] | None = None, notes: Sequence[str] = (),
+                  near_best: float = NEAR_BEST) -> str:
     """The page's HTML.
 
     Args:
@@ -421,21 +411,10 @@ def write_report(path: Path, *, force: bool = False, **kwargs: Any) -> Path:
     return write_output(path, render_report(**kwargs), force=force)
 
 
-def study_report(
-    path: Path,
-    *,
-    study: str,
-    model: Any,
-    cluster: Any,
-    workload: Any,
-    rows: Sequence[Mapping[str, Any]],
-    front: Sequence[Mapping[str, Any]],
-    backend: str,
-    calibration: Any = None,
-    memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
-    files: Mapping[str, Path] | None = None,
-    force: bool = False,
-) -> Path:
+def study_report(path: Path, *, study: str, model: Any, cluster: Any, workload: Any, rows: Sequence[Mapping[str, Any]],
+                 front: Sequence[Mapping[str, Any]], backend: str, calibration: Any = None,
+                 memory_headroom: float = DEFAULT_MEMORY_HEADROOM, files: Mapping[str, Path] | None = None,
+                 force: bool = False) -> Path:
     """Write ``report.html`` of a study: the front layouts' breakdowns are their :func:`cost_model.estimate.estimate`
     (with the study's calibration, headroom and its backend's run options), the ties are
     :func:`tuner.report.measured_ties` of the fastest measured trial, and ``files`` (name -> path) are linked relative

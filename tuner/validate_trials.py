@@ -441,14 +441,10 @@ def summarize_trials(preds: list[TrialPrediction]) -> dict[str, Any]:
             return {"rows": 0}
         s = np.abs([p.step_error for p in ps])
         m = np.abs([p.memory_error for p in ps])
-        return {
-            "rows": len(ps),
-            "step_median_abs_error": float(statistics.median(s)),
-            "step_max_abs_error": float(s.max()),
-            "memory_median_abs_error": float(statistics.median(m)),
-            "memory_max_abs_error": float(m.max()),
-            "step_spearman": spearman([p.step_time_s for p in ps], [p.row.step_time_s for p in ps]),
-        }
+        return {"rows": len(ps), "step_median_abs_error": float(statistics.median(s)),
+                "step_max_abs_error": float(s.max()), "memory_median_abs_error": float(statistics.median(m)),
+                "memory_max_abs_error": float(m.max()),
+                "step_spearman": spearman([p.step_time_s for p in ps], [p.row.step_time_s for p in ps])}
 
     return {"all": one(preds), "te": one([p for p in preds if p.row.transformer_engine]),
             "no_te": one([p for p in preds if not p.row.transformer_engine]), "run_spread": run_spread(preds)}

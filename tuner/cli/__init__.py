@@ -33,14 +33,9 @@ __all__ = ["app", "main"]
 
 
 class _Tune(TuneGroup):
-    areas = {
-        "tuner.cli.estimate:app": ("estimate", "check"),
-        "tuner.cli.studies:app": ("pareto", "export"),
-        "tuner.cli.timeline:app": ("timeline", "report"),
-        "tuner.cli.fit:app": ("validate", "calibrate"),
-        "tuner.cli.verify_cmd:app": ("verify",),
-        "tuner.cli.catalogue:app": ("models", "gpus"),
-    }
+    areas = {"tuner.cli.estimate:app": ("estimate", "check"), "tuner.cli.studies:app": ("pareto", "export"),
+             "tuner.cli.timeline:app": ("timeline", "report"), "tuner.cli.fit:app": ("validate", "calibrate"),
+             "tuner.cli.verify_cmd:app": ("verify",), "tuner.cli.catalogue:app": ("models", "gpus")}
     lazy = {"rl": "rl.cli:rl_app"}
 
 

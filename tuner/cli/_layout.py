@@ -95,22 +95,19 @@ class LayoutFlags:
         if gran == "full":
             method = method or "uniform"
             num = 1 if num is None else num
-        return Layout(
-            world_size=world_size, tp=self.tp, pp=self.pp, vpp=self.vpp, cp=self.cp, ep=self.ep, etp=self.etp,
-            micro_batch_size=self.micro_batch_size,
-            sequence_parallel=(self.tp > 1) if self.sequence_parallel is None else self.sequence_parallel,
-            recompute_granularity=enum_member(RecomputeGranularity, gran, "--recompute"),
-            recompute_method=enum_member(RecomputeMethod, method or "none", "--recompute-method"),
-            recompute_num_layers=num or 0,
-            recompute_modules=mods if gran == "selective" else (),
-            optimizer_offload_fraction=self.optimizer_offload_fraction,
-            dispatcher=enum_member(Dispatcher, self.dispatcher, "--dispatcher"),
-            num_layers_in_first_pipeline_stage=self.first_stage_layers,
-            num_layers_in_last_pipeline_stage=self.last_stage_layers,
-            exp_avg_dtype=self.exp_avg_dtype, exp_avg_sq_dtype=self.exp_avg_dtype,
-            use_precision_aware_optimizer=not self.no_precision_aware_optimizer,
-            use_distributed_optimizer=not self.no_distributed_optimizer,
-        )
+        return Layout(world_size=world_size, tp=self.tp, pp=self.pp, vpp=self.vpp, cp=self.cp, ep=self.ep, etp=self.etp,
+                      micro_batch_size=self.micro_batch_size,
+                      sequence_parallel=(self.tp > 1) if self.sequence_parallel is None else self.sequence_parallel,
+                      recompute_granularity=enum_member(RecomputeGranularity, gran, "--recompute"),
+                      recompute_method=enum_member(RecomputeMethod, method or "none", "--recompute-method"),
+                      recompute_num_layers=num or 0, recompute_modules=mods if gran == "selective" else (),
+                      optimizer_offload_fraction=self.optimizer_offload_fraction,
+                      dispatcher=enum_member(Dispatcher, self.dispatcher, "--dispatcher"),
+                      num_layers_in_first_pipeline_stage=self.first_stage_layers,
+                      num_layers_in_last_pipeline_stage=self.last_stage_layers, exp_avg_dtype=self.exp_avg_dtype,
+                      exp_avg_sq_dtype=self.exp_avg_dtype,
+                      use_precision_aware_optimizer=not self.no_precision_aware_optimizer,
+                      use_distributed_optimizer=not self.no_distributed_optimizer)
 
 
 def _parameters() -> list[inspect.Parameter]:

@@ -209,13 +209,9 @@ def estimate(
 @app.command()
 @layout_options
 @run_options
-def check(
-    layout: LayoutFlags,
-    run: RunChoice,
-    model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None,
-    seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
-    network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None,
-) -> None:
+def check(layout: LayoutFlags, run: RunChoice, model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None,
+          gpus_per_node: PerNodeOpt = None, seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128,
+          precision: PrecOpt = "bf16", network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None) -> None:
     """Is a layout valid under Megatron's rules? Lists every rule it breaks (exit 2 if any).
 
     With --pipeline-layout the string is checked with Megatron's layout grammar and rules, and the

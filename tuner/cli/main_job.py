@@ -294,14 +294,8 @@ def _run_with_progress(prep: Any, cfg: Any, state: CliState) -> Any:
 
     # The bar starts when the study is open and its first trial begins (run_study calls on_trial(0, n)):
     # a refused study (other inputs, a busy lock, a bad storage) prints its error without a bar before it.
-    progress = Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=out,
-        transient=cfg.backend == "model",
-    )
+    progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=out, transient=cfg.backend == "model")
     task = progress.add_task(f"Optuna search ({cfg.backend} backend)", total=None)
 
     count = [0, 0]  # done, total: a resume runs what was left

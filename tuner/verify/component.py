@@ -29,20 +29,9 @@ from launch.harness.component import COMPONENT_ARMS, AdamHyper
 from specs.errors import TunerError
 from tuner.verify.inputs import json_default
 
-__all__ = [
-    "COMPONENT_BOUND_ABS",
-    "COMPONENT_BOUND_FACTOR",
-    "ComponentOutcome",
-    "ComponentPlan",
-    "ComponentResult",
-    "adam_reference",
-    "component_bound",
-    "decide_component_test",
-    "plan_component_test",
-    "reconstruct_fp32",
-    "run_component_test",
-    "split_fp32",
-]
+__all__ = ["COMPONENT_BOUND_ABS", "COMPONENT_BOUND_FACTOR", "ComponentOutcome", "ComponentPlan", "ComponentResult",
+           "adam_reference", "component_bound", "decide_component_test", "plan_component_test", "reconstruct_fp32",
+           "run_component_test", "split_fp32"]
 
 #: The seed's bound of the component test: ``COMPONENT_BOUND_FACTOR x default error + COMPONENT_BOUND_ABS``
 #: (``../shared/seeds/001_*``: "bound 2 x the default GPU optimizer's error + 1e-3").
@@ -374,18 +363,10 @@ class ComponentOutcome:
                 "spec": json.loads(self.plan.spec.to_json())}
 
 
-def plan_component_test(
-    *,
-    out_dir: str | Path,
-    experts: int | None = None,
-    max_experts: int = 512,
-    steps: tuple[int, ...] = (1, 3),
-    moments: tuple[str, ...] = ("fp32",),
-    arms: tuple[str, ...] | None = None,
-    env: Any = None,
-    gpu: str = "H200",
-    check_machine: bool = True,
-) -> ComponentPlan:
+def plan_component_test(*, out_dir: str | Path, experts: int | None = None, max_experts: int = 512,
+                        steps: tuple[int, ...] = (1, 3), moments: tuple[str, ...] = ("fp32",),
+                        arms: tuple[str, ...] | None = None, env: Any = None, gpu: str = "H200",
+                        check_machine: bool = True) -> ComponentPlan:
     """The component test's plan, refused before any GPU time when this machine cannot run it.
 
     Args:

@@ -117,11 +117,8 @@ def as_curve(values: Mapping[int, float] | Sequence[float], *, first_step: int =
     return {int(k): float(v) for k, v in items}
 
 
-def compare_losses(
-    candidate: Mapping[int, float] | Sequence[float],
-    reference: Mapping[int, float] | Sequence[float],
-    thresholds: ConvergenceThresholds | None = None,
-) -> ConvergenceResult:
+def compare_losses(candidate: Mapping[int, float] | Sequence[float], reference: Mapping[int, float] | Sequence[float],
+                   thresholds: ConvergenceThresholds | None = None) -> ConvergenceResult:
     """Compare a candidate loss curve to a reference (golden) curve; see the module docstring.
 
     Args:
@@ -173,22 +170,13 @@ def compare_losses(
     m, m_failed, m_msgs = _curve_metrics(c, g, good, th)
     failed += m_failed
     msgs += m_msgs
-    return ConvergenceResult(
-        passed=not failed,
-        failed_metrics=tuple(failed),
-        steps=len(steps),
-        compared_steps=len(good),
-        correlation=m["correlation"],
-        final_loss_difference=m["final_loss_difference"],
-        pointwise_failures=int(m["pointwise_failures"]),
-        pointwise_failure_ratio=m["pointwise_failure_ratio"],
-        outliers=int(m["outliers"]),
-        outlier_ratio=m["outlier_ratio"],
-        missing_steps=missing,
-        non_finite_steps=bad,
-        messages=tuple(msgs),
-        thresholds=th,
-    )
+    return ConvergenceResult(passed=not failed, failed_metrics=tuple(failed), steps=len(steps),
+                             compared_steps=len(good), correlation=m["correlation"],
+                             final_loss_difference=m["final_loss_difference"],
+                             pointwise_failures=int(m["pointwise_failures"]),
+                             pointwise_failure_ratio=m["pointwise_failure_ratio"], outliers=int(m["outliers"]),
+                             outlier_ratio=m["outlier_ratio"], missing_steps=missing, non_finite_steps=bad,
+                             messages=tuple(msgs), thresholds=th)
 
 
 def _curve_metrics(c: np.ndarray, g: np.ndarray, good: Sequence[int],

@@ -15,14 +15,10 @@ __all__ = ["correctness_block", "stored_correctness"]
 
 
 
-def correctness_block(
-    *,
-    convergence: Mapping[str, Any] | None = None,
-    grad_parity: ParityResult | Mapping[str, Any] | None = None,
-    component_tests: Sequence[Mapping[str, Any]] = (),
-    reference: str | None = None,
-    configuration: str | None = None,
-) -> dict[str, Any]:
+def correctness_block(*, convergence: Mapping[str, Any] | None = None,
+                      grad_parity: ParityResult | Mapping[str, Any] | None = None,
+                      component_tests: Sequence[Mapping[str, Any]] = (), reference: str | None = None,
+                      configuration: str | None = None) -> dict[str, Any]:
     """The recipe's ``correctness`` block in the seed's form, with gradient parity next to the convergence check.
 
     Args:

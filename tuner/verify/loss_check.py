@@ -221,11 +221,9 @@ def local_backend_factory(*, timeout_s: float = 900.0, launcher: list[str] | Non
     from launch.local_backend import LocalBackend
 
     def make(plan: VerifyPlan, arm: VerifyArm) -> Any:
-        return LocalBackend(
-            trials_dir=plan.out_dir, num_gpus=plan.cluster.num_gpus, steps=plan.steps,
-            warmup_steps=min(2, plan.steps - 1),
-            timeout_s=timeout_s, launcher=launcher, env=env, harness_options=arm.harness_options(plan),
-        )
+        return LocalBackend(trials_dir=plan.out_dir, num_gpus=plan.cluster.num_gpus, steps=plan.steps,
+                            warmup_steps=min(2, plan.steps - 1), timeout_s=timeout_s, launcher=launcher, env=env,
+                            harness_options=arm.harness_options(plan))
 
     return make
 
@@ -351,11 +349,8 @@ def convergence_block(outcome: VerifyOutcome) -> dict[str, Any]:
     conv: dict[str, Any] = {"steps": p.steps, "result": outcome.result}
     if outcome.convergence is not None:
         c = outcome.convergence
-        conv.update(
-            correlation=_round(c.correlation, 7),
-            final_loss_difference=_round(c.final_loss_difference, 4),
-            pointwise_failures=int(c.pointwise_failures),
-        )
+        conv.update(correlation=_round(c.correlation, 7), final_loss_difference=_round(c.final_loss_difference, 4),
+                    pointwise_failures=int(c.pointwise_failures))
         if c.failed_metrics:
             conv["failed_metrics"] = list(c.failed_metrics)
     conv["reference"] = p.reference.label
@@ -364,12 +359,7 @@ def convergence_block(outcome: VerifyOutcome) -> dict[str, Any]:
                     "validate_convergence's metrics and default thresholds (missing steps and NaN fail)")
     if outcome.error:
         conv["note"] += f"; error: {outcome.error}"
-    return {
-        "result": outcome.result,
-        "summary": outcome.summary(),
-        "reference": ref_text,
-        "convergence": conv,
-    }
+    return {"result": outcome.result, "summary": outcome.summary(), "reference": ref_text, "convergence": conv}
 
 
 def _round(x: float, nd: int) -> float | None:

@@ -42,19 +42,8 @@ import numpy as np
 from launch.harness.gather import GRAD_DUMP_FORMAT
 from specs.errors import TunerError
 
-__all__ = [
-    "BF16_RELATIVE_FLOOR",
-    "NOISE_FACTOR",
-    "GradDump",
-    "ParityResult",
-    "ParityThresholds",
-    "TensorDiff",
-    "compare_grad_dumps",
-    "compare_gradients",
-    "load_grad_dump",
-    "parity_block",
-    "tensor_diff",
-]
+__all__ = ["BF16_RELATIVE_FLOOR", "NOISE_FACTOR", "GradDump", "ParityResult", "ParityThresholds", "TensorDiff",
+           "compare_grad_dumps", "compare_gradients", "load_grad_dump", "parity_block", "tensor_diff"]
 
 
 #: torch.testing.assert_close's default relative tolerance for torch.bfloat16 (``rtol=1.6e-2``,
@@ -99,14 +88,12 @@ class TensorDiff:
         return self.nonfinite_candidate == 0 and self.nonfinite_reference == 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name, "shape_candidate": list(self.shape_candidate),
-            "shape_reference": list(self.shape_reference),
-            "numel": self.numel, "norm_candidate": self.norm_candidate, "norm_reference": self.norm_reference,
-            "diff_norm": self.diff_norm, "rel_l2": self.rel_l2, "cosine": self.cosine,
-            "max_abs_diff": self.max_abs_diff,
-            "nonfinite_candidate": self.nonfinite_candidate, "nonfinite_reference": self.nonfinite_reference,
-        }
+        return {"name": self.name, "shape_candidate": list(self.shape_candidate),
+                "shape_reference": list(self.shape_reference), "numel": self.numel,
+                "norm_candidate": self.norm_candidate, "norm_reference": self.norm_reference,
+                "diff_norm": self.diff_norm, "rel_l2": self.rel_l2, "cosine": self.cosine,
+                "max_abs_diff": self.max_abs_diff, "nonfinite_candidate": self.nonfinite_candidate,
+                "nonfinite_reference": self.nonfinite_reference}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TensorDiff:
@@ -305,14 +292,9 @@ def _finite_or_none(x: float) -> float | None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-def compare_gradients(
-    candidate: Mapping[str, Any],
-    reference: Mapping[str, Any],
-    thresholds: ParityThresholds | None = None,
-    *,
-    candidate_label: str = "candidate",
-    reference_label: str = "reference",
-) -> ParityResult:
+def compare_gradients(candidate: Mapping[str, Any], reference: Mapping[str, Any],
+                      thresholds: ParityThresholds | None = None, *, candidate_label: str = "candidate",
+                      reference_label: str = "reference") -> ParityResult:
     """Compare every gradient of ``candidate`` with the same-named one of ``reference`` (see the module docstring).
 
     Args:
@@ -469,18 +451,12 @@ def parity_block(result: ParityResult, *, date: str = "", gpu: str = "", seconds
     """The recipe's ``correctness.grad_parity`` entry (seed style: short fields, the worst tensors by name and
     layout)."""
     worst = [{"tensor": t.name, "rel_l2": _sig(t.rel_l2), "cosine": _sig(t.cosine, 9)} for t in result.worst_tensors(3)]
-    d: dict[str, Any] = {
-        "result": result.result,
-        "candidate": result.candidate,
-        "reference": result.reference,
-        "tensors": len(result.tensors),
-        "worst_rel_l2": _sig(result.worst_rel_l2),
-        "worst_cosine": _sig(result.worst_cosine, 9),
-        "threshold_rel_l2": _sig(result.thresholds.rel_l2),
-        "threshold_cosine": _sig(result.thresholds.cosine, 9),
-        "threshold_source": result.thresholds.source,
-        "worst_tensors": worst,
-    }
+    d: dict[str, Any] = {"result": result.result, "candidate": result.candidate, "reference": result.reference,
+                         "tensors": len(result.tensors), "worst_rel_l2": _sig(result.worst_rel_l2),
+                         "worst_cosine": _sig(result.worst_cosine, 9),
+                         "threshold_rel_l2": _sig(result.thresholds.rel_l2),
+                         "threshold_cosine": _sig(result.thresholds.cosine, 9),
+                         "threshold_source": result.thresholds.source, "worst_tensors": worst}
     if result.failed_metrics:
         d["failed_metrics"] = list(result.failed_metrics)
     if gpu:

@@ -84,23 +84,11 @@ class GradParityPlan:
                 "fault": self.fault, "threshold_rule": f"max({self.factor:g} x noise, {self.floor:g})"}
 
 
-def plan_grad_parity(
-    model: ModelSpec,
-    cluster: Cluster,
-    workload: Workload,
-    candidate: Layout,
-    reference: Layout,
-    *,
-    out_dir: str | Path,
-    init_checkpoint: str | Path | None = None,
-    reference_dir: str | Path | None = None,
-    corpus: str | Path | None = None,
-    data_step_offset: int = 0,
-    fault: str | None = None,
-    factor: float = 10.0,
-    floor: float = 1.6e-2,
-    candidate_model: ModelSpec | None = None,
-) -> GradParityPlan:
+def plan_grad_parity(model: ModelSpec, cluster: Cluster, workload: Workload, candidate: Layout, reference: Layout, *,
+                     out_dir: str | Path, init_checkpoint: str | Path | None = None,
+                     reference_dir: str | Path | None = None, corpus: str | Path | None = None,
+                     data_step_offset: int = 0, fault: str | None = None, factor: float = 10.0, floor: float = 1.6e-2,
+                     candidate_model: ModelSpec | None = None) -> GradParityPlan:
     """The gradient-parity plan: reference, a second run of the reference (its noise sets the threshold), candidate;
     one forward and backward each, from one checkpoint, on one global batch (see :mod:`tuner.verify.parity`).
 
@@ -222,13 +210,9 @@ def _reusable(arm: GradParityArm, plan: GradParityPlan) -> bool:
             and b.get("seq_length") == plan.workload.seq_length)
 
 
-def run_grad_parity(
-    plan: GradParityPlan,
-    backend_factory: Callable[[GradParityPlan, GradParityArm], Any] | None = None,
-    *,
-    on_arm: Callable[[str, str], None] | None = None,
-    keep_candidate_dump: bool = False,
-) -> GradParityOutcome:
+def run_grad_parity(plan: GradParityPlan, backend_factory: Callable[[GradParityPlan, GradParityArm], Any] | None = None,
+                    *, on_arm: Callable[[str, str], None] | None = None, keep_candidate_dump: bool = False
+                   ) -> GradParityOutcome:
     """Run the arms of ``plan`` (reusing the reference's dumps where they fit) and compare; writes
     ``<out>/parity.json``.
 
