@@ -250,7 +250,8 @@ def plot_timelines(path: Path, traces: Sequence[dict[str, Any]], *, titles: Sequ
         by_part = "; ".join(f"{_label(p)} {v:.2f} s" for p,
                             v in sorted(parts.items(), key=lambda kv: -kv[1]) if v >= 0.005)
         ax.set_title(f"{head}: step {step:.2f} s, pipeline bubble {bub:.1%} of the step, "
-                     f"{od.get('tokens_per_s_per_gpu', 0.0):,.0f} tokens/s/GPU ({od.get('source', 'predicted')})" + (f"\n{by_part}" if by_part else ""),
+                     f"{od.get('tokens_per_s_per_gpu', 0.0):,.0f} tokens/s/GPU ({od.get('source', 'predicted')})"
+                     + (f"\n{by_part}" if by_part else ""),
                      fontsize=8.5, loc="left")
     axes[-1, 0].set_xlabel("seconds from the step's start")
     order = ["forward", "backward", "compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_p2p", "dp_comm",

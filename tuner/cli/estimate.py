@@ -238,7 +238,8 @@ def check(layout: LayoutFlags, run: RunChoice, model: ModelOpt = None, gpus: Gpu
     broken = string_broken + [(r, why) for r,
                               why in check_layout(lay, m, w,
                                                   RuleEnv.of(c,
-                                                             opts)) if not (skip_split and r.startswith("pipeline_split"))]
+                                                             opts))
+                              if not (skip_split and r.startswith("pipeline_split"))]
     notes += [f"warning: {x}" for x in layout_warnings(lay, m, opts)]
     policy = [(r, why) for r, why in broken if r in POLICY_RULES]
     broken = [(r, why) for r, why in broken if r not in POLICY_RULES]
@@ -275,7 +276,8 @@ def _print_estimate(e: Any, d: dict[str, Any], lay: Any, m: Any, c: Any, w: Any,
         f"{lay.micro_batch_size}")
     out.print(f"  {escape(stack.line)}" + (f"; task {w.task}" + (f", LoRA rank {w.lora_rank} on "
                                                                  f"{','.join(w.lora_target_modules)}"
-                                                                  if w.task == "lora" else "") if w.task != "pretrain" else ""))
+                                                                  if w.task == "lora" else "")
+                                           if w.task != "pretrain" else ""))
     if launch is not None:
         from tuner.cli._from import arguments_read
 

@@ -381,7 +381,8 @@ def calibrate(
             err.print(f"[yellow]skipped:[/] {escape(str(p))}")
     if study:
         runs += _study_runs(study, storage, results_dir)
-    start = load_calibration(calibration) if calibration else (DEFAULT_CALIBRATION if study and not data else BASE_CALIBRATION)
+    start = load_calibration(calibration) if calibration else (DEFAULT_CALIBRATION if study and not data
+                                                               else BASE_CALIBRATION)
     if study and not data:
         _calibrate_study(study, storage, results_dir, out_file, start, calibration, max_nfev, force)
         return

@@ -275,7 +275,8 @@ def _print_header(prep: Any, cfg: Any, launch: Any, *, verbose: bool) -> None:
     w = prep.workload
     out.print(f"[bold]{escape(prep.model.name)}[/] on {c.label}, {c.network.key if c.network else 'custom network'}, "
               f"seq {w.seq_length:,}, gbs {w.global_batch_size}, {w.precision.value}, {cfg.backend} backend")
-    task = "" if w.task == "pretrain" else f"; task {w.task}" + (f", LoRA rank {w.lora_rank}" if w.task == "lora" else "")
+    task = "" if w.task == "pretrain" else f"; task {w.task}" + (f", LoRA rank {w.lora_rank}" if w.task == "lora"
+                                                                 else "")
     out.print(escape(prep.stack.line + task))
     if launch is not None:
         from tuner.cli._from import launch_lines

@@ -104,7 +104,8 @@ def pareto(
                 title=f"Pareto front ({' and '.join(sorted(srcs))}; tok/s = tokens/s/GPU, 90% interval; * may not fit)",
                 more_hint=more)
     print_ties(rows, front[0])
-    real = [t for t in st.trials if "pruned" in t.user_attrs or ("failure" in t.user_attrs and "pred_peak_gib" in t.user_attrs["failure"])]
+    real = [t for t in st.trials if "pruned" in t.user_attrs
+            or ("failure" in t.user_attrs and "pred_peak_gib" in t.user_attrs["failure"])]
     if any("pred_tokens_per_s_per_gpu" in r for r in rows) and ("measured" in srcs or real):
         out.print("Predicted vs measured, every real trial (tokens/s/GPU; peak GiB)")
         lines = [(r["trial"], r["label"], "measured", r["pred_tokens_per_s_per_gpu"], r["tokens_per_s_per_gpu"],

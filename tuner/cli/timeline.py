@@ -116,7 +116,8 @@ def timeline(
         check_output_path("--out", out_file, force=force)
     others = [_read_trace(p) for p in compare or ()]  # read before anything is written: a bad --compare leaves no file
     if study is not None:
-        if (layout != LayoutFlags() or from_file is not None or model is not None or gpus is not None or layers is not None or network is not None or megatron_core is not None
+        if (layout != LayoutFlags() or from_file is not None or model is not None or gpus is not None
+            or layers is not None or network is not None or megatron_core is not None
                 or run.stack is not None or run.flags.given() or run.task is not None):
             raise TunerError("--study draws its trial's layout with the study's model, GPUs, network and run options: "
                              "leave out the layout flags, --from, --model, --gpus, --layers, --network, "

@@ -111,7 +111,8 @@ def verify(
         row = rows[0] if rows else None
         trial_no = row["trial"] if row else None
     ref = parse_layout_spec(reference, c.num_gpus)
-    name = (f"trial{trial_no}" if trial_no is not None else "layout-" + _slug(lay.label)) + (f"-{fault}" if fault else "")
+    name = (f"trial{trial_no}" if trial_no is not None else "layout-" + _slug(lay.label)) + (f"-{fault}" if fault
+                                                                                             else "")
     if grad_parity:
         _check_out(out_file)
         _grad_parity(st, m, c, w, cfg, lay, ref, trial_no, row, name=name, results_dir=results_dir,

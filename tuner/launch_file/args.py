@@ -113,7 +113,8 @@ class LaunchFile:
 
         s = f"{len(self.understood)} arguments understood"
         if self.no_effect:
-            s += f"; {len(self.no_effect)} without effect on the estimate" + (f": {names(self.no_effect)}" if limit is None else "")
+            s += f"; {len(self.no_effect)} without effect on the estimate" + (f": {names(self.no_effect)}"
+                                                                              if limit is None else "")
         s += f"; {len(self.not_understood)} not understood: {names(self.not_understood)}" if self.not_understood else "; none not understood"
         return s
 
@@ -345,7 +346,8 @@ def _vpp_of_stage_layers(ns: argparse.Namespace, arch: Mapping[str, list[str]], 
 
 
 def _run_flags_of(ns: argparse.Namespace) -> RunFlags:
-    impl = ns.cuda_graph_impl or ("local" if ns.enable_cuda_graph else "transformer_engine" if ns.external_cuda_graph else None)
+    impl = ns.cuda_graph_impl or ("local" if ns.enable_cuda_graph else "transformer_engine"
+                                  if ns.external_cuda_graph else None)
     return RunFlags(
         accumulate_allreduce_grads_in_fp32=ns.accumulate_allreduce_grads_in_fp32,
         grad_reduce_in_bf16=ns.grad_reduce_in_bf16,
@@ -391,7 +393,8 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
         # Megatron-LM's arguments.py: without --bf16 / --fp16 the run trains in fp32 (slime turns --bf16 on itself)
         raise TunerError(f"{label}: no --bf16 (or --fp8-format): Megatron-LM would train in fp32, which is not "
                          "modelled; accepted bf16 (--bf16) or fp8 (--fp8-format)")
-    understood = sorted({w.split("=")[0] for w in argv if w.startswith("--")} - {w.split("=")[0] for w in extras if w.startswith("--")})
+    understood = sorted({w.split("=")[0] for w in argv if w.startswith("--")} - {w.split("=")[0] for w in extras
+                                                                                 if w.startswith("--")})
     if names:
         understood = sorted({names.get(n, n) for n in understood})
     no_effect: list[str] = []

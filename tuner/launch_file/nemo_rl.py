@@ -87,7 +87,8 @@ def _nemo_rl_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[s
         "ddp": mcfg.get("distributed_data_parallel_config") or {},
         "train": {k: policy[f"train_{k}"] for k in ("global_batch_size",
                                                     "micro_batch_size") if isinstance(policy.get(f"train_{k}"), int)},
-        "dataset": {"seq_length": policy["max_total_sequence_length"]} if isinstance(policy.get("max_total_sequence_length"), int) else {},
+        "dataset": {"seq_length": policy["max_total_sequence_length"]}
+        if isinstance(policy.get("max_total_sequence_length"), int) else {},
     }
     fp8 = _section(mcfg, "fp8_cfg")
     if fp8.get("enabled"):

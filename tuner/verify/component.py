@@ -145,7 +145,8 @@ class ComponentResult:
             parts.append(f"{name.replace('_', ' ')}: worst tensor (update) relative L2 error {errs}: {a['verdict']}")
         b = self.bitwise
         if b:
-            parts.append("reconstructed FP32 masters " + ("bitwise identical to" if b.get("identical") else "NOT bitwise identical to")
+            parts.append("reconstructed FP32 masters "
+                         + ("bitwise identical to" if b.get("identical") else "NOT bitwise identical to")
                          + f" the arm with explicit FP32 masters ({b.get('mismatched', '?')} of "
                          f"{b.get('elements', '?')} elements differ)")
         ctl = [(n, a) for n, a in self.arms.items() if a["kind"] == "control"]
@@ -163,7 +164,8 @@ class ComponentResult:
         detail, note)."""
         offl = "offload" in self.arms
         return {
-            "test": "precision-aware Adam on the GPU" + (" and CPU optimizer offload (fraction 1.0, overlapped copies)" if offl else "")
+            "test": "precision-aware Adam on the GPU"
+            + (" and CPU optimizer offload (fraction 1.0, overlapped copies)" if offl else "")
                     + ", each against an FP64 reference",
             "shape": shape,
             "gpu": gpu,
@@ -300,7 +302,8 @@ def _arm_verdict(name: str, kind: str, rs: Mapping[int, Mapping[str, Any]], err:
             problem = f"negative control {name} could not run: {err[:200]}"
         else:
             info["verdict"] = "did not fail"
-            info["why"] = "within the bound at every step: " + ", ".join(f"{_fmt(errs.get(s))} <= {_fmt(bound[s])}" for s in steps)
+            info["why"] = "within the bound at every step: " + ", ".join(f"{_fmt(errs.get(s))} <= {_fmt(bound[s])}"
+                                                                         for s in steps)
         info["detects"] = spec[name].detects if name in spec else name
     return info, problem
 
@@ -453,7 +456,8 @@ def run_component_test(plan: ComponentPlan, *, launcher: list[str] | None = None
     rows = tuple(read_lines(lines))
     if not error and rc != 0:
         errs = [r for r in rows if r.get("event") in ("error", "refused")]
-        error = (f"the component program exited with status {rc}: " + (str(errs[0].get("message") or errs[0].get("reasons")) if errs else
+        error = (f"the component program exited with status {rc}: "
+                 + (str(errs[0].get("message") or errs[0].get("reasons")) if errs else
                  log.read_text(errors="replace")[-500:]))
     decision = None
     if not error:

@@ -36,7 +36,8 @@ def correctness_block(*, convergence: Mapping[str, Any] | None = None,
     """
     conv = dict(convergence) if convergence is not None else None
     gp = parity_block(grad_parity) if isinstance(grad_parity,
-                                                 ParityResult) else (dict(grad_parity) if grad_parity is not None else None)
+                                                 ParityResult) else (dict(grad_parity) if grad_parity is not None
+                                                                     else None)
     comps = [dict(c) for c in component_tests]
     results = {"convergence": conv.get("result") if conv else None, "grad_parity": gp.get("result") if gp else None}
     comp_results = [c.get("result") for c in comps]
@@ -83,8 +84,10 @@ def stored_correctness(st: Any, trial_no: int | None, *, convergence: Any = None
     (``verify:N``), gradient parity (``verify-parity:N``) and the optimizer component test (``verify-component``),
     the given ones replacing the stored ones; None when nothing was checked (:func:`correctness_block`)."""
     attrs = st.user_attrs
-    conv = convergence if convergence is not None else (attrs.get(f"verify:{trial_no}") if trial_no is not None else None)
-    par = grad_parity if grad_parity is not None else (attrs.get(f"verify-parity:{trial_no}") if trial_no is not None else None)
+    conv = convergence if convergence is not None else (attrs.get(f"verify:{trial_no}") if trial_no is not None
+                                                        else None)
+    par = grad_parity if grad_parity is not None else (attrs.get(f"verify-parity:{trial_no}")
+                                                       if trial_no is not None else None)
     comp = attrs.get("verify-component")
     if conv is None and par is None and comp is None:
         return None

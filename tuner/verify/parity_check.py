@@ -130,7 +130,8 @@ def plan_grad_parity(model: ModelSpec, cluster: Cluster, workload: Workload, can
     out = Path(out_dir)
     rdir = Path(reference_dir) if reference_dir is not None else out
     ckpt = str(Path(init_checkpoint)) if init_checkpoint is not None else str(rdir / "checkpoint")
-    slug = "".join(ch if ch.isalnum() else "-" for ch in candidate.label).strip("-").lower() + (f"-{fault}" if fault else "")
+    slug = "".join(ch if ch.isalnum() else "-" for ch in candidate.label).strip("-").lower() + (f"-{fault}"
+                                                                                                if fault else "")
     arms = (
         GradParityArm(name="reference", layout=reference, dump_dir=str(rdir / "reference" / "grads"),
                       save_checkpoint=None if init_checkpoint is not None else ckpt),
@@ -205,8 +206,10 @@ def _reusable(arm: GradParityArm, plan: GradParityPlan) -> bool:
         return False
     m = d.meta
     b = m.get("batch") or {}
-    return (m.get("layout") == arm.layout.to_dict() and not m.get("fault") and b.get("data_step_offset") == plan.data_step_offset
-            and b.get("corpus_sha256") == plan.corpus_sha256 and b.get("global_batch_size") == plan.workload.global_batch_size
+    return (m.get("layout") == arm.layout.to_dict() and not m.get("fault")
+            and b.get("data_step_offset") == plan.data_step_offset
+            and b.get("corpus_sha256") == plan.corpus_sha256
+            and b.get("global_batch_size") == plan.workload.global_batch_size
             and b.get("seq_length") == plan.workload.seq_length)
 
 
