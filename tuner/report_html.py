@@ -154,11 +154,13 @@ def _front_figure(rows: Sequence[dict[str, Any]], front: Sequence[dict[str, Any]
 
 
 _CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;color:#222;padding:0 16px}
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;color:#222;
+padding:0 16px}
 h1{font-size:1.5em;margin-bottom:4px}h2{font-size:1.2em;margin-top:32px;border-bottom:1px solid #ddd;padding-bottom:4px}
 .banner{background:#fff4e5;border-left:4px solid #e67e22;padding:8px 12px;margin:12px 0}
 .meta{color:#555;font-size:.92em}
-table{border-collapse:collapse;font-size:.88em;margin:8px 0}th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:right}
+table{border-collapse:collapse;font-size:.88em;margin:8px 0}
+th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:right}
 th{background:#f6f6f6}td{white-space:nowrap}td.l,th.l{text-align:left}tr.pick td{background:#eaf5ea;font-weight:600}
 .filters label{margin-right:16px}.filters select,.filters input{margin-left:4px}
 .fig{width:100%;height:560px}.figsm{width:100%;height:480px}
@@ -172,9 +174,12 @@ _SCRIPT = r"""
   const cfg = {responsive: true, displaylogo: false};
   const front0 = spec('fig-front-spec');
   Plotly.newPlot('fig-front', front0.data, front0.layout, cfg);
-  for (const id of ['fig-memory', 'fig-time']) { const s = spec(id + '-spec'); Plotly.newPlot(id, s.data, s.layout, cfg); }
+  for (const id of ['fig-memory', 'fig-time']) {
+    const s = spec(id + '-spec'); Plotly.newPlot(id, s.data, s.layout, cfg);
+  }
   const sel = id => document.getElementById(id);
-  const fmt = (v, d) => (v === null || v === undefined) ? '-' : v.toLocaleString('en-US', {minimumFractionDigits: d, maximumFractionDigits: d});
+  const fmt = (v, d) => (v === null || v === undefined) ? '-'
+    : v.toLocaleString('en-US', {minimumFractionDigits: d, maximumFractionDigits: d});
   function pareto(rows) {
     const ok = rows.filter(r => r.tps !== null && r.peak !== null).sort((a, b) => a.peak - b.peak || b.tps - a.tps);
     const out = []; let best = -Infinity;
@@ -183,7 +188,8 @@ _SCRIPT = r"""
   }
   function filtered() {
     const d = sel('f-dispatcher').value, rc = sel('f-recompute').value, pp = sel('f-pp').value;
-    return D.rows.filter(r => (d === '' || r.dispatcher === d) && (rc === '' || r.recompute === rc) && (pp === '' || String(r.pp) === pp));
+    return D.rows.filter(r => (d === '' || r.dispatcher === d) && (rc === '' || r.recompute === rc)
+                              && (pp === '' || String(r.pp) === pp));
   }
   function near(rows, band) {
     const ok = rows.filter(r => r.tps !== null && r.peak !== null);
@@ -197,18 +203,25 @@ _SCRIPT = r"""
     const body = sel('near-body'); body.innerHTML = '';
     if (!n.length) {
       body.innerHTML = '<tr><td class="l" colspan="11">no trial left by the filters</td></tr>';
-      sel('near-count').textContent = '0'; sel('near-answer').textContent = 'none (no trial left by the filters)'; return;
+      sel('near-count').textContent = '0';
+      sel('near-answer').textContent = 'none (no trial left by the filters)';
+      return;
     }
     const best = Math.max(...n.map(r => r.tps));
     n.forEach((r, i) => {
       const tr = document.createElement('tr'); if (i === 0) tr.className = 'pick';
-      const cells = [r.trial, r.label, r.recompute, r.dispatcher, r.mbs, r.split, fmt(r.tps, 1), fmt(100 * (r.tps / best - 1), 1) + '%',
+      const cells = [r.trial, r.label, r.recompute, r.dispatcher, r.mbs, r.split, fmt(r.tps, 1),
+                     fmt(100 * (r.tps / best - 1), 1) + '%',
                      fmt(r.peak, 1), fmt(r.headroom, 1), r.source];
-      cells.forEach((c, j) => { const td = document.createElement('td'); if ([1, 2, 3, 5, 10].includes(j)) td.className = 'l'; td.textContent = c; tr.appendChild(td); });
+      cells.forEach((c, j) => {
+        const td = document.createElement('td'); if ([1, 2, 3, 5, 10].includes(j)) td.className = 'l';
+        td.textContent = c; tr.appendChild(td);
+      });
       body.appendChild(tr);
     });
     sel('near-count').textContent = n.length;
-    sel('near-answer').textContent = 'trial ' + n[0].trial + ' (' + n[0].label + ', ' + n[0].recompute + ', ' + n[0].dispatcher +
+    sel('near-answer').textContent = 'trial ' + n[0].trial + ' (' + n[0].label + ', ' + n[0].recompute + ', ' +
+      n[0].dispatcher +
       '): ' + fmt(n[0].headroom, 1) + ' GiB of headroom at ' + fmt(n[0].tps, 1) + ' tokens/s/GPU';
   }
   function update() {
@@ -217,17 +230,25 @@ _SCRIPT = r"""
     const f = pareto(rows);
     const fig = JSON.parse(JSON.stringify(front0));
     const pts = rows.filter(r => r.tps !== null && r.peak !== null);
-    const put = (t, rs) => { t.x = rs.map(r => r.peak); t.y = rs.map(r => r.tps); t.text = rs.map(r => r.hover); t.customdata = rs.map(r => r.trial); };
+    const put = (t, rs) => {
+      t.x = rs.map(r => r.peak); t.y = rs.map(r => r.tps); t.text = rs.map(r => r.hover);
+      t.customdata = rs.map(r => r.trial);
+    };
     put(fig.data[0], pts); put(fig.data[1], f);
     if (fig.data.length > 2 && fig.data[2].name.startsWith('fastest')) {
       const b = f.length ? f.reduce((a, r) => r.tps > a.tps ? r : a) : null;
       put(fig.data[2], b ? [b] : []); fig.data[2].name = b ? 'fastest: trial ' + b.trial : 'fastest';
     }
-    fig.data.forEach(t => { if (t.name.startsWith('prediction')) { const m = pts.filter(r => r.source === 'measured' && r.pred_tps !== null);
-      t.x = m.map(r => r.pred_peak); t.y = m.map(r => r.pred_tps); t.text = m.map(r => r.hover); t.customdata = m.map(r => r.trial); } });
+    fig.data.forEach(t => {
+      if (!t.name.startsWith('prediction')) return;
+      const m = pts.filter(r => r.source === 'measured' && r.pred_tps !== null);
+      t.x = m.map(r => r.pred_peak); t.y = m.map(r => r.pred_tps); t.text = m.map(r => r.hover);
+      t.customdata = m.map(r => r.trial);
+    });
     if (f.length) {
       const best = Math.max(...f.map(r => r.tps));
-      fig.layout.shapes.push({type: 'rect', xref: 'paper', x0: 0, x1: 1, y0: (1 - band) * best, y1: best, fillcolor: '#2ecc71', opacity: 0.12, line: {width: 0}});
+      fig.layout.shapes.push({type: 'rect', xref: 'paper', x0: 0, x1: 1, y0: (1 - band) * best, y1: best,
+                              fillcolor: '#2ecc71', opacity: 0.12, line: {width: 0}});
     }
     Plotly.react('fig-front', fig.data, fig.layout, cfg);
     sel('shown').textContent = rows.length;
@@ -236,7 +257,8 @@ _SCRIPT = r"""
   for (const id of ['f-dispatcher', 'f-recompute', 'f-pp', 'near-pct']) sel(id).addEventListener('input', update);
   // a link can preset the filters: report.html#dispatcher=alltoall&recompute=selective%20moe&pp=4&near=3
   const preset = new URLSearchParams(window.location.hash.slice(1));
-  for (const [key, id] of [['dispatcher', 'f-dispatcher'], ['recompute', 'f-recompute'], ['pp', 'f-pp'], ['near', 'near-pct']]) {
+  const keys = [['dispatcher', 'f-dispatcher'], ['recompute', 'f-recompute'], ['pp', 'f-pp'], ['near', 'near-pct']];
+  for (const [key, id] of keys) {
     if (preset.has(key)) sel(id).value = preset.get(key);
   }
   update();
@@ -293,7 +315,8 @@ def render_report(*, study: str, heading: str, rows: Sequence[Mapping[str, Any]]
     by_trial = {r["trial"]: r for r in data_rows}
     front_d = [by_trial[int(f["trial"])] for f in front if int(f["trial"]) in by_trial]
     sources = {r["source"] for r in data_rows}
-    kind = "predicted" if sources <= {"predicted"} else "measured" if sources <= {"measured"} else "predicted and measured"
+    kind = ("predicted" if sources <= {"predicted"} else "measured" if sources <= {"measured"}
+            else "predicted and measured")
     front_fig = _front_figure(data_rows, front_d, usable_gib, kind)
     by_memory = sorted((r for r in front_d if r["trial"] in breakdowns), key=lambda r: r["peak"])
     items = [(f"#{r['trial']} {r['label']}", breakdowns[r["trial"]]) for r in by_memory]
@@ -307,8 +330,9 @@ def render_report(*, study: str, heading: str, rows: Sequence[Mapping[str, Any]]
     near_body = [(r["trial"], r["label"], r["recompute"], r["dispatcher"], r["mbs"], r["split"], _fmt(r["tps"], 1),
                   f"{(r['tps'] / fastest - 1) * 100:.1f}%", _fmt(r["peak"], 1), _fmt(r["headroom"], 1),
                   r["source"]) for r in near]
-    answer = (f"trial {near[0]['trial']} ({near[0]['label']}, {near[0]['recompute']}, {near[0]['dispatcher']}): "
-              f"{_fmt(near[0]['headroom'], 1)} GiB of headroom at {_fmt(near[0]['tps'], 1)} tokens/s/GPU") if near else "-"
+    n0 = near[0] if near else {}
+    answer = (f"trial {n0['trial']} ({n0['label']}, {n0['recompute']}, {n0['dispatcher']}): "
+              f"{_fmt(n0['headroom'], 1)} GiB of headroom at {_fmt(n0['tps'], 1)} tokens/s/GPU") if near else "-"
     front_body = _front_body(front_d, front)
     ties_html = _ties_html(ties, ties_of, sources)
     files_html = "<ul>" + "".join(f'<li><a href="{html.escape(p)}">{html.escape(n)}</a> '
@@ -355,7 +379,8 @@ def render_report(*, study: str, heading: str, rows: Sequence[Mapping[str, Any]]
         f"{html.escape(study)} --trial N</code>. The study in Optuna's dashboard: <code>optuna-dashboard "
         f"sqlite:///results/{html.escape(study)}/study.db</code>.</p>",
         '<script type="application/json" '
-        f'id="report-data">{_json({"study": study, "rows": data_rows, "front": [r["trial"] for r in front_d]})}</script>',
+        f'id="report-data">{_json({"study": study, "rows": data_rows, "front": [r["trial"] for r in front_d]})}'
+        '</script>',
         f'<script type="application/json" id="fig-front-spec">{_json(front_fig)}</script>',
         f'<script type="application/json" id="fig-memory-spec">{_json(mem_fig)}</script>',
         f'<script type="application/json" id="fig-time-spec">{_json(time_fig)}</script>',
@@ -393,7 +418,8 @@ def _ties_html(ties: Sequence[Mapping[str, Any]], ties_of: int | None, sources: 
                                                                      f"{-float(t['gap']):+.1%}") for t in ties],
                          left=(1,)))
     if "measured" in sources:
-        return f"<p>No measured trial is within the measurement noise of the fastest measured one (trial {ties_of}).</p>"
+        return (f"<p>No measured trial is within the measurement noise of the fastest measured one (trial {ties_of})."
+                "</p>")
     return "<p>No trial was measured (the model backend predicts); ties within measurement noise need real trials.</p>"
 
 
