@@ -245,7 +245,8 @@ def plot_timelines(path: Path, traces: Sequence[dict[str, Any]], *, titles: Sequ
         ax.set_xlim(0, end * 1.01)
         ax.grid(axis="x", alpha=0.3)
         step, bub = od.get("step_time_s", 0.0), od.get("bubble_fraction", 0.0)
-        head = titles[k] if titles else f"{od.get('layout', '')}, {od.get('recompute', '')}, {od.get('dispatcher', '')}, mbs {od.get('micro_batch_size', '')}"
+        head = titles[k] if titles else (f"{od.get('layout', '')}, {od.get('recompute', '')}, "
+                                         f"{od.get('dispatcher', '')}, mbs {od.get('micro_batch_size', '')}")
         parts = od.get("time_parts_s", {})  # the step by part, largest first: what the lanes add up to
         by_part = "; ".join(f"{_label(p)} {v:.2f} s" for p,
                             v in sorted(parts.items(), key=lambda kv: -kv[1]) if v >= 0.005)

@@ -366,7 +366,8 @@ def load_study(study: str | None, storage: str | None, results_dir: Path, *, wri
         raise
     except Exception as e:  # noqa: BLE001 - storage errors
         server = storage_file(url) is None and not url.startswith("journal:")
-        hint = "" if storage_given or not server else "; a recorded server URL has no password: give --storage with it, or set PGPASSWORD"
+        hint = ("" if storage_given or not server else
+                "; a recorded server URL has no password: give --storage with it, or set PGPASSWORD")
         raise TunerError(f"--study {name!r}: cannot open {_mask(url)} ({type(e).__name__}: "
                          f"{_mask(str(e).splitlines()[0]) if str(e) else ''}){hint}") from None
 

@@ -291,7 +291,8 @@ def compare_line(prep: Any, best: dict[str, Any], rows: list[dict[str, Any]] | N
     elif e is not None:
         tps, gib, src, fits, who = e.tokens_per_s_per_gpu, e.peak_bytes / GIB, "predicted", bool(e.fits), "your launch"
     else:
-        return f"your launch: not estimated ({why}); best: {best['label']}, {best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU"
+        return (f"your launch: not estimated ({why}); best: {best['label']}, "
+                f"{best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU")
     gain = best["tokens_per_s_per_gpu"] / tps - 1 if tps > 0 else float("nan")
     fit = "" if fits else " (predicted not to fit)"
     changes = layout_changes(base, _layout_of(best))

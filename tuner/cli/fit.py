@@ -163,7 +163,8 @@ def _trials(trials: list[Path], calibration: Path | None, as_json: bool, rows: b
     def n(k: int, what: str) -> str:
         return f"{k} {what}{'' if k == 1 else 's'}"
 
-    copies = f"; {n(sp['identical_rows'], 'row')} repeating another's measurement to the last digit counted once" if sp["identical_rows"] else ""
+    copies = (f"; {n(sp['identical_rows'], 'row')} repeating another's measurement to the last digit counted once"
+              if sp["identical_rows"] else "")
     if sp["spread"] is not None:
         out.print(f"run-to-run spread: {n(sp['repeated'], 'configuration')} ran more than once ({sp['repeat_runs']} "
                   f"runs): their step times spread {sp['spread'] * 100:.1f}% (pooled standard deviation / mean, "
@@ -312,7 +313,8 @@ def _study_observations(study: str, storage: str | None, results_dir: Path) -> t
         row = by_trial.get(r.row, {})
         peak = row.get("peak_gib")
         obs.append(Observation(model=r.model, cluster=r.cluster, workload=r.workload, layout=r.layout,
-                               step_time_s=r.workload.global_batch_size * r.workload.seq_length / r.published_tokens / r.num_gpus,
+                               step_time_s=r.workload.global_batch_size * r.workload.seq_length
+                               / r.published_tokens / r.num_gpus,
                                peak_gib=float(peak) if peak and math.isfinite(float(peak)) else None, label=r.run_id))
         for n in row.get("notes") or []:
             if n not in notes:
@@ -485,7 +487,8 @@ def _calibrate_study(study: str, storage: str | None, results_dir: Path, out_fil
     }
     out.print(f"fitted {len(fit.fitted)} constants to {len(obs)} measured trials of study {study}: step time median "
               f"|error| {e0 * 100:.1f}% -> {e1 * 100:.1f}%"
-              + (f"; peak memory median |error| {fit.memory_median_abs_error * 100:.1f}% ({fit.memory_rows} trials)" if fit.memory_fitted else ""))
+              + (f"; peak memory median |error| {fit.memory_median_abs_error * 100:.1f}% ({fit.memory_rows} trials)"
+                 if fit.memory_fitted else ""))
     n_step = len(fit.step.fitted) if fit.step else 0
     if len(obs) <= n_step:
         err.print(f"[yellow]warning:[/] {len(obs)} measured trials for {n_step} step-time constants: the fit is "

@@ -401,7 +401,8 @@ def _write_results(res: Any, prep: Any, cfg: Any, rows: list[dict[str, Any]], fr
                                                   "config.yaml": res.out_dir / "config.yaml"}, force=True)
         # the study, the front and the recipe files are written: only the page is left out
         except ReportUnavailable as e:
-            report_note = f"note: report.html was not written: {e}; `tune report --study {res.study_name}` writes it later"
+            report_note = (f"note: report.html was not written: {e}; `tune report --study {res.study_name}` "
+                           "writes it later")
     except OSError as e:
         raise TunerError(f"cannot write the results to {res.out_dir} ({e.strerror or e}: {e.filename}); the study and "
                          f"its trials are kept in {_mask(res.storage)}") from None
@@ -411,7 +412,8 @@ def _write_results(res: Any, prep: Any, cfg: Any, rows: list[dict[str, Any]], fr
 def _study_counts(res: Any, evaluated: int, backend: str) -> str:
     """``Study NAME: 102,561 layouts evaluated in total (2,000 now; ...)``: ``evaluated`` in the study, ``res``'s
     counts of this run (pruned, failed and GPU-hours where a backend ran trials)."""
-    ran = f"; {res.pruned_now:,} pruned, {res.failed_now:,} failed; {res.gpu_hours_now:,.1f} GPU-hours" if backend != "model" else ""
+    ran = (f"; {res.pruned_now:,} pruned, {res.failed_now:,} failed; {res.gpu_hours_now:,.1f} GPU-hours"
+           if backend != "model" else "")
     return f"Study {escape(res.study_name)}: {evaluated:,} layouts evaluated in total ({res.evaluated_now:,} now{ran})"
 
 
@@ -510,7 +512,8 @@ def _print_plan(prep: Any, cfg: Any) -> None:
 
     pp = policy_params(prep, n_trials(cfg))
     each = cheapest_trial_gpu_hours(prep)
-    buys = f"; --gpu-hours {cfg.gpu_hours:g} buys at most {int(cfg.gpu_hours // each)} of them" if cfg.gpu_hours and each == each else ""
+    buys = (f"; --gpu-hours {cfg.gpu_hours:g} buys at most {int(cfg.gpu_hours // each)} of them"
+            if cfg.gpu_hours and each == each else "")
     out.print(f"Plan: {fmt_int(int(prep.contenders.sum()))} contenders (candidates not surely slower than the best); a "
               f"trial costs about {fmt_gpu_hours(each)} GPU-hours "
               f"({prep.cluster.num_gpus} GPUs, {pp.startup_s:.0f} s start-up until measured, {pp.steps} steps){buys}; "

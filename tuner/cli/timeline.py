@@ -241,7 +241,9 @@ def _study_trial(study: str, trial: int | None, storage: str | None, results_dir
                      measured_traces=[str(p) for p in measured])
     name = f"timeline_trial{row['trial']}.json"
     default = measured[0].parent / name if measured else results_dir / st.study_name / name
-    return det, f"{m.name} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}; study {st.study_name}, trial {row['trial']}", extra, default, measured
+    title = (f"{m.name} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}; study {st.study_name}, "
+             f"trial {row['trial']}")
+    return det, title, extra, default, measured
 
 
 @app.command()

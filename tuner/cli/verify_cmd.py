@@ -187,7 +187,7 @@ def _component(kind: str, study: str | None, storage: str | None, results_dir: P
         raise TunerError("--out with --component needs --study: the recipe is a study's layout")
     _check_out(out_file)
     st = load_study(study, storage, results_dir, writes=True) if study is not None else None
-    where = (results_dir / st.study_name / "verify" / "component") if st is not None else (results_dir / "component-test")
+    where = results_dir / st.study_name / "verify" / "component" if st is not None else results_dir / "component-test"
     plan = plan_component_test(out_dir=where, experts=experts, max_experts=max_experts, steps=steps,
                                moments=tuple(x.strip() for x in moments.split(",") if x.strip()))
     out.print("Component test of the optimizer: precision-aware Adam on the GPU and offloaded (fraction 1.0) against "
@@ -234,7 +234,8 @@ def _grad_parity(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any,
 
     out_dir = results_dir / st.study_name / "verify" / f"parity-{name}"
     plan = plan_grad_parity(m, c, w, lay, ref, out_dir=out_dir, init_checkpoint=init_checkpoint, corpus=corpus,
-                            reference_dir=results_dir / st.study_name / "verify" / f"parity-reference-{_slug(ref.label)}",
+                            reference_dir=results_dir / st.study_name / "verify"
+                            / f"parity-reference-{_slug(ref.label)}",
                             data_step_offset=parity_step, fault=fault, factor=noise_factor, floor=noise_floor)
     check_harness_dependencies("tune verify --grad-parity")
     check_local_gpus(c, "tune verify --grad-parity")

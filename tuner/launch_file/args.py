@@ -21,20 +21,21 @@ NO_EFFECT_ARGS = frozenset("""
 --start-weight-decay --end-weight-decay --weight-decay-incr-style --adam-beta1 --adam-beta2 --adam-eps --clip-grad
 --sgd-momentum --init-method-std --seed --attention-dropout --hidden-dropout --attention-softmax-in-fp32
 --attention-backend --distributed-timeout-minutes --distributed-backend --tensorboard-dir --wandb-project --wandb-group
---wandb-exp-name --log-interval --log-throughput --log-timers-to-tensorboard --eval-iters --eval-interval --save-interval
---train-iters --train-samples --exit-interval --hf-checkpoint --ref-load --load --save --data-path --split --tokenizer-type
---tokenizer-model --vocab-file --merge-file --data-cache-path --no-load-optim --no-load-rng --finetune --use-checkpoint-args
---ckpt-format --model-name --prompt-data --input-key --label-key --metadata-key --apply-chat-template --rollout-shuffle
---num-rollout --rollout-batch-size --n-samples-per-prompt --rollout-max-response-len --rollout-max-prompt-len
---rollout-temperature --rollout-top-p --rollout-function-path --over-sampling-batch-size --balance-data
---num-steps-per-rollout --loss-type --calculate-per-token-loss --disable-compute-advantages-and-returns --debug-train-only
---advantage-estimator --use-kl-loss --kl-loss-coef --kl-loss-type --kl-coef --entropy-coef --eps-clip --eps-clip-high
---rollout-num-gpus-per-engine --rollout-num-gpus --sglang-mem-fraction-static --sglang-ep-size --colocate --async
---use-wandb --actor-num-nodes-for-rollout --moe-router-bias-update-rate --no-gradient-accumulation-fusion
---no-masked-softmax-fusion --no-bias-dropout-fusion --manual-gc --manual-gc-interval --overlap-param-gather
---check-for-nan-in-loss-and-grad --no-check-for-nan-in-loss-and-grad --use-mcore-models --transformer-impl-checks
---moe-router-dtype --moe-grouped-gemm --moe-aux-loss-coeff --moe-router-load-balancing-type --moe-router-pre-softmax
---moe-z-loss-coeff --moe-token-drop-policy --moe-per-layer-logging --spec --mock-data --no-create-attention-mask-in-dataloader
+--wandb-exp-name --log-interval --log-throughput --log-timers-to-tensorboard --eval-iters --eval-interval
+--save-interval --train-iters --train-samples --exit-interval --hf-checkpoint --ref-load --load --save --data-path
+--split --tokenizer-type --tokenizer-model --vocab-file --merge-file --data-cache-path --no-load-optim --no-load-rng
+--finetune --use-checkpoint-args --ckpt-format --model-name --prompt-data --input-key --label-key --metadata-key
+--apply-chat-template --rollout-shuffle --num-rollout --rollout-batch-size --n-samples-per-prompt
+--rollout-max-response-len --rollout-max-prompt-len --rollout-temperature --rollout-top-p --rollout-function-path
+--over-sampling-batch-size --balance-data --num-steps-per-rollout --loss-type --calculate-per-token-loss
+--disable-compute-advantages-and-returns --debug-train-only --advantage-estimator --use-kl-loss --kl-loss-coef
+--kl-loss-type --kl-coef --entropy-coef --eps-clip --eps-clip-high --rollout-num-gpus-per-engine --rollout-num-gpus
+--sglang-mem-fraction-static --sglang-ep-size --colocate --async --use-wandb --actor-num-nodes-for-rollout
+--moe-router-bias-update-rate --no-gradient-accumulation-fusion --no-masked-softmax-fusion --no-bias-dropout-fusion
+--manual-gc --manual-gc-interval --overlap-param-gather --check-for-nan-in-loss-and-grad
+--no-check-for-nan-in-loss-and-grad --use-mcore-models --transformer-impl-checks --moe-router-dtype --moe-grouped-gemm
+--moe-aux-loss-coeff --moe-router-load-balancing-type --moe-router-pre-softmax --moe-z-loss-coeff
+--moe-token-drop-policy --moe-per-layer-logging --spec --mock-data --no-create-attention-mask-in-dataloader
 --max-position-embeddings --make-vocab-size-divisible-by --use-flash-attn --empty-unused-memory-level --cpu-offloading
 --cuda-graph-warmup-steps --te-rng-tracker --use-te-rng-tracker
 """.split())
@@ -115,7 +116,8 @@ class LaunchFile:
         if self.no_effect:
             s += f"; {len(self.no_effect)} without effect on the estimate" + (f": {names(self.no_effect)}"
                                                                               if limit is None else "")
-        s += f"; {len(self.not_understood)} not understood: {names(self.not_understood)}" if self.not_understood else "; none not understood"
+        s += (f"; {len(self.not_understood)} not understood: {names(self.not_understood)}" if self.not_understood
+              else "; none not understood")
         return s
 
 #: Megatron-Bridge settings without effect on the estimate beside :data:`NO_EFFECT_ARGS` (as flags).
@@ -290,7 +292,8 @@ def _layout_of(ns: argparse.Namespace, slime: bool) -> dict[str, Any]:
     if ns.micro_batch_size:
         d["micro_batch_size"] = ns.micro_batch_size
     if ns.optimizer_cpu_offload:
-        d["optimizer_offload_fraction"] = 1.0 if ns.optimizer_offload_fraction is None else ns.optimizer_offload_fraction
+        d["optimizer_offload_fraction"] = (1.0 if ns.optimizer_offload_fraction is None
+                                           else ns.optimizer_offload_fraction)
     disp = ns.moe_token_dispatcher_type
     if ns.moe_enable_deepep or disp == "flex":
         d["dispatcher"] = f"flex+{ns.moe_flex_dispatcher_backend or 'deepep'}"
@@ -381,7 +384,8 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
                          "fix it in the file") from None
     except argparse.ArgumentError as e:
         flag = (e.argument_name or "").split("/")[0]
-        raise TunerError(f"{label}: {(names or {}).get(flag, flag) or 'an argument'}: {e.message}; fix it in the file") from None
+        what = (names or {}).get(flag, flag) or "an argument"
+        raise TunerError(f"{label}: {what}: {e.message}; fix it in the file") from None
     if ns.fp16:
         raise TunerError(f"{label}: --fp16 training is not modelled; accepted bf16 (--bf16) or fp8 (--fp8-format)")
     try:

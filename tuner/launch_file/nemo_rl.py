@@ -101,7 +101,8 @@ def _nemo_rl_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[s
                 "train": "policy.train", "dataset": "policy.max_total_sequence_length"}
     for flag, where in list(names.items()):
         sec, _, key = where.partition(".")
-        names[flag] = f"{where_of.get(sec, sec)}{'_' if sec == 'train' else '.'}{key}" if sec != "dataset" else where_of[sec]
+        sep = "_" if sec == "train" else "."
+        names[flag] = f"{where_of.get(sec, sec)}{sep}{key}" if sec != "dataset" else where_of[sec]
     for k in mcfg:
         if k in _NEMO_RL_NO_EFFECT or (isinstance(mcfg[k], Mapping) and k in ("scheduler", "env_vars")):
             flag = f"--nemo-rl.megatron_cfg.{k}"

@@ -246,8 +246,8 @@ def decide_component_test(rows: Iterable[Mapping[str, Any]], *,
             classes.setdefault(str(info.get("detects") or name), []).append(name)
     for cls, names in sorted(classes.items()):
         if not any(arms[n]["verdict"] == "failed as expected" for n in names):
-            problems.append(f"no negative control of class {cls} failed: " + "; ".join(f"{n} {arms[n]['verdict']} "
-                                                                                       f"({arms[n].get('why', '')})" for n in names))
+            each = "; ".join(f"{n} {arms[n]['verdict']} ({arms[n].get('why', '')})" for n in names)
+            problems.append(f"no negative control of class {cls} failed: {each}")
     need = [a.name for a in COMPONENT_ARMS if a.kind == "test" and a.moments in required_moments and a.name not in arms]
     problems += [f"arm {n} was not run" for n in need]
     bit, problem = _bitwise(bit_rows, "gpu" in arms)
@@ -294,7 +294,9 @@ def _arm_verdict(name: str, kind: str, rs: Mapping[int, Mapping[str, Any]], err:
         bits = [b for b in bit_rows if b.get("arm") == name and not b.get("identical")]
         if over:
             s = over[0]
-            info["verdict"], info["why"] = "failed as expected", f"relative_l2 {errs[s]:.3g} > {bound[s]:.3g} after {s} step{'s' if s != 1 else ''}"
+            plural = "s" if s != 1 else ""
+            info["verdict"] = "failed as expected"
+            info["why"] = f"relative_l2 {errs[s]:.3g} > {bound[s]:.3g} after {s} step{plural}"
         elif bits:
             info["verdict"], info["why"] = "failed as expected", "masters differ bitwise"
         elif err is not None:  # a control that crashed detected nothing

@@ -145,8 +145,8 @@ def compare_losses(candidate: Mapping[int, float] | Sequence[float], reference: 
     if missing:
         failed.append("missing_steps")
         who = ["candidate" if s not in cand else "reference" for s in missing]
-        msgs.append(f"{len(missing)} steps missing "
-                    f"({', '.join(f'{s} in {w}' for s, w in list(zip(missing, who))[:5])}{' ...' if len(missing) > 5 else ''})")
+        listed = ", ".join(f"{s} in {w}" for s, w in list(zip(missing, who))[:5]) + (" ..." if len(missing) > 5 else "")
+        msgs.append(f"{len(missing)} steps missing ({listed})")
     common = [s for s in steps if s in cand and s in ref]
     bad = tuple(s for s in common if not (math.isfinite(cand[s]) and math.isfinite(ref[s])))
     if bad:

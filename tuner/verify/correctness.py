@@ -74,12 +74,13 @@ def correctness_block(*, convergence: Mapping[str, Any] | None = None,
         missing = [label for k, label in (("convergence", "the convergence check (tune verify)"),
                                           ("grad_parity",
                                            "gradient parity (tune verify --grad-parity)")) if results[k] is None]
-        out["note"] = "status verified needs both the convergence check and gradient parity; not run: " + ", ".join(missing)
+        out["note"] = ("status verified needs both the convergence check and gradient parity; not run: "
+                       + ", ".join(missing))
     return out
 
 
-def stored_correctness(st: Any, trial_no: int | None, *, convergence: Any = None, grad_parity: Any = None) -> dict[str,
-                                                                                                                   Any] | None:
+def stored_correctness(st: Any, trial_no: int | None, *, convergence: Any = None,
+                       grad_parity: Any = None) -> dict[str, Any] | None:
     """The ``correctness`` block of a study's trial from what ``tune verify`` stored: the convergence check
     (``verify:N``), gradient parity (``verify-parity:N``) and the optimizer component test (``verify-component``),
     the given ones replacing the stored ones; None when nothing was checked (:func:`correctness_block`)."""

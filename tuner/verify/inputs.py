@@ -22,7 +22,8 @@ from specs.layout import Layout
 __all__ = ["check_pair", "checkpoint_model_reasons", "json_default", "layout_text", "parse_layout_spec"]
 
 
-_LAYOUT_KEYS_HELP = "tp, pp, vpp, cp, ep, etp, micro_batch_size (or mbs), recompute (none|selective|full), dispatcher, sequence_parallel, ..."
+_LAYOUT_KEYS_HELP = ("tp, pp, vpp, cp, ep, etp, micro_batch_size (or mbs), recompute (none|selective|full), "
+                     "dispatcher, sequence_parallel, ...")
 
 
 def parse_layout_spec(text: str, world_size: int) -> Layout:

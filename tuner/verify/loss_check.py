@@ -284,7 +284,7 @@ def run_verify(plan: VerifyPlan, backend_factory: BackendFactory | None = None, 
     conv = None
     if not error:
         conv = compare_losses(losses["candidate"], losses["reference"], plan.thresholds)
-    outcome = VerifyOutcome(plan=plan, result=conv.result if conv else "error", convergence=conv,
+    outcome = VerifyOutcome(plan=plan, result=conv.result if conv is not None else "error", convergence=conv,
                             reference_losses=losses.get("reference", ()), candidate_losses=losses.get("candidate", ()),
                             error=error, arm_logs=logs, date=_dt.date.today().isoformat(), versions=versions)
     (out / "verify.json").write_text(json.dumps(outcome.to_dict(), indent=2, default=json_default))

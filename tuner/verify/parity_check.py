@@ -112,7 +112,8 @@ def plan_grad_parity(model: ModelSpec, cluster: Cluster, workload: Workload, can
     from launch.harness.data import load_corpus
     from launch.harness.spec import FAULTS
 
-    if candidate_model is not None and model_fingerprint(dataclasses.asdict(candidate_model)) != model_fingerprint(dataclasses.asdict(model)):
+    if candidate_model is not None and (model_fingerprint(dataclasses.asdict(candidate_model))
+                                       != model_fingerprint(dataclasses.asdict(model))):
         raise TunerError(f"the candidate ({candidate_model.name}) and the reference ({model.name}) are not the same "
                          "model: gradient parity compares two layouts of one model")
     if fault is not None and fault not in FAULTS:
@@ -280,7 +281,8 @@ def run_grad_parity(plan: GradParityPlan, backend_factory: Callable[[GradParityP
         parity = compare_grad_dumps(cand, ref, th)
         if not keep_candidate_dump:
             shutil.rmtree(Path(plan.arms[2].dump_dir), ignore_errors=True)
-    o = GradParityOutcome(plan=plan, result="error" if error else parity.result, parity=parity, noise=noise, thresholds=th, error=error,  # type: ignore[union-attr]
+    o = GradParityOutcome(plan=plan, result=parity.result if parity is not None else "error", parity=parity,
+                          noise=noise, thresholds=th, error=error,
                           arm_seconds=secs, losses=losses, reused=tuple(reused), date=_dt.date.today().isoformat(),
                           seconds=time.monotonic() - t0)
     (out / "parity.json").write_text(json.dumps(o.to_dict(), indent=2, default=json_default))
