@@ -1,13 +1,8 @@
 """``results/<study>/report.html``: one self-contained page about a study (plotly.js inline, no network).
 
-It shows the Pareto front over every evaluated trial (hover: layout, recompute, dispatcher, micro-batch, split,
-tokens/s/GPU, memory, headroom, step, predicted vs measured, trial number), with filters by dispatcher, recompute and
-pipeline size that recompute the front of what is left; the layouts within a chosen percentage (5% by default) of the
-fastest, most headroom first; the memory and time breakdown of every front layout (stacked bars, sorted by memory,
-with what grows along the front); the measured trials tied within their noise; and the files the study wrote.
-
-The page is written from plotly figure specs (JSON) and the ``plotly.min.js`` bundle of the installed plotly package,
-read as a file: plotly's Python API is not imported (its import alone takes longer than writing the page).
+The Pareto front of every trial with filters (dispatcher, recompute, pipeline size), the layouts within a chosen
+percentage of the fastest, the memory and time breakdown along the front, the measured ties and the study's files.
+Written from plotly figure specs and the installed ``plotly.min.js`` (plotly's Python API is slow to import).
 """
 
 from __future__ import annotations

@@ -9,11 +9,8 @@ Its default thresholds are the defaults of :class:`ConvergenceThresholds`:
 - **point_wise_tolerance**: at each step, ``|candidate - reference| / reference`` must be within
   10% where the reference loss is above 2.0, 5% where it is in (0.5, 2.0], 2% at or below 0.5;
   fails when more than 10% of the steps are out;
-- **outliers**: residual ``candidate - reference``; a step whose residual is more than 3 standard
-  deviations from the mean residual is an outlier; fails when more than 10% of steps are. (By
-  Chebyshev's inequality at most 1/9 of the steps can be 3-sigma outliers, so this check can fail
-  only when 10% to 11.1% of them are: it is kept and reported for parity with Bridge, but the
-  three checks above carry the decision);
+- **outliers**: a step whose residual ``candidate - reference`` is over 3 standard deviations from the mean is an
+  outlier; fails when more than 10% of steps are (Chebyshev: at most 1/9 can be; kept for parity with Bridge);
 - ``skip_first_percent`` (default 0) drops the leading steps from the four checks above.
 
 Differences from Bridge, on purpose (Bridge lets these pass silently, since NaN compares false):

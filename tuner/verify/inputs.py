@@ -1,10 +1,4 @@
-"""What a check of :mod:`tuner.verify` starts from: the two layouts and the checkpoint.
-
-- :func:`parse_layout_spec`: a layout typed as ``key=value`` pairs (``--reference tp=1,pp=1,ep=1``);
-- :func:`check_pair`: both layouts fit the check's GPUs and Megatron's rules, and differ;
-- :func:`checkpoint_model_reasons`: a distributed checkpoint is of the check's model;
-- :func:`layout_text`: a layout in one line, for reports.
-"""
+"""What a check of :mod:`tuner.verify` starts from: the two layouts and the checkpoint."""
 
 from __future__ import annotations
 

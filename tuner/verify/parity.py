@@ -1,31 +1,16 @@
-"""Gradient parity's metrics: every parameter's gradient in a candidate layout against a reference layout.
+"""Gradient parity's metrics: every parameter's gradient in a candidate layout against a reference layout (pure
+NumPy; the GPU program, :mod:`launch.harness.train` with ``dump_grads``, only produces the numbers).
 
-Pure Python and NumPy (no torch): CI tests every decision here on recorded numbers; the GPU
-program (:mod:`launch.harness.train` with ``dump_grads``) only produces the numbers.
+From one checkpoint and one global batch, every parameter's full gradient (gathered over its shards, fp32, named
+layout-independently: :mod:`launch.harness.gather`) is compared by relative L2 error ``||c - r|| / ||r||`` (0 when
+both are zero, inf when only ``r`` is) and cosine ``<c, r> / (||c|| ||r||)`` (1 when both are zero), in float64
+over chunks. A scaled gradient (``c = 2 r``) has cosine 1 and relative error 1, so the relative error catches the
+seed's bug class and the cosine a wrong direction. Failures: ``missing_tensor``, ``shape_mismatch``,
+``non_finite``, ``relative_l2``, ``cosine``.
 
-**Gradient parity** (:func:`compare_gradients`, :func:`compare_grad_dumps`). From one checkpoint and
-one global batch, one forward and backward in the candidate and in the reference layout; every
-parameter's full gradient (gathered over its TP / EP / PP / DP shards, fp32, named by its
-layout-independent name, :mod:`launch.harness.gather`) is compared by
-
-- relative L2 error ``||c - r|| / ||r||`` (``c`` candidate, ``r`` reference; 0 when both are zero,
-  infinite when only ``r`` is) and
-- cosine ``<c, r> / (||c|| ||r||)`` (1 when both are zero),
-
-accumulated in float64 over chunks. A scaled gradient (``c = 2 r``) has cosine 1 and relative error
-1: the relative error is the metric that catches the seed's bug class; the cosine catches a wrong
-direction of similar size. The check fails on: a tensor missing on either side (``missing_tensor``),
-a shape that differs after gathering (``shape_mismatch``), a NaN or Inf (``non_finite``), a relative
-error above the threshold (``relative_l2``), a cosine below its threshold (``cosine``).
-
-The **threshold** comes from the noise between two runs of the reference layout itself
-(:meth:`ParityThresholds.from_noise`): ``max(NOISE_FACTOR x worst noise, BF16_RELATIVE_FLOOR)``.
-The floor is there because two runs of one layout can repeat bit for bit (deterministic kernels),
-while two layouts legitimately round differently in bf16 (another micro-batch size changes the
-GEMM shapes and the order in which micro-batch gradients are added); it is
-``torch.testing.assert_close``'s default relative tolerance for bfloat16 (1.6e-2), read here as a
-tensor-wide L2 ratio. The cosine threshold is ``1 - t**2 / 2``: the cosine between two vectors of
-equal length whose difference is ``t`` of that length.
+Threshold (:meth:`ParityThresholds.from_noise`): ``max(NOISE_FACTOR x worst noise between two reference runs,
+BF16_RELATIVE_FLOOR)``; the floor because two runs of one layout may repeat bit for bit while two layouts round
+differently in bf16. The cosine threshold is ``1 - t**2 / 2`` (two vectors of equal length differing by ``t``).
 """
 
 from __future__ import annotations
