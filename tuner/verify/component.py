@@ -40,16 +40,9 @@ COMPONENT_BOUND_ABS = 1e-3
 
 
 def split_fp32(x: Any) -> tuple[np.ndarray, np.ndarray]:
-    """FP32 values as Transformer Engine stores them with ``store_param_remainders``: (bf16 bits, int16 remainder).
-
-    The high 16 bits are the bf16 weight, rounded up (in magnitude of the bit pattern) when the low
-    16 bits read as a negative int16; the low 16 bits are the remainder. Source:
-    ``transformer_engine/common/multi_tensor/adam.cu``, ``AdamFunctorMasterParamRemainder``
-    ("Split into BF16 params (rounded-to-nearest) and remainders").
-
-    Returns:
-        (``uint16`` bf16 bit patterns, ``int16`` remainders), same shape as ``x``.
-    """
+    """FP32 values as TE stores them with ``store_param_remainders``: (``uint16`` bf16 bits, ``int16`` remainder), the
+    bf16 rounded up when the remainder reads negative (``transformer_engine/common/multi_tensor/adam.cu``,
+    ``AdamFunctorMasterParamRemainder``)."""
     bits = np.ascontiguousarray(np.asarray(x, dtype=np.float32)).view(np.uint32)
     hi = (bits >> 16).astype(np.uint16)
     lo = (bits & 0xFFFF).astype(np.uint16).view(np.int16)
@@ -58,15 +51,8 @@ def split_fp32(x: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def reconstruct_fp32(bf16_bits: Any, remainder: Any) -> np.ndarray:
-    """The FP32 master TE rebuilds from a bf16 weight and its int16 remainder (inverse of :func:`split_fp32`).
-
-    Source: ``AdamFunctorMasterParamRemainder`` ("Reconstruct FP32 params": the bf16 pattern is
-    decremented when the remainder is negative, "undo rounding", then joined with it).
-
-    Args:
-        bf16_bits: ``uint16`` (or ``int16``) bit patterns of the bf16 weights.
-        remainder: ``int16`` remainders, same shape.
-    """
+    """The FP32 master TE rebuilds from bf16 bits and an int16 remainder (inverse of :func:`split_fp32`;
+    ``AdamFunctorMasterParamRemainder``, "Reconstruct FP32 params")."""
     hi = np.asarray(bf16_bits).astype(np.int32) & 0xFFFF
     rem = np.asarray(remainder).astype(np.int16)
     hi = (hi - (rem < 0).astype(np.int32)) & 0xFFFF
@@ -76,23 +62,12 @@ def reconstruct_fp32(bf16_bits: Any, remainder: Any) -> np.ndarray:
 
 def adam_reference(p0: Any, grads: Sequence[Any], hyper: AdamHyper, *, weight_decay: float | None = None,
                    clip_coeffs: Sequence[float] | None = None) -> list[np.ndarray]:
-    """Adam with decoupled weight decay in float64: the reference the optimizer arms are measured against.
+    """Adam with decoupled weight decay in float64, one array of weights per step of ``grads``.
 
-    For step ``t`` (from 1), gradient ``g`` (times the step's clip coefficient):
-    ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2``, ``p = p - lr (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps)
-    + wd p)``. The form of TE's ``AdamFunctor`` (``adam.cu``, "weight decay" mode) and, in exact arithmetic, of
-    ``torch.optim.AdamW`` (which decays first: ``p (1 - lr wd)``, then the same step).
-
-    Args:
-        p0: the initial weights (any float dtype).
-        grads: one gradient per step.
-        weight_decay: this tensor's decay (megatron-core leaves biases and norms undecayed); default
-        ``hyper.weight_decay``.
-        clip_coeffs: one clip coefficient per step (:func:`clip_coefficient` of the step's global norm); default 1.
-
-    Returns:
-        The weights after each step (float64), one array per step.
-    """
+    For step ``t`` (from 1), gradient ``g`` (times the step's clip coefficient): ``m = b1 m + (1 - b1) g``,
+    ``v = b2 v + (1 - b2) g^2``, ``p = p - lr (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + wd p)``: TE's
+    ``AdamFunctor`` (``adam.cu``, "weight decay" mode) and, in exact arithmetic, ``torch.optim.AdamW``.
+    ``weight_decay`` defaults to ``hyper.weight_decay``, ``clip_coeffs`` to 1 per step."""
     p = np.asarray(p0, dtype=np.float64).copy()
     m = np.zeros_like(p)
     v = np.zeros_like(p)
@@ -190,25 +165,17 @@ def _fmt(x: Any) -> str:
 
 def decide_component_test(rows: Iterable[Mapping[str, Any]], *,
                           required_moments: Sequence[str] = ("fp32",)) -> ComponentResult:
-    """Decide the component test from the component program's JSON lines (:mod:`launch.harness.component`).
+    """Decide the component test from the JSON lines of :mod:`launch.harness.component` (events ``arm``,
+    ``bitwise``, ``arm_error``).
 
-    Rows used: ``{"event": "arm", "arm", "kind", "step", "worst_rel_l2", "worst_tensor"}`` per arm and
-    measured step; ``{"event": "bitwise", "arm", "against", "step", "identical", "mismatched", "elements"}``;
-    ``{"event": "arm_error", "arm", "message"}``.
-
-    Pass when: every ``test`` arm whose moments are in ``required_moments`` (the recipe's: ``fp32`` unless it
-    sets bf16 moments) is within :func:`component_bound` of the ``default`` arm's error at every step; the
-    bitwise comparison is identical at every step; for every class of bug (``ComponentArm.detects``: dropped
-    remainders, a wrong hyperparameter, bf16 masters) at least one ``control`` arm exceeds the bound at some step
-    (or differs bitwise); a control whose run failed detected nothing and fails the test; a control that stays within
-    the bound is reported as "did not fail" (e.g. beta2 0.95 for 0.98: Adam's bias-corrected first update does not
-    depend on beta2, and after 3 steps the change is within the bound, measured on
-    the H200, ``benchmarks/results/h200_te_2026-12-01/call12``). Tested arms
-    outside ``required_moments`` are reported with their verdict but do not decide.
+    Pass when every ``test`` arm whose moments are in ``required_moments`` is within :func:`component_bound` of the
+    ``default`` arm's error at every step, the rebuilt masters are bitwise identical, and every class of bug
+    (``ComponentArm.detects``) has a ``control`` arm over the bound (or differing bitwise). A control that crashed
+    detected nothing; one within the bound is reported as "did not fail" (beta2 0.95 for 0.98 stays within it after 3
+    steps, ``benchmarks/results/h200_te_2026-12-01/call12``).
 
     Raises:
-        TunerError: no row of the ``default`` arm (no bound can be set).
-    """
+        TunerError: no row of the ``default`` arm (no bound can be set)."""
     rows = list(rows)
     by_arm: dict[str, dict[int, Mapping[str, Any]]] = {}
     kinds: dict[str, str] = {}
@@ -372,22 +339,13 @@ def plan_component_test(*, out_dir: str | Path, experts: int | None = None, max_
                         steps: tuple[int, ...] = (1, 3), moments: tuple[str, ...] = ("fp32",),
                         arms: tuple[str, ...] | None = None, env: Any = None, gpu: str = "H200",
                         check_machine: bool = True) -> ComponentPlan:
-    """The component test's plan, refused before any GPU time when this machine cannot run it.
-
-    Args:
-        out_dir: folder of the spec, the JSON lines and ``component.json``.
-        experts: run exactly this many experts (default: as many as fit, up to ``max_experts``; the program decides
-            from the GPU's free memory and the host's available memory).
-        steps: the steps after which the update is measured.
-        moments: ``fp32`` and/or ``bf16``: the moment dtypes whose arms decide (the recipe's ``exp_avg_dtype``).
-        arms: a subset of :data:`launch.harness.component.COMPONENT_ARMS` (default: all).
-        env: a :class:`launch.harness.spec.HarnessEnv` (default: probed).
-        check_machine: also check torch / megatron-core and that a GPU is visible (off in tests with a fake program).
+    """The component test's plan, refused before any GPU time when this machine cannot run it. ``experts``: exactly
+    this many (default: as many as fit, up to ``max_experts``); ``moments``: the dtypes whose arms decide (the
+    recipe's ``exp_avg_dtype``); ``env``: a :class:`launch.harness.spec.HarnessEnv` (default probed).
 
     Raises:
-        TunerError: Transformer Engine is not installed (precision-aware Adam is TE's FusedAdam; the component test
-            measures TE's kernels), torch / megatron-core is missing, no GPU is visible, or a bad argument.
-    """
+        TunerError: no Transformer Engine (precision-aware Adam is TE's FusedAdam), no torch / megatron-core, no GPU
+            (``check_machine``), or bad ``moments``."""
     from launch.harness.component import ComponentSpec
     from launch.harness.spec import HarnessEnv
 
@@ -413,18 +371,11 @@ def plan_component_test(*, out_dir: str | Path, experts: int | None = None, max_
 
 def run_component_test(plan: ComponentPlan, *, launcher: list[str] | None = None,
                        timeout_s: float = 900.0) -> ComponentOutcome:
-    """Run the component program (one process, one GPU) and decide (:func:`decide_component_test`).
-
-    Writes ``<out>/component_spec.json``, ``<out>/component.jsonl`` (the program's lines), ``<out>/log.txt`` and
-    ``<out>/component.json`` (the outcome and the seed-form entry).
-
-    Args:
-        launcher: the program (default ``python -m launch.harness.component``); tests pass a fake one.
-        timeout_s: wall-clock limit; the program's process group is killed after it.
+    """Run the component program (one process, one GPU, killed after ``timeout_s``) and decide; writes
+    ``component_spec.json``, ``component.jsonl``, ``log.txt`` and ``component.json`` under the plan's folder.
 
     Raises:
-        TunerError: the folder cannot be written.
-    """
+        TunerError: the folder cannot be written."""
     import os
     import subprocess
     import sys

@@ -19,21 +19,13 @@ def correctness_block(*, convergence: Mapping[str, Any] | None = None,
                       grad_parity: ParityResult | Mapping[str, Any] | None = None,
                       component_tests: Sequence[Mapping[str, Any]] = (), reference: str | None = None,
                       configuration: str | None = None) -> dict[str, Any]:
-    """The recipe's ``correctness`` block in the seed's form, with gradient parity next to the convergence check.
+    """The recipe's ``correctness`` block in the seed's form: the loss-curve check's block
+    (:func:`tuner.verify.loss_check.convergence_block`), gradient parity (a :class:`ParityResult` or its
+    :func:`parity_block`) and ``component_tests`` entries, each None / empty when not run.
 
-    Args:
-        convergence: the block of the loss-curve check (:func:`tuner.verify.loss_check.convergence_block` of its
-            outcome: ``result``, ``summary``, ``reference``, ``convergence``), or None if not run.
-        grad_parity: a :class:`ParityResult` or its :func:`parity_block`, or None if not run.
-        component_tests: entries in the seed's form (:meth:`ComponentResult.entry`).
-        reference: the reference text (default: the convergence block's).
-        configuration: the seed's ``configuration`` field (e.g. ``pass``), when a configuration check ran.
-
-    Returns:
-        ``result`` is ``pass`` only when the convergence check and gradient parity both ran and passed and
-        no component test failed (``launch.export`` then marks a measured recipe ``verified``); ``fail`` when
-        any of them failed; ``error`` when one could not finish; else ``incomplete`` (one of the two not run).
-    """
+    ``result`` is ``pass`` only when the convergence check and gradient parity both passed and no component test
+    failed (``launch.export`` then marks a measured recipe ``verified``); ``fail`` when one failed; ``error`` when one
+    could not finish; else ``incomplete``."""
     conv = dict(convergence) if convergence is not None else None
     gp = parity_block(grad_parity) if isinstance(grad_parity,
                                                  ParityResult) else (dict(grad_parity) if grad_parity is not None

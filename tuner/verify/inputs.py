@@ -21,16 +21,11 @@ _LAYOUT_KEYS_HELP = ("tp, pp, vpp, cp, ep, etp, micro_batch_size (or mbs), recom
 
 
 def parse_layout_spec(text: str, world_size: int) -> Layout:
-    """A layout from ``key=value`` pairs, e.g. ``tp=1,pp=1,ep=1`` (fields not given take :class:`Layout`'s defaults).
-
-    Keys are :class:`Layout`'s field names (Megatron's), plus ``mbs`` for
-    ``micro_batch_size`` and ``recompute`` for ``recompute_granularity`` (``full`` then
-    means uniform, 1 layer, as Megatron's defaults; ``selective`` means ``core_attn``).
-    ``sequence_parallel`` defaults to on when ``tp > 1``.
+    """A layout from ``key=value`` pairs, e.g. ``tp=1,pp=1,ep=1``: :class:`Layout`'s field names plus ``mbs`` and
+    ``recompute`` (``full``: uniform, 1 layer; ``selective``: ``core_attn``); others take Megatron's defaults.
 
     Raises:
-        TunerError: an empty string, a pair without ``=``, an unknown key or a bad value.
-    """
+        TunerError: an empty string, a pair without ``=``, an unknown key or a bad value."""
     if not text or not text.strip():
         raise TunerError(f"a layout is key=value pairs, e.g. 'tp=1,pp=1,ep=1'; got {text!r}")
     d: dict[str, Any] = {}
@@ -124,13 +119,9 @@ def layout_text(lay: Layout) -> str:
 
 
 def checkpoint_model_reasons(path: str | Path, model: ModelSpec) -> list[str]:
-    """Why the distributed checkpoint at ``path`` cannot start a check of ``model`` (empty when it can, or when it
-    cannot be told: a checkpoint without the harness's ``model.json`` is taken as it is).
-
-    The harness writes ``model.json`` (the model and its fingerprint, :func:`launch.harness.gather.model_fingerprint`)
-    beside every checkpoint it saves; a fingerprint that differs from ``model``'s (another model, another slice,
-    another expert count) is refused before any GPU time is spent.
-    """
+    """Why the distributed checkpoint at ``path`` cannot start a check of ``model``: its ``model.json`` (written by
+    the harness) has another fingerprint (:func:`launch.harness.gather.model_fingerprint`). Empty when it can, or has
+    no ``model.json``."""
     p = Path(path)
     if not (p.is_dir() and (p / "metadata.json").exists()):
         return [f"{str(p)!r} is not a megatron-core distributed checkpoint (a folder with metadata.json)"]

@@ -153,18 +153,11 @@ class ParityThresholds:
     @classmethod
     def from_noise(cls, noise: ParityResult | float, *, factor: float = NOISE_FACTOR,
                    floor: float = BF16_RELATIVE_FLOOR) -> ParityThresholds:
-        """Thresholds from the noise between two runs of the reference layout.
-
-        Args:
-            noise: the comparison of the reference's second run against its first
-                (:func:`compare_gradients`), or its worst relative L2 error.
-            factor: threshold = ``max(factor x noise, floor)``.
-            floor: the smallest threshold (default: bf16's relative tolerance, see the module docstring).
+        """Thresholds ``max(factor x noise, floor)`` from ``noise``: the reference's second run against its first
+        (:func:`compare_gradients`) or its worst relative L2 error.
 
         Raises:
-            TunerError: the noise comparison itself is broken (missing tensors, other shapes, NaN):
-                two runs of one layout must produce the same set of finite gradients.
-        """
+            TunerError: the noise comparison itself is broken (missing tensors, other shapes, NaN)."""
         if isinstance(noise, ParityResult):
             broken = [m for m in noise.failed_metrics if m in ("missing_tensor", "shape_mismatch", "non_finite",
                                                                "no_tensors")]
@@ -280,18 +273,9 @@ def _finite_or_none(x: float) -> float | None:
 def compare_gradients(candidate: Mapping[str, Any], reference: Mapping[str, Any],
                       thresholds: ParityThresholds | None = None, *, candidate_label: str = "candidate",
                       reference_label: str = "reference") -> ParityResult:
-    """Compare every gradient of ``candidate`` with the same-named one of ``reference`` (see the module docstring).
-
-    Args:
-        candidate, reference: ``{parameter name: full gradient}``; values are arrays (or lazily loaded
-            arrays, e.g. ``numpy.load(..., mmap_mode="r")``), names layout-independent.
-        thresholds: default :class:`ParityThresholds` (the bf16 floor alone) when None.
-
-    Returns:
-        The result; ``failed_metrics`` among ``no_tensors``, ``missing_tensor``, ``shape_mismatch``,
-        ``non_finite``, ``relative_l2``, ``cosine``.
-
-    """
+    """Compare every gradient of ``candidate`` with the same-named one of ``reference`` (``{name: array}``, arrays
+    may be memory-mapped); ``thresholds`` default to the bf16 floor. ``failed_metrics`` among ``no_tensors``,
+    ``missing_tensor``, ``shape_mismatch``, ``non_finite``, ``relative_l2``, ``cosine``."""
     th = thresholds or ParityThresholds()
     names_c, names_r = set(candidate), set(reference)
     missing = tuple(sorted(names_r - names_c))

@@ -89,26 +89,19 @@ def plan_grad_parity(model: ModelSpec, cluster: Cluster, workload: Workload, can
                      reference_dir: str | Path | None = None, corpus: str | Path | None = None,
                      data_step_offset: int = 0, fault: str | None = None, factor: float = 10.0, floor: float = 1.6e-2,
                      candidate_model: ModelSpec | None = None) -> GradParityPlan:
-    """The gradient-parity plan: reference, a second run of the reference (its noise sets the threshold), candidate;
-    one forward and backward each, from one checkpoint, on one global batch (see :mod:`tuner.verify.parity`).
+    """The gradient-parity plan: reference, a second reference run (its noise sets the threshold), candidate; one
+    forward and backward each from one checkpoint on one global batch (:mod:`tuner.verify.parity`).
 
     Args:
-        model: the model (sliced where needed); ``candidate_model``: the candidate's, if given separately (must be the
-        same).
-        init_checkpoint: a distributed checkpoint of ``model`` both arms load (e.g. the one a convergence check kept);
-            None: the reference arm writes the seed's weights to ``<out>/checkpoint`` and every arm loads them.
-        reference_dir: where the reference's two dumps go (default ``<out>``); a later check of another candidate
-            with the same reference, checkpoint and batch reuses them.
-        data_step_offset: the optimizer step whose rows are the batch (the convergence check's first measured step is
-            its warm start's length).
-        fault: a deliberate bug in the candidate (negative control, :data:`launch.harness.spec.FAULTS`).
+        init_checkpoint: a checkpoint of ``model`` every arm loads (None: the reference writes the seed's weights).
+        reference_dir: where the reference's two dumps go (default ``<out>``); reused by later candidates.
+        data_step_offset: the optimizer step whose rows are the batch.
         factor, floor: the threshold rule (:meth:`tuner.verify.parity.ParityThresholds.from_noise`).
 
     Raises:
         InfeasibleLayout: a layout breaks one of Megatron's rules.
-        TunerError: the candidate's model is not the reference's; a layout is for another GPU count; the layouts are the
-            same without a fault; the checkpoint is not one, or is of another model; a bad corpus, fault or threshold.
-    """
+        TunerError: another model for the candidate, another GPU count, the same layouts without a fault, a checkpoint
+            of another model, or a bad corpus, fault or threshold."""
     from launch.harness.data import load_corpus
     from launch.harness.spec import FAULTS
 
@@ -217,16 +210,12 @@ def _reusable(arm: GradParityArm, plan: GradParityPlan) -> bool:
 def run_grad_parity(plan: GradParityPlan, backend_factory: Callable[[GradParityPlan, GradParityArm], Any] | None = None,
                     *, on_arm: Callable[[str, str], None] | None = None, keep_candidate_dump: bool = False
                    ) -> GradParityOutcome:
-    """Run the arms of ``plan`` (reusing the reference's dumps where they fit) and compare; writes
-    ``<out>/parity.json``.
-
-    The noise (the reference's second run against its first) sets the threshold
-    (:meth:`tuner.verify.parity.ParityThresholds.from_noise`); then the candidate is compared with the reference.
+    """Run the arms of ``plan`` (reusing the reference's dumps where they fit), set the threshold from the
+    reference's noise and compare the candidate; writes ``parity.json``.
 
     Raises:
         InfeasibleLayout: an arm cannot run here (checked for every arm before any runs).
-        TunerError: the folder cannot be written, or the noise measurement itself is broken.
-    """
+        TunerError: the folder cannot be written, or the noise measurement itself is broken."""
     import time
 
 
