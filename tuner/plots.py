@@ -40,17 +40,9 @@ def _label(part: str) -> str:
 
 def breakdown_figures(items: Sequence[tuple[str, Estimate]], *, title: str = "") -> tuple[dict[str, Any],
                                                                                           dict[str, Any]]:
-    """Stacked bars of the memory parts (GiB per GPU, worst pipeline rank) and of the time parts (seconds per step), one
-    bar per layout, in the order given.
-
-    Args:
-        items: (x label, the layout's :func:`cost_model.estimate.estimate`) per bar.
-        title: appended to each figure's title.
-
-    Returns:
-        (memory figure, time figure) as plotly figure specs (``{"data", "layout"}`` dicts of JSON-able values); each
-        part is one bar trace, named after the part, whose values add up to the estimate's peak and step time.
-    """
+    """(memory figure, time figure) as plotly figure specs: stacked bars of the memory parts (GiB per GPU, worst
+    pipeline rank) and time parts (s per step), one bar per ``(x label, estimate)`` of ``items``, one trace per part
+    (the parts add up to the peak and the step time)."""
     xs = [x for x, _ in items]
     mem = [{"type": "bar", "name": _label(p), "x": xs, "y": [e.memory[p] / GIB for _, e in items],
             "marker": {"color": MEMORY_COLOURS[p]},
@@ -194,13 +186,11 @@ _GANTT_LABELS = {"forward": "forward (F<micro-batch>)", "backward": "backward (B
 
 def plot_timelines(path: Path, traces: Sequence[dict[str, Any]], *, titles: Sequence[str] | None = None,
                    force: bool = False) -> None:
-    """A PNG Gantt chart of one or more step traces (:func:`cost_model.timeline.step_trace`), one panel each on a
-    common time axis: per pipeline rank a row of its forward / backward chunks (the gaps are the pipeline bubble)
-    and a row of the same time by part (compute, recompute, exposed communication, then the step's tail).
+    """A PNG Gantt chart of step traces (:func:`cost_model.timeline.step_trace`), one panel each on a common time
+    axis: per pipeline rank its forward / backward chunks and the same time by part.
 
     Raises:
-        OSError: the file cannot be written.
-    """
+        OSError: the file cannot be written."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -117,15 +117,11 @@ def front_rows(rows: list[dict[str, Any]], model: ModelSpec, bars: ErrorBars | N
 
 
 def pick_best(front: list[dict[str, Any]], tie: float = 0.01) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """The recommended row of a front and the rows tied with it.
+    """(the recommended row of a front, the other rows within ``tie`` of it); (None, []) for an empty front.
 
-    Rows that ran or surely fit are preferred; when none does, those whose predicted peak fits the GPU; then any.
-    Of those within ``tie`` (a fraction) of the fastest, the least peak memory wins, then the fewest GPUs per model
-    replica (tp x pp x cp), then the layout's key: a rule that does not depend on the order trials were sampled in.
-
-    Returns:
-        (best, the other rows within ``tie`` of the fastest); (None, []) for an empty front.
-    """
+    Rows that ran or surely fit come first, then those whose predicted peak fits, then any. Of those within ``tie`` (a
+    fraction) of the fastest, the least peak memory wins, then the fewest GPUs per replica (tp x pp x cp), then the
+    layout's key: independent of the order trials were sampled in."""
     pool = ([r for r in front if r.get("fit") != "may not fit"]
             or [r for r in front if float(r.get("headroom_gib", -1.0)) >= 0] or list(front))
     if not pool:
@@ -529,17 +525,13 @@ def export_context(model: ModelSpec, cluster: Cluster, workload: Workload, layou
 
 def export_files(out_dir: Path, model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout,
                  **context: Any) -> dict[str, Path]:
-    """Write the files of every format the main job exports (:func:`launch.exporters.main_job_exporters`) for
-    ``layout`` into ``out_dir``; ``context`` as :func:`export_context` takes it (``study`` required). Every file is
-    rendered before any is written, so a layout one format refuses leaves none behind.
-
-    Returns:
-        The paths written, by format name (``recipe``, ``slime``, ``megatron``), in registration order.
+    """Write every format the main job exports (:func:`launch.exporters.main_job_exporters`) for ``layout`` into
+    ``out_dir`` (``context`` as :func:`export_context` takes it); all are rendered before any is written. Returns the
+    paths by format name.
 
     Raises:
         TunerError: a format refuses the layout (e.g. the recipe fails its schema).
-        OSError: a file cannot be written.
-    """
+        OSError: a file cannot be written."""
     from launch.exporters import main_job_exporters
 
     ctx = export_context(model, cluster, workload, layout, **context)

@@ -194,17 +194,11 @@ def _fields(o: RunOptions) -> dict[str, Any]:
 
 
 def json_lines(path: str | Path, label: str, expected: str) -> Iterator[tuple[int, str, Any]]:
-    """The non-blank lines of a JSON-lines file, parsed: ``(line number, "LABEL, line N", value)`` (also read by the
-    device benchmarks' comparisons, e.g. ``benchmarks/h200_recompute.py --compare``).
-
-    Args:
-        label: how the file is named in messages (``--trials PATH``, or the path).
-        expected: what the file should hold, appended to a message about a line that is not JSON.
+    """``(line number, "LABEL, line N", value)`` of each non-blank line of a JSON-lines file (also read by the device
+    benchmarks' comparisons); ``expected`` ends a message about a bad line.
 
     Raises:
-        TunerError: the file cannot be read (as UTF-8), or a line is not JSON or repeats a key in one object, named by
-            ``label`` and its line.
-    """
+        TunerError: the file cannot be read (as UTF-8), or a line is not JSON or repeats a key in one object."""
     lines = read_user_text(path, label, expected, limit=MAX_DATA_BYTES).splitlines()
     for i, line in enumerate(lines, start=1):
         if not line.strip():
@@ -252,16 +246,11 @@ def _check_ran_model(d: dict[str, Any], model: ModelSpec, where: str) -> None:
 
 
 def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
-    """Read sweep JSON-lines files.
-
-    Returns:
-        ``(rows, skipped)``: the finished rows (status ``ok`` with a step time and a reserved peak) and one line per
-        row left out (not finished, with its status).
+    """``(rows, skipped)`` of sweep JSON-lines files: the finished rows and one line per row left out.
 
     Raises:
-        TunerError: a file given twice or that cannot be read, a line that is not a JSON object, a row without a
-            layout, or a row of a model that is not a bundled preset (or a slice of one): nothing is predicted then.
-    """
+        TunerError: a file given twice or unreadable, a line that is not a JSON object, a row without a layout or of a
+            model that is not a bundled preset (or a slice of one)."""
     rows: list[TrialRow] = []
     skipped: list[str] = []
     seen: dict[Path, str] = {}
@@ -394,22 +383,12 @@ def _configuration(r: TrialRow) -> tuple[Any, ...]:
 
 
 def run_spread(preds: list[TrialPrediction]) -> dict[str, Any]:
-    """How far separate runs of one configuration (model slice, GPUs, workload, layout, options and stack) spread, and
-    what that allows a model on single runs.
+    """How far separate runs of one configuration (model, GPUs, workload, layout, options, stack) spread.
 
-    ``spread``: the step times' pooled relative standard deviation over the configurations run more than once
-    (:func:`tuner.report.pooled_spread`, as a study's repeated trials are pooled). ``noise_floor``:
-    :data:`HALF_NORMAL_MEDIAN` x ``spread``, the median |error| a model exact on every configuration's mean would show
-    on single runs if the runs spread normally. ``step_median_abs_error_of_means``: the predictions' median |error|
-    against each configuration's mean step time (every configuration, run once or more).
-
-    A row whose step time and peaks equal another row's of the same configuration to the last digit is a copy of that
-    run (a file copied, a line pasted twice), counted once (``identical_rows``).
-
-    Returns:
-        ``{"configurations", "repeated", "repeat_runs", "dof", "identical_rows", "spread", "noise_floor",
-        "step_median_abs_error_of_means"}``; the spread and the floor are None when no configuration ran twice.
-    """
+    ``spread``: the step times' pooled relative standard deviation (:func:`tuner.report.pooled_spread`) over the
+    configurations run more than once (None if none); ``noise_floor``: :data:`HALF_NORMAL_MEDIAN` x ``spread``, the
+    median |error| of a model exact on every mean; ``step_median_abs_error_of_means``: the predictions' against each
+    configuration's mean. A row equal to another's to the last digit is a copy, counted once (``identical_rows``)."""
     groups: dict[tuple[Any, ...], list[TrialPrediction]] = {}
     measured: set[tuple[Any, ...]] = set()
     identical = 0

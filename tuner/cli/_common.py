@@ -107,21 +107,10 @@ typer.rich_utils.Columns = _folding_help_columns  # type: ignore[attr-defined,as
 
 
 class TuneGroup(TyperGroup):
-    """The ``tune`` root group and the command line's one error boundary.
-
-    * ``--debug`` is taken off the command line wherever it stands (before a ``--``); it, or
-      ``TUNE_DEBUG=1``, adds the traceback of an error. Commands see it as ``ctx.obj.debug``.
-    * A :class:`TunerError` (a user error) prints one red line on stderr and exits 2, with or
-      without ``--debug``.
-    * A usage error (unknown option, bad value: typer / click) prints one red line naming the
-      command's ``--help`` and exits 2.
-    * Ctrl-C, and SIGTERM likewise, exits 130 (the main job first says how to resume); any other exception is a bug:
-      one line asking for a report (the traceback with ``--debug``), exit 1.
-
-    Command areas named in :attr:`areas` (``"module:typer_app" -> its command names``, their commands merged into
-    this group) and sub-apps named in :attr:`lazy` (``name -> "module:typer_app"``, mounted as a group) are imported
-    only when one of their commands is run or the commands are listed, so a command pays for its own area only.
-    """
+    """The ``tune`` root group and the command line's one error boundary: ``--debug`` (anywhere before ``--``) or
+    ``TUNE_DEBUG=1`` adds tracebacks; a :class:`TunerError` or usage error prints one red line and exits 2; Ctrl-C and
+    SIGTERM exit 130; any other exception is a bug (exit 1). Areas (:attr:`areas`: ``"module:app" -> command names``)
+    and sub-apps (:attr:`lazy`) are imported only when one of their commands runs or the commands are listed."""
 
     areas: ClassVar[dict[str, tuple[str, ...]]] = {}
     lazy: ClassVar[dict[str, str]] = {}
@@ -315,12 +304,10 @@ def recorded_storage(config_yaml: Path) -> str | None:
 
 def load_study(study: str | None, storage: str | None, results_dir: Path, *, writes: bool = False) -> Any:
     """The Optuna study ``study`` (``--storage``, else the one ``config.yaml`` records, else
-    ``results/<study>/study.db``), a SQLite file opened read-only unless the command ``writes`` to the study (``tune
-    verify`` stores its results).
+    ``results/<study>/study.db``), a SQLite file opened read-only unless the command ``writes`` to it.
 
     Raises:
-        TunerError: no ``--study``, a name ``tune`` would refuse, no such database or study, or a storage that cannot be
-    opened. """
+        TunerError: no or a bad ``--study``, no such database or study, or a storage that cannot be opened."""
     import optuna
 
     name = check_study_name(require(study, "--study", "MiniMax-M2-8x8xH200-s8192-gbs128"))
@@ -548,13 +535,11 @@ RUN_FLAG_OPTIONS: dict[str, Any] = {
 
 def fold_options(func: Any, param: str, kind: str, added: list[inspect.Parameter],
                  build: Callable[[dict[str, Any]], Any], what: str) -> Any:
-    """``func`` with the options ``added`` in place of its parameter ``param``: the command line gives the options, and
-    ``func`` gets ``build(their values by name)`` (a ``kind``) as ``param`` (how
-    :func:`tuner.cli._layout.layout_options` and :func:`run_options` give a command many options as one object).
+    """``func`` with the options ``added`` in place of its parameter ``param``, which gets
+    ``build(their values by name)`` (a ``kind``): how a command takes many options as one object.
 
     Raises:
-        TypeError: ``func`` has no ``param`` parameter, or one of its own parameters has the name of an added option.
-    """
+        TypeError: ``func`` has no ``param``, or a parameter named as an added option."""
     sig = inspect.signature(func, eval_str=True)
     if param not in sig.parameters:
         raise TypeError(f"{func.__name__}: @{what.replace(' ', '_')} needs a `{param}: {kind}` parameter")

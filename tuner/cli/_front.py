@@ -20,16 +20,9 @@ def table_rows(front: list[dict[str, Any]], top: int) -> list[dict[str, Any]]:
 
 
 def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: str = "tune pareto --top 0") -> None:
-    """The Pareto table in seven columns that fit 80 (its ``trial`` column numbers the points of ``pareto.png``); then
-    how many rows were left out. Offload, dispatcher, layer split, MFU and $/1M tokens are in ``pareto.csv`` and
-    ``report.html``.
-
-    Args:
-        front: rows of :func:`tuner.report.front_rows`, fastest first.
-        top: rows to print (0 = all).
-        title: the table's title.
-        more_hint: where the rest is, e.g. ``tune pareto --study NAME --top 0`` (shell-quoted).
-    """
+    """The Pareto table of ``front`` (fastest first) in seven columns that fit 80 (``trial`` numbers the points of
+    ``pareto.png``; the other columns are in ``pareto.csv``), its ``top`` rows (0 = all), then ``more_hint`` for the
+    rows left out."""
     out.print(title)  # not the table's title: rich wraps a title to the table's width
     t = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
     columns: list[tuple[str, JustifyMethod]] = [("trial", "right"), ("layout", "left"), ("recompute", "left"),

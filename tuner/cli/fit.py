@@ -197,8 +197,7 @@ def validate(
     reason, cells that could not be read (row and column), and a summary per GPU type and
     precision: median absolute error, MAPE and Spearman within each model's rows that differ
     in layout. With --trials, the same for real trials (step time and peak memory). Exit 2 only
-    when no row is usable or an input is malformed.
-    """
+    when no row is usable or an input is malformed."""
     import sys
 
     from cost_model.calibration import load_calibration

@@ -230,14 +230,12 @@ def local_backend_factory(*, timeout_s: float = 900.0, launcher: list[str] | Non
 
 def run_verify(plan: VerifyPlan, backend_factory: BackendFactory | None = None, *, keep_checkpoint: bool = False,
                on_arm: Callable[[str, str], None] | None = None) -> VerifyOutcome:
-    """Run both arms of ``plan`` (each on ``backend_factory``'s backend, default local) and compare their loss curves;
-    write ``verify.json`` and ``losses.png``. An arm that fails (out of memory, timeout, crash) makes the outcome
-    ``error``, not ``fail`` (nothing was compared). ``on_arm`` gets (arm name, "start" | "done" | "failed").
+    """Run both arms of ``plan`` and compare their loss curves; write ``verify.json`` and ``losses.png``. An arm that
+    fails makes the outcome ``error``, not ``fail``. ``on_arm`` gets (arm, "start" | "done" | "failed").
 
     Raises:
         TunerError: ``out_dir`` cannot be written.
-        InfeasibleLayout: the local backend cannot run an arm here (e.g. another GPU count).
-    """
+        InfeasibleLayout: an arm cannot run here (e.g. another GPU count)."""
     factory = backend_factory or local_backend_factory()
     for arm in plan.arms:  # both arms, before either runs: no GPU time on a check that cannot finish
         why = factory(plan, arm).refusal(arm.layout, plan.model, plan.workload)
