@@ -71,15 +71,12 @@ def _merge_flags(file_flags: Any, cli_flags: Any) -> Any:
 
 def launch_inputs(path: Path, ctx: Any, *, model: str | None, gpus: str | None, seq_len: int, global_batch: int,
                   precision: str, layers: int | None, run: RunChoice) -> FromInputs:
-    """Read ``path`` and fill the main job's inputs from it where the command line leaves them at their defaults.
-
-    ``--gpus`` may be just the GPU (``--gpus H200``): the count is the file's nodes x GPUs per node.
+    """Read ``path`` and fill the main job's inputs from it where the command line leaves them at their defaults
+    (``--gpus H200``: the count is the file's nodes x GPUs per node).
 
     Raises:
-        TunerError: the file cannot be read or is none of the forms (:func:`tuner.launch_file.read_launch`), it names
-            no model and no ``--model`` is given, the GPUs are not known or disagree with the file, or its layout cannot
-            be estimated.
-    """
+        TunerError: the file cannot be read (:func:`tuner.launch_file.read_launch`), names no model and no
+            ``--model`` is given, its GPUs are unknown or disagree, or its layout cannot be estimated."""
     from launch.harness.spec import slice_model
     from specs import load_model, parse_gpus
     from tuner.cli._layout import LayoutFlags, apply_layout_string
@@ -162,13 +159,11 @@ class CommandInputs(NamedTuple):
 def command_inputs(from_file: Path | None, ctx: Any, *, model: str | None, gpus: str | None, seq_len: int,
                    global_batch: int,
                    precision: str, layers: int | None, run: RunChoice, layout: Any = None) -> CommandInputs:
-    """The inputs of the main job, ``tune estimate`` and ``tune timeline``: the command line's, with the launch of
-    ``--from`` (:func:`launch_inputs`) filling what it leaves at its defaults, and its layout under the command line's
-    layout flags (:func:`launch_layout`) where ``layout`` is given.
+    """The inputs of the main job, ``estimate`` and ``timeline``: the command line's, ``--from`` filling what it
+    leaves at its defaults (:func:`launch_inputs`), its layout under the given layout flags (:func:`launch_layout`).
 
     Raises:
-        TunerError: as :func:`launch_inputs`.
-    """
+        TunerError: as :func:`launch_inputs`."""
     if from_file is None:
         return CommandInputs(None, model, gpus, seq_len, global_batch, precision, layers, run, layout)
     fi = launch_inputs(from_file, ctx, model=model, gpus=gpus, seq_len=seq_len, global_batch=global_batch,

@@ -73,16 +73,13 @@ class LayoutFlags:
         return bool(self.first_stage_layers or self.last_stage_layers)
 
     def to_layout(self, world_size: int) -> Any:
-        """The :class:`Layout` of these flags on ``world_size`` GPUs (the pipeline string is not applied:
-        :func:`apply_layout_string`).
-
-        Megatron's defaults fill in: selective recompute without modules recomputes ``core_attn``;
-        full recompute is ``uniform`` over 1 layer unless given; sequence parallelism is on when TP > 1.
+        """The :class:`Layout` of these flags on ``world_size`` GPUs, Megatron's defaults filling in (selective
+        recompute of ``core_attn``; full recompute ``uniform`` over 1 layer; sequence parallelism when TP > 1); the
+        pipeline string is applied by :func:`apply_layout_string`.
 
         Raises:
             TunerError: ``--recompute-modules`` without ``--recompute selective``, or a value :class:`Layout`
-                refuses (e.g. ``--recompute bogus``, ``--dispatcher nccl``).
-        """
+                refuses."""
         from specs.layout import Layout
 
         gran = self.recompute
@@ -166,16 +163,12 @@ def split_hint(model: Any, lay: Any) -> str:
 
 def apply_layout_string(lay: Any, model: Any, text: str, *, vpp_given: bool, split_given: bool) -> tuple[Any, bool,
                                                                                                          str]:
-    """Take VPP and the first/last split from a ``--pipeline-model-parallel-layout`` string.
-
-    Returns:
-        (layout with vpp / first / last from the string, whether the split rules must be
-        skipped because the string is valid but not of the first/last form, a note).
+    """(layout with vpp / first / last from a ``--pipeline-model-parallel-layout`` string, whether the split rules
+    must be skipped (a valid string not of the first/last form), a note).
 
     Raises:
-        InfeasibleLayout: the string breaks Megatron's grammar or layout rules, or
-            contradicts --vpp / --first-stage-layers / --last-stage-layers.
-    """
+        InfeasibleLayout: the string breaks Megatron's rules or contradicts --vpp / --first-stage-layers /
+            --last-stage-layers."""
     from search_spaces.pipeline import LAYOUT_RULE_ID, layer_counts_from_string, stage_layer_counts
 
     counts = layer_counts_from_string(text, lay.pp, model.num_layers, model.mtp_num_layers)

@@ -47,13 +47,10 @@ app = typer.Typer()
 
 
 def estimable_layout(layout: LayoutFlags, m: Any, w: Any, c: Any, opts: Any) -> Any:
-    """The layout the flags give, with ``--pipeline-layout`` applied, as ``tune estimate`` and ``tune timeline``
-    estimate it.
+    """The layout the flags give, with ``--pipeline-layout`` applied, as ``estimate`` and ``timeline`` estimate it.
 
     Raises:
-        TunerError: a layout string the cost model cannot represent (valid for Megatron: ``tune check`` accepts it), or
-            a rule of the network or the megatron-core release broken (:func:`refuse_env_rules`).
-    """
+        TunerError: a layout string the cost model cannot represent, or a network / release rule broken."""
     lay = layout.to_layout(c.num_gpus)
     if layout.pipeline_layout is not None:
         lay, odd, _ = apply_layout_string(lay, m, layout.pipeline_layout, vpp_given=layout.vpp_given,
@@ -100,10 +97,7 @@ def _inputs(model: str | None, gpus: str | None, gpus_per_node: int | None, netw
     """(model, cluster, workload) of the command line; ``layers`` slices the model as ``tune --layers`` does.
 
     Raises:
-        TunerError: a missing or unknown model or GPU, a malformed ``--gpus``, a bad ``--layers``,
-            ``--precision``, sequence length or batch, an unknown ``--network``, or a GPU whose server type has no
-            default network.
-    """
+        TunerError: a missing, unknown or malformed model, GPU, network or workload value."""
     from launch.harness.spec import slice_model
     from specs import Precision, Workload, load_model, parse_gpus
     from specs.hardware import network_bytes_per_s

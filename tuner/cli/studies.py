@@ -60,12 +60,10 @@ def study_export_context(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], l
 def study_front(study: str | None, storage: str | None, results_dir: Path, output: tuple[str, Path | None, str], *,
                 force: bool) -> tuple[Any, Any, Any, Any, dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
     """(study, model, cluster, workload, config, trial rows, front rows) of a study with a finished trial; ``output``
-    (option, path or None, the file name it has in a study's folder) is checked before the study is opened.
+    (option, path or None, its file name in a study's folder) is checked before the study is opened.
 
     Raises:
-        TunerError: an output path that would overwrite a study (:func:`tuner.study.config.check_output_path`), a study
-            that cannot be opened, or one with no finished trial.
-    """
+        TunerError: an output that would overwrite a study, a study that cannot be opened or has no finished trial."""
     from cost_model.uncertainty import error_bars
     from tuner.report import front_rows
     from tuner.study import trial_rows

@@ -29,12 +29,9 @@ _BRIDGE_RENAMED = {"num_moe_experts": "num-experts",
 
 def _bridge_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[str, str]]:
     """A Megatron-Bridge override YAML as Megatron-LM arguments, and each argument's ``section.key`` (for messages).
-
-    ``ddp`` / ``mixed_precision`` ``grad_reduce_in_fp32`` becomes ``--accumulate-allreduce-grads-in-fp32`` or
-    ``--grad-reduce-in-bf16``; a false boolean ``--no-KEY``; ``mixed_precision.fp8`` ``--fp8-format``; sections without
-    effect on the estimate (:data:`_BRIDGE_NO_EFFECT_SECTIONS`) become ``--no-effect:section.key`` placeholders; a null
-    (Megatron's default) is understood where the argument is one the estimate reads, else named.
-    """
+    ``grad_reduce_in_fp32`` becomes ``--accumulate-allreduce-grads-in-fp32`` or ``--grad-reduce-in-bf16``, a false
+    boolean ``--no-KEY``, ``mixed_precision.fp8`` ``--fp8-format``; sections without effect on the estimate become
+    ``--no-effect:section.key`` placeholders; a null is understood where the estimate reads the argument, else named."""
     argv: list[str] = []
     names: dict[str, str] = {}
     empties: list[str] = []
@@ -166,18 +163,12 @@ def _gpu_words(gpus: str | None) -> tuple[int | None, str | None]:
 
 def _perf_matrix_args(matrix: Mapping[str, Any], label: str, gpus: str | None, precision: str | None,
                       fp8_recipe: str | None) -> tuple[list[str], dict[str, str], str, int, int | None]:
-    """One entry of a Megatron-Bridge performance config's ``perf_matrix`` (``{gpu: {num_gpus_N: {common: {...},
-    bf16: {...}, fp8_cs: {...}}}}``) as Megatron-LM arguments: the entry of ``--gpus`` (its GPU, and its count where
-    given or the only one), its ``common`` settings and those of the precision ``--precision`` selects
-    (:data:`_PERF_PRECISIONS`).
-
-    Returns:
-        (arguments, each argument's ``perf_matrix.gpu.num_gpus_N.key``, the GPU, the GPU count, GPUs per node).
+    """The ``perf_matrix`` entry (``{gpu: {num_gpus_N: {common, bf16, fp8_cs}}}``) of ``--gpus`` and ``--precision`` as
+    Megatron-LM arguments: (arguments, each one's ``perf_matrix.gpu.num_gpus_N.key``, GPU, GPU count, GPUs per node).
 
     Raises:
-        TunerError: no entry for the GPU, the count or the precision (each names those the file has), or a malformed
-            matrix.
-    """
+        TunerError: no entry for the GPU, the count or the precision (naming those the file has), or a malformed
+            matrix."""
     have = {str(g).lower(): body for g, body in matrix.items() if isinstance(body, Mapping)}
     menu = "; ".join(f"{g}: {', '.join(str(k).removeprefix('num_gpus_') for k in b)} GPUs" for g, b in have.items())
     count, gpu = _gpu_words(gpus)

@@ -65,13 +65,11 @@ def _section(doc: Mapping[str, Any], key: str) -> Mapping[str, Any]:
 def _nemo_rl_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[str, str], str | None, int | None,
                                                                int | None,
                                                                 LaunchTask | None]:
-    """A NeMo-RL config (its Megatron trainer, ``policy.megatron_cfg``) as Megatron-LM arguments: (argv, names, the
-    model's Hugging Face id, nodes, GPUs per node, the LoRA settings as :class:`tuner.cli._common.RunChoice` task fields
-    or None).
+    """A NeMo-RL config's Megatron trainer (``policy.megatron_cfg``) as Megatron-LM arguments: (argv, names, the
+    Hugging Face id, nodes, GPUs per node, LoRA task fields or None).
 
     Raises:
-        TunerError: the config trains with NeMo-RL's DTensor / AutoModel path (``policy.megatron_cfg.enabled`` false).
-    """
+        TunerError: the config trains with NeMo-RL's DTensor path (``policy.megatron_cfg.enabled`` false)."""
     policy = _section(doc, "policy")
     mcfg = _section(policy, "megatron_cfg")
     if not mcfg.get("enabled"):
