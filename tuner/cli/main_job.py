@@ -207,16 +207,21 @@ def _tune_config(a: dict[str, Any]) -> Any:
     )
 
 
-def _with_trials(argv: Sequence[str], left: int) -> list[str]:
-    """``argv`` with ``--trials left`` in place of its ``--trials N`` (the resumed run evaluates what this one left)."""
+def _drop_args(argv: Sequence[str], with_value: set[str], flags: tuple[str, ...] = ()) -> list[str]:
+    """``argv`` without the options ``with_value`` (and their values, also as ``--opt=value``) and ``flags``."""
     out: list[str] = []
     it = iter(argv)
     for a in it:
-        if a == "--trials":
+        if a in with_value:
             next(it, None)
-        elif not a.startswith("--trials="):
+        elif a not in flags and not any(a.startswith(f"{d}=") for d in with_value):
             out.append(a)
-    return [*out, "--trials", str(left)]
+    return out
+
+
+def _with_trials(argv: Sequence[str], left: int) -> list[str]:
+    """``argv`` with ``--trials left`` in place of its ``--trials N`` (the resumed run evaluates what this one left)."""
+    return [*_drop_args(argv, {"--trials"}), "--trials", str(left)]
 
 
 def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: Any = None, *, verbose: bool = False,
@@ -463,23 +468,22 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
         trial_gh = max((pp.startup_s + pp.steps * float(best["step_time_s"])) * c.num_gpus / 3600,
                        cheapest_trial_gpu_hours(prep))
         budget = max(1, math.ceil(5 * trial_gh))
+        args = _real_trial_args(state.argv, prep, cfg)
         if prep.stack is not None and prep.stack.flags and prep.stack.preset.name == "slime":
             # run flags need the user's own stack: the harness (local, ray) runs its own and refuses them
             out.print(f"Next: measure the contenders through your own launch, which has these run flags (about "
                       f"{trial_gh:,.1f} GPU-hours a trial; docs/trials.md#through-your-own-launch):", markup=False)
-            print_command("tune", *_real_trial_args(state.argv, prep, cfg), "--backend", "command",
-                          "--command-template", "launch/templates/slime_command.yaml", "--gpu-hours", budget)
+            via = ["command", "--command-template", "launch/templates/slime_command.yaml"]
         elif prep.stack is not None and prep.stack.flags:
             # the shipped template runs slime's entry point: another stack's launch needs a template of its own
             out.print(f"Next: measure the contenders through your own {prep.stack.preset.name} launch, which has these "
                       f"run flags (about {trial_gh:,.1f} GPU-hours a trial): write its launch template "
                       "(docs/trials.md#a-template-for-a-torchrun-launch), then:", markup=False)
-            print_command("tune", *_real_trial_args(state.argv, prep, cfg), "--backend", "command",
-                          "--command-template", "YOUR_TEMPLATE.yaml", "--gpu-hours", budget)
+            via = ["command", "--command-template", "YOUR_TEMPLATE.yaml"]
         else:
             out.print(f"Next: measure the contenders (about {trial_gh:,.1f} GPU-hours a trial):", markup=False)
-            print_command("tune", *_real_trial_args(state.argv, prep, cfg), "--backend", "ray", "--ray-address", "auto",
-                          "--gpu-hours", budget)
+            via = ["ray", "--ray-address", "auto"]
+        print_command("tune", *args, "--backend", *via, "--gpu-hours", budget)
     else:
         out.print("Next: check convergence against a reference layout:", markup=False)
         print_command("tune", "verify", *flags, "--trial", best["trial"], "--reference", "tp=1,pp=1,ep=1")
@@ -488,20 +492,7 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
 def _real_trial_args(argv: tuple[str, ...], prep: Any, cfg: Any) -> list[str]:
     """The user's arguments for the same job with real trials: without the output flags, --trials (the policy and the
     budget decide) and --study (real trials go to a study of their own)."""
-    drop_value = {"--trials", "--study", "--top"}
-    drop = {"-v", "--verbose", "--png"}
-    args: list[str] = []
-    skip = False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a in drop_value:
-            skip = True
-            continue
-        if a in drop or any(a.startswith(f"{d}=") for d in drop_value):
-            continue
-        args.append(a)
+    args = _drop_args(argv, {"--trials", "--study", "--top"}, ("-v", "--verbose", "--png"))
     return args or ["--model", prep.model.name, "--gpus", cfg.gpus]
 
 
