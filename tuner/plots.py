@@ -248,9 +248,8 @@ def plot_timelines(path: Path, traces: Sequence[dict[str, Any]], *, titles: Sequ
     order = ["forward", "backward", "compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_p2p", "dp_comm",
              "optimizer", "offload"]
     names = {"tp_comm": "TP comm (exposed)", "cp_comm": "CP comm (exposed)", "ep_comm": "EP all-to-all (exposed)",
-             "pp_p2p": "PP p2p (exposed)",
-             "dp_comm": "DP grad reduce-scatter + param all-gather", "optimizer": "optimizer step",
-             "offload": "CPU optimizer offload"}
+             "pp_p2p": "PP p2p (exposed)", "dp_comm": "DP grad reduce-scatter + param all-gather",
+             "optimizer": "optimizer step", "offload": "CPU optimizer offload"}
     handles = [Patch(color=_GANTT[c], label=_GANTT_LABELS.get(c, names.get(c, c))) for c in order if c in seen]
     fig.legend(handles=handles, loc="lower center", ncol=6, fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.06 if n > 1 else 0.09, 1, 1))

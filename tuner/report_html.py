@@ -115,9 +115,8 @@ def _front_figure(rows: Sequence[dict[str, Any]], front: Sequence[dict[str, Any]
          "y": [r["tps"] for r in pts], "text": [r["hover"] for r in pts], "customdata": [r["trial"] for r in pts],
          "hovertemplate": "%{text}<extra></extra>", "marker": {"color": "#9aa5b1", "size": 7}},
         {"type": "scatter", "mode": "lines+markers", "line": {"shape": "hv", "color": "#c0392b"},
-         "name": "Pareto front",
-         "x": [r["peak"] for r in f], "y": [r["tps"] for r in f], "text": [r["hover"] for r in f],
-         "customdata": [r["trial"] for r in f],
+         "name": "Pareto front", "x": [r["peak"] for r in f], "y": [r["tps"] for r in f],
+         "text": [r["hover"] for r in f], "customdata": [r["trial"] for r in f],
          "hovertemplate": "%{text}<extra></extra>", "marker": {"color": "#c0392b", "size": 9}},
     ]
     if front:
@@ -341,8 +340,7 @@ def render_report(*, study: str, heading: str, rows: Sequence[Mapping[str, Any]]
         '<h2 id="front">Pareto front</h2>',
         '<div class="filters">' + _options("f-dispatcher", "dispatcher", sorted({r["dispatcher"] for r in data_rows}))
         + _options("f-recompute", "recompute", sorted({r["recompute"] for r in data_rows}))
-        + _options("f-pp", "PP",
-                   sorted({r["pp"] for r in data_rows})) + ' <span class="meta"><span '
+        + _options("f-pp", "PP", sorted({r["pp"] for r in data_rows})) + ' <span class="meta"><span '
                    f'id="shown">{len(data_rows)}</span> of {len(data_rows)} trials shown; '
         "the front is recomputed over the trials left; hover a point for its layout; a link can preset them: "
         "<code>report.html#dispatcher=alltoall&amp;pp=8&amp;near=3</code></span></div>",

@@ -91,7 +91,6 @@ def gpus(as_json: JsonOpt = False) -> None:
             Col("HBM TB/s", "right"), Col("NVLink", "right"), Col("per node", "right", 1), Col("domain", "right")]
     out.print(fitted_table(cols, [[r["name"], f"{r['memory_gib']:.1f}", f"{r['bf16_tflops']:.0f}",
                                    "-" if r["fp8_tflops"] is None else f"{r['fp8_tflops']:.0f}",
-                                   f"{r['hbm_tb_per_s']:.2f}",
-                                   f"{r['nvlink_gb_per_s_per_direction']:.0f}", str(r["gpus_per_node"]),
-                                   str(r["nvlink_domain"])]
+                                   f"{r['hbm_tb_per_s']:.2f}", f"{r['nvlink_gb_per_s_per_direction']:.0f}",
+                                   str(r["gpus_per_node"]), str(r["nvlink_domain"])]
                                   for r in rows]))

@@ -230,9 +230,7 @@ def check(layout: LayoutFlags, run: RunChoice, model: ModelOpt = None, gpus: Gpu
             string_broken.append((ex.rule_id, ex.reason))
             skip_split = True
     broken = string_broken + [(r, why) for r,
-                              why in check_layout(lay, m, w,
-                                                  RuleEnv.of(c,
-                                                             opts))
+                              why in check_layout(lay, m, w, RuleEnv.of(c, opts))
                               if not (skip_split and r.startswith("pipeline_split"))]
     notes += [f"warning: {x}" for x in layout_warnings(lay, m, opts)]
     policy = [(r, why) for r, why in broken if r in POLICY_RULES]

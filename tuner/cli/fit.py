@@ -68,9 +68,8 @@ def _published_json(preds: list[Any], runs: list[Any], problems: list[Any], cali
     def bands(p: Any) -> dict[str, Any]:
         b = error_bars(p.run.model, p.run.cluster.gpu, p.run.precision)
         return {"predicted_low": num(p.predicted * b.throughput.low),
-                "predicted_high": num(p.predicted * b.throughput.high),
-                "peak_gib_low": num(p.peak_gib * b.memory.low), "peak_gib_high": num(p.peak_gib * b.memory.high),
-                "error_bars": b.family}
+                "predicted_high": num(p.predicted * b.throughput.high), "peak_gib_low": num(p.peak_gib * b.memory.low),
+                "peak_gib_high": num(p.peak_gib * b.memory.high), "error_bars": b.family}
 
     rows = [{
         "id": p.run.run_id, "row": p.run.row, "model": p.run.model.name, "gpu": p.run.gpu_type,
@@ -133,9 +132,8 @@ def _trials(trials: list[Path], calibration: Path | None, as_json: bool, rows: b
         out.print("Real trials, measured and predicted: step time (s) and peak memory (GiB; measured: the reserved "
                   "peak)")
         cols = [Col("row", "left", 6), Col("label"), Col("model", "left", 5), Col("GPUs", "left", 4),
-                Col("prec.", "left", 3),
-                Col("TE", "left", 2), Col("step s", "right"), Col("pred.", "right"), Col("error", "right"),
-                Col("peak GiB", "right"), Col("pred.", "right"), Col("error", "right", 1)]
+                Col("prec.", "left", 3), Col("TE", "left", 2), Col("step s", "right"), Col("pred.", "right"),
+                Col("error", "right"), Col("peak GiB", "right"), Col("pred.", "right"), Col("error", "right", 1)]
         out.print(fitted_table(cols,
                                [[p.row.source, p.row.label, p.row.model.name, p.row.gpus, str(p.row.workload.precision),
                                        "yes" if p.row.transformer_engine else "no", f"{p.row.step_time_s:.3f}",

@@ -168,10 +168,9 @@ def main_job(
 
 #: The options of :func:`main_job` that are :class:`tuner.study.TuneConfig` fields of the same name and value.
 _AS_GIVEN = ("gpus_per_node", "network_gbps", "network", "megatron_core", "host_memory_gib", "usd_per_gpu_hour",
-             "precision",
-             "memory_headroom", "study", "storage", "trials", "resume", "backend", "seed", "layers", "trial_steps",
-             "trial_warmup_steps", "allow_config_args", "trial_profile_step", "ray_address", "recalibrate_after",
-             "confirm_runs", "parallel_trials", "gpu_hours", "stop_confidence", "stop_gain")
+             "precision", "memory_headroom", "study", "storage", "trials", "resume", "backend", "seed", "layers",
+             "trial_steps", "trial_warmup_steps", "allow_config_args", "trial_profile_step", "ray_address",
+             "recalibrate_after", "confirm_runs", "parallel_trials", "gpu_hours", "stop_confidence", "stop_gain")
 
 
 def _tune_config(a: dict[str, Any]) -> Any:
@@ -390,12 +389,11 @@ def _write_results(res: Any, prep: Any, cfg: Any, rows: list[dict[str, Any]], fr
 
         best_row = next((r for r in rows if r["trial"] == best["trial"]), {})
         files.update(export_files(res.out_dir, prep.model, c, w, lay, study=res.study_name,
-                                  calibration=prep.calibration,
-                                  memory_headroom=prep.headroom, measurement=measurement_from_row(best_row, lay),
+                                  calibration=prep.calibration, memory_headroom=prep.headroom,
+                                  measurement=measurement_from_row(best_row, lay),
                                   notes=runs_note(best_row) + ties_note(rows, best["trial"]),
-                                  megatron_core=prep.options.megatron_core,
-                                  options=prep.options, stack=prep.stack.preset.name, user_args=cfg.user_args,
-                                  bridge_yaml=cfg.bridge_yaml))
+                                  megatron_core=prep.options.megatron_core, options=prep.options,
+                                  stack=prep.stack.preset.name, user_args=cfg.user_args, bridge_yaml=cfg.bridge_yaml))
         from tuner.report_html import ReportUnavailable, study_report
 
         try:
@@ -423,9 +421,8 @@ def _study_counts(res: Any, evaluated: int, backend: str) -> str:
 
 
 def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[dict[str, Any]],
-                   front: list[dict[str, Any]],
-                   best: dict[str, Any], tied: list[Any], files: dict[str, Path], report_note: str, *,
-                   results_dir: Path, top: int, launch: Any) -> None:
+                   front: list[dict[str, Any]], best: dict[str, Any], tied: list[Any], files: dict[str, Path],
+                   report_note: str, *, results_dir: Path, top: int, launch: Any) -> None:
     """The best layout, the space and study counts, the front, the files and the next command."""
     from tuner.report import pipeline_layout_of
 

@@ -116,9 +116,8 @@ def verify(
     if grad_parity:
         _check_out(out_file)
         _grad_parity(st, m, c, w, cfg, lay, ref, trial_no, row, name=name, results_dir=results_dir,
-                     init_checkpoint=init_checkpoint,
-                     corpus=corpus, fault=fault, parity_step=parity_step, noise_factor=noise_factor,
-                     noise_floor=noise_floor, timeout=timeout, out_file=out_file)
+                     init_checkpoint=init_checkpoint, corpus=corpus, fault=fault, parity_step=parity_step,
+                     noise_factor=noise_factor, noise_floor=noise_floor, timeout=timeout, out_file=out_file)
         return
     plan = plan_verify(m, c, w, lay, ref, out_dir=results_dir / st.study_name / "verify" / name, steps=steps, lr=lr,
                        lr_warmup_steps=lr_warmup_steps, warm_start_steps=warm_start_steps,
@@ -223,10 +222,9 @@ def _print_component(o: Any) -> None:
 
 
 def _grad_parity(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any, ref: Any, trial_no: int | None,
-                 row: Any, *, name: str,
-                 results_dir: Path, init_checkpoint: Path | None, corpus: Path | None, fault: str | None,
-                 parity_step: int,
-                 noise_factor: float, noise_floor: float, timeout: float, out_file: Path | None) -> None:
+                 row: Any, *, name: str, results_dir: Path, init_checkpoint: Path | None, corpus: Path | None,
+                 fault: str | None, parity_step: int, noise_factor: float, noise_floor: float, timeout: float,
+                 out_file: Path | None) -> None:
     """``tune verify --grad-parity``: every parameter's gradient of the candidate against the reference's."""
     from launch.local_backend import check_harness_dependencies, check_local_gpus
     from tuner.verify.correctness import stored_correctness

@@ -88,8 +88,7 @@ def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | Non
             if count % per_node:
                 raise TunerError(f"{label}: perf_matrix: {count} GPUs are not whole nodes of {per_node}")
             return replace(lf, gpu=spec.name, nodes=count // per_node, gpus_per_node=per_node)
-        if isinstance(doc,
-                      Mapping) and any(k in doc for k in ("model", "train", "ddp",
+        if isinstance(doc, Mapping) and any(k in doc for k in ("model", "train", "ddp",
                                                           "optimizer")) and "schema_version" not in doc:
             argv, names = _bridge_args(doc, label)
             return _read_args(p, "megatron-bridge", [], argv, model, None, names=names)

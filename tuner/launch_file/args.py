@@ -120,15 +120,14 @@ class LaunchFile:
               else "; none not understood")
         return s
 
+
 #: Megatron-Bridge settings without effect on the estimate beside :data:`NO_EFFECT_ARGS` (as flags).
-_BRIDGE_NO_EFFECT = frozenset({"--train-iters", "--eval-iters", "--eval-interval", "--finetune-lr",
-                               "--average-in-collective", "--check-for-nan-in-grad", "--check-for-large-grads",
-                               "--data-parallel-sharding-strategy",
-                               "--gradient-accumulation-fusion", "--use-torch-fsdp2", "--bf16", "--params-dtype",
-                               "--pipeline-dtype",
-                               "--autocast-dtype", "--grad-reduce-in-fp32", "--overlap-param-gather", "--data-path",
-                               "--blend",
-                               "--split", "--num-workers", "--dataloader-type", "--random-seed", "--use-custom-fsdp"})
+_BRIDGE_NO_EFFECT = frozenset({
+    "--train-iters", "--eval-iters", "--eval-interval", "--finetune-lr", "--average-in-collective",
+    "--check-for-nan-in-grad", "--check-for-large-grads", "--data-parallel-sharding-strategy",
+    "--gradient-accumulation-fusion", "--use-torch-fsdp2", "--bf16", "--params-dtype", "--pipeline-dtype",
+    "--autocast-dtype", "--grad-reduce-in-fp32", "--overlap-param-gather", "--data-path", "--blend", "--split",
+    "--num-workers", "--dataloader-type", "--random-seed", "--use-custom-fsdp"})
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -150,12 +149,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute-modules", nargs="+")
     p.add_argument("--cuda-graph-scope", "--cuda-graph-modules", nargs="+", dest="cuda_graph_scope")
     for a in ("--sequence-parallel", "--use-dynamic-batch-size", "--use-distributed-optimizer",
-              "--use-precision-aware-optimizer",
-              "--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d", "--moe-enable-deepep", "--bf16", "--fp16",
-              "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16", "--cross-entropy-loss-fusion",
-              "--moe-permute-fusion", "--fp8-param-gather", "--overlap-grad-reduce",
-              "--overlap-moe-expert-parallel-comm",
-              "--tp-comm-overlap", "--moe-router-force-load-balancing", "--use-megatron-fsdp", "--no-rope-fusion",
+              "--use-precision-aware-optimizer", "--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d",
+              "--moe-enable-deepep", "--bf16", "--fp16", "--accumulate-allreduce-grads-in-fp32",
+              "--grad-reduce-in-bf16", "--cross-entropy-loss-fusion", "--moe-permute-fusion", "--fp8-param-gather",
+              "--overlap-grad-reduce", "--overlap-moe-expert-parallel-comm", "--tp-comm-overlap",
+              "--moe-router-force-load-balancing", "--use-megatron-fsdp", "--no-rope-fusion",
               "--no-bias-swiglu-fusion", "--enable-cuda-graph", "--external-cuda-graph", "--rope-fusion",
               "--bias-swiglu-fusion", "--recompute-activations"):
         p.add_argument(a, action="store_true", default=None)
@@ -271,12 +269,11 @@ def _layout_of(ns: argparse.Namespace, slime: bool) -> dict[str, Any]:
     optimizer on unless told otherwise: slime, Megatron-Bridge's recipes)."""
     d: dict[str, Any] = {}
     for k, a in (("tp", "tensor_model_parallel_size"), ("pp", "pipeline_model_parallel_size"),
-                 ("cp", "context_parallel_size"),
-                 ("ep", "expert_model_parallel_size"), ("etp", "expert_tensor_parallel_size"),
-                 ("first_stage_layers", "decoder_first_pipeline_num_layers"),
-                 ("last_stage_layers", "decoder_last_pipeline_num_layers"),
-                 ("recompute_method", "recompute_method"), ("recompute_num_layers", "recompute_num_layers"),
-                 ("exp_avg_dtype", "exp_avg_dtype"), ("pipeline_layout", "pipeline_model_parallel_layout")):
+                 ("cp", "context_parallel_size"), ("ep", "expert_model_parallel_size"),
+                 ("etp", "expert_tensor_parallel_size"), ("first_stage_layers", "decoder_first_pipeline_num_layers"),
+                 ("last_stage_layers", "decoder_last_pipeline_num_layers"), ("recompute_method", "recompute_method"),
+                 ("recompute_num_layers", "recompute_num_layers"), ("exp_avg_dtype", "exp_avg_dtype"),
+                 ("pipeline_layout", "pipeline_model_parallel_layout")):
         if getattr(ns, a) is not None:
             d[k] = getattr(ns, a)
     vpp = ns.num_virtual_stages_per_pipeline_rank or ns.virtual_pipeline_model_parallel_size

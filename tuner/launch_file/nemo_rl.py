@@ -15,15 +15,13 @@ from tuner.launch_file.bridge import _bridge_args
 #: NeMo-RL ``policy.megatron_cfg`` settings without effect on the estimate (RL bookkeeping, conversion, logging).
 _NEMO_RL_NO_EFFECT = frozenset({"enabled", "empty_unused_memory_level", "force_reconvert_from_hf", "freeze_moe_router",
                                 "moe_router_bias_update_rate", "moe_per_layer_logging", "defer_fp32_logits",
-                                "use_gloo_process_groups",
-                                "pipeline_dtype", "converter_type", "track_moe_metrics", "moe_router_dtype",
-                                "moe_router_load_balancing_type", "moe_shared_expert_overlap",
-                                "mtp_loss_scaling_factor",
-                                "mtp_use_repeated_layer", "mtp_detach_heads", "cuda_graph_warmup_steps",
-                                "fused_linear_logprobs_chunk_size",
+                                "use_gloo_process_groups", "pipeline_dtype", "converter_type", "track_moe_metrics",
+                                "moe_router_dtype", "moe_router_load_balancing_type", "moe_shared_expert_overlap",
+                                "mtp_loss_scaling_factor", "mtp_use_repeated_layer", "mtp_detach_heads",
+                                "cuda_graph_warmup_steps", "fused_linear_logprobs_chunk_size",
                                 "use_fused_linear_logprobs", "use_fused_weighted_squared_relu",
-                                "gradient_accumulation_fusion", "fine_grained_activation_offloading", "offload_modules",
-                                "bias_activation_fusion_checks"})
+                                "gradient_accumulation_fusion", "fine_grained_activation_offloading",
+                                "offload_modules", "bias_activation_fusion_checks"})
 
 
 def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

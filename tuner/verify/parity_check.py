@@ -134,9 +134,8 @@ def plan_grad_parity(model: ModelSpec, cluster: Cluster, workload: Workload, can
                       fault=fault),
     )
     return GradParityPlan(model=model, cluster=cluster, workload=workload, candidate=candidate, reference=reference,
-                          out_dir=str(out),
-                          checkpoint_dir=ckpt, corpus_path=str(corpus) if corpus is not None else None,
-                          corpus_source=c.source,
+                          out_dir=str(out), checkpoint_dir=ckpt,
+                          corpus_path=str(corpus) if corpus is not None else None, corpus_source=c.source,
                           corpus_sha256=c.sha256, arms=arms, data_step_offset=data_step_offset, fault=fault,
                           factor=float(factor), floor=float(floor),
                           init_checkpoint=str(init_checkpoint) if init_checkpoint is not None else None)
@@ -271,8 +270,7 @@ def run_grad_parity(plan: GradParityPlan, backend_factory: Callable[[GradParityP
         if not keep_candidate_dump:
             shutil.rmtree(Path(plan.arms[2].dump_dir), ignore_errors=True)
     o = GradParityOutcome(plan=plan, result=parity.result if parity is not None else "error", parity=parity,
-                          noise=noise, thresholds=th, error=error,
-                          arm_seconds=secs, losses=losses, reused=tuple(reused), date=_dt.date.today().isoformat(),
-                          seconds=time.monotonic() - t0)
+                          noise=noise, thresholds=th, error=error, arm_seconds=secs, losses=losses,
+                          reused=tuple(reused), date=_dt.date.today().isoformat(), seconds=time.monotonic() - t0)
     (out / "parity.json").write_text(json.dumps(o.to_dict(), indent=2, default=json_default))
     return o
