@@ -449,65 +449,52 @@ StackOpt = Annotated[str | None, typer.Option("--stack", rich_help_panel=_RUN, h
     "megatron-bridge (its performance recipes) or nemo-rl (its Megatron trainer); specs/data/stacks/ cites each "
     "one's source. A flag below overrides it. slime also leaves out the allgather dispatcher, which it rewrites to "
     "alltoall."))]
-AccumulateFp32Opt = Annotated[bool | None,
-                              typer.Option("--accumulate-allreduce-grads-in-fp32",
-                                           help="Main gradients and their reduction in fp32 (4 B per parameter).",
-                                           rich_help_panel=_RUN)]
-GradReduceBf16Opt = Annotated[bool | None, typer.Option("--grad-reduce-in-bf16", rich_help_panel=_RUN, help=(
-    "Main gradients and their reduction in bf16 (2 B per parameter; Megatron-Bridge's perf recipes)."))]
-CeFusionOpt = Annotated[bool | None,
-                        typer.Option("--cross-entropy-loss-fusion/--no-cross-entropy-loss-fusion",
-                                     help="A fused cross-entropy kernel (fewer logits bytes kept).",
-                                     rich_help_panel=_RUN)]
-CeImplOpt = Annotated[str | None, typer.Option("--cross-entropy-fusion-impl", rich_help_panel=_RUN, help=(
-    "native or te (Transformer Engine's parallel cross-entropy); needs the loss fusion."))]
-CudaGraphImplOpt = Annotated[str | None, typer.Option("--cuda-graph-impl", rich_help_panel=_RUN, help=(
-    "none, local, transformer_engine or full_iteration (without --cuda-graph-scope: whole layers, or the whole "
-    "step)."))]
-CudaGraphScopeOpt = Annotated[list[str] | None,
-                              typer.Option("--cuda-graph-scope", "--cuda-graph-modules",
-                                           help="What CUDA graphs capture (repeatable or comma-separated): attn, mlp, "
-                                           "moe, moe_router, moe_preprocess, mamba, full_iteration, full.",
-                                           rich_help_panel=_RUN)]
-PermuteFusionOpt = Annotated[bool | None,
-                             typer.Option("--moe-permute-fusion/--no-moe-permute-fusion",
-                                          help="TE's fused token permutation (recorded and exported; not priced).",
-                                          rich_help_panel=_RUN)]
-Fp8RecipeOpt = Annotated[str | None, typer.Option("--fp8-recipe", rich_help_panel=_RUN, help=(
-    "delayed or tensorwise: the GEMMs' recipe with --precision fp8; with bf16 the optimizer's (tensorwise keeps fp32 "
-    "master weights)."))]
-Fp8ParamGatherOpt = Annotated[bool | None,
-                              typer.Option("--fp8-param-gather/--no-fp8-param-gather",
-                                           help="fp8 weights only, no bf16 copy (--precision fp8).",
-                                           rich_help_panel=_RUN)]
-OverlapGradOpt = Annotated[bool | None,
-                           typer.Option("--overlap-grad-reduce/--no-overlap-grad-reduce",
-                                        help="DP gradient reduction and parameter gather overlapped with compute.",
-                                        rich_help_panel=_RUN)]
-A2AOverlapOpt = Annotated[bool | None,
-                          typer.Option("--overlap-moe-expert-parallel-comm/--no-overlap-moe-expert-parallel-comm",
-                                       help="EP all-to-all overlapped with another micro-batch.", rich_help_panel=_RUN)]
-TpOverlapOpt = Annotated[bool | None,
-                         typer.Option("--tp-comm-overlap/--no-tp-comm-overlap",
-                                      help="TP collectives overlapped with GEMMs (TE userbuffers).",
-                                      rich_help_panel=_RUN)]
-ForceBalanceOpt = Annotated[bool | None,
-                            typer.Option("--moe-router-force-load-balancing/--no-moe-router-force-load-balancing",
-                                         help="Uniform routing (benchmarks); default natural routing.",
-                                         rich_help_panel=_RUN)]
-CpCommOpt = Annotated[str | None, typer.Option("--cp-comm-type", help="p2p or a2a.", rich_help_panel=_RUN)]
-FsdpOpt = Annotated[bool | None, typer.Option("--use-megatron-fsdp/--no-use-megatron-fsdp", rich_help_panel=_RUN, help=(
-    "Parameters, gradients and optimizer states sharded over DP."))]
-RopeFusionOpt = Annotated[bool | None, typer.Option("--rope-fusion/--no-rope-fusion", rich_help_panel=_RUN, help=(
-    "Fused RoPE (Megatron-LM's default on)."))]
-SwigluFusionOpt = Annotated[bool | None,
-                            typer.Option("--bias-swiglu-fusion/--no-bias-swiglu-fusion",
-                                         help="Fused SwiGLU (Megatron-LM's default on).", rich_help_panel=_RUN)]
-TransformerImplOpt = Annotated[str | None, typer.Option("--transformer-impl", rich_help_panel=_RUN, help=(
-    "transformer_engine (default) or local."))]
-CpuOffloadLayersOpt = Annotated[int | None, typer.Option("--cpu-offloading-num-layers", rich_help_panel=_RUN, help=(
-    "Layers per pipeline rank whose activations go to host memory."))]
-OptimizerOpt = Annotated[str | None, typer.Option("--optimizer", help="adam or dist_muon.", rich_help_panel=_RUN)]
+#: Each :class:`specs.stacks.RunFlags` field: (its type, option names, help).
+_RUN_FLAGS: dict[str, tuple[Any, str, str]] = {
+    "accumulate_allreduce_grads_in_fp32": (bool, "--accumulate-allreduce-grads-in-fp32",
+                                           "Main gradients and their reduction in fp32 (4 B per parameter)."),
+    "grad_reduce_in_bf16": (bool, "--grad-reduce-in-bf16",
+                            "Main gradients and their reduction in bf16 (2 B per parameter; Megatron-Bridge's perf "
+                            "recipes)."),
+    "cross_entropy_loss_fusion": (bool, "--cross-entropy-loss-fusion/--no-cross-entropy-loss-fusion",
+                                  "A fused cross-entropy kernel (fewer logits bytes kept)."),
+    "cross_entropy_fusion_impl": (str, "--cross-entropy-fusion-impl",
+                                  "native or te (Transformer Engine's parallel cross-entropy); needs the loss fusion."),
+    "cuda_graph_impl": (str, "--cuda-graph-impl", "none, local, transformer_engine or full_iteration (without "
+                        "--cuda-graph-scope: whole layers, or the whole step)."),
+    "cuda_graph_scope": (list[str], "--cuda-graph-scope --cuda-graph-modules", "What CUDA graphs capture (repeatable "
+                         "or comma-separated): attn, mlp, moe, moe_router, moe_preprocess, mamba, full_iteration, "
+                         "full."),
+    "moe_permute_fusion": (bool, "--moe-permute-fusion/--no-moe-permute-fusion",
+                           "TE's fused token permutation (recorded and exported; not priced)."),
+    "fp8_recipe": (str, "--fp8-recipe", "delayed or tensorwise: the GEMMs' recipe with --precision fp8; with bf16 the "
+                   "optimizer's (tensorwise keeps fp32 master weights)."),
+    "fp8_param_gather": (bool, "--fp8-param-gather/--no-fp8-param-gather",
+                         "fp8 weights only, no bf16 copy (--precision fp8)."),
+    "overlap_grad_reduce": (bool, "--overlap-grad-reduce/--no-overlap-grad-reduce",
+                            "DP gradient reduction and parameter gather overlapped with compute."),
+    "overlap_moe_expert_parallel_comm": (bool,
+                                         "--overlap-moe-expert-parallel-comm/--no-overlap-moe-expert-parallel-comm",
+                                         "EP all-to-all overlapped with another micro-batch."),
+    "tp_comm_overlap": (bool, "--tp-comm-overlap/--no-tp-comm-overlap",
+                        "TP collectives overlapped with GEMMs (TE userbuffers)."),
+    "moe_router_force_load_balancing": (bool, "--moe-router-force-load-balancing/--no-moe-router-force-load-balancing",
+                                        "Uniform routing (benchmarks); default natural routing."),
+    "cp_comm_type": (str, "--cp-comm-type", "p2p or a2a."),
+    "use_megatron_fsdp": (bool, "--use-megatron-fsdp/--no-use-megatron-fsdp",
+                          "Parameters, gradients and optimizer states sharded over DP."),
+    "apply_rope_fusion": (bool, "--rope-fusion/--no-rope-fusion", "Fused RoPE (Megatron-LM's default on)."),
+    "bias_swiglu_fusion": (bool, "--bias-swiglu-fusion/--no-bias-swiglu-fusion",
+                           "Fused SwiGLU (Megatron-LM's default on)."),
+    "transformer_impl": (str, "--transformer-impl", "transformer_engine (default) or local."),
+    "cpu_offloading_num_layers": (int, "--cpu-offloading-num-layers",
+                                  "Layers per pipeline rank whose activations go to host memory."),
+    "optimizer": (str, "--optimizer", "adam or dist_muon."),
+}
+#: The command parameter of each :class:`specs.stacks.RunFlags` field and its option.
+RUN_FLAG_OPTIONS: dict[str, Any] = {
+    n: Annotated[t | None, typer.Option(*names.split(), help=h, rich_help_panel=_RUN)]
+    for n, (t, names, h) in _RUN_FLAGS.items()}
 
 _TASK = "Workload"
 TaskOpt = Annotated[str | None, typer.Option("--task", rich_help_panel=_TASK, help=(
@@ -519,18 +506,7 @@ LoraTargetsOpt = Annotated[str | None, typer.Option("--lora-target-modules", ric
     "--task lora: comma-separated linear layers to adapt (default Megatron-Bridge's: "
     "linear_qkv,linear_proj,linear_fc1,linear_fc2)."))]
 
-#: The command parameter of each :class:`specs.stacks.RunFlags` field and its option (one alias each, above).
-RUN_FLAG_OPTIONS: dict[str, Any] = {
-    "accumulate_allreduce_grads_in_fp32": AccumulateFp32Opt, "grad_reduce_in_bf16": GradReduceBf16Opt,
-    "cross_entropy_loss_fusion": CeFusionOpt, "cross_entropy_fusion_impl": CeImplOpt,
-    "cuda_graph_impl": CudaGraphImplOpt,
-    "cuda_graph_scope": CudaGraphScopeOpt, "moe_permute_fusion": PermuteFusionOpt, "fp8_recipe": Fp8RecipeOpt,
-    "fp8_param_gather": Fp8ParamGatherOpt, "overlap_grad_reduce": OverlapGradOpt,
-    "overlap_moe_expert_parallel_comm": A2AOverlapOpt,
-    "tp_comm_overlap": TpOverlapOpt, "moe_router_force_load_balancing": ForceBalanceOpt, "cp_comm_type": CpCommOpt,
-    "use_megatron_fsdp": FsdpOpt, "apply_rope_fusion": RopeFusionOpt, "bias_swiglu_fusion": SwigluFusionOpt,
-    "transformer_impl": TransformerImplOpt, "cpu_offloading_num_layers": CpuOffloadLayersOpt, "optimizer": OptimizerOpt,
-}
+
 
 
 def fold_options(func: Any, param: str, kind: str, added: list[inspect.Parameter],
