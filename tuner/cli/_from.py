@@ -21,11 +21,10 @@ if TYPE_CHECKING:
 __all__ = ["FromOpt", "FromInputs", "CommandInputs", "arguments_read", "command_inputs", "launch_inputs",
            "launch_layout", "launch_lines", "compare_line", "launch_summary"]
 
-FromOpt = Annotated[Path | None, typer.Option(
-    "--from",
-    help="Your launch, read as `tune --from` reads it (a Megatron-LM / slime argument list or shell script, a "
-                   "Megatron-Bridge override YAML, a NeMo-RL config or a recipe.yaml): its model, GPUs, workload, "
-                   "layout and run options are this layout's; flags given here win.")]
+FromOpt = Annotated[Path | None, typer.Option("--from", help=(
+    "Your launch, read as `tune --from` reads it (a Megatron-LM / slime argument list or shell script, a "
+    "Megatron-Bridge override YAML, a NeMo-RL config or a recipe.yaml): its model, GPUs, workload, layout and run "
+    "options are this layout's; flags given here win."))]
 
 #: Layout flags that go together: one of the first tuple given on the command line replaces the launch's values of the
 #: second (a pipeline size or split given here drops the launch's split and layout string; a recompute granularity its

@@ -72,11 +72,9 @@ StudyOpt = Annotated[str | None, typer.Option("--study", rich_help_panel="Study"
 TrialOpt = Annotated[int | None, typer.Option("--trial", rich_help_panel="Study", help=(
     "Trial number of --study (default: the study's best, the layout tune recommended: of those that ran or are "
     "predicted to fit, the least memory within 1% of the fastest)."))]
-OutOpt = Annotated[Path | None,
-                   typer.Option("--out",
-                                help="Trace file to write (default: results/<study>/timeline_trial<N>.json, beside a "
-                                                           "measured trial's own trace when it has one; without "
-                                             "--study timeline_<layout>.json here).")]
+OutOpt = Annotated[Path | None, typer.Option("--out", help=(
+    "Trace file to write (default: results/<study>/timeline_trial<N>.json, beside a measured trial's own trace when it "
+    "has one; without --study timeline_<layout>.json here)."))]
 PngOpt = Annotated[Path | None, typer.Option("--png", help="Also draw the trace as a Gantt chart (PNG).")]
 CompareOpt = Annotated[list[Path] | None, typer.Option("--compare", help=(
     "With --png: draw these traces (written by tune timeline) under this one, on the same time axis (repeatable)."))]
