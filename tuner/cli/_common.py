@@ -507,8 +507,6 @@ LoraTargetsOpt = Annotated[str | None, typer.Option("--lora-target-modules", ric
     "linear_qkv,linear_proj,linear_fc1,linear_fc2)."))]
 
 
-
-
 def fold_options(func: Any, param: str, kind: str, added: list[inspect.Parameter],
                  build: Callable[[dict[str, Any]], Any], what: str) -> Any:
     """``func`` with the options ``added`` in place of its parameter ``param``, which gets

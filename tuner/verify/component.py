@@ -224,7 +224,6 @@ def decide_component_test(rows: Iterable[Mapping[str, Any]], *,
                            bitwise=bit, problems=tuple(problems), required_moments=tuple(required_moments))
 
 
-
 def _arm_verdict(name: str, kind: str, rs: Mapping[int, Mapping[str, Any]], err: str | None,
                  bit_rows: Sequence[Mapping[str, Any]],
                  bound: Mapping[int, float], required_moments: Sequence[str]) -> tuple[dict[str, Any], str]:

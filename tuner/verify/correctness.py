@@ -14,7 +14,6 @@ from tuner.verify.parity import ParityResult, parity_block
 __all__ = ["correctness_block", "stored_correctness"]
 
 
-
 def correctness_block(*, convergence: Mapping[str, Any] | None = None,
                       grad_parity: ParityResult | Mapping[str, Any] | None = None,
                       component_tests: Sequence[Mapping[str, Any]] = (), reference: str | None = None,

@@ -13,7 +13,6 @@ Outputs under ``<out>``: ``verify.json``, ``losses.png`` and each arm's harness 
 ``candidate/``); the checkpoint is deleted afterwards unless kept. Runs on this machine's GPUs (local backend).
 """
 
-
 from __future__ import annotations
 
 import datetime as _dt

@@ -29,7 +29,6 @@ __all__ = ["GradParityArm", "GradParityOutcome", "GradParityPlan", "parity_backe
            "run_grad_parity"]
 
 
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class GradParityArm:
     """One forward and backward of the parity check."""
