@@ -104,35 +104,32 @@ def _near_best(rows: Sequence[dict[str, Any]], band: float) -> list[dict[str, An
     return sorted(near, key=lambda r: (-(r["headroom"] if r["headroom"] is not None else -math.inf), -r["tps"]))
 
 
+def _trace(name: str, rs: Sequence[dict[str, Any]], marker: dict[str, Any], *, pred: bool = False,
+           **kw: Any) -> dict[str, Any]:
+    """A scatter trace of rows ``rs`` (their predictions with ``pred``), hovering their text."""
+    x, y = ("pred_peak", "pred_tps") if pred else ("peak", "tps")
+    return {"type": "scatter", "mode": "markers", "name": name, "x": [r[x] for r in rs], "y": [r[y] for r in rs],
+            "text": [r["hover"] for r in rs], "customdata": [r["trial"] for r in rs],
+            "hovertemplate": ("predicted for " if pred else "") + "%{text}<extra></extra>", "marker": marker, **kw}
+
+
 def _front_figure(rows: Sequence[dict[str, Any]], front: Sequence[dict[str, Any]], usable_gib: float,
                   kind: str) -> dict[str, Any]:
     """The front's figure spec: every trial, the front as a staircase, the fastest as a star, the predictions of
     measured trials."""
     pts = [r for r in rows if r["tps"] is not None and r["peak"] is not None]
     f = sorted(front, key=lambda r: r["peak"])
-    data: list[dict[str, Any]] = [
-        {"type": "scatter", "mode": "markers", "name": "evaluated trials", "x": [r["peak"] for r in pts],
-         "y": [r["tps"] for r in pts], "text": [r["hover"] for r in pts], "customdata": [r["trial"] for r in pts],
-         "hovertemplate": "%{text}<extra></extra>", "marker": {"color": "#9aa5b1", "size": 7}},
-        {"type": "scatter", "mode": "lines+markers", "line": {"shape": "hv", "color": "#c0392b"},
-         "name": "Pareto front", "x": [r["peak"] for r in f], "y": [r["tps"] for r in f],
-         "text": [r["hover"] for r in f], "customdata": [r["trial"] for r in f],
-         "hovertemplate": "%{text}<extra></extra>", "marker": {"color": "#c0392b", "size": 9}},
-    ]
+    data = [_trace("evaluated trials", pts, {"color": "#9aa5b1", "size": 7}),
+            _trace("Pareto front", f, {"color": "#c0392b", "size": 9}, mode="lines+markers",
+                   line={"shape": "hv", "color": "#c0392b"})]
     if front:
         b = max(front, key=lambda r: r["tps"])
-        data.append({"type": "scatter", "mode": "markers", "name": f"fastest: trial {b['trial']}", "x": [b["peak"]],
-                     "y": [b["tps"]], "text": [b["hover"]],
-                     "customdata": [b["trial"]], "hovertemplate": "%{text}<extra></extra>",
-                     "marker": {"symbol": "star", "size": 18, "color": "#f1c40f",
-                                "line": {"color": "#7b241c", "width": 1}}})
+        data.append(_trace(f"fastest: trial {b['trial']}", [b], {"symbol": "star", "size": 18, "color": "#f1c40f",
+                                                                  "line": {"color": "#7b241c", "width": 1}}))
     meas = [r for r in pts if r["source"] == "measured" and r["pred_tps"] is not None and r["pred_peak"] is not None]
     if meas:
-        data.append({"type": "scatter", "mode": "markers", "name": "prediction of a measured trial",
-                     "x": [r["pred_peak"] for r in meas],
-                     "y": [r["pred_tps"] for r in meas], "text": [r["hover"] for r in meas],
-                     "customdata": [r["trial"] for r in meas], "hovertemplate": "predicted for %{text}<extra></extra>",
-                     "marker": {"symbol": "circle-open", "size": 9, "color": "#2471a3"}})
+        data.append(_trace("prediction of a measured trial", meas,
+                           {"symbol": "circle-open", "size": 9, "color": "#2471a3"}, pred=True))
     layout = {
         "title": {"text": f"Pareto front: tokens/s/GPU vs peak memory per GPU ({kind})"},
         "xaxis": {"title": {"text": f"peak memory per GPU, GiB ({kind})"}},
