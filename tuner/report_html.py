@@ -32,12 +32,10 @@ class ReportUnavailable(TunerError):
 
 
 def plotly_bundle() -> str:
-    """The text of the installed plotly package's ``package_data/plotly.min.js`` (what ``include_plotlyjs=True``
-    inlines).
+    """The installed plotly package's ``package_data/plotly.min.js`` (what ``include_plotlyjs=True`` inlines).
 
     Raises:
-        ReportUnavailable: plotly is not installed, or its bundle is missing.
-    """
+        ReportUnavailable: plotly is not installed, or its bundle is missing."""
     spec = importlib.util.find_spec("plotly")
     if spec is None or spec.origin is None:
         raise ReportUnavailable("report.html needs the plotly package (pip install 'plotly>=5'; it is a dependency of "
@@ -281,27 +279,19 @@ def render_report(*, study: str, heading: str, rows: Sequence[Mapping[str, Any]]
                   breakdowns: Mapping[int, Estimate], usable_gib: float, ties: Sequence[Mapping[str, Any]] = (),
                   ties_of: int | None = None, files: Mapping[str, str] | None = None, notes: Sequence[str] = (),
                   near_best: float = NEAR_BEST) -> str:
-    """The page's HTML.
+    """The page's HTML, plotly.js inline (no external resource).
 
     Args:
-        study: the study's name.
-        heading: model, cluster, workload and backend, one line.
-        rows: every finished trial (:func:`tuner.study.trial_rows`).
-        front: the Pareto-optimal rows, fastest first (:func:`tuner.report.front_rows`).
-        breakdowns: trial number -> the layout's :func:`cost_model.estimate.estimate` (the predicted parts) for the
-            front's layouts.
+        heading: model, cluster, workload and backend, one line; ``notes``: more lines under it.
+        rows: every finished trial (:func:`tuner.study.trial_rows`); ``front``: the Pareto-optimal rows, fastest first.
+        breakdowns: trial number -> the :func:`cost_model.estimate.estimate` of each front layout.
         usable_gib: HBM less the headroom (GiB).
         ties: the measured trials within noise of trial ``ties_of`` (:func:`tuner.report.measured_ties`).
         files: display name -> path relative to the page, of the study's files.
-        notes: more lines under the heading.
-        near_best: the default band of the near-the-fastest table (a fraction, 0.05 = 5%).
-
-    Returns:
-        A complete HTML document with plotly.js inline (no external resource).
+        near_best: the default band of the near-the-fastest table (a fraction).
 
     Raises:
-        TunerError: plotly's bundle cannot be read.
-    """
+        TunerError: plotly's bundle cannot be read."""
     data_rows = [_row(r) for r in rows if "layout" in r]
     by_trial = {r["trial"]: r for r in data_rows}
     front_d = [by_trial[int(f["trial"])] for f in front if int(f["trial"]) in by_trial]
@@ -414,14 +404,10 @@ def _ties_html(ties: Sequence[Mapping[str, Any]], ties_of: int | None, sources: 
 
 
 def write_report(path: Path, *, force: bool = False, **kwargs: Any) -> Path:
-    """Write :func:`render_report` (same arguments) to ``path`` (:func:`specs.files.write_output`, ``force``).
-
-    Returns:
-        ``path``.
+    """Write :func:`render_report` (same arguments) to ``path`` and return it.
 
     Raises:
-        TunerError: plotly's bundle cannot be read, or as :func:`specs.files.write_output`.
-    """
+        TunerError: plotly's bundle cannot be read, or as :func:`specs.files.write_output`."""
     from specs.files import write_output
 
     return write_output(path, render_report(**kwargs), force=force)
@@ -431,17 +417,12 @@ def study_report(path: Path, *, study: str, model: Any, cluster: Any, workload: 
                  front: Sequence[Mapping[str, Any]], backend: str, calibration: Any = None,
                  memory_headroom: float = DEFAULT_MEMORY_HEADROOM, files: Mapping[str, Path] | None = None,
                  force: bool = False) -> Path:
-    """Write ``report.html`` of a study: the front layouts' breakdowns are their :func:`cost_model.estimate.estimate`
-    (with the study's calibration, headroom and its backend's run options), the ties are
-    :func:`tuner.report.measured_ties` of the fastest measured trial, and ``files`` (name -> path) are linked relative
-    to the page.
-
-    Returns:
-        ``path``.
+    """Write a study's ``report.html`` and return its path: the front layouts' breakdowns estimated with the study's
+    calibration, headroom and backend's run options, the measured ties of the fastest measured trial, and ``files``
+    (name -> path) linked relative to the page.
 
     Raises:
-        TunerError: plotly's bundle cannot be read, or as :func:`specs.files.write_output` (``force``).
-    """
+        TunerError: plotly's bundle cannot be read, or as :func:`specs.files.write_output` (``force``)."""
     import os
 
     from cost_model.calibration import DEFAULT_CALIBRATION
