@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -158,17 +158,14 @@ class ParityThresholds:
 
         Raises:
             TunerError: the noise comparison itself is broken (missing tensors, other shapes, NaN)."""
+        worst, worst_cos = (noise.worst_rel_l2, noise.worst_cosine) if isinstance(noise, ParityResult) else (
+            float(noise), None)
         if isinstance(noise, ParityResult):
-            broken = [m for m in noise.failed_metrics if m in ("missing_tensor", "shape_mismatch", "non_finite",
-                                                               "no_tensors")]
+            broken = [m for m in noise.failed_metrics
+                      if m in ("missing_tensor", "shape_mismatch", "non_finite", "no_tensors")]
             if broken:
                 raise TunerError(f"the noise measurement (two runs of the reference) failed {', '.join(broken)}: "
                                  f"{'; '.join(noise.messages[:2])}; a threshold cannot be set from it")
-            worst = noise.worst_rel_l2
-            worst_cos = noise.worst_cosine
-        else:
-            worst = float(noise)
-            worst_cos = None
         if not (math.isfinite(worst) and worst >= 0):
             raise TunerError(f"the reference's noise must be a finite relative error >= 0, got {worst!r}")
         t = max(factor * worst, floor)
@@ -178,8 +175,7 @@ class ParityThresholds:
                    floor=floor, source=src)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rel_l2": self.rel_l2, "cosine": self.cosine, "noise_rel_l2": self.noise_rel_l2,
-                "noise_cosine": self.noise_cosine, "factor": self.factor, "floor": self.floor, "source": self.source}
+        return asdict(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -209,13 +205,11 @@ class ParityResult:
 
     @property
     def worst_rel_l2(self) -> float:
-        c = self.compared
-        return max((t.rel_l2 for t in c), default=float("nan"))
+        return max((t.rel_l2 for t in self.compared), default=float("nan"))
 
     @property
     def worst_cosine(self) -> float:
-        c = self.compared
-        return min((t.cosine for t in c), default=float("nan"))
+        return min((t.cosine for t in self.compared), default=float("nan"))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ParityResult:
