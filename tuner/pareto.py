@@ -8,18 +8,8 @@ __all__ = ["pareto_mask"]
 
 
 def pareto_mask(throughput: np.ndarray, memory: np.ndarray) -> np.ndarray:
-    """Boolean mask of the non-dominated points.
-
-    A point is dominated when another has throughput >= and memory <= with at
-    least one strict. Ties in both keep the first occurrence only.
-
-    Args:
-        throughput: shape (n,), higher is better (tokens/s/GPU).
-        memory: shape (n,), lower is better (bytes).
-
-    Returns:
-        Shape (n,) bool.
-    """
+    """Shape (n,) bool mask of the points no other point dominates (throughput >= and memory <= with one strict;
+    of exact ties the first is kept). ``throughput`` (tokens/s/GPU) and ``memory`` (bytes): shape (n,)."""
     n = len(throughput)
     if n == 0:
         return np.zeros(0, dtype=bool)

@@ -16,59 +16,52 @@ from cost_model.estimate import MEMORY_PARTS, TIME_PARTS
 from cost_model.types import Estimate
 from specs.units import GIB
 
-__all__ = [
-    "check_image_path",
-    "MEMORY_COLOURS",
-    "TIME_COLOURS",
-    "breakdown_figures",
-    "front_trend",
-    "plot_breakdown",
-    "save_figure",
-    "plot_timelines",
-]
+__all__ = ["check_image_path", "MEMORY_COLOURS", "TIME_COLOURS", "breakdown_figures", "front_trend", "plot_breakdown",
+           "save_figure", "plot_timelines"]
 
 #: One colour per part, shared by every chart (plotly and matplotlib take the same hex strings).
 MEMORY_COLOURS = {
-    "weights": "#1f77b4", "main_grads": "#aec7e8", "optimizer": "#ff7f0e", "activations": "#2ca02c", "logits": "#98df8a",
-    "dispatcher_buffers": "#9467bd", "framework_overhead": "#c7c7c7",
+    "weights": "#1f77b4", "main_grads": "#aec7e8", "optimizer": "#ff7f0e", "activations": "#2ca02c",
+    "logits": "#98df8a", "dispatcher_buffers": "#9467bd", "framework_overhead": "#c7c7c7",
 }
 TIME_COLOURS = {
     "compute": "#2ca02c", "recompute": "#ffbb33", "tp_comm": "#d62728", "cp_comm": "#ff9896", "ep_comm": "#8c1c13",
     "pp_bubble": "#e8e8e8", "pp_p2p": "#9467bd", "dp_comm": "#8c564b", "optimizer": "#bcbd22", "offload": "#17becf",
 }
-_PART_LABELS = {
-    "main_grads": "main grads (fp32)", "dispatcher_buffers": "dispatcher buffers", "framework_overhead": "framework overhead",
-    "tp_comm": "TP comm", "cp_comm": "CP comm", "ep_comm": "EP all-to-all", "pp_bubble": "pipeline bubble", "pp_p2p": "PP p2p",
-    "dp_comm": "DP comm", "offload": "CPU offload",
-}
+_PART_LABELS = {"main_grads": "main grads (fp32)", "dispatcher_buffers": "dispatcher buffers",
+                "framework_overhead": "framework overhead", "tp_comm": "TP comm", "cp_comm": "CP comm",
+                "ep_comm": "EP all-to-all", "pp_bubble": "pipeline bubble", "pp_p2p": "PP p2p", "dp_comm": "DP comm",
+                "offload": "CPU offload"}
 
 
 def _label(part: str) -> str:
     return _PART_LABELS.get(part, part)
 
 
-def breakdown_figures(items: Sequence[tuple[str, Estimate]], *, title: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
-    """Stacked bars of the memory parts (GiB per GPU, worst pipeline rank) and of the time parts (seconds per step), one
-    bar per layout, in the order given.
-
-    Args:
-        items: (x label, the layout's :func:`cost_model.estimate.estimate`) per bar.
-        title: appended to each figure's title.
-
-    Returns:
-        (memory figure, time figure) as plotly figure specs (``{"data", "layout"}`` dicts of JSON-able values); each
-        part is one bar trace, named after the part, whose values add up to the estimate's peak and step time.
-    """
+def breakdown_figures(items: Sequence[tuple[str, Estimate]], *, title: str = "") -> tuple[dict[str, Any],
+                                                                                          dict[str, Any]]:
+    """(memory figure, time figure) as plotly figure specs: stacked bars of the memory parts (GiB per GPU, worst
+    pipeline rank) and time parts (s per step), one bar per ``(x label, estimate)`` of ``items``, one trace per part
+    (the parts add up to the peak and the step time)."""
     xs = [x for x, _ in items]
-    mem = [{"type": "bar", "name": _label(p), "x": xs, "y": [e.memory[p] / GIB for _, e in items], "marker": {"color": MEMORY_COLOURS[p]},
-            "hovertemplate": f"%{{x}}<br>{_label(p)}: %{{y:.2f}} GiB<extra></extra>", "meta": {"part": p}} for p in MEMORY_PARTS]
-    tim = [{"type": "bar", "name": _label(p), "x": xs, "y": [e.time[p] for _, e in items], "marker": {"color": TIME_COLOURS[p]},
-            "hovertemplate": f"%{{x}}<br>{_label(p)}: %{{y:.3f}} s<extra></extra>", "meta": {"part": p}} for p in TIME_PARTS]
-    common = {"barmode": "stack", "legend": {"traceorder": "normal"}, "margin": {"t": 50, "b": 190}, "xaxis": {"tickangle": -40}}
+    mem = [{"type": "bar", "name": _label(p), "x": xs, "y": [e.memory[p] / GIB for _, e in items],
+            "marker": {"color": MEMORY_COLOURS[p]},
+            "hovertemplate": f"%{{x}}<br>{_label(p)}: %{{y:.2f}} GiB<extra></extra>",
+            "meta": {"part": p}} for p in MEMORY_PARTS]
+    tim = [{"type": "bar", "name": _label(p), "x": xs, "y": [e.time[p] for _, e in items],
+            "marker": {"color": TIME_COLOURS[p]},
+            "hovertemplate": f"%{{x}}<br>{_label(p)}: %{{y:.3f}} s<extra></extra>",
+            "meta": {"part": p}} for p in TIME_PARTS]
+    common = {"barmode": "stack", "legend": {"traceorder": "normal"}, "margin": {"t": 50, "b": 190},
+              "xaxis": {"tickangle": -40}}
     sep = f" - {title}" if title else ""
     return (
-        {"data": mem, "layout": {**common, "title": {"text": f"Memory per GPU, worst pipeline rank (predicted){sep}"}, "yaxis": {"title": {"text": "GiB"}}}},
-        {"data": tim, "layout": {**common, "title": {"text": f"Step time by part (predicted){sep}"}, "yaxis": {"title": {"text": "seconds per step"}}}},
+        {"data": mem,
+         "layout": {**common, "title": {"text": f"Memory per GPU, worst pipeline rank (predicted){sep}"},
+                    "yaxis": {"title": {"text": "GiB"}}}},
+        {"data": tim,
+         "layout": {**common, "title": {"text": f"Step time by part (predicted){sep}"},
+                    "yaxis": {"title": {"text": "seconds per step"}}}},
     )
 
 
@@ -87,8 +80,9 @@ def front_trend(items: Sequence[Estimate]) -> list[str]:
     grow = max(dm, key=lambda p: dm[p])
     shrink = min(dt, key=lambda p: dt[p])
     up = max(dt, key=lambda p: dt[p])
-    out = [f"From the front's least-memory layout ({a.layout.label}, {a.peak_gib:.1f} GiB) to its most-memory one ({b.layout.label}, "
-           f"{b.peak_gib:.1f} GiB), the memory part that grows most is {_label(grow)}: {dm[grow]:+.1f} GiB."]
+    out = [f"From the front's least-memory layout ({a.layout.label}, {a.peak_gib:.1f} GiB) to its most-memory one "
+           f"({b.layout.label}, {b.peak_gib:.1f} GiB), the memory part that grows most is {_label(grow)}: "
+           f"{dm[grow]:+.1f} GiB."]
     if dt[shrink] < 0:
         out.append(f"The time part that shrinks most is {_label(shrink)}: {dt[shrink]:+.3f} s per step "
                    f"(step {a.step_time_s:.2f} s -> {b.step_time_s:.2f} s).")
@@ -111,12 +105,13 @@ def check_image_path(option: str, path: Path, *, force: bool = False) -> None:
 
     kinds = sorted(FigureCanvasBase.get_supported_filetypes())
     if not str(path).strip() or path.is_dir():
-        raise TunerError(f"{option} {str(path)!r}: give an image file name, e.g. chart.png (accepted types: {', '.join(kinds)})")
+        raise TunerError(f"{option} {str(path)!r}: give an image file name, e.g. chart.png (accepted types: "
+                         f"{', '.join(kinds)})")
     check_output_path(option, path, force=force)  # a missing folder, a link, or a study's own file
     suffix = path.suffix.lower().lstrip(".")
     if suffix not in kinds:
-        raise TunerError(f"{option} {str(path)!r}: {('.' + suffix) if suffix else 'no file type'} is not an image type matplotlib writes; "
-                         f"accepted: {', '.join(kinds)}")
+        raise TunerError(f"{option} {str(path)!r}: {('.' + suffix) if suffix else 'no file type'} is not an image type "
+                         f"matplotlib writes; accepted: {', '.join(kinds)}")
 
 
 def save_figure(fig: Any, path: Path, *, force: bool = False) -> None:
@@ -148,13 +143,15 @@ def plot_breakdown(path: Path, e: Estimate, *, title: str = "") -> None:
 
     fig, (am, at) = plt.subplots(1, 2, figsize=(9, 5.2), dpi=120)
     for ax, parts, values, colours, unit in (
-        (am, MEMORY_PARTS, [e.memory[p] / GIB for p in MEMORY_PARTS], MEMORY_COLOURS, "GiB per GPU (worst pipeline rank)"),
+        (am, MEMORY_PARTS, [e.memory[p] / GIB for p in MEMORY_PARTS], MEMORY_COLOURS,
+         "GiB per GPU (worst pipeline rank)"),
         (at, TIME_PARTS, [e.time[p] for p in TIME_PARTS], TIME_COLOURS, "seconds per step"),
     ):
         bottom = 0.0
         for p, v in zip(parts, values):
             if v > 0:
-                ax.bar([0], [v], bottom=bottom, color=colours[p], edgecolor="white", linewidth=0.5, label=f"{_label(p)}: {v:.2f}" if unit.startswith("GiB") else f"{_label(p)}: {v:.3f}")
+                ax.bar([0], [v], bottom=bottom, color=colours[p], edgecolor="white", linewidth=0.5,
+                       label=f"{_label(p)}: {v:.2f}" if unit.startswith("GiB") else f"{_label(p)}: {v:.3f}")
                 bottom += v
         ax.set_xticks([])
         ax.set_xlim(-0.8, 2.6)
@@ -176,21 +173,24 @@ def plot_breakdown(path: Path, e: Estimate, *, title: str = "") -> None:
 
 #: Gantt colours of the trace's event categories (:mod:`cost_model.timeline`).
 _GANTT = {
-    "forward": "#6baed6", "backward": "#2171b5", "compute": TIME_COLOURS["compute"], "recompute": TIME_COLOURS["recompute"],
-    "tp_comm": TIME_COLOURS["tp_comm"], "cp_comm": TIME_COLOURS["cp_comm"], "ep_comm": TIME_COLOURS["ep_comm"], "pp_p2p": TIME_COLOURS["pp_p2p"],
-    "dp_comm": TIME_COLOURS["dp_comm"], "optimizer": TIME_COLOURS["optimizer"], "offload": TIME_COLOURS["offload"], "hidden": "#bdbdbd",
+    "forward": "#6baed6", "backward": "#2171b5", "compute": TIME_COLOURS["compute"],
+    "recompute": TIME_COLOURS["recompute"],
+    "tp_comm": TIME_COLOURS["tp_comm"], "cp_comm": TIME_COLOURS["cp_comm"], "ep_comm": TIME_COLOURS["ep_comm"],
+    "pp_p2p": TIME_COLOURS["pp_p2p"],
+    "dp_comm": TIME_COLOURS["dp_comm"], "optimizer": TIME_COLOURS["optimizer"], "offload": TIME_COLOURS["offload"],
+    "hidden": "#bdbdbd",
 }
-_GANTT_LABELS = {"forward": "forward (F<micro-batch>)", "backward": "backward (B<micro-batch>)", "hidden": "communication hidden behind compute"}
+_GANTT_LABELS = {"forward": "forward (F<micro-batch>)", "backward": "backward (B<micro-batch>)",
+                 "hidden": "communication hidden behind compute"}
 
 
-def plot_timelines(path: Path, traces: Sequence[dict[str, Any]], *, titles: Sequence[str] | None = None, force: bool = False) -> None:
-    """A PNG Gantt chart of one or more step traces (:func:`cost_model.timeline.step_trace`), one panel each on a
-    common time axis: per pipeline rank a row of its forward / backward chunks (the gaps are the pipeline bubble)
-    and a row of the same time by part (compute, recompute, exposed communication, then the step's tail).
+def plot_timelines(path: Path, traces: Sequence[dict[str, Any]], *, titles: Sequence[str] | None = None,
+                   force: bool = False) -> None:
+    """A PNG Gantt chart of step traces (:func:`cost_model.timeline.step_trace`), one panel each on a common time
+    axis: per pipeline rank its forward / backward chunks and the same time by part.
 
     Raises:
-        OSError: the file cannot be written.
-    """
+        OSError: the file cannot be written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -209,7 +209,8 @@ def plot_timelines(path: Path, traces: Sequence[dict[str, Any]], *, titles: Sequ
         od = trace.get("otherData", {})
         pp = ranks[k]
         yt, yl = [], []
-        bars: dict[tuple[int, str], list[tuple[float, float]]] = {}  # one collection per lane and part: thousands of events
+        # one collection per lane and part: thousands of events
+        bars: dict[tuple[int, str], list[tuple[float, float]]] = {}
         for e in trace["traceEvents"]:
             if e["ph"] != "X" or e["tid"] in (HIDDEN_TID, P2P_TID):
                 continue
@@ -219,10 +220,11 @@ def plot_timelines(path: Path, traces: Sequence[dict[str, Any]], *, titles: Sequ
             x0, w = e["ts"] / 1e6, e["dur"] / 1e6
             bars.setdefault((row, cat), []).append((x0, w))
             if cat in ("forward", "backward") and w > end / 220:
-                ax.text(x0 + w / 2, row, str(e["args"]["microbatch"]), ha="center", va="center", fontsize=5, color="white" if cat == "backward" else "black")
+                ax.text(x0 + w / 2, row, str(e["args"]["microbatch"]), ha="center", va="center", fontsize=5,
+                        color="white" if cat == "backward" else "black")
         for (row, cat), spans in bars.items():
-            ax.broken_barh(spans, (row - 0.42, 0.84), facecolors=_GANTT.get(cat, "#777"), edgecolor="white" if cat in ("forward", "backward") else "none",
-                           linewidth=0.3)
+            ax.broken_barh(spans, (row - 0.42, 0.84), facecolors=_GANTT.get(cat, "#777"),
+                           edgecolor="white" if cat in ("forward", "backward") else "none", linewidth=0.3)
         for r in range(pp):
             base = (pp - 1 - r) * 3
             yt += [base + 2, base + 1]
@@ -233,16 +235,21 @@ def plot_timelines(path: Path, traces: Sequence[dict[str, Any]], *, titles: Sequ
         ax.set_xlim(0, end * 1.01)
         ax.grid(axis="x", alpha=0.3)
         step, bub = od.get("step_time_s", 0.0), od.get("bubble_fraction", 0.0)
-        head = titles[k] if titles else f"{od.get('layout', '')}, {od.get('recompute', '')}, {od.get('dispatcher', '')}, mbs {od.get('micro_batch_size', '')}"
+        head = titles[k] if titles else (f"{od.get('layout', '')}, {od.get('recompute', '')}, "
+                                         f"{od.get('dispatcher', '')}, mbs {od.get('micro_batch_size', '')}")
         parts = od.get("time_parts_s", {})  # the step by part, largest first: what the lanes add up to
-        by_part = "; ".join(f"{_label(p)} {v:.2f} s" for p, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v >= 0.005)
+        by_part = "; ".join(f"{_label(p)} {v:.2f} s" for p,
+                            v in sorted(parts.items(), key=lambda kv: -kv[1]) if v >= 0.005)
         ax.set_title(f"{head}: step {step:.2f} s, pipeline bubble {bub:.1%} of the step, "
-                     f"{od.get('tokens_per_s_per_gpu', 0.0):,.0f} tokens/s/GPU ({od.get('source', 'predicted')})" + (f"\n{by_part}" if by_part else ""),
+                     f"{od.get('tokens_per_s_per_gpu', 0.0):,.0f} tokens/s/GPU ({od.get('source', 'predicted')})"
+                     + (f"\n{by_part}" if by_part else ""),
                      fontsize=8.5, loc="left")
     axes[-1, 0].set_xlabel("seconds from the step's start")
-    order = ["forward", "backward", "compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_p2p", "dp_comm", "optimizer", "offload"]
-    names = {"tp_comm": "TP comm (exposed)", "cp_comm": "CP comm (exposed)", "ep_comm": "EP all-to-all (exposed)", "pp_p2p": "PP p2p (exposed)",
-             "dp_comm": "DP grad reduce-scatter + param all-gather", "optimizer": "optimizer step", "offload": "CPU optimizer offload"}
+    order = ["forward", "backward", "compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_p2p", "dp_comm",
+             "optimizer", "offload"]
+    names = {"tp_comm": "TP comm (exposed)", "cp_comm": "CP comm (exposed)", "ep_comm": "EP all-to-all (exposed)",
+             "pp_p2p": "PP p2p (exposed)", "dp_comm": "DP grad reduce-scatter + param all-gather",
+             "optimizer": "optimizer step", "offload": "CPU optimizer offload"}
     handles = [Patch(color=_GANTT[c], label=_GANTT_LABELS.get(c, names.get(c, c))) for c in order if c in seen]
     fig.legend(handles=handles, loc="lower center", ncol=6, fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.06 if n > 1 else 0.09, 1, 1))

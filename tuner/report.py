@@ -20,33 +20,17 @@ from specs.layout import Layout
 from specs.units import DEFAULT_MEMORY_HEADROOM
 from tuner.pareto import pareto_mask
 
-#: The study attribute that holds the trial the main job named best (``tune export``, ``timeline``, ``verify`` default to it).
+#: The study attribute holding the trial the main job named best (``export``, ``timeline``, ``verify`` default to it).
 BEST_TRIAL_ATTR = "best_trial"
 
-__all__ = ["BEST_TRIAL_ATTR", "pick_best", "pick_trial_row", "front_rows", "measured_ties", "between_run_noise", "ties_note", "runs_note", "runs_summary", "fastest_measured", "long_label", "write_pareto_csv", "plot_front", "front_figure", "export_context", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
+__all__ = ["BEST_TRIAL_ATTR", "pick_best", "pick_trial_row", "front_rows", "measured_ties", "between_run_noise",
+           "ties_note", "runs_note", "runs_summary", "fastest_measured", "long_label", "write_pareto_csv", "plot_front",
+           "front_figure", "export_context", "export_files", "pipeline_layout_of", "FRONT_COLUMNS"]
 
 FRONT_COLUMNS = (
-    "fit",
-    "trial",
-    "source",
-    "label",
-    "recompute",
-    "offload",
-    "dispatcher",
-    "micro_batch_size",
-    "layer_split",
-    "pipeline_model_parallel_layout",
-    "tokens_per_s_per_gpu",
-    "tokens_per_s_per_gpu_low",
-    "tokens_per_s_per_gpu_high",
-    "mfu",
-    "usd_per_million_tokens",
-    "peak_gib",
-    "peak_gib_low",
-    "peak_gib_high",
-    "headroom_gib",
-    "step_time_s",
-    "runs",
+    "fit", "trial", "source", "label", "recompute", "offload", "dispatcher", "micro_batch_size", "layer_split",
+    "pipeline_model_parallel_layout", "tokens_per_s_per_gpu", "tokens_per_s_per_gpu_low", "tokens_per_s_per_gpu_high",
+    "mfu", "usd_per_million_tokens", "peak_gib", "peak_gib_low", "peak_gib_high", "headroom_gib", "step_time_s", "runs",
 )
 
 
@@ -54,20 +38,14 @@ def pipeline_layout_of(layout: Layout, model: ModelSpec) -> str:
     """The ``--pipeline-model-parallel-layout`` string of a layout ('' when pp == 1)."""
     if layout.pp == 1:
         return ""
-    return emit_layout_string(
-        model.num_layers,
-        layout.pp,
-        layout.vpp,
-        layout.num_layers_in_first_pipeline_stage,
-        layout.num_layers_in_last_pipeline_stage,
-        model.mtp_num_layers,
-    )
+    return emit_layout_string(model.num_layers, layout.pp, layout.vpp, layout.num_layers_in_first_pipeline_stage,
+                              layout.num_layers_in_last_pipeline_stage, model.mtp_num_layers)
 
 
 def pick_trial_row(study_name: str, rows: list[dict[str, Any]], model: ModelSpec, trial: int | None, purpose: str,
                    best: int | None = None) -> dict[str, Any]:
-    """The finished trial ``trial`` of ``rows`` (from :func:`tuner.study.trial_rows`); when None, ``best`` (the trial the
-    main job named best, :data:`BEST_TRIAL_ATTR`) if it is finished, else the fastest on the front.
+    """The finished trial ``trial`` of ``rows`` (from :func:`tuner.study.trial_rows`); when None, ``best`` (the trial
+    the main job named best, :data:`BEST_TRIAL_ATTR`) if it is finished, else the fastest on the front.
 
     Raises:
         TunerError: no finished trial, or ``trial`` is not one (the message lists the finished ones).
@@ -84,30 +62,32 @@ def pick_trial_row(study_name: str, rows: list[dict[str, Any]], model: ModelSpec
     match = [r for r in rows if r["trial"] == trial]
     if not match:
         done = sorted(r["trial"] for r in rows)
-        raise TunerError(f"--trial {trial}: not a finished trial of {study_name!r}; finished trials: {done[:20]}{' ...' if len(done) > 20 else ''}")
+        more = " ..." if len(done) > 20 else ""
+        raise TunerError(f"--trial {trial}: not a finished trial of {study_name!r}; finished trials: {done[:20]}{more}")
     return match[0]
 
 
 def _intervals(r: dict[str, Any], bars: ErrorBars | None, hbm_gib: float | None) -> dict[str, Any]:
     """A front row's 90% intervals (tokens/s/GPU and peak GiB) and whether it fits: a prediction's from the error bars,
     a measurement's from the run-to-run spread over its runs."""
-    from tuner.study.policy import RUN_SIGMA  # a measured row's interval: its mean times exp(+-Z90 * RUN_SIGMA / sqrt(runs))
+    from tuner.study.policy import RUN_SIGMA  # measured: its mean times exp(+-Z90 * RUN_SIGMA / sqrt(runs))
 
     tps, peak = float(r["tokens_per_s_per_gpu"]), float(r["peak_gib"])
+    nan = float("nan")
     if r.get("source", "predicted") == "measured":
         k = math.exp(Z90 * RUN_SIGMA / math.sqrt(max(int(r.get("runs", 1)), 1)))
-        return {"tokens_per_s_per_gpu_low": tps / k, "tokens_per_s_per_gpu_high": tps * k, "peak_gib_low": peak, "peak_gib_high": peak,
-                "fit": "ran"}
-    if bars is None:
-        return {"tokens_per_s_per_gpu_low": float("nan"), "tokens_per_s_per_gpu_high": float("nan"), "peak_gib_low": float("nan"),
-                "peak_gib_high": float("nan"), "fit": ""}
-    lo, hi = bars.throughput_interval(tps)
-    mlo, mhi = bars.memory_interval(peak)
-    fit = "" if hbm_gib is None else "fits" if mhi <= hbm_gib else "may not fit"
-    return {"tokens_per_s_per_gpu_low": lo, "tokens_per_s_per_gpu_high": hi, "peak_gib_low": mlo, "peak_gib_high": mhi, "fit": fit}
+        (lo, hi), (mlo, mhi), fit = (tps / k, tps * k), (peak, peak), "ran"
+    elif bars is None:
+        (lo, hi), (mlo, mhi), fit = (nan, nan), (nan, nan), ""
+    else:
+        (lo, hi), (mlo, mhi) = bars.throughput_interval(tps), bars.memory_interval(peak)
+        fit = "" if hbm_gib is None else "fits" if mhi <= hbm_gib else "may not fit"
+    return {"tokens_per_s_per_gpu_low": lo, "tokens_per_s_per_gpu_high": hi, "peak_gib_low": mlo, "peak_gib_high": mhi,
+            "fit": fit}
 
 
-def front_rows(rows: list[dict[str, Any]], model: ModelSpec, bars: ErrorBars | None = None, hbm_gib: float | None = None) -> list[dict[str, Any]]:
+def front_rows(rows: list[dict[str, Any]], model: ModelSpec, bars: ErrorBars | None = None,
+               hbm_gib: float | None = None) -> list[dict[str, Any]]:
     """The Pareto-optimal trials (max tokens/s/GPU, min peak memory), fastest first, as table rows, each with its 90%
     intervals and whether it fits (``bars``: the study's error bars; ``hbm_gib``: the GPU's memory)."""
     ok = [r for r in rows if "tokens_per_s_per_gpu" in r and "peak_gib" in r]
@@ -120,41 +100,28 @@ def front_rows(rows: list[dict[str, Any]], model: ModelSpec, bars: ErrorBars | N
     for r in sorted((r for r, k in zip(ok, keep) if k), key=lambda r: -r["tokens_per_s_per_gpu"]):
         lay = Layout.from_dict(r["layout"])
         first, last = lay.num_layers_in_first_pipeline_stage, lay.num_layers_in_last_pipeline_stage
-        out.append(
-            {
-                "trial": r["trial"],
-                "source": r.get("source", "predicted"),
-                "label": lay.label,
-                "recompute": lay.recompute_label,
-                "offload": lay.offload_label,
-                "dispatcher": lay.dispatcher.value,
-                "micro_batch_size": lay.micro_batch_size,
-                "layer_split": "even" if not (first or last) else f"first {first}, last {last}",
-                "pipeline_model_parallel_layout": pipeline_layout_of(lay, model),
-                "tokens_per_s_per_gpu": r["tokens_per_s_per_gpu"],
-                "mfu": r.get("mfu", float("nan")),
-                "usd_per_million_tokens": r.get("usd_per_million_tokens", float("nan")),
-                "peak_gib": r["peak_gib"],
-                "headroom_gib": r.get("headroom_gib", float("nan")),
-                "step_time_s": r.get("step_time_s", float("nan")),
-                "runs": int(r.get("runs", 1)),
-                "layout": lay,
-            }
-        )
+        nan = float("nan")
+        out.append({
+            "trial": r["trial"], "source": r.get("source", "predicted"), "label": lay.label,
+            "recompute": lay.recompute_label, "offload": lay.offload_label, "dispatcher": lay.dispatcher.value,
+            "micro_batch_size": lay.micro_batch_size,
+            "layer_split": "even" if not (first or last) else f"first {first}, last {last}",
+            "pipeline_model_parallel_layout": pipeline_layout_of(lay, model),
+            "tokens_per_s_per_gpu": r["tokens_per_s_per_gpu"], "mfu": r.get("mfu", nan),
+            "usd_per_million_tokens": r.get("usd_per_million_tokens", nan), "peak_gib": r["peak_gib"],
+            "headroom_gib": r.get("headroom_gib", nan), "step_time_s": r.get("step_time_s", nan),
+            "runs": int(r.get("runs", 1)), "layout": lay,
+        })
         out[-1].update(_intervals(out[-1], bars, hbm_gib))
     return out
 
 
 def pick_best(front: list[dict[str, Any]], tie: float = 0.01) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """The recommended row of a front and the rows tied with it.
+    """(the recommended row of a front, the other rows within ``tie`` of it); (None, []) for an empty front.
 
-    Rows that ran or surely fit are preferred; when none does, those whose predicted peak fits the GPU; then any. Of those within ``tie`` (a fraction) of the
-    fastest, the least peak memory wins, then the fewest GPUs per model replica (tp x pp x cp), then the layout's key:
-    a rule that does not depend on the order trials were sampled in.
-
-    Returns:
-        (best, the other rows within ``tie`` of the fastest); (None, []) for an empty front.
-    """
+    Rows that ran or surely fit come first, then those whose predicted peak fits, then any. Of those within ``tie`` (a
+    fraction) of the fastest, the least peak memory wins, then the fewest GPUs per replica (tp x pp x cp), then the
+    layout's key: independent of the order trials were sampled in."""
     pool = ([r for r in front if r.get("fit") != "may not fit"]
             or [r for r in front if float(r.get("headroom_gib", -1.0)) >= 0] or list(front))
     if not pool:
@@ -167,7 +134,7 @@ def pick_best(front: list[dict[str, Any]], tie: float = 0.01) -> tuple[dict[str,
 
 
 def long_label(row: dict[str, Any]) -> str:
-    """``TP1 PP1 EP2 DP2, sel. core_attn, allgather, mbs 2``: a trial row's layout, recompute, dispatcher, micro-batch."""
+    """A row's layout, recompute, dispatcher, micro-batch: ``TP1 PP1 EP2 DP2, sel. core_attn, allgather, mbs 2``."""
     lay = Layout.from_dict(row["layout"])
     return f"{lay.label}, {lay.recompute_label}, {lay.dispatcher.value}, mbs {lay.micro_batch_size}"
 
@@ -193,16 +160,12 @@ def _runs(r: dict[str, Any]) -> list[float]:
 
 
 def pooled_spread(groups: Sequence[Sequence[float]]) -> tuple[float | None, int]:
-    """The spread between repeated measurements of one thing, pooled over the groups of at least two:
-    ``sqrt(sum((k_i - 1) * sd_i**2) / sum(k_i - 1))``, ``sd_i`` the sample standard deviation / mean of group i's
-    ``k_i`` values (the pooled variance of one-way analysis of variance). Returns ``(spread, degrees of freedom)``; the
-    spread is a fraction, None when no group has two values or it is not finite (values of 1e308: no spread to say)."""
-    num = 0.0
-    dof = 0
-    for g in groups:
-        if len(g) >= 2:
-            num += (len(g) - 1) * _mean_rel_sd(list(g))[1] ** 2
-            dof += len(g) - 1
+    """(spread, degrees of freedom) between repeated measurements, pooled over the groups of at least two:
+    ``sqrt(sum((k_i - 1) * sd_i**2) / sum(k_i - 1))``, ``sd_i`` the relative sample standard deviation of group i's
+    ``k_i`` values (one-way ANOVA's pooled variance). The spread is a fraction; None when no group has two values."""
+    groups = [g for g in groups if len(g) >= 2]
+    dof = sum(len(g) - 1 for g in groups)
+    num = sum((len(g) - 1) * _mean_rel_sd(list(g))[1] ** 2 for g in groups)
     spread = math.sqrt(num / dof) if dof else None
     return (spread if spread is not None and math.isfinite(spread) else None), dof
 
@@ -222,37 +185,17 @@ def fastest_measured(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 def measured_ties(rows: list[dict[str, Any]], best_trial: int, z: float = TIE_Z) -> list[dict[str, Any]]:
     """Measured trials whose throughput is within the trials' own noise of trial ``best_trial``.
 
-    A trial's throughput is its median step time over its measured (post-warm-up) steps; that
-    median's relative standard error is taken as ``sqrt(pi / 2) * CV / sqrt(n)`` (the large-sample
-    standard error of a median of normal data; CV = sample standard deviation / mean of the n
-    step times; entries that are not positive finite numbers are left out). Trial ``b`` ties with
-    the best ``a`` when the standard error of the difference covers the gap:
-    ``(tps_a - tps_b) / tps_a <= z * sqrt(se_a**2 + se_b**2)``.
-
-    For a layout measured several times (``--confirm-runs``: ``runs_tokens_per_s_per_gpu``), the
-    standard error is that of the mean of its runs, from the spread between them (at least the
-    within-run one divided by the square root of the number of runs).
-
-    Separate runs of one layout differ by more than a run's own steps say (on the lent H200 machines: 2-layer
-    MiniMax-M2 slice without TE 0.91-1.10 s over four runs; Qwen3-30B-A3B 4-layer slice with TE 1.346-1.756 s over
-    eight runs, a 10% standard deviation,
-    ``benchmarks/results/h200_te_2026-12-04``). So once the study holds layouts measured
-    more than once, the spread between runs is pooled over them (:func:`between_run_noise`) and no run counts as more
-    precise than it: a layout measured k times has a standard error of at least that spread / sqrt(k). Before any
-    layout was measured twice only the within-run noise is known, and a tie is a floor on the uncertainty, not its size.
-
-    Args:
-        rows: finished trials as from ``tuner.study.trial_rows`` (need ``source``,
-            ``tokens_per_s_per_gpu`` and ``step_times_s``, seconds).
-        best_trial: trial number of the reference (normally the fastest measured).
-        z: standard errors of the difference counted as a tie.
+    A trial's median step time has relative standard error ``sqrt(pi / 2) * CV / sqrt(n)`` (large-sample standard
+    error of a median of normal data; CV over its n measured step times). Trial ``b`` ties with the best ``a`` when
+    ``(tps_a - tps_b) / tps_a <= z * sqrt(se_a**2 + se_b**2)``. A layout run k times (``--confirm-runs``) has the
+    standard error of the mean of its runs. Runs of one layout differ by more than a run's own steps say (a 10%
+    standard deviation over eight runs, ``benchmarks/results/h200_te_2026-12-04``), so the spread between runs, pooled
+    over the study (:func:`between_run_noise`), is a floor: at least that spread / sqrt(k).
 
     Returns:
-        ``[{"trial", "label", "tokens_per_s_per_gpu", "gap", "threshold"}]`` (gap and threshold
-        as fractions of the best's tokens/s/GPU), smallest gap first; empty when the reference is
-        not a measured trial with at least 3 measured steps.
+        ``[{"trial", "label", "tokens_per_s_per_gpu", "gap", "threshold"}]`` (fractions of the best's tokens/s/GPU),
+        smallest gap first; empty when ``best_trial`` is not a measured trial with at least 3 measured steps.
     """
-
     pooled = between_run_noise(rows) or 0.0
 
     def rel_se(r: dict[str, Any]) -> float | None:
@@ -287,21 +230,19 @@ def measured_ties(rows: list[dict[str, Any]], best_trial: int, z: float = TIE_Z)
         gap = round((a - b) / a, 6) + 0.0  # + 0.0: an exact tie is 0.0, not -0.0
         thr = z * math.sqrt(se_a**2 + se_b**2)
         if abs(gap) <= thr:
-            out.append({"trial": r["trial"], "label": long_label(r), "tokens_per_s_per_gpu": float(r["tokens_per_s_per_gpu"]), "gap": gap, "threshold": thr})
+            out.append({"trial": r["trial"], "label": long_label(r), "tokens_per_s_per_gpu": b, "gap": gap,
+                        "threshold": thr})
     return sorted(out, key=lambda d: d["gap"])
 
 
-#: Predicted throughputs within this fraction of the best's are not told apart by the model: held out by model, its
-#: median error on NVIDIA's published runs is 6-15% (dense 6.5%, H100 / B200 MoE 14.5%,
-#: ``benchmarks/results/2026-12-04_kfold_validation``), and a layout's neighbours share most of it,
-#: but not so little that a 1% gap means an order.
+#: Predicted throughputs within this fraction of the best's are not told apart by the model (held-out median error
+#: 6-15%, ``benchmarks/results/2026-12-04_kfold_validation``, mostly shared by a layout's neighbours).
 PREDICTED_TIE = 0.01
 
 
 def predicted_ties(rows: list[dict[str, Any]], best_trial: int, within: float = PREDICTED_TIE) -> list[dict[str, Any]]:
-    """Predicted trials (``source`` 'predicted') whose throughput is within ``within`` (a fraction) of trial
-    ``best_trial``'s, fastest first, each with its ``gap`` (best's - its) / best's. ``[]`` when the best is not a
-    predicted trial of ``rows``."""
+    """Predicted trials within ``within`` (a fraction) of predicted trial ``best_trial``'s throughput, fastest first,
+    each with its ``gap`` (best's - its) / best's."""
     best = next((r for r in rows if r.get("trial") == best_trial), None)
     if best is None or best.get("source") != "predicted" or not _positive(best.get("tokens_per_s_per_gpu")):
         return []
@@ -309,7 +250,7 @@ def predicted_ties(rows: list[dict[str, Any]], best_trial: int, within: float = 
     out = []
     for r in rows:
         v = r.get("tokens_per_s_per_gpu")
-        if r.get("trial") == best_trial or r.get("source") != "predicted" or not _positive(v) or r.get("layout") is None:
+        if r.get("trial") == best_trial or r.get("source") != "predicted" or not _positive(v) or not r.get("layout"):
             continue
         gap = (top - float(v)) / top
         if abs(gap) <= within:
@@ -318,22 +259,22 @@ def predicted_ties(rows: list[dict[str, Any]], best_trial: int, within: float = 
 
 
 def predicted_ties_text(rows: list[dict[str, Any]], best_trial: int) -> str | None:
-    """One sentence naming the predicted trials within :data:`PREDICTED_TIE` of ``best_trial`` (at most 3), or None.
-
-    A trial predicted not to fit (``headroom_gib`` below 0: its predicted peak over the GPU's memory) is no alternative
-    to choose on memory: it is left out, and the sentence says how many were."""
+    """One sentence naming the predicted trials within :data:`PREDICTED_TIE` of ``best_trial`` (at most 3), or None;
+    those predicted not to fit (``headroom_gib`` < 0) are left out and counted."""
     ties = predicted_ties(rows, best_trial)
     fit = [t for t in ties if not float(t.get("headroom_gib", 0.0)) < 0]
     over = len(ties) - len(fit)
     if not fit:
         return None
-    listed = "; ".join(f"trial {t['trial']} ({long_label(t)}): {t['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU ({0.0 - t['gap']:+.1%}), "
-                       f"peak {t['peak_gib']:.1f} GiB" for t in fit[:3]) + (f"; and {len(fit) - 3} more" if len(fit) > 3 else "")
+    listed = "; ".join(f"trial {t['trial']} ({long_label(t)}): {t['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU "
+                       f"({0.0 - t['gap']:+.1%}), peak {t['peak_gib']:.1f} GiB" for t in fit[:3])
+    listed += f"; and {len(fit) - 3} more" if len(fit) > 3 else ""
     if over:
-        listed += f" ({over} more within {PREDICTED_TIE:.0%} {'is' if over == 1 else 'are'} predicted not to fit the GPU, left out)"
-    return (f"predicted within {PREDICTED_TIE:.0%} of trial {best_trial}: {listed}. The model cannot order layouts this close "
-            "(held out by model, its median error on NVIDIA's published runs is 6-15%, docs/validation.md): choose on memory, "
-            "or measure them with real trials")
+        verb = "is" if over == 1 else "are"
+        listed += f" ({over} more within {PREDICTED_TIE:.0%} {verb} predicted not to fit the GPU, left out)"
+    return (f"predicted within {PREDICTED_TIE:.0%} of trial {best_trial}: {listed}. The model cannot order layouts "
+            "this close (held out by model, its median error on NVIDIA's published runs is 6-15%, docs/validation.md): "
+            "choose on memory, or measure them with real trials")
 
 
 def ties_note(rows: list[dict[str, Any]], trial: int) -> list[str]:
@@ -345,13 +286,15 @@ def ties_note(rows: list[dict[str, Any]], trial: int) -> list[str]:
     ties = measured_ties(rows, trial)
     if not ties:
         return []
-    listed = ", ".join(f"trial {t['trial']} ({t['label']}, {0.0 - t['gap']:+.1%})" for t in ties[:5]) + (f" and {len(ties) - 5} more" if len(ties) > 5 else "")
+    listed = ", ".join(f"trial {t['trial']} ({t['label']}, {0.0 - t['gap']:+.1%})" for t in ties[:5])
+    listed += f" and {len(ties) - 5} more" if len(ties) > 5 else ""
     spread = between_run_noise(rows)
     if spread is None:
-        return [f"Measured within the trials' own noise ({TIE_Z:g} standard errors of the difference of the median step times) of {listed}: "
-                "the trials cannot rank these layouts, and runs of one layout can differ by more."]
-    return [f"Measured within noise ({TIE_Z:g} standard errors of the difference, counting the {spread:.1%} spread between runs of one "
-            f"layout that this study measured) of {listed}: the trials cannot rank these layouts."]
+        return [f"Measured within the trials' own noise ({TIE_Z:g} standard errors of the difference of the median "
+                f"step times) of {listed}: the trials cannot rank these layouts, and runs of one layout can differ "
+                "by more."]
+    return [f"Measured within noise ({TIE_Z:g} standard errors of the difference, counting the {spread:.1%} spread "
+            f"between runs of one layout that this study measured) of {listed}: the trials cannot rank these layouts."]
 
 
 def runs_summary(row: dict[str, Any]) -> str | None:
@@ -363,18 +306,21 @@ def runs_summary(row: dict[str, Any]) -> str | None:
         return None
     parts = []
     if len(runs) >= 2:
-        parts.append(f"{len(runs)} runs: {', '.join(f'{x:,.0f}' for x in runs)} tokens/s/GPU (SD {_mean_rel_sd(runs)[1]:.1%})")
+        each = ", ".join(f"{x:,.0f}" for x in runs)
+        parts.append(f"{len(runs)} runs: {each} tokens/s/GPU (SD {_mean_rel_sd(runs)[1]:.1%})")
     else:
         parts.append("1 run")
     for f in failed:
-        kind = {"oom": "ran out of memory", "timeout": "timed out", "crash": "crashed"}.get(str(f.get("kind")), f"failed ({f.get('kind')})")
+        kind = {"oom": "ran out of memory", "timeout": "timed out", "crash": "crashed"}.get(
+            str(f.get("kind")), f"failed ({f.get('kind')})")
         mem = f.get("memory_reached_gib")
-        parts.append(f"confirmation run (trial {f.get('trial')}) {kind}" + (f" at {mem:.1f} GiB" if isinstance(mem, (int, float)) and math.isfinite(mem) else ""))
+        at = f" at {mem:.1f} GiB" if isinstance(mem, (int, float)) and math.isfinite(mem) else ""
+        parts.append(f"confirmation run (trial {f.get('trial')}) {kind}{at}")
     return "; ".join(parts)
 
 
 def runs_note(row: dict[str, Any]) -> list[str]:
-    """A recipe note for a row with confirmation runs (``--confirm-runs``): its runs and any that failed, else ``[]``."""
+    """A recipe note on a row's confirmation runs (``--confirm-runs``) and any that failed, else ``[]``."""
     text = runs_summary(row)
     if text is None:
         return []
@@ -408,21 +354,13 @@ _MARKER_PT = 30  # scatter size (points**2) of a front point
 _TRIAL_PT = 12  # ... of an evaluated trial
 
 
-def _place_labels(ax: Any, points: list[tuple[float, float]], texts: list[str], avoid: list[tuple[float, float, float]],
+def _place_labels(ax: Any, points: list[tuple[float, float]], texts: list[str],
+                  avoid: Sequence[tuple[float, float, float]],
                   *, lines: Sequence[Any] = (), bold: int | None = 0) -> list[Any]:
-    """Annotate ``points`` (data coordinates) with ``texts`` so that no two labels overlap.
-
-    Each label is tried at the offsets of :data:`_LABEL_RADII` x :data:`_LABEL_ANGLES` (nearest first,
-    up-left first) and put at the first one whose text box (from the renderer, padded by 2 px) stays
-    inside the axes and meets no placed label, no marker of ``avoid`` (x, y in data coordinates and
-    the marker's size in points**2) and no drawn line of ``lines``; a leader line joins it to its
-    point. If no offset is free (hundreds of labels in a small figure), the least-overlapping one is used.
-
-    Returns:
-        The :class:`matplotlib.text.Annotation` of each label, in the order of ``points``.
-    """
-    import math
-
+    """Annotate ``points`` (data coordinates) with ``texts``, no two labels overlapping: each at the first offset of
+    :data:`_LABEL_RADII` x :data:`_LABEL_ANGLES` whose box stays in the axes and meets no placed label, marker of
+    ``avoid`` ((x, y, size in points**2)) or line of ``lines``; else the least-overlapping one. Returns the
+    annotations in the order of ``points``."""
     from matplotlib import patheffects
     from matplotlib.text import Text
 
@@ -452,8 +390,9 @@ def _place_labels(ax: Any, points: list[tuple[float, float]], texts: list[str], 
                 ann.xyann = off
                 ann.update_positions(renderer)
                 box = Text.get_window_extent(ann, renderer).padded(2)
-                outside = not (axes_box.x0 <= box.x0 and box.x1 <= axes_box.x1 and axes_box.y0 <= box.y0 and box.y1 <= axes_box.y1)
-                cost = sum(_overlap(box, b) for b in placed) + sum(_overlap(box, m) for m in markers) + (1e9 if outside else 0.0)
+                a = axes_box
+                inside = a.x0 <= box.x0 <= box.x1 <= a.x1 and a.y0 <= box.y0 <= box.y1 <= a.y1
+                cost = sum(_overlap(box, b) for b in (*placed, *markers)) + (0.0 if inside else 1e9)
                 if cost == 0:
                     best, best_cost = off, 0.0
                     break
@@ -483,19 +422,9 @@ def _overlap(a: Any, b: Any) -> float:
 
 def front_figure(rows: list[dict[str, Any]], front: list[dict[str, Any]], title: str, usable_gib: float,
                  labelled: list[dict[str, Any]] | None = None) -> tuple[Any, list[Any]]:
-    """The figure of :func:`plot_front` and its trial-number labels (one per row of ``labelled``).
-
-    Args:
-        rows: every evaluated trial (``peak_gib``, GiB; ``tokens_per_s_per_gpu``).
-        front: the Pareto-optimal rows, fastest first (:func:`front_rows`).
-        title: the figure's title.
-        usable_gib: HBM minus the headroom (GiB): a dashed line.
-        labelled: the rows whose trial number is written next to its point: the rows of the printed
-            table (default: the first 15 of ``front``).
-
-    Returns:
-        (the matplotlib figure, the label annotations in the order of ``labelled``).
-    """
+    """(figure, trial-number labels) of :func:`plot_front`: every trial of ``rows`` and the ``front`` (peak GiB vs
+    tokens/s/GPU), ``usable_gib`` a dashed line, the trial number next to each row of ``labelled`` (default: the first
+    15 of ``front``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -505,13 +434,15 @@ def front_figure(rows: list[dict[str, Any]], front: list[dict[str, Any]], title:
     fig, ax = plt.subplots(figsize=(9, 5.6), dpi=120)
     ok = [r for r in rows if "tokens_per_s_per_gpu" in r]
     src = {r.get("source", "predicted") for r in ok}
-    ax.scatter([r["peak_gib"] for r in ok], [r["tokens_per_s_per_gpu"] for r in ok], s=12, c="#9aa5b1", label="evaluated trials", zorder=2)
+    ax.scatter([r["peak_gib"] for r in ok], [r["tokens_per_s_per_gpu"] for r in ok], s=_TRIAL_PT, c="#9aa5b1",
+               label="evaluated trials", zorder=2)
     fx = [r["peak_gib"] for r in front]
     fy = [r["tokens_per_s_per_gpu"] for r in front]
     (stairs,) = ax.step(fx[::-1], fy[::-1], where="post", color="#c0392b", lw=1.2, zorder=3)
     ax.scatter(fx, fy, s=_MARKER_PT, c="#c0392b", label="Pareto front", zorder=4)
     if front:
-        ax.scatter(fx[:1], fy[:1], s=110, marker="*", c="#f1c40f", edgecolors="#7b241c", linewidths=0.6, zorder=4, label=f"fastest: trial {front[0]['trial']}")
+        ax.scatter(fx[:1], fy[:1], s=110, marker="*", c="#f1c40f", edgecolors="#7b241c", linewidths=0.6, zorder=4,
+                   label=f"fastest: trial {front[0]['trial']}")
     ax.axvline(usable_gib, color="#555", ls="--", lw=0.8, label=f"usable memory ({usable_gib:.0f} GiB)")
     kind = "predicted" if src <= {"predicted"} else "measured" if src <= {"measured"} else "predicted and measured"
     ax.set_xlabel(f"peak memory per GPU, GiB ({kind})")
@@ -531,53 +462,38 @@ def front_figure(rows: list[dict[str, Any]], front: list[dict[str, Any]], title:
         ax.set_ylim(min(ys) - 0.06 * dy, max(ys) + 0.16 * dy)
     fig.tight_layout()
     ax.set_autoscale_on(False)
-    anns = _place_labels(ax, [(r["peak_gib"], r["tokens_per_s_per_gpu"]) for r in labelled], [str(r["trial"]) for r in labelled],
-                         avoid=[(x, y, _MARKER_PT) for x, y in zip(fx, fy)] + [(r["peak_gib"], r["tokens_per_s_per_gpu"], _TRIAL_PT) for r in ok],
-                         lines=[stairs], bold=0 if labelled and front and labelled[0]["trial"] == front[0]["trial"] else None)
+    avoid = [(x, y, _MARKER_PT) for x, y in zip(fx, fy)] + [(x, y, _TRIAL_PT) for x, y in zip(xs, ys)]
+    bold = 0 if labelled and front and labelled[0]["trial"] == front[0]["trial"] else None
+    anns = _place_labels(ax, [(r["peak_gib"], r["tokens_per_s_per_gpu"]) for r in labelled],
+                         [str(r["trial"]) for r in labelled], avoid=avoid, lines=[stairs], bold=bold)
     return fig, anns
 
 
 def plot_front(path: Path, rows: list[dict[str, Any]], front: list[dict[str, Any]], title: str, usable_gib: float,
                labelled: list[dict[str, Any]] | None = None, *, force: bool = False) -> None:
-    """PNG scatter of every evaluated trial and the front (peak GiB vs tokens/s/GPU), each point of
-    ``labelled`` (the printed table's rows) marked with its trial number, no two labels overlapping
-    (:func:`front_figure`).
+    """The PNG of :func:`front_figure`.
 
     Raises:
         OSError: the PNG cannot be written.
     """
     import matplotlib.pyplot as plt
 
-    fig, _ = front_figure(rows, front, title, usable_gib, labelled)
     from tuner.plots import save_figure
 
+    fig, _ = front_figure(rows, front, title, usable_gib, labelled)
     try:
         save_figure(fig, path, force=force)
     finally:
         plt.close(fig)
 
 
-def export_context(
-    model: ModelSpec,
-    cluster: Cluster,
-    workload: Workload,
-    layout: Layout,
-    *,
-    study: str = "",
-    calibration: Any = None,
-    memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
-    measurement: Any = None,
-    correctness: Any = None,
-    notes: Sequence[str] = (),
-    megatron_core: str | None = None,
-    options: Any = None,
-    stack: str = "",
-    user_args: Sequence[str] = (),
-    bridge_yaml: str = "",
-) -> Any:
+def export_context(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, *, study: str = "",
+                   calibration: Any = None, memory_headroom: float = DEFAULT_MEMORY_HEADROOM, measurement: Any = None,
+                   correctness: Any = None, notes: Sequence[str] = (), megatron_core: str | None = None,
+                   options: Any = None, stack: str = "", user_args: Sequence[str] = (), bridge_yaml: str = "") -> Any:
     """The :class:`launch.exporters.ExportContext` of ``layout``, with the cost model's estimate of it; its model as the
-    commands for ``megatron_core`` (the study's ``--megatron-core``; None: the newest) build it
-    (:func:`launch.export.model_for_release`: a GPT model's YaRN needs 0.19), with a note when that differs.
+    commands for ``megatron_core`` (None: the newest) build it (:func:`launch.export.model_for_release`), with a note
+    when that differs.
 
     Args:
         calibration: the study's :class:`~cost_model.calibration.Calibration` (None: the shipped one).
@@ -585,8 +501,7 @@ def export_context(
         measurement: the trial's :class:`~launch.base.Measurement` (None: predicted only).
         correctness: the ``tune verify`` block stored with the trial (None: not run).
         notes: more recipe notes (confirmation runs, measured ties).
-        options: the run options the study estimated with (:class:`specs.RunOptions`; None: the default stack's).
-        stack: the stack preset they came from.
+        options: the study's :class:`specs.RunOptions` (None: the default stack's); ``stack`` its preset.
         user_args: the user's own launch arguments the commands keep (``tune --from``).
         bridge_yaml: the text of a ``--from`` Megatron-Bridge YAML (the ``bridge`` format writes into it).
 
@@ -608,43 +523,18 @@ def export_context(
                          options=options, stack=stack, user_args=tuple(user_args), bridge_yaml=bridge_yaml)
 
 
-def export_files(
-    out_dir: Path,
-    model: ModelSpec,
-    cluster: Cluster,
-    workload: Workload,
-    layout: Layout,
-    *,
-    study: str,
-    calibration: Any = None,
-    memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
-    measurement: Any = None,
-    notes: Sequence[str] = (),
-    correctness: Any = None,
-    megatron_core: str | None = None,
-    options: Any = None,
-    stack: str = "",
-    user_args: Sequence[str] = (),
-    bridge_yaml: str = "",
-) -> dict[str, Path]:
-    """Write the files of every format the main job exports (:func:`launch.exporters.main_job_exporters`:
-    ``recipe.yaml``, ``run_slime.sh``, ``megatron_args.sh``; ``megatron_bridge.yaml`` too with a ``bridge_yaml``,
-    :meth:`~launch.exporters.Exporter.in_main_job`) for ``layout`` into ``out_dir``.
-
-    Every file is rendered before any is written, so a layout one format refuses leaves none behind.
-
-    Returns:
-        The paths written, by format name (``recipe``, ``slime``, ``megatron``), in registration order.
+def export_files(out_dir: Path, model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout,
+                 **context: Any) -> dict[str, Path]:
+    """Write every format the main job exports (:func:`launch.exporters.main_job_exporters`) for ``layout`` into
+    ``out_dir`` (``context`` as :func:`export_context` takes it); all are rendered before any is written. Returns the
+    paths by format name.
 
     Raises:
         TunerError: a format refuses the layout (e.g. the recipe fails its schema).
-        OSError: a file cannot be written.
-    """
+        OSError: a file cannot be written."""
     from launch.exporters import main_job_exporters
 
-    ctx = export_context(model, cluster, workload, layout, study=study, calibration=calibration, memory_headroom=memory_headroom,
-                         measurement=measurement, correctness=correctness, notes=notes, megatron_core=megatron_core,
-                         options=options, stack=stack, user_args=user_args, bridge_yaml=bridge_yaml)
+    ctx = export_context(model, cluster, workload, layout, **context)
     rendered = [(e, e.render(ctx)) for e in main_job_exporters() if e.in_main_job(ctx)]
-    # the study folder's own files: replaced whatever an earlier version wrote there (a link itself, not its target)
+    # the study folder's own files: replace whatever was there (a link itself, not its target)
     return {e.name: e.save(text, out_dir / e.file_name, force=True) for e, text in rendered}

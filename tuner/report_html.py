@@ -1,13 +1,8 @@
 """``results/<study>/report.html``: one self-contained page about a study (plotly.js inline, no network).
 
-It shows the Pareto front over every evaluated trial (hover: layout, recompute, dispatcher, micro-batch, split,
-tokens/s/GPU, memory, headroom, step, predicted vs measured, trial number), with filters by dispatcher, recompute and
-pipeline size that recompute the front of what is left; the layouts within a chosen percentage (5% by default) of the
-fastest, most headroom first; the memory and time breakdown of every front layout (stacked bars, sorted by memory,
-with what grows along the front); the measured trials tied within their noise; and the files the study wrote.
-
-The page is written from plotly figure specs (JSON) and the ``plotly.min.js`` bundle of the installed plotly package,
-read as a file: plotly's Python API is not imported (its import alone takes longer than writing the page).
+The Pareto front of every trial with filters (dispatcher, recompute, pipeline size), the layouts within a chosen
+percentage of the fastest, the memory and time breakdown along the front, the measured ties and the study's files.
+Written from plotly figure specs and the installed ``plotly.min.js`` (plotly's Python API is slow to import).
 """
 
 from __future__ import annotations
@@ -37,14 +32,14 @@ class ReportUnavailable(TunerError):
 
 
 def plotly_bundle() -> str:
-    """The text of the installed plotly package's ``package_data/plotly.min.js`` (what ``include_plotlyjs=True`` inlines).
+    """The installed plotly package's ``package_data/plotly.min.js`` (what ``include_plotlyjs=True`` inlines).
 
     Raises:
-        ReportUnavailable: plotly is not installed, or its bundle is missing.
-    """
+        ReportUnavailable: plotly is not installed, or its bundle is missing."""
     spec = importlib.util.find_spec("plotly")
     if spec is None or spec.origin is None:
-        raise ReportUnavailable("report.html needs the plotly package (pip install 'plotly>=5'; it is a dependency of this project)")
+        raise ReportUnavailable("report.html needs the plotly package (pip install 'plotly>=5'; it is a dependency of "
+                                "this project)")
     path = Path(spec.origin).parent / "package_data" / "plotly.min.js"
     try:
         return path.read_text(encoding="utf-8")
@@ -73,24 +68,32 @@ def _row(r: Mapping[str, Any]) -> dict[str, Any]:
     src = str(r.get("source", "predicted"))
     out: dict[str, Any] = {
         "trial": int(r["trial"]), "label": lay.label, "recompute": lay.recompute_label, "offload": lay.offload_label,
-        "dispatcher": lay.dispatcher.value, "pp": lay.pp, "vpp": lay.vpp, "mbs": lay.micro_batch_size, "split": _split(lay),
-        "tps": tps, "peak": peak, "headroom": _num(r.get("headroom_gib")), "step": _num(r.get("step_time_s")), "source": src,
-        "mfu": _num(r.get("mfu")), "usd": _num(r.get("usd_per_million_tokens")),
-        "pred_tps": _num(r.get("pred_tokens_per_s_per_gpu")), "pred_peak": _num(r.get("pred_peak_gib")), "runs": int(r.get("runs", 1)),
+        "dispatcher": lay.dispatcher.value, "pp": lay.pp, "vpp": lay.vpp, "mbs": lay.micro_batch_size,
+        "split": _split(lay),
+        "tps": tps, "peak": peak, "headroom": _num(r.get("headroom_gib")), "step": _num(r.get("step_time_s")),
+        "source": src, "mfu": _num(r.get("mfu")), "usd": _num(r.get("usd_per_million_tokens")),
+        "pred_tps": _num(r.get("pred_tokens_per_s_per_gpu")), "pred_peak": _num(r.get("pred_peak_gib")),
+        "runs": int(r.get("runs", 1)),
     }
-    lines = [f"<b>trial {out['trial']}</b>: {lay.label}", f"{lay.recompute_label}, offload {lay.offload_label}, {lay.dispatcher.value}, mbs {lay.micro_batch_size}, split {out['split']}"]
+    lines = [f"<b>trial {out['trial']}</b>: {lay.label}",
+             f"{lay.recompute_label}, offload {lay.offload_label}, {lay.dispatcher.value}, mbs {lay.micro_batch_size}, "
+             f"split {out['split']}"]
     if tps is not None and peak is not None:
-        lines.append(f"{tps:,.1f} tokens/s/GPU ({src}), peak {peak:.1f} GiB, headroom {out['headroom'] or float('nan'):.1f} GiB")
+        lines.append(f"{tps:,.1f} tokens/s/GPU ({src}), peak {peak:.1f} GiB, headroom "
+                     f"{out['headroom'] or float('nan'):.1f} GiB")
     if out["step"] is not None:
         lines.append(f"step {out['step']:.3f} s" + (f", {out['runs']} runs" if out["runs"] > 1 else ""))
     if src == "measured" and out["pred_tps"] is not None and tps:
-        lines.append(f"predicted {out['pred_tps']:,.1f} tokens/s/GPU ({(out['pred_tps'] / tps - 1):+.1%} vs measured), {out['pred_peak'] or float('nan'):.1f} GiB")
-    out["hover"] = "<br>".join(html.escape(x, quote=False).replace("&lt;b&gt;", "<b>").replace("&lt;/b&gt;", "</b>") for x in lines)
+        lines.append(f"predicted {out['pred_tps']:,.1f} tokens/s/GPU ({(out['pred_tps'] / tps - 1):+.1%} vs measured), "
+                     f"{out['pred_peak'] or float('nan'):.1f} GiB")
+    out["hover"] = "<br>".join(html.escape(x, quote=False).replace("&lt;b&gt;", "<b>").replace("&lt;/b&gt;",
+                                                                                               "</b>") for x in lines)
     return out
 
 
 def _near_best(rows: Sequence[dict[str, Any]], band: float) -> list[dict[str, Any]]:
-    """Rows within ``band`` of the fastest tokens/s/GPU, most headroom first (the page's table; its script does the same)."""
+    """Rows within ``band`` of the fastest tokens/s/GPU, most headroom first (the page's table; its script does the
+    same)."""
     ok = [r for r in rows if r["tps"] is not None and r["peak"] is not None]
     if not ok:
         return []
@@ -99,45 +102,54 @@ def _near_best(rows: Sequence[dict[str, Any]], band: float) -> list[dict[str, An
     return sorted(near, key=lambda r: (-(r["headroom"] if r["headroom"] is not None else -math.inf), -r["tps"]))
 
 
-def _front_figure(rows: Sequence[dict[str, Any]], front: Sequence[dict[str, Any]], usable_gib: float, kind: str) -> dict[str, Any]:
-    """The front's figure spec: every trial, the front as a staircase, the fastest as a star, the predictions of measured trials."""
+def _trace(name: str, rs: Sequence[dict[str, Any]], marker: dict[str, Any], *, pred: bool = False,
+           **kw: Any) -> dict[str, Any]:
+    """A scatter trace of rows ``rs`` (their predictions with ``pred``), hovering their text."""
+    x, y = ("pred_peak", "pred_tps") if pred else ("peak", "tps")
+    return {"type": "scatter", "mode": "markers", "name": name, "x": [r[x] for r in rs], "y": [r[y] for r in rs],
+            "text": [r["hover"] for r in rs], "customdata": [r["trial"] for r in rs],
+            "hovertemplate": ("predicted for " if pred else "") + "%{text}<extra></extra>", "marker": marker, **kw}
+
+
+def _front_figure(rows: Sequence[dict[str, Any]], front: Sequence[dict[str, Any]], usable_gib: float,
+                  kind: str) -> dict[str, Any]:
+    """The front's figure spec: every trial, the front as a staircase, the fastest as a star, the predictions of
+    measured trials."""
     pts = [r for r in rows if r["tps"] is not None and r["peak"] is not None]
     f = sorted(front, key=lambda r: r["peak"])
-    data: list[dict[str, Any]] = [
-        {"type": "scatter", "mode": "markers", "name": "evaluated trials", "x": [r["peak"] for r in pts], "y": [r["tps"] for r in pts],
-         "text": [r["hover"] for r in pts], "customdata": [r["trial"] for r in pts], "hovertemplate": "%{text}<extra></extra>",
-         "marker": {"color": "#9aa5b1", "size": 7}},
-        {"type": "scatter", "mode": "lines+markers", "line": {"shape": "hv", "color": "#c0392b"}, "name": "Pareto front",
-         "x": [r["peak"] for r in f], "y": [r["tps"] for r in f], "text": [r["hover"] for r in f], "customdata": [r["trial"] for r in f],
-         "hovertemplate": "%{text}<extra></extra>", "marker": {"color": "#c0392b", "size": 9}},
-    ]
+    data = [_trace("evaluated trials", pts, {"color": "#9aa5b1", "size": 7}),
+            _trace("Pareto front", f, {"color": "#c0392b", "size": 9}, mode="lines+markers",
+                   line={"shape": "hv", "color": "#c0392b"})]
     if front:
         b = max(front, key=lambda r: r["tps"])
-        data.append({"type": "scatter", "mode": "markers", "name": f"fastest: trial {b['trial']}", "x": [b["peak"]], "y": [b["tps"]], "text": [b["hover"]],
-                     "customdata": [b["trial"]], "hovertemplate": "%{text}<extra></extra>",
-                     "marker": {"symbol": "star", "size": 18, "color": "#f1c40f", "line": {"color": "#7b241c", "width": 1}}})
+        data.append(_trace(f"fastest: trial {b['trial']}", [b], {"symbol": "star", "size": 18, "color": "#f1c40f",
+                                                                  "line": {"color": "#7b241c", "width": 1}}))
     meas = [r for r in pts if r["source"] == "measured" and r["pred_tps"] is not None and r["pred_peak"] is not None]
     if meas:
-        data.append({"type": "scatter", "mode": "markers", "name": "prediction of a measured trial", "x": [r["pred_peak"] for r in meas],
-                     "y": [r["pred_tps"] for r in meas], "text": [r["hover"] for r in meas], "customdata": [r["trial"] for r in meas],
-                     "hovertemplate": "predicted for %{text}<extra></extra>", "marker": {"symbol": "circle-open", "size": 9, "color": "#2471a3"}})
+        data.append(_trace("prediction of a measured trial", meas,
+                           {"symbol": "circle-open", "size": 9, "color": "#2471a3"}, pred=True))
     layout = {
         "title": {"text": f"Pareto front: tokens/s/GPU vs peak memory per GPU ({kind})"},
-        "xaxis": {"title": {"text": f"peak memory per GPU, GiB ({kind})"}}, "yaxis": {"title": {"text": f"tokens/s/GPU ({kind})"}},
+        "xaxis": {"title": {"text": f"peak memory per GPU, GiB ({kind})"}},
+        "yaxis": {"title": {"text": f"tokens/s/GPU ({kind})"}},
         "hovermode": "closest", "legend": {"orientation": "h", "y": -0.18},
-        "shapes": [{"type": "line", "x0": usable_gib, "x1": usable_gib, "yref": "paper", "y0": 0, "y1": 1, "line": {"dash": "dash", "color": "#555", "width": 1}}],
-        "annotations": [{"x": usable_gib, "y": 1, "yref": "paper", "text": f"usable {usable_gib:.0f} GiB", "showarrow": False, "xanchor": "right", "font": {"size": 10}}],
+        "shapes": [{"type": "line", "x0": usable_gib, "x1": usable_gib, "yref": "paper", "y0": 0, "y1": 1,
+                    "line": {"dash": "dash", "color": "#555", "width": 1}}],
+        "annotations": [{"x": usable_gib, "y": 1, "yref": "paper", "text": f"usable {usable_gib:.0f} GiB",
+                         "showarrow": False, "xanchor": "right", "font": {"size": 10}}],
         "margin": {"t": 50},
     }
     return {"data": data, "layout": layout}
 
 
 _CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;color:#222;padding:0 16px}
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;color:#222;
+padding:0 16px}
 h1{font-size:1.5em;margin-bottom:4px}h2{font-size:1.2em;margin-top:32px;border-bottom:1px solid #ddd;padding-bottom:4px}
 .banner{background:#fff4e5;border-left:4px solid #e67e22;padding:8px 12px;margin:12px 0}
 .meta{color:#555;font-size:.92em}
-table{border-collapse:collapse;font-size:.88em;margin:8px 0}th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:right}
+table{border-collapse:collapse;font-size:.88em;margin:8px 0}
+th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:right}
 th{background:#f6f6f6}td{white-space:nowrap}td.l,th.l{text-align:left}tr.pick td{background:#eaf5ea;font-weight:600}
 .filters label{margin-right:16px}.filters select,.filters input{margin-left:4px}
 .fig{width:100%;height:560px}.figsm{width:100%;height:480px}
@@ -151,9 +163,12 @@ _SCRIPT = r"""
   const cfg = {responsive: true, displaylogo: false};
   const front0 = spec('fig-front-spec');
   Plotly.newPlot('fig-front', front0.data, front0.layout, cfg);
-  for (const id of ['fig-memory', 'fig-time']) { const s = spec(id + '-spec'); Plotly.newPlot(id, s.data, s.layout, cfg); }
+  for (const id of ['fig-memory', 'fig-time']) {
+    const s = spec(id + '-spec'); Plotly.newPlot(id, s.data, s.layout, cfg);
+  }
   const sel = id => document.getElementById(id);
-  const fmt = (v, d) => (v === null || v === undefined) ? '-' : v.toLocaleString('en-US', {minimumFractionDigits: d, maximumFractionDigits: d});
+  const fmt = (v, d) => (v === null || v === undefined) ? '-'
+    : v.toLocaleString('en-US', {minimumFractionDigits: d, maximumFractionDigits: d});
   function pareto(rows) {
     const ok = rows.filter(r => r.tps !== null && r.peak !== null).sort((a, b) => a.peak - b.peak || b.tps - a.tps);
     const out = []; let best = -Infinity;
@@ -162,7 +177,8 @@ _SCRIPT = r"""
   }
   function filtered() {
     const d = sel('f-dispatcher').value, rc = sel('f-recompute').value, pp = sel('f-pp').value;
-    return D.rows.filter(r => (d === '' || r.dispatcher === d) && (rc === '' || r.recompute === rc) && (pp === '' || String(r.pp) === pp));
+    return D.rows.filter(r => (d === '' || r.dispatcher === d) && (rc === '' || r.recompute === rc)
+                              && (pp === '' || String(r.pp) === pp));
   }
   function near(rows, band) {
     const ok = rows.filter(r => r.tps !== null && r.peak !== null);
@@ -176,18 +192,25 @@ _SCRIPT = r"""
     const body = sel('near-body'); body.innerHTML = '';
     if (!n.length) {
       body.innerHTML = '<tr><td class="l" colspan="11">no trial left by the filters</td></tr>';
-      sel('near-count').textContent = '0'; sel('near-answer').textContent = 'none (no trial left by the filters)'; return;
+      sel('near-count').textContent = '0';
+      sel('near-answer').textContent = 'none (no trial left by the filters)';
+      return;
     }
     const best = Math.max(...n.map(r => r.tps));
     n.forEach((r, i) => {
       const tr = document.createElement('tr'); if (i === 0) tr.className = 'pick';
-      const cells = [r.trial, r.label, r.recompute, r.dispatcher, r.mbs, r.split, fmt(r.tps, 1), fmt(100 * (r.tps / best - 1), 1) + '%',
+      const cells = [r.trial, r.label, r.recompute, r.dispatcher, r.mbs, r.split, fmt(r.tps, 1),
+                     fmt(100 * (r.tps / best - 1), 1) + '%',
                      fmt(r.peak, 1), fmt(r.headroom, 1), r.source];
-      cells.forEach((c, j) => { const td = document.createElement('td'); if ([1, 2, 3, 5, 10].includes(j)) td.className = 'l'; td.textContent = c; tr.appendChild(td); });
+      cells.forEach((c, j) => {
+        const td = document.createElement('td'); if ([1, 2, 3, 5, 10].includes(j)) td.className = 'l';
+        td.textContent = c; tr.appendChild(td);
+      });
       body.appendChild(tr);
     });
     sel('near-count').textContent = n.length;
-    sel('near-answer').textContent = 'trial ' + n[0].trial + ' (' + n[0].label + ', ' + n[0].recompute + ', ' + n[0].dispatcher +
+    sel('near-answer').textContent = 'trial ' + n[0].trial + ' (' + n[0].label + ', ' + n[0].recompute + ', ' +
+      n[0].dispatcher +
       '): ' + fmt(n[0].headroom, 1) + ' GiB of headroom at ' + fmt(n[0].tps, 1) + ' tokens/s/GPU';
   }
   function update() {
@@ -196,17 +219,25 @@ _SCRIPT = r"""
     const f = pareto(rows);
     const fig = JSON.parse(JSON.stringify(front0));
     const pts = rows.filter(r => r.tps !== null && r.peak !== null);
-    const put = (t, rs) => { t.x = rs.map(r => r.peak); t.y = rs.map(r => r.tps); t.text = rs.map(r => r.hover); t.customdata = rs.map(r => r.trial); };
+    const put = (t, rs) => {
+      t.x = rs.map(r => r.peak); t.y = rs.map(r => r.tps); t.text = rs.map(r => r.hover);
+      t.customdata = rs.map(r => r.trial);
+    };
     put(fig.data[0], pts); put(fig.data[1], f);
     if (fig.data.length > 2 && fig.data[2].name.startsWith('fastest')) {
       const b = f.length ? f.reduce((a, r) => r.tps > a.tps ? r : a) : null;
       put(fig.data[2], b ? [b] : []); fig.data[2].name = b ? 'fastest: trial ' + b.trial : 'fastest';
     }
-    fig.data.forEach(t => { if (t.name.startsWith('prediction')) { const m = pts.filter(r => r.source === 'measured' && r.pred_tps !== null);
-      t.x = m.map(r => r.pred_peak); t.y = m.map(r => r.pred_tps); t.text = m.map(r => r.hover); t.customdata = m.map(r => r.trial); } });
+    fig.data.forEach(t => {
+      if (!t.name.startsWith('prediction')) return;
+      const m = pts.filter(r => r.source === 'measured' && r.pred_tps !== null);
+      t.x = m.map(r => r.pred_peak); t.y = m.map(r => r.pred_tps); t.text = m.map(r => r.hover);
+      t.customdata = m.map(r => r.trial);
+    });
     if (f.length) {
       const best = Math.max(...f.map(r => r.tps));
-      fig.layout.shapes.push({type: 'rect', xref: 'paper', x0: 0, x1: 1, y0: (1 - band) * best, y1: best, fillcolor: '#2ecc71', opacity: 0.12, line: {width: 0}});
+      fig.layout.shapes.push({type: 'rect', xref: 'paper', x0: 0, x1: 1, y0: (1 - band) * best, y1: best,
+                              fillcolor: '#2ecc71', opacity: 0.12, line: {width: 0}});
     }
     Plotly.react('fig-front', fig.data, fig.layout, cfg);
     sel('shown').textContent = rows.length;
@@ -215,7 +246,8 @@ _SCRIPT = r"""
   for (const id of ['f-dispatcher', 'f-recompute', 'f-pp', 'near-pct']) sel(id).addEventListener('input', update);
   // a link can preset the filters: report.html#dispatcher=alltoall&recompute=selective%20moe&pp=4&near=3
   const preset = new URLSearchParams(window.location.hash.slice(1));
-  for (const [key, id] of [['dispatcher', 'f-dispatcher'], ['recompute', 'f-recompute'], ['pp', 'f-pp'], ['near', 'near-pct']]) {
+  const keys = [['dispatcher', 'f-dispatcher'], ['recompute', 'f-recompute'], ['pp', 'f-pp'], ['near', 'near-pct']];
+  for (const [key, id] of keys) {
     if (preset.has(key)) sel(id).value = preset.get(key);
   }
   update();
@@ -228,7 +260,8 @@ def _options(name: str, label: str, values: Sequence[Any]) -> str:
     return f'<label>{html.escape(label)}<select id="{name}"><option value="">all</option>{opts}</select></label>'
 
 
-def _table(head: Sequence[str], body: Sequence[Sequence[Any]], *, left: Sequence[int] = (), tbody_id: str = "", pick_first: bool = False) -> str:
+def _table(head: Sequence[str], body: Sequence[Sequence[Any]], *, left: Sequence[int] = (), tbody_id: str = "",
+           pick_first: bool = False) -> str:
     th = "".join(f'<th class="{"l" if i in left else ""}">{html.escape(h)}</th>' for i, h in enumerate(head))
     rows = []
     for k, row in enumerate(body):
@@ -242,46 +275,29 @@ def _fmt(v: float | None, d: int) -> str:
     return "-" if v is None else f"{v:,.{d}f}"
 
 
-def render_report(
-    *,
-    study: str,
-    heading: str,
-    rows: Sequence[Mapping[str, Any]],
-    front: Sequence[Mapping[str, Any]],
-    breakdowns: Mapping[int, Estimate],
-    usable_gib: float,
-    ties: Sequence[Mapping[str, Any]] = (),
-    ties_of: int | None = None,
-    files: Mapping[str, str] | None = None,
-    notes: Sequence[str] = (),
-    near_best: float = NEAR_BEST,
-) -> str:
-    """The page's HTML.
+def render_report(*, study: str, heading: str, rows: Sequence[Mapping[str, Any]], front: Sequence[Mapping[str, Any]],
+                  breakdowns: Mapping[int, Estimate], usable_gib: float, ties: Sequence[Mapping[str, Any]] = (),
+                  ties_of: int | None = None, files: Mapping[str, str] | None = None, notes: Sequence[str] = (),
+                  near_best: float = NEAR_BEST) -> str:
+    """The page's HTML, plotly.js inline (no external resource).
 
     Args:
-        study: the study's name.
-        heading: model, cluster, workload and backend, one line.
-        rows: every finished trial (:func:`tuner.study.trial_rows`).
-        front: the Pareto-optimal rows, fastest first (:func:`tuner.report.front_rows`).
-        breakdowns: trial number -> the layout's :func:`cost_model.estimate.estimate` (the predicted parts) for the
-            front's layouts.
+        heading: model, cluster, workload and backend, one line; ``notes``: more lines under it.
+        rows: every finished trial (:func:`tuner.study.trial_rows`); ``front``: the Pareto-optimal rows, fastest first.
+        breakdowns: trial number -> the :func:`cost_model.estimate.estimate` of each front layout.
         usable_gib: HBM less the headroom (GiB).
         ties: the measured trials within noise of trial ``ties_of`` (:func:`tuner.report.measured_ties`).
         files: display name -> path relative to the page, of the study's files.
-        notes: more lines under the heading.
-        near_best: the default band of the near-the-fastest table (a fraction, 0.05 = 5%).
-
-    Returns:
-        A complete HTML document with plotly.js inline (no external resource).
+        near_best: the default band of the near-the-fastest table (a fraction).
 
     Raises:
-        TunerError: plotly's bundle cannot be read.
-    """
+        TunerError: plotly's bundle cannot be read."""
     data_rows = [_row(r) for r in rows if "layout" in r]
     by_trial = {r["trial"]: r for r in data_rows}
     front_d = [by_trial[int(f["trial"])] for f in front if int(f["trial"]) in by_trial]
     sources = {r["source"] for r in data_rows}
-    kind = "predicted" if sources <= {"predicted"} else "measured" if sources <= {"measured"} else "predicted and measured"
+    kind = ("predicted" if sources <= {"predicted"} else "measured" if sources <= {"measured"}
+            else "predicted and measured")
     front_fig = _front_figure(data_rows, front_d, usable_gib, kind)
     by_memory = sorted((r for r in front_d if r["trial"] in breakdowns), key=lambda r: r["peak"])
     items = [(f"#{r['trial']} {r['label']}", breakdowns[r["trial"]]) for r in by_memory]
@@ -289,48 +305,62 @@ def render_report(
     trend = front_trend([e for _, e in items])
     near = _near_best(data_rows, near_best)
     banner = ("Every number on this page is a prediction of the analytical model; nothing was measured."
-              if kind == "predicted" else "Measured trials are marked measured; the breakdowns are always the analytical model's predictions.")
+              if kind == "predicted" else "Measured trials are marked measured; the breakdowns are always the "
+              "analytical model's predictions.")
     fastest = max((r["tps"] for r in near), default=1.0)
     near_body = [(r["trial"], r["label"], r["recompute"], r["dispatcher"], r["mbs"], r["split"], _fmt(r["tps"], 1),
-                  f"{(r['tps'] / fastest - 1) * 100:.1f}%", _fmt(r["peak"], 1), _fmt(r["headroom"], 1), r["source"]) for r in near]
-    answer = (f"trial {near[0]['trial']} ({near[0]['label']}, {near[0]['recompute']}, {near[0]['dispatcher']}): {_fmt(near[0]['headroom'], 1)} GiB of "
-              f"headroom at {_fmt(near[0]['tps'], 1)} tokens/s/GPU") if near else "-"
+                  f"{(r['tps'] / fastest - 1) * 100:.1f}%", _fmt(r["peak"], 1), _fmt(r["headroom"], 1),
+                  r["source"]) for r in near]
+    n0 = near[0] if near else {}
+    answer = (f"trial {n0['trial']} ({n0['label']}, {n0['recompute']}, {n0['dispatcher']}): "
+              f"{_fmt(n0['headroom'], 1)} GiB of headroom at {_fmt(n0['tps'], 1)} tokens/s/GPU") if near else "-"
     front_body = _front_body(front_d, front)
     ties_html = _ties_html(ties, ties_of, sources)
-    files_html = "<ul>" + "".join(f'<li><a href="{html.escape(p)}">{html.escape(n)}</a> <code>{html.escape(p)}</code></li>' for n, p in (files or {}).items()) + "</ul>"
+    files_html = "<ul>" + "".join(f'<li><a href="{html.escape(p)}">{html.escape(n)}</a> '
+                                  f'<code>{html.escape(p)}</code></li>' for n, p in (files or {}).items()) + "</ul>"
     parts = [
-        "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{html.escape(study)}: layout tuner report</title>",
+        "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(study)}: layout tuner report</title>",
         f"<style>{_CSS}</style>", f"<script>{plotly_bundle()}</script>", "</head><body>",
-        f"<h1>{html.escape(study)}</h1>", f'<p class="meta">{html.escape(heading)}</p>', f'<p class="banner">{html.escape(banner)}</p>',
-        *(f'<p class="meta">{html.escape(n)}</p>' for n in notes),
+        f"<h1>{html.escape(study)}</h1>", f'<p class="meta">{html.escape(heading)}</p>',
+        f'<p class="banner">{html.escape(banner)}</p>', *(f'<p class="meta">{html.escape(n)}</p>' for n in notes),
         '<h2 id="front">Pareto front</h2>',
         '<div class="filters">' + _options("f-dispatcher", "dispatcher", sorted({r["dispatcher"] for r in data_rows}))
         + _options("f-recompute", "recompute", sorted({r["recompute"] for r in data_rows}))
-        + _options("f-pp", "PP", sorted({r["pp"] for r in data_rows})) + f' <span class="meta"><span id="shown">{len(data_rows)}</span> of {len(data_rows)} trials shown; '
+        + _options("f-pp", "PP", sorted({r["pp"] for r in data_rows})) + ' <span class="meta"><span '
+                   f'id="shown">{len(data_rows)}</span> of {len(data_rows)} trials shown; '
         "the front is recomputed over the trials left; hover a point for its layout; a link can preset them: "
         "<code>report.html#dispatcher=alltoall&amp;pp=8&amp;near=3</code></span></div>",
         '<div id="fig-front" class="fig"></div>',
         '<h2 id="near">Near the fastest: most headroom first</h2>',
-        f'<p>Layouts within <input id="near-pct" type="number" min="0" max="100" step="0.5" value="{near_best * 100:g}" style="width:4em">% of the fastest '
-        f'tokens/s/GPU (of the trials the filters leave): <span id="near-count">{len(near)}</span>. Most headroom: <b id="near-answer">{html.escape(answer)}</b>.</p>',
-        _table(["trial", "layout", "recompute", "dispatcher", "mbs", "first/last", "tokens/s/GPU", "vs fastest", "peak GiB", "headroom GiB", "source"],
+        '<p>Layouts within <input id="near-pct" type="number" min="0" max="100" step="0.5" '
+        f'value="{near_best * 100:g}" style="width:4em">% of the fastest tokens/s/GPU (of the trials the filters '
+        f'leave): <span id="near-count">{len(near)}</span>. Most headroom: <b '
+        f'id="near-answer">{html.escape(answer)}</b>.</p>',
+        _table(["trial", "layout", "recompute", "dispatcher", "mbs", "first/last", "tokens/s/GPU", "vs fastest",
+                "peak GiB", "headroom GiB", "source"],
                near_body, left=(1, 2, 3, 5, 10), tbody_id="near-body", pick_first=True),
         '<h2 id="table">The front</h2>',
-        "<p>90%: the interval of tokens/s/GPU (a prediction's from the model's error bars, docs/error_bars.md; a measurement's from "
-        "the run-to-run spread); peak at most: the high end of the predicted peak; fit: fits, may not fit (a real trial tells) or ran.</p>",
-        _table(["trial", "layout", "recompute", "offload", "dispatcher", "mbs", "first/last", "tokens/s/GPU", "90%", "MFU (6N)", "peak GiB",
-                "peak at most", "fit", "step s", "source", "--pipeline-model-parallel-layout"],
+        "<p>90%: the interval of tokens/s/GPU (a prediction's from the model's error bars, docs/error_bars.md; a "
+        "measurement's from the run-to-run spread); peak at most: the high end of the predicted peak; fit: fits, may "
+        "not fit (a real trial tells) or ran.</p>",
+        _table(["trial", "layout", "recompute", "offload", "dispatcher", "mbs", "first/last", "tokens/s/GPU", "90%",
+                "MFU (6N)", "peak GiB", "peak at most", "fit", "step s", "source", "--pipeline-model-parallel-layout"],
                front_body, left=(1, 2, 3, 4, 6, 12, 14, 15)),
         '<h2 id="breakdown">Where the memory and the step go</h2>',
-        "<p>Each front layout's predicted memory per GPU (worst pipeline rank) and step time, by part, least memory first. "
+        "<p>Each front layout's predicted memory per GPU (worst pipeline rank) and step time, by part, least memory "
+        "first. "
         + html.escape(" ".join(trend)) + "</p>",
         '<div id="fig-memory" class="figsm"></div>', '<div id="fig-time" class="figsm"></div>',
         '<h2 id="ties">Ties within measurement noise</h2>', ties_html,
         '<h2 id="files">Files</h2>', files_html,
-        "<p class=\"meta\">Timelines of one predicted step (Chrome trace JSON, open in <a href=\"https://ui.perfetto.dev\">Perfetto</a> or chrome://tracing): "
-        f"<code>tune timeline --study {html.escape(study)} --trial N</code>. The study in Optuna's dashboard: <code>optuna-dashboard sqlite:///results/"
-        f"{html.escape(study)}/study.db</code>.</p>",
-        f'<script type="application/json" id="report-data">{_json({"study": study, "rows": data_rows, "front": [r["trial"] for r in front_d]})}</script>',
+        "<p class=\"meta\">Timelines of one predicted step (Chrome trace JSON, open in <a "
+        "href=\"https://ui.perfetto.dev\">Perfetto</a> or chrome://tracing): <code>tune timeline --study "
+        f"{html.escape(study)} --trial N</code>. The study in Optuna's dashboard: <code>optuna-dashboard "
+        f"sqlite:///results/{html.escape(study)}/study.db</code>.</p>",
+        '<script type="application/json" '
+        f'id="report-data">{_json({"study": study, "rows": data_rows, "front": [r["trial"] for r in front_d]})}'
+        '</script>',
         f'<script type="application/json" id="fig-front-spec">{_json(front_fig)}</script>',
         f'<script type="application/json" id="fig-memory-spec">{_json(mem_fig)}</script>',
         f'<script type="application/json" id="fig-time-spec">{_json(time_fig)}</script>',
@@ -340,7 +370,8 @@ def render_report(
 
 
 def _front_body(front_d: Sequence[Mapping[str, Any]], front: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
-    """The rows of the front's table: the page's rows ``front_d`` with the intervals and fit of :func:`tuner.report.front_rows`."""
+    """The rows of the front's table: the page's rows ``front_d`` with the intervals and fit of
+    :func:`tuner.report.front_rows`."""
     bands = {int(f["trial"]): f for f in front}
 
     def band(t: int) -> str:
@@ -348,9 +379,11 @@ def _front_body(front_d: Sequence[Mapping[str, Any]], front: Sequence[Mapping[st
         lo, hi = _num(f.get("tokens_per_s_per_gpu_low")), _num(f.get("tokens_per_s_per_gpu_high"))
         return "-" if lo is None or hi is None else f"{lo:,.0f}-{hi:,.0f}"
 
-    front_body = [(r["trial"], r["label"], r["recompute"], r["offload"], r["dispatcher"], r["mbs"], r["split"], _fmt(r["tps"], 1), band(r["trial"]),
+    front_body = [(r["trial"], r["label"], r["recompute"], r["offload"], r["dispatcher"], r["mbs"], r["split"],
+                   _fmt(r["tps"], 1), band(r["trial"]),
                    _fmt(r["mfu"] * 100 if r["mfu"] is not None else None, 1) + "%", _fmt(r["peak"], 1),
-                   _fmt(_num(bands.get(r["trial"], {}).get("peak_gib_high")), 1), bands.get(r["trial"], {}).get("fit", ""), _fmt(r["step"], 3),
+                   _fmt(_num(bands.get(r["trial"], {}).get("peak_gib_high")), 1),
+                   bands.get(r["trial"], {}).get("fit", ""), _fmt(r["step"], 3),
                    r["source"], bands.get(r["trial"], {}).get("pipeline_model_parallel_layout", "")) for r in front_d]
     return front_body
 
@@ -358,54 +391,38 @@ def _front_body(front_d: Sequence[Mapping[str, Any]], front: Sequence[Mapping[st
 def _ties_html(ties: Sequence[Mapping[str, Any]], ties_of: int | None, sources: set[str]) -> str:
     """The ties section: the measured trials within noise of the fastest, or why there are none."""
     if ties:
-        return (f"<p>Measured trials within their own noise of trial {ties_of} (2 standard errors of the difference of the median step "
-                "times): their step times cannot rank them; choose on memory, or measure again.</p>"
-                + _table(["trial", "layout", "tokens/s/GPU", "gap"], [(t["trial"], t["label"], _fmt(float(t["tokens_per_s_per_gpu"]), 1),
-                                                                     f"{-float(t['gap']):+.1%}") for t in ties], left=(1,)))
+        return (f"<p>Measured trials within their own noise of trial {ties_of} (2 standard errors of the difference of "
+                "the median step times): their step times cannot rank them; choose on memory, or measure again.</p>"
+                + _table(["trial", "layout", "tokens/s/GPU", "gap"],
+                         [(t["trial"], t["label"], _fmt(float(t["tokens_per_s_per_gpu"]), 1),
+                                                                     f"{-float(t['gap']):+.1%}") for t in ties],
+                         left=(1,)))
     if "measured" in sources:
-        return f"<p>No measured trial is within the measurement noise of the fastest measured one (trial {ties_of}).</p>"
+        return (f"<p>No measured trial is within the measurement noise of the fastest measured one (trial {ties_of})."
+                "</p>")
     return "<p>No trial was measured (the model backend predicts); ties within measurement noise need real trials.</p>"
 
 
 def write_report(path: Path, *, force: bool = False, **kwargs: Any) -> Path:
-    """Write :func:`render_report` (same arguments) to ``path`` (:func:`specs.files.write_output`, ``force``).
-
-    Returns:
-        ``path``.
+    """Write :func:`render_report` (same arguments) to ``path`` and return it.
 
     Raises:
-        TunerError: plotly's bundle cannot be read, or as :func:`specs.files.write_output`.
-    """
+        TunerError: plotly's bundle cannot be read, or as :func:`specs.files.write_output`."""
     from specs.files import write_output
 
     return write_output(path, render_report(**kwargs), force=force)
 
 
-def study_report(
-    path: Path,
-    *,
-    study: str,
-    model: Any,
-    cluster: Any,
-    workload: Any,
-    rows: Sequence[Mapping[str, Any]],
-    front: Sequence[Mapping[str, Any]],
-    backend: str,
-    calibration: Any = None,
-    memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
-    files: Mapping[str, Path] | None = None,
-    force: bool = False,
-) -> Path:
-    """Write ``report.html`` of a study: the front layouts' breakdowns are their :func:`cost_model.estimate.estimate`
-    (with the study's calibration, headroom and its backend's run options), the ties are :func:`tuner.report.measured_ties`
-    of the fastest measured trial, and ``files`` (name -> path) are linked relative to the page.
-
-    Returns:
-        ``path``.
+def study_report(path: Path, *, study: str, model: Any, cluster: Any, workload: Any, rows: Sequence[Mapping[str, Any]],
+                 front: Sequence[Mapping[str, Any]], backend: str, calibration: Any = None,
+                 memory_headroom: float = DEFAULT_MEMORY_HEADROOM, files: Mapping[str, Path] | None = None,
+                 force: bool = False) -> Path:
+    """Write a study's ``report.html`` and return its path: the front layouts' breakdowns estimated with the study's
+    calibration, headroom and backend's run options, the measured ties of the fastest measured trial, and ``files``
+    (name -> path) linked relative to the page.
 
     Raises:
-        TunerError: plotly's bundle cannot be read, or as :func:`specs.files.write_output` (``force``).
-    """
+        TunerError: plotly's bundle cannot be read, or as :func:`specs.files.write_output` (``force``)."""
     import os
 
     from cost_model.calibration import DEFAULT_CALIBRATION
@@ -421,14 +438,18 @@ def study_report(
     for f in front:
         lay = f["layout"] if isinstance(f["layout"], Layout) else Layout.from_dict(f["layout"])
         try:
-            breakdowns[int(f["trial"])] = estimate(model, cluster, workload, lay, calibration=cal, memory_headroom=memory_headroom, options=opts)
-        except (InfeasibleLayout, TunerError):  # a layout the estimate refuses (a study of another version): no breakdown
+            breakdowns[int(f["trial"])] = estimate(model, cluster, workload, lay, calibration=cal,
+                                                   memory_headroom=memory_headroom, options=opts)
+        # a layout the estimate refuses (a study of another version): no breakdown
+        except (InfeasibleLayout, TunerError):
             continue
     as_dicts = [dict(r) for r in rows]
     best = fastest_measured(as_dicts)
     ties = measured_ties(as_dicts, best["trial"]) if best else []
     rel = {name: os.path.relpath(p, path.parent) for name, p in (files or {}).items()}
-    heading = (f"{model.name} on {cluster.label} ({cluster.num_gpus} GPUs, {cluster.gpu.hbm_bytes / GIB:.1f} GiB each), seq {workload.seq_length:,}, "
-               f"global batch {workload.global_batch_size}, {workload.precision.value}; backend {backend}; {len(rows):,} layouts evaluated")
+    heading = (f"{model.name} on {cluster.label} ({cluster.num_gpus} GPUs, {cluster.gpu.hbm_bytes / GIB:.1f} GiB "
+               f"each), seq {workload.seq_length:,}, global batch {workload.global_batch_size}, "
+               f"{workload.precision.value}; backend {backend}; {len(rows):,} layouts evaluated")
     return write_report(path, force=force, study=study, heading=heading, rows=rows, front=front, breakdowns=breakdowns,
-                        usable_gib=cluster.gpu.hbm_bytes * (1 - memory_headroom) / GIB, ties=ties, ties_of=best["trial"] if best else None, files=rel)
+                        usable_gib=cluster.gpu.hbm_bytes * (1 - memory_headroom) / GIB, ties=ties,
+                        ties_of=best["trial"] if best else None, files=rel)

@@ -28,14 +28,24 @@ from cost_model.calibration import Calibration, load_calibration
 from cost_model.estimate import estimate
 from cost_model.validate import spearman
 from launch.harness.spec import HarnessEnv, harness_layout, override_model, slice_model
-from specs import HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS, ModelSpec, Precision, RunOptions, Workload, list_models, load_model, parse_gpus
+from specs import (
+    HARNESS_RUN_OPTIONS,
+    HARNESS_TE_RUN_OPTIONS,
+    ModelSpec,
+    Precision,
+    RunOptions,
+    Workload,
+    list_models,
+    load_model,
+    parse_gpus,
+)
 from specs.errors import InfeasibleLayout, TunerError, enum_member
 from specs.files import MAX_DATA_BYTES, RepeatedKey, read_user_text, unique_keys
 from specs.layout import Layout
 from tuner.report import pooled_spread
 
-__all__ = ["NO_TE_CALIBRATION_FILE", "TrialPrediction", "TrialRow", "json_lines", "predict_trials", "read_trials", "run_spread",
-           "summarize_trials"]
+__all__ = ["NO_TE_CALIBRATION_FILE", "TrialPrediction", "TrialRow", "json_lines", "predict_trials", "read_trials",
+           "run_spread", "summarize_trials"]
 
 #: Constants of the no-TE trial harness (megatron-core's local spec, SequentialMLP experts): fitted by
 #: ``benchmarks/bench_trial_calibration.py --fit-data <1- and 2-GPU sweeps> --out ...`` (docs/measurements.md).
@@ -95,7 +105,8 @@ def _model(field_value: str, where: str) -> ModelSpec:
     try:
         return slice_model(load_model(name), layers)
     except TunerError:
-        raise TunerError(f"{where}: model {field_value!r}: a slice has 1 to {load_model(name).num_layers} layers of {name}") from None
+        n = load_model(name).num_layers
+        raise TunerError(f"{where}: model {field_value!r}: a slice has 1 to {n} layers of {name}") from None
 
 
 def _flag(v: Any, what: str) -> bool:
@@ -106,8 +117,8 @@ def _flag(v: Any, what: str) -> bool:
 
 
 def _count(v: Any, what: str) -> int:
-    """A row's positive whole number, read strictly (no bool, no fraction, nothing infinite or NaN)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)) or v != int(v) or v < 1:
+    """A row's positive whole number (no bool, no fraction)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v) or v < 1:
         raise ValueError(f"{what} must be a whole number >= 1, got {v!r}")
     return int(v)
 
@@ -123,20 +134,18 @@ TE_ABSENT = ("", "not installed", "None")
 
 
 def _te_version(d: dict[str, Any]) -> str | None:
-    """The row's Transformer Engine release as "MAJOR.MINOR", or None when it ran without TE.
+    """The row's Transformer Engine release as "MAJOR.MINOR" ("2.20rc1": "2.20"), or None when it ran without TE.
 
     Raises:
-        ValueError: ``versions.transformer_engine`` is neither absent ("not installed", "", None) nor a version string
-            of TE 1.0 or later such as "2.20.2" or "2.20rc1" (read as "2.20"); a number, a list or free text would
-            have been read as TE present, of an unknown release.
+        ValueError: ``versions.transformer_engine`` is neither absent nor a version string.
     """
     v = (d.get("versions") or {}).get("transformer_engine")
     if v is None or (isinstance(v, str) and v.strip() in TE_ABSENT):
         return None
     m = re.match(r"^(\d+)\.(\d+)(?:$|[.+a-z])", v.strip()) if isinstance(v, str) else None
-    if m is None or int(m.group(1)) < 1:
-        raise ValueError(f"versions.transformer_engine must be a version string of TE 1.0 or later such as \"2.20.2\", "
-                         f"or \"not installed\"; got {v!r:.40}")
+    if m is None:
+        raise ValueError(f"versions.transformer_engine must be a version string such as \"2.20.2\", or \"not "
+                         f"installed\"; got {v!r:.40}")
     return f"{int(m.group(1))}.{int(m.group(2))}"
 
 
@@ -158,8 +167,8 @@ def _options(d: dict[str, Any], te: bool) -> RunOptions:
     if h.get("fp8_recipe") in ("delayed", "tensorwise"):
         kw["fp8_recipe"] = h["fp8_recipe"]
     elif h.get("fp8_recipe") is not None:
-        raise ValueError(f"run_options.harness.fp8_recipe {h['fp8_recipe']!r:.40}: the trials reader predicts the delayed and "
-                         "tensorwise recipes (a blockwise row is not read)")
+        raise ValueError(f"run_options.harness.fp8_recipe {h['fp8_recipe']!r:.40}: the trials reader predicts the "
+                         "delayed and tensorwise recipes (a blockwise row is not read)")
     if "fp8_param_gather" in h and _flag(h["fp8_param_gather"], "run_options.harness.fp8_param_gather"):
         kw["fp8_param_gather"] = True
     asked: dict[str, Any] = d["options"] if isinstance(d.get("options"), dict) else {}
@@ -167,8 +176,8 @@ def _options(d: dict[str, Any], te: bool) -> RunOptions:
     if "megatron_fusions" in asked:
         want = _flag(asked["megatron_fusions"], "options.megatron_fusions")
         if fused is not None and want != fused:
-            raise ValueError(f"options.megatron_fusions {want} but run_options.harness.megatron_fusions {fused}: the row contradicts "
-                             "itself (the harness records what it ran in run_options.harness)")
+            raise ValueError(f"options.megatron_fusions {want} but run_options.harness.megatron_fusions {fused}: "
+                             "the row contradicts itself (the harness records what it ran in run_options.harness)")
         fused = want if fused is None else fused
     if fused:
         kw["apply_rope_fusion"] = True  # launch/harness/train.py: the fusions Megatron-LM runs by default
@@ -185,17 +194,11 @@ def _fields(o: RunOptions) -> dict[str, Any]:
 
 
 def json_lines(path: str | Path, label: str, expected: str) -> Iterator[tuple[int, str, Any]]:
-    """The non-blank lines of a JSON-lines file, parsed: ``(line number, "LABEL, line N", value)`` (also read by the
-    device benchmarks' comparisons, e.g. ``benchmarks/h200_recompute.py --compare``).
-
-    Args:
-        label: how the file is named in messages (``--trials PATH``, or the path).
-        expected: what the file should hold, appended to a message about a line that is not JSON.
+    """``(line number, "LABEL, line N", value)`` of each non-blank line of a JSON-lines file (also read by the device
+    benchmarks' comparisons); ``expected`` ends a message about a bad line.
 
     Raises:
-        TunerError: the file cannot be read (as UTF-8), or a line is not JSON, repeats a key in one object or is nested
-            too deeply to read, named by ``label`` and its line.
-    """
+        TunerError: the file cannot be read (as UTF-8), or a line is not JSON or repeats a key in one object."""
     lines = read_user_text(path, label, expected, limit=MAX_DATA_BYTES).splitlines()
     for i, line in enumerate(lines, start=1):
         if not line.strip():
@@ -208,16 +211,13 @@ def json_lines(path: str | Path, label: str, expected: str) -> Iterator[tuple[in
         except RepeatedKey as e:
             raise TunerError(f"{where}: key {e.args[0]!r:.60} appears twice in one object (JSON keeps only the last); "
                              f"{expected}") from None
-        except RecursionError:
-            raise TunerError(f"{where}: JSON nested too deeply to read; {expected}") from None
-        except ValueError as e:  # an integer past Python's 4,300 digits
-            raise TunerError(f"{where}: cannot read it ({str(e)[:120]}); {expected}") from None
         yield i, where, value
 
 
 #: TransformerConfig fields a sweep row records (``run_options.transformer``) and the ModelSpec field each must equal.
-_RAN_MODEL_FIELDS = (("num_layers", "num_layers"), ("hidden_size", "hidden_size"), ("num_attention_heads", "num_attention_heads"),
-                     ("num_query_groups", "num_query_groups"), ("num_moe_experts", "num_experts"), ("moe_router_topk", "moe_router_topk"))
+_RAN_MODEL_FIELDS = (("num_layers", "num_layers"), ("hidden_size", "hidden_size"),
+                     ("num_attention_heads", "num_attention_heads"), ("num_query_groups", "num_query_groups"),
+                     ("num_moe_experts", "num_experts"), ("moe_router_topk", "moe_router_topk"))
 
 
 def _check_ran_model(d: dict[str, Any], model: ModelSpec, where: str) -> None:
@@ -228,21 +228,17 @@ def _check_ran_model(d: dict[str, Any], model: ModelSpec, where: str) -> None:
         TunerError: a field of ``run_options.transformer`` that differs from the model named (or its overrides), or
             ``transformer.fp8`` set on a row with no ``precision``.
     """
-    ran = (d.get("run_options") or {}).get("transformer") if isinstance(d.get("run_options"), dict) else None
+    ran = (d.get("run_options") or {}).get("transformer")
     if ran is None:
         return
-    if not isinstance(ran, dict):
-        raise TunerError(f"{where}: 'run_options.transformer' must be an object (as launch.harness.sweep writes it), got {ran!r:.60}")
     for cfg_key, spec_key in _RAN_MODEL_FIELDS:
         v = ran.get(cfg_key)
         if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not float(v).is_integer():
-            raise TunerError(f"{where}: run_options.transformer.{cfg_key} must be an integer (as megatron-core records it), got {v!r:.40}")
         want = getattr(model, spec_key) or None  # a dense model: num_experts 0, the config's None
         if int(v) != want:
-            raise TunerError(f"{where}: the row's model {d.get('model')!r} has {spec_key} {want}, but megatron-core ran "
-                             f"{cfg_key} {int(v)} (run_options.transformer): the row is of another model or slice")
+            raise TunerError(f"{where}: the row's model {d.get('model')!r} has {spec_key} {want}, but megatron-core "
+                             f"ran {cfg_key} {int(v)} (run_options.transformer): the row is of another model or slice")
     precision = str(d.get("precision") or "")
     if ran.get("fp8") and not precision.lower().startswith("fp8"):
         raise TunerError(f"{where}: the row's precision is {precision or 'not given'!s} but it ran fp8 "
@@ -250,138 +246,86 @@ def _check_ran_model(d: dict[str, Any], model: ModelSpec, where: str) -> None:
 
 
 def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
-    """Read sweep JSON-lines files.
-
-    Returns:
-        ``(rows, skipped)``: the finished rows (status ``ok`` with a step time and a reserved peak) and one line per
-        row left out (not finished, with its status).
+    """``(rows, skipped)`` of sweep JSON-lines files: the finished rows and one line per row left out.
 
     Raises:
-        TunerError: a file that cannot be read, a line that is not JSON, a row without a layout, or a row of a model
-            that is not a bundled preset (or a slice of one): nothing is predicted then.
-    """
+        TunerError: a file given twice or unreadable, a line that is not a JSON object, a row without a layout or of a
+            model that is not a bundled preset (or a slice of one)."""
     rows: list[TrialRow] = []
     skipped: list[str] = []
-    seen: dict[tuple[int, int], str] = {}
+    seen: dict[Path, str] = {}
     for path in paths:
         p = Path(path)
-        try:  # one file given twice (again, through a link or another path) would count each row as two runs
-            st = p.stat()
-            if (st.st_dev, st.st_ino) in seen:
-                raise TunerError(f"--trials {str(p)!r:.120}: the same file as --trials {seen[(st.st_dev, st.st_ino)]!r:.120}; give each "
-                                 "file once")
-            seen[(st.st_dev, st.st_ino)] = str(p)
-        except OSError:
-            pass  # json_lines names a file it cannot read
-        # the file's folder names it (call12/sweep.jsonl); a generic folder (callNN/sweep/sweep.jsonl) takes its parent too
-        name = "/".join(x for x in (p.parent.parent.name if p.parent.name == p.stem else "", p.parent.name, p.name) if x)
+        if p.resolve() in seen:  # each of its rows would count as two runs
+            raise TunerError(f"--trials {str(p)!r}: the same file as --trials {seen[p.resolve()]!r}; give each once")
+        seen[p.resolve()] = str(p)
+        # the file's folder names it (call12/sweep.jsonl); a generic one (callNN/sweep/sweep.jsonl) takes its parent too
+        up = p.parent.parent.name if p.parent.name == p.stem else ""
+        name = "/".join(x for x in (up, p.parent.name, p.name) if x)
         for i, where, d in json_lines(p, f"--trials {p}", "a trials file holds the JSON lines of launch.harness.sweep"):
-            if isinstance(d, dict) and not isinstance(d.get("layout"), dict) and d.get("status") in ("skipped", "refused"):
-                skipped.append(f"{name}:{i} {d.get('id') or d.get('label') or ''}: status {d.get('status')!r} ({str(d.get('reason') or d.get('message') or '')[:80]})")
-                continue
             if not isinstance(d, dict):
-                raise TunerError(f"{where}: the line is a JSON {type(d).__name__}, not an object; a trials file holds the JSON lines "
-                                 "(one object each) of launch.harness.sweep")
-            if not isinstance(d.get("layout"), dict):
-                raise TunerError(f"{where}: the row has no layout (a 'layout' object); a trials file holds the JSON lines of launch.harness.sweep")
-            model = _model(str(d.get("model", "")), where)
-            # benchmarks/h200_te.py: ModelSpec fields replaced in the slice (an EP rank's experts, a feature off)
-            model = override_model(model, d.get("model_overrides"), where)
+                raise TunerError(f"{where}: the line is a JSON {type(d).__name__}, not an object; a trials file holds "
+                                 "the JSON lines (one object each) of launch.harness.sweep")
             label = str(d.get("id") or d.get("label") or f"line {i}")
-            _check_ran_model(d, model, where)
-            if d.get("status") != "ok":
-                skipped.append(f"{name}:{i} {label}: status {d.get('status')!r}")
-                continue
-            for key in ("versions", "run_options", "options"):
-                if d.get(key) is not None and not isinstance(d[key], dict):
-                    raise TunerError(f"{where}: {key!r} must be an object (as launch.harness.sweep writes it), got {d[key]!r:.60}")
-            h = (d.get("run_options") or {}).get("harness")
-            if h is not None and not isinstance(h, dict):
-                raise TunerError(f"{where}: 'run_options.harness' must be an object (as launch.harness.sweep writes it), got {h!r:.60}")
-            missing = [k for k in REQUIRED_LAYOUT_KEYS if k not in d["layout"]]
-            if missing:
-                raise TunerError(f"{where}: the layout lacks {', '.join(missing)} (launch.harness.sweep writes every field; a "
-                                 "missing size would be read as 1, another layout)")
-            absent = [k for k in ("gpus", "seq_length", "global_batch_size") if k not in d]
-            if absent:
-                raise TunerError(f"{where}: the row lacks {', '.join(absent)} (launch.harness.sweep writes them)")
-            harness_opts = {**(d["options"] if isinstance(d.get("options"), dict) else {}),
-                            **((((d.get("run_options") or {}).get("harness")) or {}) if isinstance(d.get("run_options"), dict) else {})}
-            if harness_opts.get("gc_after_build") is True:
-                skipped.append(f"{name}:{i} {label}: a control run with gc.collect() after the optimizer build (gc_after_build); "
-                               "the model predicts the first steps' peak, before any collection")
-                continue
-            if not _pos(d.get("step_time_s")) or not _pos(d.get("peak_reserved_gib")):
-                skipped.append(f"{name}:{i} {label}: status 'ok' but step_time_s {d.get('step_time_s')!r} / peak_reserved_gib "
-                               f"{d.get('peak_reserved_gib')!r} is not a positive number")
-                continue
             try:
-                te = _te(d)
-                opts = _options(d, te)
-                wl = Workload(seq_length=_count(d["seq_length"], "seq_length"), global_batch_size=_count(d["global_batch_size"], "global_batch_size"),
-                              precision=enum_member(Precision, d.get("precision") or "bf16", "--precision"))
-                lay = harness_layout(Layout.from_dict(d["layout"]), HarnessEnv(transformer_engine=te))
-            except (KeyError, TypeError, ValueError, AttributeError, TunerError) as e:
+                row = _read_row(d, where, label, f"{name}:{i}")
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
                 msg = str(e).splitlines()[0] if str(e) else ""
-                raise TunerError(f"{where}: cannot read the row ({f'no field {msg}' if isinstance(e, KeyError) else msg or type(e).__name__}); "
-                                 "a row is one object as launch.harness.sweep writes it") from None
-            try:
-                cluster = parse_gpus(str(d["gpus"]), name="the row's gpus")
-            except TunerError as e:
-                raise TunerError(f"{where}: {e}") from None
-            _check_measured(d, cluster.gpu.hbm_bytes / 2**30, where)
-            ran_as = (cluster.num_gpus, cluster.gpus_per_node, cluster.gpu.name, *_timing_settings(d))
-            rows.append(TrialRow(source=f"{name}:{i}", label=label, model=model, gpus=str(d["gpus"]), workload=wl, layout=lay,
-                                 options=opts, transformer_engine=te, step_time_s=float(d["step_time_s"]),
-                                 peak_reserved_gib=float(d["peak_reserved_gib"]),
-                                 peak_allocated_gib=float(d["peak_allocated_gib"]) if _pos(d.get("peak_allocated_gib")) else None,
-                                 extra={"ran_as": ran_as}))
+                msg = f"no field {msg}" if isinstance(e, KeyError) else msg or type(e).__name__
+                raise TunerError(f"{where}: cannot read the row ({msg}); a row is one object as launch.harness.sweep "
+                                 "writes it") from None
+            if isinstance(row, str):
+                skipped.append(f"{name}:{i} {label}: {row}")
+            else:
+                rows.append(row)
     return rows, skipped
 
 
-#: The longest training step a trials row may report (s): a day. The harness times a few steps of a short trial
-#: (seconds each on the device: docs/measurements.md); a larger figure is a unit slip (ms or us written as s).
-MAX_STEP_TIME_S = 86_400.0
-#: The shortest step and the smallest peak a measured row may give: a training step takes at least a kernel launch's
-#: microseconds and a training process holds at least its CUDA context's megabytes; below these the error is a unit slip
-#: (or 1e-320), and the ratio of a prediction to it is not a number to print.
-MIN_STEP_TIME_S = 1e-6
-MIN_PEAK_GIB = 1e-3
-
-
-def _check_measured(d: dict[str, Any], hbm_gib: float, where: str) -> None:
-    """Refuse a row whose measured figures cannot be true of the GPU it names.
-
-    Args:
-        d: the row (its ``step_time_s`` and ``peak_reserved_gib``/``peak_allocated_gib`` already positive numbers).
-        hbm_gib: the GPU's memory (GiB, ``specs/data/gpus/*.yaml`` ``hbm_mib``): the caching allocator cannot reserve
-            more than the device holds.
-
-    Raises:
-        TunerError: a step over :data:`MAX_STEP_TIME_S`, or a peak above ``hbm_gib``, naming the row and the range.
-    """
-    if float(d["step_time_s"]) > MAX_STEP_TIME_S:
-        raise TunerError(f"{where}: step_time_s {d['step_time_s']!r} is more than a day ({MAX_STEP_TIME_S:,.0f} s); the "
-                         "harness writes seconds per training step")
-    if float(d["step_time_s"]) < MIN_STEP_TIME_S:
-        raise TunerError(f"{where}: step_time_s {d['step_time_s']!r} is less than {MIN_STEP_TIME_S:g} s; the harness writes "
-                         "seconds per training step")
-    for key in ("peak_reserved_gib", "peak_allocated_gib"):
-        if _pos(d.get(key)) and float(d[key]) > hbm_gib:
-            raise TunerError(f"{where}: {key} {d[key]!r} is more than the {d['gpus']} GPU holds ({hbm_gib:.1f} GiB); the "
-                             "harness writes GiB per GPU (2**30 bytes)")
-        if _pos(d.get(key)) and float(d[key]) < MIN_PEAK_GIB:
-            raise TunerError(f"{where}: {key} {d[key]!r} is less than {MIN_PEAK_GIB:g} GiB; the harness writes GiB per GPU "
-                             "(2**30 bytes)")
+def _read_row(d: dict[str, Any], where: str, label: str, source: str) -> TrialRow | str:
+    """A sweep row as a :class:`TrialRow`, or why it is left out."""
+    if not isinstance(d.get("layout"), dict) and d.get("status") in ("skipped", "refused"):
+        return f"status {d.get('status')!r} ({str(d.get('reason') or d.get('message') or '')[:80]})"
+    if not isinstance(d.get("layout"), dict):
+        raise TunerError(f"{where}: the row has no layout (a 'layout' object); a trials file holds the JSON lines of "
+                         "launch.harness.sweep")
+    # benchmarks/h200_te.py: ModelSpec fields replaced in the slice (an EP rank's experts, a feature off)
+    model = override_model(_model(str(d.get("model", "")), where), d.get("model_overrides"), where)
+    _check_ran_model(d, model, where)
+    if d.get("status") != "ok":
+        return f"status {d.get('status')!r}"
+    missing = [k for k in REQUIRED_LAYOUT_KEYS if k not in d["layout"]]
+    if missing:
+        raise TunerError(f"{where}: the layout lacks {', '.join(missing)} (launch.harness.sweep writes every field; "
+                         "a missing size would be read as 1, another layout)")
+    absent = [k for k in ("gpus", "seq_length", "global_batch_size") if k not in d]
+    if absent:
+        raise TunerError(f"{where}: the row lacks {', '.join(absent)} (launch.harness.sweep writes them)")
+    harness = (d.get("run_options") or {}).get("harness") or {}
+    if {**(d.get("options") or {}), **harness}.get("gc_after_build") is True:
+        return ("a control run with gc.collect() after the optimizer build (gc_after_build); the model predicts the "
+                "first steps' peak, before any collection")
+    if not _pos(d.get("step_time_s")) or not _pos(d.get("peak_reserved_gib")):
+        return (f"status 'ok' but step_time_s {d.get('step_time_s')!r} / peak_reserved_gib "
+                f"{d.get('peak_reserved_gib')!r} is not a positive number")
+    te = _te(d)
+    seq, gbs = _count(d["seq_length"], "seq_length"), _count(d["global_batch_size"], "global_batch_size")
+    try:
+        wl = Workload(seq_length=seq, global_batch_size=gbs,
+                      precision=enum_member(Precision, d.get("precision") or "bf16", "--precision"))
+        lay = harness_layout(Layout.from_dict(d["layout"]), HarnessEnv(transformer_engine=te))
+        cluster = parse_gpus(str(d["gpus"]), name="the row's gpus")
+    except TunerError as e:
+        raise TunerError(f"{where}: {e}") from None
+    ran_as = (cluster.num_gpus, cluster.gpus_per_node, cluster.gpu.name, *_timing_settings(d))
+    peak_allocated = float(d["peak_allocated_gib"]) if _pos(d.get("peak_allocated_gib")) else None
+    return TrialRow(source=source, label=label, model=model, gpus=str(d["gpus"]), workload=wl, layout=lay,
+                    options=_options(d, te), transformer_engine=te, step_time_s=float(d["step_time_s"]),
+                    peak_reserved_gib=float(d["peak_reserved_gib"]), peak_allocated_gib=peak_allocated,
+                    extra={"ran_as": ran_as})
 
 
 def _pos(v: Any) -> bool:
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
-        return False
-    try:
-        return math.isfinite(v) and v > 0
-    except OverflowError:  # an integer too large for a float
-        return False
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
 def predict_trials(rows: list[TrialRow], calibration: str | Path | None = None) -> list[TrialPrediction]:
@@ -404,7 +348,8 @@ def predict_trials(rows: list[TrialRow], calibration: str | Path | None = None) 
         try:
             e = estimate(r.model, parse_gpus(r.gpus), r.workload, r.layout, calibration=cal, options=r.options)
         except InfeasibleLayout as ex:
-            raise TunerError(f"--trials {r.source} ({r.label}): the layout breaks rule {ex.rule_id}: {ex.reason}") from None
+            raise TunerError(f"--trials {r.source} ({r.label}): the layout breaks rule {ex.rule_id}: "
+                             f"{ex.reason}") from None
         except TunerError as ex:  # e.g. the layout's world size is not the row's GPUs: name the row
             raise TunerError(f"--trials {r.source} ({r.label}): {ex}") from None
         out.append(TrialPrediction(row=r, step_time_s=e.step_time_s, peak_gib=e.peak_gib, calibration=name))
@@ -418,8 +363,8 @@ HALF_NORMAL_MEDIAN = 0.6745
 
 #: Harness settings that change a trial's timed steps without changing what the cost model is given (its
 #: :class:`~specs.RunOptions`): TE's fused token permutation, megatron-core's other fusions (gradient-accumulation and
-#: bias-dropout fusion come with the fused RoPE), and a ``torch.profiler`` step among the timed ones. Runs that differ in
-#: one are not runs of one configuration.
+#: bias-dropout fusion come with the fused RoPE), and a ``torch.profiler`` step among the timed ones. Runs that differ
+#: in one are not runs of one configuration.
 TIMING_SETTINGS = ("moe_permute_fusion", "megatron_fusions", "profile_step")
 
 
@@ -438,21 +383,12 @@ def _configuration(r: TrialRow) -> tuple[Any, ...]:
 
 
 def run_spread(preds: list[TrialPrediction]) -> dict[str, Any]:
-    """How far separate runs of one configuration (model slice, GPUs, workload, layout, options and stack) spread, and
-    what that allows a model on single runs.
+    """How far separate runs of one configuration (model, GPUs, workload, layout, options, stack) spread.
 
-    ``spread``: the step times' pooled relative standard deviation over the configurations run more than once
-    (:func:`tuner.report.pooled_spread`, as a study's repeated trials are pooled). ``noise_floor``: :data:`HALF_NORMAL_MEDIAN` x ``spread``, the median |error| a model exact
-    on every configuration's mean would show on single runs if the runs spread normally. ``step_median_abs_error_of_means``:
-    the predictions' median |error| against each configuration's mean step time (every configuration, run once or more).
-
-    A row whose step time and peaks equal another row's of the same configuration to the last digit is a copy of that
-    run (a file copied, a line pasted twice), counted once (``identical_rows``).
-
-    Returns:
-        ``{"configurations", "repeated", "repeat_runs", "dof", "identical_rows", "spread", "noise_floor",
-        "step_median_abs_error_of_means"}``; the spread and the floor are None when no configuration ran twice.
-    """
+    ``spread``: the step times' pooled relative standard deviation (:func:`tuner.report.pooled_spread`) over the
+    configurations run more than once (None if none); ``noise_floor``: :data:`HALF_NORMAL_MEDIAN` x ``spread``, the
+    median |error| of a model exact on every mean; ``step_median_abs_error_of_means``: the predictions' against each
+    configuration's mean. A row equal to another's to the last digit is a copy, counted once (``identical_rows``)."""
     groups: dict[tuple[Any, ...], list[TrialPrediction]] = {}
     measured: set[tuple[Any, ...]] = set()
     identical = 0
@@ -469,7 +405,8 @@ def run_spread(preds: list[TrialPrediction]) -> dict[str, Any]:
     spread, dof = pooled_spread(repeats)
     repeated, runs = len(repeats), sum(len(t) for t in repeats)
     of_means = [abs(ps[0].step_time_s / statistics.fmean(p.row.step_time_s for p in ps) - 1) for ps in groups.values()]
-    return {"configurations": len(groups), "repeated": repeated, "repeat_runs": runs, "dof": dof, "identical_rows": identical, "spread": spread,
+    return {"configurations": len(groups), "repeated": repeated, "repeat_runs": runs, "dof": dof,
+            "identical_rows": identical, "spread": spread,
             "noise_floor": HALF_NORMAL_MEDIAN * spread if spread is not None else None,
             "step_median_abs_error_of_means": float(statistics.median(of_means)) if of_means else None}
 
@@ -483,14 +420,10 @@ def summarize_trials(preds: list[TrialPrediction]) -> dict[str, Any]:
             return {"rows": 0}
         s = np.abs([p.step_error for p in ps])
         m = np.abs([p.memory_error for p in ps])
-        return {
-            "rows": len(ps),
-            "step_median_abs_error": float(statistics.median(s)),
-            "step_max_abs_error": float(s.max()),
-            "memory_median_abs_error": float(statistics.median(m)),
-            "memory_max_abs_error": float(m.max()),
-            "step_spearman": spearman([p.step_time_s for p in ps], [p.row.step_time_s for p in ps]),
-        }
+        return {"rows": len(ps), "step_median_abs_error": float(statistics.median(s)),
+                "step_max_abs_error": float(s.max()), "memory_median_abs_error": float(statistics.median(m)),
+                "memory_max_abs_error": float(m.max()),
+                "step_spearman": spearman([p.step_time_s for p in ps], [p.row.step_time_s for p in ps])}
 
     return {"all": one(preds), "te": one([p for p in preds if p.row.transformer_engine]),
             "no_te": one([p for p in preds if not p.row.transformer_engine]), "run_spread": run_spread(preds)}

@@ -59,7 +59,7 @@ def test_validate_trials_predicts_each_stack_with_its_calibration(tmp_path):
         (json.dumps({"model": "MiniMax-M2", "status": "ok"}), "the row has no layout"),
         ("[1, 2, 3]", "the line is a JSON list, not an object"),
         (json.dumps({"model": "GPT-5", "layout": {"tp": 1}, "status": "ok"}), "model 'GPT-5' is not a bundled model or a slice of one"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "versions": "x"}), "'versions' must be an object"),
+        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "versions": "x"}), "cannot read the row"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "seq_length": True}), "seq_length must be a whole number >= 1, got True"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "global_batch_size": 8.9}), "global_batch_size must be a whole number"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "run_options": {"harness": {"cross_entropy_fusion": "false"}}}),
@@ -70,10 +70,6 @@ def test_validate_trials_predicts_each_stack_with_its_calibration(tmp_path):
          "options.megatron_fusions must be true or false, got 'yes'"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "options": {"megatron_fusions": True},
                      "run_options": {"harness": {"megatron_fusions": False}}}), "the row contradicts itself"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "run_options": {"harness": "abc"}}),
-         "'run_options.harness' must be an object"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "run_options": {"harness": []}}),
-         "'run_options.harness' must be an object"),
         (TE_SWEEP.read_text().splitlines()[0].replace('"global_batch_size": 8', '"global_batch_size": 1e400'),
          "global_batch_size must be a whole number >= 1, got inf"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]),
@@ -86,18 +82,10 @@ def test_validate_trials_predicts_each_stack_with_its_calibration(tmp_path):
                      "layout": {**json.loads(TE_SWEEP.read_text().splitlines()[0])["layout"], "tp": 10**30}}), "layout tp must be at most"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "model": "MiniMax-M2[0 layers]"}),
          "model 'MiniMax-M2[0 layers]': a slice has 1 to 62 layers"),
-        ("[" * 100000 + "]" * 100000, "nested too deeply"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "versions": {"transformer_engine": 123}}),
-         "versions.transformer_engine must be a version string of TE 1.0 or later"),
+         "versions.transformer_engine must be a version string"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "versions": {"transformer_engine": "banana"}}),
          "got 'banana'"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "step_time_s": 1.5e6}), "step_time_s 1500000.0 is more than a day"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "step_time_s": 1e-320}), "step_time_s 1e-320 is less than 1e-06 s"),  # inf% before
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "peak_reserved_gib": 1e-320}), "peak_reserved_gib 1e-320 is less than 0.001 GiB"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "peak_reserved_gib": 500.0}),
-         "peak_reserved_gib 500.0 is more than the 1xH200 GPU holds"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "versions": {"transformer_engine": "0.9.0"}}),
-         "TE 1.0 or later"),
         (TE_SWEEP.read_text().splitlines()[0].replace('"step_time_s": ', '"step_time_s": 1.0, "step_time_s": ', 1),
          "key 'step_time_s' appears twice in one object"),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "model": "Qwen3-30B-A3B[1 layers]"}),
@@ -107,9 +95,7 @@ def test_validate_trials_predicts_each_stack_with_its_calibration(tmp_path):
         (_ran({"fp8": "hybrid"}, drop="precision"), "the row's precision is not given but it ran fp8"),
         (_ran({"fp8": "e4m3"}), "the row's precision is bf16 but it ran fp8"),
         (_ran({"hidden_size": 4096.0}), "megatron-core ran hidden_size 4096"),
-        (_ran({"num_moe_experts": "128"}), "run_options.transformer.num_moe_experts must be an integer"),
-        (_ran([]),
-         "'run_options.transformer' must be an object"),
+        (_ran([]), "cannot read the row"),
     ],
 )
 def test_bad_trials_files_are_one_message_exit_2(tmp_path, line, needle):
@@ -155,16 +141,6 @@ def test_gc_control_rows_are_left_out_and_json_is_strict(tmp_path):
 
     d = json.loads(j.stdout, parse_constant=no_nan)
     assert d["trials"]["summary"]["all"]["rows"] == 1 and d["trials"]["summary"]["all"]["step_spearman"] is None
-
-
-def test_a_step_time_too_large_for_a_float_is_left_out_not_a_crash(tmp_path):
-    f = tmp_path / "t.jsonl"
-    row = TE_SWEEP.read_text().splitlines()[0]
-    f.write_text(row + "\n" + row.replace('"step_time_s": ', '"step_time_s": ' + "9" * 400 + ", \"was\": ", 1) + "\n")
-    r = runner.invoke(app, ["validate", "--trials", str(f), "--json"])
-    assert r.exit_code == 0, r.output
-    d = json.loads(r.output)["trials"]
-    assert len(d["rows"]) == 1 and any("step_time_s" in x for x in d["skipped"])
 
 
 def test_a_row_run_with_megatron_fusions_is_predicted_with_the_fused_rope(tmp_path):

@@ -1,22 +1,10 @@
-"""The ``tune`` command line (typer + rich), one ``typer.Typer`` per area, composed here.
+"""The ``tune`` command line (typer + rich): one ``typer.Typer`` per area, composed here.
 
-* the main job, ``tune --model M --gpus G`` (:mod:`tuner.cli.main_job`, the root callback);
-* one layout: ``estimate``, ``check`` (:mod:`tuner.cli.estimate`);
-* a study: ``pareto``, ``export`` (:mod:`tuner.cli.studies`);
-* where a step goes: ``timeline``, ``report`` (:mod:`tuner.cli.timeline`);
-* the cost model against measurements: ``validate``, ``calibrate`` (:mod:`tuner.cli.fit`);
-* numerics: ``verify`` (:mod:`tuner.cli.verify_cmd`);
-* the catalogue: ``models``, ``gpus`` (:mod:`tuner.cli.catalogue`).
-* RL post-training: ``rl`` (:mod:`rl.cli`, mounted as ``tune rl``, imported only when it runs).
-
-Each area is imported when one of its commands runs or ``tune --help`` lists them (:class:`TuneGroup`), so the main
-job does not build the other commands' options.
-
-The areas share :mod:`tuner.cli._common` (consoles, the error boundary, study loading, option
-aliases) and :mod:`tuner.cli._layout` (the layout options); none imports this package's
-``__init__``. Errors: :class:`tuner.cli._common.TuneGroup` is the one boundary; a user error
-(:class:`TunerError`) or a usage error prints one red line on stderr and exits 2, and
-``--debug`` (anywhere on the line) or ``TUNE_DEBUG=1`` adds the traceback.
+The main job (:mod:`~tuner.cli.main_job`, the root callback); ``estimate``, ``check`` (:mod:`~tuner.cli.estimate`);
+``pareto``, ``export`` (:mod:`~tuner.cli.studies`); ``timeline``, ``report`` (:mod:`~tuner.cli.timeline`);
+``validate``, ``calibrate`` (:mod:`~tuner.cli.fit`); ``verify`` (:mod:`~tuner.cli.verify_cmd`); ``models``, ``gpus``
+(:mod:`~tuner.cli.catalogue`); ``rl`` (:mod:`rl.cli`). An area is imported only when one of its commands runs or
+``tune --help`` lists them (:class:`~tuner.cli._common.TuneGroup`, also the one error boundary).
 """
 
 from __future__ import annotations
@@ -33,21 +21,17 @@ __all__ = ["app", "main"]
 
 
 class _Tune(TuneGroup):
-    areas = {
-        "tuner.cli.estimate:app": ("estimate", "check"),
-        "tuner.cli.studies:app": ("pareto", "export"),
-        "tuner.cli.timeline:app": ("timeline", "report"),
-        "tuner.cli.fit:app": ("validate", "calibrate"),
-        "tuner.cli.verify_cmd:app": ("verify",),
-        "tuner.cli.catalogue:app": ("models", "gpus"),
-    }
+    areas = {"tuner.cli.estimate:app": ("estimate", "check"), "tuner.cli.studies:app": ("pareto", "export"),
+             "tuner.cli.timeline:app": ("timeline", "report"), "tuner.cli.fit:app": ("validate", "calibrate"),
+             "tuner.cli.verify_cmd:app": ("verify",), "tuner.cli.catalogue:app": ("models", "gpus")}
     lazy = {"rl": "rl.cli:rl_app"}
 
 
 app = typer.Typer(
     name="tune",
     cls=_Tune,
-    help="Parallel-layout tuner for Megatron-core training: predicts, searches and exports the fastest layout that fits.",
+    help="Parallel-layout tuner for Megatron-core training: predicts, searches and exports the fastest layout that "
+    "fits.",
     add_completion=False,
     no_args_is_help=False,
     pretty_exceptions_enable=False,

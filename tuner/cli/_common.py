@@ -32,7 +32,8 @@ from specs.console import Col, err, fitted_table, out, say
 from specs.errors import InfeasibleLayout, TunerError
 
 __all__ = [
-    "GIB", "DEBUG_ENV", "CliState", "TuneGroup", "out", "err", "error_message", "require", "shell_command", "study_flags",
+    "GIB", "DEBUG_ENV", "CliState", "TuneGroup", "out", "err", "error_message", "require", "shell_command",
+    "study_flags",
     "check_study_name", "load_study", "recorded_storage", "study_context", "fmt_int", "Col", "fitted_table", "say",
 ]
 
@@ -106,21 +107,10 @@ typer.rich_utils.Columns = _folding_help_columns  # type: ignore[attr-defined,as
 
 
 class TuneGroup(TyperGroup):
-    """The ``tune`` root group and the command line's one error boundary.
-
-    * ``--debug`` is taken off the command line wherever it stands (before a ``--``); it, or
-      ``TUNE_DEBUG=1``, adds the traceback of an error. Commands see it as ``ctx.obj.debug``.
-    * A :class:`TunerError` (a user error) prints one red line on stderr and exits 2, with or
-      without ``--debug``.
-    * A usage error (unknown option, bad value: typer / click) prints one red line naming the
-      command's ``--help`` and exits 2.
-    * Ctrl-C, and SIGTERM likewise, exits 130 (the main job first says how to resume); any other exception is a bug:
-      one line asking for a report (the traceback with ``--debug``), exit 1.
-
-    Command areas named in :attr:`areas` (``"module:typer_app" -> its command names``, their commands merged into
-    this group) and sub-apps named in :attr:`lazy` (``name -> "module:typer_app"``, mounted as a group) are imported
-    only when one of their commands is run or the commands are listed, so a command pays for its own area only.
-    """
+    """The ``tune`` root group and the command line's one error boundary: ``--debug`` (anywhere before ``--``) or
+    ``TUNE_DEBUG=1`` adds tracebacks; a :class:`TunerError` or usage error prints one red line and exits 2; Ctrl-C and
+    SIGTERM exit 130; any other exception is a bug (exit 1). Areas (:attr:`areas`: ``"module:app" -> command names``)
+    and sub-apps (:attr:`lazy`) are imported only when one of their commands runs or the commands are listed."""
 
     areas: ClassVar[dict[str, tuple[str, ...]]] = {}
     lazy: ClassVar[dict[str, str]] = {}
@@ -168,7 +158,8 @@ class TuneGroup(TyperGroup):
         import threading
 
         main = threading.current_thread() is threading.main_thread()
-        old_term = signal.signal(signal.SIGTERM, signal.default_int_handler) if main else None  # `kill`, a scheduler: as Ctrl-C
+        # `kill`, a scheduler: as Ctrl-C
+        old_term = signal.signal(signal.SIGTERM, signal.default_int_handler) if main else None
         try:
             return self._main(args, prog_name, complete_var, standalone_mode, windows_expand_args, **extra)
         finally:
@@ -181,7 +172,8 @@ class TuneGroup(TyperGroup):
         debug = flag or os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
         extra.setdefault("obj", CliState(argv=tuple(argv), debug=debug))
         try:
-            rv = super().main(argv, prog_name, complete_var, standalone_mode=False, windows_expand_args=windows_expand_args, **extra)
+            rv = super().main(argv, prog_name, complete_var, standalone_mode=False,
+                              windows_expand_args=windows_expand_args, **extra)
             code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
         except TunerError as e:
             if debug:
@@ -206,13 +198,14 @@ class TuneGroup(TyperGroup):
                 from tuner.study.config import _mask
 
                 first = _mask(str(e).splitlines()[0]) if str(e) else ""
-                _red(f"the study's storage cannot be read or reached ({type(e).__name__}: {first}): a damaged or locked file, "
-                     "not an Optuna study, or a database server that does not answer; give another --storage, or restore the "
-                     "file from a copy")
+                _red(f"the study's storage cannot be read or reached ({type(e).__name__}: {first}): a damaged or "
+                     "locked file, not an Optuna study, or a database server that does not answer; give another "
+                     "--storage, or restore the file from a copy")
                 code = 2
             else:
                 err.print(f"[bold red]internal error:[/] {escape(f'{type(e).__name__}: {e}')}"
-                          + ("" if debug else " (re-run with --debug for the traceback, and report it)"), soft_wrap=True)
+                          + ("" if debug else " (re-run with --debug for the traceback, and report it)"),
+                          soft_wrap=True)
                 code = 1
         if standalone_mode:
             sys.exit(code)
@@ -310,12 +303,11 @@ def recorded_storage(config_yaml: Path) -> str | None:
 
 
 def load_study(study: str | None, storage: str | None, results_dir: Path, *, writes: bool = False) -> Any:
-    """The Optuna study ``study`` (``--storage``, else the one ``config.yaml`` records, else ``results/<study>/study.db``),
-    a SQLite file opened read-only unless the command ``writes`` to the study (``tune verify`` stores its results).
+    """The Optuna study ``study`` (``--storage``, else the one ``config.yaml`` records, else
+    ``results/<study>/study.db``), a SQLite file opened read-only unless the command ``writes`` to it.
 
     Raises:
-        TunerError: no ``--study``, a name ``tune`` would refuse, no such database or study, or a storage that cannot be opened.
-    """
+        TunerError: no or a bad ``--study``, no such database or study, or a storage that cannot be opened."""
     import optuna
 
     name = check_study_name(require(study, "--study", "MiniMax-M2-8x8xH200-s8192-gbs128"))
@@ -342,13 +334,16 @@ def load_study(study: str | None, storage: str | None, results_dir: Path, *, wri
     from tuner.study.config import storage_file
     from tuner.study.storage import check_store_holds, sqlite_read_only
 
-    check_store_holds(url, name, f"--study {name!r} is read from it")  # missing, empty or another study's: opened, not made
+    # missing, empty or another study's: opened, not made
+    check_store_holds(url, name, f"--study {name!r} is read from it")
     db_file = storage_file(url) if url.startswith("sqlite") else None
     try:
-        if db_file is not None and not writes:  # read only (a read-only filesystem too): reading a study changes no byte of it
+        # read only (a read-only filesystem too): reading a study changes no byte of it
+        if db_file is not None and not writes:
             from optuna.storages import RDBStorage
 
-            store = RDBStorage(url, engine_kwargs={"creator": lambda: sqlite_read_only(db_file)}, skip_table_creation=True)
+            store = RDBStorage(url, engine_kwargs={"creator": lambda: sqlite_read_only(db_file)},
+                               skip_table_creation=True)
         else:
             store = open_storage(url, create=False)
         return optuna.load_study(study_name=name, storage=store)
@@ -358,9 +353,10 @@ def load_study(study: str | None, storage: str | None, results_dir: Path, *, wri
         raise
     except Exception as e:  # noqa: BLE001 - storage errors
         server = storage_file(url) is None and not url.startswith("journal:")
-        hint = "" if storage_given or not server else "; a recorded server URL has no password: give --storage with it, or set PGPASSWORD"
-        raise TunerError(f"--study {name!r}: cannot open {_mask(url)} ({type(e).__name__}: {_mask(str(e).splitlines()[0]) if str(e) else ''})"
-                         f"{hint}") from None
+        hint = ("" if storage_given or not server else
+                "; a recorded server URL has no password: give --storage with it, or set PGPASSWORD")
+        raise TunerError(f"--study {name!r}: cannot open {_mask(url)} ({type(e).__name__}: "
+                         f"{_mask(str(e).splitlines()[0]) if str(e) else ''}){hint}") from None
 
 
 def study_context(st: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
@@ -381,9 +377,10 @@ def study_context(st: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
     c = parse_gpus(f"{res['num_gpus']}x{res['gpu']}", gpus_per_node=res["gpus_per_node"],
                    inter_node_bytes_per_s=res["inter_node_bytes_per_s"], usd_per_gpu_hour=res["usd_per_gpu_hour"],
                    network=res.get("network") or None, host_memory_gib=res.get("host_memory_gib") or None)
-    lora = {"lora_rank": res["lora_rank"], "lora_target_modules": tuple(res["lora_target_modules"])} if res.get("task") == "lora" else {}
-    w = Workload(seq_length=res["seq_length"], global_batch_size=res["global_batch_size"], precision=res.get("precision", "bf16"),
-                 task=res.get("task") or "pretrain", **lora)
+    lora = {"lora_rank": res["lora_rank"],
+            "lora_target_modules": tuple(res["lora_target_modules"])} if res.get("task") == "lora" else {}
+    w = Workload(seq_length=res["seq_length"], global_batch_size=res["global_batch_size"],
+                 precision=res.get("precision", "bf16"), task=res.get("task") or "pretrain", **lora)
     return m, c, w, cfg
 
 
@@ -403,78 +400,120 @@ def stored_run(st: Any) -> tuple[Any, str, tuple[str, ...]]:
 
 # ---- option aliases shared by the areas ------------------------------------------------
 
-ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Preset name (see `tune models`) or a Hugging Face config.json path.", rich_help_panel="Job")]
-GpusOpt = Annotated[str | None, typer.Option("--gpus", "-g", help="GPUs as COUNTxGPU (64xH200) or NODESxPER_NODExGPU (8x8xH200).", rich_help_panel="Job")]
-LayersOpt = Annotated[int | None, typer.Option("--layers", help="Slice the model to its first N layers at full width, for the estimate and the trials.", rich_help_panel="Job")]
-PerNodeOpt = Annotated[int | None, typer.Option("--gpus-per-node", help="GPUs per node (default: the GPU's usual server, 8 for HGX).", rich_help_panel="Cluster")]
-NetOpt = Annotated[float | None, typer.Option("--network-gbps", help="Network bandwidth per node, Gb/s: overrides the fabric's (--network; H200 default 3200, the seed's EFA).", rich_help_panel="Cluster")]
-NetworkOpt = Annotated[str | None, typer.Option("--network", help="Scale-out fabric: ib-ndr, ib-xdr, ib-hdr, roce-v2, efa-v2, efa-v3 (default: the GPU's server type's; H200: efa-v3, AWS p5en). It decides which MoE dispatchers may cross nodes and at what efficiency.", rich_help_panel="Cluster")]
-MegatronCoreOpt = Annotated[str | None, typer.Option("--megatron-core", help="megatron-core release whose validity rules apply (0.13 .. 0.19; default the newest).", rich_help_panel="Cluster")]
-HostMemOpt = Annotated[float | None, typer.Option("--host-memory-gib", help="Host memory per node, GiB (default: the server type's; H200 p5en 2,048): layouts whose predicted host memory (CPU optimizer offload) exceeds it are refused.", rich_help_panel="Cluster")]
-PriceOpt = Annotated[float | None, typer.Option("--usd-per-gpu-hour", help="Price per GPU-hour (default 7.91, the seed's).", rich_help_panel="Cluster")]
-SeqOpt = Annotated[int, typer.Option("--seq-len", "--seq-length", help="Tokens per row (Megatron's --seq-length).", rich_help_panel="Workload")]
-GbsOpt = Annotated[int, typer.Option("--global-batch", "--global-batch-size", help="Rows per optimizer step (Megatron's --global-batch-size).",
+ModelOpt = Annotated[str | None, typer.Option("--model", "-m", rich_help_panel="Job", help=(
+    "Preset name (see `tune models`) or a Hugging Face config.json path."))]
+GpusOpt = Annotated[str | None, typer.Option("--gpus", "-g", rich_help_panel="Job", help=(
+    "GPUs as COUNTxGPU (64xH200) or NODESxPER_NODExGPU (8x8xH200)."))]
+LayersOpt = Annotated[int | None, typer.Option("--layers", rich_help_panel="Job", help=(
+    "Slice the model to its first N layers at full width, for the estimate and the trials."))]
+PerNodeOpt = Annotated[int | None, typer.Option("--gpus-per-node", rich_help_panel="Cluster", help=(
+    "GPUs per node (default: the GPU's usual server, 8 for HGX)."))]
+NetOpt = Annotated[float | None, typer.Option("--network-gbps", rich_help_panel="Cluster", help=(
+    "Network bandwidth per node, Gb/s: overrides the fabric's (--network; H200 default 3200, the seed's EFA)."))]
+NetworkOpt = Annotated[str | None, typer.Option("--network", rich_help_panel="Cluster", help=(
+    "Scale-out fabric: ib-ndr, ib-xdr, ib-hdr, roce-v2, efa-v2, efa-v3 (default: the GPU's server type's; H200: "
+    "efa-v3, AWS p5en). It decides which MoE dispatchers may cross nodes and at what efficiency."))]
+MegatronCoreOpt = Annotated[str | None, typer.Option("--megatron-core", rich_help_panel="Cluster", help=(
+    "megatron-core release whose validity rules apply (0.13 .. 0.19; default the newest)."))]
+HostMemOpt = Annotated[float | None, typer.Option("--host-memory-gib", rich_help_panel="Cluster", help=(
+    "Host memory per node, GiB (default: the server type's; H200 p5en 2,048): layouts whose predicted host memory (CPU "
+    "optimizer offload) exceeds it are refused."))]
+PriceOpt = Annotated[float | None, typer.Option("--usd-per-gpu-hour", rich_help_panel="Cluster", help=(
+    "Price per GPU-hour (default 7.91, the seed's)."))]
+SeqOpt = Annotated[int, typer.Option("--seq-len", "--seq-length", rich_help_panel="Workload", help=(
+    "Tokens per row (Megatron's --seq-length)."))]
+GbsOpt = Annotated[int,
+                   typer.Option("--global-batch", "--global-batch-size",
+                                help="Rows per optimizer step (Megatron's --global-batch-size).",
                                      rich_help_panel="Workload")]
 PrecOpt = Annotated[str, typer.Option("--precision", help="bf16 or fp8.", rich_help_panel="Workload")]
-HeadroomOpt = Annotated[float | None, typer.Option("--memory-headroom", help="A fixed fraction of HBM to keep free. Default: the error bars' rule (a layout is out only if even its optimistic memory is over the GPU; docs/error_bars.md).", rich_help_panel="Search")]
-CalOpt = Annotated[Path | None, typer.Option("--calibration", help="Calibration YAML overriding the cost model's constants.", rich_help_panel="Search")]
-StudyOpt = Annotated[str | None, typer.Option("--study", help="Study name (default: model-gpus-seq-gbs).", rich_help_panel="Study")]
-StudyNameOpt = Annotated[str | None, typer.Option("--study", help="Study name (required; `tune` prints it, e.g. MiniMax-M2-8x8xH200-s8192-gbs128).", rich_help_panel="Study")]
-StorageOpt = Annotated[str | None, typer.Option("--storage", help="Optuna storage URL (default sqlite:///results/<study>/study.db).", rich_help_panel="Study")]
+HeadroomOpt = Annotated[float | None, typer.Option("--memory-headroom", rich_help_panel="Search", help=(
+    "A fixed fraction of HBM to keep free. Default: the error bars' rule (a layout is out only if even its optimistic "
+    "memory is over the GPU; docs/error_bars.md)."))]
+CalOpt = Annotated[Path | None, typer.Option("--calibration", rich_help_panel="Search", help=(
+    "Calibration YAML overriding the cost model's constants."))]
+StudyOpt = Annotated[str | None, typer.Option("--study", rich_help_panel="Study", help=(
+    "Study name (default: model-gpus-seq-gbs)."))]
+StudyNameOpt = Annotated[str | None, typer.Option("--study", rich_help_panel="Study", help=(
+    "Study name (required; `tune` prints it, e.g. MiniMax-M2-8x8xH200-s8192-gbs128)."))]
+StorageOpt = Annotated[str | None, typer.Option("--storage", rich_help_panel="Study", help=(
+    "Optuna storage URL (default sqlite:///results/<study>/study.db)."))]
 ResultsOpt = Annotated[Path, typer.Option("--results-dir", help="Where study folders go.", rich_help_panel="Study")]
 
 
 # ---- run options: the stack preset and Megatron-LM's run flags, shared by every command that estimates ------------
 
 _RUN = "Run options (Megatron-LM's flags; default: the --stack preset's)"
-StackOpt = Annotated[str | None, typer.Option("--stack", help="Stack preset whose run options are the defaults: slime (default, the seed's), megatron-lm (alias megatron), megatron-bridge (its performance recipes) or nemo-rl (its Megatron trainer); specs/data/stacks/ cites each one's source. A flag below overrides it. slime also leaves out the allgather dispatcher, which it rewrites to alltoall.", rich_help_panel=_RUN)]
-AccumulateFp32Opt = Annotated[bool | None, typer.Option("--accumulate-allreduce-grads-in-fp32", help="Main gradients and their reduction in fp32 (4 B per parameter).", rich_help_panel=_RUN)]
-GradReduceBf16Opt = Annotated[bool | None, typer.Option("--grad-reduce-in-bf16", help="Main gradients and their reduction in bf16 (2 B per parameter; Megatron-Bridge's perf recipes).", rich_help_panel=_RUN)]
-CeFusionOpt = Annotated[bool | None, typer.Option("--cross-entropy-loss-fusion/--no-cross-entropy-loss-fusion", help="A fused cross-entropy kernel (fewer logits bytes kept).", rich_help_panel=_RUN)]
-CeImplOpt = Annotated[str | None, typer.Option("--cross-entropy-fusion-impl", help="native or te (Transformer Engine's parallel cross-entropy); needs the loss fusion.", rich_help_panel=_RUN)]
-CudaGraphImplOpt = Annotated[str | None, typer.Option("--cuda-graph-impl", help="none, local, transformer_engine or full_iteration (without --cuda-graph-scope: whole layers, or the whole step).", rich_help_panel=_RUN)]
-CudaGraphScopeOpt = Annotated[list[str] | None, typer.Option("--cuda-graph-scope", "--cuda-graph-modules", help="What CUDA graphs capture (repeatable or comma-separated): attn, mlp, moe, moe_router, moe_preprocess, mamba, full_iteration, full.", rich_help_panel=_RUN)]
-PermuteFusionOpt = Annotated[bool | None, typer.Option("--moe-permute-fusion/--no-moe-permute-fusion", help="TE's fused token permutation (recorded and exported; not priced).", rich_help_panel=_RUN)]
-Fp8RecipeOpt = Annotated[str | None, typer.Option("--fp8-recipe", help="delayed or tensorwise: the GEMMs' recipe with --precision fp8; with bf16 the optimizer's (tensorwise keeps fp32 master weights).", rich_help_panel=_RUN)]
-Fp8ParamGatherOpt = Annotated[bool | None, typer.Option("--fp8-param-gather/--no-fp8-param-gather", help="fp8 weights only, no bf16 copy (--precision fp8).", rich_help_panel=_RUN)]
-OverlapGradOpt = Annotated[bool | None, typer.Option("--overlap-grad-reduce/--no-overlap-grad-reduce", help="DP gradient reduction and parameter gather overlapped with compute.", rich_help_panel=_RUN)]
-A2AOverlapOpt = Annotated[bool | None, typer.Option("--overlap-moe-expert-parallel-comm/--no-overlap-moe-expert-parallel-comm", help="EP all-to-all overlapped with another micro-batch.", rich_help_panel=_RUN)]
-TpOverlapOpt = Annotated[bool | None, typer.Option("--tp-comm-overlap/--no-tp-comm-overlap", help="TP collectives overlapped with GEMMs (TE userbuffers).", rich_help_panel=_RUN)]
-ForceBalanceOpt = Annotated[bool | None, typer.Option("--moe-router-force-load-balancing/--no-moe-router-force-load-balancing", help="Uniform routing (benchmarks); default natural routing.", rich_help_panel=_RUN)]
-CpCommOpt = Annotated[str | None, typer.Option("--cp-comm-type", help="p2p or a2a.", rich_help_panel=_RUN)]
-FsdpOpt = Annotated[bool | None, typer.Option("--use-megatron-fsdp/--no-use-megatron-fsdp", help="Parameters, gradients and optimizer states sharded over DP.", rich_help_panel=_RUN)]
-RopeFusionOpt = Annotated[bool | None, typer.Option("--rope-fusion/--no-rope-fusion", help="Fused RoPE (Megatron-LM's default on).", rich_help_panel=_RUN)]
-SwigluFusionOpt = Annotated[bool | None, typer.Option("--bias-swiglu-fusion/--no-bias-swiglu-fusion", help="Fused SwiGLU (Megatron-LM's default on).", rich_help_panel=_RUN)]
-TransformerImplOpt = Annotated[str | None, typer.Option("--transformer-impl", help="transformer_engine (default) or local.", rich_help_panel=_RUN)]
-CpuOffloadLayersOpt = Annotated[int | None, typer.Option("--cpu-offloading-num-layers", help="Layers per pipeline rank whose activations go to host memory.", rich_help_panel=_RUN)]
-OptimizerOpt = Annotated[str | None, typer.Option("--optimizer", help="adam or dist_muon.", rich_help_panel=_RUN)]
+StackOpt = Annotated[str | None, typer.Option("--stack", rich_help_panel=_RUN, help=(
+    "Stack preset whose run options are the defaults: slime (default, the seed's), megatron-lm (alias megatron), "
+    "megatron-bridge (its performance recipes) or nemo-rl (its Megatron trainer); specs/data/stacks/ cites each "
+    "one's source. A flag below overrides it. slime also leaves out the allgather dispatcher, which it rewrites to "
+    "alltoall."))]
+#: Each :class:`specs.stacks.RunFlags` field: (its type, option names, help).
+_RUN_FLAGS: dict[str, tuple[Any, str, str]] = {
+    "accumulate_allreduce_grads_in_fp32": (bool, "--accumulate-allreduce-grads-in-fp32",
+                                           "Main gradients and their reduction in fp32 (4 B per parameter)."),
+    "grad_reduce_in_bf16": (bool, "--grad-reduce-in-bf16",
+                            "Main gradients and their reduction in bf16 (2 B per parameter; Megatron-Bridge's perf "
+                            "recipes)."),
+    "cross_entropy_loss_fusion": (bool, "--cross-entropy-loss-fusion/--no-cross-entropy-loss-fusion",
+                                  "A fused cross-entropy kernel (fewer logits bytes kept)."),
+    "cross_entropy_fusion_impl": (str, "--cross-entropy-fusion-impl",
+                                  "native or te (Transformer Engine's parallel cross-entropy); needs the loss fusion."),
+    "cuda_graph_impl": (str, "--cuda-graph-impl", "none, local, transformer_engine or full_iteration (without "
+                        "--cuda-graph-scope: whole layers, or the whole step)."),
+    "cuda_graph_scope": (list[str], "--cuda-graph-scope --cuda-graph-modules", "What CUDA graphs capture (repeatable "
+                         "or comma-separated): attn, mlp, moe, moe_router, moe_preprocess, mamba, full_iteration, "
+                         "full."),
+    "moe_permute_fusion": (bool, "--moe-permute-fusion/--no-moe-permute-fusion",
+                           "TE's fused token permutation (recorded and exported; not priced)."),
+    "fp8_recipe": (str, "--fp8-recipe", "delayed or tensorwise: the GEMMs' recipe with --precision fp8; with bf16 the "
+                   "optimizer's (tensorwise keeps fp32 master weights)."),
+    "fp8_param_gather": (bool, "--fp8-param-gather/--no-fp8-param-gather",
+                         "fp8 weights only, no bf16 copy (--precision fp8)."),
+    "overlap_grad_reduce": (bool, "--overlap-grad-reduce/--no-overlap-grad-reduce",
+                            "DP gradient reduction and parameter gather overlapped with compute."),
+    "overlap_moe_expert_parallel_comm": (bool,
+                                         "--overlap-moe-expert-parallel-comm/--no-overlap-moe-expert-parallel-comm",
+                                         "EP all-to-all overlapped with another micro-batch."),
+    "tp_comm_overlap": (bool, "--tp-comm-overlap/--no-tp-comm-overlap",
+                        "TP collectives overlapped with GEMMs (TE userbuffers)."),
+    "moe_router_force_load_balancing": (bool, "--moe-router-force-load-balancing/--no-moe-router-force-load-balancing",
+                                        "Uniform routing (benchmarks); default natural routing."),
+    "cp_comm_type": (str, "--cp-comm-type", "p2p or a2a."),
+    "use_megatron_fsdp": (bool, "--use-megatron-fsdp/--no-use-megatron-fsdp",
+                          "Parameters, gradients and optimizer states sharded over DP."),
+    "apply_rope_fusion": (bool, "--rope-fusion/--no-rope-fusion", "Fused RoPE (Megatron-LM's default on)."),
+    "bias_swiglu_fusion": (bool, "--bias-swiglu-fusion/--no-bias-swiglu-fusion",
+                           "Fused SwiGLU (Megatron-LM's default on)."),
+    "transformer_impl": (str, "--transformer-impl", "transformer_engine (default) or local."),
+    "cpu_offloading_num_layers": (int, "--cpu-offloading-num-layers",
+                                  "Layers per pipeline rank whose activations go to host memory."),
+    "optimizer": (str, "--optimizer", "adam or dist_muon."),
+}
+#: The command parameter of each :class:`specs.stacks.RunFlags` field and its option.
+RUN_FLAG_OPTIONS: dict[str, Any] = {
+    n: Annotated[t | None, typer.Option(*names.split(), help=h, rich_help_panel=_RUN)]
+    for n, (t, names, h) in _RUN_FLAGS.items()}
 
 _TASK = "Workload"
-TaskOpt = Annotated[str | None, typer.Option("--task", help="pretrain (default), sft (packed sequences, loss on the responses: the same compute) or lora (frozen base weights, low-rank adapters with their own gradients and optimizer state).", rich_help_panel=_TASK)]
-LoraRankOpt = Annotated[int | None, typer.Option("--lora-rank", help="--task lora: the adapters' rank r (default 32, Megatron-Bridge's).", rich_help_panel=_TASK)]
-LoraTargetsOpt = Annotated[str | None, typer.Option("--lora-target-modules", help="--task lora: comma-separated linear layers to adapt (default Megatron-Bridge's: linear_qkv,linear_proj,linear_fc1,linear_fc2).", rich_help_panel=_TASK)]
-
-#: The command parameter of each :class:`specs.stacks.RunFlags` field and its option (one alias each, above).
-RUN_FLAG_OPTIONS: dict[str, Any] = {
-    "accumulate_allreduce_grads_in_fp32": AccumulateFp32Opt, "grad_reduce_in_bf16": GradReduceBf16Opt,
-    "cross_entropy_loss_fusion": CeFusionOpt, "cross_entropy_fusion_impl": CeImplOpt, "cuda_graph_impl": CudaGraphImplOpt,
-    "cuda_graph_scope": CudaGraphScopeOpt, "moe_permute_fusion": PermuteFusionOpt, "fp8_recipe": Fp8RecipeOpt,
-    "fp8_param_gather": Fp8ParamGatherOpt, "overlap_grad_reduce": OverlapGradOpt, "overlap_moe_expert_parallel_comm": A2AOverlapOpt,
-    "tp_comm_overlap": TpOverlapOpt, "moe_router_force_load_balancing": ForceBalanceOpt, "cp_comm_type": CpCommOpt,
-    "use_megatron_fsdp": FsdpOpt, "apply_rope_fusion": RopeFusionOpt, "bias_swiglu_fusion": SwigluFusionOpt,
-    "transformer_impl": TransformerImplOpt, "cpu_offloading_num_layers": CpuOffloadLayersOpt, "optimizer": OptimizerOpt,
-}
+TaskOpt = Annotated[str | None, typer.Option("--task", rich_help_panel=_TASK, help=(
+    "pretrain (default), sft (packed sequences, loss on the responses: the same compute) or lora (frozen base weights, "
+    "low-rank adapters with their own gradients and optimizer state)."))]
+LoraRankOpt = Annotated[int | None, typer.Option("--lora-rank", rich_help_panel=_TASK, help=(
+    "--task lora: the adapters' rank r (default 32, Megatron-Bridge's)."))]
+LoraTargetsOpt = Annotated[str | None, typer.Option("--lora-target-modules", rich_help_panel=_TASK, help=(
+    "--task lora: comma-separated linear layers to adapt (default Megatron-Bridge's: "
+    "linear_qkv,linear_proj,linear_fc1,linear_fc2)."))]
 
 
-def fold_options(func: Any, param: str, kind: str, added: list[inspect.Parameter], build: Callable[[dict[str, Any]], Any],
-                 what: str) -> Any:
-    """``func`` with the options ``added`` in place of its parameter ``param``: the command line gives the options, and
-    ``func`` gets ``build(their values by name)`` (a ``kind``) as ``param`` (how :func:`tuner.cli._layout.layout_options` and
-    :func:`run_options` give a command many options as one object).
+def fold_options(func: Any, param: str, kind: str, added: list[inspect.Parameter],
+                 build: Callable[[dict[str, Any]], Any], what: str) -> Any:
+    """``func`` with the options ``added`` in place of its parameter ``param``, which gets
+    ``build(their values by name)`` (a ``kind``): how a command takes many options as one object.
 
     Raises:
-        TypeError: ``func`` has no ``param`` parameter, or one of its own parameters has the name of an added option.
-    """
+        TypeError: ``func`` has no ``param``, or a parameter named as an added option."""
     sig = inspect.signature(func, eval_str=True)
     if param not in sig.parameters:
         raise TypeError(f"{func.__name__}: @{what.replace(' ', '_')} needs a `{param}: {kind}` parameter")
@@ -509,8 +548,10 @@ def run_options(func: Any) -> Any:
     added = [inspect.Parameter("stack", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=StackOpt),
              inspect.Parameter("task", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=TaskOpt),
              inspect.Parameter("lora_rank", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=LoraRankOpt),
-             inspect.Parameter("lora_target_modules", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=LoraTargetsOpt)]
-    added += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=a) for n, a in RUN_FLAG_OPTIONS.items()]
+             inspect.Parameter("lora_target_modules", inspect.Parameter.KEYWORD_ONLY, default=None,
+                               annotation=LoraTargetsOpt)]
+    added += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=a) for n,
+              a in RUN_FLAG_OPTIONS.items()]
 
     def build(v: dict[str, Any]) -> RunChoice:
         given = {n: v[n] for n in RUN_FLAG_OPTIONS}
@@ -560,4 +601,5 @@ class RunChoice:
         return resolve_run_options(self.flags, self.stack, precision=precision, megatron_core=megatron_core)
 
 
-ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an output that is a link (the link, not its target) or another kind of file.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help=(
+    "Replace an output that is a link (the link, not its target) or another kind of file."))]

@@ -18,13 +18,13 @@ from tuner.cli._common import GIB, RunChoice
 if TYPE_CHECKING:
     from specs import Layout
 
-__all__ = ["FromOpt", "FromInputs", "CommandInputs", "arguments_read", "command_inputs", "launch_inputs", "launch_layout", "launch_lines",
-           "compare_line", "launch_summary"]
+__all__ = ["FromOpt", "FromInputs", "CommandInputs", "arguments_read", "command_inputs", "launch_inputs",
+           "launch_layout", "launch_lines", "compare_line", "launch_summary"]
 
-FromOpt = Annotated[Path | None, typer.Option(
-    "--from", help="Your launch, read as `tune --from` reads it (a Megatron-LM / slime argument list or shell script, a "
-                   "Megatron-Bridge override YAML, a NeMo-RL config or a recipe.yaml): its model, GPUs, workload, layout "
-                   "and run options are this layout's; flags given here win.")]
+FromOpt = Annotated[Path | None, typer.Option("--from", help=(
+    "Your launch, read as `tune --from` reads it (a Megatron-LM / slime argument list or shell script, a "
+    "Megatron-Bridge override YAML, a NeMo-RL config or a recipe.yaml): its model, GPUs, workload, layout and run "
+    "options are this layout's; flags given here win."))]
 
 #: Layout flags that go together: one of the first tuple given on the command line replaces the launch's values of the
 #: second (a pipeline size or split given here drops the launch's split and layout string; a recompute granularity its
@@ -60,25 +60,22 @@ def _merge_flags(file_flags: Any, cli_flags: Any) -> Any:
     from specs.stacks import RunFlags
 
     f, c = file_flags.given(), cli_flags.given()
-    for group in (("accumulate_allreduce_grads_in_fp32", "grad_reduce_in_bf16"), ("cuda_graph_impl", "cuda_graph_scope"),
-                  ("cross_entropy_loss_fusion", "cross_entropy_fusion_impl")):
+    for group in (("accumulate_allreduce_grads_in_fp32", "grad_reduce_in_bf16"),
+                  ("cuda_graph_impl", "cuda_graph_scope"), ("cross_entropy_loss_fusion", "cross_entropy_fusion_impl")):
         if any(k in c for k in group):
             for k in group:
                 f.pop(k, None)
     return RunFlags(**{**f, **c})
 
 
-def launch_inputs(path: Path, ctx: Any, *, model: str | None, gpus: str | None, seq_len: int, global_batch: int, precision: str,
-                  layers: int | None, run: RunChoice) -> FromInputs:
-    """Read ``path`` and fill the main job's inputs from it where the command line leaves them at their defaults.
-
-    ``--gpus`` may be just the GPU (``--gpus H200``): the count is the file's nodes x GPUs per node.
+def launch_inputs(path: Path, ctx: Any, *, model: str | None, gpus: str | None, seq_len: int, global_batch: int,
+                  precision: str, layers: int | None, run: RunChoice) -> FromInputs:
+    """Read ``path`` and fill the main job's inputs from it where the command line leaves them at their defaults
+    (``--gpus H200``: the count is the file's nodes x GPUs per node).
 
     Raises:
-        TunerError: the file cannot be read or is none of the forms (:func:`tuner.launch_file.read_launch`), it names
-            no model and no ``--model`` is given, the GPUs are not known or disagree with the file, or its layout cannot
-            be estimated.
-    """
+        TunerError: the file cannot be read (:func:`tuner.launch_file.read_launch`), names no model and no
+            ``--model`` is given, its GPUs are unknown or disagree, or its layout cannot be estimated."""
     from launch.harness.spec import slice_model
     from specs import load_model, parse_gpus
     from tuner.cli._layout import LayoutFlags, apply_layout_string
@@ -93,14 +90,16 @@ def launch_inputs(path: Path, ctx: Any, *, model: str | None, gpus: str | None, 
     label = f"--from {str(path)!r}"
     name = model or lf.model
     if not name:
-        raise TunerError(f"{label}: the file names no model (no --hidden-size / --num-attention-heads / --num-experts); give --model")
+        raise TunerError(f"{label}: the file names no model (no --hidden-size / --num-attention-heads / "
+                         "--num-experts); give --model")
     count = lf.nodes * lf.gpus_per_node if lf.nodes and lf.gpus_per_node else None
     where = f"{lf.nodes} x {lf.gpus_per_node}" if count else ""
     if gpus is None and lf.gpu and count:
         gpus = f"{lf.nodes}x{lf.gpus_per_node}x{lf.gpu}"
     elif gpus is not None and "x" not in gpus.lower():
         if not count:
-            raise TunerError(f"{label}: the file does not say how many GPUs it runs on; give --gpus COUNTxGPU, e.g. --gpus 64x{gpus}")
+            raise TunerError(f"{label}: the file does not say how many GPUs it runs on; give --gpus COUNTxGPU, e.g. "
+                             f"--gpus 64x{gpus}")
         gpus = f"{lf.nodes}x{lf.gpus_per_node}x{gpus}"
     if gpus is None:
         hint = f" (the file runs {where} GPUs: e.g. --gpus H200)" if count else ", e.g. --gpus 64xH200"
@@ -124,7 +123,8 @@ def launch_inputs(path: Path, ctx: Any, *, model: str | None, gpus: str | None, 
     if m.is_moe and stack.drops_allgather and lf.layout.get("dispatcher") == "allgather":
         # the stack runs alltoall where the launch asks for allgather: the launch is what runs
         lf = dataclasses.replace(lf, layout={**lf.layout, "dispatcher": "alltoall"}, model_notes=(
-            *lf.model_notes, f"--stack {stack.name} rewrites the launch's allgather dispatcher to alltoall: taken as alltoall"))
+            *lf.model_notes,
+            f"--stack {stack.name} rewrites the launch's allgather dispatcher to alltoall: taken as alltoall"))
     flags = LayoutFlags(**{k: v for k, v in lf.layout.items() if k != "pipeline_layout"})
     try:
         lay = flags.to_layout(cluster.num_gpus)
@@ -132,12 +132,12 @@ def launch_inputs(path: Path, ctx: Any, *, model: str | None, gpus: str | None, 
             lay, odd, _ = apply_layout_string(lay, m, lf.layout["pipeline_layout"], vpp_given=flags.vpp_given,
                                               split_given=flags.split_given)
             if odd:
-                raise TunerError(f"{label}: --pipeline-model-parallel-layout {lf.layout['pipeline_layout']!r} is valid for Megatron "
-                                 "but not of the first/last-stage form the cost model estimates")
+                raise TunerError(f"{label}: --pipeline-model-parallel-layout {lf.layout['pipeline_layout']!r} is valid "
+                                 "for Megatron but not of the first/last-stage form the cost model estimates")
     except InfeasibleLayout as e:
         raise TunerError(f"{label}: its layout breaks rule {e.rule_id}: {e.reason}") from None
-    return FromInputs(model=name, gpus=gpus, seq_len=seq_len, global_batch=global_batch, precision=precision, layers=layers,
-                      run=merged, baseline=lay.to_dict(), launch=lf)
+    return FromInputs(model=name, gpus=gpus, seq_len=seq_len, global_batch=global_batch, precision=precision,
+                      layers=layers, run=merged, baseline=lay.to_dict(), launch=lf)
 
 
 class CommandInputs(NamedTuple):
@@ -155,19 +155,18 @@ class CommandInputs(NamedTuple):
     """The layout flags (:class:`tuner.cli._layout.LayoutFlags`), or None for a command that takes none."""
 
 
-def command_inputs(from_file: Path | None, ctx: Any, *, model: str | None, gpus: str | None, seq_len: int, global_batch: int,
+def command_inputs(from_file: Path | None, ctx: Any, *, model: str | None, gpus: str | None, seq_len: int,
+                   global_batch: int,
                    precision: str, layers: int | None, run: RunChoice, layout: Any = None) -> CommandInputs:
-    """The inputs of the main job, ``tune estimate`` and ``tune timeline``: the command line's, with the launch of
-    ``--from`` (:func:`launch_inputs`) filling what it leaves at its defaults, and its layout under the command line's
-    layout flags (:func:`launch_layout`) where ``layout`` is given.
+    """The inputs of the main job, ``estimate`` and ``timeline``: the command line's, ``--from`` filling what it
+    leaves at its defaults (:func:`launch_inputs`), its layout under the given layout flags (:func:`launch_layout`).
 
     Raises:
-        TunerError: as :func:`launch_inputs`.
-    """
+        TunerError: as :func:`launch_inputs`."""
     if from_file is None:
         return CommandInputs(None, model, gpus, seq_len, global_batch, precision, layers, run, layout)
-    fi = launch_inputs(from_file, ctx, model=model, gpus=gpus, seq_len=seq_len, global_batch=global_batch, precision=precision,
-                       layers=layers, run=run)
+    fi = launch_inputs(from_file, ctx, model=model, gpus=gpus, seq_len=seq_len, global_batch=global_batch,
+                       precision=precision, layers=layers, run=run)
     return CommandInputs(fi, fi.model, fi.gpus, fi.seq_len, fi.global_batch, fi.precision, fi.layers, fi.run,
                          None if layout is None else launch_layout(fi, layout, ctx))
 
@@ -241,7 +240,8 @@ def launch_lines(prep: Any, fi: FromInputs, *, verbose: bool = False) -> list[st
     fit = "fits" if e.fits else "does NOT fit"
     trial = ("the study evaluates it" if prep.baseline_row is not None and prep.fits[prep.baseline_row]
              else "not a candidate of the search (outside the space, or predicted not to fit)")
-    lines.append(f"  its layout {label}: {e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU predicted, {e.peak_gib:.1f} GiB ({fit}); {trial}")
+    lines.append(f"  its layout {label}: {e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU predicted, {e.peak_gib:.1f} GiB "
+                 f"({fit}); {trial}")
     return lines
 
 
@@ -251,7 +251,8 @@ def layout_changes(launch: Layout, best: Layout) -> list[str]:
     a, b = launch, best
 
     def opt(x: Layout) -> str:
-        return ("precision-aware " + "/".join((x.exp_avg_dtype, x.exp_avg_sq_dtype))) if x.use_precision_aware_optimizer else "fp32 Adam"
+        return ("precision-aware " + "/".join((x.exp_avg_dtype,
+                                               x.exp_avg_sq_dtype))) if x.use_precision_aware_optimizer else "fp32 Adam"
 
     def split(x: Layout) -> str:
         f, l_ = x.num_layers_in_first_pipeline_stage, x.num_layers_in_last_pipeline_stage
@@ -259,7 +260,8 @@ def layout_changes(launch: Layout, best: Layout) -> list[str]:
 
     fields: list[tuple[str, Callable[[Layout], object]]] = [
               ("TP", lambda x: x.tp), ("PP", lambda x: x.pp), ("VPP", lambda x: x.vpp), ("CP", lambda x: x.cp),
-              ("EP", lambda x: x.ep), ("ETP", lambda x: x.etp), ("sequence parallel", lambda x: "on" if x.sequence_parallel else "off"),
+              ("EP", lambda x: x.ep), ("ETP", lambda x: x.etp),
+              ("sequence parallel", lambda x: "on" if x.sequence_parallel else "off"),
               ("micro-batch", lambda x: x.micro_batch_size), ("recompute", lambda x: x.recompute_label),
               ("offload", lambda x: x.offload_label), ("dispatcher", lambda x: x.dispatcher.value), ("optimizer", opt),
               ("first/last stage layers", split)]
@@ -283,7 +285,8 @@ def compare_line(prep: Any, best: dict[str, Any], rows: list[dict[str, Any]] | N
     elif e is not None:
         tps, gib, src, fits, who = e.tokens_per_s_per_gpu, e.peak_bytes / GIB, "predicted", bool(e.fits), "your launch"
     else:
-        return f"your launch: not estimated ({why}); best: {best['label']}, {best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU"
+        return (f"your launch: not estimated ({why}); best: {best['label']}, "
+                f"{best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU")
     gain = best["tokens_per_s_per_gpu"] / tps - 1 if tps > 0 else float("nan")
     fit = "" if fits else " (predicted not to fit)"
     changes = layout_changes(base, _layout_of(best))
@@ -291,7 +294,8 @@ def compare_line(prep: Any, best: dict[str, Any], rows: list[dict[str, Any]] | N
     if changes and "predicted" in (best["source"], src) and abs(gain) < ratio_within_error():
         change += f" (a gain under {ratio_within_error():.0%} is within the model's error: measure both)"
     return (f"{who}: {tps:,.1f} tokens/s/GPU {src}, {gib:.1f} GiB{fit}; best: {best['label']}, "
-            f"{best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU {best['source']}, {best['peak_gib']:.1f} GiB, {gain:+.0%}{change}")
+            f"{best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU {best['source']}, {best['peak_gib']:.1f} GiB, "
+            f"{gain:+.0%}{change}")
 
 
 def _layout_of(row: dict[str, Any]) -> Any:

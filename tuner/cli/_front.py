@@ -20,19 +20,14 @@ def table_rows(front: list[dict[str, Any]], top: int) -> list[dict[str, Any]]:
 
 
 def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: str = "tune pareto --top 0") -> None:
-    """The Pareto table in seven columns that fit 80 (its ``trial`` column numbers the points of ``pareto.png``); then how
-    many rows were left out. Offload, dispatcher, layer split, MFU and $/1M tokens are in ``pareto.csv`` and ``report.html``.
-
-    Args:
-        front: rows of :func:`tuner.report.front_rows`, fastest first.
-        top: rows to print (0 = all).
-        title: the table's title.
-        more_hint: where the rest is, e.g. ``tune pareto --study NAME --top 0`` (shell-quoted).
-    """
+    """The Pareto table of ``front`` (fastest first) in seven columns that fit 80 (``trial`` numbers the points of
+    ``pareto.png``; the other columns are in ``pareto.csv``), its ``top`` rows (0 = all), then ``more_hint`` for the
+    rows left out."""
     out.print(title)  # not the table's title: rich wraps a title to the table's width
     t = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
     columns: list[tuple[str, JustifyMethod]] = [("trial", "right"), ("layout", "left"), ("recompute", "left"),
-                                                ("mbs", "right"), ("tok/s", "right"), ("90%", "right"), ("peak GiB", "right")]
+                                                ("mbs", "right"), ("tok/s", "right"), ("90%", "right"),
+                                                ("peak GiB", "right")]
     for col, just in columns:
         t.add_column(col, justify=just, overflow="fold", no_wrap=col in ("trial", "layout"))
     for r in table_rows(front, top):
@@ -40,8 +35,8 @@ def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: st
         star = "*" if r.get("fit") == "may not fit" else " "
         lo, hi = r.get("tokens_per_s_per_gpu_low"), r.get("tokens_per_s_per_gpu_high")
         band = f"{lo:,.0f}-{hi:,.0f}" if isinstance(lo, float) and lo == lo else ""
-        t.add_row(str(r["trial"]), r["label"], rec, str(r["micro_batch_size"]), f"{r['tokens_per_s_per_gpu']:,.0f}", band,
-                  f"{r['peak_gib']:.1f}{star}")
+        t.add_row(str(r["trial"]), r["label"], rec, str(r["micro_batch_size"]), f"{r['tokens_per_s_per_gpu']:,.0f}",
+                  band, f"{r['peak_gib']:.1f}{star}")
     out.print(t)
     if top > 0 and len(front) > top:
         out.print(f"{len(front) - top} more on the front:")
@@ -49,8 +44,10 @@ def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: st
 
 
 def _short_recompute(label: str) -> str:
-    """``full uniform 1`` -> ``full u1``, ``full block 2`` -> ``full b2``, ``selective moe+mlp`` -> ``sel moe, mlp`` (wraps at whole module names)."""
-    return label.replace("full uniform ", "full u").replace("full block ", "full b").replace("selective ", "sel ").replace("+", ", ")
+    """``full uniform 1`` -> ``full u1``, ``full block 2`` -> ``full b2``, ``selective moe+mlp`` -> ``sel moe, mlp``
+    (wraps at whole module names)."""
+    return label.replace("full uniform ", "full u").replace("full block ", "full b").replace("selective ",
+                                                                                             "sel ").replace("+", ", ")
 
 
 def print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:
@@ -72,15 +69,16 @@ def print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:
     ties = measured_ties(rows, best["trial"])
     if not ties:
         return
-    listed = "; ".join(f"trial {t['trial']} ({t['label']}): {t['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU, {0.0 - t['gap']:+.1%}" for t in ties[:5])
+    listed = "; ".join(f"trial {t['trial']} ({t['label']}): {t['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU, "
+                       f"{0.0 - t['gap']:+.1%}" for t in ties[:5])
     more = f"; and {len(ties) - 5} more" if len(ties) > 5 else ""
     spread = between_run_noise(rows)
     basis = ("the median step times" if spread is None
              else f"the runs, with the {spread:.1%} spread between runs of one layout this study measured")
-    caveat = ("runs of one layout can differ by more than their own noise (docs/measurements.md), so treat them as equally "
-              "fast and choose on memory, or re-measure them (--confirm-runs)." if spread is None
+    caveat = ("runs of one layout can differ by more than their own noise (docs/measurements.md), so treat them as "
+              "equally fast and choose on memory, or re-measure them (--confirm-runs)." if spread is None
               else "treat them as equally fast and choose on memory, or give them more runs (--confirm-runs).")
     out.print(
-        f"  [yellow]within measurement noise of trial {best['trial']}[/] ({TIE_Z:g} standard errors of the difference of {basis}): "
-        f"{escape(listed)}{more}. Their step times cannot rank these layouts; {caveat}"
+        f"  [yellow]within measurement noise of trial {best['trial']}[/] ({TIE_Z:g} standard errors of the difference "
+        f"of {basis}): {escape(listed)}{more}. Their step times cannot rank these layouts; {caveat}"
     )

@@ -64,7 +64,8 @@ def models(as_json: JsonOpt = False) -> None:
     cols = [Col("name"), Col("layers", "right"), Col("hidden", "right", 2), Col("heads/groups", "left", 3),
             Col("experts (top-k)"), Col("active", "right"), Col("total", "right"), Col("source", "left", 4)]
     out.print(fitted_table(cols, [[r["name"], str(r["layers"]), str(r["hidden"]), f"{r['heads']}/{r['query_groups']}",
-                                   f"{r['experts']} ({r['topk']})" if r["experts"] else "dense", f"{r['active_params'] / 1e9:.2f}",
+                                   f"{r['experts']} ({r['topk']})" if r["experts"] else "dense",
+                                   f"{r['active_params'] / 1e9:.2f}",
                                    f"{r['total_params'] / 1e9:.1f}", r["source"]] for r in rows]))
 
 
@@ -77,7 +78,8 @@ def gpus(as_json: JsonOpt = False) -> None:
     for n in list_gpus():
         g = load_gpu(n)
         rows.append({"name": g.name, "memory_gib": g.hbm_bytes / GIB, "bf16_tflops": g.peak_flops_bf16 / 1e12,
-                     "fp8_tflops": g.peak_flops_fp8 / 1e12 if g.peak_flops_fp8 else None, "hbm_tb_per_s": g.hbm_bytes_per_s / 1e12,
+                     "fp8_tflops": g.peak_flops_fp8 / 1e12 if g.peak_flops_fp8 else None,
+                     "hbm_tb_per_s": g.hbm_bytes_per_s / 1e12,
                      "nvlink_gb_per_s_per_direction": g.nvlink_bytes_per_s / 1e9, "gpus_per_node": g.gpus_per_node,
                      "nvlink_domain": g.nvlink_domain})
     if as_json:
@@ -85,9 +87,10 @@ def gpus(as_json: JsonOpt = False) -> None:
         return
     out.print("Bundled GPUs: dense (non-sparse) peaks from NVIDIA datasheets; memory as nvidia-smi reports it "
               "(specs/data/gpus/*.yaml). NVLink: GB/s per direction; domain: GPUs one NVLink domain joins.")
-    cols = [Col("name"), Col("GiB", "right"), Col("bf16 TFLOP/s", "right"), Col("fp8 TFLOP/s", "right"), Col("HBM TB/s", "right"),
-            Col("NVLink", "right"), Col("per node", "right", 1), Col("domain", "right")]
+    cols = [Col("name"), Col("GiB", "right"), Col("bf16 TFLOP/s", "right"), Col("fp8 TFLOP/s", "right"),
+            Col("HBM TB/s", "right"), Col("NVLink", "right"), Col("per node", "right", 1), Col("domain", "right")]
     out.print(fitted_table(cols, [[r["name"], f"{r['memory_gib']:.1f}", f"{r['bf16_tflops']:.0f}",
-                                   "-" if r["fp8_tflops"] is None else f"{r['fp8_tflops']:.0f}", f"{r['hbm_tb_per_s']:.2f}",
-                                   f"{r['nvlink_gb_per_s_per_direction']:.0f}", str(r["gpus_per_node"]), str(r["nvlink_domain"])]
+                                   "-" if r["fp8_tflops"] is None else f"{r['fp8_tflops']:.0f}",
+                                   f"{r['hbm_tb_per_s']:.2f}", f"{r['nvlink_gb_per_s_per_direction']:.0f}",
+                                   str(r["gpus_per_node"]), str(r["nvlink_domain"])]
                                   for r in rows]))

@@ -69,38 +69,84 @@ def main_job(
     seq_len: SeqOpt = 8192,
     global_batch: GbsOpt = 128,
     precision: PrecOpt = "bf16",
-    space: Annotated[Path | None, typer.Option("--space", help="Search-space YAML (copy search_spaces/default_space.yaml).", rich_help_panel="Search")] = None,
+    space: Annotated[Path | None, typer.Option("--space", rich_help_panel="Search", help=(
+        "Search-space YAML (copy search_spaces/default_space.yaml)."))] = None,
     calibration: CalOpt = None,
     memory_headroom: HeadroomOpt = None,
-    trials: Annotated[int | None, typer.Option("--trials", help="Layouts to evaluate in this run (default 48; sampled layouts that are invalid, do not fit or were evaluated before do not count): the predicted front and fastest candidates first, then NSGA-II.", rich_help_panel="Search")] = None,
-    backend: Annotated[str, typer.Option("--backend", help="model (analytical, default), local (real trials: the megatron-core harness under torchrun on this machine's GPUs), ray (the harness on a Ray cluster's nodes) or command (your slime / Megatron-LM launch command, --command-template).", rich_help_panel="Search")] = "model",
+    trials: Annotated[int | None, typer.Option("--trials", rich_help_panel="Search", help=(
+        "Layouts to evaluate in this run (default 48; sampled layouts that are invalid, do not fit or were evaluated "
+        "before do not count): the predicted front and fastest candidates first, then NSGA-II."))] = None,
+    backend: Annotated[str, typer.Option("--backend", rich_help_panel="Search", help=(
+        "model (analytical, default), local (real trials: the megatron-core harness under torchrun on this machine's "
+        "GPUs), ray (the harness on a Ray cluster's nodes) or command (your slime / Megatron-LM launch command, "
+        "--command-template)."))] = "model",
     layers: LayersOpt = None,
-    trial_steps: Annotated[int, typer.Option("--trial-steps", help="Optimizer steps per real trial, warm-up steps included.", rich_help_panel="Trials")] = 20,
-    trial_warmup_steps: Annotated[int | None, typer.Option("--trial-warmup-steps", help="Leading steps of a real trial left out of its median step time (default: half of --trial-steps; MoE step times on H200 settled only after about 10 steps).", rich_help_panel="Trials")] = None,
-    trial_timeout: Annotated[float, typer.Option("--trial-timeout", help="Seconds one real trial may run, model build included; then its process group is killed.", rich_help_panel="Trials")] = 900.0,
-    trial_profile_step: Annotated[int | None, typer.Option("--trial-profile-step", help="--backend local: profile this step of every trial with torch.profiler (a Chrome trace per pipeline stage in the trial's folder, shown by `tune timeline --study S --trial N` beside the predicted step); a warm-up step keeps the profiler's overhead out of the measurement.", rich_help_panel="Trials")] = None,
-    command_template: Annotated[Path | None, typer.Option("--command-template", help="Launch template (YAML/JSON argv with placeholders) of --backend command; launch/templates/slime_command.yaml ships.", rich_help_panel="Trials")] = None,
-    recalibrate_after: Annotated[int, typer.Option("--recalibrate-after", help="Real trials: refit the cost model to the measurements after every N measured trials and re-rank the candidates not yet run (0 = never).", rich_help_panel="Trials")] = 4,
-    confirm_runs: Annotated[int, typer.Option("--confirm-runs", help="Real trials: after the search, bring the fastest measured layout and those within its noise (at most 4) to N more runs each, interleaved, and rank them by all their runs (0 = no).", rich_help_panel="Trials")] = 0,
-    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster of --backend ray: auto, HOST:PORT or ray://HOST:PORT (default: start a local Ray instance).", rich_help_panel="Trials")] = None,
-    parallel_trials: Annotated[int, typer.Option("--parallel-trials", help="Real trials this worker runs at once (--backend ray; each its own placement group).", rich_help_panel="Trials")] = 1,
-    trial_env: Annotated[list[str] | None, typer.Option("--trial-env", help="NAME=VALUE for every rank of a real trial (--backend ray), repeatable, e.g. --trial-env NCCL_IB_HCA=mlx5.", rich_help_panel="Trials")] = None,
-    prune_margin: Annotated[float, typer.Option("--prune-margin", help="Stop a real trial more than this fraction slower than the best so far (after its warm-up and 2 measured steps); negative = never.", rich_help_panel="Trials")] = 0.25,
-    from_file: Annotated[Path | None, typer.Option("--from", help="Your launch: a Megatron-LM / slime argument list or shell script (MODEL_ARGS=(...) arrays expanded), a recipe.yaml, a Megatron-Bridge YAML (override, perf_matrix config or saved ConfigContainer; give --model) or a NeMo-RL config. Its model, GPUs, workload, layout and run options are the inputs (flags given here win), its layout the baseline and the first trial; its other arguments are kept in the exported commands.", rich_help_panel="Job")] = None,
-    allow_config_args: Annotated[bool, typer.Option("--allow-config-args", help="Use the launch arguments a --model config.json adds (its tuner.extra_megatron_args): printed, and recorded in the recipe.", rich_help_panel="Job")] = False,
+    trial_steps: Annotated[int, typer.Option("--trial-steps", rich_help_panel="Trials", help=(
+        "Optimizer steps per real trial, warm-up steps included."))] = 20,
+    trial_warmup_steps: Annotated[int | None, typer.Option("--trial-warmup-steps", rich_help_panel="Trials", help=(
+        "Leading steps of a real trial left out of its median step time (default: half of --trial-steps; MoE step "
+        "times on H200 settled only after about 10 steps)."))] = None,
+    trial_timeout: Annotated[float, typer.Option("--trial-timeout", rich_help_panel="Trials", help=(
+        "Seconds one real trial may run, model build included; then its process group is killed."))] = 900.0,
+    trial_profile_step: Annotated[int | None, typer.Option("--trial-profile-step", rich_help_panel="Trials", help=(
+        "--backend local: profile this step of every trial with torch.profiler (a Chrome trace per pipeline stage in "
+        "the trial's folder, shown by `tune timeline --study S --trial N` beside the predicted step); a warm-up step "
+        "keeps the profiler's overhead out of the measurement."))] = None,
+    command_template: Annotated[Path | None, typer.Option("--command-template", rich_help_panel="Trials", help=(
+        "Launch template (YAML/JSON argv with placeholders) of --backend command; launch/templates/slime_command.yaml "
+        "ships."))] = None,
+    recalibrate_after: Annotated[int, typer.Option("--recalibrate-after", rich_help_panel="Trials", help=(
+        "Real trials: refit the cost model to the measurements after every N measured trials and re-rank the "
+        "candidates not yet run (0 = never)."))] = 4,
+    confirm_runs: Annotated[int, typer.Option("--confirm-runs", rich_help_panel="Trials", help=(
+        "Real trials: after the search, bring the fastest measured layout and those within its noise (at most 4) to N "
+        "more runs each, interleaved, and rank them by all their runs (0 = no)."))] = 0,
+    ray_address: Annotated[str | None, typer.Option("--ray-address", rich_help_panel="Trials", help=(
+        "Ray cluster of --backend ray: auto, HOST:PORT or ray://HOST:PORT (default: start a local Ray "
+        "instance)."))] = None,
+    parallel_trials: Annotated[int, typer.Option("--parallel-trials", rich_help_panel="Trials", help=(
+        "Real trials this worker runs at once (--backend ray; each its own placement group)."))] = 1,
+    trial_env: Annotated[list[str] | None, typer.Option("--trial-env", rich_help_panel="Trials", help=(
+        "NAME=VALUE for every rank of a real trial (--backend ray), repeatable, e.g. --trial-env "
+        "NCCL_IB_HCA=mlx5."))] = None,
+    prune_margin: Annotated[float, typer.Option("--prune-margin", rich_help_panel="Trials", help=(
+        "Stop a real trial more than this fraction slower than the best so far (after its warm-up and 2 measured "
+        "steps); negative = never."))] = 0.25,
+    from_file: Annotated[Path | None, typer.Option("--from", rich_help_panel="Job", help=(
+        "Your launch: a Megatron-LM / slime argument list or shell script (MODEL_ARGS=(...) arrays expanded), a "
+        "recipe.yaml, a Megatron-Bridge YAML (override, perf_matrix config or saved ConfigContainer; give --model) or "
+        "a NeMo-RL config. Its model, GPUs, workload, layout and run options are the inputs (flags given here win), "
+        "its layout the baseline and the first trial; its other arguments are kept in the exported commands."))] = None,
+    allow_config_args: Annotated[bool, typer.Option("--allow-config-args", rich_help_panel="Job", help=(
+        "Use the launch arguments a --model config.json adds (its tuner.extra_megatron_args): printed, and recorded in "
+        "the recipe."))] = False,
     study: StudyOpt = None,
     storage: StorageOpt = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Evaluate more layouts in an existing study (48, after any an interrupted run left queued). Without it or --trials, re-running a command shows its study as it is.", rich_help_panel="Study")] = False,
+    resume: Annotated[bool, typer.Option("--resume", rich_help_panel="Study", help=(
+        "Evaluate more layouts in an existing study (48, after any an interrupted run left queued). Without it or "
+        "--trials, re-running a command shows its study as it is."))] = False,
     results_dir: ResultsOpt = Path("results"),
     seed: Annotated[int, typer.Option("--seed", help="Sampler seed.", rich_help_panel="Study")] = 0,
-    trial_policy: Annotated[str, typer.Option("--trial-policy", help="Real trials: gain (the expected gain per GPU-hour, until the stopping rule or the budget says stop) or queue (the predicted front and fastest first, then NSGA-II, for --trials layouts).", rich_help_panel="Trials")] = "gain",
-    gpu_hours: Annotated[float | None, typer.Option("--gpu-hours", help="Real trials: the GPU-hours this run may spend (a trial costs its wall time, start-up included, times --gpus).", rich_help_panel="Trials")] = None,
-    stop_confidence: Annotated[float, typer.Option("--stop-confidence", help="Real trials: stop when no untried layout may beat the best by more than --stop-gain with this confidence.", rich_help_panel="Trials")] = 0.9,
-    stop_gain: Annotated[float, typer.Option("--stop-gain", help="Real trials: the gain over the best (a fraction) the stopping rule looks for.", rich_help_panel="Trials")] = 0.02,
-    top: Annotated[int, typer.Option("--top", min=0, help="Rows of the Pareto table to print (0 = all).", rich_help_panel="Output")] = 7,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print the space's counts by rule and the notes behind the numbers.", rich_help_panel="Output")] = False,
-    png: Annotated[bool, typer.Option("--png", help="Also draw pareto.png (report.html always shows the front).", rich_help_panel="Output")] = False,
-    debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of an error (accepted anywhere on the command line; or TUNE_DEBUG=1); the exit code is unchanged.")] = False,
+    trial_policy: Annotated[str, typer.Option("--trial-policy", rich_help_panel="Trials", help=(
+        "Real trials: gain (the expected gain per GPU-hour, until the stopping rule or the budget says stop) or queue "
+        "(the predicted front and fastest first, then NSGA-II, for --trials layouts)."))] = "gain",
+    gpu_hours: Annotated[float | None, typer.Option("--gpu-hours", rich_help_panel="Trials", help=(
+        "Real trials: the GPU-hours this run may spend (a trial costs its wall time, start-up included, "
+        "times --gpus)."))] = None,
+    stop_confidence: Annotated[float, typer.Option("--stop-confidence", rich_help_panel="Trials", help=(
+        "Real trials: stop when no untried layout may beat the best by more than --stop-gain with this "
+        "confidence."))] = 0.9,
+    stop_gain: Annotated[float, typer.Option("--stop-gain", rich_help_panel="Trials", help=(
+        "Real trials: the gain over the best (a fraction) the stopping rule looks for."))] = 0.02,
+    top: Annotated[int, typer.Option("--top", min=0, rich_help_panel="Output", help=(
+        "Rows of the Pareto table to print (0 = all)."))] = 7,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", rich_help_panel="Output", help=(
+        "Also print the space's counts by rule and the notes behind the numbers."))] = False,
+    png: Annotated[bool, typer.Option("--png", rich_help_panel="Output", help=(
+        "Also draw pareto.png (report.html always shows the front)."))] = False,
+    debug: Annotated[bool, typer.Option("--debug", help=(
+        "Show the traceback of an error (accepted anywhere on the command line; or TUNE_DEBUG=1); the exit code is "
+        "unchanged."))] = False,
 ) -> None:
     """Find the fastest layout that fits: `tune --model MiniMax-M2 --gpus 64xH200`."""
     if ctx.invoked_subcommand is not None:
@@ -113,17 +159,18 @@ def main_job(
     from tuner.cli._from import command_inputs
 
     launch, model, gpus, seq_len, global_batch, precision, layers, run, _ = command_inputs(
-        from_file, ctx, model=model, gpus=gpus, seq_len=seq_len, global_batch=global_batch, precision=precision, layers=layers, run=run)
+        from_file, ctx, model=model, gpus=gpus, seq_len=seq_len, global_batch=global_batch, precision=precision,
+        layers=layers, run=run)
     cfg = _tune_config(locals())
     state = ctx.obj if isinstance(ctx.obj, CliState) else CliState(argv=(), debug=False)
     _run_main(cfg, top, results_dir, state, launch, verbose=verbose, png=png)
 
 
 #: The options of :func:`main_job` that are :class:`tuner.study.TuneConfig` fields of the same name and value.
-_AS_GIVEN = ("gpus_per_node", "network_gbps", "network", "megatron_core", "host_memory_gib", "usd_per_gpu_hour", "precision",
-             "memory_headroom", "study", "storage", "trials", "resume", "backend", "seed", "layers", "trial_steps",
-             "trial_warmup_steps", "allow_config_args", "trial_profile_step", "ray_address", "recalibrate_after",
-             "confirm_runs", "parallel_trials", "gpu_hours", "stop_confidence", "stop_gain")
+_AS_GIVEN = ("gpus_per_node", "network_gbps", "network", "megatron_core", "host_memory_gib", "usd_per_gpu_hour",
+             "precision", "memory_headroom", "study", "storage", "trials", "resume", "backend", "seed", "layers",
+             "trial_steps", "trial_warmup_steps", "allow_config_args", "trial_profile_step", "ray_address",
+             "recalibrate_after", "confirm_runs", "parallel_trials", "gpu_hours", "stop_confidence", "stop_gain")
 
 
 def _tune_config(a: dict[str, Any]) -> Any:
@@ -154,23 +201,30 @@ def _tune_config(a: dict[str, Any]) -> Any:
         command_template=str(a["command_template"]) if a["command_template"] else None,
         trial_env=tuple(a["trial_env"] or ()),
         policy=a["trial_policy"],
-        prune_margin=None if (not math.isnan(prune_margin) and prune_margin < 0) else prune_margin,  # NaN is rejected later
+        # NaN is rejected later
+        prune_margin=None if (not math.isnan(prune_margin) and prune_margin < 0) else prune_margin,
     )
+
+
+def _drop_args(argv: Sequence[str], with_value: set[str], flags: tuple[str, ...] = ()) -> list[str]:
+    """``argv`` without the options ``with_value`` (and their values, also as ``--opt=value``) and ``flags``."""
+    out: list[str] = []
+    it = iter(argv)
+    for a in it:
+        if a in with_value:
+            next(it, None)
+        elif a not in flags and not any(a.startswith(f"{d}=") for d in with_value):
+            out.append(a)
+    return out
 
 
 def _with_trials(argv: Sequence[str], left: int) -> list[str]:
     """``argv`` with ``--trials left`` in place of its ``--trials N`` (the resumed run evaluates what this one left)."""
-    out: list[str] = []
-    it = iter(argv)
-    for a in it:
-        if a == "--trials":
-            next(it, None)
-        elif not a.startswith("--trials="):
-            out.append(a)
-    return [*out, "--trials", str(left)]
+    return [*_drop_args(argv, {"--trials"}), "--trials", str(left)]
 
 
-def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: Any = None, *, verbose: bool = False, png: bool = False) -> None:
+def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: Any = None, *, verbose: bool = False,
+              png: bool = False) -> None:
     """Run the main job of ``cfg`` and print it; ``state.argv`` is the command a resume repeats.
 
     Raises:
@@ -185,11 +239,13 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: An
     rows = trial_rows(res.study)
     front, best, tied = _choose_best(res, rows, prep, cfg)
     files, report_note = _write_results(res, prep, cfg, rows, front, best, top=top, png=png)
-    _print_outcome(res, prep, cfg, state, rows, front, best, tied, files, report_note, results_dir=results_dir, top=top, launch=launch)
+    _print_outcome(res, prep, cfg, state, rows, front, best, tied, files, report_note, results_dir=results_dir, top=top,
+                   launch=launch)
 
 
 def _prepare_main(cfg: Any) -> Any:
-    """The study's :class:`tuner.study.Prepared`, after the flags, the backend and (local backend) this machine are checked.
+    """The study's :class:`tuner.study.Prepared`, after the flags, the backend and (local backend) this machine are
+    checked.
 
     Raises:
         TunerError: bad flag combinations, a backend that cannot run here, too few GPUs or no torch here.
@@ -207,9 +263,10 @@ def _prepare_main(cfg: Any) -> Any:
 
         have, c = machine_gpu_count(), prep.cluster
         check_local_gpus(c, "--backend local",
-                         nodes_fix=f"use --gpus {c.num_gpus}x{c.gpu.name} for one node of that size, or --backend ray for several",
-                         gpus_fix=f"use at most --gpus {have}x{c.gpu.name} (this machine's {have} GPU{'s' if have != 1 else ''}; "
-                                  "slice a model with --layers to make it fit)")
+                         nodes_fix=f"use --gpus {c.num_gpus}x{c.gpu.name} for one node of that size, or --backend ray "
+                         "for several",
+                         gpus_fix=f"use at most --gpus {have}x{c.gpu.name} (this machine's {have} "
+                                  f"GPU{'s' if have != 1 else ''}; slice a model with --layers to make it fit)")
         from launch.local_backend import check_harness_dependencies
 
         check_harness_dependencies()  # before any output or trial: one clear message if torch is missing
@@ -222,7 +279,8 @@ def _print_header(prep: Any, cfg: Any, launch: Any, *, verbose: bool) -> None:
     w = prep.workload
     out.print(f"[bold]{escape(prep.model.name)}[/] on {c.label}, {c.network.key if c.network else 'custom network'}, "
               f"seq {w.seq_length:,}, gbs {w.global_batch_size}, {w.precision.value}, {cfg.backend} backend")
-    task = "" if w.task == "pretrain" else f"; task {w.task}" + (f", LoRA rank {w.lora_rank}" if w.task == "lora" else "")
+    task = "" if w.task == "pretrain" else f"; task {w.task}" + (f", LoRA rank {w.lora_rank}" if w.task == "lora"
+                                                                 else "")
     out.print(escape(prep.stack.line + task))
     if launch is not None:
         from tuner.cli._from import launch_lines
@@ -241,14 +299,8 @@ def _run_with_progress(prep: Any, cfg: Any, state: CliState) -> Any:
 
     # The bar starts when the study is open and its first trial begins (run_study calls on_trial(0, n)):
     # a refused study (other inputs, a busy lock, a bad storage) prints its error without a bar before it.
-    progress = Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=out,
-        transient=cfg.backend == "model",
-    )
+    progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=out, transient=cfg.backend == "model")
     task = progress.add_task(f"Optuna search ({cfg.backend} backend)", total=None)
 
     count = [0, 0]  # done, total: a resume runs what was left
@@ -268,7 +320,8 @@ def _run_with_progress(prep: Any, cfg: Any, state: CliState) -> Any:
         again = (_with_trials(state.argv, left) if left
                  else [*state.argv, *([] if "--resume" in state.argv or "--trials" in state.argv else ["--resume"])])
         resume = f": {shell_command('tune', *again)}" if state.argv else ": re-run the command with --resume"
-        err.print(f"[yellow]interrupted:[/] finished trials are kept in the study; to resume{escape(resume)}", soft_wrap=True)
+        err.print(f"[yellow]interrupted:[/] finished trials are kept in the study; to resume{escape(resume)}",
+                  soft_wrap=True)
         raise typer.Exit(code=130) from None
     finally:
         if progress.live.is_started:
@@ -277,7 +330,8 @@ def _run_with_progress(prep: Any, cfg: Any, state: CliState) -> Any:
     return res
 
 
-def _choose_best(res: Any, rows: list[dict[str, Any]], prep: Any, cfg: Any) -> tuple[list[dict[str, Any]], dict[str, Any], list[Any]]:
+def _choose_best(res: Any, rows: list[dict[str, Any]], prep: Any, cfg: Any) -> tuple[list[dict[str, Any]],
+                                                                                     dict[str, Any], list[Any]]:
     """The Pareto front, the best row (the gain policy's choice when it stopped by its rule) and the rows tied with it;
     the best trial is recorded in the study.
 
@@ -306,8 +360,8 @@ def _choose_best(res: Any, rows: list[dict[str, Any]], prep: Any, cfg: Any) -> t
     return front, best, tied
 
 
-def _write_results(res: Any, prep: Any, cfg: Any, rows: list[dict[str, Any]], front: list[dict[str, Any]], best: dict[str, Any], *,
-                   top: int, png: bool) -> tuple[dict[str, Path], str]:
+def _write_results(res: Any, prep: Any, cfg: Any, rows: list[dict[str, Any]], front: list[dict[str, Any]],
+                   best: dict[str, Any], *, top: int, png: bool) -> tuple[dict[str, Path], str]:
     """``pareto.csv``, the plot (``png``), the exported recipe files and ``report.html`` in the study's folder:
     the files written and a note when the report was left out.
 
@@ -334,34 +388,41 @@ def _write_results(res: Any, prep: Any, cfg: Any, rows: list[dict[str, Any]], fr
         from tuner.report import runs_note, ties_note
 
         best_row = next((r for r in rows if r["trial"] == best["trial"]), {})
-        files.update(export_files(res.out_dir, prep.model, c, w, lay, study=res.study_name, calibration=prep.calibration,
-                                  memory_headroom=prep.headroom, measurement=measurement_from_row(best_row, lay),
-                                  notes=runs_note(best_row) + ties_note(rows, best["trial"]), megatron_core=prep.options.megatron_core,
-                                  options=prep.options, stack=prep.stack.preset.name, user_args=cfg.user_args,
-                                  bridge_yaml=cfg.bridge_yaml))
+        files.update(export_files(res.out_dir, prep.model, c, w, lay, study=res.study_name,
+                                  calibration=prep.calibration, memory_headroom=prep.headroom,
+                                  measurement=measurement_from_row(best_row, lay),
+                                  notes=runs_note(best_row) + ties_note(rows, best["trial"]),
+                                  megatron_core=prep.options.megatron_core, options=prep.options,
+                                  stack=prep.stack.preset.name, user_args=cfg.user_args, bridge_yaml=cfg.bridge_yaml))
         from tuner.report_html import ReportUnavailable, study_report
 
         try:
-            files["report"] = study_report(res.out_dir / "report.html", study=res.study_name, model=prep.model, cluster=c, workload=w, rows=rows,
-                                           front=front, backend=cfg.backend, calibration=prep.calibration, memory_headroom=prep.headroom,
-                                           files={**{p.name: p for p in files.values()}, "config.yaml": res.out_dir / "config.yaml"}, force=True)
-        except ReportUnavailable as e:  # the study, the front and the recipe files are written: only the page is left out
-            report_note = f"note: report.html was not written: {e}; `tune report --study {res.study_name}` writes it later"
+            files["report"] = study_report(res.out_dir / "report.html", study=res.study_name, model=prep.model,
+                                           cluster=c, workload=w, rows=rows,
+                                           front=front, backend=cfg.backend, calibration=prep.calibration,
+                                           memory_headroom=prep.headroom, files={**{p.name: p for p in files.values()},
+                                                  "config.yaml": res.out_dir / "config.yaml"}, force=True)
+        # the study, the front and the recipe files are written: only the page is left out
+        except ReportUnavailable as e:
+            report_note = (f"note: report.html was not written: {e}; `tune report --study {res.study_name}` "
+                           "writes it later")
     except OSError as e:
-        raise TunerError(f"cannot write the results to {res.out_dir} ({e.strerror or e}: {e.filename}); the study and its trials are kept in {_mask(res.storage)}") from None
+        raise TunerError(f"cannot write the results to {res.out_dir} ({e.strerror or e}: {e.filename}); the study and "
+                         f"its trials are kept in {_mask(res.storage)}") from None
     return files, report_note
 
 
 def _study_counts(res: Any, evaluated: int, backend: str) -> str:
     """``Study NAME: 102,561 layouts evaluated in total (2,000 now; ...)``: ``evaluated`` in the study, ``res``'s
     counts of this run (pruned, failed and GPU-hours where a backend ran trials)."""
-    ran = f"; {res.pruned_now:,} pruned, {res.failed_now:,} failed; {res.gpu_hours_now:,.1f} GPU-hours" if backend != "model" else ""
+    ran = (f"; {res.pruned_now:,} pruned, {res.failed_now:,} failed; {res.gpu_hours_now:,.1f} GPU-hours"
+           if backend != "model" else "")
     return f"Study {escape(res.study_name)}: {evaluated:,} layouts evaluated in total ({res.evaluated_now:,} now{ran})"
 
 
-def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[dict[str, Any]], front: list[dict[str, Any]],
-                   best: dict[str, Any], tied: list[Any], files: dict[str, Path], report_note: str, *, results_dir: Path, top: int,
-                   launch: Any) -> None:
+def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[dict[str, Any]],
+                   front: list[dict[str, Any]], best: dict[str, Any], tied: list[Any], files: dict[str, Path],
+                   report_note: str, *, results_dir: Path, top: int, launch: Any) -> None:
     """The best layout, the space and study counts, the front, the files and the next command."""
     from tuner.report import pipeline_layout_of
 
@@ -385,7 +446,8 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
 
         say(compare_line(prep, best, rows), indent=0, markup=False)
     if best["source"] == "predicted":
-        for gap in gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay), prep.model, prep.cluster.gpu, prep.calibration)[:2]:
+        for gap in gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay), prep.model, prep.cluster.gpu,
+                        prep.calibration)[:2]:
             out.print(f"note: {gap.line}", markup=False)
     out.print()
     print_front(front, top, title=f"Pareto front ({src_word}; tok/s = tokens/s/GPU, 90% interval; * may not fit)",
@@ -398,26 +460,27 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
         from tuner.study.config import cheapest_trial_gpu_hours, policy_params
 
         pp = policy_params(prep, 1)
-        # five trials: of the best's predicted cost, and at least five of the cheapest contender's (what the plan counts)
-        trial_gh = max((pp.startup_s + pp.steps * float(best["step_time_s"])) * c.num_gpus / 3600, cheapest_trial_gpu_hours(prep))
+        # five trials: of the best's predicted cost, and at least five of the cheapest contender's (what the plan
+        # counts)
+        trial_gh = max((pp.startup_s + pp.steps * float(best["step_time_s"])) * c.num_gpus / 3600,
+                       cheapest_trial_gpu_hours(prep))
         budget = max(1, math.ceil(5 * trial_gh))
+        args = _real_trial_args(state.argv, prep, cfg)
         if prep.stack is not None and prep.stack.flags and prep.stack.preset.name == "slime":
             # run flags need the user's own stack: the harness (local, ray) runs its own and refuses them
             out.print(f"Next: measure the contenders through your own launch, which has these run flags (about "
                       f"{trial_gh:,.1f} GPU-hours a trial; docs/trials.md#through-your-own-launch):", markup=False)
-            print_command("tune", *_real_trial_args(state.argv, prep, cfg), "--backend", "command", "--command-template",
-                          "launch/templates/slime_command.yaml", "--gpu-hours", budget)
+            via = ["command", "--command-template", "launch/templates/slime_command.yaml"]
         elif prep.stack is not None and prep.stack.flags:
             # the shipped template runs slime's entry point: another stack's launch needs a template of its own
-            out.print(f"Next: measure the contenders through your own {prep.stack.preset.name} launch, which has these run flags "
-                      f"(about {trial_gh:,.1f} GPU-hours a trial): write its launch template "
+            out.print(f"Next: measure the contenders through your own {prep.stack.preset.name} launch, which has these "
+                      f"run flags (about {trial_gh:,.1f} GPU-hours a trial): write its launch template "
                       "(docs/trials.md#a-template-for-a-torchrun-launch), then:", markup=False)
-            print_command("tune", *_real_trial_args(state.argv, prep, cfg), "--backend", "command", "--command-template",
-                          "YOUR_TEMPLATE.yaml", "--gpu-hours", budget)
+            via = ["command", "--command-template", "YOUR_TEMPLATE.yaml"]
         else:
             out.print(f"Next: measure the contenders (about {trial_gh:,.1f} GPU-hours a trial):", markup=False)
-            print_command("tune", *_real_trial_args(state.argv, prep, cfg), "--backend", "ray", "--ray-address", "auto", "--gpu-hours",
-                          budget)
+            via = ["ray", "--ray-address", "auto"]
+        print_command("tune", *args, "--backend", *via, "--gpu-hours", budget)
     else:
         out.print("Next: check convergence against a reference layout:", markup=False)
         print_command("tune", "verify", *flags, "--trial", best["trial"], "--reference", "tp=1,pp=1,ep=1")
@@ -426,20 +489,7 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
 def _real_trial_args(argv: tuple[str, ...], prep: Any, cfg: Any) -> list[str]:
     """The user's arguments for the same job with real trials: without the output flags, --trials (the policy and the
     budget decide) and --study (real trials go to a study of their own)."""
-    drop_value = {"--trials", "--study", "--top"}
-    drop = {"-v", "--verbose", "--png"}
-    args: list[str] = []
-    skip = False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a in drop_value:
-            skip = True
-            continue
-        if a in drop or any(a.startswith(f"{d}=") for d in drop_value):
-            continue
-        args.append(a)
+    args = _drop_args(argv, {"--trials", "--study", "--top"}, ("-v", "--verbose", "--png"))
     return args or ["--model", prep.model.name, "--gpus", cfg.gpus]
 
 
@@ -450,27 +500,30 @@ def _print_plan(prep: Any, cfg: Any) -> None:
 
     pp = policy_params(prep, n_trials(cfg))
     each = cheapest_trial_gpu_hours(prep)
-    buys = f"; --gpu-hours {cfg.gpu_hours:g} buys at most {int(cfg.gpu_hours // each)} of them" if cfg.gpu_hours and each == each else ""
-    out.print(f"Plan: {fmt_int(int(prep.contenders.sum()))} contenders (candidates not surely slower than the best); a trial costs "
-              f"about {fmt_gpu_hours(each)} GPU-hours "
-              f"({prep.cluster.num_gpus} GPUs, {pp.startup_s:.0f} s start-up until measured, {pp.steps} steps){buys}; at most "
-              f"{pp.max_trials} trials; stop when no untried layout may beat the best by {cfg.stop_gain:.0%} at "
-              f"{cfg.stop_confidence:.0%} confidence")
+    buys = (f"; --gpu-hours {cfg.gpu_hours:g} buys at most {int(cfg.gpu_hours // each)} of them"
+            if cfg.gpu_hours and each == each else "")
+    out.print(f"Plan: {fmt_int(int(prep.contenders.sum()))} contenders (candidates not surely slower than the best); a "
+              f"trial costs about {fmt_gpu_hours(each)} GPU-hours "
+              f"({prep.cluster.num_gpus} GPUs, {pp.startup_s:.0f} s start-up until measured, {pp.steps} steps){buys}; "
+              f"at most {pp.max_trials} trials; stop when no untried layout may beat the best by {cfg.stop_gain:.0%} "
+              f"at {cfg.stop_confidence:.0%} confidence")
 
 
 def _print_space(prep: Any, cfg: Any) -> None:
     """``--verbose``: the network, the space's counts by rule, what was left out and why."""
     en, c = prep.enumeration, prep.cluster
     out.print(f"Network: {escape(c.network_label)}; megatron-core {prep.options.megatron_core} rules", soft_wrap=True)
-    out.print(f"Layouts considered: {fmt_int(en.considered)}; break a Megatron rule: {fmt_int(en.considered - len(en.valid))}")
+    out.print(f"Layouts considered: {fmt_int(en.considered)}; break a Megatron rule: "
+              f"{fmt_int(en.considered - len(en.valid))}")
     for rid, cnt in sorted(en.rule_counts.items(), key=lambda kv: -kv[1]):
         if cnt:
             out.print(f"  {rid:<34} {fmt_int(cnt):>12}")
     rule = (f"a fixed {cfg.memory_headroom:.0%} headroom" if cfg.memory_headroom is not None else
             f"memory interval of the {prep.bars.family} error bars" if prep.bars else "the prediction")
-    out.print(f"Valid: {fmt_int(prep.n_valid)}; not fitting ({rule}): {fmt_int(prep.n_valid - prep.n_fit - prep.n_over_host)}; "
-              f"over host memory: {fmt_int(prep.n_over_host)}; candidates: {fmt_int(prep.n_fit)}, "
-              f"of which surely slower than the best: {fmt_int(int((prep.fits & ~prep.contenders).sum()))}")
+    out.print(f"Valid: {fmt_int(prep.n_valid)}; not fitting ({rule}): "
+              f"{fmt_int(prep.n_valid - prep.n_fit - prep.n_over_host)}; over host memory: "
+              f"{fmt_int(prep.n_over_host)}; candidates: {fmt_int(prep.n_fit)}, of which surely slower than the best: "
+              f"{fmt_int(int((prep.fits & ~prep.contenders).sum()))}")
     for note in en.notes:
         out.print(f"note: {note}", markup=False)
     out.print(f"(enumerated and checked in {prep.enumerate_seconds:.2f} s, estimated in {prep.estimate_seconds:.2f} s)")
@@ -480,18 +533,22 @@ def _print_best(best: dict[str, Any], tied: list[dict[str, Any]], pls: str, hbm_
     """The result block: the layout, its throughput and memory with their 90% intervals, the layout string, ties."""
     src = best["source"]
     out.print(f"[bold green]Best layout[/] ({src}, trial {best['trial']}): [bold]{best['label']}[/]")
-    out.print(f"  recompute {best['recompute']}, offload {best['offload']}, {best['dispatcher']}, micro-batch {best['micro_batch_size']}")
+    out.print(f"  recompute {best['recompute']}, offload {best['offload']}, {best['dispatcher']}, micro-batch "
+              f"{best['micro_batch_size']}")
     out.print(f"  tokens/s/GPU {best['tokens_per_s_per_gpu']:,.0f} (90%: {best['tokens_per_s_per_gpu_low']:,.0f}-"
-              f"{best['tokens_per_s_per_gpu_high']:,.0f}); MFU {best['mfu']:.1%}; ${best['usd_per_million_tokens']:.2f}/1M tok")
+              f"{best['tokens_per_s_per_gpu_high']:,.0f}); MFU {best['mfu']:.1%}; "
+              f"${best['usd_per_million_tokens']:.2f}/1M tok")
     mem = (f"{best['peak_gib']:.1f} GiB" if src == "measured" else
            f"{best['peak_gib']:.1f} GiB (at most {best['peak_gib_high']:.1f})")
     out.print(f"  peak {mem} of {hbm_gib:.1f}; step {best['step_time_s']:.2f} s")
     if pls:
         out.print(f"  --pipeline-model-parallel-layout '{pls}'", markup=False)
     if best.get("fit") == "may not fit":
-        out.print("  [yellow]warning:[/] no candidate surely fits; this one may not: a real trial tells (docs/error_bars.md)")
+        out.print("  [yellow]warning:[/] no candidate surely fits; this one may not: a real trial tells "
+                  "(docs/error_bars.md)")
     if tied:
         names = ", ".join(str(t["trial"]) for t in tied[:4]) + (f" and {len(tied) - 4} more" if len(tied) > 4 else "")
-        out.print(f"  tie: trial{'s' if len(tied) > 1 else ''} {names} within 1%; the least memory wins (docs/studies.md#ties)",
+        out.print(f"  tie: trial{'s' if len(tied) > 1 else ''} {names} within 1%; the least memory wins "
+                  "(docs/studies.md#ties)",
                   markup=False)
 

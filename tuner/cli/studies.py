@@ -1,4 +1,5 @@
-"""Looking into a study made by ``tune``: ``tune pareto`` (its front) and ``tune export`` (a trial in any registered format)."""
+"""Looking into a study made by ``tune``: ``tune pareto`` (its front) and ``tune export`` (a trial in any registered
+format)."""
 
 from __future__ import annotations
 
@@ -47,21 +48,22 @@ def study_export_context(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], l
 
     cal = Calibration(**st.user_attrs["calibration"]) if "calibration" in st.user_attrs else Calibration()
     notes = runs_note(row) + ties_note(rows, row["trial"]) if row is not None else []
-    return export_context(m, c, w, lay, study=st.study_name, calibration=cal, memory_headroom=headroom_for(m, c.gpu, w.precision, cfg.get("memory_headroom")),
-                          measurement=measurement_from_row(row, lay) if row is not None else None, correctness=correctness, notes=notes,
-                          megatron_core=(st.user_attrs.get("resolved") or {}).get("megatron_core"), bridge_yaml=str(cfg.get("bridge_yaml") or ""),
+    return export_context(m, c, w, lay, study=st.study_name, calibration=cal,
+                          memory_headroom=headroom_for(m, c.gpu, w.precision, cfg.get("memory_headroom")),
+                          measurement=measurement_from_row(row, lay) if row is not None else None,
+                          correctness=correctness, notes=notes,
+                          megatron_core=(st.user_attrs.get("resolved") or {}).get("megatron_core"),
+                          bridge_yaml=str(cfg.get("bridge_yaml") or ""),
                           **dict(zip(("options", "stack", "user_args"), stored_run(st), strict=True)))
 
 
 def study_front(study: str | None, storage: str | None, results_dir: Path, output: tuple[str, Path | None, str], *,
                 force: bool) -> tuple[Any, Any, Any, Any, dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
     """(study, model, cluster, workload, config, trial rows, front rows) of a study with a finished trial; ``output``
-    (option, path or None, the file name it has in a study's folder) is checked before the study is opened.
+    (option, path or None, its file name in a study's folder) is checked before the study is opened.
 
     Raises:
-        TunerError: an output path that would overwrite a study (:func:`tuner.study.config.check_output_path`), a study
-            that cannot be opened, or one with no finished trial.
-    """
+        TunerError: an output that would overwrite a study, a study that cannot be opened or has no finished trial."""
     from cost_model.uncertainty import error_bars
     from tuner.report import front_rows
     from tuner.study import trial_rows
@@ -90,39 +92,48 @@ def pareto(
     """Show a study's Pareto front (throughput vs peak memory) with predicted vs measured values."""
     from tuner.report import write_pareto_csv
 
-    st, m, c, w, cfg, rows, front = study_front(study, storage, results_dir, ("--csv", csv_out, "pareto.csv"), force=force)
+    st, m, c, w, cfg, rows, front = study_front(study, storage, results_dir, ("--csv", csv_out, "pareto.csv"),
+                                                force=force)
     srcs = {r["source"] for r in front}
-    out.print(f"Study [bold]{escape(st.study_name)}[/]: {escape(m.name)} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}; "
-              f"backend {escape(str(cfg.get('backend')))}; {len(rows):,} layouts evaluated")
+    out.print(f"Study [bold]{escape(st.study_name)}[/]: {escape(m.name)} on {c.label}, seq {w.seq_length:,}, gbs "
+              f"{w.global_batch_size}; backend {escape(str(cfg.get('backend')))}; {len(rows):,} layouts evaluated")
     more = shell_command("tune", "pareto", *study_flags(st.study_name, results_dir), "--top", "0")
-    print_front(front, top, title=f"Pareto front ({' and '.join(sorted(srcs))}; tok/s = tokens/s/GPU, 90% interval; * may not fit)",
+    print_front(front, top,
+                title=f"Pareto front ({' and '.join(sorted(srcs))}; tok/s = tokens/s/GPU, 90% interval; * may not fit)",
                 more_hint=more)
     print_ties(rows, front[0])
-    real = [t for t in st.trials if "pruned" in t.user_attrs or ("failure" in t.user_attrs and "pred_peak_gib" in t.user_attrs["failure"])]
+    real = [t for t in st.trials if "pruned" in t.user_attrs
+            or ("failure" in t.user_attrs and "pred_peak_gib" in t.user_attrs["failure"])]
     if any("pred_tokens_per_s_per_gpu" in r for r in rows) and ("measured" in srcs or real):
         out.print("Predicted vs measured, every real trial (tokens/s/GPU; peak GiB)")
-        lines = [(r["trial"], r["label"], "measured", r["pred_tokens_per_s_per_gpu"], r["tokens_per_s_per_gpu"], r["pred_peak_gib"], r["peak_gib"])
+        lines = [(r["trial"], r["label"], "measured", r["pred_tokens_per_s_per_gpu"], r["tokens_per_s_per_gpu"],
+                  r["pred_peak_gib"], r["peak_gib"])
                  for r in rows if r.get("source") == "measured"]
         for tr in real:
             a = tr.user_attrs.get("pruned") or tr.user_attrs["failure"]
             if "pruned" in tr.user_attrs:
                 tps = sorted(a.get("tokens_per_s_per_gpu", [])[2:]) or [float("nan")]
-                lines.append((tr.number, a["label"], "pruned", a["pred_tokens_per_s_per_gpu"], tps[len(tps) // 2], a["pred_peak_gib"], float("nan")))
+                lines.append((tr.number, a["label"], "pruned", a["pred_tokens_per_s_per_gpu"], tps[len(tps) // 2],
+                              a["pred_peak_gib"], float("nan")))
             else:
-                lines.append((tr.number, a["label"], a["kind"], a["pred_tokens_per_s_per_gpu"], float("nan"), a["pred_peak_gib"], a.get("memory_reached_gib", float("nan"))))
+                lines.append((tr.number, a["label"], a["kind"], a["pred_tokens_per_s_per_gpu"], float("nan"),
+                              a["pred_peak_gib"], a.get("memory_reached_gib", float("nan"))))
         cells = []
         for n, label, outcome, ptps, mtps, pgib, mgib in sorted(lines):
             rel = f"{(ptps / mtps - 1) * 100:+.1f}" if mtps == mtps and mtps else "-"
-            cells.append([str(n), label, outcome, f"{ptps:,.1f}", f"{mtps:,.1f}" if mtps == mtps else "-", rel, f"{pgib:.1f}",
-                          f"{mgib:.1f}" if mgib == mgib else "-"])
-        out.print(fitted_table([Col("trial", "right"), Col("layout"), Col("outcome"), Col("predicted", "right"), Col("measured", "right"),
+            cells.append([str(n), label, outcome, f"{ptps:,.1f}", f"{mtps:,.1f}" if mtps == mtps else "-", rel,
+                          f"{pgib:.1f}", f"{mgib:.1f}" if mgib == mgib else "-"])
+        out.print(fitted_table([Col("trial", "right"), Col("layout"), Col("outcome"), Col("predicted", "right"),
+                                Col("measured", "right"),
                                 Col("err %", "right"), Col("pred. GiB", "right", 2), Col("GiB", "right", 1)], cells))
     for rec in st.user_attrs.get("recalibrations", []):
         if "error" in rec:
-            out.print(f"refit after {rec['after_measured_trials']} measured trials failed ({rec['error']}); the previous constants were kept", markup=False)
+            out.print(f"refit after {rec['after_measured_trials']} measured trials failed ({rec['error']}); the "
+                      "previous constants were kept", markup=False)
         else:
             se = rec.get("step_median_abs_error")
-            out.print(f"refit after {rec['after_measured_trials']} measured trials: step-time median error {se:.1%} in the fit" if se is not None else
+            out.print(f"refit after {rec['after_measured_trials']} measured trials: step-time median error {se:.1%} in "
+                      "the fit" if se is not None else
                       f"refit after {rec['after_measured_trials']} measured trials", markup=False)
     if csv_out:
         write_pareto_csv(csv_out, front, label="--csv", force=force)
@@ -139,12 +150,16 @@ def _format_help() -> str:
 @app.command("export")
 def export_cmd(
     study: StudyNameOpt = None, storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
-    trial: Annotated[int | None, typer.Option("--trial", help="Trial number (default: the study's best, the layout tune recommended: of those that ran or are predicted to fit, the least memory within 1% of the fastest).")] = None,
+    trial: Annotated[int | None, typer.Option("--trial", help=(
+        "Trial number (default: the study's best, the layout tune recommended: of those that ran or are predicted to "
+        "fit, the least memory within 1% of the fastest)."))] = None,
     fmt: Annotated[str, typer.Option("--format", help=_format_help())] = "recipe",
-    out_file: Annotated[Path | None, typer.Option("--out", help="File to write (default: stdout); a script is written executable.")] = None,
+    out_file: Annotated[Path | None, typer.Option("--out", help=(
+        "File to write (default: stdout); a script is written executable."))] = None,
     force: ForceOpt = False,
 ) -> None:
-    """Export a study's layout in one of the registered formats (a recipe YAML, a slime run script, a Megatron-LM argument file)."""
+    """Export a study's layout in one of the registered formats (a recipe YAML, a slime run script, a Megatron-LM
+    argument file)."""
     from cost_model.uncertainty import error_bars
     from launch.exporters import get_exporter
     from specs.layout import Layout
@@ -163,11 +178,12 @@ def export_cmd(
     lay = Layout.from_dict(row["layout"])
     peak, hbm = float(row.get("peak_gib") or 0.0), c.gpu.hbm_bytes / 2**30
     if row.get("source") == "predicted" and peak > hbm / error_bars(m, c.gpu, w.precision).memory.high:
-        err.print(f"[yellow]warning:[/] trial {row['trial']} is predicted at {peak:.1f} GiB per GPU of {hbm:.1f}: it may not fit; "
-                  "confirm it with a real trial before training on it")
+        err.print(f"[yellow]warning:[/] trial {row['trial']} is predicted at {peak:.1f} GiB per GPU of {hbm:.1f}: it "
+                  "may not fit; confirm it with a real trial before training on it")
     from tuner.verify.correctness import stored_correctness  # launch's process helpers: not imported by the main job
 
-    text = exporter.render(study_export_context(st, m, c, w, cfg, lay, row, rows, correctness=stored_correctness(st, row["trial"])))
+    text = exporter.render(study_export_context(st, m, c, w, cfg, lay, row, rows,
+                                                correctness=stored_correctness(st, row["trial"])))
     if out_file is None:
         sys.stdout.write(text)
         return

@@ -1,5 +1,5 @@
-"""Seeing where a step goes: ``tune timeline`` (one predicted step as a Chrome trace, for a layout given by its flags or a
-study's trial) and ``tune report`` (a study's ``report.html``)."""
+"""Seeing where a step goes: ``tune timeline`` (one predicted step as a Chrome trace, for a layout given by its flags or
+a study's trial) and ``tune report`` (a study's ``report.html``)."""
 
 from __future__ import annotations
 
@@ -67,12 +67,17 @@ def _write_json(path: Path, obj: Any, what: str, force: bool = False) -> None:
     write_output(path, json.dumps(obj, separators=(",", ":")), label=what, force=force)
 
 
-StudyOpt = Annotated[str | None, typer.Option("--study", help="A study made by `tune`: its trial (--trial) is drawn with the study's inputs.", rich_help_panel="Study")]
-TrialOpt = Annotated[int | None, typer.Option("--trial", help="Trial number of --study (default: the study's best, the layout tune recommended: of those that ran or are predicted to fit, the least memory within 1% of the fastest).", rich_help_panel="Study")]
-OutOpt = Annotated[Path | None, typer.Option("--out", help="Trace file to write (default: results/<study>/timeline_trial<N>.json, beside a measured "
-                                                           "trial's own trace when it has one; without --study timeline_<layout>.json here).")]
+StudyOpt = Annotated[str | None, typer.Option("--study", rich_help_panel="Study", help=(
+    "A study made by `tune`: its trial (--trial) is drawn with the study's inputs."))]
+TrialOpt = Annotated[int | None, typer.Option("--trial", rich_help_panel="Study", help=(
+    "Trial number of --study (default: the study's best, the layout tune recommended: of those that ran or are "
+    "predicted to fit, the least memory within 1% of the fastest)."))]
+OutOpt = Annotated[Path | None, typer.Option("--out", help=(
+    "Trace file to write (default: results/<study>/timeline_trial<N>.json, beside a measured trial's own trace when it "
+    "has one; without --study timeline_<layout>.json here)."))]
 PngOpt = Annotated[Path | None, typer.Option("--png", help="Also draw the trace as a Gantt chart (PNG).")]
-CompareOpt = Annotated[list[Path] | None, typer.Option("--compare", help="With --png: draw these traces (written by tune timeline) under this one, on the same time axis (repeatable).")]
+CompareOpt = Annotated[list[Path] | None, typer.Option("--compare", help=(
+    "With --png: draw these traces (written by tune timeline) under this one, on the same time axis (repeatable)."))]
 
 
 @app.command()
@@ -83,16 +88,19 @@ def timeline(
     layout: LayoutFlags,
     run: RunChoice,
     from_file: FromOpt = None,
-    study: StudyOpt = None, trial: TrialOpt = None, storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
-    model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None, network_gbps: NetOpt = None,
+    study: StudyOpt = None, trial: TrialOpt = None, storage: StorageOpt = None,
+    results_dir: ResultsOpt = Path("results"),
+    model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None,
+    network_gbps: NetOpt = None,
     usd_per_gpu_hour: PriceOpt = None, seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
     calibration: CalOpt = None, memory_headroom: HeadroomOpt = None,
     out_file: OutOpt = None, png: PngOpt = None, compare: CompareOpt = None,
     network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None, force: ForceOpt = False,
 ) -> None:
-    """Write one predicted step as a Chrome trace (open it in Perfetto or chrome://tracing): a lane per pipeline rank and
-    virtual stage with each micro-batch's forward and backward in Megatron's order, the step by part (compute, recompute,
-    exposed TP / CP / EP communication, the DP / optimizer / offload tail), what the overlaps hide; the bubble is the idle time."""
+    """Write one predicted step as a Chrome trace (open it in Perfetto or chrome://tracing): a lane per pipeline rank
+    and virtual stage with each micro-batch's forward and backward in Megatron's order, the step by part (compute,
+    recompute, exposed TP / CP / EP communication, the DP / optimizer / offload tail), what the overlaps hide; the
+    bubble is the idle time."""
     from cost_model.timeline import check_trace, step_trace, trace_bubble_fraction, trace_step_seconds
     from tuner.plots import check_image_path
 
@@ -106,10 +114,12 @@ def timeline(
         check_output_path("--out", out_file, force=force)
     others = [_read_trace(p) for p in compare or ()]  # read before anything is written: a bad --compare leaves no file
     if study is not None:
-        if (layout != LayoutFlags() or from_file is not None or model is not None or gpus is not None or layers is not None or network is not None or megatron_core is not None
+        if (layout != LayoutFlags() or from_file is not None or model is not None or gpus is not None
+            or layers is not None or network is not None or megatron_core is not None
                 or run.stack is not None or run.flags.given() or run.task is not None):
-            raise TunerError("--study draws its trial's layout with the study's model, GPUs, network and run options: leave out the layout "
-                             "flags, --from, --model, --gpus, --layers, --network, --megatron-core, --stack and the run flags")
+            raise TunerError("--study draws its trial's layout with the study's model, GPUs, network and run options: "
+                             "leave out the layout flags, --from, --model, --gpus, --layers, --network, "
+                             "--megatron-core, --stack and the run flags")
         det, title, extra, default, measured = _study_trial(study, trial, storage, results_dir)
         stack_line = ""
     else:
@@ -118,20 +128,23 @@ def timeline(
         from tuner.cli._from import command_inputs
 
         _, model, gpus, seq_len, global_batch, precision, layers, run, layout = command_inputs(
-            from_file, ctx, model=model, gpus=gpus, seq_len=seq_len, global_batch=global_batch, precision=precision, layers=layers,
-            run=run, layout=layout)
-        det, title, stack_line = _flags_layout(layout, model, gpus, layers, gpus_per_node, network_gbps, usd_per_gpu_hour, seq_len, global_batch, precision,
+            from_file, ctx, model=model, gpus=gpus, seq_len=seq_len, global_batch=global_batch, precision=precision,
+            layers=layers, run=run, layout=layout)
+        det, title, stack_line = _flags_layout(layout, model, gpus, layers, gpus_per_node, network_gbps,
+                                               usd_per_gpu_hour, seq_len, global_batch, precision,
                                    calibration, memory_headroom, network, megatron_core, run)
         extra, default, measured = {}, Path(f"timeline_{_slug(det.estimate.layout.label)}.json"), []
     trace = step_trace(det, title=title, extra=extra)
     problems = check_trace(trace)
-    assert not problems, f"the trace is malformed: {problems[:3]}"  # an internal invariant (tests/cost_model_tests/test_timeline.py)
+    # an internal invariant (tests/cost_model_tests/test_timeline.py)
+    assert not problems, f"the trace is malformed: {problems[:3]}"
     path = out_file or default
     _write_json(path, trace, "--out", force)
     e = det.estimate
     out.print(f"[bold]{e.layout.label}[/] ({title}) - [bold]predicted[/] by the analytical model")
-    out.print(f"  step {trace_step_seconds(trace):.3f} s (the estimate's {e.step_time_s:.3f} s), pipeline bubble {max(0.0, trace_bubble_fraction(trace)):.1%} of the step, "
-              f"{e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU; {det.pp} pipeline ranks x {det.vpp} virtual stages, {det.num_microbatches} micro-batches")
+    out.print(f"  step {trace_step_seconds(trace):.3f} s (the estimate's {e.step_time_s:.3f} s), pipeline bubble "
+              f"{max(0.0, trace_bubble_fraction(trace)):.1%} of the step, {e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU; "
+              f"{det.pp} pipeline ranks x {det.vpp} virtual stages, {det.num_microbatches} micro-batches")
     if stack_line:
         out.print(f"  {stack_line}", markup=False)
     out.print(f"  predicted trace: {path}", markup=False)
@@ -160,34 +173,41 @@ def _read_trace(path: Path) -> dict[str, Any]:
     except json.JSONDecodeError:
         raise TunerError(f"--compare {str(path)!r}: not JSON; give a trace written by tune timeline") from None
     if not isinstance(trace, dict) or check_trace(trace) or trace.get("otherData", {}).get("source") != "predicted":
-        raise TunerError(f"--compare {str(path)!r}: not a trace written by tune timeline (Chrome trace JSON with otherData.source 'predicted')")
+        raise TunerError(f"--compare {str(path)!r}: not a trace written by tune timeline (Chrome trace JSON with "
+                         "otherData.source 'predicted')")
     return trace
 
 
-def _flags_layout(layout: LayoutFlags, model: str | None, gpus: str | None, layers: int | None, gpus_per_node: int | None, network_gbps: float | None,
-                  usd: float | None, seq_len: int, global_batch: int, precision: str, calibration: Path | None, memory_headroom: float | None,
-                  network: str | None = None, megatron_core: str | None = None, run: RunChoice | None = None) -> tuple[Any, str, str]:
-    """(estimate details, title, the stack's line) of the layout the flags give, with the run options of ``run`` (None: the default stack's);
-    refused as ``tune estimate`` refuses it (the network's and the megatron-core release's rules included)."""
+def _flags_layout(layout: LayoutFlags, model: str | None, gpus: str | None, layers: int | None,
+                  gpus_per_node: int | None, network_gbps: float | None,
+                  usd: float | None, seq_len: int, global_batch: int, precision: str, calibration: Path | None,
+                  memory_headroom: float | None, network: str | None = None, megatron_core: str | None = None,
+                  run: RunChoice | None = None) -> tuple[Any, str, str]:
+    """(estimate details, title, the stack's line) of the layout the flags give, with the run options of ``run`` (None:
+    the default stack's); refused as ``tune estimate`` refuses it (the network's and the megatron-core release's rules
+    included)."""
     from cost_model.calibration import load_calibration
     from cost_model.estimate import estimate_details
     from specs.stacks import RunFlags
     from tuner.cli.estimate import _inputs, estimable_layout, rule_error
 
     run = run or RunChoice(stack=None, flags=RunFlags())
-    m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd, seq_len, global_batch, precision, layers, network, None,
-                      run.workload_kw())
+    m, c, w = _inputs(model, gpus, gpus_per_node, network_gbps, usd, seq_len, global_batch, precision, layers, network,
+                      None, run.workload_kw())
     stack = run.resolve(precision, megatron_core)
     opts = stack.options
     lay = estimable_layout(layout, m, w, c, opts)
     try:
-        det = estimate_details(m, c, w, lay, calibration=load_calibration(calibration), memory_headroom=headroom_for(m, c.gpu, w.precision, memory_headroom), options=opts)
+        det = estimate_details(m, c, w, lay, calibration=load_calibration(calibration),
+                               memory_headroom=headroom_for(m, c.gpu, w.precision, memory_headroom), options=opts)
     except InfeasibleLayout as ex:
         raise rule_error(ex, m, lay) from None
     return det, f"{m.name} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}", stack.line
 
 
-def _study_trial(study: str, trial: int | None, storage: str | None, results_dir: Path) -> tuple[Any, str, dict[str, Any], Path, list[Path]]:
+def _study_trial(study: str, trial: int | None, storage: str | None, results_dir: Path) -> tuple[Any, str,
+                                                                                                 dict[str, Any], Path,
+                                                                                                 list[Path]]:
     """(estimate details, title, otherData extras, default output path, measured traces) of a study's trial."""
     from cost_model.calibration import Calibration
     from cost_model.estimate import estimate_details
@@ -205,38 +225,51 @@ def _study_trial(study: str, trial: int | None, storage: str | None, results_dir
     backend = str(cfg.get("backend", "model"))
     opts = stored_run(st)[0] or run_options_for_backend(backend)
     try:
-        det = estimate_details(m, c, w, lay, calibration=cal, memory_headroom=headroom_for(m, c.gpu, w.precision, cfg.get("memory_headroom")), options=opts)
+        det = estimate_details(m, c, w, lay, calibration=cal,
+                               memory_headroom=headroom_for(m, c.gpu, w.precision, cfg.get("memory_headroom")),
+                               options=opts)
     except InfeasibleLayout as ex:
-        raise TunerError(f"trial {row['trial']} of {st.study_name!r}: the estimate refuses its layout (rule {ex.rule_id}: {ex.reason})") from None
+        raise TunerError(f"trial {row['trial']} of {st.study_name!r}: the estimate refuses its layout (rule "
+                         f"{ex.rule_id}: {ex.reason})") from None
     measured = measured_traces(row.get("log_path")) if row.get("source") == "measured" else []
     extra: dict[str, Any] = {"study": st.study_name, "trial": row["trial"], "trial_source": row.get("source")}
     if row.get("source") == "measured":
-        extra.update(measured_step_time_s=row.get("step_time_s"), measured_tokens_per_s_per_gpu=row.get("tokens_per_s_per_gpu"),
+        extra.update(measured_step_time_s=row.get("step_time_s"),
+                     measured_tokens_per_s_per_gpu=row.get("tokens_per_s_per_gpu"),
                      measured_traces=[str(p) for p in measured])
     name = f"timeline_trial{row['trial']}.json"
     default = measured[0].parent / name if measured else results_dir / st.study_name / name
-    return det, f"{m.name} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}; study {st.study_name}, trial {row['trial']}", extra, default, measured
+    title = (f"{m.name} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}; study {st.study_name}, "
+             f"trial {row['trial']}")
+    return det, title, extra, default, measured
 
 
 @app.command()
 def report(
-    study: Annotated[str | None, typer.Option("--study", help="A study made by `tune`.", rich_help_panel="Study")] = None,
+    study: Annotated[str | None, typer.Option("--study", rich_help_panel="Study", help=(
+        "A study made by `tune`."))] = None,
     storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
-    out_file: Annotated[Path | None, typer.Option("--out", help="Page to write (default: results/<study>/report.html).")] = None,
+    out_file: Annotated[Path | None, typer.Option("--out", help=(
+        "Page to write (default: results/<study>/report.html)."))] = None,
     force: ForceOpt = False,
 ) -> None:
-    """Write a study's report.html (the main job writes it too): the Pareto front with hover details and filters, the layouts
-    near the fastest with the most headroom, each front layout's memory and time by part, the measured ties, the study's files."""
+    """Write a study's report.html (the main job writes it too): the Pareto front with hover details and filters, the
+    layouts near the fastest with the most headroom, each front layout's memory and time by part, the measured ties, the
+    study's files."""
     from cost_model.calibration import Calibration
     from tuner.cli.studies import study_front
     from tuner.report_html import study_report
 
-    st, m, c, w, cfg, rows, front = study_front(study, storage, results_dir, ("--out", out_file, "report.html"), force=force)
+    st, m, c, w, cfg, rows, front = study_front(study, storage, results_dir, ("--out", out_file, "report.html"),
+                                                force=force)
     folder = results_dir / st.study_name
     path = out_file or folder / "report.html"
     known = ("pareto.csv", "pareto.png", "recipe.yaml", "run_slime.sh", "megatron_args.sh", "config.yaml")
-    files = {p.name: p for p in [*(folder / n for n in known), *sorted(folder.glob("timeline_trial*.json"))] if p.is_file()}
+    files = {p.name: p for p in [*(folder / n for n in known),
+                                 *sorted(folder.glob("timeline_trial*.json"))] if p.is_file()}
     cal = Calibration(**st.user_attrs["calibration"]) if "calibration" in st.user_attrs else Calibration()
-    study_report(path, study=st.study_name, model=m, cluster=c, workload=w, rows=rows, front=front, backend=str(cfg.get("backend", "model")),
-                 calibration=cal, memory_headroom=headroom_for(m, c.gpu, w.precision, cfg.get("memory_headroom")), files=files, force=force)
+    study_report(path, study=st.study_name, model=m, cluster=c, workload=w, rows=rows, front=front,
+                 backend=str(cfg.get("backend", "model")),
+                 calibration=cal, memory_headroom=headroom_for(m, c.gpu, w.precision, cfg.get("memory_headroom")),
+                 files=files, force=force)
     err.print(f"wrote {path}", markup=False)

@@ -3,12 +3,11 @@
 :func:`read_launch` reads a Megatron-LM / slime argument list or shell script (``MODEL_ARGS=( ... )`` arrays and
 ``NAME=value`` assignments expanded where the launch uses them, ``"${MODEL_ARGS[@]}"`` included), this project's
 ``recipe.yaml`` (its ``run`` block, its model and GPU), a Megatron-Bridge override YAML or performance config
-(``ConfigContainer`` and ``perf_matrix``), or a NeMo-RL config. The launch's arguments are parsed with :mod:`argparse` and
-sorted three ways (:class:`LaunchFile`): **understood** (the model, the GPUs, the workload, the layout and the run
-options the cost model prices), **known without effect** on the estimate (:data:`NO_EFFECT_ARGS`: learning rate,
-paths, logging, RL rollout settings ...) and **not understood** (named, never dropped). The arguments that are not
-understood or have no effect are kept, in order, for the exported commands (:attr:`LaunchFile.user_args`).
-"""
+(``ConfigContainer`` and ``perf_matrix``), or a NeMo-RL config. The launch's arguments are parsed with :mod:`argparse`
+and sorted three ways (:class:`LaunchFile`): **understood** (the model, the GPUs, the workload, the layout and the run
+options the cost model prices), **known without effect** on the estimate (:data:`NO_EFFECT_ARGS`: learning rate, paths,
+logging, RL rollout settings ...) and **not understood** (named, never dropped). The arguments that are not understood
+or have no effect are kept, in order, for the exported commands (:attr:`LaunchFile.user_args`). """
 
 from __future__ import annotations
 
@@ -52,24 +51,24 @@ def read_launch(path: str | Path, *, model: str | None = None, gpus: str | None 
     """
     p = Path(path)
     label = f"--from {str(p)!r}"
-    accepted = ("accepted: a Megatron-LM / slime argument list or shell script, a Megatron-Bridge override YAML (model, "
-                "train, ddp, optimizer sections) or performance config (ConfigContainer, perf_matrix), a NeMo-RL config "
-                "(policy section), or a recipe.yaml written by tune (schema_version, run)")
+    accepted = ("accepted: a Megatron-LM / slime argument list or shell script, a Megatron-Bridge override YAML "
+                "(model, train, ddp, optimizer sections) or performance config (ConfigContainer, perf_matrix), a "
+                "NeMo-RL config (policy section), or a recipe.yaml written by tune (schema_version, run)")
     text = read_user_text(p, label, "a launch script, argument list or YAML")
     with parse_errors(label, "a launch script, argument list or YAML"):
         return _read_launch(p, text, label, accepted, model, gpus, precision, fp8_recipe)
 
 
-def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | None, gpus: str | None, precision: str | None,
-                 fp8_recipe: str | None) -> LaunchFile:
+def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | None, gpus: str | None,
+                 precision: str | None, fp8_recipe: str | None) -> LaunchFile:
     if p.suffix in (".yaml", ".yml"):
         doc = read_user_yaml(text, label)
         if isinstance(doc, Mapping) and isinstance(doc.get("policy"), Mapping):
             argv, names, hf, nodes, per_node, task = _nemo_rl_args(_nemo_rl_doc(p, doc, label), label)
             given = model or _preset_of_hf(hf)
             if given is None:
-                raise TunerError(f"{label}: policy.model_name {hf!r} is none of the presets; give --model with a preset or a "
-                                 "Hugging Face config.json")
+                raise TunerError(f"{label}: policy.model_name {hf!r} is none of the presets; give --model with a "
+                                 "preset or a Hugging Face config.json")
             lf = _read_args(p, "nemo-rl", [], argv, given, None, names=names)
             return replace(lf, stack="nemo-rl", nodes=nodes or lf.nodes, gpus_per_node=per_node or lf.gpus_per_node,
                            task=task or lf.task)
@@ -81,14 +80,16 @@ def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | Non
                 names[f"--{k}"] = str(k)
             if not isinstance(doc.get("perf_matrix"), Mapping):
                 return _read_args(p, "megatron-bridge", [], argv, model, None, names=names)
-            more, more_names, pgpu, count, pper = _perf_matrix_args(doc["perf_matrix"], label, gpus, precision, fp8_recipe)
+            more, more_names, pgpu, count, pper = _perf_matrix_args(doc["perf_matrix"], label, gpus, precision,
+                                                                    fp8_recipe)
             lf = _read_args(p, "megatron-bridge", [], argv + more, model, None, names={**names, **more_names})
             spec = load_gpu(pgpu)
             per_node = min(pper or spec.gpus_per_node, count)
             if count % per_node:
                 raise TunerError(f"{label}: perf_matrix: {count} GPUs are not whole nodes of {per_node}")
             return replace(lf, gpu=spec.name, nodes=count // per_node, gpus_per_node=per_node)
-        if isinstance(doc, Mapping) and any(k in doc for k in ("model", "train", "ddp", "optimizer")) and "schema_version" not in doc:
+        if isinstance(doc, Mapping) and any(k in doc for k in ("model", "train", "ddp",
+                                                          "optimizer")) and "schema_version" not in doc:
             argv, names = _bridge_args(doc, label)
             return _read_args(p, "megatron-bridge", [], argv, model, None, names=names)
         if not (isinstance(doc, Mapping) and isinstance(doc.get("run"), str) and "schema_version" in doc):

@@ -21,33 +21,34 @@ NO_EFFECT_ARGS = frozenset("""
 --start-weight-decay --end-weight-decay --weight-decay-incr-style --adam-beta1 --adam-beta2 --adam-eps --clip-grad
 --sgd-momentum --init-method-std --seed --attention-dropout --hidden-dropout --attention-softmax-in-fp32
 --attention-backend --distributed-timeout-minutes --distributed-backend --tensorboard-dir --wandb-project --wandb-group
---wandb-exp-name --log-interval --log-throughput --log-timers-to-tensorboard --eval-iters --eval-interval --save-interval
---train-iters --train-samples --exit-interval --hf-checkpoint --ref-load --load --save --data-path --split --tokenizer-type
---tokenizer-model --vocab-file --merge-file --data-cache-path --no-load-optim --no-load-rng --finetune --use-checkpoint-args
---ckpt-format --model-name --prompt-data --input-key --label-key --metadata-key --apply-chat-template --rollout-shuffle
---num-rollout --rollout-batch-size --n-samples-per-prompt --rollout-max-response-len --rollout-max-prompt-len
---rollout-temperature --rollout-top-p --rollout-function-path --over-sampling-batch-size --balance-data
---num-steps-per-rollout --loss-type --calculate-per-token-loss --disable-compute-advantages-and-returns --debug-train-only
---advantage-estimator --use-kl-loss --kl-loss-coef --kl-loss-type --kl-coef --entropy-coef --eps-clip --eps-clip-high
---rollout-num-gpus-per-engine --rollout-num-gpus --sglang-mem-fraction-static --sglang-ep-size --colocate --async
---use-wandb --actor-num-nodes-for-rollout --moe-router-bias-update-rate --no-gradient-accumulation-fusion
---no-masked-softmax-fusion --no-bias-dropout-fusion --manual-gc --manual-gc-interval --overlap-param-gather
---check-for-nan-in-loss-and-grad --no-check-for-nan-in-loss-and-grad --use-mcore-models --transformer-impl-checks
---moe-router-dtype --moe-grouped-gemm --moe-aux-loss-coeff --moe-router-load-balancing-type --moe-router-pre-softmax
---moe-z-loss-coeff --moe-token-drop-policy --moe-per-layer-logging --spec --mock-data --no-create-attention-mask-in-dataloader
+--wandb-exp-name --log-interval --log-throughput --log-timers-to-tensorboard --eval-iters --eval-interval
+--save-interval --train-iters --train-samples --exit-interval --hf-checkpoint --ref-load --load --save --data-path
+--split --tokenizer-type --tokenizer-model --vocab-file --merge-file --data-cache-path --no-load-optim --no-load-rng
+--finetune --use-checkpoint-args --ckpt-format --model-name --prompt-data --input-key --label-key --metadata-key
+--apply-chat-template --rollout-shuffle --num-rollout --rollout-batch-size --n-samples-per-prompt
+--rollout-max-response-len --rollout-max-prompt-len --rollout-temperature --rollout-top-p --rollout-function-path
+--over-sampling-batch-size --balance-data --num-steps-per-rollout --loss-type --calculate-per-token-loss
+--disable-compute-advantages-and-returns --debug-train-only --advantage-estimator --use-kl-loss --kl-loss-coef
+--kl-loss-type --kl-coef --entropy-coef --eps-clip --eps-clip-high --rollout-num-gpus-per-engine --rollout-num-gpus
+--sglang-mem-fraction-static --sglang-ep-size --colocate --async --use-wandb --actor-num-nodes-for-rollout
+--moe-router-bias-update-rate --no-gradient-accumulation-fusion --no-masked-softmax-fusion --no-bias-dropout-fusion
+--manual-gc --manual-gc-interval --overlap-param-gather --check-for-nan-in-loss-and-grad
+--no-check-for-nan-in-loss-and-grad --use-mcore-models --transformer-impl-checks --moe-router-dtype --moe-grouped-gemm
+--moe-aux-loss-coeff --moe-router-load-balancing-type --moe-router-pre-softmax --moe-z-loss-coeff
+--moe-token-drop-policy --moe-per-layer-logging --spec --mock-data --no-create-attention-mask-in-dataloader
 --max-position-embeddings --make-vocab-size-divisible-by --use-flash-attn --empty-unused-memory-level --cpu-offloading
 --cuda-graph-warmup-steps --te-rng-tracker --use-te-rng-tracker
 """.split())
 
-#: torchrun's arguments (torch/distributed/run.py), both spellings: ``--nnodes`` x ``--nproc-per-node`` is the GPU count,
-#: the others have no effect on the estimate.
+#: torchrun's arguments (torch/distributed/run.py), both spellings: ``--nnodes`` x ``--nproc-per-node`` is the GPU
+#: count, the others have no effect on the estimate.
 _TORCHRUN_ARGS = frozenset(f"--{a}" for n in ("nnodes", "nproc-per-node", "node-rank", "master-addr", "master-port",
                                              "rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf", "max-restarts")
                            for a in {n, n.replace("-", "_")})
 
 #: Model-architecture arguments: they identify the model preset (``--num-layers`` below the preset's slices it).
-_IDENTITY = ("hidden_size", "num_attention_heads", "num_experts", "moe_ffn_hidden_size", "vocab_size", "moe_router_topk",
-             "num_query_groups", "kv_channels", "kv_lora_rank", "q_lora_rank")
+_IDENTITY = ("hidden_size", "num_attention_heads", "num_experts", "moe_ffn_hidden_size", "vocab_size",
+             "moe_router_topk", "num_query_groups", "kv_channels", "kv_lora_rank", "q_lora_rank")
 
 #: The launch arguments of the slime RL framework (a file that has one is a slime launch).
 _SLIME_ONLY = ("--actor-num-nodes", "--actor-num-gpus-per-node", "--max-tokens-per-gpu", "--use-dynamic-batch-size",
@@ -113,16 +114,20 @@ class LaunchFile:
 
         s = f"{len(self.understood)} arguments understood"
         if self.no_effect:
-            s += f"; {len(self.no_effect)} without effect on the estimate" + (f": {names(self.no_effect)}" if limit is None else "")
-        s += f"; {len(self.not_understood)} not understood: {names(self.not_understood)}" if self.not_understood else "; none not understood"
+            s += f"; {len(self.no_effect)} without effect on the estimate" + (f": {names(self.no_effect)}"
+                                                                              if limit is None else "")
+        s += (f"; {len(self.not_understood)} not understood: {names(self.not_understood)}" if self.not_understood
+              else "; none not understood")
         return s
 
+
 #: Megatron-Bridge settings without effect on the estimate beside :data:`NO_EFFECT_ARGS` (as flags).
-_BRIDGE_NO_EFFECT = frozenset({"--train-iters", "--eval-iters", "--eval-interval", "--finetune-lr", "--average-in-collective",
-                               "--check-for-nan-in-grad", "--check-for-large-grads", "--data-parallel-sharding-strategy",
-                               "--gradient-accumulation-fusion", "--use-torch-fsdp2", "--bf16", "--params-dtype", "--pipeline-dtype",
-                               "--autocast-dtype", "--grad-reduce-in-fp32", "--overlap-param-gather", "--data-path", "--blend",
-                               "--split", "--num-workers", "--dataloader-type", "--random-seed", "--use-custom-fsdp"})
+_BRIDGE_NO_EFFECT = frozenset({
+    "--train-iters", "--eval-iters", "--eval-interval", "--finetune-lr", "--average-in-collective",
+    "--check-for-nan-in-grad", "--check-for-large-grads", "--data-parallel-sharding-strategy",
+    "--gradient-accumulation-fusion", "--use-torch-fsdp2", "--bf16", "--params-dtype", "--pipeline-dtype",
+    "--autocast-dtype", "--grad-reduce-in-fp32", "--overlap-param-gather", "--data-path", "--blend", "--split",
+    "--num-workers", "--dataloader-type", "--random-seed", "--use-custom-fsdp"})
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -131,31 +136,34 @@ def _parser() -> argparse.ArgumentParser:
             "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--virtual-pipeline-model-parallel-size",
             "--num-virtual-stages-per-pipeline-rank", "--num-layers-per-virtual-pipeline-stage",
             "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--micro-batch-size",
-            "--global-batch-size", "--seq-length", "--max-tokens-per-gpu", "--recompute-num-layers", "--actor-num-nodes",
-            "--actor-num-gpus-per-node", "--cpu-offloading-num-layers")
+            "--global-batch-size", "--seq-length", "--max-tokens-per-gpu", "--recompute-num-layers",
+            "--actor-num-nodes", "--actor-num-gpus-per-node", "--cpu-offloading-num-layers")
     for a in ints:
         p.add_argument(a, type=int)
     for a in ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--exp-avg-dtype",
               "--exp-avg-sq-dtype", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend", "--fp8-format",
-              "--fp8-recipe", "--cross-entropy-fusion-impl", "--cuda-graph-impl", "--cp-comm-type", "--transformer-impl",
-              "--optimizer"):
+              "--fp8-recipe", "--cross-entropy-fusion-impl", "--cuda-graph-impl", "--cp-comm-type",
+              "--transformer-impl", "--optimizer"):
         p.add_argument(a)
     p.add_argument("--optimizer-offload-fraction", type=float)
     p.add_argument("--recompute-modules", nargs="+")
     p.add_argument("--cuda-graph-scope", "--cuda-graph-modules", nargs="+", dest="cuda_graph_scope")
-    for a in ("--sequence-parallel", "--use-dynamic-batch-size", "--use-distributed-optimizer", "--use-precision-aware-optimizer",
-              "--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d", "--moe-enable-deepep", "--bf16", "--fp16",
-              "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16", "--cross-entropy-loss-fusion",
-              "--moe-permute-fusion", "--fp8-param-gather", "--overlap-grad-reduce", "--overlap-moe-expert-parallel-comm",
-              "--tp-comm-overlap", "--moe-router-force-load-balancing", "--use-megatron-fsdp", "--no-rope-fusion",
-              "--no-bias-swiglu-fusion", "--enable-cuda-graph", "--external-cuda-graph", "--rope-fusion", "--bias-swiglu-fusion",
-              "--recompute-activations"):
+    for a in ("--sequence-parallel", "--use-dynamic-batch-size", "--use-distributed-optimizer",
+              "--use-precision-aware-optimizer", "--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d",
+              "--moe-enable-deepep", "--bf16", "--fp16", "--accumulate-allreduce-grads-in-fp32",
+              "--grad-reduce-in-bf16", "--cross-entropy-loss-fusion", "--moe-permute-fusion", "--fp8-param-gather",
+              "--overlap-grad-reduce", "--overlap-moe-expert-parallel-comm", "--tp-comm-overlap",
+              "--moe-router-force-load-balancing", "--use-megatron-fsdp", "--no-rope-fusion",
+              "--no-bias-swiglu-fusion", "--enable-cuda-graph", "--external-cuda-graph", "--rope-fusion",
+              "--bias-swiglu-fusion", "--recompute-activations"):
         p.add_argument(a, action="store_true", default=None)
-    for a in ("--sequence-parallel", "--use-distributed-optimizer", "--use-precision-aware-optimizer", "--optimizer-cpu-offload",
+    for a in ("--sequence-parallel", "--use-distributed-optimizer", "--use-precision-aware-optimizer",
+              "--optimizer-cpu-offload",
               "--cross-entropy-loss-fusion", "--moe-permute-fusion", "--fp8-param-gather", "--overlap-grad-reduce",
-              "--overlap-moe-expert-parallel-comm", "--tp-comm-overlap", "--moe-router-force-load-balancing", "--use-megatron-fsdp",
-              "--moe-enable-deepep", "--overlap-cpu-optimizer-d2h-h2d", "--fp16"):
-        p.add_argument("--no-" + a[2:], dest=a[2:].replace("-", "_"), action="store_false")  # a Megatron-Bridge YAML's false
+              "--overlap-moe-expert-parallel-comm", "--tp-comm-overlap", "--moe-router-force-load-balancing",
+              "--use-megatron-fsdp", "--moe-enable-deepep", "--overlap-cpu-optimizer-d2h-h2d", "--fp16"):
+        # a Megatron-Bridge YAML's false
+        p.add_argument("--no-" + a[2:], dest=a[2:].replace("-", "_"), action="store_false")
     return p
 
 
@@ -260,11 +268,12 @@ def _layout_of(ns: argparse.Namespace, slime: bool) -> dict[str, Any]:
     """:class:`tuner.cli._layout.LayoutFlags` fields of the parsed launch (``slime``: a stack that turns the distributed
     optimizer on unless told otherwise: slime, Megatron-Bridge's recipes)."""
     d: dict[str, Any] = {}
-    for k, a in (("tp", "tensor_model_parallel_size"), ("pp", "pipeline_model_parallel_size"), ("cp", "context_parallel_size"),
-                 ("ep", "expert_model_parallel_size"), ("etp", "expert_tensor_parallel_size"),
-                 ("first_stage_layers", "decoder_first_pipeline_num_layers"), ("last_stage_layers", "decoder_last_pipeline_num_layers"),
-                 ("recompute_method", "recompute_method"), ("recompute_num_layers", "recompute_num_layers"),
-                 ("exp_avg_dtype", "exp_avg_dtype"), ("pipeline_layout", "pipeline_model_parallel_layout")):
+    for k, a in (("tp", "tensor_model_parallel_size"), ("pp", "pipeline_model_parallel_size"),
+                 ("cp", "context_parallel_size"), ("ep", "expert_model_parallel_size"),
+                 ("etp", "expert_tensor_parallel_size"), ("first_stage_layers", "decoder_first_pipeline_num_layers"),
+                 ("last_stage_layers", "decoder_last_pipeline_num_layers"), ("recompute_method", "recompute_method"),
+                 ("recompute_num_layers", "recompute_num_layers"), ("exp_avg_dtype", "exp_avg_dtype"),
+                 ("pipeline_layout", "pipeline_model_parallel_layout")):
         if getattr(ns, a) is not None:
             d[k] = getattr(ns, a)
     vpp = ns.num_virtual_stages_per_pipeline_rank or ns.virtual_pipeline_model_parallel_size
@@ -280,7 +289,8 @@ def _layout_of(ns: argparse.Namespace, slime: bool) -> dict[str, Any]:
     if ns.micro_batch_size:
         d["micro_batch_size"] = ns.micro_batch_size
     if ns.optimizer_cpu_offload:
-        d["optimizer_offload_fraction"] = 1.0 if ns.optimizer_offload_fraction is None else ns.optimizer_offload_fraction
+        d["optimizer_offload_fraction"] = (1.0 if ns.optimizer_offload_fraction is None
+                                           else ns.optimizer_offload_fraction)
     disp = ns.moe_token_dispatcher_type
     if ns.moe_enable_deepep or disp == "flex":
         d["dispatcher"] = f"flex+{ns.moe_flex_dispatcher_backend or 'deepep'}"
@@ -308,10 +318,11 @@ def _vpp_of_stage_layers(ns: argparse.Namespace, arch: Mapping[str, list[str]], 
                              ("--virtual-pipeline-model-parallel-size", ns.virtual_pipeline_model_parallel_size),
                              ("--pipeline-model-parallel-layout", ns.pipeline_model_parallel_layout)) if v is not None]
     if others:
-        raise TunerError(f"{label}: {flag} and {others[0]} both set the virtual pipeline; Megatron-LM accepts one of them")
+        raise TunerError(f"{label}: {flag} and {others[0]} both set the virtual pipeline; Megatron-LM accepts one of "
+                         "them")
     if ns.decoder_first_pipeline_num_layers is not None or ns.decoder_last_pipeline_num_layers is not None:
-        raise TunerError(f"{label}: {flag} with an uneven pipeline (--decoder-first/last-pipeline-num-layers): Megatron-LM "
-                         "asks for --num-virtual-stages-per-pipeline-rank there")
+        raise TunerError(f"{label}: {flag} with an uneven pipeline (--decoder-first/last-pipeline-num-layers): "
+                         "Megatron-LM asks for --num-virtual-stages-per-pipeline-rank there")
     if "--num-layers" in arch and arch["--num-layers"]:
         layers: int | None = int(arch["--num-layers"][0])
     else:
@@ -326,7 +337,8 @@ def _vpp_of_stage_layers(ns: argparse.Namespace, arch: Mapping[str, list[str]], 
     if layers is None:
         raise TunerError(f"{label}: {flag} needs the model's layer count to give the virtual pipeline size; add "
                          "--num-layers to the file or give --model")
-    total = layers + sum(f in argv for f in ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"))
+    total = layers + sum(f in argv for f in ("--account-for-embedding-in-pipeline-split",
+                                             "--account-for-loss-in-pipeline-split"))
     if n < 1 or total % pp or (total // pp) % n:
         raise TunerError(f"{label}: {flag}: {total} layers in {pp} pipeline stages are not whole virtual stages of {n} "
                          "layers (Megatron-LM refuses it); accepted: a divisor of the layers per pipeline stage")
@@ -334,13 +346,17 @@ def _vpp_of_stage_layers(ns: argparse.Namespace, arch: Mapping[str, list[str]], 
 
 
 def _run_flags_of(ns: argparse.Namespace) -> RunFlags:
-    impl = ns.cuda_graph_impl or ("local" if ns.enable_cuda_graph else "transformer_engine" if ns.external_cuda_graph else None)
+    impl = ns.cuda_graph_impl or ("local" if ns.enable_cuda_graph else "transformer_engine"
+                                  if ns.external_cuda_graph else None)
     return RunFlags(
-        accumulate_allreduce_grads_in_fp32=ns.accumulate_allreduce_grads_in_fp32, grad_reduce_in_bf16=ns.grad_reduce_in_bf16,
+        accumulate_allreduce_grads_in_fp32=ns.accumulate_allreduce_grads_in_fp32,
+        grad_reduce_in_bf16=ns.grad_reduce_in_bf16,
         cross_entropy_loss_fusion=ns.cross_entropy_loss_fusion, cross_entropy_fusion_impl=ns.cross_entropy_fusion_impl,
-        cuda_graph_impl=impl, cuda_graph_scope=tuple(ns.cuda_graph_scope) if ns.cuda_graph_scope and impl != "none" else None,
+        cuda_graph_impl=impl,
+        cuda_graph_scope=tuple(ns.cuda_graph_scope) if ns.cuda_graph_scope and impl != "none" else None,
         moe_permute_fusion=ns.moe_permute_fusion, fp8_recipe=ns.fp8_recipe, fp8_param_gather=ns.fp8_param_gather,
-        overlap_grad_reduce=ns.overlap_grad_reduce, overlap_moe_expert_parallel_comm=ns.overlap_moe_expert_parallel_comm,
+        overlap_grad_reduce=ns.overlap_grad_reduce,
+        overlap_moe_expert_parallel_comm=ns.overlap_moe_expert_parallel_comm,
         tp_comm_overlap=ns.tp_comm_overlap, moe_router_force_load_balancing=ns.moe_router_force_load_balancing,
         cp_comm_type=ns.cp_comm_type, use_megatron_fsdp=ns.use_megatron_fsdp,
         apply_rope_fusion=False if ns.no_rope_fusion else (True if ns.rope_fusion else None),
@@ -365,7 +381,8 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
                          "fix it in the file") from None
     except argparse.ArgumentError as e:
         flag = (e.argument_name or "").split("/")[0]
-        raise TunerError(f"{label}: {(names or {}).get(flag, flag) or 'an argument'}: {e.message}; fix it in the file") from None
+        what = (names or {}).get(flag, flag) or "an argument"
+        raise TunerError(f"{label}: {what}: {e.message}; fix it in the file") from None
     if ns.fp16:
         raise TunerError(f"{label}: --fp16 training is not modelled; accepted bf16 (--bf16) or fp8 (--fp8-format)")
     try:
@@ -375,9 +392,10 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
     slime = any(w.split("=")[0] in _SLIME_ONLY for w in argv)
     if kind == "shell" and not slime and name is not None and not (ns.bf16 or ns.fp8_format):
         # Megatron-LM's arguments.py: without --bf16 / --fp16 the run trains in fp32 (slime turns --bf16 on itself)
-        raise TunerError(f"{label}: no --bf16 (or --fp8-format): Megatron-LM would train in fp32, which is not modelled; "
-                         "accepted bf16 (--bf16) or fp8 (--fp8-format)")
-    understood = sorted({w.split("=")[0] for w in argv if w.startswith("--")} - {w.split("=")[0] for w in extras if w.startswith("--")})
+        raise TunerError(f"{label}: no --bf16 (or --fp8-format): Megatron-LM would train in fp32, which is not "
+                         "modelled; accepted bf16 (--bf16) or fp8 (--fp8-format)")
+    understood = sorted({w.split("=")[0] for w in argv if w.startswith("--")} - {w.split("=")[0] for w in extras
+                                                                                 if w.startswith("--")})
     if names:
         understood = sorted({names.get(n, n) for n in understood})
     no_effect: list[str] = []
@@ -397,7 +415,8 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
                 without = True
             (no_effect if without else not_understood).append(names.get(n, n) if names else n)
             keep = True
-        elif (v := _VAR.match(w)) and v.group(2):  # an array the file uses but neither sets nor sources: arguments unknown
+        # an array the file uses but neither sets nor sources: arguments unknown
+        elif (v := _VAR.match(w)) and v.group(2):
             not_understood.append(f"{w} (not set in the file)")
             continue
         elif not keep:
@@ -415,7 +434,8 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
         lns, _ = lp.parse_known_args(list(launcher))
         if lns.nnodes and str(lns.nnodes).isdigit() and lns.nproc and str(lns.nproc).isdigit():
             nodes, per_node = int(lns.nnodes), int(lns.nproc)
-    lay = _layout_of(ns, slime or kind in ("megatron-bridge", "nemo-rl"))  # Bridge's recipes turn the distributed optimizer on
+    # Bridge's recipes turn the distributed optimizer on
+    lay = _layout_of(ns, slime or kind in ("megatron-bridge", "nemo-rl"))
     if ns.num_layers_per_virtual_pipeline_stage is not None:
         vpp = _vpp_of_stage_layers(ns, arch, name, argv, label)
         lay.pop("vpp", None)
@@ -424,9 +444,12 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
     if ns.use_dynamic_batch_size and ns.max_tokens_per_gpu and ns.seq_length and "micro_batch_size" not in lay:
         lay["micro_batch_size"] = max(1, ns.max_tokens_per_gpu * (ns.context_parallel_size or 1) // ns.seq_length)
     return LaunchFile(
-        path=path, kind=kind, stack=kind if kind in ("megatron-bridge", "nemo-rl") else "slime" if slime else "megatron-lm", model=name, num_layers=layers, model_notes=notes,
+        path=path, kind=kind,
+        stack=kind if kind in ("megatron-bridge", "nemo-rl") else "slime" if slime else "megatron-lm", model=name,
+        num_layers=layers, model_notes=notes,
         gpu=gpu, nodes=nodes, gpus_per_node=per_node, seq_length=ns.seq_length, global_batch_size=ns.global_batch_size,
-        precision="fp8" if ns.fp8_format else ("bf16" if ns.bf16 or argv else None), layout=lay, run_flags=_run_flags_of(ns),
-        understood=tuple(understood), no_effect=tuple(dict.fromkeys(no_effect)), not_understood=tuple(dict.fromkeys(not_understood)),
+        precision="fp8" if ns.fp8_format else ("bf16" if ns.bf16 or argv else None), layout=lay,
+        run_flags=_run_flags_of(ns), understood=tuple(understood), no_effect=tuple(dict.fromkeys(no_effect)),
+        not_understood=tuple(dict.fromkeys(not_understood)),
         user_args=tuple(user_args) if kind in ("shell", "recipe") else (),
     )

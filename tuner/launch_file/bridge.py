@@ -11,26 +11,27 @@ from specs.precision import TORCH_DTYPES
 from tuner.launch_file.args import _BRIDGE_NO_EFFECT, NO_EFFECT_ARGS, _model_flags, _parser
 
 #: Sections of a Megatron-Bridge ``ConfigContainer`` (``training/config.py``) whose settings do not change the estimate.
-_BRIDGE_NO_EFFECT_SECTIONS = frozenset({"scheduler", "logger", "checkpoint", "rng", "tokenizer", "validation", "profiling",
-                                         "rerun_state_machine", "ft", "straggler", "nvrx_straggler", "inprocess_restart",
+_BRIDGE_NO_EFFECT_SECTIONS = frozenset({"scheduler", "logger", "checkpoint", "rng", "tokenizer", "validation",
+                                        "profiling",
+                                         "rerun_state_machine", "ft", "straggler", "nvrx_straggler",
+                                        "inprocess_restart",
                                          "tensor_inspect", "env_vars"})
 #: Sections read setting by setting.
-_BRIDGE_SECTIONS = frozenset({"model", "train", "dataset", "optimizer", "ddp", "dist", "comm_overlap", "mixed_precision", "peft"})
+_BRIDGE_SECTIONS = frozenset({"model", "train", "dataset", "optimizer", "ddp", "dist", "comm_overlap",
+                              "mixed_precision", "peft"})
 #: Megatron-Bridge settings whose Megatron-LM argument is spelled otherwise.
-_BRIDGE_RENAMED = {"num_moe_experts": "num-experts", "virtual_pipeline_model_parallel_size": "num-virtual-stages-per-pipeline-rank",
+_BRIDGE_RENAMED = {"num_moe_experts": "num-experts",
+                   "virtual_pipeline_model_parallel_size": "num-virtual-stages-per-pipeline-rank",
                    "num_layers_in_first_pipeline_stage": "decoder-first-pipeline-num-layers",
-                   "num_layers_in_last_pipeline_stage": "decoder-last-pipeline-num-layers", "bias_activation_fusion": "bias-swiglu-fusion",
-                   "apply_rope_fusion": "rope-fusion"}
+                   "num_layers_in_last_pipeline_stage": "decoder-last-pipeline-num-layers",
+                   "bias_activation_fusion": "bias-swiglu-fusion", "apply_rope_fusion": "rope-fusion"}
 
 
 def _bridge_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[str, str]]:
     """A Megatron-Bridge override YAML as Megatron-LM arguments, and each argument's ``section.key`` (for messages).
-
-    ``ddp`` / ``mixed_precision`` ``grad_reduce_in_fp32`` becomes ``--accumulate-allreduce-grads-in-fp32`` or
-    ``--grad-reduce-in-bf16``; a false boolean ``--no-KEY``; ``mixed_precision.fp8`` ``--fp8-format``; sections without
-    effect on the estimate (:data:`_BRIDGE_NO_EFFECT_SECTIONS`) become ``--no-effect:section.key`` placeholders; a null
-    (Megatron's default) is understood where the argument is one the estimate reads, else named.
-    """
+    ``grad_reduce_in_fp32`` becomes ``--accumulate-allreduce-grads-in-fp32`` or ``--grad-reduce-in-bf16``, a false
+    boolean ``--no-KEY``, ``mixed_precision.fp8`` ``--fp8-format``; sections without effect on the estimate become
+    ``--no-effect:section.key`` placeholders; a null is understood where the estimate reads the argument, else named."""
     argv: list[str] = []
     names: dict[str, str] = {}
     empties: list[str] = []
@@ -61,7 +62,8 @@ def _bridge_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[st
             for k in body if isinstance(body, Mapping) else [None]:
                 put(f"--{sec}.{k}" if k is not None else f"--{sec}.", f"{sec}.{k}" if k is not None else sec)
             continue
-        if sec in _BRIDGE_SECTIONS and body is None:  # a section left unset (e.g. comm_overlap: null in a dumped config)
+        # a section left unset (e.g. comm_overlap: null in a dumped config)
+        if sec in _BRIDGE_SECTIONS and body is None:
             empties.append(sec)
             continue
         if sec == "mixed_precision" and isinstance(body, str):
@@ -83,8 +85,10 @@ def _bridge_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[st
                 continue
             if isinstance(v, Mapping) and str(v.get("_target_", "")).startswith("torch."):  # a dumped dtype
                 v = _TORCH_DTYPES.get(str(v["_target_"]), str(v["_target_"]))
-            if key == "grad_reduce_in_fp32" and isinstance(v, bool):  # the later section's wins (mixed_precision's last)
-                argv[:] = [a for a in argv if a not in ("--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16")]
+            # the later section's wins (mixed_precision's last)
+            if key == "grad_reduce_in_fp32" and isinstance(v, bool):
+                argv[:] = [a for a in argv if a not in ("--accumulate-allreduce-grads-in-fp32",
+                                                        "--grad-reduce-in-bf16")]
                 put("--accumulate-allreduce-grads-in-fp32" if v else "--grad-reduce-in-bf16", where)
                 continue
             if sec == "mixed_precision" and key == "fp8":
@@ -115,12 +119,14 @@ def _bridge_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[st
     return argv, names
 
 
-#: The dtypes of a dumped Megatron-Bridge config (``{_target_: torch.float32, _call_: false}``) as Megatron-LM names them.
+#: The dtypes of a dumped Megatron-Bridge config (``{_target_: torch.float32, _call_: false}``) as Megatron-LM names
+#: them.
 _TORCH_DTYPES = {f"torch.{t}": name for name, t in TORCH_DTYPES.items()}
 
 #: A Megatron-Bridge performance config's ``perf_matrix`` settings (``scripts/performance/configs/*/*.yaml``) as
 #: Megatron-LM's arguments.
-_PERF_MATRIX_ARGS = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size", "cp": "--context-parallel-size",
+_PERF_MATRIX_ARGS = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
+                     "cp": "--context-parallel-size",
                      "vp": "--num-virtual-stages-per-pipeline-rank", "ep": "--expert-model-parallel-size",
                      "etp": "--expert-tensor-parallel-size", "mbs": "--micro-batch-size", "gbs": "--global-batch-size",
                      "seq_length": "--seq-length", "use_megatron_fsdp": "--use-megatron-fsdp"}
@@ -131,14 +137,15 @@ _PERF_MATRIX_ARGS = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-mod
 #: ``cpu_offloading_num_layers`` offloads that many layers' activations (``cpu_offloading_weights=False``). A value
 #: of None, False or 0 sets nothing.
 _PERF_MATRIX_SETTINGS = {"cuda_graphs": lambda v: ["--enable-cuda-graph"],
-                         "recompute_num_layers": lambda v: ["--recompute-granularity", "full", "--recompute-method", "block",
-                                                            "--recompute-num-layers", str(v)],
+                         "recompute_num_layers": lambda v: ["--recompute-granularity", "full", "--recompute-method",
+                                                            "block", "--recompute-num-layers", str(v)],
                          "cpu_offloading_num_layers": lambda v: ["--cpu-offloading-num-layers", str(v)]}
 #: ``perf_matrix`` keys of the performance configs that those scripts never read (``fsdp``: only ``use_megatron_fsdp``
 #: is read; ``nccl_ub`` is set by ``run_script.py`` from the model, not from the file): without effect.
 _PERF_MATRIX_UNREAD = frozenset({"fsdp", "nccl_ub", "keep_fp8_transpose_cache_when_using_custom_fsdp"})
 #: The ``perf_matrix`` precision entry each ``--precision`` (and ``--fp8-recipe``) selects, with its arguments.
-_PERF_PRECISIONS = {("bf16", None): ("bf16", ["--bf16"]), ("fp8", None): ("fp8_cs", ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]),
+_PERF_PRECISIONS = {("bf16", None): ("bf16", ["--bf16"]),
+                    ("fp8", None): ("fp8_cs", ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]),
                     ("fp8", "tensorwise"): ("fp8_cs", ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"])}
 
 
@@ -156,18 +163,12 @@ def _gpu_words(gpus: str | None) -> tuple[int | None, str | None]:
 
 def _perf_matrix_args(matrix: Mapping[str, Any], label: str, gpus: str | None, precision: str | None,
                       fp8_recipe: str | None) -> tuple[list[str], dict[str, str], str, int, int | None]:
-    """One entry of a Megatron-Bridge performance config's ``perf_matrix`` (``{gpu: {num_gpus_N: {common: {...},
-    bf16: {...}, fp8_cs: {...}}}}``) as Megatron-LM arguments: the entry of ``--gpus`` (its GPU, and its count where
-    given or the only one), its ``common`` settings and those of the precision ``--precision`` selects
-    (:data:`_PERF_PRECISIONS`).
-
-    Returns:
-        (arguments, each argument's ``perf_matrix.gpu.num_gpus_N.key``, the GPU, the GPU count, GPUs per node).
+    """The ``perf_matrix`` entry (``{gpu: {num_gpus_N: {common, bf16, fp8_cs}}}``) of ``--gpus`` and ``--precision`` as
+    Megatron-LM arguments: (arguments, each one's ``perf_matrix.gpu.num_gpus_N.key``, GPU, GPU count, GPUs per node).
 
     Raises:
-        TunerError: no entry for the GPU, the count or the precision (each names those the file has), or a malformed
-            matrix.
-    """
+        TunerError: no entry for the GPU, the count or the precision (naming those the file has), or a malformed
+            matrix."""
     have = {str(g).lower(): body for g, body in matrix.items() if isinstance(body, Mapping)}
     menu = "; ".join(f"{g}: {', '.join(str(k).removeprefix('num_gpus_') for k in b)} GPUs" for g, b in have.items())
     count, gpu = _gpu_words(gpus)
@@ -180,7 +181,8 @@ def _perf_matrix_args(matrix: Mapping[str, Any], label: str, gpus: str | None, p
     entries = {str(k): v for k, v in have[gpu.lower()].items()}
     if count is None:
         if len(entries) != 1:
-            raise TunerError(f"{label}: its perf_matrix has several GPU counts for {gpu} ({menu}); give --gpus COUNTx{gpu}")
+            raise TunerError(f"{label}: its perf_matrix has several GPU counts for {gpu} ({menu}); give --gpus "
+                             f"COUNTx{gpu}")
         key = next(iter(entries))
     else:
         key = f"num_gpus_{count}"
@@ -196,8 +198,8 @@ def _perf_matrix_args(matrix: Mapping[str, Any], label: str, gpus: str | None, p
                          "accepted: --precision bf16, or fp8 with the tensorwise recipe (its fp8_cs)")
     block, prec_args = _PERF_PRECISIONS[choice]
     if block not in entry:
-        raise TunerError(f"{label}: {where} has no {block} entry (it has {', '.join(str(k) for k in entry if k != 'common')}); "
-                         "give --precision with one it has")
+        raise TunerError(f"{label}: {where} has no {block} entry (it has "
+                         f"{', '.join(str(k) for k in entry if k != 'common')}); give --precision with one it has")
     argv: list[str] = list(prec_args)
     names = {a: f"{where}.{block}" for a in prec_args if a.startswith("--")}
     per_node: int | None = None

@@ -112,7 +112,8 @@ def _expand(word: str, variables: Mapping[str, list[str]]) -> list[str]:
 def _sourced(stmts: list[list[str]], base: Path | None, depth: int = 0) -> dict[str, list[str]]:
     """The variables of the files the script ``source``-s (``source F`` / ``. F``): ``F`` relative to ``base`` (the
     script's folder), a leading ``${SCRIPT_DIR}/``-style variable read as that folder (slime's scripts source
-    ``"${SCRIPT_DIR}/models/<model>.sh"``). Files not found are skipped (their variables stay unexpanded, and are named)."""
+    ``"${SCRIPT_DIR}/models/<model>.sh"``). Files not found are skipped (their variables stay unexpanded, and are
+    named)."""
     out: dict[str, list[str]] = {}
     if base is None or depth > 4:
         return out
@@ -147,5 +148,6 @@ def _launch_args(text: str, base: Path | None = None) -> tuple[list[str], list[s
     launcher = words[:cut] if cut else []
     rest = words[cut:] if cut else words
     first = next((i for i, w in enumerate(rest) if w.startswith("-")), len(rest))
-    unset = [w for w in rest[:first] if (v := _VAR.match(w)) and v.group(2)]  # ${MODEL_ARGS[@]} before the first flag: named
+    # ${MODEL_ARGS[@]} before the first flag: named
+    unset = [w for w in rest[:first] if (v := _VAR.match(w)) and v.group(2)]
     return launcher, unset + rest[first:]

@@ -29,20 +29,9 @@ from launch.harness.component import COMPONENT_ARMS, AdamHyper
 from specs.errors import TunerError
 from tuner.verify.inputs import json_default
 
-__all__ = [
-    "COMPONENT_BOUND_ABS",
-    "COMPONENT_BOUND_FACTOR",
-    "ComponentOutcome",
-    "ComponentPlan",
-    "ComponentResult",
-    "adam_reference",
-    "component_bound",
-    "decide_component_test",
-    "plan_component_test",
-    "reconstruct_fp32",
-    "run_component_test",
-    "split_fp32",
-]
+__all__ = ["COMPONENT_BOUND_ABS", "COMPONENT_BOUND_FACTOR", "ComponentOutcome", "ComponentPlan", "ComponentResult",
+           "adam_reference", "component_bound", "decide_component_test", "plan_component_test", "reconstruct_fp32",
+           "run_component_test", "split_fp32"]
 
 #: The seed's bound of the component test: ``COMPONENT_BOUND_FACTOR x default error + COMPONENT_BOUND_ABS``
 #: (``../shared/seeds/001_*``: "bound 2 x the default GPU optimizer's error + 1e-3").
@@ -51,16 +40,9 @@ COMPONENT_BOUND_ABS = 1e-3
 
 
 def split_fp32(x: Any) -> tuple[np.ndarray, np.ndarray]:
-    """FP32 values as Transformer Engine stores them with ``store_param_remainders``: (bf16 bits, int16 remainder).
-
-    The high 16 bits are the bf16 weight, rounded up (in magnitude of the bit pattern) when the low
-    16 bits read as a negative int16; the low 16 bits are the remainder. Source:
-    ``transformer_engine/common/multi_tensor/adam.cu``, ``AdamFunctorMasterParamRemainder``
-    ("Split into BF16 params (rounded-to-nearest) and remainders").
-
-    Returns:
-        (``uint16`` bf16 bit patterns, ``int16`` remainders), same shape as ``x``.
-    """
+    """FP32 values as TE stores them with ``store_param_remainders``: (``uint16`` bf16 bits, ``int16`` remainder), the
+    bf16 rounded up when the remainder reads negative (``transformer_engine/common/multi_tensor/adam.cu``,
+    ``AdamFunctorMasterParamRemainder``)."""
     bits = np.ascontiguousarray(np.asarray(x, dtype=np.float32)).view(np.uint32)
     hi = (bits >> 16).astype(np.uint16)
     lo = (bits & 0xFFFF).astype(np.uint16).view(np.int16)
@@ -69,15 +51,8 @@ def split_fp32(x: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def reconstruct_fp32(bf16_bits: Any, remainder: Any) -> np.ndarray:
-    """The FP32 master TE rebuilds from a bf16 weight and its int16 remainder (inverse of :func:`split_fp32`).
-
-    Source: ``AdamFunctorMasterParamRemainder`` ("Reconstruct FP32 params": the bf16 pattern is
-    decremented when the remainder is negative, "undo rounding", then joined with it).
-
-    Args:
-        bf16_bits: ``uint16`` (or ``int16``) bit patterns of the bf16 weights.
-        remainder: ``int16`` remainders, same shape.
-    """
+    """The FP32 master TE rebuilds from bf16 bits and an int16 remainder (inverse of :func:`split_fp32`;
+    ``AdamFunctorMasterParamRemainder``, "Reconstruct FP32 params")."""
     hi = np.asarray(bf16_bits).astype(np.int32) & 0xFFFF
     rem = np.asarray(remainder).astype(np.int16)
     hi = (hi - (rem < 0).astype(np.int32)) & 0xFFFF
@@ -87,22 +62,12 @@ def reconstruct_fp32(bf16_bits: Any, remainder: Any) -> np.ndarray:
 
 def adam_reference(p0: Any, grads: Sequence[Any], hyper: AdamHyper, *, weight_decay: float | None = None,
                    clip_coeffs: Sequence[float] | None = None) -> list[np.ndarray]:
-    """Adam with decoupled weight decay in float64: the reference the optimizer arms are measured against.
+    """Adam with decoupled weight decay in float64, one array of weights per step of ``grads``.
 
-    For step ``t`` (from 1), gradient ``g`` (times the step's clip coefficient):
-    ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2``, ``p = p - lr (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + wd p)``.
-    The form of TE's ``AdamFunctor`` (``adam.cu``, "weight decay" mode) and, in exact arithmetic, of
-    ``torch.optim.AdamW`` (which decays first: ``p (1 - lr wd)``, then the same step).
-
-    Args:
-        p0: the initial weights (any float dtype).
-        grads: one gradient per step.
-        weight_decay: this tensor's decay (megatron-core leaves biases and norms undecayed); default ``hyper.weight_decay``.
-        clip_coeffs: one clip coefficient per step (:func:`clip_coefficient` of the step's global norm); default 1.
-
-    Returns:
-        The weights after each step (float64), one array per step.
-    """
+    For step ``t`` (from 1), gradient ``g`` (times the step's clip coefficient): ``m = b1 m + (1 - b1) g``,
+    ``v = b2 v + (1 - b2) g^2``, ``p = p - lr (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + wd p)``: TE's
+    ``AdamFunctor`` (``adam.cu``, "weight decay" mode) and, in exact arithmetic, ``torch.optim.AdamW``.
+    ``weight_decay`` defaults to ``hyper.weight_decay``, ``clip_coeffs`` to 1 per step."""
     p = np.asarray(p0, dtype=np.float64).copy()
     m = np.zeros_like(p)
     v = np.zeros_like(p)
@@ -150,64 +115,67 @@ class ComponentResult:
             a = self.arms.get(name)
             if not a:
                 continue
-            errs = ", ".join(f"{_fmt(a['errors'].get(s))} after {s} step{'s' if s != 1 else ''} (bound {_fmt(self.bound.get(s))})" for s in self.steps)
+            errs = ", ".join(f"{_fmt(a['errors'].get(s))} after {s} step{'s' if s != 1 else ''} (bound "
+                             f"{_fmt(self.bound.get(s))})" for s in self.steps)
             parts.append(f"{name.replace('_', ' ')}: worst tensor (update) relative L2 error {errs}: {a['verdict']}")
         b = self.bitwise
         if b:
-            parts.append("reconstructed FP32 masters " + ("bitwise identical to" if b.get("identical") else "NOT bitwise identical to")
-                         + f" the arm with explicit FP32 masters ({b.get('mismatched', '?')} of {b.get('elements', '?')} elements differ)")
+            parts.append("reconstructed FP32 masters "
+                         + ("bitwise identical to" if b.get("identical") else "NOT bitwise identical to")
+                         + f" the arm with explicit FP32 masters ({b.get('mismatched', '?')} of "
+                         f"{b.get('elements', '?')} elements differ)")
         ctl = [(n, a) for n, a in self.arms.items() if a["kind"] == "control"]
         if ctl:
-            parts.append("negative controls: " + "; ".join(f"{n.removeprefix('control_').replace('_', ' ')} {a['verdict']} ({a['why']})" for n, a in ctl))
-        parts.append(f"bound 2 x the default GPU optimizer's error + 1e-3 (default: {', '.join(_fmt(self.default_error.get(s)) for s in self.steps)})")
+            parts.append("negative controls: " + "; ".join(f"{n.removeprefix('control_').replace('_', ' ')} "
+                                                           f"{a['verdict']} ({a['why']})" for n, a in ctl))
+        parts.append("bound 2 x the default GPU optimizer's error + 1e-3 (default: "
+                     f"{', '.join(_fmt(self.default_error.get(s)) for s in self.steps)})")
         if self.problems:
             parts.append("problems: " + "; ".join(self.problems))
         return "; ".join(parts)
 
     def entry(self, *, shape: str, gpu: str, date: str, note: str = "") -> dict[str, Any]:
-        """The recipe's ``correctness.component_tests`` entry in the seed's form (test, shape, gpu, date, result, detail, note)."""
+        """The recipe's ``correctness.component_tests`` entry in the seed's form (test, shape, gpu, date, result,
+        detail, note)."""
         offl = "offload" in self.arms
         return {
-            "test": "precision-aware Adam on the GPU" + (" and CPU optimizer offload (fraction 1.0, overlapped copies)" if offl else "")
+            "test": "precision-aware Adam on the GPU"
+            + (" and CPU optimizer offload (fraction 1.0, overlapped copies)" if offl else "")
                     + ", each against an FP64 reference",
             "shape": shape,
             "gpu": gpu,
             "date": date,
             "result": self.result,
             "detail": self.detail(),
-            "note": note or "the optimizer step is elementwise: the arms are fed the same recorded gradients as the FP64 reference",
+            "note": note or "the optimizer step is elementwise: the arms are fed the same recorded gradients as the "
+            "FP64 reference",
         }
 
     def to_dict(self) -> dict[str, Any]:
-        return {"result": self.result, "steps": list(self.steps), "default_error": {str(k): v for k, v in self.default_error.items()},
+        return {"result": self.result, "steps": list(self.steps),
+                "default_error": {str(k): v for k, v in self.default_error.items()},
                 "bound": {str(k): v for k, v in self.bound.items()}, "arms": self.arms, "bitwise": self.bitwise,
-                "problems": list(self.problems), "required_moments": list(self.required_moments), "detail": self.detail()}
+                "problems": list(self.problems), "required_moments": list(self.required_moments),
+                "detail": self.detail()}
 
 
 def _fmt(x: Any) -> str:
     return f"{x:.3g}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
 
 
-def decide_component_test(rows: Iterable[Mapping[str, Any]], *, required_moments: Sequence[str] = ("fp32",)) -> ComponentResult:
-    """Decide the component test from the component program's JSON lines (:mod:`launch.harness.component`).
+def decide_component_test(rows: Iterable[Mapping[str, Any]], *,
+                          required_moments: Sequence[str] = ("fp32",)) -> ComponentResult:
+    """Decide the component test from the JSON lines of :mod:`launch.harness.component` (events ``arm``,
+    ``bitwise``, ``arm_error``).
 
-    Rows used: ``{"event": "arm", "arm", "kind", "step", "worst_rel_l2", "worst_tensor"}`` per arm and
-    measured step; ``{"event": "bitwise", "arm", "against", "step", "identical", "mismatched", "elements"}``;
-    ``{"event": "arm_error", "arm", "message"}``.
-
-    Pass when: every ``test`` arm whose moments are in ``required_moments`` (the recipe's: ``fp32`` unless it
-    sets bf16 moments) is within :func:`component_bound` of the ``default`` arm's error at every step; the
-    bitwise comparison is identical at every step; for every class of bug (``ComponentArm.detects``: dropped
-    remainders, a wrong hyperparameter, bf16 masters) at least one ``control`` arm exceeds the bound at some step
-    (or differs bitwise); a control whose run failed detected nothing and fails the test; a control that stays within
-    the bound is reported as "did not fail" (e.g. beta2 0.95 for 0.98: Adam's bias-corrected first update does not
-    depend on beta2, and after 3 steps the change is within the bound, measured on
-    the H200, ``benchmarks/results/h200_te_2026-12-01/call12``). Tested arms
-    outside ``required_moments`` are reported with their verdict but do not decide.
+    Pass when every ``test`` arm whose moments are in ``required_moments`` is within :func:`component_bound` of the
+    ``default`` arm's error at every step, the rebuilt masters are bitwise identical, and every class of bug
+    (``ComponentArm.detects``) has a ``control`` arm over the bound (or differing bitwise). A control that crashed
+    detected nothing; one within the bound is reported as "did not fail" (beta2 0.95 for 0.98 stays within it after 3
+    steps, ``benchmarks/results/h200_te_2026-12-01/call12``).
 
     Raises:
-        TunerError: no row of the ``default`` arm (no bound can be set).
-    """
+        TunerError: no row of the ``default`` arm (no bound can be set)."""
     rows = list(rows)
     by_arm: dict[str, dict[int, Mapping[str, Any]]] = {}
     kinds: dict[str, str] = {}
@@ -225,15 +193,16 @@ def decide_component_test(rows: Iterable[Mapping[str, Any]], *, required_moments
             bit_rows.append(r)
     if "default" not in by_arm:
         raise TunerError("the component test has no result for the default GPU optimizer"
-                         + (f" (it failed: {errors['default'][:200]})" if "default" in errors else "") + ": no bound can be set")
+                         + (f" (it failed: {errors['default'][:200]})" if "default" in errors else "") + ": no bound "
+                         "can be set")
     steps = tuple(sorted(by_arm["default"]))
     default_error = {s: float(by_arm["default"][s]["worst_rel_l2"]) for s in steps}
     bound = {s: component_bound(e) for s, e in default_error.items()}
     arms: dict[str, dict[str, Any]] = {}
     problems: list[str] = []
     for name in list(by_arm) + [n for n in errors if n not in by_arm]:
-        arms[name], problem = _arm_verdict(name, kinds.get(name, ""), by_arm.get(name, {}), errors.get(name), bit_rows, bound,
-                                           required_moments)
+        arms[name], problem = _arm_verdict(name, kinds.get(name, ""), by_arm.get(name, {}), errors.get(name), bit_rows,
+                                           bound, required_moments)
         if problem:
             problems.append(problem)
     # Every class of bug must be caught by at least one of its controls (one wrong hyperparameter, eps or beta2,
@@ -244,18 +213,19 @@ def decide_component_test(rows: Iterable[Mapping[str, Any]], *, required_moments
             classes.setdefault(str(info.get("detects") or name), []).append(name)
     for cls, names in sorted(classes.items()):
         if not any(arms[n]["verdict"] == "failed as expected" for n in names):
-            problems.append(f"no negative control of class {cls} failed: " + "; ".join(f"{n} {arms[n]['verdict']} ({arms[n].get('why', '')})" for n in names))
+            each = "; ".join(f"{n} {arms[n]['verdict']} ({arms[n].get('why', '')})" for n in names)
+            problems.append(f"no negative control of class {cls} failed: {each}")
     need = [a.name for a in COMPONENT_ARMS if a.kind == "test" and a.moments in required_moments and a.name not in arms]
     problems += [f"arm {n} was not run" for n in need]
     bit, problem = _bitwise(bit_rows, "gpu" in arms)
     if problem:
         problems.append(problem)
-    return ComponentResult(passed=not problems, steps=steps, default_error=default_error, bound=bound, arms=arms, bitwise=bit,
-                           problems=tuple(problems), required_moments=tuple(required_moments))
+    return ComponentResult(passed=not problems, steps=steps, default_error=default_error, bound=bound, arms=arms,
+                           bitwise=bit, problems=tuple(problems), required_moments=tuple(required_moments))
 
 
-
-def _arm_verdict(name: str, kind: str, rs: Mapping[int, Mapping[str, Any]], err: str | None, bit_rows: Sequence[Mapping[str, Any]],
+def _arm_verdict(name: str, kind: str, rs: Mapping[int, Mapping[str, Any]], err: str | None,
+                 bit_rows: Sequence[Mapping[str, Any]],
                  bound: Mapping[int, float], required_moments: Sequence[str]) -> tuple[dict[str, Any], str]:
     """One arm's row of :attr:`ComponentResult.arms` and the problem that fails the test ('' when none)."""
     spec = {a.name: a for a in COMPONENT_ARMS}
@@ -290,7 +260,9 @@ def _arm_verdict(name: str, kind: str, rs: Mapping[int, Mapping[str, Any]], err:
         bits = [b for b in bit_rows if b.get("arm") == name and not b.get("identical")]
         if over:
             s = over[0]
-            info["verdict"], info["why"] = "failed as expected", f"relative_l2 {errs[s]:.3g} > {bound[s]:.3g} after {s} step{'s' if s != 1 else ''}"
+            plural = "s" if s != 1 else ""
+            info["verdict"] = "failed as expected"
+            info["why"] = f"relative_l2 {errs[s]:.3g} > {bound[s]:.3g} after {s} step{plural}"
         elif bits:
             info["verdict"], info["why"] = "failed as expected", "masters differ bitwise"
         elif err is not None:  # a control that crashed detected nothing
@@ -298,18 +270,21 @@ def _arm_verdict(name: str, kind: str, rs: Mapping[int, Mapping[str, Any]], err:
             problem = f"negative control {name} could not run: {err[:200]}"
         else:
             info["verdict"] = "did not fail"
-            info["why"] = "within the bound at every step: " + ", ".join(f"{_fmt(errs.get(s))} <= {_fmt(bound[s])}" for s in steps)
+            info["why"] = "within the bound at every step: " + ", ".join(f"{_fmt(errs.get(s))} <= {_fmt(bound[s])}"
+                                                                         for s in steps)
         info["detects"] = spec[name].detects if name in spec else name
     return info, problem
 
 
 def _bitwise(bit_rows: Sequence[Mapping[str, Any]], gpu_ran: bool) -> tuple[dict[str, Any], str]:
-    """The ``gpu`` arm's bitwise comparison of the rebuilt masters, and the problem that fails the test ('' when none)."""
+    """The ``gpu`` arm's bitwise comparison of the rebuilt masters, and the problem that fails the test ('' when
+    none)."""
     main = [b for b in bit_rows if b.get("arm") == "gpu"]
     if not main:
         return {}, "no bitwise comparison of the rebuilt masters was recorded" if gpu_ran else ""
     bit = {"arm": "gpu", "against": main[0].get("against"), "steps": sorted(int(b["step"]) for b in main),
-           "identical": all(bool(b.get("identical")) for b in main), "mismatched": sum(int(b.get("mismatched", 0)) for b in main),
+           "identical": all(bool(b.get("identical")) for b in main),
+           "mismatched": sum(int(b.get("mismatched", 0)) for b in main),
            "elements": sum(int(b.get("elements", 0)) for b in main)}
     return bit, "" if bit["identical"] else "the rebuilt masters are not bitwise identical to the explicit-master arm's"
 
@@ -347,44 +322,29 @@ class ComponentOutcome:
         """The ``correctness.component_tests`` entry in the seed's form."""
         shape = self.plan.spec.shape_text(self.experts or self.plan.spec.num_experts)
         if self.decision is None:
-            return {"test": "precision-aware Adam on the GPU and CPU optimizer offload (fraction 1.0, overlapped copies), each against an "
-                            "FP64 reference", "shape": shape, "gpu": self.plan.gpu, "date": self.date, "result": "error", "detail": self.error,
-                    "note": "the component program did not finish"}
+            return {"test": "precision-aware Adam on the GPU and CPU optimizer offload (fraction 1.0, overlapped "
+                            "copies), each against an FP64 reference", "shape": shape, "gpu": self.plan.gpu,
+                    "date": self.date,
+                    "result": "error", "detail": self.error, "note": "the component program did not finish"}
         return self.decision.entry(shape=shape, gpu=self.plan.gpu, date=self.date)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"result": self.result, "error": self.error, "date": self.date, "seconds": self.seconds, "entry": self.entry(),
-                "decision": self.decision.to_dict() if self.decision is not None else None, "spec": json.loads(self.plan.spec.to_json())}
+        return {"result": self.result, "error": self.error, "date": self.date, "seconds": self.seconds,
+                "entry": self.entry(), "decision": self.decision.to_dict() if self.decision is not None else None,
+                "spec": json.loads(self.plan.spec.to_json())}
 
 
-def plan_component_test(
-    *,
-    out_dir: str | Path,
-    experts: int | None = None,
-    max_experts: int = 512,
-    steps: tuple[int, ...] = (1, 3),
-    moments: tuple[str, ...] = ("fp32",),
-    arms: tuple[str, ...] | None = None,
-    env: Any = None,
-    gpu: str = "H200",
-    check_machine: bool = True,
-) -> ComponentPlan:
-    """The component test's plan, refused before any GPU time when this machine cannot run it.
-
-    Args:
-        out_dir: folder of the spec, the JSON lines and ``component.json``.
-        experts: run exactly this many experts (default: as many as fit, up to ``max_experts``; the program decides
-            from the GPU's free memory and the host's available memory).
-        steps: the steps after which the update is measured.
-        moments: ``fp32`` and/or ``bf16``: the moment dtypes whose arms decide (the recipe's ``exp_avg_dtype``).
-        arms: a subset of :data:`launch.harness.component.COMPONENT_ARMS` (default: all).
-        env: a :class:`launch.harness.spec.HarnessEnv` (default: probed).
-        check_machine: also check torch / megatron-core and that a GPU is visible (off in tests with a fake program).
+def plan_component_test(*, out_dir: str | Path, experts: int | None = None, max_experts: int = 512,
+                        steps: tuple[int, ...] = (1, 3), moments: tuple[str, ...] = ("fp32",),
+                        arms: tuple[str, ...] | None = None, env: Any = None, gpu: str = "H200",
+                        check_machine: bool = True) -> ComponentPlan:
+    """The component test's plan, refused before any GPU time when this machine cannot run it. ``experts``: exactly
+    this many (default: as many as fit, up to ``max_experts``); ``moments``: the dtypes whose arms decide (the
+    recipe's ``exp_avg_dtype``); ``env``: a :class:`launch.harness.spec.HarnessEnv` (default probed).
 
     Raises:
-        TunerError: Transformer Engine is not installed (precision-aware Adam is TE's FusedAdam; the component test
-            measures TE's kernels), torch / megatron-core is missing, no GPU is visible, or a bad argument.
-    """
+        TunerError: no Transformer Engine (precision-aware Adam is TE's FusedAdam), no torch / megatron-core, no GPU
+            (``check_machine``), or bad ``moments``."""
     from launch.harness.component import ComponentSpec
     from launch.harness.spec import HarnessEnv
 
@@ -395,30 +355,26 @@ def plan_component_test(
     spec = ComponentSpec(experts=experts, max_experts=max_experts, steps=tuple(steps), arms=names)
     e = env if env is not None else HarnessEnv.detect()
     if not e.transformer_engine:
-        raise TunerError("tune verify --component optimizer needs Transformer Engine on this machine: megatron-core's precision-aware "
-                         "Adam is TE's FusedAdam (with store_param_remainders); install transformer-engine, or run it where it is installed")
+        raise TunerError("tune verify --component optimizer needs Transformer Engine on this machine: megatron-core's "
+                         "precision-aware Adam is TE's FusedAdam (with store_param_remainders); install "
+                         "transformer-engine, or run it where it is installed")
     if check_machine:
         from launch.local_backend import check_harness_dependencies, machine_gpu_count
 
         check_harness_dependencies("tune verify --component optimizer")
         if machine_gpu_count() < 1:
-            raise TunerError("tune verify --component optimizer needs 1 GPU and this machine shows none (nvidia-smi / CUDA_VISIBLE_DEVICES)")
+            raise TunerError("tune verify --component optimizer needs 1 GPU and this machine shows none (nvidia-smi / "
+                             "CUDA_VISIBLE_DEVICES)")
     return ComponentPlan(spec=spec, out_dir=str(out_dir), required_moments=tuple(moments), gpu=gpu)
 
 
-def run_component_test(plan: ComponentPlan, *, launcher: list[str] | None = None, timeout_s: float = 900.0) -> ComponentOutcome:
-    """Run the component program (one process, one GPU) and decide (:func:`decide_component_test`).
-
-    Writes ``<out>/component_spec.json``, ``<out>/component.jsonl`` (the program's lines), ``<out>/log.txt`` and
-    ``<out>/component.json`` (the outcome and the seed-form entry).
-
-    Args:
-        launcher: the program (default ``python -m launch.harness.component``); tests pass a fake one.
-        timeout_s: wall-clock limit; the program's process group is killed after it.
+def run_component_test(plan: ComponentPlan, *, launcher: list[str] | None = None,
+                       timeout_s: float = 900.0) -> ComponentOutcome:
+    """Run the component program (one process, one GPU, killed after ``timeout_s``) and decide; writes
+    ``component_spec.json``, ``component.jsonl``, ``log.txt`` and ``component.json`` under the plan's folder.
 
     Raises:
-        TunerError: the folder cannot be written.
-    """
+        TunerError: the folder cannot be written."""
     import os
     import subprocess
     import sys
@@ -436,11 +392,13 @@ def run_component_test(plan: ComponentPlan, *, launcher: list[str] | None = None
             lines.unlink()
     except OSError as e:
         raise TunerError(f"cannot write the component test's folder {out} ({e.strerror or e})") from None
-    cmd = [*(launcher or [sys.executable, "-m", "launch.harness.component"]), "--spec", str(spec_path), "--out", str(lines)]
+    cmd = [*(launcher or [sys.executable, "-m", "launch.harness.component"]), "--spec", str(spec_path), "--out",
+           str(lines)]
     t0 = time.monotonic()
     error = ""
     with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **SAFE_ENV})
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env={**os.environ, **SAFE_ENV})
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -450,7 +408,8 @@ def run_component_test(plan: ComponentPlan, *, launcher: list[str] | None = None
     rows = tuple(read_lines(lines))
     if not error and rc != 0:
         errs = [r for r in rows if r.get("event") in ("error", "refused")]
-        error = (f"the component program exited with status {rc}: " + (str(errs[0].get("message") or errs[0].get("reasons")) if errs else
+        error = (f"the component program exited with status {rc}: "
+                 + (str(errs[0].get("message") or errs[0].get("reasons")) if errs else
                  log.read_text(errors="replace")[-500:]))
     decision = None
     if not error:
@@ -458,8 +417,8 @@ def run_component_test(plan: ComponentPlan, *, launcher: list[str] | None = None
             decision = decide_component_test(rows, required_moments=plan.required_moments)
         except TunerError as e:
             error = str(e)
-    o = ComponentOutcome(plan=plan, result="error" if decision is None else decision.result, decision=decision, rows=rows, error=error,
-                         date=_dt.date.today().isoformat(), seconds=time.monotonic() - t0)
+    o = ComponentOutcome(plan=plan, result="error" if decision is None else decision.result, decision=decision,
+                         rows=rows, error=error, date=_dt.date.today().isoformat(), seconds=time.monotonic() - t0)
     (out / "component.json").write_text(json.dumps(o.to_dict(), indent=2, default=json_default))
     return o
 

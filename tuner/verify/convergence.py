@@ -9,11 +9,8 @@ Its default thresholds are the defaults of :class:`ConvergenceThresholds`:
 - **point_wise_tolerance**: at each step, ``|candidate - reference| / reference`` must be within
   10% where the reference loss is above 2.0, 5% where it is in (0.5, 2.0], 2% at or below 0.5;
   fails when more than 10% of the steps are out;
-- **outliers**: residual ``candidate - reference``; a step whose residual is more than 3 standard
-  deviations from the mean residual is an outlier; fails when more than 10% of steps are. (By
-  Chebyshev's inequality at most 1/9 of the steps can be 3-sigma outliers, so this check can fail
-  only when 10% to 11.1% of them are: it is kept and reported for parity with Bridge, but the
-  three checks above carry the decision);
+- **outliers**: a step whose residual ``candidate - reference`` is over 3 standard deviations from the mean is an
+  outlier; fails when more than 10% of steps are (Chebyshev: at most 1/9 can be; kept for parity with Bridge);
 - ``skip_first_percent`` (default 0) drops the leading steps from the four checks above.
 
 Differences from Bridge, on purpose (Bridge lets these pass silently, since NaN compares false):
@@ -96,8 +93,9 @@ class ConvergenceResult:
     def summary(self) -> str:
         """One line: passed, or which metrics failed and by how much."""
         if self.passed:
-            return (f"passed: correlation {self.correlation:.7f}, final loss difference {self.final_loss_difference:.4f}, "
-                    f"{self.pointwise_failures} point-wise failures, {self.outliers} outliers over {self.compared_steps} steps")
+            return (f"passed: correlation {self.correlation:.7f}, final loss difference "
+                    f"{self.final_loss_difference:.4f}, {self.pointwise_failures} point-wise failures, {self.outliers} "
+                    f"outliers over {self.compared_steps} steps")
         return "failed " + ", ".join(self.failed_metrics) + ": " + "; ".join(self.messages)
 
     def to_dict(self) -> dict[str, Any]:
@@ -116,11 +114,8 @@ def as_curve(values: Mapping[int, float] | Sequence[float], *, first_step: int =
     return {int(k): float(v) for k, v in items}
 
 
-def compare_losses(
-    candidate: Mapping[int, float] | Sequence[float],
-    reference: Mapping[int, float] | Sequence[float],
-    thresholds: ConvergenceThresholds | None = None,
-) -> ConvergenceResult:
+def compare_losses(candidate: Mapping[int, float] | Sequence[float], reference: Mapping[int, float] | Sequence[float],
+                   thresholds: ConvergenceThresholds | None = None) -> ConvergenceResult:
     """Compare a candidate loss curve to a reference (golden) curve; see the module docstring.
 
     Args:
@@ -147,7 +142,8 @@ def compare_losses(
     if missing:
         failed.append("missing_steps")
         who = ["candidate" if s not in cand else "reference" for s in missing]
-        msgs.append(f"{len(missing)} steps missing ({', '.join(f'{s} in {w}' for s, w in list(zip(missing, who))[:5])}{' ...' if len(missing) > 5 else ''})")
+        listed = ", ".join(f"{s} in {w}" for s, w in list(zip(missing, who))[:5]) + (" ..." if len(missing) > 5 else "")
+        msgs.append(f"{len(missing)} steps missing ({listed})")
     common = [s for s in steps if s in cand and s in ref]
     bad = tuple(s for s in common if not (math.isfinite(cand[s]) and math.isfinite(ref[s])))
     if bad:
@@ -171,25 +167,17 @@ def compare_losses(
     m, m_failed, m_msgs = _curve_metrics(c, g, good, th)
     failed += m_failed
     msgs += m_msgs
-    return ConvergenceResult(
-        passed=not failed,
-        failed_metrics=tuple(failed),
-        steps=len(steps),
-        compared_steps=len(good),
-        correlation=m["correlation"],
-        final_loss_difference=m["final_loss_difference"],
-        pointwise_failures=int(m["pointwise_failures"]),
-        pointwise_failure_ratio=m["pointwise_failure_ratio"],
-        outliers=int(m["outliers"]),
-        outlier_ratio=m["outlier_ratio"],
-        missing_steps=missing,
-        non_finite_steps=bad,
-        messages=tuple(msgs),
-        thresholds=th,
-    )
+    return ConvergenceResult(passed=not failed, failed_metrics=tuple(failed), steps=len(steps),
+                             compared_steps=len(good), correlation=m["correlation"],
+                             final_loss_difference=m["final_loss_difference"],
+                             pointwise_failures=int(m["pointwise_failures"]),
+                             pointwise_failure_ratio=m["pointwise_failure_ratio"], outliers=int(m["outliers"]),
+                             outlier_ratio=m["outlier_ratio"], missing_steps=missing, non_finite_steps=bad,
+                             messages=tuple(msgs), thresholds=th)
 
 
-def _curve_metrics(c: np.ndarray, g: np.ndarray, good: Sequence[int], th: ConvergenceThresholds) -> tuple[dict[str, float], list[str], list[str]]:
+def _curve_metrics(c: np.ndarray, g: np.ndarray, good: Sequence[int],
+                   th: ConvergenceThresholds) -> tuple[dict[str, float], list[str], list[str]]:
     """Bridge's four metrics of the candidate ``c`` against the reference ``g`` (same steps ``good``, finite, >= 2):
     the values, the failed metrics' names and their messages."""
     failed: list[str] = []
@@ -207,7 +195,8 @@ def _curve_metrics(c: np.ndarray, g: np.ndarray, good: Sequence[int], th: Conver
         corr = float(np.corrcoef(cs, gs)[0, 1])
     if not (corr >= th.correlation_threshold):
         failed.append("correlation")
-        msgs.append(f"correlation {corr:.4f} < {th.correlation_threshold}" if corr == corr else "correlation undefined: one curve is flat")
+        msgs.append(f"correlation {corr:.4f} < {th.correlation_threshold}" if corr == corr else "correlation "
+                    "undefined: one curve is flat")
 
     # point-wise relative tolerance, keyed on the reference value
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -219,14 +208,15 @@ def _curve_metrics(c: np.ndarray, g: np.ndarray, good: Sequence[int], th: Conver
     if pw_ratio > th.max_outlier_ratio:
         failed.append("point_wise_tolerance")
         worst = int(np.argmax(rel - tol))
-        msgs.append(f"{pw} of {len(good)} steps out of tolerance ({pw_ratio:.0%} > {th.max_outlier_ratio:.0%}; worst step {good[worst]}: "
-                    f"{c[worst]:.5g} vs {g[worst]:.5g}, {rel[worst]:.1%} > {tol[worst]:.0%})")
+        msgs.append(f"{pw} of {len(good)} steps out of tolerance ({pw_ratio:.0%} > {th.max_outlier_ratio:.0%}; worst "
+                    f"step {good[worst]}: {c[worst]:.5g} vs {g[worst]:.5g}, {rel[worst]:.1%} > {tol[worst]:.0%})")
 
     # final loss
     fin = float(abs(cs[-1] - gs[-1]) / abs(gs[-1])) if gs[-1] != 0 else (0.0 if cs[-1] == 0 else float("inf"))
     if fin > th.final_loss_tolerance:
         failed.append("final_loss")
-        msgs.append(f"final loss {c[-1]:.5g} vs {g[-1]:.5g} at step {good[-1]}: {fin:.2%} > {th.final_loss_tolerance:.0%}")
+        msgs.append(f"final loss {c[-1]:.5g} vs {g[-1]:.5g} at step {good[-1]}: {fin:.2%} > "
+                    f"{th.final_loss_tolerance:.0%}")
 
     # outliers of the residuals (scaled like the correlation)
     res = cs - gs
@@ -235,7 +225,8 @@ def _curve_metrics(c: np.ndarray, g: np.ndarray, good: Sequence[int], th: Conver
     out_ratio = n_out / len(good)
     if out_ratio > th.max_outlier_ratio:
         failed.append("outliers")
-        msgs.append(f"{n_out} of {len(good)} steps are {th.outlier_threshold:g}-sigma outliers of the residual ({out_ratio:.0%} > {th.max_outlier_ratio:.0%})")
+        msgs.append(f"{n_out} of {len(good)} steps are {th.outlier_threshold:g}-sigma outliers of the residual "
+                    f"({out_ratio:.0%} > {th.max_outlier_ratio:.0%})")
 
-    return ({"correlation": corr, "final_loss_difference": fin, "pointwise_failures": pw, "pointwise_failure_ratio": pw_ratio,
-             "outliers": n_out, "outlier_ratio": out_ratio}, failed, msgs)
+    return ({"correlation": corr, "final_loss_difference": fin, "pointwise_failures": pw,
+             "pointwise_failure_ratio": pw_ratio, "outliers": n_out, "outlier_ratio": out_ratio}, failed, msgs)

@@ -14,32 +14,21 @@ from tuner.verify.parity import ParityResult, parity_block
 __all__ = ["correctness_block", "stored_correctness"]
 
 
+def correctness_block(*, convergence: Mapping[str, Any] | None = None,
+                      grad_parity: ParityResult | Mapping[str, Any] | None = None,
+                      component_tests: Sequence[Mapping[str, Any]] = (), reference: str | None = None,
+                      configuration: str | None = None) -> dict[str, Any]:
+    """The recipe's ``correctness`` block in the seed's form: the loss-curve check's block
+    (:func:`tuner.verify.loss_check.convergence_block`), gradient parity (a :class:`ParityResult` or its
+    :func:`parity_block`) and ``component_tests`` entries, each None / empty when not run.
 
-def correctness_block(
-    *,
-    convergence: Mapping[str, Any] | None = None,
-    grad_parity: ParityResult | Mapping[str, Any] | None = None,
-    component_tests: Sequence[Mapping[str, Any]] = (),
-    reference: str | None = None,
-    configuration: str | None = None,
-) -> dict[str, Any]:
-    """The recipe's ``correctness`` block in the seed's form, with gradient parity next to the convergence check.
-
-    Args:
-        convergence: the block of the loss-curve check (:func:`tuner.verify.loss_check.convergence_block` of its
-            outcome: ``result``, ``summary``, ``reference``, ``convergence``), or None if not run.
-        grad_parity: a :class:`ParityResult` or its :func:`parity_block`, or None if not run.
-        component_tests: entries in the seed's form (:meth:`ComponentResult.entry`).
-        reference: the reference text (default: the convergence block's).
-        configuration: the seed's ``configuration`` field (e.g. ``pass``), when a configuration check ran.
-
-    Returns:
-        ``result`` is ``pass`` only when the convergence check and gradient parity both ran and passed and
-        no component test failed (``launch.export`` then marks a measured recipe ``verified``); ``fail`` when
-        any of them failed; ``error`` when one could not finish; else ``incomplete`` (one of the two not run).
-    """
+    ``result`` is ``pass`` only when the convergence check and gradient parity both passed and no component test
+    failed (``launch.export`` then marks a measured recipe ``verified``); ``fail`` when one failed; ``error`` when one
+    could not finish; else ``incomplete``."""
     conv = dict(convergence) if convergence is not None else None
-    gp = parity_block(grad_parity) if isinstance(grad_parity, ParityResult) else (dict(grad_parity) if grad_parity is not None else None)
+    gp = parity_block(grad_parity) if isinstance(grad_parity,
+                                                 ParityResult) else (dict(grad_parity) if grad_parity is not None
+                                                                     else None)
     comps = [dict(c) for c in component_tests]
     results = {"convergence": conv.get("result") if conv else None, "grad_parity": gp.get("result") if gp else None}
     comp_results = [c.get("result") for c in comps]
@@ -68,23 +57,29 @@ def correctness_block(
     if comps:
         out["component_tests"] = comps
     if conv is not None:
-        out["convergence"] = conv.get("convergence", {k: v for k, v in conv.items() if k not in ("summary", "reference")})
+        out["convergence"] = conv.get("convergence",
+                                      {k: v for k, v in conv.items() if k not in ("summary", "reference")})
     if gp is not None:
         out["grad_parity"] = gp
     if result == "incomplete":
         missing = [label for k, label in (("convergence", "the convergence check (tune verify)"),
-                                          ("grad_parity", "gradient parity (tune verify --grad-parity)")) if results[k] is None]
-        out["note"] = "status verified needs both the convergence check and gradient parity; not run: " + ", ".join(missing)
+                                          ("grad_parity",
+                                           "gradient parity (tune verify --grad-parity)")) if results[k] is None]
+        out["note"] = ("status verified needs both the convergence check and gradient parity; not run: "
+                       + ", ".join(missing))
     return out
 
 
-def stored_correctness(st: Any, trial_no: int | None, *, convergence: Any = None, grad_parity: Any = None) -> dict[str, Any] | None:
+def stored_correctness(st: Any, trial_no: int | None, *, convergence: Any = None,
+                       grad_parity: Any = None) -> dict[str, Any] | None:
     """The ``correctness`` block of a study's trial from what ``tune verify`` stored: the convergence check
     (``verify:N``), gradient parity (``verify-parity:N``) and the optimizer component test (``verify-component``),
     the given ones replacing the stored ones; None when nothing was checked (:func:`correctness_block`)."""
     attrs = st.user_attrs
-    conv = convergence if convergence is not None else (attrs.get(f"verify:{trial_no}") if trial_no is not None else None)
-    par = grad_parity if grad_parity is not None else (attrs.get(f"verify-parity:{trial_no}") if trial_no is not None else None)
+    conv = convergence if convergence is not None else (attrs.get(f"verify:{trial_no}") if trial_no is not None
+                                                        else None)
+    par = grad_parity if grad_parity is not None else (attrs.get(f"verify-parity:{trial_no}")
+                                                       if trial_no is not None else None)
     comp = attrs.get("verify-component")
     if conv is None and par is None and comp is None:
         return None

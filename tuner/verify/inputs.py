@@ -1,10 +1,4 @@
-"""What a check of :mod:`tuner.verify` starts from: the two layouts and the checkpoint.
-
-- :func:`parse_layout_spec`: a layout typed as ``key=value`` pairs (``--reference tp=1,pp=1,ep=1``);
-- :func:`check_pair`: both layouts fit the check's GPUs and Megatron's rules, and differ;
-- :func:`checkpoint_model_reasons`: a distributed checkpoint is of the check's model;
-- :func:`layout_text`: a layout in one line, for reports.
-"""
+"""What a check of :mod:`tuner.verify` starts from: the two layouts and the checkpoint."""
 
 from __future__ import annotations
 
@@ -22,20 +16,16 @@ from specs.layout import Layout
 __all__ = ["check_pair", "checkpoint_model_reasons", "json_default", "layout_text", "parse_layout_spec"]
 
 
-_LAYOUT_KEYS_HELP = "tp, pp, vpp, cp, ep, etp, micro_batch_size (or mbs), recompute (none|selective|full), dispatcher, sequence_parallel, ..."
+_LAYOUT_KEYS_HELP = ("tp, pp, vpp, cp, ep, etp, micro_batch_size (or mbs), recompute (none|selective|full), "
+                     "dispatcher, sequence_parallel, ...")
 
 
 def parse_layout_spec(text: str, world_size: int) -> Layout:
-    """A layout from ``key=value`` pairs, e.g. ``tp=1,pp=1,ep=1`` (fields not given take :class:`Layout`'s defaults).
-
-    Keys are :class:`Layout`'s field names (Megatron's), plus ``mbs`` for
-    ``micro_batch_size`` and ``recompute`` for ``recompute_granularity`` (``full`` then
-    means uniform, 1 layer, as Megatron's defaults; ``selective`` means ``core_attn``).
-    ``sequence_parallel`` defaults to on when ``tp > 1``.
+    """A layout from ``key=value`` pairs, e.g. ``tp=1,pp=1,ep=1``: :class:`Layout`'s field names plus ``mbs`` and
+    ``recompute`` (``full``: uniform, 1 layer; ``selective``: ``core_attn``); others take Megatron's defaults.
 
     Raises:
-        TunerError: an empty string, a pair without ``=``, an unknown key or a bad value.
-    """
+        TunerError: an empty string, a pair without ``=``, an unknown key or a bad value."""
     if not text or not text.strip():
         raise TunerError(f"a layout is key=value pairs, e.g. 'tp=1,pp=1,ep=1'; got {text!r}")
     d: dict[str, Any] = {}
@@ -52,7 +42,8 @@ def parse_layout_spec(text: str, world_size: int) -> Layout:
     d.setdefault("world_size", world_size)
     ints = {"world_size", "tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size", "recompute_num_layers",
             "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"}
-    bools = {"sequence_parallel", "use_distributed_optimizer", "use_precision_aware_optimizer", "overlap_cpu_optimizer_d2h_h2d"}
+    bools = {"sequence_parallel", "use_distributed_optimizer", "use_precision_aware_optimizer",
+             "overlap_cpu_optimizer_d2h_h2d"}
     out: dict[str, Any] = {}
     for k, v in d.items():
         if k in ints:
@@ -99,13 +90,15 @@ def check_pair(candidate: Layout, reference: Layout, model: ModelSpec, cluster: 
     """
     for name, lay in (("candidate", candidate), ("reference", reference)):
         if lay.world_size != cluster.num_gpus:
-            raise TunerError(f"the {name} layout {lay.label} is for {lay.world_size} GPUs, the check for {cluster.num_gpus} ({cluster.label})")
+            raise TunerError(f"the {name} layout {lay.label} is for {lay.world_size} GPUs, the check for "
+                             f"{cluster.num_gpus} ({cluster.label})")
         broken = check_layout(lay, model, workload)
         if broken:
             rule, why = broken[0]
             raise InfeasibleLayout(rule, f"the {name} layout {lay.label} breaks a rule: {why}")
     if candidate == reference and fault is None:
-        raise TunerError(f"the candidate and the reference are the same layout ({candidate.label}): nothing to compare; give another {what}")
+        raise TunerError(f"the candidate and the reference are the same layout ({candidate.label}): nothing to "
+                         f"compare; give another {what}")
 
 
 def json_default(x: Any) -> Any:
@@ -126,13 +119,9 @@ def layout_text(lay: Layout) -> str:
 
 
 def checkpoint_model_reasons(path: str | Path, model: ModelSpec) -> list[str]:
-    """Why the distributed checkpoint at ``path`` cannot start a check of ``model`` (empty when it can, or when it
-    cannot be told: a checkpoint without the harness's ``model.json`` is taken as it is).
-
-    The harness writes ``model.json`` (the model and its fingerprint, :func:`launch.harness.gather.model_fingerprint`)
-    beside every checkpoint it saves; a fingerprint that differs from ``model``'s (another model, another slice,
-    another expert count) is refused before any GPU time is spent.
-    """
+    """Why the distributed checkpoint at ``path`` cannot start a check of ``model``: its ``model.json`` (written by
+    the harness) has another fingerprint (:func:`launch.harness.gather.model_fingerprint`). Empty when it can, or has
+    no ``model.json``."""
     p = Path(path)
     if not (p.is_dir() and (p / "metadata.json").exists()):
         return [f"{str(p)!r} is not a megatron-core distributed checkpoint (a folder with metadata.json)"]
@@ -146,7 +135,7 @@ def checkpoint_model_reasons(path: str | Path, model: ModelSpec) -> list[str]:
         return [f"{side}: unreadable ({e})"]
     want = model_fingerprint(dataclasses.asdict(model))
     if fp != want:
-        return [f"the checkpoint {str(p)!r} is of another model ({name!r}, fingerprint {fp}) than the check's {model.name!r} "
-                f"(fingerprint {want}): layers, widths or experts differ"]
+        return [f"the checkpoint {str(p)!r} is of another model ({name!r}, fingerprint {fp}) than the check's "
+                f"{model.name!r} (fingerprint {want}): layers, widths or experts differ"]
     return []
 

@@ -1,35 +1,17 @@
 """``tune verify``: does a layout train the same numbers as a reference layout?
 
-The plan (:func:`plan_verify`), for a candidate layout and a reference layout of the
-same model, GPUs and workload:
+:func:`plan_verify` plans two arms of the same model, GPUs and workload. The reference arm trains
+``warm_start_steps`` from the seed (from random weights a check compares little more than how fast each arm
+learns byte frequencies), writes a megatron-core distributed checkpoint once (``<out>/checkpoint``), loads it back
+and trains ``steps`` steps with a fresh optimizer; the candidate arm loads the same checkpoint (resharded to its
+TP/PP/VPP/EP) and trains ``steps`` steps. With ``init_checkpoint`` both load the user's checkpoint instead. Both
+see the same byte-tokenised rows in Megatron's sample order (:mod:`launch.harness.data`), the same hyperparameters
+(Adam, linear warm-up then constant learning rate, clipping 1.0, weight decay 0.1) and global batch; the loss of a
+step is the mean over the global batch. :func:`tuner.verify.convergence.compare_losses` decides.
 
-1. **reference arm**: the harness builds the model with the reference layout from the
-   seed, trains it ``warm_start_steps`` steps (a warm start: from random weights a check
-   compares little more than how fast each arm learns byte frequencies), writes the weights
-   once as a megatron-core distributed checkpoint (``<out>/checkpoint``), loads them back
-   (the same code path as the candidate) and trains ``steps`` optimizer steps with a fresh
-   optimizer;
-2. **candidate arm**: the harness builds the model with the candidate layout, loads the
-   same checkpoint (megatron-core reshards it to the candidate's TP/PP/VPP/EP) and trains
-   ``steps`` optimizer steps with a fresh optimizer.
-
-With ``init_checkpoint`` (the user's own distributed checkpoint) both arms load that instead.
-Both arms: the same byte-tokenised text in Megatron's sample order (so every optimizer step
-sees the same rows, :mod:`launch.harness.data`; the measured steps read the rows after the
-warm start's), the same hyperparameters (Adam, linear learning-rate warm-up then constant,
-gradient clipping 1.0, weight decay 0.1), the same global batch. The loss of
-each step is the mean over the global batch. Then :func:`tuner.verify.convergence.compare_losses`
-(Megatron-Bridge's metrics and thresholds, plus missing steps and NaN fail) decides.
-
-Outputs under ``<out>``: ``verify.json`` (plan, both curves, the result),
-``losses.png`` (both curves and the relative difference) and each arm's harness folder
-(``reference/``, ``candidate/``: spec, JSON lines, log). The checkpoint is deleted after
-the check unless asked to keep it.
-
-Runs on this machine's GPUs with the local backend (torchrun); the layouts must be for the
-GPU count of this machine (use a slice of the model, ``--layers``, as for real trials).
+Outputs under ``<out>``: ``verify.json``, ``losses.png`` and each arm's harness folder (``reference/``,
+``candidate/``); the checkpoint is deleted afterwards unless kept. Runs on this machine's GPUs (local backend).
 """
-
 
 from __future__ import annotations
 
@@ -49,16 +31,8 @@ from specs.layout import Layout
 from tuner.verify.convergence import ConvergenceResult, ConvergenceThresholds, compare_losses
 from tuner.verify.inputs import check_pair, checkpoint_model_reasons, json_default
 
-__all__ = [
-    "DEFAULT_LR",
-    "VerifyArm",
-    "VerifyOutcome",
-    "VerifyPlan",
-    "convergence_block",
-    "local_backend_factory",
-    "plan_verify",
-    "run_verify",
-]
+__all__ = ["DEFAULT_LR", "VerifyArm", "VerifyOutcome", "VerifyPlan", "convergence_block", "local_backend_factory",
+           "plan_verify", "run_verify"]
 
 #: MiniMax-M2 slice (the loss rose from 12.6 to 17.7, then spiked; bf16 noise grew into 14% differences).
 DEFAULT_LR = 1e-4
@@ -89,19 +63,10 @@ class VerifyArm:
 
     def harness_options(self, plan: VerifyPlan) -> dict[str, Any]:
         """Fields of this arm's :class:`launch.harness.spec.HarnessSpec`."""
-        opts: dict[str, Any] = {
-            "data": "corpus",
-            "corpus_path": plan.corpus_path,
-            "corpus_sha256": plan.corpus_sha256,
-            "lr": plan.lr,
-            "load_checkpoint": self.load_checkpoint,
-            "save_checkpoint": self.save_checkpoint,
-            "fault": self.fault,
-            "pretrain_steps": self.pretrain_steps,
-            "data_step_offset": plan.warm_start_steps,
-            "lr_warmup_steps": plan.lr_warmup_steps,
-        }
-        return opts
+        return {"data": "corpus", "corpus_path": plan.corpus_path, "corpus_sha256": plan.corpus_sha256, "lr": plan.lr,
+                "load_checkpoint": self.load_checkpoint, "save_checkpoint": self.save_checkpoint, "fault": self.fault,
+                "pretrain_steps": self.pretrain_steps, "data_step_offset": plan.warm_start_steps,
+                "lr_warmup_steps": plan.lr_warmup_steps}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -131,22 +96,21 @@ class VerifyPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "model": self.model.name,
-            "gpus": self.cluster.label,
-            "seq_length": self.workload.seq_length,
+            "model": self.model.name, "gpus": self.cluster.label, "seq_length": self.workload.seq_length,
             "global_batch_size": self.workload.global_batch_size,
             "candidate": {"label": self.candidate.label, "layout": self.candidate.to_dict()},
             "reference": {"label": self.reference.label, "layout": self.reference.to_dict()},
-            "steps": self.steps,
-            "lr": self.lr,
-            "seed": self.seed,
-            "lr_warmup_steps": self.lr_warmup_steps,
+            "steps": self.steps, "lr": self.lr, "seed": self.seed, "lr_warmup_steps": self.lr_warmup_steps,
             "warm_start_steps": self.warm_start_steps,
-            "optimizer": "Adam (beta1 0.9, beta2 0.95), linear warm-up then constant learning rate, weight decay 0.1, gradient clipping 1.0; fresh in each arm",
-            "data": {"corpus": self.corpus_source, "sha256": self.corpus_sha256, "tokenizer": "bytes", "order": "Megatron pretraining sampler"},
-            "checkpoint": {"dir": self.checkpoint_dir, "written_by": "the user" if self.init_checkpoint else "reference",
+            "optimizer": "Adam (beta1 0.9, beta2 0.95), linear warm-up then constant learning rate, weight decay 0.1, "
+            "gradient clipping 1.0; fresh in each arm",
+            "data": {"corpus": self.corpus_source, "sha256": self.corpus_sha256, "tokenizer": "bytes",
+                     "order": "Megatron pretraining sampler"},
+            "checkpoint": {"dir": self.checkpoint_dir,
+                           "written_by": "the user" if self.init_checkpoint else "reference",
                            "loaded_by": [a.name for a in self.arms]},
-            "arms": [{"name": a.name, "label": a.layout.label, "save_checkpoint": a.save_checkpoint, "load_checkpoint": a.load_checkpoint, "fault": a.fault} for a in self.arms],
+            "arms": [{"name": a.name, "label": a.layout.label, "save_checkpoint": a.save_checkpoint,
+                      "load_checkpoint": a.load_checkpoint, "fault": a.fault} for a in self.arms],
             "fault": self.fault,
             "thresholds": {k: getattr(self.thresholds, k) for k in self.thresholds.__slots__},
         }
@@ -176,54 +140,24 @@ class VerifyOutcome:
         return self.convergence.summary()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "result": self.result,
-            "summary": self.summary(),
-            "date": self.date,
-            "plan": self.plan.to_dict(),
-            "reference_losses": list(self.reference_losses),
-            "candidate_losses": list(self.candidate_losses),
-            "convergence": self.convergence.to_dict() if self.convergence else None,
-            "error": self.error,
-            "arm_logs": self.arm_logs,
-            "versions": self.versions,
-        }
+        return {"result": self.result, "summary": self.summary(), "date": self.date, "plan": self.plan.to_dict(),
+                "reference_losses": list(self.reference_losses), "candidate_losses": list(self.candidate_losses),
+                "convergence": self.convergence.to_dict() if self.convergence else None, "error": self.error,
+                "arm_logs": self.arm_logs, "versions": self.versions}
 
 
-
-def plan_verify(
-    model: ModelSpec,
-    cluster: Cluster,
-    workload: Workload,
-    candidate: Layout,
-    reference: Layout,
-    *,
-    out_dir: str | Path,
-    steps: int = 20,
-    lr: float = DEFAULT_LR,
-    lr_warmup_steps: int = DEFAULT_LR_WARMUP,
-    warm_start_steps: int = DEFAULT_WARM_START,
-    init_checkpoint: str | Path | None = None,
-    seed: int = DEFAULT_SEED,
-    corpus: str | Path | None = None,
-    fault: str | None = None,
-    thresholds: ConvergenceThresholds | None = None,
-) -> VerifyPlan:
+def plan_verify(model: ModelSpec, cluster: Cluster, workload: Workload, candidate: Layout, reference: Layout, *,
+                out_dir: str | Path, steps: int = 20, lr: float = DEFAULT_LR, lr_warmup_steps: int = DEFAULT_LR_WARMUP,
+                warm_start_steps: int = DEFAULT_WARM_START, init_checkpoint: str | Path | None = None,
+                seed: int = DEFAULT_SEED, corpus: str | Path | None = None, fault: str | None = None,
+                thresholds: ConvergenceThresholds | None = None) -> VerifyPlan:
     """The checkpoint-once, load-many plan for a candidate / reference pair (no GPU work; see the module docstring).
 
     Args:
-        model: the model (already sliced with ``--layers`` where needed).
-        cluster: the GPUs; both layouts must use all of them.
-        workload: sequence length and global batch of both arms.
-        candidate: the layout under test.
-        reference: the layout trusted to train correctly (e.g. TP 1 PP 1 EP 1).
-        out_dir: folder of this check's outputs.
-        steps: optimizer steps per arm (>= 3).
-        lr: peak learning rate of both arms (linear warm-up over ``lr_warmup_steps``, then constant).
-        warm_start_steps: steps the reference arm trains from the seed before it writes the
-            starting checkpoint (0: the check starts from the seed's random weights).
-        init_checkpoint: a megatron-core distributed checkpoint of this model (e.g. your own) that
-            both arms load instead; then nothing is written and there is no warm start.
+        model: the model (already sliced with ``--layers`` where needed); both layouts use all of ``cluster``.
+        steps: optimizer steps per arm (>= 3); ``lr`` the peak learning rate after ``lr_warmup_steps``.
+        warm_start_steps: steps the reference arm trains before it writes the starting checkpoint.
+        init_checkpoint: a megatron-core distributed checkpoint of this model both arms load instead (no warm start).
         corpus: a UTF-8 text file, or None for CPython's bundled documentation.
         fault: a deliberate bug for the candidate arm (:data:`launch.harness.spec.FAULTS`): a negative control.
 
@@ -245,11 +179,13 @@ def plan_verify(
         if v < 0:
             raise TunerError(f"{flag} must be 0 or more, got {v!r}")
     if lr_warmup_steps > steps:
-        raise TunerError(f"--lr-warmup-steps {lr_warmup_steps} is more than --steps {steps}: the measured steps would never reach the peak learning rate")
+        raise TunerError(f"--lr-warmup-steps {lr_warmup_steps} is more than --steps {steps}: the measured steps would "
+                         "never reach the peak learning rate")
     if init_checkpoint is not None:
         ic = Path(init_checkpoint)
         if not (ic.is_dir() and (ic / "metadata.json").exists()):
-            raise TunerError(f"--init-checkpoint {str(ic)!r}: not a megatron-core distributed checkpoint (a folder with metadata.json)")
+            raise TunerError(f"--init-checkpoint {str(ic)!r}: not a megatron-core distributed checkpoint (a folder "
+                             "with metadata.json)")
         why = checkpoint_model_reasons(ic, model)
         if why:
             raise TunerError("--init-checkpoint: " + "; ".join(why))
@@ -257,78 +193,63 @@ def plan_verify(
     check_pair(candidate, reference, model, cluster, workload, fault, "--reference")
     c = load_corpus(corpus)
     out = Path(out_dir)
-    if init_checkpoint is not None:
-        ckpt = str(Path(init_checkpoint))
-        arms = (
-            VerifyArm(name="reference", layout=reference, save_checkpoint=None, load_checkpoint=ckpt),
-            VerifyArm(name="candidate", layout=candidate, save_checkpoint=None, load_checkpoint=ckpt, fault=fault),
-        )
-    else:
-        ckpt = str(out / "checkpoint")
-        arms = (
-            VerifyArm(name="reference", layout=reference, save_checkpoint=ckpt, load_checkpoint=ckpt, pretrain_steps=warm_start_steps),
-            VerifyArm(name="candidate", layout=candidate, save_checkpoint=None, load_checkpoint=ckpt, fault=fault),
-        )
+    ckpt = str(Path(init_checkpoint)) if init_checkpoint is not None else str(out / "checkpoint")
+    save = None if init_checkpoint is not None else ckpt
+    arms = (VerifyArm(name="reference", layout=reference, save_checkpoint=save, load_checkpoint=ckpt,
+                      pretrain_steps=warm_start_steps),
+            VerifyArm(name="candidate", layout=candidate, save_checkpoint=None, load_checkpoint=ckpt, fault=fault))
     return VerifyPlan(
         model=model, cluster=cluster, workload=workload, candidate=candidate, reference=reference, steps=steps,
-        lr=float(lr), seed=seed, out_dir=str(out), checkpoint_dir=ckpt, corpus_path=str(corpus) if corpus is not None else None,
-        corpus_source=c.source, corpus_sha256=c.sha256, arms=arms, fault=fault, thresholds=thresholds or ConvergenceThresholds(),
-        warm_start_steps=warm_start_steps, lr_warmup_steps=lr_warmup_steps, init_checkpoint=str(init_checkpoint) if init_checkpoint is not None else None,
+        lr=float(lr), seed=seed, out_dir=str(out), checkpoint_dir=ckpt,
+        corpus_path=str(corpus) if corpus is not None else None,
+        corpus_source=c.source, corpus_sha256=c.sha256, arms=arms, fault=fault,
+        thresholds=thresholds or ConvergenceThresholds(),
+        warm_start_steps=warm_start_steps, lr_warmup_steps=lr_warmup_steps,
+        init_checkpoint=str(init_checkpoint) if init_checkpoint is not None else None,
     )
 
 
-#: Makes the backend of one arm: (plan, arm) -> an object with ``run(layout, *, model, cluster, workload, trial_dir=...)``.
+#: Makes the backend of one arm: (plan, arm) -> an object with ``run(layout, *, model, cluster, workload,
+#: trial_dir=...)``.
 BackendFactory = Callable[[VerifyPlan, VerifyArm], Any]
 
 
-def local_backend_factory(*, timeout_s: float = 900.0, launcher: list[str] | None = None, env: Any = None) -> BackendFactory:
+def local_backend_factory(*, timeout_s: float = 900.0, launcher: list[str] | None = None,
+                          env: Any = None) -> BackendFactory:
     """Arms run by :class:`launch.local_backend.LocalBackend` (``launcher`` / ``env``: for tests)."""
     from launch.local_backend import LocalBackend
 
     def make(plan: VerifyPlan, arm: VerifyArm) -> Any:
-        return LocalBackend(
-            trials_dir=plan.out_dir, num_gpus=plan.cluster.num_gpus, steps=plan.steps, warmup_steps=min(2, plan.steps - 1),
-            timeout_s=timeout_s, launcher=launcher, env=env, harness_options=arm.harness_options(plan),
-        )
+        return LocalBackend(trials_dir=plan.out_dir, num_gpus=plan.cluster.num_gpus, steps=plan.steps,
+                            warmup_steps=min(2, plan.steps - 1), timeout_s=timeout_s, launcher=launcher, env=env,
+                            harness_options=arm.harness_options(plan))
 
     return make
 
 
-def run_verify(
-    plan: VerifyPlan,
-    backend_factory: BackendFactory | None = None,
-    *,
-    keep_checkpoint: bool = False,
-    on_arm: Callable[[str, str], None] | None = None,
-) -> VerifyOutcome:
-    """Run both arms of ``plan`` and compare their loss curves; write ``verify.json`` and ``losses.png``.
-
-    An arm that fails (out of memory, timeout, crash) makes the outcome ``error`` with the
-    arm's message; it is not a ``fail`` of the check (nothing was compared).
-
-    Args:
-        plan: from :func:`plan_verify`.
-        backend_factory: makes each arm's backend (default: the local backend).
-        keep_checkpoint: keep ``<out>/checkpoint`` (default: deleted at the end).
-        on_arm: called with (arm name, "start" | "done" | "failed") for progress.
+def run_verify(plan: VerifyPlan, backend_factory: BackendFactory | None = None, *, keep_checkpoint: bool = False,
+               on_arm: Callable[[str, str], None] | None = None) -> VerifyOutcome:
+    """Run both arms of ``plan`` and compare their loss curves; write ``verify.json`` and ``losses.png``. An arm that
+    fails makes the outcome ``error``, not ``fail``. ``on_arm`` gets (arm, "start" | "done" | "failed").
 
     Raises:
         TunerError: ``out_dir`` cannot be written.
-        InfeasibleLayout: the local backend cannot run an arm here (e.g. another GPU count).
-    """
+        InfeasibleLayout: an arm cannot run here (e.g. another GPU count)."""
     factory = backend_factory or local_backend_factory()
     for arm in plan.arms:  # both arms, before either runs: no GPU time on a check that cannot finish
         why = factory(plan, arm).refusal(arm.layout, plan.model, plan.workload)
         if why:
             raise InfeasibleLayout("harness_env", f"the {arm.name} arm ({arm.layout.label}) cannot run here: {why}; "
-                                   "check a layout this machine can run with --candidate KEY=VALUE,... (e.g. the same layout with dispatcher=alltoall)")
+                                   "check a layout this machine can run with --candidate KEY=VALUE,... (e.g. the same "
+                                   "layout with dispatcher=alltoall)")
     out = Path(plan.out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
         ck = Path(plan.checkpoint_dir)
         if ck.exists() and plan.init_checkpoint is None:
             shutil.rmtree(ck)  # a stale checkpoint of an earlier check: the reference arm writes it again
-        (out / "verify.json").write_text(json.dumps({"result": "running", "plan": plan.to_dict()}, indent=2, default=str))
+        (out / "verify.json").write_text(json.dumps({"result": "running", "plan": plan.to_dict()}, indent=2,
+                                                    default=str))
     except OSError as e:
         raise TunerError(f"cannot write the check's folder {out} ({e.strerror or e})") from None
     losses: dict[str, tuple[float, ...]] = {}
@@ -341,7 +262,8 @@ def run_verify(
                 on_arm(arm.name, "start")
             backend = factory(plan, arm)
             try:
-                m: Measurement = backend.run(arm.layout, model=plan.model, cluster=plan.cluster, workload=plan.workload, trial_dir=arm.name)
+                m: Measurement = backend.run(arm.layout, model=plan.model, cluster=plan.cluster, workload=plan.workload,
+                                             trial_dir=arm.name)
             except (TrialFailed, TrialStopped) as e:
                 logs[arm.name] = getattr(e, "log_path", "") or str(out / arm.name)
                 error = f"the {arm.name} arm ({arm.layout.label}) did not finish: {e}"
@@ -359,17 +281,9 @@ def run_verify(
     conv = None
     if not error:
         conv = compare_losses(losses["candidate"], losses["reference"], plan.thresholds)
-    outcome = VerifyOutcome(
-        plan=plan,
-        result="error" if error else conv.result,  # type: ignore[union-attr]
-        convergence=conv,
-        reference_losses=losses.get("reference", ()),
-        candidate_losses=losses.get("candidate", ()),
-        error=error,
-        arm_logs=logs,
-        date=_dt.date.today().isoformat(),
-        versions=versions,
-    )
+    outcome = VerifyOutcome(plan=plan, result=conv.result if conv is not None else "error", convergence=conv,
+                            reference_losses=losses.get("reference", ()), candidate_losses=losses.get("candidate", ()),
+                            error=error, arm_logs=logs, date=_dt.date.today().isoformat(), versions=versions)
     (out / "verify.json").write_text(json.dumps(outcome.to_dict(), indent=2, default=json_default))
     if conv is not None:
         try:
@@ -392,9 +306,12 @@ def plot_losses(outcome: VerifyOutcome, path: str | Path) -> Path:
     fig, (a, b) = plt.subplots(2, 1, figsize=(7, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
     p = outcome.plan
     a.plot(np.arange(1, len(ref) + 1), ref, "o-", ms=3, label=f"reference {p.reference.label}")
-    a.plot(np.arange(1, len(cand) + 1), cand, "s--", ms=3, label=f"candidate {p.candidate.label}" + (f" (fault: {p.fault})" if p.fault else ""))
+    a.plot(np.arange(1, len(cand) + 1), cand, "s--", ms=3,
+           label=f"candidate {p.candidate.label}" + (f" (fault: {p.fault})" if p.fault else ""))
     a.set_ylabel("loss (mean over the global batch)")
-    a.set_title(f"{p.model.name} on {p.cluster.label}: {outcome.result} ({', '.join(outcome.convergence.failed_metrics) if outcome.convergence and outcome.convergence.failed_metrics else 'all checks'})", fontsize=9)
+    failed = outcome.convergence.failed_metrics if outcome.convergence else ()
+    a.set_title(f"{p.model.name} on {p.cluster.label}: {outcome.result} ({', '.join(failed) or 'all checks'})",
+                fontsize=9)
     a.legend(fontsize=8)
     n = min(len(ref), len(cand))
     if n:
@@ -419,33 +336,27 @@ def convergence_block(outcome: VerifyOutcome) -> dict[str, Any]:
     p = outcome.plan
     start = (f"the checkpoint {p.init_checkpoint}, loaded into both layouts" if p.init_checkpoint else
              "one megatron-core distributed checkpoint written once by the reference arm"
-             + (f" after {p.warm_start_steps} warm-start steps from the seed" if p.warm_start_steps else " from the seed")
+             + (f" after {p.warm_start_steps} warm-start steps from the seed" if p.warm_start_steps else " from the "
+                "seed")
              + " and loaded into both layouts")
-    ref_text = (f"{p.reference.label} on the same {p.cluster.label}: the same starting weights ({start}), the same rows in the "
-                f"same order ({p.corpus_source}, byte tokens), the same hyperparameters (Adam, lr {p.lr:g} after {p.lr_warmup_steps} "
-                f"warm-up steps, fresh optimizer state, global batch {p.workload.global_batch_size}, seq {p.workload.seq_length})")
+    ref_text = (f"{p.reference.label} on the same {p.cluster.label}: the same starting weights ({start}), the same "
+                f"rows in the same order ({p.corpus_source}, byte tokens), the same hyperparameters (Adam, lr {p.lr:g} "
+                f"after {p.lr_warmup_steps} warm-up steps, fresh optimizer state, global batch "
+                f"{p.workload.global_batch_size}, seq {p.workload.seq_length})")
     conv: dict[str, Any] = {"steps": p.steps, "result": outcome.result}
     if outcome.convergence is not None:
         c = outcome.convergence
-        conv.update(
-            correlation=_round(c.correlation, 7),
-            final_loss_difference=_round(c.final_loss_difference, 4),
-            pointwise_failures=int(c.pointwise_failures),
-        )
+        conv.update(correlation=_round(c.correlation, 7), final_loss_difference=_round(c.final_loss_difference, 4),
+                    pointwise_failures=int(c.pointwise_failures))
         if c.failed_metrics:
             conv["failed_metrics"] = list(c.failed_metrics)
     conv["reference"] = p.reference.label
-    conv["note"] = (f"candidate arm: {p.candidate.label}; reference arm: {p.reference.label}; {p.steps} steps each on {p.model.name}, "
-                    f"checked {outcome.date} by `tune verify` with Megatron-Bridge validate_convergence's metrics and default "
-                    "thresholds (missing steps and NaN fail)")
+    conv["note"] = (f"candidate arm: {p.candidate.label}; reference arm: {p.reference.label}; {p.steps} steps each on "
+                    f"{p.model.name}, checked {outcome.date} by `tune verify` with Megatron-Bridge "
+                    "validate_convergence's metrics and default thresholds (missing steps and NaN fail)")
     if outcome.error:
         conv["note"] += f"; error: {outcome.error}"
-    return {
-        "result": outcome.result,
-        "summary": outcome.summary(),
-        "reference": ref_text,
-        "convergence": conv,
-    }
+    return {"result": outcome.result, "summary": outcome.summary(), "reference": ref_text, "convergence": conv}
 
 
 def _round(x: float, nd: int) -> float | None:

@@ -1,31 +1,16 @@
-"""Gradient parity's metrics: every parameter's gradient in a candidate layout against a reference layout.
+"""Gradient parity's metrics: every parameter's gradient in a candidate layout against a reference layout (pure
+NumPy; the GPU program, :mod:`launch.harness.train` with ``dump_grads``, only produces the numbers).
 
-Pure Python and NumPy (no torch): CI tests every decision here on recorded numbers; the GPU
-program (:mod:`launch.harness.train` with ``dump_grads``) only produces the numbers.
+From one checkpoint and one global batch, every parameter's full gradient (gathered over its shards, fp32, named
+layout-independently: :mod:`launch.harness.gather`) is compared by relative L2 error ``||c - r|| / ||r||`` (0 when
+both are zero, inf when only ``r`` is) and cosine ``<c, r> / (||c|| ||r||)`` (1 when both are zero), in float64
+over chunks. A scaled gradient (``c = 2 r``) has cosine 1 and relative error 1, so the relative error catches the
+seed's bug class and the cosine a wrong direction. Failures: ``missing_tensor``, ``shape_mismatch``,
+``non_finite``, ``relative_l2``, ``cosine``.
 
-**Gradient parity** (:func:`compare_gradients`, :func:`compare_grad_dumps`). From one checkpoint and
-one global batch, one forward and backward in the candidate and in the reference layout; every
-parameter's full gradient (gathered over its TP / EP / PP / DP shards, fp32, named by its
-layout-independent name, :mod:`launch.harness.gather`) is compared by
-
-- relative L2 error ``||c - r|| / ||r||`` (``c`` candidate, ``r`` reference; 0 when both are zero,
-  infinite when only ``r`` is) and
-- cosine ``<c, r> / (||c|| ||r||)`` (1 when both are zero),
-
-accumulated in float64 over chunks. A scaled gradient (``c = 2 r``) has cosine 1 and relative error
-1: the relative error is the metric that catches the seed's bug class; the cosine catches a wrong
-direction of similar size. The check fails on: a tensor missing on either side (``missing_tensor``),
-a shape that differs after gathering (``shape_mismatch``), a NaN or Inf (``non_finite``), a relative
-error above the threshold (``relative_l2``), a cosine below its threshold (``cosine``).
-
-The **threshold** comes from the noise between two runs of the reference layout itself
-(:meth:`ParityThresholds.from_noise`): ``max(NOISE_FACTOR x worst noise, BF16_RELATIVE_FLOOR)``.
-The floor is there because two runs of one layout can repeat bit for bit (deterministic kernels),
-while two layouts legitimately round differently in bf16 (another micro-batch size changes the
-GEMM shapes and the order in which micro-batch gradients are added); it is
-``torch.testing.assert_close``'s default relative tolerance for bfloat16 (1.6e-2), read here as a
-tensor-wide L2 ratio. The cosine threshold is ``1 - t**2 / 2``: the cosine between two vectors of
-equal length whose difference is ``t`` of that length.
+Threshold (:meth:`ParityThresholds.from_noise`): ``max(NOISE_FACTOR x worst noise between two reference runs,
+BF16_RELATIVE_FLOOR)``; the floor because two runs of one layout may repeat bit for bit while two layouts round
+differently in bf16. The cosine threshold is ``1 - t**2 / 2`` (two vectors of equal length differing by ``t``).
 """
 
 from __future__ import annotations
@@ -33,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,19 +27,8 @@ import numpy as np
 from launch.harness.gather import GRAD_DUMP_FORMAT
 from specs.errors import TunerError
 
-__all__ = [
-    "BF16_RELATIVE_FLOOR",
-    "NOISE_FACTOR",
-    "GradDump",
-    "ParityResult",
-    "ParityThresholds",
-    "TensorDiff",
-    "compare_grad_dumps",
-    "compare_gradients",
-    "load_grad_dump",
-    "parity_block",
-    "tensor_diff",
-]
+__all__ = ["BF16_RELATIVE_FLOOR", "NOISE_FACTOR", "GradDump", "ParityResult", "ParityThresholds", "TensorDiff",
+           "compare_grad_dumps", "compare_gradients", "load_grad_dump", "parity_block", "tensor_diff"]
 
 
 #: torch.testing.assert_close's default relative tolerance for torch.bfloat16 (``rtol=1.6e-2``,
@@ -99,16 +73,17 @@ class TensorDiff:
         return self.nonfinite_candidate == 0 and self.nonfinite_reference == 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name, "shape_candidate": list(self.shape_candidate), "shape_reference": list(self.shape_reference),
-            "numel": self.numel, "norm_candidate": self.norm_candidate, "norm_reference": self.norm_reference,
-            "diff_norm": self.diff_norm, "rel_l2": self.rel_l2, "cosine": self.cosine, "max_abs_diff": self.max_abs_diff,
-            "nonfinite_candidate": self.nonfinite_candidate, "nonfinite_reference": self.nonfinite_reference,
-        }
+        return {"name": self.name, "shape_candidate": list(self.shape_candidate),
+                "shape_reference": list(self.shape_reference), "numel": self.numel,
+                "norm_candidate": self.norm_candidate, "norm_reference": self.norm_reference,
+                "diff_norm": self.diff_norm, "rel_l2": self.rel_l2, "cosine": self.cosine,
+                "max_abs_diff": self.max_abs_diff, "nonfinite_candidate": self.nonfinite_candidate,
+                "nonfinite_reference": self.nonfinite_reference}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TensorDiff:
-        return cls(**{**d, "shape_candidate": tuple(d["shape_candidate"]), "shape_reference": tuple(d["shape_reference"])})
+        return cls(**{**d, "shape_candidate": tuple(d["shape_candidate"]),
+                      "shape_reference": tuple(d["shape_reference"])})
 
 
 def tensor_diff(name: str, candidate: Any, reference: Any, *, chunk: int = _CHUNK) -> TensorDiff:
@@ -121,7 +96,8 @@ def tensor_diff(name: str, candidate: Any, reference: Any, *, chunk: int = _CHUN
     nan = float("nan")
     if c.shape != r.shape:
         return TensorDiff(name=name, shape_candidate=tuple(c.shape), shape_reference=tuple(r.shape), numel=int(r.size),
-                          norm_candidate=nan, norm_reference=nan, diff_norm=nan, rel_l2=nan, cosine=nan, max_abs_diff=nan)
+                          norm_candidate=nan, norm_reference=nan, diff_norm=nan, rel_l2=nan, cosine=nan,
+                          max_abs_diff=nan)
     cf, rf = c.reshape(-1), r.reshape(-1)
     cc = rr = cr = dd = 0.0
     mx = 0.0
@@ -144,8 +120,8 @@ def tensor_diff(name: str, candidate: Any, reference: Any, *, chunk: int = _CHUN
             mx = max(mx, float(np.max(np.abs(d))))
     if bad_c or bad_r:
         return TensorDiff(name=name, shape_candidate=tuple(c.shape), shape_reference=tuple(r.shape), numel=int(r.size),
-                          norm_candidate=nan, norm_reference=nan, diff_norm=nan, rel_l2=nan, cosine=nan, max_abs_diff=nan,
-                          nonfinite_candidate=bad_c, nonfinite_reference=bad_r)
+                          norm_candidate=nan, norm_reference=nan, diff_norm=nan, rel_l2=nan, cosine=nan,
+                          max_abs_diff=nan, nonfinite_candidate=bad_c, nonfinite_reference=bad_r)
     nc, nr, nd = math.sqrt(cc), math.sqrt(rr), math.sqrt(dd)
     rel = (0.0 if nd == 0 else math.inf) if nr == 0 else nd / nr
     if nc == 0 and nr == 0:
@@ -175,39 +151,31 @@ class ParityThresholds:
     source: str = "floor only (the noise between two runs of the reference was not measured)"
 
     @classmethod
-    def from_noise(cls, noise: ParityResult | float, *, factor: float = NOISE_FACTOR, floor: float = BF16_RELATIVE_FLOOR) -> ParityThresholds:
-        """Thresholds from the noise between two runs of the reference layout.
-
-        Args:
-            noise: the comparison of the reference's second run against its first
-                (:func:`compare_gradients`), or its worst relative L2 error.
-            factor: threshold = ``max(factor x noise, floor)``.
-            floor: the smallest threshold (default: bf16's relative tolerance, see the module docstring).
+    def from_noise(cls, noise: ParityResult | float, *, factor: float = NOISE_FACTOR,
+                   floor: float = BF16_RELATIVE_FLOOR) -> ParityThresholds:
+        """Thresholds ``max(factor x noise, floor)`` from ``noise``: the reference's second run against its first
+        (:func:`compare_gradients`) or its worst relative L2 error.
 
         Raises:
-            TunerError: the noise comparison itself is broken (missing tensors, other shapes, NaN):
-                two runs of one layout must produce the same set of finite gradients.
-        """
+            TunerError: the noise comparison itself is broken (missing tensors, other shapes, NaN)."""
+        worst, worst_cos = (noise.worst_rel_l2, noise.worst_cosine) if isinstance(noise, ParityResult) else (
+            float(noise), None)
         if isinstance(noise, ParityResult):
-            broken = [m for m in noise.failed_metrics if m in ("missing_tensor", "shape_mismatch", "non_finite", "no_tensors")]
+            broken = [m for m in noise.failed_metrics
+                      if m in ("missing_tensor", "shape_mismatch", "non_finite", "no_tensors")]
             if broken:
                 raise TunerError(f"the noise measurement (two runs of the reference) failed {', '.join(broken)}: "
                                  f"{'; '.join(noise.messages[:2])}; a threshold cannot be set from it")
-            worst = noise.worst_rel_l2
-            worst_cos = noise.worst_cosine
-        else:
-            worst = float(noise)
-            worst_cos = None
         if not (math.isfinite(worst) and worst >= 0):
             raise TunerError(f"the reference's noise must be a finite relative error >= 0, got {worst!r}")
         t = max(factor * worst, floor)
         src = (f"max({factor:g} x the worst relative L2 error between two runs of the reference ({worst:.3g}), "
                f"bf16 floor {floor:g}) = {t:.3g}")
-        return cls(rel_l2=t, cosine=1.0 - t * t / 2, noise_rel_l2=worst, noise_cosine=worst_cos, factor=factor, floor=floor, source=src)
+        return cls(rel_l2=t, cosine=1.0 - t * t / 2, noise_rel_l2=worst, noise_cosine=worst_cos, factor=factor,
+                   floor=floor, source=src)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rel_l2": self.rel_l2, "cosine": self.cosine, "noise_rel_l2": self.noise_rel_l2, "noise_cosine": self.noise_cosine,
-                "factor": self.factor, "floor": self.floor, "source": self.source}
+        return asdict(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -237,13 +205,11 @@ class ParityResult:
 
     @property
     def worst_rel_l2(self) -> float:
-        c = self.compared
-        return max((t.rel_l2 for t in c), default=float("nan"))
+        return max((t.rel_l2 for t in self.compared), default=float("nan"))
 
     @property
     def worst_cosine(self) -> float:
-        c = self.compared
-        return min((t.cosine for t in c), default=float("nan"))
+        return min((t.cosine for t in self.compared), default=float("nan"))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ParityResult:
@@ -255,9 +221,11 @@ class ParityResult:
         if "per_tensor" not in d:
             raise TunerError("a parity result needs its per-tensor rows to be read back")
         th = d.get("thresholds") or {}
-        return cls(passed=bool(d["passed"]), failed_metrics=tuple(d["failed_metrics"]), tensors=tuple(TensorDiff.from_dict(t) for t in d["per_tensor"]),
+        return cls(passed=bool(d["passed"]), failed_metrics=tuple(d["failed_metrics"]),
+                   tensors=tuple(TensorDiff.from_dict(t) for t in d["per_tensor"]),
                    missing=tuple(d.get("missing", ())), extra=tuple(d.get("extra", ())),
-                   thresholds=ParityThresholds(**th) if th else ParityThresholds(), candidate=d.get("candidate", "candidate"),
+                   thresholds=ParityThresholds(**th) if th else ParityThresholds(),
+                   candidate=d.get("candidate", "candidate"),
                    reference=d.get("reference", "reference"), messages=tuple(d.get("messages", ())))
 
     def worst_tensors(self, k: int = 5) -> list[TensorDiff]:
@@ -270,19 +238,22 @@ class ParityResult:
 
     def summary(self) -> str:
         n = len(self.compared)
-        head = (f"{self.candidate} vs {self.reference}: {len(self.tensors)} tensors, worst relative L2 {self.worst_rel_l2:.3g} "
-                f"(threshold {self.thresholds.rel_l2:.3g}), smallest cosine {self.worst_cosine:.7f} (threshold {self.thresholds.cosine:.7f})")
+        head = (f"{self.candidate} vs {self.reference}: {len(self.tensors)} tensors, worst relative L2 "
+                f"{self.worst_rel_l2:.3g} (threshold {self.thresholds.rel_l2:.3g}), smallest cosine "
+                f"{self.worst_cosine:.7f} (threshold {self.thresholds.cosine:.7f})")
         if self.passed:
             return f"passed: {head} over {n} compared tensors"
         return f"failed {', '.join(self.failed_metrics)}: {head}; " + "; ".join(self.messages)
 
     def to_dict(self, *, all_tensors: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {
-            "result": self.result, "passed": self.passed, "failed_metrics": list(self.failed_metrics), "summary": self.summary(),
-            "candidate": self.candidate, "reference": self.reference, "tensors_compared": len(self.compared), "tensors": len(self.tensors),
+            "result": self.result, "passed": self.passed, "failed_metrics": list(self.failed_metrics),
+            "summary": self.summary(),
+            "candidate": self.candidate, "reference": self.reference, "tensors_compared": len(self.compared),
+            "tensors": len(self.tensors),
             "worst_rel_l2": _finite_or_none(self.worst_rel_l2), "worst_cosine": _finite_or_none(self.worst_cosine),
-            "worst": [t.to_dict() for t in self.worst_tensors(5)], "missing": list(self.missing), "extra": list(self.extra),
-            "thresholds": self.thresholds.to_dict(), "messages": list(self.messages),
+            "worst": [t.to_dict() for t in self.worst_tensors(5)], "missing": list(self.missing),
+            "extra": list(self.extra), "thresholds": self.thresholds.to_dict(), "messages": list(self.messages),
         }
         if all_tensors:
             d["per_tensor"] = [t.to_dict() for t in self.tensors]
@@ -293,26 +264,12 @@ def _finite_or_none(x: float) -> float | None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-def compare_gradients(
-    candidate: Mapping[str, Any],
-    reference: Mapping[str, Any],
-    thresholds: ParityThresholds | None = None,
-    *,
-    candidate_label: str = "candidate",
-    reference_label: str = "reference",
-) -> ParityResult:
-    """Compare every gradient of ``candidate`` with the same-named one of ``reference`` (see the module docstring).
-
-    Args:
-        candidate, reference: ``{parameter name: full gradient}``; values are arrays (or lazily loaded
-            arrays, e.g. ``numpy.load(..., mmap_mode="r")``), names layout-independent.
-        thresholds: default :class:`ParityThresholds` (the bf16 floor alone) when None.
-
-    Returns:
-        The result; ``failed_metrics`` among ``no_tensors``, ``missing_tensor``, ``shape_mismatch``,
-        ``non_finite``, ``relative_l2``, ``cosine``.
-
-    """
+def compare_gradients(candidate: Mapping[str, Any], reference: Mapping[str, Any],
+                      thresholds: ParityThresholds | None = None, *, candidate_label: str = "candidate",
+                      reference_label: str = "reference") -> ParityResult:
+    """Compare every gradient of ``candidate`` with the same-named one of ``reference`` (``{name: array}``, arrays
+    may be memory-mapped); ``thresholds`` default to the bf16 floor. ``failed_metrics`` among ``no_tensors``,
+    ``missing_tensor``, ``shape_mismatch``, ``non_finite``, ``relative_l2``, ``cosine``."""
     th = thresholds or ParityThresholds()
     names_c, names_r = set(candidate), set(reference)
     missing = tuple(sorted(names_r - names_c))
@@ -326,32 +283,36 @@ def compare_gradients(
     if missing or extra:
         failed.append("missing_tensor")
         if missing:
-            msgs.append(f"{len(missing)} tensors of the reference missing in the candidate, e.g. {', '.join(missing[:3])}")
+            msgs.append(f"{len(missing)} tensors of the reference missing in the candidate, e.g. "
+                        f"{', '.join(missing[:3])}")
         if extra:
             msgs.append(f"{len(extra)} tensors of the candidate missing in the reference, e.g. {', '.join(extra[:3])}")
     bad_shape = [t for t in diffs if not t.shape_ok]
     if bad_shape:
         failed.append("shape_mismatch")
         t = bad_shape[0]
-        msgs.append(f"{len(bad_shape)} tensors differ in shape after gathering, e.g. {t.name}: {list(t.shape_candidate)} vs {list(t.shape_reference)}")
+        msgs.append(f"{len(bad_shape)} tensors differ in shape after gathering, e.g. {t.name}: "
+                    f"{list(t.shape_candidate)} vs {list(t.shape_reference)}")
     nonfinite = [t for t in diffs if t.shape_ok and not t.finite]
     if nonfinite:
         failed.append("non_finite")
         t = nonfinite[0]
-        msgs.append(f"{len(nonfinite)} tensors hold NaN or Inf, e.g. {t.name} ({t.nonfinite_candidate} in the candidate, "
-                    f"{t.nonfinite_reference} in the reference)")
+        msgs.append(f"{len(nonfinite)} tensors hold NaN or Inf, e.g. {t.name} ({t.nonfinite_candidate} in the "
+                    f"candidate, {t.nonfinite_reference} in the reference)")
     ok = [t for t in diffs if t.shape_ok and t.finite]
-    over = sorted((t for t in ok if not t.rel_l2 <= th.rel_l2), key=lambda t: -t.rel_l2 if math.isfinite(t.rel_l2) else -math.inf)
+    over = sorted((t for t in ok if not t.rel_l2 <= th.rel_l2),
+                  key=lambda t: -t.rel_l2 if math.isfinite(t.rel_l2) else -math.inf)
     if over:
         failed.append("relative_l2")
-        msgs.append(f"{len(over)} tensors above relative L2 {th.rel_l2:.3g}; worst {over[0].name}: {over[0].rel_l2:.4g} "
-                    f"(norms {over[0].norm_candidate:.4g} vs {over[0].norm_reference:.4g}, cosine {over[0].cosine:.6f})")
+        msgs.append(f"{len(over)} tensors above relative L2 {th.rel_l2:.3g}; worst {over[0].name}: "
+                    f"{over[0].rel_l2:.4g} (norms {over[0].norm_candidate:.4g} vs {over[0].norm_reference:.4g}, cosine "
+                    f"{over[0].cosine:.6f})")
     low = sorted((t for t in ok if not t.cosine >= th.cosine), key=lambda t: t.cosine)
     if low:
         failed.append("cosine")
         msgs.append(f"{len(low)} tensors below cosine {th.cosine:.6f}; worst {low[0].name}: {low[0].cosine:.6f}")
-    return ParityResult(passed=not failed, failed_metrics=tuple(failed), tensors=diffs, missing=missing, extra=extra, thresholds=th,
-                        candidate=candidate_label, reference=reference_label, messages=tuple(msgs))
+    return ParityResult(passed=not failed, failed_metrics=tuple(failed), tensors=diffs, missing=missing, extra=extra,
+                        thresholds=th, candidate=candidate_label, reference=reference_label, messages=tuple(msgs))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -386,7 +347,8 @@ class GradDump:
         except (OSError, ValueError) as e:
             raise TunerError(f"gradient dump {self.path}: cannot read {t['file']} for {name} ({e})") from None
         if list(a.shape) != list(t["shape"]):
-            raise TunerError(f"gradient dump {self.path}: {t['file']} has shape {list(a.shape)}, the index says {t['shape']}")
+            raise TunerError(f"gradient dump {self.path}: {t['file']} has shape {list(a.shape)}, the index says "
+                             f"{t['shape']}")
         return a
 
     def mapping(self) -> _LazyDump:
@@ -419,7 +381,8 @@ def load_grad_dump(path: str | Path) -> GradDump:
         meta = json.loads(idx.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise TunerError(f"{str(p)!r} is not a gradient dump (no readable index.json: {e})") from None
-    if not isinstance(meta, dict) or meta.get("format") != GRAD_DUMP_FORMAT or not isinstance(meta.get("tensors"), dict):
+    if not isinstance(meta, dict) or meta.get("format") != GRAD_DUMP_FORMAT or not isinstance(meta.get("tensors"),
+                                                                                              dict):
         raise TunerError(f"{idx}: not a gradient dump of format {GRAD_DUMP_FORMAT}")
     return GradDump(p, meta)
 
@@ -430,7 +393,8 @@ def _same(what: str, a: Any, b: Any, ca: GradDump, cb: GradDump) -> None:
                          "gradient parity compares two layouts of one model from one checkpoint on one global batch")
 
 
-def compare_grad_dumps(candidate: str | Path | GradDump, reference: str | Path | GradDump, thresholds: ParityThresholds | None = None) -> ParityResult:
+def compare_grad_dumps(candidate: str | Path | GradDump, reference: str | Path | GradDump,
+                       thresholds: ParityThresholds | None = None) -> ParityResult:
     """:func:`compare_gradients` on two dumps, after checking they are comparable.
 
     Raises:
@@ -445,21 +409,17 @@ def compare_grad_dumps(candidate: str | Path | GradDump, reference: str | Path |
     return compare_gradients(c.mapping(), r.mapping(), thresholds, candidate_label=c.label, reference_label=r.label)
 
 
-def parity_block(result: ParityResult, *, date: str = "", gpu: str = "", seconds: float | None = None, note: str = "") -> dict[str, Any]:
-    """The recipe's ``correctness.grad_parity`` entry (seed style: short fields, the worst tensors by name and layout)."""
+def parity_block(result: ParityResult, *, date: str = "", gpu: str = "", seconds: float | None = None,
+                 note: str = "") -> dict[str, Any]:
+    """The recipe's ``correctness.grad_parity`` entry (seed style: short fields, the worst tensors by name and
+    layout)."""
     worst = [{"tensor": t.name, "rel_l2": _sig(t.rel_l2), "cosine": _sig(t.cosine, 9)} for t in result.worst_tensors(3)]
-    d: dict[str, Any] = {
-        "result": result.result,
-        "candidate": result.candidate,
-        "reference": result.reference,
-        "tensors": len(result.tensors),
-        "worst_rel_l2": _sig(result.worst_rel_l2),
-        "worst_cosine": _sig(result.worst_cosine, 9),
-        "threshold_rel_l2": _sig(result.thresholds.rel_l2),
-        "threshold_cosine": _sig(result.thresholds.cosine, 9),
-        "threshold_source": result.thresholds.source,
-        "worst_tensors": worst,
-    }
+    d: dict[str, Any] = {"result": result.result, "candidate": result.candidate, "reference": result.reference,
+                         "tensors": len(result.tensors), "worst_rel_l2": _sig(result.worst_rel_l2),
+                         "worst_cosine": _sig(result.worst_cosine, 9),
+                         "threshold_rel_l2": _sig(result.thresholds.rel_l2),
+                         "threshold_cosine": _sig(result.thresholds.cosine, 9),
+                         "threshold_source": result.thresholds.source, "worst_tensors": worst}
     if result.failed_metrics:
         d["failed_metrics"] = list(result.failed_metrics)
     if gpu:
@@ -468,8 +428,8 @@ def parity_block(result: ParityResult, *, date: str = "", gpu: str = "", seconds
         d["date"] = date
     if seconds is not None:
         d["seconds"] = round(float(seconds), 1)
-    d["note"] = note or ("one forward and backward of one global batch from one checkpoint in each layout; every parameter's "
-                         "full fp32 gradient compared by relative L2 error and cosine")
+    d["note"] = note or ("one forward and backward of one global batch from one checkpoint in each layout; every "
+                         "parameter's full fp32 gradient compared by relative L2 error and cosine")
     return d
 
 

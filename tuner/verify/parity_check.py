@@ -25,8 +25,8 @@ from tuner.verify.inputs import check_pair, checkpoint_model_reasons, json_defau
 from tuner.verify.loss_check import DEFAULT_LR
 from tuner.verify.parity import ParityResult, ParityThresholds, compare_grad_dumps, load_grad_dump, parity_block
 
-__all__ = ["GradParityArm", "GradParityOutcome", "GradParityPlan", "parity_backend_factory", "plan_grad_parity", "run_grad_parity"]
-
+__all__ = ["GradParityArm", "GradParityOutcome", "GradParityPlan", "parity_backend_factory", "plan_grad_parity",
+           "run_grad_parity"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,55 +74,40 @@ class GradParityPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model.name, "gpus": self.cluster.label, "seq_length": self.workload.seq_length,
-                "global_batch_size": self.workload.global_batch_size, "candidate": layout_text(self.candidate), "reference": layout_text(self.reference),
+                "global_batch_size": self.workload.global_batch_size, "candidate": layout_text(self.candidate),
+                "reference": layout_text(self.reference),
                 "checkpoint": self.checkpoint_dir, "written_by": "the user" if self.init_checkpoint else "reference",
                 "data": {"corpus": self.corpus_source, "sha256": self.corpus_sha256, "step": self.data_step_offset},
-                "arms": [{"name": a.name, "layout": layout_text(a.layout), "fault": a.fault, "dump": a.dump_dir} for a in self.arms],
+                "arms": [{"name": a.name, "layout": layout_text(a.layout), "fault": a.fault,
+                          "dump": a.dump_dir} for a in self.arms],
                 "fault": self.fault, "threshold_rule": f"max({self.factor:g} x noise, {self.floor:g})"}
 
 
-def plan_grad_parity(
-    model: ModelSpec,
-    cluster: Cluster,
-    workload: Workload,
-    candidate: Layout,
-    reference: Layout,
-    *,
-    out_dir: str | Path,
-    init_checkpoint: str | Path | None = None,
-    reference_dir: str | Path | None = None,
-    corpus: str | Path | None = None,
-    data_step_offset: int = 0,
-    fault: str | None = None,
-    factor: float = 10.0,
-    floor: float = 1.6e-2,
-    candidate_model: ModelSpec | None = None,
-) -> GradParityPlan:
-    """The gradient-parity plan: reference, a second run of the reference (its noise sets the threshold), candidate;
-    one forward and backward each, from one checkpoint, on one global batch (see :mod:`tuner.verify.parity`).
+def plan_grad_parity(model: ModelSpec, cluster: Cluster, workload: Workload, candidate: Layout, reference: Layout, *,
+                     out_dir: str | Path, init_checkpoint: str | Path | None = None,
+                     reference_dir: str | Path | None = None, corpus: str | Path | None = None,
+                     data_step_offset: int = 0, fault: str | None = None, factor: float = 10.0, floor: float = 1.6e-2,
+                     candidate_model: ModelSpec | None = None) -> GradParityPlan:
+    """The gradient-parity plan: reference, a second reference run (its noise sets the threshold), candidate; one
+    forward and backward each from one checkpoint on one global batch (:mod:`tuner.verify.parity`).
 
     Args:
-        model: the model (sliced where needed); ``candidate_model``: the candidate's, if given separately (must be the same).
-        init_checkpoint: a distributed checkpoint of ``model`` both arms load (e.g. the one a convergence check kept);
-            None: the reference arm writes the seed's weights to ``<out>/checkpoint`` and every arm loads them.
-        reference_dir: where the reference's two dumps go (default ``<out>``); a later check of another candidate
-            with the same reference, checkpoint and batch reuses them.
-        data_step_offset: the optimizer step whose rows are the batch (the convergence check's first measured step is
-            its warm start's length).
-        fault: a deliberate bug in the candidate (negative control, :data:`launch.harness.spec.FAULTS`).
+        init_checkpoint: a checkpoint of ``model`` every arm loads (None: the reference writes the seed's weights).
+        reference_dir: where the reference's two dumps go (default ``<out>``); reused by later candidates.
+        data_step_offset: the optimizer step whose rows are the batch.
         factor, floor: the threshold rule (:meth:`tuner.verify.parity.ParityThresholds.from_noise`).
 
     Raises:
         InfeasibleLayout: a layout breaks one of Megatron's rules.
-        TunerError: the candidate's model is not the reference's; a layout is for another GPU count; the layouts are the
-            same without a fault; the checkpoint is not one, or is of another model; a bad corpus, fault or threshold.
-    """
+        TunerError: another model for the candidate, another GPU count, the same layouts without a fault, a checkpoint
+            of another model, or a bad corpus, fault or threshold."""
     from launch.harness.data import load_corpus
     from launch.harness.spec import FAULTS
 
-    if candidate_model is not None and model_fingerprint(dataclasses.asdict(candidate_model)) != model_fingerprint(dataclasses.asdict(model)):
-        raise TunerError(f"the candidate ({candidate_model.name}) and the reference ({model.name}) are not the same model: gradient parity "
-                         "compares two layouts of one model")
+    if candidate_model is not None and (model_fingerprint(dataclasses.asdict(candidate_model))
+                                       != model_fingerprint(dataclasses.asdict(model))):
+        raise TunerError(f"the candidate ({candidate_model.name}) and the reference ({model.name}) are not the same "
+                         "model: gradient parity compares two layouts of one model")
     if fault is not None and fault not in FAULTS:
         raise TunerError(f"--fault {fault!r}: accepted {', '.join(FAULTS)}")
     if data_step_offset < 0:
@@ -138,17 +123,21 @@ def plan_grad_parity(
     out = Path(out_dir)
     rdir = Path(reference_dir) if reference_dir is not None else out
     ckpt = str(Path(init_checkpoint)) if init_checkpoint is not None else str(rdir / "checkpoint")
-    slug = "".join(ch if ch.isalnum() else "-" for ch in candidate.label).strip("-").lower() + (f"-{fault}" if fault else "")
+    slug = "".join(ch if ch.isalnum() else "-" for ch in candidate.label).strip("-").lower() + (f"-{fault}"
+                                                                                                if fault else "")
     arms = (
         GradParityArm(name="reference", layout=reference, dump_dir=str(rdir / "reference" / "grads"),
                       save_checkpoint=None if init_checkpoint is not None else ckpt),
         GradParityArm(name="reference_repeat", layout=reference, dump_dir=str(rdir / "reference_repeat" / "grads")),
-        GradParityArm(name="candidate", layout=candidate, dump_dir=str(out / f"candidate-{slug}" / "grads"), fault=fault),
+        GradParityArm(name="candidate", layout=candidate, dump_dir=str(out / f"candidate-{slug}" / "grads"),
+                      fault=fault),
     )
-    return GradParityPlan(model=model, cluster=cluster, workload=workload, candidate=candidate, reference=reference, out_dir=str(out),
-                          checkpoint_dir=ckpt, corpus_path=str(corpus) if corpus is not None else None, corpus_source=c.source,
-                          corpus_sha256=c.sha256, arms=arms, data_step_offset=data_step_offset, fault=fault, factor=float(factor),
-                          floor=float(floor), init_checkpoint=str(init_checkpoint) if init_checkpoint is not None else None)
+    return GradParityPlan(model=model, cluster=cluster, workload=workload, candidate=candidate, reference=reference,
+                          out_dir=str(out), checkpoint_dir=ckpt,
+                          corpus_path=str(corpus) if corpus is not None else None, corpus_source=c.source,
+                          corpus_sha256=c.sha256, arms=arms, data_step_offset=data_step_offset, fault=fault,
+                          factor=float(factor), floor=float(floor),
+                          init_checkpoint=str(init_checkpoint) if init_checkpoint is not None else None)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -173,23 +162,27 @@ class GradParityOutcome:
     def block(self, gpu: str = "") -> dict[str, Any]:
         """The recipe's ``correctness.grad_parity`` entry (:func:`tuner.verify.parity.parity_block`)."""
         if self.parity is None:
-            return {"result": "error", "candidate": layout_text(self.plan.candidate), "reference": layout_text(self.plan.reference), "note": self.error}
+            return {"result": "error", "candidate": layout_text(self.plan.candidate),
+                    "reference": layout_text(self.plan.reference), "note": self.error}
         return parity_block(self.parity, date=self.date, gpu=gpu, seconds=self.seconds)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"result": self.result, "error": self.error, "date": self.date, "seconds": self.seconds, "arm_seconds": self.arm_seconds,
+        return {"result": self.result, "error": self.error, "date": self.date, "seconds": self.seconds,
+                "arm_seconds": self.arm_seconds,
                 "losses": self.losses, "reused": list(self.reused), "plan": self.plan.to_dict(),
                 "thresholds": self.thresholds.to_dict() if self.thresholds is not None else None,
                 "noise": self.noise.to_dict(all_tensors=False) if self.noise is not None else None,
                 "parity": self.parity.to_dict() if self.parity is not None else None}
 
 
-def parity_backend_factory(*, timeout_s: float = 900.0, launcher: list[str] | None = None, env: Any = None) -> Callable[[GradParityPlan, GradParityArm], Any]:
+def parity_backend_factory(*, timeout_s: float = 900.0, launcher: list[str] | None = None,
+                           env: Any = None) -> Callable[[GradParityPlan, GradParityArm], Any]:
     """Arms run by :class:`launch.local_backend.LocalBackend`: one step (no warm-up), the dump at step 1."""
     from launch.local_backend import LocalBackend
 
     def make(plan: GradParityPlan, arm: GradParityArm) -> Any:
-        return LocalBackend(trials_dir=Path(plan.out_dir) / "runs", num_gpus=plan.cluster.num_gpus, steps=1, warmup_steps=0, timeout_s=timeout_s,
+        return LocalBackend(trials_dir=Path(plan.out_dir) / "runs", num_gpus=plan.cluster.num_gpus, steps=1,
+                            warmup_steps=0, timeout_s=timeout_s,
                             launcher=launcher, env=env, harness_options=arm.harness_options(plan))
 
     return make
@@ -205,27 +198,22 @@ def _reusable(arm: GradParityArm, plan: GradParityPlan) -> bool:
         return False
     m = d.meta
     b = m.get("batch") or {}
-    return (m.get("layout") == arm.layout.to_dict() and not m.get("fault") and b.get("data_step_offset") == plan.data_step_offset
-            and b.get("corpus_sha256") == plan.corpus_sha256 and b.get("global_batch_size") == plan.workload.global_batch_size
+    return (m.get("layout") == arm.layout.to_dict() and not m.get("fault")
+            and b.get("data_step_offset") == plan.data_step_offset
+            and b.get("corpus_sha256") == plan.corpus_sha256
+            and b.get("global_batch_size") == plan.workload.global_batch_size
             and b.get("seq_length") == plan.workload.seq_length)
 
 
-def run_grad_parity(
-    plan: GradParityPlan,
-    backend_factory: Callable[[GradParityPlan, GradParityArm], Any] | None = None,
-    *,
-    on_arm: Callable[[str, str], None] | None = None,
-    keep_candidate_dump: bool = False,
-) -> GradParityOutcome:
-    """Run the arms of ``plan`` (reusing the reference's dumps where they fit) and compare; writes ``<out>/parity.json``.
-
-    The noise (the reference's second run against its first) sets the threshold
-    (:meth:`tuner.verify.parity.ParityThresholds.from_noise`); then the candidate is compared with the reference.
+def run_grad_parity(plan: GradParityPlan, backend_factory: Callable[[GradParityPlan, GradParityArm], Any] | None = None,
+                    *, on_arm: Callable[[str, str], None] | None = None, keep_candidate_dump: bool = False
+                   ) -> GradParityOutcome:
+    """Run the arms of ``plan`` (reusing the reference's dumps where they fit), set the threshold from the
+    reference's noise and compare the candidate; writes ``parity.json``.
 
     Raises:
         InfeasibleLayout: an arm cannot run here (checked for every arm before any runs).
-        TunerError: the folder cannot be written, or the noise measurement itself is broken.
-    """
+        TunerError: the folder cannot be written, or the noise measurement itself is broken."""
     import time
 
 
@@ -280,7 +268,8 @@ def run_grad_parity(
         parity = compare_grad_dumps(cand, ref, th)
         if not keep_candidate_dump:
             shutil.rmtree(Path(plan.arms[2].dump_dir), ignore_errors=True)
-    o = GradParityOutcome(plan=plan, result="error" if error else parity.result, parity=parity, noise=noise, thresholds=th, error=error,  # type: ignore[union-attr]
-                          arm_seconds=secs, losses=losses, reused=tuple(reused), date=_dt.date.today().isoformat(), seconds=time.monotonic() - t0)
+    o = GradParityOutcome(plan=plan, result=parity.result if parity is not None else "error", parity=parity,
+                          noise=noise, thresholds=th, error=error, arm_seconds=secs, losses=losses,
+                          reused=tuple(reused), date=_dt.date.today().isoformat(), seconds=time.monotonic() - t0)
     (out / "parity.json").write_text(json.dumps(o.to_dict(), indent=2, default=json_default))
     return o
