@@ -206,11 +206,11 @@ def json_lines(path: str | Path, label: str, expected: str) -> Iterator[tuple[in
         where = f"{label}, line {i}"
         try:
             value = json.loads(line, object_pairs_hook=unique_keys)
-        except json.JSONDecodeError as e:
-            raise TunerError(f"{where}: not JSON ({e.msg}); {expected}") from None
         except RepeatedKey as e:
             raise TunerError(f"{where}: key {e.args[0]!r:.60} appears twice in one object (JSON keeps only the last); "
                              f"{expected}") from None
+        except (ValueError, RecursionError) as e:  # not JSON, or JSON past the parser's limits
+            raise TunerError(f"{where}: not JSON ({getattr(e, 'msg', 'too deep or too long')}); {expected}") from None
         yield i, where, value
 
 
