@@ -1,13 +1,11 @@
 """Fitting the named calibration constants to measured runs (``tune calibrate``).
 
-Least squares on the log error of each run's published number (tokens/s/GPU, else model
-TFLOP/s/GPU): ``r_i = w_i * log(predicted_i / published_i)``, minimised with
-``scipy.optimize.least_squares`` (trust-region reflective, bounds below, scipy's
-``soft_l1`` robust loss with ``f_scale`` 0.25 so that a few rows the model misses by a
-factor do not drag every constant). Only the constants of :data:`FIT_BOUNDS` are fitted,
-and of those only the ones the data can move (a 10% change changes some prediction by
-more than 0.1%): with no A100 rows, ``gemm_family_factor_ampere`` keeps its value. There
-are no per-row or per-model constants.
+Least squares on the log error of each run's published number (tokens/s/GPU, else model TFLOP/s/GPU): ``r_i = w_i *
+log(predicted_i / published_i)``, minimised with ``scipy.optimize.least_squares`` (trust-region reflective, bounds
+below, scipy's ``soft_l1`` robust loss with ``f_scale`` 0.25 so that a few rows the model misses by a factor do not drag
+every constant). Only the constants of :data:`FIT_BOUNDS` are fitted, and of those only the ones the data can move (a
+10% change changes some prediction by more than 0.1%): with no A100 rows, ``gemm_family_factor_ampere`` keeps its value.
+There are no per-row or per-model constants.
 
 Memory constants (``allocator_overhead_fraction``, ``cuda_context_bytes``, ...) are not
 fitted from the published tables: they give no memory measurements.
@@ -94,9 +92,8 @@ def _active(batch: RunBatch, start: Calibration, names: Sequence[str], bounds: M
             *, probe_range: bool = False) -> list[str]:
     """Constants that move some prediction by more than 0.1% when changed by 10% (or 0.1 if 0).
 
-    With ``probe_range`` the change is to 10% or 90% of the bound range (whichever is farther), so
-    that a constant an earlier fit left at a bound (e.g. ``grouped_gemm_half_rows`` at 8) or at ~0
-    still counts as movable."""
+    With ``probe_range`` the change is to 10% or 90% of the bound range (whichever is farther), so that a constant an
+    earlier fit left at a bound (e.g. ``grouped_gemm_half_rows`` at 8) or at ~0 still counts as movable."""
     base = batch.predicted_metric(start)
     out = []
     for n in names:
@@ -240,8 +237,8 @@ def _finite(x: float) -> bool:
 
 # ---- real trials: step time and peak memory --------------------------------------------------
 
-#: Bounds for fits to real trials: :data:`FIT_BOUNDS` plus NCCL all-to-all's NVLink efficiency, with the fixed
-#: per-call costs allowed to be much larger (a stack without Transformer Engine loops over local experts in Python, and pays
+#: Bounds for fits to real trials: :data:`FIT_BOUNDS` plus NCCL all-to-all's NVLink efficiency, with the fixed per-call
+#: costs allowed to be much larger (a stack without Transformer Engine loops over local experts in Python, and pays
 #: launch latency for every unfused kernel) and the rows-per-expert constant free.
 TRIAL_FIT_BOUNDS: dict[str, tuple[float, float]] = {
     **FIT_BOUNDS,
@@ -254,11 +251,10 @@ TRIAL_FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "moe_host_sync_latency_s": (0.0, 2e-2),
 }
 
-#: Step-time constants fitted to real trials by default: the compute efficiencies, the fixed
-#: costs per MoE layer and per local expert GEMM, and the NVLink efficiencies (rings and
-#: all-to-all). Not fitted by default: ``moe_load_imbalance``, the elementwise byte counts and
-#: the precision / GPU-family ratios, which a handful of layouts on one GPU type cannot separate
-#: from the constants above.
+#: Step-time constants fitted to real trials by default: the compute efficiencies, the fixed costs per MoE layer and per
+#: local expert GEMM, and the NVLink efficiencies (rings and all-to-all). Not fitted by default: ``moe_load_imbalance``,
+#: the elementwise byte counts and the precision / GPU-family ratios, which a handful of layouts on one GPU type cannot
+#: separate from the constants above.
 TRIAL_STEP_NAMES: tuple[str, ...] = (
     "gemm_efficiency", "grouped_gemm_efficiency", "attention_efficiency",
     "nvlink_efficiency", "alltoall_nvlink_efficiency", "expert_gemm_overhead_s", "moe_layer_overhead_s",
@@ -393,10 +389,9 @@ def fit_observations(
 ) -> ObservationFit:
     """Fit step-time constants to the observations' step times and memory constants to their peaks.
 
-    The step-time fit is :func:`fit_calibration` on the observations as runs (tokens/s/GPU from
-    the step time), with ``bounds`` and probing over the bound range; the memory fit then starts
-    from its result (the two sets of constants do not interact: memory constants do not change
-    step time, and step-time constants do not change memory).
+    The step-time fit is :func:`fit_calibration` on the observations as runs (tokens/s/GPU from the step time), with
+    ``bounds`` and probing over the bound range; the memory fit then starts from its result (the two sets of constants
+    do not interact: memory constants do not change step time, and step-time constants do not change memory).
 
     Args:
         obs: measured runs; those without a step time (peak) are left out of the step (memory) fit.

@@ -1,17 +1,15 @@
 """Named efficiency and overhead constants of the cost model, with their sources.
 
-Every number the analytical model uses that is not a datasheet figure or an
-exact count lives here, as one field of :class:`Calibration`. A calibration file
-(YAML, ``{field: value}``) overrides them; ``tune calibrate``
+Every number the analytical model uses that is not a datasheet figure or an exact count lives here, as one field of
+:class:`Calibration`. A calibration file (YAML, ``{field: value}``) overrides them; ``tune calibrate``
 fits them. The defaults below are the shipped calibration: what each one
 approximates, and what it was checked against, is in its docstring.
 
-Anchors used to set the defaults (seeds/001, 64 H200, MiniMax-M2, seq 8,192,
-global batch 128): the tuned layout measured 2,034.42 tokens/s/GPU and the
-reference port 557.8. The tuned layout was used to choose three MoE constants
-(``grouped_gemm_efficiency``, ``moe_load_imbalance``, ``expert_gemm_overhead_s``): it is a
-calibration point, not an independent check. The reference port (CPU optimizer
-offload, TP 2, PP 2) and the EP 4 out-of-memory case were not fitted.
+Anchors used to set the defaults (seeds/001, 64 H200, MiniMax-M2, seq 8,192, global batch 128): the tuned layout
+measured 2,034.42 tokens/s/GPU and the reference port 557.8. The tuned layout was used to choose three MoE constants
+(``grouped_gemm_efficiency``, ``moe_load_imbalance``, ``expert_gemm_overhead_s``): it is a calibration point, not an
+independent check. The reference port (CPU optimizer offload, TP 2, PP 2) and the EP 4 out-of-memory case were not
+fitted.
 """
 
 from __future__ import annotations
@@ -33,20 +31,17 @@ class Calibration:
 
     # ---- compute ------------------------------------------------------------------
     gemm_efficiency: float = 0.70
-    """Achieved fraction of dense peak for large bf16 GEMMs in training (attention
-    projections, dense MLP, output layer). cuBLAS reaches ~790 TFLOP/s = 0.80 of
-    989 on a lone large bf16 GEMM on H200 (/work/.library device notes); Megatron
-    reports ~0.5-0.55 model-FLOP MFU end to end for dense GPT at scale
-    (Megatron-LM README weak-scaling table), the rest being attention, comm and
-    elementwise work modelled separately."""
+    """Achieved fraction of dense peak for large bf16 GEMMs in training (attention projections, dense MLP, output
+    layer). cuBLAS reaches ~790 TFLOP/s = 0.80 of 989 on a lone large bf16 GEMM on H200 (/work/.library device notes);
+    Megatron reports ~0.5-0.55 model-FLOP MFU end to end for dense GPT at scale (Megatron-LM README weak-scaling table),
+    the rest being attention, comm and elementwise work modelled separately."""
     gemm_half_size_flops: float = 2.0e10
     """A GEMM of this many FLOPs reaches half of ``gemm_efficiency``: efficiency =
     gemm_efficiency * F / (F + this). Small (TP-split or few-token) GEMMs are
     latency bound; 2e10 FLOP ~ 20 us at 1 PFLOP/s (typical kernel launch + tail)."""
     grouped_gemm_efficiency: float = 0.55
-    """Fraction of peak for MoE expert GEMMs (Transformer Engine GroupedLinear /
-    cuBLAS grouped GEMM) at large rows per expert, before the rows-per-expert
-    penalty below. NVIDIA's MoE guide (megatron/core/transformer/moe/README.md)
+    """Fraction of peak for MoE expert GEMMs (Transformer Engine GroupedLinear / cuBLAS grouped GEMM) at large rows per
+    expert, before the rows-per-expert penalty below. NVIDIA's MoE guide (megatron/core/transformer/moe/README.md)
     reports grouped GEMM below dense GEMM efficiency."""
     grouped_gemm_half_rows: float = 88.3
     """Rows (token copies) per local expert at which grouped-GEMM efficiency halves for an expert of unbounded size:
@@ -56,11 +51,10 @@ class Calibration:
     ``python benchmarks/h200_grouped_gemm.py --fit benchmarks/results/h200_te_2026-12-02/call33/compare.json``, kept in
     ``rows_curve.json`` beside it), not fitted to the published runs."""
     grouped_gemm_half_rows_work: float = 1.226e9
-    """The shape-dependent part of the grouped GEMM's half-point, in rows x hidden x expert FFN (elements): an
-    expert of ``hidden x ffn`` halves its efficiency ``grouped_gemm_half_rows_work / (hidden x ffn)`` rows later
-    (Qwen3-30B-A3B's 2048 x 768 expert at ~870 rows, DeepSeek-V3's 7168 x 2048 at ~130). Measured with
-    ``grouped_gemm_half_rows`` (same measurement: the two-constant curve fits the 54 measured points at 4.2% median,
-    14% max error)."""
+    """The shape-dependent part of the grouped GEMM's half-point, in rows x hidden x expert FFN (elements): an expert of
+    ``hidden x ffn`` halves its efficiency ``grouped_gemm_half_rows_work / (hidden x ffn)`` rows later (Qwen3-30B-A3B's
+    2048 x 768 expert at ~870 rows, DeepSeek-V3's 7168 x 2048 at ~130). Measured with ``grouped_gemm_half_rows`` (same
+    measurement: the two-constant curve fits the 54 measured points at 4.2% median, 14% max error)."""
     grouped_gemm_efficiency_floor: float = 1e-3
     """Lowest grouped-GEMM efficiency used: with a handful of rows per local expert the curve above
     tends to 0 and the expert time to infinity. A guard, not a measurement (1e-3 of peak is ~1
@@ -76,11 +70,11 @@ class Calibration:
     attention_call_macs: float = 1.553e10
     """The fixed part of one full-attention kernel call per sequence, forward-equivalent multiply-accumulates at the
     head-dim-128 speed (:func:`cost_model.terms.compute.core_attention_work`): measured on 1 x H200 (TE 2.20.2 cuDNN
-    FusedAttention, ``benchmarks/h200_attention.py --compare``,
-    ``benchmarks/results/h200_te_2026-12-02/call29``): 32 heads at 4,096 and 8,192 tokens
-    (4x the work) took 1.069 and 3.684 ms forward + backward in the kernels, so 0.197 ms of a call does not grow with
-    the work; x 989.4 TFLOP/s x 0.239 / 3. Judged on 8 heads at 8,192 tokens, 64 at 2,048, 16 at 16,384 and micro-batch 2: within
-    3.4%. A sliding-window call showed none (its time went with its tokens). Not fitted."""
+    FusedAttention, ``benchmarks/h200_attention.py --compare``, ``benchmarks/results/h200_te_2026-12-02/call29``): 32
+    heads at 4,096 and 8,192 tokens (4x the work) took 1.069 and 3.684 ms forward + backward in the kernels, so 0.197 ms
+    of a call does not grow with the work; x 989.4 TFLOP/s x 0.239 / 3. Judged on 8 heads at 8,192 tokens, 64 at 2,048,
+    16 at 16,384 and micro-batch 2: within 3.4%. A sliding-window call showed none (its time went with its tokens). Not
+    fitted."""
     attention_window_extra_keys: float = 590.0
     """Keys per query a sliding-window layer's kernel costs beyond the window's own, at the full-attention kernel's time
     per key: GPT-OSS-120B's shape (64 heads, 8 kv groups, head dim 64) at 4,096 tokens with window 128 took 0.383 ms
@@ -106,10 +100,10 @@ class Calibration:
     ``benchmarks/results/h200_te_2026-12-01/call18``). Not fitted."""
     unfused_mla_rope_bytes_per_element: float = 93.5
     """HBM-equivalent bytes per q element (token x head x q head dim, ``q_dim / tp`` per token), forward + backward, of
-    MLA's RoPE and q / k assembly when RoPE is not fused (``apply_rope_fusion`` off): measured on 1 x H200 with TE 2.20.2
-    / megatron-core 0.19.2, one DeepSeek-V3 dense MLA layer at 8,192 tokens ran 5.23 ms slower per forward + backward
-    unfused than fused (75.98 vs 70.75 ms, medians of 3 rounds; the profile puts it in ``CatArrayBatchedCopy``), x 0.75 x
-    4.8 TB/s / (8,192 x 128 x 192) elements
+    MLA's RoPE and q / k assembly when RoPE is not fused (``apply_rope_fusion`` off): measured on 1 x H200 with TE
+    2.20.2 / megatron-core 0.19.2, one DeepSeek-V3 dense MLA layer at 8,192 tokens ran 5.23 ms slower per forward +
+    backward unfused than fused (75.98 vs 70.75 ms, medians of 3 rounds; the profile puts it in
+    ``CatArrayBatchedCopy``), x 0.75 x 4.8 TB/s / (8,192 x 128 x 192) elements
     (``benchmarks/results/h200_te_2026-12-01/call24``). Far above the tensors' own bytes: the strided copies run at a
     fraction of the bandwidth. Not fitted."""
     unfused_mla_rope_forward_share: float = 0.56
@@ -117,25 +111,21 @@ class Calibration:
     recompute re-run): ``mla_up_proj`` recompute cost 2.94 ms more unfused than fused on the same layer (same
     measurement). Judged on full recompute, not used here: 2.70 ms more unfused, 2.94 ms predicted. Not fitted."""
     elementwise_backward_ratio: float = 2.0
-    """Memory-bound work's backward over its forward: a norm's or activation's backward reads its
-    saved input and the incoming gradient and writes the input gradient, about twice its forward's
-    traffic (the same 2x as a GEMM's dgrad + wgrad, Narayanan et al. 2021 §5.1). Splits the
-    forward+backward elementwise times above: a forward (what recompute re-runs) is
-    ``1 / (1 + this)`` of them, and the fp32 cross-entropy traffic of the logits is ``1 + this``
-    passes. Chosen (``/ 3``), not fitted."""
+    """Memory-bound work's backward over its forward: a norm's or activation's backward reads its saved input and the
+    incoming gradient and writes the input gradient, about twice its forward's traffic (the same 2x as a GEMM's dgrad +
+    wgrad, Narayanan et al. 2021 §5.1). Splits the forward+backward elementwise times above: a forward (what recompute
+    re-runs) is ``1 / (1 + this)`` of them, and the fp32 cross-entropy traffic of the logits is ``1 + this`` passes.
+    Chosen (``/ 3``), not fitted."""
     dense_mlp_elementwise_share: float = 0.5
-    """A dense MLP block's memory-bound work (its norm, residual add and activation function)
-    relative to the attention block's (``elementwise_bytes_per_token_attn``): the MLP side has about
-    half the elementwise ops (no RoPE, no QK norm, no softmax-adjacent casts). Chosen
-    (``/ 2``), not fitted."""
+    """A dense MLP block's memory-bound work (its norm, residual add and activation function) relative to the attention
+    block's (``elementwise_bytes_per_token_attn``): the MLP side has about half the elementwise ops (no RoPE, no QK
+    norm, no softmax-adjacent casts). Chosen (``/ 2``), not fitted."""
     norm_elementwise_share: float = 0.5
-    """The two norms' share of the attention block's memory-bound time: what selective
-    ``layernorm`` recompute re-runs (a forward of both norms). Chosen
-    (``/ 6`` = this x a forward's ``1 / 3``), not fitted."""
+    """The two norms' share of the attention block's memory-bound time: what selective ``layernorm`` recompute re-runs
+    (a forward of both norms). Chosen (``/ 6`` = this x a forward's ``1 / 3``), not fitted."""
     moe_act_elementwise_share: float = 0.5
     """The expert activation's (SwiGLU with its probability scaling) share of the MoE memory-bound
-    time: what selective ``moe_act`` recompute re-runs. Chosen (``/ 6`` = this
-    x a forward's ``1 / 3``), not fitted."""
+    time: what selective ``moe_act`` recompute re-runs. Chosen (``/ 6`` = this x a forward's ``1 / 3``), not fitted."""
     gemm_family_factor_ampere: float = 1.0
     """Compute efficiencies (dense GEMM, grouped GEMM, attention) on Ampere relative to Hopper,
     whose values are the fields above. Fitted by ``tune calibrate`` where rows exist."""
@@ -144,11 +134,11 @@ class Calibration:
     gemm_generation_factor_blackwell_ultra: float = 1.0
     """Compute efficiencies (GEMMs at bf16 and the fp8 formats, attention; not nvfp4 GEMMs, whose datasheet peak is
     already 1.5x Blackwell's: ``benchmarks/results/2026-12-02_validation``) on Blackwell Ultra (B300, GB300;
-    ``GPUSpec.generation``) relative to Blackwell's, on top of :attr:`gemm_family_factor_blackwell`. The datasheets
-    give Blackwell Ultra the same dense bf16 and fp8 peaks as B200 / GB200 (NVIDIA HGX B300 and GB300 NVL72
-    datasheets), yet NVIDIA's tables ran the same layouts faster there: held out by model with one factor for both,
-    the median of every (model, precision) group on both but Llama-3.1-405B nvfp4 was predicted 6-24 points slower on
-    GB300 than on GB200, in the same containers (e.g. Llama-3.1-70B fp8, TP1 PP1 DP64, container 26.04: GB200 +4.2%, GB300 -17.6%). Fitted by
+    ``GPUSpec.generation``) relative to Blackwell's, on top of :attr:`gemm_family_factor_blackwell`. The datasheets give
+    Blackwell Ultra the same dense bf16 and fp8 peaks as B200 / GB200 (NVIDIA HGX B300 and GB300 NVL72 datasheets), yet
+    NVIDIA's tables ran the same layouts faster there: held out by model with one factor for both, the median of every
+    (model, precision) group on both but Llama-3.1-405B nvfp4 was predicted 6-24 points slower on GB300 than on GB200,
+    in the same containers (e.g. Llama-3.1-70B fp8, TP1 PP1 DP64, container 26.04: GB200 +4.2%, GB300 -17.6%). Fitted by
     ``tune calibrate`` (1.19 on the published runs, 1.18-1.22 in every k-fold fold); the cause is not settled by these
     rows (Blackwell Ultra's higher board power and its doubled attention exponent throughput are candidates), so it is
     one factor on that compute (``benchmarks/results/2026-12-02_validation``)."""
@@ -180,18 +170,16 @@ class Calibration:
     DeepEP / HybridEP came out ahead of alltoall where NVIDIA measured them 1-6% behind (docs/published_pairs.md).
     """
     expert_gemm_overhead_s: float = 30e-6
-    """Fixed cost per local expert per expert GEMM (fc1, fc2 forward; their dgrad and wgrad
-    backward): Transformer Engine's GroupedLinear runs one cuBLAS GEMM per local expert, each
-    with launch latency and a partial last wave. Set with the seed's tuned layout (32 local
-    experts at EP 8)."""
+    """Fixed cost per local expert per expert GEMM (fc1, fc2 forward; their dgrad and wgrad backward): Transformer
+    Engine's GroupedLinear runs one cuBLAS GEMM per local expert, each with launch latency and a partial last wave. Set
+    with the seed's tuned layout (32 local experts at EP 8)."""
     fp8_quantize_overhead_s: float = 17.0e-6
     """Fixed cost per local expert GEMM of quantising its operands in an fp8 / fp4 run (TE's grouped GEMM casts each
     expert's slice with its own kernels; doubled for current scaling, ``comm.FP8_CURRENT_SCALING_KERNELS``).
-    **Set from one measurement**: 1 x H200, TE 2.20.2, MiniMax-M2 1-layer slice, fp8 delayed scaling, 256 local
-    experts, 8 micro-batches (``mm-fp8-delayed``, ``benchmarks/results/h200_te_2026-12-01``): 1.298 s per step
-    against 1.089 s predicted without
-    it, over 8 x 6 x 256 expert GEMMs = 17 us each. Not fitted by ``tune calibrate`` (published runs cannot
-    separate it from the fp8 GEMM efficiency); judged on the tensorwise row (docs/measurements.md)."""
+    **Set from one measurement**: 1 x H200, TE 2.20.2, MiniMax-M2 1-layer slice, fp8 delayed scaling, 256 local experts,
+    8 micro-batches (``mm-fp8-delayed``, ``benchmarks/results/h200_te_2026-12-01``): 1.298 s per step against 1.089 s
+    predicted without it, over 8 x 6 x 256 expert GEMMs = 17 us each. Not fitted by ``tune calibrate`` (published runs
+    cannot separate it from the fp8 GEMM efficiency); judged on the tensorwise row (docs/measurements.md)."""
     # ---- communication ------------------------------------------------------------
     nvlink_efficiency: float = 0.75
     """Achieved fraction of NVLink per-direction bandwidth by NCCL ring collectives
@@ -244,14 +232,12 @@ class Calibration:
     optimizer_bytes_per_param: float = 32.0
     """HBM bytes moved per parameter by the fused Adam step on the GPU (read p,g,m,v; write p,m,v)."""
     cpu_adam_params_per_s_per_node: float = 2.0e9
-    """Parameters per second a host's CPUs step with Adam (Megatron's HybridDeviceOptimizer
-    with torch.optim.AdamW on fp32 states), shared by the node's GPUs. Derived, not fitted:
-    torch's single-tensor AdamW makes ~6 elementwise passes, ~80 bytes of host memory traffic
-    per parameter, plus ~12 bytes for the gradient and parameter copies; ~180 GB/s achieved by
-    eight processes sharing a 2-socket host (about a third of DDR5 peak, given thread
-    oversubscription) -> ~2e9 parameters/s. ZeRO-Offload (arXiv 2101.06840) reports the same
-    order for PyTorch's CPU Adam. The seed's reference port (557.8 tokens/s/GPU) was not used
-    to set it; it is checked against it."""
+    """Parameters per second a host's CPUs step with Adam (Megatron's HybridDeviceOptimizer with torch.optim.AdamW on
+    fp32 states), shared by the node's GPUs. Derived, not fitted: torch's single-tensor AdamW makes ~6 elementwise
+    passes, ~80 bytes of host memory traffic per parameter, plus ~12 bytes for the gradient and parameter copies; ~180
+    GB/s achieved by eight processes sharing a 2-socket host (about a third of DDR5 peak, given thread oversubscription)
+    -> ~2e9 parameters/s. ZeRO-Offload (arXiv 2101.06840) reports the same order for PyTorch's CPU Adam. The seed's
+    reference port (557.8 tokens/s/GPU) was not used to set it; it is checked against it."""
     host_process_bytes: float = 2.36 * 2**30
     """Host memory (RSS) of one training process besides CPU optimizer offload: CUDA context, libraries, data
     loader. **Measured** on 1 x H200 with TE (``benchmarks/results/h200_te_2026-12-01/call12/sweep.jsonl``:
@@ -268,19 +254,16 @@ class Calibration:
     allocator_overhead_fraction: float = 0.08
     """Caching-allocator fragmentation on top of dynamic (activation) memory."""
     backward_working_set_fraction: float = 0.5
-    """Temporaries of the layer running backward (without full recompute), as a fraction of one
-    layer's activations: the gradients of its activations in flight while its saved tensors are
-    still held (Korthikanti et al. 2022 count stored activations only). Under full recompute the
-    whole group being recomputed is counted instead. Chosen (``* 0.5``), not fitted
-    (the H200 trials' peaks of docs/measurements.md were predicted with this value)."""
+    """Temporaries of the layer running backward (without full recompute), as a fraction of one layer's activations: the
+    gradients of its activations in flight while its saved tensors are still held (Korthikanti et al. 2022 count stored
+    activations only). Under full recompute the whole group being recomputed is counted instead. Chosen (``* 0.5``), not
+    fitted (the H200 trials' peaks of docs/measurements.md were predicted with this value)."""
     base_process_groups: float = 2.0
-    """NCCL communicators every rank holds whatever the layout, on top of one per parallel dimension
-    of size > 1 (``nccl_bytes_per_communicator`` each), e.g. the default world group and the
-    data-parallel-with-context group of the gradient reduce, which megatron/core/parallel_state.py
-    creates for every layout. Chosen (``+ 2``), not fitted."""
+    """NCCL communicators every rank holds whatever the layout, on top of one per parallel dimension of size > 1
+    (``nccl_bytes_per_communicator`` each), e.g. the default world group and the data-parallel-with-context group of the
+    gradient reduce, which megatron/core/parallel_state.py creates for every layout. Chosen (``+ 2``), not fitted."""
     flex_dispatcher_buffer_bytes: float = 2.0 * 2**30
-    """DeepEP / HybridEP communication buffers per rank (DeepEP's default NVL buffer ~1 GB
-    plus RDMA buffer)."""
+    """DeepEP / HybridEP communication buffers per rank (DeepEP's default NVL buffer ~1 GB plus RDMA buffer)."""
     cuda_graph_static_buffers: float = 2.0
     """Hidden-size tensors per captured layer and micro-batch in flight that per-layer CUDA graphs keep as static
     buffers (one input and one output; TE ``make_graphed_callables`` keeps per-callable static inputs / outputs).

@@ -10,19 +10,16 @@ pure function per memory or time term, each with its formula, shapes, units and 
 this module only adds them up, picks the worst pipeline rank and derives the throughput.
 
 Sources of the formulas:
-- weights, gradients and optimizer states: Megatron's
-  ``megatron/training/theoretical_memory_usage.py`` (EP-aware form, notes §6.1),
-  with the precision-aware optimizer's dtypes and CPU offload added;
-- activations: Korthikanti et al. 2022 (arXiv 2205.05198, Table 2) per tensor,
-  extended to GQA, flash attention (no s x s scores kept), MoE token copies and
-  each recompute choice; in-flight micro-batches of the 1F1B and interleaved
+- weights, gradients and optimizer states: Megatron's ``megatron/training/theoretical_memory_usage.py`` (EP-aware form,
+  notes §6.1), with the precision-aware optimizer's dtypes and CPU offload added;
+- activations: Korthikanti et al. 2022 (arXiv 2205.05198, Table 2) per tensor, extended to GQA, flash attention (no s x
+  s scores kept), MoE token copies and each recompute choice; in-flight micro-batches of the 1F1B and interleaved
   schedules from ``megatron/core/pipeline_parallel/schedules.py`` (warm-up counts);
 - FLOPs: :mod:`cost_model.flops` (Megatron's ``num_floating_point_operations``);
 - pipeline bubble ``(pp-1)/(m*vpp)``: Narayanan et al. 2021 (arXiv 2104.04473 §2.2);
 - rank placement: Megatron's default order ``tp-cp-ep-dp-pp`` (``parallel_state.py``).
 
-Every efficiency and overhead constant is a named field of
-:class:`cost_model.calibration.Calibration`.
+Every efficiency and overhead constant is a named field of :class:`cost_model.calibration.Calibration`.
 """
 
 from __future__ import annotations
@@ -266,9 +263,8 @@ def estimate_table(
 ) -> EstimateTable:
     """Predict peak memory and step time for every layout of ``table``.
 
-    The table's rows must already satisfy Megatron's rules
-    (:func:`search_spaces.rules.check_table`); results for invalid rows are
-    meaningless.
+    The table's rows must already satisfy Megatron's rules (:func:`search_spaces.rules.check_table`); results for
+    invalid rows are meaningless.
 
     Args:
         model: the model.
@@ -407,8 +403,7 @@ def estimate(
     objects and equal other inputs returns the same (frozen) :class:`Estimate`.
 
     Raises:
-        InfeasibleLayout: the layout breaks a rule (the first one; ``tune check``
-            lists them all).
+        InfeasibleLayout: the layout breaks a rule (the first one; ``tune check`` lists them all).
         TunerError: the layout's world size differs from the cluster's GPU count.
     """
     key = (id(model), id(cluster), id(workload), layout, calibration, memory_headroom, options)

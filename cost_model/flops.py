@@ -16,14 +16,11 @@ __all__ = ["megatron_flops_per_token", "mfu", "usd_per_million_tokens"]
 def megatron_flops_per_token(model: ModelSpec, seq_length: int) -> float:
     """Model FLOPs per token of one training step (forward + backward), as Megatron counts them.
 
-    Mirrors ``num_floating_point_operations`` in ``megatron/training/training.py``
-    (shared/notes/megatron_rules.md §6.3) for fixed-length BSHD rows: GQA or MLA
-    attention projections, causal core attention (half of the s x s scores),
-    dense / routed / shared-expert MLPs, MTP layers (counted with the type of the
-    last layer) and their projections, and the logits of the main and each MTP
-    head. The router is not counted (Megatron does not count it either).
-    Sliding-window layers (``ModelSpec.window_size``, GPT-OSS) count the keys inside the
-    window instead of ``s/2``.
+    Mirrors ``num_floating_point_operations`` in ``megatron/training/training.py`` (shared/notes/megatron_rules.md §6.3)
+    for fixed-length BSHD rows: GQA or MLA attention projections, causal core attention (half of the s x s scores),
+    dense / routed / shared-expert MLPs, MTP layers (counted with the type of the last layer) and their projections, and
+    the logits of the main and each MTP head. The router is not counted (Megatron does not count it either).
+    Sliding-window layers (``ModelSpec.window_size``, GPT-OSS) count the keys inside the window instead of ``s/2``.
 
     Args:
         model: the model.
@@ -75,9 +72,9 @@ def megatron_flops_per_token(model: ModelSpec, seq_length: int) -> float:
 def mfu(model: ModelSpec, tokens_per_s_per_gpu: _Rate, peak_flops_bf16: float) -> _Rate:
     """Model FLOP utilisation by the seed's convention: ``6 * N_active * tokens/s / peak``.
 
-    ``N_active`` is :meth:`ModelSpec.active_params`; ``peak`` is the GPU's dense bf16
-    peak (FLOP/s), the datasheet's, not the fitted one; ``tokens_per_s_per_gpu`` a number or an array. At 2,034.42 tokens/s/GPU on H200 (989.4 TFLOP/s) MiniMax-M2 gives
-    0.1285 (seeds/001 ``result.mfu``). Attention's s^2 term is not counted.
+    ``N_active`` is :meth:`ModelSpec.active_params`; ``peak`` is the GPU's dense bf16 peak (FLOP/s), the datasheet's,
+    not the fitted one; ``tokens_per_s_per_gpu`` a number or an array. At 2,034.42 tokens/s/GPU on H200 (989.4 TFLOP/s)
+    MiniMax-M2 gives 0.1285 (seeds/001 ``result.mfu``). Attention's s^2 term is not counted.
     """
     return 6.0 * model.active_params() * tokens_per_s_per_gpu / peak_flops_bf16
 

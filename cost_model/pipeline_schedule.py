@@ -1,21 +1,19 @@
 """Megatron's pipeline schedules, event by event: the order each pipeline rank runs its forward and
 backward chunks in, and a dependency simulation that times them.
 
-The order is Megatron-core's (``megatron/core/pipeline_parallel/schedules.py`` at NVIDIA/Megatron-LM
-d98e8a6): ``forward_backward_pipelining_without_interleaving`` runs ``pp - rank - 1`` warm-up
-forwards, then one forward and one backward per step (1F1B), then the remaining backwards;
-``forward_backward_pipelining_with_interleaving`` runs ``(pp - rank - 1) * 2 + (vpp - 1) * group``
-warm-up forwards (``get_pp_rank_microbatches``; ``group`` is ``microbatch_group_size_per_vp_stage``,
-default ``pp``), and maps the k-th virtual micro-batch to (micro-batch, model chunk) through
-``get_schedule_table`` (backward chunks in reverse: ``vpp - 1 - chunk``). Chunk ``c`` of rank ``r`` is
+The order is Megatron-core's (``megatron/core/pipeline_parallel/schedules.py`` at NVIDIA/Megatron-LM d98e8a6):
+``forward_backward_pipelining_without_interleaving`` runs ``pp - rank - 1`` warm-up forwards, then one forward and one
+backward per step (1F1B), then the remaining backwards; ``forward_backward_pipelining_with_interleaving`` runs ``(pp -
+rank - 1) * 2 + (vpp - 1) * group`` warm-up forwards (``get_pp_rank_microbatches``; ``group`` is
+``microbatch_group_size_per_vp_stage``, default ``pp``), and maps the k-th virtual micro-batch to (micro-batch, model
+chunk) through ``get_schedule_table`` (backward chunks in reverse: ``vpp - 1 - chunk``). Chunk ``c`` of rank ``r`` is
 pipeline stage ``c * pp + r`` (Megatron's VPP-major layer assignment).
 
-The simulation is a list schedule: each rank runs its operations in that order, one at a time; a
-forward of stage ``s`` waits for the forward of the same micro-batch on stage ``s - 1`` (plus the
-p2p transfer), a backward of stage ``s`` for the backward on stage ``s + 1`` (the last stage: for its
-own forward). With the same chunk time on every rank it reproduces the bubble of Narayanan et al.
-2021 (arXiv 2104.04473 §2.2): ``(pp - 1) / vpp`` micro-batch times, i.e. a step of
-``(M + (pp - 1) / vpp) * (t_f + t_b)``.
+The simulation is a list schedule: each rank runs its operations in that order, one at a time; a forward of stage ``s``
+waits for the forward of the same micro-batch on stage ``s - 1`` (plus the p2p transfer), a backward of stage ``s`` for
+the backward on stage ``s + 1`` (the last stage: for its own forward). With the same chunk time on every rank it
+reproduces the bubble of Narayanan et al. 2021 (arXiv 2104.04473 §2.2): ``(pp - 1) / vpp`` micro-batch times, i.e. a
+step of ``(M + (pp - 1) / vpp) * (t_f + t_b)``.
 
 :func:`pipeline_makespan` (the estimate's pipeline time) needs only the step's end. Past
 :data:`FULL_SIMULATION_MICROBATCHES` it simulates shorter steps of the same schedule, ``a`` and ``2a`` micro-batches

@@ -1,12 +1,10 @@
 """The run table ``tune validate`` and ``tune calibrate`` read: a CSV of measured runs, each row a :class:`Run`.
 
-A run table has the columns of ``benchmarks/data/published_runs.csv`` (346 measured
-NVIDIA runs with their layouts). Each row becomes a :class:`Run`: the model preset, the
-cluster, the workload, the :class:`~specs.layout.Layout` and the
-:class:`~specs.RunOptions` (routing, overlaps, CUDA graphs, FSDP) read from the
-row, and the published tokens/s/GPU or model TFLOP/s/GPU. Rows the model cannot represent
-keep the reason (:attr:`Run.unrepresentable`); rows with bad cells are reported as
-:class:`RowProblem` naming the row and column. Nothing is dropped silently.
+A run table has the columns of ``benchmarks/data/published_runs.csv`` (346 measured NVIDIA runs with their layouts).
+Each row becomes a :class:`Run`: the model preset, the cluster, the workload, the :class:`~specs.layout.Layout` and the
+:class:`~specs.RunOptions` (routing, overlaps, CUDA graphs, FSDP) read from the row, and the published tokens/s/GPU or
+model TFLOP/s/GPU. Rows the model cannot represent keep the reason (:attr:`Run.unrepresentable`); rows with bad cells
+are reported as :class:`RowProblem` naming the row and column. Nothing is dropped silently.
 
 Conventions for published rows (``shared/data/published_runs.md``):
 - NVIDIA's MoE benchmarks force-balance the routing and are dropless (Megatron-Bridge
@@ -152,7 +150,8 @@ def _model_for(name: str, base: Path | None = None) -> tuple[ModelSpec | None, s
 
 
 def _first_named(text: str, table: Sequence[tuple[str, Any]]) -> Any:
-    """The value of the first ``(word, value)`` of ``table`` whose word is in ``text`` (lower-cased); None if none is."""
+    """The value of the first ``(word, value)`` of ``table`` whose word is in ``text`` (lower-cased); None if none
+    is."""
     t = text.lower()
     return next((v for word, v in table if word in t), None)
 
@@ -412,9 +411,8 @@ def read_runs(paths: str | Path | Sequence[str | Path]) -> tuple[list[Run], list
         paths: CSV file(s) with :data:`REQUIRED_COLUMNS` (and any of the optional ones).
 
     Returns:
-        ``(runs, problems)``: one :class:`Run` per row whose cells could be read
-        (``unrepresentable`` set when the model cannot estimate it), and one
-        :class:`RowProblem` per unreadable cell (that row is left out of ``runs``).
+        ``(runs, problems)``: one :class:`Run` per row whose cells could be read (``unrepresentable`` set when the model
+        cannot estimate it), and one :class:`RowProblem` per unreadable cell (that row is left out of ``runs``).
 
     Raises:
         TunerError: a file is unreadable, not a CSV, or lacks a required column.
@@ -712,9 +710,9 @@ def _read_layout(run: Run, r: dict[str, str], notes: dict[str, str], model: Mode
         run.unrepresentable = f"ep {run.layout.ep} does not divide {model.num_experts} experts"
 
 
-#: Upper bounds of a published figure per GPU: a tokens/s/GPU above 10 M (the fastest published row is 45,275) or a model
-#: TFLOP/s/GPU above 100,000 (GB300's dense fp4 peak is 15,000) is a typo, and would outrank the real runs it repeats
-#: (:func:`mark_release_regressions`).
+#: Upper bounds of a published figure per GPU: a tokens/s/GPU above 10 M (the fastest published row is 45,275) or a
+#: model TFLOP/s/GPU above 100,000 (GB300's dense fp4 peak is 15,000) is a typo, and would outrank the real runs it
+#: repeats (:func:`mark_release_regressions`).
 MAX_TOKENS_PER_S_PER_GPU = 1e7
 MAX_TFLOPS_PER_GPU = 1e5
 

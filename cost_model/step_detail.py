@@ -130,10 +130,9 @@ def rank_class_of(model: ModelSpec, layout: Layout, representatives: list[int]) 
 
 def chunk_context(c: TableContext, layers: Table, moe: Table, recompute_num_layers: int) -> TableContext:
     """``c`` (one layout) with one rank-class column per (pipeline rank, virtual chunk), ``pp x vpp`` columns in
-    rank-major order: each column holds that chunk's layers (``layers``, ``moe``), counts once, and is the first
-    (last) rank only for the model's first (last) stage, so the output layer's time lands on the last stage.
-    Block recompute re-runs the first ``recompute_num_layers`` layers of each chunk (transformer_block.py
-    ``_checkpointed_forward``).
+    rank-major order: each column holds that chunk's layers (``layers``, ``moe``), counts once, and is the first (last)
+    rank only for the model's first (last) stage, so the output layer's time lands on the last stage. Block recompute
+    re-runs the first ``recompute_num_layers`` layers of each chunk (transformer_block.py ``_checkpointed_forward``).
 
     Raises:
         AssertionError: ``c`` holds more than one layout.
@@ -330,7 +329,8 @@ def pipeline_time(times: ChunkTimes, layout: Layout, num_microbatches: int) -> f
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StepDetails:
-    """Everything the step timeline and the breakdown charts show about one layout (:func:`cost_model.estimate.estimate_details`).
+    """Everything the step timeline and the breakdown charts show about one layout
+    (:func:`cost_model.estimate.estimate_details`).
 
     Units: seconds and bytes; ``[rank]`` tuples have ``pp`` entries, ``[rank][chunk]`` tables ``pp x vpp``.
     """

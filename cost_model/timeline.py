@@ -1,4 +1,5 @@
-"""The predicted step of one layout as a Chrome trace (Trace Event Format JSON, opened by Perfetto and chrome://tracing).
+"""The predicted step of one layout as a Chrome trace (Trace Event Format JSON, opened by Perfetto and
+chrome://tracing).
 
 :func:`step_trace` turns :func:`cost_model.estimate.estimate_details` into events: one process per pipeline rank,
 and in it

@@ -169,11 +169,13 @@ def error_bars(model: ModelSpec, gpu: GPUSpec, precision: Precision | str, path:
 
 
 def memory_headroom(model: ModelSpec, gpu: GPUSpec, precision: Precision | str, given: float | None) -> float:
-    """The fraction of HBM kept free: ``given`` (``--memory-headroom``), else the error bars' (:attr:`ErrorBars.headroom`)."""
+    """The fraction of HBM kept free: ``given`` (``--memory-headroom``), else the error bars'
+    (:attr:`ErrorBars.headroom`)."""
     return given if given is not None else error_bars(model, gpu, precision).headroom
 
 
-#: Points of the grids :func:`chance_to_fit` integrates on (the job's shared error, and the margin ``log(HBM / predicted)``).
+#: Points of the grids :func:`chance_to_fit` integrates on (the job's shared error, and the margin ``log(HBM /
+#: predicted)``).
 _GRID = 1001
 
 

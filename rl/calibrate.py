@@ -8,15 +8,13 @@ Formats read (from the printing code):
   ``policy_and_reference_logprobs``, ``policy_training``, ``prepare_for_generation/total``,
   ``weight_sync``, ``exposed_generation``, ...). ``  • Mean Generation Length: X`` comes just
   before it.
-- slime (``slime/observability/train_metric_utils.py::log_perf_data`` and
-  ``rollout_metrics.py::log_rollout_data`` at 624b824a): ``perf <rollout_id>: {...}`` with a
-  Python dict of ``perf/<timer>_time`` values (``rollout_time``, ``log_probs_time``,
-  ``ref_log_probs_time``, ``actor_train_time``, ``update_weights_time``, ``sleep_time``,
+- slime (``slime/observability/train_metric_utils.py::log_perf_data`` and ``rollout_metrics.py::log_rollout_data`` at
+  624b824a): ``perf <rollout_id>: {...}`` with a Python dict of ``perf/<timer>_time`` values (``rollout_time``,
+  ``log_probs_time``, ``ref_log_probs_time``, ``actor_train_time``, ``update_weights_time``, ``sleep_time``,
   ``wake_up_time``, ``step_time``).
 
-The fit compares the measured parts (mean over steps, the first step dropped as warm-up when
-there are more) with a prediction of the same plan and sets each factor to measured /
-predicted (:func:`fit_from_measured`).
+The fit compares the measured parts (mean over steps, the first step dropped as warm-up when there are more) with a
+prediction of the same plan and sets each factor to measured / predicted (:func:`fit_from_measured`).
 """
 
 from __future__ import annotations

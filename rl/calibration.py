@@ -1,8 +1,7 @@
 """Per-cluster factors of the RL step model (:class:`RLCalibration`), with their sources, and their YAML file.
 
-The defaults are anchored on published numbers (each field names its source);
-``tune rl calibrate --log FILE`` refits them from a user's own run and writes a YAML file
-that ``tune rl --calibration FILE`` reads back.
+The defaults are anchored on published numbers (each field names its source); ``tune rl calibrate --log FILE`` refits
+them from a user's own run and writes a YAML file that ``tune rl --calibration FILE`` reads back.
 """
 
 from __future__ import annotations
@@ -34,9 +33,8 @@ class RLCalibration:
     logprob_scale: float = 1.0
     """Measured / predicted log-prob time."""
     refit_ipc_bytes_per_s: float = 38e9
-    """Model bytes refitted per second when colocated (CUDA IPC over ZMQ, same GPUs). NeMo-RL PR #638:
-    DeepSeek-V3 (1.34e12 bf16 bytes) colocated refit 55 s, of which ~20 s offload:
-    1.34e12 / 35 s = 38e9."""
+    """Model bytes refitted per second when colocated (CUDA IPC over ZMQ, same GPUs). NeMo-RL PR #638: DeepSeek-V3
+    (1.34e12 bf16 bytes) colocated refit 55 s, of which ~20 s offload: 1.34e12 / 35 s = 38e9."""
     refit_nccl_bytes_per_s: float = 94e9
     """Model bytes refitted per second when not colocated (NCCL broadcast trainer -> engines). NeMo-RL
     ``docs/guides/checkpoint-engine-refit.md`` (HEAD 7ea279ab): DeepSeek-V3, 32 policy nodes -> 4 vLLM

@@ -1,9 +1,8 @@
 """``tune rl``: RL post-training plans (split, engines, trainer layout), their validation and calibration.
 
-Commands: ``tune rl`` / ``tune rl plan`` (rank plans for a job, optionally export the best),
-``tune rl validate --data CSV`` (predict measured runs), ``tune rl calibrate --log FILE`` (fit
-this cluster's factors from a run's timing output). Every number printed is a prediction
-unless it is labelled measured.
+Commands: ``tune rl`` / ``tune rl plan`` (rank plans for a job, optionally export the best), ``tune rl validate --data
+CSV`` (predict measured runs), ``tune rl calibrate --log FILE`` (fit this cluster's factors from a run's timing output).
+Every number printed is a prediction unless it is labelled measured.
 """
 
 from __future__ import annotations
@@ -131,7 +130,8 @@ def _plan_dict(p: RLPlan) -> dict[str, Any]:
 
 
 def _distinct(plans: list[RLPlan], top: int) -> list[RLPlan]:
-    """The fastest plans that differ in split, engine shape, eagerness, trainer or K (util / max_num_seqs ties dropped)."""
+    """The fastest plans that differ in split, engine shape, eagerness, trainer or K (util / max_num_seqs ties
+    dropped)."""
     seen: set[tuple[Any, ...]] = set()
     out = []
     for p in plans:
@@ -244,10 +244,9 @@ def _check_plan_options(
     """Every search option of ``tune rl`` checked before anything is simulated (the job's own fields
     are :class:`RLJob`'s); the first bad one raises, naming the option and what it accepts.
 
-    Bounds: ``--async-steps`` 0..8 and the sweep's simulated sequences
-    (:func:`~rl.plan.check_async_steps`); ``--gpu-memory-utilization`` in (0, 1];
-    ``--max-num-seqs`` and ``--top`` at least 1; ``--rollout-gpus`` whole nodes leaving the trainer
-    one; ``--engine-tp`` / ``--engine-ep`` engines that tile nodes; ``--trainer-layout`` one that
+    Bounds: ``--async-steps`` 0..8 and the sweep's simulated sequences (:func:`~rl.plan.check_async_steps`);
+    ``--gpu-memory-utilization`` in (0, 1]; ``--max-num-seqs`` and ``--top`` at least 1; ``--rollout-gpus`` whole nodes
+    leaving the trainer one; ``--engine-tp`` / ``--engine-ep`` engines that tile nodes; ``--trainer-layout`` one that
     passes Megatron's rules on at least one trainer size the search tries.
     """
     cl, per = job.cluster, job.cluster.gpus_per_node
@@ -437,7 +436,8 @@ def _write_launch(best: RLPlan, job: RLJob, framework: Framework, *, out: Path |
     """Write ``best``'s launch in the framework's format to ``--export FILE`` and into ``--out DIR``; the files written.
 
     Raises:
-        TunerError: a plan the format cannot run, an ``--out`` that is a file, or an output :func:`check_output_path` refuses.
+        TunerError: a plan the format cannot run, an ``--out`` that is a file, or an output :func:`check_output_path`
+        refuses.
     """
     written: list[Path] = []
     if export is not None or out is not None:
@@ -491,7 +491,8 @@ def _print_plan_text(job: RLJob, framework: Framework, cal: RLCalibration, ps: P
         rec_note = ""
     _print_recommended(best, rank, framework, rec_note, hint=not written, shown=top)
     _out.print()
-    # plans set aside add up with the evaluated ones to the considered; a split without a trainer layout is counted as a split
+    # plans set aside add up with the evaluated ones to the considered; a split without a trainer layout is counted as a
+    # split
     plan_rej = {k: v for k, v in ps.rejected.items() if not k.endswith("(splits)")}
     split_rej = {k.removesuffix(" (splits)"): v for k, v in ps.rejected.items() if k.endswith("(splits)")}
     counts = f"Plans considered: {ps.considered:,}; evaluated: {len(ps.plans):,}; set aside: "

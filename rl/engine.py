@@ -1,20 +1,17 @@
 """Per-iteration latency of one generation engine, and the aiconfigurator adapter that provides it.
 
-The rollout simulator (:mod:`rl.simulator`) asks two questions of an engine:
-how long one decode iteration of ``n`` running sequences at mean context ``c`` tokens
-takes, and how long the prefill of ``t`` prompt tokens takes. :class:`LatencyTable`
-answers both by interpolating a grid of per-iteration latencies; the grid comes from
-aiconfigurator's compiled ``EngineHandle`` (NVIDIA, Apache-2.0; the optional ``rl`` extra,
-``aiconfigurator==0.12.0``), which predicts each iteration from per-operation performance
-tables measured on the target GPU for the target serving framework (vLLM 0.24, SGLang
-0.5.14/0.5.16). Tests and users without the extra can build a table from any latency
+The rollout simulator (:mod:`rl.simulator`) asks two questions of an engine: how long one decode iteration of ``n``
+running sequences at mean context ``c`` tokens takes, and how long the prefill of ``t`` prompt tokens takes.
+:class:`LatencyTable` answers both by interpolating a grid of per-iteration latencies; the grid comes from
+aiconfigurator's compiled ``EngineHandle`` (NVIDIA, Apache-2.0; the optional ``rl`` extra, ``aiconfigurator==0.12.0``),
+which predicts each iteration from per-operation performance tables measured on the target GPU for the target serving
+framework (vLLM 0.24, SGLang 0.5.14/0.5.16). Tests and users without the extra can build a table from any latency
 function (:meth:`LatencyTable.from_functions`).
 
-Caching: a compiled handle per (model, system, backend, shape, precision) stays in memory for
-the process; the latency grid of each shape is written as ``.npz`` under
-``$XDG_CACHE_HOME/megatron-layout-tuner/rl/`` (default ``~/.cache``; override with
-``MLT_CACHE_DIR``), and a shape aiconfigurator has no data for as a ``.nodata.txt`` holding the
-message, so a second run needs neither the import nor the database load. The key holds the
+Caching: a compiled handle per (model, system, backend, shape, precision) stays in memory for the process; the latency
+grid of each shape is written as ``.npz`` under ``$XDG_CACHE_HOME/megatron-layout-tuner/rl/`` (default ``~/.cache``;
+override with ``MLT_CACHE_DIR``), and a shape aiconfigurator has no data for as a ``.nodata.txt`` holding the message,
+so a second run needs neither the import nor the database load. The key holds the
 aiconfigurator version: another release starts a fresh cache.
 """
 
@@ -150,10 +147,9 @@ class EngineShape:
 # --------------------------------------------------------------------------- latency table
 
 
-#: Grids of the latency tables: running sequences per engine (per attention-DP rank) and
-#: mean context length (tokens). Between grid points the latency is interpolated linearly
-#: (decode cost is close to linear in both: weights are read once per iteration, KV bytes
-#: grow with n x c).
+#: Grids of the latency tables: running sequences per engine (per attention-DP rank) and mean context length (tokens).
+#: Between grid points the latency is interpolated linearly (decode cost is close to linear in both: weights are read
+#: once per iteration, KV bytes grow with n x c).
 SEQ_GRID = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 CTX_GRID = (64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 PREFILL_GRID = (64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -163,10 +159,9 @@ PREFILL_GRID = (64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 class LatencyTable:
     """Per-iteration latency of one engine on grids (seconds).
 
-    ``decode`` has shape ``(len(seqs), len(ctx))``: one decode iteration of ``seqs[i]``
-    sequences per attention-DP rank at mean context ``ctx[j]`` tokens. ``prefill`` has
-    shape ``(len(prefill_tokens),)``: the prefill of that many prompt tokens in one
-    iteration. ``attention_dp`` ranks split the running sequences.
+    ``decode`` has shape ``(len(seqs), len(ctx))``: one decode iteration of ``seqs[i]`` sequences per attention-DP rank
+    at mean context ``ctx[j]`` tokens. ``prefill`` has shape ``(len(prefill_tokens),)``: the prefill of that many prompt
+    tokens in one iteration. ``attention_dp`` ranks split the running sequences.
     """
 
     seqs: _FLOAT
@@ -312,7 +307,8 @@ def _systems_with_data(engine: Engine) -> set[str] | None:
 
 
 def cache_dir() -> Path:
-    """Where latency tables are cached (``MLT_CACHE_DIR``, else ``$XDG_CACHE_HOME`` or ``~/.cache``, plus ``megatron-layout-tuner/rl``)."""
+    """Where latency tables are cached (``MLT_CACHE_DIR``, else ``$XDG_CACHE_HOME`` or ``~/.cache``, plus
+    ``megatron-layout-tuner/rl``)."""
     env = os.environ.get("MLT_CACHE_DIR")
     if env:
         return Path(env)
@@ -340,7 +336,8 @@ _BF16 = "bfloat16"
 
 
 def _checkpoint_quant(model_id: str) -> str | None:
-    """``quantization_config.quant_method`` of the configuration aiconfigurator bundles for ``model_id`` (None: BF16 or not found)."""
+    """``quantization_config.quant_method`` of the configuration aiconfigurator bundles for ``model_id`` (None: BF16 or
+    not found)."""
     spec = importlib.util.find_spec("aiconfigurator_core")
     if spec is None or spec.origin is None:
         return None
@@ -363,12 +360,11 @@ def _has_bundled_config(model_id: str) -> bool:
 def aic_model_for_precision(model: str, precision: GenerationPrecision) -> tuple[str, dict[str, str]]:
     """aiconfigurator's model id and the quantisation keyword arguments of ``EngineHandle.compile`` for ``precision``.
 
-    BF16 sets all four modes to ``bfloat16`` (else aiconfigurator takes the checkpoint's own:
-    FP8 blocks for DeepSeek-V3). FP8 uses the ``<id>-FP8`` configuration when aiconfigurator bundles
-    one (Qwen3), else the base id when its checkpoint is FP8 itself; GEMM and MoE modes are then left
-    to aiconfigurator's inference from that configuration (``fp8_block``), the KV cache and attention
-    BF16 (vLLM's ``kv_cache_dtype: auto`` of a BF16-activation model). ``checkpoint`` does the same
-    with the base id whatever its quantisation.
+    BF16 sets all four modes to ``bfloat16`` (else aiconfigurator takes the checkpoint's own: FP8 blocks for
+    DeepSeek-V3). FP8 uses the ``<id>-FP8`` configuration when aiconfigurator bundles one (Qwen3), else the base id when
+    its checkpoint is FP8 itself; GEMM and MoE modes are then left to aiconfigurator's inference from that configuration
+    (``fp8_block``), the KV cache and attention BF16 (vLLM's ``kv_cache_dtype: auto`` of a BF16-activation model).
+    ``checkpoint`` does the same with the base id whatever its quantisation.
 
     Raises:
         TunerError: an unsupported model (the supported ones listed), or ``fp8`` for a model without
@@ -392,10 +388,9 @@ def aic_model_for_precision(model: str, precision: GenerationPrecision) -> tuple
 def weight_bytes_per_param(model: str, precision: GenerationPrecision) -> tuple[float, float]:
     """Bytes per parameter of the engine's ``(dense, expert)`` weights at ``precision``.
 
-    BF16 2; FP8 blocks 1 (one FP32 scale per 128 x 128 block: +0.02 %, left out); MXFP4 experts
-    0.53 (4 bits plus one E8M0 scale per 32 values, OCP MX spec v1.0), their attention and dense
-    layers BF16 (gpt-oss). ``checkpoint`` reads the quantisation of the configuration aiconfigurator
-    bundles; without aiconfigurator installed it is taken as BF16.
+    BF16 2; FP8 blocks 1 (one FP32 scale per 128 x 128 block: +0.02 %, left out); MXFP4 experts 0.53 (4 bits plus one
+    E8M0 scale per 32 values, OCP MX spec v1.0), their attention and dense layers BF16 (gpt-oss). ``checkpoint`` reads
+    the quantisation of the configuration aiconfigurator bundles; without aiconfigurator installed it is taken as BF16.
     """
     if precision == GenerationPrecision.bf16:
         return 2.0, 2.0

@@ -1,4 +1,5 @@
-"""Layout strings of RL plans: ``megatron:tp=2,cp=2,ep=16,pp=8,vpp=1``, ``automodel:cp=8,ep=128``, ``vllm:tp=16,ep=16,pp=1``."""
+"""Layout strings of RL plans: ``megatron:tp=2,cp=2,ep=16,pp=8,vpp=1``, ``automodel:cp=8,ep=128``,
+``vllm:tp=16,ep=16,pp=1``."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ class TrainerLayout:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EngineLayout:
-    """A rollout layout string parsed: ``vllm:tp=16,ep=16,pp=1[,dp=..][,gpu_memory_utilization=..][,enforce_eager=0|1][,max_num_seqs=..]``."""
+    """A rollout layout string parsed:
+    ``vllm:tp=16,ep=16,pp=1[,dp=..][,gpu_memory_utilization=..][,enforce_eager=0|1][,max_num_seqs=..]``."""
 
     engine: Engine
     shape: EngineShape

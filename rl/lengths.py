@@ -1,10 +1,9 @@
 """Response-length distributions of a rollout: from a mean and a maximum, or from a histogram file.
 
-A rollout's generation time is set by its longest responses (the tail), not by the mean:
-every engine runs until its last sequence ends. A distribution here is a sorted array of
-support points (tokens) with probabilities; :meth:`LengthDistribution.draw` gives n
-lengths at the quantiles ``(i + 0.5) / n`` (stratified, deterministic), shuffled with a
-fixed seed, so one prediction is repeatable and its tail is the distribution's.
+A rollout's generation time is set by its longest responses (the tail), not by the mean: every engine runs until its
+last sequence ends. A distribution here is a sorted array of support points (tokens) with probabilities;
+:meth:`LengthDistribution.draw` gives n lengths at the quantiles ``(i + 0.5) / n`` (stratified, deterministic), shuffled
+with a fixed seed, so one prediction is repeatable and its tail is the distribution's.
 """
 
 from __future__ import annotations
@@ -30,11 +29,10 @@ MAX_RESPONSE_LEN = 2**31
 
 __all__ = ["DEFAULT_GAMMA_SHAPE", "LengthDistribution"]
 
-#: Shape k of the gamma body of a response-length distribution given only its mean and
-#: maximum. k = 2 gives a coefficient of variation of 1/sqrt(2) = 0.71 before truncation,
-#: the spread of GRPO math responses (DAPO, arXiv 2503.14476, Fig. 7's response-length
-#: curves: mean ~0.5 of the cap with a long right tail reaching it). An assumption, not a
-#: fit; give ``--response-lengths FILE`` with a histogram from a previous run to replace it.
+#: Shape k of the gamma body of a response-length distribution given only its mean and maximum. k = 2 gives a
+#: coefficient of variation of 1/sqrt(2) = 0.71 before truncation, the spread of GRPO math responses (DAPO, arXiv
+#: 2503.14476, Fig. 7's response-length curves: mean ~0.5 of the cap with a long right tail reaching it). An assumption,
+#: not a fit; give ``--response-lengths FILE`` with a histogram from a previous run to replace it.
 DEFAULT_GAMMA_SHAPE = 2.0
 
 #: Support points used to discretise a parametric distribution.
@@ -45,8 +43,7 @@ _GRID = 4096
 class LengthDistribution:
     """A discrete distribution of response lengths (tokens).
 
-    ``lengths`` (shape ``(m,)``, sorted, integers >= 1) and ``probs`` (shape ``(m,)``,
-    summing to 1).
+    ``lengths`` (shape ``(m,)``, sorted, integers >= 1) and ``probs`` (shape ``(m,)``, summing to 1).
     """
 
     lengths: npt.NDArray[np.int64]
@@ -99,10 +96,9 @@ class LengthDistribution:
     ) -> LengthDistribution:
         """A gamma(``shape``) body truncated at ``max_len``, scaled so the truncated mean is ``mean``.
 
-        Truncation puts the gamma's mass above ``max_len`` on ``max_len`` itself (responses
-        cut at ``max_new_tokens``). The scale theta solves
-        ``E[min(X, L)] = k theta P(k+1, L/theta) + L (1 - P(k, L/theta)) = mean``
-        (P the regularised lower incomplete gamma function), found by bisection.
+        Truncation puts the gamma's mass above ``max_len`` on ``max_len`` itself (responses cut at ``max_new_tokens``).
+        The scale theta solves ``E[min(X, L)] = k theta P(k+1, L/theta) + L (1 - P(k, L/theta)) = mean`` (P the
+        regularised lower incomplete gamma function), found by bisection.
 
         ``names`` are the options the mean and the maximum came from, for the errors
         (``("--mean-prompt-len", "--prompt-len")`` for prompts).
@@ -137,14 +133,12 @@ class LengthDistribution:
     def from_file(cls, path: str | Path, *, max_len: int | None = None) -> LengthDistribution:
         """A histogram from a previous run.
 
-        Accepted formats: a CSV with a header naming a length column (``response_len``,
-        ``length`` or ``tokens``) and optionally a ``count`` column; a JSON list of lengths;
-        a JSON object ``{"lengths": [...], "counts": [...]}``; or plain text with one length
-        per line. Lengths above ``max_len`` are cut to it.
+        Accepted formats: a CSV with a header naming a length column (``response_len``, ``length`` or ``tokens``) and
+        optionally a ``count`` column; a JSON list of lengths; a JSON object ``{"lengths": [...], "counts": [...]}``; or
+        plain text with one length per line. Lengths above ``max_len`` are cut to it.
 
         Raises:
-            TunerError: unreadable file, an unknown format, or a length that is not a
-                positive integer (row named).
+            TunerError: unreadable file, an unknown format, or a length that is not a positive integer (row named).
         """
         p = Path(path)
         where = f"--response-lengths {str(p)!r}"

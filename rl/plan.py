@@ -1,15 +1,13 @@
 """RL plans: split the GPUs between trainer and engines, shape the engines, lay out the trainer, rank.
 
-A plan (:class:`PlanChoice`) fixes: colocated or not; the rollout GPUs (whole nodes) and
-the trainer GPUs; the engine shape (TP, EP, attention-DP, PP), ``gpu_memory_utilization``
-(the KV memory fraction), ``max_num_seqs`` and eager mode vs CUDA graphs; the trainer
-backend; the async depth K. :func:`evaluate` predicts its step time and parts;
+A plan (:class:`PlanChoice`) fixes: colocated or not; the rollout GPUs (whole nodes) and the trainer GPUs; the engine
+shape (TP, EP, attention-DP, PP), ``gpu_memory_utilization`` (the KV memory fraction), ``max_num_seqs`` and eager mode
+vs CUDA graphs; the trainer backend; the async depth K. :func:`evaluate` predicts its step time and parts;
 :func:`enumerate_plans` walks every plan that fits and ranks them.
 
-Generation is simulated (:mod:`rl.simulator`) over the job's response-length
-distribution with each engine's per-iteration latency; training and log-probs come from
-the project's estimate (:mod:`rl.trainer`); refit and switch from
-:mod:`rl.refit`; they combine by :mod:`rl.step`.
+Generation is simulated (:mod:`rl.simulator`) over the job's response-length distribution with each engine's
+per-iteration latency; training and log-probs come from the project's estimate (:mod:`rl.trainer`); refit and switch
+from :mod:`rl.refit`; they combine by :mod:`rl.step`.
 """
 
 from __future__ import annotations
@@ -77,9 +75,8 @@ CUDA_GRAPH_BYTES = 1.5 * GIB
 #: vLLM's KV block size default (``CacheConfig.block_size``).
 BLOCK_SIZE = 16
 
-#: Most sequences (prompts x generations) one step may hold: twice DAPO's 512 prompts x 16
-#: (arXiv 2503.14476); the rollout simulation's time grows with it (16,384 takes about 40 s to
-#: plan on 8 or 32 H200 nodes).
+#: Most sequences (prompts x generations) one step may hold: twice DAPO's 512 prompts x 16 (arXiv 2503.14476); the
+#: rollout simulation's time grows with it (16,384 takes about 40 s to plan on 8 or 32 H200 nodes).
 MAX_SEQUENCES_PER_STEP = 16_384
 #: Deepest async depth K (steps of off-policyness) a plan search sweeps. NeMo-RL's
 #: ``grpo.async_grpo.max_trajectory_age_steps`` defaults to 1 and its recipes use 1-2; the
@@ -300,10 +297,9 @@ def engine_weight_bytes(model: ModelSpec, shape: EngineShape, bytes_per_param: t
 def kv_bytes_per_token(model: ModelSpec, shape: EngineShape) -> float:
     """KV-cache bytes one token takes in one engine (all its GPUs; bf16).
 
-    GQA: ``2 (K and V) x layers x kv_channels x 2 bytes x max(query_groups, tp)``: the heads are
-    split over TP ranks, and replicated when TP exceeds them (vLLM ``get_num_kv_heads``). MLA
-    (DeepSeek): the compressed latent ``kv_lora_rank + qk_pos_emb_head_dim`` per layer, cached on
-    every TP rank (vLLM ``MLACommonImpl``).
+    GQA: ``2 (K and V) x layers x kv_channels x 2 bytes x max(query_groups, tp)``: the heads are split over TP ranks,
+    and replicated when TP exceeds them (vLLM ``get_num_kv_heads``). MLA (DeepSeek): the compressed latent
+    ``kv_lora_rank + qk_pos_emb_head_dim`` per layer, cached on every TP rank (vLLM ``MLACommonImpl``).
     """
     if model.kv_lora_rank:
         per_layer = (model.kv_lora_rank + model.qk_pos_emb_head_dim) * 2.0 * shape.tp
@@ -320,7 +316,8 @@ def kv_capacity_tokens(
     enforce_eager: bool,
     bytes_per_param: tuple[float, float] = (2.0, 2.0),
 ) -> int:
-    """Tokens the engine's KV cache holds: ``(utilization x HBM - weights - reserve) x GPUs / bytes per token``; 0 when the weights do not fit."""
+    """Tokens the engine's KV cache holds: ``(utilization x HBM - weights - reserve) x GPUs / bytes per token``; 0 when
+    the weights do not fit."""
     per_gpu = gpu_memory_utilization * cluster.gpu.hbm_bytes - engine_weight_bytes(model, shape, bytes_per_param) - ENGINE_RESERVE_BYTES
     if not enforce_eager:
         per_gpu -= CUDA_GRAPH_BYTES
@@ -396,8 +393,7 @@ def evaluate(
     Args:
         job: the RL step and cluster.
         choice: the plan's decisions.
-        trainer: the trainer layout on ``choice.trainer_gpus`` GPUs (from
-            :func:`~rl.trainer.best_trainer` or
+        trainer: the trainer layout on ``choice.trainer_gpus`` GPUs (from :func:`~rl.trainer.best_trainer` or
             :func:`~rl.trainer.trainer_for_layout`), its times before calibration scales.
         calibration: per-cluster factors.
         latency: where engine latencies come from.
@@ -460,9 +456,8 @@ def evaluate(
 
 
 def engine_shapes(job: RLJob, rollout_gpus: int, *, tp: Iterable[int] | None = None, ep: Iterable[int] | None = None) -> list[EngineShape]:
-    """Engine shapes that tile ``rollout_gpus`` whole: TP in powers of two; EP 1 or TP for MoE, and
-    attention-DP ranks (EP = TP x DP) for MoE models with few KV heads. An engine's GPUs divide a
-    node or are whole nodes."""
+    """Engine shapes that tile ``rollout_gpus`` whole: TP in powers of two; EP 1 or TP for MoE, and attention-DP ranks
+    (EP = TP x DP) for MoE models with few KV heads. An engine's GPUs divide a node or are whole nodes."""
     per_node = job.cluster.gpus_per_node
     tps = list(tp) if tp is not None else [2**i for i in range(0, 8) if 2**i <= rollout_gpus]
     shapes: list[EngineShape] = []
@@ -515,9 +510,8 @@ def enumerate_plans(
     ``trainer_layout`` fixes the trainer's layout (and backend) on every split instead of searching it.
 
     Raises:
-        TunerError: constraints that leave no plan to evaluate (the reasons counted), rollout GPUs
-            that are not whole nodes or exceed the cluster, an async sweep out of
-            :func:`check_async_steps`'s bounds.
+        TunerError: constraints that leave no plan to evaluate (the reasons counted), rollout GPUs that are not whole
+            nodes or exceed the cluster, an async sweep out of :func:`check_async_steps`'s bounds.
         EngineDataError: the engine model has nothing for the job's model, GPU or precision, or
             aiconfigurator is not installed (the message names the accepted ones or the extra).
     """

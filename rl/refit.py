@@ -1,11 +1,10 @@
 """Refit (train -> generation weight resharding) and the colocated switch: bandwidth models.
 
-Refit streams the whole model once per step from the trainer's layout to the engines'
-(NeMo-RL: ``policy.stream_weights_via_ipc_zmq`` when colocated, a NCCL broadcast
-``broadcast_weights_for_collective`` when not; slime: ``update_weights`` from distributed
-tensors / NCCL). Its time is the model's bytes over a streaming rate anchored on NeMo-RL's
-published refit times (:class:`~rl.calibration.RLCalibration`), bounded below by
-what each rollout node must receive over its network link when the trainer is elsewhere.
+Refit streams the whole model once per step from the trainer's layout to the engines' (NeMo-RL:
+``policy.stream_weights_via_ipc_zmq`` when colocated, a NCCL broadcast ``broadcast_weights_for_collective`` when not;
+slime: ``update_weights`` from distributed tensors / NCCL). Its time is the model's bytes over a streaming rate anchored
+on NeMo-RL's published refit times (:class:`~rl.calibration.RLCalibration`), bounded below by what each rollout node
+must receive over its network link when the trainer is elsewhere.
 """
 
 from __future__ import annotations
@@ -26,11 +25,10 @@ def refit_s(
 ) -> float:
     """Seconds to refit the engines with new weights.
 
-    Colocated: ``fixed + model_bytes / refit_ipc_bytes_per_s``. Not colocated:
-    ``fixed + max(model_bytes / refit_nccl_bytes_per_s, per_node_bytes / inter_node_bytes_per_s)``
-    with ``per_node_bytes = model_bytes * gpus_per_node / engine_gpus`` (a node's GPUs hold
-    ``gpus_per_node / engine_gpus`` whole copies of the model, or that share of one copy when an
-    engine spans nodes; a broadcast delivers them to every node at once).
+    Colocated: ``fixed + model_bytes / refit_ipc_bytes_per_s``. Not colocated: ``fixed + max(model_bytes /
+    refit_nccl_bytes_per_s, per_node_bytes / inter_node_bytes_per_s)`` with ``per_node_bytes = model_bytes *
+    gpus_per_node / engine_gpus`` (a node's GPUs hold ``gpus_per_node / engine_gpus`` whole copies of the model, or that
+    share of one copy when an engine spans nodes; a broadcast delivers them to every node at once).
 
     Args:
         model_bytes: bytes of the generation weights (bf16: 2 x parameters).
@@ -49,11 +47,10 @@ def refit_s(
 def switch_s(*, trainer_bytes_per_gpu: float, engine_bytes_per_gpu: float, pcie_bytes_per_s: float, calibration: RLCalibration) -> float:
     """Seconds per colocated step to move the trainer's and the engine's state off and back onto the GPUs.
 
-    ``switch_fixed_s + 2 (trainer_bytes + engine_bytes) / (pcie x host_link_efficiency)``: the trainer's
-    optimizer states and weights go to the host for generation and come back (NeMo-RL
-    ``offload_before_refit`` / ``offload_after_refit``), the engine's weights are offloaded by its sleep
-    and reloaded by its wake (vLLM ``sleep(level=1)``; slime ``--offload``). Each GPU copies over its own
-    PCIe link in parallel.
+    ``switch_fixed_s + 2 (trainer_bytes + engine_bytes) / (pcie x host_link_efficiency)``: the trainer's optimizer
+    states and weights go to the host for generation and come back (NeMo-RL ``offload_before_refit`` /
+    ``offload_after_refit``), the engine's weights are offloaded by its sleep and reloaded by its wake (vLLM
+    ``sleep(level=1)``; slime ``--offload``). Each GPU copies over its own PCIe link in parallel.
 
     Args:
         trainer_bytes_per_gpu: optimizer-state + weight bytes per GPU of the trainer layout.

@@ -1,13 +1,13 @@
-"""Serving benchmarks of one engine, predicted with the rollout simulator: the engine model checked against published decode runs.
+"""Serving benchmarks of one engine, predicted with the rollout simulator: the engine model checked against published
+decode runs.
 
 A published ``vllm bench serve`` / ``sglang.bench_serving`` run of one engine is a table row
 (:data:`COLUMNS`, ``benchmarks/data/engine_decode.csv``): the model, GPU, engine and version, the
 weights' precision, TP / EP / attention-DP, and the client's load. Two loads:
 
-- ``closed``: ``--max-concurrency C`` with ``N`` prompts: at most ``C`` requests in flight, a new
-  one sent when one ends. The engine sees a queue served ``C`` at a time, which is
-  :func:`~rl.simulator.simulate_engine` with ``max_num_seqs = C`` and every request
-  queued at time 0.
+- ``closed``: ``--max-concurrency C`` with ``N`` prompts: at most ``C`` requests in flight, a new one sent when one
+  ends. The engine sees a queue served ``C`` at a time, which is :func:`~rl.simulator.simulate_engine` with
+  ``max_num_seqs = C`` and every request queued at time 0.
 - ``open``: ``--request-rate inf``: all ``N`` requests at once; the engine's own cap on running
   sequences (vLLM's ``max_num_seqs`` default 1024 on GPUs of >= 70 GiB, ``vllm/engine/arg_utils.py``
   ``get_batch_defaults``) and its KV cache bound the batch.
@@ -185,7 +185,8 @@ def _uniform(mean_top: float, ratio: float, n: int, seed: int) -> npt.NDArray[np
 
 
 def serving_requests(row: ServingRun) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Prompt and output lengths of the row's ``num_prompts`` requests (shape ``(num_prompts,)`` each; see the module docstring).
+    """Prompt and output lengths of the row's ``num_prompts`` requests (shape ``(num_prompts,)`` each; see the module
+    docstring).
 
     Raises:
         TunerError: ShareGPT means that do not fit under its 2,048-token cut.
@@ -203,7 +204,8 @@ def serving_requests(row: ServingRun) -> tuple[npt.NDArray[np.int64], npt.NDArra
     return prompt, out
 
 
-#: ``(row, max_ctx) -> LatencyTable``: where a row's engine latency comes from (aiconfigurator by default; tests pass functions).
+#: ``(row, max_ctx) -> LatencyTable``: where a row's engine latency comes from (aiconfigurator by default; tests pass
+#: functions).
 ServingLatency = Callable[[ServingRun, int], LatencyTable]
 
 
@@ -298,10 +300,9 @@ def silicon_runs(systems: Sequence[str] = ("h100_sxm", "h200_sxm")) -> tuple[lis
 
     Not independent of aiconfigurator (NVIDIA's own measurements, which its per-operation tables may
     have been checked against): report them apart from the published rows. A sample whose source
-    names a benchmark workflow run or image is taken as the InferenceX harness runs: ``10 x
-    concurrency`` prompts, lengths uniform on ``[0.8 x len, len]`` (``--random-range-ratio 0.8``),
-    ``--ignore-eos``; the others (local sweep files) as fixed lengths, ``10 x concurrency`` prompts:
-    assumptions, the file does not say.
+    names a benchmark workflow run or image is taken as the InferenceX harness runs: ``10 x concurrency`` prompts,
+    lengths uniform on ``[0.8 x len, len]`` (``--random-range-ratio 0.8``), ``--ignore-eos``; the others (local sweep
+    files) as fixed lengths, ``10 x concurrency`` prompts: assumptions, the file does not say.
 
     Returns:
         ``(rows, skipped)``: the rows, and why the others were set aside (a shape whose

@@ -15,10 +15,9 @@ the training of step s; NeMo-RL ``grpo.async_grpo.max_trajectory_age_steps = K``
 
     T = max(generation, log-prob + training) + refit + overhead
 
-The refit stays exposed: the trainer waits for its broadcast, and the engines pause for it
-(NeMo-RL's ``weight_sync`` timer sits inside ``total_step_time``). ``generation`` is then
-the steady-state time per step of the rollout engines (:mod:`rl.plan` queues
-K + 1 steps of requests and divides), so the tail of one step overlaps the next.
+The refit stays exposed: the trainer waits for its broadcast, and the engines pause for it (NeMo-RL's ``weight_sync``
+timer sits inside ``total_step_time``). ``generation`` is then the steady-state time per step of the rollout engines
+(:mod:`rl.plan` queues K + 1 steps of requests and divides), so the tail of one step overlaps the next.
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """``tune rl validate``: predict every row of a table of measured RL runs and report the errors.
 
-The table's columns (:data:`COLUMNS`) give each run's split, layouts and workload; layouts
-are written ``megatron:tp=2,cp=2,ep=16,pp=8,vpp=1``, ``automodel:cp=8,ep=128`` and
-``vllm:tp=16,ep=16,pp=1`` (optionally ``,gpu_memory_utilization=0.6,enforce_eager=0,
-max_num_seqs=1024``; engines = rollout GPUs / (tp x pp)). A row with a missing column or an
-unreadable value is reported with its row and column, and the others still run.
+The table's columns (:data:`COLUMNS`) give each run's split, layouts and workload; layouts are written
+``megatron:tp=2,cp=2,ep=16,pp=8,vpp=1``, ``automodel:cp=8,ep=128`` and ``vllm:tp=16,ep=16,pp=1`` (optionally
+``,gpu_memory_utilization=0.6,enforce_eager=0, max_num_seqs=1024``; engines = rollout GPUs / (tp x pp)). A row with a
+missing column or an unreadable value is reported with its row and column, and the others still run.
 
-``mean_seq_len`` is the mean generated length per sample as NeMo-RL's performance tables
-publish it ("G-Average Seq len", the ``mean_gen_tokens_per_sample`` that
-``nemo_rl/algorithms/grpo.py`` prints as "Mean Generation Length"). Prompts are taken as
-:data:`ASSUMED_MEAN_PROMPT_LEN` tokens (the tables do not publish them).
+``mean_seq_len`` is the mean generated length per sample as NeMo-RL's performance tables publish it ("G-Average Seq
+len", the ``mean_gen_tokens_per_sample`` that ``nemo_rl/algorithms/grpo.py`` prints as "Mean Generation Length").
+Prompts are taken as :data:`ASSUMED_MEAN_PROMPT_LEN` tokens (the tables do not publish them).
 
 :func:`fit_calibration` fits the per-cluster factors to a set of rows (least absolute log
 error of the step time), for the fit-on-old / judge-on-new protocol of ``benchmarks/bench_rl.py``.
@@ -226,7 +224,8 @@ class RowResult:
     error: str = ""
 
     def rel_error(self, part: str) -> float | None:
-        """(predicted - measured) / measured for ``step``, ``generation``, ``training`` or ``refit``; None when unpublished."""
+        """(predicted - measured) / measured for ``step``, ``generation``, ``training`` or ``refit``; None when
+        unpublished."""
         if self.plan is None:
             return None
         measured = {"step": self.row.step_time_s, "generation": self.row.generation_time_s, "training": self.row.training_time_s, "refit": self.row.refit_time_s}[part]
@@ -370,10 +369,9 @@ def fit_calibrations(results: Sequence[RowResult], *, base: RLCalibration = DEFA
     pair for all: they are the framework's host-side work per step (NeMo-RL ``grpo.py``'s timers
     outside generation, log-probs, training and refit: data processing, rewards and advantages,
     offload / onload calls, Ray round trips), the same code whatever the GPU. Fitted per GPU, they are
-    not identified by a few rows: on NeMo-RL's 8 predicted GB200 fit rows a per-GPU fit ends at a
-    training scale of 0.15 (converged) or, stopped early, at 41 s of switch and 75 s of step overhead,
-    more than the whole measured step of the smallest GB200 run (Llama-3.1-8B on 8 GB200 colocated:
-    91 s, of which 46 s predicted work) can hold.
+    not identified by a few rows: on NeMo-RL's 8 predicted GB200 fit rows a per-GPU fit ends at a training scale of 0.15
+    (converged) or, stopped early, at 41 s of switch and 75 s of step overhead, more than the whole measured step of the
+    smallest GB200 run (Llama-3.1-8B on 8 GB200 colocated: 91 s, of which 46 s predicted work) can hold.
 
     Minimises the sum of |log(predicted / measured)| over all rows (Nelder-Mead over log-factors),
     starting from ``base``; the results must have been predicted under ``base``.

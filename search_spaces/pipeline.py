@@ -1,16 +1,13 @@
 """Pipeline splits and Megatron's ``--pipeline-model-parallel-layout`` string.
 
-A *split* says how many decoder layers each pipeline rank holds in each of its
-virtual chunks. The tuner describes it with Megatron's own two numbers,
-``num_layers_in_first_pipeline_stage`` and ``num_layers_in_last_pipeline_stage``
-(``--decoder-first/last-pipeline-num-layers``), but always hands it to Megatron
-as a layout string, because the string has none of the flags' divisibility
-limits (the seed's ``Et|(tt|)*30tL`` puts 7 layers on the first rank at VPP 4,
-which ``--decoder-first-pipeline-num-layers 7`` would reject since 7 % 4 != 0).
+A *split* says how many decoder layers each pipeline rank holds in each of its virtual chunks. The tuner describes it
+with Megatron's own two numbers, ``num_layers_in_first_pipeline_stage`` and ``num_layers_in_last_pipeline_stage``
+(``--decoder-first/last-pipeline-num-layers``), but always hands it to Megatron as a layout string, because the string
+has none of the flags' divisibility limits (the seed's ``Et|(tt|)*30tL`` puts 7 layers on the first rank at VPP 4, which
+``--decoder-first-pipeline-num-layers 7`` would reject since 7 % 4 != 0).
 
-Stage order everywhere is Megatron's execution order, VPP-major: stage
-``i = vpp_rank * pp + pp_rank`` (``PipelineParallelLayerLayout.__init__`` in
-``megatron/core/transformer/pipeline_parallel_layer_layout.py``).
+Stage order everywhere is Megatron's execution order, VPP-major: stage ``i = vpp_rank * pp + pp_rank``
+(``PipelineParallelLayerLayout.__init__`` in ``megatron/core/transformer/pipeline_parallel_layer_layout.py``).
 """
 
 from __future__ import annotations
@@ -50,22 +47,17 @@ _GRAMMAR_CHARS = frozenset("EtmL|()*,0123456789")
 def stage_layer_counts(num_layers: int, pp: int, vpp: int, first: int = 0, last: int = 0) -> list[list[int]]:
     """Decoder layers per pipeline rank and virtual chunk.
 
-    Even split (``first == last == 0``): every rank holds ``num_layers / pp``
-    layers and every chunk ``num_layers / (pp * vpp)``, the rule of
-    ``TransformerConfig.__post_init__`` / ``validate_args`` (arguments.py) for
+    Even split (``first == last == 0``): every rank holds ``num_layers / pp`` layers and every chunk ``num_layers / (pp
+    * vpp)``, the rule of ``TransformerConfig.__post_init__`` / ``validate_args`` (arguments.py) for
     ``--num-virtual-stages-per-pipeline-rank`` without first/last.
 
-    Uneven split: ``first`` (``last``) is the number of layers of rank 0
-    (rank ``pp - 1``) over all its chunks, as Megatron's
-    ``num_layers_in_first/last_pipeline_stage``; a value of 0 makes that rank a
-    normal, middle-sized rank. The middle ranks hold ``m`` layers each, chunk
-    size ``c = m / vpp``. Rank 0's chunks are ``[c - d_f, c, ..., c]`` with the
-    deficit ``d_f = m - first`` next to the embedding; the last rank's are
-    ``[c, ..., c, c - d_l]``, the deficit next to the loss. ``0 <= d <= c``: a
-    chunk may be empty (Megatron allows empty stages, e.g. ``E|...``). With
-    ``pp == 2`` and both values given there is no middle rank: ``m`` is the
-    smallest multiple of ``vpp`` not below ``max(first, last)``, i.e.
-    ``m = (num_layers + d_f + d_l) / 2`` with the smallest deficits.
+    Uneven split: ``first`` (``last``) is the number of layers of rank 0 (rank ``pp - 1``) over all its chunks, as
+    Megatron's ``num_layers_in_first/last_pipeline_stage``; a value of 0 makes that rank a normal, middle-sized rank.
+    The middle ranks hold ``m`` layers each, chunk size ``c = m / vpp``. Rank 0's chunks are ``[c - d_f, c, ..., c]``
+    with the deficit ``d_f = m - first`` next to the embedding; the last rank's are ``[c, ..., c, c - d_l]``, the
+    deficit next to the loss. ``0 <= d <= c``: a chunk may be empty (Megatron allows empty stages, e.g. ``E|...``). With
+    ``pp == 2`` and both values given there is no middle rank: ``m`` is the smallest multiple of ``vpp`` not below
+    ``max(first, last)``, i.e. ``m = (num_layers + d_f + d_l) / 2`` with the smallest deficits.
 
     Args:
         num_layers: decoder layers of the model (``--num-layers``), MTP excluded.
@@ -79,9 +71,8 @@ def stage_layer_counts(num_layers: int, pp: int, vpp: int, first: int = 0, last:
         of ``vpp`` ints, summing to ``num_layers``).
 
     Raises:
-        InfeasibleLayout: (``pipeline_split``) if a size is not positive, the
-            layers do not divide as required, ``pp == 1`` with first/last set, or a
-            deficit is negative or larger than a chunk.
+        InfeasibleLayout: (``pipeline_split``) if a size is not positive, the layers do not divide as required, ``pp ==
+            1`` with first/last set, or a deficit is negative or larger than a chunk.
     """
     return [list(r) for r in _stage_layer_counts(num_layers, pp, vpp, first, last)]
 
@@ -176,12 +167,10 @@ def emit_layout_string(
 ) -> str:
     """The compressed ``--pipeline-model-parallel-layout`` string of a split.
 
-    Stages are written in execution order (VPP-major). Stage 0 starts with ``E``;
-    the last stage holds the ``m`` (MTP) layers and ends with ``L``. Inside a
-    stage a run of 3 or more equal symbols becomes ``x*n``; ``k >= 2`` equal
-    consecutive stages other than the final one become ``(S|)*k``; the final
-    stage has no trailing ``|``. The result parses back with Megatron's
-    ``PipelineParallelLayerLayout.parse_str_to_list``
+    Stages are written in execution order (VPP-major). Stage 0 starts with ``E``; the last stage holds the ``m`` (MTP)
+    layers and ends with ``L``. Inside a stage a run of 3 or more equal symbols becomes ``x*n``; ``k >= 2`` equal
+    consecutive stages other than the final one become ``(S|)*k``; the final stage has no trailing ``|``. The result
+    parses back with Megatron's ``PipelineParallelLayerLayout.parse_str_to_list``
     (``megatron/core/transformer/pipeline_parallel_layer_layout.py``).
 
     Example: 62 layers, pp 8, vpp 4, first 7, last 7 gives ``Et|(tt|)*30tL``.
@@ -259,13 +248,11 @@ def _expanded_size(text: str, flat: str, pattern: re.Pattern[str]) -> int:
 def parse_layout_string(text: str, pp: int) -> list[list[str]]:
     """Parse a layout string into stages, as Megatron does.
 
-    Mirrors ``PipelineParallelLayerLayout.parse_str_to_list`` and the stage-count
-    check of ``PipelineParallelLayerLayout.__init__``
-    (``megatron/core/transformer/pipeline_parallel_layer_layout.py``): commas are
-    dropped, then every ``(...)*n`` group is expanded, then every ``x*n``, then
-    the text is split on ``|``. Only ``E t m L | ( ) * , 0-9`` may appear: no
-    whitespace, no nested parentheses, and every group must be followed by
-    ``*n``. An empty stage is allowed.
+    Mirrors ``PipelineParallelLayerLayout.parse_str_to_list`` and the stage-count check of
+    ``PipelineParallelLayerLayout.__init__`` (``megatron/core/transformer/pipeline_parallel_layer_layout.py``): commas
+    are dropped, then every ``(...)*n`` group is expanded, then every ``x*n``, then the text is split on ``|``. Only ``E
+    t m L | ( ) * , 0-9`` may appear: no whitespace, no nested parentheses, and every group must be followed by ``*n``.
+    An empty stage is allowed.
 
     Args:
         text: the layout string, e.g. ``Et*3|(tt|)*29,m|L``.
@@ -326,15 +313,13 @@ def layer_counts_from_string(text: str, pp: int, num_layers: int, mtp_num_layers
     """Parse and validate a layout string; decoder layers per rank and chunk.
 
     Validation mirrors ``PipelineParallelLayerLayout.validate_layer_layout``
-    (``megatron/core/transformer/pipeline_parallel_layer_layout.py``): exactly
-    one ``E``, first in execution order, and one ``L``, last; ``count(t) ==
-    num_layers``; ``count(m) == mtp_num_layers``; no ``t`` after the first ``m``;
-    ``m`` only in the last virtual stage of a rank, and a rank's last stage that
-    has ``m`` holds all of them. Beyond Megatron's check, no stage may be empty (NVIDIA/Megatron-LM issue 1852:
-    a run with one errors or deadlocks, though the parser accepts it), and ``E`` must be in stage 0
-    and ``L`` in the last stage, since Megatron builds the embedding on the first
-    and the output layer on the last stage (``get_model`` in
-    ``megatron/training/training.py``) whatever the string says.
+    (``megatron/core/transformer/pipeline_parallel_layer_layout.py``): exactly one ``E``, first in execution order, and
+    one ``L``, last; ``count(t) == num_layers``; ``count(m) == mtp_num_layers``; no ``t`` after the first ``m``; ``m``
+    only in the last virtual stage of a rank, and a rank's last stage that has ``m`` holds all of them. Beyond
+    Megatron's check, no stage may be empty (NVIDIA/Megatron-LM issue 1852: a run with one errors or deadlocks, though
+    the parser accepts it), and ``E`` must be in stage 0 and ``L`` in the last stage, since Megatron builds the
+    embedding on the first and the output layer on the last stage (``get_model`` in ``megatron/training/training.py``)
+    whatever the string says.
 
     Args:
         text: the layout string.
@@ -343,8 +328,7 @@ def layer_counts_from_string(text: str, pp: int, num_layers: int, mtp_num_layers
         mtp_num_layers: MTP layers the model trains.
 
     Returns:
-        ``counts[pp_rank][vpp_rank]``: decoder layers (``t``) per chunk, as
-        :func:`stage_layer_counts` returns.
+        ``counts[pp_rank][vpp_rank]``: decoder layers (``t``) per chunk, as :func:`stage_layer_counts` returns.
 
     Raises:
         InfeasibleLayout: (``pipeline_layout``) on a syntax error or a broken rule;

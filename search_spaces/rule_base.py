@@ -219,12 +219,10 @@ def _layout_counts(layout: Layout, model: ModelSpec) -> list[list[int]] | None:
 def applicable_recompute_modules(model: ModelSpec) -> tuple[str, ...]:
     """``--recompute-modules`` entries that have something to recompute in ``model``.
 
-    ``moe_act``/``moe`` need MoE layers, ``shared_experts`` a shared expert,
-    ``mla_up_proj`` multi-latent attention (``TransformerConfig.__post_init__``,
-    ``megatron/core/transformer/transformer_config.py``, raises for ``mla_up_proj``
-    without MLA; the others would silently do nothing), and ``mlp`` dense layers
-    (``TransformerLayer.__init__`` in ``transformer_layer.py`` sets ``recompute_mlp``
-    only for a layer that is not MoE).
+    ``moe_act``/``moe`` need MoE layers, ``shared_experts`` a shared expert, ``mla_up_proj`` multi-latent attention
+    (``TransformerConfig.__post_init__``, ``megatron/core/transformer/transformer_config.py``, raises for
+    ``mla_up_proj`` without MLA; the others would silently do nothing), and ``mlp`` dense layers
+    (``TransformerLayer.__init__`` in ``transformer_layer.py`` sets ``recompute_mlp`` only for a layer that is not MoE).
     """
     out = ["core_attn", "layernorm"]
     if model.num_dense_layers > 0:

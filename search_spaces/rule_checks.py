@@ -473,9 +473,9 @@ def _dispatcher(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     return _b(~flex | (t["etp"] * t["ep"] > 1))
 
 
-#: The first megatron-core release with ``moe_flex_dispatcher_backend`` (``--moe-flex-dispatcher-backend deepep|hybridep``,
-#: the flags this tool writes for a flex dispatcher): absent from core_v0.15.0 .. core_v0.15.3, which have only
-#: ``--moe-enable-deepep``; in core_v0.16.0 transformer/moe/token_dispatcher.py and moe/README.md.
+#: The first megatron-core release with ``moe_flex_dispatcher_backend`` (``--moe-flex-dispatcher-backend
+#: deepep|hybridep``, the flags this tool writes for a flex dispatcher): absent from core_v0.15.0 .. core_v0.15.3, which
+#: have only ``--moe-enable-deepep``; in core_v0.16.0 transformer/moe/token_dispatcher.py and moe/README.md.
 FLEX_BACKEND_SINCE = (0, 16)
 
 
@@ -532,10 +532,9 @@ def _cp_attention_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -> str
 def _cp_attention(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> BoolArray:
     """with context parallelism, Transformer Engine runs attention sinks (``softmax_type`` not vanilla) only with
     ``--cp-comm-type a2a`` (transformer_engine/pytorch/attention/dot_product_attention/utils.py,
-    ``get_attention_backend``: FusedAttention is disabled for CP with another cp_comm_type and no other backend
-    takes a non-vanilla softmax under CP) and sliding-window attention only with ``a2a`` or ``all_gather``
-    (context_parallel.py, "Context parallelism does not support sliding window attention"); this tool models ``p2p``
-    and ``a2a``."""
+    ``get_attention_backend``: FusedAttention is disabled for CP with another cp_comm_type and no other backend takes a
+    non-vanilla softmax under CP) and sliding-window attention only with ``a2a`` or ``all_gather`` (context_parallel.py,
+    "Context parallelism does not support sliding window attention"); this tool models ``p2p`` and ``a2a``."""
     if env.cp_comm_type == "a2a" or not (m.softmax_type != "vanilla" or m.num_window_layers):
         return np.ones(len(t), dtype=np.bool_)
     return _b(t["cp"] == 1)

@@ -1,11 +1,10 @@
 """Megatron-core's validity rules, vectorised over a :class:`LayoutTable`.
 
-Each rule is a small pure function over numpy columns (``True`` = the layout
-passes) plus a one-layout explanation that names the values involved and what
-would be accepted. Sources are megatron-core at slime's pin ``1dcf0daf``
-(core 0.16.0rc0) unless a rule says otherwise; see ``shared/notes/megatron_rules.md``
-sections 1-5. A few rules are the tuner's own policy (canonical forms that stop the
-search from trying one configuration twice); their descriptions say so.
+Each rule is a small pure function over numpy columns (``True`` = the layout passes) plus a one-layout explanation that
+names the values involved and what would be accepted. Sources are megatron-core at slime's pin ``1dcf0daf`` (core
+0.16.0rc0) unless a rule says otherwise; see ``shared/notes/megatron_rules.md`` sections 1-5. A few rules are the
+tuner's own policy (canonical forms that stop the search from trying one configuration twice); their descriptions say
+so.
 
 Usage::
 
@@ -77,9 +76,8 @@ def check_table(table: LayoutTable, model: ModelSpec, workload: Workload, env: R
         env: release and network of the environment-dependent rules.
 
     Returns:
-        ``(ok, first_failures)``: a bool array (True = valid) and, for every rule
-        id in check order, the number of rows whose first failing rule it is
-        (``sum(first_failures.values()) + ok.sum() == len(table)``).
+        ``(ok, first_failures)``: a bool array (True = valid) and, for every rule id in check order, the number of rows
+        whose first failing rule it is (``sum(first_failures.values()) + ok.sum() == len(table)``).
     """
     alive = np.ones(len(table), dtype=np.bool_)
     counts: dict[str, int] = {}

@@ -1,14 +1,11 @@
 """The search space (a YAML file) and its enumeration into valid layouts.
 
-:class:`SearchSpace` holds one list of candidates per dimension; the bundled
-``default_space.yaml`` documents each key. :func:`enumerate_layouts` crosses
-the dimensions with numpy index arrays and applies :data:`~search_spaces.rules.RULES`
-stage by stage: a rule is evaluated as soon as the dimensions it reads are
-crossed in, so most combinations are rejected on small partial products and the
-count of each rejection is the number of rows times the size of the dimensions
-not yet crossed. Because the rules are applied in their fixed order, the counts
-are exactly those :func:`~search_spaces.rules.check_table` gives on the full
-product.
+:class:`SearchSpace` holds one list of candidates per dimension; the bundled ``default_space.yaml`` documents each key.
+:func:`enumerate_layouts` crosses the dimensions with numpy index arrays and applies :data:`~search_spaces.rules.RULES`
+stage by stage: a rule is evaluated as soon as the dimensions it reads are crossed in, so most combinations are rejected
+on small partial products and the count of each rejection is the number of rows times the size of the dimensions not yet
+crossed. Because the rules are applied in their fixed order, the counts are exactly those
+:func:`~search_spaces.rules.check_table` gives on the full product.
 """
 
 from __future__ import annotations
@@ -149,12 +146,10 @@ class PipelineSplitSpace:
     def options(self, num_layers: int, pp: int) -> list[tuple[int, int]]:
         """``(first, last)`` candidates for one pipeline size; ``(0, 0)`` = even.
 
-        For deficits ``d_f, d_l`` in ``0..max_stage_deficit`` (not both 0) with
-        ``(num_layers + d_f + d_l) % pp == 0``, the middle ranks hold
-        ``m = (num_layers + d_f + d_l) / pp`` layers and the pair is
-        ``(m - d_f, m - d_l)``, both written out. Deficits that leave no whole
-        middle size define no split and are not candidates. Duplicate pairs are
-        listed once; ``pp == 1`` has only the even split.
+        For deficits ``d_f, d_l`` in ``0..max_stage_deficit`` (not both 0) with ``(num_layers + d_f + d_l) % pp == 0``,
+        the middle ranks hold ``m = (num_layers + d_f + d_l) / pp`` layers and the pair is ``(m - d_f, m - d_l)``, both
+        written out. Deficits that leave no whole middle size define no split and are not candidates. Duplicate pairs
+        are listed once; ``pp == 1`` has only the even split.
 
         Returns:
             Distinct ``(first, last)`` pairs, even first.
@@ -225,9 +220,8 @@ def _choices(value: Any, key: str, accepted: Sequence[str]) -> tuple[str, ...]:
 class SearchSpace:
     """Candidates per dimension; every combination is a candidate layout.
 
-    Made with :meth:`load` (the bundled default, or a YAML file over it) or
-    :meth:`from_dict`; :meth:`to_dict` gives the resolved space back for saving
-    with a study. ``default_space.yaml`` documents each field.
+    Made with :meth:`load` (the bundled default, or a YAML file over it) or :meth:`from_dict`; :meth:`to_dict` gives the
+    resolved space back for saving with a study. ``default_space.yaml`` documents each field.
     """
 
     tp: tuple[int, ...]
@@ -597,21 +591,17 @@ def enumerate_layouts(space: SearchSpace, model: ModelSpec, cluster_world_size: 
                       env: RuleEnv = DEFAULT_RULE_ENV) -> Enumeration:
     """Every combination of the space, checked against the rules.
 
-    Dimensions: pipeline (pp with its first/last split candidates, see
-    :meth:`PipelineSplitSpace.options`), tp (with ``sequence_parallel = tp > 1``),
-    cp, ep, etp, micro_batch_size, vpp, recompute, and the optimizer and
-    dispatcher settings. For a dense model ep/etp/dispatcher collapse to
-    ``[1]/[1]/[alltoall]``; recompute modules the model lacks are dropped from
-    the selective options (both reported in ``notes``). ``world_size`` is
-    ``cluster_world_size`` in every row.
+    Dimensions: pipeline (pp with its first/last split candidates, see :meth:`PipelineSplitSpace.options`), tp (with
+    ``sequence_parallel = tp > 1``), cp, ep, etp, micro_batch_size, vpp, recompute, and the optimizer and dispatcher
+    settings. For a dense model ep/etp/dispatcher collapse to ``[1]/[1]/[alltoall]``; recompute modules the model lacks
+    are dropped from the selective options (both reported in ``notes``). ``world_size`` is ``cluster_world_size`` in
+    every row.
 
-    Rules are applied in :data:`~search_spaces.rules.RULES` order on partial
-    products (a rule as soon as the dimensions it reads are crossed in), so
-    ``rule_counts`` equals what :func:`~search_spaces.rules.check_table` would
-    give on the full product. A rule is evaluated once per combination of the
-    options of the dimensions it reads and looked up per row. The valid table
-    holds every column as codes into its dimension's options (one array per
-    dimension, shared by its columns; :class:`~specs.layout.LayoutTable`).
+    Rules are applied in :data:`~search_spaces.rules.RULES` order on partial products (a rule as soon as the dimensions
+    it reads are crossed in), so ``rule_counts`` equals what :func:`~search_spaces.rules.check_table` would give on the
+    full product. A rule is evaluated once per combination of the options of the dimensions it reads and looked up per
+    row. The valid table holds every column as codes into its dimension's options (one array per dimension, shared by
+    its columns; :class:`~specs.layout.LayoutTable`).
 
     Args:
         space: the candidates.
@@ -621,12 +611,10 @@ def enumerate_layouts(space: SearchSpace, model: ModelSpec, cluster_world_size: 
         env: release and network of the environment-dependent rules (:class:`~search_spaces.rules.RuleEnv`).
 
     Returns:
-        The count of combinations, the count rejected by each rule (first failure),
-        the valid layouts and notes.
+        The count of combinations, the count rejected by each rule (first failure), the valid layouts and notes.
 
     Raises:
-        TunerError: if ``cluster_world_size`` is not positive or the space leaves no
-            recompute option for the model.
+        TunerError: if ``cluster_world_size`` is not positive or the space leaves no recompute option for the model.
     """
     if not isinstance(cluster_world_size, int) or cluster_world_size < 1:
         raise TunerError(f"the GPU count must be a positive integer, got {cluster_world_size!r}")

@@ -1,12 +1,11 @@
 """The bottom layer: shared types, units and errors of every package.
 
-Model, GPU, cluster and workload descriptions (:class:`ModelSpec`, :class:`GPUSpec`,
-:class:`Cluster`, :class:`Workload`, :class:`RunOptions`), the parallel layout
-(:class:`Layout`, :class:`LayoutTable` and its enums), the one user-error type
-(:class:`TunerError`), the units and the consoles the command lines print through
-(:mod:`specs.console`). It imports nothing else of this project; every
-other package may import it (``tests/test_package_order.py`` checks the order
-``specs`` < ``search_spaces`` < ``cost_model`` < ``launch`` < ``rl`` < ``tuner``).
+Model, GPU, cluster and workload descriptions (:class:`ModelSpec`, :class:`GPUSpec`, :class:`Cluster`,
+:class:`Workload`, :class:`RunOptions`), the parallel layout (:class:`Layout`, :class:`LayoutTable` and its enums), the
+one user-error type (:class:`TunerError`), the units and the consoles the command lines print through
+(:mod:`specs.console`). It imports nothing else of this project; every other package may import it
+(``tests/test_package_order.py`` checks the order ``specs`` < ``search_spaces`` < ``cost_model`` < ``launch`` < ``rl`` <
+``tuner``).
 """
 
 from __future__ import annotations

@@ -91,7 +91,8 @@ def load_user_yaml(path: Any, label: str, expected: str) -> Any:
 
 
 def dump_user_yaml(doc: Any) -> str:
-    """YAML text of ``doc`` that :func:`read_user_yaml` reads back: PyYAML's safe dumper, without the anchors and aliases
+    """YAML text of ``doc`` that :func:`read_user_yaml` reads back: PyYAML's safe dumper, without the anchors and
+    aliases
     it would write for an object referenced twice (``&id001`` / ``*id001``): every value written out."""
     import yaml
 

@@ -123,7 +123,8 @@ def load_user_json(path: str | Path, label: str, expected: str, *, limit: int = 
 
 def _same_kind(old: bytes, new: bytes) -> bool:
     """Whether an existing file's first bytes say it is the kind being written: the same first line (the shebang,
-    ``<!DOCTYPE html>``, a CSV header, ``# recipe.yaml``, PNG's signature) over its first 16 bytes or the file's length."""
+    ``<!DOCTYPE html>``, a CSV header, ``# recipe.yaml``, PNG's signature) over its first 16 bytes or the file's
+    length."""
     head = new.split(b"\n", 1)[0][:16]
     n = min(len(old), len(head))
     return old[:n] == head[:n]
@@ -209,7 +210,8 @@ def write_output(path: str | Path, text: str | bytes, *, label: str = "", force:
 
 
 def write_error(name: str, e: OSError) -> TunerError:
-    """The one message for a failed write of the file ``name``: a full disk (or quota) said so, else the system's reason."""
+    """The one message for a failed write of the file ``name``: a full disk (or quota) said so, else the system's
+    reason."""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return TunerError(f"{name}: the disk is full (no space left to write it); nothing was written")
     return TunerError(f"{name}: cannot write it ({e.strerror or e})")

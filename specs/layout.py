@@ -76,11 +76,10 @@ class RecomputeMethod(str, Enum):
 class Dispatcher(str, Enum):
     """MoE token dispatcher: ``--moe-token-dispatcher-type`` plus, for flex, ``--moe-flex-dispatcher-backend``.
 
-    What each member means to Megatron, the cost model, the trial harness and the run tables is
-    its row of :data:`_DISPATCHER_TRAITS` (just below): adding a dispatcher is one member here and
-    one row there; the table column, the rules, the estimate, the exported flags, the recipe
-    schema's enum, the harness's check and the published-run reader read them. Its fabric
-    figures (``specs/data/networks.yaml``) are optional: without them it is priced as NCCL.
+    What each member means to Megatron, the cost model, the trial harness and the run tables is its row of
+    :data:`_DISPATCHER_TRAITS` (just below): adding a dispatcher is one member here and one row there; the table column,
+    the rules, the estimate, the exported flags, the recipe schema's enum, the harness's check and the published-run
+    reader read them. Its fabric figures (``specs/data/networks.yaml``) are optional: without them it is priced as NCCL.
     """
 
     alltoall = "alltoall"
@@ -129,7 +128,8 @@ class _DispatcherTraits:
     library: str = ""
     """The communication library of a flex backend (``DeepEP``, ``HybridEP``); "" for Megatron's own."""
     harness_probe: str | None = None
-    """The :class:`launch.harness.spec.HarnessEnv` field that must be true for the harness to run it; None: always runs."""
+    """The :class:`launch.harness.spec.HarnessEnv` field that must be true for the harness to run it; None: always
+    runs."""
     published_words: tuple[str, ...] = ()
     """Lower-case words that name it in a run table's dispatcher cell (:mod:`cost_model.validate` looks for a flex
     backend's words first, the longest first: ``hybridep`` before ``deepep`` before ``allgather``)."""
@@ -418,13 +418,12 @@ def _as_column(name: str, values: Any) -> npt.NDArray[Any]:
 class LayoutTable:
     """Many layouts as numpy columns (struct of arrays), for vectorised rules and estimates.
 
-    Columns are the :class:`Layout` field names; ``dp`` and ``edp`` are derived properties.
-    ``recompute_modules`` is comma-joined. A column is held either as its values or as integer
-    codes into its categories (``table[name]`` is then ``categories[name][codes]``, a new array
-    each call); categories may repeat a value, and the columns of one search dimension may share
-    one codes array (:func:`search_spaces.space.enumerate_layouts` gives such tables: about one
-    byte a row per dimension). String columns (:data:`CODED_COLUMNS`) are always coded.
-    :meth:`codes`, :meth:`where` and :meth:`isin` read a column per category.
+    Columns are the :class:`Layout` field names; ``dp`` and ``edp`` are derived properties. ``recompute_modules`` is
+    comma-joined. A column is held either as its values or as integer codes into its categories (``table[name]`` is then
+    ``categories[name][codes]``, a new array each call); categories may repeat a value, and the columns of one search
+    dimension may share one codes array (:func:`search_spaces.space.enumerate_layouts` gives such tables: about one byte
+    a row per dimension). String columns (:data:`CODED_COLUMNS`) are always coded. :meth:`codes`, :meth:`where` and
+    :meth:`isin` read a column per category.
 
     Args:
         cols: one array per column, of one length: values, or integer codes where

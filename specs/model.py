@@ -66,14 +66,16 @@ class ModelSpec:
     max_position_embeddings: int = 0
     # Sliding-window attention (GPT-OSS); 0 / () when every layer attends to the whole sequence.
     window_size: int = 0
-    """Sliding window of the sliding-window layers, tokens (HF ``sliding_window``: GPT-OSS 128); the run command
-    passes Megatron ``--window-size {window_size - 1},0`` as Megatron-LM's GPT-OSS example does
+    """Sliding window of the sliding-window layers, tokens (HF ``sliding_window``: GPT-OSS 128); the run command passes
+    Megatron ``--window-size {window_size - 1},0`` as Megatron-LM's GPT-OSS example does
     (examples/post_training/modelopt/conf/openai/gpt-oss-120b.sh: ``127,0``); the FLOP count keeps Megatron-Bridge's
-    ``window_size + 1`` keys per query (``cost_model/flops.py``, within 1% of windowed attention); 0 = no sliding window."""
+    ``window_size + 1`` keys per query (``cost_model/flops.py``, within 1% of windowed attention); 0 = no sliding
+    window."""
     window_attn_skip_freq: tuple[int, ...] = ()
     """One entry per decoder layer: 1 = full (causal) attention, 0 = sliding window (HF ``layer_types``).
-    Empty: every layer slides when ``window_size`` > 0 (Megatron's ``None``). Note: Megatron's list form of ``window_attn_skip_freq`` has the opposite
-    polarity (1 = sliding window: ``megatron/core/transformer/utils.py::is_layer_window_attention``)."""
+    Empty: every layer slides when ``window_size`` > 0 (Megatron's ``None``). Note: Megatron's list form of
+    ``window_attn_skip_freq`` has the opposite polarity (1 = sliding window:
+    ``megatron/core/transformer/utils.py::is_layer_window_attention``)."""
     # GPT-OSS's layer details (Megatron-Bridge ``gpt_oss_bridge.py``); the defaults are every other model's.
     add_bias_linear: bool = False
     """Biases in the linear layers, experts included (Megatron ``add_bias_linear``; GPT-OSS)."""
@@ -221,9 +223,8 @@ class ModelSpec:
     def attended_keys_per_query(self, seq_length: int, windowed: bool) -> float:
         """Mean keys a query attends to under a causal mask, optionally limited to ``window_size``.
 
-        Causal full attention: ``(s + 1) / 2``; with a left window ``w`` a query at position
-        ``i`` (1-based) sees ``min(i, w + 1)`` keys (itself and ``w`` before it, Megatron /
-        flash-attention ``window_size=(w, 0)``).
+        Causal full attention: ``(s + 1) / 2``; with a left window ``w`` a query at position ``i`` (1-based) sees
+        ``min(i, w + 1)`` keys (itself and ``w`` before it, Megatron / flash-attention ``window_size=(w, 0)``).
         """
         s = float(seq_length)
         if not windowed or not self.window_size or self.window_size + 1 >= s:
@@ -291,12 +292,10 @@ class ModelSpec:
     def active_params(self) -> int:
         """Parameters a token's matmuls pass through, N in MFU = 6 N tokens/s / peak.
 
-        Counts every matmul weight a token passes through: attention projections,
-        the router, its top-k routed experts, shared experts, dense MLPs, MTP
-        layers when enabled (their projection and layer) and the output layer.
-        Not counted: the input embedding (a lookup, not a matmul) and norm weights.
-        For MiniMax-M2 this gives the seed's N = 10,415,112,192
-        (seeds/001 ``result.mfu``).
+        Counts every matmul weight a token passes through: attention projections, the router, its top-k routed experts,
+        shared experts, dense MLPs, MTP layers when enabled (their projection and layer) and the output layer.
+        Not counted: the input embedding (a lookup, not a matmul) and norm weights. For MiniMax-M2 this gives the seed's
+        N = 10,415,112,192 (seeds/001 ``result.mfu``).
 
         Returns:
             Number of parameters (elements).
@@ -337,7 +336,8 @@ MAX_CONFIG_INT = 2**31
 
 
 def _as_int(value: Any, key: str, where: str) -> int:
-    """An integer field of a config: ints and integral floats up to :data:`MAX_CONFIG_INT`; anything else is an error."""
+    """An integer field of a config: ints and integral floats up to :data:`MAX_CONFIG_INT`; anything else is an
+    error."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not value.is_integer()):
         raise TunerError(f"model config {where!r}: {key} must be an integer, got {value!r}")
     if abs(value) > MAX_CONFIG_INT:
@@ -356,9 +356,9 @@ _ROPE_TYPES = frozenset({"", "default", "linear", "dynamic", "longrope", "llama3
 
 
 def _yarn_details(rs: dict[str, Any], cfg: dict[str, Any], where: str) -> dict[str, Any]:
-    """YaRN's ModelSpec fields from a config's ``rope_scaling`` as transformers reads them (``_compute_yarn_parameters``):
-    ``original_max_position_embeddings`` (else the config's ``max_position_embeddings``), ``beta_fast`` (32) and
-    ``beta_slow`` (1) when absent or null, ``truncate`` (true).
+    """YaRN's ModelSpec fields from a config's ``rope_scaling`` as transformers reads them
+    (``_compute_yarn_parameters``): ``original_max_position_embeddings`` (else the config's
+    ``max_position_embeddings``), ``beta_fast`` (32) and ``beta_slow`` (1) when absent or null, ``truncate`` (true).
 
     Raises:
         TunerError: a value of the wrong type (``truncate`` is checked by :class:`ModelSpec`).
@@ -536,9 +536,8 @@ def _numerics(cfg: dict[str, Any], d: int, num_experts: int, w: str) -> dict[str
 def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") -> ModelSpec:
     """Build a :class:`ModelSpec` from a Hugging Face ``config.json`` dictionary.
 
-    Understands the key names of Llama, Mixtral, Qwen3 / Qwen3-MoE, DeepSeek-V3 /
-    Kimi-K2 (MLA), GPT-OSS and MiniMax-M2. A ``"tuner"`` section may override
-    derived fields (e.g. ``{"mtp_num_layers": 0}``); a ``text_config`` section
+    Understands the key names of Llama, Mixtral, Qwen3 / Qwen3-MoE, DeepSeek-V3 / Kimi-K2 (MLA), GPT-OSS and MiniMax-M2.
+    A ``"tuner"`` section may override derived fields (e.g. ``{"mtp_num_layers": 0}``); a ``text_config`` section
     (multimodal checkpoints) is used when present.
 
     Raises:

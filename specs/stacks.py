@@ -114,7 +114,8 @@ class RunFlags:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
 
 
-#: The Megatron-LM spelling of each :class:`RunFlags` field (for a bool: the spelling that turns it on; ``no_`` the off).
+#: The Megatron-LM spelling of each :class:`RunFlags` field (for a bool: the spelling that turns it on; ``no_`` the
+#: off).
 RUN_FLAG_NAMES: dict[str, str] = {
     "accumulate_allreduce_grads_in_fp32": "--accumulate-allreduce-grads-in-fp32",
     "grad_reduce_in_bf16": "--grad-reduce-in-bf16",
@@ -183,8 +184,8 @@ def resolve_run_options(flags: RunFlags, stack: str | None = None, *, precision:
     Megatron-LM's meanings: ``--grad-reduce-in-bf16`` keeps the main gradients in bf16 and
     ``--accumulate-allreduce-grads-in-fp32`` in fp32 (``arguments.py`` l.1209-1217 at d98e8a64); ``--fp8-recipe`` is the
     GEMMs' recipe with ``--precision fp8`` and, with bf16, the recipe Megatron copies onto the optimizer
-    (``OptimizerConfig.fp8_recipe``: ``tensorwise`` keeps fp32 master weights); ``--cuda-graph-impl`` other than ``none``
-    without ``--cuda-graph-scope`` captures whole layers, ``full_iteration`` the whole step.
+    (``OptimizerConfig.fp8_recipe``: ``tensorwise`` keeps fp32 master weights); ``--cuda-graph-impl`` other than
+    ``none`` without ``--cuda-graph-scope`` captures whole layers, ``full_iteration`` the whole step.
 
     Raises:
         TunerError: an unknown stack or value, or flags that contradict each other: ``--grad-reduce-in-bf16`` with

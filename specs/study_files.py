@@ -72,8 +72,9 @@ def check_output_path(option: str, path: Path, *, writes: str | None = None, stu
     study's outputs (:data:`STUDY_OUTPUT_FILES`) is only written over by the same kind of output of the same study
     (``writes``: the file name that output has there, e.g. ``recipe.yaml`` for ``tune export --format recipe``;
     ``study``: the study this command reads, whose folder is ``<results-dir>/<study>``). A missing folder is not
-    created; a folder is refused; a link or a file that is not a regular file is replaced only with ``force`` (``--force``), and then the
-    link itself, not what it points to (:func:`specs.files.write_output`, which also checks the kind of file).
+    created; a folder is refused; a link or a file that is not a regular file is replaced only with ``force``
+    (``--force``), and then the link itself, not what it points to (:func:`specs.files.write_output`, which also checks
+    the kind of file).
 
     Raises:
         TunerError: naming ``option``, the path and why.

@@ -40,7 +40,8 @@ TASKS = ("pretrain", "sft", "lora")
 LORA_TARGET_MODULES = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 
 
-#: The longest sequence (tokens) a workload may name: 2**24, far above the longest in benchmarks/data/published_runs.csv.
+#: The longest sequence (tokens) a workload may name: 2**24, far above the longest in
+#: benchmarks/data/published_runs.csv.
 MAX_SEQ_LENGTH = 2**24
 
 #: The largest global batch (sequences) a workload may have: the step timeline (``tune timeline``) simulates the
@@ -64,7 +65,8 @@ class Workload:
     same compute and memory as pretraining at the packed length; only the supervised share of the tokens differs) or
     ``lora`` (frozen base weights with low-rank adapters, :data:`LORA_TARGET_MODULES`)."""
     lora_rank: int = 32
-    """LoRA's rank r (Megatron-Bridge ``LoRA.dim``, default 32, ``src/megatron/bridge/peft/lora.py`` l.146 at 067f987d)."""
+    """LoRA's rank r (Megatron-Bridge ``LoRA.dim``, default 32, ``src/megatron/bridge/peft/lora.py`` l.146 at
+    067f987d)."""
     lora_target_modules: tuple[str, ...] = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
     """The linear layers LoRA adapts (Megatron-Bridge's default ``target_modules``, same file l.143-145)."""
 
@@ -113,10 +115,9 @@ CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
 class RunOptions:
     """Run flags that change the cost but are not searched over (one value for the whole table).
 
-    Defaults are the seed's run (seeds/001: slime, natural routing, no overlap flags, no CUDA
-    graphs), so a model built without options predicts what it did before these existed.
-    NVIDIA's published Megatron-Bridge runs set most of them (``tune validate`` reads them
-    from each CSV row).
+    Defaults are the seed's run (seeds/001: slime, natural routing, no overlap flags, no CUDA graphs), so a model built
+    without options predicts what it did before these existed. NVIDIA's published Megatron-Bridge runs set most of them
+    (``tune validate`` reads them from each CSV row).
     """
 
     moe_router_force_load_balancing: bool = False
@@ -141,13 +142,12 @@ class RunOptions:
     tp_comm_overlap: bool = False
     """``--tp-comm-overlap`` (Transformer Engine userbuffers): TP collectives overlapped with GEMMs."""
     te_attention: bool = True
-    """Attention runs Transformer Engine's fused attention (``--transformer-impl transformer_engine``,
-    the default of Megatron-core, NVIDIA's recipes and the seed's slime run): its output is already
-    ``[s, b, h]`` and is saved once, as the output projection's input. False for a stack without TE
-    (this project's trial harness, ``launch/harness``): ``scaled_dot_product_attention``'s output is
-    permuted and reshaped (a copy) before the projection, so two copies of the attention output are
-    saved (:data:`HARNESS_RUN_OPTIONS`). It also means the TE layer spec: the input norm fused into the
-    QKV GEMM (``TELayerNormColumnParallelLinear``), a separate pre-MLP norm only in MoE layers (``TENorm``)."""
+    """Attention runs Transformer Engine's fused attention (``--transformer-impl transformer_engine``, the default of
+    Megatron-core, NVIDIA's recipes and the seed's slime run): its output is already ``[s, b, h]`` and is saved once, as
+    the output projection's input. False for a stack without TE (this project's trial harness, ``launch/harness``):
+    ``scaled_dot_product_attention``'s output is permuted and reshaped (a copy) before the projection, so two copies of
+    the attention output are saved (:data:`HARNESS_RUN_OPTIONS`). It also means the TE layer spec: the input norm fused
+    into the QKV GEMM (``TELayerNormColumnParallelLinear``), a separate pre-MLP norm only in MoE layers (``TENorm``)."""
 
     # ---- memory-relevant flags of production stacks ---------------------------------------
     grad_reduce_in_fp32: bool = True
@@ -185,7 +185,8 @@ class RunOptions:
     ``qkv_up_proj_and_rope_apply``), priced by :func:`cost_model.terms.compute.mla_unfused_rope_time`; this project's
     trial harness runs it unfused unless a trial asks for ``megatron_fusions``."""
     cross_entropy_loss_fusion: bool = False
-    """``--cross-entropy-loss-fusion``: a fused cross-entropy kernel (its implementation: ``cross_entropy_fusion_impl``)."""
+    """``--cross-entropy-loss-fusion``: a fused cross-entropy kernel (its implementation:
+    ``cross_entropy_fusion_impl``)."""
     cross_entropy_fusion_impl: str = "native"
     """``--cross-entropy-fusion-impl``: ``native`` (Megatron's) or ``te`` (Transformer Engine's
     ``parallel_cross_entropy``, every Megatron-Bridge perf recipe, ``_set_common_perf_overrides``). With ``te``

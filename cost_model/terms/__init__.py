@@ -1,9 +1,8 @@
 """The cost model's terms: small pure functions, each one memory or time term of the estimate.
 
-Every term takes the :class:`~cost_model.terms.context.TableContext` of a table of layouts (and
-the terms it builds on, as arguments) and returns a numpy array of shape ``(n,)`` per layout,
-``(n, 1)`` per layout as a column, or ``(n, K)`` per layout and pipeline-rank class. Each
-docstring gives the formula, the shapes and units, and its source.
+Every term takes the :class:`~cost_model.terms.context.TableContext` of a table of layouts (and the terms it builds on,
+as arguments) and returns a numpy array of shape ``(n,)`` per layout, ``(n, 1)`` per layout as a column, or ``(n, K)``
+per layout and pipeline-rank class. Each docstring gives the formula, the shapes and units, and its source.
 :func:`cost_model.estimate.estimate_table` composes them.
 
 Modules (``docs/cost_model.md`` has the table of terms):

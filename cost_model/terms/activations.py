@@ -5,16 +5,14 @@ Source: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Tra
 ``tests/cost_model_tests/test_activations_golden.py`` for the term-by-term mapping):
 
 - bf16 activations (2 bytes), no dropout masks (Megatron's LLM recipes train with dropout 0);
-- flash attention: the ``5as/h`` score terms are not kept; the softmax statistics are (fp32, one
-  per head and token);
+- flash attention: the ``5as/h`` score terms are not kept; the softmax statistics are (fp32, one per head and token);
 - sequence parallelism with every TP > 1 (the search turns it on): every tensor is split by TP,
   so all terms divide by ``tp`` (their ``34 sbh / t`` row);
 - GQA / MLA widths (``q_dim``, ``kv_dim``, ``ctx_dim``), QK norm, MoE token copies
   (``top-k x tokens x ETP / TP`` per GPU, x the load imbalance), router and shared experts;
 - s is the context-parallel shard: ``tokens = micro_batch x seq / cp``.
 
-Every function returns bytes for one layer and one micro-batch, shape ``(n, 1)`` unless it says
-``(n, K)``.
+Every function returns bytes for one layer and one micro-batch, shape ``(n, 1)`` unless it says ``(n, K)``.
 """
 
 from __future__ import annotations

@@ -227,9 +227,8 @@ def tp_dense_mlp_comm(c: TableContext, collective: Array) -> Array:
 
 
 def tp_moe_comm(c: TableContext, collective: Array, copies: Array) -> Array:
-    """TP communication of a MoE layer's MLP side, forward + backward: the shared experts' SP
-    collectives (if any) plus, with ETP > 1, the same four collectives on the dispatched token
-    copies (``2 x copies x h``) over the ETP group.
+    """TP communication of a MoE layer's MLP side, forward + backward: the shared experts' SP collectives (if any) plus,
+    with ETP > 1, the same four collectives on the dispatched token copies (``2 x copies x h``) over the ETP group.
 
     Args:
         collective: :func:`tp_collective_time`, ``(n, 1)``.
@@ -266,9 +265,8 @@ def cp_ring_time(c: TableContext) -> Array:
 
 
 def cp_all_to_all_time(c: TableContext) -> Array:
-    """``--cp-comm-type a2a`` (Ulysses): all-to-all of Q, K, V before and of the output after attention,
-    ``2 x tokens x (q_dim + kv_dim + ctx_dim) / tp x (cp - 1) / cp`` bytes per pass, :data:`CP_PASSES`
-    passes, not overlapped.
+    """``--cp-comm-type a2a`` (Ulysses): all-to-all of Q, K, V before and of the output after attention, ``2 x tokens x
+    (q_dim + kv_dim + ctx_dim) / tp x (cp - 1) / cp`` bytes per pass, :data:`CP_PASSES` passes, not overlapped.
 
     Returns:
         Seconds, ``(n, 1)``; 0 without CP.
@@ -504,17 +502,16 @@ def dp_bytes_per_param(c: TableContext) -> Array:
 
 
 def dp_comm_time(c: TableContext, dense: Array, experts: Array, window: Array | None = None) -> Array:
-    """Data-parallel communication per step on the slowest rank: the dense parameters' gradient
-    reduce-scatter and parameter all-gather over DP x CP, the experts' over EDP
-    (:func:`dp_bytes_per_param`, or an all-reduce without the distributed optimizer); with
-    Megatron FSDP every micro-batch (:data:`FSDP_BYTES_PER_PARAM`). With ``--overlap-grad-reduce``
-    (or FSDP) ``dp_overlap`` of it is hidden, but never more than the compute it can hide behind
-    (``window``): megatron-core reduces the gradients only in the last micro-batch's backward (the
-    schedules run the others under ``no_sync``, megatron/core/pipeline_parallel/schedules.py) and
-    gathers the parameters in the first micro-batch's forward (``--overlap-param-gather``'s forward
-    pre-hooks, megatron/core/distributed/distributed_data_parallel.py), so the distributed optimizer
-    hides at most one micro-batch's time per rank; FSDP gathers and reduces every micro-batch, so it
-    hides at most all of them. The seed's run has neither flag.
+    """Data-parallel communication per step on the slowest rank: the dense parameters' gradient reduce-scatter and
+    parameter all-gather over DP x CP, the experts' over EDP (:func:`dp_bytes_per_param`, or an all-reduce without the
+    distributed optimizer); with Megatron FSDP every micro-batch (:data:`FSDP_BYTES_PER_PARAM`). With
+    ``--overlap-grad-reduce`` (or FSDP) ``dp_overlap`` of it is hidden, but never more than the compute it can hide
+    behind (``window``): megatron-core reduces the gradients only in the last micro-batch's backward (the schedules run
+    the others under ``no_sync``, megatron/core/pipeline_parallel/schedules.py) and gathers the parameters in the first
+    micro-batch's forward (``--overlap-param-gather``'s forward pre-hooks,
+    megatron/core/distributed/distributed_data_parallel.py), so the distributed optimizer hides at most one
+    micro-batch's time per rank; FSDP gathers and reduces every micro-batch, so it hides at most all of them. The seed's
+    run has neither flag.
 
     Args:
         dense, experts: parameters per GPU (:mod:`cost_model.terms.params`), ``(n, K)``.

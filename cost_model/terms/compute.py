@@ -1,11 +1,10 @@
 """Compute time of one decoder layer for one micro-batch on one GPU: GEMMs, attention, memory-bound work.
 
 FLOPs follow Megatron's ``num_floating_point_operations`` (``megatron/training/training.py``,
-shared/notes/megatron_rules.md §6.3): 2 FLOPs per multiply-accumulate, backward = 2 x forward
-for every GEMM (dgrad + wgrad; Narayanan et al. 2021, arXiv 2104.04473 §5.1), so a layer's
-forward + backward is :data:`GEMM_PASSES` x its forward. Efficiencies and HBM bytes are
-:class:`cost_model.calibration.Calibration` fields. FLOPs are per GPU (split by TP / ETP),
-times in seconds; shapes ``(n, 1)`` unless stated.
+shared/notes/megatron_rules.md §6.3): 2 FLOPs per multiply-accumulate, backward = 2 x forward for every GEMM (dgrad +
+wgrad; Narayanan et al. 2021, arXiv 2104.04473 §5.1), so a layer's forward + backward is :data:`GEMM_PASSES` x its
+forward. Efficiencies and HBM bytes are :class:`cost_model.calibration.Calibration` fields. FLOPs are per GPU (split by
+TP / ETP), times in seconds; shapes ``(n, 1)`` unless stated.
 """
 
 from __future__ import annotations
@@ -64,8 +63,8 @@ GEMM_PASSES = 3.0
 #: ``native`` path fewer, TE's Triton kernels two bf16 reads and the gradient.
 CROSS_ENTROPY_BYTES_PER_LOGIT = {"unfused": 64.0, "native": 49.0, "te": 9.5}
 
-#: Core attention's speed by (q / k head dim, v head dim) relative to head dim 128, the same heads, kv groups and length.
-#: **Measured** on 1 x H200 (TE 2.20.2 cuDNN FusedAttention, bf16, causal; ``benchmarks/h200_attention.py``,
+#: Core attention's speed by (q / k head dim, v head dim) relative to head dim 128, the same heads, kv groups and
+#: length. **Measured** on 1 x H200 (TE 2.20.2 cuDNN FusedAttention, bf16, causal; ``benchmarks/h200_attention.py``,
 #: rows in ``benchmarks/results/h200_te_2026-12-02/call29/attn/attention.jsonl``, derived by ``--compare``): the GPU
 #: kernels' forward + backward time at 32 heads, 8 kv groups, 8,192 tokens, above the fixed part of a call
 #: (:attr:`cost_model.calibration.Calibration.attention_call_macs`). (192, 128) is MLA's shape (DeepSeek-V3, Kimi-K2).
@@ -75,8 +74,8 @@ ATTENTION_HEAD_DIM_FACTOR: dict[tuple[int, int], float] = {
     (64, 64): 0.827, (96, 96): 0.777, (128, 128): 1.0, (192, 128): 0.861, (192, 192): 0.680, (256, 256): 0.773}
 
 #: Core attention's forward over its forward + backward. **Measured** in the same kernels as
-#: :data:`ATTENTION_HEAD_DIM_FACTOR`: the median over the 27 full-attention shapes none of the judged ones is among, 0.238
-#: (0.17 at head dim 192 to 0.26 at 128 and 8,192 tokens; the seven judged shapes 0.19-0.26). A GEMM's is a third
+#: :data:`ATTENTION_HEAD_DIM_FACTOR`: the median over the 27 full-attention shapes none of the judged ones is among,
+#: 0.238 (0.17 at head dim 192 to 0.26 at 128 and 8,192 tokens; the seven judged shapes 0.19-0.26). A GEMM's is a third
 #: (:data:`GEMM_PASSES`); attention's backward recomputes the scores, so its forward is less. What core-attention and
 #: full recompute re-run. Not fitted.
 ATTENTION_FORWARD_SHARE = 0.238
@@ -110,12 +109,11 @@ def attention_linear_flops(c: TableContext) -> Array:
 
 
 def core_attention_flops(c: TableContext) -> Array:
-    """Forward work of causal core attention (QK^T and PV) in multiply-accumulates, half its FLOPs:
-    ``tokens x s x (q_dim + ctx_dim) / 2 / tp`` x (mean keys per query / the full-causal mean). The
-    fitted :attr:`cost_model.calibration.Calibration.attention_efficiency` is against this count, so it
-    is half the achieved fraction of the bf16 peak (the shipped 0.2375 is 0.475 of peak in FLOPs). What the kernel
-    costs beyond this count (a call's fixed part, a window's and the sinks' extra keys, the head dims) is
-    :func:`core_attention_work`.
+    """Forward work of causal core attention (QK^T and PV) in multiply-accumulates, half its FLOPs: ``tokens x s x
+    (q_dim + ctx_dim) / 2 / tp`` x (mean keys per query / the full-causal mean). The fitted
+    :attr:`cost_model.calibration.Calibration.attention_efficiency` is against this count, so it is half the achieved
+    fraction of the bf16 peak (the shipped 0.2375 is 0.475 of peak in FLOPs). What the kernel costs beyond this count (a
+    call's fixed part, a window's and the sinks' extra keys, the head dims) is :func:`core_attention_work`.
 
     Each query attends to ``(s + 1) / 2`` keys on average under the causal mask, fewer on
     sliding-window layers (:meth:`specs.ModelSpec.attended_keys_per_query`; the window share is the
@@ -307,7 +305,8 @@ def core_attention_time(c: TableContext) -> Array:
     """Forward time of the attention kernel: :func:`core_attention_work` at ``attention_efficiency`` of the bf16 peak
     (the efficiency is the forward + backward average against a backward of 2 forwards; the fit's start from
     FlashAttention-2, Dao 2023; measured 0.239 at head dim 128 on 1 x H200
-    (``benchmarks/results/h200_te_2026-12-02/call29``); the shipped fit on published runs, which did not see that measurement, 0.2375).
+    (``benchmarks/results/h200_te_2026-12-02/call29``); the shipped fit on published runs, which did not see that
+    measurement, 0.2375).
 
     Returns:
         Seconds, ``(n, 1)``.

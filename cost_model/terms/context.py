@@ -114,7 +114,8 @@ class ModelDims:
     """The routed experts' linear layers have biases (``add_bias_linear``, GPT-OSS)."""
     fused_activation: bool = False
     """The activation is fused with its bias whatever the run's ``bias_activation_fusion`` says: GPT-OSS's clamped
-    quick-GEGLU (Megatron-Bridge ``gpt_oss_bridge.py`` sets ``bias_activation_fusion``; so does this project's harness)."""
+    quick-GEGLU (Megatron-Bridge ``gpt_oss_bridge.py`` sets ``bias_activation_fusion``; so does this project's
+    harness)."""
 
     @classmethod
     def of(cls, model: ModelSpec) -> ModelDims:

@@ -192,9 +192,8 @@ def logits_bytes(c: TableContext) -> Array:
 
 
 def dispatcher_buffer_bytes(c: TableContext, copies: Array) -> Array:
-    """Token-dispatcher buffers on a rank with MoE layers: flex (DeepEP / HybridEP) keeps fixed
-    communication buffers, ``flex_dispatcher_buffer_bytes``; alltoall / allgather
-    :data:`PERMUTED_TOKEN_BUFFERS` x ``2 x copies x h``.
+    """Token-dispatcher buffers on a rank with MoE layers: flex (DeepEP / HybridEP) keeps fixed communication buffers,
+    ``flex_dispatcher_buffer_bytes``; alltoall / allgather :data:`PERMUTED_TOKEN_BUFFERS` x ``2 x copies x h``.
 
     Args:
         copies: routed token copies per GPU, ``(n, 1)``.

@@ -1,10 +1,9 @@
 """Optimizer time per step: the GPU Adam step and CPU optimizer offload.
 
-Offload is Megatron's ``HybridDeviceOptimizer`` (``--optimizer-cpu-offload``,
-``--optimizer-offload-fraction``, megatron/core/optimizer/cpu_offloading): the offloaded share of
-the states is stepped by the host's CPUs, gradients copied down and parameters back over PCIe.
-Arguments ``owned`` are :func:`cost_model.terms.state.owned_params`, ``(n, K)``; results are
-seconds per step on the slowest rank, ``(n,)``.
+Offload is Megatron's ``HybridDeviceOptimizer`` (``--optimizer-cpu-offload``, ``--optimizer-offload-fraction``,
+megatron/core/optimizer/cpu_offloading): the offloaded share of the states is stepped by the host's CPUs, gradients
+copied down and parameters back over PCIe. Arguments ``owned`` are :func:`cost_model.terms.state.owned_params`, ``(n,
+K)``; results are seconds per step on the slowest rank, ``(n,)``.
 """
 
 from __future__ import annotations
@@ -103,8 +102,7 @@ def offload_time(c: TableContext, owned: Array) -> Array:
 
 def host_offload_bytes_per_param(c: TableContext) -> Array:
     """Host bytes per offloaded parameter: the kept states (:data:`HOST_BYTES_PER_OFFLOADED_PARAM`, 16 with or without
-    the precision-aware optimizer) plus
-    :data:`HOST_PINNED_OVERHEAD_BYTES_PER_OFFLOADED_PARAM`.
+    the precision-aware optimizer) plus :data:`HOST_PINNED_OVERHEAD_BYTES_PER_OFFLOADED_PARAM`.
 
     Returns:
         Bytes per parameter, ``(n, 1)``.

@@ -28,10 +28,9 @@ MTP_PROJECTION_H2 = 2.0
 def decoder_layer_params(c: TableContext) -> Array:
     """Dense (non-expert) weights of the rank's decoder layers, per GPU.
 
-    ``layers x (attn / tp + norms) + dense_layers x mlp / tp + moe_layers x (shared / tp + router)``:
-    attention, dense-MLP and shared-expert matrices are split by TP; the pre-norms, QK / latent
-    norms and the router are replicated (theoretical_memory_usage.py ``tp_sharded_block`` /
-    ``replicated_block``).
+    ``layers x (attn / tp + norms) + dense_layers x mlp / tp + moe_layers x (shared / tp + router)``: attention,
+    dense-MLP and shared-expert matrices are split by TP; the pre-norms, QK / latent norms and the router are replicated
+    (theoretical_memory_usage.py ``tp_sharded_block`` / ``replicated_block``).
 
     Returns:
         Elements, ``(n, K)``.

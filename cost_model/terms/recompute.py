@@ -1,12 +1,11 @@
 """Recompute time: the extra forward of what each recompute choice re-runs in backward, with its communication.
 
-Selective recompute re-runs the listed ``--recompute-modules``; full recompute re-runs whole layers
-(every layer with ``uniform``, the first ``recompute_num_layers`` of each chunk with ``block``;
-megatron-core transformer_block.py / transformer_layer.py). A forward is ``1 / (1 +
-elementwise_backward_ratio)`` of a layer's memory-bound time and half of its TP collectives
-(:data:`cost_model.terms.comm.SP_COLLECTIVES_PER_BLOCK` are two forward, two backward). Arguments
-are the per-layer times of :mod:`cost_model.terms.compute` and :mod:`cost_model.terms.comm`,
-``(n, 1)``; results are seconds per layer per micro-batch.
+Selective recompute re-runs the listed ``--recompute-modules``; full recompute re-runs whole layers (every layer with
+``uniform``, the first ``recompute_num_layers`` of each chunk with ``block``; megatron-core transformer_block.py /
+transformer_layer.py). A forward is ``1 / (1 + elementwise_backward_ratio)`` of a layer's memory-bound time and half of
+its TP collectives (:data:`cost_model.terms.comm.SP_COLLECTIVES_PER_BLOCK` are two forward, two backward). Arguments are
+the per-layer times of :mod:`cost_model.terms.compute` and :mod:`cost_model.terms.comm`, ``(n, 1)``; results are seconds
+per layer per micro-batch.
 """
 
 from __future__ import annotations

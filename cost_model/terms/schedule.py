@@ -1,9 +1,8 @@
 """The pipeline schedule: in-flight micro-batches per rank, the step's pipeline time and bubble, and p2p.
 
 Sources: Megatron's ``megatron/core/pipeline_parallel/schedules.py``
-(``forward_backward_pipelining_without_interleaving`` / ``..._with_interleaving``: warm-up counts)
-and Narayanan et al. 2021 (arXiv 2104.04473 §2.2: the interleaved bubble is ``(pp - 1) / vpp``
-micro-batch times).
+(``forward_backward_pipelining_without_interleaving`` / ``..._with_interleaving``: warm-up counts) and Narayanan et al.
+2021 (arXiv 2104.04473 §2.2: the interleaved bubble is ``(pp - 1) / vpp`` micro-batch times).
 """
 
 from __future__ import annotations
@@ -51,12 +50,11 @@ def inflight_interleaved(c: TableContext) -> Array:
     """Micro-batches' worth of activations rank r holds at its peak under the interleaved schedule:
     ``min((pp - r - 1) x 2 + (vpp - 1) x pp + 1, M x vpp) / vpp``.
 
-    schedules.py ``forward_backward_pipelining_with_interleaving``: ``num_warmup_microbatches =
-    (pp - r - 1) * 2 + (vpp - 1) * microbatch_group_size_per_vp_stage`` (default group size = pp)
-    virtual micro-batches, capped at ``M x vpp``, then one more forward; each virtual micro-batch
-    holds one chunk, ``1 / vpp`` of the rank's layers. Not modelled: with ``M == pp`` Megatron runs
-    every forward first on every rank (ranks > 0 hold more than this), and the one extra warm-up
-    micro-batch of ``--overlap-moe-expert-parallel-comm``.
+    schedules.py ``forward_backward_pipelining_with_interleaving``: ``num_warmup_microbatches = (pp - r - 1) * 2 + (vpp
+    - 1) * microbatch_group_size_per_vp_stage`` (default group size = pp) virtual micro-batches, capped at ``M x vpp``,
+    then one more forward; each virtual micro-batch holds one chunk, ``1 / vpp`` of the rank's layers. Not modelled:
+    with ``M == pp`` Megatron runs every forward first on every rank (ranks > 0 hold more than this), and the one extra
+    warm-up micro-batch of ``--overlap-moe-expert-parallel-comm``.
 
     Returns:
         Micro-batches (of the rank's whole layers), ``(n, K)``.
@@ -124,9 +122,8 @@ def fill_drain_microbatches(c: TableContext) -> Array:
 
 
 def bubble_time(c: TableContext, slowest: Array, mean: Array) -> Array:
-    """Pipeline time not spent computing: ``M x slowest + fill/drain x mean - M x mean`` (the step runs
-    M micro-batches at the slowest rank's pace plus the fill and drain; ``M x mean`` is each rank's
-    busy time).
+    """Pipeline time not spent computing: ``M x slowest + fill/drain x mean - M x mean`` (the step runs M micro-batches
+    at the slowest rank's pace plus the fill and drain; ``M x mean`` is each rank's busy time).
 
     Returns:
         Seconds per step, ``(n,)``.
@@ -145,10 +142,9 @@ def pp_p2p_bytes(c: TableContext) -> Array:
 
 
 def pp_p2p_time(c: TableContext) -> Array:
-    """Exposed pipeline p2p per step: :data:`P2P_TRANSFERS_PER_BOUNDARY` x M x vpp sends of
-    :func:`pp_p2p_bytes`, over the network when a pipeline stage's ranks (``world / pp`` apart) leave
-    the NVLink domain; ``1 - pp_p2p_overlap`` of it exposed with VPP (``overlap_p2p_comm``, on by
-    default with interleaving), all of it without.
+    """Exposed pipeline p2p per step: :data:`P2P_TRANSFERS_PER_BOUNDARY` x M x vpp sends of :func:`pp_p2p_bytes`, over
+    the network when a pipeline stage's ranks (``world / pp`` apart) leave the NVLink domain; ``1 - pp_p2p_overlap`` of
+    it exposed with VPP (``overlap_p2p_comm``, on by default with interleaving), all of it without.
 
     Returns:
         Seconds per step, ``(n,)``; 0 without PP.

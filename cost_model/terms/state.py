@@ -1,10 +1,9 @@
 """Model-state bytes per GPU: weights, main gradients and optimizer states.
 
-Source: Megatron's ``megatron/training/theoretical_memory_usage.py`` (18 bytes per parameter, or
-6 + 12/DP with the distributed optimizer; notes §6.1), with the precision-aware optimizer's
-dtypes, the quantised weight copy of fp8 / MX / NVFP4, CPU optimizer offload and Megatron FSDP
-added. Arguments ``dense`` and ``experts`` are the elements of :mod:`cost_model.terms.params`,
-``(n, K)``; results are bytes, ``(n, K)``.
+Source: Megatron's ``megatron/training/theoretical_memory_usage.py`` (18 bytes per parameter, or 6 + 12/DP with the
+distributed optimizer; notes §6.1), with the precision-aware optimizer's dtypes, the quantised weight copy of fp8 / MX /
+NVFP4, CPU optimizer offload and Megatron FSDP added. Arguments ``dense`` and ``experts`` are the elements of
+:mod:`cost_model.terms.params`, ``(n, K)``; results are bytes, ``(n, K)``.
 """
 
 from __future__ import annotations
@@ -40,13 +39,12 @@ MASTER_REMAINDER_BYTES = 2.0
 #: (``mem-mm-offload-0.5``, ``docs/measurements.md``): no 2-B remainders, 12 B per GPU-stepped parameter.
 OFFLOAD_GPU_STATE_BYTES = 3 * FP32_BYTES
 
-#: Bytes per parameter of the first ``HybridDeviceOptimizer`` that megatron-core 0.19 builds over the model's
-#: unsharded parameters (``get_megatron_optimizer``) before ``DistributedOptimizer.__init__`` replaces it with one
-#: over its shards (``distrib_optimizer.py`` l.778-781): its fp32 clones (GPU for the kept share, host for the
-#: offloaded one) stay alive until Python's cyclic collector runs (its sub-optimizers' step hooks close over it).
-#: Measured on 1 x H200 (``benchmarks/results/h200_te_2026-12-01``, ``mem-mm-offload-*`` with and without
-#: ``gc.collect()`` after the build): 9.1 GiB of GPU fp32 and 9.1 GiB of host fp32 at fraction 0.5 on 4.9 G
-#: parameters, freed by the collection.
+#: Bytes per parameter of the first ``HybridDeviceOptimizer`` that megatron-core 0.19 builds over the model's unsharded
+#: parameters (``get_megatron_optimizer``) before ``DistributedOptimizer.__init__`` replaces it with one over its shards
+#: (``distrib_optimizer.py`` l.778-781): its fp32 clones (GPU for the kept share, host for the offloaded one) stay alive
+#: until Python's cyclic collector runs (its sub-optimizers' step hooks close over it). Measured on 1 x H200
+#: (``benchmarks/results/h200_te_2026-12-01``, ``mem-mm-offload-*`` with and without ``gc.collect()`` after the build):
+#: 9.1 GiB of GPU fp32 and 9.1 GiB of host fp32 at fraction 0.5 on 4.9 G parameters, freed by the collection.
 OFFLOAD_BUILD_LEAK_BYTES = FP32_BYTES
 
 #: GPU bytes per offloaded parameter that the build leaves reserved with CPU optimizer offload: each offloaded
@@ -166,9 +164,8 @@ def optimizer_state_bytes(c: TableContext, owned: Array) -> Array:
 def offload_build_bytes(c: TableContext, dense: Array, experts: Array) -> Array:
     """GPU bytes the optimizer build leaves behind with CPU optimizer offload (fraction f > 0), on the rank's
     unsharded parameters: the first HybridDeviceOptimizer's fp32 clones of the GPU-stepped share,
-    :data:`OFFLOAD_BUILD_LEAK_BYTES` x ``(1 - f)`` (freed only by Python's cyclic collector), and the bf16 clones of
-    the offloaded share kept reserved by the caching allocator, :data:`OFFLOAD_BUILD_CACHED_BYTES` x f. 0 without
-    offload.
+    :data:`OFFLOAD_BUILD_LEAK_BYTES` x ``(1 - f)`` (freed only by Python's cyclic collector), and the bf16 clones of the
+    offloaded share kept reserved by the caching allocator, :data:`OFFLOAD_BUILD_CACHED_BYTES` x f. 0 without offload.
 
     Returns:
         Bytes, ``(n, K)``.

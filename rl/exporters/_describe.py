@@ -1,5 +1,5 @@
-"""What the RL formats share: the context of a plan, the plan of a context (or why there is none) and the prediction lines their
-headers carry."""
+"""What the RL formats share: the context of a plan, the plan of a context (or why there is none) and the prediction
+lines their headers carry."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def rl_plan_of(context: ExportContext, fmt: str) -> tuple[RLPlan, RLJob]:
     """The RL plan and job of ``context``.
 
     Raises:
-        TunerError: a context without an RL plan (a training study's layout): the format named with where its plans come from.
+        TunerError: a context without an RL plan (a training study's layout): the format named with where its plans come
+        from.
     """
     from rl.plan import RLJob, RLPlan
 

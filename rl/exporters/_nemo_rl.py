@@ -1,13 +1,12 @@
 """``nemo_rl_grpo.yaml``: an RL plan as a NeMo-RL GRPO recipe, checked against our schema of NeMo-RL's config keys.
 
 The keys are those NeMo-RL's config TypedDicts read at v0.6.0 (5fb58893):
-``nemo_rl/distributed/virtual_cluster.py::ClusterConfig``, ``nemo_rl/algorithms/grpo.py::GRPOConfig``
-and ``AsyncGRPOConfig``, ``nemo_rl/models/policy/__init__.py::PolicyConfig`` / ``MegatronConfig`` /
-``DTensorConfig``, ``nemo_rl/models/generation/interfaces.py::GenerationConfig`` /
-``ColocationConfig``, ``nemo_rl/models/generation/vllm/config.py::VllmSpecificArgs``; the AutoModel
-backend's ``dtensor_cfg.expert_parallel_size`` as the ``minimax-m3`` branch (e1cefaa3) reads it.
-``rl/schema/nemo_rl_grpo.schema.json`` is our JSON Schema of those keys; every rendered recipe
-is validated against it.
+``nemo_rl/distributed/virtual_cluster.py::ClusterConfig``, ``nemo_rl/algorithms/grpo.py::GRPOConfig`` and
+``AsyncGRPOConfig``, ``nemo_rl/models/policy/__init__.py::PolicyConfig`` / ``MegatronConfig`` / ``DTensorConfig``,
+``nemo_rl/models/generation/interfaces.py::GenerationConfig`` / ``ColocationConfig``,
+``nemo_rl/models/generation/vllm/config.py::VllmSpecificArgs``; the AutoModel backend's
+``dtensor_cfg.expert_parallel_size`` as the ``minimax-m3`` branch (e1cefaa3) reads it.
+``rl/schema/nemo_rl_grpo.schema.json`` is our JSON Schema of those keys; every rendered recipe is validated against it.
 """
 
 from __future__ import annotations

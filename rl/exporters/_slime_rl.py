@@ -1,13 +1,13 @@
-"""``run_slime_rl.sh``: an RL plan as a slime launch (``train.py`` / ``train_async.py``), in the style of slime's ``scripts/run-*.sh``.
+"""``run_slime_rl.sh``: an RL plan as a slime launch (``train.py`` / ``train_async.py``), in the style of slime's
+``scripts/run-*.sh``.
 
-Flags are those of ``slime/utils/arguments.py`` (THUDM/slime 624b824a): the placement
-(``--actor-num-nodes``, ``--actor-num-gpus-per-node``, ``--rollout-num-gpus`` or ``--colocate``,
-``--rollout-num-gpus-per-engine``), Megatron's parallel flags, the rollout batch
-(``--rollout-batch-size``, ``--n-samples-per-prompt``, ``--global-batch-size``, the length caps) and
-the SGLang engine's (slime forwards every ``--sglang-<server arg>``: ``--sglang-mem-fraction-static``,
-``--sglang-max-running-requests``, ``--sglang-ep-size``, ``--sglang-enable-dp-attention``,
-``--sglang-dp-size``, ``--sglang-disable-cuda-graph``). Model, checkpoint and data flags are the
-user's: they follow the script's name on its command line (``"$@"``).
+Flags are those of ``slime/utils/arguments.py`` (THUDM/slime 624b824a): the placement (``--actor-num-nodes``,
+``--actor-num-gpus-per-node``, ``--rollout-num-gpus`` or ``--colocate``, ``--rollout-num-gpus-per-engine``), Megatron's
+parallel flags, the rollout batch (``--rollout-batch-size``, ``--n-samples-per-prompt``, ``--global-batch-size``, the
+length caps) and the SGLang engine's (slime forwards every ``--sglang-<server arg>``: ``--sglang-mem-fraction-static``,
+``--sglang-max-running-requests``, ``--sglang-ep-size``, ``--sglang-enable-dp-attention``, ``--sglang-dp-size``,
+``--sglang-disable-cuda-graph``). Model, checkpoint and data flags are the user's: they follow the script's name on its
+command line (``"$@"``).
 """
 
 from __future__ import annotations
@@ -86,9 +86,8 @@ def render_slime_script(plan: RLPlan, job: RLJob) -> str:
     """The launch: shebang, the prediction as comments, strict mode, ``PLAN_ARGS=( ... )``, then
     ``exec "$PYTHON" "$SLIME_DIR/<entry>" "${PLAN_ARGS[@]}" "$@"``.
 
-    ``<entry>`` is ``train_async.py`` for an asynchronous plan (K >= 1), else ``train.py``; ``PYTHON``
-    defaults to ``python3``, ``SLIME_DIR`` (a slime checkout) to the working folder. Every value is
-    ``shlex.quote``-d.
+    ``<entry>`` is ``train_async.py`` for an asynchronous plan (K >= 1), else ``train.py``; ``PYTHON`` defaults to
+    ``python3``, ``SLIME_DIR`` (a slime checkout) to the working folder. Every value is ``shlex.quote``-d.
 
     Raises:
         TunerError: as :func:`slime_rl_args`.
