@@ -143,9 +143,7 @@ def fit_calibration(
     Returns:
         A :class:`FitResult`.
 
-    Raises:
-        TunerError: fewer than 2 representable runs with a published number.
-    """
+    Raises TunerError: fewer than 2 representable runs with a published number."""
     from scipy.optimize import least_squares
 
     batch = RunBatch(runs, release_gain=release_gain)
@@ -402,9 +400,7 @@ def fit_observations(
         max_nfev: most residual evaluations of each optimiser.
         progress: called with one line of text per stage.
 
-    Raises:
-        TunerError: fewer than 2 observations for a fit that was asked for, or nothing to fit.
-    """
+    Raises TunerError: fewer than 2 observations for a fit that was asked for, or nothing to fit."""
     cal = start
     step_fit = None
     if step_names:

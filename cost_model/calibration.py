@@ -403,9 +403,7 @@ def load_calibration(path: str | Path | None) -> Calibration:
     ``constants`` section); None gives the shipped calibration (``cost_model/data/calibration.yaml``).
     Constants the file does not name keep their shipped values.
 
-    Raises:
-        TunerError: unreadable file, unknown constant names, or non-numeric values.
-    """
+    Raises TunerError: unreadable file, unknown constant names, or non-numeric values."""
     if path is None:
         return DEFAULT_CALIBRATION
     p = Path(path)

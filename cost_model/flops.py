@@ -26,9 +26,7 @@ def megatron_flops_per_token(model: ModelSpec, seq_length: int) -> float:
         model: the model.
         seq_length: tokens per row (s).
 
-    Returns:
-        FLOPs per token (``total FLOPs / (global_batch * s)``).
-    """
+    Returns: FLOPs per token (``total FLOPs / (global_batch * s)``)."""
     h, n, g, d = model.hidden_size, model.num_attention_heads, model.num_query_groups, model.kv_channels
     mats = model.mlp_matrices
     mtp = model.mtp_num_layers

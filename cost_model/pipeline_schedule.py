@@ -77,9 +77,7 @@ def warmup_microbatches(pp: int, rank: int, vpp: int, num_microbatches: int, gro
         pp: pipeline-parallel size; rank: pipeline rank 0 .. pp-1; vpp: chunks per rank;
         num_microbatches: M per step per DP rank; group: ``microbatch_group_size_per_vp_stage`` (default pp).
 
-    Returns:
-        A count of chunk forwards (>= 0).
-    """
+    Returns: A count of chunk forwards (>= 0)."""
     total = num_microbatches * vpp
     if pp == 1:
         return 0
@@ -186,9 +184,7 @@ def _build_plan(pp: int, vpp: int, num_microbatches: int, group: int | None) -> 
     one at a time, each once its dependency has run) visited rank by rank until every operation is placed; the
     visit order does not depend on the durations, so it is computed once per schedule.
 
-    Raises:
-        TunerError: bad sizes (see :func:`megatron_order`), or an order that deadlocks (never for Megatron's).
-    """
+    Raises TunerError: bad sizes (see :func:`megatron_order`), or an order that deadlocks (never for Megatron's)."""
     g = _check_sizes(pp, 0, vpp, num_microbatches, group)
     orders = [_order(pp, r, vpp, num_microbatches, g) for r in range(pp)]
     n_stages = pp * vpp
@@ -289,9 +285,7 @@ def simulate_pipeline(
     Returns:
         Every operation with its start and end (seconds), rank by rank in execution order.
 
-    Raises:
-        TunerError: bad sizes (see :func:`megatron_order`) or duration tables of the wrong shape.
-    """
+    Raises TunerError: bad sizes (see :func:`megatron_order`) or duration tables of the wrong shape."""
     _check_tables(pp, vpp, forward_s, backward_s)
     plan = _plan(pp, vpp, num_microbatches, group)
     start, end = _times(plan, forward_s, backward_s, p2p_s)
@@ -314,9 +308,7 @@ def pipeline_makespan(
     building its operation list; above :data:`FULL_SIMULATION_MICROBATCHES` micro-batches extrapolated from a
     bounded simulation once it is in its steady state (see the module's docstring).
 
-    Raises:
-        TunerError: as :func:`simulate_pipeline`.
-    """
+    Raises TunerError: as :func:`simulate_pipeline`."""
     _check_tables(pp, vpp, forward_s, backward_s)
     m = num_microbatches
     if m > FULL_SIMULATION_MICROBATCHES and pp > 1:

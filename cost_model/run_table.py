@@ -274,9 +274,7 @@ CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
 def _setting_choice(r: dict[str, str], notes: dict[str, str], key: str, default: str, accepted: Sequence[str]) -> str:
     """A :func:`_setting` that must be one of ``accepted`` (case-insensitive; blank -> ``default``).
 
-    Raises:
-        ValueError: anything else, naming the column and the accepted values (the row is then not representable).
-    """
+    Raises ValueError: anything else, naming the column and the accepted values (the row is then not representable)."""
     v = _setting(r, notes, key, default).strip().lower()
     if not v:
         return default
@@ -309,9 +307,7 @@ def _dispatcher_cell(cell: str, notes: dict[str, str]) -> Dispatcher:
 def _setting_int(r: dict[str, str], notes: dict[str, str], key: str, default: int) -> int:
     """A non-negative integer :func:`_setting` (blank -> ``default``).
 
-    Raises:
-        ValueError: anything else, naming the column (the row is then not representable, with this reason).
-    """
+    Raises ValueError: anything else, naming the column (the row is then not representable, with this reason)."""
     v = _setting(r, notes, key, "").strip()
     if not v:
         return default
@@ -323,9 +319,7 @@ def _setting_int(r: dict[str, str], notes: dict[str, str], key: str, default: in
 def _note_fraction(notes: dict[str, str], key: str) -> float:
     """A note's fraction in [0, 1] (absent -> 0).
 
-    Raises:
-        ValueError: anything else, naming the key (the row is then not representable, with this reason).
-    """
+    Raises ValueError: anything else, naming the key (the row is then not representable, with this reason)."""
     v = notes.get(key, "").strip("'\"")
     try:
         f = float(v) if v else 0.0
@@ -339,9 +333,7 @@ def _note_fraction(notes: dict[str, str], key: str) -> float:
 def _setting_flag(r: dict[str, str], notes: dict[str, str], key: str, default: bool) -> bool:
     """A boolean :func:`_setting`: true / 1 / yes or false / 0 / no.
 
-    Raises:
-        ValueError: a setting column holding anything else (the row is then not representable, with this reason).
-    """
+    Raises ValueError: a setting column holding anything else (the row is then not representable, with this reason)."""
     v = (r.get(key) or "").strip().strip("'\"").lower()
     if v:
         if v not in ("true", "1", "yes", "false", "0", "no"):
@@ -414,9 +406,7 @@ def read_runs(paths: str | Path | Sequence[str | Path]) -> tuple[list[Run], list
         ``(runs, problems)``: one :class:`Run` per row whose cells could be read (``unrepresentable`` set when the model
         cannot estimate it), and one :class:`RowProblem` per unreadable cell (that row is left out of ``runs``).
 
-    Raises:
-        TunerError: a file is unreadable, not a CSV, or lacks a required column.
-    """
+    Raises TunerError: a file is unreadable, not a CSV, or lacks a required column."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     runs: list[Run] = []
@@ -437,9 +427,7 @@ def read_runs(paths: str | Path | Sequence[str | Path]) -> tuple[list[Run], list
 def _read_csv(p: Path) -> tuple[list[dict[Any, Any]], list[str]]:
     """The rows of one run table and its header.
 
-    Raises:
-        TunerError: unreadable, not a CSV, a column named twice, or a required column missing.
-    """
+    Raises TunerError: unreadable, not a CSV, a column named twice, or a required column missing."""
     label = f"--data {str(p)!r}"
     # utf-8-sig: a spreadsheet's byte-order mark is not part of the first column's name
     text = read_user_text(p, label, "a CSV table of runs", limit=MAX_DATA_BYTES, encoding="utf-8-sig")
@@ -611,9 +599,7 @@ def _unrepresentable_reasons(run: Run, r: dict[str, str], c: _Cells, low_notes: 
 def _cuda_graph_scope(r: dict[str, str], notes: dict[str, str]) -> tuple[str, ...]:
     """The row's CUDA graph scope (``full`` when a graph implementation is named without one; none without).
 
-    Raises:
-        ValueError: an implementation not in :data:`CUDA_GRAPH_IMPLS`.
-    """
+    Raises ValueError: an implementation not in :data:`CUDA_GRAPH_IMPLS`."""
     if _setting_choice(r, notes, "cuda_graph_impl", "none", CUDA_GRAPH_IMPLS) == "none":
         return ()
     raw_scope = _setting(r, notes, "cuda_graph_scope", "")
@@ -623,9 +609,7 @@ def _cuda_graph_scope(r: dict[str, str], notes: dict[str, str]) -> tuple[str, ..
 def _row_options(r: dict[str, str], notes: dict[str, str], model: ModelSpec, prec: Precision, scope: tuple[str, ...]) -> RunOptions:
     """The row's run options: its setting columns, else its notes, else the defaults of the module docstring.
 
-    Raises:
-        ValueError: a setting that cannot be read (the row is then not representable, with this reason).
-    """
+    Raises ValueError: a setting that cannot be read (the row is then not representable, with this reason)."""
     setting = functools.partial(_setting, r, notes)
     flag = functools.partial(_setting_flag, r, notes)
     cs = "cs" in re.split(r"[^a-z]+", r.get("precision", "").lower()) or "current" in r.get("precision", "").lower()
@@ -653,9 +637,7 @@ def _row_options(r: dict[str, str], notes: dict[str, str], model: ModelSpec, pre
 def _row_recompute(r: dict[str, str], notes: dict[str, str]) -> dict[str, Any]:
     """The row's recompute fields of :class:`Layout`: its recompute columns win over its notes and cell.
 
-    Raises:
-        ValueError: a recompute setting that cannot be read.
-    """
+    Raises ValueError: a recompute setting that cannot be read."""
     choice = functools.partial(_setting_choice, r, notes)
     rec = _recompute(r.get("recompute", ""), notes)
     gran = choice("recompute_granularity", "", ("none", "selective", "full"))
@@ -748,9 +730,7 @@ def mark_release_regressions(runs: Sequence[Run]) -> list[Run]:
         runs: as :func:`read_runs` builds them; only representable runs with a layout are compared, by
             ``(model, GPU, GPUs, seq_length, global_batch_size, precision, layout_key)`` and the published metric.
 
-    Returns:
-        The runs marked (in place), slowest first within each configuration.
-    """
+    Returns: The runs marked (in place), slowest first within each configuration."""
     marked: list[Run] = []
     for group in _comparable(runs).values():
         best = max(group, key=lambda r: r.published)

@@ -83,9 +83,7 @@ def chunk_layers(model: ModelSpec, layout: Layout) -> tuple[Table, Table]:
     Returns:
         ``(layers[rank][chunk], moe_layers[rank][chunk])``, counts.
 
-    Raises:
-        InfeasibleLayout: (``pipeline_split``) the layers do not split as the layout asks.
-    """
+    Raises InfeasibleLayout: (``pipeline_split``) the layers do not split as the layout asks."""
     return _chunk_layers(model.moe_layer_freq, layout.pp, layout.vpp, layout.num_layers_in_first_pipeline_stage,
                          layout.num_layers_in_last_pipeline_stage)
 
@@ -113,9 +111,7 @@ def rank_class_of(model: ModelSpec, layout: Layout, representatives: list[int]) 
     Returns:
         ``pp`` class indices.
 
-    Raises:
-        AssertionError: a rank whose class has no representative (the class definition changed).
-    """
+    Raises AssertionError: a rank whose class has no representative (the class definition changed)."""
     layers, moe = chunk_layers(model, layout)
     pp = layout.pp
 
@@ -134,9 +130,7 @@ def chunk_context(c: TableContext, layers: Table, moe: Table, recompute_num_laye
     rank only for the model's first (last) stage, so the output layer's time lands on the last stage. Block recompute
     re-runs the first ``recompute_num_layers`` layers of each chunk (transformer_block.py ``_checkpointed_forward``).
 
-    Raises:
-        AssertionError: ``c`` holds more than one layout.
-    """
+    Raises AssertionError: ``c`` holds more than one layout."""
     assert c.n == 1, "chunk_context takes the context of one layout"
     pp, vpp = len(layers), len(layers[0])
     flat = np.array([x for row in layers for x in row], dtype=np.float64)[None, :]
@@ -171,9 +165,7 @@ def _logits_forward_time(c: TableContext) -> Array:
     forward ``1 / (1 + elementwise_backward_ratio)`` of the loss (:func:`cost_model.terms.compute.loss_time`; the
     measured cost is of forward + backward together, split here like the other memory-bound work).
 
-    Returns:
-        Seconds, ``(n, K)``.
-    """
+    Returns: Seconds, ``(n, K)``."""
     f = compute.logits_flops(c)
     gemm = f / (c.bf16_peak_flops * compute.gemm_efficiency(f, c.cal))
     loss = compute.loss_time(c) / (1.0 + c.cal.elementwise_backward_ratio)
@@ -192,9 +184,7 @@ def forward_parts(c: TableContext, copies: Array) -> dict[str, Array]:
     Args:
         copies: :func:`cost_model.terms.activations.routed_token_copies`, ``(n, 1)``.
 
-    Returns:
-        Seconds per micro-batch, ``(n, K)`` for each of :data:`CHUNK_PARTS`.
-    """
+    Returns: Seconds per micro-batch, ``(n, K)`` for each of :data:`CHUNK_PARTS`."""
     linear = compute.attention_linear_time(c)
     core = compute.core_attention_time(c)
     elem_attn = compute.attention_elementwise_time(c)
@@ -271,9 +261,7 @@ def chunk_times(
     Returns:
         A :class:`ChunkTimes`.
 
-    Raises:
-        InfeasibleLayout: (``pipeline_split``) the layers do not split as the layout asks.
-    """
+    Raises InfeasibleLayout: (``pipeline_split``) the layers do not split as the layout asks."""
     pp, vpp = layout.pp, layout.vpp
     layers, moe = chunk_layers(model, layout)
     cls = list(rank_class_of(model, layout, [int(x) for x in c.rank[0]]))
@@ -321,9 +309,7 @@ def pipeline_time(times: ChunkTimes, layout: Layout, num_microbatches: int) -> f
     Returns:
         Seconds.
 
-    Raises:
-        TunerError: an interleaved schedule with fewer micro-batches than pipeline ranks.
-    """
+    Raises TunerError: an interleaved schedule with fewer micro-batches than pipeline ranks."""
     return pipeline_makespan(layout.pp, layout.vpp, num_microbatches, [list(r) for r in times.forward_s], [list(r) for r in times.backward_s])
 
 
@@ -382,7 +368,5 @@ class StepDetails:
 def simulated_schedule(times: ChunkTimes, layout: Layout, num_microbatches: int) -> tuple[ScheduledOp, ...]:
     """Every operation of :func:`pipeline_time`'s simulation, with its start and end (seconds).
 
-    Raises:
-        TunerError: as :func:`pipeline_time`.
-    """
+    Raises TunerError: as :func:`pipeline_time`."""
     return tuple(simulate_pipeline(layout.pp, layout.vpp, num_microbatches, [list(r) for r in times.forward_s], [list(r) for r in times.backward_s]))

@@ -142,9 +142,7 @@ def _band(d: Any, where: str) -> Band:
 def load_error_bars(path: Path = ERROR_BARS_FILE) -> tuple[dict[str, Band], dict[str, Band]]:
     """The throughput and memory bands of every family in ``path``.
 
-    Raises:
-        TunerError: the file is unreadable, or a band is not ``0 < low <= 1 <= high``.
-    """
+    Raises TunerError: the file is unreadable, or a band is not ``0 < low <= 1 <= high``."""
     try:
         d = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as e:

@@ -146,9 +146,7 @@ def _slime(lines: list[str]) -> list[MeasuredStep]:
 def read_log(path: str | Path) -> list[MeasuredStep]:
     """Every step's timing in a NeMo-RL or slime log (format detected).
 
-    Raises:
-        TunerError: an unreadable file, or one with no step timing in either format.
-    """
+    Raises TunerError: an unreadable file, or one with no step timing in either format."""
     p = Path(path)
     lines = read_user_text(p, f"--log {str(p)!r}", "a NeMo-RL or slime log", limit=MAX_DATA_BYTES, errors="replace").splitlines()
     try:
@@ -182,9 +180,7 @@ def fit_from_measured(plan: RLPlan, measured: dict[str, float | None], base: RLC
     takes what the measured step has beyond its measured parts (synchronous runs only: in an
     async run ``generation`` is the exposed part). Parts the log lacks keep ``base``'s values.
 
-    Raises:
-        TunerError: a plan or measurement with no step time.
-    """
+    Raises TunerError: a plan or measurement with no step time."""
     p = plan.parts
     step = measured.get("step_time_s")
     if not step or step <= 0:

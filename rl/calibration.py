@@ -73,9 +73,7 @@ DEFAULT_RL_CALIBRATION = RLCalibration()
 def load_rl_calibration(path: str | Path) -> RLCalibration:
     """Read a YAML file written by :func:`save_rl_calibration` (unknown keys rejected).
 
-    Raises:
-        TunerError: unreadable file, not a mapping, unknown keys (listed with the accepted ones), bad values.
-    """
+    Raises TunerError: unreadable file, not a mapping, unknown keys (listed with the accepted ones), bad values."""
     p = Path(path)
     data = load_user_yaml(p, f"--calibration {str(p)!r}", "an RL calibration YAML")
     if not isinstance(data, dict):

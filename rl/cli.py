@@ -405,9 +405,7 @@ def plan(
 def _backends(framework: Framework, trainer_backend: str) -> tuple[TrainerBackend, ...]:
     """The trainer backends ``--trainer-backend`` names ("" or ``all``: the framework's).
 
-    Raises:
-        TunerError: a name that is not a backend.
-    """
+    Raises TunerError: a name that is not a backend."""
     if trainer_backend in ("", "all"):
         return (TrainerBackend.megatron,) if framework == Framework.slime else (TrainerBackend.megatron, TrainerBackend.automodel)
     try:

@@ -274,9 +274,7 @@ AIC_SYSTEMS: dict[str, str] = {
 def aic_model_name(model: str) -> str:
     """aiconfigurator's model id for our preset ``model``.
 
-    Raises:
-        TunerError: a model aiconfigurator has no configuration for (the supported ones listed).
-    """
+    Raises TunerError: a model aiconfigurator has no configuration for (the supported ones listed)."""
     for k, v in AIC_MODELS.items():
         if k.lower() == model.lower():
             return v
@@ -286,9 +284,7 @@ def aic_model_name(model: str) -> str:
 def aic_system_name(gpu: str, engine: Engine) -> str:
     """aiconfigurator's system for our GPU name, checked to have data for ``engine``.
 
-    Raises:
-        TunerError: a GPU without aiconfigurator data for that engine (the supported ones listed).
-    """
+    Raises TunerError: a GPU without aiconfigurator data for that engine (the supported ones listed)."""
     system = AIC_SYSTEMS.get(gpu.upper() if gpu.upper() in AIC_SYSTEMS else gpu)
     supported = _systems_with_data(engine)
     if system is None or (supported is not None and system not in supported):
@@ -319,9 +315,7 @@ def cache_dir() -> Path:
 def _require_aiconfigurator() -> Any:
     """Import aiconfigurator's engine module.
 
-    Raises:
-        TunerError: aiconfigurator is not installed (names the ``rl`` extra).
-    """
+    Raises TunerError: aiconfigurator is not installed (names the ``rl`` extra)."""
     try:
         return importlib.import_module("aiconfigurator_core.sdk.engine")
     except ImportError:

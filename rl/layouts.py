@@ -63,9 +63,7 @@ def _int(v: float, key: str, text: str, what: str) -> int:
 def parse_trainer_layout(text: str, what: str = "trainer_layout") -> TrainerLayout:
     """Parse a trainer layout string.
 
-    Raises:
-        TunerError: an unknown backend or key, or a non-integer degree.
-    """
+    Raises TunerError: an unknown backend or key, or a non-integer degree."""
     kind, kv = _kv(text, what, ("tp", "cp", "ep", "pp", "vpp"))
     try:
         backend = TrainerBackend(kind)
@@ -80,9 +78,7 @@ def parse_trainer_layout(text: str, what: str = "trainer_layout") -> TrainerLayo
 def parse_engine_layout(text: str, what: str = "rollout_layout") -> EngineLayout:
     """Parse a rollout layout string.
 
-    Raises:
-        TunerError: an unknown engine or key, a bad value, or a shape whose EP does not divide its ranks.
-    """
+    Raises TunerError: an unknown engine or key, a bad value, or a shape whose EP does not divide its ranks."""
     kind, kv = _kv(text, what, ("tp", "ep", "pp", "dp", "gpu_memory_utilization", "enforce_eager", "max_num_seqs"))
     try:
         engine = Engine(kind)

@@ -69,9 +69,7 @@ class LengthDistribution:
     def draw(self, n: int, *, seed: int = 0) -> npt.NDArray[np.int64]:
         """``n`` lengths at the quantiles ``(i + 0.5) / n``, shuffled with ``seed``.
 
-        Returns:
-            Shape ``(n,)`` int64 array of tokens.
-        """
+        Returns: Shape ``(n,)`` int64 array of tokens."""
         if n <= 0:
             return np.zeros(0, dtype=np.int64)
         cdf = np.cumsum(self.probs)
@@ -103,9 +101,7 @@ class LengthDistribution:
         ``names`` are the options the mean and the maximum came from, for the errors
         (``("--mean-prompt-len", "--prompt-len")`` for prompts).
 
-        Raises:
-            TunerError: ``max_len < 1`` or ``mean`` not in ``(0, max_len)``.
-        """
+        Raises TunerError: ``max_len < 1`` or ``mean`` not in ``(0, max_len)``."""
         mean_name, max_name = names
         if max_len < 1:
             raise TunerError(f"{max_name} {max_len}: must be at least 1")

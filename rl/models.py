@@ -11,7 +11,5 @@ __all__ = ["load_rl_model"]
 def load_rl_model(name: str) -> ModelSpec:
     """A preset or a ``config.json`` path (:func:`specs.load_model`).
 
-    Raises:
-        TunerError: an unknown name (every known one listed) or an unreadable config.
-    """
+    Raises TunerError: an unknown name (every known one listed) or an unreadable config."""
     return load_model(name, allow_config_args=True)  # the RL plan's launches do not pass them

@@ -252,9 +252,7 @@ def check_async_steps(job: RLJob, async_steps: int, *, sweep: bool = True) -> No
     """Check an async depth K: 0..:data:`MAX_ASYNC_STEPS`; for a plan search, which sweeps 0..K
     (``sweep``), the sweep's simulated sequences at most :data:`MAX_SWEEP_SEQUENCES` too.
 
-    Raises:
-        TunerError: K out of range, or a sweep too large (the deepest K accepted for the job named).
-    """
+    Raises TunerError: K out of range, or a sweep too large (the deepest K accepted for the job named)."""
     if not 0 <= async_steps <= MAX_ASYNC_STEPS:
         raise TunerError(
             f"--async-steps {async_steps}: accepted 0..{MAX_ASYNC_STEPS} (steps of off-policyness; "
@@ -600,9 +598,7 @@ def _splits(cl: Cluster, colocated: bool | None, rollout_gpus: Iterable[int] | N
     """The ``(colocated, rollout GPUs)`` splits to try: all GPUs colocated, and every whole-node split (or those of
     ``rollout_gpus``) that leaves the trainer a node.
 
-    Raises:
-        TunerError: rollout GPUs that are not whole nodes or leave no trainer GPU; non-colocated on one node.
-    """
+    Raises TunerError: rollout GPUs that are not whole nodes or leave no trainer GPU; non-colocated on one node."""
     nodes, per = cl.num_nodes, cl.gpus_per_node
     splits: list[tuple[bool, int]] = []
     if colocated in (None, True):

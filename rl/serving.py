@@ -145,9 +145,7 @@ def read_serving_runs(path: str | Path) -> tuple[list[ServingRun], list[str]]:
     Returns:
         ``(rows, errors)``: the readable rows, and one message per unreadable row naming its line and column.
 
-    Raises:
-        TunerError: an unreadable file, or a header without the required columns (listed).
-    """
+    Raises TunerError: an unreadable file, or a header without the required columns (listed)."""
 
     def build(line: int, v: Mapping[str, Any]) -> ServingRun:
         if v["load"] == "closed" and v["concurrency"] < 1:
@@ -162,9 +160,7 @@ def read_serving_runs(path: str | Path) -> tuple[list[ServingRun], list[str]]:
 def _check_lengths(text: str) -> float | None:
     """The range ratio of ``uniform:R`` (None for ``fixed`` / ``sharegpt``).
 
-    Raises:
-        ValueError: anything else.
-    """
+    Raises ValueError: anything else."""
     if text in ("fixed", "sharegpt"):
         return None
     kind, _, ratio = text.partition(":")
@@ -188,9 +184,7 @@ def serving_requests(row: ServingRun) -> tuple[npt.NDArray[np.int64], npt.NDArra
     """Prompt and output lengths of the row's ``num_prompts`` requests (shape ``(num_prompts,)`` each; see the module
     docstring).
 
-    Raises:
-        TunerError: ShareGPT means that do not fit under its 2,048-token cut.
-    """
+    Raises TunerError: ShareGPT means that do not fit under its 2,048-token cut."""
     n = row.num_prompts
     ratio = _check_lengths(row.lengths)
     if row.lengths == "fixed":
@@ -308,9 +302,7 @@ def silicon_runs(systems: Sequence[str] = ("h100_sxm", "h200_sxm")) -> tuple[lis
         ``(rows, skipped)``: the rows, and why the others were set aside (a shape whose
         ``tp x attention_dp`` is not ``moe_tp x moe_ep``).
 
-    Raises:
-        TunerError: aiconfigurator is not installed (the ``rl`` extra named).
-    """
+    Raises TunerError: aiconfigurator is not installed (the ``rl`` extra named)."""
     import importlib.util
     import re
 

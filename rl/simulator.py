@@ -107,9 +107,7 @@ def simulate_engine(
     Returns:
         The engine's makespan and its parts.
 
-    Raises:
-        TunerError: a single request longer than the whole KV cache (it could never run).
-    """
+    Raises TunerError: a single request longer than the whole KV cache (it could never run)."""
     prompt = np.asarray(prompt_lens, dtype=np.int64)
     resp = np.asarray(response_lens, dtype=np.int64)
     r = len(prompt)
@@ -261,9 +259,7 @@ def simulate_rollout(
     data-parallel workers (``nemo_rl/models/generation/vllm/vllm_generation.py``,
     ``generate``: ``shard_by_batch_size``); GRPO's generations of one prompt stay together.
 
-    Raises:
-        TunerError: ``num_engines < 1``, or a request that fits no engine's KV cache.
-    """
+    Raises TunerError: ``num_engines < 1``, or a request that fits no engine's KV cache."""
     if num_engines < 1:
         raise TunerError(f"the rollout needs at least one engine, got {num_engines}")
     idx = np.array_split(np.arange(len(prompt_lens)), num_engines)

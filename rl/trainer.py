@@ -154,9 +154,7 @@ def rl_workload(*, sequences: int, mean_total_len: float, max_total_len: int, pr
         precision: the training GEMMs' precision (NeMo-RL ``megatron_cfg.fp8_cfg``: ``fp8_recipe:
             blockwise`` is :attr:`specs.Precision.fp8_blockwise`).
 
-    Raises:
-        TunerError: non-positive sizes.
-    """
+    Raises TunerError: non-positive sizes."""
     if sequences < 1 or mean_total_len <= 0:
         raise TunerError(f"an RL step needs sequences >= 1 and a positive mean length, got {sequences}, {mean_total_len:g}")
     seq = int(min(math.ceil(mean_total_len / 256) * 256, math.ceil(max_total_len / 256) * 256))
@@ -242,9 +240,7 @@ def best_trainer(
     Returns:
         Up to ``top`` plans, fastest (training + log-prob) first; empty when none fits.
 
-    Raises:
-        TunerError: from the enumeration (a cluster size it cannot use).
-    """
+    Raises TunerError: from the enumeration (a cluster size it cannot use)."""
     enum = enumerate_layouts(_space(backend), model, cluster.num_gpus, workload)
     if len(enum.valid) == 0:
         return []
@@ -289,9 +285,7 @@ def trainer_for_layout(
     Uneven first / last pipeline stages are tried when the even split breaks a rule
     (Qwen3-235B's 94 layers on pp 8 run as 11 + 6 x 12 + 11 in NeMo-RL's recipe).
 
-    Raises:
-        TunerError: a layout that breaks a Megatron rule (the rule named).
-    """
+    Raises TunerError: a layout that breaks a Megatron rule (the rule named)."""
     base = Layout(
         world_size=cluster.num_gpus,
         tp=tp,

@@ -137,9 +137,7 @@ def read_runs(path: str | Path) -> tuple[list[RunRow], list[str]]:
     Returns:
         ``(rows, errors)``: the readable rows, and one message per unreadable row naming its line and column.
 
-    Raises:
-        TunerError: an unreadable file, or a header that lacks required columns (listed).
-    """
+    Raises TunerError: an unreadable file, or a header that lacks required columns (listed)."""
 
     def build(line: int, v: Mapping[str, Any]) -> RunRow:
         named = {k: x for k, x in v.items() if k not in ("trainer_layout", "rollout_layout")}
@@ -154,9 +152,7 @@ def read_runs(path: str | Path) -> tuple[list[RunRow], list[str]]:
 def row_job(row: RunRow, *, mean_prompt_len: float = ASSUMED_MEAN_PROMPT_LEN) -> RLJob:
     """The :class:`RLJob` a row describes.
 
-    Raises:
-        TunerError: an unknown model or GPU, or sizes that do not make a job.
-    """
+    Raises TunerError: an unknown model or GPU, or sizes that do not make a job."""
     model = load_rl_model(row.model)
     gpu = load_gpu(row.gpu)
     per_node = gpu.network_bytes_per_s_per_gpu * row.gpus_per_node
@@ -186,9 +182,7 @@ def row_job(row: RunRow, *, mean_prompt_len: float = ASSUMED_MEAN_PROMPT_LEN) ->
 def predict_row(row: RunRow, *, calibration: RLCalibration = DEFAULT_RL_CALIBRATION, latency: LatencyProvider = default_latency) -> RLPlan:
     """Predict one measured run with its own split and layouts.
 
-    Raises:
-        TunerError: the row's model, GPU, engine or layout cannot be predicted (the reason named).
-    """
+    Raises TunerError: the row's model, GPU, engine or layout cannot be predicted (the reason named)."""
     job = row_job(row)
     sub = Cluster(
         gpu=job.cluster.gpu,
@@ -306,9 +300,7 @@ def fit_calibration(results: Sequence[RowResult], *, base: RLCalibration = DEFAU
     Minimises the sum of |log(predicted / measured)| (robust to a few outliers) with Nelder-Mead
     over log-factors, starting from ``base``. The results must have been predicted under ``base``.
 
-    Raises:
-        TunerError: no predicted row to fit.
-    """
+    Raises TunerError: no predicted row to fit."""
     use = [r for r in results if r.plan is not None]
     if not use:
         raise TunerError("no predicted row to calibrate on")
@@ -376,9 +368,7 @@ def fit_calibrations(results: Sequence[RowResult], *, base: RLCalibration = DEFA
     Minimises the sum of |log(predicted / measured)| over all rows (Nelder-Mead over log-factors),
     starting from ``base``; the results must have been predicted under ``base``.
 
-    Raises:
-        TunerError: no predicted row to fit.
-    """
+    Raises TunerError: no predicted row to fit."""
     use = [r for r in results if r.plan is not None]
     if not use:
         raise TunerError("no predicted row to calibrate on")

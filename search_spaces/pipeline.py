@@ -232,9 +232,7 @@ def _expanded_size(text: str, flat: str, pattern: re.Pattern[str]) -> int:
     """Length of ``flat`` once every ``pattern`` match (``group(1)`` repeated ``group(2)`` times)
     is expanded, computed without expanding.
 
-    Raises:
-        InfeasibleLayout: (``pipeline_layout``) if that exceeds :data:`MAX_LAYOUT_SYMBOLS`.
-    """
+    Raises InfeasibleLayout: (``pipeline_layout``) if that exceeds :data:`MAX_LAYOUT_SYMBOLS`."""
     try:
         size = len(flat) + sum(len(mt.group(1)) * int(mt.group(2)) - len(mt.group(0)) for mt in pattern.finditer(flat))
     except ValueError:  # a repeat count too long for int()

@@ -597,9 +597,7 @@ def layout_warnings(layout: Layout, model: ModelSpec, options: RunOptions) -> li
     (``overlap_moe_expert_parallel_comm``) an odd number of MoE layers on a pipeline stage (a virtual stage with
     VPP) was reported to hang (NVIDIA/Megatron-LM issue 1810, cited by issue 1852; affected releases unknown).
 
-    Returns:
-        One line per warning (empty when none).
-    """
+    Returns: One line per warning (empty when none)."""
     out: list[str] = []
     if options.overlap_moe_expert_parallel_comm and model.is_moe:
         counts = _layout_counts(layout, model)

@@ -97,9 +97,7 @@ def check_layout(layout: Layout, model: ModelSpec, workload: Workload, env: Rule
         workload: sequence length and global batch.
         env: release and network of the environment-dependent rules.
 
-    Returns:
-        ``[(rule_id, reason), ...]`` in check order; empty when the layout is valid.
-    """
+    Returns: ``[(rule_id, reason), ...]`` in check order; empty when the layout is valid."""
     table = LayoutTable.from_layouts([layout])
     return [
         (rule.id, rule.explain(layout, model, workload, env))

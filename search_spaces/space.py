@@ -151,9 +151,7 @@ class PipelineSplitSpace:
         written out. Deficits that leave no whole middle size define no split and are not candidates. Duplicate pairs
         are listed once; ``pp == 1`` has only the even split.
 
-        Returns:
-            Distinct ``(first, last)`` pairs, even first.
-        """
+        Returns: Distinct ``(first, last)`` pairs, even first."""
         out: list[tuple[int, int]] = [(0, 0)] if self.even else []
         if pp < 2:
             return out
@@ -300,9 +298,7 @@ class SearchSpace:
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "search space") -> SearchSpace:
         """Build from a mapping; missing keys take the bundled default's values.
 
-        Raises:
-            TunerError: unknown keys (listed with the accepted ones) or a bad value.
-        """
+        Raises TunerError: unknown keys (listed with the accepted ones) or a bad value."""
         cls._reject_unknown(data, source)
         d = {**_read_default(), **data}
 

@@ -80,9 +80,7 @@ def load_user_yaml(path: Any, label: str, expected: str) -> Any:
         label: how the file is named in messages (``--space PATH``).
         expected: what the file should be, for a file that is not text ("a YAML search space").
 
-    Raises:
-        TunerError: the file cannot be read, is not UTF-8 text, or is not accepted by :func:`read_user_yaml`.
-    """
+    Raises TunerError: the file cannot be read, is not UTF-8 text, or is not accepted by :func:`read_user_yaml`."""
     from specs.files import parse_errors, read_user_text
 
     text = read_user_text(path, label, expected)

@@ -33,9 +33,7 @@ class InfeasibleLayout(TunerError):
 def enum_member(enum: type[E], value: object, flag: str) -> E:
     """``value`` (a member of ``enum`` or its value, e.g. ``"bf16"``) as the member.
 
-    Raises:
-        TunerError: ``value`` is none of ``enum``'s values; the message names ``flag`` and lists them.
-    """
+    Raises TunerError: ``value`` is none of ``enum``'s values; the message names ``flag`` and lists them."""
     try:
         return enum(value)
     except ValueError:

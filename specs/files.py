@@ -63,9 +63,7 @@ def read_user_text(path: str | Path, label: str, expected: str, *, limit: int = 
         encoding: its text encoding (``utf-8-sig`` drops a spreadsheet's byte-order mark).
         errors: what to do with bytes that are not ``encoding`` (``replace``: a log's stray bytes).
 
-    Raises:
-        TunerError: missing or unreadable, not a regular file, larger than ``limit``, or not text in ``encoding``.
-    """
+    Raises TunerError: missing or unreadable, not a regular file, larger than ``limit``, or not text in ``encoding``."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block the open
     except (OSError, ValueError) as e:
@@ -107,9 +105,7 @@ def load_user_json(path: str | Path, label: str, expected: str, *, limit: int = 
     """A user's JSON file, read with :func:`read_user_text`; a key written twice in one object is refused (``json``
     keeps the last one silently, as PyYAML would: the YAML readers refuse it too).
 
-    Raises:
-        TunerError: as :func:`read_user_text`, not JSON, a repeated key, or as :func:`parse_errors`.
-    """
+    Raises TunerError: as :func:`read_user_text`, not JSON, a repeated key, or as :func:`parse_errors`."""
     text = read_user_text(path, label, expected, limit=limit)
     with parse_errors(label, expected):
         try:
@@ -135,9 +131,7 @@ def refuse_another_kind(path: str | Path, text: str | bytes, *, label: str = "")
     of file being written: :func:`write_output`'s check, for a command to make before work that takes long). A missing
     or unreadable file passes (the write reports it).
 
-    Raises:
-        TunerError: naming the file; ``--force`` replaces it.
-    """
+    Raises TunerError: naming the file; ``--force`` replaces it."""
     data = text.encode() if isinstance(text, str) else text
     try:
         with open(path, "rb") as fh:

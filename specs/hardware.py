@@ -136,9 +136,7 @@ def load_gpu(name: str) -> GPUSpec:
 def _checked_datasheet(file: str, text: str) -> dict[str, Any]:
     """A GPU datasheet's YAML, checked against ``specs/data/gpu.schema.json``.
 
-    Raises:
-        TunerError: not YAML, or the first schema error, with the file, the key and what is accepted.
-    """
+    Raises TunerError: not YAML, or the first schema error, with the file, the key and what is accepted."""
     import jsonschema
 
     try:
@@ -181,9 +179,7 @@ def network_bytes_per_s(gbps: float) -> float:
 def check_network_gbps(bytes_per_s: float) -> None:
     """Refuse a per-node network bandwidth (bytes/s) outside [MIN_NETWORK_GBPS, MAX_NETWORK_GBPS] Gb/s.
 
-    Raises:
-        TunerError: not finite, or outside the range (one message naming ``--network-gbps`` and the range).
-    """
+    Raises TunerError: not finite, or outside the range (one message naming ``--network-gbps`` and the range)."""
     network_bytes_per_s(bytes_per_s * 8 / 1e9)
 
 

@@ -340,9 +340,7 @@ def _encode(values: npt.NDArray[Any]) -> tuple[npt.NDArray[np.str_], npt.NDArray
     """A string column as its categories and each row's :data:`CODE_DTYPE` code: for a few rows the distinct values
     in order of appearance, else :func:`categories`' order.
 
-    Raises:
-        ValueError: more distinct values than the codes can count.
-    """
+    Raises ValueError: more distinct values than the codes can count."""
     strings = values if values.dtype.kind == "U" else values.astype(str)
     if len(strings) <= 64:
         first = {v: i for i, v in enumerate(dict.fromkeys(strings.reshape(-1).tolist()))}
@@ -369,9 +367,7 @@ def enum_mask(table: LayoutTable, column: str, enum: type[_E], predicate: Callab
         enum: the enum class the values belong to.
         predicate: what to ask of each member.
 
-    Returns:
-        Bool array of shape ``(len(table),)``.
-    """
+    Returns: Bool array of shape ``(len(table),)``."""
     holds = {member.value: predicate(member) for member in enum}
     return table.where(column, lambda v: holds.get(v, False))
 

@@ -297,9 +297,7 @@ class ModelSpec:
         Not counted: the input embedding (a lookup, not a matmul) and norm weights. For MiniMax-M2 this gives the seed's
         N = 10,415,112,192 (seeds/001 ``result.mfu``).
 
-        Returns:
-            Number of parameters (elements).
-        """
+        Returns: Number of parameters (elements)."""
         attn = self.attention_params()
         moe_layer = attn + self.router_params() + self.moe_router_topk * self.expert_params() + self.shared_expert_params()
         dense_layer = attn + self.dense_mlp_params()
@@ -312,9 +310,7 @@ class ModelSpec:
     def total_params(self) -> int:
         """Every weight: embeddings, output layer (if untied), layers, norms, MTP.
 
-        Returns:
-            Number of parameters (elements).
-        """
+        Returns: Number of parameters (elements)."""
         h = self.hidden_size
         attn = self.attention_params() + self.attention_norm_params()
         moe_layer = attn + self.router_params() + self.num_experts * self.expert_params() + self.shared_expert_params()
@@ -360,9 +356,7 @@ def _yarn_details(rs: dict[str, Any], cfg: dict[str, Any], where: str) -> dict[s
     (``_compute_yarn_parameters``): ``original_max_position_embeddings`` (else the config's
     ``max_position_embeddings``), ``beta_fast`` (32) and ``beta_slow`` (1) when absent or null, ``truncate`` (true).
 
-    Raises:
-        TunerError: a value of the wrong type (``truncate`` is checked by :class:`ModelSpec`).
-    """
+    Raises TunerError: a value of the wrong type (``truncate`` is checked by :class:`ModelSpec`)."""
     return {
         "rope_scaling_original_max_position_embeddings": _as_int(
             _first(rs, "original_max_position_embeddings", default=cfg.get("max_position_embeddings") or 0),
@@ -383,9 +377,7 @@ def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
 def model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") -> ModelSpec:
     """Build a :class:`ModelSpec` from a Hugging Face ``config.json`` dictionary (see :func:`_model_from_hf_config`).
 
-    Raises:
-        TunerError: a required field is missing, or any field has a wrong type or value.
-    """
+    Raises TunerError: a required field is missing, or any field has a wrong type or value."""
     try:
         return _model_from_hf_config(cfg, name=name, where=where)
     except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as e:  # OverflowError: int(1e999)
@@ -417,9 +409,7 @@ _REQUIRED = {
 def _sizes(cfg: dict[str, Any], w: str) -> tuple[dict[str, int], int, Any, Any]:
     """The required sizes (:data:`_REQUIRED`), the routed experts and the raw dense and expert FFN widths.
 
-    Raises:
-        TunerError: a required size missing or not a positive integer up to :data:`MAX_CONFIG_INT`.
-    """
+    Raises TunerError: a required size missing or not a positive integer up to :data:`MAX_CONFIG_INT`."""
     vals = {k: _first(cfg, *alts) for k, alts in _REQUIRED.items()}
     missing = [k for k, v in vals.items() if v is None]
     num_experts = _as_int(_first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0, "num_local_experts", w)
@@ -540,9 +530,7 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
     A ``"tuner"`` section may override derived fields (e.g. ``{"mtp_num_layers": 0}``); a ``text_config`` section
     (multimodal checkpoints) is used when present.
 
-    Raises:
-        TunerError: if a required field is missing or not a positive integer.
-    """
+    Raises TunerError: if a required field is missing or not a positive integer."""
     w = where or name
     cfg, over = _unwrap(cfg, w)
     vals, num_experts, inter, moe_inter = _sizes(cfg, w)

@@ -112,9 +112,7 @@ def intra_domain_efficiency() -> dict[str, float | None]:
 def load_network(key: str) -> Network:
     """The fabric named ``key`` (case-insensitive).
 
-    Raises:
-        TunerError: unknown name, with the known ones.
-    """
+    Raises TunerError: unknown name, with the known ones."""
     fabrics = _data()["fabrics"]
     by_lower = {k.lower(): k for k in fabrics}
     real = by_lower.get(str(key).strip().lower())

@@ -58,9 +58,7 @@ def list_stacks() -> list[str]:
 def load_stack(name: str) -> StackPreset:
     """The bundled preset ``name`` (case-insensitive; ``megatron`` is ``megatron-lm``).
 
-    Raises:
-        TunerError: an unknown name (the accepted ones listed), or a preset file that does not hold a stack.
-    """
+    Raises TunerError: an unknown name (the accepted ones listed), or a preset file that does not hold a stack."""
     key = STACK_ALIASES.get(str(name).strip().lower(), str(name).strip().lower())
     files = data_files(STACK_DIR, ".yaml")
     if key not in files:

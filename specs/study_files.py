@@ -76,9 +76,7 @@ def check_output_path(option: str, path: Path, *, writes: str | None = None, stu
     (``--force``), and then the link itself, not what it points to (:func:`specs.files.write_output`, which also checks
     the kind of file).
 
-    Raises:
-        TunerError: naming ``option``, the path and why.
-    """
+    Raises TunerError: naming ``option``, the path and why."""
     if not path.parent.is_dir():
         what = "is a file, not a folder" if path.parent.exists() else "does not exist; create it first"
         raise TunerError(f"{option} {str(path)!r}: {path.parent} {what}")

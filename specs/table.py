@@ -87,9 +87,7 @@ def read_table(path: str | Path, columns: Sequence[Column], build: Callable[[int
         ``(rows, errors)``: the rows ``build`` made, and one message per refused row naming its line and
         column (``line 3: column load: cannot read 'sometimes'``); a row is refused at its first bad cell.
 
-    Raises:
-        TunerError: the file cannot be read, or its header lacks required columns (listed with the table's).
-    """
+    Raises TunerError: the file cannot be read, or its header lacks required columns (listed with the table's)."""
     from specs.files import MAX_DATA_BYTES, parse_errors, read_user_text
 
     text = read_user_text(Path(path), what, f"a CSV {table} table", limit=MAX_DATA_BYTES, encoding="utf-8-sig")

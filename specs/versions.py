@@ -25,9 +25,7 @@ _VERSION_RE = re.compile(r"\s*(?:core_v|v)?(\d+)\.(\d+)(?:\.\d+)?(?:(?:rc|a|b|\.
 def megatron_core_version(text: str) -> tuple[int, int]:
     """``(major, minor)`` of a megatron-core version string such as ``0.16``, ``0.16.0rc0`` or ``core_v0.19.2``.
 
-    Raises:
-        TunerError: not a version, or a release the project does not know (the known ones are named).
-    """
+    Raises TunerError: not a version, or a release the project does not know (the known ones are named)."""
     m = _VERSION_RE.fullmatch(str(text))
     known = ", ".join(KNOWN_MEGATRON_CORE)
     if not m:

@@ -91,20 +91,14 @@ def routed_token_copies(c: TableContext) -> Array:
     Each of a TP group's tokens goes to ``topk`` experts; with sequence parallelism a GPU starts
     with ``tokens / tp`` of them, and ETP ranks each process every copy routed to their experts.
 
-    Returns:
-        Token copies (a count), ``(n, 1)``.
-    """
+    Returns: Token copies (a count), ``(n, 1)``."""
     m = c.dims
     return c.tokens * m.topk * col(c.etp) / col(c.tp) * c.load_imbalance
 
 
 def layer_input_bytes(c: TableContext) -> Array:
     """The layer's input (sequence-parallel shard): ``2 x tokens x h / tp``. What full recompute keeps
-    per recomputed layer (Korthikanti Table 2, "full recompute: 2sbh").
-
-    Returns:
-        Bytes, ``(n, 1)``.
-    """
+    per recomputed layer (Korthikanti Table 2, "full recompute: 2sbh")."""
     return BF16_BYTES * c.tokens * c.dims.h / col(c.tp)
 
 
@@ -113,9 +107,7 @@ def qk_norm_bytes(c: TableContext) -> Array:
     (K is half of ``kv_dim``, which holds K and V). Measured under TE: ``[tokens x heads, d]`` and
     ``[tokens x groups, d]`` bf16 in the attention census.
 
-    Returns:
-        Bytes, ``(n, 1)``; 0 without QK norm.
-    """
+    Returns: Bytes, ``(n, 1)``; 0 without QK norm."""
     m = c.dims
     if not m.qk_layernorm:
         return np.zeros_like(c.tokens)
@@ -134,11 +126,7 @@ def attention_bytes(c: TableContext) -> Array:
     copies of the output (``scaled_dot_product_attention``'s output is permuted into a new tensor). MLA: the
     expanded keys and values (``saved_kv_dim``) and the two latents, each saved as an up-projection's input (bf16)
     and its norm's output (g). Korthikanti §4.1 "attention block" without the ``5as^2b`` scores and the dropout
-    mask (flash attention, dropout 0).
-
-    Returns:
-        Bytes, ``(n, 1)``.
-    """
+    mask (flash attention, dropout 0)."""
     m = c.dims
     tp = col(c.tp)
     g = c.saved_gemm_input_bytes
@@ -159,11 +147,7 @@ def core_attention_bytes(c: TableContext) -> Array:
     the attention output where no later GEMM keeps it: under TE in bf16 the output projection saves that very
     tensor as its input (nothing more freed); in fp8 the projection keeps its own quantised copy, so the bf16 output
     goes (``+ 2 x tokens x ctx_dim / tp``); without TE one of the two output copies goes (the same). Megatron-core
-    ``Attention._checkpointed_attention_forward`` (``tensor_parallel.checkpoint`` of the core attention).
-
-    Returns:
-        Bytes, ``(n, 1)``.
-    """
+    ``Attention._checkpointed_attention_forward`` (``tensor_parallel.checkpoint`` of the core attention)."""
     m = c.dims
     tp = col(c.tp)
     frees_output = c.quantized or not c.options.te_attention
@@ -172,11 +156,7 @@ def core_attention_bytes(c: TableContext) -> Array:
 
 def norm_bytes(c: TableContext) -> Array:
     """One norm's output (or input), ``2 x tokens x h / tp``: the unit of what selective ``layernorm`` recompute
-    frees (Korthikanti: "layer norms 4sbh" for the two).
-
-    Returns:
-        Bytes, ``(n, 1)``.
-    """
+    frees (Korthikanti: "layer norms 4sbh" for the two)."""
     return BF16_BYTES * c.tokens * c.dims.h / col(c.tp)
 
 
@@ -206,9 +186,7 @@ def expert_bytes(c: TableContext, copies: Array) -> Array:
     Args:
         copies: :func:`routed_token_copies`, ``(n, 1)``.
 
-    Returns:
-        Bytes, ``(n, 1)``; 0 for a dense model.
-    """
+    Returns: Bytes, ``(n, 1)``; 0 for a dense model."""
     m = c.dims
     if not m.is_moe:
         return np.zeros_like(c.tokens)
@@ -223,9 +201,7 @@ def expert_activation_internals(c: TableContext) -> float:
     ``2 x`` :data:`UNFUSED_EXPERT_ACTIVATION_TENSORS` (gated) or ``2 x 1`` (non-gated: the weighted product) with
     ``bias_activation_fusion`` off; 0 fused (GPT-OSS's quick-GEGLU always is: ``ModelDims.fused_activation``).
 
-    Returns:
-        Bytes per element (a scalar).
-    """
+    Returns: Bytes per element (a scalar)."""
     if c.options.bias_activation_fusion or c.dims.fused_activation:
         return 0.0
     return BF16_BYTES * (UNFUSED_EXPERT_ACTIVATION_TENSORS if c.dims.gated else 1.0)
@@ -237,9 +213,7 @@ def expert_activation_fn_bytes(c: TableContext, copies: Array) -> Array:
     activation's own tensors (the activation runs under ``CheckpointWithoutOutput``, megatron-core
     ``TEGroupedMLP``): ``copies x f x (g + internals)``.
 
-    Returns:
-        Bytes, ``(n, 1)``; 0 for a dense model.
-    """
+    Returns: Bytes, ``(n, 1)``; 0 for a dense model."""
     if not c.dims.is_moe:
         return np.zeros_like(c.tokens)
     f = c.dims.moe_ffn / col(c.etp)
@@ -250,9 +224,7 @@ def router_bytes(c: TableContext) -> Array:
     """The router's logits and the permutation's routing map: ``tokens x E / tp x``
     :data:`ROUTER_BYTES_PER_TOKEN_EXPERT` (measured).
 
-    Returns:
-        Bytes, ``(n, 1)``; 0 for a dense model.
-    """
+    Returns: Bytes, ``(n, 1)``; 0 for a dense model."""
     m = c.dims
     if not m.is_moe:
         return np.zeros_like(c.tokens)
@@ -273,9 +245,7 @@ def shared_expert_bytes(c: TableContext) -> Array:
     output, kept in bf16 by the router): ``tokens / tp x (2 (mats - 1) sf + g sf [+ g h])`` (Korthikanti's MLP
     ``16sbh`` at f = 4h, non-gated, bf16).
 
-    Returns:
-        Bytes, ``(n, 1)``; 0 without shared experts.
-    """
+    Returns: Bytes, ``(n, 1)``; 0 without shared experts."""
     m = c.dims
     if not m.shared_ffn:
         return np.zeros_like(c.tokens)
@@ -285,32 +255,20 @@ def shared_expert_bytes(c: TableContext) -> Array:
 
 def dense_mlp_bytes(c: TableContext) -> Array:
     """A dense MLP's fc1 output (bf16) and fc2 input (g): ``tokens / tp x (2 (mats - 1) + g) x ffn`` (Korthikanti §4.1
-    "MLP": 8sbh + 8sbh at f = 4h with 2 matrices in bf16), plus the unfused SwiGLU's SiLU output.
-
-    Returns:
-        Bytes, ``(n, 1)``.
-    """
+    "MLP": 8sbh + 8sbh at f = 4h with 2 matrices in bf16), plus the unfused SwiGLU's SiLU output."""
     m = c.dims
     return c.tokens / col(c.tp) * _mlp_bytes_per_token(c, m.ffn)
 
 
 def moe_block_bytes(c: TableContext, copies: Array) -> Array:
     """A MoE layer's MLP side: the pre-MLP norm's input and output (the output, in bf16, is the router's input:
-    measured), the router, the routed experts and the shared experts.
-
-    Returns:
-        Bytes, ``(n, 1)``.
-    """
+    measured), the router, the routed experts and the shared experts."""
     return norm_bytes(c) + layer_input_bytes(c) + router_bytes(c) + expert_bytes(c, copies) + shared_expert_bytes(c)
 
 
 def dense_block_bytes(c: TableContext) -> Array:
     """A dense layer's MLP side: the norm's input (bf16), its output (fc1's input: bf16, quantised in fp8 under TE)
-    and the MLP (Korthikanti's "MLP 19sbh" less its dropout mask, with half of "layer norms 4sbh").
-
-    Returns:
-        Bytes, ``(n, 1)``.
-    """
+    and the MLP (Korthikanti's "MLP 19sbh" less its dropout mask, with half of "layer norms 4sbh")."""
     g = c.saved_gemm_input_bytes
     return norm_bytes(c) + g / BF16_BYTES * layer_input_bytes(c) + dense_mlp_bytes(c)
 
@@ -322,11 +280,7 @@ def saved_attention_bytes(c: TableContext) -> Array:
     """Bytes selective recompute frees in the attention side of every layer: :func:`core_attention_bytes` with
     ``core_attn``; the input norm's output with ``layernorm`` where the norm is a module of its own
     (:func:`input_norm_separate`); the expanded Q, K, V with ``mla_up_proj`` (``expanded_qkv_dim`` in bf16;
-    megatron-core multi_latent_attention.py ``recompute_up_proj``).
-
-    Returns:
-        Bytes, ``(n, 1)``.
-    """
+    megatron-core multi_latent_attention.py ``recompute_up_proj``)."""
     norm = norm_bytes(c) if input_norm_separate(c) else np.zeros_like(c.tokens)
     up = BF16_BYTES * c.tokens * c.dims.expanded_qkv_dim / col(c.tp)
     return (
@@ -344,11 +298,7 @@ def saved_moe_bytes(c: TableContext, moe_block: Array, copies: Array) -> Array:
 
     Args:
         moe_block: :func:`moe_block_bytes`, ``(n, 1)``.
-        copies: :func:`routed_token_copies`, ``(n, 1)``.
-
-    Returns:
-        Bytes, ``(n, 1)``.
-    """
+        copies: :func:`routed_token_copies`, ``(n, 1)``."""
     whole = moe_block - layer_input_bytes(c) - norm_bytes(c)
     saved = np.where(c.recomputes("moe"), whole, np.where(c.recomputes("moe_act"), expert_activation_fn_bytes(c, copies), 0))
     saved = saved + np.where(c.recomputes("shared_experts") & ~c.recomputes("moe"), shared_expert_bytes(c), 0)
@@ -363,11 +313,7 @@ def saved_dense_bytes(c: TableContext, dense_block: Array) -> Array:
     (:func:`pre_mlp_norm_separate`). ``mlp`` does nothing in MoE layers (``TransformerLayer.__init__``).
 
     Args:
-        dense_block: :func:`dense_block_bytes`, ``(n, 1)``.
-
-    Returns:
-        Bytes, ``(n, 1)``.
-    """
+        dense_block: :func:`dense_block_bytes`, ``(n, 1)``."""
     separate = pre_mlp_norm_separate(c, False)
     kept = norm_bytes(c) + (layer_input_bytes(c) if separate else np.zeros_like(c.tokens))
     norm = norm_bytes(c) if separate else np.zeros_like(c.tokens)
@@ -380,11 +326,7 @@ def kept_bytes(full_layer: Array, saved_attention: Array, saved_mlp: Array) -> A
     Args:
         full_layer: the layer without recompute (attention + MLP side), ``(n, 1)``.
         saved_attention: :func:`saved_attention_bytes`, ``(n, 1)``.
-        saved_mlp: :func:`saved_moe_bytes` or :func:`saved_dense_bytes`, ``(n, 1)``.
-
-    Returns:
-        Bytes, ``(n, 1)``.
-    """
+        saved_mlp: :func:`saved_moe_bytes` or :func:`saved_dense_bytes`, ``(n, 1)``."""
     return full_layer - saved_attention - saved_mlp
 
 
@@ -395,9 +337,7 @@ def recomputed_fraction(c: TableContext) -> Array:
     """Share of a rank's layers that block recompute recomputes: ``block layers / layers`` (the first
     ``recompute_num_layers`` of every chunk, :attr:`RankArrays.block_layers`).
 
-    Returns:
-        A fraction in [0, 1], ``(n, K)``.
-    """
+    Returns: A fraction in [0, 1], ``(n, K)``."""
     return np.where(c.layers > 0, c.block_layers / np.maximum(c.layers, 1), 0.0)
 
 
@@ -415,9 +355,7 @@ def stored_layer_bytes(c: TableContext, layer_input: Array, kept: Array, fractio
         kept: the layer's bytes under selective / no recompute, ``(n, 1)``.
         fraction: :func:`recomputed_fraction`, ``(n, K)``.
 
-    Returns:
-        Bytes per layer, ``(n, K)``.
-    """
+    Returns: Bytes per layer, ``(n, K)``."""
     block = fraction * layer_input + (1 - fraction) * kept
     return np.where(c.full, np.where(c.uniform, layer_input / c.recompute_num_layers, block), kept)
 
@@ -425,7 +363,5 @@ def stored_layer_bytes(c: TableContext, layer_input: Array, kept: Array, fractio
 def rank_activation_bytes(c: TableContext, stored_moe: Array, stored_dense: Array) -> Array:
     """One micro-batch through all of a rank's layers: ``moe_layers x stored_moe + dense_layers x stored_dense``.
 
-    Returns:
-        Bytes, ``(n, K)``.
-    """
+    Returns: Bytes, ``(n, K)``."""
     return c.moe_layers * stored_moe + c.dense_layers * stored_dense

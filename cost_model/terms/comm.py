@@ -82,9 +82,7 @@ FSDP_BYTES_PER_PARAM = 2 * BF16_BYTES + FP32_BYTES
 def span_crosses_node(span: Array, nvlink_size: int) -> BoolArray:
     """A group of ``span`` consecutive ranks leaves the NVLink domain (Megatron packs groups on consecutive ranks).
 
-    Returns:
-        Bool, the shape of ``span``.
-    """
+    Returns: Bool, the shape of ``span``."""
     return span > nvlink_size
 
 
@@ -93,9 +91,7 @@ def collective_bandwidth(c: TableContext, crosses: BoolArray) -> Array:
     ``nvlink_efficiency`` inside the NVLink domain, the node's network share per GPU x ``network_efficiency`` across it
     (a GPU's neighbour on another node is reached through its own NIC). NCCL ring collectives: :func:`ring_bandwidth`.
 
-    Returns:
-        Bytes/s, the shape of ``crosses``.
-    """
+    Returns: Bytes/s, the shape of ``crosses``."""
     cluster, cal = c.cluster, c.cal
     nv = cluster.gpu.nvlink_bytes_per_s * cal.nvlink_efficiency
     net = cluster.inter_node_bytes_per_s / cluster.gpus_per_node * cal.network_efficiency
@@ -120,9 +116,7 @@ def ring_bandwidth(c: TableContext, group: Array, stride: Array | float) -> Arra
     Args:
         group, stride: ranks, ``(n,)`` or ``(n, 1)``.
 
-    Returns:
-        Bytes/s, the broadcast shape of ``group`` and ``stride``.
-    """
+    Returns: Bytes/s, the broadcast shape of ``group`` and ``stride``."""
     cluster, cal = c.cluster, c.cal
     nv = cluster.gpu.nvlink_bytes_per_s * cal.nvlink_efficiency
     net = cluster.inter_node_bytes_per_s / cluster.gpus_per_node * cal.network_efficiency
@@ -135,9 +129,7 @@ def ring_time(bytes_full: Array, group: Array, bw: Array) -> Array:
     """All-gather or reduce-scatter of a ``bytes_full`` tensor over ``group`` ranks: ``bytes x (g - 1) / g / bw``
     (0 for a group of one).
 
-    Returns:
-        Seconds, the broadcast shape.
-    """
+    Returns: Seconds, the broadcast shape."""
     g = np.maximum(group, 1)
     return np.where(g > 1, bytes_full * (g - 1) / g / bw, 0.0)
 
@@ -172,9 +164,7 @@ def holders_hit(model: ModelSpec, holders: Array) -> Array:
       :func:`distinct_groups_hit` ``(G, K, holders)`` (each chosen group taken to receive one of the experts).
     DeepSeek-V3 (256 experts, G 8, K 4) over 8 NVLink domains: 3.6 domains hit, not 5.3.
 
-    Returns:
-        A count, the shape of ``holders``.
-    """
+    Returns: A count, the shape of ``holders``."""
     e, k = float(model.num_experts), float(model.moe_router_topk)
     g, kg = float(model.moe_router_num_groups), float(model.moe_router_group_topk)
     h: Array = np.maximum(np.asarray(holders, dtype=np.float64), 1.0)
@@ -190,11 +180,7 @@ def holders_hit(model: ModelSpec, holders: Array) -> Array:
 
 def tp_collective_time(c: TableContext) -> Array:
     """One sequence-parallel all-gather (or reduce-scatter) of a layer's bf16 activation,
-    ``2 x tokens x h``, over the TP group.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    ``2 x tokens x h``, over the TP group."""
     bw = ring_bandwidth(c, col(c.tp), 1)
     return ring_time(BF16_BYTES * c.tokens * c.dims.h, col(c.tp), bw)
 
@@ -209,20 +195,12 @@ def tp_attention_comm(c: TableContext, collective: Array) -> Array:
     collectives, less what ``--tp-comm-overlap`` hides.
 
     Args:
-        collective: :func:`tp_collective_time`, ``(n, 1)``.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+        collective: :func:`tp_collective_time`, ``(n, 1)``."""
     return SP_COLLECTIVES_PER_BLOCK * collective * _tp_kept(c)
 
 
 def tp_dense_mlp_comm(c: TableContext, collective: Array) -> Array:
-    """TP / SP communication of a dense MLP block, forward + backward (as :func:`tp_attention_comm`).
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    """TP / SP communication of a dense MLP block, forward + backward (as :func:`tp_attention_comm`)."""
     return SP_COLLECTIVES_PER_BLOCK * collective * _tp_kept(c)
 
 
@@ -232,11 +210,7 @@ def tp_moe_comm(c: TableContext, collective: Array, copies: Array) -> Array:
 
     Args:
         collective: :func:`tp_collective_time`, ``(n, 1)``.
-        copies: routed token copies per GPU, ``(n, 1)``.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+        copies: routed token copies per GPU, ``(n, 1)``."""
     shared = np.where(c.dims.shared_ffn > 0, SP_COLLECTIVES_PER_BLOCK * collective, 0.0)
     bw = ring_bandwidth(c, col(c.etp), 1)
     experts = SP_COLLECTIVES_PER_BLOCK * ring_time(BF16_BYTES * copies * c.dims.h, col(c.etp), bw)
@@ -256,9 +230,7 @@ def cp_ring_time(c: TableContext) -> Array:
     per pass, :data:`CP_PASSES` passes, ``1 - cp_p2p_overlap`` of it exposed (Megatron overlaps each
     block's send with the previous block's attention; TE ``AttnFuncWithCPAndKVP2P``).
 
-    Returns:
-        Seconds, ``(n, 1)``; 0 without CP.
-    """
+    Returns: Seconds, ``(n, 1)``; 0 without CP."""
     cp = col(c.cp)
     t = CP_PASSES * (cp - 1) * BF16_BYTES * c.tokens * c.dims.kv_dim / col(c.tp) / _cp_bandwidth(c) * (1 - c.cal.cp_p2p_overlap)
     return np.where(cp > 1, t, 0.0)
@@ -268,9 +240,7 @@ def cp_all_to_all_time(c: TableContext) -> Array:
     """``--cp-comm-type a2a`` (Ulysses): all-to-all of Q, K, V before and of the output after attention, ``2 x tokens x
     (q_dim + kv_dim + ctx_dim) / tp x (cp - 1) / cp`` bytes per pass, :data:`CP_PASSES` passes, not overlapped.
 
-    Returns:
-        Seconds, ``(n, 1)``; 0 without CP.
-    """
+    Returns: Seconds, ``(n, 1)``; 0 without CP."""
     m = c.dims
     cp = col(c.cp)
     sent = BF16_BYTES * c.tokens * (m.q_dim + m.kv_dim + m.ctx_dim) / col(c.tp) * (cp - 1) / cp
@@ -278,11 +248,7 @@ def cp_all_to_all_time(c: TableContext) -> Array:
 
 
 def cp_comm_time(c: TableContext) -> Array:
-    """CP communication per layer, forward + backward, for the run's ``cp_comm_type``.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    """CP communication per layer, forward + backward, for the run's ``cp_comm_type``."""
     if c.options.cp_comm_type == "a2a":
         return cp_all_to_all_time(c)
     return cp_ring_time(c)
@@ -295,9 +261,7 @@ def ep_local_peers(c: TableContext) -> Array:
     """EP peers inside one NVLink domain: EP peers are ``etp`` ranks apart (``etp-ep-edp-pp``),
     so ``min(ep, nvlink_size // etp)``.
 
-    Returns:
-        A count, ``(n,)``.
-    """
+    Returns: A count, ``(n,)``."""
     per_domain: Array = c.nvlink_size // np.maximum(c.etp, 1)
     return np.minimum(c.ep, np.maximum(per_domain, 1))
 
@@ -306,9 +270,7 @@ def ep_remote_fraction(c: TableContext) -> Array:
     """Share of a GPU's EP peers on other nodes: ``1 - local peers / ep`` when the EP group (``etp x ep``
     ranks) leaves the NVLink domain, else 0.
 
-    Returns:
-        A fraction, ``(n, 1)``.
-    """
+    Returns: A fraction, ``(n, 1)``."""
     return col(np.where(c.etp * c.ep > c.nvlink_size, 1 - ep_local_peers(c) / c.ep, 0.0))
 
 
@@ -317,9 +279,7 @@ def ep_send_bytes(c: TableContext) -> Array:
     another EP rank, ``2 x tokens / tp x h x topk x (ep - 1) / ep x imbalance``; allgather sends every
     token to every EP rank, ``2 x tokens / tp x h x (ep - 1)``.
 
-    Returns:
-        Bytes, ``(n, 1)``.
-    """
+    Returns: Bytes, ``(n, 1)``."""
     m = c.dims
     ep = col(c.ep)
     tok = BF16_BYTES * c.tokens / col(c.tp) * m.h
@@ -351,11 +311,7 @@ def flex_dispatch_time(c: TableContext, remote: Array) -> Array:
       RDMA-then-NVLink design is in the bytes, not in the efficiency.
 
     Args:
-        remote: :func:`ep_remote_fraction`, ``(n, 1)``.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+        remote: :func:`ep_remote_fraction`, ``(n, 1)``."""
     m, cluster = c.dims, c.cluster
     nv = cluster.gpu.nvlink_bytes_per_s * c.dispatch_nvlink_efficiency
     net = cluster.inter_node_bytes_per_s / cluster.gpus_per_node * c.dispatch_network_efficiency
@@ -374,11 +330,7 @@ def ep_all_to_all_time(c: TableContext) -> Array:
     parallel, the slower one counts), NCCL all-gather / reduce-scatter (allgather: a ring over the expert TP x EP group,
     :func:`ring_bandwidth`) or flex (:func:`flex_dispatch_time`), less
     ``ep_a2a_overlap`` of it with ``--overlap-moe-expert-parallel-comm``; a flex dispatcher's hidden part still costs
-    ``flex_sm_share`` of it, the compute slowed by the SMs its kernels hold.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    ``flex_sm_share`` of it, the compute slowed by the SMs its kernels hold."""
     nv, net = _a2a_bandwidths(c)
     remote = ep_remote_fraction(c)
     send = ep_send_bytes(c)
@@ -415,9 +367,7 @@ def fp8_quantize_cost(c: TableContext) -> float:
     than bf16, docs/measurements.md). Blockwise, MXFP8 and NVFP4 (Blackwell; not measured here) get none: applied to
     them it worsened the k-fold error of the published Blackwell MoE rows.
 
-    Returns:
-        Seconds per local expert GEMM (a scalar); 0 for other precisions and without TE.
-    """
+    Returns: Seconds per local expert GEMM (a scalar); 0 for other precisions and without TE."""
     if c.workload.precision.value != "fp8" or not c.options.te_attention:
         return 0.0
     kernels = FP8_CURRENT_SCALING_KERNELS if c.options.fp8_recipe == "tensorwise" else 1.0
@@ -433,21 +383,13 @@ def _expert_gemm_cost(c: TableContext) -> float:
 
 def moe_fixed_cost_forward(c: TableContext) -> Array:
     """Fixed cost of a MoE layer's forward (also a recomputed one): the per-layer cost plus one GEMM
-    launch per local expert (``E / ep``) for fc1 and fc2.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    launch per local expert (``E / ep``) for fc1 and fc2."""
     return _fixed_layer_cost(c) + EXPERT_GEMMS_FORWARD * col(c.dims.experts / c.ep) * _expert_gemm_cost(c)
 
 
 def moe_fixed_cost_backward(c: TableContext) -> Array:
     """Fixed cost of a MoE layer's backward: the per-layer cost plus dgrad and wgrad launches of fc1 and fc2
-    per local expert.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    per local expert."""
     return _fixed_layer_cost(c) + EXPERT_GEMMS_BACKWARD * col(c.dims.experts / c.ep) * _expert_gemm_cost(c)
 
 
@@ -458,9 +400,7 @@ def ep_forward_time(c: TableContext, a2a: Array) -> Array:
     Args:
         a2a: :func:`ep_all_to_all_time`, ``(n, 1)``.
 
-    Returns:
-        Seconds, ``(n, 1)``; 0 for a dense model.
-    """
+    Returns: Seconds, ``(n, 1)``; 0 for a dense model."""
     if not c.dims.is_moe:
         return np.zeros_like(c.tokens)
     return np.where(col(c.ep) > 1, EP_A2A_PER_PASS * a2a, 0.0) + moe_fixed_cost_forward(c)
@@ -473,9 +413,7 @@ def ep_layer_time(c: TableContext, a2a: Array) -> Array:
     Args:
         a2a: :func:`ep_all_to_all_time`, ``(n, 1)``.
 
-    Returns:
-        Seconds, ``(n, 1)``; 0 for a dense model.
-    """
+    Returns: Seconds, ``(n, 1)``; 0 for a dense model."""
     if not c.dims.is_moe:
         return np.zeros_like(c.tokens)
     one_pass = np.where(col(c.ep) > 1, EP_A2A_PER_PASS * a2a, 0.0)
@@ -493,9 +431,7 @@ def dp_bytes_per_param(c: TableContext) -> Array:
     stored); without the distributed optimizer an all-reduce, two gradient reduce-scatters.
     (:data:`DISTOPT_BYTES_PER_PARAM` = 6 with fp32 grads and bf16 weights.)
 
-    Returns:
-        Bytes per parameter, ``(n, 1)``.
-    """
+    Returns: Bytes per parameter, ``(n, 1)``."""
     grad = state.main_grad_bytes_per_param(c)
     gather = c.low_precision_weight_bytes if c.options.low_precision_params(c.workload.precision) else BF16_BYTES
     return np.where(c.distributed_optimizer, grad + gather, 2 * grad)
@@ -518,9 +454,7 @@ def dp_comm_time(c: TableContext, dense: Array, experts: Array, window: Array | 
         window: seconds of one micro-batch (forward + backward) per rank class, ``(n, K)``; None
             bounds nothing (only ``dp_overlap`` applies).
 
-    Returns:
-        Seconds per step, ``(n,)``.
-    """
+    Returns: Seconds per step, ``(n,)``."""
     opt, cal = c.options, c.cal
     dpcp = col(c.dp * c.cp)
     dense_bw = ring_bandwidth(c, dpcp, col(c.tp))  # the DP x CP group: ranks tp apart (tp-cp-ep-dp-pp)

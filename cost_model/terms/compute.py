@@ -92,19 +92,13 @@ def gemm_efficiency(flops: Array, cal: Calibration) -> Array:
     Args:
         flops: FLOPs of one GEMM, any shape (floored at 1).
 
-    Returns:
-        A fraction in (0, gemm_efficiency), the shape of ``flops``.
-    """
+    Returns: A fraction in (0, gemm_efficiency), the shape of ``flops``."""
     f = np.maximum(flops, 1.0)
     return cal.gemm_efficiency * f / (f + cal.gemm_half_size_flops)
 
 
 def attention_linear_flops(c: TableContext) -> Array:
-    """Forward FLOPs of the attention projections: ``2 x tokens x attention_params / tp``.
-
-    Returns:
-        FLOPs, ``(n, 1)``.
-    """
+    """Forward FLOPs of the attention projections: ``2 x tokens x attention_params / tp``."""
     return FLOPS_PER_MAC * c.tokens * c.dims.attention_params / col(c.tp)
 
 
@@ -119,9 +113,7 @@ def core_attention_flops(c: TableContext) -> Array:
     sliding-window layers (:meth:`specs.ModelSpec.attended_keys_per_query`; the window share is the
     model's ``num_window_layers / num_layers``). Megatron counts ``s / 2`` keys (notes §6.3).
 
-    Returns:
-        Multiply-accumulates, ``(n, 1)``.
-    """
+    Returns: Multiply-accumulates, ``(n, 1)``."""
     keys_full, keys_win, win_share = _attended_keys(c)
     keys = (1 - win_share) * keys_full + win_share * keys_win
     return _macs_per_key(c) * keys
@@ -145,11 +137,7 @@ def _macs_per_key(c: TableContext) -> Array:
 def expert_flops(c: TableContext) -> Array:
     """Forward FLOPs of the routed experts of one MoE layer per GPU, before the load imbalance:
     ``2 x tokens x topk x mats x h x moe_ffn / tp`` (each copy through ``mats`` matrices; ETP and EP
-    split the work so that per GPU it is this).
-
-    Returns:
-        FLOPs, ``(n, 1)``.
-    """
+    split the work so that per GPU it is this)."""
     m = c.dims
     return FLOPS_PER_MAC * c.tokens * m.topk * m.mlp_matrices * m.h * m.moe_ffn / col(c.tp)
 
@@ -157,9 +145,7 @@ def expert_flops(c: TableContext) -> Array:
 def router_flops(c: TableContext) -> Array:
     """Forward FLOPs of the router GEMM: ``2 x tokens x h x E / tp``.
 
-    Returns:
-        FLOPs, ``(n, 1)``; 0 for a dense model.
-    """
+    Returns: FLOPs, ``(n, 1)``; 0 for a dense model."""
     m = c.dims
     if not m.is_moe:
         return np.zeros_like(c.tokens)
@@ -169,41 +155,27 @@ def router_flops(c: TableContext) -> Array:
 def shared_expert_flops(c: TableContext) -> Array:
     """Forward FLOPs of the shared experts: ``2 x tokens x mats x h x shared_ffn / tp``.
 
-    Returns:
-        FLOPs, ``(n, 1)``; 0 without shared experts.
-    """
+    Returns: FLOPs, ``(n, 1)``; 0 without shared experts."""
     m = c.dims
     return FLOPS_PER_MAC * c.tokens * m.mlp_matrices * m.h * m.shared_ffn / col(c.tp)
 
 
 def dense_mlp_flops(c: TableContext) -> Array:
-    """Forward FLOPs of a dense MLP: ``2 x tokens x mats x h x ffn / tp``.
-
-    Returns:
-        FLOPs, ``(n, 1)``.
-    """
+    """Forward FLOPs of a dense MLP: ``2 x tokens x mats x h x ffn / tp``."""
     m = c.dims
     return FLOPS_PER_MAC * c.tokens * m.mlp_matrices * m.h * m.ffn / col(c.tp)
 
 
 def logits_flops(c: TableContext) -> Array:
     """Forward FLOPs of the output layer and each MTP head: ``2 x tokens x h x V / tp x (1 + mtp)``
-    (Megatron's ``6 h V (mtp + 1)`` per token, notes §6.3, is 3 x this).
-
-    Returns:
-        FLOPs, ``(n, 1)``.
-    """
+    (Megatron's ``6 h V (mtp + 1)`` per token, notes §6.3, is 3 x this)."""
     m = c.dims
     return FLOPS_PER_MAC * c.tokens * m.h * m.vocab / col(c.tp) * (1 + m.mtp)
 
 
 def attention_linear_time(c: TableContext) -> Array:
     """Forward time of the attention projections at the GEMM peak, each projection's efficiency from
-    its size (:func:`gemm_efficiency` of half the FLOPs, :data:`ATTENTION_PROJECTION_GEMMS`).
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    its size (:func:`gemm_efficiency` of half the FLOPs, :data:`ATTENTION_PROJECTION_GEMMS`)."""
     f = attention_linear_flops(c)
     return f / (c.gemm_peak_flops * gemm_efficiency(f / ATTENTION_PROJECTION_GEMMS, c.cal))
 
@@ -213,9 +185,7 @@ def mla_up_projection_time(c: TableContext) -> Array:
     megatron-core multi_latent_attention.py ``recompute_up_proj``): ``2 x tokens x up_projection_params / tp`` FLOPs
     at the GEMM peak, each of the two GEMMs' efficiency from its size.
 
-    Returns:
-        Seconds, ``(n, 1)``; 0 for GQA.
-    """
+    Returns: Seconds, ``(n, 1)``; 0 for GQA."""
     f = FLOPS_PER_MAC * c.tokens * c.dims.up_projection_params / col(c.tp)
     return np.where(f > 0, f / (c.gemm_peak_flops * gemm_efficiency(np.maximum(f, 1.0) / ATTENTION_PROJECTION_GEMMS, c.cal)), 0.0)
 
@@ -226,9 +196,7 @@ def mla_unfused_rope_time(c: TableContext) -> Array:
     1 x H200: :attr:`cost_model.calibration.Calibration.unfused_mla_rope_bytes_per_element`). The fused path
     (megatron-core ``fused_apply_mla_rope_for_q`` / ``_for_kv``) is in the attention side's memory-bound work.
 
-    Returns:
-        Seconds, ``(n, 1)``; 0 for GQA or with RoPE fused.
-    """
+    Returns: Seconds, ``(n, 1)``; 0 for GQA or with RoPE fused."""
     if c.options.apply_rope_fusion or not c.model.is_mla:
         return np.zeros_like(c.tokens)
     return c.cal.unfused_mla_rope_bytes_per_element * c.tokens * c.dims.q_dim / col(c.tp) / c.hbm_bytes_per_s
@@ -252,9 +220,7 @@ def head_dim_factor(pair: tuple[int, int], table: dict[tuple[int, int], float]) 
     outside them; MLA's (192, 128) is the point at 320, so its neighbours run on from it); also what
     ``benchmarks/h200_attention.py --compare`` predicts with.
 
-    Raises:
-        ValueError: ``table`` is empty, or two of its pairs have the same ``qk + v``.
-    """
+    Raises ValueError: ``table`` is empty, or two of its pairs have the same ``qk + v``."""
     if pair in table:
         return table[pair]
     points = sorted((qk + v, f) for (qk, v), f in table.items())
@@ -273,9 +239,7 @@ def core_attention_work(c: TableContext) -> Array:
     full-attention layers' share), over :func:`attention_head_dim_factor`. Measured with cuDNN's fused attention on
     1 x H200 (TE 2.20.2, ``benchmarks/h200_attention.py``, ``benchmarks/results/h200_te_2026-12-02/call29``).
 
-    Returns:
-        MAC-equivalents per layer per micro-batch per GPU, ``(n, 1)``.
-    """
+    Returns: MAC-equivalents per layer per micro-batch per GPU, ``(n, 1)``."""
     cal = c.cal
     keys_full, keys_win, win_share = _attended_keys(c)
     sinks = cal.attention_sink_extra_keys if c.model.softmax_type != "vanilla" else 0.0
@@ -295,9 +259,7 @@ def attention_forward_time(core: Array) -> Array:
     """Core attention's forward alone from :func:`core_attention_time` (a third of its forward + backward by the GEMM
     convention): ``GEMM_PASSES x core x ATTENTION_FORWARD_SHARE``.
 
-    Returns:
-        Seconds, the shape of ``core``.
-    """
+    Returns: Seconds, the shape of ``core``."""
     return GEMM_PASSES * core * ATTENTION_FORWARD_SHARE
 
 
@@ -306,11 +268,7 @@ def core_attention_time(c: TableContext) -> Array:
     (the efficiency is the forward + backward average against a backward of 2 forwards; the fit's start from
     FlashAttention-2, Dao 2023; measured 0.239 at head dim 128 on 1 x H200
     (``benchmarks/results/h200_te_2026-12-02/call29``); the shipped fit on published runs, which did not see that
-    measurement, 0.2375).
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    measurement, 0.2375)."""
     return core_attention_work(c) / (c.bf16_peak_flops * c.cal.attention_efficiency)
 
 
@@ -321,9 +279,7 @@ def grouped_gemm_efficiency(c: TableContext) -> Array:
     ``half = grouped_gemm_half_rows + grouped_gemm_half_rows_work / (hidden x moe_ffn / etp)`` (1 x H200,
     ``benchmarks/results/h200_te_2026-12-02/call33``: a small expert needs more rows to fill the GPU).
 
-    Returns:
-        A fraction, ``(n, 1)``.
-    """
+    Returns: A fraction, ``(n, 1)``."""
     m, cal = c.dims, c.cal
     etp = col(c.etp)
     rows = c.tokens * m.topk * etp * col(c.ep) / (col(c.tp) * m.experts)
@@ -336,9 +292,7 @@ def expert_time(c: TableContext) -> Array:
     """Forward time of the routed experts on the slowest expert rank:
     ``expert FLOPs x imbalance / (GEMM peak x grouped-GEMM efficiency)``.
 
-    Returns:
-        Seconds, ``(n, 1)``; 0 for a dense model.
-    """
+    Returns: Seconds, ``(n, 1)``; 0 for a dense model."""
     if not c.dims.is_moe:
         return np.zeros_like(c.tokens)
     return expert_flops(c) * c.load_imbalance / (c.gemm_peak_flops * grouped_gemm_efficiency(c))
@@ -347,9 +301,7 @@ def expert_time(c: TableContext) -> Array:
 def router_time(c: TableContext) -> Array:
     """Forward time of the router GEMM (bf16: ``--moe-router-dtype`` keeps it out of fp8).
 
-    Returns:
-        Seconds, ``(n, 1)``; 0 for a dense model.
-    """
+    Returns: Seconds, ``(n, 1)``; 0 for a dense model."""
     if not c.dims.is_moe:
         return np.zeros_like(c.tokens)
     f = router_flops(c)
@@ -365,28 +317,18 @@ def _mlp_time(c: TableContext, flops: Array) -> Array:
 def shared_expert_time(c: TableContext) -> Array:
     """Forward time of the shared experts.
 
-    Returns:
-        Seconds, ``(n, 1)``; 0 without shared experts.
-    """
+    Returns: Seconds, ``(n, 1)``; 0 without shared experts."""
     return _mlp_time(c, shared_expert_flops(c))
 
 
 def dense_mlp_time(c: TableContext) -> Array:
-    """Forward time of a dense MLP.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    """Forward time of a dense MLP."""
     return _mlp_time(c, dense_mlp_flops(c))
 
 
 def attention_elementwise_time(c: TableContext) -> Array:
     """Memory-bound work around attention (norms, RoPE, residual adds, casts), forward + backward:
-    ``elementwise_bytes_per_token_attn x h x tokens / tp`` bytes at the achieved HBM bandwidth.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    ``elementwise_bytes_per_token_attn x h x tokens / tp`` bytes at the achieved HBM bandwidth."""
     return c.cal.elementwise_bytes_per_token_attn * c.dims.h * c.tokens / col(c.tp) / c.hbm_bytes_per_s
 
 
@@ -399,9 +341,7 @@ def moe_elementwise_time(c: TableContext, copies: Array) -> Array:
     Args:
         copies: :func:`cost_model.terms.activations.routed_token_copies`, ``(n, 1)``.
 
-    Returns:
-        Seconds, ``(n, 1)``; 0 for a dense model.
-    """
+    Returns: Seconds, ``(n, 1)``; 0 for a dense model."""
     if not c.dims.is_moe:
         return np.zeros_like(c.tokens)
     per_copy = c.cal.elementwise_bytes_per_copy_moe + (c.cal.expert_bias_bytes_per_copy_moe if c.dims.expert_bias else 0.0)
@@ -409,30 +349,18 @@ def moe_elementwise_time(c: TableContext, copies: Array) -> Array:
 
 
 def attention_compute_time(c: TableContext, linear: Array, core: Array, elementwise: Array) -> Array:
-    """The attention side of a layer, forward + backward: ``3 x (projections + core) + elementwise``.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    """The attention side of a layer, forward + backward: ``3 x (projections + core) + elementwise``."""
     return lora.gemm_passes(c, GEMM_PASSES) * linear + GEMM_PASSES * core + elementwise
 
 
 def moe_compute_time(c: TableContext, experts: Array, router: Array, shared: Array, elementwise: Array) -> Array:
-    """A MoE layer's MLP side, forward + backward: ``3 x (experts + router + shared) + elementwise``.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    """A MoE layer's MLP side, forward + backward: ``3 x (experts + router + shared) + elementwise``."""
     return lora.gemm_passes(c, GEMM_PASSES) * (experts + router + shared) + elementwise
 
 
 def dense_compute_time(c: TableContext, mlp: Array, attention_elementwise: Array) -> Array:
     """A dense layer's MLP side, forward + backward: ``3 x mlp + dense_mlp_elementwise_share x``
-    the attention side's memory-bound time.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    the attention side's memory-bound time."""
     return lora.gemm_passes(c, GEMM_PASSES) * mlp + attention_elementwise * c.cal.dense_mlp_elementwise_share
 
 
@@ -441,9 +369,7 @@ def loss_time(c: TableContext) -> Array:
     (:attr:`specs.RunOptions.cross_entropy_path`) ``x tokens x V / tp x (1 + mtp)`` bytes at the achieved HBM bandwidth
     (the main head and each MTP head).
 
-    Returns:
-        Seconds, ``(n, 1)`` (every rank; :func:`logits_time` keeps the last one's).
-    """
+    Returns: Seconds, ``(n, 1)`` (every rank; :func:`logits_time` keeps the last one's)."""
     m = c.dims
     per_logit = CROSS_ENTROPY_BYTES_PER_LOGIT[c.options.cross_entropy_path]
     out: Array = per_logit * c.tokens * m.vocab / col(c.tp) * (1 + m.mtp) / c.hbm_bytes_per_s
@@ -453,9 +379,7 @@ def loss_time(c: TableContext) -> Array:
 def logits_time(c: TableContext) -> Array:
     """The last rank's output layer and loss, forward + backward: the logits GEMMs (bf16) plus :func:`loss_time`.
 
-    Returns:
-        Seconds, ``(n, K)``; 0 on other ranks.
-    """
+    Returns: Seconds, ``(n, K)``; 0 on other ranks."""
     f = logits_flops(c)
     gemms = lora.gemm_passes(c, GEMM_PASSES) * f / (c.bf16_peak_flops * gemm_efficiency(f, c.cal))
     return c.is_last * (gemms + loss_time(c))

@@ -321,9 +321,7 @@ def build_context(
 ) -> TableContext:
     """The :class:`TableContext` of ``table``.
 
-    Raises:
-        TunerError: a precision the GPU has no tensor cores for.
-    """
+    Raises TunerError: a precision the GPU has no tensor cores for."""
     cal = calibration
     gpu = cluster.gpu
     prec = Precision(workload.precision)

@@ -58,9 +58,7 @@ def embedding_activation_bytes(c: TableContext, inflight: Array) -> Array:
     Args:
         inflight: :func:`cost_model.terms.schedule.inflight_microbatches`, ``(n, K)``.
 
-    Returns:
-        Bytes, ``(n, K)``; 0 on other ranks.
-    """
+    Returns: Bytes, ``(n, K)``; 0 on other ranks."""
     return c.is_first * BF16_BYTES * c.tokens * c.dims.h / col(c.tp) * inflight
 
 
@@ -73,11 +71,7 @@ def working_set_bytes(c: TableContext, full_moe: Array, full_dense: Array) -> Ar
     layer (its activation gradients). The larger of a MoE and a dense layer, where the rank has that kind.
 
     Args:
-        full_moe, full_dense: a MoE / dense layer's activations without recompute, ``(n, 1)``.
-
-    Returns:
-        Bytes, ``(n, K)``.
-    """
+        full_moe, full_dense: a MoE / dense layer's activations without recompute, ``(n, 1)``."""
     one_layer = np.maximum(full_moe * (c.moe_layers > 0), full_dense * (c.dense_layers > 0))
     group = np.where(c.uniform, c.recompute_num_layers, 1.0)
     return np.where(c.full, group * one_layer, one_layer * c.cal.backward_working_set_fraction)
@@ -88,9 +82,7 @@ def offloaded_layers(c: TableContext) -> Array:
     ``min(N, layers)`` (megatron-core ``TransformerBlock`` offloads the first N layers of its block through
     ``get_cpu_offload_context``; Megatron-Bridge sets it with ``cpu_offloading_weights=False``).
 
-    Returns:
-        Layers, ``(n, K)``.
-    """
+    Returns: Layers, ``(n, K)``."""
     return np.minimum(float(c.options.cpu_offloading_num_layers), c.layers)
 
 
@@ -100,11 +92,7 @@ def offload_kept_bytes(c: TableContext, per_rank: Array) -> Array:
     host overlaps the next layer; its buffer is on the GPU). Without offload, ``per_rank``.
 
     Args:
-        per_rank: :func:`cost_model.terms.activations.rank_activation_bytes`, ``(n, K)``.
-
-    Returns:
-        Bytes, ``(n, K)``.
-    """
+        per_rank: :func:`cost_model.terms.activations.rank_activation_bytes`, ``(n, K)``."""
     off = offloaded_layers(c)
     per_layer = per_rank / np.maximum(c.layers, 1.0)
     return np.where(off > 0, per_rank - off * per_layer + per_layer, per_rank)
@@ -120,9 +108,7 @@ def cuda_graph_buffer_bytes(c: TableContext, inflight: Array) -> Array:
     Args:
         inflight: in-flight micro-batches, ``(n, K)``.
 
-    Returns:
-        Bytes, ``(n, K)``; 0 without CUDA graphs or with a whole-iteration graph.
-    """
+    Returns: Bytes, ``(n, K)``; 0 without CUDA graphs or with a whole-iteration graph."""
     opt = c.options
     if not opt.cuda_graph_scope or opt.cuda_graph_full:
         return np.zeros_like(c.layers)
@@ -141,9 +127,7 @@ def a2a_overlap_extra_bytes(c: TableContext, full_moe: Array) -> Array:
     Args:
         full_moe: a MoE layer's activations without recompute, ``(n, 1)``.
 
-    Returns:
-        Bytes, ``(n, K)``; 0 without the overlap.
-    """
+    Returns: Bytes, ``(n, K)``; 0 without the overlap."""
     if not c.options.overlap_moe_expert_parallel_comm or not c.dims.is_moe:
         return np.zeros_like(c.layers)
     return np.where(c.moe_layers > 0, full_moe, 0.0) * c.live
@@ -159,9 +143,7 @@ def activation_bytes(c: TableContext, per_rank: Array, inflight: Array, embeddin
         embedding: :func:`embedding_activation_bytes`, ``(n, K)``.
         working_set: :func:`working_set_bytes`, ``(n, K)``.
 
-    Returns:
-        Bytes, ``(n, K)``; 0 in padding columns.
-    """
+    Returns: Bytes, ``(n, K)``; 0 in padding columns."""
     return (per_rank * inflight + embedding + working_set) * c.live
 
 
@@ -171,9 +153,7 @@ def logits_bytes_per_element(c: TableContext) -> float:
     cross-entropy (``cross_entropy_fusion_impl te``) :data:`TE_CE_INPLACE_BYTES` up to TE 2.17 and
     :data:`TE_CE_BYTES_SINCE_2_18` (measured on TE 2.20.2) from TE 2.18 (:attr:`specs.RunOptions.te_version`).
 
-    Returns:
-        Bytes per element (a scalar).
-    """
+    Returns: Bytes per element (a scalar)."""
     opt = c.options
     if not opt.te_cross_entropy:
         return c.cal.logits_bytes_per_element
@@ -184,9 +164,7 @@ def logits_bytes(c: TableContext) -> Array:
     """The last rank's logits: :func:`logits_bytes_per_element` ``x tokens x V / tp x (1 + mtp)`` (the main head
     and each MTP head).
 
-    Returns:
-        Bytes, ``(n, K)``; 0 on other ranks.
-    """
+    Returns: Bytes, ``(n, K)``; 0 on other ranks."""
     m = c.dims
     return c.is_last * logits_bytes_per_element(c) * c.tokens * m.vocab / col(c.tp) * (1 + m.mtp)
 
@@ -198,9 +176,7 @@ def dispatcher_buffer_bytes(c: TableContext, copies: Array) -> Array:
     Args:
         copies: routed token copies per GPU, ``(n, 1)``.
 
-    Returns:
-        Bytes, ``(n, K)``; 0 for a dense model, on ranks without MoE layers and in padding.
-    """
+    Returns: Bytes, ``(n, K)``; 0 for a dense model, on ranks without MoE layers and in padding."""
     if not c.dims.is_moe:
         return np.zeros_like(c.layers)
     buf = np.where(c.flex, c.cal.flex_dispatcher_buffer_bytes, PERMUTED_TOKEN_BUFFERS * BF16_BYTES * copies * c.dims.h)
@@ -212,9 +188,7 @@ def process_groups(c: TableContext) -> Array:
     etp) plus ``base_process_groups`` every rank has (megatron/core/parallel_state.py builds the
     groups; each holds NCCL buffers once used).
 
-    Returns:
-        A count, ``(n, 1)``.
-    """
+    Returns: A count, ``(n, 1)``."""
     n = (c.tp > 1).astype(float) + (c.pp > 1) + (c.cp > 1) + (c.dp > 1) + (c.ep > 1) + (c.edp > 1) + (c.etp > 1)
     return col(n + c.cal.base_process_groups)
 
@@ -226,8 +200,6 @@ def framework_overhead_bytes(c: TableContext, dynamic: Array) -> Array:
     Args:
         dynamic: activations + logits + dispatcher buffers, ``(n, K)``.
 
-    Returns:
-        Bytes, ``(n, K)``; 0 in padding columns.
-    """
+    Returns: Bytes, ``(n, K)``; 0 in padding columns."""
     cal = c.cal
     return (cal.cuda_context_bytes + process_groups(c) * cal.nccl_bytes_per_communicator + cal.allocator_overhead_fraction * dynamic) * c.live

@@ -32,9 +32,7 @@ def rank_classes(
     sizes, first/last role) take the same time per micro-batch; among them the lowest rank holds the most in-flight
     micro-batches, so it stands for the class in memory.
 
-    Returns:
-        One tuple per class: (lowest rank, decoder layers, MoE layers, number of ranks, layers per chunk).
-    """
+    Returns: One tuple per class: (lowest rank, decoder layers, MoE layers, number of ranks, layers per chunk)."""
     counts = stage_layer_counts(len(moe_layer_freq), pp, vpp, first, last)
     n_layers = [0] * pp
     n_moe = [0] * pp
@@ -72,9 +70,7 @@ class RankArrays:
 def rank_arrays(model: ModelSpec, t: LayoutTable) -> RankArrays:
     """The rank classes of every row of ``t`` (one :func:`rank_classes` call per distinct pipeline split).
 
-    Returns:
-        A :class:`RankArrays` of shape ``(n, K)``, K the most classes of any row.
-    """
+    Returns: A :class:`RankArrays` of shape ``(n, K)``, K the most classes of any row."""
     pp = t["pp"]
     vpp = t["vpp"]
     first = t["num_layers_in_first_pipeline_stage"]

@@ -69,9 +69,7 @@ def optimizer_shards(c: TableContext) -> tuple[Array, Array]:
     """How many GPUs share each optimizer state: the distributed optimizer shards the dense states
     over DP x CP (Megatron's ``dp_cp`` group) and the expert states over EDP; without it, 1.
 
-    Returns:
-        (dense shard, expert shard), each ``(n, 1)``.
-    """
+    Returns: (dense shard, expert shard), each ``(n, 1)``."""
     dense = np.where(c.distributed_optimizer, col(c.dp * c.cp), 1.0)
     experts = np.where(c.distributed_optimizer, col(c.edp), 1.0)
     return dense, experts
@@ -81,9 +79,7 @@ def owned_params(c: TableContext, dense: Array, experts: Array) -> Array:
     """Parameters whose optimizer state this GPU owns: ``dense / (dp cp) + experts / edp`` with the
     distributed optimizer, all of them without.
 
-    Returns:
-        Elements, ``(n, K)``.
-    """
+    Returns: Elements, ``(n, K)``."""
     dense_shard, exp_shard = optimizer_shards(c)
     return dense / dense_shard + experts / exp_shard
 
@@ -93,11 +89,7 @@ def weight_bytes(c: TableContext, dense: Array, experts: Array) -> Array:
     q = :attr:`specs.Precision.low_precision_weight_bytes`; with ``fp8_param_gather`` / ``fp4_param_gather``
     the quantised weights only, ``q x params`` (Megatron-core keeps them in an ``uint8`` param buffer with no
     bf16 copy, distributed_data_parallel.py l.139-146; :meth:`specs.RunOptions.low_precision_params`); with
-    Megatron FSDP (ZeRO-3) only this GPU's shard (:func:`owned_params`).
-
-    Returns:
-        Bytes, ``(n, K)``.
-    """
+    Megatron FSDP (ZeRO-3) only this GPU's shard (:func:`owned_params`)."""
     low_only = c.options.low_precision_params(c.workload.precision)
     per_param = c.low_precision_weight_bytes if low_only else BF16_BYTES + c.low_precision_weight_bytes
     if c.options.use_megatron_fsdp:
@@ -110,18 +102,12 @@ def main_grad_bytes_per_param(c: TableContext) -> float:
     else :data:`MAIN_GRAD_BYTES_PARAM_DTYPE` (bf16; megatron/core/distributed/distributed_data_parallel.py
     ``grad_dtype = torch.float if grad_reduce_in_fp32 else param.dtype``; a Float8Tensor's dtype is bf16).
 
-    Returns:
-        Bytes per parameter (a scalar).
-    """
+    Returns: Bytes per parameter (a scalar)."""
     return MAIN_GRAD_BYTES if c.options.grad_reduce_in_fp32 else MAIN_GRAD_BYTES_PARAM_DTYPE
 
 
 def main_grad_bytes(c: TableContext, dense: Array, experts: Array) -> Array:
-    """Main gradients, :func:`main_grad_bytes_per_param` per parameter; with FSDP only this GPU's shard.
-
-    Returns:
-        Bytes, ``(n, K)``.
-    """
+    """Main gradients, :func:`main_grad_bytes_per_param` per parameter; with FSDP only this GPU's shard."""
     per_param = main_grad_bytes_per_param(c)
     if c.options.use_megatron_fsdp:
         return per_param * owned_params(c, dense, experts)
@@ -136,9 +122,7 @@ def optimizer_bytes_per_param(c: TableContext) -> Array:
     first and second moments (``--exp-avg-dtype`` / ``--exp-avg-sq-dtype``: 4 for fp32, 2 for bf16). 12 with every
     state in fp32 (theoretical_memory_usage.py's 12/DP). Distributed Muon: :data:`MUON_BYTES_PER_PARAM`.
 
-    Returns:
-        Bytes per parameter, ``(n, 1)``.
-    """
+    Returns: Bytes per parameter, ``(n, 1)``."""
     if c.options.optimizer == "dist_muon":
         return np.full_like(c.exp_avg_bytes, MUON_BYTES_PER_PARAM)
     owns = c.options.precision_aware_owns_masters(c.workload.precision)
@@ -152,11 +136,7 @@ def optimizer_state_bytes(c: TableContext, owned: Array) -> Array:
     (HybridDeviceOptimizer moves the share f to the host and steps the rest with fp32 clones and fp32 moments).
 
     Args:
-        owned: :func:`owned_params`, ``(n, K)``.
-
-    Returns:
-        Bytes, ``(n, K)``.
-    """
+        owned: :func:`owned_params`, ``(n, K)``."""
     f = c.offload_fraction
     return np.where(f > 0, OFFLOAD_GPU_STATE_BYTES, optimizer_bytes_per_param(c)) * owned * (1.0 - f)
 
@@ -166,9 +146,6 @@ def offload_build_bytes(c: TableContext, dense: Array, experts: Array) -> Array:
     unsharded parameters: the first HybridDeviceOptimizer's fp32 clones of the GPU-stepped share,
     :data:`OFFLOAD_BUILD_LEAK_BYTES` x ``(1 - f)`` (freed only by Python's cyclic collector), and the bf16 clones of the
     offloaded share kept reserved by the caching allocator, :data:`OFFLOAD_BUILD_CACHED_BYTES` x f. 0 without offload.
-
-    Returns:
-        Bytes, ``(n, K)``.
     """
     f = c.offload_fraction
     per_param = OFFLOAD_BUILD_LEAK_BYTES * (1.0 - f) + OFFLOAD_BUILD_CACHED_BYTES * f

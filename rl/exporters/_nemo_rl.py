@@ -49,9 +49,7 @@ def hf_model_id(model: ModelSpec) -> str:
 def nemo_rl_config(plan: RLPlan, job: RLJob) -> dict[str, Any]:
     """The NeMo-RL recipe as a mapping (the keys NeMo-RL reads; the rest come from ``defaults``).
 
-    Raises:
-        TunerError: a plan NeMo-RL cannot run (an SGLang engine).
-    """
+    Raises TunerError: a plan NeMo-RL cannot run (an SGLang engine)."""
     from rl.engine import Engine, GenerationPrecision
     from rl.trainer import TrainerBackend
 
@@ -143,9 +141,7 @@ def nemo_rl_schema() -> dict[str, Any]:
 def render_nemo_rl_yaml(plan: RLPlan, job: RLJob) -> str:
     """The NeMo-RL recipe YAML text, headed by the prediction as comments, validated against :func:`nemo_rl_schema`.
 
-    Raises:
-        TunerError: a plan NeMo-RL cannot run, or a recipe that fails the schema (the key named).
-    """
+    Raises TunerError: a plan NeMo-RL cannot run, or a recipe that fails the schema (the key named)."""
     cfg = nemo_rl_config(plan, job)
     try:
         jsonschema.validate(cfg, nemo_rl_schema())
@@ -167,8 +163,6 @@ class NemoRLRecipeExporter(Exporter):
     def render(self, context: ExportContext) -> str:
         """The recipe of ``context.rl_plan``.
 
-        Raises:
-            TunerError: no RL plan in the context, a plan NeMo-RL cannot run, or a schema failure.
-        """
+        Raises TunerError: no RL plan in the context, a plan NeMo-RL cannot run, or a schema failure."""
         plan, job = rl_plan_of(context, self.name)
         return render_nemo_rl_yaml(plan, job)

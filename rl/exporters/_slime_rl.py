@@ -28,9 +28,7 @@ __all__ = ["SlimeRLExporter", "render_slime_script", "slime_rl_args"]
 def slime_rl_args(plan: RLPlan, job: RLJob) -> list[str]:
     """The plan's slime flags, one argv word each (values as strings).
 
-    Raises:
-        TunerError: a plan slime cannot run (a vLLM engine or an AutoModel trainer).
-    """
+    Raises TunerError: a plan slime cannot run (a vLLM engine or an AutoModel trainer)."""
     from rl.engine import Engine
     from rl.trainer import TrainerBackend
 
@@ -89,9 +87,7 @@ def render_slime_script(plan: RLPlan, job: RLJob) -> str:
     ``<entry>`` is ``train_async.py`` for an asynchronous plan (K >= 1), else ``train.py``; ``PYTHON`` defaults to
     ``python3``, ``SLIME_DIR`` (a slime checkout) to the working folder. Every value is ``shlex.quote``-d.
 
-    Raises:
-        TunerError: as :func:`slime_rl_args`.
-    """
+    Raises TunerError: as :func:`slime_rl_args`."""
     argv = slime_rl_args(plan, job)
     entry = "train_async.py" if plan.choice.async_steps else "train.py"
     lines = [SHEBANG, *(c for line in prediction_lines(plan, job) for c in comment(line, None))]
@@ -116,8 +112,6 @@ class SlimeRLExporter(Exporter):
     def render(self, context: ExportContext) -> str:
         """The launch of ``context.rl_plan``.
 
-        Raises:
-            TunerError: no RL plan in the context, or a plan slime cannot run.
-        """
+        Raises TunerError: no RL plan in the context, or a plan slime cannot run."""
         plan, job = rl_plan_of(context, self.name)
         return render_slime_script(plan, job)
