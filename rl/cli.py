@@ -24,7 +24,7 @@ from rl.exporters import plan_context
 from rl.layouts import TrainerLayout, parse_engine_layout, parse_trainer_layout
 from rl.lengths import LengthDistribution
 from rl.models import load_rl_model
-from rl.plan import MAX_SEQUENCES_PER_STEP, Framework, PlanChoice, PlanSet, RLJob, RLPlan, check_async_steps, enumerate_plans, evaluate
+from rl.plan import Framework, PlanChoice, PlanSet, RLJob, RLPlan, check_async_steps, enumerate_plans, evaluate
 from rl.trainer import TrainerBackend, trainer_for_layout
 from rl.validate import predict_rows, read_runs, summarise
 from specs import Cluster, Precision, parse_gpus
@@ -46,9 +46,6 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output o
 CalOpt = Annotated[Path | None, typer.Option("--calibration", help="RL calibration YAML from `tune rl calibrate`.")]
 
 
-#: The most sequences one engine may run at once (``--max-num-seqs``): no engine runs more than a step holds
-#: (``MAX_SEQUENCES_PER_STEP``, rl/plan.py).
-MAX_NUM_SEQS = MAX_SEQUENCES_PER_STEP
 
 def _fail(e: TunerError) -> typer.Exit:
     _err.print(f"[red]error: {escape(str(e))}[/red]", highlight=False, soft_wrap=True)
@@ -244,18 +241,17 @@ def _check_plan_options(
     """Every search option of ``tune rl`` checked before anything is simulated (the job's own fields
     are :class:`RLJob`'s); the first bad one raises, naming the option and what it accepts.
 
-    Bounds: ``--async-steps`` 0..8 and the sweep's simulated sequences (:func:`~rl.plan.check_async_steps`);
+    Bounds: ``--async-steps`` 0..8 (:func:`~rl.plan.check_async_steps`);
     ``--gpu-memory-utilization`` in (0, 1]; ``--max-num-seqs`` and ``--top`` at least 1; ``--rollout-gpus`` whole nodes
     leaving the trainer one; ``--engine-tp`` / ``--engine-ep`` engines that tile nodes; ``--trainer-layout`` one that
     passes Megatron's rules on at least one trainer size the search tries.
     """
     cl, per = job.cluster, job.cluster.gpus_per_node
-    check_async_steps(job, async_steps)
+    check_async_steps(async_steps)
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:  # NaN fails too
         raise TunerError(f"--gpu-memory-utilization {gpu_memory_utilization:g}: must be in (0, 1] (the fraction of each GPU's memory an engine takes)")
-    if max_num_seqs is not None and not 1 <= max_num_seqs <= MAX_NUM_SEQS:
-        raise TunerError(f"--max-num-seqs {max_num_seqs}: must be in 1..{MAX_NUM_SEQS:,} (sequences an engine runs at once; the search "
-                         "tries 256 and 1024 by default)")
+    if max_num_seqs is not None and max_num_seqs < 1:
+        raise TunerError(f"--max-num-seqs {max_num_seqs}: must be at least 1 (sequences an engine runs at once)")
     if top < 1:
         raise TunerError(f"--top {top}: must be at least 1 (plans to print)")
     if colocated is False and cl.num_nodes == 1:
@@ -604,7 +600,7 @@ def calibrate_cmd(
             mean_prompt_len=mean_prompt_len, mean_response_len=mean_resp, response_lengths=None, prompts_per_step=prompts_per_step,
             generations_per_prompt=generations_per_prompt, max_seq_len=0, train_global_batch=0, logprob_passes=logprob_passes,
         )
-        check_async_steps(job, async_steps, sweep=False)
+        check_async_steps(async_steps)
         base = load_rl_calibration(calibration) if calibration else DEFAULT_RL_CALIBRATION
         tl = parse_trainer_layout(trainer_layout, "--trainer-layout")
         cl = job.cluster

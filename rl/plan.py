@@ -29,12 +29,9 @@ from rl.step import StepParts, compose_step
 from rl.trainer import TrainerBackend, TrainerPlan, best_trainer, rl_workload, trainer_for_layout
 from specs import GIB, Cluster, ModelSpec, Precision, Workload
 from specs.errors import TunerError
-from specs.workload import MAX_SEQ_LENGTH
 
 __all__ = [
     "MAX_ASYNC_STEPS",
-    "MAX_SEQUENCES_PER_STEP",
-    "MAX_SWEEP_SEQUENCES",
     "Framework",
     "LatencyProvider",
     "PlanChoice",
@@ -75,18 +72,10 @@ CUDA_GRAPH_BYTES = 1.5 * GIB
 #: vLLM's KV block size default (``CacheConfig.block_size``).
 BLOCK_SIZE = 16
 
-#: Most sequences (prompts x generations) one step may hold: twice DAPO's 512 prompts x 16 (arXiv 2503.14476); the
-#: rollout simulation's time grows with it (16,384 takes about 40 s to plan on 8 or 32 H200 nodes).
-MAX_SEQUENCES_PER_STEP = 16_384
 #: Deepest async depth K (steps of off-policyness) a plan search sweeps. NeMo-RL's
 #: ``grpo.async_grpo.max_trajectory_age_steps`` defaults to 1 and its recipes use 1-2; the
 #: deepest published run (``benchmarks/data/rl_runs.csv``) is 8-off.
 MAX_ASYNC_STEPS = 8
-#: Most sequences an async sweep 0..K simulates: depth k queues k + 1 steps, so the sweep
-#: simulates ``prompts x generations x (K + 1)(K + 2) / 2`` per engine configuration. The bound
-#: admits every published run (64 x 32 at K = 8: 92,160), whose plan takes 100 s on 8x8xH200 and
-#: 170 s on 32x8xH200 (a 2-core machine): the search stays minutes, never unbounded.
-MAX_SWEEP_SEQUENCES = 98_304
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -120,18 +109,8 @@ class RLJob:
         for f in ("prompt_len", "response_len", "prompts_per_step", "generations_per_prompt"):
             if getattr(self, f) < 1:
                 raise TunerError(f"--{f.replace('_', '-')} {getattr(self, f)}: must be at least 1")
-        longest = max(self.prompt_len + self.response_len, self.max_seq_len)
-        if longest > MAX_SEQ_LENGTH:  # the trainer's sequence (specs.Workload's bound), said in this command's options
-            raise TunerError(f"--prompt-len {self.prompt_len:,} + --response-len {self.response_len:,}"
-                             + (f" (or --max-seq-len {self.max_seq_len:,})" if self.max_seq_len else "")
-                             + f": a sequence of at most {MAX_SEQ_LENGTH:,} tokens is accepted")
         if not (0 < self.mean_prompt_len <= self.prompt_len):
             raise TunerError(f"--mean-prompt-len {self.mean_prompt_len:g}: must be above 0 and at most --prompt-len {self.prompt_len:,}")
-        if self.sequences > MAX_SEQUENCES_PER_STEP:
-            raise TunerError(
-                f"--prompts-per-step {self.prompts_per_step:,} x --generations-per-prompt {self.generations_per_prompt:,} = {self.sequences:,} sequences per step; "
-                f"accepted: at most {MAX_SEQUENCES_PER_STEP:,} (e.g. 1,024 prompts x 16; DAPO samples 512 x 16 = 8,192)"
-            )
         if self.max_seq_len < 0:
             raise TunerError(f"--max-seq-len {self.max_seq_len}: must be 0 (prompt + response) or longer than --response-len {self.response_len:,}")
         if self.max_seq_len and self.response_len >= self.max_seq_len:
@@ -248,26 +227,14 @@ class PlanSet:
         return [best[k] for k in sorted(best)]
 
 
-def check_async_steps(job: RLJob, async_steps: int, *, sweep: bool = True) -> None:
-    """Check an async depth K: 0..:data:`MAX_ASYNC_STEPS`; for a plan search, which sweeps 0..K
-    (``sweep``), the sweep's simulated sequences at most :data:`MAX_SWEEP_SEQUENCES` too.
+def check_async_steps(async_steps: int) -> None:
+    """Check an async depth K: 0..:data:`MAX_ASYNC_STEPS`.
 
-    Raises TunerError: K out of range, or a sweep too large (the deepest K accepted for the job named)."""
+    Raises TunerError: K out of range."""
     if not 0 <= async_steps <= MAX_ASYNC_STEPS:
         raise TunerError(
             f"--async-steps {async_steps}: accepted 0..{MAX_ASYNC_STEPS} (steps of off-policyness; "
             f"NeMo-RL's max_trajectory_age_steps defaults to 1)"
-        )
-    if not sweep:
-        return
-    s = job.sequences
-    swept = s * (async_steps + 1) * (async_steps + 2) // 2
-    if swept > MAX_SWEEP_SEQUENCES:
-        deepest = max(k for k in range(MAX_ASYNC_STEPS + 1) if s * (k + 1) * (k + 2) // 2 <= MAX_SWEEP_SEQUENCES or k == 0)
-        raise TunerError(
-            f"--async-steps {async_steps} with --prompts-per-step {job.prompts_per_step:,} x --generations-per-prompt {job.generations_per_prompt:,}: "
-            f"the sweep over depths 0..{async_steps} simulates {s:,} x (1 + ... + {async_steps + 1}) = {swept:,} sequences; "
-            f"accepted: at most {MAX_SWEEP_SEQUENCES:,}, so --async-steps 0..{deepest} for these prompts (or fewer prompts x generations)"
         )
 
 
@@ -513,7 +480,7 @@ def enumerate_plans(
         EngineDataError: the engine model has nothing for the job's model, GPU or precision, or
             aiconfigurator is not installed (the message names the accepted ones or the extra).
     """
-    check_async_steps(job, async_steps)
+    check_async_steps(async_steps)
     cl = job.cluster
     gen = _Generation(job, latency)
     trainers: dict[tuple[int, TrainerBackend], TrainerPlan | None] = {}

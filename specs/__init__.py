@@ -14,7 +14,6 @@ from specs.errors import InfeasibleLayout, TunerError
 from specs.hardware import (
     DEFAULT_INTER_NODE_BYTES_PER_S,
     DEFAULT_USD_PER_GPU_HOUR,
-    MAX_GPUS,
     Cluster,
     GPUSpec,
     list_gpus,
@@ -50,7 +49,6 @@ __all__ = [
     "InfeasibleLayout",
     "Layout",
     "LayoutTable",
-    "MAX_GPUS",
     "MIB",
     "ModelSpec",
     "Network",

@@ -24,7 +24,6 @@ __all__ = [
     "DEFAULT_INTER_NODE_BYTES_PER_S",
     "DEFAULT_USD_PER_GPU_HOUR",
     "GPUSpec",
-    "MAX_GPUS",
     "list_gpus",
     "load_gpu",
     "parse_gpus",
@@ -37,10 +36,6 @@ DEFAULT_INTER_NODE_BYTES_PER_S = 3.2e12 / 8
 #: Price per GPU-hour that the seed implies: $1.08 per 1M tokens at 2,034.42
 #: tokens/s/GPU (seeds/001 ``result``): 1.08 * 2034.42 * 3600 / 1e6 = 7.91 $/GPU-h.
 DEFAULT_USD_PER_GPU_HOUR = round(1.08 * 2034.42 * 3600 / 1e6, 2)
-
-#: Largest cluster any command accepts: 2**17, above the largest clusters announced (about 100,000 GPUs); the RL
-#: planner's search grows with the GPU count (``tune rl`` at 131,072 H200 took over 5 minutes, 8,192 took 83 s).
-MAX_GPUS = 131_072
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -216,8 +211,6 @@ class Cluster:
         check_network_gbps(self.inter_node_bytes_per_s)
         if not (math.isfinite(self.usd_per_gpu_hour) and self.usd_per_gpu_hour >= 0):
             raise TunerError(f"--usd-per-gpu-hour must be a finite number of US dollars, at least 0, got {self.usd_per_gpu_hour:g}")
-        if self.num_gpus > MAX_GPUS:
-            raise TunerError(f"--gpus: {self.num_gpus:,} GPUs is more than this tool models (at most {MAX_GPUS:,})")
         if not math.isfinite(self.host_memory_bytes_per_node) or self.host_memory_bytes_per_node < 0:
             raise TunerError(f"--host-memory-gib must be a finite, non-negative number of GiB, got {self.host_memory_bytes_per_node / 2**30:g}")
 
@@ -278,11 +271,8 @@ def parse_gpus(
             f"{name} {shown}: expected COUNTxGPU such as 64xH200, or NODESxPER_NODExGPU such as 8x8xH200 "
             f"(GPUs: {', '.join(list_gpus())})"
         )
-    try:
-        nodes = int(m.group(1)) if m.group(1) is not None else None
-        count, gname = int(m.group(2)), m.group(3)
-    except ValueError:  # a count too long for int(), so past MAX_GPUS
-        raise TunerError(f"{name} {shown}: more GPUs than this tool models (at most {MAX_GPUS:,})") from None
+    nodes = int(m.group(1)) if m.group(1) is not None else None
+    count, gname = int(m.group(2)), m.group(3)
     try:
         gpu = load_gpu(gname)
     except TunerError as e:
@@ -291,8 +281,6 @@ def parse_gpus(
         raise TunerError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
     if inter_node_bytes_per_s is not None:
         check_network_gbps(inter_node_bytes_per_s)
-    if count > MAX_GPUS or (nodes is not None and nodes * count > MAX_GPUS):
-        raise TunerError(f"{name} {shown}: more GPUs than this tool models (at most {MAX_GPUS:,})")
     if nodes is not None:
         per = count
         total = nodes * count

@@ -326,18 +326,10 @@ class ModelSpec:
         return dataclasses.replace(self, **changes)
 
 
-#: The largest integer field a config may hold (widths, counts, vocabularies): far above any model's (vocabularies reach
-#: ~10**6), and small enough that products of two stay inside numpy's int64 (10**30 overflowed a per-layer list).
-MAX_CONFIG_INT = 2**31
-
-
 def _as_int(value: Any, key: str, where: str) -> int:
-    """An integer field of a config: ints and integral floats up to :data:`MAX_CONFIG_INT`; anything else is an
-    error."""
+    """An integer field of a config: ints and integral floats; anything else is an error."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not value.is_integer()):
         raise TunerError(f"model config {where!r}: {key} must be an integer, got {value!r}")
-    if abs(value) > MAX_CONFIG_INT:
-        raise TunerError(f"model config {where!r}: {key} {int(value):,} is more than this tool models (at most {MAX_CONFIG_INT:,})")
     return int(value)
 
 
@@ -409,7 +401,7 @@ _REQUIRED = {
 def _sizes(cfg: dict[str, Any], w: str) -> tuple[dict[str, int], int, Any, Any]:
     """The required sizes (:data:`_REQUIRED`), the routed experts and the raw dense and expert FFN widths.
 
-    Raises TunerError: a required size missing or not a positive integer up to :data:`MAX_CONFIG_INT`."""
+    Raises TunerError: a required size missing or not a positive integer."""
     vals = {k: _first(cfg, *alts) for k, alts in _REQUIRED.items()}
     missing = [k for k, v in vals.items() if v is None]
     num_experts = _as_int(_first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0, "num_local_experts", w)
@@ -430,8 +422,6 @@ def _sizes(cfg: dict[str, Any], w: str) -> tuple[dict[str, int], int, Any, Any]:
     for k, v in vals.items():
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise TunerError(f"model config {w!r}: {k} must be a positive integer, got {v!r}")
-        if v > MAX_CONFIG_INT:
-            raise TunerError(f"model config {w!r}: {k} {v:,} is more than this tool models (at most {MAX_CONFIG_INT:,})")
     return vals, num_experts, inter, moe_inter
 
 
