@@ -39,7 +39,7 @@ from typing import Any, cast
 from search_spaces.pipeline import stage_layer_counts
 from specs import Cluster, GPUSpec, ModelSpec, Precision, RunOptions, Workload, list_gpus, list_models, load_gpu, load_model, load_network
 from specs.errors import InfeasibleLayout, TunerError
-from specs.files import MAX_DATA_BYTES, parse_errors, read_user_text
+from specs.files import parse_errors, read_user_text
 from specs.layout import RECOMPUTE_MODULES, Dispatcher, Layout
 
 __all__ = [
@@ -430,7 +430,7 @@ def _read_csv(p: Path) -> tuple[list[dict[Any, Any]], list[str]]:
     Raises TunerError: unreadable, not a CSV, a column named twice, or a required column missing."""
     label = f"--data {str(p)!r}"
     # utf-8-sig: a spreadsheet's byte-order mark is not part of the first column's name
-    text = read_user_text(p, label, "a CSV table of runs", limit=MAX_DATA_BYTES, encoding="utf-8-sig")
+    text = read_user_text(p, label, "a CSV table of runs", encoding="utf-8-sig")
     reader = csv.DictReader(io.StringIO(text, newline=""))  # not splitlines(): a form feed in a cell is not a row break
     with parse_errors(label, "a CSV table of runs"):  # a cell past csv's field limit, too
         table = list(reader)

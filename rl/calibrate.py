@@ -31,7 +31,7 @@ import numpy as np
 from rl.calibration import RLCalibration
 from rl.plan import RLPlan
 from specs.errors import TunerError
-from specs.files import MAX_DATA_BYTES, read_user_text
+from specs.files import read_user_text
 
 __all__ = ["MeasuredStep", "fit_from_measured", "mean_measured", "read_log"]
 
@@ -148,7 +148,7 @@ def read_log(path: str | Path) -> list[MeasuredStep]:
 
     Raises TunerError: an unreadable file, or one with no step timing in either format."""
     p = Path(path)
-    lines = read_user_text(p, f"--log {str(p)!r}", "a NeMo-RL or slime log", limit=MAX_DATA_BYTES, errors="replace").splitlines()
+    lines = read_user_text(p, f"--log {str(p)!r}", "a NeMo-RL or slime log", errors="replace").splitlines()
     try:
         steps = _nemo(lines) or _slime(lines)
     except TunerError as e:

@@ -19,7 +19,7 @@ import numpy.typing as npt
 from scipy import special
 
 from specs.errors import TunerError
-from specs.files import MAX_DATA_BYTES, parse_errors, read_user_text
+from specs.files import parse_errors, read_user_text
 
 __all__ = ["DEFAULT_GAMMA_SHAPE", "LengthDistribution"]
 
@@ -132,7 +132,7 @@ class LengthDistribution:
         """
         p = Path(path)
         where = f"--response-lengths {str(p)!r}"
-        text = read_user_text(p, where, "a table or list of response lengths", limit=MAX_DATA_BYTES)
+        text = read_user_text(p, where, "a table or list of response lengths")
         lengths: list[float] = []
         counts: list[float] = []
         stripped = text.lstrip()

@@ -1,8 +1,7 @@
 """Reading a user's files and writing outputs: the one guard every reader and writer goes through.
 
-Reading (:func:`read_user_text`, :func:`load_user_json`): only a regular file (not a folder, a FIFO or a device such
-as ``/dev/zero``), at most a size limit, read before anything parses it; parsers' recursion and integer-conversion
-errors (a 5,000-digit integer: Python's ``int`` limit) come back as one :class:`TunerError` naming the file.
+Reading (:func:`read_user_text`, :func:`load_user_json`): parsers' recursion and conversion errors come back as one
+:class:`TunerError` naming the file.
 
 Writing (:func:`write_output`): the text goes to a temporary file in the same folder, which is then renamed over the
 target, so a reader never sees half a file and a full disk leaves the old file as it was. A link, a folder or another
@@ -25,14 +24,9 @@ from typing import Any
 
 from specs.errors import TunerError
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_DATA_BYTES", "RepeatedKey", "load_user_json", "parse_errors", "read_user_text", "refuse_another_kind",
+__all__ = ["RepeatedKey", "load_user_json", "parse_errors", "read_user_text", "refuse_another_kind",
            "unique_keys", "write_error", "write_output"]
 
-#: Largest configuration file read (a ``config.json``, ``--space``, ``--calibration``, a command template): the
-#: largest bundled one is under 4 KiB.
-MAX_CONFIG_BYTES = 2**20
-#: Largest data file read (``tune validate --data`` tables, trial JSON lines, traces).
-MAX_DATA_BYTES = 256 * 2**20
 
 
 @contextmanager
@@ -51,36 +45,17 @@ def parse_errors(label: str, expected: str) -> Iterator[None]:
                          f"{expected} is expected") from None
 
 
-def read_user_text(path: str | Path, label: str, expected: str, *, limit: int = MAX_CONFIG_BYTES,
-                   encoding: str = "utf-8", errors: str = "strict") -> str:
-    """The text of a user's file, read only if it is a regular file of at most ``limit`` bytes.
+def read_user_text(path: str | Path, label: str, expected: str, *, encoding: str = "utf-8",
+                   errors: str = "strict") -> str:
+    """The text of a user's file; ``label`` names it in messages (``--space PATH``), ``expected`` says what it should
+    be ("a YAML search space"); ``encoding`` ``utf-8-sig`` drops a spreadsheet's byte-order mark, ``errors``
+    ``replace`` keeps a log's stray bytes.
 
-    Args:
-        path: the file.
-        label: how it is named in messages (``--space PATH``).
-        expected: what the file should be ("a YAML search space").
-        limit: the most bytes read (:data:`MAX_CONFIG_BYTES`, :data:`MAX_DATA_BYTES`).
-        encoding: its text encoding (``utf-8-sig`` drops a spreadsheet's byte-order mark).
-        errors: what to do with bytes that are not ``encoding`` (``replace``: a log's stray bytes).
-
-    Raises TunerError: missing or unreadable, not a regular file, larger than ``limit``, or not text in ``encoding``."""
+    Raises TunerError: missing or unreadable (a folder), or not text in ``encoding``."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block the open
+        data = Path(path).read_bytes()
     except (OSError, ValueError) as e:
         raise TunerError(f"{label}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):  # a folder, a FIFO, a device such as /dev/zero
-        os.close(fd)
-        raise TunerError(f"{label}: not a regular file; {expected} is expected")
-    with os.fdopen(fd, "rb") as fh:
-        if st.st_size > limit:
-            raise TunerError(f"{label}: {st.st_size:,} bytes is more than the {limit:,} read; {expected} is expected")
-        try:
-            data = fh.read(limit + 1)
-        except OSError as e:
-            raise TunerError(f"{label}: cannot read it ({e.strerror or e})") from None
-    if len(data) > limit:
-        raise TunerError(f"{label}: more than the {limit:,} bytes read; {expected} is expected")
     try:
         return data.decode(encoding, errors)
     except UnicodeDecodeError:
@@ -101,12 +76,12 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return d
 
 
-def load_user_json(path: str | Path, label: str, expected: str, *, limit: int = MAX_CONFIG_BYTES) -> Any:
+def load_user_json(path: str | Path, label: str, expected: str) -> Any:
     """A user's JSON file, read with :func:`read_user_text`; a key written twice in one object is refused (``json``
     keeps the last one silently, as PyYAML would: the YAML readers refuse it too).
 
     Raises TunerError: as :func:`read_user_text`, not JSON, a repeated key, or as :func:`parse_errors`."""
-    text = read_user_text(path, label, expected, limit=limit)
+    text = read_user_text(path, label, expected)
     with parse_errors(label, expected):
         try:
             return json.loads(text, object_pairs_hook=unique_keys)

@@ -35,8 +35,7 @@ def read_study_record(path: Path) -> Any:
     """The parsed ``config.yaml`` of a study folder (any YAML value; the caller checks its shape).
 
     Raises:
-        the errors of :data:`RECORD_ERRORS` and ``yaml.YAMLError``: unreadable, not a regular file, larger than
-        :data:`specs.files.MAX_CONFIG_BYTES`, not text, not YAML, nested too deeply.
+        the errors of :data:`RECORD_ERRORS` and ``yaml.YAMLError``: unreadable, not text, not YAML, nested too deeply.
     """
     import yaml
 

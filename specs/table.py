@@ -88,9 +88,9 @@ def read_table(path: str | Path, columns: Sequence[Column], build: Callable[[int
         column (``line 3: column load: cannot read 'sometimes'``); a row is refused at its first bad cell.
 
     Raises TunerError: the file cannot be read, or its header lacks required columns (listed with the table's)."""
-    from specs.files import MAX_DATA_BYTES, parse_errors, read_user_text
+    from specs.files import parse_errors, read_user_text
 
-    text = read_user_text(Path(path), what, f"a CSV {table} table", limit=MAX_DATA_BYTES, encoding="utf-8-sig")
+    text = read_user_text(Path(path), what, f"a CSV {table} table", encoding="utf-8-sig")
     lines = [ln for ln in text.splitlines() if not (comment and ln.startswith(comment))]
     with parse_errors(what, f"a CSV {table} table"):
         reader = csv.DictReader(lines)

@@ -30,7 +30,7 @@ from cost_model.validate import spearman
 from launch.harness.spec import HarnessEnv, harness_layout, override_model, slice_model
 from specs import HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS, ModelSpec, Precision, RunOptions, Workload, list_models, load_model, parse_gpus
 from specs.errors import InfeasibleLayout, TunerError, enum_member
-from specs.files import MAX_DATA_BYTES, RepeatedKey, read_user_text, unique_keys
+from specs.files import RepeatedKey, read_user_text, unique_keys
 from specs.layout import Layout
 from tuner.report import pooled_spread
 
@@ -196,7 +196,7 @@ def json_lines(path: str | Path, label: str, expected: str) -> Iterator[tuple[in
         TunerError: the file cannot be read (as UTF-8), or a line is not JSON, repeats a key in one object or is nested
             too deeply to read, named by ``label`` and its line.
     """
-    lines = read_user_text(path, label, expected, limit=MAX_DATA_BYTES).splitlines()
+    lines = read_user_text(path, label, expected).splitlines()
     for i, line in enumerate(lines, start=1):
         if not line.strip():
             continue
