@@ -223,26 +223,6 @@ def _syntax_error(text: str, reason: str) -> InfeasibleLayout:
     return InfeasibleLayout(LAYOUT_RULE_ID, f"pipeline layout {shown!r}: {reason}")
 
 
-#: Most symbols (and '|') a layout may expand to: a t per decoder layer plus E, L, m and
-#: separators; no model has more than a few hundred layers.
-MAX_LAYOUT_SYMBOLS = 100_000
-
-
-def _expanded_size(text: str, flat: str, pattern: re.Pattern[str]) -> int:
-    """Length of ``flat`` once every ``pattern`` match (``group(1)`` repeated ``group(2)`` times)
-    is expanded, computed without expanding.
-
-    Raises InfeasibleLayout: (``pipeline_layout``) if that exceeds :data:`MAX_LAYOUT_SYMBOLS`."""
-    try:
-        size = len(flat) + sum(len(mt.group(1)) * int(mt.group(2)) - len(mt.group(0)) for mt in pattern.finditer(flat))
-    except ValueError:  # a repeat count too long for int()
-        size = MAX_LAYOUT_SYMBOLS + 1
-    if size > MAX_LAYOUT_SYMBOLS:
-        raise _syntax_error(text, f"it expands to more than {MAX_LAYOUT_SYMBOLS:,} symbols; --pipeline-layout takes "
-                                  "E, a t per decoder layer, an m per MTP layer and L, split into stages by '|'")
-    return size
-
-
 def parse_layout_string(text: str, pp: int) -> list[list[str]]:
     """Parse a layout string into stages, as Megatron does.
 
@@ -288,11 +268,9 @@ def parse_layout_string(text: str, pp: int) -> list[list[str]]:
     if depth:
         raise _syntax_error(text, "a '(' is never closed")
     flat = text.replace(",", "")
-    _expanded_size(text, flat, _GROUP_RE)
     flat = _GROUP_RE.sub(lambda mt: mt.group(1) * int(mt.group(2)), flat)
     if "(" in flat or ")" in flat:
         raise _syntax_error(text, "every '(...)' group must be non-empty and followed by '*n' with n a number")
-    _expanded_size(text, flat, _CHAR_RE)
     flat = _CHAR_RE.sub(lambda mt: mt.group(1) * int(mt.group(2)), flat)
     leftover = sorted({ch for ch in flat if ch not in "EtmL|"})
     if leftover:
