@@ -351,10 +351,6 @@ def test_a_second_adversarial_review_s_inputs_are_refused_or_left_out_with_their
     with pytest.raises(TunerError, match="cuda_graph_scope 'bogus': accepted full, full_iteration, attn"):
         RunOptions(cuda_graph_scope=("moe_router", "bogus"))
     assert RunOptions(cuda_graph_scope=("MOE_ROUTER",)).cuda_graph_moe
-    p = tmp_path / "c.yaml"
-    p.write_text("moe_layer_overhead_s: 1" + "0" * 400 + "\n")
-    with pytest.raises(TunerError, match="too large for a constant"):
-        load_calibration(p)
     rows = _published("147", "149")
     rows[0]["cuda_graph_scope"] = "bogus"
     runs, problems = read_runs(_table(tmp_path, rows))
