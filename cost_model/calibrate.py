@@ -37,7 +37,8 @@ from specs.errors import TunerError
 
 __all__ = [
     "FIT_BOUNDS", "FitResult", "fit_calibration", "kfold_by_model", "SEED_WEIGHT",
-    "TRIAL_FIT_BOUNDS", "TRIAL_STEP_NAMES", "MEMORY_FIT_BOUNDS", "Observation", "ObservationFit", "fit_observations", "predict_observations",
+    "TRIAL_FIT_BOUNDS", "TRIAL_STEP_NAMES", "MEMORY_FIT_BOUNDS", "Observation", "ObservationFit", "fit_observations",
+    "predict_observations",
 ]
 
 #: Constants fitted, with their bounds (same units as :class:`Calibration`).
@@ -88,7 +89,8 @@ def _weights(runs: Sequence[Run]) -> np.ndarray:
     return np.array([SEED_WEIGHT if "seed" in r.framework_version.lower() else 1.0 for r in runs])
 
 
-def _active(batch: RunBatch, start: Calibration, names: Sequence[str], bounds: Mapping[str, tuple[float, float]] = FIT_BOUNDS,
+def _active(batch: RunBatch, start: Calibration, names: Sequence[str],
+            bounds: Mapping[str, tuple[float, float]] = FIT_BOUNDS,
             *, probe_range: bool = False) -> list[str]:
     """Constants that move some prediction by more than 0.1% when changed by 10% (or 0.1 if 0).
 
@@ -154,12 +156,14 @@ def fit_calibration(
     bounds = FIT_BOUNDS if bounds is None else bounds
     cand = list(names or bounds)
     act = _active(batch, start, cand, bounds, probe_range=probe_range)
-    gens = {r.cluster.gpu.generation for r in batch.runs if r.cluster is not None and r.cluster.gpu.family == "blackwell"}
+    gens = {r.cluster.gpu.generation for r in batch.runs if r.cluster is not None
+            and r.cluster.gpu.family == "blackwell"}
     if "gemm_generation_factor_blackwell_ultra" in act and "" not in gens:
         # only Blackwell Ultra rows: its factor and Blackwell's multiply the same peaks and cannot be told apart
         act.remove("gemm_generation_factor_blackwell_ultra")
         if progress:
-            progress("gemm_generation_factor_blackwell_ultra not fitted: no B200 / GB200 row to tell it from gemm_family_factor_blackwell")
+            progress("gemm_generation_factor_blackwell_ultra not fitted: no B200 / GB200 row to tell it from "
+                     "gemm_family_factor_blackwell")
     if not act:
         raise TunerError("no calibration constant changes the predictions of these runs")
     if progress:
@@ -180,10 +184,12 @@ def fit_calibration(
         r: np.ndarray = w * (np.log(np.maximum(p, 1e-9)) - y)
         return r
 
-    sol = least_squares(resid, u0, bounds=(0.0, 1.0), loss="soft_l1", f_scale=_F_SCALE, max_nfev=max_nfev, diff_step=1e-3, x_scale=1.0)
+    sol = least_squares(resid, u0, bounds=(0.0, 1.0), loss="soft_l1", f_scale=_F_SCALE, max_nfev=max_nfev,
+                        diff_step=1e-3, x_scale=1.0)
     cal = cal_of(sol.x)
     err = np.abs(batch.predicted_metric(cal) / batch.targets() - 1)
-    return FitResult(calibration=cal, fitted=tuple(act), rows=len(batch.runs), median_abs_error=float(np.median(err)), cost=float(sol.cost), nfev=int(sol.nfev))
+    return FitResult(calibration=cal, fitted=tuple(act), rows=len(batch.runs), median_abs_error=float(np.median(err)),
+                     cost=float(sol.cost), nfev=int(sol.nfev))
 
 
 def kfold_by_model(
@@ -204,8 +210,10 @@ def kfold_by_model(
         (``predicted`` is in the run's metric: tokens/s/GPU, else model TFLOP/s/GPU).
     """
     usable = [r for r in runs if not r.unrepresentable and r.layout is not None]
-    names = sorted({r.model.name for r in usable if models is None or r.model.name in models})  # type: ignore[union-attr]
-    jobs = [(m, [r for r in usable if r.model.name != m], [r for r in usable if r.model.name == m]) for m in names]  # type: ignore[union-attr]
+    got = {r.model.name for r in usable}  # type: ignore[union-attr]
+    names = sorted(n for n in got if models is None or n in models)
+    jobs = [(m, [r for r in usable if r.model.name != m],  # type: ignore[union-attr]
+             [r for r in usable if r.model.name == m]) for m in names]  # type: ignore[union-attr]
     if processes > 1:
         import multiprocessing as mp
 
@@ -340,7 +348,8 @@ def predict_observations(obs: Sequence[Observation], calibration: Calibration) -
     return step, peak
 
 
-def _fit_memory(runs: Sequence[Run], measured: np.ndarray, start: Calibration, names: Sequence[str], max_nfev: int) -> tuple[Calibration, tuple[str, ...], float]:
+def _fit_memory(runs: Sequence[Run], measured: np.ndarray, start: Calibration, names: Sequence[str],
+                max_nfev: int) -> tuple[Calibration, tuple[str, ...], float]:
     from scipy.optimize import least_squares
 
     batch = RunBatch(runs)
@@ -370,7 +379,8 @@ def _fit_memory(runs: Sequence[Run], measured: np.ndarray, start: Calibration, n
         r: np.ndarray = np.log(np.maximum(peak(cal_of(u)), 1e-9)) - np.log(measured)
         return r
 
-    sol = least_squares(resid, u0, bounds=(0.0, 1.0), loss="soft_l1", f_scale=_F_SCALE, max_nfev=max_nfev, diff_step=1e-3)
+    sol = least_squares(resid, u0, bounds=(0.0, 1.0), loss="soft_l1", f_scale=_F_SCALE, max_nfev=max_nfev,
+                        diff_step=1e-3)
     cal = cal_of(sol.x)
     return cal, tuple(act), float(np.median(np.abs(peak(cal) / measured - 1)))
 
@@ -405,7 +415,8 @@ def fit_observations(
     step_fit = None
     if step_names:
         runs = _runs_of(obs, need="step")
-        step_fit = fit_calibration(runs, start=start, names=step_names, max_nfev=max_nfev, progress=progress, bounds=bounds, probe_range=True)
+        step_fit = fit_calibration(runs, start=start, names=step_names, max_nfev=max_nfev, progress=progress,
+                                   bounds=bounds, probe_range=True)
         cal = step_fit.calibration
     mem_fitted: tuple[str, ...] = ()
     mem_err = float("nan")
@@ -419,8 +430,11 @@ def fit_observations(
             raise TunerError(f"a memory fit needs at least 2 observations with a measured peak, got {len(with_peak)}")
         if progress:
             progress(f"fitting memory constants to the peaks of {len(with_peak)} runs: {', '.join(memory_names)}")
-        cal, mem_fitted, mem_err = _fit_memory(_runs_of(with_peak, need="peak"), np.array([o.peak_gib for o in with_peak], dtype=float), cal, memory_names, max_nfev)
+        cal, mem_fitted, mem_err = _fit_memory(_runs_of(with_peak, need="peak"),
+                                               np.array([o.peak_gib for o in with_peak], dtype=float), cal,
+                                               memory_names, max_nfev)
         mem_rows = len(with_peak)
     if step_fit is None and not memory_names:
         raise TunerError("nothing to fit: give step_names or memory_names")
-    return ObservationFit(calibration=cal, step=step_fit, memory_fitted=mem_fitted, memory_rows=mem_rows, memory_median_abs_error=mem_err)
+    return ObservationFit(calibration=cal, step=step_fit, memory_fitted=mem_fitted, memory_rows=mem_rows,
+                          memory_median_abs_error=mem_err)

@@ -151,8 +151,8 @@ class Calibration:
     """Achieved fraction of NVLink per-direction bandwidth by NCCL ring collectives
     (nccl-tests bus bandwidth ~360 of 450 GB/s on H100 SXM)."""
     alltoall_nvlink_efficiency: float = 0.95
-    """Achieved fraction of NVLink bandwidth by NCCL all-to-all inside a node. **Set, not fitted**: the published pairs in
-    which only the dispatcher changed inside one NVLink domain measured alltoall 4.0% and 4.4% faster than HybridEP
+    """Achieved fraction of NVLink bandwidth by NCCL all-to-all inside a node. **Set, not fitted**: the published pairs
+    in which only the dispatcher changed inside one NVLink domain measured alltoall 4.0% and 4.4% faster than HybridEP
     (GPT-OSS-120B rows 133 -> 134 and 203 -> 206, docs/published_pairs.md), which needs NCCL's all-to-all near
     HybridEP's own figure (0.82, ``specs/data/networks.yaml``) with its larger bytes; fitted freely it orders both
     pairs wrong."""
@@ -281,7 +281,8 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
     # a GPU family's or precision's compute at a tenth of its datasheet's share or less is a typo, not a calibration
     **{k: (0.1, 2.0, False) for k in (
         "gemm_family_factor_ampere", "gemm_family_factor_blackwell", "gemm_generation_factor_blackwell_ultra",
-        "fp8_gemm_efficiency_ratio", "fp8_blockwise_gemm_efficiency_ratio", "mxfp8_gemm_efficiency_ratio", "nvfp4_gemm_efficiency_ratio",
+        "fp8_gemm_efficiency_ratio", "fp8_blockwise_gemm_efficiency_ratio", "mxfp8_gemm_efficiency_ratio",
+        "nvfp4_gemm_efficiency_ratio",
     )},
     "moe_load_imbalance": (1.0, float("inf"), False),
     "grouped_gemm_efficiency_floor": (0.0, 1.0, True),
@@ -318,19 +319,19 @@ SHIPPED_CALIBRATION_FILE = Path(__file__).parent / "data" / "calibration.yaml"
 def _read_constants(p: Path, base: Calibration) -> Calibration:
     data = load_user_yaml(p, f"--calibration {str(p)!r}", "a calibration YAML")
     if data is None:
-        raise TunerError(f"--calibration {str(p)!r}: the file is empty; write constant: value lines (or a 'tune calibrate' "
-                         "output), or leave --calibration out for the shipped calibration")
+        raise TunerError(f"--calibration {str(p)!r}: the file is empty; write constant: value lines (or a 'tune "
+                         "calibrate' output), or leave --calibration out for the shipped calibration")
     if isinstance(data, dict) and "constants" in data:
         stray = sorted(str(k) for k in set(data) - {"constants", "provenance"})
         if stray:
-            raise TunerError(f"--calibration {str(p)!r}: {stray} sit beside the 'constants' section and would be ignored; "
-                             "put them under 'constants' (the file has 'constants' and 'provenance' only)")
+            raise TunerError(f"--calibration {str(p)!r}: {stray} sit beside the 'constants' section and would be "
+                             "ignored; put them under 'constants' (the file has 'constants' and 'provenance' only)")
         data = data["constants"]
     if not isinstance(data, dict):
         raise TunerError(f"--calibration {str(p)!r}: expected a mapping of constant names to numbers")
     if not data:
-        raise TunerError(f"--calibration {str(p)!r}: names no constant; write constant: value lines (or a 'tune calibrate' "
-                         "output), or leave --calibration out for the shipped calibration")
+        raise TunerError(f"--calibration {str(p)!r}: names no constant; write constant: value lines (or a 'tune "
+                         "calibrate' output), or leave --calibration out for the shipped calibration")
     names = {f.name for f in dataclasses.fields(Calibration)}
     unknown = sorted(set(data) - names)
     if unknown:
@@ -343,7 +344,8 @@ def _read_constants(p: Path, base: Calibration) -> Calibration:
             except ValueError:
                 return False
 
-        hint = ("; YAML reads a number such as 1e30 as text: write it with a decimal point and a signed exponent (1.0e+30)"
+        hint = ("; YAML reads a number such as 1e30 as text: write it with a decimal point and a signed exponent "
+                "(1.0e+30)"
                 if any(_numeric_text(data[k]) for k in bad) else "")
         raise TunerError(f"--calibration {str(p)!r}: values of {bad} are not numbers{hint}")
     try:
@@ -352,7 +354,8 @@ def _read_constants(p: Path, base: Calibration) -> Calibration:
         raise TunerError(f"--calibration {str(p)!r}: {e}") from None
 
 
-DEFAULT_CALIBRATION = _read_constants(SHIPPED_CALIBRATION_FILE, BASE_CALIBRATION) if SHIPPED_CALIBRATION_FILE.is_file() else BASE_CALIBRATION
+DEFAULT_CALIBRATION = _read_constants(SHIPPED_CALIBRATION_FILE,
+                                      BASE_CALIBRATION) if SHIPPED_CALIBRATION_FILE.is_file() else BASE_CALIBRATION
 
 
 def load_calibration(path: str | Path | None) -> Calibration:

@@ -38,7 +38,19 @@ import numpy.typing as npt
 from cost_model import step_detail
 from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
 from cost_model.flops import megatron_flops_per_token, mfu
-from cost_model.terms import activations, comm, compute, context, lora, memory, optimizer, params, recompute, schedule, state
+from cost_model.terms import (
+    activations,
+    comm,
+    compute,
+    context,
+    lora,
+    memory,
+    optimizer,
+    params,
+    recompute,
+    schedule,
+    state,
+)
 from cost_model.terms.context import Array, TableContext
 from cost_model.types import Estimate
 from search_spaces.rules import RuleEnv, check_layout
@@ -157,7 +169,8 @@ def _memory_by_rank(c: TableContext, dense: Array, experts: Array, owned: Array,
     kept_dense = activations.kept_bytes(full_dense, saved_attention, activations.saved_dense_bytes(c, dense_block))
     fraction = activations.recomputed_fraction(c)
     per_rank = activations.rank_activation_bytes(
-        c, activations.stored_layer_bytes(c, layer_in, kept_moe, fraction), activations.stored_layer_bytes(c, layer_in, kept_dense, fraction)
+        c, activations.stored_layer_bytes(c, layer_in, kept_moe, fraction),
+        activations.stored_layer_bytes(c, layer_in, kept_dense, fraction)
     )
     inflight = schedule.inflight_microbatches(c)
     act = memory.activation_bytes(
@@ -202,9 +215,12 @@ def _time_per_microbatch(c: TableContext, copies: Array) -> dict[str, Array]:
     fwd_dense = recompute.dense_forward_time(c, mlp, elem_attn, tp_dense)
     sel_attn = recompute.selective_attention_time(c, core, elem_attn, compute.mla_up_projection_time(c), rope)
     share = recompute.full_recompute_share(c, activations.recomputed_fraction(c))
-    rec_moe = recompute.recompute_moe_time(c, share, fwd_attn, fwd_moe, sel_attn + recompute.selective_moe_time(c, fwd_moe, elem_moe, shared))
-    rec_dense = recompute.recompute_dense_time(c, share, fwd_attn, fwd_dense, sel_attn + recompute.selective_dense_time(c, fwd_dense))
-    c_attn = compute.attention_compute_time(c, linear, core, elem_attn + rope)  # MLA's unfused RoPE is memory-bound work too
+    rec_moe = recompute.recompute_moe_time(c, share, fwd_attn, fwd_moe,
+                                           sel_attn + recompute.selective_moe_time(c, fwd_moe, elem_moe, shared))
+    rec_dense = recompute.recompute_dense_time(c, share, fwd_attn, fwd_dense,
+                                               sel_attn + recompute.selective_dense_time(c, fwd_dense))
+    # MLA's unfused RoPE is memory-bound work too
+    c_attn = compute.attention_compute_time(c, linear, core, elem_attn + rope)
     c_moe = compute.moe_compute_time(c, experts, router, shared, elem_moe)
     c_dense = compute.dense_compute_time(c, mlp, elem_attn)
     # Per rank class: the rank's MoE and dense layers, (n, K).
@@ -222,7 +238,8 @@ def _microbatch_window(c: TableContext, per_mb: dict[str, Array]) -> Array:
     """Seconds of one micro-batch per rank class ``(n, K)`` (0 on ranks that do not exist): the busy time the per-step
     data-parallel communication can hide behind (:func:`cost_model.terms.comm.dp_comm_time`), also the pipeline's
     per-micro-batch time. One definition for the table and the single-layout details, so their DP times agree."""
-    out: Array = (per_mb["compute"] + per_mb["tp_comm"] + per_mb["cp_comm"] + per_mb["ep_comm"] + per_mb["recompute"]) * c.live
+    out: Array = (per_mb["compute"] + per_mb["tp_comm"] + per_mb["cp_comm"] + per_mb["ep_comm"]
+                  + per_mb["recompute"]) * c.live
     return out
 
 
@@ -293,14 +310,16 @@ def estimate_table(
             out = _estimate_table(model, cluster, workload, table, calibration, memory_headroom, options)
         else:
             blocks = (table.select(slice(lo, lo + ROW_BLOCK)) for lo in range(0, n, ROW_BLOCK))  # views
-            out = _in_blocks((_estimate_table(model, cluster, workload, b, calibration, memory_headroom, options) for b in blocks), n)
+            out = _in_blocks((_estimate_table(model, cluster, workload, b, calibration, memory_headroom,
+                                              options) for b in blocks), n)
     bad = ~(np.isfinite(out.step_time_s) & np.isfinite(out.peak_bytes) & (out.step_time_s > 0))
     if bad.any():
         parts = sorted({k for k, v in {**out.time, **out.memory}.items() if not np.all(np.isfinite(v[bad]))})
         raise TunerError(
-            f"the calibration constants give a non-finite step time or peak memory for {int(bad.sum())} of {len(bad)} layouts "
-            f"(parts: {', '.join(parts) or 'step'}): check the constants of the --calibration file; the shipped ones are in "
-            "cost_model/data/calibration.yaml")
+            f"the calibration constants give a non-finite step time or peak memory for {int(bad.sum())} of {len(bad)} "
+            "layouts "
+            f"(parts: {', '.join(parts) or 'step'}): check the constants of the --calibration file; the shipped ones "
+            "are in cost_model/data/calibration.yaml")
     return out
 
 
@@ -348,7 +367,8 @@ def _row_arrays(t: EstimateTable) -> dict[str, Array]:
     }
 
 
-def _estimate_table(model: ModelSpec, cluster: Cluster, workload: Workload, table: LayoutTable, calibration: Calibration,
+def _estimate_table(model: ModelSpec, cluster: Cluster, workload: Workload, table: LayoutTable,
+                    calibration: Calibration,
                     memory_headroom: float, options: RunOptions) -> EstimateTable:
     c = context.build_context(model, cluster, workload, table, calibration, options)
     lora.check_targets(c)
@@ -454,7 +474,8 @@ def estimate_details(
 
 
 def _single(
-    model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, calibration: Calibration, memory_headroom: float,
+    model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, calibration: Calibration,
+    memory_headroom: float,
     options: RunOptions, *, details: bool,
 ) -> tuple[Estimate, step_detail.StepDetails | None]:
     """:func:`estimate` (and, with ``details``, :func:`estimate_details`) of one layout."""
@@ -481,14 +502,17 @@ def _single(
         time["pp_bubble"] = max(step_detail.pipeline_time(times, layout, m) - busy, 0.0)
         step = sum(time[p] for p in TIME_PARTS)
         k = row.step_time_s / step  # throughput, MFU and TFLOP/s scale with 1 / step, $/token with step
-        est = dataclasses.replace(row, time=time, step_time_s=step, tokens_per_s_per_gpu=row.tokens_per_s_per_gpu * k, mfu=row.mfu * k,
-                                  model_tflops_per_gpu=row.model_tflops_per_gpu * k, usd_per_million_tokens=row.usd_per_million_tokens / k)
+        est = dataclasses.replace(row, time=time, step_time_s=step, tokens_per_s_per_gpu=row.tokens_per_s_per_gpu * k,
+                                  mfu=row.mfu * k,
+                                  model_tflops_per_gpu=row.model_tflops_per_gpu * k,
+                                  usd_per_million_tokens=row.usd_per_million_tokens / k)
     if not details:
         return est, None
     return est, _details(c, est, times, copies, model, layout, m)
 
 
-def _details(c: TableContext, est: Estimate, times: step_detail.ChunkTimes, copies: Array, model: ModelSpec, layout: Layout,
+def _details(c: TableContext, est: Estimate, times: step_detail.ChunkTimes, copies: Array, model: ModelSpec,
+             layout: Layout,
              m: int) -> step_detail.StepDetails:
     """The :class:`~cost_model.step_detail.StepDetails` of one layout (see :func:`estimate_details`)."""
     layers, moe = step_detail.chunk_layers(model, layout)
@@ -508,7 +532,8 @@ def _details(c: TableContext, est: Estimate, times: step_detail.ChunkTimes, copi
         one = np.zeros_like(c.live)
         one[0, k] = True  # the class alone: the per-step terms' slowest rank is this one
         ck, ck0 = dataclasses.replace(c, live=one), dataclasses.replace(c0, live=one)
-        dp, opt, off = (float(comm.dp_comm_time(ck, tdense, texp, window)[0]), float(optimizer.optimizer_step_time(ck, owned)[0]),
+        dp, opt, off = (float(comm.dp_comm_time(ck, tdense, texp, window)[0]),
+                        float(optimizer.optimizer_step_time(ck, owned)[0]),
                         float(optimizer.offload_time(ck, owned)[0]))
         for name, v in (("pp_p2p", p2p), ("dp_comm", dp), ("optimizer", opt), ("offload", off)):
             tail[name].append(v)
@@ -516,7 +541,8 @@ def _details(c: TableContext, est: Estimate, times: step_detail.ChunkTimes, copi
         hidden["dp_comm"].append(max(float(comm.dp_comm_time(ck0, tdense, texp, window)[0]) - dp, 0.0))
         hidden["offload"].append(max(float(optimizer.offload_time(ck0, owned)[0]) - off, 0.0))
     by_rank = _memory_by_rank(c, dense, experts, owned, copies)
-    closed = float(m * schedule.slowest_rank_time(total)[0] + schedule.fill_drain_microbatches(c)[0] * schedule.mean_rank_time(c, total)[0])
+    closed = float(m * schedule.slowest_rank_time(total)[0]
+                   + schedule.fill_drain_microbatches(c)[0] * schedule.mean_rank_time(c, total)[0])
     sched = step_detail.simulated_schedule(times, layout, m)
     return step_detail.StepDetails(
         estimate=est,

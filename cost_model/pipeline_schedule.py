@@ -34,7 +34,8 @@ from functools import lru_cache
 from specs.errors import TunerError
 
 __all__ = [
-    "FULL_SIMULATION_MICROBATCHES", "Pass", "PipelineOp", "ScheduledOp", "megatron_order", "pipeline_makespan", "schedule_table", "simulate_pipeline",
+    "FULL_SIMULATION_MICROBATCHES", "Pass", "PipelineOp", "ScheduledOp", "megatron_order", "pipeline_makespan",
+    "schedule_table", "simulate_pipeline",
     "warmup_microbatches",
 ]
 
@@ -111,16 +112,19 @@ def megatron_order(pp: int, rank: int, vpp: int, num_microbatches: int, group: i
             micro-batches than the pipeline size (Megatron refuses it too).
     """
     g = _check_sizes(pp, rank, vpp, num_microbatches, group)
-    return [PipelineOp(Pass.backward if b else Pass.forward, mb, c) for b, mb, c in _order(pp, rank, vpp, num_microbatches, g)]
+    return [PipelineOp(Pass.backward if b else Pass.forward, mb, c) for b, mb,
+            c in _order(pp, rank, vpp, num_microbatches, g)]
 
 
 def _check_sizes(pp: int, rank: int, vpp: int, num_microbatches: int, group: int | None) -> int:
     """The group size (default pp), once the sizes are checked (see :func:`megatron_order`)."""
     if pp < 1 or vpp < 1 or num_microbatches < 1 or not 0 <= rank < pp:
-        raise TunerError(f"pipeline schedule: pp {pp}, vpp {vpp}, rank {rank}, micro-batches {num_microbatches} are not a valid pipeline")
+        raise TunerError(f"pipeline schedule: pp {pp}, vpp {vpp}, rank {rank}, micro-batches {num_microbatches} are "
+                         "not a valid pipeline")
     g = pp if group is None else group
     if vpp > 1 and (num_microbatches < pp or g < pp):
-        raise TunerError(f"interleaved schedule: {num_microbatches} micro-batches per step with pp {pp}; Megatron needs at least pp")
+        raise TunerError(f"interleaved schedule: {num_microbatches} micro-batches per step with pp {pp}; Megatron "
+                         "needs at least pp")
     return g
 
 
@@ -232,7 +236,8 @@ def _build_plan(pp: int, vpp: int, num_microbatches: int, group: int | None) -> 
                 progressed = True
         if not progressed:  # a Megatron order never deadlocks; guard against a bad table
             raise TunerError(f"pipeline simulation: the schedule deadlocked (pp {pp}, vpp {vpp}, M {num_microbatches})")
-    return _Plan(ops=tuple(ops), rank=tuple(rank), after=tuple(after), lagged=tuple(lagged), by_rank=tuple(tuple(x) for x in by_rank),
+    return _Plan(ops=tuple(ops), rank=tuple(rank), after=tuple(after), lagged=tuple(lagged),
+                 by_rank=tuple(tuple(x) for x in by_rank),
                  slot=tuple(slot))
 
 
@@ -290,7 +295,8 @@ def simulate_pipeline(
     plan = _plan(pp, vpp, num_microbatches, group)
     start, end = _times(plan, forward_s, backward_s, p2p_s)
     kinds = (Pass.forward, Pass.backward)
-    return [ScheduledOp(rank=r, op=PipelineOp(kinds[plan.ops[i][0]], plan.ops[i][1], plan.ops[i][2]), start_s=start[i], end_s=end[i])
+    return [ScheduledOp(rank=r, op=PipelineOp(kinds[plan.ops[i][0]], plan.ops[i][1], plan.ops[i][2]), start_s=start[i],
+                        end_s=end[i])
             for r, idx in enumerate(plan.by_rank) for i in idx]
 
 

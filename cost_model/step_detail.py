@@ -196,8 +196,10 @@ def forward_parts(c: TableContext, copies: Array) -> dict[str, Array]:
     a2a = comm.ep_all_to_all_time(c) if c.dims.is_moe else np.zeros_like(c.tokens)
     ep_fwd = comm.ep_forward_time(c, a2a)
     share = recompute.FORWARD_TP_SHARE
-    attn = recompute.attention_forward_time(c, linear, core, elem_attn, tp_attn, compute.mla_unfused_rope_time(c)) - share * tp_attn
-    moe = recompute.moe_forward_time(c, compute.expert_time(c), compute.router_time(c), compute.shared_expert_time(c), elem_moe, tp_moe,
+    attn = recompute.attention_forward_time(c, linear, core, elem_attn, tp_attn,
+                                            compute.mla_unfused_rope_time(c)) - share * tp_attn
+    moe = recompute.moe_forward_time(c, compute.expert_time(c), compute.router_time(c), compute.shared_expert_time(c),
+                                     elem_moe, tp_moe,
                                      ep_fwd) - share * tp_moe - ep_fwd
     dense = recompute.dense_forward_time(c, compute.dense_mlp_time(c), elem_attn, tp_dense) - share * tp_dense
     nm, nd = c.moe_layers, c.dense_layers
@@ -270,7 +272,8 @@ def chunk_times(
     totals = per_microbatch(cc, copies)
     fwd = forward_parts(cc, copies)
     lay = np.array(layers)
-    share_by_layers = np.where(lay.sum(axis=1, keepdims=True) > 0, lay / np.maximum(lay.sum(axis=1, keepdims=True), 1.0), 1.0 / vpp)
+    share_by_layers = np.where(lay.sum(axis=1, keepdims=True) > 0,
+                               lay / np.maximum(lay.sum(axis=1, keepdims=True), 1.0), 1.0 / vpp)
     forward: dict[str, Table] = {}
     backward: dict[str, Table] = {}
     scales: dict[str, Array] = {}
@@ -310,7 +313,8 @@ def pipeline_time(times: ChunkTimes, layout: Layout, num_microbatches: int) -> f
         Seconds.
 
     Raises TunerError: an interleaved schedule with fewer micro-batches than pipeline ranks."""
-    return pipeline_makespan(layout.pp, layout.vpp, num_microbatches, [list(r) for r in times.forward_s], [list(r) for r in times.backward_s])
+    return pipeline_makespan(layout.pp, layout.vpp, num_microbatches, [list(r) for r in times.forward_s],
+                             [list(r) for r in times.backward_s])
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -369,4 +373,5 @@ def simulated_schedule(times: ChunkTimes, layout: Layout, num_microbatches: int)
     """Every operation of :func:`pipeline_time`'s simulation, with its start and end (seconds).
 
     Raises TunerError: as :func:`pipeline_time`."""
-    return tuple(simulate_pipeline(layout.pp, layout.vpp, num_microbatches, [list(r) for r in times.forward_s], [list(r) for r in times.backward_s]))
+    return tuple(simulate_pipeline(layout.pp, layout.vpp, num_microbatches, [list(r) for r in times.forward_s],
+                                   [list(r) for r in times.backward_s]))

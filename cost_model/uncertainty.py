@@ -33,7 +33,8 @@ from specs import GPUSpec, ModelSpec, Precision
 from specs.errors import TunerError
 
 __all__ = [
-    "BETWEEN_LAYOUTS_SIGMA", "ERROR_BARS_FILE", "Band", "ErrorBars", "chance_to_fit", "error_bars", "family_of", "load_error_bars", "memory_headroom",
+    "BETWEEN_LAYOUTS_SIGMA", "ERROR_BARS_FILE", "Band", "ErrorBars", "chance_to_fit", "error_bars", "family_of",
+    "load_error_bars", "memory_headroom",
     "ratio_within_error",
 ]
 
@@ -132,7 +133,8 @@ def _band(d: Any, where: str) -> Band:
         raise TunerError(f"{where}: an error band needs 'low' and 'high'")
     try:
         spread, shared = d.get("sigma"), d.get("shared")
-        return Band(low=float(d["low"]), high=float(d["high"]), rows=int(d.get("rows", 0)), spread=None if spread is None else float(spread),
+        return Band(low=float(d["low"]), high=float(d["high"]), rows=int(d.get("rows", 0)),
+                    spread=None if spread is None else float(spread),
                     shared=None if shared is None else float(shared))
     except (TypeError, ValueError) as e:
         raise TunerError(f"{where}: {e}") from None
@@ -177,8 +179,10 @@ def memory_headroom(model: ModelSpec, gpu: GPUSpec, precision: Precision | str, 
 _GRID = 1001
 
 
-def chance_to_fit(peak_bytes: npt.NDArray[np.float64], hbm_bytes: float, *, sigma: float, shared: float, bias: float = 0.0,
-                  measured: Mapping[int, float] | None = None, out_of_memory: Collection[int] = ()) -> npt.NDArray[np.float64]:
+def chance_to_fit(peak_bytes: npt.NDArray[np.float64], hbm_bytes: float, *, sigma: float, shared: float,
+                  bias: float = 0.0,
+                  measured: Mapping[int, float] | None = None,
+                  out_of_memory: Collection[int] = ()) -> npt.NDArray[np.float64]:
     """Each layout's chance to fit the GPU, given the measured peaks and the out-of-memory failures of those tried.
 
     Model: ``z_i = log(true peak_i / predicted peak_i) = b + u_i``, with ``b ~ N(bias, shared sigma^2)`` the error

@@ -74,8 +74,8 @@ def _nemo(lines: list[str]) -> list[MeasuredStep]:
                 if not t:
                     bad = _NEMO_TIMER_LIKE.match(lines[i])
                     if bad:  # e.g. "nan s" or "-5.00s": a step left out without a word before
-                        raise TunerError(f"line {i + 1}: timer {bad.group(1).strip()!r} reads {bad.group(2)!r}, not a number of seconds "
-                                         "(NeMo-RL writes '• NAME: 12.34s (5.6%)')")
+                        raise TunerError(f"line {i + 1}: timer {bad.group(1).strip()!r} reads {bad.group(2)!r}, not a "
+                                         "number of seconds (NeMo-RL writes '• NAME: 12.34s (5.6%)')")
                     break
                 timers[t.group(1).strip()] = float(t.group(2))
                 i += 1
@@ -113,7 +113,8 @@ def _slime(lines: list[str]) -> list[MeasuredStep]:
         except (ValueError, SyntaxError):
             continue
         if isinstance(d, dict):
-            merged.setdefault(int(m.group(1)), {}).update({str(k): float(v) for k, v in d.items() if isinstance(v, (int, float))})
+            merged.setdefault(int(m.group(1)), {}).update({str(k): float(v) for k,
+                                                           v in d.items() if isinstance(v, (int, float))})
     steps = []
     for rid in sorted(merged):
         d = merged[rid]
@@ -169,10 +170,12 @@ def mean_measured(steps: list[MeasuredStep]) -> dict[str, float | None]:
         vals = [getattr(s, attr) for s in use if getattr(s, attr) is not None]
         return float(np.mean(vals)) if vals else None
 
-    return {k: mean(k) for k in ("step_time_s", "generation_s", "logprob_s", "training_s", "refit_s", "switch_s", "mean_generation_len")}
+    return {k: mean(k) for k in ("step_time_s", "generation_s", "logprob_s", "training_s", "refit_s", "switch_s",
+                                 "mean_generation_len")}
 
 
-def fit_from_measured(plan: RLPlan, measured: dict[str, float | None], base: RLCalibration, *, source: str) -> RLCalibration:
+def fit_from_measured(plan: RLPlan, measured: dict[str, float | None], base: RLCalibration, *,
+                      source: str) -> RLCalibration:
     """Factors that make ``plan`` (predicted under ``base``) reproduce the measured parts.
 
     ``generation_scale``, ``training_scale`` and ``logprob_scale`` become measured / predicted;
@@ -201,9 +204,12 @@ def fit_from_measured(plan: RLPlan, measured: dict[str, float | None], base: RLC
     if r and r > base.refit_fixed_s and var_pred > 0:
         key = "refit_ipc_bytes_per_s" if plan.choice.colocated else "refit_nccl_bytes_per_s"
         ch[key] = getattr(base, key) * var_pred / (r - base.refit_fixed_s)
-    if not asynchronous and all(measured.get(k) is not None for k in ("generation_s", "logprob_s", "training_s", "refit_s")):
-        parts = sum(float(measured[k] or 0.0) for k in ("generation_s", "logprob_s", "training_s", "refit_s", "switch_s"))
-        ch["step_overhead_s"] = max(0.0, step - parts - (p.switch_s if measured.get("switch_s") is None and plan.choice.colocated else 0.0))
+    if not asynchronous and all(measured.get(k) is not None for k in ("generation_s", "logprob_s", "training_s",
+                                                                      "refit_s")):
+        parts = sum(float(measured[k] or 0.0) for k in ("generation_s", "logprob_s", "training_s", "refit_s",
+                                                        "switch_s"))
+        ch["step_overhead_s"] = max(0.0, step - parts - (p.switch_s if measured.get("switch_s") is None
+                                                         and plan.choice.colocated else 0.0))
     bad = {k: v for k, v in ch.items() if not math.isfinite(v) or v < 0}
     if bad:
         raise TunerError(f"calibration from the log gave unusable factors {bad}")

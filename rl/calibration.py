@@ -59,7 +59,8 @@ class RLCalibration:
             v = getattr(self, f.name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise TunerError(f"RL calibration {f.name} must be a non-negative number, got {v!r}")
-        for name in ("generation_scale", "training_scale", "logprob_scale", "refit_ipc_bytes_per_s", "refit_nccl_bytes_per_s", "eager_slowdown", "host_link_efficiency"):
+        for name in ("generation_scale", "training_scale", "logprob_scale", "refit_ipc_bytes_per_s",
+                     "refit_nccl_bytes_per_s", "eager_slowdown", "host_link_efficiency"):
             if getattr(self, name) <= 0:
                 raise TunerError(f"RL calibration {name} must be positive, got {getattr(self, name)!r}")
 

@@ -171,12 +171,14 @@ class LatencyTable:
     prefill: _FLOAT
     attention_dp: int = 1
     source: str = ""
-    _grid: tuple[tuple[float, ...], tuple[float, ...], tuple[tuple[float, ...], ...]] = field(init=False, repr=False, compare=False)
+    _grid: tuple[tuple[float, ...], tuple[float, ...], tuple[tuple[float, ...], ...]] = field(init=False, repr=False,
+                                                                                              compare=False)
     """``(seqs, ctx, decode rows)`` as Python floats: :meth:`decode_s` is called once per simulator
     event (about 10^5 times per ``tune rl``), where numpy's per-call overhead on scalars dominates."""
 
     def __post_init__(self) -> None:
-        grid = (tuple(map(float, self.seqs)), tuple(map(float, self.ctx)), tuple(tuple(map(float, row)) for row in np.asarray(self.decode)))
+        grid = (tuple(map(float, self.seqs)), tuple(map(float, self.ctx)),
+                tuple(tuple(map(float, row)) for row in np.asarray(self.decode)))
         object.__setattr__(self, "_grid", grid)
 
     def decode_s(self, num_seqs: float, ctx_len: float) -> float:
@@ -231,12 +233,14 @@ class LatencyTable:
 
     def scaled(self, factor: float) -> LatencyTable:
         """Every latency times ``factor`` (a per-cluster calibration or the eager-mode penalty)."""
-        return LatencyTable(self.seqs, self.ctx, self.decode * factor, self.prefill_tokens, self.prefill * factor, self.attention_dp, self.source)
+        return LatencyTable(self.seqs, self.ctx, self.decode * factor, self.prefill_tokens, self.prefill * factor,
+                            self.attention_dp, self.source)
 
 
 def _ctx_grid(max_ctx: int) -> _FLOAT:
     g = [c for c in CTX_GRID if c < max_ctx]
-    return np.asarray([*g, max(max_ctx, 2 * g[-1] if g else 128)], dtype=float) if g else np.asarray([32.0, float(max(max_ctx, 64))])
+    return np.asarray([*g, max(max_ctx, 2 * g[-1] if g else 128)],
+                      dtype=float) if g else np.asarray([32.0, float(max(max_ctx, 64))])
 
 
 # --------------------------------------------------------------------------- aiconfigurator adapter
@@ -278,7 +282,8 @@ def aic_model_name(model: str) -> str:
     for k, v in AIC_MODELS.items():
         if k.lower() == model.lower():
             return v
-    raise EngineDataError(f"--model {model!r}: aiconfigurator {AIC_VERSION} has no engine data for it; supported: {', '.join(AIC_MODELS)}")
+    raise EngineDataError(f"--model {model!r}: aiconfigurator {AIC_VERSION} has no engine data for it; supported: "
+                          f"{', '.join(AIC_MODELS)}")
 
 
 def aic_system_name(gpu: str, engine: Engine) -> str:
@@ -289,7 +294,8 @@ def aic_system_name(gpu: str, engine: Engine) -> str:
     supported = _systems_with_data(engine)
     if system is None or (supported is not None and system not in supported):
         have = sorted(k for k, v in AIC_SYSTEMS.items() if supported is None or v in supported)
-        raise EngineDataError(f"--gpus {gpu}: aiconfigurator {AIC_VERSION} has no {engine} data for it; GPUs with {engine} data: {', '.join(have)}")
+        raise EngineDataError(f"--gpus {gpu}: aiconfigurator {AIC_VERSION} has no {engine} data for it; GPUs with "
+                              f"{engine} data: {', '.join(have)}")
     return system
 
 
@@ -366,7 +372,8 @@ def aic_model_for_precision(model: str, precision: GenerationPrecision) -> tuple
     """
     model_id = aic_model_name(model)
     if precision == GenerationPrecision.bf16:
-        return model_id, {"gemm_quant_mode": _BF16, "moe_quant_mode": _BF16, "kvcache_quant_mode": _BF16, "fmha_quant_mode": _BF16}
+        return model_id, {"gemm_quant_mode": _BF16, "moe_quant_mode": _BF16, "kvcache_quant_mode": _BF16,
+                          "fmha_quant_mode": _BF16}
     attn = {"kvcache_quant_mode": _BF16, "fmha_quant_mode": _BF16}
     if precision == GenerationPrecision.fp8:
         if _has_bundled_config(model_id + "-FP8"):
@@ -417,8 +424,10 @@ def _handle(model_id: str, system: str, backend: str, shape: EngineShape, quant:
             moe_ep_size=shape.ep,
             **dict(quant),
         )
-    except Exception as e:  # aiconfigurator raises its own error types (and ValueError / KeyError) for unsupported cases
-        raise TunerError(f"aiconfigurator {AIC_VERSION} cannot build a {backend} engine of {model_id} on {system} at {shape.label}: {e}") from None
+    # aiconfigurator raises its own error types (and ValueError / KeyError) for unsupported cases
+    except Exception as e:
+        raise TunerError(f"aiconfigurator {AIC_VERSION} cannot build a {backend} engine of {model_id} on {system} at "
+                         f"{shape.label}: {e}") from None
 
 
 def aiconfigurator_latency_table(
@@ -451,7 +460,8 @@ def aiconfigurator_latency_table(
     """
     precision = GenerationPrecision(precision)
     model_id, quant_kw = aic_model_for_precision(model, precision)
-    key = json.dumps([AIC_VERSION, model_id, gpu, str(engine), shape.tp, shape.pp, shape.ep, shape.attention_dp, max_ctx, str(precision)])
+    key = json.dumps([AIC_VERSION, model_id, gpu, str(engine), shape.tp, shape.pp, shape.ep, shape.attention_dp,
+                      max_ctx, str(precision)])
     path = cache_dir() / f"aic-{hashlib.sha256(key.encode()).hexdigest()[:20]}.npz"
     missing = path.with_name(path.stem + ".nodata.txt")
     if use_cache:
@@ -470,7 +480,10 @@ def aiconfigurator_latency_table(
     source = ""
     # Experts tensor-parallel over the engine (ep < tp x dp) lack MoE tables for many models in 0.12.0;
     # the same experts spread by EP over the same GPUs is the stand-in (equal expert bytes per GPU).
-    tries = [shape] if shape.ep == shape.tp * shape.attention_dp else [shape, EngineShape(tp=shape.tp, pp=shape.pp, ep=shape.tp * shape.attention_dp, attention_dp=shape.attention_dp)]
+    tries = [shape] if shape.ep == shape.tp * shape.attention_dp else [shape,
+                                                                       EngineShape(tp=shape.tp, pp=shape.pp,
+                                                                                   ep=shape.tp * shape.attention_dp,
+                                                                                   attention_dp=shape.attention_dp)]
     first_error = ""
     for s in tries:
         try:
@@ -487,19 +500,24 @@ def aiconfigurator_latency_table(
             first_error = first_error or _collapse_repeats(str(e))[:200]
     else:
         hint = ""
-        if precision == GenerationPrecision.bf16 and "MoE data missing" in first_error and _checkpoint_quant(model_id) == "fp8":
+        if (precision == GenerationPrecision.bf16 and "MoE data missing" in first_error
+                and _checkpoint_quant(model_id) == "fp8"):
             hint = (
-                f" [{model_id}'s own checkpoint is FP8 and aiconfigurator times its experts only as FP8 blocks: a run that generated in FP8 "
-                "is predicted with generation precision fp8; a BF16 run is not predicted, as FP8 timing would understate BF16 decode "
-                "(its expert weights are twice the bytes)]"
+                f" [{model_id}'s own checkpoint is FP8 and aiconfigurator times its experts only as FP8 blocks: a run "
+                "that generated in FP8 "
+                "is predicted with generation precision fp8; a BF16 run is not predicted, as FP8 timing would "
+                "understate BF16 decode (its expert weights are twice the bytes)]"
             )
-        message = f"aiconfigurator {AIC_VERSION} has no {precision} {engine} data for {model_id} on {system} at {shape.label}: {first_error}{hint}"
+        message = (f"aiconfigurator {AIC_VERSION} has no {precision} {engine} data for {model_id} on {system} at "
+                   f"{shape.label}: {first_error}{hint}")
         if use_cache:
             _write_text(missing, message)
         raise TunerError(message)
     if not (np.all(np.isfinite(dec)) and np.all(dec > 0) and np.all(np.isfinite(pre))):
-        raise TunerError(f"aiconfigurator {AIC_VERSION} returned no latency for {model_id} on {system} {engine} at {shape.label}")
-    table = LatencyTable(seqs, ctx, dec, pt, pre, shape.attention_dp, f"aiconfigurator {AIC_VERSION} {system} {engine} {model_id} {precision} {shape.label}{source}")
+        raise TunerError(f"aiconfigurator {AIC_VERSION} returned no latency for {model_id} on {system} {engine} at "
+                         f"{shape.label}")
+    table = LatencyTable(seqs, ctx, dec, pt, pre, shape.attention_dp,
+                         f"aiconfigurator {AIC_VERSION} {system} {engine} {model_id} {precision} {shape.label}{source}")
     if use_cache:
         _write_cached(path, table)
     return table
@@ -508,7 +526,8 @@ def aiconfigurator_latency_table(
 def _read_cached(path: Path) -> LatencyTable | None:
     try:
         with np.load(path, allow_pickle=False) as z:
-            return LatencyTable(z["seqs"], z["ctx"], z["decode"], z["prefill_tokens"], z["prefill"], int(z["attention_dp"]), str(z["source"]))
+            return LatencyTable(z["seqs"], z["ctx"], z["decode"], z["prefill_tokens"], z["prefill"],
+                                int(z["attention_dp"]), str(z["source"]))
     except (OSError, KeyError, ValueError):
         return None
 
@@ -527,7 +546,8 @@ def _write_cached(path: Path, t: LatencyTable) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
-        np.savez(tmp, seqs=t.seqs, ctx=t.ctx, decode=t.decode, prefill_tokens=t.prefill_tokens, prefill=t.prefill, attention_dp=t.attention_dp, source=t.source)
+        np.savez(tmp, seqs=t.seqs, ctx=t.ctx, decode=t.decode, prefill_tokens=t.prefill_tokens, prefill=t.prefill,
+                 attention_dp=t.attention_dp, source=t.source)
         tmp.replace(path)
     except OSError:
         pass  # a read-only home: the table is recomputed next time

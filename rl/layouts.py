@@ -68,10 +68,12 @@ def parse_trainer_layout(text: str, what: str = "trainer_layout") -> TrainerLayo
     try:
         backend = TrainerBackend(kind)
     except ValueError:
-        raise TunerError(f"{what} {text!r}: backend {kind!r} unknown; accepted: {', '.join(b.value for b in TrainerBackend)}") from None
+        raise TunerError(f"{what} {text!r}: backend {kind!r} unknown; accepted: "
+                         f"{', '.join(b.value for b in TrainerBackend)}") from None
     d = {k: _int(v, k, text, what) for k, v in kv.items()}
     if backend == TrainerBackend.automodel and (d.get("tp", 1) > 1 or d.get("pp", 1) > 1):
-        raise TunerError(f"{what} {text!r}: the AutoModel backend is modelled with CP and EP only (tp = pp = 1, its validated scope)")
+        raise TunerError(f"{what} {text!r}: the AutoModel backend is modelled with CP and EP only (tp = pp = 1, its "
+                         "validated scope)")
     return TrainerLayout(backend=backend, **d)
 
 
@@ -83,7 +85,8 @@ def parse_engine_layout(text: str, what: str = "rollout_layout") -> EngineLayout
     try:
         engine = Engine(kind)
     except ValueError:
-        raise TunerError(f"{what} {text!r}: engine {kind!r} unknown; accepted: {', '.join(e.value for e in Engine)}") from None
+        accepted = ", ".join(e.value for e in Engine)
+        raise TunerError(f"{what} {text!r}: engine {kind!r} unknown; accepted: {accepted}") from None
     tp = _int(kv.get("tp", 1), "tp", text, what)
     ep = _int(kv.get("ep", 1), "ep", text, what)
     pp = _int(kv.get("pp", 1), "pp", text, what)

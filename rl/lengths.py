@@ -84,7 +84,8 @@ class LengthDistribution:
 
     @classmethod
     def from_mean_max(
-        cls, mean: float, max_len: int, *, shape: float = DEFAULT_GAMMA_SHAPE, names: tuple[str, str] = ("--mean-response-len", "--response-len")
+        cls, mean: float, max_len: int, *, shape: float = DEFAULT_GAMMA_SHAPE,
+        names: tuple[str, str] = ("--mean-response-len", "--response-len")
     ) -> LengthDistribution:
         """A gamma(``shape``) body truncated at ``max_len``, scaled so the truncated mean is ``mean``.
 
@@ -117,7 +118,8 @@ class LengthDistribution:
         u = (np.arange(_GRID) + 0.5) / _GRID
         x = np.minimum(np.ceil(special.gammaincinv(shape, u) * theta), max_len).clip(1, max_len).astype(np.int64)
         uniq, counts = np.unique(x, return_counts=True)
-        return cls(uniq, counts / counts.sum(), f"gamma(k={shape:g}) with mean {mean:,.0f}, max {max_len:,} (assumed shape)")
+        return cls(uniq, counts / counts.sum(),
+                   f"gamma(k={shape:g}) with mean {mean:,.0f}, max {max_len:,} (assumed shape)")
 
     @classmethod
     def from_file(cls, path: str | Path, *, max_len: int | None = None) -> LengthDistribution:
@@ -153,24 +155,28 @@ class LengthDistribution:
             header = [h.strip().lower() for h in (rows[0].keys() if rows else [])]
             lcol = next((h for h in ("response_len", "length", "tokens", "response_length") if h in header), None)
             if lcol is None:
-                raise TunerError(f"{where}: the CSV header needs a length column (response_len, length or tokens); found {', '.join(header)}")
+                raise TunerError(f"{where}: the CSV header needs a length column (response_len, length or tokens); "
+                                 f"found {', '.join(header)}")
             for i, r in enumerate(rows, start=2):
                 rr = {k.strip().lower(): (v or "").strip() for k, v in r.items()}
                 try:
                     lengths.append(float(rr[lcol]))
                     counts.append(float(rr.get("count") or 1))
                 except ValueError:
-                    raise TunerError(f"{where}: row {i}: {lcol}={rr[lcol]!r} / count={rr.get('count')!r} is not a number") from None
+                    raise TunerError(f"{where}: row {i}: {lcol}={rr[lcol]!r} / count={rr.get('count')!r} is not a "
+                                     "number") from None
         else:
             for i, line in enumerate(text.splitlines(), start=1):
                 if line.strip():
                     try:
                         lengths.append(float(line.strip()))
                     except ValueError:
-                        raise TunerError(f"{where}: line {i}: {line.strip()!r} is not a length (one integer per line)") from None
+                        raise TunerError(f"{where}: line {i}: {line.strip()!r} is not a length (one integer per "
+                                         "line)") from None
                     counts.append(1.0)
         if not lengths or len(lengths) != len(counts):
-            raise TunerError(f"{where}: no lengths found (a CSV response_len,count, a JSON list, or one length per line)")
+            raise TunerError(f"{where}: no lengths found (a CSV response_len,count, a JSON list, or one length per "
+                             "line)")
         try:
             arr = np.asarray(lengths, dtype=float)
             cnt = np.asarray(counts, dtype=float)
@@ -184,7 +190,8 @@ class LengthDistribution:
         return dist.capped(max_len) if max_len is not None else dist
 
     @classmethod
-    def _from_counts(cls, lengths: npt.NDArray[np.int64], counts: npt.NDArray[np.float64], source: str) -> LengthDistribution:
+    def _from_counts(cls, lengths: npt.NDArray[np.int64], counts: npt.NDArray[np.float64],
+                     source: str) -> LengthDistribution:
         uniq, inv = np.unique(lengths, return_inverse=True)
         w = np.bincount(inv, weights=counts, minlength=len(uniq))
         return cls(uniq.astype(np.int64), w / w.sum(), source)

@@ -20,7 +20,15 @@ import numpy as np
 import numpy.typing as npt
 
 from rl.calibration import DEFAULT_RL_CALIBRATION, RLCalibration
-from rl.engine import Engine, EngineDataError, EngineShape, GenerationPrecision, LatencyTable, aiconfigurator_latency_table, weight_bytes_per_param
+from rl.engine import (
+    Engine,
+    EngineDataError,
+    EngineShape,
+    GenerationPrecision,
+    LatencyTable,
+    aiconfigurator_latency_table,
+    weight_bytes_per_param,
+)
 from rl.layouts import TrainerLayout
 from rl.lengths import LengthDistribution
 from rl.refit import refit_s, switch_s
@@ -110,23 +118,29 @@ class RLJob:
             if getattr(self, f) < 1:
                 raise TunerError(f"--{f.replace('_', '-')} {getattr(self, f)}: must be at least 1")
         if not (0 < self.mean_prompt_len <= self.prompt_len):
-            raise TunerError(f"--mean-prompt-len {self.mean_prompt_len:g}: must be above 0 and at most --prompt-len {self.prompt_len:,}")
+            raise TunerError(f"--mean-prompt-len {self.mean_prompt_len:g}: must be above 0 and at most --prompt-len "
+                             f"{self.prompt_len:,}")
         if self.max_seq_len < 0:
-            raise TunerError(f"--max-seq-len {self.max_seq_len}: must be 0 (prompt + response) or longer than --response-len {self.response_len:,}")
+            raise TunerError(f"--max-seq-len {self.max_seq_len}: must be 0 (prompt + response) or longer than "
+                             f"--response-len {self.response_len:,}")
         if self.max_seq_len and self.response_len >= self.max_seq_len:
             raise TunerError(
                 f"--response-len {self.response_len:,} is not shorter than --max-seq-len {self.max_seq_len:,}: "
                 "a response must leave room for its prompt (use a max sequence of at least response + prompt)"
             )
         if self.responses.max > self.response_len:
-            raise TunerError(f"the response lengths reach {self.responses.max:,} tokens, above --response-len {self.response_len:,}")
+            raise TunerError(f"the response lengths reach {self.responses.max:,} tokens, above --response-len "
+                             f"{self.response_len:,}")
         if self.train_global_batch_size < 0:
-            raise TunerError(f"--train-global-batch {self.train_global_batch_size}: must be 0 (all of a step) or a divisor of prompts x generations = {self.sequences}")
+            raise TunerError(f"--train-global-batch {self.train_global_batch_size}: must be 0 (all of a step) or a "
+                             f"divisor of prompts x generations = {self.sequences}")
         if self.train_global_batch_size and self.sequences % self.train_global_batch_size:
-            raise TunerError(f"--train-global-batch {self.train_global_batch_size} must divide prompts x generations = {self.sequences}")
+            raise TunerError(f"--train-global-batch {self.train_global_batch_size} must divide prompts x generations = "
+                             f"{self.sequences}")
         if self.logprob_passes not in (1, 2):
             raise TunerError(
-                f"--logprob-passes {self.logprob_passes}: accepted 1 (the policy's log-probs for the importance ratio) or 2 (and the reference's for KL)"
+                f"--logprob-passes {self.logprob_passes}: accepted 1 (the policy's log-probs for the importance ratio) "
+                "or 2 (and the reference's for KL)"
             )
 
     @property
@@ -137,7 +151,8 @@ class RLJob:
     def workload(self) -> Workload:
         """The trainer's workload of one optimizer step (:func:`~rl.trainer.rl_workload`)."""
         return rl_workload(
-            sequences=self.train_sequences, mean_total_len=self.mean_prompt_len + self.responses.mean, max_total_len=self.max_total_len, precision=self.training_precision
+            sequences=self.train_sequences, mean_total_len=self.mean_prompt_len + self.responses.mean,
+            max_total_len=self.max_total_len, precision=self.training_precision
         )
 
     @property
@@ -247,7 +262,8 @@ def _expert_params(model: ModelSpec) -> float:
     return float(model.num_moe_layers * model.num_experts * 3 * model.hidden_size * model.moe_ffn_hidden_size)
 
 
-def engine_weight_bytes(model: ModelSpec, shape: EngineShape, bytes_per_param: tuple[float, float] = (2.0, 2.0)) -> float:
+def engine_weight_bytes(model: ModelSpec, shape: EngineShape,
+                        bytes_per_param: tuple[float, float] = (2.0, 2.0)) -> float:
     """Weight bytes per GPU of one engine (``bytes_per_param`` = (dense, expert); BF16 by default,
     :func:`~rl.engine.weight_bytes_per_param` for others).
 
@@ -256,7 +272,8 @@ def engine_weight_bytes(model: ModelSpec, shape: EngineShape, bytes_per_param: t
     """
     experts = _expert_params(model)
     dense = model.total_params() - experts
-    return bytes_per_param[0] * dense / (shape.tp * shape.pp) + bytes_per_param[1] * experts / (shape.tp * shape.attention_dp * shape.pp)
+    return (bytes_per_param[0] * dense / (shape.tp * shape.pp)
+            + bytes_per_param[1] * experts / (shape.tp * shape.attention_dp * shape.pp))
 
 
 def kv_bytes_per_token(model: ModelSpec, shape: EngineShape) -> float:
@@ -283,7 +300,8 @@ def kv_capacity_tokens(
 ) -> int:
     """Tokens the engine's KV cache holds: ``(utilization x HBM - weights - reserve) x GPUs / bytes per token``; 0 when
     the weights do not fit."""
-    per_gpu = gpu_memory_utilization * cluster.gpu.hbm_bytes - engine_weight_bytes(model, shape, bytes_per_param) - ENGINE_RESERVE_BYTES
+    weights = engine_weight_bytes(model, shape, bytes_per_param)
+    per_gpu = gpu_memory_utilization * cluster.gpu.hbm_bytes - weights - ENGINE_RESERVE_BYTES
     if not enforce_eager:
         per_gpu -= CUDA_GRAPH_BYTES
     if per_gpu <= 0:
@@ -300,7 +318,8 @@ def _requests(job: RLJob, steps: int) -> tuple[npt.NDArray[np.int64], npt.NDArra
     if job.mean_prompt_len >= job.prompt_len:
         prompt = np.full(prompts_n, job.prompt_len, dtype=np.int64)
     else:
-        prompt = LengthDistribution.from_mean_max(job.mean_prompt_len, job.prompt_len, names=("--mean-prompt-len", "--prompt-len")).draw(prompts_n, seed=1)
+        prompt = LengthDistribution.from_mean_max(job.mean_prompt_len, job.prompt_len,
+                                                  names=("--mean-prompt-len", "--prompt-len")).draw(prompts_n, seed=1)
     prompt = np.repeat(prompt, job.generations_per_prompt)
     resp = job.responses.draw(job.sequences * steps, seed=2)
     return prompt, resp
@@ -308,7 +327,8 @@ def _requests(job: RLJob, steps: int) -> tuple[npt.NDArray[np.int64], npt.NDArra
 
 def default_latency(job: RLJob, shape: EngineShape) -> LatencyTable:
     """aiconfigurator's latency table for the job's model, GPU and engine at ``shape``."""
-    return aiconfigurator_latency_table(job.model.name, job.cluster.gpu.name, job.engine, shape, max_ctx=job.max_total_len, precision=job.generation_precision)
+    return aiconfigurator_latency_table(job.model.name, job.cluster.gpu.name, job.engine, shape,
+                                        max_ctx=job.max_total_len, precision=job.generation_precision)
 
 
 class _Generation:
@@ -332,7 +352,8 @@ class _Generation:
             if steps not in self.requests:
                 self.requests[steps] = _requests(self.job, steps)
             p, r = self.requests[steps]
-            self.runs[key] = simulate_rollout(p, r, self.table(shape), num_engines=engines, kv_capacity_tokens=kv, max_num_seqs=max_seqs, block_size=BLOCK_SIZE)
+            self.runs[key] = simulate_rollout(p, r, self.table(shape), num_engines=engines, kv_capacity_tokens=kv,
+                                              max_num_seqs=max_seqs, block_size=BLOCK_SIZE)
         return self.runs[key]
 
 
@@ -370,13 +391,16 @@ def evaluate(
     gen = _gen or _Generation(job, latency)
     shape = choice.shape
     if choice.rollout_gpus % shape.gpus:
-        raise TunerError(f"{choice.rollout_gpus} rollout GPUs are not a whole number of {shape.gpus}-GPU engines ({shape.label})")
+        raise TunerError(f"{choice.rollout_gpus} rollout GPUs are not a whole number of {shape.gpus}-GPU engines "
+                         f"({shape.label})")
     wbytes = weight_bytes_per_param(job.model.name, job.generation_precision)
     kv = kv_capacity_tokens(job.model, job.cluster, shape, choice.gpu_memory_utilization, choice.enforce_eager, wbytes)
     if kv <= 0:
         raise TunerError(
-            f"engine {shape.label}: {job.model.name}'s weights ({engine_weight_bytes(job.model, shape, wbytes) / GIB:.1f} GiB per GPU) do not fit in "
-            f"gpu_memory_utilization {choice.gpu_memory_utilization:g} of {job.cluster.gpu.hbm_bytes / GIB:.0f} GiB; use more GPUs per engine"
+            f"engine {shape.label}: {job.model.name}'s weights "
+            f"({engine_weight_bytes(job.model, shape, wbytes) / GIB:.1f} GiB per GPU) do not fit in "
+            f"gpu_memory_utilization {choice.gpu_memory_utilization:g} of {job.cluster.gpu.hbm_bytes / GIB:.0f} GiB; "
+            "use more GPUs per engine"
         )
     steps = choice.async_steps + 1
     run = gen.run(shape, choice.num_engines, kv, choice.max_num_seqs, steps)
@@ -414,13 +438,15 @@ def evaluate(
         notes.append(f"{run.preemptions} preemptions (KV cache full)")
     if not trainer.in_validated_scope:
         notes.append(trainer.note)
-    return RLPlan(choice=choice, trainer=trainer, parts=parts, kv_capacity_tokens=kv, preemptions=run.preemptions, mean_running=run.mean_running, notes=tuple(notes))
+    return RLPlan(choice=choice, trainer=trainer, parts=parts, kv_capacity_tokens=kv, preemptions=run.preemptions,
+                  mean_running=run.mean_running, notes=tuple(notes))
 
 
 # --------------------------------------------------------------------------- enumeration
 
 
-def engine_shapes(job: RLJob, rollout_gpus: int, *, tp: Iterable[int] | None = None, ep: Iterable[int] | None = None) -> list[EngineShape]:
+def engine_shapes(job: RLJob, rollout_gpus: int, *, tp: Iterable[int] | None = None,
+                  ep: Iterable[int] | None = None) -> list[EngineShape]:
     """Engine shapes that tile ``rollout_gpus`` whole: TP in powers of two; EP 1 or TP for MoE, and attention-DP ranks
     (EP = TP x DP) for MoE models with few KV heads. An engine's GPUs divide a node or are whole nodes."""
     per_node = job.cluster.gpus_per_node
@@ -519,7 +545,8 @@ def enumerate_plans(
                                     engine=job.engine,
                                 )
                                 try:
-                                    plans.append(evaluate(job, choice, trainer=trainer, calibration=calibration, latency=latency, _gen=gen))
+                                    plans.append(evaluate(job, choice, trainer=trainer, calibration=calibration,
+                                                          latency=latency, _gen=gen))
                                 except EngineDataError:
                                     raise  # no shape can be timed: say so, not "no plan fits"
                                 except TunerError as e:
@@ -528,7 +555,8 @@ def enumerate_plans(
                                     if reason != str(e):
                                         example.setdefault(reason, str(e))
     if not plans:
-        why = "; ".join(_count(k, v, example) for k, v in rejected.items()) or "no split, engine shape or trainer layout to try"
+        why = "; ".join(_count(k, v, example) for k,
+                        v in rejected.items()) or "no split, engine shape or trainer layout to try"
         raise TunerError(f"no RL plan fits {job.model.name} on {cl.label}: {why}")
     plans.sort(key=lambda p: p.step_time_s)
     return PlanSet(plans=plans, considered=considered, rejected=rejected)
@@ -542,7 +570,8 @@ def _trainer_on(job: RLJob, n: int, backend: TrainerBackend, trainer_layout: Tra
     if key in cache:
         return cache[key]
     cl = job.cluster
-    sub = Cluster(gpu=cl.gpu, num_gpus=n, gpus_per_node=min(cl.gpus_per_node, n), inter_node_bytes_per_s=cl.inter_node_bytes_per_s,
+    sub = Cluster(gpu=cl.gpu, num_gpus=n, gpus_per_node=min(cl.gpus_per_node, n),
+                  inter_node_bytes_per_s=cl.inter_node_bytes_per_s,
                   usd_per_gpu_hour=cl.usd_per_gpu_hour)
     plan: TrainerPlan | None
     if trainer_layout is not None:
@@ -555,7 +584,8 @@ def _trainer_on(job: RLJob, n: int, backend: TrainerBackend, trainer_layout: Tra
         except TunerError:
             plan = None
     else:
-        best = best_trainer(job.model, sub, job.workload, backend, optimizer_steps=job.optimizer_steps, logprob_passes=job.logprob_passes, top=1)
+        best = best_trainer(job.model, sub, job.workload, backend, optimizer_steps=job.optimizer_steps,
+                            logprob_passes=job.logprob_passes, top=1)
         plan = best[0] if best else None
     cache[key] = plan
     return plan
@@ -575,7 +605,8 @@ def _splits(cl: Cluster, colocated: bool | None, rollout_gpus: Iterable[int] | N
         if wanted is not None:
             for g in wanted:
                 if g >= cl.num_gpus:
-                    raise TunerError(f"--rollout-gpus {g} leaves no GPU of the {cl.num_gpus} for the trainer; at most {cl.num_gpus - per}")
+                    raise TunerError(f"--rollout-gpus {g} leaves no GPU of the {cl.num_gpus} for the trainer; at most "
+                                     f"{cl.num_gpus - per}")
                 if g % per:
                     raise TunerError(f"--rollout-gpus {g} is not a whole number of {per}-GPU nodes")
         for r in range(1, nodes):

@@ -41,10 +41,12 @@ def refit_s(
     if colocated:
         return calibration.refit_fixed_s + model_bytes / calibration.refit_ipc_bytes_per_s
     per_node = model_bytes * gpus_per_node / max(engine_gpus, 1)
-    return calibration.refit_fixed_s + max(model_bytes / calibration.refit_nccl_bytes_per_s, per_node / inter_node_bytes_per_s)
+    return calibration.refit_fixed_s + max(model_bytes / calibration.refit_nccl_bytes_per_s,
+                                           per_node / inter_node_bytes_per_s)
 
 
-def switch_s(*, trainer_bytes_per_gpu: float, engine_bytes_per_gpu: float, pcie_bytes_per_s: float, calibration: RLCalibration) -> float:
+def switch_s(*, trainer_bytes_per_gpu: float, engine_bytes_per_gpu: float, pcie_bytes_per_s: float,
+             calibration: RLCalibration) -> float:
     """Seconds per colocated step to move the trainer's and the engine's state off and back onto the GPUs.
 
     ``switch_fixed_s + 2 (trainer_bytes + engine_bytes) / (pcie x host_link_efficiency)``: the trainer's optimizer

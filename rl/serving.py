@@ -39,7 +39,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rl.engine import Engine, EngineShape, GenerationPrecision, LatencyTable, aiconfigurator_latency_table, weight_bytes_per_param
+from rl.engine import (
+    Engine,
+    EngineShape,
+    GenerationPrecision,
+    LatencyTable,
+    aiconfigurator_latency_table,
+    weight_bytes_per_param,
+)
 from rl.lengths import LengthDistribution
 from rl.models import load_rl_model
 from rl.plan import BLOCK_SIZE, kv_capacity_tokens
@@ -108,7 +115,8 @@ class ServingRun:
     @property
     def label(self) -> str:
         load = f"c={self.concurrency}" if self.load == "closed" else "rate=inf"
-        return f"{self.id}: {self.model} {self.gpu} {self.engine} {self.precision} {self.shape.label} {load} {self.isl:g}/{self.osl:g}"
+        return (f"{self.id}: {self.model} {self.gpu} {self.engine} {self.precision} {self.shape.label} {load} "
+                f"{self.isl:g}/{self.osl:g}")
 
 
 def _lengths(text: str) -> str:
@@ -214,7 +222,8 @@ def _precision(row: ServingRun) -> GenerationPrecision:
 
 
 def _aiconfigurator(row: ServingRun, max_ctx: int) -> LatencyTable:
-    return aiconfigurator_latency_table(row.model, row.gpu, row.engine, row.shape, max_ctx=max_ctx, precision=_precision(row))
+    return aiconfigurator_latency_table(row.model, row.gpu, row.engine, row.shape, max_ctx=max_ctx,
+                                        precision=_precision(row))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -234,7 +243,8 @@ class ServingPrediction:
         return None if self.predicted is None else self.predicted / self.row.measured - 1.0
 
 
-def predict_serving(row: ServingRun, *, latency: ServingLatency = _aiconfigurator, memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> ServingPrediction:
+def predict_serving(row: ServingRun, *, latency: ServingLatency = _aiconfigurator,
+                    memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> ServingPrediction:
     """Predict one row: simulate its requests on one engine and read the row's metric off the run.
 
     The KV cache is :func:`~rl.plan.kv_capacity_tokens` at ``memory_fraction`` with CUDA
@@ -251,9 +261,11 @@ def predict_serving(row: ServingRun, *, latency: ServingLatency = _aiconfigurato
         max_ctx = int((prompts + outputs).max())
         table = latency(row, max_ctx)
         precision = _precision(row)
-        kv = kv_capacity_tokens(model, cluster, row.shape, memory_fraction, False, weight_bytes_per_param(row.model, precision))
+        kv = kv_capacity_tokens(model, cluster, row.shape, memory_fraction, False,
+                                weight_bytes_per_param(row.model, precision))
         if kv <= 0:
-            raise TunerError(f"{row.model}'s weights at {row.precision} do not fit {row.shape.gpus} x {row.gpu} at {row.shape.label}")
+            raise TunerError(f"{row.model}'s weights at {row.precision} do not fit {row.shape.gpus} x {row.gpu} at "
+                             f"{row.shape.label}")
         cap = row.concurrency if row.load == "closed" else OPEN_LOAD_MAX_SEQS
         run = simulate_engine(prompts, outputs, table, kv_capacity_tokens=kv, max_num_seqs=cap, block_size=BLOCK_SIZE)
     except TunerError as e:
@@ -315,7 +327,8 @@ def silicon_runs(systems: Sequence[str] = ("h100_sxm", "h200_sxm")) -> tuple[lis
     skipped: list[str] = []
     with path.open(newline="") as f:
         for line, r in enumerate(csv.DictReader(f), start=2):
-            if r["system"] not in systems or r["backend"] not in ("vllm", "sglang") or r["mode"] != "agg" or r["model_path"] not in _SILICON_MODELS:
+            if (r["system"] not in systems or r["backend"] not in ("vllm", "sglang") or r["mode"] != "agg"
+                    or r["model_path"] not in _SILICON_MODELS):
                 continue
             preset, precision = _SILICON_MODELS[r["model_path"]]
             m = re.search(r"silicon_concurrency=(\d+)", r["silicon_data_source"])
@@ -329,11 +342,14 @@ def silicon_runs(systems: Sequence[str] = ("h100_sxm", "h200_sxm")) -> tuple[lis
             harness = "workflow_run_id" in src or "image=" in src
             out.append(
                 ServingRun(
-                    line=line, id=r["id"], source=f"aiconfigurator_core/systems/silicon_sample.csv ({r['silicon_data_source'].split(';')[0]})",
-                    model=preset, gpu=gpus[r["system"]], engine=Engine(r["backend"]), engine_version=r["backend_version"],
+                    line=line, id=r["id"],
+                    source=f"aiconfigurator_core/systems/silicon_sample.csv ({r['silicon_data_source'].split(';')[0]})",
+                    model=preset, gpu=gpus[r["system"]], engine=Engine(r["backend"]),
+                    engine_version=r["backend_version"],
                     precision=str(precision), shape=EngineShape(tp=tp, ep=ep, attention_dp=dp),
                     load="closed", concurrency=conc, num_prompts=10 * conc, isl=float(r["isl"]), osl=float(r["osl"]),
-                    lengths="uniform:0.8" if harness else "fixed", metric="tpot_ms", measured=float(r["silicon_tpot_ms"]), notes=r["model_path"],
+                    lengths="uniform:0.8" if harness else "fixed", metric="tpot_ms",
+                    measured=float(r["silicon_tpot_ms"]), notes=r["model_path"],
                 )
             )
     return out, skipped

@@ -112,7 +112,8 @@ def simulate_engine(
     resp = np.asarray(response_lens, dtype=np.int64)
     r = len(prompt)
     if r == 0:
-        return EngineRun(makespan_s=0.0, decode_s=0.0, prefill_s=0.0, iterations=0, preemptions=0, requests=0, generated_tokens=0, peak_running=0, mean_running=0.0)
+        return EngineRun(makespan_s=0.0, decode_s=0.0, prefill_s=0.0, iterations=0, preemptions=0, requests=0,
+                         generated_tokens=0, peak_running=0, mean_running=0.0)
     if np.any(resp < 1):
         raise TunerError("every request generates at least one token")
     longest = int((prompt + resp).max())
@@ -124,7 +125,8 @@ def simulate_engine(
     e = _Engine(prompt.tolist(), resp.tolist(), latency, int(kv_capacity_tokens), max_num_seqs, block_size)
     e.run()
     multi = resp > 1
-    tpot = float(np.mean((np.asarray(e.finish_t)[multi] - np.asarray(e.first_t)[multi]) / (resp[multi] - 1))) if np.any(multi) else 0.0
+    decode = (np.asarray(e.finish_t)[multi] - np.asarray(e.first_t)[multi]) / (resp[multi] - 1)
+    tpot = float(np.mean(decode)) if np.any(multi) else 0.0
     return EngineRun(
         makespan_s=e.t,
         decode_s=e.decode_t,
@@ -143,7 +145,8 @@ class _Engine:
     """One engine's simulation state (:func:`simulate_engine`): per-request Python lists, not numpy arrays (the loop
     touches one element at a time, where numpy scalars cost ~10x), and the event heaps."""
 
-    def __init__(self, plen: list[int], rlen: list[int], latency: LatencyTable, cap: int, max_num_seqs: int, block_size: int) -> None:
+    def __init__(self, plen: list[int], rlen: list[int], latency: LatencyTable, cap: int, max_num_seqs: int,
+                 block_size: int) -> None:
         r = len(plen)
         self.plen, self.rlen, self.latency = plen, rlen, latency
         self.cap, self.max_num_seqs, self.block_size = cap, max_num_seqs, block_size

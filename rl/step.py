@@ -78,7 +78,8 @@ def compose_step(
             at once; NeMo-RL's async GRPO requires ``colocated.enabled: false``), or a negative part.
     """
     if colocated and async_steps:
-        raise TunerError(f"--async-steps {async_steps} needs non-colocated generation (NeMo-RL and slime run async GRPO on separate GPUs)")
+        raise TunerError(f"--async-steps {async_steps} needs non-colocated generation (NeMo-RL and slime run async "
+                         "GRPO on separate GPUs)")
     if async_steps < 0:
         raise TunerError(f"--async-steps must be 0 or more, got {async_steps}")
     parts = (generation_s, logprob_s, training_s, refit_s, switch_s, overhead_s)

@@ -40,7 +40,18 @@ from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
 from cost_model.estimate import estimate_table
 from search_spaces.rules import check_layout, check_table
 from search_spaces.space import SearchSpace, enumerate_layouts
-from specs import Cluster, Dispatcher, Layout, LayoutTable, ModelSpec, Precision, RecomputeGranularity, RecomputeMethod, RunOptions, Workload
+from specs import (
+    Cluster,
+    Dispatcher,
+    Layout,
+    LayoutTable,
+    ModelSpec,
+    Precision,
+    RecomputeGranularity,
+    RecomputeMethod,
+    RunOptions,
+    Workload,
+)
 from specs.errors import TunerError
 from specs.units import DEFAULT_MEMORY_HEADROOM
 
@@ -144,7 +155,8 @@ def _label(backend: TrainerBackend, lay: Layout) -> str:
     return f"megatron:tp={lay.tp},cp={lay.cp},ep={lay.ep},pp={lay.pp},vpp={lay.vpp}"
 
 
-def rl_workload(*, sequences: int, mean_total_len: float, max_total_len: int, precision: Precision = Precision.bf16) -> Workload:
+def rl_workload(*, sequences: int, mean_total_len: float, max_total_len: int,
+                precision: Precision = Precision.bf16) -> Workload:
     """The training workload of one RL step: ``sequences`` rows of the mean length.
 
     Args:
@@ -156,9 +168,11 @@ def rl_workload(*, sequences: int, mean_total_len: float, max_total_len: int, pr
 
     Raises TunerError: non-positive sizes."""
     if sequences < 1 or mean_total_len <= 0:
-        raise TunerError(f"an RL step needs sequences >= 1 and a positive mean length, got {sequences}, {mean_total_len:g}")
+        raise TunerError(f"an RL step needs sequences >= 1 and a positive mean length, got {sequences}, "
+                         f"{mean_total_len:g}")
     seq = int(min(math.ceil(mean_total_len / 256) * 256, math.ceil(max_total_len / 256) * 256))
-    return Workload(seq_length=max(seq, 256), global_batch_size=sequences, dataset="RL rollouts (mean prompt + response)", precision=precision)
+    return Workload(seq_length=max(seq, 256), global_batch_size=sequences,
+                    dataset="RL rollouts (mean prompt + response)", precision=precision)
 
 
 def _space(backend: TrainerBackend) -> SearchSpace:
@@ -191,7 +205,8 @@ def _plans(
     memory_headroom: float,
 ) -> list[TrainerPlan]:
     opts = _AUTOMODEL_OPTIONS if backend == TrainerBackend.automodel else RunOptions()
-    est = estimate_table(model, cluster, workload, table, calibration=calibration, memory_headroom=memory_headroom, options=opts)
+    est = estimate_table(model, cluster, workload, table, calibration=calibration, memory_headroom=memory_headroom,
+                         options=opts)
     lp = _logprob_s(est.time, logprob_passes, logprob_scale)
     validated = AUTOMODEL_VALIDATED.get(model.name, ())
     out = []
@@ -212,7 +227,8 @@ def _plans(
                 weights_bytes=float(est.memory["weights"][i]),
                 in_validated_scope=scope,
                 note="" if scope else ("outside AutoModel's validated scope (run with "
-                                       + ", ".join(f"CP {c} x EP {e}" for c, e in validated) + ": other CP/EP pairs are not known to run)"),
+                                       + ", ".join(f"CP {c} x EP {e}" for c, e in validated)
+                                       + ": other CP/EP pairs are not known to run)"),
             )
         )
     return out
@@ -309,13 +325,15 @@ def trainer_for_layout(
             first = rest // 2 - d
             last = rest - first
             if first >= 1 and last >= 1:
-                candidates.append(_with(base, num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last))
+                candidates.append(_with(base, num_layers_in_first_pipeline_stage=first,
+                                        num_layers_in_last_pipeline_stage=last))
     table = LayoutTable.from_layouts(candidates)
     ok, _ = check_table(table, model, workload)
     good = np.flatnonzero(ok)
     if len(good) == 0:
         broken = "; ".join(f"{rid}: {why}" for rid, why in check_layout(base, model, workload))
-        raise TunerError(f"trainer layout {_label(backend, base)} on {cluster.num_gpus} GPUs breaks a Megatron rule ({broken})")
+        raise TunerError(f"trainer layout {_label(backend, base)} on {cluster.num_gpus} GPUs breaks a Megatron rule "
+                         f"({broken})")
     plans = _plans(
         model,
         cluster,

@@ -161,7 +161,8 @@ def row_job(row: RunRow, *, mean_prompt_len: float = ASSUMED_MEAN_PROMPT_LEN) ->
     prompt = int(min(mean_prompt_len, row.max_prompt_len))
     resp_max = row.max_seq_len - prompt
     if row.mean_seq_len >= resp_max:
-        raise TunerError(f"line {row.line}: mean_seq_len {row.mean_seq_len:g} is not below the longest response {resp_max:,}")
+        raise TunerError(f"line {row.line}: mean_seq_len {row.mean_seq_len:g} is not below the longest response "
+                         f"{resp_max:,}")
     return RLJob(
         model=model,
         cluster=cluster,
@@ -179,7 +180,8 @@ def row_job(row: RunRow, *, mean_prompt_len: float = ASSUMED_MEAN_PROMPT_LEN) ->
     )
 
 
-def predict_row(row: RunRow, *, calibration: RLCalibration = DEFAULT_RL_CALIBRATION, latency: LatencyProvider = default_latency) -> RLPlan:
+def predict_row(row: RunRow, *, calibration: RLCalibration = DEFAULT_RL_CALIBRATION,
+                latency: LatencyProvider = default_latency) -> RLPlan:
     """Predict one measured run with its own split and layouts.
 
     Raises TunerError: the row's model, GPU, engine or layout cannot be predicted (the reason named)."""
@@ -192,14 +194,16 @@ def predict_row(row: RunRow, *, calibration: RLCalibration = DEFAULT_RL_CALIBRAT
     )
     workload = job.workload
     t = row.trainer
-    trainer = trainer_for_layout(job.model, sub, workload, t.backend, tp=t.tp, cp=t.cp, ep=t.ep, pp=t.pp, vpp=t.vpp, logprob_passes=job.logprob_passes)
+    trainer = trainer_for_layout(job.model, sub, workload, t.backend, tp=t.tp, cp=t.cp, ep=t.ep, pp=t.pp, vpp=t.vpp,
+                                 logprob_passes=job.logprob_passes)
     e = row.rollout
     choice = PlanChoice(
         colocated=row.colocated,
         rollout_gpus=row.rollout_gpus,
         trainer_gpus=row.trainer_gpus,
         shape=e.shape,
-        gpu_memory_utilization=e.gpu_memory_utilization if e.gpu_memory_utilization is not None else (0.6 if row.colocated else 0.8),
+        gpu_memory_utilization=e.gpu_memory_utilization if e.gpu_memory_utilization is not None
+        else (0.6 if row.colocated else 0.8),
         max_num_seqs=e.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
         enforce_eager=bool(e.enforce_eager),
         async_steps=row.async_steps,
@@ -222,16 +226,19 @@ class RowResult:
         unpublished."""
         if self.plan is None:
             return None
-        measured = {"step": self.row.step_time_s, "generation": self.row.generation_time_s, "training": self.row.training_time_s, "refit": self.row.refit_time_s}[part]
+        measured = {"step": self.row.step_time_s, "generation": self.row.generation_time_s,
+                    "training": self.row.training_time_s, "refit": self.row.refit_time_s}[part]
         if measured is None or measured <= 0:
             return None
         p = self.plan.parts
-        predicted = {"step": p.step_time_s, "generation": p.generation_s, "training": p.training_s + p.logprob_s, "refit": p.refit_s}[part]
+        predicted = {"step": p.step_time_s, "generation": p.generation_s, "training": p.training_s + p.logprob_s,
+                     "refit": p.refit_s}[part]
         return predicted / measured - 1.0
 
 
 def predict_rows(
-    rows: Sequence[RunRow], *, calibration: RLCalibration = DEFAULT_RL_CALIBRATION, latency: LatencyProvider = default_latency
+    rows: Sequence[RunRow], *, calibration: RLCalibration = DEFAULT_RL_CALIBRATION,
+    latency: LatencyProvider = default_latency
 ) -> list[RowResult]:
     """Predict each row; a row that cannot be predicted carries its error instead."""
     out = []
@@ -252,7 +259,8 @@ def summarise(results: Sequence[RowResult]) -> dict[str, object]:
     out: dict[str, object] = {"rows": len(results), "predicted": sum(r.plan is not None for r in results)}
     for part in ("step", "generation", "training", "refit"):
         errs = [abs(e) for r in results if (e := r.rel_error(part)) is not None]
-        out[part] = {"n": len(errs), "median_abs_error": float(np.median(errs)) if errs else None, "max_abs_error": max(errs) if errs else None}
+        out[part] = {"n": len(errs), "median_abs_error": float(np.median(errs)) if errs else None,
+                     "max_abs_error": max(errs) if errs else None}
     groups: dict[tuple[str, str, str, int], dict[bool, RowResult]] = {}
     for r in results:
         if r.plan is not None:
@@ -264,7 +272,10 @@ def summarise(results: Sequence[RowResult]) -> dict[str, object]:
             assert c.plan is not None and s.plan is not None
             measured_split_faster = s.row.step_time_s < c.row.step_time_s
             predicted_split_faster = s.plan.step_time_s < c.plan.step_time_s
-            verdicts.append({"group": " ".join(map(str, key)), "measured": "split" if measured_split_faster else "colocated", "predicted": "split" if predicted_split_faster else "colocated", "agree": measured_split_faster == predicted_split_faster})
+            verdicts.append({"group": " ".join(map(str, key)),
+                             "measured": "split" if measured_split_faster else "colocated",
+                             "predicted": "split" if predicted_split_faster else "colocated",
+                             "agree": measured_split_faster == predicted_split_faster})
     out["colocated_vs_split"] = verdicts
     return out
 
@@ -294,7 +305,8 @@ def recalibrate(plan: RLPlan, old: RLCalibration, new: RLCalibration) -> float:
 FITTED = ("generation_scale", "training_scale", "switch_fixed_s", "step_overhead_s")
 
 
-def fit_calibration(results: Sequence[RowResult], *, base: RLCalibration = DEFAULT_RL_CALIBRATION, source: str = "fit") -> RLCalibration:
+def fit_calibration(results: Sequence[RowResult], *, base: RLCalibration = DEFAULT_RL_CALIBRATION,
+                    source: str = "fit") -> RLCalibration:
     """Fit :data:`FITTED` factors (``logprob_scale`` tied to ``training_scale``) to the rows' step times.
 
     Minimises the sum of |log(predicted / measured)| (robust to a few outliers) with Nelder-Mead
@@ -307,13 +319,15 @@ def fit_calibration(results: Sequence[RowResult], *, base: RLCalibration = DEFAU
 
     def cal(x: np.ndarray) -> RLCalibration:
         g, t, sw, ov = np.exp(x)
-        return base.replace(generation_scale=float(g), training_scale=float(t), logprob_scale=float(t), switch_fixed_s=float(sw), step_overhead_s=float(ov), source=source)
+        return base.replace(generation_scale=float(g), training_scale=float(t), logprob_scale=float(t),
+                            switch_fixed_s=float(sw), step_overhead_s=float(ov), source=source)
 
     def residuals(x: np.ndarray) -> np.ndarray:
         c = cal(x)
         return np.array([math.log(recalibrate(r.plan, base, c) / r.row.step_time_s) for r in use if r.plan is not None])
 
-    x0 = np.log([base.generation_scale, base.training_scale, max(base.switch_fixed_s, 0.1), max(base.step_overhead_s, 0.1)])
+    x0 = np.log([base.generation_scale, base.training_scale, max(base.switch_fixed_s, 0.1),
+                 max(base.step_overhead_s, 0.1)])
     return cal(_minimise(residuals, x0))
 
 
@@ -339,7 +353,8 @@ def _minimise(residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray) -> 
     def descend(start: np.ndarray) -> tuple[np.ndarray, float]:
         x, best = start, loss(start)
         for _ in range(8):
-            res = optimize.minimize(loss, x, method="Nelder-Mead", options={"xatol": 1e-5, "fatol": 1e-8, "maxiter": 2000 * len(x)})
+            res = optimize.minimize(loss, x, method="Nelder-Mead",
+                                    options={"xatol": 1e-5, "fatol": 1e-8, "maxiter": 2000 * len(x)})
             if best - res.fun < 1e-7:
                 break
             x, best = res.x, float(res.fun)
@@ -347,13 +362,15 @@ def _minimise(residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray) -> 
 
     x0 = np.clip(np.asarray(x0, dtype=float), -_LOG_FACTOR_BOUND, _LOG_FACTOR_BOUND)
     runs = [descend(x0)]
-    smooth = optimize.least_squares(residuals, x0, bounds=(-_LOG_FACTOR_BOUND, _LOG_FACTOR_BOUND), loss="soft_l1", f_scale=0.1)
+    smooth = optimize.least_squares(residuals, x0, bounds=(-_LOG_FACTOR_BOUND, _LOG_FACTOR_BOUND), loss="soft_l1",
+                                    f_scale=0.1)
     runs.append(descend(np.asarray(smooth.x, dtype=float)))
     return min(runs, key=lambda xb: xb[1])[0]
 
 
 
-def fit_calibrations(results: Sequence[RowResult], *, base: RLCalibration = DEFAULT_RL_CALIBRATION, source: str = "fit") -> dict[str, RLCalibration]:
+def fit_calibrations(results: Sequence[RowResult], *, base: RLCalibration = DEFAULT_RL_CALIBRATION,
+                     source: str = "fit") -> dict[str, RLCalibration]:
     """Per-GPU scales with fixed costs shared by every GPU: one :class:`RLCalibration` per GPU of the rows.
 
     Each GPU gets its own ``generation_scale`` and ``training_scale`` (``logprob_scale`` tied to it):
@@ -378,14 +395,17 @@ def fit_calibrations(results: Sequence[RowResult], *, base: RLCalibration = DEFA
         e = np.exp(x)
         sw, ov = float(e[-2]), float(e[-1])
         return {
-            g: base.replace(generation_scale=float(e[2 * i]), training_scale=float(e[2 * i + 1]), logprob_scale=float(e[2 * i + 1]),
+            g: base.replace(generation_scale=float(e[2 * i]), training_scale=float(e[2 * i + 1]),
+                            logprob_scale=float(e[2 * i + 1]),
                             switch_fixed_s=sw, step_overhead_s=ov, source=f"{source} ({g} scales, shared fixed costs)")
             for i, g in enumerate(gpus)
         }
 
     def residuals(x: np.ndarray) -> np.ndarray:
         c = cals(x)
-        return np.array([math.log(recalibrate(r.plan, base, c[r.row.gpu]) / r.row.step_time_s) for r in use if r.plan is not None])
+        return np.array([math.log(recalibrate(r.plan, base, c[r.row.gpu]) / r.row.step_time_s) for r in use
+                         if r.plan is not None])
 
-    x0 = np.log([base.generation_scale, base.training_scale] * len(gpus) + [max(base.switch_fixed_s, 0.1), max(base.step_overhead_s, 0.1)])
+    x0 = np.log([base.generation_scale, base.training_scale] * len(gpus)
+                + [max(base.switch_fixed_s, 0.1), max(base.step_overhead_s, 0.1)])
     return cals(_minimise(residuals, x0))

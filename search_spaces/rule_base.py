@@ -46,7 +46,8 @@ class RuleEnv:
     def of(cls, cluster: Cluster | None = None, options: RunOptions | None = None) -> RuleEnv:
         """The environment of a cluster and run options (their release, network and NVLink domain)."""
         return cls(
-            megatron_core=options.megatron_core_tuple if options is not None else megatron_core_version(NEWEST_MEGATRON_CORE),
+            megatron_core=options.megatron_core_tuple if options is not None
+            else megatron_core_version(NEWEST_MEGATRON_CORE),
             network=cluster.network if cluster is not None else None,
             nvlink_size=cluster.nvlink_size if cluster is not None else 0,
             cp_comm_type=options.cp_comm_type if options is not None else "p2p",
@@ -91,7 +92,8 @@ class Rule:
     explain_fn: ExplainFn
     uses_env: bool = False
 
-    def check(self, table: LayoutTable, model: ModelSpec, workload: Workload, env: RuleEnv = DEFAULT_RULE_ENV) -> BoolArray:
+    def check(self, table: LayoutTable, model: ModelSpec, workload: Workload,
+              env: RuleEnv = DEFAULT_RULE_ENV) -> BoolArray:
         """Rows of ``table`` that pass (a bool array of ``len(table)``)."""
         raw = self.check_fn(table, model, workload, env) if self.uses_env else self.check_fn(table, model, workload)
         ok = np.asarray(raw, dtype=np.bool_)
@@ -99,7 +101,8 @@ class Rule:
 
     def explain(self, layout: Layout, model: ModelSpec, workload: Workload, env: RuleEnv = DEFAULT_RULE_ENV) -> str:
         """Why ``layout`` breaks this rule: the values involved and what would be accepted."""
-        return str(self.explain_fn(layout, model, workload, env) if self.uses_env else self.explain_fn(layout, model, workload))
+        return str(self.explain_fn(layout, model, workload, env) if self.uses_env
+                   else self.explain_fn(layout, model, workload))
 
 
 
@@ -113,7 +116,8 @@ def rule(id: str, columns: tuple[str, ...], *, explain: ExplainFn) -> Callable[[
     arguments reads the :class:`RuleEnv` (``uses_env``)."""
 
     def register(check: CheckFn) -> CheckFn:
-        REGISTERED.append(Rule(id=id, description=" ".join((check.__doc__ or "").split()), columns=columns, check_fn=check,
+        REGISTERED.append(Rule(id=id, description=" ".join((check.__doc__ or "").split()), columns=columns,
+                               check_fn=check,
                                explain_fn=explain, uses_env=len(inspect.signature(check).parameters) == 4))
         return check
 

@@ -66,7 +66,8 @@ RULE_IDS: tuple[str, ...] = tuple(r.id for r in RULES)
 assert len(set(RULE_IDS)) == len(RULE_IDS)
 
 
-def check_table(table: LayoutTable, model: ModelSpec, workload: Workload, env: RuleEnv = DEFAULT_RULE_ENV) -> tuple[BoolArray, dict[str, int]]:
+def check_table(table: LayoutTable, model: ModelSpec, workload: Workload,
+                env: RuleEnv = DEFAULT_RULE_ENV) -> tuple[BoolArray, dict[str, int]]:
     """Check every row of ``table`` against :data:`RULES`.
 
     Args:
@@ -88,7 +89,8 @@ def check_table(table: LayoutTable, model: ModelSpec, workload: Workload, env: R
     return alive, counts
 
 
-def check_layout(layout: Layout, model: ModelSpec, workload: Workload, env: RuleEnv = DEFAULT_RULE_ENV) -> list[tuple[str, str]]:
+def check_layout(layout: Layout, model: ModelSpec, workload: Workload,
+                 env: RuleEnv = DEFAULT_RULE_ENV) -> list[tuple[str, str]]:
     """Every rule ``layout`` breaks, with its reason.
 
     Args:

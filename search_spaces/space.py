@@ -184,7 +184,8 @@ def _unique(values: Sequence[T]) -> tuple[T, ...]:
 def _ints(value: Any, key: str) -> tuple[int, ...]:
     vals = _as_list(value)
     if not vals or not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1_000_000 for v in vals):
-        raise TunerError(f"{key}: expected a positive integer (at most 1,000,000) or a non-empty list of them, got {_show(value)}")
+        raise TunerError(f"{key}: expected a positive integer (at most 1,000,000) or a non-empty list of them, got "
+                         f"{_show(value)}")
     return _unique(vals)
 
 
@@ -327,7 +328,8 @@ class SearchSpace:
         if not isinstance(even, bool):
             raise TunerError(f"{where('pipeline_split.even')}: expected true or false, got {_show(even)}")
         if not isinstance(deficit, int) or isinstance(deficit, bool) or not 0 <= deficit <= 64:
-            raise TunerError(f"{where('pipeline_split.max_stage_deficit')}: expected an integer from 0 to 64, got {_show(deficit)}")
+            raise TunerError(f"{where('pipeline_split.max_stage_deficit')}: expected an integer from 0 to 64, got "
+                             f"{_show(deficit)}")
         if not even and deficit == 0:
             raise TunerError(
                 f"{where('pipeline_split')}: even is false and max_stage_deficit is 0, so no split is left"

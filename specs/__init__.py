@@ -26,7 +26,14 @@ from specs.network import DispatcherOnFabric, Network, list_networks, load_netwo
 from specs.precision import Precision
 from specs.units import BF16_BYTES, DEFAULT_MEMORY_HEADROOM, FP8_BYTES, FP32_BYTES, GIB, MIB
 from specs.versions import KNOWN_MEGATRON_CORE, NEWEST_MEGATRON_CORE, megatron_core_version
-from specs.workload import CUDA_GRAPH_MOE_SCOPES, DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS, RunOptions, Workload
+from specs.workload import (
+    CUDA_GRAPH_MOE_SCOPES,
+    DEFAULT_RUN_OPTIONS,
+    HARNESS_RUN_OPTIONS,
+    HARNESS_TE_RUN_OPTIONS,
+    RunOptions,
+    Workload,
+)
 
 __all__ = [
     "BF16_BYTES",

@@ -69,7 +69,8 @@ def read_user_yaml(text: str, label: str) -> Any:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         raise TunerError(f"{label}: not valid YAML ({where}{e.problem or e.context or 'unreadable'})") from None
     except yaml.YAMLError as e:
-        raise TunerError(f"{label}: not valid YAML ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise TunerError(f"{label}: not valid YAML ({why})") from None
 
 
 def load_user_yaml(path: Any, label: str, expected: str) -> Any:

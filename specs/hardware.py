@@ -210,9 +210,11 @@ class Cluster:
             )
         check_network_gbps(self.inter_node_bytes_per_s)
         if not (math.isfinite(self.usd_per_gpu_hour) and self.usd_per_gpu_hour >= 0):
-            raise TunerError(f"--usd-per-gpu-hour must be a finite number of US dollars, at least 0, got {self.usd_per_gpu_hour:g}")
+            raise TunerError("--usd-per-gpu-hour must be a finite number of US dollars, at least 0, got "
+                             f"{self.usd_per_gpu_hour:g}")
         if not math.isfinite(self.host_memory_bytes_per_node) or self.host_memory_bytes_per_node < 0:
-            raise TunerError(f"--host-memory-gib must be a finite, non-negative number of GiB, got {self.host_memory_bytes_per_node / 2**30:g}")
+            raise TunerError("--host-memory-gib must be a finite, non-negative number of GiB, got "
+                             f"{self.host_memory_bytes_per_node / 2**30:g}")
 
     @property
     def network_label(self) -> str:
@@ -301,8 +303,8 @@ def parse_gpus(
         net = load_network(gpu.network)
     elif require_network:
         raise TunerError(
-            f"{name} {shown}: {gpu.name}'s server type ({gpu.server or 'not named in its datasheet'}) has no default network; "
-            f"name it with --network (known: {', '.join(list_networks())})"
+            f"{name} {shown}: {gpu.name}'s server type ({gpu.server or 'not named in its datasheet'}) has no default "
+            f"network; name it with --network (known: {', '.join(list_networks())})"
         )
     if inter_node_bytes_per_s is None:
         inter_node_bytes_per_s = net.per_gpu_bytes_per_s * per if net is not None else DEFAULT_INTER_NODE_BYTES_PER_S

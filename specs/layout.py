@@ -339,7 +339,8 @@ def _encode(values: npt.NDArray[Any]) -> tuple[npt.NDArray[np.str_], npt.NDArray
     strings = values if values.dtype.kind == "U" else values.astype(str)
     if len(strings) <= 64:
         first = {v: i for i, v in enumerate(dict.fromkeys(strings.reshape(-1).tolist()))}
-        return np.array(list(first), dtype=str), np.array([first[v] for v in strings.reshape(-1).tolist()], dtype=CODE_DTYPE)
+        return np.array(list(first), dtype=str), np.array([first[v] for v in strings.reshape(-1).tolist()],
+                                                          dtype=CODE_DTYPE)
     uniq, inv = categories(strings.reshape(-1))
     if len(uniq) > np.iinfo(CODE_DTYPE).max:
         raise ValueError(f"a LayoutTable string column holds {len(uniq)} distinct values, more than its codes count")
@@ -349,7 +350,8 @@ def _encode(values: npt.NDArray[Any]) -> tuple[npt.NDArray[np.str_], npt.NDArray
 _E = TypeVar("_E", bound=Enum)
 
 
-def enum_mask(table: LayoutTable, column: str, enum: type[_E], predicate: Callable[[_E], bool]) -> npt.NDArray[np.bool_]:
+def enum_mask(table: LayoutTable, column: str, enum: type[_E],
+              predicate: Callable[[_E], bool]) -> npt.NDArray[np.bool_]:
     """``predicate`` of each row's member of ``enum``, for a string column of a :class:`LayoutTable`.
 
     The predicate (usually a property, e.g. ``lambda d: d.is_flex``) runs once per category of the

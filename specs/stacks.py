@@ -66,16 +66,20 @@ def load_stack(name: str) -> StackPreset:
     label = f"stack preset {key}.yaml"
     d = read_user_yaml(files[key].read_text(encoding="utf-8"), label)
     fields = {f.name for f in dataclasses.fields(RunOptions)}
-    if not isinstance(d, Mapping) or not isinstance(d.get("run_options"), Mapping) or d.get("framework") not in ("slime", "megatron"):
+    if not isinstance(d, Mapping) or not isinstance(d.get("run_options"),
+                                                    Mapping) or d.get("framework") not in ("slime", "megatron"):
         raise TunerError(f"{label}: expected name, description, framework (slime or megatron), run_options and sources")
     unknown = [k for k in d["run_options"] if k not in fields]
     if unknown:
-        raise TunerError(f"{label}: run_options {unknown[0]!r} is not a run option; accepted: {', '.join(sorted(fields))}")
+        raise TunerError(f"{label}: run_options {unknown[0]!r} is not a run option; accepted: "
+                         f"{', '.join(sorted(fields))}")
     RunOptions(**d["run_options"])  # the values are checked as a command line's are
-    sources = tuple(f"{s['repo']}@{str(s['commit'])[:8]} {s['path']} l.{s['lines']}: {' '.join(str(s['reads']).split())}"
+    sources = tuple(f"{s['repo']}@{str(s['commit'])[:8]} {s['path']} l.{s['lines']}: "
+                    f"{' '.join(str(s['reads']).split())}"
                     for s in d.get("sources") or ())
     return StackPreset(name=key, description=str(d.get("description", key)), framework=d["framework"],
-                       drops_allgather=bool(d.get("drops_allgather", False)), run_options=tuple(sorted(d["run_options"].items())),
+                       drops_allgather=bool(d.get("drops_allgather", False)),
+                       run_options=tuple(sorted(d["run_options"].items())),
                        sources=sources, notes=tuple(str(n) for n in d.get("notes") or ()))
 
 
@@ -199,14 +203,15 @@ def resolve_run_options(flags: RunFlags, stack: str | None = None, *, precision:
         base = dataclasses.replace(base, megatron_core=megatron_core)
     g = flags.given()
     if g.get("accumulate_allreduce_grads_in_fp32") and g.get("grad_reduce_in_bf16"):
-        raise TunerError("--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 contradict each other (main gradients "
-                         "in bf16 or in fp32): give one")
+        raise TunerError("--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 contradict each other (main "
+                         "gradients in bf16 or in fp32): give one")
     kw: dict[str, Any] = {}
     if "grad_reduce_in_bf16" in g:
         kw["grad_reduce_in_fp32"] = not g["grad_reduce_in_bf16"]
     if "accumulate_allreduce_grads_in_fp32" in g:
         kw["grad_reduce_in_fp32"] = bool(g["accumulate_allreduce_grads_in_fp32"])
-    for f in ("cross_entropy_loss_fusion", "moe_permute_fusion", "overlap_grad_reduce", "overlap_moe_expert_parallel_comm",
+    for f in ("cross_entropy_loss_fusion", "moe_permute_fusion", "overlap_grad_reduce",
+              "overlap_moe_expert_parallel_comm",
               "tp_comm_overlap", "moe_router_force_load_balancing", "use_megatron_fsdp", "apply_rope_fusion"):
         if f in g:
             kw[f] = bool(g[f])
@@ -215,21 +220,22 @@ def resolve_run_options(flags: RunFlags, stack: str | None = None, *, precision:
     impl = _choice("cross_entropy_fusion_impl", flags.cross_entropy_fusion_impl, CROSS_ENTROPY_IMPLS)
     if impl is not None:
         if not kw.get("cross_entropy_loss_fusion", base.cross_entropy_loss_fusion):
-            raise TunerError(f"--cross-entropy-fusion-impl {impl}: the cross-entropy loss fusion is off "
-                             f"({'--no-cross-entropy-loss-fusion' if 'cross_entropy_loss_fusion' in g else 'stack ' + preset.name}), "
+            off = "--no-cross-entropy-loss-fusion" if "cross_entropy_loss_fusion" in g else "stack " + preset.name
+            raise TunerError(f"--cross-entropy-fusion-impl {impl}: the cross-entropy loss fusion is off ({off}), "
                              "so no fused implementation runs; add --cross-entropy-loss-fusion or leave the impl out")
         kw["cross_entropy_fusion_impl"] = impl
     graph_impl = _choice("cuda_graph_impl", flags.cuda_graph_impl, CUDA_GRAPH_IMPLS)
     scope = None
     if flags.cuda_graph_scope is not None:
-        scope = tuple(s.strip().lower() for v in flags.cuda_graph_scope for s in str(v).replace(",", " ").split() if s.strip())
+        scope = tuple(s.strip().lower() for v in flags.cuda_graph_scope for s in str(v).replace(",", " ").split()
+                      if s.strip())
         bad = [s for s in scope if s not in CUDA_GRAPH_SCOPES]
         if bad or not scope:
-            raise TunerError(f"--cuda-graph-scope {(bad[0] if bad else '')[:40]!r}: accepted {', '.join(CUDA_GRAPH_SCOPES)} "
-                             "(turn CUDA graphs off with --cuda-graph-impl none)")
+            raise TunerError(f"--cuda-graph-scope {(bad[0] if bad else '')[:40]!r}: accepted "
+                             f"{', '.join(CUDA_GRAPH_SCOPES)} (turn CUDA graphs off with --cuda-graph-impl none)")
     if graph_impl == "none" and scope:
-        raise TunerError(f"--cuda-graph-impl none with --cuda-graph-scope {' '.join(scope)}: no graph is captured with impl none; "
-                         "give one of them")
+        raise TunerError(f"--cuda-graph-impl none with --cuda-graph-scope {' '.join(scope)}: no graph is captured with "
+                         "impl none; give one of them")
     if graph_impl is not None:
         kw["cuda_graph_impl"] = graph_impl
     if graph_impl == "none":
@@ -244,7 +250,8 @@ def resolve_run_options(flags: RunFlags, stack: str | None = None, *, precision:
     if recipe is not None:
         kw["fp8_recipe" if precision == "fp8" else "optimizer_fp8_recipe"] = recipe
     if g.get("fp8_param_gather") and precision != "fp8":
-        raise TunerError("--fp8-param-gather keeps fp8 weights, but --precision is bf16: use --precision fp8 or leave it out")
+        raise TunerError("--fp8-param-gather keeps fp8 weights, but --precision is bf16: use --precision fp8 or leave "
+                         "it out")
     if "fp8_param_gather" in g:
         kw["fp8_param_gather"] = bool(g["fp8_param_gather"])
     cp = _choice("cp_comm_type", flags.cp_comm_type, ("p2p", "a2a"))
@@ -267,13 +274,15 @@ def resolve_run_options(flags: RunFlags, stack: str | None = None, *, precision:
                          f"{options.cpu_offloading_num_layers}: Megatron refuses CUDA graphs with CPU offloading "
                          "(transformer_config.py); use --cuda-graph-impl full_iteration, or drop one of them")
     overrides = tuple(_spell(n, v) for n, v in g.items() if _changes(n, v, base, options))
-    return StackRun(preset=preset, options=options, overrides=overrides, flags=tuple(_spell(n, v) for n, v in g.items()))
+    return StackRun(preset=preset, options=options, overrides=overrides,
+                    flags=tuple(_spell(n, v) for n, v in g.items()))
 
 
 def _changes(name: str, value: Any, base: RunOptions, options: RunOptions) -> bool:
     """Whether the flag ``name`` moved a field away from the preset's value."""
     fields = {"accumulate_allreduce_grads_in_fp32": "grad_reduce_in_fp32", "grad_reduce_in_bf16": "grad_reduce_in_fp32",
-              "bias_swiglu_fusion": "bias_activation_fusion", "cuda_graph_impl": ("cuda_graph_impl", "cuda_graph_scope"),
+              "bias_swiglu_fusion": "bias_activation_fusion",
+              "cuda_graph_impl": ("cuda_graph_impl", "cuda_graph_scope"),
               "transformer_impl": "te_attention", "fp8_recipe": ("fp8_recipe", "optimizer_fp8_recipe")}.get(name, name)
     names = fields if isinstance(fields, tuple) else (fields,)
     return any(getattr(base, f) != getattr(options, f) for f in names)
@@ -311,7 +320,8 @@ def run_option_args(options: RunOptions, *, precision: str = "bf16", skip: tuple
         a += ["--fp8-param-gather"]
     if options.overlap_grad_reduce:
         a += ["--overlap-grad-reduce", "--overlap-param-gather"]
-    for f in ("overlap_moe_expert_parallel_comm", "tp_comm_overlap", "moe_router_force_load_balancing", "use_megatron_fsdp"):
+    for f in ("overlap_moe_expert_parallel_comm", "tp_comm_overlap", "moe_router_force_load_balancing",
+              "use_megatron_fsdp"):
         if getattr(options, f):
             a += [RUN_FLAG_NAMES[f]]
     if options.cp_comm_type != d.cp_comm_type:

@@ -11,7 +11,8 @@ from typing import Any
 
 from specs.errors import TunerError
 
-__all__ = ["RECORD_ERRORS", "STUDY_OUTPUT_FILES", "STUDY_OWN_FILES", "check_output_path", "is_study_folder", "read_study_record"]
+__all__ = ["RECORD_ERRORS", "STUDY_OUTPUT_FILES", "STUDY_OWN_FILES", "check_output_path", "is_study_folder",
+           "read_study_record"]
 
 #: The files a study's folder keeps for itself (``results/<study>/``): an output written over one loses the study.
 #: SQLite's own side files of ``study.db`` (``study.db-wal``, ``-shm``, ``-journal``) count too (:func:`_own_name`).
@@ -64,7 +65,8 @@ def is_study_folder(folder: Path) -> bool:
     return (folder / "study.db").exists() or _is_study_record(folder / "config.yaml")
 
 
-def check_output_path(option: str, path: Path, *, writes: str | None = None, study: str | None = None, force: bool = False) -> None:
+def check_output_path(option: str, path: Path, *, writes: str | None = None, study: str | None = None,
+                      force: bool = False) -> None:
     """Refuse an output file (``--out``, ``--csv``, ``--png``, ``--export``, ...) that would overwrite a study: an
     existing SQLite database (an Optuna RDB storage), an Optuna journal (JSON lines with ``op_code``), or a file a
     study's folder keeps for itself (:data:`STUDY_OWN_FILES`); and one under a file. In a study's folder, one of the
@@ -82,8 +84,8 @@ def check_output_path(option: str, path: Path, *, writes: str | None = None, stu
     if path.is_dir() and not path.is_symlink():
         raise TunerError(f"{option} {str(path)!r} is a folder; give a file path")
     if not force and (path.is_symlink() or (path.exists() and not path.is_file() and not path.is_dir())):
-        raise TunerError(f"{option} {str(path)!r} is {'a link' if path.is_symlink() else 'not a regular file'}; give another "
-                         "path, or --force to replace it")
+        raise TunerError(f"{option} {str(path)!r} is {'a link' if path.is_symlink() else 'not a regular file'}; give "
+                         "another path, or --force to replace it")
     if not path.is_file():
         return
     try:
@@ -94,12 +96,14 @@ def check_output_path(option: str, path: Path, *, writes: str | None = None, stu
     in_study = is_study_folder(path.parent)
     own = _own_name(path.name) and in_study
     if head.startswith(_SQLITE_MAGIC) or own or (head.startswith(b"{") and b'"op_code"' in head.split(b"\n", 1)[0]):
-        raise TunerError(f"{option} {str(path)!r} is a study's own file (its storage or its record); writing there would lose "
-                         "the study and its trials: give another path")
+        raise TunerError(f"{option} {str(path)!r} is a study's own file (its storage or its record); writing there "
+                         "would lose the study and its trials: give another path")
     if path.name in STUDY_OUTPUT_FILES and in_study:
         if study is not None and path.parent.name != study:
-            raise TunerError(f"{option} {str(path)!r} is study {path.parent.name!r}'s own {path.name}; this writes study "
-                             f"{study!r}'s: give another path")
+            raise TunerError(f"{option} {str(path)!r} is study {path.parent.name!r}'s own {path.name}; this writes "
+                             f"study {study!r}'s: give another path")
         if path.name != writes:
-            raise TunerError(f"{option} {str(path)!r} would write over the study's own {path.name} with another kind of file"
-                             f"{'' if writes is None else ' (the study keeps this kind as ' + writes + ')'}: give another path")
+            raise TunerError(f"{option} {str(path)!r} would write over the study's own {path.name} with another kind "
+                             "of file"
+                             f"{'' if writes is None else ' (the study keeps this kind as ' + writes + ')'}: give "
+                             "another path")

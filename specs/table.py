@@ -59,7 +59,8 @@ class Column:
             raise ValueError(cell)
         v = self.parse(cell)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and (
-                (isinstance(v, float) and not math.isfinite(v)) or (self.low is not None and (v <= self.low if self.low_open else v < self.low))
+                (isinstance(v, float) and not math.isfinite(v))
+                or (self.low is not None and (v <= self.low if self.low_open else v < self.low))
                 or (self.high is not None and v > self.high)):
             raise ValueError(cell)
         return v
@@ -98,7 +99,8 @@ def read_table(path: str | Path, columns: Sequence[Column], build: Callable[[int
     header = {h.strip() for h in (reader.fieldnames or [])}
     missing = [c.name for c in columns if c.name not in header and not c.optional]
     if missing:
-        raise TunerError(f"{what}: missing columns {', '.join(missing)}; a {table} table has {', '.join(c.name for c in columns)}")
+        raise TunerError(f"{what}: missing columns {', '.join(missing)}; a {table} table has "
+                         f"{', '.join(c.name for c in columns)}")
     rows: list[T] = []
     errors: list[str] = []
     by_name = {c.name: c for c in columns}
@@ -113,9 +115,11 @@ def read_table(path: str | Path, columns: Sequence[Column], build: Callable[[int
             rows.append(build(line, values))
         except BadCell as e:
             known = by_name.get(e.column)
-            errors.append(f"line {line}: column {e.column}: cannot read {cells.get(e.column, '')!r}{e.hint or (known.hint if known else '')}")
+            errors.append(f"line {line}: column {e.column}: cannot read "
+                          f"{cells.get(e.column, '')!r}{e.hint or (known.hint if known else '')}")
         except TunerError as e:  # its own message names the value it refused
             errors.append(f"line {line}: {e}")
         except ValueError as e:
-            errors.append(f"line {line}: column {col.name}: cannot read {cells.get(col.name, '')!r}{col.hint}" if col else f"line {line}: {e}")
+            errors.append(f"line {line}: column {col.name}: cannot read {cells.get(col.name, '')!r}{col.hint}" if col
+                          else f"line {line}: {e}")
     return rows, errors

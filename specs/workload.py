@@ -73,11 +73,13 @@ class Workload:
         object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))
         bad = [m for m in self.lora_target_modules if m not in LORA_TARGET_MODULES]
         if bad or not self.lora_target_modules:
-            raise TunerError(f"--lora-target-modules {(bad[0] if bad else '')[:40]!r}: accepted {', '.join(LORA_TARGET_MODULES)}")
+            raise TunerError(f"--lora-target-modules {(bad[0] if bad else '')[:40]!r}: accepted "
+                             f"{', '.join(LORA_TARGET_MODULES)}")
         try:
             object.__setattr__(self, "precision", Precision(self.precision))
         except ValueError:
-            raise TunerError(f"--precision {self.precision!r}: accepted {', '.join(p.value for p in Precision)}") from None
+            accepted = ", ".join(p.value for p in Precision)
+            raise TunerError(f"--precision {self.precision!r}: accepted {accepted}") from None
 
     @property
     def tokens_per_step(self) -> int:
@@ -223,17 +225,22 @@ class RunOptions:
         if self.fp8_recipe not in FP8_RECIPES:
             raise TunerError(f"fp8_recipe {self.fp8_recipe!r}: accepted {', '.join(FP8_RECIPES)}")
         if self.optimizer_fp8_recipe is not None and self.optimizer_fp8_recipe not in FP8_RECIPES:
-            raise TunerError(f"optimizer_fp8_recipe {self.optimizer_fp8_recipe!r}: accepted none, {', '.join(FP8_RECIPES)}")
+            raise TunerError(f"optimizer_fp8_recipe {self.optimizer_fp8_recipe!r}: accepted none, "
+                             f"{', '.join(FP8_RECIPES)}")
         if self.cross_entropy_fusion_impl not in CROSS_ENTROPY_IMPLS:
-            raise TunerError(f"cross_entropy_fusion_impl {self.cross_entropy_fusion_impl!r}: accepted {', '.join(CROSS_ENTROPY_IMPLS)}")
+            raise TunerError(f"cross_entropy_fusion_impl {self.cross_entropy_fusion_impl!r}: accepted "
+                             f"{', '.join(CROSS_ENTROPY_IMPLS)}")
         if self.optimizer not in OPTIMIZERS:
             raise TunerError(f"optimizer {self.optimizer!r}: accepted {', '.join(OPTIMIZERS)}")
-        if isinstance(self.cpu_offloading_num_layers, bool) or not isinstance(self.cpu_offloading_num_layers, int) or self.cpu_offloading_num_layers < 0:
-            raise TunerError(f"cpu_offloading_num_layers must be a non-negative integer, got {self.cpu_offloading_num_layers!r}")
+        n = self.cpu_offloading_num_layers
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise TunerError("cpu_offloading_num_layers must be a non-negative integer, got "
+                             f"{self.cpu_offloading_num_layers!r}")
         major, minor = megatron_core_version(self.megatron_core)
         object.__setattr__(self, "megatron_core", f"{major}.{minor}")
         if not re.fullmatch(r"\d+\.\d+(\.\d+)?", str(self.te_version)) or self.te_version_tuple < (1, 0):
-            raise TunerError(f"te_version {self.te_version!r}: expected major.minor (or major.minor.patch) such as 2.20")
+            raise TunerError(f"te_version {self.te_version!r}: expected major.minor (or major.minor.patch) "
+                             "such as 2.20")
 
     @property
     def megatron_core_tuple(self) -> tuple[int, int]:

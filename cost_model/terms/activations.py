@@ -235,7 +235,8 @@ def _mlp_bytes_per_token(c: TableContext, width: Array | float) -> Array | float
     """A dense-style MLP of ``width`` (already split by TP) per token: fc1's output in bf16 (``(mats - 1) x width``),
     fc2's input at the saved GEMM-input bytes and, unfused and gated, :data:`UNFUSED_DENSE_ACTIVATION_TENSORS`."""
     m = c.dims
-    unfused = 0.0 if (c.options.bias_activation_fusion or m.fused_activation or not m.gated) else UNFUSED_DENSE_ACTIVATION_TENSORS
+    unfused = 0.0 if (c.options.bias_activation_fusion or m.fused_activation
+                      or not m.gated) else UNFUSED_DENSE_ACTIVATION_TENSORS
     return (BF16_BYTES * (m.mlp_matrices - 1 + unfused) + c.saved_gemm_input_bytes) * width
 
 
@@ -300,7 +301,8 @@ def saved_moe_bytes(c: TableContext, moe_block: Array, copies: Array) -> Array:
         moe_block: :func:`moe_block_bytes`, ``(n, 1)``.
         copies: :func:`routed_token_copies`, ``(n, 1)``."""
     whole = moe_block - layer_input_bytes(c) - norm_bytes(c)
-    saved = np.where(c.recomputes("moe"), whole, np.where(c.recomputes("moe_act"), expert_activation_fn_bytes(c, copies), 0))
+    saved = np.where(c.recomputes("moe"), whole, np.where(c.recomputes("moe_act"),
+                                                          expert_activation_fn_bytes(c, copies), 0))
     saved = saved + np.where(c.recomputes("shared_experts") & ~c.recomputes("moe"), shared_expert_bytes(c), 0)
     norm = norm_bytes(c) if pre_mlp_norm_separate(c, True) else np.zeros_like(c.tokens)
     return saved + np.where(c.recomputes("layernorm"), norm, 0)

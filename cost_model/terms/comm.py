@@ -232,7 +232,8 @@ def cp_ring_time(c: TableContext) -> Array:
 
     Returns: Seconds, ``(n, 1)``; 0 without CP."""
     cp = col(c.cp)
-    t = CP_PASSES * (cp - 1) * BF16_BYTES * c.tokens * c.dims.kv_dim / col(c.tp) / _cp_bandwidth(c) * (1 - c.cal.cp_p2p_overlap)
+    sent = CP_PASSES * (cp - 1) * BF16_BYTES * c.tokens * c.dims.kv_dim / col(c.tp)
+    t = sent / _cp_bandwidth(c) * (1 - c.cal.cp_p2p_overlap)
     return np.where(cp > 1, t, 0.0)
 
 
@@ -354,7 +355,8 @@ def _fixed_layer_cost(c: TableContext) -> Array:
     are a host list)."""
     cal = c.cal
     o = c.options
-    graphs = cal.cuda_graph_overhead_factor if o.cuda_graph_full else cal.cuda_graph_partial_overhead_factor if o.cuda_graph_moe else 1.0
+    graphs = (cal.cuda_graph_overhead_factor if o.cuda_graph_full
+              else cal.cuda_graph_partial_overhead_factor if o.cuda_graph_moe else 1.0)
     layer = cal.moe_layer_overhead_s * graphs
     return layer + cal.moe_host_sync_latency_s + np.zeros_like(c.tokens)
 
@@ -378,7 +380,8 @@ def _expert_gemm_cost(c: TableContext) -> float:
     """``expert_gemm_overhead_s`` plus :func:`fp8_quantize_cost` per local expert GEMM (x ``cuda_graph_overhead_factor``
     under whole-iteration graphs)."""
     cal = c.cal
-    return (cal.expert_gemm_overhead_s + fp8_quantize_cost(c)) * (cal.cuda_graph_overhead_factor if c.options.cuda_graph_full else 1.0)
+    return (cal.expert_gemm_overhead_s + fp8_quantize_cost(c)) * (cal.cuda_graph_overhead_factor
+                                                                  if c.options.cuda_graph_full else 1.0)
 
 
 def moe_fixed_cost_forward(c: TableContext) -> Array:
@@ -461,7 +464,8 @@ def dp_comm_time(c: TableContext, dense: Array, experts: Array, window: Array | 
     exp_bw = ring_bandwidth(c, col(c.edp), col(c.etp * c.ep))  # EDP: etp x ep apart (etp-ep-edp-pp)
     if opt.use_megatron_fsdp:
         b = FSDP_BYTES_PER_PARAM
-        per_rank = col(c.micro_batches) * (ring_time(b * dense, dpcp, dense_bw) + ring_time(b * experts, col(c.edp), exp_bw))
+        per_rank = col(c.micro_batches) * (ring_time(b * dense, dpcp, dense_bw)
+                                           + ring_time(b * experts, col(c.edp), exp_bw))
     else:
         per_param = dp_bytes_per_param(c)
         per_rank = ring_time(per_param * dense, dpcp, dense_bw) + ring_time(per_param * experts, col(c.edp), exp_bw)

@@ -131,7 +131,9 @@ def _macs_per_key(c: TableContext) -> Array:
     """Forward multiply-accumulates of core attention per mean key per query, ``(n, 1)``: Megatron's ``s / 2`` keys
     of the causal count spread over the ``(s + 1) / 2`` a query attends to."""
     m = c.dims
-    return c.tokens * c.seq * (m.q_dim + m.ctx_dim) / 2 / col(c.tp) / c.model.attended_keys_per_query(c.workload.seq_length, windowed=False)
+    return c.tokens * c.seq * (m.q_dim
+                               + m.ctx_dim) / 2 / col(c.tp) / c.model.attended_keys_per_query(c.workload.seq_length,
+                                                                                              windowed=False)
 
 
 def expert_flops(c: TableContext) -> Array:
@@ -187,7 +189,8 @@ def mla_up_projection_time(c: TableContext) -> Array:
 
     Returns: Seconds, ``(n, 1)``; 0 for GQA."""
     f = FLOPS_PER_MAC * c.tokens * c.dims.up_projection_params / col(c.tp)
-    return np.where(f > 0, f / (c.gemm_peak_flops * gemm_efficiency(np.maximum(f, 1.0) / ATTENTION_PROJECTION_GEMMS, c.cal)), 0.0)
+    return np.where(f > 0, f / (c.gemm_peak_flops * gemm_efficiency(np.maximum(f, 1.0) / ATTENTION_PROJECTION_GEMMS,
+                                                                    c.cal)), 0.0)
 
 
 def mla_unfused_rope_time(c: TableContext) -> Array:
@@ -344,7 +347,8 @@ def moe_elementwise_time(c: TableContext, copies: Array) -> Array:
     Returns: Seconds, ``(n, 1)``; 0 for a dense model."""
     if not c.dims.is_moe:
         return np.zeros_like(c.tokens)
-    per_copy = c.cal.elementwise_bytes_per_copy_moe + (c.cal.expert_bias_bytes_per_copy_moe if c.dims.expert_bias else 0.0)
+    per_copy = c.cal.elementwise_bytes_per_copy_moe + (c.cal.expert_bias_bytes_per_copy_moe if c.dims.expert_bias
+                                                       else 0.0)
     return per_copy * c.dims.h * copies / c.hbm_bytes_per_s
 
 

@@ -130,7 +130,8 @@ class ModelDims:
             saved_kv = nh * (model.qk_head_dim + model.qk_pos_emb_head_dim + model.v_head_dim)
             latent = float(model.q_lora_rank + model.kv_lora_rank)
             expanded = q_dim + saved_kv
-            up = float(model.q_lora_rank) * q_dim + float(model.kv_lora_rank) * nh * (model.qk_head_dim + model.v_head_dim)
+            up = float(model.q_lora_rank) * q_dim + float(model.kv_lora_rank) * nh * (model.qk_head_dim
+                                                                                      + model.v_head_dim)
         else:
             q_dim, kv_dim, ctx_dim = nh * d, 2 * float(model.num_query_groups) * d, nh * d
             saved_kv, latent, expanded, up = kv_dim, 0.0, 0.0, 0.0
@@ -347,7 +348,8 @@ def build_context(
     mod_values, mod_inv = table.codes("recompute_modules")
     mod_sets = [set(v.split(",")) for v in mod_values.tolist()]
     recomputed = {
-        m: selective & np.array([m in ms for ms in mod_sets], dtype=np.bool_)[mod_inv][:, None] for m in RECOMPUTE_MODULES
+        m: selective & np.array([m in ms for ms in mod_sets], dtype=np.bool_)[mod_inv][:,
+                                                                                       None] for m in RECOMPUTE_MODULES
     }
     nv_eff, net_eff, per_node = _dispatcher_efficiencies(table, cluster, cal)
     return TableContext(

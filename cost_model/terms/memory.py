@@ -202,4 +202,5 @@ def framework_overhead_bytes(c: TableContext, dynamic: Array) -> Array:
 
     Returns: Bytes, ``(n, K)``; 0 in padding columns."""
     cal = c.cal
-    return (cal.cuda_context_bytes + process_groups(c) * cal.nccl_bytes_per_communicator + cal.allocator_overhead_fraction * dynamic) * c.live
+    return (cal.cuda_context_bytes + process_groups(c) * cal.nccl_bytes_per_communicator
+            + cal.allocator_overhead_fraction * dynamic) * c.live

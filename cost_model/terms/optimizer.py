@@ -89,7 +89,8 @@ def host_offload_bytes_per_param(c: TableContext) -> Array:
     the precision-aware optimizer) plus :data:`HOST_PINNED_OVERHEAD_BYTES_PER_OFFLOADED_PARAM`.
 
     Returns: Bytes per parameter, ``(n, 1)``."""
-    return np.full_like(c.offload_fraction, HOST_BYTES_PER_OFFLOADED_PARAM + HOST_PINNED_OVERHEAD_BYTES_PER_OFFLOADED_PARAM)
+    return np.full_like(c.offload_fraction, HOST_BYTES_PER_OFFLOADED_PARAM
+                        + HOST_PINNED_OVERHEAD_BYTES_PER_OFFLOADED_PARAM)
 
 
 def host_bytes_per_node(c: TableContext, owned: Array, params: Array | None = None) -> Array:
@@ -108,4 +109,5 @@ def host_bytes_per_node(c: TableContext, owned: Array, params: Array | None = No
     per_node = float(min(c.gpus_per_node, c.world))
     offloaded = offloaded_params(c, owned)
     first = offloaded_params(c, owned if params is None else params)
-    return per_node * (c.cal.host_process_bytes + offloaded * host_offload_bytes_per_param(c)[:, 0] + state.OFFLOAD_BUILD_LEAK_BYTES * first)
+    return per_node * (c.cal.host_process_bytes + offloaded * host_offload_bytes_per_param(c)[:, 0]
+                       + state.OFFLOAD_BUILD_LEAK_BYTES * first)

@@ -84,8 +84,10 @@ def selective_attention_time(c: TableContext, core: Array, attention_elementwise
 
     Returns: Seconds, ``(n, 1)``."""
     norms = attention_elementwise * c.cal.norm_elementwise_share / _forward_share(c)
-    return (np.where(c.recomputes("core_attn"), compute.attention_forward_time(core), 0) + np.where(c.recomputes("layernorm"), norms, 0)
-            + np.where(c.recomputes("mla_up_proj"), up_projection + unfused_rope * c.cal.unfused_mla_rope_forward_share, 0))
+    return (np.where(c.recomputes("core_attn"), compute.attention_forward_time(core), 0)
+            + np.where(c.recomputes("layernorm"), norms, 0)
+            + np.where(c.recomputes("mla_up_proj"), up_projection + unfused_rope * c.cal.unfused_mla_rope_forward_share,
+                       0))
 
 
 def selective_moe_time(c: TableContext, moe_forward: Array, moe_elementwise: Array, shared: Array) -> Array:
@@ -114,7 +116,8 @@ def full_recompute_share(c: TableContext, fraction: Array) -> Array:
     return np.where(c.uniform, 1.0, fraction)
 
 
-def recompute_moe_time(c: TableContext, share: Array, attention_forward: Array, moe_forward: Array, selective: Array) -> Array:
+def recompute_moe_time(c: TableContext, share: Array, attention_forward: Array, moe_forward: Array,
+                       selective: Array) -> Array:
     """Recompute per MoE layer: ``share x (attention + MoE forward)`` under full recompute, else the
     selective time (attention side + MLP side).
 
@@ -122,7 +125,8 @@ def recompute_moe_time(c: TableContext, share: Array, attention_forward: Array, 
     return np.where(c.full, share * (attention_forward + moe_forward), selective)
 
 
-def recompute_dense_time(c: TableContext, share: Array, attention_forward: Array, dense_forward: Array, selective: Array) -> Array:
+def recompute_dense_time(c: TableContext, share: Array, attention_forward: Array, dense_forward: Array,
+                         selective: Array) -> Array:
     """Recompute per dense layer, as :func:`recompute_moe_time` with the dense MLP side.
 
     Returns: Seconds, ``(n, K)``."""

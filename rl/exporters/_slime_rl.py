@@ -92,10 +92,12 @@ def render_slime_script(plan: RLPlan, job: RLJob) -> str:
     entry = "train_async.py" if plan.choice.async_steps else "train.py"
     lines = [SHEBANG, *(c for line in prediction_lines(plan, job) for c in comment(line, None))]
     lines += comment(
-        "Model, checkpoint and data flags (MODEL_ARGS, --hf-checkpoint, --load, --prompt-data, ...) are yours: pass them after this "
+        "Model, checkpoint and data flags (MODEL_ARGS, --hf-checkpoint, --load, --prompt-data, ...) are yours: pass "
+        "them after this "
         "script's name. Reads PYTHON (default python3) and SLIME_DIR (a slime checkout; default: the working folder)."
     )
-    lines += [STRICT_MODE, "PYTHON=${PYTHON:-python3}", "SLIME_DIR=${SLIME_DIR:-.}", "", bash_array("PLAN_ARGS", argv).rstrip("\n"), ""]
+    lines += [STRICT_MODE, "PYTHON=${PYTHON:-python3}", "SLIME_DIR=${SLIME_DIR:-.}", "",
+              bash_array("PLAN_ARGS", argv).rstrip("\n"), ""]
     lines += [f'exec "$PYTHON" "$SLIME_DIR/{entry}" "${{PLAN_ARGS[@]}}" "$@"', ""]
     return "\n".join(lines)
 
