@@ -1,26 +1,19 @@
-"""The analytical memory and step-time model, vectorised over a table of layouts.
-
-One implementation serves both one layout (:func:`estimate`) and a whole search
-space (:func:`estimate_table`): every quantity is a numpy array with one entry
-per layout (shape ``(n,)``) or per layout and pipeline-rank class (shape ``(n, K)``:
-ranks that hold the same layers form one class, so K is 1 to 4, whatever ``pp``).
-
-:func:`estimate_table` is a composition of the terms of :mod:`cost_model.terms` (one small
-pure function per memory or time term, each with its formula, shapes, units and source);
-this module only adds them up, picks the worst pipeline rank and derives the throughput.
+"""The analytical memory and step-time model, vectorised over a table of layouts: every quantity is a numpy array per
+layout (``(n,)``) or per layout and pipeline-rank class (``(n, K)``, K 1 to 4 whatever ``pp``). :func:`estimate_table`
+adds up the terms of :mod:`cost_model.terms`, picks the worst pipeline rank and derives the throughput; :func:`estimate`
+is one layout of it.
 
 Sources of the formulas:
-- weights, gradients and optimizer states: Megatron's ``megatron/training/theoretical_memory_usage.py`` (EP-aware form,
-  notes §6.1), with the precision-aware optimizer's dtypes and CPU offload added;
-- activations: Korthikanti et al. 2022 (arXiv 2205.05198, Table 2) per tensor, extended to GQA, flash attention (no s x
-  s scores kept), MoE token copies and each recompute choice; in-flight micro-batches of the 1F1B and interleaved
-  schedules from ``megatron/core/pipeline_parallel/schedules.py`` (warm-up counts);
+
+- weights, gradients and optimizer states: Megatron's ``megatron/training/theoretical_memory_usage.py`` (EP-aware
+  form, notes §6.1), with the precision-aware optimizer's dtypes and CPU offload added;
+- activations: Korthikanti et al. 2022 (arXiv 2205.05198, Table 2) per tensor, extended to GQA, flash attention, MoE
+  token copies and each recompute choice; in-flight micro-batches from ``megatron/core/pipeline_parallel/schedules.py``;
 - FLOPs: :mod:`cost_model.flops` (Megatron's ``num_floating_point_operations``);
 - pipeline bubble ``(pp-1)/(m*vpp)``: Narayanan et al. 2021 (arXiv 2104.04473 §2.2);
 - rank placement: Megatron's default order ``tp-cp-ep-dp-pp`` (``parallel_state.py``).
 
-Every efficiency and overhead constant is a named field of :class:`cost_model.calibration.Calibration`.
-"""
+Every efficiency and overhead constant is a field of :class:`cost_model.calibration.Calibration`."""
 
 from __future__ import annotations
 
@@ -278,30 +271,13 @@ def estimate_table(
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
     options: RunOptions = DEFAULT_RUN_OPTIONS,
 ) -> EstimateTable:
-    """Predict peak memory and step time for every layout of ``table``.
+    """Predict peak memory and step time for every layout of ``table`` (rows already valid by
+    :func:`search_spaces.rules.check_table`; ``cluster.num_gpus`` equal to their ``world_size``): an
+    :class:`EstimateTable` of ``(n,)`` arrays. A layout fits when its predicted peak is at most ``(1 - memory_headroom)
+    x HBM``; ``options`` are the run flags shared by every row.
 
-    The table's rows must already satisfy Megatron's rules (:func:`search_spaces.rules.check_table`); results for
-    invalid rows are meaningless.
-
-    Args:
-        model: the model.
-        cluster: the GPUs; ``cluster.num_gpus`` must equal the rows' ``world_size``.
-        workload: sequence length, global batch and precision.
-        table: the layouts (n rows).
-        calibration: efficiency constants.
-        memory_headroom: fraction of HBM kept free; a layout fits when its
-            predicted peak is at most ``(1 - memory_headroom) * HBM``.
-        options: run flags shared by every row (routing, overlaps, CUDA graphs, FSDP,
-            CP communication type); the default is the seed's run.
-
-    Returns:
-        An :class:`EstimateTable` with arrays of shape ``(n,)``.
-
-    Raises:
-        TunerError: ``memory_headroom`` outside [0, 1), a precision the GPU has no
-            tensor cores for, or calibration constants that give a non-finite step time or
-            peak memory (e.g. ``moe_load_imbalance: 1e300`` in a ``--calibration`` file).
-    """
+    Raises TunerError: ``memory_headroom`` outside [0, 1), a precision the GPU has no tensor cores for, or calibration
+    constants that give a non-finite step time or peak memory."""
     if not 0.0 <= memory_headroom < 1.0:
         raise TunerError(f"--memory-headroom must be in [0, 1), got {memory_headroom}")
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):

@@ -1,31 +1,16 @@
-"""One layout's step in detail: forward and backward time per pipeline rank and virtual chunk, each split into
-its parts, and the simulated pipeline that :func:`cost_model.estimate.estimate` and the step timeline
-(:mod:`cost_model.timeline`) are built from.
+"""One layout's step in detail: forward and backward time per pipeline rank and virtual chunk, each split into its
+parts, and the simulated pipeline that :func:`cost_model.estimate.estimate` and :mod:`cost_model.timeline` use.
 
-The vectorised table (:func:`cost_model.estimate.estimate_table`) times the pipeline in closed form from each
-rank class's time per micro-batch (``M x slowest + (pp - 1) / vpp x mean``, Narayanan et al. 2021, arXiv
-2104.04473 §2.2). For one layout this module refines those same per-rank times:
+The table (:func:`cost_model.estimate.estimate_table`) times the pipeline in closed form (``M x slowest + (pp - 1) / vpp
+x mean``, Narayanan et al. 2021 §2.2). Here, per chunk, the estimate's composition (``per_microbatch``) is evaluated on
+a context whose rank-class axis holds every (rank, chunk) (:func:`chunk_context`), scaled to add up to the rank's time
+in the table; a chunk's forward is one forward pass of its layers (:mod:`cost_model.terms.recompute`'s forward
+functions) plus the output layer's on the last stage, the backward the rest; and
+:func:`cost_model.pipeline_schedule.simulate_pipeline` runs the chunks in Megatron's order, whose makespan equals the
+closed form with equal chunks and is dependency-exact otherwise.
 
-* **per chunk**: the composition of the estimate (its ``_time_per_microbatch``, passed in as ``per_microbatch``)
-  is evaluated on a context whose rank-class axis holds every (pipeline rank, virtual chunk) with that chunk's
-  decoder layers (:func:`chunk_context`); each rank's chunks are then scaled so that they add up to exactly the
-  rank's time in the table (the chunk values only share it out);
-* **forward / backward**: a chunk's forward is one forward pass of its layers (the forward functions of
-  :mod:`cost_model.terms.recompute`: GEMMs and attention once, ``1 / (1 + elementwise_backward_ratio)`` of the
-  memory-bound work, :data:`~cost_model.terms.recompute.FORWARD_TP_SHARE` of the TP collectives, the forward EP
-  time, one of :data:`~cost_model.terms.comm.CP_PASSES` CP passes) plus the output layer's forward on the last
-  stage; the backward is the rest, recompute included;
-* **Megatron's order**: :func:`cost_model.pipeline_schedule.simulate_pipeline` runs every rank's chunks in
-  1F1B / interleaved order; its makespan is the pipeline's time. With equal chunk times on every rank it equals
-  the closed form; with unequal ranks (uneven first / last stages, the output layer on the last rank) it is the
-  dependency-exact time the closed form approximates.
-
-What the model hides (``--tp-comm-overlap``, the CP ring's overlap, ``--overlap-moe-expert-parallel-comm``,
-``--overlap-grad-reduce``, the interleaved schedule's p2p overlap, the offload copies' overlap) is the
-difference between the terms with the overlap constants at 0 and at their values (:func:`no_overlap`).
-
-Units: seconds; ``[rank][chunk]`` tables are tuples of ``pp`` tuples of ``vpp`` floats.
-"""
+What the overlaps hide is the difference between the terms with the overlap constants at 0 and at their values
+(:func:`no_overlap`). Units: seconds; ``[rank][chunk]`` tables are tuples of ``pp`` tuples of ``vpp`` floats."""
 
 from __future__ import annotations
 

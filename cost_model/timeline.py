@@ -1,28 +1,17 @@
-"""The predicted step of one layout as a Chrome trace (Trace Event Format JSON, opened by Perfetto and
-chrome://tracing).
+"""The predicted step of one layout as a Chrome trace (Trace Event Format JSON, for Perfetto and chrome://tracing).
 
-:func:`step_trace` turns :func:`cost_model.estimate.estimate_details` into events: one process per pipeline rank,
-and in it
+:func:`step_trace` turns :func:`cost_model.estimate.estimate_details` into events, one process per pipeline rank with:
+one thread per virtual stage (each micro-batch's forward ``F3`` and backward ``B3`` in Megatron's order, as
+:func:`cost_model.pipeline_schedule.simulate_pipeline` times it); ``GPU time by part`` (each pass cut into its parts
+back to back, then the step's tail: exposed pipeline p2p, DP reduce-scatter and all-gather, optimizer step and CPU
+offload, each next part starting when the slowest rank is done); and ``hidden communication`` (what the overlaps hide,
+drawn from the start of the work that hides it).
 
-* one thread per virtual stage (chunk): each micro-batch's forward (``F3``) and backward (``B3``) of that chunk, in
-  Megatron's 1F1B / interleaved order as :func:`cost_model.pipeline_schedule.simulate_pipeline` times it;
-* ``GPU time by part``: each forward / backward cut into its parts, back to back (compute, recompute, then the
-  exposed TP / CP / EP communication; the model gives each part's total per chunk, not how the kernels interleave),
-  then the step's tail: the exposed pipeline p2p, the data-parallel gradient reduce-scatter and parameter
-  all-gather, the optimizer step and CPU optimizer offload (each rank's own; the next part starts when the slowest
-  rank is done, as the estimate adds the slowest rank's);
-* ``hidden communication``: what ``--tp-comm-overlap``, the CP ring, ``--overlap-moe-expert-parallel-comm``,
-  ``--overlap-grad-reduce`` and the interleaved schedule's p2p overlap hide behind compute (empty when nothing
-  overlaps, as in the seed's run), drawn from the start of the work that hides it.
-
-The pipeline bubble is the idle time: every gap in a rank's stage threads before the tail. By construction the
-trace's step (first event to last) is the estimate's ``step_time_s``, and the ranks' mean idle time before the tail
-over the step is its ``pp_bubble / step_time_s`` (:func:`trace_step_seconds`, :func:`trace_bubble_fraction`).
-
-Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU (``ph: "X"`` complete
-events, ``ts`` / ``dur`` in microseconds, ``ph: "M"`` metadata naming processes and threads; the JSON Object
-Format's ``otherData`` holds the layout, the step time and the bubble fraction).
-"""
+The bubble is every gap in a rank's stage threads before the tail: by construction the trace's step is the estimate's
+``step_time_s`` and the ranks' mean idle time over it its ``pp_bubble / step_time_s`` (:func:`trace_step_seconds`,
+:func:`trace_bubble_fraction`). Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU
+(``ph: "X"`` events, ``ts`` / ``dur`` in microseconds, ``ph: "M"`` names; ``otherData`` holds the layout, the step time
+and the bubble fraction)."""
 
 from __future__ import annotations
 

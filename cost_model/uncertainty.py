@@ -183,31 +183,18 @@ def chance_to_fit(peak_bytes: npt.NDArray[np.float64], hbm_bytes: float, *, sigm
                   bias: float = 0.0,
                   measured: Mapping[int, float] | None = None,
                   out_of_memory: Collection[int] = ()) -> npt.NDArray[np.float64]:
-    """Each layout's chance to fit the GPU, given the measured peaks and the out-of-memory failures of those tried.
+    """Each layout's chance to fit the GPU, shape ``(n,)``, given the measured peaks (bytes per GPU by index) and the
+    out-of-memory failures of those tried.
 
-    Model: ``z_i = log(true peak_i / predicted peak_i) = b + u_i``, with ``b ~ N(bias, shared sigma^2)`` the error
-    common to every layout of the job and ``u_i ~ N(0, (1 - shared) sigma^2)`` the layout's own, independent. A
-    measured peak is ``z_i`` (reserved memory, taken as exact); an out-of-memory says ``z_i > t_i``, ``t_i =
-    log(hbm_bytes / peak_i)`` (a censored observation). The posterior of ``b`` is the prior times a normal
-    likelihood for each measured peak and ``Phi((b - t_j) / s)`` for each out-of-memory ``j`` (``s`` the own
-    error's standard deviation), integrated on a grid; a layout fits with chance ``E[Phi((t_i - b) / s)]``. With
-    nothing observed that is ``Phi((t_i - bias) / sigma)``, the trial policy's prior
-    (:class:`tuner.study.policy.GainPolicy`'s ``p_fit``). ``sigma`` and ``shared``: the memory band's
-    (:attr:`Band.sigma`, :attr:`Band.shared`). A layout measured is 1; one out of memory (and not measured) is 0.
+    Model: ``z_i = log(true peak / predicted peak) = b + u_i``, ``b ~ N(bias, shared sigma^2)`` common to the job's
+    layouts and ``u_i ~ N(0, (1 - shared) sigma^2)`` the layout's own. A measured peak is ``z_i``; an out-of-memory says
+    ``z_i > t_i = log(hbm_bytes / peak_i)`` (censored). The posterior of ``b`` (normal likelihoods and ``Phi((b - t_j) /
+    s)`` per out-of-memory, on a grid) gives ``E[Phi((t_i - b) / s)]``; with nothing observed that is ``Phi((t_i - bias)
+    / sigma)``, the prior of :class:`tuner.study.policy.GainPolicy`'s ``p_fit``. A layout measured is 1; one out of
+    memory is 0.
 
-    Args:
-        peak_bytes: predicted peak memory per GPU of every layout, bytes, shape ``(n,)``.
-        hbm_bytes: the GPU's memory, bytes.
-        measured: index of a tried layout -> its measured peak memory per GPU, bytes.
-        out_of_memory: indices of the tried layouts that ran out of memory.
-
-    Returns:
-        The chance of each layout, shape ``(n,)``.
-
-    Raises:
-        ValueError: ``sigma`` not positive, ``shared`` outside [0, 1], an index outside ``[0, n)`` or a measured
-            peak not positive and finite.
-    """
+    Raises ValueError: ``sigma`` not positive, ``shared`` outside [0, 1], an index outside ``[0, n)`` or a measured peak
+    not positive and finite."""
     from scipy.special import log_ndtr, ndtr
 
     peak = np.maximum(np.asarray(peak_bytes, dtype=float), 1.0)

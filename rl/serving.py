@@ -1,32 +1,15 @@
-"""Serving benchmarks of one engine, predicted with the rollout simulator: the engine model checked against published
-decode runs.
+"""Serving benchmarks of one engine (``vllm bench serve`` / ``sglang.bench_serving`` rows of
+``benchmarks/data/engine_decode.csv``, :data:`COLUMNS`), predicted with the rollout simulator at the same per-iteration
+latency as ``tune rl`` (:func:`~rl.engine.aiconfigurator_latency_table`).
 
-A published ``vllm bench serve`` / ``sglang.bench_serving`` run of one engine is a table row
-(:data:`COLUMNS`, ``benchmarks/data/engine_decode.csv``): the model, GPU, engine and version, the
-weights' precision, TP / EP / attention-DP, and the client's load. Two loads:
+Loads: ``closed`` (``--max-concurrency C``: :func:`~rl.simulator.simulate_engine` with ``max_num_seqs = C``, every
+request queued at time 0) and ``open`` (``--request-rate inf``: the engine's own ``max_num_seqs``, 1024 on GPUs of >= 70
+GiB, ``vllm/engine/arg_utils.py``, and its KV cache bound the batch). Lengths: ``fixed``; ``uniform:R`` (uniform on ``[R
+x len, len]``, ``--random-range-ratio R``); ``sharegpt`` (exponential with the published means, cut at 2,048 tokens as
+``vllm bench``'s sampler filters: an assumption).
 
-- ``closed``: ``--max-concurrency C`` with ``N`` prompts: at most ``C`` requests in flight, a new one sent when one
-  ends. The engine sees a queue served ``C`` at a time, which is :func:`~rl.simulator.simulate_engine` with
-  ``max_num_seqs = C`` and every request queued at time 0.
-- ``open``: ``--request-rate inf``: all ``N`` requests at once; the engine's own cap on running
-  sequences (vLLM's ``max_num_seqs`` default 1024 on GPUs of >= 70 GiB, ``vllm/engine/arg_utils.py``
-  ``get_batch_defaults``) and its KV cache bound the batch.
-
-Request lengths (``lengths``): ``fixed`` (every request ``isl`` in, ``osl`` out: ``--random-range-ratio
-1`` or ``--ignore-eos`` at the vLLM default range 0); ``uniform:R`` (uniform on ``[R x len, len]``,
-sglang's and InferenceX's ``--random-range-ratio R`` semantics, drawn at stratified quantiles); or
-``sharegpt`` (ShareGPT: ``isl`` / ``osl`` are the published means of the run; each length is taken as
-exponential with that mean, cut at 2,048 tokens as ``vllm bench``'s ShareGPT sampler filters, an
-assumption: the published totals carry no distribution).
-
-Metrics predicted: ``tpot_ms`` (mean time per output token after the first, as the clients report
-it: :attr:`~rl.simulator.EngineRun.mean_tpot_s`) and ``output_tok_s`` (generated tokens
-over the makespan) or ``output_tok_s_per_gpu`` (that over the engine's GPUs).
-
-Every prediction uses the same per-iteration latency as ``tune rl``
-(:func:`~rl.engine.aiconfigurator_latency_table`) at the row's precision; a row whose
-model, GPU, shape or precision aiconfigurator has no data for is reported with the reason.
-"""
+Metrics: ``tpot_ms`` (:attr:`~rl.simulator.EngineRun.mean_tpot_s`) and ``output_tok_s`` (or per GPU) over the makespan.
+A row aiconfigurator has no data for is reported with the reason."""
 
 from __future__ import annotations
 

@@ -1,30 +1,17 @@
 """The trainer side of an RL step: its layout under the RL batch, training time and log-prob time.
 
-Two trainer backends:
+Backends: ``megatron`` (slime; NeMo-RL ``policy.megatron_cfg``): :func:`search_spaces.enumerate_layouts` over
+:data:`MEGATRON_RL_SPACE`, estimated by :func:`cost_model.estimate_table`, the fastest that fits. ``automodel``
+(NeMo-RL's DTensor backend, FSDP2 with CP and EP meshes): the same estimate at ``tp = pp = 1`` with
+``use_megatron_fsdp`` (states sharded over DP), full activation checkpointing and BF16 Adam moments; FSDP2's collectives
+are modelled as Megatron-FSDP's, AutoModel's HybridEP as ``flex+hybridep``. Its **validated scope** for MiniMax-M3
+(NeMo-RL ``docs/guides/models/minimax/minimax-m3.md``) is CP 8 + EP 128 on 32 x 8 GPUs at 8,192 tokens; other layouts
+are marked outside it.
 
-- ``megatron``: Megatron-core (slime; NeMo-RL's ``policy.megatron_cfg``). Layouts are the
-  project's own: :func:`search_spaces.enumerate_layouts` over :data:`MEGATRON_RL_SPACE`,
-  estimated by :func:`cost_model.estimate_table`, the fastest that fits is chosen.
-- ``automodel``: NeMo-RL's AutoModel / DTensor backend (``policy.dtensor_cfg`` / ``automodel_cfg``): FSDP2 over data
-  parallel ranks with context parallel (CP) and expert parallel (EP) meshes. Approximated with the same estimate at ``tp
-  = pp = 1`` and ``RunOptions(use_megatron_fsdp=True)`` (parameters, gradients and optimizer states sharded over DP,
-  ZeRO-3 style, as FSDP2 does), full activation checkpointing and BF16 Adam moments (the seed's TE FusedAdam with
-  ``store_param_remainders``). What this leaves out: FSDP2's per-layer all-gather / reduce-scatter is modelled as
-  Megatron-FSDP's, and AutoModel's HybridEP dispatcher as Megatron's ``flex+hybridep``. **Validated scope** of that
-  backend for MiniMax-M3 (NeMo-RL ``docs/guides/models/minimax/minimax-m3.md``): CP 8 + EP 128 on 32 x 8 GPUs, 8,192
-  tokens, no TP, no PP, no sequence packing; the search keeps tp = pp = 1 and marks layouts outside CP 8 / EP 128 as
-  outside the validated scope.
-
-The RL batch: ``prompts x generations`` sequences of mean length (prompt + response) per step; the estimate is asked for
-``global_batch_size = sequences`` rows of that length, rounded up to a multiple of 256 tokens (Megatron's rules want
-``seq % (2 cp) == 0`` and ``seq % tp == 0`` under sequence parallelism). Sequence packing (NeMo-RL's default in its
-performance recipes) packs rows of that mean length without padding to the maximum.
-
-Log-prob passes run the forward pass only: ``passes x (compute - recompute + tp + cp + ep) / 3`` of the estimate's
-training parts (forward = 1/3 of forward + backward, Narayanan et al., SC'21, Eq. 2's 3x factor), plus the pipeline
-bubble of a forward-only schedule (a third of the training bubble). Passes: the policy's own log-probs (always, for the
-importance ratio) and the reference policy's when the KL penalty is on.
-"""
+The RL batch: ``prompts x generations`` sequences of mean length per step, rounded up to a multiple of 256 tokens (``seq
+% (2 cp) == 0``, ``seq % tp == 0``), packed without padding. Log-prob passes are forward only: ``passes x (compute -
+recompute + tp + cp + ep) / 3`` of the training parts (Narayanan et al. 2021, Eq. 2) plus a third of the training
+bubble; the policy's pass always, the reference's with the KL penalty."""
 
 from __future__ import annotations
 

@@ -45,35 +45,18 @@ _GRAMMAR_CHARS = frozenset("EtmL|()*,0123456789")
 
 
 def stage_layer_counts(num_layers: int, pp: int, vpp: int, first: int = 0, last: int = 0) -> list[list[int]]:
-    """Decoder layers per pipeline rank and virtual chunk.
+    """Decoder layers per pipeline rank and virtual chunk, ``counts[pp_rank][vpp_rank]`` (``pp`` lists of ``vpp`` ints
+    summing to ``num_layers``, MTP excluded).
 
-    Even split (``first == last == 0``): every rank holds ``num_layers / pp`` layers and every chunk ``num_layers / (pp
-    * vpp)``, the rule of ``TransformerConfig.__post_init__`` / ``validate_args`` (arguments.py) for
-    ``--num-virtual-stages-per-pipeline-rank`` without first/last.
+    Even split (``first == last == 0``): ``num_layers / (pp * vpp)`` per chunk (``TransformerConfig.__post_init__`` /
+    ``validate_args``). Uneven: ``first`` (``last``) is rank 0's (rank ``pp - 1``'s) layers over all its chunks, as
+    Megatron's ``num_layers_in_first/last_pipeline_stage`` (0: a middle-sized rank). Middle ranks hold ``m`` layers,
+    chunk ``c = m / vpp``; rank 0's chunks are ``[c - d_f, c, ..., c]`` (deficit ``d_f = m - first`` next to the
+    embedding), the last rank's ``[c, ..., c, c - d_l]``; a chunk may be empty. With ``pp == 2`` and both given, ``m``
+    is the smallest multiple of ``vpp`` not below ``max(first, last)``.
 
-    Uneven split: ``first`` (``last``) is the number of layers of rank 0 (rank ``pp - 1``) over all its chunks, as
-    Megatron's ``num_layers_in_first/last_pipeline_stage``; a value of 0 makes that rank a normal, middle-sized rank.
-    The middle ranks hold ``m`` layers each, chunk size ``c = m / vpp``. Rank 0's chunks are ``[c - d_f, c, ..., c]``
-    with the deficit ``d_f = m - first`` next to the embedding; the last rank's are ``[c, ..., c, c - d_l]``, the
-    deficit next to the loss. ``0 <= d <= c``: a chunk may be empty (Megatron allows empty stages, e.g. ``E|...``). With
-    ``pp == 2`` and both values given there is no middle rank: ``m`` is the smallest multiple of ``vpp`` not below
-    ``max(first, last)``, i.e. ``m = (num_layers + d_f + d_l) / 2`` with the smallest deficits.
-
-    Args:
-        num_layers: decoder layers of the model (``--num-layers``), MTP excluded.
-        pp: pipeline-parallel size.
-        vpp: virtual chunks per pipeline rank (1 = not interleaved).
-        first: layers on rank 0 over all its chunks; 0 = a middle-sized rank.
-        last: layers on rank ``pp - 1``; 0 = a middle-sized rank.
-
-    Returns:
-        ``counts[pp_rank][vpp_rank]``: decoder layers in that chunk (``pp`` lists
-        of ``vpp`` ints, summing to ``num_layers``).
-
-    Raises:
-        InfeasibleLayout: (``pipeline_split``) if a size is not positive, the layers do not divide as required, ``pp ==
-            1`` with first/last set, or a deficit is negative or larger than a chunk.
-    """
+    Raises InfeasibleLayout: (``pipeline_split``) a size not positive, layers that do not divide, ``pp == 1`` with
+    first/last set, or a deficit negative or larger than a chunk."""
     return [list(r) for r in _stage_layer_counts(num_layers, pp, vpp, first, last)]
 
 
@@ -165,31 +148,17 @@ def _compress_stage(symbols: str) -> str:
 def emit_layout_string(
     num_layers: int, pp: int, vpp: int, first: int = 0, last: int = 0, mtp_num_layers: int = 0
 ) -> str:
-    """The compressed ``--pipeline-model-parallel-layout`` string of a split.
+    """The compressed ``--pipeline-model-parallel-layout`` string of a split (``first`` / ``last`` as in
+    :func:`stage_layer_counts`; ``mtp_num_layers`` placed in the last stage before ``L``).
 
-    Stages are written in execution order (VPP-major). Stage 0 starts with ``E``; the last stage holds the ``m`` (MTP)
-    layers and ends with ``L``. Inside a stage a run of 3 or more equal symbols becomes ``x*n``; ``k >= 2`` equal
-    consecutive stages other than the final one become ``(S|)*k``; the final stage has no trailing ``|``. The result
-    parses back with Megatron's ``PipelineParallelLayerLayout.parse_str_to_list``
-    (``megatron/core/transformer/pipeline_parallel_layer_layout.py``).
+    Stages in execution order (VPP-major); stage 0 starts with ``E``, the last ends with ``L``. Inside a stage a run of
+    3 or more equal symbols becomes ``x*n``; ``k >= 2`` equal consecutive stages other than the final one become
+    ``(S|)*k``. The result parses back with Megatron's ``PipelineParallelLayerLayout.parse_str_to_list``
+    (``megatron/core/transformer/pipeline_parallel_layer_layout.py``). Example: 62 layers, pp 8, vpp 4, first 7, last 7
+    gives ``Et|(tt|)*30tL``.
 
-    Example: 62 layers, pp 8, vpp 4, first 7, last 7 gives ``Et|(tt|)*30tL``.
-
-    Args:
-        num_layers: decoder layers (MTP excluded).
-        pp: pipeline-parallel size.
-        vpp: virtual chunks per pipeline rank.
-        first: layers on rank 0; 0 = middle-sized (see :func:`stage_layer_counts`).
-        last: layers on the last rank; 0 = middle-sized.
-        mtp_num_layers: MTP layers, placed in the last stage before ``L``.
-
-    Returns:
-        The layout string.
-
-    Raises:
-        InfeasibleLayout: (``pipeline_split``) if the split is impossible, or
-            (``pipeline_layout``) if ``mtp_num_layers`` is negative.
-    """
+    Raises InfeasibleLayout: (``pipeline_split``) an impossible split, or (``pipeline_layout``) a negative
+    ``mtp_num_layers``."""
     if mtp_num_layers < 0:
         raise InfeasibleLayout(LAYOUT_RULE_ID, f"mtp_num_layers ({mtp_num_layers}) must be >= 0")
     counts = _stage_layer_counts(num_layers, pp, vpp, first, last)
@@ -286,30 +255,16 @@ def parse_layout_string(text: str, pp: int) -> list[list[str]]:
 
 
 def layer_counts_from_string(text: str, pp: int, num_layers: int, mtp_num_layers: int = 0) -> list[list[int]]:
-    """Parse and validate a layout string; decoder layers per rank and chunk.
+    """Parse and validate a layout string: decoder layers (``t``) per rank and chunk, as :func:`stage_layer_counts`.
 
-    Validation mirrors ``PipelineParallelLayerLayout.validate_layer_layout``
-    (``megatron/core/transformer/pipeline_parallel_layer_layout.py``): exactly one ``E``, first in execution order, and
-    one ``L``, last; ``count(t) == num_layers``; ``count(m) == mtp_num_layers``; no ``t`` after the first ``m``; ``m``
-    only in the last virtual stage of a rank, and a rank's last stage that has ``m`` holds all of them. Beyond
-    Megatron's check, no stage may be empty (NVIDIA/Megatron-LM issue 1852: a run with one errors or deadlocks, though
-    the parser accepts it), and ``E`` must be in stage 0 and ``L`` in the last stage, since Megatron builds the
-    embedding on the first and the output layer on the last stage (``get_model`` in ``megatron/training/training.py``)
-    whatever the string says.
+    Mirrors ``PipelineParallelLayerLayout.validate_layer_layout``
+    (``megatron/core/transformer/pipeline_parallel_layer_layout.py``): one ``E``, first in execution order, and one
+    ``L``, last; ``count(t) == num_layers``; ``count(m) == mtp_num_layers``; no ``t`` after the first ``m``; ``m`` only
+    in the last virtual stage of a rank, which holds all of them. Beyond Megatron's check: no stage may be empty
+    (NVIDIA/Megatron-LM issue 1852: such a run errors or deadlocks), and ``E`` must be in stage 0 and ``L`` in the last
+    (``get_model`` in ``megatron/training/training.py`` builds them there whatever the string says).
 
-    Args:
-        text: the layout string.
-        pp: pipeline-parallel size.
-        num_layers: decoder layers the model has (MTP excluded).
-        mtp_num_layers: MTP layers the model trains.
-
-    Returns:
-        ``counts[pp_rank][vpp_rank]``: decoder layers (``t``) per chunk, as :func:`stage_layer_counts` returns.
-
-    Raises:
-        InfeasibleLayout: (``pipeline_layout``) on a syntax error or a broken rule;
-            the reason names the rule and the numbers.
-    """
+    Raises InfeasibleLayout: (``pipeline_layout``) a syntax error or a broken rule, naming the rule and the numbers."""
     stages = parse_layout_string(text, pp)
     vpp = len(stages) // pp
     flat = [s for stage in stages for s in stage]

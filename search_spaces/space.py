@@ -587,33 +587,16 @@ class _Product:
 
 def enumerate_layouts(space: SearchSpace, model: ModelSpec, cluster_world_size: int, workload: Workload,
                       env: RuleEnv = DEFAULT_RULE_ENV) -> Enumeration:
-    """Every combination of the space, checked against the rules.
+    """Every combination of the space, checked against the rules: the count of combinations, the count rejected by each
+    rule (first failure), the valid layouts (codes into each dimension's options, :class:`~specs.layout.LayoutTable`)
+    and notes.
 
-    Dimensions: pipeline (pp with its first/last split candidates, see :meth:`PipelineSplitSpace.options`), tp (with
-    ``sequence_parallel = tp > 1``), cp, ep, etp, micro_batch_size, vpp, recompute, and the optimizer and dispatcher
-    settings. For a dense model ep/etp/dispatcher collapse to ``[1]/[1]/[alltoall]``; recompute modules the model lacks
-    are dropped from the selective options (both reported in ``notes``). ``world_size`` is ``cluster_world_size`` in
-    every row.
+    For a dense model ep/etp/dispatcher collapse to ``[1]/[1]/[alltoall]``; recompute modules the model lacks are
+    dropped (both said in ``notes``). Rules run in :data:`~search_spaces.rules.RULES` order on partial products, once
+    per combination of the options they read, so ``rule_counts`` equals :func:`~search_spaces.rules.check_table` on the
+    full product.
 
-    Rules are applied in :data:`~search_spaces.rules.RULES` order on partial products (a rule as soon as the dimensions
-    it reads are crossed in), so ``rule_counts`` equals what :func:`~search_spaces.rules.check_table` would give on the
-    full product. A rule is evaluated once per combination of the options of the dimensions it reads and looked up per
-    row. The valid table holds every column as codes into its dimension's options (one array per dimension, shared by
-    its columns; :class:`~specs.layout.LayoutTable`).
-
-    Args:
-        space: the candidates.
-        model: the model to train.
-        cluster_world_size: GPUs in the job.
-        workload: sequence length and global batch.
-        env: release and network of the environment-dependent rules (:class:`~search_spaces.rules.RuleEnv`).
-
-    Returns:
-        The count of combinations, the count rejected by each rule (first failure), the valid layouts and notes.
-
-    Raises:
-        TunerError: if ``cluster_world_size`` is not positive or the space leaves no recompute option for the model.
-    """
+    Raises TunerError: ``cluster_world_size`` not positive, or no recompute option left for the model."""
     if not isinstance(cluster_world_size, int) or cluster_world_size < 1:
         raise TunerError(f"the GPU count must be a positive integer, got {cluster_world_size!r}")
     notes: list[str] = []
