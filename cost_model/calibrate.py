@@ -1,25 +1,15 @@
 """Fitting the named calibration constants to measured runs (``tune calibrate``).
 
-Least squares on the log error of each run's published number (tokens/s/GPU, else model TFLOP/s/GPU): ``r_i = w_i *
-log(predicted_i / published_i)``, minimised with ``scipy.optimize.least_squares`` (trust-region reflective, bounds
-below, scipy's ``soft_l1`` robust loss with ``f_scale`` 0.25 so that a few rows the model misses by a factor do not drag
-every constant). Only the constants of :data:`FIT_BOUNDS` are fitted, and of those only the ones the data can move (a
-10% change changes some prediction by more than 0.1%): with no A100 rows, ``gemm_family_factor_ampere`` keeps its value.
-There are no per-row or per-model constants.
+Least squares on ``r_i = w_i log(predicted_i / published_i)`` of each run's published number (tokens/s/GPU, else model
+TFLOP/s/GPU) with ``scipy.optimize.least_squares`` (trust-region reflective, bounds below, ``soft_l1`` loss with
+``f_scale`` 0.25 so that a few badly missed rows do not drag every constant). Only the constants of :data:`FIT_BOUNDS`
+the data can move are fitted (a 10% change moves some prediction by more than 0.1%); none is per row or per model. The
+published tables give no memory, so memory constants are not fitted from them.
 
-Memory constants (``allocator_overhead_fraction``, ``cuda_context_bytes``, ...) are not
-fitted from the published tables: they give no memory measurements.
-
-Real trials (``tune calibrate --study``, ``benchmarks/bench_trial_calibration.py``) measure
-both: :func:`fit_observations` fits the step-time constants with :func:`fit_calibration`
-(bounds :data:`TRIAL_FIT_BOUNDS`, default names :data:`TRIAL_STEP_NAMES`) and then the memory
-constants of :data:`MEMORY_FIT_BOUNDS` to the measured peak (``r_i = log(predicted / measured)``,
-same optimiser). Such a fit describes the software stack the trials ran on (e.g. megatron-core
-without Transformer Engine), not the stack the shipped calibration describes.
-
-:func:`kfold_by_model` reports out-of-model error: for each model, fit on the runs of
-the other models and predict this one's.
-"""
+Real trials (``tune calibrate --study``) measure both: :func:`fit_observations` fits the step-time constants
+(:data:`TRIAL_FIT_BOUNDS`, :data:`TRIAL_STEP_NAMES`), then those of :data:`MEMORY_FIT_BOUNDS` to the measured peaks;
+such a fit describes the trials' software stack. :func:`kfold_by_model` fits on the other models' runs and predicts each
+model's."""
 
 from __future__ import annotations
 
@@ -126,24 +116,12 @@ def fit_calibration(
     probe_range: bool = False,
     release_gain: float | None = None,
 ) -> FitResult:
-    """Fit the constants of :data:`FIT_BOUNDS` to ``runs`` (the representable ones).
-
-    Args:
-        runs: runs from :func:`cost_model.validate.read_runs` (or a study).
-        start: starting values, also the values of constants not fitted.
-        names: constants to consider (default: all of :data:`FIT_BOUNDS`).
-        max_nfev: most residual evaluations of the optimiser.
-        progress: called with one line of text per stage.
-        bounds: bounds of the constants (default :data:`FIT_BOUNDS`; :data:`TRIAL_FIT_BOUNDS`
-            for real trials on other software stacks).
-        probe_range: decide which constants the data can move by probing across their bound
-            range rather than by a 10% change (see :func:`_active`).
-        release_gain: throughput gain per month of container releases applied to the runs' predictions
-            (default :data:`cost_model.validate.RELEASE_GAIN_PER_MONTH`; the k-fold passes the one its training
-            folds' repeats measure).
-
-    Returns:
-        A :class:`FitResult`.
+    """Fit the constants of :data:`FIT_BOUNDS` (or ``bounds``: :data:`TRIAL_FIT_BOUNDS` for real trials on other stacks)
+    to the representable ``runs``; ``start`` gives the starting values and those of constants not fitted, ``names``
+    limits the constants considered. ``probe_range`` decides which constants the data can move by probing across their
+    bounds rather than by a 10% change (:func:`_active`); ``release_gain`` is the gain per month of container releases
+    applied to the predictions (default :data:`cost_model.validate.RELEASE_GAIN_PER_MONTH`). ``progress`` gets one line
+    per stage.
 
     Raises TunerError: fewer than 2 representable runs with a published number."""
     from scipy.optimize import least_squares
@@ -395,20 +373,10 @@ def fit_observations(
     max_nfev: int = 200,
     progress: Callable[[str], None] | None = None,
 ) -> ObservationFit:
-    """Fit step-time constants to the observations' step times and memory constants to their peaks.
-
-    The step-time fit is :func:`fit_calibration` on the observations as runs (tokens/s/GPU from the step time), with
-    ``bounds`` and probing over the bound range; the memory fit then starts from its result (the two sets of constants
-    do not interact: memory constants do not change step time, and step-time constants do not change memory).
-
-    Args:
-        obs: measured runs; those without a step time (peak) are left out of the step (memory) fit.
-        start: starting values, also the values of constants not fitted.
-        step_names: step-time constants to consider (None or empty: no step-time fit).
-        memory_names: names from :data:`MEMORY_FIT_BOUNDS` (None or empty: no memory fit).
-        bounds: bounds of the step-time constants.
-        max_nfev: most residual evaluations of each optimiser.
-        progress: called with one line of text per stage.
+    """Fit step-time constants (``step_names``, within ``bounds``) to the observations' step times, then memory
+    constants (``memory_names`` of :data:`MEMORY_FIT_BOUNDS`) to their peaks; None or empty skips a fit. Observations
+    without a step time (peak) are left out of that fit. The step fit is :func:`fit_calibration` on the observations as
+    runs, probing over the bound range; the two sets of constants do not interact.
 
     Raises TunerError: fewer than 2 observations for a fit that was asked for, or nothing to fit."""
     cal = start

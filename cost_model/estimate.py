@@ -389,19 +389,14 @@ def estimate(
 ) -> Estimate:
     """Predict one layout's peak memory per GPU and step time.
 
-    Checks Megatron's rules first. Memory and every time part but the bubble are :func:`estimate_table`'s; the
-    pipeline is timed by simulating Megatron's 1F1B / interleaved order over each rank's and chunk's forward and
-    backward (:mod:`cost_model.step_detail`), so ``pp_bubble`` is the simulated pipeline's time less the ranks'
-    mean busy time, and the step time, throughput, MFU and cost follow. With equal ranks this equals the table's
-    closed form; see docs/cost_model.md ("Step time") for how far they differ otherwise.
+    Checks Megatron's rules first. Memory and every time part but the bubble are :func:`estimate_table`'s; the pipeline
+    is timed by simulating Megatron's order over each rank's and chunk's passes (:mod:`cost_model.step_detail`), so
+    ``pp_bubble`` is the simulated time less the ranks' mean busy time (equal to the closed form with equal ranks). The
+    last :data:`RECENT_ESTIMATES` results are kept: a repeat with the same model, cluster and workload objects and equal
+    other inputs returns the same :class:`Estimate`.
 
-    The last :data:`RECENT_ESTIMATES` results are kept: a repeated call with the same model, cluster and workload
-    objects and equal other inputs returns the same (frozen) :class:`Estimate`.
-
-    Raises:
-        InfeasibleLayout: the layout breaks a rule (the first one; ``tune check`` lists them all).
-        TunerError: the layout's world size differs from the cluster's GPU count.
-    """
+    Raises InfeasibleLayout: the first rule the layout breaks. Raises TunerError: a world size other than the cluster's
+    GPU count."""
     key = (id(model), id(cluster), id(workload), layout, calibration, memory_headroom, options)
     with _recent_lock:
         hit = _recent.get(key)

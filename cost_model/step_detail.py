@@ -233,20 +233,12 @@ def chunk_times(
     *,
     hidden: bool = False,
 ) -> ChunkTimes:
-    """Forward and backward seconds of every (pipeline rank, virtual chunk) of ``layout``, by part.
+    """Forward and backward seconds of every (pipeline rank, virtual chunk) of ``layout``, by part, as a
+    :class:`ChunkTimes`; with ``hidden`` also what the overlaps hide.
 
     Each part of a rank's chunks adds up to the part's time per micro-batch of the rank's class in ``per_microbatch(c,
-    copies)`` (the estimate's table); the chunks share it as the same composition evaluated per chunk
-    (:func:`chunk_context`) does, and each chunk's forward takes the share :func:`forward_parts` gives it.
-
-    Args:
-        c: the context of the one-layout table of ``layout``.
-        per_microbatch: the estimate's composition (:data:`PerMicrobatch`).
-        copies: :func:`cost_model.terms.activations.routed_token_copies` of ``c``, ``(1, 1)``.
-        hidden: also compute what the overlaps hide (:attr:`ChunkTimes.hidden_forward`; else zeros).
-
-    Returns:
-        A :class:`ChunkTimes`.
+    copies)`` (``c`` the one-layout context, ``copies`` its routed token copies, ``(1, 1)``); the chunks share it as
+    that composition evaluated per chunk (:func:`chunk_context`) does, their forward as :func:`forward_parts` says.
 
     Raises InfeasibleLayout: (``pipeline_split``) the layers do not split as the layout asks."""
     pp, vpp = layout.pp, layout.vpp

@@ -440,24 +440,13 @@ def aiconfigurator_latency_table(
     precision: GenerationPrecision = GenerationPrecision.bf16,
     use_cache: bool = True,
 ) -> LatencyTable:
-    """The latency grid of one engine shape from aiconfigurator (cached on disk and in memory).
+    """The latency grid of one engine shape from aiconfigurator, cached on disk (``use_cache``) and in memory: decode
+    ``EngineHandle.decode_step_latency(n, c, 2)`` (ms; ``isl = c``, its ``isl + osl/2`` being the mean KV length),
+    prefill ``predict_prefill_latency(1, t)`` (ms), up to ``max_ctx`` tokens (prompt + response). ``model`` and ``gpu``
+    are our preset names (``MiniMax-M3``, ``H200``).
 
-    Decode: ``EngineHandle.decode_step_latency(n, c, 2)`` (ms; its ``isl + osl/2`` is the
-    mean KV length, so ``isl = c``); prefill: ``predict_prefill_latency(1, t)`` (ms).
-
-    Args:
-        model: our model preset name (``MiniMax-M3``).
-        gpu: our GPU name (``H200``).
-        engine: vLLM or SGLang.
-        shape: the engine's parallel shape.
-        max_ctx: longest context the engine serves (tokens): prompt + response.
-        precision: the engine's weight precision (:class:`GenerationPrecision`).
-        use_cache: read and write the on-disk cache.
-
-    Raises:
-        TunerError: an unsupported model or GPU (the supported ones named), aiconfigurator
-            not installed (the ``rl`` extra named), or a shape / precision it has no data for.
-    """
+    Raises TunerError: an unsupported model or GPU (the supported ones named), aiconfigurator not installed (the ``rl``
+    extra named), or a shape / precision it has no data for."""
     precision = GenerationPrecision(precision)
     model_id, quant_kw = aic_model_for_precision(model, precision)
     key = json.dumps([AIC_VERSION, model_id, gpu, str(engine), shape.tp, shape.pp, shape.ep, shape.attention_dp,

@@ -23,21 +23,11 @@ def refit_s(
     inter_node_bytes_per_s: float,
     calibration: RLCalibration,
 ) -> float:
-    """Seconds to refit the engines with new weights.
+    """Seconds to refit the engines with new weights (``model_bytes``; ``engine_gpus`` = tp x pp x attention-dp).
 
     Colocated: ``fixed + model_bytes / refit_ipc_bytes_per_s``. Not colocated: ``fixed + max(model_bytes /
-    refit_nccl_bytes_per_s, per_node_bytes / inter_node_bytes_per_s)`` with ``per_node_bytes = model_bytes *
-    gpus_per_node / engine_gpus`` (a node's GPUs hold ``gpus_per_node / engine_gpus`` whole copies of the model, or that
-    share of one copy when an engine spans nodes; a broadcast delivers them to every node at once).
-
-    Args:
-        model_bytes: bytes of the generation weights (bf16: 2 x parameters).
-        colocated: trainer and engines share the GPUs.
-        engine_gpus: GPUs of one engine (tp x pp x attention-dp).
-        gpus_per_node: GPUs per node.
-        inter_node_bytes_per_s: network bandwidth per node per direction.
-        calibration: the rates and the fixed cost.
-    """
+    refit_nccl_bytes_per_s, per_node_bytes / inter_node_bytes_per_s)``, ``per_node_bytes = model_bytes x gpus_per_node /
+    engine_gpus`` (a broadcast delivers a node's share of the copies to every node at once)."""
     if colocated:
         return calibration.refit_fixed_s + model_bytes / calibration.refit_ipc_bytes_per_s
     per_node = model_bytes * gpus_per_node / max(engine_gpus, 1)

@@ -93,21 +93,11 @@ def simulate_engine(
     max_num_seqs: int,
     block_size: int = 16,
 ) -> EngineRun:
-    """Simulate one engine serving all ``prompt_lens[i], response_lens[i]`` requests (queued at time 0).
+    """Simulate one engine serving every request (``prompt_lens``, ``response_lens`` >= 1, shape ``(r,)``, queued at
+    time 0) with ``kv_capacity_tokens`` of KV cache over its GPUs and at most ``max_num_seqs`` running; one
+    ``block_size`` block per running sequence is kept as headroom. Returns the makespan and its parts.
 
-    Args:
-        prompt_lens: shape ``(r,)`` prompt tokens per request.
-        response_lens: shape ``(r,)`` tokens each request generates (>= 1).
-        latency: the engine's per-iteration latency.
-        kv_capacity_tokens: KV-cache tokens the engine holds (all its GPUs).
-        max_num_seqs: most sequences running at once (vLLM ``max_num_seqs``).
-        block_size: KV block size (tokens); one block per running sequence is kept as
-            headroom, as the block allocator rounds up.
-
-    Returns:
-        The engine's makespan and its parts.
-
-    Raises TunerError: a single request longer than the whole KV cache (it could never run)."""
+    Raises TunerError: a single request longer than the whole KV cache."""
     prompt = np.asarray(prompt_lens, dtype=np.int64)
     resp = np.asarray(response_lens, dtype=np.int64)
     r = len(prompt)

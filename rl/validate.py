@@ -371,19 +371,10 @@ def _minimise(residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray) -> 
 
 def fit_calibrations(results: Sequence[RowResult], *, base: RLCalibration = DEFAULT_RL_CALIBRATION,
                      source: str = "fit") -> dict[str, RLCalibration]:
-    """Per-GPU scales with fixed costs shared by every GPU: one :class:`RLCalibration` per GPU of the rows.
-
-    Each GPU gets its own ``generation_scale`` and ``training_scale`` (``logprob_scale`` tied to it):
-    how fast its kernels run against the tables. ``switch_fixed_s`` and ``step_overhead_s`` are one
-    pair for all: they are the framework's host-side work per step (NeMo-RL ``grpo.py``'s timers
-    outside generation, log-probs, training and refit: data processing, rewards and advantages,
-    offload / onload calls, Ray round trips), the same code whatever the GPU. Fitted per GPU, they are
-    not identified by a few rows: on NeMo-RL's 8 predicted GB200 fit rows a per-GPU fit ends at a training scale of 0.15
-    (converged) or, stopped early, at 41 s of switch and 75 s of step overhead, more than the whole measured step of the
-    smallest GB200 run (Llama-3.1-8B on 8 GB200 colocated: 91 s, of which 46 s predicted work) can hold.
-
-    Minimises the sum of |log(predicted / measured)| over all rows (Nelder-Mead over log-factors),
-    starting from ``base``; the results must have been predicted under ``base``.
+    """One :class:`RLCalibration` per GPU of the rows: per-GPU ``generation_scale`` and ``training_scale``
+    (``logprob_scale`` tied to it), and one ``switch_fixed_s`` and ``step_overhead_s`` for all, the framework's
+    host-side work per step whatever the GPU (fitted per GPU they are not identified by a few rows). Minimises the sum
+    of |log(predicted / measured)| (Nelder-Mead over log-factors) from ``base``, under which the results were predicted.
 
     Raises TunerError: no predicted row to fit."""
     use = [r for r in results if r.plan is not None]

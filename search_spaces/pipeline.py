@@ -193,25 +193,15 @@ def _syntax_error(text: str, reason: str) -> InfeasibleLayout:
 
 
 def parse_layout_string(text: str, pp: int) -> list[list[str]]:
-    """Parse a layout string into stages, as Megatron does.
+    """Parse a layout string (e.g. ``Et*3|(tt|)*29,m|L``) into its stages in execution order (VPP-major), each a list of
+    symbols, as Megatron does.
 
-    Mirrors ``PipelineParallelLayerLayout.parse_str_to_list`` and the stage-count check of
-    ``PipelineParallelLayerLayout.__init__`` (``megatron/core/transformer/pipeline_parallel_layer_layout.py``): commas
-    are dropped, then every ``(...)*n`` group is expanded, then every ``x*n``, then the text is split on ``|``. Only ``E
-    t m L | ( ) * , 0-9`` may appear: no whitespace, no nested parentheses, and every group must be followed by ``*n``.
-    An empty stage is allowed.
+    Mirrors ``PipelineParallelLayerLayout.parse_str_to_list`` and the stage-count check of its ``__init__``
+    (``megatron/core/transformer/pipeline_parallel_layer_layout.py``): commas dropped, ``(...)*n`` groups expanded, then
+    ``x*n``, then split on ``|``. Only ``E t m L | ( ) * , 0-9``: no whitespace, no nested parentheses, every group
+    followed by ``*n``. An empty stage is allowed.
 
-    Args:
-        text: the layout string, e.g. ``Et*3|(tt|)*29,m|L``.
-        pp: pipeline-parallel size; the number of stages must be a multiple of it.
-
-    Returns:
-        The stages in execution order (VPP-major), each a list of symbols.
-
-    Raises:
-        InfeasibleLayout: (``pipeline_layout``) on any syntax error, or if the
-            number of stages is not a multiple of ``pp``.
-    """
+    Raises InfeasibleLayout: (``pipeline_layout``) a syntax error, or a stage count that is not a multiple of ``pp``."""
     if not isinstance(text, str) or not text:
         raise _syntax_error(str(text), "must be a non-empty string")
     if pp < 1:

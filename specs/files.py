@@ -120,23 +120,13 @@ def refuse_another_kind(path: str | Path, text: str | bytes, *, label: str = "")
 
 def write_output(path: str | Path, text: str | bytes, *, label: str = "", force: bool = False,
                  executable: bool = False) -> Path:
-    """Write ``text`` to ``path`` atomically: a temporary file in the same folder, renamed over ``path``.
+    """Write ``text`` (``str``: UTF-8) to ``path`` atomically: a temporary file in the same folder, renamed over
+    ``path``; mode 0o755 with ``executable``, else 0o644, less the umask. ``label`` names the output in messages
+    (``--out``); ``force`` replaces a link (the link, never its target) or a file of another kind. Returns ``path``.
 
-    Args:
-        path: the file; its folder must exist.
-        text: what to write (``str``: UTF-8).
-        label: how the output is named in messages (``--out``); "" names the path only.
-        force: replace a link (the link itself, never its target) or a file of another kind.
-        executable: mode 0o755 (0o644 otherwise), less the process's umask.
-
-    Returns:
-        ``path``.
-
-    Raises:
-        TunerError: the folder is missing; ``path`` is a folder; ``path`` is a link, not a regular file, or a non-empty
-            file whose first line is not the one this output starts with, and not ``force``; or the write failed (a
-            full disk said so), each naming the file. Nothing is changed then.
-    """
+    Raises TunerError: a missing folder; ``path`` a folder; without ``force``, a link, not a regular file, or a
+    non-empty file whose first line is not this output's; or a failed write (a full disk said so). Nothing is changed
+    then."""
     p = Path(path)
     data = text.encode() if isinstance(text, str) else text
     name = f"{label} {str(p)!r}" if label else str(p)

@@ -411,22 +411,13 @@ def _as_column(name: str, values: Any) -> npt.NDArray[Any]:
 class LayoutTable:
     """Many layouts as numpy columns (struct of arrays), for vectorised rules and estimates.
 
-    Columns are the :class:`Layout` field names; ``dp`` and ``edp`` are derived properties. ``recompute_modules`` is
-    comma-joined. A column is held either as its values or as integer codes into its categories (``table[name]`` is then
-    ``categories[name][codes]``, a new array each call); categories may repeat a value, and the columns of one search
-    dimension may share one codes array (:func:`search_spaces.space.enumerate_layouts` gives such tables: about one byte
-    a row per dimension). String columns (:data:`CODED_COLUMNS`) are always coded. :meth:`codes`, :meth:`where` and
-    :meth:`isin` read a column per category.
+    Columns are the :class:`Layout` field names (``dp`` and ``edp`` derived; ``recompute_modules`` comma-joined).
+    ``cols`` holds each column's values, or integer codes into ``categories[name]`` (``table[name]`` is then
+    ``categories[name][codes]``, a new array each call); categories may repeat a value and columns may share one codes
+    array (:func:`search_spaces.space.enumerate_layouts`). String columns (:data:`CODED_COLUMNS`) are always coded.
 
-    Args:
-        cols: one array per column, of one length: values, or integer codes where
-            ``categories`` names the column. A string column's values are encoded.
-        categories: for each column given as codes, its categories.
-
-    Raises:
-        ValueError: a column is missing, the lengths differ, a string column's codes come without
-            categories, or a column's values come with categories.
-    """
+    Raises ValueError: a column missing, lengths that differ, a string column's codes without categories, or values with
+    categories."""
 
     __slots__ = ("cols", "cats")
 

@@ -183,20 +183,14 @@ def resolve_run_options(flags: RunFlags, stack: str | None = None, *, precision:
     """Lay ``flags`` over the ``stack`` preset (None: :data:`DEFAULT_STACK`): the one mapping from run flags to
     :class:`RunOptions`.
 
-    Megatron-LM's meanings: ``--grad-reduce-in-bf16`` keeps the main gradients in bf16 and
-    ``--accumulate-allreduce-grads-in-fp32`` in fp32 (``arguments.py`` l.1209-1217 at d98e8a64); ``--fp8-recipe`` is the
-    GEMMs' recipe with ``--precision fp8`` and, with bf16, the recipe Megatron copies onto the optimizer
-    (``OptimizerConfig.fp8_recipe``: ``tensorwise`` keeps fp32 master weights); ``--cuda-graph-impl`` other than
-    ``none`` without ``--cuda-graph-scope`` captures whole layers, ``full_iteration`` the whole step.
+    Megatron-LM's meanings (``arguments.py`` l.1209-1217 at d98e8a64): ``--grad-reduce-in-bf16`` keeps the main
+    gradients in bf16, ``--accumulate-allreduce-grads-in-fp32`` in fp32; ``--fp8-recipe`` is the GEMMs' recipe with
+    ``--precision fp8`` and, with bf16, the optimizer's (``OptimizerConfig.fp8_recipe``); ``--cuda-graph-impl`` without
+    ``--cuda-graph-scope`` captures whole layers, ``full_iteration`` the whole step.
 
-    Raises:
-        TunerError: an unknown stack or value, or flags that contradict each other: ``--grad-reduce-in-bf16`` with
-            ``--accumulate-allreduce-grads-in-fp32``, ``--cuda-graph-impl none`` with ``--cuda-graph-scope``,
-            ``--cross-entropy-fusion-impl`` while the loss fusion is off, ``--fp8-param-gather`` with bf16,
-            per-layer CUDA graphs (impl ``local`` or ``transformer_engine``) with ``--cpu-offloading-num-layers``
-            (megatron/core/transformer/transformer_config.py at d98e8a64: "CUDA graphs not supported with CPU
-            offloading.").
-    """
+    Raises TunerError: an unknown stack or value, or contradicting flags: both main-gradient dtypes, ``--cuda-graph-impl
+    none`` with a scope, ``--cross-entropy-fusion-impl`` with the loss fusion off, ``--fp8-param-gather`` with bf16,
+    per-layer CUDA graphs with ``--cpu-offloading-num-layers`` (transformer_config.py at d98e8a64)."""
     preset = load_stack(stack or DEFAULT_STACK)
     base = RunOptions(**dict(preset.run_options))
     if megatron_core is not None:

@@ -73,22 +73,15 @@ class Column:
 
 def read_table(path: str | Path, columns: Sequence[Column], build: Callable[[int, Mapping[str, Any]], T], *, what: str,
                table: str, comment: str | None = None) -> tuple[list[T], list[str]]:
-    """Read the CSV file ``path`` against ``columns``.
+    """Read the CSV file ``path`` (UTF-8, a byte-order mark allowed) against ``columns`` (the header may hold others, in
+    any order); lines starting with ``comment`` are skipped. ``build`` makes a row from its line number (the header is
+    line 1) and its values by column name, and may raise :class:`BadCell` or ``TunerError``. ``what`` names the file in
+    messages (``"--data 'runs.csv'"``), ``table`` the kind of table (``"runs"``).
 
-    Args:
-        path: the file (UTF-8, a byte-order mark allowed).
-        columns: the table's columns; the header may hold others (ignored) and in any order.
-        build: makes one row from its line number (the header is line 1) and its values by column name;
-            it may raise :class:`BadCell` (the row is then refused, naming that column) or ``TunerError``.
-        what: how messages name the file, e.g. ``"--data 'runs.csv'"``.
-        table: what the table is, for the message of a missing column (``"runs"``: "a runs table has ...").
-        comment: lines starting with it are skipped (e.g. ``"#"``); None keeps every line.
+    Returns ``(rows, errors)``: the rows built, and one message per refused row naming its line and first bad column
+    (``line 3: column load: cannot read 'sometimes'``).
 
-    Returns:
-        ``(rows, errors)``: the rows ``build`` made, and one message per refused row naming its line and
-        column (``line 3: column load: cannot read 'sometimes'``); a row is refused at its first bad cell.
-
-    Raises TunerError: the file cannot be read, or its header lacks required columns (listed with the table's)."""
+    Raises TunerError: the file cannot be read, or its header lacks required columns (listed)."""
     from specs.files import parse_errors, read_user_text
 
     text = read_user_text(Path(path), what, f"a CSV {table} table", encoding="utf-8-sig")

@@ -296,23 +296,16 @@ def _a2a_bandwidths(c: TableContext) -> tuple[float, float]:
 
 
 def flex_dispatch_time(c: TableContext, remote: Array) -> Array:
-    """One flex all-to-all (DeepEP / HybridEP): a token goes once to each distinct GPU that holds one of
-    its experts (:func:`holders_hit` over ``ep`` GPUs), not once per expert; NVLink and network traffic
-    overlap. Each link at the dispatcher's own published bandwidth (no fixed speedup over NCCL): on NVLink
-    ``dispatch_nvlink_efficiency`` of the GPU's NVLink bandwidth (DeepEP 0.96, HybridEP 0.82,
-    ``specs/data/networks.yaml`` ``intra_domain``); across nodes ``dispatch_network_efficiency`` of the per-GPU NIC
-    share, on the bytes the dispatcher's own figure is counted on (:attr:`TableContext.network_counted_per_node`):
-    - per remote GPU hit (``tokens x gpus hit x remote share``): NCCL's fitted figure, which DeepEP also gets across
-      nodes: its README's kernel bandwidth (V1 normal kernels, H800 + CX7: 43 / 58 / 51 GB/s at EP 16 / 32 / 64) would
-      put it ahead of alltoall on 256 H100 where NVIDIA's training runs measured it 1-6% behind
-      (docs/published_pairs.md, ``benchmarks/results/2026-12-02_validation``);
-    - per NVLink domain hit, the token's own included (``tokens x holders_hit(domains)``), how
-      HybridEP's benchmark counts its RDMA bytes (``count_rdma_send_from_routing_map``, DeepEP ``hybrid_ep`` branch
-      README, H100 + IB: 41-54 GB/s at EP 16-64, 16 SMs): the node de-duplication of its hierarchical
-      RDMA-then-NVLink design is in the bytes, not in the efficiency.
+    """One flex all-to-all (DeepEP / HybridEP): a token goes once to each distinct GPU that holds one of its experts
+    (:func:`holders_hit` over ``ep`` GPUs); NVLink and network traffic overlap. ``remote`` is
+    :func:`ep_remote_fraction`.
 
-    Args:
-        remote: :func:`ep_remote_fraction`, ``(n, 1)``."""
+    Each link runs at the dispatcher's own published bandwidth: on NVLink ``dispatch_nvlink_efficiency`` (DeepEP 0.96,
+    HybridEP 0.82, ``specs/data/networks.yaml``); across nodes ``dispatch_network_efficiency`` of the per-GPU NIC share
+    on the bytes its figure counts (:attr:`TableContext.network_counted_per_node`): per remote GPU hit for DeepEP
+    (NCCL's fitted figure: its README's kernel bandwidth would put it ahead of alltoall where NVIDIA measured it 1-6%
+    behind, docs/published_pairs.md), per NVLink domain hit for HybridEP (its ``count_rdma_send_from_routing_map``,
+    DeepEP ``hybrid_ep`` branch README: 41-54 GB/s at EP 16-64 on H100 + IB)."""
     m, cluster = c.dims, c.cluster
     nv = cluster.gpu.nvlink_bytes_per_s * c.dispatch_nvlink_efficiency
     net = cluster.inter_node_bytes_per_s / cluster.gpus_per_node * c.dispatch_network_efficiency
@@ -441,23 +434,16 @@ def dp_bytes_per_param(c: TableContext) -> Array:
 
 
 def dp_comm_time(c: TableContext, dense: Array, experts: Array, window: Array | None = None) -> Array:
-    """Data-parallel communication per step on the slowest rank: the dense parameters' gradient reduce-scatter and
-    parameter all-gather over DP x CP, the experts' over EDP (:func:`dp_bytes_per_param`, or an all-reduce without the
-    distributed optimizer); with Megatron FSDP every micro-batch (:data:`FSDP_BYTES_PER_PARAM`). With
-    ``--overlap-grad-reduce`` (or FSDP) ``dp_overlap`` of it is hidden, but never more than the compute it can hide
-    behind (``window``): megatron-core reduces the gradients only in the last micro-batch's backward (the schedules run
-    the others under ``no_sync``, megatron/core/pipeline_parallel/schedules.py) and gathers the parameters in the first
-    micro-batch's forward (``--overlap-param-gather``'s forward pre-hooks,
-    megatron/core/distributed/distributed_data_parallel.py), so the distributed optimizer hides at most one
-    micro-batch's time per rank; FSDP gathers and reduces every micro-batch, so it hides at most all of them. The seed's
-    run has neither flag.
+    """Data-parallel communication per step on the slowest rank, ``(n,)``: the dense parameters' gradient reduce-scatter
+    and parameter all-gather over DP x CP, the experts' over EDP (:func:`dp_bytes_per_param`; an all-reduce without the
+    distributed optimizer); with Megatron FSDP every micro-batch (:data:`FSDP_BYTES_PER_PARAM`). ``dense`` and
+    ``experts`` are parameters per GPU, ``(n, K)``.
 
-    Args:
-        dense, experts: parameters per GPU (:mod:`cost_model.terms.params`), ``(n, K)``.
-        window: seconds of one micro-batch (forward + backward) per rank class, ``(n, K)``; None
-            bounds nothing (only ``dp_overlap`` applies).
-
-    Returns: Seconds per step, ``(n,)``."""
+    With ``--overlap-grad-reduce`` (or FSDP) ``dp_overlap`` of it is hidden, but never more than ``window`` (seconds of
+    one micro-batch per rank class, ``(n, K)``; None: no bound): megatron-core reduces the gradients in the last
+    micro-batch's backward only (the others run under ``no_sync``, schedules.py) and gathers the parameters in the first
+    one's forward (distributed_data_parallel.py), so the distributed optimizer hides at most one micro-batch per rank;
+    FSDP, which gathers and reduces every micro-batch, at most all of them."""
     opt, cal = c.options, c.cal
     dpcp = col(c.dp * c.cp)
     dense_bw = ring_bandwidth(c, dpcp, col(c.tp))  # the DP x CP group: ranks tp apart (tp-cp-ep-dp-pp)
