@@ -14,19 +14,13 @@ __all__ = ["megatron_flops_per_token", "mfu", "usd_per_million_tokens"]
 
 
 def megatron_flops_per_token(model: ModelSpec, seq_length: int) -> float:
-    """Model FLOPs per token of one training step (forward + backward), as Megatron counts them.
+    """Model FLOPs per token of one training step (forward + backward) as Megatron counts them, ``total FLOPs /
+    (global_batch * seq_length)``.
 
     Mirrors ``num_floating_point_operations`` in ``megatron/training/training.py`` (shared/notes/megatron_rules.md §6.3)
-    for fixed-length BSHD rows: GQA or MLA attention projections, causal core attention (half of the s x s scores),
-    dense / routed / shared-expert MLPs, MTP layers (counted with the type of the last layer) and their projections, and
-    the logits of the main and each MTP head. The router is not counted (Megatron does not count it either).
-    Sliding-window layers (``ModelSpec.window_size``, GPT-OSS) count the keys inside the window instead of ``s/2``.
-
-    Args:
-        model: the model.
-        seq_length: tokens per row (s).
-
-    Returns: FLOPs per token (``total FLOPs / (global_batch * s)``)."""
+    for fixed-length rows: GQA or MLA projections, causal core attention (half the s x s scores; sliding-window layers
+    the keys in the window), dense / routed / shared-expert MLPs, MTP layers (of the last layer's type) and their
+    projections, and the logits of the main and each MTP head. The router is not counted (nor by Megatron)."""
     h, n, g, d = model.hidden_size, model.num_attention_heads, model.num_query_groups, model.kv_channels
     mats = model.mlp_matrices
     mtp = model.mtp_num_layers

@@ -1,29 +1,20 @@
-"""Megatron's pipeline schedules, event by event: the order each pipeline rank runs its forward and
-backward chunks in, and a dependency simulation that times them.
+"""Megatron's pipeline schedules, event by event: the order each pipeline rank runs its forward and backward chunks in,
+and a dependency simulation that times them.
 
-The order is Megatron-core's (``megatron/core/pipeline_parallel/schedules.py`` at NVIDIA/Megatron-LM d98e8a6):
-``forward_backward_pipelining_without_interleaving`` runs ``pp - rank - 1`` warm-up forwards, then one forward and one
-backward per step (1F1B), then the remaining backwards; ``forward_backward_pipelining_with_interleaving`` runs ``(pp -
-rank - 1) * 2 + (vpp - 1) * group`` warm-up forwards (``get_pp_rank_microbatches``; ``group`` is
-``microbatch_group_size_per_vp_stage``, default ``pp``), and maps the k-th virtual micro-batch to (micro-batch, model
-chunk) through ``get_schedule_table`` (backward chunks in reverse: ``vpp - 1 - chunk``). Chunk ``c`` of rank ``r`` is
-pipeline stage ``c * pp + r`` (Megatron's VPP-major layer assignment).
+The order is Megatron-core's (``megatron/core/pipeline_parallel/schedules.py`` at d98e8a6): 1F1B runs ``pp - rank - 1``
+warm-up forwards, then one forward and one backward per step, then the remaining backwards; the interleaved schedule
+runs ``(pp - rank - 1) * 2 + (vpp - 1) * group`` warm-up forwards (``group`` = ``microbatch_group_size_per_vp_stage``,
+default ``pp``) and maps virtual micro-batches to (micro-batch, chunk) through ``get_schedule_table`` (backward chunks
+in reverse). Chunk ``c`` of rank ``r`` is stage ``c * pp + r``.
 
-The simulation is a list schedule: each rank runs its operations in that order, one at a time; a forward of stage ``s``
-waits for the forward of the same micro-batch on stage ``s - 1`` (plus the p2p transfer), a backward of stage ``s`` for
-the backward on stage ``s + 1`` (the last stage: for its own forward). With the same chunk time on every rank it
-reproduces the bubble of Narayanan et al. 2021 (arXiv 2104.04473 §2.2): ``(pp - 1) / vpp`` micro-batch times, i.e. a
-step of ``(M + (pp - 1) / vpp) * (t_f + t_b)``.
+The simulation is a list schedule: a forward of stage ``s`` waits for the same micro-batch's forward on ``s - 1`` (plus
+the p2p transfer), a backward for the backward on ``s + 1``. With equal chunk times it reproduces the bubble of
+Narayanan et al. 2021 (§2.2): a step of ``(M + (pp - 1) / vpp) * (t_f + t_b)``.
 
-:func:`pipeline_makespan` (the estimate's pipeline time) needs only the step's end. Past
-:data:`FULL_SIMULATION_MICROBATCHES` it simulates shorter steps of the same schedule, ``a`` and ``2a`` micro-batches
-from ``a = 8 x pp`` up (each also one period longer; counts of m's residue modulo the period: 1 for 1F1B, ``group``
-interleaved, so the last group is the same), and extrapolates once the step is in its steady state: it grows by the
-same time over one period at ``a`` and at ``2a`` and on average between them, and by at least the slowest rank's
-busy time per period (a lower bound of the steady growth). Otherwise ``a`` doubles while ``2a`` stays within half
-of m, and then it simulates all m. Measured against the full simulation: ``benchmarks/bench_pipeline_makespan.py``.
-:func:`simulate_pipeline` (the step timeline) times every operation.
-"""
+:func:`pipeline_makespan` needs only the step's end: past :data:`FULL_SIMULATION_MICROBATCHES` it simulates ``a`` and
+``2a`` micro-batches (from ``a = 8 x pp``, with m's residue modulo the period) and extrapolates once both grow by the
+same time per period, and by at least the slowest rank's busy time; otherwise it simulates all m
+(``benchmarks/bench_pipeline_makespan.py``). :func:`simulate_pipeline` times every operation."""
 
 from __future__ import annotations
 
@@ -277,18 +268,10 @@ def simulate_pipeline(
     p2p_s: float = 0.0,
     group: int | None = None,
 ) -> list[ScheduledOp]:
-    """Time every rank's operations in Megatron's order.
-
-    Args:
-        pp, vpp, num_microbatches: the schedule.
-        forward_s: ``forward_s[rank][chunk]``, seconds of one micro-batch's forward of that chunk.
-        backward_s: the same for the backward (recompute included).
-        p2p_s: seconds from the end of an operation to the start of the dependent one on the next
-            (forward) or previous (backward) stage: the activation / gradient transfer (0: overlapped).
-        group: ``microbatch_group_size_per_vp_stage`` (default pp).
-
-    Returns:
-        Every operation with its start and end (seconds), rank by rank in execution order.
+    """Time every rank's operations in Megatron's order: every operation with its start and end (seconds), rank by rank
+    in execution order. ``forward_s[rank][chunk]`` and ``backward_s`` (recompute included) are seconds of one
+    micro-batch; ``p2p_s`` is the transfer from an operation to the dependent one on the next (forward) or previous
+    (backward) stage (0: overlapped); ``group`` is ``microbatch_group_size_per_vp_stage`` (default pp).
 
     Raises TunerError: bad sizes (see :func:`megatron_order`) or duration tables of the wrong shape."""
     _check_tables(pp, vpp, forward_s, backward_s)

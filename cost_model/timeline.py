@@ -98,19 +98,10 @@ def _x(name: str, cat: str, pid: int, tid: int, start_s: float, dur_s: float, ar
 
 def step_trace(d: StepDetails, *, title: str = "", source: str = "predicted",
                extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The Chrome trace of one predicted step.
-
-    Args:
-        d: the layout's :func:`cost_model.estimate.estimate_details`.
-        title: what the trace shows (model, cluster, workload), for ``otherData``.
-        source: ``predicted`` (the analytical model).
-        extra: more ``otherData`` entries (study, trial number).
-
-    Returns:
-        A JSON-able dict: ``traceEvents`` (metadata, then complete events sorted by process, thread and start;
-        ``ts`` / ``dur`` in microseconds from the step's start), ``displayTimeUnit`` and ``otherData`` (layout,
-        ``step_time_s``, ``bubble_fraction``, the time and memory parts, the pipeline's simulated and closed-form time).
-    """
+    """The Chrome trace of one predicted step of ``d`` (:func:`cost_model.estimate.estimate_details`): a JSON-able dict
+    of ``traceEvents`` (metadata, then complete events by process, thread and start; ``ts`` / ``dur`` in microseconds
+    from the step's start), ``displayTimeUnit`` and ``otherData`` (``title``, ``source``, the layout, ``step_time_s``,
+    ``bubble_fraction``, the time and memory parts, the pipeline's simulated and closed-form time, and ``extra``)."""
     est, lay = d.estimate, d.estimate.layout
     step_end = d.pipeline_s + sum(max(d.tail[p]) for p in TAIL_PARTS)
     events, hidden_cursor = _schedule_events(d, step_end)

@@ -1,20 +1,10 @@
-"""Error bars of the analytical model: 90% intervals of throughput and peak memory per GPU.
+"""Error bars of the analytical model: 90% intervals of throughput and peak memory per GPU, as multipliers ``[low,
+high]`` of the prediction from ``cost_model/data/error_bars.yaml`` (``benchmarks/fit_error_bars.py``).
 
-An interval is a pair of multipliers of the prediction, ``[low, high]``, read from the measured error
-structure of the model (``cost_model/data/error_bars.yaml``, written by ``benchmarks/fit_error_bars.py``):
-
-- throughput (tokens/s/GPU): the split-conformal 5% and 95% quantiles of measured / predicted over runs the
-  model was not fitted on (published runs predicted k-fold by model, and the one-GPU H200 trial rows; Lei et
-  al., "Distribution-Free Predictive Inference for Regression", JASA 2018), by family (dense / MoE, bf16 / fp8
-  recipes), a family with few rows widened towards the pooled spread;
-- peak memory: the high end from measured peaks of real trials (reserved memory, which the model predicts),
-  the low end from published runs that ran: a run that ran fits its GPU, so ``HBM / predicted`` bounds its
-  measured / predicted from above, and the low end is the smallest such bound seen (the model over-predicts the
-  memory of production stacks whose settings it is not told).
-
-The method and its judgement (coverage of held-out runs) are in ``docs/error_bars.md``; the data behind the
-shipped numbers in ``benchmarks/results/2026-12-07_error_bars/``.
-"""
+Throughput: the split-conformal 5% and 95% quantiles of measured / predicted over runs the model was not fitted on (Lei
+et al., JASA 2018), by family (dense / MoE, bf16 / fp8), a small family widened towards the pooled spread. Peak memory:
+the high end from real trials' measured peaks; the low end the smallest ``HBM / predicted`` of published runs that ran.
+Method and coverage: ``docs/error_bars.md``, data ``benchmarks/results/2026-12-07_error_bars/``."""
 
 from __future__ import annotations
 

@@ -1,21 +1,10 @@
 """``tune rl calibrate --log FILE``: read the per-step timing a run printed and fit the per-cluster factors.
 
-Formats read (from the printing code):
-
-- NeMo-RL (``nemo_rl/algorithms/grpo.py`` at v0.6.0 5fb58893, ``grpo_train`` and
-  ``async_grpo_train``): after each step a block ``⏱️  Timing:`` then ``  • Total step time:
-  X.XXs`` and one ``  • <timer>: X.XXs (P%)`` line per timer (``generation``,
-  ``policy_and_reference_logprobs``, ``policy_training``, ``prepare_for_generation/total``,
-  ``weight_sync``, ``exposed_generation``, ...). ``  • Mean Generation Length: X`` comes just
-  before it.
-- slime (``slime/observability/train_metric_utils.py::log_perf_data`` and ``rollout_metrics.py::log_rollout_data`` at
-  624b824a): ``perf <rollout_id>: {...}`` with a Python dict of ``perf/<timer>_time`` values (``rollout_time``,
-  ``log_probs_time``, ``ref_log_probs_time``, ``actor_train_time``, ``update_weights_time``, ``sleep_time``,
-  ``wake_up_time``, ``step_time``).
-
-The fit compares the measured parts (mean over steps, the first step dropped as warm-up when there are more) with a
-prediction of the same plan and sets each factor to measured / predicted (:func:`fit_from_measured`).
-"""
+Formats read: NeMo-RL (``nemo_rl/algorithms/grpo.py`` at v0.6.0 5fb58893): a ``⏱️ Timing:`` block per step with `` •
+Total step time: X.XXs`` and one `` • <timer>: X.XXs (P%)`` line per timer, `` • Mean Generation Length: X`` before it;
+slime (``train_metric_utils.py::log_perf_data`` at 624b824a): ``perf <rollout_id>: {...}`` with ``perf/<timer>_time``
+values. Each factor is measured / predicted for the same plan, over the mean of the steps (the first dropped as warm-up
+when there are more) (:func:`fit_from_measured`)."""
 
 from __future__ import annotations
 

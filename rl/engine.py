@@ -1,19 +1,13 @@
 """Per-iteration latency of one generation engine, and the aiconfigurator adapter that provides it.
 
-The rollout simulator (:mod:`rl.simulator`) asks two questions of an engine: how long one decode iteration of ``n``
-running sequences at mean context ``c`` tokens takes, and how long the prefill of ``t`` prompt tokens takes.
-:class:`LatencyTable` answers both by interpolating a grid of per-iteration latencies; the grid comes from
-aiconfigurator's compiled ``EngineHandle`` (NVIDIA, Apache-2.0; the optional ``rl`` extra, ``aiconfigurator==0.12.0``),
-which predicts each iteration from per-operation performance tables measured on the target GPU for the target serving
-framework (vLLM 0.24, SGLang 0.5.14/0.5.16). Tests and users without the extra can build a table from any latency
-function (:meth:`LatencyTable.from_functions`).
+:class:`LatencyTable` interpolates a grid of decode (``n`` sequences at mean context ``c``) and prefill (``t`` tokens)
+latencies; the grid comes from aiconfigurator's ``EngineHandle`` (NVIDIA, Apache-2.0; the ``rl`` extra,
+``aiconfigurator==0.12.0``: per-operation tables measured per GPU for vLLM 0.24 and SGLang 0.5.14/0.5.16), or from any
+functions (:meth:`LatencyTable.from_functions`).
 
-Caching: a compiled handle per (model, system, backend, shape, precision) stays in memory for the process; the latency
-grid of each shape is written as ``.npz`` under ``$XDG_CACHE_HOME/megatron-layout-tuner/rl/`` (default ``~/.cache``;
-override with ``MLT_CACHE_DIR``), and a shape aiconfigurator has no data for as a ``.nodata.txt`` holding the message,
-so a second run needs neither the import nor the database load. The key holds the
-aiconfigurator version: another release starts a fresh cache.
-"""
+Caching: a handle per (model, system, backend, shape, precision) stays in memory; each shape's grid is an ``.npz`` under
+``$XDG_CACHE_HOME/megatron-layout-tuner/rl/`` (``MLT_CACHE_DIR`` overrides), a shape without data a ``.nodata.txt`` with
+the message; the key holds the aiconfigurator version."""
 
 from __future__ import annotations
 

@@ -374,20 +374,11 @@ def evaluate(
     latency: LatencyProvider = default_latency,
     _gen: _Generation | None = None,
 ) -> RLPlan:
-    """Predict one plan's step time and parts.
+    """Predict one plan's step time and parts; ``trainer`` is the layout on ``choice.trainer_gpus`` GPUs
+    (:func:`~rl.trainer.best_trainer` or :func:`~rl.trainer.trainer_for_layout`), its times before calibration.
 
-    Args:
-        job: the RL step and cluster.
-        choice: the plan's decisions.
-        trainer: the trainer layout on ``choice.trainer_gpus`` GPUs (from :func:`~rl.trainer.best_trainer` or
-            :func:`~rl.trainer.trainer_for_layout`), its times before calibration scales.
-        calibration: per-cluster factors.
-        latency: where engine latencies come from.
-
-    Raises:
-        TunerError: an engine whose weights do not fit, a request longer than the KV cache,
-            or an engine count that does not tile the rollout GPUs.
-    """
+    Raises TunerError: an engine whose weights do not fit, a request longer than the KV cache, or an engine count that
+    does not tile the rollout GPUs."""
     gen = _gen or _Generation(job, latency)
     shape = choice.shape
     if choice.rollout_gpus % shape.gpus:

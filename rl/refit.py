@@ -37,18 +37,10 @@ def refit_s(
 
 def switch_s(*, trainer_bytes_per_gpu: float, engine_bytes_per_gpu: float, pcie_bytes_per_s: float,
              calibration: RLCalibration) -> float:
-    """Seconds per colocated step to move the trainer's and the engine's state off and back onto the GPUs.
-
-    ``switch_fixed_s + 2 (trainer_bytes + engine_bytes) / (pcie x host_link_efficiency)``: the trainer's optimizer
-    states and weights go to the host for generation and come back (NeMo-RL ``offload_before_refit`` /
-    ``offload_after_refit``), the engine's weights are offloaded by its sleep and reloaded by its wake (vLLM
-    ``sleep(level=1)``; slime ``--offload``). Each GPU copies over its own PCIe link in parallel.
-
-    Args:
-        trainer_bytes_per_gpu: optimizer-state + weight bytes per GPU of the trainer layout.
-        engine_bytes_per_gpu: engine weight bytes per GPU.
-        pcie_bytes_per_s: host link bandwidth per GPU per direction.
-        calibration: the fixed cost and the link efficiency.
+    """Seconds per colocated step to move the trainer's and the engine's state off and back onto the GPUs:
+    ``switch_fixed_s + 2 (trainer_bytes + engine_bytes) / (pcie x host_link_efficiency)`` per GPU, each over its own
+    PCIe link. The trainer's optimizer states and weights go to the host and back (NeMo-RL ``offload_before_refit`` /
+    ``offload_after_refit``), the engine's weights by its sleep and wake (vLLM ``sleep(level=1)``; slime ``--offload``).
     """
     rate = pcie_bytes_per_s * calibration.host_link_efficiency
     return calibration.switch_fixed_s + 2.0 * (trainer_bytes_per_gpu + engine_bytes_per_gpu) / rate

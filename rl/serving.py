@@ -284,18 +284,11 @@ _SILICON_MODELS: dict[str, tuple[str, GenerationPrecision]] = {
 
 
 def silicon_runs(systems: Sequence[str] = ("h100_sxm", "h200_sxm")) -> tuple[list[ServingRun], list[str]]:
-    """aiconfigurator's own end-to-end silicon samples (``systems/silicon_sample.csv`` of the installed
-    package) as closed-load rows: aggregated vLLM / SGLang serving of the MoE models above on ``systems``.
-
-    Not independent of aiconfigurator (NVIDIA's own measurements, which its per-operation tables may
-    have been checked against): report them apart from the published rows. A sample whose source
-    names a benchmark workflow run or image is taken as the InferenceX harness runs: ``10 x concurrency`` prompts,
-    lengths uniform on ``[0.8 x len, len]`` (``--random-range-ratio 0.8``), ``--ignore-eos``; the others (local sweep
-    files) as fixed lengths, ``10 x concurrency`` prompts: assumptions, the file does not say.
-
-    Returns:
-        ``(rows, skipped)``: the rows, and why the others were set aside (a shape whose
-        ``tp x attention_dp`` is not ``moe_tp x moe_ep``).
+    """aiconfigurator's own silicon samples (``systems/silicon_sample.csv`` of the installed package) on ``systems`` as
+    closed-load rows; not independent of aiconfigurator, so reported apart. A sample from a benchmark workflow is taken
+    as the InferenceX harness runs (``10 x concurrency`` prompts, ``--random-range-ratio 0.8``, ``--ignore-eos``), the
+    others as fixed lengths: assumptions, the file does not say. Returns ``(rows, skipped)`` (a shape whose ``tp x
+    attention_dp`` is not ``moe_tp x moe_ep`` is skipped, with the reason).
 
     Raises TunerError: aiconfigurator is not installed (the ``rl`` extra named)."""
     import importlib.util

@@ -1,24 +1,13 @@
-"""A continuous-batching discrete-event simulation of rollout engines (vLLM / SGLang style).
+"""A continuous-batching discrete-event simulation of rollout engines, scheduling as vLLM v1
+(``vllm/v1/core/sched/scheduler.py``): requests are admitted first come, first served while fewer than ``max_num_seqs``
+run and the KV cache holds their tokens plus one block of headroom per running sequence; each decode iteration costs the
+:class:`~rl.engine.LatencyTable` latency at the running count and mean context, admitted tokens one prefill; when the
+next iteration would not fit, the last admitted request is preempted and queued first again, to be prefilled again
+(preemption by recompute).
 
-One engine holds a queue of requests (prompt length, response length). Its scheduler, as
-vLLM v1's (``vllm/v1/core/sched/scheduler.py``) does:
-
-- admits waiting requests first come, first served while fewer than ``max_num_seqs`` run
-  and the KV cache has room for the request's tokens (prompt, plus what it had generated
-  before a preemption) and one block of headroom per running sequence;
-- runs one decode iteration for every running sequence (one token each); an iteration's latency comes from a
-  :class:`~rl.engine.LatencyTable` at the running count and mean context; admitted tokens cost one prefill;
-- when the next iteration would not fit in the KV cache, preempts the most recently admitted running request (vLLM's
-  ``preempt`` of the lowest-priority, last-scheduled request), frees its blocks and puts it back at the head of the
-  queue; on readmission its prompt and generated tokens are prefilled again (preemption by recompute, vLLM's only mode
-  in v1).
-
-It is event driven: between two events (a completion, an admission, a preemption, the iteration at which the KV cache
-fills) the batch does not change, so the ``k`` iterations in between cost ``k`` times the latency at the segment's mean
-context (exact when the latency is linear in context). Events are kept in a heap (``heapq``). Which iteration each event
-happens in does not depend on the latency values, so a latency scale factor (calibration, eager mode) scales the decode
-and prefill times exactly.
-"""
+Between two events (completion, admission, preemption, the KV cache filling) the batch does not change, so the ``k``
+iterations in between cost ``k`` times the latency at the segment's mean context. Event times do not depend on the
+latency values, so a latency scale factor scales decode and prefill times exactly."""
 
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
 """``tune rl validate``: predict every row of a table of measured RL runs and report the errors.
 
-The table's columns (:data:`COLUMNS`) give each run's split, layouts and workload; layouts are written
-``megatron:tp=2,cp=2,ep=16,pp=8,vpp=1``, ``automodel:cp=8,ep=128`` and ``vllm:tp=16,ep=16,pp=1`` (optionally
-``,gpu_memory_utilization=0.6,enforce_eager=0, max_num_seqs=1024``; engines = rollout GPUs / (tp x pp)). A row with a
-missing column or an unreadable value is reported with its row and column, and the others still run.
-
-``mean_seq_len`` is the mean generated length per sample as NeMo-RL's performance tables publish it ("G-Average Seq
-len", the ``mean_gen_tokens_per_sample`` that ``nemo_rl/algorithms/grpo.py`` prints as "Mean Generation Length").
-Prompts are taken as :data:`ASSUMED_MEAN_PROMPT_LEN` tokens (the tables do not publish them).
-
-:func:`fit_calibration` fits the per-cluster factors to a set of rows (least absolute log
-error of the step time), for the fit-on-old / judge-on-new protocol of ``benchmarks/bench_rl.py``.
-"""
+The columns (:data:`COLUMNS`) give each run's split, layouts (``megatron:tp=2,cp=2,ep=16,pp=8,vpp=1``,
+``automodel:cp=8,ep=128``, ``vllm:tp=16,ep=16,pp=1[,gpu_memory_utilization=..,enforce_eager=..,max_num_seqs=..]``) and
+workload; a bad cell is reported with its row and column and the other rows still run. ``mean_seq_len`` is NeMo-RL's
+published "G-Average Seq len" (``mean_gen_tokens_per_sample``, ``nemo_rl/algorithms/grpo.py``); prompts are taken as
+:data:`ASSUMED_MEAN_PROMPT_LEN` tokens. :func:`fit_calibration` fits the per-cluster factors to rows (least absolute log
+error of the step time) for ``benchmarks/bench_rl.py``."""
 
 from __future__ import annotations
 

@@ -264,19 +264,11 @@ class SearchSpace:
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> SearchSpace:
-        """The bundled default space, or a YAML file laid over it.
+        """The bundled default space, or the YAML file ``path`` (``tune --space FILE``) laid over it: keys it leaves out
+        keep their default values.
 
-        Args:
-            path: a YAML file (``tune --space FILE``); None = the bundled default.
-                Keys the file leaves out keep their default values.
-
-        Returns:
-            The resolved space.
-
-        Raises:
-            TunerError: if the file cannot be read or parsed, is not a mapping, has
-                unknown keys (listed with the accepted ones), or a value is not accepted.
-        """
+        Raises TunerError: the file cannot be read or parsed, is not a mapping, has unknown keys (listed with the
+        accepted ones), or a value is not accepted."""
         default = _read_default()
         if path is None:
             return cls.from_dict(default, source="the default space")

@@ -22,20 +22,10 @@ def data_file(sub: str) -> Any:
 
 
 def read_user_yaml(text: str, label: str) -> Any:
-    """Parse a user's YAML file (a calibration, a search space, a command template): PyYAML's safe loader, with a key
-    written twice in one mapping refused (PyYAML keeps the last one silently, so an edit above it would be lost).
+    """Parse a user's YAML file (``label`` names it in messages) with PyYAML's safe loader, refusing a key written twice
+    in one mapping (PyYAML keeps the last silently). Returns the document (None for an empty file).
 
-    Args:
-        text: the file's text.
-        label: how the file is named in messages (``--calibration PATH``).
-
-    Returns:
-        The document (None for an empty file).
-
-    Raises:
-        TunerError: not YAML (one line: where and what, from PyYAML's mark and problem), or a repeated key (named,
-            with its lines).
-    """
+    Raises TunerError: not YAML (where and what, from PyYAML's mark), or a repeated key (named, with its lines)."""
     import yaml
 
     from specs.errors import TunerError

@@ -352,19 +352,9 @@ _E = TypeVar("_E", bound=Enum)
 
 def enum_mask(table: LayoutTable, column: str, enum: type[_E],
               predicate: Callable[[_E], bool]) -> npt.NDArray[np.bool_]:
-    """``predicate`` of each row's member of ``enum``, for a string column of a :class:`LayoutTable`.
-
-    The predicate (usually a property, e.g. ``lambda d: d.is_flex``) runs once per category of the
-    column (:meth:`LayoutTable.where`). This is how the rules and the cost model read what a
-    dispatcher or recompute setting means, instead of comparing spellings.
-
-    Args:
-        table: the layouts (tables hold validated :class:`Layout` values only).
-        column: a string column holding values of ``enum``.
-        enum: the enum class the values belong to.
-        predicate: what to ask of each member.
-
-    Returns: Bool array of shape ``(len(table),)``."""
+    """``predicate`` of each row's member of ``enum`` in the string ``column`` of ``table``, a bool array of shape
+    ``(len(table),)``; the predicate (e.g. ``lambda d: d.is_flex``) runs once per category (:meth:`LayoutTable.where`).
+    How rules and the cost model read what a setting means, instead of comparing spellings."""
     holds = {member.value: predicate(member) for member in enum}
     return table.where(column, lambda v: holds.get(v, False))
 

@@ -344,20 +344,10 @@ def recomputed_fraction(c: TableContext) -> Array:
 
 
 def stored_layer_bytes(c: TableContext, layer_input: Array, kept: Array, fraction: Array) -> Array:
-    """Activations a layer keeps between its forward and backward, per recompute choice.
-
-    - full uniform: the input of each group of ``recompute_num_layers`` layers, i.e.
-      ``layer input / recompute_num_layers`` per layer (Korthikanti: 2sbh per checkpoint);
-    - full block: recomputed layers keep their input, the others everything:
-      ``fraction x input + (1 - fraction) x kept``;
-    - selective or none: ``kept`` (:func:`kept_bytes`).
-
-    Args:
-        layer_input: :func:`layer_input_bytes`, ``(n, 1)``.
-        kept: the layer's bytes under selective / no recompute, ``(n, 1)``.
-        fraction: :func:`recomputed_fraction`, ``(n, K)``.
-
-    Returns: Bytes per layer, ``(n, K)``."""
+    """Activations a layer keeps between its forward and backward, bytes per layer ``(n, K)``, from ``layer_input``
+    (:func:`layer_input_bytes`), ``kept`` (the bytes under selective / no recompute) and ``fraction``
+    (:func:`recomputed_fraction`): full uniform keeps ``layer input / recompute_num_layers`` per layer (Korthikanti:
+    2sbh per checkpoint); full block ``fraction x input + (1 - fraction) x kept``; selective or none ``kept``."""
     block = fraction * layer_input + (1 - fraction) * kept
     return np.where(c.full, np.where(c.uniform, layer_input / c.recompute_num_layers, block), kept)
 

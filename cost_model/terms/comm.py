@@ -99,24 +99,14 @@ def collective_bandwidth(c: TableContext, crosses: BoolArray) -> Array:
 
 
 def ring_bandwidth(c: TableContext, group: Array, stride: Array | float) -> Array:
-    """Per-GPU bandwidth of an NCCL ring collective (all-gather, reduce-scatter, all-reduce) over ``group`` ranks
-    ``stride`` apart: NVLink x ``nvlink_efficiency`` inside the NVLink domain; across domains the ring's channels
-    leave each domain through the NICs of the group's ranks there (``m = min(group, nvlink_size // stride)`` of
-    them, rail-optimised, one NIC per GPU), so a GPU moves its ``(g - 1) / g`` share at ``m`` x its network share
-    (x ``network_efficiency``), at most at NVLink speed. A group with one rank per domain (the DP group at TP 8 on
-    8-GPU nodes) gets the network share alone, as before. Assumes the group's ranks split evenly over the domains it
-    touches (a pipeline stage that straddles a domain boundary, ``world / pp`` not a multiple of the domain, has fewer
-    NICs on one side than counted; :func:`span_crosses_node` makes the same assumption).
+    """Per-GPU bandwidth of an NCCL ring collective over ``group`` ranks ``stride`` apart (``(n,)`` or ``(n, 1)``):
+    NVLink x ``nvlink_efficiency`` inside the NVLink domain; across domains the ring leaves each domain through the NICs
+    of the group's ranks there (``m = min(group, nvlink_size // stride)``, one NIC per GPU), so a GPU moves its share at
+    ``m`` x its network share (x ``network_efficiency``), at most at NVLink speed. Assumes the ranks split evenly over
+    the domains (as :func:`span_crosses_node`).
 
-    Source: NCCL's multi-node rings (one channel per NIC, so a ring reaches m x the NIC share with m of its ranks per
-    node); the expected figures of a cluster-validation guide (Crusoe / Saturn Cloud, not measured here): nccl-tests
-    ``all_reduce_perf`` bus bandwidth 400-450 GB/s on 8 x H100 nodes with 8 x NDR 400G, i.e. up to 8 x the 50 GB/s NIC
-    share (above it only NVLS / SHARP trees, not rings, go); the 460-480 GB/s single-node NVLink figure is the cap.
-
-    Args:
-        group, stride: ranks, ``(n,)`` or ``(n, 1)``.
-
-    Returns: Bytes/s, the broadcast shape of ``group`` and ``stride``."""
+    Source: NCCL's multi-node rings (one channel per NIC); nccl-tests ``all_reduce_perf`` 400-450 GB/s bus bandwidth on
+    8 x H100 nodes with 8 x NDR 400G (a cluster-validation guide, not measured here), up to 8 x the NIC share."""
     cluster, cal = c.cluster, c.cal
     nv = cluster.gpu.nvlink_bytes_per_s * cal.nvlink_efficiency
     net = cluster.inter_node_bytes_per_s / cluster.gpus_per_node * cal.network_efficiency
@@ -152,19 +142,12 @@ def distinct_groups_hit(num_experts: float, topk: float, groups: Array) -> Array
 
 
 def holders_hit(model: ModelSpec, holders: Array) -> Array:
-    """Expected number of expert holders (GPUs or NVLink domains, each with ``E / holders`` experts in order) that hold
-    one of a token's ``topk`` experts under forced (uniform) routing, with group-limited routing where the model has
-    it (``--moe-router-num-groups G``, ``--moe-router-group-topk K``: Megatron's ``group_limited_topk`` picks K of G
-    contiguous expert groups, then the top-k experts inside them; the random logits of
-    ``--moe-router-force-load-balancing`` go through the same routing, ``megatron/core/transformer/moe/router.py``):
-    - no group limit: :func:`distinct_groups_hit` ``(E, topk, holders)``;
-    - a router group spans whole holders (``holders >= G``): the experts lie uniformly in K groups,
-      :func:`distinct_groups_hit` ``(K E / G, topk, K holders / G)``;
-    - a holder holds whole router groups (``holders < G``): the distinct holders of K groups drawn from G,
-      :func:`distinct_groups_hit` ``(G, K, holders)`` (each chosen group taken to receive one of the experts).
-    DeepSeek-V3 (256 experts, G 8, K 4) over 8 NVLink domains: 3.6 domains hit, not 5.3.
-
-    Returns: A count, the shape of ``holders``."""
+    """Expected number of expert holders (GPUs or NVLink domains, each with ``E / holders`` experts in order) holding
+    one of a token's ``topk`` experts under forced (uniform) routing, the shape of ``holders``. With group-limited
+    routing (``--moe-router-num-groups G``, ``--moe-router-group-topk K``: ``group_limited_topk`` picks K of G
+    contiguous groups, ``megatron/core/transformer/moe/router.py``): holders spanning whole groups (``holders >= G``)
+    get :func:`distinct_groups_hit` ``(K E / G, topk, K holders / G)``, holders of whole groups ``(G, K, holders)``;
+    without, ``(E, topk, holders)``. DeepSeek-V3 (256 experts, G 8, K 4) over 8 domains: 3.6 hit, not 5.3."""
     e, k = float(model.num_experts), float(model.moe_router_topk)
     g, kg = float(model.moe_router_num_groups), float(model.moe_router_group_topk)
     h: Array = np.maximum(np.asarray(holders, dtype=np.float64), 1.0)
