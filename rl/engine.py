@@ -352,18 +352,13 @@ def _has_bundled_config(model_id: str) -> bool:
 
 
 def aic_model_for_precision(model: str, precision: GenerationPrecision) -> tuple[str, dict[str, str]]:
-    """aiconfigurator's model id and the quantisation keyword arguments of ``EngineHandle.compile`` for ``precision``.
+    """aiconfigurator's model id and the quantisation keyword arguments of ``EngineHandle.compile`` for ``precision``:
+    BF16 sets all four modes to ``bfloat16``; FP8 uses the bundled ``<id>-FP8`` configuration (Qwen3), else the base id
+    of an FP8 checkpoint, GEMM and MoE modes left to aiconfigurator (``fp8_block``), KV cache and attention BF16;
+    ``checkpoint`` the base id whatever its quantisation.
 
-    BF16 sets all four modes to ``bfloat16`` (else aiconfigurator takes the checkpoint's own: FP8 blocks for
-    DeepSeek-V3). FP8 uses the ``<id>-FP8`` configuration when aiconfigurator bundles one (Qwen3), else the base id when
-    its checkpoint is FP8 itself; GEMM and MoE modes are then left to aiconfigurator's inference from that configuration
-    (``fp8_block``), the KV cache and attention BF16 (vLLM's ``kv_cache_dtype: auto`` of a BF16-activation model).
-    ``checkpoint`` does the same with the base id whatever its quantisation.
-
-    Raises:
-        TunerError: an unsupported model (the supported ones listed), or ``fp8`` for a model without
-            an FP8 checkpoint configuration in aiconfigurator.
-    """
+    Raises TunerError: an unsupported model (the supported ones listed), or ``fp8`` for a model without an FP8
+    configuration in aiconfigurator."""
     model_id = aic_model_name(model)
     if precision == GenerationPrecision.bf16:
         return model_id, {"gemm_quant_mode": _BF16, "moe_quant_mode": _BF16, "kvcache_quant_mode": _BF16,

@@ -485,18 +485,13 @@ def enumerate_plans(
     enforce_eager: Iterable[bool] = (False, True),
     trainer_layout: TrainerLayout | None = None,
 ) -> PlanSet:
-    """Every plan that fits, ranked by predicted step time.
+    """Every plan that fits, ranked by predicted step time. Splits are whole nodes on both sides; ``async_steps`` = K
+    evaluates every split at each depth 0..K; constraints narrow the search (None = all); ``trainer_layout`` fixes the
+    trainer's layout (and backend) instead of searching it.
 
-    Splits are at node granularity (both sides at least one node). ``async_steps`` = K evaluates
-    every non-colocated split at each depth 0..K. Constraints narrow the search (None = all);
-    ``trainer_layout`` fixes the trainer's layout (and backend) on every split instead of searching it.
-
-    Raises:
-        TunerError: constraints that leave no plan to evaluate (the reasons counted), rollout GPUs that are not whole
-            nodes or exceed the cluster, an async sweep out of :func:`check_async_steps`'s bounds.
-        EngineDataError: the engine model has nothing for the job's model, GPU or precision, or
-            aiconfigurator is not installed (the message names the accepted ones or the extra).
-    """
+    Raises TunerError: constraints that leave no plan (the reasons counted), rollout GPUs that are not whole nodes or
+    exceed the cluster, or K out of :func:`check_async_steps`'s range. Raises EngineDataError: no engine data for the
+    job's model, GPU or precision, or aiconfigurator not installed (the accepted ones or the extra named)."""
     check_async_steps(async_steps)
     cl = job.cluster
     gen = _Generation(job, latency)

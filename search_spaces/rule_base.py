@@ -73,17 +73,10 @@ MOE_RECOMPUTE_MODULES = ("moe_act", "moe")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Rule:
-    """One validity rule.
-
-    Attributes:
-        id: short id used in reports and in :class:`InfeasibleLayout`.
-        description: the check it mirrors, with the Megatron file and function.
-        columns: the :class:`LayoutTable` columns the check reads; the enumeration
-            evaluates a rule as soon as these are known.
-        check_fn: vectorised check, one bool per row (True = ok).
-        explain_fn: reason for one failing layout, naming the values.
-        uses_env: the functions take a fourth argument, the :class:`RuleEnv`.
-    """
+    """One validity rule: ``id`` (in reports and :class:`InfeasibleLayout`), ``description`` (the check it mirrors, with
+    the Megatron file and function), ``columns`` (the :class:`LayoutTable` columns it reads: the enumeration evaluates
+    it as soon as they are known), ``check_fn`` (one bool per row, True = ok), ``explain_fn`` (the reason for one
+    failing layout) and ``uses_env`` (both take the :class:`RuleEnv` as a fourth argument)."""
 
     id: str
     description: str

@@ -60,18 +60,9 @@ assert len(set(RULE_IDS)) == len(RULE_IDS)
 
 def check_table(table: LayoutTable, model: ModelSpec, workload: Workload,
                 env: RuleEnv = DEFAULT_RULE_ENV) -> tuple[BoolArray, dict[str, int]]:
-    """Check every row of ``table`` against :data:`RULES`.
-
-    Args:
-        table: the layouts.
-        model: the model they train.
-        workload: sequence length and global batch.
-        env: release and network of the environment-dependent rules.
-
-    Returns:
-        ``(ok, first_failures)``: a bool array (True = valid) and, for every rule id in check order, the number of rows
-        whose first failing rule it is (``sum(first_failures.values()) + ok.sum() == len(table)``).
-    """
+    """Check every row of ``table`` against :data:`RULES` (``env``: release and network of the environment-dependent
+    rules): ``(ok, first_failures)``, a bool array (True = valid) and, per rule id in check order, the rows whose first
+    failing rule it is (``sum(first_failures.values()) + ok.sum() == len(table)``)."""
     alive = np.ones(len(table), dtype=np.bool_)
     counts: dict[str, int] = {}
     for rule in RULES:

@@ -255,17 +255,14 @@ def parse_gpus(
     require_network: bool = False,
     name: str = "--gpus",
 ) -> Cluster:
-    """Parse ``64xH200`` (GPUs) or ``8x8xH200`` (nodes x GPUs per node).
+    """Parse ``64xH200`` (GPUs) or ``8x8xH200`` (nodes x GPUs per node); ``name`` is what messages call the text.
 
-    ``network`` names the scale-out fabric (:func:`specs.network.load_network`; default: the GPU's server type's,
-    :attr:`GPUSpec.network`); the per-node bandwidth is its per-GPU bandwidth x GPUs per node unless
-    ``inter_node_bytes_per_s`` (``--network-gbps``) overrides it. ``host_memory_gib`` defaults to the server's.
-    ``name``: what the messages call the text (the command line's ``--gpus``, a file's field, an environment variable).
+    ``network`` names the scale-out fabric (:func:`specs.network.load_network`; default the GPU's server type's); the
+    per-node bandwidth is its per-GPU bandwidth x GPUs per node unless ``inter_node_bytes_per_s`` (``--network-gbps``)
+    overrides it. ``host_memory_gib`` defaults to the server's.
 
-    Raises:
-        TunerError: malformed text, unknown GPU, zero GPUs, a count that is not a whole number of nodes, an unknown
-            network, or (``require_network``) a GPU whose server type has no default network and no ``network``.
-    """
+    Raises TunerError: malformed text, unknown GPU, zero GPUs, a count that is not a whole number of nodes, an unknown
+    network, or (``require_network``) a GPU whose server type has no default network and no ``network``."""
     shown = repr(text) if len(text or "") <= 80 else repr(text[:77] + "...")
     m = _GPUS_RE.fullmatch(text or "")
     if not m:

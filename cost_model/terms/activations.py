@@ -175,18 +175,11 @@ def pre_mlp_norm_separate(c: TableContext, moe_layer: bool) -> bool:
 
 
 def expert_bytes(c: TableContext, copies: Array) -> Array:
-    """Routed experts, bytes: per token copy ``g x h + 2 x (mats - 1) x f + g x f (+ 2 x 3 x f unfused)``, f =
-    ``moe_ffn / etp``, g the saved GEMM-input bytes.
-
-    fc1's input (the permuted tokens, :data:`EXPERT_HIDDEN_TENSORS`; quantised in fp8), fc1's output in bf16 (the
-    activation's input: ``(mats - 1) x f``, 2f for SwiGLU), fc2's input (the activation's output; quantised in fp8)
-    and, with ``bias_activation_fusion`` off, :data:`UNFUSED_EXPERT_ACTIVATION_TENSORS` more (megatron-core
-    ``TEGroupedMLP.forward``; all of it **measured** on H200 with TE, module docstring of this file).
-
-    Args:
-        copies: :func:`routed_token_copies`, ``(n, 1)``.
-
-    Returns: Bytes, ``(n, 1)``; 0 for a dense model."""
+    """Routed experts, bytes ``(n, 1)`` (0 for a dense model): per token copy (``copies``) ``g x h + 2 x (mats - 1) x f
+    + g x f (+ 2 x 3 x f unfused)``, f = ``moe_ffn / etp``, g the saved GEMM-input bytes: fc1's input
+    (:data:`EXPERT_HIDDEN_TENSORS`), fc1's output in bf16, fc2's input and, with ``bias_activation_fusion`` off,
+    :data:`UNFUSED_EXPERT_ACTIVATION_TENSORS` more (megatron-core ``TEGroupedMLP.forward``; **measured** on H200 with
+    TE)."""
     m = c.dims
     if not m.is_moe:
         return np.zeros_like(c.tokens)

@@ -94,18 +94,10 @@ def host_offload_bytes_per_param(c: TableContext) -> Array:
 
 
 def host_bytes_per_node(c: TableContext, owned: Array, params: Array | None = None) -> Array:
-    """Host memory of one node: each of its GPUs' training processes holds ``host_process_bytes`` (CUDA context,
-    libraries, data loader: measured RSS) plus, with CPU optimizer offload, the offloaded states
-    (:func:`host_offload_bytes_per_param` x the slowest rank's offloaded parameters) and the host fp32 clones of the
-    first HybridDeviceOptimizer (:data:`cost_model.terms.state.OFFLOAD_BUILD_LEAK_BYTES` x f x the rank's unsharded
-    parameters, until Python's cyclic collector frees them):
-    ``GPUs per node x (host_process_bytes + offloaded x bytes per param + leak)``.
-
-    Args:
-        owned: :func:`cost_model.terms.state.owned_params`, ``(n, K)``.
-        params: the rank's unsharded parameters (dense + experts), ``(n, K)``; None: ``owned`` (DP 1).
-
-    Returns: Bytes per node, ``(n,)``."""
+    """Host memory of one node, bytes ``(n,)``: ``GPUs per node x (host_process_bytes + offloaded x bytes per param +
+    leak)``, with CPU optimizer offload the offloaded states (:func:`host_offload_bytes_per_param` x the slowest rank's
+    offloaded ``owned`` parameters) and the first HybridDeviceOptimizer's host fp32 clones
+    (:data:`cost_model.terms.state.OFFLOAD_BUILD_LEAK_BYTES` x f x the rank's unsharded ``params``; None: ``owned``)."""
     per_node = float(min(c.gpus_per_node, c.world))
     offloaded = offloaded_params(c, owned)
     first = offloaded_params(c, owned if params is None else params)

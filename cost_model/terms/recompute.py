@@ -72,17 +72,10 @@ def dense_forward_time(c: TableContext, mlp: Array, attention_elementwise: Array
 def selective_attention_time(c: TableContext, core: Array, attention_elementwise: Array, up_projection: Array,
                              unfused_rope: Array | float = 0.0) -> Array:
     """Selective recompute in the attention side: core attention's forward (``core_attn``,
-    :func:`cost_model.terms.compute.attention_forward_time`), the norms'
-    forward (``layernorm``: ``norm_elementwise_share`` of the attention side's memory-bound forward) and MLA's
-    up-projections (``mla_up_proj``: :func:`cost_model.terms.compute.mla_up_projection_time`, with the forward share
-    of the unfused RoPE and q / k assembly, which megatron-core checkpoints with them:
-    multi_latent_attention.py ``qkv_up_proj_and_rope_apply`` under ``recompute_up_proj``).
-
-    Args:
-        up_projection: :func:`cost_model.terms.compute.mla_up_projection_time`, ``(n, 1)``.
-        unfused_rope: :func:`cost_model.terms.compute.mla_unfused_rope_time`, ``(n, 1)``.
-
-    Returns: Seconds, ``(n, 1)``."""
+    :func:`cost_model.terms.compute.attention_forward_time`), the norms' (``layernorm``: ``norm_elementwise_share`` of
+    the attention side's memory-bound forward) and MLA's ``up_projection`` (``mla_up_proj``) with the forward share of
+    the ``unfused_rope`` (megatron-core checkpoints them together: multi_latent_attention.py
+    ``qkv_up_proj_and_rope_apply``)."""
     norms = attention_elementwise * c.cal.norm_elementwise_share / _forward_share(c)
     return (np.where(c.recomputes("core_attn"), compute.attention_forward_time(core), 0)
             + np.where(c.recomputes("layernorm"), norms, 0)
