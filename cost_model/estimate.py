@@ -432,12 +432,10 @@ def estimate_details(
     """:func:`estimate` with what it is made of: each pipeline rank's and chunk's forward and backward by part,
     the simulated schedule, what the overlaps hide, each rank's tail (DP, optimizer, offload) and memory by part.
 
-    Returns:
-        A :class:`cost_model.step_detail.StepDetails` (seconds, bytes); its ``estimate`` is :func:`estimate`'s.
+    Returns: A :class:`cost_model.step_detail.StepDetails` (seconds, bytes); its ``estimate`` is :func:`estimate`'s.
 
-    Raises:
-        InfeasibleLayout: the layout breaks a rule.
-        TunerError: the layout's world size differs from the cluster's GPU count.
+    Raises InfeasibleLayout: the layout breaks a rule.
+    Raises TunerError: the layout's world size differs from the cluster's GPU count.
     """
     det = _single(model, cluster, workload, layout, calibration, memory_headroom, options, details=True)[1]
     assert det is not None

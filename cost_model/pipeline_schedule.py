@@ -98,9 +98,8 @@ def megatron_order(pp: int, rank: int, vpp: int, num_microbatches: int, group: i
         ``2 * num_microbatches * vpp`` operations: warm-up forwards, then alternating forward and
         backward (1F1B), then the cool-down backwards.
 
-    Raises:
-        TunerError: sizes < 1, a rank outside the pipeline, or an interleaved schedule with fewer
-            micro-batches than the pipeline size (Megatron refuses it too).
+    Raises TunerError: sizes < 1, a rank outside the pipeline, or an interleaved schedule with fewer micro-batches than
+    the pipeline size (Megatron refuses it too).
     """
     g = _check_sizes(pp, rank, vpp, num_microbatches, group)
     return [PipelineOp(Pass.backward if b else Pass.forward, mb, c) for b, mb,

@@ -65,8 +65,7 @@ def chunk_layers(model: ModelSpec, layout: Layout) -> tuple[Table, Table]:
     Layers go to stages in execution order, stage ``v * pp + r`` (Megatron's VPP-major assignment, as
     :func:`cost_model.terms.ranks.rank_classes`), so a model's first (dense) layers land on rank 0's first chunk.
 
-    Returns:
-        ``(layers[rank][chunk], moe_layers[rank][chunk])``, counts.
+    Returns: ``(layers[rank][chunk], moe_layers[rank][chunk])``, counts.
 
     Raises InfeasibleLayout: (``pipeline_split``) the layers do not split as the layout asks."""
     return _chunk_layers(model.moe_layer_freq, layout.pp, layout.vpp, layout.num_layers_in_first_pipeline_stage,
@@ -93,8 +92,7 @@ def rank_class_of(model: ModelSpec, layout: Layout, representatives: list[int]) 
     (:func:`cost_model.terms.ranks.rank_classes`); ``representatives`` are the classes' lowest ranks in column
     order (the context's ``rank`` row).
 
-    Returns:
-        ``pp`` class indices.
+    Returns: ``pp`` class indices.
 
     Raises AssertionError: a rank whose class has no representative (the class definition changed)."""
     layers, moe = chunk_layers(model, layout)
@@ -286,8 +284,7 @@ def pipeline_time(times: ChunkTimes, layout: Layout, num_microbatches: int) -> f
     """The pipeline's time of one step: the makespan of :func:`cost_model.pipeline_schedule.pipeline_makespan` over
     ``times`` (p2p left out: the estimate adds its exposed part to the step, ``pp_p2p``).
 
-    Returns:
-        Seconds.
+    Returns: Seconds.
 
     Raises TunerError: an interleaved schedule with fewer micro-batches than pipeline ranks."""
     return pipeline_makespan(layout.pp, layout.vpp, num_microbatches, [list(r) for r in times.forward_s],

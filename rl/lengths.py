@@ -129,8 +129,7 @@ class LengthDistribution:
         optionally a ``count`` column; a JSON list of lengths; a JSON object ``{"lengths": [...], "counts": [...]}``; or
         plain text with one length per line. Lengths above ``max_len`` are cut to it.
 
-        Raises:
-            TunerError: unreadable file, an unknown format, or a length that is not a positive integer (row named).
+        Raises TunerError: unreadable file, an unknown format, or a length that is not a positive integer (row named).
         """
         p = Path(path)
         where = f"--response-lengths {str(p)!r}"

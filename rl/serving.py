@@ -133,8 +133,7 @@ COLUMNS = tuple(c.name for c in TABLE)
 def read_serving_runs(path: str | Path) -> tuple[list[ServingRun], list[str]]:
     """Read a serving-runs CSV (:data:`TABLE`; lines starting with ``#`` are comments).
 
-    Returns:
-        ``(rows, errors)``: the readable rows, and one message per unreadable row naming its line and column.
+    Returns: ``(rows, errors)``: the readable rows, and one message per unreadable row naming its line and column.
 
     Raises TunerError: an unreadable file, or a header without the required columns (listed)."""
 

@@ -68,9 +68,8 @@ def compose_step(
 ) -> StepParts:
     """Build :class:`StepParts`.
 
-    Raises:
-        TunerError: a colocated plan with asynchrony (the same GPUs cannot generate and train
-            at once; NeMo-RL's async GRPO requires ``colocated.enabled: false``), or a negative part.
+    Raises TunerError: a colocated plan with asynchrony (the same GPUs cannot generate and train at once; NeMo-RL's
+    async GRPO requires ``colocated.enabled: false``), or a negative part.
     """
     if colocated and async_steps:
         raise TunerError(f"--async-steps {async_steps} needs non-colocated generation (NeMo-RL and slime run async "

@@ -240,8 +240,7 @@ def best_trainer(
     Layouts inside the backend's validated scope rank first among equals: a layout outside
     it is returned only when it is faster than every validated one.
 
-    Returns:
-        Up to ``top`` plans, fastest (training + log-prob) first; empty when none fits.
+    Returns: Up to ``top`` plans, fastest (training + log-prob) first; empty when none fits.
 
     Raises TunerError: from the enumeration (a cluster size it cannot use)."""
     enum = enumerate_layouts(_space(backend), model, cluster.num_gpus, workload)

@@ -128,8 +128,7 @@ class RunRow:
 def read_runs(path: str | Path) -> tuple[list[RunRow], list[str]]:
     """Read a runs CSV (:data:`TABLE`).
 
-    Returns:
-        ``(rows, errors)``: the readable rows, and one message per unreadable row naming its line and column.
+    Returns: ``(rows, errors)``: the readable rows, and one message per unreadable row naming its line and column.
 
     Raises TunerError: an unreadable file, or a header that lacks required columns (listed)."""
 

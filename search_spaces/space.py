@@ -90,9 +90,8 @@ class RecomputeOption:
     def parse(entry: Any, where: str) -> list[RecomputeOption]:
         """Options from one YAML entry (``num_layers`` may be a list: one option each).
 
-        Raises:
-            TunerError: if the entry is not a mapping, has unknown keys, or a value is
-                not accepted; the message names the entry and the accepted values.
+        Raises TunerError: if the entry is not a mapping, has unknown keys, or a value is not accepted; the message
+        names the entry and the accepted values.
         """
         if not isinstance(entry, Mapping):
             raise TunerError(f"{where}: expected a mapping such as {{granularity: none}}, got {_show(entry)}")

@@ -94,10 +94,9 @@ def list_gpus() -> list[str]:
 def load_gpu(name: str) -> GPUSpec:
     """A bundled GPU by name (case-insensitive, e.g. ``H200``).
 
-    Raises:
-        TunerError: unknown GPU, with the known ones listed; a datasheet that is not valid YAML, lacks a
-            key or has a value of the wrong kind (``specs/data/gpu.schema.json``; e.g. a ``family`` other
-            than ampere / hopper / blackwell), naming the file and the key.
+    Raises TunerError: unknown GPU, with the known ones listed; a datasheet that is not valid YAML, lacks a key or has a
+    value of the wrong kind (``specs/data/gpu.schema.json``; e.g. a ``family`` other than ampere / hopper / blackwell),
+    naming the file and the key.
     """
     files = data_files(GPU_DIR, ".yaml")
     by_lower = {k.lower(): k for k in files}
@@ -161,9 +160,8 @@ MAX_NETWORK_GBPS = 100_000.0
 def network_bytes_per_s(gbps: float) -> float:
     """``--network-gbps`` (Gb/s per node) as bytes/s, checked first in its own unit (1e308 Gb/s overflows as bytes).
 
-    Raises:
-        TunerError: not finite, or outside [MIN_NETWORK_GBPS, MAX_NETWORK_GBPS] (one message naming ``--network-gbps``
-            and the range).
+    Raises TunerError: not finite, or outside [MIN_NETWORK_GBPS, MAX_NETWORK_GBPS] (one message naming
+    ``--network-gbps`` and the range).
     """
     if not (math.isfinite(gbps) and MIN_NETWORK_GBPS <= gbps <= MAX_NETWORK_GBPS):
         raise TunerError(f"--network-gbps must be a number of at least {MIN_NETWORK_GBPS:g} and at most "

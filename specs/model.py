@@ -632,9 +632,8 @@ def load_model(name_or_path: str, *, allow_config_args: bool = False) -> ModelSp
     elsewhere (a downloaded ``config.json``) can add ``--load``, ``--save`` or ``--data-path``: it is refused unless
     ``allow_config_args`` (``--allow-config-args``); the bundled presets' are the project's own.
 
-    Raises:
-        TunerError: unknown name (with close names suggested), unreadable or
-            malformed file (:func:`specs.files.load_user_json`), missing fields, or launch arguments not allowed.
+    Raises TunerError: unknown name (with close names suggested), unreadable or malformed file
+    (:func:`specs.files.load_user_json`), missing fields, or launch arguments not allowed.
     """
     p = Path(name_or_path)
     if p.is_dir() and (p / "config.json").is_file():  # a Hugging Face model folder

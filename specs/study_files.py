@@ -35,8 +35,8 @@ def _own_name(name: str) -> bool:
 def read_study_record(path: Path) -> Any:
     """The parsed ``config.yaml`` of a study folder (any YAML value; the caller checks its shape).
 
-    Raises:
-        the errors of :data:`RECORD_ERRORS` and ``yaml.YAMLError``: unreadable, not text, not YAML, nested too deeply.
+    Raises the errors of :data:`RECORD_ERRORS` and ``yaml.YAMLError``: unreadable, not text, not YAML, nested too
+    deeply.
     """
     import yaml
 

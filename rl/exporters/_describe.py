@@ -29,9 +29,9 @@ def plan_context(plan: RLPlan, job: RLJob) -> ExportContext:
 def rl_plan_of(context: ExportContext, fmt: str) -> tuple[RLPlan, RLJob]:
     """The RL plan and job of ``context``.
 
-    Raises:
-        TunerError: a context without an RL plan (a training study's layout): the format named with where its plans come
-        from.
+    Raises TunerError: a context without an RL plan (a training study's layout): the format named with where its plans
+    come
+    Raises from.
     """
     from rl.plan import RLJob, RLPlan
 
