@@ -101,12 +101,8 @@ CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunOptions:
-    """Run flags that change the cost but are not searched over (one value for the whole table).
-
-    Defaults are the seed's run (seeds/001: slime, natural routing, no overlap flags, no CUDA graphs), so a model built
-    without options predicts what it did before these existed. NVIDIA's published Megatron-Bridge runs set most of them
-    (``tune validate`` reads them from each CSV row).
-    """
+    """Run flags that change the cost but are not searched over (one value for the whole table). Defaults are the
+    seed's run (seeds/001: slime, natural routing, no overlap flags, no CUDA graphs)."""
 
     moe_router_force_load_balancing: bool = False
     """``--moe-router-force-load-balancing``: tokens are routed uniformly (benchmarks); False =
@@ -130,21 +126,16 @@ class RunOptions:
     tp_comm_overlap: bool = False
     """``--tp-comm-overlap`` (Transformer Engine userbuffers): TP collectives overlapped with GEMMs."""
     te_attention: bool = True
-    """Attention runs Transformer Engine's fused attention (``--transformer-impl transformer_engine``, the default of
-    Megatron-core, NVIDIA's recipes and the seed's slime run): its output is already ``[s, b, h]`` and is saved once, as
-    the output projection's input. False for a stack without TE (this project's trial harness, ``launch/harness``):
-    ``scaled_dot_product_attention``'s output is permuted and reshaped (a copy) before the projection, so two copies of
-    the attention output are saved (:data:`HARNESS_RUN_OPTIONS`). It also means the TE layer spec: the input norm fused
-    into the QKV GEMM (``TELayerNormColumnParallelLinear``), a separate pre-MLP norm only in MoE layers (``TENorm``)."""
+    """``--transformer-impl transformer_engine`` (Megatron-core's default): TE's fused attention saves its output once,
+    as the projection's input, and the TE layer spec fuses the input norm into the QKV GEMM, with a separate pre-MLP
+    norm only in MoE layers. False for a stack without TE (the trial harness, :data:`HARNESS_RUN_OPTIONS`):
+    ``scaled_dot_product_attention``'s output is copied before the projection, so two copies are saved."""
 
     # ---- memory-relevant flags of production stacks ---------------------------------------
     grad_reduce_in_fp32: bool = True
     """``grad_reduce_in_fp32`` (DistributedDataParallelConfig): main gradients and their reduction in fp32 (4 B per
-    parameter); False sizes the gradient buffer in the parameter dtype, bf16 (2 B)
-    (megatron/core/distributed/distributed_data_parallel.py ``DistributedDataParallel.__init__``: ``grad_dtype =
-    torch.float if grad_reduce_in_fp32 else param.dtype``, core_v0.16.0 l.147). Megatron-LM's command line with bf16
-    keeps fp32 (``--accumulate-allreduce-grads-in-fp32``, the seed's run block; ``arguments.py`` l.717-722);
-    every Megatron-Bridge perf recipe sets False (``set_*_common_configs``, docs/production_sources.md F1)."""
+    parameter); False: in the parameter dtype, bf16 (2 B) (distributed_data_parallel.py l.147 at core_v0.16.0). Every
+    Megatron-Bridge perf recipe sets False (docs/production_sources.md F1)."""
     fp8_param_gather: bool = False
     """``fp8_param_gather``: with fp8 / mxfp8 training the compute weights are kept only in the low precision (an
     ``uint8`` param buffer, distributed_data_parallel.py l.139-146), no bf16 copy beside them, and the DP
@@ -155,23 +146,17 @@ class RunOptions:
     """``--fp8-recipe`` of the ``fp8`` precision: ``delayed`` (Megatron's default) or ``tensorwise`` (current
     scaling, Megatron-Bridge FP8-CS). With current scaling (and blockwise, mxfp8, nvfp4) the precision-aware
     optimizer does not own the master weights: they stay fp32 (4 B), not 2-B remainders (optimizer_config.py
-    ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``, l.355-362; measured on H200: +2 B per parameter
-    for tensorwise over delayed, docs/measurements.md)."""
+    ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``, l.355-362; measured, docs/measurements.md)."""
     optimizer_fp8_recipe: str | None = None
-    """``OptimizerConfig.fp8_recipe`` of a **bf16** run, as the framework hands it to megatron-core: None from this
-    project's harness and the seed's slime run (Megatron-LM's ``--fp8-recipe`` default is ``delayed``; either way TE's
-    FusedAdam keeps the masters as 2-B remainders); ``tensorwise`` from Megatron-Bridge, whose ``MixedPrecisionConfig``
-    defaults ``fp8_recipe`` to ``"tensorwise"`` even for ``bf16_mixed`` and copies it onto the optimizer config
-    (``training/mixed_precision.py`` l.45-47 and ``update_config_with_precision_overrides``, v0.2.0 to v0.6.0), so
-    megatron-core's ``use_precision_aware_optimizer_no_fp8_or_ds_fp8`` is False (``optimizer_config.py`` l.404-411
-    at cd4afffa) and the distributed optimizer keeps fp32 master shards itself, 4 B (read in the source,
-    ``benchmarks/data/published_runs_cards.md`` F1; not measured)."""
+    """``OptimizerConfig.fp8_recipe`` of a **bf16** run: None from the harness and slime (TE's FusedAdam keeps the
+    masters as 2-B remainders); ``tensorwise`` from Megatron-Bridge, whose ``MixedPrecisionConfig`` copies it onto the
+    optimizer even for ``bf16_mixed`` (``training/mixed_precision.py`` l.45-47), so the distributed optimizer keeps fp32
+    master shards, 4 B (``optimizer_config.py`` l.404-411 at cd4afffa; ``benchmarks/data/published_runs_cards.md`` F1;
+    not measured)."""
     apply_rope_fusion: bool = True
-    """``apply_rope_fusion`` (Megatron-LM fuses RoPE unless ``--no-rope-fusion``, megatron/training/arguments.py at
-    ``core_v0.19.0``; so do the Megatron-Bridge perf recipes). Unfused, MLA applies RoPE and assembles q and k with
-    ``torch.cat`` / ``expand`` / ``.contiguous()`` copies (megatron/core/transformer/multi_latent_attention.py
-    ``qkv_up_proj_and_rope_apply``), priced by :func:`cost_model.terms.compute.mla_unfused_rope_time`; this project's
-    trial harness runs it unfused unless a trial asks for ``megatron_fusions``."""
+    """``apply_rope_fusion`` (on unless ``--no-rope-fusion``, arguments.py at ``core_v0.19.0``). Unfused, MLA assembles
+    q and k with copies (multi_latent_attention.py ``qkv_up_proj_and_rope_apply``), priced by
+    :func:`cost_model.terms.compute.mla_unfused_rope_time`."""
     cross_entropy_loss_fusion: bool = False
     """``--cross-entropy-loss-fusion``: a fused cross-entropy kernel (its implementation:
     ``cross_entropy_fusion_impl``)."""
@@ -187,11 +172,9 @@ class RunOptions:
     ``transformer_config.py``). Recorded and exported; the cost model does not price it (its time and memory were not
     measured on this project's machines)."""
     bias_activation_fusion: bool = True
-    """``bias_activation_fusion`` (Megatron-LM ``--bias-swiglu-fusion``, on by default; off in this project's
-    trial harness): the (probability-weighted) SwiGLU is one fused function that saves only its input
-    (megatron/core/fusions/fused_bias_swiglu.py ``WeightedSwiGLUFunction``); unfused, autograd also keeps the
-    SiLU output, the gated product and the weighted product (measured: 3 f-wide tensors per routed copy more,
-    docs/measurements.md)."""
+    """``bias_activation_fusion`` (``--bias-swiglu-fusion``, on by default): the SwiGLU saves only its input
+    (fused_bias_swiglu.py ``WeightedSwiGLUFunction``); unfused, autograd keeps 3 f-wide tensors per routed copy more
+    (measured, docs/measurements.md)."""
     cpu_offloading_num_layers: int = 0
     """``--cpu-offloading-num-layers`` with ``--cpu-offloading`` and weights not offloaded (Megatron-Bridge
     ``_set_recompute_overrides``: activations only): the saved activations of that many layers of a pipeline
