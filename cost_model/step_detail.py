@@ -157,17 +157,11 @@ def _logits_forward_time(c: TableContext) -> Array:
 
 
 def forward_parts(c: TableContext, copies: Array) -> dict[str, Array]:
-    """One micro-batch's forward pass per rank class, by part (recompute is 0: it runs in backward).
-
-    Per MoE layer: :func:`recompute.attention_forward_time` + :func:`recompute.moe_forward_time` (the functions
-    recompute uses for one forward), their TP share (:data:`recompute.FORWARD_TP_SHARE`) as ``tp_comm`` and
-    :func:`comm.ep_forward_time` as ``ep_comm``; per dense layer the same with :func:`recompute.dense_forward_time`;
-    ``cp_comm`` is one of :data:`comm.CP_PASSES`; plus :func:`_logits_forward_time`.
-
-    Args:
-        copies: :func:`cost_model.terms.activations.routed_token_copies`, ``(n, 1)``.
-
-    Returns: Seconds per micro-batch, ``(n, K)`` for each of :data:`CHUNK_PARTS`."""
+    """One micro-batch's forward pass per rank class, by part: seconds ``(n, K)`` for each of :data:`CHUNK_PARTS`
+    (recompute 0: it runs in backward). Per MoE layer :func:`recompute.attention_forward_time` +
+    :func:`recompute.moe_forward_time`, their :data:`recompute.FORWARD_TP_SHARE` as ``tp_comm`` and
+    :func:`comm.ep_forward_time` as ``ep_comm``; per dense layer :func:`recompute.dense_forward_time`; ``cp_comm`` one
+    of :data:`comm.CP_PASSES`; plus :func:`_logits_forward_time`."""
     linear = compute.attention_linear_time(c)
     core = compute.core_attention_time(c)
     elem_attn = compute.attention_elementwise_time(c)

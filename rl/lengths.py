@@ -87,14 +87,9 @@ class LengthDistribution:
         cls, mean: float, max_len: int, *, shape: float = DEFAULT_GAMMA_SHAPE,
         names: tuple[str, str] = ("--mean-response-len", "--response-len")
     ) -> LengthDistribution:
-        """A gamma(``shape``) body truncated at ``max_len``, scaled so the truncated mean is ``mean``.
-
-        Truncation puts the gamma's mass above ``max_len`` on ``max_len`` itself (responses cut at ``max_new_tokens``).
-        The scale theta solves ``E[min(X, L)] = k theta P(k+1, L/theta) + L (1 - P(k, L/theta)) = mean`` (P the
-        regularised lower incomplete gamma function), found by bisection.
-
-        ``names`` are the options the mean and the maximum came from, for the errors
-        (``("--mean-prompt-len", "--prompt-len")`` for prompts).
+        """A gamma(``shape``) body truncated at ``max_len`` (its mass above put on ``max_len``), scaled by bisection so
+        that ``E[min(X, L)] = k theta P(k+1, L/theta) + L (1 - P(k, L/theta)) = mean`` (P the regularised lower
+        incomplete gamma). ``names`` are the options the mean and maximum came from, for the errors.
 
         Raises TunerError: ``max_len < 1`` or ``mean`` not in ``(0, max_len)``."""
         mean_name, max_name = names

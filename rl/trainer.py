@@ -144,14 +144,9 @@ def _label(backend: TrainerBackend, lay: Layout) -> str:
 
 def rl_workload(*, sequences: int, mean_total_len: float, max_total_len: int,
                 precision: Precision = Precision.bf16) -> Workload:
-    """The training workload of one RL step: ``sequences`` rows of the mean length.
-
-    Args:
-        sequences: sequences trained per optimizer step (NeMo-RL ``train_global_batch_size``).
-        mean_total_len: mean prompt + response tokens.
-        max_total_len: ``max_total_sequence_length``; the row length is capped there.
-        precision: the training GEMMs' precision (NeMo-RL ``megatron_cfg.fp8_cfg``: ``fp8_recipe:
-            blockwise`` is :attr:`specs.Precision.fp8_blockwise`).
+    """The training workload of one RL step: ``sequences`` rows (NeMo-RL ``train_global_batch_size``) of the mean
+    length, capped at ``max_total_len``; ``precision`` the training GEMMs' (``fp8_recipe: blockwise`` is
+    :attr:`specs.Precision.fp8_blockwise`).
 
     Raises TunerError: non-positive sizes."""
     if sequences < 1 or mean_total_len <= 0:

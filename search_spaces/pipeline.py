@@ -1,14 +1,10 @@
 """Pipeline splits and Megatron's ``--pipeline-model-parallel-layout`` string.
 
-A *split* says how many decoder layers each pipeline rank holds in each of its virtual chunks. The tuner describes it
-with Megatron's own two numbers, ``num_layers_in_first_pipeline_stage`` and ``num_layers_in_last_pipeline_stage``
-(``--decoder-first/last-pipeline-num-layers``), but always hands it to Megatron as a layout string, because the string
-has none of the flags' divisibility limits (the seed's ``Et|(tt|)*30tL`` puts 7 layers on the first rank at VPP 4, which
-``--decoder-first-pipeline-num-layers 7`` would reject since 7 % 4 != 0).
-
-Stage order everywhere is Megatron's execution order, VPP-major: stage ``i = vpp_rank * pp + pp_rank``
-(``PipelineParallelLayerLayout.__init__`` in ``megatron/core/transformer/pipeline_parallel_layer_layout.py``).
-"""
+A *split* says how many decoder layers each pipeline rank holds in each virtual chunk, in Megatron's terms
+``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage``; it is handed to Megatron as a layout
+string, which has none of the flags' divisibility limits (``Et|(tt|)*30tL`` puts 7 layers on the first rank at VPP 4).
+Stage order is Megatron's execution order, VPP-major: stage ``vpp_rank * pp + pp_rank``
+(``megatron/core/transformer/pipeline_parallel_layer_layout.py``)."""
 
 from __future__ import annotations
 

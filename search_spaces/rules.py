@@ -76,11 +76,8 @@ def check_layout(layout: Layout, model: ModelSpec, workload: Workload,
                  env: RuleEnv = DEFAULT_RULE_ENV) -> list[tuple[str, str]]:
     """Every rule ``layout`` breaks, with its reason.
 
-    Args:
-        layout: one layout.
-        model: the model it trains.
-        workload: sequence length and global batch.
-        env: release and network of the environment-dependent rules.
+    Args: layout: one layout; model: the model it trains; workload: sequence length and global batch; env: release and
+    network of the environment-dependent rules.
 
     Returns: ``[(rule_id, reason), ...]`` in check order; empty when the layout is valid."""
     table = LayoutTable.from_layouts([layout])

@@ -66,10 +66,8 @@ def read_user_yaml(text: str, label: str) -> Any:
 def load_user_yaml(path: Any, label: str, expected: str) -> Any:
     """Read and parse a user's YAML file with :func:`read_user_yaml`.
 
-    Args:
-        path: the file (a ``str`` or ``Path``).
-        label: how the file is named in messages (``--space PATH``).
-        expected: what the file should be, for a file that is not text ("a YAML search space").
+    Args: path: the file (a ``str`` or ``Path``); label: how the file is named in messages (``--space PATH``); expected:
+    what the file should be, for a file that is not text ("a YAML search space").
 
     Raises TunerError: the file cannot be read, is not UTF-8 text, or is not accepted by :func:`read_user_yaml`."""
     from specs.files import parse_errors, read_user_text

@@ -290,9 +290,7 @@ def saved_moe_bytes(c: TableContext, moe_block: Array, copies: Array) -> Array:
     megatron-core moe_layer.py); else with ``moe_act`` :func:`expert_activation_fn_bytes`, plus with
     ``shared_experts`` the shared experts; with ``layernorm`` the pre-MLP norm's output (a ``TENorm`` in MoE layers).
 
-    Args:
-        moe_block: :func:`moe_block_bytes`, ``(n, 1)``.
-        copies: :func:`routed_token_copies`, ``(n, 1)``."""
+    Args: moe_block: :func:`moe_block_bytes`, ``(n, 1)``; copies: :func:`routed_token_copies`, ``(n, 1)``."""
     whole = moe_block - layer_input_bytes(c) - norm_bytes(c)
     saved = np.where(c.recomputes("moe"), whole, np.where(c.recomputes("moe_act"),
                                                           expert_activation_fn_bytes(c, copies), 0))
@@ -307,8 +305,7 @@ def saved_dense_bytes(c: TableContext, dense_block: Array) -> Array:
     norm's output stays too); with ``layernorm`` (and not ``mlp``) the norm's output where the norm is a module
     (:func:`pre_mlp_norm_separate`). ``mlp`` does nothing in MoE layers (``TransformerLayer.__init__``).
 
-    Args:
-        dense_block: :func:`dense_block_bytes`, ``(n, 1)``."""
+    Args: dense_block: :func:`dense_block_bytes`, ``(n, 1)``."""
     separate = pre_mlp_norm_separate(c, False)
     kept = norm_bytes(c) + (layer_input_bytes(c) if separate else np.zeros_like(c.tokens))
     norm = norm_bytes(c) if separate else np.zeros_like(c.tokens)
@@ -318,10 +315,9 @@ def saved_dense_bytes(c: TableContext, dense_block: Array) -> Array:
 def kept_bytes(full_layer: Array, saved_attention: Array, saved_mlp: Array) -> Array:
     """A layer's activations under selective recompute (or none): ``full layer - saved attention - saved MLP side``.
 
-    Args:
-        full_layer: the layer without recompute (attention + MLP side), ``(n, 1)``.
-        saved_attention: :func:`saved_attention_bytes`, ``(n, 1)``.
-        saved_mlp: :func:`saved_moe_bytes` or :func:`saved_dense_bytes`, ``(n, 1)``."""
+    Args: full_layer: the layer without recompute (attention + MLP side), ``(n, 1)``; saved_attention:
+    :func:`saved_attention_bytes`, ``(n, 1)``; saved_mlp: :func:`saved_moe_bytes` or :func:`saved_dense_bytes`, ``(n,
+    1)``."""
     return full_layer - saved_attention - saved_mlp
 
 

@@ -177,8 +177,7 @@ def tp_attention_comm(c: TableContext, collective: Array) -> Array:
     """TP / SP communication of the attention block, forward + backward: :data:`SP_COLLECTIVES_PER_BLOCK`
     collectives, less what ``--tp-comm-overlap`` hides.
 
-    Args:
-        collective: :func:`tp_collective_time`, ``(n, 1)``."""
+    Args: collective: :func:`tp_collective_time`, ``(n, 1)``."""
     return SP_COLLECTIVES_PER_BLOCK * collective * _tp_kept(c)
 
 
@@ -191,9 +190,7 @@ def tp_moe_comm(c: TableContext, collective: Array, copies: Array) -> Array:
     """TP communication of a MoE layer's MLP side, forward + backward: the shared experts' SP collectives (if any) plus,
     with ETP > 1, the same four collectives on the dispatched token copies (``2 x copies x h``) over the ETP group.
 
-    Args:
-        collective: :func:`tp_collective_time`, ``(n, 1)``.
-        copies: routed token copies per GPU, ``(n, 1)``."""
+    Args: collective: :func:`tp_collective_time`, ``(n, 1)``; copies: routed token copies per GPU, ``(n, 1)``."""
     shared = np.where(c.dims.shared_ffn > 0, SP_COLLECTIVES_PER_BLOCK * collective, 0.0)
     bw = ring_bandwidth(c, col(c.etp), 1)
     experts = SP_COLLECTIVES_PER_BLOCK * ring_time(BF16_BYTES * copies * c.dims.h, col(c.etp), bw)
@@ -376,8 +373,7 @@ def ep_forward_time(c: TableContext, a2a: Array) -> Array:
     """EP time of one forward pass of a MoE layer (also what a recomputed forward costs):
     :data:`EP_A2A_PER_PASS` all-to-alls (0 when ep = 1) plus the forward fixed cost.
 
-    Args:
-        a2a: :func:`ep_all_to_all_time`, ``(n, 1)``.
+    Args: a2a: :func:`ep_all_to_all_time`, ``(n, 1)``.
 
     Returns: Seconds, ``(n, 1)``; 0 for a dense model."""
     if not c.dims.is_moe:
@@ -389,8 +385,7 @@ def ep_layer_time(c: TableContext, a2a: Array) -> Array:
     """EP time of a MoE layer, forward + backward: two passes of :data:`EP_A2A_PER_PASS` all-to-alls
     and both fixed costs.
 
-    Args:
-        a2a: :func:`ep_all_to_all_time`, ``(n, 1)``.
+    Args: a2a: :func:`ep_all_to_all_time`, ``(n, 1)``.
 
     Returns: Seconds, ``(n, 1)``; 0 for a dense model."""
     if not c.dims.is_moe:

@@ -89,8 +89,7 @@ def gemm_efficiency(flops: Array, cal: Calibration) -> Array:
     """Achieved fraction of peak of a GEMM of ``flops``: ``gemm_efficiency x F / (F + gemm_half_size_flops)``
     (small GEMMs are latency bound; :attr:`Calibration.gemm_half_size_flops`).
 
-    Args:
-        flops: FLOPs of one GEMM, any shape (floored at 1).
+    Args: flops: FLOPs of one GEMM, any shape (floored at 1).
 
     Returns: A fraction in (0, gemm_efficiency), the shape of ``flops``."""
     f = np.maximum(flops, 1.0)
@@ -103,17 +102,11 @@ def attention_linear_flops(c: TableContext) -> Array:
 
 
 def core_attention_flops(c: TableContext) -> Array:
-    """Forward work of causal core attention (QK^T and PV) in multiply-accumulates, half its FLOPs: ``tokens x s x
-    (q_dim + ctx_dim) / 2 / tp`` x (mean keys per query / the full-causal mean). The fitted
-    :attr:`cost_model.calibration.Calibration.attention_efficiency` is against this count, so it is half the achieved
-    fraction of the bf16 peak (the shipped 0.2375 is 0.475 of peak in FLOPs). What the kernel costs beyond this count (a
-    call's fixed part, a window's and the sinks' extra keys, the head dims) is :func:`core_attention_work`.
-
-    Each query attends to ``(s + 1) / 2`` keys on average under the causal mask, fewer on
-    sliding-window layers (:meth:`specs.ModelSpec.attended_keys_per_query`; the window share is the
-    model's ``num_window_layers / num_layers``). Megatron counts ``s / 2`` keys (notes §6.3).
-
-    Returns: Multiply-accumulates, ``(n, 1)``."""
+    """Forward work of causal core attention (QK^T and PV) in multiply-accumulates, ``(n, 1)``: ``tokens x s x (q_dim +
+    ctx_dim) / 2 / tp`` x (mean keys per query / the full-causal mean). ``attention_efficiency`` is against this count
+    (half the FLOPs), so it is half the achieved fraction of peak; what the kernel costs beyond it is
+    :func:`core_attention_work`. A query attends to ``(s + 1) / 2`` keys under the causal mask, fewer on sliding-window
+    layers (:meth:`specs.ModelSpec.attended_keys_per_query`); Megatron counts ``s / 2`` (notes §6.3)."""
     keys_full, keys_win, win_share = _attended_keys(c)
     keys = (1 - win_share) * keys_full + win_share * keys_win
     return _macs_per_key(c) * keys
@@ -341,8 +334,7 @@ def moe_elementwise_time(c: TableContext, copies: Array) -> Array:
     ``expert_bias_bytes_per_copy_moe x h x copies`` when the experts have biases (GPT-OSS; measured on
     1 x H200 with TE 2.20, docs/measurements.md "GPT-OSS-120B's layer features").
 
-    Args:
-        copies: :func:`cost_model.terms.activations.routed_token_copies`, ``(n, 1)``.
+    Args: copies: :func:`cost_model.terms.activations.routed_token_copies`, ``(n, 1)``.
 
     Returns: Seconds, ``(n, 1)``; 0 for a dense model."""
     if not c.dims.is_moe:

@@ -55,8 +55,7 @@ TE_CE_BYTES_CHANGED_IN = (2, 18)
 def embedding_activation_bytes(c: TableContext, inflight: Array) -> Array:
     """The embedding's output kept on rank 0 for each in-flight micro-batch: ``2 x tokens x h / tp x inflight``.
 
-    Args:
-        inflight: :func:`cost_model.terms.schedule.inflight_microbatches`, ``(n, K)``.
+    Args: inflight: :func:`cost_model.terms.schedule.inflight_microbatches`, ``(n, K)``.
 
     Returns: Bytes, ``(n, K)``; 0 on other ranks."""
     return c.is_first * BF16_BYTES * c.tokens * c.dims.h / col(c.tp) * inflight
@@ -70,8 +69,7 @@ def working_set_bytes(c: TableContext, full_moe: Array, full_dense: Array) -> Ar
     layer_idx + 1))``), however many layers the block holds; otherwise ``backward_working_set_fraction`` of one
     layer (its activation gradients). The larger of a MoE and a dense layer, where the rank has that kind.
 
-    Args:
-        full_moe, full_dense: a MoE / dense layer's activations without recompute, ``(n, 1)``."""
+    Args: full_moe, full_dense: a MoE / dense layer's activations without recompute, ``(n, 1)``."""
     one_layer = np.maximum(full_moe * (c.moe_layers > 0), full_dense * (c.dense_layers > 0))
     group = np.where(c.uniform, c.recompute_num_layers, 1.0)
     return np.where(c.full, group * one_layer, one_layer * c.cal.backward_working_set_fraction)
@@ -91,8 +89,7 @@ def offload_kept_bytes(c: TableContext, per_rank: Array) -> Array:
     ``per_rank x (1 - offloaded / layers)``, plus one offloaded layer's worth in transit (the copy to or from the
     host overlaps the next layer; its buffer is on the GPU). Without offload, ``per_rank``.
 
-    Args:
-        per_rank: :func:`cost_model.terms.activations.rank_activation_bytes`, ``(n, K)``."""
+    Args: per_rank: :func:`cost_model.terms.activations.rank_activation_bytes`, ``(n, K)``."""
     off = offloaded_layers(c)
     per_layer = per_rank / np.maximum(c.layers, 1.0)
     return np.where(off > 0, per_rank - off * per_layer + per_layer, per_rank)
@@ -100,15 +97,9 @@ def offload_kept_bytes(c: TableContext, per_rank: Array) -> Array:
 
 def cuda_graph_buffer_bytes(c: TableContext, inflight: Array) -> Array:
     """Static buffers of per-layer CUDA graphs (``--cuda-graph-impl transformer_engine`` with a scope other than the
-    whole iteration): each captured layer keeps static input and output tensors per micro-batch in flight,
-    ``cuda_graph_static_buffers x layer input x layers x inflight`` (TE ``make_graphed_callables`` captures one
-    graph per callable and micro-batch with its own static inputs and outputs). [inferred from TE's graph API; not
-    measured]. A whole-iteration graph replays the step in its own memory pool: no extra term here.
-
-    Args:
-        inflight: in-flight micro-batches, ``(n, K)``.
-
-    Returns: Bytes, ``(n, K)``; 0 without CUDA graphs or with a whole-iteration graph."""
+    whole iteration), bytes ``(n, K)``: ``cuda_graph_static_buffers x layer input x layers x inflight`` (TE
+    ``make_graphed_callables`` keeps static inputs and outputs per callable and micro-batch). [inferred from TE's API;
+    not measured]. A whole-iteration graph replays in its own pool: 0, as without graphs."""
     opt = c.options
     if not opt.cuda_graph_scope or opt.cuda_graph_full:
         return np.zeros_like(c.layers)
@@ -117,33 +108,19 @@ def cuda_graph_buffer_bytes(c: TableContext, inflight: Array) -> Array:
 
 
 def a2a_overlap_extra_bytes(c: TableContext, full_moe: Array) -> Array:
-    """What EP all-to-all overlap (``overlap_moe_expert_parallel_comm``) keeps on top of the schedule's activations:
-    its combined 1F1B runs a forward layer of one (virtual) micro-batch together with a backward layer of another
-    (megatron-core ``combined_1f1b.py``; one more warm-up forward with VPP, ``schedules.py``), and as the forward adds
-    a layer's activations the backward frees one, so the peak holds about one MoE layer more:
-    ``full_moe`` on ranks with MoE layers. [inferred from the schedule: a whole extra micro-batch would put 5
-    published Qwen3-30B-A3B PP 1 rows with overlap at 1.2-1.4x their HBM although they ran]
-
-    Args:
-        full_moe: a MoE layer's activations without recompute, ``(n, 1)``.
-
-    Returns: Bytes, ``(n, K)``; 0 without the overlap."""
+    """What EP all-to-all overlap (``overlap_moe_expert_parallel_comm``) keeps on top of the schedule's activations,
+    bytes ``(n, K)``: its combined 1F1B runs one micro-batch's forward layer with another's backward layer
+    (``combined_1f1b.py``), the backward freeing a layer as the forward adds one, so the peak holds about one MoE layer
+    more: ``full_moe`` (a MoE layer's activations without recompute) on ranks with MoE layers, else 0. [inferred from
+    the schedule]"""
     if not c.options.overlap_moe_expert_parallel_comm or not c.dims.is_moe:
         return np.zeros_like(c.layers)
     return np.where(c.moe_layers > 0, full_moe, 0.0) * c.live
 
 
 def activation_bytes(c: TableContext, per_rank: Array, inflight: Array, embedding: Array, working_set: Array) -> Array:
-    """Peak activation memory of a rank: one micro-batch through its layers x in-flight micro-batches,
-    plus the embedding outputs and the backward working set.
-
-    Args:
-        per_rank: :func:`cost_model.terms.activations.rank_activation_bytes`, ``(n, K)``.
-        inflight: in-flight micro-batches, ``(n, K)``.
-        embedding: :func:`embedding_activation_bytes`, ``(n, K)``.
-        working_set: :func:`working_set_bytes`, ``(n, K)``.
-
-    Returns: Bytes, ``(n, K)``; 0 in padding columns."""
+    """Peak activation memory of a rank, bytes ``(n, K)`` (0 in padding columns): ``per_rank`` (one micro-batch through
+    its layers) x ``inflight`` micro-batches, plus the ``embedding`` outputs and the backward ``working_set``."""
     return (per_rank * inflight + embedding + working_set) * c.live
 
 
@@ -173,8 +150,7 @@ def dispatcher_buffer_bytes(c: TableContext, copies: Array) -> Array:
     """Token-dispatcher buffers on a rank with MoE layers: flex (DeepEP / HybridEP) keeps fixed communication buffers,
     ``flex_dispatcher_buffer_bytes``; alltoall / allgather :data:`PERMUTED_TOKEN_BUFFERS` x ``2 x copies x h``.
 
-    Args:
-        copies: routed token copies per GPU, ``(n, 1)``.
+    Args: copies: routed token copies per GPU, ``(n, 1)``.
 
     Returns: Bytes, ``(n, K)``; 0 for a dense model, on ranks without MoE layers and in padding."""
     if not c.dims.is_moe:
@@ -197,8 +173,7 @@ def framework_overhead_bytes(c: TableContext, dynamic: Array) -> Array:
     """CUDA context and workspaces, NCCL buffers per communicator, and the caching allocator's
     fragmentation (``allocator_overhead_fraction`` of the dynamic memory).
 
-    Args:
-        dynamic: activations + logits + dispatcher buffers, ``(n, K)``.
+    Args: dynamic: activations + logits + dispatcher buffers, ``(n, K)``.
 
     Returns: Bytes, ``(n, K)``; 0 in padding columns."""
     cal = c.cal

@@ -62,8 +62,7 @@ def cpu_adam_time(c: TableContext, offloaded: Array) -> Array:
     """The host's CPU Adam for all its GPUs' offloaded states: ``offloaded x GPUs per node /
     cpu_adam_params_per_s_per_node`` (the node's CPUs are shared).
 
-    Args:
-        offloaded: :func:`offloaded_params`, ``(n,)``."""
+    Args: offloaded: :func:`offloaded_params`, ``(n,)``."""
     per_node = float(min(c.gpus_per_node, c.world))
     return offloaded * per_node / c.cal.cpu_adam_params_per_s_per_node
 

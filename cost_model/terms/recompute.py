@@ -42,9 +42,8 @@ def attention_forward_time(c: TableContext, linear: Array, core: Array, elementw
     (:func:`cost_model.terms.compute.attention_forward_time`, its measured share) + the forward share of its
     memory-bound work + its forward TP collectives + the forward share of MLA's unfused RoPE.
 
-    Args:
-        unfused_rope: :func:`cost_model.terms.compute.mla_unfused_rope_time` (forward + backward), ``(n, 1)``; its
-            ``unfused_mla_rope_forward_share`` is the forward's.
+    Args: unfused_rope: :func:`cost_model.terms.compute.mla_unfused_rope_time` (forward + backward), ``(n, 1)``; its
+    ``unfused_mla_rope_forward_share`` is the forward's.
 
     Returns: Seconds, ``(n, 1)``."""
     return (linear + compute.attention_forward_time(core) + elementwise / _forward_share(c) + tp * FORWARD_TP_SHARE

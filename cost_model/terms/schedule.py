@@ -45,16 +45,11 @@ def inflight_1f1b(c: TableContext) -> Array:
 
 
 def inflight_interleaved(c: TableContext) -> Array:
-    """Micro-batches' worth of activations rank r holds at its peak under the interleaved schedule:
-    ``min((pp - r - 1) x 2 + (vpp - 1) x pp + 1, M x vpp) / vpp``.
-
-    schedules.py ``forward_backward_pipelining_with_interleaving``: ``num_warmup_microbatches = (pp - r - 1) * 2 + (vpp
-    - 1) * microbatch_group_size_per_vp_stage`` (default group size = pp) virtual micro-batches, capped at ``M x vpp``,
-    then one more forward; each virtual micro-batch holds one chunk, ``1 / vpp`` of the rank's layers. Not modelled:
-    with ``M == pp`` Megatron runs every forward first on every rank (ranks > 0 hold more than this), and the one extra
-    warm-up micro-batch of ``--overlap-moe-expert-parallel-comm``.
-
-    Returns: Micro-batches (of the rank's whole layers), ``(n, K)``."""
+    """Micro-batches' worth of activations rank r holds at its peak under the interleaved schedule, ``(n, K)``:
+    ``min((pp - r - 1) x 2 + (vpp - 1) x pp + 1, M x vpp) / vpp`` (schedules.py
+    ``forward_backward_pipelining_with_interleaving``'s warm-up plus one forward, each virtual micro-batch one chunk).
+    Not modelled: with ``M == pp`` Megatron runs every forward first, and the extra warm-up of
+    ``--overlap-moe-expert-parallel-comm``."""
     pp, vpp = col(c.pp), col(c.vpp)
     return np.minimum((pp - c.rank - 1) * 2 + (vpp - 1) * pp + 1, col(c.micro_batches) * vpp) / vpp
 
@@ -69,8 +64,7 @@ def inflight_microbatches(c: TableContext) -> Array:
 def slowest_rank_time(per_microbatch: Array) -> Array:
     """The slowest rank class's time per micro-batch (which paces the steady state).
 
-    Args:
-        per_microbatch: seconds per micro-batch per rank class (0 in padding), ``(n, K)``.
+    Args: per_microbatch: seconds per micro-batch per rank class (0 in padding), ``(n, K)``.
 
     Returns: Seconds, ``(n,)``."""
     out: Array = per_microbatch.max(axis=1)
@@ -90,9 +84,8 @@ def busy_time(c: TableContext, part: Array, mean: Array) -> Array:
     communication): its share of the ranks' busy time ``M x mean``,
     ``M x mean x (sum_k count_k x part_k / pp) / mean``. The parts' busy times add up to ``M x mean``.
 
-    Args:
-        part: seconds per micro-batch per rank class, ``(n, K)``.
-        mean: :func:`mean_rank_time` of all the parts together, ``(n,)``.
+    Args: part: seconds per micro-batch per rank class, ``(n, K)``; mean: :func:`mean_rank_time` of all the parts
+    together, ``(n,)``.
 
     Returns: Seconds per step, ``(n,)``."""
     ranks: Array = (part * c.live * c.rank_count).sum(axis=1)

@@ -135,8 +135,7 @@ def optimizer_state_bytes(c: TableContext, owned: Array) -> Array:
     (``--optimizer-offload-fraction`` f > 0) the GPU keeps :data:`OFFLOAD_GPU_STATE_BYTES` x ``owned x (1 - f)``
     (HybridDeviceOptimizer moves the share f to the host and steps the rest with fp32 clones and fp32 moments).
 
-    Args:
-        owned: :func:`owned_params`, ``(n, K)``."""
+    Args: owned: :func:`owned_params`, ``(n, K)``."""
     f = c.offload_fraction
     return np.where(f > 0, OFFLOAD_GPU_STATE_BYTES, optimizer_bytes_per_param(c)) * owned * (1.0 - f)
 
