@@ -1,13 +1,9 @@
-"""Reading a user's files and writing outputs: the one guard every reader and writer goes through.
+"""Reading a user's files and writing outputs.
 
 Reading (:func:`read_user_text`, :func:`load_user_json`): parsers' recursion and conversion errors come back as one
-:class:`TunerError` naming the file.
-
-Writing (:func:`write_output`): the text goes to a temporary file in the same folder, which is then renamed over the
-target, so a reader never sees half a file and a full disk leaves the old file as it was. A link, a folder or another
-kind of file at the target is refused unless ``force``; the folder must exist (nothing is created that the user did not
-name). A failed write names the file and, for a full disk, says so.
-"""
+:class:`TunerError` naming the file. Writing (:func:`write_output`): a temporary file in the same folder renamed over
+the target, so a reader never sees half a file and a full disk leaves the old one; a link, a folder or another kind of
+file at the target is refused unless ``force``; the folder must exist; a failed write names the file."""
 
 from __future__ import annotations
 

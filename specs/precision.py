@@ -48,18 +48,11 @@ class Precision(str, Enum):
 
     @property
     def saved_gemm_input_bytes(self) -> float:
-        """Bytes per element of an activation a quantised GEMM saves for its backward (its input, kept for
-        the weight gradient), on a stack with Transformer Engine.
-
-        Measured on 1 x H200 (TE 2.20.2, megatron-core 0.19.2,
-        ``benchmarks/results/h200_te_2026-12-01/call12/census.jsonl``, ``mm-fp8-delayed``): in fp8 the QKV
-        GEMM's input (the fused norm's output), the output projection's input and the experts' fc1 / fc2
-        inputs are saved as ``uint8`` column-wise copies, 1 B per element (TE ``Float8Tensor``; Hopper
-        current scaling also drops the row-wise copy before backward, TE ``module/grouped_linear.py``
-        "Free Rowwise Data in backward pass"); attention's Q, K, V and output stay bf16. MX formats add one
-        E8M0 scale per 32 elements (mxfp8: 1 + 1/32 B); nvfp4 one fp8 scale per 16 (0.5 + 1/16 B)
-        (TE ``MXFP8Tensor`` / ``NVFP4Tensor``; not measured: Hopper has neither). bf16: 2.
-        """
+        """Bytes per element of the input a quantised GEMM saves for its weight gradient, with Transformer Engine: fp8 1
+        (``uint8`` column-wise copies of the QKV, output-projection and expert fc1 / fc2 inputs, TE ``Float8Tensor``; Q,
+        K, V and attention's output stay bf16), mxfp8 1 + 1/32, nvfp4 0.5 + 1/16 (their E8M0 / fp8 scales, TE
+        ``MXFP8Tensor`` / ``NVFP4Tensor``; not measured), bf16 2. fp8 measured on 1 x H200
+        (``benchmarks/results/h200_te_2026-12-01/call12/census.jsonl``, ``mm-fp8-delayed``)."""
         return {
             Precision.bf16: 2.0,
             Precision.fp8: 1.0,

@@ -68,14 +68,11 @@ def is_study_folder(folder: Path) -> bool:
 def check_output_path(option: str, path: Path, *, writes: str | None = None, study: str | None = None,
                       force: bool = False) -> None:
     """Refuse an output file (``--out``, ``--csv``, ``--png``, ``--export``, ...) that would overwrite a study: an
-    existing SQLite database (an Optuna RDB storage), an Optuna journal (JSON lines with ``op_code``), or a file a
-    study's folder keeps for itself (:data:`STUDY_OWN_FILES`); and one under a file. In a study's folder, one of the
-    study's outputs (:data:`STUDY_OUTPUT_FILES`) is only written over by the same kind of output of the same study
-    (``writes``: the file name that output has there, e.g. ``recipe.yaml`` for ``tune export --format recipe``;
-    ``study``: the study this command reads, whose folder is ``<results-dir>/<study>``). A missing folder is not
-    created; a folder is refused; a link or a file that is not a regular file is replaced only with ``force``
-    (``--force``), and then the link itself, not what it points to (:func:`specs.files.write_output`, which also checks
-    the kind of file).
+    SQLite database (an Optuna RDB storage), an Optuna journal (JSON lines with ``op_code``), a file a study's folder
+    keeps for itself (:data:`STUDY_OWN_FILES`), or a path under a file. In a study's folder a study output
+    (:data:`STUDY_OUTPUT_FILES`) is only replaced by the same output (``writes``, e.g. ``recipe.yaml``) of the same
+    ``study``. A folder is refused; a link or a special file is replaced only with ``force`` (the link itself,
+    :func:`specs.files.write_output`).
 
     Raises TunerError: naming ``option``, the path and why."""
     if not path.parent.is_dir():
