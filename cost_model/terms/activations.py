@@ -48,36 +48,28 @@ __all__ = [
     "stored_layer_bytes",
 ]
 
-#: Hidden-size bf16 tensors the attention block keeps besides Q, K, V and its output on a stack **without**
-#: Transformer Engine (this project's no-TE harness, megatron-core's local spec with a separate norm module), in
-#: units of h per token: the norm's input, its output (the QKV GEMM's input) and one more hidden-size tensor
-#: (Korthikanti's inventory has two; the no-TE H200 trials were predicted within 4.6% with three,
-#: docs/measurements.md; the golden test states the difference).
+#: Hidden-size bf16 tensors the attention block keeps besides Q, K, V and its output **without** Transformer Engine
+#: (megatron-core's local spec), in units of h per token: the norm's input, its output and one more (Korthikanti's
+#: inventory has two; three predicted the no-TE H200 trials within 4.6%, docs/measurements.md).
 ATTENTION_HIDDEN_TENSORS = 3.0
 
-#: Hidden-size tensors of the attention block under Transformer Engine: the fused norm's input (bf16) and its
-#: output, the QKV GEMM's input (bf16, or 1 B in fp8). **Measured** on 1 x H200 (TE 2.20.2, megatron-core 0.19.2;
-#: saved-tensor census of ``decoder.layers.0.self_attention``, MiniMax-M2 bf16: two ``[8192, 3072]``
-#: bf16 tensors besides Q, K, V, the output and the QK-norm inputs; fp8: one bf16 and one ``uint8 [3072, 8192]``),
-#: ``benchmarks/results/h200_te_2026-12-01/call12/census.jsonl``.
+#: Hidden-size tensors of the attention block under Transformer Engine: the fused norm's input (bf16) and the QKV GEMM's
+#: input (bf16, or 1 B in fp8). **Measured** (saved-tensor census of ``decoder.layers.0.self_attention`` on 1 x H200,
+#: ``benchmarks/results/h200_te_2026-12-01/call12/census.jsonl``).
 TE_ATTENTION_HIDDEN_TENSORS = 2.0
 
 #: Bytes per token per expert the router and the token permutation keep: the fp32 router logits (4 B) and the
-#: dispatcher's int64 routing map (8 B). **Measured** (same census, MiniMax-M2 1-layer, 8,192 tokens x 256
-#: experts: an 8 MiB ``float32 [8192, 256]`` and a 16 MiB ``int64`` storage in ``decoder.layers.0.mlp``, plus
-#: < 1 MiB of top-k indices and probabilities).
+#: dispatcher's int64 routing map (8 B). **Measured** (same census, ``decoder.layers.0.mlp``).
 ROUTER_BYTES_PER_TOKEN_EXPERT = 12.0
 
-#: Hidden-size tensors per routed token copy: the permuted tokens, fc1's input. **Measured** (census of
-#: ``mlp.experts``: one ``[65536, 3072]`` storage per 65,536 routed copies; no second hidden-size tensor: with the
-#: probabilities applied inside the activation, megatron-core >= 0.13, the unpermute keeps no hidden-size operand).
+#: Hidden-size tensors per routed token copy: the permuted tokens, fc1's input (the unpermute keeps none: the
+#: probabilities are applied inside the activation, megatron-core >= 0.13). **Measured** (census of ``mlp.experts``).
 EXPERT_HIDDEN_TENSORS = 1.0
 
 #: Extra expert-width tensors per routed copy when the probability-weighted SwiGLU is **not** fused
-#: (``bias_activation_fusion`` False): autograd keeps the SiLU output, the gated product and the weighted product
-#: besides fc1's output and fc2's input. **Measured** (census of ``mlp.experts``, bf16: ``h + 6 f`` elements per copy,
-#: fc1 out 2f + fc2 in f + these 3f; fp8: 5 bf16 f-wide tensors + 1-B fc1 and fc2 inputs). The fused
-#: ``WeightedSwiGLUFunction`` saves only its input and the probabilities (megatron/core/fusions/fused_bias_swiglu.py).
+#: (``bias_activation_fusion`` False): the SiLU output, the gated product and the weighted product. **Measured** (census
+#: of ``mlp.experts``: ``h + 6 f`` elements per copy in bf16); the fused ``WeightedSwiGLUFunction`` saves only its input
+#: and the probabilities (megatron/core/fusions/fused_bias_swiglu.py).
 UNFUSED_EXPERT_ACTIVATION_TENSORS = 3.0
 
 #: The same for a dense (or shared-expert) gated MLP, which has no probabilities: the SiLU output kept by the

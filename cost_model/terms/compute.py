@@ -53,31 +53,22 @@ FLOPS_PER_MAC = 2.0
 #: (Megatron's ``6 = 3 x 2`` FLOPs per parameter and token, training.py).
 GEMM_PASSES = 3.0
 
-#: HBM bytes-equivalent per logit element of the loss, forward + backward, of each of megatron-core 0.19's
-#: cross-entropy paths (:attr:`specs.RunOptions.cross_entropy_path`). **Measured** on 1 x H200 (TE 2.20.2, torch 2.11,
-#: ``benchmarks/h200_ce.py``, rows in ``benchmarks/results/h200_te_2026-12-01/call20/ce.jsonl``): the
-#: loss's forward + backward time on 8,192 x V bf16 logits, V = 128,256 .. 201,088, times the GPU's achieved copy
-#: bandwidth (3.75-4.22 TB/s), over the elements; the median of five vocabularies (spread within 3%, the first
-#: measured at 70.5 for ``unfused``). Reading the code gives the order, not the size: the unfused path makes about
-#: 13 fp32 passes (``.float()``, max, subtract, exp, sum, divide; the backward's multiply and cast), the jit-fused
-#: ``native`` path fewer, TE's Triton kernels two bf16 reads and the gradient.
+#: HBM bytes-equivalent per logit element of the loss, forward + backward, of each of megatron-core 0.19's cross-entropy
+#: paths (:attr:`specs.RunOptions.cross_entropy_path`): the loss's time on 8,192 x V bf16 logits (V = 128,256 ..
+#: 201,088) times the GPU's achieved copy bandwidth, over the elements, the median of five vocabularies. **Measured** on
+#: 1 x H200 (``benchmarks/h200_ce.py``, ``benchmarks/results/h200_te_2026-12-01/call20/ce.jsonl``).
 CROSS_ENTROPY_BYTES_PER_LOGIT = {"unfused": 64.0, "native": 49.0, "te": 9.5}
 
-#: Core attention's speed by (q / k head dim, v head dim) relative to head dim 128, the same heads, kv groups and
-#: length. **Measured** on 1 x H200 (TE 2.20.2 cuDNN FusedAttention, bf16, causal; ``benchmarks/h200_attention.py``,
-#: rows in ``benchmarks/results/h200_te_2026-12-02/call29/attn/attention.jsonl``, derived by ``--compare``): the GPU
-#: kernels' forward + backward time at 32 heads, 8 kv groups, 8,192 tokens, above the fixed part of a call
-#: (:attr:`cost_model.calibration.Calibration.attention_call_macs`). (192, 128) is MLA's shape (DeepSeek-V3, Kimi-K2).
-#: Judged on shapes no constant came from (other lengths, head counts, micro-batch 2): within 3.4%. Measured on Hopper
-#: only; the same ratios are used on every GPU. Not fitted.
+#: Core attention's speed by (q / k head dim, v head dim) relative to head dim 128 at the same heads, kv groups and
+#: length, above a call's fixed part (:attr:`cost_model.calibration.Calibration.attention_call_macs`); (192, 128) is
+#: MLA's. **Measured** on 1 x H200 (cuDNN FusedAttention, bf16, causal; ``benchmarks/h200_attention.py --compare``,
+#: ``benchmarks/results/h200_te_2026-12-02/call29``); used on every GPU. Not fitted.
 ATTENTION_HEAD_DIM_FACTOR: dict[tuple[int, int], float] = {
     (64, 64): 0.827, (96, 96): 0.777, (128, 128): 1.0, (192, 128): 0.861, (192, 192): 0.680, (256, 256): 0.773}
 
-#: Core attention's forward over its forward + backward. **Measured** in the same kernels as
-#: :data:`ATTENTION_HEAD_DIM_FACTOR`: the median over the 27 full-attention shapes none of the judged ones is among,
-#: 0.238 (0.17 at head dim 192 to 0.26 at 128 and 8,192 tokens; the seven judged shapes 0.19-0.26). A GEMM's is a third
-#: (:data:`GEMM_PASSES`); attention's backward recomputes the scores, so its forward is less. What core-attention and
-#: full recompute re-run. Not fitted.
+#: Core attention's forward over its forward + backward (a GEMM's is a third; attention's backward recomputes the
+#: scores): the median over 27 full-attention shapes, 0.17-0.26 (same measurement as :data:`ATTENTION_HEAD_DIM_FACTOR`).
+#: What core-attention and full recompute re-run. Not fitted.
 ATTENTION_FORWARD_SHARE = 0.238
 
 #: GEMMs of the attention projections: QKV and the output projection (their FLOPs are

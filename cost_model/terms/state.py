@@ -39,20 +39,16 @@ MASTER_REMAINDER_BYTES = 2.0
 #: (``mem-mm-offload-0.5``, ``docs/measurements.md``): no 2-B remainders, 12 B per GPU-stepped parameter.
 OFFLOAD_GPU_STATE_BYTES = 3 * FP32_BYTES
 
-#: Bytes per parameter of the first ``HybridDeviceOptimizer`` that megatron-core 0.19 builds over the model's unsharded
-#: parameters (``get_megatron_optimizer``) before ``DistributedOptimizer.__init__`` replaces it with one over its shards
-#: (``distrib_optimizer.py`` l.778-781): its fp32 clones (GPU for the kept share, host for the offloaded one) stay alive
-#: until Python's cyclic collector runs (its sub-optimizers' step hooks close over it). Measured on 1 x H200
-#: (``benchmarks/results/h200_te_2026-12-01``, ``mem-mm-offload-*`` with and without ``gc.collect()`` after the build):
-#: 9.1 GiB of GPU fp32 and 9.1 GiB of host fp32 at fraction 0.5 on 4.9 G parameters, freed by the collection.
+#: Bytes per parameter of the first ``HybridDeviceOptimizer`` megatron-core 0.19 builds over the unsharded parameters
+#: before ``DistributedOptimizer.__init__`` replaces it (``distrib_optimizer.py`` l.778-781): its fp32 clones stay alive
+#: until Python's cyclic collector runs. **Measured** on 1 x H200 (``benchmarks/results/h200_te_2026-12-01``,
+#: ``mem-mm-offload-*`` with and without ``gc.collect()``).
 OFFLOAD_BUILD_LEAK_BYTES = FP32_BYTES
 
-#: GPU bytes per offloaded parameter that the build leaves reserved with CPU optimizer offload: each offloaded
-#: parameter is first cloned on the GPU (``param.detach().clone().cpu()``, ``_get_sub_optimizer_param_groups``), so
-#: its bf16 clone goes back to PyTorch's caching allocator, which keeps it reserved. Measured on 1 x H200
-#: (``benchmarks/results/h200_te_2026-12-01``): reserved minus allocated after the build 9.4 GiB at fraction 1.0 (2 B
-#: x 4.9 G parameters), released by ``torch.cuda.empty_cache()``; the peak reserved kept 10.3 GiB over the peak
-#: allocated at 1.0 and 6.4 at 0.5.
+#: GPU bytes per offloaded parameter the build leaves reserved with CPU optimizer offload: each is first cloned on the
+#: GPU (``_get_sub_optimizer_param_groups``) and the bf16 clone stays in PyTorch's caching allocator. **Measured** on 1
+#: x H200 (``benchmarks/results/h200_te_2026-12-01``: 9.4 GiB reserved over allocated at fraction 1.0 on 4.9 G
+#: parameters).
 OFFLOAD_BUILD_CACHED_BYTES = BF16_BYTES
 
 MAIN_GRAD_BYTES = FP32_BYTES
