@@ -65,7 +65,7 @@ def warmup_microbatches(pp: int, rank: int, vpp: int, num_microbatches: int, gro
     1F1B (vpp 1): ``pp - rank - 1``; interleaved: ``(pp - rank - 1) * 2 + (vpp - 1) * group``; both capped
     at the rank's ``num_microbatches * vpp`` chunk forwards.
 
-    Args: pp: pipeline-parallel size; rank: pipeline rank 0 .. pp-1; vpp: chunks per rank;; num_microbatches: M per step
+    Args: pp: pipeline-parallel size; rank: pipeline rank 0 .. pp-1; vpp: chunks per rank; num_microbatches: M per step
     per DP rank; group: ``microbatch_group_size_per_vp_stage`` (default pp).
 
     Returns: A count of chunk forwards (>= 0)."""

@@ -1,19 +1,11 @@
-"""Activation memory of one decoder layer for one micro-batch, by part, and what recompute keeps of it.
+"""Activation memory of one decoder layer for one micro-batch, by part, and what recompute keeps of it: bytes, ``(n,
+1)`` unless a function says ``(n, K)``.
 
-Source: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
-(arXiv 2205.05198, §4 and Table 2), tensor by tensor, with these conventions of ours (see
-``tests/cost_model_tests/test_activations_golden.py`` for the term-by-term mapping):
-
-- bf16 activations (2 bytes), no dropout masks (Megatron's LLM recipes train with dropout 0);
-- flash attention: the ``5as/h`` score terms are not kept; the softmax statistics are (fp32, one per head and token);
-- sequence parallelism with every TP > 1 (the search turns it on): every tensor is split by TP,
-  so all terms divide by ``tp`` (their ``34 sbh / t`` row);
-- GQA / MLA widths (``q_dim``, ``kv_dim``, ``ctx_dim``), QK norm, MoE token copies
-  (``top-k x tokens x ETP / TP`` per GPU, x the load imbalance), router and shared experts;
-- s is the context-parallel shard: ``tokens = micro_batch x seq / cp``.
-
-Every function returns bytes for one layer and one micro-batch, shape ``(n, 1)`` unless it says ``(n, K)``.
-"""
+Source: Korthikanti et al. 2022 (arXiv 2205.05198, §4 and Table 2), tensor by tensor
+(``tests/cost_model_tests/test_activations_golden.py`` maps the terms), with bf16 activations and no dropout masks;
+flash attention (no ``5as/h`` scores; fp32 softmax statistics per head and token); sequence parallelism with every TP >
+1, so every term divides by ``tp``; GQA / MLA widths, QK norm, MoE token copies (``top-k x tokens x ETP / TP`` per GPU,
+x the load imbalance), router and shared experts; ``tokens = micro_batch x seq / cp``."""
 
 from __future__ import annotations
 
@@ -107,18 +99,15 @@ def qk_norm_bytes(c: TableContext) -> Array:
 
 
 def attention_bytes(c: TableContext) -> Array:
-    """The attention block, bytes per micro-batch: ``tokens / tp x (hidden + 2 (q_dim + saved_kv_dim) + output +
-    (2 + g) latent_dim) + 4 x tokens x heads / tp`` (+ :func:`qk_norm_bytes`), g = the saved GEMM-input bytes.
+    """The attention block, bytes per micro-batch: ``tokens / tp x (hidden + 2 (q_dim + saved_kv_dim) + output + (2 + g)
+    latent_dim) + 4 x tokens x heads / tp`` (+ :func:`qk_norm_bytes`), g the saved GEMM-input bytes (Korthikanti §4.1
+    without the scores and the dropout mask).
 
-    Under Transformer Engine (:attr:`specs.RunOptions.te_attention`, measured on H200): hidden = the fused norm's
-    input in bf16 and its output, the QKV GEMM's input, at g bytes (:data:`TE_ATTENTION_HIDDEN_TENSORS`); TE's fused
-    attention saves Q, K, V and its output in bf16 (the output is the projection's input; in fp8 the projection
-    keeps one more, quantised, copy: ``+ g x ctx_dim``); its fp32 softmax statistics (logsumexp per head and token).
-    Without TE (this project's no-TE harness): :data:`ATTENTION_HIDDEN_TENSORS` bf16 hidden-size tensors and two
-    copies of the output (``scaled_dot_product_attention``'s output is permuted into a new tensor). MLA: the
-    expanded keys and values (``saved_kv_dim``) and the two latents, each saved as an up-projection's input (bf16)
-    and its norm's output (g). Korthikanti §4.1 "attention block" without the ``5as^2b`` scores and the dropout
-    mask (flash attention, dropout 0)."""
+    Under Transformer Engine (measured on H200): hidden is the norm's input in bf16 and the QKV GEMM's input at g
+    (:data:`TE_ATTENTION_HIDDEN_TENSORS`); Q, K, V and the output in bf16 (in fp8 the projection keeps one more
+    quantised copy, ``+ g x ctx_dim``); the fp32 logsumexp per head and token. Without TE:
+    :data:`ATTENTION_HIDDEN_TENSORS` bf16 tensors and two copies of the output. MLA: the expanded keys and values
+    (``saved_kv_dim``) and the two latents, each as an up-projection's input (bf16) and its norm's output (g)."""
     m = c.dims
     tp = col(c.tp)
     g = c.saved_gemm_input_bytes

@@ -125,13 +125,9 @@ def ring_time(bytes_full: Array, group: Array, bw: Array) -> Array:
 
 
 def distinct_groups_hit(num_experts: float, topk: float, groups: Array) -> Array:
-    """Expected number of groups (GPUs or nodes, each holding ``num_experts / groups`` experts)
-    that hold at least one of a token's ``topk`` distinct experts, under uniform routing (what
-    ``--moe-router-force-load-balancing`` does): ``groups * (1 - prod_i (E - E/groups - i) / (E - i))``,
-    i = 0..topk-1 (hypergeometric: the chance that no chosen expert is in a given group).
-
-    Units: a count (0 < result <= min(groups, topk)). Used for the flex dispatcher's deduplicated
-    sends (DeepEP README: tokens are sent once per destination rank / node).
+    """Expected number of groups (GPUs or nodes, each holding ``num_experts / groups`` experts) holding at least one of
+    a token's ``topk`` distinct experts under uniform routing: ``groups * (1 - prod_i (E - E/groups - i) / (E - i))``, i
+    = 0..topk-1 (hypergeometric). A count in ``(0, min(groups, topk)]``, for the flex dispatcher's deduplicated sends.
     """
     g: Array = np.maximum(np.asarray(groups, dtype=np.float64), 1.0)
     per = num_experts / g
@@ -335,14 +331,10 @@ def _fixed_layer_cost(c: TableContext) -> Array:
 
 
 def fp8_quantize_cost(c: TableContext) -> float:
-    """Fixed cost of quantising one local expert GEMM's operands with per-tensor fp8 (``--fp8-recipe delayed`` /
-    ``tensorwise``, the recipes measured): ``fp8_quantize_overhead_s`` (x :data:`FP8_CURRENT_SCALING_KERNELS` for
-    current scaling). TE's ``GroupedLinear`` quantises each expert's slice with kernels of its own, launch bound at a
-    few hundred rows per expert (measured on 1 x H200: the fp8 MiniMax-M2 slice with 256 local experts ran slower
-    than bf16, docs/measurements.md). Blockwise, MXFP8 and NVFP4 (Blackwell; not measured here) get none: applied to
-    them it worsened the k-fold error of the published Blackwell MoE rows.
-
-    Returns: Seconds per local expert GEMM (a scalar); 0 for other precisions and without TE."""
+    """Fixed cost of quantising one local expert GEMM's operands with per-tensor fp8 (``delayed`` / ``tensorwise``),
+    seconds (a scalar): ``fp8_quantize_overhead_s`` (x :data:`FP8_CURRENT_SCALING_KERNELS` for current scaling); TE's
+    ``GroupedLinear`` quantises each expert's slice with kernels of its own (docs/measurements.md). 0 for other
+    precisions (blockwise, MXFP8, NVFP4: not measured) and without TE."""
     if c.workload.precision.value != "fp8" or not c.options.te_attention:
         return 0.0
     kernels = FP8_CURRENT_SCALING_KERNELS if c.options.fp8_recipe == "tensorwise" else 1.0
@@ -398,14 +390,11 @@ def ep_layer_time(c: TableContext, a2a: Array) -> Array:
 
 
 def dp_bytes_per_param(c: TableContext) -> Array:
-    """Data-parallel bytes per parameter per step with the distributed optimizer: the main-gradient reduce-scatter
-    in the gradient dtype (:func:`cost_model.terms.state.main_grad_bytes_per_param`: 4 with ``grad_reduce_in_fp32``,
-    2 without) and the parameter all-gather in the compute weights' dtype (bf16, or the quantised bytes with
-    ``fp8_param_gather``: megatron/core/distributed/param_and_grad_buffer.py gathers the param buffer as it is
-    stored); without the distributed optimizer an all-reduce, two gradient reduce-scatters.
-    (:data:`DISTOPT_BYTES_PER_PARAM` = 6 with fp32 grads and bf16 weights.)
-
-    Returns: Bytes per parameter, ``(n, 1)``."""
+    """Data-parallel bytes per parameter per step, ``(n, 1)``: with the distributed optimizer the main-gradient
+    reduce-scatter in the gradient dtype (:func:`cost_model.terms.state.main_grad_bytes_per_param`) and the parameter
+    all-gather in the compute weights' dtype (bf16, or the quantised bytes with ``fp8_param_gather``,
+    param_and_grad_buffer.py); without it an all-reduce, two gradient reduce-scatters. (:data:`DISTOPT_BYTES_PER_PARAM`
+    = 6 with fp32 grads and bf16 weights.)"""
     grad = state.main_grad_bytes_per_param(c)
     gather = c.low_precision_weight_bytes if c.options.low_precision_params(c.workload.precision) else BF16_BYTES
     return np.where(c.distributed_optimizer, grad + gather, 2 * grad)

@@ -217,16 +217,12 @@ def head_dim_factor(pair: tuple[int, int], table: dict[tuple[int, int], float]) 
 
 
 def core_attention_work(c: TableContext) -> Array:
-    """What the attention kernel costs, forward, in multiply-accumulates at the head-dim-128 speed: the causal count
-    (:func:`core_attention_flops`) with the keys a sliding window and a learnable softmax cost beyond their own
-    (:attr:`~cost_model.calibration.Calibration.attention_window_extra_keys` per query on the windowed layers'
-    share, :attr:`~cost_model.calibration.Calibration.attention_sink_extra_keys` on every layer when ``softmax_type``
-    is not vanilla), plus the fixed part of a full-attention call
-    (:attr:`~cost_model.calibration.Calibration.attention_call_macs` per sequence of the micro-batch, on the
-    full-attention layers' share), over :func:`attention_head_dim_factor`. Measured with cuDNN's fused attention on
-    1 x H200 (TE 2.20.2, ``benchmarks/h200_attention.py``, ``benchmarks/results/h200_te_2026-12-02/call29``).
-
-    Returns: MAC-equivalents per layer per micro-batch per GPU, ``(n, 1)``."""
+    """What the attention kernel costs, forward, in multiply-accumulates at the head-dim-128 speed per layer,
+    micro-batch and GPU, ``(n, 1)``: :func:`core_attention_flops` plus the extra keys of a sliding window
+    (``attention_window_extra_keys`` per query, windowed layers) and of a learnable softmax
+    (``attention_sink_extra_keys``), plus ``attention_call_macs`` per sequence on the full-attention layers, over
+    :func:`attention_head_dim_factor`. Measured with cuDNN's fused attention on 1 x H200
+    (``benchmarks/h200_attention.py``, ``benchmarks/results/h200_te_2026-12-02/call29``)."""
     cal = c.cal
     keys_full, keys_win, win_share = _attended_keys(c)
     sinks = cal.attention_sink_extra_keys if c.model.softmax_type != "vanilla" else 0.0

@@ -1,13 +1,8 @@
-"""What every cost-model term reads: the model's dimensions and one table's derived quantities.
-
-:func:`build_context` turns (model, cluster, workload, layouts, calibration, run options) into a
-frozen :class:`TableContext`: the parallel sizes per layout, the pipeline-rank classes, tokens per
-micro-batch, the effective peaks and the masks that the layouts' enum values imply (read from
-their properties, never from their spellings). The terms are pure functions of it.
-
-Shapes: ``(n,)`` per layout, ``(n, 1)`` per layout as a column (broadcasts against rank
-classes), ``(n, K)`` per layout and pipeline-rank class (:mod:`cost_model.terms.ranks`).
-"""
+"""What every cost-model term reads: :func:`build_context` turns (model, cluster, workload, layouts, calibration, run
+options) into a frozen :class:`TableContext` of the parallel sizes, pipeline-rank classes, tokens per micro-batch,
+effective peaks and the masks the layouts' enum values imply (from their properties, never their spellings). Shapes:
+``(n,)`` per layout, ``(n, 1)`` as a column, ``(n, K)`` per layout and pipeline-rank class
+(:mod:`cost_model.terms.ranks`)."""
 
 from __future__ import annotations
 

@@ -56,14 +56,11 @@ def embedding_activation_bytes(c: TableContext, inflight: Array) -> Array:
 
 
 def working_set_bytes(c: TableContext, full_moe: Array, full_dense: Array) -> Array:
-    """Temporaries of the layer being run backward, beyond what is stored: under full uniform recompute the
-    ``recompute_num_layers`` layers of the group being recomputed, whole (one checkpoint per group); under full
-    block recompute one layer, whole (each of the first ``recompute_num_layers`` layers is its own checkpoint,
-    megatron-core transformer_block.py ``_checkpointed_forward``: ``checkpoint_handler(custom(layer_idx,
-    layer_idx + 1))``), however many layers the block holds; otherwise ``backward_working_set_fraction`` of one
-    layer (its activation gradients). The larger of a MoE and a dense layer, where the rank has that kind.
-
-    Args: full_moe, full_dense: a MoE / dense layer's activations without recompute, ``(n, 1)``."""
+    """Temporaries of the layer being run backward beyond what is stored, ``(n, K)``: under full uniform recompute the
+    group of ``recompute_num_layers`` layers being recomputed, whole; under full block recompute one layer, whole (each
+    is its own checkpoint, transformer_block.py ``_checkpointed_forward``); otherwise ``backward_working_set_fraction``
+    of one layer. The larger of ``full_moe`` and ``full_dense`` (a layer's activations without recompute) where the rank
+    has that kind."""
     one_layer = np.maximum(full_moe * (c.moe_layers > 0), full_dense * (c.dense_layers > 0))
     group = np.where(c.uniform, c.recompute_num_layers, 1.0)
     return np.where(c.full, group * one_layer, one_layer * c.cal.backward_working_set_fraction)
