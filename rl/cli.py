@@ -472,9 +472,8 @@ def _write_launch(best: RLPlan, job: RLJob, framework: Framework, *, out: Path |
                   force: bool) -> list[Path]:
     """Write ``best``'s launch in the framework's format to ``--export FILE`` and into ``--out DIR``; the files written.
 
-    Raises TunerError: a plan the format cannot run, an ``--out`` that is a file, or an output :func:`check_output_path`
-    Raises refuses.
-    """
+    Raises TunerError: a plan the format cannot run, an ``--out`` that is a file, or an output
+    :func:`check_output_path` refuses."""
     written: list[Path] = []
     if export is not None or out is not None:
         exporter = get_exporter("slime-rl" if framework == Framework.slime else "nemo-rl")

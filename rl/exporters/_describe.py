@@ -30,9 +30,7 @@ def rl_plan_of(context: ExportContext, fmt: str) -> tuple[RLPlan, RLJob]:
     """The RL plan and job of ``context``.
 
     Raises TunerError: a context without an RL plan (a training study's layout): the format named with where its plans
-    come
-    Raises from.
-    """
+    come from."""
     from rl.plan import RLJob, RLPlan
 
     plan, job = context.rl_plan, context.rl_job
