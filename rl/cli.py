@@ -23,11 +23,10 @@ from rl.engine import Engine, GenerationPrecision
 from rl.exporters import plan_context
 from rl.layouts import TrainerLayout, parse_engine_layout, parse_trainer_layout
 from rl.lengths import LengthDistribution
-from rl.models import load_rl_model
 from rl.plan import Framework, PlanChoice, PlanSet, RLJob, RLPlan, check_async_steps, enumerate_plans, evaluate
 from rl.trainer import TrainerBackend, trainer_for_layout
 from rl.validate import predict_rows, read_runs, summarise
-from specs import Cluster, Precision, parse_gpus
+from specs import Cluster, Precision, load_model, parse_gpus
 from specs.console import Col, fitted_table, say
 from specs.console import err as _err
 from specs.console import out as _out
@@ -73,7 +72,7 @@ def _job(
     generation_precision: GenerationPrecision = GenerationPrecision.bf16,
     training_precision: str = "bf16",
 ) -> RLJob:
-    m = load_rl_model(model)
+    m = load_model(model, allow_config_args=True)
     cl = parse_gpus(gpus)
     eng = engine or (Engine.sglang if framework == Framework.slime else Engine.vllm)
     if framework == Framework.slime and eng != Engine.sglang:

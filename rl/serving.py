@@ -31,10 +31,9 @@ from rl.engine import (
     weight_bytes_per_param,
 )
 from rl.lengths import LengthDistribution
-from rl.models import load_rl_model
 from rl.plan import BLOCK_SIZE, kv_capacity_tokens
 from rl.simulator import EngineRun, simulate_engine
-from specs import Cluster, load_gpu
+from specs import Cluster, load_gpu, load_model
 from specs.errors import TunerError
 from specs.table import BadCell, Column, read_table
 
@@ -235,7 +234,7 @@ def predict_serving(row: ServingRun, *, latency: ServingLatency = _aiconfigurato
     Never raises for a row it cannot predict: the reason is in :attr:`ServingPrediction.error`.
     """
     try:
-        model = load_rl_model(row.model)
+        model = load_model(row.model, allow_config_args=True)
         gpu = load_gpu(row.gpu)
         per_node = 8 if row.shape.gpus >= 8 else row.shape.gpus
         cluster = Cluster(gpu=gpu, num_gpus=max(row.shape.gpus, per_node), gpus_per_node=per_node)

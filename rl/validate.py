@@ -23,10 +23,9 @@ from rl.calibration import DEFAULT_RL_CALIBRATION, RLCalibration
 from rl.engine import GenerationPrecision
 from rl.layouts import EngineLayout, TrainerLayout, parse_engine_layout, parse_trainer_layout
 from rl.lengths import LengthDistribution
-from rl.models import load_rl_model
 from rl.plan import Framework, LatencyProvider, PlanChoice, RLJob, RLPlan, default_latency, evaluate
 from rl.trainer import trainer_for_layout
-from specs import DEFAULT_INTER_NODE_BYTES_PER_S, Cluster, Precision, load_gpu
+from specs import DEFAULT_INTER_NODE_BYTES_PER_S, Cluster, Precision, load_gpu, load_model
 from specs.errors import TunerError
 from specs.table import Column, read_table
 
@@ -146,7 +145,7 @@ def row_job(row: RunRow, *, mean_prompt_len: float = ASSUMED_MEAN_PROMPT_LEN) ->
     """The :class:`RLJob` a row describes.
 
     Raises TunerError: an unknown model or GPU, or sizes that do not make a job."""
-    model = load_rl_model(row.model)
+    model = load_model(row.model, allow_config_args=True)
     gpu = load_gpu(row.gpu)
     per_node = gpu.network_bytes_per_s_per_gpu * row.gpus_per_node
     cluster = Cluster(gpu=gpu, num_gpus=row.num_gpus, gpus_per_node=row.gpus_per_node,
