@@ -165,12 +165,9 @@ def mean_measured(steps: list[MeasuredStep]) -> dict[str, float | None]:
 
 def fit_from_measured(plan: RLPlan, measured: dict[str, float | None], base: RLCalibration, *,
                       source: str) -> RLCalibration:
-    """Factors that make ``plan`` (predicted under ``base``) reproduce the measured parts.
-
-    ``generation_scale``, ``training_scale`` and ``logprob_scale`` become measured / predicted;
-    the refit rate of the plan's path is scaled so its variable part matches; ``step_overhead_s``
-    takes what the measured step has beyond its measured parts (synchronous runs only: in an
-    async run ``generation`` is the exposed part). Parts the log lacks keep ``base``'s values.
+    """Factors that make ``plan`` (predicted under ``base``) reproduce the measured parts: the generation, training and
+    log-prob scales become measured / predicted; the refit rate of the plan's path is scaled to its variable part;
+    ``step_overhead_s`` takes the rest of a synchronous run's step. Parts the log lacks keep ``base``'s values.
 
     Raises TunerError: a plan or measurement with no step time."""
     p = plan.parts

@@ -118,11 +118,9 @@ class LengthDistribution:
 
     @classmethod
     def from_file(cls, path: str | Path, *, max_len: int | None = None) -> LengthDistribution:
-        """A histogram from a previous run.
-
-        Accepted formats: a CSV with a header naming a length column (``response_len``, ``length`` or ``tokens``) and
-        optionally a ``count`` column; a JSON list of lengths; a JSON object ``{"lengths": [...], "counts": [...]}``; or
-        plain text with one length per line. Lengths above ``max_len`` are cut to it.
+        """A histogram from a previous run: a CSV with a length column (``response_len``, ``length`` or ``tokens``) and
+        an optional ``count``; a JSON list of lengths or ``{"lengths": [...], "counts": [...]}``; or one length per
+        line. Lengths above ``max_len`` are cut to it.
 
         Raises TunerError: unreadable file, an unknown format, or a length that is not a positive integer (row named).
         """

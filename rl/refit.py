@@ -1,11 +1,8 @@
-"""Refit (train -> generation weight resharding) and the colocated switch: bandwidth models.
-
-Refit streams the whole model once per step from the trainer's layout to the engines' (NeMo-RL:
-``policy.stream_weights_via_ipc_zmq`` when colocated, a NCCL broadcast ``broadcast_weights_for_collective`` when not;
-slime: ``update_weights`` from distributed tensors / NCCL). Its time is the model's bytes over a streaming rate anchored
-on NeMo-RL's published refit times (:class:`~rl.calibration.RLCalibration`), bounded below by what each rollout node
-must receive over its network link when the trainer is elsewhere.
-"""
+"""Refit (train -> generation weight resharding) and the colocated switch: bandwidth models. Refit streams the model
+once per step (NeMo-RL: ``stream_weights_via_ipc_zmq`` colocated, ``broadcast_weights_for_collective`` over NCCL
+otherwise; slime: ``update_weights``) at a rate anchored on NeMo-RL's published refit times
+(:class:`~rl.calibration.RLCalibration`), bounded below by each rollout node's network link when the trainer is
+elsewhere."""
 
 from __future__ import annotations
 

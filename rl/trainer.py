@@ -230,12 +230,9 @@ def best_trainer(
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
     top: int = 1,
 ) -> list[TrainerPlan]:
-    """The fastest trainer layouts on ``cluster`` that fit, for the RL workload.
-
-    Layouts inside the backend's validated scope rank first among equals: a layout outside
-    it is returned only when it is faster than every validated one.
-
-    Returns: Up to ``top`` plans, fastest (training + log-prob) first; empty when none fits.
+    """Up to ``top`` trainer layouts on ``cluster`` that fit the RL workload, fastest (training + log-prob) first; empty
+    when none fits. A layout outside the backend's validated scope comes first only when it is faster than every
+    validated one.
 
     Raises TunerError: from the enumeration (a cluster size it cannot use)."""
     enum = enumerate_layouts(_space(backend), model, cluster.num_gpus, workload)

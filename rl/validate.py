@@ -328,14 +328,10 @@ _LOG_FACTOR_BOUND = 12.0
 
 
 def _minimise(residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray) -> np.ndarray:
-    """The log-factors that minimise ``sum |residuals(x)|`` within :data:`_LOG_FACTOR_BOUND`.
-
-    Nelder-Mead restarted from its own result until it stops improving (a fresh simplex escapes a collapsed one: on
-    NeMo-RL's GB200 rows a single run stopped at a 75 s step overhead with 1.9x the loss of the restarted fit), run
-    from ``x0`` and from the smooth least-squares fit (``scipy.optimize.least_squares``, ``soft_l1``, within the
-    bounds); the lower of the two. The second start is there because the absolute-error surface has corners the simplex
-    can stop in: on exact synthetic step times (``tests/cost_model_tests/test_rl.py``) a run from ``x0`` alone ended at
-    a generation scale of 7e-6 with a 70 s switch and 0.23 of loss, where the true factors give 0."""
+    """The log-factors that minimise ``sum |residuals(x)|`` within :data:`_LOG_FACTOR_BOUND`: Nelder-Mead restarted from
+    its own result until it stops improving (a fresh simplex escapes a collapsed one), run from ``x0`` and from the
+    smooth least-squares fit (``soft_l1``, within the bounds), since the absolute-error surface has corners a simplex
+    stops in; the lower of the two."""
 
     def loss(x: np.ndarray) -> float:
         if not np.all(np.abs(x) <= _LOG_FACTOR_BOUND):  # the simplex can wander to factors of e^700 (inf): out of range

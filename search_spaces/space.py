@@ -1,12 +1,8 @@
-"""The search space (a YAML file) and its enumeration into valid layouts.
-
-:class:`SearchSpace` holds one list of candidates per dimension; the bundled ``default_space.yaml`` documents each key.
-:func:`enumerate_layouts` crosses the dimensions with numpy index arrays and applies :data:`~search_spaces.rules.RULES`
-stage by stage: a rule is evaluated as soon as the dimensions it reads are crossed in, so most combinations are rejected
-on small partial products and the count of each rejection is the number of rows times the size of the dimensions not yet
-crossed. Because the rules are applied in their fixed order, the counts are exactly those
-:func:`~search_spaces.rules.check_table` gives on the full product.
-"""
+"""The search space (a YAML file; the bundled ``default_space.yaml`` documents each key) and its enumeration into valid
+layouts: :func:`enumerate_layouts` crosses the dimensions with numpy index arrays and applies
+:data:`~search_spaces.rules.RULES` as soon as the dimensions a rule reads are crossed in, so most combinations are
+rejected on small partial products, with the same counts :func:`~search_spaces.rules.check_table` gives on the full
+product."""
 
 from __future__ import annotations
 

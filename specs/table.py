@@ -1,10 +1,6 @@
-"""One reader for the CSV tables of measured runs: a column schema, read by one function that names the line
-and the column of every cell it cannot read.
-
-A table is a tuple of :class:`Column` (name, how a cell is read, unit, bounds, optional); :func:`read_table`
-reads a file against it and hands each readable row, as a dict of values, to a ``build`` function that
-makes the caller's row object (and may refuse a combination of cells with :class:`BadCell`).
-"""
+"""One reader for the CSV tables of measured runs: a table is a tuple of :class:`Column` (name, reader, unit, bounds,
+optional); :func:`read_table` reads a file against it, names the line and column of every cell it cannot read, and hands
+each readable row to a ``build`` function (which may refuse a combination with :class:`BadCell`)."""
 
 from __future__ import annotations
 
