@@ -1,10 +1,10 @@
 """``tune rl calibrate --log FILE``: read the per-step timing a run printed and fit the per-cluster factors.
 
-Formats read: NeMo-RL (``nemo_rl/algorithms/grpo.py`` at v0.6.0 5fb58893): a ``⏱️ Timing:`` block per step with `` •
-Total step time: X.XXs`` and one `` • <timer>: X.XXs (P%)`` line per timer, `` • Mean Generation Length: X`` before it;
-slime (``train_metric_utils.py::log_perf_data`` at 624b824a): ``perf <rollout_id>: {...}`` with ``perf/<timer>_time``
-values. Each factor is measured / predicted for the same plan, over the mean of the steps (the first dropped as warm-up
-when there are more) (:func:`fit_from_measured`)."""
+Formats read: NeMo-RL (``nemo_rl/algorithms/grpo.py`` at v0.6.0 5fb58893): a ``⏱️  Timing:`` block per step with
+``  • Total step time: X.XXs`` and one ``  • <timer>: X.XXs (P%)`` line per timer, ``  • Mean Generation Length: X``
+before it; slime (``train_metric_utils.py::log_perf_data`` at 624b824a): ``perf <rollout_id>: {...}`` with
+``perf/<timer>_time`` values. Each factor is measured / predicted for the same plan, over the mean of the steps (the
+first dropped as warm-up when there are more) (:func:`fit_from_measured`)."""
 
 from __future__ import annotations
 

@@ -226,13 +226,9 @@ class ServingPrediction:
 
 def predict_serving(row: ServingRun, *, latency: ServingLatency = _aiconfigurator,
                     memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> ServingPrediction:
-    """Predict one row: simulate its requests on one engine and read the row's metric off the run.
-
-    The KV cache is :func:`~rl.plan.kv_capacity_tokens` at ``memory_fraction`` with CUDA
-    graphs (the benchmarks' default), weights at the row's precision.
-
-    Never raises for a row it cannot predict: the reason is in :attr:`ServingPrediction.error`.
-    """
+    """Predict one row: simulate its requests on one engine (KV cache :func:`~rl.plan.kv_capacity_tokens` at
+    ``memory_fraction`` with CUDA graphs, weights at the row's precision) and read its metric off the run. A row it
+    cannot predict carries the reason in :attr:`ServingPrediction.error`."""
     try:
         model = load_model(row.model, allow_config_args=True)
         gpu = load_gpu(row.gpu)

@@ -235,11 +235,8 @@ def simulate_rollout(
     max_num_seqs: int,
     block_size: int = 16,
 ) -> RolloutRun:
-    """Split the requests over ``num_engines`` engines in contiguous shards and simulate each.
-
-    Contiguous shards are how NeMo-RL's synchronous generation splits a batch over its vLLM
-    data-parallel workers (``nemo_rl/models/generation/vllm/vllm_generation.py``,
-    ``generate``: ``shard_by_batch_size``); GRPO's generations of one prompt stay together.
+    """Split the requests over ``num_engines`` engines in contiguous shards, as NeMo-RL's synchronous generation does
+    (``vllm_generation.py`` ``shard_by_batch_size``: a prompt's generations stay together), and simulate each.
 
     Raises TunerError: ``num_engines < 1``, or a request that fits no engine's KV cache."""
     if num_engines < 1:

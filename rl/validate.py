@@ -299,10 +299,8 @@ FITTED = ("generation_scale", "training_scale", "switch_fixed_s", "step_overhead
 
 def fit_calibration(results: Sequence[RowResult], *, base: RLCalibration = DEFAULT_RL_CALIBRATION,
                     source: str = "fit") -> RLCalibration:
-    """Fit :data:`FITTED` factors (``logprob_scale`` tied to ``training_scale``) to the rows' step times.
-
-    Minimises the sum of |log(predicted / measured)| (robust to a few outliers) with Nelder-Mead
-    over log-factors, starting from ``base``. The results must have been predicted under ``base``.
+    """Fit :data:`FITTED` factors (``logprob_scale`` tied to ``training_scale``) to the rows' step times: the least sum
+    of |log(predicted / measured)| (Nelder-Mead over log-factors) from ``base``, under which the rows were predicted.
 
     Raises TunerError: no predicted row to fit."""
     use = [r for r in results if r.plan is not None]

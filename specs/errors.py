@@ -17,12 +17,8 @@ class TunerError(ValueError):
 
 
 class InfeasibleLayout(TunerError):
-    """A layout breaks a rule (Megatron validity or memory).
-
-    Attributes:
-        rule_id: short id of the rule, e.g. ``"heads_div_tp"`` or ``"memory"``.
-        reason: one sentence naming the values involved.
-    """
+    """A layout breaks a rule (Megatron validity or memory): ``rule_id`` (e.g. ``"heads_div_tp"`` or ``"memory"``) and
+    ``reason``, one sentence naming the values involved."""
 
     def __init__(self, rule_id: str, reason: str) -> None:
         super().__init__(f"[{rule_id}] {reason}")
