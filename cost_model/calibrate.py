@@ -1,27 +1,15 @@
 """Fitting the named calibration constants to measured runs (``tune calibrate``).
 
-Least squares on the log error of each run's published number (tokens/s/GPU, else model
-TFLOP/s/GPU): ``r_i = w_i * log(predicted_i / published_i)``, minimised with
-``scipy.optimize.least_squares`` (trust-region reflective, bounds below, scipy's
-``soft_l1`` robust loss with ``f_scale`` 0.25 so that a few rows the model misses by a
-factor do not drag every constant). Only the constants of :data:`FIT_BOUNDS` are fitted,
-and of those only the ones the data can move (a 10% change changes some prediction by
-more than 0.1%): with no A100 rows, ``gemm_family_factor_ampere`` keeps its value. There
-are no per-row or per-model constants.
+Least squares on ``r_i = w_i log(predicted_i / published_i)`` of each run's published number (tokens/s/GPU, else model
+TFLOP/s/GPU) with ``scipy.optimize.least_squares`` (trust-region reflective, bounds below, ``soft_l1`` loss with
+``f_scale`` 0.25 so that a few badly missed rows do not drag every constant). Only the constants of :data:`FIT_BOUNDS`
+the data can move are fitted (a 10% change moves some prediction by more than 0.1%); none is per row or per model. The
+published tables give no memory, so memory constants are not fitted from them.
 
-Memory constants (``allocator_overhead_fraction``, ``cuda_context_bytes``, ...) are not
-fitted from the published tables: they give no memory measurements.
-
-Real trials (``tune calibrate --study``, ``benchmarks/bench_trial_calibration.py``) measure
-both: :func:`fit_observations` fits the step-time constants with :func:`fit_calibration`
-(bounds :data:`TRIAL_FIT_BOUNDS`, default names :data:`TRIAL_STEP_NAMES`) and then the memory
-constants of :data:`MEMORY_FIT_BOUNDS` to the measured peak (``r_i = log(predicted / measured)``,
-same optimiser). Such a fit describes the software stack the trials ran on (e.g. megatron-core
-without Transformer Engine), not the stack the shipped calibration describes.
-
-:func:`kfold_by_model` reports out-of-model error: for each model, fit on the runs of
-the other models and predict this one's.
-"""
+Real trials (``tune calibrate --study``) measure both: :func:`fit_observations` fits the step-time constants
+(:data:`TRIAL_FIT_BOUNDS`, :data:`TRIAL_STEP_NAMES`), then those of :data:`MEMORY_FIT_BOUNDS` to the measured peaks;
+such a fit describes the trials' software stack. :func:`kfold_by_model` fits on the other models' runs and predicts each
+model's."""
 
 from __future__ import annotations
 
@@ -39,7 +27,8 @@ from specs.errors import TunerError
 
 __all__ = [
     "FIT_BOUNDS", "FitResult", "fit_calibration", "kfold_by_model", "SEED_WEIGHT",
-    "TRIAL_FIT_BOUNDS", "TRIAL_STEP_NAMES", "MEMORY_FIT_BOUNDS", "Observation", "ObservationFit", "fit_observations", "predict_observations",
+    "TRIAL_FIT_BOUNDS", "TRIAL_STEP_NAMES", "MEMORY_FIT_BOUNDS", "Observation", "ObservationFit", "fit_observations",
+    "predict_observations",
 ]
 
 #: Constants fitted, with their bounds (same units as :class:`Calibration`).
@@ -90,13 +79,13 @@ def _weights(runs: Sequence[Run]) -> np.ndarray:
     return np.array([SEED_WEIGHT if "seed" in r.framework_version.lower() else 1.0 for r in runs])
 
 
-def _active(batch: RunBatch, start: Calibration, names: Sequence[str], bounds: Mapping[str, tuple[float, float]] = FIT_BOUNDS,
+def _active(batch: RunBatch, start: Calibration, names: Sequence[str],
+            bounds: Mapping[str, tuple[float, float]] = FIT_BOUNDS,
             *, probe_range: bool = False) -> list[str]:
     """Constants that move some prediction by more than 0.1% when changed by 10% (or 0.1 if 0).
 
-    With ``probe_range`` the change is to 10% or 90% of the bound range (whichever is farther), so
-    that a constant an earlier fit left at a bound (e.g. ``grouped_gemm_half_rows`` at 8) or at ~0
-    still counts as movable."""
+    With ``probe_range`` the change is to 10% or 90% of the bound range (whichever is farther), so that a constant an
+    earlier fit left at a bound (e.g. ``grouped_gemm_half_rows`` at 8) or at ~0 still counts as movable."""
     base = batch.predicted_metric(start)
     out = []
     for n in names:
@@ -127,28 +116,14 @@ def fit_calibration(
     probe_range: bool = False,
     release_gain: float | None = None,
 ) -> FitResult:
-    """Fit the constants of :data:`FIT_BOUNDS` to ``runs`` (the representable ones).
+    """Fit the constants of :data:`FIT_BOUNDS` (or ``bounds``: :data:`TRIAL_FIT_BOUNDS` for real trials on other stacks)
+    to the representable ``runs``; ``start`` gives the starting values and those of constants not fitted, ``names``
+    limits the constants considered. ``probe_range`` decides which constants the data can move by probing across their
+    bounds rather than by a 10% change (:func:`_active`); ``release_gain`` is the gain per month of container releases
+    applied to the predictions (default :data:`cost_model.validate.RELEASE_GAIN_PER_MONTH`). ``progress`` gets one line
+    per stage.
 
-    Args:
-        runs: runs from :func:`cost_model.validate.read_runs` (or a study).
-        start: starting values, also the values of constants not fitted.
-        names: constants to consider (default: all of :data:`FIT_BOUNDS`).
-        max_nfev: most residual evaluations of the optimiser.
-        progress: called with one line of text per stage.
-        bounds: bounds of the constants (default :data:`FIT_BOUNDS`; :data:`TRIAL_FIT_BOUNDS`
-            for real trials on other software stacks).
-        probe_range: decide which constants the data can move by probing across their bound
-            range rather than by a 10% change (see :func:`_active`).
-        release_gain: throughput gain per month of container releases applied to the runs' predictions
-            (default :data:`cost_model.validate.RELEASE_GAIN_PER_MONTH`; the k-fold passes the one its training
-            folds' repeats measure).
-
-    Returns:
-        A :class:`FitResult`.
-
-    Raises:
-        TunerError: fewer than 2 representable runs with a published number.
-    """
+    Raises TunerError: fewer than 2 representable runs with a published number."""
     from scipy.optimize import least_squares
 
     batch = RunBatch(runs, release_gain=release_gain)
@@ -159,12 +134,14 @@ def fit_calibration(
     bounds = FIT_BOUNDS if bounds is None else bounds
     cand = list(names or bounds)
     act = _active(batch, start, cand, bounds, probe_range=probe_range)
-    gens = {r.cluster.gpu.generation for r in batch.runs if r.cluster is not None and r.cluster.gpu.family == "blackwell"}
+    gens = {r.cluster.gpu.generation for r in batch.runs if r.cluster is not None
+            and r.cluster.gpu.family == "blackwell"}
     if "gemm_generation_factor_blackwell_ultra" in act and "" not in gens:
         # only Blackwell Ultra rows: its factor and Blackwell's multiply the same peaks and cannot be told apart
         act.remove("gemm_generation_factor_blackwell_ultra")
         if progress:
-            progress("gemm_generation_factor_blackwell_ultra not fitted: no B200 / GB200 row to tell it from gemm_family_factor_blackwell")
+            progress("gemm_generation_factor_blackwell_ultra not fitted: no B200 / GB200 row to tell it from "
+                     "gemm_family_factor_blackwell")
     if not act:
         raise TunerError("no calibration constant changes the predictions of these runs")
     if progress:
@@ -185,10 +162,12 @@ def fit_calibration(
         r: np.ndarray = w * (np.log(np.maximum(p, 1e-9)) - y)
         return r
 
-    sol = least_squares(resid, u0, bounds=(0.0, 1.0), loss="soft_l1", f_scale=_F_SCALE, max_nfev=max_nfev, diff_step=1e-3, x_scale=1.0)
+    sol = least_squares(resid, u0, bounds=(0.0, 1.0), loss="soft_l1", f_scale=_F_SCALE, max_nfev=max_nfev,
+                        diff_step=1e-3, x_scale=1.0)
     cal = cal_of(sol.x)
     err = np.abs(batch.predicted_metric(cal) / batch.targets() - 1)
-    return FitResult(calibration=cal, fitted=tuple(act), rows=len(batch.runs), median_abs_error=float(np.median(err)), cost=float(sol.cost), nfev=int(sol.nfev))
+    return FitResult(calibration=cal, fitted=tuple(act), rows=len(batch.runs), median_abs_error=float(np.median(err)),
+                     cost=float(sol.cost), nfev=int(sol.nfev))
 
 
 def kfold_by_model(
@@ -209,8 +188,10 @@ def kfold_by_model(
         (``predicted`` is in the run's metric: tokens/s/GPU, else model TFLOP/s/GPU).
     """
     usable = [r for r in runs if not r.unrepresentable and r.layout is not None]
-    names = sorted({r.model.name for r in usable if models is None or r.model.name in models})  # type: ignore[union-attr]
-    jobs = [(m, [r for r in usable if r.model.name != m], [r for r in usable if r.model.name == m]) for m in names]  # type: ignore[union-attr]
+    got = {r.model.name for r in usable}  # type: ignore[union-attr]
+    names = sorted(n for n in got if models is None or n in models)
+    jobs = [(m, [r for r in usable if r.model.name != m],  # type: ignore[union-attr]
+             [r for r in usable if r.model.name == m]) for m in names]  # type: ignore[union-attr]
     if processes > 1:
         import multiprocessing as mp
 
@@ -240,8 +221,8 @@ def _finite(x: float) -> bool:
 
 # ---- real trials: step time and peak memory --------------------------------------------------
 
-#: Bounds for fits to real trials: :data:`FIT_BOUNDS` plus NCCL all-to-all's NVLink efficiency, with the fixed
-#: per-call costs allowed to be much larger (a stack without Transformer Engine loops over local experts in Python, and pays
+#: Bounds for fits to real trials: :data:`FIT_BOUNDS` plus NCCL all-to-all's NVLink efficiency, with the fixed per-call
+#: costs allowed to be much larger (a stack without Transformer Engine loops over local experts in Python, and pays
 #: launch latency for every unfused kernel) and the rows-per-expert constant free.
 TRIAL_FIT_BOUNDS: dict[str, tuple[float, float]] = {
     **FIT_BOUNDS,
@@ -254,11 +235,10 @@ TRIAL_FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "moe_host_sync_latency_s": (0.0, 2e-2),
 }
 
-#: Step-time constants fitted to real trials by default: the compute efficiencies, the fixed
-#: costs per MoE layer and per local expert GEMM, and the NVLink efficiencies (rings and
-#: all-to-all). Not fitted by default: ``moe_load_imbalance``, the elementwise byte counts and
-#: the precision / GPU-family ratios, which a handful of layouts on one GPU type cannot separate
-#: from the constants above.
+#: Step-time constants fitted to real trials by default: the compute efficiencies, the fixed costs per MoE layer and per
+#: local expert GEMM, and the NVLink efficiencies (rings and all-to-all). Not fitted by default: ``moe_load_imbalance``,
+#: the elementwise byte counts and the precision / GPU-family ratios, which a handful of layouts on one GPU type cannot
+#: separate from the constants above.
 TRIAL_STEP_NAMES: tuple[str, ...] = (
     "gemm_efficiency", "grouped_gemm_efficiency", "attention_efficiency",
     "nvlink_efficiency", "alltoall_nvlink_efficiency", "expert_gemm_overhead_s", "moe_layer_overhead_s",
@@ -346,7 +326,8 @@ def predict_observations(obs: Sequence[Observation], calibration: Calibration) -
     return step, peak
 
 
-def _fit_memory(runs: Sequence[Run], measured: np.ndarray, start: Calibration, names: Sequence[str], max_nfev: int) -> tuple[Calibration, tuple[str, ...], float]:
+def _fit_memory(runs: Sequence[Run], measured: np.ndarray, start: Calibration, names: Sequence[str],
+                max_nfev: int) -> tuple[Calibration, tuple[str, ...], float]:
     from scipy.optimize import least_squares
 
     batch = RunBatch(runs)
@@ -376,7 +357,8 @@ def _fit_memory(runs: Sequence[Run], measured: np.ndarray, start: Calibration, n
         r: np.ndarray = np.log(np.maximum(peak(cal_of(u)), 1e-9)) - np.log(measured)
         return r
 
-    sol = least_squares(resid, u0, bounds=(0.0, 1.0), loss="soft_l1", f_scale=_F_SCALE, max_nfev=max_nfev, diff_step=1e-3)
+    sol = least_squares(resid, u0, bounds=(0.0, 1.0), loss="soft_l1", f_scale=_F_SCALE, max_nfev=max_nfev,
+                        diff_step=1e-3)
     cal = cal_of(sol.x)
     return cal, tuple(act), float(np.median(np.abs(peak(cal) / measured - 1)))
 
@@ -391,30 +373,18 @@ def fit_observations(
     max_nfev: int = 200,
     progress: Callable[[str], None] | None = None,
 ) -> ObservationFit:
-    """Fit step-time constants to the observations' step times and memory constants to their peaks.
+    """Fit step-time constants (``step_names``, within ``bounds``) to the observations' step times, then memory
+    constants (``memory_names`` of :data:`MEMORY_FIT_BOUNDS`) to their peaks; None or empty skips a fit. Observations
+    without a step time (peak) are left out of that fit. The step fit is :func:`fit_calibration` on the observations as
+    runs, probing over the bound range; the two sets of constants do not interact.
 
-    The step-time fit is :func:`fit_calibration` on the observations as runs (tokens/s/GPU from
-    the step time), with ``bounds`` and probing over the bound range; the memory fit then starts
-    from its result (the two sets of constants do not interact: memory constants do not change
-    step time, and step-time constants do not change memory).
-
-    Args:
-        obs: measured runs; those without a step time (peak) are left out of the step (memory) fit.
-        start: starting values, also the values of constants not fitted.
-        step_names: step-time constants to consider (None or empty: no step-time fit).
-        memory_names: names from :data:`MEMORY_FIT_BOUNDS` (None or empty: no memory fit).
-        bounds: bounds of the step-time constants.
-        max_nfev: most residual evaluations of each optimiser.
-        progress: called with one line of text per stage.
-
-    Raises:
-        TunerError: fewer than 2 observations for a fit that was asked for, or nothing to fit.
-    """
+    Raises TunerError: fewer than 2 observations for a fit that was asked for, or nothing to fit."""
     cal = start
     step_fit = None
     if step_names:
         runs = _runs_of(obs, need="step")
-        step_fit = fit_calibration(runs, start=start, names=step_names, max_nfev=max_nfev, progress=progress, bounds=bounds, probe_range=True)
+        step_fit = fit_calibration(runs, start=start, names=step_names, max_nfev=max_nfev, progress=progress,
+                                   bounds=bounds, probe_range=True)
         cal = step_fit.calibration
     mem_fitted: tuple[str, ...] = ()
     mem_err = float("nan")
@@ -428,8 +398,11 @@ def fit_observations(
             raise TunerError(f"a memory fit needs at least 2 observations with a measured peak, got {len(with_peak)}")
         if progress:
             progress(f"fitting memory constants to the peaks of {len(with_peak)} runs: {', '.join(memory_names)}")
-        cal, mem_fitted, mem_err = _fit_memory(_runs_of(with_peak, need="peak"), np.array([o.peak_gib for o in with_peak], dtype=float), cal, memory_names, max_nfev)
+        cal, mem_fitted, mem_err = _fit_memory(_runs_of(with_peak, need="peak"),
+                                               np.array([o.peak_gib for o in with_peak], dtype=float), cal,
+                                               memory_names, max_nfev)
         mem_rows = len(with_peak)
     if step_fit is None and not memory_names:
         raise TunerError("nothing to fit: give step_names or memory_names")
-    return ObservationFit(calibration=cal, step=step_fit, memory_fitted=mem_fitted, memory_rows=mem_rows, memory_median_abs_error=mem_err)
+    return ObservationFit(calibration=cal, step=step_fit, memory_fitted=mem_fitted, memory_rows=mem_rows,
+                          memory_median_abs_error=mem_err)

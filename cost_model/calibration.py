@@ -1,17 +1,10 @@
 """Named efficiency and overhead constants of the cost model, with their sources.
 
-Every number the analytical model uses that is not a datasheet figure or an
-exact count lives here, as one field of :class:`Calibration`. A calibration file
-(YAML, ``{field: value}``) overrides them; ``tune calibrate``
-fits them. The defaults below are the shipped calibration: what each one
-approximates, and what it was checked against, is in its docstring.
-
-Anchors used to set the defaults (seeds/001, 64 H200, MiniMax-M2, seq 8,192,
-global batch 128): the tuned layout measured 2,034.42 tokens/s/GPU and the
-reference port 557.8. The tuned layout was used to choose three MoE constants
-(``grouped_gemm_efficiency``, ``moe_load_imbalance``, ``expert_gemm_overhead_s``): it is a
-calibration point, not an independent check. The reference port (CPU optimizer
-offload, TP 2, PP 2) and the EP 4 out-of-memory case were not fitted.
+Every number the analytical model uses that is not a datasheet figure or an exact count is one field of
+:class:`Calibration`, with its source in its docstring. A calibration file (YAML, ``{field: value}``) overrides them;
+``tune calibrate`` fits them. The seed's tuned layout (seeds/001: 64 H200, MiniMax-M2, 2,034.42 tokens/s/GPU measured)
+set ``grouped_gemm_efficiency``, ``moe_load_imbalance`` and ``expert_gemm_overhead_s``: a calibration point, not an
+independent check.
 """
 
 from __future__ import annotations
@@ -33,65 +26,46 @@ class Calibration:
 
     # ---- compute ------------------------------------------------------------------
     gemm_efficiency: float = 0.70
-    """Achieved fraction of dense peak for large bf16 GEMMs in training (attention
-    projections, dense MLP, output layer). cuBLAS reaches ~790 TFLOP/s = 0.80 of
-    989 on a lone large bf16 GEMM on H200 (/work/.library device notes); Megatron
-    reports ~0.5-0.55 model-FLOP MFU end to end for dense GPT at scale
-    (Megatron-LM README weak-scaling table), the rest being attention, comm and
-    elementwise work modelled separately."""
+    """Achieved fraction of dense peak for large bf16 GEMMs in training (attention projections, dense MLP, output
+    layer). cuBLAS reaches ~790 TFLOP/s = 0.80 of 989 on a lone large bf16 GEMM on H200 (/work/.library device notes);
+    Megatron reports ~0.5-0.55 model-FLOP MFU end to end for dense GPT at scale (Megatron-LM README weak-scaling table),
+    the rest being attention, comm and elementwise work modelled separately."""
     gemm_half_size_flops: float = 2.0e10
     """A GEMM of this many FLOPs reaches half of ``gemm_efficiency``: efficiency =
     gemm_efficiency * F / (F + this). Small (TP-split or few-token) GEMMs are
     latency bound; 2e10 FLOP ~ 20 us at 1 PFLOP/s (typical kernel launch + tail)."""
     grouped_gemm_efficiency: float = 0.55
-    """Fraction of peak for MoE expert GEMMs (Transformer Engine GroupedLinear /
-    cuBLAS grouped GEMM) at large rows per expert, before the rows-per-expert
-    penalty below. NVIDIA's MoE guide (megatron/core/transformer/moe/README.md)
+    """Fraction of peak for MoE expert GEMMs (Transformer Engine GroupedLinear / cuBLAS grouped GEMM) at large rows per
+    expert, before the rows-per-expert penalty below. NVIDIA's MoE guide (megatron/core/transformer/moe/README.md)
     reports grouped GEMM below dense GEMM efficiency."""
     grouped_gemm_half_rows: float = 88.3
     """Rows (token copies) per local expert at which grouped-GEMM efficiency halves for an expert of unbounded size:
-    the constant part of the measured half-point ``grouped_gemm_half_rows + grouped_gemm_half_rows_work / (hidden x
-    expert FFN per rank)``. Measured on 1 x H200 (torch 2.11 ``torch._grouped_mm``, bf16, forward + dgrad + wgrad,
-    the expert shapes of nine MoE models at 256-8192 rows; the curve fitted by
-    ``python benchmarks/h200_grouped_gemm.py --fit benchmarks/results/h200_te_2026-12-02/call33/compare.json``, kept in
-    ``rows_curve.json`` beside it), not fitted to the published runs."""
+    the constant part of the half-point ``this + grouped_gemm_half_rows_work / (hidden x expert FFN per rank)``.
+    Measured on 1 x H200 (``torch._grouped_mm``, bf16, nine MoE models' expert shapes at 256-8192 rows;
+    ``benchmarks/h200_grouped_gemm.py --fit``, ``benchmarks/results/h200_te_2026-12-02/call33``); not fitted."""
     grouped_gemm_half_rows_work: float = 1.226e9
-    """The shape-dependent part of the grouped GEMM's half-point, in rows x hidden x expert FFN (elements): an
-    expert of ``hidden x ffn`` halves its efficiency ``grouped_gemm_half_rows_work / (hidden x ffn)`` rows later
-    (Qwen3-30B-A3B's 2048 x 768 expert at ~870 rows, DeepSeek-V3's 7168 x 2048 at ~130). Measured with
-    ``grouped_gemm_half_rows`` (same measurement: the two-constant curve fits the 54 measured points at 4.2% median,
-    14% max error)."""
+    """The shape-dependent part of the grouped GEMM's half-point, rows x hidden x expert FFN (elements): Qwen3-30B-A3B's
+    2048 x 768 expert halves at ~870 rows, DeepSeek-V3's 7168 x 2048 at ~130. Same measurement (54 points, 4.2% median
+    error)."""
     grouped_gemm_efficiency_floor: float = 1e-3
-    """Lowest grouped-GEMM efficiency used: with a handful of rows per local expert the curve above
-    tends to 0 and the expert time to infinity. A guard, not a measurement (1e-3 of peak is ~1
-    TFLOP/s on H100, far below any measured grouped GEMM); not fitted."""
+    """Lowest grouped-GEMM efficiency used (the curve above tends to 0 with few rows). A floor, not a measurement."""
     attention_efficiency: float = 0.45
-    """Causal flash attention's forward + backward speed, as a fraction of the bf16 peak against
-    :func:`cost_model.terms.compute.core_attention_flops`, which counts multiply-accumulates (half the
-    FLOPs): the achieved fraction of peak in FLOPs is twice this. This default is only the fit's start;
-    the shipped fit is 0.2375 (0.475 of peak; FlashAttention-2, Dao 2023: ~50-70% forward, ~35-45%
-    backward on A100 / H100 at head dim 128). It is head dim 128's speed above a call's fixed
-    part (:func:`cost_model.terms.compute.core_attention_work`); cuDNN's fused attention measured 0.239 so on 1 x H200,
-    a measurement the fit did not use (``benchmarks/results/h200_te_2026-12-02/call29``)."""
+    """Causal flash attention's forward + backward speed at head dim 128 above a call's fixed part, as a fraction of the
+    bf16 peak against :func:`cost_model.terms.compute.core_attention_flops` (multiply-accumulates: the fraction of peak
+    in FLOPs is twice this). The fit's start; the shipped fit is 0.2375 (FlashAttention-2, Dao 2023: ~50-70% forward,
+    ~35-45% backward); cuDNN measured 0.239 on 1 x H200 (``benchmarks/results/h200_te_2026-12-02/call29``)."""
     attention_call_macs: float = 1.553e10
     """The fixed part of one full-attention kernel call per sequence, forward-equivalent multiply-accumulates at the
-    head-dim-128 speed (:func:`cost_model.terms.compute.core_attention_work`): measured on 1 x H200 (TE 2.20.2 cuDNN
-    FusedAttention, ``benchmarks/h200_attention.py --compare``,
-    ``benchmarks/results/h200_te_2026-12-02/call29``): 32 heads at 4,096 and 8,192 tokens
-    (4x the work) took 1.069 and 3.684 ms forward + backward in the kernels, so 0.197 ms of a call does not grow with
-    the work; x 989.4 TFLOP/s x 0.239 / 3. Judged on 8 heads at 8,192 tokens, 64 at 2,048, 16 at 16,384 and micro-batch 2: within
-    3.4%. A sliding-window call showed none (its time went with its tokens). Not fitted."""
+    head-dim-128 speed (:func:`cost_model.terms.compute.core_attention_work`): 0.197 ms of a call that does not grow
+    with the work, x 989.4 TFLOP/s x 0.239 / 3. Measured on 1 x H200 (cuDNN FusedAttention,
+    ``benchmarks/h200_attention.py --compare``, ``benchmarks/results/h200_te_2026-12-02/call29``); not fitted."""
     attention_window_extra_keys: float = 590.0
     """Keys per query a sliding-window layer's kernel costs beyond the window's own, at the full-attention kernel's time
-    per key: GPT-OSS-120B's shape (64 heads, 8 kv groups, head dim 64) at 4,096 tokens with window 128 took 0.383 ms
-    forward + backward in the kernels against 1.292 ms full (same measurement as :attr:`attention_call_macs`): the
-    window's 128 keys are priced as 718. Judged at 8,192 tokens, micro-batch 4 and windows 1,024 / 4,096: within
-    4.3%. Not fitted."""
+    per key: GPT-OSS-120B's shape at 4,096 tokens, window 128: 0.383 against 1.292 ms full (same measurement as
+    :attr:`attention_call_macs`); not fitted."""
     attention_sink_extra_keys: float = 730.0
-    """Keys per query the learnable softmax (``softmax_type`` learnable, GPT-OSS's attention sinks) costs: 1.682 against
-    1.292 ms forward + backward, full attention at GPT-OSS's shape and 4,096 tokens (same measurement); the same
-    0.39 ms on the windowed layer. Judged at micro-batch 4 (full and windowed): within 6.1%. Measured at head dim 64
-    only. Not fitted."""
+    """Keys per query the learnable softmax (GPT-OSS's attention sinks) costs: 1.682 against 1.292 ms forward + backward
+    at GPT-OSS's shape and 4,096 tokens (same measurement, head dim 64 only); not fitted."""
     elementwise_bytes_per_token_attn: float = 48.0
     """HBM bytes moved per token per layer per hidden unit by the memory-bound ops around
     attention (norms, RoPE, residual adds, casts), forward+backward, in units of hidden_size."""
@@ -100,58 +74,43 @@ class Calibration:
     probability scaling and SwiGLU, forward+backward, in units of hidden_size."""
     expert_bias_bytes_per_copy_moe: float = 157.0
     """Extra HBM-equivalent bytes per routed token copy per hidden unit, forward+backward, when the experts have
-    biases (``add_bias_linear``, GPT-OSS): measured on 1 x H200 with TE 2.20.2 / megatron-core 0.19.2, a 2-layer
-    GPT-OSS-120B slice with one EP 8 rank's 16 experts at micro-batch 4 x 4,096 tokens ran 0.513 s with its biases
-    and 0.480 s without (0.033 s over 262,144 copy-layers = 126 ns each, x 0.75 x 4.8 TB/s / 2,880;
-    ``benchmarks/results/h200_te_2026-12-01/call18``). Not fitted."""
+    biases (``add_bias_linear``, GPT-OSS): a GPT-OSS-120B slice ran 0.513 s with them, 0.480 s without, on 1 x H200
+    (126 ns per copy-layer x 0.75 x 4.8 TB/s / 2,880; ``benchmarks/results/h200_te_2026-12-01/call18``); not fitted."""
     unfused_mla_rope_bytes_per_element: float = 93.5
     """HBM-equivalent bytes per q element (token x head x q head dim, ``q_dim / tp`` per token), forward + backward, of
-    MLA's RoPE and q / k assembly when RoPE is not fused (``apply_rope_fusion`` off): measured on 1 x H200 with TE 2.20.2
-    / megatron-core 0.19.2, one DeepSeek-V3 dense MLA layer at 8,192 tokens ran 5.23 ms slower per forward + backward
-    unfused than fused (75.98 vs 70.75 ms, medians of 3 rounds; the profile puts it in ``CatArrayBatchedCopy``), x 0.75 x
-    4.8 TB/s / (8,192 x 128 x 192) elements
-    (``benchmarks/results/h200_te_2026-12-01/call24``). Far above the tensors' own bytes: the strided copies run at a
-    fraction of the bandwidth. Not fitted."""
+    MLA's RoPE and q / k assembly when RoPE is not fused (``apply_rope_fusion`` off): a DeepSeek-V3 MLA layer at 8,192
+    tokens ran 5.23 ms slower unfused on 1 x H200, x 0.75 x 4.8 TB/s / (8,192 x 128 x 192) elements
+    (``benchmarks/results/h200_te_2026-12-01/call24``); not fitted."""
     unfused_mla_rope_forward_share: float = 0.56
     """The forward's part of :attr:`unfused_mla_rope_bytes_per_element` (what ``mla_up_proj`` recompute and full
-    recompute re-run): ``mla_up_proj`` recompute cost 2.94 ms more unfused than fused on the same layer (same
-    measurement). Judged on full recompute, not used here: 2.70 ms more unfused, 2.94 ms predicted. Not fitted."""
+    recompute re-run): 2.94 ms more unfused than fused on the same layer (same measurement); not fitted."""
     elementwise_backward_ratio: float = 2.0
-    """Memory-bound work's backward over its forward: a norm's or activation's backward reads its
-    saved input and the incoming gradient and writes the input gradient, about twice its forward's
-    traffic (the same 2x as a GEMM's dgrad + wgrad, Narayanan et al. 2021 §5.1). Splits the
-    forward+backward elementwise times above: a forward (what recompute re-runs) is
-    ``1 / (1 + this)`` of them, and the fp32 cross-entropy traffic of the logits is ``1 + this``
-    passes. Chosen (``/ 3``), not fitted."""
+    """Memory-bound work's backward over its forward: a norm's or activation's backward reads its saved input and the
+    incoming gradient and writes the input gradient, about twice its forward's traffic (the same 2x as a GEMM's dgrad +
+    wgrad, Narayanan et al. 2021 §5.1). Splits the forward+backward elementwise times above: a forward (what recompute
+    re-runs) is ``1 / (1 + this)`` of them, and the fp32 cross-entropy traffic of the logits is ``1 + this`` passes.
+    Chosen (``/ 3``), not fitted."""
     dense_mlp_elementwise_share: float = 0.5
-    """A dense MLP block's memory-bound work (its norm, residual add and activation function)
-    relative to the attention block's (``elementwise_bytes_per_token_attn``): the MLP side has about
-    half the elementwise ops (no RoPE, no QK norm, no softmax-adjacent casts). Chosen
-    (``/ 2``), not fitted."""
+    """A dense MLP block's memory-bound work (its norm, residual add and activation function) relative to the attention
+    block's (``elementwise_bytes_per_token_attn``): the MLP side has about half the elementwise ops (no RoPE, no QK
+    norm, no softmax-adjacent casts). Chosen (``/ 2``), not fitted."""
     norm_elementwise_share: float = 0.5
-    """The two norms' share of the attention block's memory-bound time: what selective
-    ``layernorm`` recompute re-runs (a forward of both norms). Chosen
-    (``/ 6`` = this x a forward's ``1 / 3``), not fitted."""
+    """The two norms' share of the attention block's memory-bound time: what selective ``layernorm`` recompute re-runs
+    (a forward of both norms). Chosen (``/ 6`` = this x a forward's ``1 / 3``), not fitted."""
     moe_act_elementwise_share: float = 0.5
     """The expert activation's (SwiGLU with its probability scaling) share of the MoE memory-bound
-    time: what selective ``moe_act`` recompute re-runs. Chosen (``/ 6`` = this
-    x a forward's ``1 / 3``), not fitted."""
+    time: what selective ``moe_act`` recompute re-runs. Chosen (``/ 6`` = this x a forward's ``1 / 3``), not fitted."""
     gemm_family_factor_ampere: float = 1.0
     """Compute efficiencies (dense GEMM, grouped GEMM, attention) on Ampere relative to Hopper,
     whose values are the fields above. Fitted by ``tune calibrate`` where rows exist."""
     gemm_family_factor_blackwell: float = 1.0
     """The same for Blackwell (B200, GB200, B300, GB300)."""
     gemm_generation_factor_blackwell_ultra: float = 1.0
-    """Compute efficiencies (GEMMs at bf16 and the fp8 formats, attention; not nvfp4 GEMMs, whose datasheet peak is
-    already 1.5x Blackwell's: ``benchmarks/results/2026-12-02_validation``) on Blackwell Ultra (B300, GB300;
-    ``GPUSpec.generation``) relative to Blackwell's, on top of :attr:`gemm_family_factor_blackwell`. The datasheets
-    give Blackwell Ultra the same dense bf16 and fp8 peaks as B200 / GB200 (NVIDIA HGX B300 and GB300 NVL72
-    datasheets), yet NVIDIA's tables ran the same layouts faster there: held out by model with one factor for both,
-    the median of every (model, precision) group on both but Llama-3.1-405B nvfp4 was predicted 6-24 points slower on
-    GB300 than on GB200, in the same containers (e.g. Llama-3.1-70B fp8, TP1 PP1 DP64, container 26.04: GB200 +4.2%, GB300 -17.6%). Fitted by
-    ``tune calibrate`` (1.19 on the published runs, 1.18-1.22 in every k-fold fold); the cause is not settled by these
-    rows (Blackwell Ultra's higher board power and its doubled attention exponent throughput are candidates), so it is
-    one factor on that compute (``benchmarks/results/2026-12-02_validation``)."""
+    """Compute efficiencies (GEMMs at bf16 and fp8, attention; not nvfp4 GEMMs, whose datasheet peak is already 1.5x
+    Blackwell's) on Blackwell Ultra (B300, GB300) relative to Blackwell's, on top of
+    :attr:`gemm_family_factor_blackwell`: the datasheets give both the same bf16 and fp8 peaks, yet NVIDIA's tables ran
+    the same layouts faster on Blackwell Ultra. Fitted by ``tune calibrate`` (1.19 on the published runs, 1.18-1.22 in
+    every k-fold fold; ``benchmarks/results/2026-12-02_validation``)."""
     fp8_gemm_efficiency_ratio: float = 1.0
     """Achieved fraction of the fp8 peak relative to the bf16 fraction, per-tensor fp8 recipes
     (quantisation kernels and amax reductions are inside the GEMM time here)."""
@@ -176,35 +135,27 @@ class Calibration:
     tokens per expert that stalls the stream. The grouped GEMM takes its splits as a host list (megatron-core
     ``TEGroupedMLP.forward``: ``tokens_per_expert.tolist()`` for TE's ``GroupedLinear(m_splits)``), and DeepEP's
     normal dispatch returns the received counts as a host list too (DeepEP README, ``Buffer.dispatch``); the alltoall
-    dispatcher also ``.cpu()``-s its splits (token_dispatcher.py). Without it on flex,
-    DeepEP / HybridEP came out ahead of alltoall where NVIDIA measured them 1-6% behind (docs/published_pairs.md).
-    """
+    dispatcher also ``.cpu()``-s its splits (token_dispatcher.py)."""
     expert_gemm_overhead_s: float = 30e-6
-    """Fixed cost per local expert per expert GEMM (fc1, fc2 forward; their dgrad and wgrad
-    backward): Transformer Engine's GroupedLinear runs one cuBLAS GEMM per local expert, each
-    with launch latency and a partial last wave. Set with the seed's tuned layout (32 local
-    experts at EP 8)."""
+    """Fixed cost per local expert per expert GEMM (fc1, fc2 forward; their dgrad and wgrad backward): Transformer
+    Engine's GroupedLinear runs one cuBLAS GEMM per local expert, each with launch latency and a partial last wave. Set
+    with the seed's tuned layout (32 local experts at EP 8)."""
     fp8_quantize_overhead_s: float = 17.0e-6
     """Fixed cost per local expert GEMM of quantising its operands in an fp8 / fp4 run (TE's grouped GEMM casts each
     expert's slice with its own kernels; doubled for current scaling, ``comm.FP8_CURRENT_SCALING_KERNELS``).
-    **Set from one measurement**: 1 x H200, TE 2.20.2, MiniMax-M2 1-layer slice, fp8 delayed scaling, 256 local
-    experts, 8 micro-batches (``mm-fp8-delayed``, ``benchmarks/results/h200_te_2026-12-01``): 1.298 s per step
-    against 1.089 s predicted without
-    it, over 8 x 6 x 256 expert GEMMs = 17 us each. Not fitted by ``tune calibrate`` (published runs cannot
-    separate it from the fp8 GEMM efficiency); judged on the tensorwise row (docs/measurements.md)."""
+    **Set from one measurement**: 1 x H200, MiniMax-M2 1-layer slice, fp8 delayed, 256 local experts: 1.298 s per step
+    against 1.089 s predicted without it, over 8 x 6 x 256 expert GEMMs (``mm-fp8-delayed``,
+    ``benchmarks/results/h200_te_2026-12-01``). Not fitted (published runs cannot separate it from the fp8 GEMMs)."""
     # ---- communication ------------------------------------------------------------
     nvlink_efficiency: float = 0.75
     """Achieved fraction of NVLink per-direction bandwidth by NCCL ring collectives
     (nccl-tests bus bandwidth ~360 of 450 GB/s on H100 SXM)."""
     alltoall_nvlink_efficiency: float = 0.95
-    """Achieved fraction of NVLink bandwidth by NCCL all-to-all inside a node. **Set, not fitted**: the
-    published pairs in which only the dispatcher changed inside one NVLink domain measured alltoall 4.0% and 4.4% faster
-    than HybridEP (GPT-OSS-120B, rows 133 -> 134 on B200 and 203 -> 206 on GB200, docs/published_pairs.md), which
-    needs NCCL's all-to-all near HybridEP's own NVLink figure (0.82, ``specs/data/networks.yaml``) with its larger
-    bytes; a refit with it free put it at its bound, 0.95 (0.948). Freed again after the
-    verification-card rows were read as their recipes say, the fit moved it to 0.41, ordering both pairs wrong and
-    predicting DeepEP inside the node 27% ahead of alltoall for the main job, to slow GPT-OSS-120B's bf16 Blackwell
-    alltoall rows (over-predicted by 25-40% held out, a gap no term explains); so it stays at the bound."""
+    """Achieved fraction of NVLink bandwidth by NCCL all-to-all inside a node. **Set, not fitted**: the published pairs
+    in which only the dispatcher changed inside one NVLink domain measured alltoall 4.0% and 4.4% faster than HybridEP
+    (GPT-OSS-120B rows 133 -> 134 and 203 -> 206, docs/published_pairs.md), which needs NCCL's all-to-all near
+    HybridEP's own figure (0.82, ``specs/data/networks.yaml``) with its larger bytes; fitted freely it orders both
+    pairs wrong."""
     network_efficiency: float = 0.80
     """Achieved fraction of per-node network bandwidth (EFA / InfiniBand) by NCCL."""
     dp_overlap: float = 0.0
@@ -219,11 +170,9 @@ class Calibration:
     (Megatron overlaps each block's send with the previous block's attention)."""
     ep_a2a_overlap: float = 0.68
     """Fraction of EP all-to-all time hidden with ``--overlap-moe-expert-parallel-comm`` (dispatch / combine of one
-    micro-batch under the compute of another). **Set from a published pair** (docs/published_pairs.md):
-    GPT-OSS-120B on 64 GB200, EP 64, alltoall, rows 197 / 200 -> 206, A2A overlap off -> on, everything
-    else equal: +5.4% / +5.6% tokens/s/GPU measured; the model gives +5.5% at 0.68 (+4.7% at the 0.57 a fit reached).
-    Not fitted (fitted freely by ``tune calibrate`` it made the held-out Qwen3-235B-A22B
-    H100 rows 43% too fast). The pairs span two releases, so this is a rough value."""
+    micro-batch under the compute of another). **Set from a published pair** (docs/published_pairs.md): GPT-OSS-120B on
+    64 GB200, EP 64, rows 197 / 200 -> 206, overlap off -> on: +5.4% / +5.6% measured, +5.5% modelled at 0.68. Not
+    fitted; the pairs span two releases, so a rough value."""
     flex_sm_share: float = 0.15
     """Share of a GPU's SMs the flex dispatchers' kernels hold while they run: Megatron's ``moe_deepep_num_sms``
     default 20 (``moe_hybridep_num_sms`` 16) of H100's 132 SMs (megatron-core ``TransformerConfig``). With EP A2A
@@ -244,14 +193,11 @@ class Calibration:
     optimizer_bytes_per_param: float = 32.0
     """HBM bytes moved per parameter by the fused Adam step on the GPU (read p,g,m,v; write p,m,v)."""
     cpu_adam_params_per_s_per_node: float = 2.0e9
-    """Parameters per second a host's CPUs step with Adam (Megatron's HybridDeviceOptimizer
-    with torch.optim.AdamW on fp32 states), shared by the node's GPUs. Derived, not fitted:
-    torch's single-tensor AdamW makes ~6 elementwise passes, ~80 bytes of host memory traffic
-    per parameter, plus ~12 bytes for the gradient and parameter copies; ~180 GB/s achieved by
-    eight processes sharing a 2-socket host (about a third of DDR5 peak, given thread
-    oversubscription) -> ~2e9 parameters/s. ZeRO-Offload (arXiv 2101.06840) reports the same
-    order for PyTorch's CPU Adam. The seed's reference port (557.8 tokens/s/GPU) was not used
-    to set it; it is checked against it."""
+    """Parameters per second a host's CPUs step with Adam (Megatron's HybridDeviceOptimizer with torch.optim.AdamW on
+    fp32 states), shared by the node's GPUs. Derived, not fitted: torch's single-tensor AdamW makes ~6 elementwise
+    passes, ~80 bytes of host memory traffic per parameter, plus ~12 bytes for the gradient and parameter copies; ~180
+    GB/s achieved by eight processes sharing a 2-socket host (about a third of DDR5 peak, given thread oversubscription)
+    -> ~2e9 parameters/s. ZeRO-Offload (arXiv 2101.06840) reports the same order for PyTorch's CPU Adam."""
     host_process_bytes: float = 2.36 * 2**30
     """Host memory (RSS) of one training process besides CPU optimizer offload: CUDA context, libraries, data
     loader. **Measured** on 1 x H200 with TE (``benchmarks/results/h200_te_2026-12-01/call12/sweep.jsonl``:
@@ -268,19 +214,15 @@ class Calibration:
     allocator_overhead_fraction: float = 0.08
     """Caching-allocator fragmentation on top of dynamic (activation) memory."""
     backward_working_set_fraction: float = 0.5
-    """Temporaries of the layer running backward (without full recompute), as a fraction of one
-    layer's activations: the gradients of its activations in flight while its saved tensors are
-    still held (Korthikanti et al. 2022 count stored activations only). Under full recompute the
-    whole group being recomputed is counted instead. Chosen (``* 0.5``), not fitted
-    (the H200 trials' peaks of docs/measurements.md were predicted with this value)."""
+    """Temporaries of the layer running backward (without full recompute), as a fraction of one layer's activations: the
+    gradients of its activations in flight while its saved tensors are still held (Korthikanti et al. 2022 count stored
+    activations only). Under full recompute the whole group being recomputed is counted instead. Chosen, not fitted."""
     base_process_groups: float = 2.0
-    """NCCL communicators every rank holds whatever the layout, on top of one per parallel dimension
-    of size > 1 (``nccl_bytes_per_communicator`` each), e.g. the default world group and the
-    data-parallel-with-context group of the gradient reduce, which megatron/core/parallel_state.py
-    creates for every layout. Chosen (``+ 2``), not fitted."""
+    """NCCL communicators every rank holds whatever the layout, on top of one per parallel dimension of size > 1
+    (``nccl_bytes_per_communicator`` each), e.g. the default world group and the data-parallel-with-context group of the
+    gradient reduce, which megatron/core/parallel_state.py creates for every layout. Chosen (``+ 2``), not fitted."""
     flex_dispatcher_buffer_bytes: float = 2.0 * 2**30
-    """DeepEP / HybridEP communication buffers per rank (DeepEP's default NVL buffer ~1 GB
-    plus RDMA buffer)."""
+    """DeepEP / HybridEP communication buffers per rank (DeepEP's default NVL buffer ~1 GB plus RDMA buffer)."""
     cuda_graph_static_buffers: float = 2.0
     """Hidden-size tensors per captured layer and micro-batch in flight that per-layer CUDA graphs keep as static
     buffers (one input and one output; TE ``make_graphed_callables`` keeps per-callable static inputs / outputs).
@@ -339,7 +281,8 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
     # a GPU family's or precision's compute at a tenth of its datasheet's share or less is a typo, not a calibration
     **{k: (0.1, 2.0, False) for k in (
         "gemm_family_factor_ampere", "gemm_family_factor_blackwell", "gemm_generation_factor_blackwell_ultra",
-        "fp8_gemm_efficiency_ratio", "fp8_blockwise_gemm_efficiency_ratio", "mxfp8_gemm_efficiency_ratio", "nvfp4_gemm_efficiency_ratio",
+        "fp8_gemm_efficiency_ratio", "fp8_blockwise_gemm_efficiency_ratio", "mxfp8_gemm_efficiency_ratio",
+        "nvfp4_gemm_efficiency_ratio",
     )},
     "moe_load_imbalance": (1.0, float("inf"), False),
     "grouped_gemm_efficiency_floor": (0.0, 1.0, True),
@@ -376,19 +319,19 @@ SHIPPED_CALIBRATION_FILE = Path(__file__).parent / "data" / "calibration.yaml"
 def _read_constants(p: Path, base: Calibration) -> Calibration:
     data = load_user_yaml(p, f"--calibration {str(p)!r}", "a calibration YAML")
     if data is None:
-        raise TunerError(f"--calibration {str(p)!r}: the file is empty; write constant: value lines (or a 'tune calibrate' "
-                         "output), or leave --calibration out for the shipped calibration")
+        raise TunerError(f"--calibration {str(p)!r}: the file is empty; write constant: value lines (or a 'tune "
+                         "calibrate' output), or leave --calibration out for the shipped calibration")
     if isinstance(data, dict) and "constants" in data:
         stray = sorted(str(k) for k in set(data) - {"constants", "provenance"})
         if stray:
-            raise TunerError(f"--calibration {str(p)!r}: {stray} sit beside the 'constants' section and would be ignored; "
-                             "put them under 'constants' (the file has 'constants' and 'provenance' only)")
+            raise TunerError(f"--calibration {str(p)!r}: {stray} sit beside the 'constants' section and would be "
+                             "ignored; put them under 'constants' (the file has 'constants' and 'provenance' only)")
         data = data["constants"]
     if not isinstance(data, dict):
         raise TunerError(f"--calibration {str(p)!r}: expected a mapping of constant names to numbers")
     if not data:
-        raise TunerError(f"--calibration {str(p)!r}: names no constant; write constant: value lines (or a 'tune calibrate' "
-                         "output), or leave --calibration out for the shipped calibration")
+        raise TunerError(f"--calibration {str(p)!r}: names no constant; write constant: value lines (or a 'tune "
+                         "calibrate' output), or leave --calibration out for the shipped calibration")
     names = {f.name for f in dataclasses.fields(Calibration)}
     unknown = sorted(set(data) - names)
     if unknown:
@@ -401,18 +344,18 @@ def _read_constants(p: Path, base: Calibration) -> Calibration:
             except ValueError:
                 return False
 
-        hint = ("; YAML reads a number such as 1e30 as text: write it with a decimal point and a signed exponent (1.0e+30)"
+        hint = ("; YAML reads a number such as 1e30 as text: write it with a decimal point and a signed exponent "
+                "(1.0e+30)"
                 if any(_numeric_text(data[k]) for k in bad) else "")
         raise TunerError(f"--calibration {str(p)!r}: values of {bad} are not numbers{hint}")
     try:
         return base.replace(**{k: float(v) for k, v in data.items()})
-    except OverflowError:  # an integer of hundreds of digits
-        raise TunerError(f"--calibration {str(p)!r}: a value is too large for a constant") from None
     except TunerError as e:
         raise TunerError(f"--calibration {str(p)!r}: {e}") from None
 
 
-DEFAULT_CALIBRATION = _read_constants(SHIPPED_CALIBRATION_FILE, BASE_CALIBRATION) if SHIPPED_CALIBRATION_FILE.is_file() else BASE_CALIBRATION
+DEFAULT_CALIBRATION = _read_constants(SHIPPED_CALIBRATION_FILE,
+                                      BASE_CALIBRATION) if SHIPPED_CALIBRATION_FILE.is_file() else BASE_CALIBRATION
 
 
 def load_calibration(path: str | Path | None) -> Calibration:
@@ -420,9 +363,7 @@ def load_calibration(path: str | Path | None) -> Calibration:
     ``constants`` section); None gives the shipped calibration (``cost_model/data/calibration.yaml``).
     Constants the file does not name keep their shipped values.
 
-    Raises:
-        TunerError: unreadable file, unknown constant names, or non-numeric values.
-    """
+    Raises TunerError: unreadable file, unknown constant names, or non-numeric values."""
     if path is None:
         return DEFAULT_CALIBRATION
     p = Path(path)

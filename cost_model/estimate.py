@@ -1,29 +1,19 @@
-"""The analytical memory and step-time model, vectorised over a table of layouts.
-
-One implementation serves both one layout (:func:`estimate`) and a whole search
-space (:func:`estimate_table`): every quantity is a numpy array with one entry
-per layout (shape ``(n,)``) or per layout and pipeline-rank class (shape ``(n, K)``:
-ranks that hold the same layers form one class, so K is 1 to 4, whatever ``pp``).
-
-:func:`estimate_table` is a composition of the terms of :mod:`cost_model.terms` (one small
-pure function per memory or time term, each with its formula, shapes, units and source);
-this module only adds them up, picks the worst pipeline rank and derives the throughput.
+"""The analytical memory and step-time model, vectorised over a table of layouts: every quantity is a numpy array per
+layout (``(n,)``) or per layout and pipeline-rank class (``(n, K)``, K 1 to 4 whatever ``pp``). :func:`estimate_table`
+adds up the terms of :mod:`cost_model.terms`, picks the worst pipeline rank and derives the throughput; :func:`estimate`
+is one layout of it.
 
 Sources of the formulas:
-- weights, gradients and optimizer states: Megatron's
-  ``megatron/training/theoretical_memory_usage.py`` (EP-aware form, notes §6.1),
-  with the precision-aware optimizer's dtypes and CPU offload added;
-- activations: Korthikanti et al. 2022 (arXiv 2205.05198, Table 2) per tensor,
-  extended to GQA, flash attention (no s x s scores kept), MoE token copies and
-  each recompute choice; in-flight micro-batches of the 1F1B and interleaved
-  schedules from ``megatron/core/pipeline_parallel/schedules.py`` (warm-up counts);
+
+- weights, gradients and optimizer states: Megatron's ``megatron/training/theoretical_memory_usage.py`` (EP-aware
+  form, notes §6.1), with the precision-aware optimizer's dtypes and CPU offload added;
+- activations: Korthikanti et al. 2022 (arXiv 2205.05198, Table 2) per tensor, extended to GQA, flash attention, MoE
+  token copies and each recompute choice; in-flight micro-batches from ``megatron/core/pipeline_parallel/schedules.py``;
 - FLOPs: :mod:`cost_model.flops` (Megatron's ``num_floating_point_operations``);
 - pipeline bubble ``(pp-1)/(m*vpp)``: Narayanan et al. 2021 (arXiv 2104.04473 §2.2);
 - rank placement: Megatron's default order ``tp-cp-ep-dp-pp`` (``parallel_state.py``).
 
-Every efficiency and overhead constant is a named field of
-:class:`cost_model.calibration.Calibration`.
-"""
+Every efficiency and overhead constant is a field of :class:`cost_model.calibration.Calibration`."""
 
 from __future__ import annotations
 
@@ -41,7 +31,19 @@ import numpy.typing as npt
 from cost_model import step_detail
 from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
 from cost_model.flops import megatron_flops_per_token, mfu
-from cost_model.terms import activations, comm, compute, context, lora, memory, optimizer, params, recompute, schedule, state
+from cost_model.terms import (
+    activations,
+    comm,
+    compute,
+    context,
+    lora,
+    memory,
+    optimizer,
+    params,
+    recompute,
+    schedule,
+    state,
+)
 from cost_model.terms.context import Array, TableContext
 from cost_model.types import Estimate
 from search_spaces.rules import RuleEnv, check_layout
@@ -160,7 +162,8 @@ def _memory_by_rank(c: TableContext, dense: Array, experts: Array, owned: Array,
     kept_dense = activations.kept_bytes(full_dense, saved_attention, activations.saved_dense_bytes(c, dense_block))
     fraction = activations.recomputed_fraction(c)
     per_rank = activations.rank_activation_bytes(
-        c, activations.stored_layer_bytes(c, layer_in, kept_moe, fraction), activations.stored_layer_bytes(c, layer_in, kept_dense, fraction)
+        c, activations.stored_layer_bytes(c, layer_in, kept_moe, fraction),
+        activations.stored_layer_bytes(c, layer_in, kept_dense, fraction)
     )
     inflight = schedule.inflight_microbatches(c)
     act = memory.activation_bytes(
@@ -205,9 +208,12 @@ def _time_per_microbatch(c: TableContext, copies: Array) -> dict[str, Array]:
     fwd_dense = recompute.dense_forward_time(c, mlp, elem_attn, tp_dense)
     sel_attn = recompute.selective_attention_time(c, core, elem_attn, compute.mla_up_projection_time(c), rope)
     share = recompute.full_recompute_share(c, activations.recomputed_fraction(c))
-    rec_moe = recompute.recompute_moe_time(c, share, fwd_attn, fwd_moe, sel_attn + recompute.selective_moe_time(c, fwd_moe, elem_moe, shared))
-    rec_dense = recompute.recompute_dense_time(c, share, fwd_attn, fwd_dense, sel_attn + recompute.selective_dense_time(c, fwd_dense))
-    c_attn = compute.attention_compute_time(c, linear, core, elem_attn + rope)  # MLA's unfused RoPE is memory-bound work too
+    rec_moe = recompute.recompute_moe_time(c, share, fwd_attn, fwd_moe,
+                                           sel_attn + recompute.selective_moe_time(c, fwd_moe, elem_moe, shared))
+    rec_dense = recompute.recompute_dense_time(c, share, fwd_attn, fwd_dense,
+                                               sel_attn + recompute.selective_dense_time(c, fwd_dense))
+    # MLA's unfused RoPE is memory-bound work too
+    c_attn = compute.attention_compute_time(c, linear, core, elem_attn + rope)
     c_moe = compute.moe_compute_time(c, experts, router, shared, elem_moe)
     c_dense = compute.dense_compute_time(c, mlp, elem_attn)
     # Per rank class: the rank's MoE and dense layers, (n, K).
@@ -225,7 +231,8 @@ def _microbatch_window(c: TableContext, per_mb: dict[str, Array]) -> Array:
     """Seconds of one micro-batch per rank class ``(n, K)`` (0 on ranks that do not exist): the busy time the per-step
     data-parallel communication can hide behind (:func:`cost_model.terms.comm.dp_comm_time`), also the pipeline's
     per-micro-batch time. One definition for the table and the single-layout details, so their DP times agree."""
-    out: Array = (per_mb["compute"] + per_mb["tp_comm"] + per_mb["cp_comm"] + per_mb["ep_comm"] + per_mb["recompute"]) * c.live
+    out: Array = (per_mb["compute"] + per_mb["tp_comm"] + per_mb["cp_comm"] + per_mb["ep_comm"]
+                  + per_mb["recompute"]) * c.live
     return out
 
 
@@ -264,31 +271,13 @@ def estimate_table(
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
     options: RunOptions = DEFAULT_RUN_OPTIONS,
 ) -> EstimateTable:
-    """Predict peak memory and step time for every layout of ``table``.
+    """Predict peak memory and step time for every layout of ``table`` (rows already valid by
+    :func:`search_spaces.rules.check_table`; ``cluster.num_gpus`` equal to their ``world_size``): an
+    :class:`EstimateTable` of ``(n,)`` arrays. A layout fits when its predicted peak is at most ``(1 - memory_headroom)
+    x HBM``; ``options`` are the run flags shared by every row.
 
-    The table's rows must already satisfy Megatron's rules
-    (:func:`search_spaces.rules.check_table`); results for invalid rows are
-    meaningless.
-
-    Args:
-        model: the model.
-        cluster: the GPUs; ``cluster.num_gpus`` must equal the rows' ``world_size``.
-        workload: sequence length, global batch and precision.
-        table: the layouts (n rows).
-        calibration: efficiency constants.
-        memory_headroom: fraction of HBM kept free; a layout fits when its
-            predicted peak is at most ``(1 - memory_headroom) * HBM``.
-        options: run flags shared by every row (routing, overlaps, CUDA graphs, FSDP,
-            CP communication type); the default is the seed's run.
-
-    Returns:
-        An :class:`EstimateTable` with arrays of shape ``(n,)``.
-
-    Raises:
-        TunerError: ``memory_headroom`` outside [0, 1), a precision the GPU has no
-            tensor cores for, or calibration constants that give a non-finite step time or
-            peak memory (e.g. ``moe_load_imbalance: 1e300`` in a ``--calibration`` file).
-    """
+    Raises TunerError: ``memory_headroom`` outside [0, 1), a precision the GPU has no tensor cores for, or calibration
+    constants that give a non-finite step time or peak memory."""
     if not 0.0 <= memory_headroom < 1.0:
         raise TunerError(f"--memory-headroom must be in [0, 1), got {memory_headroom}")
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
@@ -297,14 +286,16 @@ def estimate_table(
             out = _estimate_table(model, cluster, workload, table, calibration, memory_headroom, options)
         else:
             blocks = (table.select(slice(lo, lo + ROW_BLOCK)) for lo in range(0, n, ROW_BLOCK))  # views
-            out = _in_blocks((_estimate_table(model, cluster, workload, b, calibration, memory_headroom, options) for b in blocks), n)
+            out = _in_blocks((_estimate_table(model, cluster, workload, b, calibration, memory_headroom,
+                                              options) for b in blocks), n)
     bad = ~(np.isfinite(out.step_time_s) & np.isfinite(out.peak_bytes) & (out.step_time_s > 0))
     if bad.any():
         parts = sorted({k for k, v in {**out.time, **out.memory}.items() if not np.all(np.isfinite(v[bad]))})
         raise TunerError(
-            f"the calibration constants give a non-finite step time or peak memory for {int(bad.sum())} of {len(bad)} layouts "
-            f"(parts: {', '.join(parts) or 'step'}): check the constants of the --calibration file; the shipped ones are in "
-            "cost_model/data/calibration.yaml")
+            f"the calibration constants give a non-finite step time or peak memory for {int(bad.sum())} of {len(bad)} "
+            "layouts "
+            f"(parts: {', '.join(parts) or 'step'}): check the constants of the --calibration file; the shipped ones "
+            "are in cost_model/data/calibration.yaml")
     return out
 
 
@@ -352,7 +343,8 @@ def _row_arrays(t: EstimateTable) -> dict[str, Array]:
     }
 
 
-def _estimate_table(model: ModelSpec, cluster: Cluster, workload: Workload, table: LayoutTable, calibration: Calibration,
+def _estimate_table(model: ModelSpec, cluster: Cluster, workload: Workload, table: LayoutTable,
+                    calibration: Calibration,
                     memory_headroom: float, options: RunOptions) -> EstimateTable:
     c = context.build_context(model, cluster, workload, table, calibration, options)
     lora.check_targets(c)
@@ -397,20 +389,14 @@ def estimate(
 ) -> Estimate:
     """Predict one layout's peak memory per GPU and step time.
 
-    Checks Megatron's rules first. Memory and every time part but the bubble are :func:`estimate_table`'s; the
-    pipeline is timed by simulating Megatron's 1F1B / interleaved order over each rank's and chunk's forward and
-    backward (:mod:`cost_model.step_detail`), so ``pp_bubble`` is the simulated pipeline's time less the ranks'
-    mean busy time, and the step time, throughput, MFU and cost follow. With equal ranks this equals the table's
-    closed form; see docs/cost_model.md ("Step time") for how far they differ otherwise.
+    Checks Megatron's rules first. Memory and every time part but the bubble are :func:`estimate_table`'s; the pipeline
+    is timed by simulating Megatron's order over each rank's and chunk's passes (:mod:`cost_model.step_detail`), so
+    ``pp_bubble`` is the simulated time less the ranks' mean busy time (equal to the closed form with equal ranks). The
+    last :data:`RECENT_ESTIMATES` results are kept: a repeat with the same model, cluster and workload objects and equal
+    other inputs returns the same :class:`Estimate`.
 
-    The last :data:`RECENT_ESTIMATES` results are kept: a repeated call with the same model, cluster and workload
-    objects and equal other inputs returns the same (frozen) :class:`Estimate`.
-
-    Raises:
-        InfeasibleLayout: the layout breaks a rule (the first one; ``tune check``
-            lists them all).
-        TunerError: the layout's world size differs from the cluster's GPU count.
-    """
+    Raises InfeasibleLayout: the first rule the layout breaks. Raises TunerError: a world size other than the cluster's
+    GPU count."""
     key = (id(model), id(cluster), id(workload), layout, calibration, memory_headroom, options)
     with _recent_lock:
         hit = _recent.get(key)
@@ -446,12 +432,10 @@ def estimate_details(
     """:func:`estimate` with what it is made of: each pipeline rank's and chunk's forward and backward by part,
     the simulated schedule, what the overlaps hide, each rank's tail (DP, optimizer, offload) and memory by part.
 
-    Returns:
-        A :class:`cost_model.step_detail.StepDetails` (seconds, bytes); its ``estimate`` is :func:`estimate`'s.
+    Returns: A :class:`cost_model.step_detail.StepDetails` (seconds, bytes); its ``estimate`` is :func:`estimate`'s.
 
-    Raises:
-        InfeasibleLayout: the layout breaks a rule.
-        TunerError: the layout's world size differs from the cluster's GPU count.
+    Raises InfeasibleLayout: the layout breaks a rule.
+    Raises TunerError: the layout's world size differs from the cluster's GPU count.
     """
     det = _single(model, cluster, workload, layout, calibration, memory_headroom, options, details=True)[1]
     assert det is not None
@@ -459,7 +443,8 @@ def estimate_details(
 
 
 def _single(
-    model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, calibration: Calibration, memory_headroom: float,
+    model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, calibration: Calibration,
+    memory_headroom: float,
     options: RunOptions, *, details: bool,
 ) -> tuple[Estimate, step_detail.StepDetails | None]:
     """:func:`estimate` (and, with ``details``, :func:`estimate_details`) of one layout."""
@@ -486,14 +471,17 @@ def _single(
         time["pp_bubble"] = max(step_detail.pipeline_time(times, layout, m) - busy, 0.0)
         step = sum(time[p] for p in TIME_PARTS)
         k = row.step_time_s / step  # throughput, MFU and TFLOP/s scale with 1 / step, $/token with step
-        est = dataclasses.replace(row, time=time, step_time_s=step, tokens_per_s_per_gpu=row.tokens_per_s_per_gpu * k, mfu=row.mfu * k,
-                                  model_tflops_per_gpu=row.model_tflops_per_gpu * k, usd_per_million_tokens=row.usd_per_million_tokens / k)
+        est = dataclasses.replace(row, time=time, step_time_s=step, tokens_per_s_per_gpu=row.tokens_per_s_per_gpu * k,
+                                  mfu=row.mfu * k,
+                                  model_tflops_per_gpu=row.model_tflops_per_gpu * k,
+                                  usd_per_million_tokens=row.usd_per_million_tokens / k)
     if not details:
         return est, None
     return est, _details(c, est, times, copies, model, layout, m)
 
 
-def _details(c: TableContext, est: Estimate, times: step_detail.ChunkTimes, copies: Array, model: ModelSpec, layout: Layout,
+def _details(c: TableContext, est: Estimate, times: step_detail.ChunkTimes, copies: Array, model: ModelSpec,
+             layout: Layout,
              m: int) -> step_detail.StepDetails:
     """The :class:`~cost_model.step_detail.StepDetails` of one layout (see :func:`estimate_details`)."""
     layers, moe = step_detail.chunk_layers(model, layout)
@@ -513,7 +501,8 @@ def _details(c: TableContext, est: Estimate, times: step_detail.ChunkTimes, copi
         one = np.zeros_like(c.live)
         one[0, k] = True  # the class alone: the per-step terms' slowest rank is this one
         ck, ck0 = dataclasses.replace(c, live=one), dataclasses.replace(c0, live=one)
-        dp, opt, off = (float(comm.dp_comm_time(ck, tdense, texp, window)[0]), float(optimizer.optimizer_step_time(ck, owned)[0]),
+        dp, opt, off = (float(comm.dp_comm_time(ck, tdense, texp, window)[0]),
+                        float(optimizer.optimizer_step_time(ck, owned)[0]),
                         float(optimizer.offload_time(ck, owned)[0]))
         for name, v in (("pp_p2p", p2p), ("dp_comm", dp), ("optimizer", opt), ("offload", off)):
             tail[name].append(v)
@@ -521,7 +510,8 @@ def _details(c: TableContext, est: Estimate, times: step_detail.ChunkTimes, copi
         hidden["dp_comm"].append(max(float(comm.dp_comm_time(ck0, tdense, texp, window)[0]) - dp, 0.0))
         hidden["offload"].append(max(float(optimizer.offload_time(ck0, owned)[0]) - off, 0.0))
     by_rank = _memory_by_rank(c, dense, experts, owned, copies)
-    closed = float(m * schedule.slowest_rank_time(total)[0] + schedule.fill_drain_microbatches(c)[0] * schedule.mean_rank_time(c, total)[0])
+    closed = float(m * schedule.slowest_rank_time(total)[0]
+                   + schedule.fill_drain_microbatches(c)[0] * schedule.mean_rank_time(c, total)[0])
     sched = step_detail.simulated_schedule(times, layout, m)
     return step_detail.StepDetails(
         estimate=est,

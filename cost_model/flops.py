@@ -14,24 +14,13 @@ __all__ = ["megatron_flops_per_token", "mfu", "usd_per_million_tokens"]
 
 
 def megatron_flops_per_token(model: ModelSpec, seq_length: int) -> float:
-    """Model FLOPs per token of one training step (forward + backward), as Megatron counts them.
+    """Model FLOPs per token of one training step (forward + backward) as Megatron counts them, ``total FLOPs /
+    (global_batch * seq_length)``.
 
-    Mirrors ``num_floating_point_operations`` in ``megatron/training/training.py``
-    (shared/notes/megatron_rules.md §6.3) for fixed-length BSHD rows: GQA or MLA
-    attention projections, causal core attention (half of the s x s scores),
-    dense / routed / shared-expert MLPs, MTP layers (counted with the type of the
-    last layer) and their projections, and the logits of the main and each MTP
-    head. The router is not counted (Megatron does not count it either).
-    Sliding-window layers (``ModelSpec.window_size``, GPT-OSS) count the keys inside the
-    window instead of ``s/2``.
-
-    Args:
-        model: the model.
-        seq_length: tokens per row (s).
-
-    Returns:
-        FLOPs per token (``total FLOPs / (global_batch * s)``).
-    """
+    Mirrors ``num_floating_point_operations`` in ``megatron/training/training.py`` (shared/notes/megatron_rules.md §6.3)
+    for fixed-length rows: GQA or MLA projections, causal core attention (half the s x s scores; sliding-window layers
+    the keys in the window), dense / routed / shared-expert MLPs, MTP layers (of the last layer's type) and their
+    projections, and the logits of the main and each MTP head. The router is not counted (nor by Megatron)."""
     h, n, g, d = model.hidden_size, model.num_attention_heads, model.num_query_groups, model.kv_channels
     mats = model.mlp_matrices
     mtp = model.mtp_num_layers
@@ -75,9 +64,9 @@ def megatron_flops_per_token(model: ModelSpec, seq_length: int) -> float:
 def mfu(model: ModelSpec, tokens_per_s_per_gpu: _Rate, peak_flops_bf16: float) -> _Rate:
     """Model FLOP utilisation by the seed's convention: ``6 * N_active * tokens/s / peak``.
 
-    ``N_active`` is :meth:`ModelSpec.active_params`; ``peak`` is the GPU's dense bf16
-    peak (FLOP/s), the datasheet's, not the fitted one; ``tokens_per_s_per_gpu`` a number or an array. At 2,034.42 tokens/s/GPU on H200 (989.4 TFLOP/s) MiniMax-M2 gives
-    0.1285 (seeds/001 ``result.mfu``). Attention's s^2 term is not counted.
+    ``N_active`` is :meth:`ModelSpec.active_params`; ``peak`` is the GPU's dense bf16 peak (FLOP/s), the datasheet's,
+    not the fitted one; ``tokens_per_s_per_gpu`` a number or an array. At 2,034.42 tokens/s/GPU on H200 (989.4 TFLOP/s)
+    MiniMax-M2 gives 0.1285 (seeds/001 ``result.mfu``). Attention's s^2 term is not counted.
     """
     return 6.0 * model.active_params() * tokens_per_s_per_gpu / peak_flops_bf16
 

@@ -1,31 +1,20 @@
-"""Megatron's pipeline schedules, event by event: the order each pipeline rank runs its forward and
-backward chunks in, and a dependency simulation that times them.
+"""Megatron's pipeline schedules, event by event: the order each pipeline rank runs its forward and backward chunks in,
+and a dependency simulation that times them.
 
-The order is Megatron-core's (``megatron/core/pipeline_parallel/schedules.py`` at NVIDIA/Megatron-LM
-d98e8a6): ``forward_backward_pipelining_without_interleaving`` runs ``pp - rank - 1`` warm-up
-forwards, then one forward and one backward per step (1F1B), then the remaining backwards;
-``forward_backward_pipelining_with_interleaving`` runs ``(pp - rank - 1) * 2 + (vpp - 1) * group``
-warm-up forwards (``get_pp_rank_microbatches``; ``group`` is ``microbatch_group_size_per_vp_stage``,
-default ``pp``), and maps the k-th virtual micro-batch to (micro-batch, model chunk) through
-``get_schedule_table`` (backward chunks in reverse: ``vpp - 1 - chunk``). Chunk ``c`` of rank ``r`` is
-pipeline stage ``c * pp + r`` (Megatron's VPP-major layer assignment).
+The order is Megatron-core's (``megatron/core/pipeline_parallel/schedules.py`` at d98e8a6): 1F1B runs ``pp - rank - 1``
+warm-up forwards, then one forward and one backward per step, then the remaining backwards; the interleaved schedule
+runs ``(pp - rank - 1) * 2 + (vpp - 1) * group`` warm-up forwards (``group`` = ``microbatch_group_size_per_vp_stage``,
+default ``pp``) and maps virtual micro-batches to (micro-batch, chunk) through ``get_schedule_table`` (backward chunks
+in reverse). Chunk ``c`` of rank ``r`` is stage ``c * pp + r``.
 
-The simulation is a list schedule: each rank runs its operations in that order, one at a time; a
-forward of stage ``s`` waits for the forward of the same micro-batch on stage ``s - 1`` (plus the
-p2p transfer), a backward of stage ``s`` for the backward on stage ``s + 1`` (the last stage: for its
-own forward). With the same chunk time on every rank it reproduces the bubble of Narayanan et al.
-2021 (arXiv 2104.04473 §2.2): ``(pp - 1) / vpp`` micro-batch times, i.e. a step of
-``(M + (pp - 1) / vpp) * (t_f + t_b)``.
+The simulation is a list schedule: a forward of stage ``s`` waits for the same micro-batch's forward on ``s - 1`` (plus
+the p2p transfer), a backward for the backward on ``s + 1``. With equal chunk times it reproduces the bubble of
+Narayanan et al. 2021 (§2.2): a step of ``(M + (pp - 1) / vpp) * (t_f + t_b)``.
 
-:func:`pipeline_makespan` (the estimate's pipeline time) needs only the step's end. Past
-:data:`FULL_SIMULATION_MICROBATCHES` it simulates shorter steps of the same schedule, ``a`` and ``2a`` micro-batches
-from ``a = 8 x pp`` up (each also one period longer; counts of m's residue modulo the period: 1 for 1F1B, ``group``
-interleaved, so the last group is the same), and extrapolates once the step is in its steady state: it grows by the
-same time over one period at ``a`` and at ``2a`` and on average between them, and by at least the slowest rank's
-busy time per period (a lower bound of the steady growth). Otherwise ``a`` doubles while ``2a`` stays within half
-of m, and then it simulates all m. Measured against the full simulation: ``benchmarks/bench_pipeline_makespan.py``.
-:func:`simulate_pipeline` (the step timeline) times every operation.
-"""
+:func:`pipeline_makespan` needs only the step's end: past :data:`FULL_SIMULATION_MICROBATCHES` it simulates ``a`` and
+``2a`` micro-batches (from ``a = 8 x pp``, with m's residue modulo the period) and extrapolates once both grow by the
+same time per period, and by at least the slowest rank's busy time; otherwise it simulates all m
+(``benchmarks/bench_pipeline_makespan.py``). :func:`simulate_pipeline` times every operation."""
 
 from __future__ import annotations
 
@@ -36,7 +25,8 @@ from functools import lru_cache
 from specs.errors import TunerError
 
 __all__ = [
-    "FULL_SIMULATION_MICROBATCHES", "Pass", "PipelineOp", "ScheduledOp", "megatron_order", "pipeline_makespan", "schedule_table", "simulate_pipeline",
+    "FULL_SIMULATION_MICROBATCHES", "Pass", "PipelineOp", "ScheduledOp", "megatron_order", "pipeline_makespan",
+    "schedule_table", "simulate_pipeline",
     "warmup_microbatches",
 ]
 
@@ -75,13 +65,10 @@ def warmup_microbatches(pp: int, rank: int, vpp: int, num_microbatches: int, gro
     1F1B (vpp 1): ``pp - rank - 1``; interleaved: ``(pp - rank - 1) * 2 + (vpp - 1) * group``; both capped
     at the rank's ``num_microbatches * vpp`` chunk forwards.
 
-    Args:
-        pp: pipeline-parallel size; rank: pipeline rank 0 .. pp-1; vpp: chunks per rank;
-        num_microbatches: M per step per DP rank; group: ``microbatch_group_size_per_vp_stage`` (default pp).
+    Args: pp: pipeline-parallel size; rank: pipeline rank 0 .. pp-1; vpp: chunks per rank; num_microbatches: M per step
+    per DP rank; group: ``microbatch_group_size_per_vp_stage`` (default pp).
 
-    Returns:
-        A count of chunk forwards (>= 0).
-    """
+    Returns: A count of chunk forwards (>= 0)."""
     total = num_microbatches * vpp
     if pp == 1:
         return 0
@@ -110,21 +97,23 @@ def megatron_order(pp: int, rank: int, vpp: int, num_microbatches: int, group: i
         ``2 * num_microbatches * vpp`` operations: warm-up forwards, then alternating forward and
         backward (1F1B), then the cool-down backwards.
 
-    Raises:
-        TunerError: sizes < 1, a rank outside the pipeline, or an interleaved schedule with fewer
-            micro-batches than the pipeline size (Megatron refuses it too).
+    Raises TunerError: sizes < 1, a rank outside the pipeline, or an interleaved schedule with fewer micro-batches than
+    the pipeline size (Megatron refuses it too).
     """
     g = _check_sizes(pp, rank, vpp, num_microbatches, group)
-    return [PipelineOp(Pass.backward if b else Pass.forward, mb, c) for b, mb, c in _order(pp, rank, vpp, num_microbatches, g)]
+    return [PipelineOp(Pass.backward if b else Pass.forward, mb, c) for b, mb,
+            c in _order(pp, rank, vpp, num_microbatches, g)]
 
 
 def _check_sizes(pp: int, rank: int, vpp: int, num_microbatches: int, group: int | None) -> int:
     """The group size (default pp), once the sizes are checked (see :func:`megatron_order`)."""
     if pp < 1 or vpp < 1 or num_microbatches < 1 or not 0 <= rank < pp:
-        raise TunerError(f"pipeline schedule: pp {pp}, vpp {vpp}, rank {rank}, micro-batches {num_microbatches} are not a valid pipeline")
+        raise TunerError(f"pipeline schedule: pp {pp}, vpp {vpp}, rank {rank}, micro-batches {num_microbatches} are "
+                         "not a valid pipeline")
     g = pp if group is None else group
     if vpp > 1 and (num_microbatches < pp or g < pp):
-        raise TunerError(f"interleaved schedule: {num_microbatches} micro-batches per step with pp {pp}; Megatron needs at least pp")
+        raise TunerError(f"interleaved schedule: {num_microbatches} micro-batches per step with pp {pp}; Megatron "
+                         "needs at least pp")
     return g
 
 
@@ -188,9 +177,7 @@ def _build_plan(pp: int, vpp: int, num_microbatches: int, group: int | None) -> 
     one at a time, each once its dependency has run) visited rank by rank until every operation is placed; the
     visit order does not depend on the durations, so it is computed once per schedule.
 
-    Raises:
-        TunerError: bad sizes (see :func:`megatron_order`), or an order that deadlocks (never for Megatron's).
-    """
+    Raises TunerError: bad sizes (see :func:`megatron_order`), or an order that deadlocks (never for Megatron's)."""
     g = _check_sizes(pp, 0, vpp, num_microbatches, group)
     orders = [_order(pp, r, vpp, num_microbatches, g) for r in range(pp)]
     n_stages = pp * vpp
@@ -238,7 +225,8 @@ def _build_plan(pp: int, vpp: int, num_microbatches: int, group: int | None) -> 
                 progressed = True
         if not progressed:  # a Megatron order never deadlocks; guard against a bad table
             raise TunerError(f"pipeline simulation: the schedule deadlocked (pp {pp}, vpp {vpp}, M {num_microbatches})")
-    return _Plan(ops=tuple(ops), rank=tuple(rank), after=tuple(after), lagged=tuple(lagged), by_rank=tuple(tuple(x) for x in by_rank),
+    return _Plan(ops=tuple(ops), rank=tuple(rank), after=tuple(after), lagged=tuple(lagged),
+                 by_rank=tuple(tuple(x) for x in by_rank),
                  slot=tuple(slot))
 
 
@@ -278,27 +266,18 @@ def simulate_pipeline(
     p2p_s: float = 0.0,
     group: int | None = None,
 ) -> list[ScheduledOp]:
-    """Time every rank's operations in Megatron's order.
+    """Time every rank's operations in Megatron's order: every operation with its start and end (seconds), rank by rank
+    in execution order. ``forward_s[rank][chunk]`` and ``backward_s`` (recompute included) are seconds of one
+    micro-batch; ``p2p_s`` is the transfer from an operation to the dependent one on the next (forward) or previous
+    (backward) stage (0: overlapped); ``group`` is ``microbatch_group_size_per_vp_stage`` (default pp).
 
-    Args:
-        pp, vpp, num_microbatches: the schedule.
-        forward_s: ``forward_s[rank][chunk]``, seconds of one micro-batch's forward of that chunk.
-        backward_s: the same for the backward (recompute included).
-        p2p_s: seconds from the end of an operation to the start of the dependent one on the next
-            (forward) or previous (backward) stage: the activation / gradient transfer (0: overlapped).
-        group: ``microbatch_group_size_per_vp_stage`` (default pp).
-
-    Returns:
-        Every operation with its start and end (seconds), rank by rank in execution order.
-
-    Raises:
-        TunerError: bad sizes (see :func:`megatron_order`) or duration tables of the wrong shape.
-    """
+    Raises TunerError: bad sizes (see :func:`megatron_order`) or duration tables of the wrong shape."""
     _check_tables(pp, vpp, forward_s, backward_s)
     plan = _plan(pp, vpp, num_microbatches, group)
     start, end = _times(plan, forward_s, backward_s, p2p_s)
     kinds = (Pass.forward, Pass.backward)
-    return [ScheduledOp(rank=r, op=PipelineOp(kinds[plan.ops[i][0]], plan.ops[i][1], plan.ops[i][2]), start_s=start[i], end_s=end[i])
+    return [ScheduledOp(rank=r, op=PipelineOp(kinds[plan.ops[i][0]], plan.ops[i][1], plan.ops[i][2]), start_s=start[i],
+                        end_s=end[i])
             for r, idx in enumerate(plan.by_rank) for i in idx]
 
 
@@ -316,9 +295,7 @@ def pipeline_makespan(
     building its operation list; above :data:`FULL_SIMULATION_MICROBATCHES` micro-batches extrapolated from a
     bounded simulation once it is in its steady state (see the module's docstring).
 
-    Raises:
-        TunerError: as :func:`simulate_pipeline`.
-    """
+    Raises TunerError: as :func:`simulate_pipeline`."""
     _check_tables(pp, vpp, forward_s, backward_s)
     m = num_microbatches
     if m > FULL_SIMULATION_MICROBATCHES and pp > 1:

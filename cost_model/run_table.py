@@ -1,12 +1,10 @@
 """The run table ``tune validate`` and ``tune calibrate`` read: a CSV of measured runs, each row a :class:`Run`.
 
-A run table has the columns of ``benchmarks/data/published_runs.csv`` (346 measured
-NVIDIA runs with their layouts). Each row becomes a :class:`Run`: the model preset, the
-cluster, the workload, the :class:`~specs.layout.Layout` and the
-:class:`~specs.RunOptions` (routing, overlaps, CUDA graphs, FSDP) read from the
-row, and the published tokens/s/GPU or model TFLOP/s/GPU. Rows the model cannot represent
-keep the reason (:attr:`Run.unrepresentable`); rows with bad cells are reported as
-:class:`RowProblem` naming the row and column. Nothing is dropped silently.
+A run table has the columns of ``benchmarks/data/published_runs.csv`` (346 measured NVIDIA runs with their layouts).
+Each row becomes a :class:`Run`: the model preset, the cluster, the workload, the :class:`~specs.layout.Layout` and the
+:class:`~specs.RunOptions` (routing, overlaps, CUDA graphs, FSDP) read from the row, and the published tokens/s/GPU or
+model TFLOP/s/GPU. Rows the model cannot represent keep the reason (:attr:`Run.unrepresentable`); rows with bad cells
+are reported as :class:`RowProblem` naming the row and column. Nothing is dropped silently.
 
 Conventions for published rows (``shared/data/published_runs.md``):
 - NVIDIA's MoE benchmarks force-balance the routing and are dropless (Megatron-Bridge
@@ -39,9 +37,21 @@ from pathlib import Path
 from typing import Any, cast
 
 from search_spaces.pipeline import stage_layer_counts
-from specs import Cluster, GPUSpec, ModelSpec, Precision, RunOptions, Workload, list_gpus, list_models, load_gpu, load_model, load_network
+from specs import (
+    Cluster,
+    GPUSpec,
+    ModelSpec,
+    Precision,
+    RunOptions,
+    Workload,
+    list_gpus,
+    list_models,
+    load_gpu,
+    load_model,
+    load_network,
+)
 from specs.errors import InfeasibleLayout, TunerError
-from specs.files import MAX_DATA_BYTES, parse_errors, read_user_text
+from specs.files import parse_errors, read_user_text
 from specs.layout import RECOMPUTE_MODULES, Dispatcher, Layout
 
 __all__ = [
@@ -60,7 +70,8 @@ REQUIRED_COLUMNS = ("model", "gpu_type", "num_gpus", "tp", "pp", "gbs", "seq_len
 OPTIONAL_COLUMNS = (
     "id", "vpp", "cp", "ep", "etp", "mbs", "recompute", "dispatcher", "other_notes", "task",
     "framework_version", "confidence", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "implied_gflop_per_token",
-    *("use_megatron_fsdp", "cpu_offloading_num_layers", "use_precision_aware_optimizer", "exp_avg_dtype", "exp_avg_sq_dtype",
+    *("use_megatron_fsdp", "cpu_offloading_num_layers", "use_precision_aware_optimizer", "exp_avg_dtype",
+      "exp_avg_sq_dtype",
       "grad_reduce_in_fp32", "fp8_recipe", "fp8_param_gather", "fp4_param_gather", "cross_entropy_loss_fusion",
       "cross_entropy_fusion_impl", "te_version", "recompute_granularity", "recompute_method", "recompute_num_layers",
       "recompute_modules", "overlap_moe_expert_parallel_comm", "cuda_graph_impl", "cuda_graph_scope", "optimizer",
@@ -152,7 +163,8 @@ def _model_for(name: str, base: Path | None = None) -> tuple[ModelSpec | None, s
 
 
 def _first_named(text: str, table: Sequence[tuple[str, Any]]) -> Any:
-    """The value of the first ``(word, value)`` of ``table`` whose word is in ``text`` (lower-cased); None if none is."""
+    """The value of the first ``(word, value)`` of ``table`` whose word is in ``text`` (lower-cased); None if none
+    is."""
     t = text.lower()
     return next((v for word, v in table if word in t), None)
 
@@ -162,7 +174,8 @@ _PRECISION_WORDS = (("fp4", Precision.nvfp4), ("mx", Precision.mxfp8), ("block",
                     ("fp8", Precision.fp8), ("bf16", Precision.bf16))
 #: Words of a dispatcher cell (each dispatcher's ``published_words``), checked in this order: a flex backend's
 #: first, the longest first ("alltoall (flex backend unset)" is alltoall; "hybridep" is not "deepep").
-_DISPATCHER_WORDS = tuple(sorted(((w, d) for d in Dispatcher for w in d.traits.published_words), key=lambda x: (not x[1].is_flex, -len(x[0]))))
+_DISPATCHER_WORDS = tuple(sorted(((w, d) for d in Dispatcher for w in d.traits.published_words),
+                                 key=lambda x: (not x[1].is_flex, -len(x[0]))))
 
 
 def _precision(text: str) -> Precision | None:
@@ -225,7 +238,8 @@ class Run:
         return self.layout.key() + f"|opts={self.options}" if self.layout is not None else ""
 
 
-def _cell(r: dict[str, str], row: int, rid: str, problems: list[RowProblem], column: str, integer: bool = True, default: float | None = None) -> float | None:
+def _cell(r: dict[str, str], row: int, rid: str, problems: list[RowProblem], column: str, integer: bool = True,
+          default: float | None = None) -> float | None:
     """:func:`_num` of column ``column`` of row ``r``."""
     return _num(r.get(column, ""), column, row, rid, problems, integer=integer, default=default)
 
@@ -236,7 +250,8 @@ def _flag(notes: dict[str, str], key: str, default: bool) -> bool:
     return default if v is None else v.strip("'\"").lower() in ("true", "1", "yes")
 
 
-def _num(raw: str, column: str, row: int, rid: str, problems: list[RowProblem], *, integer: bool, default: float | None) -> float | None:
+def _num(raw: str, column: str, row: int, rid: str, problems: list[RowProblem], *, integer: bool,
+         default: float | None) -> float | None:
     t = (raw or "").strip().replace(",", "")
     t = re.sub(r"\s*\(derived\)$", "", t)
     if t.endswith("*"):
@@ -249,7 +264,8 @@ def _num(raw: str, column: str, row: int, rid: str, problems: list[RowProblem], 
         problems.append(RowProblem(row, rid, column, f"{raw!r} is not a number"))
         return None
     if not math.isfinite(v) or v < 0 or (integer and not v.is_integer()):
-        problems.append(RowProblem(row, rid, column, f"{raw!r} is not a {'non-negative integer' if integer else 'non-negative number'}"))
+        problems.append(RowProblem(row, rid, column,
+                                   f"{raw!r} is not a {'non-negative integer' if integer else 'non-negative number'}"))
         return None
     return v
 
@@ -275,9 +291,7 @@ CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
 def _setting_choice(r: dict[str, str], notes: dict[str, str], key: str, default: str, accepted: Sequence[str]) -> str:
     """A :func:`_setting` that must be one of ``accepted`` (case-insensitive; blank -> ``default``).
 
-    Raises:
-        ValueError: anything else, naming the column and the accepted values (the row is then not representable).
-    """
+    Raises ValueError: anything else, naming the column and the accepted values (the row is then not representable)."""
     v = _setting(r, notes, key, default).strip().lower()
     if not v:
         return default
@@ -304,15 +318,14 @@ def _dispatcher_cell(cell: str, notes: dict[str, str]) -> Dispatcher:
         return Dispatcher.alltoall
     if re.search(r"\bflex\b", disp):  # flex's default backend (megatron-core 0.19 TransformerConfig)
         return Dispatcher.flex_deepep
-    raise ValueError(f"dispatcher {cell.strip()[:40]!r}: name alltoall, allgather, DeepEP or HybridEP (or leave it blank for alltoall)")
+    raise ValueError(f"dispatcher {cell.strip()[:40]!r}: name alltoall, allgather, DeepEP or HybridEP (or leave it "
+                     "blank for alltoall)")
 
 
 def _setting_int(r: dict[str, str], notes: dict[str, str], key: str, default: int) -> int:
     """A non-negative integer :func:`_setting` (blank -> ``default``).
 
-    Raises:
-        ValueError: anything else, naming the column (the row is then not representable, with this reason).
-    """
+    Raises ValueError: anything else, naming the column (the row is then not representable, with this reason)."""
     v = _setting(r, notes, key, "").strip()
     if not v:
         return default
@@ -324,9 +337,7 @@ def _setting_int(r: dict[str, str], notes: dict[str, str], key: str, default: in
 def _note_fraction(notes: dict[str, str], key: str) -> float:
     """A note's fraction in [0, 1] (absent -> 0).
 
-    Raises:
-        ValueError: anything else, naming the key (the row is then not representable, with this reason).
-    """
+    Raises ValueError: anything else, naming the key (the row is then not representable, with this reason)."""
     v = notes.get(key, "").strip("'\"")
     try:
         f = float(v) if v else 0.0
@@ -340,9 +351,7 @@ def _note_fraction(notes: dict[str, str], key: str) -> float:
 def _setting_flag(r: dict[str, str], notes: dict[str, str], key: str, default: bool) -> bool:
     """A boolean :func:`_setting`: true / 1 / yes or false / 0 / no.
 
-    Raises:
-        ValueError: a setting column holding anything else (the row is then not representable, with this reason).
-    """
+    Raises ValueError: a setting column holding anything else (the row is then not representable, with this reason)."""
     v = (r.get(key) or "").strip().strip("'\"").lower()
     if v:
         if v not in ("true", "1", "yes", "false", "0", "no"):
@@ -369,7 +378,8 @@ def _recompute(cell: str, notes: dict[str, str]) -> dict[str, Any]:
     text = (cell or "").strip().lower()
     mods = _list(notes["recompute_modules"]) if "recompute_modules" in notes else ()
     if "recompute_num_layers" in notes or text.startswith("recompute_num_layers") or text.startswith("full"):
-        n = int(re.findall(r"\d+", notes.get("recompute_num_layers", text) or "1")[0] if re.findall(r"\d+", notes.get("recompute_num_layers", text)) else 1)
+        n = int(re.findall(r"\d+", notes.get("recompute_num_layers", text) or "1")[0]
+                if re.findall(r"\d+", notes.get("recompute_num_layers", text)) else 1)
         return dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=n)
     if not mods and text.startswith("selective"):
         mods = tuple(m for m in RECOMPUTE_MODULES if re.search(rf"\b{m}\b", text))
@@ -412,13 +422,10 @@ def read_runs(paths: str | Path | Sequence[str | Path]) -> tuple[list[Run], list
         paths: CSV file(s) with :data:`REQUIRED_COLUMNS` (and any of the optional ones).
 
     Returns:
-        ``(runs, problems)``: one :class:`Run` per row whose cells could be read
-        (``unrepresentable`` set when the model cannot estimate it), and one
-        :class:`RowProblem` per unreadable cell (that row is left out of ``runs``).
+        ``(runs, problems)``: one :class:`Run` per row whose cells could be read (``unrepresentable`` set when the model
+        cannot estimate it), and one :class:`RowProblem` per unreadable cell (that row is left out of ``runs``).
 
-    Raises:
-        TunerError: a file is unreadable, not a CSV, or lacks a required column.
-    """
+    Raises TunerError: a file is unreadable, not a CSV, or lacks a required column."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     runs: list[Run] = []
@@ -439,12 +446,10 @@ def read_runs(paths: str | Path | Sequence[str | Path]) -> tuple[list[Run], list
 def _read_csv(p: Path) -> tuple[list[dict[Any, Any]], list[str]]:
     """The rows of one run table and its header.
 
-    Raises:
-        TunerError: unreadable, not a CSV, a column named twice, or a required column missing.
-    """
+    Raises TunerError: unreadable, not a CSV, a column named twice, or a required column missing."""
     label = f"--data {str(p)!r}"
     # utf-8-sig: a spreadsheet's byte-order mark is not part of the first column's name
-    text = read_user_text(p, label, "a CSV table of runs", limit=MAX_DATA_BYTES, encoding="utf-8-sig")
+    text = read_user_text(p, label, "a CSV table of runs", encoding="utf-8-sig")
     reader = csv.DictReader(io.StringIO(text, newline=""))  # not splitlines(): a form feed in a cell is not a row break
     with parse_errors(label, "a CSV table of runs"):  # a cell past csv's field limit, too
         table = list(reader)
@@ -498,7 +503,8 @@ def _row_cells(r: dict[str, str], i: int, rid: str, here: list[RowProblem], p: P
     cp, ep, etp, mbs = num("cp", default=1.0), num("ep", default=1.0), num("etp", default=1.0), num("mbs", default=1.0)
     tok = num("tokens_per_s_per_gpu", integer=False)
     tfl = num("model_tflops_per_gpu", integer=False)
-    for c, v, top in (("tokens_per_s_per_gpu", tok, MAX_TOKENS_PER_S_PER_GPU), ("model_tflops_per_gpu", tfl, MAX_TFLOPS_PER_GPU)):
+    for c, v, top in (("tokens_per_s_per_gpu", tok, MAX_TOKENS_PER_S_PER_GPU),
+                      ("model_tflops_per_gpu", tfl, MAX_TFLOPS_PER_GPU)):
         if v is not None and v > top:
             here.append(RowProblem(i, rid, c, f"{r.get(c)!r} is more than {top:,.0f}: not a measurement of one GPU"))
     if r.get("id", "").strip():  # an explicit id (a blank one is the row's number, which repeats across files)
@@ -512,13 +518,16 @@ def _row_cells(r: dict[str, str], i: int, rid: str, here: list[RowProblem], p: P
         here.append(RowProblem(i, rid, "gpu_type", f"unknown GPU type {gname!r}; known: {', '.join(list_gpus())}"))
     prec = _precision(r.get("precision", ""))
     if prec is None:
-        here.append(RowProblem(i, rid, "precision", f"{r.get('precision')!r}: expected BF16, FP8 (per-tensor / CS), FP8 blockwise, MXFP8 or NVFP4"))
+        here.append(RowProblem(i, rid, "precision",
+                               f"{r.get('precision')!r}: expected BF16, FP8 (per-tensor / CS), FP8 blockwise, MXFP8 or "
+                               "NVFP4"))
     if not r.get("model", "").strip():
         here.append(RowProblem(i, rid, "model", "empty"))
     return _Cells(ngpu, tp, pp, gbs, seq, vpp, cp, ep, etp, mbs, tok, tfl, gflop, prec)
 
 
-def _read_row(raw: dict[Any, Any], i: int, p: Path, cols: list[str], gpu_names: dict[str, str], seen_ids: dict[str, str],
+def _read_row(raw: dict[Any, Any], i: int, p: Path, cols: list[str], gpu_names: dict[str, str],
+              seen_ids: dict[str, str],
               problems: list[RowProblem]) -> Run | None:
     """One data row as a :class:`Run` (``unrepresentable`` set when the model cannot estimate it), or None with its
     cells' problems added to ``problems``."""
@@ -526,7 +535,8 @@ def _read_row(raw: dict[Any, Any], i: int, p: Path, cols: list[str], gpu_names: 
     rid = r.get("id", "").strip() or str(i)
     extra, short = len(raw.get(None) or []), sum(1 for k, v in raw.items() if k is not None and v is None)
     if extra or short:  # csv.DictReader pads a short row with blanks and keeps a long row's surplus apart
-        problems.append(RowProblem(i, rid, "(row)", f"{len(cols) - short + extra} cells where the header has {len(cols)}: "
+        problems.append(RowProblem(i, rid, "(row)",
+                                   f"{len(cols) - short + extra} cells where the header has {len(cols)}: "
                                                   "a cell left out, or a comma in a cell that is not quoted"))
         return None
     here: list[RowProblem] = []
@@ -539,7 +549,8 @@ def _read_row(raw: dict[Any, Any], i: int, p: Path, cols: list[str], gpu_names: 
     run = Run(
         row=i, run_id=rid, model_name=r["model"].strip(), gpu_type=gpu_names[gname.lower()], precision=c.prec.value,
         num_gpus=int(c.ngpu), published_tokens=c.tok or None, published_tflops=c.tfl or None,
-        implied_gflop_per_token=c.gflop or None, seq_length=int(c.seq), framework_version=r.get("framework_version", "").strip(),
+        implied_gflop_per_token=c.gflop or None, seq_length=int(c.seq),
+        framework_version=r.get("framework_version", "").strip(),
         task=r.get("task", "").strip(),
         is_moe=r.get("is_moe", "").strip().upper().startswith("Y"),
     )
@@ -554,11 +565,13 @@ def _read_row(raw: dict[Any, Any], i: int, p: Path, cols: list[str], gpu_names: 
         return run
     try:
         run.cluster = _cluster(gpu, run.num_gpus)
-        run.workload = Workload(seq_length=int(c.seq), global_batch_size=int(c.gbs), precision=c.prec,  # type: ignore[arg-type]
-                                task=task or "pretrain")
+        run.workload = Workload(seq_length=int(c.seq), global_batch_size=int(c.gbs),  # type: ignore[arg-type]
+                                precision=c.prec, task=task or "pretrain")
     except TunerError as e:  # out-of-range cells (e.g. 2,000,000 GPUs): this row only
         col = "num_gpus" if "GPUs" in str(e) else "seq_len / gbs"
-        problems.append(RowProblem(i, rid, col, "out of range: " + str(e).split(': ', 1)[-1].replace('--seq-len and --global-batch', 'seq_len and gbs')))
+        problems.append(RowProblem(i, rid, col, "out of range: "
+                                   + str(e).split(': ', 1)[-1].replace('--seq-len and --global-batch',
+                                                                       'seq_len and gbs')))
         return None
     _read_layout(run, r, notes, model, c)
     return run
@@ -574,7 +587,8 @@ def _row_model(run: Run, r: dict[str, str], notes: dict[str, str], p: Path) -> M
     if model.is_moe:
         run.is_moe = True
     low_notes = r.get("other_notes", "").lower()
-    if model.mtp_num_layers and "w/o mtp" in (low_notes + " " + run.framework_version.lower() + " " + r.get("model", "").lower()):
+    if model.mtp_num_layers and "w/o mtp" in (low_notes + " " + run.framework_version.lower() + " "
+                                              + r.get("model", "").lower()):
         model = model.replace(mtp_num_layers=0)
     if "mtp_num_layers" in notes:
         try:  # ModelSpec refuses a negative depth or one above the decoder's layers
@@ -586,14 +600,16 @@ def _row_model(run: Run, r: dict[str, str], notes: dict[str, str], p: Path) -> M
     return model
 
 
-def _unrepresentable_reasons(run: Run, r: dict[str, str], c: _Cells, low_notes: str) -> tuple[list[str], str | None, GPUSpec]:
+def _unrepresentable_reasons(run: Run, r: dict[str, str], c: _Cells, low_notes: str) -> tuple[list[str], str | None,
+                                                                                              GPUSpec]:
     """Why the model cannot estimate the row (empty when it can), its task and its GPU."""
     reasons = []
     if not c.tok and not c.tfl:
         reasons.append("neither tokens/s/GPU nor model TFLOP/s/GPU is published")
     if "not megatron-core" in run.framework_version.lower():
         reasons.append("not Megatron-core (NeMo AutoModel: PyTorch FSDP2), whose costs differ")
-    task = {"": "pretrain", "pre-training": "pretrain", "sft": "sft", "lora": "lora"}.get(r.get("task", "").strip().lower())
+    task = {"": "pretrain", "pre-training": "pretrain", "sft": "sft",
+            "lora": "lora"}.get(r.get("task", "").strip().lower())
     if task is None:
         reasons.append(f"task {r.get('task')!r}: accepted Pre-Training, SFT or LoRA")
     if r.get("confidence", "").strip().lower().startswith("low"):
@@ -613,21 +629,18 @@ def _unrepresentable_reasons(run: Run, r: dict[str, str], c: _Cells, low_notes: 
 def _cuda_graph_scope(r: dict[str, str], notes: dict[str, str]) -> tuple[str, ...]:
     """The row's CUDA graph scope (``full`` when a graph implementation is named without one; none without).
 
-    Raises:
-        ValueError: an implementation not in :data:`CUDA_GRAPH_IMPLS`.
-    """
+    Raises ValueError: an implementation not in :data:`CUDA_GRAPH_IMPLS`."""
     if _setting_choice(r, notes, "cuda_graph_impl", "none", CUDA_GRAPH_IMPLS) == "none":
         return ()
     raw_scope = _setting(r, notes, "cuda_graph_scope", "")
     return _list(raw_scope) if raw_scope else ("full",)
 
 
-def _row_options(r: dict[str, str], notes: dict[str, str], model: ModelSpec, prec: Precision, scope: tuple[str, ...]) -> RunOptions:
+def _row_options(r: dict[str, str], notes: dict[str, str], model: ModelSpec, prec: Precision,
+                 scope: tuple[str, ...]) -> RunOptions:
     """The row's run options: its setting columns, else its notes, else the defaults of the module docstring.
 
-    Raises:
-        ValueError: a setting that cannot be read (the row is then not representable, with this reason).
-    """
+    Raises ValueError: a setting that cannot be read (the row is then not representable, with this reason)."""
     setting = functools.partial(_setting, r, notes)
     flag = functools.partial(_setting_flag, r, notes)
     cs = "cs" in re.split(r"[^a-z]+", r.get("precision", "").lower()) or "current" in r.get("precision", "").lower()
@@ -636,7 +649,8 @@ def _row_options(r: dict[str, str], notes: dict[str, str], model: ModelSpec, pre
         cp_comm_type=notes.get("cp_comm_type", "p2p"),
         overlap_moe_expert_parallel_comm=flag("overlap_moe_expert_parallel_comm", flag("moe_a2a_overlap", False)),
         cuda_graph_scope=scope,
-        use_megatron_fsdp=flag("use_megatron_fsdp", int(notes.get("FSDP", "0") or 0) > 1 if notes.get("FSDP", "").isdigit() else False),
+        use_megatron_fsdp=flag("use_megatron_fsdp", int(notes.get("FSDP", "0") or 0) > 1
+                               if notes.get("FSDP", "").isdigit() else False),
         overlap_grad_reduce=flag("overlap_grad_reduce", True),
         tp_comm_overlap=flag("tp_comm_overlap", True),
         grad_reduce_in_fp32=flag("grad_reduce_in_fp32", True),
@@ -655,9 +669,7 @@ def _row_options(r: dict[str, str], notes: dict[str, str], model: ModelSpec, pre
 def _row_recompute(r: dict[str, str], notes: dict[str, str]) -> dict[str, Any]:
     """The row's recompute fields of :class:`Layout`: its recompute columns win over its notes and cell.
 
-    Raises:
-        ValueError: a recompute setting that cannot be read.
-    """
+    Raises ValueError: a recompute setting that cannot be read."""
     choice = functools.partial(_setting_choice, r, notes)
     rec = _recompute(r.get("recompute", ""), notes)
     gran = choice("recompute_granularity", "", ("none", "selective", "full"))
@@ -667,16 +679,19 @@ def _row_recompute(r: dict[str, str], notes: dict[str, str]) -> dict[str, Any]:
         mods = tuple(m for m in _list(_setting(r, notes, "recompute_modules", "core_attn")) if m in RECOMPUTE_MODULES)
         rec = dict(recompute_granularity="selective", recompute_modules=mods) if mods else {}
     elif gran == "full":
-        rec = dict(recompute_granularity="full", recompute_method=choice("recompute_method", "uniform", ("uniform", "block")),
+        rec = dict(recompute_granularity="full", recompute_method=choice("recompute_method", "uniform",
+                                                                         ("uniform", "block")),
                    recompute_num_layers=_setting_int(r, notes, "recompute_num_layers", 1))
     if notes.get("recompute") == "full":
-        rec = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=_setting_int({}, notes, "recompute_num_layers", 1))
+        rec = dict(recompute_granularity="full", recompute_method="uniform",
+                   recompute_num_layers=_setting_int({}, notes, "recompute_num_layers", 1))
     return rec
 
 
 def _read_layout(run: Run, r: dict[str, str], notes: dict[str, str], model: ModelSpec, c: _Cells) -> None:
     """Set the row's options and layout on ``run``, or ``run.unrepresentable`` with the reason."""
-    tp, pp, vpp, cp, ep, etp, mbs = (int(x) for x in (c.tp, c.pp, c.vpp, c.cp, c.ep, c.etp, c.mbs))  # type: ignore[arg-type]
+    sizes = (c.tp, c.pp, c.vpp, c.cp, c.ep, c.etp, c.mbs)
+    tp, pp, vpp, cp, ep, etp, mbs = (int(x) for x in sizes)  # type: ignore[arg-type]
     assert c.prec is not None
     try:
         dispatcher = _dispatcher_cell(r.get("dispatcher", ""), notes)
@@ -695,9 +710,11 @@ def _read_layout(run: Run, r: dict[str, str], notes: dict[str, str], model: Mode
         run.layout = Layout(
             world_size=run.num_gpus, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep if model.is_moe else 1,
             etp=etp if model.is_moe else 1, micro_batch_size=mbs, sequence_parallel=tp > 1,
-            dispatcher=dispatcher, num_layers_in_first_pipeline_stage=split[0], num_layers_in_last_pipeline_stage=split[1],
+            dispatcher=dispatcher, num_layers_in_first_pipeline_stage=split[0],
+            num_layers_in_last_pipeline_stage=split[1],
             optimizer_offload_fraction=_note_fraction(notes, "optimizer_offload_fraction"),
-            use_precision_aware_optimizer=_setting_flag(r, notes, "use_precision_aware_optimizer", False) and _setting(r, notes, "optimizer", "adam") == "adam",
+            use_precision_aware_optimizer=_setting_flag(r, notes, "use_precision_aware_optimizer", False)
+            and _setting(r, notes, "optimizer", "adam") == "adam",
             exp_avg_dtype=_setting(r, notes, "exp_avg_dtype", "fp32") or "fp32",
             exp_avg_sq_dtype=_setting(r, notes, "exp_avg_sq_dtype", "fp32") or "fp32",
             **rec,
@@ -712,9 +729,9 @@ def _read_layout(run: Run, r: dict[str, str], notes: dict[str, str], model: Mode
         run.unrepresentable = f"ep {run.layout.ep} does not divide {model.num_experts} experts"
 
 
-#: Upper bounds of a published figure per GPU: a tokens/s/GPU above 10 M (the fastest published row is 45,275) or a model
-#: TFLOP/s/GPU above 100,000 (GB300's dense fp4 peak is 15,000) is a typo, and would outrank the real runs it repeats
-#: (:func:`mark_release_regressions`).
+#: Upper bounds of a published figure per GPU: a tokens/s/GPU above 10 M (the fastest published row is 45,275) or a
+#: model TFLOP/s/GPU above 100,000 (GB300's dense fp4 peak is 15,000) is a typo, and would outrank the real runs it
+#: repeats (:func:`mark_release_regressions`).
 MAX_TOKENS_PER_S_PER_GPU = 1e7
 MAX_TFLOPS_PER_GPU = 1e5
 
@@ -729,8 +746,8 @@ RELEASE_REGRESSION_RATIO = 1.3
 def _configuration_key(r: Run) -> tuple[Any, ...]:
     """What makes two published runs the same configuration: model, GPU, GPUs, sequence, global batch, precision,
     the published metric and the layout with every setting the reader takes (``layout_key``)."""
-    return (r.model_name.lower(), r.gpu_type, r.num_gpus, r.seq_length, r.workload.global_batch_size,  # type: ignore[union-attr]
-            r.precision, r.metric, r.layout_key)
+    return (r.model_name.lower(), r.gpu_type, r.num_gpus, r.seq_length,
+            r.workload.global_batch_size, r.precision, r.metric, r.layout_key)  # type: ignore[union-attr]
 
 
 def _comparable(runs: Sequence[Run]) -> dict[tuple[Any, ...], list[Run]]:
@@ -750,17 +767,17 @@ def mark_release_regressions(runs: Sequence[Run]) -> list[Run]:
         runs: as :func:`read_runs` builds them; only representable runs with a layout are compared, by
             ``(model, GPU, GPUs, seq_length, global_batch_size, precision, layout_key)`` and the published metric.
 
-    Returns:
-        The runs marked (in place), slowest first within each configuration.
-    """
+    Returns: The runs marked (in place), slowest first within each configuration."""
     marked: list[Run] = []
     for group in _comparable(runs).values():
         best = max(group, key=lambda r: r.published)
         for r in sorted(group, key=lambda r: r.published):
             ratio = best.published / r.published
             if ratio >= RELEASE_REGRESSION_RATIO:
-                r.unrepresentable = (f"a release regression: row {best.run_id} ({best.framework_version or 'another release'}) ran "
-                                     f"this configuration {ratio:.2f}x faster; two runs of one configuration {RELEASE_REGRESSION_RATIO:g}x or more "
+                r.unrepresentable = (f"a release regression: row {best.run_id} "
+                                     f"({best.framework_version or 'another release'}) ran "
+                                     f"this configuration {ratio:.2f}x faster; two runs of one configuration "
+                                     f"{RELEASE_REGRESSION_RATIO:g}x or more "
                                      "apart are not a layout effect (benchmarks/data/published_runs.md)")
                 marked.append(r)
     return marked

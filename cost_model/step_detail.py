@@ -1,31 +1,16 @@
-"""One layout's step in detail: forward and backward time per pipeline rank and virtual chunk, each split into
-its parts, and the simulated pipeline that :func:`cost_model.estimate.estimate` and the step timeline
-(:mod:`cost_model.timeline`) are built from.
+"""One layout's step in detail: forward and backward time per pipeline rank and virtual chunk, each split into its
+parts, and the simulated pipeline that :func:`cost_model.estimate.estimate` and :mod:`cost_model.timeline` use.
 
-The vectorised table (:func:`cost_model.estimate.estimate_table`) times the pipeline in closed form from each
-rank class's time per micro-batch (``M x slowest + (pp - 1) / vpp x mean``, Narayanan et al. 2021, arXiv
-2104.04473 §2.2). For one layout this module refines those same per-rank times:
+The table (:func:`cost_model.estimate.estimate_table`) times the pipeline in closed form (``M x slowest + (pp - 1) / vpp
+x mean``, Narayanan et al. 2021 §2.2). Here, per chunk, the estimate's composition (``per_microbatch``) is evaluated on
+a context whose rank-class axis holds every (rank, chunk) (:func:`chunk_context`), scaled to add up to the rank's time
+in the table; a chunk's forward is one forward pass of its layers (:mod:`cost_model.terms.recompute`'s forward
+functions) plus the output layer's on the last stage, the backward the rest; and
+:func:`cost_model.pipeline_schedule.simulate_pipeline` runs the chunks in Megatron's order, whose makespan equals the
+closed form with equal chunks and is dependency-exact otherwise.
 
-* **per chunk**: the composition of the estimate (its ``_time_per_microbatch``, passed in as ``per_microbatch``)
-  is evaluated on a context whose rank-class axis holds every (pipeline rank, virtual chunk) with that chunk's
-  decoder layers (:func:`chunk_context`); each rank's chunks are then scaled so that they add up to exactly the
-  rank's time in the table (the chunk values only share it out);
-* **forward / backward**: a chunk's forward is one forward pass of its layers (the forward functions of
-  :mod:`cost_model.terms.recompute`: GEMMs and attention once, ``1 / (1 + elementwise_backward_ratio)`` of the
-  memory-bound work, :data:`~cost_model.terms.recompute.FORWARD_TP_SHARE` of the TP collectives, the forward EP
-  time, one of :data:`~cost_model.terms.comm.CP_PASSES` CP passes) plus the output layer's forward on the last
-  stage; the backward is the rest, recompute included;
-* **Megatron's order**: :func:`cost_model.pipeline_schedule.simulate_pipeline` runs every rank's chunks in
-  1F1B / interleaved order; its makespan is the pipeline's time. With equal chunk times on every rank it equals
-  the closed form; with unequal ranks (uneven first / last stages, the output layer on the last rank) it is the
-  dependency-exact time the closed form approximates.
-
-What the model hides (``--tp-comm-overlap``, the CP ring's overlap, ``--overlap-moe-expert-parallel-comm``,
-``--overlap-grad-reduce``, the interleaved schedule's p2p overlap, the offload copies' overlap) is the
-difference between the terms with the overlap constants at 0 and at their values (:func:`no_overlap`).
-
-Units: seconds; ``[rank][chunk]`` tables are tuples of ``pp`` tuples of ``vpp`` floats.
-"""
+What the overlaps hide is the difference between the terms with the overlap constants at 0 and at their values
+(:func:`no_overlap`). Units: seconds; ``[rank][chunk]`` tables are tuples of ``pp`` tuples of ``vpp`` floats."""
 
 from __future__ import annotations
 
@@ -80,12 +65,9 @@ def chunk_layers(model: ModelSpec, layout: Layout) -> tuple[Table, Table]:
     Layers go to stages in execution order, stage ``v * pp + r`` (Megatron's VPP-major assignment, as
     :func:`cost_model.terms.ranks.rank_classes`), so a model's first (dense) layers land on rank 0's first chunk.
 
-    Returns:
-        ``(layers[rank][chunk], moe_layers[rank][chunk])``, counts.
+    Returns: ``(layers[rank][chunk], moe_layers[rank][chunk])``, counts.
 
-    Raises:
-        InfeasibleLayout: (``pipeline_split``) the layers do not split as the layout asks.
-    """
+    Raises InfeasibleLayout: (``pipeline_split``) the layers do not split as the layout asks."""
     return _chunk_layers(model.moe_layer_freq, layout.pp, layout.vpp, layout.num_layers_in_first_pipeline_stage,
                          layout.num_layers_in_last_pipeline_stage)
 
@@ -110,12 +92,9 @@ def rank_class_of(model: ModelSpec, layout: Layout, representatives: list[int]) 
     (:func:`cost_model.terms.ranks.rank_classes`); ``representatives`` are the classes' lowest ranks in column
     order (the context's ``rank`` row).
 
-    Returns:
-        ``pp`` class indices.
+    Returns: ``pp`` class indices.
 
-    Raises:
-        AssertionError: a rank whose class has no representative (the class definition changed).
-    """
+    Raises AssertionError: a rank whose class has no representative (the class definition changed)."""
     layers, moe = chunk_layers(model, layout)
     pp = layout.pp
 
@@ -130,14 +109,11 @@ def rank_class_of(model: ModelSpec, layout: Layout, representatives: list[int]) 
 
 def chunk_context(c: TableContext, layers: Table, moe: Table, recompute_num_layers: int) -> TableContext:
     """``c`` (one layout) with one rank-class column per (pipeline rank, virtual chunk), ``pp x vpp`` columns in
-    rank-major order: each column holds that chunk's layers (``layers``, ``moe``), counts once, and is the first
-    (last) rank only for the model's first (last) stage, so the output layer's time lands on the last stage.
-    Block recompute re-runs the first ``recompute_num_layers`` layers of each chunk (transformer_block.py
-    ``_checkpointed_forward``).
+    rank-major order: each column holds that chunk's layers (``layers``, ``moe``), counts once, and is the first (last)
+    rank only for the model's first (last) stage, so the output layer's time lands on the last stage. Block recompute
+    re-runs the first ``recompute_num_layers`` layers of each chunk (transformer_block.py ``_checkpointed_forward``).
 
-    Raises:
-        AssertionError: ``c`` holds more than one layout.
-    """
+    Raises AssertionError: ``c`` holds more than one layout."""
     assert c.n == 1, "chunk_context takes the context of one layout"
     pp, vpp = len(layers), len(layers[0])
     flat = np.array([x for row in layers for x in row], dtype=np.float64)[None, :]
@@ -172,9 +148,7 @@ def _logits_forward_time(c: TableContext) -> Array:
     forward ``1 / (1 + elementwise_backward_ratio)`` of the loss (:func:`cost_model.terms.compute.loss_time`; the
     measured cost is of forward + backward together, split here like the other memory-bound work).
 
-    Returns:
-        Seconds, ``(n, K)``.
-    """
+    Returns: Seconds, ``(n, K)``."""
     f = compute.logits_flops(c)
     gemm = f / (c.bf16_peak_flops * compute.gemm_efficiency(f, c.cal))
     loss = compute.loss_time(c) / (1.0 + c.cal.elementwise_backward_ratio)
@@ -183,19 +157,11 @@ def _logits_forward_time(c: TableContext) -> Array:
 
 
 def forward_parts(c: TableContext, copies: Array) -> dict[str, Array]:
-    """One micro-batch's forward pass per rank class, by part (recompute is 0: it runs in backward).
-
-    Per MoE layer: :func:`recompute.attention_forward_time` + :func:`recompute.moe_forward_time` (the functions
-    recompute uses for one forward), their TP share (:data:`recompute.FORWARD_TP_SHARE`) as ``tp_comm`` and
-    :func:`comm.ep_forward_time` as ``ep_comm``; per dense layer the same with :func:`recompute.dense_forward_time`;
-    ``cp_comm`` is one of :data:`comm.CP_PASSES`; plus :func:`_logits_forward_time`.
-
-    Args:
-        copies: :func:`cost_model.terms.activations.routed_token_copies`, ``(n, 1)``.
-
-    Returns:
-        Seconds per micro-batch, ``(n, K)`` for each of :data:`CHUNK_PARTS`.
-    """
+    """One micro-batch's forward pass per rank class, by part: seconds ``(n, K)`` for each of :data:`CHUNK_PARTS`
+    (recompute 0: it runs in backward). Per MoE layer :func:`recompute.attention_forward_time` +
+    :func:`recompute.moe_forward_time`, their :data:`recompute.FORWARD_TP_SHARE` as ``tp_comm`` and
+    :func:`comm.ep_forward_time` as ``ep_comm``; per dense layer :func:`recompute.dense_forward_time`; ``cp_comm`` one
+    of :data:`comm.CP_PASSES`; plus :func:`_logits_forward_time`."""
     linear = compute.attention_linear_time(c)
     core = compute.core_attention_time(c)
     elem_attn = compute.attention_elementwise_time(c)
@@ -207,8 +173,10 @@ def forward_parts(c: TableContext, copies: Array) -> dict[str, Array]:
     a2a = comm.ep_all_to_all_time(c) if c.dims.is_moe else np.zeros_like(c.tokens)
     ep_fwd = comm.ep_forward_time(c, a2a)
     share = recompute.FORWARD_TP_SHARE
-    attn = recompute.attention_forward_time(c, linear, core, elem_attn, tp_attn, compute.mla_unfused_rope_time(c)) - share * tp_attn
-    moe = recompute.moe_forward_time(c, compute.expert_time(c), compute.router_time(c), compute.shared_expert_time(c), elem_moe, tp_moe,
+    attn = recompute.attention_forward_time(c, linear, core, elem_attn, tp_attn,
+                                            compute.mla_unfused_rope_time(c)) - share * tp_attn
+    moe = recompute.moe_forward_time(c, compute.expert_time(c), compute.router_time(c), compute.shared_expert_time(c),
+                                     elem_moe, tp_moe,
                                      ep_fwd) - share * tp_moe - ep_fwd
     dense = recompute.dense_forward_time(c, compute.dense_mlp_time(c), elem_attn, tp_dense) - share * tp_dense
     nm, nd = c.moe_layers, c.dense_layers
@@ -257,24 +225,14 @@ def chunk_times(
     *,
     hidden: bool = False,
 ) -> ChunkTimes:
-    """Forward and backward seconds of every (pipeline rank, virtual chunk) of ``layout``, by part.
+    """Forward and backward seconds of every (pipeline rank, virtual chunk) of ``layout``, by part, as a
+    :class:`ChunkTimes`; with ``hidden`` also what the overlaps hide.
 
     Each part of a rank's chunks adds up to the part's time per micro-batch of the rank's class in ``per_microbatch(c,
-    copies)`` (the estimate's table); the chunks share it as the same composition evaluated per chunk
-    (:func:`chunk_context`) does, and each chunk's forward takes the share :func:`forward_parts` gives it.
+    copies)`` (``c`` the one-layout context, ``copies`` its routed token copies, ``(1, 1)``); the chunks share it as
+    that composition evaluated per chunk (:func:`chunk_context`) does, their forward as :func:`forward_parts` says.
 
-    Args:
-        c: the context of the one-layout table of ``layout``.
-        per_microbatch: the estimate's composition (:data:`PerMicrobatch`).
-        copies: :func:`cost_model.terms.activations.routed_token_copies` of ``c``, ``(1, 1)``.
-        hidden: also compute what the overlaps hide (:attr:`ChunkTimes.hidden_forward`; else zeros).
-
-    Returns:
-        A :class:`ChunkTimes`.
-
-    Raises:
-        InfeasibleLayout: (``pipeline_split``) the layers do not split as the layout asks.
-    """
+    Raises InfeasibleLayout: (``pipeline_split``) the layers do not split as the layout asks."""
     pp, vpp = layout.pp, layout.vpp
     layers, moe = chunk_layers(model, layout)
     cls = list(rank_class_of(model, layout, [int(x) for x in c.rank[0]]))
@@ -283,7 +241,8 @@ def chunk_times(
     totals = per_microbatch(cc, copies)
     fwd = forward_parts(cc, copies)
     lay = np.array(layers)
-    share_by_layers = np.where(lay.sum(axis=1, keepdims=True) > 0, lay / np.maximum(lay.sum(axis=1, keepdims=True), 1.0), 1.0 / vpp)
+    share_by_layers = np.where(lay.sum(axis=1, keepdims=True) > 0,
+                               lay / np.maximum(lay.sum(axis=1, keepdims=True), 1.0), 1.0 / vpp)
     forward: dict[str, Table] = {}
     backward: dict[str, Table] = {}
     scales: dict[str, Array] = {}
@@ -319,18 +278,17 @@ def pipeline_time(times: ChunkTimes, layout: Layout, num_microbatches: int) -> f
     """The pipeline's time of one step: the makespan of :func:`cost_model.pipeline_schedule.pipeline_makespan` over
     ``times`` (p2p left out: the estimate adds its exposed part to the step, ``pp_p2p``).
 
-    Returns:
-        Seconds.
+    Returns: Seconds.
 
-    Raises:
-        TunerError: an interleaved schedule with fewer micro-batches than pipeline ranks.
-    """
-    return pipeline_makespan(layout.pp, layout.vpp, num_microbatches, [list(r) for r in times.forward_s], [list(r) for r in times.backward_s])
+    Raises TunerError: an interleaved schedule with fewer micro-batches than pipeline ranks."""
+    return pipeline_makespan(layout.pp, layout.vpp, num_microbatches, [list(r) for r in times.forward_s],
+                             [list(r) for r in times.backward_s])
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StepDetails:
-    """Everything the step timeline and the breakdown charts show about one layout (:func:`cost_model.estimate.estimate_details`).
+    """Everything the step timeline and the breakdown charts show about one layout
+    (:func:`cost_model.estimate.estimate_details`).
 
     Units: seconds and bytes; ``[rank]`` tuples have ``pp`` entries, ``[rank][chunk]`` tables ``pp x vpp``.
     """
@@ -382,7 +340,6 @@ class StepDetails:
 def simulated_schedule(times: ChunkTimes, layout: Layout, num_microbatches: int) -> tuple[ScheduledOp, ...]:
     """Every operation of :func:`pipeline_time`'s simulation, with its start and end (seconds).
 
-    Raises:
-        TunerError: as :func:`pipeline_time`.
-    """
-    return tuple(simulate_pipeline(layout.pp, layout.vpp, num_microbatches, [list(r) for r in times.forward_s], [list(r) for r in times.backward_s]))
+    Raises TunerError: as :func:`pipeline_time`."""
+    return tuple(simulate_pipeline(layout.pp, layout.vpp, num_microbatches, [list(r) for r in times.forward_s],
+                                   [list(r) for r in times.backward_s]))

@@ -1,27 +1,17 @@
-"""The predicted step of one layout as a Chrome trace (Trace Event Format JSON, opened by Perfetto and chrome://tracing).
+"""The predicted step of one layout as a Chrome trace (Trace Event Format JSON, for Perfetto and chrome://tracing).
 
-:func:`step_trace` turns :func:`cost_model.estimate.estimate_details` into events: one process per pipeline rank,
-and in it
+:func:`step_trace` turns :func:`cost_model.estimate.estimate_details` into events, one process per pipeline rank with:
+one thread per virtual stage (each micro-batch's forward ``F3`` and backward ``B3`` in Megatron's order, as
+:func:`cost_model.pipeline_schedule.simulate_pipeline` times it); ``GPU time by part`` (each pass cut into its parts
+back to back, then the step's tail: exposed pipeline p2p, DP reduce-scatter and all-gather, optimizer step and CPU
+offload, each next part starting when the slowest rank is done); and ``hidden communication`` (what the overlaps hide,
+drawn from the start of the work that hides it).
 
-* one thread per virtual stage (chunk): each micro-batch's forward (``F3``) and backward (``B3``) of that chunk, in
-  Megatron's 1F1B / interleaved order as :func:`cost_model.pipeline_schedule.simulate_pipeline` times it;
-* ``GPU time by part``: each forward / backward cut into its parts, back to back (compute, recompute, then the
-  exposed TP / CP / EP communication; the model gives each part's total per chunk, not how the kernels interleave),
-  then the step's tail: the exposed pipeline p2p, the data-parallel gradient reduce-scatter and parameter
-  all-gather, the optimizer step and CPU optimizer offload (each rank's own; the next part starts when the slowest
-  rank is done, as the estimate adds the slowest rank's);
-* ``hidden communication``: what ``--tp-comm-overlap``, the CP ring, ``--overlap-moe-expert-parallel-comm``,
-  ``--overlap-grad-reduce`` and the interleaved schedule's p2p overlap hide behind compute (empty when nothing
-  overlaps, as in the seed's run), drawn from the start of the work that hides it.
-
-The pipeline bubble is the idle time: every gap in a rank's stage threads before the tail. By construction the
-trace's step (first event to last) is the estimate's ``step_time_s``, and the ranks' mean idle time before the tail
-over the step is its ``pp_bubble / step_time_s`` (:func:`trace_step_seconds`, :func:`trace_bubble_fraction`).
-
-Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU (``ph: "X"`` complete
-events, ``ts`` / ``dur`` in microseconds, ``ph: "M"`` metadata naming processes and threads; the JSON Object
-Format's ``otherData`` holds the layout, the step time and the bubble fraction).
-"""
+The bubble is every gap in a rank's stage threads before the tail: by construction the trace's step is the estimate's
+``step_time_s`` and the ranks' mean idle time over it its ``pp_bubble / step_time_s`` (:func:`trace_step_seconds`,
+:func:`trace_bubble_fraction`). Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU
+(``ph: "X"`` events, ``ts`` / ``dur`` in microseconds, ``ph: "M"`` names; ``otherData`` holds the layout, the step time
+and the bubble fraction)."""
 
 from __future__ import annotations
 
@@ -93,30 +83,25 @@ def _role(r: int, pp: int) -> str:
 
 
 def _meta(pid: int, tid: int | None, name: str, value: Any) -> dict[str, Any]:
-    ev: dict[str, Any] = {"ph": "M", "name": name, "pid": pid, "args": {"name" if name.endswith("_name") else "sort_index": value}}
+    ev: dict[str, Any] = {"ph": "M", "name": name, "pid": pid,
+                          "args": {"name" if name.endswith("_name") else "sort_index": value}}
     if tid is not None:
         ev["tid"] = tid
     return ev
 
 
-def _x(name: str, cat: str, pid: int, tid: int, start_s: float, dur_s: float, args: dict[str, Any], colour: str) -> dict[str, Any]:
-    return {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid, "ts": start_s * US, "dur": dur_s * US, "cname": colour, "args": args}
+def _x(name: str, cat: str, pid: int, tid: int, start_s: float, dur_s: float, args: dict[str, Any],
+       colour: str) -> dict[str, Any]:
+    return {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid, "ts": start_s * US, "dur": dur_s * US,
+            "cname": colour, "args": args}
 
 
-def step_trace(d: StepDetails, *, title: str = "", source: str = "predicted", extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The Chrome trace of one predicted step.
-
-    Args:
-        d: the layout's :func:`cost_model.estimate.estimate_details`.
-        title: what the trace shows (model, cluster, workload), for ``otherData``.
-        source: ``predicted`` (the analytical model).
-        extra: more ``otherData`` entries (study, trial number).
-
-    Returns:
-        A JSON-able dict: ``traceEvents`` (metadata, then complete events sorted by process, thread and start;
-        ``ts`` / ``dur`` in microseconds from the step's start), ``displayTimeUnit`` and ``otherData`` (layout,
-        ``step_time_s``, ``bubble_fraction``, the time and memory parts, the pipeline's simulated and closed-form time).
-    """
+def step_trace(d: StepDetails, *, title: str = "", source: str = "predicted",
+               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The Chrome trace of one predicted step of ``d`` (:func:`cost_model.estimate.estimate_details`): a JSON-able dict
+    of ``traceEvents`` (metadata, then complete events by process, thread and start; ``ts`` / ``dur`` in microseconds
+    from the step's start), ``displayTimeUnit`` and ``otherData`` (``title``, ``source``, the layout, ``step_time_s``,
+    ``bubble_fraction``, the time and memory parts, the pipeline's simulated and closed-form time, and ``extra``)."""
     est, lay = d.estimate, d.estimate.layout
     step_end = d.pipeline_s + sum(max(d.tail[p]) for p in TAIL_PARTS)
     events, hidden_cursor = _schedule_events(d, step_end)
@@ -140,8 +125,10 @@ def step_trace(d: StepDetails, *, title: str = "", source: str = "predicted", ex
         "time_parts_s": dict(est.time),
         "memory_gib_worst_rank": {k: v / GIB for k, v in est.memory.items()},
         "memory_gib_by_rank": {k: [x / GIB for x in v] for k, v in d.memory.items()},
-        "note": ("Every event is a prediction of the analytical model. Within a forward or backward the parts are drawn back to back; "
-                 "the model gives their totals, not how the kernels interleave. Idle time in the stage lanes before the tail is the pipeline bubble."),
+        "note": ("Every event is a prediction of the analytical model. Within a forward or backward the parts are "
+                 "drawn back to back; "
+                 "the model gives their totals, not how the kernels interleave. Idle time in the stage lanes before "
+                 "the tail is the pipeline bubble."),
         **(extra or {}),
     }
     return {"traceEvents": _meta_events(d) + events, "displayTimeUnit": "ms", "otherData": other}
@@ -156,11 +143,14 @@ def _meta_events(d: StepDetails) -> list[dict[str, Any]]:
             what += " + embedding"
         if r == pp - 1:
             what += " + output layer"
-        meta += [_meta(r, None, "process_name", f"PP rank {r} ({_role(r, pp)}; {what})"), _meta(r, None, "process_sort_index", r)]
+        meta += [_meta(r, None, "process_name", f"PP rank {r} ({_role(r, pp)}; {what})"),
+                 _meta(r, None, "process_sort_index", r)]
         for v in range(d.vpp):
             stage = v * pp + r
-            meta += [_meta(r, v, "thread_name", f"stage {stage} (chunk {v}, {int(d.layers[r][v])} layers)"), _meta(r, v, "thread_sort_index", v)]
-        for tid, name in ((PARTS_TID, "GPU time by part (exposed)"), (HIDDEN_TID, "communication hidden behind compute"), (P2P_TID, "PP p2p sends (hidden)")):
+            meta += [_meta(r, v, "thread_name", f"stage {stage} (chunk {v}, {int(d.layers[r][v])} layers)"),
+                     _meta(r, v, "thread_sort_index", v)]
+        for tid, name in ((PARTS_TID, "GPU time by part (exposed)"),
+                          (HIDDEN_TID, "communication hidden behind compute"), (P2P_TID, "PP p2p sends (hidden)")):
             meta += [_meta(r, tid, "thread_name", name), _meta(r, tid, "thread_sort_index", tid)]
     return meta
 
@@ -183,19 +173,23 @@ def _schedule_events(d: StepDetails, step_end: float) -> tuple[list[dict[str, An
         stage = v * pp + r
         args = {"microbatch": mb, "chunk": v, "stage": stage, "layers": int(d.layers[r][v]), "pass": kind,
                 "parts_s": secs, "hidden_s": {p: hidden[p][r][v] for p in HIDDEN_PARTS}}
-        events.append(_x(f"{'F' if fwd else 'B'}{mb}", kind, r, v, op.start_s, op.end_s - op.start_s, args, _COLOURS[kind]))
-        order = [p for p in (CHUNK_PARTS if fwd else ("recompute", "compute", "tp_comm", "cp_comm", "ep_comm")) if secs[p] > 0]
+        events.append(_x(f"{'F' if fwd else 'B'}{mb}", kind, r, v, op.start_s, op.end_s - op.start_s, args,
+                         _COLOURS[kind]))
+        order = [p for p in (CHUNK_PARTS if fwd else ("recompute", "compute", "tp_comm", "cp_comm", "ep_comm"))
+                 if secs[p] > 0]
         at = op.start_s
         for i, p in enumerate(order):
             dur = secs[p] if i < len(order) - 1 else max(op.end_s - at, 0.0)  # the last part ends with the op
-            events.append(_x(PART_NAMES[p], p, r, PARTS_TID, at, dur, {"microbatch": mb, "chunk": v, "pass": kind, "seconds": secs[p]}, _COLOURS[p]))
+            events.append(_x(PART_NAMES[p], p, r, PARTS_TID, at, dur,
+                             {"microbatch": mb, "chunk": v, "pass": kind, "seconds": secs[p]}, _COLOURS[p]))
             at += dur
         at = max(op.start_s, hidden_cursor[r])
         for p in HIDDEN_PARTS:
             h = hidden[p][r][v]
             dur = min(h, max(op.end_s - at, 0.0))  # drawn under the work that hides it
             if dur > 0:
-                events.append(_x(HIDDEN_NAMES[p], "hidden", r, HIDDEN_TID, at, dur, {"microbatch": mb, "chunk": v, "pass": kind, "seconds": h}, _COLOURS["hidden"]))
+                events.append(_x(HIDDEN_NAMES[p], "hidden", r, HIDDEN_TID, at, dur,
+                                 {"microbatch": mb, "chunk": v, "pass": kind, "seconds": h}, _COLOURS["hidden"]))
                 at += dur
         hidden_cursor[r] = at
         send = d.tail_hidden["pp_p2p"][r] / sends
@@ -203,7 +197,8 @@ def _schedule_events(d: StepDetails, step_end: float) -> tuple[list[dict[str, An
             at = max(op.end_s, p2p_cursor[r])
             dur = min(send, max(step_end - at, 0.0))
             events.append(_x(f"send {'activation' if fwd else 'gradient'} mb{mb}", "hidden", r, P2P_TID, at, dur,
-                             {"microbatch": mb, "to_stage": stage + (1 if fwd else -1), "seconds": send}, _COLOURS["hidden"]))
+                             {"microbatch": mb, "to_stage": stage + (1 if fwd else -1), "seconds": send},
+                             _COLOURS["hidden"]))
             p2p_cursor[r] = at + dur
     return events, hidden_cursor
 
@@ -219,7 +214,8 @@ def _tail_events(d: StepDetails, step_end: float, hidden_cursor: list[float]) ->
         for r in range(d.pp):
             dur = d.tail[part][r]
             if dur > 0:
-                events.append(_x(TAIL_NAMES[part], part, r, PARTS_TID, phase, dur, {"seconds": dur, "step_part_s": length}, _COLOURS[part]))
+                events.append(_x(TAIL_NAMES[part], part, r, PARTS_TID, phase, dur,
+                                 {"seconds": dur, "step_part_s": length}, _COLOURS[part]))
         phase += length
     for r in range(d.pp):
         at = hidden_cursor[r]
@@ -297,9 +293,11 @@ def check_trace(trace: dict[str, Any], *, tolerance_us: float = 1e-6) -> list[st
             problems.append(f"lane pid {pid} tid {tid} has no process_name / thread_name")
         for a, b in _pairs(lane):
             if b["ts"] < a["ts"]:
-                problems.append(f"lane pid {pid} tid {tid}: {b['name']} at {b['ts']:.3f} us starts before {a['name']} at {a['ts']:.3f} us")
+                problems.append(f"lane pid {pid} tid {tid}: {b['name']} at {b['ts']:.3f} us starts before {a['name']} "
+                                f"at {a['ts']:.3f} us")
             elif b["ts"] < a["ts"] + a["dur"] - tolerance_us:
-                problems.append(f"lane pid {pid} tid {tid}: {b['name']} at {b['ts']:.3f} us overlaps {a['name']} ending at {a['ts'] + a['dur']:.3f} us")
+                problems.append(f"lane pid {pid} tid {tid}: {b['name']} at {b['ts']:.3f} us overlaps {a['name']} "
+                                f"ending at {a['ts'] + a['dur']:.3f} us")
     return problems
 
 

@@ -1,20 +1,10 @@
-"""Error bars of the analytical model: 90% intervals of throughput and peak memory per GPU.
+"""Error bars of the analytical model: 90% intervals of throughput and peak memory per GPU, as multipliers ``[low,
+high]`` of the prediction from ``cost_model/data/error_bars.yaml`` (``benchmarks/fit_error_bars.py``).
 
-An interval is a pair of multipliers of the prediction, ``[low, high]``, read from the measured error
-structure of the model (``cost_model/data/error_bars.yaml``, written by ``benchmarks/fit_error_bars.py``):
-
-- throughput (tokens/s/GPU): the split-conformal 5% and 95% quantiles of measured / predicted over runs the
-  model was not fitted on (published runs predicted k-fold by model, and the one-GPU H200 trial rows; Lei et
-  al., "Distribution-Free Predictive Inference for Regression", JASA 2018), by family (dense / MoE, bf16 / fp8
-  recipes), a family with few rows widened towards the pooled spread;
-- peak memory: the high end from measured peaks of real trials (reserved memory, which the model predicts),
-  the low end from published runs that ran: a run that ran fits its GPU, so ``HBM / predicted`` bounds its
-  measured / predicted from above, and the low end is the smallest such bound seen (the model over-predicts the
-  memory of production stacks whose settings it is not told).
-
-The method and its judgement (coverage of held-out runs) are in ``docs/error_bars.md``; the data behind the
-shipped numbers in ``benchmarks/results/2026-12-07_error_bars/``.
-"""
+Throughput: the split-conformal 5% and 95% quantiles of measured / predicted over runs the model was not fitted on (Lei
+et al., JASA 2018), by family (dense / MoE, bf16 / fp8), a small family widened towards the pooled spread. Peak memory:
+the high end from real trials' measured peaks; the low end the smallest ``HBM / predicted`` of published runs that ran.
+Method and coverage: ``docs/error_bars.md``, data ``benchmarks/results/2026-12-07_error_bars/``."""
 
 from __future__ import annotations
 
@@ -33,7 +23,8 @@ from specs import GPUSpec, ModelSpec, Precision
 from specs.errors import TunerError
 
 __all__ = [
-    "BETWEEN_LAYOUTS_SIGMA", "ERROR_BARS_FILE", "Band", "ErrorBars", "chance_to_fit", "error_bars", "family_of", "load_error_bars", "memory_headroom",
+    "BETWEEN_LAYOUTS_SIGMA", "ERROR_BARS_FILE", "Band", "ErrorBars", "chance_to_fit", "error_bars", "family_of",
+    "load_error_bars", "memory_headroom",
     "ratio_within_error",
 ]
 
@@ -132,7 +123,8 @@ def _band(d: Any, where: str) -> Band:
         raise TunerError(f"{where}: an error band needs 'low' and 'high'")
     try:
         spread, shared = d.get("sigma"), d.get("shared")
-        return Band(low=float(d["low"]), high=float(d["high"]), rows=int(d.get("rows", 0)), spread=None if spread is None else float(spread),
+        return Band(low=float(d["low"]), high=float(d["high"]), rows=int(d.get("rows", 0)),
+                    spread=None if spread is None else float(spread),
                     shared=None if shared is None else float(shared))
     except (TypeError, ValueError) as e:
         raise TunerError(f"{where}: {e}") from None
@@ -142,9 +134,7 @@ def _band(d: Any, where: str) -> Band:
 def load_error_bars(path: Path = ERROR_BARS_FILE) -> tuple[dict[str, Band], dict[str, Band]]:
     """The throughput and memory bands of every family in ``path``.
 
-    Raises:
-        TunerError: the file is unreadable, or a band is not ``0 < low <= 1 <= high``.
-    """
+    Raises TunerError: the file is unreadable, or a band is not ``0 < low <= 1 <= high``."""
     try:
         d = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as e:
@@ -169,41 +159,32 @@ def error_bars(model: ModelSpec, gpu: GPUSpec, precision: Precision | str, path:
 
 
 def memory_headroom(model: ModelSpec, gpu: GPUSpec, precision: Precision | str, given: float | None) -> float:
-    """The fraction of HBM kept free: ``given`` (``--memory-headroom``), else the error bars' (:attr:`ErrorBars.headroom`)."""
+    """The fraction of HBM kept free: ``given`` (``--memory-headroom``), else the error bars'
+    (:attr:`ErrorBars.headroom`)."""
     return given if given is not None else error_bars(model, gpu, precision).headroom
 
 
-#: Points of the grids :func:`chance_to_fit` integrates on (the job's shared error, and the margin ``log(HBM / predicted)``).
+#: Points of the grids :func:`chance_to_fit` integrates on (the job's shared error, and the margin ``log(HBM /
+#: predicted)``).
 _GRID = 1001
 
 
-def chance_to_fit(peak_bytes: npt.NDArray[np.float64], hbm_bytes: float, *, sigma: float, shared: float, bias: float = 0.0,
-                  measured: Mapping[int, float] | None = None, out_of_memory: Collection[int] = ()) -> npt.NDArray[np.float64]:
-    """Each layout's chance to fit the GPU, given the measured peaks and the out-of-memory failures of those tried.
+def chance_to_fit(peak_bytes: npt.NDArray[np.float64], hbm_bytes: float, *, sigma: float, shared: float,
+                  bias: float = 0.0,
+                  measured: Mapping[int, float] | None = None,
+                  out_of_memory: Collection[int] = ()) -> npt.NDArray[np.float64]:
+    """Each layout's chance to fit the GPU, shape ``(n,)``, given the measured peaks (bytes per GPU by index) and the
+    out-of-memory failures of those tried.
 
-    Model: ``z_i = log(true peak_i / predicted peak_i) = b + u_i``, with ``b ~ N(bias, shared sigma^2)`` the error
-    common to every layout of the job and ``u_i ~ N(0, (1 - shared) sigma^2)`` the layout's own, independent. A
-    measured peak is ``z_i`` (reserved memory, taken as exact); an out-of-memory says ``z_i > t_i``, ``t_i =
-    log(hbm_bytes / peak_i)`` (a censored observation). The posterior of ``b`` is the prior times a normal
-    likelihood for each measured peak and ``Phi((b - t_j) / s)`` for each out-of-memory ``j`` (``s`` the own
-    error's standard deviation), integrated on a grid; a layout fits with chance ``E[Phi((t_i - b) / s)]``. With
-    nothing observed that is ``Phi((t_i - bias) / sigma)``, the trial policy's prior
-    (:class:`tuner.study.policy.GainPolicy`'s ``p_fit``). ``sigma`` and ``shared``: the memory band's
-    (:attr:`Band.sigma`, :attr:`Band.shared`). A layout measured is 1; one out of memory (and not measured) is 0.
+    Model: ``z_i = log(true peak / predicted peak) = b + u_i``, ``b ~ N(bias, shared sigma^2)`` common to the job's
+    layouts and ``u_i ~ N(0, (1 - shared) sigma^2)`` the layout's own. A measured peak is ``z_i``; an out-of-memory says
+    ``z_i > t_i = log(hbm_bytes / peak_i)`` (censored). The posterior of ``b`` (normal likelihoods and ``Phi((b - t_j) /
+    s)`` per out-of-memory, on a grid) gives ``E[Phi((t_i - b) / s)]``; with nothing observed that is ``Phi((t_i - bias)
+    / sigma)``, the prior of :class:`tuner.study.policy.GainPolicy`'s ``p_fit``. A layout measured is 1; one out of
+    memory is 0.
 
-    Args:
-        peak_bytes: predicted peak memory per GPU of every layout, bytes, shape ``(n,)``.
-        hbm_bytes: the GPU's memory, bytes.
-        measured: index of a tried layout -> its measured peak memory per GPU, bytes.
-        out_of_memory: indices of the tried layouts that ran out of memory.
-
-    Returns:
-        The chance of each layout, shape ``(n,)``.
-
-    Raises:
-        ValueError: ``sigma`` not positive, ``shared`` outside [0, 1], an index outside ``[0, n)`` or a measured
-            peak not positive and finite.
-    """
+    Raises ValueError: ``sigma`` not positive, ``shared`` outside [0, 1], an index outside ``[0, n)`` or a measured peak
+    not positive and finite."""
     from scipy.special import log_ndtr, ndtr
 
     peak = np.maximum(np.asarray(peak_bytes, dtype=float), 1.0)

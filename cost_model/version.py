@@ -24,9 +24,7 @@ def formula_digest() -> str:
     """The first 16 hex digits of the SHA-256 of :data:`FORMULA_FILES` (each ``*.py`` in name order, its relative
     path and bytes). Comments count: any edit of these files changes it.
 
-    Raises:
-        OSError: a formula file cannot be read (a broken install).
-    """
+    Raises OSError: a formula file cannot be read (a broken install)."""
     h = hashlib.sha256()
     files: list[Path] = []
     for name in FORMULA_FILES:

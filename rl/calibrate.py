@@ -1,23 +1,10 @@
 """``tune rl calibrate --log FILE``: read the per-step timing a run printed and fit the per-cluster factors.
 
-Formats read (from the printing code):
-
-- NeMo-RL (``nemo_rl/algorithms/grpo.py`` at v0.6.0 5fb58893, ``grpo_train`` and
-  ``async_grpo_train``): after each step a block ``⏱️  Timing:`` then ``  • Total step time:
-  X.XXs`` and one ``  • <timer>: X.XXs (P%)`` line per timer (``generation``,
-  ``policy_and_reference_logprobs``, ``policy_training``, ``prepare_for_generation/total``,
-  ``weight_sync``, ``exposed_generation``, ...). ``  • Mean Generation Length: X`` comes just
-  before it.
-- slime (``slime/observability/train_metric_utils.py::log_perf_data`` and
-  ``rollout_metrics.py::log_rollout_data`` at 624b824a): ``perf <rollout_id>: {...}`` with a
-  Python dict of ``perf/<timer>_time`` values (``rollout_time``, ``log_probs_time``,
-  ``ref_log_probs_time``, ``actor_train_time``, ``update_weights_time``, ``sleep_time``,
-  ``wake_up_time``, ``step_time``).
-
-The fit compares the measured parts (mean over steps, the first step dropped as warm-up when
-there are more) with a prediction of the same plan and sets each factor to measured /
-predicted (:func:`fit_from_measured`).
-"""
+Formats read: NeMo-RL (``nemo_rl/algorithms/grpo.py`` at v0.6.0 5fb58893): a ``⏱️  Timing:`` block per step with
+``  • Total step time: X.XXs`` and one ``  • <timer>: X.XXs (P%)`` line per timer, ``  • Mean Generation Length: X``
+before it; slime (``train_metric_utils.py::log_perf_data`` at 624b824a): ``perf <rollout_id>: {...}`` with
+``perf/<timer>_time`` values. Each factor is measured / predicted for the same plan, over the mean of the steps (the
+first dropped as warm-up when there are more) (:func:`fit_from_measured`)."""
 
 from __future__ import annotations
 
@@ -33,7 +20,7 @@ import numpy as np
 from rl.calibration import RLCalibration
 from rl.plan import RLPlan
 from specs.errors import TunerError
-from specs.files import MAX_DATA_BYTES, read_user_text
+from specs.files import read_user_text
 
 __all__ = ["MeasuredStep", "fit_from_measured", "mean_measured", "read_log"]
 
@@ -76,8 +63,8 @@ def _nemo(lines: list[str]) -> list[MeasuredStep]:
                 if not t:
                     bad = _NEMO_TIMER_LIKE.match(lines[i])
                     if bad:  # e.g. "nan s" or "-5.00s": a step left out without a word before
-                        raise TunerError(f"line {i + 1}: timer {bad.group(1).strip()!r} reads {bad.group(2)!r}, not a number of seconds "
-                                         "(NeMo-RL writes '• NAME: 12.34s (5.6%)')")
+                        raise TunerError(f"line {i + 1}: timer {bad.group(1).strip()!r} reads {bad.group(2)!r}, not a "
+                                         "number of seconds (NeMo-RL writes '• NAME: 12.34s (5.6%)')")
                     break
                 timers[t.group(1).strip()] = float(t.group(2))
                 i += 1
@@ -115,7 +102,8 @@ def _slime(lines: list[str]) -> list[MeasuredStep]:
         except (ValueError, SyntaxError):
             continue
         if isinstance(d, dict):
-            merged.setdefault(int(m.group(1)), {}).update({str(k): float(v) for k, v in d.items() if isinstance(v, (int, float))})
+            merged.setdefault(int(m.group(1)), {}).update({str(k): float(v) for k,
+                                                           v in d.items() if isinstance(v, (int, float))})
     steps = []
     for rid in sorted(merged):
         d = merged[rid]
@@ -148,11 +136,9 @@ def _slime(lines: list[str]) -> list[MeasuredStep]:
 def read_log(path: str | Path) -> list[MeasuredStep]:
     """Every step's timing in a NeMo-RL or slime log (format detected).
 
-    Raises:
-        TunerError: an unreadable file, or one with no step timing in either format.
-    """
+    Raises TunerError: an unreadable file, or one with no step timing in either format."""
     p = Path(path)
-    lines = read_user_text(p, f"--log {str(p)!r}", "a NeMo-RL or slime log", limit=MAX_DATA_BYTES, errors="replace").splitlines()
+    lines = read_user_text(p, f"--log {str(p)!r}", "a NeMo-RL or slime log", errors="replace").splitlines()
     try:
         steps = _nemo(lines) or _slime(lines)
     except TunerError as e:
@@ -173,20 +159,17 @@ def mean_measured(steps: list[MeasuredStep]) -> dict[str, float | None]:
         vals = [getattr(s, attr) for s in use if getattr(s, attr) is not None]
         return float(np.mean(vals)) if vals else None
 
-    return {k: mean(k) for k in ("step_time_s", "generation_s", "logprob_s", "training_s", "refit_s", "switch_s", "mean_generation_len")}
+    return {k: mean(k) for k in ("step_time_s", "generation_s", "logprob_s", "training_s", "refit_s", "switch_s",
+                                 "mean_generation_len")}
 
 
-def fit_from_measured(plan: RLPlan, measured: dict[str, float | None], base: RLCalibration, *, source: str) -> RLCalibration:
-    """Factors that make ``plan`` (predicted under ``base``) reproduce the measured parts.
+def fit_from_measured(plan: RLPlan, measured: dict[str, float | None], base: RLCalibration, *,
+                      source: str) -> RLCalibration:
+    """Factors that make ``plan`` (predicted under ``base``) reproduce the measured parts: the generation, training and
+    log-prob scales become measured / predicted; the refit rate of the plan's path is scaled to its variable part;
+    ``step_overhead_s`` takes the rest of a synchronous run's step. Parts the log lacks keep ``base``'s values.
 
-    ``generation_scale``, ``training_scale`` and ``logprob_scale`` become measured / predicted;
-    the refit rate of the plan's path is scaled so its variable part matches; ``step_overhead_s``
-    takes what the measured step has beyond its measured parts (synchronous runs only: in an
-    async run ``generation`` is the exposed part). Parts the log lacks keep ``base``'s values.
-
-    Raises:
-        TunerError: a plan or measurement with no step time.
-    """
+    Raises TunerError: a plan or measurement with no step time."""
     p = plan.parts
     step = measured.get("step_time_s")
     if not step or step <= 0:
@@ -207,9 +190,12 @@ def fit_from_measured(plan: RLPlan, measured: dict[str, float | None], base: RLC
     if r and r > base.refit_fixed_s and var_pred > 0:
         key = "refit_ipc_bytes_per_s" if plan.choice.colocated else "refit_nccl_bytes_per_s"
         ch[key] = getattr(base, key) * var_pred / (r - base.refit_fixed_s)
-    if not asynchronous and all(measured.get(k) is not None for k in ("generation_s", "logprob_s", "training_s", "refit_s")):
-        parts = sum(float(measured[k] or 0.0) for k in ("generation_s", "logprob_s", "training_s", "refit_s", "switch_s"))
-        ch["step_overhead_s"] = max(0.0, step - parts - (p.switch_s if measured.get("switch_s") is None and plan.choice.colocated else 0.0))
+    if not asynchronous and all(measured.get(k) is not None for k in ("generation_s", "logprob_s", "training_s",
+                                                                      "refit_s")):
+        parts = sum(float(measured[k] or 0.0) for k in ("generation_s", "logprob_s", "training_s", "refit_s",
+                                                        "switch_s"))
+        ch["step_overhead_s"] = max(0.0, step - parts - (p.switch_s if measured.get("switch_s") is None
+                                                         and plan.choice.colocated else 0.0))
     bad = {k: v for k, v in ch.items() if not math.isfinite(v) or v < 0}
     if bad:
         raise TunerError(f"calibration from the log gave unusable factors {bad}")

@@ -1,8 +1,7 @@
 """Per-cluster factors of the RL step model (:class:`RLCalibration`), with their sources, and their YAML file.
 
-The defaults are anchored on published numbers (each field names its source);
-``tune rl calibrate --log FILE`` refits them from a user's own run and writes a YAML file
-that ``tune rl --calibration FILE`` reads back.
+The defaults are anchored on published numbers (each field names its source); ``tune rl calibrate --log FILE`` refits
+them from a user's own run and writes a YAML file that ``tune rl --calibration FILE`` reads back.
 """
 
 from __future__ import annotations
@@ -34,9 +33,8 @@ class RLCalibration:
     logprob_scale: float = 1.0
     """Measured / predicted log-prob time."""
     refit_ipc_bytes_per_s: float = 38e9
-    """Model bytes refitted per second when colocated (CUDA IPC over ZMQ, same GPUs). NeMo-RL PR #638:
-    DeepSeek-V3 (1.34e12 bf16 bytes) colocated refit 55 s, of which ~20 s offload:
-    1.34e12 / 35 s = 38e9."""
+    """Model bytes refitted per second when colocated (CUDA IPC over ZMQ, same GPUs). NeMo-RL PR #638: DeepSeek-V3
+    (1.34e12 bf16 bytes) colocated refit 55 s, of which ~20 s offload: 1.34e12 / 35 s = 38e9."""
     refit_nccl_bytes_per_s: float = 94e9
     """Model bytes refitted per second when not colocated (NCCL broadcast trainer -> engines). NeMo-RL
     ``docs/guides/checkpoint-engine-refit.md`` (HEAD 7ea279ab): DeepSeek-V3, 32 policy nodes -> 4 vLLM
@@ -61,7 +59,8 @@ class RLCalibration:
             v = getattr(self, f.name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise TunerError(f"RL calibration {f.name} must be a non-negative number, got {v!r}")
-        for name in ("generation_scale", "training_scale", "logprob_scale", "refit_ipc_bytes_per_s", "refit_nccl_bytes_per_s", "eager_slowdown", "host_link_efficiency"):
+        for name in ("generation_scale", "training_scale", "logprob_scale", "refit_ipc_bytes_per_s",
+                     "refit_nccl_bytes_per_s", "eager_slowdown", "host_link_efficiency"):
             if getattr(self, name) <= 0:
                 raise TunerError(f"RL calibration {name} must be positive, got {getattr(self, name)!r}")
 
@@ -75,9 +74,7 @@ DEFAULT_RL_CALIBRATION = RLCalibration()
 def load_rl_calibration(path: str | Path) -> RLCalibration:
     """Read a YAML file written by :func:`save_rl_calibration` (unknown keys rejected).
 
-    Raises:
-        TunerError: unreadable file, not a mapping, unknown keys (listed with the accepted ones), bad values.
-    """
+    Raises TunerError: unreadable file, not a mapping, unknown keys (listed with the accepted ones), bad values."""
     p = Path(path)
     data = load_user_yaml(p, f"--calibration {str(p)!r}", "an RL calibration YAML")
     if not isinstance(data, dict):

@@ -1,9 +1,8 @@
 """``tune rl``: RL post-training plans (split, engines, trainer layout), their validation and calibration.
 
-Commands: ``tune rl`` / ``tune rl plan`` (rank plans for a job, optionally export the best),
-``tune rl validate --data CSV`` (predict measured runs), ``tune rl calibrate --log FILE`` (fit
-this cluster's factors from a run's timing output). Every number printed is a prediction
-unless it is labelled measured.
+Commands: ``tune rl`` / ``tune rl plan`` (rank plans for a job, optionally export the best), ``tune rl validate --data
+CSV`` (predict measured runs), ``tune rl calibrate --log FILE`` (fit this cluster's factors from a run's timing output).
+Every number printed is a prediction unless it is labelled measured.
 """
 
 from __future__ import annotations
@@ -24,11 +23,10 @@ from rl.engine import Engine, GenerationPrecision
 from rl.exporters import plan_context
 from rl.layouts import TrainerLayout, parse_engine_layout, parse_trainer_layout
 from rl.lengths import LengthDistribution
-from rl.models import load_rl_model
-from rl.plan import MAX_SEQUENCES_PER_STEP, Framework, PlanChoice, PlanSet, RLJob, RLPlan, check_async_steps, enumerate_plans, evaluate
+from rl.plan import Framework, PlanChoice, PlanSet, RLJob, RLPlan, check_async_steps, enumerate_plans, evaluate
 from rl.trainer import TrainerBackend, trainer_for_layout
 from rl.validate import predict_rows, read_runs, summarise
-from specs import Cluster, Precision, parse_gpus
+from specs import Cluster, Precision, load_model, parse_gpus
 from specs.console import Col, fitted_table, say
 from specs.console import err as _err
 from specs.console import out as _out
@@ -37,19 +35,18 @@ from specs.study_files import check_output_path
 
 __all__ = ["rl_app"]
 
-rl_app = typer.Typer(help="RL post-training: split GPUs between trainer and generation, shape both, export a recipe.", no_args_is_help=False, add_completion=False)
+rl_app = typer.Typer(help="RL post-training: split GPUs between trainer and generation, shape both, export a recipe.",
+                     no_args_is_help=False, add_completion=False)
 
 Model = Annotated[str, typer.Option("--model", help="Model preset (tune models) or config.json path.")]
 Gpus = Annotated[str, typer.Option("--gpus", help="Nodes x GPUs per node x GPU type, e.g. 32x8xH200.")]
 FrameworkOpt = Annotated[Framework, typer.Option("--framework", help="nemo-rl or slime.")]
-EngineOpt = Annotated[Engine | None, typer.Option("--engine", help="vllm or sglang (default: vllm for nemo-rl, sglang for slime).")]
+EngineOpt = Annotated[Engine | None, typer.Option("--engine",
+                                                  help="vllm or sglang (default: vllm for nemo-rl, sglang for slime).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
 CalOpt = Annotated[Path | None, typer.Option("--calibration", help="RL calibration YAML from `tune rl calibrate`.")]
 
 
-#: The most sequences one engine may run at once (``--max-num-seqs``): no engine runs more than a step holds
-#: (``MAX_SEQUENCES_PER_STEP``, rl/plan.py).
-MAX_NUM_SEQS = MAX_SEQUENCES_PER_STEP
 
 def _fail(e: TunerError) -> typer.Exit:
     _err.print(f"[red]error: {escape(str(e))}[/red]", highlight=False, soft_wrap=True)
@@ -75,7 +72,7 @@ def _job(
     generation_precision: GenerationPrecision = GenerationPrecision.bf16,
     training_precision: str = "bf16",
 ) -> RLJob:
-    m = load_rl_model(model)
+    m = load_model(model, allow_config_args=True)
     cl = parse_gpus(gpus)
     eng = engine or (Engine.sglang if framework == Framework.slime else Engine.vllm)
     if framework == Framework.slime and eng != Engine.sglang:
@@ -83,7 +80,8 @@ def _job(
     if response_lengths is not None:
         dist = LengthDistribution.from_file(response_lengths, max_len=response_len)
     else:
-        dist = LengthDistribution.from_mean_max(mean_response_len if mean_response_len is not None else response_len / 2, response_len)
+        dist = LengthDistribution.from_mean_max(mean_response_len if mean_response_len is not None
+                                                else response_len / 2, response_len)
     return RLJob(
         model=m,
         cluster=cl,
@@ -123,7 +121,8 @@ def _plan_dict(p: RLPlan) -> dict[str, Any]:
         "enforce_eager": c.enforce_eager,
         "async_steps": c.async_steps,
         "trainer_layout": p.trainer.label,
-        "predicted": {**{k: v for k, v in dataclasses.asdict(p.parts).items() if k.endswith("_s")}, "step_time_s": p.step_time_s},
+        "predicted": {**{k: v for k, v in dataclasses.asdict(p.parts).items() if k.endswith("_s")},
+                      "step_time_s": p.step_time_s},
         "kv_capacity_tokens": p.kv_capacity_tokens,
         "preemptions": p.preemptions,
         "notes": list(p.notes),
@@ -131,7 +130,8 @@ def _plan_dict(p: RLPlan) -> dict[str, Any]:
 
 
 def _distinct(plans: list[RLPlan], top: int) -> list[RLPlan]:
-    """The fastest plans that differ in split, engine shape, eagerness, trainer or K (util / max_num_seqs ties dropped)."""
+    """The fastest plans that differ in split, engine shape, eagerness, trainer or K (util / max_num_seqs ties
+    dropped)."""
     seen: set[tuple[Any, ...]] = set()
     out = []
     for p in plans:
@@ -184,13 +184,17 @@ def _print_plans(title: str, plans: list[RLPlan], *, async_steps: int) -> list[s
         c, pt = p.choice, p.parts
         ids = ",".join(str(notes.setdefault(n, len(notes) + 1)) for n in p.notes)
         rows.append([
-            str(i), "colocated" if c.colocated else f"{c.rollout_gpus}+{c.trainer_gpus}", f"{c.num_engines}x {_short(p.rollout_label)}",
-            f"{c.gpu_memory_utilization:g}", str(c.max_num_seqs), "eager" if c.enforce_eager else "graphs", _short(p.trainer.label),
-            str(c.async_steps), f"{pt.step_time_s:.1f}", f"{pt.generation_s:.1f}", f"{pt.logprob_s:.1f}", f"{pt.training_s:.1f}",
+            str(i), "colocated" if c.colocated else f"{c.rollout_gpus}+{c.trainer_gpus}",
+            f"{c.num_engines}x {_short(p.rollout_label)}",
+            f"{c.gpu_memory_utilization:g}", str(c.max_num_seqs), "eager" if c.enforce_eager else "graphs",
+            _short(p.trainer.label),
+            str(c.async_steps), f"{pt.step_time_s:.1f}", f"{pt.generation_s:.1f}", f"{pt.logprob_s:.1f}",
+            f"{pt.training_s:.1f}",
             f"{pt.refit_s:.1f}", f"{pt.switch_s:.1f}", ids,
         ])
     # K only where the search tried more than one depth; note only where a plan has one
-    shown = [i for i, (col, _) in enumerate(_COLUMNS) if not (col.header == "K" and not async_steps) and not (col.header == "note" and not notes)]
+    shown = [i for i, (col, _) in enumerate(_COLUMNS) if not (col.header == "K" and not async_steps)
+             and not (col.header == "note" and not notes)]
     _out.print(title, markup=False)
     t = fitted_table([_COLUMNS[i][0] for i in shown], [[r[i] for i in shown] for r in rows], console=_out)
     _out.print(t)
@@ -209,21 +213,25 @@ def _print_recommended(best: RLPlan, rank: int, framework: Framework, note: str,
     """The plan ``tune rl`` exports (the fastest inside the trainer's validated scope), first and in full; ``rank`` is
     its place in the ranked plans, of which the table below shows ``shown``."""
     c, pt = best.choice, best.parts
-    where = f"colocated on all {c.rollout_gpus} GPUs" if c.colocated else f"{c.rollout_gpus} rollout GPUs + {c.trainer_gpus} trainer GPUs"
+    where = (f"colocated on all {c.rollout_gpus} GPUs" if c.colocated
+             else f"{c.rollout_gpus} rollout GPUs + {c.trainer_gpus} trainer GPUs")
     place = f"plan {rank} below" if rank <= shown else f"plan {rank} of the ranking; --top {rank} shows it"
     _out.print(f"[bold green]Recommended plan[/] (predicted, {place}): [bold]{pt.step_time_s:.1f} s[/] per step")
     _out.print(f"  {where}, async depth K {c.async_steps}", markup=False)
-    _out.print(f"  engines: {c.num_engines} x {best.rollout_label}, {'eager' if c.enforce_eager else 'CUDA graphs'}", markup=False)
+    _out.print(f"  engines: {c.num_engines} x {best.rollout_label}, {'eager' if c.enforce_eager else 'CUDA graphs'}",
+               markup=False)
     _out.print(f"    gpu_memory_utilization {c.gpu_memory_utilization:g}, max_num_seqs {c.max_num_seqs}", markup=False)
     _out.print(f"  trainer: {best.trainer.label}", markup=False)
-    parts = [("generation", pt.generation_s), ("log-probs", pt.logprob_s), ("training", pt.training_s), ("refit", pt.refit_s)]
+    parts = [("generation", pt.generation_s), ("log-probs", pt.logprob_s), ("training", pt.training_s),
+             ("refit", pt.refit_s)]
     if c.colocated:
         parts.append(("switch", pt.switch_s))
     _out.print("  seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in parts), markup=False)
     if note:
         say(note, label="note:", markup=False, console=_out)
     if hint:
-        what = "slime launch (run_slime_rl.sh)" if framework == Framework.slime else "NeMo-RL recipe (nemo_rl_grpo.yaml)"
+        what = ("slime launch (run_slime_rl.sh)" if framework == Framework.slime
+                else "NeMo-RL recipe (nemo_rl_grpo.yaml)")
         _out.print(f"  --out DIR writes its {what}", markup=False)
 
 
@@ -241,28 +249,23 @@ def _check_plan_options(
     trainer_layout: TrainerLayout | None,
     trainer_layout_text: str | None,
 ) -> None:
-    """Every search option of ``tune rl`` checked before anything is simulated (the job's own fields
-    are :class:`RLJob`'s); the first bad one raises, naming the option and what it accepts.
-
-    Bounds: ``--async-steps`` 0..8 and the sweep's simulated sequences
-    (:func:`~rl.plan.check_async_steps`); ``--gpu-memory-utilization`` in (0, 1];
-    ``--max-num-seqs`` and ``--top`` at least 1; ``--rollout-gpus`` whole nodes leaving the trainer
-    one; ``--engine-tp`` / ``--engine-ep`` engines that tile nodes; ``--trainer-layout`` one that
-    passes Megatron's rules on at least one trainer size the search tries.
-    """
+    """Every search option of ``tune rl`` checked before anything is simulated (the job's own fields are
+    :class:`RLJob`'s); the first bad one raises, naming the option and what it accepts."""
     cl, per = job.cluster, job.cluster.gpus_per_node
-    check_async_steps(job, async_steps)
+    check_async_steps(async_steps)
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:  # NaN fails too
-        raise TunerError(f"--gpu-memory-utilization {gpu_memory_utilization:g}: must be in (0, 1] (the fraction of each GPU's memory an engine takes)")
-    if max_num_seqs is not None and not 1 <= max_num_seqs <= MAX_NUM_SEQS:
-        raise TunerError(f"--max-num-seqs {max_num_seqs}: must be in 1..{MAX_NUM_SEQS:,} (sequences an engine runs at once; the search "
-                         "tries 256 and 1024 by default)")
+        raise TunerError(f"--gpu-memory-utilization {gpu_memory_utilization:g}: must be in (0, 1] (the fraction of "
+                         "each GPU's memory an engine takes)")
+    if max_num_seqs is not None and max_num_seqs < 1:
+        raise TunerError(f"--max-num-seqs {max_num_seqs}: must be at least 1 (sequences an engine runs at once)")
     if top < 1:
         raise TunerError(f"--top {top}: must be at least 1 (plans to print)")
     if colocated is False and cl.num_nodes == 1:
-        raise TunerError(f"--no-colocated: a split needs at least two nodes; --gpus {cl.label} has one (use --colocated)")
+        raise TunerError(f"--no-colocated: a split needs at least two nodes; --gpus {cl.label} has one (use "
+                         "--colocated)")
     if rollout_gpus is not None and (rollout_gpus >= cl.num_gpus or rollout_gpus < 1 or rollout_gpus % per):
-        why = f"{cl.label} has {cl.num_gpus} GPUs and the trainer needs at least one node" if rollout_gpus >= cl.num_gpus else "rollout GPUs are whole nodes"
+        why = (f"{cl.label} has {cl.num_gpus} GPUs and the trainer needs at least one node"
+               if rollout_gpus >= cl.num_gpus else "rollout GPUs are whole nodes")
         if cl.num_nodes > 1:
             accepted = f"a multiple of {per} from {per} to {cl.num_gpus - per}"
         else:
@@ -274,14 +277,15 @@ def _check_plan_options(
     if colocated in (None, False):
         splits += [(False, r) for r in range(per, cl.num_gpus, per) if rollout_gpus in (None, r)]
 
-    def tiles(g: int) -> bool:  # an engine's GPUs divide a node, or are whole nodes (vLLM / SGLang place ranks node by node)
+    # an engine's GPUs divide a node, or are whole nodes (vLLM / SGLang place ranks node by node)
+    def tiles(g: int) -> bool:
         return g >= 1 and ((g <= per and per % g == 0) or (g > per and g % per == 0))
 
     if engine_tp is not None and (not tiles(engine_tp) or engine_tp > cl.num_gpus):
         divisors = [d for d in range(1, per + 1) if per % d == 0]
         raise TunerError(
-            f"--engine-tp {engine_tp}: an engine's GPUs must divide a node's {per} GPUs or be whole nodes of {cl.label}; "
-            f"accepted: {', '.join(map(str, divisors))} or a multiple of {per} up to {cl.num_gpus}"
+            f"--engine-tp {engine_tp}: an engine's GPUs must divide a node's {per} GPUs or be whole nodes of "
+            f"{cl.label}; accepted: {', '.join(map(str, divisors))} or a multiple of {per} up to {cl.num_gpus}"
         )
     if engine_ep is not None:
         m = job.model
@@ -294,7 +298,8 @@ def _check_plan_options(
                 return True
             if not m.is_moe or e > m.num_experts:
                 return False
-            if engine_tp is None:  # the search pairs EP with a TP it divides, or spreads it over TP x attention-DP ranks
+            # the search pairs EP with a TP it divides, or spreads it over TP x attention-DP ranks
+            if engine_tp is None:
                 return engine_fits(e)
             return engine_tp % e == 0 if e <= engine_tp else e % engine_tp == 0 and engine_fits(e)
 
@@ -306,9 +311,10 @@ def _check_plan_options(
                 why = f"{m.name} is dense (no experts to shard)"
             else:
                 why = (
-                    f"an engine's experts are sharded over its GPUs, which divide a node's {per} GPUs or are whole nodes "
-                    f"tiling the rollout GPUs ({m.num_experts} experts)"
-                    + ("" if engine_tp is None else f"; with --engine-tp {engine_tp}, EP divides it or is a multiple of it")
+                    f"an engine's experts are sharded over its GPUs, which divide a node's {per} GPUs or are whole "
+                    f"nodes tiling the rollout GPUs ({m.num_experts} experts)"
+                    + ("" if engine_tp is None
+                       else f"; with --engine-tp {engine_tp}, EP divides it or is a multiple of it")
                 )
             raise TunerError(f"--engine-ep {engine_ep}: {why}; accepted: {', '.join(map(str, ok))}")
     if trainer_layout is not None:
@@ -316,15 +322,17 @@ def _check_plan_options(
         t = trainer_layout
         first = ""
         for n in sizes:
-            sub = Cluster(gpu=cl.gpu, num_gpus=n, gpus_per_node=min(per, n), inter_node_bytes_per_s=cl.inter_node_bytes_per_s, usd_per_gpu_hour=cl.usd_per_gpu_hour)
+            sub = Cluster(gpu=cl.gpu, num_gpus=n, gpus_per_node=min(per, n),
+                          inter_node_bytes_per_s=cl.inter_node_bytes_per_s, usd_per_gpu_hour=cl.usd_per_gpu_hour)
             try:
-                trainer_for_layout(job.model, sub, job.workload, t.backend, tp=t.tp, cp=t.cp, ep=t.ep, pp=t.pp, vpp=t.vpp,
-                                   optimizer_steps=job.optimizer_steps, logprob_passes=job.logprob_passes)
+                trainer_for_layout(job.model, sub, job.workload, t.backend, tp=t.tp, cp=t.cp, ep=t.ep, pp=t.pp,
+                                   vpp=t.vpp, optimizer_steps=job.optimizer_steps, logprob_passes=job.logprob_passes)
                 return
             except TunerError as e:
                 first = first or str(e)
         raise TunerError(
-            f"--trainer-layout {trainer_layout_text!r}: fits no trainer size this search tries ({', '.join(map(str, sizes))} GPUs); {first}"
+            f"--trainer-layout {trainer_layout_text!r}: fits no trainer size this search tries "
+            f"({', '.join(map(str, sizes))} GPUs); {first}"
         )
 
 
@@ -337,32 +345,53 @@ def plan(
     engine: EngineOpt = None,
     prompt_len: Annotated[int, typer.Option("--prompt-len", help="Longest prompt (tokens).")] = 2048,
     response_len: Annotated[int, typer.Option("--response-len", help="Longest response (tokens).")] = 6144,
-    mean_prompt_len: Annotated[float | None, typer.Option("--mean-prompt-len", help="Mean prompt tokens (default: a quarter of --prompt-len, an assumption).")] = None,
-    mean_response_len: Annotated[float | None, typer.Option("--mean-response-len", help="Mean response tokens (default: half of --response-len, an assumption).")] = None,
-    response_lengths: Annotated[Path | None, typer.Option("--response-lengths", help="Histogram of response lengths from a previous run (CSV response_len,count; JSON; one per line).")] = None,
-    prompts_per_step: Annotated[int, typer.Option("--prompts-per-step", help="Prompts per step (prompts x generations at most 16,384).")] = 32,
+    mean_prompt_len: Annotated[float | None, typer.Option(
+        "--mean-prompt-len", help="Mean prompt tokens (default: a quarter of --prompt-len, an assumption).")] = None,
+    mean_response_len: Annotated[float | None, typer.Option(
+        "--mean-response-len", help="Mean response tokens (default: half of --response-len, an assumption).")] = None,
+    response_lengths: Annotated[Path | None, typer.Option("--response-lengths", help=(
+        "Histogram of response lengths from a previous run (CSV response_len,count; JSON; one per line)."))] = None,
+    prompts_per_step: Annotated[int, typer.Option("--prompts-per-step", help="Prompts per step.")] = 32,
     generations_per_prompt: Annotated[int, typer.Option("--generations-per-prompt")] = 16,
-    max_seq_len: Annotated[int, typer.Option("--max-seq-len", help="max_total_sequence_length (default prompt + response).")] = 0,
-    train_global_batch: Annotated[int, typer.Option("--train-global-batch", help="Sequences per optimizer step (default: all of a step).")] = 0,
-    logprob_passes: Annotated[int, typer.Option("--logprob-passes", help="Forward passes for log-probs (2 = policy + reference for KL; 1 without KL).")] = 2,
-    generation_precision: Annotated[GenerationPrecision, typer.Option("--generation-precision", help="Engine weights: bf16, fp8 (block-scaled FP8, NeMo-RL vllm_cfg.precision fp8) or checkpoint (the checkpoint's own).")] = GenerationPrecision.bf16,
-    training_precision: Annotated[str, typer.Option("--training-precision", help="Trainer GEMMs: bf16, fp8, fp8_blockwise, mxfp8 or nvfp4.")] = "bf16",
-    async_steps: Annotated[int, typer.Option("--async-steps", help="Evaluate non-colocated plans at each async depth 0..K (K at most 8).")] = 0,
-    colocated: Annotated[bool | None, typer.Option("--colocated/--no-colocated", help="Only colocated / only split plans (default both).")] = None,
-    rollout_gpus: Annotated[int | None, typer.Option("--rollout-gpus", help="Only this many rollout GPUs (whole nodes).")] = None,
+    max_seq_len: Annotated[int, typer.Option(
+        "--max-seq-len", help="max_total_sequence_length (default prompt + response).")] = 0,
+    train_global_batch: Annotated[int, typer.Option(
+        "--train-global-batch", help="Sequences per optimizer step (default: all of a step).")] = 0,
+    logprob_passes: Annotated[int, typer.Option(
+        "--logprob-passes", help="Forward passes for log-probs (2 = policy + reference for KL; 1 without KL).")] = 2,
+    generation_precision: Annotated[GenerationPrecision, typer.Option("--generation-precision", help=(
+        "Engine weights: bf16, fp8 (block-scaled FP8, NeMo-RL vllm_cfg.precision fp8) or checkpoint (the "
+        "checkpoint's own)."))] = GenerationPrecision.bf16,
+    training_precision: Annotated[str, typer.Option(
+        "--training-precision", help="Trainer GEMMs: bf16, fp8, fp8_blockwise, mxfp8 or nvfp4.")] = "bf16",
+    async_steps: Annotated[int, typer.Option(
+        "--async-steps", help="Evaluate non-colocated plans at each async depth 0..K (K at most 8).")] = 0,
+    colocated: Annotated[bool | None, typer.Option(
+        "--colocated/--no-colocated", help="Only colocated / only split plans (default both).")] = None,
+    rollout_gpus: Annotated[int | None, typer.Option(
+        "--rollout-gpus", help="Only this many rollout GPUs (whole nodes).")] = None,
     engine_tp: Annotated[int | None, typer.Option("--engine-tp")] = None,
     engine_ep: Annotated[int | None, typer.Option("--engine-ep")] = None,
-    gpu_memory_utilization: Annotated[float | None, typer.Option("--gpu-memory-utilization", help="Only this KV memory fraction, in (0, 1] (default: 0.6 and 0.8 colocated, 0.8 and 0.9 split).")] = None,
-    max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs", help="Only this max_num_seqs, at least 1 (default: 256 and 1024).")] = None,
-    enforce_eager: Annotated[bool | None, typer.Option("--enforce-eager/--cuda-graphs", help="Only eager / only CUDA-graph engines (default both).")] = None,
-    trainer_backend: Annotated[str, typer.Option("--trainer-backend", help="megatron, automodel or all (nemo-rl default all; slime megatron).")] = "",
-    trainer_layout: Annotated[str | None, typer.Option("--trainer-layout", help="Fix the trainer: megatron:tp=..,cp=..,ep=..,pp=..,vpp=.. or automodel:cp=..,ep=..")] = None,
+    gpu_memory_utilization: Annotated[float | None, typer.Option("--gpu-memory-utilization", help=(
+        "Only this KV memory fraction, in (0, 1] (default: 0.6 and 0.8 colocated, 0.8 and 0.9 split)."))] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(
+        "--max-num-seqs", help="Only this max_num_seqs, at least 1 (default: 256 and 1024).")] = None,
+    enforce_eager: Annotated[bool | None, typer.Option(
+        "--enforce-eager/--cuda-graphs", help="Only eager / only CUDA-graph engines (default both).")] = None,
+    trainer_backend: Annotated[str, typer.Option(
+        "--trainer-backend", help="megatron, automodel or all (nemo-rl default all; slime megatron).")] = "",
+    trainer_layout: Annotated[str | None, typer.Option("--trainer-layout", help=(
+        "Fix the trainer: megatron:tp=..,cp=..,ep=..,pp=..,vpp=.. or automodel:cp=..,ep=.."))] = None,
     calibration: CalOpt = None,
     top: Annotated[int, typer.Option("--top", help="Plans to print.")] = 10,
-    out: Annotated[Path | None, typer.Option("--out", help="Write the best plan's launch into this folder: nemo_rl_grpo.yaml (nemo-rl) or run_slime_rl.sh (slime, executable).")] = None,
-    export: Annotated[Path | None, typer.Option("--export", help="Write the best plan's launch to this file instead (same formats as --out).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help=(
+        "Write the best plan's launch into this folder: nemo_rl_grpo.yaml (nemo-rl) or run_slime_rl.sh (slime, "
+        "executable)."))] = None,
+    export: Annotated[Path | None, typer.Option(
+        "--export", help="Write the best plan's launch to this file instead (same formats as --out).")] = None,
     json_out: JsonOpt = False,
-    force: Annotated[bool, typer.Option("--force", help="Replace an output that is a link (the link, not its target) or another kind of file.")] = False,
+    force: Annotated[bool, typer.Option("--force", help=(
+        "Replace an output that is a link (the link, not its target) or another kind of file."))] = False,
     verbose: Annotated[bool, typer.Option("--verbose", help="Say why each set-aside plan was set aside.")] = False,
 ) -> None:
     """Rank RL plans for a job: colocated or split, engine shapes, trainer layouts, async depth."""
@@ -372,18 +401,22 @@ def plan(
         if not model or not gpus:
             raise TunerError("tune rl needs --model and --gpus (e.g. --model MiniMax-M3 --gpus 32x8xH200)")
         job = _job(
-            model=model, gpus=gpus, framework=framework, engine=engine, prompt_len=prompt_len, response_len=response_len,
+            model=model, gpus=gpus, framework=framework, engine=engine, prompt_len=prompt_len,
+            response_len=response_len,
             mean_prompt_len=mean_prompt_len, mean_response_len=mean_response_len, response_lengths=response_lengths,
             prompts_per_step=prompts_per_step, generations_per_prompt=generations_per_prompt, max_seq_len=max_seq_len,
-            train_global_batch=train_global_batch, logprob_passes=logprob_passes, generation_precision=generation_precision,
+            train_global_batch=train_global_batch, logprob_passes=logprob_passes,
+            generation_precision=generation_precision,
             training_precision=training_precision,
         )
         cal = load_rl_calibration(calibration) if calibration else DEFAULT_RL_CALIBRATION
         tl = parse_trainer_layout(trainer_layout, "--trainer-layout") if trainer_layout else None
         backends = _backends(framework, trainer_backend)
         _check_plan_options(
-            job, async_steps=async_steps, colocated=colocated, rollout_gpus=rollout_gpus, engine_tp=engine_tp, engine_ep=engine_ep,
-            gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs, top=top, trainer_layout=tl, trainer_layout_text=trainer_layout,
+            job, async_steps=async_steps, colocated=colocated, rollout_gpus=rollout_gpus, engine_tp=engine_tp,
+            engine_ep=engine_ep,
+            gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs, top=top, trainer_layout=tl,
+            trainer_layout_text=trainer_layout,
         )
         ps = enumerate_plans(
             job, calibration=cal, backends=backends, async_steps=async_steps, colocated=colocated,
@@ -406,11 +439,10 @@ def plan(
 def _backends(framework: Framework, trainer_backend: str) -> tuple[TrainerBackend, ...]:
     """The trainer backends ``--trainer-backend`` names ("" or ``all``: the framework's).
 
-    Raises:
-        TunerError: a name that is not a backend.
-    """
+    Raises TunerError: a name that is not a backend."""
     if trainer_backend in ("", "all"):
-        return (TrainerBackend.megatron,) if framework == Framework.slime else (TrainerBackend.megatron, TrainerBackend.automodel)
+        return (TrainerBackend.megatron,) if framework == Framework.slime else (TrainerBackend.megatron,
+                                                                                TrainerBackend.automodel)
     try:
         return (TrainerBackend(trainer_backend),)
     except ValueError:
@@ -424,21 +456,23 @@ def _plan_to_export(ps: PlanSet) -> tuple[RLPlan, str]:
     best = next((p for p in ps.plans if p.trainer.in_validated_scope), ps.plans[0])
     export_note = ""
     if not best.trainer.in_validated_scope:
-        export_note = f"no plan's trainer layout is inside the backend's validated scope; the export is plan 1, {best.trainer.note}"
+        export_note = ("no plan's trainer layout is inside the backend's validated scope; the export is plan 1, "
+                       f"{best.trainer.note}")
     elif best is not ps.plans[0]:
         gain = 1 - ps.plans[0].step_time_s / best.step_time_s
-        faster = (f"{gain:.1%} faster" if gain >= 0.0005 else "as fast (within 0.1%)") + f" ({ps.plans[0].step_time_s:.1f} s per step)"
-        export_note = (f"the export is the fastest plan inside the trainer's validated scope ({best.step_time_s:.1f} s per step); "
-                       f"plan 1 is predicted {faster} but {ps.plans[0].trainer.note}")
+        faster = (f"{gain:.1%} faster" if gain >= 0.0005
+                  else "as fast (within 0.1%)") + f" ({ps.plans[0].step_time_s:.1f} s per step)"
+        export_note = (f"the export is the fastest plan inside the trainer's validated scope ({best.step_time_s:.1f} s "
+                       f"per step); plan 1 is predicted {faster} but {ps.plans[0].trainer.note}")
     return best, export_note
 
 
-def _write_launch(best: RLPlan, job: RLJob, framework: Framework, *, out: Path | None, export: Path | None, force: bool) -> list[Path]:
+def _write_launch(best: RLPlan, job: RLJob, framework: Framework, *, out: Path | None, export: Path | None,
+                  force: bool) -> list[Path]:
     """Write ``best``'s launch in the framework's format to ``--export FILE`` and into ``--out DIR``; the files written.
 
-    Raises:
-        TunerError: a plan the format cannot run, an ``--out`` that is a file, or an output :func:`check_output_path` refuses.
-    """
+    Raises TunerError: a plan the format cannot run, an ``--out`` that is a file, or an output
+    :func:`check_output_path` refuses."""
     written: list[Path] = []
     if export is not None or out is not None:
         exporter = get_exporter("slime-rl" if framework == Framework.slime else "nemo-rl")
@@ -455,12 +489,14 @@ def _write_launch(best: RLPlan, job: RLJob, framework: Framework, *, out: Path |
     return written
 
 
-def _print_plan_json(job: RLJob, framework: Framework, cal: RLCalibration, ps: PlanSet, best: RLPlan, *, top: int, written: list[Path],
+def _print_plan_json(job: RLJob, framework: Framework, cal: RLCalibration, ps: PlanSet, best: RLPlan, *, top: int,
+                     written: list[Path],
                      export_note: str) -> None:
     """``tune rl --json``: the ranked plans, the recommended one and what was written, as one JSON document."""
     _out.print_json(json.dumps({
         "model": job.model.name, "cluster": job.cluster.label, "framework": str(framework), "engine": str(job.engine),
-        "responses": job.responses.source, "calibration": cal.source, "considered": ps.considered, "rejected": ps.rejected,
+        "responses": job.responses.source, "calibration": cal.source, "considered": ps.considered,
+        "rejected": ps.rejected,
         "plans": [_plan_dict(p) for p in _distinct(ps.plans, top)],
         "fastest_per_rollout_gpus": [_plan_dict(p) for p in ps.fastest_per_rollout_gpus()],
         "fastest_per_async_depth": [_plan_dict(p) for p in ps.fastest_per_async_depth()],
@@ -472,12 +508,14 @@ def _print_plan_json(job: RLJob, framework: Framework, cal: RLCalibration, ps: P
     }))
 
 
-def _print_plan_text(job: RLJob, framework: Framework, cal: RLCalibration, ps: PlanSet, best: RLPlan, *, top: int, written: list[Path],
+def _print_plan_text(job: RLJob, framework: Framework, cal: RLCalibration, ps: PlanSet, best: RLPlan, *, top: int,
+                     written: list[Path],
                      verbose: bool, async_steps: int) -> None:
     """``tune rl``'s report: the job, the recommended plan, the counts, the plan tables and the files written."""
-    _out.print(f"[bold]{escape(job.model.name)}[/] on {job.cluster.label}, {framework} + {job.engine}: {job.prompts_per_step} prompts x "
-               f"{job.generations_per_prompt} generations a step", highlight=False)
-    say(f"prompt <= {job.prompt_len:,}, response <= {job.response_len:,} tokens ({job.responses.source}); calibration: {cal.source}",
+    _out.print(f"[bold]{escape(job.model.name)}[/] on {job.cluster.label}, {framework} + {job.engine}: "
+               f"{job.prompts_per_step} prompts x {job.generations_per_prompt} generations a step", highlight=False)
+    say(f"prompt <= {job.prompt_len:,}, response <= {job.response_len:,} tokens ({job.responses.source}); calibration: "
+        f"{cal.source}",
         markup=False, console=_out)
     _out.print("Every number is a prediction (simulated rollout, analytical trainer).")
     ranked = _distinct(ps.plans, len(ps.plans))
@@ -486,29 +524,37 @@ def _print_plan_text(job: RLJob, framework: Framework, cal: RLCalibration, ps: P
         rec_note = f"no plan's trainer is inside its validated scope; this one is {best.trainer.note}"
     elif best is not ps.plans[0]:
         gain = 1 - ps.plans[0].step_time_s / best.step_time_s
-        rec_note = f"plan 1 is predicted {f'{gain:.1%} faster' if gain >= 0.0005 else 'as fast'} but {ps.plans[0].trainer.note}"
+        faster = f"{gain:.1%} faster" if gain >= 0.0005 else "as fast"
+        rec_note = f"plan 1 is predicted {faster} but {ps.plans[0].trainer.note}"
     else:
         rec_note = ""
     _print_recommended(best, rank, framework, rec_note, hint=not written, shown=top)
     _out.print()
-    # plans set aside add up with the evaluated ones to the considered; a split without a trainer layout is counted as a split
+    # plans set aside add up with the evaluated ones to the considered; a split without a trainer layout is counted as a
+    # split
     plan_rej = {k: v for k, v in ps.rejected.items() if not k.endswith("(splits)")}
     split_rej = {k.removesuffix(" (splits)"): v for k, v in ps.rejected.items() if k.endswith("(splits)")}
     counts = f"Plans considered: {ps.considered:,}; evaluated: {len(ps.plans):,}; set aside: "
     if verbose:
         _out.print(counts + (", ".join(f"{k} ({v})" for k, v in plan_rej.items()) or "none")
-                   + ("; splits not tried: " + ", ".join(f"{k} ({v} split{'s' if v != 1 else ''})" for k, v in split_rej.items()) if split_rej else ""),
+                   + ("; splits not tried: " + ", ".join(f"{k} ({v} split{'s' if v != 1 else ''})" for k,
+                                                         v in split_rej.items()) if split_rej else ""),
                    highlight=False, markup=False)
     else:
-        _out.print(counts + f"{sum(plan_rej.values()):,}" + (f"; splits not tried: {sum(split_rej.values()):,}" if split_rej else "")
+        _out.print(counts + f"{sum(plan_rej.values()):,}" + (f"; splits not tried: {sum(split_rej.values()):,}"
+                                                             if split_rej else "")
                    + " (--verbose says why)", highlight=False, markup=False)
     headers = _print_plans("Fastest plans (predicted seconds per step)", ranked[:top], async_steps=async_steps)
-    _print_plans("Fastest plan per rollout-GPU count (every count, not a Pareto front)", ps.fastest_per_rollout_gpus(), async_steps=async_steps)
+    _print_plans("Fastest plan per rollout-GPU count (every count, not a Pareto front)", ps.fastest_per_rollout_gpus(),
+                 async_steps=async_steps)
     if async_steps:
-        _print_plans("Fastest plan per async depth K (staleness)", ps.fastest_per_async_depth(), async_steps=async_steps)
+        _print_plans("Fastest plan per async depth K (staleness)", ps.fastest_per_async_depth(),
+                     async_steps=async_steps)
     _out.print(_legend(headers), markup=False, highlight=False)
     for w in written:
-        _out.print(f"wrote the recommended plan's {'slime launch' if framework == Framework.slime else 'NeMo-RL recipe'} to {w}", highlight=False, markup=False)
+        _out.print("wrote the recommended plan's "
+                   f"{'slime launch' if framework == Framework.slime else 'NeMo-RL recipe'} to {w}", highlight=False,
+                   markup=False)
 
 
 @rl_app.command("validate")
@@ -531,35 +577,44 @@ def validate_cmd(
             "calibration": cal.source,
             "rows": [{"line": r.row.line, "run": r.row.label, "measured_step_time_s": r.row.step_time_s,
                       "predicted": None if r.plan is None else _plan_dict(r.plan)["predicted"],
-                      "step_error": r.rel_error("step"), "generation_error": r.rel_error("generation"), "training_error": r.rel_error("training"),
+                      "step_error": r.rel_error("step"), "generation_error": r.rel_error("generation"),
+                      "training_error": r.rel_error("training"),
                       "error": r.error} for r in results],
             "unreadable": errors, "summary": summary,
         }))
         return
     _out.print(f"Measured vs predicted step time ({data}; calibration: {cal.source})", markup=False, highlight=False)
-    cols = [Col("line", "right"), Col("run"), Col("measured s", "right"), Col("predicted s", "right"), Col("error", "right"),
-            Col("gen", "right", 1), Col("logprob", "right", 3), Col("train", "right", 2), Col("refit", "right", 4), Col("switch", "right", 5)]
+    cols = [Col("line", "right"), Col("run"), Col("measured s", "right"), Col("predicted s", "right"),
+            Col("error", "right"),
+            Col("gen", "right", 1), Col("logprob", "right", 3), Col("train", "right", 2), Col("refit", "right", 4),
+            Col("switch", "right", 5)]
     table_rows: list[list[str]] = []
     for r in results:
         if r.plan is None:
             continue
         pt = r.plan.parts
-        table_rows.append([str(r.row.line), r.row.label, f"{r.row.step_time_s:g}", f"{pt.step_time_s:.1f}", f"{r.rel_error('step'):+.0%}",
-                     f"{pt.generation_s:.1f}", f"{pt.logprob_s:.1f}", f"{pt.training_s:.1f}", f"{pt.refit_s:.1f}", f"{pt.switch_s:.1f}"])
+        table_rows.append([str(r.row.line), r.row.label, f"{r.row.step_time_s:g}", f"{pt.step_time_s:.1f}",
+                           f"{r.rel_error('step'):+.0%}",
+                     f"{pt.generation_s:.1f}", f"{pt.logprob_s:.1f}", f"{pt.training_s:.1f}", f"{pt.refit_s:.1f}",
+                           f"{pt.switch_s:.1f}"])
     t = fitted_table(cols, table_rows, console=_out)
     _out.print(t)
     st = summary["step"]
     assert isinstance(st, dict)
     med = st["median_abs_error"]
-    _out.print(f"step time: {st['n']} rows predicted of {len(table_rows) + len(errors)}; median |error| {'n/a' if med is None else f'{med:.1%}'}", highlight=False, markup=False)
+    _out.print(f"step time: {st['n']} rows predicted of {len(table_rows) + len(errors)}; median |error| "
+               f"{'n/a' if med is None else f'{med:.1%}'}", highlight=False, markup=False)
     for part in ("generation", "training"):
         s = summary[part]
         assert isinstance(s, dict)
-        _out.print(f"{part}: " + ("not published in these rows" if not s["n"] else f"{s['n']} rows, median |error| {s['median_abs_error']:.1%}"), highlight=False, markup=False)
+        _out.print(f"{part}: " + ("not published in these rows" if not s["n"]
+                                  else f"{s['n']} rows, median |error| {s['median_abs_error']:.1%}"), highlight=False,
+                   markup=False)
     verdicts = summary["colocated_vs_split"]
     assert isinstance(verdicts, list)
     for v in verdicts:
-        _out.print(f"colocated vs split, {v['group']}: measured faster {v['measured']}, predicted faster {v['predicted']} ({'agree' if v['agree'] else 'MISS'})", highlight=False, markup=False)
+        _out.print(f"colocated vs split, {v['group']}: measured faster {v['measured']}, predicted faster "
+                   f"{v['predicted']} ({'agree' if v['agree'] else 'MISS'})", highlight=False, markup=False)
     hints: dict[str, None] = {}  # a reason in brackets that many rows share is said once, after them
     for u in unreadable:
         m = re.fullmatch(r"(.*?)\s+\[(.+)\]", u, re.S)
@@ -576,23 +631,33 @@ def calibrate_cmd(
     log: Annotated[Path, typer.Option("--log", help="A NeMo-RL or slime training log with per-step timing.")],
     model: Model,
     gpus: Gpus,
-    rollout_layout: Annotated[str, typer.Option("--rollout-layout", help="The engines that ran: vllm:tp=..,ep=..,pp=..[,gpu_memory_utilization=..,enforce_eager=0|1]")],
-    trainer_layout: Annotated[str, typer.Option("--trainer-layout", help="The trainer that ran: megatron:tp=..,cp=..,ep=..,pp=..,vpp=.. or automodel:cp=..,ep=..")],
+    rollout_layout: Annotated[str, typer.Option("--rollout-layout",
+                                                help="The engines that ran: "
+                                                "vllm:tp=..,ep=..,pp=..[,gpu_memory_utilization=..,enforce_eager=0|1]")],
+    trainer_layout: Annotated[str, typer.Option("--trainer-layout",
+                                                help="The trainer that ran: megatron:tp=..,cp=..,ep=..,pp=..,vpp=.. or "
+                                                "automodel:cp=..,ep=..")],
     rollout_gpus: Annotated[int, typer.Option("--rollout-gpus", help="Rollout GPUs (= all GPUs when colocated).")],
     colocated: Annotated[bool, typer.Option("--colocated/--no-colocated")] = False,
     framework: FrameworkOpt = Framework.nemo_rl,
     prompt_len: Annotated[int, typer.Option("--prompt-len")] = 2048,
     response_len: Annotated[int, typer.Option("--response-len")] = 6144,
     mean_prompt_len: Annotated[float | None, typer.Option("--mean-prompt-len")] = None,
-    mean_response_len: Annotated[float | None, typer.Option("--mean-response-len", help="Default: the log's mean generation length, else half of --response-len.")] = None,
+    mean_response_len: Annotated[float | None, typer.Option("--mean-response-len",
+                                                            help="Default: the log's mean generation length, else half "
+                                                            "of --response-len.")] = None,
     prompts_per_step: Annotated[int, typer.Option("--prompts-per-step")] = 32,
     generations_per_prompt: Annotated[int, typer.Option("--generations-per-prompt")] = 16,
     async_steps: Annotated[int, typer.Option("--async-steps")] = 0,
     logprob_passes: Annotated[int, typer.Option("--logprob-passes")] = 2,
     calibration: CalOpt = None,
-    out: Annotated[Path | None, typer.Option("--out", help="Write the fitted factors here (YAML for --calibration).")] = None,
+    out: Annotated[Path | None,
+                   typer.Option("--out", help="Write the fitted factors here (YAML for --calibration).")] = None,
     json_out: JsonOpt = False,
-    force: Annotated[bool, typer.Option("--force", help="Replace an output that is a link (the link, not its target) or another kind of file.")] = False,
+    force: Annotated[bool,
+                     typer.Option("--force",
+                                  help="Replace an output that is a link (the link, not its target) or another kind of "
+                                  "file.")] = False,
 ) -> None:
     """Fit this cluster's factors from a run's per-step timing, so the next plan is calibrated to it."""
     try:
@@ -601,11 +666,14 @@ def calibrate_cmd(
         mean_resp = mean_response_len if mean_response_len is not None else measured.get("mean_generation_len")
         eng = parse_engine_layout(rollout_layout, "--rollout-layout")
         job = _job(
-            model=model, gpus=gpus, framework=framework, engine=eng.engine, prompt_len=prompt_len, response_len=response_len,
-            mean_prompt_len=mean_prompt_len, mean_response_len=mean_resp, response_lengths=None, prompts_per_step=prompts_per_step,
-            generations_per_prompt=generations_per_prompt, max_seq_len=0, train_global_batch=0, logprob_passes=logprob_passes,
+            model=model, gpus=gpus, framework=framework, engine=eng.engine, prompt_len=prompt_len,
+            response_len=response_len,
+            mean_prompt_len=mean_prompt_len, mean_response_len=mean_resp, response_lengths=None,
+            prompts_per_step=prompts_per_step,
+            generations_per_prompt=generations_per_prompt, max_seq_len=0, train_global_batch=0,
+            logprob_passes=logprob_passes,
         )
-        check_async_steps(job, async_steps, sweep=False)
+        check_async_steps(async_steps)
         base = load_rl_calibration(calibration) if calibration else DEFAULT_RL_CALIBRATION
         tl = parse_trainer_layout(trainer_layout, "--trainer-layout")
         cl = job.cluster
@@ -614,18 +682,26 @@ def calibrate_cmd(
             raise TunerError(f"--rollout-gpus {rollout_gpus} leaves no trainer GPU of the {cl.num_gpus}")
         per = cl.gpus_per_node
         if rollout_gpus < 1 or (not colocated and rollout_gpus % per):
-            raise TunerError(f"--rollout-gpus {rollout_gpus}: rollout GPUs are whole {per}-GPU nodes of --gpus {cl.label}"
-                             + ("" if colocated else f" (the trainer has the rest); accepted: {', '.join(str(r) for r in range(per, cl.num_gpus, per))}"))
-        sub = Cluster(gpu=cl.gpu, num_gpus=trainer_gpus, gpus_per_node=min(cl.gpus_per_node, trainer_gpus), inter_node_bytes_per_s=cl.inter_node_bytes_per_s)
+            raise TunerError(f"--rollout-gpus {rollout_gpus}: rollout GPUs are whole {per}-GPU nodes of --gpus "
+                             f"{cl.label}"
+                             + ("" if colocated
+                                else " (the trainer has the rest); accepted: "
+                                f"{', '.join(str(r) for r in range(per, cl.num_gpus, per))}"))
+        sub = Cluster(gpu=cl.gpu, num_gpus=trainer_gpus, gpus_per_node=min(cl.gpus_per_node, trainer_gpus),
+                      inter_node_bytes_per_s=cl.inter_node_bytes_per_s)
         wl = job.workload
-        trainer = trainer_for_layout(job.model, sub, wl, tl.backend, tp=tl.tp, cp=tl.cp, ep=tl.ep, pp=tl.pp, vpp=tl.vpp, logprob_passes=logprob_passes)
+        trainer = trainer_for_layout(job.model, sub, wl, tl.backend, tp=tl.tp, cp=tl.cp, ep=tl.ep, pp=tl.pp, vpp=tl.vpp,
+                                     logprob_passes=logprob_passes)
         choice = PlanChoice(
             colocated=colocated, rollout_gpus=rollout_gpus, trainer_gpus=trainer_gpus, shape=eng.shape,
-            gpu_memory_utilization=eng.gpu_memory_utilization or (0.6 if colocated else 0.8), max_num_seqs=eng.max_num_seqs or 1024,
-            enforce_eager=bool(eng.enforce_eager), async_steps=async_steps, trainer_backend=tl.backend, engine=eng.engine,
+            gpu_memory_utilization=eng.gpu_memory_utilization or (0.6 if colocated else 0.8),
+            max_num_seqs=eng.max_num_seqs or 1024,
+            enforce_eager=bool(eng.enforce_eager), async_steps=async_steps, trainer_backend=tl.backend,
+            engine=eng.engine,
         )
         predicted = evaluate(job, choice, trainer=trainer, calibration=base)
-        fitted = fit_from_measured(predicted, measured, base, source=f"calibrated from {log.name} ({len(steps)} steps, {steps[0].framework})")
+        fitted = fit_from_measured(predicted, measured, base,
+                                   source=f"calibrated from {log.name} ({len(steps)} steps, {steps[0].framework})")
         after = evaluate(job, choice, trainer=trainer, calibration=fitted)
     except TunerError as e:
         raise _fail(e) from None
@@ -639,9 +715,14 @@ def calibrate_cmd(
         except TunerError as e:
             raise _fail(e) from None
     if json_out:
-        _out.print_json(json.dumps({"measured": measured, "predicted_before": _plan_dict(predicted)["predicted"], "predicted_after": _plan_dict(after)["predicted"], "calibration": dataclasses.asdict(fitted)}))
+        _out.print_json(json.dumps({"measured": measured, "predicted_before": _plan_dict(predicted)["predicted"],
+                                    "predicted_after": _plan_dict(after)["predicted"],
+                                    "calibration": dataclasses.asdict(fitted)}))
         return
-    _out.print(f"read {len(steps)} steps from {log} ({steps[0].framework}); measured means (s): " + ", ".join(f"{k} {v:.1f}" for k, v in measured.items() if v is not None), highlight=False, markup=False)
-    _out.print(f"predicted before: step {predicted.step_time_s:.1f} s; after calibration: step {after.step_time_s:.1f} s (measured {measured['step_time_s']:.1f} s)", highlight=False, markup=False)
-    _out.print(text if out is None else f"wrote the factors to {out}; pass --calibration {out} to tune rl", highlight=False, markup=False)
+    _out.print(f"read {len(steps)} steps from {log} ({steps[0].framework}); measured means (s): "
+               + ", ".join(f"{k} {v:.1f}" for k, v in measured.items() if v is not None), highlight=False, markup=False)
+    _out.print(f"predicted before: step {predicted.step_time_s:.1f} s; after calibration: step {after.step_time_s:.1f} "
+               f"s (measured {measured['step_time_s']:.1f} s)", highlight=False, markup=False)
+    _out.print(text if out is None else f"wrote the factors to {out}; pass --calibration {out} to tune rl",
+               highlight=False, markup=False)
 

@@ -1,22 +1,13 @@
 """Per-iteration latency of one generation engine, and the aiconfigurator adapter that provides it.
 
-The rollout simulator (:mod:`rl.simulator`) asks two questions of an engine:
-how long one decode iteration of ``n`` running sequences at mean context ``c`` tokens
-takes, and how long the prefill of ``t`` prompt tokens takes. :class:`LatencyTable`
-answers both by interpolating a grid of per-iteration latencies; the grid comes from
-aiconfigurator's compiled ``EngineHandle`` (NVIDIA, Apache-2.0; the optional ``rl`` extra,
-``aiconfigurator==0.12.0``), which predicts each iteration from per-operation performance
-tables measured on the target GPU for the target serving framework (vLLM 0.24, SGLang
-0.5.14/0.5.16). Tests and users without the extra can build a table from any latency
-function (:meth:`LatencyTable.from_functions`).
+:class:`LatencyTable` interpolates a grid of decode (``n`` sequences at mean context ``c``) and prefill (``t`` tokens)
+latencies; the grid comes from aiconfigurator's ``EngineHandle`` (NVIDIA, Apache-2.0; the ``rl`` extra,
+``aiconfigurator==0.12.0``: per-operation tables measured per GPU for vLLM 0.24 and SGLang 0.5.14/0.5.16), or from any
+functions (:meth:`LatencyTable.from_functions`).
 
-Caching: a compiled handle per (model, system, backend, shape, precision) stays in memory for
-the process; the latency grid of each shape is written as ``.npz`` under
-``$XDG_CACHE_HOME/megatron-layout-tuner/rl/`` (default ``~/.cache``; override with
-``MLT_CACHE_DIR``), and a shape aiconfigurator has no data for as a ``.nodata.txt`` holding the
-message, so a second run needs neither the import nor the database load. The key holds the
-aiconfigurator version: another release starts a fresh cache.
-"""
+Caching: a handle per (model, system, backend, shape, precision) stays in memory; each shape's grid is an ``.npz`` under
+``$XDG_CACHE_HOME/megatron-layout-tuner/rl/`` (``MLT_CACHE_DIR`` overrides), a shape without data a ``.nodata.txt`` with
+the message; the key holds the aiconfigurator version."""
 
 from __future__ import annotations
 
@@ -150,10 +141,9 @@ class EngineShape:
 # --------------------------------------------------------------------------- latency table
 
 
-#: Grids of the latency tables: running sequences per engine (per attention-DP rank) and
-#: mean context length (tokens). Between grid points the latency is interpolated linearly
-#: (decode cost is close to linear in both: weights are read once per iteration, KV bytes
-#: grow with n x c).
+#: Grids of the latency tables: running sequences per engine (per attention-DP rank) and mean context length (tokens).
+#: Between grid points the latency is interpolated linearly (decode cost is close to linear in both: weights are read
+#: once per iteration, KV bytes grow with n x c).
 SEQ_GRID = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 CTX_GRID = (64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 PREFILL_GRID = (64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -163,10 +153,9 @@ PREFILL_GRID = (64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 class LatencyTable:
     """Per-iteration latency of one engine on grids (seconds).
 
-    ``decode`` has shape ``(len(seqs), len(ctx))``: one decode iteration of ``seqs[i]``
-    sequences per attention-DP rank at mean context ``ctx[j]`` tokens. ``prefill`` has
-    shape ``(len(prefill_tokens),)``: the prefill of that many prompt tokens in one
-    iteration. ``attention_dp`` ranks split the running sequences.
+    ``decode`` has shape ``(len(seqs), len(ctx))``: one decode iteration of ``seqs[i]`` sequences per attention-DP rank
+    at mean context ``ctx[j]`` tokens. ``prefill`` has shape ``(len(prefill_tokens),)``: the prefill of that many prompt
+    tokens in one iteration. ``attention_dp`` ranks split the running sequences.
     """
 
     seqs: _FLOAT
@@ -176,12 +165,14 @@ class LatencyTable:
     prefill: _FLOAT
     attention_dp: int = 1
     source: str = ""
-    _grid: tuple[tuple[float, ...], tuple[float, ...], tuple[tuple[float, ...], ...]] = field(init=False, repr=False, compare=False)
+    _grid: tuple[tuple[float, ...], tuple[float, ...], tuple[tuple[float, ...], ...]] = field(init=False, repr=False,
+                                                                                              compare=False)
     """``(seqs, ctx, decode rows)`` as Python floats: :meth:`decode_s` is called once per simulator
     event (about 10^5 times per ``tune rl``), where numpy's per-call overhead on scalars dominates."""
 
     def __post_init__(self) -> None:
-        grid = (tuple(map(float, self.seqs)), tuple(map(float, self.ctx)), tuple(tuple(map(float, row)) for row in np.asarray(self.decode)))
+        grid = (tuple(map(float, self.seqs)), tuple(map(float, self.ctx)),
+                tuple(tuple(map(float, row)) for row in np.asarray(self.decode)))
         object.__setattr__(self, "_grid", grid)
 
     def decode_s(self, num_seqs: float, ctx_len: float) -> float:
@@ -236,12 +227,14 @@ class LatencyTable:
 
     def scaled(self, factor: float) -> LatencyTable:
         """Every latency times ``factor`` (a per-cluster calibration or the eager-mode penalty)."""
-        return LatencyTable(self.seqs, self.ctx, self.decode * factor, self.prefill_tokens, self.prefill * factor, self.attention_dp, self.source)
+        return LatencyTable(self.seqs, self.ctx, self.decode * factor, self.prefill_tokens, self.prefill * factor,
+                            self.attention_dp, self.source)
 
 
 def _ctx_grid(max_ctx: int) -> _FLOAT:
     g = [c for c in CTX_GRID if c < max_ctx]
-    return np.asarray([*g, max(max_ctx, 2 * g[-1] if g else 128)], dtype=float) if g else np.asarray([32.0, float(max(max_ctx, 64))])
+    return np.asarray([*g, max(max_ctx, 2 * g[-1] if g else 128)],
+                      dtype=float) if g else np.asarray([32.0, float(max(max_ctx, 64))])
 
 
 # --------------------------------------------------------------------------- aiconfigurator adapter
@@ -279,26 +272,24 @@ AIC_SYSTEMS: dict[str, str] = {
 def aic_model_name(model: str) -> str:
     """aiconfigurator's model id for our preset ``model``.
 
-    Raises:
-        TunerError: a model aiconfigurator has no configuration for (the supported ones listed).
-    """
+    Raises TunerError: a model aiconfigurator has no configuration for (the supported ones listed)."""
     for k, v in AIC_MODELS.items():
         if k.lower() == model.lower():
             return v
-    raise EngineDataError(f"--model {model!r}: aiconfigurator {AIC_VERSION} has no engine data for it; supported: {', '.join(AIC_MODELS)}")
+    raise EngineDataError(f"--model {model!r}: aiconfigurator {AIC_VERSION} has no engine data for it; supported: "
+                          f"{', '.join(AIC_MODELS)}")
 
 
 def aic_system_name(gpu: str, engine: Engine) -> str:
     """aiconfigurator's system for our GPU name, checked to have data for ``engine``.
 
-    Raises:
-        TunerError: a GPU without aiconfigurator data for that engine (the supported ones listed).
-    """
+    Raises TunerError: a GPU without aiconfigurator data for that engine (the supported ones listed)."""
     system = AIC_SYSTEMS.get(gpu.upper() if gpu.upper() in AIC_SYSTEMS else gpu)
     supported = _systems_with_data(engine)
     if system is None or (supported is not None and system not in supported):
         have = sorted(k for k, v in AIC_SYSTEMS.items() if supported is None or v in supported)
-        raise EngineDataError(f"--gpus {gpu}: aiconfigurator {AIC_VERSION} has no {engine} data for it; GPUs with {engine} data: {', '.join(have)}")
+        raise EngineDataError(f"--gpus {gpu}: aiconfigurator {AIC_VERSION} has no {engine} data for it; GPUs with "
+                              f"{engine} data: {', '.join(have)}")
     return system
 
 
@@ -312,7 +303,8 @@ def _systems_with_data(engine: Engine) -> set[str] | None:
 
 
 def cache_dir() -> Path:
-    """Where latency tables are cached (``MLT_CACHE_DIR``, else ``$XDG_CACHE_HOME`` or ``~/.cache``, plus ``megatron-layout-tuner/rl``)."""
+    """Where latency tables are cached (``MLT_CACHE_DIR``, else ``$XDG_CACHE_HOME`` or ``~/.cache``, plus
+    ``megatron-layout-tuner/rl``)."""
     env = os.environ.get("MLT_CACHE_DIR")
     if env:
         return Path(env)
@@ -323,9 +315,7 @@ def cache_dir() -> Path:
 def _require_aiconfigurator() -> Any:
     """Import aiconfigurator's engine module.
 
-    Raises:
-        TunerError: aiconfigurator is not installed (names the ``rl`` extra).
-    """
+    Raises TunerError: aiconfigurator is not installed (names the ``rl`` extra)."""
     try:
         return importlib.import_module("aiconfigurator_core.sdk.engine")
     except ImportError:
@@ -340,7 +330,8 @@ _BF16 = "bfloat16"
 
 
 def _checkpoint_quant(model_id: str) -> str | None:
-    """``quantization_config.quant_method`` of the configuration aiconfigurator bundles for ``model_id`` (None: BF16 or not found)."""
+    """``quantization_config.quant_method`` of the configuration aiconfigurator bundles for ``model_id`` (None: BF16 or
+    not found)."""
     spec = importlib.util.find_spec("aiconfigurator_core")
     if spec is None or spec.origin is None:
         return None
@@ -361,22 +352,17 @@ def _has_bundled_config(model_id: str) -> bool:
 
 
 def aic_model_for_precision(model: str, precision: GenerationPrecision) -> tuple[str, dict[str, str]]:
-    """aiconfigurator's model id and the quantisation keyword arguments of ``EngineHandle.compile`` for ``precision``.
+    """aiconfigurator's model id and the quantisation keyword arguments of ``EngineHandle.compile`` for ``precision``:
+    BF16 sets all four modes to ``bfloat16``; FP8 uses the bundled ``<id>-FP8`` configuration (Qwen3), else the base id
+    of an FP8 checkpoint, GEMM and MoE modes left to aiconfigurator (``fp8_block``), KV cache and attention BF16;
+    ``checkpoint`` the base id whatever its quantisation.
 
-    BF16 sets all four modes to ``bfloat16`` (else aiconfigurator takes the checkpoint's own:
-    FP8 blocks for DeepSeek-V3). FP8 uses the ``<id>-FP8`` configuration when aiconfigurator bundles
-    one (Qwen3), else the base id when its checkpoint is FP8 itself; GEMM and MoE modes are then left
-    to aiconfigurator's inference from that configuration (``fp8_block``), the KV cache and attention
-    BF16 (vLLM's ``kv_cache_dtype: auto`` of a BF16-activation model). ``checkpoint`` does the same
-    with the base id whatever its quantisation.
-
-    Raises:
-        TunerError: an unsupported model (the supported ones listed), or ``fp8`` for a model without
-            an FP8 checkpoint configuration in aiconfigurator.
-    """
+    Raises TunerError: an unsupported model (the supported ones listed), or ``fp8`` for a model without an FP8
+    configuration in aiconfigurator."""
     model_id = aic_model_name(model)
     if precision == GenerationPrecision.bf16:
-        return model_id, {"gemm_quant_mode": _BF16, "moe_quant_mode": _BF16, "kvcache_quant_mode": _BF16, "fmha_quant_mode": _BF16}
+        return model_id, {"gemm_quant_mode": _BF16, "moe_quant_mode": _BF16, "kvcache_quant_mode": _BF16,
+                          "fmha_quant_mode": _BF16}
     attn = {"kvcache_quant_mode": _BF16, "fmha_quant_mode": _BF16}
     if precision == GenerationPrecision.fp8:
         if _has_bundled_config(model_id + "-FP8"):
@@ -392,10 +378,9 @@ def aic_model_for_precision(model: str, precision: GenerationPrecision) -> tuple
 def weight_bytes_per_param(model: str, precision: GenerationPrecision) -> tuple[float, float]:
     """Bytes per parameter of the engine's ``(dense, expert)`` weights at ``precision``.
 
-    BF16 2; FP8 blocks 1 (one FP32 scale per 128 x 128 block: +0.02 %, left out); MXFP4 experts
-    0.53 (4 bits plus one E8M0 scale per 32 values, OCP MX spec v1.0), their attention and dense
-    layers BF16 (gpt-oss). ``checkpoint`` reads the quantisation of the configuration aiconfigurator
-    bundles; without aiconfigurator installed it is taken as BF16.
+    BF16 2; FP8 blocks 1 (one FP32 scale per 128 x 128 block: +0.02 %, left out); MXFP4 experts 0.53 (4 bits plus one
+    E8M0 scale per 32 values, OCP MX spec v1.0), their attention and dense layers BF16 (gpt-oss). ``checkpoint`` reads
+    the quantisation of the configuration aiconfigurator bundles; without aiconfigurator installed it is taken as BF16.
     """
     if precision == GenerationPrecision.bf16:
         return 2.0, 2.0
@@ -428,8 +413,10 @@ def _handle(model_id: str, system: str, backend: str, shape: EngineShape, quant:
             moe_ep_size=shape.ep,
             **dict(quant),
         )
-    except Exception as e:  # aiconfigurator raises its own error types (and ValueError / KeyError) for unsupported cases
-        raise TunerError(f"aiconfigurator {AIC_VERSION} cannot build a {backend} engine of {model_id} on {system} at {shape.label}: {e}") from None
+    # aiconfigurator raises its own error types (and ValueError / KeyError) for unsupported cases
+    except Exception as e:
+        raise TunerError(f"aiconfigurator {AIC_VERSION} cannot build a {backend} engine of {model_id} on {system} at "
+                         f"{shape.label}: {e}") from None
 
 
 def aiconfigurator_latency_table(
@@ -442,27 +429,17 @@ def aiconfigurator_latency_table(
     precision: GenerationPrecision = GenerationPrecision.bf16,
     use_cache: bool = True,
 ) -> LatencyTable:
-    """The latency grid of one engine shape from aiconfigurator (cached on disk and in memory).
+    """The latency grid of one engine shape from aiconfigurator, cached on disk (``use_cache``) and in memory: decode
+    ``EngineHandle.decode_step_latency(n, c, 2)`` (ms; ``isl = c``, its ``isl + osl/2`` being the mean KV length),
+    prefill ``predict_prefill_latency(1, t)`` (ms), up to ``max_ctx`` tokens (prompt + response). ``model`` and ``gpu``
+    are our preset names (``MiniMax-M3``, ``H200``).
 
-    Decode: ``EngineHandle.decode_step_latency(n, c, 2)`` (ms; its ``isl + osl/2`` is the
-    mean KV length, so ``isl = c``); prefill: ``predict_prefill_latency(1, t)`` (ms).
-
-    Args:
-        model: our model preset name (``MiniMax-M3``).
-        gpu: our GPU name (``H200``).
-        engine: vLLM or SGLang.
-        shape: the engine's parallel shape.
-        max_ctx: longest context the engine serves (tokens): prompt + response.
-        precision: the engine's weight precision (:class:`GenerationPrecision`).
-        use_cache: read and write the on-disk cache.
-
-    Raises:
-        TunerError: an unsupported model or GPU (the supported ones named), aiconfigurator
-            not installed (the ``rl`` extra named), or a shape / precision it has no data for.
-    """
+    Raises TunerError: an unsupported model or GPU (the supported ones named), aiconfigurator not installed (the ``rl``
+    extra named), or a shape / precision it has no data for."""
     precision = GenerationPrecision(precision)
     model_id, quant_kw = aic_model_for_precision(model, precision)
-    key = json.dumps([AIC_VERSION, model_id, gpu, str(engine), shape.tp, shape.pp, shape.ep, shape.attention_dp, max_ctx, str(precision)])
+    key = json.dumps([AIC_VERSION, model_id, gpu, str(engine), shape.tp, shape.pp, shape.ep, shape.attention_dp,
+                      max_ctx, str(precision)])
     path = cache_dir() / f"aic-{hashlib.sha256(key.encode()).hexdigest()[:20]}.npz"
     missing = path.with_name(path.stem + ".nodata.txt")
     if use_cache:
@@ -481,7 +458,10 @@ def aiconfigurator_latency_table(
     source = ""
     # Experts tensor-parallel over the engine (ep < tp x dp) lack MoE tables for many models in 0.12.0;
     # the same experts spread by EP over the same GPUs is the stand-in (equal expert bytes per GPU).
-    tries = [shape] if shape.ep == shape.tp * shape.attention_dp else [shape, EngineShape(tp=shape.tp, pp=shape.pp, ep=shape.tp * shape.attention_dp, attention_dp=shape.attention_dp)]
+    tries = [shape] if shape.ep == shape.tp * shape.attention_dp else [shape,
+                                                                       EngineShape(tp=shape.tp, pp=shape.pp,
+                                                                                   ep=shape.tp * shape.attention_dp,
+                                                                                   attention_dp=shape.attention_dp)]
     first_error = ""
     for s in tries:
         try:
@@ -498,19 +478,24 @@ def aiconfigurator_latency_table(
             first_error = first_error or _collapse_repeats(str(e))[:200]
     else:
         hint = ""
-        if precision == GenerationPrecision.bf16 and "MoE data missing" in first_error and _checkpoint_quant(model_id) == "fp8":
+        if (precision == GenerationPrecision.bf16 and "MoE data missing" in first_error
+                and _checkpoint_quant(model_id) == "fp8"):
             hint = (
-                f" [{model_id}'s own checkpoint is FP8 and aiconfigurator times its experts only as FP8 blocks: a run that generated in FP8 "
-                "is predicted with generation precision fp8; a BF16 run is not predicted, as FP8 timing would understate BF16 decode "
-                "(its expert weights are twice the bytes)]"
+                f" [{model_id}'s own checkpoint is FP8 and aiconfigurator times its experts only as FP8 blocks: a run "
+                "that generated in FP8 "
+                "is predicted with generation precision fp8; a BF16 run is not predicted, as FP8 timing would "
+                "understate BF16 decode (its expert weights are twice the bytes)]"
             )
-        message = f"aiconfigurator {AIC_VERSION} has no {precision} {engine} data for {model_id} on {system} at {shape.label}: {first_error}{hint}"
+        message = (f"aiconfigurator {AIC_VERSION} has no {precision} {engine} data for {model_id} on {system} at "
+                   f"{shape.label}: {first_error}{hint}")
         if use_cache:
             _write_text(missing, message)
         raise TunerError(message)
     if not (np.all(np.isfinite(dec)) and np.all(dec > 0) and np.all(np.isfinite(pre))):
-        raise TunerError(f"aiconfigurator {AIC_VERSION} returned no latency for {model_id} on {system} {engine} at {shape.label}")
-    table = LatencyTable(seqs, ctx, dec, pt, pre, shape.attention_dp, f"aiconfigurator {AIC_VERSION} {system} {engine} {model_id} {precision} {shape.label}{source}")
+        raise TunerError(f"aiconfigurator {AIC_VERSION} returned no latency for {model_id} on {system} {engine} at "
+                         f"{shape.label}")
+    table = LatencyTable(seqs, ctx, dec, pt, pre, shape.attention_dp,
+                         f"aiconfigurator {AIC_VERSION} {system} {engine} {model_id} {precision} {shape.label}{source}")
     if use_cache:
         _write_cached(path, table)
     return table
@@ -519,7 +504,8 @@ def aiconfigurator_latency_table(
 def _read_cached(path: Path) -> LatencyTable | None:
     try:
         with np.load(path, allow_pickle=False) as z:
-            return LatencyTable(z["seqs"], z["ctx"], z["decode"], z["prefill_tokens"], z["prefill"], int(z["attention_dp"]), str(z["source"]))
+            return LatencyTable(z["seqs"], z["ctx"], z["decode"], z["prefill_tokens"], z["prefill"],
+                                int(z["attention_dp"]), str(z["source"]))
     except (OSError, KeyError, ValueError):
         return None
 
@@ -538,7 +524,8 @@ def _write_cached(path: Path, t: LatencyTable) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
-        np.savez(tmp, seqs=t.seqs, ctx=t.ctx, decode=t.decode, prefill_tokens=t.prefill_tokens, prefill=t.prefill, attention_dp=t.attention_dp, source=t.source)
+        np.savez(tmp, seqs=t.seqs, ctx=t.ctx, decode=t.decode, prefill_tokens=t.prefill_tokens, prefill=t.prefill,
+                 attention_dp=t.attention_dp, source=t.source)
         tmp.replace(path)
     except OSError:
         pass  # a read-only home: the table is recomputed next time

@@ -1,4 +1,5 @@
-"""Layout strings of RL plans: ``megatron:tp=2,cp=2,ep=16,pp=8,vpp=1``, ``automodel:cp=8,ep=128``, ``vllm:tp=16,ep=16,pp=1``."""
+"""Layout strings of RL plans: ``megatron:tp=2,cp=2,ep=16,pp=8,vpp=1``, ``automodel:cp=8,ep=128``,
+``vllm:tp=16,ep=16,pp=1``."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ class TrainerLayout:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EngineLayout:
-    """A rollout layout string parsed: ``vllm:tp=16,ep=16,pp=1[,dp=..][,gpu_memory_utilization=..][,enforce_eager=0|1][,max_num_seqs=..]``."""
+    """A rollout layout string parsed:
+    ``vllm:tp=16,ep=16,pp=1[,dp=..][,gpu_memory_utilization=..][,enforce_eager=0|1][,max_num_seqs=..]``."""
 
     engine: Engine
     shape: EngineShape
@@ -61,31 +63,30 @@ def _int(v: float, key: str, text: str, what: str) -> int:
 def parse_trainer_layout(text: str, what: str = "trainer_layout") -> TrainerLayout:
     """Parse a trainer layout string.
 
-    Raises:
-        TunerError: an unknown backend or key, or a non-integer degree.
-    """
+    Raises TunerError: an unknown backend or key, or a non-integer degree."""
     kind, kv = _kv(text, what, ("tp", "cp", "ep", "pp", "vpp"))
     try:
         backend = TrainerBackend(kind)
     except ValueError:
-        raise TunerError(f"{what} {text!r}: backend {kind!r} unknown; accepted: {', '.join(b.value for b in TrainerBackend)}") from None
+        raise TunerError(f"{what} {text!r}: backend {kind!r} unknown; accepted: "
+                         f"{', '.join(b.value for b in TrainerBackend)}") from None
     d = {k: _int(v, k, text, what) for k, v in kv.items()}
     if backend == TrainerBackend.automodel and (d.get("tp", 1) > 1 or d.get("pp", 1) > 1):
-        raise TunerError(f"{what} {text!r}: the AutoModel backend is modelled with CP and EP only (tp = pp = 1, its validated scope)")
+        raise TunerError(f"{what} {text!r}: the AutoModel backend is modelled with CP and EP only (tp = pp = 1, its "
+                         "validated scope)")
     return TrainerLayout(backend=backend, **d)
 
 
 def parse_engine_layout(text: str, what: str = "rollout_layout") -> EngineLayout:
     """Parse a rollout layout string.
 
-    Raises:
-        TunerError: an unknown engine or key, a bad value, or a shape whose EP does not divide its ranks.
-    """
+    Raises TunerError: an unknown engine or key, a bad value, or a shape whose EP does not divide its ranks."""
     kind, kv = _kv(text, what, ("tp", "ep", "pp", "dp", "gpu_memory_utilization", "enforce_eager", "max_num_seqs"))
     try:
         engine = Engine(kind)
     except ValueError:
-        raise TunerError(f"{what} {text!r}: engine {kind!r} unknown; accepted: {', '.join(e.value for e in Engine)}") from None
+        accepted = ", ".join(e.value for e in Engine)
+        raise TunerError(f"{what} {text!r}: engine {kind!r} unknown; accepted: {accepted}") from None
     tp = _int(kv.get("tp", 1), "tp", text, what)
     ep = _int(kv.get("ep", 1), "ep", text, what)
     pp = _int(kv.get("pp", 1), "pp", text, what)

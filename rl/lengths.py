@@ -1,10 +1,9 @@
 """Response-length distributions of a rollout: from a mean and a maximum, or from a histogram file.
 
-A rollout's generation time is set by its longest responses (the tail), not by the mean:
-every engine runs until its last sequence ends. A distribution here is a sorted array of
-support points (tokens) with probabilities; :meth:`LengthDistribution.draw` gives n
-lengths at the quantiles ``(i + 0.5) / n`` (stratified, deterministic), shuffled with a
-fixed seed, so one prediction is repeatable and its tail is the distribution's.
+A rollout's generation time is set by its longest responses (the tail), not by the mean: every engine runs until its
+last sequence ends. A distribution here is a sorted array of support points (tokens) with probabilities;
+:meth:`LengthDistribution.draw` gives n lengths at the quantiles ``(i + 0.5) / n`` (stratified, deterministic), shuffled
+with a fixed seed, so one prediction is repeatable and its tail is the distribution's.
 """
 
 from __future__ import annotations
@@ -20,21 +19,14 @@ import numpy.typing as npt
 from scipy import special
 
 from specs.errors import TunerError
-from specs.files import MAX_DATA_BYTES, parse_errors, read_user_text
-
-#: Bounds of a ``--response-lengths`` histogram: a count of one length (responses) and a length (tokens). Far above any
-#: run's (an RL run logs millions of responses; lengths above ``--response-len`` are cut to it anyway), low enough that
-#: sums and the int64 lengths stay exact.
-MAX_RESPONSES = 10**12
-MAX_RESPONSE_LEN = 2**31
+from specs.files import parse_errors, read_user_text
 
 __all__ = ["DEFAULT_GAMMA_SHAPE", "LengthDistribution"]
 
-#: Shape k of the gamma body of a response-length distribution given only its mean and
-#: maximum. k = 2 gives a coefficient of variation of 1/sqrt(2) = 0.71 before truncation,
-#: the spread of GRPO math responses (DAPO, arXiv 2503.14476, Fig. 7's response-length
-#: curves: mean ~0.5 of the cap with a long right tail reaching it). An assumption, not a
-#: fit; give ``--response-lengths FILE`` with a histogram from a previous run to replace it.
+#: Shape k of the gamma body of a response-length distribution given only its mean and maximum. k = 2 gives a
+#: coefficient of variation of 1/sqrt(2) = 0.71 before truncation, the spread of GRPO math responses (DAPO, arXiv
+#: 2503.14476, Fig. 7's response-length curves: mean ~0.5 of the cap with a long right tail reaching it). An assumption,
+#: not a fit; give ``--response-lengths FILE`` with a histogram from a previous run to replace it.
 DEFAULT_GAMMA_SHAPE = 2.0
 
 #: Support points used to discretise a parametric distribution.
@@ -45,8 +37,7 @@ _GRID = 4096
 class LengthDistribution:
     """A discrete distribution of response lengths (tokens).
 
-    ``lengths`` (shape ``(m,)``, sorted, integers >= 1) and ``probs`` (shape ``(m,)``,
-    summing to 1).
+    ``lengths`` (shape ``(m,)``, sorted, integers >= 1) and ``probs`` (shape ``(m,)``, summing to 1).
     """
 
     lengths: npt.NDArray[np.int64]
@@ -72,9 +63,7 @@ class LengthDistribution:
     def draw(self, n: int, *, seed: int = 0) -> npt.NDArray[np.int64]:
         """``n`` lengths at the quantiles ``(i + 0.5) / n``, shuffled with ``seed``.
 
-        Returns:
-            Shape ``(n,)`` int64 array of tokens.
-        """
+        Returns: Shape ``(n,)`` int64 array of tokens."""
         if n <= 0:
             return np.zeros(0, dtype=np.int64)
         cdf = np.cumsum(self.probs)
@@ -95,21 +84,14 @@ class LengthDistribution:
 
     @classmethod
     def from_mean_max(
-        cls, mean: float, max_len: int, *, shape: float = DEFAULT_GAMMA_SHAPE, names: tuple[str, str] = ("--mean-response-len", "--response-len")
+        cls, mean: float, max_len: int, *, shape: float = DEFAULT_GAMMA_SHAPE,
+        names: tuple[str, str] = ("--mean-response-len", "--response-len")
     ) -> LengthDistribution:
-        """A gamma(``shape``) body truncated at ``max_len``, scaled so the truncated mean is ``mean``.
+        """A gamma(``shape``) body truncated at ``max_len`` (its mass above put on ``max_len``), scaled by bisection so
+        that ``E[min(X, L)] = k theta P(k+1, L/theta) + L (1 - P(k, L/theta)) = mean`` (P the regularised lower
+        incomplete gamma). ``names`` are the options the mean and maximum came from, for the errors.
 
-        Truncation puts the gamma's mass above ``max_len`` on ``max_len`` itself (responses
-        cut at ``max_new_tokens``). The scale theta solves
-        ``E[min(X, L)] = k theta P(k+1, L/theta) + L (1 - P(k, L/theta)) = mean``
-        (P the regularised lower incomplete gamma function), found by bisection.
-
-        ``names`` are the options the mean and the maximum came from, for the errors
-        (``("--mean-prompt-len", "--prompt-len")`` for prompts).
-
-        Raises:
-            TunerError: ``max_len < 1`` or ``mean`` not in ``(0, max_len)``.
-        """
+        Raises TunerError: ``max_len < 1`` or ``mean`` not in ``(0, max_len)``."""
         mean_name, max_name = names
         if max_len < 1:
             raise TunerError(f"{max_name} {max_len}: must be at least 1")
@@ -131,24 +113,20 @@ class LengthDistribution:
         u = (np.arange(_GRID) + 0.5) / _GRID
         x = np.minimum(np.ceil(special.gammaincinv(shape, u) * theta), max_len).clip(1, max_len).astype(np.int64)
         uniq, counts = np.unique(x, return_counts=True)
-        return cls(uniq, counts / counts.sum(), f"gamma(k={shape:g}) with mean {mean:,.0f}, max {max_len:,} (assumed shape)")
+        return cls(uniq, counts / counts.sum(),
+                   f"gamma(k={shape:g}) with mean {mean:,.0f}, max {max_len:,} (assumed shape)")
 
     @classmethod
     def from_file(cls, path: str | Path, *, max_len: int | None = None) -> LengthDistribution:
-        """A histogram from a previous run.
+        """A histogram from a previous run: a CSV with a length column (``response_len``, ``length`` or ``tokens``) and
+        an optional ``count``; a JSON list of lengths or ``{"lengths": [...], "counts": [...]}``; or one length per
+        line. Lengths above ``max_len`` are cut to it.
 
-        Accepted formats: a CSV with a header naming a length column (``response_len``,
-        ``length`` or ``tokens``) and optionally a ``count`` column; a JSON list of lengths;
-        a JSON object ``{"lengths": [...], "counts": [...]}``; or plain text with one length
-        per line. Lengths above ``max_len`` are cut to it.
-
-        Raises:
-            TunerError: unreadable file, an unknown format, or a length that is not a
-                positive integer (row named).
+        Raises TunerError: unreadable file, an unknown format, or a length that is not a positive integer (row named).
         """
         p = Path(path)
         where = f"--response-lengths {str(p)!r}"
-        text = read_user_text(p, where, "a table or list of response lengths", limit=MAX_DATA_BYTES)
+        text = read_user_text(p, where, "a table or list of response lengths")
         lengths: list[float] = []
         counts: list[float] = []
         stripped = text.lstrip()
@@ -169,24 +147,28 @@ class LengthDistribution:
             header = [h.strip().lower() for h in (rows[0].keys() if rows else [])]
             lcol = next((h for h in ("response_len", "length", "tokens", "response_length") if h in header), None)
             if lcol is None:
-                raise TunerError(f"{where}: the CSV header needs a length column (response_len, length or tokens); found {', '.join(header)}")
+                raise TunerError(f"{where}: the CSV header needs a length column (response_len, length or tokens); "
+                                 f"found {', '.join(header)}")
             for i, r in enumerate(rows, start=2):
                 rr = {k.strip().lower(): (v or "").strip() for k, v in r.items()}
                 try:
                     lengths.append(float(rr[lcol]))
                     counts.append(float(rr.get("count") or 1))
                 except ValueError:
-                    raise TunerError(f"{where}: row {i}: {lcol}={rr[lcol]!r} / count={rr.get('count')!r} is not a number") from None
+                    raise TunerError(f"{where}: row {i}: {lcol}={rr[lcol]!r} / count={rr.get('count')!r} is not a "
+                                     "number") from None
         else:
             for i, line in enumerate(text.splitlines(), start=1):
                 if line.strip():
                     try:
                         lengths.append(float(line.strip()))
                     except ValueError:
-                        raise TunerError(f"{where}: line {i}: {line.strip()!r} is not a length (one integer per line)") from None
+                        raise TunerError(f"{where}: line {i}: {line.strip()!r} is not a length (one integer per "
+                                         "line)") from None
                     counts.append(1.0)
         if not lengths or len(lengths) != len(counts):
-            raise TunerError(f"{where}: no lengths found (a CSV response_len,count, a JSON list, or one length per line)")
+            raise TunerError(f"{where}: no lengths found (a CSV response_len,count, a JSON list, or one length per "
+                             "line)")
         try:
             arr = np.asarray(lengths, dtype=float)
             cnt = np.asarray(counts, dtype=float)
@@ -194,16 +176,14 @@ class LengthDistribution:
             raise TunerError(f"{where}: lengths and counts must be numbers") from None
         if arr.ndim != 1 or cnt.ndim != 1 or not (np.all(np.isfinite(arr)) and np.all(np.isfinite(cnt))):
             raise TunerError(f"{where}: lengths and counts must be finite numbers (nan, inf or a nested list found)")
-        if np.any(cnt > MAX_RESPONSES) or np.any(arr > MAX_RESPONSE_LEN):  # before any sum: 1e308 + 1e308 overflows
-            raise TunerError(f"{where}: counts up to {MAX_RESPONSES:,} and lengths up to {MAX_RESPONSE_LEN:,} tokens are accepted "
-                             f"(got a count of {cnt.max():.4g}, a length of {arr.max():.4g})")
         if np.any(arr < 1) or np.any(arr != np.round(arr)) or np.any(cnt < 0) or cnt.sum() <= 0:
             raise TunerError(f"{where}: lengths must be positive integers and counts non-negative")
         dist = cls._from_counts(arr.astype(np.int64), cnt, f"histogram {p.name} ({int(cnt.sum()):,} responses)")
         return dist.capped(max_len) if max_len is not None else dist
 
     @classmethod
-    def _from_counts(cls, lengths: npt.NDArray[np.int64], counts: npt.NDArray[np.float64], source: str) -> LengthDistribution:
+    def _from_counts(cls, lengths: npt.NDArray[np.int64], counts: npt.NDArray[np.float64],
+                     source: str) -> LengthDistribution:
         uniq, inv = np.unique(lengths, return_inverse=True)
         w = np.bincount(inv, weights=counts, minlength=len(uniq))
         return cls(uniq.astype(np.int64), w / w.sum(), source)

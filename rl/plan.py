@@ -1,15 +1,13 @@
 """RL plans: split the GPUs between trainer and engines, shape the engines, lay out the trainer, rank.
 
-A plan (:class:`PlanChoice`) fixes: colocated or not; the rollout GPUs (whole nodes) and
-the trainer GPUs; the engine shape (TP, EP, attention-DP, PP), ``gpu_memory_utilization``
-(the KV memory fraction), ``max_num_seqs`` and eager mode vs CUDA graphs; the trainer
-backend; the async depth K. :func:`evaluate` predicts its step time and parts;
+A plan (:class:`PlanChoice`) fixes: colocated or not; the rollout GPUs (whole nodes) and the trainer GPUs; the engine
+shape (TP, EP, attention-DP, PP), ``gpu_memory_utilization`` (the KV memory fraction), ``max_num_seqs`` and eager mode
+vs CUDA graphs; the trainer backend; the async depth K. :func:`evaluate` predicts its step time and parts;
 :func:`enumerate_plans` walks every plan that fits and ranks them.
 
-Generation is simulated (:mod:`rl.simulator`) over the job's response-length
-distribution with each engine's per-iteration latency; training and log-probs come from
-the project's estimate (:mod:`rl.trainer`); refit and switch from
-:mod:`rl.refit`; they combine by :mod:`rl.step`.
+Generation is simulated (:mod:`rl.simulator`) over the job's response-length distribution with each engine's
+per-iteration latency; training and log-probs come from the project's estimate (:mod:`rl.trainer`); refit and switch
+from :mod:`rl.refit`; they combine by :mod:`rl.step`.
 """
 
 from __future__ import annotations
@@ -22,7 +20,15 @@ import numpy as np
 import numpy.typing as npt
 
 from rl.calibration import DEFAULT_RL_CALIBRATION, RLCalibration
-from rl.engine import Engine, EngineDataError, EngineShape, GenerationPrecision, LatencyTable, aiconfigurator_latency_table, weight_bytes_per_param
+from rl.engine import (
+    Engine,
+    EngineDataError,
+    EngineShape,
+    GenerationPrecision,
+    LatencyTable,
+    aiconfigurator_latency_table,
+    weight_bytes_per_param,
+)
 from rl.layouts import TrainerLayout
 from rl.lengths import LengthDistribution
 from rl.refit import refit_s, switch_s
@@ -31,12 +37,9 @@ from rl.step import StepParts, compose_step
 from rl.trainer import TrainerBackend, TrainerPlan, best_trainer, rl_workload, trainer_for_layout
 from specs import GIB, Cluster, ModelSpec, Precision, Workload
 from specs.errors import TunerError
-from specs.workload import MAX_SEQ_LENGTH
 
 __all__ = [
     "MAX_ASYNC_STEPS",
-    "MAX_SEQUENCES_PER_STEP",
-    "MAX_SWEEP_SEQUENCES",
     "Framework",
     "LatencyProvider",
     "PlanChoice",
@@ -77,19 +80,10 @@ CUDA_GRAPH_BYTES = 1.5 * GIB
 #: vLLM's KV block size default (``CacheConfig.block_size``).
 BLOCK_SIZE = 16
 
-#: Most sequences (prompts x generations) one step may hold: twice DAPO's 512 prompts x 16
-#: (arXiv 2503.14476); the rollout simulation's time grows with it (16,384 takes about 40 s to
-#: plan on 8 or 32 H200 nodes).
-MAX_SEQUENCES_PER_STEP = 16_384
 #: Deepest async depth K (steps of off-policyness) a plan search sweeps. NeMo-RL's
 #: ``grpo.async_grpo.max_trajectory_age_steps`` defaults to 1 and its recipes use 1-2; the
 #: deepest published run (``benchmarks/data/rl_runs.csv``) is 8-off.
 MAX_ASYNC_STEPS = 8
-#: Most sequences an async sweep 0..K simulates: depth k queues k + 1 steps, so the sweep
-#: simulates ``prompts x generations x (K + 1)(K + 2) / 2`` per engine configuration. The bound
-#: admits every published run (64 x 32 at K = 8: 92,160), whose plan takes 100 s on 8x8xH200 and
-#: 170 s on 32x8xH200 (a 2-core machine): the search stays minutes, never unbounded.
-MAX_SWEEP_SEQUENCES = 98_304
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -123,34 +117,30 @@ class RLJob:
         for f in ("prompt_len", "response_len", "prompts_per_step", "generations_per_prompt"):
             if getattr(self, f) < 1:
                 raise TunerError(f"--{f.replace('_', '-')} {getattr(self, f)}: must be at least 1")
-        longest = max(self.prompt_len + self.response_len, self.max_seq_len)
-        if longest > MAX_SEQ_LENGTH:  # the trainer's sequence (specs.Workload's bound), said in this command's options
-            raise TunerError(f"--prompt-len {self.prompt_len:,} + --response-len {self.response_len:,}"
-                             + (f" (or --max-seq-len {self.max_seq_len:,})" if self.max_seq_len else "")
-                             + f": a sequence of at most {MAX_SEQ_LENGTH:,} tokens is accepted")
         if not (0 < self.mean_prompt_len <= self.prompt_len):
-            raise TunerError(f"--mean-prompt-len {self.mean_prompt_len:g}: must be above 0 and at most --prompt-len {self.prompt_len:,}")
-        if self.sequences > MAX_SEQUENCES_PER_STEP:
-            raise TunerError(
-                f"--prompts-per-step {self.prompts_per_step:,} x --generations-per-prompt {self.generations_per_prompt:,} = {self.sequences:,} sequences per step; "
-                f"accepted: at most {MAX_SEQUENCES_PER_STEP:,} (e.g. 1,024 prompts x 16; DAPO samples 512 x 16 = 8,192)"
-            )
+            raise TunerError(f"--mean-prompt-len {self.mean_prompt_len:g}: must be above 0 and at most --prompt-len "
+                             f"{self.prompt_len:,}")
         if self.max_seq_len < 0:
-            raise TunerError(f"--max-seq-len {self.max_seq_len}: must be 0 (prompt + response) or longer than --response-len {self.response_len:,}")
+            raise TunerError(f"--max-seq-len {self.max_seq_len}: must be 0 (prompt + response) or longer than "
+                             f"--response-len {self.response_len:,}")
         if self.max_seq_len and self.response_len >= self.max_seq_len:
             raise TunerError(
                 f"--response-len {self.response_len:,} is not shorter than --max-seq-len {self.max_seq_len:,}: "
                 "a response must leave room for its prompt (use a max sequence of at least response + prompt)"
             )
         if self.responses.max > self.response_len:
-            raise TunerError(f"the response lengths reach {self.responses.max:,} tokens, above --response-len {self.response_len:,}")
+            raise TunerError(f"the response lengths reach {self.responses.max:,} tokens, above --response-len "
+                             f"{self.response_len:,}")
         if self.train_global_batch_size < 0:
-            raise TunerError(f"--train-global-batch {self.train_global_batch_size}: must be 0 (all of a step) or a divisor of prompts x generations = {self.sequences}")
+            raise TunerError(f"--train-global-batch {self.train_global_batch_size}: must be 0 (all of a step) or a "
+                             f"divisor of prompts x generations = {self.sequences}")
         if self.train_global_batch_size and self.sequences % self.train_global_batch_size:
-            raise TunerError(f"--train-global-batch {self.train_global_batch_size} must divide prompts x generations = {self.sequences}")
+            raise TunerError(f"--train-global-batch {self.train_global_batch_size} must divide prompts x generations = "
+                             f"{self.sequences}")
         if self.logprob_passes not in (1, 2):
             raise TunerError(
-                f"--logprob-passes {self.logprob_passes}: accepted 1 (the policy's log-probs for the importance ratio) or 2 (and the reference's for KL)"
+                f"--logprob-passes {self.logprob_passes}: accepted 1 (the policy's log-probs for the importance ratio) "
+                "or 2 (and the reference's for KL)"
             )
 
     @property
@@ -161,7 +151,8 @@ class RLJob:
     def workload(self) -> Workload:
         """The trainer's workload of one optimizer step (:func:`~rl.trainer.rl_workload`)."""
         return rl_workload(
-            sequences=self.train_sequences, mean_total_len=self.mean_prompt_len + self.responses.mean, max_total_len=self.max_total_len, precision=self.training_precision
+            sequences=self.train_sequences, mean_total_len=self.mean_prompt_len + self.responses.mean,
+            max_total_len=self.max_total_len, precision=self.training_precision
         )
 
     @property
@@ -251,28 +242,14 @@ class PlanSet:
         return [best[k] for k in sorted(best)]
 
 
-def check_async_steps(job: RLJob, async_steps: int, *, sweep: bool = True) -> None:
-    """Check an async depth K: 0..:data:`MAX_ASYNC_STEPS`; for a plan search, which sweeps 0..K
-    (``sweep``), the sweep's simulated sequences at most :data:`MAX_SWEEP_SEQUENCES` too.
+def check_async_steps(async_steps: int) -> None:
+    """Check an async depth K: 0..:data:`MAX_ASYNC_STEPS`.
 
-    Raises:
-        TunerError: K out of range, or a sweep too large (the deepest K accepted for the job named).
-    """
+    Raises TunerError: K out of range."""
     if not 0 <= async_steps <= MAX_ASYNC_STEPS:
         raise TunerError(
             f"--async-steps {async_steps}: accepted 0..{MAX_ASYNC_STEPS} (steps of off-policyness; "
             f"NeMo-RL's max_trajectory_age_steps defaults to 1)"
-        )
-    if not sweep:
-        return
-    s = job.sequences
-    swept = s * (async_steps + 1) * (async_steps + 2) // 2
-    if swept > MAX_SWEEP_SEQUENCES:
-        deepest = max(k for k in range(MAX_ASYNC_STEPS + 1) if s * (k + 1) * (k + 2) // 2 <= MAX_SWEEP_SEQUENCES or k == 0)
-        raise TunerError(
-            f"--async-steps {async_steps} with --prompts-per-step {job.prompts_per_step:,} x --generations-per-prompt {job.generations_per_prompt:,}: "
-            f"the sweep over depths 0..{async_steps} simulates {s:,} x (1 + ... + {async_steps + 1}) = {swept:,} sequences; "
-            f"accepted: at most {MAX_SWEEP_SEQUENCES:,}, so --async-steps 0..{deepest} for these prompts (or fewer prompts x generations)"
         )
 
 
@@ -285,7 +262,8 @@ def _expert_params(model: ModelSpec) -> float:
     return float(model.num_moe_layers * model.num_experts * 3 * model.hidden_size * model.moe_ffn_hidden_size)
 
 
-def engine_weight_bytes(model: ModelSpec, shape: EngineShape, bytes_per_param: tuple[float, float] = (2.0, 2.0)) -> float:
+def engine_weight_bytes(model: ModelSpec, shape: EngineShape,
+                        bytes_per_param: tuple[float, float] = (2.0, 2.0)) -> float:
     """Weight bytes per GPU of one engine (``bytes_per_param`` = (dense, expert); BF16 by default,
     :func:`~rl.engine.weight_bytes_per_param` for others).
 
@@ -294,16 +272,16 @@ def engine_weight_bytes(model: ModelSpec, shape: EngineShape, bytes_per_param: t
     """
     experts = _expert_params(model)
     dense = model.total_params() - experts
-    return bytes_per_param[0] * dense / (shape.tp * shape.pp) + bytes_per_param[1] * experts / (shape.tp * shape.attention_dp * shape.pp)
+    return (bytes_per_param[0] * dense / (shape.tp * shape.pp)
+            + bytes_per_param[1] * experts / (shape.tp * shape.attention_dp * shape.pp))
 
 
 def kv_bytes_per_token(model: ModelSpec, shape: EngineShape) -> float:
     """KV-cache bytes one token takes in one engine (all its GPUs; bf16).
 
-    GQA: ``2 (K and V) x layers x kv_channels x 2 bytes x max(query_groups, tp)``: the heads are
-    split over TP ranks, and replicated when TP exceeds them (vLLM ``get_num_kv_heads``). MLA
-    (DeepSeek): the compressed latent ``kv_lora_rank + qk_pos_emb_head_dim`` per layer, cached on
-    every TP rank (vLLM ``MLACommonImpl``).
+    GQA: ``2 (K and V) x layers x kv_channels x 2 bytes x max(query_groups, tp)``: the heads are split over TP ranks,
+    and replicated when TP exceeds them (vLLM ``get_num_kv_heads``). MLA (DeepSeek): the compressed latent
+    ``kv_lora_rank + qk_pos_emb_head_dim`` per layer, cached on every TP rank (vLLM ``MLACommonImpl``).
     """
     if model.kv_lora_rank:
         per_layer = (model.kv_lora_rank + model.qk_pos_emb_head_dim) * 2.0 * shape.tp
@@ -320,8 +298,10 @@ def kv_capacity_tokens(
     enforce_eager: bool,
     bytes_per_param: tuple[float, float] = (2.0, 2.0),
 ) -> int:
-    """Tokens the engine's KV cache holds: ``(utilization x HBM - weights - reserve) x GPUs / bytes per token``; 0 when the weights do not fit."""
-    per_gpu = gpu_memory_utilization * cluster.gpu.hbm_bytes - engine_weight_bytes(model, shape, bytes_per_param) - ENGINE_RESERVE_BYTES
+    """Tokens the engine's KV cache holds: ``(utilization x HBM - weights - reserve) x GPUs / bytes per token``; 0 when
+    the weights do not fit."""
+    weights = engine_weight_bytes(model, shape, bytes_per_param)
+    per_gpu = gpu_memory_utilization * cluster.gpu.hbm_bytes - weights - ENGINE_RESERVE_BYTES
     if not enforce_eager:
         per_gpu -= CUDA_GRAPH_BYTES
     if per_gpu <= 0:
@@ -338,7 +318,8 @@ def _requests(job: RLJob, steps: int) -> tuple[npt.NDArray[np.int64], npt.NDArra
     if job.mean_prompt_len >= job.prompt_len:
         prompt = np.full(prompts_n, job.prompt_len, dtype=np.int64)
     else:
-        prompt = LengthDistribution.from_mean_max(job.mean_prompt_len, job.prompt_len, names=("--mean-prompt-len", "--prompt-len")).draw(prompts_n, seed=1)
+        prompt = LengthDistribution.from_mean_max(job.mean_prompt_len, job.prompt_len,
+                                                  names=("--mean-prompt-len", "--prompt-len")).draw(prompts_n, seed=1)
     prompt = np.repeat(prompt, job.generations_per_prompt)
     resp = job.responses.draw(job.sequences * steps, seed=2)
     return prompt, resp
@@ -346,7 +327,8 @@ def _requests(job: RLJob, steps: int) -> tuple[npt.NDArray[np.int64], npt.NDArra
 
 def default_latency(job: RLJob, shape: EngineShape) -> LatencyTable:
     """aiconfigurator's latency table for the job's model, GPU and engine at ``shape``."""
-    return aiconfigurator_latency_table(job.model.name, job.cluster.gpu.name, job.engine, shape, max_ctx=job.max_total_len, precision=job.generation_precision)
+    return aiconfigurator_latency_table(job.model.name, job.cluster.gpu.name, job.engine, shape,
+                                        max_ctx=job.max_total_len, precision=job.generation_precision)
 
 
 class _Generation:
@@ -370,7 +352,8 @@ class _Generation:
             if steps not in self.requests:
                 self.requests[steps] = _requests(self.job, steps)
             p, r = self.requests[steps]
-            self.runs[key] = simulate_rollout(p, r, self.table(shape), num_engines=engines, kv_capacity_tokens=kv, max_num_seqs=max_seqs, block_size=BLOCK_SIZE)
+            self.runs[key] = simulate_rollout(p, r, self.table(shape), num_engines=engines, kv_capacity_tokens=kv,
+                                              max_num_seqs=max_seqs, block_size=BLOCK_SIZE)
         return self.runs[key]
 
 
@@ -391,31 +374,24 @@ def evaluate(
     latency: LatencyProvider = default_latency,
     _gen: _Generation | None = None,
 ) -> RLPlan:
-    """Predict one plan's step time and parts.
+    """Predict one plan's step time and parts; ``trainer`` is the layout on ``choice.trainer_gpus`` GPUs
+    (:func:`~rl.trainer.best_trainer` or :func:`~rl.trainer.trainer_for_layout`), its times before calibration.
 
-    Args:
-        job: the RL step and cluster.
-        choice: the plan's decisions.
-        trainer: the trainer layout on ``choice.trainer_gpus`` GPUs (from
-            :func:`~rl.trainer.best_trainer` or
-            :func:`~rl.trainer.trainer_for_layout`), its times before calibration scales.
-        calibration: per-cluster factors.
-        latency: where engine latencies come from.
-
-    Raises:
-        TunerError: an engine whose weights do not fit, a request longer than the KV cache,
-            or an engine count that does not tile the rollout GPUs.
-    """
+    Raises TunerError: an engine whose weights do not fit, a request longer than the KV cache, or an engine count that
+    does not tile the rollout GPUs."""
     gen = _gen or _Generation(job, latency)
     shape = choice.shape
     if choice.rollout_gpus % shape.gpus:
-        raise TunerError(f"{choice.rollout_gpus} rollout GPUs are not a whole number of {shape.gpus}-GPU engines ({shape.label})")
+        raise TunerError(f"{choice.rollout_gpus} rollout GPUs are not a whole number of {shape.gpus}-GPU engines "
+                         f"({shape.label})")
     wbytes = weight_bytes_per_param(job.model.name, job.generation_precision)
     kv = kv_capacity_tokens(job.model, job.cluster, shape, choice.gpu_memory_utilization, choice.enforce_eager, wbytes)
     if kv <= 0:
         raise TunerError(
-            f"engine {shape.label}: {job.model.name}'s weights ({engine_weight_bytes(job.model, shape, wbytes) / GIB:.1f} GiB per GPU) do not fit in "
-            f"gpu_memory_utilization {choice.gpu_memory_utilization:g} of {job.cluster.gpu.hbm_bytes / GIB:.0f} GiB; use more GPUs per engine"
+            f"engine {shape.label}: {job.model.name}'s weights "
+            f"({engine_weight_bytes(job.model, shape, wbytes) / GIB:.1f} GiB per GPU) do not fit in "
+            f"gpu_memory_utilization {choice.gpu_memory_utilization:g} of {job.cluster.gpu.hbm_bytes / GIB:.0f} GiB; "
+            "use more GPUs per engine"
         )
     steps = choice.async_steps + 1
     run = gen.run(shape, choice.num_engines, kv, choice.max_num_seqs, steps)
@@ -453,16 +429,17 @@ def evaluate(
         notes.append(f"{run.preemptions} preemptions (KV cache full)")
     if not trainer.in_validated_scope:
         notes.append(trainer.note)
-    return RLPlan(choice=choice, trainer=trainer, parts=parts, kv_capacity_tokens=kv, preemptions=run.preemptions, mean_running=run.mean_running, notes=tuple(notes))
+    return RLPlan(choice=choice, trainer=trainer, parts=parts, kv_capacity_tokens=kv, preemptions=run.preemptions,
+                  mean_running=run.mean_running, notes=tuple(notes))
 
 
 # --------------------------------------------------------------------------- enumeration
 
 
-def engine_shapes(job: RLJob, rollout_gpus: int, *, tp: Iterable[int] | None = None, ep: Iterable[int] | None = None) -> list[EngineShape]:
-    """Engine shapes that tile ``rollout_gpus`` whole: TP in powers of two; EP 1 or TP for MoE, and
-    attention-DP ranks (EP = TP x DP) for MoE models with few KV heads. An engine's GPUs divide a
-    node or are whole nodes."""
+def engine_shapes(job: RLJob, rollout_gpus: int, *, tp: Iterable[int] | None = None,
+                  ep: Iterable[int] | None = None) -> list[EngineShape]:
+    """Engine shapes that tile ``rollout_gpus`` whole: TP in powers of two; EP 1 or TP for MoE, and attention-DP ranks
+    (EP = TP x DP) for MoE models with few KV heads. An engine's GPUs divide a node or are whole nodes."""
     per_node = job.cluster.gpus_per_node
     tps = list(tp) if tp is not None else [2**i for i in range(0, 8) if 2**i <= rollout_gpus]
     shapes: list[EngineShape] = []
@@ -508,20 +485,14 @@ def enumerate_plans(
     enforce_eager: Iterable[bool] = (False, True),
     trainer_layout: TrainerLayout | None = None,
 ) -> PlanSet:
-    """Every plan that fits, ranked by predicted step time.
+    """Every plan that fits, ranked by predicted step time. Splits are whole nodes on both sides; ``async_steps`` = K
+    evaluates every split at each depth 0..K; constraints narrow the search (None = all); ``trainer_layout`` fixes the
+    trainer's layout (and backend) instead of searching it.
 
-    Splits are at node granularity (both sides at least one node). ``async_steps`` = K evaluates
-    every non-colocated split at each depth 0..K. Constraints narrow the search (None = all);
-    ``trainer_layout`` fixes the trainer's layout (and backend) on every split instead of searching it.
-
-    Raises:
-        TunerError: constraints that leave no plan to evaluate (the reasons counted), rollout GPUs
-            that are not whole nodes or exceed the cluster, an async sweep out of
-            :func:`check_async_steps`'s bounds.
-        EngineDataError: the engine model has nothing for the job's model, GPU or precision, or
-            aiconfigurator is not installed (the message names the accepted ones or the extra).
-    """
-    check_async_steps(job, async_steps)
+    Raises TunerError: constraints that leave no plan (the reasons counted), rollout GPUs that are not whole nodes or
+    exceed the cluster, or K out of :func:`check_async_steps`'s range. Raises EngineDataError: no engine data for the
+    job's model, GPU or precision, or aiconfigurator not installed (the accepted ones or the extra named)."""
+    check_async_steps(async_steps)
     cl = job.cluster
     gen = _Generation(job, latency)
     trainers: dict[tuple[int, TrainerBackend], TrainerPlan | None] = {}
@@ -560,7 +531,8 @@ def enumerate_plans(
                                     engine=job.engine,
                                 )
                                 try:
-                                    plans.append(evaluate(job, choice, trainer=trainer, calibration=calibration, latency=latency, _gen=gen))
+                                    plans.append(evaluate(job, choice, trainer=trainer, calibration=calibration,
+                                                          latency=latency, _gen=gen))
                                 except EngineDataError:
                                     raise  # no shape can be timed: say so, not "no plan fits"
                                 except TunerError as e:
@@ -569,7 +541,8 @@ def enumerate_plans(
                                     if reason != str(e):
                                         example.setdefault(reason, str(e))
     if not plans:
-        why = "; ".join(_count(k, v, example) for k, v in rejected.items()) or "no split, engine shape or trainer layout to try"
+        why = "; ".join(_count(k, v, example) for k,
+                        v in rejected.items()) or "no split, engine shape or trainer layout to try"
         raise TunerError(f"no RL plan fits {job.model.name} on {cl.label}: {why}")
     plans.sort(key=lambda p: p.step_time_s)
     return PlanSet(plans=plans, considered=considered, rejected=rejected)
@@ -583,7 +556,8 @@ def _trainer_on(job: RLJob, n: int, backend: TrainerBackend, trainer_layout: Tra
     if key in cache:
         return cache[key]
     cl = job.cluster
-    sub = Cluster(gpu=cl.gpu, num_gpus=n, gpus_per_node=min(cl.gpus_per_node, n), inter_node_bytes_per_s=cl.inter_node_bytes_per_s,
+    sub = Cluster(gpu=cl.gpu, num_gpus=n, gpus_per_node=min(cl.gpus_per_node, n),
+                  inter_node_bytes_per_s=cl.inter_node_bytes_per_s,
                   usd_per_gpu_hour=cl.usd_per_gpu_hour)
     plan: TrainerPlan | None
     if trainer_layout is not None:
@@ -596,7 +570,8 @@ def _trainer_on(job: RLJob, n: int, backend: TrainerBackend, trainer_layout: Tra
         except TunerError:
             plan = None
     else:
-        best = best_trainer(job.model, sub, job.workload, backend, optimizer_steps=job.optimizer_steps, logprob_passes=job.logprob_passes, top=1)
+        best = best_trainer(job.model, sub, job.workload, backend, optimizer_steps=job.optimizer_steps,
+                            logprob_passes=job.logprob_passes, top=1)
         plan = best[0] if best else None
     cache[key] = plan
     return plan
@@ -606,9 +581,7 @@ def _splits(cl: Cluster, colocated: bool | None, rollout_gpus: Iterable[int] | N
     """The ``(colocated, rollout GPUs)`` splits to try: all GPUs colocated, and every whole-node split (or those of
     ``rollout_gpus``) that leaves the trainer a node.
 
-    Raises:
-        TunerError: rollout GPUs that are not whole nodes or leave no trainer GPU; non-colocated on one node.
-    """
+    Raises TunerError: rollout GPUs that are not whole nodes or leave no trainer GPU; non-colocated on one node."""
     nodes, per = cl.num_nodes, cl.gpus_per_node
     splits: list[tuple[bool, int]] = []
     if colocated in (None, True):
@@ -618,7 +591,8 @@ def _splits(cl: Cluster, colocated: bool | None, rollout_gpus: Iterable[int] | N
         if wanted is not None:
             for g in wanted:
                 if g >= cl.num_gpus:
-                    raise TunerError(f"--rollout-gpus {g} leaves no GPU of the {cl.num_gpus} for the trainer; at most {cl.num_gpus - per}")
+                    raise TunerError(f"--rollout-gpus {g} leaves no GPU of the {cl.num_gpus} for the trainer; at most "
+                                     f"{cl.num_gpus - per}")
                 if g % per:
                     raise TunerError(f"--rollout-gpus {g} is not a whole number of {per}-GPU nodes")
         for r in range(1, nodes):

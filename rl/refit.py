@@ -1,12 +1,8 @@
-"""Refit (train -> generation weight resharding) and the colocated switch: bandwidth models.
-
-Refit streams the whole model once per step from the trainer's layout to the engines'
-(NeMo-RL: ``policy.stream_weights_via_ipc_zmq`` when colocated, a NCCL broadcast
-``broadcast_weights_for_collective`` when not; slime: ``update_weights`` from distributed
-tensors / NCCL). Its time is the model's bytes over a streaming rate anchored on NeMo-RL's
-published refit times (:class:`~rl.calibration.RLCalibration`), bounded below by
-what each rollout node must receive over its network link when the trainer is elsewhere.
-"""
+"""Refit (train -> generation weight resharding) and the colocated switch: bandwidth models. Refit streams the model
+once per step (NeMo-RL: ``stream_weights_via_ipc_zmq`` colocated, ``broadcast_weights_for_collective`` over NCCL
+otherwise; slime: ``update_weights``) at a rate anchored on NeMo-RL's published refit times
+(:class:`~rl.calibration.RLCalibration`), bounded below by each rollout node's network link when the trainer is
+elsewhere."""
 
 from __future__ import annotations
 
@@ -24,42 +20,24 @@ def refit_s(
     inter_node_bytes_per_s: float,
     calibration: RLCalibration,
 ) -> float:
-    """Seconds to refit the engines with new weights.
+    """Seconds to refit the engines with new weights (``model_bytes``; ``engine_gpus`` = tp x pp x attention-dp).
 
-    Colocated: ``fixed + model_bytes / refit_ipc_bytes_per_s``. Not colocated:
-    ``fixed + max(model_bytes / refit_nccl_bytes_per_s, per_node_bytes / inter_node_bytes_per_s)``
-    with ``per_node_bytes = model_bytes * gpus_per_node / engine_gpus`` (a node's GPUs hold
-    ``gpus_per_node / engine_gpus`` whole copies of the model, or that share of one copy when an
-    engine spans nodes; a broadcast delivers them to every node at once).
-
-    Args:
-        model_bytes: bytes of the generation weights (bf16: 2 x parameters).
-        colocated: trainer and engines share the GPUs.
-        engine_gpus: GPUs of one engine (tp x pp x attention-dp).
-        gpus_per_node: GPUs per node.
-        inter_node_bytes_per_s: network bandwidth per node per direction.
-        calibration: the rates and the fixed cost.
-    """
+    Colocated: ``fixed + model_bytes / refit_ipc_bytes_per_s``. Not colocated: ``fixed + max(model_bytes /
+    refit_nccl_bytes_per_s, per_node_bytes / inter_node_bytes_per_s)``, ``per_node_bytes = model_bytes x gpus_per_node /
+    engine_gpus`` (a broadcast delivers a node's share of the copies to every node at once)."""
     if colocated:
         return calibration.refit_fixed_s + model_bytes / calibration.refit_ipc_bytes_per_s
     per_node = model_bytes * gpus_per_node / max(engine_gpus, 1)
-    return calibration.refit_fixed_s + max(model_bytes / calibration.refit_nccl_bytes_per_s, per_node / inter_node_bytes_per_s)
+    return calibration.refit_fixed_s + max(model_bytes / calibration.refit_nccl_bytes_per_s,
+                                           per_node / inter_node_bytes_per_s)
 
 
-def switch_s(*, trainer_bytes_per_gpu: float, engine_bytes_per_gpu: float, pcie_bytes_per_s: float, calibration: RLCalibration) -> float:
-    """Seconds per colocated step to move the trainer's and the engine's state off and back onto the GPUs.
-
-    ``switch_fixed_s + 2 (trainer_bytes + engine_bytes) / (pcie x host_link_efficiency)``: the trainer's
-    optimizer states and weights go to the host for generation and come back (NeMo-RL
-    ``offload_before_refit`` / ``offload_after_refit``), the engine's weights are offloaded by its sleep
-    and reloaded by its wake (vLLM ``sleep(level=1)``; slime ``--offload``). Each GPU copies over its own
-    PCIe link in parallel.
-
-    Args:
-        trainer_bytes_per_gpu: optimizer-state + weight bytes per GPU of the trainer layout.
-        engine_bytes_per_gpu: engine weight bytes per GPU.
-        pcie_bytes_per_s: host link bandwidth per GPU per direction.
-        calibration: the fixed cost and the link efficiency.
+def switch_s(*, trainer_bytes_per_gpu: float, engine_bytes_per_gpu: float, pcie_bytes_per_s: float,
+             calibration: RLCalibration) -> float:
+    """Seconds per colocated step to move the trainer's and the engine's state off and back onto the GPUs:
+    ``switch_fixed_s + 2 (trainer_bytes + engine_bytes) / (pcie x host_link_efficiency)`` per GPU, each over its own
+    PCIe link. The trainer's optimizer states and weights go to the host and back (NeMo-RL ``offload_before_refit`` /
+    ``offload_after_refit``), the engine's weights by its sleep and wake (vLLM ``sleep(level=1)``; slime ``--offload``).
     """
     rate = pcie_bytes_per_s * calibration.host_link_efficiency
     return calibration.switch_fixed_s + 2.0 * (trainer_bytes_per_gpu + engine_bytes_per_gpu) / rate

@@ -1,32 +1,15 @@
-"""Serving benchmarks of one engine, predicted with the rollout simulator: the engine model checked against published decode runs.
+"""Serving benchmarks of one engine (``vllm bench serve`` / ``sglang.bench_serving`` rows of
+``benchmarks/data/engine_decode.csv``, :data:`COLUMNS`), predicted with the rollout simulator at the same per-iteration
+latency as ``tune rl`` (:func:`~rl.engine.aiconfigurator_latency_table`).
 
-A published ``vllm bench serve`` / ``sglang.bench_serving`` run of one engine is a table row
-(:data:`COLUMNS`, ``benchmarks/data/engine_decode.csv``): the model, GPU, engine and version, the
-weights' precision, TP / EP / attention-DP, and the client's load. Two loads:
+Loads: ``closed`` (``--max-concurrency C``: :func:`~rl.simulator.simulate_engine` with ``max_num_seqs = C``, every
+request queued at time 0) and ``open`` (``--request-rate inf``: the engine's own ``max_num_seqs``, 1024 on GPUs of >= 70
+GiB, ``vllm/engine/arg_utils.py``, and its KV cache bound the batch). Lengths: ``fixed``; ``uniform:R`` (uniform on ``[R
+x len, len]``, ``--random-range-ratio R``); ``sharegpt`` (exponential with the published means, cut at 2,048 tokens as
+``vllm bench``'s sampler filters: an assumption).
 
-- ``closed``: ``--max-concurrency C`` with ``N`` prompts: at most ``C`` requests in flight, a new
-  one sent when one ends. The engine sees a queue served ``C`` at a time, which is
-  :func:`~rl.simulator.simulate_engine` with ``max_num_seqs = C`` and every request
-  queued at time 0.
-- ``open``: ``--request-rate inf``: all ``N`` requests at once; the engine's own cap on running
-  sequences (vLLM's ``max_num_seqs`` default 1024 on GPUs of >= 70 GiB, ``vllm/engine/arg_utils.py``
-  ``get_batch_defaults``) and its KV cache bound the batch.
-
-Request lengths (``lengths``): ``fixed`` (every request ``isl`` in, ``osl`` out: ``--random-range-ratio
-1`` or ``--ignore-eos`` at the vLLM default range 0); ``uniform:R`` (uniform on ``[R x len, len]``,
-sglang's and InferenceX's ``--random-range-ratio R`` semantics, drawn at stratified quantiles); or
-``sharegpt`` (ShareGPT: ``isl`` / ``osl`` are the published means of the run; each length is taken as
-exponential with that mean, cut at 2,048 tokens as ``vllm bench``'s ShareGPT sampler filters, an
-assumption: the published totals carry no distribution).
-
-Metrics predicted: ``tpot_ms`` (mean time per output token after the first, as the clients report
-it: :attr:`~rl.simulator.EngineRun.mean_tpot_s`) and ``output_tok_s`` (generated tokens
-over the makespan) or ``output_tok_s_per_gpu`` (that over the engine's GPUs).
-
-Every prediction uses the same per-iteration latency as ``tune rl``
-(:func:`~rl.engine.aiconfigurator_latency_table`) at the row's precision; a row whose
-model, GPU, shape or precision aiconfigurator has no data for is reported with the reason.
-"""
+Metrics: ``tpot_ms`` (:attr:`~rl.simulator.EngineRun.mean_tpot_s`) and ``output_tok_s`` (or per GPU) over the makespan.
+A row aiconfigurator has no data for is reported with the reason."""
 
 from __future__ import annotations
 
@@ -39,12 +22,18 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rl.engine import Engine, EngineShape, GenerationPrecision, LatencyTable, aiconfigurator_latency_table, weight_bytes_per_param
+from rl.engine import (
+    Engine,
+    EngineShape,
+    GenerationPrecision,
+    LatencyTable,
+    aiconfigurator_latency_table,
+    weight_bytes_per_param,
+)
 from rl.lengths import LengthDistribution
-from rl.models import load_rl_model
 from rl.plan import BLOCK_SIZE, kv_capacity_tokens
 from rl.simulator import EngineRun, simulate_engine
-from specs import Cluster, load_gpu
+from specs import Cluster, load_gpu, load_model
 from specs.errors import TunerError
 from specs.table import BadCell, Column, read_table
 
@@ -108,7 +97,8 @@ class ServingRun:
     @property
     def label(self) -> str:
         load = f"c={self.concurrency}" if self.load == "closed" else "rate=inf"
-        return f"{self.id}: {self.model} {self.gpu} {self.engine} {self.precision} {self.shape.label} {load} {self.isl:g}/{self.osl:g}"
+        return (f"{self.id}: {self.model} {self.gpu} {self.engine} {self.precision} {self.shape.label} {load} "
+                f"{self.isl:g}/{self.osl:g}")
 
 
 def _lengths(text: str) -> str:
@@ -142,12 +132,9 @@ COLUMNS = tuple(c.name for c in TABLE)
 def read_serving_runs(path: str | Path) -> tuple[list[ServingRun], list[str]]:
     """Read a serving-runs CSV (:data:`TABLE`; lines starting with ``#`` are comments).
 
-    Returns:
-        ``(rows, errors)``: the readable rows, and one message per unreadable row naming its line and column.
+    Returns: ``(rows, errors)``: the readable rows, and one message per unreadable row naming its line and column.
 
-    Raises:
-        TunerError: an unreadable file, or a header without the required columns (listed).
-    """
+    Raises TunerError: an unreadable file, or a header without the required columns (listed)."""
 
     def build(line: int, v: Mapping[str, Any]) -> ServingRun:
         if v["load"] == "closed" and v["concurrency"] < 1:
@@ -162,9 +149,7 @@ def read_serving_runs(path: str | Path) -> tuple[list[ServingRun], list[str]]:
 def _check_lengths(text: str) -> float | None:
     """The range ratio of ``uniform:R`` (None for ``fixed`` / ``sharegpt``).
 
-    Raises:
-        ValueError: anything else.
-    """
+    Raises ValueError: anything else."""
     if text in ("fixed", "sharegpt"):
         return None
     kind, _, ratio = text.partition(":")
@@ -185,11 +170,10 @@ def _uniform(mean_top: float, ratio: float, n: int, seed: int) -> npt.NDArray[np
 
 
 def serving_requests(row: ServingRun) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Prompt and output lengths of the row's ``num_prompts`` requests (shape ``(num_prompts,)`` each; see the module docstring).
+    """Prompt and output lengths of the row's ``num_prompts`` requests (shape ``(num_prompts,)`` each; see the module
+    docstring).
 
-    Raises:
-        TunerError: ShareGPT means that do not fit under its 2,048-token cut.
-    """
+    Raises TunerError: ShareGPT means that do not fit under its 2,048-token cut."""
     n = row.num_prompts
     ratio = _check_lengths(row.lengths)
     if row.lengths == "fixed":
@@ -203,7 +187,8 @@ def serving_requests(row: ServingRun) -> tuple[npt.NDArray[np.int64], npt.NDArra
     return prompt, out
 
 
-#: ``(row, max_ctx) -> LatencyTable``: where a row's engine latency comes from (aiconfigurator by default; tests pass functions).
+#: ``(row, max_ctx) -> LatencyTable``: where a row's engine latency comes from (aiconfigurator by default; tests pass
+#: functions).
 ServingLatency = Callable[[ServingRun, int], LatencyTable]
 
 
@@ -218,7 +203,8 @@ def _precision(row: ServingRun) -> GenerationPrecision:
 
 
 def _aiconfigurator(row: ServingRun, max_ctx: int) -> LatencyTable:
-    return aiconfigurator_latency_table(row.model, row.gpu, row.engine, row.shape, max_ctx=max_ctx, precision=_precision(row))
+    return aiconfigurator_latency_table(row.model, row.gpu, row.engine, row.shape, max_ctx=max_ctx,
+                                        precision=_precision(row))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -238,16 +224,13 @@ class ServingPrediction:
         return None if self.predicted is None else self.predicted / self.row.measured - 1.0
 
 
-def predict_serving(row: ServingRun, *, latency: ServingLatency = _aiconfigurator, memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> ServingPrediction:
-    """Predict one row: simulate its requests on one engine and read the row's metric off the run.
-
-    The KV cache is :func:`~rl.plan.kv_capacity_tokens` at ``memory_fraction`` with CUDA
-    graphs (the benchmarks' default), weights at the row's precision.
-
-    Never raises for a row it cannot predict: the reason is in :attr:`ServingPrediction.error`.
-    """
+def predict_serving(row: ServingRun, *, latency: ServingLatency = _aiconfigurator,
+                    memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> ServingPrediction:
+    """Predict one row: simulate its requests on one engine (KV cache :func:`~rl.plan.kv_capacity_tokens` at
+    ``memory_fraction`` with CUDA graphs, weights at the row's precision) and read its metric off the run. A row it
+    cannot predict carries the reason in :attr:`ServingPrediction.error`."""
     try:
-        model = load_rl_model(row.model)
+        model = load_model(row.model, allow_config_args=True)
         gpu = load_gpu(row.gpu)
         per_node = 8 if row.shape.gpus >= 8 else row.shape.gpus
         cluster = Cluster(gpu=gpu, num_gpus=max(row.shape.gpus, per_node), gpus_per_node=per_node)
@@ -255,9 +238,11 @@ def predict_serving(row: ServingRun, *, latency: ServingLatency = _aiconfigurato
         max_ctx = int((prompts + outputs).max())
         table = latency(row, max_ctx)
         precision = _precision(row)
-        kv = kv_capacity_tokens(model, cluster, row.shape, memory_fraction, False, weight_bytes_per_param(row.model, precision))
+        kv = kv_capacity_tokens(model, cluster, row.shape, memory_fraction, False,
+                                weight_bytes_per_param(row.model, precision))
         if kv <= 0:
-            raise TunerError(f"{row.model}'s weights at {row.precision} do not fit {row.shape.gpus} x {row.gpu} at {row.shape.label}")
+            raise TunerError(f"{row.model}'s weights at {row.precision} do not fit {row.shape.gpus} x {row.gpu} at "
+                             f"{row.shape.label}")
         cap = row.concurrency if row.load == "closed" else OPEN_LOAD_MAX_SEQS
         run = simulate_engine(prompts, outputs, table, kv_capacity_tokens=kv, max_num_seqs=cap, block_size=BLOCK_SIZE)
     except TunerError as e:
@@ -293,23 +278,13 @@ _SILICON_MODELS: dict[str, tuple[str, GenerationPrecision]] = {
 
 
 def silicon_runs(systems: Sequence[str] = ("h100_sxm", "h200_sxm")) -> tuple[list[ServingRun], list[str]]:
-    """aiconfigurator's own end-to-end silicon samples (``systems/silicon_sample.csv`` of the installed
-    package) as closed-load rows: aggregated vLLM / SGLang serving of the MoE models above on ``systems``.
+    """aiconfigurator's own silicon samples (``systems/silicon_sample.csv`` of the installed package) on ``systems`` as
+    closed-load rows; not independent of aiconfigurator, so reported apart. A sample from a benchmark workflow is taken
+    as the InferenceX harness runs (``10 x concurrency`` prompts, ``--random-range-ratio 0.8``, ``--ignore-eos``), the
+    others as fixed lengths: assumptions, the file does not say. Returns ``(rows, skipped)`` (a shape whose ``tp x
+    attention_dp`` is not ``moe_tp x moe_ep`` is skipped, with the reason).
 
-    Not independent of aiconfigurator (NVIDIA's own measurements, which its per-operation tables may
-    have been checked against): report them apart from the published rows. A sample whose source
-    names a benchmark workflow run or image is taken as the InferenceX harness runs: ``10 x
-    concurrency`` prompts, lengths uniform on ``[0.8 x len, len]`` (``--random-range-ratio 0.8``),
-    ``--ignore-eos``; the others (local sweep files) as fixed lengths, ``10 x concurrency`` prompts:
-    assumptions, the file does not say.
-
-    Returns:
-        ``(rows, skipped)``: the rows, and why the others were set aside (a shape whose
-        ``tp x attention_dp`` is not ``moe_tp x moe_ep``).
-
-    Raises:
-        TunerError: aiconfigurator is not installed (the ``rl`` extra named).
-    """
+    Raises TunerError: aiconfigurator is not installed (the ``rl`` extra named)."""
     import importlib.util
     import re
 
@@ -322,7 +297,8 @@ def silicon_runs(systems: Sequence[str] = ("h100_sxm", "h200_sxm")) -> tuple[lis
     skipped: list[str] = []
     with path.open(newline="") as f:
         for line, r in enumerate(csv.DictReader(f), start=2):
-            if r["system"] not in systems or r["backend"] not in ("vllm", "sglang") or r["mode"] != "agg" or r["model_path"] not in _SILICON_MODELS:
+            if (r["system"] not in systems or r["backend"] not in ("vllm", "sglang") or r["mode"] != "agg"
+                    or r["model_path"] not in _SILICON_MODELS):
                 continue
             preset, precision = _SILICON_MODELS[r["model_path"]]
             m = re.search(r"silicon_concurrency=(\d+)", r["silicon_data_source"])
@@ -336,11 +312,14 @@ def silicon_runs(systems: Sequence[str] = ("h100_sxm", "h200_sxm")) -> tuple[lis
             harness = "workflow_run_id" in src or "image=" in src
             out.append(
                 ServingRun(
-                    line=line, id=r["id"], source=f"aiconfigurator_core/systems/silicon_sample.csv ({r['silicon_data_source'].split(';')[0]})",
-                    model=preset, gpu=gpus[r["system"]], engine=Engine(r["backend"]), engine_version=r["backend_version"],
+                    line=line, id=r["id"],
+                    source=f"aiconfigurator_core/systems/silicon_sample.csv ({r['silicon_data_source'].split(';')[0]})",
+                    model=preset, gpu=gpus[r["system"]], engine=Engine(r["backend"]),
+                    engine_version=r["backend_version"],
                     precision=str(precision), shape=EngineShape(tp=tp, ep=ep, attention_dp=dp),
                     load="closed", concurrency=conc, num_prompts=10 * conc, isl=float(r["isl"]), osl=float(r["osl"]),
-                    lengths="uniform:0.8" if harness else "fixed", metric="tpot_ms", measured=float(r["silicon_tpot_ms"]), notes=r["model_path"],
+                    lengths="uniform:0.8" if harness else "fixed", metric="tpot_ms",
+                    measured=float(r["silicon_tpot_ms"]), notes=r["model_path"],
                 )
             )
     return out, skipped

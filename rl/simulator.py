@@ -1,27 +1,13 @@
-"""A continuous-batching discrete-event simulation of rollout engines (vLLM / SGLang style).
+"""A continuous-batching discrete-event simulation of rollout engines, scheduling as vLLM v1
+(``vllm/v1/core/sched/scheduler.py``): requests are admitted first come, first served while fewer than ``max_num_seqs``
+run and the KV cache holds their tokens plus one block of headroom per running sequence; each decode iteration costs the
+:class:`~rl.engine.LatencyTable` latency at the running count and mean context, admitted tokens one prefill; when the
+next iteration would not fit, the last admitted request is preempted and queued first again, to be prefilled again
+(preemption by recompute).
 
-One engine holds a queue of requests (prompt length, response length). Its scheduler, as
-vLLM v1's (``vllm/v1/core/sched/scheduler.py``) does:
-
-- admits waiting requests first come, first served while fewer than ``max_num_seqs`` run
-  and the KV cache has room for the request's tokens (prompt, plus what it had generated
-  before a preemption) and one block of headroom per running sequence;
-- runs one decode iteration for every running sequence (one token each); an iteration's
-  latency comes from a :class:`~rl.engine.LatencyTable` at the running count
-  and mean context; admitted tokens cost one prefill;
-- when the next iteration would not fit in the KV cache, preempts the most recently
-  admitted running request (vLLM's ``preempt`` of the lowest-priority, last-scheduled
-  request), frees its blocks and puts it back at the head of the queue; on readmission its
-  prompt and generated tokens are prefilled again (preemption by recompute, vLLM's only
-  mode in v1).
-
-It is event driven: between two events (a completion, an admission, a preemption, the
-iteration at which the KV cache fills) the batch does not change, so the ``k`` iterations
-in between cost ``k`` times the latency at the segment's mean context (exact when the
-latency is linear in context). Events are kept in a heap (``heapq``). Which iteration
-each event happens in does not depend on the latency values, so a latency scale factor
-(calibration, eager mode) scales the decode and prefill times exactly.
-"""
+Between two events (completion, admission, preemption, the KV cache filling) the batch does not change, so the ``k``
+iterations in between cost ``k`` times the latency at the segment's mean context. Event times do not depend on the
+latency values, so a latency scale factor scales decode and prefill times exactly."""
 
 from __future__ import annotations
 
@@ -96,28 +82,17 @@ def simulate_engine(
     max_num_seqs: int,
     block_size: int = 16,
 ) -> EngineRun:
-    """Simulate one engine serving all ``prompt_lens[i], response_lens[i]`` requests (queued at time 0).
+    """Simulate one engine serving every request (``prompt_lens``, ``response_lens`` >= 1, shape ``(r,)``, queued at
+    time 0) with ``kv_capacity_tokens`` of KV cache over its GPUs and at most ``max_num_seqs`` running; one
+    ``block_size`` block per running sequence is kept as headroom. Returns the makespan and its parts.
 
-    Args:
-        prompt_lens: shape ``(r,)`` prompt tokens per request.
-        response_lens: shape ``(r,)`` tokens each request generates (>= 1).
-        latency: the engine's per-iteration latency.
-        kv_capacity_tokens: KV-cache tokens the engine holds (all its GPUs).
-        max_num_seqs: most sequences running at once (vLLM ``max_num_seqs``).
-        block_size: KV block size (tokens); one block per running sequence is kept as
-            headroom, as the block allocator rounds up.
-
-    Returns:
-        The engine's makespan and its parts.
-
-    Raises:
-        TunerError: a single request longer than the whole KV cache (it could never run).
-    """
+    Raises TunerError: a single request longer than the whole KV cache."""
     prompt = np.asarray(prompt_lens, dtype=np.int64)
     resp = np.asarray(response_lens, dtype=np.int64)
     r = len(prompt)
     if r == 0:
-        return EngineRun(makespan_s=0.0, decode_s=0.0, prefill_s=0.0, iterations=0, preemptions=0, requests=0, generated_tokens=0, peak_running=0, mean_running=0.0)
+        return EngineRun(makespan_s=0.0, decode_s=0.0, prefill_s=0.0, iterations=0, preemptions=0, requests=0,
+                         generated_tokens=0, peak_running=0, mean_running=0.0)
     if np.any(resp < 1):
         raise TunerError("every request generates at least one token")
     longest = int((prompt + resp).max())
@@ -129,7 +104,8 @@ def simulate_engine(
     e = _Engine(prompt.tolist(), resp.tolist(), latency, int(kv_capacity_tokens), max_num_seqs, block_size)
     e.run()
     multi = resp > 1
-    tpot = float(np.mean((np.asarray(e.finish_t)[multi] - np.asarray(e.first_t)[multi]) / (resp[multi] - 1))) if np.any(multi) else 0.0
+    decode = (np.asarray(e.finish_t)[multi] - np.asarray(e.first_t)[multi]) / (resp[multi] - 1)
+    tpot = float(np.mean(decode)) if np.any(multi) else 0.0
     return EngineRun(
         makespan_s=e.t,
         decode_s=e.decode_t,
@@ -148,7 +124,8 @@ class _Engine:
     """One engine's simulation state (:func:`simulate_engine`): per-request Python lists, not numpy arrays (the loop
     touches one element at a time, where numpy scalars cost ~10x), and the event heaps."""
 
-    def __init__(self, plen: list[int], rlen: list[int], latency: LatencyTable, cap: int, max_num_seqs: int, block_size: int) -> None:
+    def __init__(self, plen: list[int], rlen: list[int], latency: LatencyTable, cap: int, max_num_seqs: int,
+                 block_size: int) -> None:
         r = len(plen)
         self.plen, self.rlen, self.latency = plen, rlen, latency
         self.cap, self.max_num_seqs, self.block_size = cap, max_num_seqs, block_size
@@ -258,15 +235,10 @@ def simulate_rollout(
     max_num_seqs: int,
     block_size: int = 16,
 ) -> RolloutRun:
-    """Split the requests over ``num_engines`` engines in contiguous shards and simulate each.
+    """Split the requests over ``num_engines`` engines in contiguous shards, as NeMo-RL's synchronous generation does
+    (``vllm_generation.py`` ``shard_by_batch_size``: a prompt's generations stay together), and simulate each.
 
-    Contiguous shards are how NeMo-RL's synchronous generation splits a batch over its vLLM
-    data-parallel workers (``nemo_rl/models/generation/vllm/vllm_generation.py``,
-    ``generate``: ``shard_by_batch_size``); GRPO's generations of one prompt stay together.
-
-    Raises:
-        TunerError: ``num_engines < 1``, or a request that fits no engine's KV cache.
-    """
+    Raises TunerError: ``num_engines < 1``, or a request that fits no engine's KV cache."""
     if num_engines < 1:
         raise TunerError(f"the rollout needs at least one engine, got {num_engines}")
     idx = np.array_split(np.arange(len(prompt_lens)), num_engines)

@@ -1,25 +1,19 @@
 """The RL step model: how generation, log-probs, training, refit and the switch add up.
 
-Colocated (trainer and engines share every GPU, one after the other)::
+Colocated (one after the other on every GPU)::
 
     T = generation + log-prob + training + refit + switch + overhead
 
-Not colocated, synchronous (K = 0; each side idles while the other works: the pipeline
-bubble)::
+Split, synchronous (K = 0)::
 
     T = generation + log-prob + training + refit + overhead
 
-Not colocated with K >= 1 steps of asynchrony (generation of step s + 1 .. s + K overlaps
-the training of step s; NeMo-RL ``grpo.async_grpo.max_trajectory_age_steps = K``, slime
-``train_async.py``)::
+Split with K >= 1 steps of asynchrony (NeMo-RL ``max_trajectory_age_steps = K``, slime ``train_async.py``)::
 
     T = max(generation, log-prob + training) + refit + overhead
 
-The refit stays exposed: the trainer waits for its broadcast, and the engines pause for it
-(NeMo-RL's ``weight_sync`` timer sits inside ``total_step_time``). ``generation`` is then
-the steady-state time per step of the rollout engines (:mod:`rl.plan` queues
-K + 1 steps of requests and divides), so the tail of one step overlaps the next.
-"""
+The refit stays exposed (NeMo-RL's ``weight_sync`` timer is inside ``total_step_time``); ``generation`` is then the
+steady-state time per step of the engines (:mod:`rl.plan` queues K + 1 steps of requests and divides)."""
 
 from __future__ import annotations
 
@@ -74,12 +68,12 @@ def compose_step(
 ) -> StepParts:
     """Build :class:`StepParts`.
 
-    Raises:
-        TunerError: a colocated plan with asynchrony (the same GPUs cannot generate and train
-            at once; NeMo-RL's async GRPO requires ``colocated.enabled: false``), or a negative part.
+    Raises TunerError: a colocated plan with asynchrony (the same GPUs cannot generate and train at once; NeMo-RL's
+    async GRPO requires ``colocated.enabled: false``), or a negative part.
     """
     if colocated and async_steps:
-        raise TunerError(f"--async-steps {async_steps} needs non-colocated generation (NeMo-RL and slime run async GRPO on separate GPUs)")
+        raise TunerError(f"--async-steps {async_steps} needs non-colocated generation (NeMo-RL and slime run async "
+                         "GRPO on separate GPUs)")
     if async_steps < 0:
         raise TunerError(f"--async-steps must be 0 or more, got {async_steps}")
     parts = (generation_s, logprob_s, training_s, refit_s, switch_s, overhead_s)

@@ -1,34 +1,17 @@
 """The trainer side of an RL step: its layout under the RL batch, training time and log-prob time.
 
-Two trainer backends:
+Backends: ``megatron`` (slime; NeMo-RL ``policy.megatron_cfg``): :func:`search_spaces.enumerate_layouts` over
+:data:`MEGATRON_RL_SPACE`, estimated by :func:`cost_model.estimate_table`, the fastest that fits. ``automodel``
+(NeMo-RL's DTensor backend, FSDP2 with CP and EP meshes): the same estimate at ``tp = pp = 1`` with
+``use_megatron_fsdp`` (states sharded over DP), full activation checkpointing and BF16 Adam moments; FSDP2's collectives
+are modelled as Megatron-FSDP's, AutoModel's HybridEP as ``flex+hybridep``. Its **validated scope** for MiniMax-M3
+(NeMo-RL ``docs/guides/models/minimax/minimax-m3.md``) is CP 8 + EP 128 on 32 x 8 GPUs at 8,192 tokens; other layouts
+are marked outside it.
 
-- ``megatron``: Megatron-core (slime; NeMo-RL's ``policy.megatron_cfg``). Layouts are the
-  project's own: :func:`search_spaces.enumerate_layouts` over :data:`MEGATRON_RL_SPACE`,
-  estimated by :func:`cost_model.estimate_table`, the fastest that fits is chosen.
-- ``automodel``: NeMo-RL's AutoModel / DTensor backend (``policy.dtensor_cfg`` /
-  ``automodel_cfg``): FSDP2 over data parallel ranks with context parallel (CP) and expert
-  parallel (EP) meshes. Approximated with the same estimate at ``tp = pp = 1`` and
-  ``RunOptions(use_megatron_fsdp=True)`` (parameters, gradients and optimizer states sharded
-  over DP, ZeRO-3 style, as FSDP2 does), full activation checkpointing and BF16 Adam moments
-  (the seed's TE FusedAdam with ``store_param_remainders``). What this leaves out: FSDP2's
-  per-layer all-gather / reduce-scatter is modelled as Megatron-FSDP's, and AutoModel's
-  HybridEP dispatcher as Megatron's ``flex+hybridep``. **Validated scope** of that backend
-  for MiniMax-M3 (NeMo-RL ``docs/guides/models/minimax/minimax-m3.md``): CP 8 + EP 128 on
-  32 x 8 GPUs, 8,192 tokens, no TP, no PP, no sequence packing; the search keeps tp = pp = 1
-  and marks layouts outside CP 8 / EP 128 as outside the validated scope.
-
-The RL batch: ``prompts x generations`` sequences of mean length (prompt + response) per
-step; the estimate is asked for ``global_batch_size = sequences`` rows of that length,
-rounded up to a multiple of 256 tokens (Megatron's rules want ``seq % (2 cp) == 0`` and
-``seq % tp == 0`` under sequence parallelism). Sequence packing (NeMo-RL's default in its
-performance recipes) packs rows of that mean length without padding to the maximum.
-
-Log-prob passes run the forward pass only: ``passes x (compute - recompute + tp + cp + ep) / 3``
-of the estimate's training parts (forward = 1/3 of forward + backward, Narayanan et al.,
-SC'21, Eq. 2's 3x factor), plus the pipeline bubble of a forward-only schedule (a third of
-the training bubble). Passes: the policy's own log-probs (always, for the importance ratio)
-and the reference policy's when the KL penalty is on.
-"""
+The RL batch: ``prompts x generations`` sequences of mean length per step, rounded up to a multiple of 256 tokens (``seq
+% (2 cp) == 0``, ``seq % tp == 0``), packed without padding. Log-prob passes are forward only: ``passes x (compute -
+recompute + tp + cp + ep) / 3`` of the training parts (Narayanan et al. 2021, Eq. 2) plus a third of the training
+bubble; the policy's pass always, the reference's with the KL penalty."""
 
 from __future__ import annotations
 
@@ -44,7 +27,18 @@ from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
 from cost_model.estimate import estimate_table
 from search_spaces.rules import check_layout, check_table
 from search_spaces.space import SearchSpace, enumerate_layouts
-from specs import Cluster, Dispatcher, Layout, LayoutTable, ModelSpec, Precision, RecomputeGranularity, RecomputeMethod, RunOptions, Workload
+from specs import (
+    Cluster,
+    Dispatcher,
+    Layout,
+    LayoutTable,
+    ModelSpec,
+    Precision,
+    RecomputeGranularity,
+    RecomputeMethod,
+    RunOptions,
+    Workload,
+)
 from specs.errors import TunerError
 from specs.units import DEFAULT_MEMORY_HEADROOM
 
@@ -137,7 +131,8 @@ class TrainerPlan:
 
     @property
     def label(self) -> str:
-        """The layout as ``validate`` CSVs write it (``megatron:tp=2,cp=2,ep=16,pp=8,vpp=1``, ``automodel:cp=8,ep=128``)."""
+        """The layout as ``validate`` CSVs write it (``megatron:tp=2,cp=2,ep=16,pp=8,vpp=1``,
+        ``automodel:cp=8,ep=128``)."""
         return _label(self.backend, self.layout)
 
 
@@ -147,23 +142,19 @@ def _label(backend: TrainerBackend, lay: Layout) -> str:
     return f"megatron:tp={lay.tp},cp={lay.cp},ep={lay.ep},pp={lay.pp},vpp={lay.vpp}"
 
 
-def rl_workload(*, sequences: int, mean_total_len: float, max_total_len: int, precision: Precision = Precision.bf16) -> Workload:
-    """The training workload of one RL step: ``sequences`` rows of the mean length.
+def rl_workload(*, sequences: int, mean_total_len: float, max_total_len: int,
+                precision: Precision = Precision.bf16) -> Workload:
+    """The training workload of one RL step: ``sequences`` rows (NeMo-RL ``train_global_batch_size``) of the mean
+    length, capped at ``max_total_len``; ``precision`` the training GEMMs' (``fp8_recipe: blockwise`` is
+    :attr:`specs.Precision.fp8_blockwise`).
 
-    Args:
-        sequences: sequences trained per optimizer step (NeMo-RL ``train_global_batch_size``).
-        mean_total_len: mean prompt + response tokens.
-        max_total_len: ``max_total_sequence_length``; the row length is capped there.
-        precision: the training GEMMs' precision (NeMo-RL ``megatron_cfg.fp8_cfg``: ``fp8_recipe:
-            blockwise`` is :attr:`specs.Precision.fp8_blockwise`).
-
-    Raises:
-        TunerError: non-positive sizes.
-    """
+    Raises TunerError: non-positive sizes."""
     if sequences < 1 or mean_total_len <= 0:
-        raise TunerError(f"an RL step needs sequences >= 1 and a positive mean length, got {sequences}, {mean_total_len:g}")
+        raise TunerError(f"an RL step needs sequences >= 1 and a positive mean length, got {sequences}, "
+                         f"{mean_total_len:g}")
     seq = int(min(math.ceil(mean_total_len / 256) * 256, math.ceil(max_total_len / 256) * 256))
-    return Workload(seq_length=max(seq, 256), global_batch_size=sequences, dataset="RL rollouts (mean prompt + response)", precision=precision)
+    return Workload(seq_length=max(seq, 256), global_batch_size=sequences,
+                    dataset="RL rollouts (mean prompt + response)", precision=precision)
 
 
 def _space(backend: TrainerBackend) -> SearchSpace:
@@ -196,7 +187,8 @@ def _plans(
     memory_headroom: float,
 ) -> list[TrainerPlan]:
     opts = _AUTOMODEL_OPTIONS if backend == TrainerBackend.automodel else RunOptions()
-    est = estimate_table(model, cluster, workload, table, calibration=calibration, memory_headroom=memory_headroom, options=opts)
+    est = estimate_table(model, cluster, workload, table, calibration=calibration, memory_headroom=memory_headroom,
+                         options=opts)
     lp = _logprob_s(est.time, logprob_passes, logprob_scale)
     validated = AUTOMODEL_VALIDATED.get(model.name, ())
     out = []
@@ -217,7 +209,8 @@ def _plans(
                 weights_bytes=float(est.memory["weights"][i]),
                 in_validated_scope=scope,
                 note="" if scope else ("outside AutoModel's validated scope (run with "
-                                       + ", ".join(f"CP {c} x EP {e}" for c, e in validated) + ": other CP/EP pairs are not known to run)"),
+                                       + ", ".join(f"CP {c} x EP {e}" for c, e in validated)
+                                       + ": other CP/EP pairs are not known to run)"),
             )
         )
     return out
@@ -237,17 +230,11 @@ def best_trainer(
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
     top: int = 1,
 ) -> list[TrainerPlan]:
-    """The fastest trainer layouts on ``cluster`` that fit, for the RL workload.
+    """Up to ``top`` trainer layouts on ``cluster`` that fit the RL workload, fastest (training + log-prob) first; empty
+    when none fits. A layout outside the backend's validated scope comes first only when it is faster than every
+    validated one.
 
-    Layouts inside the backend's validated scope rank first among equals: a layout outside
-    it is returned only when it is faster than every validated one.
-
-    Returns:
-        Up to ``top`` plans, fastest (training + log-prob) first; empty when none fits.
-
-    Raises:
-        TunerError: from the enumeration (a cluster size it cannot use).
-    """
+    Raises TunerError: from the enumeration (a cluster size it cannot use)."""
     enum = enumerate_layouts(_space(backend), model, cluster.num_gpus, workload)
     if len(enum.valid) == 0:
         return []
@@ -292,9 +279,7 @@ def trainer_for_layout(
     Uneven first / last pipeline stages are tried when the even split breaks a rule
     (Qwen3-235B's 94 layers on pp 8 run as 11 + 6 x 12 + 11 in NeMo-RL's recipe).
 
-    Raises:
-        TunerError: a layout that breaks a Megatron rule (the rule named).
-    """
+    Raises TunerError: a layout that breaks a Megatron rule (the rule named)."""
     base = Layout(
         world_size=cluster.num_gpus,
         tp=tp,
@@ -318,13 +303,15 @@ def trainer_for_layout(
             first = rest // 2 - d
             last = rest - first
             if first >= 1 and last >= 1:
-                candidates.append(_with(base, num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last))
+                candidates.append(_with(base, num_layers_in_first_pipeline_stage=first,
+                                        num_layers_in_last_pipeline_stage=last))
     table = LayoutTable.from_layouts(candidates)
     ok, _ = check_table(table, model, workload)
     good = np.flatnonzero(ok)
     if len(good) == 0:
         broken = "; ".join(f"{rid}: {why}" for rid, why in check_layout(base, model, workload))
-        raise TunerError(f"trainer layout {_label(backend, base)} on {cluster.num_gpus} GPUs breaks a Megatron rule ({broken})")
+        raise TunerError(f"trainer layout {_label(backend, base)} on {cluster.num_gpus} GPUs breaks a Megatron rule "
+                         f"({broken})")
     plans = _plans(
         model,
         cluster,

@@ -1,19 +1,11 @@
 """``tune rl validate``: predict every row of a table of measured RL runs and report the errors.
 
-The table's columns (:data:`COLUMNS`) give each run's split, layouts and workload; layouts
-are written ``megatron:tp=2,cp=2,ep=16,pp=8,vpp=1``, ``automodel:cp=8,ep=128`` and
-``vllm:tp=16,ep=16,pp=1`` (optionally ``,gpu_memory_utilization=0.6,enforce_eager=0,
-max_num_seqs=1024``; engines = rollout GPUs / (tp x pp)). A row with a missing column or an
-unreadable value is reported with its row and column, and the others still run.
-
-``mean_seq_len`` is the mean generated length per sample as NeMo-RL's performance tables
-publish it ("G-Average Seq len", the ``mean_gen_tokens_per_sample`` that
-``nemo_rl/algorithms/grpo.py`` prints as "Mean Generation Length"). Prompts are taken as
-:data:`ASSUMED_MEAN_PROMPT_LEN` tokens (the tables do not publish them).
-
-:func:`fit_calibration` fits the per-cluster factors to a set of rows (least absolute log
-error of the step time), for the fit-on-old / judge-on-new protocol of ``benchmarks/bench_rl.py``.
-"""
+The columns (:data:`COLUMNS`) give each run's split, layouts (``megatron:tp=2,cp=2,ep=16,pp=8,vpp=1``,
+``automodel:cp=8,ep=128``, ``vllm:tp=16,ep=16,pp=1[,gpu_memory_utilization=..,enforce_eager=..,max_num_seqs=..]``) and
+workload; a bad cell is reported with its row and column and the other rows still run. ``mean_seq_len`` is NeMo-RL's
+published "G-Average Seq len" (``mean_gen_tokens_per_sample``, ``nemo_rl/algorithms/grpo.py``); prompts are taken as
+:data:`ASSUMED_MEAN_PROMPT_LEN` tokens. :func:`fit_calibration` fits the per-cluster factors to rows (least absolute log
+error of the step time) for ``benchmarks/bench_rl.py``."""
 
 from __future__ import annotations
 
@@ -31,10 +23,9 @@ from rl.calibration import DEFAULT_RL_CALIBRATION, RLCalibration
 from rl.engine import GenerationPrecision
 from rl.layouts import EngineLayout, TrainerLayout, parse_engine_layout, parse_trainer_layout
 from rl.lengths import LengthDistribution
-from rl.models import load_rl_model
 from rl.plan import Framework, LatencyProvider, PlanChoice, RLJob, RLPlan, default_latency, evaluate
 from rl.trainer import trainer_for_layout
-from specs import DEFAULT_INTER_NODE_BYTES_PER_S, Cluster, Precision, load_gpu
+from specs import DEFAULT_INTER_NODE_BYTES_PER_S, Cluster, Precision, load_gpu, load_model
 from specs.errors import TunerError
 from specs.table import Column, read_table
 
@@ -136,12 +127,9 @@ class RunRow:
 def read_runs(path: str | Path) -> tuple[list[RunRow], list[str]]:
     """Read a runs CSV (:data:`TABLE`).
 
-    Returns:
-        ``(rows, errors)``: the readable rows, and one message per unreadable row naming its line and column.
+    Returns: ``(rows, errors)``: the readable rows, and one message per unreadable row naming its line and column.
 
-    Raises:
-        TunerError: an unreadable file, or a header that lacks required columns (listed).
-    """
+    Raises TunerError: an unreadable file, or a header that lacks required columns (listed)."""
 
     def build(line: int, v: Mapping[str, Any]) -> RunRow:
         named = {k: x for k, x in v.items() if k not in ("trainer_layout", "rollout_layout")}
@@ -156,10 +144,8 @@ def read_runs(path: str | Path) -> tuple[list[RunRow], list[str]]:
 def row_job(row: RunRow, *, mean_prompt_len: float = ASSUMED_MEAN_PROMPT_LEN) -> RLJob:
     """The :class:`RLJob` a row describes.
 
-    Raises:
-        TunerError: an unknown model or GPU, or sizes that do not make a job.
-    """
-    model = load_rl_model(row.model)
+    Raises TunerError: an unknown model or GPU, or sizes that do not make a job."""
+    model = load_model(row.model, allow_config_args=True)
     gpu = load_gpu(row.gpu)
     per_node = gpu.network_bytes_per_s_per_gpu * row.gpus_per_node
     cluster = Cluster(gpu=gpu, num_gpus=row.num_gpus, gpus_per_node=row.gpus_per_node,
@@ -167,7 +153,8 @@ def row_job(row: RunRow, *, mean_prompt_len: float = ASSUMED_MEAN_PROMPT_LEN) ->
     prompt = int(min(mean_prompt_len, row.max_prompt_len))
     resp_max = row.max_seq_len - prompt
     if row.mean_seq_len >= resp_max:
-        raise TunerError(f"line {row.line}: mean_seq_len {row.mean_seq_len:g} is not below the longest response {resp_max:,}")
+        raise TunerError(f"line {row.line}: mean_seq_len {row.mean_seq_len:g} is not below the longest response "
+                         f"{resp_max:,}")
     return RLJob(
         model=model,
         cluster=cluster,
@@ -185,12 +172,11 @@ def row_job(row: RunRow, *, mean_prompt_len: float = ASSUMED_MEAN_PROMPT_LEN) ->
     )
 
 
-def predict_row(row: RunRow, *, calibration: RLCalibration = DEFAULT_RL_CALIBRATION, latency: LatencyProvider = default_latency) -> RLPlan:
+def predict_row(row: RunRow, *, calibration: RLCalibration = DEFAULT_RL_CALIBRATION,
+                latency: LatencyProvider = default_latency) -> RLPlan:
     """Predict one measured run with its own split and layouts.
 
-    Raises:
-        TunerError: the row's model, GPU, engine or layout cannot be predicted (the reason named).
-    """
+    Raises TunerError: the row's model, GPU, engine or layout cannot be predicted (the reason named)."""
     job = row_job(row)
     sub = Cluster(
         gpu=job.cluster.gpu,
@@ -200,14 +186,16 @@ def predict_row(row: RunRow, *, calibration: RLCalibration = DEFAULT_RL_CALIBRAT
     )
     workload = job.workload
     t = row.trainer
-    trainer = trainer_for_layout(job.model, sub, workload, t.backend, tp=t.tp, cp=t.cp, ep=t.ep, pp=t.pp, vpp=t.vpp, logprob_passes=job.logprob_passes)
+    trainer = trainer_for_layout(job.model, sub, workload, t.backend, tp=t.tp, cp=t.cp, ep=t.ep, pp=t.pp, vpp=t.vpp,
+                                 logprob_passes=job.logprob_passes)
     e = row.rollout
     choice = PlanChoice(
         colocated=row.colocated,
         rollout_gpus=row.rollout_gpus,
         trainer_gpus=row.trainer_gpus,
         shape=e.shape,
-        gpu_memory_utilization=e.gpu_memory_utilization if e.gpu_memory_utilization is not None else (0.6 if row.colocated else 0.8),
+        gpu_memory_utilization=e.gpu_memory_utilization if e.gpu_memory_utilization is not None
+        else (0.6 if row.colocated else 0.8),
         max_num_seqs=e.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
         enforce_eager=bool(e.enforce_eager),
         async_steps=row.async_steps,
@@ -226,19 +214,23 @@ class RowResult:
     error: str = ""
 
     def rel_error(self, part: str) -> float | None:
-        """(predicted - measured) / measured for ``step``, ``generation``, ``training`` or ``refit``; None when unpublished."""
+        """(predicted - measured) / measured for ``step``, ``generation``, ``training`` or ``refit``; None when
+        unpublished."""
         if self.plan is None:
             return None
-        measured = {"step": self.row.step_time_s, "generation": self.row.generation_time_s, "training": self.row.training_time_s, "refit": self.row.refit_time_s}[part]
+        measured = {"step": self.row.step_time_s, "generation": self.row.generation_time_s,
+                    "training": self.row.training_time_s, "refit": self.row.refit_time_s}[part]
         if measured is None or measured <= 0:
             return None
         p = self.plan.parts
-        predicted = {"step": p.step_time_s, "generation": p.generation_s, "training": p.training_s + p.logprob_s, "refit": p.refit_s}[part]
+        predicted = {"step": p.step_time_s, "generation": p.generation_s, "training": p.training_s + p.logprob_s,
+                     "refit": p.refit_s}[part]
         return predicted / measured - 1.0
 
 
 def predict_rows(
-    rows: Sequence[RunRow], *, calibration: RLCalibration = DEFAULT_RL_CALIBRATION, latency: LatencyProvider = default_latency
+    rows: Sequence[RunRow], *, calibration: RLCalibration = DEFAULT_RL_CALIBRATION,
+    latency: LatencyProvider = default_latency
 ) -> list[RowResult]:
     """Predict each row; a row that cannot be predicted carries its error instead."""
     out = []
@@ -259,7 +251,8 @@ def summarise(results: Sequence[RowResult]) -> dict[str, object]:
     out: dict[str, object] = {"rows": len(results), "predicted": sum(r.plan is not None for r in results)}
     for part in ("step", "generation", "training", "refit"):
         errs = [abs(e) for r in results if (e := r.rel_error(part)) is not None]
-        out[part] = {"n": len(errs), "median_abs_error": float(np.median(errs)) if errs else None, "max_abs_error": max(errs) if errs else None}
+        out[part] = {"n": len(errs), "median_abs_error": float(np.median(errs)) if errs else None,
+                     "max_abs_error": max(errs) if errs else None}
     groups: dict[tuple[str, str, str, int], dict[bool, RowResult]] = {}
     for r in results:
         if r.plan is not None:
@@ -271,7 +264,10 @@ def summarise(results: Sequence[RowResult]) -> dict[str, object]:
             assert c.plan is not None and s.plan is not None
             measured_split_faster = s.row.step_time_s < c.row.step_time_s
             predicted_split_faster = s.plan.step_time_s < c.plan.step_time_s
-            verdicts.append({"group": " ".join(map(str, key)), "measured": "split" if measured_split_faster else "colocated", "predicted": "split" if predicted_split_faster else "colocated", "agree": measured_split_faster == predicted_split_faster})
+            verdicts.append({"group": " ".join(map(str, key)),
+                             "measured": "split" if measured_split_faster else "colocated",
+                             "predicted": "split" if predicted_split_faster else "colocated",
+                             "agree": measured_split_faster == predicted_split_faster})
     out["colocated_vs_split"] = verdicts
     return out
 
@@ -301,28 +297,27 @@ def recalibrate(plan: RLPlan, old: RLCalibration, new: RLCalibration) -> float:
 FITTED = ("generation_scale", "training_scale", "switch_fixed_s", "step_overhead_s")
 
 
-def fit_calibration(results: Sequence[RowResult], *, base: RLCalibration = DEFAULT_RL_CALIBRATION, source: str = "fit") -> RLCalibration:
-    """Fit :data:`FITTED` factors (``logprob_scale`` tied to ``training_scale``) to the rows' step times.
+def fit_calibration(results: Sequence[RowResult], *, base: RLCalibration = DEFAULT_RL_CALIBRATION,
+                    source: str = "fit") -> RLCalibration:
+    """Fit :data:`FITTED` factors (``logprob_scale`` tied to ``training_scale``) to the rows' step times: the least sum
+    of |log(predicted / measured)| (Nelder-Mead over log-factors) from ``base``, under which the rows were predicted.
 
-    Minimises the sum of |log(predicted / measured)| (robust to a few outliers) with Nelder-Mead
-    over log-factors, starting from ``base``. The results must have been predicted under ``base``.
-
-    Raises:
-        TunerError: no predicted row to fit.
-    """
+    Raises TunerError: no predicted row to fit."""
     use = [r for r in results if r.plan is not None]
     if not use:
         raise TunerError("no predicted row to calibrate on")
 
     def cal(x: np.ndarray) -> RLCalibration:
         g, t, sw, ov = np.exp(x)
-        return base.replace(generation_scale=float(g), training_scale=float(t), logprob_scale=float(t), switch_fixed_s=float(sw), step_overhead_s=float(ov), source=source)
+        return base.replace(generation_scale=float(g), training_scale=float(t), logprob_scale=float(t),
+                            switch_fixed_s=float(sw), step_overhead_s=float(ov), source=source)
 
     def residuals(x: np.ndarray) -> np.ndarray:
         c = cal(x)
         return np.array([math.log(recalibrate(r.plan, base, c) / r.row.step_time_s) for r in use if r.plan is not None])
 
-    x0 = np.log([base.generation_scale, base.training_scale, max(base.switch_fixed_s, 0.1), max(base.step_overhead_s, 0.1)])
+    x0 = np.log([base.generation_scale, base.training_scale, max(base.switch_fixed_s, 0.1),
+                 max(base.step_overhead_s, 0.1)])
     return cal(_minimise(residuals, x0))
 
 
@@ -331,14 +326,10 @@ _LOG_FACTOR_BOUND = 12.0
 
 
 def _minimise(residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray) -> np.ndarray:
-    """The log-factors that minimise ``sum |residuals(x)|`` within :data:`_LOG_FACTOR_BOUND`.
-
-    Nelder-Mead restarted from its own result until it stops improving (a fresh simplex escapes a collapsed one: on
-    NeMo-RL's GB200 rows a single run stopped at a 75 s step overhead with 1.9x the loss of the restarted fit), run
-    from ``x0`` and from the smooth least-squares fit (``scipy.optimize.least_squares``, ``soft_l1``, within the
-    bounds); the lower of the two. The second start is there because the absolute-error surface has corners the simplex
-    can stop in: on exact synthetic step times (``tests/cost_model_tests/test_rl.py``) a run from ``x0`` alone ended at
-    a generation scale of 7e-6 with a 70 s switch and 0.23 of loss, where the true factors give 0."""
+    """The log-factors that minimise ``sum |residuals(x)|`` within :data:`_LOG_FACTOR_BOUND`: Nelder-Mead restarted from
+    its own result until it stops improving (a fresh simplex escapes a collapsed one), run from ``x0`` and from the
+    smooth least-squares fit (``soft_l1``, within the bounds), since the absolute-error surface has corners a simplex
+    stops in; the lower of the two."""
 
     def loss(x: np.ndarray) -> float:
         if not np.all(np.abs(x) <= _LOG_FACTOR_BOUND):  # the simplex can wander to factors of e^700 (inf): out of range
@@ -348,7 +339,8 @@ def _minimise(residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray) -> 
     def descend(start: np.ndarray) -> tuple[np.ndarray, float]:
         x, best = start, loss(start)
         for _ in range(8):
-            res = optimize.minimize(loss, x, method="Nelder-Mead", options={"xatol": 1e-5, "fatol": 1e-8, "maxiter": 2000 * len(x)})
+            res = optimize.minimize(loss, x, method="Nelder-Mead",
+                                    options={"xatol": 1e-5, "fatol": 1e-8, "maxiter": 2000 * len(x)})
             if best - res.fun < 1e-7:
                 break
             x, best = res.x, float(res.fun)
@@ -356,31 +348,21 @@ def _minimise(residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray) -> 
 
     x0 = np.clip(np.asarray(x0, dtype=float), -_LOG_FACTOR_BOUND, _LOG_FACTOR_BOUND)
     runs = [descend(x0)]
-    smooth = optimize.least_squares(residuals, x0, bounds=(-_LOG_FACTOR_BOUND, _LOG_FACTOR_BOUND), loss="soft_l1", f_scale=0.1)
+    smooth = optimize.least_squares(residuals, x0, bounds=(-_LOG_FACTOR_BOUND, _LOG_FACTOR_BOUND), loss="soft_l1",
+                                    f_scale=0.1)
     runs.append(descend(np.asarray(smooth.x, dtype=float)))
     return min(runs, key=lambda xb: xb[1])[0]
 
 
 
-def fit_calibrations(results: Sequence[RowResult], *, base: RLCalibration = DEFAULT_RL_CALIBRATION, source: str = "fit") -> dict[str, RLCalibration]:
-    """Per-GPU scales with fixed costs shared by every GPU: one :class:`RLCalibration` per GPU of the rows.
+def fit_calibrations(results: Sequence[RowResult], *, base: RLCalibration = DEFAULT_RL_CALIBRATION,
+                     source: str = "fit") -> dict[str, RLCalibration]:
+    """One :class:`RLCalibration` per GPU of the rows: per-GPU ``generation_scale`` and ``training_scale``
+    (``logprob_scale`` tied to it), and one ``switch_fixed_s`` and ``step_overhead_s`` for all, the framework's
+    host-side work per step whatever the GPU (fitted per GPU they are not identified by a few rows). Minimises the sum
+    of |log(predicted / measured)| (Nelder-Mead over log-factors) from ``base``, under which the results were predicted.
 
-    Each GPU gets its own ``generation_scale`` and ``training_scale`` (``logprob_scale`` tied to it):
-    how fast its kernels run against the tables. ``switch_fixed_s`` and ``step_overhead_s`` are one
-    pair for all: they are the framework's host-side work per step (NeMo-RL ``grpo.py``'s timers
-    outside generation, log-probs, training and refit: data processing, rewards and advantages,
-    offload / onload calls, Ray round trips), the same code whatever the GPU. Fitted per GPU, they are
-    not identified by a few rows: on NeMo-RL's 8 predicted GB200 fit rows a per-GPU fit ends at a
-    training scale of 0.15 (converged) or, stopped early, at 41 s of switch and 75 s of step overhead,
-    more than the whole measured step of the smallest GB200 run (Llama-3.1-8B on 8 GB200 colocated:
-    91 s, of which 46 s predicted work) can hold.
-
-    Minimises the sum of |log(predicted / measured)| over all rows (Nelder-Mead over log-factors),
-    starting from ``base``; the results must have been predicted under ``base``.
-
-    Raises:
-        TunerError: no predicted row to fit.
-    """
+    Raises TunerError: no predicted row to fit."""
     use = [r for r in results if r.plan is not None]
     if not use:
         raise TunerError("no predicted row to calibrate on")
@@ -390,14 +372,17 @@ def fit_calibrations(results: Sequence[RowResult], *, base: RLCalibration = DEFA
         e = np.exp(x)
         sw, ov = float(e[-2]), float(e[-1])
         return {
-            g: base.replace(generation_scale=float(e[2 * i]), training_scale=float(e[2 * i + 1]), logprob_scale=float(e[2 * i + 1]),
+            g: base.replace(generation_scale=float(e[2 * i]), training_scale=float(e[2 * i + 1]),
+                            logprob_scale=float(e[2 * i + 1]),
                             switch_fixed_s=sw, step_overhead_s=ov, source=f"{source} ({g} scales, shared fixed costs)")
             for i, g in enumerate(gpus)
         }
 
     def residuals(x: np.ndarray) -> np.ndarray:
         c = cals(x)
-        return np.array([math.log(recalibrate(r.plan, base, c[r.row.gpu]) / r.row.step_time_s) for r in use if r.plan is not None])
+        return np.array([math.log(recalibrate(r.plan, base, c[r.row.gpu]) / r.row.step_time_s) for r in use
+                         if r.plan is not None])
 
-    x0 = np.log([base.generation_scale, base.training_scale] * len(gpus) + [max(base.switch_fixed_s, 0.1), max(base.step_overhead_s, 0.1)])
+    x0 = np.log([base.generation_scale, base.training_scale] * len(gpus)
+                + [max(base.switch_fixed_s, 0.1), max(base.step_overhead_s, 0.1)])
     return cals(_minimise(residuals, x0))

@@ -1,17 +1,10 @@
 """Pipeline splits and Megatron's ``--pipeline-model-parallel-layout`` string.
 
-A *split* says how many decoder layers each pipeline rank holds in each of its
-virtual chunks. The tuner describes it with Megatron's own two numbers,
-``num_layers_in_first_pipeline_stage`` and ``num_layers_in_last_pipeline_stage``
-(``--decoder-first/last-pipeline-num-layers``), but always hands it to Megatron
-as a layout string, because the string has none of the flags' divisibility
-limits (the seed's ``Et|(tt|)*30tL`` puts 7 layers on the first rank at VPP 4,
-which ``--decoder-first-pipeline-num-layers 7`` would reject since 7 % 4 != 0).
-
-Stage order everywhere is Megatron's execution order, VPP-major: stage
-``i = vpp_rank * pp + pp_rank`` (``PipelineParallelLayerLayout.__init__`` in
-``megatron/core/transformer/pipeline_parallel_layer_layout.py``).
-"""
+A *split* says how many decoder layers each pipeline rank holds in each virtual chunk, in Megatron's terms
+``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage``; it is handed to Megatron as a layout
+string, which has none of the flags' divisibility limits (``Et|(tt|)*30tL`` puts 7 layers on the first rank at VPP 4).
+Stage order is Megatron's execution order, VPP-major: stage ``vpp_rank * pp + pp_rank``
+(``megatron/core/transformer/pipeline_parallel_layer_layout.py``)."""
 
 from __future__ import annotations
 
@@ -48,41 +41,18 @@ _GRAMMAR_CHARS = frozenset("EtmL|()*,0123456789")
 
 
 def stage_layer_counts(num_layers: int, pp: int, vpp: int, first: int = 0, last: int = 0) -> list[list[int]]:
-    """Decoder layers per pipeline rank and virtual chunk.
+    """Decoder layers per pipeline rank and virtual chunk, ``counts[pp_rank][vpp_rank]`` (``pp`` lists of ``vpp`` ints
+    summing to ``num_layers``, MTP excluded).
 
-    Even split (``first == last == 0``): every rank holds ``num_layers / pp``
-    layers and every chunk ``num_layers / (pp * vpp)``, the rule of
-    ``TransformerConfig.__post_init__`` / ``validate_args`` (arguments.py) for
-    ``--num-virtual-stages-per-pipeline-rank`` without first/last.
+    Even split (``first == last == 0``): ``num_layers / (pp * vpp)`` per chunk (``TransformerConfig.__post_init__`` /
+    ``validate_args``). Uneven: ``first`` (``last``) is rank 0's (rank ``pp - 1``'s) layers over all its chunks, as
+    Megatron's ``num_layers_in_first/last_pipeline_stage`` (0: a middle-sized rank). Middle ranks hold ``m`` layers,
+    chunk ``c = m / vpp``; rank 0's chunks are ``[c - d_f, c, ..., c]`` (deficit ``d_f = m - first`` next to the
+    embedding), the last rank's ``[c, ..., c, c - d_l]``; a chunk may be empty. With ``pp == 2`` and both given, ``m``
+    is the smallest multiple of ``vpp`` not below ``max(first, last)``.
 
-    Uneven split: ``first`` (``last``) is the number of layers of rank 0
-    (rank ``pp - 1``) over all its chunks, as Megatron's
-    ``num_layers_in_first/last_pipeline_stage``; a value of 0 makes that rank a
-    normal, middle-sized rank. The middle ranks hold ``m`` layers each, chunk
-    size ``c = m / vpp``. Rank 0's chunks are ``[c - d_f, c, ..., c]`` with the
-    deficit ``d_f = m - first`` next to the embedding; the last rank's are
-    ``[c, ..., c, c - d_l]``, the deficit next to the loss. ``0 <= d <= c``: a
-    chunk may be empty (Megatron allows empty stages, e.g. ``E|...``). With
-    ``pp == 2`` and both values given there is no middle rank: ``m`` is the
-    smallest multiple of ``vpp`` not below ``max(first, last)``, i.e.
-    ``m = (num_layers + d_f + d_l) / 2`` with the smallest deficits.
-
-    Args:
-        num_layers: decoder layers of the model (``--num-layers``), MTP excluded.
-        pp: pipeline-parallel size.
-        vpp: virtual chunks per pipeline rank (1 = not interleaved).
-        first: layers on rank 0 over all its chunks; 0 = a middle-sized rank.
-        last: layers on rank ``pp - 1``; 0 = a middle-sized rank.
-
-    Returns:
-        ``counts[pp_rank][vpp_rank]``: decoder layers in that chunk (``pp`` lists
-        of ``vpp`` ints, summing to ``num_layers``).
-
-    Raises:
-        InfeasibleLayout: (``pipeline_split``) if a size is not positive, the
-            layers do not divide as required, ``pp == 1`` with first/last set, or a
-            deficit is negative or larger than a chunk.
-    """
+    Raises InfeasibleLayout: (``pipeline_split``) a size not positive, layers that do not divide, ``pp == 1`` with
+    first/last set, or a deficit negative or larger than a chunk."""
     return [list(r) for r in _stage_layer_counts(num_layers, pp, vpp, first, last)]
 
 
@@ -174,33 +144,17 @@ def _compress_stage(symbols: str) -> str:
 def emit_layout_string(
     num_layers: int, pp: int, vpp: int, first: int = 0, last: int = 0, mtp_num_layers: int = 0
 ) -> str:
-    """The compressed ``--pipeline-model-parallel-layout`` string of a split.
+    """The compressed ``--pipeline-model-parallel-layout`` string of a split (``first`` / ``last`` as in
+    :func:`stage_layer_counts`; ``mtp_num_layers`` placed in the last stage before ``L``).
 
-    Stages are written in execution order (VPP-major). Stage 0 starts with ``E``;
-    the last stage holds the ``m`` (MTP) layers and ends with ``L``. Inside a
-    stage a run of 3 or more equal symbols becomes ``x*n``; ``k >= 2`` equal
-    consecutive stages other than the final one become ``(S|)*k``; the final
-    stage has no trailing ``|``. The result parses back with Megatron's
-    ``PipelineParallelLayerLayout.parse_str_to_list``
-    (``megatron/core/transformer/pipeline_parallel_layer_layout.py``).
+    Stages in execution order (VPP-major); stage 0 starts with ``E``, the last ends with ``L``. Inside a stage a run of
+    3 or more equal symbols becomes ``x*n``; ``k >= 2`` equal consecutive stages other than the final one become
+    ``(S|)*k``. The result parses back with Megatron's ``PipelineParallelLayerLayout.parse_str_to_list``
+    (``megatron/core/transformer/pipeline_parallel_layer_layout.py``). Example: 62 layers, pp 8, vpp 4, first 7, last 7
+    gives ``Et|(tt|)*30tL``.
 
-    Example: 62 layers, pp 8, vpp 4, first 7, last 7 gives ``Et|(tt|)*30tL``.
-
-    Args:
-        num_layers: decoder layers (MTP excluded).
-        pp: pipeline-parallel size.
-        vpp: virtual chunks per pipeline rank.
-        first: layers on rank 0; 0 = middle-sized (see :func:`stage_layer_counts`).
-        last: layers on the last rank; 0 = middle-sized.
-        mtp_num_layers: MTP layers, placed in the last stage before ``L``.
-
-    Returns:
-        The layout string.
-
-    Raises:
-        InfeasibleLayout: (``pipeline_split``) if the split is impossible, or
-            (``pipeline_layout``) if ``mtp_num_layers`` is negative.
-    """
+    Raises InfeasibleLayout: (``pipeline_split``) an impossible split, or (``pipeline_layout``) a negative
+    ``mtp_num_layers``."""
     if mtp_num_layers < 0:
         raise InfeasibleLayout(LAYOUT_RULE_ID, f"mtp_num_layers ({mtp_num_layers}) must be >= 0")
     counts = _stage_layer_counts(num_layers, pp, vpp, first, last)
@@ -234,50 +188,16 @@ def _syntax_error(text: str, reason: str) -> InfeasibleLayout:
     return InfeasibleLayout(LAYOUT_RULE_ID, f"pipeline layout {shown!r}: {reason}")
 
 
-#: Most symbols (and '|') a layout may expand to: a t per decoder layer plus E, L, m and
-#: separators; no model has more than a few hundred layers.
-MAX_LAYOUT_SYMBOLS = 100_000
-
-
-def _expanded_size(text: str, flat: str, pattern: re.Pattern[str]) -> int:
-    """Length of ``flat`` once every ``pattern`` match (``group(1)`` repeated ``group(2)`` times)
-    is expanded, computed without expanding.
-
-    Raises:
-        InfeasibleLayout: (``pipeline_layout``) if that exceeds :data:`MAX_LAYOUT_SYMBOLS`.
-    """
-    try:
-        size = len(flat) + sum(len(mt.group(1)) * int(mt.group(2)) - len(mt.group(0)) for mt in pattern.finditer(flat))
-    except ValueError:  # a repeat count too long for int()
-        size = MAX_LAYOUT_SYMBOLS + 1
-    if size > MAX_LAYOUT_SYMBOLS:
-        raise _syntax_error(text, f"it expands to more than {MAX_LAYOUT_SYMBOLS:,} symbols; --pipeline-layout takes "
-                                  "E, a t per decoder layer, an m per MTP layer and L, split into stages by '|'")
-    return size
-
-
 def parse_layout_string(text: str, pp: int) -> list[list[str]]:
-    """Parse a layout string into stages, as Megatron does.
+    """Parse a layout string (e.g. ``Et*3|(tt|)*29,m|L``) into its stages in execution order (VPP-major), each a list of
+    symbols, as Megatron does.
 
-    Mirrors ``PipelineParallelLayerLayout.parse_str_to_list`` and the stage-count
-    check of ``PipelineParallelLayerLayout.__init__``
-    (``megatron/core/transformer/pipeline_parallel_layer_layout.py``): commas are
-    dropped, then every ``(...)*n`` group is expanded, then every ``x*n``, then
-    the text is split on ``|``. Only ``E t m L | ( ) * , 0-9`` may appear: no
-    whitespace, no nested parentheses, and every group must be followed by
-    ``*n``. An empty stage is allowed.
+    Mirrors ``PipelineParallelLayerLayout.parse_str_to_list`` and the stage-count check of its ``__init__``
+    (``megatron/core/transformer/pipeline_parallel_layer_layout.py``): commas dropped, ``(...)*n`` groups expanded, then
+    ``x*n``, then split on ``|``. Only ``E t m L | ( ) * , 0-9``: no whitespace, no nested parentheses, every group
+    followed by ``*n``. An empty stage is allowed.
 
-    Args:
-        text: the layout string, e.g. ``Et*3|(tt|)*29,m|L``.
-        pp: pipeline-parallel size; the number of stages must be a multiple of it.
-
-    Returns:
-        The stages in execution order (VPP-major), each a list of symbols.
-
-    Raises:
-        InfeasibleLayout: (``pipeline_layout``) on any syntax error, or if the
-            number of stages is not a multiple of ``pp``.
-    """
+    Raises InfeasibleLayout: (``pipeline_layout``) a syntax error, or a stage count that is not a multiple of ``pp``."""
     if not isinstance(text, str) or not text:
         raise _syntax_error(str(text), "must be a non-empty string")
     if pp < 1:
@@ -303,11 +223,9 @@ def parse_layout_string(text: str, pp: int) -> list[list[str]]:
     if depth:
         raise _syntax_error(text, "a '(' is never closed")
     flat = text.replace(",", "")
-    _expanded_size(text, flat, _GROUP_RE)
     flat = _GROUP_RE.sub(lambda mt: mt.group(1) * int(mt.group(2)), flat)
     if "(" in flat or ")" in flat:
         raise _syntax_error(text, "every '(...)' group must be non-empty and followed by '*n' with n a number")
-    _expanded_size(text, flat, _CHAR_RE)
     flat = _CHAR_RE.sub(lambda mt: mt.group(1) * int(mt.group(2)), flat)
     leftover = sorted({ch for ch in flat if ch not in "EtmL|"})
     if leftover:
@@ -323,33 +241,16 @@ def parse_layout_string(text: str, pp: int) -> list[list[str]]:
 
 
 def layer_counts_from_string(text: str, pp: int, num_layers: int, mtp_num_layers: int = 0) -> list[list[int]]:
-    """Parse and validate a layout string; decoder layers per rank and chunk.
+    """Parse and validate a layout string: decoder layers (``t``) per rank and chunk, as :func:`stage_layer_counts`.
 
-    Validation mirrors ``PipelineParallelLayerLayout.validate_layer_layout``
-    (``megatron/core/transformer/pipeline_parallel_layer_layout.py``): exactly
-    one ``E``, first in execution order, and one ``L``, last; ``count(t) ==
-    num_layers``; ``count(m) == mtp_num_layers``; no ``t`` after the first ``m``;
-    ``m`` only in the last virtual stage of a rank, and a rank's last stage that
-    has ``m`` holds all of them. Beyond Megatron's check, no stage may be empty (NVIDIA/Megatron-LM issue 1852:
-    a run with one errors or deadlocks, though the parser accepts it), and ``E`` must be in stage 0
-    and ``L`` in the last stage, since Megatron builds the embedding on the first
-    and the output layer on the last stage (``get_model`` in
-    ``megatron/training/training.py``) whatever the string says.
+    Mirrors ``PipelineParallelLayerLayout.validate_layer_layout``
+    (``megatron/core/transformer/pipeline_parallel_layer_layout.py``): one ``E``, first in execution order, and one
+    ``L``, last; ``count(t) == num_layers``; ``count(m) == mtp_num_layers``; no ``t`` after the first ``m``; ``m`` only
+    in the last virtual stage of a rank, which holds all of them. Beyond Megatron's check: no stage may be empty
+    (NVIDIA/Megatron-LM issue 1852: such a run errors or deadlocks), and ``E`` must be in stage 0 and ``L`` in the last
+    (``get_model`` in ``megatron/training/training.py`` builds them there whatever the string says).
 
-    Args:
-        text: the layout string.
-        pp: pipeline-parallel size.
-        num_layers: decoder layers the model has (MTP excluded).
-        mtp_num_layers: MTP layers the model trains.
-
-    Returns:
-        ``counts[pp_rank][vpp_rank]``: decoder layers (``t``) per chunk, as
-        :func:`stage_layer_counts` returns.
-
-    Raises:
-        InfeasibleLayout: (``pipeline_layout``) on a syntax error or a broken rule;
-            the reason names the rule and the numbers.
-    """
+    Raises InfeasibleLayout: (``pipeline_layout``) a syntax error or a broken rule, naming the rule and the numbers."""
     stages = parse_layout_string(text, pp)
     vpp = len(stages) // pp
     flat = [s for stage in stages for s in stage]
@@ -391,7 +292,8 @@ def layer_counts_from_string(text: str, pp: int, num_layers: int, mtp_num_layers
     for i, stage in enumerate(stages):
         if not stage:
             raise fail(
-                f"stage {i} is empty: Megatron's parser accepts an empty stage (its docs: 'E||t|L'), but such runs error or "
+                f"stage {i} is empty: Megatron's parser accepts an empty stage (its docs: 'E||t|L'), but such runs "
+                "error or "
                 "deadlock (NVIDIA/Megatron-LM issue 1852, open: 'Et|(tt|)*29|L' fails); give every stage a layer "
                 "(a stage with only E, m or L is fine: Megatron's own DeepSeek example 'Et*3|(tt|)*29,m|L')"
             )

@@ -46,7 +46,8 @@ class RuleEnv:
     def of(cls, cluster: Cluster | None = None, options: RunOptions | None = None) -> RuleEnv:
         """The environment of a cluster and run options (their release, network and NVLink domain)."""
         return cls(
-            megatron_core=options.megatron_core_tuple if options is not None else megatron_core_version(NEWEST_MEGATRON_CORE),
+            megatron_core=options.megatron_core_tuple if options is not None
+            else megatron_core_version(NEWEST_MEGATRON_CORE),
             network=cluster.network if cluster is not None else None,
             nvlink_size=cluster.nvlink_size if cluster is not None else 0,
             cp_comm_type=options.cp_comm_type if options is not None else "p2p",
@@ -72,17 +73,10 @@ MOE_RECOMPUTE_MODULES = ("moe_act", "moe")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Rule:
-    """One validity rule.
-
-    Attributes:
-        id: short id used in reports and in :class:`InfeasibleLayout`.
-        description: the check it mirrors, with the Megatron file and function.
-        columns: the :class:`LayoutTable` columns the check reads; the enumeration
-            evaluates a rule as soon as these are known.
-        check_fn: vectorised check, one bool per row (True = ok).
-        explain_fn: reason for one failing layout, naming the values.
-        uses_env: the functions take a fourth argument, the :class:`RuleEnv`.
-    """
+    """One validity rule: ``id`` (in reports and :class:`InfeasibleLayout`), ``description`` (the check it mirrors, with
+    the Megatron file and function), ``columns`` (the :class:`LayoutTable` columns it reads: the enumeration evaluates
+    it as soon as they are known), ``check_fn`` (one bool per row, True = ok), ``explain_fn`` (the reason for one
+    failing layout) and ``uses_env`` (both take the :class:`RuleEnv` as a fourth argument)."""
 
     id: str
     description: str
@@ -91,7 +85,8 @@ class Rule:
     explain_fn: ExplainFn
     uses_env: bool = False
 
-    def check(self, table: LayoutTable, model: ModelSpec, workload: Workload, env: RuleEnv = DEFAULT_RULE_ENV) -> BoolArray:
+    def check(self, table: LayoutTable, model: ModelSpec, workload: Workload,
+              env: RuleEnv = DEFAULT_RULE_ENV) -> BoolArray:
         """Rows of ``table`` that pass (a bool array of ``len(table)``)."""
         raw = self.check_fn(table, model, workload, env) if self.uses_env else self.check_fn(table, model, workload)
         ok = np.asarray(raw, dtype=np.bool_)
@@ -99,7 +94,8 @@ class Rule:
 
     def explain(self, layout: Layout, model: ModelSpec, workload: Workload, env: RuleEnv = DEFAULT_RULE_ENV) -> str:
         """Why ``layout`` breaks this rule: the values involved and what would be accepted."""
-        return str(self.explain_fn(layout, model, workload, env) if self.uses_env else self.explain_fn(layout, model, workload))
+        return str(self.explain_fn(layout, model, workload, env) if self.uses_env
+                   else self.explain_fn(layout, model, workload))
 
 
 
@@ -113,7 +109,8 @@ def rule(id: str, columns: tuple[str, ...], *, explain: ExplainFn) -> Callable[[
     arguments reads the :class:`RuleEnv` (``uses_env``)."""
 
     def register(check: CheckFn) -> CheckFn:
-        REGISTERED.append(Rule(id=id, description=" ".join((check.__doc__ or "").split()), columns=columns, check_fn=check,
+        REGISTERED.append(Rule(id=id, description=" ".join((check.__doc__ or "").split()), columns=columns,
+                               check_fn=check,
                                explain_fn=explain, uses_env=len(inspect.signature(check).parameters) == 4))
         return check
 
@@ -219,12 +216,10 @@ def _layout_counts(layout: Layout, model: ModelSpec) -> list[list[int]] | None:
 def applicable_recompute_modules(model: ModelSpec) -> tuple[str, ...]:
     """``--recompute-modules`` entries that have something to recompute in ``model``.
 
-    ``moe_act``/``moe`` need MoE layers, ``shared_experts`` a shared expert,
-    ``mla_up_proj`` multi-latent attention (``TransformerConfig.__post_init__``,
-    ``megatron/core/transformer/transformer_config.py``, raises for ``mla_up_proj``
-    without MLA; the others would silently do nothing), and ``mlp`` dense layers
-    (``TransformerLayer.__init__`` in ``transformer_layer.py`` sets ``recompute_mlp``
-    only for a layer that is not MoE).
+    ``moe_act``/``moe`` need MoE layers, ``shared_experts`` a shared expert, ``mla_up_proj`` multi-latent attention
+    (``TransformerConfig.__post_init__``, ``megatron/core/transformer/transformer_config.py``, raises for
+    ``mla_up_proj`` without MLA; the others would silently do nothing), and ``mlp`` dense layers
+    (``TransformerLayer.__init__`` in ``transformer_layer.py`` sets ``recompute_mlp`` only for a layer that is not MoE).
     """
     out = ["core_attn", "layernorm"]
     if model.num_dense_layers > 0:

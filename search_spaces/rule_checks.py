@@ -78,8 +78,8 @@ def _groups_tp_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -> str:
     g = m.num_query_groups
     if env.megatron_core < TP_ABOVE_QUERY_GROUPS_SINCE:
         return (
-            f"num_query_groups ({g}) must be a multiple of tp ({lay.tp}) in megatron-core {env.version_label} (TP above the "
-            f"query-group count needs 0.16 or later, --megatron-core); accepted tp: {_divisors(g)}"
+            f"num_query_groups ({g}) must be a multiple of tp ({lay.tp}) in megatron-core {env.version_label} (TP "
+            f"above the query-group count needs 0.16 or later, --megatron-core); accepted tp: {_divisors(g)}"
         )
     return (
         f"num_query_groups ({g}) must be a multiple or a divisor of tp ({lay.tp}) (megatron-core >= 0.16; "
@@ -243,7 +243,8 @@ def _split_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     return _split_reason(lay, m) or "the pipeline split is feasible"
 
 
-@rule("pipeline_split", ("pp", "vpp", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"), explain=_split_x)
+@rule("pipeline_split", ("pp", "vpp", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"),
+      explain=_split_x)
 def _split(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     """the decoder layers split over pp ranks and vpp chunks as first/last ask
     (search_spaces.pipeline.stage_layer_counts; megatron/core/transformer/pipeline_parallel_layer_layout.py
@@ -259,7 +260,8 @@ def _split_canonical_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     )
 
 
-@rule("pipeline_split_canonical", ("pp", "vpp", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"), explain=_split_canonical_x)
+@rule("pipeline_split_canonical", ("pp", "vpp", "num_layers_in_first_pipeline_stage",
+                                   "num_layers_in_last_pipeline_stage"), explain=_split_canonical_x)
 def _split_canonical(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     """tuner policy: an uneven first/last that gives the even split's chunks is a duplicate (Megatron accepts it)."""
     return _b(~_split_stats(t, m).same_as_even)
@@ -273,8 +275,7 @@ def _interleaved_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     return (
         f"the interleaved schedule (vpp {lay.vpp}) needs the number of microbatches "
         f"M = global_batch_size/(micro_batch_size*dp) = "
-        f"{w.global_batch_size}/({lay.micro_batch_size}*{lay.dp}) = {nmb} "
-        f"to be >= pp ({lay.pp}) and a multiple of pp"
+        f"{w.global_batch_size}/({lay.micro_batch_size}*{lay.dp}) = {nmb} to be >= pp ({lay.pp}) and a multiple of pp"
     )
 
 
@@ -325,7 +326,9 @@ def _recompute_full_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     return "; ".join(parts) or "full recompute settings are valid"
 
 
-@rule("recompute_full", ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules", "pp", "vpp", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"), explain=_recompute_full_x)
+@rule("recompute_full", ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules", "pp",
+                         "vpp", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"),
+      explain=_recompute_full_x)
 def _recompute_full(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     """full recompute: method uniform|block and recompute_num_layers >= 1 (transformer_config.py
     TransformerConfig.__post_init__); MTP needs uniform 1 (multi_token_prediction.py
@@ -335,7 +338,8 @@ def _recompute_full(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     full = t.isin("recompute_granularity", "full")
     if not full.any():
         return np.ones(len(t), dtype=np.bool_)
-    uniform, block, n = t.isin("recompute_method", "uniform"), t.isin("recompute_method", "block"), t["recompute_num_layers"]
+    uniform, block, n = t.isin("recompute_method", "uniform"), t.isin("recompute_method",
+                                                                      "block"), t["recompute_num_layers"]
     ok = (uniform | block) & (n >= 1) & t.isin("recompute_modules", "")
     if m.mtp_num_layers > 0:
         ok &= ~uniform | (n == 1)
@@ -364,7 +368,8 @@ def _recompute_selective_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     return "; ".join(parts) or "selective recompute settings are valid"
 
 
-@rule("recompute_selective", ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules"), explain=_recompute_selective_x)
+@rule("recompute_selective", ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules"),
+      explain=_recompute_selective_x)
 def _recompute_selective(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     """selective recompute: no recompute_method (arguments.py validate_args), recompute_num_layers None
     (transformer_config.py TransformerConfig.__post_init__), at least one module."""
@@ -381,7 +386,8 @@ def _recompute_none_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     )
 
 
-@rule("recompute_none", ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules"), explain=_recompute_none_x)
+@rule("recompute_none", ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules"),
+      explain=_recompute_none_x)
 def _recompute_none(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     """no recompute: method, num_layers and modules unset (tuner policy: one form per setting)."""
     none = t.isin("recompute_granularity", "none")
@@ -418,7 +424,8 @@ def _offload_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     )
 
 
-@rule("offload_needs_precision_aware", ("optimizer_offload_fraction", "use_precision_aware_optimizer"), explain=_offload_x)
+@rule("offload_needs_precision_aware", ("optimizer_offload_fraction", "use_precision_aware_optimizer"),
+      explain=_offload_x)
 def _offload(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     """--optimizer-cpu-offload needs --use-precision-aware-optimizer (megatron/training/arguments.py validate_args)."""
     return _b((t["optimizer_offload_fraction"] <= 0) | t["use_precision_aware_optimizer"])
@@ -428,7 +435,8 @@ def _pa_distopt_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     return "use_precision_aware_optimizer needs use_distributed_optimizer (it is off); turn it on"
 
 
-@rule("precision_aware_needs_distopt", ("use_precision_aware_optimizer", "use_distributed_optimizer"), explain=_pa_distopt_x)
+@rule("precision_aware_needs_distopt", ("use_precision_aware_optimizer", "use_distributed_optimizer"),
+      explain=_pa_distopt_x)
 def _pa_distopt(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     """--use-precision-aware-optimizer needs the distributed optimizer (megatron/core/optimizer/optimizer_config.py
     OptimizerConfig.__post_init__)."""
@@ -473,15 +481,17 @@ def _dispatcher(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     return _b(~flex | (t["etp"] * t["ep"] > 1))
 
 
-#: The first megatron-core release with ``moe_flex_dispatcher_backend`` (``--moe-flex-dispatcher-backend deepep|hybridep``,
-#: the flags this tool writes for a flex dispatcher): absent from core_v0.15.0 .. core_v0.15.3, which have only
-#: ``--moe-enable-deepep``; in core_v0.16.0 transformer/moe/token_dispatcher.py and moe/README.md.
+#: The first megatron-core release with ``moe_flex_dispatcher_backend`` (``--moe-flex-dispatcher-backend
+#: deepep|hybridep``, the flags this tool writes for a flex dispatcher): absent from core_v0.15.0 .. core_v0.15.3, which
+#: have only ``--moe-enable-deepep``; in core_v0.16.0 transformer/moe/token_dispatcher.py and moe/README.md.
 FLEX_BACKEND_SINCE = (0, 16)
 
 
 def _dispatcher_release_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -> str:
-    return (f"the flex dispatcher ({lay.dispatcher.value}) is written as --moe-flex-dispatcher-backend, which megatron-core "
-            f"{env.version_label} does not have (it arrived in 0.16; --megatron-core); use alltoall or allgather, or a newer release")
+    return (f"the flex dispatcher ({lay.dispatcher.value}) is written as --moe-flex-dispatcher-backend, which "
+            "megatron-core "
+            f"{env.version_label} does not have (it arrived in 0.16; --megatron-core); use alltoall or allgather, or a "
+            "newer release")
 
 
 @rule("dispatcher_release", ("dispatcher",), explain=_dispatcher_release_x)
@@ -499,9 +509,11 @@ def _dispatcher_fabric_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -
     assert net is not None, "only a check with a network fails"
     on = net.dispatcher(lay.dispatcher)
     return (
-        f"the {lay.dispatcher.value} dispatcher does not run across {net.name} ({net.key}): its EP group of etp {lay.etp} x "
-        f"ep {lay.ep} = {lay.etp * lay.ep} GPUs leaves the NVLink domain of {env.nvlink_size} ({on.source}); use ep x etp <= "
-        f"{env.nvlink_size}, or a dispatcher that runs there ({', '.join(d.value for d in Dispatcher if net.dispatcher(d).runs_across)})"
+        f"the {lay.dispatcher.value} dispatcher does not run across {net.name} ({net.key}): its EP group of etp "
+        f"{lay.etp} x "
+        f"ep {lay.ep} = {lay.etp * lay.ep} GPUs leaves the NVLink domain of {env.nvlink_size} ({on.source}); use ep x "
+        f"etp <= {env.nvlink_size}, or a dispatcher that runs there "
+        f"({', '.join(d.value for d in Dispatcher if net.dispatcher(d).runs_across)})"
     )
 
 
@@ -524,18 +536,17 @@ def _dispatcher_fabric(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) 
 def _cp_attention_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -> str:
     what = " and ".join(x for x in ((f"softmax_type {m.softmax_type}" if m.softmax_type != "vanilla" else ""),
                                      ("sliding-window attention" if m.num_window_layers else "")) if x)
-    return (f"cp {lay.cp} with {what} ({m.name}) needs Megatron's --cp-comm-type a2a in Transformer Engine, and the run uses "
-            f"{env.cp_comm_type} (the commands this tool writes keep Megatron's default, p2p); use cp 1")
+    return (f"cp {lay.cp} with {what} ({m.name}) needs Megatron's --cp-comm-type a2a in Transformer Engine, and the "
+            f"run uses {env.cp_comm_type} (the commands this tool writes keep Megatron's default, p2p); use cp 1")
 
 
 @rule("cp_attention_variant", ("cp",), explain=_cp_attention_x)
 def _cp_attention(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> BoolArray:
     """with context parallelism, Transformer Engine runs attention sinks (``softmax_type`` not vanilla) only with
     ``--cp-comm-type a2a`` (transformer_engine/pytorch/attention/dot_product_attention/utils.py,
-    ``get_attention_backend``: FusedAttention is disabled for CP with another cp_comm_type and no other backend
-    takes a non-vanilla softmax under CP) and sliding-window attention only with ``a2a`` or ``all_gather``
-    (context_parallel.py, "Context parallelism does not support sliding window attention"); this tool models ``p2p``
-    and ``a2a``."""
+    ``get_attention_backend``: FusedAttention is disabled for CP with another cp_comm_type and no other backend takes a
+    non-vanilla softmax under CP) and sliding-window attention only with ``a2a`` or ``all_gather`` (context_parallel.py,
+    "Context parallelism does not support sliding window attention"); this tool models ``p2p`` and ``a2a``."""
     if env.cp_comm_type == "a2a" or not (m.softmax_type != "vanilla" or m.num_window_layers):
         return np.ones(len(t), dtype=np.bool_)
     return _b(t["cp"] == 1)
@@ -544,7 +555,8 @@ def _cp_attention(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> Bo
 def _cpu_offloading_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -> str:
     n = env.cpu_offloading_num_layers
     if n >= m.num_layers:
-        return f"--cpu-offloading-num-layers {n}: activation offloading takes fewer layers than the model's {m.num_layers}"
+        return (f"--cpu-offloading-num-layers {n}: activation offloading takes fewer layers than the model's "
+                f"{m.num_layers}")
     why = [x for x in ((f"pp {lay.pp}" if lay.pp > 1 else ""),
                        (f"recompute {lay.recompute_label}" if lay.recompute_granularity.value != "none" else "")) if x]
     return (f"--cpu-offloading-num-layers {n} (activation offloading) runs only with pp 1 and no recompute, and this "
@@ -598,9 +610,7 @@ def layout_warnings(layout: Layout, model: ModelSpec, options: RunOptions) -> li
     (``overlap_moe_expert_parallel_comm``) an odd number of MoE layers on a pipeline stage (a virtual stage with
     VPP) was reported to hang (NVIDIA/Megatron-LM issue 1810, cited by issue 1852; affected releases unknown).
 
-    Returns:
-        One line per warning (empty when none).
-    """
+    Returns: One line per warning (empty when none)."""
     out: list[str] = []
     if options.overlap_moe_expert_parallel_comm and model.is_moe:
         counts = _layout_counts(layout, model)
@@ -618,7 +628,8 @@ def layout_warnings(layout: Layout, model: ModelSpec, options: RunOptions) -> li
             if odd:
                 where = ", ".join(f"rank {p} stage {v}: {k}" for p, v, k in odd[:4]) + (" ..." if len(odd) > 4 else "")
                 out.append(
-                    f"EP all-to-all overlap with an odd number of MoE layers on a pipeline stage ({where}) was reported to hang "
+                    f"EP all-to-all overlap with an odd number of MoE layers on a pipeline stage ({where}) was "
+                    "reported to hang "
                     "(NVIDIA/Megatron-LM issue 1810, via issue 1852); prefer a split with an even number per stage"
                 )
     return out

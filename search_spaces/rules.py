@@ -1,25 +1,16 @@
 """Megatron-core's validity rules, vectorised over a :class:`LayoutTable`.
 
-Each rule is a small pure function over numpy columns (``True`` = the layout
-passes) plus a one-layout explanation that names the values involved and what
-would be accepted. Sources are megatron-core at slime's pin ``1dcf0daf``
-(core 0.16.0rc0) unless a rule says otherwise; see ``shared/notes/megatron_rules.md``
-sections 1-5. A few rules are the tuner's own policy (canonical forms that stop the
-search from trying one configuration twice); their descriptions say so.
+Each rule is a pure function over numpy columns (``True`` = passes) plus a one-layout explanation naming the values and
+what would be accepted. Sources are megatron-core at slime's pin ``1dcf0daf`` (core 0.16.0rc0) unless a rule says
+otherwise (``shared/notes/megatron_rules.md`` §1-5); a few are the tuner's own canonical forms, and say so. Rules that
+depend on the megatron-core release or the cluster's fabric read a :class:`RuleEnv` (none: what every release and fabric
+accept). A rule is added in :mod:`search_spaces.rule_checks` with :func:`~search_spaces.rule_base.rule`; its docstring
+is its description.
 
 Usage::
 
     ok, first_failures = check_table(table, model, workload, env=RuleEnv.of(cluster, options))
-    problems = check_layout(layout, model, workload)   # [(rule_id, reason), ...]
-
-Rules that depend on more than the layout, the model and the workload read a :class:`RuleEnv`: the
-megatron-core release (rules that changed between releases, ``docs/megatron_versions.md``) and the
-cluster's network (which dispatchers run across its fabric, ``specs/data/networks.yaml``). Without one
-(the default) they check what every release and fabric accept.
-
-A rule is added in :mod:`search_spaces.rule_checks`: an explanation function and a check decorated with
-:func:`~search_spaces.rule_base.rule`, whose docstring is the rule's description (the check it mirrors and its source).
-"""
+    problems = check_layout(layout, model, workload)   # [(rule_id, reason), ...]"""
 
 from __future__ import annotations
 
@@ -67,20 +58,11 @@ RULE_IDS: tuple[str, ...] = tuple(r.id for r in RULES)
 assert len(set(RULE_IDS)) == len(RULE_IDS)
 
 
-def check_table(table: LayoutTable, model: ModelSpec, workload: Workload, env: RuleEnv = DEFAULT_RULE_ENV) -> tuple[BoolArray, dict[str, int]]:
-    """Check every row of ``table`` against :data:`RULES`.
-
-    Args:
-        table: the layouts.
-        model: the model they train.
-        workload: sequence length and global batch.
-        env: release and network of the environment-dependent rules.
-
-    Returns:
-        ``(ok, first_failures)``: a bool array (True = valid) and, for every rule
-        id in check order, the number of rows whose first failing rule it is
-        (``sum(first_failures.values()) + ok.sum() == len(table)``).
-    """
+def check_table(table: LayoutTable, model: ModelSpec, workload: Workload,
+                env: RuleEnv = DEFAULT_RULE_ENV) -> tuple[BoolArray, dict[str, int]]:
+    """Check every row of ``table`` against :data:`RULES` (``env``: release and network of the environment-dependent
+    rules): ``(ok, first_failures)``, a bool array (True = valid) and, per rule id in check order, the rows whose first
+    failing rule it is (``sum(first_failures.values()) + ok.sum() == len(table)``)."""
     alive = np.ones(len(table), dtype=np.bool_)
     counts: dict[str, int] = {}
     for rule in RULES:
@@ -90,18 +72,14 @@ def check_table(table: LayoutTable, model: ModelSpec, workload: Workload, env: R
     return alive, counts
 
 
-def check_layout(layout: Layout, model: ModelSpec, workload: Workload, env: RuleEnv = DEFAULT_RULE_ENV) -> list[tuple[str, str]]:
+def check_layout(layout: Layout, model: ModelSpec, workload: Workload,
+                 env: RuleEnv = DEFAULT_RULE_ENV) -> list[tuple[str, str]]:
     """Every rule ``layout`` breaks, with its reason.
 
-    Args:
-        layout: one layout.
-        model: the model it trains.
-        workload: sequence length and global batch.
-        env: release and network of the environment-dependent rules.
+    Args: layout: one layout; model: the model it trains; workload: sequence length and global batch; env: release and
+    network of the environment-dependent rules.
 
-    Returns:
-        ``[(rule_id, reason), ...]`` in check order; empty when the layout is valid.
-    """
+    Returns: ``[(rule_id, reason), ...]`` in check order; empty when the layout is valid."""
     table = LayoutTable.from_layouts([layout])
     return [
         (rule.id, rule.explain(layout, model, workload, env))

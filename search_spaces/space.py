@@ -1,15 +1,8 @@
-"""The search space (a YAML file) and its enumeration into valid layouts.
-
-:class:`SearchSpace` holds one list of candidates per dimension; the bundled
-``default_space.yaml`` documents each key. :func:`enumerate_layouts` crosses
-the dimensions with numpy index arrays and applies :data:`~search_spaces.rules.RULES`
-stage by stage: a rule is evaluated as soon as the dimensions it reads are
-crossed in, so most combinations are rejected on small partial products and the
-count of each rejection is the number of rows times the size of the dimensions
-not yet crossed. Because the rules are applied in their fixed order, the counts
-are exactly those :func:`~search_spaces.rules.check_table` gives on the full
-product.
-"""
+"""The search space (a YAML file; the bundled ``default_space.yaml`` documents each key) and its enumeration into valid
+layouts: :func:`enumerate_layouts` crosses the dimensions with numpy index arrays and applies
+:data:`~search_spaces.rules.RULES` as soon as the dimensions a rule reads are crossed in, so most combinations are
+rejected on small partial products, with the same counts :func:`~search_spaces.rules.check_table` gives on the full
+product."""
 
 from __future__ import annotations
 
@@ -93,9 +86,8 @@ class RecomputeOption:
     def parse(entry: Any, where: str) -> list[RecomputeOption]:
         """Options from one YAML entry (``num_layers`` may be a list: one option each).
 
-        Raises:
-            TunerError: if the entry is not a mapping, has unknown keys, or a value is
-                not accepted; the message names the entry and the accepted values.
+        Raises TunerError: if the entry is not a mapping, has unknown keys, or a value is not accepted; the message
+        names the entry and the accepted values.
         """
         if not isinstance(entry, Mapping):
             raise TunerError(f"{where}: expected a mapping such as {{granularity: none}}, got {_show(entry)}")
@@ -149,16 +141,12 @@ class PipelineSplitSpace:
     def options(self, num_layers: int, pp: int) -> list[tuple[int, int]]:
         """``(first, last)`` candidates for one pipeline size; ``(0, 0)`` = even.
 
-        For deficits ``d_f, d_l`` in ``0..max_stage_deficit`` (not both 0) with
-        ``(num_layers + d_f + d_l) % pp == 0``, the middle ranks hold
-        ``m = (num_layers + d_f + d_l) / pp`` layers and the pair is
-        ``(m - d_f, m - d_l)``, both written out. Deficits that leave no whole
-        middle size define no split and are not candidates. Duplicate pairs are
-        listed once; ``pp == 1`` has only the even split.
+        For deficits ``d_f, d_l`` in ``0..max_stage_deficit`` (not both 0) with ``(num_layers + d_f + d_l) % pp == 0``,
+        the middle ranks hold ``m = (num_layers + d_f + d_l) / pp`` layers and the pair is ``(m - d_f, m - d_l)``, both
+        written out. Deficits that leave no whole middle size define no split and are not candidates. Duplicate pairs
+        are listed once; ``pp == 1`` has only the even split.
 
-        Returns:
-            Distinct ``(first, last)`` pairs, even first.
-        """
+        Returns: Distinct ``(first, last)`` pairs, even first."""
         out: list[tuple[int, int]] = [(0, 0)] if self.even else []
         if pp < 2:
             return out
@@ -191,7 +179,8 @@ def _unique(values: Sequence[T]) -> tuple[T, ...]:
 def _ints(value: Any, key: str) -> tuple[int, ...]:
     vals = _as_list(value)
     if not vals or not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1_000_000 for v in vals):
-        raise TunerError(f"{key}: expected a positive integer (at most 1,000,000) or a non-empty list of them, got {_show(value)}")
+        raise TunerError(f"{key}: expected a positive integer (at most 1,000,000) or a non-empty list of them, got "
+                         f"{_show(value)}")
     return _unique(vals)
 
 
@@ -225,9 +214,8 @@ def _choices(value: Any, key: str, accepted: Sequence[str]) -> tuple[str, ...]:
 class SearchSpace:
     """Candidates per dimension; every combination is a candidate layout.
 
-    Made with :meth:`load` (the bundled default, or a YAML file over it) or
-    :meth:`from_dict`; :meth:`to_dict` gives the resolved space back for saving
-    with a study. ``default_space.yaml`` documents each field.
+    Made with :meth:`load` (the bundled default, or a YAML file over it) or :meth:`from_dict`; :meth:`to_dict` gives the
+    resolved space back for saving with a study. ``default_space.yaml`` documents each field.
     """
 
     tp: tuple[int, ...]
@@ -271,19 +259,11 @@ class SearchSpace:
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> SearchSpace:
-        """The bundled default space, or a YAML file laid over it.
+        """The bundled default space, or the YAML file ``path`` (``tune --space FILE``) laid over it: keys it leaves out
+        keep their default values.
 
-        Args:
-            path: a YAML file (``tune --space FILE``); None = the bundled default.
-                Keys the file leaves out keep their default values.
-
-        Returns:
-            The resolved space.
-
-        Raises:
-            TunerError: if the file cannot be read or parsed, is not a mapping, has
-                unknown keys (listed with the accepted ones), or a value is not accepted.
-        """
+        Raises TunerError: the file cannot be read or parsed, is not a mapping, has unknown keys (listed with the
+        accepted ones), or a value is not accepted."""
         default = _read_default()
         if path is None:
             return cls.from_dict(default, source="the default space")
@@ -306,9 +286,7 @@ class SearchSpace:
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "search space") -> SearchSpace:
         """Build from a mapping; missing keys take the bundled default's values.
 
-        Raises:
-            TunerError: unknown keys (listed with the accepted ones) or a bad value.
-        """
+        Raises TunerError: unknown keys (listed with the accepted ones) or a bad value."""
         cls._reject_unknown(data, source)
         d = {**_read_default(), **data}
 
@@ -337,7 +315,8 @@ class SearchSpace:
         if not isinstance(even, bool):
             raise TunerError(f"{where('pipeline_split.even')}: expected true or false, got {_show(even)}")
         if not isinstance(deficit, int) or isinstance(deficit, bool) or not 0 <= deficit <= 64:
-            raise TunerError(f"{where('pipeline_split.max_stage_deficit')}: expected an integer from 0 to 64, got {_show(deficit)}")
+            raise TunerError(f"{where('pipeline_split.max_stage_deficit')}: expected an integer from 0 to 64, got "
+                             f"{_show(deficit)}")
         if not even and deficit == 0:
             raise TunerError(
                 f"{where('pipeline_split')}: even is false and max_stage_deficit is 0, so no split is left"
@@ -595,39 +574,16 @@ class _Product:
 
 def enumerate_layouts(space: SearchSpace, model: ModelSpec, cluster_world_size: int, workload: Workload,
                       env: RuleEnv = DEFAULT_RULE_ENV) -> Enumeration:
-    """Every combination of the space, checked against the rules.
+    """Every combination of the space, checked against the rules: the count of combinations, the count rejected by each
+    rule (first failure), the valid layouts (codes into each dimension's options, :class:`~specs.layout.LayoutTable`)
+    and notes.
 
-    Dimensions: pipeline (pp with its first/last split candidates, see
-    :meth:`PipelineSplitSpace.options`), tp (with ``sequence_parallel = tp > 1``),
-    cp, ep, etp, micro_batch_size, vpp, recompute, and the optimizer and
-    dispatcher settings. For a dense model ep/etp/dispatcher collapse to
-    ``[1]/[1]/[alltoall]``; recompute modules the model lacks are dropped from
-    the selective options (both reported in ``notes``). ``world_size`` is
-    ``cluster_world_size`` in every row.
+    For a dense model ep/etp/dispatcher collapse to ``[1]/[1]/[alltoall]``; recompute modules the model lacks are
+    dropped (both said in ``notes``). Rules run in :data:`~search_spaces.rules.RULES` order on partial products, once
+    per combination of the options they read, so ``rule_counts`` equals :func:`~search_spaces.rules.check_table` on the
+    full product.
 
-    Rules are applied in :data:`~search_spaces.rules.RULES` order on partial
-    products (a rule as soon as the dimensions it reads are crossed in), so
-    ``rule_counts`` equals what :func:`~search_spaces.rules.check_table` would
-    give on the full product. A rule is evaluated once per combination of the
-    options of the dimensions it reads and looked up per row. The valid table
-    holds every column as codes into its dimension's options (one array per
-    dimension, shared by its columns; :class:`~specs.layout.LayoutTable`).
-
-    Args:
-        space: the candidates.
-        model: the model to train.
-        cluster_world_size: GPUs in the job.
-        workload: sequence length and global batch.
-        env: release and network of the environment-dependent rules (:class:`~search_spaces.rules.RuleEnv`).
-
-    Returns:
-        The count of combinations, the count rejected by each rule (first failure),
-        the valid layouts and notes.
-
-    Raises:
-        TunerError: if ``cluster_world_size`` is not positive or the space leaves no
-            recompute option for the model.
-    """
+    Raises TunerError: ``cluster_world_size`` not positive, or no recompute option left for the model."""
     if not isinstance(cluster_world_size, int) or cluster_world_size < 1:
         raise TunerError(f"the GPU count must be a positive integer, got {cluster_world_size!r}")
     notes: list[str] = []

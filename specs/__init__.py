@@ -1,12 +1,11 @@
 """The bottom layer: shared types, units and errors of every package.
 
-Model, GPU, cluster and workload descriptions (:class:`ModelSpec`, :class:`GPUSpec`,
-:class:`Cluster`, :class:`Workload`, :class:`RunOptions`), the parallel layout
-(:class:`Layout`, :class:`LayoutTable` and its enums), the one user-error type
-(:class:`TunerError`), the units and the consoles the command lines print through
-(:mod:`specs.console`). It imports nothing else of this project; every
-other package may import it (``tests/test_package_order.py`` checks the order
-``specs`` < ``search_spaces`` < ``cost_model`` < ``launch`` < ``rl`` < ``tuner``).
+Model, GPU, cluster and workload descriptions (:class:`ModelSpec`, :class:`GPUSpec`, :class:`Cluster`,
+:class:`Workload`, :class:`RunOptions`), the parallel layout (:class:`Layout`, :class:`LayoutTable` and its enums), the
+one user-error type (:class:`TunerError`), the units and the consoles the command lines print through
+(:mod:`specs.console`). It imports nothing else of this project; every other package may import it
+(``tests/test_package_order.py`` checks the order ``specs`` < ``search_spaces`` < ``cost_model`` < ``launch`` < ``rl`` <
+``tuner``).
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from specs.errors import InfeasibleLayout, TunerError
 from specs.hardware import (
     DEFAULT_INTER_NODE_BYTES_PER_S,
     DEFAULT_USD_PER_GPU_HOUR,
-    MAX_GPUS,
     Cluster,
     GPUSpec,
     list_gpus,
@@ -28,7 +26,14 @@ from specs.network import DispatcherOnFabric, Network, list_networks, load_netwo
 from specs.precision import Precision
 from specs.units import BF16_BYTES, DEFAULT_MEMORY_HEADROOM, FP8_BYTES, FP32_BYTES, GIB, MIB
 from specs.versions import KNOWN_MEGATRON_CORE, NEWEST_MEGATRON_CORE, megatron_core_version
-from specs.workload import CUDA_GRAPH_MOE_SCOPES, DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS, RunOptions, Workload
+from specs.workload import (
+    CUDA_GRAPH_MOE_SCOPES,
+    DEFAULT_RUN_OPTIONS,
+    HARNESS_RUN_OPTIONS,
+    HARNESS_TE_RUN_OPTIONS,
+    RunOptions,
+    Workload,
+)
 
 __all__ = [
     "BF16_BYTES",
@@ -51,7 +56,6 @@ __all__ = [
     "InfeasibleLayout",
     "Layout",
     "LayoutTable",
-    "MAX_GPUS",
     "MIB",
     "ModelSpec",
     "Network",

@@ -22,20 +22,10 @@ def data_file(sub: str) -> Any:
 
 
 def read_user_yaml(text: str, label: str) -> Any:
-    """Parse a user's YAML file (a calibration, a search space, a command template): PyYAML's safe loader, with a key
-    written twice in one mapping refused (PyYAML keeps the last one silently, so an edit above it would be lost).
+    """Parse a user's YAML file (``label`` names it in messages) with PyYAML's safe loader, refusing a key written twice
+    in one mapping (PyYAML keeps the last silently). Returns the document (None for an empty file).
 
-    Args:
-        text: the file's text.
-        label: how the file is named in messages (``--calibration PATH``).
-
-    Returns:
-        The document (None for an empty file).
-
-    Raises:
-        TunerError: not YAML (one line: where and what, from PyYAML's mark and problem), or a repeated key (named,
-            with its lines).
-    """
+    Raises TunerError: not YAML (where and what, from PyYAML's mark), or a repeated key (named, with its lines)."""
     import yaml
 
     from specs.errors import TunerError
@@ -69,20 +59,17 @@ def read_user_yaml(text: str, label: str) -> Any:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         raise TunerError(f"{label}: not valid YAML ({where}{e.problem or e.context or 'unreadable'})") from None
     except yaml.YAMLError as e:
-        raise TunerError(f"{label}: not valid YAML ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise TunerError(f"{label}: not valid YAML ({why})") from None
 
 
 def load_user_yaml(path: Any, label: str, expected: str) -> Any:
     """Read and parse a user's YAML file with :func:`read_user_yaml`.
 
-    Args:
-        path: the file (a ``str`` or ``Path``).
-        label: how the file is named in messages (``--space PATH``).
-        expected: what the file should be, for a file that is not text ("a YAML search space").
+    Args: path: the file (a ``str`` or ``Path``); label: how the file is named in messages (``--space PATH``); expected:
+    what the file should be, for a file that is not text ("a YAML search space").
 
-    Raises:
-        TunerError: the file cannot be read, is not UTF-8 text, or is not accepted by :func:`read_user_yaml`.
-    """
+    Raises TunerError: the file cannot be read, is not UTF-8 text, or is not accepted by :func:`read_user_yaml`."""
     from specs.files import parse_errors, read_user_text
 
     text = read_user_text(path, label, expected)
@@ -91,7 +78,8 @@ def load_user_yaml(path: Any, label: str, expected: str) -> Any:
 
 
 def dump_user_yaml(doc: Any) -> str:
-    """YAML text of ``doc`` that :func:`read_user_yaml` reads back: PyYAML's safe dumper, without the anchors and aliases
+    """YAML text of ``doc`` that :func:`read_user_yaml` reads back: PyYAML's safe dumper, without the anchors and
+    aliases
     it would write for an object referenced twice (``&id001`` / ``*id001``): every value written out."""
     import yaml
 

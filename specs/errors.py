@@ -17,12 +17,8 @@ class TunerError(ValueError):
 
 
 class InfeasibleLayout(TunerError):
-    """A layout breaks a rule (Megatron validity or memory).
-
-    Attributes:
-        rule_id: short id of the rule, e.g. ``"heads_div_tp"`` or ``"memory"``.
-        reason: one sentence naming the values involved.
-    """
+    """A layout breaks a rule (Megatron validity or memory): ``rule_id`` (e.g. ``"heads_div_tp"`` or ``"memory"``) and
+    ``reason``, one sentence naming the values involved."""
 
     def __init__(self, rule_id: str, reason: str) -> None:
         super().__init__(f"[{rule_id}] {reason}")
@@ -33,9 +29,7 @@ class InfeasibleLayout(TunerError):
 def enum_member(enum: type[E], value: object, flag: str) -> E:
     """``value`` (a member of ``enum`` or its value, e.g. ``"bf16"``) as the member.
 
-    Raises:
-        TunerError: ``value`` is none of ``enum``'s values; the message names ``flag`` and lists them.
-    """
+    Raises TunerError: ``value`` is none of ``enum``'s values; the message names ``flag`` and lists them."""
     try:
         return enum(value)
     except ValueError:

@@ -1,14 +1,9 @@
-"""Reading a user's files and writing outputs: the one guard every reader and writer goes through.
+"""Reading a user's files and writing outputs.
 
-Reading (:func:`read_user_text`, :func:`load_user_json`): only a regular file (not a folder, a FIFO or a device such
-as ``/dev/zero``), at most a size limit, read before anything parses it; parsers' recursion and integer-conversion
-errors (a 5,000-digit integer: Python's ``int`` limit) come back as one :class:`TunerError` naming the file.
-
-Writing (:func:`write_output`): the text goes to a temporary file in the same folder, which is then renamed over the
-target, so a reader never sees half a file and a full disk leaves the old file as it was. A link, a folder or another
-kind of file at the target is refused unless ``force``; the folder must exist (nothing is created that the user did not
-name). A failed write names the file and, for a full disk, says so.
-"""
+Reading (:func:`read_user_text`, :func:`load_user_json`): parsers' recursion and conversion errors come back as one
+:class:`TunerError` naming the file. Writing (:func:`write_output`): a temporary file in the same folder renamed over
+the target, so a reader never sees half a file and a full disk leaves the old one; a link, a folder or another kind of
+file at the target is refused unless ``force``; the folder must exist; a failed write names the file."""
 
 from __future__ import annotations
 
@@ -25,14 +20,9 @@ from typing import Any
 
 from specs.errors import TunerError
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_DATA_BYTES", "RepeatedKey", "load_user_json", "parse_errors", "read_user_text", "refuse_another_kind",
+__all__ = ["RepeatedKey", "load_user_json", "parse_errors", "read_user_text", "refuse_another_kind",
            "unique_keys", "write_error", "write_output"]
 
-#: Largest configuration file read (a ``config.json``, ``--space``, ``--calibration``, a command template): the
-#: largest bundled one is under 4 KiB.
-MAX_CONFIG_BYTES = 2**20
-#: Largest data file read (``tune validate --data`` tables, trial JSON lines, traces).
-MAX_DATA_BYTES = 256 * 2**20
 
 
 @contextmanager
@@ -51,38 +41,17 @@ def parse_errors(label: str, expected: str) -> Iterator[None]:
                          f"{expected} is expected") from None
 
 
-def read_user_text(path: str | Path, label: str, expected: str, *, limit: int = MAX_CONFIG_BYTES,
-                   encoding: str = "utf-8", errors: str = "strict") -> str:
-    """The text of a user's file, read only if it is a regular file of at most ``limit`` bytes.
+def read_user_text(path: str | Path, label: str, expected: str, *, encoding: str = "utf-8",
+                   errors: str = "strict") -> str:
+    """The text of a user's file; ``label`` names it in messages (``--space PATH``), ``expected`` says what it should
+    be ("a YAML search space"); ``encoding`` ``utf-8-sig`` drops a spreadsheet's byte-order mark, ``errors``
+    ``replace`` keeps a log's stray bytes.
 
-    Args:
-        path: the file.
-        label: how it is named in messages (``--space PATH``).
-        expected: what the file should be ("a YAML search space").
-        limit: the most bytes read (:data:`MAX_CONFIG_BYTES`, :data:`MAX_DATA_BYTES`).
-        encoding: its text encoding (``utf-8-sig`` drops a spreadsheet's byte-order mark).
-        errors: what to do with bytes that are not ``encoding`` (``replace``: a log's stray bytes).
-
-    Raises:
-        TunerError: missing or unreadable, not a regular file, larger than ``limit``, or not text in ``encoding``.
-    """
+    Raises TunerError: missing or unreadable (a folder), or not text in ``encoding``."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block the open
+        data = Path(path).read_bytes()
     except (OSError, ValueError) as e:
         raise TunerError(f"{label}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):  # a folder, a FIFO, a device such as /dev/zero
-        os.close(fd)
-        raise TunerError(f"{label}: not a regular file; {expected} is expected")
-    with os.fdopen(fd, "rb") as fh:
-        if st.st_size > limit:
-            raise TunerError(f"{label}: {st.st_size:,} bytes is more than the {limit:,} read; {expected} is expected")
-        try:
-            data = fh.read(limit + 1)
-        except OSError as e:
-            raise TunerError(f"{label}: cannot read it ({e.strerror or e})") from None
-    if len(data) > limit:
-        raise TunerError(f"{label}: more than the {limit:,} bytes read; {expected} is expected")
     try:
         return data.decode(encoding, errors)
     except UnicodeDecodeError:
@@ -103,14 +72,12 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return d
 
 
-def load_user_json(path: str | Path, label: str, expected: str, *, limit: int = MAX_CONFIG_BYTES) -> Any:
+def load_user_json(path: str | Path, label: str, expected: str) -> Any:
     """A user's JSON file, read with :func:`read_user_text`; a key written twice in one object is refused (``json``
     keeps the last one silently, as PyYAML would: the YAML readers refuse it too).
 
-    Raises:
-        TunerError: as :func:`read_user_text`, not JSON, a repeated key, or as :func:`parse_errors`.
-    """
-    text = read_user_text(path, label, expected, limit=limit)
+    Raises TunerError: as :func:`read_user_text`, not JSON, a repeated key, or as :func:`parse_errors`."""
+    text = read_user_text(path, label, expected)
     with parse_errors(label, expected):
         try:
             return json.loads(text, object_pairs_hook=unique_keys)
@@ -123,7 +90,8 @@ def load_user_json(path: str | Path, label: str, expected: str, *, limit: int = 
 
 def _same_kind(old: bytes, new: bytes) -> bool:
     """Whether an existing file's first bytes say it is the kind being written: the same first line (the shebang,
-    ``<!DOCTYPE html>``, a CSV header, ``# recipe.yaml``, PNG's signature) over its first 16 bytes or the file's length."""
+    ``<!DOCTYPE html>``, a CSV header, ``# recipe.yaml``, PNG's signature) over its first 16 bytes or the file's
+    length."""
     head = new.split(b"\n", 1)[0][:16]
     n = min(len(old), len(head))
     return old[:n] == head[:n]
@@ -134,9 +102,7 @@ def refuse_another_kind(path: str | Path, text: str | bytes, *, label: str = "")
     of file being written: :func:`write_output`'s check, for a command to make before work that takes long). A missing
     or unreadable file passes (the write reports it).
 
-    Raises:
-        TunerError: naming the file; ``--force`` replaces it.
-    """
+    Raises TunerError: naming the file; ``--force`` replaces it."""
     data = text.encode() if isinstance(text, str) else text
     try:
         with open(path, "rb") as fh:
@@ -150,23 +116,13 @@ def refuse_another_kind(path: str | Path, text: str | bytes, *, label: str = "")
 
 def write_output(path: str | Path, text: str | bytes, *, label: str = "", force: bool = False,
                  executable: bool = False) -> Path:
-    """Write ``text`` to ``path`` atomically: a temporary file in the same folder, renamed over ``path``.
+    """Write ``text`` (``str``: UTF-8) to ``path`` atomically: a temporary file in the same folder, renamed over
+    ``path``; mode 0o755 with ``executable``, else 0o644, less the umask. ``label`` names the output in messages
+    (``--out``); ``force`` replaces a link (the link, never its target) or a file of another kind. Returns ``path``.
 
-    Args:
-        path: the file; its folder must exist.
-        text: what to write (``str``: UTF-8).
-        label: how the output is named in messages (``--out``); "" names the path only.
-        force: replace a link (the link itself, never its target) or a file of another kind.
-        executable: mode 0o755 (0o644 otherwise), less the process's umask.
-
-    Returns:
-        ``path``.
-
-    Raises:
-        TunerError: the folder is missing; ``path`` is a folder; ``path`` is a link, not a regular file, or a non-empty
-            file whose first line is not the one this output starts with, and not ``force``; or the write failed (a
-            full disk said so), each naming the file. Nothing is changed then.
-    """
+    Raises TunerError: a missing folder; ``path`` a folder; without ``force``, a link, not a regular file, or a
+    non-empty file whose first line is not this output's; or a failed write (a full disk said so). Nothing is changed
+    then."""
     p = Path(path)
     data = text.encode() if isinstance(text, str) else text
     name = f"{label} {str(p)!r}" if label else str(p)
@@ -209,7 +165,8 @@ def write_output(path: str | Path, text: str | bytes, *, label: str = "", force:
 
 
 def write_error(name: str, e: OSError) -> TunerError:
-    """The one message for a failed write of the file ``name``: a full disk (or quota) said so, else the system's reason."""
+    """The one message for a failed write of the file ``name``: a full disk (or quota) said so, else the system's
+    reason."""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return TunerError(f"{name}: the disk is full (no space left to write it); nothing was written")
     return TunerError(f"{name}: cannot write it ({e.strerror or e})")

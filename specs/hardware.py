@@ -24,7 +24,6 @@ __all__ = [
     "DEFAULT_INTER_NODE_BYTES_PER_S",
     "DEFAULT_USD_PER_GPU_HOUR",
     "GPUSpec",
-    "MAX_GPUS",
     "list_gpus",
     "load_gpu",
     "parse_gpus",
@@ -37,10 +36,6 @@ DEFAULT_INTER_NODE_BYTES_PER_S = 3.2e12 / 8
 #: Price per GPU-hour that the seed implies: $1.08 per 1M tokens at 2,034.42
 #: tokens/s/GPU (seeds/001 ``result``): 1.08 * 2034.42 * 3600 / 1e6 = 7.91 $/GPU-h.
 DEFAULT_USD_PER_GPU_HOUR = round(1.08 * 2034.42 * 3600 / 1e6, 2)
-
-#: Largest cluster any command accepts: 2**17, above the largest clusters announced (about 100,000 GPUs); the RL
-#: planner's search grows with the GPU count (``tune rl`` at 131,072 H200 took over 5 minutes, 8,192 took 83 s).
-MAX_GPUS = 131_072
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,10 +94,9 @@ def list_gpus() -> list[str]:
 def load_gpu(name: str) -> GPUSpec:
     """A bundled GPU by name (case-insensitive, e.g. ``H200``).
 
-    Raises:
-        TunerError: unknown GPU, with the known ones listed; a datasheet that is not valid YAML, lacks a
-            key or has a value of the wrong kind (``specs/data/gpu.schema.json``; e.g. a ``family`` other
-            than ampere / hopper / blackwell), naming the file and the key.
+    Raises TunerError: unknown GPU, with the known ones listed; a datasheet that is not valid YAML, lacks a key or has a
+    value of the wrong kind (``specs/data/gpu.schema.json``; e.g. a ``family`` other than ampere / hopper / blackwell),
+    naming the file and the key.
     """
     files = data_files(GPU_DIR, ".yaml")
     by_lower = {k.lower(): k for k in files}
@@ -136,9 +130,7 @@ def load_gpu(name: str) -> GPUSpec:
 def _checked_datasheet(file: str, text: str) -> dict[str, Any]:
     """A GPU datasheet's YAML, checked against ``specs/data/gpu.schema.json``.
 
-    Raises:
-        TunerError: not YAML, or the first schema error, with the file, the key and what is accepted.
-    """
+    Raises TunerError: not YAML, or the first schema error, with the file, the key and what is accepted."""
     import jsonschema
 
     try:
@@ -168,9 +160,8 @@ MAX_NETWORK_GBPS = 100_000.0
 def network_bytes_per_s(gbps: float) -> float:
     """``--network-gbps`` (Gb/s per node) as bytes/s, checked first in its own unit (1e308 Gb/s overflows as bytes).
 
-    Raises:
-        TunerError: not finite, or outside [MIN_NETWORK_GBPS, MAX_NETWORK_GBPS] (one message naming ``--network-gbps``
-            and the range).
+    Raises TunerError: not finite, or outside [MIN_NETWORK_GBPS, MAX_NETWORK_GBPS] (one message naming
+    ``--network-gbps`` and the range).
     """
     if not (math.isfinite(gbps) and MIN_NETWORK_GBPS <= gbps <= MAX_NETWORK_GBPS):
         raise TunerError(f"--network-gbps must be a number of at least {MIN_NETWORK_GBPS:g} and at most "
@@ -181,9 +172,7 @@ def network_bytes_per_s(gbps: float) -> float:
 def check_network_gbps(bytes_per_s: float) -> None:
     """Refuse a per-node network bandwidth (bytes/s) outside [MIN_NETWORK_GBPS, MAX_NETWORK_GBPS] Gb/s.
 
-    Raises:
-        TunerError: not finite, or outside the range (one message naming ``--network-gbps`` and the range).
-    """
+    Raises TunerError: not finite, or outside the range (one message naming ``--network-gbps`` and the range)."""
     network_bytes_per_s(bytes_per_s * 8 / 1e9)
 
 
@@ -219,11 +208,11 @@ class Cluster:
             )
         check_network_gbps(self.inter_node_bytes_per_s)
         if not (math.isfinite(self.usd_per_gpu_hour) and self.usd_per_gpu_hour >= 0):
-            raise TunerError(f"--usd-per-gpu-hour must be a finite number of US dollars, at least 0, got {self.usd_per_gpu_hour:g}")
-        if self.num_gpus > MAX_GPUS:
-            raise TunerError(f"--gpus: {self.num_gpus:,} GPUs is more than this tool models (at most {MAX_GPUS:,})")
+            raise TunerError("--usd-per-gpu-hour must be a finite number of US dollars, at least 0, got "
+                             f"{self.usd_per_gpu_hour:g}")
         if not math.isfinite(self.host_memory_bytes_per_node) or self.host_memory_bytes_per_node < 0:
-            raise TunerError(f"--host-memory-gib must be a finite, non-negative number of GiB, got {self.host_memory_bytes_per_node / 2**30:g}")
+            raise TunerError("--host-memory-gib must be a finite, non-negative number of GiB, got "
+                             f"{self.host_memory_bytes_per_node / 2**30:g}")
 
     @property
     def network_label(self) -> str:
@@ -264,17 +253,14 @@ def parse_gpus(
     require_network: bool = False,
     name: str = "--gpus",
 ) -> Cluster:
-    """Parse ``64xH200`` (GPUs) or ``8x8xH200`` (nodes x GPUs per node).
+    """Parse ``64xH200`` (GPUs) or ``8x8xH200`` (nodes x GPUs per node); ``name`` is what messages call the text.
 
-    ``network`` names the scale-out fabric (:func:`specs.network.load_network`; default: the GPU's server type's,
-    :attr:`GPUSpec.network`); the per-node bandwidth is its per-GPU bandwidth x GPUs per node unless
-    ``inter_node_bytes_per_s`` (``--network-gbps``) overrides it. ``host_memory_gib`` defaults to the server's.
-    ``name``: what the messages call the text (the command line's ``--gpus``, a file's field, an environment variable).
+    ``network`` names the scale-out fabric (:func:`specs.network.load_network`; default the GPU's server type's); the
+    per-node bandwidth is its per-GPU bandwidth x GPUs per node unless ``inter_node_bytes_per_s`` (``--network-gbps``)
+    overrides it. ``host_memory_gib`` defaults to the server's.
 
-    Raises:
-        TunerError: malformed text, unknown GPU, zero GPUs, a count that is not a whole number of nodes, an unknown
-            network, or (``require_network``) a GPU whose server type has no default network and no ``network``.
-    """
+    Raises TunerError: malformed text, unknown GPU, zero GPUs, a count that is not a whole number of nodes, an unknown
+    network, or (``require_network``) a GPU whose server type has no default network and no ``network``."""
     shown = repr(text) if len(text or "") <= 80 else repr(text[:77] + "...")
     m = _GPUS_RE.fullmatch(text or "")
     if not m:
@@ -282,11 +268,8 @@ def parse_gpus(
             f"{name} {shown}: expected COUNTxGPU such as 64xH200, or NODESxPER_NODExGPU such as 8x8xH200 "
             f"(GPUs: {', '.join(list_gpus())})"
         )
-    try:
-        nodes = int(m.group(1)) if m.group(1) is not None else None
-        count, gname = int(m.group(2)), m.group(3)
-    except ValueError:  # a count too long for int(), so past MAX_GPUS
-        raise TunerError(f"{name} {shown}: more GPUs than this tool models (at most {MAX_GPUS:,})") from None
+    nodes = int(m.group(1)) if m.group(1) is not None else None
+    count, gname = int(m.group(2)), m.group(3)
     try:
         gpu = load_gpu(gname)
     except TunerError as e:
@@ -295,8 +278,6 @@ def parse_gpus(
         raise TunerError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
     if inter_node_bytes_per_s is not None:
         check_network_gbps(inter_node_bytes_per_s)
-    if count > MAX_GPUS or (nodes is not None and nodes * count > MAX_GPUS):
-        raise TunerError(f"{name} {shown}: more GPUs than this tool models (at most {MAX_GPUS:,})")
     if nodes is not None:
         per = count
         total = nodes * count
@@ -317,8 +298,8 @@ def parse_gpus(
         net = load_network(gpu.network)
     elif require_network:
         raise TunerError(
-            f"{name} {shown}: {gpu.name}'s server type ({gpu.server or 'not named in its datasheet'}) has no default network; "
-            f"name it with --network (known: {', '.join(list_networks())})"
+            f"{name} {shown}: {gpu.name}'s server type ({gpu.server or 'not named in its datasheet'}) has no default "
+            f"network; name it with --network (known: {', '.join(list_networks())})"
         )
     if inter_node_bytes_per_s is None:
         inter_node_bytes_per_s = net.per_gpu_bytes_per_s * per if net is not None else DEFAULT_INTER_NODE_BYTES_PER_S

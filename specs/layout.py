@@ -76,11 +76,10 @@ class RecomputeMethod(str, Enum):
 class Dispatcher(str, Enum):
     """MoE token dispatcher: ``--moe-token-dispatcher-type`` plus, for flex, ``--moe-flex-dispatcher-backend``.
 
-    What each member means to Megatron, the cost model, the trial harness and the run tables is
-    its row of :data:`_DISPATCHER_TRAITS` (just below): adding a dispatcher is one member here and
-    one row there; the table column, the rules, the estimate, the exported flags, the recipe
-    schema's enum, the harness's check and the published-run reader read them. Its fabric
-    figures (``specs/data/networks.yaml``) are optional: without them it is priced as NCCL.
+    What each member means to Megatron, the cost model, the trial harness and the run tables is its row of
+    :data:`_DISPATCHER_TRAITS` (just below): adding a dispatcher is one member here and one row there; the table column,
+    the rules, the estimate, the exported flags, the recipe schema's enum, the harness's check and the published-run
+    reader read them. Its fabric figures (``specs/data/networks.yaml``) are optional: without them it is priced as NCCL.
     """
 
     alltoall = "alltoall"
@@ -129,7 +128,8 @@ class _DispatcherTraits:
     library: str = ""
     """The communication library of a flex backend (``DeepEP``, ``HybridEP``); "" for Megatron's own."""
     harness_probe: str | None = None
-    """The :class:`launch.harness.spec.HarnessEnv` field that must be true for the harness to run it; None: always runs."""
+    """The :class:`launch.harness.spec.HarnessEnv` field that must be true for the harness to run it; None: always
+    runs."""
     published_words: tuple[str, ...] = ()
     """Lower-case words that name it in a run table's dispatcher cell (:mod:`cost_model.validate` looks for a flex
     backend's words first, the longest first: ``hybridep`` before ``deepep`` before ``allgather``)."""
@@ -207,11 +207,6 @@ class Layout:
             v = getattr(self, f)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
                 raise TunerError(f"layout {f} must be a positive integer, got {v!r}")
-        for f in (*sizes, "recompute_num_layers", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
-            v = getattr(self, f)
-            # the layout table's int64 columns, and far beyond any cluster or model
-            if isinstance(v, (int, np.integer)) and not isinstance(v, bool) and abs(v) > 2**31 - 1:
-                raise TunerError(f"layout {f} must be at most {2**31 - 1:,}, got {v:.3g}")
         if not 0.0 <= self.optimizer_offload_fraction <= 1.0:
             raise TunerError(f"optimizer_offload_fraction must be in [0, 1], got {self.optimizer_offload_fraction}")
         for m in self.recompute_modules:
@@ -340,13 +335,12 @@ def _encode(values: npt.NDArray[Any]) -> tuple[npt.NDArray[np.str_], npt.NDArray
     """A string column as its categories and each row's :data:`CODE_DTYPE` code: for a few rows the distinct values
     in order of appearance, else :func:`categories`' order.
 
-    Raises:
-        ValueError: more distinct values than the codes can count.
-    """
+    Raises ValueError: more distinct values than the codes can count."""
     strings = values if values.dtype.kind == "U" else values.astype(str)
     if len(strings) <= 64:
         first = {v: i for i, v in enumerate(dict.fromkeys(strings.reshape(-1).tolist()))}
-        return np.array(list(first), dtype=str), np.array([first[v] for v in strings.reshape(-1).tolist()], dtype=CODE_DTYPE)
+        return np.array(list(first), dtype=str), np.array([first[v] for v in strings.reshape(-1).tolist()],
+                                                          dtype=CODE_DTYPE)
     uniq, inv = categories(strings.reshape(-1))
     if len(uniq) > np.iinfo(CODE_DTYPE).max:
         raise ValueError(f"a LayoutTable string column holds {len(uniq)} distinct values, more than its codes count")
@@ -356,22 +350,11 @@ def _encode(values: npt.NDArray[Any]) -> tuple[npt.NDArray[np.str_], npt.NDArray
 _E = TypeVar("_E", bound=Enum)
 
 
-def enum_mask(table: LayoutTable, column: str, enum: type[_E], predicate: Callable[[_E], bool]) -> npt.NDArray[np.bool_]:
-    """``predicate`` of each row's member of ``enum``, for a string column of a :class:`LayoutTable`.
-
-    The predicate (usually a property, e.g. ``lambda d: d.is_flex``) runs once per category of the
-    column (:meth:`LayoutTable.where`). This is how the rules and the cost model read what a
-    dispatcher or recompute setting means, instead of comparing spellings.
-
-    Args:
-        table: the layouts (tables hold validated :class:`Layout` values only).
-        column: a string column holding values of ``enum``.
-        enum: the enum class the values belong to.
-        predicate: what to ask of each member.
-
-    Returns:
-        Bool array of shape ``(len(table),)``.
-    """
+def enum_mask(table: LayoutTable, column: str, enum: type[_E],
+              predicate: Callable[[_E], bool]) -> npt.NDArray[np.bool_]:
+    """``predicate`` of each row's member of ``enum`` in the string ``column`` of ``table``, a bool array of shape
+    ``(len(table),)``; the predicate (e.g. ``lambda d: d.is_flex``) runs once per category (:meth:`LayoutTable.where`).
+    How rules and the cost model read what a setting means, instead of comparing spellings."""
     holds = {member.value: predicate(member) for member in enum}
     return table.where(column, lambda v: holds.get(v, False))
 
@@ -418,23 +401,13 @@ def _as_column(name: str, values: Any) -> npt.NDArray[Any]:
 class LayoutTable:
     """Many layouts as numpy columns (struct of arrays), for vectorised rules and estimates.
 
-    Columns are the :class:`Layout` field names; ``dp`` and ``edp`` are derived properties.
-    ``recompute_modules`` is comma-joined. A column is held either as its values or as integer
-    codes into its categories (``table[name]`` is then ``categories[name][codes]``, a new array
-    each call); categories may repeat a value, and the columns of one search dimension may share
-    one codes array (:func:`search_spaces.space.enumerate_layouts` gives such tables: about one
-    byte a row per dimension). String columns (:data:`CODED_COLUMNS`) are always coded.
-    :meth:`codes`, :meth:`where` and :meth:`isin` read a column per category.
+    Columns are the :class:`Layout` field names (``dp`` and ``edp`` derived; ``recompute_modules`` comma-joined).
+    ``cols`` holds each column's values, or integer codes into ``categories[name]`` (``table[name]`` is then
+    ``categories[name][codes]``, a new array each call); categories may repeat a value and columns may share one codes
+    array (:func:`search_spaces.space.enumerate_layouts`). String columns (:data:`CODED_COLUMNS`) are always coded.
 
-    Args:
-        cols: one array per column, of one length: values, or integer codes where
-            ``categories`` names the column. A string column's values are encoded.
-        categories: for each column given as codes, its categories.
-
-    Raises:
-        ValueError: a column is missing, the lengths differ, a string column's codes come without
-            categories, or a column's values come with categories.
-    """
+    Raises ValueError: a column missing, lengths that differ, a string column's codes without categories, or values with
+    categories."""
 
     __slots__ = ("cols", "cats")
 

@@ -66,14 +66,16 @@ class ModelSpec:
     max_position_embeddings: int = 0
     # Sliding-window attention (GPT-OSS); 0 / () when every layer attends to the whole sequence.
     window_size: int = 0
-    """Sliding window of the sliding-window layers, tokens (HF ``sliding_window``: GPT-OSS 128); the run command
-    passes Megatron ``--window-size {window_size - 1},0`` as Megatron-LM's GPT-OSS example does
+    """Sliding window of the sliding-window layers, tokens (HF ``sliding_window``: GPT-OSS 128); the run command passes
+    Megatron ``--window-size {window_size - 1},0`` as Megatron-LM's GPT-OSS example does
     (examples/post_training/modelopt/conf/openai/gpt-oss-120b.sh: ``127,0``); the FLOP count keeps Megatron-Bridge's
-    ``window_size + 1`` keys per query (``cost_model/flops.py``, within 1% of windowed attention); 0 = no sliding window."""
+    ``window_size + 1`` keys per query (``cost_model/flops.py``, within 1% of windowed attention); 0 = no sliding
+    window."""
     window_attn_skip_freq: tuple[int, ...] = ()
     """One entry per decoder layer: 1 = full (causal) attention, 0 = sliding window (HF ``layer_types``).
-    Empty: every layer slides when ``window_size`` > 0 (Megatron's ``None``). Note: Megatron's list form of ``window_attn_skip_freq`` has the opposite
-    polarity (1 = sliding window: ``megatron/core/transformer/utils.py::is_layer_window_attention``)."""
+    Empty: every layer slides when ``window_size`` > 0 (Megatron's ``None``). Note: Megatron's list form of
+    ``window_attn_skip_freq`` has the opposite polarity (1 = sliding window:
+    ``megatron/core/transformer/utils.py::is_layer_window_attention``)."""
     # GPT-OSS's layer details (Megatron-Bridge ``gpt_oss_bridge.py``); the defaults are every other model's.
     add_bias_linear: bool = False
     """Biases in the linear layers, experts included (Megatron ``add_bias_linear``; GPT-OSS)."""
@@ -125,41 +127,48 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         if isinstance(self.name, str) and not self.name.isprintable():
-            raise TunerError(f"model {self.name!r}: a model name has no control characters (a newline, a tab, an escape); "
-                             "rename its folder or file")
+            raise TunerError(f"model {self.name!r}: a model name has no control characters (a newline, a tab, an "
+                             "escape); rename its folder or file")
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if f.type in ("int",) and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise TunerError(f"model {self.name!r}: {f.name} must be a non-negative integer, got {v!r}")
-            if f.type in ("float",) and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            if f.type in ("float",) and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                         or not math.isfinite(v)):
                 raise TunerError(f"model {self.name!r}: {f.name} must be a finite number, got {v!r}")
             if f.type == "bool" and not isinstance(v, bool):
                 raise TunerError(f"model {self.name!r}: {f.name} must be true or false, got {v!r}")
             if f.type == "str" and not isinstance(v, str):
                 raise TunerError(f"model {self.name!r}: {f.name} must be a string, got {v!r}")
-            if f.type.startswith("tuple[int") and (not isinstance(v, tuple) or any(isinstance(x, bool) or not isinstance(x, int) for x in v)):
-                raise TunerError(f"model {self.name!r}: {f.name} must be a list of integers (0 or 1, one per layer), got {v!r}")
+            if f.type.startswith("tuple[int") and (not isinstance(v, tuple)
+                                                   or any(isinstance(x, bool) or not isinstance(x, int) for x in v)):
+                raise TunerError(f"model {self.name!r}: {f.name} must be a list of integers (0 or 1, one per layer), "
+                                 f"got {v!r}")
             if f.type.startswith("tuple[str") and (not isinstance(v, tuple) or any(not isinstance(x, str) for x in v)):
-                raise TunerError(f"model {self.name!r}: {f.name} must be a list of strings (one per flag or value), got {v!r}")
-        for name in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size"):
+                raise TunerError(f"model {self.name!r}: {f.name} must be a list of strings (one per flag or value), "
+                                 f"got {v!r}")
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
+                     "vocab_size"):
             if getattr(self, name) <= 0:
                 raise TunerError(f"model {self.name!r}: {name} must be > 0, got {getattr(self, name)}")
         if self.mtp_num_layers > self.num_layers:
-            raise TunerError(f"model {self.name!r}: mtp_num_layers {self.mtp_num_layers:,} is more than its {self.num_layers} "
-                             "decoder layers (MTP adds a few prediction layers: DeepSeek-V3 has 1)")
+            raise TunerError(f"model {self.name!r}: mtp_num_layers {self.mtp_num_layers:,} is more than its "
+                             f"{self.num_layers} decoder layers (MTP adds a few prediction layers: DeepSeek-V3 has 1)")
         if self.num_attention_heads % self.num_query_groups:
             raise TunerError(
                 f"model {self.name!r}: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_query_groups})"
             )
         if self.num_experts and self.moe_router_topk > self.num_experts:
-            raise TunerError(f"model {self.name!r}: num_experts_per_tok ({self.moe_router_topk}) exceeds num_experts ({self.num_experts})")
+            raise TunerError(f"model {self.name!r}: num_experts_per_tok ({self.moe_router_topk}) exceeds num_experts "
+                             f"({self.num_experts})")
         if any(x not in (0, 1) for x in self.moe_layer_freq):
             raise TunerError(f"model {self.name!r}: moe_layer_freq entries must be 0 or 1")
         if self.num_layers > sum(self.moe_layer_freq) and self.ffn_hidden_size <= 0:
             raise TunerError(f"model {self.name!r}: dense layers need intermediate_size > 0")
         if self.norm_epsilon <= 0 or self.rotary_base <= 0 or not 0 < self.rotary_percent <= 1:
-            raise TunerError(f"model {self.name!r}: rms_norm_eps and rope_theta must be > 0 and the rotary share in (0, 1]")
+            raise TunerError(f"model {self.name!r}: rms_norm_eps and rope_theta must be > 0 and the rotary share in "
+                             "(0, 1]")
         if self.num_experts and (self.moe_router_topk <= 0 or self.moe_ffn_hidden_size <= 0):
             raise TunerError(
                 f"model {self.name!r}: a MoE model needs moe_router_topk and moe_ffn_hidden_size > 0 "
@@ -167,33 +176,42 @@ class ModelSpec:
             )
         if self.rope_scaling_type == "yarn" and not (0 < self.rope_scaling_beta_slow <= self.rope_scaling_beta_fast
                                                      and 0 < self.rope_scaling_factor):
-            raise TunerError(f"model {self.name!r}: YaRN rope_scaling needs 0 < beta_slow <= beta_fast and 0 < factor, got beta_slow "
-                             f"{self.rope_scaling_beta_slow!r}, beta_fast {self.rope_scaling_beta_fast!r}, factor {self.rope_scaling_factor!r}")
+            raise TunerError(f"model {self.name!r}: YaRN rope_scaling needs 0 < beta_slow <= beta_fast and 0 < factor, "
+                             "got beta_slow "
+                             f"{self.rope_scaling_beta_slow!r}, beta_fast {self.rope_scaling_beta_fast!r}, factor "
+                             f"{self.rope_scaling_factor!r}")
         if self.rope_scaling_type and self.rope_scaling_factor <= 0:
             raise TunerError(f"model {self.name!r}: rope_scaling.factor must be > 0, got {self.rope_scaling_factor!r}")
         if self.is_mla and (self.qk_head_dim <= 0 or self.v_head_dim <= 0):
-            raise TunerError(f"model {self.name!r}: an MLA model (kv_lora_rank > 0) needs qk_nope_head_dim (qk_head_dim) and v_head_dim > 0, "
-                             f"got {self.qk_head_dim} and {self.v_head_dim}")
+            raise TunerError(f"model {self.name!r}: an MLA model (kv_lora_rank > 0) needs qk_nope_head_dim "
+                             f"(qk_head_dim) and v_head_dim > 0, got {self.qk_head_dim} and {self.v_head_dim}")
         if self.softmax_type not in ("vanilla", "off-by-one", "learnable"):
-            raise TunerError(f"model {self.name!r}: softmax_type must be vanilla, off-by-one or learnable, got {self.softmax_type!r}")
+            raise TunerError(f"model {self.name!r}: softmax_type must be vanilla, off-by-one or learnable, got "
+                             f"{self.softmax_type!r}")
         if self.activation_func not in ("silu", "quick_gelu"):
-            raise TunerError(f"model {self.name!r}: activation_func must be silu or quick_gelu, got {self.activation_func!r}")
+            raise TunerError(f"model {self.name!r}: activation_func must be silu or quick_gelu, got "
+                             f"{self.activation_func!r}")
         if self.activation_func == "quick_gelu" and not self.gated_linear_unit:
-            raise TunerError(f"model {self.name!r}: activation_func quick_gelu is GPT-OSS's gated quick-GEGLU and needs a gated MLP "
+            raise TunerError(f"model {self.name!r}: activation_func quick_gelu is GPT-OSS's gated quick-GEGLU and "
+                             "needs a gated MLP "
                              "(megatron-core refuses quick_gelu with bias_activation_fusion and no gated_linear_unit)")
         if (self.activation_func_clamp_value or self.glu_linear_offset) and self.activation_func != "quick_gelu":
-            raise TunerError(f"model {self.name!r}: activation_func_clamp_value and glu_linear_offset apply to the quick_gelu GLU only "
-                             f"(got {self.activation_func_clamp_value!r} and {self.glu_linear_offset!r} with {self.activation_func!r})")
+            raise TunerError(f"model {self.name!r}: activation_func_clamp_value and glu_linear_offset apply to the "
+                             "quick_gelu GLU only "
+                             f"(got {self.activation_func_clamp_value!r} and {self.glu_linear_offset!r} with "
+                             f"{self.activation_func!r})")
         if self.activation_func_clamp_value < 0:
-            raise TunerError(f"model {self.name!r}: activation_func_clamp_value (HF swiglu_limit) must be >= 0 (0: no clamp), "
-                             f"got {self.activation_func_clamp_value!r}")
+            raise TunerError(f"model {self.name!r}: activation_func_clamp_value (HF swiglu_limit) must be >= 0 (0: no "
+                             f"clamp), got {self.activation_func_clamp_value!r}")
         if self.window_attn_skip_freq and (
-            len(self.window_attn_skip_freq) != self.num_layers or any(x not in (0, 1) for x in self.window_attn_skip_freq)
+            len(self.window_attn_skip_freq) != self.num_layers
+            or any(x not in (0, 1) for x in self.window_attn_skip_freq)
         ):
             bad = [x for x in self.window_attn_skip_freq if x not in (0, 1)]
             raise TunerError(
                 f"model {self.name!r}: window_attn_skip_freq needs {self.num_layers} entries, each 0 (sliding window) "
-                f"or 1 (full attention); got {len(self.window_attn_skip_freq)}" + (f" with {bad[0]!r} among them" if bad else "")
+                f"or 1 (full attention); got {len(self.window_attn_skip_freq)}"
+                + (f" with {bad[0]!r} among them" if bad else "")
             )
         if len(self.moe_layer_freq) != self.num_layers:
             raise TunerError(
@@ -221,9 +239,8 @@ class ModelSpec:
     def attended_keys_per_query(self, seq_length: int, windowed: bool) -> float:
         """Mean keys a query attends to under a causal mask, optionally limited to ``window_size``.
 
-        Causal full attention: ``(s + 1) / 2``; with a left window ``w`` a query at position
-        ``i`` (1-based) sees ``min(i, w + 1)`` keys (itself and ``w`` before it, Megatron /
-        flash-attention ``window_size=(w, 0)``).
+        Causal full attention: ``(s + 1) / 2``; with a left window ``w`` a query at position ``i`` (1-based) sees
+        ``min(i, w + 1)`` keys (itself and ``w`` before it, Megatron / flash-attention ``window_size=(w, 0)``).
         """
         s = float(seq_length)
         if not windowed or not self.window_size or self.window_size + 1 >= s:
@@ -291,18 +308,15 @@ class ModelSpec:
     def active_params(self) -> int:
         """Parameters a token's matmuls pass through, N in MFU = 6 N tokens/s / peak.
 
-        Counts every matmul weight a token passes through: attention projections,
-        the router, its top-k routed experts, shared experts, dense MLPs, MTP
-        layers when enabled (their projection and layer) and the output layer.
-        Not counted: the input embedding (a lookup, not a matmul) and norm weights.
-        For MiniMax-M2 this gives the seed's N = 10,415,112,192
-        (seeds/001 ``result.mfu``).
+        Counts every matmul weight a token passes through: attention projections, the router, its top-k routed experts,
+        shared experts, dense MLPs, MTP layers when enabled (their projection and layer) and the output layer.
+        Not counted: the input embedding (a lookup, not a matmul) and norm weights. For MiniMax-M2 this gives the seed's
+        N = 10,415,112,192 (seeds/001 ``result.mfu``).
 
-        Returns:
-            Number of parameters (elements).
-        """
+        Returns: Number of parameters (elements)."""
         attn = self.attention_params()
-        moe_layer = attn + self.router_params() + self.moe_router_topk * self.expert_params() + self.shared_expert_params()
+        moe_layer = (attn + self.router_params() + self.moe_router_topk * self.expert_params()
+                     + self.shared_expert_params())
         dense_layer = attn + self.dense_mlp_params()
         n = self.num_moe_layers * moe_layer + self.num_dense_layers * dense_layer
         if self.mtp_num_layers:
@@ -313,9 +327,7 @@ class ModelSpec:
     def total_params(self) -> int:
         """Every weight: embeddings, output layer (if untied), layers, norms, MTP.
 
-        Returns:
-            Number of parameters (elements).
-        """
+        Returns: Number of parameters (elements)."""
         h = self.hidden_size
         attn = self.attention_params() + self.attention_norm_params()
         moe_layer = attn + self.router_params() + self.num_experts * self.expert_params() + self.shared_expert_params()
@@ -331,17 +343,11 @@ class ModelSpec:
         return dataclasses.replace(self, **changes)
 
 
-#: The largest integer field a config may hold (widths, counts, vocabularies): far above any model's (vocabularies reach
-#: ~10**6), and small enough that products of two stay inside numpy's int64 (10**30 overflowed a per-layer list).
-MAX_CONFIG_INT = 2**31
-
-
 def _as_int(value: Any, key: str, where: str) -> int:
-    """An integer field of a config: ints and integral floats up to :data:`MAX_CONFIG_INT`; anything else is an error."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not value.is_integer()):
+    """An integer field of a config: ints and integral floats; anything else is an error."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float)
+                                                                          and not value.is_integer()):
         raise TunerError(f"model config {where!r}: {key} must be an integer, got {value!r}")
-    if abs(value) > MAX_CONFIG_INT:
-        raise TunerError(f"model config {where!r}: {key} {int(value):,} is more than this tool models (at most {MAX_CONFIG_INT:,})")
     return int(value)
 
 
@@ -356,13 +362,11 @@ _ROPE_TYPES = frozenset({"", "default", "linear", "dynamic", "longrope", "llama3
 
 
 def _yarn_details(rs: dict[str, Any], cfg: dict[str, Any], where: str) -> dict[str, Any]:
-    """YaRN's ModelSpec fields from a config's ``rope_scaling`` as transformers reads them (``_compute_yarn_parameters``):
-    ``original_max_position_embeddings`` (else the config's ``max_position_embeddings``), ``beta_fast`` (32) and
-    ``beta_slow`` (1) when absent or null, ``truncate`` (true).
+    """YaRN's ModelSpec fields from a config's ``rope_scaling`` as transformers reads them
+    (``_compute_yarn_parameters``): ``original_max_position_embeddings`` (else the config's
+    ``max_position_embeddings``), ``beta_fast`` (32) and ``beta_slow`` (1) when absent or null, ``truncate`` (true).
 
-    Raises:
-        TunerError: a value of the wrong type (``truncate`` is checked by :class:`ModelSpec`).
-    """
+    Raises TunerError: a value of the wrong type (``truncate`` is checked by :class:`ModelSpec`)."""
     return {
         "rope_scaling_original_max_position_embeddings": _as_int(
             _first(rs, "original_max_position_embeddings", default=cfg.get("max_position_embeddings") or 0),
@@ -383,15 +387,14 @@ def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
 def model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") -> ModelSpec:
     """Build a :class:`ModelSpec` from a Hugging Face ``config.json`` dictionary (see :func:`_model_from_hf_config`).
 
-    Raises:
-        TunerError: a required field is missing, or any field has a wrong type or value.
-    """
+    Raises TunerError: a required field is missing, or any field has a wrong type or value."""
     try:
         return _model_from_hf_config(cfg, name=name, where=where)
     except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as e:  # OverflowError: int(1e999)
         if isinstance(e, TunerError):
             raise
-        raise TunerError(f"model config {(where or name)!r}: a field has a wrong type or value ({type(e).__name__}: {e})") from None
+        raise TunerError(f"model config {(where or name)!r}: a field has a wrong type or value ({type(e).__name__}: "
+                         f"{e})") from None
 
 
 def _unwrap(cfg: dict[str, Any], w: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -417,12 +420,11 @@ _REQUIRED = {
 def _sizes(cfg: dict[str, Any], w: str) -> tuple[dict[str, int], int, Any, Any]:
     """The required sizes (:data:`_REQUIRED`), the routed experts and the raw dense and expert FFN widths.
 
-    Raises:
-        TunerError: a required size missing or not a positive integer up to :data:`MAX_CONFIG_INT`.
-    """
+    Raises TunerError: a required size missing or not a positive integer."""
     vals = {k: _first(cfg, *alts) for k, alts in _REQUIRED.items()}
     missing = [k for k, v in vals.items() if v is None]
-    num_experts = _as_int(_first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0, "num_local_experts", w)
+    num_experts = _as_int(_first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0,
+                          "num_local_experts", w)
     inter = _first(cfg, "intermediate_size", "ffn_hidden_size", "n_inner")
     moe_inter = _first(cfg, "moe_intermediate_size", "expert_intermediate_size")
     if num_experts and moe_inter is None:
@@ -440,16 +442,16 @@ def _sizes(cfg: dict[str, Any], w: str) -> tuple[dict[str, int], int, Any, Any]:
     for k, v in vals.items():
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise TunerError(f"model config {w!r}: {k} must be a positive integer, got {v!r}")
-        if v > MAX_CONFIG_INT:
-            raise TunerError(f"model config {w!r}: {k} {v:,} is more than this tool models (at most {MAX_CONFIG_INT:,})")
     return vals, num_experts, inter, moe_inter
 
 
 def _shared_width(cfg: dict[str, Any], moe_inter: Any, w: str) -> int:
     """Total width of the shared experts: given, or their count x the routed expert's width."""
-    shared = _first(cfg, "shared_intermediate_size", "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")
+    shared = _first(cfg, "shared_intermediate_size", "shared_expert_intermediate_size",
+                    "moe_shared_expert_intermediate_size")
     if shared is None and _first(cfg, "n_shared_experts", "num_shared_experts"):
-        shared = _as_int(_first(cfg, "n_shared_experts", "num_shared_experts"), "n_shared_experts", w) * _as_int(moe_inter, "moe_intermediate_size", w)
+        shared = _as_int(_first(cfg, "n_shared_experts", "num_shared_experts"), "n_shared_experts",
+                         w) * _as_int(moe_inter, "moe_intermediate_size", w)
     return _as_int(shared or 0, "shared_intermediate_size", w)
 
 
@@ -474,7 +476,8 @@ def _moe_layer_freq(cfg: dict[str, Any], over: dict[str, Any], num_experts: int,
     if "mlp_only_layers" in cfg or "decoder_sparse_step" in cfg:
         raw_only = cfg.get("mlp_only_layers") or []
         if not isinstance(raw_only, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in raw_only):
-            raise TunerError(f"model config {w!r}: mlp_only_layers must be a list of layer indices, got {raw_only!r}"[:300])
+            raise TunerError(
+                f"model config {w!r}: mlp_only_layers must be a list of layer indices, got {raw_only!r}"[:300])
         only = set(raw_only)
         step = _as_int(cfg.get("decoder_sparse_step", 1) or 1, "decoder_sparse_step", w)
         return [0 if (i in only or (i + 1) % step) else 1 for i in range(L)]
@@ -493,8 +496,10 @@ def _windows(cfg: dict[str, Any], L: int, w: str) -> tuple[int, tuple[int, ...]]
         raise TunerError(f"model config {w!r}: layer_types must list one entry per layer ({L})")
     odd_types = sorted({str(t) for t in types} - {"sliding_attention", "full_attention"})
     if odd_types:
-        raise TunerError(f"model config {w!r}: layer_types entries must be sliding_attention or full_attention, got {odd_types[0]!r}")
-    return _as_int(cfg["sliding_window"], "sliding_window", w), tuple(0 if str(t) == "sliding_attention" else 1 for t in types)
+        raise TunerError(f"model config {w!r}: layer_types entries must be sliding_attention or full_attention, got "
+                         f"{odd_types[0]!r}")
+    return _as_int(cfg["sliding_window"], "sliding_window", w), tuple(0 if str(t) == "sliding_attention"
+                                                                      else 1 for t in types)
 
 
 def _numerics(cfg: dict[str, Any], d: int, num_experts: int, w: str) -> dict[str, Any]:
@@ -506,24 +511,28 @@ def _numerics(cfg: dict[str, Any], d: int, num_experts: int, w: str) -> dict[str
                          f"\"factor\": 32}}) or null, got {rs!r}")
     rs_type = rs.get("rope_type") or rs.get("type") or ""
     if rs_type not in _ROPE_TYPES:
-        raise TunerError(f"model config {w!r}: rope_scaling.rope_type must be one of {', '.join(sorted(t for t in _ROPE_TYPES if t))}, "
-                         f"got {rs_type!r}")
-    if rs_type in ("default", "linear", "dynamic", "longrope"):  # not carried to Megatron's flags (its rope is unscaled)
+        raise TunerError(f"model config {w!r}: rope_scaling.rope_type must be one of "
+                         f"{', '.join(sorted(t for t in _ROPE_TYPES if t))}, got {rs_type!r}")
+    # not carried to Megatron's flags (its rope is unscaled)
+    if rs_type in ("default", "linear", "dynamic", "longrope"):
         rs_type = ""
     partial = cfg.get("partial_rotary_factor")
     if partial is None and cfg.get("rotary_dim") and d:
         partial = float(cfg["rotary_dim"]) / d
     topk_method = str(cfg.get("topk_method", ""))
-    n_group = _as_int(cfg.get("n_group") or 1, "n_group", w) if topk_method in ("group_limited_greedy", "noaux_tc") else 1
+    n_group = _as_int(cfg.get("n_group") or 1, "n_group", w) if topk_method in ("group_limited_greedy",
+                                                                                "noaux_tc") else 1
     grouped = n_group > 1  # Megatron --moe-router-num-groups / --moe-router-group-topk
     return dict(
-        norm_epsilon=_as_float(_first(cfg, "rms_norm_eps", "layer_norm_eps", "norm_epsilon", default=1e-5), "rms_norm_eps", w),
+        norm_epsilon=_as_float(_first(cfg, "rms_norm_eps", "layer_norm_eps", "norm_epsilon", default=1e-5),
+                               "rms_norm_eps", w),
         rotary_base=_as_float(_first(cfg, "rope_theta", "rotary_base", default=10000.0), "rope_theta", w),
         rotary_percent=float(partial if partial is not None else 1.0),
         rope_scaling_type=rs_type,
         rope_scaling_factor=_as_float(_first(rs, "factor", default=1.0), "rope_scaling.factor", w),
         rope_scaling_mscale=_as_float(_first(rs, "mscale", default=1.0), "rope_scaling.mscale", w),
-        rope_scaling_mscale_all_dim=_as_float(_first(rs, "mscale_all_dim", default=0.0), "rope_scaling.mscale_all_dim", w),
+        rope_scaling_mscale_all_dim=_as_float(_first(rs, "mscale_all_dim", default=0.0), "rope_scaling.mscale_all_dim",
+                                              w),
         **(_yarn_details(rs, cfg, w) if rs_type == "yarn" else {}),
         moe_router_score_function="sigmoid" if str(cfg.get("scoring_func", "softmax")) == "sigmoid" else "softmax",
         moe_router_enable_expert_bias=bool(cfg.get("use_routing_bias")) or topk_method == "noaux_tc",
@@ -536,14 +545,11 @@ def _numerics(cfg: dict[str, Any], d: int, num_experts: int, w: str) -> dict[str
 def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") -> ModelSpec:
     """Build a :class:`ModelSpec` from a Hugging Face ``config.json`` dictionary.
 
-    Understands the key names of Llama, Mixtral, Qwen3 / Qwen3-MoE, DeepSeek-V3 /
-    Kimi-K2 (MLA), GPT-OSS and MiniMax-M2. A ``"tuner"`` section may override
-    derived fields (e.g. ``{"mtp_num_layers": 0}``); a ``text_config`` section
+    Understands the key names of Llama, Mixtral, Qwen3 / Qwen3-MoE, DeepSeek-V3 / Kimi-K2 (MLA), GPT-OSS and MiniMax-M2.
+    A ``"tuner"`` section may override derived fields (e.g. ``{"mtp_num_layers": 0}``); a ``text_config`` section
     (multimodal checkpoints) is used when present.
 
-    Raises:
-        TunerError: if a required field is missing or not a positive integer.
-    """
+    Raises TunerError: if a required field is missing or not a positive integer."""
     w = where or name
     cfg, over = _unwrap(cfg, w)
     vals, num_experts, inter, moe_inter = _sizes(cfg, w)
@@ -566,7 +572,8 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
         # quick-GELU GLU with offset 1.0 and limit swiglu_limit (7.0).
         # add_qkv_bias follows add_bias_linear: Megatron-LM sets it whenever add_bias_linear is (arguments.py)
         gpt_oss = dict(add_bias_linear=True, add_qkv_bias=True, softmax_type="learnable", activation_func="quick_gelu",
-                       activation_func_clamp_value=_as_float(cfg.get("swiglu_limit", 7.0), "swiglu_limit", w), glu_linear_offset=1.0)
+                       activation_func_clamp_value=_as_float(cfg.get("swiglu_limit", 7.0), "swiglu_limit", w),
+                       glu_linear_offset=1.0)
     mtp = _as_int(_first(cfg, "num_nextn_predict_layers", default=0) or 0, "num_nextn_predict_layers", w)
     if cfg.get("use_mtp") and not mtp:
         mtp = _as_int(cfg.get("num_mtp_modules") or 0, "num_mtp_modules", w)
@@ -577,18 +584,22 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
         num_layers=L,
         hidden_size=h,
         num_attention_heads=n,
-        num_query_groups=_as_int(_first(cfg, "num_key_value_heads", "num_query_groups", default=n), "num_key_value_heads", w),
+        num_query_groups=_as_int(_first(cfg, "num_key_value_heads", "num_query_groups", default=n),
+                                 "num_key_value_heads", w),
         kv_channels=d,
         ffn_hidden_size=0 if moe_only else _as_int(inter or 0, "intermediate_size", w),
         vocab_size=vals["vocab_size"],
         num_experts=num_experts,
-        moe_router_topk=_as_int(_first(cfg, "num_experts_per_tok", "moe_topk", "top_k", default=0) or 0, "num_experts_per_tok", w),
+        moe_router_topk=_as_int(_first(cfg, "num_experts_per_tok", "moe_topk", "top_k", default=0) or 0,
+                                "num_experts_per_tok", w),
         moe_ffn_hidden_size=_as_int(moe_inter or 0, "moe_intermediate_size", w) if num_experts else 0,
         moe_shared_expert_intermediate_size=_shared_width(cfg, moe_inter, w),
         moe_layer_freq=tuple(int(x) for x in _moe_layer_freq(cfg, over, num_experts, L, w)),
-        gated_linear_unit=str(_first(cfg, "hidden_act", default="silu")) in ("silu", "swiglu", "gelu_pytorch_tanh", "geglu"),
+        gated_linear_unit=str(_first(cfg, "hidden_act", default="silu")) in ("silu", "swiglu", "gelu_pytorch_tanh",
+                                                                             "geglu"),
         untie_embeddings_and_output_weights=not bool(cfg.get("tie_word_embeddings", False)),
-        qk_layernorm=bool(_first(cfg, "use_qk_norm", "qk_layernorm", default=str(cfg.get("model_type", "")).startswith("qwen3"))),
+        qk_layernorm=bool(_first(cfg, "use_qk_norm", "qk_layernorm",
+                                 default=str(cfg.get("model_type", "")).startswith("qwen3"))),
         qk_layernorm_full_dim=str(cfg.get("qk_norm_type", "")) == "per_layer",
         mtp_num_layers=mtp,
         max_position_embeddings=_as_int(cfg.get("max_position_embeddings") or 0, "max_position_embeddings", w),
@@ -621,9 +632,8 @@ def load_model(name_or_path: str, *, allow_config_args: bool = False) -> ModelSp
     elsewhere (a downloaded ``config.json``) can add ``--load``, ``--save`` or ``--data-path``: it is refused unless
     ``allow_config_args`` (``--allow-config-args``); the bundled presets' are the project's own.
 
-    Raises:
-        TunerError: unknown name (with close names suggested), unreadable or
-            malformed file (:func:`specs.files.load_user_json`), missing fields, or launch arguments not allowed.
+    Raises TunerError: unknown name (with close names suggested), unreadable or malformed file
+    (:func:`specs.files.load_user_json`), missing fields, or launch arguments not allowed.
     """
     p = Path(name_or_path)
     if p.is_dir() and (p / "config.json").is_file():  # a Hugging Face model folder
@@ -631,7 +641,8 @@ def load_model(name_or_path: str, *, allow_config_args: bool = False) -> ModelSp
     if p.suffix == ".json" or p.exists():
         if p.is_dir() or not p.exists():
             what = "a folder without a config.json" if p.is_dir() else "no such file"
-            raise TunerError(f"--model {name_or_path!r}: {what}; give a preset name ({', '.join(list_models())}) or a config.json path")
+            raise TunerError(f"--model {name_or_path!r}: {what}; give a preset name ({', '.join(list_models())}) or a "
+                             "config.json path")
         cfg = load_user_json(p, f"--model {name_or_path!r}", "a Hugging Face config.json")
         if not isinstance(cfg, dict):
             raise TunerError(f"--model {name_or_path!r}: expected a JSON object (a Hugging Face config.json)")
@@ -640,9 +651,9 @@ def load_model(name_or_path: str, *, allow_config_args: bool = False) -> ModelSp
         display = p.resolve().parent.name if p.name == "config.json" and p.resolve().parent.name else p.stem
         model = model_from_hf_config(cfg, name=display, where=str(p))
         if model.extra_megatron_args and not allow_config_args:
-            raise TunerError(f"--model {name_or_path!r}: its 'tuner' section adds launch arguments to every trial and exported "
-                             f"script: {shlex.join(model.extra_megatron_args)[:300]}; read them, then pass --allow-config-args "
-                             "to use them (or delete them from the file)")
+            raise TunerError(f"--model {name_or_path!r}: its 'tuner' section adds launch arguments to every trial and "
+                             f"exported script: {shlex.join(model.extra_megatron_args)[:300]}; read them, then pass "
+                             "--allow-config-args to use them (or delete them from the file)")
         return model
     files = data_files(MODEL_DIR, ".json")
     by_lower = {k.lower(): k for k in files}

@@ -18,7 +18,8 @@ from specs._data import NETWORKS_FILE, data_file
 from specs.errors import TunerError
 from specs.layout import Dispatcher
 
-__all__ = ["COUNTED", "DispatcherOnFabric", "Network", "RUNS", "intra_domain_efficiency", "list_networks", "load_network"]
+__all__ = ["COUNTED", "DispatcherOnFabric", "Network", "RUNS", "intra_domain_efficiency", "list_networks",
+           "load_network"]
 
 #: Values of a dispatcher's ``runs`` on a fabric.
 RUNS = ("true", "false", "unknown")
@@ -70,7 +71,8 @@ class Network:
     def dispatcher(self, d: Dispatcher | str) -> DispatcherOnFabric:
         """What ``d`` does across this fabric (a dispatcher the data file does not list runs at NCCL's efficiency)."""
         key = Dispatcher(d).value
-        return self.dispatchers.get(key, DispatcherOnFabric(runs="unknown", efficiency=None, source="not in specs/data/networks.yaml"))
+        return self.dispatchers.get(key, DispatcherOnFabric(runs="unknown", efficiency=None,
+                                                            source="not in specs/data/networks.yaml"))
 
     def per_node_gbps(self, gpus_per_node: int) -> float:
         """Bandwidth of a node of ``gpus_per_node`` GPUs, Gb/s per direction."""
@@ -105,21 +107,21 @@ def _efficiency(v: Any, where: str) -> float | None:
 def intra_domain_efficiency() -> dict[str, float | None]:
     """Per dispatcher value, the fraction of NVLink bandwidth its kernels reach inside an NVLink domain (any fabric;
     ``intra_domain`` of the data file); None = NCCL's (the calibration's ``alltoall_nvlink_efficiency``)."""
-    return {Dispatcher(k).value: _efficiency(v.get("efficiency"), f"intra_domain/{k}") for k, v in (_data().get("intra_domain") or {}).items()}
+    return {Dispatcher(k).value: _efficiency(v.get("efficiency"), f"intra_domain/{k}") for k,
+            v in (_data().get("intra_domain") or {}).items()}
 
 
 @functools.lru_cache(maxsize=32)
 def load_network(key: str) -> Network:
     """The fabric named ``key`` (case-insensitive).
 
-    Raises:
-        TunerError: unknown name, with the known ones.
-    """
+    Raises TunerError: unknown name, with the known ones."""
     fabrics = _data()["fabrics"]
     by_lower = {k.lower(): k for k in fabrics}
     real = by_lower.get(str(key).strip().lower())
     if real is None:
-        raise TunerError(f"--network {key!r}: unknown network; known: {', '.join(list_networks())} (specs/data/networks.yaml)")
+        raise TunerError(f"--network {key!r}: unknown network; known: {', '.join(list_networks())} "
+                         "(specs/data/networks.yaml)")
     f = fabrics[real]
     disp = {}
     for name, v in (f.get("dispatchers") or {}).items():
@@ -127,8 +129,10 @@ def load_network(key: str) -> Network:
         assert runs in RUNS, f"networks.yaml {real}/{name}: runs {runs!r} not in {RUNS}"
         counted = str(v.get("counted", "per_gpu"))
         assert counted in COUNTED, f"networks.yaml {real}/{name}: counted {counted!r} not in {COUNTED}"
-        disp[Dispatcher(name).value] = DispatcherOnFabric(runs=runs, efficiency=_efficiency(v.get("efficiency"), f"{real}/{name}"),
+        disp[Dispatcher(name).value] = DispatcherOnFabric(runs=runs,
+                                                          efficiency=_efficiency(v.get("efficiency"), f"{real}/{name}"),
                                                            source=str(v.get("source", "")), counted=counted)
     intra = intra_domain_efficiency()
-    return Network(key=real, name=str(f["name"]), per_gpu_bytes_per_s=float(f["per_gpu_gbps"]) * 1e9 / 8, dispatchers=disp,
+    return Network(key=real, name=str(f["name"]), per_gpu_bytes_per_s=float(f["per_gpu_gbps"]) * 1e9 / 8,
+                   dispatchers=disp,
                    intra_domain_efficiency=intra, source=str(f.get("source", "")))

@@ -58,9 +58,7 @@ def list_stacks() -> list[str]:
 def load_stack(name: str) -> StackPreset:
     """The bundled preset ``name`` (case-insensitive; ``megatron`` is ``megatron-lm``).
 
-    Raises:
-        TunerError: an unknown name (the accepted ones listed), or a preset file that does not hold a stack.
-    """
+    Raises TunerError: an unknown name (the accepted ones listed), or a preset file that does not hold a stack."""
     key = STACK_ALIASES.get(str(name).strip().lower(), str(name).strip().lower())
     files = data_files(STACK_DIR, ".yaml")
     if key not in files:
@@ -68,16 +66,20 @@ def load_stack(name: str) -> StackPreset:
     label = f"stack preset {key}.yaml"
     d = read_user_yaml(files[key].read_text(encoding="utf-8"), label)
     fields = {f.name for f in dataclasses.fields(RunOptions)}
-    if not isinstance(d, Mapping) or not isinstance(d.get("run_options"), Mapping) or d.get("framework") not in ("slime", "megatron"):
+    if not isinstance(d, Mapping) or not isinstance(d.get("run_options"),
+                                                    Mapping) or d.get("framework") not in ("slime", "megatron"):
         raise TunerError(f"{label}: expected name, description, framework (slime or megatron), run_options and sources")
     unknown = [k for k in d["run_options"] if k not in fields]
     if unknown:
-        raise TunerError(f"{label}: run_options {unknown[0]!r} is not a run option; accepted: {', '.join(sorted(fields))}")
+        raise TunerError(f"{label}: run_options {unknown[0]!r} is not a run option; accepted: "
+                         f"{', '.join(sorted(fields))}")
     RunOptions(**d["run_options"])  # the values are checked as a command line's are
-    sources = tuple(f"{s['repo']}@{str(s['commit'])[:8]} {s['path']} l.{s['lines']}: {' '.join(str(s['reads']).split())}"
+    sources = tuple(f"{s['repo']}@{str(s['commit'])[:8]} {s['path']} l.{s['lines']}: "
+                    f"{' '.join(str(s['reads']).split())}"
                     for s in d.get("sources") or ())
     return StackPreset(name=key, description=str(d.get("description", key)), framework=d["framework"],
-                       drops_allgather=bool(d.get("drops_allgather", False)), run_options=tuple(sorted(d["run_options"].items())),
+                       drops_allgather=bool(d.get("drops_allgather", False)),
+                       run_options=tuple(sorted(d["run_options"].items())),
                        sources=sources, notes=tuple(str(n) for n in d.get("notes") or ()))
 
 
@@ -114,7 +116,8 @@ class RunFlags:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
 
 
-#: The Megatron-LM spelling of each :class:`RunFlags` field (for a bool: the spelling that turns it on; ``no_`` the off).
+#: The Megatron-LM spelling of each :class:`RunFlags` field (for a bool: the spelling that turns it on; ``no_`` the
+#: off).
 RUN_FLAG_NAMES: dict[str, str] = {
     "accumulate_allreduce_grads_in_fp32": "--accumulate-allreduce-grads-in-fp32",
     "grad_reduce_in_bf16": "--grad-reduce-in-bf16",
@@ -180,34 +183,29 @@ def resolve_run_options(flags: RunFlags, stack: str | None = None, *, precision:
     """Lay ``flags`` over the ``stack`` preset (None: :data:`DEFAULT_STACK`): the one mapping from run flags to
     :class:`RunOptions`.
 
-    Megatron-LM's meanings: ``--grad-reduce-in-bf16`` keeps the main gradients in bf16 and
-    ``--accumulate-allreduce-grads-in-fp32`` in fp32 (``arguments.py`` l.1209-1217 at d98e8a64); ``--fp8-recipe`` is the
-    GEMMs' recipe with ``--precision fp8`` and, with bf16, the recipe Megatron copies onto the optimizer
-    (``OptimizerConfig.fp8_recipe``: ``tensorwise`` keeps fp32 master weights); ``--cuda-graph-impl`` other than ``none``
-    without ``--cuda-graph-scope`` captures whole layers, ``full_iteration`` the whole step.
+    Megatron-LM's meanings (``arguments.py`` l.1209-1217 at d98e8a64): ``--grad-reduce-in-bf16`` keeps the main
+    gradients in bf16, ``--accumulate-allreduce-grads-in-fp32`` in fp32; ``--fp8-recipe`` is the GEMMs' recipe with
+    ``--precision fp8`` and, with bf16, the optimizer's (``OptimizerConfig.fp8_recipe``); ``--cuda-graph-impl`` without
+    ``--cuda-graph-scope`` captures whole layers, ``full_iteration`` the whole step.
 
-    Raises:
-        TunerError: an unknown stack or value, or flags that contradict each other: ``--grad-reduce-in-bf16`` with
-            ``--accumulate-allreduce-grads-in-fp32``, ``--cuda-graph-impl none`` with ``--cuda-graph-scope``,
-            ``--cross-entropy-fusion-impl`` while the loss fusion is off, ``--fp8-param-gather`` with bf16,
-            per-layer CUDA graphs (impl ``local`` or ``transformer_engine``) with ``--cpu-offloading-num-layers``
-            (megatron/core/transformer/transformer_config.py at d98e8a64: "CUDA graphs not supported with CPU
-            offloading.").
-    """
+    Raises TunerError: an unknown stack or value, or contradicting flags: both main-gradient dtypes, ``--cuda-graph-impl
+    none`` with a scope, ``--cross-entropy-fusion-impl`` with the loss fusion off, ``--fp8-param-gather`` with bf16,
+    per-layer CUDA graphs with ``--cpu-offloading-num-layers`` (transformer_config.py at d98e8a64)."""
     preset = load_stack(stack or DEFAULT_STACK)
     base = RunOptions(**dict(preset.run_options))
     if megatron_core is not None:
         base = dataclasses.replace(base, megatron_core=megatron_core)
     g = flags.given()
     if g.get("accumulate_allreduce_grads_in_fp32") and g.get("grad_reduce_in_bf16"):
-        raise TunerError("--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 contradict each other (main gradients "
-                         "in bf16 or in fp32): give one")
+        raise TunerError("--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 contradict each other (main "
+                         "gradients in bf16 or in fp32): give one")
     kw: dict[str, Any] = {}
     if "grad_reduce_in_bf16" in g:
         kw["grad_reduce_in_fp32"] = not g["grad_reduce_in_bf16"]
     if "accumulate_allreduce_grads_in_fp32" in g:
         kw["grad_reduce_in_fp32"] = bool(g["accumulate_allreduce_grads_in_fp32"])
-    for f in ("cross_entropy_loss_fusion", "moe_permute_fusion", "overlap_grad_reduce", "overlap_moe_expert_parallel_comm",
+    for f in ("cross_entropy_loss_fusion", "moe_permute_fusion", "overlap_grad_reduce",
+              "overlap_moe_expert_parallel_comm",
               "tp_comm_overlap", "moe_router_force_load_balancing", "use_megatron_fsdp", "apply_rope_fusion"):
         if f in g:
             kw[f] = bool(g[f])
@@ -216,21 +214,22 @@ def resolve_run_options(flags: RunFlags, stack: str | None = None, *, precision:
     impl = _choice("cross_entropy_fusion_impl", flags.cross_entropy_fusion_impl, CROSS_ENTROPY_IMPLS)
     if impl is not None:
         if not kw.get("cross_entropy_loss_fusion", base.cross_entropy_loss_fusion):
-            raise TunerError(f"--cross-entropy-fusion-impl {impl}: the cross-entropy loss fusion is off "
-                             f"({'--no-cross-entropy-loss-fusion' if 'cross_entropy_loss_fusion' in g else 'stack ' + preset.name}), "
+            off = "--no-cross-entropy-loss-fusion" if "cross_entropy_loss_fusion" in g else "stack " + preset.name
+            raise TunerError(f"--cross-entropy-fusion-impl {impl}: the cross-entropy loss fusion is off ({off}), "
                              "so no fused implementation runs; add --cross-entropy-loss-fusion or leave the impl out")
         kw["cross_entropy_fusion_impl"] = impl
     graph_impl = _choice("cuda_graph_impl", flags.cuda_graph_impl, CUDA_GRAPH_IMPLS)
     scope = None
     if flags.cuda_graph_scope is not None:
-        scope = tuple(s.strip().lower() for v in flags.cuda_graph_scope for s in str(v).replace(",", " ").split() if s.strip())
+        scope = tuple(s.strip().lower() for v in flags.cuda_graph_scope for s in str(v).replace(",", " ").split()
+                      if s.strip())
         bad = [s for s in scope if s not in CUDA_GRAPH_SCOPES]
         if bad or not scope:
-            raise TunerError(f"--cuda-graph-scope {(bad[0] if bad else '')[:40]!r}: accepted {', '.join(CUDA_GRAPH_SCOPES)} "
-                             "(turn CUDA graphs off with --cuda-graph-impl none)")
+            raise TunerError(f"--cuda-graph-scope {(bad[0] if bad else '')[:40]!r}: accepted "
+                             f"{', '.join(CUDA_GRAPH_SCOPES)} (turn CUDA graphs off with --cuda-graph-impl none)")
     if graph_impl == "none" and scope:
-        raise TunerError(f"--cuda-graph-impl none with --cuda-graph-scope {' '.join(scope)}: no graph is captured with impl none; "
-                         "give one of them")
+        raise TunerError(f"--cuda-graph-impl none with --cuda-graph-scope {' '.join(scope)}: no graph is captured with "
+                         "impl none; give one of them")
     if graph_impl is not None:
         kw["cuda_graph_impl"] = graph_impl
     if graph_impl == "none":
@@ -245,7 +244,8 @@ def resolve_run_options(flags: RunFlags, stack: str | None = None, *, precision:
     if recipe is not None:
         kw["fp8_recipe" if precision == "fp8" else "optimizer_fp8_recipe"] = recipe
     if g.get("fp8_param_gather") and precision != "fp8":
-        raise TunerError("--fp8-param-gather keeps fp8 weights, but --precision is bf16: use --precision fp8 or leave it out")
+        raise TunerError("--fp8-param-gather keeps fp8 weights, but --precision is bf16: use --precision fp8 or leave "
+                         "it out")
     if "fp8_param_gather" in g:
         kw["fp8_param_gather"] = bool(g["fp8_param_gather"])
     cp = _choice("cp_comm_type", flags.cp_comm_type, ("p2p", "a2a"))
@@ -268,13 +268,15 @@ def resolve_run_options(flags: RunFlags, stack: str | None = None, *, precision:
                          f"{options.cpu_offloading_num_layers}: Megatron refuses CUDA graphs with CPU offloading "
                          "(transformer_config.py); use --cuda-graph-impl full_iteration, or drop one of them")
     overrides = tuple(_spell(n, v) for n, v in g.items() if _changes(n, v, base, options))
-    return StackRun(preset=preset, options=options, overrides=overrides, flags=tuple(_spell(n, v) for n, v in g.items()))
+    return StackRun(preset=preset, options=options, overrides=overrides,
+                    flags=tuple(_spell(n, v) for n, v in g.items()))
 
 
 def _changes(name: str, value: Any, base: RunOptions, options: RunOptions) -> bool:
     """Whether the flag ``name`` moved a field away from the preset's value."""
     fields = {"accumulate_allreduce_grads_in_fp32": "grad_reduce_in_fp32", "grad_reduce_in_bf16": "grad_reduce_in_fp32",
-              "bias_swiglu_fusion": "bias_activation_fusion", "cuda_graph_impl": ("cuda_graph_impl", "cuda_graph_scope"),
+              "bias_swiglu_fusion": "bias_activation_fusion",
+              "cuda_graph_impl": ("cuda_graph_impl", "cuda_graph_scope"),
               "transformer_impl": "te_attention", "fp8_recipe": ("fp8_recipe", "optimizer_fp8_recipe")}.get(name, name)
     names = fields if isinstance(fields, tuple) else (fields,)
     return any(getattr(base, f) != getattr(options, f) for f in names)
@@ -312,7 +314,8 @@ def run_option_args(options: RunOptions, *, precision: str = "bf16", skip: tuple
         a += ["--fp8-param-gather"]
     if options.overlap_grad_reduce:
         a += ["--overlap-grad-reduce", "--overlap-param-gather"]
-    for f in ("overlap_moe_expert_parallel_comm", "tp_comm_overlap", "moe_router_force_load_balancing", "use_megatron_fsdp"):
+    for f in ("overlap_moe_expert_parallel_comm", "tp_comm_overlap", "moe_router_force_load_balancing",
+              "use_megatron_fsdp"):
         if getattr(options, f):
             a += [RUN_FLAG_NAMES[f]]
     if options.cp_comm_type != d.cp_comm_type:

@@ -11,7 +11,8 @@ from typing import Any
 
 from specs.errors import TunerError
 
-__all__ = ["RECORD_ERRORS", "STUDY_OUTPUT_FILES", "STUDY_OWN_FILES", "check_output_path", "is_study_folder", "read_study_record"]
+__all__ = ["RECORD_ERRORS", "STUDY_OUTPUT_FILES", "STUDY_OWN_FILES", "check_output_path", "is_study_folder",
+           "read_study_record"]
 
 #: The files a study's folder keeps for itself (``results/<study>/``): an output written over one loses the study.
 #: SQLite's own side files of ``study.db`` (``study.db-wal``, ``-shm``, ``-journal``) count too (:func:`_own_name`).
@@ -34,9 +35,8 @@ def _own_name(name: str) -> bool:
 def read_study_record(path: Path) -> Any:
     """The parsed ``config.yaml`` of a study folder (any YAML value; the caller checks its shape).
 
-    Raises:
-        the errors of :data:`RECORD_ERRORS` and ``yaml.YAMLError``: unreadable, not a regular file, larger than
-        :data:`specs.files.MAX_CONFIG_BYTES`, not text, not YAML, nested too deeply.
+    Raises the errors of :data:`RECORD_ERRORS` and ``yaml.YAMLError``: unreadable, not text, not YAML, nested too
+    deeply.
     """
     import yaml
 
@@ -65,27 +65,24 @@ def is_study_folder(folder: Path) -> bool:
     return (folder / "study.db").exists() or _is_study_record(folder / "config.yaml")
 
 
-def check_output_path(option: str, path: Path, *, writes: str | None = None, study: str | None = None, force: bool = False) -> None:
+def check_output_path(option: str, path: Path, *, writes: str | None = None, study: str | None = None,
+                      force: bool = False) -> None:
     """Refuse an output file (``--out``, ``--csv``, ``--png``, ``--export``, ...) that would overwrite a study: an
-    existing SQLite database (an Optuna RDB storage), an Optuna journal (JSON lines with ``op_code``), or a file a
-    study's folder keeps for itself (:data:`STUDY_OWN_FILES`); and one under a file. In a study's folder, one of the
-    study's outputs (:data:`STUDY_OUTPUT_FILES`) is only written over by the same kind of output of the same study
-    (``writes``: the file name that output has there, e.g. ``recipe.yaml`` for ``tune export --format recipe``;
-    ``study``: the study this command reads, whose folder is ``<results-dir>/<study>``). A missing folder is not
-    created; a folder is refused; a link or a file that is not a regular file is replaced only with ``force`` (``--force``), and then the
-    link itself, not what it points to (:func:`specs.files.write_output`, which also checks the kind of file).
+    SQLite database (an Optuna RDB storage), an Optuna journal (JSON lines with ``op_code``), a file a study's folder
+    keeps for itself (:data:`STUDY_OWN_FILES`), or a path under a file. In a study's folder a study output
+    (:data:`STUDY_OUTPUT_FILES`) is only replaced by the same output (``writes``, e.g. ``recipe.yaml``) of the same
+    ``study``. A folder is refused; a link or a special file is replaced only with ``force`` (the link itself,
+    :func:`specs.files.write_output`).
 
-    Raises:
-        TunerError: naming ``option``, the path and why.
-    """
+    Raises TunerError: naming ``option``, the path and why."""
     if not path.parent.is_dir():
         what = "is a file, not a folder" if path.parent.exists() else "does not exist; create it first"
         raise TunerError(f"{option} {str(path)!r}: {path.parent} {what}")
     if path.is_dir() and not path.is_symlink():
         raise TunerError(f"{option} {str(path)!r} is a folder; give a file path")
     if not force and (path.is_symlink() or (path.exists() and not path.is_file() and not path.is_dir())):
-        raise TunerError(f"{option} {str(path)!r} is {'a link' if path.is_symlink() else 'not a regular file'}; give another "
-                         "path, or --force to replace it")
+        raise TunerError(f"{option} {str(path)!r} is {'a link' if path.is_symlink() else 'not a regular file'}; give "
+                         "another path, or --force to replace it")
     if not path.is_file():
         return
     try:
@@ -96,12 +93,14 @@ def check_output_path(option: str, path: Path, *, writes: str | None = None, stu
     in_study = is_study_folder(path.parent)
     own = _own_name(path.name) and in_study
     if head.startswith(_SQLITE_MAGIC) or own or (head.startswith(b"{") and b'"op_code"' in head.split(b"\n", 1)[0]):
-        raise TunerError(f"{option} {str(path)!r} is a study's own file (its storage or its record); writing there would lose "
-                         "the study and its trials: give another path")
+        raise TunerError(f"{option} {str(path)!r} is a study's own file (its storage or its record); writing there "
+                         "would lose the study and its trials: give another path")
     if path.name in STUDY_OUTPUT_FILES and in_study:
         if study is not None and path.parent.name != study:
-            raise TunerError(f"{option} {str(path)!r} is study {path.parent.name!r}'s own {path.name}; this writes study "
-                             f"{study!r}'s: give another path")
+            raise TunerError(f"{option} {str(path)!r} is study {path.parent.name!r}'s own {path.name}; this writes "
+                             f"study {study!r}'s: give another path")
         if path.name != writes:
-            raise TunerError(f"{option} {str(path)!r} would write over the study's own {path.name} with another kind of file"
-                             f"{'' if writes is None else ' (the study keeps this kind as ' + writes + ')'}: give another path")
+            raise TunerError(f"{option} {str(path)!r} would write over the study's own {path.name} with another kind "
+                             "of file"
+                             f"{'' if writes is None else ' (the study keeps this kind as ' + writes + ')'}: give "
+                             "another path")

@@ -1,10 +1,6 @@
-"""One reader for the CSV tables of measured runs: a column schema, read by one function that names the line
-and the column of every cell it cannot read.
-
-A table is a tuple of :class:`Column` (name, how a cell is read, unit, bounds, optional); :func:`read_table`
-reads a file against it and hands each readable row, as a dict of values, to a ``build`` function that
-makes the caller's row object (and may refuse a combination of cells with :class:`BadCell`).
-"""
+"""One reader for the CSV tables of measured runs: a table is a tuple of :class:`Column` (name, reader, unit, bounds,
+optional); :func:`read_table` reads a file against it, names the line and column of every cell it cannot read, and hands
+each readable row to a ``build`` function (which may refuse a combination with :class:`BadCell`)."""
 
 from __future__ import annotations
 
@@ -59,7 +55,8 @@ class Column:
             raise ValueError(cell)
         v = self.parse(cell)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and (
-                (isinstance(v, float) and not math.isfinite(v)) or (self.low is not None and (v <= self.low if self.low_open else v < self.low))
+                (isinstance(v, float) and not math.isfinite(v))
+                or (self.low is not None and (v <= self.low if self.low_open else v < self.low))
                 or (self.high is not None and v > self.high)):
             raise ValueError(cell)
         return v
@@ -72,27 +69,18 @@ class Column:
 
 def read_table(path: str | Path, columns: Sequence[Column], build: Callable[[int, Mapping[str, Any]], T], *, what: str,
                table: str, comment: str | None = None) -> tuple[list[T], list[str]]:
-    """Read the CSV file ``path`` against ``columns``.
+    """Read the CSV file ``path`` (UTF-8, a byte-order mark allowed) against ``columns`` (the header may hold others, in
+    any order); lines starting with ``comment`` are skipped. ``build`` makes a row from its line number (the header is
+    line 1) and its values by column name, and may raise :class:`BadCell` or ``TunerError``. ``what`` names the file in
+    messages (``"--data 'runs.csv'"``), ``table`` the kind of table (``"runs"``).
 
-    Args:
-        path: the file (UTF-8, a byte-order mark allowed).
-        columns: the table's columns; the header may hold others (ignored) and in any order.
-        build: makes one row from its line number (the header is line 1) and its values by column name;
-            it may raise :class:`BadCell` (the row is then refused, naming that column) or ``TunerError``.
-        what: how messages name the file, e.g. ``"--data 'runs.csv'"``.
-        table: what the table is, for the message of a missing column (``"runs"``: "a runs table has ...").
-        comment: lines starting with it are skipped (e.g. ``"#"``); None keeps every line.
+    Returns ``(rows, errors)``: the rows built, and one message per refused row naming its line and first bad column
+    (``line 3: column load: cannot read 'sometimes'``).
 
-    Returns:
-        ``(rows, errors)``: the rows ``build`` made, and one message per refused row naming its line and
-        column (``line 3: column load: cannot read 'sometimes'``); a row is refused at its first bad cell.
+    Raises TunerError: the file cannot be read, or its header lacks required columns (listed)."""
+    from specs.files import parse_errors, read_user_text
 
-    Raises:
-        TunerError: the file cannot be read, or its header lacks required columns (listed with the table's).
-    """
-    from specs.files import MAX_DATA_BYTES, parse_errors, read_user_text
-
-    text = read_user_text(Path(path), what, f"a CSV {table} table", limit=MAX_DATA_BYTES, encoding="utf-8-sig")
+    text = read_user_text(Path(path), what, f"a CSV {table} table", encoding="utf-8-sig")
     lines = [ln for ln in text.splitlines() if not (comment and ln.startswith(comment))]
     with parse_errors(what, f"a CSV {table} table"):
         reader = csv.DictReader(lines)
@@ -100,7 +88,8 @@ def read_table(path: str | Path, columns: Sequence[Column], build: Callable[[int
     header = {h.strip() for h in (reader.fieldnames or [])}
     missing = [c.name for c in columns if c.name not in header and not c.optional]
     if missing:
-        raise TunerError(f"{what}: missing columns {', '.join(missing)}; a {table} table has {', '.join(c.name for c in columns)}")
+        raise TunerError(f"{what}: missing columns {', '.join(missing)}; a {table} table has "
+                         f"{', '.join(c.name for c in columns)}")
     rows: list[T] = []
     errors: list[str] = []
     by_name = {c.name: c for c in columns}
@@ -115,9 +104,11 @@ def read_table(path: str | Path, columns: Sequence[Column], build: Callable[[int
             rows.append(build(line, values))
         except BadCell as e:
             known = by_name.get(e.column)
-            errors.append(f"line {line}: column {e.column}: cannot read {cells.get(e.column, '')!r}{e.hint or (known.hint if known else '')}")
+            errors.append(f"line {line}: column {e.column}: cannot read "
+                          f"{cells.get(e.column, '')!r}{e.hint or (known.hint if known else '')}")
         except TunerError as e:  # its own message names the value it refused
             errors.append(f"line {line}: {e}")
         except ValueError as e:
-            errors.append(f"line {line}: column {col.name}: cannot read {cells.get(col.name, '')!r}{col.hint}" if col else f"line {line}: {e}")
+            errors.append(f"line {line}: column {col.name}: cannot read {cells.get(col.name, '')!r}{col.hint}" if col
+                          else f"line {line}: {e}")
     return rows, errors

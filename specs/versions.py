@@ -12,7 +12,8 @@ from specs.errors import TunerError
 
 __all__ = ["KNOWN_MEGATRON_CORE", "NEWEST_MEGATRON_CORE", "megatron_core_version"]
 
-#: Releases whose layout rules were read (NVIDIA/Megatron-LM tags core_v0.13.0 .. core_v0.19.0; docs/megatron_versions.md).
+#: Releases whose layout rules were read (NVIDIA/Megatron-LM tags core_v0.13.0 .. core_v0.19.0;
+#: docs/megatron_versions.md).
 KNOWN_MEGATRON_CORE: tuple[str, ...] = ("0.13", "0.14", "0.15", "0.16", "0.17", "0.18", "0.19")
 
 #: The default of ``--megatron-core``: the newest release the project knows.
@@ -24,9 +25,7 @@ _VERSION_RE = re.compile(r"\s*(?:core_v|v)?(\d+)\.(\d+)(?:\.\d+)?(?:(?:rc|a|b|\.
 def megatron_core_version(text: str) -> tuple[int, int]:
     """``(major, minor)`` of a megatron-core version string such as ``0.16``, ``0.16.0rc0`` or ``core_v0.19.2``.
 
-    Raises:
-        TunerError: not a version, or a release the project does not know (the known ones are named).
-    """
+    Raises TunerError: not a version, or a release the project does not know (the known ones are named)."""
     m = _VERSION_RE.fullmatch(str(text))
     known = ", ".join(KNOWN_MEGATRON_CORE)
     if not m:

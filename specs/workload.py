@@ -40,14 +40,6 @@ TASKS = ("pretrain", "sft", "lora")
 LORA_TARGET_MODULES = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 
 
-#: The longest sequence (tokens) a workload may name: 2**24, far above the longest in benchmarks/data/published_runs.csv.
-MAX_SEQ_LENGTH = 2**24
-
-#: The largest global batch (sequences) a workload may have: the step timeline (``tune timeline``) simulates the
-#: pipeline schedule micro-batch by micro-batch (cost_model/pipeline_schedule.py), so its time grows with the batch;
-#: the largest published run in benchmarks/data/published_runs.csv uses 16,384.
-MAX_GLOBAL_BATCH = 65_536
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Workload:
@@ -64,7 +56,8 @@ class Workload:
     same compute and memory as pretraining at the packed length; only the supervised share of the tokens differs) or
     ``lora`` (frozen base weights with low-rank adapters, :data:`LORA_TARGET_MODULES`)."""
     lora_rank: int = 32
-    """LoRA's rank r (Megatron-Bridge ``LoRA.dim``, default 32, ``src/megatron/bridge/peft/lora.py`` l.146 at 067f987d)."""
+    """LoRA's rank r (Megatron-Bridge ``LoRA.dim``, default 32, ``src/megatron/bridge/peft/lora.py`` l.146 at
+    067f987d)."""
     lora_target_modules: tuple[str, ...] = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
     """The linear layers LoRA adapts (Megatron-Bridge's default ``target_modules``, same file l.143-145)."""
 
@@ -73,11 +66,6 @@ class Workload:
             raise TunerError(f"--seq-len must be a positive integer, got {self.seq_length}")
         if self.global_batch_size <= 0:
             raise TunerError(f"--global-batch must be a positive integer, got {self.global_batch_size}")
-        if self.seq_length > MAX_SEQ_LENGTH:
-            raise TunerError(f"--seq-len must be at most {MAX_SEQ_LENGTH:,}, got {self.seq_length:,}")
-        if self.global_batch_size > MAX_GLOBAL_BATCH:
-            raise TunerError(f"--global-batch must be at most {MAX_GLOBAL_BATCH:,} sequences, got {self.global_batch_size:,} (the "
-                             "pipeline schedule is simulated per micro-batch; the published runs in benchmarks/data use at most 16,384)")
         if self.task not in TASKS:
             raise TunerError(f"--task {str(self.task)[:40]!r}: accepted {', '.join(TASKS)}")
         if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank <= 0:
@@ -85,11 +73,13 @@ class Workload:
         object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))
         bad = [m for m in self.lora_target_modules if m not in LORA_TARGET_MODULES]
         if bad or not self.lora_target_modules:
-            raise TunerError(f"--lora-target-modules {(bad[0] if bad else '')[:40]!r}: accepted {', '.join(LORA_TARGET_MODULES)}")
+            raise TunerError(f"--lora-target-modules {(bad[0] if bad else '')[:40]!r}: accepted "
+                             f"{', '.join(LORA_TARGET_MODULES)}")
         try:
             object.__setattr__(self, "precision", Precision(self.precision))
         except ValueError:
-            raise TunerError(f"--precision {self.precision!r}: accepted {', '.join(p.value for p in Precision)}") from None
+            accepted = ", ".join(p.value for p in Precision)
+            raise TunerError(f"--precision {self.precision!r}: accepted {accepted}") from None
 
     @property
     def tokens_per_step(self) -> int:
@@ -111,13 +101,8 @@ CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunOptions:
-    """Run flags that change the cost but are not searched over (one value for the whole table).
-
-    Defaults are the seed's run (seeds/001: slime, natural routing, no overlap flags, no CUDA
-    graphs), so a model built without options predicts what it did before these existed.
-    NVIDIA's published Megatron-Bridge runs set most of them (``tune validate`` reads them
-    from each CSV row).
-    """
+    """Run flags that change the cost but are not searched over (one value for the whole table). Defaults are the
+    seed's run (seeds/001: slime, natural routing, no overlap flags, no CUDA graphs)."""
 
     moe_router_force_load_balancing: bool = False
     """``--moe-router-force-load-balancing``: tokens are routed uniformly (benchmarks); False =
@@ -141,22 +126,16 @@ class RunOptions:
     tp_comm_overlap: bool = False
     """``--tp-comm-overlap`` (Transformer Engine userbuffers): TP collectives overlapped with GEMMs."""
     te_attention: bool = True
-    """Attention runs Transformer Engine's fused attention (``--transformer-impl transformer_engine``,
-    the default of Megatron-core, NVIDIA's recipes and the seed's slime run): its output is already
-    ``[s, b, h]`` and is saved once, as the output projection's input. False for a stack without TE
-    (this project's trial harness, ``launch/harness``): ``scaled_dot_product_attention``'s output is
-    permuted and reshaped (a copy) before the projection, so two copies of the attention output are
-    saved (:data:`HARNESS_RUN_OPTIONS`). It also means the TE layer spec: the input norm fused into the
-    QKV GEMM (``TELayerNormColumnParallelLinear``), a separate pre-MLP norm only in MoE layers (``TENorm``)."""
+    """``--transformer-impl transformer_engine`` (Megatron-core's default): TE's fused attention saves its output once,
+    as the projection's input, and the TE layer spec fuses the input norm into the QKV GEMM, with a separate pre-MLP
+    norm only in MoE layers. False for a stack without TE (the trial harness, :data:`HARNESS_RUN_OPTIONS`):
+    ``scaled_dot_product_attention``'s output is copied before the projection, so two copies are saved."""
 
     # ---- memory-relevant flags of production stacks ---------------------------------------
     grad_reduce_in_fp32: bool = True
     """``grad_reduce_in_fp32`` (DistributedDataParallelConfig): main gradients and their reduction in fp32 (4 B per
-    parameter); False sizes the gradient buffer in the parameter dtype, bf16 (2 B)
-    (megatron/core/distributed/distributed_data_parallel.py ``DistributedDataParallel.__init__``: ``grad_dtype =
-    torch.float if grad_reduce_in_fp32 else param.dtype``, core_v0.16.0 l.147). Megatron-LM's command line with bf16
-    keeps fp32 (``--accumulate-allreduce-grads-in-fp32``, the seed's run block; ``arguments.py`` l.717-722);
-    every Megatron-Bridge perf recipe sets False (``set_*_common_configs``, docs/production_sources.md F1)."""
+    parameter); False: in the parameter dtype, bf16 (2 B) (distributed_data_parallel.py l.147 at core_v0.16.0). Every
+    Megatron-Bridge perf recipe sets False (docs/production_sources.md F1)."""
     fp8_param_gather: bool = False
     """``fp8_param_gather``: with fp8 / mxfp8 training the compute weights are kept only in the low precision (an
     ``uint8`` param buffer, distributed_data_parallel.py l.139-146), no bf16 copy beside them, and the DP
@@ -167,25 +146,20 @@ class RunOptions:
     """``--fp8-recipe`` of the ``fp8`` precision: ``delayed`` (Megatron's default) or ``tensorwise`` (current
     scaling, Megatron-Bridge FP8-CS). With current scaling (and blockwise, mxfp8, nvfp4) the precision-aware
     optimizer does not own the master weights: they stay fp32 (4 B), not 2-B remainders (optimizer_config.py
-    ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``, l.355-362; measured on H200: +2 B per parameter
-    for tensorwise over delayed, docs/measurements.md)."""
+    ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``, l.355-362; measured, docs/measurements.md)."""
     optimizer_fp8_recipe: str | None = None
-    """``OptimizerConfig.fp8_recipe`` of a **bf16** run, as the framework hands it to megatron-core: None from this
-    project's harness and the seed's slime run (Megatron-LM's ``--fp8-recipe`` default is ``delayed``; either way TE's
-    FusedAdam keeps the masters as 2-B remainders); ``tensorwise`` from Megatron-Bridge, whose ``MixedPrecisionConfig``
-    defaults ``fp8_recipe`` to ``"tensorwise"`` even for ``bf16_mixed`` and copies it onto the optimizer config
-    (``training/mixed_precision.py`` l.45-47 and ``update_config_with_precision_overrides``, v0.2.0 to v0.6.0), so
-    megatron-core's ``use_precision_aware_optimizer_no_fp8_or_ds_fp8`` is False (``optimizer_config.py`` l.404-411
-    at cd4afffa) and the distributed optimizer keeps fp32 master shards itself, 4 B (read in the source,
-    ``benchmarks/data/published_runs_cards.md`` F1; not measured)."""
+    """``OptimizerConfig.fp8_recipe`` of a **bf16** run: None from the harness and slime (TE's FusedAdam keeps the
+    masters as 2-B remainders); ``tensorwise`` from Megatron-Bridge, whose ``MixedPrecisionConfig`` copies it onto the
+    optimizer even for ``bf16_mixed`` (``training/mixed_precision.py`` l.45-47), so the distributed optimizer keeps fp32
+    master shards, 4 B (``optimizer_config.py`` l.404-411 at cd4afffa; ``benchmarks/data/published_runs_cards.md`` F1;
+    not measured)."""
     apply_rope_fusion: bool = True
-    """``apply_rope_fusion`` (Megatron-LM fuses RoPE unless ``--no-rope-fusion``, megatron/training/arguments.py at
-    ``core_v0.19.0``; so do the Megatron-Bridge perf recipes). Unfused, MLA applies RoPE and assembles q and k with
-    ``torch.cat`` / ``expand`` / ``.contiguous()`` copies (megatron/core/transformer/multi_latent_attention.py
-    ``qkv_up_proj_and_rope_apply``), priced by :func:`cost_model.terms.compute.mla_unfused_rope_time`; this project's
-    trial harness runs it unfused unless a trial asks for ``megatron_fusions``."""
+    """``apply_rope_fusion`` (on unless ``--no-rope-fusion``, arguments.py at ``core_v0.19.0``). Unfused, MLA assembles
+    q and k with copies (multi_latent_attention.py ``qkv_up_proj_and_rope_apply``), priced by
+    :func:`cost_model.terms.compute.mla_unfused_rope_time`."""
     cross_entropy_loss_fusion: bool = False
-    """``--cross-entropy-loss-fusion``: a fused cross-entropy kernel (its implementation: ``cross_entropy_fusion_impl``)."""
+    """``--cross-entropy-loss-fusion``: a fused cross-entropy kernel (its implementation:
+    ``cross_entropy_fusion_impl``)."""
     cross_entropy_fusion_impl: str = "native"
     """``--cross-entropy-fusion-impl``: ``native`` (Megatron's) or ``te`` (Transformer Engine's
     ``parallel_cross_entropy``, every Megatron-Bridge perf recipe, ``_set_common_perf_overrides``). With ``te``
@@ -198,11 +172,9 @@ class RunOptions:
     ``transformer_config.py``). Recorded and exported; the cost model does not price it (its time and memory were not
     measured on this project's machines)."""
     bias_activation_fusion: bool = True
-    """``bias_activation_fusion`` (Megatron-LM ``--bias-swiglu-fusion``, on by default; off in this project's
-    trial harness): the (probability-weighted) SwiGLU is one fused function that saves only its input
-    (megatron/core/fusions/fused_bias_swiglu.py ``WeightedSwiGLUFunction``); unfused, autograd also keeps the
-    SiLU output, the gated product and the weighted product (measured: 3 f-wide tensors per routed copy more,
-    docs/measurements.md)."""
+    """``bias_activation_fusion`` (``--bias-swiglu-fusion``, on by default): the SwiGLU saves only its input
+    (fused_bias_swiglu.py ``WeightedSwiGLUFunction``); unfused, autograd keeps 3 f-wide tensors per routed copy more
+    (measured, docs/measurements.md)."""
     cpu_offloading_num_layers: int = 0
     """``--cpu-offloading-num-layers`` with ``--cpu-offloading`` and weights not offloaded (Megatron-Bridge
     ``_set_recompute_overrides``: activations only): the saved activations of that many layers of a pipeline
@@ -236,17 +208,22 @@ class RunOptions:
         if self.fp8_recipe not in FP8_RECIPES:
             raise TunerError(f"fp8_recipe {self.fp8_recipe!r}: accepted {', '.join(FP8_RECIPES)}")
         if self.optimizer_fp8_recipe is not None and self.optimizer_fp8_recipe not in FP8_RECIPES:
-            raise TunerError(f"optimizer_fp8_recipe {self.optimizer_fp8_recipe!r}: accepted none, {', '.join(FP8_RECIPES)}")
+            raise TunerError(f"optimizer_fp8_recipe {self.optimizer_fp8_recipe!r}: accepted none, "
+                             f"{', '.join(FP8_RECIPES)}")
         if self.cross_entropy_fusion_impl not in CROSS_ENTROPY_IMPLS:
-            raise TunerError(f"cross_entropy_fusion_impl {self.cross_entropy_fusion_impl!r}: accepted {', '.join(CROSS_ENTROPY_IMPLS)}")
+            raise TunerError(f"cross_entropy_fusion_impl {self.cross_entropy_fusion_impl!r}: accepted "
+                             f"{', '.join(CROSS_ENTROPY_IMPLS)}")
         if self.optimizer not in OPTIMIZERS:
             raise TunerError(f"optimizer {self.optimizer!r}: accepted {', '.join(OPTIMIZERS)}")
-        if isinstance(self.cpu_offloading_num_layers, bool) or not isinstance(self.cpu_offloading_num_layers, int) or self.cpu_offloading_num_layers < 0:
-            raise TunerError(f"cpu_offloading_num_layers must be a non-negative integer, got {self.cpu_offloading_num_layers!r}")
+        n = self.cpu_offloading_num_layers
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise TunerError("cpu_offloading_num_layers must be a non-negative integer, got "
+                             f"{self.cpu_offloading_num_layers!r}")
         major, minor = megatron_core_version(self.megatron_core)
         object.__setattr__(self, "megatron_core", f"{major}.{minor}")
         if not re.fullmatch(r"\d+\.\d+(\.\d+)?", str(self.te_version)) or self.te_version_tuple < (1, 0):
-            raise TunerError(f"te_version {self.te_version!r}: expected major.minor (or major.minor.patch) such as 2.20")
+            raise TunerError(f"te_version {self.te_version!r}: expected major.minor (or major.minor.patch) "
+                             "such as 2.20")
 
     @property
     def megatron_core_tuple(self) -> tuple[int, int]:

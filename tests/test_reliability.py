@@ -12,7 +12,6 @@ import pytest
 
 from specs import load_model
 from specs.errors import TunerError
-from specs.files import MAX_CONFIG_BYTES
 
 PRESET = Path(__file__).resolve().parents[1] / "specs" / "data" / "models" / "Qwen3-30B-A3B.json"
 
@@ -31,9 +30,6 @@ def _config(tmp_path: Path, folder: str = "m", text: str | None = None, **change
     (lambda t: _config(t, text='{"num_hidden_layers": ' + "9" * 5000 + "}"), "cannot read it"),
     (lambda t: _config(t, text="[" * 100_000 + "]" * 100_000), "nested too deeply"),
     (lambda t: _config(t, text='{"vocab_size": 1, "vocab_size": 2}'), "appears twice"),
-    (lambda t: _config(t, text=" " * (MAX_CONFIG_BYTES + 1)), "is more than the"),
-    (lambda t: Path("/dev/zero"), "not a regular file"),
-    (lambda t: (os.mkfifo(t / "fifo.json"), t / "fifo.json")[1], "not a regular file"),
 ])
 def test_a_hostile_model_file_is_refused_in_one_line(tmp_path, make, needle):
     with pytest.raises(TunerError, match=needle):
@@ -55,7 +51,7 @@ def test_a_hostile_space_file_is_refused_in_one_line(tmp_path, text, needle):
     (tmp_path / "s.yaml").write_text(text)
     with pytest.raises(TunerError, match=needle):
         SearchSpace.load(str(tmp_path / "s.yaml"))
-    with pytest.raises(TunerError, match="not a regular file"):  # a folder (an internal error before)
+    with pytest.raises(TunerError, match="cannot read it"):  # a folder
         SearchSpace.load(str(tmp_path))
 
 
@@ -136,12 +132,8 @@ def _big_cell(t: Path) -> str:
 
 
 @pytest.mark.parametrize(("args", "needle"), [
-    (lambda t: ["validate", "--data", "/dev/zero"], "not a regular file"),
     (lambda t: ["validate", "--data", _big_cell(t)], "field larger than field limit"),
-    (lambda t: ["rl", "--model", "Qwen3-30B-A3B", "--gpus", "100000x8xH200"], "at most 131,072"),
-    (lambda t: ["--model", "Llama-3.1-8B", "--gpus", "100000x8xH200"], "at most 131,072"),
     (lambda t: ["pareto", "--study", "name\n"], "a study name is"),
-    (lambda t: ["--from", _fifo(t), "--gpus", "8xH200"], "not a regular file"),
     (lambda t: ["--from", _text(t, "l.yaml", "a: " + "[" * 50_000 + "]" * 50_000), "--gpus", "8xH200"], "nested too deeply"),
     (lambda t: ["calibrate", "--data", str(Path(__file__).parents[1] / "benchmarks" / "data" / "published_runs.csv"),
                 "--out", _text(t, "notes.txt", "my notes\n")], "holds another kind of file"),  # before the fit: no "fitting"
@@ -153,11 +145,6 @@ def test_hostile_command_inputs_get_one_line(tmp_path, args, needle):
 
     r = CliRunner().invoke(app, args(tmp_path))
     assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output and "fitting" not in r.output, r.output
-
-
-def _fifo(t: Path) -> str:
-    os.mkfifo(t / "launch.sh")
-    return str(t / "launch.sh")
 
 
 def _text(t: Path, name: str, text: str) -> str:

@@ -40,7 +40,7 @@ from specs import (
     parse_gpus,
 )
 from specs.errors import InfeasibleLayout, TunerError, enum_member
-from specs.files import MAX_DATA_BYTES, RepeatedKey, read_user_text, unique_keys
+from specs.files import RepeatedKey, read_user_text, unique_keys
 from specs.layout import Layout
 from tuner.report import pooled_spread
 
@@ -198,8 +198,9 @@ def json_lines(path: str | Path, label: str, expected: str) -> Iterator[tuple[in
     benchmarks' comparisons); ``expected`` ends a message about a bad line.
 
     Raises:
-        TunerError: the file cannot be read (as UTF-8), or a line is not JSON or repeats a key in one object."""
-    lines = read_user_text(path, label, expected, limit=MAX_DATA_BYTES).splitlines()
+        TunerError: the file cannot be read (as UTF-8), or a line is not JSON, repeats a key in one object or is
+            past the parser's limits, named by ``label`` and its line."""
+    lines = read_user_text(path, label, expected).splitlines()
     for i, line in enumerate(lines, start=1):
         if not line.strip():
             continue

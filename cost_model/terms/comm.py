@@ -82,9 +82,7 @@ FSDP_BYTES_PER_PARAM = 2 * BF16_BYTES + FP32_BYTES
 def span_crosses_node(span: Array, nvlink_size: int) -> BoolArray:
     """A group of ``span`` consecutive ranks leaves the NVLink domain (Megatron packs groups on consecutive ranks).
 
-    Returns:
-        Bool, the shape of ``span``.
-    """
+    Returns: Bool, the shape of ``span``."""
     return span > nvlink_size
 
 
@@ -93,9 +91,7 @@ def collective_bandwidth(c: TableContext, crosses: BoolArray) -> Array:
     ``nvlink_efficiency`` inside the NVLink domain, the node's network share per GPU x ``network_efficiency`` across it
     (a GPU's neighbour on another node is reached through its own NIC). NCCL ring collectives: :func:`ring_bandwidth`.
 
-    Returns:
-        Bytes/s, the shape of ``crosses``.
-    """
+    Returns: Bytes/s, the shape of ``crosses``."""
     cluster, cal = c.cluster, c.cal
     nv = cluster.gpu.nvlink_bytes_per_s * cal.nvlink_efficiency
     net = cluster.inter_node_bytes_per_s / cluster.gpus_per_node * cal.network_efficiency
@@ -103,26 +99,14 @@ def collective_bandwidth(c: TableContext, crosses: BoolArray) -> Array:
 
 
 def ring_bandwidth(c: TableContext, group: Array, stride: Array | float) -> Array:
-    """Per-GPU bandwidth of an NCCL ring collective (all-gather, reduce-scatter, all-reduce) over ``group`` ranks
-    ``stride`` apart: NVLink x ``nvlink_efficiency`` inside the NVLink domain; across domains the ring's channels
-    leave each domain through the NICs of the group's ranks there (``m = min(group, nvlink_size // stride)`` of
-    them, rail-optimised, one NIC per GPU), so a GPU moves its ``(g - 1) / g`` share at ``m`` x its network share
-    (x ``network_efficiency``), at most at NVLink speed. A group with one rank per domain (the DP group at TP 8 on
-    8-GPU nodes) gets the network share alone, as before. Assumes the group's ranks split evenly over the domains it
-    touches (a pipeline stage that straddles a domain boundary, ``world / pp`` not a multiple of the domain, has fewer
-    NICs on one side than counted; :func:`span_crosses_node` makes the same assumption).
+    """Per-GPU bandwidth of an NCCL ring collective over ``group`` ranks ``stride`` apart (``(n,)`` or ``(n, 1)``):
+    NVLink x ``nvlink_efficiency`` inside the NVLink domain; across domains the ring leaves each domain through the NICs
+    of the group's ranks there (``m = min(group, nvlink_size // stride)``, one NIC per GPU), so a GPU moves its share at
+    ``m`` x its network share (x ``network_efficiency``), at most at NVLink speed. Assumes the ranks split evenly over
+    the domains (as :func:`span_crosses_node`).
 
-    Source: NCCL's multi-node rings (one channel per NIC, so a ring reaches m x the NIC share with m of its ranks per
-    node); the expected figures of a cluster-validation guide (Crusoe / Saturn Cloud, not measured here): nccl-tests
-    ``all_reduce_perf`` bus bandwidth 400-450 GB/s on 8 x H100 nodes with 8 x NDR 400G, i.e. up to 8 x the 50 GB/s NIC
-    share (above it only NVLS / SHARP trees, not rings, go); the 460-480 GB/s single-node NVLink figure is the cap.
-
-    Args:
-        group, stride: ranks, ``(n,)`` or ``(n, 1)``.
-
-    Returns:
-        Bytes/s, the broadcast shape of ``group`` and ``stride``.
-    """
+    Source: NCCL's multi-node rings (one channel per NIC); nccl-tests ``all_reduce_perf`` 400-450 GB/s bus bandwidth on
+    8 x H100 nodes with 8 x NDR 400G (a cluster-validation guide, not measured here), up to 8 x the NIC share."""
     cluster, cal = c.cluster, c.cal
     nv = cluster.gpu.nvlink_bytes_per_s * cal.nvlink_efficiency
     net = cluster.inter_node_bytes_per_s / cluster.gpus_per_node * cal.network_efficiency
@@ -135,21 +119,15 @@ def ring_time(bytes_full: Array, group: Array, bw: Array) -> Array:
     """All-gather or reduce-scatter of a ``bytes_full`` tensor over ``group`` ranks: ``bytes x (g - 1) / g / bw``
     (0 for a group of one).
 
-    Returns:
-        Seconds, the broadcast shape.
-    """
+    Returns: Seconds, the broadcast shape."""
     g = np.maximum(group, 1)
     return np.where(g > 1, bytes_full * (g - 1) / g / bw, 0.0)
 
 
 def distinct_groups_hit(num_experts: float, topk: float, groups: Array) -> Array:
-    """Expected number of groups (GPUs or nodes, each holding ``num_experts / groups`` experts)
-    that hold at least one of a token's ``topk`` distinct experts, under uniform routing (what
-    ``--moe-router-force-load-balancing`` does): ``groups * (1 - prod_i (E - E/groups - i) / (E - i))``,
-    i = 0..topk-1 (hypergeometric: the chance that no chosen expert is in a given group).
-
-    Units: a count (0 < result <= min(groups, topk)). Used for the flex dispatcher's deduplicated
-    sends (DeepEP README: tokens are sent once per destination rank / node).
+    """Expected number of groups (GPUs or nodes, each holding ``num_experts / groups`` experts) holding at least one of
+    a token's ``topk`` distinct experts under uniform routing: ``groups * (1 - prod_i (E - E/groups - i) / (E - i))``, i
+    = 0..topk-1 (hypergeometric). A count in ``(0, min(groups, topk)]``, for the flex dispatcher's deduplicated sends.
     """
     g: Array = np.maximum(np.asarray(groups, dtype=np.float64), 1.0)
     per = num_experts / g
@@ -160,21 +138,12 @@ def distinct_groups_hit(num_experts: float, topk: float, groups: Array) -> Array
 
 
 def holders_hit(model: ModelSpec, holders: Array) -> Array:
-    """Expected number of expert holders (GPUs or NVLink domains, each with ``E / holders`` experts in order) that hold
-    one of a token's ``topk`` experts under forced (uniform) routing, with group-limited routing where the model has
-    it (``--moe-router-num-groups G``, ``--moe-router-group-topk K``: Megatron's ``group_limited_topk`` picks K of G
-    contiguous expert groups, then the top-k experts inside them; the random logits of
-    ``--moe-router-force-load-balancing`` go through the same routing, ``megatron/core/transformer/moe/router.py``):
-    - no group limit: :func:`distinct_groups_hit` ``(E, topk, holders)``;
-    - a router group spans whole holders (``holders >= G``): the experts lie uniformly in K groups,
-      :func:`distinct_groups_hit` ``(K E / G, topk, K holders / G)``;
-    - a holder holds whole router groups (``holders < G``): the distinct holders of K groups drawn from G,
-      :func:`distinct_groups_hit` ``(G, K, holders)`` (each chosen group taken to receive one of the experts).
-    DeepSeek-V3 (256 experts, G 8, K 4) over 8 NVLink domains: 3.6 domains hit, not 5.3.
-
-    Returns:
-        A count, the shape of ``holders``.
-    """
+    """Expected number of expert holders (GPUs or NVLink domains, each with ``E / holders`` experts in order) holding
+    one of a token's ``topk`` experts under forced (uniform) routing, the shape of ``holders``. With group-limited
+    routing (``--moe-router-num-groups G``, ``--moe-router-group-topk K``: ``group_limited_topk`` picks K of G
+    contiguous groups, ``megatron/core/transformer/moe/router.py``): holders spanning whole groups (``holders >= G``)
+    get :func:`distinct_groups_hit` ``(K E / G, topk, K holders / G)``, holders of whole groups ``(G, K, holders)``;
+    without, ``(E, topk, holders)``. DeepSeek-V3 (256 experts, G 8, K 4) over 8 domains: 3.6 hit, not 5.3."""
     e, k = float(model.num_experts), float(model.moe_router_topk)
     g, kg = float(model.moe_router_num_groups), float(model.moe_router_group_topk)
     h: Array = np.maximum(np.asarray(holders, dtype=np.float64), 1.0)
@@ -190,11 +159,7 @@ def holders_hit(model: ModelSpec, holders: Array) -> Array:
 
 def tp_collective_time(c: TableContext) -> Array:
     """One sequence-parallel all-gather (or reduce-scatter) of a layer's bf16 activation,
-    ``2 x tokens x h``, over the TP group.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    ``2 x tokens x h``, over the TP group."""
     bw = ring_bandwidth(c, col(c.tp), 1)
     return ring_time(BF16_BYTES * c.tokens * c.dims.h, col(c.tp), bw)
 
@@ -208,36 +173,20 @@ def tp_attention_comm(c: TableContext, collective: Array) -> Array:
     """TP / SP communication of the attention block, forward + backward: :data:`SP_COLLECTIVES_PER_BLOCK`
     collectives, less what ``--tp-comm-overlap`` hides.
 
-    Args:
-        collective: :func:`tp_collective_time`, ``(n, 1)``.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    Args: collective: :func:`tp_collective_time`, ``(n, 1)``."""
     return SP_COLLECTIVES_PER_BLOCK * collective * _tp_kept(c)
 
 
 def tp_dense_mlp_comm(c: TableContext, collective: Array) -> Array:
-    """TP / SP communication of a dense MLP block, forward + backward (as :func:`tp_attention_comm`).
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    """TP / SP communication of a dense MLP block, forward + backward (as :func:`tp_attention_comm`)."""
     return SP_COLLECTIVES_PER_BLOCK * collective * _tp_kept(c)
 
 
 def tp_moe_comm(c: TableContext, collective: Array, copies: Array) -> Array:
-    """TP communication of a MoE layer's MLP side, forward + backward: the shared experts' SP
-    collectives (if any) plus, with ETP > 1, the same four collectives on the dispatched token
-    copies (``2 x copies x h``) over the ETP group.
+    """TP communication of a MoE layer's MLP side, forward + backward: the shared experts' SP collectives (if any) plus,
+    with ETP > 1, the same four collectives on the dispatched token copies (``2 x copies x h``) over the ETP group.
 
-    Args:
-        collective: :func:`tp_collective_time`, ``(n, 1)``.
-        copies: routed token copies per GPU, ``(n, 1)``.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    Args: collective: :func:`tp_collective_time`, ``(n, 1)``; copies: routed token copies per GPU, ``(n, 1)``."""
     shared = np.where(c.dims.shared_ffn > 0, SP_COLLECTIVES_PER_BLOCK * collective, 0.0)
     bw = ring_bandwidth(c, col(c.etp), 1)
     experts = SP_COLLECTIVES_PER_BLOCK * ring_time(BF16_BYTES * copies * c.dims.h, col(c.etp), bw)
@@ -257,22 +206,18 @@ def cp_ring_time(c: TableContext) -> Array:
     per pass, :data:`CP_PASSES` passes, ``1 - cp_p2p_overlap`` of it exposed (Megatron overlaps each
     block's send with the previous block's attention; TE ``AttnFuncWithCPAndKVP2P``).
 
-    Returns:
-        Seconds, ``(n, 1)``; 0 without CP.
-    """
+    Returns: Seconds, ``(n, 1)``; 0 without CP."""
     cp = col(c.cp)
-    t = CP_PASSES * (cp - 1) * BF16_BYTES * c.tokens * c.dims.kv_dim / col(c.tp) / _cp_bandwidth(c) * (1 - c.cal.cp_p2p_overlap)
+    sent = CP_PASSES * (cp - 1) * BF16_BYTES * c.tokens * c.dims.kv_dim / col(c.tp)
+    t = sent / _cp_bandwidth(c) * (1 - c.cal.cp_p2p_overlap)
     return np.where(cp > 1, t, 0.0)
 
 
 def cp_all_to_all_time(c: TableContext) -> Array:
-    """``--cp-comm-type a2a`` (Ulysses): all-to-all of Q, K, V before and of the output after attention,
-    ``2 x tokens x (q_dim + kv_dim + ctx_dim) / tp x (cp - 1) / cp`` bytes per pass, :data:`CP_PASSES`
-    passes, not overlapped.
+    """``--cp-comm-type a2a`` (Ulysses): all-to-all of Q, K, V before and of the output after attention, ``2 x tokens x
+    (q_dim + kv_dim + ctx_dim) / tp x (cp - 1) / cp`` bytes per pass, :data:`CP_PASSES` passes, not overlapped.
 
-    Returns:
-        Seconds, ``(n, 1)``; 0 without CP.
-    """
+    Returns: Seconds, ``(n, 1)``; 0 without CP."""
     m = c.dims
     cp = col(c.cp)
     sent = BF16_BYTES * c.tokens * (m.q_dim + m.kv_dim + m.ctx_dim) / col(c.tp) * (cp - 1) / cp
@@ -280,11 +225,7 @@ def cp_all_to_all_time(c: TableContext) -> Array:
 
 
 def cp_comm_time(c: TableContext) -> Array:
-    """CP communication per layer, forward + backward, for the run's ``cp_comm_type``.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    """CP communication per layer, forward + backward, for the run's ``cp_comm_type``."""
     if c.options.cp_comm_type == "a2a":
         return cp_all_to_all_time(c)
     return cp_ring_time(c)
@@ -297,9 +238,7 @@ def ep_local_peers(c: TableContext) -> Array:
     """EP peers inside one NVLink domain: EP peers are ``etp`` ranks apart (``etp-ep-edp-pp``),
     so ``min(ep, nvlink_size // etp)``.
 
-    Returns:
-        A count, ``(n,)``.
-    """
+    Returns: A count, ``(n,)``."""
     per_domain: Array = c.nvlink_size // np.maximum(c.etp, 1)
     return np.minimum(c.ep, np.maximum(per_domain, 1))
 
@@ -308,9 +247,7 @@ def ep_remote_fraction(c: TableContext) -> Array:
     """Share of a GPU's EP peers on other nodes: ``1 - local peers / ep`` when the EP group (``etp x ep``
     ranks) leaves the NVLink domain, else 0.
 
-    Returns:
-        A fraction, ``(n, 1)``.
-    """
+    Returns: A fraction, ``(n, 1)``."""
     return col(np.where(c.etp * c.ep > c.nvlink_size, 1 - ep_local_peers(c) / c.ep, 0.0))
 
 
@@ -319,9 +256,7 @@ def ep_send_bytes(c: TableContext) -> Array:
     another EP rank, ``2 x tokens / tp x h x topk x (ep - 1) / ep x imbalance``; allgather sends every
     token to every EP rank, ``2 x tokens / tp x h x (ep - 1)``.
 
-    Returns:
-        Bytes, ``(n, 1)``.
-    """
+    Returns: Bytes, ``(n, 1)``."""
     m = c.dims
     ep = col(c.ep)
     tok = BF16_BYTES * c.tokens / col(c.tp) * m.h
@@ -337,27 +272,16 @@ def _a2a_bandwidths(c: TableContext) -> tuple[float, float]:
 
 
 def flex_dispatch_time(c: TableContext, remote: Array) -> Array:
-    """One flex all-to-all (DeepEP / HybridEP): a token goes once to each distinct GPU that holds one of
-    its experts (:func:`holders_hit` over ``ep`` GPUs), not once per expert; NVLink and network traffic
-    overlap. Each link at the dispatcher's own published bandwidth (no fixed speedup over NCCL): on NVLink
-    ``dispatch_nvlink_efficiency`` of the GPU's NVLink bandwidth (DeepEP 0.96, HybridEP 0.82,
-    ``specs/data/networks.yaml`` ``intra_domain``); across nodes ``dispatch_network_efficiency`` of the per-GPU NIC
-    share, on the bytes the dispatcher's own figure is counted on (:attr:`TableContext.network_counted_per_node`):
-    - per remote GPU hit (``tokens x gpus hit x remote share``): NCCL's fitted figure, which DeepEP also gets across
-      nodes: its README's kernel bandwidth (V1 normal kernels, H800 + CX7: 43 / 58 / 51 GB/s at EP 16 / 32 / 64) would
-      put it ahead of alltoall on 256 H100 where NVIDIA's training runs measured it 1-6% behind
-      (docs/published_pairs.md, ``benchmarks/results/2026-12-02_validation``);
-    - per NVLink domain hit, the token's own included (``tokens x holders_hit(domains)``), how
-      HybridEP's benchmark counts its RDMA bytes (``count_rdma_send_from_routing_map``, DeepEP ``hybrid_ep`` branch
-      README, H100 + IB: 41-54 GB/s at EP 16-64, 16 SMs): the node de-duplication of its hierarchical
-      RDMA-then-NVLink design is in the bytes, not in the efficiency.
+    """One flex all-to-all (DeepEP / HybridEP): a token goes once to each distinct GPU that holds one of its experts
+    (:func:`holders_hit` over ``ep`` GPUs); NVLink and network traffic overlap. ``remote`` is
+    :func:`ep_remote_fraction`.
 
-    Args:
-        remote: :func:`ep_remote_fraction`, ``(n, 1)``.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    Each link runs at the dispatcher's own published bandwidth: on NVLink ``dispatch_nvlink_efficiency`` (DeepEP 0.96,
+    HybridEP 0.82, ``specs/data/networks.yaml``); across nodes ``dispatch_network_efficiency`` of the per-GPU NIC share
+    on the bytes its figure counts (:attr:`TableContext.network_counted_per_node`): per remote GPU hit for DeepEP
+    (NCCL's fitted figure: its README's kernel bandwidth would put it ahead of alltoall where NVIDIA measured it 1-6%
+    behind, docs/published_pairs.md), per NVLink domain hit for HybridEP (its ``count_rdma_send_from_routing_map``,
+    DeepEP ``hybrid_ep`` branch README: 41-54 GB/s at EP 16-64 on H100 + IB)."""
     m, cluster = c.dims, c.cluster
     nv = cluster.gpu.nvlink_bytes_per_s * c.dispatch_nvlink_efficiency
     net = cluster.inter_node_bytes_per_s / cluster.gpus_per_node * c.dispatch_network_efficiency
@@ -376,11 +300,7 @@ def ep_all_to_all_time(c: TableContext) -> Array:
     parallel, the slower one counts), NCCL all-gather / reduce-scatter (allgather: a ring over the expert TP x EP group,
     :func:`ring_bandwidth`) or flex (:func:`flex_dispatch_time`), less
     ``ep_a2a_overlap`` of it with ``--overlap-moe-expert-parallel-comm``; a flex dispatcher's hidden part still costs
-    ``flex_sm_share`` of it, the compute slowed by the SMs its kernels hold.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    ``flex_sm_share`` of it, the compute slowed by the SMs its kernels hold."""
     nv, net = _a2a_bandwidths(c)
     remote = ep_remote_fraction(c)
     send = ep_send_bytes(c)
@@ -404,22 +324,17 @@ def _fixed_layer_cost(c: TableContext) -> Array:
     are a host list)."""
     cal = c.cal
     o = c.options
-    graphs = cal.cuda_graph_overhead_factor if o.cuda_graph_full else cal.cuda_graph_partial_overhead_factor if o.cuda_graph_moe else 1.0
+    graphs = (cal.cuda_graph_overhead_factor if o.cuda_graph_full
+              else cal.cuda_graph_partial_overhead_factor if o.cuda_graph_moe else 1.0)
     layer = cal.moe_layer_overhead_s * graphs
     return layer + cal.moe_host_sync_latency_s + np.zeros_like(c.tokens)
 
 
 def fp8_quantize_cost(c: TableContext) -> float:
-    """Fixed cost of quantising one local expert GEMM's operands with per-tensor fp8 (``--fp8-recipe delayed`` /
-    ``tensorwise``, the recipes measured): ``fp8_quantize_overhead_s`` (x :data:`FP8_CURRENT_SCALING_KERNELS` for
-    current scaling). TE's ``GroupedLinear`` quantises each expert's slice with kernels of its own, launch bound at a
-    few hundred rows per expert (measured on 1 x H200: the fp8 MiniMax-M2 slice with 256 local experts ran slower
-    than bf16, docs/measurements.md). Blockwise, MXFP8 and NVFP4 (Blackwell; not measured here) get none: applied to
-    them it worsened the k-fold error of the published Blackwell MoE rows.
-
-    Returns:
-        Seconds per local expert GEMM (a scalar); 0 for other precisions and without TE.
-    """
+    """Fixed cost of quantising one local expert GEMM's operands with per-tensor fp8 (``delayed`` / ``tensorwise``),
+    seconds (a scalar): ``fp8_quantize_overhead_s`` (x :data:`FP8_CURRENT_SCALING_KERNELS` for current scaling); TE's
+    ``GroupedLinear`` quantises each expert's slice with kernels of its own (docs/measurements.md). 0 for other
+    precisions (blockwise, MXFP8, NVFP4: not measured) and without TE."""
     if c.workload.precision.value != "fp8" or not c.options.te_attention:
         return 0.0
     kernels = FP8_CURRENT_SCALING_KERNELS if c.options.fp8_recipe == "tensorwise" else 1.0
@@ -430,26 +345,19 @@ def _expert_gemm_cost(c: TableContext) -> float:
     """``expert_gemm_overhead_s`` plus :func:`fp8_quantize_cost` per local expert GEMM (x ``cuda_graph_overhead_factor``
     under whole-iteration graphs)."""
     cal = c.cal
-    return (cal.expert_gemm_overhead_s + fp8_quantize_cost(c)) * (cal.cuda_graph_overhead_factor if c.options.cuda_graph_full else 1.0)
+    return (cal.expert_gemm_overhead_s + fp8_quantize_cost(c)) * (cal.cuda_graph_overhead_factor
+                                                                  if c.options.cuda_graph_full else 1.0)
 
 
 def moe_fixed_cost_forward(c: TableContext) -> Array:
     """Fixed cost of a MoE layer's forward (also a recomputed one): the per-layer cost plus one GEMM
-    launch per local expert (``E / ep``) for fc1 and fc2.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    launch per local expert (``E / ep``) for fc1 and fc2."""
     return _fixed_layer_cost(c) + EXPERT_GEMMS_FORWARD * col(c.dims.experts / c.ep) * _expert_gemm_cost(c)
 
 
 def moe_fixed_cost_backward(c: TableContext) -> Array:
     """Fixed cost of a MoE layer's backward: the per-layer cost plus dgrad and wgrad launches of fc1 and fc2
-    per local expert.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    per local expert."""
     return _fixed_layer_cost(c) + EXPERT_GEMMS_BACKWARD * col(c.dims.experts / c.ep) * _expert_gemm_cost(c)
 
 
@@ -457,12 +365,9 @@ def ep_forward_time(c: TableContext, a2a: Array) -> Array:
     """EP time of one forward pass of a MoE layer (also what a recomputed forward costs):
     :data:`EP_A2A_PER_PASS` all-to-alls (0 when ep = 1) plus the forward fixed cost.
 
-    Args:
-        a2a: :func:`ep_all_to_all_time`, ``(n, 1)``.
+    Args: a2a: :func:`ep_all_to_all_time`, ``(n, 1)``.
 
-    Returns:
-        Seconds, ``(n, 1)``; 0 for a dense model.
-    """
+    Returns: Seconds, ``(n, 1)``; 0 for a dense model."""
     if not c.dims.is_moe:
         return np.zeros_like(c.tokens)
     return np.where(col(c.ep) > 1, EP_A2A_PER_PASS * a2a, 0.0) + moe_fixed_cost_forward(c)
@@ -472,12 +377,9 @@ def ep_layer_time(c: TableContext, a2a: Array) -> Array:
     """EP time of a MoE layer, forward + backward: two passes of :data:`EP_A2A_PER_PASS` all-to-alls
     and both fixed costs.
 
-    Args:
-        a2a: :func:`ep_all_to_all_time`, ``(n, 1)``.
+    Args: a2a: :func:`ep_all_to_all_time`, ``(n, 1)``.
 
-    Returns:
-        Seconds, ``(n, 1)``; 0 for a dense model.
-    """
+    Returns: Seconds, ``(n, 1)``; 0 for a dense model."""
     if not c.dims.is_moe:
         return np.zeros_like(c.tokens)
     one_pass = np.where(col(c.ep) > 1, EP_A2A_PER_PASS * a2a, 0.0)
@@ -488,49 +390,35 @@ def ep_layer_time(c: TableContext, a2a: Array) -> Array:
 
 
 def dp_bytes_per_param(c: TableContext) -> Array:
-    """Data-parallel bytes per parameter per step with the distributed optimizer: the main-gradient reduce-scatter
-    in the gradient dtype (:func:`cost_model.terms.state.main_grad_bytes_per_param`: 4 with ``grad_reduce_in_fp32``,
-    2 without) and the parameter all-gather in the compute weights' dtype (bf16, or the quantised bytes with
-    ``fp8_param_gather``: megatron/core/distributed/param_and_grad_buffer.py gathers the param buffer as it is
-    stored); without the distributed optimizer an all-reduce, two gradient reduce-scatters.
-    (:data:`DISTOPT_BYTES_PER_PARAM` = 6 with fp32 grads and bf16 weights.)
-
-    Returns:
-        Bytes per parameter, ``(n, 1)``.
-    """
+    """Data-parallel bytes per parameter per step, ``(n, 1)``: with the distributed optimizer the main-gradient
+    reduce-scatter in the gradient dtype (:func:`cost_model.terms.state.main_grad_bytes_per_param`) and the parameter
+    all-gather in the compute weights' dtype (bf16, or the quantised bytes with ``fp8_param_gather``,
+    param_and_grad_buffer.py); without it an all-reduce, two gradient reduce-scatters. (:data:`DISTOPT_BYTES_PER_PARAM`
+    = 6 with fp32 grads and bf16 weights.)"""
     grad = state.main_grad_bytes_per_param(c)
     gather = c.low_precision_weight_bytes if c.options.low_precision_params(c.workload.precision) else BF16_BYTES
     return np.where(c.distributed_optimizer, grad + gather, 2 * grad)
 
 
 def dp_comm_time(c: TableContext, dense: Array, experts: Array, window: Array | None = None) -> Array:
-    """Data-parallel communication per step on the slowest rank: the dense parameters' gradient
-    reduce-scatter and parameter all-gather over DP x CP, the experts' over EDP
-    (:func:`dp_bytes_per_param`, or an all-reduce without the distributed optimizer); with
-    Megatron FSDP every micro-batch (:data:`FSDP_BYTES_PER_PARAM`). With ``--overlap-grad-reduce``
-    (or FSDP) ``dp_overlap`` of it is hidden, but never more than the compute it can hide behind
-    (``window``): megatron-core reduces the gradients only in the last micro-batch's backward (the
-    schedules run the others under ``no_sync``, megatron/core/pipeline_parallel/schedules.py) and
-    gathers the parameters in the first micro-batch's forward (``--overlap-param-gather``'s forward
-    pre-hooks, megatron/core/distributed/distributed_data_parallel.py), so the distributed optimizer
-    hides at most one micro-batch's time per rank; FSDP gathers and reduces every micro-batch, so it
-    hides at most all of them. The seed's run has neither flag.
+    """Data-parallel communication per step on the slowest rank, ``(n,)``: the dense parameters' gradient reduce-scatter
+    and parameter all-gather over DP x CP, the experts' over EDP (:func:`dp_bytes_per_param`; an all-reduce without the
+    distributed optimizer); with Megatron FSDP every micro-batch (:data:`FSDP_BYTES_PER_PARAM`). ``dense`` and
+    ``experts`` are parameters per GPU, ``(n, K)``.
 
-    Args:
-        dense, experts: parameters per GPU (:mod:`cost_model.terms.params`), ``(n, K)``.
-        window: seconds of one micro-batch (forward + backward) per rank class, ``(n, K)``; None
-            bounds nothing (only ``dp_overlap`` applies).
-
-    Returns:
-        Seconds per step, ``(n,)``.
-    """
+    With ``--overlap-grad-reduce`` (or FSDP) ``dp_overlap`` of it is hidden, but never more than ``window`` (seconds of
+    one micro-batch per rank class, ``(n, K)``; None: no bound): megatron-core reduces the gradients in the last
+    micro-batch's backward only (the others run under ``no_sync``, schedules.py) and gathers the parameters in the first
+    one's forward (distributed_data_parallel.py), so the distributed optimizer hides at most one micro-batch per rank;
+    FSDP, which gathers and reduces every micro-batch, at most all of them."""
     opt, cal = c.options, c.cal
     dpcp = col(c.dp * c.cp)
     dense_bw = ring_bandwidth(c, dpcp, col(c.tp))  # the DP x CP group: ranks tp apart (tp-cp-ep-dp-pp)
     exp_bw = ring_bandwidth(c, col(c.edp), col(c.etp * c.ep))  # EDP: etp x ep apart (etp-ep-edp-pp)
     if opt.use_megatron_fsdp:
         b = FSDP_BYTES_PER_PARAM
-        per_rank = col(c.micro_batches) * (ring_time(b * dense, dpcp, dense_bw) + ring_time(b * experts, col(c.edp), exp_bw))
+        per_rank = col(c.micro_batches) * (ring_time(b * dense, dpcp, dense_bw)
+                                           + ring_time(b * experts, col(c.edp), exp_bw))
     else:
         per_param = dp_bytes_per_param(c)
         per_rank = ring_time(per_param * dense, dpcp, dense_bw) + ring_time(per_param * experts, col(c.edp), exp_bw)

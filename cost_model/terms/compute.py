@@ -1,11 +1,10 @@
 """Compute time of one decoder layer for one micro-batch on one GPU: GEMMs, attention, memory-bound work.
 
 FLOPs follow Megatron's ``num_floating_point_operations`` (``megatron/training/training.py``,
-shared/notes/megatron_rules.md §6.3): 2 FLOPs per multiply-accumulate, backward = 2 x forward
-for every GEMM (dgrad + wgrad; Narayanan et al. 2021, arXiv 2104.04473 §5.1), so a layer's
-forward + backward is :data:`GEMM_PASSES` x its forward. Efficiencies and HBM bytes are
-:class:`cost_model.calibration.Calibration` fields. FLOPs are per GPU (split by TP / ETP),
-times in seconds; shapes ``(n, 1)`` unless stated.
+shared/notes/megatron_rules.md §6.3): 2 FLOPs per multiply-accumulate, backward = 2 x forward for every GEMM (dgrad +
+wgrad; Narayanan et al. 2021, arXiv 2104.04473 §5.1), so a layer's forward + backward is :data:`GEMM_PASSES` x its
+forward. Efficiencies and HBM bytes are :class:`cost_model.calibration.Calibration` fields. FLOPs are per GPU (split by
+TP / ETP), times in seconds; shapes ``(n, 1)`` unless stated.
 """
 
 from __future__ import annotations
@@ -54,31 +53,22 @@ FLOPS_PER_MAC = 2.0
 #: (Megatron's ``6 = 3 x 2`` FLOPs per parameter and token, training.py).
 GEMM_PASSES = 3.0
 
-#: HBM bytes-equivalent per logit element of the loss, forward + backward, of each of megatron-core 0.19's
-#: cross-entropy paths (:attr:`specs.RunOptions.cross_entropy_path`). **Measured** on 1 x H200 (TE 2.20.2, torch 2.11,
-#: ``benchmarks/h200_ce.py``, rows in ``benchmarks/results/h200_te_2026-12-01/call20/ce.jsonl``): the
-#: loss's forward + backward time on 8,192 x V bf16 logits, V = 128,256 .. 201,088, times the GPU's achieved copy
-#: bandwidth (3.75-4.22 TB/s), over the elements; the median of five vocabularies (spread within 3%, the first
-#: measured at 70.5 for ``unfused``). Reading the code gives the order, not the size: the unfused path makes about
-#: 13 fp32 passes (``.float()``, max, subtract, exp, sum, divide; the backward's multiply and cast), the jit-fused
-#: ``native`` path fewer, TE's Triton kernels two bf16 reads and the gradient.
+#: HBM bytes-equivalent per logit element of the loss, forward + backward, of each of megatron-core 0.19's cross-entropy
+#: paths (:attr:`specs.RunOptions.cross_entropy_path`): the loss's time on 8,192 x V bf16 logits (V = 128,256 ..
+#: 201,088) times the GPU's achieved copy bandwidth, over the elements, the median of five vocabularies. **Measured** on
+#: 1 x H200 (``benchmarks/h200_ce.py``, ``benchmarks/results/h200_te_2026-12-01/call20/ce.jsonl``).
 CROSS_ENTROPY_BYTES_PER_LOGIT = {"unfused": 64.0, "native": 49.0, "te": 9.5}
 
-#: Core attention's speed by (q / k head dim, v head dim) relative to head dim 128, the same heads, kv groups and length.
-#: **Measured** on 1 x H200 (TE 2.20.2 cuDNN FusedAttention, bf16, causal; ``benchmarks/h200_attention.py``,
-#: rows in ``benchmarks/results/h200_te_2026-12-02/call29/attn/attention.jsonl``, derived by ``--compare``): the GPU
-#: kernels' forward + backward time at 32 heads, 8 kv groups, 8,192 tokens, above the fixed part of a call
-#: (:attr:`cost_model.calibration.Calibration.attention_call_macs`). (192, 128) is MLA's shape (DeepSeek-V3, Kimi-K2).
-#: Judged on shapes no constant came from (other lengths, head counts, micro-batch 2): within 3.4%. Measured on Hopper
-#: only; the same ratios are used on every GPU. Not fitted.
+#: Core attention's speed by (q / k head dim, v head dim) relative to head dim 128 at the same heads, kv groups and
+#: length, above a call's fixed part (:attr:`cost_model.calibration.Calibration.attention_call_macs`); (192, 128) is
+#: MLA's. **Measured** on 1 x H200 (cuDNN FusedAttention, bf16, causal; ``benchmarks/h200_attention.py --compare``,
+#: ``benchmarks/results/h200_te_2026-12-02/call29``); used on every GPU. Not fitted.
 ATTENTION_HEAD_DIM_FACTOR: dict[tuple[int, int], float] = {
     (64, 64): 0.827, (96, 96): 0.777, (128, 128): 1.0, (192, 128): 0.861, (192, 192): 0.680, (256, 256): 0.773}
 
-#: Core attention's forward over its forward + backward. **Measured** in the same kernels as
-#: :data:`ATTENTION_HEAD_DIM_FACTOR`: the median over the 27 full-attention shapes none of the judged ones is among, 0.238
-#: (0.17 at head dim 192 to 0.26 at 128 and 8,192 tokens; the seven judged shapes 0.19-0.26). A GEMM's is a third
-#: (:data:`GEMM_PASSES`); attention's backward recomputes the scores, so its forward is less. What core-attention and
-#: full recompute re-run. Not fitted.
+#: Core attention's forward over its forward + backward (a GEMM's is a third; attention's backward recomputes the
+#: scores): the median over 27 full-attention shapes, 0.17-0.26 (same measurement as :data:`ATTENTION_HEAD_DIM_FACTOR`).
+#: What core-attention and full recompute re-run. Not fitted.
 ATTENTION_FORWARD_SHARE = 0.238
 
 #: GEMMs of the attention projections: QKV and the output projection (their FLOPs are
@@ -90,40 +80,24 @@ def gemm_efficiency(flops: Array, cal: Calibration) -> Array:
     """Achieved fraction of peak of a GEMM of ``flops``: ``gemm_efficiency x F / (F + gemm_half_size_flops)``
     (small GEMMs are latency bound; :attr:`Calibration.gemm_half_size_flops`).
 
-    Args:
-        flops: FLOPs of one GEMM, any shape (floored at 1).
+    Args: flops: FLOPs of one GEMM, any shape (floored at 1).
 
-    Returns:
-        A fraction in (0, gemm_efficiency), the shape of ``flops``.
-    """
+    Returns: A fraction in (0, gemm_efficiency), the shape of ``flops``."""
     f = np.maximum(flops, 1.0)
     return cal.gemm_efficiency * f / (f + cal.gemm_half_size_flops)
 
 
 def attention_linear_flops(c: TableContext) -> Array:
-    """Forward FLOPs of the attention projections: ``2 x tokens x attention_params / tp``.
-
-    Returns:
-        FLOPs, ``(n, 1)``.
-    """
+    """Forward FLOPs of the attention projections: ``2 x tokens x attention_params / tp``."""
     return FLOPS_PER_MAC * c.tokens * c.dims.attention_params / col(c.tp)
 
 
 def core_attention_flops(c: TableContext) -> Array:
-    """Forward work of causal core attention (QK^T and PV) in multiply-accumulates, half its FLOPs:
-    ``tokens x s x (q_dim + ctx_dim) / 2 / tp`` x (mean keys per query / the full-causal mean). The
-    fitted :attr:`cost_model.calibration.Calibration.attention_efficiency` is against this count, so it
-    is half the achieved fraction of the bf16 peak (the shipped 0.2375 is 0.475 of peak in FLOPs). What the kernel
-    costs beyond this count (a call's fixed part, a window's and the sinks' extra keys, the head dims) is
-    :func:`core_attention_work`.
-
-    Each query attends to ``(s + 1) / 2`` keys on average under the causal mask, fewer on
-    sliding-window layers (:meth:`specs.ModelSpec.attended_keys_per_query`; the window share is the
-    model's ``num_window_layers / num_layers``). Megatron counts ``s / 2`` keys (notes §6.3).
-
-    Returns:
-        Multiply-accumulates, ``(n, 1)``.
-    """
+    """Forward work of causal core attention (QK^T and PV) in multiply-accumulates, ``(n, 1)``: ``tokens x s x (q_dim +
+    ctx_dim) / 2 / tp`` x (mean keys per query / the full-causal mean). ``attention_efficiency`` is against this count
+    (half the FLOPs), so it is half the achieved fraction of peak; what the kernel costs beyond it is
+    :func:`core_attention_work`. A query attends to ``(s + 1) / 2`` keys under the causal mask, fewer on sliding-window
+    layers (:meth:`specs.ModelSpec.attended_keys_per_query`); Megatron counts ``s / 2`` (notes §6.3)."""
     keys_full, keys_win, win_share = _attended_keys(c)
     keys = (1 - win_share) * keys_full + win_share * keys_win
     return _macs_per_key(c) * keys
@@ -141,17 +115,15 @@ def _macs_per_key(c: TableContext) -> Array:
     """Forward multiply-accumulates of core attention per mean key per query, ``(n, 1)``: Megatron's ``s / 2`` keys
     of the causal count spread over the ``(s + 1) / 2`` a query attends to."""
     m = c.dims
-    return c.tokens * c.seq * (m.q_dim + m.ctx_dim) / 2 / col(c.tp) / c.model.attended_keys_per_query(c.workload.seq_length, windowed=False)
+    return c.tokens * c.seq * (m.q_dim
+                               + m.ctx_dim) / 2 / col(c.tp) / c.model.attended_keys_per_query(c.workload.seq_length,
+                                                                                              windowed=False)
 
 
 def expert_flops(c: TableContext) -> Array:
     """Forward FLOPs of the routed experts of one MoE layer per GPU, before the load imbalance:
     ``2 x tokens x topk x mats x h x moe_ffn / tp`` (each copy through ``mats`` matrices; ETP and EP
-    split the work so that per GPU it is this).
-
-    Returns:
-        FLOPs, ``(n, 1)``.
-    """
+    split the work so that per GPU it is this)."""
     m = c.dims
     return FLOPS_PER_MAC * c.tokens * m.topk * m.mlp_matrices * m.h * m.moe_ffn / col(c.tp)
 
@@ -159,9 +131,7 @@ def expert_flops(c: TableContext) -> Array:
 def router_flops(c: TableContext) -> Array:
     """Forward FLOPs of the router GEMM: ``2 x tokens x h x E / tp``.
 
-    Returns:
-        FLOPs, ``(n, 1)``; 0 for a dense model.
-    """
+    Returns: FLOPs, ``(n, 1)``; 0 for a dense model."""
     m = c.dims
     if not m.is_moe:
         return np.zeros_like(c.tokens)
@@ -171,41 +141,27 @@ def router_flops(c: TableContext) -> Array:
 def shared_expert_flops(c: TableContext) -> Array:
     """Forward FLOPs of the shared experts: ``2 x tokens x mats x h x shared_ffn / tp``.
 
-    Returns:
-        FLOPs, ``(n, 1)``; 0 without shared experts.
-    """
+    Returns: FLOPs, ``(n, 1)``; 0 without shared experts."""
     m = c.dims
     return FLOPS_PER_MAC * c.tokens * m.mlp_matrices * m.h * m.shared_ffn / col(c.tp)
 
 
 def dense_mlp_flops(c: TableContext) -> Array:
-    """Forward FLOPs of a dense MLP: ``2 x tokens x mats x h x ffn / tp``.
-
-    Returns:
-        FLOPs, ``(n, 1)``.
-    """
+    """Forward FLOPs of a dense MLP: ``2 x tokens x mats x h x ffn / tp``."""
     m = c.dims
     return FLOPS_PER_MAC * c.tokens * m.mlp_matrices * m.h * m.ffn / col(c.tp)
 
 
 def logits_flops(c: TableContext) -> Array:
     """Forward FLOPs of the output layer and each MTP head: ``2 x tokens x h x V / tp x (1 + mtp)``
-    (Megatron's ``6 h V (mtp + 1)`` per token, notes §6.3, is 3 x this).
-
-    Returns:
-        FLOPs, ``(n, 1)``.
-    """
+    (Megatron's ``6 h V (mtp + 1)`` per token, notes §6.3, is 3 x this)."""
     m = c.dims
     return FLOPS_PER_MAC * c.tokens * m.h * m.vocab / col(c.tp) * (1 + m.mtp)
 
 
 def attention_linear_time(c: TableContext) -> Array:
     """Forward time of the attention projections at the GEMM peak, each projection's efficiency from
-    its size (:func:`gemm_efficiency` of half the FLOPs, :data:`ATTENTION_PROJECTION_GEMMS`).
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    its size (:func:`gemm_efficiency` of half the FLOPs, :data:`ATTENTION_PROJECTION_GEMMS`)."""
     f = attention_linear_flops(c)
     return f / (c.gemm_peak_flops * gemm_efficiency(f / ATTENTION_PROJECTION_GEMMS, c.cal))
 
@@ -215,11 +171,10 @@ def mla_up_projection_time(c: TableContext) -> Array:
     megatron-core multi_latent_attention.py ``recompute_up_proj``): ``2 x tokens x up_projection_params / tp`` FLOPs
     at the GEMM peak, each of the two GEMMs' efficiency from its size.
 
-    Returns:
-        Seconds, ``(n, 1)``; 0 for GQA.
-    """
+    Returns: Seconds, ``(n, 1)``; 0 for GQA."""
     f = FLOPS_PER_MAC * c.tokens * c.dims.up_projection_params / col(c.tp)
-    return np.where(f > 0, f / (c.gemm_peak_flops * gemm_efficiency(np.maximum(f, 1.0) / ATTENTION_PROJECTION_GEMMS, c.cal)), 0.0)
+    return np.where(f > 0, f / (c.gemm_peak_flops * gemm_efficiency(np.maximum(f, 1.0) / ATTENTION_PROJECTION_GEMMS,
+                                                                    c.cal)), 0.0)
 
 
 def mla_unfused_rope_time(c: TableContext) -> Array:
@@ -228,9 +183,7 @@ def mla_unfused_rope_time(c: TableContext) -> Array:
     1 x H200: :attr:`cost_model.calibration.Calibration.unfused_mla_rope_bytes_per_element`). The fused path
     (megatron-core ``fused_apply_mla_rope_for_q`` / ``_for_kv``) is in the attention side's memory-bound work.
 
-    Returns:
-        Seconds, ``(n, 1)``; 0 for GQA or with RoPE fused.
-    """
+    Returns: Seconds, ``(n, 1)``; 0 for GQA or with RoPE fused."""
     if c.options.apply_rope_fusion or not c.model.is_mla:
         return np.zeros_like(c.tokens)
     return c.cal.unfused_mla_rope_bytes_per_element * c.tokens * c.dims.q_dim / col(c.tp) / c.hbm_bytes_per_s
@@ -254,9 +207,7 @@ def head_dim_factor(pair: tuple[int, int], table: dict[tuple[int, int], float]) 
     outside them; MLA's (192, 128) is the point at 320, so its neighbours run on from it); also what
     ``benchmarks/h200_attention.py --compare`` predicts with.
 
-    Raises:
-        ValueError: ``table`` is empty, or two of its pairs have the same ``qk + v``.
-    """
+    Raises ValueError: ``table`` is empty, or two of its pairs have the same ``qk + v``."""
     if pair in table:
         return table[pair]
     points = sorted((qk + v, f) for (qk, v), f in table.items())
@@ -266,18 +217,12 @@ def head_dim_factor(pair: tuple[int, int], table: dict[tuple[int, int], float]) 
 
 
 def core_attention_work(c: TableContext) -> Array:
-    """What the attention kernel costs, forward, in multiply-accumulates at the head-dim-128 speed: the causal count
-    (:func:`core_attention_flops`) with the keys a sliding window and a learnable softmax cost beyond their own
-    (:attr:`~cost_model.calibration.Calibration.attention_window_extra_keys` per query on the windowed layers'
-    share, :attr:`~cost_model.calibration.Calibration.attention_sink_extra_keys` on every layer when ``softmax_type``
-    is not vanilla), plus the fixed part of a full-attention call
-    (:attr:`~cost_model.calibration.Calibration.attention_call_macs` per sequence of the micro-batch, on the
-    full-attention layers' share), over :func:`attention_head_dim_factor`. Measured with cuDNN's fused attention on
-    1 x H200 (TE 2.20.2, ``benchmarks/h200_attention.py``, ``benchmarks/results/h200_te_2026-12-02/call29``).
-
-    Returns:
-        MAC-equivalents per layer per micro-batch per GPU, ``(n, 1)``.
-    """
+    """What the attention kernel costs, forward, in multiply-accumulates at the head-dim-128 speed per layer,
+    micro-batch and GPU, ``(n, 1)``: :func:`core_attention_flops` plus the extra keys of a sliding window
+    (``attention_window_extra_keys`` per query, windowed layers) and of a learnable softmax
+    (``attention_sink_extra_keys``), plus ``attention_call_macs`` per sequence on the full-attention layers, over
+    :func:`attention_head_dim_factor`. Measured with cuDNN's fused attention on 1 x H200
+    (``benchmarks/h200_attention.py``, ``benchmarks/results/h200_te_2026-12-02/call29``)."""
     cal = c.cal
     keys_full, keys_win, win_share = _attended_keys(c)
     sinks = cal.attention_sink_extra_keys if c.model.softmax_type != "vanilla" else 0.0
@@ -297,9 +242,7 @@ def attention_forward_time(core: Array) -> Array:
     """Core attention's forward alone from :func:`core_attention_time` (a third of its forward + backward by the GEMM
     convention): ``GEMM_PASSES x core x ATTENTION_FORWARD_SHARE``.
 
-    Returns:
-        Seconds, the shape of ``core``.
-    """
+    Returns: Seconds, the shape of ``core``."""
     return GEMM_PASSES * core * ATTENTION_FORWARD_SHARE
 
 
@@ -307,11 +250,8 @@ def core_attention_time(c: TableContext) -> Array:
     """Forward time of the attention kernel: :func:`core_attention_work` at ``attention_efficiency`` of the bf16 peak
     (the efficiency is the forward + backward average against a backward of 2 forwards; the fit's start from
     FlashAttention-2, Dao 2023; measured 0.239 at head dim 128 on 1 x H200
-    (``benchmarks/results/h200_te_2026-12-02/call29``); the shipped fit on published runs, which did not see that measurement, 0.2375).
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    (``benchmarks/results/h200_te_2026-12-02/call29``); the shipped fit on published runs, which did not see that
+    measurement, 0.2375)."""
     return core_attention_work(c) / (c.bf16_peak_flops * c.cal.attention_efficiency)
 
 
@@ -322,9 +262,7 @@ def grouped_gemm_efficiency(c: TableContext) -> Array:
     ``half = grouped_gemm_half_rows + grouped_gemm_half_rows_work / (hidden x moe_ffn / etp)`` (1 x H200,
     ``benchmarks/results/h200_te_2026-12-02/call33``: a small expert needs more rows to fill the GPU).
 
-    Returns:
-        A fraction, ``(n, 1)``.
-    """
+    Returns: A fraction, ``(n, 1)``."""
     m, cal = c.dims, c.cal
     etp = col(c.etp)
     rows = c.tokens * m.topk * etp * col(c.ep) / (col(c.tp) * m.experts)
@@ -337,9 +275,7 @@ def expert_time(c: TableContext) -> Array:
     """Forward time of the routed experts on the slowest expert rank:
     ``expert FLOPs x imbalance / (GEMM peak x grouped-GEMM efficiency)``.
 
-    Returns:
-        Seconds, ``(n, 1)``; 0 for a dense model.
-    """
+    Returns: Seconds, ``(n, 1)``; 0 for a dense model."""
     if not c.dims.is_moe:
         return np.zeros_like(c.tokens)
     return expert_flops(c) * c.load_imbalance / (c.gemm_peak_flops * grouped_gemm_efficiency(c))
@@ -348,9 +284,7 @@ def expert_time(c: TableContext) -> Array:
 def router_time(c: TableContext) -> Array:
     """Forward time of the router GEMM (bf16: ``--moe-router-dtype`` keeps it out of fp8).
 
-    Returns:
-        Seconds, ``(n, 1)``; 0 for a dense model.
-    """
+    Returns: Seconds, ``(n, 1)``; 0 for a dense model."""
     if not c.dims.is_moe:
         return np.zeros_like(c.tokens)
     f = router_flops(c)
@@ -366,28 +300,18 @@ def _mlp_time(c: TableContext, flops: Array) -> Array:
 def shared_expert_time(c: TableContext) -> Array:
     """Forward time of the shared experts.
 
-    Returns:
-        Seconds, ``(n, 1)``; 0 without shared experts.
-    """
+    Returns: Seconds, ``(n, 1)``; 0 without shared experts."""
     return _mlp_time(c, shared_expert_flops(c))
 
 
 def dense_mlp_time(c: TableContext) -> Array:
-    """Forward time of a dense MLP.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    """Forward time of a dense MLP."""
     return _mlp_time(c, dense_mlp_flops(c))
 
 
 def attention_elementwise_time(c: TableContext) -> Array:
     """Memory-bound work around attention (norms, RoPE, residual adds, casts), forward + backward:
-    ``elementwise_bytes_per_token_attn x h x tokens / tp`` bytes at the achieved HBM bandwidth.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    ``elementwise_bytes_per_token_attn x h x tokens / tp`` bytes at the achieved HBM bandwidth."""
     return c.cal.elementwise_bytes_per_token_attn * c.dims.h * c.tokens / col(c.tp) / c.hbm_bytes_per_s
 
 
@@ -397,43 +321,29 @@ def moe_elementwise_time(c: TableContext, copies: Array) -> Array:
     ``expert_bias_bytes_per_copy_moe x h x copies`` when the experts have biases (GPT-OSS; measured on
     1 x H200 with TE 2.20, docs/measurements.md "GPT-OSS-120B's layer features").
 
-    Args:
-        copies: :func:`cost_model.terms.activations.routed_token_copies`, ``(n, 1)``.
+    Args: copies: :func:`cost_model.terms.activations.routed_token_copies`, ``(n, 1)``.
 
-    Returns:
-        Seconds, ``(n, 1)``; 0 for a dense model.
-    """
+    Returns: Seconds, ``(n, 1)``; 0 for a dense model."""
     if not c.dims.is_moe:
         return np.zeros_like(c.tokens)
-    per_copy = c.cal.elementwise_bytes_per_copy_moe + (c.cal.expert_bias_bytes_per_copy_moe if c.dims.expert_bias else 0.0)
+    per_copy = c.cal.elementwise_bytes_per_copy_moe + (c.cal.expert_bias_bytes_per_copy_moe if c.dims.expert_bias
+                                                       else 0.0)
     return per_copy * c.dims.h * copies / c.hbm_bytes_per_s
 
 
 def attention_compute_time(c: TableContext, linear: Array, core: Array, elementwise: Array) -> Array:
-    """The attention side of a layer, forward + backward: ``3 x (projections + core) + elementwise``.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    """The attention side of a layer, forward + backward: ``3 x (projections + core) + elementwise``."""
     return lora.gemm_passes(c, GEMM_PASSES) * linear + GEMM_PASSES * core + elementwise
 
 
 def moe_compute_time(c: TableContext, experts: Array, router: Array, shared: Array, elementwise: Array) -> Array:
-    """A MoE layer's MLP side, forward + backward: ``3 x (experts + router + shared) + elementwise``.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    """A MoE layer's MLP side, forward + backward: ``3 x (experts + router + shared) + elementwise``."""
     return lora.gemm_passes(c, GEMM_PASSES) * (experts + router + shared) + elementwise
 
 
 def dense_compute_time(c: TableContext, mlp: Array, attention_elementwise: Array) -> Array:
     """A dense layer's MLP side, forward + backward: ``3 x mlp + dense_mlp_elementwise_share x``
-    the attention side's memory-bound time.
-
-    Returns:
-        Seconds, ``(n, 1)``.
-    """
+    the attention side's memory-bound time."""
     return lora.gemm_passes(c, GEMM_PASSES) * mlp + attention_elementwise * c.cal.dense_mlp_elementwise_share
 
 
@@ -442,9 +352,7 @@ def loss_time(c: TableContext) -> Array:
     (:attr:`specs.RunOptions.cross_entropy_path`) ``x tokens x V / tp x (1 + mtp)`` bytes at the achieved HBM bandwidth
     (the main head and each MTP head).
 
-    Returns:
-        Seconds, ``(n, 1)`` (every rank; :func:`logits_time` keeps the last one's).
-    """
+    Returns: Seconds, ``(n, 1)`` (every rank; :func:`logits_time` keeps the last one's)."""
     m = c.dims
     per_logit = CROSS_ENTROPY_BYTES_PER_LOGIT[c.options.cross_entropy_path]
     out: Array = per_logit * c.tokens * m.vocab / col(c.tp) * (1 + m.mtp) / c.hbm_bytes_per_s
@@ -454,9 +362,7 @@ def loss_time(c: TableContext) -> Array:
 def logits_time(c: TableContext) -> Array:
     """The last rank's output layer and loss, forward + backward: the logits GEMMs (bf16) plus :func:`loss_time`.
 
-    Returns:
-        Seconds, ``(n, K)``; 0 on other ranks.
-    """
+    Returns: Seconds, ``(n, K)``; 0 on other ranks."""
     f = logits_flops(c)
     gemms = lora.gemm_passes(c, GEMM_PASSES) * f / (c.bf16_peak_flops * gemm_efficiency(f, c.cal))
     return c.is_last * (gemms + loss_time(c))

@@ -1,13 +1,8 @@
-"""What every cost-model term reads: the model's dimensions and one table's derived quantities.
-
-:func:`build_context` turns (model, cluster, workload, layouts, calibration, run options) into a
-frozen :class:`TableContext`: the parallel sizes per layout, the pipeline-rank classes, tokens per
-micro-batch, the effective peaks and the masks that the layouts' enum values imply (read from
-their properties, never from their spellings). The terms are pure functions of it.
-
-Shapes: ``(n,)`` per layout, ``(n, 1)`` per layout as a column (broadcasts against rank
-classes), ``(n, K)`` per layout and pipeline-rank class (:mod:`cost_model.terms.ranks`).
-"""
+"""What every cost-model term reads: :func:`build_context` turns (model, cluster, workload, layouts, calibration, run
+options) into a frozen :class:`TableContext` of the parallel sizes, pipeline-rank classes, tokens per micro-batch,
+effective peaks and the masks the layouts' enum values imply (from their properties, never their spellings). Shapes:
+``(n,)`` per layout, ``(n, 1)`` as a column, ``(n, K)`` per layout and pipeline-rank class
+(:mod:`cost_model.terms.ranks`)."""
 
 from __future__ import annotations
 
@@ -114,7 +109,8 @@ class ModelDims:
     """The routed experts' linear layers have biases (``add_bias_linear``, GPT-OSS)."""
     fused_activation: bool = False
     """The activation is fused with its bias whatever the run's ``bias_activation_fusion`` says: GPT-OSS's clamped
-    quick-GEGLU (Megatron-Bridge ``gpt_oss_bridge.py`` sets ``bias_activation_fusion``; so does this project's harness)."""
+    quick-GEGLU (Megatron-Bridge ``gpt_oss_bridge.py`` sets ``bias_activation_fusion``; so does this project's
+    harness)."""
 
     @classmethod
     def of(cls, model: ModelSpec) -> ModelDims:
@@ -129,7 +125,8 @@ class ModelDims:
             saved_kv = nh * (model.qk_head_dim + model.qk_pos_emb_head_dim + model.v_head_dim)
             latent = float(model.q_lora_rank + model.kv_lora_rank)
             expanded = q_dim + saved_kv
-            up = float(model.q_lora_rank) * q_dim + float(model.kv_lora_rank) * nh * (model.qk_head_dim + model.v_head_dim)
+            up = float(model.q_lora_rank) * q_dim + float(model.kv_lora_rank) * nh * (model.qk_head_dim
+                                                                                      + model.v_head_dim)
         else:
             q_dim, kv_dim, ctx_dim = nh * d, 2 * float(model.num_query_groups) * d, nh * d
             saved_kv, latent, expanded, up = kv_dim, 0.0, 0.0, 0.0
@@ -320,9 +317,7 @@ def build_context(
 ) -> TableContext:
     """The :class:`TableContext` of ``table``.
 
-    Raises:
-        TunerError: a precision the GPU has no tensor cores for.
-    """
+    Raises TunerError: a precision the GPU has no tensor cores for."""
     cal = calibration
     gpu = cluster.gpu
     prec = Precision(workload.precision)
@@ -348,7 +343,8 @@ def build_context(
     mod_values, mod_inv = table.codes("recompute_modules")
     mod_sets = [set(v.split(",")) for v in mod_values.tolist()]
     recomputed = {
-        m: selective & np.array([m in ms for ms in mod_sets], dtype=np.bool_)[mod_inv][:, None] for m in RECOMPUTE_MODULES
+        m: selective & np.array([m in ms for ms in mod_sets], dtype=np.bool_)[mod_inv][:,
+                                                                                       None] for m in RECOMPUTE_MODULES
     }
     nv_eff, net_eff, per_node = _dispatcher_efficiencies(table, cluster, cal)
     return TableContext(

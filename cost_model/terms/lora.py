@@ -68,12 +68,14 @@ def adapter_params(c: TableContext) -> tuple[Array, Array]:
 
 
 def trainable_params(c: TableContext, dense: Array, experts: Array) -> tuple[Array, Array]:
-    """The parameters with gradients and optimizer state: the adapters with ``--task lora``, else ``dense``, ``experts``."""
+    """The parameters with gradients and optimizer state: the adapters with ``--task lora``, else ``dense``,
+    ``experts``."""
     return adapter_params(c) if _lora(c) else (dense, experts)
 
 
 def adapter_weight_bytes(c: TableContext) -> Array | float:
-    """The adapters' weights (bf16, the base's parameter dtype: ``lora_dtype`` None), bytes ``(n, K)``; 0 without LoRA."""
+    """The adapters' weights (bf16, the base's parameter dtype: ``lora_dtype`` None), bytes ``(n, K)``; 0 without
+    LoRA."""
     if not _lora(c):
         return 0.0
     dense, experts = adapter_params(c)

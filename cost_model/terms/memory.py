@@ -36,16 +36,10 @@ PERMUTED_TOKEN_BUFFERS = 2.0
 #: ``cross_entropy.py`` ``ctx.save_for_backward(_input)``).
 TE_CE_INPLACE_BYTES = 2.0
 
-#: The same from TE 2.18, **measured** on 1 x H200 with TE 2.20.2 (``benchmarks/results/h200_te_2026-12-01``): the
-#: training step's allocated peak fell by 2.0 B per logit against the native path's 6 B when only
-#: ``--cross-entropy-loss-fusion`` (TE) changed (MiniMax-M2 slice, ``h200_te_2026-12-01/call15`` ``mm-base`` 84.52 GiB
-#: -> ``mm-ce-fusion`` 81.46 GiB, 8,192 x 200,064 logits), and the loss alone kept nothing above the bf16 logits and
-#: their bf16 gradient (``benchmarks/h200_ce.py``, ``h200_te_2026-12-01/call20/ce.jsonl``: extra peak 0.00 B per
-#: element, five vocabularies): the bf16 logits and one bf16 logits-sized buffer, 4 B. Reading TE 2.18 (commit
-#: 01bbe3ee, ``grad_input = torch.empty_like(_input, dtype=torch.float32)``) had given 4 B of fp32 gradient plus the 2
-#: B logits, 6 B; that buffer does not show on TE 2.20.2. TE 2.18 and 2.19 were not measured. Judged out of sample on
-#: Qwen3-30B-A3B's 151,936 vocabulary (``h200_te_2026-12-01/call17`` ``qw-bridge-like``): the reserved peak predicted
-#: +2.8% (+9.0% with 6 B).
+#: The same from TE 2.18 (commit 01bbe3ee), **measured** on 1 x H200 with TE 2.20.2: the bf16 logits and one bf16
+#: logits-sized buffer, 4 B (the step's allocated peak fell by 2.0 B per logit against the native path's 6 B,
+#: ``benchmarks/results/h200_te_2026-12-01/call15`` ``mm-base`` -> ``mm-ce-fusion``; the loss alone kept nothing more,
+#: ``call20/ce.jsonl``).
 TE_CE_BYTES_SINCE_2_18 = 2.0 + 2.0
 
 #: TE version from which the fused cross-entropy no longer writes its gradient in place (TE 2.18, commit 01bbe3ee).
@@ -55,29 +49,18 @@ TE_CE_BYTES_CHANGED_IN = (2, 18)
 def embedding_activation_bytes(c: TableContext, inflight: Array) -> Array:
     """The embedding's output kept on rank 0 for each in-flight micro-batch: ``2 x tokens x h / tp x inflight``.
 
-    Args:
-        inflight: :func:`cost_model.terms.schedule.inflight_microbatches`, ``(n, K)``.
+    Args: inflight: :func:`cost_model.terms.schedule.inflight_microbatches`, ``(n, K)``.
 
-    Returns:
-        Bytes, ``(n, K)``; 0 on other ranks.
-    """
+    Returns: Bytes, ``(n, K)``; 0 on other ranks."""
     return c.is_first * BF16_BYTES * c.tokens * c.dims.h / col(c.tp) * inflight
 
 
 def working_set_bytes(c: TableContext, full_moe: Array, full_dense: Array) -> Array:
-    """Temporaries of the layer being run backward, beyond what is stored: under full uniform recompute the
-    ``recompute_num_layers`` layers of the group being recomputed, whole (one checkpoint per group); under full
-    block recompute one layer, whole (each of the first ``recompute_num_layers`` layers is its own checkpoint,
-    megatron-core transformer_block.py ``_checkpointed_forward``: ``checkpoint_handler(custom(layer_idx,
-    layer_idx + 1))``), however many layers the block holds; otherwise ``backward_working_set_fraction`` of one
-    layer (its activation gradients). The larger of a MoE and a dense layer, where the rank has that kind.
-
-    Args:
-        full_moe, full_dense: a MoE / dense layer's activations without recompute, ``(n, 1)``.
-
-    Returns:
-        Bytes, ``(n, K)``.
-    """
+    """Temporaries of the layer being run backward beyond what is stored, ``(n, K)``: under full uniform recompute the
+    group of ``recompute_num_layers`` layers being recomputed, whole; under full block recompute one layer, whole (each
+    is its own checkpoint, transformer_block.py ``_checkpointed_forward``); otherwise ``backward_working_set_fraction``
+    of one layer. The larger of ``full_moe`` and ``full_dense`` (a layer's activations without recompute) where the rank
+    has that kind."""
     one_layer = np.maximum(full_moe * (c.moe_layers > 0), full_dense * (c.dense_layers > 0))
     group = np.where(c.uniform, c.recompute_num_layers, 1.0)
     return np.where(c.full, group * one_layer, one_layer * c.cal.backward_working_set_fraction)
@@ -88,9 +71,7 @@ def offloaded_layers(c: TableContext) -> Array:
     ``min(N, layers)`` (megatron-core ``TransformerBlock`` offloads the first N layers of its block through
     ``get_cpu_offload_context``; Megatron-Bridge sets it with ``cpu_offloading_weights=False``).
 
-    Returns:
-        Layers, ``(n, K)``.
-    """
+    Returns: Layers, ``(n, K)``."""
     return np.minimum(float(c.options.cpu_offloading_num_layers), c.layers)
 
 
@@ -99,12 +80,7 @@ def offload_kept_bytes(c: TableContext, per_rank: Array) -> Array:
     ``per_rank x (1 - offloaded / layers)``, plus one offloaded layer's worth in transit (the copy to or from the
     host overlaps the next layer; its buffer is on the GPU). Without offload, ``per_rank``.
 
-    Args:
-        per_rank: :func:`cost_model.terms.activations.rank_activation_bytes`, ``(n, K)``.
-
-    Returns:
-        Bytes, ``(n, K)``.
-    """
+    Args: per_rank: :func:`cost_model.terms.activations.rank_activation_bytes`, ``(n, K)``."""
     off = offloaded_layers(c)
     per_layer = per_rank / np.maximum(c.layers, 1.0)
     return np.where(off > 0, per_rank - off * per_layer + per_layer, per_rank)
@@ -112,17 +88,9 @@ def offload_kept_bytes(c: TableContext, per_rank: Array) -> Array:
 
 def cuda_graph_buffer_bytes(c: TableContext, inflight: Array) -> Array:
     """Static buffers of per-layer CUDA graphs (``--cuda-graph-impl transformer_engine`` with a scope other than the
-    whole iteration): each captured layer keeps static input and output tensors per micro-batch in flight,
-    ``cuda_graph_static_buffers x layer input x layers x inflight`` (TE ``make_graphed_callables`` captures one
-    graph per callable and micro-batch with its own static inputs and outputs). [inferred from TE's graph API; not
-    measured]. A whole-iteration graph replays the step in its own memory pool: no extra term here.
-
-    Args:
-        inflight: in-flight micro-batches, ``(n, K)``.
-
-    Returns:
-        Bytes, ``(n, K)``; 0 without CUDA graphs or with a whole-iteration graph.
-    """
+    whole iteration), bytes ``(n, K)``: ``cuda_graph_static_buffers x layer input x layers x inflight`` (TE
+    ``make_graphed_callables`` keeps static inputs and outputs per callable and micro-batch). [inferred from TE's API;
+    not measured]. A whole-iteration graph replays in its own pool: 0, as without graphs."""
     opt = c.options
     if not opt.cuda_graph_scope or opt.cuda_graph_full:
         return np.zeros_like(c.layers)
@@ -131,37 +99,19 @@ def cuda_graph_buffer_bytes(c: TableContext, inflight: Array) -> Array:
 
 
 def a2a_overlap_extra_bytes(c: TableContext, full_moe: Array) -> Array:
-    """What EP all-to-all overlap (``overlap_moe_expert_parallel_comm``) keeps on top of the schedule's activations:
-    its combined 1F1B runs a forward layer of one (virtual) micro-batch together with a backward layer of another
-    (megatron-core ``combined_1f1b.py``; one more warm-up forward with VPP, ``schedules.py``), and as the forward adds
-    a layer's activations the backward frees one, so the peak holds about one MoE layer more:
-    ``full_moe`` on ranks with MoE layers. [inferred from the schedule: a whole extra micro-batch would put 5
-    published Qwen3-30B-A3B PP 1 rows with overlap at 1.2-1.4x their HBM although they ran]
-
-    Args:
-        full_moe: a MoE layer's activations without recompute, ``(n, 1)``.
-
-    Returns:
-        Bytes, ``(n, K)``; 0 without the overlap.
-    """
+    """What EP all-to-all overlap (``overlap_moe_expert_parallel_comm``) keeps on top of the schedule's activations,
+    bytes ``(n, K)``: its combined 1F1B runs one micro-batch's forward layer with another's backward layer
+    (``combined_1f1b.py``), the backward freeing a layer as the forward adds one, so the peak holds about one MoE layer
+    more: ``full_moe`` (a MoE layer's activations without recompute) on ranks with MoE layers, else 0. [inferred from
+    the schedule]"""
     if not c.options.overlap_moe_expert_parallel_comm or not c.dims.is_moe:
         return np.zeros_like(c.layers)
     return np.where(c.moe_layers > 0, full_moe, 0.0) * c.live
 
 
 def activation_bytes(c: TableContext, per_rank: Array, inflight: Array, embedding: Array, working_set: Array) -> Array:
-    """Peak activation memory of a rank: one micro-batch through its layers x in-flight micro-batches,
-    plus the embedding outputs and the backward working set.
-
-    Args:
-        per_rank: :func:`cost_model.terms.activations.rank_activation_bytes`, ``(n, K)``.
-        inflight: in-flight micro-batches, ``(n, K)``.
-        embedding: :func:`embedding_activation_bytes`, ``(n, K)``.
-        working_set: :func:`working_set_bytes`, ``(n, K)``.
-
-    Returns:
-        Bytes, ``(n, K)``; 0 in padding columns.
-    """
+    """Peak activation memory of a rank, bytes ``(n, K)`` (0 in padding columns): ``per_rank`` (one micro-batch through
+    its layers) x ``inflight`` micro-batches, plus the ``embedding`` outputs and the backward ``working_set``."""
     return (per_rank * inflight + embedding + working_set) * c.live
 
 
@@ -171,9 +121,7 @@ def logits_bytes_per_element(c: TableContext) -> float:
     cross-entropy (``cross_entropy_fusion_impl te``) :data:`TE_CE_INPLACE_BYTES` up to TE 2.17 and
     :data:`TE_CE_BYTES_SINCE_2_18` (measured on TE 2.20.2) from TE 2.18 (:attr:`specs.RunOptions.te_version`).
 
-    Returns:
-        Bytes per element (a scalar).
-    """
+    Returns: Bytes per element (a scalar)."""
     opt = c.options
     if not opt.te_cross_entropy:
         return c.cal.logits_bytes_per_element
@@ -184,24 +132,18 @@ def logits_bytes(c: TableContext) -> Array:
     """The last rank's logits: :func:`logits_bytes_per_element` ``x tokens x V / tp x (1 + mtp)`` (the main head
     and each MTP head).
 
-    Returns:
-        Bytes, ``(n, K)``; 0 on other ranks.
-    """
+    Returns: Bytes, ``(n, K)``; 0 on other ranks."""
     m = c.dims
     return c.is_last * logits_bytes_per_element(c) * c.tokens * m.vocab / col(c.tp) * (1 + m.mtp)
 
 
 def dispatcher_buffer_bytes(c: TableContext, copies: Array) -> Array:
-    """Token-dispatcher buffers on a rank with MoE layers: flex (DeepEP / HybridEP) keeps fixed
-    communication buffers, ``flex_dispatcher_buffer_bytes``; alltoall / allgather
-    :data:`PERMUTED_TOKEN_BUFFERS` x ``2 x copies x h``.
+    """Token-dispatcher buffers on a rank with MoE layers: flex (DeepEP / HybridEP) keeps fixed communication buffers,
+    ``flex_dispatcher_buffer_bytes``; alltoall / allgather :data:`PERMUTED_TOKEN_BUFFERS` x ``2 x copies x h``.
 
-    Args:
-        copies: routed token copies per GPU, ``(n, 1)``.
+    Args: copies: routed token copies per GPU, ``(n, 1)``.
 
-    Returns:
-        Bytes, ``(n, K)``; 0 for a dense model, on ranks without MoE layers and in padding.
-    """
+    Returns: Bytes, ``(n, K)``; 0 for a dense model, on ranks without MoE layers and in padding."""
     if not c.dims.is_moe:
         return np.zeros_like(c.layers)
     buf = np.where(c.flex, c.cal.flex_dispatcher_buffer_bytes, PERMUTED_TOKEN_BUFFERS * BF16_BYTES * copies * c.dims.h)
@@ -213,9 +155,7 @@ def process_groups(c: TableContext) -> Array:
     etp) plus ``base_process_groups`` every rank has (megatron/core/parallel_state.py builds the
     groups; each holds NCCL buffers once used).
 
-    Returns:
-        A count, ``(n, 1)``.
-    """
+    Returns: A count, ``(n, 1)``."""
     n = (c.tp > 1).astype(float) + (c.pp > 1) + (c.cp > 1) + (c.dp > 1) + (c.ep > 1) + (c.edp > 1) + (c.etp > 1)
     return col(n + c.cal.base_process_groups)
 
@@ -224,11 +164,9 @@ def framework_overhead_bytes(c: TableContext, dynamic: Array) -> Array:
     """CUDA context and workspaces, NCCL buffers per communicator, and the caching allocator's
     fragmentation (``allocator_overhead_fraction`` of the dynamic memory).
 
-    Args:
-        dynamic: activations + logits + dispatcher buffers, ``(n, K)``.
+    Args: dynamic: activations + logits + dispatcher buffers, ``(n, K)``.
 
-    Returns:
-        Bytes, ``(n, K)``; 0 in padding columns.
-    """
+    Returns: Bytes, ``(n, K)``; 0 in padding columns."""
     cal = c.cal
-    return (cal.cuda_context_bytes + process_groups(c) * cal.nccl_bytes_per_communicator + cal.allocator_overhead_fraction * dynamic) * c.live
+    return (cal.cuda_context_bytes + process_groups(c) * cal.nccl_bytes_per_communicator
+            + cal.allocator_overhead_fraction * dynamic) * c.live

@@ -1,10 +1,9 @@
 """Optimizer time per step: the GPU Adam step and CPU optimizer offload.
 
-Offload is Megatron's ``HybridDeviceOptimizer`` (``--optimizer-cpu-offload``,
-``--optimizer-offload-fraction``, megatron/core/optimizer/cpu_offloading): the offloaded share of
-the states is stepped by the host's CPUs, gradients copied down and parameters back over PCIe.
-Arguments ``owned`` are :func:`cost_model.terms.state.owned_params`, ``(n, K)``; results are
-seconds per step on the slowest rank, ``(n,)``.
+Offload is Megatron's ``HybridDeviceOptimizer`` (``--optimizer-cpu-offload``, ``--optimizer-offload-fraction``,
+megatron/core/optimizer/cpu_offloading): the offloaded share of the states is stepped by the host's CPUs, gradients
+copied down and parameters back over PCIe. Arguments ``owned`` are :func:`cost_model.terms.state.owned_params`, ``(n,
+K)``; results are seconds per step on the slowest rank, ``(n,)``.
 """
 
 from __future__ import annotations
@@ -45,11 +44,7 @@ HOST_PINNED_OVERHEAD_BYTES_PER_OFFLOADED_PARAM = 4.0
 
 def optimizer_step_time(c: TableContext, owned: Array) -> Array:
     """The fused Adam step on the GPU, HBM bound: ``optimizer_bytes_per_param x owned x (1 - offload)
-    / achieved HBM bandwidth`` on the slowest rank.
-
-    Returns:
-        Seconds per step, ``(n,)``.
-    """
+    / achieved HBM bandwidth`` on the slowest rank."""
     t = c.cal.optimizer_bytes_per_param * owned * (1 - c.offload_fraction) / c.hbm_bytes_per_s * c.live
     out: Array = t.max(axis=1)
     return out
@@ -58,9 +53,7 @@ def optimizer_step_time(c: TableContext, owned: Array) -> Array:
 def offloaded_params(c: TableContext, owned: Array) -> Array:
     """Parameters the CPUs step for the slowest rank: ``owned x offload fraction``.
 
-    Returns:
-        Elements, ``(n,)``.
-    """
+    Returns: Elements, ``(n,)``."""
     out: Array = (owned * c.offload_fraction * c.live).max(axis=1)
     return out
 
@@ -69,23 +62,14 @@ def cpu_adam_time(c: TableContext, offloaded: Array) -> Array:
     """The host's CPU Adam for all its GPUs' offloaded states: ``offloaded x GPUs per node /
     cpu_adam_params_per_s_per_node`` (the node's CPUs are shared).
 
-    Args:
-        offloaded: :func:`offloaded_params`, ``(n,)``.
-
-    Returns:
-        Seconds per step, ``(n,)``.
-    """
+    Args: offloaded: :func:`offloaded_params`, ``(n,)``."""
     per_node = float(min(c.gpus_per_node, c.world))
     return offloaded * per_node / c.cal.cpu_adam_params_per_s_per_node
 
 
 def offload_copy_time(c: TableContext, offloaded: Array) -> Array:
     """PCIe copies of the offloaded parameters: :data:`OFFLOAD_BYTES_PER_PARAM` each, at
-    ``pcie_efficiency`` of the GPU's PCIe bandwidth.
-
-    Returns:
-        Seconds per step, ``(n,)``.
-    """
+    ``pcie_efficiency`` of the GPU's PCIe bandwidth."""
     return offloaded * OFFLOAD_BYTES_PER_PARAM / (c.cluster.gpu.pcie_bytes_per_s * c.cal.pcie_efficiency)
 
 
@@ -93,9 +77,7 @@ def offload_time(c: TableContext, owned: Array) -> Array:
     """CPU optimizer offload per step: CPU Adam plus the copies, ``offload_overlap`` of the copies
     hidden with ``--overlap-cpu-optimizer-d2h-h2d``.
 
-    Returns:
-        Seconds per step, ``(n,)``; 0 without offload.
-    """
+    Returns: Seconds per step, ``(n,)``; 0 without offload."""
     offloaded = offloaded_params(c, owned)
     hidden: Array = np.where(c.overlap_offload, c.cal.offload_overlap, 0.0)
     return cpu_adam_time(c, offloaded) + offload_copy_time(c, offloaded) * (1 - hidden)
@@ -103,31 +85,20 @@ def offload_time(c: TableContext, owned: Array) -> Array:
 
 def host_offload_bytes_per_param(c: TableContext) -> Array:
     """Host bytes per offloaded parameter: the kept states (:data:`HOST_BYTES_PER_OFFLOADED_PARAM`, 16 with or without
-    the precision-aware optimizer) plus
-    :data:`HOST_PINNED_OVERHEAD_BYTES_PER_OFFLOADED_PARAM`.
+    the precision-aware optimizer) plus :data:`HOST_PINNED_OVERHEAD_BYTES_PER_OFFLOADED_PARAM`.
 
-    Returns:
-        Bytes per parameter, ``(n, 1)``.
-    """
-    return np.full_like(c.offload_fraction, HOST_BYTES_PER_OFFLOADED_PARAM + HOST_PINNED_OVERHEAD_BYTES_PER_OFFLOADED_PARAM)
+    Returns: Bytes per parameter, ``(n, 1)``."""
+    return np.full_like(c.offload_fraction, HOST_BYTES_PER_OFFLOADED_PARAM
+                        + HOST_PINNED_OVERHEAD_BYTES_PER_OFFLOADED_PARAM)
 
 
 def host_bytes_per_node(c: TableContext, owned: Array, params: Array | None = None) -> Array:
-    """Host memory of one node: each of its GPUs' training processes holds ``host_process_bytes`` (CUDA context,
-    libraries, data loader: measured RSS) plus, with CPU optimizer offload, the offloaded states
-    (:func:`host_offload_bytes_per_param` x the slowest rank's offloaded parameters) and the host fp32 clones of the
-    first HybridDeviceOptimizer (:data:`cost_model.terms.state.OFFLOAD_BUILD_LEAK_BYTES` x f x the rank's unsharded
-    parameters, until Python's cyclic collector frees them):
-    ``GPUs per node x (host_process_bytes + offloaded x bytes per param + leak)``.
-
-    Args:
-        owned: :func:`cost_model.terms.state.owned_params`, ``(n, K)``.
-        params: the rank's unsharded parameters (dense + experts), ``(n, K)``; None: ``owned`` (DP 1).
-
-    Returns:
-        Bytes per node, ``(n,)``.
-    """
+    """Host memory of one node, bytes ``(n,)``: ``GPUs per node x (host_process_bytes + offloaded x bytes per param +
+    leak)``, with CPU optimizer offload the offloaded states (:func:`host_offload_bytes_per_param` x the slowest rank's
+    offloaded ``owned`` parameters) and the first HybridDeviceOptimizer's host fp32 clones
+    (:data:`cost_model.terms.state.OFFLOAD_BUILD_LEAK_BYTES` x f x the rank's unsharded ``params``; None: ``owned``)."""
     per_node = float(min(c.gpus_per_node, c.world))
     offloaded = offloaded_params(c, owned)
     first = offloaded_params(c, owned if params is None else params)
-    return per_node * (c.cal.host_process_bytes + offloaded * host_offload_bytes_per_param(c)[:, 0] + state.OFFLOAD_BUILD_LEAK_BYTES * first)
+    return per_node * (c.cal.host_process_bytes + offloaded * host_offload_bytes_per_param(c)[:, 0]
+                       + state.OFFLOAD_BUILD_LEAK_BYTES * first)

@@ -28,14 +28,9 @@ MTP_PROJECTION_H2 = 2.0
 def decoder_layer_params(c: TableContext) -> Array:
     """Dense (non-expert) weights of the rank's decoder layers, per GPU.
 
-    ``layers x (attn / tp + norms) + dense_layers x mlp / tp + moe_layers x (shared / tp + router)``:
-    attention, dense-MLP and shared-expert matrices are split by TP; the pre-norms, QK / latent
-    norms and the router are replicated (theoretical_memory_usage.py ``tp_sharded_block`` /
-    ``replicated_block``).
-
-    Returns:
-        Elements, ``(n, K)``.
-    """
+    ``layers x (attn / tp + norms) + dense_layers x mlp / tp + moe_layers x (shared / tp + router)``: attention,
+    dense-MLP and shared-expert matrices are split by TP; the pre-norms, QK / latent norms and the router are replicated
+    (theoretical_memory_usage.py ``tp_sharded_block`` / ``replicated_block``)."""
     m = c.dims
     tp = col(c.tp)
     return (
@@ -48,9 +43,7 @@ def decoder_layer_params(c: TableContext) -> Array:
 def embedding_params(c: TableContext) -> Array:
     """The input embedding on pipeline rank 0: ``V x h / tp`` (vocab-parallel).
 
-    Returns:
-        Elements, ``(n, K)`` (0 on other ranks).
-    """
+    Returns: Elements, ``(n, K)`` (0 on other ranks)."""
     return c.is_first * c.dims.embedding_params / col(c.tp)
 
 
@@ -61,9 +54,7 @@ def output_layer_params(c: TableContext) -> Array:
     (Megatron keeps the tied copy in sync through the embedding group); with PP = 1 a tied output
     layer is the embedding itself (0 more), an untied one another ``V x h / tp``.
 
-    Returns:
-        Elements, ``(n, K)`` (0 on other ranks).
-    """
+    Returns: Elements, ``(n, K)`` (0 on other ranks)."""
     m = c.dims
     own_copy = np.where(col(c.pp) > 1, 1.0, 1.0 if m.untied_output else 0.0)
     return c.is_last * own_copy * m.embedding_params / col(c.tp) + c.is_last * m.h
@@ -75,9 +66,7 @@ def mtp_params(c: TableContext) -> Array:
 
     Source: theoretical_memory_usage.py (MTP copies the type of the last layer, notes §6.1).
 
-    Returns:
-        Elements, ``(n, K)``; 0 without MTP and on other ranks.
-    """
+    Returns: Elements, ``(n, K)``; 0 without MTP and on other ranks."""
     m = c.dims
     if not m.mtp:
         return np.zeros_like(c.layers)
@@ -89,9 +78,7 @@ def mtp_params(c: TableContext) -> Array:
 def dense_params(c: TableContext) -> Array:
     """Every non-expert weight the GPU holds: decoder layers, embedding, output layer, MTP.
 
-    Returns:
-        Elements, ``(n, K)``; 0 in padding columns.
-    """
+    Returns: Elements, ``(n, K)``; 0 in padding columns."""
     p = decoder_layer_params(c) + embedding_params(c) + output_layer_params(c) + mtp_params(c)
     return p * c.live
 
@@ -103,9 +90,7 @@ def expert_params(c: TableContext) -> Array:
     Each MoE layer's E experts are split over EP ranks, each expert's matrices over ETP
     (theoretical_memory_usage.py ``expert_block / (ETP x EP)``).
 
-    Returns:
-        Elements, ``(n, K)``; 0 for a dense model and in padding columns.
-    """
+    Returns: Elements, ``(n, K)``; 0 for a dense model and in padding columns."""
     m = c.dims
     if not m.is_moe:
         return np.zeros_like(c.layers)

@@ -1,8 +1,7 @@
 """Pipeline-rank classes: which decoder layers each pipeline rank holds, reduced to a few classes.
 
-Every rank-dependent term has shape ``(n, K)``: one column per class of pipeline ranks that
-hold the same layers (K is 1 to 4 whatever ``pp``), so one vectorised call covers every rank of
-10^5-10^6 layouts.
+Every rank-dependent term has shape ``(n, K)``: one column per class of pipeline ranks that hold the same layers (K is 1
+to 4 whatever ``pp``), so one vectorised call covers every rank of 10^5-10^6 layouts.
 """
 
 from __future__ import annotations
@@ -28,17 +27,12 @@ def rank_classes(
 ) -> tuple[tuple[int, int, int, int, tuple[int, ...]], ...]:
     """Pipeline ranks grouped into classes that have the same layers.
 
-    Layers are assigned in execution order, stage ``i = v*pp + r`` (Megatron's
-    VPP-major layout), so a model whose first layers are dense (DeepSeek-V3)
-    puts them on rank 0's first chunk. Ranks with the same (layers, MoE layers,
-    chunk sizes, first/last role) take the same time per micro-batch; among
-    them the lowest rank holds the most in-flight micro-batches, so it stands
-    for the class in memory.
+    Layers are assigned in execution order, stage ``i = v*pp + r`` (Megatron's VPP-major layout), so a model whose first
+    layers are dense (DeepSeek-V3) puts them on rank 0's first chunk. Ranks with the same (layers, MoE layers, chunk
+    sizes, first/last role) take the same time per micro-batch; among them the lowest rank holds the most in-flight
+    micro-batches, so it stands for the class in memory.
 
-    Returns:
-        One tuple per class: (lowest rank, decoder layers, MoE layers, number of
-        ranks, layers per chunk).
-    """
+    Returns: One tuple per class: (lowest rank, decoder layers, MoE layers, number of ranks, layers per chunk)."""
     counts = stage_layer_counts(len(moe_layer_freq), pp, vpp, first, last)
     n_layers = [0] * pp
     n_moe = [0] * pp
@@ -76,9 +70,7 @@ class RankArrays:
 def rank_arrays(model: ModelSpec, t: LayoutTable) -> RankArrays:
     """The rank classes of every row of ``t`` (one :func:`rank_classes` call per distinct pipeline split).
 
-    Returns:
-        A :class:`RankArrays` of shape ``(n, K)``, K the most classes of any row.
-    """
+    Returns: A :class:`RankArrays` of shape ``(n, K)``, K the most classes of any row."""
     pp = t["pp"]
     vpp = t["vpp"]
     first = t["num_layers_in_first_pipeline_stage"]

@@ -1,12 +1,7 @@
-"""The RL export formats, registered in :mod:`launch.exporters`' registry (after its training formats):
-
-* ``nemo-rl``: ``nemo_rl_grpo.yaml`` (:class:`NemoRLRecipeExporter`, an RL plan as a NeMo-RL GRPO recipe,
-  validated against ``rl/schema/nemo_rl_grpo.schema.json``);
-* ``slime-rl``: ``run_slime_rl.sh`` (:class:`SlimeRLExporter`, an RL plan as a slime launch, executable).
-
-They render the :class:`~launch.exporters.ExportContext` of :func:`plan_context` (``tune rl --out DIR``); they are
-not main-job formats, and refuse a training layout's context. Importing this package registers them.
-"""
+"""The RL export formats, registered in :mod:`launch.exporters` on import: ``nemo-rl`` (``nemo_rl_grpo.yaml``,
+:class:`NemoRLRecipeExporter`, validated against ``rl/schema/nemo_rl_grpo.schema.json``) and ``slime-rl``
+(``run_slime_rl.sh``, :class:`SlimeRLExporter`). They render :func:`plan_context` (``tune rl --out DIR``) and refuse a
+training layout's context."""
 
 from __future__ import annotations
 

@@ -1,13 +1,12 @@
 """``nemo_rl_grpo.yaml``: an RL plan as a NeMo-RL GRPO recipe, checked against our schema of NeMo-RL's config keys.
 
 The keys are those NeMo-RL's config TypedDicts read at v0.6.0 (5fb58893):
-``nemo_rl/distributed/virtual_cluster.py::ClusterConfig``, ``nemo_rl/algorithms/grpo.py::GRPOConfig``
-and ``AsyncGRPOConfig``, ``nemo_rl/models/policy/__init__.py::PolicyConfig`` / ``MegatronConfig`` /
-``DTensorConfig``, ``nemo_rl/models/generation/interfaces.py::GenerationConfig`` /
-``ColocationConfig``, ``nemo_rl/models/generation/vllm/config.py::VllmSpecificArgs``; the AutoModel
-backend's ``dtensor_cfg.expert_parallel_size`` as the ``minimax-m3`` branch (e1cefaa3) reads it.
-``rl/schema/nemo_rl_grpo.schema.json`` is our JSON Schema of those keys; every rendered recipe
-is validated against it.
+``nemo_rl/distributed/virtual_cluster.py::ClusterConfig``, ``nemo_rl/algorithms/grpo.py::GRPOConfig`` and
+``AsyncGRPOConfig``, ``nemo_rl/models/policy/__init__.py::PolicyConfig`` / ``MegatronConfig`` / ``DTensorConfig``,
+``nemo_rl/models/generation/interfaces.py::GenerationConfig`` / ``ColocationConfig``,
+``nemo_rl/models/generation/vllm/config.py::VllmSpecificArgs``; the AutoModel backend's
+``dtensor_cfg.expert_parallel_size`` as the ``minimax-m3`` branch (e1cefaa3) reads it.
+``rl/schema/nemo_rl_grpo.schema.json`` is our JSON Schema of those keys; every rendered recipe is validated against it.
 """
 
 from __future__ import annotations
@@ -50,15 +49,14 @@ def hf_model_id(model: ModelSpec) -> str:
 def nemo_rl_config(plan: RLPlan, job: RLJob) -> dict[str, Any]:
     """The NeMo-RL recipe as a mapping (the keys NeMo-RL reads; the rest come from ``defaults``).
 
-    Raises:
-        TunerError: a plan NeMo-RL cannot run (an SGLang engine).
-    """
+    Raises TunerError: a plan NeMo-RL cannot run (an SGLang engine)."""
     from rl.engine import Engine, GenerationPrecision
     from rl.trainer import TrainerBackend
 
     c = plan.choice
     if c.engine != Engine.vllm:
-        raise TunerError("the NeMo-RL export needs a vLLM engine (NeMo-RL's generation backend); use --engine vllm or --framework slime")
+        raise TunerError("the NeMo-RL export needs a vLLM engine (NeMo-RL's generation backend); use --engine vllm or "
+                         "--framework slime")
     per = job.cluster.gpus_per_node
     lay = plan.trainer.layout
     policy: dict[str, Any] = {
@@ -96,7 +94,9 @@ def nemo_rl_config(plan: RLPlan, job: RLJob) -> dict[str, Any]:
             mc["virtual_pipeline_model_parallel_size"] = lay.vpp
         if job.training_precision.value != "bf16":
             # NeMo-RL's FP8 recipes (grpo-deepseek-v3-64n8g-fp8-async-1off.yaml): fp8_cfg with the recipe's scaling
-            mc["fp8_cfg"] = {"enabled": True, "fp8": "e4m3", "fp8_recipe": "blockwise" if job.training_precision.value == "fp8_blockwise" else "tensorwise", "fp8_param": False}
+            mc["fp8_cfg"] = {"enabled": True, "fp8": "e4m3",
+                             "fp8_recipe": "blockwise" if job.training_precision.value == "fp8_blockwise"
+                             else "tensorwise", "fp8_param": False}
         policy["dtensor_cfg"] = {"enabled": False}
         policy["megatron_cfg"] = mc
     s = c.shape
@@ -117,14 +117,17 @@ def nemo_rl_config(plan: RLPlan, job: RLJob) -> dict[str, Any]:
         "max_new_tokens": job.response_len,
         "colocated": {
             "enabled": c.colocated,
-            "resources": {"gpus_per_node": None if c.colocated else per, "num_nodes": None if c.colocated else c.rollout_gpus // per},
+            "resources": {"gpus_per_node": None if c.colocated else per,
+                          "num_nodes": None if c.colocated else c.rollout_gpus // per},
         },
         "vllm_cfg": vllm_cfg,
         "vllm_kwargs": {"max_num_seqs": c.max_num_seqs},
     }
-    grpo: dict[str, Any] = {"num_prompts_per_step": job.prompts_per_step, "num_generations_per_prompt": job.generations_per_prompt}
+    grpo: dict[str, Any] = {"num_prompts_per_step": job.prompts_per_step,
+                            "num_generations_per_prompt": job.generations_per_prompt}
     if c.async_steps:
-        grpo["async_grpo"] = {"enabled": True, "max_trajectory_age_steps": c.async_steps, "in_flight_weight_updates": True}
+        grpo["async_grpo"] = {"enabled": True, "max_trajectory_age_steps": c.async_steps,
+                              "in_flight_weight_updates": True}
     return {
         "defaults": "../../grpo_math_1B.yaml",
         "grpo": grpo,
@@ -144,15 +147,14 @@ def nemo_rl_schema() -> dict[str, Any]:
 def render_nemo_rl_yaml(plan: RLPlan, job: RLJob) -> str:
     """The NeMo-RL recipe YAML text, headed by the prediction as comments, validated against :func:`nemo_rl_schema`.
 
-    Raises:
-        TunerError: a plan NeMo-RL cannot run, or a recipe that fails the schema (the key named).
-    """
+    Raises TunerError: a plan NeMo-RL cannot run, or a recipe that fails the schema (the key named)."""
     cfg = nemo_rl_config(plan, job)
     try:
         jsonschema.validate(cfg, nemo_rl_schema())
     except jsonschema.ValidationError as e:
         where = ".".join(str(k) for k in e.absolute_path) or "(top)"
-        raise TunerError(f"the NeMo-RL recipe fails rl/schema/nemo_rl_grpo.schema.json at {where}: {e.message}") from None
+        raise TunerError(f"the NeMo-RL recipe fails rl/schema/nemo_rl_grpo.schema.json at {where}: {e.message}") \
+            from None
     head = "".join(c + "\n" for line in prediction_lines(plan, job) for c in comment(line, None))
     return head + yaml.safe_dump(cfg, sort_keys=False)
 
@@ -162,14 +164,13 @@ class NemoRLRecipeExporter(Exporter):
 
     name = "nemo-rl"
     file_name = "nemo_rl_grpo.yaml"
-    description = "nemo_rl_grpo.yaml: an RL plan as a NeMo-RL GRPO recipe (tune rl --out; checked against rl/schema/nemo_rl_grpo.schema.json)"
+    description = ("nemo_rl_grpo.yaml: an RL plan as a NeMo-RL GRPO recipe (tune rl --out; checked against "
+                   "rl/schema/nemo_rl_grpo.schema.json)")
     main_job = False
 
     def render(self, context: ExportContext) -> str:
         """The recipe of ``context.rl_plan``.
 
-        Raises:
-            TunerError: no RL plan in the context, a plan NeMo-RL cannot run, or a schema failure.
-        """
+        Raises TunerError: no RL plan in the context, a plan NeMo-RL cannot run, or a schema failure."""
         plan, job = rl_plan_of(context, self.name)
         return render_nemo_rl_yaml(plan, job)

@@ -1,13 +1,13 @@
-"""``run_slime_rl.sh``: an RL plan as a slime launch (``train.py`` / ``train_async.py``), in the style of slime's ``scripts/run-*.sh``.
+"""``run_slime_rl.sh``: an RL plan as a slime launch (``train.py`` / ``train_async.py``), in the style of slime's
+``scripts/run-*.sh``.
 
-Flags are those of ``slime/utils/arguments.py`` (THUDM/slime 624b824a): the placement
-(``--actor-num-nodes``, ``--actor-num-gpus-per-node``, ``--rollout-num-gpus`` or ``--colocate``,
-``--rollout-num-gpus-per-engine``), Megatron's parallel flags, the rollout batch
-(``--rollout-batch-size``, ``--n-samples-per-prompt``, ``--global-batch-size``, the length caps) and
-the SGLang engine's (slime forwards every ``--sglang-<server arg>``: ``--sglang-mem-fraction-static``,
-``--sglang-max-running-requests``, ``--sglang-ep-size``, ``--sglang-enable-dp-attention``,
-``--sglang-dp-size``, ``--sglang-disable-cuda-graph``). Model, checkpoint and data flags are the
-user's: they follow the script's name on its command line (``"$@"``).
+Flags are those of ``slime/utils/arguments.py`` (THUDM/slime 624b824a): the placement (``--actor-num-nodes``,
+``--actor-num-gpus-per-node``, ``--rollout-num-gpus`` or ``--colocate``, ``--rollout-num-gpus-per-engine``), Megatron's
+parallel flags, the rollout batch (``--rollout-batch-size``, ``--n-samples-per-prompt``, ``--global-batch-size``, the
+length caps) and the SGLang engine's (slime forwards every ``--sglang-<server arg>``: ``--sglang-mem-fraction-static``,
+``--sglang-max-running-requests``, ``--sglang-ep-size``, ``--sglang-enable-dp-attention``, ``--sglang-dp-size``,
+``--sglang-disable-cuda-graph``). Model, checkpoint and data flags are the user's: they follow the script's name on its
+command line (``"$@"``).
 """
 
 from __future__ import annotations
@@ -28,9 +28,7 @@ __all__ = ["SlimeRLExporter", "render_slime_script", "slime_rl_args"]
 def slime_rl_args(plan: RLPlan, job: RLJob) -> list[str]:
     """The plan's slime flags, one argv word each (values as strings).
 
-    Raises:
-        TunerError: a plan slime cannot run (a vLLM engine or an AutoModel trainer).
-    """
+    Raises TunerError: a plan slime cannot run (a vLLM engine or an AutoModel trainer)."""
     from rl.engine import Engine
     from rl.trainer import TrainerBackend
 
@@ -86,21 +84,20 @@ def render_slime_script(plan: RLPlan, job: RLJob) -> str:
     """The launch: shebang, the prediction as comments, strict mode, ``PLAN_ARGS=( ... )``, then
     ``exec "$PYTHON" "$SLIME_DIR/<entry>" "${PLAN_ARGS[@]}" "$@"``.
 
-    ``<entry>`` is ``train_async.py`` for an asynchronous plan (K >= 1), else ``train.py``; ``PYTHON``
-    defaults to ``python3``, ``SLIME_DIR`` (a slime checkout) to the working folder. Every value is
-    ``shlex.quote``-d.
+    ``<entry>`` is ``train_async.py`` for an asynchronous plan (K >= 1), else ``train.py``; ``PYTHON`` defaults to
+    ``python3``, ``SLIME_DIR`` (a slime checkout) to the working folder. Every value is ``shlex.quote``-d.
 
-    Raises:
-        TunerError: as :func:`slime_rl_args`.
-    """
+    Raises TunerError: as :func:`slime_rl_args`."""
     argv = slime_rl_args(plan, job)
     entry = "train_async.py" if plan.choice.async_steps else "train.py"
     lines = [SHEBANG, *(c for line in prediction_lines(plan, job) for c in comment(line, None))]
     lines += comment(
-        "Model, checkpoint and data flags (MODEL_ARGS, --hf-checkpoint, --load, --prompt-data, ...) are yours: pass them after this "
+        "Model, checkpoint and data flags (MODEL_ARGS, --hf-checkpoint, --load, --prompt-data, ...) are yours: pass "
+        "them after this "
         "script's name. Reads PYTHON (default python3) and SLIME_DIR (a slime checkout; default: the working folder)."
     )
-    lines += [STRICT_MODE, "PYTHON=${PYTHON:-python3}", "SLIME_DIR=${SLIME_DIR:-.}", "", bash_array("PLAN_ARGS", argv).rstrip("\n"), ""]
+    lines += [STRICT_MODE, "PYTHON=${PYTHON:-python3}", "SLIME_DIR=${SLIME_DIR:-.}", "",
+              bash_array("PLAN_ARGS", argv).rstrip("\n"), ""]
     lines += [f'exec "$PYTHON" "$SLIME_DIR/{entry}" "${{PLAN_ARGS[@]}}" "$@"', ""]
     return "\n".join(lines)
 
@@ -117,8 +114,6 @@ class SlimeRLExporter(Exporter):
     def render(self, context: ExportContext) -> str:
         """The launch of ``context.rl_plan``.
 
-        Raises:
-            TunerError: no RL plan in the context, or a plan slime cannot run.
-        """
+        Raises TunerError: no RL plan in the context, or a plan slime cannot run."""
         plan, job = rl_plan_of(context, self.name)
         return render_slime_script(plan, job)

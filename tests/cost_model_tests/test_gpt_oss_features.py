@@ -56,7 +56,6 @@ def _gpt_oss_config(tmp_path, **changes):
     ({"layer_types": ["sliding_atention", "full_attention"] * 18}, "layer_types entries must be sliding_attention or full_attention"),
     ({"swiglu_limit": -1}, "activation_func_clamp_value"),
     ({"hidden_act": "gelu"}, "needs a gated MLP"),
-    ({"sliding_window": 10**30}, "sliding_window 1,000,000,000,000,000,000,000,000,000,000 is more than"),
     ({"tuner": {"add_bias_linear": "no"}}, "add_bias_linear must be true or false"),
     ({"tuner": {"activation_func": "silu"}}, "apply to the quick_gelu GLU only"),
     ({"tuner": {"name": 5}}, "name must be a string"),
@@ -73,7 +72,6 @@ def _gpt_oss_config(tmp_path, **changes):
     ({"rope_scaling": {"rope_type": "yarn", "factor": "32"}}, "rope_scaling.factor must be a finite number"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "mscale": "x"}}, "rope_scaling.mscale must be a finite number"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 0.5}}, "beta_slow <= beta_fast"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 10**30}}, "original_max_position_embeddings"),
 ])
 def test_malformed_gpt_oss_configs_are_refused(tmp_path, changes, needle):
     with pytest.raises(TunerError, match=needle):

@@ -62,15 +62,6 @@ def test_validate_good_and_bad_rows(tmp_path):
     assert "Llama-3.1-8B" in r.output and "Traceback" not in r.output
 
 
-def test_validate_out_of_range_cells_skip_only_their_row(tmp_path):
-    huge_gpus = ROW.replace(",H100,8,", ",H100,2000000,").replace("7,src", "11,src", 1)
-    huge_seq = ROW.replace(",8192,", ",99999999999,").replace("7,src", "12,src", 1)
-    r = runner.invoke(app, ["validate", "--data", str(_csv(tmp_path, huge_gpus, ROW, huge_seq))])
-    assert r.exit_code == 0, r.output
-    assert "row 1 (id 11), column 'num_gpus'" in r.output and "row 3 (id 12), column 'seq_len / gbs'" in r.output
-    assert "--gpus" not in r.output and "Llama-3.1-8B" in r.output and "1 runs estimated" in r.output
-
-
 def test_a_row_with_more_or_fewer_cells_than_the_header_is_left_out_named(tmp_path):
     """csv.DictReader pads a short row with blanks and sets a long row's surplus apart: either would read shifted
     or missing settings as defaults, so the row is left out with its cell count."""
@@ -348,17 +339,9 @@ def test_a_second_adversarial_review_s_inputs_are_refused_or_left_out_with_their
     assert container_release("NeMo Container 25.09") == (25, 9)
     assert container_release("container 26.00") is None and container_release("container 26.13") is None
     assert container_release("container 25.9") is None
-    with pytest.raises(TunerError, match="recompute_num_layers must be at most 2,147,483,647"):
-        Layout(world_size=8, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=10**20)
-    with pytest.raises(TunerError, match="num_layers_in_first_pipeline_stage must be at most"):
-        Layout(world_size=8, pp=2, num_layers_in_first_pipeline_stage=10**20)
     with pytest.raises(TunerError, match="cuda_graph_scope 'bogus': accepted full, full_iteration, attn"):
         RunOptions(cuda_graph_scope=("moe_router", "bogus"))
     assert RunOptions(cuda_graph_scope=("MOE_ROUTER",)).cuda_graph_moe
-    p = tmp_path / "c.yaml"
-    p.write_text("moe_layer_overhead_s: 1" + "0" * 400 + "\n")
-    with pytest.raises(TunerError, match="too large for a constant"):
-        load_calibration(p)
     rows = _published("147", "149")
     rows[0]["cuda_graph_scope"] = "bogus"
     runs, problems = read_runs(_table(tmp_path, rows))

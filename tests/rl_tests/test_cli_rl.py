@@ -114,9 +114,8 @@ MINIMAX = ["--model", "MiniMax-M2", "--gpus", "8x8xH200"]
     ("extra", "needle"),
     [
         # crashed (exit 1, "internal error") before
-        (["--max-num-seqs", "0"], "--max-num-seqs 0: must be in 1..16,384"),
-        (["--max-num-seqs", "-1"], "--max-num-seqs -1: must be in 1..16,384"),
-        (["--max-num-seqs", "99999999999"], "--max-num-seqs 99999999999: must be in 1..16,384"),  # accepted before
+        (["--max-num-seqs", "0"], "--max-num-seqs 0: must be at least 1"),
+        (["--max-num-seqs", "-1"], "--max-num-seqs -1: must be at least 1"),
         (["--engine-ep", "0"], "--engine-ep 0: must be at least 1 (1 = experts tensor-parallel); accepted: 1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64"),
         (["--gpu-memory-utilization", "nan"], "--gpu-memory-utilization nan: must be in (0, 1]"),
         # accepted with exit 0 before
@@ -128,10 +127,6 @@ MINIMAX = ["--model", "MiniMax-M2", "--gpus", "8x8xH200"]
         (["--mean-prompt-len", "3000"], "--mean-prompt-len 3000: must be above 0 and at most --prompt-len 2,048"),
         # ran for minutes before
         (["--async-steps", "100"], "--async-steps 100: accepted 0..8"),
-        (["--prompts-per-step", "1000000"], "--prompts-per-step 1,000,000 x --generations-per-prompt 16 = 16,000,000 sequences per step; accepted: at most 16,384"),
-        (["--prompts-per-step", "128", "--async-steps", "8", "--generations-per-prompt", "32"],
-         "--async-steps 8 with --prompts-per-step 128 x --generations-per-prompt 32: the sweep over depths 0..8 simulates 4,096 x (1 + ... + 9) = 184,320 sequences; "
-         "accepted: at most 98,304, so --async-steps 0..5 for these prompts"),
         # named the wrong option, or only "no RL plan fits", before
         (["--mean-prompt-len", "-1"], "--mean-prompt-len -1: must be above 0 and at most --prompt-len 2,048"),
         (["--mean-prompt-len", "nan"], "--mean-prompt-len nan: must be above 0"),
@@ -358,7 +353,6 @@ def test_the_readmes_refused_slime_job_says_why(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("text,needle", [
     ("response_len,count\n100,nan\n", "lengths and counts must be finite numbers"),
-    ("response_len,count\n100,1e308\n200,1e308\n", "counts up to 1,000,000,000,000 and lengths up to 2,147,483,648 tokens are accepted"),
     ("[[1, 2]]", "lengths and counts must be finite numbers"),
     ('{"lengths": [1e400]}', "lengths and counts must be finite numbers"),
 ])
@@ -370,12 +364,6 @@ def test_bad_response_length_histograms_are_refused(tmp_path, text, needle):
     msg = " ".join(r.stderr.split())
     assert r.exit_code == 2 and needle in msg and "internal error" not in r.output and "Warning" not in r.output, r.output
 
-
-def test_a_sequence_too_long_names_this_commands_options():
-    r = CliRunner().invoke(app, ["rl", *JOB[:4], "--response-len", "99999999999"])
-    msg = " ".join(r.stderr.split())
-    assert r.exit_code == 2 and "--prompt-len 2,048 + --response-len 99,999,999,999: a sequence of at most 16,777,216 tokens is accepted" in msg
-    assert "--seq-len" not in msg
 
 
 def test_calibrate_names_rollout_gpus_that_are_not_whole_nodes():

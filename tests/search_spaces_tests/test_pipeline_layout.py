@@ -178,11 +178,3 @@ def test_malformed_strings(text: str, mtp: int, needle: str) -> None:
     assert text in exc.value.reason
 
 
-@pytest.mark.parametrize(
-    "text",
-    ["Et*1000000000|L", "Et*99999999999999999999|L", "(t*9999)*9999|L", "E(t)*1*99999999999|L",
-     "Et*" + "9" * 5000 + "|L"],
-)
-def test_a_layout_too_large_to_expand_is_refused_before_expanding(text: str) -> None:
-    with pytest.raises(InfeasibleLayout, match="expands to more than 100,000 symbols"):
-        parse_layout_string(text, 2)

@@ -219,13 +219,8 @@ def _write(tmp_path: Path, name: str, text: str) -> str:
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--network-gbps", "1e30"], "at most 100,000 Gb/s per node, got 1e+30"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--usd-per-gpu-hour", "nan"], "--usd-per-gpu-hour must be"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--network-gbps", "1e308"], "Gb/s per node, got 1e+308"),  # "got inf" before
-        (["--model", "MiniMax-M2", "--gpus", "100000000000000000000xH200"], "more GPUs than this tool models"),
-        (["--model", "MiniMax-M2", "--gpus", "9" * 5000 + "xH200"], "9...': more GPUs than this tool models"),
         (["--model", "MiniMax-M2", "--gpus", "8x0xH200"], "'8x0xH200': the GPUs per node must be at least 1"),
         (["--model", "MiniMax-M2", "--gpus", "0x8xH200"], "'0x8xH200': the node count must be at least 1"),
-        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--global-batch", "99999999999999999999"], "at most"),
-        # the pipeline schedule is simulated per micro-batch: a batch far beyond any published run would not finish
-        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--global-batch", "65537"], "--global-batch must be at most 65,536 sequences"),
         (["--model", "Llama-3.1-8B", "--gpus", "8xA100", "--precision", "fp8"], "A100 has no fp8"),
         (["--model", "[/x]", "--gpus", "64xH200"], "unknown model"),
     ],
@@ -343,14 +338,11 @@ def test_estimate_bad_layout_flags(extra, needle):
     "cfg,needle",
     [
         ({"num_local_experts": -8}, "non-negative"),
-        ({"intermediate_size": 10**30}, "intermediate_size 1,000,000,000,000,000,000,000,000,000,000 is more than this tool models (at most 2,147,483,648)"),
         ({"topk_method": "noaux_tc", "n_group": float("inf")}, "n_group must be an integer, got inf"),  # OverflowError before
         ({"mlp_only_layers": 5}, "mlp_only_layers must be a list of layer indices, got 5"),  # no field named before
         ({"mlp_only_layers": [[1]]}, "mlp_only_layers must be a list of layer indices"),
         ({"tuner": {"moe_layer_freq": 5}}, "tuner.moe_layer_freq must be a list of 0 / 1 per layer"),
         ({"first_k_dense_replace": -5}, "first_k_dense_replace must be >= 0"),  # accepted before
-        ({"topk_method": "noaux_tc", "n_group": 2, "topk_group": 1e300}, "topk_group 1,000,000"),
-        ({"num_local_experts": 10**20}, "num_local_experts 100,000,000,000,000,000,000 is more than this tool models"),
         ({"intermediate_size": 14336.7}, "intermediate_size must be an integer"),
         ({"num_key_value_heads": 64}, "must be a multiple of num_key_value_heads"),
         ({"num_experts_per_tok": 16, "num_local_experts": 8}, "exceeds num_experts"),
