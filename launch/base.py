@@ -28,11 +28,7 @@ class FailureKind(str, Enum):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Measurement:
-    """What a backend reports for one layout.
-
-    ``source`` is ``"predicted"`` for the analytical ``model`` backend and
-    ``"measured"`` for backends that ran the layout on GPUs.
-    """
+    """What a backend reports for one layout; ``source``: ``"predicted"`` or ``"measured"``."""
 
     layout: Layout
     source: str
@@ -48,14 +44,8 @@ class Measurement:
 
 
 class TrialFailed(Exception):
-    """A trial ended without a measurement (out of memory, timeout, crash).
-
-    Attributes:
-        kind: what went wrong.
-        log_path: the trial's log (``results/<study>/trials/<n>/``), "" if none.
-        memory_reached_bytes: for ``oom``, the memory the failing rank had reached (bytes; NaN if unknown).
-        wall_s: seconds the trial ran (None: the caller's clock tells).
-    """
+    """A trial ended without a measurement; ``memory_reached_bytes`` for ``oom`` (NaN if unknown), ``wall_s`` None
+    when the caller's clock tells."""
 
     def __init__(self, kind: FailureKind, message: str, log_path: str = "", *, memory_reached_bytes: float = float("nan"),
                  wall_s: float | None = None) -> None:
@@ -67,15 +57,7 @@ class TrialFailed(Exception):
 
 
 class TrialStopped(Exception):
-    """A trial was stopped early because its reporter asked for it (pruned: clearly slower than the best).
-
-    Attributes:
-        reason: the reporter's reason.
-        step_times_s: the steps measured before it was stopped (seconds, warm-up included).
-        tokens_per_s_per_gpu: throughput of those steps.
-        log_path: the trial's log folder.
-        wall_s: seconds the trial ran (None: the caller's clock tells).
-    """
+    """A trial stopped by its reporter (pruned), with the steps measured before (seconds, tokens/s/GPU)."""
 
     def __init__(self, reason: str, *, step_times_s: Sequence[float] = (), tokens_per_s_per_gpu: Sequence[float] = (), log_path: str = "",
                  wall_s: float | None = None) -> None:
@@ -129,13 +111,8 @@ class BackendSettings:
 
 
 class TrialBackend(abc.ABC):
-    """Runs one layout and reports a :class:`Measurement`.
-
-    Implementations (registered in :mod:`launch.registry`): ``model`` (the analytical estimate),
-    ``local`` (the trial harness under torchrun on this machine's GPUs), ``ray`` (the harness on
-    the nodes of a Ray cluster), ``command`` (a user's launch template, its log parsed). Every
-    hook below has a default, so a backend overrides only what it can do.
-    """
+    """Runs one layout and reports a :class:`Measurement`; every hook has a default (backends in
+    :mod:`launch.registry`)."""
 
     name: ClassVar[str] = "base"
     source: ClassVar[str] = "predicted"
@@ -153,10 +130,10 @@ class TrialBackend(abc.ABC):
 
     @classmethod
     def from_settings(cls, settings: BackendSettings) -> TrialBackend:
-        """The backend opened for a study (default: no arguments).
+        """The backend opened for a study.
 
         Raises:
-            TunerError: the settings do not work for this backend (see each backend).
+            TunerError: the settings do not work for this backend.
         """
         return cls()
 
@@ -171,17 +148,11 @@ class TrialBackend(abc.ABC):
         reporter: StepReporter | None = None,
         trial_number: int | None = None,
     ) -> Measurement:
-        """Evaluate ``layout``.
-
-        Args:
-            reporter: called after each step a real trial measures; when it returns a
-                reason the backend stops the trial (backends without steps ignore it).
-            trial_number: the Optuna trial number (names the trial's log folder).
+        """Evaluate ``layout``; ``reporter`` may stop a real trial after a step, ``trial_number`` names its folder.
 
         Raises:
-            TrialFailed: the trial ran out of memory, timed out or crashed.
-            TrialStopped: the reporter stopped the trial.
-            InfeasibleLayout: the backend cannot run this layout here (before any GPU work).
+            TrialFailed: the trial ran out of memory, timed out or crashed. TrialStopped: the reporter stopped the
+                trial. InfeasibleLayout: the backend cannot run this layout here (before any GPU work).
         """
 
     def cluster_gpus(self) -> float | None:
@@ -200,11 +171,7 @@ class TrialBackend(abc.ABC):
 
 
 def check_trial_limits(backend: str, steps: int, warmup_steps: int, timeout_s: float) -> None:
-    """The limits every real-trial backend takes, checked once.
-
-    Raises:
-        TunerError: ``steps`` < 1, warm-up steps outside ``[0, steps)``, or a timeout that is not > 0 s.
-    """
+    """Raises TunerError: ``steps`` < 1, warm-up outside ``[0, steps)``, or timeout <= 0 s."""
     if steps < 1 or not 0 <= warmup_steps < steps:
         raise TunerError(f"--backend {backend}: steps must be >= 1 and warm-up steps in [0, steps), got {steps}, {warmup_steps}")
     if not timeout_s > 0:

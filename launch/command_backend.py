@@ -2,26 +2,15 @@
 
 A launch template (``--command-template FILE``, YAML or JSON)::
 
-    argv: [torchrun, --nproc-per-node, "{gpus_per_node}", pretrain_gpt.py, "{model_args}", "{layout_args}", ...]
-    env: {NCCL_DEBUG: WARN}        # optional; values may hold placeholders too
-    timeout_s: 1800                # optional; else --trial-timeout
-    framework: megatron            # optional: megatron (default) or slime, for {layout_args}
+argv: [torchrun, --nproc-per-node, "{gpus_per_node}", pretrain_gpt.py, "{model_args}", "{layout_args}", ...] env:
+{NCCL_DEBUG: WARN} # optional; values may hold placeholders too timeout_s: 1800 # optional; else --trial-timeout
+framework: megatron # optional: megatron (default) or slime, for {layout_args}
 
-Placeholders are substituted in each argv element on its own, and the command runs
-without a shell, so a value is never re-split or interpreted (``;`` or ``$(...)`` stays
-text); in the script of a ``bash -c SCRIPT`` template each value is ``shlex.quote``-d. ``{model_args}`` and ``{layout_args}`` (:func:`launch.export.model_args` and
-:func:`launch.export.layout_args`) expand to several elements and must be an element
-on their own; ``{env:NAME}`` is the tuner's environment variable NAME (checked when the
-backend starts); ``{{`` and ``}}`` are literal braces.
-
-One trial: ``results/<study>/trials/<n>/`` gets ``command.txt`` and ``log.txt`` (stdout
-and stderr); the command runs in a process group of its own and is followed by the
-shared trial loop (:mod:`launch._trial`), with Megatron's log read as it grows
-(:mod:`launch.megatron_log`) as the source of the steps: each logged iteration goes to
-the study's reporter, the group is killed on timeout, on a stop, or on an interrupt, and
-failures are classified as in the local backend. What is this backend's own: the
-template, its rendering, and the log as the step source.
-"""
+Placeholders are substituted in each argv element on its own and the command runs without a shell, so a value is
+never re-split (in a ``bash -c SCRIPT`` template's script each value is ``shlex.quote``-d). ``{model_args}`` and
+``{layout_args}`` expand to several elements and must stand alone; ``{env:NAME}`` is the tuner's environment
+variable; ``{{`` and ``}}`` are literal braces. A trial's folder gets ``command.txt`` and ``log.txt``; Megatron's
+log, read as it grows (:mod:`launch.megatron_log`), is the source of the steps."""
 
 from __future__ import annotations
 
@@ -91,8 +80,7 @@ def _substitute(text: str, values: Mapping[str, str]) -> str:
 
 
 def _shell_script_index(argv: tuple[str, ...]) -> int | None:
-    """The index of the script of a ``sh -c SCRIPT`` / ``bash -lc SCRIPT`` template (its values are then substituted
-    ``shlex.quote``-d, so the shell reads each as one word: ``{pipeline_layout}``'s ``|`` and ``*`` stay text), else None."""
+    """The index of the script of a ``sh -c SCRIPT`` / ``bash -lc SCRIPT`` template, else None."""
     if not argv or os.path.basename(argv[0]) not in ("sh", "bash", "dash", "zsh", "ksh"):
         return None
     for i, a in enumerate(argv[1:], start=1):
@@ -105,7 +93,7 @@ def _shell_script_index(argv: tuple[str, ...]) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class CommandTemplate:
-    """A checked launch template (see the module's docstring)."""
+    """A checked launch template."""
 
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
@@ -115,7 +103,6 @@ class CommandTemplate:
 
     @property
     def env_names(self) -> list[str]:
-        """The ``{env:NAME}`` variables the template reads."""
         out: list[str] = []
         for text in (*self.argv, *(v for _, v in self.env)):
             for n in _names(text)[0]:
@@ -139,8 +126,7 @@ class CommandTemplate:
         """The argv and the extra environment of one trial.
 
         Raises:
-            TunerError: an ``{env:NAME}`` variable is not set, or the layout cannot be
-                written as flags (:func:`launch.export.layout_args`).
+            TunerError: an ``{env:NAME}`` variable is not set, or the layout cannot be written as flags.
         """
         from launch.export import _pipeline_layout_string, layout_args, model_args, model_for_release
 
@@ -182,10 +168,8 @@ def load_template(path: str | Path) -> CommandTemplate:
     """Read and check a launch template.
 
     Raises:
-            TunerError: the file is missing or not YAML/JSON, ``argv`` is not a non-empty
-                list of strings, a key or placeholder is unknown (the message lists the
-                accepted ones), a list placeholder shares its element with other text,
-                an ``env`` name is not a variable name, or ``timeout_s`` is not a positive number.
+        TunerError: missing or not YAML/JSON, an empty or bad ``argv``, an unknown key or placeholder (the accepted ones
+            listed), a list placeholder sharing its element, a bad ``env`` name or ``timeout_s``.
     """
     p = Path(path)
     where = f"--command-template {p}"
@@ -241,19 +225,11 @@ def load_template(path: str | Path) -> CommandTemplate:
 
 
 class CommandBackend(MeasuredBackend):
-    """Runs each layout as the user's launch command and parses Megatron's log.
-
-    Args:
-        command_template: the template file (or a loaded :class:`CommandTemplate`).
-        trials_dir: where each trial's folder goes (``results/<study>/trials``).
-        steps: training steps per trial (``{steps}``), warm-up included.
-        warmup_steps: leading logged iterations left out of the median.
-        timeout_s: wall-clock limit of one trial unless the template sets ``timeout_s``.
-        poll_s: how often the log is read (seconds).
+    """Runs each layout as the user's launch command and parses Megatron's log; the template's ``timeout_s`` wins over
+    ``timeout_s``.
 
     Raises:
-        TunerError: no template, a bad template, an ``{env:NAME}`` that is not set, or a
-            program (argv[0]) that cannot be found.
+        TunerError: no template, a bad template, an unset ``{env:NAME}``, or argv[0] not on PATH.
     """
 
     name = "command"
@@ -294,7 +270,6 @@ class CommandBackend(MeasuredBackend):
 
     @classmethod
     def from_settings(cls, settings: BackendSettings) -> CommandBackend:
-        """Uses ``command_template``, ``trials_dir``, ``steps``, ``warmup_steps``, ``timeout_s`` and ``megatron_core``."""
         return cls(command_template=settings.command_template, trials_dir=settings.trials_dir, steps=settings.steps,
                    warmup_steps=settings.warmup_steps, timeout_s=settings.timeout_s, megatron_core=settings.megatron_core)
 
@@ -308,16 +283,13 @@ class CommandBackend(MeasuredBackend):
         reporter: StepReporter | None = None,
         trial_number: int | None = None,
     ) -> Measurement:
-        """Run ``layout`` with the template's command; see :class:`TrialBackend`.
+        """Run ``layout`` with the template's command.
 
         Raises:
-            TrialFailed: out of memory, timeout, NCCL error or crash (kinds as the local
-                backend's), a run that ends without any iteration line, or a program that cannot
-                be started (``crash``).
-            TrialStopped: the reporter stopped the trial.
-            KeyboardInterrupt: the backend was cancelled (:meth:`cancel`); the command's processes were killed.
-            InfeasibleLayout: (rule ``command_template``) the layout cannot be written as the
-                template's flags; nothing was started.
+            TrialFailed: out of memory, timeout, NCCL error or crash, a run without any iteration line, or a program
+                that cannot be started. TrialStopped: the reporter stopped the trial. KeyboardInterrupt: the backend was
+                cancelled; the command's processes were killed. InfeasibleLayout: (rule ``command_template``) the layout
+                cannot be written as flags; nothing was started.
         """
         n, tdir = self._trial_folder(trial_number)
         try:

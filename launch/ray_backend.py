@@ -1,35 +1,16 @@
 """The ``ray`` backend: each trial is the trial harness under torchrun on the nodes of a Ray cluster.
 
-One trial = one Ray placement group with one bundle per node the layout needs
-(``gpus_per_node`` GPUs each; a layout smaller than a node gets one bundle of its size),
-``STRICT_SPREAD`` across nodes or ``STRICT_PACK`` inside one. On each bundle an actor
-(:class:`_NodeAgent`) starts ``python -m torch.distributed.run --nnodes N --node-rank i
---nproc-per-node G --master-addr <the first bundle's node> --master-port <a free port there>
--m launch.harness.train`` in a process group of its own, with the environment of
-:data:`launch._trial.SAFE_ENV`, the user's extra variables and
-``CUDA_VISIBLE_DEVICES`` as Ray assigned the bundle's GPUs. The driver (``tune``) follows the
-trial with the shared trial loop (:mod:`launch._trial`), reading the harness's JSON lines
-through the first node's actor (no shared filesystem is needed): each step's throughput goes
-to the study's reporter (pruning), and on a timeout, a stop or an interrupt every node's
-process group is killed and the placement group removed. What is this backend's own: the
-placement groups and the node plan, the node agents, the retry after a lost node, and cancel.
+One trial is one placement group with a bundle per node (``STRICT_SPREAD``, or ``STRICT_PACK`` within a node); on each
+bundle a :class:`_NodeAgent` actor starts torchrun's static rendezvous in a process group of its own. The driver follows
+the trial with :mod:`launch._trial`, reading the JSON lines through the first node's actor (no shared filesystem
+needed). A lost node: the trial is retried once on a new placement group, then recorded as ``crash``.
 
-Several trials run at once when the study asks for several (``--parallel-trials``) and the
-cluster holds their placement groups; Ray queues the rest.
-
-A node that dies or an actor that is lost during a trial: the trial is retried once on a new
-placement group (Ray places it on the nodes left), then recorded as failed (``crash``, "node lost").
-
-Sources: Ray placement groups and ``PlacementGroupSchedulingStrategy``
-(docs.ray.io, "Placement Groups"); torchrun's static rendezvous arguments
-(``--nnodes``, ``--node-rank``, ``--master-addr``, ``--master-port``; PyTorch "torchrun (Elastic Launch)").
-"""
+Sources: Ray "Placement Groups" (docs.ray.io); PyTorch "torchrun (Elastic Launch)"."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import sys
 from collections.abc import Mapping, Sequence
@@ -45,21 +26,16 @@ from specs.layout import Layout
 
 __all__ = ["RayBackend", "node_plan", "parse_ray_address", "torchrun_node_command"]
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
 #: Stands for the node's own Python in a command (replaced by the actor: the driver's path may not exist there).
 NODE_PYTHON = "<node-python>"
 
 
 def node_plan(world_size: int, gpus_per_node: int) -> tuple[list[int], str]:
-    """GPUs per bundle (one bundle per node) and the placement strategy for a trial of ``world_size`` GPUs.
+    """GPUs per bundle (one per node) and the placement strategy for ``world_size`` GPUs.
 
     Raises:
-        TunerError: a world size that does not fill whole nodes (torchrun starts the same number
-            of processes on every node) or a bad ``gpus_per_node``.
+        TunerError: the world size does not fill whole nodes (torchrun starts as many processes on every node).
     """
-    if gpus_per_node < 1 or world_size < 1:
-        raise TunerError(f"bad trial size: world {world_size}, {gpus_per_node} GPUs per node")
     if world_size <= gpus_per_node:
         return [world_size], "STRICT_PACK"
     if world_size % gpus_per_node:
@@ -68,8 +44,7 @@ def node_plan(world_size: int, gpus_per_node: int) -> tuple[list[int], str]:
 
 
 def torchrun_node_command(nnodes: int, node_rank: int, nproc_per_node: int, master_addr: str, master_port: int, python: str = NODE_PYTHON) -> list[str]:
-    """torchrun's static-rendezvous command for one node, without the harness's own arguments
-    (``python`` defaults to :data:`NODE_PYTHON`: the Python the node's Ray worker runs)."""
+    """torchrun's static-rendezvous command for one node, without the harness's arguments."""
     return [
         python, "-m", "torch.distributed.run",
         f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--nproc-per-node={nproc_per_node}",
@@ -114,7 +89,6 @@ class _NodeAgent:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True, env=full, cwd=cwd)
         start_watchdog(self.proc.pid)  # the actor's process gone (the driver killed, its job ended): the group goes too
-        # host and group on record, as a local trial's (this actor's pid as the driver); a node after the first its own
         record_process(d, self.proc.pid, "process.json" if node == "0" else f"process.node{node}.json")
         return int(self.proc.pid)
 
@@ -134,12 +108,8 @@ class _NodeLost(Exception):
 
 
 class _RayNodes(TrialProcesses):
-    """A trial's processes on the nodes of its placement group, reached through one :class:`_NodeAgent` per node.
-
-    The first node's agent reads the harness's JSON lines (``out_path``, on that node's disk). After the trial
-    the logs of every node (and the JSON lines) are copied into ``tdir`` on the driver when the nodes wrote
-    them elsewhere (no shared filesystem).
-    """
+    """A trial's processes on its placement group's nodes, one :class:`_NodeAgent` each; after the trial the logs and
+    JSON lines are copied to ``tdir`` on the driver where the nodes wrote them elsewhere."""
 
     def __init__(self, actors: list[Any], tdir: Path, out_path: str) -> None:
         self.actors = actors
@@ -162,7 +132,7 @@ class _RayNodes(TrialProcesses):
         return list(self._get([a.poll.remote() for a in self.actors]))
 
     def read_steps(self) -> str:
-        """The first node's JSON lines so far. Raises _NodeLost: its agent died or did not answer within 60 s."""
+        """The first node's JSON lines so far (raises _NodeLost as :meth:`poll`)."""
         self.steps_text = str(self._get(self.actors[0].read.remote(self.out_path)))
         return self.steps_text
 
@@ -194,7 +164,6 @@ class _RayNodes(TrialProcesses):
                 logs.append(ray.get(a.read.remote(str(self.tdir / f"log.node{i}.txt"), 200_000), timeout=60))
             except Exception:  # noqa: BLE001
                 logs.append("")
-        # Keep copies on the driver when the nodes wrote elsewhere (no shared filesystem).
         if not Path(self.out_path).exists():
             Path(self.out_path).write_text(self.steps_text)
         for i, text in enumerate(logs):
@@ -204,7 +173,6 @@ class _RayNodes(TrialProcesses):
         return "\n".join(logs)
 
     def close(self) -> None:
-        """Kill every node's processes, then the agents."""
         import ray
 
         self.kill(INTERRUPT_GRACE_S)
@@ -216,26 +184,14 @@ class _RayNodes(TrialProcesses):
 
 
 class RayBackend(MeasuredBackend):
-    """Runs each layout with the trial harness on a Ray cluster's nodes (see the module docstring).
+    """Runs each layout with the trial harness on a Ray cluster's nodes.
 
-    Args:
-        trials_dir: each trial's folder (``results/<study>/trials``) on the driver; the nodes
-            write their logs under the same path (their own disks, or a shared filesystem).
-        address: ``auto`` (a running cluster), ``ray://...`` / ``HOST:PORT``, or None: start a
-            local Ray instance (one machine).
-        gpus_per_node: GPUs per node of the cluster (each bundle asks for this many).
-        steps, warmup_steps, timeout_s: as :class:`launch.local_backend.LocalBackend`.
-        extra_env: the user's extra environment variables for every rank (NCCL settings, ...).
-        launcher: the program each node starts instead of torchrun (tests); it gets the harness's
-            arguments and NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT in its environment.
-        gpu_resource: the Ray resource a GPU is (``GPU``; tests use a custom resource).
-        env: the harness environment (default: probed on the driver).
-        retries: times a trial is retried after a lost node (default 1).
-        placement_timeout_s: how long to wait for the cluster to place a trial.
-        init_kwargs: more keywords for ``ray.init`` (tests).
+    ``address``: ``auto``, ``ray://...`` / ``HOST:PORT``, or None (a local Ray instance). ``launcher`` replaces torchrun
+    (tests; it gets NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT), ``gpu_resource`` the Ray resource a
+    GPU is (tests use a custom one), ``retries`` the attempts after a lost node.
 
     Raises:
-        TunerError: Ray cannot connect or start, or bad arguments.
+        TunerError: Ray cannot connect or start.
     """
 
     name = "ray"
@@ -261,13 +217,6 @@ class RayBackend(MeasuredBackend):
         init_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         check_trial_limits("ray", steps, warmup_steps, timeout_s)
-        if not placement_timeout_s > 0:
-            raise TunerError(f"--backend ray: the placement timeout must be > 0 s, got {placement_timeout_s}")
-        if gpus_per_node < 1:
-            raise TunerError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
-        for k in (extra_env or {}):
-            if not _ENV_NAME.fullmatch(str(k)):
-                raise TunerError(f"--trial-env: {k!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
         super().__init__()
         self.trials_dir = Path(trials_dir).absolute()  # the nodes resolve it, not the driver's working folder
         self.address = address
@@ -287,8 +236,6 @@ class RayBackend(MeasuredBackend):
 
     @classmethod
     def from_settings(cls, settings: BackendSettings) -> RayBackend:
-        """Uses ``trials_dir``, ``address``, ``gpus_per_node``, ``steps``, ``warmup_steps``, ``timeout_s``
-        and ``extra_env``."""
         return cls(trials_dir=settings.trials_dir, address=settings.address, gpus_per_node=settings.gpus_per_node,
                    steps=settings.steps, warmup_steps=settings.warmup_steps, timeout_s=settings.timeout_s,
                    extra_env=settings.extra_env)
@@ -321,7 +268,6 @@ class RayBackend(MeasuredBackend):
         return float(ray.cluster_resources().get(self.gpu_resource, 0.0))
 
     def refusal(self, layout: Layout, model: ModelSpec, workload: Workload) -> str | None:
-        """Why this backend cannot run ``layout`` (more GPUs than the cluster has, something not installed); None if it can."""
         have = self.cluster_gpus()
         if layout.world_size > have:
             return f"the layout needs {layout.world_size} GPUs; the Ray cluster has {have:g} ({self.gpu_resource})"
@@ -351,16 +297,13 @@ class RayBackend(MeasuredBackend):
         reporter: StepReporter | None = None,
         trial_number: int | None = None,
     ) -> Measurement:
-        """Run ``layout`` as the harness on the cluster; see :class:`TrialBackend`.
+        """Run ``layout`` as the harness on the cluster.
 
         Raises:
-            InfeasibleLayout: (rule ``harness_env``) the cluster cannot hold the layout, or it needs
-                something not installed; nothing was started.
-            TrialFailed: out of memory, timeout, crash / NCCL error, a program that a node cannot start,
-                or a node lost twice.
-            TrialStopped: the reporter stopped the trial.
-            KeyboardInterrupt: the backend was cancelled (:meth:`cancel`); every node's processes were
-                killed and the placement group removed.
+            InfeasibleLayout: (rule ``harness_env``) the cluster cannot hold the layout; nothing was started.
+                TrialFailed: out of memory, timeout, crash, a node that cannot start it, or a node lost twice.
+                TrialStopped: the reporter stopped the trial. KeyboardInterrupt: the backend was cancelled; every node's
+                processes were killed.
         """
         why = self.refusal(layout, model, workload)
         if why:
@@ -438,7 +381,7 @@ def parse_ray_address(address: str) -> tuple[str, int] | None:
     """``(host, port)`` of ``HOST:PORT`` or ``ray://HOST:PORT``; None for ``auto``.
 
     Raises:
-        TunerError: anything else (an empty string, no port, a port outside 1..65535).
+        TunerError: anything else.
     """
     if address == "auto":
         return None
@@ -450,7 +393,7 @@ def parse_ray_address(address: str) -> tuple[str, int] | None:
 
 
 def _reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail fast when ``HOST:PORT`` (or ``ray://HOST:PORT``) does not accept a TCP connection (``auto`` is left to Ray).
+    """Fail fast when the address does not accept a TCP connection (Ray retries for minutes).
 
     Raises:
         TunerError: the address is malformed or nothing listens there.

@@ -21,10 +21,7 @@ __all__ = ["ExportContext", "Exporter"]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ExportContext:
-    """Everything an exporter may need about one layout of one study.
-
-    The four inputs every export is built from, plus what the study knows about the layout.
-    """
+    """Everything an exporter may need about one layout of one study."""
 
     model: ModelSpec
     cluster: Cluster
@@ -59,13 +56,8 @@ class ExportContext:
 
 
 class Exporter(abc.ABC):
-    """One export format: a name for ``tune export --format``, a file name and a renderer.
-
-    Subclasses set the class attributes and implement :meth:`render`; :meth:`write` is shared.
-    Register an instance with :func:`launch.exporters.register_exporter` (one line in
-    ``launch/exporters/__init__.py``); ``tune export --format`` and the files of the main job
-    (:func:`tuner.report.export_files`) come from the registry.
-    """
+    """One export format: a ``--format`` name, a file name and a renderer; register an instance in
+    ``launch/exporters/__init__.py``."""
 
     name: ClassVar[str]
     """``--format`` value, e.g. ``"recipe"``."""
@@ -87,29 +79,17 @@ class Exporter(abc.ABC):
         """The file's text for ``context``.
 
         Raises:
-            TunerError: the layout cannot be written in this format (it contradicts the model,
-                the cluster or Megatron's rules), or the result fails the format's own checks.
+            TunerError: the layout cannot be written in this format, or fails the format's checks.
         """
 
     def write(self, context: ExportContext, path: Path, *, force: bool = False) -> Path:
-        """Render ``context`` and :meth:`save` it to ``path``.
-
-        Returns:
-            ``path``.
-
-        Raises:
-            TunerError: as :meth:`render` or :meth:`save` (nothing is written then).
-        """
+        """Render ``context`` and :meth:`save` it to ``path`` (nothing written on error)."""
         return self.save(self.render(context), path, force=force)
 
     def save(self, text: str, path: Path, *, force: bool = False) -> Path:
-        """Write rendered ``text`` to ``path`` with :func:`specs.files.write_output` (atomically; mode 0o755 when
-        :attr:`executable`; a link or another kind of file there only with ``force``).
-
-        Returns:
-            ``path``.
+        """Write ``text`` atomically (mode 0o755 when :attr:`executable`; a link there only with ``force``).
 
         Raises:
-            TunerError: as :func:`specs.files.write_output` (its folder missing, a full disk, ...).
+            TunerError: as :func:`specs.files.write_output`.
         """
         return write_output(path, text, force=force, executable=self.executable)

@@ -53,9 +53,8 @@ _TOKENIZER_FLAGS = frozenset({"--tokenizer-type", "--tokenizer-model"})
 
 @dataclass(frozen=True)
 class _OwnRunArgs:
-    """The data, tokenizer, step, checkpoint and log arguments ``megatron_args.sh`` adds from its variables when run:
-    each only where the arguments of the array (the user's, ``tune --from``) do not set it or one that excludes it; the
-    tokenizer only with its own data (the user's data comes with the user's tokenizer, or Megatron's default)."""
+    """The data, tokenizer, step, checkpoint and log arguments ``megatron_args.sh`` adds from its variables, each
+    only where the array does not set it or one that excludes it; the tokenizer only with its own data."""
 
     data: bool
     tokenizer: bool
@@ -68,7 +67,6 @@ class _OwnRunArgs:
 
     @classmethod
     def given(cls, flags: set[str]) -> _OwnRunArgs:
-        """What to add beside an array that sets ``flags``."""
         data = not flags & _DATA_FLAGS
         return cls(data=data, tokenizer=data and not flags & _TOKENIZER_FLAGS, split=data and "--split" not in flags,
                    train_iters=not flags & {"--train-iters", "--train-samples"}, save="--save" not in flags,
@@ -77,12 +75,11 @@ class _OwnRunArgs:
 
     @property
     def adds(self) -> bool:
-        """Whether any argument is added (bash before 4.4 takes an empty array's expansion for an unset variable)."""
+        """Whether any argument is added (bash < 4.4 takes an empty array's expansion for unset)."""
         return any((self.data, self.tokenizer, self.train_iters, self.save, self.load, self.save_interval, self.tensorboard))
 
     @property
     def checks(self) -> list[tuple[str, str, str | None]]:
-        """The variables needed, as :func:`require_set` entries."""
         out: list[tuple[str, str, str | None]] = []
         if self.data:
             out.append(("DATA_PATH", _need("DATA_PATH"), None))
@@ -94,12 +91,11 @@ class _OwnRunArgs:
 
     @property
     def read(self) -> list[str]:
-        """The optional variables read."""
         return [v for v, on in (("CHECKPOINT_PATH", self.save or self.load), ("SAVE_INTERVAL", self.save_interval),
                                 ("SPLIT", self.split), ("TENSORBOARD_DIR", self.tensorboard)) if on]
 
     def lines(self, checkpoints: str) -> list[str]:
-        """Bash lines (indented two spaces) that build ``DATA_ARGS``; ``checkpoints``: CHECKPOINT_PATH's default."""
+        """Bash lines building ``DATA_ARGS``; ``checkpoints``: CHECKPOINT_PATH's default."""
         tok = ' --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER_MODEL"'
         out = ["  DATA_ARGS=()"]
         if self.data:
@@ -125,34 +121,9 @@ class _OwnRunArgs:
 
 def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, *, options: RunOptions | None = None,
                          user_args: Sequence[str] = ()) -> str:
-    """A bash file that defines ``MEGATRON_ARGS=( ... )`` and, run, launches Megatron-LM's training on the user's data.
-
-    Every element is ``shlex.quote``-d, so the pipeline layout string's ``|``, ``(`` and ``*`` reach
-    Megatron unchanged. Three uses:
-
-    - ``./megatron_args.sh`` (on every node, with ``NODE_RANK`` and ``MASTER_ADDR``): strict mode,
-      then ``torchrun ... "$PRETRAIN_SCRIPT" "${MEGATRON_ARGS[@]}"`` with the data, tokenizer,
-      checkpoint and step arguments of :data:`MEGATRON_SCRIPT_ENV` (``DATA_PATH=MOCK``: Megatron's
-      ``--mock-data`` with its ``NullTokenizer``);
-    - ``./megatron_args.sh --print``: the layout's arguments one per line
-      (``mapfile -t ARGS < <(./megatron_args.sh --print)``), nothing started and no variable needed (one the
-      arguments expand that is not set is printed as ``$NAME``);
-    - ``source megatron_args.sh``: only defines the array and leaves the shell's options alone.
-
-    With ``user_args`` the array is :func:`megatron_args`' (the user's training settings win) and the run adds only
-    the data, tokenizer, step, checkpoint and log arguments that ``user_args`` do not set (:class:`_OwnRunArgs`),
-    needing only their variables and those ``user_args`` expand.
-
-    Args:
-        model: The model.
-        cluster: The GPUs.
-        workload: The workload.
-        layout: The layout.
-        options: The run options (their arguments other than Megatron-LM's defaults are written).
-        user_args: The user's own arguments kept (``tune --from``).
-
-    Returns:
-        The file's text, from ``#!/usr/bin/env bash``.
+    """A bash file defining ``MEGATRON_ARGS=( ... )`` (each element ``shlex.quote``-d): run, it launches
+    ``pretrain_gpt.py`` with torchrun and the arguments of :data:`MEGATRON_SCRIPT_ENV`; ``--print`` prints the array;
+    sourced, it only defines it. With ``user_args`` the run adds only what they do not set (:class:`_OwnRunArgs`).
 
     Raises:
         TunerError: as :func:`megatron_args`.
@@ -208,10 +179,5 @@ class MegatronArgsExporter(Exporter):
     executable = True
 
     def render(self, context: ExportContext) -> str:
-        """:func:`megatron_args_script` of the context's layout.
-
-        Raises:
-            TunerError: as :func:`megatron_args_script`.
-        """
         return megatron_args_script(context.model, context.cluster, context.workload, context.layout, options=context.options,
                                     user_args=context.user_args)

@@ -1,9 +1,5 @@
-"""``recipe.yaml``: the layout in the seed recipe's format, checked against ``launch/schema/recipe.schema.json``.
-
-The seed (the measured MiniMax-M2 recipe on 64 H200; its YAML is copied verbatim in
-``tests/fixtures/seed_minimax_m2_recipe.yaml``) is the model: the same fields in the same
-order, plus a ``prediction`` block and a ``status`` that says what was measured.
-"""
+"""``recipe.yaml``: the layout in the seed recipe's format (``tests/fixtures/seed_minimax_m2_recipe.yaml``: same
+fields and order, plus ``prediction`` and ``status``), checked against ``launch/schema/recipe.schema.json``."""
 
 from __future__ import annotations
 
@@ -23,7 +19,7 @@ import yaml
 from cost_model.uncertainty import error_bars
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._describe import _layout_note, _summary
-from launch.exporters._flags import GIB, GPT_YARN_SINCE, _env, _max_tokens_per_gpu, _pipeline_layout_string
+from launch.exporters._flags import GIB, GPT_YARN_SINCE, SEED_ENV, _max_tokens_per_gpu, _pipeline_layout_string
 from launch.exporters._shell import comment
 from launch.exporters._slime import slime_script
 from specs import Cluster, ModelSpec, RunOptions, Workload
@@ -211,60 +207,26 @@ def recipe_dict(
     estimate: Estimate | None = None,
     measurement: Measurement | None = None,
     study: str = "",
-    author: str = "megatron-layout-tuner",
-    author_url: str | None = None,
-    extra_env: Mapping[str, str] | None = None,
     correctness: Mapping[str, Any] | None = None,
     extra_notes: Sequence[str] = (),
     options: RunOptions | None = None,
     stack: str = "",
     user_args: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The recipe for ``layout``, with the seed's fields and key order.
+    """The recipe for ``layout``, in the seed's key order; :func:`dump_recipe` writes it.
 
-    ``status`` is ``predicted`` unless ``measurement`` has ``source ==
-    "measured"``: then ``measured`` with a ``result`` section, or ``failed`` when
-    the trial failed (its kind and log go to ``notes``). It is ``verified`` only
-    when it is measured and ``correctness`` (the block of ``tune verify``,
-    :func:`tuner.verify.correctness.correctness_block`) says ``pass``.
-    ``prediction`` holds the cost model's ``estimate`` (or null), ``run`` the
-    :func:`slime_script`, ``notes`` the pipeline layout explained in the seed's
-    words and what the user must provide.
-
-    Result fields: tokens/s/GPU; $/1M tokens at ``cluster.usd_per_gpu_hour``;
-    the step-time coefficient of variation (sample standard deviation over all
-    ``step_times_s`` / mean, %); MFU = 6 N tokens/s / dense bf16 peak with N =
-    ``model.active_params()`` (the seed's convention); the date
-    (``measurement.extra["measured"]``, else today).
-
-    Args:
-        model, cluster, workload, layout: What the recipe is for (the model, the GPUs, the workload, the layout).
-        estimate: The cost model's estimate for ``layout``.
-        measurement: A trial's measurement of ``layout``.
-        study: Name of the study that chose the layout (written when given).
-        author: ``author.name``.
-        author_url: ``author.url``.
-        extra_env: More environment variables for the run script.
-        correctness: The ``correctness`` block (default: "not run" with how to run it).
-        extra_notes: More ``notes``, after the status notes (e.g. the measured trials within noise of this one).
-        options: The run options of the estimate: ``stack.run_options`` lists those other than the defaults, and
-            ``run`` writes them.
-        stack: The stack preset named (``stack.preset``).
-        user_args: The user's own launch arguments (``tune --from``): ``run`` keeps them, ``stack.user_args`` lists them.
-
-    Returns:
-        A plain dict (str, int, float, bool, None, list, dict, date) in the
-        seed's key order; :func:`dump_recipe` writes it.
+    ``status``: ``predicted``; ``measured`` (with ``result``) or ``failed`` for a measured ``measurement``; ``verified``
+    when measured and ``correctness`` says ``pass``. MFU = 6 N tokens/s / dense bf16 peak, N = active parameters (the
+    seed's convention); the date is ``measurement.extra["measured"]``, else today.
 
     Raises:
-        TunerError: as :func:`slime_script`, or if ``estimate`` or
-            ``measurement`` belongs to another layout.
+        TunerError: as :func:`slime_script`, or ``estimate`` / ``measurement`` belongs to another layout.
     """
     if estimate is not None and estimate.layout != layout:
         raise TunerError(f"the estimate is for {estimate.layout.label}, not for {layout.label}")
     if measurement is not None and measurement.layout != layout:
         raise TunerError(f"the measurement is for {measurement.layout.label}, not for {layout.label}")
-    run = slime_script(model, cluster, workload, layout, extra_env=extra_env, options=options, user_args=user_args)
+    run = slime_script(model, cluster, workload, layout, options=options, user_args=user_args)
     pls = _pipeline_layout_string(layout, model)
 
     status, result, failure_note = _status(measurement, correctness, model, cluster)
@@ -274,17 +236,13 @@ def recipe_dict(
     if model.qk_layernorm_full_dim:
         stack_note += " Needs slime's slime_plugins (MiniMax-M2 layer spec) importable, also under Megatron-LM."
 
-    author_d: dict[str, Any] = {"name": author}
-    if author_url:
-        author_d["url"] = author_url
-
     notes = _notes(model, cluster, layout, status, failure_note, extra_notes, pls)
 
     recipe: dict[str, Any] = {
         "schema_version": 1,
         "model": _model_name(model),
         "gpu": _gpu_section(cluster),
-        "author": author_d,
+        "author": {"name": "megatron-layout-tuner"},
         "status": status,
     }
     if study:
@@ -296,7 +254,7 @@ def recipe_dict(
         "result": result,
         "prediction": _prediction(estimate, model, cluster, workload) if estimate is not None else None,
         "correctness": dict(correctness) if correctness is not None else {"result": "not run", "note": _CORRECTNESS_NOTE},
-        "env": _env(extra_env),
+        "env": dict(SEED_ENV),
         "patches": [],
         "run": run,
         "notes": notes,
@@ -354,8 +312,7 @@ def _workload_section(workload: Workload) -> dict[str, Any]:
 
 def _notes(model: ModelSpec, cluster: Cluster, layout: Layout, status: str, failure_note: str | None, extra_notes: Sequence[str],
            pls: Any) -> list[str]:
-    """The recipe's ``notes``: the status, the pipeline layout in the seed's words, what slime and Megatron-LM change
-    or need, and what the user must provide."""
+    """The recipe's ``notes``: status, the pipeline layout in words, what slime and Megatron-LM change or need."""
     notes: list[str] = []
     if status == "predicted":
         notes.append("Predicted by the analytical cost model, not measured: run it (`tune` trials) before relying on the numbers.")
@@ -422,16 +379,10 @@ _Dumper.add_representer(str, _represent_str)
 
 
 def dump_recipe(recipe: Mapping[str, Any]) -> str:
-    """The recipe as YAML text, keys in the dict's order, behind a comment header.
-
-    Args:
-        recipe: A recipe from :func:`recipe_dict` (or a loaded one).
-
-    Returns:
-        YAML text that ``yaml.safe_load`` turns back into ``recipe``.
+    """The recipe as YAML behind a comment header, keys in the dict's order.
 
     Raises:
-        TunerError: if the recipe holds a value YAML cannot represent safely.
+        TunerError: a value YAML cannot represent safely.
     """
     try:
         body = yaml.dump(dict(recipe), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=120)
@@ -441,18 +392,10 @@ def dump_recipe(recipe: Mapping[str, Any]) -> str:
 
 
 def write_recipe(path: str | Path, recipe: Mapping[str, Any], *, force: bool = False) -> Path:
-    """Validate ``recipe`` and write it as YAML to ``path`` (:func:`specs.files.write_output`).
-
-    Args:
-        path: Where to write, e.g. ``results/<study>/recipe.yaml``.
-        recipe: The recipe.
-
-    Returns:
-        The path written.
+    """Validate ``recipe`` and write it as YAML to ``path``.
 
     Raises:
-        TunerError: if the recipe does not validate (:func:`validate_recipe`)
-            or as :func:`specs.files.write_output`.
+        TunerError: as :func:`validate_recipe` or :func:`specs.files.write_output`.
     """
     validate_recipe(recipe)
     p = Path(path)
@@ -464,15 +407,8 @@ def write_recipe(path: str | Path, recipe: Mapping[str, Any], *, force: bool = F
 
 @lru_cache(maxsize=1)
 def recipe_schema() -> dict[str, Any]:
-    """The recipe JSON Schema (draft 2020-12), ``launch/schema/recipe.schema.json``, with the
-    ``layout.dispatcher`` enum filled in from :class:`specs.layout.Dispatcher` (the one list of dispatchers).
-
-    Returns:
-        The schema as a dict (cached).
-
-    Raises:
-        FileNotFoundError: if the package was installed without its schema file.
-    """
+    """``launch/schema/recipe.schema.json`` (draft 2020-12, cached) with the dispatcher enum from
+    :class:`specs.layout.Dispatcher`."""
     text = resources.files("launch").joinpath("schema/recipe.schema.json").read_text()
     schema: dict[str, Any] = json.loads(text)
     schema["properties"]["layout"]["properties"]["dispatcher"]["enum"] = [*(d.value for d in Dispatcher), None]
@@ -491,17 +427,10 @@ def _jsonable(x: Any) -> Any:
 
 
 def validate_recipe(recipe: Mapping[str, Any]) -> None:
-    """Check ``recipe`` against the recipe schema and the layout's arithmetic.
-
-    Besides the schema, TP*PP*CP*DP and a multiple of ETP*EP*PP must equal the
-    GPU count.
-
-    Args:
-        recipe: A recipe dict (from :func:`recipe_dict` or ``yaml.safe_load``).
+    """Check ``recipe`` against the schema, TP*PP*CP*DP == GPUs and ETP*EP*PP dividing them.
 
     Raises:
-        TunerError: listing every problem as ``path: message`` on its own line
-            (paths as JSON paths, e.g. ``$.layout.tp``).
+        TunerError: every problem as ``$.json.path: message``, one a line.
     """
     from jsonschema import Draft202012Validator
 
@@ -524,8 +453,7 @@ def validate_recipe(recipe: Mapping[str, Any]) -> None:
 
 
 def _run_block(options: RunOptions | None, stack: str, user_args: Sequence[str]) -> dict[str, Any]:
-    """``stack.preset``, ``stack.run_options`` (the fields other than :class:`RunOptions`' defaults, the seed's) and
-    ``stack.user_args``, each only when there is something to say."""
+    """``stack.preset``, ``stack.run_options`` (fields off :class:`RunOptions`' defaults), ``stack.user_args``."""
     import dataclasses
 
     d: dict[str, Any] = {}
@@ -548,11 +476,6 @@ class RecipeExporter(Exporter):
     description = "recipe.yaml: the seed recipe's fields with a prediction block and a status (validated against launch/schema/recipe.schema.json)"
 
     def render(self, context: ExportContext) -> str:
-        """The recipe YAML of ``context`` (its estimate, measurement, correctness block and notes).
-
-        Raises:
-            TunerError: as :func:`recipe_dict`, or the recipe does not validate (:func:`validate_recipe`).
-        """
         rec = recipe_dict(context.model, context.cluster, context.workload, context.layout, estimate=context.estimate,
                           measurement=context.measurement, study=context.study, correctness=context.correctness,
                           extra_notes=context.notes, options=context.options, stack=context.stack, user_args=context.user_args)

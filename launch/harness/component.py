@@ -1,31 +1,18 @@
 """The optimizer component test on one GPU: precision-aware Adam as megatron-core runs it with TE, against an FP64 Adam.
 
-One process, no torchrun (world size 1; EP 1)::
+``python -m launch.harness.component --spec component.json --out component.jsonl`` (world size 1, EP 1; the verdict is
+:func:`tuner.verify.component.decide_component_test`'s, from the JSON lines):
 
-    python -m launch.harness.component --spec component.json --out component.jsonl
+1. builds one transformer layer with a MoE block of the seed's shape (hidden 4,096, top-10, expert FFN 1,024; as many of
+its 512 experts as fit, :func:`experts_that_fit`) in bf16 with TE's layer spec and grouped GEMM; 2. records the
+gradients of ``len(steps)`` forward and backward passes at the initial weights, scaled so that the first step's global
+norm is ``grad_norm`` (2.0: clipping at 1.0 acts); 3. for each arm (:data:`COMPONENT_ARMS`) rebuilds the layer from the
+same seed (bitwise the recorded weights), builds the arm's optimizer with ``get_megatron_optimizer`` over
+megatron-core's DDP, replays the gradients and compares every FP32 master's update with an FP64 Adam fed the same
+gradients and clip coefficients; 4. compares the rebuilt masters of arm ``gpu`` with arm ``explicit_masters``'s bit for
+bit.
 
-What it does (the decision is :func:`tuner.verify.component.decide_component_test`'s, from the JSON lines):
-
-1. builds one transformer layer with a MoE block of the seed's shape (hidden 4,096, top-10, expert
-   FFN 1,024; 512 experts, or as many as fit in this GPU's and host's memory, :func:`experts_that_fit`),
-   with a small attention and vocabulary around it, in bf16 with Transformer Engine's layer spec and
-   grouped GEMM, from one seed;
-2. records the gradients of ``len(steps)`` real forward and backward passes at the initial weights
-   (one batch of random tokens each), scaled by one factor so that the first step's global norm is
-   ``grad_norm`` (2.0: gradient clipping at 1.0 then acts, as early in training);
-3. for each optimizer arm (:data:`COMPONENT_ARMS`): builds the same layer again from the
-   same seed (checked: the bf16 weights are bitwise the recorded initial weights), wraps it in
-   megatron-core's ``DistributedDataParallel`` and builds the arm's optimizer with
-   ``get_megatron_optimizer``; each step writes the recorded gradient into the gradient buffer and calls
-   ``optimizer.step()``; after the measured steps it reads every parameter's FP32 master (megatron's fp32
-   main weight; TE FusedAdam's ``master_param``, rebuilt from the bf16 weight and the int16 remainder
-   with ``store_param_remainders``; the CPU copy with offload) and compares the update (master minus
-   initial weight) with an FP64 Adam fed the same gradients and the same clip coefficients
-   (:func:`tuner.verify.component.adam_reference`, here in torch float64 on the GPU, tensor by tensor);
-4. compares the rebuilt masters of arm ``gpu`` with arm ``explicit_masters``'s bit for bit.
-
-Exit status: 0 done (whatever the verdict); 2 bad spec or no Transformer Engine; 1 an error.
-"""
+Exit status: 0 done (whatever the verdict); 2 bad arguments or no Transformer Engine; 1 an error."""
 
 from __future__ import annotations
 
@@ -71,14 +58,12 @@ SEED_HYPER = AdamHyper()
 
 
 def clip_coefficient(total_norm: float, max_norm: float) -> float:
-    """The factor megatron-core scales every gradient by: ``max_norm / (total_norm + 1e-6)`` when that is below 1,
-    else 1 (``megatron/core/optimizer/clip_grads.py``, ``clip_grad_by_total_norm_fp32``); 1 when ``max_norm <= 0``."""
+    """megatron-core's gradient scale: ``max_norm / (total_norm + 1e-6)`` capped at 1; 1 when ``max_norm <= 0``
+    (``megatron/core/optimizer/clip_grads.py``, ``clip_grad_by_total_norm_fp32``)."""
     if max_norm <= 0:
         return 1.0
     c = max_norm / (total_norm + 1e-6)
     return c if c < 1.0 else 1.0
-
-
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -136,13 +121,13 @@ COMPONENT_ARMS: tuple[ComponentArm, ...] = (
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ComponentSpec:
-    """The component program's input (JSON). Shapes from the seed's component test (``../shared/seeds/001_*``:
-    "one Qwen3.5-397B-A17B MoE layer: hidden 4096, 512 experts, top-10, expert FFN 1024")."""
+    """The component program's input (JSON); shapes of the seed's component test (``../shared/seeds/001_*``: one
+    Qwen3.5-397B-A17B MoE layer)."""
 
     hidden_size: int = 4096
     moe_ffn_hidden_size: int = 1024
     num_experts: int = 512
-    """Experts of the seed's layer; the run uses ``min(this, max_experts, what fits)``."""
+    """The run uses ``min(this, max_experts, what fits)``."""
     max_experts: int = 512
     experts: int | None = None
     """Run exactly this many experts (None: as many as fit, up to ``max_experts``)."""
@@ -151,26 +136,15 @@ class ComponentSpec:
     num_query_groups: int = 4
     kv_channels: int = 128
     vocab_size: int = 2048
-    """A small vocabulary: the embedding and output layer are stand-ins around the MoE block."""
     tokens: int = 4096
     """Tokens per step (one row): the seed's "4,096 tokens per rank"."""
     steps: tuple[int, ...] = (1, 3)
     """After which steps the update is measured (the last is the number of steps)."""
     hyper: AdamHyper = field(default_factory=lambda: SEED_HYPER)
     grad_norm: float = 2.0
-    """The first step's gradients are scaled to this global L2 norm (clipping at ``hyper.clip_grad`` then acts)."""
+    """The first step's gradients are scaled to this global L2 norm."""
     arms: tuple[str, ...] = tuple(a.name for a in COMPONENT_ARMS)
     seed: int = 1234
-
-    def __post_init__(self) -> None:
-        names = {a.name for a in COMPONENT_ARMS}
-        bad = [a for a in self.arms if a not in names]
-        if bad:
-            raise TunerError(f"component arms {bad}: accepted {', '.join(sorted(names))}")
-        if "default" not in self.arms:
-            raise TunerError("the component test needs the 'default' arm (it sets the bound)")
-        if self.experts is not None and not self.moe_router_topk <= self.experts <= self.num_experts:
-            raise TunerError(f"component experts must be from top-k ({self.moe_router_topk}) to {self.num_experts}, got {self.experts!r}")
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
@@ -179,14 +153,7 @@ class ComponentSpec:
 
     @classmethod
     def from_json(cls, text: str) -> ComponentSpec:
-        """Raises: TunerError: not JSON or unknown keys."""
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise TunerError(f"component spec is not JSON ({e})") from None
-        names = {f.name for f in dataclasses.fields(cls)}
-        if set(d) - names:
-            raise TunerError(f"component spec has unknown keys {sorted(set(d) - names)}")
+        d = json.loads(text)
         if "hyper" in d:
             d["hyper"] = AdamHyper(**d["hyper"])
         for k in ("steps", "arms"):
@@ -210,19 +177,15 @@ class ComponentSpec:
 #: after two measured steps kept for the bitwise comparison (8).
 GPU_BYTES_PER_PARAM = 26
 #: Host bytes per parameter: the recorded gradients (4 per step, 3 steps), the initial bf16 weights (2) and the
-#: offloaded arm's CPU optimizer (18 by the reading this was set with; measured since: 16 kept plus about 4 of pinned
-#: overhead, :mod:`cost_model.terms.optimizer`; ``reserve_host`` covers the difference).
+#: offloaded arm's CPU optimizer (18; :mod:`cost_model.terms.optimizer` has 16 plus about 4 pinned: ``reserve_host``).
 HOST_BYTES_PER_PARAM = 32
 
 
 def experts_that_fit(spec: ComponentSpec, gpu_free_bytes: int, host_available_bytes: int, *, steps: int = 3,
                      reserve_gpu: int = 10 * GIB, reserve_host: int = 16 * GIB, other_params: int = 0) -> int:
-    """How many experts of ``spec``'s shape fit this GPU and host for the component test (a multiple of 8, at
-    least top-k, at most ``num_experts``); ``other_params``: parameters outside the experts (attention, embedding).
-
-    GPU: :data:`GPU_BYTES_PER_PARAM` per parameter; host: 4 bytes per recorded step gradient plus 2 + 18
-    (:data:`HOST_BYTES_PER_PARAM` for 3 steps); ``reserve_*`` for activations, the CUDA context and the process.
-    """
+    """Experts of ``spec``'s shape that fit this GPU and host (a multiple of 8, from top-k to ``num_experts``):
+    :data:`GPU_BYTES_PER_PARAM` on the GPU; on the host 4 bytes per recorded step plus 2 + 18; ``other_params``
+    outside the experts, ``reserve_*`` for activations, context and process."""
     host_per = 4 * steps + 2 + 18
     n_gpu = (gpu_free_bytes - reserve_gpu) // GPU_BYTES_PER_PARAM - other_params
     n_host = (host_available_bytes - reserve_host) // host_per - other_params
@@ -318,9 +281,8 @@ def _optimizer_config(arm: ComponentArm, hyper: AdamHyper) -> Any:
 
 
 def _apply_schedule(opt: Any, hyper: AdamHyper) -> None:
-    """What megatron's ``OptimizerParamScheduler`` sets on every group before a step: ``lr x lr_mult`` and
-    ``weight_decay x wd_mult`` (``wd_mult`` is 0 for biases and 1-D parameters: ``get_standard_config_overrides``).
-    Without it the inner optimizer would decay every group by its constructor's weight decay."""
+    """What megatron's ``OptimizerParamScheduler`` sets on every group before a step: ``lr x lr_mult``,
+    ``weight_decay x wd_mult`` (0 for biases and 1-D parameters)."""
     for d in _dist_opts(opt):
         for g in d.optimizer.param_groups:
             g["lr"] = hyper.lr * float(g.get("lr_mult", 1.0))
@@ -349,9 +311,8 @@ def _inner_te(d: Any) -> Any:
 
 
 def _rebuild_master(bf16: Any, remainder: Any) -> Any:
-    """FP32 masters from bf16 weights and int16 remainders, as TE's ``AdamFunctorMasterParamRemainder`` does
-    (:func:`tuner.verify.component.reconstruct_fp32`): the bf16 bits minus one where the remainder is negative, as the high
-    half, the remainder as the low half (little-endian int16 pair)."""
+    """FP32 masters from bf16 weights and int16 remainders, as TE's ``AdamFunctorMasterParamRemainder``
+    (:func:`tuner.verify.component.reconstruct_fp32`)."""
     import torch
 
     hi = bf16.contiguous().view(torch.int16).reshape(-1)
@@ -384,7 +345,7 @@ def _master(opt: Any, p: Any, arm: ComponentArm) -> Any:
 
 
 def _reference_update(p0: Any, grads: list[Any], k: int, hyper: AdamHyper, wd: float, coeffs: list[float]) -> Any:
-    """FP64 Adam (:func:`tuner.verify.component.adam_reference`) for ``k`` steps on the GPU; returns the update ``p_k - p_0``."""
+    """FP64 Adam for ``k`` steps on the GPU; returns the update ``p_k - p_0``."""
     import torch
 
     p00 = p0.to("cuda", torch.float64).reshape(-1)
@@ -560,7 +521,7 @@ def _run_arm(spec: ComponentSpec, hspec: Any, arm: ComponentArm, p0: dict[str, A
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the component test; see the module docstring for the exit status."""
+    """Run the component test; exit status in the module docstring."""
     args = sys.argv[1:] if argv is None else argv
     try:
         if len(args) != 4 or args[0] != "--spec" or args[2] != "--out":
