@@ -1,18 +1,12 @@
-"""Reading Megatron-LM / slime training logs (no torch here).
-
-Two kinds of lines are read, as Megatron's ``training_log`` and ``report_memory`` print them::
+"""Reading Megatron-LM / slime training logs (no torch here): the lines of Megatron's ``training_log`` and
+``report_memory``::
 
      [2025-08-01 07:19:37] iteration        2/      20 | consumed samples: 256 | elapsed time per iteration (ms): 5432.1 |
        ... | lm loss: 1.043863E+01 | loss scale: 1.0 | grad norm: 26.203 | number of skipped iterations:   0 | ...
-    [Rank 0] (after 1 iterations) memory (MB) | allocated: 10770.3 | max allocated: 15754.8 | reserved: 16334.0 | max reserved: 16334.0
+    [Rank 0] (after 1 iterations) memory (MB) | allocated: 10770.3 | max allocated: 15754.8 | reserved: 16334.0 | ...
 
-The iteration time is Megatron's average over ``--log-interval`` iterations (use 1 to
-get every step). Everything else is ignored. The reader is lenient: a line cut off
-without its newline (a killed process) is left out, bytes that are not UTF-8 are
-replaced, and a line whose fields do not parse (garbled) is counted in ``bad_lines``
-rather than raising. Failures are classified by
-:func:`launch.harness.results.classify_failure`, as for the local backend.
-"""
+The time is the average over ``--log-interval`` iterations (use 1). A line cut off without its newline is left out,
+undecodable bytes are replaced, a garbled line counts in ``bad_lines``."""
 
 from __future__ import annotations
 

@@ -13,10 +13,7 @@ __all__ = ["ModelBackend"]
 
 
 class ModelBackend(TrialBackend):
-    """Evaluates a layout with :func:`cost_model.estimate.estimate`; never touches a GPU.
-
-    Its measurements carry ``source == "predicted"``.
-    """
+    """Evaluates a layout with :func:`cost_model.estimate.estimate` (``source == "predicted"``)."""
 
     name = "model"
     source = "predicted"

@@ -1,8 +1,5 @@
-"""The trial harness's model: megatron-core's config, layers, optimizer and checkpoints for one :class:`HarnessSpec`.
-
-Used by :mod:`launch.harness.train` (and :mod:`launch.harness.component`); needs torch and megatron-core at call
-time only (importing this module does not import them). :data:`_RAN` records what megatron-core ran.
-"""
+"""The trial harness's model: megatron-core's config, layers, optimizer and checkpoints for one :class:`HarnessSpec`
+(torch and megatron-core imported at call time). :data:`_RAN` records what megatron-core ran."""
 
 from __future__ import annotations
 
@@ -74,11 +71,8 @@ def _versions() -> dict[str, str]:
 
 
 def _local_modules(fault: str | None = None) -> tuple[type, type]:
-    """The harness's core attention and norm for megatron-core's local spec (built lazily: they need torch).
-
-    ``fault`` (a key of :data:`launch.harness.spec.FAULTS`) builds them broken on
-    purpose, for the negative controls of ``tune verify``.
-    """
+    """The harness's core attention and norm for megatron-core's local spec; ``fault`` (a key of
+    :data:`launch.harness.spec.FAULTS`) builds them broken on purpose."""
     causal = fault != "non_causal_attention"
     tag_sp = fault != "sp_norm_grad_unreduced"
     import torch
@@ -86,11 +80,8 @@ def _local_modules(fault: str | None = None) -> tuple[type, type]:
     from megatron.core.transformer.module import MegatronModule
 
     class SDPACoreAttention(MegatronModule):  # type: ignore[misc]  # megatron-core is untyped
-        """Causal attention through ``torch.nn.functional.scaled_dot_product_attention`` (flash / efficient kernels).
-
-        Inputs as megatron-core passes them to a core attention: query ``[s, b, heads, d]``,
-        key and value ``[s, b, groups, d]`` (GQA: fewer heads). Output ``[s, b, heads * d]``.
-        """
+        """Causal attention through ``scaled_dot_product_attention``: query ``[s, b, heads, d]``, key and value ``[s,
+        b, groups, d]``; output ``[s, b, heads * d]``."""
 
         def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str = "self", softmax_scale: float | None = None, **_: Any) -> None:
             super().__init__(config=config)
@@ -104,13 +95,8 @@ def _local_modules(fault: str | None = None) -> tuple[type, type]:
             return out.permute(2, 0, 1, 3).reshape(s, b, h * d)
 
     class HarnessRMSNorm(torch.nn.RMSNorm):  # type: ignore[misc]  # torch is not installed where mypy runs
-        """``torch.nn.RMSNorm`` built the way megatron-core builds a norm, usable with sequence parallelism.
-
-        With sequence parallelism each TP rank normalises a different slice of the
-        sequence with the same weight, so the weight's gradient must be summed over
-        the TP group: megatron-core's ``finalize_model_grads`` does that for parameters
-        tagged ``sequence_parallel``.
-        """
+        """``torch.nn.RMSNorm`` as megatron-core builds a norm; its weight is tagged ``sequence_parallel`` so
+        ``finalize_model_grads`` sums its gradient over TP."""
 
         def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> None:
             super().__init__(normalized_shape=hidden_size, eps=eps, dtype=config.params_dtype)
@@ -148,11 +134,9 @@ def _patch_local_block(block: Any, fault: str | None = None) -> Any:
 
 
 def _gpt_oss_kwargs(m: dict[str, Any]) -> dict[str, Any]:
-    """GPT-OSS's layer details as megatron-core takes them (Megatron-Bridge ``gpt_oss_bridge.py`` and Megatron-LM's
-    ``examples/post_training/modelopt/conf/openai/gpt-oss-120b.sh``): the clamped
-    quick-GELU GLU (fused with its bias, ``bias_activation_fusion``), attention sinks (``softmax_type``), the sliding
-    window ``(window - 1, 0)`` on the layers ``window_attn_skip_freq`` marks (megatron-core's list: 1 = sliding window,
-    the opposite of :class:`specs.ModelSpec`'s). Empty for every other model."""
+    """GPT-OSS's layer details as megatron-core takes them (Megatron-Bridge ``gpt_oss_bridge.py``): the clamped
+    quick-GELU GLU, attention sinks, the sliding window ``(window - 1, 0)`` on the layers megatron-core's list
+    marks (1 = sliding, the opposite of :class:`specs.ModelSpec`'s). Empty for other models."""
     kw: dict[str, Any] = {}
     if m.get("activation_func", "silu") == "quick_gelu":
         from megatron.core.fusions.fused_bias_geglu import quick_gelu
@@ -171,9 +155,8 @@ def _gpt_oss_kwargs(m: dict[str, Any]) -> dict[str, Any]:
 
 
 def _has_wgrad_fusion_kernel() -> bool:
-    """Whether megatron-core's ``gradient_accumulation_fusion`` can run: its non-TE linears (the output layer's
-    ``ColumnParallelLinear``) need apex's ``fused_weight_gradient_mlp_cuda`` extension (megatron/core/tensor_parallel/
-    layers.py raises without it); NVIDIA's containers have it, a pip install of TE does not."""
+    """Whether ``gradient_accumulation_fusion`` can run: the non-TE output layer needs apex's
+    ``fused_weight_gradient_mlp_cuda`` (megatron/core/tensor_parallel/layers.py); a pip install of TE lacks it."""
     import importlib.util
 
     return importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None
@@ -301,9 +284,8 @@ def _patch_te_block(block: Any, fault: str | None) -> Any:
 
 
 def _apply_te_param_faults(spec: HarnessSpec, models: list[Any]) -> list[str]:
-    """``sp_norm_grad_unreduced`` under TE: TE tags its norm weights ``sequence_parallel`` itself; the fault clears the tag
-    on every norm weight except the q/k norms (which megatron-core sums over TP by name), so
-    ``finalize_model_grads`` leaves their gradients unreduced. Returns the parameters changed."""
+    """``sp_norm_grad_unreduced`` under TE: clear the ``sequence_parallel`` tag of every norm weight but the q/k
+    norms (summed over TP by name). Returns the parameters changed."""
     if spec.fault != "sp_norm_grad_unreduced" or not spec.use_transformer_engine:
         return []
     changed = []
@@ -458,9 +440,8 @@ def _sharded_weights(models: list[Any]) -> dict[str, Any]:
 
 
 def _save_weights(models: list[Any], path: str, model_dict: dict[str, Any] | None = None) -> None:
-    """Write the weights as a megatron-core distributed checkpoint at ``path``, and beside them ``model.json`` (the model
-    and its fingerprint, :func:`launch.harness.gather.model_fingerprint`) so that a check can refuse a checkpoint of another model
-    before spending GPU time on it."""
+    """Write the weights as a megatron-core distributed checkpoint at ``path``, with ``model.json`` (the model and
+    its fingerprint) so that a check can refuse another model's checkpoint before any GPU time."""
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
 
@@ -476,10 +457,10 @@ def _save_weights(models: list[Any], path: str, model_dict: dict[str, Any] | Non
 
 
 def _load_weights(models: list[Any], path: str) -> None:
-    """Load the weights of the distributed checkpoint at ``path`` into this rank's model chunks.
+    """Load the distributed checkpoint at ``path`` into this rank's model chunks.
 
     Raises:
-        RuntimeError: the checkpoint lacks a weight this model has (other model, other slice).
+        RuntimeError: the checkpoint lacks a weight this model has.
     """
     from megatron.core import dist_checkpointing
 

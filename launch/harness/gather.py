@@ -1,34 +1,14 @@
-"""How a parameter's full gradient is put together from its shards (no torch here: the plan; :mod:`launch.harness.grads` runs it).
+"""How a parameter's full gradient is put together from its shards (the plan, no torch; :mod:`launch.harness.grads` runs
+it after the DP buckets are all-gathered).
 
-After ``finalize_model_grads`` each rank holds, for each of its parameters, the gradient of its shard
-(the distributed optimizer leaves only this rank's DP slice of each bucket reduced: the data-parallel
-step, :mod:`launch.harness.grads`, all-gathers the buckets first). What is left is the
-model-parallel part, one :class:`GatherPlan` per parameter:
+One :class:`GatherPlan` per parameter: the layout-independent name (:func:`canonical_name`: global layer and expert
+numbers); TP pieces concatenated along ``partition_dim`` (a gated fc1's ``[gate_r; up_r]`` interleave undone, as
+``apply_swiglu_sharded_factory`` in ``megatron/core/transformer/mlp.py``); a replicated parameter taken from TP rank 0;
+one owner rank writes it (the last stage's tied embedding copy skipped).
 
-- **the name** (:func:`canonical_name`): megatron-core names a rank's parameters by *local* layer and
-  expert numbers (``decoder.layers.0`` is the first layer of this pipeline stage, ``weight3`` the 4th
-  expert of this EP rank); the plan renames them to the global numbers, so that every layout names
-  a tensor the same way (``decoder.layers.{offset + i}``, expert ``ep_rank x local experts + j``);
-- **tensor parallelism**: a parameter tagged ``tensor_model_parallel`` is split along its
-  ``partition_dim`` over the TP group (the expert-TP group for expert parameters, ``allreduce`` False):
-  its pieces are concatenated in rank order along that dimension. The fc1 weight of a gated linear
-  unit (SwiGLU) holds ``[gate_r; up_r]`` on each rank ``r``; the plan undoes that interleave
-  (``[gate_0, gate_1, ...; up_0, up_1, ...]``, the TP-1 order; megatron-core does the same for
-  checkpoints, ``apply_swiglu_sharded_factory`` in ``megatron/core/transformer/mlp.py``).
-  A parameter that is not split is replicated over TP: the plan takes TP rank 0's copy (and
-  :mod:`launch.harness.grads` checks the copies agree: a replicated gradient that differs between TP
-  ranks is the seed's bug class, an unreduced sequence-parallel gradient);
-- **owner**: each global tensor is written once, by TP (ETP) rank 0, DP (EDP) rank 0, CP rank 0 of the
-  pipeline stage and EP rank that hold it. The last stage's copy of a tied word embedding
-  (``shared_embedding``) is skipped (finalize_model_grads all-reduced it with the first stage's).
-
-Sources: megatron-core 0.19 ``tensor_parallel/layers.py`` (``partition_dim``: 0 for column-parallel
-weights and the vocabulary-parallel embedding, 1 for row-parallel weights), ``extensions/
-transformer_engine.py`` (``_set_expert_parameter_attributes``: expert parameters get ``allreduce
-False`` and the same partition dims; ``TEGroupedLinear`` numbers them ``weight0..weight{n-1}``),
-``transformer/moe/experts.py`` (``SequentialMLP``: ``local_experts.{j}``; the global expert index is
-``ep_rank x num_local_experts + j``).
-"""
+Sources: megatron-core 0.19 ``tensor_parallel/layers.py`` (``partition_dim``), ``extensions/transformer_engine.py``
+(``_set_expert_parameter_attributes``, ``TEGroupedLinear``'s ``weight0..``), ``transformer/moe/experts.py`` (global
+expert index ``ep_rank x num_local_experts + j``)."""
 
 from __future__ import annotations
 
@@ -69,13 +49,7 @@ def strip_wrappers(name: str) -> str:
 
 
 def canonical_name(local_name: str, *, layer_offset: int = 0, ep_rank: int = 0, num_local_experts: int = 0) -> str:
-    """The layout-independent name of a parameter (see the module docstring).
-
-    Args:
-        local_name: the name on this rank (wrapper prefixes are dropped).
-        layer_offset: global index of this model chunk's first decoder layer.
-        ep_rank: this rank's expert-parallel rank.
-        num_local_experts: experts per EP rank (needed when the name has an expert number).
+    """The layout-independent name of a parameter; ``layer_offset``: this chunk's first global layer.
 
     Raises:
         TunerError: an expert parameter without ``num_local_experts``.
@@ -137,17 +111,10 @@ def _is_glu_fc1(name: str) -> bool:
 
 def gather_plan(p: ParamShard, *, tp: int, etp: int, layer_offset: int = 0, ep_rank: int = 0, num_local_experts: int = 0,
                 gated_linear_unit: bool = True) -> GatherPlan:
-    """The plan for one parameter of this rank (see the module docstring).
-
-    Args:
-        p: the parameter's attributes.
-        tp, etp: tensor- and expert-tensor-parallel sizes.
-        layer_offset, ep_rank, num_local_experts: as in :func:`canonical_name`.
-        gated_linear_unit: the model's MLPs are gated (SwiGLU): fc1 weights are interleaved under TP.
+    """The plan for one parameter of this rank.
 
     Raises:
-        TunerError: a split parameter with a ``partition_stride`` other than 1 or a dimension it
-            does not have (no plan can rebuild it; megatron-core uses stride 1 for these models).
+        TunerError: a split parameter with ``partition_stride`` other than 1 or a dimension it does not have.
     """
     name = canonical_name(p.name, layer_offset=layer_offset, ep_rank=ep_rank, num_local_experts=num_local_experts)
     if p.shared_embedding and not p.pre_process:
@@ -168,10 +135,7 @@ def gather_plan(p: ParamShard, *, tp: int, etp: int, layer_offset: int = 0, ep_r
 
 
 def assemble(pieces: Sequence[Any], plan: GatherPlan, cat: Callable[[list[Any], int], Any], chunk: Callable[[Any, int, int], list[Any]]) -> Any:
-    """The full tensor from the pieces of a TP group in rank order.
-
-    ``cat(list, dim)`` and ``chunk(tensor, n, dim)`` are the array library's (NumPy:
-    ``np.concatenate`` / ``np.split``; torch: ``torch.cat`` / ``torch.chunk``), so the same plan runs on both.
+    """The full tensor from a TP group's pieces in rank order (``cat`` / ``chunk`` of NumPy or torch).
 
     Raises:
         TunerError: not one piece per rank of the group.

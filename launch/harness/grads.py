@@ -1,15 +1,5 @@
-"""The GPU side of gradient parity and of the saved-tensor census (torch, megatron-core; started by the harness).
-
-- :func:`dump_gradients`: after a forward and backward (``finalize_model_grads`` done), every parameter's
-  full fp32 gradient, gathered over its DP shards (the distributed optimizer reduce-scatters each bucket,
-  so only this rank's slice is reduced: the buckets are all-gathered over the same group first) and over
-  its TP / EP / PP shards by the plan of :mod:`launch.harness.gather`; written as one ``.npy`` file per
-  tensor plus ``index.json`` (:data:`launch.harness.gather.GRAD_DUMP_FORMAT`) by the rank that owns it.
-- :func:`scale_norm_grad`: the ``norm_grad_scaled`` fault.
-- :class:`SavedTensorCensus`: every tensor autograd saves during one forward of chosen modules
-  (``torch.autograd.graph.saved_tensors_hooks``), with shape, dtype and bytes, deduplicated by storage,
-  plus the allocator's growth over the module's forward (``torch.cuda.memory_allocated``).
-"""
+"""The GPU side of gradient parity (:func:`dump_gradients`), the ``norm_grad_scaled`` fault (:func:`scale_norm_grad`)
+and the saved-tensor census (:class:`SavedTensorCensus`); the plan is :mod:`launch.harness.gather`'s."""
 
 from __future__ import annotations
 
@@ -32,13 +22,11 @@ def _gpt(chunk: Any) -> Any:
 
 
 def unshard_dp_grads(chunks: list[Any]) -> int:
-    """All-gather each gradient bucket over its distributed-optimizer group, so every rank holds every reduced
-    gradient of its parameters (after a reduce-scatter only this rank's shard is). Returns the buckets gathered.
+    """All-gather each gradient bucket over its distributed-optimizer group (a reduce-scatter left only this rank's
+    shard reduced). Returns the buckets gathered.
 
-    Source: megatron-core 0.19 ``distributed/param_and_grad_buffer.py`` (``start_grad_sync``: each bucket's
-    ``grad_data`` is reduce-scattered into ``shard_buffer(grad_data, size)[rank]`` over
-    ``intra_distributed_optimizer_instance_group``). With one distributed-optimizer instance only.
-    """
+    Source: megatron-core 0.19 ``distributed/param_and_grad_buffer.py`` (``start_grad_sync``); one optimizer instance
+    only."""
     import torch
     import torch.distributed as dist
 
@@ -127,15 +115,9 @@ def _all_gather(t: Any, group: Any, size: int) -> list[Any]:
 
 
 def dump_gradients(chunks: list[Any], out_dir: str | Path, meta: dict[str, Any], *, gated_linear_unit: bool, num_experts: int) -> dict[str, Any]:
-    """Write every parameter's full fp32 gradient under ``out_dir`` (a collective: every rank calls it).
-
-    Rank 0 writes ``index.json``: ``meta`` plus ``tensors`` ``{name: {file, shape, dtype, local_name, owner_rank}}``,
-    ``replicas`` (for each parameter replicated over TP, the largest absolute difference of its gradient between
-    the TP ranks: 0 unless a replicated gradient was left unreduced) and ``seconds``.
-
-    Returns:
-        The index (on every rank; ``tensors`` complete on rank 0 only).
-    """
+    """Write every parameter's full fp32 gradient under ``out_dir`` (a collective); rank 0 writes ``index.json`` with
+    ``meta``, ``tensors``, ``replicas`` (the largest difference between TP ranks of each replicated gradient) and
+    ``seconds``. Returns the index (``tensors`` complete on rank 0)."""
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -214,14 +196,9 @@ def dump_gradients(chunks: list[Any], out_dir: str | Path, meta: dict[str, Any],
 class SavedTensorCensus:
     """What autograd saves for backward during one forward of chosen modules.
 
-    Every tensor packed while a watched module's forward runs (``saved_tensors_hooks``; the pack hook returns
-    the tensor unchanged, so memory behaves as without the census) is recorded for each watched module on the
-    stack: shape, dtype, bytes of its storage, whether the storage is a parameter's (weights saved for the
-    weight gradient are not activations), deduplicated by storage. Tensors a module stashes on its autograd
-    context other than through ``save_for_backward`` are not seen, and only a module's first forward counts (a
-    recomputation during backward, with recompute on, is left out); the allocator's growth over the forward
-    (``memory_allocated`` after minus before, the module's outputs included) is recorded beside it as the check.
-    """
+    Every tensor packed while a watched module's forward runs (``saved_tensors_hooks``, returned unchanged) is
+    recorded: shape, dtype, bytes, whether it is a parameter's, deduplicated by storage. Tensors stashed outside
+    ``save_for_backward`` and recomputed forwards are not seen; the allocator's growth over the forward is the check."""
 
     def __init__(self, modules: dict[str, Any], param_storages: set[int]) -> None:
         self.modules = modules

@@ -1,8 +1,5 @@
-"""Host (CPU) memory of a trial: what a process holds, and what CPU optimizer offload should take (no torch here).
-
-Read from Linux's ``/proc`` (``VmRSS`` / ``VmHWM`` of ``/proc/<pid>/status``, ``MemTotal`` /
-``MemAvailable`` of ``/proc/meminfo``), so it works in the harness and in CI alike.
-"""
+"""Host memory of a trial: what a process holds, and what CPU optimizer offload takes (from Linux's ``/proc``; no
+torch)."""
 
 from __future__ import annotations
 
@@ -48,18 +45,10 @@ def system_memory() -> dict[str, int]:
 
 
 def offload_host_bytes(offloaded_params: int, *, precision_aware: bool) -> int:
-    """Host bytes that megatron-core's CPU optimizer offload holds for ``offloaded_params`` parameters (one rank).
-
-    Per offloaded parameter, read in megatron-core 0.19 ``optimizer/cpu_offloading/hybrid_optimizer.py`` and measured
-    on 1 x H200 (the live tensors after step 1, ``benchmarks/results/h200_te_2026-12-01``): the CPU fp32 parameter
-    (with the
-    precision-aware optimizer the pinned copy of the bf16 shard is replaced by its fp32 clone, ``param_update_in_fp32``;
-    without it the fp32 main shard is copied), the pinned fp32 gradient buffer (``_set_sub_optimizer_grads``) and
-    AdamW's ``exp_avg`` and ``exp_avg_sq`` (fp32): 4 + 4 + 8 = 16 bytes either way (``precision_aware`` is kept for
-    the callers; an earlier reading counted the bf16 copy, 18). The process's own memory, the pinned allocator's
-    rounding and the first optimizer's clones (:mod:`cost_model.terms.optimizer`) come on top. ``offloaded_params``:
-    megatron offloads whole parameters in order until their count reaches ``fraction x`` the rank's optimizer
-    parameters, so it is that product rounded up to a parameter boundary.
-    """
+    """Host bytes of megatron-core's CPU optimizer offload for ``offloaded_params`` parameters (one rank): fp32
+    parameter, pinned fp32 gradient, AdamW's two fp32 moments, 16 bytes with or without ``precision_aware``
+    (megatron-core 0.19 ``optimizer/cpu_offloading/hybrid_optimizer.py``;
+    ``benchmarks/results/h200_te_2026-12-01``). Process memory, pinned rounding and the first optimizer's clones
+    come on top."""
     del precision_aware
     return int(offloaded_params) * 16

@@ -1,8 +1,5 @@
-"""What the trial harness measures besides the step time: memory by phase, host memory, forward-only time, the
-saved-tensor census, profiles and gradient dumps (each on when its :class:`HarnessSpec` field asks for it).
-
-Used by :mod:`launch.harness.train`; needs torch and megatron-core at call time only.
-"""
+"""What the trial harness measures besides the step time (memory by phase, host memory, forward-only time, census,
+profiles, gradient dumps), each when its :class:`HarnessSpec` field asks; torch at call time only."""
 
 from __future__ import annotations
 

@@ -1,28 +1,9 @@
 """Reading the harness's JSON lines, and classifying a run that failed (no torch here).
 
-The harness appends one JSON object per line to its ``--out`` file:
-
-- ``{"event": "start", "world_size", "layout", "versions", "notes", "data", "lr", "fault", ...}`` (rank 0);
-- ``{"event": "data", "corpus", "corpus_bytes", "corpus_sha256", "tokenizer"}`` (rank 0, text data only);
-- ``{"event": "pretrain", "step", "loss"}`` (rank 0, the warm-start steps of ``tune verify``'s reference arm);
-- ``{"event": "step", "step", "step_time_s", "tokens_per_s_per_gpu", "loss", "grad_norm"}``
-  (rank 0, one per optimizer step; ``step`` counts from 1);
-- ``{"event": "summary", "median_step_time_s", "step_time_cv", "tokens_per_s_per_gpu",
-  "peak_allocated_bytes": [per rank], "peak_reserved_bytes": [per rank], "peak_host_rss_bytes", "host_memory_per_rank",
-  "run_options": {what megatron-core ran}, ...}`` (rank 0, at the end; the last three since the Transformer Engine sweep);
-- ``{"event": "grads", "dir", "tensors", "seconds", "replicas_max_abs_diff"}`` (rank 0, with ``dump_grads``: gradient parity);
-- ``{"event": "census", "module", "saved": [{"shape", "dtype", "bytes", "parameter"}], "saved_bytes", "alloc_delta_bytes", ...}``
-  (rank 0, with ``saved_tensor_census``: one per watched module);
-- ``{"event": "profile", "step", "files": [torch.profiler Chrome traces, one per pipeline stage]}`` (rank 0, with ``profile_step``;
-  the profiled step's ``step`` line carries ``"profiled": true``);
-- ``{"event": "memory_phase", "phase", "allocated_bytes", "reserved_bytes", "max_allocated_bytes", "host_rss_bytes",
-  "live_tensors_bytes"?}`` (rank 0, with ``memory_phases``: after the build, after a ``gc_after_build`` collection, after step
-  1's forward and backward, after its optimizer step);
-- ``{"event": "forward_only", "steps", "step_times_s", "median_step_time_s"}`` (rank 0, with ``forward_only_steps``);
-- ``{"event": "oom", "rank", "message", "allocated_bytes", "reserved_bytes", "max_allocated_bytes"}``
-  (any rank that ran out of memory);
-- ``{"event": "error", "rank", "type", "message"}`` and ``{"event": "refused", "reasons"}``.
-"""
+Events, one JSON object a line (rank 0 unless said): ``start``, ``data``, ``pretrain``, ``step`` (``step`` from 1,
+``step_time_s``, ``tokens_per_s_per_gpu``, ``loss``, ``grad_norm``), ``summary`` (medians, per-rank peaks, host
+memory, ``run_options``), ``grads``, ``census``, ``profile``, ``memory_phase``, ``forward_only``, ``oom`` (any rank),
+``error`` and ``refused``."""
 
 from __future__ import annotations
 
@@ -194,19 +175,10 @@ def classify_failure(
     *,
     timed_out: bool = False,
 ) -> tuple[FailureKind, str, float]:
-    """What went wrong in a harness run that did not finish.
+    """What went wrong in a harness run that did not finish; ``returncode`` None if we killed it.
 
-    Args:
-        returncode: the launcher's exit status (None if it was killed by us).
-        result: what the harness wrote before it stopped.
-        log_text: the launcher's stdout and stderr (the tail is enough).
-        timed_out: the run was killed because it outlived its timeout.
-
-    Returns:
-        (kind, one-line message, memory reached in bytes or NaN). Out of memory wins
-        over timeout (a rank that ran out of memory often leaves the others hanging in
-        a collective until the timeout kills them), timeout over crash.
-    """
+    Returns (kind, one-line message, memory reached in bytes or NaN); out of memory wins over timeout (the other
+    ranks hang in a collective), timeout over crash."""
     if result.ooms or _OOM_RE.search(log_text):
         reached = _oom_bytes(result, log_text)
         where = f" at {reached / GIB:.1f} GiB" if math.isfinite(reached) else ""

@@ -1,7 +1,4 @@
-"""One training step's pieces for :mod:`launch.harness.train`: the micro-batches, the loss function and the global loss.
-
-Needs torch and megatron-core at call time only.
-"""
+"""One training step's pieces for :mod:`launch.harness.train`: micro-batches, loss function, global loss."""
 
 from __future__ import annotations
 
@@ -12,13 +9,8 @@ from launch.harness.spec import HarnessSpec
 
 
 def _batches(spec: HarnessSpec, corpus: Any = None, first_step: int = 0) -> Any:
-    """An endless iterator of micro-batches for this rank.
-
-    ``synthetic``: one random micro-batch, repeated (the same on every rank, so TP ranks agree).
-    ``corpus``: byte-tokenised text, micro-batch after micro-batch in Megatron's sample order
-    for this rank's data-parallel index (:mod:`launch.harness.data`), so every layout trains
-    on the same rows in each optimizer step.
-    """
+    """An endless iterator of this rank's micro-batches: ``synthetic`` repeats one random micro-batch (the same on
+    every rank); ``corpus`` reads text in Megatron's sample order (:mod:`launch.harness.data`)."""
     import torch
     from megatron.core import parallel_state
 

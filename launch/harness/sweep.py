@@ -1,13 +1,9 @@
-"""Measure a list of layouts with the local backend and write measured-vs-predicted JSON lines.
+"""Measure a list of layouts with the local backend and write measured-vs-predicted JSON lines::
 
     python -m launch.harness.sweep --model MiniMax-M2 --layers 4 --gpus 4xH200 --seq-len 8192 \\
         --global-batch 8 --layouts layouts.jsonl --out sweep.jsonl [--steps 20] [--warmup 10] [--timeout 240]
 
-``layouts.jsonl`` holds one :class:`Layout` dict per line (fields not given take
-their defaults; ``world_size`` defaults to the GPU count). Each output line has the
-layout, its label, the prediction of the analytical model (step time, tokens/s/GPU,
-peak memory) and the measurement (or the failure: kind, message, memory reached).
-"""
+``layouts.jsonl``: one :class:`Layout` dict a line (``world_size`` defaults to the GPU count)."""
 
 from __future__ import annotations
 

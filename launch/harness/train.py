@@ -1,34 +1,15 @@
-"""The trial harness: a few training steps of one layout with megatron-core (synthetic tokens or byte-tokenised text).
-
-Started by torchrun, one process per GPU::
+"""The trial harness: a few training steps of one layout with megatron-core::
 
     python -m torch.distributed.run --nproc-per-node N -m launch.harness.train --spec SPEC.json --out STEPS.jsonl
 
-It builds the model of the spec (a :class:`ModelSpec`, often a slice of a few
-layers at full width) with the spec's :class:`Layout` (``initialize_model_parallel``
-with tp, pp, vpp, cp, ep, etp; ``GPTModel`` per virtual stage; ``Float16Module``;
-``DistributedDataParallel``; ``get_megatron_optimizer``), runs ``steps`` optimizer
-steps through ``get_forward_backward_func`` and appends JSON lines to ``--out``
-(format: :mod:`launch.harness.results`).
+Builds the spec's model with its layout (``initialize_model_parallel``, ``GPTModel`` per virtual stage, DDP,
+``get_megatron_optimizer``), runs ``steps`` optimizer steps through ``get_forward_backward_func`` and appends JSON lines
+(:mod:`launch.harness.results`). For ``tune verify`` it also saves or loads a distributed checkpoint, trains on
+byte-tokenised text (:mod:`launch.harness.data`) and injects faults (:data:`launch.harness.spec.FAULTS`); the loss is
+the mean over the global batch. Without Transformer Engine, megatron-core's local spec with the harness's
+:class:`SDPACoreAttention` and :class:`HarnessRMSNorm` (``../shared/notes/device.md``) and ``SequentialMLP`` experts.
 
-For ``tune verify`` it can also write its initial weights as a megatron-core
-distributed checkpoint (``save_checkpoint``) and load initial weights from one written
-by another layout (``load_checkpoint``), train on byte-tokenised text in Megatron's
-sample order (``data: corpus``, :mod:`launch.harness.data`) and inject a deliberate
-bug (``fault``, :data:`launch.harness.spec.FAULTS`) for negative controls. The step's
-loss is the mean over the whole global batch (every micro-batch of every DP rank).
-
-With Transformer Engine importable it uses TE's layer spec. Without it, megatron-core's
-local spec, with two modules of :mod:`launch.harness.build` where the local ones fail
-(``../shared/notes/device.md``): :class:`SDPACoreAttention` (``DotProductAttention``
-materialises the s x s scores; this calls PyTorch's fused SDPA) and
-:class:`HarnessRMSNorm` (``WrappedTorchNorm`` asserts without sequence parallelism;
-this tags its weight ``sequence_parallel`` so megatron-core all-reduces its gradient
-over the TP group). Experts are then megatron-core's ``SequentialMLP`` (no grouped GEMM).
-
-Exit status: 0 done; 2 bad spec or refused layout (before any GPU work); 3 out of
-memory; 1 any other error.
-"""
+Exit status: 0 done; 2 bad spec or refused layout (before any GPU work); 3 out of memory; 1 any other error."""
 
 from __future__ import annotations
 
