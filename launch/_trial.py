@@ -27,7 +27,8 @@ from launch.harness.results import HarnessResult, StepRecord, classify_failure, 
 from launch.megatron_log import MegatronLogReader
 from specs.layout import Layout
 
-__all__ = ["INTERRUPT_GRACE_S", "SAFE_ENV", "STOP_GRACE_S", "HarnessLines", "LocalProcess", "MeasuredBackend", "MegatronLogSteps",
+__all__ = ["INTERRUPT_GRACE_S", "SAFE_ENV", "STOP_GRACE_S", "HarnessLines", "LocalProcess", "MeasuredBackend",
+           "MegatronLogSteps",
            "StepSource", "Trial", "TrialProcesses", "TrialSteps", "free_port", "kill_group", "running_trials", "start_watchdog", "tail"]
 
 #: Environment every trial gets: NVLink multicast off (it can take a shared host's GPUs
@@ -131,7 +132,8 @@ def record_process(trial_dir: Path, pgid: int, name: str = "process.json") -> No
     """Write the host, the process group and the driver's pid to ``trial_dir/name``."""
     import json
 
-    (trial_dir / name).write_text(json.dumps({"host": socket.gethostname(), "pgid": pgid, "driver": os.getpid()}) + "\n")
+    (trial_dir / name).write_text(json.dumps({"host": socket.gethostname(), "pgid": pgid,
+                                              "driver": os.getpid()}) + "\n")
 
 
 def running_trials(trials_dir: Path) -> list[str]:
@@ -217,7 +219,8 @@ class LocalProcess(TrialProcesses):
 
         orphans = running_trials(trial_dir.parent)
         if orphans:
-            raise TunerError(f"{', '.join(orphans)} of an earlier run still run on this host and may hold its GPUs; stop "
+            raise TunerError(f"{', '.join(orphans)} of an earlier run still run on this host and may hold its GPUs; "
+                             "stop "
                              "them (kill -- -GROUP) or let them end, then run again")
         self.log_path = log_path
         with open(log_path, "wb") as log:  # the child writes through its own copy of the descriptor
@@ -225,7 +228,8 @@ class LocalProcess(TrialProcesses):
                 self.proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                              start_new_session=True, env=dict(env), cwd=os.getcwd(), preexec_fn=_die_with_parent)
             except OSError as e:
-                raise TrialFailed(FailureKind.crash, f"cannot start {argv[0]!r}: {e.strerror or e}", str(trial_dir)) from None
+                raise TrialFailed(FailureKind.crash, f"cannot start {argv[0]!r}: {e.strerror or e}",
+                                  str(trial_dir)) from None
         record_process(trial_dir, self.proc.pid)
         self.watchdog = start_watchdog(self.proc.pid)
 
@@ -305,7 +309,8 @@ class MegatronLogSteps(StepSource):
     """Megatron's iteration and memory lines, read from ``log_path`` as it grows; the sizes turn a step time into
     tokens/s/GPU."""
 
-    def __init__(self, log_path: Path, *, global_batch_size: int, seq_length: int, world_size: int, warmup_steps: int) -> None:
+    def __init__(self, log_path: Path, *, global_batch_size: int, seq_length: int, world_size: int,
+                 warmup_steps: int) -> None:
         self.log_path = log_path
         self._sizes = {"global_batch_size": global_batch_size, "seq_length": seq_length, "world_size": world_size}
         self._warmup_steps = warmup_steps
@@ -365,7 +370,8 @@ class Trial:
     no_result: str = ""  # before a crash's message when every process exited 0 without a result
     source: str = "measured"
 
-    def follow(self, processes: TrialProcesses, steps: StepSource, *, extra: Callable[[TrialSteps], dict[str, Any]] | None = None) -> Measurement:
+    def follow(self, processes: TrialProcesses, steps: StepSource, *,
+               extra: Callable[[TrialSteps], dict[str, Any]] | None = None) -> Measurement:
         """Follow ``processes`` until they exit, the reporter stops them, they time out or the trial is cancelled; kill
         what is left and turn what ``steps`` read into the outcome. When one process of several fails, the others get
         :data:`SETTLE_S` to write their lines.
@@ -431,7 +437,8 @@ class Trial:
         kind, msg, reached = classify_failure(None if timed_out else bad, got.result, log_text, timed_out=timed_out)
         if kind == FailureKind.crash and bad == 0 and self.no_result:
             msg = self.no_result + msg
-        raise TrialFailed(kind, f"{msg} ({self.logs})", str(self.trial_dir), memory_reached_bytes=reached if math.isfinite(reached) else math.nan)
+        raise TrialFailed(kind, f"{msg} ({self.logs})", str(self.trial_dir),
+                          memory_reached_bytes=reached if math.isfinite(reached) else math.nan)
 
 
 # --------------------------------------------------------------------------- the backends' base
@@ -471,6 +478,8 @@ class MeasuredBackend(TrialBackend):
         tdir.mkdir(parents=True)
         return n, tdir
 
-    def _trial(self, layout: Layout, tdir: Path, reporter: StepReporter | None, *, logs: str, no_result: str = "") -> Trial:
-        return Trial(layout=layout, trial_dir=tdir, warmup_steps=self.warmup_steps, timeout_s=self.timeout_s, poll_s=self.poll_s,
+    def _trial(self, layout: Layout, tdir: Path, reporter: StepReporter | None, *, logs: str,
+               no_result: str = "") -> Trial:
+        return Trial(layout=layout, trial_dir=tdir, warmup_steps=self.warmup_steps, timeout_s=self.timeout_s,
+                     poll_s=self.poll_s,
                      logs=logs, reporter=reporter, cancelled=self._cancel, no_result=no_result, source=self.source)

@@ -14,7 +14,8 @@ from specs.errors import TunerError
 from specs.layout import Layout
 from specs.units import DEFAULT_MEMORY_HEADROOM
 
-__all__ = ["BackendSettings", "FailureKind", "Measurement", "StepReporter", "TrialBackend", "TrialFailed", "TrialStopped", "check_trial_limits"]
+__all__ = ["BackendSettings", "FailureKind", "Measurement", "StepReporter", "TrialBackend", "TrialFailed",
+           "TrialStopped", "check_trial_limits"]
 
 
 class FailureKind(str, Enum):
@@ -47,7 +48,8 @@ class TrialFailed(Exception):
     """A trial ended without a measurement; ``memory_reached_bytes`` for ``oom`` (NaN if unknown), ``wall_s`` None
     when the caller's clock tells."""
 
-    def __init__(self, kind: FailureKind, message: str, log_path: str = "", *, memory_reached_bytes: float = float("nan"),
+    def __init__(self, kind: FailureKind, message: str, log_path: str = "", *,
+                 memory_reached_bytes: float = float("nan"),
                  wall_s: float | None = None) -> None:
         super().__init__(message)
         self.kind = kind
@@ -59,7 +61,8 @@ class TrialFailed(Exception):
 class TrialStopped(Exception):
     """A trial stopped by its reporter (pruned), with the steps measured before (seconds, tokens/s/GPU)."""
 
-    def __init__(self, reason: str, *, step_times_s: Sequence[float] = (), tokens_per_s_per_gpu: Sequence[float] = (), log_path: str = "",
+    def __init__(self, reason: str, *, step_times_s: Sequence[float] = (), tokens_per_s_per_gpu: Sequence[float] = (),
+                 log_path: str = "",
                  wall_s: float | None = None) -> None:
         super().__init__(reason)
         self.wall_s = wall_s
@@ -173,6 +176,7 @@ class TrialBackend(abc.ABC):
 def check_trial_limits(backend: str, steps: int, warmup_steps: int, timeout_s: float) -> None:
     """Raises TunerError: ``steps`` < 1, warm-up outside ``[0, steps)``, or timeout <= 0 s."""
     if steps < 1 or not 0 <= warmup_steps < steps:
-        raise TunerError(f"--backend {backend}: steps must be >= 1 and warm-up steps in [0, steps), got {steps}, {warmup_steps}")
+        raise TunerError(f"--backend {backend}: steps must be >= 1 and warm-up steps in [0, steps), got {steps}, "
+                         f"{warmup_steps}")
     if not timeout_s > 0:
         raise TunerError(f"--backend {backend}: the trial timeout must be > 0 s, got {timeout_s}")

@@ -31,7 +31,8 @@ from specs._data import load_user_yaml
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 
-__all__ = ["CommandBackend", "CommandTemplate", "SCALAR_PLACEHOLDERS", "LIST_PLACEHOLDERS", "load_template", "SLIME_TEMPLATE"]
+__all__ = ["CommandBackend", "CommandTemplate", "SCALAR_PLACEHOLDERS", "LIST_PLACEHOLDERS", "load_template",
+           "SLIME_TEMPLATE"]
 
 #: Placeholders that become (part of) one argv element.
 SCALAR_PLACEHOLDERS = (
@@ -133,7 +134,8 @@ class CommandTemplate:
         environ = os.environ if environ is None else environ
         missing = [n for n in self.env_names if n not in environ]
         if missing:
-            raise TunerError(f"--command-template {self.source}: set the environment variable(s) {', '.join(missing)} it uses ({{env:NAME}})")
+            raise TunerError(f"--command-template {self.source}: set the environment variable(s) {', '.join(missing)} "
+                             "it uses ({env:NAME})")
         pls = _pipeline_layout_string(layout, model) or ""
         scalars: dict[str, object] = {
             "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp, "ep": layout.ep, "etp": layout.etp,
@@ -151,7 +153,8 @@ class CommandTemplate:
         if "{model_args}" in self.argv:
             lists["{model_args}"] = model_args(model_for_release(model, megatron_core)[0])  # GPT YaRN only from 0.19
         if "{layout_args}" in self.argv:
-            lists["{layout_args}"] = layout_args(layout, model, workload, framework=self.framework)  # type: ignore[arg-type]
+            lists["{layout_args}"] = layout_args(layout, model, workload,
+                                                 framework=self.framework)  # type: ignore[arg-type]
         script = _shell_script_index(self.argv)
         quoted = {k: shlex.quote(v) for k, v in values.items()}
         argv: list[str] = []
@@ -197,7 +200,9 @@ def load_template(path: str | Path) -> CommandTemplate:
             raise TunerError(f"{where}: env: {k} must be a string or a number, got {v!r}")
         env.append((k, str(v)))
     timeout = doc.get("timeout_s")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0):
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout,
+                                                                            (int,
+                                                                             float)) or not math.isfinite(timeout) or timeout <= 0):
         raise TunerError(f"{where}: timeout_s must be a positive number of seconds, got {timeout!r}")
     framework = doc.get("framework", "megatron")
     if framework not in ("megatron", "slime"):
@@ -211,7 +216,8 @@ def load_template(path: str | Path) -> CommandTemplate:
         for n in names:
             if n in LIST_PLACEHOLDERS:
                 if text != "{" + n + "}" or i >= len(argv_s):
-                    problems.append(f"{{{n}}} expands to several arguments, so it must be an argv element on its own (got {text!r})")
+                    problems.append(f"{{{n}}} expands to several arguments, so it must be an argv element on its own "
+                                    f"(got {text!r})")
             elif n.startswith("env:"):
                 if not _ENV_NAME_RE.fullmatch(n[4:]):
                     problems.append(f"{{{n}}}: {n[4:]!r} is not an environment variable name")
@@ -221,7 +227,8 @@ def load_template(path: str | Path) -> CommandTemplate:
         raise TunerError(f"{where}: unknown placeholder(s) {', '.join(unknown)}; accepted: {_accepted()}")
     if problems:
         raise TunerError(f"{where}: {problems[0]}")
-    return CommandTemplate(argv=argv_s, env=tuple(env), timeout_s=float(timeout) if timeout is not None else None, framework=framework, source=str(p))
+    return CommandTemplate(argv=argv_s, env=tuple(env), timeout_s=float(timeout) if timeout is not None else None,
+                           framework=framework, source=str(p))
 
 
 class CommandBackend(MeasuredBackend):
@@ -255,11 +262,13 @@ class CommandBackend(MeasuredBackend):
         tpl = command_template if isinstance(command_template, CommandTemplate) else load_template(command_template)
         missing = [n for n in tpl.env_names if n not in os.environ]
         if missing:
-            raise TunerError(f"--command-template {tpl.source}: set the environment variable(s) {', '.join(missing)} it uses ({{env:NAME}})")
+            raise TunerError(f"--command-template {tpl.source}: set the environment variable(s) {', '.join(missing)} "
+                             "it uses ({env:NAME})")
         prog = tpl.argv[0]
         if "{" not in prog and shutil.which(prog) is None:
             raise TunerError(f"--command-template {tpl.source}: the program {prog!r} (argv[0]) is not found on PATH")
-        check_trial_limits("command", steps, warmup_steps, float(tpl.timeout_s if tpl.timeout_s is not None else timeout_s))
+        check_trial_limits("command", steps, warmup_steps,
+                           float(tpl.timeout_s if tpl.timeout_s is not None else timeout_s))
         super().__init__()
         self.template = tpl
         self.trials_dir = Path(trials_dir)

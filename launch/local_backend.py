@@ -56,11 +56,13 @@ def check_local_gpus(cluster: Cluster, what: str, *, nodes_fix: str | None = Non
     ``nodes_fix`` / ``gpus_fix``: what the message tells the user to do instead."""
     slice_fix = "use a study of a slice that fits one machine (--layers N, --gpus KxGPU)"
     if cluster.num_gpus > cluster.gpus_per_node:
-        raise TunerError(f"{what} runs on one machine; {cluster.label} is {cluster.num_gpus // cluster.gpus_per_node} nodes: "
+        raise TunerError(f"{what} runs on one machine; {cluster.label} is {cluster.num_gpus // cluster.gpus_per_node} "
+                         "nodes: "
                          f"{nodes_fix or slice_fix}")
     have = machine_gpu_count()
     if have < cluster.num_gpus:
-        raise TunerError(f"{what} needs {cluster.num_gpus} GPU{'s' if cluster.num_gpus != 1 else ''} and this machine shows {have} "
+        raise TunerError(f"{what} needs {cluster.num_gpus} GPU{'s' if cluster.num_gpus != 1 else ''} and this machine "
+                         f"shows {have} "
                          f"(nvidia-smi / CUDA_VISIBLE_DEVICES): {gpus_fix or 'run it on a machine with that many, or ' + slice_fix}")
 
 
@@ -178,12 +180,16 @@ class LocalBackend(MeasuredBackend):
             raise InfeasibleLayout(
                 "harness_env", f"the layout is for {layout.world_size} GPUs but the local backend uses this machine's {self.num_gpus}"
             )
-        spec = build_spec(model, layout, workload, env=self.env, steps=self.steps, warmup_steps=self.warmup_steps, options=self.harness_options)
+        spec = build_spec(model, layout, workload, env=self.env, steps=self.steps, warmup_steps=self.warmup_steps,
+                          options=self.harness_options)
         _, tdir = self._trial_folder(trial_number, trial_dir)
         spec_path, out_path, log_path = tdir / "spec.json", tdir / "steps.jsonl", tdir / "log.txt"
         spec_path.write_text(spec.to_json())
         cmd = self.command(spec_path, out_path)
         (tdir / "command.txt").write_text(" ".join(cmd) + "\n")
-        trial = self._trial(layout, tdir, reporter, logs=f"log: {log_path}", no_result="the harness exited without a summary: ")
-        proc = LocalProcess(cmd, log_path=log_path, env={**os.environ, **SAFE_ENV, **self._device_env()}, trial_dir=tdir)
-        return trial.follow(proc, HarnessLines.file(out_path), extra=lambda got: {"notes": list(spec.notes), "data": got.result.data})
+        trial = self._trial(layout, tdir, reporter, logs=f"log: {log_path}",
+                            no_result="the harness exited without a summary: ")
+        proc = LocalProcess(cmd, log_path=log_path, env={**os.environ, **SAFE_ENV, **self._device_env()},
+                            trial_dir=tdir)
+        return trial.follow(proc, HarnessLines.file(out_path),
+                            extra=lambda got: {"notes": list(spec.notes), "data": got.result.data})

@@ -1,7 +1,8 @@
 """Reading Megatron-LM / slime training logs (no torch here): the lines of Megatron's ``training_log`` and
 ``report_memory``::
 
-     [2025-08-01 07:19:37] iteration        2/      20 | consumed samples: 256 | elapsed time per iteration (ms): 5432.1 |
+     [2025-08-01 07:19:37] iteration        2/      20 | consumed samples: 256 | elapsed time per iteration (ms): 5432.1
+     |
        ... | lm loss: 1.043863E+01 | loss scale: 1.0 | grad norm: 26.203 | number of skipped iterations:   0 | ...
     [Rank 0] (after 1 iterations) memory (MB) | allocated: 10770.3 | max allocated: 15754.8 | reserved: 16334.0 | ...
 
@@ -78,7 +79,8 @@ class MegatronLog:
     def peak_allocated_bytes(self) -> float:
         return max((m.max_allocated_bytes for m in self.memory), default=math.nan)
 
-    def tokens_per_s_per_gpu(self, step_time_s: float, *, global_batch_size: int, seq_length: int, world_size: int) -> float:
+    def tokens_per_s_per_gpu(self, step_time_s: float, *, global_batch_size: int, seq_length: int,
+                             world_size: int) -> float:
         """Throughput of a step: ``global_batch_size * seq_length / step_time_s / world_size``."""
         return global_batch_size * seq_length / step_time_s / world_size
 
@@ -87,7 +89,8 @@ class MegatronLog:
         times = [it.step_time_s for it in self.iterations]
         kept = times[warmup_steps:] if len(times) > warmup_steps else times
         med = median_after_warmup(times, warmup_steps)
-        tps = self.tokens_per_s_per_gpu(med, global_batch_size=global_batch_size, seq_length=seq_length, world_size=world_size) if med > 0 else math.nan
+        tps = self.tokens_per_s_per_gpu(med, global_batch_size=global_batch_size, seq_length=seq_length,
+                                        world_size=world_size) if med > 0 else math.nan
         return {"median_step_time_s": med, "step_time_cv": cv(kept), "tokens_per_s_per_gpu": tps}
 
     def as_harness_result(self, *, global_batch_size: int, seq_length: int, world_size: int) -> HarnessResult:
@@ -96,7 +99,8 @@ class MegatronLog:
             StepRecord(
                 step=it.iteration,
                 step_time_s=it.step_time_s,
-                tokens_per_s_per_gpu=self.tokens_per_s_per_gpu(it.step_time_s, global_batch_size=global_batch_size, seq_length=seq_length, world_size=world_size),
+                tokens_per_s_per_gpu=self.tokens_per_s_per_gpu(it.step_time_s, global_batch_size=global_batch_size,
+                                                               seq_length=seq_length, world_size=world_size),
                 loss=it.loss,
                 grad_norm=it.grad_norm,
             )

@@ -18,7 +18,8 @@ class ModelBackend(TrialBackend):
     name = "model"
     source = "predicted"
 
-    def __init__(self, *, calibration: Calibration = DEFAULT_CALIBRATION, memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
+    def __init__(self, *, calibration: Calibration = DEFAULT_CALIBRATION,
+                 memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
                  options: RunOptions = DEFAULT_RUN_OPTIONS) -> None:
         self.calibration = calibration
         self.memory_headroom = memory_headroom
@@ -42,7 +43,8 @@ class ModelBackend(TrialBackend):
         trial_number: int | None = None,
     ) -> Measurement:
         """The estimate of ``layout`` (``reporter`` and ``trial_number`` are ignored: nothing runs)."""
-        e = estimate(model, cluster, workload, layout, calibration=self.calibration, memory_headroom=self.memory_headroom,
+        e = estimate(model, cluster, workload, layout, calibration=self.calibration,
+                     memory_headroom=self.memory_headroom,
                      options=self.options)
         return Measurement(
             layout=layout,

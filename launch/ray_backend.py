@@ -43,7 +43,8 @@ def node_plan(world_size: int, gpus_per_node: int) -> tuple[list[int], str]:
     return [gpus_per_node] * (world_size // gpus_per_node), "STRICT_SPREAD"
 
 
-def torchrun_node_command(nnodes: int, node_rank: int, nproc_per_node: int, master_addr: str, master_port: int, python: str = NODE_PYTHON) -> list[str]:
+def torchrun_node_command(nnodes: int, node_rank: int, nproc_per_node: int, master_addr: str, master_port: int,
+                          python: str = NODE_PYTHON) -> list[str]:
     """torchrun's static-rendezvous command for one node, without the harness's arguments."""
     return [
         python, "-m", "torch.distributed.run",
@@ -70,7 +71,8 @@ class _NodeAgent:
             gpus = [str(int(g)) for g in ray.get_gpu_ids()]
         except Exception:  # noqa: BLE001
             gpus = []
-        return {"ip": ray.util.get_node_ip_address(), "port": port, "gpu_ids": gpus, "node_id": ray.get_runtime_context().get_node_id(),
+        return {"ip": ray.util.get_node_ip_address(), "port": port, "gpu_ids": gpus,
+                "node_id": ray.get_runtime_context().get_node_id(),
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
     def start(self, cmd: list[str], env: dict[str, str], tdir: str, spec_text: str, cwd: str) -> int:
@@ -258,7 +260,8 @@ class RayBackend(MeasuredBackend):
             ray.init(**kw)
         except Exception as e:  # noqa: BLE001 - connection errors of every kind
             where = f"the Ray cluster at {self.address!r}" if self.address else "a local Ray instance"
-            raise TunerError(f"--backend ray: cannot connect to {where} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            raise TunerError(f"--backend ray: cannot connect to {where} ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}); "
                              "start one with `ray start --head` (then --ray-address auto), or leave --ray-address out") from None
         self._started_ray = True
 
@@ -323,7 +326,8 @@ class RayBackend(MeasuredBackend):
                 (tdir / f"lost.attempt{attempt}.txt").write_text(str(e) + "\n")
         raise TrialFailed(FailureKind.crash, f"node lost in {attempts} attempts ({'; '.join(lost)})", str(tdir))
 
-    def _attempt(self, layout: Layout, spec_text: str, tdir: Path, reporter: StepReporter | None, attempt: int) -> Measurement:
+    def _attempt(self, layout: Layout, spec_text: str, tdir: Path, reporter: StepReporter | None,
+                 attempt: int) -> Measurement:
         import ray
         from ray.exceptions import RayActorError
         from ray.util.placement_group import placement_group, remove_placement_group
@@ -334,12 +338,14 @@ class RayBackend(MeasuredBackend):
         nodes = _RayNodes([], tdir, str(tdir / "steps.jsonl"))
         try:
             if not pg.wait(timeout_seconds=self.placement_timeout_s):
-                raise TrialFailed(FailureKind.timeout, f"the Ray cluster did not place {len(sizes)} x {sizes[0]} {self.gpu_resource} "
+                raise TrialFailed(FailureKind.timeout,
+                                  f"the Ray cluster did not place {len(sizes)} x {sizes[0]} {self.gpu_resource} "
                                   f"({strategy}) within {self.placement_timeout_s:.0f} s", str(tdir))
             agent_cls = ray.remote(_NodeAgent)
             for i, g in enumerate(sizes):
                 opts: dict[str, Any] = {"num_cpus": 1, "max_restarts": 0,
-                                        "scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)}
+                                        "scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg,
+                                                                                                placement_group_bundle_index=i)}
                 if self.gpu_resource == "GPU":
                     opts["num_gpus"] = g
                 else:
@@ -350,25 +356,30 @@ class RayBackend(MeasuredBackend):
             except RayActorError as e:
                 raise _NodeLost(f"an actor died before the start ({type(e).__name__})") from None
             master, port = where[0]["ip"], where[0]["port"]
-            (tdir / "placement.json").write_text(json.dumps({"strategy": strategy, "bundles": sizes, "attempt": attempt, "nodes": where}, indent=1))
+            (tdir / "placement.json").write_text(json.dumps({"strategy": strategy, "bundles": sizes, "attempt": attempt,
+                                                             "nodes": where}, indent=1))
             pids = []
             for i, (a, g) in enumerate(zip(nodes.actors, sizes)):
-                env = {**SAFE_ENV, **self.extra_env, "NNODES": str(len(sizes)), "NODE_RANK": str(i), "NPROC_PER_NODE": str(g),
+                env = {**SAFE_ENV, **self.extra_env, "NNODES": str(len(sizes)), "NODE_RANK": str(i),
+                       "NPROC_PER_NODE": str(g),
                        "MASTER_ADDR": master, "MASTER_PORT": str(port), "TUNE_TRIAL_ATTEMPT": str(attempt)}
                 if self.launcher is not None:
                     cmd = [*self.launcher, *harness_args(tdir / "spec.json", nodes.out_path)]
                 else:
-                    cmd = [*torchrun_node_command(len(sizes), i, g, master, port), *harness_args(tdir / "spec.json", nodes.out_path)]
+                    cmd = [*torchrun_node_command(len(sizes), i, g, master, port),
+                           *harness_args(tdir / "spec.json", nodes.out_path)]
                 pids.append(a.start.remote(cmd, env, str(tdir), spec_text, os.getcwd()))
             try:
                 ray.get(pids, timeout=60)
             except RayActorError as e:
                 raise _NodeLost(f"an actor died at the start ({type(e).__name__})") from None
             except Exception as e:  # noqa: BLE001 - e.g. the program cannot be started on a node
-                raise TrialFailed(FailureKind.crash, f"a node could not start the trial: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__}", str(tdir)) from None
+                raise TrialFailed(FailureKind.crash,
+                                  f"a node could not start the trial: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__}", str(tdir)) from None
             trial = self._trial(layout, tdir, reporter, logs=f"logs: {tdir}")
             return trial.follow(nodes, HarnessLines(nodes.read_steps),
-                                extra=lambda got: {"nodes": len(nodes.actors), "notes": list(got.result.start.get("notes", []))})
+                                extra=lambda got: {"nodes": len(nodes.actors),
+                                                   "notes": list(got.result.start.get("notes", []))})
         finally:
             nodes.close()
             try:
@@ -405,5 +416,6 @@ def _reachable(address: str, timeout_s: float = 5.0) -> None:
         with socket.create_connection(hp, timeout=timeout_s):
             pass
     except OSError as e:
-        raise TunerError(f"--ray-address {address!r}: nothing answers there ({e.strerror or e}); start the cluster with "
+        raise TunerError(f"--ray-address {address!r}: nothing answers there ({e.strerror or e}); start the cluster "
+                         "with "
                          "`ray start --head` and use the address it prints, or --ray-address auto on one of its nodes") from None

@@ -29,8 +29,10 @@ def register_backend(name: str, description: str, target: str) -> None:
     _REGISTRY[name] = BackendEntry(name=name, description=description, target=target)
 
 
-register_backend("model", "analytical cost model (no GPU; every number is a prediction)", "launch.model_backend:ModelBackend")
-register_backend("local", "torchrun of the megatron-core trial harness on this machine's GPUs (measured)", "launch.local_backend:LocalBackend")
+register_backend("model", "analytical cost model (no GPU; every number is a prediction)",
+                 "launch.model_backend:ModelBackend")
+register_backend("local", "torchrun of the megatron-core trial harness on this machine's GPUs (measured)",
+                 "launch.local_backend:LocalBackend")
 register_backend(
     "ray",
     "the trial harness under torchrun on the nodes of a Ray cluster, one placement group per trial (measured)",

@@ -73,7 +73,8 @@ def bridge_settings(context: ExportContext) -> tuple[dict[str, dict[str, Any]], 
     for k in ("exp_avg_dtype", "exp_avg_sq_dtype"):
         if getattr(lay, k) != "fp32":
             opt[k] = getattr(lay, k)
-    always = {"model": m, "train": {"micro_batch_size": lay.micro_batch_size, "global_batch_size": work.global_batch_size},
+    always = {"model": m,
+              "train": {"micro_batch_size": lay.micro_batch_size, "global_batch_size": work.global_batch_size},
               "optimizer": opt, "ddp": {"use_distributed_optimizer": lay.use_distributed_optimizer}}
 
     o, d = context.options or RunOptions(), RunOptions()
@@ -97,7 +98,8 @@ def bridge_settings(context: ExportContext) -> tuple[dict[str, dict[str, Any]], 
     if o.cpu_offloading_num_layers:
         runs["model"]["cpu_offloading_num_layers"] = o.cpu_offloading_num_layers
     if model.is_moe:
-        runs["model"] |= {"moe_permute_fusion": o.moe_permute_fusion, "moe_router_force_load_balancing": o.moe_router_force_load_balancing}
+        runs["model"] |= {"moe_permute_fusion": o.moe_permute_fusion,
+                          "moe_router_force_load_balancing": o.moe_router_force_load_balancing}
     defaults = {"overlap_grad_reduce": d.overlap_grad_reduce, "overlap_param_gather": d.overlap_grad_reduce,
                 "cross_entropy_loss_fusion": d.cross_entropy_loss_fusion, "cross_entropy_fusion_impl": d.cross_entropy_fusion_impl,
                 "apply_rope_fusion": d.apply_rope_fusion, "bias_activation_fusion": d.bias_activation_fusion,
@@ -119,7 +121,8 @@ def _dtype_value(old: Any, new: Any) -> Any:
     return new
 
 
-def _merge(doc: dict[str, Any], always: Mapping[str, Mapping[str, Any]], if_present: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def _merge(doc: dict[str, Any], always: Mapping[str, Mapping[str, Any]],
+           if_present: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """``doc`` with ``always``'s keys set (new ones at their section's end) and ``if_present``'s where present."""
     out = dict(doc)
     for sec in dict.fromkeys([*always, *if_present]):
@@ -186,7 +189,8 @@ def bridge_yaml(context: ExportContext) -> str:
     if context.bridge_yaml:
         doc = yaml.safe_load(context.bridge_yaml)
         if _perf_config(doc):
-            raise TunerError("--format bridge writes into a Megatron-Bridge override YAML or saved ConfigContainer; this "
+            raise TunerError("--format bridge writes into a Megatron-Bridge override YAML or saved ConfigContainer; "
+                             "this "
                              "study's --from file is a performance config (ConfigContainer, perf_matrix), whose perf_matrix "
                              "entry sets the layout: use --format recipe or megatron for this study")
     always, if_present = bridge_settings(context)
@@ -201,7 +205,8 @@ class BridgeExporter(Exporter):
 
     name = "bridge"
     file_name = "megatron_bridge.yaml"
-    description = ("megatron_bridge.yaml: the layout in Megatron-Bridge ConfigContainer keys (your --from Bridge YAML with "
+    description = ("megatron_bridge.yaml: the layout in Megatron-Bridge ConfigContainer keys (your --from Bridge YAML "
+                   "with "
                    "them written in, or an override of just them)")
 
     def in_main_job(self, context: ExportContext) -> bool:

@@ -13,7 +13,8 @@ from specs import NEWEST_MEGATRON_CORE, Cluster, ModelSpec, Precision, RunOption
 from specs.errors import TunerError
 from specs.layout import Dispatcher, Layout, RecomputeGranularity
 
-__all__ = ["SEED_ENV", "OPTIMIZER_HPARAMS", "HPARAM_FLAGS", "EXCLUSIVE_FLAGS", "merge_user_args", "MISC_ARGS", "misc_args", "misc_lines", "Framework", "model_args", "layout_args", "megatron_args"]
+__all__ = ["SEED_ENV", "OPTIMIZER_HPARAMS", "HPARAM_FLAGS", "EXCLUSIVE_FLAGS", "merge_user_args", "MISC_ARGS",
+           "misc_args", "misc_lines", "Framework", "model_args", "layout_args", "megatron_args"]
 
 GIB = 2**30
 
@@ -49,10 +50,12 @@ def misc_lines(model: ModelSpec, options: RunOptions | None = None) -> tuple[tup
     dot_product_attention/utils.py, ``get_attention_backend``); cuDNN's fused attention runs sinks."""
     lines = _MISC_LINES
     if options is not None and not options.grad_reduce_in_fp32:  # bf16 main gradients (--grad-reduce-in-bf16)
-        lines = tuple(("--grad-reduce-in-bf16", "--attention-softmax-in-fp32") if line == _MISC_LINES[1] else line for line in lines)
+        lines = tuple(("--grad-reduce-in-bf16",
+                       "--attention-softmax-in-fp32") if line == _MISC_LINES[1] else line for line in lines)
     if model.softmax_type == "vanilla":
         return lines
-    return tuple(("--attention-backend", "fused") if line == ("--attention-backend", "flash") else line for line in lines)
+    return tuple(("--attention-backend", "fused") if line == ("--attention-backend",
+                                                              "flash") else line for line in lines)
 
 
 def misc_args(model: ModelSpec, options: RunOptions | None = None) -> tuple[str, ...]:
@@ -72,21 +75,23 @@ def options_args(model: ModelSpec, workload: Workload, options: RunOptions | Non
 
 
 #: slime's own arguments (its RL loop, rollout engine and Ray placement; THUDM/slime ``slime/utils/arguments.py``):
-#: Megatron-LM's ``pretrain_gpt.py`` refuses them, so ``megatron_args.sh`` leaves them out of a slime launch's arguments.
+#: Megatron-LM's ``pretrain_gpt.py`` refuses them, so ``megatron_args.sh`` leaves them out of a slime launch's
+#: arguments.
 SLIME_ONLY_ARGS = frozenset("""
 --async --actor-num-nodes --actor-num-gpus-per-node --colocate --hf-checkpoint --ref-load --rollout-function-path
 --prompt-data --input-key --label-key --metadata-key --tool-key --apply-chat-template --num-rollout --rollout-batch-size
 --rollout-shuffle --rollout-max-response-len --rollout-max-prompt-len --rollout-temperature --rollout-top-p
 --rollout-num-gpus-per-engine --rollout-num-gpus --n-samples-per-prompt --over-sampling-batch-size --balance-data
 --num-steps-per-rollout --loss-type --disable-compute-advantages-and-returns --debug-train-only --advantage-estimator
---use-kl-loss --kl-loss-coef --kl-loss-type --kl-coef --entropy-coef --eps-clip --eps-clip-high --sglang-mem-fraction-static
---sglang-ep-size --use-dynamic-batch-size --max-tokens-per-gpu --use-wandb --wandb-group --model-name
-""".split())
+--use-kl-loss --kl-loss-coef --kl-loss-type --kl-coef --entropy-coef --eps-clip --eps-clip-high
+--sglang-mem-fraction-static --sglang-ep-size --use-dynamic-batch-size --max-tokens-per-gpu --use-wandb --wandb-group
+--model-name """.split())
 
 #: The tool's own training hyperparameters: the seed's optimizer and schedule (:data:`OPTIMIZER_HPARAMS`) and its
 #: dropout. A command that carries the user's launch arguments (``tune --from``) writes none of them: that launch is
 #: the user's training, and Megatron-LM's defaults stand where it sets nothing.
-HPARAM_FLAGS = frozenset([a for a in OPTIMIZER_HPARAMS if a.startswith("--")] + ["--attention-dropout", "--hidden-dropout"])
+HPARAM_FLAGS = frozenset([a for a in OPTIMIZER_HPARAMS if a.startswith("--")] + ["--attention-dropout",
+                                                                                 "--hidden-dropout"])
 
 #: Megatron-LM flags a launch sets at most one of (``megatron/training/arguments.py``, ``validate_args``: "can only
 #: specify one of lr-warmup-fraction and lr-warmup-iters", iteration- or sample-based training, one data source).
@@ -142,7 +147,8 @@ def merge_user_args(tuned: Sequence[Sequence[str]], free: Sequence[Sequence[str]
 #: The flag groups the exported scripts write from their own variables (run_slime.sh's RUN_ARGS): a launch read back
 #: from an exported ``recipe.yaml`` carries them, and keeping them would repeat them at every round trip.
 SCRIPT_OWN_GROUPS = frozenset({
-    ("--load", "$SAVE_DIR"), ("--save", "$SAVE_DIR"), ("--save-interval", "$SAVE_INTERVAL"), ("--num-epoch", "$NUM_EPOCH"),
+    ("--load", "$SAVE_DIR"), ("--save", "$SAVE_DIR"), ("--save-interval", "$SAVE_INTERVAL"), ("--num-epoch",
+                                                                                              "$NUM_EPOCH"),
     ("--num-rollout", "$NUM_ROLLOUT"), ("--tensorboard-dir", "$TENSORBOARD_DIR"), ("--rollout-shuffle",),
     ("--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout"),
 })
@@ -283,7 +289,8 @@ def model_args(model: ModelSpec) -> list[str]:
     # a GPT model's YaRN is megatron-core's position embedding "yarn" (MLA models take YaRN through their own rope type)
     gpt_yarn = model.rope_scaling_type == "yarn" and not model.is_mla
     pos = "yarn" if gpt_yarn else "rope"
-    a += ["--normalization", "RMSNorm", "--position-embedding-type", pos, "--norm-epsilon", _flag_num(model.norm_epsilon)]
+    a += ["--normalization", "RMSNorm", "--position-embedding-type", pos, "--norm-epsilon",
+          _flag_num(model.norm_epsilon)]
     if model.gated_linear_unit:
         a += ["--quick-geglu"] if model.activation_func == "quick_gelu" else ["--swiglu"]
     if model.glu_linear_offset:
@@ -332,14 +339,17 @@ def _rope_args(model: ModelSpec, gpt_yarn: bool) -> list[str]:
     if model.rope_scaling_type == "llama3":
         a += ["--use-rope-scaling", "--rope-scaling-factor", _flag_num(model.rope_scaling_factor)]
     elif model.rope_scaling_type == "yarn":
-        a += ["--rotary-scaling-factor", _flag_num(model.rope_scaling_factor), "--mscale", _flag_num(model.rope_scaling_mscale),
+        a += ["--rotary-scaling-factor", _flag_num(model.rope_scaling_factor), "--mscale",
+              _flag_num(model.rope_scaling_mscale),
               "--mscale-all-dim", _flag_num(model.rope_scaling_mscale_all_dim)]  # fmt: skip
         if gpt_yarn:
             # megatron/training/argument_utils.py::_apply_yarn_config_from_args (megatron-core 0.19) maps these onto the
             # config's yarn_* fields, as Megatron-Bridge's GPT-OSS bridge sets them from config.json
             if model.rope_scaling_original_max_position_embeddings:
-                a += ["--yarn-original-max-position-embeddings", str(model.rope_scaling_original_max_position_embeddings)]
-            a += ["--yarn-beta-fast", _flag_num(model.rope_scaling_beta_fast), "--yarn-beta-slow", _flag_num(model.rope_scaling_beta_slow),
+                a += ["--yarn-original-max-position-embeddings",
+                      str(model.rope_scaling_original_max_position_embeddings)]
+            a += ["--yarn-beta-fast", _flag_num(model.rope_scaling_beta_fast), "--yarn-beta-slow",
+                  _flag_num(model.rope_scaling_beta_slow),
                   "--yarn-correction-range-round-to-int" if model.rope_scaling_truncate else "--no-yarn-correction-range-round-to-int"]
     return a
 
@@ -364,7 +374,8 @@ def _moe_args(model: ModelSpec) -> list[str]:
     if model.moe_router_topk_scaling_factor:
         a += ["--moe-router-topk-scaling-factor", _flag_num(model.moe_router_topk_scaling_factor)]
     if model.moe_router_num_groups:
-        a += ["--moe-router-num-groups", str(model.moe_router_num_groups), "--moe-router-group-topk", str(model.moe_router_group_topk)]
+        a += ["--moe-router-num-groups", str(model.moe_router_num_groups), "--moe-router-group-topk",
+              str(model.moe_router_group_topk)]
     a += ["--moe-router-dtype", "fp32", "--moe-grouped-gemm"]
     return a
 
@@ -413,7 +424,8 @@ def _recompute_args(layout: Layout) -> list[str]:
             "--recompute-num-layers", str(layout.recompute_num_layers),
         ]  # fmt: skip
     if g == RecomputeGranularity.selective:
-        return ["--recompute-granularity", "selective", "--recompute-modules", *(layout.recompute_modules or ("core_attn",))]
+        return ["--recompute-granularity", "selective", "--recompute-modules",
+                *(layout.recompute_modules or ("core_attn",))]
     return []
 
 
@@ -463,7 +475,8 @@ def _precision_args(workload: Workload, framework: Framework) -> list[str]:
     return a
 
 
-def layout_args(layout: Layout, model: ModelSpec, workload: Workload, *, framework: Framework = "megatron") -> list[str]:
+def layout_args(layout: Layout, model: ModelSpec, workload: Workload, *,
+                framework: Framework = "megatron") -> list[str]:
     """Parallelism, batch, recompute, optimizer, dispatcher and pipeline-layout flags, in the seed's order.
 
     The pipeline layout string sets VPP, so no VPP flag is written. slime packs rows by tokens
@@ -490,7 +503,8 @@ def layout_args(layout: Layout, model: ModelSpec, workload: Workload, *, framewo
     return a
 
 
-def megatron_args(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, *, options: RunOptions | None = None,
+def megatron_args(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, *,
+                  options: RunOptions | None = None,
                   user_args: Sequence[str] = ()) -> list[str]:
     """The full Megatron-LM argument list for ``pretrain_gpt.py``, data arguments aside.
 

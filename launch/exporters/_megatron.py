@@ -23,7 +23,8 @@ _EXECUTED = '[[ -n "${BASH_VERSION:-}" && "${BASH_SOURCE[0]}" == "$0" ]]'
 
 #: The environment variables ``megatron_args.sh`` reads when run: name -> what it is (and its default). Defaults as in
 #: Megatron-LM's ``examples/llama/train_llama3_8b_h100_fp8.sh`` (NVIDIA/Megatron-LM at 779c5b7): ``pretrain_gpt.py`` run
-#: from the checkout's root, ``--split 99,1,0``, ``--save-interval 1000``, ``MASTER_ADDR`` localhost, ``MASTER_PORT`` 29500.
+#: from the checkout's root, ``--split 99,1,0``, ``--save-interval 1000``, ``MASTER_ADDR`` localhost, ``MASTER_PORT``
+#: 29500.
 MEGATRON_SCRIPT_ENV: dict[str, str] = {
     "DATA_PATH": "your data: the prefix of the .bin/.idx pair tools/preprocess_data.py writes (--data-path), or MOCK for "
                  "the mock data of Megatron-LM (--mock-data); required",
@@ -76,7 +77,8 @@ class _OwnRunArgs:
     @property
     def adds(self) -> bool:
         """Whether any argument is added (bash < 4.4 takes an empty array's expansion for unset)."""
-        return any((self.data, self.tokenizer, self.train_iters, self.save, self.load, self.save_interval, self.tensorboard))
+        return any((self.data, self.tokenizer, self.train_iters, self.save, self.load, self.save_interval,
+                    self.tensorboard))
 
     @property
     def checks(self) -> list[tuple[str, str, str | None]]:
@@ -119,7 +121,8 @@ class _OwnRunArgs:
         return out
 
 
-def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, *, options: RunOptions | None = None,
+def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, *,
+                         options: RunOptions | None = None,
                          user_args: Sequence[str] = ()) -> str:
     """A bash file defining ``MEGATRON_ARGS=( ... )`` (each element ``shlex.quote``-d): run, it launches
     ``pretrain_gpt.py`` with torchrun and the arguments of :data:`MEGATRON_SCRIPT_ENV`; ``--print`` prints the array;
@@ -130,7 +133,8 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
     """
     argv = megatron_args(model, cluster, workload, layout, options=options, user_args=user_args)
     own = _OwnRunArgs.given({a for a in argv if a.startswith("--")})
-    needs = [n + " (or MOCK)" * (n == "DATA_PATH") for n in ("DATA_PATH", "TOKENIZER_MODEL", "TRAIN_ITERS") if n in {c[0] for c in own.checks}]
+    needs = [n + " (or MOCK)" * (n == "DATA_PATH") for n in ("DATA_PATH", "TOKENIZER_MODEL",
+                                                             "TRAIN_ITERS") if n in {c[0] for c in own.checks}]
     runs = textwrap.wrap("NODE_RANK and MASTER_ADDR); " + (f"needs {', '.join(needs)}; " if needs else "")
                          + f"reads {', '.join([*own.read, 'PRETRAIN_SCRIPT', 'NNODES', 'MASTER_PORT'])}", 78)
     head = [
@@ -155,7 +159,8 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
     if user_vars:  # the kept arguments expand them as MEGATRON_ARGS is built, under set -u when executed
         shown = " ".join(f'"${{{n}=\\${n}}}"' for n, _, _ in user_vars)
         head.append(f'if {_EXECUTED} && [ "${{1:-}}" = --print ]; then : {shown}; fi')
-    name = shlex.quote("checkpoints/" + re.sub(r"[\x00-\x1f\x7f]+", "_", model.name))  # no control character reaches the script
+    name = shlex.quote("checkpoints/" + re.sub(r"[\x00-\x1f\x7f]+", "_",
+                                               model.name))  # no control character reaches the script
     tail = [
         f"if {_EXECUTED}; then",
         '  if [ "${1:-}" = --print ]; then printf \'%s\\n\' "${MEGATRON_ARGS[@]}"; exit 0; fi',
@@ -179,5 +184,6 @@ class MegatronArgsExporter(Exporter):
     executable = True
 
     def render(self, context: ExportContext) -> str:
-        return megatron_args_script(context.model, context.cluster, context.workload, context.layout, options=context.options,
+        return megatron_args_script(context.model, context.cluster, context.workload, context.layout,
+                                    options=context.options,
                                     user_args=context.user_args)

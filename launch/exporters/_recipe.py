@@ -31,7 +31,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from cost_model.types import Estimate
     from launch.base import Measurement
 
-__all__ = ["recipe_dict", "dump_recipe", "write_recipe", "validate_recipe", "recipe_schema", "measurement_from_row", "RecipeExporter"]
+__all__ = ["recipe_dict", "dump_recipe", "write_recipe", "validate_recipe", "recipe_schema", "measurement_from_row",
+           "RecipeExporter"]
 
 _STACK_FRAMEWORK = "slime or Megatron-LM (a version with --pipeline-model-parallel-layout and the megatron_core below)"
 _PREDICTION_SOURCE = "analytical cost model (cost_model/)"
@@ -55,7 +56,8 @@ def _min_megatron_core(layout: Layout, model: ModelSpec) -> tuple[str, list[str]
     """Oldest megatron-core release known to accept the exported flags, with the reasons."""
     need = [("0.14.0", "--pipeline-model-parallel-layout, --use-precision-aware-optimizer and the flags used")]
     if layout.tp > model.num_query_groups:
-        need.append(("0.16.0", f"TP {layout.tp} above the {model.num_query_groups} query groups (TP % groups == 0 since 0.16)"))
+        need.append(("0.16.0",
+                     f"TP {layout.tp} above the {model.num_query_groups} query groups (TP % groups == 0 since 0.16)"))
     if layout.ep > 1 and layout.tp > 1 and not layout.sequence_parallel:
         need.append(("0.15.0", "EP and TP without sequence parallelism (an error before 0.15)"))
     if layout.dispatcher.moe_flex_dispatcher_backend and model.is_moe:
@@ -64,8 +66,10 @@ def _min_megatron_core(layout: Layout, model: ModelSpec) -> tuple[str, list[str]
         need.append(("0.16.0", f"--moe-flex-dispatcher-backend {layout.dispatcher.moe_flex_dispatcher_backend}"))
     if model.rope_scaling_type == "yarn" and not model.is_mla:
         # the --yarn-* flags and their mapping onto a GPT model's config (megatron/training/argument_utils.py
-        # _apply_yarn_config_from_args) arrived in 0.19; before it GPTModel's yarn branch reads config fields nothing sets
-        need.append((f"{GPT_YARN_SINCE[0]}.{GPT_YARN_SINCE[1]}.0", "--position-embedding-type yarn with the --yarn-* flags (a GPT model's YaRN)"))
+        # _apply_yarn_config_from_args) arrived in 0.19; before it GPTModel's yarn branch reads config fields nothing
+        # sets
+        need.append((f"{GPT_YARN_SINCE[0]}.{GPT_YARN_SINCE[1]}.0",
+                     "--position-embedding-type yarn with the --yarn-* flags (a GPT model's YaRN)"))
     version = max((v for v, _ in need), key=lambda v: tuple(int(x) for x in v.split(".")))
     return version, [w for _, w in need]
 
@@ -248,12 +252,14 @@ def recipe_dict(
     if study:
         recipe["study"] = study
     recipe |= {
-        "stack": {"framework": _STACK_FRAMEWORK, "megatron_core": f">={core}", "note": stack_note, **_run_block(options, stack, user_args)},
+        "stack": {"framework": _STACK_FRAMEWORK, "megatron_core": f">={core}", "note": stack_note,
+                  **_run_block(options, stack, user_args)},
         "workload": _workload_section(workload),
         "layout": _layout_section(layout, model, workload, pls),
         "result": result,
         "prediction": _prediction(estimate, model, cluster, workload) if estimate is not None else None,
-        "correctness": dict(correctness) if correctness is not None else {"result": "not run", "note": _CORRECTNESS_NOTE},
+        "correctness": dict(correctness) if correctness is not None else {"result": "not run",
+                                                                          "note": _CORRECTNESS_NOTE},
         "env": dict(SEED_ENV),
         "patches": [],
         "run": run,
@@ -310,12 +316,14 @@ def _workload_section(workload: Workload) -> dict[str, Any]:
     }
 
 
-def _notes(model: ModelSpec, cluster: Cluster, layout: Layout, status: str, failure_note: str | None, extra_notes: Sequence[str],
+def _notes(model: ModelSpec, cluster: Cluster, layout: Layout, status: str, failure_note: str | None,
+           extra_notes: Sequence[str],
            pls: Any) -> list[str]:
     """The recipe's ``notes``: status, the pipeline layout in words, what slime and Megatron-LM change or need."""
     notes: list[str] = []
     if status == "predicted":
-        notes.append("Predicted by the analytical cost model, not measured: run it (`tune` trials) before relying on the numbers.")
+        notes.append("Predicted by the analytical cost model, not measured: run it (`tune` trials) before relying on "
+                     "the numbers.")
     if failure_note:
         notes.append(failure_note + ".")
     notes.extend(str(n) for n in extra_notes)
@@ -325,7 +333,8 @@ def _notes(model: ModelSpec, cluster: Cluster, layout: Layout, status: str, fail
         notes.append(f"The model's config ({model.source or model.name}) adds these launch arguments: "
                      f"{shlex.join(model.extra_megatron_args)}.")
     if model.is_moe and layout.dispatcher == Dispatcher.allgather:
-        notes.append("slime rewrites the allgather dispatcher to alltoall (it needs variable sequence lengths), so `run` asks for alltoall.")
+        notes.append("slime rewrites the allgather dispatcher to alltoall (it needs variable sequence lengths), so "
+                     "`run` asks for alltoall.")
     if model.qk_layernorm_full_dim:
         notes.append(
             "MODEL_ARGS follow slime's scripts/models/minimax-m2.sh: its own layer spec "
@@ -343,7 +352,8 @@ def _notes(model: ModelSpec, cluster: Cluster, layout: Layout, status: str, fail
             "builds plain RoPE (the same cost)."
         )
     if not layout.use_distributed_optimizer:
-        notes.append("slime always turns the distributed optimizer on; the layout's non-distributed optimizer holds for Megatron-LM only.")
+        notes.append("slime always turns the distributed optimizer on; the layout's non-distributed optimizer holds "
+                     "for Megatron-LM only.")
     if model.is_moe and layout.dispatcher == Dispatcher.flex_deepep and layout.etp * layout.ep > cluster.nvlink_size:
         net = cluster.network
         notes.append(

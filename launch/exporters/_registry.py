@@ -16,7 +16,8 @@ def register_exporter(exporter: Exporter) -> Exporter:
     Raises:
         ValueError: another format writes the same file name.
     """
-    clash = next((e.name for e in _REGISTRY.values() if e.file_name == exporter.file_name and e.name != exporter.name), None)
+    clash = next((e.name for e in _REGISTRY.values() if e.file_name == exporter.file_name and e.name != exporter.name),
+                 None)
     if clash is not None:
         raise ValueError(f"exporter {exporter.name!r}: format {clash!r} already writes {exporter.file_name}")
     _REGISTRY[exporter.name] = exporter

@@ -39,7 +39,8 @@ from specs.layout import Dispatcher, Layout
 
 __all__ = ["SEED_NUM_ROLLOUT", "SEED_ROLLOUT", "SFT_ROLLOUT", "SLIME_SCRIPT_ENV", "slime_script", "SlimeScriptExporter"]
 
-#: slime's supervised fine-tuning rollout (``slime/rollout/sft_rollout.py``, as slime's ``scripts/run-*-sft.sh`` use it).
+#: slime's supervised fine-tuning rollout (``slime/rollout/sft_rollout.py``, as slime's ``scripts/run-*-sft.sh`` use
+#: it).
 SFT_ROLLOUT = "slime.rollout.sft_rollout.generate_rollout"
 
 #: The seed's benchmark (``BENCHMARK=1``): its own pre-tokenized rollout module (not part of slime) and 20 steps.
@@ -67,7 +68,8 @@ _REQUIRED = ("HF_CKPT", "TORCH_DIST", "SFT_DATA")
 
 
 #: Variables run_slime.sh sets itself (a default) or reads as optional: a kept argument may expand them.
-_SET_HERE = ("PYTHON", "SLIME_ENTRY", "NUM_EPOCH", "SAVE_INTERVAL", "NVLINK_COUNT", "SAVE_DIR", "HF_CKPT", "TORCH_DIST", "SFT_DATA",
+_SET_HERE = ("PYTHON", "SLIME_ENTRY", "NUM_EPOCH", "SAVE_INTERVAL", "NVLINK_COUNT", "SAVE_DIR", "HF_CKPT", "TORCH_DIST",
+             "SFT_DATA",
              "SLIME_DIR", "PYTHONPATH")
 
 
@@ -125,7 +127,8 @@ def slime_script(
     reads = [v for v, on in (("SAVE_INTERVAL", "--save-interval" not in user_flags),
                              ("TENSORBOARD_DIR", "--tensorboard-dir" not in user_flags)) if on]
     out: list[str] = [
-        *comment(f"slime: {model.name} on {cluster.num_gpus} {cluster.gpu.name} ({cluster.num_nodes} x {cluster.gpus_per_node}), "
+        *comment(f"slime: {model.name} on {cluster.num_gpus} {cluster.gpu.name} ({cluster.num_nodes} x "
+                 f"{cluster.gpus_per_node}), "
                  f"{layout.label}", None),
         *comment(_summary(layout, model, workload)),
         *comment(
@@ -149,7 +152,8 @@ def slime_script(
     out += ["", bash_array("MODEL_ARGS", model_args(model)).rstrip("\n"), ""]
     out += [*_run_args(user_flags), ""]
     if model.is_moe and layout.dispatcher == Dispatcher.allgather:
-        out.append("# The layout's dispatcher is allgather; slime rewrites allgather to alltoall, so alltoall is asked for.")
+        out.append("# The layout's dispatcher is allgather; slime rewrites allgather to alltoall, so alltoall is "
+                   "asked for.")
     for g in user:
         groups.append([Sh(f'"{a}"') if "$" in a and '"' not in a else a for a in g])  # the user's "$VAR" stays an expansion
     out += command((Sh('"$PYTHON"'), Sh('"$SLIME_ENTRY"')), groups)
@@ -209,5 +213,6 @@ class SlimeScriptExporter(Exporter):
     def render(self, context: ExportContext) -> str:
         body = slime_script(context.model, context.cluster, context.workload, context.layout, options=context.options,
                             user_args=context.user_args)
-        head = [SHEBANG, f"# {self.file_name}, exported by megatron-layout-tuner: run it as it is (./{self.file_name}).", STRICT_MODE]
+        head = [SHEBANG,
+                f"# {self.file_name}, exported by megatron-layout-tuner: run it as it is (./{self.file_name}).", STRICT_MODE]
         return "\n".join(head) + "\n" + body

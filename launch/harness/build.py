@@ -23,7 +23,9 @@ def _config_fields(cfg: Any, names: tuple[str, ...]) -> dict[str, Any]:
         if not hasattr(cfg, n):
             continue
         v = getattr(cfg, n)
-        out[n] = v if isinstance(v, (bool, int, float, str, type(None))) else (list(v) if isinstance(v, (list, tuple)) else str(v))
+        out[n] = v if isinstance(v,
+                                 (bool, int, float, str,
+                                  type(None))) else (list(v) if isinstance(v, (list, tuple)) else str(v))
     return out
 
 
@@ -37,7 +39,8 @@ _TRANSFORMER_FIELDS = (
     "fp8_param", "fp8_amax_history_len", "fp8_amax_compute_algo", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
     "gradient_accumulation_fusion", "apply_rope_fusion", "bias_dropout_fusion", "bf16", "params_dtype",
 )
-_DDP_FIELDS = ("grad_reduce_in_fp32", "overlap_grad_reduce", "use_distributed_optimizer", "fp8_param_gather", "bucket_size")
+_DDP_FIELDS = ("grad_reduce_in_fp32", "overlap_grad_reduce", "use_distributed_optimizer", "fp8_param_gather",
+               "bucket_size")
 
 
 def _host_rss() -> int | None:
@@ -83,11 +86,13 @@ def _local_modules(fault: str | None = None) -> tuple[type, type]:
         """Causal attention through ``scaled_dot_product_attention``: query ``[s, b, heads, d]``, key and value ``[s,
         b, groups, d]``; output ``[s, b, heads * d]``."""
 
-        def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str = "self", softmax_scale: float | None = None, **_: Any) -> None:
+        def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str = "self",
+                     softmax_scale: float | None = None, **_: Any) -> None:
             super().__init__(config=config)
             self.softmax_scale = softmax_scale
 
-        def forward(self, query: Any, key: Any, value: Any, attention_mask: Any, attn_mask_type: Any = None, attention_bias: Any = None, packed_seq_params: Any = None) -> Any:
+        def forward(self, query: Any, key: Any, value: Any, attention_mask: Any, attn_mask_type: Any = None,
+                    attention_bias: Any = None, packed_seq_params: Any = None) -> Any:
             s, b, h, d = query.shape
             q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
             gqa = k.shape[1] != h
@@ -141,7 +146,8 @@ def _gpt_oss_kwargs(m: dict[str, Any]) -> dict[str, Any]:
     if m.get("activation_func", "silu") == "quick_gelu":
         from megatron.core.fusions.fused_bias_geglu import quick_gelu
 
-        kw.update(activation_func=quick_gelu, glu_linear_offset=float(m.get("glu_linear_offset") or 0.0), bias_activation_fusion=True)
+        kw.update(activation_func=quick_gelu, glu_linear_offset=float(m.get("glu_linear_offset") or 0.0),
+                  bias_activation_fusion=True)
         if m.get("activation_func_clamp_value"):
             kw["activation_func_clamp_value"] = float(m["activation_func_clamp_value"])
     if m.get("softmax_type", "vanilla") != "vanilla":
@@ -395,7 +401,9 @@ def _optimizer(spec: HarnessSpec, cfg: Any, chunks: list[Any]) -> Any:
             r = finalize_model_grads(*args, **kwargs)
             _RAN.setdefault("fault", {})["scaled"] = scale_norm_grad(chunks, 2.0)
             return r
-    _RAN["optimizer"] = _config_fields(ocfg, ("optimizer", "lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "clip_grad", "bf16",
+    _RAN["optimizer"] = _config_fields(ocfg,
+                                       ("optimizer", "lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps",
+                                        "clip_grad", "bf16",
                                               "use_distributed_optimizer", "use_precision_aware_optimizer", "store_param_remainders",
                                               "main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
                                               "optimizer_cpu_offload", "optimizer_offload_fraction", "overlap_cpu_optimizer_d2h_h2d",
@@ -452,7 +460,8 @@ def _save_weights(models: list[Any], path: str, model_dict: dict[str, Any] | Non
     if dist.get_rank() == 0 and model_dict is not None:
         from launch.harness.gather import model_fingerprint
 
-        (Path(path) / "model.json").write_text(json.dumps({"model": model_dict, "fingerprint": model_fingerprint(model_dict)}, indent=1, default=str))
+        (Path(path) / "model.json").write_text(json.dumps({"model": model_dict,
+                                                           "fingerprint": model_fingerprint(model_dict)}, indent=1, default=str))
     dist.barrier()
 
 
@@ -476,7 +485,8 @@ def _run_options(spec: HarnessSpec) -> dict[str, Any]:
     """What megatron-core ran (config fields read back from its objects) and the harness options of the spec."""
     return {
         **{k: v for k, v in _RAN.items() if k in ("transformer", "ddp", "optimizer")},
-        "harness": {"fp8_recipe": spec.fp8_recipe, "fp8_param_gather": spec.fp8_param_gather, "grad_reduce_in_fp32": spec.grad_reduce_in_fp32,
+        "harness": {"fp8_recipe": spec.fp8_recipe, "fp8_param_gather": spec.fp8_param_gather,
+                    "grad_reduce_in_fp32": spec.grad_reduce_in_fp32,
                     "cross_entropy_fusion": spec.cross_entropy_fusion, "moe_permute_fusion": spec.moe_permute_fusion,
                     "megatron_fusions": spec.megatron_fusions,
                     "use_transformer_engine": spec.use_transformer_engine, "seq_length": spec.seq_length, "global_batch_size": spec.global_batch_size},

@@ -30,7 +30,8 @@ from typing import Any
 
 from specs.errors import TunerError
 
-__all__ = ["COMPONENT_ARMS", "SEED_HYPER", "AdamHyper", "ComponentArm", "ComponentSpec", "clip_coefficient", "component_model",
+__all__ = ["COMPONENT_ARMS", "SEED_HYPER", "AdamHyper", "ComponentArm", "ComponentSpec", "clip_coefficient",
+           "component_model",
            "experts_that_fit", "main"]
 
 GIB = 2**30
@@ -49,7 +50,8 @@ class AdamHyper:
     clip_grad: float = 1.0
 
     def to_dict(self) -> dict[str, float]:
-        return {"lr": self.lr, "beta1": self.beta1, "beta2": self.beta2, "eps": self.eps, "weight_decay": self.weight_decay, "clip_grad": self.clip_grad}
+        return {"lr": self.lr, "beta1": self.beta1, "beta2": self.beta2, "eps": self.eps,
+                "weight_decay": self.weight_decay, "clip_grad": self.clip_grad}
 
 
 #: The seed's hyperparameters (``../shared/seeds/001_*``: ``--lr 1e-5 --weight-decay 0.1 --adam-beta1 0.9
@@ -100,21 +102,29 @@ class ComponentArm:
 
 #: The arms the component program runs, in order (the bitwise arm before the arm compared with it).
 COMPONENT_ARMS: tuple[ComponentArm, ...] = (
-    ComponentArm(name="default", kind="baseline", description="megatron-core's default GPU optimizer: distributed optimizer, fp32 main "
+    ComponentArm(name="default", kind="baseline",
+                 description="megatron-core's default GPU optimizer: distributed optimizer, fp32 main "
                  "weights and fp32 moments (TE FusedAdam), precision-aware off", precision_aware=False, store_param_remainders=False),
     ComponentArm(name="explicit_masters", kind="bitwise", description="precision-aware Adam with explicit FP32 masters "
                  "(store_param_remainders off)", store_param_remainders=False),
-    ComponentArm(name="gpu", kind="test", description="precision-aware Adam on the GPU: bf16 weights, FP32 masters rebuilt from "
+    ComponentArm(name="gpu", kind="test",
+                 description="precision-aware Adam on the GPU: bf16 weights, FP32 masters rebuilt from "
                  "16-bit remainders, fp32 moments", bitwise_with="explicit_masters"),
-    ComponentArm(name="gpu_bf16_moments", kind="test", description="precision-aware Adam on the GPU with bf16 exp_avg and exp_avg_sq",
+    ComponentArm(name="gpu_bf16_moments", kind="test",
+                 description="precision-aware Adam on the GPU with bf16 exp_avg and exp_avg_sq",
                  moments="bf16"),
-    ComponentArm(name="offload", kind="test", description="precision-aware Adam with CPU optimizer offload, fraction 1.0, "
+    ComponentArm(name="offload", kind="test",
+                 description="precision-aware Adam with CPU optimizer offload, fraction 1.0, "
                  "overlapped D2H/H2D copies (HybridDeviceOptimizer, torch AdamW on the CPU)", offload_fraction=1.0),
-    ComponentArm(name="control_remainders_dropped", kind="control", description="remainders dropped: zeroed after every step, so the "
+    ComponentArm(name="control_remainders_dropped", kind="control",
+                 description="remainders dropped: zeroed after every step, so the "
                  "masters are rebuilt from the bf16 weights alone", mutation="zero_remainders", detects="remainders"),
-    ComponentArm(name="control_wrong_eps", kind="control", description="epsilon 1e-6 instead of 1e-8", eps=1e-6, detects="hyperparameter"),
-    ComponentArm(name="control_wrong_beta2", kind="control", description="beta2 0.95 instead of 0.98", beta2=0.95, detects="hyperparameter"),
-    ComponentArm(name="control_bf16_masters", kind="control", description="masters kept in bf16 (TE FusedAdam with master_weights off)",
+    ComponentArm(name="control_wrong_eps", kind="control", description="epsilon 1e-6 instead of 1e-8", eps=1e-6,
+                 detects="hyperparameter"),
+    ComponentArm(name="control_wrong_beta2", kind="control", description="beta2 0.95 instead of 0.98", beta2=0.95,
+                 detects="hyperparameter"),
+    ComponentArm(name="control_bf16_masters", kind="control",
+                 description="masters kept in bf16 (TE FusedAdam with master_weights off)",
                  store_param_remainders=False, mutation="bf16_masters", detects="masters"),
 )
 
@@ -167,7 +177,8 @@ class ComponentSpec:
         return 3 * self.hidden_size * self.moe_ffn_hidden_size
 
     def shape_text(self, experts: int) -> str:
-        return (f"one MoE layer of the seed's shape (Qwen3.5-397B-A17B): hidden {self.hidden_size}, {experts} of its {self.num_experts} "
+        return (f"one MoE layer of the seed's shape (Qwen3.5-397B-A17B): hidden {self.hidden_size}, {experts} of its "
+                f"{self.num_experts} "
                 f"experts (as many as fit on one GPU with EP 1), top-{self.moe_router_topk}, expert FFN {self.moe_ffn_hidden_size}, "
                 f"{self.tokens:,} tokens per step; attention ({self.num_attention_heads} heads) and a {self.vocab_size}-token vocabulary around it")
 
@@ -227,7 +238,8 @@ def _harness_spec(spec: ComponentSpec, experts: int) -> Any:
     from launch.harness.spec import HarnessSpec
     from specs.layout import Layout
 
-    return HarnessSpec(model=component_model(spec, experts), layout=Layout(world_size=1).to_dict(), seq_length=spec.tokens, global_batch_size=1,
+    return HarnessSpec(model=component_model(spec, experts), layout=Layout(world_size=1).to_dict(),
+                       seq_length=spec.tokens, global_batch_size=1,
                        steps=1, warmup_steps=0, seed=spec.seed, use_transformer_engine=True)
 
 
@@ -252,7 +264,9 @@ def _build_ddp(hspec: Any, seed: int) -> tuple[Any, Any]:
     _seed_all(seed)
     cfg = build._transformer_config(hspec)
     chunks = build._build_chunks(hspec, cfg)
-    ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True),
+    ddp = DistributedDataParallel(cfg,
+                                  DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                                                use_distributed_optimizer=True),
                                   chunks[0])
     return cfg, ddp
 
@@ -378,7 +392,8 @@ def _run(spec: ComponentSpec, out: _Out) -> None:
     experts = spec.experts if spec.experts is not None else min(fit, spec.max_experts)
     hspec = _harness_spec(spec, experts)
     nsteps = max(spec.steps)
-    out.write({"event": "start", "versions": _versions(), "spec": json.loads(spec.to_json()), "experts": experts, "experts_fit": fit,
+    out.write({"event": "start", "versions": _versions(), "spec": json.loads(spec.to_json()), "experts": experts,
+               "experts_fit": fit,
                "shape": spec.shape_text(experts), "gpu_free_bytes": free, "gpu_total_bytes": total, "host_available_bytes": host_avail,
                "arms": [a.to_dict() for a in COMPONENT_ARMS if a.name in spec.arms], "hyper": spec.hyper.to_dict()})
 
@@ -413,7 +428,8 @@ def _run(spec: ComponentSpec, out: _Out) -> None:
     coeffs = [clip_coefficient(x, spec.hyper.clip_grad) for x in norms]
     numel = sum(p.numel() for _, p in named)
     absg = torch.cat([grads[n][0].reshape(-1)[:: max(1, grads[n][0].numel() // 4096)].abs() for n in grads])
-    out.write({"event": "grads", "steps": nsteps, "raw_global_norms": raw_norms, "scale": scale, "global_norms": norms, "clip_coeffs": coeffs,
+    out.write({"event": "grads", "steps": nsteps, "raw_global_norms": raw_norms, "scale": scale, "global_norms": norms,
+               "clip_coeffs": coeffs,
                "params": numel, "tensors": len(named), "median_abs_grad_step1": float(absg.median()), "seconds": time.perf_counter() - t0,
                "host": process_memory()})
     del ddp, cfg, named
@@ -427,9 +443,11 @@ def _run(spec: ComponentSpec, out: _Out) -> None:
         try:
             _run_arm(spec, hspec, arm, p0, grads, coeffs, explicit, out)
         except torch.OutOfMemoryError as e:
-            out.write({"event": "arm_error", "arm": arm.name, "kind": arm.kind, "message": f"out of memory: {str(e)[:300]}"})
+            out.write({"event": "arm_error", "arm": arm.name, "kind": arm.kind,
+                       "message": f"out of memory: {str(e)[:300]}"})
         except Exception as e:  # noqa: BLE001 - an arm that breaks is a finding; the others still run
-            out.write({"event": "arm_error", "arm": arm.name, "kind": arm.kind, "message": f"{type(e).__name__}: {str(e)[:1500]}",
+            out.write({"event": "arm_error", "arm": arm.name, "kind": arm.kind,
+                       "message": f"{type(e).__name__}: {str(e)[:1500]}",
                        "traceback": traceback.format_exc()[-3000:]})
         gc.collect()
         torch.cuda.empty_cache()
@@ -442,7 +460,8 @@ def _run(spec: ComponentSpec, out: _Out) -> None:
     dist.barrier()
 
 
-def _run_arm(spec: ComponentSpec, hspec: Any, arm: ComponentArm, p0: dict[str, Any], grads: dict[str, list[Any]], coeffs: list[float],
+def _run_arm(spec: ComponentSpec, hspec: Any, arm: ComponentArm, p0: dict[str, Any], grads: dict[str, list[Any]],
+             coeffs: list[float],
              explicit: dict[int, dict[str, Any]], out: _Out) -> None:
     import torch
     from megatron.core.optimizer import get_megatron_optimizer
@@ -504,10 +523,12 @@ def _run_arm(spec: ComponentSpec, hspec: Any, arm: ComponentArm, p0: dict[str, A
                 bf16_mism += int((p.detach().reshape(-1) != master.to(torch.bfloat16)).sum())
             del master, upd, ref
         top = sorted(per.items(), key=lambda kv: -kv[1] if kv[1] == kv[1] else 0)[:5]
-        out.write({"event": "arm", "arm": arm.name, "kind": arm.kind, "step": k, "worst_rel_l2": worst, "worst_tensor": worst_name,
+        out.write({"event": "arm", "arm": arm.name, "kind": arm.kind, "step": k, "worst_rel_l2": worst,
+                   "worst_tensor": worst_name,
                    "top_tensors": top, "tensors": len(per), "init_identical": init_same, "update_successful": bool(ok),
                    "grad_norm_reported": float(gnorm) if gnorm is not None else None, "step_s": step_s, "build_s": build_s,
-                   "optimizer": {"precision_aware": arm.precision_aware, "store_param_remainders": ocfg.store_param_remainders,
+                   "optimizer": {"precision_aware": arm.precision_aware,
+                                 "store_param_remainders": ocfg.store_param_remainders,
                                  "exp_avg_dtype": str(ocfg.exp_avg_dtype), "exp_avg_sq_dtype": str(ocfg.exp_avg_sq_dtype),
                                  "offload_fraction": arm.offload_fraction if arm.offload_fraction > 0 else 0.0,
                                  "overlap_cpu_optimizer_d2h_h2d": ocfg.overlap_cpu_optimizer_d2h_h2d, "adam_eps": ocfg.adam_eps,
@@ -515,7 +536,8 @@ def _run_arm(spec: ComponentSpec, hspec: Any, arm: ComponentArm, p0: dict[str, A
                                  "inner": sorted({type(d.optimizer).__name__ for d in _dist_opts(opt)})},
                    **({"bf16_weight_not_rounded_master": bf16_mism} if arm.name == "gpu" else {})})
         if arm.bitwise_with:
-            out.write({"event": "bitwise", "arm": arm.name, "against": arm.bitwise_with, "step": k, "identical": elems > 0 and mism == 0,
+            out.write({"event": "bitwise", "arm": arm.name, "against": arm.bitwise_with, "step": k,
+                       "identical": elems > 0 and mism == 0,
                        "mismatched": mism, "elements": elems})
     del opt, ddp, cfg, named
 
@@ -534,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     from launch.harness.spec import HarnessEnv
 
     if not HarnessEnv.detect().transformer_engine:
-        out.write({"event": "refused", "reasons": ["the component test needs Transformer Engine (precision-aware Adam is TE's FusedAdam)"]})
+        out.write({"event": "refused",
+                   "reasons": ["the component test needs Transformer Engine (precision-aware Adam is TE's FusedAdam)"]})
         print("component: refused: needs Transformer Engine", file=sys.stderr)
         return 2
     import torch
@@ -550,7 +573,8 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
         _run(spec, out)
     except BaseException as e:  # noqa: BLE001
-        out.write({"event": "error", "type": type(e).__name__, "message": str(e)[:2000], "traceback": traceback.format_exc()[-4000:]})
+        out.write({"event": "error", "type": type(e).__name__, "message": str(e)[:2000],
+                   "traceback": traceback.format_exc()[-4000:]})
         traceback.print_exc()
         return 1
     finally:

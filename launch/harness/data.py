@@ -71,7 +71,8 @@ def load_corpus(path: str | Path | None = None) -> Corpus:
     return Corpus(data=data, source=str(p))
 
 
-def sample_index(step: int, microbatch: int, dp_rank: int, row: int, *, micro_batch_size: int, dp: int, global_batch_size: int) -> int:
+def sample_index(step: int, microbatch: int, dp_rank: int, row: int, *, micro_batch_size: int, dp: int,
+                 global_batch_size: int) -> int:
     """Global sample index of one row in Megatron's pretraining-sampler order (0-based arguments).
 
     Raises:
@@ -79,10 +80,12 @@ def sample_index(step: int, microbatch: int, dp_rank: int, row: int, *, micro_ba
     """
     per_micro = micro_batch_size * dp
     if micro_batch_size < 1 or dp < 1 or global_batch_size < 1 or global_batch_size % per_micro:
-        raise TunerError(f"global batch {global_batch_size} is not a multiple of micro-batch {micro_batch_size} x DP {dp}")
+        raise TunerError(f"global batch {global_batch_size} is not a multiple of micro-batch {micro_batch_size} x DP "
+                         f"{dp}")
     m = global_batch_size // per_micro
     if not (step >= 0 and 0 <= microbatch < m and 0 <= dp_rank < dp and 0 <= row < micro_batch_size):
-        raise TunerError(f"sample position out of range: step {step}, micro-batch {microbatch}/{m}, dp rank {dp_rank}/{dp}, row {row}/{micro_batch_size}")
+        raise TunerError(f"sample position out of range: step {step}, micro-batch {microbatch}/{m}, dp rank "
+                         f"{dp_rank}/{dp}, row {row}/{micro_batch_size}")
     return step * global_batch_size + microbatch * per_micro + dp_rank * micro_batch_size + row
 
 

@@ -21,9 +21,11 @@ from typing import Any
 
 from specs.errors import TunerError
 
-__all__ = ["GRAD_DUMP_FORMAT", "model_fingerprint", "GatherPlan", "ParamShard", "assemble", "canonical_name", "gather_plan"]
+__all__ = ["GRAD_DUMP_FORMAT", "model_fingerprint", "GatherPlan", "ParamShard", "assemble", "canonical_name",
+           "gather_plan"]
 
-#: Format tag of a gradient dump's ``index.json`` (written by :mod:`launch.harness.grads`, read by :mod:`tuner.verify.parity`).
+#: Format tag of a gradient dump's ``index.json`` (written by :mod:`launch.harness.grads`, read by
+#: :mod:`tuner.verify.parity`).
 GRAD_DUMP_FORMAT = "tune-grad-dump/1"
 
 
@@ -59,7 +61,8 @@ def canonical_name(local_name: str, *, layer_offset: int = 0, ep_rank: int = 0, 
         n = _LAYER_RE.sub(lambda m: f"{m.group(1)}{m.group(2)}.{int(m.group(3)) + layer_offset}.", n, count=1)
     if _GROUPED_RE.search(n) or _SEQ_RE.search(n):
         if num_local_experts < 1:
-            raise TunerError(f"parameter {local_name!r} is an expert's: num_local_experts is needed to number it globally")
+            raise TunerError(f"parameter {local_name!r} is an expert's: num_local_experts is needed to number it "
+                             "globally")
         base = ep_rank * num_local_experts
         n = _GROUPED_RE.sub(lambda m: f"{m.group(1)}{base + int(m.group(2))}", n)
         n = _SEQ_RE.sub(lambda m: f"{m.group(1)}.{base + int(m.group(2))}.", n)
@@ -109,7 +112,8 @@ def _is_glu_fc1(name: str) -> bool:
     return bool(re.search(r"(^|\.)linear_fc1\.weight\d*$", n))
 
 
-def gather_plan(p: ParamShard, *, tp: int, etp: int, layer_offset: int = 0, ep_rank: int = 0, num_local_experts: int = 0,
+def gather_plan(p: ParamShard, *, tp: int, etp: int, layer_offset: int = 0, ep_rank: int = 0,
+                num_local_experts: int = 0,
                 gated_linear_unit: bool = True) -> GatherPlan:
     """The plan for one parameter of this rank.
 
@@ -118,23 +122,29 @@ def gather_plan(p: ParamShard, *, tp: int, etp: int, layer_offset: int = 0, ep_r
     """
     name = canonical_name(p.name, layer_offset=layer_offset, ep_rank=ep_rank, num_local_experts=num_local_experts)
     if p.shared_embedding and not p.pre_process:
-        return GatherPlan(local_name=p.name, name=name, group=None, group_size=1, dim=-1, glu=False, full_shape=tuple(p.shape), skip=True,
+        return GatherPlan(local_name=p.name, name=name, group=None, group_size=1, dim=-1, glu=False,
+                          full_shape=tuple(p.shape), skip=True,
                           reason="the last stage's copy of the tied word embedding (its gradient is the first stage's)")
     size = etp if p.is_expert else tp
     if not p.tensor_model_parallel or size == 1:
-        return GatherPlan(local_name=p.name, name=name, group=None, group_size=1, dim=-1, glu=False, full_shape=tuple(p.shape))
+        return GatherPlan(local_name=p.name, name=name, group=None, group_size=1, dim=-1, glu=False,
+                          full_shape=tuple(p.shape))
     if p.partition_stride != 1:
-        raise TunerError(f"parameter {p.name!r} is split with partition_stride {p.partition_stride}: not supported by the gradient gather")
+        raise TunerError(f"parameter {p.name!r} is split with partition_stride {p.partition_stride}: not supported by "
+                         "the gradient gather")
     if not 0 <= p.partition_dim < len(p.shape):
-        raise TunerError(f"parameter {p.name!r} (shape {list(p.shape)}) is tagged tensor_model_parallel with partition_dim {p.partition_dim}")
+        raise TunerError(f"parameter {p.name!r} (shape {list(p.shape)}) is tagged tensor_model_parallel with "
+                         f"partition_dim {p.partition_dim}")
     full = list(p.shape)
     full[p.partition_dim] *= size
     glu = gated_linear_unit and p.partition_dim == 0 and _is_glu_fc1(p.name)
-    return GatherPlan(local_name=p.name, name=name, group="etp" if p.is_expert else "tp", group_size=size, dim=p.partition_dim,
+    return GatherPlan(local_name=p.name, name=name, group="etp" if p.is_expert else "tp", group_size=size,
+                      dim=p.partition_dim,
                       glu=glu, full_shape=tuple(full))
 
 
-def assemble(pieces: Sequence[Any], plan: GatherPlan, cat: Callable[[list[Any], int], Any], chunk: Callable[[Any, int, int], list[Any]]) -> Any:
+def assemble(pieces: Sequence[Any], plan: GatherPlan, cat: Callable[[list[Any], int], Any],
+             chunk: Callable[[Any, int, int], list[Any]]) -> Any:
     """The full tensor from a TP group's pieces in rank order (``cat`` / ``chunk`` of NumPy or torch).
 
     Raises:

@@ -114,7 +114,8 @@ def _all_gather(t: Any, group: Any, size: int) -> list[Any]:
     return parts
 
 
-def dump_gradients(chunks: list[Any], out_dir: str | Path, meta: dict[str, Any], *, gated_linear_unit: bool, num_experts: int) -> dict[str, Any]:
+def dump_gradients(chunks: list[Any], out_dir: str | Path, meta: dict[str, Any], *, gated_linear_unit: bool,
+                   num_experts: int) -> dict[str, Any]:
     """Write every parameter's full fp32 gradient under ``out_dir`` (a collective); rank 0 writes ``index.json`` with
     ``meta``, ``tensors``, ``replicas`` (the largest difference between TP ranks of each replicated gradient) and
     ``seconds``. Returns the index (``tensors`` complete on rank 0)."""
@@ -148,18 +149,24 @@ def dump_gradients(chunks: list[Any], out_dir: str | Path, meta: dict[str, Any],
                 grad = torch.zeros_like(p, dtype=torch.float32)
             grad = grad.detach().float()
             shard = ParamShard(
-                name=lname, shape=tuple(p.shape), tensor_model_parallel=bool(getattr(p, "tensor_model_parallel", False)),
-                partition_dim=int(getattr(p, "partition_dim", -1)), partition_stride=int(getattr(p, "partition_stride", 1)),
-                is_expert=not bool(getattr(p, "allreduce", True)), shared_embedding=bool(getattr(p, "shared_embedding", False)), pre_process=pre,
+                name=lname, shape=tuple(p.shape), tensor_model_parallel=bool(getattr(p, "tensor_model_parallel",
+                                                                                     False)),
+                partition_dim=int(getattr(p, "partition_dim", -1)), partition_stride=int(getattr(p, "partition_stride",
+                                                                                                 1)),
+                is_expert=not bool(getattr(p, "allreduce", True)), shared_embedding=bool(getattr(p, "shared_embedding",
+                                                                                                 False)), pre_process=pre,
             )
-            plan = gather_plan(shard, tp=g["tp_size"], etp=g["etp_size"], layer_offset=offset, ep_rank=g["ep_rank"] if shard.is_expert else 0,
+            plan = gather_plan(shard, tp=g["tp_size"], etp=g["etp_size"], layer_offset=offset,
+                               ep_rank=g["ep_rank"] if shard.is_expert else 0,
                                num_local_experts=nle, gated_linear_unit=gated_linear_unit)
             if plan.skip:
                 continue
-            grp, size, grank = (("etp", g["etp_size"], g["etp_rank"]) if shard.is_expert else ("tp", g["tp_size"], g["tp_rank"]))
+            grp, size, grank = (("etp", g["etp_size"], g["etp_rank"]) if shard.is_expert else ("tp", g["tp_size"],
+                                                                                               g["tp_rank"]))
             if plan.group is not None:
                 parts = _all_gather(grad, g[grp], size)
-                full = assemble(parts, plan, lambda xs, d: torch.cat(xs, dim=d), lambda x, n, d: list(torch.chunk(x, n, dim=d)))
+                full = assemble(parts, plan, lambda xs, d: torch.cat(xs, dim=d), lambda x, n,
+                                d: list(torch.chunk(x, n, dim=d)))
             else:
                 full = grad
                 if size > 1:  # replicated: its copies must agree
@@ -169,7 +176,8 @@ def dump_gradients(chunks: list[Any], out_dir: str | Path, meta: dict[str, Any],
             if owner:
                 fname = f"tensors/{plan.name}.npy"
                 np.save(out / fname, full.contiguous().cpu().numpy())
-                mine[plan.name] = {"file": fname, "shape": list(full.shape), "dtype": "float32", "local_name": strip_wrappers(lname), "owner_rank": rank}
+                mine[plan.name] = {"file": fname, "shape": list(full.shape), "dtype": "float32",
+                                   "local_name": strip_wrappers(lname), "owner_rank": rank}
     frags: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(frags, {"tensors": mine, "replicas": replicas})
     index: dict[str, Any] = dict(meta)
@@ -184,7 +192,8 @@ def dump_gradients(chunks: list[Any], out_dir: str | Path, meta: dict[str, Any],
                 tensors[k] = v
             for k, v in f["replicas"].items():
                 reps[k] = max(reps.get(k, 0.0), v)
-        index.update(tensors=tensors, replicas=reps, duplicate_owners=sorted(set(dup)), seconds=time.perf_counter() - t0,
+        index.update(tensors=tensors, replicas=reps, duplicate_owners=sorted(set(dup)),
+                     seconds=time.perf_counter() - t0,
                      world_size=dist.get_world_size())
         tmp = out / "index.json.tmp"
         tmp.write_text(json.dumps(index, indent=1, sort_keys=True, default=str))
@@ -203,7 +212,10 @@ class SavedTensorCensus:
     def __init__(self, modules: dict[str, Any], param_storages: set[int]) -> None:
         self.modules = modules
         self.param_storages = param_storages
-        self.records: dict[str, dict[str, Any]] = {n: {"saved": {}, "alloc_before": 0, "alloc_after": 0, "inputs": []} for n in modules}
+        self.records: dict[str,
+                           dict[str,
+                                Any]] = {n: {"saved": {}, "alloc_before": 0, "alloc_after": 0,
+                                             "inputs": []} for n in modules}
         self._stack: list[str] = []
         self._done: set[str] = set()
         self._handles: list[Any] = []

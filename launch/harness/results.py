@@ -17,7 +17,8 @@ from typing import Any
 
 from launch.base import FailureKind
 
-__all__ = ["StepRecord", "HarnessResult", "read_results", "parse_results", "read_lines", "parse_lines", "classify_failure", "median_after_warmup", "cv"]
+__all__ = ["StepRecord", "HarnessResult", "read_results", "parse_results", "read_lines", "parse_lines",
+           "classify_failure", "median_after_warmup", "cv"]
 
 GIB = 2**30
 
@@ -120,8 +121,10 @@ def read_results(path: str | Path) -> HarnessResult:
 
 
 #: Events kept as :class:`HarnessResult`'s field of that name (the last line wins) or appended to a list field.
-_ONE_LINE = {"start": "start", "data": "data", "summary": "summary", "grads": "grads", "profile": "profile", "forward_only": "forward_only"}
-_MANY_LINES = {"pretrain": "pretrain", "census": "census", "memory_phase": "memory_phases", "oom": "ooms", "error": "errors"}
+_ONE_LINE = {"start": "start", "data": "data", "summary": "summary", "grads": "grads", "profile": "profile",
+             "forward_only": "forward_only"}
+_MANY_LINES = {"pretrain": "pretrain", "census": "census", "memory_phase": "memory_phases", "oom": "ooms",
+               "error": "errors"}
 
 
 def parse_results(text: str | None, *, _objs: list[dict[str, Any]] | None = None) -> HarnessResult:
@@ -137,7 +140,8 @@ def parse_results(text: str | None, *, _objs: list[dict[str, Any]] | None = None
                         step_time_s=float(obj["step_time_s"]),
                         tokens_per_s_per_gpu=float(obj.get("tokens_per_s_per_gpu", math.nan)),
                         loss=float(obj.get("loss", math.nan)) if obj.get("loss") is not None else math.nan,
-                        grad_norm=float(obj.get("grad_norm", math.nan)) if obj.get("grad_norm") is not None else math.nan,
+                        grad_norm=float(obj.get("grad_norm",
+                                                math.nan)) if obj.get("grad_norm") is not None else math.nan,
                     )
                 )
             except (KeyError, TypeError, ValueError):
@@ -153,9 +157,11 @@ def parse_results(text: str | None, *, _objs: list[dict[str, Any]] | None = None
     return r
 
 
-_OOM_RE = re.compile(r"(CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation)", re.I)
+_OOM_RE = re.compile(r"(CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation)",
+                     re.I)
 _IN_USE_RE = re.compile(r"this process has ([0-9.]+) (GiB|MiB) memory in use", re.I)
-_NCCL_RE = re.compile(r"(NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|ncclRemoteError|Watchdog caught collective operation timeout|ProcessGroupNCCL)", re.I)
+_NCCL_RE = re.compile(r"(NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|ncclRemoteError|Watchdog "
+                      r"caught collective operation timeout|ProcessGroupNCCL)", re.I)
 
 
 def _oom_bytes(result: HarnessResult, log_text: str) -> float:

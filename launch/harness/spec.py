@@ -16,7 +16,8 @@ from specs import ModelSpec, Workload
 from specs.errors import TunerError
 from specs.layout import Layout, RecomputeGranularity
 
-__all__ = ["FAULTS", "FP8_RECIPES", "HARNESS_OPTIONS", "HarnessEnv", "HarnessSpec", "build_spec", "fault_reasons", "harness_layout", "override_model", "slice_model",
+__all__ = ["FAULTS", "FP8_RECIPES", "HARNESS_OPTIONS", "HarnessEnv", "HarnessSpec", "build_spec", "fault_reasons",
+           "harness_layout", "override_model", "slice_model",
            "torchrun_command", "unsupported_reasons", "HARNESS_MODULE"]
 
 #: The module ``torchrun -m`` starts.
@@ -71,7 +72,8 @@ def slice_model(model: ModelSpec, num_layers: int | None) -> ModelSpec:
     if num_layers is None or num_layers == model.num_layers:
         return model
     if not 1 <= num_layers <= model.num_layers:
-        raise TunerError(f"--layers must be from 1 to {model.num_layers} (the layers of {model.name}), got {num_layers!r}")
+        raise TunerError(f"--layers must be from 1 to {model.num_layers} (the layers of {model.name}), got "
+                         f"{num_layers!r}")
     return model.replace(name=f"{model.name}[{num_layers} layers]", num_layers=num_layers,
                          moe_layer_freq=model.moe_layer_freq[:num_layers],
                          window_attn_skip_freq=model.window_attn_skip_freq[:num_layers], mtp_num_layers=0)
@@ -137,14 +139,16 @@ def unsupported_reasons(layout: Layout, model: ModelSpec, workload: Workload, en
         )
     d = layout.dispatcher.traits
     if d.harness_probe is not None and not getattr(env, d.harness_probe):
-        out.append(f"the {layout.dispatcher} dispatcher needs {d.library} ({d.harness_probe}), which is not installed here")
+        out.append(f"the {layout.dispatcher} dispatcher needs {d.library} ({d.harness_probe}), which is not installed "
+                   "here")
     if "moe_act" in layout.recompute_modules and not te:
         out.append(
             "recompute module moe_act needs grouped GEMM (megatron-core: 'moe_act in recompute_modules is only supported "
             "with moe_grouped_gemm'); without Transformer Engine the harness runs experts as SequentialMLP"
         )
     if workload.precision.value not in ("bf16", "fp8"):
-        out.append(f"precision {workload.precision.value} is not run by the harness (bf16, and fp8 with Transformer Engine)")
+        out.append(f"precision {workload.precision.value} is not run by the harness (bf16, and fp8 with Transformer "
+                   "Engine)")
     if workload.precision.value == "fp8" and not te:
         out.append("fp8 training needs Transformer Engine, which is not installed here")
     bf16_states = layout.exp_avg_dtype != "fp32" or layout.exp_avg_sq_dtype != "fp32"
@@ -159,7 +163,8 @@ def unsupported_reasons(layout: Layout, model: ModelSpec, workload: Workload, en
         if layout.cp > 1:
             out.append("MLA with context parallelism is not supported by the harness")
         if not te:
-            out.append("multi-latent attention is built with Transformer Engine's layer spec only (the harness's local modules have no MLA)")
+            out.append("multi-latent attention is built with Transformer Engine's layer spec only (the harness's "
+                       "local modules have no MLA)")
     return out
 
 
@@ -177,12 +182,15 @@ def option_reasons(options: dict[str, Any], workload: Workload, env: HarnessEnv)
         out.append("fp8_param_gather needs --precision fp8")
     mods = set(options.get("_recompute_modules") or ())
     if rec == "delayed" and mods & {"moe_act", "layernorm"}:
-        out.append("fp8 delayed scaling with moe_act or layernorm recompute: megatron-core 0.19 raises 'Delayed scaling does not "
+        out.append("fp8 delayed scaling with moe_act or layernorm recompute: megatron-core 0.19 raises 'Delayed "
+                   "scaling does not "
                    "support moe_act and layernorm recompute for fp8' (transformer_config.py); use fp8_recipe tensorwise")
     if options.get("cross_entropy_fusion") and not te:
-        out.append("fused cross-entropy (cross_entropy_fusion_impl 'te') needs Transformer Engine, which is not installed here")
+        out.append("fused cross-entropy (cross_entropy_fusion_impl 'te') needs Transformer Engine, which is not "
+                   "installed here")
     if options.get("megatron_fusions") and not te:
-        out.append("megatron_fusions (fused RoPE, gradient-accumulation fusion into main_grad) needs Transformer Engine, which is not "
+        out.append("megatron_fusions (fused RoPE, gradient-accumulation fusion into main_grad) needs Transformer "
+                   "Engine, which is not "
                    "installed here")
     return out
 
@@ -265,17 +273,20 @@ class HarnessSpec:
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.warmup_steps < 0 or self.warmup_steps >= self.steps:
-            raise TunerError(f"harness steps must be >= 1 and warm-up steps in [0, steps), got steps={self.steps}, warmup={self.warmup_steps}")
+            raise TunerError(f"harness steps must be >= 1 and warm-up steps in [0, steps), got steps={self.steps}, "
+                             f"warmup={self.warmup_steps}")
         if self.data not in DATA_KINDS:
             raise TunerError(f"harness data {self.data!r}: accepted {', '.join(DATA_KINDS)}")
         if self.fault is not None and self.fault not in FAULTS:
             raise TunerError(f"harness fault {self.fault!r}: accepted {', '.join(FAULTS)}")
         if self.pretrain_steps and not self.save_checkpoint:
-            raise TunerError("harness pretrain_steps (a warm start) needs save_checkpoint: the warmed weights are the check's start")
+            raise TunerError("harness pretrain_steps (a warm start) needs save_checkpoint: the warmed weights are the "
+                             "check's start")
         if self.fp8_recipe is not None and self.fp8_recipe not in FP8_RECIPES:
             raise TunerError(f"harness fp8_recipe {self.fp8_recipe!r}: accepted {', '.join(FP8_RECIPES)}")
         if (self.precision == "fp8") != (self.fp8_recipe is not None):
-            raise TunerError(f"harness precision {self.precision!r} with fp8_recipe {self.fp8_recipe!r}: fp8 needs a recipe, and a recipe needs fp8")
+            raise TunerError(f"harness precision {self.precision!r} with fp8_recipe {self.fp8_recipe!r}: fp8 needs a "
+                             "recipe, and a recipe needs fp8")
 
     @property
     def num_microbatches(self) -> int:
@@ -340,11 +351,14 @@ def build_spec(
 
     opts = dict(options or {})
     if set(opts) - HARNESS_OPTIONS:
-        raise TunerError(f"unknown harness options {sorted(set(opts) - HARNESS_OPTIONS)}; accepted: {sorted(HARNESS_OPTIONS)}")
+        raise TunerError(f"unknown harness options {sorted(set(opts) - HARNESS_OPTIONS)}; accepted: "
+                         f"{sorted(HARNESS_OPTIONS)}")
     if workload.precision.value == "fp8" and opts.get("fp8_recipe") is None:
         opts["fp8_recipe"] = "delayed"
-    chk = {**opts, "_recompute_modules": layout.recompute_modules if layout.recompute_granularity.value == "selective" else ()}
-    reasons = unsupported_reasons(layout, model, workload, env) + fault_reasons(opts.get("fault"), layout, env) + option_reasons(chk, workload, env)
+    chk = {**opts,
+           "_recompute_modules": layout.recompute_modules if layout.recompute_granularity.value == "selective" else ()}
+    reasons = unsupported_reasons(layout, model, workload, env) + fault_reasons(opts.get("fault"), layout,
+                                                                                env) + option_reasons(chk, workload, env)
     if opts.get("fault") == "embedding_shard_misplaced" and not opts.get("load_checkpoint"):
         reasons.append("fault 'embedding_shard_misplaced' acts when a checkpoint is loaded; this run loads none")
     if reasons:
@@ -361,7 +375,8 @@ def build_spec(
             "(sequence-parallel aware), experts as SequentialMLP (no grouped GEMM), per-head QK norm"
         )
         if layout.use_precision_aware_optimizer and layout.optimizer_offload_fraction <= 0:
-            notes.append("precision-aware optimizer off (needs TE FusedAdam): fp32 master weights, 4 bytes per parameter "
+            notes.append("precision-aware optimizer off (needs TE FusedAdam): fp32 master weights, 4 bytes per "
+                         "parameter "
                          "instead of TE's 2-byte remainders")
     mdict = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(model).items()}
     return HarnessSpec(

@@ -19,7 +19,8 @@ def _batches(spec: HarnessSpec, corpus: Any = None, first_step: int = 0) -> Any:
     mask = torch.ones(b, s, device="cuda", dtype=torch.float32)
 
     def finish(tokens: Any) -> dict[str, Any]:
-        batch = {"tokens": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous(), "loss_mask": mask, "position_ids": pos}
+        batch = {"tokens": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous(), "loss_mask": mask,
+                 "position_ids": pos}
         if parallel_state.get_context_parallel_world_size() > 1:
             from megatron.core.utils import get_batch_on_this_cp_rank
 
@@ -39,7 +40,9 @@ def _batches(spec: HarnessSpec, corpus: Any = None, first_step: int = 0) -> Any:
     step = first_step
     while True:
         for i in range(m):
-            rows = [sample_tokens(corpus, sample_index(step, i, r, j, micro_batch_size=b, dp=dp, global_batch_size=spec.global_batch_size), s) for j in range(b)]
+            rows = [sample_tokens(corpus,
+                                  sample_index(step, i, r, j, micro_batch_size=b, dp=dp,
+                                               global_batch_size=spec.global_batch_size), s) for j in range(b)]
             yield finish(torch.tensor(rows, dtype=torch.long, device="cuda"))
         step += 1
 

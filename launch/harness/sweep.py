@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--trials-dir", default="results/sweep/trials")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=None, help="leading steps left out of the median (default: half of --steps)")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="leading steps left out of the median (default: half of --steps)")
     ap.add_argument("--timeout", type=float, default=240.0)
     a = ap.parse_args(argv)
     try:
@@ -46,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         cluster = parse_gpus(a.gpus)
         wl = Workload(seq_length=a.seq_len, global_batch_size=a.global_batch)
         warmup = a.steps // 2 if a.warmup is None else a.warmup
-        backend = LocalBackend(trials_dir=a.trials_dir, num_gpus=cluster.num_gpus, steps=a.steps, warmup_steps=warmup, timeout_s=a.timeout)
+        backend = LocalBackend(trials_dir=a.trials_dir, num_gpus=cluster.num_gpus, steps=a.steps, warmup_steps=warmup,
+                               timeout_s=a.timeout)
         layouts = []
         for i, line in enumerate(Path(a.layouts).read_text().splitlines()):
             if line.strip():
@@ -67,14 +69,16 @@ def main(argv: list[str] | None = None) -> int:
     options = HARNESS_TE_RUN_OPTIONS if backend.env.transformer_engine else HARNESS_RUN_OPTIONS
     out = Path(a.out)
     for i, lay in layouts:
-        row: dict[str, Any] = {"n": i, "label": lay.label, "layout": lay.to_dict(), "model": model.name, "gpus": cluster.label,
+        row: dict[str, Any] = {"n": i, "label": lay.label, "layout": lay.to_dict(), "model": model.name,
+                               "gpus": cluster.label,
                      "seq_length": wl.seq_length, "global_batch_size": wl.global_batch_size}
         broken = check_layout(lay, model, wl)
         if broken:
             row["rules_broken"] = [f"[{r}] {m}" for r, m in broken]
         try:
             est = estimate(model, cluster, wl, harness_layout(lay, backend.env), options=options)
-            row.update(pred_step_time_s=est.step_time_s, pred_tokens_per_s_per_gpu=est.tokens_per_s_per_gpu, pred_peak_gib=est.peak_bytes / GIB)
+            row.update(pred_step_time_s=est.step_time_s, pred_tokens_per_s_per_gpu=est.tokens_per_s_per_gpu,
+                       pred_peak_gib=est.peak_bytes / GIB)
         except Exception as ex:  # noqa: BLE001 - record, keep measuring
             row["pred_error"] = str(ex)
         t0 = time.monotonic()
@@ -111,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         row["wall_s"] = time.monotonic() - t0
         with out.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        print(json.dumps({k: row.get(k) for k in ("n", "label", "status", "step_time_s", "pred_step_time_s", "peak_reserved_gib", "pred_peak_gib", "message", "wall_s")}), flush=True)
+        print(json.dumps({k: row.get(k) for k in ("n", "label", "status", "step_time_s", "pred_step_time_s",
+                                                  "peak_reserved_gib", "pred_peak_gib", "message", "wall_s")}), flush=True)
     return 0
 
 

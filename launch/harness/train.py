@@ -89,9 +89,11 @@ def _corpus(spec: HarnessSpec, out: _Out, rank: int) -> Any:
 
     corpus = load_corpus(spec.corpus_path)
     if spec.corpus_sha256 and corpus.sha256 != spec.corpus_sha256:
-        raise RuntimeError(f"corpus {corpus.source} has SHA-256 {corpus.sha256[:16]}..., expected {spec.corpus_sha256[:16]}...")
+        raise RuntimeError(f"corpus {corpus.source} has SHA-256 {corpus.sha256[:16]}..., expected "
+                           f"{spec.corpus_sha256[:16]}...")
     if rank == 0:
-        out.write({"event": "data", "corpus": corpus.source, "corpus_bytes": len(corpus), "corpus_sha256": corpus.sha256, "tokenizer": "bytes"})
+        out.write({"event": "data", "corpus": corpus.source, "corpus_bytes": len(corpus),
+                   "corpus_sha256": corpus.sha256, "tokenizer": "bytes"})
     return corpus
 
 
@@ -119,9 +121,10 @@ def _forward_backward(fb: Any, spec: HarnessSpec, chunks: list[Any], iters: list
     )
 
 
-def _warm_start(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, corpus: Any, out: _Out, rank: int, last: bool) -> Any:
-    """Train the seed's weights ``pretrain_steps`` steps (data steps 0 .. pretrain-1), write them as the check's starting
-    checkpoint, load them back; returns a fresh optimizer for the measured steps."""
+def _warm_start(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, corpus: Any, out: _Out, rank: int,
+                last: bool) -> Any:
+    """Train the seed's weights ``pretrain_steps`` steps (data steps 0 .. pretrain-1), write them as the check's
+    starting checkpoint, load them back; returns a fresh optimizer for the measured steps."""
     it0 = [_batches(spec, corpus, 0) for _ in chunks]
     for k in range(1, spec.pretrain_steps + 1):
         for c in chunks:
@@ -142,7 +145,8 @@ def _warm_start(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: An
     return _optimizer(spec, cfg, chunks)
 
 
-def _steps(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, iters: list[Any], out: _Out, rank: int, world: int,
+def _steps(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, iters: list[Any], out: _Out, rank: int,
+           world: int,
            last: bool) -> list[float]:
     """The measured steps, one ``step`` line each (with the step-1 gradient dump, memory phases and profile the spec
     asks for); returns the step times in seconds."""
@@ -170,8 +174,10 @@ def _steps(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, it
             idx = _dump_grads(spec, chunks, cfg, losses, last)
             t0 += time.perf_counter() - t_dump  # the dump is not part of the step's time
             if rank == 0:
-                out.write({"event": "grads", "dir": spec.dump_grads, "tensors": len(idx.get("tensors", {})), "seconds": idx.get("seconds"),
-                           "replicas_max_abs_diff": max(idx.get("replicas", {}).values(), default=0.0), "fault": _RAN.get("fault")})
+                out.write({"event": "grads", "dir": spec.dump_grads, "tensors": len(idx.get("tensors", {})),
+                           "seconds": idx.get("seconds"),
+                           "replicas_max_abs_diff": max(idx.get("replicas", {}).values(),
+                                                        default=0.0), "fault": _RAN.get("fault")})
         if step == 1:
             _memory_phase(spec, out, rank, "step1_after_forward_backward")
         ok, grad_norm, _ = opt.step()
@@ -200,7 +206,8 @@ def _steps(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, it
     return times
 
 
-def _summary(spec: HarnessSpec, chunks: list[Any], times: list[float], build_s: float, out: _Out, rank: int, world: int) -> None:
+def _summary(spec: HarnessSpec, chunks: list[Any], times: list[float], build_s: float, out: _Out, rank: int,
+             world: int) -> None:
     """The ``summary`` line: the median step time after warm-up, every rank's peak GPU and host memory (a collective)."""
     import torch
     import torch.distributed as dist
@@ -239,7 +246,8 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
 
     cfg, chunks, opt, build_s = _setup(spec, out, rank)
     if rank == 0:
-        out.write({"event": "start", "world_size": world, "layout": spec.layout, "versions": _versions(), "notes": list(spec.notes),
+        out.write({"event": "start", "world_size": world, "layout": spec.layout, "versions": _versions(),
+                   "notes": list(spec.notes),
                    "build_s": build_s, "data": spec.data, "lr": spec.lr, "fault": spec.fault, "loaded_checkpoint": spec.load_checkpoint,
                    "saved_checkpoint": spec.save_checkpoint, "label": spec.label, "precision": spec.precision, "run_options": _run_options(spec)})
     corpus = _corpus(spec, out, rank)
@@ -272,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     env = HarnessEnv.detect()
     lay = spec.layout_obj()
-    reasons = unsupported_reasons(lay, spec.model_spec(), Workload(seq_length=spec.seq_length, global_batch_size=spec.global_batch_size, precision=Precision(spec.precision)), env)
+    reasons = unsupported_reasons(lay, spec.model_spec(),
+                                  Workload(seq_length=spec.seq_length, global_batch_size=spec.global_batch_size,
+                                           precision=Precision(spec.precision)), env)
     reasons += fault_reasons(spec.fault, lay, env)
     if spec.use_transformer_engine and not env.transformer_engine:
         reasons.append("the spec asks for Transformer Engine, which is not importable here")
