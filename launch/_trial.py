@@ -28,8 +28,8 @@ from launch.megatron_log import MegatronLogReader
 from specs.layout import Layout
 
 __all__ = ["INTERRUPT_GRACE_S", "SAFE_ENV", "STOP_GRACE_S", "HarnessLines", "LocalProcess", "MeasuredBackend",
-           "MegatronLogSteps",
-           "StepSource", "Trial", "TrialProcesses", "TrialSteps", "free_port", "kill_group", "running_trials", "start_watchdog", "tail"]
+           "MegatronLogSteps", "StepSource", "Trial", "TrialProcesses", "TrialSteps", "free_port", "kill_group",
+           "running_trials", "start_watchdog", "tail"]
 
 #: Environment every trial gets: NVLink multicast off (it can take a shared host's GPUs
 #: out of service), one CUDA connection (Megatron's overlap needs it), unbuffered output.
@@ -125,7 +125,8 @@ def start_watchdog(pgid: int, grace_s: float = INTERRUPT_GRACE_S) -> subprocess.
     import sys
 
     return subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHDOG, str(os.getpid()), str(pgid), str(grace_s)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
 
 
 def record_process(trial_dir: Path, pgid: int, name: str = "process.json") -> None:
@@ -226,7 +227,8 @@ class LocalProcess(TrialProcesses):
         with open(log_path, "wb") as log:  # the child writes through its own copy of the descriptor
             try:
                 self.proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             start_new_session=True, env=dict(env), cwd=os.getcwd(), preexec_fn=_die_with_parent)
+                                             start_new_session=True, env=dict(env), cwd=os.getcwd(),
+                                             preexec_fn=_die_with_parent)
             except OSError as e:
                 raise TrialFailed(FailureKind.crash, f"cannot start {argv[0]!r}: {e.strerror or e}",
                                   str(trial_dir)) from None
@@ -418,7 +420,8 @@ class Trial:
         log_text = processes.collect()
         if stop_reason:
             raise TrialStopped(stop_reason, step_times_s=[s.step_time_s for s in got.steps],
-                               tokens_per_s_per_gpu=[s.tokens_per_s_per_gpu for s in got.steps], log_path=str(self.trial_dir))
+                               tokens_per_s_per_gpu=[s.tokens_per_s_per_gpu for s in got.steps],
+                               log_path=str(self.trial_dir))
         if not timed_out and all(rc == 0 for rc in rcs) and got.measured:
             kept = got.steps[self.warmup_steps:] or got.steps
             return Measurement(
@@ -481,5 +484,5 @@ class MeasuredBackend(TrialBackend):
     def _trial(self, layout: Layout, tdir: Path, reporter: StepReporter | None, *, logs: str,
                no_result: str = "") -> Trial:
         return Trial(layout=layout, trial_dir=tdir, warmup_steps=self.warmup_steps, timeout_s=self.timeout_s,
-                     poll_s=self.poll_s,
-                     logs=logs, reporter=reporter, cancelled=self._cancel, no_result=no_result, source=self.source)
+                     poll_s=self.poll_s, logs=logs, reporter=reporter, cancelled=self._cancel, no_result=no_result,
+                     source=self.source)

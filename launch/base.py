@@ -49,8 +49,7 @@ class TrialFailed(Exception):
     when the caller's clock tells."""
 
     def __init__(self, kind: FailureKind, message: str, log_path: str = "", *,
-                 memory_reached_bytes: float = float("nan"),
-                 wall_s: float | None = None) -> None:
+                 memory_reached_bytes: float = float("nan"), wall_s: float | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.log_path = log_path
@@ -62,8 +61,7 @@ class TrialStopped(Exception):
     """A trial stopped by its reporter (pruned), with the steps measured before (seconds, tokens/s/GPU)."""
 
     def __init__(self, reason: str, *, step_times_s: Sequence[float] = (), tokens_per_s_per_gpu: Sequence[float] = (),
-                 log_path: str = "",
-                 wall_s: float | None = None) -> None:
+                 log_path: str = "", wall_s: float | None = None) -> None:
         super().__init__(reason)
         self.wall_s = wall_s
         self.reason = reason
@@ -110,7 +108,8 @@ class BackendSettings:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     """``--trial-env`` variables of every trial process (``ray``)."""
     profile_step: int | None = None
-    """Step of every real trial to profile with ``torch.profiler`` (``local``: the harness's ``profile_step``); None: none."""
+    """Step of every real trial to profile with ``torch.profiler`` (``local``: the harness's ``profile_step``); None:
+    none."""
 
 
 class TrialBackend(abc.ABC):

@@ -139,8 +139,9 @@ class CommandTemplate:
         pls = _pipeline_layout_string(layout, model) or ""
         scalars: dict[str, object] = {
             "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp, "ep": layout.ep, "etp": layout.etp,
-            "dp": layout.dp, "micro_batch_size": layout.micro_batch_size, "global_batch_size": workload.global_batch_size,
-            "seq_length": workload.seq_length, "pipeline_layout": pls, "num_nodes": cluster.num_nodes,
+            "dp": layout.dp, "micro_batch_size": layout.micro_batch_size,
+            "global_batch_size": workload.global_batch_size, "seq_length": workload.seq_length, "pipeline_layout": pls,
+            "num_nodes": cluster.num_nodes,
             "gpus_per_node": cluster.gpus_per_node, "world_size": layout.world_size, "steps": steps,
             "trial_dir": str(trial_dir), "trial_number": trial_number,
         }  # fmt: skip
@@ -200,9 +201,8 @@ def load_template(path: str | Path) -> CommandTemplate:
             raise TunerError(f"{where}: env: {k} must be a string or a number, got {v!r}")
         env.append((k, str(v)))
     timeout = doc.get("timeout_s")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout,
-                                                                            (int,
-                                                                             float)) or not math.isfinite(timeout) or timeout <= 0):
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not math.isfinite(timeout) or timeout <= 0):
         raise TunerError(f"{where}: timeout_s must be a positive number of seconds, got {timeout!r}")
     framework = doc.get("framework", "megatron")
     if framework not in ("megatron", "slime"):
@@ -255,8 +255,8 @@ class CommandBackend(MeasuredBackend):
     ) -> None:
         if command_template is None or command_template == "":
             raise TunerError(
-                "--backend command needs --command-template FILE: a YAML or JSON file with argv: [...] and placeholders such as "
-                f"{{tp}} and {{layout_args}} (the slime one ships as {SLIME_TEMPLATE})"
+                "--backend command needs --command-template FILE: a YAML or JSON file with argv: [...] and "
+                f"placeholders such as {{tp}} and {{layout_args}} (the slime one ships as {SLIME_TEMPLATE})"
             )
         self.megatron_core = megatron_core
         tpl = command_template if isinstance(command_template, CommandTemplate) else load_template(command_template)
@@ -280,7 +280,8 @@ class CommandBackend(MeasuredBackend):
     @classmethod
     def from_settings(cls, settings: BackendSettings) -> CommandBackend:
         return cls(command_template=settings.command_template, trials_dir=settings.trials_dir, steps=settings.steps,
-                   warmup_steps=settings.warmup_steps, timeout_s=settings.timeout_s, megatron_core=settings.megatron_core)
+                   warmup_steps=settings.warmup_steps, timeout_s=settings.timeout_s,
+                   megatron_core=settings.megatron_core)
 
     def run(
         self,
@@ -303,8 +304,8 @@ class CommandBackend(MeasuredBackend):
         n, tdir = self._trial_folder(trial_number)
         try:
             argv, extra_env = self.template.fill(
-                layout, model=model, cluster=cluster, workload=workload, steps=self.steps, trial_dir=tdir.resolve(), trial_number=n,
-                megatron_core=self.megatron_core,
+                layout, model=model, cluster=cluster, workload=workload, steps=self.steps, trial_dir=tdir.resolve(),
+                trial_number=n, megatron_core=self.megatron_core,
             )
         except InfeasibleLayout:
             raise
@@ -314,7 +315,8 @@ class CommandBackend(MeasuredBackend):
         (tdir / "command.txt").write_text(shlex.join(argv) + "\n")
         (tdir / "command.json").write_text(json.dumps({"argv": argv, "env": extra_env}, indent=1) + "\n")
         trial = self._trial(layout, tdir, reporter, logs=f"log: {log_path}",
-                            no_result="the command exited without any Megatron iteration line (elapsed time per iteration): ")
+                            no_result="the command exited without any Megatron iteration line "
+                                      "(elapsed time per iteration): ")
         proc = LocalProcess(argv, log_path=log_path, env={**os.environ, **SAFE_ENV, **extra_env}, trial_dir=tdir)
         steps = MegatronLogSteps(log_path, global_batch_size=workload.global_batch_size, seq_length=workload.seq_length,
                                  world_size=layout.world_size, warmup_steps=self.warmup_steps)

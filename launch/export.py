@@ -17,7 +17,16 @@ from launch.exporters import (
     validate_recipe,
     write_recipe,
 )
-from launch.exporters._flags import MISC_ARGS, OPTIMIZER_HPARAMS, SEED_ENV, _pipeline_layout_string, layout_args, megatron_args, model_args, model_for_release
+from launch.exporters._flags import (
+    MISC_ARGS,
+    OPTIMIZER_HPARAMS,
+    SEED_ENV,
+    _pipeline_layout_string,
+    layout_args,
+    megatron_args,
+    model_args,
+    model_for_release,
+)
 
 __all__ = [
     "SEED_ENV",

@@ -62,8 +62,8 @@ def check_local_gpus(cluster: Cluster, what: str, *, nodes_fix: str | None = Non
     have = machine_gpu_count()
     if have < cluster.num_gpus:
         raise TunerError(f"{what} needs {cluster.num_gpus} GPU{'s' if cluster.num_gpus != 1 else ''} and this machine "
-                         f"shows {have} "
-                         f"(nvidia-smi / CUDA_VISIBLE_DEVICES): {gpus_fix or 'run it on a machine with that many, or ' + slice_fix}")
+                         f"shows {have} (nvidia-smi / CUDA_VISIBLE_DEVICES): "
+                         f"{gpus_fix or 'run it on a machine with that many, or ' + slice_fix}")
 
 
 def check_harness_dependencies(what: str = "--backend local") -> None:
@@ -136,11 +136,12 @@ class LocalBackend(MeasuredBackend):
     def from_settings(cls, settings: BackendSettings) -> LocalBackend:
         return cls(trials_dir=settings.trials_dir, num_gpus=settings.num_gpus, steps=settings.steps,
                    warmup_steps=settings.warmup_steps, timeout_s=settings.timeout_s,
-                   harness_options={"profile_step": settings.profile_step} if settings.profile_step is not None else None)
+                   harness_options=None if settings.profile_step is None else {"profile_step": settings.profile_step})
 
     def refusal(self, layout: Layout, model: ModelSpec, workload: Workload) -> str | None:
         if layout.world_size != self.num_gpus:
-            return f"the layout is for {layout.world_size} GPUs but the local backend uses this machine's {self.num_gpus}"
+            return (f"the layout is for {layout.world_size} GPUs but the local backend uses this machine's "
+                    f"{self.num_gpus}")
         reasons = unsupported_reasons(layout, model, workload, self.env)
         return "; ".join(reasons) if reasons else None
 
@@ -178,7 +179,8 @@ class LocalBackend(MeasuredBackend):
         """
         if layout.world_size != self.num_gpus:
             raise InfeasibleLayout(
-                "harness_env", f"the layout is for {layout.world_size} GPUs but the local backend uses this machine's {self.num_gpus}"
+                "harness_env",
+                f"the layout is for {layout.world_size} GPUs but the local backend uses this machine's {self.num_gpus}"
             )
         spec = build_spec(model, layout, workload, env=self.env, steps=self.steps, warmup_steps=self.warmup_steps,
                           options=self.harness_options)

@@ -84,8 +84,10 @@ class MegatronLog:
         """Throughput of a step: ``global_batch_size * seq_length / step_time_s / world_size``."""
         return global_batch_size * seq_length / step_time_s / world_size
 
-    def summary(self, *, global_batch_size: int, seq_length: int, world_size: int, warmup_steps: int) -> dict[str, float]:
-        """Median step time after ``warmup_steps`` logged iterations, its CV and the throughput (NaN without iterations)."""
+    def summary(self, *, global_batch_size: int, seq_length: int, world_size: int,
+                warmup_steps: int) -> dict[str, float]:
+        """Median step time after ``warmup_steps`` logged iterations, its CV and the throughput (NaN without
+        iterations)."""
         times = [it.step_time_s for it in self.iterations]
         kept = times[warmup_steps:] if len(times) > warmup_steps else times
         med = median_after_warmup(times, warmup_steps)

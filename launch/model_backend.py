@@ -19,8 +19,7 @@ class ModelBackend(TrialBackend):
     source = "predicted"
 
     def __init__(self, *, calibration: Calibration = DEFAULT_CALIBRATION,
-                 memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
-                 options: RunOptions = DEFAULT_RUN_OPTIONS) -> None:
+                 memory_headroom: float = DEFAULT_MEMORY_HEADROOM, options: RunOptions = DEFAULT_RUN_OPTIONS) -> None:
         self.calibration = calibration
         self.memory_headroom = memory_headroom
         self.options = options
@@ -44,8 +43,7 @@ class ModelBackend(TrialBackend):
     ) -> Measurement:
         """The estimate of ``layout`` (``reporter`` and ``trial_number`` are ignored: nothing runs)."""
         e = estimate(model, cluster, workload, layout, calibration=self.calibration,
-                     memory_headroom=self.memory_headroom,
-                     options=self.options)
+                     memory_headroom=self.memory_headroom, options=self.options)
         return Measurement(
             layout=layout,
             source=self.source,

@@ -17,7 +17,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from launch._trial import INTERRUPT_GRACE_S, SAFE_ENV, HarnessLines, MeasuredBackend, TrialProcesses, kill_group, record_process, start_watchdog, tail
+from launch._trial import (
+    INTERRUPT_GRACE_S,
+    SAFE_ENV,
+    HarnessLines,
+    MeasuredBackend,
+    TrialProcesses,
+    kill_group,
+    record_process,
+    start_watchdog,
+    tail,
+)
 from launch.base import BackendSettings, FailureKind, Measurement, StepReporter, TrialFailed, check_trial_limits
 from launch.harness.spec import HARNESS_MODULE, HarnessEnv, build_spec, harness_args, unsupported_reasons
 from specs import Cluster, ModelSpec, Workload
@@ -248,7 +258,8 @@ class RayBackend(MeasuredBackend):
         try:
             import ray
         except ImportError:
-            raise TunerError("--backend ray needs the ray package (a dependency of this project: reinstall it)") from None
+            raise TunerError("--backend ray needs the ray package (a dependency of this project: "
+                             "reinstall it)") from None
         if ray.is_initialized():
             return
         kw: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": False, "include_dashboard": False}
@@ -261,8 +272,8 @@ class RayBackend(MeasuredBackend):
         except Exception as e:  # noqa: BLE001 - connection errors of every kind
             where = f"the Ray cluster at {self.address!r}" if self.address else "a local Ray instance"
             raise TunerError(f"--backend ray: cannot connect to {where} ({type(e).__name__}: "
-                             f"{str(e).splitlines()[0] if str(e) else ''}); "
-                             "start one with `ray start --head` (then --ray-address auto), or leave --ray-address out") from None
+                             f"{str(e).splitlines()[0] if str(e) else ''}); start one with `ray start --head` (then "
+                             "--ray-address auto), or leave --ray-address out") from None
         self._started_ray = True
 
     def cluster_gpus(self) -> float:
@@ -361,8 +372,8 @@ class RayBackend(MeasuredBackend):
             pids = []
             for i, (a, g) in enumerate(zip(nodes.actors, sizes)):
                 env = {**SAFE_ENV, **self.extra_env, "NNODES": str(len(sizes)), "NODE_RANK": str(i),
-                       "NPROC_PER_NODE": str(g),
-                       "MASTER_ADDR": master, "MASTER_PORT": str(port), "TUNE_TRIAL_ATTEMPT": str(attempt)}
+                       "NPROC_PER_NODE": str(g), "MASTER_ADDR": master, "MASTER_PORT": str(port),
+                       "TUNE_TRIAL_ATTEMPT": str(attempt)}
                 if self.launcher is not None:
                     cmd = [*self.launcher, *harness_args(tdir / "spec.json", nodes.out_path)]
                 else:
@@ -374,8 +385,8 @@ class RayBackend(MeasuredBackend):
             except RayActorError as e:
                 raise _NodeLost(f"an actor died at the start ({type(e).__name__})") from None
             except Exception as e:  # noqa: BLE001 - e.g. the program cannot be started on a node
-                raise TrialFailed(FailureKind.crash,
-                                  f"a node could not start the trial: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__}", str(tdir)) from None
+                why = str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__
+                raise TrialFailed(FailureKind.crash, f"a node could not start the trial: {why}", str(tdir)) from None
             trial = self._trial(layout, tdir, reporter, logs=f"logs: {tdir}")
             return trial.follow(nodes, HarnessLines(nodes.read_steps),
                                 extra=lambda got: {"nodes": len(nodes.actors),
@@ -417,5 +428,5 @@ def _reachable(address: str, timeout_s: float = 5.0) -> None:
             pass
     except OSError as e:
         raise TunerError(f"--ray-address {address!r}: nothing answers there ({e.strerror or e}); start the cluster "
-                         "with "
-                         "`ray start --head` and use the address it prints, or --ray-address auto on one of its nodes") from None
+                         "with `ray start --head` and use the address it prints, or --ray-address auto on one of its "
+                         "nodes") from None

@@ -9,7 +9,15 @@ from __future__ import annotations
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._bridge import BridgeExporter, bridge_yaml
 from launch.exporters._megatron import MegatronArgsExporter, megatron_args_script
-from launch.exporters._recipe import RecipeExporter, dump_recipe, measurement_from_row, recipe_dict, recipe_schema, validate_recipe, write_recipe
+from launch.exporters._recipe import (
+    RecipeExporter,
+    dump_recipe,
+    measurement_from_row,
+    recipe_dict,
+    recipe_schema,
+    validate_recipe,
+    write_recipe,
+)
 from launch.exporters._registry import exporter_names, exporters, get_exporter, main_job_exporters, register_exporter
 from launch.exporters._slime import SLIME_SCRIPT_ENV, SlimeScriptExporter, slime_script
 

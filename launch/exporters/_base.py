@@ -35,7 +35,8 @@ class ExportContext:
     measurement: Measurement | None = None
     """A trial's measurement of ``layout`` (``source == "measured"`` makes a recipe ``measured``), or None."""
     correctness: Mapping[str, Any] | None = None
-    """The ``correctness`` block of ``tune verify`` (:func:`tuner.verify.correctness.correctness_block`), or None (not run)."""
+    """The ``correctness`` block of ``tune verify`` (:func:`tuner.verify.correctness.correctness_block`), or None (not
+    run)."""
     notes: tuple[str, ...] = ()
     """More notes for formats that carry notes (the recipe), e.g. the measured trials within noise of this one."""
     rl_plan: object | None = None

@@ -101,10 +101,12 @@ def bridge_settings(context: ExportContext) -> tuple[dict[str, dict[str, Any]], 
         runs["model"] |= {"moe_permute_fusion": o.moe_permute_fusion,
                           "moe_router_force_load_balancing": o.moe_router_force_load_balancing}
     defaults = {"overlap_grad_reduce": d.overlap_grad_reduce, "overlap_param_gather": d.overlap_grad_reduce,
-                "cross_entropy_loss_fusion": d.cross_entropy_loss_fusion, "cross_entropy_fusion_impl": d.cross_entropy_fusion_impl,
-                "apply_rope_fusion": d.apply_rope_fusion, "bias_activation_fusion": d.bias_activation_fusion,
+                "cross_entropy_loss_fusion": d.cross_entropy_loss_fusion,
+                "cross_entropy_fusion_impl": d.cross_entropy_fusion_impl, "apply_rope_fusion": d.apply_rope_fusion,
+                "bias_activation_fusion": d.bias_activation_fusion,
                 "cp_comm_type": d.cp_comm_type, "cpu_offloading": False, "cpu_offloading_num_layers": 0,
-                "moe_permute_fusion": d.moe_permute_fusion, "moe_router_force_load_balancing": d.moe_router_force_load_balancing}
+                "moe_permute_fusion": d.moe_permute_fusion,
+                "moe_router_force_load_balancing": d.moe_router_force_load_balancing}
     for sec, kv in runs.items():
         for k, v in kv.items():
             if v != defaults[k]:
@@ -190,9 +192,8 @@ def bridge_yaml(context: ExportContext) -> str:
         doc = yaml.safe_load(context.bridge_yaml)
         if _perf_config(doc):
             raise TunerError("--format bridge writes into a Megatron-Bridge override YAML or saved ConfigContainer; "
-                             "this "
-                             "study's --from file is a performance config (ConfigContainer, perf_matrix), whose perf_matrix "
-                             "entry sets the layout: use --format recipe or megatron for this study")
+                             "this study's --from file is a performance config (ConfigContainer, perf_matrix), whose "
+                             "perf_matrix entry sets the layout: use --format recipe or megatron for this study")
     always, if_present = bridge_settings(context)
     out = _merge(dict(doc), always, if_present)
     body = yaml.dump(out, Dumper=_Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)

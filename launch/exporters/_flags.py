@@ -249,14 +249,16 @@ def model_for_release(model: ModelSpec, megatron_core: str | None = None) -> tup
         return model, None
     release = megatron_core_version(megatron_core or NEWEST_MEGATRON_CORE)
     if model.mtp_num_layers:
-        why = f"its {model.mtp_num_layers} MTP layer(s): megatron-core allows MTP only with rope or no position embedding"
+        why = (f"its {model.mtp_num_layers} MTP layer(s): megatron-core allows MTP only with rope or no position "
+               "embedding")
     elif release < GPT_YARN_SINCE:
-        why = f"megatron-core {release[0]}.{release[1]} (--megatron-core) has no --yarn-* flags for a GPT model (they arrived in 0.19)"
+        why = (f"megatron-core {release[0]}.{release[1]} (--megatron-core) has no --yarn-* flags for a GPT model "
+               "(they arrived in 0.19)")
     else:
         return model, None
     note = (f"Position embedding: plain RoPE (--position-embedding-type rope), not the model's YaRN (factor "
-            f"{model.rope_scaling_factor:g}), because of {why}; this trains and runs, as Megatron-LM's GPT-OSS examples do, but "
-            "does not reproduce the Hugging Face checkpoint's positional encoding.")
+            f"{model.rope_scaling_factor:g}), because of {why}; this trains and runs, as Megatron-LM's GPT-OSS "
+            "examples do, but does not reproduce the Hugging Face checkpoint's positional encoding.")
     return model.replace(rope_scaling_type=""), note
 
 
@@ -301,7 +303,7 @@ def model_args(model: ModelSpec) -> list[str]:
         a += ["--softmax-type", model.softmax_type]
     if model.window_size:
         a += ["--window-size", f"{model.window_size - 1},0"]
-        if model.window_attn_skip_freq and not all(model.window_attn_skip_freq[i] == 0 for i in range(model.num_layers)):
+        if any(model.window_attn_skip_freq[: model.num_layers]):
             a += ["--window-attn-skip-freq", _window_skip_expr(model.window_attn_skip_freq)]
     if model.untie_embeddings_and_output_weights:
         a += ["--untie-embeddings-and-output-weights"]
@@ -340,8 +342,8 @@ def _rope_args(model: ModelSpec, gpt_yarn: bool) -> list[str]:
         a += ["--use-rope-scaling", "--rope-scaling-factor", _flag_num(model.rope_scaling_factor)]
     elif model.rope_scaling_type == "yarn":
         a += ["--rotary-scaling-factor", _flag_num(model.rope_scaling_factor), "--mscale",
-              _flag_num(model.rope_scaling_mscale),
-              "--mscale-all-dim", _flag_num(model.rope_scaling_mscale_all_dim)]  # fmt: skip
+              _flag_num(model.rope_scaling_mscale), "--mscale-all-dim",
+              _flag_num(model.rope_scaling_mscale_all_dim)]  # fmt: skip
         if gpt_yarn:
             # megatron/training/argument_utils.py::_apply_yarn_config_from_args (megatron-core 0.19) maps these onto the
             # config's yarn_* fields, as Megatron-Bridge's GPT-OSS bridge sets them from config.json
@@ -350,7 +352,7 @@ def _rope_args(model: ModelSpec, gpt_yarn: bool) -> list[str]:
                       str(model.rope_scaling_original_max_position_embeddings)]
             a += ["--yarn-beta-fast", _flag_num(model.rope_scaling_beta_fast), "--yarn-beta-slow",
                   _flag_num(model.rope_scaling_beta_slow),
-                  "--yarn-correction-range-round-to-int" if model.rope_scaling_truncate else "--no-yarn-correction-range-round-to-int"]
+                  f"--{'' if model.rope_scaling_truncate else 'no-'}yarn-correction-range-round-to-int"]
     return a
 
 
@@ -504,8 +506,7 @@ def layout_args(layout: Layout, model: ModelSpec, workload: Workload, *,
 
 
 def megatron_args(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, *,
-                  options: RunOptions | None = None,
-                  user_args: Sequence[str] = ()) -> list[str]:
+                  options: RunOptions | None = None, user_args: Sequence[str] = ()) -> list[str]:
     """The full Megatron-LM argument list for ``pretrain_gpt.py``, data arguments aside.
 
     With ``user_args`` (``tune --from``: their training) the tool's hyperparameters (:data:`HPARAM_FLAGS`) are left out

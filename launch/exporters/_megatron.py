@@ -1,4 +1,5 @@
-"""``megatron_args.sh``: the layout's Megatron-LM arguments as a bash array; run, it launches ``pretrain_gpt.py`` with torchrun."""
+"""``megatron_args.sh``: the layout's Megatron-LM arguments as a bash array; run, it launches ``pretrain_gpt.py`` with
+torchrun."""
 
 from __future__ import annotations
 
@@ -26,11 +27,13 @@ _EXECUTED = '[[ -n "${BASH_VERSION:-}" && "${BASH_SOURCE[0]}" == "$0" ]]'
 #: from the checkout's root, ``--split 99,1,0``, ``--save-interval 1000``, ``MASTER_ADDR`` localhost, ``MASTER_PORT``
 #: 29500.
 MEGATRON_SCRIPT_ENV: dict[str, str] = {
-    "DATA_PATH": "your data: the prefix of the .bin/.idx pair tools/preprocess_data.py writes (--data-path), or MOCK for "
-                 "the mock data of Megatron-LM (--mock-data); required",
-    "TOKENIZER_MODEL": "the Hugging Face tokenizer, e.g. the checkpoint folder (--tokenizer-model); required unless DATA_PATH=MOCK",
+    "DATA_PATH": "your data: the prefix of the .bin/.idx pair tools/preprocess_data.py writes (--data-path), or MOCK "
+                 "for the mock data of Megatron-LM (--mock-data); required",
+    "TOKENIZER_MODEL": "the Hugging Face tokenizer, e.g. the checkpoint folder (--tokenizer-model); required unless "
+                       "DATA_PATH=MOCK",
     "TRAIN_ITERS": "the number of optimizer steps (--train-iters); required",
-    "CHECKPOINT_PATH": "where checkpoints are saved and a run resumes from (--save, --load); default checkpoints/<model>",
+    "CHECKPOINT_PATH": "where checkpoints are saved and a run resumes from (--save, --load); default "
+                       "checkpoints/<model>",
     "SAVE_INTERVAL": "steps between checkpoints (--save-interval); default 1000",
     "SPLIT": "train / validation / test shares of DATA_PATH (--split); default 99,1,0",
     "TENSORBOARD_DIR": "a folder for TensorBoard logs (--tensorboard-dir); default: unset, no logs",
@@ -122,8 +125,7 @@ class _OwnRunArgs:
 
 
 def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, *,
-                         options: RunOptions | None = None,
-                         user_args: Sequence[str] = ()) -> str:
+                         options: RunOptions | None = None, user_args: Sequence[str] = ()) -> str:
     """A bash file defining ``MEGATRON_ARGS=( ... )`` (each element ``shlex.quote``-d): run, it launches
     ``pretrain_gpt.py`` with torchrun and the arguments of :data:`MEGATRON_SCRIPT_ENV`; ``--print`` prints the array;
     sourced, it only defines it. With ``user_args`` the run adds only what they do not set (:class:`_OwnRunArgs`).
@@ -180,10 +182,10 @@ class MegatronArgsExporter(Exporter):
 
     name = "megatron"
     file_name = "megatron_args.sh"
-    description = "megatron_args.sh: run it to launch Megatron-LM's pretrain_gpt.py with torchrun on your data (DATA_PATH, TOKENIZER_MODEL, TRAIN_ITERS); source it for MEGATRON_ARGS"
+    description = ("megatron_args.sh: run it to launch Megatron-LM's pretrain_gpt.py with torchrun on your data "
+                   "(DATA_PATH, TOKENIZER_MODEL, TRAIN_ITERS); source it for MEGATRON_ARGS")
     executable = True
 
     def render(self, context: ExportContext) -> str:
         return megatron_args_script(context.model, context.cluster, context.workload, context.layout,
-                                    options=context.options,
-                                    user_args=context.user_args)
+                                    options=context.options, user_args=context.user_args)

@@ -88,7 +88,8 @@ def _date(value: Any) -> _dt.date:
 
 
 def measurement_from_row(row: Mapping[str, Any], layout: Layout) -> Measurement | None:
-    """The :class:`Measurement` of a study's trial row (from :func:`tuner.study.trial_rows`), or None if it was predicted."""
+    """The :class:`Measurement` of a study's trial row (from :func:`tuner.study.trial_rows`), or None if it was
+    predicted."""
     from launch.base import Measurement
 
     if row.get("source") != "measured":
@@ -113,7 +114,7 @@ def _result(measurement: Measurement, model: ModelSpec, cluster: Cluster) -> dic
     cv = None
     if len(times) >= 2 and statistics.fmean(times) > 0:
         cv = _num(100.0 * statistics.stdev(times) / statistics.fmean(times), 2)
-    mfu = 6.0 * model.active_params() * tps / cluster.gpu.peak_flops_bf16  # cost_model.flops.mfu (launch does not import cost_model)
+    mfu = 6.0 * model.active_params() * tps / cluster.gpu.peak_flops_bf16  # cost_model.flops.mfu
     return {
         "tokens_per_s_per_gpu": _num(tps, 2),
         "usd_per_million_tokens": _sig(cluster.usd_per_gpu_hour * 1e6 / (tps * 3600.0)),
@@ -270,7 +271,8 @@ def recipe_dict(
 
 def _status(measurement: Measurement | None, correctness: Mapping[str, Any] | None, model: ModelSpec,
             cluster: Cluster) -> tuple[str, dict[str, Any] | None, str | None]:
-    """The recipe's ``status`` (predicted, measured, failed or verified), its ``result`` section and the failure's note."""
+    """The recipe's ``status`` (predicted, measured, failed or verified), its ``result`` section and the failure's note.
+    """
     status, result, failure_note = "predicted", None, None
     if measurement is not None and measurement.source == "measured":
         if measurement.failure.value != "none":
@@ -312,13 +314,13 @@ def _workload_section(workload: Workload) -> dict[str, Any]:
         **({"task": workload.task} if workload.task != "pretrain" else {}),
         **({"lora": {"rank": workload.lora_rank, "target_modules": list(workload.lora_target_modules),
                      "note": "Megatron-Bridge's LoRA (peft.lora.LoRA dim and target_modules); Megatron-LM and slime "
-                             "have no LoRA arguments, so `run` trains every weight"}} if workload.task == "lora" else {}),
+                             "have no LoRA arguments, so `run` trains every "
+                             "weight"}} if workload.task == "lora" else {}),
     }
 
 
 def _notes(model: ModelSpec, cluster: Cluster, layout: Layout, status: str, failure_note: str | None,
-           extra_notes: Sequence[str],
-           pls: Any) -> list[str]:
+           extra_notes: Sequence[str], pls: Any) -> list[str]:
     """The recipe's ``notes``: status, the pipeline layout in words, what slime and Megatron-LM change or need."""
     notes: list[str] = []
     if status == "predicted":
@@ -337,19 +339,20 @@ def _notes(model: ModelSpec, cluster: Cluster, layout: Layout, status: str, fail
                      "`run` asks for alltoall.")
     if model.qk_layernorm_full_dim:
         notes.append(
-            "MODEL_ARGS follow slime's scripts/models/minimax-m2.sh: its own layer spec "
-            "(`--spec slime_plugins.models.minimax_m2 get_minimax_m2_layer_spec`, full-width q and k norm) and router flags."
+            "MODEL_ARGS follow slime's scripts/models/minimax-m2.sh: its own layer spec (`--spec "
+            "slime_plugins.models.minimax_m2 get_minimax_m2_layer_spec`, full-width q and k norm) and router flags."
         )
     if model.rope_scaling_type == "yarn" and not model.is_mla:
         notes.append(
-            f"Position embedding: YaRN as the model's config.json gives it (factor {model.rope_scaling_factor:g}, original "
-            f"{model.rope_scaling_original_max_position_embeddings or 4096:,} positions, beta_fast {model.rope_scaling_beta_fast:g}, "
-            f"beta_slow {model.rope_scaling_beta_slow:g}, correction range {'rounded' if model.rope_scaling_truncate else 'not rounded'}), "
-            "as Megatron-Bridge builds it, so a run from the Hugging Face checkpoint sees its positions; the --yarn-* flags need "
-            "megatron-core 0.19 or newer (stack.megatron_core; a study with an older --megatron-core exports plain RoPE and "
-            "says so). Megatron-LM's own GPT-OSS examples pass --position-embedding-type rope instead (examples/gptoss), which "
-            "runs on older releases but does not reproduce the checkpoint's positional encoding. The tuner's own trial harness "
-            "builds plain RoPE (the same cost)."
+            f"Position embedding: YaRN as the model's config.json gives it (factor {model.rope_scaling_factor:g}, "
+            f"original {model.rope_scaling_original_max_position_embeddings or 4096:,} positions, beta_fast "
+            f"{model.rope_scaling_beta_fast:g}, beta_slow {model.rope_scaling_beta_slow:g}, correction range "
+            f"{'rounded' if model.rope_scaling_truncate else 'not rounded'}), as Megatron-Bridge builds it, so a run "
+            "from the Hugging Face checkpoint sees its positions; the --yarn-* flags need megatron-core 0.19 or newer "
+            "(stack.megatron_core; a study with an older --megatron-core exports plain RoPE and says so). "
+            "Megatron-LM's own GPT-OSS examples pass --position-embedding-type rope instead (examples/gptoss), which "
+            "runs on older releases but does not reproduce the checkpoint's positional encoding. The tuner's own trial "
+            "harness builds plain RoPE (the same cost)."
         )
     if not layout.use_distributed_optimizer:
         notes.append("slime always turns the distributed optimizer on; the layout's non-distributed optimizer holds "
@@ -357,17 +360,19 @@ def _notes(model: ModelSpec, cluster: Cluster, layout: Layout, status: str, fail
     if model.is_moe and layout.dispatcher == Dispatcher.flex_deepep and layout.etp * layout.ep > cluster.nvlink_size:
         net = cluster.network
         notes.append(
-            f"The EP group ({layout.ep} ranks) spans NVLink domains, so DeepEP's inter-node kernels carry the tokens: they need RDMA NICs "
-            "that DeepEP's NVSHMEM transport supports (InfiniBand; RoCE untested by DeepEP)"
+            f"The EP group ({layout.ep} ranks) spans NVLink domains, so DeepEP's inter-node kernels carry the tokens: "
+            "they need RDMA NICs that DeepEP's NVSHMEM transport supports (InfiniBand; RoCE untested by DeepEP)"
             + (f"; the network assumed is {net.name} ({net.key}), on which they "
-               f"{'run' if net.dispatcher(layout.dispatcher).runs == 'true' else 'are untested'}." if net is not None else
+               f"{'run' if net.dispatcher(layout.dispatcher).runs == 'true' else 'are untested'}"
+               "." if net is not None else
                "; no network was named: check yours before relying on this layout.")
         )
     notes.append(
-        "`run` (the body of run_slime.sh) trains on your rows with slime's SFT path on a running Ray cluster: it needs HF_CKPT, "
-        "TORCH_DIST, SFT_DATA and SAVE_DIR, and reads SLIME_DIR (a slime checkout), NUM_EPOCH (1) or NUM_ROLLOUT; BENCHMARK=1 "
-        "runs the seed's 20-step benchmark. For Megatron-LM, megatron_args.sh launches pretrain_gpt.py with torchrun "
-        "(DATA_PATH, TOKENIZER_MODEL, TRAIN_ITERS, CHECKPOINT_PATH), or `source` it for MEGATRON_ARGS."
+        "`run` (the body of run_slime.sh) trains on your rows with slime's SFT path on a running Ray cluster: it needs "
+        "HF_CKPT, TORCH_DIST, SFT_DATA and SAVE_DIR, and reads SLIME_DIR (a slime checkout), NUM_EPOCH (1) or "
+        "NUM_ROLLOUT; BENCHMARK=1 runs the seed's 20-step benchmark. For Megatron-LM, megatron_args.sh launches "
+        "pretrain_gpt.py with torchrun (DATA_PATH, TOKENIZER_MODEL, TRAIN_ITERS, CHECKPOINT_PATH), or `source` it for "
+        "MEGATRON_ARGS."
     )
     return notes
 
@@ -471,23 +476,26 @@ def _run_block(options: RunOptions | None, stack: str, user_args: Sequence[str])
         d["preset"] = stack
     if options is not None:
         default = RunOptions()
-        d["run_options"] = {f.name: list(v) if isinstance(v := getattr(options, f.name), tuple) else v
-                            for f in dataclasses.fields(options) if getattr(options, f.name) != getattr(default, f.name)}
+        changed = [f.name for f in dataclasses.fields(options) if getattr(options, f.name) != getattr(default, f.name)]
+        d["run_options"] = {k: list(v) if isinstance(v := getattr(options, k), tuple) else v for k in changed}
     if user_args:
         d["user_args"] = [str(a) for a in user_args]
     return d
 
 
 class RecipeExporter(Exporter):
-    """``recipe.yaml``: :func:`recipe_dict` of the context, validated (:func:`validate_recipe`), as YAML (:func:`dump_recipe`)."""
+    """``recipe.yaml``: :func:`recipe_dict` of the context, validated (:func:`validate_recipe`), as YAML
+    (:func:`dump_recipe`)."""
 
     name = "recipe"
     file_name = "recipe.yaml"
-    description = "recipe.yaml: the seed recipe's fields with a prediction block and a status (validated against launch/schema/recipe.schema.json)"
+    description = ("recipe.yaml: the seed recipe's fields with a prediction block and a status (validated against "
+                   "launch/schema/recipe.schema.json)")
 
     def render(self, context: ExportContext) -> str:
         rec = recipe_dict(context.model, context.cluster, context.workload, context.layout, estimate=context.estimate,
                           measurement=context.measurement, study=context.study, correctness=context.correctness,
-                          extra_notes=context.notes, options=context.options, stack=context.stack, user_args=context.user_args)
+                          extra_notes=context.notes, options=context.options, stack=context.stack,
+                          user_args=context.user_args)
         validate_recipe(rec)
         return dump_recipe(rec)

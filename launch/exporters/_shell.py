@@ -16,7 +16,8 @@ STRICT_MODE = "set -euo pipefail"
 
 
 class Sh(str):
-    """Shell text written as it is, not quoted: an intended expansion such as ``"$HF_CKPT"`` or ``"${MODEL_ARGS[@]}"``."""
+    """Shell text written as it is, not quoted: an intended expansion such as ``"$HF_CKPT"`` or ``"${MODEL_ARGS[@]}"``.
+    """
 
     __slots__ = ()
 

@@ -53,7 +53,8 @@ SLIME_SCRIPT_ENV: dict[str, str] = {
     "TORCH_DIST": "the torch_dist checkpoint of the same weights, the starting point (--ref-load); required",
     "SFT_DATA": "your training rows, a parquet or JSONL file with a messages column (--prompt-data); required",
     "SAVE_DIR": "where checkpoints are saved and a run resumes from (--save, --load); required unless BENCHMARK=1",
-    "SLIME_DIR": "a slime checkout: put first on PYTHONPATH (slime_plugins) and where the entry point is; default: unset",
+    "SLIME_DIR": "a slime checkout: put first on PYTHONPATH (slime_plugins) and where the entry point is; default: "
+                 "unset",
     "SLIME_ENTRY": "the slime program to run; default $SLIME_DIR/train_async.py (train_async.py with SLIME_DIR unset)",
     "NUM_EPOCH": "passes over SFT_DATA (--num-epoch); default 1",
     "NUM_ROLLOUT": "optimizer steps instead of epochs (--num-rollout); default: unset (20 with BENCHMARK=1)",
@@ -61,7 +62,8 @@ SLIME_SCRIPT_ENV: dict[str, str] = {
     "TENSORBOARD_DIR": "a folder for TensorBoard logs (--tensorboard-dir); default: unset, no logs",
     "PYTHON": "the Python interpreter; default python3",
     "NVLINK_COUNT": "NVLinks of this machine (NCCL_NVLS_ENABLE=1 when > 0); default: counted from nvidia-smi topo -m",
-    "BENCHMARK": "1: the seed's benchmark (its pre-tokenized rollout module, NUM_ROLLOUT steps, nothing saved); default 0",
+    "BENCHMARK": "1: the seed's benchmark (its pre-tokenized rollout module, NUM_ROLLOUT steps, nothing saved); "
+                 "default 0",
 }
 
 _REQUIRED = ("HF_CKPT", "TORCH_DIST", "SFT_DATA")
@@ -69,8 +71,7 @@ _REQUIRED = ("HF_CKPT", "TORCH_DIST", "SFT_DATA")
 
 #: Variables run_slime.sh sets itself (a default) or reads as optional: a kept argument may expand them.
 _SET_HERE = ("PYTHON", "SLIME_ENTRY", "NUM_EPOCH", "SAVE_INTERVAL", "NVLINK_COUNT", "SAVE_DIR", "HF_CKPT", "TORCH_DIST",
-             "SFT_DATA",
-             "SLIME_DIR", "PYTHONPATH")
+             "SFT_DATA", "SLIME_DIR", "PYTHONPATH")
 
 
 def _needed(save_dir: bool = True) -> list[tuple[str, str, str | None]]:
@@ -87,8 +88,10 @@ def _run_args(user_flags: set[str]) -> list[str]:
         'if [ "${BENCHMARK:-0}" = 1 ]; then',
         f"  RUN_ARGS=(--rollout-function-path {SEED_ROLLOUT} --num-rollout \"${{NUM_ROLLOUT:-{SEED_NUM_ROLLOUT}}}\")",
         "else",
-        f"  RUN_ARGS=(--rollout-function-path {SFT_ROLLOUT} --rollout-shuffle" + ("\n    " + " ".join(ck) if ck else "") + ")",
-        '  if [ -n "${NUM_ROLLOUT:-}" ]; then RUN_ARGS+=(--num-rollout "$NUM_ROLLOUT"); else RUN_ARGS+=(--num-epoch "$NUM_EPOCH"); fi',
+        f"  RUN_ARGS=(--rollout-function-path {SFT_ROLLOUT} --rollout-shuffle"
+        + ("\n    " + " ".join(ck) if ck else "") + ")",
+        '  if [ -n "${NUM_ROLLOUT:-}" ]; then RUN_ARGS+=(--num-rollout "$NUM_ROLLOUT"); '
+        'else RUN_ARGS+=(--num-epoch "$NUM_EPOCH"); fi',
         "fi",
     ]
     if "--tensorboard-dir" not in user_flags:
@@ -132,16 +135,17 @@ def slime_script(
                  f"{layout.label}", None),
         *comment(_summary(layout, model, workload)),
         *comment(
-            "Trains on your rows with slime's SFT path. Needs a Ray cluster running on the nodes (`ray start --head` on the "
-            f"first, `ray start --address HEAD:6379` on the others) and HF_CKPT, TORCH_DIST, SFT_DATA{', SAVE_DIR' * save_dir}; "
-            f"reads {', '.join(['SLIME_DIR', 'SLIME_ENTRY', 'NUM_EPOCH', 'NUM_ROLLOUT', *reads, 'PYTHON', 'NVLINK_COUNT'])}. "
+            "Trains on your rows with slime's SFT path. Needs a Ray cluster running on the nodes (`ray start --head` "
+            "on the first, `ray start --address HEAD:6379` on the others) and HF_CKPT, TORCH_DIST, SFT_DATA"
+            f"{', SAVE_DIR' * save_dir}; reads "
+            f"{', '.join(['SLIME_DIR', 'SLIME_ENTRY', 'NUM_EPOCH', 'NUM_ROLLOUT', *reads, 'PYTHON', 'NVLINK_COUNT'])}. "
             "BENCHMARK=1 runs the seed's 20-step benchmark instead."
         ),
         *require_set("run_slime.sh", _needed(save_dir) + user_arg_variables(user_args, known=_SET_HERE)),
         "PYTHON=${PYTHON:-python3}",
         "SLIME_ENTRY=${SLIME_ENTRY:-${SLIME_DIR:+$SLIME_DIR/}train_async.py}",
-        '[ -f "$SLIME_ENTRY" ] || { printf \'run_slime.sh: no slime entry point at %s: set SLIME_DIR to a slime checkout '
-        '(or SLIME_ENTRY to its train_async.py)\\n\' "$SLIME_ENTRY" >&2; exit 2; }',
+        '[ -f "$SLIME_ENTRY" ] || { printf \'run_slime.sh: no slime entry point at %s: set SLIME_DIR to a slime '
+        'checkout (or SLIME_ENTRY to its train_async.py)\\n\' "$SLIME_ENTRY" >&2; exit 2; }',
         "NUM_EPOCH=${NUM_EPOCH:-1}",
         "SAVE_INTERVAL=${SAVE_INTERVAL:-1000}",
         'if [ -n "${SLIME_DIR:-}" ]; then export PYTHONPATH="$SLIME_DIR${PYTHONPATH:+:$PYTHONPATH}"; fi',
@@ -155,7 +159,7 @@ def slime_script(
         out.append("# The layout's dispatcher is allgather; slime rewrites allgather to alltoall, so alltoall is "
                    "asked for.")
     for g in user:
-        groups.append([Sh(f'"{a}"') if "$" in a and '"' not in a else a for a in g])  # the user's "$VAR" stays an expansion
+        groups.append([Sh(f'"{a}"') if "$" in a and '"' not in a else a for a in g])  # "$VAR" stays an expansion
     out += command((Sh('"$PYTHON"'), Sh('"$SLIME_ENTRY"')), groups)
     return "\n".join(out) + "\n"
 
@@ -207,12 +211,14 @@ class SlimeScriptExporter(Exporter):
 
     name = "slime"
     file_name = "run_slime.sh"
-    description = "run_slime.sh: a slime SFT training launch of your rows (bash; needs HF_CKPT, TORCH_DIST, SFT_DATA, SAVE_DIR and a running Ray cluster)"
+    description = ("run_slime.sh: a slime SFT training launch of your rows (bash; needs HF_CKPT, TORCH_DIST, SFT_DATA, "
+                   "SAVE_DIR and a running Ray cluster)")
     executable = True
 
     def render(self, context: ExportContext) -> str:
         body = slime_script(context.model, context.cluster, context.workload, context.layout, options=context.options,
                             user_args=context.user_args)
         head = [SHEBANG,
-                f"# {self.file_name}, exported by megatron-layout-tuner: run it as it is (./{self.file_name}).", STRICT_MODE]
+                f"# {self.file_name}, exported by megatron-layout-tuner: run it as it is (./{self.file_name}).",
+                STRICT_MODE]
         return "\n".join(head) + "\n" + body

@@ -30,14 +30,18 @@ def _config_fields(cfg: Any, names: tuple[str, ...]) -> dict[str, Any]:
 
 
 _TRANSFORMER_FIELDS = (
-    "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "ffn_hidden_size", "num_moe_experts",
-    "moe_ffn_hidden_size", "moe_router_topk", "moe_grouped_gemm", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend",
-    "moe_permute_fusion", "moe_router_dtype", "moe_shared_expert_intermediate_size", "multi_latent_attention", "q_lora_rank", "kv_lora_rank",
-    "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm", "tensor_model_parallel_size", "pipeline_model_parallel_size",
-    "virtual_pipeline_model_parallel_size", "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size",
-    "sequence_parallel", "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules", "fp8", "fp8_recipe",
-    "fp8_param", "fp8_amax_history_len", "fp8_amax_compute_algo", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
-    "gradient_accumulation_fusion", "apply_rope_fusion", "bias_dropout_fusion", "bf16", "params_dtype",
+    "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "ffn_hidden_size",
+    "num_moe_experts", "moe_ffn_hidden_size", "moe_router_topk", "moe_grouped_gemm", "moe_token_dispatcher_type",
+    "moe_flex_dispatcher_backend",
+    "moe_permute_fusion", "moe_router_dtype", "moe_shared_expert_intermediate_size", "multi_latent_attention",
+    "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm",
+    "tensor_model_parallel_size", "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size", "context_parallel_size", "expert_model_parallel_size",
+    "expert_tensor_parallel_size", "sequence_parallel", "recompute_granularity", "recompute_method",
+    "recompute_num_layers", "recompute_modules", "fp8", "fp8_recipe",
+    "fp8_param", "fp8_amax_history_len", "fp8_amax_compute_algo", "cross_entropy_loss_fusion",
+    "cross_entropy_fusion_impl", "gradient_accumulation_fusion", "apply_rope_fusion", "bias_dropout_fusion", "bf16",
+    "params_dtype",
 )
 _DDP_FIELDS = ("grad_reduce_in_fp32", "overlap_grad_reduce", "use_distributed_optimizer", "fp8_param_gather",
                "bucket_size")
@@ -297,7 +301,8 @@ def _apply_te_param_faults(spec: HarnessSpec, models: list[Any]) -> list[str]:
     changed = []
     for mdl in models:
         for name, p in mdl.named_parameters():
-            norm = ("layernorm" in name or "layer_norm" in name) and "q_layernorm" not in name and "k_layernorm" not in name
+            qk = "q_layernorm" in name or "k_layernorm" in name
+            norm = ("layernorm" in name or "layer_norm" in name) and not qk
             if norm and getattr(p, "sequence_parallel", False):
                 p.sequence_parallel = False
                 changed.append(name)
@@ -404,10 +409,12 @@ def _optimizer(spec: HarnessSpec, cfg: Any, chunks: list[Any]) -> Any:
     _RAN["optimizer"] = _config_fields(ocfg,
                                        ("optimizer", "lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps",
                                         "clip_grad", "bf16",
-                                              "use_distributed_optimizer", "use_precision_aware_optimizer", "store_param_remainders",
-                                              "main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
-                                              "optimizer_cpu_offload", "optimizer_offload_fraction", "overlap_cpu_optimizer_d2h_h2d",
-                                              "pin_cpu_grads", "pin_cpu_params", "fp8_recipe"))
+                                              "use_distributed_optimizer", "use_precision_aware_optimizer",
+                                              "store_param_remainders", "main_grads_dtype", "main_params_dtype",
+                                              "exp_avg_dtype", "exp_avg_sq_dtype",
+                                              "optimizer_cpu_offload", "optimizer_offload_fraction",
+                                              "overlap_cpu_optimizer_d2h_h2d", "pin_cpu_grads", "pin_cpu_params",
+                                              "fp8_recipe"))
     cfg.grad_scale_func = opt.scale_loss
     cfg.finalize_model_grads_func = finalize_with_fault if spec.fault == "norm_grad_scaled" else finalize_model_grads
     cfg.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
@@ -421,7 +428,8 @@ def _gpt(chunk: Any) -> Any:
 
 
 def _apply_load_fault(spec: HarnessSpec, models: list[Any]) -> None:
-    """The ``embedding_shard_misplaced`` fault: after loading, each TP rank holds the next TP rank's vocabulary shard."""
+    """The ``embedding_shard_misplaced`` fault: after loading, each TP rank holds the next TP rank's vocabulary shard.
+    """
     if spec.fault != "embedding_shard_misplaced":
         return
     import torch
@@ -461,7 +469,8 @@ def _save_weights(models: list[Any], path: str, model_dict: dict[str, Any] | Non
         from launch.harness.gather import model_fingerprint
 
         (Path(path) / "model.json").write_text(json.dumps({"model": model_dict,
-                                                           "fingerprint": model_fingerprint(model_dict)}, indent=1, default=str))
+                                                           "fingerprint": model_fingerprint(model_dict)}, indent=1,
+                                                           default=str))
     dist.barrier()
 
 
@@ -486,8 +495,9 @@ def _run_options(spec: HarnessSpec) -> dict[str, Any]:
     return {
         **{k: v for k, v in _RAN.items() if k in ("transformer", "ddp", "optimizer")},
         "harness": {"fp8_recipe": spec.fp8_recipe, "fp8_param_gather": spec.fp8_param_gather,
-                    "grad_reduce_in_fp32": spec.grad_reduce_in_fp32,
-                    "cross_entropy_fusion": spec.cross_entropy_fusion, "moe_permute_fusion": spec.moe_permute_fusion,
+                    "grad_reduce_in_fp32": spec.grad_reduce_in_fp32, "cross_entropy_fusion": spec.cross_entropy_fusion,
+                    "moe_permute_fusion": spec.moe_permute_fusion,
                     "megatron_fusions": spec.megatron_fusions,
-                    "use_transformer_engine": spec.use_transformer_engine, "seq_length": spec.seq_length, "global_batch_size": spec.global_batch_size},
+                    "use_transformer_engine": spec.use_transformer_engine, "seq_length": spec.seq_length,
+                    "global_batch_size": spec.global_batch_size},
     }

@@ -31,8 +31,7 @@ from typing import Any
 from specs.errors import TunerError
 
 __all__ = ["COMPONENT_ARMS", "SEED_HYPER", "AdamHyper", "ComponentArm", "ComponentSpec", "clip_coefficient",
-           "component_model",
-           "experts_that_fit", "main"]
+           "component_model", "experts_that_fit", "main"]
 
 GIB = 2**30
 
@@ -82,7 +81,8 @@ class ComponentArm:
     moments: str = "fp32"
     """``fp32`` or ``bf16`` (``exp_avg_dtype`` and ``exp_avg_sq_dtype``)."""
     offload_fraction: float = 0.0
-    """``optimizer_offload_fraction`` with ``optimizer_cpu_offload`` and ``overlap_cpu_optimizer_d2h_h2d`` on (0 = GPU)."""
+    """``optimizer_offload_fraction`` with ``optimizer_cpu_offload`` and ``overlap_cpu_optimizer_d2h_h2d`` on (0 = GPU).
+    """
     eps: float | None = None
     """An epsilon other than the reference's (a control)."""
     beta2: float | None = None
@@ -104,15 +104,15 @@ class ComponentArm:
 COMPONENT_ARMS: tuple[ComponentArm, ...] = (
     ComponentArm(name="default", kind="baseline",
                  description="megatron-core's default GPU optimizer: distributed optimizer, fp32 main "
-                 "weights and fp32 moments (TE FusedAdam), precision-aware off", precision_aware=False, store_param_remainders=False),
+                 "weights and fp32 moments (TE FusedAdam), precision-aware off", precision_aware=False,
+                 store_param_remainders=False),
     ComponentArm(name="explicit_masters", kind="bitwise", description="precision-aware Adam with explicit FP32 masters "
                  "(store_param_remainders off)", store_param_remainders=False),
     ComponentArm(name="gpu", kind="test",
                  description="precision-aware Adam on the GPU: bf16 weights, FP32 masters rebuilt from "
                  "16-bit remainders, fp32 moments", bitwise_with="explicit_masters"),
     ComponentArm(name="gpu_bf16_moments", kind="test",
-                 description="precision-aware Adam on the GPU with bf16 exp_avg and exp_avg_sq",
-                 moments="bf16"),
+                 description="precision-aware Adam on the GPU with bf16 exp_avg and exp_avg_sq", moments="bf16"),
     ComponentArm(name="offload", kind="test",
                  description="precision-aware Adam with CPU optimizer offload, fraction 1.0, "
                  "overlapped D2H/H2D copies (HybridDeviceOptimizer, torch AdamW on the CPU)", offload_fraction=1.0),
@@ -178,9 +178,9 @@ class ComponentSpec:
 
     def shape_text(self, experts: int) -> str:
         return (f"one MoE layer of the seed's shape (Qwen3.5-397B-A17B): hidden {self.hidden_size}, {experts} of its "
-                f"{self.num_experts} "
-                f"experts (as many as fit on one GPU with EP 1), top-{self.moe_router_topk}, expert FFN {self.moe_ffn_hidden_size}, "
-                f"{self.tokens:,} tokens per step; attention ({self.num_attention_heads} heads) and a {self.vocab_size}-token vocabulary around it")
+                f"{self.num_experts} experts (as many as fit on one GPU with EP 1), top-{self.moe_router_topk}, expert "
+                f"FFN {self.moe_ffn_hidden_size}, {self.tokens:,} tokens per step; attention ("
+                f"{self.num_attention_heads} heads) and a {self.vocab_size}-token vocabulary around it")
 
 
 #: Bytes per parameter while an arm runs on the GPU: bf16 weight 2 + fp32 gradient buffer 4 + optimizer state
@@ -209,15 +209,20 @@ def component_model(spec: ComponentSpec, experts: int) -> dict[str, Any]:
     """The :class:`specs.ModelSpec` fields (as a dict) of the component layer with ``experts`` experts."""
     return {
         "name": f"component MoE layer ({experts} experts)", "num_layers": 1, "hidden_size": spec.hidden_size,
-        "num_attention_heads": spec.num_attention_heads, "num_query_groups": spec.num_query_groups, "kv_channels": spec.kv_channels,
-        "ffn_hidden_size": spec.moe_ffn_hidden_size, "vocab_size": spec.vocab_size, "num_experts": experts, "moe_router_topk": spec.moe_router_topk,
-        "moe_ffn_hidden_size": spec.moe_ffn_hidden_size, "moe_shared_expert_intermediate_size": 0, "moe_layer_freq": [1],
-        "gated_linear_unit": True, "untie_embeddings_and_output_weights": True, "qk_layernorm": True, "qk_layernorm_full_dim": False,
-        "mtp_num_layers": 0, "q_lora_rank": 0, "kv_lora_rank": 0, "qk_head_dim": 0, "qk_pos_emb_head_dim": 0, "v_head_dim": 0,
-        "max_position_embeddings": spec.tokens, "window_size": 0, "window_attn_skip_freq": [], "norm_epsilon": 1e-6, "rotary_base": 10000.0,
-        "rotary_percent": 1.0, "rope_scaling_type": "", "rope_scaling_factor": 1.0, "rope_scaling_mscale": 1.0, "rope_scaling_mscale_all_dim": 0.0,
-        "moe_router_score_function": "softmax", "moe_router_enable_expert_bias": False, "moe_router_topk_scaling_factor": 0.0,
-        "moe_router_num_groups": 0, "moe_router_group_topk": 0, "extra_megatron_args": [], "source": "component test shape",
+        "num_attention_heads": spec.num_attention_heads, "num_query_groups": spec.num_query_groups,
+        "kv_channels": spec.kv_channels, "ffn_hidden_size": spec.moe_ffn_hidden_size, "vocab_size": spec.vocab_size,
+        "num_experts": experts, "moe_router_topk": spec.moe_router_topk,
+        "moe_ffn_hidden_size": spec.moe_ffn_hidden_size, "moe_shared_expert_intermediate_size": 0,
+        "moe_layer_freq": [1], "gated_linear_unit": True, "untie_embeddings_and_output_weights": True,
+        "qk_layernorm": True, "qk_layernorm_full_dim": False,
+        "mtp_num_layers": 0, "q_lora_rank": 0, "kv_lora_rank": 0, "qk_head_dim": 0, "qk_pos_emb_head_dim": 0,
+        "v_head_dim": 0, "max_position_embeddings": spec.tokens, "window_size": 0, "window_attn_skip_freq": [],
+        "norm_epsilon": 1e-6, "rotary_base": 10000.0,
+        "rotary_percent": 1.0, "rope_scaling_type": "", "rope_scaling_factor": 1.0, "rope_scaling_mscale": 1.0,
+        "rope_scaling_mscale_all_dim": 0.0, "moe_router_score_function": "softmax",
+        "moe_router_enable_expert_bias": False, "moe_router_topk_scaling_factor": 0.0,
+        "moe_router_num_groups": 0, "moe_router_group_topk": 0, "extra_megatron_args": [],
+        "source": "component test shape",
     }
 
 
@@ -239,8 +244,8 @@ def _harness_spec(spec: ComponentSpec, experts: int) -> Any:
     from specs.layout import Layout
 
     return HarnessSpec(model=component_model(spec, experts), layout=Layout(world_size=1).to_dict(),
-                       seq_length=spec.tokens, global_batch_size=1,
-                       steps=1, warmup_steps=0, seed=spec.seed, use_transformer_engine=True)
+                       seq_length=spec.tokens, global_batch_size=1, steps=1, warmup_steps=0, seed=spec.seed,
+                       use_transformer_engine=True)
 
 
 def _seed_all(seed: int) -> None:
@@ -285,8 +290,9 @@ def _optimizer_config(arm: ComponentArm, hyper: AdamHyper) -> Any:
     dt = torch.bfloat16 if arm.moments == "bf16" else torch.float32
     return OptimizerConfig(
         optimizer="adam", lr=hyper.lr, min_lr=hyper.lr, weight_decay=hyper.weight_decay, adam_beta1=hyper.beta1,
-        adam_beta2=arm.beta2 if arm.beta2 is not None else hyper.beta2, adam_eps=arm.eps if arm.eps is not None else hyper.eps,
-        clip_grad=hyper.clip_grad, bf16=True, params_dtype=torch.bfloat16, use_distributed_optimizer=True, use_precision_aware_optimizer=pa,
+        adam_beta2=arm.beta2 if arm.beta2 is not None else hyper.beta2,
+        adam_eps=arm.eps if arm.eps is not None else hyper.eps, clip_grad=hyper.clip_grad, bf16=True,
+        params_dtype=torch.bfloat16, use_distributed_optimizer=True, use_precision_aware_optimizer=pa,
         store_param_remainders=arm.store_param_remainders if pa else True, exp_avg_dtype=dt if pa else torch.float32,
         exp_avg_sq_dtype=dt if pa else torch.float32, optimizer_cpu_offload=arm.offload_fraction > 0,
         optimizer_offload_fraction=arm.offload_fraction if arm.offload_fraction > 0 else 1.0,
@@ -393,8 +399,8 @@ def _run(spec: ComponentSpec, out: _Out) -> None:
     hspec = _harness_spec(spec, experts)
     nsteps = max(spec.steps)
     out.write({"event": "start", "versions": _versions(), "spec": json.loads(spec.to_json()), "experts": experts,
-               "experts_fit": fit,
-               "shape": spec.shape_text(experts), "gpu_free_bytes": free, "gpu_total_bytes": total, "host_available_bytes": host_avail,
+               "experts_fit": fit, "shape": spec.shape_text(experts), "gpu_free_bytes": free, "gpu_total_bytes": total,
+               "host_available_bytes": host_avail,
                "arms": [a.to_dict() for a in COMPONENT_ARMS if a.name in spec.arms], "hyper": spec.hyper.to_dict()})
 
     # 1. the gradients, at the initial weights
@@ -429,8 +435,8 @@ def _run(spec: ComponentSpec, out: _Out) -> None:
     numel = sum(p.numel() for _, p in named)
     absg = torch.cat([grads[n][0].reshape(-1)[:: max(1, grads[n][0].numel() // 4096)].abs() for n in grads])
     out.write({"event": "grads", "steps": nsteps, "raw_global_norms": raw_norms, "scale": scale, "global_norms": norms,
-               "clip_coeffs": coeffs,
-               "params": numel, "tensors": len(named), "median_abs_grad_step1": float(absg.median()), "seconds": time.perf_counter() - t0,
+               "clip_coeffs": coeffs, "params": numel, "tensors": len(named),
+               "median_abs_grad_step1": float(absg.median()), "seconds": time.perf_counter() - t0,
                "host": process_memory()})
     del ddp, cfg, named
     gc.collect()
@@ -447,8 +453,7 @@ def _run(spec: ComponentSpec, out: _Out) -> None:
                        "message": f"out of memory: {str(e)[:300]}"})
         except Exception as e:  # noqa: BLE001 - an arm that breaks is a finding; the others still run
             out.write({"event": "arm_error", "arm": arm.name, "kind": arm.kind,
-                       "message": f"{type(e).__name__}: {str(e)[:1500]}",
-                       "traceback": traceback.format_exc()[-3000:]})
+                       "message": f"{type(e).__name__}: {str(e)[:1500]}", "traceback": traceback.format_exc()[-3000:]})
         gc.collect()
         torch.cuda.empty_cache()
         out.write({"event": "arm_done", "arm": arm.name, "seconds": time.perf_counter() - ta, "host": process_memory(),
@@ -461,8 +466,7 @@ def _run(spec: ComponentSpec, out: _Out) -> None:
 
 
 def _run_arm(spec: ComponentSpec, hspec: Any, arm: ComponentArm, p0: dict[str, Any], grads: dict[str, list[Any]],
-             coeffs: list[float],
-             explicit: dict[int, dict[str, Any]], out: _Out) -> None:
+             coeffs: list[float], explicit: dict[int, dict[str, Any]], out: _Out) -> None:
     import torch
     from megatron.core.optimizer import get_megatron_optimizer
 
@@ -524,21 +528,23 @@ def _run_arm(spec: ComponentSpec, hspec: Any, arm: ComponentArm, p0: dict[str, A
             del master, upd, ref
         top = sorted(per.items(), key=lambda kv: -kv[1] if kv[1] == kv[1] else 0)[:5]
         out.write({"event": "arm", "arm": arm.name, "kind": arm.kind, "step": k, "worst_rel_l2": worst,
-                   "worst_tensor": worst_name,
-                   "top_tensors": top, "tensors": len(per), "init_identical": init_same, "update_successful": bool(ok),
-                   "grad_norm_reported": float(gnorm) if gnorm is not None else None, "step_s": step_s, "build_s": build_s,
+                   "worst_tensor": worst_name, "top_tensors": top, "tensors": len(per), "init_identical": init_same,
+                   "update_successful": bool(ok),
+                   "grad_norm_reported": float(gnorm) if gnorm is not None else None, "step_s": step_s,
+                   "build_s": build_s,
                    "optimizer": {"precision_aware": arm.precision_aware,
                                  "store_param_remainders": ocfg.store_param_remainders,
-                                 "exp_avg_dtype": str(ocfg.exp_avg_dtype), "exp_avg_sq_dtype": str(ocfg.exp_avg_sq_dtype),
+                                 "exp_avg_dtype": str(ocfg.exp_avg_dtype),
+                                 "exp_avg_sq_dtype": str(ocfg.exp_avg_sq_dtype),
                                  "offload_fraction": arm.offload_fraction if arm.offload_fraction > 0 else 0.0,
-                                 "overlap_cpu_optimizer_d2h_h2d": ocfg.overlap_cpu_optimizer_d2h_h2d, "adam_eps": ocfg.adam_eps,
-                                 "adam_beta1": ocfg.adam_beta1, "adam_beta2": ocfg.adam_beta2, "mutation": arm.mutation,
+                                 "overlap_cpu_optimizer_d2h_h2d": ocfg.overlap_cpu_optimizer_d2h_h2d,
+                                 "adam_eps": ocfg.adam_eps, "adam_beta1": ocfg.adam_beta1,
+                                 "adam_beta2": ocfg.adam_beta2, "mutation": arm.mutation,
                                  "inner": sorted({type(d.optimizer).__name__ for d in _dist_opts(opt)})},
                    **({"bf16_weight_not_rounded_master": bf16_mism} if arm.name == "gpu" else {})})
         if arm.bitwise_with:
             out.write({"event": "bitwise", "arm": arm.name, "against": arm.bitwise_with, "step": k,
-                       "identical": elems > 0 and mism == 0,
-                       "mismatched": mism, "elements": elems})
+                       "identical": elems > 0 and mism == 0, "mismatched": mism, "elements": elems})
     del opt, ddp, cfg, named
 
 

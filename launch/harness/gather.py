@@ -30,7 +30,8 @@ GRAD_DUMP_FORMAT = "tune-grad-dump/1"
 
 
 def model_fingerprint(model: Mapping[str, Any]) -> str:
-    """SHA-256 (first 16 hex digits) of a model dict (a :class:`specs.ModelSpec` as a dict), its ``source`` text left out."""
+    """SHA-256 (first 16 hex digits) of a model dict (a :class:`specs.ModelSpec` as a dict), its ``source`` text left
+    out."""
     d = {k: (list(v) if isinstance(v, tuple) else v) for k, v in model.items() if k != "source"}
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -42,7 +43,8 @@ _STRIP = ("module.", "_orig_mod.")
 
 
 def strip_wrappers(name: str) -> str:
-    """A parameter name without the wrappers' prefixes (``DistributedDataParallel`` / ``Float16Module``: ``module.module.``)."""
+    """A parameter name without the wrappers' prefixes (``DistributedDataParallel`` / ``Float16Module``:
+    ``module.module.``)."""
     while name.startswith(_STRIP):
         for p in _STRIP:
             if name.startswith(p):
@@ -113,8 +115,7 @@ def _is_glu_fc1(name: str) -> bool:
 
 
 def gather_plan(p: ParamShard, *, tp: int, etp: int, layer_offset: int = 0, ep_rank: int = 0,
-                num_local_experts: int = 0,
-                gated_linear_unit: bool = True) -> GatherPlan:
+                num_local_experts: int = 0, gated_linear_unit: bool = True) -> GatherPlan:
     """The plan for one parameter of this rank.
 
     Raises:
@@ -139,8 +140,7 @@ def gather_plan(p: ParamShard, *, tp: int, etp: int, layer_offset: int = 0, ep_r
     full[p.partition_dim] *= size
     glu = gated_linear_unit and p.partition_dim == 0 and _is_glu_fc1(p.name)
     return GatherPlan(local_name=p.name, name=name, group="etp" if p.is_expert else "tp", group_size=size,
-                      dim=p.partition_dim,
-                      glu=glu, full_shape=tuple(full))
+                      dim=p.partition_dim, glu=glu, full_shape=tuple(full))
 
 
 def assemble(pieces: Sequence[Any], plan: GatherPlan, cat: Callable[[list[Any], int], Any],

@@ -149,16 +149,16 @@ def dump_gradients(chunks: list[Any], out_dir: str | Path, meta: dict[str, Any],
                 grad = torch.zeros_like(p, dtype=torch.float32)
             grad = grad.detach().float()
             shard = ParamShard(
-                name=lname, shape=tuple(p.shape), tensor_model_parallel=bool(getattr(p, "tensor_model_parallel",
-                                                                                     False)),
-                partition_dim=int(getattr(p, "partition_dim", -1)), partition_stride=int(getattr(p, "partition_stride",
-                                                                                                 1)),
-                is_expert=not bool(getattr(p, "allreduce", True)), shared_embedding=bool(getattr(p, "shared_embedding",
-                                                                                                 False)), pre_process=pre,
+                name=lname, shape=tuple(p.shape),
+                tensor_model_parallel=bool(getattr(p, "tensor_model_parallel", False)),
+                partition_dim=int(getattr(p, "partition_dim", -1)),
+                partition_stride=int(getattr(p, "partition_stride", 1)),
+                is_expert=not bool(getattr(p, "allreduce", True)),
+                shared_embedding=bool(getattr(p, "shared_embedding", False)), pre_process=pre,
             )
             plan = gather_plan(shard, tp=g["tp_size"], etp=g["etp_size"], layer_offset=offset,
-                               ep_rank=g["ep_rank"] if shard.is_expert else 0,
-                               num_local_experts=nle, gated_linear_unit=gated_linear_unit)
+                               ep_rank=g["ep_rank"] if shard.is_expert else 0, num_local_experts=nle,
+                               gated_linear_unit=gated_linear_unit)
             if plan.skip:
                 continue
             grp, size, grank = (("etp", g["etp_size"], g["etp_rank"]) if shard.is_expert else ("tp", g["tp_size"],
@@ -193,8 +193,7 @@ def dump_gradients(chunks: list[Any], out_dir: str | Path, meta: dict[str, Any],
             for k, v in f["replicas"].items():
                 reps[k] = max(reps.get(k, 0.0), v)
         index.update(tensors=tensors, replicas=reps, duplicate_owners=sorted(set(dup)),
-                     seconds=time.perf_counter() - t0,
-                     world_size=dist.get_world_size())
+                     seconds=time.perf_counter() - t0, world_size=dist.get_world_size())
         tmp = out / "index.json.tmp"
         tmp.write_text(json.dumps(index, indent=1, sort_keys=True, default=str))
         os.replace(tmp, out / "index.json")

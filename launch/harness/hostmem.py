@@ -9,7 +9,8 @@ __all__ = ["offload_host_bytes", "parse_kib_fields", "process_memory", "system_m
 
 
 def parse_kib_fields(text: str, names: tuple[str, ...]) -> dict[str, int]:
-    """``{name: bytes}`` of ``Name:   123 kB`` lines (``/proc/*/status``, ``/proc/meminfo``); absent names are left out."""
+    """``{name: bytes}`` of ``Name:   123 kB`` lines (``/proc/*/status``, ``/proc/meminfo``); absent names are left out.
+    """
     out: dict[str, int] = {}
     for line in text.splitlines():
         key, _, rest = line.partition(":")
@@ -22,7 +23,8 @@ def parse_kib_fields(text: str, names: tuple[str, ...]) -> dict[str, int]:
 
 
 def process_memory(pid: str | int = "self") -> dict[str, int]:
-    """``{"rss_bytes", "peak_rss_bytes"}`` of a process (``VmRSS``, ``VmHWM``); empty where ``/proc`` is not readable."""
+    """``{"rss_bytes", "peak_rss_bytes"}`` of a process (``VmRSS``, ``VmHWM``); empty where ``/proc`` is not readable.
+    """
     try:
         f = parse_kib_fields(Path(f"/proc/{pid}/status").read_text(), ("VmRSS", "VmHWM"))
     except OSError:
@@ -36,7 +38,8 @@ def process_memory(pid: str | int = "self") -> dict[str, int]:
 
 
 def system_memory() -> dict[str, int]:
-    """``{"total_bytes", "available_bytes"}`` of this machine (``MemTotal``, ``MemAvailable``); empty where unreadable."""
+    """``{"total_bytes", "available_bytes"}`` of this machine (``MemTotal``, ``MemAvailable``); empty where unreadable.
+    """
     try:
         f = parse_kib_fields(Path("/proc/meminfo").read_text(), ("MemTotal", "MemAvailable"))
     except OSError:

@@ -53,8 +53,8 @@ def _dump_grads(spec: HarnessSpec, chunks: list[Any], cfg: Any, losses: Any, las
         "model_fingerprint": model_fingerprint(spec.model),
         "checkpoint": _os.path.realpath(spec.load_checkpoint) if spec.load_checkpoint else None,
         "batch": {"data": spec.data, "data_step_offset": spec.data_step_offset,
-                  "global_batch_size": spec.global_batch_size,
-                  "seq_length": spec.seq_length, "corpus_sha256": spec.corpus_sha256, "seed": spec.seed if spec.data == "synthetic" else None},
+                  "global_batch_size": spec.global_batch_size, "seq_length": spec.seq_length,
+                  "corpus_sha256": spec.corpus_sha256, "seed": spec.seed if spec.data == "synthetic" else None},
         "fault": spec.fault,
         "precision": spec.precision,
         "loss": _global_loss(losses, last),
@@ -85,7 +85,8 @@ def _live_tensors() -> dict[str, int]:
             if key in seen or st.data_ptr() == 0:
                 continue
             seen.add(key)
-            name = f"{o.device.type}/{str(o.dtype).removeprefix('torch.')}" + ("/pinned" if o.device.type == "cpu" and o.is_pinned() else "")
+            pinned = "/pinned" if o.device.type == "cpu" and o.is_pinned() else ""
+            name = f"{o.device.type}/{str(o.dtype).removeprefix('torch.')}{pinned}"
             out[name] = out.get(name, 0) + st.nbytes()
         except Exception:  # noqa: BLE001 - a tensor subclass that cannot say its storage is skipped
             continue
@@ -93,7 +94,8 @@ def _live_tensors() -> dict[str, int]:
 
 
 def _memory_phase(spec: HarnessSpec, out: _Out, rank: int, phase: str, *, tensors: bool = False) -> None:
-    """One ``event: memory_phase`` line (``memory_phases``): allocated / reserved / peak bytes, host RSS, optionally the live tensors."""
+    """One ``event: memory_phase`` line (``memory_phases``): allocated / reserved / peak bytes, host RSS, optionally the
+    live tensors."""
     if not spec.memory_phases:
         return
     import torch
@@ -101,8 +103,8 @@ def _memory_phase(spec: HarnessSpec, out: _Out, rank: int, phase: str, *, tensor
     torch.cuda.synchronize()
     row: dict[str, Any] = {"event": "memory_phase", "rank": rank, "phase": phase,
                            "allocated_bytes": torch.cuda.memory_allocated(),
-                           "reserved_bytes": torch.cuda.memory_reserved(), "max_allocated_bytes": torch.cuda.max_memory_allocated(),
-                           "host_rss_bytes": _host_rss()}
+                           "reserved_bytes": torch.cuda.memory_reserved(),
+                           "max_allocated_bytes": torch.cuda.max_memory_allocated(), "host_rss_bytes": _host_rss()}
     if tensors:
         row["live_tensors_bytes"] = _live_tensors()
     if rank == 0:
@@ -110,7 +112,8 @@ def _memory_phase(spec: HarnessSpec, out: _Out, rank: int, phase: str, *, tensor
 
 
 def _forward_only(spec: HarnessSpec, chunks: list[Any], iters: list[Any], out: _Out, rank: int) -> None:
-    """``forward_only_steps`` forward-only passes over a step's micro-batches, timed; an ``event: forward_only`` line."""
+    """``forward_only_steps`` forward-only passes over a step's micro-batches, timed; an ``event: forward_only`` line.
+    """
     import torch
     import torch.distributed as dist
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -122,10 +125,10 @@ def _forward_only(spec: HarnessSpec, chunks: list[Any], iters: list[Any], out: _
         torch.cuda.synchronize()
         dist.barrier()
         t0 = time.perf_counter()
-        with torch.no_grad():  # the losses would keep every micro-batch's graph alive; training mode stays (router, dropout)
+        with torch.no_grad():  # else every micro-batch's graph stays alive; training mode stays (router, dropout)
             fb(forward_step_func=_forward_step, data_iterator=iters if len(iters) > 1 else iters[0],
-               model=chunks if len(chunks) > 1 else chunks[0],
-               num_microbatches=spec.num_microbatches, seq_length=spec.seq_length, micro_batch_size=lay["micro_batch_size"],
+               model=chunks if len(chunks) > 1 else chunks[0], num_microbatches=spec.num_microbatches,
+               seq_length=spec.seq_length, micro_batch_size=lay["micro_batch_size"],
                decoder_seq_length=spec.seq_length, forward_only=True)
         torch.cuda.synchronize()
         dist.barrier()
@@ -165,8 +168,9 @@ def _census(spec: HarnessSpec, chunks: list[Any], out: _Out, rank: int) -> None:
     census = SavedTensorCensus(mods, params)
     with census:
         get_forward_backward_func()(forward_step_func=_forward_step, data_iterator=it if len(it) > 1 else it[0],
-                                    model=chunks if len(chunks) > 1 else chunks[0], num_microbatches=1, seq_length=spec.seq_length,
-                                    micro_batch_size=spec.layout["micro_batch_size"], decoder_seq_length=spec.seq_length, forward_only=False)
+                                    model=chunks if len(chunks) > 1 else chunks[0], num_microbatches=1,
+                                    seq_length=spec.seq_length, micro_batch_size=spec.layout["micro_batch_size"],
+                                    decoder_seq_length=spec.seq_length, forward_only=False)
     for c in chunks:
         c.zero_grad_buffer()
     if rank != 0:
@@ -177,8 +181,8 @@ def _census(spec: HarnessSpec, chunks: list[Any], out: _Out, rank: int) -> None:
     tokens = spec.layout["micro_batch_size"] * spec.seq_length // (spec.layout["cp"] * (tp if sp else 1))
     for r in census.report():
         out.write({"event": "census", "label": spec.label, "layout": spec.layout, "tokens": tokens,
-                   "hidden_size": m["hidden_size"],
-                   "moe_ffn_hidden_size": m.get("moe_ffn_hidden_size"), "moe_router_topk": m.get("moe_router_topk"),
+                   "hidden_size": m["hidden_size"], "moe_ffn_hidden_size": m.get("moe_ffn_hidden_size"),
+                   "moe_router_topk": m.get("moe_router_topk"),
                    "precision": spec.precision, "fp8_recipe": spec.fp8_recipe,
                    "recompute": {k: spec.layout.get(k) for k in ("recompute_granularity", "recompute_method",
                                                                  "recompute_num_layers", "recompute_modules")},
@@ -186,10 +190,12 @@ def _census(spec: HarnessSpec, chunks: list[Any], out: _Out, rank: int) -> None:
 
 
 def _profiles_here() -> bool:
-    """This rank writes a profile: the first rank of its tensor-, context- and data-parallel groups (one per pipeline stage)."""
+    """This rank writes a profile: the first rank of its tensor-, context- and data-parallel groups (one per pipeline
+    stage)."""
     from megatron.core import parallel_state as ps
 
-    return bool(ps.get_tensor_model_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0)
+    ranks = (ps.get_tensor_model_parallel_rank(), ps.get_context_parallel_rank(), ps.get_data_parallel_rank())
+    return ranks == (0, 0, 0)
 
 
 def _profiler(spec: HarnessSpec, step: int) -> Any:
@@ -204,7 +210,8 @@ def _profiler(spec: HarnessSpec, step: int) -> Any:
 
 
 def profile_file_name(step: int, pp_rank: int) -> str:
-    """``profile_step<N>_pp<r>.json``: the trace of step ``step`` on pipeline rank ``pp_rank`` (what ``tune timeline`` looks for)."""
+    """``profile_step<N>_pp<r>.json``: the trace of step ``step`` on pipeline rank ``pp_rank`` (what ``tune timeline``
+    looks for)."""
     return f"profile_step{step}_pp{pp_rank}.json"
 
 

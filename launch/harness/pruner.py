@@ -31,16 +31,17 @@ class StepTimePruner:
 
     def decide(self, tokens_per_s_per_gpu: list[float], best_tokens_per_s_per_gpu: float | None) -> str | None:
         """The reason to stop the trial now, or None; ``best_tokens_per_s_per_gpu`` None or NaN prunes nothing."""
-        if best_tokens_per_s_per_gpu is None or not math.isfinite(best_tokens_per_s_per_gpu) or best_tokens_per_s_per_gpu <= 0:
+        best = best_tokens_per_s_per_gpu
+        if best is None or not math.isfinite(best) or best <= 0:
             return None
         measured = tokens_per_s_per_gpu[self.warmup_steps:]
         if len(measured) < self.min_steps:
             return None
         med = statistics.median(measured)
-        if med * (1.0 + self.margin) < best_tokens_per_s_per_gpu:
+        if med * (1.0 + self.margin) < best:
             return (
                 f"pruned after {len(tokens_per_s_per_gpu)} steps: median {med:,.1f} tokens/s/GPU over {len(measured)} "
-                f"measured steps is {best_tokens_per_s_per_gpu / med - 1:.0%} below the best so far "
-                f"({best_tokens_per_s_per_gpu:,.1f}); margin {self.margin:.0%}"
+                f"measured steps is {best / med - 1:.0%} below the best so far "
+                f"({best:,.1f}); margin {self.margin:.0%}"
             )
         return None

@@ -66,7 +66,8 @@ class HarnessResult:
     census: list[dict[str, Any]] = field(default_factory=list)
     """Saved-tensor census lines, one per watched module."""
     profile: dict[str, Any] = field(default_factory=dict)
-    """The profiled step's traces (``{"event": "profile", "step", "files"}``, with ``profile_step``), when there are any."""
+    """The profiled step's traces (``{"event": "profile", "step", "files"}``, with ``profile_step``), when there are
+    any."""
     memory_phases: list[dict[str, Any]] = field(default_factory=list)
     forward_only: dict[str, Any] = field(default_factory=dict)
     ooms: list[dict[str, Any]] = field(default_factory=list)
@@ -166,8 +167,8 @@ _NCCL_RE = re.compile(r"(NCCL error|ncclInternalError|ncclSystemError|ncclUnhand
 
 def _oom_bytes(result: HarnessResult, log_text: str) -> float:
     """Memory reached when the run ran out of memory (bytes): the harness's report, else the allocator's message."""
-    vals = [float(o.get("reserved_bytes") or 0) for o in result.ooms] + [float(o.get("max_allocated_bytes") or 0) for o in result.ooms]
-    vals = [v for v in vals if v > 0]
+    keys = ("reserved_bytes", "max_allocated_bytes")
+    vals = [v for o in result.ooms for k in keys if (v := float(o.get(k) or 0)) > 0]
     if vals:
         return max(vals)
     found = [float(x) * (GIB if unit.lower() == "gib" else 2**20) for x, unit in _IN_USE_RE.findall(log_text)]
@@ -193,7 +194,8 @@ def classify_failure(
         return FailureKind.oom, f"out of memory{rk}{where}", reached
     if timed_out:
         n = len(result.steps)
-        return FailureKind.timeout, f"timed out after {n} finished step(s); the whole process group was killed", math.nan
+        return (FailureKind.timeout, f"timed out after {n} finished step(s); the whole process group was killed",
+                math.nan)
     if result.refused:
         return FailureKind.crash, "refused by the harness: " + "; ".join(result.refused), math.nan
     m = _NCCL_RE.search(log_text)
@@ -202,6 +204,7 @@ def classify_failure(
         return FailureKind.crash, f"NCCL error: {line[:300]}", math.nan
     if result.errors:
         e = result.errors[0]
-        return FailureKind.crash, f"crash on rank {e.get('rank')}: {e.get('type')}: {str(e.get('message', ''))[:300]}", math.nan
+        msg = f"crash on rank {e.get('rank')}: {e.get('type')}: {str(e.get('message', ''))[:300]}"
+        return FailureKind.crash, msg, math.nan
     last = next((ln.strip() for ln in reversed(log_text.splitlines()) if ln.strip()), "")
     return FailureKind.crash, f"crash (exit status {returncode}): {last[:300]}", math.nan

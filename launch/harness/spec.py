@@ -17,8 +17,8 @@ from specs.errors import TunerError
 from specs.layout import Layout, RecomputeGranularity
 
 __all__ = ["FAULTS", "FP8_RECIPES", "HARNESS_OPTIONS", "HarnessEnv", "HarnessSpec", "build_spec", "fault_reasons",
-           "harness_layout", "override_model", "slice_model",
-           "torchrun_command", "unsupported_reasons", "HARNESS_MODULE"]
+           "harness_layout", "override_model", "slice_model", "torchrun_command", "unsupported_reasons",
+           "HARNESS_MODULE"]
 
 #: The module ``torchrun -m`` starts.
 HARNESS_MODULE = "launch.harness.train"
@@ -52,10 +52,11 @@ FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
 
 #: The HarnessSpec fields ``build_spec(options=...)`` and ``LocalBackend(harness_options=...)`` accept.
 HARNESS_OPTIONS = frozenset({
-    "data", "corpus_path", "corpus_sha256", "lr", "save_checkpoint", "load_checkpoint", "fault", "pretrain_steps", "data_step_offset",
-    "lr_warmup_steps", "fp8_recipe", "fp8_param_gather", "grad_reduce_in_fp32", "cross_entropy_fusion", "moe_permute_fusion",
-    "saved_tensor_census", "dump_grads", "label", "profile_step", "forward_only_steps", "memory_phases", "gc_after_build",
-    "megatron_fusions",
+    "data", "corpus_path", "corpus_sha256", "lr", "save_checkpoint", "load_checkpoint", "fault", "pretrain_steps",
+    "data_step_offset", "lr_warmup_steps", "fp8_recipe", "fp8_param_gather", "grad_reduce_in_fp32",
+    "cross_entropy_fusion", "moe_permute_fusion",
+    "saved_tensor_census", "dump_grads", "label", "profile_step", "forward_only_steps", "memory_phases",
+    "gc_after_build", "megatron_fusions",
 })
 
 #: The harness's data sources.
@@ -143,8 +144,8 @@ def unsupported_reasons(layout: Layout, model: ModelSpec, workload: Workload, en
                    "here")
     if "moe_act" in layout.recompute_modules and not te:
         out.append(
-            "recompute module moe_act needs grouped GEMM (megatron-core: 'moe_act in recompute_modules is only supported "
-            "with moe_grouped_gemm'); without Transformer Engine the harness runs experts as SequentialMLP"
+            "recompute module moe_act needs grouped GEMM (megatron-core: 'moe_act in recompute_modules is only "
+            "supported with moe_grouped_gemm'); without Transformer Engine the harness runs experts as SequentialMLP"
         )
     if workload.precision.value not in ("bf16", "fp8"):
         out.append(f"precision {workload.precision.value} is not run by the harness (bf16, and fp8 with Transformer "
@@ -158,7 +159,8 @@ def unsupported_reasons(layout: Layout, model: ModelSpec, workload: Workload, en
             "i.e. Transformer Engine's FusedAdam (or optimizer CPU offload), which is not installed here"
         )
     if layout.world_size % (layout.tp * layout.pp * layout.cp):
-        out.append(f"world size {layout.world_size} is not a multiple of tp*pp*cp = {layout.tp * layout.pp * layout.cp}")
+        out.append(f"world size {layout.world_size} is not a multiple of tp*pp*cp = "
+                   f"{layout.tp * layout.pp * layout.cp}")
     if model.q_lora_rank or model.kv_lora_rank:
         if layout.cp > 1:
             out.append("MLA with context parallelism is not supported by the harness")
@@ -183,8 +185,8 @@ def option_reasons(options: dict[str, Any], workload: Workload, env: HarnessEnv)
     mods = set(options.get("_recompute_modules") or ())
     if rec == "delayed" and mods & {"moe_act", "layernorm"}:
         out.append("fp8 delayed scaling with moe_act or layernorm recompute: megatron-core 0.19 raises 'Delayed "
-                   "scaling does not "
-                   "support moe_act and layernorm recompute for fp8' (transformer_config.py); use fp8_recipe tensorwise")
+                   "scaling does not support moe_act and layernorm recompute for fp8' (transformer_config.py); use "
+                   "fp8_recipe tensorwise")
     if options.get("cross_entropy_fusion") and not te:
         out.append("fused cross-entropy (cross_entropy_fusion_impl 'te') needs Transformer Engine, which is not "
                    "installed here")
@@ -230,7 +232,8 @@ class HarnessSpec:
     save_checkpoint: str | None = None
     """Directory to write the freshly initialised weights to (megatron-core distributed checkpoint) before step 1."""
     load_checkpoint: str | None = None
-    """Directory of a distributed checkpoint to load the weights from before step 1 (any TP/PP/EP it was written with)."""
+    """Directory of a distributed checkpoint to load the weights from before step 1 (any TP/PP/EP it was written with).
+    """
     fault: str | None = None
     """A deliberate bug to inject (a key of :data:`FAULTS`): negative controls only."""
     pretrain_steps: int = 0
@@ -241,11 +244,13 @@ class HarnessSpec:
     lr_warmup_steps: int = 0
     """Linear learning-rate warm-up over this many steps (of the warm start and of the measured steps)."""
     fp8_recipe: str | None = None
-    """With ``precision: fp8``: TE's recipe (:data:`FP8_RECIPES`; ``TransformerConfig(fp8="hybrid", fp8_recipe=...)``)."""
+    """With ``precision: fp8``: TE's recipe (:data:`FP8_RECIPES`; ``TransformerConfig(fp8="hybrid", fp8_recipe=...)``).
+    """
     fp8_param_gather: bool = False
     """fp8 weights without a bf16 copy (``fp8_param`` / ``fp8_param_gather``, as Megatron-Bridge's fp8 recipes)."""
     grad_reduce_in_fp32: bool = True
-    """``DistributedDataParallelConfig.grad_reduce_in_fp32``; False: the gradient buffer is bf16 (Bridge's perf recipes)."""
+    """``DistributedDataParallelConfig.grad_reduce_in_fp32``; False: the gradient buffer is bf16 (Bridge's perf
+    recipes)."""
     cross_entropy_fusion: bool = False
     """``cross_entropy_loss_fusion`` with ``cross_entropy_fusion_impl="te"`` (TE's fused cross-entropy)."""
     moe_permute_fusion: bool = False
@@ -357,8 +362,8 @@ def build_spec(
         opts["fp8_recipe"] = "delayed"
     chk = {**opts,
            "_recompute_modules": layout.recompute_modules if layout.recompute_granularity.value == "selective" else ()}
-    reasons = unsupported_reasons(layout, model, workload, env) + fault_reasons(opts.get("fault"), layout,
-                                                                                env) + option_reasons(chk, workload, env)
+    reasons = [*unsupported_reasons(layout, model, workload, env), *fault_reasons(opts.get("fault"), layout, env),
+               *option_reasons(chk, workload, env)]
     if opts.get("fault") == "embedding_shard_misplaced" and not opts.get("load_checkpoint"):
         reasons.append("fault 'embedding_shard_misplaced' acts when a checkpoint is loaded; this run loads none")
     if reasons:
@@ -366,7 +371,8 @@ def build_spec(
     dp = layout.dp
     if workload.global_batch_size % (layout.micro_batch_size * dp):
         raise TunerError(
-            f"global batch {workload.global_batch_size} is not a multiple of micro-batch {layout.micro_batch_size} x DP {dp}"
+            f"global batch {workload.global_batch_size} is not a multiple of micro-batch {layout.micro_batch_size} x "
+            f"DP {dp}"
         )
     notes: list[str] = []
     if not env.transformer_engine:

@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         with out.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(json.dumps({k: row.get(k) for k in ("n", "label", "status", "step_time_s", "pred_step_time_s",
-                                                  "peak_reserved_gib", "pred_peak_gib", "message", "wall_s")}), flush=True)
+                                                  "peak_reserved_gib", "pred_peak_gib", "message", "wall_s")}),
+                                                  flush=True)
     return 0
 
 

@@ -22,8 +22,27 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from launch.harness.build import _RAN, _build, _gpt, _host_rss, _load_weights, _optimizer, _run_options, _save_weights, _transformer_config, _versions
-from launch.harness.measure import _census, _dump_grads, _export_profile, _forward_only, _host_summary, _memory_phase, _profiler
+from launch.harness.build import (
+    _RAN,
+    _build,
+    _gpt,
+    _host_rss,
+    _load_weights,
+    _optimizer,
+    _run_options,
+    _save_weights,
+    _transformer_config,
+    _versions,
+)
+from launch.harness.measure import (
+    _census,
+    _dump_grads,
+    _export_profile,
+    _forward_only,
+    _host_summary,
+    _memory_phase,
+    _profiler,
+)
 from launch.harness.results import cv, median_after_warmup
 from launch.harness.spec import HarnessEnv, HarnessSpec, fault_reasons, parse_argv, unsupported_reasons
 from launch.harness.step import _batches, _forward_step, _global_loss
@@ -108,7 +127,8 @@ def _set_lr(spec: HarnessSpec, opt: Any, k: int) -> None:
 
 
 def _forward_backward(fb: Any, spec: HarnessSpec, chunks: list[Any], iters: list[Any]) -> Any:
-    """One step's forward and backward over its micro-batches (``fb``: megatron-core's schedule); the micro-batches' losses."""
+    """One step's forward and backward over its micro-batches (``fb``: megatron-core's schedule); the micro-batches'
+    losses."""
     return fb(
         forward_step_func=_forward_step,
         data_iterator=iters if len(iters) > 1 else iters[0],
@@ -146,8 +166,7 @@ def _warm_start(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: An
 
 
 def _steps(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, iters: list[Any], out: _Out, rank: int,
-           world: int,
-           last: bool) -> list[float]:
+           world: int, last: bool) -> list[float]:
     """The measured steps, one ``step`` line each (with the step-1 gradient dump, memory phases and profile the spec
     asks for); returns the step times in seconds."""
     import torch
@@ -176,8 +195,8 @@ def _steps(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, it
             if rank == 0:
                 out.write({"event": "grads", "dir": spec.dump_grads, "tensors": len(idx.get("tensors", {})),
                            "seconds": idx.get("seconds"),
-                           "replicas_max_abs_diff": max(idx.get("replicas", {}).values(),
-                                                        default=0.0), "fault": _RAN.get("fault")})
+                           "replicas_max_abs_diff": max(idx.get("replicas", {}).values(), default=0.0),
+                           "fault": _RAN.get("fault")})
         if step == 1:
             _memory_phase(spec, out, rank, "step1_after_forward_backward")
         ok, grad_norm, _ = opt.step()
@@ -208,7 +227,8 @@ def _steps(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, it
 
 def _summary(spec: HarnessSpec, chunks: list[Any], times: list[float], build_s: float, out: _Out, rank: int,
              world: int) -> None:
-    """The ``summary`` line: the median step time after warm-up, every rank's peak GPU and host memory (a collective)."""
+    """The ``summary`` line: the median step time after warm-up, every rank's peak GPU and host memory (a collective).
+    """
     import torch
     import torch.distributed as dist
 
@@ -224,7 +244,8 @@ def _summary(spec: HarnessSpec, chunks: list[Any], times: list[float], build_s: 
         "warmup_steps": spec.warmup_steps,
         "median_step_time_s": med,
         "step_time_cv": cv(times[spec.warmup_steps:]),
-        "tokens_per_s_per_gpu": spec.global_batch_size * spec.seq_length / med / world if med and math.isfinite(med) else None,
+        "tokens_per_s_per_gpu": (spec.global_batch_size * spec.seq_length / med / world
+                                 if med and math.isfinite(med) else None),
         "peak_allocated_bytes": [g[0] for g in gathered],
         "peak_reserved_bytes": [g[1] for g in gathered],
         "build_s": build_s,
@@ -247,9 +268,10 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
     cfg, chunks, opt, build_s = _setup(spec, out, rank)
     if rank == 0:
         out.write({"event": "start", "world_size": world, "layout": spec.layout, "versions": _versions(),
-                   "notes": list(spec.notes),
-                   "build_s": build_s, "data": spec.data, "lr": spec.lr, "fault": spec.fault, "loaded_checkpoint": spec.load_checkpoint,
-                   "saved_checkpoint": spec.save_checkpoint, "label": spec.label, "precision": spec.precision, "run_options": _run_options(spec)})
+                   "notes": list(spec.notes), "build_s": build_s, "data": spec.data, "lr": spec.lr, "fault": spec.fault,
+                   "loaded_checkpoint": spec.load_checkpoint,
+                   "saved_checkpoint": spec.save_checkpoint, "label": spec.label, "precision": spec.precision,
+                   "run_options": _run_options(spec)})
     corpus = _corpus(spec, out, rank)
     fb = get_forward_backward_func()
     last = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
