@@ -211,8 +211,8 @@ class LocalProcess(TrialProcesses):
     with its driver (:func:`_die_with_parent`, :func:`start_watchdog`).
 
     Raises:
-        TrialFailed: (``crash``) the program cannot be started. TunerError: an earlier trial's orphaned processes still
-            run on this host.
+        TrialFailed: (``crash``) the program cannot be started.
+        TunerError: an earlier trial's orphaned processes still run on this host.
     """
 
     def __init__(self, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str], trial_dir: Path) -> None:
@@ -221,8 +221,7 @@ class LocalProcess(TrialProcesses):
         orphans = running_trials(trial_dir.parent)
         if orphans:
             raise TunerError(f"{', '.join(orphans)} of an earlier run still run on this host and may hold its GPUs; "
-                             "stop "
-                             "them (kill -- -GROUP) or let them end, then run again")
+                             "stop them (kill -- -GROUP) or let them end, then run again")
         self.log_path = log_path
         with open(log_path, "wb") as log:  # the child writes through its own copy of the descriptor
             try:
@@ -382,8 +381,9 @@ class Trial:
         result.
 
         Raises:
-            TrialStopped: the reporter returned a reason. TrialFailed: out of memory, the timeout, or a crash (non-zero
-                exit, NCCL error, exit 0 without a result). KeyboardInterrupt: ``cancelled`` was set, or Ctrl-C.
+            TrialStopped: the reporter returned a reason.
+            TrialFailed: out of memory, the timeout, or a crash (non-zero exit, NCCL error, exit 0 without a result).
+            KeyboardInterrupt: ``cancelled`` was set, or Ctrl-C.
         """
         t0 = time.monotonic()
         seen = 0

@@ -153,8 +153,9 @@ class TrialBackend(abc.ABC):
         """Evaluate ``layout``; ``reporter`` may stop a real trial after a step, ``trial_number`` names its folder.
 
         Raises:
-            TrialFailed: the trial ran out of memory, timed out or crashed. TrialStopped: the reporter stopped the
-                trial. InfeasibleLayout: the backend cannot run this layout here (before any GPU work).
+            TrialFailed: the trial ran out of memory, timed out or crashed.
+            TrialStopped: the reporter stopped the trial.
+            InfeasibleLayout: the backend cannot run this layout here (before any GPU work).
         """
 
     def cluster_gpus(self) -> float | None:

@@ -297,9 +297,10 @@ class CommandBackend(MeasuredBackend):
 
         Raises:
             TrialFailed: out of memory, timeout, NCCL error or crash, a run without any iteration line, or a program
-                that cannot be started. TrialStopped: the reporter stopped the trial. KeyboardInterrupt: the backend was
-                cancelled; the command's processes were killed. InfeasibleLayout: (rule ``command_template``) the layout
-                cannot be written as flags; nothing was started.
+                that cannot be started.
+            TrialStopped: the reporter stopped the trial.
+            KeyboardInterrupt: the backend was cancelled; the command's processes were killed.
+            InfeasibleLayout: (rule ``command_template``) the layout cannot be written as flags; nothing was started.
         """
         n, tdir = self._trial_folder(trial_number)
         try:

@@ -57,8 +57,7 @@ def check_local_gpus(cluster: Cluster, what: str, *, nodes_fix: str | None = Non
     slice_fix = "use a study of a slice that fits one machine (--layers N, --gpus KxGPU)"
     if cluster.num_gpus > cluster.gpus_per_node:
         raise TunerError(f"{what} runs on one machine; {cluster.label} is {cluster.num_gpus // cluster.gpus_per_node} "
-                         "nodes: "
-                         f"{nodes_fix or slice_fix}")
+                         f"nodes: {nodes_fix or slice_fix}")
     have = machine_gpu_count()
     if have < cluster.num_gpus:
         raise TunerError(f"{what} needs {cluster.num_gpus} GPU{'s' if cluster.num_gpus != 1 else ''} and this machine "
@@ -173,9 +172,9 @@ class LocalBackend(MeasuredBackend):
 
         Raises:
             InfeasibleLayout: (rule ``harness_env``) another GPU count, or something not installed; nothing was started.
-                TrialFailed: out of memory, timeout, crash / NCCL error, or a launcher that cannot be started.
-                TrialStopped: the reporter stopped the trial. KeyboardInterrupt: the backend was cancelled; the trial's
-                processes were killed.
+            TrialFailed: out of memory, timeout, crash / NCCL error, or a launcher that cannot be started.
+            TrialStopped: the reporter stopped the trial.
+            KeyboardInterrupt: the backend was cancelled; the trial's processes were killed.
         """
         if layout.world_size != self.num_gpus:
             raise InfeasibleLayout(

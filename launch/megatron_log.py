@@ -101,8 +101,8 @@ class MegatronLog:
             StepRecord(
                 step=it.iteration,
                 step_time_s=it.step_time_s,
-                tokens_per_s_per_gpu=self.tokens_per_s_per_gpu(it.step_time_s, global_batch_size=global_batch_size,
-                                                               seq_length=seq_length, world_size=world_size),
+                tokens_per_s_per_gpu=self.tokens_per_s_per_gpu(
+                    it.step_time_s, global_batch_size=global_batch_size, seq_length=seq_length, world_size=world_size),
                 loss=it.loss,
                 grad_norm=it.grad_norm,
             )

@@ -258,8 +258,8 @@ class RayBackend(MeasuredBackend):
         try:
             import ray
         except ImportError:
-            raise TunerError("--backend ray needs the ray package (a dependency of this project: "
-                             "reinstall it)") from None
+            raise TunerError("--backend ray needs the ray package (a dependency of this project: reinstall "
+                             "it)") from None
         if ray.is_initialized():
             return
         kw: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": False, "include_dashboard": False}
@@ -315,9 +315,9 @@ class RayBackend(MeasuredBackend):
 
         Raises:
             InfeasibleLayout: (rule ``harness_env``) the cluster cannot hold the layout; nothing was started.
-                TrialFailed: out of memory, timeout, crash, a node that cannot start it, or a node lost twice.
-                TrialStopped: the reporter stopped the trial. KeyboardInterrupt: the backend was cancelled; every node's
-                processes were killed.
+            TrialFailed: out of memory, timeout, crash, a node that cannot start it, or a node lost twice.
+            TrialStopped: the reporter stopped the trial.
+            KeyboardInterrupt: the backend was cancelled; every node's processes were killed.
         """
         why = self.refusal(layout, model, workload)
         if why:
@@ -354,9 +354,8 @@ class RayBackend(MeasuredBackend):
                                   f"({strategy}) within {self.placement_timeout_s:.0f} s", str(tdir))
             agent_cls = ray.remote(_NodeAgent)
             for i, g in enumerate(sizes):
-                opts: dict[str, Any] = {"num_cpus": 1, "max_restarts": 0,
-                                        "scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg,
-                                                                                                placement_group_bundle_index=i)}
+                where_i = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
+                opts: dict[str, Any] = {"num_cpus": 1, "max_restarts": 0, "scheduling_strategy": where_i}
                 if self.gpu_resource == "GPU":
                     opts["num_gpus"] = g
                 else:
@@ -367,8 +366,8 @@ class RayBackend(MeasuredBackend):
             except RayActorError as e:
                 raise _NodeLost(f"an actor died before the start ({type(e).__name__})") from None
             master, port = where[0]["ip"], where[0]["port"]
-            (tdir / "placement.json").write_text(json.dumps({"strategy": strategy, "bundles": sizes, "attempt": attempt,
-                                                             "nodes": where}, indent=1))
+            plan = {"strategy": strategy, "bundles": sizes, "attempt": attempt, "nodes": where}
+            (tdir / "placement.json").write_text(json.dumps(plan, indent=1))
             pids = []
             for i, (a, g) in enumerate(zip(nodes.actors, sizes)):
                 env = {**SAFE_ENV, **self.extra_env, "NNODES": str(len(sizes)), "NODE_RANK": str(i),

@@ -207,8 +207,7 @@ class BridgeExporter(Exporter):
     name = "bridge"
     file_name = "megatron_bridge.yaml"
     description = ("megatron_bridge.yaml: the layout in Megatron-Bridge ConfigContainer keys (your --from Bridge YAML "
-                   "with "
-                   "them written in, or an override of just them)")
+                   "with them written in, or an override of just them)")
 
     def in_main_job(self, context: ExportContext) -> bool:
         return bool(context.bridge_yaml) and not _perf_config(yaml.safe_load(context.bridge_yaml))

@@ -50,12 +50,12 @@ def misc_lines(model: ModelSpec, options: RunOptions | None = None) -> tuple[tup
     dot_product_attention/utils.py, ``get_attention_backend``); cuDNN's fused attention runs sinks."""
     lines = _MISC_LINES
     if options is not None and not options.grad_reduce_in_fp32:  # bf16 main gradients (--grad-reduce-in-bf16)
-        lines = tuple(("--grad-reduce-in-bf16",
-                       "--attention-softmax-in-fp32") if line == _MISC_LINES[1] else line for line in lines)
+        bf16 = ("--grad-reduce-in-bf16", "--attention-softmax-in-fp32")
+        lines = tuple(bf16 if line == _MISC_LINES[1] else line for line in lines)
     if model.softmax_type == "vanilla":
         return lines
-    return tuple(("--attention-backend", "fused") if line == ("--attention-backend",
-                                                              "flash") else line for line in lines)
+    flash = ("--attention-backend", "flash")
+    return tuple(("--attention-backend", "fused") if line == flash else line for line in lines)
 
 
 def misc_args(model: ModelSpec, options: RunOptions | None = None) -> tuple[str, ...]:
@@ -90,8 +90,8 @@ SLIME_ONLY_ARGS = frozenset("""
 #: The tool's own training hyperparameters: the seed's optimizer and schedule (:data:`OPTIMIZER_HPARAMS`) and its
 #: dropout. A command that carries the user's launch arguments (``tune --from``) writes none of them: that launch is
 #: the user's training, and Megatron-LM's defaults stand where it sets nothing.
-HPARAM_FLAGS = frozenset([a for a in OPTIMIZER_HPARAMS if a.startswith("--")] + ["--attention-dropout",
-                                                                                 "--hidden-dropout"])
+HPARAM_FLAGS = frozenset([a for a in OPTIMIZER_HPARAMS if a.startswith("--")]
+                         + ["--attention-dropout", "--hidden-dropout"])
 
 #: Megatron-LM flags a launch sets at most one of (``megatron/training/arguments.py``, ``validate_args``: "can only
 #: specify one of lr-warmup-fraction and lr-warmup-iters", iteration- or sample-based training, one data source).
@@ -147,9 +147,9 @@ def merge_user_args(tuned: Sequence[Sequence[str]], free: Sequence[Sequence[str]
 #: The flag groups the exported scripts write from their own variables (run_slime.sh's RUN_ARGS): a launch read back
 #: from an exported ``recipe.yaml`` carries them, and keeping them would repeat them at every round trip.
 SCRIPT_OWN_GROUPS = frozenset({
-    ("--load", "$SAVE_DIR"), ("--save", "$SAVE_DIR"), ("--save-interval", "$SAVE_INTERVAL"), ("--num-epoch",
-                                                                                              "$NUM_EPOCH"),
-    ("--num-rollout", "$NUM_ROLLOUT"), ("--tensorboard-dir", "$TENSORBOARD_DIR"), ("--rollout-shuffle",),
+    ("--load", "$SAVE_DIR"), ("--save", "$SAVE_DIR"), ("--save-interval", "$SAVE_INTERVAL"),
+    ("--num-epoch", "$NUM_EPOCH"), ("--num-rollout", "$NUM_ROLLOUT"), ("--tensorboard-dir", "$TENSORBOARD_DIR"),
+    ("--rollout-shuffle",),
     ("--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout"),
 })
 
@@ -252,8 +252,8 @@ def model_for_release(model: ModelSpec, megatron_core: str | None = None) -> tup
         why = (f"its {model.mtp_num_layers} MTP layer(s): megatron-core allows MTP only with rope or no position "
                "embedding")
     elif release < GPT_YARN_SINCE:
-        why = (f"megatron-core {release[0]}.{release[1]} (--megatron-core) has no --yarn-* flags for a GPT model "
-               "(they arrived in 0.19)")
+        why = (f"megatron-core {release[0]}.{release[1]} (--megatron-core) has no --yarn-* flags for a GPT model (they "
+               "arrived in 0.19)")
     else:
         return model, None
     note = (f"Position embedding: plain RoPE (--position-embedding-type rope), not the model's YaRN (factor "

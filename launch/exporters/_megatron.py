@@ -135,8 +135,9 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
     """
     argv = megatron_args(model, cluster, workload, layout, options=options, user_args=user_args)
     own = _OwnRunArgs.given({a for a in argv if a.startswith("--")})
-    needs = [n + " (or MOCK)" * (n == "DATA_PATH") for n in ("DATA_PATH", "TOKENIZER_MODEL",
-                                                             "TRAIN_ITERS") if n in {c[0] for c in own.checks}]
+    checked = {c[0] for c in own.checks}
+    needs = [n + " (or MOCK)" * (n == "DATA_PATH") for n in ("DATA_PATH", "TOKENIZER_MODEL", "TRAIN_ITERS")
+             if n in checked]
     runs = textwrap.wrap("NODE_RANK and MASTER_ADDR); " + (f"needs {', '.join(needs)}; " if needs else "")
                          + f"reads {', '.join([*own.read, 'PRETRAIN_SCRIPT', 'NNODES', 'MASTER_PORT'])}", 78)
     head = [

@@ -131,8 +131,7 @@ def slime_script(
                              ("TENSORBOARD_DIR", "--tensorboard-dir" not in user_flags)) if on]
     out: list[str] = [
         *comment(f"slime: {model.name} on {cluster.num_gpus} {cluster.gpu.name} ({cluster.num_nodes} x "
-                 f"{cluster.gpus_per_node}), "
-                 f"{layout.label}", None),
+                 f"{cluster.gpus_per_node}), {layout.label}", None),
         *comment(_summary(layout, model, workload)),
         *comment(
             "Trains on your rows with slime's SFT path. Needs a Ray cluster running on the nodes (`ray start --head` "
@@ -156,8 +155,8 @@ def slime_script(
     out += ["", bash_array("MODEL_ARGS", model_args(model)).rstrip("\n"), ""]
     out += [*_run_args(user_flags), ""]
     if model.is_moe and layout.dispatcher == Dispatcher.allgather:
-        out.append("# The layout's dispatcher is allgather; slime rewrites allgather to alltoall, so alltoall is "
-                   "asked for.")
+        out.append("# The layout's dispatcher is allgather; slime rewrites allgather to alltoall, so alltoall is asked "
+                   "for.")
     for g in user:
         groups.append([Sh(f'"{a}"') if "$" in a and '"' not in a else a for a in g])  # "$VAR" stays an expansion
     out += command((Sh('"$PYTHON"'), Sh('"$SLIME_ENTRY"')), groups)

@@ -406,15 +406,11 @@ def _optimizer(spec: HarnessSpec, cfg: Any, chunks: list[Any]) -> Any:
             r = finalize_model_grads(*args, **kwargs)
             _RAN.setdefault("fault", {})["scaled"] = scale_norm_grad(chunks, 2.0)
             return r
-    _RAN["optimizer"] = _config_fields(ocfg,
-                                       ("optimizer", "lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps",
-                                        "clip_grad", "bf16",
-                                              "use_distributed_optimizer", "use_precision_aware_optimizer",
-                                              "store_param_remainders", "main_grads_dtype", "main_params_dtype",
-                                              "exp_avg_dtype", "exp_avg_sq_dtype",
-                                              "optimizer_cpu_offload", "optimizer_offload_fraction",
-                                              "overlap_cpu_optimizer_d2h_h2d", "pin_cpu_grads", "pin_cpu_params",
-                                              "fp8_recipe"))
+    _RAN["optimizer"] = _config_fields(ocfg, (
+        "optimizer", "lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "clip_grad", "bf16",
+        "use_distributed_optimizer", "use_precision_aware_optimizer", "store_param_remainders", "main_grads_dtype",
+        "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype", "optimizer_cpu_offload", "optimizer_offload_fraction",
+        "overlap_cpu_optimizer_d2h_h2d", "pin_cpu_grads", "pin_cpu_params", "fp8_recipe"))
     cfg.grad_scale_func = opt.scale_loss
     cfg.finalize_model_grads_func = finalize_with_fault if spec.fault == "norm_grad_scaled" else finalize_model_grads
     cfg.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
@@ -468,9 +464,8 @@ def _save_weights(models: list[Any], path: str, model_dict: dict[str, Any] | Non
     if dist.get_rank() == 0 and model_dict is not None:
         from launch.harness.gather import model_fingerprint
 
-        (Path(path) / "model.json").write_text(json.dumps({"model": model_dict,
-                                                           "fingerprint": model_fingerprint(model_dict)}, indent=1,
-                                                           default=str))
+        doc = {"model": model_dict, "fingerprint": model_fingerprint(model_dict)}
+        (Path(path) / "model.json").write_text(json.dumps(doc, indent=1, default=str))
     dist.barrier()
 
 

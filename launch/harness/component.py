@@ -269,10 +269,9 @@ def _build_ddp(hspec: Any, seed: int) -> tuple[Any, Any]:
     _seed_all(seed)
     cfg = build._transformer_config(hspec)
     chunks = build._build_chunks(hspec, cfg)
-    ddp = DistributedDataParallel(cfg,
-                                  DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                                                use_distributed_optimizer=True),
-                                  chunks[0])
+    ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                            use_distributed_optimizer=True)
+    ddp = DistributedDataParallel(cfg, ddp_cfg, chunks[0])
     return cfg, ddp
 
 

@@ -161,8 +161,8 @@ def dump_gradients(chunks: list[Any], out_dir: str | Path, meta: dict[str, Any],
                                gated_linear_unit=gated_linear_unit)
             if plan.skip:
                 continue
-            grp, size, grank = (("etp", g["etp_size"], g["etp_rank"]) if shard.is_expert else ("tp", g["tp_size"],
-                                                                                               g["tp_rank"]))
+            grp = "etp" if shard.is_expert else "tp"
+            size, grank = g[f"{grp}_size"], g[f"{grp}_rank"]
             if plan.group is not None:
                 parts = _all_gather(grad, g[grp], size)
                 full = assemble(parts, plan, lambda xs, d: torch.cat(xs, dim=d), lambda x, n,

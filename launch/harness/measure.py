@@ -139,11 +139,13 @@ def _forward_only(spec: HarnessSpec, chunks: list[Any], iters: list[Any], out: _
                    "median_step_time_s": statistics.median(times[warm:]) if times else None})
 
 
+_RECOMPUTE_KEYS = ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules")
+
+
 def _census(spec: HarnessSpec, chunks: list[Any], out: _Out, rank: int) -> None:
     """One more forward and backward of one micro-batch with :class:`launch.harness.grads.SavedTensorCensus` on the
     first layer's attention and MLP / MoE blocks (and the MoE layer's experts and router); one ``event: census`` line
-    per
-    module."""
+    per module."""
     import torch
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -182,10 +184,8 @@ def _census(spec: HarnessSpec, chunks: list[Any], out: _Out, rank: int) -> None:
     for r in census.report():
         out.write({"event": "census", "label": spec.label, "layout": spec.layout, "tokens": tokens,
                    "hidden_size": m["hidden_size"], "moe_ffn_hidden_size": m.get("moe_ffn_hidden_size"),
-                   "moe_router_topk": m.get("moe_router_topk"),
-                   "precision": spec.precision, "fp8_recipe": spec.fp8_recipe,
-                   "recompute": {k: spec.layout.get(k) for k in ("recompute_granularity", "recompute_method",
-                                                                 "recompute_num_layers", "recompute_modules")},
+                   "moe_router_topk": m.get("moe_router_topk"), "precision": spec.precision,
+                   "fp8_recipe": spec.fp8_recipe, "recompute": {k: spec.layout.get(k) for k in _RECOMPUTE_KEYS},
                    "tp_rank_only": parallel_state.get_tensor_model_parallel_rank() == 0, **r})
 
 

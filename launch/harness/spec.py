@@ -162,8 +162,8 @@ def unsupported_reasons(layout: Layout, model: ModelSpec, workload: Workload, en
         if layout.cp > 1:
             out.append("MLA with context parallelism is not supported by the harness")
         if not te:
-            out.append("multi-latent attention is built with Transformer Engine's layer spec only (the harness's "
-                       "local modules have no MLA)")
+            out.append("multi-latent attention is built with Transformer Engine's layer spec only (the harness's local "
+                       "modules have no MLA)")
     return out
 
 
@@ -189,8 +189,7 @@ def option_reasons(options: dict[str, Any], workload: Workload, env: HarnessEnv)
                    "installed here")
     if options.get("megatron_fusions") and not te:
         out.append("megatron_fusions (fused RoPE, gradient-accumulation fusion into main_grad) needs Transformer "
-                   "Engine, which is not "
-                   "installed here")
+                   "Engine, which is not installed here")
     return out
 
 
@@ -338,7 +337,7 @@ def build_spec(
 
     Raises:
         InfeasibleLayout: (rule ``harness_env``) the harness cannot run this layout here, before any GPU work.
-            TunerError: the global batch is not a multiple of micro-batch x DP, or an unknown option.
+        TunerError: the global batch is not a multiple of micro-batch x DP, or an unknown option.
     """
     from specs.errors import InfeasibleLayout
 
@@ -370,8 +369,7 @@ def build_spec(
         )
         if layout.use_precision_aware_optimizer and layout.optimizer_offload_fraction <= 0:
             notes.append("precision-aware optimizer off (needs TE FusedAdam): fp32 master weights, 4 bytes per "
-                         "parameter "
-                         "instead of TE's 2-byte remainders")
+                         "parameter instead of TE's 2-byte remainders")
     mdict = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(model).items()}
     return HarnessSpec(
         model=mdict,

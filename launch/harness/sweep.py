@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     for i, lay in layouts:
         row: dict[str, Any] = {"n": i, "label": lay.label, "layout": lay.to_dict(), "model": model.name,
-                               "gpus": cluster.label,
-                     "seq_length": wl.seq_length, "global_batch_size": wl.global_batch_size}
+                               "gpus": cluster.label, "seq_length": wl.seq_length,
+                               "global_batch_size": wl.global_batch_size}
         broken = check_layout(lay, model, wl)
         if broken:
             row["rules_broken"] = [f"[{r}] {m}" for r, m in broken]
@@ -115,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         row["wall_s"] = time.monotonic() - t0
         with out.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        print(json.dumps({k: row.get(k) for k in ("n", "label", "status", "step_time_s", "pred_step_time_s",
-                                                  "peak_reserved_gib", "pred_peak_gib", "message", "wall_s")}),
-                                                  flush=True)
+        keys = ("n", "label", "status", "step_time_s", "pred_step_time_s", "peak_reserved_gib", "pred_peak_gib",
+                "message", "wall_s")
+        print(json.dumps({k: row.get(k) for k in keys}), flush=True)
     return 0
 
 
