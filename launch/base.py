@@ -34,8 +34,7 @@ class Measurement:
     layout: Layout
     source: str
     tokens_per_s_per_gpu: float
-    peak_bytes: float
-    """Peak memory per GPU (bytes): predicted, or the max over ranks of reserved memory."""
+    peak_bytes: float  # peak memory per GPU (bytes): predicted, or the max over ranks of reserved memory
     step_times_s: tuple[float, ...] = ()
     losses: tuple[float, ...] = ()
     grad_norms: tuple[float, ...] = ()
@@ -82,29 +81,20 @@ class BackendSettings:
 
     calibration: Any = None
     """:class:`cost_model.calibration.Calibration` of the ``model`` backend (None: the shipped one)."""
-    memory_headroom: float = DEFAULT_MEMORY_HEADROOM
-    """Fraction of HBM kept free (``model`` backend)."""
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM  # fraction of HBM kept free (``model`` backend)
     options: Any = None
     """:class:`specs.RunOptions` the ``model`` backend prices a layout with: the study's stack preset and run flags
     (None: the defaults)."""
-    trials_dir: Path = Path("results/trials")
-    """Where each trial's folder goes (``results/<study>/trials``)."""
-    num_gpus: int | None = None
-    """GPUs a ``local`` trial uses (None: this machine's)."""
-    gpus_per_node: int = 8
-    """GPUs per node of the cluster (``ray``)."""
-    steps: int = 20
-    """Training steps per real trial, warm-up included."""
-    warmup_steps: int = 10
-    """Leading steps left out of a real trial's median."""
-    timeout_s: float = 900.0
-    """Wall-clock limit of one real trial (seconds)."""
-    command_template: str | Path | None = None
-    """``--command-template FILE`` (``command``)."""
+    trials_dir: Path = Path("results/trials")  # where each trial's folder goes (``results/<study>/trials``)
+    num_gpus: int | None = None  # GPUs a ``local`` trial uses (None: this machine's)
+    gpus_per_node: int = 8  # GPUs per node of the cluster (``ray``)
+    steps: int = 20  # training steps per real trial, warm-up included
+    warmup_steps: int = 10  # leading steps left out of a real trial's median
+    timeout_s: float = 900.0  # wall-clock limit of one real trial (seconds)
+    command_template: str | Path | None = None  # ``--command-template FILE`` (``command``)
     megatron_core: str | None = None
     """``--megatron-core`` release the commands are written for (``command``'s ``{model_args}``; None: the newest)."""
-    address: str | None = None
-    """``--ray-address`` (``ray``; None: a local Ray instance)."""
+    address: str | None = None  # ``--ray-address`` (``ray``; None: a local Ray instance)
     extra_env: Mapping[str, str] = field(default_factory=dict)
     """``--trial-env`` variables of every trial process (``ray``)."""
     profile_step: int | None = None
@@ -117,8 +107,7 @@ class TrialBackend(abc.ABC):
     :mod:`launch.registry`)."""
 
     name: ClassVar[str] = "base"
-    source: ClassVar[str] = "predicted"
-    """``"predicted"`` (nothing runs) or ``"measured"`` (real trials on GPUs)."""
+    source: ClassVar[str] = "predicted"  # ``"predicted"`` (nothing runs) or ``"measured"`` (real trials on GPUs)
     runs_harness: ClassVar[bool] = False
     """Its trials run the megatron-core trial harness (``launch/harness``): their estimate assumes the
     harness's run options, with or without Transformer Engine (:func:`tuner.study.run_options_for_backend`)."""

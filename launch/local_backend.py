@@ -14,7 +14,7 @@ from pathlib import Path
 
 from launch._trial import SAFE_ENV, HarnessLines, LocalProcess, MeasuredBackend, free_port
 from launch.base import BackendSettings, Measurement, StepReporter, check_trial_limits
-from launch.harness.spec import HarnessEnv, build_spec, harness_args, torchrun_command, unsupported_reasons
+from launch.harness.spec import HarnessEnv, build_spec, harness_args, importable, torchrun_command, unsupported_reasons
 from specs import Cluster, ModelSpec, Workload
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
@@ -71,15 +71,7 @@ def check_harness_dependencies(what: str = "--backend local") -> None:
     Raises:
         TunerError: the ``gpu`` extra is not installed.
     """
-    import importlib.util
-
-    def _has(mod: str) -> bool:
-        try:
-            return importlib.util.find_spec(mod) is not None
-        except (ImportError, ValueError):
-            return False
-
-    missing = [m for m in ("torch", "megatron.core") if not _has(m)]
+    missing = [m for m in ("torch", "megatron.core") if not importable(m)]
     if missing:
         raise TunerError(
             f"{what} needs {' and '.join(missing)} on this machine: install the gpu extra "

@@ -16,10 +16,9 @@ import re
 from dataclasses import dataclass, field
 
 from launch.harness.results import HarnessResult, StepRecord, cv, median_after_warmup
+from specs.units import MIB
 
 __all__ = ["Iteration", "MemoryReport", "MegatronLog", "MegatronLogReader", "parse_megatron_log"]
-
-MIB = 2**20
 
 _NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)"
 _ITER_RE = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|")
@@ -65,10 +64,8 @@ class MegatronLog:
 
     iterations: list[Iteration] = field(default_factory=list)
     memory: list[MemoryReport] = field(default_factory=list)
-    bad_lines: int = 0
-    """Iteration or memory lines whose fields did not parse (garbled)."""
-    truncated: bool = False
-    """The log ended in the middle of a line (that line was left out)."""
+    bad_lines: int = 0  # iteration or memory lines whose fields did not parse (garbled)
+    truncated: bool = False  # the log ended in the middle of a line (that line was left out)
 
     @property
     def peak_reserved_bytes(self) -> float:
@@ -111,10 +108,6 @@ class MegatronLog:
         return HarnessResult(steps=steps, bad_lines=self.bad_lines)
 
 
-def _num(s: str) -> float:
-    return float(s)
-
-
 class MegatronLogReader:
     """Reads a log as it grows: :meth:`feed` bytes, complete lines are parsed, the rest is kept."""
 
@@ -147,7 +140,7 @@ class MegatronLogReader:
         if not (m_it and m_t):
             self.log.bad_lines += 1
             return
-        t_ms = _num(m_t.group(1))
+        t_ms = float(m_t.group(1))
         if not (math.isfinite(t_ms) and t_ms > 0):
             self.log.bad_lines += 1
             return
@@ -156,8 +149,8 @@ class MegatronLogReader:
         it = Iteration(
             iteration=int(m_it.group(1)),
             step_time_s=t_ms / 1000.0,
-            loss=_num(loss.group(1)) if loss else math.nan,
-            grad_norm=_num(grad.group(1)) if grad else math.nan,
+            loss=float(loss.group(1)) if loss else math.nan,
+            grad_norm=float(grad.group(1)) if grad else math.nan,
         )
         if it.iteration in self._by_iter:  # printed twice (a restart): keep the later line
             self.log.iterations[self._by_iter[it.iteration]] = it
@@ -170,7 +163,7 @@ class MegatronLogReader:
         if not m:
             self.log.bad_lines += 1
             return
-        vals = [_num(m.group(i)) for i in range(3, 7)]
+        vals = [float(m.group(i)) for i in range(3, 7)]
         if not all(math.isfinite(v) and v >= 0 for v in vals):
             self.log.bad_lines += 1
             return

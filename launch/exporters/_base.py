@@ -24,12 +24,10 @@ class ExportContext:
     """Everything an exporter may need about one layout of one study."""
 
     model: ModelSpec
-    cluster: Cluster
-    """The GPUs: its count must be ``layout.world_size``."""
+    cluster: Cluster  # the GPUs: its count must be ``layout.world_size``
     workload: Workload
     layout: Layout
-    study: str = ""
-    """Name of the study that chose the layout ("" when none)."""
+    study: str = ""  # name of the study that chose the layout ("" when none)
     estimate: Estimate | None = None
     """The cost model's estimate of ``layout`` (the recipe's ``prediction`` block), or None."""
     measurement: Measurement | None = None
@@ -47,8 +45,7 @@ class ExportContext:
     """The RL job (:class:`rl.plan.RLJob`) ``rl_plan`` was predicted for (model, cluster, lengths, batch)."""
     options: RunOptions | None = None
     """The run options the layout was estimated with (None: the default stack's); the commands write them."""
-    stack: str = ""
-    """The stack preset of :attr:`options` (:mod:`specs.stacks`; "" when none was named)."""
+    stack: str = ""  # the stack preset of :attr:`options` (:mod:`specs.stacks`; "" when none was named)
     user_args: tuple[str, ...] = ()
     """The user's own launch arguments the commands keep (``tune --from``: those without effect or not understood)."""
     bridge_yaml: str = ""
@@ -60,14 +57,10 @@ class Exporter(abc.ABC):
     """One export format: a ``--format`` name, a file name and a renderer; register an instance in
     ``launch/exporters/__init__.py``."""
 
-    name: ClassVar[str]
-    """``--format`` value, e.g. ``"recipe"``."""
-    file_name: ClassVar[str]
-    """File the main job writes under ``results/<study>/``, e.g. ``"recipe.yaml"``."""
-    description: ClassVar[str]
-    """One line for ``--help``."""
-    executable: ClassVar[bool] = False
-    """Whether the file is a program (written with mode 0o755)."""
+    name: ClassVar[str]  # ``--format`` value, e.g. ``"recipe"``
+    file_name: ClassVar[str]  # file the main job writes under ``results/<study>/``, e.g. ``"recipe.yaml"``
+    description: ClassVar[str]  # one line for ``--help``
+    executable: ClassVar[bool] = False  # whether the file is a program (written with mode 0o755)
     main_job: ClassVar[bool] = True
     """Whether ``tune`` writes this file for its best layout (False: only ``tune export --format``)."""
 

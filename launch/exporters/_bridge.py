@@ -18,11 +18,12 @@ from typing import Any
 import yaml
 
 from launch.exporters._base import ExportContext, Exporter
-from launch.exporters._flags import GIB, _check, _pipeline_layout_string
+from launch.exporters._flags import _check, _pipeline_layout_string
 from specs import RunOptions
 from specs.errors import TunerError
 from specs.layout import RecomputeGranularity
 from specs.precision import TORCH_DTYPES
+from specs.units import GIB
 
 __all__ = ["BridgeExporter", "bridge_settings", "bridge_yaml"]
 

@@ -16,8 +16,6 @@ from specs.layout import Dispatcher, Layout, RecomputeGranularity
 __all__ = ["SEED_ENV", "OPTIMIZER_HPARAMS", "HPARAM_FLAGS", "EXCLUSIVE_FLAGS", "merge_user_args", "MISC_ARGS",
            "misc_args", "misc_lines", "Framework", "model_args", "layout_args", "megatron_args"]
 
-GIB = 2**30
-
 Framework = Literal["megatron", "slime"]
 
 #: The four environment variables of the seed's ``run:`` block (values are shell text).

@@ -19,13 +19,14 @@ import yaml
 from cost_model.uncertainty import error_bars
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._describe import _layout_note, _summary
-from launch.exporters._flags import GIB, GPT_YARN_SINCE, SEED_ENV, _max_tokens_per_gpu, _pipeline_layout_string
+from launch.exporters._flags import GPT_YARN_SINCE, SEED_ENV, _max_tokens_per_gpu, _pipeline_layout_string
 from launch.exporters._shell import comment
 from launch.exporters._slime import slime_script
 from specs import Cluster, ModelSpec, RunOptions, Workload
 from specs.errors import TunerError
 from specs.files import write_output
 from specs.layout import Dispatcher, Layout, RecomputeGranularity
+from specs.units import GIB
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from cost_model.types import Estimate

@@ -29,11 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from specs.errors import TunerError
+from specs.units import GIB
 
 __all__ = ["COMPONENT_ARMS", "SEED_HYPER", "AdamHyper", "ComponentArm", "ComponentSpec", "clip_coefficient",
            "component_model", "experts_that_fit", "main"]
-
-GIB = 2**30
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -78,20 +77,16 @@ class ComponentArm:
     description: str
     precision_aware: bool = True
     store_param_remainders: bool = True
-    moments: str = "fp32"
-    """``fp32`` or ``bf16`` (``exp_avg_dtype`` and ``exp_avg_sq_dtype``)."""
+    moments: str = "fp32"  # ``fp32`` or ``bf16`` (``exp_avg_dtype`` and ``exp_avg_sq_dtype``)
     offload_fraction: float = 0.0
     """``optimizer_offload_fraction`` with ``optimizer_cpu_offload`` and ``overlap_cpu_optimizer_d2h_h2d`` on (0 = GPU).
     """
-    eps: float | None = None
-    """An epsilon other than the reference's (a control)."""
-    beta2: float | None = None
-    """A beta2 other than the reference's (a control)."""
+    eps: float | None = None  # an epsilon other than the reference's (a control)
+    beta2: float | None = None  # A beta2 other than the reference's (a control)
     mutation: str | None = None
     """``zero_remainders`` (after each step, the remainders are zeroed: masters rebuilt from the bf16 weights
     alone) or ``bf16_masters`` (TE's FusedAdam without master weights: the bf16 weights are the masters)."""
-    bitwise_with: str | None = None
-    """The arm whose masters this arm's must equal bit for bit."""
+    bitwise_with: str | None = None  # the arm whose masters this arm's must equal bit for bit
     detects: str = ""
     """For a control: the class of bug it stands for (``remainders``, ``hyperparameter``, ``masters``). The test
     must catch every class: at least one control of each class must fail (a wrong epsilon or beta among them)."""
@@ -136,23 +131,18 @@ class ComponentSpec:
 
     hidden_size: int = 4096
     moe_ffn_hidden_size: int = 1024
-    num_experts: int = 512
-    """The run uses ``min(this, max_experts, what fits)``."""
+    num_experts: int = 512  # the run uses ``min(this, max_experts, what fits)``
     max_experts: int = 512
-    experts: int | None = None
-    """Run exactly this many experts (None: as many as fit, up to ``max_experts``)."""
+    experts: int | None = None  # run exactly this many experts (None: as many as fit, up to ``max_experts``)
     moe_router_topk: int = 10
     num_attention_heads: int = 32
     num_query_groups: int = 4
     kv_channels: int = 128
     vocab_size: int = 2048
-    tokens: int = 4096
-    """Tokens per step (one row): the seed's "4,096 tokens per rank"."""
-    steps: tuple[int, ...] = (1, 3)
-    """After which steps the update is measured (the last is the number of steps)."""
+    tokens: int = 4096  # tokens per step (one row): the seed's "4,096 tokens per rank"
+    steps: tuple[int, ...] = (1, 3)  # after which steps the update is measured (the last is the number of steps)
     hyper: AdamHyper = field(default_factory=lambda: SEED_HYPER)
-    grad_norm: float = 2.0
-    """The first step's gradients are scaled to this global L2 norm."""
+    grad_norm: float = 2.0  # the first step's gradients are scaled to this global L2 norm
     arms: tuple[str, ...] = tuple(a.name for a in COMPONENT_ARMS)
     seed: int = 1234
 

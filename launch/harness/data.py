@@ -29,8 +29,7 @@ class Corpus:
     """A byte corpus: the token stream of the harness's ``corpus`` data."""
 
     data: bytes
-    source: str
-    """``python:pydoc_data.topics`` or the file's path."""
+    source: str  # ``python:pydoc_data.topics`` or the file's path
 
     @property
     def sha256(self) -> str:

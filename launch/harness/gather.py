@@ -75,18 +75,15 @@ def canonical_name(local_name: str, *, layer_offset: int = 0, ep_rank: int = 0, 
 class ParamShard:
     """What a rank knows about one of its parameters (megatron-core's attributes on it)."""
 
-    name: str
-    """Local name (as ``named_parameters`` gives it, wrapper prefixes allowed)."""
+    name: str  # local name (as ``named_parameters`` gives it, wrapper prefixes allowed)
     shape: tuple[int, ...]
     tensor_model_parallel: bool = False
     partition_dim: int = -1
     partition_stride: int = 1
     is_expert: bool = False
     """``allreduce`` is False: reduced over the expert-data-parallel group, split over the expert-TP group."""
-    shared_embedding: bool = False
-    """The last pipeline stage's copy of a tied word embedding."""
-    pre_process: bool = True
-    """This model chunk holds the embedding (first pipeline stage)."""
+    shared_embedding: bool = False  # the last pipeline stage's copy of a tied word embedding
+    pre_process: bool = True  # this model chunk holds the embedding (first pipeline stage)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -94,18 +91,14 @@ class GatherPlan:
     """How one parameter's full gradient is assembled, and who writes it."""
 
     local_name: str
-    name: str
-    """Global name (:func:`canonical_name`)."""
+    name: str  # global name (:func:`canonical_name`)
     group: str | None
     """``tp`` / ``etp``: concatenate over that group; None: replicated (TP rank 0's copy is the tensor)."""
     group_size: int
-    dim: int
-    """Concatenation dimension (``partition_dim``); -1 when not split."""
-    glu: bool
-    """Undo the SwiGLU ``[gate_r; up_r]`` interleave along dim 0."""
+    dim: int  # concatenation dimension (``partition_dim``); -1 when not split
+    glu: bool  # undo the SwiGLU ``[gate_r; up_r]`` interleave along dim 0
     full_shape: tuple[int, ...]
-    skip: bool = False
-    """Not written (the last stage's copy of a tied embedding)."""
+    skip: bool = False  # not written (the last stage's copy of a tied embedding)
     reason: str = ""
 
 

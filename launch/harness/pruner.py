@@ -17,12 +17,9 @@ __all__ = ["StepTimePruner"]
 class StepTimePruner:
     """The pruning rule; pure (no state), so it can be tested and reused."""
 
-    warmup_steps: int = 2
-    """Leading steps that are never judged (allocator and NCCL warm-up)."""
-    min_steps: int = 2
-    """Measured steps after warm-up before a trial can be stopped."""
-    margin: float = 0.25
-    """A trial is stopped when best / its median throughput exceeds 1 + margin."""
+    warmup_steps: int = 2  # leading steps that are never judged (allocator and NCCL warm-up)
+    min_steps: int = 2  # measured steps after warm-up before a trial can be stopped
+    margin: float = 0.25  # A trial is stopped when best / its median throughput exceeds 1 + margin
 
     def decide(self, tokens_per_s_per_gpu: list[float], best_tokens_per_s_per_gpu: float | None) -> str | None:
         """The reason to stop the trial now, or None; ``best_tokens_per_s_per_gpu`` None or NaN prunes nothing."""

@@ -16,21 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from launch.base import FailureKind
+from specs.units import GIB
 
 __all__ = ["StepRecord", "HarnessResult", "read_results", "parse_results", "read_lines", "parse_lines",
            "classify_failure", "median_after_warmup", "cv"]
-
-GIB = 2**30
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StepRecord:
     """One optimizer step as the harness measured it."""
 
-    step: int
-    """1-based step number."""
-    step_time_s: float
-    """Wall time of the step on rank 0 after a device synchronise (seconds)."""
+    step: int  # 1-based step number
+    step_time_s: float  # wall time of the step on rank 0 after a device synchronise (seconds)
     tokens_per_s_per_gpu: float
     loss: float = math.nan
     grad_norm: float = math.nan
@@ -63,8 +60,7 @@ class HarnessResult:
     summary: dict[str, Any] = field(default_factory=dict)
     grads: dict[str, Any] = field(default_factory=dict)
     """The gradient dump of a parity run (``{"event": "grads", ...}``), when there is one."""
-    census: list[dict[str, Any]] = field(default_factory=list)
-    """Saved-tensor census lines, one per watched module."""
+    census: list[dict[str, Any]] = field(default_factory=list)  # saved-tensor census lines, one per watched module
     profile: dict[str, Any] = field(default_factory=dict)
     """The profiled step's traces (``{"event": "profile", "step", "files"}``, with ``profile_step``), when there are
     any."""
@@ -73,8 +69,7 @@ class HarnessResult:
     ooms: list[dict[str, Any]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
-    bad_lines: int = 0
-    """Lines that were not JSON objects (a rank killed mid-write leaves half a line)."""
+    bad_lines: int = 0  # lines that were not JSON objects (a rank killed mid-write leaves half a line)
 
     @property
     def complete(self) -> bool:

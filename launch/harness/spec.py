@@ -96,6 +96,14 @@ def override_model(model: ModelSpec, overrides: Any, where: str = "model_overrid
         raise TunerError(f"{where}: model_overrides {overrides!r:.120}: {e}") from None
 
 
+def importable(name: str) -> bool:
+    """Whether ``name`` can be imported here (``importlib.util.find_spec``; imports at most its parent package)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HarnessEnv:
     """What the machine that runs the harness has installed (read without importing torch)."""
@@ -107,18 +115,8 @@ class HarnessEnv:
     @classmethod
     def detect(cls) -> HarnessEnv:
         """Probe with ``importlib.util.find_spec`` (imports no torch)."""
-
-        def has(name: str) -> bool:
-            try:
-                return importlib.util.find_spec(name) is not None
-            except (ImportError, ValueError):
-                return False
-
-        return cls(
-            transformer_engine=has("transformer_engine"),
-            deep_ep=has("deep_ep"),
-            hybrid_ep=has("deep_ep") and has("deep_ep.hybrid_ep"),
-        )
+        return cls(transformer_engine=importable("transformer_engine"), deep_ep=importable("deep_ep"),
+                   hybrid_ep=importable("deep_ep") and importable("deep_ep.hybrid_ep"))
 
 
 def unsupported_reasons(layout: Layout, model: ModelSpec, workload: Workload, env: HarnessEnv) -> list[str]:
@@ -219,19 +217,15 @@ class HarnessSpec:
     data: str = "synthetic"
     """``synthetic`` (one random micro-batch repeated: speed trials) or ``corpus`` (byte-tokenised text in
     Megatron's sample order, :mod:`launch.harness.data`: convergence checks)."""
-    corpus_path: str | None = None
-    """Text file of the ``corpus`` data; None = CPython's bundled documentation."""
-    corpus_sha256: str | None = None
-    """Expected SHA-256 of the corpus; the harness refuses to run on other bytes."""
-    lr: float = 1e-5
-    """Adam learning rate (constant; no warm-up, so short runs move)."""
+    corpus_path: str | None = None  # text file of the ``corpus`` data; None = CPython's bundled documentation
+    corpus_sha256: str | None = None  # expected SHA-256 of the corpus; the harness refuses to run on other bytes
+    lr: float = 1e-5  # adam learning rate (constant; no warm-up, so short runs move)
     save_checkpoint: str | None = None
     """Directory to write the freshly initialised weights to (megatron-core distributed checkpoint) before step 1."""
     load_checkpoint: str | None = None
     """Directory of a distributed checkpoint to load the weights from before step 1 (any TP/PP/EP it was written with).
     """
-    fault: str | None = None
-    """A deliberate bug to inject (a key of :data:`FAULTS`): negative controls only."""
+    fault: str | None = None  # A deliberate bug to inject (a key of :data:`FAULTS`): negative controls only
     pretrain_steps: int = 0
     """Warm start: train this many steps from the seed before writing ``save_checkpoint`` (then load it
     back and start the measured steps with a fresh optimizer)."""
@@ -249,8 +243,7 @@ class HarnessSpec:
     recipes)."""
     cross_entropy_fusion: bool = False
     """``cross_entropy_loss_fusion`` with ``cross_entropy_fusion_impl="te"`` (TE's fused cross-entropy)."""
-    moe_permute_fusion: bool = False
-    """``moe_permute_fusion`` (TE's fused token permutation)."""
+    moe_permute_fusion: bool = False  # ``moe_permute_fusion`` (TE's fused token permutation)
     megatron_fusions: bool = False
     """Megatron-LM's default fusions (``megatron/training/arguments.py`` at ``core_v0.19.0``): ``apply_rope_fusion``,
     ``gradient_accumulation_fusion`` and ``bias_dropout_fusion``; off, as the calibration sweeps ran. Needs TE."""
@@ -258,8 +251,7 @@ class HarnessSpec:
     """One more forward with saved-tensor hooks on the first layer: an ``event: census`` line per saved tensor."""
     dump_grads: str | None = None
     """Write step 1's full fp32 gradients (gathered over TP / EP / PP / DP) here (:mod:`launch.harness.grads`)."""
-    label: str | None = None
-    """A name for this run (recorded in the result lines and in a gradient dump)."""
+    label: str | None = None  # A name for this run (recorded in the result lines and in a gradient dump)
     profile_step: int | None = None
     """Profile this step (1 .. ``steps``) with ``torch.profiler``: a Chrome trace ``profile_step<N>_pp<r>.json`` per
     pipeline stage next to ``--out``; the step's line says ``"profiled": true`` (profile a warm-up step)."""

@@ -23,8 +23,7 @@ from search_spaces.rules import check_layout
 from specs import HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS, Workload, load_model, parse_gpus
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
-
-GIB = 2**30
+from specs.units import GIB
 
 
 def main(argv: list[str] | None = None) -> int:
