@@ -47,6 +47,21 @@ _DDP_FIELDS = ("grad_reduce_in_fp32", "overlap_grad_reduce", "use_distributed_op
                "bucket_size")
 
 
+def seed_all(seed: int) -> None:
+    """Python's, NumPy's, torch's (CPU-side initialisation too, so one seed gives one set of weights) and megatron's
+    CUDA RNG trackers."""
+    import random
+
+    import numpy as np
+    import torch
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+
+
 def _host_rss() -> int | None:
     from launch.harness.hostmem import process_memory
 

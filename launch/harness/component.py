@@ -238,25 +238,12 @@ def _harness_spec(spec: ComponentSpec, experts: int) -> Any:
                        use_transformer_engine=True)
 
 
-def _seed_all(seed: int) -> None:
-    import random
-
-    import numpy as np
-    import torch
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    model_parallel_cuda_manual_seed(seed)
-
-
 def _build_ddp(hspec: Any, seed: int) -> tuple[Any, Any]:
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     from launch.harness import build
 
-    _seed_all(seed)
+    build.seed_all(seed)
     cfg = build._transformer_config(hspec)
     chunks = build._build_chunks(hspec, cfg)
     ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,

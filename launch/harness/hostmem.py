@@ -47,11 +47,10 @@ def system_memory() -> dict[str, int]:
     return {k2: f[k1] for k1, k2 in (("MemTotal", "total_bytes"), ("MemAvailable", "available_bytes")) if k1 in f}
 
 
-def offload_host_bytes(offloaded_params: int, *, precision_aware: bool) -> int:
+def offload_host_bytes(offloaded_params: int) -> int:
     """Host bytes of megatron-core's CPU optimizer offload for ``offloaded_params`` parameters (one rank): fp32
-    parameter, pinned fp32 gradient, AdamW's two fp32 moments, 16 bytes with or without ``precision_aware``
+    parameter, pinned fp32 gradient, AdamW's two fp32 moments, 16 bytes with or without the precision-aware optimizer
     (megatron-core 0.19 ``optimizer/cpu_offloading/hybrid_optimizer.py``;
     ``benchmarks/results/h200_te_2026-12-01``). Process memory, pinned rounding and the first optimizer's clones
     come on top."""
-    del precision_aware
     return int(offloaded_params) * 16

@@ -31,7 +31,7 @@ def _host_summary(spec: HarnessSpec, chunks: list[Any]) -> dict[str, Any]:
         n = sum(p.numel() for c in chunks for p in c.parameters() if p.requires_grad)
         pa = bool((_RAN.get("optimizer") or {}).get("use_precision_aware_optimizer"))
         d["offload"] = {"fraction": frac, "rank_params": n,
-                        "predicted_bytes": offload_host_bytes(math.ceil(frac * n), precision_aware=pa),
+                        "predicted_bytes": offload_host_bytes(math.ceil(frac * n)),
                         "precision_aware": pa}
     return d
 

@@ -33,6 +33,7 @@ from launch.harness.build import (
     _save_weights,
     _transformer_config,
     _versions,
+    seed_all,
 )
 from launch.harness.measure import (
     _census,
@@ -66,12 +67,8 @@ class _Out:
 
 def _setup(spec: HarnessSpec, out: _Out, rank: int) -> tuple[Any, list[Any], Any, float]:
     """Model-parallel groups, seeds, the model and its optimizer: (config, model chunks, optimizer, seconds)."""
-    import random
-
-    import numpy as np
     import torch
     from megatron.core import parallel_state
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     lay = spec.layout
     t_build = time.perf_counter()
@@ -83,10 +80,7 @@ def _setup(spec: HarnessSpec, out: _Out, rank: int) -> tuple[Any, list[Any], Any
         expert_model_parallel_size=lay["ep"],
         expert_tensor_parallel_size=lay["etp"],
     )
-    random.seed(spec.seed)
-    np.random.seed(spec.seed)
-    torch.manual_seed(spec.seed)  # CPU-side initialisation too, so one seed gives one set of weights
-    model_parallel_cuda_manual_seed(spec.seed)
+    seed_all(spec.seed)
     cfg = _transformer_config(spec)
     chunks, opt = _build(spec, cfg)
     build_s = time.perf_counter() - t_build

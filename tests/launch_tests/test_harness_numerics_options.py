@@ -103,7 +103,7 @@ def test_host_memory_fields_and_the_offload_prediction():
     assert parse_kib_fields(status, ("VmRSS", "VmHWM")) == {"VmRSS": 1024 * 1024, "VmHWM": 2048 * 1024}
     assert parse_kib_fields("MemTotal: 10 kB\nMemAvailable: 4 kB\n", ("MemAvailable",)) == {"MemAvailable": 4096}
     # 18 bytes per offloaded parameter with the precision-aware optimizer (bf16 pinned copy, fp32 copy, fp32 grad, two moments), 16 without
-    assert offload_host_bytes(10, precision_aware=True) == 160 and offload_host_bytes(10, precision_aware=False) == 160
+    assert offload_host_bytes(10) == 160
 
 
 def test_component_spec_and_how_many_experts_fit():
