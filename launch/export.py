@@ -28,21 +28,6 @@ from launch.exporters._flags import (
     model_for_release,
 )
 
-__all__ = [
-    "SEED_ENV",
-    "OPTIMIZER_HPARAMS",
-    "MISC_ARGS",
-    "model_args",
-    "model_for_release",
-    "layout_args",
-    "megatron_args",
-    "megatron_args_script",
-    "slime_script",
-    "recipe_dict",
-    "dump_recipe",
-    "write_recipe",
-    "validate_recipe",
-    "recipe_schema",
-    "measurement_from_row",
-    "_pipeline_layout_string",
-]
+__all__ = ["SEED_ENV", "OPTIMIZER_HPARAMS", "MISC_ARGS", "model_args", "model_for_release", "layout_args",
+           "megatron_args", "megatron_args_script", "slime_script", "recipe_dict", "dump_recipe", "write_recipe",
+           "validate_recipe", "recipe_schema", "measurement_from_row", "_pipeline_layout_string"]
