@@ -1,28 +1,10 @@
-"""The trial skeleton that the real-trial backends (``local``, ``ray``, ``command``) share.
+"""The trial skeleton the real-trial backends (``local``, ``ray``, ``command``) share.
 
-A real trial starts its process(es), each in a process group of its own, follows the per-step
-results as they come, hands the throughput of every new step to the study's reporter (which may
-stop the trial: pruning), and enforces the trial's timeout. It ends in one of four ways:
-
-- a :class:`~launch.base.Measurement`;
-- :class:`~launch.base.TrialStopped`, with the reporter's reason and the steps so far;
-- :class:`~launch.base.TrialFailed` (``oom`` with the memory reached, ``timeout``, ``crash``),
-  always with the trial's folder, classified by :func:`launch.harness.results.classify_failure`;
-- ``KeyboardInterrupt`` (Ctrl-C, or :meth:`MeasuredBackend.cancel` from another thread).
-
-However it ends, no process of the trial is left running. :meth:`Trial.follow` is that loop. Two
-small strategy objects hold what differs between the backends:
-
-- :class:`TrialProcesses`: how the trial's processes are polled, killed and their logs read. It is
-  either one local process group (:class:`LocalProcess`, used by ``local`` and ``command``) or one
-  group per node of a Ray placement group (``launch.ray_backend._RayNodes``);
-- :class:`StepSource`: where the per-step results come from. It is either the harness's JSON
-  lines (:class:`HarnessLines`, used by ``local`` and ``ray``) or Megatron's log as it grows
-  (:class:`MegatronLogSteps`, used by ``command``).
-
-:class:`MeasuredBackend` is the base class of those backends: trial folders, the cancel event, and
-the :class:`Trial` of each run.
-"""
+A trial starts its processes, each in a process group of its own, hands the throughput of every new step to the
+study's reporter (which may stop it), enforces the timeout, and ends in a :class:`~launch.base.Measurement`,
+:class:`~launch.base.TrialStopped`, :class:`~launch.base.TrialFailed` or ``KeyboardInterrupt``, with no process left
+running. :class:`TrialProcesses` (one local group, or one per Ray node) and :class:`StepSource` (the harness's JSON
+lines, or Megatron's log) hold what differs between the backends."""
 
 from __future__ import annotations
 
@@ -45,8 +27,9 @@ from launch.harness.results import HarnessResult, StepRecord, classify_failure, 
 from launch.megatron_log import MegatronLogReader
 from specs.layout import Layout
 
-__all__ = ["INTERRUPT_GRACE_S", "SAFE_ENV", "STOP_GRACE_S", "HarnessLines", "LocalProcess", "MeasuredBackend", "MegatronLogSteps",
-           "StepSource", "Trial", "TrialProcesses", "TrialSteps", "free_port", "kill_group", "running_trials", "start_watchdog", "tail"]
+__all__ = ["INTERRUPT_GRACE_S", "SAFE_ENV", "STOP_GRACE_S", "HarnessLines", "LocalProcess", "MeasuredBackend",
+           "MegatronLogSteps", "StepSource", "Trial", "TrialProcesses", "TrialSteps", "free_port", "kill_group",
+           "running_trials", "start_watchdog", "tail"]
 
 #: Environment every trial gets: NVLink multicast off (it can take a shared host's GPUs
 #: out of service), one CUDA connection (Megatron's overlap needs it), unbuffered output.
@@ -59,14 +42,11 @@ SAFE_ENV = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
 }
 
+#: Seconds between SIGTERM and SIGKILL: a trial pruned or timed out (torchrun forwards SIGTERM), interrupted.
 STOP_GRACE_S = 10.0
-"""Seconds between SIGTERM and SIGKILL when a trial is stopped by its reporter or times out (torchrun
-forwards SIGTERM to its ranks and waits for them)."""
 INTERRUPT_GRACE_S = 5.0
-"""Seconds between SIGTERM and SIGKILL when a trial is interrupted (Ctrl-C, cancel, an error)."""
+#: Seconds (at most four polls) the other processes get to write their lines after one failed.
 SETTLE_S = 5.0
-"""At most this long (seconds; four polls) is waited after one process of a multi-process trial failed,
-so that the ranks of the others notice and write their lines, before they are killed."""
 
 
 # --------------------------------------------------------------------------- process helpers
@@ -80,11 +60,8 @@ def free_port() -> int:
 
 
 def kill_group(proc: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM the process group of ``proc``, then SIGKILL what is left after ``grace_s`` seconds.
-
-    ``proc`` must have been started with ``start_new_session=True`` (it leads its own group). Once the
-    leader has exited, the group is sent SIGKILL, so that no worker of it lingers. Never raises.
-    """
+    """SIGTERM the process group of ``proc`` (started with ``start_new_session=True``), then SIGKILL what is left
+    after ``grace_s`` seconds, or once the leader has exited. Never raises."""
     try:
         pgid = os.getpgid(proc.pid)
     except ProcessLookupError:
@@ -98,7 +75,6 @@ def kill_group(proc: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> 
             proc.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             continue
-        # The launcher is gone; make sure no worker of its group lingers.
         try:
             os.killpg(pgid, signal.SIGKILL)
         except ProcessLookupError:
@@ -107,8 +83,7 @@ def kill_group(proc: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> 
 
 
 def _die_with_parent() -> None:
-    """``preexec_fn`` of a trial's first process (Linux): SIGTERM when the thread that started it dies
-    (``prctl(PR_SET_PDEATHSIG)``, ``man 2 PR_SET_PDEATHSIG``); torchrun passes it to its ranks. Elsewhere nothing."""
+    """``preexec_fn``: SIGTERM when the starting thread dies (Linux ``prctl(PR_SET_PDEATHSIG)``)."""
     import ctypes
     import sys
 
@@ -150,20 +125,21 @@ def start_watchdog(pgid: int, grace_s: float = INTERRUPT_GRACE_S) -> subprocess.
     import sys
 
     return subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHDOG, str(os.getpid()), str(pgid), str(grace_s)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
 
 
 def record_process(trial_dir: Path, pgid: int, name: str = "process.json") -> None:
-    """Write ``name`` (``process.json``) in the trial's folder: the host, the trial's process group and the driver's
-    pid (read by :func:`running_trials`)."""
+    """Write the host, the process group and the driver's pid to ``trial_dir/name``."""
     import json
 
-    (trial_dir / name).write_text(json.dumps({"host": socket.gethostname(), "pgid": pgid, "driver": os.getpid()}) + "\n")
+    (trial_dir / name).write_text(json.dumps({"host": socket.gethostname(), "pgid": pgid,
+                                              "driver": os.getpid()}) + "\n")
 
 
 def running_trials(trials_dir: Path) -> list[str]:
-    """The trials under ``trials_dir`` recorded on this host (``process.json``) whose process group still runs while
-    their driver is gone (an orphan: its driver was killed with its watchdog), as ``"trial N (process group P)"``."""
+    """The trials under ``trials_dir`` on this host whose process group still runs while their driver is gone, as
+    ``"trial N (process group P)"``."""
     import json
 
     host, out = socket.gethostname(), []
@@ -196,7 +172,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def tail(path: str | Path, max_bytes: int = 200_000) -> str:
-    """The last ``max_bytes`` bytes of a file as text (bytes that are not UTF-8 are replaced); "" if unreadable."""
+    """The last ``max_bytes`` bytes of a file as text (undecodable bytes replaced); "" if unreadable."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -215,38 +191,28 @@ class TrialProcesses(abc.ABC):
 
     @abc.abstractmethod
     def poll(self) -> list[int | None]:
-        """The exit status of each process, None while it runs. The first process writes the step results.
+        """The exit status of each process, None while it runs; the first writes the step results.
 
         Raises:
-            Exception: a backend-specific error when a process can no longer be reached (Ray: a lost node).
+            Exception: a process can no longer be reached (Ray: a lost node).
         """
 
     @abc.abstractmethod
     def kill(self, grace_s: float) -> None:
-        """Kill every process group that still runs (SIGTERM, then SIGKILL after ``grace_s`` seconds).
-        Idempotent; never raises."""
+        """Kill every group still running (SIGTERM, SIGKILL after ``grace_s``). Idempotent; never raises."""
 
     @abc.abstractmethod
     def collect(self) -> str:
-        """After the trial, the tail of its logs as text, for :func:`launch.harness.results.classify_failure`."""
+        """The tail of the trial's logs, for :func:`launch.harness.results.classify_failure`."""
 
 
 class LocalProcess(TrialProcesses):
-    """One program on this machine, in a process group of its own (``start_new_session``), with stdout and
-    stderr written to ``log_path`` and stdin closed. It dies with its driver: the program gets SIGTERM when the
-    driver dies (:func:`_die_with_parent`) and a watchdog (:func:`start_watchdog`) kills its whole group; the
-    group and host are recorded in the trial's ``process.json``. A trial whose orphaned processes still run on this
-    host (:func:`running_trials`) keeps a new one from starting beside it.
-
-    Args:
-        argv: the command, run without a shell.
-        log_path: the log file (created, or truncated).
-        env: the whole environment of the process.
-        trial_dir: the trial's folder, named by the failure when the program cannot start.
+    """One program on this machine in its own process group, stdout and stderr to ``log_path``, stdin closed; it dies
+    with its driver (:func:`_die_with_parent`, :func:`start_watchdog`).
 
     Raises:
-        TrialFailed: (``crash``) the program cannot be started (not found, not executable).
-        TunerError: an earlier trial's orphaned processes still run on this host (named, with how to stop them).
+        TrialFailed: (``crash``) the program cannot be started.
+        TunerError: an earlier trial's orphaned processes still run on this host.
     """
 
     def __init__(self, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str], trial_dir: Path) -> None:
@@ -254,15 +220,17 @@ class LocalProcess(TrialProcesses):
 
         orphans = running_trials(trial_dir.parent)
         if orphans:
-            raise TunerError(f"{', '.join(orphans)} of an earlier run still run on this host and may hold its GPUs; stop "
-                             "them (kill -- -GROUP) or let them end, then run again")
+            raise TunerError(f"{', '.join(orphans)} of an earlier run still run on this host and may hold its GPUs; "
+                             "stop them (kill -- -GROUP) or let them end, then run again")
         self.log_path = log_path
         with open(log_path, "wb") as log:  # the child writes through its own copy of the descriptor
             try:
                 self.proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             start_new_session=True, env=dict(env), cwd=os.getcwd(), preexec_fn=_die_with_parent)
+                                             start_new_session=True, env=dict(env), cwd=os.getcwd(),
+                                             preexec_fn=_die_with_parent)
             except OSError as e:
-                raise TrialFailed(FailureKind.crash, f"cannot start {argv[0]!r}: {e.strerror or e}", str(trial_dir)) from None
+                raise TrialFailed(FailureKind.crash, f"cannot start {argv[0]!r}: {e.strerror or e}",
+                                  str(trial_dir)) from None
         record_process(trial_dir, self.proc.pid)
         self.watchdog = start_watchdog(self.proc.pid)
 
@@ -287,22 +255,14 @@ class LocalProcess(TrialProcesses):
 class TrialSteps:
     """What a trial's :class:`StepSource` read by the trial's end."""
 
-    steps: list[StepRecord]
-    """Every step measured (warm-up included; seconds, tokens/s/GPU)."""
-    result: HarnessResult
-    """The same as the harness's records, with any out-of-memory / error reports (what a failure is classified from)."""
-    measured: bool
-    """The run reported all a :class:`Measurement` needs (the harness: its summary; a Megatron log: an iteration)."""
-    tokens_per_s_per_gpu: float = math.nan
-    """The trial's throughput: the median step after warm-up (NaN unless ``measured``)."""
-    peak_reserved_bytes: float = math.nan
-    """Max over ranks of the peak reserved memory (bytes; NaN if not reported)."""
+    steps: list[StepRecord]  # warm-up included
+    result: HarnessResult  # with the out-of-memory / error reports a failure is classified from
+    measured: bool  # the run reported all a Measurement needs
+    tokens_per_s_per_gpu: float = math.nan  # median step after warm-up
+    peak_reserved_bytes: float = math.nan  # max over ranks, bytes
     peak_allocated_bytes: float = math.nan
-    """Max over ranks of the peak allocated memory (bytes; NaN if not reported)."""
     step_time_cv: float | None = None
-    """Coefficient of variation of the step times after warm-up."""
     summary: dict[str, Any] = field(default_factory=dict)
-    """The run's summary (the harness's summary line, or the one computed from the log)."""
 
 
 class StepSource(abc.ABC):
@@ -318,12 +278,7 @@ class StepSource(abc.ABC):
 
 
 class HarnessLines(StepSource):
-    """The trial harness's JSON lines (:mod:`launch.harness.results`).
-
-    Args:
-        read_text: returns the whole ``--out`` file as text so far ("" before it exists): a local file
-            (:meth:`file`), or a node's file read through Ray.
-    """
+    """The trial harness's JSON lines; ``read_text`` returns the ``--out`` file so far ("" before it exists)."""
 
     def __init__(self, read_text: Callable[[], str]) -> None:
         self._read_text = read_text
@@ -352,17 +307,11 @@ class HarnessLines(StepSource):
 
 
 class MegatronLogSteps(StepSource):
-    """Megatron's ``iteration N/M | ... elapsed time per iteration (ms)`` and ``memory (MB)`` lines, read from a log
-    as it grows (:class:`launch.megatron_log.MegatronLogReader`).
+    """Megatron's iteration and memory lines, read from ``log_path`` as it grows; the sizes turn a step time into
+    tokens/s/GPU."""
 
-    Args:
-        log_path: the log the program writes.
-        global_batch_size, seq_length, world_size: turn a step time into tokens/s/GPU
-            (``global_batch_size * seq_length / step_time_s / world_size``).
-        warmup_steps: leading logged iterations left out of the median.
-    """
-
-    def __init__(self, log_path: Path, *, global_batch_size: int, seq_length: int, world_size: int, warmup_steps: int) -> None:
+    def __init__(self, log_path: Path, *, global_batch_size: int, seq_length: int, world_size: int,
+                 warmup_steps: int) -> None:
         self.log_path = log_path
         self._sizes = {"global_batch_size": global_batch_size, "seq_length": seq_length, "world_size": world_size}
         self._warmup_steps = warmup_steps
@@ -412,48 +361,29 @@ class Trial:
     """One real trial's settings, and the loop that follows it (:meth:`follow`)."""
 
     layout: Layout
-    trial_dir: Path
-    """The trial's folder (``results/<study>/trials/<n>``): the Measurement's and the failure's ``log_path``."""
+    trial_dir: Path  # results/<study>/trials/<n>
     warmup_steps: int
-    """Leading steps left out of the Measurement's ``step_times_s``."""
     timeout_s: float
-    """Wall-clock limit from :meth:`follow`'s start (seconds)."""
     poll_s: float
-    """Seconds between two reads of the processes and the step results."""
-    logs: str
-    """Where a failure's message points, e.g. ``log: results/s/trials/3/log.txt``."""
+    logs: str  # where a failure's message points, e.g. "log: results/s/trials/3/log.txt"
     reporter: StepReporter | None = None
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    """Set by another thread to stop the trial: its processes are killed and KeyboardInterrupt is raised."""
-    no_result: str = ""
-    """Put before a crash's message when every process exited 0 but the source holds no result."""
+    cancelled: threading.Event = field(default_factory=threading.Event)  # set by another thread to stop the trial
+    no_result: str = ""  # before a crash's message when every process exited 0 without a result
     source: str = "measured"
-    """The Measurement's ``source``."""
 
-    def follow(self, processes: TrialProcesses, steps: StepSource, *, extra: Callable[[TrialSteps], dict[str, Any]] | None = None) -> Measurement:
-        """Follow the started ``processes`` until they exit, the reporter stops them, they time out or the trial is
-        cancelled; then kill what is left and turn what ``steps`` read into the outcome.
+    def follow(self, processes: TrialProcesses, steps: StepSource, *,
+               extra: Callable[[TrialSteps], dict[str, Any]] | None = None) -> Measurement:
+        """Follow ``processes`` until they exit, the reporter stops them, they time out or the trial is cancelled; kill
+        what is left and turn what ``steps`` read into the outcome. When one process of several fails, the others get
+        :data:`SETTLE_S` to write their lines.
 
-        The reporter is called with the throughput of every step so far whenever a step was added while the
-        first process still runs. When one process of several fails, the others get :data:`SETTLE_S` (at most
-        four polls) to write their lines before they are killed.
-
-        Args:
-            processes: the trial's started processes.
-            steps: where their step results come from.
-            extra: more entries of the Measurement's ``extra`` from what was read (e.g. the notes).
-
-        Returns:
-            The Measurement: every process exited 0 and ``steps`` holds a result. Its ``step_times_s`` leave out
-            the warm-up steps (all steps when none is left), its ``extra`` holds ``summary``, ``wall_s``
-            (seconds), ``peak_allocated_bytes`` and ``step_time_cv``.
+        Returns the Measurement (its ``step_times_s`` without the warm-up steps) when every process exited 0 with a
+        result.
 
         Raises:
-            TrialStopped: the reporter returned a reason (the steps measured so far are attached).
-            TrialFailed: out of memory (``memory_reached_bytes`` set when known), the timeout, or a crash
-                (a non-zero exit, an NCCL error, or an exit 0 without a result).
-            KeyboardInterrupt: ``cancelled`` was set, or raised here (Ctrl-C; the reporter).
-            Exception: whatever ``processes.poll`` raises (Ray: a lost node).
+            TrialStopped: the reporter returned a reason.
+            TrialFailed: out of memory, the timeout, or a crash (non-zero exit, NCCL error, exit 0 without a result).
+            KeyboardInterrupt: ``cancelled`` was set, or Ctrl-C.
         """
         t0 = time.monotonic()
         seen = 0
@@ -490,7 +420,8 @@ class Trial:
         log_text = processes.collect()
         if stop_reason:
             raise TrialStopped(stop_reason, step_times_s=[s.step_time_s for s in got.steps],
-                               tokens_per_s_per_gpu=[s.tokens_per_s_per_gpu for s in got.steps], log_path=str(self.trial_dir))
+                               tokens_per_s_per_gpu=[s.tokens_per_s_per_gpu for s in got.steps],
+                               log_path=str(self.trial_dir))
         if not timed_out and all(rc == 0 for rc in rcs) and got.measured:
             kept = got.steps[self.warmup_steps:] or got.steps
             return Measurement(
@@ -509,19 +440,16 @@ class Trial:
         kind, msg, reached = classify_failure(None if timed_out else bad, got.result, log_text, timed_out=timed_out)
         if kind == FailureKind.crash and bad == 0 and self.no_result:
             msg = self.no_result + msg
-        raise TrialFailed(kind, f"{msg} ({self.logs})", str(self.trial_dir), memory_reached_bytes=reached if math.isfinite(reached) else math.nan)
+        raise TrialFailed(kind, f"{msg} ({self.logs})", str(self.trial_dir),
+                          memory_reached_bytes=reached if math.isfinite(reached) else math.nan)
 
 
 # --------------------------------------------------------------------------- the backends' base
 
 
 class MeasuredBackend(TrialBackend):
-    """The base of the backends whose trials run processes (``local``, ``ray``, ``command``).
-
-    A subclass sets ``trials_dir``, ``warmup_steps``, ``timeout_s`` and ``poll_s`` and calls
-    ``super().__init__()``. Each run gets a fresh folder (:meth:`_trial_folder`) and a :class:`Trial`
-    (:meth:`_trial`) that follows its processes.
-    """
+    """The base of the backends whose trials run processes: trial folders, the cancel event, and the :class:`Trial`
+    of each run."""
 
     source = "measured"
     trials_dir: Path
@@ -534,17 +462,14 @@ class MeasuredBackend(TrialBackend):
         self._cancel = threading.Event()
 
     def cancel(self) -> None:
-        """Stop every running trial of this backend now (Ctrl-C): each kills its processes (the ``ray`` backend also
-        removes its placement group), then raises KeyboardInterrupt in its own thread. A run that starts later
-        raises KeyboardInterrupt before it starts anything."""
+        """Stop every running trial now (Ctrl-C); a later run raises KeyboardInterrupt at once."""
         self._cancel.set()
 
     def _trial_folder(self, trial_number: int | None, name: str | None = None) -> tuple[int, Path]:
-        """The trial's number (``trial_number``, else a count of this backend's runs) and its folder under
-        ``trials_dir`` (``name``, else the number), emptied and created.
+        """The trial's number and its emptied folder under ``trials_dir``.
 
         Raises:
-            KeyboardInterrupt: the backend was cancelled (nothing was created).
+            KeyboardInterrupt: the backend was cancelled.
         """
         if self._cancel.is_set():
             raise KeyboardInterrupt("the study was interrupted")
@@ -556,7 +481,8 @@ class MeasuredBackend(TrialBackend):
         tdir.mkdir(parents=True)
         return n, tdir
 
-    def _trial(self, layout: Layout, tdir: Path, reporter: StepReporter | None, *, logs: str, no_result: str = "") -> Trial:
-        """The :class:`Trial` of one run with this backend's settings."""
-        return Trial(layout=layout, trial_dir=tdir, warmup_steps=self.warmup_steps, timeout_s=self.timeout_s, poll_s=self.poll_s,
-                     logs=logs, reporter=reporter, cancelled=self._cancel, no_result=no_result, source=self.source)
+    def _trial(self, layout: Layout, tdir: Path, reporter: StepReporter | None, *, logs: str,
+               no_result: str = "") -> Trial:
+        return Trial(layout=layout, trial_dir=tdir, warmup_steps=self.warmup_steps, timeout_s=self.timeout_s,
+                     poll_s=self.poll_s, logs=logs, reporter=reporter, cancelled=self._cancel, no_result=no_result,
+                     source=self.source)

@@ -14,7 +14,8 @@ from specs.errors import TunerError
 from specs.layout import Layout
 from specs.units import DEFAULT_MEMORY_HEADROOM
 
-__all__ = ["BackendSettings", "FailureKind", "Measurement", "StepReporter", "TrialBackend", "TrialFailed", "TrialStopped", "check_trial_limits"]
+__all__ = ["BackendSettings", "FailureKind", "Measurement", "StepReporter", "TrialBackend", "TrialFailed",
+           "TrialStopped", "check_trial_limits"]
 
 
 class FailureKind(str, Enum):
@@ -28,17 +29,12 @@ class FailureKind(str, Enum):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Measurement:
-    """What a backend reports for one layout.
-
-    ``source`` is ``"predicted"`` for the analytical ``model`` backend and
-    ``"measured"`` for backends that ran the layout on GPUs.
-    """
+    """What a backend reports for one layout; ``source``: ``"predicted"`` or ``"measured"``."""
 
     layout: Layout
     source: str
     tokens_per_s_per_gpu: float
-    peak_bytes: float
-    """Peak memory per GPU (bytes): predicted, or the max over ranks of reserved memory."""
+    peak_bytes: float  # peak memory per GPU (bytes): predicted, or the max over ranks of reserved memory
     step_times_s: tuple[float, ...] = ()
     losses: tuple[float, ...] = ()
     grad_norms: tuple[float, ...] = ()
@@ -48,17 +44,11 @@ class Measurement:
 
 
 class TrialFailed(Exception):
-    """A trial ended without a measurement (out of memory, timeout, crash).
+    """A trial ended without a measurement; ``memory_reached_bytes`` for ``oom`` (NaN if unknown), ``wall_s`` None
+    when the caller's clock tells."""
 
-    Attributes:
-        kind: what went wrong.
-        log_path: the trial's log (``results/<study>/trials/<n>/``), "" if none.
-        memory_reached_bytes: for ``oom``, the memory the failing rank had reached (bytes; NaN if unknown).
-        wall_s: seconds the trial ran (None: the caller's clock tells).
-    """
-
-    def __init__(self, kind: FailureKind, message: str, log_path: str = "", *, memory_reached_bytes: float = float("nan"),
-                 wall_s: float | None = None) -> None:
+    def __init__(self, kind: FailureKind, message: str, log_path: str = "", *,
+                 memory_reached_bytes: float = float("nan"), wall_s: float | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.log_path = log_path
@@ -67,18 +57,10 @@ class TrialFailed(Exception):
 
 
 class TrialStopped(Exception):
-    """A trial was stopped early because its reporter asked for it (pruned: clearly slower than the best).
+    """A trial stopped by its reporter (pruned), with the steps measured before (seconds, tokens/s/GPU)."""
 
-    Attributes:
-        reason: the reporter's reason.
-        step_times_s: the steps measured before it was stopped (seconds, warm-up included).
-        tokens_per_s_per_gpu: throughput of those steps.
-        log_path: the trial's log folder.
-        wall_s: seconds the trial ran (None: the caller's clock tells).
-    """
-
-    def __init__(self, reason: str, *, step_times_s: Sequence[float] = (), tokens_per_s_per_gpu: Sequence[float] = (), log_path: str = "",
-                 wall_s: float | None = None) -> None:
+    def __init__(self, reason: str, *, step_times_s: Sequence[float] = (), tokens_per_s_per_gpu: Sequence[float] = (),
+                 log_path: str = "", wall_s: float | None = None) -> None:
         super().__init__(reason)
         self.wall_s = wall_s
         self.reason = reason
@@ -99,47 +81,33 @@ class BackendSettings:
 
     calibration: Any = None
     """:class:`cost_model.calibration.Calibration` of the ``model`` backend (None: the shipped one)."""
-    memory_headroom: float = DEFAULT_MEMORY_HEADROOM
-    """Fraction of HBM kept free (``model`` backend)."""
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM  # fraction of HBM kept free (``model`` backend)
     options: Any = None
     """:class:`specs.RunOptions` the ``model`` backend prices a layout with: the study's stack preset and run flags
     (None: the defaults)."""
-    trials_dir: Path = Path("results/trials")
-    """Where each trial's folder goes (``results/<study>/trials``)."""
-    num_gpus: int | None = None
-    """GPUs a ``local`` trial uses (None: this machine's)."""
-    gpus_per_node: int = 8
-    """GPUs per node of the cluster (``ray``)."""
-    steps: int = 20
-    """Training steps per real trial, warm-up included."""
-    warmup_steps: int = 10
-    """Leading steps left out of a real trial's median."""
-    timeout_s: float = 900.0
-    """Wall-clock limit of one real trial (seconds)."""
-    command_template: str | Path | None = None
-    """``--command-template FILE`` (``command``)."""
+    trials_dir: Path = Path("results/trials")  # where each trial's folder goes (``results/<study>/trials``)
+    num_gpus: int | None = None  # GPUs a ``local`` trial uses (None: this machine's)
+    gpus_per_node: int = 8  # GPUs per node of the cluster (``ray``)
+    steps: int = 20  # training steps per real trial, warm-up included
+    warmup_steps: int = 10  # leading steps left out of a real trial's median
+    timeout_s: float = 900.0  # wall-clock limit of one real trial (seconds)
+    command_template: str | Path | None = None  # ``--command-template FILE`` (``command``)
     megatron_core: str | None = None
     """``--megatron-core`` release the commands are written for (``command``'s ``{model_args}``; None: the newest)."""
-    address: str | None = None
-    """``--ray-address`` (``ray``; None: a local Ray instance)."""
+    address: str | None = None  # ``--ray-address`` (``ray``; None: a local Ray instance)
     extra_env: Mapping[str, str] = field(default_factory=dict)
     """``--trial-env`` variables of every trial process (``ray``)."""
     profile_step: int | None = None
-    """Step of every real trial to profile with ``torch.profiler`` (``local``: the harness's ``profile_step``); None: none."""
+    """Step of every real trial to profile with ``torch.profiler`` (``local``: the harness's ``profile_step``); None:
+    none."""
 
 
 class TrialBackend(abc.ABC):
-    """Runs one layout and reports a :class:`Measurement`.
-
-    Implementations (registered in :mod:`launch.registry`): ``model`` (the analytical estimate),
-    ``local`` (the trial harness under torchrun on this machine's GPUs), ``ray`` (the harness on
-    the nodes of a Ray cluster), ``command`` (a user's launch template, its log parsed). Every
-    hook below has a default, so a backend overrides only what it can do.
-    """
+    """Runs one layout and reports a :class:`Measurement`; every hook has a default (backends in
+    :mod:`launch.registry`)."""
 
     name: ClassVar[str] = "base"
-    source: ClassVar[str] = "predicted"
-    """``"predicted"`` (nothing runs) or ``"measured"`` (real trials on GPUs)."""
+    source: ClassVar[str] = "predicted"  # ``"predicted"`` (nothing runs) or ``"measured"`` (real trials on GPUs)
     runs_harness: ClassVar[bool] = False
     """Its trials run the megatron-core trial harness (``launch/harness``): their estimate assumes the
     harness's run options, with or without Transformer Engine (:func:`tuner.study.run_options_for_backend`)."""
@@ -153,10 +121,10 @@ class TrialBackend(abc.ABC):
 
     @classmethod
     def from_settings(cls, settings: BackendSettings) -> TrialBackend:
-        """The backend opened for a study (default: no arguments).
+        """The backend opened for a study.
 
         Raises:
-            TunerError: the settings do not work for this backend (see each backend).
+            TunerError: the settings do not work for this backend.
         """
         return cls()
 
@@ -171,12 +139,7 @@ class TrialBackend(abc.ABC):
         reporter: StepReporter | None = None,
         trial_number: int | None = None,
     ) -> Measurement:
-        """Evaluate ``layout``.
-
-        Args:
-            reporter: called after each step a real trial measures; when it returns a
-                reason the backend stops the trial (backends without steps ignore it).
-            trial_number: the Optuna trial number (names the trial's log folder).
+        """Evaluate ``layout``; ``reporter`` may stop a real trial after a step, ``trial_number`` names its folder.
 
         Raises:
             TrialFailed: the trial ran out of memory, timed out or crashed.
@@ -200,12 +163,9 @@ class TrialBackend(abc.ABC):
 
 
 def check_trial_limits(backend: str, steps: int, warmup_steps: int, timeout_s: float) -> None:
-    """The limits every real-trial backend takes, checked once.
-
-    Raises:
-        TunerError: ``steps`` < 1, warm-up steps outside ``[0, steps)``, or a timeout that is not > 0 s.
-    """
+    """Raises TunerError: ``steps`` < 1, warm-up outside ``[0, steps)``, or timeout <= 0 s."""
     if steps < 1 or not 0 <= warmup_steps < steps:
-        raise TunerError(f"--backend {backend}: steps must be >= 1 and warm-up steps in [0, steps), got {steps}, {warmup_steps}")
+        raise TunerError(f"--backend {backend}: steps must be >= 1 and warm-up steps in [0, steps), got {steps}, "
+                         f"{warmup_steps}")
     if not timeout_s > 0:
         raise TunerError(f"--backend {backend}: the trial timeout must be > 0 s, got {timeout_s}")

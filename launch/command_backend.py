@@ -2,26 +2,15 @@
 
 A launch template (``--command-template FILE``, YAML or JSON)::
 
-    argv: [torchrun, --nproc-per-node, "{gpus_per_node}", pretrain_gpt.py, "{model_args}", "{layout_args}", ...]
-    env: {NCCL_DEBUG: WARN}        # optional; values may hold placeholders too
-    timeout_s: 1800                # optional; else --trial-timeout
-    framework: megatron            # optional: megatron (default) or slime, for {layout_args}
+argv: [torchrun, --nproc-per-node, "{gpus_per_node}", pretrain_gpt.py, "{model_args}", "{layout_args}", ...] env:
+{NCCL_DEBUG: WARN} # optional; values may hold placeholders too timeout_s: 1800 # optional; else --trial-timeout
+framework: megatron # optional: megatron (default) or slime, for {layout_args}
 
-Placeholders are substituted in each argv element on its own, and the command runs
-without a shell, so a value is never re-split or interpreted (``;`` or ``$(...)`` stays
-text); in the script of a ``bash -c SCRIPT`` template each value is ``shlex.quote``-d. ``{model_args}`` and ``{layout_args}`` (:func:`launch.export.model_args` and
-:func:`launch.export.layout_args`) expand to several elements and must be an element
-on their own; ``{env:NAME}`` is the tuner's environment variable NAME (checked when the
-backend starts); ``{{`` and ``}}`` are literal braces.
-
-One trial: ``results/<study>/trials/<n>/`` gets ``command.txt`` and ``log.txt`` (stdout
-and stderr); the command runs in a process group of its own and is followed by the
-shared trial loop (:mod:`launch._trial`), with Megatron's log read as it grows
-(:mod:`launch.megatron_log`) as the source of the steps: each logged iteration goes to
-the study's reporter, the group is killed on timeout, on a stop, or on an interrupt, and
-failures are classified as in the local backend. What is this backend's own: the
-template, its rendering, and the log as the step source.
-"""
+Placeholders are substituted in each argv element on its own and the command runs without a shell, so a value is
+never re-split (in a ``bash -c SCRIPT`` template's script each value is ``shlex.quote``-d). ``{model_args}`` and
+``{layout_args}`` expand to several elements and must stand alone; ``{env:NAME}`` is the tuner's environment
+variable; ``{{`` and ``}}`` are literal braces. A trial's folder gets ``command.txt`` and ``log.txt``; Megatron's
+log, read as it grows (:mod:`launch.megatron_log`), is the source of the steps."""
 
 from __future__ import annotations
 
@@ -42,7 +31,8 @@ from specs._data import load_user_yaml
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 
-__all__ = ["CommandBackend", "CommandTemplate", "SCALAR_PLACEHOLDERS", "LIST_PLACEHOLDERS", "load_template", "SLIME_TEMPLATE"]
+__all__ = ["CommandBackend", "CommandTemplate", "SCALAR_PLACEHOLDERS", "LIST_PLACEHOLDERS", "load_template",
+           "SLIME_TEMPLATE"]
 
 #: Placeholders that become (part of) one argv element.
 SCALAR_PLACEHOLDERS = (
@@ -91,8 +81,7 @@ def _substitute(text: str, values: Mapping[str, str]) -> str:
 
 
 def _shell_script_index(argv: tuple[str, ...]) -> int | None:
-    """The index of the script of a ``sh -c SCRIPT`` / ``bash -lc SCRIPT`` template (its values are then substituted
-    ``shlex.quote``-d, so the shell reads each as one word: ``{pipeline_layout}``'s ``|`` and ``*`` stay text), else None."""
+    """The index of the script of a ``sh -c SCRIPT`` / ``bash -lc SCRIPT`` template, else None."""
     if not argv or os.path.basename(argv[0]) not in ("sh", "bash", "dash", "zsh", "ksh"):
         return None
     for i, a in enumerate(argv[1:], start=1):
@@ -105,7 +94,7 @@ def _shell_script_index(argv: tuple[str, ...]) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class CommandTemplate:
-    """A checked launch template (see the module's docstring)."""
+    """A checked launch template."""
 
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
@@ -115,7 +104,6 @@ class CommandTemplate:
 
     @property
     def env_names(self) -> list[str]:
-        """The ``{env:NAME}`` variables the template reads."""
         out: list[str] = []
         for text in (*self.argv, *(v for _, v in self.env)):
             for n in _names(text)[0]:
@@ -139,20 +127,21 @@ class CommandTemplate:
         """The argv and the extra environment of one trial.
 
         Raises:
-            TunerError: an ``{env:NAME}`` variable is not set, or the layout cannot be
-                written as flags (:func:`launch.export.layout_args`).
+            TunerError: an ``{env:NAME}`` variable is not set, or the layout cannot be written as flags.
         """
         from launch.export import _pipeline_layout_string, layout_args, model_args, model_for_release
 
         environ = os.environ if environ is None else environ
         missing = [n for n in self.env_names if n not in environ]
         if missing:
-            raise TunerError(f"--command-template {self.source}: set the environment variable(s) {', '.join(missing)} it uses ({{env:NAME}})")
+            raise TunerError(f"--command-template {self.source}: set the environment variable(s) {', '.join(missing)} "
+                             "it uses ({env:NAME})")
         pls = _pipeline_layout_string(layout, model) or ""
         scalars: dict[str, object] = {
             "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp, "ep": layout.ep, "etp": layout.etp,
-            "dp": layout.dp, "micro_batch_size": layout.micro_batch_size, "global_batch_size": workload.global_batch_size,
-            "seq_length": workload.seq_length, "pipeline_layout": pls, "num_nodes": cluster.num_nodes,
+            "dp": layout.dp, "micro_batch_size": layout.micro_batch_size,
+            "global_batch_size": workload.global_batch_size, "seq_length": workload.seq_length, "pipeline_layout": pls,
+            "num_nodes": cluster.num_nodes,
             "gpus_per_node": cluster.gpus_per_node, "world_size": layout.world_size, "steps": steps,
             "trial_dir": str(trial_dir), "trial_number": trial_number,
         }  # fmt: skip
@@ -165,7 +154,8 @@ class CommandTemplate:
         if "{model_args}" in self.argv:
             lists["{model_args}"] = model_args(model_for_release(model, megatron_core)[0])  # GPT YaRN only from 0.19
         if "{layout_args}" in self.argv:
-            lists["{layout_args}"] = layout_args(layout, model, workload, framework=self.framework)  # type: ignore[arg-type]
+            lists["{layout_args}"] = layout_args(layout, model, workload,
+                                                 framework=self.framework)  # type: ignore[arg-type]
         script = _shell_script_index(self.argv)
         quoted = {k: shlex.quote(v) for k, v in values.items()}
         argv: list[str] = []
@@ -182,10 +172,8 @@ def load_template(path: str | Path) -> CommandTemplate:
     """Read and check a launch template.
 
     Raises:
-            TunerError: the file is missing or not YAML/JSON, ``argv`` is not a non-empty
-                list of strings, a key or placeholder is unknown (the message lists the
-                accepted ones), a list placeholder shares its element with other text,
-                an ``env`` name is not a variable name, or ``timeout_s`` is not a positive number.
+        TunerError: missing or not YAML/JSON, an empty or bad ``argv``, an unknown key or placeholder (the accepted ones
+            listed), a list placeholder sharing its element, a bad ``env`` name or ``timeout_s``.
     """
     p = Path(path)
     where = f"--command-template {p}"
@@ -213,7 +201,8 @@ def load_template(path: str | Path) -> CommandTemplate:
             raise TunerError(f"{where}: env: {k} must be a string or a number, got {v!r}")
         env.append((k, str(v)))
     timeout = doc.get("timeout_s")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0):
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not math.isfinite(timeout) or timeout <= 0):
         raise TunerError(f"{where}: timeout_s must be a positive number of seconds, got {timeout!r}")
     framework = doc.get("framework", "megatron")
     if framework not in ("megatron", "slime"):
@@ -227,7 +216,8 @@ def load_template(path: str | Path) -> CommandTemplate:
         for n in names:
             if n in LIST_PLACEHOLDERS:
                 if text != "{" + n + "}" or i >= len(argv_s):
-                    problems.append(f"{{{n}}} expands to several arguments, so it must be an argv element on its own (got {text!r})")
+                    problems.append(f"{{{n}}} expands to several arguments, so it must be an argv element on its own "
+                                    f"(got {text!r})")
             elif n.startswith("env:"):
                 if not _ENV_NAME_RE.fullmatch(n[4:]):
                     problems.append(f"{{{n}}}: {n[4:]!r} is not an environment variable name")
@@ -237,23 +227,16 @@ def load_template(path: str | Path) -> CommandTemplate:
         raise TunerError(f"{where}: unknown placeholder(s) {', '.join(unknown)}; accepted: {_accepted()}")
     if problems:
         raise TunerError(f"{where}: {problems[0]}")
-    return CommandTemplate(argv=argv_s, env=tuple(env), timeout_s=float(timeout) if timeout is not None else None, framework=framework, source=str(p))
+    return CommandTemplate(argv=argv_s, env=tuple(env), timeout_s=float(timeout) if timeout is not None else None,
+                           framework=framework, source=str(p))
 
 
 class CommandBackend(MeasuredBackend):
-    """Runs each layout as the user's launch command and parses Megatron's log.
-
-    Args:
-        command_template: the template file (or a loaded :class:`CommandTemplate`).
-        trials_dir: where each trial's folder goes (``results/<study>/trials``).
-        steps: training steps per trial (``{steps}``), warm-up included.
-        warmup_steps: leading logged iterations left out of the median.
-        timeout_s: wall-clock limit of one trial unless the template sets ``timeout_s``.
-        poll_s: how often the log is read (seconds).
+    """Runs each layout as the user's launch command and parses Megatron's log; the template's ``timeout_s`` wins over
+    ``timeout_s``.
 
     Raises:
-        TunerError: no template, a bad template, an ``{env:NAME}`` that is not set, or a
-            program (argv[0]) that cannot be found.
+        TunerError: no template, a bad template, an unset ``{env:NAME}``, or argv[0] not on PATH.
     """
 
     name = "command"
@@ -272,18 +255,20 @@ class CommandBackend(MeasuredBackend):
     ) -> None:
         if command_template is None or command_template == "":
             raise TunerError(
-                "--backend command needs --command-template FILE: a YAML or JSON file with argv: [...] and placeholders such as "
-                f"{{tp}} and {{layout_args}} (the slime one ships as {SLIME_TEMPLATE})"
+                "--backend command needs --command-template FILE: a YAML or JSON file with argv: [...] and "
+                f"placeholders such as {{tp}} and {{layout_args}} (the slime one ships as {SLIME_TEMPLATE})"
             )
         self.megatron_core = megatron_core
         tpl = command_template if isinstance(command_template, CommandTemplate) else load_template(command_template)
         missing = [n for n in tpl.env_names if n not in os.environ]
         if missing:
-            raise TunerError(f"--command-template {tpl.source}: set the environment variable(s) {', '.join(missing)} it uses ({{env:NAME}})")
+            raise TunerError(f"--command-template {tpl.source}: set the environment variable(s) {', '.join(missing)} "
+                             "it uses ({env:NAME})")
         prog = tpl.argv[0]
         if "{" not in prog and shutil.which(prog) is None:
             raise TunerError(f"--command-template {tpl.source}: the program {prog!r} (argv[0]) is not found on PATH")
-        check_trial_limits("command", steps, warmup_steps, float(tpl.timeout_s if tpl.timeout_s is not None else timeout_s))
+        check_trial_limits("command", steps, warmup_steps,
+                           float(tpl.timeout_s if tpl.timeout_s is not None else timeout_s))
         super().__init__()
         self.template = tpl
         self.trials_dir = Path(trials_dir)
@@ -294,9 +279,9 @@ class CommandBackend(MeasuredBackend):
 
     @classmethod
     def from_settings(cls, settings: BackendSettings) -> CommandBackend:
-        """Uses ``command_template``, ``trials_dir``, ``steps``, ``warmup_steps``, ``timeout_s`` and ``megatron_core``."""
         return cls(command_template=settings.command_template, trials_dir=settings.trials_dir, steps=settings.steps,
-                   warmup_steps=settings.warmup_steps, timeout_s=settings.timeout_s, megatron_core=settings.megatron_core)
+                   warmup_steps=settings.warmup_steps, timeout_s=settings.timeout_s,
+                   megatron_core=settings.megatron_core)
 
     def run(
         self,
@@ -308,22 +293,20 @@ class CommandBackend(MeasuredBackend):
         reporter: StepReporter | None = None,
         trial_number: int | None = None,
     ) -> Measurement:
-        """Run ``layout`` with the template's command; see :class:`TrialBackend`.
+        """Run ``layout`` with the template's command.
 
         Raises:
-            TrialFailed: out of memory, timeout, NCCL error or crash (kinds as the local
-                backend's), a run that ends without any iteration line, or a program that cannot
-                be started (``crash``).
+            TrialFailed: out of memory, timeout, NCCL error or crash, a run without any iteration line, or a program
+                that cannot be started.
             TrialStopped: the reporter stopped the trial.
-            KeyboardInterrupt: the backend was cancelled (:meth:`cancel`); the command's processes were killed.
-            InfeasibleLayout: (rule ``command_template``) the layout cannot be written as the
-                template's flags; nothing was started.
+            KeyboardInterrupt: the backend was cancelled; the command's processes were killed.
+            InfeasibleLayout: (rule ``command_template``) the layout cannot be written as flags; nothing was started.
         """
         n, tdir = self._trial_folder(trial_number)
         try:
             argv, extra_env = self.template.fill(
-                layout, model=model, cluster=cluster, workload=workload, steps=self.steps, trial_dir=tdir.resolve(), trial_number=n,
-                megatron_core=self.megatron_core,
+                layout, model=model, cluster=cluster, workload=workload, steps=self.steps, trial_dir=tdir.resolve(),
+                trial_number=n, megatron_core=self.megatron_core,
             )
         except InfeasibleLayout:
             raise
@@ -333,7 +316,8 @@ class CommandBackend(MeasuredBackend):
         (tdir / "command.txt").write_text(shlex.join(argv) + "\n")
         (tdir / "command.json").write_text(json.dumps({"argv": argv, "env": extra_env}, indent=1) + "\n")
         trial = self._trial(layout, tdir, reporter, logs=f"log: {log_path}",
-                            no_result="the command exited without any Megatron iteration line (elapsed time per iteration): ")
+                            no_result="the command exited without any Megatron iteration line "
+                                      "(elapsed time per iteration): ")
         proc = LocalProcess(argv, log_path=log_path, env={**os.environ, **SAFE_ENV, **extra_env}, trial_dir=tdir)
         steps = MegatronLogSteps(log_path, global_batch_size=workload.global_batch_size, seq_length=workload.seq_length,
                                  world_size=layout.world_size, warmup_steps=self.warmup_steps)

@@ -17,23 +17,17 @@ from launch.exporters import (
     validate_recipe,
     write_recipe,
 )
-from launch.exporters._flags import MISC_ARGS, OPTIMIZER_HPARAMS, SEED_ENV, _pipeline_layout_string, layout_args, megatron_args, model_args, model_for_release
+from launch.exporters._flags import (
+    MISC_ARGS,
+    OPTIMIZER_HPARAMS,
+    SEED_ENV,
+    _pipeline_layout_string,
+    layout_args,
+    megatron_args,
+    model_args,
+    model_for_release,
+)
 
-__all__ = [
-    "SEED_ENV",
-    "OPTIMIZER_HPARAMS",
-    "MISC_ARGS",
-    "model_args",
-    "model_for_release",
-    "layout_args",
-    "megatron_args",
-    "megatron_args_script",
-    "slime_script",
-    "recipe_dict",
-    "dump_recipe",
-    "write_recipe",
-    "validate_recipe",
-    "recipe_schema",
-    "measurement_from_row",
-    "_pipeline_layout_string",
-]
+__all__ = ["SEED_ENV", "OPTIMIZER_HPARAMS", "MISC_ARGS", "model_args", "model_for_release", "layout_args",
+           "megatron_args", "megatron_args_script", "slime_script", "recipe_dict", "dump_recipe", "write_recipe",
+           "validate_recipe", "recipe_schema", "measurement_from_row", "_pipeline_layout_string"]

@@ -1,14 +1,7 @@
 """The ``local`` backend: each trial is the trial harness under torchrun on this machine's GPUs.
 
-One trial: write ``results/<study>/trials/<n>/spec.json``, start
-``python -m torch.distributed.run --nproc-per-node N -m launch.harness.train`` in a
-process group of its own, with its output in ``log.txt`` and the harness's JSON lines in
-``steps.jsonl``, and follow it with the shared trial loop (:mod:`launch._trial`: the
-reporter after each step, the timeout, the failure kinds, the process group killed on a
-stop, a timeout or an interrupt). What is this backend's own: the torchrun command, the
-GPUs of this machine (``CUDA_VISIBLE_DEVICES``) and the refusals of layouts it cannot run.
-Failures are outcomes (:class:`TrialFailed` with :class:`FailureKind`), never crashes.
-"""
+A trial writes ``results/<study>/trials/<n>/spec.json``, runs torchrun in a process group of its own (``log.txt``,
+the JSON lines in ``steps.jsonl``) and is followed by :mod:`launch._trial`."""
 
 from __future__ import annotations
 
@@ -21,7 +14,7 @@ from pathlib import Path
 
 from launch._trial import SAFE_ENV, HarnessLines, LocalProcess, MeasuredBackend, free_port
 from launch.base import BackendSettings, Measurement, StepReporter, check_trial_limits
-from launch.harness.spec import HarnessEnv, build_spec, harness_args, torchrun_command, unsupported_reasons
+from launch.harness.spec import HarnessEnv, build_spec, harness_args, importable, torchrun_command, unsupported_reasons
 from specs import Cluster, ModelSpec, Workload
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
@@ -30,9 +23,8 @@ __all__ = ["LocalBackend", "check_local_gpus", "machine_gpu_count", "visible_dev
 
 
 def visible_device_ids() -> list[str] | None:
-    """The entries of ``CUDA_VISIBLE_DEVICES`` that CUDA honours, None when it is unset. CUDA reads the
-    comma-separated list up to the first entry that is not a device index or a ``GPU-`` / ``MIG-`` UUID
-    (e.g. ``-1``, an empty entry, a word) or that repeats an earlier one, and ignores the rest."""
+    """The ``CUDA_VISIBLE_DEVICES`` entries CUDA honours (it stops at the first entry that is not an index or a
+    ``GPU-`` / ``MIG-`` UUID, or repeats one); None when unset."""
     vis = os.environ.get("CUDA_VISIBLE_DEVICES")
     if vis is None:
         return None
@@ -45,8 +37,7 @@ def visible_device_ids() -> list[str] | None:
 
 
 def machine_gpu_count() -> int:
-    """GPUs this process may use: ``CUDA_VISIBLE_DEVICES`` as CUDA reads it (:func:`visible_device_ids`)
-    if set, else ``nvidia-smi -L``; 0 if none is found."""
+    """GPUs this process may use: :func:`visible_device_ids` if set, else ``nvidia-smi -L``; 0 if none."""
     ids = visible_device_ids()
     if ids is not None:
         return len(ids)
@@ -61,34 +52,26 @@ def machine_gpu_count() -> int:
 
 
 def check_local_gpus(cluster: Cluster, what: str, *, nodes_fix: str | None = None, gpus_fix: str | None = None) -> None:
-    """Raises TunerError (naming ``what``, e.g. ``"tune verify"``) unless the cluster is one node (the
-    local backend starts one torchrun) and this machine shows at least its GPUs (:func:`machine_gpu_count`).
-    ``nodes_fix`` / ``gpus_fix``: what the message tells the user to do instead (defaults: use a smaller slice)."""
+    """Raises TunerError (naming ``what``) unless the cluster is one node and this machine shows its GPUs;
+    ``nodes_fix`` / ``gpus_fix``: what the message tells the user to do instead."""
     slice_fix = "use a study of a slice that fits one machine (--layers N, --gpus KxGPU)"
     if cluster.num_gpus > cluster.gpus_per_node:
-        raise TunerError(f"{what} runs on one machine; {cluster.label} is {cluster.num_gpus // cluster.gpus_per_node} nodes: "
-                         f"{nodes_fix or slice_fix}")
+        raise TunerError(f"{what} runs on one machine; {cluster.label} is {cluster.num_gpus // cluster.gpus_per_node} "
+                         f"nodes: {nodes_fix or slice_fix}")
     have = machine_gpu_count()
     if have < cluster.num_gpus:
-        raise TunerError(f"{what} needs {cluster.num_gpus} GPU{'s' if cluster.num_gpus != 1 else ''} and this machine shows {have} "
-                         f"(nvidia-smi / CUDA_VISIBLE_DEVICES): {gpus_fix or 'run it on a machine with that many, or ' + slice_fix}")
+        raise TunerError(f"{what} needs {cluster.num_gpus} GPU{'s' if cluster.num_gpus != 1 else ''} and this machine "
+                         f"shows {have} (nvidia-smi / CUDA_VISIBLE_DEVICES): "
+                         f"{gpus_fix or 'run it on a machine with that many, or ' + slice_fix}")
 
 
 def check_harness_dependencies(what: str = "--backend local") -> None:
-    """Fail early, before any search, when the real harness cannot start on this machine.
+    """Fail before any search when torch or megatron-core is not importable.
 
     Raises:
-        TunerError: torch or megatron-core is not importable (the ``gpu`` extra is not installed).
+        TunerError: the ``gpu`` extra is not installed.
     """
-    import importlib.util
-
-    def _has(mod: str) -> bool:
-        try:
-            return importlib.util.find_spec(mod) is not None
-        except (ImportError, ValueError):
-            return False
-
-    missing = [m for m in ("torch", "megatron.core") if not _has(m)]
+    missing = [m for m in ("torch", "megatron.core") if not importable(m)]
     if missing:
         raise TunerError(
             f"{what} needs {' and '.join(missing)} on this machine: install the gpu extra "
@@ -99,21 +82,8 @@ def check_harness_dependencies(what: str = "--backend local") -> None:
 class LocalBackend(MeasuredBackend):
     """Runs each layout with the trial harness on this machine's GPUs.
 
-    Args:
-        trials_dir: where each trial's folder goes (``results/<study>/trials``).
-        num_gpus: GPUs a trial uses (default: :func:`machine_gpu_count`); a layout for another
-            world size is refused. Fewer than the machine has: the first ``num_gpus`` visible ones.
-        steps: optimizer steps per trial, warm-up included.
-        warmup_steps: leading steps left out of the median.
-        timeout_s: wall-clock limit of one trial, model build included (seconds).
-        launcher: the command that starts the harness, without the harness's own
-            arguments (default: ``python -m torch.distributed.run ... -m launch.harness.train``);
-            tests pass a fake program here.
-        env: the harness environment (default: probed with :meth:`HarnessEnv.detect`).
-        poll_s: how often the JSON lines are read (seconds).
-        harness_options: further fields of every trial's :class:`HarnessSpec` (``data``,
-            ``lr``, ``save_checkpoint``, ``load_checkpoint``, ``fault``, ...; see
-            :func:`launch.harness.spec.build_spec`); ``tune verify`` uses them.
+    ``num_gpus`` (default: :func:`machine_gpu_count`): GPUs a trial uses, the first visible ones; ``launcher`` replaces
+    torchrun (tests); ``harness_options``: further :class:`HarnessSpec` fields (``tune verify``).
 
     Raises:
         TunerError: no GPU found, or bad ``steps`` / ``timeout_s``.
@@ -155,29 +125,26 @@ class LocalBackend(MeasuredBackend):
 
     @classmethod
     def from_settings(cls, settings: BackendSettings) -> LocalBackend:
-        """Uses ``trials_dir``, ``num_gpus``, ``steps``, ``warmup_steps``, ``timeout_s`` and ``profile_step``."""
         return cls(trials_dir=settings.trials_dir, num_gpus=settings.num_gpus, steps=settings.steps,
                    warmup_steps=settings.warmup_steps, timeout_s=settings.timeout_s,
-                   harness_options={"profile_step": settings.profile_step} if settings.profile_step is not None else None)
+                   harness_options=None if settings.profile_step is None else {"profile_step": settings.profile_step})
 
     def refusal(self, layout: Layout, model: ModelSpec, workload: Workload) -> str | None:
-        """Why this backend cannot run ``layout`` here (another GPU count, something not installed); None if it can."""
         if layout.world_size != self.num_gpus:
-            return f"the layout is for {layout.world_size} GPUs but the local backend uses this machine's {self.num_gpus}"
+            return (f"the layout is for {layout.world_size} GPUs but the local backend uses this machine's "
+                    f"{self.num_gpus}")
         reasons = unsupported_reasons(layout, model, workload, self.env)
         return "; ".join(reasons) if reasons else None
 
     def _device_env(self) -> dict[str, str]:
-        """``CUDA_VISIBLE_DEVICES`` for a trial that uses fewer GPUs than this machine has: the first
-        ``num_gpus`` of the visible ones (torchrun's local ranks then map to them); empty when the trial
-        uses them all or no GPU is listed (the fake programs of the tests)."""
+        """``CUDA_VISIBLE_DEVICES`` of the first ``num_gpus`` visible GPUs when the trial uses fewer than the machine
+        has; else empty."""
         ids = visible_device_ids()
         if ids is None:
             ids = [str(i) for i in range(machine_gpu_count())]
         return {"CUDA_VISIBLE_DEVICES": ",".join(ids[: self.num_gpus])} if len(ids) > self.num_gpus else {}
 
     def command(self, spec_path: Path, out_path: Path) -> list[str]:
-        """The command line of one trial."""
         if self.launcher is not None:
             return [*self.launcher, *harness_args(spec_path, out_path)]
         return torchrun_command(self.num_gpus, spec_path, out_path, master_port=free_port(), python=sys.executable)
@@ -193,28 +160,29 @@ class LocalBackend(MeasuredBackend):
         trial_number: int | None = None,
         trial_dir: str | None = None,
     ) -> Measurement:
-        """Run ``layout`` as the harness; see :class:`TrialBackend`.
-
-        ``trial_dir`` names the run's folder under ``trials_dir`` (default: the trial number).
+        """Run ``layout`` as the harness; ``trial_dir`` names its folder (default: the trial number).
 
         Raises:
-            InfeasibleLayout: (rule ``harness_env``) the layout is for another GPU count than
-                this machine's, or needs something not installed here; nothing was started.
-            TrialFailed: out of memory (``memory_reached_bytes`` set), timeout, crash / NCCL error, or a
-                launcher that cannot be started (``crash``).
-            TrialStopped: the reporter stopped the trial (its measured steps are attached).
-            KeyboardInterrupt: the backend was cancelled (:meth:`cancel`); the trial's processes were killed.
+            InfeasibleLayout: (rule ``harness_env``) another GPU count, or something not installed; nothing was started.
+            TrialFailed: out of memory, timeout, crash / NCCL error, or a launcher that cannot be started.
+            TrialStopped: the reporter stopped the trial.
+            KeyboardInterrupt: the backend was cancelled; the trial's processes were killed.
         """
         if layout.world_size != self.num_gpus:
             raise InfeasibleLayout(
-                "harness_env", f"the layout is for {layout.world_size} GPUs but the local backend uses this machine's {self.num_gpus}"
+                "harness_env",
+                f"the layout is for {layout.world_size} GPUs but the local backend uses this machine's {self.num_gpus}"
             )
-        spec = build_spec(model, layout, workload, env=self.env, steps=self.steps, warmup_steps=self.warmup_steps, options=self.harness_options)
+        spec = build_spec(model, layout, workload, env=self.env, steps=self.steps, warmup_steps=self.warmup_steps,
+                          options=self.harness_options)
         _, tdir = self._trial_folder(trial_number, trial_dir)
         spec_path, out_path, log_path = tdir / "spec.json", tdir / "steps.jsonl", tdir / "log.txt"
         spec_path.write_text(spec.to_json())
         cmd = self.command(spec_path, out_path)
         (tdir / "command.txt").write_text(" ".join(cmd) + "\n")
-        trial = self._trial(layout, tdir, reporter, logs=f"log: {log_path}", no_result="the harness exited without a summary: ")
-        proc = LocalProcess(cmd, log_path=log_path, env={**os.environ, **SAFE_ENV, **self._device_env()}, trial_dir=tdir)
-        return trial.follow(proc, HarnessLines.file(out_path), extra=lambda got: {"notes": list(spec.notes), "data": got.result.data})
+        trial = self._trial(layout, tdir, reporter, logs=f"log: {log_path}",
+                            no_result="the harness exited without a summary: ")
+        proc = LocalProcess(cmd, log_path=log_path, env={**os.environ, **SAFE_ENV, **self._device_env()},
+                            trial_dir=tdir)
+        return trial.follow(proc, HarnessLines.file(out_path),
+                            extra=lambda got: {"notes": list(spec.notes), "data": got.result.data})

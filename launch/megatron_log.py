@@ -1,18 +1,13 @@
-"""Reading Megatron-LM / slime training logs (no torch here).
+"""Reading Megatron-LM / slime training logs (no torch here): the lines of Megatron's ``training_log`` and
+``report_memory``::
 
-Two kinds of lines are read, as Megatron's ``training_log`` and ``report_memory`` print them::
-
-     [2025-08-01 07:19:37] iteration        2/      20 | consumed samples: 256 | elapsed time per iteration (ms): 5432.1 |
+     [2025-08-01 07:19:37] iteration        2/      20 | consumed samples: 256 | elapsed time per iteration (ms): 5432.1
+     |
        ... | lm loss: 1.043863E+01 | loss scale: 1.0 | grad norm: 26.203 | number of skipped iterations:   0 | ...
-    [Rank 0] (after 1 iterations) memory (MB) | allocated: 10770.3 | max allocated: 15754.8 | reserved: 16334.0 | max reserved: 16334.0
+    [Rank 0] (after 1 iterations) memory (MB) | allocated: 10770.3 | max allocated: 15754.8 | reserved: 16334.0 | ...
 
-The iteration time is Megatron's average over ``--log-interval`` iterations (use 1 to
-get every step). Everything else is ignored. The reader is lenient: a line cut off
-without its newline (a killed process) is left out, bytes that are not UTF-8 are
-replaced, and a line whose fields do not parse (garbled) is counted in ``bad_lines``
-rather than raising. Failures are classified by
-:func:`launch.harness.results.classify_failure`, as for the local backend.
-"""
+The time is the average over ``--log-interval`` iterations (use 1). A line cut off without its newline is left out,
+undecodable bytes are replaced, a garbled line counts in ``bad_lines``."""
 
 from __future__ import annotations
 
@@ -21,10 +16,9 @@ import re
 from dataclasses import dataclass, field
 
 from launch.harness.results import HarnessResult, StepRecord, cv, median_after_warmup
+from specs.units import MIB
 
 __all__ = ["Iteration", "MemoryReport", "MegatronLog", "MegatronLogReader", "parse_megatron_log"]
-
-MIB = 2**20
 
 _NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)"
 _ITER_RE = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|")
@@ -70,10 +64,8 @@ class MegatronLog:
 
     iterations: list[Iteration] = field(default_factory=list)
     memory: list[MemoryReport] = field(default_factory=list)
-    bad_lines: int = 0
-    """Iteration or memory lines whose fields did not parse (garbled)."""
-    truncated: bool = False
-    """The log ended in the middle of a line (that line was left out)."""
+    bad_lines: int = 0  # iteration or memory lines whose fields did not parse (garbled)
+    truncated: bool = False  # the log ended in the middle of a line (that line was left out)
 
     @property
     def peak_reserved_bytes(self) -> float:
@@ -84,16 +76,20 @@ class MegatronLog:
     def peak_allocated_bytes(self) -> float:
         return max((m.max_allocated_bytes for m in self.memory), default=math.nan)
 
-    def tokens_per_s_per_gpu(self, step_time_s: float, *, global_batch_size: int, seq_length: int, world_size: int) -> float:
+    def tokens_per_s_per_gpu(self, step_time_s: float, *, global_batch_size: int, seq_length: int,
+                             world_size: int) -> float:
         """Throughput of a step: ``global_batch_size * seq_length / step_time_s / world_size``."""
         return global_batch_size * seq_length / step_time_s / world_size
 
-    def summary(self, *, global_batch_size: int, seq_length: int, world_size: int, warmup_steps: int) -> dict[str, float]:
-        """Median step time after ``warmup_steps`` logged iterations, its CV and the throughput (NaN without iterations)."""
+    def summary(self, *, global_batch_size: int, seq_length: int, world_size: int,
+                warmup_steps: int) -> dict[str, float]:
+        """Median step time after ``warmup_steps`` logged iterations, its CV and the throughput (NaN without
+        iterations)."""
         times = [it.step_time_s for it in self.iterations]
         kept = times[warmup_steps:] if len(times) > warmup_steps else times
         med = median_after_warmup(times, warmup_steps)
-        tps = self.tokens_per_s_per_gpu(med, global_batch_size=global_batch_size, seq_length=seq_length, world_size=world_size) if med > 0 else math.nan
+        tps = self.tokens_per_s_per_gpu(med, global_batch_size=global_batch_size, seq_length=seq_length,
+                                        world_size=world_size) if med > 0 else math.nan
         return {"median_step_time_s": med, "step_time_cv": cv(kept), "tokens_per_s_per_gpu": tps}
 
     def as_harness_result(self, *, global_batch_size: int, seq_length: int, world_size: int) -> HarnessResult:
@@ -102,17 +98,14 @@ class MegatronLog:
             StepRecord(
                 step=it.iteration,
                 step_time_s=it.step_time_s,
-                tokens_per_s_per_gpu=self.tokens_per_s_per_gpu(it.step_time_s, global_batch_size=global_batch_size, seq_length=seq_length, world_size=world_size),
+                tokens_per_s_per_gpu=self.tokens_per_s_per_gpu(
+                    it.step_time_s, global_batch_size=global_batch_size, seq_length=seq_length, world_size=world_size),
                 loss=it.loss,
                 grad_norm=it.grad_norm,
             )
             for it in self.iterations
         ]
         return HarnessResult(steps=steps, bad_lines=self.bad_lines)
-
-
-def _num(s: str) -> float:
-    return float(s)
 
 
 class MegatronLogReader:
@@ -147,7 +140,7 @@ class MegatronLogReader:
         if not (m_it and m_t):
             self.log.bad_lines += 1
             return
-        t_ms = _num(m_t.group(1))
+        t_ms = float(m_t.group(1))
         if not (math.isfinite(t_ms) and t_ms > 0):
             self.log.bad_lines += 1
             return
@@ -156,8 +149,8 @@ class MegatronLogReader:
         it = Iteration(
             iteration=int(m_it.group(1)),
             step_time_s=t_ms / 1000.0,
-            loss=_num(loss.group(1)) if loss else math.nan,
-            grad_norm=_num(grad.group(1)) if grad else math.nan,
+            loss=float(loss.group(1)) if loss else math.nan,
+            grad_norm=float(grad.group(1)) if grad else math.nan,
         )
         if it.iteration in self._by_iter:  # printed twice (a restart): keep the later line
             self.log.iterations[self._by_iter[it.iteration]] = it
@@ -170,7 +163,7 @@ class MegatronLogReader:
         if not m:
             self.log.bad_lines += 1
             return
-        vals = [_num(m.group(i)) for i in range(3, 7)]
+        vals = [float(m.group(i)) for i in range(3, 7)]
         if not all(math.isfinite(v) and v >= 0 for v in vals):
             self.log.bad_lines += 1
             return

@@ -13,16 +13,13 @@ __all__ = ["ModelBackend"]
 
 
 class ModelBackend(TrialBackend):
-    """Evaluates a layout with :func:`cost_model.estimate.estimate`; never touches a GPU.
-
-    Its measurements carry ``source == "predicted"``.
-    """
+    """Evaluates a layout with :func:`cost_model.estimate.estimate` (``source == "predicted"``)."""
 
     name = "model"
     source = "predicted"
 
-    def __init__(self, *, calibration: Calibration = DEFAULT_CALIBRATION, memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
-                 options: RunOptions = DEFAULT_RUN_OPTIONS) -> None:
+    def __init__(self, *, calibration: Calibration = DEFAULT_CALIBRATION,
+                 memory_headroom: float = DEFAULT_MEMORY_HEADROOM, options: RunOptions = DEFAULT_RUN_OPTIONS) -> None:
         self.calibration = calibration
         self.memory_headroom = memory_headroom
         self.options = options
@@ -45,8 +42,8 @@ class ModelBackend(TrialBackend):
         trial_number: int | None = None,
     ) -> Measurement:
         """The estimate of ``layout`` (``reporter`` and ``trial_number`` are ignored: nothing runs)."""
-        e = estimate(model, cluster, workload, layout, calibration=self.calibration, memory_headroom=self.memory_headroom,
-                     options=self.options)
+        e = estimate(model, cluster, workload, layout, calibration=self.calibration,
+                     memory_headroom=self.memory_headroom, options=self.options)
         return Measurement(
             layout=layout,
             source=self.source,

@@ -1,42 +1,33 @@
 """The ``ray`` backend: each trial is the trial harness under torchrun on the nodes of a Ray cluster.
 
-One trial = one Ray placement group with one bundle per node the layout needs
-(``gpus_per_node`` GPUs each; a layout smaller than a node gets one bundle of its size),
-``STRICT_SPREAD`` across nodes or ``STRICT_PACK`` inside one. On each bundle an actor
-(:class:`_NodeAgent`) starts ``python -m torch.distributed.run --nnodes N --node-rank i
---nproc-per-node G --master-addr <the first bundle's node> --master-port <a free port there>
--m launch.harness.train`` in a process group of its own, with the environment of
-:data:`launch._trial.SAFE_ENV`, the user's extra variables and
-``CUDA_VISIBLE_DEVICES`` as Ray assigned the bundle's GPUs. The driver (``tune``) follows the
-trial with the shared trial loop (:mod:`launch._trial`), reading the harness's JSON lines
-through the first node's actor (no shared filesystem is needed): each step's throughput goes
-to the study's reporter (pruning), and on a timeout, a stop or an interrupt every node's
-process group is killed and the placement group removed. What is this backend's own: the
-placement groups and the node plan, the node agents, the retry after a lost node, and cancel.
+One trial is one placement group with a bundle per node (``STRICT_SPREAD``, or ``STRICT_PACK`` within a node); on each
+bundle a :class:`_NodeAgent` actor starts torchrun's static rendezvous in a process group of its own. The driver follows
+the trial with :mod:`launch._trial`, reading the JSON lines through the first node's actor (no shared filesystem
+needed). A lost node: the trial is retried once on a new placement group, then recorded as ``crash``.
 
-Several trials run at once when the study asks for several (``--parallel-trials``) and the
-cluster holds their placement groups; Ray queues the rest.
-
-A node that dies or an actor that is lost during a trial: the trial is retried once on a new
-placement group (Ray places it on the nodes left), then recorded as failed (``crash``, "node lost").
-
-Sources: Ray placement groups and ``PlacementGroupSchedulingStrategy``
-(docs.ray.io, "Placement Groups"); torchrun's static rendezvous arguments
-(``--nnodes``, ``--node-rank``, ``--master-addr``, ``--master-port``; PyTorch "torchrun (Elastic Launch)").
-"""
+Sources: Ray "Placement Groups" (docs.ray.io); PyTorch "torchrun (Elastic Launch)"."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from launch._trial import INTERRUPT_GRACE_S, SAFE_ENV, HarnessLines, MeasuredBackend, TrialProcesses, kill_group, record_process, start_watchdog, tail
+from launch._trial import (
+    INTERRUPT_GRACE_S,
+    SAFE_ENV,
+    HarnessLines,
+    MeasuredBackend,
+    TrialProcesses,
+    kill_group,
+    record_process,
+    start_watchdog,
+    tail,
+)
 from launch.base import BackendSettings, FailureKind, Measurement, StepReporter, TrialFailed, check_trial_limits
 from launch.harness.spec import HARNESS_MODULE, HarnessEnv, build_spec, harness_args, unsupported_reasons
 from specs import Cluster, ModelSpec, Workload
@@ -45,21 +36,16 @@ from specs.layout import Layout
 
 __all__ = ["RayBackend", "node_plan", "parse_ray_address", "torchrun_node_command"]
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
 #: Stands for the node's own Python in a command (replaced by the actor: the driver's path may not exist there).
 NODE_PYTHON = "<node-python>"
 
 
 def node_plan(world_size: int, gpus_per_node: int) -> tuple[list[int], str]:
-    """GPUs per bundle (one bundle per node) and the placement strategy for a trial of ``world_size`` GPUs.
+    """GPUs per bundle (one per node) and the placement strategy for ``world_size`` GPUs.
 
     Raises:
-        TunerError: a world size that does not fill whole nodes (torchrun starts the same number
-            of processes on every node) or a bad ``gpus_per_node``.
+        TunerError: the world size does not fill whole nodes (torchrun starts as many processes on every node).
     """
-    if gpus_per_node < 1 or world_size < 1:
-        raise TunerError(f"bad trial size: world {world_size}, {gpus_per_node} GPUs per node")
     if world_size <= gpus_per_node:
         return [world_size], "STRICT_PACK"
     if world_size % gpus_per_node:
@@ -67,9 +53,9 @@ def node_plan(world_size: int, gpus_per_node: int) -> tuple[list[int], str]:
     return [gpus_per_node] * (world_size // gpus_per_node), "STRICT_SPREAD"
 
 
-def torchrun_node_command(nnodes: int, node_rank: int, nproc_per_node: int, master_addr: str, master_port: int, python: str = NODE_PYTHON) -> list[str]:
-    """torchrun's static-rendezvous command for one node, without the harness's own arguments
-    (``python`` defaults to :data:`NODE_PYTHON`: the Python the node's Ray worker runs)."""
+def torchrun_node_command(nnodes: int, node_rank: int, nproc_per_node: int, master_addr: str, master_port: int,
+                          python: str = NODE_PYTHON) -> list[str]:
+    """torchrun's static-rendezvous command for one node, without the harness's arguments."""
     return [
         python, "-m", "torch.distributed.run",
         f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--nproc-per-node={nproc_per_node}",
@@ -95,7 +81,8 @@ class _NodeAgent:
             gpus = [str(int(g)) for g in ray.get_gpu_ids()]
         except Exception:  # noqa: BLE001
             gpus = []
-        return {"ip": ray.util.get_node_ip_address(), "port": port, "gpu_ids": gpus, "node_id": ray.get_runtime_context().get_node_id(),
+        return {"ip": ray.util.get_node_ip_address(), "port": port, "gpu_ids": gpus,
+                "node_id": ray.get_runtime_context().get_node_id(),
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
     def start(self, cmd: list[str], env: dict[str, str], tdir: str, spec_text: str, cwd: str) -> int:
@@ -114,7 +101,6 @@ class _NodeAgent:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True, env=full, cwd=cwd)
         start_watchdog(self.proc.pid)  # the actor's process gone (the driver killed, its job ended): the group goes too
-        # host and group on record, as a local trial's (this actor's pid as the driver); a node after the first its own
         record_process(d, self.proc.pid, "process.json" if node == "0" else f"process.node{node}.json")
         return int(self.proc.pid)
 
@@ -134,12 +120,8 @@ class _NodeLost(Exception):
 
 
 class _RayNodes(TrialProcesses):
-    """A trial's processes on the nodes of its placement group, reached through one :class:`_NodeAgent` per node.
-
-    The first node's agent reads the harness's JSON lines (``out_path``, on that node's disk). After the trial
-    the logs of every node (and the JSON lines) are copied into ``tdir`` on the driver when the nodes wrote
-    them elsewhere (no shared filesystem).
-    """
+    """A trial's processes on its placement group's nodes, one :class:`_NodeAgent` each; after the trial the logs and
+    JSON lines are copied to ``tdir`` on the driver where the nodes wrote them elsewhere."""
 
     def __init__(self, actors: list[Any], tdir: Path, out_path: str) -> None:
         self.actors = actors
@@ -162,7 +144,7 @@ class _RayNodes(TrialProcesses):
         return list(self._get([a.poll.remote() for a in self.actors]))
 
     def read_steps(self) -> str:
-        """The first node's JSON lines so far. Raises _NodeLost: its agent died or did not answer within 60 s."""
+        """The first node's JSON lines so far (raises _NodeLost as :meth:`poll`)."""
         self.steps_text = str(self._get(self.actors[0].read.remote(self.out_path)))
         return self.steps_text
 
@@ -194,7 +176,6 @@ class _RayNodes(TrialProcesses):
                 logs.append(ray.get(a.read.remote(str(self.tdir / f"log.node{i}.txt"), 200_000), timeout=60))
             except Exception:  # noqa: BLE001
                 logs.append("")
-        # Keep copies on the driver when the nodes wrote elsewhere (no shared filesystem).
         if not Path(self.out_path).exists():
             Path(self.out_path).write_text(self.steps_text)
         for i, text in enumerate(logs):
@@ -204,7 +185,6 @@ class _RayNodes(TrialProcesses):
         return "\n".join(logs)
 
     def close(self) -> None:
-        """Kill every node's processes, then the agents."""
         import ray
 
         self.kill(INTERRUPT_GRACE_S)
@@ -216,26 +196,14 @@ class _RayNodes(TrialProcesses):
 
 
 class RayBackend(MeasuredBackend):
-    """Runs each layout with the trial harness on a Ray cluster's nodes (see the module docstring).
+    """Runs each layout with the trial harness on a Ray cluster's nodes.
 
-    Args:
-        trials_dir: each trial's folder (``results/<study>/trials``) on the driver; the nodes
-            write their logs under the same path (their own disks, or a shared filesystem).
-        address: ``auto`` (a running cluster), ``ray://...`` / ``HOST:PORT``, or None: start a
-            local Ray instance (one machine).
-        gpus_per_node: GPUs per node of the cluster (each bundle asks for this many).
-        steps, warmup_steps, timeout_s: as :class:`launch.local_backend.LocalBackend`.
-        extra_env: the user's extra environment variables for every rank (NCCL settings, ...).
-        launcher: the program each node starts instead of torchrun (tests); it gets the harness's
-            arguments and NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT in its environment.
-        gpu_resource: the Ray resource a GPU is (``GPU``; tests use a custom resource).
-        env: the harness environment (default: probed on the driver).
-        retries: times a trial is retried after a lost node (default 1).
-        placement_timeout_s: how long to wait for the cluster to place a trial.
-        init_kwargs: more keywords for ``ray.init`` (tests).
+    ``address``: ``auto``, ``ray://...`` / ``HOST:PORT``, or None (a local Ray instance). ``launcher`` replaces torchrun
+    (tests; it gets NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT), ``gpu_resource`` the Ray resource a
+    GPU is (tests use a custom one), ``retries`` the attempts after a lost node.
 
     Raises:
-        TunerError: Ray cannot connect or start, or bad arguments.
+        TunerError: Ray cannot connect or start.
     """
 
     name = "ray"
@@ -261,13 +229,6 @@ class RayBackend(MeasuredBackend):
         init_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         check_trial_limits("ray", steps, warmup_steps, timeout_s)
-        if not placement_timeout_s > 0:
-            raise TunerError(f"--backend ray: the placement timeout must be > 0 s, got {placement_timeout_s}")
-        if gpus_per_node < 1:
-            raise TunerError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
-        for k in (extra_env or {}):
-            if not _ENV_NAME.fullmatch(str(k)):
-                raise TunerError(f"--trial-env: {k!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
         super().__init__()
         self.trials_dir = Path(trials_dir).absolute()  # the nodes resolve it, not the driver's working folder
         self.address = address
@@ -287,8 +248,6 @@ class RayBackend(MeasuredBackend):
 
     @classmethod
     def from_settings(cls, settings: BackendSettings) -> RayBackend:
-        """Uses ``trials_dir``, ``address``, ``gpus_per_node``, ``steps``, ``warmup_steps``, ``timeout_s``
-        and ``extra_env``."""
         return cls(trials_dir=settings.trials_dir, address=settings.address, gpus_per_node=settings.gpus_per_node,
                    steps=settings.steps, warmup_steps=settings.warmup_steps, timeout_s=settings.timeout_s,
                    extra_env=settings.extra_env)
@@ -299,7 +258,8 @@ class RayBackend(MeasuredBackend):
         try:
             import ray
         except ImportError:
-            raise TunerError("--backend ray needs the ray package (a dependency of this project: reinstall it)") from None
+            raise TunerError("--backend ray needs the ray package (a dependency of this project: reinstall "
+                             "it)") from None
         if ray.is_initialized():
             return
         kw: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": False, "include_dashboard": False}
@@ -311,8 +271,9 @@ class RayBackend(MeasuredBackend):
             ray.init(**kw)
         except Exception as e:  # noqa: BLE001 - connection errors of every kind
             where = f"the Ray cluster at {self.address!r}" if self.address else "a local Ray instance"
-            raise TunerError(f"--backend ray: cannot connect to {where} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                             "start one with `ray start --head` (then --ray-address auto), or leave --ray-address out") from None
+            raise TunerError(f"--backend ray: cannot connect to {where} ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}); start one with `ray start --head` (then "
+                             "--ray-address auto), or leave --ray-address out") from None
         self._started_ray = True
 
     def cluster_gpus(self) -> float:
@@ -321,7 +282,6 @@ class RayBackend(MeasuredBackend):
         return float(ray.cluster_resources().get(self.gpu_resource, 0.0))
 
     def refusal(self, layout: Layout, model: ModelSpec, workload: Workload) -> str | None:
-        """Why this backend cannot run ``layout`` (more GPUs than the cluster has, something not installed); None if it can."""
         have = self.cluster_gpus()
         if layout.world_size > have:
             return f"the layout needs {layout.world_size} GPUs; the Ray cluster has {have:g} ({self.gpu_resource})"
@@ -351,16 +311,13 @@ class RayBackend(MeasuredBackend):
         reporter: StepReporter | None = None,
         trial_number: int | None = None,
     ) -> Measurement:
-        """Run ``layout`` as the harness on the cluster; see :class:`TrialBackend`.
+        """Run ``layout`` as the harness on the cluster.
 
         Raises:
-            InfeasibleLayout: (rule ``harness_env``) the cluster cannot hold the layout, or it needs
-                something not installed; nothing was started.
-            TrialFailed: out of memory, timeout, crash / NCCL error, a program that a node cannot start,
-                or a node lost twice.
+            InfeasibleLayout: (rule ``harness_env``) the cluster cannot hold the layout; nothing was started.
+            TrialFailed: out of memory, timeout, crash, a node that cannot start it, or a node lost twice.
             TrialStopped: the reporter stopped the trial.
-            KeyboardInterrupt: the backend was cancelled (:meth:`cancel`); every node's processes were
-                killed and the placement group removed.
+            KeyboardInterrupt: the backend was cancelled; every node's processes were killed.
         """
         why = self.refusal(layout, model, workload)
         if why:
@@ -380,7 +337,8 @@ class RayBackend(MeasuredBackend):
                 (tdir / f"lost.attempt{attempt}.txt").write_text(str(e) + "\n")
         raise TrialFailed(FailureKind.crash, f"node lost in {attempts} attempts ({'; '.join(lost)})", str(tdir))
 
-    def _attempt(self, layout: Layout, spec_text: str, tdir: Path, reporter: StepReporter | None, attempt: int) -> Measurement:
+    def _attempt(self, layout: Layout, spec_text: str, tdir: Path, reporter: StepReporter | None,
+                 attempt: int) -> Measurement:
         import ray
         from ray.exceptions import RayActorError
         from ray.util.placement_group import placement_group, remove_placement_group
@@ -391,12 +349,13 @@ class RayBackend(MeasuredBackend):
         nodes = _RayNodes([], tdir, str(tdir / "steps.jsonl"))
         try:
             if not pg.wait(timeout_seconds=self.placement_timeout_s):
-                raise TrialFailed(FailureKind.timeout, f"the Ray cluster did not place {len(sizes)} x {sizes[0]} {self.gpu_resource} "
+                raise TrialFailed(FailureKind.timeout,
+                                  f"the Ray cluster did not place {len(sizes)} x {sizes[0]} {self.gpu_resource} "
                                   f"({strategy}) within {self.placement_timeout_s:.0f} s", str(tdir))
             agent_cls = ray.remote(_NodeAgent)
             for i, g in enumerate(sizes):
-                opts: dict[str, Any] = {"num_cpus": 1, "max_restarts": 0,
-                                        "scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)}
+                where_i = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
+                opts: dict[str, Any] = {"num_cpus": 1, "max_restarts": 0, "scheduling_strategy": where_i}
                 if self.gpu_resource == "GPU":
                     opts["num_gpus"] = g
                 else:
@@ -407,25 +366,30 @@ class RayBackend(MeasuredBackend):
             except RayActorError as e:
                 raise _NodeLost(f"an actor died before the start ({type(e).__name__})") from None
             master, port = where[0]["ip"], where[0]["port"]
-            (tdir / "placement.json").write_text(json.dumps({"strategy": strategy, "bundles": sizes, "attempt": attempt, "nodes": where}, indent=1))
+            plan = {"strategy": strategy, "bundles": sizes, "attempt": attempt, "nodes": where}
+            (tdir / "placement.json").write_text(json.dumps(plan, indent=1))
             pids = []
             for i, (a, g) in enumerate(zip(nodes.actors, sizes)):
-                env = {**SAFE_ENV, **self.extra_env, "NNODES": str(len(sizes)), "NODE_RANK": str(i), "NPROC_PER_NODE": str(g),
-                       "MASTER_ADDR": master, "MASTER_PORT": str(port), "TUNE_TRIAL_ATTEMPT": str(attempt)}
+                env = {**SAFE_ENV, **self.extra_env, "NNODES": str(len(sizes)), "NODE_RANK": str(i),
+                       "NPROC_PER_NODE": str(g), "MASTER_ADDR": master, "MASTER_PORT": str(port),
+                       "TUNE_TRIAL_ATTEMPT": str(attempt)}
                 if self.launcher is not None:
                     cmd = [*self.launcher, *harness_args(tdir / "spec.json", nodes.out_path)]
                 else:
-                    cmd = [*torchrun_node_command(len(sizes), i, g, master, port), *harness_args(tdir / "spec.json", nodes.out_path)]
+                    cmd = [*torchrun_node_command(len(sizes), i, g, master, port),
+                           *harness_args(tdir / "spec.json", nodes.out_path)]
                 pids.append(a.start.remote(cmd, env, str(tdir), spec_text, os.getcwd()))
             try:
                 ray.get(pids, timeout=60)
             except RayActorError as e:
                 raise _NodeLost(f"an actor died at the start ({type(e).__name__})") from None
             except Exception as e:  # noqa: BLE001 - e.g. the program cannot be started on a node
-                raise TrialFailed(FailureKind.crash, f"a node could not start the trial: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__}", str(tdir)) from None
+                why = str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__
+                raise TrialFailed(FailureKind.crash, f"a node could not start the trial: {why}", str(tdir)) from None
             trial = self._trial(layout, tdir, reporter, logs=f"logs: {tdir}")
             return trial.follow(nodes, HarnessLines(nodes.read_steps),
-                                extra=lambda got: {"nodes": len(nodes.actors), "notes": list(got.result.start.get("notes", []))})
+                                extra=lambda got: {"nodes": len(nodes.actors),
+                                                   "notes": list(got.result.start.get("notes", []))})
         finally:
             nodes.close()
             try:
@@ -438,7 +402,7 @@ def parse_ray_address(address: str) -> tuple[str, int] | None:
     """``(host, port)`` of ``HOST:PORT`` or ``ray://HOST:PORT``; None for ``auto``.
 
     Raises:
-        TunerError: anything else (an empty string, no port, a port outside 1..65535).
+        TunerError: anything else.
     """
     if address == "auto":
         return None
@@ -450,7 +414,7 @@ def parse_ray_address(address: str) -> tuple[str, int] | None:
 
 
 def _reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail fast when ``HOST:PORT`` (or ``ray://HOST:PORT``) does not accept a TCP connection (``auto`` is left to Ray).
+    """Fail fast when the address does not accept a TCP connection (Ray retries for minutes).
 
     Raises:
         TunerError: the address is malformed or nothing listens there.
@@ -462,5 +426,6 @@ def _reachable(address: str, timeout_s: float = 5.0) -> None:
         with socket.create_connection(hp, timeout=timeout_s):
             pass
     except OSError as e:
-        raise TunerError(f"--ray-address {address!r}: nothing answers there ({e.strerror or e}); start the cluster with "
-                         "`ray start --head` and use the address it prints, or --ray-address auto on one of its nodes") from None
+        raise TunerError(f"--ray-address {address!r}: nothing answers there ({e.strerror or e}); start the cluster "
+                         "with `ray start --head` and use the address it prints, or --ray-address auto on one of its "
+                         "nodes") from None

@@ -21,24 +21,20 @@ __all__ = ["ExportContext", "Exporter"]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ExportContext:
-    """Everything an exporter may need about one layout of one study.
-
-    The four inputs every export is built from, plus what the study knows about the layout.
-    """
+    """Everything an exporter may need about one layout of one study."""
 
     model: ModelSpec
-    cluster: Cluster
-    """The GPUs: its count must be ``layout.world_size``."""
+    cluster: Cluster  # the GPUs: its count must be ``layout.world_size``
     workload: Workload
     layout: Layout
-    study: str = ""
-    """Name of the study that chose the layout ("" when none)."""
+    study: str = ""  # name of the study that chose the layout ("" when none)
     estimate: Estimate | None = None
     """The cost model's estimate of ``layout`` (the recipe's ``prediction`` block), or None."""
     measurement: Measurement | None = None
     """A trial's measurement of ``layout`` (``source == "measured"`` makes a recipe ``measured``), or None."""
     correctness: Mapping[str, Any] | None = None
-    """The ``correctness`` block of ``tune verify`` (:func:`tuner.verify.correctness.correctness_block`), or None (not run)."""
+    """The ``correctness`` block of ``tune verify`` (:func:`tuner.verify.correctness.correctness_block`), or None (not
+    run)."""
     notes: tuple[str, ...] = ()
     """More notes for formats that carry notes (the recipe), e.g. the measured trials within noise of this one."""
     rl_plan: object | None = None
@@ -49,8 +45,7 @@ class ExportContext:
     """The RL job (:class:`rl.plan.RLJob`) ``rl_plan`` was predicted for (model, cluster, lengths, batch)."""
     options: RunOptions | None = None
     """The run options the layout was estimated with (None: the default stack's); the commands write them."""
-    stack: str = ""
-    """The stack preset of :attr:`options` (:mod:`specs.stacks`; "" when none was named)."""
+    stack: str = ""  # the stack preset of :attr:`options` (:mod:`specs.stacks`; "" when none was named)
     user_args: tuple[str, ...] = ()
     """The user's own launch arguments the commands keep (``tune --from``: those without effect or not understood)."""
     bridge_yaml: str = ""
@@ -59,22 +54,13 @@ class ExportContext:
 
 
 class Exporter(abc.ABC):
-    """One export format: a name for ``tune export --format``, a file name and a renderer.
+    """One export format: a ``--format`` name, a file name and a renderer; register an instance in
+    ``launch/exporters/__init__.py``."""
 
-    Subclasses set the class attributes and implement :meth:`render`; :meth:`write` is shared.
-    Register an instance with :func:`launch.exporters.register_exporter` (one line in
-    ``launch/exporters/__init__.py``); ``tune export --format`` and the files of the main job
-    (:func:`tuner.report.export_files`) come from the registry.
-    """
-
-    name: ClassVar[str]
-    """``--format`` value, e.g. ``"recipe"``."""
-    file_name: ClassVar[str]
-    """File the main job writes under ``results/<study>/``, e.g. ``"recipe.yaml"``."""
-    description: ClassVar[str]
-    """One line for ``--help``."""
-    executable: ClassVar[bool] = False
-    """Whether the file is a program (written with mode 0o755)."""
+    name: ClassVar[str]  # ``--format`` value, e.g. ``"recipe"``
+    file_name: ClassVar[str]  # file the main job writes under ``results/<study>/``, e.g. ``"recipe.yaml"``
+    description: ClassVar[str]  # one line for ``--help``
+    executable: ClassVar[bool] = False  # whether the file is a program (written with mode 0o755)
     main_job: ClassVar[bool] = True
     """Whether ``tune`` writes this file for its best layout (False: only ``tune export --format``)."""
 
@@ -87,29 +73,17 @@ class Exporter(abc.ABC):
         """The file's text for ``context``.
 
         Raises:
-            TunerError: the layout cannot be written in this format (it contradicts the model,
-                the cluster or Megatron's rules), or the result fails the format's own checks.
+            TunerError: the layout cannot be written in this format, or fails the format's checks.
         """
 
     def write(self, context: ExportContext, path: Path, *, force: bool = False) -> Path:
-        """Render ``context`` and :meth:`save` it to ``path``.
-
-        Returns:
-            ``path``.
-
-        Raises:
-            TunerError: as :meth:`render` or :meth:`save` (nothing is written then).
-        """
+        """Render ``context`` and :meth:`save` it to ``path`` (nothing written on error)."""
         return self.save(self.render(context), path, force=force)
 
     def save(self, text: str, path: Path, *, force: bool = False) -> Path:
-        """Write rendered ``text`` to ``path`` with :func:`specs.files.write_output` (atomically; mode 0o755 when
-        :attr:`executable`; a link or another kind of file there only with ``force``).
-
-        Returns:
-            ``path``.
+        """Write ``text`` atomically (mode 0o755 when :attr:`executable`; a link there only with ``force``).
 
         Raises:
-            TunerError: as :func:`specs.files.write_output` (its folder missing, a full disk, ...).
+            TunerError: as :func:`specs.files.write_output`.
         """
         return write_output(path, text, force=force, executable=self.executable)

@@ -1,45 +1,14 @@
-"""``megatron_bridge.yaml``: the layout as Megatron-Bridge settings, in the user's own Bridge YAML when there is one.
+"""``megatron_bridge.yaml``: the layout as Megatron-Bridge ``ConfigContainer`` settings.
 
-With the text of a Megatron-Bridge override YAML or saved ``ConfigContainer`` (``tune --from``;
-:attr:`ExportContext.bridge_yaml`), the file is that YAML with the layout and the priced run options written into its
-own keys, every other key unchanged and in its order (comments are not kept: PyYAML drops them). Without one, it is an
-override file of just those keys, under the same sections, to merge into a recipe. A comment header gives the layout
-and its prediction, and names a precision other than the one the file's ``mixed_precision`` selects (which is not
-rewritten: the file's recipe name is kept).
+With the user's Bridge override YAML or saved ``ConfigContainer`` (``tune --from``) the file is that YAML with the
+layout and the priced run options written into its own keys, every other key unchanged and in order (PyYAML drops
+comments); without one, an override of just those keys. A key the layout makes irrelevant is set to null only where the
+file has it. A performance config (``perf_matrix``) is refused: Bridge's scripts apply that entry over the container.
 
-Key names are ``ConfigContainer``'s (NVIDIA-NeMo/Megatron-Bridge 067f987d ``src/megatron/bridge/training/config.py``
-and ``docs/megatron-lm-to-megatron-bridge.md``): ``model.*`` are the fields of megatron-core's ``TransformerConfig`` /
-``ModelParallelConfig`` that ``GPTModelProvider`` inherits (NVIDIA/Megatron-LM d98e8a64
-``megatron/core/transformer/transformer_config.py``, ``megatron/core/model_parallel_config.py``), ``optimizer.*``
-``OptimizerConfig``'s, ``ddp.*`` ``DistributedDataParallelConfig``'s. Written:
-
-* ``model``: ``tensor_model_parallel_size``, ``pipeline_model_parallel_size``, ``virtual_pipeline_model_parallel_size``
-  (null when not interleaved), ``context_parallel_size``, ``sequence_parallel``, ``pipeline_model_parallel_layout``
-  (PP > 1: the split as the Megatron-LM export writes it; ``TransformerConfig`` refuses it beside
-  ``num_layers_in_first/last_pipeline_stage`` or ``account_for_*_in_pipeline_split``, so those are cleared where the
-  file has them), ``recompute_granularity`` / ``recompute_method`` / ``recompute_num_layers`` / ``recompute_modules``,
-  for MoE models ``expert_model_parallel_size``, ``expert_tensor_parallel_size``, ``moe_token_dispatcher_type`` and
-  ``moe_flex_dispatcher_backend`` (flex), and ``seq_length`` where the file has it;
-* ``train``: ``micro_batch_size``, ``global_batch_size`` (``dataset.seq_length`` / ``sequence_length`` where present);
-* ``optimizer`` and ``ddp``: ``use_distributed_optimizer`` (both: Bridge keeps them in step);
-  ``optimizer.use_precision_aware_optimizer``, ``optimizer_cpu_offload``, ``optimizer_offload_fraction``,
-  ``overlap_cpu_optimizer_d2h_h2d``, ``exp_avg_dtype``, ``exp_avg_sq_dtype`` (a string Bridge's override turns into a
-  ``torch.dtype``: ``training/utils/omegaconf_utils.py`` with ``utils/activation_map.py`` ``str_to_dtype``; a saved
-  config's ``{_target_: torch.X, _call_: false}`` form where the file has it);
-* run options, where they differ from :class:`specs.RunOptions`' defaults or the file has the key:
-  ``ddp.overlap_grad_reduce`` / ``overlap_param_gather``, ``model.cross_entropy_loss_fusion`` (and
-  ``cross_entropy_fusion_impl``), ``apply_rope_fusion``, ``bias_activation_fusion``, ``cp_comm_type``,
-  ``cpu_offloading`` / ``cpu_offloading_num_layers``, and for MoE ``moe_permute_fusion``,
-  ``moe_router_force_load_balancing``. The others (CUDA graphs, communication overlap, FSDP, precision recipes) are
-  left as the file gives them.
-
-A key the layout makes irrelevant (``recompute_method`` without full recompute, ``recompute_modules`` without
-selective recompute: null is megatron-core's default, ``["core_attn"]``; first/last stage counts beside the layout
-string) is set to null only where the file has it; nothing else is added.
-
-A performance config (``ConfigContainer`` plus ``perf_matrix``) is refused: its layout is the ``perf_matrix`` entry
-that Bridge's performance scripts apply over ``ConfigContainer``, a different file shape.
-"""
+Key names: NVIDIA-NeMo/Megatron-Bridge 067f987d ``src/megatron/bridge/training/config.py`` and
+``docs/megatron-lm-to-megatron-bridge.md``; ``model.*`` are megatron-core's ``TransformerConfig`` /
+``ModelParallelConfig`` fields (NVIDIA/Megatron-LM d98e8a64); a dtype string is what Bridge's override turns into a
+``torch.dtype`` (``utils/activation_map.py`` ``str_to_dtype``)."""
 
 from __future__ import annotations
 
@@ -49,24 +18,26 @@ from typing import Any
 import yaml
 
 from launch.exporters._base import ExportContext, Exporter
-from launch.exporters._flags import GIB, _check, _pipeline_layout_string
+from launch.exporters._flags import _check, _pipeline_layout_string
 from specs import RunOptions
 from specs.errors import TunerError
 from specs.layout import RecomputeGranularity
 from specs.precision import TORCH_DTYPES
+from specs.units import GIB
 
 __all__ = ["BridgeExporter", "bridge_settings", "bridge_yaml"]
+
 
 def _perf_config(doc: Any) -> bool:
     return isinstance(doc, Mapping) and ("perf_matrix" in doc or "ConfigContainer" in doc)
 
 
 def bridge_settings(context: ExportContext) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
-    """The Bridge settings of ``context``'s layout and run options, as (always written, written where non-default or
-    present in the user's file): ``{section: {key: value}}`` each, sections and keys in the order they are written.
+    """The Bridge settings of ``context``'s layout and run options as (always written, written where non-default or
+    present in the file), each ``{section: {key: value}}`` in writing order.
 
     Raises:
-        TunerError: the layout contradicts the model or workload, or its layers cannot be split over the pipeline.
+        TunerError: as :func:`_check` and :func:`_pipeline_layout_string`.
     """
     lay, model, work = context.layout, context.model, context.workload
     _check(lay, model, work)
@@ -103,10 +74,10 @@ def bridge_settings(context: ExportContext) -> tuple[dict[str, dict[str, Any]], 
     for k in ("exp_avg_dtype", "exp_avg_sq_dtype"):
         if getattr(lay, k) != "fp32":
             opt[k] = getattr(lay, k)
-    always = {"model": m, "train": {"micro_batch_size": lay.micro_batch_size, "global_batch_size": work.global_batch_size},
+    always = {"model": m,
+              "train": {"micro_batch_size": lay.micro_batch_size, "global_batch_size": work.global_batch_size},
               "optimizer": opt, "ddp": {"use_distributed_optimizer": lay.use_distributed_optimizer}}
 
-    # written only where the file has the key (or, for run options, where the value is not the default)
     o, d = context.options or RunOptions(), RunOptions()
     if_present: dict[str, dict[str, Any]] = {
         "model": {"virtual_pipeline_model_parallel_size": None, "pipeline_model_parallel_layout": None,
@@ -128,12 +99,15 @@ def bridge_settings(context: ExportContext) -> tuple[dict[str, dict[str, Any]], 
     if o.cpu_offloading_num_layers:
         runs["model"]["cpu_offloading_num_layers"] = o.cpu_offloading_num_layers
     if model.is_moe:
-        runs["model"] |= {"moe_permute_fusion": o.moe_permute_fusion, "moe_router_force_load_balancing": o.moe_router_force_load_balancing}
+        runs["model"] |= {"moe_permute_fusion": o.moe_permute_fusion,
+                          "moe_router_force_load_balancing": o.moe_router_force_load_balancing}
     defaults = {"overlap_grad_reduce": d.overlap_grad_reduce, "overlap_param_gather": d.overlap_grad_reduce,
-                "cross_entropy_loss_fusion": d.cross_entropy_loss_fusion, "cross_entropy_fusion_impl": d.cross_entropy_fusion_impl,
-                "apply_rope_fusion": d.apply_rope_fusion, "bias_activation_fusion": d.bias_activation_fusion,
+                "cross_entropy_loss_fusion": d.cross_entropy_loss_fusion,
+                "cross_entropy_fusion_impl": d.cross_entropy_fusion_impl, "apply_rope_fusion": d.apply_rope_fusion,
+                "bias_activation_fusion": d.bias_activation_fusion,
                 "cp_comm_type": d.cp_comm_type, "cpu_offloading": False, "cpu_offloading_num_layers": 0,
-                "moe_permute_fusion": d.moe_permute_fusion, "moe_router_force_load_balancing": d.moe_router_force_load_balancing}
+                "moe_permute_fusion": d.moe_permute_fusion,
+                "moe_router_force_load_balancing": d.moe_router_force_load_balancing}
     for sec, kv in runs.items():
         for k, v in kv.items():
             if v != defaults[k]:
@@ -144,16 +118,15 @@ def bridge_settings(context: ExportContext) -> tuple[dict[str, dict[str, Any]], 
 
 
 def _dtype_value(old: Any, new: Any) -> Any:
-    """An optimizer-state dtype in the form the file writes it: a saved config's ``{_target_: torch.X, _call_: false}``
-    or Bridge's string."""
+    """A dtype as the file writes it: a saved config's ``{_target_: torch.X, _call_: false}`` or a string."""
     if isinstance(old, Mapping) and "_target_" in old and isinstance(new, str):
         return {**old, "_target_": f"torch.{TORCH_DTYPES.get(new, new)}"}
     return new
 
 
-def _merge(doc: dict[str, Any], always: Mapping[str, Mapping[str, Any]], if_present: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """``doc`` with ``always``'s keys set (a missing section added at the end, a missing key at its section's end) and
-    ``if_present``'s keys set where the section already has them; every other key as it was, in its order."""
+def _merge(doc: dict[str, Any], always: Mapping[str, Mapping[str, Any]],
+           if_present: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """``doc`` with ``always``'s keys set (new ones at their section's end) and ``if_present``'s where present."""
     out = dict(doc)
     for sec in dict.fromkeys([*always, *if_present]):
         old = out.get(sec)
@@ -169,8 +142,7 @@ def _merge(doc: dict[str, Any], always: Mapping[str, Mapping[str, Any]], if_pres
 
 
 class _Dumper(yaml.SafeDumper):
-    """Safe YAML without anchors (a list the user's file repeats is written out twice, as it was): mappings as
-    blocks, a list of scalars on one line (``[core_attn, moe_act]``)."""
+    """Safe YAML without anchors; a list of scalars on one line (``[core_attn, moe_act]``)."""
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
@@ -185,8 +157,7 @@ _Dumper.add_representer(list, _represent_list)
 
 
 def _file_precision(doc: Mapping[str, Any]) -> str | None:
-    """bf16 or fp8, as the file's ``mixed_precision`` (a recipe name or a saved config's section) selects it, as
-    ``tune --from`` reads it; None when the file has none."""
+    """bf16 or fp8 as the file's ``mixed_precision`` selects it; None when it has none."""
     mp = doc.get("mixed_precision")
     if isinstance(mp, str):
         return "fp8" if "fp8" in mp else "bf16"
@@ -212,22 +183,18 @@ def _header(context: ExportContext, doc: Mapping[str, Any]) -> str:
 
 
 def bridge_yaml(context: ExportContext) -> str:
-    """The file's text: :attr:`ExportContext.bridge_yaml` (or an empty document) with :func:`bridge_settings` written
-    into it, behind a comment header.
+    """The user's Bridge YAML (or an empty document) with :func:`bridge_settings` written in, behind a header.
 
     Raises:
-        TunerError: the user's YAML is a performance config or not a mapping of sections, or as
-            :func:`bridge_settings`.
+        TunerError: the YAML is a performance config, or as :func:`bridge_settings`.
     """
     doc: Any = {}
     if context.bridge_yaml:
         doc = yaml.safe_load(context.bridge_yaml)
         if _perf_config(doc):
-            raise TunerError("--format bridge writes into a Megatron-Bridge override YAML or saved ConfigContainer; this "
-                             "study's --from file is a performance config (ConfigContainer, perf_matrix), whose perf_matrix "
-                             "entry sets the layout: use --format recipe or megatron for this study")
-        if not isinstance(doc, Mapping):
-            raise TunerError("--format bridge: the --from file is not a Megatron-Bridge YAML of sections (model, train, ...)")
+            raise TunerError("--format bridge writes into a Megatron-Bridge override YAML or saved ConfigContainer; "
+                             "this study's --from file is a performance config (ConfigContainer, perf_matrix), whose "
+                             "perf_matrix entry sets the layout: use --format recipe or megatron for this study")
     always, if_present = bridge_settings(context)
     out = _merge(dict(doc), always, if_present)
     body = yaml.dump(out, Dumper=_Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
@@ -235,22 +202,16 @@ def bridge_yaml(context: ExportContext) -> str:
 
 
 class BridgeExporter(Exporter):
-    """``megatron_bridge.yaml``: :func:`bridge_yaml` of the context. The main job writes it when ``--from`` is a
-    Megatron-Bridge override YAML or saved ``ConfigContainer`` (:meth:`in_main_job`)."""
+    """``megatron_bridge.yaml``; the main job writes it for a ``--from`` Bridge YAML that is not a performance
+    config."""
 
     name = "bridge"
     file_name = "megatron_bridge.yaml"
-    description = ("megatron_bridge.yaml: the layout in Megatron-Bridge ConfigContainer keys (your --from Bridge YAML with "
-                   "them written in, or an override of just them)")
+    description = ("megatron_bridge.yaml: the layout in Megatron-Bridge ConfigContainer keys (your --from Bridge YAML "
+                   "with them written in, or an override of just them)")
 
     def in_main_job(self, context: ExportContext) -> bool:
-        """Only for a ``--from`` Megatron-Bridge YAML that is not a performance config."""
         return bool(context.bridge_yaml) and not _perf_config(yaml.safe_load(context.bridge_yaml))
 
     def render(self, context: ExportContext) -> str:
-        """The YAML of ``context``.
-
-        Raises:
-            TunerError: as :func:`bridge_yaml`.
-        """
         return bridge_yaml(context)

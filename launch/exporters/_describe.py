@@ -14,11 +14,8 @@ _WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "se
 
 
 def _expand_layout(s: str) -> list[str]:
-    """Stages of a ``--pipeline-model-parallel-layout`` string, in execution order.
-
-    Megatron's grammar (``PipelineParallelLayerLayout.parse_str_to_list``):
-    commas are cosmetic, ``(...)*n`` repeats a group, ``x*n`` one character.
-    """
+    """Stages of a ``--pipeline-model-parallel-layout`` string (Megatron's
+    ``PipelineParallelLayerLayout.parse_str_to_list`` grammar)."""
     s = s.replace(",", "")
     s = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
     s = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)

@@ -1,30 +1,20 @@
 """Megatron-LM and slime flags for a layout: the argv every exporter is built from.
 
-All outputs of :mod:`launch.exporters` start from the same four inputs
-(:class:`ModelSpec`, :class:`Cluster`, :class:`Workload`, :class:`Layout`):
-:func:`model_args` (architecture), :func:`layout_args` (parallelism, batch,
-recompute, optimizer, dispatcher, pipeline layout) and :func:`megatron_args`
-(everything ``pretrain_gpt.py`` needs but data). The seed recipe (the measured
-MiniMax-M2 run on 64 H200, ``tests/fixtures/seed_minimax_m2_recipe.yaml``) is the
-model: its four environment variables, SFT workload and optimizer arguments.
-
-Flag names are those of megatron-core 0.16.0rc0 (slime's pin ``1dcf0da``),
-which are the same at Megatron-LM HEAD.
-"""
+Flag names are those of megatron-core 0.16.0rc0 (slime's pin ``1dcf0da``), the same at Megatron-LM HEAD; the seed
+recipe (``tests/fixtures/seed_minimax_m2_recipe.yaml``) gives the environment, optimizer and numerics flags."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
+from launch.exporters._shell import group_flags
 from specs import NEWEST_MEGATRON_CORE, Cluster, ModelSpec, Precision, RunOptions, Workload, megatron_core_version
 from specs.errors import TunerError
 from specs.layout import Dispatcher, Layout, RecomputeGranularity
 
-__all__ = ["SEED_ENV", "OPTIMIZER_HPARAMS", "HPARAM_FLAGS", "EXCLUSIVE_FLAGS", "merge_user_args", "MISC_ARGS", "misc_args", "misc_lines", "Framework", "model_args", "layout_args", "megatron_args"]
-
-GIB = 2**30
+__all__ = ["SEED_ENV", "OPTIMIZER_HPARAMS", "HPARAM_FLAGS", "EXCLUSIVE_FLAGS", "merge_user_args", "MISC_ARGS",
+           "misc_args", "misc_lines", "Framework", "model_args", "layout_args", "megatron_args"]
 
 Framework = Literal["megatron", "slime"]
 
@@ -53,16 +43,17 @@ MISC_ARGS: tuple[str, ...] = tuple(a for line in _MISC_LINES for a in line)
 
 
 def misc_lines(model: ModelSpec, options: RunOptions | None = None) -> tuple[tuple[str, ...], ...]:
-    """:data:`_MISC_LINES` for ``model``: ``--attention-backend fused`` instead of ``flash`` when its softmax is not vanilla
-    (GPT-OSS's attention sinks): Transformer Engine disables FlashAttention for any other ``softmax_type``
-    (transformer_engine/pytorch/attention/dot_product_attention/utils.py, ``get_attention_backend``) and Megatron's
-    ``flash`` backend turns the fused and unfused ones off, so no backend would be left; cuDNN's fused attention runs sinks."""
+    """:data:`_MISC_LINES` for ``model``; ``--attention-backend fused`` when its softmax is not vanilla (GPT-OSS's
+    sinks): TE disables FlashAttention for any other ``softmax_type`` (transformer_engine/pytorch/attention/
+    dot_product_attention/utils.py, ``get_attention_backend``); cuDNN's fused attention runs sinks."""
     lines = _MISC_LINES
     if options is not None and not options.grad_reduce_in_fp32:  # bf16 main gradients (--grad-reduce-in-bf16)
-        lines = tuple(("--grad-reduce-in-bf16", "--attention-softmax-in-fp32") if line == _MISC_LINES[1] else line for line in lines)
+        bf16 = ("--grad-reduce-in-bf16", "--attention-softmax-in-fp32")
+        lines = tuple(bf16 if line == _MISC_LINES[1] else line for line in lines)
     if model.softmax_type == "vanilla":
         return lines
-    return tuple(("--attention-backend", "fused") if line == ("--attention-backend", "flash") else line for line in lines)
+    flash = ("--attention-backend", "flash")
+    return tuple(("--attention-backend", "fused") if line == flash else line for line in lines)
 
 
 def misc_args(model: ModelSpec, options: RunOptions | None = None) -> tuple[str, ...]:
@@ -71,11 +62,8 @@ def misc_args(model: ModelSpec, options: RunOptions | None = None) -> tuple[str,
 
 
 def options_args(model: ModelSpec, workload: Workload, options: RunOptions | None, layout: Layout) -> list[str]:
-    """The run options' arguments other than Megatron-LM's defaults (:func:`specs.stacks.run_option_args`), without
-    those the model's own arguments already write (MiniMax-M2's ``--moe-permute-fusion`` and ``--no-rope-fusion``),
-    and without ``--tp-comm-overlap`` at TP 1: Megatron-LM turns sequence parallelism off there and then refuses the
-    overlap (``megatron/training/arguments.py``, ``validate_args``: "Tensor parallel communication/GEMM overlap can
-    happen only when sequence parallelism is enabled")."""
+    """The run options' arguments other than Megatron-LM's defaults, less those the model's own arguments write and
+    ``--tp-comm-overlap`` at TP 1 (Megatron-LM's ``validate_args`` refuses it without sequence parallelism)."""
     if options is None:
         return []
     from specs.stacks import run_option_args
@@ -85,21 +73,23 @@ def options_args(model: ModelSpec, workload: Workload, options: RunOptions | Non
 
 
 #: slime's own arguments (its RL loop, rollout engine and Ray placement; THUDM/slime ``slime/utils/arguments.py``):
-#: Megatron-LM's ``pretrain_gpt.py`` refuses them, so ``megatron_args.sh`` leaves them out of a slime launch's arguments.
+#: Megatron-LM's ``pretrain_gpt.py`` refuses them, so ``megatron_args.sh`` leaves them out of a slime launch's
+#: arguments.
 SLIME_ONLY_ARGS = frozenset("""
 --async --actor-num-nodes --actor-num-gpus-per-node --colocate --hf-checkpoint --ref-load --rollout-function-path
 --prompt-data --input-key --label-key --metadata-key --tool-key --apply-chat-template --num-rollout --rollout-batch-size
 --rollout-shuffle --rollout-max-response-len --rollout-max-prompt-len --rollout-temperature --rollout-top-p
 --rollout-num-gpus-per-engine --rollout-num-gpus --n-samples-per-prompt --over-sampling-batch-size --balance-data
 --num-steps-per-rollout --loss-type --disable-compute-advantages-and-returns --debug-train-only --advantage-estimator
---use-kl-loss --kl-loss-coef --kl-loss-type --kl-coef --entropy-coef --eps-clip --eps-clip-high --sglang-mem-fraction-static
---sglang-ep-size --use-dynamic-batch-size --max-tokens-per-gpu --use-wandb --wandb-group --model-name
-""".split())
+--use-kl-loss --kl-loss-coef --kl-loss-type --kl-coef --entropy-coef --eps-clip --eps-clip-high
+--sglang-mem-fraction-static --sglang-ep-size --use-dynamic-batch-size --max-tokens-per-gpu --use-wandb --wandb-group
+--model-name """.split())
 
 #: The tool's own training hyperparameters: the seed's optimizer and schedule (:data:`OPTIMIZER_HPARAMS`) and its
 #: dropout. A command that carries the user's launch arguments (``tune --from``) writes none of them: that launch is
 #: the user's training, and Megatron-LM's defaults stand where it sets nothing.
-HPARAM_FLAGS = frozenset([a for a in OPTIMIZER_HPARAMS if a.startswith("--")] + ["--attention-dropout", "--hidden-dropout"])
+HPARAM_FLAGS = frozenset([a for a in OPTIMIZER_HPARAMS if a.startswith("--")]
+                         + ["--attention-dropout", "--hidden-dropout"])
 
 #: Megatron-LM flags a launch sets at most one of (``megatron/training/arguments.py``, ``validate_args``: "can only
 #: specify one of lr-warmup-fraction and lr-warmup-iters", iteration- or sample-based training, one data source).
@@ -140,73 +130,49 @@ def flags_taken(flags: Sequence[str] | set[str]) -> set[str]:
 
 def merge_user_args(tuned: Sequence[Sequence[str]], free: Sequence[Sequence[str]],
                     user_args: Sequence[str]) -> tuple[list[list[str]], list[list[str]]]:
-    """Join the tool's flag groups with the user's kept launch arguments (``tune --from``) so that nothing is said twice
-    or against itself.
+    """Join the tool's flag groups with the user's kept launch arguments (``tune --from``).
 
-    ``tuned`` are the groups the study chose or priced (model, layout, parallelism, memory, precision, run options):
-    they stand, and a user's group of the same flag, of one that excludes it (``--fp16`` beside ``--bf16``) or of a
-    flag the layout decides (:data:`LAYOUT_FLAGS`) is left out. ``free`` are the tool's other groups (numerics,
-    ``--max-position-embeddings``): one is left out when the user's arguments set its flag or a flag that excludes it
-    (:data:`EXCLUSIVE_FLAGS`). The user's groups equal to one the tool writes, or that the scripts write themselves
-    (:func:`kept_user_args`), are left out too.
-
-    Returns:
-        (the ``free`` groups kept, the user's groups kept), each in order.
-    """
+    ``tuned`` groups stand; a user's group of the same flag, one that excludes it or one in :data:`LAYOUT_FLAGS` is
+    left out. A ``free`` group is left out when the user sets its flag or one that excludes it. Returns (the ``free``
+    groups kept, the user's groups kept)."""
     tuned_flags = flags_taken({str(g[0]) for g in tuned if g}) | LAYOUT_FLAGS
     written = [str(a) for g in (*tuned, *free) for a in g]
-    user = [g for g in _groups(kept_user_args(user_args, written)) if g[0] not in tuned_flags]
+    user = [g for g in group_flags(kept_user_args(user_args, written)) if g[0] not in tuned_flags]
     taken = flags_taken({g[0] for g in user})
     return [list(g) for g in free if g and str(g[0]) not in taken], user
-
 
 
 #: The flag groups the exported scripts write from their own variables (run_slime.sh's RUN_ARGS): a launch read back
 #: from an exported ``recipe.yaml`` carries them, and keeping them would repeat them at every round trip.
 SCRIPT_OWN_GROUPS = frozenset({
-    ("--load", "$SAVE_DIR"), ("--save", "$SAVE_DIR"), ("--save-interval", "$SAVE_INTERVAL"), ("--num-epoch", "$NUM_EPOCH"),
-    ("--num-rollout", "$NUM_ROLLOUT"), ("--tensorboard-dir", "$TENSORBOARD_DIR"), ("--rollout-shuffle",),
+    ("--load", "$SAVE_DIR"), ("--save", "$SAVE_DIR"), ("--save-interval", "$SAVE_INTERVAL"),
+    ("--num-epoch", "$NUM_EPOCH"), ("--num-rollout", "$NUM_ROLLOUT"), ("--tensorboard-dir", "$TENSORBOARD_DIR"),
+    ("--rollout-shuffle",),
     ("--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout"),
 })
 
 
 def kept_user_args(argv: Sequence[str], written: Sequence[str]) -> list[str]:
-    """The user's own arguments (``tune --from``: those without effect on the estimate or not understood), in order,
-    less each flag group that ``written`` (the exported command) already has with the same values and the groups the
-    scripts write themselves (:data:`SCRIPT_OWN_GROUPS`). A later flag wins in argparse, so the user's values stand
-    where they differ."""
-    have = {tuple(a.strip('"') for a in g) for g in _groups(written)} | SCRIPT_OWN_GROUPS  # "$X" written is $X
-    return [a for g in _groups(argv) if tuple(a.strip('"') for a in g) not in have for a in g]
+    """The user's arguments less each flag group ``written`` already has with the same values and
+    :data:`SCRIPT_OWN_GROUPS` (argparse: a later flag wins, so the user's differing values stand)."""
+    have = {tuple(a.strip('"') for a in g) for g in group_flags(written)} | SCRIPT_OWN_GROUPS  # "$X" written is $X
+    return [a for g in group_flags(argv) if tuple(a.strip('"') for a in g) not in have for a in g]
 
-
-def _groups(argv: Sequence[str]) -> list[list[str]]:
-    groups: list[list[str]] = []
-    for x in argv:
-        if str(x).startswith("--") or not groups:
-            groups.append([str(x)])
-        else:
-            groups[-1].append(str(x))
-    return groups
 
 #: slime's MiniMax-M2 layer spec (scripts/models/minimax-m2.sh): full-width QK RMSNorm.
 _MINIMAX_M2_SPEC = ("--spec", "slime_plugins.models.minimax_m2", "get_minimax_m2_layer_spec")
-
 
 
 # --------------------------------------------------------------------------- checks
 
 
 def _check(layout: Layout, model: ModelSpec, workload: Workload, cluster: Cluster | None = None) -> None:
-    """Reject a layout that cannot be written as a consistent command line.
-
-    These are the few rules an export depends on (the full rule set lives in
-    ``search_spaces``); each names the Megatron check it mirrors.
+    """Reject a layout that cannot be written as a consistent command line (the Megatron rules an export depends on;
+    ``search_spaces`` holds the full set).
 
     Raises:
-        TunerError: if the layout's world size is not the cluster's GPU count, a
-            degree does not divide the world size, EP > 1 on a dense model, the
-            sequence is not divisible by CP, or the optimizer flags contradict
-            Megatron's optimizer rules (Megatron's arguments.py and optimizer_config.py).
+        TunerError: world size differs from the cluster's, a degree does not divide it, EP > 1 on a dense model, the
+            sequence is not divisible by CP, VPP without PP, or optimizer flags break Megatron's arguments.py rules.
     """
     w = layout.world_size
     if cluster is not None and w != cluster.num_gpus:
@@ -236,10 +202,7 @@ def _check(layout: Layout, model: ModelSpec, workload: Workload, cluster: Cluste
 
 
 def _layer_freq_expr(freq: Sequence[int]) -> str:
-    """``moe_layer_freq`` as the Python-list expression Megatron evaluates, run-length coded.
-
-    ``(1,)*62`` gives ``[1]*62``; three dense layers then 58 MoE give ``[0]*3+[1]*58``.
-    """
+    """``moe_layer_freq`` as Megatron's run-length list expression, e.g. ``[0]*3+[1]*58``."""
     runs: list[list[int]] = []
     for v in freq:
         if runs and runs[-1][0] == v:
@@ -250,10 +213,9 @@ def _layer_freq_expr(freq: Sequence[int]) -> str:
 
 
 def _window_skip_expr(full: Sequence[int]) -> str:
-    """``--window-attn-skip-freq`` for the layers ``full`` marks (:class:`specs.ModelSpec`'s polarity: 1 = full
-    attention). Megatron's integer ``N`` when every N-th layer (1-indexed) is full and the rest slide (GPT-OSS: 2),
-    else its list expression, where 1 = sliding window (``megatron/core/transformer/utils.py::is_layer_window_attention``,
-    the opposite polarity)."""
+    """``--window-attn-skip-freq`` for ``full`` (1 = full attention): Megatron's integer ``N`` when every N-th layer
+    is full, else its list expression with 1 = sliding window
+    (``megatron/core/transformer/utils.py::is_layer_window_attention``)."""
     n_layers = len(full)
     for n in range(1, n_layers + 1):
         if all(full[i] == (1 if (i + 1) % n == 0 else 0) for i in range(n_layers)):
@@ -274,68 +236,37 @@ GPT_YARN_SINCE = (0, 19)
 
 
 def model_for_release(model: ModelSpec, megatron_core: str | None = None) -> tuple[ModelSpec, str | None]:
-    """The model as the commands for ``megatron_core`` (None: the newest the project knows) can build it, and why it
-    differs (None when it does not).
-
-    A GPT model's YaRN (GPT-OSS: non-MLA, ``rope_scaling_type`` "yarn") is exported as ``--position-embedding-type yarn``
-    from megatron-core 0.19 (:data:`GPT_YARN_SINCE`); before it, and for a model with MTP layers (0.19's arguments.py
-    allows MTP only with rope or no position embedding), the commands fall back to plain RoPE, as Megatron-LM's own
-    GPT-OSS examples (examples/gptoss) run it; positions then differ from the Hugging Face checkpoint's.
+    """The model as the commands for ``megatron_core`` (None: the newest) can build it, and why it differs (None when it
+    does not): a GPT model's YaRN falls back to plain RoPE before 0.19 or with MTP layers, as Megatron-LM's
+    examples/gptoss run it.
 
     Raises:
-        TunerError: ``megatron_core`` is not a release (:func:`specs.megatron_core_version`).
+        TunerError: ``megatron_core`` is not a release.
     """
     if model.rope_scaling_type != "yarn" or model.is_mla:
         return model, None
     release = megatron_core_version(megatron_core or NEWEST_MEGATRON_CORE)
     if model.mtp_num_layers:
-        why = f"its {model.mtp_num_layers} MTP layer(s): megatron-core allows MTP only with rope or no position embedding"
+        why = (f"its {model.mtp_num_layers} MTP layer(s): megatron-core allows MTP only with rope or no position "
+               "embedding")
     elif release < GPT_YARN_SINCE:
-        why = f"megatron-core {release[0]}.{release[1]} (--megatron-core) has no --yarn-* flags for a GPT model (they arrived in 0.19)"
+        why = (f"megatron-core {release[0]}.{release[1]} (--megatron-core) has no --yarn-* flags for a GPT model (they "
+               "arrived in 0.19)")
     else:
         return model, None
     note = (f"Position embedding: plain RoPE (--position-embedding-type rope), not the model's YaRN (factor "
-            f"{model.rope_scaling_factor:g}), because of {why}; this trains and runs, as Megatron-LM's GPT-OSS examples do, but "
-            "does not reproduce the Hugging Face checkpoint's positional encoding.")
+            f"{model.rope_scaling_factor:g}), because of {why}; this trains and runs, as Megatron-LM's GPT-OSS "
+            "examples do, but does not reproduce the Hugging Face checkpoint's positional encoding.")
     return model.replace(rope_scaling_type=""), note
 
 
 def model_args(model: ModelSpec) -> list[str]:
-    """Megatron-LM model-architecture flags for ``model``, as argv elements.
-
-    Emits what slime's ``scripts/models/*.sh`` pass in ``MODEL_ARGS``: sizes,
-    attention (GQA or MLA), RMSNorm with its epsilon, SwiGLU, untied embeddings,
-    vocabulary, QK norm, RoPE (base, partial rotary, Llama-3 scaling
-    ``--use-rope-scaling --rope-scaling-factor`` or YaRN ``--rotary-scaling-factor
-    --mscale --mscale-all-dim``; a GPT model's YaRN, GPT-OSS's, as ``--position-embedding-type yarn`` with
-    ``--yarn-original-max-position-embeddings --yarn-beta-fast --yarn-beta-slow
-    --[no-]yarn-correction-range-round-to-int`` from its ``rope_scaling``, megatron-core 0.19 or newer: give an older
-    release's model through :func:`model_for_release`), no linear biases, the MoE block (experts, expert
-    FFN, top-k, ``--moe-layer-freq`` as a list expression, shared experts, router
-    score function, expert bias, top-k scaling, group-limited routing, fp32 router,
-    grouped GEMM) and MTP, then the preset's ``extra_megatron_args``.
-    ``--ffn-hidden-size`` is ``moe_ffn_hidden_size`` when the model has no dense
-    FFN, as slime's MiniMax-M2 script does. The token dispatcher is a layout
-    choice (:func:`layout_args`); ``--attention-softmax-in-fp32`` is in
-    :data:`MISC_ARGS`.
-
-    MiniMax-M2 (``qk_layernorm_full_dim``) normalises q and k over all heads at
-    once, which no megatron-core layer spec does: slime adds its own
-    ``--spec slime_plugins.models.minimax_m2 get_minimax_m2_layer_spec``
-    (slime_plugins must be importable, also under plain Megatron-LM, whose
-    ``pretrain_gpt.py`` honours ``--spec``). For MiniMax-M2 the result equals
-    slime's ``scripts/models/minimax-m2.sh`` flag for flag.
-    Multi-latent attention omits ``--kv-channels`` (MLA sizes its heads with the
-    ``--qk-*``/``--v-head-dim`` flags).
-
-    Args:
-        model: The model.
-
-    Returns:
-        Flags and values in slime's order, e.g. ``["--num-layers", "62", ...]``.
+    """Megatron-LM architecture flags for ``model`` in the order of slime's ``scripts/models/*.sh`` ``MODEL_ARGS`` (for
+    MiniMax-M2 flag for flag, with slime's ``--spec`` for its full-width QK norm); the preset's
+    ``extra_megatron_args`` last. A GPT model's YaRN needs megatron-core 0.19 (:func:`model_for_release`).
 
     Raises:
-        TunerError: if a MoE model has no MoE layer in ``moe_layer_freq``.
+        TunerError: a MoE model has no MoE layer in ``moe_layer_freq``.
     """
     a: list[str] = []
     if model.qk_layernorm_full_dim:
@@ -358,7 +289,8 @@ def model_args(model: ModelSpec) -> list[str]:
     # a GPT model's YaRN is megatron-core's position embedding "yarn" (MLA models take YaRN through their own rope type)
     gpt_yarn = model.rope_scaling_type == "yarn" and not model.is_mla
     pos = "yarn" if gpt_yarn else "rope"
-    a += ["--normalization", "RMSNorm", "--position-embedding-type", pos, "--norm-epsilon", _flag_num(model.norm_epsilon)]
+    a += ["--normalization", "RMSNorm", "--position-embedding-type", pos, "--norm-epsilon",
+          _flag_num(model.norm_epsilon)]
     if model.gated_linear_unit:
         a += ["--quick-geglu"] if model.activation_func == "quick_gelu" else ["--swiglu"]
     if model.glu_linear_offset:
@@ -369,7 +301,7 @@ def model_args(model: ModelSpec) -> list[str]:
         a += ["--softmax-type", model.softmax_type]
     if model.window_size:
         a += ["--window-size", f"{model.window_size - 1},0"]
-        if model.window_attn_skip_freq and not all(model.window_attn_skip_freq[i] == 0 for i in range(model.num_layers)):
+        if any(model.window_attn_skip_freq[: model.num_layers]):
             a += ["--window-attn-skip-freq", _window_skip_expr(model.window_attn_skip_freq)]
     if model.untie_embeddings_and_output_weights:
         a += ["--untie-embeddings-and-output-weights"]
@@ -395,13 +327,11 @@ def model_args(model: ModelSpec) -> list[str]:
     return a
 
 
-
 # --------------------------------------------------------------------------- layout flags
 
 
 def _rope_args(model: ModelSpec, gpt_yarn: bool) -> list[str]:
-    """:func:`model_args`' rotary flags: partial rotary, base, and Llama-3 or YaRN scaling (``gpt_yarn``: a GPT model's
-    YaRN, with megatron-core 0.19's ``--yarn-*`` flags)."""
+    """Rotary flags: partial rotary, base, Llama-3 or YaRN scaling (``gpt_yarn``: 0.19's ``--yarn-*``)."""
     a: list[str] = []
     if model.rotary_percent != 1.0:
         a += ["--rotary-percent", _flag_num(model.rotary_percent)]
@@ -409,24 +339,23 @@ def _rope_args(model: ModelSpec, gpt_yarn: bool) -> list[str]:
     if model.rope_scaling_type == "llama3":
         a += ["--use-rope-scaling", "--rope-scaling-factor", _flag_num(model.rope_scaling_factor)]
     elif model.rope_scaling_type == "yarn":
-        a += ["--rotary-scaling-factor", _flag_num(model.rope_scaling_factor), "--mscale", _flag_num(model.rope_scaling_mscale),
-              "--mscale-all-dim", _flag_num(model.rope_scaling_mscale_all_dim)]  # fmt: skip
+        a += ["--rotary-scaling-factor", _flag_num(model.rope_scaling_factor), "--mscale",
+              _flag_num(model.rope_scaling_mscale), "--mscale-all-dim",
+              _flag_num(model.rope_scaling_mscale_all_dim)]  # fmt: skip
         if gpt_yarn:
             # megatron/training/argument_utils.py::_apply_yarn_config_from_args (megatron-core 0.19) maps these onto the
             # config's yarn_* fields, as Megatron-Bridge's GPT-OSS bridge sets them from config.json
             if model.rope_scaling_original_max_position_embeddings:
-                a += ["--yarn-original-max-position-embeddings", str(model.rope_scaling_original_max_position_embeddings)]
-            a += ["--yarn-beta-fast", _flag_num(model.rope_scaling_beta_fast), "--yarn-beta-slow", _flag_num(model.rope_scaling_beta_slow),
-                  "--yarn-correction-range-round-to-int" if model.rope_scaling_truncate else "--no-yarn-correction-range-round-to-int"]
+                a += ["--yarn-original-max-position-embeddings",
+                      str(model.rope_scaling_original_max_position_embeddings)]
+            a += ["--yarn-beta-fast", _flag_num(model.rope_scaling_beta_fast), "--yarn-beta-slow",
+                  _flag_num(model.rope_scaling_beta_slow),
+                  f"--{'' if model.rope_scaling_truncate else 'no-'}yarn-correction-range-round-to-int"]
     return a
 
 
 def _moe_args(model: ModelSpec) -> list[str]:
-    """:func:`model_args`' MoE block: experts, expert FFN, top-k, layer frequency, shared experts and the router.
-
-    Raises:
-        TunerError: no MoE layer in ``moe_layer_freq``.
-    """
+    """The MoE block: experts, expert FFN, top-k, layer frequency, shared experts and the router."""
     a: list[str] = []
     if not model.num_moe_layers:
         raise TunerError(f"model {model.name!r} has {model.num_experts} experts but no MoE layer in moe_layer_freq")
@@ -445,7 +374,8 @@ def _moe_args(model: ModelSpec) -> list[str]:
     if model.moe_router_topk_scaling_factor:
         a += ["--moe-router-topk-scaling-factor", _flag_num(model.moe_router_topk_scaling_factor)]
     if model.moe_router_num_groups:
-        a += ["--moe-router-num-groups", str(model.moe_router_num_groups), "--moe-router-group-topk", str(model.moe_router_group_topk)]
+        a += ["--moe-router-num-groups", str(model.moe_router_num_groups), "--moe-router-group-topk",
+              str(model.moe_router_group_topk)]
     a += ["--moe-router-dtype", "fp32", "--moe-grouped-gemm"]
     return a
 
@@ -454,8 +384,7 @@ def _pipeline_layout_string(layout: Layout, model: ModelSpec) -> str | None:
     """``--pipeline-model-parallel-layout`` for ``layout``; None when PP is 1.
 
     Raises:
-        TunerError: from :func:`search_spaces.pipeline.emit_layout_string` when
-            the layers cannot be split as asked.
+        TunerError: the layers cannot be split as asked.
     """
     if layout.pp == 1:
         return None
@@ -495,7 +424,8 @@ def _recompute_args(layout: Layout) -> list[str]:
             "--recompute-num-layers", str(layout.recompute_num_layers),
         ]  # fmt: skip
     if g == RecomputeGranularity.selective:
-        return ["--recompute-granularity", "selective", "--recompute-modules", *(layout.recompute_modules or ("core_attn",))]
+        return ["--recompute-granularity", "selective", "--recompute-modules",
+                *(layout.recompute_modules or ("core_attn",))]
     return []
 
 
@@ -545,43 +475,17 @@ def _precision_args(workload: Workload, framework: Framework) -> list[str]:
     return a
 
 
-def layout_args(layout: Layout, model: ModelSpec, workload: Workload, *, framework: Framework = "megatron") -> list[str]:
-    """Parallelism, batch, recompute, optimizer and dispatcher flags for ``layout``.
+def layout_args(layout: Layout, model: ModelSpec, workload: Workload, *,
+                framework: Framework = "megatron") -> list[str]:
+    """Parallelism, batch, recompute, optimizer, dispatcher and pipeline-layout flags, in the seed's order.
 
-    Order and spelling follow the seed's ``run:`` block: batch and sequence,
-    TP (with ``--sequence-parallel`` when on), PP, CP, EP, ETP (the expert flags
-    for MoE models only), recompute (``full`` with method and layers, or
-    ``selective`` with ``--recompute-modules``), the batch size per GPU,
-    ``--use-distributed-optimizer``, CPU optimizer offload
-    (``--optimizer-cpu-offload --optimizer-offload-fraction F`` and
-    ``--overlap-cpu-optimizer-d2h-h2d``), ``--use-precision-aware-optimizer``,
-    ``--exp-avg-dtype``/``--exp-avg-sq-dtype`` when not fp32, the token
-    dispatcher (``--moe-flex-dispatcher-backend`` for flex) and, when PP > 1,
-    ``--pipeline-model-parallel-layout`` with the string of
-    :func:`search_spaces.pipeline.emit_layout_string`. That string sets VPP (its
-    stage count over PP), so no separate VPP flag is written, and it replaces
-    ``--decoder-first/last-pipeline-num-layers``.
-
-    Megatron-LM takes ``--micro-batch-size``. slime packs rows by token count
-    instead: ``--use-dynamic-batch-size --max-tokens-per-gpu mbs*seq/cp``, and it
-    rewrites the allgather dispatcher to alltoall (it forces variable sequence
-    lengths, which allgather does not support), so alltoall is written for it.
-
-    Args:
-        layout: The layout.
-        model: The model (layer count for the pipeline layout, MoE or dense).
-        workload: Sequence length and global batch.
-        framework: ``"megatron"`` (Megatron-LM ``pretrain_gpt.py``) or ``"slime"``.
-
-    Returns:
-        Flags and values as argv elements.
+    The pipeline layout string sets VPP, so no VPP flag is written. slime packs rows by tokens
+    (``--use-dynamic-batch-size --max-tokens-per-gpu mbs*seq/cp``) and gets alltoall for allgather (it forces variable
+    sequence lengths).
 
     Raises:
-        TunerError: if the layout contradicts the model, workload or Megatron's
-            optimizer rules, or its layers cannot be split over the pipeline.
+        TunerError: as :func:`_check` and :func:`_pipeline_layout_string`.
     """
-    if framework not in ("megatron", "slime"):
-        raise TunerError(f"framework must be 'megatron' or 'slime', got {framework!r}")
     _check(layout, model, workload)
     a: list[str] = []
     if framework == "megatron":
@@ -599,43 +503,24 @@ def layout_args(layout: Layout, model: ModelSpec, workload: Workload, *, framewo
     return a
 
 
-def megatron_args(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, *, options: RunOptions | None = None,
-                  user_args: Sequence[str] = ()) -> list[str]:
-    """The full Megatron-LM argument list for ``pretrain_gpt.py`` (data arguments aside).
+def megatron_args(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, *,
+                  options: RunOptions | None = None, user_args: Sequence[str] = ()) -> list[str]:
+    """The full Megatron-LM argument list for ``pretrain_gpt.py``, data arguments aside.
 
-    Without ``user_args``: :func:`model_args`, then :func:`layout_args` (with ``--micro-batch-size``),
-    ``--max-position-embeddings`` (the sequence length, as slime sets it),
-    ``--bf16`` (plus ``--fp8-format hybrid`` for an fp8 workload), the seed's
-    optimizer hyperparameters (:data:`OPTIMIZER_HPARAMS`) and numerics flags
-    (:data:`MISC_ARGS`; ``--grad-reduce-in-bf16`` for bf16 main gradients), the run ``options``' arguments
-    (:func:`options_args`). Data, tokenizer, checkpoint and ``--train-iters`` arguments are the user's to add.
-
-    With ``user_args`` (``tune --from``: the user's launch is their training): the model, layout, precision and run
-    options' flags, the numerics flags and ``--max-position-embeddings`` the user's arguments do not set, then the
-    user's arguments (:func:`merge_user_args`, slime's own flags left out): no hyperparameter of the tool's
-    (:data:`HPARAM_FLAGS`) is added.
-
-    Args:
-        model: The model.
-        cluster: The GPUs (its count must be the layout's world size).
-        workload: Sequence length, global batch and precision.
-        layout: The layout.
-
-    Returns:
-        argv elements.
+    With ``user_args`` (``tune --from``: their training) the tool's hyperparameters (:data:`HPARAM_FLAGS`) are left out
+    and the user's arguments follow (:func:`merge_user_args`), slime's own flags dropped.
 
     Raises:
-        TunerError: as :func:`layout_args`, or if the layout's world size is not
-            the cluster's GPU count.
+        TunerError: as :func:`layout_args`, or the world size is not the cluster's GPU count.
     """
     _check(layout, model, workload, cluster)
     if user_args:
-        tuned = _groups([*model_args(model), *layout_args(layout, model, workload, framework="megatron"),
+        tuned = group_flags([*model_args(model), *layout_args(layout, model, workload, framework="megatron"),
                          *_precision_args(workload, "megatron"), *options_args(model, workload, options, layout)])
-        free = _groups(["--max-position-embeddings", str(workload.seq_length), *misc_args(model, options)])
+        free = group_flags(["--max-position-embeddings", str(workload.seq_length), *misc_args(model, options)])
         free, user = merge_user_args(tuned, [g for g in free if g[0] not in HPARAM_FLAGS], user_args)
         return [a for g in (*tuned, *free, *(g for g in user if g[0] not in SLIME_ONLY_ARGS)) for a in g]
-    argv = [
+    return [
         *model_args(model),
         *layout_args(layout, model, workload, framework="megatron"),
         "--max-position-embeddings", str(workload.seq_length),
@@ -644,13 +529,3 @@ def megatron_args(model: ModelSpec, cluster: Cluster, workload: Workload, layout
         *misc_args(model, options),
         *options_args(model, workload, options, layout),
     ]  # fmt: skip
-    return argv
-
-def _env(extra_env: Mapping[str, str] | None) -> dict[str, str]:
-    env = dict(SEED_ENV)
-    for k, v in (extra_env or {}).items():
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
-            raise TunerError(f"extra_env: {k!r} is not a shell variable name")
-        env[k] = str(v)
-    return env
-

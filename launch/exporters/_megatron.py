@@ -1,4 +1,5 @@
-"""``megatron_args.sh``: the layout's Megatron-LM arguments as a bash array; run, it launches ``pretrain_gpt.py`` with torchrun."""
+"""``megatron_args.sh``: the layout's Megatron-LM arguments as a bash array; run, it launches ``pretrain_gpt.py`` with
+torchrun."""
 
 from __future__ import annotations
 
@@ -23,13 +24,16 @@ _EXECUTED = '[[ -n "${BASH_VERSION:-}" && "${BASH_SOURCE[0]}" == "$0" ]]'
 
 #: The environment variables ``megatron_args.sh`` reads when run: name -> what it is (and its default). Defaults as in
 #: Megatron-LM's ``examples/llama/train_llama3_8b_h100_fp8.sh`` (NVIDIA/Megatron-LM at 779c5b7): ``pretrain_gpt.py`` run
-#: from the checkout's root, ``--split 99,1,0``, ``--save-interval 1000``, ``MASTER_ADDR`` localhost, ``MASTER_PORT`` 29500.
+#: from the checkout's root, ``--split 99,1,0``, ``--save-interval 1000``, ``MASTER_ADDR`` localhost, ``MASTER_PORT``
+#: 29500.
 MEGATRON_SCRIPT_ENV: dict[str, str] = {
-    "DATA_PATH": "your data: the prefix of the .bin/.idx pair tools/preprocess_data.py writes (--data-path), or MOCK for "
-                 "the mock data of Megatron-LM (--mock-data); required",
-    "TOKENIZER_MODEL": "the Hugging Face tokenizer, e.g. the checkpoint folder (--tokenizer-model); required unless DATA_PATH=MOCK",
+    "DATA_PATH": "your data: the prefix of the .bin/.idx pair tools/preprocess_data.py writes (--data-path), or MOCK "
+                 "for the mock data of Megatron-LM (--mock-data); required",
+    "TOKENIZER_MODEL": "the Hugging Face tokenizer, e.g. the checkpoint folder (--tokenizer-model); required unless "
+                       "DATA_PATH=MOCK",
     "TRAIN_ITERS": "the number of optimizer steps (--train-iters); required",
-    "CHECKPOINT_PATH": "where checkpoints are saved and a run resumes from (--save, --load); default checkpoints/<model>",
+    "CHECKPOINT_PATH": "where checkpoints are saved and a run resumes from (--save, --load); default "
+                       "checkpoints/<model>",
     "SAVE_INTERVAL": "steps between checkpoints (--save-interval); default 1000",
     "SPLIT": "train / validation / test shares of DATA_PATH (--split); default 99,1,0",
     "TENSORBOARD_DIR": "a folder for TensorBoard logs (--tensorboard-dir); default: unset, no logs",
@@ -53,9 +57,8 @@ _TOKENIZER_FLAGS = frozenset({"--tokenizer-type", "--tokenizer-model"})
 
 @dataclass(frozen=True)
 class _OwnRunArgs:
-    """The data, tokenizer, step, checkpoint and log arguments ``megatron_args.sh`` adds from its variables when run:
-    each only where the arguments of the array (the user's, ``tune --from``) do not set it or one that excludes it; the
-    tokenizer only with its own data (the user's data comes with the user's tokenizer, or Megatron's default)."""
+    """The data, tokenizer, step, checkpoint and log arguments ``megatron_args.sh`` adds from its variables, each
+    only where the array does not set it or one that excludes it; the tokenizer only with its own data."""
 
     data: bool
     tokenizer: bool
@@ -68,7 +71,6 @@ class _OwnRunArgs:
 
     @classmethod
     def given(cls, flags: set[str]) -> _OwnRunArgs:
-        """What to add beside an array that sets ``flags``."""
         data = not flags & _DATA_FLAGS
         return cls(data=data, tokenizer=data and not flags & _TOKENIZER_FLAGS, split=data and "--split" not in flags,
                    train_iters=not flags & {"--train-iters", "--train-samples"}, save="--save" not in flags,
@@ -77,12 +79,12 @@ class _OwnRunArgs:
 
     @property
     def adds(self) -> bool:
-        """Whether any argument is added (bash before 4.4 takes an empty array's expansion for an unset variable)."""
-        return any((self.data, self.tokenizer, self.train_iters, self.save, self.load, self.save_interval, self.tensorboard))
+        """Whether any argument is added (bash < 4.4 takes an empty array's expansion for unset)."""
+        return any((self.data, self.tokenizer, self.train_iters, self.save, self.load, self.save_interval,
+                    self.tensorboard))
 
     @property
     def checks(self) -> list[tuple[str, str, str | None]]:
-        """The variables needed, as :func:`require_set` entries."""
         out: list[tuple[str, str, str | None]] = []
         if self.data:
             out.append(("DATA_PATH", _need("DATA_PATH"), None))
@@ -94,12 +96,11 @@ class _OwnRunArgs:
 
     @property
     def read(self) -> list[str]:
-        """The optional variables read."""
         return [v for v, on in (("CHECKPOINT_PATH", self.save or self.load), ("SAVE_INTERVAL", self.save_interval),
                                 ("SPLIT", self.split), ("TENSORBOARD_DIR", self.tensorboard)) if on]
 
     def lines(self, checkpoints: str) -> list[str]:
-        """Bash lines (indented two spaces) that build ``DATA_ARGS``; ``checkpoints``: CHECKPOINT_PATH's default."""
+        """Bash lines building ``DATA_ARGS``; ``checkpoints``: CHECKPOINT_PATH's default."""
         tok = ' --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER_MODEL"'
         out = ["  DATA_ARGS=()"]
         if self.data:
@@ -123,43 +124,20 @@ class _OwnRunArgs:
         return out
 
 
-def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, *, options: RunOptions | None = None,
-                         user_args: Sequence[str] = ()) -> str:
-    """A bash file that defines ``MEGATRON_ARGS=( ... )`` and, run, launches Megatron-LM's training on the user's data.
-
-    Every element is ``shlex.quote``-d, so the pipeline layout string's ``|``, ``(`` and ``*`` reach
-    Megatron unchanged. Three uses:
-
-    - ``./megatron_args.sh`` (on every node, with ``NODE_RANK`` and ``MASTER_ADDR``): strict mode,
-      then ``torchrun ... "$PRETRAIN_SCRIPT" "${MEGATRON_ARGS[@]}"`` with the data, tokenizer,
-      checkpoint and step arguments of :data:`MEGATRON_SCRIPT_ENV` (``DATA_PATH=MOCK``: Megatron's
-      ``--mock-data`` with its ``NullTokenizer``);
-    - ``./megatron_args.sh --print``: the layout's arguments one per line
-      (``mapfile -t ARGS < <(./megatron_args.sh --print)``), nothing started and no variable needed (one the
-      arguments expand that is not set is printed as ``$NAME``);
-    - ``source megatron_args.sh``: only defines the array and leaves the shell's options alone.
-
-    With ``user_args`` the array is :func:`megatron_args`' (the user's training settings win) and the run adds only
-    the data, tokenizer, step, checkpoint and log arguments that ``user_args`` do not set (:class:`_OwnRunArgs`),
-    needing only their variables and those ``user_args`` expand.
-
-    Args:
-        model: The model.
-        cluster: The GPUs.
-        workload: The workload.
-        layout: The layout.
-        options: The run options (their arguments other than Megatron-LM's defaults are written).
-        user_args: The user's own arguments kept (``tune --from``).
-
-    Returns:
-        The file's text, from ``#!/usr/bin/env bash``.
+def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, *,
+                         options: RunOptions | None = None, user_args: Sequence[str] = ()) -> str:
+    """A bash file defining ``MEGATRON_ARGS=( ... )`` (each element ``shlex.quote``-d): run, it launches
+    ``pretrain_gpt.py`` with torchrun and the arguments of :data:`MEGATRON_SCRIPT_ENV`; ``--print`` prints the array;
+    sourced, it only defines it. With ``user_args`` the run adds only what they do not set (:class:`_OwnRunArgs`).
 
     Raises:
         TunerError: as :func:`megatron_args`.
     """
     argv = megatron_args(model, cluster, workload, layout, options=options, user_args=user_args)
     own = _OwnRunArgs.given({a for a in argv if a.startswith("--")})
-    needs = [n + " (or MOCK)" * (n == "DATA_PATH") for n in ("DATA_PATH", "TOKENIZER_MODEL", "TRAIN_ITERS") if n in {c[0] for c in own.checks}]
+    checked = {c[0] for c in own.checks}
+    needs = [n + " (or MOCK)" * (n == "DATA_PATH") for n in ("DATA_PATH", "TOKENIZER_MODEL", "TRAIN_ITERS")
+             if n in checked]
     runs = textwrap.wrap("NODE_RANK and MASTER_ADDR); " + (f"needs {', '.join(needs)}; " if needs else "")
                          + f"reads {', '.join([*own.read, 'PRETRAIN_SCRIPT', 'NNODES', 'MASTER_PORT'])}", 78)
     head = [
@@ -184,7 +162,8 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
     if user_vars:  # the kept arguments expand them as MEGATRON_ARGS is built, under set -u when executed
         shown = " ".join(f'"${{{n}=\\${n}}}"' for n, _, _ in user_vars)
         head.append(f'if {_EXECUTED} && [ "${{1:-}}" = --print ]; then : {shown}; fi')
-    name = shlex.quote("checkpoints/" + re.sub(r"[\x00-\x1f\x7f]+", "_", model.name))  # no control character reaches the script
+    name = shlex.quote("checkpoints/" + re.sub(r"[\x00-\x1f\x7f]+", "_",
+                                               model.name))  # no control character reaches the script
     tail = [
         f"if {_EXECUTED}; then",
         '  if [ "${1:-}" = --print ]; then printf \'%s\\n\' "${MEGATRON_ARGS[@]}"; exit 0; fi',
@@ -204,14 +183,10 @@ class MegatronArgsExporter(Exporter):
 
     name = "megatron"
     file_name = "megatron_args.sh"
-    description = "megatron_args.sh: run it to launch Megatron-LM's pretrain_gpt.py with torchrun on your data (DATA_PATH, TOKENIZER_MODEL, TRAIN_ITERS); source it for MEGATRON_ARGS"
+    description = ("megatron_args.sh: run it to launch Megatron-LM's pretrain_gpt.py with torchrun on your data "
+                   "(DATA_PATH, TOKENIZER_MODEL, TRAIN_ITERS); source it for MEGATRON_ARGS")
     executable = True
 
     def render(self, context: ExportContext) -> str:
-        """:func:`megatron_args_script` of the context's layout.
-
-        Raises:
-            TunerError: as :func:`megatron_args_script`.
-        """
-        return megatron_args_script(context.model, context.cluster, context.workload, context.layout, options=context.options,
-                                    user_args=context.user_args)
+        return megatron_args_script(context.model, context.cluster, context.workload, context.layout,
+                                    options=context.options, user_args=context.user_args)

@@ -1,9 +1,5 @@
-"""``recipe.yaml``: the layout in the seed recipe's format, checked against ``launch/schema/recipe.schema.json``.
-
-The seed (the measured MiniMax-M2 recipe on 64 H200; its YAML is copied verbatim in
-``tests/fixtures/seed_minimax_m2_recipe.yaml``) is the model: the same fields in the same
-order, plus a ``prediction`` block and a ``status`` that says what was measured.
-"""
+"""``recipe.yaml``: the layout in the seed recipe's format (``tests/fixtures/seed_minimax_m2_recipe.yaml``: same
+fields and order, plus ``prediction`` and ``status``), checked against ``launch/schema/recipe.schema.json``."""
 
 from __future__ import annotations
 
@@ -23,19 +19,21 @@ import yaml
 from cost_model.uncertainty import error_bars
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._describe import _layout_note, _summary
-from launch.exporters._flags import GIB, GPT_YARN_SINCE, _env, _max_tokens_per_gpu, _pipeline_layout_string
+from launch.exporters._flags import GPT_YARN_SINCE, SEED_ENV, _max_tokens_per_gpu, _pipeline_layout_string
 from launch.exporters._shell import comment
 from launch.exporters._slime import slime_script
 from specs import Cluster, ModelSpec, RunOptions, Workload
 from specs.errors import TunerError
 from specs.files import write_output
 from specs.layout import Dispatcher, Layout, RecomputeGranularity
+from specs.units import GIB
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from cost_model.types import Estimate
     from launch.base import Measurement
 
-__all__ = ["recipe_dict", "dump_recipe", "write_recipe", "validate_recipe", "recipe_schema", "measurement_from_row", "RecipeExporter"]
+__all__ = ["recipe_dict", "dump_recipe", "write_recipe", "validate_recipe", "recipe_schema", "measurement_from_row",
+           "RecipeExporter"]
 
 _STACK_FRAMEWORK = "slime or Megatron-LM (a version with --pipeline-model-parallel-layout and the megatron_core below)"
 _PREDICTION_SOURCE = "analytical cost model (cost_model/)"
@@ -59,7 +57,8 @@ def _min_megatron_core(layout: Layout, model: ModelSpec) -> tuple[str, list[str]
     """Oldest megatron-core release known to accept the exported flags, with the reasons."""
     need = [("0.14.0", "--pipeline-model-parallel-layout, --use-precision-aware-optimizer and the flags used")]
     if layout.tp > model.num_query_groups:
-        need.append(("0.16.0", f"TP {layout.tp} above the {model.num_query_groups} query groups (TP % groups == 0 since 0.16)"))
+        need.append(("0.16.0",
+                     f"TP {layout.tp} above the {model.num_query_groups} query groups (TP % groups == 0 since 0.16)"))
     if layout.ep > 1 and layout.tp > 1 and not layout.sequence_parallel:
         need.append(("0.15.0", "EP and TP without sequence parallelism (an error before 0.15)"))
     if layout.dispatcher.moe_flex_dispatcher_backend and model.is_moe:
@@ -68,8 +67,10 @@ def _min_megatron_core(layout: Layout, model: ModelSpec) -> tuple[str, list[str]
         need.append(("0.16.0", f"--moe-flex-dispatcher-backend {layout.dispatcher.moe_flex_dispatcher_backend}"))
     if model.rope_scaling_type == "yarn" and not model.is_mla:
         # the --yarn-* flags and their mapping onto a GPT model's config (megatron/training/argument_utils.py
-        # _apply_yarn_config_from_args) arrived in 0.19; before it GPTModel's yarn branch reads config fields nothing sets
-        need.append((f"{GPT_YARN_SINCE[0]}.{GPT_YARN_SINCE[1]}.0", "--position-embedding-type yarn with the --yarn-* flags (a GPT model's YaRN)"))
+        # _apply_yarn_config_from_args) arrived in 0.19; before it GPTModel's yarn branch reads config fields nothing
+        # sets
+        need.append((f"{GPT_YARN_SINCE[0]}.{GPT_YARN_SINCE[1]}.0",
+                     "--position-embedding-type yarn with the --yarn-* flags (a GPT model's YaRN)"))
     version = max((v for v, _ in need), key=lambda v: tuple(int(x) for x in v.split(".")))
     return version, [w for _, w in need]
 
@@ -80,15 +81,13 @@ def _date(value: Any) -> _dt.date:
     if isinstance(value, _dt.date):
         return value
     if isinstance(value, str):
-        try:
-            return _dt.date.fromisoformat(value)
-        except ValueError:
-            raise TunerError(f"measurement date {value!r} is not YYYY-MM-DD") from None
+        return _dt.date.fromisoformat(value)
     return _dt.date.today()
 
 
 def measurement_from_row(row: Mapping[str, Any], layout: Layout) -> Measurement | None:
-    """The :class:`Measurement` of a study's trial row (from :func:`tuner.study.trial_rows`), or None if it was predicted."""
+    """The :class:`Measurement` of a study's trial row (from :func:`tuner.study.trial_rows`), or None if it was
+    predicted."""
     from launch.base import Measurement
 
     if row.get("source") != "measured":
@@ -107,13 +106,11 @@ def measurement_from_row(row: Mapping[str, Any], layout: Layout) -> Measurement 
 
 def _result(measurement: Measurement, model: ModelSpec, cluster: Cluster) -> dict[str, Any]:
     tps = float(measurement.tokens_per_s_per_gpu)
-    if not tps > 0:
-        raise TunerError(f"a measured recipe needs tokens_per_s_per_gpu > 0, got {tps}")
     times = [float(t) for t in measurement.step_times_s]
     cv = None
     if len(times) >= 2 and statistics.fmean(times) > 0:
         cv = _num(100.0 * statistics.stdev(times) / statistics.fmean(times), 2)
-    mfu = 6.0 * model.active_params() * tps / cluster.gpu.peak_flops_bf16  # cost_model.flops.mfu (launch does not import cost_model)
+    mfu = 6.0 * model.active_params() * tps / cluster.gpu.peak_flops_bf16  # cost_model.flops.mfu
     return {
         "tokens_per_s_per_gpu": _num(tps, 2),
         "usd_per_million_tokens": _sig(cluster.usd_per_gpu_hour * 1e6 / (tps * 3600.0)),
@@ -211,60 +208,26 @@ def recipe_dict(
     estimate: Estimate | None = None,
     measurement: Measurement | None = None,
     study: str = "",
-    author: str = "megatron-layout-tuner",
-    author_url: str | None = None,
-    extra_env: Mapping[str, str] | None = None,
     correctness: Mapping[str, Any] | None = None,
     extra_notes: Sequence[str] = (),
     options: RunOptions | None = None,
     stack: str = "",
     user_args: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The recipe for ``layout``, with the seed's fields and key order.
+    """The recipe for ``layout``, in the seed's key order; :func:`dump_recipe` writes it.
 
-    ``status`` is ``predicted`` unless ``measurement`` has ``source ==
-    "measured"``: then ``measured`` with a ``result`` section, or ``failed`` when
-    the trial failed (its kind and log go to ``notes``). It is ``verified`` only
-    when it is measured and ``correctness`` (the block of ``tune verify``,
-    :func:`tuner.verify.correctness.correctness_block`) says ``pass``.
-    ``prediction`` holds the cost model's ``estimate`` (or null), ``run`` the
-    :func:`slime_script`, ``notes`` the pipeline layout explained in the seed's
-    words and what the user must provide.
-
-    Result fields: tokens/s/GPU; $/1M tokens at ``cluster.usd_per_gpu_hour``;
-    the step-time coefficient of variation (sample standard deviation over all
-    ``step_times_s`` / mean, %); MFU = 6 N tokens/s / dense bf16 peak with N =
-    ``model.active_params()`` (the seed's convention); the date
-    (``measurement.extra["measured"]``, else today).
-
-    Args:
-        model, cluster, workload, layout: What the recipe is for (the model, the GPUs, the workload, the layout).
-        estimate: The cost model's estimate for ``layout``.
-        measurement: A trial's measurement of ``layout``.
-        study: Name of the study that chose the layout (written when given).
-        author: ``author.name``.
-        author_url: ``author.url``.
-        extra_env: More environment variables for the run script.
-        correctness: The ``correctness`` block (default: "not run" with how to run it).
-        extra_notes: More ``notes``, after the status notes (e.g. the measured trials within noise of this one).
-        options: The run options of the estimate: ``stack.run_options`` lists those other than the defaults, and
-            ``run`` writes them.
-        stack: The stack preset named (``stack.preset``).
-        user_args: The user's own launch arguments (``tune --from``): ``run`` keeps them, ``stack.user_args`` lists them.
-
-    Returns:
-        A plain dict (str, int, float, bool, None, list, dict, date) in the
-        seed's key order; :func:`dump_recipe` writes it.
+    ``status``: ``predicted``; ``measured`` (with ``result``) or ``failed`` for a measured ``measurement``; ``verified``
+    when measured and ``correctness`` says ``pass``. MFU = 6 N tokens/s / dense bf16 peak, N = active parameters (the
+    seed's convention); the date is ``measurement.extra["measured"]``, else today.
 
     Raises:
-        TunerError: as :func:`slime_script`, or if ``estimate`` or
-            ``measurement`` belongs to another layout.
+        TunerError: as :func:`slime_script`, or ``estimate`` / ``measurement`` belongs to another layout.
     """
     if estimate is not None and estimate.layout != layout:
         raise TunerError(f"the estimate is for {estimate.layout.label}, not for {layout.label}")
     if measurement is not None and measurement.layout != layout:
         raise TunerError(f"the measurement is for {measurement.layout.label}, not for {layout.label}")
-    run = slime_script(model, cluster, workload, layout, extra_env=extra_env, options=options, user_args=user_args)
+    run = slime_script(model, cluster, workload, layout, options=options, user_args=user_args)
     pls = _pipeline_layout_string(layout, model)
 
     status, result, failure_note = _status(measurement, correctness, model, cluster)
@@ -274,29 +237,26 @@ def recipe_dict(
     if model.qk_layernorm_full_dim:
         stack_note += " Needs slime's slime_plugins (MiniMax-M2 layer spec) importable, also under Megatron-LM."
 
-    author_d: dict[str, Any] = {"name": author}
-    if author_url:
-        author_d["url"] = author_url
-
     notes = _notes(model, cluster, layout, status, failure_note, extra_notes, pls)
 
     recipe: dict[str, Any] = {
         "schema_version": 1,
         "model": _model_name(model),
         "gpu": _gpu_section(cluster),
-        "author": author_d,
+        "author": {"name": "megatron-layout-tuner"},
         "status": status,
     }
     if study:
         recipe["study"] = study
     recipe |= {
-        "stack": {"framework": _STACK_FRAMEWORK, "megatron_core": f">={core}", "note": stack_note, **_run_block(options, stack, user_args)},
+        "stack": {"framework": _STACK_FRAMEWORK, "megatron_core": f">={core}", "note": stack_note,
+                  **_run_block(options, stack, user_args)},
         "workload": _workload_section(workload),
         "layout": _layout_section(layout, model, workload, pls),
         "result": result,
         "prediction": _prediction(estimate, model, cluster, workload) if estimate is not None else None,
-        "correctness": dict(correctness) if correctness is not None else {"result": "not run", "note": _CORRECTNESS_NOTE},
-        "env": _env(extra_env),
+        "correctness": {"result": "not run", "note": _CORRECTNESS_NOTE} if correctness is None else dict(correctness),
+        "env": dict(SEED_ENV),
         "patches": [],
         "run": run,
         "notes": notes,
@@ -306,7 +266,8 @@ def recipe_dict(
 
 def _status(measurement: Measurement | None, correctness: Mapping[str, Any] | None, model: ModelSpec,
             cluster: Cluster) -> tuple[str, dict[str, Any] | None, str | None]:
-    """The recipe's ``status`` (predicted, measured, failed or verified), its ``result`` section and the failure's note."""
+    """The recipe's ``status`` (predicted, measured, failed or verified), its ``result`` section and the failure's note.
+    """
     status, result, failure_note = "predicted", None, None
     if measurement is not None and measurement.source == "measured":
         if measurement.failure.value != "none":
@@ -348,17 +309,18 @@ def _workload_section(workload: Workload) -> dict[str, Any]:
         **({"task": workload.task} if workload.task != "pretrain" else {}),
         **({"lora": {"rank": workload.lora_rank, "target_modules": list(workload.lora_target_modules),
                      "note": "Megatron-Bridge's LoRA (peft.lora.LoRA dim and target_modules); Megatron-LM and slime "
-                             "have no LoRA arguments, so `run` trains every weight"}} if workload.task == "lora" else {}),
+                             "have no LoRA arguments, so `run` trains every "
+                             "weight"}} if workload.task == "lora" else {}),
     }
 
 
-def _notes(model: ModelSpec, cluster: Cluster, layout: Layout, status: str, failure_note: str | None, extra_notes: Sequence[str],
-           pls: Any) -> list[str]:
-    """The recipe's ``notes``: the status, the pipeline layout in the seed's words, what slime and Megatron-LM change
-    or need, and what the user must provide."""
+def _notes(model: ModelSpec, cluster: Cluster, layout: Layout, status: str, failure_note: str | None,
+           extra_notes: Sequence[str], pls: Any) -> list[str]:
+    """The recipe's ``notes``: status, the pipeline layout in words, what slime and Megatron-LM change or need."""
     notes: list[str] = []
     if status == "predicted":
-        notes.append("Predicted by the analytical cost model, not measured: run it (`tune` trials) before relying on the numbers.")
+        notes.append("Predicted by the analytical cost model, not measured: run it (`tune` trials) before relying on "
+                     "the numbers.")
     if failure_note:
         notes.append(failure_note + ".")
     notes.extend(str(n) for n in extra_notes)
@@ -368,39 +330,44 @@ def _notes(model: ModelSpec, cluster: Cluster, layout: Layout, status: str, fail
         notes.append(f"The model's config ({model.source or model.name}) adds these launch arguments: "
                      f"{shlex.join(model.extra_megatron_args)}.")
     if model.is_moe and layout.dispatcher == Dispatcher.allgather:
-        notes.append("slime rewrites the allgather dispatcher to alltoall (it needs variable sequence lengths), so `run` asks for alltoall.")
+        notes.append("slime rewrites the allgather dispatcher to alltoall (it needs variable sequence lengths), so "
+                     "`run` asks for alltoall.")
     if model.qk_layernorm_full_dim:
         notes.append(
-            "MODEL_ARGS follow slime's scripts/models/minimax-m2.sh: its own layer spec "
-            "(`--spec slime_plugins.models.minimax_m2 get_minimax_m2_layer_spec`, full-width q and k norm) and router flags."
+            "MODEL_ARGS follow slime's scripts/models/minimax-m2.sh: its own layer spec (`--spec "
+            "slime_plugins.models.minimax_m2 get_minimax_m2_layer_spec`, full-width q and k norm) and router flags."
         )
     if model.rope_scaling_type == "yarn" and not model.is_mla:
         notes.append(
-            f"Position embedding: YaRN as the model's config.json gives it (factor {model.rope_scaling_factor:g}, original "
-            f"{model.rope_scaling_original_max_position_embeddings or 4096:,} positions, beta_fast {model.rope_scaling_beta_fast:g}, "
-            f"beta_slow {model.rope_scaling_beta_slow:g}, correction range {'rounded' if model.rope_scaling_truncate else 'not rounded'}), "
-            "as Megatron-Bridge builds it, so a run from the Hugging Face checkpoint sees its positions; the --yarn-* flags need "
-            "megatron-core 0.19 or newer (stack.megatron_core; a study with an older --megatron-core exports plain RoPE and "
-            "says so). Megatron-LM's own GPT-OSS examples pass --position-embedding-type rope instead (examples/gptoss), which "
-            "runs on older releases but does not reproduce the checkpoint's positional encoding. The tuner's own trial harness "
-            "builds plain RoPE (the same cost)."
+            f"Position embedding: YaRN as the model's config.json gives it (factor {model.rope_scaling_factor:g}, "
+            f"original {model.rope_scaling_original_max_position_embeddings or 4096:,} positions, beta_fast "
+            f"{model.rope_scaling_beta_fast:g}, beta_slow {model.rope_scaling_beta_slow:g}, correction range "
+            f"{'rounded' if model.rope_scaling_truncate else 'not rounded'}), as Megatron-Bridge builds it, so a run "
+            "from the Hugging Face checkpoint sees its positions; the --yarn-* flags need megatron-core 0.19 or newer "
+            "(stack.megatron_core; a study with an older --megatron-core exports plain RoPE and says so). "
+            "Megatron-LM's own GPT-OSS examples pass --position-embedding-type rope instead (examples/gptoss), which "
+            "runs on older releases but does not reproduce the checkpoint's positional encoding. The tuner's own trial "
+            "harness builds plain RoPE (the same cost)."
         )
     if not layout.use_distributed_optimizer:
-        notes.append("slime always turns the distributed optimizer on; the layout's non-distributed optimizer holds for Megatron-LM only.")
+        notes.append("slime always turns the distributed optimizer on; the layout's non-distributed optimizer holds "
+                     "for Megatron-LM only.")
     if model.is_moe and layout.dispatcher == Dispatcher.flex_deepep and layout.etp * layout.ep > cluster.nvlink_size:
         net = cluster.network
         notes.append(
-            f"The EP group ({layout.ep} ranks) spans NVLink domains, so DeepEP's inter-node kernels carry the tokens: they need RDMA NICs "
-            "that DeepEP's NVSHMEM transport supports (InfiniBand; RoCE untested by DeepEP)"
+            f"The EP group ({layout.ep} ranks) spans NVLink domains, so DeepEP's inter-node kernels carry the tokens: "
+            "they need RDMA NICs that DeepEP's NVSHMEM transport supports (InfiniBand; RoCE untested by DeepEP)"
             + (f"; the network assumed is {net.name} ({net.key}), on which they "
-               f"{'run' if net.dispatcher(layout.dispatcher).runs == 'true' else 'are untested'}." if net is not None else
+               f"{'run' if net.dispatcher(layout.dispatcher).runs == 'true' else 'are untested'}"
+               "." if net is not None else
                "; no network was named: check yours before relying on this layout.")
         )
     notes.append(
-        "`run` (the body of run_slime.sh) trains on your rows with slime's SFT path on a running Ray cluster: it needs HF_CKPT, "
-        "TORCH_DIST, SFT_DATA and SAVE_DIR, and reads SLIME_DIR (a slime checkout), NUM_EPOCH (1) or NUM_ROLLOUT; BENCHMARK=1 "
-        "runs the seed's 20-step benchmark. For Megatron-LM, megatron_args.sh launches pretrain_gpt.py with torchrun "
-        "(DATA_PATH, TOKENIZER_MODEL, TRAIN_ITERS, CHECKPOINT_PATH), or `source` it for MEGATRON_ARGS."
+        "`run` (the body of run_slime.sh) trains on your rows with slime's SFT path on a running Ray cluster: it needs "
+        "HF_CKPT, TORCH_DIST, SFT_DATA and SAVE_DIR, and reads SLIME_DIR (a slime checkout), NUM_EPOCH (1) or "
+        "NUM_ROLLOUT; BENCHMARK=1 runs the seed's 20-step benchmark. For Megatron-LM, megatron_args.sh launches "
+        "pretrain_gpt.py with torchrun (DATA_PATH, TOKENIZER_MODEL, TRAIN_ITERS, CHECKPOINT_PATH), or `source` it for "
+        "MEGATRON_ARGS."
     )
     return notes
 
@@ -422,37 +389,15 @@ _Dumper.add_representer(str, _represent_str)
 
 
 def dump_recipe(recipe: Mapping[str, Any]) -> str:
-    """The recipe as YAML text, keys in the dict's order, behind a comment header.
-
-    Args:
-        recipe: A recipe from :func:`recipe_dict` (or a loaded one).
-
-    Returns:
-        YAML text that ``yaml.safe_load`` turns back into ``recipe``.
-
-    Raises:
-        TunerError: if the recipe holds a value YAML cannot represent safely.
-    """
-    try:
-        body = yaml.dump(dict(recipe), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=120)
-    except yaml.YAMLError as e:
-        raise TunerError(f"recipe cannot be written as YAML: {e}") from None
-    return _RECIPE_HEADER + body
+    """The recipe as YAML behind a comment header, keys in the dict's order."""
+    return _RECIPE_HEADER + yaml.dump(dict(recipe), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=120)
 
 
 def write_recipe(path: str | Path, recipe: Mapping[str, Any], *, force: bool = False) -> Path:
-    """Validate ``recipe`` and write it as YAML to ``path`` (:func:`specs.files.write_output`).
-
-    Args:
-        path: Where to write, e.g. ``results/<study>/recipe.yaml``.
-        recipe: The recipe.
-
-    Returns:
-        The path written.
+    """Validate ``recipe`` and write it as YAML to ``path``.
 
     Raises:
-        TunerError: if the recipe does not validate (:func:`validate_recipe`)
-            or as :func:`specs.files.write_output`.
+        TunerError: as :func:`validate_recipe` or :func:`specs.files.write_output`.
     """
     validate_recipe(recipe)
     p = Path(path)
@@ -464,15 +409,8 @@ def write_recipe(path: str | Path, recipe: Mapping[str, Any], *, force: bool = F
 
 @lru_cache(maxsize=1)
 def recipe_schema() -> dict[str, Any]:
-    """The recipe JSON Schema (draft 2020-12), ``launch/schema/recipe.schema.json``, with the
-    ``layout.dispatcher`` enum filled in from :class:`specs.layout.Dispatcher` (the one list of dispatchers).
-
-    Returns:
-        The schema as a dict (cached).
-
-    Raises:
-        FileNotFoundError: if the package was installed without its schema file.
-    """
+    """``launch/schema/recipe.schema.json`` (draft 2020-12, cached) with the dispatcher enum from
+    :class:`specs.layout.Dispatcher`."""
     text = resources.files("launch").joinpath("schema/recipe.schema.json").read_text()
     schema: dict[str, Any] = json.loads(text)
     schema["properties"]["layout"]["properties"]["dispatcher"]["enum"] = [*(d.value for d in Dispatcher), None]
@@ -491,17 +429,10 @@ def _jsonable(x: Any) -> Any:
 
 
 def validate_recipe(recipe: Mapping[str, Any]) -> None:
-    """Check ``recipe`` against the recipe schema and the layout's arithmetic.
-
-    Besides the schema, TP*PP*CP*DP and a multiple of ETP*EP*PP must equal the
-    GPU count.
-
-    Args:
-        recipe: A recipe dict (from :func:`recipe_dict` or ``yaml.safe_load``).
+    """Check ``recipe`` against the schema, TP*PP*CP*DP == GPUs and ETP*EP*PP dividing them.
 
     Raises:
-        TunerError: listing every problem as ``path: message`` on its own line
-            (paths as JSON paths, e.g. ``$.layout.tp``).
+        TunerError: every problem as ``$.json.path: message``, one a line.
     """
     from jsonschema import Draft202012Validator
 
@@ -524,8 +455,7 @@ def validate_recipe(recipe: Mapping[str, Any]) -> None:
 
 
 def _run_block(options: RunOptions | None, stack: str, user_args: Sequence[str]) -> dict[str, Any]:
-    """``stack.preset``, ``stack.run_options`` (the fields other than :class:`RunOptions`' defaults, the seed's) and
-    ``stack.user_args``, each only when there is something to say."""
+    """``stack.preset``, ``stack.run_options`` (fields off :class:`RunOptions`' defaults), ``stack.user_args``."""
     import dataclasses
 
     d: dict[str, Any] = {}
@@ -533,28 +463,26 @@ def _run_block(options: RunOptions | None, stack: str, user_args: Sequence[str])
         d["preset"] = stack
     if options is not None:
         default = RunOptions()
-        d["run_options"] = {f.name: list(v) if isinstance(v := getattr(options, f.name), tuple) else v
-                            for f in dataclasses.fields(options) if getattr(options, f.name) != getattr(default, f.name)}
+        changed = [f.name for f in dataclasses.fields(options) if getattr(options, f.name) != getattr(default, f.name)]
+        d["run_options"] = {k: list(v) if isinstance(v := getattr(options, k), tuple) else v for k in changed}
     if user_args:
         d["user_args"] = [str(a) for a in user_args]
     return d
 
 
 class RecipeExporter(Exporter):
-    """``recipe.yaml``: :func:`recipe_dict` of the context, validated (:func:`validate_recipe`), as YAML (:func:`dump_recipe`)."""
+    """``recipe.yaml``: :func:`recipe_dict` of the context, validated (:func:`validate_recipe`), as YAML
+    (:func:`dump_recipe`)."""
 
     name = "recipe"
     file_name = "recipe.yaml"
-    description = "recipe.yaml: the seed recipe's fields with a prediction block and a status (validated against launch/schema/recipe.schema.json)"
+    description = ("recipe.yaml: the seed recipe's fields with a prediction block and a status (validated against "
+                   "launch/schema/recipe.schema.json)")
 
     def render(self, context: ExportContext) -> str:
-        """The recipe YAML of ``context`` (its estimate, measurement, correctness block and notes).
-
-        Raises:
-            TunerError: as :func:`recipe_dict`, or the recipe does not validate (:func:`validate_recipe`).
-        """
         rec = recipe_dict(context.model, context.cluster, context.workload, context.layout, estimate=context.estimate,
                           measurement=context.measurement, study=context.study, correctness=context.correctness,
-                          extra_notes=context.notes, options=context.options, stack=context.stack, user_args=context.user_args)
+                          extra_notes=context.notes, options=context.options, stack=context.stack,
+                          user_args=context.user_args)
         validate_recipe(rec)
         return dump_recipe(rec)

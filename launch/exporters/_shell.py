@@ -1,10 +1,5 @@
-"""Bash text for the exported scripts: quoted words, flag-per-line arrays and command lines, the file frame.
-
-Every argument an exporter writes goes through :func:`word`, which ``shlex.quote``-s it, unless it
-is marked :class:`Sh` (an intended expansion such as ``"$HF_CKPT"``), so a value with ``|``, ``*``,
-``(`` or a space (``--pipeline-model-parallel-layout 'Et|(tt|)*30tL'``, ``--moe-layer-freq '[1]*62'``)
-reaches the program unchanged.
-"""
+"""Bash text for the exported scripts: every argument is ``shlex.quote``-d unless marked :class:`Sh` (an intended
+expansion), so ``'Et|(tt|)*30tL'`` or ``'[1]*62'`` reaches the program unchanged."""
 
 from __future__ import annotations
 
@@ -21,7 +16,8 @@ STRICT_MODE = "set -euo pipefail"
 
 
 class Sh(str):
-    """Shell text written as it is, not quoted: an intended expansion such as ``"$HF_CKPT"`` or ``"${MODEL_ARGS[@]}"``."""
+    """Shell text written as it is, not quoted: an intended expansion such as ``"$HF_CKPT"`` or ``"${MODEL_ARGS[@]}"``.
+    """
 
     __slots__ = ()
 
@@ -43,9 +39,8 @@ def group_flags(argv: Sequence[str]) -> list[list[str]]:
 
 
 def comment(text: str, width: int | None = 110) -> list[str]:
-    """``text`` as comment lines (``# `` then at most ``width`` characters; None: one line, as it is), every character
-    that is not printable (a newline, a carriage return, an escape) written as a space: a value in a comment (a model's
-    folder name, a file path) cannot end the comment and become a command of the script or a key of a YAML file."""
+    """``text`` as ``# `` lines of at most ``width`` characters (None: one line); a character that is not printable
+    becomes a space, so a value cannot end the comment and become a command."""
     flat = "".join(c if c.isprintable() else " " for c in str(text))
     return ["# " + line for line in (textwrap.wrap(flat, width, break_on_hyphens=False) if width else [flat])]
 
@@ -68,9 +63,7 @@ def command(head: Sequence[str], groups: Sequence[Sequence[str]]) -> list[str]:
 
 
 def user_arg_variables(args: Sequence[str], known: Sequence[str] = ()) -> list[tuple[str, str, str | None]]:
-    """The shell variables (``$NAME`` / ``${NAME}``) the user's kept arguments expand, less ``known`` ones the script
-    sets itself, as :func:`require_set` entries: a script run under ``set -u`` names them instead of stopping at the
-    first."""
+    """The shell variables the user's kept arguments expand, less ``known``, as :func:`require_set` entries."""
     names: list[str] = []
     for a in args:
         for n in re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", str(a)):
@@ -80,15 +73,8 @@ def user_arg_variables(args: Sequence[str], known: Sequence[str] = ()) -> list[t
 
 
 def require_set(script: str, needed: Sequence[tuple[str, str, str | None]], indent: str = "") -> list[str]:
-    """Bash lines that check every variable of ``needed`` and, when any is unset or empty, name them all at once on
-    stderr (``set NAME to WHAT``, one a line) and exit 2 before anything runs.
-
-    Args:
-        script: The script's file name, at the head of the message.
-        needed: ``(NAME, WHAT, CONDITION)``: the variable, what to set it to (plain text), and a bash test under which
-            it is needed (``[ "${BENCHMARK:-0}" != 1 ]``), or None when it always is.
-        indent: Spaces before each line.
-    """
+    """Bash lines that name every unset variable of ``needed`` (``(NAME, WHAT, CONDITION or None)``) on stderr and
+    exit 2 before anything runs."""
     lines = ["_missing=()"]
     for name, what, condition in needed:
         check = f'[ -n "${{{name}:-}}" ] || _missing+=({shlex.quote(f"set {name} to {what}")})'

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._describe import _summary
@@ -13,7 +12,6 @@ from launch.exporters._flags import (
     SEED_ENV,
     _check,
     _dispatcher_args,
-    _env,
     _max_tokens_per_gpu,
     _optimizer_layout_args,
     _parallel_args,
@@ -41,7 +39,8 @@ from specs.layout import Dispatcher, Layout
 
 __all__ = ["SEED_NUM_ROLLOUT", "SEED_ROLLOUT", "SFT_ROLLOUT", "SLIME_SCRIPT_ENV", "slime_script", "SlimeScriptExporter"]
 
-#: slime's supervised fine-tuning rollout (``slime/rollout/sft_rollout.py``, as slime's ``scripts/run-*-sft.sh`` use it).
+#: slime's supervised fine-tuning rollout (``slime/rollout/sft_rollout.py``, as slime's ``scripts/run-*-sft.sh`` use
+#: it).
 SFT_ROLLOUT = "slime.rollout.sft_rollout.generate_rollout"
 
 #: The seed's benchmark (``BENCHMARK=1``): its own pre-tokenized rollout module (not part of slime) and 20 steps.
@@ -54,7 +53,8 @@ SLIME_SCRIPT_ENV: dict[str, str] = {
     "TORCH_DIST": "the torch_dist checkpoint of the same weights, the starting point (--ref-load); required",
     "SFT_DATA": "your training rows, a parquet or JSONL file with a messages column (--prompt-data); required",
     "SAVE_DIR": "where checkpoints are saved and a run resumes from (--save, --load); required unless BENCHMARK=1",
-    "SLIME_DIR": "a slime checkout: put first on PYTHONPATH (slime_plugins) and where the entry point is; default: unset",
+    "SLIME_DIR": "a slime checkout: put first on PYTHONPATH (slime_plugins) and where the entry point is; default: "
+                 "unset",
     "SLIME_ENTRY": "the slime program to run; default $SLIME_DIR/train_async.py (train_async.py with SLIME_DIR unset)",
     "NUM_EPOCH": "passes over SFT_DATA (--num-epoch); default 1",
     "NUM_ROLLOUT": "optimizer steps instead of epochs (--num-rollout); default: unset (20 with BENCHMARK=1)",
@@ -62,35 +62,36 @@ SLIME_SCRIPT_ENV: dict[str, str] = {
     "TENSORBOARD_DIR": "a folder for TensorBoard logs (--tensorboard-dir); default: unset, no logs",
     "PYTHON": "the Python interpreter; default python3",
     "NVLINK_COUNT": "NVLinks of this machine (NCCL_NVLS_ENABLE=1 when > 0); default: counted from nvidia-smi topo -m",
-    "BENCHMARK": "1: the seed's benchmark (its pre-tokenized rollout module, NUM_ROLLOUT steps, nothing saved); default 0",
+    "BENCHMARK": "1: the seed's benchmark (its pre-tokenized rollout module, NUM_ROLLOUT steps, nothing saved); "
+                 "default 0",
 }
 
 _REQUIRED = ("HF_CKPT", "TORCH_DIST", "SFT_DATA")
 
 
 #: Variables run_slime.sh sets itself (a default) or reads as optional: a kept argument may expand them.
-_SET_HERE = ("PYTHON", "SLIME_ENTRY", "NUM_EPOCH", "SAVE_INTERVAL", "NVLINK_COUNT", "SAVE_DIR", "HF_CKPT", "TORCH_DIST", "SFT_DATA",
-             "SLIME_DIR", "PYTHONPATH")
+_SET_HERE = ("PYTHON", "SLIME_ENTRY", "NUM_EPOCH", "SAVE_INTERVAL", "NVLINK_COUNT", "SAVE_DIR", "HF_CKPT", "TORCH_DIST",
+             "SFT_DATA", "SLIME_DIR", "PYTHONPATH")
 
 
 def _needed(save_dir: bool = True) -> list[tuple[str, str, str | None]]:
-    """The variables ``run_slime.sh`` needs, each with what to set it to and when (:func:`require_set`); ``save_dir``:
-    whether it saves or loads checkpoints at ``SAVE_DIR``."""
+    """:func:`require_set` entries of ``run_slime.sh``; ``save_dir``: whether it checkpoints to SAVE_DIR."""
     return [(v, SLIME_SCRIPT_ENV[v].split(";")[0], None) for v in _REQUIRED] + [
         ("SAVE_DIR", SLIME_SCRIPT_ENV["SAVE_DIR"].split(";")[0], '[ "${BENCHMARK:-0}" != 1 ]')] * save_dir
 
 
 def _run_args(user_flags: set[str]) -> list[str]:
-    """Bash lines that build ``RUN_ARGS`` (the rollout, checkpoint, step and log arguments), without those the user's
-    arguments set (``user_flags``)."""
+    """Bash lines that build ``RUN_ARGS`` (rollout, checkpoint, steps, logs) without the user's flags."""
     ck = [w for f, v in (("--load", '"$SAVE_DIR"'), ("--save", '"$SAVE_DIR"'), ("--save-interval", '"$SAVE_INTERVAL"'))
           if f not in user_flags for w in (f, v)]
     out = [
         'if [ "${BENCHMARK:-0}" = 1 ]; then',
         f"  RUN_ARGS=(--rollout-function-path {SEED_ROLLOUT} --num-rollout \"${{NUM_ROLLOUT:-{SEED_NUM_ROLLOUT}}}\")",
         "else",
-        f"  RUN_ARGS=(--rollout-function-path {SFT_ROLLOUT} --rollout-shuffle" + ("\n    " + " ".join(ck) if ck else "") + ")",
-        '  if [ -n "${NUM_ROLLOUT:-}" ]; then RUN_ARGS+=(--num-rollout "$NUM_ROLLOUT"); else RUN_ARGS+=(--num-epoch "$NUM_EPOCH"); fi',
+        f"  RUN_ARGS=(--rollout-function-path {SFT_ROLLOUT} --rollout-shuffle"
+        + ("\n    " + " ".join(ck) if ck else "") + ")",
+        '  if [ -n "${NUM_ROLLOUT:-}" ]; then RUN_ARGS+=(--num-rollout "$NUM_ROLLOUT"); '
+        'else RUN_ARGS+=(--num-epoch "$NUM_EPOCH"); fi',
         "fi",
     ]
     if "--tensorboard-dir" not in user_flags:
@@ -104,49 +105,20 @@ def slime_script(
     workload: Workload,
     layout: Layout,
     *,
-    extra_env: Mapping[str, str] | None = None,
     options: RunOptions | None = None,
     user_args: Sequence[str] = (),
 ) -> str:
     """Bash that trains ``layout`` with slime on the user's rows (the recipe's ``run`` block).
 
-    slime's supervised fine-tuning path, as slime's ``scripts/run-qwen3-235B-A22B-sft.sh`` runs it
-    (THUDM/slime at 4a2812e): ``train_async.py`` with :data:`SFT_ROLLOUT`, ``--loss-type sft_loss``,
-    ``--debug-train-only`` (no SGLang engines: SFT generates nothing). The script checks the
-    variables it needs, naming every one missing at once (:func:`require_set`), reads the others of :data:`SLIME_SCRIPT_ENV` with
-    their defaults, exports the seed's four environment variables, defines ``MODEL_ARGS=( ... )``
-    from :func:`model_args`, then runs ``"$PYTHON" "$SLIME_ENTRY"`` with the cluster, the data and
-    step arguments, the layout's flags in the seed's order, the seed's optimizer hyperparameters
-    and misc flags, the token dispatcher and the pipeline layout string. ``BENCHMARK=1`` swaps the
-    data and step arguments for the seed's benchmark (:data:`SEED_ROLLOUT`, ``--num-rollout 20``,
-    nothing saved): with the seed's layout on 8 x 8 H200 every flag of the seed's command line then
-    comes back with its value. slime's trainer joins the Ray cluster that is running (``ray start``).
-    Every argument is ``shlex.quote``-d; only the variables above are expanded.
-    :class:`SlimeScriptExporter` adds the shebang and strict mode.
-
-    Args:
-        model: The model.
-        cluster: The GPUs: ``--actor-num-nodes`` and ``--actor-num-gpus-per-node``.
-        workload: Sequence length and global batch.
-        layout: The layout.
-        extra_env: More environment variables, exported after the seed's four;
-            values are literal (they are quoted for the shell).
-        options: The run options: ``--grad-reduce-in-bf16`` for bf16 main gradients, and the arguments of the others
-            that differ from Megatron-LM's defaults, after the misc flags.
-        user_args: The user's own arguments (``tune --from``): their training, so the seed's optimizer hyperparameters
-            and dropout are left out, the numerics flags they set or exclude too (:func:`merge_user_args`), and the
-            checkpoint and log arguments they set are not written from SAVE_DIR, SAVE_INTERVAL, TENSORBOARD_DIR; then
-            they come last, less those the command already has.
-
-    Returns:
-        The script's text (bash), without a shebang.
+    slime's SFT path as ``scripts/run-qwen3-235B-A22B-sft.sh`` runs it (THUDM/slime at 4a2812e): ``train_async.py`` with
+    :data:`SFT_ROLLOUT`, ``--loss-type sft_loss``, ``--debug-train-only``. ``BENCHMARK=1`` runs the seed's benchmark:
+    with the seed's layout on 8 x 8 H200 every flag of the seed's command comes back. With ``user_args`` (``tune
+    --from``) the tool's hyperparameters are left out and the user's arguments come last. No shebang.
 
     Raises:
-        TunerError: as :func:`layout_args`, if the world size is not the
-            cluster's GPU count, or an extra variable name is not a shell name.
+        TunerError: as :func:`layout_args`, or the world size is not the cluster's GPU count.
     """
     _check(layout, model, workload, cluster)
-    env = _env(extra_env)
     groups = _groups(model, cluster, workload, layout, options, hparams=not user_args)
     user: list[list[str]] = []
     if user_args:  # the user's launch is their training: no hyperparameter of the tool's, theirs win
@@ -158,43 +130,43 @@ def slime_script(
     reads = [v for v, on in (("SAVE_INTERVAL", "--save-interval" not in user_flags),
                              ("TENSORBOARD_DIR", "--tensorboard-dir" not in user_flags)) if on]
     out: list[str] = [
-        *comment(f"slime: {model.name} on {cluster.num_gpus} {cluster.gpu.name} ({cluster.num_nodes} x {cluster.gpus_per_node}), "
-                 f"{layout.label}", None),
+        *comment(f"slime: {model.name} on {cluster.num_gpus} {cluster.gpu.name} ({cluster.num_nodes} x "
+                 f"{cluster.gpus_per_node}), {layout.label}", None),
         *comment(_summary(layout, model, workload)),
         *comment(
-            "Trains on your rows with slime's SFT path. Needs a Ray cluster running on the nodes (`ray start --head` on the "
-            f"first, `ray start --address HEAD:6379` on the others) and HF_CKPT, TORCH_DIST, SFT_DATA{', SAVE_DIR' * save_dir}; "
-            f"reads {', '.join(['SLIME_DIR', 'SLIME_ENTRY', 'NUM_EPOCH', 'NUM_ROLLOUT', *reads, 'PYTHON', 'NVLINK_COUNT'])}. "
+            "Trains on your rows with slime's SFT path. Needs a Ray cluster running on the nodes (`ray start --head` "
+            "on the first, `ray start --address HEAD:6379` on the others) and HF_CKPT, TORCH_DIST, SFT_DATA"
+            f"{', SAVE_DIR' * save_dir}; reads "
+            f"{', '.join(['SLIME_DIR', 'SLIME_ENTRY', 'NUM_EPOCH', 'NUM_ROLLOUT', *reads, 'PYTHON', 'NVLINK_COUNT'])}. "
             "BENCHMARK=1 runs the seed's 20-step benchmark instead."
         ),
         *require_set("run_slime.sh", _needed(save_dir) + user_arg_variables(user_args, known=_SET_HERE)),
         "PYTHON=${PYTHON:-python3}",
         "SLIME_ENTRY=${SLIME_ENTRY:-${SLIME_DIR:+$SLIME_DIR/}train_async.py}",
-        '[ -f "$SLIME_ENTRY" ] || { printf \'run_slime.sh: no slime entry point at %s: set SLIME_DIR to a slime checkout '
-        '(or SLIME_ENTRY to its train_async.py)\\n\' "$SLIME_ENTRY" >&2; exit 2; }',
+        '[ -f "$SLIME_ENTRY" ] || { printf \'run_slime.sh: no slime entry point at %s: set SLIME_DIR to a slime '
+        'checkout (or SLIME_ENTRY to its train_async.py)\\n\' "$SLIME_ENTRY" >&2; exit 2; }',
         "NUM_EPOCH=${NUM_EPOCH:-1}",
         "SAVE_INTERVAL=${SAVE_INTERVAL:-1000}",
         'if [ -n "${SLIME_DIR:-}" ]; then export PYTHONPATH="$SLIME_DIR${PYTHONPATH:+:$PYTHONPATH}"; fi',
         "NVLINK_COUNT=${NVLINK_COUNT:-$(nvidia-smi topo -m 2>/dev/null | grep -o 'NV[0-9][0-9]*' | wc -l || true)}",
         "",
     ]
-    for k, v in env.items():
-        out.append(f"export {k}={v if k in SEED_ENV and SEED_ENV[k] == v else shlex.quote(v)}")
+    out += [f"export {k}={v}" for k, v in SEED_ENV.items()]
     out += ["", bash_array("MODEL_ARGS", model_args(model)).rstrip("\n"), ""]
     out += [*_run_args(user_flags), ""]
     if model.is_moe and layout.dispatcher == Dispatcher.allgather:
-        out.append("# The layout's dispatcher is allgather; slime rewrites allgather to alltoall, so alltoall is asked for.")
+        out.append("# The layout's dispatcher is allgather; slime rewrites allgather to alltoall, so alltoall is asked "
+                   "for.")
     for g in user:
-        groups.append([Sh(f'"{a}"') if "$" in a and '"' not in a else a for a in g])  # the user's "$VAR" stays an expansion
+        groups.append([Sh(f'"{a}"') if "$" in a and '"' not in a else a for a in g])  # "$VAR" stays an expansion
     out += command((Sh('"$PYTHON"'), Sh('"$SLIME_ENTRY"')), groups)
     return "\n".join(out) + "\n"
 
 
 def _groups(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, options: RunOptions | None, *,
             hparams: bool = True) -> list[Sequence[str]]:
-    """:func:`slime_script`'s arguments, one group a line: cluster, model, data, SFT, the layout, optimizer, misc and
-    run options, precision, dispatcher and pipeline layout (the user's own arguments are added after). ``hparams``
-    False: without the seed's optimizer hyperparameters and numerics flags (a command with the user's arguments)."""
+    """:func:`slime_script`'s arguments, one group a line; ``hparams`` False drops the seed's optimizer
+    hyperparameters and numerics flags."""
     gbs = str(workload.global_batch_size)
     groups: list[Sequence[str]] = [
         ("--actor-num-nodes", str(cluster.num_nodes)),
@@ -238,16 +210,14 @@ class SlimeScriptExporter(Exporter):
 
     name = "slime"
     file_name = "run_slime.sh"
-    description = "run_slime.sh: a slime SFT training launch of your rows (bash; needs HF_CKPT, TORCH_DIST, SFT_DATA, SAVE_DIR and a running Ray cluster)"
+    description = ("run_slime.sh: a slime SFT training launch of your rows (bash; needs HF_CKPT, TORCH_DIST, SFT_DATA, "
+                   "SAVE_DIR and a running Ray cluster)")
     executable = True
 
     def render(self, context: ExportContext) -> str:
-        """The script: shebang, a line saying how to run it, strict mode, then :func:`slime_script`.
-
-        Raises:
-            TunerError: as :func:`slime_script`.
-        """
         body = slime_script(context.model, context.cluster, context.workload, context.layout, options=context.options,
                             user_args=context.user_args)
-        head = [SHEBANG, f"# {self.file_name}, exported by megatron-layout-tuner: run it as it is (./{self.file_name}).", STRICT_MODE]
+        head = [SHEBANG,
+                f"# {self.file_name}, exported by megatron-layout-tuner: run it as it is (./{self.file_name}).",
+                STRICT_MODE]
         return "\n".join(head) + "\n" + body

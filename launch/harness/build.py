@@ -1,8 +1,5 @@
-"""The trial harness's model: megatron-core's config, layers, optimizer and checkpoints for one :class:`HarnessSpec`.
-
-Used by :mod:`launch.harness.train` (and :mod:`launch.harness.component`); needs torch and megatron-core at call
-time only (importing this module does not import them). :data:`_RAN` records what megatron-core ran.
-"""
+"""The trial harness's model: megatron-core's config, layers, optimizer and checkpoints for one :class:`HarnessSpec`
+(torch and megatron-core imported at call time). :data:`_RAN` records what megatron-core ran."""
 
 from __future__ import annotations
 
@@ -26,21 +23,43 @@ def _config_fields(cfg: Any, names: tuple[str, ...]) -> dict[str, Any]:
         if not hasattr(cfg, n):
             continue
         v = getattr(cfg, n)
-        out[n] = v if isinstance(v, (bool, int, float, str, type(None))) else (list(v) if isinstance(v, (list, tuple)) else str(v))
+        out[n] = v if isinstance(v,
+                                 (bool, int, float, str,
+                                  type(None))) else (list(v) if isinstance(v, (list, tuple)) else str(v))
     return out
 
 
 _TRANSFORMER_FIELDS = (
-    "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "ffn_hidden_size", "num_moe_experts",
-    "moe_ffn_hidden_size", "moe_router_topk", "moe_grouped_gemm", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend",
-    "moe_permute_fusion", "moe_router_dtype", "moe_shared_expert_intermediate_size", "multi_latent_attention", "q_lora_rank", "kv_lora_rank",
-    "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm", "tensor_model_parallel_size", "pipeline_model_parallel_size",
-    "virtual_pipeline_model_parallel_size", "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size",
-    "sequence_parallel", "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules", "fp8", "fp8_recipe",
-    "fp8_param", "fp8_amax_history_len", "fp8_amax_compute_algo", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
-    "gradient_accumulation_fusion", "apply_rope_fusion", "bias_dropout_fusion", "bf16", "params_dtype",
+    "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "ffn_hidden_size",
+    "num_moe_experts", "moe_ffn_hidden_size", "moe_router_topk", "moe_grouped_gemm", "moe_token_dispatcher_type",
+    "moe_flex_dispatcher_backend",
+    "moe_permute_fusion", "moe_router_dtype", "moe_shared_expert_intermediate_size", "multi_latent_attention",
+    "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm",
+    "tensor_model_parallel_size", "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size", "context_parallel_size", "expert_model_parallel_size",
+    "expert_tensor_parallel_size", "sequence_parallel", "recompute_granularity", "recompute_method",
+    "recompute_num_layers", "recompute_modules", "fp8", "fp8_recipe",
+    "fp8_param", "fp8_amax_history_len", "fp8_amax_compute_algo", "cross_entropy_loss_fusion",
+    "cross_entropy_fusion_impl", "gradient_accumulation_fusion", "apply_rope_fusion", "bias_dropout_fusion", "bf16",
+    "params_dtype",
 )
-_DDP_FIELDS = ("grad_reduce_in_fp32", "overlap_grad_reduce", "use_distributed_optimizer", "fp8_param_gather", "bucket_size")
+_DDP_FIELDS = ("grad_reduce_in_fp32", "overlap_grad_reduce", "use_distributed_optimizer", "fp8_param_gather",
+               "bucket_size")
+
+
+def seed_all(seed: int) -> None:
+    """Python's, NumPy's, torch's (CPU-side initialisation too, so one seed gives one set of weights) and megatron's
+    CUDA RNG trackers."""
+    import random
+
+    import numpy as np
+    import torch
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
 
 
 def _host_rss() -> int | None:
@@ -74,11 +93,8 @@ def _versions() -> dict[str, str]:
 
 
 def _local_modules(fault: str | None = None) -> tuple[type, type]:
-    """The harness's core attention and norm for megatron-core's local spec (built lazily: they need torch).
-
-    ``fault`` (a key of :data:`launch.harness.spec.FAULTS`) builds them broken on
-    purpose, for the negative controls of ``tune verify``.
-    """
+    """The harness's core attention and norm for megatron-core's local spec; ``fault`` (a key of
+    :data:`launch.harness.spec.FAULTS`) builds them broken on purpose."""
     causal = fault != "non_causal_attention"
     tag_sp = fault != "sp_norm_grad_unreduced"
     import torch
@@ -86,17 +102,16 @@ def _local_modules(fault: str | None = None) -> tuple[type, type]:
     from megatron.core.transformer.module import MegatronModule
 
     class SDPACoreAttention(MegatronModule):  # type: ignore[misc]  # megatron-core is untyped
-        """Causal attention through ``torch.nn.functional.scaled_dot_product_attention`` (flash / efficient kernels).
+        """Causal attention through ``scaled_dot_product_attention``: query ``[s, b, heads, d]``, key and value ``[s,
+        b, groups, d]``; output ``[s, b, heads * d]``."""
 
-        Inputs as megatron-core passes them to a core attention: query ``[s, b, heads, d]``,
-        key and value ``[s, b, groups, d]`` (GQA: fewer heads). Output ``[s, b, heads * d]``.
-        """
-
-        def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str = "self", softmax_scale: float | None = None, **_: Any) -> None:
+        def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str = "self",
+                     softmax_scale: float | None = None, **_: Any) -> None:
             super().__init__(config=config)
             self.softmax_scale = softmax_scale
 
-        def forward(self, query: Any, key: Any, value: Any, attention_mask: Any, attn_mask_type: Any = None, attention_bias: Any = None, packed_seq_params: Any = None) -> Any:
+        def forward(self, query: Any, key: Any, value: Any, attention_mask: Any, attn_mask_type: Any = None,
+                    attention_bias: Any = None, packed_seq_params: Any = None) -> Any:
             s, b, h, d = query.shape
             q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
             gqa = k.shape[1] != h
@@ -104,13 +119,8 @@ def _local_modules(fault: str | None = None) -> tuple[type, type]:
             return out.permute(2, 0, 1, 3).reshape(s, b, h * d)
 
     class HarnessRMSNorm(torch.nn.RMSNorm):  # type: ignore[misc]  # torch is not installed where mypy runs
-        """``torch.nn.RMSNorm`` built the way megatron-core builds a norm, usable with sequence parallelism.
-
-        With sequence parallelism each TP rank normalises a different slice of the
-        sequence with the same weight, so the weight's gradient must be summed over
-        the TP group: megatron-core's ``finalize_model_grads`` does that for parameters
-        tagged ``sequence_parallel``.
-        """
+        """``torch.nn.RMSNorm`` as megatron-core builds a norm; its weight is tagged ``sequence_parallel`` so
+        ``finalize_model_grads`` sums its gradient over TP."""
 
         def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> None:
             super().__init__(normalized_shape=hidden_size, eps=eps, dtype=config.params_dtype)
@@ -148,16 +158,15 @@ def _patch_local_block(block: Any, fault: str | None = None) -> Any:
 
 
 def _gpt_oss_kwargs(m: dict[str, Any]) -> dict[str, Any]:
-    """GPT-OSS's layer details as megatron-core takes them (Megatron-Bridge ``gpt_oss_bridge.py`` and Megatron-LM's
-    ``examples/post_training/modelopt/conf/openai/gpt-oss-120b.sh``): the clamped
-    quick-GELU GLU (fused with its bias, ``bias_activation_fusion``), attention sinks (``softmax_type``), the sliding
-    window ``(window - 1, 0)`` on the layers ``window_attn_skip_freq`` marks (megatron-core's list: 1 = sliding window,
-    the opposite of :class:`specs.ModelSpec`'s). Empty for every other model."""
+    """GPT-OSS's layer details as megatron-core takes them (Megatron-Bridge ``gpt_oss_bridge.py``): the clamped
+    quick-GELU GLU, attention sinks, the sliding window ``(window - 1, 0)`` on the layers megatron-core's list
+    marks (1 = sliding, the opposite of :class:`specs.ModelSpec`'s). Empty for other models."""
     kw: dict[str, Any] = {}
     if m.get("activation_func", "silu") == "quick_gelu":
         from megatron.core.fusions.fused_bias_geglu import quick_gelu
 
-        kw.update(activation_func=quick_gelu, glu_linear_offset=float(m.get("glu_linear_offset") or 0.0), bias_activation_fusion=True)
+        kw.update(activation_func=quick_gelu, glu_linear_offset=float(m.get("glu_linear_offset") or 0.0),
+                  bias_activation_fusion=True)
         if m.get("activation_func_clamp_value"):
             kw["activation_func_clamp_value"] = float(m["activation_func_clamp_value"])
     if m.get("softmax_type", "vanilla") != "vanilla":
@@ -171,9 +180,8 @@ def _gpt_oss_kwargs(m: dict[str, Any]) -> dict[str, Any]:
 
 
 def _has_wgrad_fusion_kernel() -> bool:
-    """Whether megatron-core's ``gradient_accumulation_fusion`` can run: its non-TE linears (the output layer's
-    ``ColumnParallelLinear``) need apex's ``fused_weight_gradient_mlp_cuda`` extension (megatron/core/tensor_parallel/
-    layers.py raises without it); NVIDIA's containers have it, a pip install of TE does not."""
+    """Whether ``gradient_accumulation_fusion`` can run: the non-TE output layer needs apex's
+    ``fused_weight_gradient_mlp_cuda`` (megatron/core/tensor_parallel/layers.py); a pip install of TE lacks it."""
     import importlib.util
 
     return importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None
@@ -301,15 +309,15 @@ def _patch_te_block(block: Any, fault: str | None) -> Any:
 
 
 def _apply_te_param_faults(spec: HarnessSpec, models: list[Any]) -> list[str]:
-    """``sp_norm_grad_unreduced`` under TE: TE tags its norm weights ``sequence_parallel`` itself; the fault clears the tag
-    on every norm weight except the q/k norms (which megatron-core sums over TP by name), so
-    ``finalize_model_grads`` leaves their gradients unreduced. Returns the parameters changed."""
+    """``sp_norm_grad_unreduced`` under TE: clear the ``sequence_parallel`` tag of every norm weight but the q/k
+    norms (summed over TP by name). Returns the parameters changed."""
     if spec.fault != "sp_norm_grad_unreduced" or not spec.use_transformer_engine:
         return []
     changed = []
     for mdl in models:
         for name, p in mdl.named_parameters():
-            norm = ("layernorm" in name or "layer_norm" in name) and "q_layernorm" not in name and "k_layernorm" not in name
+            qk = "q_layernorm" in name or "k_layernorm" in name
+            norm = ("layernorm" in name or "layer_norm" in name) and not qk
             if norm and getattr(p, "sequence_parallel", False):
                 p.sequence_parallel = False
                 changed.append(name)
@@ -413,11 +421,11 @@ def _optimizer(spec: HarnessSpec, cfg: Any, chunks: list[Any]) -> Any:
             r = finalize_model_grads(*args, **kwargs)
             _RAN.setdefault("fault", {})["scaled"] = scale_norm_grad(chunks, 2.0)
             return r
-    _RAN["optimizer"] = _config_fields(ocfg, ("optimizer", "lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "clip_grad", "bf16",
-                                              "use_distributed_optimizer", "use_precision_aware_optimizer", "store_param_remainders",
-                                              "main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
-                                              "optimizer_cpu_offload", "optimizer_offload_fraction", "overlap_cpu_optimizer_d2h_h2d",
-                                              "pin_cpu_grads", "pin_cpu_params", "fp8_recipe"))
+    _RAN["optimizer"] = _config_fields(ocfg, (
+        "optimizer", "lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "clip_grad", "bf16",
+        "use_distributed_optimizer", "use_precision_aware_optimizer", "store_param_remainders", "main_grads_dtype",
+        "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype", "optimizer_cpu_offload", "optimizer_offload_fraction",
+        "overlap_cpu_optimizer_d2h_h2d", "pin_cpu_grads", "pin_cpu_params", "fp8_recipe"))
     cfg.grad_scale_func = opt.scale_loss
     cfg.finalize_model_grads_func = finalize_with_fault if spec.fault == "norm_grad_scaled" else finalize_model_grads
     cfg.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
@@ -431,7 +439,8 @@ def _gpt(chunk: Any) -> Any:
 
 
 def _apply_load_fault(spec: HarnessSpec, models: list[Any]) -> None:
-    """The ``embedding_shard_misplaced`` fault: after loading, each TP rank holds the next TP rank's vocabulary shard."""
+    """The ``embedding_shard_misplaced`` fault: after loading, each TP rank holds the next TP rank's vocabulary shard.
+    """
     if spec.fault != "embedding_shard_misplaced":
         return
     import torch
@@ -458,9 +467,8 @@ def _sharded_weights(models: list[Any]) -> dict[str, Any]:
 
 
 def _save_weights(models: list[Any], path: str, model_dict: dict[str, Any] | None = None) -> None:
-    """Write the weights as a megatron-core distributed checkpoint at ``path``, and beside them ``model.json`` (the model
-    and its fingerprint, :func:`launch.harness.gather.model_fingerprint`) so that a check can refuse a checkpoint of another model
-    before spending GPU time on it."""
+    """Write the weights as a megatron-core distributed checkpoint at ``path``, with ``model.json`` (the model and
+    its fingerprint) so that a check can refuse another model's checkpoint before any GPU time."""
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
 
@@ -471,15 +479,16 @@ def _save_weights(models: list[Any], path: str, model_dict: dict[str, Any] | Non
     if dist.get_rank() == 0 and model_dict is not None:
         from launch.harness.gather import model_fingerprint
 
-        (Path(path) / "model.json").write_text(json.dumps({"model": model_dict, "fingerprint": model_fingerprint(model_dict)}, indent=1, default=str))
+        doc = {"model": model_dict, "fingerprint": model_fingerprint(model_dict)}
+        (Path(path) / "model.json").write_text(json.dumps(doc, indent=1, default=str))
     dist.barrier()
 
 
 def _load_weights(models: list[Any], path: str) -> None:
-    """Load the weights of the distributed checkpoint at ``path`` into this rank's model chunks.
+    """Load the distributed checkpoint at ``path`` into this rank's model chunks.
 
     Raises:
-        RuntimeError: the checkpoint lacks a weight this model has (other model, other slice).
+        RuntimeError: the checkpoint lacks a weight this model has.
     """
     from megatron.core import dist_checkpointing
 
@@ -495,8 +504,10 @@ def _run_options(spec: HarnessSpec) -> dict[str, Any]:
     """What megatron-core ran (config fields read back from its objects) and the harness options of the spec."""
     return {
         **{k: v for k, v in _RAN.items() if k in ("transformer", "ddp", "optimizer")},
-        "harness": {"fp8_recipe": spec.fp8_recipe, "fp8_param_gather": spec.fp8_param_gather, "grad_reduce_in_fp32": spec.grad_reduce_in_fp32,
-                    "cross_entropy_fusion": spec.cross_entropy_fusion, "moe_permute_fusion": spec.moe_permute_fusion,
+        "harness": {"fp8_recipe": spec.fp8_recipe, "fp8_param_gather": spec.fp8_param_gather,
+                    "grad_reduce_in_fp32": spec.grad_reduce_in_fp32, "cross_entropy_fusion": spec.cross_entropy_fusion,
+                    "moe_permute_fusion": spec.moe_permute_fusion,
                     "megatron_fusions": spec.megatron_fusions,
-                    "use_transformer_engine": spec.use_transformer_engine, "seq_length": spec.seq_length, "global_batch_size": spec.global_batch_size},
+                    "use_transformer_engine": spec.use_transformer_engine, "seq_length": spec.seq_length,
+                    "global_batch_size": spec.global_batch_size},
     }

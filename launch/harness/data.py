@@ -1,29 +1,11 @@
-"""Real-text training data for the harness: a corpus, tokenised to bytes, read in Megatron's sample order.
+"""Real-text training data for the harness (``tune verify``): a corpus as bytes, in Megatron's sample order, so that two
+layouts see the same rows and the loss falls. Plain Python.
 
-Plain Python (no torch), so CI tests it. Used by ``tune verify``, where two layouts
-must see **the same rows in the same order**, and the loss must fall (synthetic
-random tokens stay the default for speed trials: their loss does not fall).
-
-Corpus: any UTF-8 text file (``--corpus FILE``); by default, the documentation that
-ships inside CPython (``pydoc_data.topics``: the language reference's topics, about
-0.47 MB on Python 3.11), so nothing is downloaded at run time. Both arms of a check run
-on the same machine with the same interpreter, so they read the same bytes; the
-corpus's SHA-256 is recorded with each run and compared.
-
-Tokeniser: bytes. Token id = the UTF-8 byte (0..255), which every model's vocabulary
-(``vocab_size`` >= 256) can hold. The loss starts near ``ln(vocab_size)`` and falls
-as the model learns the byte statistics: enough to compare two loss curves.
-
-Sample order (source: megatron-core ``MegatronPretrainingSampler`` in
-``megatron/training/datasets/data_samplers.py``): each micro-step takes
-``micro_batch_size * dp`` consecutive samples and data-parallel rank ``r`` takes the
-``r``-th ``micro_batch_size`` of them. So sample index for optimizer step ``k``
-(0-based), micro-batch ``i``, DP rank ``r``, row ``j`` is
-``k * global_batch + i * micro_batch_size * dp + r * micro_batch_size + j``: the set
-of rows in one optimizer step is the same whatever the layout.
-Sample ``n`` is the ``seq_length + 1`` bytes starting at byte ``n * seq_length``
-(wrapping around the corpus): inputs are the first ``seq_length``, labels the last.
-"""
+Corpus: a UTF-8 file, by default CPython's ``pydoc_data.topics`` (nothing downloaded; its SHA-256 is recorded). Token
+= the UTF-8 byte (0..255). Sample order (megatron-core ``MegatronPretrainingSampler``,
+``megatron/training/datasets/data_samplers.py``): index ``k * global_batch + i * mbs * dp + r * mbs + j`` for step
+``k``, micro-batch ``i``, DP rank ``r``, row ``j``; sample ``n`` is the ``seq_length + 1`` bytes from byte ``n *
+seq_length`` (wrapping)."""
 
 from __future__ import annotations
 
@@ -47,8 +29,7 @@ class Corpus:
     """A byte corpus: the token stream of the harness's ``corpus`` data."""
 
     data: bytes
-    source: str
-    """``python:pydoc_data.topics`` or the file's path."""
+    source: str  # ``python:pydoc_data.topics`` or the file's path
 
     @property
     def sha256(self) -> str:
@@ -59,12 +40,10 @@ class Corpus:
 
 
 def load_corpus(path: str | Path | None = None) -> Corpus:
-    """The corpus at ``path`` (any UTF-8 text file), or CPython's bundled documentation when None.
+    """The corpus at ``path`` (UTF-8 text), or CPython's bundled documentation when None.
 
     Raises:
-        TunerError: the path is not a regular file, cannot be read, is not UTF-8 text, or is
-            smaller than 64 KiB; or (no path) this Python has no
-            ``pydoc_data`` (then give a file).
+        TunerError: not a readable UTF-8 file of at least 64 KiB, or no ``pydoc_data``.
     """
     if path is None:
         try:
@@ -91,37 +70,16 @@ def load_corpus(path: str | Path | None = None) -> Corpus:
     return Corpus(data=data, source=str(p))
 
 
-def sample_index(step: int, microbatch: int, dp_rank: int, row: int, *, micro_batch_size: int, dp: int, global_batch_size: int) -> int:
-    """Global sample index of one row, in Megatron's pretraining-sampler order (see the module docstring).
-
-    Args:
-        step: optimizer step, 0-based.
-        microbatch: micro-batch within the step, ``0 .. global_batch / (micro_batch_size * dp) - 1``.
-        dp_rank: data-parallel rank, ``0 .. dp - 1``.
-        row: row within the micro-batch, ``0 .. micro_batch_size - 1``.
-
-    Raises:
-        TunerError: an argument out of its range, or a global batch that is not a
-            multiple of ``micro_batch_size * dp``.
-    """
+def sample_index(step: int, microbatch: int, dp_rank: int, row: int, *, micro_batch_size: int, dp: int,
+                 global_batch_size: int) -> int:
+    """Global sample index of one row in Megatron's pretraining-sampler order (0-based arguments)."""
     per_micro = micro_batch_size * dp
-    if micro_batch_size < 1 or dp < 1 or global_batch_size < 1 or global_batch_size % per_micro:
-        raise TunerError(f"global batch {global_batch_size} is not a multiple of micro-batch {micro_batch_size} x DP {dp}")
-    m = global_batch_size // per_micro
-    if not (step >= 0 and 0 <= microbatch < m and 0 <= dp_rank < dp and 0 <= row < micro_batch_size):
-        raise TunerError(f"sample position out of range: step {step}, micro-batch {microbatch}/{m}, dp rank {dp_rank}/{dp}, row {row}/{micro_batch_size}")
     return step * global_batch_size + microbatch * per_micro + dp_rank * micro_batch_size + row
 
 
 def sample_tokens(corpus: Corpus | bytes, index: int, seq_length: int) -> list[int]:
-    """The ``seq_length + 1`` byte tokens of sample ``index`` (wrapping around the corpus).
-
-    Raises:
-        TunerError: ``seq_length`` < 1, a negative index, or an empty corpus.
-    """
+    """The ``seq_length + 1`` byte tokens of sample ``index`` (wrapping around the corpus)."""
     data = corpus.data if isinstance(corpus, Corpus) else corpus
-    if seq_length < 1 or index < 0 or not data:
-        raise TunerError(f"bad sample request: index {index}, seq_length {seq_length}, corpus of {len(data)} bytes")
     n = len(data)
     start = (index * seq_length) % n
     need = seq_length + 1

@@ -1,34 +1,14 @@
-"""How a parameter's full gradient is put together from its shards (no torch here: the plan; :mod:`launch.harness.grads` runs it).
+"""How a parameter's full gradient is put together from its shards (the plan, no torch; :mod:`launch.harness.grads` runs
+it after the DP buckets are all-gathered).
 
-After ``finalize_model_grads`` each rank holds, for each of its parameters, the gradient of its shard
-(the distributed optimizer leaves only this rank's DP slice of each bucket reduced: the data-parallel
-step, :mod:`launch.harness.grads`, all-gathers the buckets first). What is left is the
-model-parallel part, one :class:`GatherPlan` per parameter:
+One :class:`GatherPlan` per parameter: the layout-independent name (:func:`canonical_name`: global layer and expert
+numbers); TP pieces concatenated along ``partition_dim`` (a gated fc1's ``[gate_r; up_r]`` interleave undone, as
+``apply_swiglu_sharded_factory`` in ``megatron/core/transformer/mlp.py``); a replicated parameter taken from TP rank 0;
+one owner rank writes it (the last stage's tied embedding copy skipped).
 
-- **the name** (:func:`canonical_name`): megatron-core names a rank's parameters by *local* layer and
-  expert numbers (``decoder.layers.0`` is the first layer of this pipeline stage, ``weight3`` the 4th
-  expert of this EP rank); the plan renames them to the global numbers, so that every layout names
-  a tensor the same way (``decoder.layers.{offset + i}``, expert ``ep_rank x local experts + j``);
-- **tensor parallelism**: a parameter tagged ``tensor_model_parallel`` is split along its
-  ``partition_dim`` over the TP group (the expert-TP group for expert parameters, ``allreduce`` False):
-  its pieces are concatenated in rank order along that dimension. The fc1 weight of a gated linear
-  unit (SwiGLU) holds ``[gate_r; up_r]`` on each rank ``r``; the plan undoes that interleave
-  (``[gate_0, gate_1, ...; up_0, up_1, ...]``, the TP-1 order; megatron-core does the same for
-  checkpoints, ``apply_swiglu_sharded_factory`` in ``megatron/core/transformer/mlp.py``).
-  A parameter that is not split is replicated over TP: the plan takes TP rank 0's copy (and
-  :mod:`launch.harness.grads` checks the copies agree: a replicated gradient that differs between TP
-  ranks is the seed's bug class, an unreduced sequence-parallel gradient);
-- **owner**: each global tensor is written once, by TP (ETP) rank 0, DP (EDP) rank 0, CP rank 0 of the
-  pipeline stage and EP rank that hold it. The last stage's copy of a tied word embedding
-  (``shared_embedding``) is skipped (finalize_model_grads all-reduced it with the first stage's).
-
-Sources: megatron-core 0.19 ``tensor_parallel/layers.py`` (``partition_dim``: 0 for column-parallel
-weights and the vocabulary-parallel embedding, 1 for row-parallel weights), ``extensions/
-transformer_engine.py`` (``_set_expert_parameter_attributes``: expert parameters get ``allreduce
-False`` and the same partition dims; ``TEGroupedLinear`` numbers them ``weight0..weight{n-1}``),
-``transformer/moe/experts.py`` (``SequentialMLP``: ``local_experts.{j}``; the global expert index is
-``ep_rank x num_local_experts + j``).
-"""
+Sources: megatron-core 0.19 ``tensor_parallel/layers.py`` (``partition_dim``), ``extensions/transformer_engine.py``
+(``_set_expert_parameter_attributes``, ``TEGroupedLinear``'s ``weight0..``), ``transformer/moe/experts.py`` (global
+expert index ``ep_rank x num_local_experts + j``)."""
 
 from __future__ import annotations
 
@@ -41,14 +21,17 @@ from typing import Any
 
 from specs.errors import TunerError
 
-__all__ = ["GRAD_DUMP_FORMAT", "model_fingerprint", "GatherPlan", "ParamShard", "assemble", "canonical_name", "gather_plan"]
+__all__ = ["GRAD_DUMP_FORMAT", "model_fingerprint", "GatherPlan", "ParamShard", "assemble", "canonical_name",
+           "gather_plan"]
 
-#: Format tag of a gradient dump's ``index.json`` (written by :mod:`launch.harness.grads`, read by :mod:`tuner.verify.parity`).
+#: Format tag of a gradient dump's ``index.json`` (written by :mod:`launch.harness.grads`, read by
+#: :mod:`tuner.verify.parity`).
 GRAD_DUMP_FORMAT = "tune-grad-dump/1"
 
 
 def model_fingerprint(model: Mapping[str, Any]) -> str:
-    """SHA-256 (first 16 hex digits) of a model dict (a :class:`specs.ModelSpec` as a dict), its ``source`` text left out."""
+    """SHA-256 (first 16 hex digits) of a model dict (a :class:`specs.ModelSpec` as a dict), its ``source`` text left
+    out."""
     d = {k: (list(v) if isinstance(v, tuple) else v) for k, v in model.items() if k != "source"}
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -60,7 +43,8 @@ _STRIP = ("module.", "_orig_mod.")
 
 
 def strip_wrappers(name: str) -> str:
-    """A parameter name without the wrappers' prefixes (``DistributedDataParallel`` / ``Float16Module``: ``module.module.``)."""
+    """A parameter name without the wrappers' prefixes (``DistributedDataParallel`` / ``Float16Module``:
+    ``module.module.``)."""
     while name.startswith(_STRIP):
         for p in _STRIP:
             if name.startswith(p):
@@ -69,13 +53,7 @@ def strip_wrappers(name: str) -> str:
 
 
 def canonical_name(local_name: str, *, layer_offset: int = 0, ep_rank: int = 0, num_local_experts: int = 0) -> str:
-    """The layout-independent name of a parameter (see the module docstring).
-
-    Args:
-        local_name: the name on this rank (wrapper prefixes are dropped).
-        layer_offset: global index of this model chunk's first decoder layer.
-        ep_rank: this rank's expert-parallel rank.
-        num_local_experts: experts per EP rank (needed when the name has an expert number).
+    """The layout-independent name of a parameter; ``layer_offset``: this chunk's first global layer.
 
     Raises:
         TunerError: an expert parameter without ``num_local_experts``.
@@ -85,7 +63,8 @@ def canonical_name(local_name: str, *, layer_offset: int = 0, ep_rank: int = 0, 
         n = _LAYER_RE.sub(lambda m: f"{m.group(1)}{m.group(2)}.{int(m.group(3)) + layer_offset}.", n, count=1)
     if _GROUPED_RE.search(n) or _SEQ_RE.search(n):
         if num_local_experts < 1:
-            raise TunerError(f"parameter {local_name!r} is an expert's: num_local_experts is needed to number it globally")
+            raise TunerError(f"parameter {local_name!r} is an expert's: num_local_experts is needed to number it "
+                             "globally")
         base = ep_rank * num_local_experts
         n = _GROUPED_RE.sub(lambda m: f"{m.group(1)}{base + int(m.group(2))}", n)
         n = _SEQ_RE.sub(lambda m: f"{m.group(1)}.{base + int(m.group(2))}.", n)
@@ -96,18 +75,15 @@ def canonical_name(local_name: str, *, layer_offset: int = 0, ep_rank: int = 0, 
 class ParamShard:
     """What a rank knows about one of its parameters (megatron-core's attributes on it)."""
 
-    name: str
-    """Local name (as ``named_parameters`` gives it, wrapper prefixes allowed)."""
+    name: str  # local name (as ``named_parameters`` gives it, wrapper prefixes allowed)
     shape: tuple[int, ...]
     tensor_model_parallel: bool = False
     partition_dim: int = -1
     partition_stride: int = 1
     is_expert: bool = False
     """``allreduce`` is False: reduced over the expert-data-parallel group, split over the expert-TP group."""
-    shared_embedding: bool = False
-    """The last pipeline stage's copy of a tied word embedding."""
-    pre_process: bool = True
-    """This model chunk holds the embedding (first pipeline stage)."""
+    shared_embedding: bool = False  # the last pipeline stage's copy of a tied word embedding
+    pre_process: bool = True  # this model chunk holds the embedding (first pipeline stage)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -115,18 +91,14 @@ class GatherPlan:
     """How one parameter's full gradient is assembled, and who writes it."""
 
     local_name: str
-    name: str
-    """Global name (:func:`canonical_name`)."""
+    name: str  # global name (:func:`canonical_name`)
     group: str | None
     """``tp`` / ``etp``: concatenate over that group; None: replicated (TP rank 0's copy is the tensor)."""
     group_size: int
-    dim: int
-    """Concatenation dimension (``partition_dim``); -1 when not split."""
-    glu: bool
-    """Undo the SwiGLU ``[gate_r; up_r]`` interleave along dim 0."""
+    dim: int  # concatenation dimension (``partition_dim``); -1 when not split
+    glu: bool  # undo the SwiGLU ``[gate_r; up_r]`` interleave along dim 0
     full_shape: tuple[int, ...]
-    skip: bool = False
-    """Not written (the last stage's copy of a tied embedding)."""
+    skip: bool = False  # not written (the last stage's copy of a tied embedding)
     reason: str = ""
 
 
@@ -135,43 +107,38 @@ def _is_glu_fc1(name: str) -> bool:
     return bool(re.search(r"(^|\.)linear_fc1\.weight\d*$", n))
 
 
-def gather_plan(p: ParamShard, *, tp: int, etp: int, layer_offset: int = 0, ep_rank: int = 0, num_local_experts: int = 0,
-                gated_linear_unit: bool = True) -> GatherPlan:
-    """The plan for one parameter of this rank (see the module docstring).
-
-    Args:
-        p: the parameter's attributes.
-        tp, etp: tensor- and expert-tensor-parallel sizes.
-        layer_offset, ep_rank, num_local_experts: as in :func:`canonical_name`.
-        gated_linear_unit: the model's MLPs are gated (SwiGLU): fc1 weights are interleaved under TP.
+def gather_plan(p: ParamShard, *, tp: int, etp: int, layer_offset: int = 0, ep_rank: int = 0,
+                num_local_experts: int = 0, gated_linear_unit: bool = True) -> GatherPlan:
+    """The plan for one parameter of this rank.
 
     Raises:
-        TunerError: a split parameter with a ``partition_stride`` other than 1 or a dimension it
-            does not have (no plan can rebuild it; megatron-core uses stride 1 for these models).
+        TunerError: a split parameter with ``partition_stride`` other than 1 or a dimension it does not have.
     """
     name = canonical_name(p.name, layer_offset=layer_offset, ep_rank=ep_rank, num_local_experts=num_local_experts)
     if p.shared_embedding and not p.pre_process:
-        return GatherPlan(local_name=p.name, name=name, group=None, group_size=1, dim=-1, glu=False, full_shape=tuple(p.shape), skip=True,
+        return GatherPlan(local_name=p.name, name=name, group=None, group_size=1, dim=-1, glu=False,
+                          full_shape=tuple(p.shape), skip=True,
                           reason="the last stage's copy of the tied word embedding (its gradient is the first stage's)")
     size = etp if p.is_expert else tp
     if not p.tensor_model_parallel or size == 1:
-        return GatherPlan(local_name=p.name, name=name, group=None, group_size=1, dim=-1, glu=False, full_shape=tuple(p.shape))
+        return GatherPlan(local_name=p.name, name=name, group=None, group_size=1, dim=-1, glu=False,
+                          full_shape=tuple(p.shape))
     if p.partition_stride != 1:
-        raise TunerError(f"parameter {p.name!r} is split with partition_stride {p.partition_stride}: not supported by the gradient gather")
+        raise TunerError(f"parameter {p.name!r} is split with partition_stride {p.partition_stride}: not supported by "
+                         "the gradient gather")
     if not 0 <= p.partition_dim < len(p.shape):
-        raise TunerError(f"parameter {p.name!r} (shape {list(p.shape)}) is tagged tensor_model_parallel with partition_dim {p.partition_dim}")
+        raise TunerError(f"parameter {p.name!r} (shape {list(p.shape)}) is tagged tensor_model_parallel with "
+                         f"partition_dim {p.partition_dim}")
     full = list(p.shape)
     full[p.partition_dim] *= size
     glu = gated_linear_unit and p.partition_dim == 0 and _is_glu_fc1(p.name)
-    return GatherPlan(local_name=p.name, name=name, group="etp" if p.is_expert else "tp", group_size=size, dim=p.partition_dim,
-                      glu=glu, full_shape=tuple(full))
+    return GatherPlan(local_name=p.name, name=name, group="etp" if p.is_expert else "tp", group_size=size,
+                      dim=p.partition_dim, glu=glu, full_shape=tuple(full))
 
 
-def assemble(pieces: Sequence[Any], plan: GatherPlan, cat: Callable[[list[Any], int], Any], chunk: Callable[[Any, int, int], list[Any]]) -> Any:
-    """The full tensor from the pieces of a TP group in rank order.
-
-    ``cat(list, dim)`` and ``chunk(tensor, n, dim)`` are the array library's (NumPy:
-    ``np.concatenate`` / ``np.split``; torch: ``torch.cat`` / ``torch.chunk``), so the same plan runs on both.
+def assemble(pieces: Sequence[Any], plan: GatherPlan, cat: Callable[[list[Any], int], Any],
+             chunk: Callable[[Any, int, int], list[Any]]) -> Any:
+    """The full tensor from a TP group's pieces in rank order (``cat`` / ``chunk`` of NumPy or torch).
 
     Raises:
         TunerError: not one piece per rank of the group.

@@ -1,15 +1,5 @@
-"""The GPU side of gradient parity and of the saved-tensor census (torch, megatron-core; started by the harness).
-
-- :func:`dump_gradients`: after a forward and backward (``finalize_model_grads`` done), every parameter's
-  full fp32 gradient, gathered over its DP shards (the distributed optimizer reduce-scatters each bucket,
-  so only this rank's slice is reduced: the buckets are all-gathered over the same group first) and over
-  its TP / EP / PP shards by the plan of :mod:`launch.harness.gather`; written as one ``.npy`` file per
-  tensor plus ``index.json`` (:data:`launch.harness.gather.GRAD_DUMP_FORMAT`) by the rank that owns it.
-- :func:`scale_norm_grad`: the ``norm_grad_scaled`` fault.
-- :class:`SavedTensorCensus`: every tensor autograd saves during one forward of chosen modules
-  (``torch.autograd.graph.saved_tensors_hooks``), with shape, dtype and bytes, deduplicated by storage,
-  plus the allocator's growth over the module's forward (``torch.cuda.memory_allocated``).
-"""
+"""The GPU side of gradient parity (:func:`dump_gradients`), the ``norm_grad_scaled`` fault (:func:`scale_norm_grad`)
+and the saved-tensor census (:class:`SavedTensorCensus`); the plan is :mod:`launch.harness.gather`'s."""
 
 from __future__ import annotations
 
@@ -32,13 +22,11 @@ def _gpt(chunk: Any) -> Any:
 
 
 def unshard_dp_grads(chunks: list[Any]) -> int:
-    """All-gather each gradient bucket over its distributed-optimizer group, so every rank holds every reduced
-    gradient of its parameters (after a reduce-scatter only this rank's shard is). Returns the buckets gathered.
+    """All-gather each gradient bucket over its distributed-optimizer group (a reduce-scatter left only this rank's
+    shard reduced). Returns the buckets gathered.
 
-    Source: megatron-core 0.19 ``distributed/param_and_grad_buffer.py`` (``start_grad_sync``: each bucket's
-    ``grad_data`` is reduce-scattered into ``shard_buffer(grad_data, size)[rank]`` over
-    ``intra_distributed_optimizer_instance_group``). With one distributed-optimizer instance only.
-    """
+    Source: megatron-core 0.19 ``distributed/param_and_grad_buffer.py`` (``start_grad_sync``); one optimizer instance
+    only."""
     import torch
     import torch.distributed as dist
 
@@ -126,16 +114,11 @@ def _all_gather(t: Any, group: Any, size: int) -> list[Any]:
     return parts
 
 
-def dump_gradients(chunks: list[Any], out_dir: str | Path, meta: dict[str, Any], *, gated_linear_unit: bool, num_experts: int) -> dict[str, Any]:
-    """Write every parameter's full fp32 gradient under ``out_dir`` (a collective: every rank calls it).
-
-    Rank 0 writes ``index.json``: ``meta`` plus ``tensors`` ``{name: {file, shape, dtype, local_name, owner_rank}}``,
-    ``replicas`` (for each parameter replicated over TP, the largest absolute difference of its gradient between
-    the TP ranks: 0 unless a replicated gradient was left unreduced) and ``seconds``.
-
-    Returns:
-        The index (on every rank; ``tensors`` complete on rank 0 only).
-    """
+def dump_gradients(chunks: list[Any], out_dir: str | Path, meta: dict[str, Any], *, gated_linear_unit: bool,
+                   num_experts: int) -> dict[str, Any]:
+    """Write every parameter's full fp32 gradient under ``out_dir`` (a collective); rank 0 writes ``index.json`` with
+    ``meta``, ``tensors``, ``replicas`` (the largest difference between TP ranks of each replicated gradient) and
+    ``seconds``. Returns the index (``tensors`` complete on rank 0)."""
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -166,18 +149,24 @@ def dump_gradients(chunks: list[Any], out_dir: str | Path, meta: dict[str, Any],
                 grad = torch.zeros_like(p, dtype=torch.float32)
             grad = grad.detach().float()
             shard = ParamShard(
-                name=lname, shape=tuple(p.shape), tensor_model_parallel=bool(getattr(p, "tensor_model_parallel", False)),
-                partition_dim=int(getattr(p, "partition_dim", -1)), partition_stride=int(getattr(p, "partition_stride", 1)),
-                is_expert=not bool(getattr(p, "allreduce", True)), shared_embedding=bool(getattr(p, "shared_embedding", False)), pre_process=pre,
+                name=lname, shape=tuple(p.shape),
+                tensor_model_parallel=bool(getattr(p, "tensor_model_parallel", False)),
+                partition_dim=int(getattr(p, "partition_dim", -1)),
+                partition_stride=int(getattr(p, "partition_stride", 1)),
+                is_expert=not bool(getattr(p, "allreduce", True)),
+                shared_embedding=bool(getattr(p, "shared_embedding", False)), pre_process=pre,
             )
-            plan = gather_plan(shard, tp=g["tp_size"], etp=g["etp_size"], layer_offset=offset, ep_rank=g["ep_rank"] if shard.is_expert else 0,
-                               num_local_experts=nle, gated_linear_unit=gated_linear_unit)
+            plan = gather_plan(shard, tp=g["tp_size"], etp=g["etp_size"], layer_offset=offset,
+                               ep_rank=g["ep_rank"] if shard.is_expert else 0, num_local_experts=nle,
+                               gated_linear_unit=gated_linear_unit)
             if plan.skip:
                 continue
-            grp, size, grank = (("etp", g["etp_size"], g["etp_rank"]) if shard.is_expert else ("tp", g["tp_size"], g["tp_rank"]))
+            grp = "etp" if shard.is_expert else "tp"
+            size, grank = g[f"{grp}_size"], g[f"{grp}_rank"]
             if plan.group is not None:
                 parts = _all_gather(grad, g[grp], size)
-                full = assemble(parts, plan, lambda xs, d: torch.cat(xs, dim=d), lambda x, n, d: list(torch.chunk(x, n, dim=d)))
+                full = assemble(parts, plan, lambda xs, d: torch.cat(xs, dim=d), lambda x, n,
+                                d: list(torch.chunk(x, n, dim=d)))
             else:
                 full = grad
                 if size > 1:  # replicated: its copies must agree
@@ -187,7 +176,8 @@ def dump_gradients(chunks: list[Any], out_dir: str | Path, meta: dict[str, Any],
             if owner:
                 fname = f"tensors/{plan.name}.npy"
                 np.save(out / fname, full.contiguous().cpu().numpy())
-                mine[plan.name] = {"file": fname, "shape": list(full.shape), "dtype": "float32", "local_name": strip_wrappers(lname), "owner_rank": rank}
+                mine[plan.name] = {"file": fname, "shape": list(full.shape), "dtype": "float32",
+                                   "local_name": strip_wrappers(lname), "owner_rank": rank}
     frags: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(frags, {"tensors": mine, "replicas": replicas})
     index: dict[str, Any] = dict(meta)
@@ -202,8 +192,8 @@ def dump_gradients(chunks: list[Any], out_dir: str | Path, meta: dict[str, Any],
                 tensors[k] = v
             for k, v in f["replicas"].items():
                 reps[k] = max(reps.get(k, 0.0), v)
-        index.update(tensors=tensors, replicas=reps, duplicate_owners=sorted(set(dup)), seconds=time.perf_counter() - t0,
-                     world_size=dist.get_world_size())
+        index.update(tensors=tensors, replicas=reps, duplicate_owners=sorted(set(dup)),
+                     seconds=time.perf_counter() - t0, world_size=dist.get_world_size())
         tmp = out / "index.json.tmp"
         tmp.write_text(json.dumps(index, indent=1, sort_keys=True, default=str))
         os.replace(tmp, out / "index.json")
@@ -214,19 +204,17 @@ def dump_gradients(chunks: list[Any], out_dir: str | Path, meta: dict[str, Any],
 class SavedTensorCensus:
     """What autograd saves for backward during one forward of chosen modules.
 
-    Every tensor packed while a watched module's forward runs (``saved_tensors_hooks``; the pack hook returns
-    the tensor unchanged, so memory behaves as without the census) is recorded for each watched module on the
-    stack: shape, dtype, bytes of its storage, whether the storage is a parameter's (weights saved for the
-    weight gradient are not activations), deduplicated by storage. Tensors a module stashes on its autograd
-    context other than through ``save_for_backward`` are not seen, and only a module's first forward counts (a
-    recomputation during backward, with recompute on, is left out); the allocator's growth over the forward
-    (``memory_allocated`` after minus before, the module's outputs included) is recorded beside it as the check.
-    """
+    Every tensor packed while a watched module's forward runs (``saved_tensors_hooks``, returned unchanged) is
+    recorded: shape, dtype, bytes, whether it is a parameter's, deduplicated by storage. Tensors stashed outside
+    ``save_for_backward`` and recomputed forwards are not seen; the allocator's growth over the forward is the check."""
 
     def __init__(self, modules: dict[str, Any], param_storages: set[int]) -> None:
         self.modules = modules
         self.param_storages = param_storages
-        self.records: dict[str, dict[str, Any]] = {n: {"saved": {}, "alloc_before": 0, "alloc_after": 0, "inputs": []} for n in modules}
+        self.records: dict[str,
+                           dict[str,
+                                Any]] = {n: {"saved": {}, "alloc_before": 0, "alloc_after": 0,
+                                             "inputs": []} for n in modules}
         self._stack: list[str] = []
         self._done: set[str] = set()
         self._handles: list[Any] = []

@@ -1,8 +1,5 @@
-"""What the trial harness measures besides the step time: memory by phase, host memory, forward-only time, the
-saved-tensor census, profiles and gradient dumps (each on when its :class:`HarnessSpec` field asks for it).
-
-Used by :mod:`launch.harness.train`; needs torch and megatron-core at call time only.
-"""
+"""What the trial harness measures besides the step time (memory by phase, host memory, forward-only time, census,
+profiles, gradient dumps), each when its :class:`HarnessSpec` field asks; torch at call time only."""
 
 from __future__ import annotations
 
@@ -22,7 +19,8 @@ if TYPE_CHECKING:
 
 def _host_summary(spec: HarnessSpec, chunks: list[Any]) -> dict[str, Any]:
     """This rank's host memory: RSS after the model, after the optimizer, after step 1, the peak; the machine's; and,
-    with CPU optimizer offload, the bytes megatron-core's offload should hold (:func:`launch.harness.hostmem.offload_host_bytes`)."""
+    with CPU optimizer offload, the bytes megatron-core's offload should hold
+    (:func:`launch.harness.hostmem.offload_host_bytes`)."""
     from launch.harness.hostmem import offload_host_bytes, process_memory, system_memory
 
     d: dict[str, Any] = dict(_RAN.get("host_memory", {}))
@@ -32,7 +30,8 @@ def _host_summary(spec: HarnessSpec, chunks: list[Any]) -> dict[str, Any]:
     if frac > 0:
         n = sum(p.numel() for c in chunks for p in c.parameters() if p.requires_grad)
         pa = bool((_RAN.get("optimizer") or {}).get("use_precision_aware_optimizer"))
-        d["offload"] = {"fraction": frac, "rank_params": n, "predicted_bytes": offload_host_bytes(math.ceil(frac * n), precision_aware=pa),
+        d["offload"] = {"fraction": frac, "rank_params": n,
+                        "predicted_bytes": offload_host_bytes(math.ceil(frac * n)),
                         "precision_aware": pa}
     return d
 
@@ -53,8 +52,9 @@ def _dump_grads(spec: HarnessSpec, chunks: list[Any], cfg: Any, losses: Any, las
         "model": spec.model.get("name"),
         "model_fingerprint": model_fingerprint(spec.model),
         "checkpoint": _os.path.realpath(spec.load_checkpoint) if spec.load_checkpoint else None,
-        "batch": {"data": spec.data, "data_step_offset": spec.data_step_offset, "global_batch_size": spec.global_batch_size,
-                  "seq_length": spec.seq_length, "corpus_sha256": spec.corpus_sha256, "seed": spec.seed if spec.data == "synthetic" else None},
+        "batch": {"data": spec.data, "data_step_offset": spec.data_step_offset,
+                  "global_batch_size": spec.global_batch_size, "seq_length": spec.seq_length,
+                  "corpus_sha256": spec.corpus_sha256, "seed": spec.seed if spec.data == "synthetic" else None},
         "fault": spec.fault,
         "precision": spec.precision,
         "loss": _global_loss(losses, last),
@@ -62,7 +62,8 @@ def _dump_grads(spec: HarnessSpec, chunks: list[Any], cfg: Any, losses: Any, las
         "run_options": _run_options(spec),
     }
     assert spec.dump_grads is not None  # called only when the spec asks for a dump
-    return dump_gradients(chunks, spec.dump_grads, meta, gated_linear_unit=bool(spec.model.get("gated_linear_unit", True)),
+    return dump_gradients(chunks, spec.dump_grads, meta,
+                          gated_linear_unit=bool(spec.model.get("gated_linear_unit", True)),
                           num_experts=int(spec.model.get("num_experts") or 0))
 
 
@@ -84,7 +85,8 @@ def _live_tensors() -> dict[str, int]:
             if key in seen or st.data_ptr() == 0:
                 continue
             seen.add(key)
-            name = f"{o.device.type}/{str(o.dtype).removeprefix('torch.')}" + ("/pinned" if o.device.type == "cpu" and o.is_pinned() else "")
+            pinned = "/pinned" if o.device.type == "cpu" and o.is_pinned() else ""
+            name = f"{o.device.type}/{str(o.dtype).removeprefix('torch.')}{pinned}"
             out[name] = out.get(name, 0) + st.nbytes()
         except Exception:  # noqa: BLE001 - a tensor subclass that cannot say its storage is skipped
             continue
@@ -92,15 +94,17 @@ def _live_tensors() -> dict[str, int]:
 
 
 def _memory_phase(spec: HarnessSpec, out: _Out, rank: int, phase: str, *, tensors: bool = False) -> None:
-    """One ``event: memory_phase`` line (``memory_phases``): allocated / reserved / peak bytes, host RSS, optionally the live tensors."""
+    """One ``event: memory_phase`` line (``memory_phases``): allocated / reserved / peak bytes, host RSS, optionally the
+    live tensors."""
     if not spec.memory_phases:
         return
     import torch
 
     torch.cuda.synchronize()
-    row: dict[str, Any] = {"event": "memory_phase", "rank": rank, "phase": phase, "allocated_bytes": torch.cuda.memory_allocated(),
-                           "reserved_bytes": torch.cuda.memory_reserved(), "max_allocated_bytes": torch.cuda.max_memory_allocated(),
-                           "host_rss_bytes": _host_rss()}
+    row: dict[str, Any] = {"event": "memory_phase", "rank": rank, "phase": phase,
+                           "allocated_bytes": torch.cuda.memory_allocated(),
+                           "reserved_bytes": torch.cuda.memory_reserved(),
+                           "max_allocated_bytes": torch.cuda.max_memory_allocated(), "host_rss_bytes": _host_rss()}
     if tensors:
         row["live_tensors_bytes"] = _live_tensors()
     if rank == 0:
@@ -108,7 +112,8 @@ def _memory_phase(spec: HarnessSpec, out: _Out, rank: int, phase: str, *, tensor
 
 
 def _forward_only(spec: HarnessSpec, chunks: list[Any], iters: list[Any], out: _Out, rank: int) -> None:
-    """``forward_only_steps`` forward-only passes over a step's micro-batches, timed; an ``event: forward_only`` line."""
+    """``forward_only_steps`` forward-only passes over a step's micro-batches, timed; an ``event: forward_only`` line.
+    """
     import torch
     import torch.distributed as dist
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -120,9 +125,10 @@ def _forward_only(spec: HarnessSpec, chunks: list[Any], iters: list[Any], out: _
         torch.cuda.synchronize()
         dist.barrier()
         t0 = time.perf_counter()
-        with torch.no_grad():  # the losses would keep every micro-batch's graph alive; training mode stays (router, dropout)
-            fb(forward_step_func=_forward_step, data_iterator=iters if len(iters) > 1 else iters[0], model=chunks if len(chunks) > 1 else chunks[0],
-               num_microbatches=spec.num_microbatches, seq_length=spec.seq_length, micro_batch_size=lay["micro_batch_size"],
+        with torch.no_grad():  # else every micro-batch's graph stays alive; training mode stays (router, dropout)
+            fb(forward_step_func=_forward_step, data_iterator=iters if len(iters) > 1 else iters[0],
+               model=chunks if len(chunks) > 1 else chunks[0], num_microbatches=spec.num_microbatches,
+               seq_length=spec.seq_length, micro_batch_size=lay["micro_batch_size"],
                decoder_seq_length=spec.seq_length, forward_only=True)
         torch.cuda.synchronize()
         dist.barrier()
@@ -133,9 +139,13 @@ def _forward_only(spec: HarnessSpec, chunks: list[Any], iters: list[Any], out: _
                    "median_step_time_s": statistics.median(times[warm:]) if times else None})
 
 
+_RECOMPUTE_KEYS = ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules")
+
+
 def _census(spec: HarnessSpec, chunks: list[Any], out: _Out, rank: int) -> None:
-    """One more forward and backward of one micro-batch with :class:`launch.harness.grads.SavedTensorCensus` on the first
-    layer's attention and MLP / MoE blocks (and the MoE layer's experts and router); one ``event: census`` line per module."""
+    """One more forward and backward of one micro-batch with :class:`launch.harness.grads.SavedTensorCensus` on the
+    first layer's attention and MLP / MoE blocks (and the MoE layer's experts and router); one ``event: census`` line
+    per module."""
     import torch
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -160,8 +170,9 @@ def _census(spec: HarnessSpec, chunks: list[Any], out: _Out, rank: int) -> None:
     census = SavedTensorCensus(mods, params)
     with census:
         get_forward_backward_func()(forward_step_func=_forward_step, data_iterator=it if len(it) > 1 else it[0],
-                                    model=chunks if len(chunks) > 1 else chunks[0], num_microbatches=1, seq_length=spec.seq_length,
-                                    micro_batch_size=spec.layout["micro_batch_size"], decoder_seq_length=spec.seq_length, forward_only=False)
+                                    model=chunks if len(chunks) > 1 else chunks[0], num_microbatches=1,
+                                    seq_length=spec.seq_length, micro_batch_size=spec.layout["micro_batch_size"],
+                                    decoder_seq_length=spec.seq_length, forward_only=False)
     for c in chunks:
         c.zero_grad_buffer()
     if rank != 0:
@@ -171,23 +182,25 @@ def _census(spec: HarnessSpec, chunks: list[Any], out: _Out, rank: int) -> None:
     sp = bool(spec.layout["sequence_parallel"]) and tp > 1
     tokens = spec.layout["micro_batch_size"] * spec.seq_length // (spec.layout["cp"] * (tp if sp else 1))
     for r in census.report():
-        out.write({"event": "census", "label": spec.label, "layout": spec.layout, "tokens": tokens, "hidden_size": m["hidden_size"],
-                   "moe_ffn_hidden_size": m.get("moe_ffn_hidden_size"), "moe_router_topk": m.get("moe_router_topk"),
-                   "precision": spec.precision, "fp8_recipe": spec.fp8_recipe,
-                   "recompute": {k: spec.layout.get(k) for k in ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules")},
+        out.write({"event": "census", "label": spec.label, "layout": spec.layout, "tokens": tokens,
+                   "hidden_size": m["hidden_size"], "moe_ffn_hidden_size": m.get("moe_ffn_hidden_size"),
+                   "moe_router_topk": m.get("moe_router_topk"), "precision": spec.precision,
+                   "fp8_recipe": spec.fp8_recipe, "recompute": {k: spec.layout.get(k) for k in _RECOMPUTE_KEYS},
                    "tp_rank_only": parallel_state.get_tensor_model_parallel_rank() == 0, **r})
 
 
 def _profiles_here() -> bool:
-    """This rank writes a profile: the first rank of its tensor-, context- and data-parallel groups (one per pipeline stage)."""
+    """This rank writes a profile: the first rank of its tensor-, context- and data-parallel groups (one per pipeline
+    stage)."""
     from megatron.core import parallel_state as ps
 
-    return bool(ps.get_tensor_model_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0)
+    ranks = (ps.get_tensor_model_parallel_rank(), ps.get_context_parallel_rank(), ps.get_data_parallel_rank())
+    return ranks == (0, 0, 0)
 
 
 def _profiler(spec: HarnessSpec, step: int) -> Any:
-    """A ``torch.profiler.profile`` (CPU and CUDA activities, shapes off) for the step ``spec.profile_step`` on a rank that
-    writes its trace (:func:`_profiles_here`), else None."""
+    """A ``torch.profiler.profile`` (CPU and CUDA activities, shapes off) for the step ``spec.profile_step`` on a rank
+    that writes its trace (:func:`_profiles_here`), else None."""
     if step != spec.profile_step or not _profiles_here():
         return None
     import torch
@@ -197,7 +210,8 @@ def _profiler(spec: HarnessSpec, step: int) -> Any:
 
 
 def profile_file_name(step: int, pp_rank: int) -> str:
-    """``profile_step<N>_pp<r>.json``: the trace of step ``step`` on pipeline rank ``pp_rank`` (what ``tune timeline`` looks for)."""
+    """``profile_step<N>_pp<r>.json``: the trace of step ``step`` on pipeline rank ``pp_rank`` (what ``tune timeline``
+    looks for)."""
     return f"profile_step{step}_pp{pp_rank}.json"
 
 

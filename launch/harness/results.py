@@ -1,28 +1,9 @@
 """Reading the harness's JSON lines, and classifying a run that failed (no torch here).
 
-The harness appends one JSON object per line to its ``--out`` file:
-
-- ``{"event": "start", "world_size", "layout", "versions", "notes", "data", "lr", "fault", ...}`` (rank 0);
-- ``{"event": "data", "corpus", "corpus_bytes", "corpus_sha256", "tokenizer"}`` (rank 0, text data only);
-- ``{"event": "pretrain", "step", "loss"}`` (rank 0, the warm-start steps of ``tune verify``'s reference arm);
-- ``{"event": "step", "step", "step_time_s", "tokens_per_s_per_gpu", "loss", "grad_norm"}``
-  (rank 0, one per optimizer step; ``step`` counts from 1);
-- ``{"event": "summary", "median_step_time_s", "step_time_cv", "tokens_per_s_per_gpu",
-  "peak_allocated_bytes": [per rank], "peak_reserved_bytes": [per rank], "peak_host_rss_bytes", "host_memory_per_rank",
-  "run_options": {what megatron-core ran}, ...}`` (rank 0, at the end; the last three since the Transformer Engine sweep);
-- ``{"event": "grads", "dir", "tensors", "seconds", "replicas_max_abs_diff"}`` (rank 0, with ``dump_grads``: gradient parity);
-- ``{"event": "census", "module", "saved": [{"shape", "dtype", "bytes", "parameter"}], "saved_bytes", "alloc_delta_bytes", ...}``
-  (rank 0, with ``saved_tensor_census``: one per watched module);
-- ``{"event": "profile", "step", "files": [torch.profiler Chrome traces, one per pipeline stage]}`` (rank 0, with ``profile_step``;
-  the profiled step's ``step`` line carries ``"profiled": true``);
-- ``{"event": "memory_phase", "phase", "allocated_bytes", "reserved_bytes", "max_allocated_bytes", "host_rss_bytes",
-  "live_tensors_bytes"?}`` (rank 0, with ``memory_phases``: after the build, after a ``gc_after_build`` collection, after step
-  1's forward and backward, after its optimizer step);
-- ``{"event": "forward_only", "steps", "step_times_s", "median_step_time_s"}`` (rank 0, with ``forward_only_steps``);
-- ``{"event": "oom", "rank", "message", "allocated_bytes", "reserved_bytes", "max_allocated_bytes"}``
-  (any rank that ran out of memory);
-- ``{"event": "error", "rank", "type", "message"}`` and ``{"event": "refused", "reasons"}``.
-"""
+Events, one JSON object a line (rank 0 unless said): ``start``, ``data``, ``pretrain``, ``step`` (``step`` from 1,
+``step_time_s``, ``tokens_per_s_per_gpu``, ``loss``, ``grad_norm``), ``summary`` (medians, per-rank peaks, host
+memory, ``run_options``), ``grads``, ``census``, ``profile``, ``memory_phase``, ``forward_only``, ``oom`` (any rank),
+``error`` and ``refused``."""
 
 from __future__ import annotations
 
@@ -35,20 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from launch.base import FailureKind
+from specs.units import GIB
 
-__all__ = ["StepRecord", "HarnessResult", "read_results", "parse_results", "read_lines", "parse_lines", "classify_failure", "median_after_warmup", "cv"]
-
-GIB = 2**30
+__all__ = ["StepRecord", "HarnessResult", "read_results", "parse_results", "read_lines", "parse_lines",
+           "classify_failure", "median_after_warmup", "cv"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StepRecord:
     """One optimizer step as the harness measured it."""
 
-    step: int
-    """1-based step number."""
-    step_time_s: float
-    """Wall time of the step on rank 0 after a device synchronise (seconds)."""
+    step: int  # 1-based step number
+    step_time_s: float  # wall time of the step on rank 0 after a device synchronise (seconds)
     tokens_per_s_per_gpu: float
     loss: float = math.nan
     grad_norm: float = math.nan
@@ -81,17 +60,16 @@ class HarnessResult:
     summary: dict[str, Any] = field(default_factory=dict)
     grads: dict[str, Any] = field(default_factory=dict)
     """The gradient dump of a parity run (``{"event": "grads", ...}``), when there is one."""
-    census: list[dict[str, Any]] = field(default_factory=list)
-    """Saved-tensor census lines, one per watched module."""
+    census: list[dict[str, Any]] = field(default_factory=list)  # saved-tensor census lines, one per watched module
     profile: dict[str, Any] = field(default_factory=dict)
-    """The profiled step's traces (``{"event": "profile", "step", "files"}``, with ``profile_step``), when there are any."""
+    """The profiled step's traces (``{"event": "profile", "step", "files"}``, with ``profile_step``), when there are
+    any."""
     memory_phases: list[dict[str, Any]] = field(default_factory=list)
     forward_only: dict[str, Any] = field(default_factory=dict)
     ooms: list[dict[str, Any]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
-    bad_lines: int = 0
-    """Lines that were not JSON objects (a rank killed mid-write leaves half a line)."""
+    bad_lines: int = 0  # lines that were not JSON objects (a rank killed mid-write leaves half a line)
 
     @property
     def complete(self) -> bool:
@@ -139,8 +117,10 @@ def read_results(path: str | Path) -> HarnessResult:
 
 
 #: Events kept as :class:`HarnessResult`'s field of that name (the last line wins) or appended to a list field.
-_ONE_LINE = {"start": "start", "data": "data", "summary": "summary", "grads": "grads", "profile": "profile", "forward_only": "forward_only"}
-_MANY_LINES = {"pretrain": "pretrain", "census": "census", "memory_phase": "memory_phases", "oom": "ooms", "error": "errors"}
+_ONE_LINE = {"start": "start", "data": "data", "summary": "summary", "grads": "grads", "profile": "profile",
+             "forward_only": "forward_only"}
+_MANY_LINES = {"pretrain": "pretrain", "census": "census", "memory_phase": "memory_phases", "oom": "ooms",
+               "error": "errors"}
 
 
 def parse_results(text: str | None, *, _objs: list[dict[str, Any]] | None = None) -> HarnessResult:
@@ -156,7 +136,8 @@ def parse_results(text: str | None, *, _objs: list[dict[str, Any]] | None = None
                         step_time_s=float(obj["step_time_s"]),
                         tokens_per_s_per_gpu=float(obj.get("tokens_per_s_per_gpu", math.nan)),
                         loss=float(obj.get("loss", math.nan)) if obj.get("loss") is not None else math.nan,
-                        grad_norm=float(obj.get("grad_norm", math.nan)) if obj.get("grad_norm") is not None else math.nan,
+                        grad_norm=float(obj.get("grad_norm",
+                                                math.nan)) if obj.get("grad_norm") is not None else math.nan,
                     )
                 )
             except (KeyError, TypeError, ValueError):
@@ -172,15 +153,17 @@ def parse_results(text: str | None, *, _objs: list[dict[str, Any]] | None = None
     return r
 
 
-_OOM_RE = re.compile(r"(CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation)", re.I)
+_OOM_RE = re.compile(r"(CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation)",
+                     re.I)
 _IN_USE_RE = re.compile(r"this process has ([0-9.]+) (GiB|MiB) memory in use", re.I)
-_NCCL_RE = re.compile(r"(NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|ncclRemoteError|Watchdog caught collective operation timeout|ProcessGroupNCCL)", re.I)
+_NCCL_RE = re.compile(r"(NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|ncclRemoteError|Watchdog "
+                      r"caught collective operation timeout|ProcessGroupNCCL)", re.I)
 
 
 def _oom_bytes(result: HarnessResult, log_text: str) -> float:
     """Memory reached when the run ran out of memory (bytes): the harness's report, else the allocator's message."""
-    vals = [float(o.get("reserved_bytes") or 0) for o in result.ooms] + [float(o.get("max_allocated_bytes") or 0) for o in result.ooms]
-    vals = [v for v in vals if v > 0]
+    keys = ("reserved_bytes", "max_allocated_bytes")
+    vals = [v for o in result.ooms for k in keys if (v := float(o.get(k) or 0)) > 0]
     if vals:
         return max(vals)
     found = [float(x) * (GIB if unit.lower() == "gib" else 2**20) for x, unit in _IN_USE_RE.findall(log_text)]
@@ -194,19 +177,10 @@ def classify_failure(
     *,
     timed_out: bool = False,
 ) -> tuple[FailureKind, str, float]:
-    """What went wrong in a harness run that did not finish.
+    """What went wrong in a harness run that did not finish; ``returncode`` None if we killed it.
 
-    Args:
-        returncode: the launcher's exit status (None if it was killed by us).
-        result: what the harness wrote before it stopped.
-        log_text: the launcher's stdout and stderr (the tail is enough).
-        timed_out: the run was killed because it outlived its timeout.
-
-    Returns:
-        (kind, one-line message, memory reached in bytes or NaN). Out of memory wins
-        over timeout (a rank that ran out of memory often leaves the others hanging in
-        a collective until the timeout kills them), timeout over crash.
-    """
+    Returns (kind, one-line message, memory reached in bytes or NaN); out of memory wins over timeout (the other
+    ranks hang in a collective), timeout over crash."""
     if result.ooms or _OOM_RE.search(log_text):
         reached = _oom_bytes(result, log_text)
         where = f" at {reached / GIB:.1f} GiB" if math.isfinite(reached) else ""
@@ -215,7 +189,8 @@ def classify_failure(
         return FailureKind.oom, f"out of memory{rk}{where}", reached
     if timed_out:
         n = len(result.steps)
-        return FailureKind.timeout, f"timed out after {n} finished step(s); the whole process group was killed", math.nan
+        return (FailureKind.timeout, f"timed out after {n} finished step(s); the whole process group was killed",
+                math.nan)
     if result.refused:
         return FailureKind.crash, "refused by the harness: " + "; ".join(result.refused), math.nan
     m = _NCCL_RE.search(log_text)
@@ -224,6 +199,7 @@ def classify_failure(
         return FailureKind.crash, f"NCCL error: {line[:300]}", math.nan
     if result.errors:
         e = result.errors[0]
-        return FailureKind.crash, f"crash on rank {e.get('rank')}: {e.get('type')}: {str(e.get('message', ''))[:300]}", math.nan
+        msg = f"crash on rank {e.get('rank')}: {e.get('type')}: {str(e.get('message', ''))[:300]}"
+        return FailureKind.crash, msg, math.nan
     last = next((ln.strip() for ln in reversed(log_text.splitlines()) if ln.strip()), "")
     return FailureKind.crash, f"crash (exit status {returncode}): {last[:300]}", math.nan

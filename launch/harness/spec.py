@@ -1,11 +1,5 @@
-"""The trial harness's input, its command line, and what this environment cannot run (no torch here).
-
-The harness (:mod:`launch.harness.train`) reads one JSON file, a :class:`HarnessSpec`:
-the model (a :class:`ModelSpec` as a dict, possibly sliced to fewer layers at full
-width), the layout (a :class:`Layout` as a dict, Megatron's field names), the
-workload and the number of steps. Everything here is plain Python so that CI,
-which has no GPU and no torch, tests it for real.
-"""
+"""The trial harness's input (:class:`HarnessSpec`, one JSON file read by :mod:`launch.harness.train`), its command
+line, and what this environment cannot run; plain Python (no torch), so CI tests it."""
 
 from __future__ import annotations
 
@@ -22,8 +16,9 @@ from specs import ModelSpec, Workload
 from specs.errors import TunerError
 from specs.layout import Layout, RecomputeGranularity
 
-__all__ = ["FAULTS", "FP8_RECIPES", "HARNESS_OPTIONS", "HarnessEnv", "HarnessSpec", "build_spec", "fault_reasons", "harness_layout", "override_model", "slice_model",
-           "torchrun_command", "unsupported_reasons", "HARNESS_MODULE"]
+__all__ = ["FAULTS", "FP8_RECIPES", "HARNESS_OPTIONS", "HarnessEnv", "HarnessSpec", "build_spec", "fault_reasons",
+           "harness_layout", "override_model", "slice_model", "torchrun_command", "unsupported_reasons",
+           "HARNESS_MODULE"]
 
 #: The module ``torchrun -m`` starts.
 HARNESS_MODULE = "launch.harness.train"
@@ -57,48 +52,36 @@ FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
 
 #: The HarnessSpec fields ``build_spec(options=...)`` and ``LocalBackend(harness_options=...)`` accept.
 HARNESS_OPTIONS = frozenset({
-    "data", "corpus_path", "corpus_sha256", "lr", "save_checkpoint", "load_checkpoint", "fault", "pretrain_steps", "data_step_offset",
-    "lr_warmup_steps", "fp8_recipe", "fp8_param_gather", "grad_reduce_in_fp32", "cross_entropy_fusion", "moe_permute_fusion",
-    "saved_tensor_census", "dump_grads", "label", "profile_step", "forward_only_steps", "memory_phases", "gc_after_build",
-    "megatron_fusions",
+    "data", "corpus_path", "corpus_sha256", "lr", "save_checkpoint", "load_checkpoint", "fault", "pretrain_steps",
+    "data_step_offset", "lr_warmup_steps", "fp8_recipe", "fp8_param_gather", "grad_reduce_in_fp32",
+    "cross_entropy_fusion", "moe_permute_fusion",
+    "saved_tensor_census", "dump_grads", "label", "profile_step", "forward_only_steps", "memory_phases",
+    "gc_after_build", "megatron_fusions",
 })
-
-#: The harness's data sources.
-DATA_KINDS = ("synthetic", "corpus")
 
 
 def slice_model(model: ModelSpec, num_layers: int | None) -> ModelSpec:
-    """``model`` cut to its first ``num_layers`` decoder layers at full width.
-
-    The layer kinds (``moe_layer_freq``) are the first ``num_layers`` entries, so a
-    slice of a model whose first layers are dense stays dense there. MTP layers are
-    dropped from a slice (a slice stands in for a block of decoder layers).
+    """``model`` cut to its first ``num_layers`` decoder layers at full width (their ``moe_layer_freq`` entries; MTP
+    layers dropped).
 
     Raises:
         TunerError: ``num_layers`` is not from 1 to the model's layer count.
     """
     if num_layers is None or num_layers == model.num_layers:
         return model
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers <= model.num_layers:
-        raise TunerError(f"--layers must be from 1 to {model.num_layers} (the layers of {model.name}), got {num_layers!r}")
-    freq = model.moe_layer_freq[:num_layers]
-    ffn = model.ffn_hidden_size
-    return model.replace(
-        name=f"{model.name}[{num_layers} layers]",
-        num_layers=num_layers,
-        moe_layer_freq=freq,
-        window_attn_skip_freq=model.window_attn_skip_freq[:num_layers],
-        ffn_hidden_size=ffn,
-        mtp_num_layers=0,
-    )
+    if not 1 <= num_layers <= model.num_layers:
+        raise TunerError(f"--layers must be from 1 to {model.num_layers} (the layers of {model.name}), got "
+                         f"{num_layers!r}")
+    return model.replace(name=f"{model.name}[{num_layers} layers]", num_layers=num_layers,
+                         moe_layer_freq=model.moe_layer_freq[:num_layers],
+                         window_attn_skip_freq=model.window_attn_skip_freq[:num_layers], mtp_num_layers=0)
 
 
 def override_model(model: ModelSpec, overrides: Any, where: str = "model_overrides") -> ModelSpec:
-    """``model`` with the ModelSpec fields ``overrides`` names replaced (a sweep case's ``model_overrides``: an EP rank's
-    experts, a feature turned off); lists become tuples, as JSON gives them back.
+    """``model`` with the fields ``overrides`` names replaced (a sweep case's ``model_overrides``).
 
     Raises:
-        TunerError: ``overrides`` is not a mapping, names a field ModelSpec does not have, or gives a value it refuses.
+        TunerError: not a mapping, an unknown field, or a value ModelSpec refuses.
     """
     if not overrides:
         return model
@@ -109,52 +92,40 @@ def override_model(model: ModelSpec, overrides: Any, where: str = "model_overrid
         raise TunerError(f"{where}: model_overrides names {unknown}, which are not model fields")
     try:
         return model.replace(**{k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()})
-    except TunerError as e:
-        raise TunerError(f"{where}: model_overrides {overrides!r:.120}: {e}") from None
     except (TypeError, ValueError) as e:
         raise TunerError(f"{where}: model_overrides {overrides!r:.120}: {e}") from None
+
+
+def importable(name: str) -> bool:
+    """Whether ``name`` can be imported here (``importlib.util.find_spec``; imports at most its parent package)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HarnessEnv:
     """What the machine that runs the harness has installed (read without importing torch)."""
 
-    transformer_engine: bool = False
-    """``transformer_engine`` is importable: TE layer spec, CP, grouped GEMM, precision-aware Adam."""
-    deep_ep: bool = False
-    """``deep_ep`` is importable (flex dispatcher with the DeepEP backend)."""
-    hybrid_ep: bool = False
-    """HybridEP is importable (flex dispatcher with the HybridEP backend)."""
+    transformer_engine: bool = False  # TE layer spec, CP, grouped GEMM, precision-aware Adam
+    deep_ep: bool = False  # flex dispatcher, DeepEP backend
+    hybrid_ep: bool = False  # flex dispatcher, HybridEP backend
 
     @classmethod
     def detect(cls) -> HarnessEnv:
-        """Probe the current Python environment with ``importlib.util.find_spec`` (imports no torch; at most ``deep_ep``'s package to look for HybridEP)."""
-
-        def has(name: str) -> bool:
-            try:
-                return importlib.util.find_spec(name) is not None
-            except (ImportError, ValueError):
-                return False
-
-        return cls(
-            transformer_engine=has("transformer_engine"),
-            deep_ep=has("deep_ep"),
-            hybrid_ep=has("deep_ep") and has("deep_ep.hybrid_ep"),
-        )
+        """Probe with ``importlib.util.find_spec`` (imports no torch)."""
+        return cls(transformer_engine=importable("transformer_engine"), deep_ep=importable("deep_ep"),
+                   hybrid_ep=importable("deep_ep") and importable("deep_ep.hybrid_ep"))
 
 
 def unsupported_reasons(layout: Layout, model: ModelSpec, workload: Workload, env: HarnessEnv) -> list[str]:
-    """Why the harness cannot run ``layout`` here; empty when it can.
+    """Why the harness cannot run ``layout`` with what is installed here; empty when it can.
 
-    These are limits of the environment (what is installed), not Megatron's validity
-    rules (:mod:`search_spaces.rules` checks those). Sources: megatron-core 0.19
-    ``DotProductAttention`` (asserts CP needs ``TEDotProductAttention``),
-    ``optimizer_config.py`` (precision-aware Adam needs TE's ``FusedAdam`` unless the
-    optimizer is offloaded), ``token_dispatcher.py`` (flex needs DeepEP or HybridEP),
-    ``transformer_config.py`` (``TransformerConfig.__post_init__`` raises "moe_act in
-    recompute_modules is only supported with moe_grouped_gemm"; without TE the harness builds
-    experts as ``SequentialMLP``, no grouped GEMM: seen on H200, ``benchmarks/results/h200_x2_2026-11-29``).
-    """
+    Sources (megatron-core 0.19): ``DotProductAttention`` asserts CP needs ``TEDotProductAttention``;
+    ``optimizer_config.py`` (precision-aware Adam is TE's ``FusedAdam`` unless offloaded); ``token_dispatcher.py``
+    (flex needs DeepEP or HybridEP); ``transformer_config.py`` (moe_act recompute needs grouped GEMM, which the
+    harness has only with TE: ``benchmarks/results/h200_x2_2026-11-29``)."""
     out: list[str] = []
     te = env.transformer_engine
     if layout.cp > 1 and not te:
@@ -164,14 +135,16 @@ def unsupported_reasons(layout: Layout, model: ModelSpec, workload: Workload, en
         )
     d = layout.dispatcher.traits
     if d.harness_probe is not None and not getattr(env, d.harness_probe):
-        out.append(f"the {layout.dispatcher} dispatcher needs {d.library} ({d.harness_probe}), which is not installed here")
+        out.append(f"the {layout.dispatcher} dispatcher needs {d.library} ({d.harness_probe}), which is not installed "
+                   "here")
     if "moe_act" in layout.recompute_modules and not te:
         out.append(
-            "recompute module moe_act needs grouped GEMM (megatron-core: 'moe_act in recompute_modules is only supported "
-            "with moe_grouped_gemm'); without Transformer Engine the harness runs experts as SequentialMLP"
+            "recompute module moe_act needs grouped GEMM (megatron-core: 'moe_act in recompute_modules is only "
+            "supported with moe_grouped_gemm'); without Transformer Engine the harness runs experts as SequentialMLP"
         )
     if workload.precision.value not in ("bf16", "fp8"):
-        out.append(f"precision {workload.precision.value} is not run by the harness (bf16, and fp8 with Transformer Engine)")
+        out.append(f"precision {workload.precision.value} is not run by the harness (bf16, and fp8 with Transformer "
+                   "Engine)")
     if workload.precision.value == "fp8" and not te:
         out.append("fp8 training needs Transformer Engine, which is not installed here")
     bf16_states = layout.exp_avg_dtype != "fp32" or layout.exp_avg_sq_dtype != "fp32"
@@ -181,18 +154,20 @@ def unsupported_reasons(layout: Layout, model: ModelSpec, workload: Workload, en
             "i.e. Transformer Engine's FusedAdam (or optimizer CPU offload), which is not installed here"
         )
     if layout.world_size % (layout.tp * layout.pp * layout.cp):
-        out.append(f"world size {layout.world_size} is not a multiple of tp*pp*cp = {layout.tp * layout.pp * layout.cp}")
+        out.append(f"world size {layout.world_size} is not a multiple of tp*pp*cp = "
+                   f"{layout.tp * layout.pp * layout.cp}")
     if model.q_lora_rank or model.kv_lora_rank:
         if layout.cp > 1:
             out.append("MLA with context parallelism is not supported by the harness")
         if not te:
-            out.append("multi-latent attention is built with Transformer Engine's layer spec only (the harness's local modules have no MLA)")
+            out.append("multi-latent attention is built with Transformer Engine's layer spec only (the harness's local "
+                       "modules have no MLA)")
     return out
 
 
 def option_reasons(options: dict[str, Any], workload: Workload, env: HarnessEnv) -> list[str]:
-    """Why the harness options cannot run here (empty when they can): fp8 recipes and TE's fused cross-entropy need
-    Transformer Engine; an fp8 recipe needs fp8 precision (and fp8 a recipe)."""
+    """Why the harness options cannot run here: fp8 recipes and TE's fused cross-entropy need TE; an fp8 recipe needs
+    fp8 precision."""
     out: list[str] = []
     te = env.transformer_engine
     rec = options.get("fp8_recipe")
@@ -204,20 +179,20 @@ def option_reasons(options: dict[str, Any], workload: Workload, env: HarnessEnv)
         out.append("fp8_param_gather needs --precision fp8")
     mods = set(options.get("_recompute_modules") or ())
     if rec == "delayed" and mods & {"moe_act", "layernorm"}:
-        out.append("fp8 delayed scaling with moe_act or layernorm recompute: megatron-core 0.19 raises 'Delayed scaling does not "
-                   "support moe_act and layernorm recompute for fp8' (transformer_config.py); use fp8_recipe tensorwise")
+        out.append("fp8 delayed scaling with moe_act or layernorm recompute: megatron-core 0.19 raises 'Delayed "
+                   "scaling does not support moe_act and layernorm recompute for fp8' (transformer_config.py); use "
+                   "fp8_recipe tensorwise")
     if options.get("cross_entropy_fusion") and not te:
-        out.append("fused cross-entropy (cross_entropy_fusion_impl 'te') needs Transformer Engine, which is not installed here")
-    if options.get("megatron_fusions") and not te:
-        out.append("megatron_fusions (fused RoPE, gradient-accumulation fusion into main_grad) needs Transformer Engine, which is not "
+        out.append("fused cross-entropy (cross_entropy_fusion_impl 'te') needs Transformer Engine, which is not "
                    "installed here")
+    if options.get("megatron_fusions") and not te:
+        out.append("megatron_fusions (fused RoPE, gradient-accumulation fusion into main_grad) needs Transformer "
+                   "Engine, which is not installed here")
     return out
 
 
 def harness_layout(layout: Layout, env: HarnessEnv) -> Layout:
-    """``layout`` as the harness runs it in ``env``: without Transformer Engine the precision-aware
-    optimizer is off unless the optimizer is offloaded (``launch/harness/train.py``; megatron-core's
-    precision-aware Adam is TE's ``FusedAdam``), so predictions of a trial use fp32 master weights."""
+    """``layout`` as the harness runs it: without TE precision-aware Adam is off unless offloaded."""
     if layout.use_precision_aware_optimizer and not env.transformer_engine and layout.optimizer_offload_fraction <= 0:
         return layout.replace(use_precision_aware_optimizer=False)
     return layout
@@ -227,19 +202,13 @@ def harness_layout(layout: Layout, env: HarnessEnv) -> Layout:
 class HarnessSpec:
     """Everything one harness run needs; written as JSON and read by :mod:`launch.harness.train`."""
 
-    model: dict[str, Any]
-    """The :class:`ModelSpec` as a dict (already sliced)."""
-    layout: dict[str, Any]
-    """The :class:`Layout` as a dict (Megatron's field names)."""
+    model: dict[str, Any]  # a ModelSpec, already sliced
+    layout: dict[str, Any]  # a Layout (Megatron's field names)
     seq_length: int
-    """Tokens per row."""
     global_batch_size: int
-    """Rows per optimizer step."""
     precision: str = "bf16"
-    steps: int = 8
-    """Optimizer steps to run (warm-up included)."""
-    warmup_steps: int = 2
-    """Leading steps left out of the median step time (allocator, NCCL and kernel warm-up)."""
+    steps: int = 8  # warm-up included
+    warmup_steps: int = 2  # left out of the median step time
     seed: int = 1234
     use_transformer_engine: bool = False
     """Build with TE's layer spec (else megatron-core's local spec plus the harness's SDPA and RMSNorm)."""
@@ -248,18 +217,15 @@ class HarnessSpec:
     data: str = "synthetic"
     """``synthetic`` (one random micro-batch repeated: speed trials) or ``corpus`` (byte-tokenised text in
     Megatron's sample order, :mod:`launch.harness.data`: convergence checks)."""
-    corpus_path: str | None = None
-    """Text file of the ``corpus`` data; None = CPython's bundled documentation."""
-    corpus_sha256: str | None = None
-    """Expected SHA-256 of the corpus; the harness refuses to run on other bytes."""
-    lr: float = 1e-5
-    """Adam learning rate (constant; no warm-up, so short runs move)."""
+    corpus_path: str | None = None  # text file of the ``corpus`` data; None = CPython's bundled documentation
+    corpus_sha256: str | None = None  # expected SHA-256 of the corpus; the harness refuses to run on other bytes
+    lr: float = 1e-5  # adam learning rate (constant; no warm-up, so short runs move)
     save_checkpoint: str | None = None
     """Directory to write the freshly initialised weights to (megatron-core distributed checkpoint) before step 1."""
     load_checkpoint: str | None = None
-    """Directory of a distributed checkpoint to load the weights from before step 1 (any TP/PP/EP it was written with)."""
-    fault: str | None = None
-    """A deliberate bug to inject (a key of :data:`FAULTS`): negative controls only."""
+    """Directory of a distributed checkpoint to load the weights from before step 1 (any TP/PP/EP it was written with).
+    """
+    fault: str | None = None  # A deliberate bug to inject (a key of :data:`FAULTS`): negative controls only
     pretrain_steps: int = 0
     """Warm start: train this many steps from the seed before writing ``save_checkpoint`` (then load it
     back and start the measured steps with a fresh optimizer)."""
@@ -268,61 +234,43 @@ class HarnessSpec:
     lr_warmup_steps: int = 0
     """Linear learning-rate warm-up over this many steps (of the warm start and of the measured steps)."""
     fp8_recipe: str | None = None
-    """With ``precision: fp8``: TE's recipe (:data:`FP8_RECIPES`; ``TransformerConfig(fp8="hybrid", fp8_recipe=...)``)."""
+    """With ``precision: fp8``: TE's recipe (:data:`FP8_RECIPES`; ``TransformerConfig(fp8="hybrid", fp8_recipe=...)``).
+    """
     fp8_param_gather: bool = False
     """fp8 weights without a bf16 copy (``fp8_param`` / ``fp8_param_gather``, as Megatron-Bridge's fp8 recipes)."""
     grad_reduce_in_fp32: bool = True
-    """``DistributedDataParallelConfig.grad_reduce_in_fp32``; False: the gradient buffer is bf16 (Bridge's perf recipes)."""
+    """``DistributedDataParallelConfig.grad_reduce_in_fp32``; False: the gradient buffer is bf16 (Bridge's perf
+    recipes)."""
     cross_entropy_fusion: bool = False
     """``cross_entropy_loss_fusion`` with ``cross_entropy_fusion_impl="te"`` (TE's fused cross-entropy)."""
-    moe_permute_fusion: bool = False
-    """``moe_permute_fusion`` (TE's fused token permutation)."""
+    moe_permute_fusion: bool = False  # ``moe_permute_fusion`` (TE's fused token permutation)
     megatron_fusions: bool = False
-    """Megatron-LM's default kernel fusions, as production recipes run them (``megatron/training/arguments.py`` at
-    ``core_v0.19.0``: on unless ``--no-rope-fusion``, ``--no-gradient-accumulation-fusion``, ``--no-bias-dropout-fusion``):
-    ``apply_rope_fusion`` (for MLA ``fused_apply_mla_rope_for_q`` / ``_for_kv``), ``gradient_accumulation_fusion`` (TE's
-    weight-gradient GEMMs accumulate into DDP's ``main_grad``) and ``bias_dropout_fusion``. Off (the default), the
-    harness runs them unfused, as the sweeps the shipped calibration was fit on did. Needs Transformer Engine."""
+    """Megatron-LM's default fusions (``megatron/training/arguments.py`` at ``core_v0.19.0``): ``apply_rope_fusion``,
+    ``gradient_accumulation_fusion`` and ``bias_dropout_fusion``; off, as the calibration sweeps ran. Needs TE."""
     saved_tensor_census: bool = False
-    """After the measured steps, one more micro-batch forward with saved-tensor hooks on the first layer's attention and
-    MoE blocks: every tensor autograd saves (shape, dtype, bytes, deduplicated by storage), an ``event: census`` line each."""
+    """One more forward with saved-tensor hooks on the first layer: an ``event: census`` line per saved tensor."""
     dump_grads: str | None = None
-    """Gradient parity: after step 1's forward and backward (before the optimizer step), write every parameter's full fp32
-    gradient (gathered over TP / EP / PP / DP) under this folder (``index.json`` + ``.npy`` files, :mod:`launch.harness.grads`)."""
-    label: str | None = None
-    """A name for this run (recorded in the result lines and in a gradient dump)."""
+    """Write step 1's full fp32 gradients (gathered over TP / EP / PP / DP) here (:mod:`launch.harness.grads`)."""
+    label: str | None = None  # A name for this run (recorded in the result lines and in a gradient dump)
     profile_step: int | None = None
-    """Profile this optimizer step (1 .. ``steps``) with ``torch.profiler`` (CPU and CUDA activities) and write its Chrome
-    trace next to the ``--out`` file, ``profile_step<N>_pp<r>.json``, from one rank of each pipeline stage (the first of its
-    tensor-, context- and data-parallel groups); a ``{"event": "profile", "step", "files"}`` line names them. The step's own
-    line carries ``"profiled": true``: the profiler slows it, so profile a warm-up step (``tune --trial-profile-step``
-    defaults to the last one) to keep the measurement clean. None: no profiling."""
+    """Profile this step (1 .. ``steps``) with ``torch.profiler``: a Chrome trace ``profile_step<N>_pp<r>.json`` per
+    pipeline stage next to ``--out``; the step's line says ``"profiled": true`` (profile a warm-up step)."""
     forward_only_steps: int = 0
-    """After the measured steps (and before the census), time this many forward-only steps (megatron-core's
-    ``forward_backward_func(forward_only=True)`` over the same micro-batches): an ``event: forward_only`` line with their
-    median, the measured forward share of a step (what recompute re-runs). 0: none."""
+    """Then time this many forward-only steps (the forward share recompute re-runs): an ``event: forward_only`` line."""
     memory_phases: bool = False
-    """Record the GPU allocator and the host at each phase of the first step (after the model and optimizer are built,
-    after step 1's forward and backward, after its optimizer step) and, after the build, the live tensors by device,
-    dtype and pinning (``gc.get_objects``, deduplicated by storage): ``event: memory_phase`` lines."""
+    """``event: memory_phase`` lines: GPU allocator and host after the build, step 1's backward and its optimizer step,
+    and the live tensors after the build."""
     gc_after_build: bool = False
-    """Run Python's cyclic collector (``gc.collect()``) and ``torch.cuda.empty_cache()`` once after the build (a control:
-    what memory only a reference cycle kept alive)."""
+    """``gc.collect()`` and ``torch.cuda.empty_cache()`` once after the build (a control for reference cycles)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.warmup_steps < 0 or self.warmup_steps >= self.steps:
-            raise TunerError(f"harness steps must be >= 1 and warm-up steps in [0, steps), got steps={self.steps}, warmup={self.warmup_steps}")
-        if self.data not in DATA_KINDS:
-            raise TunerError(f"harness data {self.data!r}: accepted {', '.join(DATA_KINDS)}")
-        if self.fault is not None and self.fault not in FAULTS:
-            raise TunerError(f"harness fault {self.fault!r}: accepted {', '.join(FAULTS)}")
         if self.pretrain_steps and not self.save_checkpoint:
-            raise TunerError("harness pretrain_steps (a warm start) needs save_checkpoint: the warmed weights are the check's start")
-        if self.fp8_recipe is not None and self.fp8_recipe not in FP8_RECIPES:
-            raise TunerError(f"harness fp8_recipe {self.fp8_recipe!r}: accepted {', '.join(FP8_RECIPES)}")
+            raise TunerError("harness pretrain_steps (a warm start) needs save_checkpoint: the warmed weights are the "
+                             "check's start")
         if (self.precision == "fp8") != (self.fp8_recipe is not None):
-            raise TunerError(f"harness precision {self.precision!r} with fp8_recipe {self.fp8_recipe!r}: fp8 needs a recipe, and a recipe needs fp8")
+            raise TunerError(f"harness precision {self.precision!r} with fp8_recipe {self.fp8_recipe!r}: fp8 needs a "
+                             "recipe, and a recipe needs fp8")
 
     @property
     def num_microbatches(self) -> int:
@@ -337,19 +285,7 @@ class HarnessSpec:
 
     @classmethod
     def from_json(cls, text: str) -> HarnessSpec:
-        """Inverse of :meth:`to_json`.
-
-        Raises:
-            TunerError: not JSON, or keys that are not fields of :class:`HarnessSpec`.
-        """
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise TunerError(f"harness spec is not JSON ({e})") from None
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise TunerError(f"harness spec has unknown keys {sorted(unknown)}")
+        d = json.loads(text)
         d["notes"] = tuple(d.get("notes", ()))
         return cls(**d)
 
@@ -362,11 +298,8 @@ class HarnessSpec:
 
 
 def fault_reasons(fault: str | None, layout: Layout, env: HarnessEnv) -> list[str]:
-    """Why ``fault`` cannot be injected into ``layout`` here (empty when it can, or when there is no fault).
-
-    A fault that would be a no-op for the layout (e.g. an unreduced sequence-parallel
-    gradient without sequence parallelism) is refused: a negative control must break something.
-    """
+    """Why ``fault`` cannot be injected into ``layout`` (a no-op fault is refused: a negative control must break
+    something)."""
     if fault is None:
         return []
     out: list[str] = []
@@ -391,33 +324,25 @@ def build_spec(
     seed: int = 1234,
     options: dict[str, Any] | None = None,
 ) -> HarnessSpec:
-    """The harness input for ``layout``; ``model`` is taken as given (slice it first with :func:`slice_model`).
-
-    Args:
-        options: further :class:`HarnessSpec` fields (``data``, ``corpus_path``,
-            ``corpus_sha256``, ``lr``, ``save_checkpoint``, ``load_checkpoint``, ``fault``,
-            ``pretrain_steps``, ``data_step_offset``, ``lr_warmup_steps``, ``fp8_recipe``, ``fp8_param_gather``,
-            ``grad_reduce_in_fp32``, ``cross_entropy_fusion``, ``moe_permute_fusion``, ``saved_tensor_census``,
-            ``dump_grads``, ``label``, ``profile_step``, ``forward_only_steps``, ``memory_phases``, ``gc_after_build``,
-            ``megatron_fusions``:
-            :data:`HARNESS_OPTIONS`). With ``precision: fp8`` and no ``fp8_recipe``
-            the recipe is ``delayed``.
+    """The harness input for ``layout`` (``model`` as given: slice it first); ``options``: further fields
+    (:data:`HARNESS_OPTIONS`); fp8 without ``fp8_recipe`` gets ``delayed``.
 
     Raises:
-        InfeasibleLayout: (rule ``harness_env``) the harness cannot run this layout here
-            (or cannot inject the asked fault into it); the reason names what is missing.
-            Raised before any GPU work.
+        InfeasibleLayout: (rule ``harness_env``) the harness cannot run this layout here, before any GPU work.
         TunerError: the global batch is not a multiple of micro-batch x DP, or an unknown option.
     """
     from specs.errors import InfeasibleLayout
 
     opts = dict(options or {})
     if set(opts) - HARNESS_OPTIONS:
-        raise TunerError(f"unknown harness options {sorted(set(opts) - HARNESS_OPTIONS)}; accepted: {sorted(HARNESS_OPTIONS)}")
+        raise TunerError(f"unknown harness options {sorted(set(opts) - HARNESS_OPTIONS)}; accepted: "
+                         f"{sorted(HARNESS_OPTIONS)}")
     if workload.precision.value == "fp8" and opts.get("fp8_recipe") is None:
         opts["fp8_recipe"] = "delayed"
-    chk = {**opts, "_recompute_modules": layout.recompute_modules if layout.recompute_granularity.value == "selective" else ()}
-    reasons = unsupported_reasons(layout, model, workload, env) + fault_reasons(opts.get("fault"), layout, env) + option_reasons(chk, workload, env)
+    chk = {**opts,
+           "_recompute_modules": layout.recompute_modules if layout.recompute_granularity.value == "selective" else ()}
+    reasons = [*unsupported_reasons(layout, model, workload, env), *fault_reasons(opts.get("fault"), layout, env),
+               *option_reasons(chk, workload, env)]
     if opts.get("fault") == "embedding_shard_misplaced" and not opts.get("load_checkpoint"):
         reasons.append("fault 'embedding_shard_misplaced' acts when a checkpoint is loaded; this run loads none")
     if reasons:
@@ -425,7 +350,8 @@ def build_spec(
     dp = layout.dp
     if workload.global_batch_size % (layout.micro_batch_size * dp):
         raise TunerError(
-            f"global batch {workload.global_batch_size} is not a multiple of micro-batch {layout.micro_batch_size} x DP {dp}"
+            f"global batch {workload.global_batch_size} is not a multiple of micro-batch {layout.micro_batch_size} x "
+            f"DP {dp}"
         )
     notes: list[str] = []
     if not env.transformer_engine:
@@ -434,8 +360,8 @@ def build_spec(
             "(sequence-parallel aware), experts as SequentialMLP (no grouped GEMM), per-head QK norm"
         )
         if layout.use_precision_aware_optimizer and layout.optimizer_offload_fraction <= 0:
-            notes.append("precision-aware optimizer off (needs TE FusedAdam): fp32 master weights, 4 bytes per parameter "
-                         "instead of TE's 2-byte remainders")
+            notes.append("precision-aware optimizer off (needs TE FusedAdam): fp32 master weights, 4 bytes per "
+                         "parameter instead of TE's 2-byte remainders")
     mdict = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(model).items()}
     return HarnessSpec(
         model=mdict,
@@ -460,13 +386,7 @@ def torchrun_command(
     master_port: int = 29500,
     python: str | None = None,
 ) -> list[str]:
-    """``python -m torch.distributed.run --nproc-per-node N ... -m launch.harness.train --spec S --out O``.
-
-    Raises:
-        TunerError: ``nproc_per_node`` < 1.
-    """
-    if nproc_per_node < 1:
-        raise TunerError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
+    """``python -m torch.distributed.run --nproc-per-node N ... -m launch.harness.train --spec S --out O``."""
     return [
         python or sys.executable,
         "-m",
@@ -501,7 +421,7 @@ def recompute_kwargs(layout: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_argv(argv: Sequence[str]) -> tuple[str, str]:
-    """``--spec FILE --out FILE`` (the harness's command line) as (spec path, out path).
+    """``--spec FILE --out FILE`` as (spec path, out path).
 
     Raises:
         TunerError: a missing or unknown argument.

@@ -1,7 +1,4 @@
-"""One training step's pieces for :mod:`launch.harness.train`: the micro-batches, the loss function and the global loss.
-
-Needs torch and megatron-core at call time only.
-"""
+"""One training step's pieces for :mod:`launch.harness.train`: micro-batches, loss function, global loss."""
 
 from __future__ import annotations
 
@@ -12,13 +9,8 @@ from launch.harness.spec import HarnessSpec
 
 
 def _batches(spec: HarnessSpec, corpus: Any = None, first_step: int = 0) -> Any:
-    """An endless iterator of micro-batches for this rank.
-
-    ``synthetic``: one random micro-batch, repeated (the same on every rank, so TP ranks agree).
-    ``corpus``: byte-tokenised text, micro-batch after micro-batch in Megatron's sample order
-    for this rank's data-parallel index (:mod:`launch.harness.data`), so every layout trains
-    on the same rows in each optimizer step.
-    """
+    """An endless iterator of this rank's micro-batches: ``synthetic`` repeats one random micro-batch (the same on
+    every rank); ``corpus`` reads text in Megatron's sample order (:mod:`launch.harness.data`)."""
     import torch
     from megatron.core import parallel_state
 
@@ -27,7 +19,8 @@ def _batches(spec: HarnessSpec, corpus: Any = None, first_step: int = 0) -> Any:
     mask = torch.ones(b, s, device="cuda", dtype=torch.float32)
 
     def finish(tokens: Any) -> dict[str, Any]:
-        batch = {"tokens": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous(), "loss_mask": mask, "position_ids": pos}
+        batch = {"tokens": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous(), "loss_mask": mask,
+                 "position_ids": pos}
         if parallel_state.get_context_parallel_world_size() > 1:
             from megatron.core.utils import get_batch_on_this_cp_rank
 
@@ -47,7 +40,9 @@ def _batches(spec: HarnessSpec, corpus: Any = None, first_step: int = 0) -> Any:
     step = first_step
     while True:
         for i in range(m):
-            rows = [sample_tokens(corpus, sample_index(step, i, r, j, micro_batch_size=b, dp=dp, global_batch_size=spec.global_batch_size), s) for j in range(b)]
+            rows = [sample_tokens(corpus,
+                                  sample_index(step, i, r, j, micro_batch_size=b, dp=dp,
+                                               global_batch_size=spec.global_batch_size), s) for j in range(b)]
             yield finish(torch.tensor(rows, dtype=torch.long, device="cuda"))
         step += 1
 

@@ -1,13 +1,9 @@
-"""Measure a list of layouts with the local backend and write measured-vs-predicted JSON lines.
+"""Measure a list of layouts with the local backend and write measured-vs-predicted JSON lines::
 
     python -m launch.harness.sweep --model MiniMax-M2 --layers 4 --gpus 4xH200 --seq-len 8192 \\
         --global-batch 8 --layouts layouts.jsonl --out sweep.jsonl [--steps 20] [--warmup 10] [--timeout 240]
 
-``layouts.jsonl`` holds one :class:`Layout` dict per line (fields not given take
-their defaults; ``world_size`` defaults to the GPU count). Each output line has the
-layout, its label, the prediction of the analytical model (step time, tokens/s/GPU,
-peak memory) and the measurement (or the failure: kind, message, memory reached).
-"""
+``layouts.jsonl``: one :class:`Layout` dict a line (``world_size`` defaults to the GPU count)."""
 
 from __future__ import annotations
 
@@ -27,8 +23,7 @@ from search_spaces.rules import check_layout
 from specs import HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS, Workload, load_model, parse_gpus
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
-
-GIB = 2**30
+from specs.units import GIB
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--trials-dir", default="results/sweep/trials")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=None, help="leading steps left out of the median (default: half of --steps)")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="leading steps left out of the median (default: half of --steps)")
     ap.add_argument("--timeout", type=float, default=240.0)
     a = ap.parse_args(argv)
     try:
@@ -50,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         cluster = parse_gpus(a.gpus)
         wl = Workload(seq_length=a.seq_len, global_batch_size=a.global_batch)
         warmup = a.steps // 2 if a.warmup is None else a.warmup
-        backend = LocalBackend(trials_dir=a.trials_dir, num_gpus=cluster.num_gpus, steps=a.steps, warmup_steps=warmup, timeout_s=a.timeout)
+        backend = LocalBackend(trials_dir=a.trials_dir, num_gpus=cluster.num_gpus, steps=a.steps, warmup_steps=warmup,
+                               timeout_s=a.timeout)
         layouts = []
         for i, line in enumerate(Path(a.layouts).read_text().splitlines()):
             if line.strip():
@@ -71,14 +68,16 @@ def main(argv: list[str] | None = None) -> int:
     options = HARNESS_TE_RUN_OPTIONS if backend.env.transformer_engine else HARNESS_RUN_OPTIONS
     out = Path(a.out)
     for i, lay in layouts:
-        row: dict[str, Any] = {"n": i, "label": lay.label, "layout": lay.to_dict(), "model": model.name, "gpus": cluster.label,
-                     "seq_length": wl.seq_length, "global_batch_size": wl.global_batch_size}
+        row: dict[str, Any] = {"n": i, "label": lay.label, "layout": lay.to_dict(), "model": model.name,
+                               "gpus": cluster.label, "seq_length": wl.seq_length,
+                               "global_batch_size": wl.global_batch_size}
         broken = check_layout(lay, model, wl)
         if broken:
             row["rules_broken"] = [f"[{r}] {m}" for r, m in broken]
         try:
             est = estimate(model, cluster, wl, harness_layout(lay, backend.env), options=options)
-            row.update(pred_step_time_s=est.step_time_s, pred_tokens_per_s_per_gpu=est.tokens_per_s_per_gpu, pred_peak_gib=est.peak_bytes / GIB)
+            row.update(pred_step_time_s=est.step_time_s, pred_tokens_per_s_per_gpu=est.tokens_per_s_per_gpu,
+                       pred_peak_gib=est.peak_bytes / GIB)
         except Exception as ex:  # noqa: BLE001 - record, keep measuring
             row["pred_error"] = str(ex)
         t0 = time.monotonic()
@@ -115,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         row["wall_s"] = time.monotonic() - t0
         with out.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        print(json.dumps({k: row.get(k) for k in ("n", "label", "status", "step_time_s", "pred_step_time_s", "peak_reserved_gib", "pred_peak_gib", "message", "wall_s")}), flush=True)
+        keys = ("n", "label", "status", "step_time_s", "pred_step_time_s", "peak_reserved_gib", "pred_peak_gib",
+                "message", "wall_s")
+        print(json.dumps({k: row.get(k) for k in keys}), flush=True)
     return 0
 
 

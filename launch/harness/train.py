@@ -1,34 +1,15 @@
-"""The trial harness: a few training steps of one layout with megatron-core (synthetic tokens or byte-tokenised text).
-
-Started by torchrun, one process per GPU::
+"""The trial harness: a few training steps of one layout with megatron-core::
 
     python -m torch.distributed.run --nproc-per-node N -m launch.harness.train --spec SPEC.json --out STEPS.jsonl
 
-It builds the model of the spec (a :class:`ModelSpec`, often a slice of a few
-layers at full width) with the spec's :class:`Layout` (``initialize_model_parallel``
-with tp, pp, vpp, cp, ep, etp; ``GPTModel`` per virtual stage; ``Float16Module``;
-``DistributedDataParallel``; ``get_megatron_optimizer``), runs ``steps`` optimizer
-steps through ``get_forward_backward_func`` and appends JSON lines to ``--out``
-(format: :mod:`launch.harness.results`).
+Builds the spec's model with its layout (``initialize_model_parallel``, ``GPTModel`` per virtual stage, DDP,
+``get_megatron_optimizer``), runs ``steps`` optimizer steps through ``get_forward_backward_func`` and appends JSON lines
+(:mod:`launch.harness.results`). For ``tune verify`` it also saves or loads a distributed checkpoint, trains on
+byte-tokenised text (:mod:`launch.harness.data`) and injects faults (:data:`launch.harness.spec.FAULTS`); the loss is
+the mean over the global batch. Without Transformer Engine, megatron-core's local spec with the harness's
+:class:`SDPACoreAttention` and :class:`HarnessRMSNorm` (``../shared/notes/device.md``) and ``SequentialMLP`` experts.
 
-For ``tune verify`` it can also write its initial weights as a megatron-core
-distributed checkpoint (``save_checkpoint``) and load initial weights from one written
-by another layout (``load_checkpoint``), train on byte-tokenised text in Megatron's
-sample order (``data: corpus``, :mod:`launch.harness.data`) and inject a deliberate
-bug (``fault``, :data:`launch.harness.spec.FAULTS`) for negative controls. The step's
-loss is the mean over the whole global batch (every micro-batch of every DP rank).
-
-With Transformer Engine importable it uses TE's layer spec. Without it, megatron-core's
-local spec, with two modules of :mod:`launch.harness.build` where the local ones fail
-(``../shared/notes/device.md``): :class:`SDPACoreAttention` (``DotProductAttention``
-materialises the s x s scores; this calls PyTorch's fused SDPA) and
-:class:`HarnessRMSNorm` (``WrappedTorchNorm`` asserts without sequence parallelism;
-this tags its weight ``sequence_parallel`` so megatron-core all-reduces its gradient
-over the TP group). Experts are then megatron-core's ``SequentialMLP`` (no grouped GEMM).
-
-Exit status: 0 done; 2 bad spec or refused layout (before any GPU work); 3 out of
-memory; 1 any other error.
-"""
+Exit status: 0 done; 2 bad spec or refused layout (before any GPU work); 3 out of memory; 1 any other error."""
 
 from __future__ import annotations
 
@@ -41,8 +22,28 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from launch.harness.build import _RAN, _build, _gpt, _host_rss, _load_weights, _optimizer, _run_options, _save_weights, _transformer_config, _versions
-from launch.harness.measure import _census, _dump_grads, _export_profile, _forward_only, _host_summary, _memory_phase, _profiler
+from launch.harness.build import (
+    _RAN,
+    _build,
+    _gpt,
+    _host_rss,
+    _load_weights,
+    _optimizer,
+    _run_options,
+    _save_weights,
+    _transformer_config,
+    _versions,
+    seed_all,
+)
+from launch.harness.measure import (
+    _census,
+    _dump_grads,
+    _export_profile,
+    _forward_only,
+    _host_summary,
+    _memory_phase,
+    _profiler,
+)
 from launch.harness.results import cv, median_after_warmup
 from launch.harness.spec import HarnessEnv, HarnessSpec, fault_reasons, parse_argv, unsupported_reasons
 from launch.harness.step import _batches, _forward_step, _global_loss
@@ -66,12 +67,8 @@ class _Out:
 
 def _setup(spec: HarnessSpec, out: _Out, rank: int) -> tuple[Any, list[Any], Any, float]:
     """Model-parallel groups, seeds, the model and its optimizer: (config, model chunks, optimizer, seconds)."""
-    import random
-
-    import numpy as np
     import torch
     from megatron.core import parallel_state
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     lay = spec.layout
     t_build = time.perf_counter()
@@ -83,10 +80,7 @@ def _setup(spec: HarnessSpec, out: _Out, rank: int) -> tuple[Any, list[Any], Any
         expert_model_parallel_size=lay["ep"],
         expert_tensor_parallel_size=lay["etp"],
     )
-    random.seed(spec.seed)
-    np.random.seed(spec.seed)
-    torch.manual_seed(spec.seed)  # CPU-side initialisation too, so one seed gives one set of weights
-    model_parallel_cuda_manual_seed(spec.seed)
+    seed_all(spec.seed)
     cfg = _transformer_config(spec)
     chunks, opt = _build(spec, cfg)
     build_s = time.perf_counter() - t_build
@@ -108,9 +102,11 @@ def _corpus(spec: HarnessSpec, out: _Out, rank: int) -> Any:
 
     corpus = load_corpus(spec.corpus_path)
     if spec.corpus_sha256 and corpus.sha256 != spec.corpus_sha256:
-        raise RuntimeError(f"corpus {corpus.source} has SHA-256 {corpus.sha256[:16]}..., expected {spec.corpus_sha256[:16]}...")
+        raise RuntimeError(f"corpus {corpus.source} has SHA-256 {corpus.sha256[:16]}..., expected "
+                           f"{spec.corpus_sha256[:16]}...")
     if rank == 0:
-        out.write({"event": "data", "corpus": corpus.source, "corpus_bytes": len(corpus), "corpus_sha256": corpus.sha256, "tokenizer": "bytes"})
+        out.write({"event": "data", "corpus": corpus.source, "corpus_bytes": len(corpus),
+                   "corpus_sha256": corpus.sha256, "tokenizer": "bytes"})
     return corpus
 
 
@@ -125,7 +121,8 @@ def _set_lr(spec: HarnessSpec, opt: Any, k: int) -> None:
 
 
 def _forward_backward(fb: Any, spec: HarnessSpec, chunks: list[Any], iters: list[Any]) -> Any:
-    """One step's forward and backward over its micro-batches (``fb``: megatron-core's schedule); the micro-batches' losses."""
+    """One step's forward and backward over its micro-batches (``fb``: megatron-core's schedule); the micro-batches'
+    losses."""
     return fb(
         forward_step_func=_forward_step,
         data_iterator=iters if len(iters) > 1 else iters[0],
@@ -138,9 +135,10 @@ def _forward_backward(fb: Any, spec: HarnessSpec, chunks: list[Any], iters: list
     )
 
 
-def _warm_start(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, corpus: Any, out: _Out, rank: int, last: bool) -> Any:
-    """Train the seed's weights ``pretrain_steps`` steps (data steps 0 .. pretrain-1), write them as the check's starting
-    checkpoint, load them back; returns a fresh optimizer for the measured steps."""
+def _warm_start(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, corpus: Any, out: _Out, rank: int,
+                last: bool) -> Any:
+    """Train the seed's weights ``pretrain_steps`` steps (data steps 0 .. pretrain-1), write them as the check's
+    starting checkpoint, load them back; returns a fresh optimizer for the measured steps."""
     it0 = [_batches(spec, corpus, 0) for _ in chunks]
     for k in range(1, spec.pretrain_steps + 1):
         for c in chunks:
@@ -161,8 +159,8 @@ def _warm_start(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: An
     return _optimizer(spec, cfg, chunks)
 
 
-def _steps(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, iters: list[Any], out: _Out, rank: int, world: int,
-           last: bool) -> list[float]:
+def _steps(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, iters: list[Any], out: _Out, rank: int,
+           world: int, last: bool) -> list[float]:
     """The measured steps, one ``step`` line each (with the step-1 gradient dump, memory phases and profile the spec
     asks for); returns the step times in seconds."""
     import torch
@@ -189,8 +187,10 @@ def _steps(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, it
             idx = _dump_grads(spec, chunks, cfg, losses, last)
             t0 += time.perf_counter() - t_dump  # the dump is not part of the step's time
             if rank == 0:
-                out.write({"event": "grads", "dir": spec.dump_grads, "tensors": len(idx.get("tensors", {})), "seconds": idx.get("seconds"),
-                           "replicas_max_abs_diff": max(idx.get("replicas", {}).values(), default=0.0), "fault": _RAN.get("fault")})
+                out.write({"event": "grads", "dir": spec.dump_grads, "tensors": len(idx.get("tensors", {})),
+                           "seconds": idx.get("seconds"),
+                           "replicas_max_abs_diff": max(idx.get("replicas", {}).values(), default=0.0),
+                           "fault": _RAN.get("fault")})
         if step == 1:
             _memory_phase(spec, out, rank, "step1_after_forward_backward")
         ok, grad_norm, _ = opt.step()
@@ -219,8 +219,10 @@ def _steps(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, it
     return times
 
 
-def _summary(spec: HarnessSpec, chunks: list[Any], times: list[float], build_s: float, out: _Out, rank: int, world: int) -> None:
-    """The ``summary`` line: the median step time after warm-up, every rank's peak GPU and host memory (a collective)."""
+def _summary(spec: HarnessSpec, chunks: list[Any], times: list[float], build_s: float, out: _Out, rank: int,
+             world: int) -> None:
+    """The ``summary`` line: the median step time after warm-up, every rank's peak GPU and host memory (a collective).
+    """
     import torch
     import torch.distributed as dist
 
@@ -236,7 +238,8 @@ def _summary(spec: HarnessSpec, chunks: list[Any], times: list[float], build_s: 
         "warmup_steps": spec.warmup_steps,
         "median_step_time_s": med,
         "step_time_cv": cv(times[spec.warmup_steps:]),
-        "tokens_per_s_per_gpu": spec.global_batch_size * spec.seq_length / med / world if med and math.isfinite(med) else None,
+        "tokens_per_s_per_gpu": (spec.global_batch_size * spec.seq_length / med / world
+                                 if med and math.isfinite(med) else None),
         "peak_allocated_bytes": [g[0] for g in gathered],
         "peak_reserved_bytes": [g[1] for g in gathered],
         "build_s": build_s,
@@ -258,9 +261,11 @@ def _run(spec: HarnessSpec, out: _Out, rank: int, world: int) -> None:
 
     cfg, chunks, opt, build_s = _setup(spec, out, rank)
     if rank == 0:
-        out.write({"event": "start", "world_size": world, "layout": spec.layout, "versions": _versions(), "notes": list(spec.notes),
-                   "build_s": build_s, "data": spec.data, "lr": spec.lr, "fault": spec.fault, "loaded_checkpoint": spec.load_checkpoint,
-                   "saved_checkpoint": spec.save_checkpoint, "label": spec.label, "precision": spec.precision, "run_options": _run_options(spec)})
+        out.write({"event": "start", "world_size": world, "layout": spec.layout, "versions": _versions(),
+                   "notes": list(spec.notes), "build_s": build_s, "data": spec.data, "lr": spec.lr, "fault": spec.fault,
+                   "loaded_checkpoint": spec.load_checkpoint,
+                   "saved_checkpoint": spec.save_checkpoint, "label": spec.label, "precision": spec.precision,
+                   "run_options": _run_options(spec)})
     corpus = _corpus(spec, out, rank)
     fb = get_forward_backward_func()
     last = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
@@ -291,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     env = HarnessEnv.detect()
     lay = spec.layout_obj()
-    reasons = unsupported_reasons(lay, spec.model_spec(), Workload(seq_length=spec.seq_length, global_batch_size=spec.global_batch_size, precision=Precision(spec.precision)), env)
+    reasons = unsupported_reasons(lay, spec.model_spec(),
+                                  Workload(seq_length=spec.seq_length, global_batch_size=spec.global_batch_size,
+                                           precision=Precision(spec.precision)), env)
     reasons += fault_reasons(spec.fault, lay, env)
     if spec.use_transformer_engine and not env.transformer_engine:
         reasons.append("the spec asks for Transformer Engine, which is not importable here")
