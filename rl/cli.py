@@ -52,7 +52,7 @@ CalOpt = Annotated[Path | None, typer.Option("--calibration", help="RL calibrati
 MAX_NUM_SEQS = MAX_SEQUENCES_PER_STEP
 
 def _fail(e: TunerError) -> typer.Exit:
-    _err.print(f"[red]error: {escape(str(e))}[/red]", highlight=False, soft_wrap=True)
+    say(escape(str(e)), label="[bold red]error:[/]", indent=0, console=_err)  # as `tune` prints its errors
     return typer.Exit(code=2)
 
 

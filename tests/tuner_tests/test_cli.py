@@ -739,3 +739,12 @@ def test_pareto_fits_the_terminal_and_cuts_no_cell(main_run, terminal, width):
     assert r.exit_code == 0, r.output
     lines = fits(r.output)
     assert any(ln.split()[:3] == ["trial", "layout", "recompute"] for ln in lines)
+
+
+def test_an_error_wraps_at_the_terminal_under_its_first_word(terminal):
+    fits = terminal(80)
+    r = runner.invoke(app, ["--model", "Foo", "--gpus", "64xH200"])
+    assert r.exit_code == 2
+    first, *rest = fits(r.output)
+    assert first.startswith("error: --model 'Foo': unknown model.") and rest
+    assert all(ln.startswith(" " * 7) and ln[7] != " " for ln in rest)

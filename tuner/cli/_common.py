@@ -74,7 +74,8 @@ def error_message(e: BaseException) -> str:
 
 
 def _red(text: str) -> None:
-    err.print(f"[bold red]error:[/] {escape(text)}", soft_wrap=True)
+    """``error: text`` on stderr, wrapped at the terminal's width under its first word."""
+    say(escape(text), label="[bold red]error:[/]", indent=0, console=err)
 
 
 def _traceback(e: BaseException) -> None:
