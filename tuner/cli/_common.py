@@ -262,8 +262,8 @@ class TuneGroup(TyperGroup):
                      "file from a copy")
                 code = 2
             else:
-                err.print(f"[bold red]internal error:[/] {escape(f'{type(e).__name__}: {e}')}"
-                          + ("" if debug else " (re-run with --debug for the traceback, and report it)"), soft_wrap=True)
+                say(escape(f"{type(e).__name__}: {e}") + ("" if debug else " (re-run with --debug for the traceback, and report it)"),
+                    label="[bold red]internal error:[/]", indent=0, console=err)
                 code = 1
         if standalone_mode:
             sys.exit(code)
