@@ -741,6 +741,14 @@ def test_pareto_fits_the_terminal_and_cuts_no_cell(main_run, terminal, width):
     assert any(ln.split()[:3] == ["trial", "layout", "recompute"] for ln in lines)
 
 
+def test_the_pareto_table_names_recompute_in_one_short_word():
+    from tuner.cli._front import _short_recompute
+
+    assert _short_recompute("selective moe_act+layernorm+core_attn") == "act+ln+attn"
+    assert _short_recompute("selective mlp") == "mlp"
+    assert [_short_recompute(x) for x in ("full uniform 1", "full block 2", "none")] == ["full u1", "full b2", "none"]
+
+
 def test_an_error_wraps_at_the_terminal_under_its_first_word(terminal):
     fits = terminal(80)
     r = runner.invoke(app, ["--model", "Foo", "--gpus", "64xH200"])

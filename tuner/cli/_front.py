@@ -20,8 +20,8 @@ def table_rows(front: list[dict[str, Any]], top: int) -> list[dict[str, Any]]:
 
 
 def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: str = "tune pareto --top 0") -> None:
-    """The Pareto table in seven columns that fit 80 (its ``trial`` column numbers the points of ``pareto.png``); then how
-    many rows were left out. Offload, dispatcher, layer split, MFU and $/1M tokens are in ``pareto.csv`` and ``report.html``.
+    """The Pareto table in seven columns that fit 80 (its ``trial`` column numbers the points of ``pareto.png``; a
+    selective recompute shows its modules, short: ``act+ln+attn``); then how many rows were left out. Offload, dispatcher, layer split, MFU and $/1M tokens are in ``pareto.csv`` and ``report.html``.
 
     Args:
         front: rows of :func:`tuner.report.front_rows`, fastest first.
@@ -48,9 +48,16 @@ def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: st
         print_command(*shlex.split(more_hint))
 
 
+#: The recompute modules (specs.layout.RECOMPUTE_MODULES) as the Pareto table names them; pareto.csv has the full names.
+_SHORT_MODULES = {"core_attn": "attn", "moe_act": "act", "layernorm": "ln", "mla_up_proj": "mla", "shared_experts": "shexp"}
+
+
 def _short_recompute(label: str) -> str:
-    """``full uniform 1`` -> ``full u1``, ``full block 2`` -> ``full b2``, ``selective moe+mlp`` -> ``sel moe, mlp`` (wraps at whole module names)."""
-    return label.replace("full uniform ", "full u").replace("full block ", "full b").replace("selective ", "sel ").replace("+", ", ")
+    """``full uniform 1`` -> ``full u1``, ``full block 2`` -> ``full b2``, ``selective moe_act+layernorm+core_attn`` ->
+    ``act+ln+attn`` (its modules, short: :data:`_SHORT_MODULES`)."""
+    if label.startswith("selective "):
+        return "+".join(_SHORT_MODULES.get(m, m) for m in label.removeprefix("selective ").split("+"))
+    return label.replace("full uniform ", "full u").replace("full block ", "full b")
 
 
 def print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:
