@@ -239,16 +239,16 @@ def check(
         if pls:
             out.print(f"  --pipeline-model-parallel-layout '{pls}'", markup=False)
         for rid, reason in policy:
-            out.print(f"  note [{rid}] (the tuner's own convention; Megatron accepts it): {reason}", markup=False)
+            say(f"(the tuner's own convention; Megatron accepts it): {reason}", label=f"note [{rid}]", markup=False)
         for note in notes:
-            out.print(f"  note: {note}", markup=False)
+            say(note, label="note:", markup=False)
         return
     out.print(f"[red]invalid[/]: {lay.label} breaks {len(broken)} rule(s):")
     for rid, reason in broken:
         hint = split_hint(m, lay) if rid == "pipeline_split" and layout.pipeline_layout is None else ""
-        out.print(f"  [{rid}] {reason}{hint}", markup=False)
+        say(f"{reason}{hint}", label=f"[{rid}]", markup=False)
     for rid, reason in policy:
-        out.print(f"  note [{rid}] (the tuner's own convention; Megatron accepts it): {reason}", markup=False)
+        say(f"(the tuner's own convention; Megatron accepts it): {reason}", label=f"note [{rid}]", markup=False)
     raise typer.Exit(code=2)
 
 
@@ -267,7 +267,7 @@ def _print_estimate(e: Any, d: dict[str, Any], lay: Any, m: Any, c: Any, w: Any,
         out.print(f"  your launch ({launch.launch.path.name}): {arguments_read(launch.launch, verbose=False, hint='--json')}",
                   markup=False)
         for n in launch.launch.model_notes:
-            out.print(f"  note: {n}", markup=False)
+            say(n, label="note:", markup=False)
     if d["pipeline_model_parallel_layout"]:
         out.print(f"  --pipeline-model-parallel-layout '{d['pipeline_model_parallel_layout']}'")
     out.print(f"  tokens/s/GPU {e.tokens_per_s_per_gpu:,.1f} (90%: {lo:,.0f}-{hi:,.0f}); step {e.step_time_s:.2f} s")
