@@ -219,7 +219,7 @@ def _print_recommended(best: RLPlan, rank: int, framework: Framework, note: str,
     parts = [("generation", pt.generation_s), ("log-probs", pt.logprob_s), ("training", pt.training_s), ("refit", pt.refit_s)]
     if c.colocated:
         parts.append(("switch", pt.switch_s))
-    _out.print("  seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in parts), markup=False)
+    say(", ".join(f"{k} {v:.1f}" for k, v in parts), label="seconds:", markup=False, console=_out)
     if note:
         say(note, label="note:", markup=False, console=_out)
     if hint:
@@ -506,7 +506,7 @@ def _print_plan_text(job: RLJob, framework: Framework, cal: RLCalibration, ps: P
     _print_plans("Fastest plan per rollout-GPU count (every count, not a Pareto front)", ps.fastest_per_rollout_gpus(), async_steps=async_steps)
     if async_steps:
         _print_plans("Fastest plan per async depth K (staleness)", ps.fastest_per_async_depth(), async_steps=async_steps)
-    _out.print(_legend(headers), markup=False, highlight=False)
+    say(_legend(headers), indent=0, hang=2, markup=False, console=_out)
     for w in written:
         _out.print(f"wrote the recommended plan's {'slime launch' if framework == Framework.slime else 'NeMo-RL recipe'} to {w}", highlight=False, markup=False)
 
