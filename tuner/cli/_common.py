@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import re
 import shlex
 import sys
 import traceback
@@ -89,14 +90,14 @@ class _FoldingHelpTable(Table):
     long names mid-word; here:
 
     * an option's names share one cell, one a line (a short name beside the first), as wide as the longest name;
-    * a choice type wider than :data:`_TYPE_WIDTH` (``<bf16|fp8|checkpoint>``) breaks after a ``|``;
+    * a type wider than :data:`_TYPE_WIDTH` (``<bf16|fp8|checkpoint>``) breaks after a ``|`` or at a space;
     * only the last column, the help, gives way (rich ``ratio``); cells fold instead of being cut with ``…``.
     """
 
     def add_row(self, *renderables: Any, **kwargs: Any) -> None:
         if len(renderables) >= 6:  # an options panel: [required,] long, short, --no- long, --no- short, type, help
             *head, long, short, neg, neg_short, types, text = renderables
-            renderables = (*head, _option_names(long, short, neg, neg_short), _break_choices(types), text)
+            renderables = (*head, _option_names(long, short, neg, neg_short), _break_type(types), text)
         super().add_row(*renderables, **kwargs)
         for column in self.columns:
             column.overflow = "fold"
@@ -117,13 +118,17 @@ def _option_names(long: Text, short: Text, neg: Text, neg_short: Text) -> Text:
     return Text("\n").join([hi(Text(n)) for n in lines] + [neg_hi(Text(n)) for n in names(neg) + names(neg_short)])
 
 
-def _break_choices(types: Text) -> Text:
-    """``<bf16|fp8|checkpoint>`` as lines of at most :data:`_TYPE_WIDTH` cells, each broken after a ``|``."""
+def _break_type(types: Text) -> Text:
+    """``<bf16|fp8|checkpoint>``, ``<int range> [5<=x<=10000]`` as lines of at most :data:`_TYPE_WIDTH` cells, each
+    broken after a ``|`` or at a space."""
     if types.cell_len <= _TYPE_WIDTH:
         return types
     lines = [""]
-    for part in types.plain.replace("|", "|\0").split("\0"):
-        lines[-1:] = [lines[-1] + part] if len(lines[-1] + part) <= _TYPE_WIDTH or not lines[-1] else [lines[-1], part]
+    for piece in re.findall(r"[^ |]*\||[^ |]+| ", types.plain):
+        if lines[-1].strip() and len(lines[-1] + piece) > _TYPE_WIDTH:
+            lines[-1:] = [lines[-1].rstrip(), piece.strip()]
+        else:
+            lines[-1] += piece
     return typer.rich_utils.types_highlighter(Text("\n".join(lines), style=types.style))
 
 
