@@ -461,16 +461,16 @@ def _print_plan(prep: Any, cfg: Any) -> None:
 def _print_space(prep: Any, cfg: Any) -> None:
     """``--verbose``: the network, the space's counts by rule, what was left out and why."""
     en, c = prep.enumeration, prep.cluster
-    out.print(f"Network: {escape(c.network_label)}; megatron-core {prep.options.megatron_core} rules", soft_wrap=True)
+    say(f"Network: {escape(c.network_label)}; megatron-core {prep.options.megatron_core} rules", indent=0, hang=2)
     out.print(f"Layouts considered: {fmt_int(en.considered)}; break a Megatron rule: {fmt_int(en.considered - len(en.valid))}")
     for rid, cnt in sorted(en.rule_counts.items(), key=lambda kv: -kv[1]):
         if cnt:
             out.print(f"  {rid:<34} {fmt_int(cnt):>12}")
     rule = (f"a fixed {cfg.memory_headroom:.0%} headroom" if cfg.memory_headroom is not None else
             f"memory interval of the {prep.bars.family} error bars" if prep.bars else "the prediction")
-    out.print(f"Valid: {fmt_int(prep.n_valid)}; not fitting ({rule}): {fmt_int(prep.n_valid - prep.n_fit - prep.n_over_host)}; "
-              f"over host memory: {fmt_int(prep.n_over_host)}; candidates: {fmt_int(prep.n_fit)}, "
-              f"of which surely slower than the best: {fmt_int(int((prep.fits & ~prep.contenders).sum()))}")
+    say(f"Valid: {fmt_int(prep.n_valid)}; not fitting ({rule}): {fmt_int(prep.n_valid - prep.n_fit - prep.n_over_host)}; "
+        f"over host memory: {fmt_int(prep.n_over_host)}; candidates: {fmt_int(prep.n_fit)}, "
+        f"of which surely slower than the best: {fmt_int(int((prep.fits & ~prep.contenders).sum()))}", indent=0, hang=2)
     for note in en.notes:
         say(note, label="note:", indent=0, markup=False)
     out.print(f"(enumerated and checked in {prep.enumerate_seconds:.2f} s, estimated in {prep.estimate_seconds:.2f} s)")
