@@ -9,7 +9,7 @@ from rich.console import JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
-from tuner.cli._common import out, print_command
+from tuner.cli._common import out, print_command, say
 
 __all__ = ["print_front", "print_ties", "table_rows"]
 
@@ -69,8 +69,8 @@ def print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:
         text = runs_summary(r)
         if text is not None:
             warn = "[bold red]" if r.get("runs_failed") else ""
-            out.print(f"  {warn}confirmed{'[/]' if warn else ''}: trial {r['trial']} ({escape(long_label(r))}): "
-                      f"{r['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU over {escape(text)}")
+            say(f"{warn}confirmed{'[/]' if warn else ''}: trial {r['trial']} ({escape(long_label(r))}): "
+                f"{r['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU over {escape(text)}", hang=2, console=out)
     if best.get("source") != "measured":  # a study that mixes sources: against its fastest measured trial
         measured = fastest_measured(rows)
         if measured is None:
@@ -87,7 +87,5 @@ def print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:
     caveat = ("runs of one layout can differ by more than their own noise (docs/measurements.md), so treat them as equally "
               "fast and choose on memory, or re-measure them (--confirm-runs)." if spread is None
               else "treat them as equally fast and choose on memory, or give them more runs (--confirm-runs).")
-    out.print(
-        f"  [yellow]within measurement noise of trial {best['trial']}[/] ({TIE_Z:g} standard errors of the difference of {basis}): "
-        f"{escape(listed)}{more}. Their step times cannot rank these layouts; {caveat}"
-    )
+    say(f"[yellow]within measurement noise of trial {best['trial']}[/] ({TIE_Z:g} standard errors of the difference of {basis}): "
+        f"{escape(listed)}{more}. Their step times cannot rank these layouts; {caveat}", hang=2, console=out)
