@@ -49,7 +49,7 @@ CalOpt = Annotated[Path | None, typer.Option("--calibration", help="RL calibrati
 
 
 def _fail(e: TunerError) -> typer.Exit:
-    _err.print(f"[red]error: {escape(str(e))}[/red]", highlight=False, soft_wrap=True)
+    say(escape(str(e)), label="[bold red]error:[/]", indent=0, console=_err)  # as `tune` prints its errors
     return typer.Exit(code=2)
 
 
@@ -226,7 +226,7 @@ def _print_recommended(best: RLPlan, rank: int, framework: Framework, note: str,
              ("refit", pt.refit_s)]
     if c.colocated:
         parts.append(("switch", pt.switch_s))
-    _out.print("  seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in parts), markup=False)
+    say(", ".join(f"{k} {v:.1f}" for k, v in parts), label="seconds:", markup=False, console=_out)
     if note:
         say(note, label="note:", markup=False, console=_out)
     if hint:
@@ -548,9 +548,8 @@ def _print_plan_text(job: RLJob, framework: Framework, cal: RLCalibration, ps: P
     _print_plans("Fastest plan per rollout-GPU count (every count, not a Pareto front)", ps.fastest_per_rollout_gpus(),
                  async_steps=async_steps)
     if async_steps:
-        _print_plans("Fastest plan per async depth K (staleness)", ps.fastest_per_async_depth(),
-                     async_steps=async_steps)
-    _out.print(_legend(headers), markup=False, highlight=False)
+        _print_plans("Fastest plan per async depth K (staleness)", ps.fastest_per_async_depth(), async_steps=async_steps)
+    say(_legend(headers), indent=0, hang=2, markup=False, console=_out)
     for w in written:
         _out.print("wrote the recommended plan's "
                    f"{'slime launch' if framework == Framework.slime else 'NeMo-RL recipe'} to {w}", highlight=False,

@@ -58,15 +58,17 @@ def fitted_table(cols: Sequence[Col], rows: Sequence[Sequence[str]], console: Co
     return t
 
 
-def say(text: str, *, label: str = "", indent: int = 2, markup: bool = True, console: Console | None = None) -> None:
+def say(text: str, *, label: str = "", indent: int = 2, markup: bool = True, console: Console | None = None,
+        hang: int | None = None) -> None:
     """Print ``text`` ``indent`` spaces in, after ``label`` (``note:``) if given, its wrapped lines under its first word
-    (a hanging indent): a long line reads as one paragraph of whole words at any width, with no trailing spaces."""
+    (a hanging indent; ``hang`` cells further in than the first line if given): a long line reads as one paragraph of
+    whole words at any width, with no trailing spaces."""
     console = console or out
     body = Text.from_markup(text) if markup else Text(text)
     head = (Text.from_markup(label) if markup else Text(label)) if label else Text()
-    hang = head.cell_len + (1 if label else 0)
+    hang = head.cell_len + (1 if label else 0) if hang is None else hang
     width = max(console.width - indent - hang, 20)
     for k, line in enumerate(body.wrap(console, width)):
         line.rstrip()
-        prefix = Text(" " * indent) + (head + " " if k == 0 and label else Text(" " * hang))
+        prefix = Text(" " * indent) + ((head + " " if label else Text()) if k == 0 else Text(" " * hang))
         console.print(prefix + line, soft_wrap=True)

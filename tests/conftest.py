@@ -9,7 +9,11 @@ import pytest
 os.environ["COLUMNS"] = "200"
 
 from specs import Workload, load_model, parse_gpus
+from specs.console import err
 from specs.layout import Layout
+
+# An error wraps at the terminal's width under its first word; the tests read its message whole.
+err.width = 100_000
 
 
 @pytest.fixture

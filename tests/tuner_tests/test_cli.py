@@ -704,8 +704,8 @@ ESTIMATE = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "
 
 @pytest.mark.parametrize("width", [80, 120])
 @pytest.mark.parametrize(("args", "needle"), [
-    (["--help"], "--global-batch"),
-    (["rl", "--help"], "calibrate"),
+    (["--help"], "--accumulate-allreduce-grads-in-fp32"),  # an option name is never folded
+    (["rl", "--help"], "--gpu-memory-utilization"),
     (["estimate", *ESTIMATE], "dispatcher_buffers"),
     (["check", *ESTIMATE], "valid"),
     (["models"], "Qwen3-235B-A22B"),
@@ -731,3 +731,20 @@ def test_pareto_fits_the_terminal_and_cuts_no_cell(main_run, terminal, width):
     assert r.exit_code == 0, r.output
     lines = fits(r.output)
     assert any(ln.split()[:3] == ["trial", "layout", "recompute"] for ln in lines)
+
+
+def test_the_pareto_table_names_recompute_in_one_short_word():
+    from tuner.cli._front import _short_recompute
+
+    assert _short_recompute("selective moe_act+layernorm+core_attn") == "act+ln+attn"
+    assert _short_recompute("selective mlp") == "mlp"
+    assert [_short_recompute(x) for x in ("full uniform 1", "full block 2", "none")] == ["full u1", "full b2", "none"]
+
+
+def test_an_error_wraps_at_the_terminal_under_its_first_word(terminal):
+    fits = terminal(80)
+    r = runner.invoke(app, ["--model", "Foo", "--gpus", "64xH200"])
+    assert r.exit_code == 2
+    first, *rest = fits(r.output)
+    assert first.startswith("error: --model 'Foo': unknown model.") and rest
+    assert all(ln.startswith(" " * 7) and ln[7] != " " for ln in rest)

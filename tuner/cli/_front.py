@@ -9,7 +9,7 @@ from rich.console import JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
-from tuner.cli._common import out, print_command
+from tuner.cli._common import out, print_command, say
 
 __all__ = ["print_front", "print_ties", "table_rows"]
 
@@ -20,9 +20,15 @@ def table_rows(front: list[dict[str, Any]], top: int) -> list[dict[str, Any]]:
 
 
 def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: str = "tune pareto --top 0") -> None:
-    """The Pareto table of ``front`` (fastest first) in seven columns that fit 80 (``trial`` numbers the points of
-    ``pareto.png``; the other columns are in ``pareto.csv``), its ``top`` rows (0 = all), then ``more_hint`` for the
-    rows left out."""
+    """The Pareto table in seven columns that fit 80 (its ``trial`` column numbers the points of ``pareto.png``; a
+    selective recompute shows its modules, short: ``act+ln+attn``); then how many rows were left out. Offload, dispatcher, layer split, MFU and $/1M tokens are in ``pareto.csv`` and ``report.html``.
+
+    Args:
+        front: rows of :func:`tuner.report.front_rows`, fastest first.
+        top: rows to print (0 = all).
+        title: the table's title.
+        more_hint: where the rest is, e.g. ``tune pareto --study NAME --top 0`` (shell-quoted).
+    """
     out.print(title)  # not the table's title: rich wraps a title to the table's width
     t = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
     columns: list[tuple[str, JustifyMethod]] = [("trial", "right"), ("layout", "left"), ("recompute", "left"),
@@ -43,11 +49,16 @@ def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: st
         print_command(*shlex.split(more_hint))
 
 
+#: The recompute modules (specs.layout.RECOMPUTE_MODULES) as the Pareto table names them; pareto.csv has the full names.
+_SHORT_MODULES = {"core_attn": "attn", "moe_act": "act", "layernorm": "ln", "mla_up_proj": "mla", "shared_experts": "shexp"}
+
+
 def _short_recompute(label: str) -> str:
-    """``full uniform 1`` -> ``full u1``, ``full block 2`` -> ``full b2``, ``selective moe+mlp`` -> ``sel moe, mlp``
-    (wraps at whole module names)."""
-    return label.replace("full uniform ", "full u").replace("full block ", "full b").replace("selective ",
-                                                                                             "sel ").replace("+", ", ")
+    """``full uniform 1`` -> ``full u1``, ``full block 2`` -> ``full b2``, ``selective moe_act+layernorm+core_attn`` ->
+    ``act+ln+attn`` (its modules, short: :data:`_SHORT_MODULES`)."""
+    if label.startswith("selective "):
+        return "+".join(_SHORT_MODULES.get(m, m) for m in label.removeprefix("selective ").split("+"))
+    return label.replace("full uniform ", "full u").replace("full block ", "full b")
 
 
 def print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:
@@ -59,8 +70,8 @@ def print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:
         text = runs_summary(r)
         if text is not None:
             warn = "[bold red]" if r.get("runs_failed") else ""
-            out.print(f"  {warn}confirmed{'[/]' if warn else ''}: trial {r['trial']} ({escape(long_label(r))}): "
-                      f"{r['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU over {escape(text)}")
+            say(f"{warn}confirmed{'[/]' if warn else ''}: trial {r['trial']} ({escape(long_label(r))}): "
+                f"{r['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU over {escape(text)}", hang=2, console=out)
     if best.get("source") != "measured":  # a study that mixes sources: against its fastest measured trial
         measured = fastest_measured(rows)
         if measured is None:
@@ -78,7 +89,5 @@ def print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:
     caveat = ("runs of one layout can differ by more than their own noise (docs/measurements.md), so treat them as "
               "equally fast and choose on memory, or re-measure them (--confirm-runs)." if spread is None
               else "treat them as equally fast and choose on memory, or give them more runs (--confirm-runs).")
-    out.print(
-        f"  [yellow]within measurement noise of trial {best['trial']}[/] ({TIE_Z:g} standard errors of the difference "
-        f"of {basis}): {escape(listed)}{more}. Their step times cannot rank these layouts; {caveat}"
-    )
+    say(f"[yellow]within measurement noise of trial {best['trial']}[/] ({TIE_Z:g} standard errors of the difference of {basis}): "
+        f"{escape(listed)}{more}. Their step times cannot rank these layouts; {caveat}", hang=2, console=out)

@@ -244,16 +244,16 @@ def check(layout: LayoutFlags, run: RunChoice, model: ModelOpt = None, gpus: Gpu
         if pls:
             out.print(f"  --pipeline-model-parallel-layout '{pls}'", markup=False)
         for rid, reason in policy:
-            out.print(f"  note [{rid}] (the tuner's own convention; Megatron accepts it): {reason}", markup=False)
+            say(f"(the tuner's own convention; Megatron accepts it): {reason}", label=f"note [{rid}]", markup=False)
         for note in notes:
-            out.print(f"  note: {note}", markup=False)
+            say(note, label="note:", markup=False)
         return
     out.print(f"[red]invalid[/]: {lay.label} breaks {len(broken)} rule(s):")
     for rid, reason in broken:
         hint = split_hint(m, lay) if rid == "pipeline_split" and layout.pipeline_layout is None else ""
-        out.print(f"  [{rid}] {reason}{hint}", markup=False)
+        say(f"{reason}{hint}", label=f"[{rid}]", markup=False)
     for rid, reason in policy:
-        out.print(f"  note [{rid}] (the tuner's own convention; Megatron accepts it): {reason}", markup=False)
+        say(f"(the tuner's own convention; Megatron accepts it): {reason}", label=f"note [{rid}]", markup=False)
     raise typer.Exit(code=2)
 
 
@@ -262,14 +262,11 @@ def _print_estimate(e: Any, d: dict[str, Any], lay: Any, m: Any, c: Any, w: Any,
     """Print ``tune estimate``'s text: the estimate ``e`` (``d``, its JSON form) of layout ``lay``; ``bounds`` the 90%
     intervals of throughput (tokens/s/GPU) and peak memory (bytes)."""
     lo, hi, mlo, mhi = bounds
-    out.print(f"[bold]{lay.label}[/] ({escape(m.name)} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}) "
-              "- [bold]predicted[/] by the analytical model")
-    say(f"recompute {lay.recompute_label}, offload {lay.offload_label}, {lay.dispatcher.value} dispatcher, micro-batch "
-        f"{lay.micro_batch_size}")
-    out.print(f"  {escape(stack.line)}" + (f"; task {w.task}" + (f", LoRA rank {w.lora_rank} on "
-                                                                 f"{','.join(w.lora_target_modules)}"
-                                                                  if w.task == "lora" else "")
-                                           if w.task != "pretrain" else ""))
+    say(f"[bold]{lay.label}[/] ({escape(m.name)} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}) - [bold]predicted[/] by the "
+        "analytical model", indent=0, hang=4)
+    say(f"recompute {lay.recompute_label}, offload {lay.offload_label}, {lay.dispatcher.value} dispatcher, micro-batch {lay.micro_batch_size}")
+    out.print(f"  {escape(stack.line)}" + (f"; task {w.task}" + (f", LoRA rank {w.lora_rank} on {','.join(w.lora_target_modules)}"
+                                                                  if w.task == "lora" else "") if w.task != "pretrain" else ""))
     if launch is not None:
         from tuner.cli._from import arguments_read
 
@@ -277,7 +274,7 @@ def _print_estimate(e: Any, d: dict[str, Any], lay: Any, m: Any, c: Any, w: Any,
                   f"{arguments_read(launch.launch, verbose=False, hint='--json')}",
                   markup=False)
         for n in launch.launch.model_notes:
-            out.print(f"  note: {n}", markup=False)
+            say(n, label="note:", markup=False)
     if d["pipeline_model_parallel_layout"]:
         out.print(f"  --pipeline-model-parallel-layout '{d['pipeline_model_parallel_layout']}'")
     out.print(f"  tokens/s/GPU {e.tokens_per_s_per_gpu:,.1f} (90%: {lo:,.0f}-{hi:,.0f}); step {e.step_time_s:.2f} s")

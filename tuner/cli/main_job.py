@@ -440,22 +440,21 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
     out.print(_study_counts(res, len(rows), cfg.backend))
     for note in (res.budget_note, res.confirm_note):
         if note:
-            out.print(f"note: {escape(note)}")
+            say(escape(note), label="note:", indent=0)
     if launch is not None:
         from tuner.cli._from import compare_line
 
         say(compare_line(prep, best, rows), indent=0, markup=False)
     if best["source"] == "predicted":
-        for gap in gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay), prep.model, prep.cluster.gpu,
-                        prep.calibration)[:2]:
-            out.print(f"note: {gap.line}", markup=False)
+        for gap in gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay), prep.model, prep.cluster.gpu, prep.calibration)[:2]:
+            say(gap.line, label="note:", indent=0, markup=False)
     out.print()
     print_front(front, top, title=f"Pareto front ({src_word}; tok/s = tokens/s/GPU, 90% interval; * may not fit)",
                 more_hint=shell_command("tune", "pareto", *flags, "--top", "0"))
     print_ties(rows, best)
-    out.print(f"Results in {res.out_dir}/: {', '.join(p.name for p in files.values())}", markup=False)
+    say(f"Results in {res.out_dir}/: {', '.join(p.name for p in files.values())}", indent=0, hang=2, markup=False)
     if report_note:
-        out.print(report_note, markup=False, soft_wrap=True)
+        say(report_note, indent=0, hang=2, markup=False)
     if best["source"] == "predicted":
         from tuner.study.config import cheapest_trial_gpu_hours, policy_params
 
@@ -468,15 +467,17 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
         args = _real_trial_args(state.argv, prep, cfg)
         if prep.stack is not None and prep.stack.flags and prep.stack.preset.name == "slime":
             # run flags need the user's own stack: the harness (local, ray) runs its own and refuses them
-            out.print(f"Next: measure the contenders through your own launch, which has these run flags (about "
-                      f"{trial_gh:,.1f} GPU-hours a trial; docs/trials.md#through-your-own-launch):", markup=False)
-            via = ["command", "--command-template", "launch/templates/slime_command.yaml"]
+            say(f"Next: measure the contenders through your own launch, which has these run flags (about "
+                f"{trial_gh:,.1f} GPU-hours a trial; docs/trials.md#through-your-own-launch):", indent=0, hang=2, markup=False)
+            print_command("tune", *_real_trial_args(state.argv, prep, cfg), "--backend", "command", "--command-template",
+                          "launch/templates/slime_command.yaml", "--gpu-hours", budget)
         elif prep.stack is not None and prep.stack.flags:
             # the shipped template runs slime's entry point: another stack's launch needs a template of its own
-            out.print(f"Next: measure the contenders through your own {prep.stack.preset.name} launch, which has these "
-                      f"run flags (about {trial_gh:,.1f} GPU-hours a trial): write its launch template "
-                      "(docs/trials.md#a-template-for-a-torchrun-launch), then:", markup=False)
-            via = ["command", "--command-template", "YOUR_TEMPLATE.yaml"]
+            say(f"Next: measure the contenders through your own {prep.stack.preset.name} launch, which has these run flags "
+                f"(about {trial_gh:,.1f} GPU-hours a trial): write its launch template "
+                "(docs/trials.md#a-template-for-a-torchrun-launch), then:", indent=0, hang=2, markup=False)
+            print_command("tune", *_real_trial_args(state.argv, prep, cfg), "--backend", "command", "--command-template",
+                          "YOUR_TEMPLATE.yaml", "--gpu-hours", budget)
         else:
             out.print(f"Next: measure the contenders (about {trial_gh:,.1f} GPU-hours a trial):", markup=False)
             via = ["ray", "--ray-address", "auto"]
@@ -500,32 +501,29 @@ def _print_plan(prep: Any, cfg: Any) -> None:
 
     pp = policy_params(prep, n_trials(cfg))
     each = cheapest_trial_gpu_hours(prep)
-    buys = (f"; --gpu-hours {cfg.gpu_hours:g} buys at most {int(cfg.gpu_hours // each)} of them"
-            if cfg.gpu_hours and each == each else "")
-    out.print(f"Plan: {fmt_int(int(prep.contenders.sum()))} contenders (candidates not surely slower than the best); a "
-              f"trial costs about {fmt_gpu_hours(each)} GPU-hours "
-              f"({prep.cluster.num_gpus} GPUs, {pp.startup_s:.0f} s start-up until measured, {pp.steps} steps){buys}; "
-              f"at most {pp.max_trials} trials; stop when no untried layout may beat the best by {cfg.stop_gain:.0%} "
-              f"at {cfg.stop_confidence:.0%} confidence")
+    buys = f"; --gpu-hours {cfg.gpu_hours:g} buys at most {int(cfg.gpu_hours // each)} of them" if cfg.gpu_hours and each == each else ""
+    say(f"Plan: {fmt_int(int(prep.contenders.sum()))} contenders (candidates not surely slower than the best); a trial costs "
+        f"about {fmt_gpu_hours(each)} GPU-hours "
+        f"({prep.cluster.num_gpus} GPUs, {pp.startup_s:.0f} s start-up until measured, {pp.steps} steps){buys}; at most "
+        f"{pp.max_trials} trials; stop when no untried layout may beat the best by {cfg.stop_gain:.0%} at "
+        f"{cfg.stop_confidence:.0%} confidence", indent=0, hang=2, markup=False)
 
 
 def _print_space(prep: Any, cfg: Any) -> None:
     """``--verbose``: the network, the space's counts by rule, what was left out and why."""
     en, c = prep.enumeration, prep.cluster
-    out.print(f"Network: {escape(c.network_label)}; megatron-core {prep.options.megatron_core} rules", soft_wrap=True)
-    out.print(f"Layouts considered: {fmt_int(en.considered)}; break a Megatron rule: "
-              f"{fmt_int(en.considered - len(en.valid))}")
+    say(f"Network: {escape(c.network_label)}; megatron-core {prep.options.megatron_core} rules", indent=0, hang=2)
+    out.print(f"Layouts considered: {fmt_int(en.considered)}; break a Megatron rule: {fmt_int(en.considered - len(en.valid))}")
     for rid, cnt in sorted(en.rule_counts.items(), key=lambda kv: -kv[1]):
         if cnt:
             out.print(f"  {rid:<34} {fmt_int(cnt):>12}")
     rule = (f"a fixed {cfg.memory_headroom:.0%} headroom" if cfg.memory_headroom is not None else
             f"memory interval of the {prep.bars.family} error bars" if prep.bars else "the prediction")
-    out.print(f"Valid: {fmt_int(prep.n_valid)}; not fitting ({rule}): "
-              f"{fmt_int(prep.n_valid - prep.n_fit - prep.n_over_host)}; over host memory: "
-              f"{fmt_int(prep.n_over_host)}; candidates: {fmt_int(prep.n_fit)}, of which surely slower than the best: "
-              f"{fmt_int(int((prep.fits & ~prep.contenders).sum()))}")
+    say(f"Valid: {fmt_int(prep.n_valid)}; not fitting ({rule}): {fmt_int(prep.n_valid - prep.n_fit - prep.n_over_host)}; "
+        f"over host memory: {fmt_int(prep.n_over_host)}; candidates: {fmt_int(prep.n_fit)}, "
+        f"of which surely slower than the best: {fmt_int(int((prep.fits & ~prep.contenders).sum()))}", indent=0, hang=2)
     for note in en.notes:
-        out.print(f"note: {note}", markup=False)
+        say(note, label="note:", indent=0, markup=False)
     out.print(f"(enumerated and checked in {prep.enumerate_seconds:.2f} s, estimated in {prep.estimate_seconds:.2f} s)")
 
 

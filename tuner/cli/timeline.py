@@ -32,8 +32,8 @@ from tuner.cli._common import (
     StorageOpt,
     err,
     load_study,
-    out,
     run_options,
+    say,
     study_context,
 )
 from tuner.cli._from import FromOpt
@@ -141,21 +141,20 @@ def timeline(
     path = out_file or default
     _write_json(path, trace, "--out", force)
     e = det.estimate
-    out.print(f"[bold]{e.layout.label}[/] ({title}) - [bold]predicted[/] by the analytical model")
-    out.print(f"  step {trace_step_seconds(trace):.3f} s (the estimate's {e.step_time_s:.3f} s), pipeline bubble "
-              f"{max(0.0, trace_bubble_fraction(trace)):.1%} of the step, {e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU; "
-              f"{det.pp} pipeline ranks x {det.vpp} virtual stages, {det.num_microbatches} micro-batches")
+    say(f"[bold]{e.layout.label}[/] ({title}) - [bold]predicted[/] by the analytical model", indent=0, hang=4)
+    say(f"step {trace_step_seconds(trace):.3f} s (the estimate's {e.step_time_s:.3f} s), pipeline bubble {max(0.0, trace_bubble_fraction(trace)):.1%} of the step, "
+              f"{e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU; {det.pp} pipeline ranks x {det.vpp} virtual stages, {det.num_microbatches} micro-batches")
     if stack_line:
-        out.print(f"  {stack_line}", markup=False)
-    out.print(f"  predicted trace: {path}", markup=False)
+        say(stack_line, markup=False)
+    say(f"predicted trace: {path}", markup=False)
     for p in measured:
-        out.print(f"  measured trace (torch.profiler, one step of the trial): {p}", markup=False)
+        say(f"measured trace (torch.profiler, one step of the trial): {p}", markup=False)
     if png is not None:
         from tuner.plots import plot_timelines
 
         plot_timelines(png, [trace, *others], force=force)
-        out.print(f"  Gantt chart: {png}", markup=False)
-    out.print("  open a trace in https://ui.perfetto.dev (Open trace file) or chrome://tracing (Load)", markup=False)
+        say(f"Gantt chart: {png}", markup=False)
+    say("open a trace in https://ui.perfetto.dev (Open trace file) or chrome://tracing (Load)", markup=False)
 
 
 def _read_trace(path: Path) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from tuner.cli._common import ResultsOpt, StorageOpt, StudyNameOpt, err, load_st
 
 __all__ = ["app", "verify"]
 
-app = typer.Typer()
+app = typer.Typer(add_completion=False)  # one command: typer would add --install-completion to it
 
 
 @app.command()
