@@ -469,19 +469,18 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
             # run flags need the user's own stack: the harness (local, ray) runs its own and refuses them
             say(f"Next: measure the contenders through your own launch, which has these run flags (about "
                 f"{trial_gh:,.1f} GPU-hours a trial; docs/trials.md#through-your-own-launch):", indent=0, hang=2, markup=False)
-            print_command("tune", *_real_trial_args(state.argv, prep, cfg), "--backend", "command", "--command-template",
+            print_command("tune", *args, "--backend", "command", "--command-template",
                           "launch/templates/slime_command.yaml", "--gpu-hours", budget)
         elif prep.stack is not None and prep.stack.flags:
             # the shipped template runs slime's entry point: another stack's launch needs a template of its own
             say(f"Next: measure the contenders through your own {prep.stack.preset.name} launch, which has these run flags "
                 f"(about {trial_gh:,.1f} GPU-hours a trial): write its launch template "
                 "(docs/trials.md#a-template-for-a-torchrun-launch), then:", indent=0, hang=2, markup=False)
-            print_command("tune", *_real_trial_args(state.argv, prep, cfg), "--backend", "command", "--command-template",
+            print_command("tune", *args, "--backend", "command", "--command-template",
                           "YOUR_TEMPLATE.yaml", "--gpu-hours", budget)
         else:
             out.print(f"Next: measure the contenders (about {trial_gh:,.1f} GPU-hours a trial):", markup=False)
-            via = ["ray", "--ray-address", "auto"]
-        print_command("tune", *args, "--backend", *via, "--gpu-hours", budget)
+            print_command("tune", *args, "--backend", "ray", "--ray-address", "auto", "--gpu-hours", budget)
     else:
         out.print("Next: check convergence against a reference layout:", markup=False)
         print_command("tune", "verify", *flags, "--trial", best["trial"], "--reference", "tp=1,pp=1,ep=1")
