@@ -1,6 +1,7 @@
 """Benchmark (issue 3 targets): k-fold-by-model error of the cost model on published runs.
 
     PYTHONPATH=. python benchmarks/bench_validation.py [--data benchmarks/data/published_runs.csv] [--processes 2]
+        [--hold-out MODEL ...] [--fine-tuning]
 
 Each model's runs are predicted by a calibration fitted (``cost_model.calibrate``) on the
 other models' runs (and the seed's two runs), so no number comes from fitting the rows it
@@ -39,10 +40,16 @@ def main() -> None:
     ap.add_argument("--rows", default=None, help="also write every held-out row's prediction here (JSON lines)")
     ap.add_argument("--hold-out", action="append", default=None, metavar="MODEL",
                     help="run only this model's fold (repeatable; each still fitted on every other model's rows)")
+    ap.add_argument("--fine-tuning", action="store_true",
+                    help="run only the folds of the models with SFT or LoRA rows (added to any --hold-out)")
     a = ap.parse_args()
     t0 = time.perf_counter()
     runs, problems = read_runs([a.data, str(ROOT / "cost_model" / "data" / "seed_runs.csv")])
-    folds = kfold_by_model(runs, processes=a.processes, max_nfev=a.max_nfev, models=a.hold_out)
+    models = a.hold_out
+    if a.fine_tuning:
+        tuned_models = {r.model.name for r in runs if r.model is not None and r.workload is not None and r.workload.task != "pretrain"}
+        models = sorted(set(models or ()) | tuned_models)
+    folds = kfold_by_model(runs, processes=a.processes, max_nfev=a.max_nfev, models=models)
     preds: list[Prediction] = []
     for f in folds.values():
         for r, p in zip(f["runs"], f["predicted"]):

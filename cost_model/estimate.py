@@ -212,10 +212,11 @@ def _time_per_microbatch(c: TableContext, copies: Array) -> dict[str, Array]:
                                            sel_attn + recompute.selective_moe_time(c, fwd_moe, elem_moe, shared))
     rec_dense = recompute.recompute_dense_time(c, share, fwd_attn, fwd_dense,
                                                sel_attn + recompute.selective_dense_time(c, fwd_dense))
+    ad_attn, ad_dense, ad_moe = lora.adapter_time(c, copies)
     # MLA's unfused RoPE is memory-bound work too
-    c_attn = compute.attention_compute_time(c, linear, core, elem_attn + rope)
-    c_moe = compute.moe_compute_time(c, experts, router, shared, elem_moe)
-    c_dense = compute.dense_compute_time(c, mlp, elem_attn)
+    c_attn = compute.attention_compute_time(c, linear, core, elem_attn + rope) + ad_attn
+    c_moe = compute.moe_compute_time(c, experts, router, shared, elem_moe) + ad_moe
+    c_dense = compute.dense_compute_time(c, mlp, elem_attn) + ad_dense
     # Per rank class: the rank's MoE and dense layers, (n, K).
     nm, nd = c.moe_layers, c.dense_layers
     return {

@@ -369,6 +369,27 @@ def _notes(text: str) -> dict[str, str]:
     return {k: v for k, v in _KV_RE.findall(text or "")}
 
 
+def _lora_settings(notes: dict[str, str]) -> dict[str, Any]:
+    """A LoRA row's adapters from its notes, Megatron-Bridge's ``LoRA`` fields: ``lora_rank=16`` (``dim``) and
+    ``lora_target_modules=[linear_qkv]`` (``target_modules``); absent keys keep :class:`specs.Workload`'s defaults
+    (Bridge's ``dim`` 32 on qkv, proj, fc1, fc2).
+
+    Raises:
+        TunerError: a rank that is not a positive integer or a module :class:`specs.Workload` does not accept.
+    """
+    out: dict[str, Any] = {}
+    if "lora_rank" in notes:
+        raw = notes["lora_rank"].strip("'\"")
+        if not raw.isdigit() or int(raw) <= 0:
+            raise TunerError(f"lora_rank={raw[:20]!r}: a positive integer")
+        out["lora_rank"] = int(raw)
+    if "lora_target_modules" in notes:
+        out["lora_target_modules"] = _list(notes["lora_target_modules"])
+    if out:
+        Workload(task="lora", **out)  # refuses a module it does not know, naming it
+    return out
+
+
 def _list(v: str) -> tuple[str, ...]:
     return tuple(x.strip(" '\"") for x in v.strip("[]").split(",") if x.strip(" '\""))
 
@@ -564,9 +585,14 @@ def _read_row(raw: dict[Any, Any], i: int, p: Path, cols: list[str], gpu_names: 
         run.unrepresentable = "; ".join(reasons)
         return run
     try:
+        adapters = _lora_settings(notes) if task == "lora" else {}
+    except TunerError as e:
+        run.unrepresentable = f"notes: {e}"
+        return run
+    try:
         run.cluster = _cluster(gpu, run.num_gpus)
         run.workload = Workload(seq_length=int(c.seq), global_batch_size=int(c.gbs),  # type: ignore[arg-type]
-                                precision=c.prec, task=task or "pretrain")
+                                precision=c.prec, task=task or "pretrain", **adapters)
     except TunerError as e:  # out-of-range cells (e.g. 2,000,000 GPUs): this row only
         col = "num_gpus" if "GPUs" in str(e) else "seq_len / gbs"
         problems.append(RowProblem(i, rid, col, "out of range: "

@@ -6,7 +6,8 @@ matrices, ``A`` (in x r) and ``B`` (r x out), with their own main gradients and 
 ``peft/lora.py`` at 067f987d: ``ParallelLinearAdapter(in_features, out_features, dim)``; grouped MoE experts share one
 adapter per EP rank, ``share_expert_adapters=True``). The adapters follow the base layer's tensor split, so an
 adapter's elements per GPU are ``r (in + out) / tp`` (``/ etp`` for the experts'). The frozen GEMMs skip their weight
-gradient (:func:`gemm_passes`). Returns are elements, ``(n, K)``, as in :mod:`cost_model.terms.params`.
+gradient (:func:`gemm_passes`); the adapters' own work is memory-bound (:func:`adapter_time`). Returns of the
+parameter functions are elements, ``(n, K)``, as in :mod:`cost_model.terms.params`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,22 @@ from cost_model.terms.context import Array, TableContext, col
 from specs.errors import TunerError
 from specs.units import BF16_BYTES
 
-__all__ = ["adapter_params", "adapter_weight_bytes", "check_targets", "gemm_passes", "trainable_params"]
+__all__ = ["ADAPTER_INPUT_PASSES", "ADAPTER_OUTPUT_PASSES", "adapter_params", "adapter_time", "adapter_weight_bytes",
+           "check_targets", "gemm_passes", "trainable_params"]
+
+#: bf16 passes over HBM of an adapted layer's input, per token, forward + backward, of Megatron-Bridge's unfused
+#: ``LoRALinear`` (``peft/lora_layers.py`` and ``ParallelLinearAdapter.forward`` in ``peft/utils.py`` at 067f987d,
+#: ``dropout`` 0): ``linear_in`` reads the input (forward), its weight gradient reads it again and its input gradient
+#: writes one, and autograd sums that into the base layer's input gradient (two reads, one write). [inferred from the
+#: code, not measured]
+ADAPTER_INPUT_PASSES = 6.0
+
+#: bf16 passes over HBM of an adapted layer's output, per token, forward + backward (same source): ``linear_out``
+#: writes the output, ``x * (alpha / dim)`` reads and writes it, ``linear_output + adapter_output`` reads two and
+#: writes one; backward, the scale reads and writes the gradient and ``linear_out``'s input and weight gradients each
+#: read it. The rank-wide tensors between the two GEMMs (r = 16..32 elements a token) are left out. [inferred from the
+#: code, not measured]
+ADAPTER_OUTPUT_PASSES = 10.0
 
 
 def _lora(c: TableContext) -> bool:
@@ -87,3 +103,46 @@ def gemm_passes(c: TableContext, full: float) -> float:
     less with LoRA, whose frozen weights get no weight gradient (the adapters' own GEMMs, ``2 r (in + out)`` per token,
     are left out: at r = 32 they are about 2% of a 4,096-wide layer's)."""
     return full - 1.0 if _lora(c) else full
+
+
+def _passes(inputs: Array | float, outputs: Array | float) -> Array | float:
+    """bf16 bytes per token of one adapted layer whose input and output per GPU are ``inputs`` / ``outputs`` wide."""
+    return BF16_BYTES * (ADAPTER_INPUT_PASSES * inputs + ADAPTER_OUTPUT_PASSES * outputs)
+
+
+def adapter_time(c: TableContext, copies: Array) -> tuple[Array, Array, Array]:
+    """The adapters' memory-bound work per layer per micro-batch, forward + backward: attention side (qkv, proj), a
+    dense layer's MLP (fc1, fc2) and a MoE layer's (shared experts and routed experts, the latter per routed copy).
+
+    Bytes per token of an adapted layer are :data:`ADAPTER_INPUT_PASSES` x its input width plus
+    :data:`ADAPTER_OUTPUT_PASSES` x its output width per GPU (bf16): a column-parallel layer (qkv, fc1) sees the
+    whole input (sequence-parallel input gathered) and ``1 / tp`` of the output, a row-parallel one (proj, fc2)
+    ``1 / tp`` of the input and the whole output; experts split by ETP over ``copies``
+    (:func:`cost_model.terms.activations.routed_token_copies`). Priced at the achieved HBM bandwidth. The adapters'
+    GEMM FLOPs (``2 r (in + out)`` a token) are left out: at r = 32 about 1% of the frozen layer's.
+
+    Args:
+        copies: routed token copies per GPU, ``(n, 1)`` (ignored for a dense model).
+
+    Returns:
+        Three arrays of seconds, ``(n, 1)``; zeros without ``--task lora``.
+    """
+    zero = np.zeros_like(c.tokens)
+    if not _lora(c):
+        return zero, zero, zero
+    m, t = c.dims, set(c.workload.lora_target_modules)
+    tp, etp = col(c.tp), col(c.etp)
+    g = 2.0 if m.gated else 1.0
+
+    def mlp(ffn: float, width: Array) -> Array | float:
+        return ((_passes(m.h, g * ffn / width) if "linear_fc1" in t else 0.0)
+                + (_passes(ffn / width, m.h) if "linear_fc2" in t else 0.0))
+
+    attn = ((_passes(m.h, (m.q_dim + m.kv_dim) / tp) if "linear_qkv" in t else 0.0)
+            + (_passes(m.ctx_dim / tp, m.h) if "linear_proj" in t else 0.0))
+    dense = mlp(float(m.ffn), tp)
+    moe = (c.tokens * mlp(float(m.shared_ffn), tp) if m.shared_ffn else zero)
+    if m.is_moe:
+        moe = moe + copies * mlp(float(m.moe_ffn), etp)
+    bw = c.hbm_bytes_per_s
+    return zero + c.tokens * attn / bw, zero + c.tokens * dense / bw, zero + moe / bw

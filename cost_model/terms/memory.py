@@ -86,16 +86,28 @@ def offload_kept_bytes(c: TableContext, per_rank: Array) -> Array:
     return np.where(off > 0, per_rank - off * per_layer + per_layer, per_rank)
 
 
+#: The Transformer Engine release from which megatron-core captures per-layer graphs with
+#: ``make_graphed_callables(_reuse_graph_input_output_buffers=True)`` (NVIDIA/Megatron-LM ``d98e8a64``
+#: ``megatron/core/transformer/cuda_graphs.py`` l.2683-2686, ``is_te_min_version("2.7.0")``).
+TE_GRAPH_BUFFER_REUSE_SINCE = (2, 7)
+
+
 def cuda_graph_buffer_bytes(c: TableContext, inflight: Array) -> Array:
     """Static buffers of per-layer CUDA graphs (``--cuda-graph-impl transformer_engine`` with a scope other than the
     whole iteration), bytes ``(n, K)``: ``cuda_graph_static_buffers x layer input x layers x inflight`` (TE
     ``make_graphed_callables`` keeps static inputs and outputs per callable and micro-batch). [inferred from TE's API;
-    not measured]. A whole-iteration graph replays in its own pool: 0, as without graphs."""
+    not measured]. From :data:`TE_GRAPH_BUFFER_REUSE_SINCE` on, a micro-batch's static inputs pass to the next forward
+    once its backward is done (megatron-core ``_get_sample_arguments``; TE ``graph.py`` at ``d0067d0d`` l.303-371,
+    880-887): the live inputs are the saved layer inputs the activations count, one buffer fewer. A whole-iteration
+    graph replays in its own pool: 0, as without graphs."""
     opt = c.options
     if not opt.cuda_graph_scope or opt.cuda_graph_full:
         return np.zeros_like(c.layers)
     layer_input = BF16_BYTES * c.tokens * c.dims.h / col(c.tp)
-    return c.cal.cuda_graph_static_buffers * layer_input * c.layers * inflight * c.live
+    buffers = c.cal.cuda_graph_static_buffers
+    if opt.te_version_tuple >= TE_GRAPH_BUFFER_REUSE_SINCE:
+        buffers = max(buffers - 1.0, 0.0)
+    return buffers * layer_input * c.layers * inflight * c.live
 
 
 def a2a_overlap_extra_bytes(c: TableContext, full_moe: Array) -> Array:

@@ -114,3 +114,42 @@ def test_published_sft_and_lora_runs_are_validated_with_their_task(tmp_path):
     runs = {r.run_id: r for r in read_runs(Path(__file__).resolve().parents[2] / "benchmarks/data/published_runs.csv")[0]}
     assert runs["102"].workload.task == "sft" and runs["103"].workload.task == "lora"
     assert not runs["103"].unrepresentable
+
+
+def test_adapters_cost_their_memory_passes(monkeypatch):
+    """Each adapted layer reads and writes its input 6 times and its output 10 times a token (bf16), at the achieved
+    HBM bandwidth: Llama-3.1-8B with adapters on linear_qkv only, TP 2 (qkv is column-parallel: whole input, half the
+    output), written out from the shapes."""
+    from cost_model.terms import lora
+
+    m, c = load_model("Llama-3.1-8B"), parse_gpus("8xH100")
+    lay = Layout(world_size=8, tp=2, sequence_parallel=True)
+    w = Workload(task="lora", lora_rank=16, lora_target_modules=("linear_qkv",))
+    ctx = context.build_context(m, c, w, LayoutTable.from_layouts([lay]), Calibration(), DEFAULT_RUN_OPTIONS)
+    h, d = m.hidden_size, m.kv_channels
+    qkv = (m.num_attention_heads + 2 * m.num_query_groups) * d
+    per_token = 2 * (6 * h + 10 * qkv / 2)
+    attn, dense, moe = lora.adapter_time(ctx, ctx.tokens)
+    assert float(attn[0, 0]) == pytest.approx(per_token * w.seq_length / ctx.hbm_bytes_per_s, rel=1e-9)
+    assert float(dense[0, 0]) == 0.0 and float(moe[0, 0]) == 0.0  # fc1 / fc2 not adapted
+    with_adapters = estimate(m, c, w, lay).time["compute"]
+    monkeypatch.setattr(lora, "ADAPTER_INPUT_PASSES", 0.0)
+    monkeypatch.setattr(lora, "ADAPTER_OUTPUT_PASSES", 0.0)
+    microbatches = w.global_batch_size // (8 // 2)
+    w = dataclasses.replace(w)  # a new object: estimate() keeps recent results by the workload's identity
+    assert with_adapters - estimate(m, c, w, lay).time["compute"] == pytest.approx(
+        microbatches * m.num_layers * float(attn[0, 0]), rel=1e-6)
+
+
+def test_published_lora_rows_read_their_recipe_adapters():
+    """Megatron-Bridge's Llama-3-70B LoRA perf recipes adapt linear_qkv only at rank 16; a bad note names itself."""
+    from cost_model.run_table import _lora_settings
+    from cost_model.validate import read_runs
+
+    runs = {r.run_id: r for r in read_runs(Path(__file__).resolve().parents[2] / "benchmarks/data/published_runs.csv")[0]}
+    assert (runs["391"].workload.lora_rank, runs["391"].workload.lora_target_modules) == (16, ("linear_qkv",))
+    assert runs["102"].workload.lora_rank == Workload().lora_rank  # SFT keeps the defaults (unused)
+    with pytest.raises(TunerError, match="lora_rank='0': a positive integer"):
+        _lora_settings({"lora_rank": "0"})
+    with pytest.raises(TunerError, match="router"):
+        _lora_settings({"lora_target_modules": "[linear_qkv, router]"})
