@@ -1,6 +1,6 @@
-"""Bad input loses nothing and runs nothing (docs/reliability.md): one guard for users' files (:mod:`specs.files`) gives
-every hostile file one :class:`TunerError` naming it before anything parses more than the size limit; outputs replace
-only their own kind; a storage password stays out of files; a resume asks for what was left."""
+"""Bad input loses nothing and runs nothing (docs/reliability.md): a user's file that cannot be parsed is one
+:class:`TunerError` naming it (:mod:`specs.files`); outputs replace only their own kind; a storage password stays out
+of files; a resume asks for what was left."""
 
 from __future__ import annotations
 
@@ -134,9 +134,11 @@ def _big_cell(t: Path) -> str:
 @pytest.mark.parametrize(("args", "needle"), [
     (lambda t: ["validate", "--data", _big_cell(t)], "field larger than field limit"),
     (lambda t: ["pareto", "--study", "name\n"], "a study name is"),
-    (lambda t: ["--from", _text(t, "l.yaml", "a: " + "[" * 50_000 + "]" * 50_000), "--gpus", "8xH200"], "nested too deeply"),
+    (lambda t: ["--from", _text(t, "l.yaml", "a: " + "[" * 50_000 + "]" * 50_000), "--gpus", "8xH200"],
+     "nested too deeply"),
     (lambda t: ["calibrate", "--data", str(Path(__file__).parents[1] / "benchmarks" / "data" / "published_runs.csv"),
-                "--out", _text(t, "notes.txt", "my notes\n")], "holds another kind of file"),  # before the fit: no "fitting"
+                "--out", _text(t, "notes.txt", "my notes\n")],
+     "holds another kind of file"),  # before the fit: no "fitting"
 ])
 def test_hostile_command_inputs_get_one_line(tmp_path, args, needle):
     from typer.testing import CliRunner
@@ -144,7 +146,8 @@ def test_hostile_command_inputs_get_one_line(tmp_path, args, needle):
     from tuner.cli import app
 
     r = CliRunner().invoke(app, args(tmp_path))
-    assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output and "fitting" not in r.output, r.output
+    assert r.exit_code == 2 and needle in r.output, r.output
+    assert "Traceback" not in r.output and "fitting" not in r.output, r.output
 
 
 def _text(t: Path, name: str, text: str) -> str:
@@ -156,8 +159,10 @@ def test_a_storage_password_stays_out_of_the_files():
     from tuner.study.config import TuneConfig, storage_place
 
     url = "postgresql://tuner:s3cret@db.example:5432/studies"
-    assert TuneConfig(model="m", gpus="g", storage=url).to_dict()["storage"] == "postgresql://tuner@db.example:5432/studies"
-    assert storage_place(url) == storage_place("postgresql://tuner:other@db.example:5432/studies")  # one place, any password
+    kept = TuneConfig(model="m", gpus="g", storage=url).to_dict()["storage"]
+    assert kept == "postgresql://tuner@db.example:5432/studies"
+    # one place, any password
+    assert storage_place(url) == storage_place("postgresql://tuner:other@db.example:5432/studies")
 
 
 def test_a_missing_postgresql_driver_is_named(tmp_path):
@@ -170,12 +175,14 @@ def test_a_missing_postgresql_driver_is_named(tmp_path):
     if importlib.util.find_spec("psycopg2") or importlib.util.find_spec("psycopg"):
         pytest.skip("a PostgreSQL driver is installed here")
     for args in (["--model", "Llama-3.1-8B", "--gpus", "8xH200"], ["pareto", "--study", "s"]):
-        r = CliRunner().invoke(app, [*args, "--storage", "postgresql://u:pw@127.0.0.1:1/db", "--results-dir", str(tmp_path)])
+        r = CliRunner().invoke(app, [*args, "--storage", "postgresql://u:pw@127.0.0.1:1/db",
+                                     "--results-dir", str(tmp_path)])
         assert r.exit_code == 2 and "pip install psycopg[binary]" in r.output and "pw" not in r.output, r.output
 
 
 def test_the_resume_command_after_an_interrupt_asks_for_what_was_left():
     from tuner.cli.main_job import _with_trials
 
-    assert _with_trials(["--model", "M", "--trials", "50", "--study", "s"], 37) == ["--model", "M", "--study", "s", "--trials", "37"]
+    assert _with_trials(["--model", "M", "--trials", "50", "--study", "s"], 37) == [
+        "--model", "M", "--study", "s", "--trials", "37"]
     assert _with_trials(["--model", "M", "--trials=50"], 3) == ["--model", "M", "--trials", "3"]
