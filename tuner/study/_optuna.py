@@ -27,6 +27,10 @@ storages, heartbeats) and nothing private outside this module. What it needs bey
    ``alembic_version`` row ``RDBStorage`` loads alembic's migration scripts to learn the head revision; the
    tables, rows and stamp it would write are written directly (for schema :data:`RDB_SCHEMA_VERSION` only).
    ``RDBStorage`` then opens it with its public ``skip_table_creation`` and ``skip_compatibility_check``.
+6. **One NSGA-II generation per trial, however often it samples** (:func:`pin_generation`):
+   ``BaseGASampler.get_trial_generation`` writes the trial's generation to the storage and reads it back from
+   the trial it is handed; the candidate sampler draws many times in one trial, so the generation found on the
+   first draw is kept on that trial (``_get_generation_key``) instead of being scanned for and written each draw.
 
 ``tests/tuner_tests/test_optuna_internals.py`` fails when any of these names, signatures or the schema change.
 """
@@ -82,6 +86,13 @@ def storage_of(study: optuna.Study) -> optuna.storages.BaseStorage:
 def trial_id_of(trial: optuna.Trial | FrozenTrial) -> int:
     """A trial's id in its storage (``_trial_id``)."""
     return trial._trial_id
+
+
+def pin_generation(sampler: optuna.samplers.BaseSampler, study: optuna.Study, trial: FrozenTrial) -> None:
+    """For a genetic sampler (NSGA-II): find and record the trial's generation once, and keep it on ``trial`` (the
+    frozen trial the sampler is handed again on the next draw of the same trial). Other samplers: nothing."""
+    if isinstance(sampler, optuna.samplers.BaseGASampler):
+        trial.system_attrs[sampler._get_generation_key()] = sampler.get_trial_generation(study, trial)
 
 
 def set_trial_user_attr(study: optuna.Study, trial_id: int, key: str, value: Any) -> None:
