@@ -220,3 +220,15 @@ def test_closing_reaches_an_engine_its_storage_left_behind(tmp_path):
     assert (tmp_path / "study.db-wal").exists()
     _optuna.close_storages()
     assert not (tmp_path / "study.db-wal").exists() and left_behind is not None
+
+
+def test_the_generation_of_a_trial_is_pinned_on_the_trial_it_is_handed():
+    sampler = optuna.samplers.NSGAIISampler(seed=0, population_size=2)
+    study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
+    trial = study.ask()
+    frozen = study._storage.get_trial(trial._trial_id)
+    _optuna.pin_generation(sampler, study, frozen)
+    key = sampler._get_generation_key()
+    assert key == "NSGAIISampler:generation" and frozen.system_attrs[key] == 0
+    assert study._storage.get_trial(trial._trial_id).system_attrs[key] == 0  # recorded as get_trial_generation does
+    _optuna.pin_generation(optuna.samplers.RandomSampler(), study, frozen)  # not a genetic sampler: nothing
