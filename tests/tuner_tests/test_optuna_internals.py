@@ -194,10 +194,17 @@ def test_closing_the_storages_writes_the_log_into_the_study_file(tmp_path):
 
     db = tmp_path / "study.db"
     assert _optuna.create_sqlite_schema(db)
+    from optuna.storages._rdb import storage as rdb
+
+    own = rdb._VersionManager
     storage = _optuna.ThreadSafeRDBStorage(f"sqlite:///{db}", engine_kwargs=_optuna.local_sqlite_engine_kwargs(db),
-                                           skip_table_creation=True, skip_compatibility_check=True)  # as open_study opens a file it made
+                                           skip_table_creation=True, skip_compatibility_check=True, stamped=True)  # as open_study opens a file it made
+    assert rdb._VersionManager is own and callable(own._init_alembic)  # swapped for the open only
+    assert type(storage._version_manager).__bases__ == (own,)
     study = optuna.create_study(storage=storage, study_name="s")
-    study.add_trial(create_trial(value=1.0, params={"x": "a"}, distributions={"x": CategoricalDistribution(["a"])}))
+    assert _optuna._alembic_revision(storage) == storage._version_manager.get_current_version() == _optuna.RDB_ALEMBIC_REVISION
+    assert _optuna._bulk_backend(study) is storage  # the stamp read without alembic: the bulk writer's schema
+    assert _optuna.add_finished_trials(study, [create_trial(value=1.0, params={"x": "a"}, distributions={"x": CategoricalDistribution(["a"])})]) == 1
     assert (tmp_path / "study.db-wal").exists()
     _optuna.close_storages()
     assert not (tmp_path / "study.db-wal").exists() and not (tmp_path / "study.db-shm").exists()
@@ -212,7 +219,7 @@ def test_closing_reaches_an_engine_its_storage_left_behind(tmp_path):
     db = tmp_path / "study.db"
     assert _optuna.create_sqlite_schema(str(db))
     storage = _optuna.ThreadSafeRDBStorage(f"sqlite:///{db}", engine_kwargs=_optuna.local_sqlite_engine_kwargs(db),
-                                           skip_table_creation=True, skip_compatibility_check=True)
+                                           skip_table_creation=True, skip_compatibility_check=True, stamped=True)
     study = optuna.create_study(storage=storage, study_name="s")
     study.add_trial(create_trial(value=1.0, params={"x": "a"}, distributions={"x": CategoricalDistribution(["a"])}))
     left_behind = storage.engine  # stands for the cycle that keeps it alive

@@ -26,7 +26,10 @@ storages, heartbeats) and nothing private outside this module. What it needs bey
 5. **A new study file without alembic's script walk** (:func:`create_sqlite_schema`): for a file with no
    ``alembic_version`` row ``RDBStorage`` loads alembic's migration scripts to learn the head revision; the
    tables, rows and stamp it would write are written directly (for schema :data:`RDB_SCHEMA_VERSION` only).
-   ``RDBStorage`` then opens it with its public ``skip_table_creation`` and ``skip_compatibility_check``.
+   ``RDBStorage`` then opens it with its public ``skip_table_creation`` and ``skip_compatibility_check``, and
+   without its ``_VersionManager._init_alembic`` (``optuna.storages._rdb.storage._VersionManager``, swapped for the
+   open: :class:`ThreadSafeRDBStorage` ``stamped``), which only reads the ``alembic_version`` row written here and
+   costs the import of alembic (~0.2 s of CPU).
 6. **One NSGA-II generation per trial, however often it samples** (:func:`pin_generation`):
    ``BaseGASampler.get_trial_generation`` writes the trial's generation to the storage and reads it back from
    the trial it is handed; the candidate sampler draws many times in one trial, so the generation found on the
@@ -191,17 +194,40 @@ def close_storages() -> None:
         engine.dispose()
 
 
+class _StampedVersionManager(optuna.storages._rdb.storage._VersionManager):
+    """Optuna's ``_VersionManager`` for a file :func:`create_sqlite_schema` made: its ``alembic_version`` row is there."""
+
+    def _init_alembic(self) -> None:
+        return None  # Optuna's reads the row through alembic and returns when it is there
+
+
+_VERSION_MANAGER_SWAP = threading.Lock()
+
+
 class ThreadSafeRDBStorage(RDBStorage):
     """``RDBStorage`` whose ``set_trial_state_values`` is atomic among this process's threads (item 2 above).
 
     Workers started together on a fresh database each create Optuna's tables; on PostgreSQL all but one fail with a
     unique violation (``pg_type``'s, while the winner's ``CREATE TABLE`` commits), on a SQLite file with a table that
     already exists, a duplicate ``alembic_version`` row or a locked file: such a
-    worker tries again, up to :data:`SCHEMA_ATTEMPTS` times, and then finds the tables made."""
+    worker tries again, up to :data:`SCHEMA_ATTEMPTS` times, and then finds the tables made.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    ``stamped``: the file was made by :func:`create_sqlite_schema` (item 5 above), so alembic is not asked for its stamp."""
+
+    def __init__(self, *args: Any, stamped: bool = False, **kwargs: Any) -> None:
         from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
+        if stamped:
+            rdb: Any = optuna.storages._rdb.storage
+            with _VERSION_MANAGER_SWAP:
+                own, rdb._VersionManager = rdb._VersionManager, _StampedVersionManager
+                try:
+                    super().__init__(*args, **kwargs)
+                finally:
+                    rdb._VersionManager = own
+            self._state_lock = threading.Lock()
+            _LIVE_ENGINES.add(self.engine)
+            return
         for attempt in range(1, SCHEMA_ATTEMPTS + 1):
             try:
                 super().__init__(*args, **kwargs)
@@ -302,6 +328,16 @@ _schema_checked: dict[int, bool] = {}
 _schema_lock = threading.Lock()
 
 
+def _alembic_revision(backend: RDBStorage) -> str | None:
+    """The revision alembic stamped the database with (its ``alembic_version`` row, as alembic's
+    ``MigrationContext.get_current_revision`` reads it, without importing alembic); None without one row."""
+    import sqlalchemy
+
+    with backend.engine.connect() as conn:
+        rows = conn.execute(sqlalchemy.text("SELECT version_num FROM alembic_version")).scalars().all()
+    return str(rows[0]) if len(rows) == 1 else None
+
+
 def _bulk_backend(study: optuna.Study) -> RDBStorage | None:
     """The study's RDB storage if its tables are of the schema :func:`add_finished_trials` writes, else None."""
     from optuna.storages import _CachedStorage
@@ -315,7 +351,7 @@ def _bulk_backend(study: optuna.Study) -> RDBStorage | None:
         ok = _schema_checked.get(id(backend))
         if ok is None:
             try:
-                ok = backend._version_manager.get_current_version() == RDB_ALEMBIC_REVISION
+                ok = _alembic_revision(backend) == RDB_ALEMBIC_REVISION
             except Exception:  # noqa: BLE001 - any doubt about the schema: the public path
                 ok = False
             _schema_checked[id(backend)] = ok

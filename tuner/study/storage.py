@@ -521,7 +521,7 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, he
             # --parallel-trials: atomic state changes among threads; the study's own file: commits without an fsync each
             kw: dict[str, Any] = {} if cfg.storage else {"engine_kwargs": _optuna.local_sqlite_engine_kwargs(out_dir / "study.db")}
             if not cfg.storage and _optuna.create_sqlite_schema(out_dir / "study.db"):  # made here, of Optuna's schema
-                kw.update(skip_table_creation=True, skip_compatibility_check=True)
+                kw.update(skip_table_creation=True, skip_compatibility_check=True, stamped=True)
             storage: Any = _optuna.ThreadSafeRDBStorage(url, **kw)
         else:
             storage = open_storage(url, heartbeat=heartbeat)
