@@ -239,3 +239,40 @@ def test_the_generation_of_a_trial_is_pinned_on_the_trial_it_is_handed():
     assert key == "NSGAIISampler:generation" and frozen.system_attrs[key] == 0
     assert study._storage.get_trial(trial._trial_id).system_attrs[key] == 0  # recorded as get_trial_generation does
     _optuna.pin_generation(optuna.samplers.RandomSampler(), study, frozen)  # not a genetic sampler: nothing
+
+
+def test_a_new_study_file_written_through_sqlite3_holds_what_rdbstorage_writes(tmp_path):
+    import datetime
+    import sqlite3
+
+    at = datetime.datetime(2026, 1, 2, 3, 4, 5, 678901)
+    dist = {"tp": CategoricalDistribution(["1", "2"]), "mbs": CategoricalDistribution(["1", "2", "4"])}
+    trials = [create_trial(values=[1.5, float("inf")], params={"tp": "2", "mbs": "4"}, distributions=dist, user_attrs={"key": "a", "r": {"x": [1]}},
+                           system_attrs={"NSGAIISampler:generation": 0}),
+              create_trial(state=TrialState.FAIL, params={"tp": "1", "mbs": "1"}, distributions=dist, user_attrs={"failure": "oom"}),
+              create_trial(state=TrialState.PRUNED, params={"tp": "1"}, distributions={"tp": dist["tp"]})]
+    for t in trials:
+        t.datetime_start = t.datetime_complete = at
+
+    def write(db, storage):
+        study = optuna.create_study(storage=storage, study_name="s", directions=["maximize", "minimize"])
+        study.set_user_attr("config", {"a": 1})
+        study.set_user_attr("config", {"a": 2})  # updated in place
+        study._storage.set_study_system_attr(study._study_id, "x", "y")
+        assert _optuna.add_finished_trials(study, trials[:2]) == _optuna.add_finished_trials(study, trials[2:]) == 1
+        _optuna.close_storages()
+        with sqlite3.connect(db) as c:
+            tables = [n for (n,) in c.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+            return {n: list(c.execute(f"SELECT * FROM {n}")) for n in tables}
+
+    ours, theirs = tmp_path / "ours.db", tmp_path / "theirs.db"
+    assert _optuna.create_sqlite_schema(ours) and _optuna.create_sqlite_schema(theirs)
+    got = write(ours, _optuna.NewSQLiteStudyStorage(ours))
+    assert got == write(theirs, _optuna.ThreadSafeRDBStorage(f"sqlite:///{theirs}", skip_table_creation=True, skip_compatibility_check=True))
+    assert len(got["trials"]) == 3 and not (tmp_path / "ours.db-wal").exists()
+    st = optuna.load_study(study_name="s", storage=f"sqlite:///{ours}")  # Optuna reads it back
+    assert [t.state for t in st.trials] == [t.state for t in trials] and st.trials[0].values == [1.5, float("inf")]
+    assert st.user_attrs == {"config": {"a": 2}} and st.trials[0].user_attrs["r"] == {"x": [1]}
+    assert _optuna.create_sqlite_schema(tmp_path / "x.db")
+    with pytest.raises(NotImplementedError):  # finished trials only
+        optuna.create_study(storage=_optuna.NewSQLiteStudyStorage(tmp_path / "x.db")).ask()
