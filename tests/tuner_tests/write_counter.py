@@ -74,7 +74,7 @@ def count_storage_writes() -> Iterator[StorageWrites]:
 
     from tuner.study import _optuna
 
-    own_connect = _optuna._connect_local_sqlite
+    own_connect = getattr(_optuna, "_connect_local_sqlite", None)  # absent in a checkout before it (bench_main_job.py --checkout)
 
     def connect(path):  # noqa: ANN001, ANN202
         conn = own_connect(path)
@@ -83,7 +83,8 @@ def count_storage_writes() -> Iterator[StorageWrites]:
 
     for name, f in originals.items():
         setattr(RDBStorage, name, counted(name, f))
-    _optuna._connect_local_sqlite = connect
+    if own_connect is not None:
+        _optuna._connect_local_sqlite = connect
     event.listen(Engine, "before_cursor_execute", w._statement)
     event.listen(Engine, "commit", w._commit)
     event.listen(Engine, "rollback", w._rollback)
@@ -92,7 +93,8 @@ def count_storage_writes() -> Iterator[StorageWrites]:
     finally:
         for name, f in originals.items():
             setattr(RDBStorage, name, f)
-        _optuna._connect_local_sqlite = own_connect
+        if own_connect is not None:
+            _optuna._connect_local_sqlite = own_connect
         event.remove(Engine, "before_cursor_execute", w._statement)
         event.remove(Engine, "commit", w._commit)
         event.remove(Engine, "rollback", w._rollback)
