@@ -239,6 +239,9 @@ def test_the_generation_of_a_trial_is_pinned_on_the_trial_it_is_handed():
     assert key == "NSGAIISampler:generation" and frozen.system_attrs[key] == 0
     assert study._storage.get_trial(trial._trial_id).system_attrs[key] == 0  # recorded as get_trial_generation does
     _optuna.pin_generation(optuna.samplers.RandomSampler(), study, frozen)  # not a genetic sampler: nothing
+    assert not _optuna.is_queued(frozen)
+    study.enqueue_trial({})
+    assert _optuna.is_queued(study._storage.get_trial(study.ask()._trial_id))
 
 
 def test_a_new_study_file_written_through_sqlite3_holds_what_rdbstorage_writes(tmp_path):

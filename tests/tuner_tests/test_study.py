@@ -329,6 +329,19 @@ def test_a_space_of_seven_candidates_evaluates_seven_and_says_it_ran_out(tmp_pat
         next(t for t in res.study.trials if t.state == optuna.trial.TrialState.WAITING)
 
 
+@pytest.mark.parametrize("policy", ["queue", "gain"])
+def test_real_trials_in_a_space_of_one_candidate_run_it_once(tmp_path, policy):
+    """No parameter to suggest: the sampler is never asked for one, and the trial still takes the queued candidate."""
+    one = SEVEN.replace("tp: [1, 2, 4, 8]", "tp: [8]").replace("pp: [1, 2]", "pp: [1]").replace("micro_batch_size: [1, 2]", "micro_batch_size: [1]")
+    (tmp_path / "one.yaml").write_text(one)
+    p = prepare(TuneConfig(model="Llama-3.1-8B", gpus="8xH100", global_batch_size=16, space=str(tmp_path / "one.yaml"), stack="megatron",
+                           memory_headroom=0.4, results_dir=str(tmp_path), study="one", trials=3, policy=policy))
+    assert p.n_fit == 1
+    res = run_study(p, backend=FlakyBackend())
+    assert res.evaluated_now == 1 and res.study.trials[0].state == optuna.trial.TrialState.COMPLETE
+    assert [t.user_attrs.get("skipped", "") for t in res.study.trials[1:]] in ([], [res.budget_note])  # at most the one that ran out
+
+
 def test_the_cli_says_when_the_space_ran_out(tmp_path):
     from typer.testing import CliRunner
 

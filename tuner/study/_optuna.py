@@ -30,7 +30,8 @@ storages, heartbeats) and nothing private outside this module. What it needs bey
    without its ``_VersionManager._init_alembic`` (``optuna.storages._rdb.storage._VersionManager``, swapped for the
    open: :class:`ThreadSafeRDBStorage` ``stamped``), which only reads the ``alembic_version`` row written here and
    costs the import of alembic (~0.2 s of CPU).
-6. **One NSGA-II generation per trial, however often it samples** (:func:`pin_generation`):
+6. **One NSGA-II generation per trial, however often it samples** (:func:`pin_generation`), and **whether a trial
+   was queued** (:func:`is_queued`, Optuna's ``fixed_params`` system attribute):
    ``BaseGASampler.get_trial_generation`` writes the trial's generation to the storage and reads it back from
    the trial it is handed; the candidate sampler draws many times in one trial, so the generation found on the
    first draw is kept on that trial (``_get_generation_key``) instead of being scanned for and written each draw.
@@ -97,6 +98,12 @@ def storage_of(study: optuna.Study) -> optuna.storages.BaseStorage:
 def trial_id_of(trial: optuna.Trial | FrozenTrial) -> int:
     """A trial's id in its storage (``_trial_id``)."""
     return trial._trial_id
+
+
+def is_queued(trial: FrozenTrial) -> bool:
+    """The trial was queued with its parameters (``Study.enqueue_trial``, a heartbeat retry): Optuna keeps them in its
+    ``fixed_params`` system attribute."""
+    return "fixed_params" in trial.system_attrs
 
 
 def pin_generation(sampler: optuna.samplers.BaseSampler, study: optuna.Study, trial: FrozenTrial) -> None:

@@ -181,6 +181,9 @@ class CandidateSampler(optuna.samplers.BaseSampler):
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         self.inner.before_trial(study, trial)
+        if not self.distributions and not _optuna.is_queued(trial):
+            # no parameter to suggest, so Optuna never asks sample_relative: the trial settles on a candidate here
+            self.sample_relative(study, trial, {})
 
     def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None) -> None:
         self.inner.after_trial(study, trial, state, values)
