@@ -235,7 +235,7 @@ class StudyRun:
         self._total = self.n_trials + sum(1 for t in waiting if TrialRecord.of(t).repeat_of is not None)
         # Ctrl-C with trials running in worker threads (--parallel-trials): Optuna waits for them, so tell the
         # backend to stop them (each kills its processes and frees its placement group) before it waits.
-        old_handlers: dict[signal.Signals, Any] = {}  # SIGTERM (a scheduler's stop, `kill`) as Ctrl-C: the trials stop, their layouts stay queued
+        old_handlers: dict[signal.Signals, Any] = {}  # SIGTERM (a scheduler's stop, `kill`) as Ctrl-C: the trials stop, a resumed run runs their layouts again
         if threading.current_thread() is threading.main_thread():
             old_handlers = {s: signal.signal(s, self._on_sigint) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
