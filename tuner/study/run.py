@@ -746,8 +746,8 @@ def run_study(
     proposed first (real trials under the ``gain`` policy: the policy's picks); NSGA-II (Optuna's
     multi-objective default) samples the rest. A sampled combination that breaks a rule, is predicted not to
     fit, or was already evaluated in this study (or is held by another worker's trial) is drawn again within
-    the same trial: it never reaches the backend, is no trial and does not count against ``--trials``. With the default storage (the
-    study's own SQLite file) one process at a time runs a study.
+    the same trial: it never reaches the backend, is no trial and does not count against ``--trials``. With
+    the default storage (the study's own SQLite file) one process at a time runs a study.
 
     Args:
         prep: the pruned candidates from :func:`tuner.study.prepare.prepare`.
