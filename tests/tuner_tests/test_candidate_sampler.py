@@ -45,7 +45,7 @@ def test_skipped_proposals_are_no_trials_and_the_evaluated_layouts_are_the_same(
     seen: set[tuple[str, str]] = set()
     skips = []
 
-    def propose(params: dict[str, str]) -> Proposal | None:
+    def propose(params: dict[str, str], repeat: bool = False) -> Proposal | None:
         return Proposal(params, 0, None, "", None) if _runnable(params, seen) else None  # type: ignore[arg-type]
 
     sampler = CandidateSampler(memo_parents(optuna.samplers.NSGAIISampler(seed=3, population_size=4)), dict(DISTS), propose,

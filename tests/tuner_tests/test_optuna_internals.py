@@ -194,10 +194,17 @@ def test_closing_the_storages_writes_the_log_into_the_study_file(tmp_path):
 
     db = tmp_path / "study.db"
     assert _optuna.create_sqlite_schema(db)
+    from optuna.storages._rdb import storage as rdb
+
+    own = rdb._VersionManager
     storage = _optuna.ThreadSafeRDBStorage(f"sqlite:///{db}", engine_kwargs=_optuna.local_sqlite_engine_kwargs(db),
-                                           skip_table_creation=True, skip_compatibility_check=True)  # as open_study opens a file it made
+                                           skip_table_creation=True, skip_compatibility_check=True, stamped=True)  # as open_study opens a file it made
+    assert rdb._VersionManager is own and callable(own._init_alembic)  # swapped for the open only
+    assert type(storage._version_manager).__bases__ == (own,)
     study = optuna.create_study(storage=storage, study_name="s")
-    study.add_trial(create_trial(value=1.0, params={"x": "a"}, distributions={"x": CategoricalDistribution(["a"])}))
+    assert _optuna._alembic_revision(storage) == storage._version_manager.get_current_version() == _optuna.RDB_ALEMBIC_REVISION
+    assert _optuna._bulk_backend(study) is storage  # the stamp read without alembic: the bulk writer's schema
+    assert _optuna.add_finished_trials(study, [create_trial(value=1.0, params={"x": "a"}, distributions={"x": CategoricalDistribution(["a"])})]) == 1
     assert (tmp_path / "study.db-wal").exists()
     _optuna.close_storages()
     assert not (tmp_path / "study.db-wal").exists() and not (tmp_path / "study.db-shm").exists()
@@ -212,7 +219,7 @@ def test_closing_reaches_an_engine_its_storage_left_behind(tmp_path):
     db = tmp_path / "study.db"
     assert _optuna.create_sqlite_schema(str(db))
     storage = _optuna.ThreadSafeRDBStorage(f"sqlite:///{db}", engine_kwargs=_optuna.local_sqlite_engine_kwargs(db),
-                                           skip_table_creation=True, skip_compatibility_check=True)
+                                           skip_table_creation=True, skip_compatibility_check=True, stamped=True)
     study = optuna.create_study(storage=storage, study_name="s")
     study.add_trial(create_trial(value=1.0, params={"x": "a"}, distributions={"x": CategoricalDistribution(["a"])}))
     left_behind = storage.engine  # stands for the cycle that keeps it alive
@@ -220,3 +227,55 @@ def test_closing_reaches_an_engine_its_storage_left_behind(tmp_path):
     assert (tmp_path / "study.db-wal").exists()
     _optuna.close_storages()
     assert not (tmp_path / "study.db-wal").exists() and left_behind is not None
+
+
+def test_the_generation_of_a_trial_is_pinned_on_the_trial_it_is_handed():
+    sampler = optuna.samplers.NSGAIISampler(seed=0, population_size=2)
+    study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
+    trial = study.ask()
+    frozen = study._storage.get_trial(trial._trial_id)
+    _optuna.pin_generation(sampler, study, frozen)
+    key = sampler._get_generation_key()
+    assert key == "NSGAIISampler:generation" and frozen.system_attrs[key] == 0
+    assert study._storage.get_trial(trial._trial_id).system_attrs[key] == 0  # recorded as get_trial_generation does
+    _optuna.pin_generation(optuna.samplers.RandomSampler(), study, frozen)  # not a genetic sampler: nothing
+    assert not _optuna.is_queued(frozen)
+    study.enqueue_trial({})
+    assert _optuna.is_queued(study._storage.get_trial(study.ask()._trial_id))
+
+
+def test_a_new_study_file_written_through_sqlite3_holds_what_rdbstorage_writes(tmp_path):
+    import datetime
+    import sqlite3
+
+    at = datetime.datetime(2026, 1, 2, 3, 4, 5, 678901)
+    dist = {"tp": CategoricalDistribution(["1", "2"]), "mbs": CategoricalDistribution(["1", "2", "4"])}
+    trials = [create_trial(values=[1.5, float("inf")], params={"tp": "2", "mbs": "4"}, distributions=dist, user_attrs={"key": "a", "r": {"x": [1]}},
+                           system_attrs={"NSGAIISampler:generation": 0}),
+              create_trial(state=TrialState.FAIL, params={"tp": "1", "mbs": "1"}, distributions=dist, user_attrs={"failure": "oom"}),
+              create_trial(state=TrialState.PRUNED, params={"tp": "1"}, distributions={"tp": dist["tp"]})]
+    for t in trials:
+        t.datetime_start = t.datetime_complete = at
+
+    def write(db, storage):
+        study = optuna.create_study(storage=storage, study_name="s", directions=["maximize", "minimize"])
+        study.set_user_attr("config", {"a": 1})
+        study.set_user_attr("config", {"a": 2})  # updated in place
+        study._storage.set_study_system_attr(study._study_id, "x", "y")
+        assert _optuna.add_finished_trials(study, trials[:2]) == _optuna.add_finished_trials(study, trials[2:]) == 1
+        _optuna.close_storages()
+        with sqlite3.connect(db) as c:
+            tables = [n for (n,) in c.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+            return {n: list(c.execute(f"SELECT * FROM {n}")) for n in tables}
+
+    ours, theirs = tmp_path / "ours.db", tmp_path / "theirs.db"
+    assert _optuna.create_sqlite_schema(ours) and _optuna.create_sqlite_schema(theirs)
+    got = write(ours, _optuna.NewSQLiteStudyStorage(ours))
+    assert got == write(theirs, _optuna.ThreadSafeRDBStorage(f"sqlite:///{theirs}", skip_table_creation=True, skip_compatibility_check=True))
+    assert len(got["trials"]) == 3 and not (tmp_path / "ours.db-wal").exists()
+    st = optuna.load_study(study_name="s", storage=f"sqlite:///{ours}")  # Optuna reads it back
+    assert [t.state for t in st.trials] == [t.state for t in trials] and st.trials[0].values == [1.5, float("inf")]
+    assert st.user_attrs == {"config": {"a": 2}} and st.trials[0].user_attrs["r"] == {"x": [1]}
+    assert _optuna.create_sqlite_schema(tmp_path / "x.db")
+    with pytest.raises(NotImplementedError):  # finished trials only
+        optuna.create_study(storage=_optuna.NewSQLiteStudyStorage(tmp_path / "x.db")).ask()

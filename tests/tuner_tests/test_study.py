@@ -54,6 +54,7 @@ def test_failures_are_outcomes(prep, tmp_path):
     assert states.count(optuna.trial.TrialState.FAIL) >= 2
     failed = [t for t in res.study.trials if t.state == optuna.trial.TrialState.FAIL]
     assert all(t.user_attrs["failure"]["kind"] == "oom" for t in failed)
+    assert not [t for t in res.study.trials if "skipped" in t.user_attrs]  # every trial is a layout the policy picked
     rows = trial_rows(res.study)
     assert rows and all(r["source"] == "measured" for r in rows)
     assert all("pred_tokens_per_s_per_gpu" in r for r in rows)  # predicted vs measured kept side by side
@@ -322,8 +323,23 @@ def test_a_space_of_seven_candidates_evaluates_seven_and_says_it_ran_out(tmp_pat
     tried = [t.user_attrs["key"] for t in res.study.trials if "result" in t.user_attrs or "failure" in t.user_attrs]
     assert res.evaluated_now + res.failed_now == 7 and len(set(tried)) == len(tried) == 7 and "the space ran out" in res.budget_note
     assert res.study.trials[-1].state == optuna.trial.TrialState.PRUNED  # it stopped on a skip, not on a trial it ran
+    # no skipped proposal is a trial: the 7 layouts it ran, and the one trial that found the space ran out
+    assert [t.number for t in res.study.trials if "skipped" in t.user_attrs] == [7] and len(res.study.trials) == 8
     with pytest.raises(StopIteration):  # and left no queued trial behind
         next(t for t in res.study.trials if t.state == optuna.trial.TrialState.WAITING)
+
+
+@pytest.mark.parametrize("policy", ["queue", "gain"])
+def test_real_trials_in_a_space_of_one_candidate_run_it_once(tmp_path, policy):
+    """No parameter to suggest: the sampler is never asked for one, and the trial still takes the queued candidate."""
+    one = SEVEN.replace("tp: [1, 2, 4, 8]", "tp: [8]").replace("pp: [1, 2]", "pp: [1]").replace("micro_batch_size: [1, 2]", "micro_batch_size: [1]")
+    (tmp_path / "one.yaml").write_text(one)
+    p = prepare(TuneConfig(model="Llama-3.1-8B", gpus="8xH100", global_batch_size=16, space=str(tmp_path / "one.yaml"), stack="megatron",
+                           memory_headroom=0.4, results_dir=str(tmp_path), study="one", trials=3, policy=policy))
+    assert p.n_fit == 1
+    res = run_study(p, backend=FlakyBackend())
+    assert res.evaluated_now == 1 and res.study.trials[0].state == optuna.trial.TrialState.COMPLETE
+    assert [t.user_attrs.get("skipped", "") for t in res.study.trials[1:]] in ([], [res.budget_note])  # at most the one that ran out
 
 
 def test_the_cli_says_when_the_space_ran_out(tmp_path):
@@ -382,6 +398,9 @@ def test_parallel_trials_in_threads_spend_the_budget_exactly_once(tmp_path):
     assert b.calls == len(tried) == 16 and len(set(keys)) == 16
     assert res.evaluated_now + res.failed_now == 16 and res.failed_now == sum(1 for t in tried if "failure" in t.user_attrs)
     assert not [t for t in res.study.trials if t.state in (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)]
+    # the other trials are no skipped proposals: a thread lost a claim, or started when the budget was spent
+    others = [t.user_attrs.get("skipped", "") for t in res.study.trials if t not in tried]
+    assert all(s.endswith("at the same moment)") or s.startswith("not run: this run's") for s in others), others
 
 
 # ---- storage writes of a predicted trial (the main job's trials: item 7) ----

@@ -82,6 +82,9 @@ def test_four_workers_started_together_on_a_fresh_database_measure_each_layout_o
     st = optuna.load_study(study_name="w", storage=url)
     ran = [t.user_attrs["key"] for t in st.trials if "result" in t.user_attrs or "failure" in t.user_attrs]
     assert len(ran) == len(set(ran)) == 12
+    # no proposal that breaks a rule, does not fit or was run is a trial: the rest lost a claim to a worker starting with it
+    others = [t.user_attrs.get("skipped", "") for t in st.trials if "result" not in t.user_attrs and "failure" not in t.user_attrs]
+    assert all(s.endswith("at the same moment)") for s in others), others
 
 
 @pytest.mark.parametrize("kind", ["journal", "rdb", "postgres"])
@@ -130,6 +133,7 @@ def test_a_killed_worker_loses_nothing(tmp_path, kind):
     assert again.system_attrs["failed_trial"] == killed  # Optuna's RetryHeartbeatStaleTrialCallback made it
     assert cut.user_attrs["key"] in {r["key"] for r in trial_rows(st)} and b.layouts.count(cut.user_attrs["key"]) == 1
     assert res.evaluated_now == 8 and not [t for t in st.trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert [t.number for t in st.trials if "result" not in t.user_attrs] == [killed]  # no skipped proposal is a trial
 
 
 def test_journal_storage_errors_and_the_recorded_storage(tmp_path):

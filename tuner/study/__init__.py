@@ -2,9 +2,9 @@
 
 Data flow (shared/design/ARCHITECTURE.md): enumerate the search space, check Megatron's rules, estimate every
 valid layout with the analytical model, drop those that do not fit, then let an Optuna study evaluate layouts
-through a backend: the predicted Pareto front and the fastest predicted candidates are enqueued first
-(``enqueue_trial``), the sampler explores the rest, and no layout is evaluated twice (also across re-runs of the
-same study, and across workers sharing its storage).
+through a backend: the predicted Pareto front and the fastest predicted candidates are proposed first, the
+sampler explores the rest, proposing only candidates not yet evaluated, and no layout is evaluated twice (also
+across re-runs of the same study, and across workers sharing its storage).
 
 Modules, one responsibility each:
 

@@ -25,6 +25,7 @@ evaluates the same layouts; the sampler's scans over the study's trials stay as 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime
 import signal
@@ -48,7 +49,7 @@ from tuner.study.records import TrialRecord, claimed_elsewhere, failure_of, pred
 if TYPE_CHECKING:
     from tuner.study.run import StudyRun
 
-__all__ = ["FLUSH_EVERY", "FLUSH_EVERY_S", "CandidateSampler", "PredictedTrials", "memo_parents"]
+__all__ = ["FLUSH_EVERY", "FLUSH_EVERY_S", "CandidateSampler", "PredictedTrials", "Queued", "memo_parents"]
 
 #: Evaluated trials written to the default storage at least this often (trials, seconds).
 FLUSH_EVERY = 256
@@ -83,6 +84,18 @@ def memo_parents(sampler: optuna.samplers.NSGAIISampler) -> optuna.samplers.NSGA
 
 
 @dataclass(frozen=True, slots=True)
+class Queued:
+    """A candidate put in front of the sampler (:meth:`CandidateSampler.push`)."""
+
+    params: dict[str, str]
+    """Its Optuna parameters (labels of :class:`~tuner.study.candidates.CandidateIndex`)."""
+    attrs: dict[str, Any]
+    """The user attributes its trial records (:meth:`TrialRecord.attrs`: ``enqueued``, ``repeat_of``)."""
+    repeat: bool = False
+    """A run again of a layout the study evaluated (not a duplicate)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Sampled:
     """What :class:`CandidateSampler` settled on for one trial."""
 
@@ -90,51 +103,87 @@ class Sampled:
     """The layout to run; None: the run stops sampling (a fallback is queued, or the space ran out)."""
     fallback: int | None
     """Row of the candidate to queue after :data:`~tuner.study.proposals.FALLBACK_AFTER_SKIPS` skips in a row."""
+    attrs: dict[str, Any] | None = None
+    """The user attributes of a queued candidate's trial (None: sampled by the inner sampler)."""
 
 
 class CandidateSampler(optuna.samplers.BaseSampler):
     """A sampler (``inner``, NSGA-II) whose trials are only layouts to run.
 
-    For a trial it samples as ``inner`` would (its relative sample, then each parameter that sample leaves out, in the
-    order of ``distributions``) and hands the parameters to ``propose``; a proposal it skips is counted by ``note_skip``
-    and sampled again in the same trial, until one is run, ``note_skip`` returns a fallback row, or ``stop()``.
-    :meth:`take` gives what a trial settled on (None: its parameters were queued, not sampled).
+    For a trial it first takes the candidates queued in this process (:meth:`push`) in order, dropping those
+    ``propose`` skips (another worker claimed them meanwhile); then (``explore``) it samples as ``inner`` would
+    (its relative sample, then each parameter that sample leaves out, in the order of ``distributions``) and
+    hands the parameters to ``propose``; a proposal it skips is counted by ``note_skip`` and sampled again in the
+    same trial, until one is run, ``note_skip`` returns a fallback row, or ``stop()``. With ``fallback`` the
+    fallback row's candidate is proposed in the same trial (real trials: no trial is spent on a skip); without,
+    the trial settles on no proposal and the caller queues the row (the predicted path's in-memory study).
+    :meth:`take` gives what a trial settled on (None: Optuna gave it fixed parameters, a trial queued in the
+    storage). Trials are told apart by Optuna's trial id (PostgreSQL can give two trials one number).
     """
 
     def __init__(self, inner: optuna.samplers.BaseSampler, distributions: dict[str, BaseDistribution],
-                 propose: Callable[[dict[str, str]], Proposal | None], note_skip: Callable[[], int | None],
-                 stop: Callable[[], bool]) -> None:
+                 propose: Callable[[dict[str, str], bool], Proposal | None], note_skip: Callable[[], int | None],
+                 stop: Callable[[], bool], *, fallback: Callable[[int], Queued] | None = None, explore: bool = True) -> None:
         self.inner = inner
         self.distributions = distributions
         self._propose, self._note_skip, self._stop = propose, note_skip, stop
+        self._fallback, self.explore = fallback, explore
         self._sampled: dict[int, Sampled] = {}
+        self.queue: collections.deque[Queued] = collections.deque()
+        """Candidates proposed before the inner sampler is asked (:meth:`push`)."""
 
-    def take(self, number: int) -> Sampled | None:
-        """What trial ``number`` settled on, once; None for a trial whose parameters were queued."""
-        return self._sampled.pop(number, None)
+    def push(self, params: dict[str, str], attrs: dict[str, Any], *, repeat: bool = False) -> None:
+        """Queue a candidate: the next trial this process samples takes it, unless ``propose`` skips it then."""
+        self.queue.append(Queued(params, attrs, repeat))
+
+    def take(self, trial_id: int) -> Sampled | None:
+        """What the trial of this id settled on, once; None for a trial whose parameters were fixed."""
+        return self._sampled.pop(trial_id, None)
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return dict(self.distributions)
 
+    def _settle(self, trial: FrozenTrial, sampled: Sampled, params: dict[str, Any]) -> dict[str, Any]:
+        self._sampled[_optuna.trial_id_of(trial)] = sampled
+        return params
+
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        while True:
+            try:
+                q = self.queue.popleft()
+            except IndexError:
+                break
+            prop = self._propose(q.params, q.repeat)
+            if prop is not None and prop.skip is None:
+                return self._settle(trial, Sampled(prop, None, q.attrs), q.params)
+        if not self.explore or self._stop():
+            return self._settle(trial, Sampled(None, None), {})
         space = self.inner.infer_relative_search_space(study, trial)
+        _optuna.pin_generation(self.inner, study, trial)  # one generation for the trial, however many draws
         while True:
             rel = self.inner.sample_relative(study, trial, space)
             params = {p: rel[p] if p in rel else self.inner.sample_independent(study, trial, p, d) for p, d in self.distributions.items()}
-            prop = self._propose(params)
+            prop = self._propose(params, False)
             if prop is not None and prop.skip is None:
-                self._sampled[trial.number] = Sampled(prop, None)
-                return params
+                return self._settle(trial, Sampled(prop, None), params)
             row = self._note_skip()
+            if row is not None and self._fallback is not None:
+                q = self._fallback(row)
+                prop = self._propose(q.params, False)
+                if prop is not None and prop.skip is None:
+                    return self._settle(trial, Sampled(prop, None, q.attrs), q.params)
+                continue
             if row is not None or self._stop():
-                self._sampled[trial.number] = Sampled(None, row)
-                return params
+                return self._settle(trial, Sampled(None, row), params)
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution) -> Any:
         return self.inner.sample_independent(study, trial, param_name, param_distribution)
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         self.inner.before_trial(study, trial)
+        if not self.distributions and not _optuna.is_queued(trial):
+            # no parameter to suggest, so Optuna never asks sample_relative: the trial settles on a candidate here
+            self.sample_relative(study, trial, {})
 
     def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None) -> None:
         self.inner.after_trial(study, trial, state, values)
@@ -186,7 +235,7 @@ class PredictedTrials:
             while run.budget_left():
                 trial = mirror.ask()
                 params = {p: trial.suggest_categorical(p, run.index.labels[p]) for p in run.index.params}
-                sampled = self.sampler.take(trial.number)
+                sampled = self.sampler.take(_optuna.trial_id_of(trial))
                 prop = self._propose(params) if sampled is None else sampled.proposal
                 if prop is None or prop.skip is not None or not run.reserve():
                     mirror.tell(trial, state=TrialState.PRUNED)
@@ -201,7 +250,7 @@ class PredictedTrials:
         finally:
             self.flush()
 
-    def _propose(self, params: dict[str, str]) -> Proposal | None:
+    def _propose(self, params: dict[str, str], repeat: bool = False) -> Proposal | None:
         """The proposal of these parameters (:meth:`StudyRun.resolve`); on a shared storage a layout another
         worker has claimed is a duplicate."""
         prop = self.study_run.resolve(params, explain=False)

@@ -5,6 +5,8 @@ evaluates layouts through the backend until ``--trials`` layouts were evaluated 
 proposal that cannot or need not be evaluated (breaks a rule, does not fit, was evaluated, is being run by
 another worker, is refused by the backend) is skipped and costs nothing. Real trials (a backend that
 measures) run under ``Study.optimize`` on the study's storage, with Optuna's heartbeat when workers share it;
+their sampler (:class:`tuner.study.predicted.CandidateSampler`) proposes the queued candidates in order, then
+NSGA-II's, and checks each proposal before a trial holds it, so a skipped proposal is never a trial;
 a backend that only predicts (``model``) runs through :class:`tuner.study.predicted.PredictedTrials`, which
 samples in memory and writes only evaluated layouts.
 """
@@ -40,9 +42,9 @@ from tuner.study.candidates import CandidateIndex, CandidateQueue
 from tuner.study.config import DEFAULT_TRIALS, check_budget, n_trials, policy_params, trial_env_dict, trial_warmup_steps
 from tuner.study.confirm import MAX_CONFIRM_ROUNDS, enqueue_round
 from tuner.study.policy import Decision, fmt_gpu_hours
-from tuner.study.predicted import PredictedTrials
+from tuner.study.predicted import CandidateSampler, PredictedTrials, Queued
 from tuner.study.prepare import Prepared
-from tuner.study.proposals import DUPLICATE, FALLBACK_AFTER_SKIPS, QUEUED_FALLBACK, QUEUED_FIRST, Proposal
+from tuner.study.proposals import CLAIM_RACE, DUPLICATE, FALLBACK_AFTER_SKIPS, QUEUED_FALLBACK, QUEUED_FIRST, Proposal
 from tuner.study.records import (
     TrialRecord,
     best_measured,
@@ -139,6 +141,8 @@ class StudyRun:
         self.storage_url = ""
         self.index: CandidateIndex
         self.queue: CandidateQueue
+        self.sampler: CandidateSampler
+        """Real trials: the study's sampler; the candidates this process runs next are queued in it, not in the storage."""
         self.pruner: StepTimePruner | None = None
         # shared (self._lock)
         self._lock = threading.Lock()
@@ -199,7 +203,7 @@ class StudyRun:
         try:
             if backend.measured:
                 check_budget(prep)  # before the study is opened: a refused run leaves no study behind
-            self.study, self.storage_url = open_study(cfg, prep, self.name, self.out_dir, heartbeat=heartbeat)
+            self.study, self.storage_url = open_study(cfg, prep, self.name, self.out_dir, heartbeat=heartbeat, predicted=not backend.measured)
         except BaseException:
             backend.close()  # a Ray instance this run started must not outlive a refused study
             raise
@@ -219,12 +223,19 @@ class StudyRun:
         self._fail_leftovers(trials)
         self.queue = CandidateQueue(prep, self.index, backend, seen=self._seen, n_trials=self.n_trials, queued_already=len(waiting),
                                     recalibrate_after=cfg.recalibrate_after, parallel=cfg.parallel_trials)
+        if backend.measured:
+            # trials only for layouts to run: queued candidates and the sampler's proposals are checked before a trial holds them
+            self.sampler = CandidateSampler(
+                self.study.sampler, dict(self.index.distributions()), self._propose, self.note_skip, self._sampling_stopped,
+                fallback=lambda row: Queued(self.index.params_of_row(row), TrialRecord(enqueued=QUEUED_FALLBACK).attrs()),
+                explore=cfg.policy != "gain")
+            self.study.sampler = self.sampler
         # confirmation runs left queued by an interrupted run go first (Optuna runs the oldest queued trial first);
         # they do not count against --trials
         self._total = self.n_trials + sum(1 for t in waiting if TrialRecord.of(t).repeat_of is not None)
         # Ctrl-C with trials running in worker threads (--parallel-trials): Optuna waits for them, so tell the
         # backend to stop them (each kills its processes and frees its placement group) before it waits.
-        old_handlers: dict[signal.Signals, Any] = {}  # SIGTERM (a scheduler's stop, `kill`) as Ctrl-C: the trials stop, their layouts stay queued
+        old_handlers: dict[signal.Signals, Any] = {}  # SIGTERM (a scheduler's stop, `kill`) as Ctrl-C: the trials stop, a resumed run runs their layouts again
         if threading.current_thread() is threading.main_thread():
             old_handlers = {s: signal.signal(s, self._on_sigint) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -328,6 +339,20 @@ class StudyRun:
         why = "refused by the backend earlier in this run" if refused else self.backend.refusal(lay, self.prep.model, self.prep.workload)
         return Proposal(params, row, lay, key, why)
 
+    def _propose(self, params: dict[str, str], repeat: bool) -> Proposal | None:
+        """Real trials: the proposal of these parameters (:meth:`resolve`, None for no candidate), checked before a trial
+        holds it; on a shared storage a layout another worker's trial holds is a duplicate."""
+        prop = self.resolve(params, repeat=repeat, explain=False)
+        if (prop is not None and prop.skip is None and not repeat and self.cfg.storage
+                and claimed_elsewhere(self.study.get_trials(deepcopy=False), None, prop.key)):
+            return Proposal(prop.params, prop.row, prop.layout, prop.key, DUPLICATE)
+        return prop
+
+    def _sampling_stopped(self) -> bool:
+        """Real trials: the sampler proposes no new layout (the budget is spent, the space ran out, or the run confirms)."""
+        with self._lock:
+            return self._confirming or self._started >= self.n_trials or self._exhausted is not None
+
     def claim(self, key: str, trial_id: int) -> bool:
         """Take the layout for this process's trial ``trial_id`` (its key written); False when the study has it
         (evaluated, or RUNNING in another worker's trial: :func:`claimed_elsewhere`)."""
@@ -425,7 +450,7 @@ class StudyRun:
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 optuna.storages.fail_stale_trials(self.study)
         for row in self.queue.first:
-            self.study.enqueue_trial(self.index.params_of_row(row), user_attrs=TrialRecord(enqueued=QUEUED_FIRST).attrs())
+            self.sampler.push(self.index.params_of_row(row), TrialRecord(enqueued=QUEUED_FIRST).attrs())
         n_jobs = self.cfg.parallel_trials  # > 1 only for a backend that reads --parallel-trials (_validate_config)
         # Optuna stops when this run's budget is spent or the space ran out (study.stop in after_trial / objective);
         # a layout of the budget given back after the stop (a refusal at run time) takes one more round
@@ -473,17 +498,18 @@ class StudyRun:
                 policy.take(d.index)
                 attrs = TrialRecord(enqueued="policy: run again" if d.repeat else "policy: expected gain per GPU-hour",
                                     repeat_of=first_of.get(d.index) if d.repeat else None).attrs()
-                self.study.enqueue_trial(self.index.params_of_row(row), user_attrs=attrs)
+                self.sampler.push(self.index.params_of_row(row), attrs, repeat=d.repeat)
                 picks.append(d)
-            if not picks:
+            todo = len(self.sampler.queue)  # with any pick a trial queued in the storage (a stale trial's retry) took the place of
+            if not todo:
                 if self._stop_note is not None:
                     return
                 continue
             with self._lock:
-                self._total = max(self._total, self._done + len(picks))
+                self._total = max(self._total, self._done + todo)
             # a pick stays pending until its trial is fed back: one another worker runs is not picked again meanwhile
-            self.study.optimize(self.objective, n_trials=len(picks), callbacks=[self.after_trial], catch=(TrialFailed,),
-                                gc_after_trial=False, n_jobs=min(n_jobs, len(picks)))
+            self.study.optimize(self.objective, n_trials=todo, callbacks=[self.after_trial], catch=(TrialFailed,),
+                                gc_after_trial=False, n_jobs=min(n_jobs, todo))
 
     def _run_launch_first(self) -> None:
         """The user's launch (``tune --from``) is measured before the policy's picks, whether or not the policy would
@@ -495,7 +521,7 @@ class StudyRun:
         lay = prep.enumeration.valid.row(row)
         if lay.key() in self._seen or self.backend.refusal(lay, prep.model, prep.workload) is not None:
             return
-        self.study.enqueue_trial(self.index.params_of_row(row), user_attrs=TrialRecord(enqueued="your launch (--from)").attrs())
+        self.sampler.push(self.index.params_of_row(row), TrialRecord(enqueued="your launch (--from)").attrs())
         with self._lock:
             self._total = max(self._total, self._done + 1)
         self.study.optimize(self.objective, n_trials=1, callbacks=[self.after_trial], catch=(TrialFailed,), gc_after_trial=False)
@@ -580,7 +606,17 @@ class StudyRun:
             # another worker took a queued confirmation run, so Optuna sampled a new layout: not a search now
             TrialRecord.write(trial, skipped="sampled during the confirmation phase (its queued runs were taken by another worker)")
             raise optuna.TrialPruned("not a confirmation run")
-        prop = self.resolve({p: trial.suggest_categorical(p, self.index.labels[p]) for p in self.index.params}, repeat=repeat_of is not None)
+        params = {p: trial.suggest_categorical(p, self.index.labels[p]) for p in self.index.params}
+        sampled = self.sampler.take(trial._trial_id)  # None: Optuna gave the trial fixed parameters (queued in the storage)
+        if sampled is None:
+            prop = self.resolve(params, repeat=repeat_of is not None)
+        elif sampled.proposal is None:
+            self._nothing_to_run(trial)
+        else:
+            prop = sampled.proposal
+            if sampled.attrs:
+                TrialRecord.write(trial, **sampled.attrs)
+                repeat_of = sampled.attrs.get("repeat_of")
         assert prop is not None
         TrialRecord.write(trial, key=prop.key)
         if rec.retried and rec.intermediate_tokens_per_s_per_gpu is not None:
@@ -594,7 +630,7 @@ class StudyRun:
                 raise optuna.TrialPruned("budget spent")
             if not self.claim(prop.key, trial._trial_id):
                 self.release()
-                self._skip(trial, DUPLICATE)
+                self._skip(trial, DUPLICATE if sampled is None else CLAIM_RACE)
         assert prop.row is not None
         predicted = self.predict(prop.layout)
         pred = prediction_of(predicted)
@@ -644,14 +680,25 @@ class StudyRun:
         return gh
 
     def _skip(self, trial: optuna.Trial, why: str) -> NoReturn:
-        """Record the trial as a skipped proposal and end it (``TrialPruned``); queue the fallback if it is due."""
+        """Record the trial as skipped and end it (``TrialPruned``); queue the fallback if it is due."""
         TrialRecord.write(trial, skipped=why)
         row = self.note_skip()
         if row is not None:
-            self.study.enqueue_trial(self.index.params_of_row(row), user_attrs=TrialRecord(enqueued=QUEUED_FALLBACK).attrs())
+            self.sampler.push(self.index.params_of_row(row), TrialRecord(enqueued=QUEUED_FALLBACK).attrs())
         elif not self.budget_left():
             trial.study.stop()  # the space ran out
         raise optuna.TrialPruned(why)
+
+    def _nothing_to_run(self, trial: optuna.Trial) -> NoReturn:
+        """The sampler found no layout for this trial: record why and end it (``TrialPruned``); stop the study when the
+        budget is spent or the space ran out (else the queued candidate was claimed by another worker meanwhile)."""
+        with self._lock:
+            why = self._exhausted or (f"not run: this run's {self.n_trials} layouts (--trials) were started by its other trials"
+                                      if self._started >= self.n_trials else None)
+        if why is not None:
+            trial.study.stop()
+        TrialRecord.write(trial, skipped=why or CLAIM_RACE)
+        raise optuna.TrialPruned(why or CLAIM_RACE)
 
     def _reporter(self, trial: optuna.Trial, repeat_of: int | None) -> StepReporter:
         """What the backend calls after each measured step: record the throughputs, and ask the pruner."""
@@ -674,12 +721,13 @@ class StudyRun:
                 self._done += 1
             done, total, confirming = self._done, self._total, self._confirming
             spent = self._started >= self.n_trials or self._exhausted is not None
-            if self.cfg.policy == "queue" and self.queue.lazy and not confirming and not spent and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            if (self.cfg.policy == "queue" and self.queue.lazy and not confirming and not spent and not self.sampler.queue
+                    and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,))):
                 # no new search trial is queued once the budget is spent (nor while confirming)
                 self.queue.recalibrate(study)
                 row = self.queue.pop_rest(self._seen)
                 if row is not None:
-                    study.enqueue_trial(self.index.params_of_row(row), user_attrs=TrialRecord(enqueued=self.queue.label).attrs())
+                    self.sampler.push(self.index.params_of_row(row), TrialRecord(enqueued=self.queue.label).attrs())
         if spent and not confirming:
             study.stop()
         if counted and self.on_trial:
@@ -695,10 +743,11 @@ def run_study(
     """Create or resume the study and evaluate ``--trials`` layouts through the backend (:class:`StudyRun`).
 
     The predicted Pareto front (spread over its memory range) and the fastest predicted candidates are
-    enqueued first; NSGA-II (Optuna's multi-objective default) samples the rest. A sampled combination that
-    breaks a rule, is predicted not to fit, or was already evaluated in this study is skipped with the reason
-    and never reaches the backend; it does not count against ``--trials``. With the default storage (the
-    study's own SQLite file) one process at a time runs a study.
+    proposed first (real trials under the ``gain`` policy: the policy's picks); NSGA-II (Optuna's
+    multi-objective default) samples the rest. A sampled combination that breaks a rule, is predicted not to
+    fit, or was already evaluated in this study (or is held by another worker's trial) is drawn again within
+    the same trial: it never reaches the backend, is no trial and does not count against ``--trials``. With
+    the default storage (the study's own SQLite file) one process at a time runs a study.
 
     Args:
         prep: the pruned candidates from :func:`tuner.study.prepare.prepare`.
