@@ -2,8 +2,7 @@
 
 * ``calls``: calls of ``RDBStorage``'s write methods, by name (each is one transaction);
 * ``transactions``: SQL transactions that wrote (INSERT / UPDATE / DELETE) and committed, however they were made
-  (Optuna's storage methods, or ``tuner.study._optuna.add_finished_trials``'s one transaction for many trials), also
-  those of a new study file written through ``sqlite3`` (``tuner.study._optuna.NewSQLiteStudyStorage``).
+  (Optuna's storage methods, or ``tuner.study._optuna.add_finished_trials``'s one transaction for many trials).
 """
 
 from __future__ import annotations
@@ -47,16 +46,6 @@ class StorageWrites:
     def _rollback(self, conn) -> None:  # noqa: ANN001
         self._dirty.discard(id(conn))
 
-    def _sqlite3_statement(self, conn_id: int, statement: str) -> None:
-        head = statement.lstrip()[:6].upper()
-        if head in ("INSERT", "UPDATE", "DELETE"):
-            self._dirty.add(conn_id)
-        elif head == "COMMIT" and conn_id in self._dirty:
-            self._dirty.discard(conn_id)
-            self.transactions += 1
-        elif head == "ROLLBA":
-            self._dirty.discard(conn_id)
-
 
 @contextlib.contextmanager
 def count_storage_writes() -> Iterator[StorageWrites]:
@@ -72,19 +61,8 @@ def count_storage_writes() -> Iterator[StorageWrites]:
 
         return g
 
-    from tuner.study import _optuna
-
-    own_connect = getattr(_optuna, "_connect_local_sqlite", None)  # absent in a checkout before it (bench_main_job.py --checkout)
-
-    def connect(path):  # noqa: ANN001, ANN202
-        conn = own_connect(path)
-        conn.set_trace_callback(lambda statement: w._sqlite3_statement(id(conn), statement))
-        return conn
-
     for name, f in originals.items():
         setattr(RDBStorage, name, counted(name, f))
-    if own_connect is not None:
-        _optuna._connect_local_sqlite = connect
     event.listen(Engine, "before_cursor_execute", w._statement)
     event.listen(Engine, "commit", w._commit)
     event.listen(Engine, "rollback", w._rollback)
@@ -93,8 +71,6 @@ def count_storage_writes() -> Iterator[StorageWrites]:
     finally:
         for name, f in originals.items():
             setattr(RDBStorage, name, f)
-        if own_connect is not None:
-            _optuna._connect_local_sqlite = own_connect
         event.remove(Engine, "before_cursor_execute", w._statement)
         event.remove(Engine, "commit", w._commit)
         event.remove(Engine, "rollback", w._rollback)

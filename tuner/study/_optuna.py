@@ -36,20 +36,12 @@ storages, heartbeats) and nothing private outside this module. What it needs bey
    the trial it is handed; the candidate sampler draws many times in one trial, so the generation found on the
    first draw is kept on that trial (``_get_generation_key``) instead of being scanned for and written each draw.
 
-7. **A new study file without SQLAlchemy** (:class:`NewSQLiteStudyStorage`): a backend that only predicts writes its
-   new study file as rows of Optuna's tables (:data:`SQLITE_SCHEMA`, schema :data:`RDB_SCHEMA_VERSION`) through
-   ``sqlite3`` and reads the study from memory (Optuna's ``InMemoryStorage``): SQLAlchemy's import and its ORM's
-   mapper set-up were ~0.45 s of CPU, a fifth of the main job. The file is then what ``RDBStorage`` writes (the
-   same rows, ids and stamp), and every later run or command opens it with ``RDBStorage``.
-
 ``tests/tuner_tests/test_optuna_internals.py`` fails when any of these names, signatures or the schema change.
 """
 
 from __future__ import annotations
 
-import datetime
 import json
-import sqlite3
 import threading
 import time
 import weakref
@@ -58,13 +50,13 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.storages import InMemoryStorage, JournalStorage, RDBStorage
+from optuna.storages import JournalStorage, RDBStorage
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import FrozenTrial, TrialState
 
 __all__ = [
     "HEARTBEAT_ATTR", "OPTUNA_CHECKED_RELEASES", "OPTUNA_VERSION", "RDB_ALEMBIC_REVISION", "RDB_SCHEMA_VERSION", "HeartbeatJournalStorage", "ThreadSafeRDBStorage",
-    "NewSQLiteStudyStorage", "SQLITE_SCHEMA", "add_finished_trials", "close_storages", "create_sqlite_schema", "create_trial", "retried_trial_number", "retry_history", "set_trial_state",
+    "add_finished_trials", "close_storages", "create_sqlite_schema", "create_trial", "retried_trial_number", "retry_history", "set_trial_state",
     "set_trial_user_attr", "storage_of", "trial_id_of",
 ]
 
@@ -162,158 +154,33 @@ def local_sqlite_engine_kwargs(path: str | Path) -> dict[str, Any]:
     return {"creator": connect}
 
 
-#: Optuna's tables on SQLite, as ``RDBStorage`` creates them for schema :data:`RDB_SCHEMA_VERSION`
-#: (``models.BaseModel.metadata.create_all``, then alembic's ``alembic_version``), in that order.
-SQLITE_SCHEMA: tuple[str, ...] = (
-    "CREATE TABLE studies (\n\tstudy_id INTEGER NOT NULL, \n\tstudy_name VARCHAR(512) NOT NULL, \n\tPRIMARY KEY (study_id)\n)",
-    "CREATE UNIQUE INDEX ix_studies_study_name ON studies (study_name)",
-    "CREATE TABLE version_info (\n\tversion_info_id INTEGER NOT NULL, \n\tschema_version INTEGER, \n\tlibrary_version VARCHAR(256), "
-    "\n\tPRIMARY KEY (version_info_id), \n\tCHECK (version_info_id=1)\n)",
-    "CREATE TABLE study_directions (\n\tstudy_direction_id INTEGER NOT NULL, \n\tdirection VARCHAR(8) NOT NULL, \n\tstudy_id INTEGER NOT NULL, "
-    "\n\tobjective INTEGER NOT NULL, \n\tPRIMARY KEY (study_direction_id), \n\tUNIQUE (study_id, objective), \n\t"
-    "FOREIGN KEY(study_id) REFERENCES studies (study_id)\n)",
-    *(f"CREATE TABLE {t}_attributes (\n\t{t}_attribute_id INTEGER NOT NULL, \n\tstudy_id INTEGER, \n\t\"key\" VARCHAR(512), \n\t"
-      f"value_json TEXT, \n\tPRIMARY KEY ({t}_attribute_id), \n\tUNIQUE (study_id, \"key\"), \n\tFOREIGN KEY(study_id) REFERENCES studies (study_id)\n)"
-      for t in ("study_user", "study_system")),
-    "CREATE TABLE trials (\n\ttrial_id INTEGER NOT NULL, \n\tnumber INTEGER, \n\tstudy_id INTEGER, \n\tstate VARCHAR(8) NOT NULL, "
-    "\n\tdatetime_start DATETIME, \n\tdatetime_complete DATETIME, \n\tPRIMARY KEY (trial_id), \n\t"
-    "FOREIGN KEY(study_id) REFERENCES studies (study_id)\n)",
-    "CREATE INDEX ix_trials_study_id ON trials (study_id)",
-    *(f"CREATE TABLE {t}_attributes (\n\t{t}_attribute_id INTEGER NOT NULL, \n\ttrial_id INTEGER, \n\t\"key\" VARCHAR(512), \n\t"
-      f"value_json TEXT, \n\tPRIMARY KEY ({t}_attribute_id), \n\tUNIQUE (trial_id, \"key\"), \n\tFOREIGN KEY(trial_id) REFERENCES trials (trial_id)\n)"
-      for t in ("trial_user", "trial_system")),
-    "CREATE TABLE trial_params (\n\tparam_id INTEGER NOT NULL, \n\ttrial_id INTEGER, \n\tparam_name VARCHAR(512), \n\tparam_value FLOAT, "
-    "\n\tdistribution_json TEXT, \n\tPRIMARY KEY (param_id), \n\tUNIQUE (trial_id, param_name), \n\t"
-    "FOREIGN KEY(trial_id) REFERENCES trials (trial_id)\n)",
-    "CREATE TABLE trial_values (\n\ttrial_value_id INTEGER NOT NULL, \n\ttrial_id INTEGER NOT NULL, \n\tobjective INTEGER NOT NULL, "
-    "\n\tvalue FLOAT, \n\tvalue_type VARCHAR(7) NOT NULL, \n\tPRIMARY KEY (trial_value_id), \n\tUNIQUE (trial_id, objective), \n\t"
-    "FOREIGN KEY(trial_id) REFERENCES trials (trial_id)\n)",
-    "CREATE TABLE trial_intermediate_values (\n\ttrial_intermediate_value_id INTEGER NOT NULL, \n\ttrial_id INTEGER NOT NULL, "
-    "\n\tstep INTEGER NOT NULL, \n\tintermediate_value FLOAT, \n\tintermediate_value_type VARCHAR(7) NOT NULL, \n\t"
-    "PRIMARY KEY (trial_intermediate_value_id), \n\tUNIQUE (trial_id, step), \n\tFOREIGN KEY(trial_id) REFERENCES trials (trial_id)\n)",
-    "CREATE TABLE trial_heartbeats (\n\ttrial_heartbeat_id INTEGER NOT NULL, \n\ttrial_id INTEGER NOT NULL, \n\theartbeat DATETIME NOT NULL, "
-    "\n\tPRIMARY KEY (trial_heartbeat_id), \n\tUNIQUE (trial_id), \n\tFOREIGN KEY(trial_id) REFERENCES trials (trial_id)\n)",
-    "CREATE TABLE alembic_version (\n\tversion_num VARCHAR(32) NOT NULL, \n\tCONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)\n)",
-)
-
-
-def _connect_local_sqlite(path: str | Path) -> sqlite3.Connection:
-    """A connection to a study's own SQLite file as :func:`local_sqlite_engine_kwargs` makes them."""
-    return local_sqlite_engine_kwargs(path)["creator"]()  # type: ignore[no-any-return]
-
-
 def create_sqlite_schema(path: str | Path) -> bool:
-    """Create a new study file: Optuna's tables (:data:`SQLITE_SCHEMA`), its ``version_info`` row and the
+    """Create a new study file: Optuna's tables (``optuna.storages._rdb.models``), its ``version_info`` row and the
     ``alembic_version`` table stamped :data:`RDB_ALEMBIC_REVISION`, as ``RDBStorage`` leaves a new file, without
-    ``RDBStorage`` reading alembic's migration scripts to learn the head revision (~0.5 s of a new study's open), nor
-    SQLAlchemy. ``RDBStorage`` then opens the file as one it made itself (or :class:`NewSQLiteStudyStorage` writes it).
+    ``RDBStorage`` reading alembic's migration scripts to learn the head revision (~0.5 s of a new study's open).
+    ``RDBStorage`` then opens the file as one it made itself.
 
     Returns:
-        True if the file was created; False (nothing done) if it exists or the installed Optuna is not a release this
-        module was checked against (:data:`OPTUNA_CHECKED_RELEASES`: their schema is :data:`RDB_SCHEMA_VERSION`).
+        True if the file was created; False (nothing done) if it exists or Optuna's schema is not
+        :data:`RDB_SCHEMA_VERSION`.
     """
-    if Path(path).exists() or ".".join(optuna.__version__.split(".")[:2]) not in OPTUNA_CHECKED_RELEASES:
+    import sqlalchemy
+    from optuna.storages._rdb import models
+
+    if Path(path).exists() or models.SCHEMA_VERSION != RDB_SCHEMA_VERSION:
         return False
-    conn = _connect_local_sqlite(path)
+    engine = sqlalchemy.create_engine(f"sqlite:///{path}", **local_sqlite_engine_kwargs(path))
     try:
-        with conn:
-            for ddl in SQLITE_SCHEMA:
-                conn.execute(ddl)
-            conn.execute("INSERT INTO version_info (version_info_id, schema_version, library_version) VALUES (1, ?, ?)",
-                         (RDB_SCHEMA_VERSION, optuna.__version__))
-            conn.execute("INSERT INTO alembic_version (version_num) VALUES (?)", (RDB_ALEMBIC_REVISION,))
+        models.BaseModel.metadata.create_all(engine)
+        with engine.begin() as conn:
+            conn.execute(sqlalchemy.insert(models.VersionInfoModel.__table__).values(
+                version_info_id=1, schema_version=models.SCHEMA_VERSION, library_version=optuna.__version__))
+            conn.execute(sqlalchemy.text("CREATE TABLE alembic_version (\n\tversion_num VARCHAR(32) NOT NULL, \n\t"
+                                         "CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)\n)"))
+            conn.execute(sqlalchemy.text("INSERT INTO alembic_version (version_num) VALUES (:v)"), {"v": RDB_ALEMBIC_REVISION})
     finally:
-        conn.close()
+        engine.dispose()
     return True
-
-
-def _sqlite_datetime(t: datetime.datetime | None) -> str | None:
-    """A datetime as SQLAlchemy's ``DateTime`` stores it on SQLite."""
-    return None if t is None else t.strftime("%Y-%m-%d %H:%M:%S.%f")
-
-
-class NewSQLiteStudyStorage(InMemoryStorage):
-    """A study file :func:`create_sqlite_schema` just made, written through ``sqlite3`` as rows of Optuna's tables and
-    read from memory (item 7 above). Writes: studies and their attributes, and finished trials in batches
-    (:func:`add_finished_trials`); no other trial write (a backend that only predicts makes none on its own file).
-    One process, the study's own (``StudyLock``). :func:`close_storages` closes the file."""
-
-    def __init__(self, path: str | Path) -> None:
-        super().__init__()
-        self._conn = _connect_local_sqlite(path)
-        self._file_ids: dict[int, int] = {}
-        _LIVE_FILES.add(self)
-
-    def close(self) -> None:
-        """Close the file (SQLite folds its write-ahead log into it); idempotent."""
-        self._conn.close()
-
-    def create_new_study(self, directions: Sequence[optuna.study.StudyDirection], study_name: str | None = None) -> int:
-        sid = super().create_new_study(directions, study_name)
-        with self._lock, self._conn:
-            fid = self._conn.execute("INSERT INTO studies (study_name) VALUES (?)", (self.get_study_name_from_id(sid),)).lastrowid
-            assert fid is not None
-            self._conn.executemany("INSERT INTO study_directions (direction, study_id, objective) VALUES (?, ?, ?)",
-                                   [(d.name, fid, i) for i, d in enumerate(directions)])
-        self._file_ids[sid] = fid
-        return sid
-
-    def _set_study_attr(self, table: str, study_id: int, key: str, value: Any) -> None:
-        fid, v = self._file_ids[study_id], json.dumps(value)
-        with self._lock, self._conn:
-            if not self._conn.execute(f"UPDATE {table} SET value_json = ? WHERE study_id = ? AND key = ?", (v, fid, key)).rowcount:
-                self._conn.execute(f"INSERT INTO {table} (study_id, key, value_json) VALUES (?, ?, ?)", (fid, key, v))
-
-    def set_study_user_attr(self, study_id: int, key: str, value: Any) -> None:
-        super().set_study_user_attr(study_id, key, value)
-        self._set_study_attr("study_user_attributes", study_id, key, value)
-
-    def set_study_system_attr(self, study_id: int, key: str, value: Any) -> None:
-        super().set_study_system_attr(study_id, key, value)
-        self._set_study_attr("study_system_attributes", study_id, key, value)
-
-    def add_finished(self, study_id: int, trials: Sequence[FrozenTrial]) -> None:
-        """Add validated finished trials: in memory, and to the file in one transaction (the rows and their order
-        those of :func:`add_finished_trials` on an RDB)."""
-        from optuna import distributions as dists
-
-        known = {n: d for t in self.get_all_trials(study_id, deepcopy=False) for n, d in t.distributions.items()}
-        for t in trials:
-            for name, dist in t.distributions.items():
-                if name in known:
-                    dists.check_distribution_compatibility(known[name], dist)
-                known[name] = dist
-        fid = self._file_ids[study_id]
-        params: list[tuple[Any, ...]] = []
-        values: list[tuple[Any, ...]] = []
-        user: list[tuple[Any, ...]] = []
-        system: list[tuple[Any, ...]] = []
-        with self._conn:
-            for t in trials:
-                number = self.get_trial_number_from_id(super().create_new_trial(study_id, template_trial=t))
-                tid = self._conn.execute("INSERT INTO trials (number, study_id, state, datetime_start, datetime_complete) VALUES (?, ?, ?, ?, ?)",
-                                         (number, fid, t.state.name, _sqlite_datetime(t.datetime_start), _sqlite_datetime(t.datetime_complete))).lastrowid
-                params.extend((tid, name, t.distributions[name].to_internal_repr(value), dists.distribution_to_json(t.distributions[name]))
-                              for name, value in t.params.items())
-                for objective, value in enumerate(t.values or ()):
-                    inf = value in (float("inf"), float("-inf"))
-                    values.append((tid, objective, None if inf else value, "FINITE" if not inf else "INF_POS" if value > 0 else "INF_NEG"))
-                user.extend((tid, k, json.dumps(v)) for k, v in t.user_attrs.items())
-                system.extend((tid, k, json.dumps(v)) for k, v in t.system_attrs.items())
-            self._conn.executemany("INSERT INTO trial_params (trial_id, param_name, param_value, distribution_json) VALUES (?, ?, ?, ?)", params)
-            self._conn.executemany("INSERT INTO trial_values (trial_id, objective, value, value_type) VALUES (?, ?, ?, ?)", values)
-            self._conn.executemany("INSERT INTO trial_user_attributes (trial_id, key, value_json) VALUES (?, ?, ?)", user)
-            self._conn.executemany("INSERT INTO trial_system_attributes (trial_id, key, value_json) VALUES (?, ?, ?)", system)
-
-    def _unsupported(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("a new study file written through sqlite3 takes finished trials only (add_finished_trials)")
-
-    create_new_trial = set_trial_param = set_trial_state_values = _unsupported
-    set_trial_intermediate_value = set_trial_user_attr = set_trial_system_attr = delete_study = _unsupported
-
-
-#: The :class:`NewSQLiteStudyStorage` objects of this process (:func:`close_storages`).
-_LIVE_FILES: weakref.WeakSet[NewSQLiteStudyStorage] = weakref.WeakSet()
 
 
 #: Attempts at creating Optuna's tables when workers start together on a fresh database.
@@ -332,8 +199,6 @@ def close_storages() -> None:
     call opens new connections)."""
     for engine in list(_LIVE_ENGINES):
         engine.dispose()
-    for f in list(_LIVE_FILES):
-        f.close()
 
 
 class _StampedVersionManager(optuna.storages._rdb.storage._VersionManager):
@@ -520,11 +385,6 @@ def add_finished_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> i
         if not t.state.is_finished() or t.intermediate_values:
             raise ValueError(f"add_finished_trials takes finished trials without intermediate values, got {t.state.name}")
         t._validate()
-    if isinstance(study._storage, NewSQLiteStudyStorage):
-        if any(t.values is not None and len(t.values) != len(study.directions) for t in trials):
-            raise ValueError(f"a trial's values do not match the study's {len(study.directions)} objectives")
-        study._storage.add_finished(study._study_id, trials)
-        return 1
     backend = _bulk_backend(study)
     if backend is None:
         for t in trials:

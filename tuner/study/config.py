@@ -450,9 +450,6 @@ def storage_file(url: str) -> Path | None:
         return Path(path) if path else None
     if not url.startswith("sqlite"):
         return None
-    plain = url[len("sqlite:///"):]
-    if url.startswith("sqlite:///") and plain and not any(c in plain for c in "?%") and plain != ":memory:" and not plain.startswith("file:"):
-        return Path(plain)  # as make_url reads it (a study's own file: no SQLAlchemy import for it)
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 

@@ -203,7 +203,7 @@ class StudyRun:
         try:
             if backend.measured:
                 check_budget(prep)  # before the study is opened: a refused run leaves no study behind
-            self.study, self.storage_url = open_study(cfg, prep, self.name, self.out_dir, heartbeat=heartbeat, predicted=not backend.measured)
+            self.study, self.storage_url = open_study(cfg, prep, self.name, self.out_dir, heartbeat=heartbeat)
         except BaseException:
             backend.close()  # a Ray instance this run started must not outlive a refused study
             raise

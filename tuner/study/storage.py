@@ -377,11 +377,9 @@ def quiet_optuna() -> None:
             h.addFilter(_FailedTrialOneLine())
 
 
-def open_study(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, *, heartbeat: Heartbeat | None = None,
-               predicted: bool = False) -> tuple[optuna.Study, str]:
+def open_study(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, *, heartbeat: Heartbeat | None = None) -> tuple[optuna.Study, str]:
     """Create or load the study, check it was made with the same inputs, store them in it and in
-    ``results/<study>/config.yaml``. A refused study leaves no folder behind. ``predicted``: the run's backend only
-    predicts, so a new study file of its own takes finished trials only (:class:`_optuna.NewSQLiteStudyStorage`).
+    ``results/<study>/config.yaml``. A refused study leaves no folder behind.
 
     Returns:
         The study and its storage URL.
@@ -399,7 +397,7 @@ def open_study(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, *, hea
     except OSError as e:
         raise TunerError(f"--results-dir {cfg.results_dir!r}: cannot create {out_dir} ({e.strerror})") from None
     try:
-        return _open_study_in(cfg, prep, name, out_dir, heartbeat, predicted)
+        return _open_study_in(cfg, prep, name, out_dir, heartbeat)
     except BaseException:
         if created:
             try:
@@ -513,8 +511,7 @@ def check_store_holds(url: str, name: str, why: str) -> None:
                          f"instead; {fix}")
 
 
-def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, heartbeat: Heartbeat | None,
-                   predicted: bool) -> tuple[optuna.Study, str]:
+def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, heartbeat: Heartbeat | None) -> tuple[optuna.Study, str]:
     from tuner.study import _optuna
 
     url = storage_url(cfg, out_dir)
@@ -523,13 +520,9 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, he
         if heartbeat is None and not url.startswith("journal:"):
             # --parallel-trials: atomic state changes among threads; the study's own file: commits without an fsync each
             kw: dict[str, Any] = {} if cfg.storage else {"engine_kwargs": _optuna.local_sqlite_engine_kwargs(out_dir / "study.db")}
-            storage: Any = None
             if not cfg.storage and _optuna.create_sqlite_schema(out_dir / "study.db"):  # made here, of Optuna's schema
-                if predicted:  # finished trials only, in batches: written as rows, without SQLAlchemy
-                    storage = _optuna.NewSQLiteStudyStorage(out_dir / "study.db")
                 kw.update(skip_table_creation=True, skip_compatibility_check=True, stamped=True)
-            if storage is None:
-                storage = _optuna.ThreadSafeRDBStorage(url, **kw)
+            storage: Any = _optuna.ThreadSafeRDBStorage(url, **kw)
         else:
             storage = open_storage(url, heartbeat=heartbeat)
         study = optuna.create_study(
