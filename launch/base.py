@@ -113,6 +113,16 @@ class TrialBackend(abc.ABC):
     harness's run options, with or without Transformer Engine (:func:`tuner.study.run_options_for_backend`)."""
     own_flags: ClassVar[frozenset[str]] = frozenset()
     """The ``tune`` flags that only this backend reads (e.g. ``--ray-address``); refused with any other backend."""
+    parallel_trials: ClassVar[bool] = False
+    """Runs ``--parallel-trials`` trials at once (one worker thread each)."""
+    opened_by_study: ClassVar[bool] = False
+    """Opened (and probed) once, by the study, not before the search as the others are (Ray connects once)."""
+
+    @classmethod
+    def check_machine(cls, cluster: Cluster) -> None:
+        """Before any output or trial: raises TunerError if this machine cannot run the study's trials on
+        ``cluster`` (default: nothing to check)."""
+        return None
 
     @property
     def measured(self) -> bool:

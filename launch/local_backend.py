@@ -93,6 +93,18 @@ class LocalBackend(MeasuredBackend):
     runs_harness = True
     own_flags = frozenset({"--trial-profile-step"})
 
+    @classmethod
+    def check_machine(cls, cluster: Cluster) -> None:
+        """This machine shows the cluster's GPUs (one node) and has the harness's dependencies (torch,
+        megatron-core). Raises TunerError naming ``--backend local`` and what to use instead."""
+        have = machine_gpu_count()
+        check_local_gpus(cluster, "--backend local",
+                         nodes_fix=f"use --gpus {cluster.num_gpus}x{cluster.gpu.name} for one node of that size, or "
+                         "--backend ray for several",
+                         gpus_fix=f"use at most --gpus {have}x{cluster.gpu.name} (this machine's {have} "
+                                  f"GPU{'s' if have != 1 else ''}; slice a model with --layers to make it fit)")
+        check_harness_dependencies()
+
     def __init__(
         self,
         *,

@@ -208,6 +208,8 @@ class RayBackend(MeasuredBackend):
 
     name = "ray"
     runs_harness = True
+    parallel_trials = True
+    opened_by_study = True
     own_flags = frozenset({"--ray-address", "--parallel-trials", "--trial-env"})
 
     def __init__(

@@ -250,26 +250,16 @@ def _prepare_main(cfg: Any) -> Any:
     Raises:
         TunerError: bad flag combinations, a backend that cannot run here, too few GPUs or no torch here.
     """
-    from launch import BackendSettings, get_backend
+    from launch import BackendSettings, backend_class, get_backend
     from tuner.study import _validate_config, prepare
 
     _validate_config(cfg)  # flag combinations first: one message about the flags, before any backend is probed
-    # Reject unknown / unavailable backends before any work (ray connects once, in run_study).
-    if cfg.backend != "ray":
+    # unknown / unavailable backends before any work; one the study opens (Ray) is probed there
+    backend = backend_class(cfg.backend)
+    if not backend.opened_by_study:
         get_backend(cfg.backend, BackendSettings(command_template=cfg.command_template))
     prep = prepare(cfg)
-    if cfg.backend == "local":
-        from launch.local_backend import check_local_gpus, machine_gpu_count
-
-        have, c = machine_gpu_count(), prep.cluster
-        check_local_gpus(c, "--backend local",
-                         nodes_fix=f"use --gpus {c.num_gpus}x{c.gpu.name} for one node of that size, or --backend ray "
-                         "for several",
-                         gpus_fix=f"use at most --gpus {have}x{c.gpu.name} (this machine's {have} "
-                                  f"GPU{'s' if have != 1 else ''}; slice a model with --layers to make it fit)")
-        from launch.local_backend import check_harness_dependencies
-
-        check_harness_dependencies()  # before any output or trial: one clear message if torch is missing
+    backend.check_machine(prep.cluster)  # before any output or trial
     return prep
 
 
@@ -289,7 +279,7 @@ def _print_header(prep: Any, cfg: Any, launch: Any, *, verbose: bool) -> None:
             say(line.lstrip(), indent=len(line) - len(line.lstrip()), markup=False)
     if verbose:
         _print_space(prep, cfg)
-    if cfg.backend != "model" and cfg.policy == "gain":
+    if cfg.measured and cfg.policy == "gain":
         _print_plan(prep, cfg)
 
 
@@ -300,7 +290,7 @@ def _run_with_progress(prep: Any, cfg: Any, state: CliState) -> Any:
     # The bar starts when the study is open and its first trial begins (run_study calls on_trial(0, n)):
     # a refused study (other inputs, a busy lock, a bad storage) prints its error without a bar before it.
     progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=out, transient=cfg.backend == "model")
+                        TimeElapsedColumn(), console=out, transient=not cfg.measured)
     task = progress.add_task(f"Optuna search ({cfg.backend} backend)", total=None)
 
     count = [0, 0]  # done, total: a resume runs what was left
@@ -372,7 +362,7 @@ def _write_results(res: Any, prep: Any, cfg: Any, rows: list[dict[str, Any]], fr
     from tuner.study import _mask
 
     c, w, lay = prep.cluster, prep.workload, best["layout"]
-    src_word = "predicted" if cfg.backend == "model" else "measured"
+    src_word = "measured" if cfg.measured else "predicted"
     report_note = ""
     files = {"pareto": res.out_dir / "pareto.csv"}
     try:
@@ -412,11 +402,11 @@ def _write_results(res: Any, prep: Any, cfg: Any, rows: list[dict[str, Any]], fr
     return files, report_note
 
 
-def _study_counts(res: Any, evaluated: int, backend: str) -> str:
+def _study_counts(res: Any, evaluated: int, measured: bool) -> str:
     """``Study NAME: 102,561 layouts evaluated in total (2,000 now; ...)``: ``evaluated`` in the study, ``res``'s
     counts of this run (pruned, failed and GPU-hours where a backend ran trials)."""
     ran = (f"; {res.pruned_now:,} pruned, {res.failed_now:,} failed; {res.gpu_hours_now:,.1f} GPU-hours"
-           if backend != "model" else "")
+           if measured else "")
     return f"Study {escape(res.study_name)}: {evaluated:,} layouts evaluated in total ({res.evaluated_now:,} now{ran})"
 
 
@@ -427,7 +417,7 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
     from tuner.report import pipeline_layout_of
 
     c, en, lay = prep.cluster, prep.enumeration, best["layout"]
-    src_word = "predicted" if cfg.backend == "model" else "measured"
+    src_word = "measured" if cfg.measured else "predicted"
     flags = study_flags(res.study_name, results_dir)
     pls = pipeline_layout_of(lay, prep.model)
     _print_best(best, tied, pls, c.gpu.hbm_bytes / GIB)
@@ -437,7 +427,7 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
         f"Space: {fmt_int(en.considered)} layouts, {fmt_int(prep.n_valid)} valid, {fmt_int(prep.n_fit)} candidates "
         f"({fmt_int(int((prep.fits & ~prep.surely_fits).sum()))} may not fit)"
     )
-    out.print(_study_counts(res, len(rows), cfg.backend))
+    out.print(_study_counts(res, len(rows), cfg.measured))
     for note in (res.budget_note, res.confirm_note):
         if note:
             say(escape(note), label="note:", indent=0)

@@ -158,6 +158,14 @@ class TuneConfig:
     queues its layout again (Optuna's ``grace_period`` and ``RetryHeartbeatStaleTrialCallback``). With the
     ``model`` backend (trials of milliseconds) a trial left RUNNING this long is taken for a stopped worker's too."""
 
+    @property
+    def measured(self) -> bool:
+        """Its backend's trials run on GPUs (the class's ``source``); a name not registered here (a study's record
+        from elsewhere) counts as measured."""
+        from launch.registry import BACKENDS, backend_class
+
+        return self.backend not in BACKENDS or backend_class(self.backend).source == "measured"
+
     def study_name(self, model: ModelSpec, cluster: Cluster) -> str:
         """``--study``, or ``<model>[-L<layers>]-<cluster>-s<seq>-gbs<batch>`` then what else makes the space or its numbers
         differ from the defaults, each only when it does: ``-fp8``, the network (``-ib-ndr``) when it is not the GPU's
@@ -196,7 +204,7 @@ class TuneConfig:
             import json
 
             extra += "-r" + hashlib.sha1(json.dumps(self.run_flags, sort_keys=True, default=str).encode()).hexdigest()[:6]
-        if self.backend != "model":
+        if self.measured:
             extra += f"-{self.backend}"
         return f"{base}{sl}-{cluster.label}-s{self.seq_length}-gbs{self.global_batch_size}{extra}"[:128]
 
@@ -246,7 +254,7 @@ def check_budget(prep: Any) -> None:
     from tuner.study.policy import fmt_gpu_hours
 
     cfg = prep.config
-    if cfg.gpu_hours is None or cfg.backend == "model" or cfg.policy != "gain":
+    if cfg.gpu_hours is None or not cfg.measured or cfg.policy != "gain":
         return
     cheapest = cheapest_trial_gpu_hours(prep)
     if cfg.gpu_hours < cheapest:
@@ -415,7 +423,7 @@ def _validate_config(config: TuneConfig) -> None:
     if config.gpu_hours is not None:
         if not (math.isfinite(config.gpu_hours) and config.gpu_hours > 0):
             raise TunerError(f"--gpu-hours must be a positive number of GPU-hours, got {config.gpu_hours}")
-        if config.backend == "model":
+        if not config.measured:
             raise TunerError("--gpu-hours is a budget of real trials; --backend model measures nothing (use --backend local, ray or command)")
     if config.policy not in POLICIES:
         raise TunerError(f"--trial-policy {config.policy!r}: accepted {', '.join(POLICIES)}")
@@ -423,14 +431,14 @@ def _validate_config(config: TuneConfig) -> None:
                                      or (config.stop_gain, config.stop_confidence) != (_DEFAULT_STOP_GAIN, _DEFAULT_STOP_CONFIDENCE)):
         raise TunerError("--gpu-hours, --stop-gain and --stop-confidence drive the gain policy; --trial-policy queue runs "
                          "--trials layouts in the predicted order (leave them out, or use --trial-policy gain)")
-    if config.policy == "gain" and config.backend != "model" and (config.confirm_runs or config.recalibrate_after != _DEFAULT_RECALIBRATE_AFTER):
+    if config.policy == "gain" and config.measured and (config.confirm_runs or config.recalibrate_after != _DEFAULT_RECALIBRATE_AFTER):
         raise TunerError("--confirm-runs and --recalibrate-after belong to --trial-policy queue; the gain policy repeats close "
                          "rivals and learns from every measurement itself (leave them out, or use --trial-policy queue)")
     if not (math.isfinite(config.stop_confidence) and 0 < config.stop_confidence < 1):
         raise TunerError(f"--stop-confidence must be a fraction strictly between 0 and 1 (e.g. 0.9), got {config.stop_confidence}")
     if not (math.isfinite(config.stop_gain) and 0 <= config.stop_gain < 1):
         raise TunerError(f"--stop-gain must be a fraction at least 0 and below 1 (e.g. 0.02), got {config.stop_gain}")
-    if config.backend == "model" and (config.stop_gain, config.stop_confidence) != (_DEFAULT_STOP_GAIN, _DEFAULT_STOP_CONFIDENCE):
+    if not config.measured and (config.stop_gain, config.stop_confidence) != (_DEFAULT_STOP_GAIN, _DEFAULT_STOP_CONFIDENCE):
         raise TunerError("--stop-gain and --stop-confidence stop real trials; --backend model measures nothing "
                          "(use --backend local, ray or command)")
     if config.memory_headroom is not None and not (math.isfinite(config.memory_headroom) and 0 <= config.memory_headroom < 1):

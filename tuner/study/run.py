@@ -474,7 +474,7 @@ class StudyRun:
             hbm_bytes=prep.cluster.gpu.hbm_bytes, gpus=prep.cluster.num_gpus, params=policy_params(prep, self.n_trials))
         observed: set[int] = set()
         first_of: dict[int, int] = {}
-        n_jobs = cfg.parallel_trials if cfg.backend == "ray" else 1
+        n_jobs = cfg.parallel_trials if self.backend.parallel_trials else 1
         self._feed(policy, pos, observed, first_of)
         policy.start_run()
         self._run_launch_first()

@@ -201,13 +201,6 @@ def storage_url(config: TuneConfig, out_dir: Path) -> str:
     return f"sqlite:///{(out_dir / 'study.db').as_posix()}"
 
 
-def _measured(backend: str) -> bool:
-    """The backend registered as ``backend`` measures (its class's ``source``); an unregistered name does too."""
-    from launch.registry import BACKENDS, backend_class
-
-    return backend not in BACKENDS or backend_class(backend).source == "measured"
-
-
 def is_own_store(cfg: TuneConfig, out_dir: Path) -> bool:
     """Whether the run's storage is the study folder's own ``study.db``, however ``--storage`` names it (then one
     process at a time: :class:`StudyLock`)."""
@@ -217,7 +210,7 @@ def is_own_store(cfg: TuneConfig, out_dir: Path) -> bool:
 def resolved(prep: Prepared) -> dict[str, Any]:
     """The inputs that decide a study's numbers, resolved (so 64xH200 and 8x8xH200 compare equal)."""
     c = prep.cluster
-    measured = _measured(prep.config.backend)
+    measured = prep.config.measured
     return {
         "model": prep.model.name,
         "gpu": c.gpu.name,
