@@ -76,7 +76,8 @@ def seed_tuned() -> Layout:
 
 @pytest.fixture(scope="session")
 def seed_reference() -> Layout:
-    """seeds/001 reference port: TP2 SP PP2 EP8 ETP1, full uniform 1, optimizer offload 1.0 (overlapped), precision-aware."""
+    """seeds/001 reference port: TP2 SP PP2 EP8 ETP1, full uniform 1, optimizer offload 1.0 (overlapped),
+    precision-aware."""
     return Layout(
         world_size=64,
         tp=2,

@@ -26,7 +26,8 @@ def argv_flags(tokens: list[str]) -> dict[str, tuple[str, ...]]:
 
 
 def command_flags(script: str) -> dict[str, tuple[str, ...]]:
-    """``{flag: values}`` of the ``python3 -m ...`` (or ``"$PYTHON" -m ...``, ``"$PYTHON" "$SLIME_ENTRY"``) command of a run script."""
+    """``{flag: values}`` of the ``python3 -m ...`` (or ``"$PYTHON" -m ...``, ``"$PYTHON" "$SLIME_ENTRY"``) command of a
+    run script."""
     text = script.replace("\\\n", " ")
     line = next(
         ln

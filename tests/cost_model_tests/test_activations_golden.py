@@ -82,8 +82,8 @@ def test_our_layer_maps_onto_the_inventory(t, te):
     c = make_ctx(model=TINY_DENSE, tp=t, sequence_parallel=t > 1, options=RunOptions(te_attention=te))
     k, sbh = korthikanti_tensors(t), S * B * H
     stats = 4 * A * S * B / t  # flash attention's fp32 softmax statistics (logsumexp per head and token)
-    # without TE: our third hidden-size tensor of the attention block (the no-TE harness was predicted with it); under TE
-    # the attention block keeps exactly their two (the fused norm's input and the QKV input: measured on H200)
+    # without TE: our third hidden-size tensor of the attention block (the no-TE harness was predicted with it); under
+    # TE the attention block keeps exactly their two (the fused norm's input and the QKV input: measured on H200)
     extra = 0 if te else 2 * sbh / t
     second_copy = 0 if te else k["attention.projection_input"]  # no TE: the permuted copy of the attention output
 

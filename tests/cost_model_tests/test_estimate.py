@@ -81,10 +81,10 @@ def test_offload_moves_optimizer_to_cpu_and_costs_time(minimax, h200x64, seed_wo
     on = estimate(minimax, h200x64, seed_workload, seed_reference)
     off = estimate(minimax, h200x64, seed_workload, seed_reference.replace(optimizer_offload_fraction=0.0))
     half = estimate(minimax, h200x64, seed_workload, seed_reference.replace(optimizer_offload_fraction=0.5))
-    # offload 1.0: no optimizer state on the GPU, only the build's bf16 clones kept reserved (2 B per unsharded parameter,
-    # the size of the bf16 weights); 0.5: half the owned parameters at 12 B (10 B without offload: precision-aware) plus
-    # the first HybridDeviceOptimizer's fp32 clones (4 B x 0.5) and the cached bf16 clones (2 B x 0.5) of the rank's
-    # unsharded parameters
+    # offload 1.0: no optimizer state on the GPU, only the build's bf16 clones kept reserved (2 B per unsharded
+    # parameter, the size of the bf16 weights); 0.5: half the owned parameters at 12 B (10 B without offload:
+    # precision-aware) plus the first HybridDeviceOptimizer's fp32 clones (4 B x 0.5) and the cached bf16 clones (2 B x
+    # 0.5) of the rank's unsharded parameters
     assert on.memory["optimizer"] == pytest.approx(on.memory["weights"])
     assert half.memory["optimizer"] == pytest.approx(0.6 * off.memory["optimizer"] + 1.5 * half.memory["weights"])
     assert on.time["offload"] > half.time["offload"] > off.time["offload"] == 0.0
@@ -349,7 +349,8 @@ _EFFICIENCIES = [
 )
 def test_the_calibration_constants_are_bounded(field, text, bound, tmp_path):
     # a huge fixed cost or attention extra (1.0e+300, read as a number) overflowed the window's keys to inf and the
-    # study's tell to NaN; an efficiency of 1e-300 printed a step of 1e300 s (0.01 of a datasheet peak is the lowest taken)
+    # study's tell to NaN; an efficiency of 1e-300 printed a step of 1e300 s (0.01 of a datasheet peak is the lowest
+    # taken)
     from cost_model.calibration import load_calibration
 
     p = tmp_path / "c.yaml"
@@ -363,7 +364,8 @@ def test_the_calibration_constants_are_bounded(field, text, bound, tmp_path):
 
 def test_mfu_is_over_the_datasheet_bf16_peak_on_every_gpu():
     """MFU (the seed's convention) divides by the datasheet's dense bf16 peak, not by the peak the fitted family and
-    generation factors give the time terms: the same throughput on B200 and B300 (both 2,250 TFLOP/s) is the same MFU."""
+    generation factors give the time terms: the same throughput on B200 and B300 (both 2,250 TFLOP/s) is the same
+    MFU."""
     from cost_model.flops import mfu
 
     model = load_model("Llama-3.1-8B")

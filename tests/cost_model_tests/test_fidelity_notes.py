@@ -1,4 +1,5 @@
-"""cost_model.fidelity.known_gaps: the measured gaps are printed beside the predictions they apply to, and only there."""
+"""cost_model.fidelity.known_gaps: the measured gaps are printed beside the predictions they apply to, and only
+there."""
 
 from __future__ import annotations
 

@@ -72,7 +72,8 @@ def flops_check_rows(runs: Sequence[Run], tolerance: float = 0.015) -> list[dict
             excluded = ""
             if abs(ratio / ref - 1) > tolerance:
                 excluded = (
-                    f"implied {r.implied_gflop_per_token:g} GFLOP/token differs by {(ratio / ref - 1) * 100:+.1f}% from the "
+                    f"implied {r.implied_gflop_per_token:g} GFLOP/token differs by {(ratio / ref - 1) * 100:+.1f}% "
+                    "from the "
                     f"accounting of the newest release ({newest_label}) for this model"
                 )
             out.append(

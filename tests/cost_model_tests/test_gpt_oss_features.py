@@ -119,7 +119,8 @@ def test_gpt_oss_without_layer_types_alternates_as_transformers_does(tmp_path):
 
 
 def test_context_parallel_with_sinks_or_windows_needs_a2a():
-    """Transformer Engine runs sinks under CP only with cp_comm_type a2a (and sliding windows with a2a or all_gather)."""
+    """Transformer Engine runs sinks under CP only with cp_comm_type a2a (and sliding windows with a2a or
+    all_gather)."""
     from search_spaces.rules import RuleEnv, check_layout
     from specs import RunOptions
 
@@ -135,7 +136,8 @@ def test_context_parallel_with_sinks_or_windows_needs_a2a():
 
 
 def test_the_bounded_dp_overlap_is_the_same_in_the_estimate_and_its_details():
-    """Many expert parameters per rank and a short micro-batch (GPT-OSS at EP 8, micro-batch 1): the DP overlap is bounded
+    """Many expert parameters per rank and a short micro-batch (GPT-OSS at EP 8, micro-batch 1): the DP overlap is
+    bounded
     by one micro-batch, and the single-layout estimate's dp_comm equals the slowest rank class's in the step details."""
     from cost_model.estimate import estimate_details
     from specs import RunOptions

@@ -56,7 +56,8 @@ def test_each_rank_s_chunks_add_up_to_its_time_in_the_table(name, minimax, h200x
 
 def test_chunks_hold_the_layers_megatron_gives_them(minimax, seed_tuned):
     layers, moe = chunk_layers(minimax, seed_tuned)
-    # 62 layers, PP 8 VPP 4, first and last rank 7: rank 0 [1, 2, 2, 2] (the deficit next to the embedding), last [2, 2, 2, 1]
+    # 62 layers, PP 8 VPP 4, first and last rank 7: rank 0 [1, 2, 2, 2] (the deficit next to the embedding), last [2, 2,
+    # 2, 1]
     assert (
         layers[0] == (1.0, 2.0, 2.0, 2.0)
         and layers[-1] == (2.0, 2.0, 2.0, 1.0)
@@ -81,8 +82,9 @@ def test_chunks_hold_the_layers_megatron_gives_them(minimax, seed_tuned):
 
 
 def test_forward_is_a_third_of_compute_and_half_of_tp(minimax, h200x64, seed_workload, monkeypatch):
-    # Defaults: GEMMs backward = 2 x forward (compute.GEMM_PASSES), memory-bound backward = elementwise_backward_ratio (2) x forward,
-    # so every chunk's forward compute is a third of its compute; TP collectives are half forward (recompute.FORWARD_TP_SHARE).
+    # Defaults: GEMMs backward = 2 x forward (compute.GEMM_PASSES), memory-bound backward = elementwise_backward_ratio
+    # (2) x forward, so every chunk's forward compute is a third of its compute; TP collectives are half forward
+    # (recompute.FORWARD_TP_SHARE).
     lay = Layout(
         world_size=64,
         tp=2,

@@ -235,7 +235,8 @@ def test_ep_all_to_all_time():
     wide = make_ctx(options=FORCED, tp=2, ep=8, sequence_parallel=True)
     send = 2 * 1024 / 2 * 64 * 2 * 7 / 8
     assert comm.ep_all_to_all_time(wide)[0, 0] == pytest.approx(max(send * 0.5 / A2A, send * 0.5 / NET))
-    # allgather: an all-gather ring over etp x ep, here 8 ranks on 4-GPU nodes, 4 of them (4 NICs) per node; inside a node NV
+    # allgather: an all-gather ring over etp x ep, here 8 ranks on 4-GPU nodes, 4 of them (4 NICs) per node; inside a
+    # node NV
     gather = make_ctx(options=FORCED, tp=2, ep=8, sequence_parallel=True, dispatcher="allgather")
     assert comm.ep_all_to_all_time(gather)[0, 0] == pytest.approx(2 * 1024 / 2 * 64 * 7 / (4 * NET))
     inside = make_ctx(**BASE, dispatcher="allgather")  # ep 4 on one node
@@ -307,7 +308,8 @@ def test_dp_comm_time():
 
 
 def test_dp_overlap_hides_at_most_one_micro_batch():
-    """The distributed optimizer's reduce-scatter and all-gather hide behind the last micro-batch's backward and the first
+    """The distributed optimizer's reduce-scatter and all-gather hide behind the last micro-batch's backward and the
+    first
     one's forward: never more than one micro-batch's time per rank; FSDP's, behind every micro-batch (8 here)."""
     dense, experts = np.array([[100.0, 200.0]]), np.array([[10.0, 20.0]])
     per_rank = np.array([6 * 100 * 3 / 4 / 2 + 6 * 10 / 2, 6 * 200 * 3 / 4 / 2 + 6 * 20 / 2]) / NET  # dense: 2 NICs

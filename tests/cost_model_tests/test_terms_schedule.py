@@ -134,7 +134,8 @@ def test_pp_p2p():
 def test_forward_times():
     c = make_ctx(**BASE)
     one = np.array([[1.0]])
-    # linear + core attention's forward (3 x core x its measured share 0.238) + elementwise / (1 + 2) + half of the 4 TP collectives
+    # linear + core attention's forward (3 x core x its measured share 0.238) + elementwise / (1 + 2) + half of the 4 TP
+    # collectives
     assert recompute.attention_forward_time(c, one, 2 * one, 3 * one, 4 * one)[0, 0] == pytest.approx(
         1 + 6 * 0.238 + 1 + 2
     )

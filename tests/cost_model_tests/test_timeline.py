@@ -1,4 +1,5 @@
-"""The predicted step as a Chrome trace (cost_model.timeline): its structure, and that it shows the estimate's numbers."""
+"""The predicted step as a Chrome trace (cost_model.timeline): its structure, and that it shows the estimate's
+numbers."""
 
 from __future__ import annotations
 

@@ -43,9 +43,9 @@ of FAKE_GRAD_RUN_NOISE (two runs of one layout differ by it); ``norm_grad_scaled
 gradient, ``non_causal_attention`` bends every tensor; FAKE_GRAD_MODE=nan / missing / shape breaks one tensor.
 The checkpoint it writes carries ``model.json`` (the model's fingerprint) as the harness's does.
 
-Profiling (spec ``profile_step``): that step's line carries ``"profiled": true``, and before the summary it writes one small
-Chrome trace per pipeline stage beside ``--out`` (``profile_step<N>_pp<r>.json``, as the harness's torch.profiler export is
-named) and the ``{"event": "profile", "step", "files"}`` line.
+Profiling (spec ``profile_step``): that step's line carries ``"profiled": true``, and before the summary it writes one
+small Chrome trace per pipeline stage beside ``--out`` (``profile_step<N>_pp<r>.json``, as the harness's torch.profiler
+export is named) and the ``{"event": "profile", "step", "files"}`` line.
 
 Imported (by the tests), it gives the observers of those files: :func:`recorded_pids`,
 :func:`alive`, :func:`survivors` and :func:`wait_until`.
@@ -79,7 +79,8 @@ def _touch(folder, name):
 
 
 def _hang(pid_dir):
-    """Start a child that sleeps 600 s (in this process's group: only a kill of the whole group ends it) and record it."""
+    """Start a child that sleeps 600 s (in this process's group: only a kill of the whole group ends it) and record
+    it."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     if pid_dir:
         _touch(pid_dir, f"child.{child.pid}")
@@ -221,7 +222,8 @@ def _harness(cfg, args, out_path, node, mode, hang_after, pid_dir) -> int:
 
     if mode == "oom_text":
         print(
-            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB "
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+            "139.81 GiB "
             "of which 1.2 GiB is free. Including non-PyTorch memory, this process has 138.50 GiB memory in use.",
             file=sys.stderr,
         )
@@ -388,7 +390,8 @@ def _it_line(i: int, n: int, ms: float) -> str:
     return (
         f" [2025-08-01 07:19:{i % 60:02d}] iteration {i:8d}/{n:8d} | consumed samples: {8 * i:12d} | "
         f"elapsed time per iteration (ms): {ms:.1f} | learning rate: 1.000E-05 | global batch size:     8 | "
-        f"lm loss: {10.0 - 0.1 * i:.6E} | loss scale: 1.0 | grad norm: {1.0 + i:.3f} | number of skipped iterations:   0 |"
+        f"lm loss: {10.0 - 0.1 * i:.6E} | loss scale: 1.0 | grad norm: {1.0 + i:.3f} | number of skipped iterations:   "
+        "0 |"
     )
 
 
@@ -407,7 +410,8 @@ def _megatron(cfg, mode, hang_after, pid_dir) -> int:
         if i == 1:
             for rank in range(2):
                 print(
-                    f"[Rank {rank}] (after 1 iterations) memory (MB) | allocated: 1000.0 | max allocated: {80896.0 + rank * 1024} | "
+                    f"[Rank {rank}] (after 1 iterations) memory (MB) | allocated: 1000.0 | max allocated: "
+                    f"{80896.0 + rank * 1024} | "
                     f"reserved: 3000.0 | max reserved: {91136.0 + rank * 1024}",
                     flush=True,
                 )
@@ -415,8 +419,10 @@ def _megatron(cfg, mode, hang_after, pid_dir) -> int:
             time.sleep(600)
         if mode == "oom" and i == 2:
             print(
-                "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of "
-                "139.81 GiB of which 1.2 GiB is free. Including non-PyTorch memory, this process has 138.50 GiB memory in use.",
+                "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total "
+                "capacity of "
+                "139.81 GiB of which 1.2 GiB is free. Including non-PyTorch memory, this process has 138.50 GiB memory "
+                "in use.",
                 file=sys.stderr,
                 flush=True,
             )

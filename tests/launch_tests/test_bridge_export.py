@@ -173,7 +173,8 @@ def test_a_performance_config_is_refused_and_left_out_of_the_main_job():
     assert not bridge.in_main_job(_context(None, "Qwen3-30B-A3B", "16xH100", QWEN_PP))
     with pytest.raises(
         TunerError,
-        match="writes into a Megatron-Bridge override YAML or saved ConfigContainer; .* performance config .* use --format recipe or megatron",
+        match="writes into a Megatron-Bridge override YAML or saved ConfigContainer; .* performance config .* use "
+        "--format recipe or megatron",
     ):
         bridge.render(ctx)
 

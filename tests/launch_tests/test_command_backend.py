@@ -94,7 +94,8 @@ def test_placeholders_are_substituted_per_element_and_never_through_a_shell(tmp_
     lay = Layout(world_size=4, pp=2, ep=2, micro_batch_size=1)
     m = _run(b, m4, lay, trial_number=3)
     (got,) = [json.loads(p.read_text()) for p in dump.iterdir()]
-    assert got["argv"][-len(literal):] == ["--tp=1", "2", "2", "1", "2", "x; rm -rf / $(touch pwned) `id` \"'", "a b;c", "$(echo hi)",
+    assert got["argv"][-len(literal):] == ["--tp=1", "2", "2", "1", "2", "x; rm -rf / $(touch pwned) `id` "
+                                                                         "\"'", "a b;c", "$(echo hi)",
                                            "{literal}", "4x4", "2"]  # fmt: skip
     assert "--FAKE_STEPS=2" in got["argv"]
     assert got["env"]["FAKE_EXTRA"] == "x; rm -rf / $(touch pwned) `id` \"'|8192"
@@ -266,7 +267,8 @@ def test_parse_truncated_log():
     assert r.finish().iterations == log.iterations
     # A cut-off value with a newline after it is not taken either.
     cut = parse_megatron_log(
-        " iteration 4/6 | elapsed time per iteration (ms): 11\n[Rank 0] (after 4 iterations) memory (MB) | allocated: 1.0 | max allocated: 2.0 | reserved: 3.0 | max reserved: 16\n"
+        " iteration 4/6 | elapsed time per iteration (ms): 11\n[Rank 0] (after 4 iterations) memory (MB) | allocated: "
+        "1.0 | max allocated: 2.0 | reserved: 3.0 | max reserved: 16\n"
     )
     assert cut.iterations == [] and cut.memory == [] and cut.bad_lines == 2
 
@@ -328,7 +330,8 @@ def test_trial_files_and_measurement_extras(tmp_path, m4):
         ("crash", "crash (exit status 7): ValueError: bad batch (log: "),
         (
             "silent",
-            "the command exited without any Megatron iteration line (elapsed time per iteration): crash (exit status 0)",
+            "the command exited without any Megatron iteration line (elapsed time per iteration): crash (exit status "
+            "0)",
         ),
     ],
 )
@@ -370,8 +373,9 @@ def test_cli_errors_and_a_study(tmp_path):
     )
     assert r.exit_code == 2 and "unknown placeholder(s) {tpp}" in r.output
     tpl = _tpl(tmp_path, {"argv": [*_megatron("ok", 2000.0), "{layout_args}"]}, "ok.yaml")  # 2 s steps: a plausible MFU
-    r = runner.invoke(app, [*base, "--backend", "command", "--command-template", str(tpl), "--trials", "2", "--trial-steps", "4",
-                            "--results-dir", str(tmp_path / "res"), "--study", "cmd"])  # fmt: skip
+    r = runner.invoke(app, [*base, "--backend", "command", "--command-template", str(tpl), "--trials", "2",
+                            "--trial-steps", "4", "--results-dir", str(tmp_path / "res"),
+                            "--study", "cmd"])  # fmt: skip
     assert r.exit_code == 0, r.output
     assert "command backend" in r.output and "Best layout (measured" in r.output
     logs = sorted((tmp_path / "res" / "cmd" / "trials").glob("*/log.txt"))

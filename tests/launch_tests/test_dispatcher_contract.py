@@ -87,7 +87,10 @@ def test_it_round_trips_through_the_layout_spellings(disp):
     assert Dispatcher(disp.value) is disp and Layout(world_size=64, ep=8, dispatcher=disp.value).dispatcher is disp
     assert Layout.from_dict(lay.to_dict()) == lay and f"dispatcher={disp.value}" in lay.key()
     assert LayoutTable.from_layouts([lay]).row(0) == lay  # the table's string column keeps the whole name
-    spec = "pp=4,ep=8,recompute=full,num_layers_in_first_pipeline_stage=15,num_layers_in_last_pipeline_stage=15,dispatcher="
+    spec = (
+        "pp=4,ep=8,recompute=full,num_layers_in_first_pipeline_stage=15,num_layers_in_last_pipeline_stage=15,"
+        "dispatcher="
+    )
     assert parse_layout_spec(spec + disp.value, 64) == lay
 
 

@@ -1,4 +1,5 @@
-"""Tests of the exporters (launch/exporters, through the launch/export.py names) against the measured MiniMax-M2 seed recipe.
+"""Tests of the exporters (launch/exporters, through the launch/export.py names) against the measured MiniMax-M2 seed
+recipe.
 
 The seed's YAML is in tests/fixtures/seed_minimax_m2_recipe.yaml, copied verbatim.
 """
@@ -39,7 +40,8 @@ from specs.layout import Layout
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "seed_minimax_m2_recipe.yaml"
 GIB = 2**30
 
-#: slime's scripts/models/minimax-m2.sh MODEL_ARGS (slime 0.3.0, THUDM/slime a897e1f), as the seed recipe's run used them.
+#: slime's scripts/models/minimax-m2.sh MODEL_ARGS (slime 0.3.0, THUDM/slime a897e1f), as the seed recipe's run used
+#: them.
 SLIME_MINIMAX_M2_MODEL_ARGS = """
 --spec slime_plugins.models.minimax_m2 get_minimax_m2_layer_spec
 --disable-bias-linear --num-layers 62 --hidden-size 3072 --ffn-hidden-size 1536 --num-attention-heads 48
@@ -208,7 +210,8 @@ def test_model_args_dense_and_mla():
 def test_model_args_gpt_oss_build_gpt_oss():
     """GPT-OSS's layers as Megatron-LM's own GPT-OSS example passes them (examples/post_training/modelopt/conf/openai/
     gpt-oss-120b.sh): biases on (no --disable-bias-linear), the clamped quick-GEGLU with offset 1, attention sinks, a
-    127-token left window on every other layer (Megatron's integer form: layers 1, 3, ... of 36 slide, 2, 4, ... full)."""
+    127-token left window on every other layer (Megatron's integer form: layers 1, 3, ... of 36 slide, 2, 4, ...
+    full)."""
     oss = _argv_flags(model_args(load_model("GPT-OSS-120B")))
     assert "--disable-bias-linear" not in oss and "--swiglu" not in oss and "--quick-geglu" in oss
     assert "--no-bias-dropout-fusion" in oss  # TEGroupedMLP refuses bias-dropout fusion with biases
@@ -240,7 +243,8 @@ def test_model_args_gpt_oss_build_gpt_oss():
 
 def test_model_args_gpt_oss_yarn_as_its_config_says():
     """GPT-OSS's YaRN as Megatron-Bridge's GPT-OSS bridge sets it from config.json (factor 32, 4,096 original positions,
-    betas 32 / 1, no rounding: ``truncate`` false), through megatron-core 0.19's --yarn-* flags; the recipe asks for 0.19."""
+    betas 32 / 1, no rounding: ``truncate`` false), through megatron-core 0.19's --yarn-* flags; the recipe asks for
+    0.19."""
     gpt_oss = load_model("GPT-OSS-120B")
     oss = _argv_flags(model_args(gpt_oss))
     assert oss["--position-embedding-type"] == ("yarn",) and oss["--rotary-base"] == ("150000",)

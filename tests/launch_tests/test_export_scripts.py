@@ -252,7 +252,8 @@ BASE = dict(
     ({"NUM_EPOCH": "3"}, {"--num-epoch": "3"}),
     # the seed's benchmark: its pre-tokenized rollout module, 20 steps, nothing saved (SAVE_DIR not needed)
     ({"BENCHMARK": "1", "SAVE_DIR": None}, {"--rollout-function-path": "pretokenized_sft_rollout.generate_rollout",
-                                             "--num-rollout": "20", "--load": None, "--save": None, "--rollout-shuffle": None}),
+                                             "--num-rollout": "20", "--load": None, "--save": None,
+                                             "--rollout-shuffle": None}),
 ])  # fmt: skip
 def test_run_slime_sh_steps_and_benchmark_come_from_variables(extra, want, tmp_path, model, cluster):
     script = _write(tmp_path, "slime", model, cluster, LAYOUTS["seed"])
@@ -309,7 +310,8 @@ def test_run_slime_sh_counts_nvlinks_without_nvidia_smi(tmp_path, model, cluster
 
 
 def test_run_slime_sh_runs_slimes_train_async_by_default_and_fails_when_the_entry_fails(tmp_path, model, cluster):
-    """``SLIME_ENTRY`` defaults to ``$SLIME_DIR/train_async.py``; strict mode: the script's exit status is the launch's."""
+    """``SLIME_ENTRY`` defaults to ``$SLIME_DIR/train_async.py``; strict mode: the script's exit status is the
+    launch's."""
     script = _write(tmp_path, "slime", model, cluster, LAYOUTS["seed"])
     slime_dir = tmp_path / "slime"
     slime_dir.mkdir()
@@ -357,7 +359,10 @@ def test_megatron_args_sh_print_prints_its_arguments_and_sourced_keeps_shell_opt
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines() == megatron_args(model, cluster, W, lay)
     # sourced: defines the array, prints nothing, leaves errexit / nounset / pipefail as they were
-    cmd = 'source "$1"; echo "flags=$-"; shopt -qo pipefail && echo pipefail-on || echo pipefail-off; echo "n=${#MEGATRON_ARGS[@]}"'
+    cmd = (
+        'source "$1"; echo "flags=$-"; shopt -qo pipefail && echo pipefail-on || echo pipefail-off; '
+        'echo "n=${#MEGATRON_ARGS[@]}"'
+    )
     p = subprocess.run(
         [BASH, "-c", cmd, "bash", str(f)], env=_env(tmp_path), capture_output=True, text=True, timeout=60
     )

@@ -58,7 +58,8 @@ def test_compare_takes_medians_over_rounds_and_differences_against_base(tmp_path
     assert row["extra_s"] == pytest.approx(0.101 - 0.080)
     assert row["extra_spread_s"] == pytest.approx(0.002)
     assert row["stash_saved_gib"] == pytest.approx(2.0)
-    # the model: full recompute of a MiniMax-M2 layer re-runs its forward, tens of ms on an H200, and frees most of its stash
+    # the model: full recompute of a MiniMax-M2 layer re-runs its forward, tens of ms on an H200, and frees most of its
+    # stash
     assert 0.005 < row["predicted_extra_s"] < 0.1
     assert row["extra_measured_over_predicted"] == pytest.approx(row["extra_s"] / row["predicted_extra_s"], rel=1e-2)
     assert 0.5 < row["predicted_stash_saved_gib"] < 5
@@ -223,7 +224,8 @@ def test_a_row_of_another_workload_is_refused(tmp_path, field, value, needle):
     ],
 )
 def test_the_tenth_batch_comparison_is_what_compare_gives(rows, profile, compared):
-    """``h200_te_2026-12-02/call32`` (``PROFILE=all``, quoted in docs/measurements.md, "Tenth batch"): by CUDA events and
+    """``h200_te_2026-12-02/call32`` (``PROFILE=all``, quoted in docs/measurements.md, "Tenth batch"): by CUDA events
+    and
     by the kernels' total under the shipped cost model."""
     d = Path(__file__).parents[2] / "benchmarks" / "results" / "h200_te_2026-12-02" / "call32"
     got = hr.compare([str(d / rows)], [str(d / profile)] if profile else None)

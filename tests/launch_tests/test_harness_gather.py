@@ -156,7 +156,8 @@ def _local_name(name: str, offset: int, ep_rank: int, nle: int) -> str | None:
     [(1, 1, 1, 1, 1), (2, 1, 1, 1, 1), (2, 2, 2, 1, 1), (1, 1, 4, 1, 1), (1, 1, 1, 2, 2), (2, 1, 2, 2, 1)],
 )
 def test_every_rank_gathers_the_tp1_tensors_once(tp, etp, ep, pp, vpp):
-    """Shard a TP-1 model the way megatron-core does on every rank of the layout, run each rank's plan (TP pieces in rank
+    """Shard a TP-1 model the way megatron-core does on every rank of the layout, run each rank's plan (TP pieces in
+    rank
     order), and check that every global tensor comes back exactly, written once, under its TP-1 name."""
     full = _full()
     offs = layer_offsets(L, pp, vpp)

@@ -1,4 +1,5 @@
-"""The harness options of the Transformer Engine sweep and of gradient parity: spec fields, refusals, result lines, host memory."""
+"""The harness options of the Transformer Engine sweep and of gradient parity: spec fields, refusals, result lines, host
+memory."""
 
 from __future__ import annotations
 
@@ -133,7 +134,8 @@ def test_host_memory_fields_and_the_offload_prediction():
     status = "Name:\tpython\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\nThreads: 4\n"
     assert parse_kib_fields(status, ("VmRSS", "VmHWM")) == {"VmRSS": 1024 * 1024, "VmHWM": 2048 * 1024}
     assert parse_kib_fields("MemTotal: 10 kB\nMemAvailable: 4 kB\n", ("MemAvailable",)) == {"MemAvailable": 4096}
-    # 18 bytes per offloaded parameter with the precision-aware optimizer (bf16 pinned copy, fp32 copy, fp32 grad, two moments), 16 without
+    # 18 bytes per offloaded parameter with the precision-aware optimizer (bf16 pinned copy, fp32 copy, fp32 grad, two
+    # moments), 16 without
     assert offload_host_bytes(10) == 160
 
 
@@ -153,7 +155,8 @@ def test_component_spec_and_how_many_experts_fit():
 
 
 def test_the_te_sweep_list_runs_here_and_covers_the_issue():
-    """benchmarks/h200_te_layouts.py: every case builds a harness spec with TE and breaks no Megatron rule (no GPU time on
+    """benchmarks/h200_te_layouts.py: every case builds a harness spec with TE and breaks no Megatron rule (no GPU time
+    on
     a case that cannot start), and together they cover what issue 14 lists."""
     from benchmarks.h200_te_layouts import CASES, PROBE
     from search_spaces.rules import check_layout
@@ -214,8 +217,9 @@ def test_the_te_sweep_list_runs_here_and_covers_the_issue():
     [("banana", "expected COUNTxGPU"), ("2xH200", "run on one GPU"), ("1xH999", "H999"), ("0xH200", "at least 1")],
 )
 def test_the_te_sweep_refuses_a_sweep_gpus_it_cannot_record(monkeypatch, capsys, value, needle):
-    """``SWEEP_GPUS`` names the GPU the machine has when it is not the cases' H200; anything but one GPU of a bundled type
-    stops the driver before a case runs: one line naming SWEEP_GPUS (not a --gpus flag), exit 2 (a row recorded on a wrong
+    """``SWEEP_GPUS`` names the GPU the machine has when it is not the cases' H200; anything but one GPU of a bundled
+    type stops the driver before a case runs: one line naming SWEEP_GPUS (not a --gpus flag), exit 2 (a row recorded on
+    a wrong
     GPU would be judged against the wrong datasheet). A GPU it accepts is written the one way rows are."""
     from benchmarks import h200_te
 

@@ -81,7 +81,10 @@ def test_classify_oom_from_json(tmp_path):
 
 def test_classify_oom_from_log_text(tmp_path):
     r = read_results(tmp_path / "none.jsonl")
-    log = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. ... this process has 137.50 GiB memory in use."
+    log = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. ... this process has 137.50 GiB "
+        "memory in use."
+    )
     kind, msg, reached = classify_failure(1, r, log)
     assert kind == FailureKind.oom and reached == pytest.approx(137.5 * GIB)
 
@@ -146,7 +149,8 @@ def test_memory_phases_and_forward_only_lines_are_kept() -> None:
 
     text = "\n".join(
         [
-            '{"event": "memory_phase", "phase": "after_build", "allocated_bytes": 10, "live_tensors_bytes": {"cuda/bfloat16": 8}}',
+            '{"event": "memory_phase", "phase": "after_build", "allocated_bytes": 10, '
+            '"live_tensors_bytes": {"cuda/bfloat16": 8}}',
             '{"event": "memory_phase", "phase": "step1_after_forward_backward", "allocated_bytes": 30}',
             '{"event": "forward_only", "steps": 2, "step_times_s": [0.5, 0.4], "median_step_time_s": 0.4}',
             '{"event": "unknown"}',

@@ -157,9 +157,11 @@ def test_harness_modules_do_not_import_torch():
     import sys
 
     code = (
-        "import sys, launch.harness, launch.local_backend, launch.harness.component, launch.harness.grads, launch.harness.gather, "
+        "import sys, launch.harness, launch.local_backend, launch.harness.component, launch.harness.grads, "
+        "launch.harness.gather, "
         "launch.harness.train, launch.harness.build, launch.harness.measure, launch.harness.step, "
-        "tuner.verify.component, tuner.verify.correctness, tuner.verify.loss_check, tuner.verify.parity_check; assert 'torch' not in sys.modules, 'torch imported'"
+        "tuner.verify.component, tuner.verify.correctness, tuner.verify.loss_check, tuner.verify.parity_check; assert "
+        "'torch' not in sys.modules, 'torch imported'"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

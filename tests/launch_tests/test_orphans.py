@@ -1,5 +1,7 @@
-"""A trial dies with its driver: ``kill -9`` of the driver leaves no process of the trial's group (the watchdog), SIGTERM
-of ``tune`` ends the run as Ctrl-C does, and an orphan that outlived both keeps the next trial from starting beside it."""
+"""A trial dies with its driver: ``kill -9`` of the driver leaves no process of the trial's group (the watchdog),
+SIGTERM
+of ``tune`` ends the run as Ctrl-C does, and an orphan that outlived both keeps the next trial from starting beside
+it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""launch.harness.sweep: bad input is one message (exit 2) before any trial; predictions use the layout as the harness runs it."""
+"""launch.harness.sweep: bad input is one message (exit 2) before any trial; predictions use the layout as the harness
+runs it."""
 
 from __future__ import annotations
 

@@ -117,7 +117,8 @@ def test_tune_rl_labels_predictions_and_its_plan_counts_add_up():
         # more rollout GPUs than the cluster holds (the trainer needs a node), or not whole nodes
         (
             ["--no-colocated", "--rollout-gpus", "64"],
-            "--rollout-gpus 64: 4x8xH100 has 32 GPUs and the trainer needs at least one node; accepted: a multiple of 8 from 8 to 24",
+            "--rollout-gpus 64: 4x8xH100 has 32 GPUs and the trainer needs at least one node; accepted: a multiple of "
+            "8 from 8 to 24",
         ),
         (
             ["--no-colocated", "--rollout-gpus", "12"],
@@ -126,7 +127,8 @@ def test_tune_rl_labels_predictions_and_its_plan_counts_add_up():
         # an engine TP that does not tile nodes (an engine divides a node or is whole nodes), or exceeds the cluster
         (
             ["--engine-tp", "3"],
-            "--engine-tp 3: an engine's GPUs must divide a node's 8 GPUs or be whole nodes of 4x8xH100; accepted: 1, 2, 4, 8 or a multiple of 8 up to 32",
+            "--engine-tp 3: an engine's GPUs must divide a node's 8 GPUs or be whole nodes of 4x8xH100; accepted: 1, "
+            "2, 4, 8 or a multiple of 8 up to 32",
         ),
         (["--engine-tp", "64"], "--engine-tp 64: an engine's GPUs must divide"),
         # a response longer than the maximum sequence
@@ -160,7 +162,8 @@ MINIMAX = ["--model", "MiniMax-M2", "--gpus", "8x8xH200"]
         (["--max-num-seqs", "-1"], "--max-num-seqs -1: must be at least 1"),
         (
             ["--engine-ep", "0"],
-            "--engine-ep 0: must be at least 1 (1 = experts tensor-parallel); accepted: 1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64",
+            "--engine-ep 0: must be at least 1 (1 = experts tensor-parallel); accepted: 1, 2, 4, 8, 16, 24, 32, 40, "
+            "48, 56, 64",
         ),
         (["--gpu-memory-utilization", "nan"], "--gpu-memory-utilization nan: must be in (0, 1]"),
         # accepted with exit 0 before
@@ -170,7 +173,8 @@ MINIMAX = ["--model", "MiniMax-M2", "--gpus", "8x8xH200"]
         (["--top", "0"], "--top 0: must be at least 1"),
         (
             ["--logprob-passes", "0"],
-            "--logprob-passes 0: accepted 1 (the policy's log-probs for the importance ratio) or 2 (and the reference's for KL)",
+            "--logprob-passes 0: accepted 1 (the policy's log-probs for the importance ratio) or 2 (and the "
+            "reference's for KL)",
         ),
         (["--mean-prompt-len", "3000"], "--mean-prompt-len 3000: must be above 0 and at most --prompt-len 2,048"),
         # ran for minutes before
@@ -181,7 +185,8 @@ MINIMAX = ["--model", "MiniMax-M2", "--gpus", "8x8xH200"]
         (["--mean-response-len", "7000"], "--mean-response-len 7000: must be above 0 and below --response-len 6,144"),
         (
             ["--engine-ep", "3"],
-            "--engine-ep 3: an engine's experts are sharded over its GPUs, which divide a node's 8 GPUs or are whole nodes tiling the rollout GPUs (256 experts); accepted: 1, 2, 4, 8, 16, 24",
+            "--engine-ep 3: an engine's experts are sharded over its GPUs, which divide a node's 8 GPUs or are whole "
+            "nodes tiling the rollout GPUs (256 experts); accepted: 1, 2, 4, 8, 16, 24",
         ),
         (
             ["--engine-tp", "8", "--engine-ep", "3"],
@@ -194,7 +199,8 @@ MINIMAX = ["--model", "MiniMax-M2", "--gpus", "8x8xH200"]
         (["--gpu-memory-utilization", "-0.5"], "--gpu-memory-utilization -0.5: must be in (0, 1]"),
         (
             ["--trainer-layout", "megatron:tp=3"],
-            "--trainer-layout 'megatron:tp=3': fits no trainer size this search tries (64, 56, 48, 40, 32, 24, 16, 8 GPUs); "
+            "--trainer-layout 'megatron:tp=3': fits no trainer size this search tries (64, 56, 48, 40, 32, 24, 16, 8 "
+            "GPUs); "
             "trainer layout megatron:tp=3,cp=1,ep=1,pp=1,vpp=1 on 64 GPUs breaks a Megatron rule",
         ),
         (
@@ -302,8 +308,8 @@ def test_a_model_aiconfigurator_has_no_data_for_names_what_it_has(tmp_path, monk
     assert r.exit_code == 2, r.output
     msg = " ".join(r.stderr.split())
     assert (
-        "--model 'MyMoE': aiconfigurator 0.12.0 has no engine data for it; supported: MiniMax-M3, MiniMax-M2, Qwen3-235B-A22B, Qwen3-30B-A3B"
-        in msg
+        "--model 'MyMoE': aiconfigurator 0.12.0 has no engine data for it; supported: MiniMax-M3, MiniMax-M2, "
+        "Qwen3-235B-A22B, Qwen3-30B-A3B" in msg
     )
 
 
@@ -355,7 +361,8 @@ def test_validate_reports_rows_and_names_bad_ones(tmp_path):
     d = json.loads(r.stdout)
     assert len(d["rows"]) == 2 and d["summary"]["step"]["n"] == 2
     assert [u for u in d["unreadable"]] == [
-        "line 4: rollout_layout 'vllm:tp=zz4,ep=1,pp=1,gpu_memory_utilization=0.6,enforce_eager=0': cannot read 'tp=zz4'; accepted keys: tp, ep, pp, dp, gpu_memory_utilization, enforce_eager, max_num_seqs"
+        "line 4: rollout_layout 'vllm:tp=zz4,ep=1,pp=1,gpu_memory_utilization=0.6,enforce_eager=0': cannot read "
+        "'tp=zz4'; accepted keys: tp, ep, pp, dp, gpu_memory_utilization, enforce_eager, max_num_seqs"
     ]
     # the table form names it on stderr, the good rows still print
     r = CliRunner().invoke(app, ["rl", "validate", "--data", str(f)])
@@ -444,8 +451,9 @@ def test_fp8_generation_and_training_reach_the_recipe(tmp_path):
 
 @pytest.mark.parametrize("outside_first", [False, True])
 def test_the_export_is_the_fastest_plan_inside_the_trainer_s_validated_scope(tmp_path, monkeypatch, outside_first):
-    """The seed's job: its fastest plan is inside the trainer's validated scope (the model of 2026-12-01's last refit), so
-    it is exported. With ``outside_first`` an AutoModel plan outside CP 8 x EP 128 is put first (as an earlier model ranked
+    """The seed's job: its fastest plan is inside the trainer's validated scope (the model of 2026-12-01's last refit),
+    so it is exported. With ``outside_first`` an AutoModel plan outside CP 8 x EP 128 is put first (as an earlier model
+    ranked
     it): the export is still the fastest plan inside the scope, and the note says what is faster outside it."""
     import dataclasses
 
@@ -498,12 +506,14 @@ def test_the_export_is_the_fastest_plan_inside_the_trainer_s_validated_scope(tmp
 
 
 def test_no_plan_names_its_counts_and_the_first_engine_data_gap(monkeypatch):
-    """A job refused for engine data names one gap whole (what the engine model lacked), counts candidates and splits apart."""
+    """A job refused for engine data names one gap whole (what the engine model lacked), counts candidates and splits
+    apart."""
     from specs.errors import TunerError
 
     def no_data(job, shape):
         raise TunerError(
-            f"aiconfigurator 0.12.0 has no bf16 sglang data for Qwen/Qwen3-30B-A3B on h100_sxm at {shape.label}: no rows"
+            f"aiconfigurator 0.12.0 has no bf16 sglang data for Qwen/Qwen3-30B-A3B on h100_sxm at {shape.label}: no "
+            "rows"
         )
 
     monkeypatch.setattr(
@@ -516,7 +526,8 @@ def test_no_plan_names_its_counts_and_the_first_engine_data_gap(monkeypatch):
     assert "no RL plan fits Qwen3-30B-A3B on 4x8xH100" in text
     assert (
         "aiconfigurator has no data for the engine shape (" in text
-        and " candidates; the first: aiconfigurator 0.12.0 has no bf16 sglang data for Qwen/Qwen3-30B-A3B on h100_sxm at tp="
+        and " candidates; the first: aiconfigurator 0.12.0 has no bf16 sglang data for Qwen/Qwen3-30B-A3B on h100_sxm "
+        "at tp="
         in text
     )
     assert "(splits)" not in text
@@ -535,7 +546,8 @@ def test_nested_engine_errors_are_said_once():
 @pytest.mark.slow
 @pytest.mark.real_engine
 def test_the_readmes_refused_slime_job_says_why(tmp_path, monkeypatch):
-    """README: MiniMax-M3 with slime's SGLang engines is refused with the reason (aiconfigurator 0.12.0 has no SGLang rows
+    """README: MiniMax-M3 with slime's SGLang engines is refused with the reason (aiconfigurator 0.12.0 has no SGLang
+    rows
     for its attention); the message counts splits as splits and shows the first gap once, not its nested prefixes."""
     monkeypatch.setenv("MLT_CACHE_DIR", str(tmp_path / "cache"))
     r = CliRunner().invoke(

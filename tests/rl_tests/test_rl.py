@@ -1,4 +1,5 @@
-"""RL step model: lengths, the continuous-batching simulator, the step formula, plans, validate and calibrate readers."""
+"""RL step model: lengths, the continuous-batching simulator, the step formula, plans, validate and calibrate
+readers."""
 
 from __future__ import annotations
 
@@ -440,7 +441,8 @@ def test_aiconfigurator_path_on_a_small_case(tmp_path, monkeypatch):
         "DeepSeek-V3", "H100", Engine.vllm, EngineShape(tp=16), max_ctx=1536, precision=GenerationPrecision.fp8
     )
     assert "deepseek-ai/DeepSeek-V3 fp8" in fp8.source and 0 < fp8.decode_s(32, 1000) < 0.2
-    # Qwen3's FP8 engine is aiconfigurator's -FP8 checkpoint (its own tables: slower than BF16 at batch 1 in 0.12.0), cached apart
+    # Qwen3's FP8 engine is aiconfigurator's -FP8 checkpoint (its own tables: slower than BF16 at batch 1 in 0.12.0),
+    # cached apart
     q8 = aiconfigurator_latency_table(
         "Qwen3-30B-A3B", "H200", Engine.vllm, EngineShape(tp=1), max_ctx=4096, precision=GenerationPrecision.fp8
     )

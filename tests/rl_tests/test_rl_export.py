@@ -167,7 +167,8 @@ def test_exporters_refuse_what_their_framework_cannot_run():
         render_nemo_rl_yaml(splan, sjob)
 
 
-# --------------------------------------------------------------------------- the registry and the executed slime RL launch
+# --------------------------------------------------------------------------- the registry and the executed slime RL
+# launch
 
 
 FAKE_SLIME = Path(__file__).resolve().parent / "fake_entry" / "slime_rl"

@@ -11,7 +11,10 @@ from rl.engine import LatencyTable
 from rl.serving import ServingRun, predict_serving, read_serving_runs, serving_requests, summarise_serving
 
 ROOT = Path(__file__).resolve().parents[2]
-HEADER = "id,source,model,gpu,engine,engine_version,precision,tp,ep,dp,load,concurrency,num_prompts,isl,osl,lengths,metric,measured,notes"
+HEADER = (
+    "id,source,model,gpu,engine,engine_version,precision,tp,ep,dp,load,concurrency,num_prompts,isl,osl,lengths,metric,"
+    "measured,notes"
+)
 
 
 def _const(decode_s: float, prefill_per_token_s: float = 0.0):

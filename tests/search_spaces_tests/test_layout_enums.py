@@ -127,7 +127,7 @@ def test_adding_a_dispatcher_is_one_member_and_one_traits_row(tmp_path):
         new, deep = estimate(m, c, w, lay), estimate(m, c, w, lay.replace(dispatcher="flex+deepep"))
         assert new.time == deep.time and new.memory == deep.memory, (new.time, deep.time)
         print("ok")
-        """
+        """  # noqa: E501
     )
     env = {"PYTHONPATH": str(tmp_path), "PATH": os.environ.get("PATH", "")}
     out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)

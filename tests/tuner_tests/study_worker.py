@@ -69,7 +69,8 @@ class Sleepy(TrialBackend):
 
 
 def has_heartbeat(storage: str, number: int) -> bool:
-    """Trial ``number`` of study "w" has a heartbeat recorded (journal: its system attribute; RDB: Optuna's heartbeat table)."""
+    """Trial ``number`` of study "w" has a heartbeat recorded (journal: its system attribute; RDB: Optuna's heartbeat
+    table)."""
     if storage.startswith("journal:"):
         import optuna
 

@@ -795,7 +795,8 @@ def test_ctrl_c_in_the_main_job_says_how_to_resume(monkeypatch, tmp_path):
     assert r.exit_code == 130 and shlex.split(line.split("resume: ", 1)[1]) == ["tune", *args, "--resume"]
 
 
-# --------------------------------------------------------------------------- study names, suggested commands (issue 18.7)
+# --------------------------------------------------------------------------- study names, suggested commands (issue
+# 18.7)
 
 
 @pytest.mark.parametrize("name", ["a;rm -rf x", "../up", "-x", ""])
@@ -878,7 +879,8 @@ def test_calibrate_records_its_command_shell_quoted(tmp_path):
     assert f"--calibration '{out}'" in r.stdout
 
 
-# --------------------------------------------------------------------------- estimate --layers, the layout options (issue 13.6, 18.7)
+# --------------------------------------------------------------------------- estimate --layers, the layout options
+# (issue 13.6, 18.7)
 
 
 def test_estimate_takes_layers_like_the_main_job():
@@ -975,9 +977,11 @@ def test_export_out_writes_scripts_executable(main_run, tmp_path):
 
 def test_tune_rl_is_mounted_and_imported_only_when_used():
     code = (
-        "import sys; from typer.testing import CliRunner; from tuner.cli import app; r = CliRunner().invoke(app, ['models']); "
+        "import sys; from typer.testing import CliRunner; from tuner.cli import app; r = CliRunner().invoke(app, "
+        "['models']); "
         "assert r.exit_code == 0 and 'rl.cli' not in sys.modules; "
-        "assert 'tuner.cli.catalogue' in sys.modules and not {'tuner.cli.estimate', 'tuner.cli.fit'} & set(sys.modules); "
+        "assert 'tuner.cli.catalogue' in sys.modules and not {'tuner.cli.estimate', 'tuner.cli.fit'} & "
+        "set(sys.modules); "
         "r = CliRunner().invoke(app, ['rl', '--help']); "
         "assert r.exit_code == 0 and 'validate' in r.output and 'calibrate' in r.output and 'rl.cli' in sys.modules; "
         "assert sys.modules['typer.rich_utils'].Table.__name__ == '_FoldingHelpTable'; print('ok')"

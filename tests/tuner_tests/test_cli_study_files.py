@@ -211,7 +211,8 @@ def _run(args, cwd=None, monkeypatch=None):
 
 
 def test_a_relative_storage_is_the_same_file_from_any_folder(tmp_path, monkeypatch):
-    """The record keeps the store resolved where it was written: the same journal named absolutely from elsewhere resumes
+    """The record keeps the store resolved where it was written: the same journal named absolutely from elsewhere
+    resumes
     (refused before); the same relative name from another folder, a different file, is refused (it forked before)."""
     k, other = tmp_path / "k", tmp_path / "other"
     (k / "J").mkdir(parents=True)
@@ -342,7 +343,8 @@ def test_verify_may_rewrite_the_study_s_recipe(study):
 
 
 def _bytes(folder: Path) -> dict[str, str]:
-    """Each file's sha256 (SQLite's side files -wal and -shm left out: a reader may make them, the store is study.db)."""
+    """Each file's sha256 (SQLite's side files -wal and -shm left out: a reader may make them, the store is
+    study.db)."""
     return {
         p.name: hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(folder.iterdir())

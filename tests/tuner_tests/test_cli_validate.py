@@ -153,7 +153,8 @@ def test_validate_trials_predicts_each_stack_with_its_calibration(tmp_path):
         ),
         (
             json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "model": "Qwen3-30B-A3B[1 layers]"}),
-            "has hidden_size 2048, but megatron-core ran hidden_size 3072 (run_options.transformer): the row is of another model",
+            "has hidden_size 2048, but megatron-core ran hidden_size 3072 (run_options.transformer): the row is of "
+            "another model",
         ),
         (
             json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "model": "MiniMax-M2[2 layers]"}),
@@ -176,7 +177,8 @@ def test_bad_trials_files_are_one_message_exit_2(tmp_path, line, needle):
 
 
 def test_validate_trials_applies_each_row_s_model_overrides(tmp_path):
-    """The GPT-OSS rows ran one EP rank's 16 experts with features turned off in turn (``model_overrides``): predicted as
+    """The GPT-OSS rows ran one EP rank's 16 experts with features turned off in turn (``model_overrides``): predicted
+    as
     they ran, the biases-off row is faster and every slice holds 16 experts' memory, not 128."""
     rows = ROOT / "benchmarks/results/h200_te_2026-12-01/call18/sweep.jsonl"
     r = runner.invoke(app, ["validate", "--trials", str(rows), "--json"])
@@ -260,7 +262,8 @@ def test_a_file_whose_every_row_is_left_out_says_why(tmp_path):
 
 
 def test_validate_trials_pools_the_spread_of_configurations_run_more_than_once(tmp_path):
-    """Rows of one configuration in several files are runs of one layout: their pooled spread, the median |error| a model
+    """Rows of one configuration in several files are runs of one layout: their pooled spread, the median |error| a
+    model
     exact on their mean would show on single runs, and the model's error against each configuration's mean."""
     first, second = (json.loads(x) for x in TE_SWEEP.read_text().splitlines()[:2])
     runs = [{**first, "step_time_s": t} for t in (1.0, 1.1, 1.2)]
@@ -288,9 +291,9 @@ def test_validate_trials_pools_the_spread_of_configurations_run_more_than_once(t
 
 
 def test_the_spread_counts_runs_not_copies_and_keeps_apart_what_ran_differently(tmp_path):
-    """One file given twice is refused (each row would count as two runs); a row that repeats another's measurement to the
-    last digit is a copy, counted once; rows of one layout run with a setting that changes the timed steps but not the
-    model's inputs (TE's fused permutation, a profiled step) are not runs of one configuration; the same GPU spelled
+    """One file given twice is refused (each row would count as two runs); a row that repeats another's measurement to
+    the last digit is a copy, counted once; rows of one layout run with a setting that changes the timed steps but not
+    the model's inputs (TE's fused permutation, a profiled step) are not runs of one configuration; the same GPU spelled
     another way is."""
     first = json.loads(TE_SWEEP.read_text().splitlines()[0])
     f = tmp_path / "a.jsonl"
@@ -312,7 +315,8 @@ def test_the_spread_counts_runs_not_copies_and_keeps_apart_what_ran_differently(
     r = runner.invoke(app, ["validate", "--trials", str(g), "--json"])
     assert r.exit_code == 0, r.output
     sp = json.loads(r.output)["trials"]["summary"]["run_spread"]
-    # 1.0 (its copy counted once) and 1.2 on "1xh200" pool; the fused and the profiled runs are configurations of their own
+    # 1.0 (its copy counted once) and 1.2 on "1xh200" pool; the fused and the profiled runs are configurations of their
+    # own
     assert (sp["configurations"], sp["repeated"], sp["repeat_runs"], sp["dof"], sp["identical_rows"]) == (3, 1, 2, 1, 1)
     assert sp["spread"] == pytest.approx((0.1 * 2**0.5) / 1.1)  # runs 1.0 and 1.2: standard deviation 0.1414, mean 1.1
     r = runner.invoke(app, ["validate", "--trials", str(g), "--no-rows"])

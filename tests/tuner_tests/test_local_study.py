@@ -174,7 +174,8 @@ def test_a_failed_trial_is_one_line_on_stderr(tmp_path):
     import subprocess
 
     code = (
-        "import sys; from pathlib import Path; from test_local_study import _cfg, _backend; from tuner.study import prepare, run_study;"
+        "import sys; from pathlib import Path; from test_local_study import _cfg, _backend; from tuner.study import "
+        "prepare, run_study;"
         "run_study(prepare(_cfg(Path(sys.argv[1]), trials=2)), backend=_backend(Path(sys.argv[1])))"
     )
     root = Path(__file__).parents[2]

@@ -1,4 +1,5 @@
-"""tuner.verify.parity, .component, .correctness: the gradient-parity metrics, the optimizer component test's arithmetic and decision, the recipe block."""
+"""tuner.verify.parity, .component, .correctness: the gradient-parity metrics, the optimizer component test's arithmetic
+and decision, the recipe block."""
 
 from __future__ import annotations
 
@@ -307,8 +308,8 @@ def test_component_decision_fails_when_a_control_passes_or_an_arm_is_off(change,
 
 
 def test_one_wrong_hyperparameter_caught_is_enough_and_the_other_is_reported():
-    # The issue's controls: "a wrong epsilon or beta". On the H200 (2026-12-01) beta2 0.95 for 0.98 stayed within the bound
-    # after 3 steps while epsilon 1e-6 failed at once: the test passes and says which control did not fail.
+    # The issue's controls: "a wrong epsilon or beta". On the H200 (2026-12-01) beta2 0.95 for 0.98 stayed within the
+    # bound after 3 steps while epsilon 1e-6 failed at once: the test passes and says which control did not fail.
     r = decide_component_test(_rows({**GOOD, "control_wrong_beta2": {1: 1e-7, 3: 6e-5}}))
     assert (
         r.passed

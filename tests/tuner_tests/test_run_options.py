@@ -581,7 +581,8 @@ def test_a_performance_config_s_perf_matrix_settings_are_read_as_bridge_s_script
 
 
 def test_a_whole_megatron_bridge_config_as_it_saves_one_is_read_setting_by_setting():
-    """A dumped ConfigContainer (GPT-OSS-120B's H100 performance recipe): the model found from its architecture, and each
+    """A dumped ConfigContainer (GPT-OSS-120B's H100 performance recipe): the model found from its architecture, and
+    each
     of its 669 settings sorted exactly once: understood, without effect, or named as not understood."""
     path = ROOT / "tests/fixtures/launch/gpt_oss_120b_pretrain_h100_config_dump.yaml"
     fi = _from(path, gpus="64xH100")
@@ -801,7 +802,8 @@ def test_the_comparison_names_what_to_change_from_the_launch():
 
 
 def test_allgather_under_slime_is_refused_or_taken_as_the_alltoall_slime_runs(tmp_path):
-    """slime rewrites the allgather dispatcher to alltoall: an explicit --dispatcher allgather is refused under it, and a
+    """slime rewrites the allgather dispatcher to alltoall: an explicit --dispatcher allgather is refused under it, and
+    a
     launch asking for allgather is estimated as the alltoall it runs."""
     r = runner.invoke(app, ["estimate", *SEED_FLAGS, "--dispatcher", "allgather"])
     assert r.exit_code == 2 and "--stack slime rewrites it to alltoall" in r.output
@@ -913,7 +915,8 @@ def test_layers_per_virtual_stage_are_megatrons_virtual_pipeline_size(tmp_path):
             "80 layers in 4 pipeline stages are not whole virtual stages of 3 layers",
         ),
         (
-            "torchrun pretrain_gpt.py --bf16 --pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 5\n",
+            "torchrun pretrain_gpt.py --bf16 --pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage "
+            "5\n",
             "needs the model's layer count",
         ),
     ],

@@ -196,7 +196,8 @@ def test_two_timelines_on_one_time_axis(tmp_path, monkeypatch):
     r = runner.invoke(app, ["timeline", *other, "--png", str(png), "--compare", str(tmp_path / "junk.json")])
     assert r.exit_code == 2 and "not a trace written by tune timeline" in r.output
     assert not list(tmp_path.glob("timeline_*.json"))  # refused before the trace was written
-    # the network's rules apply as in tune estimate: DeepEP across two nodes of EFA is refused, on InfiniBand it is drawn
+    # the network's rules apply as in tune estimate: DeepEP across two nodes of EFA is refused, on InfiniBand it is
+    # drawn
     wide = [
         "--model",
         "MiniMax-M2",

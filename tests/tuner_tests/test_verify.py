@@ -449,7 +449,8 @@ def test_harness_spec_checks_the_verify_fields(m4):
 
 
 def test_a_measured_trial_that_passes_is_exported_as_verified(tmp_path, monkeypatch):
-    """A local-backend study (fake harness) measures trials; `tune verify --trial N` passes; the recipe is `verified`."""
+    """A local-backend study (fake harness) measures trials; `tune verify --trial N` passes; the recipe is
+    `verified`."""
     from launch.local_backend import LocalBackend
     from tuner.study import TuneConfig, prepare, run_study, trial_rows
 

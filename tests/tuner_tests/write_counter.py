@@ -17,7 +17,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 #: RDBStorage's write methods; a trial is created and a parameter set through the private ``_create_new_trial`` and
-#: ``_set_trial_param`` (what the public ``create_new_trial`` / ``set_trial_param`` and Optuna's ``_CachedStorage`` call).
+#: ``_set_trial_param`` (what the public ``create_new_trial`` / ``set_trial_param`` and Optuna's ``_CachedStorage``
+#: call).
 WRITE_METHODS = (
     "create_new_study",
     "delete_study",
