@@ -67,13 +67,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"pairs": out, "target_pairs": len(tgt), "target_same_order": ok}, indent=2))
         return 0
     print(
-        f"{'pair':>9} {'model':18} {'GPU':6} {'changed':11} {'a -> b':28} {'measured b/a':>12} {'predicted b/a':>13} order"
+        f"{'pair':>9} {'model':18} {'GPU':6} {'changed':11} {'a -> b':28} {'measured b/a':>12} {'predicted b/a':>13} "
+        "order"
     )
     for x in out:
         pr = "-" if x["predicted_ratio"] is None else f"{x['predicted_ratio']:.3f}"
         order = "" if x["predicted_ratio"] is None else ("same" if x["same_order"] else "WRONG")
         print(
-            f"{x['a'] + '->' + x['b']:>9} {x['model'][:18]:18} {x['gpu']:6} {x['changed']:11} {(x['a_value'] + ' -> ' + x['b_value'])[:28]:28} "
+            f"{x['a'] + '->' + x['b']:>9} {x['model'][:18]:18} {x['gpu']:6} {x['changed']:11} "
+            f"{(x['a_value'] + ' -> ' + x['b_value'])[:28]:28} "
             f"{x['measured_ratio']:>12.3f} {pr:>13} {order}{('  ' + x['note']) if x.get('note') else ''}"
         )
     print(f"dispatcher / EP pairs (the target): predicted order = measured order in {ok} of {len(tgt)}")

@@ -64,7 +64,8 @@ def _verdicts(judge: list, cals: dict) -> list[str]:
             pm = "split" if g[False] < g[True] else "colocated"
             mm = "split" if g[("measured", False)] < g[("measured", True)] else "colocated"
             out.append(
-                f"colocated vs split {k}: measured faster {mm} ({g[('measured', True)]:g} vs {g[('measured', False)]:g} s), "
+                f"colocated vs split {k}: measured faster {mm} ({g[('measured', True)]:g} vs "
+                f"{g[('measured', False)]:g} s), "
                 f"predicted faster {pm} ({g[True]:.1f} vs {g[False]:.1f} s) ({'agree' if pm == mm else 'MISS'})"
             )
     return out
@@ -151,11 +152,13 @@ def engine() -> int:
         if r.rel_error is not None:
             groups[(r.row.notes, r.row.gpu, str(r.row.engine), r.row.shape.label)].append(r.rel_error)
     print(
-        "aiconfigurator silicon samples (H100 / H200, vLLM / SGLang, MoE; NOT independent of aiconfigurator), TPOT by model and shape:"
+        "aiconfigurator silicon samples (H100 / H200, vLLM / SGLang, MoE; NOT independent of aiconfigurator), TPOT by "
+        "model and shape:"
     )
     for k, v in sorted(groups.items()):
         print(
-            f"  {' '.join(k):62s} rows {len(v):3d} median error {np.median(v):+.0%} median |error| {np.median(np.abs(v)):.0%}"
+            f"  {' '.join(k):62s} rows {len(v):3d} median error {np.median(v):+.0%} median |error| "
+            f"{np.median(np.abs(v)):.0%}"
         )
     print(
         "silicon samples, TPOT: "

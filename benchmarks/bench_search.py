@@ -3,8 +3,9 @@
 For each case, the candidates are prepared once (enumerate, check, estimate); then each world (a hidden truth drawn
 from the model's held-out error structure, seeds 0 .. N-1) runs every policy: model-only top-1, the study with
 today's default configuration (``queue``), the study with ``policy="gain"`` where the code has it, the gain policy
-with slice trials and its sensitivity cases (``gain+slice``, ``slice-a2a``, ``slice-noa2a``, ``slice-300s``: simulated only,
-``benchmarks.search_bench.SLICE_POLICIES``), and random order with the GPU-hours of ``gain`` (else ``queue``). Prints the table and writes the JSON (``--out``).
+with slice trials and its sensitivity cases (``gain+slice``, ``slice-a2a``, ``slice-noa2a``, ``slice-300s``: simulated
+only, ``benchmarks.search_bench.SLICE_POLICIES``), and random order with the GPU-hours of ``gain`` (else ``queue``).
+Prints the table and writes the JSON (``--out``).
 
     python benchmarks/bench_search.py --worlds 200 --processes 2 --out benchmarks/results/<folder>/bench_search.json
 

@@ -11,7 +11,8 @@ counts) cannot be typed as flags and are listed as skipped.
 
 Usage::
 
-    python benchmarks/bench_stack_flags.py benchmarks/results/h200_te_*/*/sweep.jsonl benchmarks/results/h200_te_*/*/*/sweep.jsonl \
+    python benchmarks/bench_stack_flags.py benchmarks/results/h200_te_*/*/sweep.jsonl \
+        benchmarks/results/h200_te_*/*/*/sweep.jsonl \
         --out benchmarks/results/stack_flags/rows.json
 """
 
@@ -190,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             f"predicted {x['predicted_gib']:7.2f} GiB {x['error']:+.1%}"
         )
     print(
-        f"{summary['rows']} rows: median |error| {summary['median_abs_error']:.1%}, max {summary['max_abs_error']:.1%}; "
+        f"{summary['rows']} rows: median |error| {summary['median_abs_error']:.1%}, max "
+        f"{summary['max_abs_error']:.1%}; "
         f"skipped {len(skipped)}"
     )
     if a.out:

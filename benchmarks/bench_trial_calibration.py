@@ -43,8 +43,8 @@ judge set (out-of-sample), the targets on the judge set, and the judge rows with
 errors (labels: GPUs, slice depth, row number, layout, micro-batch size, token dispatcher,
 recompute, ``no-distopt``); ``--json`` has the files (rows kept, skipped and why) under
 ``data``, the rows of each set under ``sets``, the rows the mapping changed under
-``harness_layout_changed`` and the targets under ``targets_judge_set``. The default mode predicts its rows the same way (its 4-GPU rows are 4-layer slices with the
-precision-aware optimizer already off, so the mapping changes none of them).
+``harness_layout_changed`` and the targets under ``targets_judge_set``. The default mode predicts its rows the same way
+(its 4-GPU rows are 4-layer slices with the precision-aware optimizer already off, so the mapping changes none of them).
 """
 
 from __future__ import annotations
@@ -105,7 +105,8 @@ def row_model(row: dict[str, Any], layers: int) -> tuple[str, int]:
 
 
 def ran_layout(row: dict[str, Any]) -> Layout:
-    """The row's layout as the harness ran it (no Transformer Engine: precision-aware optimizer off unless offloaded)."""
+    """The row's layout as the harness ran it (no Transformer Engine: precision-aware optimizer off unless
+    offloaded)."""
     return harness_layout(Layout.from_dict(row["layout"]), NO_TE)
 
 
@@ -289,27 +290,34 @@ def print_fit(result: dict[str, Any], judge_name: str) -> None:
     print(
         "fitted (reserved peak): "
         + ", ".join(
-            f"{k}={v / 2**30 if k.endswith('bytes') or k.endswith('communicator') else v:.4g}{' GiB' if 'bytes' in k else ''}"
+            f"{k}={v / 2**30 if k.endswith('bytes') or k.endswith('communicator') else v:.4g}"
+            f"{' GiB' if 'bytes' in k else ''}"
             for k, v in result["fitted_memory_reserved"].items()
         )
     )
-    hdr = f"{'half':<6} {'calibration':<24} {'step med':>8} {'step max':>8} {'Spearman':>8} {'res med':>8} {'res max':>8} {'alloc med':>9} {'alloc max':>9}"
+    hdr = (
+        f"{'half':<6} {'calibration':<24} {'step med':>8} {'step max':>8} {'Spearman':>8} {'res med':>8} "
+        f"{'res max':>8} {'alloc med':>9} {'alloc max':>9}"
+    )
     print(hdr)
     for h in ("fit", "judge"):
         for k, name in (("before", "shipped"), ("after", "fitted (reserved)")):
             s = result["scores"][h][k]
             print(
-                f"{h:<6} {name:<24} {s['step_median']:>8.1%} {s['step_max']:>8.1%} {s['spearman']:>8.3f} {s['peak_reserved_median']:>8.1%} "
+                f"{h:<6} {name:<24} {s['step_median']:>8.1%} {s['step_max']:>8.1%} {s['spearman']:>8.3f} "
+                f"{s['peak_reserved_median']:>8.1%} "
                 f"{s['peak_reserved_max']:>8.1%} {s['peak_allocated_median']:>9.1%} {s['peak_allocated_max']:>9.1%}"
             )
         s = result["scores"][h]["after_allocated_fit"]
         print(
-            f"{h:<6} {'memory fit to allocated':<24} {'':>8} {'':>8} {'':>8} {'':>8} {'':>8} {s['peak_allocated_median']:>9.1%} {s['peak_allocated_max']:>9.1%}"
+            f"{h:<6} {'memory fit to allocated':<24} {'':>8} {'':>8} {'':>8} {'':>8} {'':>8} "
+            f"{s['peak_allocated_median']:>9.1%} {s['peak_allocated_max']:>9.1%}"
         )
     print(f"{judge_name} (out-of-sample) after calibration, against the issue's targets:")
     for k, t in result["targets_" + judge_name.replace(" ", "_")].items():
         print(
-            f"  {k}: {t['value']:.3f} (target {'>=' if k == 'spearman' else '<='} {t['target']}) {'met' if t['met'] else 'MISSED'}"
+            f"  {k}: {t['value']:.3f} (target {'>=' if k == 'spearman' else '<='} {t['target']}) "
+            f"{'met' if t['met'] else 'MISSED'}"
         )
 
 
@@ -387,7 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.fit_data is not None:
         if a.data is not None:
             ap.error(
-                "--data (halves of one file) and --fit-data/--judge-data (fit on some files, judge on others) are different modes"
+                "--data (halves of one file) and --fit-data/--judge-data (fit on some files, judge on others) are "
+                "different modes"
             )
         if a.reverse:
             ap.error(
@@ -423,7 +432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if Path(a.data).resolve().is_relative_to(ROOT)
         else a.data,
         "stack": STACK_NOTE,
-        "split": "finished 4xH200 layouts sorted by step time predicted with the shipped calibration; alternating positions "
+        "split": "finished 4xH200 layouts sorted by step time predicted with the shipped calibration; alternating "
+        "positions "
         + ("1,3,5,... fit, 0,2,4,... judge (--reverse)" if a.reverse else "0,2,4,... fit, 1,3,5,... judge"),
         "halves": {h: [rows[i]["n"] for i in idx] for h, idx in halves.items()},
         **fitted,
@@ -441,7 +451,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("per row (judge half, after):")
     for r in result["scores"]["judge"]["after"]["rows"]:
         print(
-            f"  {r['label']:<28} step {r['pred_step_s']:.3f} vs {r['step_s']:.3f} s; peak {r['pred_peak_gib']:.1f} vs reserved {r['reserved_gib']:.1f} / allocated {r['allocated_gib']:.1f} GiB"
+            f"  {r['label']:<28} step {r['pred_step_s']:.3f} vs {r['step_s']:.3f} s; peak {r['pred_peak_gib']:.1f} vs "
+            f"reserved {r['reserved_gib']:.1f} / allocated {r['allocated_gib']:.1f} GiB"
         )
     print(f"({result['seconds']} s)")
     return 0
@@ -479,7 +490,8 @@ def extrapolate(a: argparse.Namespace) -> int:
     both = sorted({r["_id"] for r in rows["fit"]} & {r["_id"] for r in rows["judge"]})
     if both:
         print(
-            f"error: {len(both)} rows are in both the fit and the judge set (e.g. {both[0]}): the judge set would not be "
+            f"error: {len(both)} rows are in both the fit and the judge set (e.g. {both[0]}): the judge set would not "
+            "be "
             "out-of-sample; give disjoint files or --fit-gpus / --judge-gpus that split them",
             file=sys.stderr,
         )
@@ -497,7 +509,8 @@ def extrapolate(a: argparse.Namespace) -> int:
     result: dict[str, Any] = {
         "data": files,
         "stack": STACK_NOTE,
-        "split": "extrapolation: fit on every finished row of the fit files, judge on every finished row of the judge files",
+        "split": "extrapolation: fit on every finished row of the fit files, judge on every finished row of the judge "
+        "files",
         "sets": {side: [r["_id"] for r in rows[side]] for side in rows},
         "harness_layout_changed": mapped,
         **fitted,
@@ -527,8 +540,10 @@ def extrapolate(a: argparse.Namespace) -> int:
     w = max(len(r["label"]) for r in result["scores"]["judge"]["after"]["rows"])
     for r in result["scores"]["judge"]["after"]["rows"]:
         print(
-            f"  {r['label']:<{w}} step {r['pred_step_s']:.3f} vs {r['step_s']:.3f} s ({r['pred_step_s'] / r['step_s'] - 1:+.1%}); "
-            f"peak {r['pred_peak_gib']:.1f} vs reserved {r['reserved_gib']:.1f} ({r['pred_peak_gib'] / r['reserved_gib'] - 1:+.1%}) "
+            f"  {r['label']:<{w}} step {r['pred_step_s']:.3f} vs {r['step_s']:.3f} s "
+            f"({r['pred_step_s'] / r['step_s'] - 1:+.1%}); "
+            f"peak {r['pred_peak_gib']:.1f} vs reserved {r['reserved_gib']:.1f} "
+            f"({r['pred_peak_gib'] / r['reserved_gib'] - 1:+.1%}) "
             f"/ allocated {r['allocated_gib']:.1f} GiB"
         )
     print(f"({result['seconds']} s)")

@@ -8,7 +8,8 @@
 Builds the space as the main job does for ``--stack slime`` and the ``model`` backend (see
 ``benchmarks/bench_main_job.py --floor``) and prints one JSON line: layouts considered / valid / fitting, the
 bytes per row of the valid layout table, seconds (wall and this process's CPU) and the process's peak resident
-memory (GiB) after enumerating and after estimating, and the load average over the last minute. Run it under ``/usr/bin/time -v`` for the whole process.
+memory (GiB) after enumerating and after estimating, and the load average over the last minute. Run it under
+``/usr/bin/time -v`` for the whole process.
 """
 
 from __future__ import annotations

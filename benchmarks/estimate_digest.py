@@ -8,8 +8,10 @@ asserts the stored digests; a change that is meant to change numbers re-records 
 
     PYTHONPATH=. python benchmarks/estimate_digest.py --write tests/fixtures/estimate_digest.json
     PYTHONPATH=. python benchmarks/estimate_digest.py --check tests/fixtures/estimate_digest.json
-    PYTHONPATH=. python benchmarks/estimate_digest.py --save-arrays /tmp/before.npz   # exact arrays
-    PYTHONPATH=. python benchmarks/estimate_digest.py --compare /tmp/before.npz        # max relative difference per column
+    # exact arrays
+    PYTHONPATH=. python benchmarks/estimate_digest.py --save-arrays /tmp/before.npz
+    # max relative difference per column
+    PYTHONPATH=. python benchmarks/estimate_digest.py --compare /tmp/before.npz
 
 The first case is the main job's: MiniMax-M2 on 64 x H200, seq 8,192, global batch 128, the default
 space as ``--stack slime`` restricts it (348,396 valid layouts). The others cover terms MiniMax-M2 does

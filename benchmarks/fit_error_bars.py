@@ -290,8 +290,10 @@ def main() -> None:
     if a.write:
         doc = {"level": 0.9, "throughput": result["throughput_bands"], "memory": result["memory_bands"]}
         text = (
-            "# Error bars of the analytical model: 90% intervals as multipliers of the prediction (measured / predicted).\n"
-            "# Written by benchmarks/fit_error_bars.py from benchmarks/results/2026-12-07_error_bars/ (method: docs/error_bars.md).\n"
+            "# Error bars of the analytical model: 90% intervals as multipliers of the prediction (measured / "
+            "predicted).\n"
+            "# Written by benchmarks/fit_error_bars.py from benchmarks/results/2026-12-07_error_bars/ (method: "
+            "docs/error_bars.md).\n"
         )
         (ROOT / "cost_model" / "data" / "error_bars.yaml").write_text(
             text + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8"

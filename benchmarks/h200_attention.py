@@ -7,11 +7,12 @@ The seventh batch's kernel profile (``docs/measurements.md``) had cuDNN's fused 
 DeepSeek-V3's MLA (q / k head dim 192, v 128) against 0.60 on MiniMax-M2 (head dim 128), while the model prices every
 head dim at one efficiency. This times Transformer Engine's ``DotProductAttention`` alone (bf16, ``sbhd``, causal,
 micro-batch 1 unless a case says) on the attention shapes of the models the project validates on (one TP rank's heads),
-and a head-dim sweep at fixed heads, forward and forward + backward: ``ITERS`` (default 20) calls queued back to back after 5 warm-up and timed
-together with CUDA events (``fwd_s``, ``fwd_bwd_s``), and the GPU kernels' own time per call from ``torch.profiler``
-(``fwd_kernel_s``, ``fwd_bwd_kernel_s``). All cases run in one process per backend: ``fused`` (cuDNN, ``NVTE_FLASH_ATTN=0``) and
-``default`` (what TE picks when nothing is set, as the harness runs it). Writes ``$OUT/attention.jsonl`` (and TE's debug log per backend, which names the backend it ran), one row per
-(case, backend): the shape, ``fwd_s``, ``fwd_bwd_s``, the torch / TE versions, or ``error``.
+and a head-dim sweep at fixed heads, forward and forward + backward: ``ITERS`` (default 20) calls queued back to back
+after 5 warm-up and timed together with CUDA events (``fwd_s``, ``fwd_bwd_s``), and the GPU kernels' own time per call
+from ``torch.profiler`` (``fwd_kernel_s``, ``fwd_bwd_kernel_s``). All cases run in one process per backend: ``fused``
+(cuDNN, ``NVTE_FLASH_ATTN=0``) and ``default`` (what TE picks when nothing is set, as the harness runs it). Writes
+``$OUT/attention.jsonl`` (and TE's debug log per backend, which names the backend it ran), one row per (case, backend):
+the shape, ``fwd_s``, ``fwd_bwd_s``, the torch / TE versions, or ``error``.
 
 ``--compare`` reads such a file on a CPU machine and prints, per row, the attention efficiency the time implies in the
 model's units (:func:`cost_model.terms.compute.core_attention_flops`: multiply-accumulates, forward + backward priced
@@ -327,7 +328,8 @@ def compare(files: list[str]) -> int:
     }
     sys.stdout.write(f"shipped attention_efficiency {cal.attention_efficiency:.3f} (model units: MACs, bwd = 2 fwd)\n")
     sys.stdout.write(
-        f"{'case':28s} {'backend':8s} {'fwd ms':>8s} {'fwd+bwd ms':>10s} {'eff':>6s} {'of peak':>8s} {'/hd128':>7s} {'/shipped':>8s}\n"
+        f"{'case':28s} {'backend':8s} {'fwd ms':>8s} {'fwd+bwd ms':>10s} {'eff':>6s} {'of peak':>8s} {'/hd128':>7s} "
+        f"{'/shipped':>8s}\n"
     )
     for r in rows:
         if "fwd_bwd_s" not in r:

@@ -21,7 +21,8 @@ tensors of 3072 x 1536 and a few large ones):
 - ``copy``: pinned host <-> GPU copies (fp32 GPU -> host, bf16 host -> GPU; 1 GiB), GB/s, when a GPU is there.
 
 Writes ``$OUT/cpu_adam.jsonl`` (one row per measurement, plus a ``host`` row: CPU model, cores, torch's default
-threads). ``CPU_ADAM_SHRINK=K`` divides the parameter counts by K (a quick check off the device). Each time is the median of 3 steps after one warm-up step (which allocates AdamW's moments).
+threads). ``CPU_ADAM_SHRINK=K`` divides the parameter counts by K (a quick check off the device). Each time is the
+median of 3 steps after one warm-up step (which allocates AdamW's moments).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-#: One MiniMax-M2-like expert weight (hidden 3072 x expert FFN 1536) and the parameters each measurement steps per process.
+#: One MiniMax-M2-like expert weight (hidden 3072 x expert FFN 1536) and the parameters each measurement steps per
+#: process.
 TENSOR_SHAPE = (3072, 1536)
 PARAMS_ONE_PROCESS = 512 * 2**20 // int(os.environ.get("CPU_ADAM_SHRINK", "1"))
 PARAMS_PER_CONCURRENT_PROCESS = 96 * 2**20 // int(os.environ.get("CPU_ADAM_SHRINK", "1"))

@@ -1,11 +1,17 @@
 """Expert GEMM speed by shape on one GPU (issue 14: does a routed expert's GEMM run slower when its weight is small?).
 
-    PYTHONPATH=. OUT=... python3 benchmarks/h200_grouped_gemm.py          # on the device (torch only)
-    PYTHONPATH=. OUT=... IMPL=te python3 benchmarks/h200_grouped_gemm.py  # on the device: TE's GroupedLinear beside torch's
-    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --compare FILE       # here: the efficiency table by model and rows
-    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --fit COMPARE.json   # here: the rows curve the cost model ships
-    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --compare-te F.jsonl  # here: TE / torch and fp8 / bf16 by shape (IMPL=te rows)
-    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --fit-te F.jsonl      # here: TE's time as GPU time and launch cost, three forms
+    # on the device (torch only)
+    PYTHONPATH=. OUT=... python3 benchmarks/h200_grouped_gemm.py
+    # on the device: TE's GroupedLinear beside torch's
+    PYTHONPATH=. OUT=... IMPL=te python3 benchmarks/h200_grouped_gemm.py
+    # here: the efficiency table by model and rows
+    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --compare FILE
+    # here: the rows curve the cost model ships
+    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --fit COMPARE.json
+    # here: TE / torch and fp8 / bf16 by shape (IMPL=te rows)
+    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --compare-te F.jsonl
+    # here: TE's time as GPU time and launch cost, three forms
+    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --fit-te F.jsonl
 
 For the routed experts of each MoE model in ``specs/data/models`` (fc1: ``hidden -> 2 x expert FFN``, SwiGLU's gate and
 up fused as Megatron's ``TEGroupedLinear`` holds them; fc2: ``expert FFN -> hidden``), times the three GEMMs of a
@@ -237,7 +243,8 @@ def _te_case(
     k: int,
     n: int,
 ) -> list[dict]:
-    """The timings of one (groups, rows, k, n): TE bf16 and fp8 forward and backward, torch bf16 forward and backward."""
+    """The timings of one (groups, rows, k, n): TE bf16 and fp8 forward and backward, torch bf16 forward and
+    backward."""
     out: list[dict] = []
     lin = te.GroupedLinear(groups, k, n, bias=False, params_dtype=torch.bfloat16, device=dev)
     x = torch.randn(groups * m, k, device=dev, dtype=torch.bfloat16, requires_grad=True)
@@ -379,7 +386,8 @@ def fit_te(path: str) -> int:
 
 
 def _fit_forms(g: Any, gpu_t: Any, y: Any) -> dict[str, dict[str, float]]:
-    """:func:`fit_te`'s three forms fitted to points of ``g`` groups, model GPU time ``gpu_t`` and measured ``y`` (s)."""
+    """:func:`fit_te`'s three forms fitted to points of ``g`` groups, model GPU time ``gpu_t`` and measured ``y``
+    (s)."""
     import numpy as np
     from scipy.optimize import least_squares
 

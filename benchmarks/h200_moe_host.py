@@ -304,7 +304,8 @@ def read_rows(paths: list[str]) -> dict[tuple[str, int, int], dict[str, float]]:
                 )
             if d["kernels_fwd_s"] > d["kernels_fwd_bwd_s"]:
                 raise ValueError(
-                    f"{where}: kernels_fwd_s {d['kernels_fwd_s']:.6g} is above kernels_fwd_bwd_s {d['kernels_fwd_bwd_s']:.6g}: "
+                    f"{where}: kernels_fwd_s {d['kernels_fwd_s']:.6g} is above kernels_fwd_bwd_s "
+                    f"{d['kernels_fwd_bwd_s']:.6g}: "
                     "a forward's kernels cannot take longer than a forward and a backward"
                 )
             key = (cid, seq, mbs)

@@ -1,7 +1,8 @@
 """megatron-core's CPU optimizer offload step timed alone on the lent machine (issue 14: the offload step time).
 
-    PYTHONPATH=/tmp/site:. OUT=... python3 benchmarks/h200_offload.py     # on the device: torch + the megatron-core wheel
-    PYTHONPATH=. python benchmarks/h200_offload.py --compare OFFLOAD.jsonl --primitives CPU_ADAM.jsonl [--steps SWEEP.jsonl ...]
+    PYTHONPATH=/tmp/site:. OUT=... python3 benchmarks/h200_offload.py  # on the device: torch + the megatron-core wheel
+    PYTHONPATH=. python benchmarks/h200_offload.py --compare OFFLOAD.jsonl --primitives CPU_ADAM.jsonl \
+        [--steps SWEEP.jsonl ...]
 
 Builds megatron-core 0.19's ``HybridDeviceOptimizer`` (``optimizer/cpu_offloading/hybrid_optimizer.py``) the way
 ``optimizer/__init__.py`` does for ``--optimizer-cpu-offload`` (torch ``AdamW`` on the CPU with ``fused=True``,
@@ -14,7 +15,8 @@ optimizer hands them over (``distrib_optimizer.py``, ``_copy_model_grads_to_main
   ``decoupled_grad``. The optimizer's CPU copy is ``.cpu().pin_memory()`` and then ``.float()``: an fp32 master in
   **pageable** host memory, copied back to the bf16 GPU parameter after each tensor's step;
 - ``fp32``: without it: fp32 main parameters and gradients; the CPU copy stays pinned (what pinned masters cost:
-  Megatron-LM's ``validate_args`` refuses offload without the precision-aware optimizer, so its runs take the path above).
+  Megatron-LM's ``validate_args`` refuses offload without the precision-aware optimizer, so its runs take the path
+  above).
 
 Each at the process's default threads (every core) and at one thread (what ``torchrun --nproc-per-node`` > 1 and slime's
 Ray actors leave a process), offload fraction 1.0, and 0.5 for ``bf16``. Also times the copies alone (1 GiB): pinned and
@@ -24,14 +26,15 @@ Writes ``$OUT/offload.jsonl``: one row per case (``step_s`` median of 4 after 2 
 AdamW's moments) and per copy (``gb_per_s``, and ``host_blocked_s``: how long ``copy_`` held the calling thread).
 
 ``--compare`` (here, no GPU) prices each case from the two primitives alone, measured in other processes:
-``offloaded x (1 / fused AdamW rate at the case's threads + 4 B / pageable host -> GPU bandwidth if bf16)``, the rate from
-``benchmarks/h200_cpu_adam.py``'s rows and the bandwidth from this file's ``h2d_pageable_fp32_to_bf16`` row, and prints it
-against the measured step. With ``--steps``, it does the same for whole harness steps with offload (16 threads: the
-harness's single process keeps torch's default), judged on their extra time over a row of the same file and machine
-that differs only in having no offload (and the precision-aware optimizer on or off). ``seed_reference_what_if``: the
-seed's reference port (64 H200, TP 2 PP 2 EP 8, offload 1.0, precision-aware; 557.8 tokens/s/GPU measured) with its
-offload priced from these primitives instead of the model's per-node rate, each of its node's 8 processes on one
-thread (slime's Ray actors) at the measured per-process rate of 8 concurrent single-thread processes.
+``offloaded x (1 / fused AdamW rate at the case's threads + 4 B / pageable host -> GPU bandwidth if bf16)``, the rate
+from ``benchmarks/h200_cpu_adam.py``'s rows and the bandwidth from this file's ``h2d_pageable_fp32_to_bf16`` row, and
+prints it against the measured step. With ``--steps``, it does the same for whole harness steps with offload (16
+threads: the harness's single process keeps torch's default), judged on their extra time over a row of the same file and
+machine that differs only in having no offload (and the precision-aware optimizer on or off).
+``seed_reference_what_if``: the seed's reference port (64 H200, TP 2 PP 2 EP 8, offload 1.0, precision-aware; 557.8
+tokens/s/GPU measured) with its offload priced from these primitives instead of the model's per-node rate, each of its
+node's 8 processes on one thread (slime's Ray actors) at the measured per-process rate of 8 concurrent single-thread
+processes.
 """
 
 from __future__ import annotations
@@ -267,7 +270,8 @@ def compare(offload: Path, primitives: Path, steps: list[Path]) -> dict[str, Any
                 continue
             if len(base) > 1:
                 raise TunerError(
-                    f"{where}: {len(base)} rows of {path} could be its base ({', '.join(str(b.get('id')) for _, b in base)})"
+                    f"{where}: {len(base)} rows of {path} could be its base "
+                    f"({', '.join(str(b.get('id')) for _, b in base)})"
                 )
             bwhere, b = base[0]
             extra = number(r, "step_time_s", where) - number(b, "step_time_s", bwhere)

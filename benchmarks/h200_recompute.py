@@ -1,11 +1,18 @@
-"""Per-module recompute cost and saving on the decoder alone, on one GPU (issue 14, item 5: recompute priced from measurements).
+"""Per-module recompute cost and saving on the decoder alone, on one GPU (issue 14, item 5: recompute priced from
+measurements).
 
-    PYTHONPATH=/tmp/site:. OUT=... SLICES=mm,qw,ds ROUNDS=2 BUDGET_S=500 python3 benchmarks/h200_recompute.py   # on the GPU
-    ... ROPE_FUSION=1 ...                                  # with megatron-core's fused RoPE, as production recipes run it
-    ... PROFILE=1 ...                                      # base variants only, each with a torch.profiler kernel census
-    ... PROFILE=all ...                                    # every variant timed and profiled
-    PYTHONPATH=. python benchmarks/h200_recompute.py --compare FILE.jsonl [FILE ...]                           # here: against the model
-    PYTHONPATH=. python benchmarks/h200_recompute.py --compare FILE.jsonl --kernels profile.jsonl               # by the GPU kernels' time
+    # on the GPU
+    PYTHONPATH=/tmp/site:. OUT=... SLICES=mm,qw,ds ROUNDS=2 BUDGET_S=500 python3 benchmarks/h200_recompute.py
+    # with megatron-core's fused RoPE, as production recipes run it
+    ... ROPE_FUSION=1 ...
+    # base variants only, each with a torch.profiler kernel census
+    ... PROFILE=1 ...
+    # every variant timed and profiled
+    ... PROFILE=all ...
+    # here: against the model
+    PYTHONPATH=. python benchmarks/h200_recompute.py --compare FILE.jsonl [FILE ...]
+    # by the GPU kernels' time
+    PYTHONPATH=. python benchmarks/h200_recompute.py --compare FILE.jsonl --kernels profile.jsonl
 
 Why a benchmark of its own: the harness trials' recompute extra was the difference of two whole steps, each with a
 1-5% CV, on slices where the output layer and the loss are half of the step, so the same case differed 2x between
@@ -24,22 +31,22 @@ same seed, so every variant has the same weights and (natural routing) the same 
 Variants per slice: ``base`` (no recompute), ``full`` (uniform, 1 layer), and selective recompute of each module the
 slice's layers have (``core_attn``, ``layernorm``, ``moe_act``, ``moe`` on MoE layers; ``mla_up_proj``, ``mlp`` on the
 dense MLA layer). Writes ``$OUT/recompute.jsonl``: one row per (slice, variant, round), then an ``event: versions`` row.
-``PROFILE=1`` runs the ``base`` variants alone and adds, per slice, an ``event: profile`` row to ``$OUT/profile.jsonl``: the
-CUDA kernels of :data:`PROFILE_ITERS` forward + backward passes under ``torch.profiler`` (per pass: each kernel's time in
-seconds and calls, the 60 longest by name; the kernels' total, and the CUDA-event time of the same passes, so that the
-difference is time the GPU waited for the host). ``PROFILE=all`` does that for every variant in every round (the
-profile rows then carry ``round``).
+``PROFILE=1`` runs the ``base`` variants alone and adds, per slice, an ``event: profile`` row to ``$OUT/profile.jsonl``:
+the CUDA kernels of :data:`PROFILE_ITERS` forward + backward passes under ``torch.profiler`` (per pass: each kernel's
+time in seconds and calls, the 60 longest by name; the kernels' total, and the CUDA-event time of the same passes, so
+that the difference is time the GPU waited for the host). ``PROFILE=all`` does that for every variant in every round
+(the profile rows then carry ``round``).
 
 ``--compare`` reads those rows (on any machine, no torch), takes each variant's median over rounds and prints, for each,
 the measured extra time and saving against its slice's ``base`` next to the cost model's prediction of the same
 difference: :func:`cost_model.estimate.estimate` of the slice with one micro-batch (``global_batch_size`` 1, so the
 difference of two predicted steps is one micro-batch's recompute), the harness's TE run options and the shipped
-calibration, exactly as ``tune validate --trials`` predicts a harness row (with ``apply_rope_fusion`` as the rows ran). Two savings: ``stash_saved_gib`` (per
-layer, what the forward no longer leaves for the backward) against the model's per-layer stash (what
-:data:`STASH_LAYERS` more layers add to the predicted peak, over that count), and ``peak_saved_gib`` (the slice's
-forward + backward peak) against the predicted peaks' difference. ``slices``: each slice's measured ``base`` forward +
-backward against the model's time for its layers (the same :data:`STASH_LAYERS` difference of predicted steps, less the
-optimizer's part).
+calibration, exactly as ``tune validate --trials`` predicts a harness row (with ``apply_rope_fusion`` as the rows ran).
+Two savings: ``stash_saved_gib`` (per layer, what the forward no longer leaves for the backward) against the model's
+per-layer stash (what :data:`STASH_LAYERS` more layers add to the predicted peak, over that count), and
+``peak_saved_gib`` (the slice's forward + backward peak) against the predicted peaks' difference. ``slices``: each
+slice's measured ``base`` forward + backward against the model's time for its layers (the same :data:`STASH_LAYERS`
+difference of predicted steps, less the optimizer's part).
 
 ``--kernels PROFILE.jsonl`` (rows of ``PROFILE=all``) judges the time by the GPU kernels' total of each variant's passes
 instead of their CUDA-event time: the one-GPU MoE slices are host-bound (the GPU was busy 57% of a MiniMax-M2 pass), so
@@ -299,8 +306,8 @@ def _finite(v: Any, positive: bool) -> bool:
 
 def _read_row(d: dict[str, Any], where: str) -> tuple[str, str]:
     """``(slice, variant)`` of one measured row, checked: a known slice, a variant of it whose recompute fields are the
-    row's, finite positive timings, finite bytes (differences of the allocator's counts: a checkpointed forward can leave
-    less allocated than before it), a round number and a boolean ``apply_rope_fusion``.
+    row's, finite positive timings, finite bytes (differences of the allocator's counts: a checkpointed forward can
+    leave less allocated than before it), a round number and a boolean ``apply_rope_fusion``.
 
     Raises:
         ValueError: anything else, naming ``where``.
@@ -320,7 +327,8 @@ def _read_row(d: dict[str, Any], where: str) -> tuple[str, str]:
     bad += [k for k in ("saved_bytes", "peak_extra_bytes") if not _finite(d.get(k), False)]
     if bad:
         raise ValueError(
-            f"{where}: {', '.join(bad)} must be finite numbers (timings > 0 s; bytes are differences of the allocator's "
+            f"{where}: {', '.join(bad)} must be finite numbers (timings > 0 s; bytes are differences of the "
+            "allocator's "
             "counts and may be negative)"
         )
     # what the model is asked to predict is this benchmark's workload: a row of another one would be compared silently
@@ -387,7 +395,8 @@ def _kernel_times(paths: list[str]) -> dict[tuple[str, str, int], tuple[float, b
             if key in out:
                 if out[key][1] != rope:
                     raise ValueError(
-                        f"{where}: the profile rows mix runs with and without ROPE_FUSION=1; compare one setting at a time"
+                        f"{where}: the profile rows mix runs with and without ROPE_FUSION=1; compare one setting at a "
+                        "time"
                     )
                 raise ValueError(f"{where}: a second profile row of {sid} {variant} round {rnd}")
             ev = d.get("events_fwd_bwd_s")
@@ -398,8 +407,8 @@ def _kernel_times(paths: list[str]) -> dict[tuple[str, str, int], tuple[float, b
 def compare(paths: list[str], kernels: list[str] | None = None) -> dict[str, Any]:
     """Measured extra time / saving per variant against its slice's base, beside the model's prediction (see the
     module docstring). With ``kernels`` (``PROFILE=all`` profile files) each row's time is its passes' kernel total
-    (:func:`_kernel_times`) instead of the CUDA-event time. Returns ``{"slices": {...}, "rows": [...], "summary": {...}}``,
-    and ``"timing": "kernels"`` with ``kernels``.
+    (:func:`_kernel_times`) instead of the CUDA-event time. Returns ``{"slices": {...}, "rows": [...], "summary":
+    {...}}``, and ``"timing": "kernels"`` with ``kernels``.
 
     Raises:
         ValueError: a file that cannot be read, a line that is not a JSON object, a row that is not this benchmark's

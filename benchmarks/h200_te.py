@@ -43,8 +43,8 @@ WORK = Path(os.environ.get("WORK") or "/tmp/h200_te")
 BUDGET = float(os.environ.get("BUDGET_S") or 540)
 FINAL = os.environ.get("FINAL") == "1"
 GIB = 2**30
-#: For tests (CI, no GPU): a program that stands in for ``torchrun ... -m launch.harness.train`` / the component program,
-#: and a Transformer Engine to claim (``benchmarks/h200_te.py`` is then run end to end with fakes).
+#: For tests (CI, no GPU): a program that stands in for ``torchrun ... -m launch.harness.train`` / the component
+#: program, and a Transformer Engine to claim (``benchmarks/h200_te.py`` is then run end to end with fakes).
 LAUNCHER = os.environ.get("H200_TE_LAUNCHER", "").split() or None
 COMPONENT_LAUNCHER = os.environ.get("H200_TE_COMPONENT_LAUNCHER", "").split() or None
 FAKE_TE = os.environ.get("H200_TE_FAKE_TE") == "1"
@@ -219,7 +219,8 @@ def run_sweep_case(c: dict[str, Any], cid: str, out_name: str) -> dict[str, Any]
     row["wall_s"] = time.monotonic() - t
     emit(out_name, row)
     log(
-        f"{cid}: {row.get('status')} step {_f(row.get('step_time_s'))} s (cv {_f(row.get('step_time_cv'))}), reserved {_f(row.get('peak_reserved_gib'))} "
+        f"{cid}: {row.get('status')} step {_f(row.get('step_time_s'))} s (cv {_f(row.get('step_time_cv'))}), reserved "
+        f"{_f(row.get('peak_reserved_gib'))} "
         f"GiB, host {_f(row.get('peak_host_rss_gib'))} GiB, wall {row['wall_s']:.0f} s"
         + (f" -- {str(row.get('message'))[:200]}" if row.get("message") else "")
     )
@@ -326,7 +327,8 @@ def run_convergence(cid: str) -> dict[str, Any]:
     from tuner.verify.inputs import layout_text
 
     log(
-        f"{cid}: convergence {o.result} ({o.summary()[:240]}) in {time.monotonic() - t:.0f} s; candidate {layout_text(cand)} with fault {fault}"
+        f"{cid}: convergence {o.result} ({o.summary()[:240]}) in {time.monotonic() - t:.0f} s; candidate "
+        f"{layout_text(cand)} with fault {fault}"
     )
     return {"result": o.result}
 
@@ -363,7 +365,8 @@ def run_parity(cid: str) -> dict[str, Any]:
             keep_log(f"{cid}-{a.name}", Path(plan.out_dir) / "runs" / Path(a.dump_dir).parent.name)
     th = o.thresholds
     log(
-        f"{cid}: {o.result} in {o.seconds:.0f} s (arms {', '.join(f'{k} {v:.0f}s' for k, v in o.arm_seconds.items())}; reused {list(o.reused)}); "
+        f"{cid}: {o.result} in {o.seconds:.0f} s (arms {', '.join(f'{k} {v:.0f}s' for k, v in o.arm_seconds.items())}; "
+        f"reused {list(o.reused)}); "
         + (f"noise {_e(th.noise_rel_l2)}, threshold {_e(th.rel_l2)}; " if th is not None else "")
         + (o.parity.summary()[:400] if o.parity is not None else o.error[:300])
     )
@@ -467,7 +470,8 @@ def main() -> int:
     queue = build_queue(parts)
     probe_est = next((e for cid, _, e, _ in queue if cid == "probe-last"), 0.0)
     log(
-        f"call {state.d['calls']}: parts {parts}, budget {BUDGET:.0f} s, {len(queue)} cases, {sum(1 for q in queue if state.done(q[0]))} done before; "
+        f"call {state.d['calls']}: parts {parts}, budget {BUDGET:.0f} s, {len(queue)} cases, "
+        f"{sum(1 for q in queue if state.done(q[0]))} done before; "
         f"uptime {uptime_s()} s; final {FINAL}"
     )
     try:
@@ -484,7 +488,8 @@ def main() -> int:
         reserve = probe_est if (FINAL and cid != "probe-last") else 0.0
         if elapsed() + est + reserve > BUDGET:
             log(
-                f"{cid}: skipped (planned {est:.0f} s, {BUDGET - elapsed():.0f} s left{', keeping room for probe-last' if reserve else ''})"
+                f"{cid}: skipped (planned {est:.0f} s, {BUDGET - elapsed():.0f} s "
+                f"left{', keeping room for probe-last' if reserve else ''})"
             )
             emit(
                 out_name,

@@ -8,8 +8,8 @@ micro-batch 1 / 2 / 4, every recompute module the models have (``core_attn``, ``
 ``layernorm``, ``moe``; ``mlp`` and ``mla_up_proj`` on the MLA slice), full recompute uniform and
 block, the precision-aware optimizer on and off and with bf16 moments, bf16 and fp32 main grads,
 TE's fused cross-entropy, CPU optimizer offload 0.5 and 1.0 (host memory measured), on a MiniMax-M2
-slice, a Qwen3-30B-A3B slice and a DeepSeek-V3 (MLA) slice, in priority order (the cases a call's budget leaves out are the last).
-``census`` asks for the saved-tensor
+slice, a Qwen3-30B-A3B slice and a DeepSeek-V3 (MLA) slice, in priority order (the cases a call's budget leaves out are
+the last). ``census`` asks for the saved-tensor
 census (:class:`launch.harness.grads.SavedTensorCensus`). ``est_s`` is the planned wall time
 (torchrun start, model build and the steps; ``docs/measurements.md``: 30-45 s per 1-layer MiniMax-M2
 layout with TE, 2.4-3.7 s steps on the 8-layer Qwen3-30B-A3B slice).
@@ -77,7 +77,8 @@ def case(
 
 
 MM, QW, DS, OSS = "MiniMax-M2", "Qwen3-30B-A3B", "DeepSeek-V3", "GPT-OSS-120B"
-#: One EP 8 rank of GPT-OSS-120B's experts (128 / 8), and GPT-OSS with its own features off (a plain SwiGLU MoE of its shape).
+#: One EP 8 rank of GPT-OSS-120B's experts (128 / 8), and GPT-OSS with its own features off (a plain SwiGLU MoE of its
+#: shape).
 OSS_RANK = {"num_experts": 16}
 OSS_VANILLA = {
     "add_bias_linear": False,

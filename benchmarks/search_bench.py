@@ -218,7 +218,8 @@ def gain_loop(
     first run, a pruned trial fed back as the median of its steps after the warm-up; with ``slices``, the policy is
     given each contender's slice (:func:`~benchmarks.simulated.slice_plan`; the unseen error's sigma,
     :meth:`~benchmarks.simulated.World.slice_unseen_sigma`, from the world's error structure, not its draws) and slice
-    trials run on :meth:`~benchmarks.simulated.SimulatedBackend.run_slice`. Returns the policy's answer (its incumbent, a
+    trials run on :meth:`~benchmarks.simulated.SimulatedBackend.run_slice`. Returns the policy's answer (its incumbent,
+    a
     layout measured in full) and the backend (its trials and GPU-hours)."""
     cfg = prep.config
     backend = _backend(world, cfg)

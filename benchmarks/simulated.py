@@ -208,8 +208,8 @@ class ErrorStructure:
     ) -> ErrorStructure:
         """The error of the job's family. ``source="bars"``: the error bars' throughput band
         (:func:`cost_model.uncertainty.error_bars` of ``gpu`` and ``precision``; its width as a lognormal sigma, its
-        centre as the bias); ``"kfold"``: the k-fold median error of MoE or dense models (:data:`HELD_OUT_MEDIAN_ERROR`),
-        no bias.
+        centre as the bias); ``"kfold"``: the k-fold median error of MoE or dense models
+        (:data:`HELD_OUT_MEDIAN_ERROR`), no bias.
 
         Raises:
             ValueError: another ``source``, or ``"bars"`` without ``gpu``.

@@ -10,13 +10,15 @@ trial (torchrun start, model build, the steps and the exit), i.e. the GPU-second
 The driver adds ``run_id`` (``p<pass>-<case>``), ``pass``, ``case``, ``card`` (nvidia-smi's name) and
 ``started_utc``.
 
-    PYTHONPATH=. BUDGET_S=540 python3 benchmarks/slice_study.py   # on the GPU machine, megatron-core and torch importable
+    # on the GPU machine, megatron-core and torch importable
+    PYTHONPATH=. BUDGET_S=540 python3 benchmarks/slice_study.py
 
 Before a run starts, its planned time (the case's ``est_s``, or the wall of its earlier run plus 5 s) is checked
 against what is left of ``BUDGET_S`` (seconds since this program started); a run that does not fit is left for
-the next call. A sweep that stops before its trial (torch or megatron-core missing, no GPU) stops the driver. Done runs are read back from ``$WORK/runs.jsonl`` (``WORK`` default ``/tmp/slice_study``, which
-lasts while the machine stays warm) and from ``PREV`` (an earlier call's ``runs.jsonl``, for a fresh machine).
-Writes ``$OUT/runs.jsonl`` (every run so far, after each run) and ``$OUT/driver.log``.
+the next call. A sweep that stops before its trial (torch or megatron-core missing, no GPU) stops the driver. Done runs
+are read back from ``$WORK/runs.jsonl`` (``WORK`` default ``/tmp/slice_study``, which lasts while the machine stays
+warm) and from ``PREV`` (an earlier call's ``runs.jsonl``, for a fresh machine). Writes ``$OUT/runs.jsonl`` (every run
+so far, after each run) and ``$OUT/driver.log``.
 
     python3 benchmarks/slice_study.py --table runs.jsonl   # no GPU: the per-layout table in Markdown
 
@@ -198,9 +200,11 @@ def table(path: Path) -> str:
         res = [r["peak_reserved_gib"] for r in rs if r.get("peak_reserved_gib") is not None]
         lines.append(
             f"| {i} | {c} | {len(rs)} | {f'{m:,.0f}' if m else ', '.join(sorted({str(r.get('status')) for r in rs}))} "
-            f"| {f'{100 * (max(ok) - min(ok)) / m:.1f}' if len(ok) > 1 else '-'} | {', '.join(f'{x:,.0f}' for x in ok) or '-'} "
+            f"| {f'{100 * (max(ok) - min(ok)) / m:.1f}' if len(ok) > 1 else '-'} | "
+            f"{', '.join(f'{x:,.0f}' for x in ok) or '-'} "
             f"| {f'{pred:,.0f}' if pred else '-'} | {f'{100 * (pred - m) / m:+.0f}' if pred and m else '-'} "
-            f"| {f'{max(res):.1f}' if res else '-'} | {rs[0].get('pred_peak_gib') or 0:.1f} | {mean(r.get('wall_s') or 0 for r in rs):.0f} |"
+            f"| {f'{max(res):.1f}' if res else '-'} | {rs[0].get('pred_peak_gib') or 0:.1f} | "
+            f"{mean(r.get('wall_s') or 0 for r in rs):.0f} |"
         )
     gs = sum(r.get("wall_s") or 0 for r in rows)
     lines.append(f"\n{len(by)} layouts, {len(rows)} runs, {gs:,.0f} GPU-seconds of trials (wall_s summed).")

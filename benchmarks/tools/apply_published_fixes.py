@@ -97,7 +97,8 @@ def normalise(fix: dict[str, str], run: dict[str, str]) -> tuple[dict[str, str],
     out["cpu_offloading_num_layers"] = _int(fix["cpu_offloading_num_layers"])
     if "inferred" in fix["cpu_offloading_num_layers"]:
         notes.append(
-            f"activation offload {out['cpu_offloading_num_layers']} layers inferred from the v0.2.0 preset of this GPU (GBS differs)"
+            f"activation offload {out['cpu_offloading_num_layers']} layers inferred from the v0.2.0 preset of this GPU "
+            "(GBS differs)"
         )
     pa = fix["use_precision_aware_optimizer"]
     out["use_precision_aware_optimizer"] = "False" if ("unless FSDP" in pa and fsdp == "True") else _bool(pa)
@@ -163,7 +164,8 @@ def normalise(fix: dict[str, str], run: dict[str, str]) -> tuple[dict[str, str],
 #: helpers.py::set_primary_perf_configs`` sets ``recipe.trainer.plugins.grad_reduce_in_fp32 = False`` ("bf16 grad
 #: dtype") for every run; ``nemo/collections/llm/recipes/precision/mixed_precision.py``: ``bf16_with_fp8_current_
 #: scaling_mixed`` (tensorwise) and ``bf16_with_mxfp8_mixed`` set ``fp8_param_gather = True``. Megatron-FSDP from the
-#: table's column (the row's note ``Megatron-FSDP=N``). Nothing else of those scripts was read: the other columns stay blank.
+#: table's column (the row's note ``Megatron-FSDP=N``). Nothing else of those scripts was read: the other columns stay
+#: blank.
 NEMO2_RELEASES = ("25.09",)
 
 
@@ -184,7 +186,8 @@ def nemo2_columns(run: dict[str, str]) -> tuple[dict[str, str], list[str]] | Non
         out["use_megatron_fsdp"] = "True"
         notes.append(f"FSDP from the table's column (note Megatron-FSDP={m.group(1)})")
     out["recipe_source"] = (
-        "NeMo 2.0 perf scripts (25.09 container; NVIDIA/NeMo scripts/performance/helpers.py, precision/mixed_precision.py)"
+        "NeMo 2.0 perf scripts (25.09 container; NVIDIA/NeMo scripts/performance/helpers.py, "
+        "precision/mixed_precision.py)"
     )
     return out, notes
 
@@ -250,7 +253,8 @@ def main() -> int:
             changed.append(f"recompute none (cell {old['recompute']!r})")
         set_cols = ", ".join(f"{k}={v}" for k, v in cols.items() if v and k != "recipe_source")
         lines.append(
-            f"| {run['id']} | {run['model']}, {run['num_gpus']}x{run['gpu_type']} | {cols['recipe_source']}: {set_cols} | "
+            f"| {run['id']} | {run['model']}, {run['num_gpus']}x{run['gpu_type']} | {cols['recipe_source']}: "
+            f"{set_cols} | "
             f"{'; '.join(notes) or '-'} | {'; '.join(changed) or '-'} |"
         )
     buf = io.StringIO()
@@ -264,7 +268,8 @@ def main() -> int:
         "<!-- applied:begin -->\n## Applied to published_runs.csv, row by row\n\n"
         f"`python benchmarks/tools/apply_published_fixes.py` wrote the columns `{', '.join(COLUMNS)}` into "
         "`published_runs.csv` (the reader, `cost_model/validate.py::read_runs`, prefers them over `other_notes`). "
-        f"{len(fixes)} rows have values from the recipe that ran them (a Megatron-Bridge one unless `recipe_source` names another), the other 25.09 rows the few settings read in NeMo 2.0's "
+        f"{len(fixes)} rows have values from the recipe that ran them (a Megatron-Bridge one unless `recipe_source` "
+        "names another), the other 25.09 rows the few settings read in NeMo 2.0's "
         "perf scripts (the script's `nemo2_columns`); the other rows keep blank cells (their recipe was not "
         "read: see 'Rows not resolved' above) and are read as before. `te_version` is the TE class of the row's "
         "container for the fused cross-entropy's bytes, **inferred** (see the script's `TE_OF_RELEASE`).\n\n"

@@ -106,7 +106,8 @@ for a, b in combinations(ids, 2):
             "tokens_a": ta,
             "tokens_b": tb,
             "ratio_b_over_a": round(tb / ta, 4),
-            "layout": f"TP{sa['tp']} PP{sa['pp']} VPP{sa['vpp']} CP{sa['cp']} EP{sa['ep']} MBS{sa['mbs']} GBS{sa['gbs']}",
+            "layout": f"TP{sa['tp']} PP{sa['pp']} VPP{sa['vpp']} CP{sa['cp']} EP{sa['ep']} MBS{sa['mbs']} "
+            f"GBS{sa['gbs']}",
         }
     )
 w = csv.DictWriter(sys.stdout, fieldnames=list(out[0]), lineterminator="\n")

@@ -1,4 +1,5 @@
-"""Derive benchmarks/data/published_runs_fixes.csv from Megatron-Bridge perf recipes (research aid, not part of the package).
+"""Derive benchmarks/data/published_runs_fixes.csv from Megatron-Bridge perf recipes (research aid, not part of the
+package).
 
 Inputs: benchmarks/data/published_runs.csv and one JSON-lines dump per Bridge tag of every
 WorkloadBaseConfig preset in scripts/performance/configs/*/*workload_base_configs.py (made by
@@ -231,7 +232,10 @@ def resolve(r: dict, presets_by_tag: dict[str, list[dict]]) -> dict | None:
     wb = "workload_base_configs.py" if tag == "v0.2.0" else f"{fam_file}_workload_base_configs.py"
     src = f"{REPO}@{tag}:scripts/performance/configs/{fam_dir}/{wb}::{p['name']}"
     if family_only:
-        src = f"{REPO}@{tag}:scripts/performance/configs/{fam_dir}/ (family common config), utils/overrides.py, utils/precision.py"
+        src = (
+            f"{REPO}@{tag}:scripts/performance/configs/{fam_dir}/ (family common config), utils/overrides.py, "
+            "utils/precision.py"
+        )
     out = {
         "id": r["id"],
         "model": r["model"],
@@ -294,8 +298,8 @@ MANUAL = {
         recompute_modules="[]",
         extra="fp8_dot_product_attention=True; fp8_output_proj=True; moe_paged_stash=True; "
         "moe_expert_rank_capacity_factor=1.5; use_transformer_engine_op_fuser=True",
-        source=V060
-        + "gb300/deepseek_v3.py::deepseek_v3_pretrain_256gpu_gb300_fp8mx_config; common.py::_enable_deepseek_full_iteration_mxfp8",
+        source=V060 + "gb300/deepseek_v3.py::deepseek_v3_pretrain_256gpu_gb300_fp8mx_config; "
+        "common.py::_enable_deepseek_full_iteration_mxfp8",
     ),
     "GB200": dict(
         preset="deepseek_v3_pretrain_256gpu_gb200_fp8mx_config",
@@ -303,8 +307,8 @@ MANUAL = {
         recompute_modules="['mla_up_proj']",
         extra="fp8_dot_product_attention=False; fp8_output_proj=True; moe_paged_stash=True; "
         "moe_expert_rank_capacity_factor=1.5; use_transformer_engine_op_fuser=True",
-        source=V060
-        + "gb200/deepseek_v3.py::deepseek_v3_pretrain_256gpu_gb200_fp8mx_config; common.py::_enable_deepseek_full_iteration_mxfp8",
+        source=V060 + "gb200/deepseek_v3.py::deepseek_v3_pretrain_256gpu_gb200_fp8mx_config; "
+        "common.py::_enable_deepseek_full_iteration_mxfp8",
     ),
 }
 
@@ -350,8 +354,9 @@ def manual(r: dict) -> dict | None:
         "cuda_graph_scope": "[]",
         "optimizer": "adam",
         "extra": m["extra"],
-        "source": m["source"]
-        + "; base recipe src/megatron/bridge/recipes/deepseek/h100/deepseek_v3.py::deepseek_v3_pretrain_1024gpu_h100_bf16_config (precision-aware, bf16 moments)",
+        "source": m["source"] + "; base recipe "
+        "src/megatron/bridge/recipes/deepseek/h100/deepseek_v3.py::deepseek_v3_pretrain_1024gpu_h100_bf16_config "
+        "(precision-aware, bf16 moments)",
     }
 
 
