@@ -43,12 +43,25 @@ def main() -> None:
             t_enum.append(t1 - t0)
             t_est.append(t2 - t1)
     e, s = statistics.median(t_enum), statistics.median(t_est)
-    print(json.dumps({
-        "benchmark": "enumerate_estimate", "model": a.model, "gpus": a.gpus,
-        "considered": en.considered, "valid": len(en.valid), "fit": int(est.fits.sum()),
-        "enumerate_s": round(e, 3), "estimate_s": round(s, 3), "total_s": round(e + s, 3), "target_s": 2.0,
-        "python": platform.python_version(), "machine": platform.machine(), "cpus": __import__("os").cpu_count(),
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "enumerate_estimate",
+                "model": a.model,
+                "gpus": a.gpus,
+                "considered": en.considered,
+                "valid": len(en.valid),
+                "fit": int(est.fits.sum()),
+                "enumerate_s": round(e, 3),
+                "estimate_s": round(s, 3),
+                "total_s": round(e + s, 3),
+                "target_s": 2.0,
+                "python": platform.python_version(),
+                "machine": platform.machine(),
+                "cpus": __import__("os").cpu_count(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -63,13 +63,34 @@ def main() -> None:
             if d >= worst:
                 worst, worst_at = d, f"pp {lay.pp} vpp {lay.vpp} M {det.num_microbatches}"
         worst_all = max(worst_all, worst)
-        print(json.dumps({
-            "benchmark": "pipeline_makespan", "model": a.model, "gpus": a.gpus, "global_batch": gb, "layouts": len(picked),
-            "bounded": bounded, "pp_vpp_pairs": len(by_shape), "max_rel_diff": worst, "at": worst_at,
-            "details_full_s": round(t_full, 3), "makespan_bounded_s": round(t_bounded, 3),
-        }))
-    print(json.dumps({"benchmark": "pipeline_makespan", "max_rel_diff": worst_all, "target": 0.01,
-                      "python": platform.python_version(), "cpus": __import__("os").cpu_count()}))
+        print(
+            json.dumps(
+                {
+                    "benchmark": "pipeline_makespan",
+                    "model": a.model,
+                    "gpus": a.gpus,
+                    "global_batch": gb,
+                    "layouts": len(picked),
+                    "bounded": bounded,
+                    "pp_vpp_pairs": len(by_shape),
+                    "max_rel_diff": worst,
+                    "at": worst_at,
+                    "details_full_s": round(t_full, 3),
+                    "makespan_bounded_s": round(t_bounded, 3),
+                }
+            )
+        )
+    print(
+        json.dumps(
+            {
+                "benchmark": "pipeline_makespan",
+                "max_rel_diff": worst_all,
+                "target": 0.01,
+                "python": platform.python_version(),
+                "cpus": __import__("os").cpu_count(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

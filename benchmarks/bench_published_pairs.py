@@ -41,12 +41,22 @@ def main(argv: list[str] | None = None) -> int:
         if row["changed"] not in REPORTED:
             continue
         pa, pb = preds.get(row["id_a"]), preds.get(row["id_b"])
-        item = {"a": row["id_a"], "b": row["id_b"], "model": row["model"], "gpu": row["gpu_type"], "changed": row["changed"],
-                "a_value": row["value_a"], "b_value": row["value_b"], "measured_ratio": float(row["ratio_b_over_a"]),
-                "target": row["changed"] in TARGET}
+        item = {
+            "a": row["id_a"],
+            "b": row["id_b"],
+            "model": row["model"],
+            "gpu": row["gpu_type"],
+            "changed": row["changed"],
+            "a_value": row["value_a"],
+            "b_value": row["value_b"],
+            "measured_ratio": float(row["ratio_b_over_a"]),
+            "target": row["changed"] in TARGET,
+        }
         if pa is None or pb is None:
             item["predicted_ratio"] = None
-            item["note"] = "; ".join(f"{k}: {why.get(k, 'not estimated')}" for k in (row["id_a"], row["id_b"]) if k not in preds)
+            item["note"] = "; ".join(
+                f"{k}: {why.get(k, 'not estimated')}" for k in (row["id_a"], row["id_b"]) if k not in preds
+            )
         else:
             item["predicted_ratio"] = pb.predicted / pa.predicted
             item["same_order"] = (item["predicted_ratio"] > 1) == (item["measured_ratio"] > 1)
@@ -56,12 +66,18 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps({"pairs": out, "target_pairs": len(tgt), "target_same_order": ok}, indent=2))
         return 0
-    print(f"{'pair':>9} {'model':18} {'GPU':6} {'changed':11} {'a -> b':28} {'measured b/a':>12} {'predicted b/a':>13} order")
+    print(
+        f"{'pair':>9} {'model':18} {'GPU':6} {'changed':11} {'a -> b':28} {'measured b/a':>12} {'predicted b/a':>13} "
+        "order"
+    )
     for x in out:
         pr = "-" if x["predicted_ratio"] is None else f"{x['predicted_ratio']:.3f}"
         order = "" if x["predicted_ratio"] is None else ("same" if x["same_order"] else "WRONG")
-        print(f"{x['a'] + '->' + x['b']:>9} {x['model'][:18]:18} {x['gpu']:6} {x['changed']:11} {(x['a_value'] + ' -> ' + x['b_value'])[:28]:28} "
-              f"{x['measured_ratio']:>12.3f} {pr:>13} {order}{('  ' + x['note']) if x.get('note') else ''}")
+        print(
+            f"{x['a'] + '->' + x['b']:>9} {x['model'][:18]:18} {x['gpu']:6} {x['changed']:11} "
+            f"{(x['a_value'] + ' -> ' + x['b_value'])[:28]:28} "
+            f"{x['measured_ratio']:>12.3f} {pr:>13} {order}{('  ' + x['note']) if x.get('note') else ''}"
+        )
     print(f"dispatcher / EP pairs (the target): predicted order = measured order in {ok} of {len(tgt)}")
     return 0
 

@@ -35,12 +35,34 @@ def main() -> None:
         times = []
         for _ in range(a.repeat):
             t0 = time.perf_counter()
-            page = study_report(res.out_dir / "report.html", study=res.study_name, model=prep.model, cluster=prep.cluster, workload=prep.workload,
-                                rows=rows, front=front, backend="model", calibration=prep.calibration, memory_headroom=prep.config.memory_headroom)
+            page = study_report(
+                res.out_dir / "report.html",
+                study=res.study_name,
+                model=prep.model,
+                cluster=prep.cluster,
+                workload=prep.workload,
+                rows=rows,
+                front=front,
+                backend="model",
+                calibration=prep.calibration,
+                memory_headroom=prep.config.memory_headroom,
+            )
             times.append(time.perf_counter() - t0)
         size = page.stat().st_size
-    print(json.dumps({"benchmark": "report_html", "trials": len(rows), "front": len(front), "first_s": round(times[0], 3),
-                      "median_s": round(statistics.median(times), 3), "max_s": round(max(times), 3), "page_bytes": size, "target_s": 0.3}))
+    print(
+        json.dumps(
+            {
+                "benchmark": "report_html",
+                "trials": len(rows),
+                "front": len(front),
+                "first_s": round(times[0], 3),
+                "median_s": round(statistics.median(times), 3),
+                "max_s": round(max(times), 3),
+                "page_bytes": size,
+                "target_s": 0.3,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -41,7 +41,12 @@ def _judge(name: str, sub: list, cals: dict) -> tuple[dict[str, object], list[st
         e = t / r.row.step_time_s - 1
         errs.append(abs(e))
         lines.append(f"  {r.row.label:58s} measured {r.row.step_time_s:6.1f} predicted {t:6.1f} ({e:+.0%})")
-    out = {"rows": len(sub), "predicted": len(errs), "median_abs_error": float(np.median(errs)) if errs else None, "max_abs_error": max(errs) if errs else None}
+    out = {
+        "rows": len(sub),
+        "predicted": len(errs),
+        "median_abs_error": float(np.median(errs)) if errs else None,
+        "max_abs_error": max(errs) if errs else None,
+    }
     return out, lines
 
 
@@ -58,13 +63,22 @@ def _verdicts(judge: list, cals: dict) -> list[str]:
         if True in g and False in g:
             pm = "split" if g[False] < g[True] else "colocated"
             mm = "split" if g[("measured", False)] < g[("measured", True)] else "colocated"
-            out.append(f"colocated vs split {k}: measured faster {mm} ({g[('measured', True)]:g} vs {g[('measured', False)]:g} s), "
-                       f"predicted faster {pm} ({g[True]:.1f} vs {g[False]:.1f} s) ({'agree' if pm == mm else 'MISS'})")
+            out.append(
+                f"colocated vs split {k}: measured faster {mm} ({g[('measured', True)]:g} vs "
+                f"{g[('measured', False)]:g} s), "
+                f"predicted faster {pm} ({g[True]:.1f} vs {g[False]:.1f} s) ({'agree' if pm == mm else 'MISS'})"
+            )
     return out
 
 
 def _factors(cals: dict) -> dict[str, dict[str, float]]:
-    return {g: {k: round(getattr(c, k), 3) for k in ("generation_scale", "training_scale", "switch_fixed_s", "step_overhead_s")} for g, c in cals.items()}
+    return {
+        g: {
+            k: round(getattr(c, k), 3)
+            for k in ("generation_scale", "training_scale", "switch_fixed_s", "step_overhead_s")
+        }
+        for g, c in cals.items()
+    }
 
 
 def steps() -> int:
@@ -85,7 +99,10 @@ def steps() -> int:
         print("\n".join(lines))
     print("\n".join(_verdicts(judge, shared)))
     print("calibration (per-GPU scales, shared fixed costs):", json.dumps(_factors(shared)))
-    per_gpu = {g: fit_calibration([r for r in fit if r.row.gpu == g], source=f"fit on NeMo-RL v0.4+v0.5 {g} rows") for g in sorted({r.row.gpu for r in fit if r.plan})}
+    per_gpu = {
+        g: fit_calibration([r for r in fit if r.row.gpu == g], source=f"fit on NeMo-RL v0.4+v0.5 {g} rows")
+        for g in sorted({r.row.gpu for r in fit if r.plan})
+    }
     print("comparison: every factor fitted per GPU:", json.dumps(_factors(per_gpu)))
     for name, sub in (("fit", fit), ("judge", judge)):
         print(f"  {name}: " + json.dumps(_judge(name, sub, per_gpu)[0]))
@@ -134,10 +151,20 @@ def engine() -> int:
     for r in sres:
         if r.rel_error is not None:
             groups[(r.row.notes, r.row.gpu, str(r.row.engine), r.row.shape.label)].append(r.rel_error)
-    print("aiconfigurator silicon samples (H100 / H200, vLLM / SGLang, MoE; NOT independent of aiconfigurator), TPOT by model and shape:")
+    print(
+        "aiconfigurator silicon samples (H100 / H200, vLLM / SGLang, MoE; NOT independent of aiconfigurator), TPOT by "
+        "model and shape:"
+    )
     for k, v in sorted(groups.items()):
-        print(f"  {' '.join(k):62s} rows {len(v):3d} median error {np.median(v):+.0%} median |error| {np.median(np.abs(v)):.0%}")
-    print("silicon samples, TPOT: " + json.dumps(summarise_serving(sres)) + f"; set aside: {len(skipped)} (inconsistent shapes)")
+        print(
+            f"  {' '.join(k):62s} rows {len(v):3d} median error {np.median(v):+.0%} median |error| "
+            f"{np.median(np.abs(v)):.0%}"
+        )
+    print(
+        "silicon samples, TPOT: "
+        + json.dumps(summarise_serving(sres))
+        + f"; set aside: {len(skipped)} (inconsistent shapes)"
+    )
     for r in sres:
         if r.predicted is None:
             print(f"  not predicted: {r.row.id}: {r.error[:150]}")

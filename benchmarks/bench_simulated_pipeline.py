@@ -38,16 +38,40 @@ def _compare(prep, layouts) -> dict:
     t_one = t_tab = 0.0
     for lay in layouts:
         t0 = time.perf_counter()
-        one = estimate(prep.model, prep.cluster, prep.workload, lay, calibration=prep.calibration, memory_headroom=prep.config.memory_headroom)
+        one = estimate(
+            prep.model,
+            prep.cluster,
+            prep.workload,
+            lay,
+            calibration=prep.calibration,
+            memory_headroom=prep.config.memory_headroom,
+        )
         t1 = time.perf_counter()
-        tab = estimate_table(prep.model, prep.cluster, prep.workload, LayoutTable.from_layouts([lay]), calibration=prep.calibration,
-                             memory_headroom=prep.config.memory_headroom).row(0, lay)
+        tab = estimate_table(
+            prep.model,
+            prep.cluster,
+            prep.workload,
+            LayoutTable.from_layouts([lay]),
+            calibration=prep.calibration,
+            memory_headroom=prep.config.memory_headroom,
+        ).row(0, lay)
         t2 = time.perf_counter()
         t_one, t_tab = t_one + t1 - t0, t_tab + t2 - t1
         d = one.step_time_s / tab.step_time_s - 1
         diffs.append(d)
-        worst.append((abs(d), d, lay.label, lay.recompute_label, lay.vpp, lay.num_layers_in_first_pipeline_stage, lay.num_layers_in_last_pipeline_stage,
-                      tab.time["pp_bubble"] / tab.step_time_s, one.time["pp_bubble"] / one.step_time_s))
+        worst.append(
+            (
+                abs(d),
+                d,
+                lay.label,
+                lay.recompute_label,
+                lay.vpp,
+                lay.num_layers_in_first_pipeline_stage,
+                lay.num_layers_in_last_pipeline_stage,
+                tab.time["pp_bubble"] / tab.step_time_s,
+                one.time["pp_bubble"] / one.step_time_s,
+            )
+        )
     worst.sort(reverse=True)
     a = np.abs(diffs)
     return {
@@ -58,8 +82,18 @@ def _compare(prep, layouts) -> dict:
         "p95_abs_rel_diff": float(np.percentile(a, 95)),
         "share_simulation_faster": float(np.mean(np.array(diffs) < 0)),
         "share_within_1e-9": float(np.mean(a < 1e-9)),
-        "most_different": [{"rel_diff": w[1], "layout": w[2], "recompute": w[3], "vpp": w[4], "first_last": f"{w[5]}/{w[6]}",
-                            "bubble_closed_form": w[7], "bubble_simulated": w[8]} for w in worst[:5]],
+        "most_different": [
+            {
+                "rel_diff": w[1],
+                "layout": w[2],
+                "recompute": w[3],
+                "vpp": w[4],
+                "first_last": f"{w[5]}/{w[6]}",
+                "bubble_closed_form": w[7],
+                "bubble_simulated": w[8],
+            }
+            for w in worst[:5]
+        ],
         "estimate_ms_per_layout": 1e3 * t_one / len(diffs),
         "table_row_ms_per_layout": 1e3 * t_tab / len(diffs),
     }
@@ -82,7 +116,14 @@ def main() -> None:
         rng = np.random.default_rng(0)
         fit = np.flatnonzero(prep.fits)
         rows = rng.choice(fit, size=min(a.sample, len(fit)), replace=False)
-        print(json.dumps({"set": f"random candidates (seed 0) of {len(fit):,}", **_compare(prep, [prep.enumeration.valid.row(int(i)) for i in rows])}))
+        print(
+            json.dumps(
+                {
+                    "set": f"random candidates (seed 0) of {len(fit):,}",
+                    **_compare(prep, [prep.enumeration.valid.row(int(i)) for i in rows]),
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

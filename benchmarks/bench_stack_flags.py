@@ -11,7 +11,8 @@ counts) cannot be typed as flags and are listed as skipped.
 
 Usage::
 
-    python benchmarks/bench_stack_flags.py benchmarks/results/h200_te_*/*/sweep.jsonl benchmarks/results/h200_te_*/*/*/sweep.jsonl \
+    python benchmarks/bench_stack_flags.py benchmarks/results/h200_te_*/*/sweep.jsonl \
+        benchmarks/results/h200_te_*/*/*/sweep.jsonl \
         --out benchmarks/results/stack_flags/rows.json
 """
 
@@ -64,10 +65,31 @@ def non_default(harness: dict[str, Any], options: dict[str, Any]) -> list[str]:
 
 def layout_flags(lay: dict[str, Any]) -> list[str]:
     """``tune estimate``'s layout flags for a row's layout."""
-    f = ["--tp", str(lay["tp"]), "--pp", str(lay["pp"]), "--vpp", str(lay["vpp"]), "--cp", str(lay["cp"]), "--ep", str(lay["ep"]),
-         "--etp", str(lay["etp"]), "--mbs", str(lay["micro_batch_size"]), "--dispatcher", lay["dispatcher"],
-         "--recompute", lay["recompute_granularity"], "--optimizer-offload-fraction", str(lay["optimizer_offload_fraction"]),
-         "--exp-avg-dtype", lay["exp_avg_dtype"], "--sequence-parallel" if lay["sequence_parallel"] else "--no-sequence-parallel"]
+    f = [
+        "--tp",
+        str(lay["tp"]),
+        "--pp",
+        str(lay["pp"]),
+        "--vpp",
+        str(lay["vpp"]),
+        "--cp",
+        str(lay["cp"]),
+        "--ep",
+        str(lay["ep"]),
+        "--etp",
+        str(lay["etp"]),
+        "--mbs",
+        str(lay["micro_batch_size"]),
+        "--dispatcher",
+        lay["dispatcher"],
+        "--recompute",
+        lay["recompute_granularity"],
+        "--optimizer-offload-fraction",
+        str(lay["optimizer_offload_fraction"]),
+        "--exp-avg-dtype",
+        lay["exp_avg_dtype"],
+        "--sequence-parallel" if lay["sequence_parallel"] else "--no-sequence-parallel",
+    ]
     if lay["recompute_granularity"] == "full":
         f += ["--recompute-method", lay["recompute_method"], "--recompute-num-layers", str(lay["recompute_num_layers"])]
     if lay["recompute_granularity"] == "selective":
@@ -75,8 +97,12 @@ def layout_flags(lay: dict[str, Any]) -> list[str]:
     if not lay["use_precision_aware_optimizer"]:
         f.append("--no-precision-aware-optimizer")
     if lay["num_layers_in_first_pipeline_stage"] or lay["num_layers_in_last_pipeline_stage"]:
-        f += ["--first-stage-layers", str(lay["num_layers_in_first_pipeline_stage"]),
-              "--last-stage-layers", str(lay["num_layers_in_last_pipeline_stage"])]
+        f += [
+            "--first-stage-layers",
+            str(lay["num_layers_in_first_pipeline_stage"]),
+            "--last-stage-layers",
+            str(lay["num_layers_in_last_pipeline_stage"]),
+        ]
     return f
 
 
@@ -100,8 +126,15 @@ def main(argv: list[str] | None = None) -> int:
             o = r.get("options") or {}
             if r.get("status") != "ok" or not h.get("use_transformer_engine") or not non_default(h, o):
                 continue
-            where = f"{'/'.join(path.parts[-4:-1] if path.parent.name == 'sweep' else path.parts[-3:-1])}/{path.name}:{i}"
-            key = (r["model"], json.dumps(r["layout"], sort_keys=True), json.dumps(h, sort_keys=True), r["peak_reserved_gib"])
+            where = (
+                f"{'/'.join(path.parts[-4:-1] if path.parent.name == 'sweep' else path.parts[-3:-1])}/{path.name}:{i}"
+            )
+            key = (
+                r["model"],
+                json.dumps(r["layout"], sort_keys=True),
+                json.dumps(h, sort_keys=True),
+                r["peak_reserved_gib"],
+            )
             if key in seen:  # a row that repeats another's measurement to the last digit counts once
                 continue
             seen.add(key)
@@ -109,8 +142,20 @@ def main(argv: list[str] | None = None) -> int:
                 skipped.append({"row": where, "why": "model overrides (not a flag)"})
                 continue
             name, _, rest = r["model"].partition("[")
-            cmd = ["estimate", "--model", name, "--gpus", r["gpus"], "--seq-len", str(r["seq_length"]),
-                   "--global-batch", str(r["global_batch_size"]), "--precision", r["precision"], "--json"]
+            cmd = [
+                "estimate",
+                "--model",
+                name,
+                "--gpus",
+                r["gpus"],
+                "--seq-len",
+                str(r["seq_length"]),
+                "--global-batch",
+                str(r["global_batch_size"]),
+                "--precision",
+                r["precision"],
+                "--json",
+            ]
             if rest:
                 cmd += ["--layers", rest.split()[0]]
             cmd += layout_flags(r["layout"]) + run_flags(h, o, r["precision"])
@@ -120,17 +165,36 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             pred = json.loads(res.output)["peak_gib"]
             meas = r["peak_reserved_gib"]
-            rows.append({"row": where, "case": r.get("case"), "model": r["model"], "precision": r["precision"],
-                         "settings": non_default(h, o), "command": "tune " + " ".join(cmd),
-                         "measured_reserved_gib": round(meas, 3), "predicted_gib": round(pred, 3), "error": round(pred / meas - 1, 4)})
+            rows.append(
+                {
+                    "row": where,
+                    "case": r.get("case"),
+                    "model": r["model"],
+                    "precision": r["precision"],
+                    "settings": non_default(h, o),
+                    "command": "tune " + " ".join(cmd),
+                    "measured_reserved_gib": round(meas, 3),
+                    "predicted_gib": round(pred, 3),
+                    "error": round(pred / meas - 1, 4),
+                }
+            )
     errs = [abs(x["error"]) for x in rows]
-    summary = {"rows": len(rows), "median_abs_error": round(statistics.median(errs), 4) if errs else None,
-               "max_abs_error": round(max(errs), 4) if errs else None, "skipped": skipped}
+    summary = {
+        "rows": len(rows),
+        "median_abs_error": round(statistics.median(errs), 4) if errs else None,
+        "max_abs_error": round(max(errs), 4) if errs else None,
+        "skipped": skipped,
+    }
     for x in rows:
-        print(f"{x['row']:<44} {x['case']:<20} {', '.join(x['settings']):<28} measured {x['measured_reserved_gib']:7.2f} "
-              f"predicted {x['predicted_gib']:7.2f} GiB {x['error']:+.1%}")
-    print(f"{summary['rows']} rows: median |error| {summary['median_abs_error']:.1%}, max {summary['max_abs_error']:.1%}; "
-          f"skipped {len(skipped)}")
+        print(
+            f"{x['row']:<44} {x['case']:<20} {', '.join(x['settings']):<28} measured {x['measured_reserved_gib']:7.2f} "
+            f"predicted {x['predicted_gib']:7.2f} GiB {x['error']:+.1%}"
+        )
+    print(
+        f"{summary['rows']} rows: median |error| {summary['median_abs_error']:.1%}, max "
+        f"{summary['max_abs_error']:.1%}; "
+        f"skipped {len(skipped)}"
+    )
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1) + "\n")

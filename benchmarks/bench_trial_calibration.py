@@ -43,8 +43,8 @@ judge set (out-of-sample), the targets on the judge set, and the judge rows with
 errors (labels: GPUs, slice depth, row number, layout, micro-batch size, token dispatcher,
 recompute, ``no-distopt``); ``--json`` has the files (rows kept, skipped and why) under
 ``data``, the rows of each set under ``sets``, the rows the mapping changed under
-``harness_layout_changed`` and the targets under ``targets_judge_set``. The default mode predicts its rows the same way (its 4-GPU rows are 4-layer slices with the
-precision-aware optimizer already off, so the mapping changes none of them).
+``harness_layout_changed`` and the targets under ``targets_judge_set``. The default mode predicts its rows the same way
+(its 4-GPU rows are 4-layer slices with the precision-aware optimizer already off, so the mapping changes none of them).
 """
 
 from __future__ import annotations
@@ -77,9 +77,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 FIXTURE = ROOT / "tests" / "fixtures" / "h200_minimax_slice.jsonl"
-STACK_NOTE = ("fitted to real trials of megatron-core 0.19.2 WITHOUT Transformer Engine (local spec, SDPA attention, "
-              "experts as SequentialMLP: a per-expert loop, no grouped GEMM) on H200; describes that stack, not the TE stack "
-              "of the shipped calibration")
+STACK_NOTE = (
+    "fitted to real trials of megatron-core 0.19.2 WITHOUT Transformer Engine (local spec, SDPA attention, "
+    "experts as SequentialMLP: a per-expert loop, no grouped GEMM) on H200; describes that stack, not the TE stack "
+    "of the shipped calibration"
+)
 TARGETS = {"peak_reserved_median": 0.05, "peak_reserved_max": 0.10, "step_median": 0.10, "spearman": 0.9}
 NO_TE = HarnessEnv(transformer_engine=False)
 """The environment these trials ran in (STACK_NOTE): what :func:`harness_layout` maps a listed layout through."""
@@ -103,7 +105,8 @@ def row_model(row: dict[str, Any], layers: int) -> tuple[str, int]:
 
 
 def ran_layout(row: dict[str, Any]) -> Layout:
-    """The row's layout as the harness ran it (no Transformer Engine: precision-aware optimizer off unless offloaded)."""
+    """The row's layout as the harness ran it (no Transformer Engine: precision-aware optimizer off unless
+    offloaded)."""
     return harness_layout(Layout.from_dict(row["layout"]), NO_TE)
 
 
@@ -132,7 +135,9 @@ def _row_problem(r: Any, layers: int) -> str | None:
     return f"breaks rule {broken[0][0]}" if broken else None
 
 
-def read_data_rows(path: Path, gpus: Sequence[str] | None = None, layers: int = 4) -> tuple[list[dict[str, Any]], dict[str, int]]:
+def read_data_rows(
+    path: Path, gpus: Sequence[str] | None = None, layers: int = 4
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Finished rows of ``path`` (of ``gpus`` when given), each with ``_id`` (file#n), and why the others were skipped.
 
     Raises:
@@ -182,7 +187,13 @@ def long_label(row: dict[str, Any], layers: int) -> str:
     """``4xH200 L4 #3 TP1 PP1 EP4 DP4 mbs1 a2a full``: GPUs, slice depth, row, layout, micro-batch size, then the
     token dispatcher (a2a / allgather / ..., where experts are split), recompute and ``no-distopt`` where they apply."""
     lay = Layout.from_dict(row["layout"])
-    parts = [row["gpus"], f"L{row_model(row, layers)[1]}", f"#{row['n']}", row.get("label") or lay.label, f"mbs{lay.micro_batch_size}"]
+    parts = [
+        row["gpus"],
+        f"L{row_model(row, layers)[1]}",
+        f"#{row['n']}",
+        row.get("label") or lay.label,
+        f"mbs{lay.micro_batch_size}",
+    ]
     if lay.ep > 1 or lay.etp > 1:
         parts.append({"alltoall": "a2a"}.get(_value(lay.dispatcher), _value(lay.dispatcher)))
     if _value(lay.recompute_granularity) != "none":
@@ -201,8 +212,17 @@ def observations(rows: list[dict[str, Any]], layers: int, peak: str, long_labels
         cluster = parse_gpus(r["gpus"])
         w = Workload(seq_length=r["seq_length"], global_batch_size=r["global_batch_size"])
         label = long_label(r, layers) if long_labels else f"#{r['n']} {r['label']}"
-        out.append(Observation(model=model, cluster=cluster, workload=w, layout=ran_layout(r),
-                               step_time_s=float(r["step_time_s"]), peak_gib=float(r[peak]), label=label))
+        out.append(
+            Observation(
+                model=model,
+                cluster=cluster,
+                workload=w,
+                layout=ran_layout(r),
+                step_time_s=float(r["step_time_s"]),
+                peak_gib=float(r[peak]),
+                label=label,
+            )
+        )
     return out
 
 
@@ -217,51 +237,93 @@ def scores(obs: list[Observation], rows: list[dict[str, Any]], cal: Calibration)
     alloc = np.array([r["peak_allocated_gib"] for r in rows])
     es, er, ea = _err(step, ms), _err(peak, res), _err(peak, alloc)
     return {
-        "step_median": float(np.median(es)), "step_max": float(es.max()), "spearman": spearman(step, ms),
-        "peak_reserved_median": float(np.median(er)), "peak_reserved_max": float(er.max()),
-        "peak_allocated_median": float(np.median(ea)), "peak_allocated_max": float(ea.max()),
-        "rows": [{"row": r.get("_id", r["n"]), "label": o.label, "pred_step_s": round(float(s), 3), "step_s": round(float(m), 3),
-                  "pred_peak_gib": round(float(p), 1), "reserved_gib": round(float(v), 1), "allocated_gib": round(float(a), 1)}
-                 for r, o, s, m, p, v, a in zip(rows, obs, step, ms, peak, res, alloc)],
+        "step_median": float(np.median(es)),
+        "step_max": float(es.max()),
+        "spearman": spearman(step, ms),
+        "peak_reserved_median": float(np.median(er)),
+        "peak_reserved_max": float(er.max()),
+        "peak_allocated_median": float(np.median(ea)),
+        "peak_allocated_max": float(ea.max()),
+        "rows": [
+            {
+                "row": r.get("_id", r["n"]),
+                "label": o.label,
+                "pred_step_s": round(float(s), 3),
+                "step_s": round(float(m), 3),
+                "pred_peak_gib": round(float(p), 1),
+                "reserved_gib": round(float(v), 1),
+                "allocated_gib": round(float(a), 1),
+            }
+            for r, o, s, m, p, v, a in zip(rows, obs, step, ms, peak, res, alloc)
+        ],
     }
 
 
 def targets(s: dict[str, Any]) -> dict[str, Any]:
-    return {k: {"value": round(s[k], 4), "target": v, "met": bool(s[k] >= v if k == "spearman" else s[k] <= v)} for k, v in TARGETS.items()}
+    return {
+        k: {"value": round(s[k], 4), "target": v, "met": bool(s[k] >= v if k == "spearman" else s[k] <= v)}
+        for k, v in TARGETS.items()
+    }
 
 
 def write_calibration(out: str, data: Any, fit_rows: list[Any], result: dict[str, Any]) -> None:
     import yaml
 
-    doc = {"provenance": {"stack": STACK_NOTE, "data": data, "fit_rows": fit_rows,
-                          "command": "python benchmarks/bench_trial_calibration.py " + " ".join(sys.argv[1:]),
-                          "date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, Python {platform.python_version()}",
-                          "memory_target": "peak reserved memory (torch.cuda.max_memory_reserved, max over ranks)"},
-           "constants": {**result["fitted_step"], **result["fitted_memory_reserved"]}}
+    doc = {
+        "provenance": {
+            "stack": STACK_NOTE,
+            "data": data,
+            "fit_rows": fit_rows,
+            "command": "python benchmarks/bench_trial_calibration.py " + " ".join(sys.argv[1:]),
+            "date": datetime.date.today().isoformat(),
+            "machine": f"{platform.machine()}, Python {platform.python_version()}",
+            "memory_target": "peak reserved memory (torch.cuda.max_memory_reserved, max over ranks)",
+        },
+        "constants": {**result["fitted_step"], **result["fitted_memory_reserved"]},
+    }
     Path(out).write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
 def print_fit(result: dict[str, Any], judge_name: str) -> None:
     """The fitted constants, the before/after table of both sets and the targets on the judge set."""
     print("fitted (step time): " + ", ".join(f"{k}={v:.4g}" for k, v in result["fitted_step"].items()))
-    print("fitted (reserved peak): " + ", ".join(f"{k}={v / 2**30 if k.endswith('bytes') or k.endswith('communicator') else v:.4g}{' GiB' if 'bytes' in k else ''}"
-                                                 for k, v in result["fitted_memory_reserved"].items()))
-    hdr = f"{'half':<6} {'calibration':<24} {'step med':>8} {'step max':>8} {'Spearman':>8} {'res med':>8} {'res max':>8} {'alloc med':>9} {'alloc max':>9}"
+    print(
+        "fitted (reserved peak): "
+        + ", ".join(
+            f"{k}={v / 2**30 if k.endswith('bytes') or k.endswith('communicator') else v:.4g}"
+            f"{' GiB' if 'bytes' in k else ''}"
+            for k, v in result["fitted_memory_reserved"].items()
+        )
+    )
+    hdr = (
+        f"{'half':<6} {'calibration':<24} {'step med':>8} {'step max':>8} {'Spearman':>8} {'res med':>8} "
+        f"{'res max':>8} {'alloc med':>9} {'alloc max':>9}"
+    )
     print(hdr)
     for h in ("fit", "judge"):
         for k, name in (("before", "shipped"), ("after", "fitted (reserved)")):
             s = result["scores"][h][k]
-            print(f"{h:<6} {name:<24} {s['step_median']:>8.1%} {s['step_max']:>8.1%} {s['spearman']:>8.3f} {s['peak_reserved_median']:>8.1%} "
-                  f"{s['peak_reserved_max']:>8.1%} {s['peak_allocated_median']:>9.1%} {s['peak_allocated_max']:>9.1%}")
+            print(
+                f"{h:<6} {name:<24} {s['step_median']:>8.1%} {s['step_max']:>8.1%} {s['spearman']:>8.3f} "
+                f"{s['peak_reserved_median']:>8.1%} "
+                f"{s['peak_reserved_max']:>8.1%} {s['peak_allocated_median']:>9.1%} {s['peak_allocated_max']:>9.1%}"
+            )
         s = result["scores"][h]["after_allocated_fit"]
-        print(f"{h:<6} {'memory fit to allocated':<24} {'':>8} {'':>8} {'':>8} {'':>8} {'':>8} {s['peak_allocated_median']:>9.1%} {s['peak_allocated_max']:>9.1%}")
+        print(
+            f"{h:<6} {'memory fit to allocated':<24} {'':>8} {'':>8} {'':>8} {'':>8} {'':>8} "
+            f"{s['peak_allocated_median']:>9.1%} {s['peak_allocated_max']:>9.1%}"
+        )
     print(f"{judge_name} (out-of-sample) after calibration, against the issue's targets:")
     for k, t in result["targets_" + judge_name.replace(" ", "_")].items():
-        print(f"  {k}: {t['value']:.3f} (target {'>=' if k == 'spearman' else '<='} {t['target']}) {'met' if t['met'] else 'MISSED'}")
+        print(
+            f"  {k}: {t['value']:.3f} (target {'>=' if k == 'spearman' else '<='} {t['target']}) "
+            f"{'met' if t['met'] else 'MISSED'}"
+        )
 
 
-def fit_and_score(sets: dict[str, tuple[list[Observation], list[dict[str, Any]]]], fit_alloc_obs: list[Observation],
-                  max_nfev: int) -> dict[str, Any]:
+def fit_and_score(
+    sets: dict[str, tuple[list[Observation], list[dict[str, Any]]]], fit_alloc_obs: list[Observation], max_nfev: int
+) -> dict[str, Any]:
     """Fit on ``sets["fit"]`` (step time, then peak reserved; a second memory fit to ``fit_alloc_obs``, the same rows
     against peak allocated) from the shipped calibration; score every set before and after."""
     base = DEFAULT_CALIBRATION
@@ -275,23 +337,53 @@ def fit_and_score(sets: dict[str, tuple[list[Observation], list[dict[str, Any]]]
     }
     for name, (o, r) in sets.items():
         after_alloc = scores(o, r, fit_alloc.calibration)
-        out["scores"][name] = {"before": scores(o, r, base), "after": scores(o, r, fit.calibration),
-                               "after_allocated_fit": {k: after_alloc[k] for k in ("peak_allocated_median", "peak_allocated_max")}}
+        out["scores"][name] = {
+            "before": scores(o, r, base),
+            "after": scores(o, r, fit.calibration),
+            "after_allocated_fit": {k: after_alloc[k] for k in ("peak_allocated_median", "peak_allocated_max")},
+        }
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default=None, help=f"default mode: the measurements to split in halves (default {rel(FIXTURE)})")
+    ap.add_argument(
+        "--data", default=None, help=f"default mode: the measurements to split in halves (default {rel(FIXTURE)})"
+    )
     ap.add_argument("--layers", type=int, default=4, help="slice depth of rows whose model field gives none")
     ap.add_argument("--reverse", action="store_true", help="fit on the judge half and judge on the fit half")
-    ap.add_argument("--fit-data", nargs="+", metavar="FILE", default=None,
-                    help="extrapolation mode: fit on the finished rows of these files (with --judge-data)")
-    ap.add_argument("--judge-data", nargs="+", metavar="FILE", default=None, help="extrapolation mode: judge on the finished rows of these files")
-    ap.add_argument("--fit-gpus", nargs="+", metavar="GPUS", default=None, help="only rows of --fit-data with these gpus fields (e.g. 2xH200)")
-    ap.add_argument("--judge-gpus", nargs="+", metavar="GPUS", default=None, help="only rows of --judge-data with these gpus fields (e.g. 4xH200)")
+    ap.add_argument(
+        "--fit-data",
+        nargs="+",
+        metavar="FILE",
+        default=None,
+        help="extrapolation mode: fit on the finished rows of these files (with --judge-data)",
+    )
+    ap.add_argument(
+        "--judge-data",
+        nargs="+",
+        metavar="FILE",
+        default=None,
+        help="extrapolation mode: judge on the finished rows of these files",
+    )
+    ap.add_argument(
+        "--fit-gpus",
+        nargs="+",
+        metavar="GPUS",
+        default=None,
+        help="only rows of --fit-data with these gpus fields (e.g. 2xH200)",
+    )
+    ap.add_argument(
+        "--judge-gpus",
+        nargs="+",
+        metavar="GPUS",
+        default=None,
+        help="only rows of --judge-data with these gpus fields (e.g. 4xH200)",
+    )
     ap.add_argument("--max-nfev", type=int, default=200)
-    ap.add_argument("--out", default=None, help="write the calibration fitted to the fit half (step time + reserved memory) here")
+    ap.add_argument(
+        "--out", default=None, help="write the calibration fitted to the fit half (step time + reserved memory) here"
+    )
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.max_nfev < 1:
@@ -302,9 +394,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--fit-data and --judge-data go together")
     if a.fit_data is not None:
         if a.data is not None:
-            ap.error("--data (halves of one file) and --fit-data/--judge-data (fit on some files, judge on others) are different modes")
+            ap.error(
+                "--data (halves of one file) and --fit-data/--judge-data (fit on some files, judge on others) are "
+                "different modes"
+            )
         if a.reverse:
-            ap.error("--reverse splits halves of --data; to reverse the extrapolation, swap --fit-data and --judge-data")
+            ap.error(
+                "--reverse splits halves of --data; to reverse the extrapolation, swap --fit-data and --judge-data"
+            )
         return extrapolate(a)
     if a.fit_gpus or a.judge_gpus:
         ap.error("--fit-gpus and --judge-gpus go with --fit-data and --judge-data")
@@ -325,13 +422,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.reverse:
         fit_i, judge_i = judge_i, fit_i
     halves = {"fit": fit_i, "judge": judge_i}
-    fitted = fit_and_score({h: ([obs[i] for i in idx], [rows[i] for i in idx]) for h, idx in halves.items()},
-                           observations([rows[i] for i in fit_i], a.layers, "peak_allocated_gib"), a.max_nfev)
+    fitted = fit_and_score(
+        {h: ([obs[i] for i in idx], [rows[i] for i in idx]) for h, idx in halves.items()},
+        observations([rows[i] for i in fit_i], a.layers, "peak_allocated_gib"),
+        a.max_nfev,
+    )
     result: dict[str, Any] = {
-        "data": str(Path(a.data).resolve().relative_to(ROOT)) if Path(a.data).resolve().is_relative_to(ROOT) else a.data,
+        "data": str(Path(a.data).resolve().relative_to(ROOT))
+        if Path(a.data).resolve().is_relative_to(ROOT)
+        else a.data,
         "stack": STACK_NOTE,
-        "split": "finished 4xH200 layouts sorted by step time predicted with the shipped calibration; alternating positions "
-                 + ("1,3,5,... fit, 0,2,4,... judge (--reverse)" if a.reverse else "0,2,4,... fit, 1,3,5,... judge"),
+        "split": "finished 4xH200 layouts sorted by step time predicted with the shipped calibration; alternating "
+        "positions "
+        + ("1,3,5,... fit, 0,2,4,... judge (--reverse)" if a.reverse else "0,2,4,... fit, 1,3,5,... judge"),
         "halves": {h: [rows[i]["n"] for i in idx] for h, idx in halves.items()},
         **fitted,
     }
@@ -347,7 +450,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_fit(result, "judge half")
     print("per row (judge half, after):")
     for r in result["scores"]["judge"]["after"]["rows"]:
-        print(f"  {r['label']:<28} step {r['pred_step_s']:.3f} vs {r['step_s']:.3f} s; peak {r['pred_peak_gib']:.1f} vs reserved {r['reserved_gib']:.1f} / allocated {r['allocated_gib']:.1f} GiB")
+        print(
+            f"  {r['label']:<28} step {r['pred_step_s']:.3f} vs {r['step_s']:.3f} s; peak {r['pred_peak_gib']:.1f} vs "
+            f"reserved {r['reserved_gib']:.1f} / allocated {r['allocated_gib']:.1f} GiB"
+        )
     print(f"({result['seconds']} s)")
     return 0
 
@@ -369,26 +475,42 @@ def extrapolate(a: argparse.Namespace) -> int:
             except (OSError, ValueError) as e:
                 print(f"error: {p}: {e}", file=sys.stderr)
                 return 2
-            files[side].append({"file": rel(p), "rows": len(kept), "kinds": _describe(kept, a.layers), "skipped": skipped})
+            files[side].append(
+                {"file": rel(p), "rows": len(kept), "kinds": _describe(kept, a.layers), "skipped": skipped}
+            )
             rows[side].extend(kept)
     for side in ("fit", "judge"):
         if len(rows[side]) < 3:
-            print(f"error: {len(rows[side])} usable {side} rows in {', '.join(getattr(a, side + '_data'))}; "
-                  "a fit and a Spearman need at least 3", file=sys.stderr)
+            print(
+                f"error: {len(rows[side])} usable {side} rows in {', '.join(getattr(a, side + '_data'))}; "
+                "a fit and a Spearman need at least 3",
+                file=sys.stderr,
+            )
             return 2
     both = sorted({r["_id"] for r in rows["fit"]} & {r["_id"] for r in rows["judge"]})
     if both:
-        print(f"error: {len(both)} rows are in both the fit and the judge set (e.g. {both[0]}): the judge set would not be "
-              "out-of-sample; give disjoint files or --fit-gpus / --judge-gpus that split them", file=sys.stderr)
+        print(
+            f"error: {len(both)} rows are in both the fit and the judge set (e.g. {both[0]}): the judge set would not "
+            "be "
+            "out-of-sample; give disjoint files or --fit-gpus / --judge-gpus that split them",
+            file=sys.stderr,
+        )
         return 2
     obs = {side: observations(rows[side], a.layers, "peak_reserved_gib", long_labels=True) for side in rows}
-    mapped = {side: [long_label(r, a.layers) for r in rows[side] if ran_layout(r) != Layout.from_dict(r["layout"])] for side in rows}
-    fitted = fit_and_score({side: (obs[side], rows[side]) for side in ("fit", "judge")},
-                           observations(rows["fit"], a.layers, "peak_allocated_gib", long_labels=True), a.max_nfev)
+    mapped = {
+        side: [long_label(r, a.layers) for r in rows[side] if ran_layout(r) != Layout.from_dict(r["layout"])]
+        for side in rows
+    }
+    fitted = fit_and_score(
+        {side: (obs[side], rows[side]) for side in ("fit", "judge")},
+        observations(rows["fit"], a.layers, "peak_allocated_gib", long_labels=True),
+        a.max_nfev,
+    )
     result: dict[str, Any] = {
         "data": files,
         "stack": STACK_NOTE,
-        "split": "extrapolation: fit on every finished row of the fit files, judge on every finished row of the judge files",
+        "split": "extrapolation: fit on every finished row of the fit files, judge on every finished row of the judge "
+        "files",
         "sets": {side: [r["_id"] for r in rows[side]] for side in rows},
         "harness_layout_changed": mapped,
         **fitted,
@@ -396,7 +518,9 @@ def extrapolate(a: argparse.Namespace) -> int:
     result["targets_judge_set"] = targets(result["scores"]["judge"]["after"])
     result["seconds"] = round(time.perf_counter() - t0, 1)
     if a.out:
-        write_calibration(a.out, {side: [f["file"] for f in files[side]] for side in files}, result["sets"]["fit"], result)
+        write_calibration(
+            a.out, {side: [f["file"] for f in files[side]] for side in files}, result["sets"]["fit"], result
+        )
     if a.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -407,15 +531,21 @@ def extrapolate(a: argparse.Namespace) -> int:
             print(f"  {f['file']}: {f['rows']} rows ({f['kinds'] or 'none'}){skip}")
     print(f"stack: {STACK_NOTE}")
     print(f"split: {result['split']}")
-    print("layouts as the harness ran them (no TE: precision-aware optimizer off unless offloaded): changed "
-          + "; ".join(f"{len(mapped[side])} of {len(rows[side])} {side} rows" for side in ("fit", "judge")))
+    print(
+        "layouts as the harness ran them (no TE: precision-aware optimizer off unless offloaded): changed "
+        + "; ".join(f"{len(mapped[side])} of {len(rows[side])} {side} rows" for side in ("fit", "judge"))
+    )
     print_fit(result, "judge set")
     print("per row (judge set, after; error = predicted / measured - 1):")
     w = max(len(r["label"]) for r in result["scores"]["judge"]["after"]["rows"])
     for r in result["scores"]["judge"]["after"]["rows"]:
-        print(f"  {r['label']:<{w}} step {r['pred_step_s']:.3f} vs {r['step_s']:.3f} s ({r['pred_step_s'] / r['step_s'] - 1:+.1%}); "
-              f"peak {r['pred_peak_gib']:.1f} vs reserved {r['reserved_gib']:.1f} ({r['pred_peak_gib'] / r['reserved_gib'] - 1:+.1%}) "
-              f"/ allocated {r['allocated_gib']:.1f} GiB")
+        print(
+            f"  {r['label']:<{w}} step {r['pred_step_s']:.3f} vs {r['step_s']:.3f} s "
+            f"({r['pred_step_s'] / r['step_s'] - 1:+.1%}); "
+            f"peak {r['pred_peak_gib']:.1f} vs reserved {r['reserved_gib']:.1f} "
+            f"({r['pred_peak_gib'] / r['reserved_gib'] - 1:+.1%}) "
+            f"/ allocated {r['allocated_gib']:.1f} GiB"
+        )
     print(f"({result['seconds']} s)")
     return 0
 

@@ -8,7 +8,8 @@
 Builds the space as the main job does for ``--stack slime`` and the ``model`` backend (see
 ``benchmarks/bench_main_job.py --floor``) and prints one JSON line: layouts considered / valid / fitting, the
 bytes per row of the valid layout table, seconds (wall and this process's CPU) and the process's peak resident
-memory (GiB) after enumerating and after estimating, and the load average over the last minute. Run it under ``/usr/bin/time -v`` for the whole process.
+memory (GiB) after enumerating and after estimating, and the load average over the last minute. Run it under
+``/usr/bin/time -v`` for the whole process.
 """
 
 from __future__ import annotations
@@ -57,14 +58,28 @@ def main() -> None:
     t1, c1, m1 = time.perf_counter(), time.process_time(), _peak_gib()
     est = estimate_table(model, cluster, w, en.valid, options=DEFAULT_RUN_OPTIONS)
     t2, c2, m2 = time.perf_counter(), time.process_time(), _peak_gib()
-    print(json.dumps({
-        "benchmark": "wide_space", "space": str(a.space), "model": a.model, "gpus": a.gpus, "considered": en.considered,
-        "valid": len(en.valid), "fit": int(est.fits.sum()),
-        "table_bytes_per_row": round(_table_bytes(en.valid) / max(len(en.valid), 1), 1),
-        "enumerate_s": round(t1 - t0, 2), "enumerate_cpu_s": round(c1 - c0, 2), "peak_gib_after_enumerate": m1,
-        "estimate_s": round(t2 - t1, 2), "estimate_cpu_s": round(c2 - c1, 2), "peak_gib": m2,
-        "total_s": round(t2 - t0, 2), "load_avg_1m": round(os.getloadavg()[0], 2),
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "wide_space",
+                "space": str(a.space),
+                "model": a.model,
+                "gpus": a.gpus,
+                "considered": en.considered,
+                "valid": len(en.valid),
+                "fit": int(est.fits.sum()),
+                "table_bytes_per_row": round(_table_bytes(en.valid) / max(len(en.valid), 1), 1),
+                "enumerate_s": round(t1 - t0, 2),
+                "enumerate_cpu_s": round(c1 - c0, 2),
+                "peak_gib_after_enumerate": m1,
+                "estimate_s": round(t2 - t1, 2),
+                "estimate_cpu_s": round(c2 - c1, 2),
+                "peak_gib": m2,
+                "total_s": round(t2 - t0, 2),
+                "load_avg_1m": round(os.getloadavg()[0], 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -22,16 +22,33 @@ from urllib.parse import quote
 
 
 def _render(page: Path, fragment: str) -> tuple[str, list[str]]:
-    cmd = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0", "--virtual-time-budget=8000",
-           "--dump-dom", page.resolve().as_uri() + fragment]
+    cmd = [
+        "chromium",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--virtual-time-budget=8000",
+        "--dump-dom",
+        page.resolve().as_uri() + fragment,
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     console = [line for line in p.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
     return p.stdout, console
 
 
-def _expected(rows: list[dict], dispatcher: str = "", recompute: str = "", pp: str = "", near: float = 5.0) -> int | None:
-    keep = [r for r in rows if (not dispatcher or r["dispatcher"] == dispatcher) and (not recompute or r["recompute"] == recompute)
-            and (not pp or str(r["pp"]) == pp) and r["tps"] is not None]
+def _expected(
+    rows: list[dict], dispatcher: str = "", recompute: str = "", pp: str = "", near: float = 5.0
+) -> int | None:
+    keep = [
+        r
+        for r in rows
+        if (not dispatcher or r["dispatcher"] == dispatcher)
+        and (not recompute or r["recompute"] == recompute)
+        and (not pp or str(r["pp"]) == pp)
+        and r["tps"] is not None
+    ]
     if not keep:
         return None
     best = max(r["tps"] for r in keep)
@@ -48,12 +65,21 @@ def main() -> int:
         print("chromium is not installed (apt-get install chromium)", file=sys.stderr)
         return 2
     text = a.page.read_text(encoding="utf-8")
-    data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', text, re.S).group(1).replace("<\\/", "</"))
+    data = json.loads(
+        re.search(r'<script type="application/json" id="report-data">(.*?)</script>', text, re.S)
+        .group(1)
+        .replace("<\\/", "</")
+    )
     rows = data["rows"]
     disp = sorted({r["dispatcher"] for r in rows})
     pps = sorted({str(r["pp"]) for r in rows})
-    cases = [{}, {"dispatcher": disp[0]}, {"pp": pps[0], "near": 10.0}, {"dispatcher": disp[-1], "pp": pps[-1], "near": 10.0},
-             {"recompute": rows[0]["recompute"]}]
+    cases = [
+        {},
+        {"dispatcher": disp[0]},
+        {"pp": pps[0], "near": 10.0},
+        {"dispatcher": disp[-1], "pp": pps[-1], "near": 10.0},
+        {"recompute": rows[0]["recompute"]},
+    ]
     failed = 0
     for case in cases:
         frag = "#" + "&".join(f"{k}={quote(str(v))}" for k, v in case.items()) if case else ""
@@ -66,11 +92,34 @@ def main() -> int:
         svg = dom.count("main-svg")
         ok = not console and got == want and svg >= 3
         failed += not ok
-        print(json.dumps({"preset": frag or "(none)", "console_messages": console, "near_answer_trial": got, "expected": want,
-                          "plotly_svgs": svg, "ok": ok}))
+        print(
+            json.dumps(
+                {
+                    "preset": frag or "(none)",
+                    "console_messages": console,
+                    "near_answer_trial": got,
+                    "expected": want,
+                    "plotly_svgs": svg,
+                    "ok": ok,
+                }
+            )
+        )
     if a.screenshot:
-        subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--screenshot={a.screenshot}",
-                        "--window-size=1400,2600", "--virtual-time-budget=8000", a.page.resolve().as_uri()], capture_output=True, timeout=180)
+        subprocess.run(
+            [
+                "chromium",
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                f"--screenshot={a.screenshot}",
+                "--window-size=1400,2600",
+                "--virtual-time-budget=8000",
+                a.page.resolve().as_uri(),
+            ],
+            capture_output=True,
+            timeout=180,
+        )
         print(f"wrote {a.screenshot}")
     return 1 if failed else 0
 

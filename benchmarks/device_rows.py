@@ -38,8 +38,15 @@ def read_rows(path: Path, what: str) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def number(d: dict[str, Any], key: str, where: str, *, positive: bool = True, integer: bool = False,
-           at_most: float | None = None) -> float:
+def number(
+    d: dict[str, Any],
+    key: str,
+    where: str,
+    *,
+    positive: bool = True,
+    integer: bool = False,
+    at_most: float | None = None,
+) -> float:
     """``d[key]`` as a finite number (not a boolean or a string): > 0 when ``positive`` (else >= 0), a whole number
     >= 1 when ``integer``, and at most ``at_most`` when given.
 
@@ -48,7 +55,8 @@ def number(d: dict[str, Any], key: str, where: str, *, positive: bool = True, in
     """
     v = d.get(key)
     want = ("a whole number >= 1" if integer else "a finite number " + ("> 0" if positive else ">= 0")) + (
-        f" and <= {at_most:g}" if at_most is not None else "")
+        f" and <= {at_most:g}" if at_most is not None else ""
+    )
     ok = finite_number(v, positive or integer) and (positive or integer or v >= 0)
     if ok and integer:
         ok = float(v).is_integer()

@@ -8,8 +8,10 @@ asserts the stored digests; a change that is meant to change numbers re-records 
 
     PYTHONPATH=. python benchmarks/estimate_digest.py --write tests/fixtures/estimate_digest.json
     PYTHONPATH=. python benchmarks/estimate_digest.py --check tests/fixtures/estimate_digest.json
-    PYTHONPATH=. python benchmarks/estimate_digest.py --save-arrays /tmp/before.npz   # exact arrays
-    PYTHONPATH=. python benchmarks/estimate_digest.py --compare /tmp/before.npz        # max relative difference per column
+    # exact arrays
+    PYTHONPATH=. python benchmarks/estimate_digest.py --save-arrays /tmp/before.npz
+    # max relative difference per column
+    PYTHONPATH=. python benchmarks/estimate_digest.py --compare /tmp/before.npz
 
 The first case is the main job's: MiniMax-M2 on 64 x H200, seq 8,192, global batch 128, the default
 space as ``--stack slime`` restricts it (348,396 valid layouts). The others cover terms MiniMax-M2 does
@@ -50,14 +52,38 @@ class Case:
 
 CASES = (
     Case("minimax_m2_64xh200_main_job", "MiniMax-M2", "64xH200", drop_allgather=True),
-    Case("deepseek_v3_128xh100_fp8_overlaps", "DeepSeek-V3", "128xH100", seq_length=4096, global_batch_size=512,
-         precision=Precision.fp8,
-         options=RunOptions(moe_router_force_load_balancing=True, overlap_moe_expert_parallel_comm=True,
-                            overlap_grad_reduce=True, tp_comm_overlap=True, cuda_graph_scope=("moe_router",))),
-    Case("llama31_70b_64xh100_fsdp_noTE_cpa2a", "Llama-3.1-70B", "64xH100", seq_length=8192, global_batch_size=64,
-         options=RunOptions(use_megatron_fsdp=True, te_attention=False, cp_comm_type="a2a")),
-    Case("qwen3_235b_72xgb200_mxfp8_graphs", "Qwen3-235B-A22B", "72xGB200", seq_length=4096, global_batch_size=576,
-         precision=Precision.mxfp8, options=RunOptions(cuda_graph_scope=("full_iteration",))),
+    Case(
+        "deepseek_v3_128xh100_fp8_overlaps",
+        "DeepSeek-V3",
+        "128xH100",
+        seq_length=4096,
+        global_batch_size=512,
+        precision=Precision.fp8,
+        options=RunOptions(
+            moe_router_force_load_balancing=True,
+            overlap_moe_expert_parallel_comm=True,
+            overlap_grad_reduce=True,
+            tp_comm_overlap=True,
+            cuda_graph_scope=("moe_router",),
+        ),
+    ),
+    Case(
+        "llama31_70b_64xh100_fsdp_noTE_cpa2a",
+        "Llama-3.1-70B",
+        "64xH100",
+        seq_length=8192,
+        global_batch_size=64,
+        options=RunOptions(use_megatron_fsdp=True, te_attention=False, cp_comm_type="a2a"),
+    ),
+    Case(
+        "qwen3_235b_72xgb200_mxfp8_graphs",
+        "Qwen3-235B-A22B",
+        "72xGB200",
+        seq_length=4096,
+        global_batch_size=576,
+        precision=Precision.mxfp8,
+        options=RunOptions(cuda_graph_scope=("full_iteration",)),
+    ),
 )
 
 
@@ -66,8 +92,12 @@ def columns(est: EstimateTable) -> dict[str, np.ndarray]:
     cols = {f"memory.{k}": v for k, v in est.memory.items()}
     cols.update({f"time.{k}": v for k, v in est.time.items()})
     cols.update(
-        peak_bytes=est.peak_bytes, step_time_s=est.step_time_s, tokens_per_s_per_gpu=est.tokens_per_s_per_gpu,
-        mfu=est.mfu, model_tflops_per_gpu=est.model_tflops_per_gpu, usd_per_million_tokens=est.usd_per_million_tokens,
+        peak_bytes=est.peak_bytes,
+        step_time_s=est.step_time_s,
+        tokens_per_s_per_gpu=est.tokens_per_s_per_gpu,
+        mfu=est.mfu,
+        model_tflops_per_gpu=est.model_tflops_per_gpu,
+        usd_per_million_tokens=est.usd_per_million_tokens,
         fits=est.fits.astype(float),
     )
     return cols
@@ -152,8 +182,17 @@ def main(argv: list[str] | None = None) -> int:
         if a.check:
             with open(a.check) as f:
                 ref = json.load(f)
-            bad = [f"{c}/{k}" for c in ref for k in ref[c]["columns"] if d.get(c, {}).get("columns", {}).get(k) != ref[c]["columns"][k]]
-            bad += [f"{c}: {ref[c]['valid']} -> {d.get(c, {}).get('valid')} layouts" for c in ref if ref[c]["valid"] != d.get(c, {}).get("valid")]
+            bad = [
+                f"{c}/{k}"
+                for c in ref
+                for k in ref[c]["columns"]
+                if d.get(c, {}).get("columns", {}).get(k) != ref[c]["columns"][k]
+            ]
+            bad += [
+                f"{c}: {ref[c]['valid']} -> {d.get(c, {}).get('valid')} layouts"
+                for c in ref
+                if ref[c]["valid"] != d.get(c, {}).get("valid")
+            ]
             print("\n".join(bad) if bad else "all digests match")
             return 1 if bad else 0
     return 0

@@ -68,8 +68,14 @@ def heldout_rows(path: Path) -> list[dict[str, Any]]:
         d = json.loads(line)
         if not (d["predicted"] > 0 and d["published"] > 0):
             continue
-        out.append({"source": "published", "model": d["model"], "family": _family(moe.get(str(d["run_id"]), False), d["precision"]),
-                    "x": math.log(d["published"] / d["predicted"])})
+        out.append(
+            {
+                "source": "published",
+                "model": d["model"],
+                "family": _family(moe.get(str(d["run_id"]), False), d["precision"]),
+                "x": math.log(d["published"] / d["predicted"]),
+            }
+        )
     return out
 
 
@@ -78,14 +84,23 @@ def trial_rows() -> tuple[list[dict[str, Any]], list[float], list[str]]:
     row's job (model and precision: the rows that differ in layout only)."""
     from tuner.validate_trials import predict_trials, read_trials
 
-    files = sorted(glob.glob(str(ROOT / "benchmarks/results/h200_te_*/*/sweep.jsonl")) + glob.glob(str(ROOT / "benchmarks/results/h200_te_*/*/probe*.jsonl")))
+    files = sorted(
+        glob.glob(str(ROOT / "benchmarks/results/h200_te_*/*/sweep.jsonl"))
+        + glob.glob(str(ROOT / "benchmarks/results/h200_te_*/*/probe*.jsonl"))
+    )
     rows, _ = read_trials(files)
     preds = predict_trials(rows)
     tput, mem, jobs = [], [], []
     for p in preds:
         prec = str(getattr(p.row.workload.precision, "value", p.row.workload.precision))
-        tput.append({"source": "h200_trials", "model": p.row.model.name.split("[")[0], "family": _family(bool(p.row.model.num_experts), prec),
-                     "x": math.log(1.0 + p.step_error)})  # measured / predicted tokens/s = predicted / measured step
+        tput.append(
+            {
+                "source": "h200_trials",
+                "model": p.row.model.name.split("[")[0],
+                "family": _family(bool(p.row.model.num_experts), prec),
+                "x": math.log(1.0 + p.step_error),
+            }
+        )  # measured / predicted tokens/s = predicted / measured step
         mem.append(-math.log(1.0 + p.memory_error))
         jobs.append(f"{p.row.model.name}/{prec}")
     return tput, mem, jobs
@@ -117,8 +132,14 @@ def published_memory_bounds() -> list[dict[str, Any]]:
         if r.run_id in fsdp:  # Megatron-FSDP shards what the search space's layouts keep whole: not comparable
             continue
         assert r.cluster is not None and r.model is not None
-        out.append({"model": r.model_name, "family": _family(bool(r.model.num_experts), r.precision),
-                    "bound": math.log(r.cluster.gpu.hbm_bytes / 2**30 / p.peak_gib), "predicted_over_hbm": p.peak_gib > r.cluster.gpu.hbm_bytes / 2**30})
+        out.append(
+            {
+                "model": r.model_name,
+                "family": _family(bool(r.model.num_experts), r.precision),
+                "bound": math.log(r.cluster.gpu.hbm_bytes / 2**30 / p.peak_gib),
+                "predicted_over_hbm": p.peak_gib > r.cluster.gpu.hbm_bytes / 2**30,
+            }
+        )
     return out
 
 
@@ -179,8 +200,14 @@ def judge(rows: list[dict[str, Any]]) -> dict[str, Any]:
             hits.append(hit)
             per_source[r["source"]].append(hit)
             widths.append(math.exp(b["hi"]) - math.exp(b["lo"]))
-    return {"rows": len(hits), "coverage": round(float(np.mean(hits)), 4), "median_width": round(float(np.median(widths)), 4),
-            "coverage_by_source": {k: {"rows": len(v), "coverage": round(float(np.mean(v)), 4)} for k, v in per_source.items()}}
+    return {
+        "rows": len(hits),
+        "coverage": round(float(np.mean(hits)), 4),
+        "median_width": round(float(np.median(widths)), 4),
+        "coverage_by_source": {
+            k: {"rows": len(v), "coverage": round(float(np.mean(v)), 4)} for k, v in per_source.items()
+        },
+    }
 
 
 def memory_band(trial_mem: list[float], bounds: list[dict[str, Any]], shared: float) -> dict[str, dict[str, float]]:
@@ -200,7 +227,13 @@ def memory_band(trial_mem: list[float], bounds: list[dict[str, Any]], shared: fl
         fams[b["family"].split("-")[0]].append(b["bound"])
     for f, x in fams.items():
         lo = float(np.quantile(np.asarray(x), MEMORY_LOW_QUANTILE))
-        out[f] = {"lo": min(lo_trials, lo, 0.0), "hi": hi, "rows": len(x) + len(trial_mem), "sigma": sigma, "shared": shared}
+        out[f] = {
+            "lo": min(lo_trials, lo, 0.0),
+            "hi": hi,
+            "rows": len(x) + len(trial_mem),
+            "sigma": sigma,
+            "shared": shared,
+        }
     return out
 
 
@@ -217,19 +250,34 @@ def main() -> None:
     bounds = published_memory_bounds()
     mem = memory_band(trial_mem, bounds, shared_share(trial_mem, trial_jobs))
     mem_cover = {
-        "published_runs_low_end_at_or_below_hbm": round(float(np.mean([b["bound"] >= _band_of(mem, b["family"])["lo"] for b in bounds])), 4),
+        "published_runs_low_end_at_or_below_hbm": round(
+            float(np.mean([b["bound"] >= _band_of(mem, b["family"])["lo"] for b in bounds])), 4
+        ),
         "published_runs_predicted_over_hbm": sum(b["predicted_over_hbm"] for b in bounds),
         "trial_peaks_at_or_below_high_end": round(float(np.mean([x <= mem["all"]["hi"] for x in trial_mem])), 4),
     }
     result = {
-        "throughput_bands": {k: {"low": round(math.exp(v["lo"]), 4), "high": round(math.exp(v["hi"]), 4), "rows": v["rows"]} for k, v in bands.items()},
-        "memory_bands": {k: {"low": round(math.exp(v["lo"]), 4), "high": round(math.exp(v["hi"]), 4), "sigma": round(v["sigma"], 4),
-                             "shared": round(v["shared"], 2), "rows": v["rows"]} for k, v in mem.items()},
+        "throughput_bands": {
+            k: {"low": round(math.exp(v["lo"]), 4), "high": round(math.exp(v["hi"]), 4), "rows": v["rows"]}
+            for k, v in bands.items()
+        },
+        "memory_bands": {
+            k: {
+                "low": round(math.exp(v["lo"]), 4),
+                "high": round(math.exp(v["hi"]), 4),
+                "sigma": round(v["sigma"], 4),
+                "shared": round(v["shared"], 2),
+                "rows": v["rows"],
+            }
+            for k, v in mem.items()
+        },
         "throughput_judged_leave_one_model_out": judge(rows),
         "memory_checks": mem_cover,
         "rows": {"published_heldout": len(pub), "h200_trials": len(trials), "published_memory_bounds": len(bounds)},
-        "median_abs_error": {"published_heldout": round(statistics.median(abs(math.exp(r["x"]) - 1) for r in pub), 4),
-                             "h200_trials": round(statistics.median(abs(math.exp(r["x"]) - 1) for r in trials), 4)},
+        "median_abs_error": {
+            "published_heldout": round(statistics.median(abs(math.exp(r["x"]) - 1) for r in pub), 4),
+            "h200_trials": round(statistics.median(abs(math.exp(r["x"]) - 1) for r in trials), 4),
+        },
     }
     print(json.dumps(result, indent=2))
     if a.out:
@@ -241,9 +289,15 @@ def main() -> None:
                 fh.write(json.dumps(r) + "\n")
     if a.write:
         doc = {"level": 0.9, "throughput": result["throughput_bands"], "memory": result["memory_bands"]}
-        text = ("# Error bars of the analytical model: 90% intervals as multipliers of the prediction (measured / predicted).\n"
-                "# Written by benchmarks/fit_error_bars.py from benchmarks/results/2026-12-07_error_bars/ (method: docs/error_bars.md).\n")
-        (ROOT / "cost_model" / "data" / "error_bars.yaml").write_text(text + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+        text = (
+            "# Error bars of the analytical model: 90% intervals as multipliers of the prediction (measured / "
+            "predicted).\n"
+            "# Written by benchmarks/fit_error_bars.py from benchmarks/results/2026-12-07_error_bars/ (method: "
+            "docs/error_bars.md).\n"
+        )
+        (ROOT / "cost_model" / "data" / "error_bars.yaml").write_text(
+            text + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8"
+        )
 
 
 if __name__ == "__main__":

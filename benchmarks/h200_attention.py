@@ -7,11 +7,12 @@ The seventh batch's kernel profile (``docs/measurements.md``) had cuDNN's fused 
 DeepSeek-V3's MLA (q / k head dim 192, v 128) against 0.60 on MiniMax-M2 (head dim 128), while the model prices every
 head dim at one efficiency. This times Transformer Engine's ``DotProductAttention`` alone (bf16, ``sbhd``, causal,
 micro-batch 1 unless a case says) on the attention shapes of the models the project validates on (one TP rank's heads),
-and a head-dim sweep at fixed heads, forward and forward + backward: ``ITERS`` (default 20) calls queued back to back after 5 warm-up and timed
-together with CUDA events (``fwd_s``, ``fwd_bwd_s``), and the GPU kernels' own time per call from ``torch.profiler``
-(``fwd_kernel_s``, ``fwd_bwd_kernel_s``). All cases run in one process per backend: ``fused`` (cuDNN, ``NVTE_FLASH_ATTN=0``) and
-``default`` (what TE picks when nothing is set, as the harness runs it). Writes ``$OUT/attention.jsonl`` (and TE's debug log per backend, which names the backend it ran), one row per
-(case, backend): the shape, ``fwd_s``, ``fwd_bwd_s``, the torch / TE versions, or ``error``.
+and a head-dim sweep at fixed heads, forward and forward + backward: ``ITERS`` (default 20) calls queued back to back
+after 5 warm-up and timed together with CUDA events (``fwd_s``, ``fwd_bwd_s``), and the GPU kernels' own time per call
+from ``torch.profiler`` (``fwd_kernel_s``, ``fwd_bwd_kernel_s``). All cases run in one process per backend: ``fused``
+(cuDNN, ``NVTE_FLASH_ATTN=0``) and ``default`` (what TE picks when nothing is set, as the harness runs it). Writes
+``$OUT/attention.jsonl`` (and TE's debug log per backend, which names the backend it ran), one row per (case, backend):
+the shape, ``fwd_s``, ``fwd_bwd_s``, the torch / TE versions, or ``error``.
 
 ``--compare`` reads such a file on a CPU machine and prints, per row, the attention efficiency the time implies in the
 model's units (:func:`cost_model.terms.compute.core_attention_flops`: multiply-accumulates, forward + backward priced
@@ -66,7 +67,17 @@ CASES: list[tuple[str, int, int, int, int, int, int, str, int]] = [
 #: ``fused`` is timed unless ``BACKENDS=fused,default``.
 ALL_BACKENDS = {"fused": {"NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "1"}, "default": {}}
 BACKENDS = {k: ALL_BACKENDS[k] for k in os.environ.get("BACKENDS", "fused").split(",")}
-FIELDS = ("id", "heads", "kv_heads", "head_dim_qk", "head_dim_v", "seq_length", "window", "softmax_type", "micro_batch_size")
+FIELDS = (
+    "id",
+    "heads",
+    "kv_heads",
+    "head_dim_qk",
+    "head_dim_v",
+    "seq_length",
+    "window",
+    "softmax_type",
+    "micro_batch_size",
+)
 
 
 def _time_one(spec: dict[str, Any], iters: int) -> dict[str, Any]:
@@ -75,9 +86,15 @@ def _time_one(spec: dict[str, Any], iters: int) -> dict[str, Any]:
     import transformer_engine.pytorch as te
 
     torch.cuda.set_device(0)
-    hq, hkv, dqk, dv, s, w, b = (spec[k] for k in ("heads", "kv_heads", "head_dim_qk", "head_dim_v", "seq_length", "window",
-                                                   "micro_batch_size"))
-    kw: dict[str, Any] = {"num_gqa_groups": hkv, "attention_dropout": 0.0, "qkv_format": "sbhd", "attn_mask_type": "causal"}
+    hq, hkv, dqk, dv, s, w, b = (
+        spec[k] for k in ("heads", "kv_heads", "head_dim_qk", "head_dim_v", "seq_length", "window", "micro_batch_size")
+    )
+    kw: dict[str, Any] = {
+        "num_gqa_groups": hkv,
+        "attention_dropout": 0.0,
+        "qkv_format": "sbhd",
+        "attn_mask_type": "causal",
+    }
     if w:
         kw["window_size"] = (w - 1, 0)
     if spec["softmax_type"] != "vanilla":
@@ -117,9 +134,15 @@ def _time_one(spec: dict[str, Any], iters: int) -> dict[str, Any]:
     def fwd_bwd() -> None:
         attn(q, k, v).backward(grad)
 
-    out = {"fwd_s": timed(fwd), "fwd_bwd_s": timed(fwd_bwd), "fwd_kernel_s": kernel_time(fwd),
-           "fwd_bwd_kernel_s": kernel_time(fwd_bwd), "torch": torch.__version__,
-           "transformer_engine": transformer_engine.__version__, "gpu": torch.cuda.get_device_name(0)}
+    out = {
+        "fwd_s": timed(fwd),
+        "fwd_bwd_s": timed(fwd_bwd),
+        "fwd_kernel_s": kernel_time(fwd),
+        "fwd_bwd_kernel_s": kernel_time(fwd_bwd),
+        "torch": torch.__version__,
+        "transformer_engine": transformer_engine.__version__,
+        "gpu": torch.cuda.get_device_name(0),
+    }
     assert tuple(attn(q, k, v).shape) == (s, b, hq * dv)
     return out
 
@@ -142,9 +165,13 @@ def run(out: Path, iters: int, only: set[str] | None) -> int:
     specs = [dict(zip(FIELDS, c, strict=True)) for c in CASES]
     specs = [s for s in specs if not only or s["id"] in only]
     for backend, env in BACKENDS.items():
-        proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(specs), "--iters", str(iters)],
-                              env={**os.environ, "NVTE_DEBUG": "1", "NVTE_DEBUG_LEVEL": "1", **env}, capture_output=True,
-                              text=True, timeout=400)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--one", json.dumps(specs), "--iters", str(iters)],
+            env={**os.environ, "NVTE_DEBUG": "1", "NVTE_DEBUG_LEVEL": "1", **env},
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
         (out / f"attention_{backend}.log").write_text(proc.stderr)  # TE's debug log names the backend it ran
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
         if proc.returncode != 0 and not lines:
@@ -152,7 +179,9 @@ def run(out: Path, iters: int, only: set[str] | None) -> int:
         with path.open("a") as f:
             for ln in lines:
                 f.write(json.dumps({**json.loads(ln), "backend": backend}) + "\n")
-        sys.stdout.write(f"{backend}: {len(lines)} rows, rc {proc.returncode}\n{proc.stderr[-1500:] if proc.returncode else ''}")
+        sys.stdout.write(
+            f"{backend}: {len(lines)} rows, rc {proc.returncode}\n{proc.stderr[-1500:] if proc.returncode else ''}"
+        )
         sys.stdout.flush()
     return 0
 
@@ -217,17 +246,27 @@ def derive(rows: list[dict[str, Any]], peak_flops: float) -> dict[str, Any]:
         return 3 * _macs(by[case]) / (peak_flops * (t[case] - call_s))
 
     e128 = eff("hd128-s8192")
-    factor = {(by[c]["head_dim_qk"], by[c]["head_dim_v"]): eff(c) / e128 for c in by
-              if c.startswith("hd") and c.endswith("-s8192") and "mbs" not in c}
+    factor = {
+        (by[c]["head_dim_qk"], by[c]["head_dim_v"]): eff(c) / e128
+        for c in by
+        if c.startswith("hd") and c.endswith("-s8192") and "mbs" not in c
+    }
     full, kf = by["gpt-oss-s4096"], _keys(by["gpt-oss-s4096"])
     tf = t["gpt-oss-s4096"] - call_s
     window = t["gpt-oss-window-s4096"] / tf * kf - _keys(by["gpt-oss-window-s4096"])
     sink = (t["gpt-oss-sinks-s4096"] - t["gpt-oss-s4096"]) / tf * kf
     if full["head_dim_qk"] != 64 or call_s <= 0 or e128 <= 0 or sink < 0 or window < 0:
-        raise ValueError(f"the named cases give no physical constants (call_s {call_s * 1e3:.3f} ms, window keys {window:.0f}, "
-                         f"sink keys {sink:.0f}, GPT-OSS head dim {full['head_dim_qk']}): not the shapes this script writes?")
-    return {"call_s": call_s, "efficiency_hd128": e128, "head_dim_factor": factor, "window_extra_keys": window,
-            "sink_extra_keys": sink}
+        raise ValueError(
+            f"the named cases give no physical constants (call_s {call_s * 1e3:.3f} ms, window keys {window:.0f}, "
+            f"sink keys {sink:.0f}, GPT-OSS head dim {full['head_dim_qk']}): not the shapes this script writes?"
+        )
+    return {
+        "call_s": call_s,
+        "efficiency_hd128": e128,
+        "head_dim_factor": factor,
+        "window_extra_keys": window,
+        "sink_extra_keys": sink,
+    }
 
 
 def predict(row: dict[str, Any], d: dict[str, Any], peak_flops: float) -> float:
@@ -235,8 +274,11 @@ def predict(row: dict[str, Any], d: dict[str, Any], peak_flops: float) -> float:
     sliding window) ``+ 3 x macs' / (peak x efficiency_hd128 x factor)`` with the window's and the sinks' extra keys
     in ``macs'`` (an unmeasured head-dim pair interpolated as the cost model does,
     :func:`cost_model.terms.compute.head_dim_factor`)."""
-    keys = _keys(row) + (d["window_extra_keys"] if row["window"] else 0.0) + (
-        d["sink_extra_keys"] if row["softmax_type"] != "vanilla" else 0.0)
+    keys = (
+        _keys(row)
+        + (d["window_extra_keys"] if row["window"] else 0.0)
+        + (d["sink_extra_keys"] if row["softmax_type"] != "vanilla" else 0.0)
+    )
     from cost_model.terms.compute import head_dim_factor
 
     f = head_dim_factor((row["head_dim_qk"], row["head_dim_v"]), d["head_dim_factor"])
@@ -265,20 +307,30 @@ def compare(files: list[str]) -> int:
             for k in ("heads", "kv_heads", "head_dim_qk", "head_dim_v", "seq_length", "micro_batch_size", "window"):
                 v = row[k]
                 if isinstance(v, bool) or not isinstance(v, int) or v < (0 if k == "window" else 1):
-                    raise TunerError(f"{where}: {k} must be a whole number >= {0 if k == 'window' else 1}, got {v!r:.40}")
+                    raise TunerError(
+                        f"{where}: {k} must be a whole number >= {0 if k == 'window' else 1}, got {v!r:.40}"
+                    )
             if ("fwd_s" in row) != ("fwd_bwd_s" in row):
                 raise TunerError(f"{where}: a timed row has both fwd_s and fwd_bwd_s")
             for k in ("fwd_s", "fwd_bwd_s", "fwd_kernel_s", "fwd_bwd_kernel_s"):
-                if k in row and not (isinstance(row[k], (int, float)) and not isinstance(row[k], bool) and 0 < row[k] < 1e3):
+                if k in row and not (
+                    isinstance(row[k], (int, float)) and not isinstance(row[k], bool) and 0 < row[k] < 1e3
+                ):
                     raise TunerError(f"{where}: {k} must be a number of seconds in (0, 1000), got {row[k]!r}")
             rows.append(row)
     if not rows:
         raise TunerError(f"{', '.join(files)}: no rows")
     ok = [r for r in rows if "fwd_bwd_s" in r]
-    ref = {(r["backend"], r["heads"], r["kv_heads"], r["seq_length"]): implied_efficiency(r, peak) for r in ok
-           if r["head_dim_qk"] == 128 and r["head_dim_v"] == 128 and not r["window"] and r["micro_batch_size"] == 1}
+    ref = {
+        (r["backend"], r["heads"], r["kv_heads"], r["seq_length"]): implied_efficiency(r, peak)
+        for r in ok
+        if r["head_dim_qk"] == 128 and r["head_dim_v"] == 128 and not r["window"] and r["micro_batch_size"] == 1
+    }
     sys.stdout.write(f"shipped attention_efficiency {cal.attention_efficiency:.3f} (model units: MACs, bwd = 2 fwd)\n")
-    sys.stdout.write(f"{'case':28s} {'backend':8s} {'fwd ms':>8s} {'fwd+bwd ms':>10s} {'eff':>6s} {'of peak':>8s} {'/hd128':>7s} {'/shipped':>8s}\n")
+    sys.stdout.write(
+        f"{'case':28s} {'backend':8s} {'fwd ms':>8s} {'fwd+bwd ms':>10s} {'eff':>6s} {'of peak':>8s} {'/hd128':>7s} "
+        f"{'/shipped':>8s}\n"
+    )
     for r in rows:
         if "fwd_bwd_s" not in r:
             sys.stdout.write(f"{r['id']:28s} {r['backend']:8s} error: {r.get('error', '?')[:80]}\n")
@@ -286,8 +338,10 @@ def compare(files: list[str]) -> int:
         e = implied_efficiency(r, peak)
         base = ref.get((r["backend"], r["heads"], r["kv_heads"], r["seq_length"]))
         rel = f"{e / base:7.2f}" if base else f"{'':7s}"
-        sys.stdout.write(f"{r['id']:28s} {r['backend']:8s} {r['fwd_s'] * 1e3:8.2f} {r['fwd_bwd_s'] * 1e3:10.2f} {e:6.3f} "
-                         f"{2 * e:8.2f} {rel} {e / cal.attention_efficiency:8.2f}\n")
+        sys.stdout.write(
+            f"{r['id']:28s} {r['backend']:8s} {r['fwd_s'] * 1e3:8.2f} {r['fwd_bwd_s'] * 1e3:10.2f} {e:6.3f} "
+            f"{2 * e:8.2f} {rel} {e / cal.attention_efficiency:8.2f}\n"
+        )
     kern = [r for r in ok if "fwd_bwd_kernel_s" in r]
     if kern:
         try:
@@ -296,9 +350,13 @@ def compare(files: list[str]) -> int:
             sys.stdout.write(f"\nconstants not derived: {e.args[0]}\n")
             return 0
         sys.stdout.write("\nfrom the GPU kernels' times (fwd_bwd_kernel_s):\n")
-        sys.stdout.write(f"  call_s {d['call_s'] * 1e3:.3f} ms, efficiency_hd128 {d['efficiency_hd128']:.4f}, "
-                         f"window_extra_keys {d['window_extra_keys']:.0f}, sink_extra_keys {d['sink_extra_keys']:.0f}\n")
-        sys.stdout.write("  head_dim_factor " + ", ".join(f"{k}: {v:.3f}" for k, v in sorted(d["head_dim_factor"].items())) + "\n")
+        sys.stdout.write(
+            f"  call_s {d['call_s'] * 1e3:.3f} ms, efficiency_hd128 {d['efficiency_hd128']:.4f}, "
+            f"window_extra_keys {d['window_extra_keys']:.0f}, sink_extra_keys {d['sink_extra_keys']:.0f}\n"
+        )
+        sys.stdout.write(
+            "  head_dim_factor " + ", ".join(f"{k}: {v:.3f}" for k, v in sorted(d["head_dim_factor"].items())) + "\n"
+        )
         sys.stdout.write(f"  {'case':32s} {'kernel ms':>9s} {'predicted':>9s} {'error':>7s}\n")
         for r in kern:
             p = predict(r, d, peak)
@@ -325,7 +383,9 @@ def main() -> int:
     if a.one:
         _one_backend(json.loads(a.one), a.iters)
         return 0
-    return run(Path(os.environ.get("OUT") or "h200_attention_out"), a.iters, set(filter(None, a.only.split(","))) or None)
+    return run(
+        Path(os.environ.get("OUT") or "h200_attention_out"), a.iters, set(filter(None, a.only.split(","))) or None
+    )
 
 
 if __name__ == "__main__":

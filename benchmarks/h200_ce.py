@@ -27,7 +27,13 @@ from pathlib import Path
 
 from benchmarks.cuda_timing import cuda_median_seconds
 
-VOCABS = {"MiniMax-M2": 200064, "GPT-OSS-120B": 201088, "Qwen3-30B-A3B": 151936, "DeepSeek-V3": 129280, "Llama-3.1-8B": 128256}
+VOCABS = {
+    "MiniMax-M2": 200064,
+    "GPT-OSS-120B": 201088,
+    "Qwen3-30B-A3B": 151936,
+    "DeepSeek-V3": 129280,
+    "Llama-3.1-8B": 128256,
+}
 TOKENS = 8192
 
 
@@ -54,10 +60,13 @@ def main() -> int:
     def timed(fn: Callable[[], object]) -> float:
         return cuda_median_seconds(fn, reps=10, warm=3)
 
-    paths = {"unfused": lambda x, y: tensor_parallel.vocab_parallel_cross_entropy(x, y),
-             "native": lambda x, y: fused_vocab_parallel_cross_entropy(x, y, tp)}
+    paths = {
+        "unfused": lambda x, y: tensor_parallel.vocab_parallel_cross_entropy(x, y),
+        "native": lambda x, y: fused_vocab_parallel_cross_entropy(x, y, tp),
+    }
     if te_parallel_cross_entropy is not None:
         paths["te"] = lambda x, y: te_parallel_cross_entropy(x, y, tp)
+
     def one_vocab(model: str, v: int) -> list[dict[str, object]]:
         n = TOKENS * v
         logits = torch.randn(TOKENS, 1, v, device="cuda", dtype=torch.bfloat16).mul_(2.0).requires_grad_(True)
@@ -67,6 +76,7 @@ def main() -> int:
         copy_bw = 2 * 2 * n / copy_s  # bytes read + written per second
         rows: list[dict[str, object]] = []
         for name, f in paths.items():
+
             def step(f: object = f) -> None:
                 logits.grad = None
                 loss = f(logits, labels)  # type: ignore[operator]
@@ -80,9 +90,17 @@ def main() -> int:
                 t = timed(step)
                 peak = torch.cuda.max_memory_allocated() - base
                 row: dict[str, object] = {
-                    "model": model, "vocab": v, "tokens": TOKENS, "path": name, "fwd_bwd_s": t, "copy_s": copy_s,
-                    "copy_bytes_per_s": copy_bw, "bytes_equiv_per_element": t * copy_bw / n, "extra_peak_bytes_per_element": peak / n,
-                    "grad_dtype": str(logits.grad.dtype) if logits.grad is not None else None}
+                    "model": model,
+                    "vocab": v,
+                    "tokens": TOKENS,
+                    "path": name,
+                    "fwd_bwd_s": t,
+                    "copy_s": copy_s,
+                    "copy_bytes_per_s": copy_bw,
+                    "bytes_equiv_per_element": t * copy_bw / n,
+                    "extra_peak_bytes_per_element": peak / n,
+                    "grad_dtype": str(logits.grad.dtype) if logits.grad is not None else None,
+                }
             except Exception as e:  # noqa: BLE001 - a path that fails is a row, the others still run
                 row = {"model": model, "vocab": v, "path": name, "error": f"{type(e).__name__}: {str(e)[:300]}"}
             rows.append(row)

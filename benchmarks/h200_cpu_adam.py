@@ -21,7 +21,8 @@ tensors of 3072 x 1536 and a few large ones):
 - ``copy``: pinned host <-> GPU copies (fp32 GPU -> host, bf16 host -> GPU; 1 GiB), GB/s, when a GPU is there.
 
 Writes ``$OUT/cpu_adam.jsonl`` (one row per measurement, plus a ``host`` row: CPU model, cores, torch's default
-threads). ``CPU_ADAM_SHRINK=K`` divides the parameter counts by K (a quick check off the device). Each time is the median of 3 steps after one warm-up step (which allocates AdamW's moments).
+threads). ``CPU_ADAM_SHRINK=K`` divides the parameter counts by K (a quick check off the device). Each time is the
+median of 3 steps after one warm-up step (which allocates AdamW's moments).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-#: One MiniMax-M2-like expert weight (hidden 3072 x expert FFN 1536) and the parameters each measurement steps per process.
+#: One MiniMax-M2-like expert weight (hidden 3072 x expert FFN 1536) and the parameters each measurement steps per
+#: process.
 TENSOR_SHAPE = (3072, 1536)
 PARAMS_ONE_PROCESS = 512 * 2**20 // int(os.environ.get("CPU_ADAM_SHRINK", "1"))
 PARAMS_PER_CONCURRENT_PROCESS = 96 * 2**20 // int(os.environ.get("CPU_ADAM_SHRINK", "1"))
@@ -53,7 +55,9 @@ def _adam_rate(threads: int, params: int, fused: bool, q: Any, start: Any = None
     ps = [torch.zeros(TENSOR_SHAPE, dtype=torch.float32).normal_() for _ in range(n)]
     for p in ps:
         p.grad = torch.randn_like(p)
-    opt = torch.optim.AdamW(ps, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=fused, foreach=None if fused else True)
+    opt = torch.optim.AdamW(
+        ps, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=fused, foreach=None if fused else True
+    )
     opt.step()  # warm-up: allocates the two moments
     if start is not None:
         start.wait()
@@ -90,9 +94,16 @@ def _host() -> dict[str, Any]:
         mem = Path("/proc/meminfo").read_text().splitlines()[0]
     except OSError:
         pass
-    return {"kind": "host", "cpu_model": model, "os_cpu_count": os.cpu_count(),
-            "sched_affinity": len(os.sched_getaffinity(0)), "torch_default_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "meminfo": mem, "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS")}
+    return {
+        "kind": "host",
+        "cpu_model": model,
+        "os_cpu_count": os.cpu_count(),
+        "sched_affinity": len(os.sched_getaffinity(0)),
+        "torch_default_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "meminfo": mem,
+        "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
+    }
 
 
 def _copy_rows() -> list[dict[str, Any]]:
@@ -119,8 +130,15 @@ def _copy_rows() -> list[dict[str, Any]]:
             if k:
                 ts.append(time.perf_counter() - t0)
         med = statistics.median(ts)
-        rows.append({"kind": "copy", "name": name, "bytes": elems * src.element_size(), "s": med,
-                     "gb_per_s": elems * src.element_size() / med / 1e9})
+        rows.append(
+            {
+                "kind": "copy",
+                "name": name,
+                "bytes": elems * src.element_size(),
+                "s": med,
+                "gb_per_s": elems * src.element_size() / med / 1e9,
+            }
+        )
     return rows
 
 
@@ -156,13 +174,17 @@ def measure(out: Path) -> int:
     for threads in sorted({1, 2, 4, 8, cores}):
         if threads > cores:
             continue
-        for fused in ((True, False) if threads in (1, cores) else (True,)):
+        for fused in (True, False) if threads in (1, cores) else (True,):
             q = ctx.Queue()
             p = ctx.Process(target=_adam_rate, args=(threads, PARAMS_ONE_PROCESS, fused, q))
             p.start()
             got = gather_results([p], q)
             if got is None:
-                _run(rows, out, {"kind": "error", "case": f"adam threads {threads} fused {fused}", "exitcode": p.exitcode})
+                _run(
+                    rows,
+                    out,
+                    {"kind": "error", "case": f"adam threads {threads} fused {fused}", "exitcode": p.exitcode},
+                )
                 continue
             _run(rows, out, {"kind": "adam", "threads": threads, "processes": 1, "fused": fused, **got[0]})
     for procs in sorted({1, 2, 4, 8, 16, cores}):
@@ -170,7 +192,10 @@ def measure(out: Path) -> int:
             continue
         q = ctx.Queue()
         start = ctx.Barrier(procs)
-        ps = [ctx.Process(target=_adam_rate, args=(1, PARAMS_PER_CONCURRENT_PROCESS, True, q, start)) for _ in range(procs)]
+        ps = [
+            ctx.Process(target=_adam_rate, args=(1, PARAMS_PER_CONCURRENT_PROCESS, True, q, start))
+            for _ in range(procs)
+        ]
         for p in ps:
             p.start()
         got = gather_results(ps, q)
@@ -178,9 +203,19 @@ def measure(out: Path) -> int:
             _run(rows, out, {"kind": "error", "case": f"adam_procs {procs}", "exitcodes": [p.exitcode for p in ps]})
             continue
         per = [g["params_per_s"] for g in got]
-        _run(rows, out, {"kind": "adam_procs", "threads": 1, "processes": procs, "fused": True,
-                         "per_process_params_per_s": per, "median_per_process_params_per_s": statistics.median(per),
-                         "aggregate_params_per_s": sum(per)})
+        _run(
+            rows,
+            out,
+            {
+                "kind": "adam_procs",
+                "threads": 1,
+                "processes": procs,
+                "fused": True,
+                "per_process_params_per_s": per,
+                "median_per_process_params_per_s": statistics.median(per),
+                "aggregate_params_per_s": sum(per),
+            },
+        )
     for r in _copy_rows():
         _run(rows, out, r)
     return 0
@@ -216,21 +251,27 @@ def read_primitives(path: Path) -> dict[str, Any]:
                 raise TunerError(f"{where}: an 'adam' row is one process (processes 1)")
             table = out["fused" if flag(r, "fused", where) else "unfused"]
             if threads in table:
-                raise TunerError(f"{where}: a second {'fused' if r['fused'] else 'unfused'} 'adam' row at {threads} threads")
+                raise TunerError(
+                    f"{where}: a second {'fused' if r['fused'] else 'unfused'} 'adam' row at {threads} threads"
+                )
             table[threads] = number(r, "params_per_s", where)
         elif kind == "adam_procs":
             procs = number(r, "processes", where, integer=True)
             if procs in out["procs"]:
                 raise TunerError(f"{where}: a second 'adam_procs' row of {procs} processes")
-            out["procs"][procs] = {"aggregate": number(r, "aggregate_params_per_s", where),
-                                   "median_per_process": number(r, "median_per_process_params_per_s", where)}
+            out["procs"][procs] = {
+                "aggregate": number(r, "aggregate_params_per_s", where),
+                "median_per_process": number(r, "median_per_process_params_per_s", where),
+            }
         else:
             name = text(r, "name", where)
             if name in out["copies"]:
                 raise TunerError(f"{where}: a second copy row {name!r}")
             out["copies"][name] = number(r, "gb_per_s", where)
     if out["host"] is None or not out["fused"]:
-        raise TunerError(f"{path}: needs a 'host' row and fused one-process 'adam' rows (written by this script on the device)")
+        raise TunerError(
+            f"{path}: needs a 'host' row and fused one-process 'adam' rows (written by this script on the device)"
+        )
     return out
 
 
@@ -243,16 +284,23 @@ def compare(path: Path) -> dict[str, Any]:
     p = read_primitives(path)
     host, fused = p["host"], p["fused"]
     every = max(fused)
-    res: dict[str, Any] = {"cpu_model": host.get("cpu_model"), "cores": host.get("sched_affinity"),
-                           "torch_default_threads": host.get("torch_default_threads"),
-                           "fused_params_per_s_by_threads": {t: round(v / 1e9, 3) for t, v in sorted(fused.items())},
-                           "unfused_params_per_s_by_threads": {t: round(v / 1e9, 3) for t, v in sorted(p["unfused"].items())}}
+    res: dict[str, Any] = {
+        "cpu_model": host.get("cpu_model"),
+        "cores": host.get("sched_affinity"),
+        "torch_default_threads": host.get("torch_default_threads"),
+        "fused_params_per_s_by_threads": {t: round(v / 1e9, 3) for t, v in sorted(fused.items())},
+        "unfused_params_per_s_by_threads": {t: round(v / 1e9, 3) for t, v in sorted(p["unfused"].items())},
+    }
     if 1 in fused:
         res["single_thread_params_per_s"] = fused[1]
     res["every_core_params_per_s"] = fused[every]
     if p["procs"]:
-        res["aggregate_single_thread_processes"] = {n: round(v["aggregate"] / 1e9, 3) for n, v in sorted(p["procs"].items())}
-        res["median_per_process_single_thread"] = {n: round(v["median_per_process"] / 1e9, 3) for n, v in sorted(p["procs"].items())}
+        res["aggregate_single_thread_processes"] = {
+            n: round(v["aggregate"] / 1e9, 3) for n, v in sorted(p["procs"].items())
+        }
+        res["median_per_process_single_thread"] = {
+            n: round(v["median_per_process"] / 1e9, 3) for n, v in sorted(p["procs"].items())
+        }
         res["node_aggregate_max_params_per_s"] = max([v["aggregate"] for v in p["procs"].values()] + [fused[every]])
     res["copies_gb_per_s"] = {n: round(v, 2) for n, v in p["copies"].items()}
     return res

@@ -1,11 +1,17 @@
 """Expert GEMM speed by shape on one GPU (issue 14: does a routed expert's GEMM run slower when its weight is small?).
 
-    PYTHONPATH=. OUT=... python3 benchmarks/h200_grouped_gemm.py          # on the device (torch only)
-    PYTHONPATH=. OUT=... IMPL=te python3 benchmarks/h200_grouped_gemm.py  # on the device: TE's GroupedLinear beside torch's
-    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --compare FILE       # here: the efficiency table by model and rows
-    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --fit COMPARE.json   # here: the rows curve the cost model ships
-    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --compare-te F.jsonl  # here: TE / torch and fp8 / bf16 by shape (IMPL=te rows)
-    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --fit-te F.jsonl      # here: TE's time as GPU time and launch cost, three forms
+    # on the device (torch only)
+    PYTHONPATH=. OUT=... python3 benchmarks/h200_grouped_gemm.py
+    # on the device: TE's GroupedLinear beside torch's
+    PYTHONPATH=. OUT=... IMPL=te python3 benchmarks/h200_grouped_gemm.py
+    # here: the efficiency table by model and rows
+    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --compare FILE
+    # here: the rows curve the cost model ships
+    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --fit COMPARE.json
+    # here: TE / torch and fp8 / bf16 by shape (IMPL=te rows)
+    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --compare-te F.jsonl
+    # here: TE's time as GPU time and launch cost, three forms
+    PYTHONPATH=. python benchmarks/h200_grouped_gemm.py --fit-te F.jsonl
 
 For the routed experts of each MoE model in ``specs/data/models`` (fc1: ``hidden -> 2 x expert FFN``, SwiGLU's gate and
 up fused as Megatron's ``TEGroupedLinear`` holds them; fc2: ``expert FFN -> hidden``), times the three GEMMs of a
@@ -78,8 +84,16 @@ def measure() -> int:
     return 0
 
 
-def _one_shape(torch: Any, dev: Any, timed: Callable[[Callable[[], object]], float], grouped: bool, model: str,
-               gemm: str, w: Any, m: int) -> list[dict]:
+def _one_shape(
+    torch: Any,
+    dev: Any,
+    timed: Callable[[Callable[[], object]], float],
+    grouped: bool,
+    model: str,
+    gemm: str,
+    w: Any,
+    m: int,
+) -> list[dict]:
     """The bf16 fwd / dgrad / wgrad rows and the fp8 forward row of ``GROUPS`` experts of weight ``w`` at ``m`` rows."""
     k, n = int(w.shape[1]), int(w.shape[2])
     out: list[dict] = []
@@ -109,21 +123,51 @@ def _one_shape(torch: Any, dev: Any, timed: Callable[[Callable[[], object]], flo
         }
     for p, fn in fns.items():
         s = timed(fn)
-        out.append({"model": model, "gemm": gemm, "pass": p, "k": k, "n": n, "rows": m, "groups": GROUPS,
-                    "dtype": "bf16", "impl": impl, "seconds": s, "flops": flops, "tflops": flops / s / 1e12})
+        out.append(
+            {
+                "model": model,
+                "gemm": gemm,
+                "pass": p,
+                "k": k,
+                "n": n,
+                "rows": m,
+                "groups": GROUPS,
+                "dtype": "bf16",
+                "impl": impl,
+                "seconds": s,
+                "flops": flops,
+                "tflops": flops / s / 1e12,
+            }
+        )
     try:
         x8 = x.view(GROUPS, m, k).to(torch.float8_e4m3fn)
         w8 = w.transpose(-2, -1).contiguous().to(torch.float8_e4m3fn).transpose(-2, -1)
         one = torch.ones((), device=dev, dtype=torch.float32)
 
         def fn8() -> list[object]:
-            return [torch._scaled_mm(x8[g], w8[g], scale_a=one, scale_b=one, out_dtype=torch.bfloat16) for g in range(GROUPS)]
+            return [
+                torch._scaled_mm(x8[g], w8[g], scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+                for g in range(GROUPS)
+            ]
 
         fn8()
         s = timed(fn8)
-        out.append({"model": model, "gemm": gemm, "pass": "fwd", "k": k, "n": n, "rows": m, "groups": GROUPS,
-                    "dtype": "fp8", "impl": "torch._scaled_mm per expert", "seconds": s, "flops": flops,
-                    "tflops": flops / s / 1e12})
+        out.append(
+            {
+                "model": model,
+                "gemm": gemm,
+                "pass": "fwd",
+                "k": k,
+                "n": n,
+                "rows": m,
+                "groups": GROUPS,
+                "dtype": "fp8",
+                "impl": "torch._scaled_mm per expert",
+                "seconds": s,
+                "flops": flops,
+                "tflops": flops / s / 1e12,
+            }
+        )
     except Exception as e:  # noqa: BLE001 - fp8 is optional
         out.append({"model": model, "gemm": gemm, "rows": m, "dtype": "fp8", "error": repr(e)[:200]})
     return out
@@ -145,8 +189,17 @@ def measure_te() -> int:
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda", 0)
     fh = open(out / "grouped_te.jsonl", "w", encoding="utf-8")  # noqa: SIM115 - written row by row (a cut call keeps its rows)
-    fh.write(json.dumps({"meta": True, "torch": torch.__version__, "transformer_engine": transformer_engine.__version__,
-                         "gpu": torch.cuda.get_device_name(0)}) + "\n")
+    fh.write(
+        json.dumps(
+            {
+                "meta": True,
+                "torch": torch.__version__,
+                "transformer_engine": transformer_engine.__version__,
+                "gpu": torch.cuda.get_device_name(0),
+            }
+        )
+        + "\n"
+    )
 
     def emit(**r: Any) -> None:
         fh.write(json.dumps(r) + "\n")
@@ -159,7 +212,15 @@ def measure_te() -> int:
     for model, (h, f) in expert_shapes().items():
         for groups, m in TE_CASES + TE_SLICE_CASES.get(model, ()):
             for gemm, (k, n) in {"fc1": (h, 2 * f), "fc2": (f, h)}.items():
-                base = {"model": model, "gemm": gemm, "k": k, "n": n, "rows": m, "groups": groups, "flops": 2.0 * groups * m * k * n}
+                base = {
+                    "model": model,
+                    "gemm": gemm,
+                    "k": k,
+                    "n": n,
+                    "rows": m,
+                    "groups": groups,
+                    "flops": 2.0 * groups * m * k * n,
+                }
                 try:
                     for r in _te_case(torch, te, recipe, dev, timed, groups, m, k, n):
                         emit(**base, **r)
@@ -171,15 +232,26 @@ def measure_te() -> int:
     return 0
 
 
-def _te_case(torch: Any, te: Any, recipe: Any, dev: Any, timed: Callable[[Callable[[], object]], float], groups: int,
-             m: int, k: int, n: int) -> list[dict]:
-    """The timings of one (groups, rows, k, n): TE bf16 and fp8 forward and backward, torch bf16 forward and backward."""
+def _te_case(
+    torch: Any,
+    te: Any,
+    recipe: Any,
+    dev: Any,
+    timed: Callable[[Callable[[], object]], float],
+    groups: int,
+    m: int,
+    k: int,
+    n: int,
+) -> list[dict]:
+    """The timings of one (groups, rows, k, n): TE bf16 and fp8 forward and backward, torch bf16 forward and
+    backward."""
     out: list[dict] = []
     lin = te.GroupedLinear(groups, k, n, bias=False, params_dtype=torch.bfloat16, device=dev)
     x = torch.randn(groups * m, k, device=dev, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(groups * m, n, device=dev, dtype=torch.bfloat16)
     splits = [m] * groups
     for dtype in ("bf16", "fp8"):
+
         def ctx(dtype: str = dtype) -> Any:
             return te.fp8_autocast(enabled=True, fp8_recipe=recipe) if dtype == "fp8" else torch.enable_grad()
 
@@ -200,10 +272,24 @@ def _te_case(torch: Any, te: Any, recipe: Any, dev: Any, timed: Callable[[Callab
     dys = torch.randn(groups * m, n, device=dev, dtype=torch.bfloat16)
     offs = torch.arange(m, groups * m + 1, m, device=dev, dtype=torch.int32)
     wt = w.transpose(-2, -1)
-    out.append({"dtype": "bf16", "impl": "torch._grouped_mm", "pass": "fwd",
-                "seconds": timed(lambda: torch._grouped_mm(xs, w, offs=offs))})
-    out.append({"dtype": "bf16", "impl": "torch._grouped_mm", "pass": "bwd",
-                "seconds": timed(lambda: (torch._grouped_mm(dys, wt, offs=offs), torch._grouped_mm(xs.t(), dys, offs=offs)))})
+    out.append(
+        {
+            "dtype": "bf16",
+            "impl": "torch._grouped_mm",
+            "pass": "fwd",
+            "seconds": timed(lambda: torch._grouped_mm(xs, w, offs=offs)),
+        }
+    )
+    out.append(
+        {
+            "dtype": "bf16",
+            "impl": "torch._grouped_mm",
+            "pass": "bwd",
+            "seconds": timed(
+                lambda: (torch._grouped_mm(dys, wt, offs=offs), torch._grouped_mm(xs.t(), dys, offs=offs))
+            ),
+        }
+    )
     return out
 
 
@@ -221,18 +307,35 @@ def compare_te(path: str) -> int:
         t = acc.setdefault((r["model"], r["groups"], r["rows"], r["dtype"], r["impl"]), {"flops": 0.0, "seconds": 0.0})
         t["flops"] += r["flops"] * (2 if r["pass"] == "bwd" else 1)  # dgrad + wgrad: twice the forward's FLOPs
         t["seconds"] += r["seconds"]
-    eff = {k: v["flops"] / v["seconds"] / (gpu.peak_flops_bf16 if k[3] == "bf16" else gpu.peak_flops("fp8"))
-           for k, v in acc.items() if v["seconds"] > 0}
+    eff = {
+        k: v["flops"] / v["seconds"] / (gpu.peak_flops_bf16 if k[3] == "bf16" else gpu.peak_flops("fp8"))
+        for k, v in acc.items()
+        if v["seconds"] > 0
+    }
     out = []
-    for (model, g, m) in sorted({k[:3] for k in eff}):
-        te_b, to_b, te_8 = (eff.get((model, g, m, d, i)) for d, i in (("bf16", "te.GroupedLinear"), ("bf16", "torch._grouped_mm"),
-                                                                       ("fp8", "te.GroupedLinear")))
-        tps = {(model, g, m, d, i): acc[(model, g, m, d, i)]["seconds"] for d, i in (("bf16", "te.GroupedLinear"), ("fp8", "te.GroupedLinear"))
-               if (model, g, m, d, i) in acc}
+    for model, g, m in sorted({k[:3] for k in eff}):
+        te_b, to_b, te_8 = (
+            eff.get((model, g, m, d, i))
+            for d, i in (("bf16", "te.GroupedLinear"), ("bf16", "torch._grouped_mm"), ("fp8", "te.GroupedLinear"))
+        )
+        tps = {
+            (model, g, m, d, i): acc[(model, g, m, d, i)]["seconds"]
+            for d, i in (("bf16", "te.GroupedLinear"), ("fp8", "te.GroupedLinear"))
+            if (model, g, m, d, i) in acc
+        }
         s16, s8 = tps.get((model, g, m, "bf16", "te.GroupedLinear")), tps.get((model, g, m, "fp8", "te.GroupedLinear"))
-        out.append({"model": model, "groups": g, "rows": m, "te_bf16": _r(te_b), "torch_bf16": _r(to_b), "te_fp8": _r(te_8),
-                    "te_over_torch": _r(te_b / to_b if te_b and to_b else None),
-                    "fp8_speedup": _r(s16 / s8 if s16 and s8 else None)})
+        out.append(
+            {
+                "model": model,
+                "groups": g,
+                "rows": m,
+                "te_bf16": _r(te_b),
+                "torch_bf16": _r(to_b),
+                "te_fp8": _r(te_8),
+                "te_over_torch": _r(te_b / to_b if te_b and to_b else None),
+                "fp8_speedup": _r(s16 / s8 if s16 and s8 else None),
+            }
+        )
     print(json.dumps(out, indent=0))
     return 0
 
@@ -253,19 +356,26 @@ def fit_te(path: str) -> int:
     gpu = load_gpu("H200")
     shapes = expert_shapes()
     rows = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
-    t = {(r["model"], r["gemm"], r["groups"], r["rows"], r["dtype"], r["impl"], r["pass"]): r["seconds"]
-         for r in rows if not r.get("meta") and "seconds" in r}
+    t = {
+        (r["model"], r["gemm"], r["groups"], r["rows"], r["dtype"], r["impl"], r["pass"]): r["seconds"]
+        for r in rows
+        if not r.get("meta") and "seconds" in r
+    }
     out: dict[str, Any] = {}
     for dtype in ("bf16", "fp8"):
         pts = []
-        for (model, gemm, groups, m, d, impl, p) in t:
+        for model, gemm, groups, m, d, impl, p in t:
             if (impl, p, gemm, d) != ("te.GroupedLinear", "fwd", "fc1", dtype):
                 continue
             h, f = shapes[model]
             measured = sum(t[(model, g, groups, m, d, impl, q)] for g in ("fc1", "fc2") for q in ("fwd", "bwd"))
             flops = 3 * (2 * groups * m * h * 2 * f + 2 * groups * m * f * h)
-            eff = max(cal.grouped_gemm_efficiency * m / (m + cal.grouped_gemm_half_rows + cal.grouped_gemm_half_rows_work / (h * f)),
-                      cal.grouped_gemm_efficiency_floor)
+            eff = max(
+                cal.grouped_gemm_efficiency
+                * m
+                / (m + cal.grouped_gemm_half_rows + cal.grouped_gemm_half_rows_work / (h * f)),
+                cal.grouped_gemm_efficiency_floor,
+            )
             peak = gpu.peak_flops_bf16 if dtype == "bf16" else gpu.peak_flops("fp8") * cal.fp8_gemm_efficiency_ratio
             pts.append((groups, flops / (peak * eff), measured))
         g, gpu_t, y = (np.array([p[i] for p in pts]) for i in range(3))
@@ -276,19 +386,30 @@ def fit_te(path: str) -> int:
 
 
 def _fit_forms(g: Any, gpu_t: Any, y: Any) -> dict[str, dict[str, float]]:
-    """:func:`fit_te`'s three forms fitted to points of ``g`` groups, model GPU time ``gpu_t`` and measured ``y`` (s)."""
+    """:func:`fit_te`'s three forms fitted to points of ``g`` groups, model GPU time ``gpu_t`` and measured ``y``
+    (s)."""
     import numpy as np
     from scipy.optimize import least_squares
 
-    forms = {"sum": lambda a, b: gpu_t + 4 * a + 6 * g * b, "max": lambda a, b: np.maximum(gpu_t, 4 * a + 6 * g * b),
-             "soft": lambda a, b: np.hypot(gpu_t, 4 * a + 6 * g * b)}
+    forms = {
+        "sum": lambda a, b: gpu_t + 4 * a + 6 * g * b,
+        "max": lambda a, b: np.maximum(gpu_t, 4 * a + 6 * g * b),
+        "soft": lambda a, b: np.hypot(gpu_t, 4 * a + 6 * g * b),
+    }
     out = {}
     for name, fn in forms.items():
-        sol = least_squares(lambda x, fn=fn: np.log(fn(x[0] * 1e-6, x[1] * 1e-6)) - np.log(y), [100.0, 20.0],
-                            bounds=([0.0, 0.0], [5000.0, 500.0]))
+        sol = least_squares(
+            lambda x, fn=fn: np.log(fn(x[0] * 1e-6, x[1] * 1e-6)) - np.log(y),
+            [100.0, 20.0],
+            bounds=([0.0, 0.0], [5000.0, 500.0]),
+        )
         err = np.exp(sol.fun) - 1
-        out[name] = {"per_call_us": round(float(sol.x[0]), 1), "per_gemm_per_expert_us": round(float(sol.x[1]), 1),
-                     "median_abs_error": round(float(np.median(np.abs(err))), 4), "max_abs_error": round(float(np.max(np.abs(err))), 4)}
+        out[name] = {
+            "per_call_us": round(float(sol.x[0]), 1),
+            "per_gemm_per_expert_us": round(float(sol.x[1]), 1),
+            "median_abs_error": round(float(np.median(np.abs(err))), 4),
+            "max_abs_error": round(float(np.max(np.abs(err))), 4),
+        }
     return out
 
 
@@ -336,11 +457,18 @@ def fit(path: str) -> int:
 
     sol = least_squares(resid, [0.7, 50.0, 1.0], bounds=([0.3, 0.0, 0.0], [1.0, 1e3, 10.0]))
     err = np.exp(sol.fun) - 1
-    out = {"plateau": round(float(sol.x[0]), 4), "grouped_gemm_half_rows": round(float(sol.x[1]), 1),
-           "grouped_gemm_half_rows_work": float(f"{sol.x[2] * 1e9:.4g}"), "points": len(pts),
-           "median_abs_error": round(float(np.median(np.abs(err))), 4), "max_abs_error": round(float(np.max(np.abs(err))), 4),
-           "errors": [{"model": r["model"], "rows": r["rows"], "measured": r["efficiency"], "error": round(float(e), 4)}
-                      for r, e in zip(pts, err)]}
+    out = {
+        "plateau": round(float(sol.x[0]), 4),
+        "grouped_gemm_half_rows": round(float(sol.x[1]), 1),
+        "grouped_gemm_half_rows_work": float(f"{sol.x[2] * 1e9:.4g}"),
+        "points": len(pts),
+        "median_abs_error": round(float(np.median(np.abs(err))), 4),
+        "max_abs_error": round(float(np.max(np.abs(err))), 4),
+        "errors": [
+            {"model": r["model"], "rows": r["rows"], "measured": r["efficiency"], "error": round(float(e), 4)}
+            for r, e in zip(pts, err)
+        ],
+    }
     print(json.dumps(out, indent=0))
     return 0
 
@@ -349,8 +477,12 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--compare", default=None)
     ap.add_argument("--fit", default=None, help="a --compare table (JSON): fit the rows curve")
-    ap.add_argument("--compare-te", default=None, help="a grouped_te.jsonl of IMPL=te: TE against torch, fp8 against bf16")
-    ap.add_argument("--fit-te", default=None, help="a grouped_te.jsonl of IMPL=te: how its time is made (sum, max, soft)")
+    ap.add_argument(
+        "--compare-te", default=None, help="a grouped_te.jsonl of IMPL=te: TE against torch, fp8 against bf16"
+    )
+    ap.add_argument(
+        "--fit-te", default=None, help="a grouped_te.jsonl of IMPL=te: how its time is made (sum, max, soft)"
+    )
     a = ap.parse_args()
     if a.fit_te:
         sys.exit(fit_te(a.fit_te))

@@ -66,8 +66,16 @@ POINTS: tuple[tuple[int, int], ...] = ((128, 1), (4096, 1), (4096, 2), (4096, 4)
 ITERS = 10
 WARMUP = 3
 PROFILE_ITERS = 3
-BASE_LAYOUT = {"world_size": 1, "tp": 1, "pp": 1, "ep": 1, "micro_batch_size": 1, "dispatcher": "alltoall",
-               "use_distributed_optimizer": True, "use_precision_aware_optimizer": True}
+BASE_LAYOUT = {
+    "world_size": 1,
+    "tp": 1,
+    "pp": 1,
+    "ep": 1,
+    "micro_batch_size": 1,
+    "dispatcher": "alltoall",
+    "use_distributed_optimizer": True,
+    "use_precision_aware_optimizer": True,
+}
 
 
 def _spec(cid: str, seq: int) -> Any:
@@ -80,8 +88,15 @@ def _spec(cid: str, seq: int) -> Any:
     options: dict[str, Any] = {"fp8_recipe": recipe} if recipe else {}
     if fused:
         options["moe_permute_fusion"] = True
-    return build_spec(model, Layout.from_dict(BASE_LAYOUT), Workload(seq_length=seq, global_batch_size=1, precision=precision),
-                      env=HarnessEnv(transformer_engine=True), steps=1, warmup_steps=0, options=options or None)
+    return build_spec(
+        model,
+        Layout.from_dict(BASE_LAYOUT),
+        Workload(seq_length=seq, global_batch_size=1, precision=precision),
+        env=HarnessEnv(transformer_engine=True),
+        steps=1,
+        warmup_steps=0,
+        options=options or None,
+    )
 
 
 def _cpu_name() -> str:
@@ -124,7 +139,9 @@ def measure(out: Path, configs: list[str], budget_s: float) -> int:
         name, layers, experts, precision, recipe, fused = CONFIGS[cid]
         spec = _spec(cid, POINTS[-1][0])
         cfg = _transformer_config(spec)
-        if fused:  # Megatron-LM's defaults that need no main-grad buffer (gradient-accumulation fusion does; no DDP here)
+        if (
+            fused
+        ):  # Megatron-LM's defaults that need no main-grad buffer (gradient-accumulation fusion does; no DDP here)
             cfg.apply_rope_fusion = True
             cfg.bias_dropout_fusion = True
         m = spec.model
@@ -134,7 +151,15 @@ def measure(out: Path, configs: list[str], budget_s: float) -> int:
         g = torch.Generator(device="cuda").manual_seed(1234)
         for seq, mbs in POINTS:
             if time.monotonic() - t0 > budget_s:
-                emit({"event": "skipped", "config": cid, "seq_length": seq, "micro_batch_size": mbs, "reason": f"budget {budget_s:.0f} s spent"})
+                emit(
+                    {
+                        "event": "skipped",
+                        "config": cid,
+                        "seq_length": seq,
+                        "micro_batch_size": mbs,
+                        "reason": f"budget {budget_s:.0f} s spent",
+                    }
+                )
                 continue
             tokens = torch.randint(0, m["vocab_size"], (mbs, seq), device="cuda", generator=g)
             pos = torch.arange(seq, device="cuda").unsqueeze(0).expand(mbs, seq)
@@ -170,13 +195,33 @@ def measure(out: Path, configs: list[str], budget_s: float) -> int:
             tbw = [e[1].elapsed_time(e[2]) / 1e3 for e in ev]
             k_fb = kernels_total(fwd_bwd)
             k_f = kernels_total(fwd)
-            emit({"config": cid, "model": name, "layers": layers, "num_experts": experts, "precision": precision,
-                  "fp8_recipe": recipe, "fused": fused, "seq_length": seq, "micro_batch_size": mbs, "tokens": seq * mbs,
-                  "fwd_s": statistics.median(tf), "bwd_s": statistics.median(tbw),
-                  "host_fwd_s": statistics.median(hf), "host_bwd_s": statistics.median(hb),
-                  "kernels_fwd_s": k_f, "kernels_fwd_bwd_s": k_fb, "iters": ITERS,
-                  "fwd_s_all": tf, "bwd_s_all": tbw, "host_fwd_s_all": hf, "host_bwd_s_all": hb,
-                  "build_s": build_s, "elapsed_s": time.monotonic() - t0})
+            emit(
+                {
+                    "config": cid,
+                    "model": name,
+                    "layers": layers,
+                    "num_experts": experts,
+                    "precision": precision,
+                    "fp8_recipe": recipe,
+                    "fused": fused,
+                    "seq_length": seq,
+                    "micro_batch_size": mbs,
+                    "tokens": seq * mbs,
+                    "fwd_s": statistics.median(tf),
+                    "bwd_s": statistics.median(tbw),
+                    "host_fwd_s": statistics.median(hf),
+                    "host_bwd_s": statistics.median(hb),
+                    "kernels_fwd_s": k_f,
+                    "kernels_fwd_bwd_s": k_fb,
+                    "iters": ITERS,
+                    "fwd_s_all": tf,
+                    "bwd_s_all": tbw,
+                    "host_fwd_s_all": hf,
+                    "host_bwd_s_all": hb,
+                    "build_s": build_s,
+                    "elapsed_s": time.monotonic() - t0,
+                }
+            )
 
     failures = 0
     for cid in configs:
@@ -189,8 +234,16 @@ def measure(out: Path, configs: list[str], budget_s: float) -> int:
             failures += 1
             emit({"event": "error", "config": cid, "error": f"{type(e).__name__}: {str(e)[:400]}"})
         torch.cuda.empty_cache()
-    emit({"event": "versions", **_versions(), "gpu": torch.cuda.get_device_name(0), "cpu": _cpu_name(),
-          "cpus": os.cpu_count(), "elapsed_s": time.monotonic() - t0})
+    emit(
+        {
+            "event": "versions",
+            **_versions(),
+            "gpu": torch.cuda.get_device_name(0),
+            "cpu": _cpu_name(),
+            "cpus": os.cpu_count(),
+            "elapsed_s": time.monotonic() - t0,
+        }
+    )
     dist.destroy_process_group()
     return 1 if failures else 0
 
@@ -228,9 +281,17 @@ def read_rows(paths: list[str]) -> dict[tuple[str, int, int], dict[str, float]]:
             if "event" in d:
                 continue
             cid, seq, mbs = d.get("config"), d.get("seq_length"), d.get("micro_batch_size")
-            if not isinstance(cid, str) or cid not in CONFIGS or not _whole(seq) or not _whole(mbs) or (seq, mbs) not in POINTS:
-                raise ValueError(f"{where}: configuration {cid!r:.40} at seq {seq!r:.12} / micro-batch {mbs!r:.12} is not one "
-                                 f"this benchmark runs ({', '.join(CONFIGS)} at (seq, micro-batch) {POINTS})")
+            if (
+                not isinstance(cid, str)
+                or cid not in CONFIGS
+                or not _whole(seq)
+                or not _whole(mbs)
+                or (seq, mbs) not in POINTS
+            ):
+                raise ValueError(
+                    f"{where}: configuration {cid!r:.40} at seq {seq!r:.12} / micro-batch {mbs!r:.12} is not one "
+                    f"this benchmark runs ({', '.join(CONFIGS)} at (seq, micro-batch) {POINTS})"
+                )
             name, layers, experts, precision, _, _ = CONFIGS[cid]
             said = {"model": name, "layers": layers, "num_experts": experts, "precision": precision}
             off = [f"{k} {d[k]!r:.30} (configuration {cid} has {v!r})" for k, v in said.items() if k in d and d[k] != v]
@@ -238,10 +299,15 @@ def read_rows(paths: list[str]) -> dict[tuple[str, int, int], dict[str, float]]:
                 raise ValueError(f"{where}: {'; '.join(off)}: not a row of configuration {cid}")
             bad = [k for k in TIMES if not finite_number(d.get(k), True) or d[k] > MAX_PASS_S]
             if bad:
-                raise ValueError(f"{where}: {', '.join(bad)} must be numbers > 0 and at most {MAX_PASS_S:.0f} (seconds per pass)")
+                raise ValueError(
+                    f"{where}: {', '.join(bad)} must be numbers > 0 and at most {MAX_PASS_S:.0f} (seconds per pass)"
+                )
             if d["kernels_fwd_s"] > d["kernels_fwd_bwd_s"]:
-                raise ValueError(f"{where}: kernels_fwd_s {d['kernels_fwd_s']:.6g} is above kernels_fwd_bwd_s {d['kernels_fwd_bwd_s']:.6g}: "
-                                 "a forward's kernels cannot take longer than a forward and a backward")
+                raise ValueError(
+                    f"{where}: kernels_fwd_s {d['kernels_fwd_s']:.6g} is above kernels_fwd_bwd_s "
+                    f"{d['kernels_fwd_bwd_s']:.6g}: "
+                    "a forward's kernels cannot take longer than a forward and a backward"
+                )
             key = (cid, seq, mbs)
             if key in out:
                 raise ValueError(f"{where}: a second row of {cid} at seq {seq}, micro-batch {mbs}")
@@ -254,11 +320,17 @@ def read_rows(paths: list[str]) -> dict[tuple[str, int, int], dict[str, float]]:
 
 
 #: Pairs of 1- and 2-layer configurations: their difference is one layer without the embedding.
-LAYER_PAIRS = {"qw-e16": ("qw-e16-l1", "qw-e16-l2"), "qw-e16-fu": ("qw-e16-l1-fu", "qw-e16-l2-fu"), "mm-e32": ("mm-e32-l1", "mm-e32-l2")}
+LAYER_PAIRS = {
+    "qw-e16": ("qw-e16-l1", "qw-e16-l2"),
+    "qw-e16-fu": ("qw-e16-l1-fu", "qw-e16-l2-fu"),
+    "mm-e32": ("mm-e32-l1", "mm-e32-l2"),
+}
 PROBE = POINTS[0]
 
 
-def per_layer(rows: dict[tuple[str, int, int], dict[str, float]]) -> tuple[dict[tuple[str, int, int], dict[str, float]], list[str]]:
+def per_layer(
+    rows: dict[tuple[str, int, int], dict[str, float]],
+) -> tuple[dict[tuple[str, int, int], dict[str, float]], list[str]]:
     """One MoE layer's times per (configuration, point), and the rows left out with why.
 
     For :data:`LAYER_PAIRS` measured at a point, the 2-layer row less the 1-layer row (keyed by the pair's name); for
@@ -279,8 +351,10 @@ def per_layer(rows: dict[tuple[str, int, int], dict[str, float]]) -> tuple[dict[
     def check(name: str, seq: int, mbs: int, layer: dict[str, float], how: str) -> dict[str, float]:
         low = [k for k in USED if layer[k] <= 0]
         if low:
-            raise ValueError(f"{name} at seq {seq}, micro-batch {mbs}: one layer's {', '.join(low)} is at or below 0 ({how}); "
-                             "the rows cannot be one layer's times")
+            raise ValueError(
+                f"{name} at seq {seq}, micro-batch {mbs}: one layer's {', '.join(low)} is at or below 0 ({how}); "
+                "the rows cannot be one layer's times"
+            )
         return layer
 
     for name, (one, two) in LAYER_PAIRS.items():
@@ -293,7 +367,9 @@ def per_layer(rows: dict[tuple[str, int, int], dict[str, float]]) -> tuple[dict[
                 if not CONFIGS[one][5]:  # the plain pair's embedding share stands for the plain configurations
                     emb[(CONFIGS[one][0], seq, mbs)] = {k: a[k] - layer[k] for k in keys}
             elif b:
-                left_out.append(f"{two} at seq {seq}, micro-batch {mbs}: no {one} row at that point to take its embedding off")
+                left_out.append(
+                    f"{two} at seq {seq}, micro-batch {mbs}: no {one} row at that point to take its embedding off"
+                )
     for (cid, seq, mbs), r in sorted(rows.items()):
         model, layers, _, _, _, fused = CONFIGS[cid]
         if layers != 1 or (cid, seq, mbs) in paired:
@@ -324,13 +400,21 @@ def fit_host(layers: dict[tuple[str, int, int], dict[str, float]]) -> dict[str, 
         names.append(cid)
     counts = {CONFIGS[LAYER_PAIRS.get(c, (c,))[0]][2] for c in names}
     if len(ys) < 6 or len(counts) < 2:
-        raise ValueError("fewer than three plain bf16 configurations, of at least two local-expert counts, measured at the "
-                         f"128-token point ({', '.join(names) or 'none'}): nothing to fit the per-expert cost with")
+        raise ValueError(
+            "fewer than three plain bf16 configurations, of at least two local-expert counts, measured at the "
+            f"128-token point ({', '.join(names) or 'none'}): nothing to fit the per-expert cost with"
+        )
     sol, *_ = np.linalg.lstsq(np.array(xs, float), np.array(ys, float), rcond=None)
     pred = np.array(xs, float) @ sol
     err = pred / np.array(ys) - 1
-    return {"layer_forward_s": float(sol[0]), "layer_backward_s": float(sol[1]), "per_expert_gemm_s": float(sol[2]),
-            "configurations": names, "median_abs_error": float(np.median(np.abs(err))), "max_abs_error": float(np.max(np.abs(err)))}
+    return {
+        "layer_forward_s": float(sol[0]),
+        "layer_backward_s": float(sol[1]),
+        "per_expert_gemm_s": float(sol[2]),
+        "configurations": names,
+        "median_abs_error": float(np.median(np.abs(err))),
+        "max_abs_error": float(np.max(np.abs(err))),
+    }
 
 
 def combine(layers: dict[tuple[str, int, int], dict[str, float]]) -> dict[str, Any]:
@@ -348,7 +432,13 @@ def combine(layers: dict[tuple[str, int, int], dict[str, float]]) -> dict[str, A
         for d, k in (("fwd", "kernels_fwd_s"), ("bwd", "kernels_bwd_s")):
             h, g, m = probe[f"{d}_s"], r[k], r[f"{d}_s"]
             forms = {"sum": h + g, "max": max(h, g), "rss": float(np.hypot(h, g))}
-            row.update({f"{d}_measured_ms": round(m * 1e3, 2), f"{d}_host_ms": round(h * 1e3, 2), f"{d}_kernels_ms": round(g * 1e3, 2)})
+            row.update(
+                {
+                    f"{d}_measured_ms": round(m * 1e3, 2),
+                    f"{d}_host_ms": round(h * 1e3, 2),
+                    f"{d}_kernels_ms": round(g * 1e3, 2),
+                }
+            )
             for f, v in forms.items():
                 row[f"{d}_{f}_error"] = round(v / m - 1, 3)
                 errs[f][d].append(abs(v / m - 1))
@@ -366,8 +456,10 @@ def compare(paths: list[str]) -> dict[str, Any]:
             configurations at the probe point to fit (naming the files).
     """
     layers, left_out = per_layer(read_rows(paths))
-    table = [{"config": cid, "seq_length": seq, "micro_batch_size": mbs, **{k: round(v * 1e3, 3) for k, v in r.items()}}
-             for (cid, seq, mbs), r in sorted(layers.items())]
+    table = [
+        {"config": cid, "seq_length": seq, "micro_batch_size": mbs, **{k: round(v * 1e3, 3) for k, v in r.items()}}
+        for (cid, seq, mbs), r in sorted(layers.items())
+    ]
     try:
         fit = fit_host(layers)
     except ValueError as e:

@@ -1,7 +1,8 @@
 """megatron-core's CPU optimizer offload step timed alone on the lent machine (issue 14: the offload step time).
 
-    PYTHONPATH=/tmp/site:. OUT=... python3 benchmarks/h200_offload.py     # on the device: torch + the megatron-core wheel
-    PYTHONPATH=. python benchmarks/h200_offload.py --compare OFFLOAD.jsonl --primitives CPU_ADAM.jsonl [--steps SWEEP.jsonl ...]
+    PYTHONPATH=/tmp/site:. OUT=... python3 benchmarks/h200_offload.py  # on the device: torch + the megatron-core wheel
+    PYTHONPATH=. python benchmarks/h200_offload.py --compare OFFLOAD.jsonl --primitives CPU_ADAM.jsonl \
+        [--steps SWEEP.jsonl ...]
 
 Builds megatron-core 0.19's ``HybridDeviceOptimizer`` (``optimizer/cpu_offloading/hybrid_optimizer.py``) the way
 ``optimizer/__init__.py`` does for ``--optimizer-cpu-offload`` (torch ``AdamW`` on the CPU with ``fused=True``,
@@ -14,7 +15,8 @@ optimizer hands them over (``distrib_optimizer.py``, ``_copy_model_grads_to_main
   ``decoupled_grad``. The optimizer's CPU copy is ``.cpu().pin_memory()`` and then ``.float()``: an fp32 master in
   **pageable** host memory, copied back to the bf16 GPU parameter after each tensor's step;
 - ``fp32``: without it: fp32 main parameters and gradients; the CPU copy stays pinned (what pinned masters cost:
-  Megatron-LM's ``validate_args`` refuses offload without the precision-aware optimizer, so its runs take the path above).
+  Megatron-LM's ``validate_args`` refuses offload without the precision-aware optimizer, so its runs take the path
+  above).
 
 Each at the process's default threads (every core) and at one thread (what ``torchrun --nproc-per-node`` > 1 and slime's
 Ray actors leave a process), offload fraction 1.0, and 0.5 for ``bf16``. Also times the copies alone (1 GiB): pinned and
@@ -24,14 +26,15 @@ Writes ``$OUT/offload.jsonl``: one row per case (``step_s`` median of 4 after 2 
 AdamW's moments) and per copy (``gb_per_s``, and ``host_blocked_s``: how long ``copy_`` held the calling thread).
 
 ``--compare`` (here, no GPU) prices each case from the two primitives alone, measured in other processes:
-``offloaded x (1 / fused AdamW rate at the case's threads + 4 B / pageable host -> GPU bandwidth if bf16)``, the rate from
-``benchmarks/h200_cpu_adam.py``'s rows and the bandwidth from this file's ``h2d_pageable_fp32_to_bf16`` row, and prints it
-against the measured step. With ``--steps``, it does the same for whole harness steps with offload (16 threads: the
-harness's single process keeps torch's default), judged on their extra time over a row of the same file and machine
-that differs only in having no offload (and the precision-aware optimizer on or off). ``seed_reference_what_if``: the
-seed's reference port (64 H200, TP 2 PP 2 EP 8, offload 1.0, precision-aware; 557.8 tokens/s/GPU measured) with its
-offload priced from these primitives instead of the model's per-node rate, each of its node's 8 processes on one
-thread (slime's Ray actors) at the measured per-process rate of 8 concurrent single-thread processes.
+``offloaded x (1 / fused AdamW rate at the case's threads + 4 B / pageable host -> GPU bandwidth if bf16)``, the rate
+from ``benchmarks/h200_cpu_adam.py``'s rows and the bandwidth from this file's ``h2d_pageable_fp32_to_bf16`` row, and
+prints it against the measured step. With ``--steps``, it does the same for whole harness steps with offload (16
+threads: the harness's single process keeps torch's default), judged on their extra time over a row of the same file and
+machine that differs only in having no offload (and the precision-aware optimizer on or off).
+``seed_reference_what_if``: the seed's reference port (64 H200, TP 2 PP 2 EP 8, offload 1.0, precision-aware; 557.8
+tokens/s/GPU measured) with its offload priced from these primitives instead of the model's per-node rate, each of its
+node's 8 processes on one thread (slime's Ray actors) at the measured per-process rate of 8 concurrent single-thread
+processes.
 """
 
 from __future__ import annotations
@@ -71,10 +74,20 @@ def _case(kind: str, fraction: float, threads: int | None, q: Any) -> None:
         params.append(p)
     t0 = time.perf_counter()
     opt = HybridDeviceOptimizer(
-        [{"params": params}], offload_fraction=fraction, cpu_optimizer_cls=torch.optim.AdamW,
-        gpu_optimizer_cls=torch.optim.AdamW, overlap_cpu_optimizer_d2h_h2d=True, pin_cpu_grads=True,
-        pin_cpu_params=True, param_update_in_fp32=True, lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8,
-        fused=True)
+        [{"params": params}],
+        offload_fraction=fraction,
+        cpu_optimizer_cls=torch.optim.AdamW,
+        gpu_optimizer_cls=torch.optim.AdamW,
+        overlap_cpu_optimizer_d2h_h2d=True,
+        pin_cpu_grads=True,
+        pin_cpu_params=True,
+        param_update_in_fp32=True,
+        lr=1e-4,
+        weight_decay=0.1,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        fused=True,
+    )
     build_s = time.perf_counter() - t0
     gc.collect()
     ts = []
@@ -86,9 +99,20 @@ def _case(kind: str, fraction: float, threads: int | None, q: Any) -> None:
         if k >= WARMUP:
             ts.append(time.perf_counter() - t1)
     n = sum(p.numel() for p in params)
-    q.put({"kind": "hdo", "params": kind, "offload_fraction": fraction, "threads": torch.get_num_threads(),
-           "total_params": n, "offloaded_params": int(round(n * fraction)), "cpu_optimizers": len(opt.cpu_optimizers),
-           "build_s": build_s, "step_s": statistics.median(ts), "steps_s": ts})
+    q.put(
+        {
+            "kind": "hdo",
+            "params": kind,
+            "offload_fraction": fraction,
+            "threads": torch.get_num_threads(),
+            "total_params": n,
+            "offloaded_params": int(round(n * fraction)),
+            "cpu_optimizers": len(opt.cpu_optimizers),
+            "build_s": build_s,
+            "step_s": statistics.median(ts),
+            "steps_s": ts,
+        }
+    )
 
 
 def _copies(q: Any) -> None:
@@ -100,9 +124,13 @@ def _copies(q: Any) -> None:
     gpu16 = torch.empty(n, dtype=torch.bfloat16, device="cuda")
     pin32 = torch.empty(n, dtype=torch.float32, pin_memory=True).normal_()
     page32 = torch.empty(n, dtype=torch.float32).normal_()
-    for name, dst, src in (("h2d_pinned_fp32_to_fp32", gpu32, pin32), ("h2d_pinned_fp32_to_bf16", gpu16, pin32),
-                           ("h2d_pageable_fp32_to_fp32", gpu32, page32), ("h2d_pageable_fp32_to_bf16", gpu16, page32),
-                           ("d2h_fp32_to_pinned", pin32, gpu32)):
+    for name, dst, src in (
+        ("h2d_pinned_fp32_to_fp32", gpu32, pin32),
+        ("h2d_pinned_fp32_to_bf16", gpu16, pin32),
+        ("h2d_pageable_fp32_to_fp32", gpu32, page32),
+        ("h2d_pageable_fp32_to_bf16", gpu16, page32),
+        ("d2h_fp32_to_pinned", pin32, gpu32),
+    ):
         ts, blocked = [], []
         for k in range(5):
             torch.cuda.synchronize()
@@ -114,8 +142,16 @@ def _copies(q: Any) -> None:
                 ts.append(time.perf_counter() - t0)
                 blocked.append(t1 - t0)
         med = statistics.median(ts)
-        rows.append({"kind": "copy", "name": name, "host_bytes": n * 4, "s": med, "gb_per_s": n * 4 / med / 1e9,
-                     "host_blocked_s": statistics.median(blocked)})
+        rows.append(
+            {
+                "kind": "copy",
+                "name": name,
+                "host_bytes": n * 4,
+                "s": med,
+                "gb_per_s": n * 4 / med / 1e9,
+                "host_blocked_s": statistics.median(blocked),
+            }
+        )
     q.put(rows)
 
 
@@ -161,50 +197,94 @@ def compare(offload: Path, primitives: Path, steps: list[Path]) -> dict[str, Any
             raise TunerError(f"{where}: no fused AdamW rate at {threads} threads in {primitives} (has {sorted(rate)})")
         return params * (1 / rate[threads] + (4.0 / page if pageable else 0.0))
 
-    out: dict[str, Any] = {"fused_adamw_params_per_s": rate, "pageable_h2d_bytes_per_s": page, "optimizer_alone": [],
-                           "whole_steps": []}
+    out: dict[str, Any] = {
+        "fused_adamw_params_per_s": rate,
+        "pageable_h2d_bytes_per_s": page,
+        "optimizer_alone": [],
+        "whole_steps": [],
+    }
     for where, r in hdo:
         kind = text(r, "params", where, ("bf16", "fp32"))
         step = number(r, "step_s", where)
-        pred = price(number(r, "offloaded_params", where), number(r, "threads", where, integer=True), kind == "bf16", where)
-        out["optimizer_alone"].append({"case": r["case"], "measured_s": round(step, 3), "primitives_s": round(pred, 3),
-                                       "ratio": round(step / pred, 3)})
+        pred = price(
+            number(r, "offloaded_params", where), number(r, "threads", where, integer=True), kind == "bf16", where
+        )
+        out["optimizer_alone"].append(
+            {
+                "case": r["case"],
+                "measured_s": round(step, 3),
+                "primitives_s": round(pred, 3),
+                "ratio": round(step / pred, 3),
+            }
+        )
     if len(set(map(str, steps))) < len(steps):
         raise TunerError("--steps: a file is given twice")
     for path in steps:
-        sweep = [(w, r) for w, r in read_rows(path, "launch.harness.sweep (sweep.jsonl)")
-                 if r.get("status") == "ok" and isinstance(r.get("layout"), dict)]
+        sweep = [
+            (w, r)
+            for w, r in read_rows(path, "launch.harness.sweep (sweep.jsonl)")
+            if r.get("status") == "ok" and isinstance(r.get("layout"), dict)
+        ]
         found = 0
         for where, r in sweep:
             lay = r["layout"]
-            frac = number(lay, "optimizer_offload_fraction", where, positive=False, at_most=1.0) if "optimizer_offload_fraction" in lay else 0.0
+            frac = (
+                number(lay, "optimizer_offload_fraction", where, positive=False, at_most=1.0)
+                if "optimizer_offload_fraction" in lay
+                else 0.0
+            )
             if frac <= 0:
                 continue
             found += 1
             pa = flag(lay, "use_precision_aware_optimizer", where, default=True)
             key = {k: v for k, v in lay.items() if k not in _STEP_KEYS_IGNORED}
-            base = [(bw, b) for bw, b in sweep if b is not r and not b["layout"].get("optimizer_offload_fraction")
-                    and b.get("model") == r.get("model") and b.get("precision") == r.get("precision")
-                    and (b.get("options") or {}) == (r.get("options") or {})
-                    and {k: v for k, v in b["layout"].items() if k not in _STEP_KEYS_IGNORED} == key]
+            base = [
+                (bw, b)
+                for bw, b in sweep
+                if b is not r
+                and not b["layout"].get("optimizer_offload_fraction")
+                and b.get("model") == r.get("model")
+                and b.get("precision") == r.get("precision")
+                and (b.get("options") or {}) == (r.get("options") or {})
+                and {k: v for k, v in b["layout"].items() if k not in _STEP_KEYS_IGNORED} == key
+            ]
             hm = r.get("host_memory_per_rank")
             off = (hm[0].get("offload") if isinstance(hm, list) and hm and isinstance(hm[0], dict) else None) or {}
             case = r.get("id", where)
             if not isinstance(off, dict) or "rank_params" not in off:
-                out["whole_steps"].append({"case": case, "file": f"{path.parent.name}/{path.name}", "skipped": "no rank_params"})
+                out["whole_steps"].append(
+                    {"case": case, "file": f"{path.parent.name}/{path.name}", "skipped": "no rank_params"}
+                )
                 continue
             pred = price(number(off, "rank_params", where) * frac, every, pa, where)
             if not base:
-                out["whole_steps"].append({"case": case, "file": f"{path.parent.name}/{path.name}", "skipped": "no same-machine base row",
-                                           "measured_step_s": round(number(r, "step_time_s", where), 3),
-                                           "primitives_s": round(pred, 3)})
+                out["whole_steps"].append(
+                    {
+                        "case": case,
+                        "file": f"{path.parent.name}/{path.name}",
+                        "skipped": "no same-machine base row",
+                        "measured_step_s": round(number(r, "step_time_s", where), 3),
+                        "primitives_s": round(pred, 3),
+                    }
+                )
                 continue
             if len(base) > 1:
-                raise TunerError(f"{where}: {len(base)} rows of {path} could be its base ({', '.join(str(b.get('id')) for _, b in base)})")
+                raise TunerError(
+                    f"{where}: {len(base)} rows of {path} could be its base "
+                    f"({', '.join(str(b.get('id')) for _, b in base)})"
+                )
             bwhere, b = base[0]
             extra = number(r, "step_time_s", where) - number(b, "step_time_s", bwhere)
-            out["whole_steps"].append({"case": case, "base": b.get("id"), "file": f"{path.parent.name}/{path.name}", "measured_extra_s": round(extra, 3),
-                                       "primitives_s": round(pred, 3), "ratio": round(extra / pred, 3)})
+            out["whole_steps"].append(
+                {
+                    "case": case,
+                    "base": b.get("id"),
+                    "file": f"{path.parent.name}/{path.name}",
+                    "measured_extra_s": round(extra, 3),
+                    "primitives_s": round(pred, 3),
+                    "ratio": round(extra / pred, 3),
+                }
+            )
         if not found:
             raise TunerError(f"--steps {path}: no finished harness row with optimizer offload")
     if 8 in prim["procs"]:
@@ -229,15 +309,22 @@ def _seed_reference(per_process_rate: float, pageable: float) -> dict[str, float
     model, cluster, work, lay = run.model, run.cluster, run.workload, run.layout
     base = estimate(model, cluster, work, lay, options=run.options)
     gpus_per_node = min(cluster.gpus_per_node, cluster.num_gpus)
-    unit = dataclasses.replace(DEFAULT_CALIBRATION, cpu_adam_params_per_s_per_node=float(gpus_per_node), offload_overlap=1.0)
+    unit = dataclasses.replace(
+        DEFAULT_CALIBRATION, cpu_adam_params_per_s_per_node=float(gpus_per_node), offload_overlap=1.0
+    )
     offloaded = estimate(model, cluster, work, lay, calibration=unit, options=run.options).time["offload"]
     new = offloaded * (1 / per_process_rate + 4.0 / pageable)
     step = base.step_time_s - base.time["offload"] + new
     tokens = work.global_batch_size * work.seq_length / cluster.num_gpus / step
-    return {"offloaded_params_per_gpu": round(offloaded), "model_offload_s": round(base.time["offload"], 2),
-            "primitives_offload_s": round(new, 2), "model_tokens_per_s_per_gpu": round(base.tokens_per_s_per_gpu, 1),
-            "primitives_tokens_per_s_per_gpu": round(tokens, 1), "measured": run.published_tokens,
-            "primitives_error": round(tokens / run.published_tokens - 1, 3)}
+    return {
+        "offloaded_params_per_gpu": round(offloaded),
+        "model_offload_s": round(base.time["offload"], 2),
+        "primitives_offload_s": round(new, 2),
+        "model_tokens_per_s_per_gpu": round(base.tokens_per_s_per_gpu, 1),
+        "primitives_tokens_per_s_per_gpu": round(tokens, 1),
+        "measured": run.published_tokens,
+        "primitives_error": round(tokens / run.published_tokens - 1, 3),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -282,11 +369,16 @@ def measure() -> int:
     p = ctx.Process(target=_copies, args=(q,))
     p.start()
     got = gather_results([p], q)
-    for r in (got[0] if got else [{"kind": "error", "case": "copies", "exitcode": p.exitcode}]):
+    for r in got[0] if got else [{"kind": "error", "case": "copies", "exitcode": p.exitcode}]:
         emit(r)
     only = set(filter(None, os.environ.get("OFFLOAD_ONLY", "").split(",")))
-    for kind, fraction, threads in (("bf16", 1.0, None), ("fp32", 1.0, None), ("bf16", 0.5, None), ("bf16", 1.0, 1),
-                                    ("fp32", 1.0, 1)):
+    for kind, fraction, threads in (
+        ("bf16", 1.0, None),
+        ("fp32", 1.0, None),
+        ("bf16", 0.5, None),
+        ("bf16", 1.0, 1),
+        ("fp32", 1.0, 1),
+    ):
         tag = f"{kind}-{fraction}-{threads or 'default'}"
         if only and tag not in only:
             continue

@@ -29,18 +29,28 @@ def main() -> int:
     model = slice_model(load_model("MiniMax-M2"), 1)
     cluster = parse_gpus("1xH200")
     wl = Workload(seq_length=8192, global_batch_size=8)
-    be = LocalBackend(trials_dir=work, num_gpus=1, steps=6, warmup_steps=3, timeout_s=400, harness_options={"profile_step": 3})
+    be = LocalBackend(
+        trials_dir=work, num_gpus=1, steps=6, warmup_steps=3, timeout_s=400, harness_options={"profile_step": 3}
+    )
     m = be.run(Layout(world_size=1), model=model, cluster=cluster, workload=wl, trial_number=0)
     traces = sorted(work.rglob("profile_step3_pp*.json"))
-    info: dict[str, object] = {"step_times_s": list(m.step_times_s), "tokens_per_s_per_gpu": m.tokens_per_s_per_gpu,
-                               "peak_reserved_gib": m.peak_bytes / 2**30,
-                               "transformer_engine": be.env.transformer_engine, "traces": [str(t.relative_to(work)) for t in traces]}
+    info: dict[str, object] = {
+        "step_times_s": list(m.step_times_s),
+        "tokens_per_s_per_gpu": m.tokens_per_s_per_gpu,
+        "peak_reserved_gib": m.peak_bytes / 2**30,
+        "transformer_engine": be.env.transformer_engine,
+        "traces": [str(t.relative_to(work)) for t in traces],
+    }
     for t in traces:
         d = json.loads(t.read_text())
         ev = d.get("traceEvents", [])
-        info[t.name] = {"bytes": t.stat().st_size, "events": len(ev), "complete_events": sum(1 for e in ev if e.get("ph") == "X"),
-                        "gpu_kernel_events": sum(1 for e in ev if e.get("cat") == "kernel"),
-                        "names_sample": sorted({str(e.get("name"))[:60] for e in ev if e.get("cat") == "kernel"})[:8]}
+        info[t.name] = {
+            "bytes": t.stat().st_size,
+            "events": len(ev),
+            "complete_events": sum(1 for e in ev if e.get("ph") == "X"),
+            "gpu_kernel_events": sum(1 for e in ev if e.get("cat") == "kernel"),
+            "names_sample": sorted({str(e.get("name"))[:60] for e in ev if e.get("cat") == "kernel"})[:8],
+        }
         with t.open("rb") as src, gzip.open(out / (t.name + ".gz"), "wb") as dst:
             shutil.copyfileobj(src, dst)
     (out / "profile.json").write_text(json.dumps(info, indent=1, default=str) + "\n")

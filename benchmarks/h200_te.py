@@ -43,8 +43,8 @@ WORK = Path(os.environ.get("WORK") or "/tmp/h200_te")
 BUDGET = float(os.environ.get("BUDGET_S") or 540)
 FINAL = os.environ.get("FINAL") == "1"
 GIB = 2**30
-#: For tests (CI, no GPU): a program that stands in for ``torchrun ... -m launch.harness.train`` / the component program,
-#: and a Transformer Engine to claim (``benchmarks/h200_te.py`` is then run end to end with fakes).
+#: For tests (CI, no GPU): a program that stands in for ``torchrun ... -m launch.harness.train`` / the component
+#: program, and a Transformer Engine to claim (``benchmarks/h200_te.py`` is then run end to end with fakes).
 LAUNCHER = os.environ.get("H200_TE_LAUNCHER", "").split() or None
 COMPONENT_LAUNCHER = os.environ.get("H200_TE_COMPONENT_LAUNCHER", "").split() or None
 FAKE_TE = os.environ.get("H200_TE_FAKE_TE") == "1"
@@ -133,22 +133,45 @@ def run_sweep_case(c: dict[str, Any], cid: str, out_name: str) -> dict[str, Any]
     cluster = parse_gpus(gpus)
     wl = Workload(seq_length=c["seq_len"], global_batch_size=c["global_batch"], precision=c["precision"])
     lay = Layout.from_dict(c["layout"])
-    row: dict[str, Any] = {"id": cid, "case": c["id"], "model": model.name, "gpus": gpus, "seq_length": wl.seq_length,
-                           "global_batch_size": wl.global_batch_size, "precision": c["precision"], "layout": lay.to_dict(), "label": lay.label, "model_overrides": c.get("model_overrides") or {},
-                           "options": c["options"], "steps": c["steps"], "warmup": c["warmup"], "uptime_at_start_s": uptime_s(),
-                           "driver_elapsed_at_start_s": elapsed()}
+    row: dict[str, Any] = {
+        "id": cid,
+        "case": c["id"],
+        "model": model.name,
+        "gpus": gpus,
+        "seq_length": wl.seq_length,
+        "global_batch_size": wl.global_batch_size,
+        "precision": c["precision"],
+        "layout": lay.to_dict(),
+        "label": lay.label,
+        "model_overrides": c.get("model_overrides") or {},
+        "options": c["options"],
+        "steps": c["steps"],
+        "warmup": c["warmup"],
+        "uptime_at_start_s": uptime_s(),
+        "driver_elapsed_at_start_s": elapsed(),
+    }
     broken = check_layout(lay, model, wl)
     if broken:
         row["rules_broken"] = [f"[{r}] {m}" for r, m in broken]
-    backend = LocalBackend(trials_dir=WORK / "trials", num_gpus=cluster.num_gpus, steps=c["steps"], warmup_steps=c["warmup"],
-                           timeout_s=max(60.0, min(2.5 * c["est_s"], BUDGET - elapsed() + 30)), harness_options={**c["options"], "label": cid},
-                           launcher=LAUNCHER,
-                           env=harness_env())
+    backend = LocalBackend(
+        trials_dir=WORK / "trials",
+        num_gpus=cluster.num_gpus,
+        steps=c["steps"],
+        warmup_steps=c["warmup"],
+        timeout_s=max(60.0, min(2.5 * c["est_s"], BUDGET - elapsed() + 30)),
+        harness_options={**c["options"], "label": cid},
+        launcher=LAUNCHER,
+        env=harness_env(),
+    )
     try:
         from cost_model.estimate import estimate
 
         e = estimate(model, cluster, wl, harness_layout(lay, backend.env))
-        row.update(pred_step_time_s=e.step_time_s, pred_peak_gib=e.peak_bytes / GIB, pred_note="shipped calibration; it does not model the harness options")
+        row.update(
+            pred_step_time_s=e.step_time_s,
+            pred_peak_gib=e.peak_bytes / GIB,
+            pred_note="shipped calibration; it does not model the harness options",
+        )
     except Exception as ex:  # noqa: BLE001 - a prediction is a side note here
         row["pred_error"] = f"{type(ex).__name__}: {str(ex)[:200]}"
     t = time.monotonic()
@@ -156,13 +179,26 @@ def run_sweep_case(c: dict[str, Any], cid: str, out_name: str) -> dict[str, Any]
         m = backend.run(lay, model=model, cluster=cluster, workload=wl, trial_dir=cid)
         s = m.extra["summary"]
         res = read_results(Path(m.log_path) / "steps.jsonl")
-        row.update(status="ok", step_time_s=s["median_step_time_s"], step_time_cv=s["step_time_cv"], tokens_per_s_per_gpu=m.tokens_per_s_per_gpu,
-                   peak_reserved_gib=m.peak_bytes / GIB, peak_allocated_gib=m.extra["peak_allocated_bytes"] / GIB,
-                   peak_reserved_bytes_per_rank=s["peak_reserved_bytes"], peak_allocated_bytes_per_rank=s["peak_allocated_bytes"],
-                   peak_host_rss_gib=(s.get("peak_host_rss_bytes") or 0) / GIB, host_memory_per_rank=s.get("host_memory_per_rank"),
-                   run_options=s.get("run_options"), step_times_s=[st.step_time_s for st in res.steps], losses=[st.loss for st in res.steps],
-                   grad_norms=[st.grad_norm for st in res.steps], build_s=s.get("build_s"), versions=s.get("versions"), notes=s.get("notes"),
-                   num_microbatches=s.get("num_microbatches"))
+        row.update(
+            status="ok",
+            step_time_s=s["median_step_time_s"],
+            step_time_cv=s["step_time_cv"],
+            tokens_per_s_per_gpu=m.tokens_per_s_per_gpu,
+            peak_reserved_gib=m.peak_bytes / GIB,
+            peak_allocated_gib=m.extra["peak_allocated_bytes"] / GIB,
+            peak_reserved_bytes_per_rank=s["peak_reserved_bytes"],
+            peak_allocated_bytes_per_rank=s["peak_allocated_bytes"],
+            peak_host_rss_gib=(s.get("peak_host_rss_bytes") or 0) / GIB,
+            host_memory_per_rank=s.get("host_memory_per_rank"),
+            run_options=s.get("run_options"),
+            step_times_s=[st.step_time_s for st in res.steps],
+            losses=[st.loss for st in res.steps],
+            grad_norms=[st.grad_norm for st in res.steps],
+            build_s=s.get("build_s"),
+            versions=s.get("versions"),
+            notes=s.get("notes"),
+            num_microbatches=s.get("num_microbatches"),
+        )
         if res.memory_phases:
             row["memory_phases"] = res.memory_phases
         if res.forward_only:
@@ -182,8 +218,12 @@ def run_sweep_case(c: dict[str, Any], cid: str, out_name: str) -> dict[str, Any]
             row["log_tail"] = lp.read_text(errors="replace")[-2500:]
     row["wall_s"] = time.monotonic() - t
     emit(out_name, row)
-    log(f"{cid}: {row.get('status')} step {_f(row.get('step_time_s'))} s (cv {_f(row.get('step_time_cv'))}), reserved {_f(row.get('peak_reserved_gib'))} "
-        f"GiB, host {_f(row.get('peak_host_rss_gib'))} GiB, wall {row['wall_s']:.0f} s" + (f" -- {str(row.get('message'))[:200]}" if row.get("message") else ""))
+    log(
+        f"{cid}: {row.get('status')} step {_f(row.get('step_time_s'))} s (cv {_f(row.get('step_time_cv'))}), reserved "
+        f"{_f(row.get('peak_reserved_gib'))} "
+        f"GiB, host {_f(row.get('peak_host_rss_gib'))} GiB, wall {row['wall_s']:.0f} s"
+        + (f" -- {str(row.get('message'))[:200]}" if row.get("message") else "")
+    )
     shutil.rmtree(WORK / "trials" / cid / "ckpt", ignore_errors=True)
     return row
 
@@ -200,8 +240,13 @@ def run_component(cid: str) -> dict[str, Any]:
     from tuner.verify.component import plan_component_test, run_component_test
 
     left = BUDGET - elapsed()
-    plan = plan_component_test(out_dir=WORK / "component", max_experts=int(os.environ.get("COMPONENT_MAX_EXPERTS", "256")), moments=("fp32",),
-                               env=harness_env(), check_machine=COMPONENT_LAUNCHER is None)
+    plan = plan_component_test(
+        out_dir=WORK / "component",
+        max_experts=int(os.environ.get("COMPONENT_MAX_EXPERTS", "256")),
+        moments=("fp32",),
+        env=harness_env(),
+        check_machine=COMPONENT_LAUNCHER is None,
+    )
     cap = float(os.environ.get("COMPONENT_TIMEOUT_S", "480"))
     o = run_component_test(plan, timeout_s=max(60.0, min(cap, left - 20)), launcher=COMPONENT_LAUNCHER)
     for r in o.rows:
@@ -212,8 +257,11 @@ def run_component(cid: str) -> dict[str, Any]:
     log(f"{cid}: {o.result} in {o.seconds:.0f} s, {o.experts} experts" + (f" -- {o.error[:300]}" if o.error else ""))
     if o.decision is not None:
         for name, a in o.decision.arms.items():
-            log(f"   {name:28s} {a['verdict']:18s} " + " ".join(f"step{s}={_e(a['errors'].get(s))}" for s in o.decision.steps)
-                + (f"  ({a['why'][:120]})" if a.get("why") else ""))
+            log(
+                f"   {name:28s} {a['verdict']:18s} "
+                + " ".join(f"step{s}={_e(a['errors'].get(s))}" for s in o.decision.steps)
+                + (f"  ({a['why'][:120]})" if a.get("why") else "")
+            )
         log(f"   bound: {o.decision.bound}; bitwise: {o.decision.bitwise}")
     return {"result": o.result}
 
@@ -243,7 +291,10 @@ def parity_candidates(ref: Any) -> dict[str, tuple[Any, str | None]]:
     return {
         "par-fault-norm-grad-scaled": (mbs2, "norm_grad_scaled"),
         "par-mbs2": (mbs2, None),
-        "par-full-recompute": (ref.replace(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1), None),
+        "par-full-recompute": (
+            ref.replace(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
+            None,
+        ),
         "par-allgather": (ref.replace(dispatcher="allgather"), None),
         "par-fault-non-causal": (ref, "non_causal_attention"),
         "par-offload-1.0": (ref.replace(optimizer_offload_fraction=1.0, overlap_cpu_optimizer_d2h_h2d=True), None),
@@ -257,17 +308,28 @@ def run_convergence(cid: str) -> dict[str, Any]:
     cand, fault = parity_candidates(ref)["par-fault-norm-grad-scaled"]
     plan = plan_verify(m, c, wl, cand, ref, out_dir=WORK / "conv", steps=20, fault=fault)
     t = time.monotonic()
-    o = run_verify(plan, local_backend_factory(timeout_s=max(90.0, min(300.0, (BUDGET - elapsed()) / 2)), launcher=LAUNCHER, env=harness_env()),
-                   keep_checkpoint=True)
+    o = run_verify(
+        plan,
+        local_backend_factory(
+            timeout_s=max(90.0, min(300.0, (BUDGET - elapsed()) / 2)), launcher=LAUNCHER, env=harness_env()
+        ),
+        keep_checkpoint=True,
+    )
     d = o.to_dict()
     d.pop("arm_logs", None)
-    emit("parity.jsonl", {"id": cid, "kind": "convergence", "seconds": time.monotonic() - t, "block": convergence_block(o), **d})
+    emit(
+        "parity.jsonl",
+        {"id": cid, "kind": "convergence", "seconds": time.monotonic() - t, "block": convergence_block(o), **d},
+    )
     if o.result == "error":
         for arm in ("reference", "candidate"):
             keep_log(f"{cid}-{arm}", WORK / "conv" / arm)
     from tuner.verify.inputs import layout_text
 
-    log(f"{cid}: convergence {o.result} ({o.summary()[:240]}) in {time.monotonic() - t:.0f} s; candidate {layout_text(cand)} with fault {fault}")
+    log(
+        f"{cid}: convergence {o.result} ({o.summary()[:240]}) in {time.monotonic() - t:.0f} s; candidate "
+        f"{layout_text(cand)} with fault {fault}"
+    )
     return {"result": o.result}
 
 
@@ -278,18 +340,36 @@ def run_parity(cid: str) -> dict[str, Any]:
     cand, fault = parity_candidates(ref)[cid]
     ck = WORK / "conv" / "checkpoint"
     have_ck = (ck / "metadata.json").exists()
-    plan = plan_grad_parity(m, c, wl, cand, ref, out_dir=WORK / "parity" / cid, init_checkpoint=ck if have_ck else None,
-                            reference_dir=WORK / "parity" / "ref" if have_ck else None, data_step_offset=40 if have_ck else 0, fault=fault)
-    o = run_grad_parity(plan, parity_backend_factory(timeout_s=max(90.0, min(240.0, BUDGET - elapsed())), launcher=LAUNCHER, env=harness_env()))
+    plan = plan_grad_parity(
+        m,
+        c,
+        wl,
+        cand,
+        ref,
+        out_dir=WORK / "parity" / cid,
+        init_checkpoint=ck if have_ck else None,
+        reference_dir=WORK / "parity" / "ref" if have_ck else None,
+        data_step_offset=40 if have_ck else 0,
+        fault=fault,
+    )
+    o = run_grad_parity(
+        plan,
+        parity_backend_factory(
+            timeout_s=max(90.0, min(240.0, BUDGET - elapsed())), launcher=LAUNCHER, env=harness_env()
+        ),
+    )
     d = o.to_dict()
     emit("parity.jsonl", {"id": cid, "kind": "grad_parity", "block": o.block(gpu="H200"), **d})
     if o.result == "error":
         for a in plan.arms:
             keep_log(f"{cid}-{a.name}", Path(plan.out_dir) / "runs" / Path(a.dump_dir).parent.name)
     th = o.thresholds
-    log(f"{cid}: {o.result} in {o.seconds:.0f} s (arms {', '.join(f'{k} {v:.0f}s' for k, v in o.arm_seconds.items())}; reused {list(o.reused)}); "
+    log(
+        f"{cid}: {o.result} in {o.seconds:.0f} s (arms {', '.join(f'{k} {v:.0f}s' for k, v in o.arm_seconds.items())}; "
+        f"reused {list(o.reused)}); "
         + (f"noise {_e(th.noise_rel_l2)}, threshold {_e(th.rel_l2)}; " if th is not None else "")
-        + (o.parity.summary()[:400] if o.parity is not None else o.error[:300]))
+        + (o.parity.summary()[:400] if o.parity is not None else o.error[:300])
+    )
     return {"result": o.result}
 
 
@@ -300,16 +380,35 @@ def build_queue(parts: list[str]) -> list[tuple[str, str, float, Any]]:
     """(case id, output file, planned seconds, runner)."""
     from benchmarks.h200_te_layouts import CASES, PROBE
 
-    sweep = [(c["id"], "sweep.jsonl", float(c["est_s"]), (lambda c=c, cid=c["id"]: run_sweep_case(c, cid, "sweep.jsonl"))) for c in CASES]
-    probe_first = [("probe-first", "probe.jsonl", float(PROBE["est_s"]), lambda: run_sweep_case(PROBE, "probe-first", "probe.jsonl"))]
-    probe_last = [("probe-last", "probe.jsonl", float(PROBE["est_s"]), lambda: run_sweep_case(PROBE, "probe-last", "probe.jsonl"))]
+    sweep = [
+        (c["id"], "sweep.jsonl", float(c["est_s"]), (lambda c=c, cid=c["id"]: run_sweep_case(c, cid, "sweep.jsonl")))
+        for c in CASES
+    ]
+    probe_first = [
+        (
+            "probe-first",
+            "probe.jsonl",
+            float(PROBE["est_s"]),
+            lambda: run_sweep_case(PROBE, "probe-first", "probe.jsonl"),
+        )
+    ]
+    probe_last = [
+        ("probe-last", "probe.jsonl", float(PROBE["est_s"]), lambda: run_sweep_case(PROBE, "probe-last", "probe.jsonl"))
+    ]
     component = [("component", "component.jsonl", 200.0, lambda: run_component("component"))]
     est = {"par-fault-norm-grad-scaled": 130.0, "par-offload-1.0": 70.0}
     from specs.layout import Layout
 
-    parity = [("conv-fault-norm-grad-scaled", "parity.jsonl", 130.0, lambda: run_convergence("conv-fault-norm-grad-scaled"))]
-    parity += [(cid, "parity.jsonl", est.get(cid, 45.0), (lambda cid=cid: run_parity(cid))) for cid in parity_candidates(Layout(world_size=1))]
-    parity_extra = [x for x in parity if x[0] == "par-offload-1.0"]  # optimizer offload does not touch the gradients: last
+    parity = [
+        ("conv-fault-norm-grad-scaled", "parity.jsonl", 130.0, lambda: run_convergence("conv-fault-norm-grad-scaled"))
+    ]
+    parity += [
+        (cid, "parity.jsonl", est.get(cid, 45.0), (lambda cid=cid: run_parity(cid)))
+        for cid in parity_candidates(Layout(world_size=1))
+    ]
+    parity_extra = [
+        x for x in parity if x[0] == "par-offload-1.0"
+    ]  # optimizer offload does not touch the gradients: last
     parity = [x for x in parity if x[0] != "par-offload-1.0"]
     census_ids = {c["id"] for c in CASES if c["options"].get("saved_tensor_census")}
     q: list[tuple[str, str, float, Any]] = []
@@ -370,8 +469,11 @@ def main() -> int:
     state = State(WORK / "state.json")
     queue = build_queue(parts)
     probe_est = next((e for cid, _, e, _ in queue if cid == "probe-last"), 0.0)
-    log(f"call {state.d['calls']}: parts {parts}, budget {BUDGET:.0f} s, {len(queue)} cases, {sum(1 for q in queue if state.done(q[0]))} done before; "
-        f"uptime {uptime_s()} s; final {FINAL}")
+    log(
+        f"call {state.d['calls']}: parts {parts}, budget {BUDGET:.0f} s, {len(queue)} cases, "
+        f"{sum(1 for q in queue if state.done(q[0]))} done before; "
+        f"uptime {uptime_s()} s; final {FINAL}"
+    )
     try:
         env = harness_env()
         log(f"environment: transformer_engine {env.transformer_engine}")
@@ -385,17 +487,40 @@ def main() -> int:
             continue
         reserve = probe_est if (FINAL and cid != "probe-last") else 0.0
         if elapsed() + est + reserve > BUDGET:
-            log(f"{cid}: skipped (planned {est:.0f} s, {BUDGET - elapsed():.0f} s left{', keeping room for probe-last' if reserve else ''})")
-            emit(out_name, {"id": cid, "status": "skipped", "reason": f"budget: planned {est:.0f} s, {BUDGET - elapsed():.0f} s left"})
+            log(
+                f"{cid}: skipped (planned {est:.0f} s, {BUDGET - elapsed():.0f} s "
+                f"left{', keeping room for probe-last' if reserve else ''})"
+            )
+            emit(
+                out_name,
+                {
+                    "id": cid,
+                    "status": "skipped",
+                    "reason": f"budget: planned {est:.0f} s, {BUDGET - elapsed():.0f} s left",
+                },
+            )
             continue
         t = time.monotonic()
         try:
             info = fn() or {}
         except Exception as e:  # noqa: BLE001 - a case that breaks is recorded; the next one runs
             info = {"result": "driver_error", "message": f"{type(e).__name__}: {e}"}
-            emit(out_name, {"id": cid, "status": "driver_error", "message": f"{type(e).__name__}: {str(e)[:1500]}", "traceback": traceback.format_exc()[-3000:]})
+            emit(
+                out_name,
+                {
+                    "id": cid,
+                    "status": "driver_error",
+                    "message": f"{type(e).__name__}: {str(e)[:1500]}",
+                    "traceback": traceback.format_exc()[-3000:],
+                },
+            )
             log(f"{cid}: driver error {type(e).__name__}: {str(e)[:300]}")
-        state.mark(cid, seconds=time.monotonic() - t, planned=est, **{k: v for k, v in info.items() if k in ("result", "status")})
+        state.mark(
+            cid,
+            seconds=time.monotonic() - t,
+            planned=est,
+            **{k: v for k, v in info.items() if k in ("result", "status")},
+        )
     left = [cid for cid, *_ in queue if not state.done(cid)]
     log(f"end of call {state.d['calls']}: {len(queue) - len(left)} of {len(queue)} cases done in all; left: {left}")
     if (WORK / "logs").exists():

@@ -70,7 +70,9 @@ def apply(m: dict[str, Any]) -> None:
         count = src.count(m["old"])
         if count != 1:
             raise RuntimeError(f"mutation {m.get('name')}: {m['old']!r} occurs {count} times in {m['target']}")
-        code = compile(src.replace(m["old"], m["new"]), inspect.getfile(fn), "exec", flags=__future__.annotations.compiler_flag)
+        code = compile(
+            src.replace(m["old"], m["new"]), inspect.getfile(fn), "exec", flags=__future__.annotations.compiler_flag
+        )
         exec(code, module.__dict__)
         return
     raise ValueError(f"unknown mutation kind {kind!r}")

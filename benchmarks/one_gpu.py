@@ -39,15 +39,26 @@ def decoder_model(cfg: Any, model: dict[str, Any], max_sequence_length: int, see
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
     block = get_gpt_decoder_block_spec(cfg, use_transformer_engine=True, normalization="RMSNorm", vp_stage=None)
-    m = GPTModel(config=cfg, transformer_layer_spec=block, vocab_size=model["vocab_size"], max_sequence_length=max_sequence_length,
-                 pre_process=True, post_process=False, share_embeddings_and_output_weights=False,
-                 position_embedding_type="rope", rotary_percent=model["rotary_percent"], rotary_base=int(model["rotary_base"]))
+    m = GPTModel(
+        config=cfg,
+        transformer_layer_spec=block,
+        vocab_size=model["vocab_size"],
+        max_sequence_length=max_sequence_length,
+        pre_process=True,
+        post_process=False,
+        share_embeddings_and_output_weights=False,
+        position_embedding_type="rope",
+        rotary_percent=model["rotary_percent"],
+        rotary_base=int(model["rotary_base"]),
+    )
     m.cuda(torch.cuda.current_device())
     m.train()
     return m
 
 
-def jsonl_emitter(path: Path, printed: Callable[[dict[str, Any]], dict[str, Any]] = lambda r: r) -> Callable[[dict[str, Any]], None]:
+def jsonl_emitter(
+    path: Path, printed: Callable[[dict[str, Any]], dict[str, Any]] = lambda r: r
+) -> Callable[[dict[str, Any]], None]:
     """A writer that appends each row to ``path`` as one JSON line and prints ``printed(row)`` (e.g. the row without its
     long lists) to standard output."""
 

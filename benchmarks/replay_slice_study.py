@@ -30,8 +30,16 @@ def _cases(path: Path) -> dict[str, dict[str, Any]]:
         if not line.strip():
             continue
         r = json.loads(line)
-        c = cases.setdefault(r["case"], {"layout": r["layout"], "runs": [], "pred_tps": r.get("pred_tokens_per_s_per_gpu"),
-                                         "pred_step": r.get("pred_step_time_s"), "pred_peak_gib": r.get("pred_peak_gib")})
+        c = cases.setdefault(
+            r["case"],
+            {
+                "layout": r["layout"],
+                "runs": [],
+                "pred_tps": r.get("pred_tokens_per_s_per_gpu"),
+                "pred_step": r.get("pred_step_time_s"),
+                "pred_peak_gib": r.get("pred_peak_gib"),
+            },
+        )
         c["runs"].append(r)
     return {k: v for k, v in cases.items() if v["pred_tps"] and v["pred_step"]}
 
@@ -47,8 +55,9 @@ def _codes(layouts: list[dict[str, Any]]) -> np.ndarray:
     return np.asarray(cols, dtype=np.int64).T if cols else np.zeros((len(layouts), 1), dtype=np.int64)
 
 
-def replay(cases: dict[str, dict[str, Any]], *, hbm_gib: float, order: int, live: Any = None,
-           gpu_hours: float | None = None) -> dict[str, Any]:
+def replay(
+    cases: dict[str, dict[str, Any]], *, hbm_gib: float, order: int, live: Any = None, gpu_hours: float | None = None
+) -> dict[str, Any]:
     from cost_model.uncertainty import error_bars
     from specs import load_model, parse_gpus
     from tuner.study.policy import GainPolicy, PolicyParams
@@ -56,14 +65,28 @@ def replay(cases: dict[str, dict[str, Any]], *, hbm_gib: float, order: int, live
     names = sorted(cases)
     bars = error_bars(load_model("Qwen3-30B-A3B"), parse_gpus("1xH100").gpu, "bf16")
     rng = np.random.default_rng(order)
-    runs = {n: (list(cases[n]["runs"]) if order == 0 or rng.random() < 0.5 else list(reversed(cases[n]["runs"]))) for n in names}
+    runs = {
+        n: (list(cases[n]["runs"]) if order == 0 or rng.random() < 0.5 else list(reversed(cases[n]["runs"])))
+        for n in names
+    }
     pol = GainPolicy(
         predicted=np.array([cases[n]["pred_tps"] for n in names], float),
         step_time_s=np.array([cases[n]["pred_step"] for n in names], float),
         peak_bytes=np.array([(cases[n]["pred_peak_gib"] or 0.0) * GIB for n in names], float),
-        codes=_codes([cases[n]["layout"] for n in names]), hbm_bytes=hbm_gib * GIB, gpus=1,
-        params=PolicyParams(sigma=bars.throughput.sigma, bias=bars.throughput.mu, memory_sigma=bars.memory.sigma,
-                            startup_s=60.0, steps=8, max_runs=2, max_trials=40, gpu_hours=gpu_hours))
+        codes=_codes([cases[n]["layout"] for n in names]),
+        hbm_bytes=hbm_gib * GIB,
+        gpus=1,
+        params=PolicyParams(
+            sigma=bars.throughput.sigma,
+            bias=bars.throughput.mu,
+            memory_sigma=bars.memory.sigma,
+            startup_s=60.0,
+            steps=8,
+            max_runs=2,
+            max_trials=40,
+            gpu_hours=gpu_hours,
+        ),
+    )
     used = dict.fromkeys(names, 0)
     trials = []
     while True:
@@ -83,18 +106,34 @@ def replay(cases: dict[str, dict[str, Any]], *, hbm_gib: float, order: int, live
         steps = float(sum(r.get("step_times_s") or ()))
         ok = r.get("status") == "ok"
         peak = r.get("peak_reserved_gib")
-        pol.observe(d.index, float(r["tokens_per_s_per_gpu"]) if ok else None, gpu_hours=wall / 3600, failed=not ok,
-                    startup_s=(wall - steps) if ok else None, peak_bytes=float(peak) * 2**30 if ok and peak else None,
-                    out_of_memory=r.get("status") == "oom")
+        pol.observe(
+            d.index,
+            float(r["tokens_per_s_per_gpu"]) if ok else None,
+            gpu_hours=wall / 3600,
+            failed=not ok,
+            startup_s=(wall - steps) if ok else None,
+            peak_bytes=float(peak) * 2**30 if ok and peak else None,
+            out_of_memory=r.get("status") == "oom",
+        )
         trials.append(n)
     inc = pol.incumbent()
-    means = {n: statistics.mean(r["tokens_per_s_per_gpu"] for r in runs[n] if r.get("status") == "ok")
-             for n in names if any(r.get("status") == "ok" for r in runs[n])}
+    means = {
+        n: statistics.mean(r["tokens_per_s_per_gpu"] for r in runs[n] if r.get("status") == "ok")
+        for n in names
+        if any(r.get("status") == "ok" for r in runs[n])
+    }
     best = max(means, key=lambda n: means[n]) if means else None
     pick = names[inc] if inc is not None else None
-    return {"order": order, "pick": pick, "reference_best": best,
-            "gap": (means[pick] / means[best] - 1) if pick in means and best else None,
-            "trials": len(trials), "distinct_layouts": len(set(trials)), "gpu_minutes": pol.spent_gpu_hours * 60, "stop": reason}
+    return {
+        "order": order,
+        "pick": pick,
+        "reference_best": best,
+        "gap": (means[pick] / means[best] - 1) if pick in means and best else None,
+        "trials": len(trials),
+        "distinct_layouts": len(set(trials)),
+        "gpu_minutes": pol.spent_gpu_hours * 60,
+        "stop": reason,
+    }
 
 
 def _live(cases: dict[str, dict[str, Any]], hbm_gib: float) -> dict[str, Any]:
@@ -125,21 +164,32 @@ def _live(cases: dict[str, dict[str, Any]], hbm_gib: float) -> dict[str, Any]:
     means = {n: statistics.mean(v) for n, v in ok.items() if v}
     best = max(means, key=lambda n: means[n])
     pick = out["pick"]
-    out.update(reference_best=best, reference="mean of the recorded runs (RUNS.jsonl)",
-               gap=(means[pick] / means[best] - 1) if pick in means else None,
-               gpu_minutes_measuring_everything_twice=sum(float(r.get("wall_s") or 0) for c in cases.values() for r in c["runs"]) / 60,
-               trials_run=[r["run_id"] for r in live_rows])
+    out.update(
+        reference_best=best,
+        reference="mean of the recorded runs (RUNS.jsonl)",
+        gap=(means[pick] / means[best] - 1) if pick in means else None,
+        gpu_minutes_measuring_everything_twice=sum(
+            float(r.get("wall_s") or 0) for c in cases.values() for r in c["runs"]
+        )
+        / 60,
+        trials_run=[r["run_id"] for r in live_rows],
+    )
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs")
-    ap.add_argument("--hbm-gib", type=float, default=79.6, help="the card's memory (H100 80 GB: 79.6 GiB as nvidia-smi reports it)")
+    ap.add_argument(
+        "--hbm-gib", type=float, default=79.6, help="the card's memory (H100 80 GB: 79.6 GiB as nvidia-smi reports it)"
+    )
     ap.add_argument("--orders", type=int, default=20)
-    ap.add_argument("--live", action="store_true",
-                    help="on the GPU machine: run each trial the policy asks for now (benchmarks/slice_study.py's run), "
-                         "and judge its pick against RUNS.jsonl's means; writes $OUT/live.jsonl")
+    ap.add_argument(
+        "--live",
+        action="store_true",
+        help="on the GPU machine: run each trial the policy asks for now (benchmarks/slice_study.py's run), "
+        "and judge its pick against RUNS.jsonl's means; writes $OUT/live.jsonl",
+    )
     a = ap.parse_args()
     cases = _cases(Path(a.runs))
     if a.live:
@@ -150,15 +200,26 @@ def main() -> None:
     once = sum(float(c["runs"][0].get("wall_s") or 0) for c in cases.values()) / 60
     res = [replay(cases, hbm_gib=a.hbm_gib, order=k) for k in range(a.orders)]
     gaps = [r["gap"] for r in res if r["gap"] is not None]
-    print(json.dumps({
-        "layouts": len(cases), "runs": len(all_runs), "gpu_minutes_measuring_everything_twice": everything,
-        "gpu_minutes_measuring_everything_once": once,
-        "policy": {"orders": len(res), "median_gap": statistics.median(gaps) if gaps else None, "worst_gap": min(gaps) if gaps else None,
-                   "within_3pct": sum(1 for g in gaps if g >= -0.03) / len(res),
-                   "median_gpu_minutes": statistics.median(r["gpu_minutes"] for r in res),
-                   "median_trials": statistics.median(r["trials"] for r in res)},
-        "replays": res,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "layouts": len(cases),
+                "runs": len(all_runs),
+                "gpu_minutes_measuring_everything_twice": everything,
+                "gpu_minutes_measuring_everything_once": once,
+                "policy": {
+                    "orders": len(res),
+                    "median_gap": statistics.median(gaps) if gaps else None,
+                    "worst_gap": min(gaps) if gaps else None,
+                    "within_3pct": sum(1 for g in gaps if g >= -0.03) / len(res),
+                    "median_gpu_minutes": statistics.median(r["gpu_minutes"] for r in res),
+                    "median_trials": statistics.median(r["trials"] for r in res),
+                },
+                "replays": res,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

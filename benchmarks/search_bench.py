@@ -52,7 +52,17 @@ from tuner.study.config import n_trials, policy_params, trial_warmup_steps
 from tuner.study.policy import GainPolicy
 from tuner.study.run import POLICY_BEST_ATTR
 
-__all__ = ["POLICIES", "SLICE_POLICIES", "TODAY_HEADROOM", "Case", "WorldResult", "gain_loop", "prepare_case", "run_world", "summarize"]
+__all__ = [
+    "POLICIES",
+    "SLICE_POLICIES",
+    "TODAY_HEADROOM",
+    "Case",
+    "WorldResult",
+    "gain_loop",
+    "prepare_case",
+    "run_world",
+    "summarize",
+]
 
 #: The policies of :func:`gain_loop`: (slices, the all-to-all a slice sees (:func:`~benchmarks.simulated.slice_plan`),
 #: slice start-up seconds).
@@ -119,13 +129,22 @@ def prepare_case(config: TuneConfig) -> Case:
     new = prepare(config)
     # the queue policy takes no GPU-hour budget (--gpu-hours belongs to the gain policy)
     today = prepare(dataclasses.replace(config, policy="queue", memory_headroom=TODAY_HEADROOM, gpu_hours=None))
-    base = WorldTable(new.model, new.cluster, new.workload, new.enumeration.valid, estimates=new.estimates,
-                      calibration=new.calibration, options=new.options)
+    base = WorldTable(
+        new.model,
+        new.cluster,
+        new.workload,
+        new.enumeration.valid,
+        estimates=new.estimates,
+        calibration=new.calibration,
+        options=new.options,
+    )
     return Case(new=new, today=today, base=base)
 
 
 def _backend(world: World, cfg: TuneConfig) -> SimulatedBackend:
-    return SimulatedBackend(world, steps=cfg.trial_steps, warmup_steps=trial_warmup_steps(cfg), timeout_s=cfg.trial_timeout_s)
+    return SimulatedBackend(
+        world, steps=cfg.trial_steps, warmup_steps=trial_warmup_steps(cfg), timeout_s=cfg.trial_timeout_s
+    )
 
 
 def _outcomes(backend: SimulatedBackend) -> dict[str, int]:
@@ -165,7 +184,11 @@ def _study(prep: Prepared, world: World, seed: int, tmp: str) -> tuple[Layout | 
 def _random(prep: Prepared, world: World, seed: int, gpu_hours: float) -> tuple[Layout | None, SimulatedBackend]:
     cfg = prep.config
     backend = _backend(world, cfg)
-    pruner = StepTimePruner(warmup_steps=trial_warmup_steps(cfg), margin=cfg.prune_margin) if cfg.prune_margin is not None else None
+    pruner = (
+        StepTimePruner(warmup_steps=trial_warmup_steps(cfg), margin=cfg.prune_margin)
+        if cfg.prune_margin is not None
+        else None
+    )
     rows = np.flatnonzero(prep.fits)
     order = np.random.default_rng([seed, 5]).permutation(rows)
     best: tuple[float, Layout] | None = None
@@ -187,14 +210,16 @@ def _random(prep: Prepared, world: World, seed: int, gpu_hours: float) -> tuple[
     return (best[1] if best else None), backend
 
 
-def gain_loop(prep: Prepared, world: World, *, slices: bool, a2a: str = "all",
-              slice_startup_s: float = SLICE_STARTUP_S) -> tuple[Layout | None, SimulatedBackend]:
+def gain_loop(
+    prep: Prepared, world: World, *, slices: bool, a2a: str = "all", slice_startup_s: float = SLICE_STARTUP_S
+) -> tuple[Layout | None, SimulatedBackend]:
     """The study's gain policy loop, one trial at a time, without Optuna: the contenders (:attr:`Prepared.contenders`),
     :func:`~tuner.study.config.policy_params`, full trials stopped by the study's pruner against the best measured
     first run, a pruned trial fed back as the median of its steps after the warm-up; with ``slices``, the policy is
     given each contender's slice (:func:`~benchmarks.simulated.slice_plan`; the unseen error's sigma,
     :meth:`~benchmarks.simulated.World.slice_unseen_sigma`, from the world's error structure, not its draws) and slice
-    trials run on :meth:`~benchmarks.simulated.SimulatedBackend.run_slice`. Returns the policy's answer (its incumbent, a
+    trials run on :meth:`~benchmarks.simulated.SimulatedBackend.run_slice`. Returns the policy's answer (its incumbent,
+    a
     layout measured in full) and the backend (its trials and GPU-hours)."""
     cfg = prep.config
     backend = _backend(world, cfg)
@@ -206,11 +231,26 @@ def gain_loop(prep: Prepared, world: World, *, slices: bool, a2a: str = "all",
     extra: dict[str, Any] = {}
     if slices:
         plan = slice_plan(prep.model, prep.cluster, prep.enumeration.valid, est, a2a=a2a)
-        extra = {"slice_step_time_s": plan.predicted_step_time_s[rows], "slice_gpus": plan.gpus[rows].astype(np.float64),
-                 "slice_sigma": world.slice_unseen_sigma(plan)[rows]}
-    policy = GainPolicy(predicted=est.tokens_per_s_per_gpu[rows], step_time_s=est.step_time_s[rows], peak_bytes=est.peak_bytes[rows],
-                        codes=codes, hbm_bytes=prep.cluster.gpu.hbm_bytes, gpus=prep.cluster.num_gpus, params=params, **extra)
-    pruner = StepTimePruner(warmup_steps=trial_warmup_steps(cfg), margin=cfg.prune_margin) if cfg.prune_margin is not None else None
+        extra = {
+            "slice_step_time_s": plan.predicted_step_time_s[rows],
+            "slice_gpus": plan.gpus[rows].astype(np.float64),
+            "slice_sigma": world.slice_unseen_sigma(plan)[rows],
+        }
+    policy = GainPolicy(
+        predicted=est.tokens_per_s_per_gpu[rows],
+        step_time_s=est.step_time_s[rows],
+        peak_bytes=est.peak_bytes[rows],
+        codes=codes,
+        hbm_bytes=prep.cluster.gpu.hbm_bytes,
+        gpus=prep.cluster.num_gpus,
+        params=params,
+        **extra,
+    )
+    pruner = (
+        StepTimePruner(warmup_steps=trial_warmup_steps(cfg), margin=cfg.prune_margin)
+        if cfg.prune_margin is not None
+        else None
+    )
     warm = trial_warmup_steps(cfg)
     best: float | None = None
     while True:
@@ -235,21 +275,37 @@ def gain_loop(prep: Prepared, world: World, *, slices: bool, a2a: str = "all",
             meas = backend.run(lay, model=prep.model, cluster=prep.cluster, workload=prep.workload, reporter=report)
         except TrialStopped as e:
             steps = list(e.tokens_per_s_per_gpu)
-            policy.observe(d.index, float(np.median(steps[warm:] or steps)), gpu_hours=(backend.gpu_seconds - before) / 3600, pruned=True)
+            policy.observe(
+                d.index,
+                float(np.median(steps[warm:] or steps)),
+                gpu_hours=(backend.gpu_seconds - before) / 3600,
+                pruned=True,
+            )
             continue
         except TrialFailed as e:
-            policy.observe(d.index, None, gpu_hours=(backend.gpu_seconds - before) / 3600, failed=True,
-                           out_of_memory=e.kind == FailureKind.oom)
+            policy.observe(
+                d.index,
+                None,
+                gpu_hours=(backend.gpu_seconds - before) / 3600,
+                failed=True,
+                out_of_memory=e.kind == FailureKind.oom,
+            )
             continue
-        policy.observe(d.index, meas.tokens_per_s_per_gpu, gpu_hours=(backend.gpu_seconds - before) / 3600, peak_bytes=meas.peak_bytes)
+        policy.observe(
+            d.index,
+            meas.tokens_per_s_per_gpu,
+            gpu_hours=(backend.gpu_seconds - before) / 3600,
+            peak_bytes=meas.peak_bytes,
+        )
         if not d.repeat:
             best = meas.tokens_per_s_per_gpu if best is None else max(best, meas.tokens_per_s_per_gpu)
     inc = policy.incumbent()
     return (prep.enumeration.valid.row(int(rows[inc])) if inc is not None else None), backend
 
 
-def run_world(case: Case, seed: int, policies: Iterable[str], *, tmp_root: str | None = None,
-              errors: ErrorStructure | None = None) -> list[WorldResult]:
+def run_world(
+    case: Case, seed: int, policies: Iterable[str], *, tmp_root: str | None = None, errors: ErrorStructure | None = None
+) -> list[WorldResult]:
     """Draw world ``seed`` on ``case.base`` (with ``errors``; None: the job's error bars) and run each policy in it
     (``random`` after ``gain`` / ``queue``, whose GPU-hours it spends; with neither it is skipped). Studies run in a
     temporary folder under ``tmp_root``.
@@ -267,19 +323,30 @@ def run_world(case: Case, seed: int, policies: Iterable[str], *, tmp_root: str |
         return []
     best_tps = float(world.true_tokens_per_s_per_gpu[best])
     new, today = case.new, case.today
-    pickable = {"model": new.surely_fits, "queue": today.fits, "gain": new.contenders, "random": new.fits,
-                **{p: new.contenders for p in SLICE_POLICIES}}
+    pickable = {
+        "model": new.surely_fits,
+        "queue": today.fits,
+        "gain": new.contenders,
+        "random": new.fits,
+        **{p: new.contenders for p in SLICE_POLICIES},
+    }
     out: dict[str, WorldResult] = {}
 
     def record(policy: str, pick: Layout | None, backend: SimulatedBackend | None) -> None:
         done = [t.true_step_time_s for t in backend.trials if t.outcome == "measured"] if backend else []
         full = [t for t in backend.trials if not t.outcome.startswith("slice")] if backend else []
         out[policy] = WorldResult(
-            policy=policy, seed=seed, regret=_regret(world, best_tps, pick), gpu_hours=backend.gpu_hours if backend else 0.0,
-            trials=len(full), slices=len(backend.trials) - len(full) if backend else 0, outcomes=_outcomes(backend) if backend else {},
+            policy=policy,
+            seed=seed,
+            regret=_regret(world, best_tps, pick),
+            gpu_hours=backend.gpu_hours if backend else 0.0,
+            trials=len(full),
+            slices=len(backend.trials) - len(full) if backend else 0,
+            outcomes=_outcomes(backend) if backend else {},
             pick=pick.label if pick else "",
             regret_best_measured=float(1.0 - world.tokens_per_s_per_gpu(min(done)) / best_tps) if done else math.nan,
-            best_pruned=not bool(pickable[policy][best]))
+            best_pruned=not bool(pickable[policy][best]),
+        )
 
     if "model" in wanted:
         fit = np.flatnonzero(new.surely_fits)

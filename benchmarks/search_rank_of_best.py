@@ -44,9 +44,15 @@ def main() -> int:
         prep, base = case.new, case.base
         rows = np.flatnonzero(prep.contenders)
         est = prep.estimates
-        pol = GainPolicy(predicted=est.tokens_per_s_per_gpu[rows], step_time_s=est.step_time_s[rows],
-                         peak_bytes=est.peak_bytes[rows], codes=np.zeros((len(rows), 1), dtype=np.int64),
-                         hbm_bytes=prep.cluster.gpu.hbm_bytes, gpus=prep.cluster.num_gpus, params=policy_params(prep, 48))
+        pol = GainPolicy(
+            predicted=est.tokens_per_s_per_gpu[rows],
+            step_time_s=est.step_time_s[rows],
+            peak_bytes=est.peak_bytes[rows],
+            codes=np.zeros((len(rows), 1), dtype=np.int64),
+            hbm_bytes=prep.cluster.gpu.hbm_bytes,
+            gpus=prep.cluster.num_gpus,
+            params=policy_params(prep, 48),
+        )
         cost = pol.trial_gpu_hours(slice(None))
         value = pol.predicted * pol.p_fit / cost
         order = rows[np.argsort(-value, kind="stable")]
@@ -77,13 +83,18 @@ def main() -> int:
         ks_needed = {}
         for share in (0.5, 0.8, 0.95):
             for lim, tab in ((5, within5), (2, within2)):
-                ks_needed[f"k_for_{int(share * 100)}pct_within_{lim}pct"] = next((k for k in KS if tab[k] / n >= share), None)
+                ks_needed[f"k_for_{int(share * 100)}pct_within_{lim}pct"] = next(
+                    (k for k in KS if tab[k] / n >= share), None
+                )
         out[name] = {
-            "worlds": n, "candidates": int(len(rows)),
-            "within_5pct": {k: within5[k] / n for k in KS}, "within_2pct": {k: within2[k] / n for k in KS},
+            "worlds": n,
+            "candidates": int(len(rows)),
+            "within_5pct": {k: within5[k] / n for k in KS},
+            "within_2pct": {k: within2[k] / n for k in KS},
             "gpu_hours_of_first_k": {k: float(cum_cost[min(k, len(cum_cost)) - 1]) for k in KS},
             "within_world_sd_of_log_error_top300_median": float(np.median(spread)),
-            "rank_of_true_best_median": float(np.median(ranks)), "rank_of_true_best_p90": float(np.quantile(ranks, 0.9)),
+            "rank_of_true_best_median": float(np.median(ranks)),
+            "rank_of_true_best_p90": float(np.quantile(ranks, 0.9)),
             **ks_needed,
         }
         print(f"{name}: done", file=sys.stderr)

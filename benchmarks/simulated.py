@@ -78,8 +78,25 @@ from specs import DEFAULT_RUN_OPTIONS, Cluster, GPUSpec, ModelSpec, Precision, R
 from specs.layout import Layout, LayoutTable
 
 __all__ = [
-    "FEATURES", "SLICE_A2A", "SLICE_LAYERS", "SLICE_STARTUP_S", "SLICE_UNSEEN_FEATURES", "SLICE_UNSEEN_PARTS", "TIME_GROUPS", "SliceMeasurement", "SlicePlan", "ErrorStructure", "SimulatedBackend", "TrialCost", "World", "WorldTable", "feature_hashes", "layout_hashes",
-    "layout_normals", "slice_plan", "startup_seconds",
+    "FEATURES",
+    "SLICE_A2A",
+    "SLICE_LAYERS",
+    "SLICE_STARTUP_S",
+    "SLICE_UNSEEN_FEATURES",
+    "SLICE_UNSEEN_PARTS",
+    "TIME_GROUPS",
+    "SliceMeasurement",
+    "SlicePlan",
+    "ErrorStructure",
+    "SimulatedBackend",
+    "TrialCost",
+    "World",
+    "WorldTable",
+    "feature_hashes",
+    "layout_hashes",
+    "layout_normals",
+    "slice_plan",
+    "startup_seconds",
 ]
 
 #: The groups of step-time parts that share one per-world error factor, and each group's sigma relative to
@@ -180,12 +197,19 @@ class ErrorStructure:
     hang_rate: float = 0.01
 
     @classmethod
-    def for_model(cls, model: ModelSpec, gpu: GPUSpec | None = None, precision: Precision | str = "bf16", *, source: str = "bars",
-                  **overrides: Any) -> ErrorStructure:
+    def for_model(
+        cls,
+        model: ModelSpec,
+        gpu: GPUSpec | None = None,
+        precision: Precision | str = "bf16",
+        *,
+        source: str = "bars",
+        **overrides: Any,
+    ) -> ErrorStructure:
         """The error of the job's family. ``source="bars"``: the error bars' throughput band
         (:func:`cost_model.uncertainty.error_bars` of ``gpu`` and ``precision``; its width as a lognormal sigma, its
-        centre as the bias); ``"kfold"``: the k-fold median error of MoE or dense models (:data:`HELD_OUT_MEDIAN_ERROR`),
-        no bias.
+        centre as the bias); ``"kfold"``: the k-fold median error of MoE or dense models
+        (:data:`HELD_OUT_MEDIAN_ERROR`), no bias.
 
         Raises:
             ValueError: another ``source``, or ``"bars"`` without ``gpu``.
@@ -291,9 +315,17 @@ class WorldTable:
         calibration, options: what the estimates assume (``Prepared.calibration``, ``Prepared.options``).
     """
 
-    def __init__(self, model: ModelSpec, cluster: Cluster, workload: Workload, table: LayoutTable, *,
-                 estimates: EstimateTable | None = None, calibration: Calibration = DEFAULT_CALIBRATION,
-                 options: RunOptions = DEFAULT_RUN_OPTIONS) -> None:
+    def __init__(
+        self,
+        model: ModelSpec,
+        cluster: Cluster,
+        workload: Workload,
+        table: LayoutTable,
+        *,
+        estimates: EstimateTable | None = None,
+        calibration: Calibration = DEFAULT_CALIBRATION,
+        options: RunOptions = DEFAULT_RUN_OPTIONS,
+    ) -> None:
         self.model, self.cluster, self.workload, self.table = model, cluster, workload, table
         self.calibration, self.options = calibration, options
         self.estimates = estimates if estimates is not None else self.estimate(table)
@@ -314,11 +346,18 @@ class WorldTable:
             return self._scales[key]
         rng = np.random.default_rng(20_000)
         n = len(self.weights)
-        w = self.weights[rng.choice(n, size=min(n, 1000), replace=False)] if n else np.ones((1, len(TIME_GROUPS))) / len(TIME_GROUPS)
+        w = (
+            self.weights[rng.choice(n, size=min(n, 1000), replace=False)]
+            if n
+            else np.ones((1, len(TIME_GROUPS))) / len(TIME_GROUPS)
+        )
         r = np.array([rel for _, rel in TIME_GROUPS.values()])
         z = rng.standard_normal((64, len(r)))
-        own = np.exp(math.sqrt(errors.idiosyncratic_share) * _lognormal_sigma_for_median_abs(errors.median_step_error)
-                     * rng.standard_normal((64, len(w))))
+        own = np.exp(
+            math.sqrt(errors.idiosyncratic_share)
+            * _lognormal_sigma_for_median_abs(errors.median_step_error)
+            * rng.standard_normal((64, len(w)))
+        )
 
         def median_error(scale: float) -> float:
             return float(np.median(np.abs(np.exp(scale * r * z) @ w.T * own - 1.0)))
@@ -334,7 +373,9 @@ class WorldTable:
 
     def estimate(self, table: LayoutTable) -> EstimateTable:
         """The estimate of ``table`` as the world's truth builds on it (the shipped headroom; fit is not used)."""
-        return estimate_table(self.model, self.cluster, self.workload, table, calibration=self.calibration, options=self.options)
+        return estimate_table(
+            self.model, self.cluster, self.workload, table, calibration=self.calibration, options=self.options
+        )
 
 
 def _group_weights(est: EstimateTable) -> npt.NDArray[np.float64]:
@@ -342,7 +383,9 @@ def _group_weights(est: EstimateTable) -> npt.NDArray[np.float64]:
     total = np.asarray(est.step_time_s, dtype=np.float64)
     if not len(total):
         return np.zeros((0, len(TIME_GROUPS)))
-    cols = [sum((np.asarray(est.time[p]) for p in parts), np.zeros_like(total)) / total for parts, _ in TIME_GROUPS.values()]
+    cols = [
+        sum((np.asarray(est.time[p]) for p in parts), np.zeros_like(total)) / total for parts, _ in TIME_GROUPS.values()
+    ]
     return np.stack(cols, axis=1)
 
 
@@ -360,7 +403,9 @@ class SlicePlan:
     """The model's step time of the slice: the seen parts x ``scale``."""
 
 
-def slice_plan(model: ModelSpec, cluster: Cluster, table: LayoutTable, est: EstimateTable, *, a2a: str = "all") -> SlicePlan:
+def slice_plan(
+    model: ModelSpec, cluster: Cluster, table: LayoutTable, est: EstimateTable, *, a2a: str = "all"
+) -> SlicePlan:
     """The slice trial of every row of ``table`` (its estimate ``est``): see the module docstring. ``a2a``: the
     all-to-all (``ep_comm``) the slice sees: ``"all"``; ``"in-node"``: not where ``ep * etp`` exceeds a node;
     ``"none"``.
@@ -404,11 +449,23 @@ class World:
         self.base = base
         self.model, self.cluster, self.workload = base.model, base.cluster, base.workload
         self.seed = int(seed)
-        self.errors = errors if errors is not None else ErrorStructure.for_model(base.model, base.cluster.gpu, base.workload.precision)
-        self.idiosyncratic_sigma = math.sqrt(self.errors.idiosyncratic_share) * _lognormal_sigma_for_median_abs(self.errors.median_step_error)
+        self.errors = (
+            errors
+            if errors is not None
+            else ErrorStructure.for_model(base.model, base.cluster.gpu, base.workload.precision)
+        )
+        self.idiosyncratic_sigma = math.sqrt(self.errors.idiosyncratic_share) * _lognormal_sigma_for_median_abs(
+            self.errors.median_step_error
+        )
         r = np.array([rel for _, rel in TIME_GROUPS.values()])
         rng = np.random.default_rng([self.seed, 1])
-        self.time_factors = dict(zip(TIME_GROUPS, np.exp(r * base.group_scale(self.errors) * rng.standard_normal(len(r))).tolist(), strict=True))
+        self.time_factors = dict(
+            zip(
+                TIME_GROUPS,
+                np.exp(r * base.group_scale(self.errors) * rng.standard_normal(len(r))).tolist(),
+                strict=True,
+            )
+        )
         sig = np.array([self.errors.memory_sigmas.get(p, 0.0) for p in MEMORY_PARTS])
         self.memory_factors = dict(zip(MEMORY_PARTS, np.exp(sig * rng.standard_normal(len(sig))).tolist(), strict=True))
         own_var = self.idiosyncratic_sigma**2 - self.errors.layout_sigma**2
@@ -438,7 +495,9 @@ class World:
                 exact = exact + v
             else:
                 loose = loose + v
-        peak = exact + loose * np.exp(self.errors.memory_idiosyncratic_sigma * layout_normals(hashes["layout"][0], self.seed, 3))
+        peak = exact + loose * np.exp(
+            self.errors.memory_idiosyncratic_sigma * layout_normals(hashes["layout"][0], self.seed, 3)
+        )
         return _Truth(step_time_s=step, peak_bytes=peak)
 
     def _slice_truth(self, hashes: dict[str, _Codes], est: EstimateTable, plan: SlicePlan) -> npt.NDArray[np.float64]:
@@ -475,7 +534,9 @@ class World:
         scale = self.base.group_scale(self.errors)
         var = np.zeros(len(total))
         for parts, rel in TIME_GROUPS.values():
-            share = sum((np.asarray(est.time[p]) * ~plan.seen[p] for p in parts), np.zeros(len(total))) / np.maximum(total, 1e-12)
+            share = sum((np.asarray(est.time[p]) * ~plan.seen[p] for p in parts), np.zeros(len(total))) / np.maximum(
+                total, 1e-12
+            )
             var = var + (share * rel * scale) ** 2
         var = var + len(SLICE_UNSEEN_FEATURES) * self.feature_sigma**2 + self.errors.layout_sigma**2
         out: npt.NDArray[np.float64] = np.sqrt(var)
@@ -490,7 +551,9 @@ class World:
 
     def tokens_per_s_per_gpu(self, step_time_s: Any) -> Any:
         """Throughput of a step time (seconds; scalar or array): global batch x sequence length / step time / GPUs."""
-        return self.workload.global_batch_size * self.workload.seq_length / np.asarray(step_time_s) / self.cluster.num_gpus
+        return (
+            self.workload.global_batch_size * self.workload.seq_length / np.asarray(step_time_s) / self.cluster.num_gpus
+        )
 
     @property
     def true_tokens_per_s_per_gpu(self) -> npt.NDArray[np.float64]:
@@ -557,8 +620,15 @@ class SimulatedBackend(TrialBackend):
     name = "simulated"
     source = "measured"
 
-    def __init__(self, world: World, *, steps: int = 20, warmup_steps: int = 10, timeout_s: float = 900.0,
-                 startup_s: float | None = None) -> None:
+    def __init__(
+        self,
+        world: World,
+        *,
+        steps: int = 20,
+        warmup_steps: int = 10,
+        timeout_s: float = 900.0,
+        startup_s: float | None = None,
+    ) -> None:
         self.world = world
         self.steps, self.warmup_steps, self.timeout_s = steps, warmup_steps, timeout_s
         self.startup_s = startup_seconds(world.cluster.num_gpus) if startup_s is None else startup_s
@@ -573,7 +643,9 @@ class SimulatedBackend(TrialBackend):
         """GPU-hours spent by every trial so far."""
         return self.gpu_seconds / 3600.0
 
-    def _charge(self, key: str, outcome: str, seconds: float, steps: int, true_step_time_s: float, gpus: int | None = None) -> None:
+    def _charge(
+        self, key: str, outcome: str, seconds: float, steps: int, true_step_time_s: float, gpus: int | None = None
+    ) -> None:
         g = seconds * (self.world.cluster.num_gpus if gpus is None else gpus)
         self.gpu_seconds += g
         self.trials.append(TrialCost(key, outcome, g, steps, true_step_time_s))
@@ -610,29 +682,45 @@ class SimulatedBackend(TrialBackend):
         where = f"simulated trial {trial_number if trial_number is not None else '-'} ({layout.label})"
         if peak > hbm:
             self._charge(key, "oom", self.startup_s + mean_s, 1, mean_s)
-            raise TrialFailed(FailureKind.oom, f"{where}: out of memory at {hbm / 2**30:.1f} GiB (true peak {peak / 2**30:.1f} GiB)",
-                              memory_reached_bytes=hbm, wall_s=self.startup_s + mean_s)
+            raise TrialFailed(
+                FailureKind.oom,
+                f"{where}: out of memory at {hbm / 2**30:.1f} GiB (true peak {peak / 2**30:.1f} GiB)",
+                memory_reached_bytes=hbm,
+                wall_s=self.startup_s + mean_s,
+            )
         u = float(rng.random())
         hang = u < w.errors.hang_rate
-        crash_at = int(rng.integers(1, self.steps + 1)) if w.errors.hang_rate <= u < w.errors.hang_rate + w.errors.crash_rate else None
+        crash_at = (
+            int(rng.integers(1, self.steps + 1))
+            if w.errors.hang_rate <= u < w.errors.hang_rate + w.errors.crash_rate
+            else None
+        )
         run_mean = mean_s * math.exp(w.errors.run_sigma * float(rng.standard_normal()))
         noise = np.exp(w.errors.step_sigma * rng.standard_normal(self.steps))
         ramp = np.zeros(self.steps)
         if self.warmup_steps:
-            ramp[: self.warmup_steps] = w.errors.warmup_slowdown * (1 - np.arange(self.warmup_steps) / self.warmup_steps)
+            ramp[: self.warmup_steps] = w.errors.warmup_slowdown * (
+                1 - np.arange(self.warmup_steps) / self.warmup_steps
+            )
         times = run_mean * noise * (1 + ramp)
         tps_all = w.tokens_per_s_per_gpu(times)
         elapsed = self.startup_s
         for i in range(self.steps):
             if hang and i >= self.steps // 2:
                 self._charge(key, "timeout", self.timeout_s, i, mean_s)
-                raise TrialFailed(FailureKind.timeout, f"{where}: timed out after {self.timeout_s:g} s (hung at step {i + 1})",
-                                  wall_s=self.timeout_s)
+                raise TrialFailed(
+                    FailureKind.timeout,
+                    f"{where}: timed out after {self.timeout_s:g} s (hung at step {i + 1})",
+                    wall_s=self.timeout_s,
+                )
             elapsed += float(times[i])
             if elapsed > self.timeout_s:
                 self._charge(key, "timeout", self.timeout_s, i, mean_s)
-                raise TrialFailed(FailureKind.timeout, f"{where}: timed out after {self.timeout_s:g} s at step {i + 1}",
-                                  wall_s=self.timeout_s)
+                raise TrialFailed(
+                    FailureKind.timeout,
+                    f"{where}: timed out after {self.timeout_s:g} s at step {i + 1}",
+                    wall_s=self.timeout_s,
+                )
             if crash_at is not None and i + 1 == crash_at:
                 self._charge(key, "crash", elapsed, i + 1, mean_s)
                 raise TrialFailed(FailureKind.crash, f"{where}: crashed at step {i + 1}", wall_s=elapsed)
@@ -640,10 +728,14 @@ class SimulatedBackend(TrialBackend):
                 why = reporter([float(x) for x in tps_all[: i + 1]])
                 if why is not None:
                     self._charge(key, "pruned", elapsed, i + 1, mean_s)
-                    raise TrialStopped(why, step_times_s=[float(x) for x in times[: i + 1]],
-                                       tokens_per_s_per_gpu=[float(x) for x in tps_all[: i + 1]], wall_s=elapsed)
+                    raise TrialStopped(
+                        why,
+                        step_times_s=[float(x) for x in times[: i + 1]],
+                        tokens_per_s_per_gpu=[float(x) for x in tps_all[: i + 1]],
+                        wall_s=elapsed,
+                    )
         self._charge(key, "measured", elapsed, self.steps, mean_s)
-        kept = times[self.warmup_steps:]
+        kept = times[self.warmup_steps :]
         med = float(np.median(kept))
         return Measurement(
             layout=layout,
@@ -651,8 +743,14 @@ class SimulatedBackend(TrialBackend):
             tokens_per_s_per_gpu=float(w.tokens_per_s_per_gpu(med)),
             peak_bytes=peak,
             step_times_s=tuple(float(x) for x in kept),
-            extra={"peak_allocated_bytes": peak, "step_time_cv": float(np.std(kept) / np.mean(kept)), "wall_s": elapsed,
-                   "notes": [], "summary": {}, "true_step_time_s": mean_s},
+            extra={
+                "peak_allocated_bytes": peak,
+                "step_time_cv": float(np.std(kept) / np.mean(kept)),
+                "wall_s": elapsed,
+                "notes": [],
+                "summary": {},
+                "true_step_time_s": mean_s,
+            },
         )
 
     def run_slice(self, layout: Layout, *, a2a: str = "all", startup_s: float = SLICE_STARTUP_S) -> SliceMeasurement:
@@ -674,10 +772,14 @@ class SimulatedBackend(TrialBackend):
         run_mean = mean_s * math.exp(w.errors.run_sigma * float(rng.standard_normal()))
         times = run_mean * np.exp(w.errors.step_sigma * rng.standard_normal(self.steps))
         if self.warmup_steps:
-            times[: self.warmup_steps] *= 1 + w.errors.warmup_slowdown * (1 - np.arange(self.warmup_steps) / self.warmup_steps)
+            times[: self.warmup_steps] *= 1 + w.errors.warmup_slowdown * (
+                1 - np.arange(self.warmup_steps) / self.warmup_steps
+            )
         if u < w.errors.hang_rate:
             self._charge(key, "slice_timeout", self.timeout_s, self.steps // 2, mean_s, gpus)
-            raise TrialFailed(FailureKind.timeout, f"{where}: timed out after {self.timeout_s:g} s", wall_s=self.timeout_s)
+            raise TrialFailed(
+                FailureKind.timeout, f"{where}: timed out after {self.timeout_s:g} s", wall_s=self.timeout_s
+            )
         if u < w.errors.hang_rate + w.errors.crash_rate:
             at = int(rng.integers(1, self.steps + 1))
             wall = startup_s + float(times[:at].sum())
@@ -685,10 +787,13 @@ class SimulatedBackend(TrialBackend):
             raise TrialFailed(FailureKind.crash, f"{where}: crashed at step {at}", wall_s=wall)
         wall = startup_s + float(times.sum())
         self._charge(key, "slice", wall, self.steps, mean_s, gpus)
-        return SliceMeasurement(step_time_s=float(np.median(times[self.warmup_steps:])), predicted_step_time_s=pred_s, gpus=gpus,
-                                gpu_seconds=wall * gpus)
+        return SliceMeasurement(
+            step_time_s=float(np.median(times[self.warmup_steps :])),
+            predicted_step_time_s=pred_s,
+            gpus=gpus,
+            gpu_seconds=wall * gpus,
+        )
 
     def cancel(self) -> None:
         """Every later run raises KeyboardInterrupt (nothing runs in the background)."""
         self._cancelled = True
-

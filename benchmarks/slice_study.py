@@ -10,13 +10,15 @@ trial (torchrun start, model build, the steps and the exit), i.e. the GPU-second
 The driver adds ``run_id`` (``p<pass>-<case>``), ``pass``, ``case``, ``card`` (nvidia-smi's name) and
 ``started_utc``.
 
-    PYTHONPATH=. BUDGET_S=540 python3 benchmarks/slice_study.py   # on the GPU machine, megatron-core and torch importable
+    # on the GPU machine, megatron-core and torch importable
+    PYTHONPATH=. BUDGET_S=540 python3 benchmarks/slice_study.py
 
 Before a run starts, its planned time (the case's ``est_s``, or the wall of its earlier run plus 5 s) is checked
 against what is left of ``BUDGET_S`` (seconds since this program started); a run that does not fit is left for
-the next call. A sweep that stops before its trial (torch or megatron-core missing, no GPU) stops the driver. Done runs are read back from ``$WORK/runs.jsonl`` (``WORK`` default ``/tmp/slice_study``, which
-lasts while the machine stays warm) and from ``PREV`` (an earlier call's ``runs.jsonl``, for a fresh machine).
-Writes ``$OUT/runs.jsonl`` (every run so far, after each run) and ``$OUT/driver.log``.
+the next call. A sweep that stops before its trial (torch or megatron-core missing, no GPU) stops the driver. Done runs
+are read back from ``$WORK/runs.jsonl`` (``WORK`` default ``/tmp/slice_study``, which lasts while the machine stays
+warm) and from ``PREV`` (an earlier call's ``runs.jsonl``, for a fresh machine). Writes ``$OUT/runs.jsonl`` (every run
+so far, after each run) and ``$OUT/driver.log``.
 
     python3 benchmarks/slice_study.py --table runs.jsonl   # no GPU: the per-layout table in Markdown
 
@@ -41,8 +43,13 @@ T0 = time.monotonic()
 OUT = Path(os.environ.get("OUT") or "slice_study_out")
 WORK = Path(os.environ.get("WORK") or "/tmp/slice_study")
 BUDGET = float(os.environ.get("BUDGET_S") or 540)
-for k, v in {"PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-             "CUDA_DEVICE_MAX_CONNECTIONS": "1"}.items():
+for k, v in {
+    "PYTHONUNBUFFERED": "1",
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+}.items():
     os.environ.setdefault(k, v)
 
 
@@ -61,8 +68,13 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 def card() -> str:
     try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
-                              timeout=30).stdout.strip().splitlines()[0]
+        return (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+            )
+            .stdout.strip()
+            .splitlines()[0]
+        )
     except (OSError, subprocess.SubprocessError, IndexError):
         return "unknown"
 
@@ -79,9 +91,32 @@ def run_case(c: dict[str, Any], rid: str, name: str, gpus: str, left: float) -> 
     out_file.unlink(missing_ok=True)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     t = time.monotonic()
-    rc = sweep.main(["--model", MODEL, "--layers", str(LAYERS), "--gpus", gpus, "--seq-len", str(SEQ_LEN), "--global-batch",
-                     str(GLOBAL_BATCH), "--layouts", str(lay_file), "--out", str(out_file), "--steps", str(STEPS), "--warmup",
-                     str(WARMUP), "--timeout", f"{max(60.0, min(240.0, left - 10)):.0f}", "--trials-dir", str(WORK / "trials" / rid)])
+    rc = sweep.main(
+        [
+            "--model",
+            MODEL,
+            "--layers",
+            str(LAYERS),
+            "--gpus",
+            gpus,
+            "--seq-len",
+            str(SEQ_LEN),
+            "--global-batch",
+            str(GLOBAL_BATCH),
+            "--layouts",
+            str(lay_file),
+            "--out",
+            str(out_file),
+            "--steps",
+            str(STEPS),
+            "--warmup",
+            str(WARMUP),
+            "--timeout",
+            f"{max(60.0, min(240.0, left - 10)):.0f}",
+            "--trials-dir",
+            str(WORK / "trials" / rid),
+        ]
+    )
     got = read_rows(out_file)
     shutil.rmtree(WORK / "trials" / rid / "0" / "ckpt", ignore_errors=True)
     if not got:
@@ -89,9 +124,11 @@ def run_case(c: dict[str, Any], rid: str, name: str, gpus: str, left: float) -> 
         return None
     row = got[0]
     row.update(run_id=rid, case=c["id"], card=name, started_utc=started, driver_wall_s=time.monotonic() - t)
-    log(f"{rid}: {row.get('status')} tokens/s/GPU {row.get('tokens_per_s_per_gpu') or 0:.0f} (predicted "
+    log(
+        f"{rid}: {row.get('status')} tokens/s/GPU {row.get('tokens_per_s_per_gpu') or 0:.0f} (predicted "
         f"{row.get('pred_tokens_per_s_per_gpu') or 0:.0f}), reserved {row.get('peak_reserved_gib') or 0:.1f} GiB, "
-        f"wall {row.get('wall_s') or 0:.0f} s")
+        f"wall {row.get('wall_s') or 0:.0f} s"
+    )
     return row
 
 
@@ -150,8 +187,11 @@ def table(path: Path) -> str:
         ok = [r["tokens_per_s_per_gpu"] for r in by[c] if r.get("status") == "ok"]
         return -mean(ok) if ok else 0.0
 
-    lines = ["| rank | layout | runs | mean tok/s/GPU | spread % | runs' tok/s/GPU | predicted | pred err % | reserved GiB "
-             "| pred peak GiB | wall s/run |", "|" + "---|" * 11]
+    lines = [
+        "| rank | layout | runs | mean tok/s/GPU | spread % | runs' tok/s/GPU | predicted | pred err % | reserved GiB "
+        "| pred peak GiB | wall s/run |",
+        "|" + "---|" * 11,
+    ]
     for i, c in enumerate(sorted(by, key=key), 1):
         rs = by[c]
         ok = [r["tokens_per_s_per_gpu"] for r in rs if r.get("status") == "ok"]
@@ -160,9 +200,12 @@ def table(path: Path) -> str:
         res = [r["peak_reserved_gib"] for r in rs if r.get("peak_reserved_gib") is not None]
         lines.append(
             f"| {i} | {c} | {len(rs)} | {f'{m:,.0f}' if m else ', '.join(sorted({str(r.get('status')) for r in rs}))} "
-            f"| {f'{100 * (max(ok) - min(ok)) / m:.1f}' if len(ok) > 1 else '-'} | {', '.join(f'{x:,.0f}' for x in ok) or '-'} "
+            f"| {f'{100 * (max(ok) - min(ok)) / m:.1f}' if len(ok) > 1 else '-'} | "
+            f"{', '.join(f'{x:,.0f}' for x in ok) or '-'} "
             f"| {f'{pred:,.0f}' if pred else '-'} | {f'{100 * (pred - m) / m:+.0f}' if pred and m else '-'} "
-            f"| {f'{max(res):.1f}' if res else '-'} | {rs[0].get('pred_peak_gib') or 0:.1f} | {mean(r.get('wall_s') or 0 for r in rs):.0f} |")
+            f"| {f'{max(res):.1f}' if res else '-'} | {rs[0].get('pred_peak_gib') or 0:.1f} | "
+            f"{mean(r.get('wall_s') or 0 for r in rs):.0f} |"
+        )
     gs = sum(r.get("wall_s") or 0 for r in rows)
     lines.append(f"\n{len(by)} layouts, {len(rows)} runs, {gs:,.0f} GPU-seconds of trials (wall_s summed).")
     return "\n".join(lines)

@@ -27,11 +27,19 @@ GLOBAL_BATCH = 8
 STEPS = 8
 WARMUP = 4
 
-_SEL = {"none": {}, "sel-core_attn": {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]},
-        "sel-ca-moe_act-ln": {"recompute_granularity": "selective", "recompute_modules": ["core_attn", "moe_act", "layernorm"]},
-        "sel-moe": {"recompute_granularity": "selective", "recompute_modules": ["moe"]}}
-_FULL = {f"full-{m}{n}": {"recompute_granularity": "full", "recompute_method": m, "recompute_num_layers": n}
-         for m, n in (("uniform", 1), ("block", 1), ("block", 2))}
+_SEL = {
+    "none": {},
+    "sel-core_attn": {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]},
+    "sel-ca-moe_act-ln": {
+        "recompute_granularity": "selective",
+        "recompute_modules": ["core_attn", "moe_act", "layernorm"],
+    },
+    "sel-moe": {"recompute_granularity": "selective", "recompute_modules": ["moe"]},
+}
+_FULL = {
+    f"full-{m}{n}": {"recompute_granularity": "full", "recompute_method": m, "recompute_num_layers": n}
+    for m, n in (("uniform", 1), ("block", 1), ("block", 2))
+}
 _REC = {**_SEL, **_FULL}
 _OFF = {"optimizer_offload_fraction": 0.5, "overlap_cpu_optimizer_d2h_h2d": True}
 
@@ -44,10 +52,26 @@ def _case(id: str, est_s: float, **layout: Any) -> dict[str, Any]:
 #: (``../shared/notes/production_fidelity.md`` section 3), so the list starts with a layout predicted to be slow.
 CASES: list[dict[str, Any]] = [
     _case("mbs1-full-uniform1", 40, micro_batch_size=1, **_REC["full-uniform1"]),
-    *[_case(f"mbs2-{k}", 35, micro_batch_size=2, **_REC[k])
-      for k in ("none", "sel-core_attn", "sel-ca-moe_act-ln", "sel-moe", "full-uniform1", "full-block1", "full-block2")],
-    *[_case(f"mbs4-{k}", 35, micro_batch_size=4, **_REC[k]) for k in ("none", "sel-ca-moe_act-ln", "full-uniform1", "full-block2")],
-    *[_case(f"mbs1-{k}", 40, micro_batch_size=1, **_REC[k]) for k in ("none", "sel-core_attn", "sel-ca-moe_act-ln", "sel-moe", "full-block2")],
+    *[
+        _case(f"mbs2-{k}", 35, micro_batch_size=2, **_REC[k])
+        for k in (
+            "none",
+            "sel-core_attn",
+            "sel-ca-moe_act-ln",
+            "sel-moe",
+            "full-uniform1",
+            "full-block1",
+            "full-block2",
+        )
+    ],
+    *[
+        _case(f"mbs4-{k}", 35, micro_batch_size=4, **_REC[k])
+        for k in ("none", "sel-ca-moe_act-ln", "full-uniform1", "full-block2")
+    ],
+    *[
+        _case(f"mbs1-{k}", 40, micro_batch_size=1, **_REC[k])
+        for k in ("none", "sel-core_attn", "sel-ca-moe_act-ln", "sel-moe", "full-block2")
+    ],
     _case("mbs2-allgather", 35, micro_batch_size=2, dispatcher="allgather"),
     _case("mbs2-offload0.5", 70, micro_batch_size=2, **_OFF),
     _case("mbs2-offload1.0", 90, micro_batch_size=2, **{**_OFF, "optimizer_offload_fraction": 1.0}),

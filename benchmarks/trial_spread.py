@@ -30,7 +30,9 @@ ROOT = Path(__file__).resolve().parent / "results"
 
 def main() -> None:
     by_key: dict[str, list[tuple[str, float]]] = collections.defaultdict(list)
-    files = sorted(glob.glob(str(ROOT / "h200_te_2026-12-0*/*/*.jsonl")) + glob.glob(str(ROOT / "h200_x2_2026-11-*/*.jsonl")))
+    files = sorted(
+        glob.glob(str(ROOT / "h200_te_2026-12-0*/*/*.jsonl")) + glob.glob(str(ROOT / "h200_x2_2026-11-*/*.jsonl"))
+    )
     for f in files:
         call = str(Path(f).relative_to(ROOT))  # one sweep file: one device call
         for line in Path(f).read_text().splitlines():
@@ -41,12 +43,15 @@ def main() -> None:
             t = r.get("tokens_per_s_per_gpu")
             if not t or r.get("status", "ok") != "ok" or "layout" not in r:
                 continue
-            key = json.dumps([r.get("model"), r.get("gpus"), r.get("seq_length"), r.get("global_batch_size"), r["layout"]], sort_keys=True)
+            key = json.dumps(
+                [r.get("model"), r.get("gpus"), r.get("seq_length"), r.get("global_batch_size"), r["layout"]],
+                sort_keys=True,
+            )
             by_key[key].append((call, math.log(t)))
     within, across = [], []
     for runs in by_key.values():
         for i, (ca, a) in enumerate(runs):
-            for cb, b in runs[i + 1:]:
+            for cb, b in runs[i + 1 :]:
                 (within if ca == cb else across).append(abs(a - b))
     run_sigma = statistics.median(within) / (0.6745 * math.sqrt(2))
     groups: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
@@ -57,16 +62,24 @@ def main() -> None:
     dev = [x - statistics.mean(v) for v in groups.values() if len(v) > 1 for x in v]
     k = sum(1 for v in groups.values() if len(v) > 1)
     sd = math.sqrt(sum(d * d for d in dev) / (len(dev) - k))
-    print(json.dumps({
-        "files": len(files), "configurations_run_more_than_once": sum(len(v) > 1 for v in by_key.values()),
-        "pairs_within_session": len(within), "pairs_across_sessions": len(across),
-        "run_sigma_within_session": round(run_sigma, 4),
-        "pairs_within_session_median_abs": round(statistics.median(within), 4),
-        "pairs_across_sessions_median_abs": round(statistics.median(across), 4),
-        "trial_residual_rows": len(dev), "model_groups": k,
-        "model_error_sd_within_model": round(sd, 4),
-        "model_error_sd_within_model_net_of_run_noise": round(math.sqrt(max(sd**2 - run_sigma**2, 0.0)), 4),
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "files": len(files),
+                "configurations_run_more_than_once": sum(len(v) > 1 for v in by_key.values()),
+                "pairs_within_session": len(within),
+                "pairs_across_sessions": len(across),
+                "run_sigma_within_session": round(run_sigma, 4),
+                "pairs_within_session_median_abs": round(statistics.median(within), 4),
+                "pairs_across_sessions_median_abs": round(statistics.median(across), 4),
+                "trial_residual_rows": len(dev),
+                "model_groups": k,
+                "model_error_sd_within_model": round(sd, 4),
+                "model_error_sd_within_model_net_of_run_noise": round(math.sqrt(max(sd**2 - run_sigma**2, 0.0)), 4),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

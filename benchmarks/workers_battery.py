@@ -28,16 +28,47 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-JOB = ["--model", "MiniMax-M2", "--layers", "8", "--gpus", "64xH200", "--global-batch", "256", "--stack", "megatron",
-       "--backend", "command", "--trial-steps", "4", "--trial-policy", "queue", "--study", "w"]
+JOB = [
+    "--model",
+    "MiniMax-M2",
+    "--layers",
+    "8",
+    "--gpus",
+    "64xH200",
+    "--global-batch",
+    "256",
+    "--stack",
+    "megatron",
+    "--backend",
+    "command",
+    "--trial-steps",
+    "4",
+    "--trial-policy",
+    "queue",
+    "--study",
+    "w",
+]
 
 
 def _template(folder: Path, step_s: float) -> Path:
     import yaml
 
     tpl = folder / "t.yaml"
-    tpl.write_text(yaml.safe_dump({"argv": [sys.executable, str(ROOT / "tests" / "launch_tests" / "fake_trial.py"), "--FAKE_FORMAT=megatron",
-                                            "--FAKE_STEPS={steps}", f"--FAKE_STEP_S={step_s}", "--FAKE_REPORT_STEP_S=2.0", "{layout_args}"]}))
+    tpl.write_text(
+        yaml.safe_dump(
+            {
+                "argv": [
+                    sys.executable,
+                    str(ROOT / "tests" / "launch_tests" / "fake_trial.py"),
+                    "--FAKE_FORMAT=megatron",
+                    "--FAKE_STEPS={steps}",
+                    f"--FAKE_STEP_S={step_s}",
+                    "--FAKE_REPORT_STEP_S=2.0",
+                    "{layout_args}",
+                ]
+            }
+        )
+    )
     return tpl
 
 
@@ -90,10 +121,32 @@ def run(kind: str, workers: int, trials: int, kill: bool) -> dict[str, object]:
         url = _storage(kind, folder)
         tpl = _template(folder, 1.0 if kill else 0.0)
         t0 = time.monotonic()
-        procs = [subprocess.Popen([sys.executable, "-m", "tuner.cli", *JOB, "--command-template", str(tpl), "--trials", str(trials),
-                                   "--storage", url, "--seed", str(i), "--results-dir", str(folder / f"r{i}")],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=folder)
-                 for i in range(workers)]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tuner.cli",
+                    *JOB,
+                    "--command-template",
+                    str(tpl),
+                    "--trials",
+                    str(trials),
+                    "--storage",
+                    url,
+                    "--seed",
+                    str(i),
+                    "--results-dir",
+                    str(folder / f"r{i}"),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+                cwd=folder,
+            )
+            for i in range(workers)
+        ]
         row: dict[str, object] = {"storage": kind, "workers": workers, "trials_each": trials}
         if kill:
             groups: dict[str, object] = {}

@@ -548,7 +548,8 @@ def _print_plan_text(job: RLJob, framework: Framework, cal: RLCalibration, ps: P
     _print_plans("Fastest plan per rollout-GPU count (every count, not a Pareto front)", ps.fastest_per_rollout_gpus(),
                  async_steps=async_steps)
     if async_steps:
-        _print_plans("Fastest plan per async depth K (staleness)", ps.fastest_per_async_depth(), async_steps=async_steps)
+        _print_plans("Fastest plan per async depth K (staleness)", ps.fastest_per_async_depth(),
+                     async_steps=async_steps)
     say(_legend(headers), indent=0, hang=2, markup=False, console=_out)
     for w in written:
         _out.print("wrote the recommended plan's "

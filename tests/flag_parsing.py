@@ -26,7 +26,12 @@ def argv_flags(tokens: list[str]) -> dict[str, tuple[str, ...]]:
 
 
 def command_flags(script: str) -> dict[str, tuple[str, ...]]:
-    """``{flag: values}`` of the ``python3 -m ...`` (or ``"$PYTHON" -m ...``, ``"$PYTHON" "$SLIME_ENTRY"``) command of a run script."""
+    """``{flag: values}`` of the ``python3 -m ...`` (or ``"$PYTHON" -m ...``, ``"$PYTHON" "$SLIME_ENTRY"``) command of a
+    run script."""
     text = script.replace("\\\n", " ")
-    line = next(ln for ln in text.splitlines() if ln.strip().startswith(("python3 -m", '"$PYTHON" -m', '"$PYTHON" "$SLIME_ENTRY"')))
+    line = next(
+        ln
+        for ln in text.splitlines()
+        if ln.strip().startswith(("python3 -m", '"$PYTHON" -m', '"$PYTHON" "$SLIME_ENTRY"'))
+    )
     return argv_flags(shlex.split(line))

@@ -82,8 +82,15 @@ def test_no_import_cycles():
 def test_the_cli_is_split_by_area_without_a_cycle():
     g = import_graph()
     areas = [m for m in g if m.startswith("tuner.cli.") and m != "tuner.cli.__main__"]  # __main__ runs the package
-    assert {"tuner.cli._common", "tuner.cli.main_job", "tuner.cli.estimate", "tuner.cli.studies", "tuner.cli.fit",
-            "tuner.cli.verify_cmd", "tuner.cli.catalogue"} <= set(areas)
+    assert {
+        "tuner.cli._common",
+        "tuner.cli.main_job",
+        "tuner.cli.estimate",
+        "tuner.cli.studies",
+        "tuner.cli.fit",
+        "tuner.cli.verify_cmd",
+        "tuner.cli.catalogue",
+    } <= set(areas)
     assert not [m for m in areas if g.has_edge(m, "tuner.cli")], "an area module imports the package that composes it"
     assert not any(d.startswith("tuner.cli") for d in g.successors("tuner.cli._common"))
 

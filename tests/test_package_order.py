@@ -1,4 +1,5 @@
-"""The packages form layers: each imports only the ones below it (specs < search_spaces < cost_model < launch < rl < tuner).
+"""The packages form layers: each imports only the ones below it (specs < search_spaces < cost_model < launch < rl <
+tuner).
 
 Every import is read from the source (module level and inside functions alike), so a cycle cannot
 be dodged by importing late.

@@ -28,11 +28,28 @@ NOTE = DATA / "published_runs_fixes.md"
 
 #: The columns added to published_runs.csv, with Megatron's names.
 COLUMNS = (
-    "use_megatron_fsdp", "cpu_offloading_num_layers", "use_precision_aware_optimizer", "exp_avg_dtype", "exp_avg_sq_dtype",
-    "grad_reduce_in_fp32", "fp8_recipe", "fp8_param_gather", "fp4_param_gather", "cross_entropy_loss_fusion",
-    "cross_entropy_fusion_impl", "te_version", "recompute_granularity", "recompute_method", "recompute_num_layers",
-    "recompute_modules", "overlap_moe_expert_parallel_comm", "cuda_graph_impl", "cuda_graph_scope", "optimizer",
-    "optimizer_fp8_recipe", "recipe_source",
+    "use_megatron_fsdp",
+    "cpu_offloading_num_layers",
+    "use_precision_aware_optimizer",
+    "exp_avg_dtype",
+    "exp_avg_sq_dtype",
+    "grad_reduce_in_fp32",
+    "fp8_recipe",
+    "fp8_param_gather",
+    "fp4_param_gather",
+    "cross_entropy_loss_fusion",
+    "cross_entropy_fusion_impl",
+    "te_version",
+    "recompute_granularity",
+    "recompute_method",
+    "recompute_num_layers",
+    "recompute_modules",
+    "overlap_moe_expert_parallel_comm",
+    "cuda_graph_impl",
+    "cuda_graph_scope",
+    "optimizer",
+    "optimizer_fp8_recipe",
+    "recipe_source",
 )
 
 #: Transformer Engine (major.minor) class of each container, for the fused cross-entropy's bytes: up to TE 2.17 the
@@ -79,7 +96,10 @@ def normalise(fix: dict[str, str], run: dict[str, str]) -> tuple[dict[str, str],
         notes.append("FSDP from the published table's column (not in the preset)")
     out["cpu_offloading_num_layers"] = _int(fix["cpu_offloading_num_layers"])
     if "inferred" in fix["cpu_offloading_num_layers"]:
-        notes.append(f"activation offload {out['cpu_offloading_num_layers']} layers inferred from the v0.2.0 preset of this GPU (GBS differs)")
+        notes.append(
+            f"activation offload {out['cpu_offloading_num_layers']} layers inferred from the v0.2.0 preset of this GPU "
+            "(GBS differs)"
+        )
     pa = fix["use_precision_aware_optimizer"]
     out["use_precision_aware_optimizer"] = "False" if ("unless FSDP" in pa and fsdp == "True") else _bool(pa)
     if "unless FSDP" in pa:
@@ -89,7 +109,9 @@ def normalise(fix: dict[str, str], run: dict[str, str]) -> tuple[dict[str, str],
     out["grad_reduce_in_fp32"] = _bool(fix["grad_reduce_in_fp32"])
     prec = run.get("precision", "").lower()
     if "fp8" in prec and "mx" not in prec and "block" not in prec and fix["bridge_tag"].strip():
-        out["fp8_recipe"] = "tensorwise"  # Bridge FP8-CS = current scaling (mixed_precision.py bf16_with_fp8_current_scaling_mixed)
+        out["fp8_recipe"] = (
+            "tensorwise"  # Bridge FP8-CS = current scaling (mixed_precision.py bf16_with_fp8_current_scaling_mixed)
+        )
     out["fp8_param_gather"] = _bool(fix["fp8_param_gather"])
     out["fp4_param_gather"] = _bool(fix["fp4_param_gather"])
     out["cross_entropy_loss_fusion"] = _bool(fix["cross_entropy_loss_fusion"])
@@ -117,7 +139,9 @@ def normalise(fix: dict[str, str], run: dict[str, str]) -> tuple[dict[str, str],
     scope = fix["cuda_graph_scope"].strip()
     out["cuda_graph_impl"] = impl
     if impl and impl != "none":
-        out["cuda_graph_scope"] = "full_iteration" if (impl == "full_iteration" or "full_iteration" in scope) else (_list(scope) or "full")
+        out["cuda_graph_scope"] = (
+            "full_iteration" if (impl == "full_iteration" or "full_iteration" in scope) else (_list(scope) or "full")
+        )
         if out["cuda_graph_scope"] == "full":
             notes.append("TE CUDA graphs with an empty scope: the whole layer")
     out["optimizer"] = fix["optimizer"].strip()
@@ -127,7 +151,9 @@ def normalise(fix: dict[str, str], run: dict[str, str]) -> tuple[dict[str, str],
         out["optimizer_fp8_recipe"] = "tensorwise"
     preset = fix["preset"].strip()
     if fix["bridge_tag"].strip():
-        out["recipe_source"] = f"Megatron-Bridge {fix['bridge_tag']}" + (f" :: {preset}" if preset else " (family-wide fields only)")
+        out["recipe_source"] = f"Megatron-Bridge {fix['bridge_tag']}" + (
+            f" :: {preset}" if preset else " (family-wide fields only)"
+        )
     else:  # a run of another stack, read by hand in the write-up that published it
         out["recipe_source"] = preset
     return out, notes
@@ -138,7 +164,8 @@ def normalise(fix: dict[str, str], run: dict[str, str]) -> tuple[dict[str, str],
 #: helpers.py::set_primary_perf_configs`` sets ``recipe.trainer.plugins.grad_reduce_in_fp32 = False`` ("bf16 grad
 #: dtype") for every run; ``nemo/collections/llm/recipes/precision/mixed_precision.py``: ``bf16_with_fp8_current_
 #: scaling_mixed`` (tensorwise) and ``bf16_with_mxfp8_mixed`` set ``fp8_param_gather = True``. Megatron-FSDP from the
-#: table's column (the row's note ``Megatron-FSDP=N``). Nothing else of those scripts was read: the other columns stay blank.
+#: table's column (the row's note ``Megatron-FSDP=N``). Nothing else of those scripts was read: the other columns stay
+#: blank.
 NEMO2_RELEASES = ("25.09",)
 
 
@@ -158,15 +185,22 @@ def nemo2_columns(run: dict[str, str]) -> tuple[dict[str, str], list[str]] | Non
     if m and int(m.group(1)) > 1:
         out["use_megatron_fsdp"] = "True"
         notes.append(f"FSDP from the table's column (note Megatron-FSDP={m.group(1)})")
-    out["recipe_source"] = "NeMo 2.0 perf scripts (25.09 container; NVIDIA/NeMo scripts/performance/helpers.py, precision/mixed_precision.py)"
+    out["recipe_source"] = (
+        "NeMo 2.0 perf scripts (25.09 container; NVIDIA/NeMo scripts/performance/helpers.py, "
+        "precision/mixed_precision.py)"
+    )
     return out, notes
 
 
 def _old_reading(run: dict[str, str]) -> dict[str, str]:
     """What the reader took from a row before these columns (its other_notes and recompute cell)."""
     kv = dict(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)=(\[[^\]]*\]|[^;|,\s]+)", run.get("other_notes", "")))
-    return {"fsdp": kv.get("use_megatron_fsdp", kv.get("Megatron-FSDP", "")), "offload": kv.get("cpu_offloading_num_layers", ""),
-            "a2a": kv.get("moe_a2a_overlap", ""), "recompute": run.get("recompute", "")}
+    return {
+        "fsdp": kv.get("use_megatron_fsdp", kv.get("Megatron-FSDP", "")),
+        "offload": kv.get("cpu_offloading_num_layers", ""),
+        "a2a": kv.get("moe_a2a_overlap", ""),
+        "recompute": run.get("recompute", ""),
+    }
 
 
 def main() -> int:
@@ -194,7 +228,9 @@ def main() -> int:
         if cols["exp_avg_dtype"] == "bf16":
             changed.append("bf16 moments (was fp32)")
         if cols["optimizer_fp8_recipe"] == "tensorwise" and cols["use_precision_aware_optimizer"] == "True":
-            changed.append("fp32 master weights, not 2-B remainders (the optimizer gets Bridge's fp8_recipe tensorwise)")
+            changed.append(
+                "fp32 master weights, not 2-B remainders (the optimizer gets Bridge's fp8_recipe tensorwise)"
+            )
         if cols["fp8_param_gather"] == "True" or cols["fp4_param_gather"] == "True":
             changed.append("low-precision weights without a bf16 copy (was bf16 + copy)")
         if cols["cross_entropy_fusion_impl"] == "te":
@@ -209,11 +245,18 @@ def main() -> int:
             changed.append(f"full recompute, method {cols['recompute_method']} (was read as uniform)")
         if cols["optimizer"] == "dist_muon":
             changed.append("distributed Muon (was Adam)")
-        if cols["recompute_granularity"] == "none" and old["recompute"].strip().lower() not in ("", "none", "not stated"):
+        if cols["recompute_granularity"] == "none" and old["recompute"].strip().lower() not in (
+            "",
+            "none",
+            "not stated",
+        ):
             changed.append(f"recompute none (cell {old['recompute']!r})")
         set_cols = ", ".join(f"{k}={v}" for k, v in cols.items() if v and k != "recipe_source")
-        lines.append(f"| {run['id']} | {run['model']}, {run['num_gpus']}x{run['gpu_type']} | {cols['recipe_source']}: {set_cols} | "
-                     f"{'; '.join(notes) or '-'} | {'; '.join(changed) or '-'} |")
+        lines.append(
+            f"| {run['id']} | {run['model']}, {run['num_gpus']}x{run['gpu_type']} | {cols['recipe_source']}: "
+            f"{set_cols} | "
+            f"{'; '.join(notes) or '-'} | {'; '.join(changed) or '-'} |"
+        )
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=base_cols + list(COLUMNS), lineterminator="\n")
     w.writeheader()
@@ -221,14 +264,18 @@ def main() -> int:
         w.writerow({k: run.get(k, "") for k in base_cols + list(COLUMNS)})
     RUNS.write_text(buf.getvalue(), encoding="utf-8")
     note = NOTE.read_text(encoding="utf-8")
-    section = ("<!-- applied:begin -->\n## Applied to published_runs.csv, row by row\n\n"
-               f"`python benchmarks/tools/apply_published_fixes.py` wrote the columns `{', '.join(COLUMNS)}` into "
-               "`published_runs.csv` (the reader, `cost_model/validate.py::read_runs`, prefers them over `other_notes`). "
-               f"{len(fixes)} rows have values from the recipe that ran them (a Megatron-Bridge one unless `recipe_source` names another), the other 25.09 rows the few settings read in NeMo 2.0's "
-               "perf scripts (the script's `nemo2_columns`); the other rows keep blank cells (their recipe was not "
-               "read: see 'Rows not resolved' above) and are read as before. `te_version` is the TE class of the row's "
-               "container for the fused cross-entropy's bytes, **inferred** (see the script's `TE_OF_RELEASE`).\n\n"
-               + "\n".join(lines) + "\n<!-- applied:end -->\n")
+    section = (
+        "<!-- applied:begin -->\n## Applied to published_runs.csv, row by row\n\n"
+        f"`python benchmarks/tools/apply_published_fixes.py` wrote the columns `{', '.join(COLUMNS)}` into "
+        "`published_runs.csv` (the reader, `cost_model/validate.py::read_runs`, prefers them over `other_notes`). "
+        f"{len(fixes)} rows have values from the recipe that ran them (a Megatron-Bridge one unless `recipe_source` "
+        "names another), the other 25.09 rows the few settings read in NeMo 2.0's "
+        "perf scripts (the script's `nemo2_columns`); the other rows keep blank cells (their recipe was not "
+        "read: see 'Rows not resolved' above) and are read as before. `te_version` is the TE class of the row's "
+        "container for the fused cross-entropy's bytes, **inferred** (see the script's `TE_OF_RELEASE`).\n\n"
+        + "\n".join(lines)
+        + "\n<!-- applied:end -->\n"
+    )
     if "<!-- applied:begin -->" in note:
         note = re.sub(r"<!-- applied:begin -->.*<!-- applied:end -->\n", lambda _m: section, note, flags=re.S)
     else:

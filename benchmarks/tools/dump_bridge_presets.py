@@ -1,5 +1,7 @@
-# Dump every WorkloadBaseConfig preset of a Megatron-Bridge tag as JSON lines, the tag's perf scripts on the import path:
-#   PYTHONPATH=<checkout of the tag>/scripts/performance python benchmarks/tools/dump_bridge_presets.py > presets_<tag>.jsonl
+# Dump every WorkloadBaseConfig preset of a Megatron-Bridge tag as JSON lines, the tag's perf scripts on the import
+# path:
+#   PYTHONPATH=<checkout of the tag>/scripts/performance python benchmarks/tools/dump_bridge_presets.py >
+#   presets_<tag>.jsonl
 import dataclasses
 import importlib
 import json

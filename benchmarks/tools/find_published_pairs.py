@@ -4,6 +4,7 @@ Reads benchmarks/data/published_runs.csv joined on `id` with benchmarks/data/pub
 benchmarks/data/published_pairs.csv. Settings compared: tp, pp, vpp, cp, ep, etp, mbs, gbs, dispatcher, recompute,
 a2a overlap, CUDA graph, FSDP, offload; a pair must agree on model, GPU, GPU count, precision and sequence length.
 """
+
 import csv
 import re
 import sys
@@ -48,13 +49,24 @@ def settings(i):
     if f.get("recompute_granularity") == "none":
         rec = "none"
     rec = rec.replace('"', "'")
-    a2a = f.get("overlap_moe_expert_parallel_comm") or ("True" if "moe_a2a_overlap=True" in r["other_notes"] else "unknown")
+    a2a = f.get("overlap_moe_expert_parallel_comm") or (
+        "True" if "moe_a2a_overlap=True" in r["other_notes"] else "unknown"
+    )
     cg = (f.get("cuda_graph_impl") or "unknown") + ((" " + f["cuda_graph_scope"]) if f.get("cuda_graph_scope") else "")
     return {
-        "tp": num(r["tp"]), "pp": num(r["pp"]),
-        "vpp": "unknown" if not r["vpp"].strip() and "verification card" in r["framework_version"] else num(r["vpp"]), "cp": num(r["cp"]), "ep": num(r["ep"]),
-        "etp": num(r["etp"]), "mbs": num(r["mbs"]), "gbs": num(r["gbs"]), "dispatcher": disp(r, f), "recompute": rec,
-        "a2a_overlap": a2a, "cuda_graph": cg, "fsdp": str(f.get("use_megatron_fsdp", "unknown")),
+        "tp": num(r["tp"]),
+        "pp": num(r["pp"]),
+        "vpp": "unknown" if not r["vpp"].strip() and "verification card" in r["framework_version"] else num(r["vpp"]),
+        "cp": num(r["cp"]),
+        "ep": num(r["ep"]),
+        "etp": num(r["etp"]),
+        "mbs": num(r["mbs"]),
+        "gbs": num(r["gbs"]),
+        "dispatcher": disp(r, f),
+        "recompute": rec,
+        "a2a_overlap": a2a,
+        "cuda_graph": cg,
+        "fsdp": str(f.get("use_megatron_fsdp", "unknown")),
         "offload": str(f.get("cpu_offloading_num_layers", "unknown")),
     }
 
@@ -77,14 +89,27 @@ for a, b in combinations(ids, 2):
     k = diff[0]
     ta, tb = float(runs[a]["tokens_per_s_per_gpu"]), float(runs[b]["tokens_per_s_per_gpu"])
     same_rel = runs[a]["framework_version"] == runs[b]["framework_version"]
-    out.append({
-        "id_a": a, "id_b": b, "model": runs[a]["model"], "gpu_type": runs[a]["gpu_type"], "num_gpus": runs[a]["num_gpus"],
-        "precision": prec(runs[a]["precision"]), "changed": k, "value_a": sa[k], "value_b": sb[k],
-        "release_a": runs[a]["framework_version"].replace("Megatron-Bridge / NeMo container ", ""),
-        "release_b": runs[b]["framework_version"].replace("Megatron-Bridge / NeMo container ", ""),
-        "same_release": same_rel, "tokens_a": ta, "tokens_b": tb, "ratio_b_over_a": round(tb / ta, 4),
-        "layout": f"TP{sa['tp']} PP{sa['pp']} VPP{sa['vpp']} CP{sa['cp']} EP{sa['ep']} MBS{sa['mbs']} GBS{sa['gbs']}",
-    })
+    out.append(
+        {
+            "id_a": a,
+            "id_b": b,
+            "model": runs[a]["model"],
+            "gpu_type": runs[a]["gpu_type"],
+            "num_gpus": runs[a]["num_gpus"],
+            "precision": prec(runs[a]["precision"]),
+            "changed": k,
+            "value_a": sa[k],
+            "value_b": sb[k],
+            "release_a": runs[a]["framework_version"].replace("Megatron-Bridge / NeMo container ", ""),
+            "release_b": runs[b]["framework_version"].replace("Megatron-Bridge / NeMo container ", ""),
+            "same_release": same_rel,
+            "tokens_a": ta,
+            "tokens_b": tb,
+            "ratio_b_over_a": round(tb / ta, 4),
+            "layout": f"TP{sa['tp']} PP{sa['pp']} VPP{sa['vpp']} CP{sa['cp']} EP{sa['ep']} MBS{sa['mbs']} "
+            f"GBS{sa['gbs']}",
+        }
+    )
 w = csv.DictWriter(sys.stdout, fieldnames=list(out[0]), lineterminator="\n")
 w.writeheader()
 for o in sorted(out, key=lambda o: (o["changed"], not o["same_release"], o["model"], o["gpu_type"])):

@@ -1,4 +1,5 @@
-"""Derive benchmarks/data/published_runs_fixes.csv from Megatron-Bridge perf recipes (research aid, not part of the package).
+"""Derive benchmarks/data/published_runs_fixes.csv from Megatron-Bridge perf recipes (research aid, not part of the
+package).
 
 Inputs: benchmarks/data/published_runs.csv and one JSON-lines dump per Bridge tag of every
 WorkloadBaseConfig preset in scripts/performance/configs/*/*workload_base_configs.py (made by
@@ -21,15 +22,49 @@ import re
 import sys
 from pathlib import Path
 
-TAG_OF_RELEASE = {"25.11": "v0.2.0", "26.02": "v0.3.0", "26.02.01": "v0.3.1", "26.04": "v0.4.0",
-                  "26.04.01": "v0.4.2", "26.06": "v0.5.0", "26.06.01": "v0.5.0"}
+TAG_OF_RELEASE = {
+    "25.11": "v0.2.0",
+    "26.02": "v0.3.0",
+    "26.02.01": "v0.3.1",
+    "26.04": "v0.4.0",
+    "26.04.01": "v0.4.2",
+    "26.06": "v0.5.0",
+    "26.06.01": "v0.5.0",
+}
 REPO = "NVIDIA-NeMo/Megatron-Bridge"
-FIELDS = ["id", "model", "gpu_type", "num_gpus", "framework_version", "bridge_tag", "preset", "preset_match",
-          "use_megatron_fsdp", "cpu_offloading_num_layers", "use_precision_aware_optimizer", "exp_avg_dtype",
-          "exp_avg_sq_dtype", "master_param_storage", "main_grad_dtype", "grad_reduce_in_fp32", "fp8_param_gather",
-          "fp4_param_gather", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "recompute_granularity",
-          "recompute_method", "recompute_num_layers", "recompute_modules", "overlap_moe_expert_parallel_comm",
-          "delay_wgrad_compute", "cuda_graph_impl", "cuda_graph_scope", "optimizer", "extra", "source"]
+FIELDS = [
+    "id",
+    "model",
+    "gpu_type",
+    "num_gpus",
+    "framework_version",
+    "bridge_tag",
+    "preset",
+    "preset_match",
+    "use_megatron_fsdp",
+    "cpu_offloading_num_layers",
+    "use_precision_aware_optimizer",
+    "exp_avg_dtype",
+    "exp_avg_sq_dtype",
+    "master_param_storage",
+    "main_grad_dtype",
+    "grad_reduce_in_fp32",
+    "fp8_param_gather",
+    "fp4_param_gather",
+    "cross_entropy_loss_fusion",
+    "cross_entropy_fusion_impl",
+    "recompute_granularity",
+    "recompute_method",
+    "recompute_num_layers",
+    "recompute_modules",
+    "overlap_moe_expert_parallel_comm",
+    "delay_wgrad_compute",
+    "cuda_graph_impl",
+    "cuda_graph_scope",
+    "optimizer",
+    "extra",
+    "source",
+]
 
 
 def family(model: str, tag: str) -> tuple[str, str] | None:
@@ -81,8 +116,12 @@ def match(presets: list[dict], key: str, gpu: str, prec: str, r: dict) -> list[d
         if "PRETRAIN" not in n and "BASE_CONFIG" not in n:
             continue
         vp = p["virtual_pipeline_model_parallel_size"] or 1
-        if (p["tensor_model_parallel_size"], p["pipeline_model_parallel_size"], p["context_parallel_size"],
-                p["micro_batch_size"]) != (_int(r["tp"]), _int(r["pp"]), _int(r["cp"]) or 1, _int(r["mbs"]) or 1):
+        if (
+            p["tensor_model_parallel_size"],
+            p["pipeline_model_parallel_size"],
+            p["context_parallel_size"],
+            p["micro_batch_size"],
+        ) != (_int(r["tp"]), _int(r["pp"]), _int(r["cp"]) or 1, _int(r["mbs"]) or 1):
             continue
         if (p["expert_model_parallel_size"] or 1) != (_int(r["ep"]) or 1):
             continue
@@ -122,8 +161,16 @@ def resolve(r: dict, presets_by_tag: dict[str, list[dict]]) -> dict | None:
     family_only = len(cands) != 1
     if family_only:
         # no unique preset: only the fields that do not depend on the preset are filled
-        p = {"name": "", "use_megatron_fsdp": None, "recompute_num_layers": None, "recompute_modules": None,
-             "cuda_graph_impl": None, "cuda_graph_scope": None, "moe_a2a_overlap": None, "cpu_offloading_num_layers": None}
+        p = {
+            "name": "",
+            "use_megatron_fsdp": None,
+            "recompute_num_layers": None,
+            "recompute_modules": None,
+            "cuda_graph_impl": None,
+            "cuda_graph_scope": None,
+            "moe_a2a_overlap": None,
+            "cpu_offloading_num_layers": None,
+        }
         how = f"no unique preset ({len(cands)} candidates): family-wide fields only"
     else:
         p = cands[0]
@@ -170,30 +217,73 @@ def resolve(r: dict, presets_by_tag: dict[str, list[dict]]) -> dict | None:
     cg_scope = "" if cg_impl == "none" or cg_scope is None else str(cg_scope)
     a2a = bool(p.get("moe_a2a_overlap"))
     off = p.get("cpu_offloading_num_layers") or 0
-    fam_file = {"deepseek": "deepseek", "gpt_oss": "gpt_oss", "qwen": "qwen3", "qwen3": "qwen3", "kimi": "kimi",
-                "llama": "llama3", "llama3": "llama3", "llama31": "llama31"}[fam_dir]
+    fam_file = {
+        "deepseek": "deepseek",
+        "gpt_oss": "gpt_oss",
+        "qwen": "qwen3",
+        "qwen3": "qwen3",
+        "kimi": "kimi",
+        "llama": "llama3",
+        "llama3": "llama3",
+        "llama31": "llama31",
+    }[fam_dir]
     if fam[1] == "LLAMA31_405B":
         fam_file = "llama31"
     wb = "workload_base_configs.py" if tag == "v0.2.0" else f"{fam_file}_workload_base_configs.py"
     src = f"{REPO}@{tag}:scripts/performance/configs/{fam_dir}/{wb}::{p['name']}"
     if family_only:
-        src = f"{REPO}@{tag}:scripts/performance/configs/{fam_dir}/ (family common config), utils/overrides.py, utils/precision.py"
+        src = (
+            f"{REPO}@{tag}:scripts/performance/configs/{fam_dir}/ (family common config), utils/overrides.py, "
+            "utils/precision.py"
+        )
     out = {
-        "id": r["id"], "model": r["model"], "gpu_type": r["gpu_type"], "num_gpus": r["num_gpus"],
-        "framework_version": fv, "bridge_tag": tag, "preset": p["name"], "preset_match": how,
-        "use_megatron_fsdp": fsdp, "cpu_offloading_num_layers": off, "use_precision_aware_optimizer": pao,
-        "exp_avg_dtype": exp, "exp_avg_sq_dtype": exp, "master_param_storage": master,
-        "main_grad_dtype": "bf16", "grad_reduce_in_fp32": False, "fp8_param_gather": fp8pg, "fp4_param_gather": fp4pg,
-        "cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "te",
-        "recompute_granularity": gran, "recompute_method": method, "recompute_num_layers": nlay, "recompute_modules": mods,
-        "overlap_moe_expert_parallel_comm": a2a, "delay_wgrad_compute": a2a,
-        "cuda_graph_impl": cg_impl, "cuda_graph_scope": cg_scope, "optimizer": optimizer, "extra": "", "source": src,
+        "id": r["id"],
+        "model": r["model"],
+        "gpu_type": r["gpu_type"],
+        "num_gpus": r["num_gpus"],
+        "framework_version": fv,
+        "bridge_tag": tag,
+        "preset": p["name"],
+        "preset_match": how,
+        "use_megatron_fsdp": fsdp,
+        "cpu_offloading_num_layers": off,
+        "use_precision_aware_optimizer": pao,
+        "exp_avg_dtype": exp,
+        "exp_avg_sq_dtype": exp,
+        "master_param_storage": master,
+        "main_grad_dtype": "bf16",
+        "grad_reduce_in_fp32": False,
+        "fp8_param_gather": fp8pg,
+        "fp4_param_gather": fp4pg,
+        "cross_entropy_loss_fusion": True,
+        "cross_entropy_fusion_impl": "te",
+        "recompute_granularity": gran,
+        "recompute_method": method,
+        "recompute_num_layers": nlay,
+        "recompute_modules": mods,
+        "overlap_moe_expert_parallel_comm": a2a,
+        "delay_wgrad_compute": a2a,
+        "cuda_graph_impl": cg_impl,
+        "cuda_graph_scope": cg_scope,
+        "optimizer": optimizer,
+        "extra": "",
+        "source": src,
     }
     if family_only:
-        for k in ("use_megatron_fsdp", "cpu_offloading_num_layers", "overlap_moe_expert_parallel_comm", "delay_wgrad_compute",
-                  "cuda_graph_impl", "cuda_graph_scope", "recompute_method", "recompute_num_layers"):
+        for k in (
+            "use_megatron_fsdp",
+            "cpu_offloading_num_layers",
+            "overlap_moe_expert_parallel_comm",
+            "delay_wgrad_compute",
+            "cuda_graph_impl",
+            "cuda_graph_scope",
+            "recompute_method",
+            "recompute_num_layers",
+        ):
             out[k] = ""
-        out["recompute_granularity"] = out["recompute_granularity"] and out["recompute_granularity"] + " (family default; a preset may override)"
+        out["recompute_granularity"] = (
+            out["recompute_granularity"] and out["recompute_granularity"] + " (family default; a preset may override)"
+        )
         if fam_dir == "deepseek":
             out["use_precision_aware_optimizer"] = f"{pao} (unless FSDP)"
     return out
@@ -202,40 +292,80 @@ def resolve(r: dict, presets_by_tag: dict[str, list[dict]]) -> dict | None:
 V060 = f"{REPO}@v0.6.0 (51885cf1):src/megatron/bridge/perf_recipes/deepseek/"
 MANUAL = {
     # 26.08 table rows and the verification cards of the same recipes (card bridge_commit 79308d0d)
-    "GB300": dict(preset="deepseek_v3_pretrain_256gpu_gb300_fp8mx_config", recompute_granularity="selective (empty list)",
-                  recompute_modules="[]", extra="fp8_dot_product_attention=True; fp8_output_proj=True; moe_paged_stash=True; "
-                  "moe_expert_rank_capacity_factor=1.5; use_transformer_engine_op_fuser=True",
-                  source=V060 + "gb300/deepseek_v3.py::deepseek_v3_pretrain_256gpu_gb300_fp8mx_config; common.py::_enable_deepseek_full_iteration_mxfp8"),
-    "GB200": dict(preset="deepseek_v3_pretrain_256gpu_gb200_fp8mx_config", recompute_granularity="selective",
-                  recompute_modules="['mla_up_proj']", extra="fp8_dot_product_attention=False; fp8_output_proj=True; moe_paged_stash=True; "
-                  "moe_expert_rank_capacity_factor=1.5; use_transformer_engine_op_fuser=True",
-                  source=V060 + "gb200/deepseek_v3.py::deepseek_v3_pretrain_256gpu_gb200_fp8mx_config; common.py::_enable_deepseek_full_iteration_mxfp8"),
+    "GB300": dict(
+        preset="deepseek_v3_pretrain_256gpu_gb300_fp8mx_config",
+        recompute_granularity="selective (empty list)",
+        recompute_modules="[]",
+        extra="fp8_dot_product_attention=True; fp8_output_proj=True; moe_paged_stash=True; "
+        "moe_expert_rank_capacity_factor=1.5; use_transformer_engine_op_fuser=True",
+        source=V060 + "gb300/deepseek_v3.py::deepseek_v3_pretrain_256gpu_gb300_fp8mx_config; "
+        "common.py::_enable_deepseek_full_iteration_mxfp8",
+    ),
+    "GB200": dict(
+        preset="deepseek_v3_pretrain_256gpu_gb200_fp8mx_config",
+        recompute_granularity="selective",
+        recompute_modules="['mla_up_proj']",
+        extra="fp8_dot_product_attention=False; fp8_output_proj=True; moe_paged_stash=True; "
+        "moe_expert_rank_capacity_factor=1.5; use_transformer_engine_op_fuser=True",
+        source=V060 + "gb200/deepseek_v3.py::deepseek_v3_pretrain_256gpu_gb200_fp8mx_config; "
+        "common.py::_enable_deepseek_full_iteration_mxfp8",
+    ),
 }
 
 
 def manual(r: dict) -> dict | None:
     if not ("26.08" in r["framework_version"] or "verification card" in r["framework_version"]):
         return None
-    if not r["model"].lower().replace("-", "").startswith("deepseekv3") or r["gpu_type"] not in MANUAL or "MXFP8" not in r["precision"].upper():
+    if (
+        not r["model"].lower().replace("-", "").startswith("deepseekv3")
+        or r["gpu_type"] not in MANUAL
+        or "MXFP8" not in r["precision"].upper()
+    ):
         return None
     m = MANUAL[r["gpu_type"]]
-    return {"id": r["id"], "model": r["model"], "gpu_type": r["gpu_type"], "num_gpus": r["num_gpus"],
-            "framework_version": r["framework_version"], "bridge_tag": "v0.6.0", "preset": m["preset"],
-            "preset_match": "recipe function read by hand (layout, GBS, MBS agree)", "use_megatron_fsdp": False,
-            "cpu_offloading_num_layers": 0, "use_precision_aware_optimizer": True, "exp_avg_dtype": "bf16",
-            "exp_avg_sq_dtype": "bf16", "master_param_storage": "fp32", "main_grad_dtype": "bf16",
-            "grad_reduce_in_fp32": False, "fp8_param_gather": True, "fp4_param_gather": False,
-            "cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "te",
-            "recompute_granularity": m["recompute_granularity"], "recompute_method": "", "recompute_num_layers": "",
-            "recompute_modules": m["recompute_modules"], "overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True,
-            "cuda_graph_impl": "full_iteration", "cuda_graph_scope": "[]", "optimizer": "adam", "extra": m["extra"],
-            "source": m["source"] + "; base recipe src/megatron/bridge/recipes/deepseek/h100/deepseek_v3.py::deepseek_v3_pretrain_1024gpu_h100_bf16_config (precision-aware, bf16 moments)"}
+    return {
+        "id": r["id"],
+        "model": r["model"],
+        "gpu_type": r["gpu_type"],
+        "num_gpus": r["num_gpus"],
+        "framework_version": r["framework_version"],
+        "bridge_tag": "v0.6.0",
+        "preset": m["preset"],
+        "preset_match": "recipe function read by hand (layout, GBS, MBS agree)",
+        "use_megatron_fsdp": False,
+        "cpu_offloading_num_layers": 0,
+        "use_precision_aware_optimizer": True,
+        "exp_avg_dtype": "bf16",
+        "exp_avg_sq_dtype": "bf16",
+        "master_param_storage": "fp32",
+        "main_grad_dtype": "bf16",
+        "grad_reduce_in_fp32": False,
+        "fp8_param_gather": True,
+        "fp4_param_gather": False,
+        "cross_entropy_loss_fusion": True,
+        "cross_entropy_fusion_impl": "te",
+        "recompute_granularity": m["recompute_granularity"],
+        "recompute_method": "",
+        "recompute_num_layers": "",
+        "recompute_modules": m["recompute_modules"],
+        "overlap_moe_expert_parallel_comm": True,
+        "delay_wgrad_compute": True,
+        "cuda_graph_impl": "full_iteration",
+        "cuda_graph_scope": "[]",
+        "optimizer": "adam",
+        "extra": m["extra"],
+        "source": m["source"] + "; base recipe "
+        "src/megatron/bridge/recipes/deepseek/h100/deepseek_v3.py::deepseek_v3_pretrain_1024gpu_h100_bf16_config "
+        "(precision-aware, bf16 moments)",
+    }
 
 
 def main() -> None:
     pdir = Path(sys.argv[1])
-    presets_by_tag = {t: [json.loads(line) for line in (pdir / f"presets_{t}.jsonl").open()]
-                      for t in sorted(set(TAG_OF_RELEASE.values()))}
+    presets_by_tag = {
+        t: [json.loads(line) for line in (pdir / f"presets_{t}.jsonl").open()]
+        for t in sorted(set(TAG_OF_RELEASE.values()))
+    }
     with open("benchmarks/data/published_runs.csv", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     kept = {}
@@ -256,11 +386,18 @@ def main() -> None:
                 out["use_precision_aware_optimizer"] = "True (set_post_overrides runs after the FSDP override)"
             if not out["preset"] and "LLAMA3_70B" in r["model"].upper() and r["tp"] == "1" and r["pp"] == "1":
                 # same layout as the v0.2.0 GB200/GB300 FP8-CS presets except GBS (table 256, preset 128)
-                out["cpu_offloading_num_layers"] = "40 (inferred: v0.2.0 preset of this GPU, GBS differs)" if r["gpu_type"] == "GB200" else "20 (inferred: v0.2.0 preset of this GPU, GBS differs)"
+                out["cpu_offloading_num_layers"] = (
+                    "40 (inferred: v0.2.0 preset of this GPU, GBS differs)"
+                    if r["gpu_type"] == "GB200"
+                    else "20 (inferred: v0.2.0 preset of this GPU, GBS differs)"
+                )
         if out:
             w.writerow(out)
         else:
-            print(f"unresolved {r['id']} {r['framework_version']} {r['model']} {r['gpu_type']} {r['precision']}", file=sys.stderr)
+            print(
+                f"unresolved {r['id']} {r['framework_version']} {r['model']} {r['gpu_type']} {r['precision']}",
+                file=sys.stderr,
+            )
 
 
 if __name__ == "__main__":

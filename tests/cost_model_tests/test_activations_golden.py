@@ -82,8 +82,8 @@ def test_our_layer_maps_onto_the_inventory(t, te):
     c = make_ctx(model=TINY_DENSE, tp=t, sequence_parallel=t > 1, options=RunOptions(te_attention=te))
     k, sbh = korthikanti_tensors(t), S * B * H
     stats = 4 * A * S * B / t  # flash attention's fp32 softmax statistics (logsumexp per head and token)
-    # without TE: our third hidden-size tensor of the attention block (the no-TE harness was predicted with it); under TE
-    # the attention block keeps exactly their two (the fused norm's input and the QKV input: measured on H200)
+    # without TE: our third hidden-size tensor of the attention block (the no-TE harness was predicted with it); under
+    # TE the attention block keeps exactly their two (the fused norm's input and the QKV input: measured on H200)
     extra = 0 if te else 2 * sbh / t
     second_copy = 0 if te else k["attention.projection_input"]  # no TE: the permuted copy of the attention output
 
@@ -116,10 +116,18 @@ def test_selective_core_attention_frees_what_no_later_gemm_keeps(te):
     bf16 the output projection keeps the attention output as its input, so nothing more; without TE one of the
     two output copies goes too (2sbh / t)."""
     t = 2
-    sel = make_ctx(model=TINY_DENSE, tp=t, sequence_parallel=True, recompute_granularity="selective", recompute_modules=("core_attn",),
-                   options=RunOptions(te_attention=te))
+    sel = make_ctx(
+        model=TINY_DENSE,
+        tp=t,
+        sequence_parallel=True,
+        recompute_granularity="selective",
+        recompute_modules=("core_attn",),
+        options=RunOptions(te_attention=te),
+    )
     full_layer = act.attention_bytes(sel) + act.dense_block_bytes(sel)
-    kept = act.kept_bytes(full_layer, act.saved_attention_bytes(sel), act.saved_dense_bytes(sel, act.dense_block_bytes(sel)))
+    kept = act.kept_bytes(
+        full_layer, act.saved_attention_bytes(sel), act.saved_dense_bytes(sel, act.dense_block_bytes(sel))
+    )
     sbh, stats = S * B * H, 4 * A * S * B / t
     if te:
         assert full_layer[0, 0] == pytest.approx(32 * sbh / t + stats)

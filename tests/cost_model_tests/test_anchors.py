@@ -17,8 +17,10 @@ def _show(capsys, name, e, target=None):
     with capsys.disabled():
         err = f" ({(e.tokens_per_s_per_gpu / target - 1) * 100:+.1f}% vs measured {target})" if target else ""
         print(
-            f"\n[anchor] {name}: predicted {e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU{err}, step {e.step_time_s:.2f} s, "
-            f"peak {e.peak_gib:.1f} GiB of {e.hbm_bytes / GIB:.1f} (fits with {DEFAULT_MEMORY_HEADROOM:.0%} headroom: {e.fits}), MFU {e.mfu:.2%}"
+            f"\n[anchor] {name}: predicted {e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU{err}, step {e.step_time_s:.2f} "
+            "s, "
+            f"peak {e.peak_gib:.1f} GiB of {e.hbm_bytes / GIB:.1f} (fits with {DEFAULT_MEMORY_HEADROOM:.0%} headroom: "
+            f"{e.fits}), MFU {e.mfu:.2%}"
         )
 
 

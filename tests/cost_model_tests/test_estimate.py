@@ -31,7 +31,9 @@ def test_dense_weights_and_optimizer_match_megatron_formula():
     assert ours == pytest.approx(megatron, rel=1e-9)
 
 
-def test_single_estimate_is_the_table_row_with_the_simulated_pipeline(minimax, h200x64, seed_workload, seed_tuned, seed_reference):
+def test_single_estimate_is_the_table_row_with_the_simulated_pipeline(
+    minimax, h200x64, seed_workload, seed_tuned, seed_reference
+):
     # estimate() keeps the table's memory and every time part but the bubble; the pipeline is simulated
     # (cost_model.step_detail), so the step differs from the table's by the bubbles' difference only.
     lays = [seed_tuned, seed_reference, seed_tuned.replace(micro_batch_size=1, vpp=2), seed_reference.replace(ep=16)]
@@ -45,13 +47,23 @@ def test_single_estimate_is_the_table_row_with_the_simulated_pipeline(minimax, h
                 assert float(tab.time[part][i]) == pytest.approx(v, rel=1e-12), part
         shift = one.time["pp_bubble"] - float(tab.time["pp_bubble"][i])
         assert one.step_time_s == pytest.approx(float(tab.step_time_s[i]) + shift, rel=1e-12)
-        assert one.tokens_per_s_per_gpu * one.step_time_s == pytest.approx(float(tab.tokens_per_s_per_gpu[i] * tab.step_time_s[i]), rel=1e-12)
+        assert one.tokens_per_s_per_gpu * one.step_time_s == pytest.approx(
+            float(tab.tokens_per_s_per_gpu[i] * tab.step_time_s[i]), rel=1e-12
+        )
         assert abs(shift) < 0.05 * one.step_time_s  # the closed form is an approximation of the simulation
 
 
 def test_single_estimate_equals_the_table_without_a_pipeline(minimax, h200x64, seed_workload):
-    lay = Layout(world_size=64, tp=1, pp=1, ep=64, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1,
-                 optimizer_offload_fraction=1.0)
+    lay = Layout(
+        world_size=64,
+        tp=1,
+        pp=1,
+        ep=64,
+        recompute_granularity="full",
+        recompute_method="uniform",
+        recompute_num_layers=1,
+        optimizer_offload_fraction=1.0,
+    )
     tab = estimate_table(minimax, h200x64, seed_workload, LayoutTable.from_layouts([lay])).row(0, lay)
     one = estimate(minimax, h200x64, seed_workload, lay)
     assert one.time == tab.time and one.step_time_s == tab.step_time_s
@@ -69,10 +81,10 @@ def test_offload_moves_optimizer_to_cpu_and_costs_time(minimax, h200x64, seed_wo
     on = estimate(minimax, h200x64, seed_workload, seed_reference)
     off = estimate(minimax, h200x64, seed_workload, seed_reference.replace(optimizer_offload_fraction=0.0))
     half = estimate(minimax, h200x64, seed_workload, seed_reference.replace(optimizer_offload_fraction=0.5))
-    # offload 1.0: no optimizer state on the GPU, only the build's bf16 clones kept reserved (2 B per unsharded parameter,
-    # the size of the bf16 weights); 0.5: half the owned parameters at 12 B (10 B without offload: precision-aware) plus
-    # the first HybridDeviceOptimizer's fp32 clones (4 B x 0.5) and the cached bf16 clones (2 B x 0.5) of the rank's
-    # unsharded parameters
+    # offload 1.0: no optimizer state on the GPU, only the build's bf16 clones kept reserved (2 B per unsharded
+    # parameter, the size of the bf16 weights); 0.5: half the owned parameters at 12 B (10 B without offload:
+    # precision-aware) plus the first HybridDeviceOptimizer's fp32 clones (4 B x 0.5) and the cached bf16 clones (2 B x
+    # 0.5) of the rank's unsharded parameters
     assert on.memory["optimizer"] == pytest.approx(on.memory["weights"])
     assert half.memory["optimizer"] == pytest.approx(0.6 * off.memory["optimizer"] + 1.5 * half.memory["weights"])
     assert on.time["offload"] > half.time["offload"] > off.time["offload"] == 0.0
@@ -85,7 +97,9 @@ def test_recompute_trades_memory_for_time():
     base = Layout(world_size=16, tp=2, sequence_parallel=True, pp=2, ep=4)
     none = estimate(m, c, w, base)
     sel = estimate(m, c, w, base.replace(recompute_granularity="selective", recompute_modules=("core_attn", "moe_act")))
-    full = estimate(m, c, w, base.replace(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1))
+    full = estimate(
+        m, c, w, base.replace(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    )
     assert none.memory["activations"] > sel.memory["activations"] > full.memory["activations"]
     assert none.time["recompute"] == 0 < sel.time["recompute"] < full.time["recompute"]
 
@@ -111,7 +125,17 @@ def test_bf16_moments_shrink_optimizer(minimax, h200x64, seed_workload, seed_tun
 
 def test_ep_across_nodes_is_slower(minimax, h200x64, seed_workload, seed_tuned):
 
-    lay8 = Layout(world_size=64, tp=1, pp=4, ep=8, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1, num_layers_in_first_pipeline_stage=15, num_layers_in_last_pipeline_stage=15)
+    lay8 = Layout(
+        world_size=64,
+        tp=1,
+        pp=4,
+        ep=8,
+        recompute_granularity="full",
+        recompute_method="uniform",
+        recompute_num_layers=1,
+        num_layers_in_first_pipeline_stage=15,
+        num_layers_in_last_pipeline_stage=15,
+    )
     lay16 = lay8.replace(ep=16)
     e8 = estimate(minimax, h200x64, seed_workload, lay8)
     e16 = estimate(minimax, h200x64, seed_workload, lay16)
@@ -131,7 +155,9 @@ def test_calibration_file(tmp_path, minimax, h200x64, seed_workload, seed_tuned)
     p = tmp_path / "cal.yaml"
     p.write_text("gemm_efficiency: 0.35\n")
     cal = load_calibration(p)
-    assert cal.gemm_efficiency == 0.35 and cal.attention_efficiency == DEFAULT_CALIBRATION.attention_efficiency  # unnamed constants keep the shipped (fitted) values
+    assert (
+        cal.gemm_efficiency == 0.35 and cal.attention_efficiency == DEFAULT_CALIBRATION.attention_efficiency
+    )  # unnamed constants keep the shipped (fitted) values
     slow = estimate(minimax, h200x64, seed_workload, seed_tuned, calibration=cal)
     fast = estimate(minimax, h200x64, seed_workload, seed_tuned)
     assert slow.tokens_per_s_per_gpu < fast.tokens_per_s_per_gpu
@@ -153,7 +179,9 @@ def test_te_attention_saves_the_attention_output_once(minimax, h200x64, seed_wor
     trial harness) two: the difference is BF16 x tokens x heads x head_dim / TP per stored layer."""
     from specs import HARNESS_RUN_OPTIONS, RunOptions
 
-    lay = Layout(world_size=64, pp=8, ep=8, num_layers_in_first_pipeline_stage=7, num_layers_in_last_pipeline_stage=7)  # no recompute
+    lay = Layout(
+        world_size=64, pp=8, ep=8, num_layers_in_first_pipeline_stage=7, num_layers_in_last_pipeline_stage=7
+    )  # no recompute
     te = estimate(minimax, h200x64, seed_workload, lay)
     no_te = estimate(minimax, h200x64, seed_workload, lay, options=HARNESS_RUN_OPTIONS)
     assert RunOptions().te_attention and not HARNESS_RUN_OPTIONS.te_attention
@@ -171,7 +199,6 @@ def test_observations_default_to_the_no_te_harness():
     m, c = load_model("MiniMax-M2"), parse_gpus("64xH200")
     o = Observation(model=m, cluster=c, workload=Workload(), layout=Layout(world_size=64, ep=8), step_time_s=1.0)
     assert _runs_of([o], need="step")[0].options == HARNESS_RUN_OPTIONS
-
 
 
 # ---- issue 3: flex dispatcher dedup ----------------------------------------------------------------------
@@ -199,9 +226,14 @@ def test_deepep_sends_once_per_remote_gpu_hit():
     c = parse_gpus("256xB200")
     w = Workload(seq_length=4096, global_batch_size=4096)
     cal = DEFAULT_CALIBRATION
-    base = Layout(world_size=256, pp=8, vpp=2, ep=32, num_layers_in_first_pipeline_stage=7, num_layers_in_last_pipeline_stage=6)
+    base = Layout(
+        world_size=256, pp=8, vpp=2, ep=32, num_layers_in_first_pipeline_stage=7, num_layers_in_last_pipeline_stage=6
+    )
     opts = RunOptions(moe_router_force_load_balancing=True)
-    t = {d: estimate(m, c, w, base.replace(dispatcher=d), calibration=cal, options=opts).time["ep_comm"] for d in ("alltoall", "flex+deepep")}
+    t = {
+        d: estimate(m, c, w, base.replace(dispatcher=d), calibration=cal, options=opts).time["ep_comm"]
+        for d in ("alltoall", "flex+deepep")
+    }
     assert 0.6 * t["alltoall"] < t["flex+deepep"] < 0.95 * t["alltoall"]  # fewer bytes, but no 1.4x per byte any more
 
 
@@ -252,13 +284,17 @@ def test_calibration_files_refuse_a_repeated_key_an_empty_file_and_say_where_yam
         p.write_text(empty)
         with pytest.raises(TunerError, match="names no constant"):
             load_calibration(p)
-    p.write_text("constants:\n  <<: {gemm_efficiency: 0.8}\n  hbm_efficiency: 0.7\n")  # an inline merge key is plain YAML
+    p.write_text(
+        "constants:\n  <<: {gemm_efficiency: 0.8}\n  hbm_efficiency: 0.7\n"
+    )  # an inline merge key is plain YAML
     assert load_calibration(p).gemm_efficiency == 0.8
     # what the tool writes it reads back: PyYAML's safe_dump would write an object referenced twice as &id001 / *id001
     from specs._data import dump_user_yaml
 
     shared = ["benchmarks/data/published_runs.csv"]
-    p.write_text(dump_user_yaml({"provenance": {"data": shared, "fitted_on": shared}, "constants": {"gemm_efficiency": 0.7}}))
+    p.write_text(
+        dump_user_yaml({"provenance": {"data": shared, "fitted_on": shared}, "constants": {"gemm_efficiency": 0.7}})
+    )
     assert "*id" not in p.read_text() and load_calibration(p).gemm_efficiency == 0.7
 
 
@@ -285,17 +321,36 @@ def test_former_inline_constants_keep_their_values_and_ranges(name, value, bad):
         BASE_CALIBRATION.replace(**{name: bad})
 
 
-_HUGE = ["attention_call_macs", "attention_window_extra_keys", "attention_sink_extra_keys",
-         "moe_layer_overhead_s", "moe_host_sync_latency_s", "expert_gemm_overhead_s", "fp8_quantize_overhead_s"]
-_EFFICIENCIES = ["gemm_efficiency", "grouped_gemm_efficiency", "attention_efficiency", "hbm_efficiency",
-                 "nvlink_efficiency", "alltoall_nvlink_efficiency", "network_efficiency", "pcie_efficiency"]
+_HUGE = [
+    "attention_call_macs",
+    "attention_window_extra_keys",
+    "attention_sink_extra_keys",
+    "moe_layer_overhead_s",
+    "moe_host_sync_latency_s",
+    "expert_gemm_overhead_s",
+    "fp8_quantize_overhead_s",
+]
+_EFFICIENCIES = [
+    "gemm_efficiency",
+    "grouped_gemm_efficiency",
+    "attention_efficiency",
+    "hbm_efficiency",
+    "nvlink_efficiency",
+    "alltoall_nvlink_efficiency",
+    "network_efficiency",
+    "pcie_efficiency",
+]
 
 
-@pytest.mark.parametrize(("field", "text", "bound"), [(f, "1.0e+300", r"1e\+300 is outside \[0, ") for f in _HUGE]
-                         + [(f, "1.0e-300", r"1e-300 is outside \[0.01, 1\]") for f in _EFFICIENCIES])
+@pytest.mark.parametrize(
+    ("field", "text", "bound"),
+    [(f, "1.0e+300", r"1e\+300 is outside \[0, ") for f in _HUGE]
+    + [(f, "1.0e-300", r"1e-300 is outside \[0.01, 1\]") for f in _EFFICIENCIES],
+)
 def test_the_calibration_constants_are_bounded(field, text, bound, tmp_path):
     # a huge fixed cost or attention extra (1.0e+300, read as a number) overflowed the window's keys to inf and the
-    # study's tell to NaN; an efficiency of 1e-300 printed a step of 1e300 s (0.01 of a datasheet peak is the lowest taken)
+    # study's tell to NaN; an efficiency of 1e-300 printed a step of 1e300 s (0.01 of a datasheet peak is the lowest
+    # taken)
     from cost_model.calibration import load_calibration
 
     p = tmp_path / "c.yaml"
@@ -309,7 +364,8 @@ def test_the_calibration_constants_are_bounded(field, text, bound, tmp_path):
 
 def test_mfu_is_over_the_datasheet_bf16_peak_on_every_gpu():
     """MFU (the seed's convention) divides by the datasheet's dense bf16 peak, not by the peak the fitted family and
-    generation factors give the time terms: the same throughput on B200 and B300 (both 2,250 TFLOP/s) is the same MFU."""
+    generation factors give the time terms: the same throughput on B200 and B300 (both 2,250 TFLOP/s) is the same
+    MFU."""
     from cost_model.flops import mfu
 
     model = load_model("Llama-3.1-8B")
@@ -319,7 +375,13 @@ def test_mfu_is_over_the_datasheet_bf16_peak_on_every_gpu():
         cl = parse_gpus(f"8x{g}")
         e = estimate(model, cl, wl, Layout(world_size=8, tp=1, pp=1), calibration=cal)
         assert e.mfu == pytest.approx(mfu(model, e.tokens_per_s_per_gpu, cl.gpu.peak_flops_bf16), rel=1e-9)
-        assert e.mfu == pytest.approx(6 * model.active_params() * e.tokens_per_s_per_gpu / {"B200": 2250e12, "B300": 2250e12, "H100": 989.4e12}[g], rel=1e-9)
+        assert e.mfu == pytest.approx(
+            6
+            * model.active_params()
+            * e.tokens_per_s_per_gpu
+            / {"B200": 2250e12, "B300": 2250e12, "H100": 989.4e12}[g],
+            rel=1e-9,
+        )
 
 
 def test_a_table_estimated_in_row_blocks_is_the_table_estimated_whole(monkeypatch):
@@ -335,7 +397,15 @@ def test_a_table_estimated_in_row_blocks_is_the_table_estimated_whole(monkeypatc
     monkeypatch.setattr(est_mod, "ROW_BLOCK", 97)
     assert len(valid) > 3 * 97
     blocks = estimate_table(model, cluster, w, valid)
-    for name in ("peak_bytes", "step_time_s", "tokens_per_s_per_gpu", "mfu", "model_tflops_per_gpu", "usd_per_million_tokens", "host_bytes_per_node"):
+    for name in (
+        "peak_bytes",
+        "step_time_s",
+        "tokens_per_s_per_gpu",
+        "mfu",
+        "model_tflops_per_gpu",
+        "usd_per_million_tokens",
+        "host_bytes_per_node",
+    ):
         np.testing.assert_allclose(getattr(blocks, name), getattr(whole, name), rtol=1e-15, err_msg=name)
     for parts_b, parts_w in ((blocks.memory, whole.memory), (blocks.time, whole.time)):
         assert list(parts_b) == list(parts_w)
@@ -348,6 +418,8 @@ def test_a_repeated_single_estimate_is_the_one_kept(minimax, h200x64, seed_workl
 
     first = estimate(minimax, h200x64, seed_workload, seed_tuned)
     assert estimate(minimax, h200x64, seed_workload, seed_tuned) is first
-    other = estimate(minimax, copy.deepcopy(h200x64), seed_workload, seed_tuned)  # another cluster object: computed again
+    other = estimate(
+        minimax, copy.deepcopy(h200x64), seed_workload, seed_tuned
+    )  # another cluster object: computed again
     assert other is not first and other == first
     assert estimate(minimax, h200x64, seed_workload, seed_tuned, memory_headroom=0.2) != first

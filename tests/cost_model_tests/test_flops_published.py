@@ -19,7 +19,9 @@ from cost_model.flops import megatron_flops_per_token
 from cost_model.validate import Run, read_runs
 from specs import load_model
 
-CSV = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "published_runs.csv"  # a copy of shared/data/published_runs.csv
+CSV = (
+    Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "published_runs.csv"
+)  # a copy of shared/data/published_runs.csv
 
 
 def flops_check_rows(runs: Sequence[Run], tolerance: float = 0.015) -> list[dict[str, Any]]:
@@ -41,6 +43,7 @@ def flops_check_rows(runs: Sequence[Run], tolerance: float = 0.015) -> list[dict
         One dict per checked row: ``run``, ``ours`` and ``implied`` (GFLOP/token),
         ``error`` (ours / implied - 1), ``excluded`` ("" or the reason).
     """
+
     def release(r: Run) -> tuple[int, ...]:
         m = re.search(r"(\d\d)\.(\d\d)(?:\.(\d\d))?", r.framework_version)
         return tuple(int(x or 0) for x in m.groups()) if m else (0,)
@@ -49,7 +52,9 @@ def flops_check_rows(runs: Sequence[Run], tolerance: float = 0.015) -> list[dict
         f = r.framework_version.lower()
         return ("megatron" in f or "nemo" in f) and "automodel" not in f
 
-    rows = [r for r in runs if r.model is not None and r.implied_gflop_per_token and r.task.lower() in ("", "pre-training")]
+    rows = [
+        r for r in runs if r.model is not None and r.implied_gflop_per_token and r.task.lower() in ("", "pre-training")
+    ]
     ours = {id(r): megatron_flops_per_token(r.model, r.seq_length) / 1e9 for r in rows}
     by_model: dict[str, list[Run]] = {}
     for r in rows:
@@ -67,10 +72,19 @@ def flops_check_rows(runs: Sequence[Run], tolerance: float = 0.015) -> list[dict
             excluded = ""
             if abs(ratio / ref - 1) > tolerance:
                 excluded = (
-                    f"implied {r.implied_gflop_per_token:g} GFLOP/token differs by {(ratio / ref - 1) * 100:+.1f}% from the "
+                    f"implied {r.implied_gflop_per_token:g} GFLOP/token differs by {(ratio / ref - 1) * 100:+.1f}% "
+                    "from the "
                     f"accounting of the newest release ({newest_label}) for this model"
                 )
-            out.append({"run": r, "ours": o, "implied": r.implied_gflop_per_token, "error": o / r.implied_gflop_per_token - 1, "excluded": excluded})
+            out.append(
+                {
+                    "run": r,
+                    "ours": o,
+                    "implied": r.implied_gflop_per_token,
+                    "error": o / r.implied_gflop_per_token - 1,
+                    "excluded": excluded,
+                }
+            )
     return out
 
 
@@ -85,15 +99,32 @@ def checked():
 
 def test_every_model_within_2_percent(checked):
     kept = [d for d in checked if not d["excluded"]]
-    bad = [(d["run"].run_id, d["run"].model_name, round(d["ours"], 1), d["implied"]) for d in kept if abs(d["error"]) > 0.02]
+    bad = [
+        (d["run"].run_id, d["run"].model_name, round(d["ours"], 1), d["implied"])
+        for d in kept
+        if abs(d["error"]) > 0.02
+    ]
     assert not bad
     models = {d["run"].model.name for d in kept}
-    assert {"Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "Qwen3-30B-A3B", "Qwen3-235B-A22B", "DeepSeek-V3", "Kimi-K2", "GPT-OSS-120B"} <= models
+    assert {
+        "Llama-3.1-8B",
+        "Llama-3.1-70B",
+        "Llama-3.1-405B",
+        "Qwen3-30B-A3B",
+        "Qwen3-235B-A22B",
+        "DeepSeek-V3",
+        "Kimi-K2",
+        "GPT-OSS-120B",
+    } <= models
 
 
 def test_excluded_rows_follow_the_rule(checked):
     excluded = {d["run"].run_id for d in checked if d["excluded"]}
-    gpt_oss_old = {d["run"].run_id for d in checked if d["run"].model.name == "GPT-OSS-120B" and abs(d["implied"] - 32.6) > 1 and d["run"].seq_length == 4096}
+    gpt_oss_old = {
+        d["run"].run_id
+        for d in checked
+        if d["run"].model.name == "GPT-OSS-120B" and abs(d["implied"] - 32.6) > 1 and d["run"].seq_length == 4096
+    }
     assert gpt_oss_old and gpt_oss_old <= excluded  # 27.2 (<= 26.04.01) vs 32.6 (26.06+)
     fw = {d["run"].run_id: d["run"].framework_version for d in checked if d["excluded"]}
     others = {i for i, f in fw.items() if "AutoModel" in f or "24.07" in f}
@@ -106,5 +137,11 @@ def test_gpt_oss_sliding_window_accounting():
     assert m.num_window_layers == 18 and m.window_size == 128
     assert abs(megatron_flops_per_token(m, 4096) / 1e9 / 32.6 - 1) < 0.01
     # the older release's 27.2: non-gated experts and no window
-    old = m.replace(gated_linear_unit=False, window_size=0, activation_func="silu", activation_func_clamp_value=0.0, glu_linear_offset=0.0)
+    old = m.replace(
+        gated_linear_unit=False,
+        window_size=0,
+        activation_func="silu",
+        activation_func_clamp_value=0.0,
+        glu_linear_offset=0.0,
+    )
     assert abs(megatron_flops_per_token(old, 4096) / 1e9 / 27.2 - 1) < 0.01

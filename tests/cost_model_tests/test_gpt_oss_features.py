@@ -13,10 +13,20 @@ from specs.layout import Layout
 
 def test_gpt_oss_config_reads_its_features():
     m = load_model("GPT-OSS-120B")
-    assert (m.add_bias_linear, m.add_qkv_bias, m.softmax_type, m.activation_func) == (True, True, "learnable", "quick_gelu")
+    assert (m.add_bias_linear, m.add_qkv_bias, m.softmax_type, m.activation_func) == (
+        True,
+        True,
+        "learnable",
+        "quick_gelu",
+    )
     assert (m.activation_func_clamp_value, m.glu_linear_offset) == (7.0, 1.0)
     q = load_model("Qwen3-30B-A3B")  # every other model keeps Megatron-core's defaults of the others
-    assert (q.add_bias_linear, q.softmax_type, q.activation_func, q.activation_func_clamp_value) == (False, "vanilla", "silu", 0.0)
+    assert (q.add_bias_linear, q.softmax_type, q.activation_func, q.activation_func_clamp_value) == (
+        False,
+        "vanilla",
+        "silu",
+        0.0,
+    )
 
 
 @pytest.mark.parametrize("field,value", [("softmax_type", "sink"), ("activation_func", "gelu")])
@@ -30,7 +40,10 @@ def test_expert_biases_cost_step_time_only():
     m = load_model("GPT-OSS-120B")
     cl, wl = parse_gpus("8xH100"), Workload(seq_length=4096, global_batch_size=64)
     lay = Layout(world_size=8, ep=8)
-    with_b, without = estimate(m, cl, wl, lay), estimate(m.replace(add_bias_linear=False, add_qkv_bias=False), cl, wl, lay)
+    with_b, without = (
+        estimate(m, cl, wl, lay),
+        estimate(m.replace(add_bias_linear=False, add_qkv_bias=False), cl, wl, lay),
+    )
     assert with_b.step_time_s > without.step_time_s * 1.01
     assert with_b.peak_bytes == without.peak_bytes
 
@@ -52,27 +65,48 @@ def _gpt_oss_config(tmp_path, **changes):
     return str(p)
 
 
-@pytest.mark.parametrize("changes,needle", [
-    ({"layer_types": ["sliding_atention", "full_attention"] * 18}, "layer_types entries must be sliding_attention or full_attention"),
-    ({"swiglu_limit": -1}, "activation_func_clamp_value"),
-    ({"hidden_act": "gelu"}, "needs a gated MLP"),
-    ({"tuner": {"add_bias_linear": "no"}}, "add_bias_linear must be true or false"),
-    ({"tuner": {"activation_func": "silu"}}, "apply to the quick_gelu GLU only"),
-    ({"tuner": {"name": 5}}, "name must be a string"),
-    ({"tuner": {"extra_megatron_args": "--foo"}}, "extra_megatron_args must be a list of strings"),
-    ({"tuner": {"window_attn_skip_freq": 2}}, "window_attn_skip_freq"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": "fast"}}, "rope_scaling.beta_fast must be a finite number"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_slow": 0}}, "YaRN rope_scaling needs 0 < beta_slow <= beta_fast"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096.5}}, "original_max_position_embeddings must be an integer"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "truncate": "no"}}, "rope_scaling_truncate must be true or false"),
-    ({"rope_scaling": [1, 2]}, "rope_scaling must be an object"),
-    ({"rope_scaling": {"rope_type": "bogus", "factor": 2.0}}, "rope_scaling.rope_type must be one of"),
-    ({"rope_scaling": {"rope_type": 5}}, "rope_scaling.rope_type must be one of"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 0}}, "0 < factor"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": "32"}}, "rope_scaling.factor must be a finite number"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "mscale": "x"}}, "rope_scaling.mscale must be a finite number"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 0.5}}, "beta_slow <= beta_fast"),
-])
+@pytest.mark.parametrize(
+    "changes,needle",
+    [
+        (
+            {"layer_types": ["sliding_atention", "full_attention"] * 18},
+            "layer_types entries must be sliding_attention or full_attention",
+        ),
+        ({"swiglu_limit": -1}, "activation_func_clamp_value"),
+        ({"hidden_act": "gelu"}, "needs a gated MLP"),
+        ({"tuner": {"add_bias_linear": "no"}}, "add_bias_linear must be true or false"),
+        ({"tuner": {"activation_func": "silu"}}, "apply to the quick_gelu GLU only"),
+        ({"tuner": {"name": 5}}, "name must be a string"),
+        ({"tuner": {"extra_megatron_args": "--foo"}}, "extra_megatron_args must be a list of strings"),
+        ({"tuner": {"window_attn_skip_freq": 2}}, "window_attn_skip_freq"),
+        (
+            {"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": "fast"}},
+            "rope_scaling.beta_fast must be a finite number",
+        ),
+        (
+            {"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_slow": 0}},
+            "YaRN rope_scaling needs 0 < beta_slow <= beta_fast",
+        ),
+        (
+            {"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096.5}},
+            "original_max_position_embeddings must be an integer",
+        ),
+        (
+            {"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "truncate": "no"}},
+            "rope_scaling_truncate must be true or false",
+        ),
+        ({"rope_scaling": [1, 2]}, "rope_scaling must be an object"),
+        ({"rope_scaling": {"rope_type": "bogus", "factor": 2.0}}, "rope_scaling.rope_type must be one of"),
+        ({"rope_scaling": {"rope_type": 5}}, "rope_scaling.rope_type must be one of"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 0}}, "0 < factor"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": "32"}}, "rope_scaling.factor must be a finite number"),
+        (
+            {"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "mscale": "x"}},
+            "rope_scaling.mscale must be a finite number",
+        ),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 0.5}}, "beta_slow <= beta_fast"),
+    ],
+)
 def test_malformed_gpt_oss_configs_are_refused(tmp_path, changes, needle):
     with pytest.raises(TunerError, match=needle):
         load_model(_gpt_oss_config(tmp_path, **changes))
@@ -85,7 +119,8 @@ def test_gpt_oss_without_layer_types_alternates_as_transformers_does(tmp_path):
 
 
 def test_context_parallel_with_sinks_or_windows_needs_a2a():
-    """Transformer Engine runs sinks under CP only with cp_comm_type a2a (and sliding windows with a2a or all_gather)."""
+    """Transformer Engine runs sinks under CP only with cp_comm_type a2a (and sliding windows with a2a or
+    all_gather)."""
     from search_spaces.rules import RuleEnv, check_layout
     from specs import RunOptions
 
@@ -101,7 +136,8 @@ def test_context_parallel_with_sinks_or_windows_needs_a2a():
 
 
 def test_the_bounded_dp_overlap_is_the_same_in_the_estimate_and_its_details():
-    """Many expert parameters per rank and a short micro-batch (GPT-OSS at EP 8, micro-batch 1): the DP overlap is bounded
+    """Many expert parameters per rank and a short micro-batch (GPT-OSS at EP 8, micro-batch 1): the DP overlap is
+    bounded
     by one micro-batch, and the single-layout estimate's dp_comm equals the slowest rank class's in the step details."""
     from cost_model.estimate import estimate_details
     from specs import RunOptions
@@ -113,7 +149,9 @@ def test_the_bounded_dp_overlap_is_the_same_in_the_estimate_and_its_details():
     e = estimate(m, cl, wl, lay, options=opts, memory_headroom=0.0)
     d = estimate_details(m, cl, wl, lay, options=opts, memory_headroom=0.0)
     assert e.time["dp_comm"] == pytest.approx(max(d.tail["dp_comm"]), rel=1e-9)
-    exposed = estimate(m, cl, wl, lay, options=RunOptions(moe_router_force_load_balancing=True), memory_headroom=0.0).time["dp_comm"]
+    exposed = estimate(
+        m, cl, wl, lay, options=RunOptions(moe_router_force_load_balancing=True), memory_headroom=0.0
+    ).time["dp_comm"]
     share = exposed * (1 - DEFAULT_CALIBRATION.dp_overlap)  # what dp_overlap alone would leave
     assert share < e.time["dp_comm"] < exposed  # the window binds: more is left than the share, less than all
 
@@ -122,8 +160,12 @@ def test_yarn_details_read_as_transformers_reads_them(tmp_path):
     """Absent or null: original positions from max_position_embeddings, betas 32 / 1, truncate true."""
     rs = {"rope_type": "yarn", "factor": 32.0, "beta_fast": None}
     m = load_model(_gpt_oss_config(tmp_path, rope_scaling=rs, max_position_embeddings=131072))
-    assert (m.rope_scaling_original_max_position_embeddings, m.rope_scaling_beta_fast, m.rope_scaling_beta_slow, m.rope_scaling_truncate) == (
-        131072, 32.0, 1.0, True)
+    assert (
+        m.rope_scaling_original_max_position_embeddings,
+        m.rope_scaling_beta_fast,
+        m.rope_scaling_beta_slow,
+        m.rope_scaling_truncate,
+    ) == (131072, 32.0, 1.0, True)
     shipped = load_model("GPT-OSS-120B")
     assert (shipped.rope_scaling_original_max_position_embeddings, shipped.rope_scaling_truncate) == (4096, False)
 
@@ -138,5 +180,7 @@ def test_a_recorded_model_without_yarn_details_takes_them_from_its_preset_or_dro
     old = {k: v for k, v in full.items() if k not in _EXPORT_ONLY_MODEL_FIELDS}
     m = model_spec_from_dict(old)
     assert m == load_model("GPT-OSS-120B") and m.rope_scaling_truncate is False
-    edited = model_spec_from_dict({**old, "activation_func_clamp_value": 3.0})  # not the preset: its details are unknown
+    edited = model_spec_from_dict(
+        {**old, "activation_func_clamp_value": 3.0}
+    )  # not the preset: its details are unknown
     assert edited.rope_scaling_type == "" and edited.activation_func_clamp_value == 3.0

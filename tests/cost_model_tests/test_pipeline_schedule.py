@@ -84,7 +84,9 @@ def test_each_rank_runs_megatron_s_order_and_the_makespan_is_the_last_end(pp, vp
     assert pipeline_makespan(pp, vpp, m, f, b, p2p_s=0.01) == max(o.end_s for o in ops)
 
 
-@pytest.mark.parametrize("pp,vpp,m,uneven", [(4, 1, 700, True), (4, 2, 800, True), (3, 3, 600, False), (2, 4, 1000, False)])
+@pytest.mark.parametrize(
+    "pp,vpp,m,uneven", [(4, 1, 700, True), (4, 2, 800, True), (3, 3, 600, False), (2, 4, 1000, False)]
+)
 def test_a_large_batch_s_makespan_is_the_full_simulation_s(pp, vpp, m, uneven):
     import random
 

@@ -52,7 +52,13 @@ def test_catalogs_have_sources():
 
 @pytest.mark.parametrize(
     "text,total,per_node,nodes",
-    [("64xH200", 64, 8, 8), ("8x8xH200", 64, 8, 8), ("4xH100", 4, 4, 1), ("16x4xGB200", 64, 4, 16), ("1xa100", 1, 1, 1)],
+    [
+        ("64xH200", 64, 8, 8),
+        ("8x8xH200", 64, 8, 8),
+        ("4xH100", 4, 4, 1),
+        ("16x4xGB200", 64, 4, 16),
+        ("1xa100", 1, 1, 1),
+    ],
 )
 def test_parse_gpus(text, total, per_node, nodes):
     c = parse_gpus(text)
@@ -66,7 +72,9 @@ def test_parse_gpus(text, total, per_node, nodes):
 def test_network_override_and_bandwidth_override():
     c = parse_gpus("64xH200", network="ib-ndr")
     assert c.network is not None and c.network.key == "ib-ndr" and c.inter_node_bytes_per_s == 400e9
-    c = parse_gpus("64xH200", inter_node_bytes_per_s=100e9)  # --network-gbps 800 keeps the fabric, overrides the bandwidth
+    c = parse_gpus(
+        "64xH200", inter_node_bytes_per_s=100e9
+    )  # --network-gbps 800 keeps the fabric, overrides the bandwidth
     assert c.network is not None and c.network.key == "efa-v3" and c.inter_node_bytes_per_s == 100e9
     with pytest.raises(TunerError, match="unknown network; known: efa-v2, efa-v3, ib-hdr, ib-ndr, ib-xdr, roce-v2"):
         parse_gpus("64xH200", network="myrinet")

@@ -17,7 +17,9 @@ from specs import RunOptions, Workload
 
 GIB = 2**30
 COPIES = 512 * 2 * 1 / 2 * 1.2
-SELECTIVE = dict(recompute_granularity="selective", recompute_modules=("core_attn", "layernorm", "moe_act", "shared_experts"))
+SELECTIVE = dict(
+    recompute_granularity="selective", recompute_modules=("core_attn", "layernorm", "moe_act", "shared_experts")
+)
 
 
 def test_routed_token_copies():
@@ -56,7 +58,9 @@ def test_attention_bytes_with_and_without_te():
 
 
 def test_attention_bytes_of_mla_and_up_projection_recompute():
-    mla = TINY_MOE.replace(q_lora_rank=24, kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=8, qk_layernorm=False)
+    mla = TINY_MOE.replace(
+        q_lora_rank=24, kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=8, qk_layernorm=False
+    )
     c = make_ctx(model=mla, **BASE)
     m = c.dims
     assert (m.q_dim, m.saved_kv_dim, m.ctx_dim, m.latent_dim, m.expanded_qkv_dim) == (48, 80, 32, 40, 128)
@@ -69,7 +73,9 @@ def test_attention_bytes_of_mla_and_up_projection_recompute():
 
 
 def test_core_attention_bytes():
-    assert act.core_attention_bytes(make_ctx(**BASE))[0, 0] == 4 * 512 * 4 / 2  # TE bf16: the projection keeps the output
+    assert (
+        act.core_attention_bytes(make_ctx(**BASE))[0, 0] == 4 * 512 * 4 / 2
+    )  # TE bf16: the projection keeps the output
     assert act.core_attention_bytes(make_ctx(options=NO_TE, **BASE))[0, 0] == 2 * 512 * 64 / 2 + 4 * 512 * 4 / 2
     assert act.core_attention_bytes(make_ctx(workload=FP8, **BASE))[0, 0] == 2 * 512 * 64 / 2 + 4 * 512 * 4 / 2
 
@@ -78,7 +84,11 @@ def test_norm_bytes_and_which_norms_are_modules():
     assert act.norm_bytes(make_ctx(**BASE))[0, 0] == 2 * 512 * 64 / 2
     te, no_te = make_ctx(**BASE), make_ctx(options=NO_TE, **BASE)
     assert not act.input_norm_separate(te) and act.input_norm_separate(no_te)
-    assert act.pre_mlp_norm_separate(te, True) and not act.pre_mlp_norm_separate(te, False) and act.pre_mlp_norm_separate(no_te, False)
+    assert (
+        act.pre_mlp_norm_separate(te, True)
+        and not act.pre_mlp_norm_separate(te, False)
+        and act.pre_mlp_norm_separate(no_te, False)
+    )
 
 
 def test_expert_bytes():
@@ -87,7 +97,9 @@ def test_expert_bytes():
     # per copy (measured structure): fc1 input 64 + fc1 output 2 x 32 + fc2 input 32, bf16
     assert act.expert_bytes(c, copies)[0, 0] == pytest.approx(COPIES * 2 * (64 + 64 + 32))
     unfused = make_ctx(options=UNFUSED, **BASE)
-    assert act.expert_bytes(unfused, copies)[0, 0] == pytest.approx(COPIES * 2 * (64 + 64 + 32 + 3 * 32))  # + SiLU, gate, weighted
+    assert act.expert_bytes(unfused, copies)[0, 0] == pytest.approx(
+        COPIES * 2 * (64 + 64 + 32 + 3 * 32)
+    )  # + SiLU, gate, weighted
     fp8 = make_ctx(workload=FP8, **BASE)
     assert act.expert_bytes(fp8, copies)[0, 0] == pytest.approx(COPIES * (64 + 2 * 64 + 32))  # GEMM inputs at 1 B
     assert act.expert_activation_fn_bytes(c, copies)[0, 0] == pytest.approx(COPIES * 2 * 32)
@@ -104,9 +116,13 @@ def test_router_shared_and_dense_mlp_bytes():
     c = make_ctx(**BASE)
     assert act.router_bytes(c)[0, 0] == 12 * 512 * 8 / 2  # fp32 logits + int64 routing map (measured)
     assert act.shared_expert_bytes(c)[0, 0] == 256 * (2 * 2 * 64 + 2 * 64)
-    assert act.shared_expert_bytes(make_ctx(workload=FP8, **BASE))[0, 0] == 256 * (2 * 2 * 64 + 64 + 64)  # fc2 in + own 1-B input
+    assert act.shared_expert_bytes(make_ctx(workload=FP8, **BASE))[0, 0] == 256 * (
+        2 * 2 * 64 + 64 + 64
+    )  # fc2 in + own 1-B input
     assert act.dense_mlp_bytes(c)[0, 0] == 256 * (2 * 2 * 256 + 2 * 256)
-    assert act.dense_mlp_bytes(make_ctx(options=UNFUSED, **BASE))[0, 0] == 256 * (3 * 2 * 256 + 2 * 256)  # + the SiLU output
+    assert act.dense_mlp_bytes(make_ctx(options=UNFUSED, **BASE))[0, 0] == 256 * (
+        3 * 2 * 256 + 2 * 256
+    )  # + the SiLU output
     d = make_ctx(model=TINY_DENSE, tp=2, sequence_parallel=True)
     assert act.router_bytes(d)[0, 0] == 0 and act.shared_expert_bytes(d)[0, 0] == 0
     assert act.dense_mlp_bytes(d)[0, 0] == 512 * (2 * 256 + 2 * 256)  # 1,024 tokens / tp 2, GeLU: fc1 out + fc2 in
@@ -115,7 +131,9 @@ def test_router_shared_and_dense_mlp_bytes():
 def test_moe_and_dense_block_bytes():
     c = make_ctx(**BASE)
     # the norm's input + its output (the router's input) + router + experts + shared experts
-    assert act.moe_block_bytes(c, act.routed_token_copies(c))[0, 0] == pytest.approx(32768 + 32768 + 24576 + 2 * COPIES * 160 + 98304)
+    assert act.moe_block_bytes(c, act.routed_token_copies(c))[0, 0] == pytest.approx(
+        32768 + 32768 + 24576 + 2 * COPIES * 160 + 98304
+    )
     assert act.dense_block_bytes(c)[0, 0] == 32768 + 32768 + 393216
     assert act.dense_block_bytes(make_ctx(workload=FP8, **BASE))[0, 0] == 32768 + 16384 + 256 * (2 * 2 * 256 + 256)
 
@@ -146,7 +164,14 @@ def test_kept_bytes():
 
 
 def test_recomputed_fraction_counts_every_chunk():
-    block = dict(tp=2, sequence_parallel=True, pp=2, recompute_granularity="full", recompute_method="block", recompute_num_layers=1)
+    block = dict(
+        tp=2,
+        sequence_parallel=True,
+        pp=2,
+        recompute_granularity="full",
+        recompute_method="block",
+        recompute_num_layers=1,
+    )
     # 8 layers on pp 2: 4 per rank; one chunk -> the first layer of it; two chunks of 2 -> the first of each
     assert act.recomputed_fraction(make_ctx(model=TINY_DENSE, **block)).tolist() == [[0.25, 0.25]]
     assert act.recomputed_fraction(make_ctx(model=TINY_DENSE, vpp=2, **block)).tolist() == [[0.5, 0.5]]
@@ -188,7 +213,9 @@ def test_working_set_bytes():
 
 def test_activation_bytes():
     c = make_ctx(**BASE)
-    out = memory.activation_bytes(c, np.array([[10.0, 10.0]]), np.array([[2.0, 1.0]]), np.array([[5.0, 0.0]]), np.array([[1.0, 1.0]]))
+    out = memory.activation_bytes(
+        c, np.array([[10.0, 10.0]]), np.array([[2.0, 1.0]]), np.array([[5.0, 0.0]]), np.array([[1.0, 1.0]])
+    )
     assert out.tolist() == [[26.0, 11.0]]
 
 
@@ -201,9 +228,16 @@ def test_logits_bytes_with_te_fused_cross_entropy():
     te17 = RunOptions(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te", te_version="2.17")
     assert memory.logits_bytes_per_element(make_ctx(options=te17, **BASE)) == 2.0  # the gradient in place, bf16
     te18 = RunOptions(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te", te_version="2.18")
-    assert memory.logits_bytes_per_element(make_ctx(options=te18, **BASE)) == 4.0  # measured on TE 2.20.2: bf16 logits + one bf16 buffer
+    assert (
+        memory.logits_bytes_per_element(make_ctx(options=te18, **BASE)) == 4.0
+    )  # measured on TE 2.20.2: bf16 logits + one bf16 buffer
     native = RunOptions(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="native", te_version="2.17")
-    assert memory.logits_bytes_per_element(make_ctx(options=native, cal=TEST_CAL.replace(logits_bytes_per_element=5.0), **BASE)) == 5.0
+    assert (
+        memory.logits_bytes_per_element(
+            make_ctx(options=native, cal=TEST_CAL.replace(logits_bytes_per_element=5.0), **BASE)
+        )
+        == 5.0
+    )
     assert memory.logits_bytes(make_ctx(options=te17, **BASE)).tolist() == [[0.0, 2 * 512 * 1024 / 2 * 2]]
 
 
@@ -211,7 +245,9 @@ def test_activation_offload_keeps_the_other_layers_and_one_in_transit():
     c = make_ctx(options=RunOptions(cpu_offloading_num_layers=1), **BASE)  # 2 layers per rank
     assert memory.offloaded_layers(c).tolist() == [[1.0, 1.0]]
     assert memory.offload_kept_bytes(c, np.array([[100.0, 60.0]])).tolist() == [[100.0, 60.0]]  # 1 kept + 1 in transit
-    c3 = make_ctx(model=TINY_DENSE, options=RunOptions(cpu_offloading_num_layers=3), tp=2, sequence_parallel=True)  # 8 layers
+    c3 = make_ctx(
+        model=TINY_DENSE, options=RunOptions(cpu_offloading_num_layers=3), tp=2, sequence_parallel=True
+    )  # 8 layers
     assert memory.offload_kept_bytes(c3, np.array([[80.0]])).tolist() == [[80.0 - 30.0 + 10.0]]
     assert memory.offload_kept_bytes(make_ctx(**BASE), np.array([[100.0, 60.0]])).tolist() == [[100.0, 60.0]]
 
@@ -259,7 +295,11 @@ def test_a2a_overlap_keeps_one_more_moe_layer():
     ovl = RunOptions(overlap_moe_expert_parallel_comm=True)
     layer = np.array([[1000.0]])
     pp4 = dict(tp=2, sequence_parallel=True, pp=4, ep=2)  # rank 0 holds only the dense layer 0
-    assert memory.a2a_overlap_extra_bytes(make_ctx(options=ovl, **pp4), layer).tolist() == [[0.0, 1000.0, 1000.0]]  # 3 rank classes
+    assert memory.a2a_overlap_extra_bytes(make_ctx(options=ovl, **pp4), layer).tolist() == [
+        [0.0, 1000.0, 1000.0]
+    ]  # 3 rank classes
     assert memory.a2a_overlap_extra_bytes(make_ctx(options=ovl, **BASE), layer).tolist() == [[1000.0, 1000.0]]
     assert not memory.a2a_overlap_extra_bytes(make_ctx(**BASE), layer).any()
-    assert not memory.a2a_overlap_extra_bytes(make_ctx(model=TINY_DENSE, options=ovl, tp=2, sequence_parallel=True), layer).any()
+    assert not memory.a2a_overlap_extra_bytes(
+        make_ctx(model=TINY_DENSE, options=ovl, tp=2, sequence_parallel=True), layer
+    ).any()

@@ -51,7 +51,9 @@ def test_distinct_groups_hit_by_hand():
 
 def test_tp_collective_time_inside_and_across_nodes():
     assert comm.tp_collective_time(make_ctx(**BASE))[0, 0] == pytest.approx(2 * 512 * 64 / 2 / NV)
-    wide = make_ctx(model=TINY_DENSE, tp=8, sequence_parallel=True)  # 8 > 4 GPUs per node: the ring leaves through 4 NICs
+    wide = make_ctx(
+        model=TINY_DENSE, tp=8, sequence_parallel=True
+    )  # 8 > 4 GPUs per node: the ring leaves through 4 NICs
     assert comm.tp_collective_time(wide)[0, 0] == pytest.approx(2 * 1024 * 64 * 7 / 8 / (4 * NET))
 
 
@@ -69,7 +71,9 @@ def test_tp_moe_comm_shared_experts_and_etp():
     assert comm.tp_moe_comm(c, one, activations.routed_token_copies(c))[0, 0] == 4  # shared experts only (etp 1)
     e = make_ctx(options=FORCED, **{**BASE, "cp": 1, "etp": 2})
     copies = activations.routed_token_copies(e)[0, 0]  # 1,024 x 2 x 2 / 2
-    assert comm.tp_moe_comm(e, one, activations.routed_token_copies(e))[0, 0] == pytest.approx(4 + 4 * 2 * copies * 64 / 2 / NV)
+    assert comm.tp_moe_comm(e, one, activations.routed_token_copies(e))[0, 0] == pytest.approx(
+        4 + 4 * 2 * copies * 64 / 2 / NV
+    )
     d = make_ctx(model=TINY_DENSE, tp=2, sequence_parallel=True)
     assert comm.tp_moe_comm(d, one, activations.routed_token_copies(d))[0, 0] == 0  # no shared experts, no ETP
 
@@ -85,7 +89,9 @@ def test_cp_ring_time():
 def test_cp_all_to_all_time():
     sent = 2 * 512 * (64 + 64 + 64) / 2 * 1 / 2
     assert comm.cp_all_to_all_time(make_ctx(**BASE))[0, 0] == pytest.approx(3 * sent / NV)
-    assert comm.cp_comm_time(make_ctx(options=RunOptions(cp_comm_type="a2a"), **BASE))[0, 0] == pytest.approx(3 * sent / NV)
+    assert comm.cp_comm_time(make_ctx(options=RunOptions(cp_comm_type="a2a"), **BASE))[0, 0] == pytest.approx(
+        3 * sent / NV
+    )
     assert comm.cp_comm_time(make_ctx(**BASE))[0, 0] == pytest.approx(comm.cp_ring_time(make_ctx(**BASE))[0, 0])
 
 
@@ -114,7 +120,9 @@ def test_flex_dispatch_time_inside_a_node():
     # called for an alltoall row: NCCL's NVLink efficiency (no fixed flex speed-up any more)
     assert comm.flex_dispatch_time(c, comm.ep_remote_fraction(c))[0, 0] == pytest.approx(nvlink / A2A)
     deep = make_ctx(options=FORCED, dispatcher="flex+deepep", **BASE)
-    assert comm.flex_dispatch_time(deep, comm.ep_remote_fraction(deep))[0, 0] == pytest.approx(nvlink / (4e11 * 0.96))  # DeepEP README
+    assert comm.flex_dispatch_time(deep, comm.ep_remote_fraction(deep))[0, 0] == pytest.approx(
+        nvlink / (4e11 * 0.96)
+    )  # DeepEP README
 
 
 def test_flex_dispatch_time_across_nodes_deepep_sends_once_per_node():
@@ -126,10 +134,14 @@ def test_flex_dispatch_time_across_nodes_deepep_sends_once_per_node():
     hybrid = make_ctx(options=FORCED, dispatcher="flex+hybridep", **lay)
     net_hybrid = tok * gpus_hit * 0.5  # per GPU: the remote half of the GPUs hit
     # no network named: NVLink at the backend's own efficiency (HybridEP 0.82, DeepEP 0.96), the network at NCCL's
-    assert comm.flex_dispatch_time(hybrid, comm.ep_remote_fraction(hybrid))[0, 0] == pytest.approx(max(nvlink / (4e11 * 0.82), net_hybrid / NET))
+    assert comm.flex_dispatch_time(hybrid, comm.ep_remote_fraction(hybrid))[0, 0] == pytest.approx(
+        max(nvlink / (4e11 * 0.82), net_hybrid / NET)
+    )
     deep = make_ctx(options=FORCED, dispatcher="flex+deepep", **lay)
     # DeepEP too: the bytes for the remote GPUs hit at NCCL's figure (no fabric named here)
-    assert comm.flex_dispatch_time(deep, comm.ep_remote_fraction(deep))[0, 0] == pytest.approx(max(nvlink / (4e11 * 0.96), net_hybrid / NET))
+    assert comm.flex_dispatch_time(deep, comm.ep_remote_fraction(deep))[0, 0] == pytest.approx(
+        max(nvlink / (4e11 * 0.96), net_hybrid / NET)
+    )
 
 
 def test_flex_dispatch_time_at_the_fabric_s_efficiency():
@@ -147,15 +159,28 @@ def test_flex_dispatch_time_at_the_fabric_s_efficiency():
     ib = dataclasses.replace(TEST_CLUSTER, network=load_network("ib-ndr"))
     lay = Layout(world_size=16, tp=2, ep=8, sequence_parallel=True, dispatcher="flex+deepep")
     c = build_context(TINY_MOE, ib, TEST_WORKLOAD, LayoutTable.from_layouts([lay]), TEST_CAL, FORCED)
-    assert c.dispatch_network_efficiency[0, 0] == TEST_CAL.network_efficiency and c.dispatch_nvlink_efficiency[0, 0] == 0.96
+    assert (
+        c.dispatch_network_efficiency[0, 0] == TEST_CAL.network_efficiency
+        and c.dispatch_nvlink_efficiency[0, 0] == 0.96
+    )
     tok = 2 * 1024 / 2 * 64
     net_deep = tok * 2 * 0.5  # 2 GPUs hit, half of them remote
     nvlink = tok * 2 * 7 / 8
     assert comm.flex_dispatch_time(c, comm.ep_remote_fraction(c))[0, 0] == pytest.approx(
-        max(nvlink / (4e11 * 0.96), net_deep / (2e11 / 4 * TEST_CAL.network_efficiency)))
-    hy = build_context(TINY_MOE, ib, TEST_WORKLOAD, LayoutTable.from_layouts([lay.replace(dispatcher="flex+hybridep")]), TEST_CAL, FORCED)
+        max(nvlink / (4e11 * 0.96), net_deep / (2e11 / 4 * TEST_CAL.network_efficiency))
+    )
+    hy = build_context(
+        TINY_MOE,
+        ib,
+        TEST_WORKLOAD,
+        LayoutTable.from_layouts([lay.replace(dispatcher="flex+hybridep")]),
+        TEST_CAL,
+        FORCED,
+    )
     assert hy.dispatch_network_efficiency[0, 0] == 1.0
-    nccl = build_context(TINY_MOE, ib, TEST_WORKLOAD, LayoutTable.from_layouts([lay.replace(dispatcher="alltoall")]), TEST_CAL, FORCED)
+    nccl = build_context(
+        TINY_MOE, ib, TEST_WORKLOAD, LayoutTable.from_layouts([lay.replace(dispatcher="alltoall")]), TEST_CAL, FORCED
+    )
     assert nccl.dispatch_network_efficiency[0, 0] == TEST_CAL.network_efficiency
 
 
@@ -181,19 +206,25 @@ def test_hybridep_across_infiniband_is_counted_per_node_hit():
     nvlink = tok * 2 * 7 / 8
     expected = max(nvlink / (4e11 * 0.82), tok * nodes_hit / (2e11 / 4 * 1.0))
     assert comm.flex_dispatch_time(c, comm.ep_remote_fraction(c))[0, 0] == pytest.approx(expected)
-    deep = build_context(TINY_MOE, ib, TEST_WORKLOAD, LayoutTable.from_layouts([lay.replace(dispatcher="flex+deepep")]), TEST_CAL, FORCED)
+    deep = build_context(
+        TINY_MOE, ib, TEST_WORKLOAD, LayoutTable.from_layouts([lay.replace(dispatcher="flex+deepep")]), TEST_CAL, FORCED
+    )
     assert not deep.network_counted_per_node[0, 0]
     # inside one node nothing crosses the NIC, whatever the count
     one = build_context(TINY_MOE, ib, TEST_WORKLOAD, LayoutTable.from_layouts([lay.replace(ep=2)]), TEST_CAL, FORCED)
     hit2 = 2 * (1 - 4 / 8 * 3 / 7)
-    assert comm.flex_dispatch_time(one, comm.ep_remote_fraction(one))[0, 0] == pytest.approx(tok * hit2 * 1 / 2 / (4e11 * 0.82))
+    assert comm.flex_dispatch_time(one, comm.ep_remote_fraction(one))[0, 0] == pytest.approx(
+        tok * hit2 * 1 / 2 / (4e11 * 0.82)
+    )
 
 
 def test_ep_all_to_all_time():
     nccl = 2 * 256 * 64 * 2 * 3 / 4 * 1.2 / A2A
     assert comm.ep_all_to_all_time(make_ctx(**BASE))[0, 0] == pytest.approx(nccl)
     ovl = make_ctx(options=RunOptions(overlap_moe_expert_parallel_comm=True), **BASE)
-    assert comm.ep_all_to_all_time(ovl)[0, 0] == pytest.approx(nccl * (1 - 0.68))  # ep_a2a_overlap 0.68 (the published pair)
+    assert comm.ep_all_to_all_time(ovl)[0, 0] == pytest.approx(
+        nccl * (1 - 0.68)
+    )  # ep_a2a_overlap 0.68 (the published pair)
     flex = make_ctx(**BASE, dispatcher="flex+hybridep")
     flex_one = comm.flex_dispatch_time(flex, comm.ep_remote_fraction(flex))[0, 0]
     assert comm.ep_all_to_all_time(flex)[0, 0] == pytest.approx(flex_one)
@@ -204,7 +235,8 @@ def test_ep_all_to_all_time():
     wide = make_ctx(options=FORCED, tp=2, ep=8, sequence_parallel=True)
     send = 2 * 1024 / 2 * 64 * 2 * 7 / 8
     assert comm.ep_all_to_all_time(wide)[0, 0] == pytest.approx(max(send * 0.5 / A2A, send * 0.5 / NET))
-    # allgather: an all-gather ring over etp x ep, here 8 ranks on 4-GPU nodes, 4 of them (4 NICs) per node; inside a node NV
+    # allgather: an all-gather ring over etp x ep, here 8 ranks on 4-GPU nodes, 4 of them (4 NICs) per node; inside a
+    # node NV
     gather = make_ctx(options=FORCED, tp=2, ep=8, sequence_parallel=True, dispatcher="allgather")
     assert comm.ep_all_to_all_time(gather)[0, 0] == pytest.approx(2 * 1024 / 2 * 64 * 7 / (4 * NET))
     inside = make_ctx(**BASE, dispatcher="allgather")  # ep 4 on one node
@@ -233,7 +265,9 @@ def test_fp8_quantize_cost_per_local_expert_gemm():
     cal = TEST_CAL.replace(fp8_quantize_overhead_s=10e-6)
     assert comm.fp8_quantize_cost(make_ctx(cal=cal, **BASE)) == 0.0  # bf16
     blockwise = Workload(seq_length=1024, global_batch_size=16, precision="fp8_blockwise")
-    assert comm.fp8_quantize_cost(make_ctx(cal=cal, workload=blockwise, **BASE)) == 0.0  # measured for per-tensor fp8 only
+    assert (
+        comm.fp8_quantize_cost(make_ctx(cal=cal, workload=blockwise, **BASE)) == 0.0
+    )  # measured for per-tensor fp8 only
     assert comm.fp8_quantize_cost(make_ctx(cal=cal, workload=fp8, **BASE)) == pytest.approx(10e-6)
     cs = make_ctx(cal=cal, workload=fp8, options=RunOptions(fp8_recipe="tensorwise"), **BASE)
     assert comm.fp8_quantize_cost(cs) == pytest.approx(2 * 10e-6)  # amax reduction + cast
@@ -264,13 +298,18 @@ def test_dp_comm_time():
     ovl = make_ctx(options=RunOptions(overlap_grad_reduce=True), **BASE)  # dp_overlap 0.25 hidden
     assert comm.dp_comm_time(ovl, dense, experts)[0] == pytest.approx(slow * 0.75)
     allreduce = make_ctx(**BASE, use_distributed_optimizer=False, use_precision_aware_optimizer=False)
-    assert comm.dp_comm_time(allreduce, dense, experts)[0] == pytest.approx(8 * 200 * 3 / 4 / (2 * NET) + 8 * 20 / 2 / NET)
+    assert comm.dp_comm_time(allreduce, dense, experts)[0] == pytest.approx(
+        8 * 200 * 3 / 4 / (2 * NET) + 8 * 20 / 2 / NET
+    )
     fsdp = make_ctx(options=RunOptions(use_megatron_fsdp=True), **BASE)  # every micro-batch (8), 2 x bf16 + fp32
-    assert comm.dp_comm_time(fsdp, dense, experts)[0] == pytest.approx(8 * (8 * 200 * 3 / 4 / (2 * NET) + 8 * 20 / 2 / NET) * 0.75)
+    assert comm.dp_comm_time(fsdp, dense, experts)[0] == pytest.approx(
+        8 * (8 * 200 * 3 / 4 / (2 * NET) + 8 * 20 / 2 / NET) * 0.75
+    )
 
 
 def test_dp_overlap_hides_at_most_one_micro_batch():
-    """The distributed optimizer's reduce-scatter and all-gather hide behind the last micro-batch's backward and the first
+    """The distributed optimizer's reduce-scatter and all-gather hide behind the last micro-batch's backward and the
+    first
     one's forward: never more than one micro-batch's time per rank; FSDP's, behind every micro-batch (8 here)."""
     dense, experts = np.array([[100.0, 200.0]]), np.array([[10.0, 20.0]])
     per_rank = np.array([6 * 100 * 3 / 4 / 2 + 6 * 10 / 2, 6 * 200 * 3 / 4 / 2 + 6 * 20 / 2]) / NET  # dense: 2 NICs
@@ -278,7 +317,9 @@ def test_dp_overlap_hides_at_most_one_micro_batch():
     wide = np.array([[1.0, 1.0]])  # a window longer than the communication: only dp_overlap (0.25) limits
     assert comm.dp_comm_time(ovl, dense, experts, wide)[0] == pytest.approx(per_rank[1] * 0.75)
     narrow = np.array([[0.1, 0.05]]) * per_rank  # shorter than 0.25 of it: the window is what is hidden, per rank
-    assert comm.dp_comm_time(ovl, dense, experts, narrow)[0] == pytest.approx(max(per_rank[0] * 0.9, per_rank[1] * 0.95))
+    assert comm.dp_comm_time(ovl, dense, experts, narrow)[0] == pytest.approx(
+        max(per_rank[0] * 0.9, per_rank[1] * 0.95)
+    )
     fsdp = make_ctx(options=RunOptions(use_megatron_fsdp=True), **BASE)
     f_rank = 8 * np.array([8 * 100 * 3 / 4 / 2 + 8 * 10 / 2, 8 * 200 * 3 / 4 / 2 + 8 * 20 / 2]) / NET
     f_win = np.array([[0.01, 0.01]]) * f_rank  # hidden 8 x the window, less than dp_overlap's share

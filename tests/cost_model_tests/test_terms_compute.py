@@ -60,7 +60,9 @@ def test_attention_times():
     assert compute.core_attention_time(c)[0, 0] == pytest.approx(512 * 1024 * 128 / 4 / (1e15 * 0.45 * 0.827))
     fp8 = make_ctx(workload=Workload(seq_length=1024, global_batch_size=16, precision=Precision.fp8), **BASE)
     assert compute.attention_linear_time(fp8)[0, 0] == pytest.approx(f / (2e15 * eff(f / 2)))  # GEMMs at the fp8 peak
-    assert compute.core_attention_time(fp8)[0, 0] == pytest.approx(compute.core_attention_time(c)[0, 0])  # attention stays bf16
+    assert compute.core_attention_time(fp8)[0, 0] == pytest.approx(
+        compute.core_attention_time(c)[0, 0]
+    )  # attention stays bf16
 
 
 def test_family_and_generation_factors_scale_every_compute_peak():
@@ -68,8 +70,9 @@ def test_family_and_generation_factors_scale_every_compute_peak():
     precision and attention, through ``gemm_peak_flops`` and ``bf16_peak_flops``); Hopper has neither."""
     import dataclasses
 
-    cal = TEST_CAL.replace(gemm_family_factor_blackwell=0.8, gemm_generation_factor_blackwell_ultra=1.25,
-                           fp8_gemm_efficiency_ratio=0.9)
+    cal = TEST_CAL.replace(
+        gemm_family_factor_blackwell=0.8, gemm_generation_factor_blackwell_ultra=1.25, fp8_gemm_efficiency_ratio=0.9
+    )
     wl = Workload(seq_length=1024, global_batch_size=16, precision=Precision.fp8)
     table = LayoutTable.from_layouts([Layout(world_size=16, **BASE)])
     peaks = {}
@@ -82,14 +85,14 @@ def test_family_and_generation_factors_scale_every_compute_peak():
     assert peaks[("blackwell", "blackwell_ultra")] == pytest.approx((2e15 * 0.9 * 0.8 * 1.25, 1e15 * 0.8 * 1.25))
 
 
-
 def test_nvfp4_gemms_on_blackwell_ultra_take_the_family_factor_alone():
     """Blackwell Ultra's datasheet nvfp4 peak already differs from Blackwell's (GB300 15 PF, GB200 10 PF), so its
     nvfp4 GEMMs are not multiplied by the generation factor again; its attention (bf16) still is."""
     import dataclasses
 
-    cal = TEST_CAL.replace(gemm_family_factor_blackwell=0.8, gemm_generation_factor_blackwell_ultra=1.25,
-                           nvfp4_gemm_efficiency_ratio=0.5)
+    cal = TEST_CAL.replace(
+        gemm_family_factor_blackwell=0.8, gemm_generation_factor_blackwell_ultra=1.25, nvfp4_gemm_efficiency_ratio=0.5
+    )
     wl = Workload(seq_length=1024, global_batch_size=16, precision=Precision.nvfp4)
     table = LayoutTable.from_layouts([Layout(world_size=16, **BASE)])
     gpu = dataclasses.replace(TEST_CLUSTER.gpu, family="blackwell", generation="blackwell_ultra", peak_flops_fp4=4e15)
@@ -102,7 +105,9 @@ def test_attention_head_dim_factor():
     assert compute.attention_head_dim_factor(make_ctx(model=TINY_DENSE.replace(kv_channels=192), tp=2)) == 0.680
     assert compute.attention_head_dim_factor(make_ctx(model=TINY_DENSE.replace(kv_channels=64), tp=2)) == 0.827
     # 80 + 80 lies halfway between (64, 64) and (96, 96): interpolated in qk + v; held at the ends outside them
-    assert compute.attention_head_dim_factor(make_ctx(model=TINY_DENSE.replace(kv_channels=80), tp=2)) == pytest.approx(0.802)
+    assert compute.attention_head_dim_factor(make_ctx(model=TINY_DENSE.replace(kv_channels=80), tp=2)) == pytest.approx(
+        0.802
+    )
     assert compute.attention_head_dim_factor(make_ctx(model=TINY_DENSE.replace(kv_channels=512), tp=2)) == 0.773
     mla = load_model("DeepSeek-V3")
     assert compute.attention_head_dim_factor(make_ctx(model=mla, tp=8)) == 0.861  # q / k 128 + 64, v 128
@@ -128,16 +133,27 @@ def test_attention_call_part_per_sequence_on_full_layers():
 def test_attention_window_and_sink_extra_keys():
     win = TINY_DENSE.replace(kv_channels=128, window_size=127, window_attn_skip_freq=(1, 0) * 4)
     keys = 0.5 * (1024 + 1) / 2 + 0.5 * (128 * 129 / 2 + 896 * 128) / 1024
-    c = make_ctx(model=win, tp=2, cal=TEST_CAL.replace(attention_window_extra_keys=100.0, attention_sink_extra_keys=40.0))
+    c = make_ctx(
+        model=win, tp=2, cal=TEST_CAL.replace(attention_window_extra_keys=100.0, attention_sink_extra_keys=40.0)
+    )
     causal = compute.core_attention_flops(c)[0, 0]
     assert compute.core_attention_work(c)[0, 0] == pytest.approx(causal * (keys + 0.5 * 100.0) / keys)
-    sinks = make_ctx(model=win.replace(softmax_type="learnable"), tp=2,
-                     cal=TEST_CAL.replace(attention_window_extra_keys=100.0, attention_sink_extra_keys=40.0))
+    sinks = make_ctx(
+        model=win.replace(softmax_type="learnable"),
+        tp=2,
+        cal=TEST_CAL.replace(attention_window_extra_keys=100.0, attention_sink_extra_keys=40.0),
+    )
     assert compute.core_attention_work(sinks)[0, 0] == pytest.approx(causal * (keys + 50.0 + 40.0) / keys)
     # a window that limits little is priced as a full layer, never more (the window's extra keys would exceed it)
-    long = make_ctx(model=win.replace(window_size=1000, window_attn_skip_freq=()), tp=2,
-                    cal=TEST_CAL.replace(attention_window_extra_keys=100.0, attention_call_macs=1e3))
-    full_equiv = compute.core_attention_flops(long)[0, 0] * ((1024 + 1) / 2) / long.model.attended_keys_per_query(1024, True) + 1e3
+    long = make_ctx(
+        model=win.replace(window_size=1000, window_attn_skip_freq=()),
+        tp=2,
+        cal=TEST_CAL.replace(attention_window_extra_keys=100.0, attention_call_macs=1e3),
+    )
+    full_equiv = (
+        compute.core_attention_flops(long)[0, 0] * ((1024 + 1) / 2) / long.model.attended_keys_per_query(1024, True)
+        + 1e3
+    )
     assert compute.core_attention_work(long)[0, 0] == pytest.approx(full_equiv)
     # a window at least as long as the sequence is full attention: no extra keys
     full = make_ctx(model=win.replace(window_size=4096), tp=2, cal=TEST_CAL.replace(attention_window_extra_keys=100.0))
@@ -156,8 +172,12 @@ def test_grouped_gemm_half_point_grows_as_the_expert_shrinks():
     # half = half_rows + work x etp / (hidden x moe_ffn): the shape part alone doubles the half-point here
     c = make_ctx(**BASE)
     hf = c.dims.h * c.dims.moe_ffn
-    shaped = TEST_CAL.replace(grouped_gemm_efficiency=0.55, grouped_gemm_half_rows=128.0, grouped_gemm_half_rows_work=128.0 * hf)
-    assert compute.grouped_gemm_efficiency(make_ctx(cal=shaped, **BASE))[0, 0] == pytest.approx(0.55 * 256 / (256 + 256))
+    shaped = TEST_CAL.replace(
+        grouped_gemm_efficiency=0.55, grouped_gemm_half_rows=128.0, grouped_gemm_half_rows_work=128.0 * hf
+    )
+    assert compute.grouped_gemm_efficiency(make_ctx(cal=shaped, **BASE))[0, 0] == pytest.approx(
+        0.55 * 256 / (256 + 256)
+    )
     # ETP 2 gathers twice the rows and halves each rank's expert FFN: rows 512, half 128 + 256
     c2 = make_ctx(cal=shaped, **{**BASE, "etp": 2})
     assert compute.grouped_gemm_efficiency(c2)[0, 0] == pytest.approx(0.55 * 512 / (512 + 384))
@@ -165,11 +185,17 @@ def test_grouped_gemm_half_point_grows_as_the_expert_shrinks():
 
 def test_moe_times():
     c = make_ctx(**BASE)
-    assert compute.expert_time(c)[0, 0] == pytest.approx(6291456 * 1.2 / (1e15 * 0.275))  # x the natural-routing imbalance
+    assert compute.expert_time(c)[0, 0] == pytest.approx(
+        6291456 * 1.2 / (1e15 * 0.275)
+    )  # x the natural-routing imbalance
     assert compute.router_time(c)[0, 0] == pytest.approx(262144 / (1e15 * eff(262144)))
     assert compute.shared_expert_time(c)[0, 0] == pytest.approx(6291456 / (1e15 * eff(6291456 / 3)))
     d = make_ctx(model=TINY_DENSE, tp=2, sequence_parallel=True)
-    assert compute.expert_time(d)[0, 0] == 0 and compute.router_time(d)[0, 0] == 0 and compute.shared_expert_time(d)[0, 0] == 0
+    assert (
+        compute.expert_time(d)[0, 0] == 0
+        and compute.router_time(d)[0, 0] == 0
+        and compute.shared_expert_time(d)[0, 0] == 0
+    )
 
 
 def test_dense_mlp_time():
@@ -194,7 +220,9 @@ def test_layer_compute_times_are_three_passes_of_their_gemms():
     one = np.array([[1.0]])
     assert compute.attention_compute_time(c, one, 2 * one, 3 * one)[0, 0] == 3 * (1 + 2) + 3
     assert compute.moe_compute_time(c, one, 2 * one, 3 * one, 4 * one)[0, 0] == 3 * (1 + 2 + 3) + 4
-    assert compute.dense_compute_time(c, 2 * one, 4 * one)[0, 0] == 3 * 2 + 4 * 0.5  # half the attention side's elementwise
+    assert (
+        compute.dense_compute_time(c, 2 * one, 4 * one)[0, 0] == 3 * 2 + 4 * 0.5
+    )  # half the attention side's elementwise
 
 
 def test_logits_time_on_the_last_rank():
@@ -220,12 +248,16 @@ def test_logits_time_by_cross_entropy_path(impl: str, per_logit: float):
 def test_mla_up_projection_time():
     from term_fixtures import BASE, TINY_MOE, make_ctx
 
-    mla = TINY_MOE.replace(q_lora_rank=24, kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=8, qk_layernorm=False)
+    mla = TINY_MOE.replace(
+        q_lora_rank=24, kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=8, qk_layernorm=False
+    )
     c = make_ctx(model=mla, **BASE)
     params = 24 * 4 * (8 + 4) + 16 * 4 * (8 + 8)  # q_up + kv_up
     assert c.dims.up_projection_params == params
     f = 2 * 512 * params / 2
-    assert compute.mla_up_projection_time(c)[0, 0] == pytest.approx(f / (c.gemm_peak_flops * compute.gemm_efficiency(np.array(f / 2), c.cal)))
+    assert compute.mla_up_projection_time(c)[0, 0] == pytest.approx(
+        f / (c.gemm_peak_flops * compute.gemm_efficiency(np.array(f / 2), c.cal))
+    )
     assert compute.mla_up_projection_time(make_ctx(**BASE))[0, 0] == 0
 
 
@@ -234,13 +266,17 @@ def test_mla_unfused_rope_time():
     with RoPE unfused."""
     from specs import RunOptions
 
-    mla = TINY_MOE.replace(q_lora_rank=24, kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=8, qk_layernorm=False)
+    mla = TINY_MOE.replace(
+        q_lora_rank=24, kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=8, qk_layernorm=False
+    )
     unfused = RunOptions(apply_rope_fusion=False)
     c = make_ctx(model=mla, options=unfused, **BASE)
     assert c.dims.q_dim == 4 * (8 + 4)
     assert compute.mla_unfused_rope_time(c)[0, 0] == pytest.approx(93.5 * 512 * 4 * 12 / 2 / HBM)
     assert compute.mla_unfused_rope_time(make_ctx(model=mla, **BASE))[0, 0] == 0  # fused (Megatron-LM's default)
-    assert compute.mla_unfused_rope_time(make_ctx(options=unfused, **BASE))[0, 0] == 0  # GQA: priced in the elementwise work
+    assert (
+        compute.mla_unfused_rope_time(make_ctx(options=unfused, **BASE))[0, 0] == 0
+    )  # GQA: priced in the elementwise work
 
 
 def test_unfused_rope_lengthens_an_mla_step_by_its_layers_time():
@@ -262,8 +298,13 @@ def test_unfused_rope_lengthens_an_mla_step_by_its_layers_time():
     ra, rb = estimate(ds, gpus, wl, sel, options=fused), estimate(ds, gpus, wl, sel, options=unfused)
     assert rb.time["recompute"] - ra.time["recompute"] == pytest.approx(4 * 2 * 0.56 * per, rel=1e-6)
     qw = load_model("Qwen3-30B-A3B").replace(num_layers=4, moe_layer_freq=(1, 1, 1, 1))
-    gl, gw = Layout(world_size=8, tp=1, pp=1, ep=8, micro_batch_size=1), Workload(seq_length=4096, global_batch_size=8, precision="bf16")
-    assert estimate(qw, gpus, gw, gl, options=unfused).step_time_s == estimate(qw, gpus, gw, gl, options=fused).step_time_s
+    gl, gw = (
+        Layout(world_size=8, tp=1, pp=1, ep=8, micro_batch_size=1),
+        Workload(seq_length=4096, global_batch_size=8, precision="bf16"),
+    )
+    assert (
+        estimate(qw, gpus, gw, gl, options=unfused).step_time_s == estimate(qw, gpus, gw, gl, options=fused).step_time_s
+    )
 
 
 def test_run_option_flags_must_be_booleans():

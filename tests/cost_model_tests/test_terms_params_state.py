@@ -39,7 +39,10 @@ def test_output_layer_and_final_norm_on_the_last_rank():
     assert params.output_layer_params(make_ctx(model=tied_model, tp=2, sequence_parallel=True))[0, 0] == 64
     assert params.output_layer_params(make_ctx(model=TINY_DENSE, tp=2, sequence_parallel=True))[0, 0] == 65536 / 2 + 64
     # PP > 1: the last rank keeps its own copy even when tied
-    assert params.output_layer_params(make_ctx(model=tied_model, tp=2, pp=2, sequence_parallel=True))[0, 1] == 65536 / 2 + 64
+    assert (
+        params.output_layer_params(make_ctx(model=tied_model, tp=2, pp=2, sequence_parallel=True))[0, 1]
+        == 65536 / 2 + 64
+    )
 
 
 def test_mtp_layer_on_the_last_rank():
@@ -67,7 +70,9 @@ def test_expert_params_split_by_ep_and_etp():
 def test_optimizer_shards_over_dp_cp_and_edp():
     dense, experts = state.optimizer_shards(make_ctx(**BASE))
     assert dense[0, 0] == 2 * 2 and experts[0, 0] == 2
-    dense, experts = state.optimizer_shards(make_ctx(**BASE, use_distributed_optimizer=False, use_precision_aware_optimizer=False))
+    dense, experts = state.optimizer_shards(
+        make_ctx(**BASE, use_distributed_optimizer=False, use_precision_aware_optimizer=False)
+    )
     assert dense[0, 0] == 1 and experts[0, 0] == 1
 
 
@@ -92,7 +97,11 @@ def test_weight_bytes_bf16_fp8_and_fsdp():
 
 
 def test_weight_bytes_with_fp8_param_gather():
-    c8 = make_ctx(workload=Workload(seq_length=1024, global_batch_size=16, precision=Precision.fp8), options=RunOptions(fp8_param_gather=True), **BASE)
+    c8 = make_ctx(
+        workload=Workload(seq_length=1024, global_batch_size=16, precision=Precision.fp8),
+        options=RunOptions(fp8_param_gather=True),
+        **BASE,
+    )
     assert state.weight_bytes(c8, *_pe(c8))[R1] == 1 * (75472 + 36864)  # the fp8 weights only, no bf16 copy
     # fp8_param_gather does not touch nvfp4 (fp4_param_gather does) nor bf16 (the test GPU has no fp4: the rule only)
     assert not RunOptions(fp8_param_gather=True).low_precision_params(Precision.nvfp4)
@@ -138,9 +147,14 @@ def test_optimizer_bytes_per_param(layout, expected):
 )
 def test_precision_aware_master_weights_per_recipe(precision, recipe, expected):
     w = Workload(seq_length=1024, global_batch_size=16, precision=precision)
-    assert state.optimizer_bytes_per_param(make_ctx(workload=w, options=RunOptions(fp8_recipe=recipe), **BASE))[0, 0] == expected
+    assert (
+        state.optimizer_bytes_per_param(make_ctx(workload=w, options=RunOptions(fp8_recipe=recipe), **BASE))[0, 0]
+        == expected
+    )
     # MX and fp4 keep fp32 masters too (the test GPU has no Blackwell tensor cores: the rule only)
-    assert not RunOptions().precision_aware_owns_masters(Precision.mxfp8) and not RunOptions().precision_aware_owns_masters(Precision.nvfp4)
+    assert not RunOptions().precision_aware_owns_masters(
+        Precision.mxfp8
+    ) and not RunOptions().precision_aware_owns_masters(Precision.nvfp4)
 
 
 def test_bridge_bf16_optimizer_fp8_recipe_keeps_fp32_masters():
@@ -148,8 +162,15 @@ def test_bridge_bf16_optimizer_fp8_recipe_keeps_fp32_masters():
     w = Workload(seq_length=1024, global_batch_size=16, precision="bf16")
     bridge = RunOptions(optimizer_fp8_recipe="tensorwise")
     assert state.optimizer_bytes_per_param(make_ctx(workload=w, options=bridge, **BASE))[0, 0] == 4 + 4 + 4
-    assert state.optimizer_bytes_per_param(make_ctx(workload=w, options=RunOptions(optimizer_fp8_recipe="delayed"), **BASE))[0, 0] == 2 + 4 + 4
-    assert not bridge.precision_aware_owns_masters(Precision.bf16) and RunOptions().precision_aware_owns_masters(Precision.bf16)
+    assert (
+        state.optimizer_bytes_per_param(
+            make_ctx(workload=w, options=RunOptions(optimizer_fp8_recipe="delayed"), **BASE)
+        )[0, 0]
+        == 2 + 4 + 4
+    )
+    assert not bridge.precision_aware_owns_masters(Precision.bf16) and RunOptions().precision_aware_owns_masters(
+        Precision.bf16
+    )
     # an fp8 run's masters follow its own recipe, not this field
     assert RunOptions(optimizer_fp8_recipe="tensorwise").precision_aware_owns_masters(Precision.fp8)
     with pytest.raises(TunerError, match="optimizer_fp8_recipe 'mxfp9': accepted none, delayed, tensorwise"):
@@ -157,7 +178,12 @@ def test_bridge_bf16_optimizer_fp8_recipe_keeps_fp32_masters():
 
 
 def test_distributed_muon_keeps_one_momentum():
-    assert state.optimizer_bytes_per_param(make_ctx(options=RunOptions(optimizer="dist_muon"), **BASE, use_precision_aware_optimizer=False))[0, 0] == 8
+    assert (
+        state.optimizer_bytes_per_param(
+            make_ctx(options=RunOptions(optimizer="dist_muon"), **BASE, use_precision_aware_optimizer=False)
+        )[0, 0]
+        == 8
+    )
 
 
 def test_optimizer_state_bytes_less_the_offloaded_share():
@@ -169,5 +195,7 @@ def test_optimizer_state_bytes_less_the_offloaded_share():
     params = np.array([[200.0, 600.0]])
     # the first HybridDeviceOptimizer's fp32 clones of the GPU share of the unsharded parameters (4 B each) and the
     # cached bf16 clones of the offloaded share (2 B each)
-    assert state.offload_build_bytes(c, params, 0 * params).tolist() == [[(4 * 0.75 + 2 * 0.25) * 200, (4 * 0.75 + 2 * 0.25) * 600]]
+    assert state.offload_build_bytes(c, params, 0 * params).tolist() == [
+        [(4 * 0.75 + 2 * 0.25) * 200, (4 * 0.75 + 2 * 0.25) * 600]
+    ]
     assert state.offload_build_bytes(make_ctx(**BASE), params, params).tolist() == [[0.0, 0.0]]

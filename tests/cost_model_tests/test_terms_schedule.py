@@ -14,7 +14,9 @@ from cost_model.terms import optimizer, recompute, schedule
 from specs import Workload
 
 NV, NET = 3e11, 4e10
-SELECTIVE = dict(recompute_granularity="selective", recompute_modules=("core_attn", "layernorm", "moe_act", "shared_experts"))
+SELECTIVE = dict(
+    recompute_granularity="selective", recompute_modules=("core_attn", "layernorm", "moe_act", "shared_experts")
+)
 
 
 # --------------------------------------------------------------------------- in-flight micro-batches
@@ -57,7 +59,9 @@ def test_inflight_microbatches_match_megatron_warmup(pp, vpp, m_per_pp):
     # TINY_DENSE has 8 layers: use 32 so that every pp x vpp splits them; tp 1, cp 1 -> dp = 16 / pp
     model = TINY_DENSE.replace(num_layers=32, moe_layer_freq=(0,) * 32)
     dp = 16 // pp
-    c = _all_ranks(make_ctx(model=model, pp=pp, vpp=vpp, workload=Workload(seq_length=1024, global_batch_size=m * dp)), pp)
+    c = _all_ranks(
+        make_ctx(model=model, pp=pp, vpp=vpp, workload=Workload(seq_length=1024, global_batch_size=m * dp)), pp
+    )
     assert c.micro_batches[0] == m
     ours = schedule.inflight_microbatches(c)[0]
     for r in range(pp):
@@ -130,28 +134,48 @@ def test_pp_p2p():
 def test_forward_times():
     c = make_ctx(**BASE)
     one = np.array([[1.0]])
-    # linear + core attention's forward (3 x core x its measured share 0.238) + elementwise / (1 + 2) + half of the 4 TP collectives
-    assert recompute.attention_forward_time(c, one, 2 * one, 3 * one, 4 * one)[0, 0] == pytest.approx(1 + 6 * 0.238 + 1 + 2)
-    assert recompute.moe_forward_time(c, one, 2 * one, 3 * one, 6 * one, 4 * one, 5 * one)[0, 0] == 1 + 2 + 3 + 2 + 2 + 5
+    # linear + core attention's forward (3 x core x its measured share 0.238) + elementwise / (1 + 2) + half of the 4 TP
+    # collectives
+    assert recompute.attention_forward_time(c, one, 2 * one, 3 * one, 4 * one)[0, 0] == pytest.approx(
+        1 + 6 * 0.238 + 1 + 2
+    )
+    assert (
+        recompute.moe_forward_time(c, one, 2 * one, 3 * one, 6 * one, 4 * one, 5 * one)[0, 0] == 1 + 2 + 3 + 2 + 2 + 5
+    )
     assert recompute.dense_forward_time(c, one, 6 * one, 4 * one)[0, 0] == 1 + 6 * 0.5 / 3 + 2
     # MLA's unfused RoPE: its forward share (0.56, measured) re-runs with the attention side's forward
-    assert recompute.attention_forward_time(c, one, 2 * one, 3 * one, 4 * one, 10 * one)[0, 0] == pytest.approx(1 + 6 * 0.238 + 1 + 2 + 5.6)
+    assert recompute.attention_forward_time(c, one, 2 * one, 3 * one, 4 * one, 10 * one)[0, 0] == pytest.approx(
+        1 + 6 * 0.238 + 1 + 2 + 5.6
+    )
 
 
 def test_selective_recompute_times():
     one = np.array([[1.0]])
     c = make_ctx(**BASE, **SELECTIVE)
-    assert recompute.selective_attention_time(c, 2 * one, 6 * one, 5 * one)[0, 0] == pytest.approx(6 * 0.238 + 6 * 0.5 / 3)  # core_attn's forward + layernorm
+    assert recompute.selective_attention_time(c, 2 * one, 6 * one, 5 * one)[0, 0] == pytest.approx(
+        6 * 0.238 + 6 * 0.5 / 3
+    )  # core_attn's forward + layernorm
     up = make_ctx(**BASE, recompute_granularity="selective", recompute_modules=("mla_up_proj", "core_attn"))
-    assert recompute.selective_attention_time(up, 2 * one, 6 * one, 5 * one)[0, 0] == pytest.approx(6 * 0.238 + 5)  # + the up-projections
+    assert recompute.selective_attention_time(up, 2 * one, 6 * one, 5 * one)[0, 0] == pytest.approx(
+        6 * 0.238 + 5
+    )  # + the up-projections
     # mla_up_proj re-runs the unfused RoPE's forward with the up-projections (checkpointed together); core_attn does not
-    assert recompute.selective_attention_time(up, 2 * one, 6 * one, 5 * one, 10 * one)[0, 0] == pytest.approx(6 * 0.238 + 5 + 5.6)
-    assert recompute.selective_attention_time(c, 2 * one, 6 * one, 5 * one, 10 * one)[0, 0] == pytest.approx(6 * 0.238 + 6 * 0.5 / 3)
-    assert recompute.selective_moe_time(c, 10 * one, 6 * one, 4 * one)[0, 0] == 6 * 0.5 / 3 + 4  # moe_act + shared_experts
+    assert recompute.selective_attention_time(up, 2 * one, 6 * one, 5 * one, 10 * one)[0, 0] == pytest.approx(
+        6 * 0.238 + 5 + 5.6
+    )
+    assert recompute.selective_attention_time(c, 2 * one, 6 * one, 5 * one, 10 * one)[0, 0] == pytest.approx(
+        6 * 0.238 + 6 * 0.5 / 3
+    )
+    assert (
+        recompute.selective_moe_time(c, 10 * one, 6 * one, 4 * one)[0, 0] == 6 * 0.5 / 3 + 4
+    )  # moe_act + shared_experts
     moe = make_ctx(**BASE, recompute_granularity="selective", recompute_modules=("moe", "shared_experts"))
     assert recompute.selective_moe_time(moe, 10 * one, 6 * one, 4 * one)[0, 0] == 10  # the whole forward, shared in it
     mlp = make_ctx(**BASE, recompute_granularity="selective", recompute_modules=("mlp",))
-    assert recompute.selective_dense_time(mlp, 7 * one)[0, 0] == 7 and recompute.selective_dense_time(c, 7 * one)[0, 0] == 0
+    assert (
+        recompute.selective_dense_time(mlp, 7 * one)[0, 0] == 7
+        and recompute.selective_dense_time(c, 7 * one)[0, 0] == 0
+    )
     none = make_ctx(**BASE)
     assert recompute.selective_attention_time(none, 2 * one, 6 * one, 5 * one)[0, 0] == 0
 
@@ -197,7 +221,9 @@ def test_host_memory_per_node():
     first optimizer's fp32 clones of the offloaded share of the unsharded parameters)."""
     owned = np.array([[100.0, 300.0]])
     params = np.array([[200.0, 600.0]])  # unsharded: DP 2
-    c = make_ctx(**BASE, optimizer_offload_fraction=0.25)  # precision-aware (the default): 16 + 4 B per offloaded parameter
+    c = make_ctx(
+        **BASE, optimizer_offload_fraction=0.25
+    )  # precision-aware (the default): 16 + 4 B per offloaded parameter
     assert optimizer.host_offload_bytes_per_param(c)[0, 0] == 20
     proc = c.cal.host_process_bytes
     # the offload parts compared without the processes' RSS, which would hide them in a relative tolerance
@@ -205,4 +231,6 @@ def test_host_memory_per_node():
     assert optimizer.host_bytes_per_node(c, owned, params)[0] - 4 * proc == pytest.approx(4 * (75 * 20 + 150 * 4))
     plain = make_ctx(**BASE, optimizer_offload_fraction=0.25, use_precision_aware_optimizer=False)
     assert optimizer.host_offload_bytes_per_param(plain)[0, 0] == 20
-    assert optimizer.host_bytes_per_node(make_ctx(**BASE), owned, params)[0] == pytest.approx(4 * proc)  # no offload: the processes only
+    assert optimizer.host_bytes_per_node(make_ctx(**BASE), owned, params)[0] == pytest.approx(
+        4 * proc
+    )  # no offload: the processes only

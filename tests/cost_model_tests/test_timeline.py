@@ -1,4 +1,5 @@
-"""The predicted step as a Chrome trace (cost_model.timeline): its structure, and that it shows the estimate's numbers."""
+"""The predicted step as a Chrome trace (cost_model.timeline): its structure, and that it shows the estimate's
+numbers."""
 
 from __future__ import annotations
 
@@ -21,17 +22,40 @@ from cost_model.timeline import (
 from specs import RunOptions
 from specs.layout import Dispatcher, Layout, RecomputeGranularity
 
-BEST = Layout(world_size=64, tp=1, pp=4, vpp=8, ep=16, recompute_granularity=RecomputeGranularity.selective, recompute_modules=("moe",),
-              dispatcher=Dispatcher.flex_deepep, num_layers_in_first_pipeline_stage=16, num_layers_in_last_pipeline_stage=14)
-OVERLAPPED = Layout(world_size=64, tp=2, sequence_parallel=True, pp=4, vpp=2, cp=2, ep=8, num_layers_in_first_pipeline_stage=16,
-                    num_layers_in_last_pipeline_stage=14)
+BEST = Layout(
+    world_size=64,
+    tp=1,
+    pp=4,
+    vpp=8,
+    ep=16,
+    recompute_granularity=RecomputeGranularity.selective,
+    recompute_modules=("moe",),
+    dispatcher=Dispatcher.flex_deepep,
+    num_layers_in_first_pipeline_stage=16,
+    num_layers_in_last_pipeline_stage=14,
+)
+OVERLAPPED = Layout(
+    world_size=64,
+    tp=2,
+    sequence_parallel=True,
+    pp=4,
+    vpp=2,
+    cp=2,
+    ep=8,
+    num_layers_in_first_pipeline_stage=16,
+    num_layers_in_last_pipeline_stage=14,
+)
 OPTS = RunOptions(tp_comm_overlap=True, overlap_moe_expert_parallel_comm=True, overlap_grad_reduce=True)
 
 
 @pytest.fixture(params=["seed_tuned", "best", "overlapped", "reference"])
 def case(request, minimax, h200x64, seed_workload, seed_tuned, seed_reference):
-    lay, opts = {"seed_tuned": (seed_tuned, RunOptions()), "best": (BEST, RunOptions()), "overlapped": (OVERLAPPED, OPTS),
-                 "reference": (seed_reference, RunOptions())}[request.param]
+    lay, opts = {
+        "seed_tuned": (seed_tuned, RunOptions()),
+        "best": (BEST, RunOptions()),
+        "overlapped": (OVERLAPPED, OPTS),
+        "reference": (seed_reference, RunOptions()),
+    }[request.param]
     d = estimate_details(minimax, h200x64, seed_workload, lay, options=opts)
     return d, step_trace(d, title="test")
 
@@ -46,7 +70,13 @@ def test_the_trace_is_well_formed_json(case):
 
 def test_the_step_and_the_bubble_are_the_estimate_s(case, minimax, h200x64, seed_workload):
     d, trace = case
-    e = estimate(minimax, h200x64, seed_workload, d.estimate.layout, options=OPTS if d.estimate.layout == OVERLAPPED else RunOptions())
+    e = estimate(
+        minimax,
+        h200x64,
+        seed_workload,
+        d.estimate.layout,
+        options=OPTS if d.estimate.layout == OVERLAPPED else RunOptions(),
+    )
     assert trace_step_seconds(trace) == pytest.approx(e.step_time_s, rel=1e-12)
     assert trace_bubble_fraction(trace) == pytest.approx(e.time["pp_bubble"] / e.step_time_s, rel=1e-9, abs=1e-12)
     assert trace["otherData"]["step_time_s"] == e.step_time_s
@@ -65,11 +95,19 @@ def test_every_rank_runs_2_m_vpp_chunks_on_its_stage_lanes(case):
         assert len(ops) == 2 * d.num_microbatches * lay.vpp
         for v in range(lay.vpp):
             lane = lanes[(r, v)]
-            assert sorted(ev["args"]["microbatch"] for ev in lane if ev["cat"] == "forward") == list(range(d.num_microbatches))
-            assert sorted(ev["args"]["microbatch"] for ev in lane if ev["cat"] == "backward") == list(range(d.num_microbatches))
+            assert sorted(ev["args"]["microbatch"] for ev in lane if ev["cat"] == "forward") == list(
+                range(d.num_microbatches)
+            )
+            assert sorted(ev["args"]["microbatch"] for ev in lane if ev["cat"] == "backward") == list(
+                range(d.num_microbatches)
+            )
             assert {ev["args"]["stage"] for ev in lane} == {v * lay.pp + r}
         # the ranks' lanes: one per virtual stage, the parts, the hidden communication, the p2p sends, all named
-        names = {ev["tid"]: ev["args"]["name"] for ev in trace["traceEvents"] if ev["ph"] == "M" and ev["name"] == "thread_name" and ev["pid"] == r}
+        names = {
+            ev["tid"]: ev["args"]["name"]
+            for ev in trace["traceEvents"]
+            if ev["ph"] == "M" and ev["name"] == "thread_name" and ev["pid"] == r
+        }
         assert set(names) == {*range(lay.vpp), PARTS_TID, HIDDEN_TID, P2P_TID}
     procs = [ev["args"]["name"] for ev in trace["traceEvents"] if ev["ph"] == "M" and ev["name"] == "process_name"]
     assert procs[0].startswith("PP rank 0 (first") and procs[-1].startswith(f"PP rank {lay.pp - 1} (last")
@@ -84,7 +122,9 @@ def test_the_parts_lane_is_the_chunks_cut_into_parts_then_the_tail(case):
         in_pipeline = [ev for ev in parts if ev["ts"] < d.pipeline_s * 1e6 - 1e-6]
         assert sum(ev["dur"] for ev in in_pipeline) == pytest.approx(busy, rel=1e-9)
         tail = [ev for ev in parts if ev["ts"] >= d.pipeline_s * 1e6 - 1e-6]
-        assert [ev["name"] for ev in tail] == [TAIL_NAMES[p] for p in ("pp_p2p", "dp_comm", "optimizer", "offload") if d.tail[p][r] > 0]
+        assert [ev["name"] for ev in tail] == [
+            TAIL_NAMES[p] for p in ("pp_p2p", "dp_comm", "optimizer", "offload") if d.tail[p][r] > 0
+        ]
         if d.estimate.layout.recompute_granularity != RecomputeGranularity.none:
             assert any(ev["name"] == "recompute" for ev in parts)
 
@@ -103,8 +143,12 @@ def test_hidden_communication_is_drawn_only_when_something_overlaps(case):
     hidden = [ev for (pid, tid), lane in trace_lanes(trace).items() if tid == HIDDEN_TID for ev in lane]
     lay = d.estimate.layout
     if lay == OVERLAPPED:
-        assert {"TP comm (hidden)", "EP all-to-all (hidden)", "DP comm (hidden)", "CP comm (hidden)"} <= {ev["name"] for ev in hidden}
-    elif lay.optimizer_offload_fraction > 0:  # the reference port: --overlap-cpu-optimizer-d2h-h2d hides part of the copies
+        assert {"TP comm (hidden)", "EP all-to-all (hidden)", "DP comm (hidden)", "CP comm (hidden)"} <= {
+            ev["name"] for ev in hidden
+        }
+    elif (
+        lay.optimizer_offload_fraction > 0
+    ):  # the reference port: --overlap-cpu-optimizer-d2h-h2d hides part of the copies
         assert {ev["name"] for ev in hidden} == {"offload copies (hidden)"}
     else:
         assert hidden == []

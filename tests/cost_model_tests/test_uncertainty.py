@@ -45,7 +45,14 @@ def test_shipped_bands_hold_their_measured_shape():
 
 
 def _cfg(tmp_path, **kw):
-    base = dict(model="Qwen3-30B-A3B", gpus="8xH100", layers=16, global_batch_size=16, stack="megatron", results_dir=str(tmp_path))
+    base = dict(
+        model="Qwen3-30B-A3B",
+        gpus="8xH100",
+        layers=16,
+        global_batch_size=16,
+        stack="megatron",
+        results_dir=str(tmp_path),
+    )
     base.update(kw)
     return TuneConfig(**base)
 
@@ -71,13 +78,60 @@ def test_only_what_is_surely_slower_is_left_out_of_the_trials(tmp_path):
     assert prep.contenders.sum() < prep.fits.sum()
 
 
-@pytest.mark.parametrize(("args", "fit"), [
-    (["--gpus", "64xH200", "--tp", "1", "--pp", "8", "--vpp", "4", "--ep", "8", "--recompute", "full", "--first-stage-layers", "7",
-      "--last-stage-layers", "7"], "fits"),
-    (["--gpus", "64xH200", "--tp", "1", "--pp", "8", "--vpp", "8", "--ep", "8", "--recompute", "selective", "--recompute-modules", "moe",
-      "--mbs", "2", "--dispatcher", "flex+deepep", "--first-stage-layers", "7", "--last-stage-layers", "7"], "may not fit"),
-    (["--gpus", "8xH200", "--ep", "8"], "does not fit"),
-])
+@pytest.mark.parametrize(
+    ("args", "fit"),
+    [
+        (
+            [
+                "--gpus",
+                "64xH200",
+                "--tp",
+                "1",
+                "--pp",
+                "8",
+                "--vpp",
+                "4",
+                "--ep",
+                "8",
+                "--recompute",
+                "full",
+                "--first-stage-layers",
+                "7",
+                "--last-stage-layers",
+                "7",
+            ],
+            "fits",
+        ),
+        (
+            [
+                "--gpus",
+                "64xH200",
+                "--tp",
+                "1",
+                "--pp",
+                "8",
+                "--vpp",
+                "8",
+                "--ep",
+                "8",
+                "--recompute",
+                "selective",
+                "--recompute-modules",
+                "moe",
+                "--mbs",
+                "2",
+                "--dispatcher",
+                "flex+deepep",
+                "--first-stage-layers",
+                "7",
+                "--last-stage-layers",
+                "7",
+            ],
+            "may not fit",
+        ),
+        (["--gpus", "8xH200", "--ep", "8"], "does not fit"),
+    ],
+)
 def test_estimate_says_whether_a_layout_fits_in_three_words(args, fit):
     import json
 
@@ -142,7 +196,11 @@ def test_shipped_throughput_bands_and_judgement_are_the_fit_of_the_recorded_resi
     rows = [json.loads(line) for line in (folder / "residuals.jsonl").read_text().splitlines()]
     tput, _ = load_error_bars()
     for fam, b in f.fit_bands(rows).items():
-        assert (tput[fam].low, tput[fam].high, tput[fam].rows) == (round(math.exp(b["lo"]), 4), round(math.exp(b["hi"]), 4), b["rows"])
+        assert (tput[fam].low, tput[fam].high, tput[fam].rows) == (
+            round(math.exp(b["lo"]), 4),
+            round(math.exp(b["hi"]), 4),
+            b["rows"],
+        )
     recorded = json.loads((folder / "fit_error_bars.json").read_text())["throughput_judged_leave_one_model_out"]
     assert f.judge(rows) == recorded
 
@@ -156,8 +214,15 @@ def test_chance_to_fit_before_any_trial_is_the_policy_s_prior():
     from tuner.study.policy import GainPolicy, PolicyParams
 
     peak = np.linspace(60, 90, 31) * GIB
-    pol = GainPolicy(predicted=np.ones(31), step_time_s=np.ones(31), peak_bytes=peak, codes=np.zeros((31, 1), dtype=np.int64),
-                     hbm_bytes=HBM, gpus=8, params=PolicyParams(sigma=0.1, memory_sigma=0.0235, memory_bias=0.01))
+    pol = GainPolicy(
+        predicted=np.ones(31),
+        step_time_s=np.ones(31),
+        peak_bytes=peak,
+        codes=np.zeros((31, 1), dtype=np.int64),
+        hbm_bytes=HBM,
+        gpus=8,
+        params=PolicyParams(sigma=0.1, memory_sigma=0.0235, memory_bias=0.01),
+    )
     got = chance_to_fit(peak, HBM, sigma=0.0235, shared=0.54, bias=0.01)
     assert np.allclose(got, pol.p_fit, atol=1e-12)
 
@@ -203,10 +268,15 @@ def test_chance_to_fit_is_the_posterior_of_the_shared_error_model():
     assert got[2] < chance_to_fit(peak, HBM, sigma=sigma, shared=shared, out_of_memory={0})[2]
 
 
-@pytest.mark.parametrize(("kw", "match"), [
-    (dict(sigma=0.0, shared=0.5), "sigma"), (dict(sigma=0.02, shared=1.5), "shared"),
-    (dict(sigma=0.02, shared=0.5, out_of_memory=[9]), "index"), (dict(sigma=0.02, shared=0.5, measured={0: float("nan")}), "measured peak"),
-])
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        (dict(sigma=0.0, shared=0.5), "sigma"),
+        (dict(sigma=0.02, shared=1.5), "shared"),
+        (dict(sigma=0.02, shared=0.5, out_of_memory=[9]), "index"),
+        (dict(sigma=0.02, shared=0.5, measured={0: float("nan")}), "measured peak"),
+    ],
+)
 def test_chance_to_fit_refuses_what_it_cannot_read(kw, match):
     from cost_model.uncertainty import chance_to_fit
 

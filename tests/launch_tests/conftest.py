@@ -37,14 +37,18 @@ def ray_cluster(tmp_path_factory):
     from ray.cluster_utils import Cluster
 
     tmp = tmp_path_factory.mktemp("ray", numbered=True)
-    if len(str(tmp)) > 40:  # a long --basetemp: Ray's socket paths (session_<date>_<pid>/sockets/plasma_store) would not fit
+    if (
+        len(str(tmp)) > 40
+    ):  # a long --basetemp: Ray's socket paths (session_<date>_<pid>/sockets/plasma_store) would not fit
         tmp = Path(tempfile.mkdtemp(prefix="pytest-ray-"))
     old = os.environ.get("RAY_TMPDIR")
     os.environ["RAY_TMPDIR"] = str(tmp)
     c = None
     try:
         gpu = RayCluster.gpu
-        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 3, "resources": {gpu: 2}, "include_dashboard": False})
+        c = Cluster(
+            initialize_head=True, head_node_args={"num_cpus": 3, "resources": {gpu: 2}, "include_dashboard": False}
+        )
         nodes = [c.add_node(num_cpus=3, resources={gpu: 2}) for _ in range(2)]
         c.wait_for_nodes()
         ray.init(address=c.address, log_to_driver=False, include_dashboard=False)

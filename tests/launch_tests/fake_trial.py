@@ -43,9 +43,9 @@ of FAKE_GRAD_RUN_NOISE (two runs of one layout differ by it); ``norm_grad_scaled
 gradient, ``non_causal_attention`` bends every tensor; FAKE_GRAD_MODE=nan / missing / shape breaks one tensor.
 The checkpoint it writes carries ``model.json`` (the model's fingerprint) as the harness's does.
 
-Profiling (spec ``profile_step``): that step's line carries ``"profiled": true``, and before the summary it writes one small
-Chrome trace per pipeline stage beside ``--out`` (``profile_step<N>_pp<r>.json``, as the harness's torch.profiler export is
-named) and the ``{"event": "profile", "step", "files"}`` line.
+Profiling (spec ``profile_step``): that step's line carries ``"profiled": true``, and before the summary it writes one
+small Chrome trace per pipeline stage beside ``--out`` (``profile_step<N>_pp<r>.json``, as the harness's torch.profiler
+export is named) and the ``{"event": "profile", "step", "files"}`` line.
 
 Imported (by the tests), it gives the observers of those files: :func:`recorded_pids`,
 :func:`alive`, :func:`survivors` and :func:`wait_until`.
@@ -79,7 +79,8 @@ def _touch(folder, name):
 
 
 def _hang(pid_dir):
-    """Start a child that sleeps 600 s (in this process's group: only a kill of the whole group ends it) and record it."""
+    """Start a child that sleeps 600 s (in this process's group: only a kill of the whole group ends it) and record
+    it."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     if pid_dir:
         _touch(pid_dir, f"child.{child.pid}")
@@ -112,11 +113,23 @@ def main() -> int:
     dump = cfg.get("FAKE_ENV_DUMP")  # a folder: each process writes the environment it was started with
     if dump:
         os.makedirs(dump, exist_ok=True)
-        keys = ("NNODES", "NODE_RANK", "NPROC_PER_NODE", "MASTER_ADDR", "MASTER_PORT", "TUNE_TRIAL_ATTEMPT", "NCCL_NVLS_ENABLE",
-                "CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_VISIBLE_DEVICES", "FAKE_EXTRA")
+        keys = (
+            "NNODES",
+            "NODE_RANK",
+            "NPROC_PER_NODE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "TUNE_TRIAL_ATTEMPT",
+            "NCCL_NVLS_ENABLE",
+            "CUDA_DEVICE_MAX_CONNECTIONS",
+            "CUDA_VISIBLE_DEVICES",
+            "FAKE_EXTRA",
+        )
         trial = os.path.basename(os.path.dirname(out_path)) if out_path else "run"
         with open(os.path.join(dump, f"{trial}.node{node}.attempt{attempt}.json"), "w") as f:
-            json.dump({"argv": args, "env": {k: os.environ.get(k) for k in keys}, "pid": os.getpid(), "out": out_path}, f)
+            json.dump(
+                {"argv": args, "env": {k: os.environ.get(k) for k in keys}, "pid": os.getpid(), "out": out_path}, f
+            )
     if cfg.get("FAKE_BARRIER") and not _barrier(cfg["FAKE_BARRIER"]):
         return 1
     hang_after = int(cfg.get("FAKE_HANG_AFTER", "1"))
@@ -140,7 +153,9 @@ def _harness(cfg, args, out_path, node, mode, hang_after, pid_dir) -> int:
     world = lay["world_size"]
     tokens = spec["global_batch_size"] * spec["seq_length"]
     report_s = float(cfg.get("FAKE_REPORT_STEP_S", "0")) or None  # a step time to report instead of the one slept
-    scale = float(cfg.get("FAKE_REPORT_SCALE", "100"))  # else the step slept, this many times longer: a throughput a GPU can reach
+    scale = float(
+        cfg.get("FAKE_REPORT_SCALE", "100")
+    )  # else the step slept, this many times longer: a throughput a GPU can reach
 
     def write(obj):
         with open(out_path, "a") as f:
@@ -148,17 +163,30 @@ def _harness(cfg, args, out_path, node, mode, hang_after, pid_dir) -> int:
 
     if mode == "silent":
         return 0
-    write({"event": "start", "world_size": world, "layout": lay, "versions": {"torch": "fake"}, "notes": spec["notes"],
-           "data": spec.get("data", "synthetic"), "fault": spec.get("fault")})
+    write(
+        {
+            "event": "start",
+            "world_size": world,
+            "layout": lay,
+            "versions": {"torch": "fake"},
+            "notes": spec["notes"],
+            "data": spec.get("data", "synthetic"),
+            "fault": spec.get("fault"),
+        }
+    )
     init = 1.0
     if spec.get("save_checkpoint"):
         os.makedirs(spec["save_checkpoint"], exist_ok=True)
         with open(os.path.join(spec["save_checkpoint"], "init.json"), "w") as f:
-            json.dump({"init": 1.0 + (spec["seed"] % 97) / 970.0 + 0.01 * spec.get("pretrain_steps", 0), "layout": lay}, f)
+            json.dump(
+                {"init": 1.0 + (spec["seed"] % 97) / 970.0 + 0.01 * spec.get("pretrain_steps", 0), "layout": lay}, f
+            )
         Path(spec["save_checkpoint"], "metadata.json").write_text("{}")
         from launch.harness.gather import model_fingerprint
 
-        Path(spec["save_checkpoint"], "model.json").write_text(json.dumps({"model": spec["model"], "fingerprint": model_fingerprint(spec["model"])}))
+        Path(spec["save_checkpoint"], "model.json").write_text(
+            json.dumps({"model": spec["model"], "fingerprint": model_fingerprint(spec["model"])})
+        )
     if spec.get("load_checkpoint"):
         ck = os.path.join(spec["load_checkpoint"], "init.json")
         if not os.path.exists(ck):
@@ -167,7 +195,15 @@ def _harness(cfg, args, out_path, node, mode, hang_after, pid_dir) -> int:
             return 1
         init = json.loads(Path(ck).read_text())["init"]
     if spec.get("data") == "corpus":
-        write({"event": "data", "corpus": "fake", "corpus_bytes": 1, "corpus_sha256": spec.get("corpus_sha256"), "tokenizer": "bytes"})
+        write(
+            {
+                "event": "data",
+                "corpus": "fake",
+                "corpus_bytes": 1,
+                "corpus_sha256": spec.get("corpus_sha256"),
+                "tokenizer": "bytes",
+            }
+        )
     noise = float(cfg.get("FAKE_LAYOUT_NOISE", "0.002")) * lay["tp"]
     loss_mode = cfg.get("FAKE_LOSS_MODE", "")
 
@@ -183,16 +219,24 @@ def _harness(cfg, args, out_path, node, mode, hang_after, pid_dir) -> int:
         if spec.get("fault") == "embedding_shard_misplaced":
             base *= 1.5
         return base * (1.0 + noise * math.sin(step))
+
     if mode == "oom_text":
-        print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB "
-              "of which 1.2 GiB is free. Including non-PyTorch memory, this process has 138.50 GiB memory in use.", file=sys.stderr)
+        print(
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+            "139.81 GiB "
+            "of which 1.2 GiB is free. Including non-PyTorch memory, this process has 138.50 GiB memory in use.",
+            file=sys.stderr,
+        )
         return 1
     if mode == "crash":
         write({"event": "error", "rank": 0, "type": "AssertionError", "message": "boom"})
         print("Traceback (most recent call last):\nAssertionError: boom", file=sys.stderr)
         return 1
     if mode == "nccl":
-        print("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1234, unhandled system error", file=sys.stderr)
+        print(
+            "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1234, unhandled system error",
+            file=sys.stderr,
+        )
         return 1
     if spec.get("dump_grads"):
         n = _dump_grads(cfg, spec, init, lay, loss_at(1))
@@ -205,26 +249,73 @@ def _harness(cfg, args, out_path, node, mode, hang_after, pid_dir) -> int:
             _hang(pid_dir)  # before the step's line: a reader that sees the step finds the child running
         if not (loss_mode == "missing" and step == 4 and spec.get("data") == "corpus"):
             rs = report_s or step_s * scale
-            line = {"event": "step", "step": step, "step_time_s": rs, "tokens_per_s_per_gpu": tokens / rs / world, "loss": loss_at(step), "grad_norm": 1.0}
+            line = {
+                "event": "step",
+                "step": step,
+                "step_time_s": rs,
+                "tokens_per_s_per_gpu": tokens / rs / world,
+                "loss": loss_at(step),
+                "grad_norm": 1.0,
+            }
             write({**line, "profiled": True} if step == spec.get("profile_step") else line)
         if mode == "oom" and step == 2:
-            write({"event": "oom", "rank": 1, "message": "CUDA out of memory", "allocated_bytes": 140 * GIB, "reserved_bytes": 150 * GIB, "max_allocated_bytes": 141 * GIB})
+            write(
+                {
+                    "event": "oom",
+                    "rank": 1,
+                    "message": "CUDA out of memory",
+                    "allocated_bytes": 140 * GIB,
+                    "reserved_bytes": 150 * GIB,
+                    "max_allocated_bytes": 141 * GIB,
+                }
+            )
             return 3
         if mode == "hang" and step == hang_after:
             time.sleep(600)
-    if spec.get("profile_step"):  # the harness's torch.profiler traces of one step, one per pipeline stage (small stand-ins)
+    if spec.get(
+        "profile_step"
+    ):  # the harness's torch.profiler traces of one step, one per pipeline stage (small stand-ins)
         files = []
         for r in range(lay["pp"]):
             f = os.path.join(os.path.dirname(out_path), f"profile_step{spec['profile_step']}_pp{r}.json")
-            events = [{"name": f"ProfilerStep#{spec['profile_step']}", "ph": "X", "cat": "cpu_op", "pid": r, "tid": 1, "ts": 0, "dur": step_s * 1e6},
-                      {"name": "fake_gemm_kernel", "ph": "X", "cat": "kernel", "pid": r, "tid": 7, "ts": 10, "dur": step_s * 5e5}]
+            events = [
+                {
+                    "name": f"ProfilerStep#{spec['profile_step']}",
+                    "ph": "X",
+                    "cat": "cpu_op",
+                    "pid": r,
+                    "tid": 1,
+                    "ts": 0,
+                    "dur": step_s * 1e6,
+                },
+                {
+                    "name": "fake_gemm_kernel",
+                    "ph": "X",
+                    "cat": "kernel",
+                    "pid": r,
+                    "tid": 7,
+                    "ts": 10,
+                    "dur": step_s * 5e5,
+                },
+            ]
             Path(f).write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
             files.append(f)
         write({"event": "profile", "step": spec["profile_step"], "files": files})
     rs = report_s or step_s * scale
-    write({"event": "summary", "steps": len(times), "median_step_time_s": rs, "step_time_cv": 0.0,
-           "tokens_per_s_per_gpu": tokens / rs / world, "peak_allocated_bytes": [80 * GIB] * world,
-           "peak_reserved_bytes": [90 * GIB] * world, "layout": lay, "versions": {"torch": "fake"}, "notes": spec["notes"]})
+    write(
+        {
+            "event": "summary",
+            "steps": len(times),
+            "median_step_time_s": rs,
+            "step_time_cv": 0.0,
+            "tokens_per_s_per_gpu": tokens / rs / world,
+            "peak_allocated_bytes": [80 * GIB] * world,
+            "peak_reserved_bytes": [90 * GIB] * world,
+            "layout": lay,
+            "versions": {"torch": "fake"},
+            "notes": spec["notes"],
+        }
+    )
     return 0
 
 
@@ -237,15 +328,24 @@ def _dump_grads(cfg, spec, init, lay, loss):
     os.makedirs(os.path.join(d, "tensors"), exist_ok=True)
     rng = np.random.default_rng(int(init * 1e6) % 2**32)
     jitter = np.random.default_rng(os.getpid())
-    shapes = {"embedding.word_embeddings.weight": (8, 4), "decoder.layers.0.self_attention.q_layernorm.weight": (4,),
-              "decoder.layers.0.mlp.experts.linear_fc1.weight0": (6, 4), "output_layer.weight": (8, 4)}
+    shapes = {
+        "embedding.word_embeddings.weight": (8, 4),
+        "decoder.layers.0.self_attention.q_layernorm.weight": (4,),
+        "decoder.layers.0.mlp.experts.linear_fc1.weight0": (6, 4),
+        "output_layer.weight": (8, 4),
+    }
     mode = cfg.get("FAKE_GRAD_MODE", "")
-    noise = float(cfg.get("FAKE_GRAD_NOISE", "1e-3")) * (lay["micro_batch_size"] - 1 + (lay["dispatcher"] == "allgather"))
+    noise = float(cfg.get("FAKE_GRAD_NOISE", "1e-3")) * (
+        lay["micro_batch_size"] - 1 + (lay["dispatcher"] == "allgather")
+    )
     run_noise = float(cfg.get("FAKE_GRAD_RUN_NOISE", "1e-5"))
     tensors = {}
     for i, (name, shape) in enumerate(shapes.items()):
         base = rng.standard_normal(shape)
-        g = base * (1 + noise * np.cos(np.arange(base.size).reshape(shape) + i)) + run_noise * jitter.standard_normal(shape) * np.abs(base).mean()
+        g = (
+            base * (1 + noise * np.cos(np.arange(base.size).reshape(shape) + i))
+            + run_noise * jitter.standard_normal(shape) * np.abs(base).mean()
+        )
         if spec.get("fault") == "norm_grad_scaled" and "q_layernorm" in name:
             g = 2 * g
         if spec.get("fault") == "non_causal_attention":
@@ -260,20 +360,39 @@ def _dump_grads(cfg, spec, init, lay, loss):
         f = f"tensors/{name}.npy"
         np.save(os.path.join(d, f), g.astype(np.float32))
         tensors[name] = {"file": f, "shape": list(g.shape), "dtype": "float32", "local_name": name, "owner_rank": 0}
-    meta = {"format": GRAD_DUMP_FORMAT, "label": spec.get("label") or "fake", "layout": lay, "layout_label": "fake",
-            "model": spec["model"].get("name"), "model_fingerprint": model_fingerprint(spec["model"]),
-            "checkpoint": os.path.realpath(spec["load_checkpoint"]) if spec.get("load_checkpoint") else None,
-            "batch": {"data": spec.get("data"), "data_step_offset": spec.get("data_step_offset", 0), "global_batch_size": spec["global_batch_size"],
-                      "seq_length": spec["seq_length"], "corpus_sha256": spec.get("corpus_sha256"), "seed": None},
-            "fault": spec.get("fault"), "loss": loss, "tensors": tensors, "replicas": {}, "seconds": 0.0}
+    meta = {
+        "format": GRAD_DUMP_FORMAT,
+        "label": spec.get("label") or "fake",
+        "layout": lay,
+        "layout_label": "fake",
+        "model": spec["model"].get("name"),
+        "model_fingerprint": model_fingerprint(spec["model"]),
+        "checkpoint": os.path.realpath(spec["load_checkpoint"]) if spec.get("load_checkpoint") else None,
+        "batch": {
+            "data": spec.get("data"),
+            "data_step_offset": spec.get("data_step_offset", 0),
+            "global_batch_size": spec["global_batch_size"],
+            "seq_length": spec["seq_length"],
+            "corpus_sha256": spec.get("corpus_sha256"),
+            "seed": None,
+        },
+        "fault": spec.get("fault"),
+        "loss": loss,
+        "tensors": tensors,
+        "replicas": {},
+        "seconds": 0.0,
+    }
     Path(d, "index.json").write_text(json.dumps(meta))
     return len(tensors)
 
 
 def _it_line(i: int, n: int, ms: float) -> str:
-    return (f" [2025-08-01 07:19:{i % 60:02d}] iteration {i:8d}/{n:8d} | consumed samples: {8 * i:12d} | "
-            f"elapsed time per iteration (ms): {ms:.1f} | learning rate: 1.000E-05 | global batch size:     8 | "
-            f"lm loss: {10.0 - 0.1 * i:.6E} | loss scale: 1.0 | grad norm: {1.0 + i:.3f} | number of skipped iterations:   0 |")
+    return (
+        f" [2025-08-01 07:19:{i % 60:02d}] iteration {i:8d}/{n:8d} | consumed samples: {8 * i:12d} | "
+        f"elapsed time per iteration (ms): {ms:.1f} | learning rate: 1.000E-05 | global batch size:     8 | "
+        f"lm loss: {10.0 - 0.1 * i:.6E} | loss scale: 1.0 | grad norm: {1.0 + i:.3f} | number of skipped iterations:   "
+        "0 |"
+    )
 
 
 def _megatron(cfg, mode, hang_after, pid_dir) -> int:
@@ -290,17 +409,30 @@ def _megatron(cfg, mode, hang_after, pid_dir) -> int:
         print(_it_line(i, iters, report_ms), flush=True)
         if i == 1:
             for rank in range(2):
-                print(f"[Rank {rank}] (after 1 iterations) memory (MB) | allocated: 1000.0 | max allocated: {80896.0 + rank * 1024} | "
-                      f"reserved: 3000.0 | max reserved: {91136.0 + rank * 1024}", flush=True)
+                print(
+                    f"[Rank {rank}] (after 1 iterations) memory (MB) | allocated: 1000.0 | max allocated: "
+                    f"{80896.0 + rank * 1024} | "
+                    f"reserved: 3000.0 | max reserved: {91136.0 + rank * 1024}",
+                    flush=True,
+                )
         if mode == "hang" and i == hang_after:
             time.sleep(600)
         if mode == "oom" and i == 2:
-            print("[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of "
-                  "139.81 GiB of which 1.2 GiB is free. Including non-PyTorch memory, this process has 138.50 GiB memory in use.",
-                  file=sys.stderr, flush=True)
+            print(
+                "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total "
+                "capacity of "
+                "139.81 GiB of which 1.2 GiB is free. Including non-PyTorch memory, this process has 138.50 GiB memory "
+                "in use.",
+                file=sys.stderr,
+                flush=True,
+            )
             return 1
         if mode == "nccl" and i == 2:
-            print("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1234, unhandled system error", file=sys.stderr, flush=True)
+            print(
+                "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1234, unhandled system error",
+                file=sys.stderr,
+                flush=True,
+            )
             return 1
         if mode == "crash" and i == 2:
             print("Traceback (most recent call last):\nValueError: bad batch", file=sys.stderr, flush=True)

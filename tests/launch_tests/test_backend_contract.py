@@ -65,11 +65,18 @@ class Kit:
         """The memory reached that the fake reports when it runs out of memory (bytes)."""
         return 138.5 * GIB if self.name == "command" else 150 * GIB
 
-    def backend(self, mode: str = "ok", *, steps: int = 4, timeout_s: float = 60.0, program: str | None = None, **fake: object) -> TrialBackend:
+    def backend(
+        self, mode: str = "ok", *, steps: int = 4, timeout_s: float = 60.0, program: str | None = None, **fake: object
+    ) -> TrialBackend:
         """The backend, with its trials in FAKE_TRIAL_MODE ``mode``; ``fake``: more FAKE_* settings (FAKE_HANG_AFTER=2
         as ``hang_after=2``); ``program``: another program than the fake (one that cannot start)."""
-        args = [f"--FAKE_TRIAL_MODE={mode}", f"--FAKE_PID_DIR={self.pid_dir}", f"--FAKE_STEP_S={STEP_S}", f"--FAKE_REPORT_STEP_S={REPORT_S}",
-                *(f"--FAKE_{k.upper()}={v}" for k, v in fake.items())]
+        args = [
+            f"--FAKE_TRIAL_MODE={mode}",
+            f"--FAKE_PID_DIR={self.pid_dir}",
+            f"--FAKE_STEP_S={STEP_S}",
+            f"--FAKE_REPORT_STEP_S={REPORT_S}",
+            *(f"--FAKE_{k.upper()}={v}" for k, v in fake.items()),
+        ]
         common = dict(trials_dir=self.trials_dir, steps=steps, warmup_steps=1, timeout_s=timeout_s, poll_s=0.02)
         launcher = [program] if program else [sys.executable, FAKE, *args]
         if self.name == "local":
@@ -79,12 +86,22 @@ class Kit:
         if self.name == "ray":
             from launch.ray_backend import RayBackend
 
-            return RayBackend(gpus_per_node=2, launcher=launcher, gpu_resource=self.gpu, env=HarnessEnv(), placement_timeout_s=60, **common)
+            return RayBackend(
+                gpus_per_node=2,
+                launcher=launcher,
+                gpu_resource=self.gpu,
+                env=HarnessEnv(),
+                placement_timeout_s=60,
+                **common,
+            )
         if self.name == "command":
             from launch.command_backend import CommandBackend
 
-            argv = [program.replace("/nonexistent/", "/nonexistent/{tp}/")] if program else [
-                sys.executable, FAKE, "--FAKE_FORMAT=megatron", "--FAKE_STEPS={steps}", *args]
+            argv = (
+                [program.replace("/nonexistent/", "/nonexistent/{tp}/")]
+                if program
+                else [sys.executable, FAKE, "--FAKE_FORMAT=megatron", "--FAKE_STEPS={steps}", *args]
+            )
             tpl = self.tmp / f"template.{mode}.yaml"
             tpl.write_text(yaml.safe_dump({"argv": argv}))
             return CommandBackend(command_template=tpl, **common)
@@ -93,7 +110,14 @@ class Kit:
         return ModelBackend()
 
     def run(self, backend: TrialBackend, trial_number: int = 0, reporter=None) -> Measurement:
-        return backend.run(LAYOUT, model=self.model, cluster=parse_gpus("2xH200"), workload=WL, reporter=reporter, trial_number=trial_number)
+        return backend.run(
+            LAYOUT,
+            model=self.model,
+            cluster=parse_gpus("2xH200"),
+            workload=WL,
+            reporter=reporter,
+            trial_number=trial_number,
+        )
 
     def released(self) -> bool:
         """Whether the backend holds nothing of its trials (Ray: every placement group is removed)."""
@@ -133,7 +157,13 @@ def test_ok_is_a_measurement_with_step_times_throughput_and_peak_memory(any_kit)
 
     b = any_kit.backend("ok", steps=4)
     m = any_kit.run(b, trial_number=7, reporter=reporter)
-    assert m.layout == LAYOUT and m.tokens_per_s_per_gpu > 0 and m.peak_bytes > 0 and m.step_times_s and min(m.step_times_s) > 0
+    assert (
+        m.layout == LAYOUT
+        and m.tokens_per_s_per_gpu > 0
+        and m.peak_bytes > 0
+        and m.step_times_s
+        and min(m.step_times_s) > 0
+    )
     if any_kit.name == "model":
         assert m.source == "predicted" and not b.measured and seen == []  # nothing runs: no step to report
         return
@@ -177,7 +207,11 @@ def test_a_program_that_cannot_start_is_a_crash_not_an_exception(kit):
 def test_a_hang_is_killed_at_the_timeout_with_its_whole_process_group(kit):
     with pytest.raises(TrialFailed) as e:
         kit.run(kit.backend("hang", timeout_s=1.5))
-    assert e.value.kind == FailureKind.timeout and "timed out after" in str(e.value) and "process group was killed" in str(e.value)
+    assert (
+        e.value.kind == FailureKind.timeout
+        and "timed out after" in str(e.value)
+        and "process group was killed" in str(e.value)
+    )
     assert recorded_pids(kit.pid_dir)["fake"]  # it did start
     assert not survivors(kit.pid_dir)  # the fake and the child it started in its group are gone
     assert kit.released()
@@ -210,7 +244,9 @@ def test_cancel_ends_a_running_trial_and_leaves_no_process(kit):
 
     t = threading.Thread(target=go)
     t.start()
-    assert wait_until(lambda: bool(recorded_pids(kit.pid_dir)["child"]) or not t.is_alive())  # the trial runs (it hangs)
+    assert wait_until(
+        lambda: bool(recorded_pids(kit.pid_dir)["child"]) or not t.is_alive()
+    )  # the trial runs (it hangs)
     b.cancel()
     t.join(timeout=60)
     assert not t.is_alive() and isinstance(box.get("e"), KeyboardInterrupt), box
@@ -237,8 +273,13 @@ def test_hooks(any_kit):
 
 
 #: A value of each backend-only flag (its TuneConfig field is the flag's name).
-OWN_FLAG_VALUES = {"--trial-profile-step": 1, "--command-template": "run.sh.tmpl", "--ray-address": "auto", "--parallel-trials": 2,
-                   "--trial-env": ("NCCL_DEBUG=INFO",)}
+OWN_FLAG_VALUES = {
+    "--trial-profile-step": 1,
+    "--command-template": "run.sh.tmpl",
+    "--ray-address": "auto",
+    "--parallel-trials": 2,
+    "--trial-env": ("NCCL_DEBUG=INFO",),
+}
 
 
 @pytest.mark.parametrize("name", list(backends()))
@@ -251,7 +292,11 @@ def test_its_own_flags_are_tune_flags_refused_with_every_other_backend(name):
     from tuner.study import TuneConfig, _validate_config
 
     cls = backend_class(name)
-    assert cls.name == name and cls.source in ("predicted", "measured") and not (cls.runs_harness and cls.source != "measured")
+    assert (
+        cls.name == name
+        and cls.source in ("predicted", "measured")
+        and not (cls.runs_harness and cls.source != "measured")
+    )
     options = {o for p in typer.main.get_command(app).params for o in p.opts}
     for flag in cls.own_flags:
         assert flag in options

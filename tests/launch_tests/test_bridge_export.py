@@ -27,37 +27,82 @@ def _from(path: Path, gpus: str, model: str | None = None):
     from tuner.cli._common import RunChoice
     from tuner.cli._from import launch_inputs
 
-    return launch_inputs(path, None, model=model, gpus=gpus, seq_len=8192, global_batch=128, precision="bf16", layers=None,
-                         run=RunChoice(stack=None, flags=RunFlags()))
+    return launch_inputs(
+        path,
+        None,
+        model=model,
+        gpus=gpus,
+        seq_len=8192,
+        global_batch=128,
+        precision="bf16",
+        layers=None,
+        run=RunChoice(stack=None, flags=RunFlags()),
+    )
 
 
 def _context(path: Path | None, model: str, gpus: str, layout: Layout, gbs: int = 512) -> ExportContext:
-    return ExportContext(model=load_model(model), cluster=parse_gpus(gpus), workload=Workload(seq_length=4096, global_batch_size=gbs),
-                         layout=layout, bridge_yaml=path.read_text() if path else "")
+    return ExportContext(
+        model=load_model(model),
+        cluster=parse_gpus(gpus),
+        workload=Workload(seq_length=4096, global_batch_size=gbs),
+        layout=layout,
+        bridge_yaml=path.read_text() if path else "",
+    )
 
 
 def _written(always: dict, if_present: dict, doc: dict) -> set[tuple[str, str]]:
-    return {(s, k) for s, kv in always.items() for k in kv} | {(s, k) for s, kv in if_present.items() for k in kv
-                                                              if isinstance(doc.get(s), dict) and k in doc[s]}
+    return {(s, k) for s, kv in always.items() for k in kv} | {
+        (s, k) for s, kv in if_present.items() for k in kv if isinstance(doc.get(s), dict) and k in doc[s]
+    }
 
 
 def _others(doc: dict, written: set[tuple[str, str]]) -> dict:
-    return {s: {k: v for k, v in body.items() if (s, k) not in written} if isinstance(body, dict) else body for s, body in doc.items()}
+    return {
+        s: {k: v for k, v in body.items() if (s, k) not in written} if isinstance(body, dict) else body
+        for s, body in doc.items()
+    }
 
 
-QWEN_PP = Layout(world_size=16, tp=2, pp=2, vpp=2, ep=4, etp=1, micro_batch_size=2, sequence_parallel=True,
-                 recompute_granularity=RecomputeGranularity.full, recompute_method=RecomputeMethod.uniform, recompute_num_layers=1,
-                 optimizer_offload_fraction=0.5, dispatcher=Dispatcher.alltoall, exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16",
-                 num_layers_in_first_pipeline_stage=22, num_layers_in_last_pipeline_stage=26)
-GPT_OSS = Layout(world_size=64, tp=2, pp=2, ep=8, micro_batch_size=1, sequence_parallel=True,
-                 recompute_granularity=RecomputeGranularity.selective, recompute_modules=("core_attn", "moe_act"))
+QWEN_PP = Layout(
+    world_size=16,
+    tp=2,
+    pp=2,
+    vpp=2,
+    ep=4,
+    etp=1,
+    micro_batch_size=2,
+    sequence_parallel=True,
+    recompute_granularity=RecomputeGranularity.full,
+    recompute_method=RecomputeMethod.uniform,
+    recompute_num_layers=1,
+    optimizer_offload_fraction=0.5,
+    dispatcher=Dispatcher.alltoall,
+    exp_avg_dtype="bf16",
+    exp_avg_sq_dtype="bf16",
+    num_layers_in_first_pipeline_stage=22,
+    num_layers_in_last_pipeline_stage=26,
+)
+GPT_OSS = Layout(
+    world_size=64,
+    tp=2,
+    pp=2,
+    ep=8,
+    micro_batch_size=1,
+    sequence_parallel=True,
+    recompute_granularity=RecomputeGranularity.selective,
+    recompute_modules=("core_attn", "moe_act"),
+)
 
 
-@pytest.mark.parametrize(("path", "model", "gpus", "lay"), [
-    (OVERRIDE, "Qwen3-30B-A3B", "16xH100", QWEN_PP),
-    (OVERRIDE, "Qwen3-30B-A3B", "16xH100", Layout(world_size=16, ep=16, micro_batch_size=1)),
-    (DUMP, "GPT-OSS-120B", "64xH100", GPT_OSS),
-], ids=["override-pp", "override-flat", "saved-config"])
+@pytest.mark.parametrize(
+    ("path", "model", "gpus", "lay"),
+    [
+        (OVERRIDE, "Qwen3-30B-A3B", "16xH100", QWEN_PP),
+        (OVERRIDE, "Qwen3-30B-A3B", "16xH100", Layout(world_size=16, ep=16, micro_batch_size=1)),
+        (DUMP, "GPT-OSS-120B", "64xH100", GPT_OSS),
+    ],
+    ids=["override-pp", "override-flat", "saved-config"],
+)
 def test_the_layout_reads_back_and_the_other_keys_are_kept(tmp_path, path, model, gpus, lay):
     from launch.exporters._bridge import bridge_settings
 
@@ -67,9 +112,9 @@ def test_the_layout_reads_back_and_the_other_keys_are_kept(tmp_path, path, model
     assert Layout.from_dict(fi.baseline) == lay
     before, after = yaml.safe_load(path.read_text()), yaml.safe_load(out.read_text())
     written = _written(*bridge_settings(ctx), before)
-    assert list(after)[:len(before)] == list(before)  # sections in the file's order, new ones after
+    assert list(after)[: len(before)] == list(before)  # sections in the file's order, new ones after
     assert _others(after, written) == _others(before, written)
-    assert all(list(after[s])[:len(b)] == list(b) for s, b in before.items() if isinstance(b, dict))
+    assert all(list(after[s])[: len(b)] == list(b) for s, b in before.items() if isinstance(b, dict))
 
 
 def test_keys_the_layout_makes_irrelevant_are_cleared_only_where_the_file_has_them(tmp_path):
@@ -82,10 +127,19 @@ def test_keys_the_layout_makes_irrelevant_are_cleared_only_where_the_file_has_th
     assert m["pipeline_model_parallel_layout"] and m["num_layers_in_first_pipeline_stage"] is None
     assert (m["recompute_granularity"], m["recompute_method"], m["recompute_num_layers"]) == ("full", "uniform", 1)
     assert "num_layers_in_last_pipeline_stage" not in m and "account_for_loss_in_pipeline_split" not in m
-    assert (out["optimizer"]["optimizer_cpu_offload"], out["optimizer"]["exp_avg_dtype"], out["optimizer"]["lr"]) == (True, "bf16", 0.0003)
-    flat = yaml.safe_load(get_exporter("bridge").render(_context(f, "Qwen3-30B-A3B", "16xH100", Layout(world_size=16, ep=16))))
-    assert (flat["model"]["recompute_granularity"], flat["model"]["recompute_method"], flat["model"]["num_layers_in_first_pipeline_stage"]) == (
-        None, None, None)
+    assert (out["optimizer"]["optimizer_cpu_offload"], out["optimizer"]["exp_avg_dtype"], out["optimizer"]["lr"]) == (
+        True,
+        "bf16",
+        0.0003,
+    )
+    flat = yaml.safe_load(
+        get_exporter("bridge").render(_context(f, "Qwen3-30B-A3B", "16xH100", Layout(world_size=16, ep=16)))
+    )
+    assert (
+        flat["model"]["recompute_granularity"],
+        flat["model"]["recompute_method"],
+        flat["model"]["num_layers_in_first_pipeline_stage"],
+    ) == (None, None, None)
 
 
 def test_a_precision_other_than_the_file_s_is_named_in_its_header(tmp_path):
@@ -94,8 +148,13 @@ def test_a_precision_other_than_the_file_s_is_named_in_its_header(tmp_path):
     assert "Priced at" not in get_exporter("bridge").render(ctx)
     f = tmp_path / "bf16.yaml"
     f.write_text(OVERRIDE.read_text() + "mixed_precision: bf16_mixed\n")
-    fp8 = ExportContext(model=ctx.model, cluster=ctx.cluster, layout=QWEN_PP, bridge_yaml=f.read_text(),
-                        workload=Workload(seq_length=4096, global_batch_size=512, precision="fp8"))
+    fp8 = ExportContext(
+        model=ctx.model,
+        cluster=ctx.cluster,
+        layout=QWEN_PP,
+        bridge_yaml=f.read_text(),
+        workload=Workload(seq_length=4096, global_batch_size=512, precision="fp8"),
+    )
     assert "# Priced at fp8, but its mixed_precision is bf16: set it to match." in get_exporter("bridge").render(fp8)
 
 
@@ -112,14 +171,33 @@ def test_a_performance_config_is_refused_and_left_out_of_the_main_job():
     bridge = get_exporter("bridge")
     assert not bridge.in_main_job(ctx) and bridge.in_main_job(_context(OVERRIDE, "Qwen3-30B-A3B", "16xH100", QWEN_PP))
     assert not bridge.in_main_job(_context(None, "Qwen3-30B-A3B", "16xH100", QWEN_PP))
-    with pytest.raises(TunerError, match="writes into a Megatron-Bridge override YAML or saved ConfigContainer; .* performance config .* use --format recipe or megatron"):
+    with pytest.raises(
+        TunerError,
+        match="writes into a Megatron-Bridge override YAML or saved ConfigContainer; .* performance config .* use "
+        "--format recipe or megatron",
+    ):
         bridge.render(ctx)
 
 
 def test_the_main_job_from_a_bridge_yaml_writes_it_and_export_gives_the_same(tmp_path):
     runner = CliRunner()
-    r = runner.invoke(app, ["--from", str(OVERRIDE), "--model", "Qwen3-30B-A3B", "--gpus", "16xH100", "--trials", "1",
-                            "--study", "b", "--results-dir", str(tmp_path)])
+    r = runner.invoke(
+        app,
+        [
+            "--from",
+            str(OVERRIDE),
+            "--model",
+            "Qwen3-30B-A3B",
+            "--gpus",
+            "16xH100",
+            "--trials",
+            "1",
+            "--study",
+            "b",
+            "--results-dir",
+            str(tmp_path),
+        ],
+    )
     assert r.exit_code == 0, r.output
     written = (tmp_path / "b" / "megatron_bridge.yaml").read_text()
     r = runner.invoke(app, ["export", "--study", "b", "--results-dir", str(tmp_path), "--format", "bridge"])

@@ -43,8 +43,16 @@ def _tpl(tmp_path: Path, doc: dict | str, name: str = "t.yaml") -> Path:
 
 def _megatron(mode: str = "ok", step_ms: float = 100.0, *more: str) -> list[str]:
     """The fake trial program printing Megatron's log: ``{steps}`` iterations of ``step_ms`` each (without waiting)."""
-    return [sys.executable, FAKE, "--FAKE_FORMAT=megatron", "--FAKE_STEPS={steps}", f"--FAKE_TRIAL_MODE={mode}", "--FAKE_STEP_S=0",
-            f"--FAKE_REPORT_STEP_S={step_ms / 1000}", *more]
+    return [
+        sys.executable,
+        FAKE,
+        "--FAKE_FORMAT=megatron",
+        "--FAKE_STEPS={steps}",
+        f"--FAKE_TRIAL_MODE={mode}",
+        "--FAKE_STEP_S=0",
+        f"--FAKE_REPORT_STEP_S={step_ms / 1000}",
+        *more,
+    ]
 
 
 def _fake(tmp_path: Path, mode: str, iters: int = 6, step_ms: float = 100.0, **extra) -> CommandBackend:
@@ -63,20 +71,37 @@ def _run(b, m4, lay=None, **kw):
 def test_placeholders_are_substituted_per_element_and_never_through_a_shell(tmp_path, m4, monkeypatch):
     dump = tmp_path / "dump"
     monkeypatch.setenv("EVIL", "x; rm -rf / $(touch pwned) `id` \"'")
-    literal = ["--tp={tp}", "{pp}", "{ep}", "{etp}", "{dp}", "{env:EVIL}", "a b;c", "$(echo hi)", "{{literal}}", "{world_size}x{gpus_per_node}", "{steps}"]
+    literal = [
+        "--tp={tp}",
+        "{pp}",
+        "{ep}",
+        "{etp}",
+        "{dp}",
+        "{env:EVIL}",
+        "a b;c",
+        "$(echo hi)",
+        "{{literal}}",
+        "{world_size}x{gpus_per_node}",
+        "{steps}",
+    ]
     tpl = load_template(_tpl(tmp_path, {
         "argv": [*_megatron("ok", 1.0, f"--FAKE_ENV_DUMP={dump}"), *literal],
         "env": {"FAKE_EXTRA": "{env:EVIL}|{seq_length}", "NCCL_NVLS_ENABLE": "1"},
     }))  # fmt: skip
-    b = CommandBackend(command_template=tpl, trials_dir=tmp_path / "trials", steps=2, warmup_steps=0, timeout_s=20, poll_s=0.02)
+    b = CommandBackend(
+        command_template=tpl, trials_dir=tmp_path / "trials", steps=2, warmup_steps=0, timeout_s=20, poll_s=0.02
+    )
     lay = Layout(world_size=4, pp=2, ep=2, micro_batch_size=1)
     m = _run(b, m4, lay, trial_number=3)
     (got,) = [json.loads(p.read_text()) for p in dump.iterdir()]
-    assert got["argv"][-len(literal):] == ["--tp=1", "2", "2", "1", "2", "x; rm -rf / $(touch pwned) `id` \"'", "a b;c", "$(echo hi)",
+    assert got["argv"][-len(literal):] == ["--tp=1", "2", "2", "1", "2", "x; rm -rf / $(touch pwned) `id` "
+                                                                         "\"'", "a b;c", "$(echo hi)",
                                            "{literal}", "4x4", "2"]  # fmt: skip
     assert "--FAKE_STEPS=2" in got["argv"]
     assert got["env"]["FAKE_EXTRA"] == "x; rm -rf / $(touch pwned) `id` \"'|8192"
-    assert got["env"]["NCCL_NVLS_ENABLE"] == "1" and got["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"  # the template's, then the safe ones
+    assert (
+        got["env"]["NCCL_NVLS_ENABLE"] == "1" and got["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    )  # the template's, then the safe ones
     assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
     d = tmp_path / "trials" / "3"
     assert shlex.split((d / "command.txt").read_text())[2:] == got["argv"]  # after python and the program
@@ -119,8 +144,12 @@ def test_model_args_follow_the_studys_megatron_core_release(tmp_path):
     tpl = _tpl(tmp_path, {"argv": [sys.executable, "{model_args}"]})
     lay, wl, cl = Layout(world_size=8, ep=8), Workload(seq_length=4096, global_batch_size=64), parse_gpus("8xH100")
     for release, pos in ((None, "yarn"), ("0.19", "yarn"), ("0.18", "rope")):
-        backend = CommandBackend.from_settings(BackendSettings(command_template=tpl, trials_dir=tmp_path / "t", megatron_core=release))
-        argv = backend.template.fill(lay, model=oss, cluster=cl, workload=wl, steps=4, megatron_core=backend.megatron_core)[0]
+        backend = CommandBackend.from_settings(
+            BackendSettings(command_template=tpl, trials_dir=tmp_path / "t", megatron_core=release)
+        )
+        argv = backend.template.fill(
+            lay, model=oss, cluster=cl, workload=wl, steps=4, megatron_core=backend.megatron_core
+        )[0]
         assert argv[argv.index("--position-embedding-type") + 1] == pos, release
         assert any(a.startswith("--yarn-") for a in argv) == (pos == "yarn")
 
@@ -133,7 +162,10 @@ def test_json_template(tmp_path):
 @pytest.mark.parametrize(
     ("doc", "needle"),
     [
-        ({"argv": ["prog", "{tp}", "--x={bogus}", "{nope}"]}, "unknown placeholder(s) {bogus}, {nope}; accepted: {tp}, {pp}"),
+        (
+            {"argv": ["prog", "{tp}", "--x={bogus}", "{nope}"]},
+            "unknown placeholder(s) {bogus}, {nope}; accepted: {tp}, {pp}",
+        ),
         ({"argv": ["prog", "--args={model_args}"]}, "{model_args} expands to several arguments"),
         ({"argv": ["prog"], "env": {"X": "{layout_args}"}}, "{layout_args} expands to several arguments"),
         ({"argv": ["prog", "a}b"]}, "a lone '}'"),
@@ -162,7 +194,9 @@ def test_backend_errors(tmp_path, monkeypatch):
         get_backend("command", BackendSettings(command_template=str(tmp_path / "missing.yaml")))
     monkeypatch.delenv("NO_SUCH_VAR_XYZ", raising=False)
     with pytest.raises(TunerError, match="set the environment variable\\(s\\) NO_SUCH_VAR_XYZ"):
-        get_backend("command", BackendSettings(command_template=_tpl(tmp_path, {"argv": ["prog", "{env:NO_SUCH_VAR_XYZ}"]})))
+        get_backend(
+            "command", BackendSettings(command_template=_tpl(tmp_path, {"argv": ["prog", "{env:NO_SUCH_VAR_XYZ}"]}))
+        )
     with pytest.raises(TunerError, match="'no-such-program-xyz' \\(argv\\[0\\]\\) is not found"):
         get_backend("command", BackendSettings(command_template=_tpl(tmp_path, {"argv": ["no-such-program-xyz"]})))
 
@@ -232,7 +266,10 @@ def test_parse_truncated_log():
         assert all(it.step_time_s > 0.5 for it in r.log.iterations)  # never a cut-off "11" ms
     assert r.finish().iterations == log.iterations
     # A cut-off value with a newline after it is not taken either.
-    cut = parse_megatron_log(" iteration 4/6 | elapsed time per iteration (ms): 11\n[Rank 0] (after 4 iterations) memory (MB) | allocated: 1.0 | max allocated: 2.0 | reserved: 3.0 | max reserved: 16\n")
+    cut = parse_megatron_log(
+        " iteration 4/6 | elapsed time per iteration (ms): 11\n[Rank 0] (after 4 iterations) memory (MB) | allocated: "
+        "1.0 | max allocated: 2.0 | reserved: 3.0 | max reserved: 16\n"
+    )
     assert cut.iterations == [] and cut.memory == [] and cut.bad_lines == 2
 
 
@@ -243,9 +280,24 @@ def test_parse_garbled_log():
 
 
 def test_failure_logs_classify_like_the_local_backend(tmp_path, m4):
-    for name, kind, needle in (("oom", FailureKind.oom, "out of memory at 138.8 GiB"), ("nccl", FailureKind.crash, "NCCL error")):
-        doc = {"argv": [sys.executable, "-c", f"import sys; sys.stdout.write(open({str(LOGS / (name + '.log'))!r}).read()); sys.exit(1)"]}
-        b = CommandBackend(command_template=_tpl(tmp_path, doc, name + ".yaml"), trials_dir=tmp_path / name, steps=4, warmup_steps=1, poll_s=0.02)
+    for name, kind, needle in (
+        ("oom", FailureKind.oom, "out of memory at 138.8 GiB"),
+        ("nccl", FailureKind.crash, "NCCL error"),
+    ):
+        doc = {
+            "argv": [
+                sys.executable,
+                "-c",
+                f"import sys; sys.stdout.write(open({str(LOGS / (name + '.log'))!r}).read()); sys.exit(1)",
+            ]
+        }
+        b = CommandBackend(
+            command_template=_tpl(tmp_path, doc, name + ".yaml"),
+            trials_dir=tmp_path / name,
+            steps=4,
+            warmup_steps=1,
+            poll_s=0.02,
+        )
         with pytest.raises(TrialFailed) as e:
             _run(b, m4)
         assert e.value.kind == kind and needle in str(e.value), str(e.value)
@@ -258,16 +310,29 @@ def test_trial_files_and_measurement_extras(tmp_path, m4):
     m = _run(_fake(tmp_path, "ok", iters=6, step_ms=100.0), m4, trial_number=7)
     assert m.tokens_per_s_per_gpu == pytest.approx(8 * 8192 / 0.1 / 4) and m.step_times_s == pytest.approx((0.1,) * 4)
     assert m.grad_norms[0] == pytest.approx(2.0) and m.losses[0] == pytest.approx(9.9)  # the log's values
-    assert m.extra["summary"]["iterations"] == 6 and m.extra["summary"]["memory_reports"] == 2 and m.extra["summary"]["bad_lines"] == 0
+    assert (
+        m.extra["summary"]["iterations"] == 6
+        and m.extra["summary"]["memory_reports"] == 2
+        and m.extra["summary"]["bad_lines"] == 0
+    )
     assert m.extra["notes"] == [f"command backend: {tmp_path / 't.yaml'}"]
-    assert {p.name for p in (tmp_path / "trials" / "7").iterdir()} == {"log.txt", "command.txt", "command.json", "process.json"}
+    assert {p.name for p in (tmp_path / "trials" / "7").iterdir()} == {
+        "log.txt",
+        "command.txt",
+        "command.json",
+        "process.json",
+    }
 
 
 @pytest.mark.parametrize(
     ("mode", "needle"),
     [
         ("crash", "crash (exit status 7): ValueError: bad batch (log: "),
-        ("silent", "the command exited without any Megatron iteration line (elapsed time per iteration): crash (exit status 0)"),
+        (
+            "silent",
+            "the command exited without any Megatron iteration line (elapsed time per iteration): crash (exit status "
+            "0)",
+        ),
     ],
 )
 def test_failure_messages(tmp_path, m4, mode, needle):
@@ -296,11 +361,21 @@ def test_cli_errors_and_a_study(tmp_path):
     assert r.exit_code == 2 and "--backend command needs --command-template FILE" in r.output
     r = runner.invoke(app, [*base, "--command-template", str(_tpl(tmp_path, {"argv": ["prog"]}))])
     assert r.exit_code == 2 and "--command-template is for --backend command" in r.output
-    r = runner.invoke(app, [*base, "--backend", "command", "--command-template", str(_tpl(tmp_path, {"argv": ["prog", "{tpp}"]}, "b.yaml"))])
+    r = runner.invoke(
+        app,
+        [
+            *base,
+            "--backend",
+            "command",
+            "--command-template",
+            str(_tpl(tmp_path, {"argv": ["prog", "{tpp}"]}, "b.yaml")),
+        ],
+    )
     assert r.exit_code == 2 and "unknown placeholder(s) {tpp}" in r.output
     tpl = _tpl(tmp_path, {"argv": [*_megatron("ok", 2000.0), "{layout_args}"]}, "ok.yaml")  # 2 s steps: a plausible MFU
-    r = runner.invoke(app, [*base, "--backend", "command", "--command-template", str(tpl), "--trials", "2", "--trial-steps", "4",
-                            "--results-dir", str(tmp_path / "res"), "--study", "cmd"])  # fmt: skip
+    r = runner.invoke(app, [*base, "--backend", "command", "--command-template", str(tpl), "--trials", "2",
+                            "--trial-steps", "4", "--results-dir", str(tmp_path / "res"),
+                            "--study", "cmd"])  # fmt: skip
     assert r.exit_code == 0, r.output
     assert "command backend" in r.output and "Best layout (measured" in r.output
     logs = sorted((tmp_path / "res" / "cmd" / "trials").glob("*/log.txt"))
@@ -319,8 +394,28 @@ def test_a_measurement_above_the_gpus_peak_is_flagged_and_kept_out_of_the_best(t
     from tuner.study import trial_rows
 
     runner = CliRunner()
-    args = ["--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8", "--stack", "megatron",
-            "--backend", "command", "--trials", "1", "--trial-steps", "4", "--results-dir", str(tmp_path / "res"), "--study", "c"]
+    args = [
+        "--model",
+        "MiniMax-M2",
+        "--layers",
+        "4",
+        "--gpus",
+        "4xH200",
+        "--global-batch",
+        "8",
+        "--stack",
+        "megatron",
+        "--backend",
+        "command",
+        "--trials",
+        "1",
+        "--trial-steps",
+        "4",
+        "--results-dir",
+        str(tmp_path / "res"),
+        "--study",
+        "c",
+    ]
     for name, step_ms in (("ok.yaml", 2000.0), ("fast.yaml", 1.0), ("floor.yaml", 200.0)):
         tpl = _tpl(tmp_path, {"argv": [*_megatron("ok", step_ms), "{layout_args}"]}, name)
         r = runner.invoke(app, [*args, "--command-template", str(tpl)])

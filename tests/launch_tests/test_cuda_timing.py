@@ -7,7 +7,8 @@ from benchmarks.cuda_timing import cuda_median_seconds
 
 
 def _fake_torch(monkeypatch, millis):
-    """A ``torch`` whose events report ``millis`` in order, one per timed call; counts the calls and synchronisations."""
+    """A ``torch`` whose events report ``millis`` in order, one per timed call; counts the calls and
+    synchronisations."""
     it = iter(millis)
     seen = {"sync": 0}
 

@@ -25,10 +25,31 @@ from tuner.verify.inputs import parse_layout_spec
 
 WL = Workload(seq_length=8192, global_batch_size=128)
 #: MiniMax-M2 on 64 H200: EP 8 inside one NVLink domain, so every dispatcher runs on the default fabric
-BASE = Layout(world_size=64, pp=4, ep=8, num_layers_in_first_pipeline_stage=15, num_layers_in_last_pipeline_stage=15,
-              recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-CHECK = ["check", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "4", "--first-stage-layers", "15", "--last-stage-layers", "15",
-         "--recompute", "full"]
+BASE = Layout(
+    world_size=64,
+    pp=4,
+    ep=8,
+    num_layers_in_first_pipeline_stage=15,
+    num_layers_in_last_pipeline_stage=15,
+    recompute_granularity="full",
+    recompute_method="uniform",
+    recompute_num_layers=1,
+)
+CHECK = [
+    "check",
+    "--model",
+    "MiniMax-M2",
+    "--gpus",
+    "64xH200",
+    "--pp",
+    "4",
+    "--first-stage-layers",
+    "15",
+    "--last-stage-layers",
+    "15",
+    "--recompute",
+    "full",
+]
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +87,10 @@ def test_it_round_trips_through_the_layout_spellings(disp):
     assert Dispatcher(disp.value) is disp and Layout(world_size=64, ep=8, dispatcher=disp.value).dispatcher is disp
     assert Layout.from_dict(lay.to_dict()) == lay and f"dispatcher={disp.value}" in lay.key()
     assert LayoutTable.from_layouts([lay]).row(0) == lay  # the table's string column keeps the whole name
-    spec = "pp=4,ep=8,recompute=full,num_layers_in_first_pipeline_stage=15,num_layers_in_last_pipeline_stage=15,dispatcher="
+    spec = (
+        "pp=4,ep=8,recompute=full,num_layers_in_first_pipeline_stage=15,num_layers_in_last_pipeline_stage=15,"
+        "dispatcher="
+    )
     assert parse_layout_spec(spec + disp.value, 64) == lay
 
 
@@ -79,7 +103,11 @@ def test_its_published_spellings_read_back_and_the_harness_names_what_it_needs(j
     assert not [r for r in unsupported_reasons(lay, m, WL, everything) if "dispatcher" in r]
     missing = [r for r in unsupported_reasons(lay, m, WL, HarnessEnv(transformer_engine=True)) if "dispatcher" in r]
     probe = disp.traits.harness_probe
-    assert missing == ([] if probe is None else [f"the {disp} dispatcher needs {disp.traits.library} ({probe}), which is not installed here"])
+    assert missing == (
+        []
+        if probe is None
+        else [f"the {disp} dispatcher needs {disp.traits.library} ({probe}), which is not installed here"]
+    )
 
 
 def test_tune_check_accepts_it_and_lists_it(disp):

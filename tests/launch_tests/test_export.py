@@ -1,4 +1,5 @@
-"""Tests of the exporters (launch/exporters, through the launch/export.py names) against the measured MiniMax-M2 seed recipe.
+"""Tests of the exporters (launch/exporters, through the launch/export.py names) against the measured MiniMax-M2 seed
+recipe.
 
 The seed's YAML is in tests/fixtures/seed_minimax_m2_recipe.yaml, copied verbatim.
 """
@@ -39,7 +40,8 @@ from specs.layout import Layout
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "seed_minimax_m2_recipe.yaml"
 GIB = 2**30
 
-#: slime's scripts/models/minimax-m2.sh MODEL_ARGS (slime 0.3.0, THUDM/slime a897e1f), as the seed recipe's run used them.
+#: slime's scripts/models/minimax-m2.sh MODEL_ARGS (slime 0.3.0, THUDM/slime a897e1f), as the seed recipe's run used
+#: them.
 SLIME_MINIMAX_M2_MODEL_ARGS = """
 --spec slime_plugins.models.minimax_m2 get_minimax_m2_layer_spec
 --disable-bias-linear --num-layers 62 --hidden-size 3072 --ffn-hidden-size 1536 --num-attention-heads 48
@@ -63,7 +65,9 @@ def _stub_emit_layout_string(num_layers, pp, vpp, first=0, last=0, mtp_num_layer
     chunks = []  # chunks[r][v]: the short chunk first on rank 0 and the others, last on the last rank
     for r, n in enumerate(per_rank):
         base, rem = divmod(n, vpp)
-        chunks.append([base + 1] * rem + [base] * (vpp - rem) if r == pp - 1 else [base] * (vpp - rem) + [base + 1] * rem)
+        chunks.append(
+            [base + 1] * rem + [base] * (vpp - rem) if r == pp - 1 else [base] * (vpp - rem) + [base + 1] * rem
+        )
     stages = ["t" * chunks[i % pp][i // pp] for i in range(pp * vpp)]
     stages[0] = "E" + stages[0]
     stages[-1] += "m" * mtp_num_layers + "L"
@@ -167,11 +171,15 @@ def test_seed_layout_reproduces_seed_run_flag_for_flag(seed, model, cluster, wor
     # test_export_scripts.py); the seed's `python3 -m <slime entry module> --async` is slime's train_async.py;
     # and the only flag we add is the dispatcher (slime has it in MODEL_ARGS).
     run_args = {"--rollout-function-path", "--num-rollout", "--tensorboard-dir", "--async"}
-    assert {f: ours.get(f) for f in theirs if f not in run_args} == {f: v for f, v in theirs.items() if f not in run_args}
+    assert {f: ours.get(f) for f in theirs if f not in run_args} == {
+        f: v for f, v in theirs.items() if f not in run_args
+    }
     assert set(ours) - set(theirs) == {"--moe-token-dispatcher-type"}
     assert ours["--moe-token-dispatcher-type"] == ("alltoall",)
     assert ours["--pipeline-model-parallel-layout"] == ("Et|(tt|)*30tL",)
-    assert theirs["--rollout-function-path"] == ("pretokenized_sft_rollout.generate_rollout",) and theirs["--num-rollout"] == ("20",)
+    assert theirs["--rollout-function-path"] == ("pretokenized_sft_rollout.generate_rollout",) and theirs[
+        "--num-rollout"
+    ] == ("20",)
 
 
 def test_seed_run_env_exports(seed, model, cluster, workload, seed_layout):
@@ -202,13 +210,20 @@ def test_model_args_dense_and_mla():
 def test_model_args_gpt_oss_build_gpt_oss():
     """GPT-OSS's layers as Megatron-LM's own GPT-OSS example passes them (examples/post_training/modelopt/conf/openai/
     gpt-oss-120b.sh): biases on (no --disable-bias-linear), the clamped quick-GEGLU with offset 1, attention sinks, a
-    127-token left window on every other layer (Megatron's integer form: layers 1, 3, ... of 36 slide, 2, 4, ... full)."""
+    127-token left window on every other layer (Megatron's integer form: layers 1, 3, ... of 36 slide, 2, 4, ...
+    full)."""
     oss = _argv_flags(model_args(load_model("GPT-OSS-120B")))
     assert "--disable-bias-linear" not in oss and "--swiglu" not in oss and "--quick-geglu" in oss
     assert "--no-bias-dropout-fusion" in oss  # TEGroupedMLP refuses bias-dropout fusion with biases
     assert oss["--glu-linear-offset"] == ("1",) and oss["--activation-func-clamp-value"] == ("7",)
-    assert oss["--softmax-type"] == ("learnable",) and oss["--window-size"] == ("127,0",) and oss["--window-attn-skip-freq"] == ("2",)
-    odd = load_model("GPT-OSS-120B").replace(window_attn_skip_freq=(1, 1) + (0,) * 34)  # not periodic: the list, 1 = sliding
+    assert (
+        oss["--softmax-type"] == ("learnable",)
+        and oss["--window-size"] == ("127,0",)
+        and oss["--window-attn-skip-freq"] == ("2",)
+    )
+    odd = load_model("GPT-OSS-120B").replace(
+        window_attn_skip_freq=(1, 1) + (0,) * 34
+    )  # not periodic: the list, 1 = sliding
     assert _argv_flags(model_args(odd))["--window-attn-skip-freq"] == ("[0]*2+[1]*34",)
     lay = Layout(world_size=8, ep=8)
     wl = Workload(seq_length=4096, global_batch_size=64)
@@ -228,7 +243,8 @@ def test_model_args_gpt_oss_build_gpt_oss():
 
 def test_model_args_gpt_oss_yarn_as_its_config_says():
     """GPT-OSS's YaRN as Megatron-Bridge's GPT-OSS bridge sets it from config.json (factor 32, 4,096 original positions,
-    betas 32 / 1, no rounding: ``truncate`` false), through megatron-core 0.19's --yarn-* flags; the recipe asks for 0.19."""
+    betas 32 / 1, no rounding: ``truncate`` false), through megatron-core 0.19's --yarn-* flags; the recipe asks for
+    0.19."""
     gpt_oss = load_model("GPT-OSS-120B")
     oss = _argv_flags(model_args(gpt_oss))
     assert oss["--position-embedding-type"] == ("yarn",) and oss["--rotary-base"] == ("150000",)
@@ -240,7 +256,9 @@ def test_model_args_gpt_oss_yarn_as_its_config_says():
     lay, wl = Layout(world_size=8, ep=8), Workload(seq_length=4096, global_batch_size=64)
     rec = recipe_dict(gpt_oss, parse_gpus("8xH100"), wl, lay)
     assert rec["stack"]["megatron_core"] == ">=0.19.0"
-    assert recipe_dict(load_model("Qwen3-30B-A3B"), parse_gpus("8xH100"), wl, lay)["stack"]["megatron_core"] != ">=0.19.0"
+    assert (
+        recipe_dict(load_model("Qwen3-30B-A3B"), parse_gpus("8xH100"), wl, lay)["stack"]["megatron_core"] != ">=0.19.0"
+    )
     # an older release, or MTP layers (0.19 allows MTP only with rope): plain RoPE, and the reason as a note
     for release, m in (("0.18", gpt_oss), ("0.16", gpt_oss), (None, gpt_oss.replace(mtp_num_layers=1))):
         plain, why = model_for_release(m, release)
@@ -249,7 +267,10 @@ def test_model_args_gpt_oss_yarn_as_its_config_says():
     assert model_for_release(gpt_oss, "0.19") == (gpt_oss, None) and model_for_release(gpt_oss) == (gpt_oss, None)
     dsv3 = load_model("DeepSeek-V3")
     assert model_for_release(dsv3, "0.13") == (dsv3, None)  # MLA's YaRN is its own rope type
-    for name in ("Qwen3-30B-A3B", "DeepSeek-V3"):  # no YaRN, and MLA's YaRN: the rope position embedding, no --yarn-* flag
+    for name in (
+        "Qwen3-30B-A3B",
+        "DeepSeek-V3",
+    ):  # no YaRN, and MLA's YaRN: the rope position embedding, no --yarn-* flag
         other = _argv_flags(model_args(load_model(name)))
         assert other["--position-embedding-type"] == ("rope",) and not any(f.startswith("--yarn-") for f in other)
 
@@ -305,7 +326,9 @@ def test_layout_args_options(model, workload, seed_layout):
     slime = _argv_flags(layout_args(sel.replace(cp=2, micro_batch_size=2), model, workload, framework="slime"))
     assert slime["--max-tokens-per-gpu"] == ("8192",) and "--micro-batch-size" not in slime
     with pytest.raises(TunerError, match="precision-aware"):
-        layout_args(seed_layout.replace(use_precision_aware_optimizer=False, optimizer_offload_fraction=0.5), model, workload)
+        layout_args(
+            seed_layout.replace(use_precision_aware_optimizer=False, optimizer_offload_fraction=0.5), model, workload
+        )
 
 
 def test_world_size_must_match_cluster(model, workload, seed_layout):
@@ -382,9 +405,13 @@ def test_status_measured_only_with_a_measured_measurement(model, cluster, worklo
     assert r["tokens_per_s_per_gpu"] == 2034.42 and r["usd_per_million_tokens"] == 1.08  # the seed's numbers
     assert r["mfu"] == 0.1285 and r["measured"] == dt.date(2026, 10, 21)
     assert r["step_time_cv_percent"] == pytest.approx(2.04, abs=0.01)
-    assert rec["prediction"]["tokens_per_s_per_gpu"] == 3006.5 and rec["prediction"]["note"] == "predicted, not measured"
+    assert (
+        rec["prediction"]["tokens_per_s_per_gpu"] == 3006.5 and rec["prediction"]["note"] == "predicted, not measured"
+    )
     validate_recipe(rec)
-    oom = Measurement(layout=seed_layout, source="measured", tokens_per_s_per_gpu=0.0, peak_bytes=0, failure=FailureKind.oom)
+    oom = Measurement(
+        layout=seed_layout, source="measured", tokens_per_s_per_gpu=0.0, peak_bytes=0, failure=FailureKind.oom
+    )
     assert recipe_dict(model, cluster, workload, seed_layout, measurement=oom)["status"] == "failed"
     with pytest.raises(TunerError, match="measurement is for"):
         recipe_dict(model, cluster, workload, seed_layout.replace(vpp=2), measurement=measured)
@@ -425,7 +452,14 @@ def test_model_args_carry_rope_norm_and_router_numerics():
 
 
 def test_deepep_across_nodes_carries_a_network_note(model, cluster, workload, seed_layout):
-    cross = seed_layout.replace(pp=4, vpp=8, ep=16, dispatcher="flex+deepep", num_layers_in_first_pipeline_stage=16, num_layers_in_last_pipeline_stage=14)
+    cross = seed_layout.replace(
+        pp=4,
+        vpp=8,
+        ep=16,
+        dispatcher="flex+deepep",
+        num_layers_in_first_pipeline_stage=16,
+        num_layers_in_last_pipeline_stage=14,
+    )
     inside = seed_layout.replace(dispatcher="flex+deepep")  # EP 8 within one 8-GPU node
     note = "spans NVLink domains, so DeepEP's inter-node kernels"
     assert any(note in n for n in recipe_dict(model, cluster, workload, cross)["notes"])
@@ -452,17 +486,34 @@ def test_the_users_arguments_and_the_tools_never_say_one_thing_twice_or_against_
 
     tuned = [["--bf16"], ["--tensor-model-parallel-size", "4"]]
     free = [["--attention-backend", "flash"], ["--lr-warmup-fraction", "0.1"], ["--attention-softmax-in-fp32"]]
-    user = ["--fp16", "--tensor-model-parallel-size", "8", "--recompute-activations", "--lr-warmup-iters", "5", "--attention-backend", "fused",
-            "--attention-softmax-in-fp32", "--log-interval", "1"]
-    assert merge_user_args(tuned, free, user) == ([["--attention-softmax-in-fp32"]],
-                                                  [["--lr-warmup-iters", "5"], ["--attention-backend", "fused"], ["--log-interval", "1"]])
+    user = [
+        "--fp16",
+        "--tensor-model-parallel-size",
+        "8",
+        "--recompute-activations",
+        "--lr-warmup-iters",
+        "5",
+        "--attention-backend",
+        "fused",
+        "--attention-softmax-in-fp32",
+        "--log-interval",
+        "1",
+    ]
+    assert merge_user_args(tuned, free, user) == (
+        [["--attention-softmax-in-fp32"]],
+        [["--lr-warmup-iters", "5"], ["--attention-backend", "fused"], ["--log-interval", "1"]],
+    )
 
 
 def test_tp_comm_overlap_is_left_out_at_tp_1():
     """Megatron-LM turns sequence parallelism off at TP 1 and then refuses --tp-comm-overlap."""
     from specs import RunOptions
 
-    qwen, wl, opts = load_model("Qwen3-30B-A3B"), Workload(seq_length=4096, global_batch_size=64), RunOptions(tp_comm_overlap=True)
+    qwen, wl, opts = (
+        load_model("Qwen3-30B-A3B"),
+        Workload(seq_length=4096, global_batch_size=64),
+        RunOptions(tp_comm_overlap=True),
+    )
     tp1, tp2 = Layout(world_size=8, ep=8), Layout(world_size=8, tp=2, ep=4, sequence_parallel=True)
     assert "--tp-comm-overlap" not in megatron_args(qwen, parse_gpus("8xH100"), wl, tp1, options=opts)
     assert "--tp-comm-overlap" not in slime_script(qwen, parse_gpus("8xH100"), wl, tp1, options=opts)

@@ -45,7 +45,9 @@ def _values(doc, key):
 @pytest.fixture(scope="module")
 def training(seed_tuned):
     m, c = load_model("MiniMax-M2"), parse_gpus("64xH200")
-    return ExportContext(model=m, cluster=c, workload=WL, layout=seed_tuned, estimate=estimate(m, c, WL, seed_tuned), study="s")
+    return ExportContext(
+        model=m, cluster=c, workload=WL, layout=seed_tuned, estimate=estimate(m, c, WL, seed_tuned), study="s"
+    )
 
 
 @pytest.fixture(params=list(exporters().values()), ids=lambda e: e.name)
@@ -55,7 +57,12 @@ def exporter(request) -> Exporter:
 
 def test_it_is_registered_under_its_name_and_refusals_list_it(exporter):
     assert get_exporter(exporter.name) is exporter
-    assert exporter.file_name and "/" not in exporter.file_name and exporter.description and "\n" not in exporter.description
+    assert (
+        exporter.file_name
+        and "/" not in exporter.file_name
+        and exporter.description
+        and "\n" not in exporter.description
+    )
     with pytest.raises(TunerError, match=re.escape(exporter.name)):
         get_exporter("not-a-format")
 
@@ -85,7 +92,8 @@ def test_it_renders_its_context_and_the_pipeline_string_round_trips(exporter, tr
         (written,) = {shlex.split(m)[0] for m in re.findall(r"--pipeline-model-parallel-layout\s+('[^']*'|\S+)", text)}
     n = training.model.num_layers
     assert layer_counts_from_string(written, lay.pp, n) == stage_layer_counts(
-        n, lay.pp, lay.vpp, lay.num_layers_in_first_pipeline_stage, lay.num_layers_in_last_pipeline_stage)
+        n, lay.pp, lay.vpp, lay.num_layers_in_first_pipeline_stage, lay.num_layers_in_last_pipeline_stage
+    )
     if exporter.executable or path.suffix == ".sh":
         assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
         assert bool(path.stat().st_mode & 0o100) == exporter.executable

@@ -15,7 +15,9 @@ from benchmarks import h200_moe_host as hm
 def test_every_configuration_builds_a_te_spec_with_its_experts_and_precision():
     for cid, (model, layers, experts, precision, recipe, fused) in hm.CONFIGS.items():
         spec = hm._spec(cid, 4096)
-        assert spec.use_transformer_engine and spec.model["num_experts"] == experts and spec.model["num_layers"] == layers
+        assert (
+            spec.use_transformer_engine and spec.model["num_experts"] == experts and spec.model["num_layers"] == layers
+        )
         assert spec.model["name"].startswith(model)
         assert spec.precision == precision and spec.fp8_recipe == (recipe or spec.fp8_recipe)
         assert spec.moe_permute_fusion is fused and spec.layout["ep"] == 1 and spec.layout["dispatcher"] == "alltoall"
@@ -36,8 +38,17 @@ def _row(cid: str, seq: int, mbs: int) -> dict:
     tokens = seq * mbs
     hf, hb = EMB_H + layers * (HOST_F + 2 * experts * PER_GEMM), EMB_H + layers * (HOST_B + 4 * experts * PER_GEMM)
     gf, gb = EMB_G + layers * tokens * 1e-6, EMB_G + layers * tokens * 2e-6
-    return {"config": cid, "seq_length": seq, "micro_batch_size": mbs, "fwd_s": max(hf, gf), "bwd_s": max(hb, gb),
-            "host_fwd_s": hf, "host_bwd_s": hb, "kernels_fwd_s": gf, "kernels_fwd_bwd_s": gf + gb}
+    return {
+        "config": cid,
+        "seq_length": seq,
+        "micro_batch_size": mbs,
+        "fwd_s": max(hf, gf),
+        "bwd_s": max(hb, gb),
+        "host_fwd_s": hf,
+        "host_bwd_s": hb,
+        "kernels_fwd_s": gf,
+        "kernels_fwd_bwd_s": gf + gb,
+    }
 
 
 def _write(tmp_path: Path, rows: list[dict]) -> str:
@@ -68,18 +79,20 @@ def test_compare_recovers_the_host_constants_and_finds_the_form(tmp_path):
 
 def test_compare_refuses_rows_it_cannot_read(tmp_path):
     good = _row("qw-e16-l1", 128, 1)
-    for bad, msg in (({**good, "config": "qw-e99"}, "not one this benchmark runs"),
-                     ({**good, "config": ["qw-e16-l1"]}, "not one this benchmark runs"),
-                     ({**good, "micro_batch_size": 3}, "not one this benchmark runs"),
-                     ({**good, "micro_batch_size": True}, "not one this benchmark runs"),
-                     ({**good, "seq_length": 128.0}, "not one this benchmark runs"),
-                     ({**good, "num_experts": 32}, "num_experts 32 .configuration qw-e16-l1 has 16"),
-                     ({**good, "model": "MiniMax-M2"}, "not a row of configuration qw-e16-l1"),
-                     ({**good, "fwd_s": 0}, "fwd_s must be numbers > 0"),
-                     ({**good, "fwd_s": 1e300}, "at most 3600"),
-                     ({**good, "kernels_fwd_s": float("nan")}, "kernels_fwd_s must be numbers > 0"),
-                     ({**good, "bwd_s": True}, "bwd_s must be numbers > 0"),
-                     ({**good, "kernels_fwd_s": 1.0, "kernels_fwd_bwd_s": 0.5}, "cannot take longer")):
+    for bad, msg in (
+        ({**good, "config": "qw-e99"}, "not one this benchmark runs"),
+        ({**good, "config": ["qw-e16-l1"]}, "not one this benchmark runs"),
+        ({**good, "micro_batch_size": 3}, "not one this benchmark runs"),
+        ({**good, "micro_batch_size": True}, "not one this benchmark runs"),
+        ({**good, "seq_length": 128.0}, "not one this benchmark runs"),
+        ({**good, "num_experts": 32}, "num_experts 32 .configuration qw-e16-l1 has 16"),
+        ({**good, "model": "MiniMax-M2"}, "not a row of configuration qw-e16-l1"),
+        ({**good, "fwd_s": 0}, "fwd_s must be numbers > 0"),
+        ({**good, "fwd_s": 1e300}, "at most 3600"),
+        ({**good, "kernels_fwd_s": float("nan")}, "kernels_fwd_s must be numbers > 0"),
+        ({**good, "bwd_s": True}, "bwd_s must be numbers > 0"),
+        ({**good, "kernels_fwd_s": 1.0, "kernels_fwd_bwd_s": 0.5}, "cannot take longer"),
+    ):
         with pytest.raises(ValueError, match=msg):
             hm.compare([_write(tmp_path, [bad])])
     with pytest.raises(ValueError, match="a second row"):
@@ -99,7 +112,9 @@ def test_a_two_layer_row_not_slower_than_its_one_layer_row_is_refused(tmp_path):
     two = next(r for r in rows if r["config"] == "qw-e16-l2" and r["seq_length"] == 4096 and r["micro_batch_size"] == 2)
     one = next(r for r in rows if r["config"] == "qw-e16-l1" and r["seq_length"] == 4096 and r["micro_batch_size"] == 2)
     two.update({k: one[k] for k in hm.TIMES})
-    with pytest.raises(ValueError, match="qw-e16 at seq 4096, micro-batch 2: one layer's fwd_s, bwd_s, kernels_fwd_s, kernels_bwd_s"):
+    with pytest.raises(
+        ValueError, match="qw-e16 at seq 4096, micro-batch 2: one layer's fwd_s, bwd_s, kernels_fwd_s, kernels_bwd_s"
+    ):
         hm.compare([_write(tmp_path, rows)])
 
 
@@ -116,9 +131,14 @@ def test_unpaired_rows_are_used_alone_or_listed(tmp_path):
 
 def test_the_gpu_run_refuses_its_settings_before_it_starts(tmp_path, monkeypatch, capsys):
     """CONFIGS, BUDGET_S and OUT are checked before torch is imported or a folder is made."""
-    for env, needle in (({"CONFIGS": ","}, "no configuration"), ({"CONFIGS": "bogus"}, "unknown"),
-                        ({"CONFIGS": "qw-e8-l1,qw-e8-l1"}, "given twice"), ({"BUDGET_S": "abc"}, "BUDGET_S"),
-                        ({"BUDGET_S": "-5"}, "BUDGET_S"), ({"OUT": str(tmp_path / "afile")}, "is a file")):
+    for env, needle in (
+        ({"CONFIGS": ","}, "no configuration"),
+        ({"CONFIGS": "bogus"}, "unknown"),
+        ({"CONFIGS": "qw-e8-l1,qw-e8-l1"}, "given twice"),
+        ({"BUDGET_S": "abc"}, "BUDGET_S"),
+        ({"BUDGET_S": "-5"}, "BUDGET_S"),
+        ({"OUT": str(tmp_path / "afile")}, "is a file"),
+    ):
         (tmp_path / "afile").write_text("keep")
         for k in ("CONFIGS", "BUDGET_S", "OUT"):
             monkeypatch.delenv(k, raising=False)

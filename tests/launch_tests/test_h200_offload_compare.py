@@ -32,10 +32,15 @@ def test_the_note_quotes_the_recorded_rows(res):
     assert f"{rate[1] / 1e9:.2f} G parameters/s on one thread" in note and f"{rate[16] / 1e9:.1f} G on 16" in note
     assert f"{res['pageable_h2d_bytes_per_s'] / 1e9:.1f} GB/s" in note
     alone = {r["case"]: r for r in res["optimizer_alone"]}
-    assert f"{alone['bf16-1.0-default']['measured_s']:.2f} s against {alone['fp32-1.0-default']['measured_s']:.2f} s" in note
+    assert (
+        f"{alone['bf16-1.0-default']['measured_s']:.2f} s against {alone['fp32-1.0-default']['measured_s']:.2f} s"
+        in note
+    )
     assert f"{res['seed_reference_what_if']['primitives_error'] * 100:.0f}% too fast" in note
     # without the precision-aware optimizer the masters stay pinned: no pageable clause
-    plain = known_gaps(Layout(world_size=8, tp=8, optimizer_offload_fraction=1.0, use_precision_aware_optimizer=False))[0]
+    plain = known_gaps(Layout(world_size=8, tp=8, optimizer_offload_fraction=1.0, use_precision_aware_optimizer=False))[
+        0
+    ]
     assert "pageable" not in plain and "one thread" in plain
 
 
@@ -52,7 +57,10 @@ def test_the_primitives_explain_the_optimizer_step(res):
 def test_the_reference_what_if_uses_the_models_offloaded_parameters(res):
     w = res["seed_reference_what_if"]
     assert 3.4e9 < w["offloaded_params_per_gpu"] < 3.8e9  # 31 layers x 32 experts / EDP 4 + a 16th of the dense part
-    assert w["primitives_offload_s"] < w["model_offload_s"] and w["primitives_tokens_per_s_per_gpu"] > w["model_tokens_per_s_per_gpu"]
+    assert (
+        w["primitives_offload_s"] < w["model_offload_s"]
+        and w["primitives_tokens_per_s_per_gpu"] > w["model_tokens_per_s_per_gpu"]
+    )
 
 
 def _lines(path: Path) -> list[dict]:
@@ -68,7 +76,10 @@ def test_bad_files_get_one_message(tmp_path, capsys):
     bad = _write(tmp_path / "x.jsonl", [{"kind": "host"}, "not json"])
     assert hca.main(["--compare", str(bad)]) == 2 and "line 2: not JSON" in capsys.readouterr().err
     _write(bad, [{"kind": "host"}, {"kind": "adam", "fused": True}])
-    assert hca.main(["--compare", str(bad)]) == 2 and "line 2: threads must be a whole number >= 1" in capsys.readouterr().err
+    assert (
+        hca.main(["--compare", str(bad)]) == 2
+        and "line 2: threads must be a whole number >= 1" in capsys.readouterr().err
+    )
     assert ho.main(["--compare", str(OFFLOAD)]) == 2 and "--primitives" in capsys.readouterr().err
     assert ho.main(["--primitives", str(CPU_ADAM)]) == 2 and "go with --compare" in capsys.readouterr().err
     assert ho.main(["--compare", str(bad), "--primitives", str(CPU_ADAM)]) == 2
@@ -77,14 +88,17 @@ def test_bad_files_get_one_message(tmp_path, capsys):
         ho.compare(tmp_path / "missing.jsonl", CPU_ADAM, [])
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("params_per_s", float("inf"), "params_per_s must be a finite number > 0"),
-    ("params_per_s", 0, "params_per_s must be a finite number > 0"),
-    ("threads", 1e400, "threads must be a whole number >= 1"),
-    ("threads", True, "threads must be a whole number >= 1"),
-    ("threads", 1.7, "threads must be a whole number >= 1"),
-    ("fused", "yes", "fused must be true or false"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("params_per_s", float("inf"), "params_per_s must be a finite number > 0"),
+        ("params_per_s", 0, "params_per_s must be a finite number > 0"),
+        ("threads", 1e400, "threads must be a whole number >= 1"),
+        ("threads", True, "threads must be a whole number >= 1"),
+        ("threads", 1.7, "threads must be a whole number >= 1"),
+        ("fused", "yes", "fused must be true or false"),
+    ],
+)
 def test_bad_primitive_rows_are_refused(tmp_path, field, value, message):
     rows = _lines(CPU_ADAM)
     i = next(k for k, r in enumerate(rows) if r["kind"] == "adam")
@@ -105,13 +119,16 @@ def test_bad_primitive_rows_are_refused(tmp_path, field, value, message):
         ho.compare(OFFLOAD, _write(tmp_path / "c.jsonl", rows), [])
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("offloaded_params", 0, "offloaded_params must be a finite number > 0"),
-    ("step_s", -2, "step_s must be a finite number > 0"),
-    ("step_s", float("nan"), "step_s must be a finite number > 0"),
-    ("threads", True, "threads must be a whole number >= 1"),
-    ("params", "garbage", "params must be one of bf16, fp32"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("offloaded_params", 0, "offloaded_params must be a finite number > 0"),
+        ("step_s", -2, "step_s must be a finite number > 0"),
+        ("step_s", float("nan"), "step_s must be a finite number > 0"),
+        ("threads", True, "threads must be a whole number >= 1"),
+        ("params", "garbage", "params must be one of bf16, fp32"),
+    ],
+)
 def test_bad_offload_rows_are_refused(tmp_path, field, value, message):
     rows = _lines(OFFLOAD)
     next(r for r in rows if r["kind"] == "hdo")[field] = value

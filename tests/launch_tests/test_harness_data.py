@@ -11,7 +11,12 @@ from specs.errors import TunerError
 def _step_rows(step, *, mbs, dp, gbs):
     """Sample indices of one optimizer step for every (DP rank, micro-batch, row) of a layout."""
     m = gbs // (mbs * dp)
-    return [sample_index(step, i, r, j, micro_batch_size=mbs, dp=dp, global_batch_size=gbs) for r in range(dp) for i in range(m) for j in range(mbs)]
+    return [
+        sample_index(step, i, r, j, micro_batch_size=mbs, dp=dp, global_batch_size=gbs)
+        for r in range(dp)
+        for i in range(m)
+        for j in range(mbs)
+    ]
 
 
 @pytest.mark.parametrize("mbs,dp", [(1, 1), (1, 2), (2, 2), (1, 8), (2, 4), (4, 1)])

@@ -21,11 +21,29 @@ def _write(p: Path, objs: list, tail: str = "") -> Path:
 
 
 def test_read_complete_run(tmp_path):
-    p = _write(tmp_path / "s.jsonl", [
-        {"event": "start", "world_size": 4, "layout": {"tp": 1}},
-        *[{"event": "step", "step": i, "step_time_s": t, "tokens_per_s_per_gpu": 8 * 8192 / t / 4, "loss": 12.0, "grad_norm": 2.0} for i, t in enumerate([3.0, 1.2, 1.0, 1.1, 1.0], 1)],
-        {"event": "summary", "median_step_time_s": 1.05, "peak_reserved_bytes": [100 * GIB, 110 * GIB], "peak_allocated_bytes": [90 * GIB, 95 * GIB]},
-    ])
+    p = _write(
+        tmp_path / "s.jsonl",
+        [
+            {"event": "start", "world_size": 4, "layout": {"tp": 1}},
+            *[
+                {
+                    "event": "step",
+                    "step": i,
+                    "step_time_s": t,
+                    "tokens_per_s_per_gpu": 8 * 8192 / t / 4,
+                    "loss": 12.0,
+                    "grad_norm": 2.0,
+                }
+                for i, t in enumerate([3.0, 1.2, 1.0, 1.1, 1.0], 1)
+            ],
+            {
+                "event": "summary",
+                "median_step_time_s": 1.05,
+                "peak_reserved_bytes": [100 * GIB, 110 * GIB],
+                "peak_allocated_bytes": [90 * GIB, 95 * GIB],
+            },
+        ],
+    )
     r = read_results(p)
     assert r.complete and len(r.steps) == 5 and r.start["world_size"] == 4
     assert r.peak_reserved_bytes == 110 * GIB and r.peak_allocated_bytes == 95 * GIB
@@ -33,7 +51,11 @@ def test_read_complete_run(tmp_path):
 
 
 def test_read_cut_off_and_missing(tmp_path):
-    p = _write(tmp_path / "s.jsonl", [{"event": "step", "step": 1, "step_time_s": 1.0, "tokens_per_s_per_gpu": 5.0}], tail='{"event": "st')
+    p = _write(
+        tmp_path / "s.jsonl",
+        [{"event": "step", "step": 1, "step_time_s": 1.0, "tokens_per_s_per_gpu": 5.0}],
+        tail='{"event": "st',
+    )
     r = read_results(p)
     assert len(r.steps) == 1 and not r.complete and r.bad_lines == 1 and math.isnan(r.peak_reserved_bytes)
     assert read_results(tmp_path / "nope.jsonl").steps == []
@@ -47,14 +69,22 @@ def test_median_and_cv():
 
 
 def test_classify_oom_from_json(tmp_path):
-    r = read_results(_write(tmp_path / "s.jsonl", [{"event": "oom", "rank": 2, "reserved_bytes": 138 * GIB, "max_allocated_bytes": 130 * GIB}]))
+    r = read_results(
+        _write(
+            tmp_path / "s.jsonl",
+            [{"event": "oom", "rank": 2, "reserved_bytes": 138 * GIB, "max_allocated_bytes": 130 * GIB}],
+        )
+    )
     kind, msg, reached = classify_failure(1, r, "", timed_out=True)  # OOM wins over the timeout it caused
     assert kind == FailureKind.oom and reached == 138 * GIB and "rank(s) 2" in msg and "138.0 GiB" in msg
 
 
 def test_classify_oom_from_log_text(tmp_path):
     r = read_results(tmp_path / "none.jsonl")
-    log = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. ... this process has 137.50 GiB memory in use."
+    log = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. ... this process has 137.50 GiB "
+        "memory in use."
+    )
     kind, msg, reached = classify_failure(1, r, log)
     assert kind == FailureKind.oom and reached == pytest.approx(137.5 * GIB)
 
@@ -62,9 +92,13 @@ def test_classify_oom_from_log_text(tmp_path):
 def test_classify_timeout_nccl_crash(tmp_path):
     empty = read_results(tmp_path / "none.jsonl")
     assert classify_failure(None, empty, "", timed_out=True)[0] == FailureKind.timeout
-    kind, msg, _ = classify_failure(1, empty, "x\ntorch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1\n")
+    kind, msg, _ = classify_failure(
+        1, empty, "x\ntorch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1\n"
+    )
     assert kind == FailureKind.crash and msg.startswith("NCCL error")
-    err = read_results(_write(tmp_path / "e.jsonl", [{"event": "error", "rank": 3, "type": "AssertionError", "message": "bad"}]))
+    err = read_results(
+        _write(tmp_path / "e.jsonl", [{"event": "error", "rank": 3, "type": "AssertionError", "message": "bad"}])
+    )
     kind, msg, _ = classify_failure(1, err, "")
     assert kind == FailureKind.crash and "rank 3" in msg and "AssertionError" in msg
     kind, msg, _ = classify_failure(-9, empty, "last words\n")
@@ -77,8 +111,12 @@ def test_measured_fixture_is_readable():
     ok = [r for r in rows if r["status"] == "ok"]
     assert len(ok) >= 12
     for r in ok:
-        assert r["step_time_s"] > 0 and r["peak_reserved_gib"] > 0 and r["pred_step_time_s"] > 0 and r["pred_peak_gib"] > 0
-        assert {"tp", "pp", "ep", "etp", "vpp", "micro_batch_size", "dispatcher", "recompute_granularity"} <= set(r["layout"])
+        assert (
+            r["step_time_s"] > 0 and r["peak_reserved_gib"] > 0 and r["pred_step_time_s"] > 0 and r["pred_peak_gib"] > 0
+        )
+        assert {"tp", "pp", "ep", "etp", "vpp", "micro_batch_size", "dispatcher", "recompute_granularity"} <= set(
+            r["layout"]
+        )
     assert {r["layout"]["tp"] for r in ok} >= {1, 2, 4} and {r["layout"]["pp"] for r in ok} >= {1, 2, 4}
     assert any(r["status"] == "timeout" for r in rows)
 
@@ -86,10 +124,21 @@ def test_measured_fixture_is_readable():
 def test_a_profiled_step_is_read_with_its_traces():
     from launch.harness.results import parse_results
 
-    text = "\n".join(json.dumps(x) for x in [
-        {"event": "step", "step": 1, "step_time_s": 1.0, "tokens_per_s_per_gpu": 10.0, "loss": 1.0, "grad_norm": 1.0, "profiled": True},
-        {"event": "profile", "step": 1, "files": ["/t/profile_step1_pp0.json", "/t/profile_step1_pp1.json"]},
-    ])
+    text = "\n".join(
+        json.dumps(x)
+        for x in [
+            {
+                "event": "step",
+                "step": 1,
+                "step_time_s": 1.0,
+                "tokens_per_s_per_gpu": 10.0,
+                "loss": 1.0,
+                "grad_norm": 1.0,
+                "profiled": True,
+            },
+            {"event": "profile", "step": 1, "files": ["/t/profile_step1_pp0.json", "/t/profile_step1_pp1.json"]},
+        ]
+    )
     r = parse_results(text)
     assert r.bad_lines == 0 and len(r.steps) == 1
     assert r.profile["files"] == ["/t/profile_step1_pp0.json", "/t/profile_step1_pp1.json"]
@@ -98,12 +147,15 @@ def test_a_profiled_step_is_read_with_its_traces():
 def test_memory_phases_and_forward_only_lines_are_kept() -> None:
     from launch.harness.results import parse_results
 
-    text = "\n".join([
-        '{"event": "memory_phase", "phase": "after_build", "allocated_bytes": 10, "live_tensors_bytes": {"cuda/bfloat16": 8}}',
-        '{"event": "memory_phase", "phase": "step1_after_forward_backward", "allocated_bytes": 30}',
-        '{"event": "forward_only", "steps": 2, "step_times_s": [0.5, 0.4], "median_step_time_s": 0.4}',
-        '{"event": "unknown"}',
-    ])
+    text = "\n".join(
+        [
+            '{"event": "memory_phase", "phase": "after_build", "allocated_bytes": 10, '
+            '"live_tensors_bytes": {"cuda/bfloat16": 8}}',
+            '{"event": "memory_phase", "phase": "step1_after_forward_backward", "allocated_bytes": 30}',
+            '{"event": "forward_only", "steps": 2, "step_times_s": [0.5, 0.4], "median_step_time_s": 0.4}',
+            '{"event": "unknown"}',
+        ]
+    )
     r = parse_results(text)
     assert [m["phase"] for m in r.memory_phases] == ["after_build", "step1_after_forward_backward"]
     assert r.memory_phases[0]["live_tensors_bytes"] == {"cuda/bfloat16": 8}

@@ -46,8 +46,18 @@ def test_slice_rejects_bad_counts(n):
 
 
 def test_spec_round_trip_and_fields(m4):
-    lay = Layout(world_size=4, tp=2, pp=2, ep=2, sequence_parallel=True, micro_batch_size=1,
-                 recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1, dispatcher="allgather")
+    lay = Layout(
+        world_size=4,
+        tp=2,
+        pp=2,
+        ep=2,
+        sequence_parallel=True,
+        micro_batch_size=1,
+        recompute_granularity="full",
+        recompute_method="uniform",
+        recompute_num_layers=1,
+        dispatcher="allgather",
+    )
     spec = build_spec(m4, lay, WL, env=HarnessEnv(), steps=6, warmup_steps=2)
     again = HarnessSpec.from_json(spec.to_json())
     assert again == spec
@@ -67,9 +77,18 @@ def test_spec_with_te_has_no_local_notes(m4):
 def test_recompute_kwargs():
     assert recompute_kwargs(Layout(world_size=1).to_dict()) == {"recompute_granularity": None}
     sel = Layout(world_size=1, recompute_granularity="selective", recompute_modules=("core_attn", "moe_act")).to_dict()
-    assert recompute_kwargs(sel) == {"recompute_granularity": "selective", "recompute_modules": ["core_attn", "moe_act"]}
-    full = Layout(world_size=1, recompute_granularity="full", recompute_method="block", recompute_num_layers=2).to_dict()
-    assert recompute_kwargs(full) == {"recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": 2}
+    assert recompute_kwargs(sel) == {
+        "recompute_granularity": "selective",
+        "recompute_modules": ["core_attn", "moe_act"],
+    }
+    full = Layout(
+        world_size=1, recompute_granularity="full", recompute_method="block", recompute_num_layers=2
+    ).to_dict()
+    assert recompute_kwargs(full) == {
+        "recompute_granularity": "full",
+        "recompute_method": "block",
+        "recompute_num_layers": 2,
+    }
 
 
 @pytest.mark.parametrize(
@@ -80,7 +99,11 @@ def test_recompute_kwargs():
         (dict(ep=4, dispatcher="flex+hybridep"), HarnessEnv(deep_ep=True), "needs HybridEP"),
         (dict(ep=4, exp_avg_dtype="bf16"), HarnessEnv(), "bf16 optimizer states"),
         # crashed at model build on H200 without TE (2026-11-29): megatron-core needs grouped GEMM for it
-        (dict(ep=4, recompute_granularity="selective", recompute_modules=("core_attn", "moe_act")), HarnessEnv(), "moe_act needs grouped GEMM"),
+        (
+            dict(ep=4, recompute_granularity="selective", recompute_modules=("core_attn", "moe_act")),
+            HarnessEnv(),
+            "moe_act needs grouped GEMM",
+        ),
     ],
 )
 def test_refused_before_any_gpu_work(m4, kw, env, needle):
@@ -92,7 +115,10 @@ def test_refused_before_any_gpu_work(m4, kw, env, needle):
 
 def test_supported_with_the_right_packages(m4):
     assert unsupported_reasons(Layout(world_size=4, cp=2), m4, WL, HarnessEnv(transformer_engine=True)) == []
-    assert unsupported_reasons(Layout(world_size=4, ep=4, dispatcher="flex+deepep"), m4, WL, HarnessEnv(deep_ep=True)) == []
+    assert (
+        unsupported_reasons(Layout(world_size=4, ep=4, dispatcher="flex+deepep"), m4, WL, HarnessEnv(deep_ep=True))
+        == []
+    )
     moe_act = Layout(world_size=4, ep=4, recompute_granularity="selective", recompute_modules=("moe_act",))
     assert unsupported_reasons(moe_act, m4, WL, HarnessEnv(transformer_engine=True)) == []
     off = Layout(world_size=4, ep=4, exp_avg_dtype="bf16", optimizer_offload_fraction=1.0)
@@ -101,7 +127,12 @@ def test_supported_with_the_right_packages(m4):
 
 def test_batch_must_split(m4):
     with pytest.raises(TunerError, match="not a multiple of micro-batch 2 x DP 4"):
-        build_spec(m4, Layout(world_size=4, ep=4, micro_batch_size=2), Workload(seq_length=8192, global_batch_size=4), env=HarnessEnv())
+        build_spec(
+            m4,
+            Layout(world_size=4, ep=4, micro_batch_size=2),
+            Workload(seq_length=8192, global_batch_size=4),
+            env=HarnessEnv(),
+        )
 
 
 def test_torchrun_command():
@@ -125,8 +156,12 @@ def test_harness_modules_do_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys, launch.harness, launch.local_backend, launch.harness.component, launch.harness.grads, launch.harness.gather, "
-            "launch.harness.train, launch.harness.build, launch.harness.measure, launch.harness.step, "
-            "tuner.verify.component, tuner.verify.correctness, tuner.verify.loss_check, tuner.verify.parity_check; assert 'torch' not in sys.modules, 'torch imported'")
+    code = (
+        "import sys, launch.harness, launch.local_backend, launch.harness.component, launch.harness.grads, "
+        "launch.harness.gather, "
+        "launch.harness.train, launch.harness.build, launch.harness.measure, launch.harness.step, "
+        "tuner.verify.component, tuner.verify.correctness, tuner.verify.loss_check, tuner.verify.parity_check; assert "
+        "'torch' not in sys.modules, 'torch imported'"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -29,8 +29,16 @@ def m4():
 
 @pytest.fixture
 def backend(tmp_path):
-    return LocalBackend(trials_dir=tmp_path / "trials", num_gpus=4, steps=5, warmup_steps=2, timeout_s=20,
-                        launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02)
+    return LocalBackend(
+        trials_dir=tmp_path / "trials",
+        num_gpus=4,
+        steps=5,
+        warmup_steps=2,
+        timeout_s=20,
+        launcher=[sys.executable, FAKE],
+        env=HarnessEnv(),
+        poll_s=0.02,
+    )
 
 
 def _run(b, m4, mode, monkeypatch, lay=None, **kw):
@@ -41,9 +49,17 @@ def _run(b, m4, mode, monkeypatch, lay=None, **kw):
 def test_trial_files_and_measurement_extras(backend, m4, monkeypatch, tmp_path):
     m = _run(backend, m4, "ok", monkeypatch, trial_number=7)
     d = tmp_path / "trials" / "7"
-    assert m.log_path == str(d) and {p.name for p in d.iterdir()} == {"spec.json", "steps.jsonl", "log.txt", "command.txt", "process.json"}
+    assert m.log_path == str(d) and {p.name for p in d.iterdir()} == {
+        "spec.json",
+        "steps.jsonl",
+        "log.txt",
+        "command.txt",
+        "process.json",
+    }
     assert (d / "command.txt").read_text().split()[:2] == [sys.executable, FAKE]
-    assert m.extra["notes"] == list(m.extra["summary"]["notes"]) and m.extra["data"] == {}  # the spec's notes; synthetic data
+    assert (
+        m.extra["notes"] == list(m.extra["summary"]["notes"]) and m.extra["data"] == {}
+    )  # the spec's notes; synthetic data
 
 
 def test_oom_from_log_text(backend, m4, monkeypatch):
@@ -52,8 +68,13 @@ def test_oom_from_log_text(backend, m4, monkeypatch):
     assert e.value.kind == FailureKind.oom and e.value.memory_reached_bytes == pytest.approx(138.5 * GIB)
 
 
-@pytest.mark.parametrize(("mode", "needle"), [("crash", "crash on rank 0: AssertionError: boom (log: "),
-                                              ("silent", "the harness exited without a summary: crash (exit status 0)")])
+@pytest.mark.parametrize(
+    ("mode", "needle"),
+    [
+        ("crash", "crash on rank 0: AssertionError: boom (log: "),
+        ("silent", "the harness exited without a summary: crash (exit status 0)"),
+    ],
+)
 def test_failure_messages(backend, m4, monkeypatch, mode, needle):
     with pytest.raises(TrialFailed) as e:
         _run(backend, m4, mode, monkeypatch)
@@ -66,7 +87,10 @@ def test_refusals_before_any_process(backend, m4, monkeypatch, tmp_path):
     with pytest.raises(InfeasibleLayout, match="needs Transformer Engine"):
         _run(backend, m4, "ok", monkeypatch, lay=Layout(world_size=4, cp=2, ep=2))
     assert not (tmp_path / "trials").exists()
-    assert backend.refusal(Layout(world_size=4, ep=4, dispatcher="flex+deepep"), m4, WL) and backend.refusal(Layout(world_size=4, ep=4), m4, WL) is None
+    assert (
+        backend.refusal(Layout(world_size=4, ep=4, dispatcher="flex+deepep"), m4, WL)
+        and backend.refusal(Layout(world_size=4, ep=4), m4, WL) is None
+    )
 
 
 def test_safe_environment_and_command(backend):
@@ -86,7 +110,13 @@ def test_gpu_detection_and_registration(monkeypatch):
     with pytest.raises(TunerError, match="timeout"):
         LocalBackend(num_gpus=1, timeout_s=0)
     # CUDA reads CUDA_VISIBLE_DEVICES up to the first entry that is not a device (or repeats one)
-    for value, ids in (("0,,1", ["0"]), ("abc", []), ("0,-1,1", ["0"]), ("0,0", ["0"]), ("3, 5 ,GPU-ab12", ["3", "5", "GPU-ab12"])):
+    for value, ids in (
+        ("0,,1", ["0"]),
+        ("abc", []),
+        ("0,-1,1", ["0"]),
+        ("0,0", ["0"]),
+        ("3, 5 ,GPU-ab12", ["3", "5", "GPU-ab12"]),
+    ):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
         assert visible_device_ids() == ids and machine_gpu_count() == len(ids), value
 
@@ -102,8 +132,16 @@ def test_fewer_gpus_than_the_machine_uses_the_first_ones(tmp_path, m4, monkeypat
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6,7")
     seen = {}
     for n in (2, 4):
-        b = LocalBackend(trials_dir=tmp_path / f"t{n}", num_gpus=n, steps=3, warmup_steps=1, timeout_s=20,
-                         launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02)
+        b = LocalBackend(
+            trials_dir=tmp_path / f"t{n}",
+            num_gpus=n,
+            steps=3,
+            warmup_steps=1,
+            timeout_s=20,
+            launcher=[sys.executable, FAKE],
+            env=HarnessEnv(),
+            poll_s=0.02,
+        )
         b.run(Layout(world_size=n, ep=n), model=m4, cluster=parse_gpus(f"{n}xH200"), workload=WL, trial_number=n)
         (f,) = [p for p in dump.iterdir() if json.loads(p.read_text())["out"].startswith(str(tmp_path / f"t{n}"))]
         seen[n] = json.loads(f.read_text())["env"]["CUDA_VISIBLE_DEVICES"]

@@ -1,5 +1,7 @@
-"""A trial dies with its driver: ``kill -9`` of the driver leaves no process of the trial's group (the watchdog), SIGTERM
-of ``tune`` ends the run as Ctrl-C does, and an orphan that outlived both keeps the next trial from starting beside it."""
+"""A trial dies with its driver: ``kill -9`` of the driver leaves no process of the trial's group (the watchdog),
+SIGTERM
+of ``tune`` ends the run as Ctrl-C does, and an orphan that outlived both keeps the next trial from starting beside
+it."""
 
 from __future__ import annotations
 
@@ -78,10 +80,34 @@ def test_sigterm_of_tune_ends_the_run_as_ctrl_c_and_its_trial_with_it(tmp_path):
     tpl = tmp_path / "t.yaml"
     tpl.write_text(yaml.safe_dump({"argv": ["bash", "-c", "sleep 300 & sleep 300"]}))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    tune = subprocess.Popen([sys.executable, "-m", "tuner.cli", "--model", "Llama-3.1-8B", "--layers", "2", "--gpus", "1xH200",
-                             "--backend", "command", "--command-template", str(tpl), "--trials", "1", "--study", "s",
-                             "--results-dir", str(tmp_path / "r")], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    tune = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tuner.cli",
+            "--model",
+            "Llama-3.1-8B",
+            "--layers",
+            "2",
+            "--gpus",
+            "1xH200",
+            "--backend",
+            "command",
+            "--command-template",
+            str(tpl),
+            "--trials",
+            "1",
+            "--study",
+            "s",
+            "--results-dir",
+            str(tmp_path / "r"),
+        ],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     rec = tmp_path / "r" / "s" / "trials" / "0" / "process.json"
     end = time.monotonic() + 120
     while not rec.exists() and tune.poll() is None and time.monotonic() < end:

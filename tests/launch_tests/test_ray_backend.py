@@ -38,7 +38,9 @@ def test_node_plan():
     with pytest.raises(TunerError, match="whole nodes"):
         node_plan(12, 8)
     cmd = torchrun_node_command(2, 1, 8, "10.0.0.1", 29500, python="py")
-    assert cmd[:3] == ["py", "-m", "torch.distributed.run"] and "--node-rank=1" in cmd and "--master-addr=10.0.0.1" in cmd
+    assert (
+        cmd[:3] == ["py", "-m", "torch.distributed.run"] and "--node-rank=1" in cmd and "--master-addr=10.0.0.1" in cmd
+    )
     assert cmd[-2:] == ["-m", "launch.harness.train"]
     assert torchrun_node_command(1, 0, 8, "h", 1)[0] == NODE_PYTHON  # each node uses its own Python
 
@@ -51,9 +53,19 @@ def m2():
 def _backend(cluster, tmp_path, fake=None, **kw):
     """The backend with the fake program; ``fake``: its FAKE_* settings, passed as the user's extra environment
     (the driver's own environment does not reach the nodes, as on a real cluster)."""
-    base = dict(trials_dir=tmp_path / "trials", gpus_per_node=2, steps=4, warmup_steps=1, timeout_s=60, launcher=[sys.executable, FAKE],
-                gpu_resource=cluster.gpu, env=HarnessEnv(), poll_s=0.02, placement_timeout_s=60,
-                extra_env={"FAKE_EXTRA": "yes", "FAKE_PID_DIR": str(tmp_path / "pids"), **(fake or {})})
+    base = dict(
+        trials_dir=tmp_path / "trials",
+        gpus_per_node=2,
+        steps=4,
+        warmup_steps=1,
+        timeout_s=60,
+        launcher=[sys.executable, FAKE],
+        gpu_resource=cluster.gpu,
+        env=HarnessEnv(),
+        poll_s=0.02,
+        placement_timeout_s=60,
+        extra_env={"FAKE_EXTRA": "yes", "FAKE_PID_DIR": str(tmp_path / "pids"), **(fake or {})},
+    )
     base.update(kw)
     return RayBackend(**base)
 
@@ -73,16 +85,29 @@ def test_a_two_node_trial_spreads_and_every_node_sees_the_rendezvous(ray_cluster
     assert m.source == "measured" and m.tokens_per_s_per_gpu > 0 and m.extra["nodes"] == 2
     envs = sorted((json.loads(p.read_text())["env"] for p in dump.glob("1.node*.json")), key=lambda e: e["NODE_RANK"])
     assert [e["NODE_RANK"] for e in envs] == ["0", "1"]
-    assert all(e["NNODES"] == "2" and e["NPROC_PER_NODE"] == "2" and e["FAKE_EXTRA"] == "yes" and e["NCCL_NVLS_ENABLE"] == "0" for e in envs)
+    assert all(
+        e["NNODES"] == "2" and e["NPROC_PER_NODE"] == "2" and e["FAKE_EXTRA"] == "yes" and e["NCCL_NVLS_ENABLE"] == "0"
+        for e in envs
+    )
     assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1  # one rendezvous: the first bundle's node
     d = tmp_path / "trials" / "1"
     pl = json.loads((d / "placement.json").read_text())
     assert pl["strategy"] == "STRICT_SPREAD" and pl["bundles"] == [2, 2]
     assert len({n["node_id"] for n in pl["nodes"]}) == 2  # two distinct nodes
-    assert {p.name for p in d.iterdir()} >= {"spec.json", "steps.jsonl", "log.node0.txt", "log.node1.txt", "command.node0.txt", "command.node1.txt",
-                                             "process.json", "process.node1.json"}
+    assert {p.name for p in d.iterdir()} >= {
+        "spec.json",
+        "steps.jsonl",
+        "log.node0.txt",
+        "log.node1.txt",
+        "command.node0.txt",
+        "command.node1.txt",
+        "process.json",
+        "process.node1.json",
+    }
     recs = [json.loads((d / f).read_text()) for f in ("process.json", "process.node1.json")]
-    assert all(r["host"] and r["pgid"] > 0 for r in recs) and recs[0]["pgid"] != recs[1]["pgid"]  # each node's own group
+    assert (
+        all(r["host"] and r["pgid"] > 0 for r in recs) and recs[0]["pgid"] != recs[1]["pgid"]
+    )  # each node's own group
     assert ray.util.placement_group_table() and _pgs_removed()
 
 
@@ -103,7 +128,11 @@ def test_trials_run_concurrently(ray_cluster, m2, tmp_path):
     for t in threads:
         t.join(timeout=120)
     assert not errors and set(results) == {10, 11}, errors
-    assert all(m.tokens_per_s_per_gpu > 0 for m in results.values()) and len(os.listdir(tmp_path / "barrier")) == 2 and _pgs_removed()
+    assert (
+        all(m.tokens_per_s_per_gpu > 0 for m in results.values())
+        and len(os.listdir(tmp_path / "barrier")) == 2
+        and _pgs_removed()
+    )
 
 
 def test_more_gpus_than_the_cluster_is_refused_before_anything_starts(ray_cluster, m2, tmp_path):
@@ -129,8 +158,20 @@ def test_a_study_runs_ray_trials_two_at_a_time(ray_cluster, tmp_path):
 
     from tuner.study import TuneConfig, prepare, run_study, trial_rows
 
-    cfg = TuneConfig(model="MiniMax-M2", gpus="2xH200", layers=2, global_batch_size=8, backend="ray", trials=4, stack="megatron",
-                     results_dir=str(tmp_path), trial_steps=4, study="r", parallel_trials=2, prune_margin=None)
+    cfg = TuneConfig(
+        model="MiniMax-M2",
+        gpus="2xH200",
+        layers=2,
+        global_batch_size=8,
+        backend="ray",
+        trials=4,
+        stack="megatron",
+        results_dir=str(tmp_path),
+        trial_steps=4,
+        study="r",
+        parallel_trials=2,
+        prune_margin=None,
+    )
     # The first two trials meet at a barrier (the first waits until the second started): run one after the other,
     # the first would fail there.
     fake = {"FAKE_BARRIER": f"{tmp_path / 'barrier'}:2", "FAKE_REPORT_STEP_S": "1.0"}
@@ -147,10 +188,24 @@ def test_ctrl_c_stops_parallel_trials_and_leaves_the_study_consistent(ray_cluste
 
     from tuner.study import TuneConfig, prepare, run_study
 
-    cfg = TuneConfig(model="MiniMax-M2", gpus="2xH200", layers=2, global_batch_size=8, backend="ray", trials=4, stack="megatron",
-                     results_dir=str(tmp_path), trial_steps=8, study="c", parallel_trials=2, prune_margin=None)
+    cfg = TuneConfig(
+        model="MiniMax-M2",
+        gpus="2xH200",
+        layers=2,
+        global_batch_size=8,
+        backend="ray",
+        trials=4,
+        stack="megatron",
+        results_dir=str(tmp_path),
+        trial_steps=8,
+        study="c",
+        parallel_trials=2,
+        prune_margin=None,
+    )
     pid_dir = tmp_path / "c" / "pids"
-    b = _backend(ray_cluster, tmp_path / "c", {"FAKE_TRIAL_MODE": "hang"}, steps=8)  # every trial hangs: only Ctrl-C ends them
+    b = _backend(
+        ray_cluster, tmp_path / "c", {"FAKE_TRIAL_MODE": "hang"}, steps=8
+    )  # every trial hangs: only Ctrl-C ends them
     seen = {}
 
     def ctrl_c_once_both_hang():
@@ -172,7 +227,9 @@ def test_a_lost_node_is_retried_once_on_the_others(ray_cluster, m2, tmp_path):
     """Runs last: it removes a node from the session's cluster."""
     c, nodes = ray_cluster.cluster, ray_cluster.nodes
     pid_dir = tmp_path / "pids"
-    b = _backend(ray_cluster, tmp_path, {"FAKE_TRIAL_MODE": "hang", "FAKE_HANG_ATTEMPT": "0"}, timeout_s=90)  # attempt 0 hangs, 1 runs
+    b = _backend(
+        ray_cluster, tmp_path, {"FAKE_TRIAL_MODE": "hang", "FAKE_HANG_ATTEMPT": "0"}, timeout_s=90
+    )  # attempt 0 hangs, 1 runs
     box = {}
 
     def go():
@@ -185,7 +242,9 @@ def test_a_lost_node_is_retried_once_on_the_others(ray_cluster, m2, tmp_path):
     t.start()
     try:
         pl_path = tmp_path / "trials" / "5" / "placement.json"
-        assert wait_until(lambda: pl_path.exists() and len(recorded_pids(pid_dir)["fake"]) == 2, timeout_s=60)  # both nodes run
+        assert wait_until(
+            lambda: pl_path.exists() and len(recorded_pids(pid_dir)["fake"]) == 2, timeout_s=60
+        )  # both nodes run
         used = {n["node_id"] for n in json.loads(pl_path.read_text())["nodes"]}
         victim = next(n for n in nodes if n.node_id in used)  # a worker node of this trial (never the head)
         c.remove_node(victim, allow_graceful=False)

@@ -37,8 +37,14 @@ def _world(base, seed=0, **errors):
 
 
 def _run(backend, world, row, reporter=None):
-    return backend.run(world.base.table.row(row), model=world.model, cluster=world.cluster, workload=world.workload, reporter=reporter,
-                       trial_number=1)
+    return backend.run(
+        world.base.table.row(row),
+        model=world.model,
+        cluster=world.cluster,
+        workload=world.workload,
+        reporter=reporter,
+        trial_number=1,
+    )
 
 
 def _fitting_row(world):
@@ -47,11 +53,15 @@ def _fitting_row(world):
 
 def test_one_seed_is_one_world_and_a_layout_alone_gets_its_row_s_truth(base):
     a, b, c = _world(base, 3), _world(base, 3), _world(base, 4)
-    assert np.array_equal(a.true_step_time_s, b.true_step_time_s) and np.array_equal(a.true_peak_bytes, b.true_peak_bytes)
+    assert np.array_equal(a.true_step_time_s, b.true_step_time_s) and np.array_equal(
+        a.true_peak_bytes, b.true_peak_bytes
+    )
     assert not np.allclose(a.true_step_time_s, c.true_step_time_s)
     for i in (0, len(base.table) // 2, len(base.table) - 1):
         step, peak = a.truth_of(base.table.row(i))
-        assert step == pytest.approx(a.true_step_time_s[i], rel=1e-12) and peak == pytest.approx(a.true_peak_bytes[i], rel=1e-12)
+        assert step == pytest.approx(a.true_step_time_s[i], rel=1e-12) and peak == pytest.approx(
+            a.true_peak_bytes[i], rel=1e-12
+        )
 
 
 def test_the_error_against_the_model_has_the_configured_size(base):
@@ -133,7 +143,9 @@ def test_the_step_time_pruner_stops_a_slow_trial_which_pays_only_its_steps(base)
     with pytest.raises(TrialStopped) as e:
         _run(b, w, row, lambda tps: pruner.decide(list(tps), best))
     assert len(e.value.step_times_s) == 4  # 2 warm-up + pruner's min_steps 2
-    assert b.trials[0].outcome == "pruned" and b.trials[0].gpu_seconds == pytest.approx((10.0 + sum(e.value.step_times_s)) * 8)
+    assert b.trials[0].outcome == "pruned" and b.trials[0].gpu_seconds == pytest.approx(
+        (10.0 + sum(e.value.step_times_s)) * 8
+    )
 
 
 def test_crashes_and_hangs_cost_what_they_ran_or_the_timeout(base):
@@ -165,8 +177,14 @@ def test_hooks_and_no_registration(base):
 
 # ---- slice trials -----------------------------------------------------------------------------------------------
 
-EXACT = {"throughput_bias": 0.0, "idiosyncratic_share": 0.0, "layout_sigma": 0.0, "run_sigma": 0.0, "step_sigma": 0.0,
-         "warmup_slowdown": 0.0}
+EXACT = {
+    "throughput_bias": 0.0,
+    "idiosyncratic_share": 0.0,
+    "layout_sigma": 0.0,
+    "run_sigma": 0.0,
+    "step_sigma": 0.0,
+    "warmup_slowdown": 0.0,
+}
 
 
 def _exact_world(base, **factors):

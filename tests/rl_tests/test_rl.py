@@ -1,4 +1,5 @@
-"""RL step model: lengths, the continuous-batching simulator, the step formula, plans, validate and calibrate readers."""
+"""RL step model: lengths, the continuous-batching simulator, the step formula, plans, validate and calibrate
+readers."""
 
 from __future__ import annotations
 
@@ -130,12 +131,29 @@ def test_latency_table_interpolates_and_extrapolates():
 
 
 def test_colocated_step_is_the_sum():
-    s = compose_step(generation_s=100, logprob_s=10, training_s=40, refit_s=5, switch_s=8, overhead_s=2, colocated=True, async_steps=0)
+    s = compose_step(
+        generation_s=100,
+        logprob_s=10,
+        training_s=40,
+        refit_s=5,
+        switch_s=8,
+        overhead_s=2,
+        colocated=True,
+        async_steps=0,
+    )
     assert s.step_time_s == pytest.approx(165)
 
 
 def test_async_step_overlaps_and_sync_split_has_the_bubble():
-    kw = {"generation_s": 100, "logprob_s": 10, "training_s": 40, "refit_s": 5, "switch_s": 8, "overhead_s": 2, "colocated": False}
+    kw = {
+        "generation_s": 100,
+        "logprob_s": 10,
+        "training_s": 40,
+        "refit_s": 5,
+        "switch_s": 8,
+        "overhead_s": 2,
+        "colocated": False,
+    }
     assert compose_step(**kw, async_steps=0).step_time_s == pytest.approx(157)  # no switch when split
     a = compose_step(**kw, async_steps=1)
     assert a.step_time_s == pytest.approx(107) and a.bound == "generation"
@@ -145,7 +163,16 @@ def test_async_step_overlaps_and_sync_split_has_the_bubble():
 
 def test_colocated_async_is_refused():
     with pytest.raises(TunerError, match="non-colocated"):
-        compose_step(generation_s=1, logprob_s=1, training_s=1, refit_s=1, switch_s=1, overhead_s=0, colocated=True, async_steps=1)
+        compose_step(
+            generation_s=1,
+            logprob_s=1,
+            training_s=1,
+            refit_s=1,
+            switch_s=1,
+            overhead_s=0,
+            colocated=True,
+            async_steps=1,
+        )
 
 
 # ---------------------------------------------------------------- plans (synthetic engine latency, no aiconfigurator)
@@ -168,7 +195,11 @@ def _job(**kw):
 
 def _latency(job, shape):
     # 8 ms per iteration at TP1, less with more GPUs; grows with batch and context
-    return LatencyTable.from_functions(lambda n, c: (8e-3 + 2e-5 * n + 1e-9 * n * c) / shape.gpus**0.5, lambda t: 2e-5 * t / shape.gpus, max_ctx=job.max_total_len)
+    return LatencyTable.from_functions(
+        lambda n, c: (8e-3 + 2e-5 * n + 1e-9 * n * c) / shape.gpus**0.5,
+        lambda t: 2e-5 * t / shape.gpus,
+        max_ctx=job.max_total_len,
+    )
 
 
 def test_plans_are_ranked_and_the_fastest_per_rollout_gpus_covers_every_split():
@@ -176,14 +207,19 @@ def test_plans_are_ranked_and_the_fastest_per_rollout_gpus_covers_every_split():
     times = [p.step_time_s for p in ps.plans]
     assert times == sorted(times)
     splits = {(p.choice.colocated, p.choice.rollout_gpus) for p in ps.fastest_per_rollout_gpus()}
-    assert (True, 32) in splits and {(False, 16), (False, 24)} <= splits  # 8 + 24: no trainer layout divides 256 sequences over 24 GPUs
+    assert (True, 32) in splits and {
+        (False, 16),
+        (False, 24),
+    } <= splits  # 8 + 24: no trainer layout divides 256 sequences over 24 GPUs
     assert any("trainer" in k for k in ps.rejected)
     best = ps.plans[0]
     assert best.parts.generation_s > 0 and best.parts.training_s > 0
 
 
 def test_fastest_per_async_depth_is_monotone_for_a_generation_bound_job():
-    ps = enumerate_plans(_job(), latency=_latency, colocated=False, async_steps=2, max_num_seqs=(256,), enforce_eager=(False,))
+    ps = enumerate_plans(
+        _job(), latency=_latency, colocated=False, async_steps=2, max_num_seqs=(256,), enforce_eager=(False,)
+    )
     front = ps.fastest_per_async_depth()
     assert [p.choice.async_steps for p in front] == [0, 1, 2]
     assert front[1].step_time_s < front[0].step_time_s
@@ -194,7 +230,14 @@ def test_eager_costs_the_calibrated_slowdown_on_generation():
     wl = rl_workload(sequences=job.sequences, mean_total_len=2150, max_total_len=job.max_total_len)
     sub = parse_gpus("2x8xH100")
     tr = trainer_for_layout(job.model, sub, wl, TrainerBackend.megatron, ep=8)
-    kw = dict(colocated=False, rollout_gpus=16, trainer_gpus=16, shape=EngineShape(tp=2), gpu_memory_utilization=0.8, max_num_seqs=256)
+    kw = dict(
+        colocated=False,
+        rollout_gpus=16,
+        trainer_gpus=16,
+        shape=EngineShape(tp=2),
+        gpu_memory_utilization=0.8,
+        max_num_seqs=256,
+    )
     g = evaluate(job, PlanChoice(**kw, enforce_eager=False), trainer=tr, latency=_latency).parts.generation_s
     e = evaluate(job, PlanChoice(**kw, enforce_eager=True), trainer=tr, latency=_latency).parts.generation_s
     assert e / g == pytest.approx(DEFAULT_RL_CALIBRATION.eager_slowdown, rel=1e-9)
@@ -236,13 +279,21 @@ def test_published_runs_table_reads_whole():
     rows, errors = read_runs(ROOT / "benchmarks" / "data" / "rl_runs.csv")
     assert not errors and len(rows) == 49
     assert {r.source for r in rows} == {"nemo-rl-v0.4", "nemo-rl-v0.5", "nemo-rl-v0.6"}
-    r = next(r for r in rows if r.source == "nemo-rl-v0.6" and r.model == "Qwen3-235B-A22B" and r.num_gpus == 256 and not r.colocated)
+    r = next(
+        r
+        for r in rows
+        if r.source == "nemo-rl-v0.6" and r.model == "Qwen3-235B-A22B" and r.num_gpus == 256 and not r.colocated
+    )
     assert (r.step_time_s, r.rollout_gpus, r.rollout.shape.tp, r.trainer.tp) == (231, 128, 8, 4)
     # the FP8 tables' rows (generation FP8, training FP8 blockwise); every other row is BF16 (blank columns)
     fp8 = [r for r in rows if r.generation_precision.value == "fp8"]
     assert [(r.source, r.step_time_s, r.rollout.max_num_seqs, r.training_precision.value) for r in fp8] == [
-        ("nemo-rl-v0.5", 67.6, 32, "fp8_blockwise"), ("nemo-rl-v0.6", 59.2, 32, "fp8_blockwise")]
-    assert all(r.generation_precision.value == "bf16" and r.training_precision.value == "bf16" for r in rows if r not in fp8)
+        ("nemo-rl-v0.5", 67.6, 32, "fp8_blockwise"),
+        ("nemo-rl-v0.6", 59.2, 32, "fp8_blockwise"),
+    ]
+    assert all(
+        r.generation_precision.value == "bf16" and r.training_precision.value == "bf16" for r in rows if r not in fp8
+    )
 
 
 def test_bad_rows_are_named_and_good_rows_still_read(tmp_path):
@@ -271,8 +322,10 @@ def test_step_times_must_be_positive_finite_numbers(tmp_path):
         w.writerow(src[0])
     rows, errors = read_runs(f)
     assert len(rows) == 1 and len(errors) == 4
-    assert all(f"line {i + 2}: column step_time_s: cannot read {v!r} (a positive finite number)" == e
-               for i, (v, e) in enumerate(zip(("0", "-5", "nan", "inf"), errors)))
+    assert all(
+        f"line {i + 2}: column step_time_s: cannot read {v!r} (a positive finite number)" == e
+        for i, (v, e) in enumerate(zip(("0", "-5", "nan", "inf"), errors))
+    )
 
 
 def test_missing_columns_are_listed(tmp_path):
@@ -294,7 +347,14 @@ def test_slime_log_reader():
     steps = read_log(FIX / "rl_logs" / "slime_train.log")
     assert [s.step for s in steps] == [0, 1]
     s = steps[0]
-    assert (s.step_time_s, s.generation_s, s.training_s, s.logprob_s, s.refit_s, s.switch_s) == (183.0, 120.0, 40.0, 10.0, 6.0, 5.0)
+    assert (s.step_time_s, s.generation_s, s.training_s, s.logprob_s, s.refit_s, s.switch_s) == (
+        183.0,
+        120.0,
+        40.0,
+        10.0,
+        6.0,
+        5.0,
+    )
 
 
 def test_log_without_timing_is_one_error(tmp_path):
@@ -308,10 +368,24 @@ def test_calibration_from_measured_parts_reproduces_them(tmp_path):
     job = _job()
     wl = rl_workload(sequences=job.sequences, mean_total_len=2150, max_total_len=job.max_total_len)
     tr = trainer_for_layout(job.model, parse_gpus("2x8xH100"), wl, TrainerBackend.megatron, ep=8)
-    choice = PlanChoice(colocated=False, rollout_gpus=16, trainer_gpus=16, shape=EngineShape(tp=2), gpu_memory_utilization=0.8, max_num_seqs=256, enforce_eager=False)
+    choice = PlanChoice(
+        colocated=False,
+        rollout_gpus=16,
+        trainer_gpus=16,
+        shape=EngineShape(tp=2),
+        gpu_memory_utilization=0.8,
+        max_num_seqs=256,
+        enforce_eager=False,
+    )
     before = evaluate(job, choice, trainer=tr, latency=_latency)
-    measured = {"step_time_s": 400.0, "generation_s": 2 * before.parts.generation_s, "training_s": 1.5 * before.parts.training_s,
-                "logprob_s": before.parts.logprob_s, "refit_s": 3.0, "switch_s": None}
+    measured = {
+        "step_time_s": 400.0,
+        "generation_s": 2 * before.parts.generation_s,
+        "training_s": 1.5 * before.parts.training_s,
+        "logprob_s": before.parts.logprob_s,
+        "refit_s": 3.0,
+        "switch_s": None,
+    }
     cal = fit_from_measured(before, measured, DEFAULT_RL_CALIBRATION, source="test")
     after = evaluate(job, choice, trainer=tr, latency=_latency, calibration=cal)
     assert after.parts.generation_s == pytest.approx(measured["generation_s"], rel=1e-6)
@@ -328,7 +402,9 @@ def test_aiconfigurator_path_on_a_small_case(tmp_path, monkeypatch):
     # not skipped: the `test` extra pins aiconfigurator==0.12.0 (as the `rl` extra does), so CI runs this path
     import importlib.util
 
-    assert importlib.util.find_spec("aiconfigurator_core") is not None, "install the test extra: pip install -e '.[test]' (it pins aiconfigurator==0.12.0)"
+    assert importlib.util.find_spec("aiconfigurator_core") is not None, (
+        "install the test extra: pip install -e '.[test]' (it pins aiconfigurator==0.12.0)"
+    )
     from rl.engine import Engine, GenerationPrecision, aiconfigurator_latency_table
 
     monkeypatch.setenv("MLT_CACHE_DIR", str(tmp_path))
@@ -343,7 +419,9 @@ def test_aiconfigurator_path_on_a_small_case(tmp_path, monkeypatch):
     # gpt-oss has MXFP4 experts only: BF16 is refused naming the precision, its checkpoint precision is timed
     with pytest.raises(TunerError, match="no bf16 vllm data for openai/gpt-oss-120b"):
         aiconfigurator_latency_table("GPT-OSS-120B", "H200", Engine.vllm, EngineShape(tp=1), max_ctx=4096)
-    mx = aiconfigurator_latency_table("GPT-OSS-120B", "H200", Engine.vllm, EngineShape(tp=1), max_ctx=4096, precision=GenerationPrecision.checkpoint)
+    mx = aiconfigurator_latency_table(
+        "GPT-OSS-120B", "H200", Engine.vllm, EngineShape(tp=1), max_ctx=4096, precision=GenerationPrecision.checkpoint
+    )
     assert 0 < mx.decode_s(4, 1024) < 0.05 and "checkpoint" in mx.source
     with pytest.raises(TunerError, match="GPUs with vllm data"):
         aiconfigurator_latency_table("Qwen3-30B-A3B", "H20", Engine.vllm, EngineShape(tp=1), max_ctx=4096)
@@ -359,11 +437,20 @@ def test_aiconfigurator_path_on_a_small_case(tmp_path, monkeypatch):
         aiconfigurator_latency_table("DeepSeek-V3", "H100", Engine.vllm, EngineShape(tp=16), max_ctx=1536)
     monkeypatch.undo()
     monkeypatch.setenv("MLT_CACHE_DIR", str(tmp_path))
-    fp8 = aiconfigurator_latency_table("DeepSeek-V3", "H100", Engine.vllm, EngineShape(tp=16), max_ctx=1536, precision=GenerationPrecision.fp8)
+    fp8 = aiconfigurator_latency_table(
+        "DeepSeek-V3", "H100", Engine.vllm, EngineShape(tp=16), max_ctx=1536, precision=GenerationPrecision.fp8
+    )
     assert "deepseek-ai/DeepSeek-V3 fp8" in fp8.source and 0 < fp8.decode_s(32, 1000) < 0.2
-    # Qwen3's FP8 engine is aiconfigurator's -FP8 checkpoint (its own tables: slower than BF16 at batch 1 in 0.12.0), cached apart
-    q8 = aiconfigurator_latency_table("Qwen3-30B-A3B", "H200", Engine.vllm, EngineShape(tp=1), max_ctx=4096, precision=GenerationPrecision.fp8)
-    assert "Qwen/Qwen3-30B-A3B-FP8 fp8" in q8.source and not np.array_equal(q8.decode, t.decode) and len(list(tmp_path.glob("aic-*.npz"))) >= 3
+    # Qwen3's FP8 engine is aiconfigurator's -FP8 checkpoint (its own tables: slower than BF16 at batch 1 in 0.12.0),
+    # cached apart
+    q8 = aiconfigurator_latency_table(
+        "Qwen3-30B-A3B", "H200", Engine.vllm, EngineShape(tp=1), max_ctx=4096, precision=GenerationPrecision.fp8
+    )
+    assert (
+        "Qwen/Qwen3-30B-A3B-FP8 fp8" in q8.source
+        and not np.array_equal(q8.decode, t.decode)
+        and len(list(tmp_path.glob("aic-*.npz"))) >= 3
+    )
 
 
 def test_missing_aiconfigurator_names_the_extra(monkeypatch, tmp_path):
@@ -393,13 +480,26 @@ def test_shared_fixed_cost_fit_recovers_known_factors():
     res = predict_rows(pick, latency=_latency)
     assert all(r.plan is not None for r in res)
     truth = {
-        "H100": DEFAULT_RL_CALIBRATION.replace(generation_scale=1.3, training_scale=0.8, logprob_scale=0.8, switch_fixed_s=25.0, step_overhead_s=9.0),
-        "GB200": DEFAULT_RL_CALIBRATION.replace(generation_scale=2.0, training_scale=1.1, logprob_scale=1.1, switch_fixed_s=25.0, step_overhead_s=9.0),
+        "H100": DEFAULT_RL_CALIBRATION.replace(
+            generation_scale=1.3, training_scale=0.8, logprob_scale=0.8, switch_fixed_s=25.0, step_overhead_s=9.0
+        ),
+        "GB200": DEFAULT_RL_CALIBRATION.replace(
+            generation_scale=2.0, training_scale=1.1, logprob_scale=1.1, switch_fixed_s=25.0, step_overhead_s=9.0
+        ),
     }
-    measured = [dataclasses.replace(r, row=dataclasses.replace(r.row, step_time_s=recalibrate(r.plan, DEFAULT_RL_CALIBRATION, truth[r.row.gpu]))) for r in res]
+    measured = [
+        dataclasses.replace(
+            r, row=dataclasses.replace(r.row, step_time_s=recalibrate(r.plan, DEFAULT_RL_CALIBRATION, truth[r.row.gpu]))
+        )
+        for r in res
+    ]
     fitted = fit_calibrations(measured)
     assert set(fitted) == {"H100", "GB200"}
     assert fitted["H100"].switch_fixed_s == fitted["GB200"].switch_fixed_s  # one pair of fixed costs
     for r in measured:
-        assert recalibrate(r.plan, DEFAULT_RL_CALIBRATION, fitted[r.row.gpu]) == pytest.approx(r.row.step_time_s, rel=0.02)
-    assert fitted["GB200"].generation_scale == pytest.approx(2.0, rel=0.1) and fitted["H100"].training_scale == pytest.approx(0.8, rel=0.1)
+        assert recalibrate(r.plan, DEFAULT_RL_CALIBRATION, fitted[r.row.gpu]) == pytest.approx(
+            r.row.step_time_s, rel=0.02
+        )
+    assert fitted["GB200"].generation_scale == pytest.approx(2.0, rel=0.1) and fitted[
+        "H100"
+    ].training_scale == pytest.approx(0.8, rel=0.1)

@@ -45,8 +45,17 @@ def seed_plan(engine=Engine.vllm, framework=Framework.nemo_rl, backend=TrainerBa
         tr = trainer_for_layout(job.model, sub, wl, backend, cp=8, ep=128)
     else:
         tr = trainer_for_layout(job.model, sub, wl, backend, tp=2, ep=16, pp=4)
-    choice = PlanChoice(colocated=False, rollout_gpus=128, trainer_gpus=128, shape=EngineShape(tp=16, ep=16), gpu_memory_utilization=0.8,
-                        max_num_seqs=256, enforce_eager=True, trainer_backend=backend, engine=engine)
+    choice = PlanChoice(
+        colocated=False,
+        rollout_gpus=128,
+        trainer_gpus=128,
+        shape=EngineShape(tp=16, ep=16),
+        gpu_memory_utilization=0.8,
+        max_num_seqs=256,
+        enforce_eager=True,
+        trainer_backend=backend,
+        engine=engine,
+    )
     return evaluate(job, choice, trainer=tr, latency=_latency), job
 
 
@@ -57,14 +66,27 @@ def _get(d, path):
 
 
 SEED_KEYS = [
-    "cluster.num_nodes", "cluster.gpus_per_node",
-    "grpo.num_prompts_per_step", "grpo.num_generations_per_prompt",
-    "policy.train_global_batch_size", "policy.train_micro_batch_size", "policy.logprob_batch_size", "policy.max_total_sequence_length",
-    "policy.dtensor_cfg.context_parallel_size", "policy.dtensor_cfg.expert_parallel_size", "policy.dtensor_cfg.activation_checkpointing",
+    "cluster.num_nodes",
+    "cluster.gpus_per_node",
+    "grpo.num_prompts_per_step",
+    "grpo.num_generations_per_prompt",
+    "policy.train_global_batch_size",
+    "policy.train_micro_batch_size",
+    "policy.logprob_batch_size",
+    "policy.max_total_sequence_length",
+    "policy.dtensor_cfg.context_parallel_size",
+    "policy.dtensor_cfg.expert_parallel_size",
+    "policy.dtensor_cfg.activation_checkpointing",
     "policy.generation.max_new_tokens",
-    "policy.generation.colocated.enabled", "policy.generation.colocated.resources.num_nodes", "policy.generation.colocated.resources.gpus_per_node",
-    "policy.generation.vllm_cfg.tensor_parallel_size", "policy.generation.vllm_cfg.pipeline_parallel_size", "policy.generation.vllm_cfg.expert_parallel_size",
-    "policy.generation.vllm_cfg.gpu_memory_utilization", "policy.generation.vllm_cfg.enforce_eager", "policy.generation.vllm_cfg.max_model_len",
+    "policy.generation.colocated.enabled",
+    "policy.generation.colocated.resources.num_nodes",
+    "policy.generation.colocated.resources.gpus_per_node",
+    "policy.generation.vllm_cfg.tensor_parallel_size",
+    "policy.generation.vllm_cfg.pipeline_parallel_size",
+    "policy.generation.vllm_cfg.expert_parallel_size",
+    "policy.generation.vllm_cfg.gpu_memory_utilization",
+    "policy.generation.vllm_cfg.enforce_eager",
+    "policy.generation.vllm_cfg.max_model_len",
     "data.max_input_seq_length",
 ]
 
@@ -85,7 +107,9 @@ def test_exported_recipe_and_the_seed_recipe_pass_our_schema():
     mplan, mjob = seed_plan(backend=TrainerBackend.megatron)
     cfg = nemo_rl_config(mplan, mjob)
     jsonschema.validate(cfg, schema)
-    assert cfg["policy"]["megatron_cfg"]["tensor_model_parallel_size"] == 2 and cfg["policy"]["dtensor_cfg"] == {"enabled": False}
+    assert cfg["policy"]["megatron_cfg"]["tensor_model_parallel_size"] == 2 and cfg["policy"]["dtensor_cfg"] == {
+        "enabled": False
+    }
     bad = nemo_rl_config(plan, job)
     bad["policy"]["generation"]["vllm_cfg"]["gpu_memory_utilization"] = 1.5
     with pytest.raises(jsonschema.ValidationError):
@@ -96,7 +120,9 @@ def test_recipe_names_the_trained_model_not_the_engine_data_model(tmp_path):
     """MiniMax-M2's engine costs come from aiconfigurator's MiniMax-M2.5 config; the recipe must still load M2."""
     plan, job = seed_plan(model="MiniMax-M2")
     assert nemo_rl_config(plan, job)["policy"]["model_name"] == "MiniMaxAI/MiniMax-M2"
-    cfg = json.loads((Path(__file__).resolve().parents[2] / "specs" / "data" / "models" / "MiniMax-M2.json").read_text())
+    cfg = json.loads(
+        (Path(__file__).resolve().parents[2] / "specs" / "data" / "models" / "MiniMax-M2.json").read_text()
+    )
     cfg = {k: v for k, v in cfg.items() if k not in ("_source", "tuner")}
     folder = tmp_path / "my-m2"
     folder.mkdir()
@@ -122,7 +148,11 @@ def test_slime_script():
         if line.startswith("  --"):
             parts = shlex.split(line)
             flags[parts[0]] = parts[1] if len(parts) > 1 else None
-    assert flags["--actor-num-nodes"] == "16" and flags["--rollout-num-gpus"] == "128" and flags["--rollout-num-gpus-per-engine"] == "16"
+    assert (
+        flags["--actor-num-nodes"] == "16"
+        and flags["--rollout-num-gpus"] == "128"
+        and flags["--rollout-num-gpus-per-engine"] == "16"
+    )
     assert flags["--sglang-ep-size"] == "16" and flags["--tensor-model-parallel-size"] == "2"
     assert "--sglang-disable-cuda-graph" in text and "--colocate" not in text
     assert 'exec "$PYTHON" "$SLIME_DIR/train.py" "${PLAN_ARGS[@]}" "$@"' in text
@@ -137,20 +167,42 @@ def test_exporters_refuse_what_their_framework_cannot_run():
         render_nemo_rl_yaml(splan, sjob)
 
 
-# --------------------------------------------------------------------------- the registry and the executed slime RL launch
+# --------------------------------------------------------------------------- the registry and the executed slime RL
+# launch
 
 
 FAKE_SLIME = Path(__file__).resolve().parent / "fake_entry" / "slime_rl"
 
 
 def _sglang_plan(colocated: bool, async_steps: int, shape: EngineShape, eager: bool):
-    job = RLJob(model=load_model("Qwen3-30B-A3B"), cluster=parse_gpus("4x8xH100"), framework=Framework.slime, engine=Engine.sglang,
-                prompt_len=512, response_len=4096, mean_prompt_len=200, responses=LengthDistribution.from_mean_max(2000, 4096),
-                prompts_per_step=32, generations_per_prompt=8)
+    job = RLJob(
+        model=load_model("Qwen3-30B-A3B"),
+        cluster=parse_gpus("4x8xH100"),
+        framework=Framework.slime,
+        engine=Engine.sglang,
+        prompt_len=512,
+        response_len=4096,
+        mean_prompt_len=200,
+        responses=LengthDistribution.from_mean_max(2000, 4096),
+        prompts_per_step=32,
+        generations_per_prompt=8,
+    )
     n_train = 32 if colocated else 16
-    tr = trainer_for_layout(job.model, parse_gpus(f"{n_train // 8}x8xH100"), job.workload, TrainerBackend.megatron, tp=2, ep=8, pp=1)
-    choice = PlanChoice(colocated=colocated, rollout_gpus=32 if colocated else 16, trainer_gpus=n_train, shape=shape, gpu_memory_utilization=0.75,
-                        max_num_seqs=384, enforce_eager=eager, async_steps=async_steps, trainer_backend=TrainerBackend.megatron, engine=Engine.sglang)
+    tr = trainer_for_layout(
+        job.model, parse_gpus(f"{n_train // 8}x8xH100"), job.workload, TrainerBackend.megatron, tp=2, ep=8, pp=1
+    )
+    choice = PlanChoice(
+        colocated=colocated,
+        rollout_gpus=32 if colocated else 16,
+        trainer_gpus=n_train,
+        shape=shape,
+        gpu_memory_utilization=0.75,
+        max_num_seqs=384,
+        enforce_eager=eager,
+        async_steps=async_steps,
+        trainer_backend=TrainerBackend.megatron,
+        engine=Engine.sglang,
+    )
     return evaluate(job, choice, trainer=tr, latency=_latency), job
 
 
@@ -195,7 +247,9 @@ def test_run_slime_rl_sh_executes_and_its_values_arrive(tmp_path, colocated, asy
     assert (a["rollout_max_prompt_len"], a["rollout_max_response_len"]) == (512, 4096)
     assert a["sglang_mem_fraction_static"] == 0.75 and a["sglang_max_running_requests"] == 384
     assert a["sglang_ep_size"] == (shape.ep if shape.ep > 1 else None)
-    assert a["sglang_enable_dp_attention"] is (shape.attention_dp > 1) and a["sglang_dp_size"] == (shape.attention_dp if shape.attention_dp > 1 else None)
+    assert a["sglang_enable_dp_attention"] is (shape.attention_dp > 1) and a["sglang_dp_size"] == (
+        shape.attention_dp if shape.attention_dp > 1 else None
+    )
     assert a["sglang_disable_cuda_graph"] is eager
     assert d["rest"] == user  # the caller's flags arrive after the plan's, each one word, untouched
 
@@ -206,11 +260,19 @@ def test_rl_formats_are_registered_and_refuse_a_training_layout():
     from specs.layout import Layout
 
     assert exporter_names()[-2:] == ["nemo-rl", "slime-rl"]
-    assert {"nemo-rl", "slime-rl"}.isdisjoint(e.name for e in main_job_exporters())  # `tune` does not write them for a training study
-    ctx = ExportContext(model=load_model("Qwen3-30B-A3B"), cluster=parse_gpus("8xH100"), workload=Workload(seq_length=4096, global_batch_size=64),
-                        layout=Layout(world_size=8, ep=8))
+    assert {"nemo-rl", "slime-rl"}.isdisjoint(
+        e.name for e in main_job_exporters()
+    )  # `tune` does not write them for a training study
+    ctx = ExportContext(
+        model=load_model("Qwen3-30B-A3B"),
+        cluster=parse_gpus("8xH100"),
+        workload=Workload(seq_length=4096, global_batch_size=64),
+        layout=Layout(world_size=8, ep=8),
+    )
     for name in ("nemo-rl", "slime-rl"):
-        with pytest.raises(TunerError, match=rf"--format {name} renders an RL post-training plan: .*tune rl .*--out DIR"):
+        with pytest.raises(
+            TunerError, match=rf"--format {name} renders an RL post-training plan: .*tune rl .*--out DIR"
+        ):
             get_exporter(name).render(ctx)
     plan, job = seed_plan()
     text = get_exporter("nemo-rl").render(plan_context(plan, job))

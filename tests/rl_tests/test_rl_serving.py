@@ -11,12 +11,17 @@ from rl.engine import LatencyTable
 from rl.serving import ServingRun, predict_serving, read_serving_runs, serving_requests, summarise_serving
 
 ROOT = Path(__file__).resolve().parents[2]
-HEADER = "id,source,model,gpu,engine,engine_version,precision,tp,ep,dp,load,concurrency,num_prompts,isl,osl,lengths,metric,measured,notes"
+HEADER = (
+    "id,source,model,gpu,engine,engine_version,precision,tp,ep,dp,load,concurrency,num_prompts,isl,osl,lengths,metric,"
+    "measured,notes"
+)
 
 
 def _const(decode_s: float, prefill_per_token_s: float = 0.0):
     def latency(row: ServingRun, max_ctx: int) -> LatencyTable:
-        return LatencyTable.from_functions(lambda n, c: decode_s, lambda t: prefill_per_token_s * t, max_ctx=max_ctx, source="const")
+        return LatencyTable.from_functions(
+            lambda n, c: decode_s, lambda t: prefill_per_token_s * t, max_ctx=max_ctx, source="const"
+        )
 
     return latency
 
@@ -40,12 +45,25 @@ def test_published_table_reads_whole_and_names_its_sources():
 def test_bad_rows_are_named_by_line_and_column_and_good_rows_still_read(tmp_path):
     f = tmp_path / "runs.csv"
     good = "a,src,Qwen3-30B-A3B,H100,vllm,0.11,bf16,1,1,1,closed,4,40,1024,1024,fixed,tpot_ms,5.0,"
-    f.write_text("\n".join([HEADER, good, good.replace(",closed,", ",sometimes,"), good.replace(",tpot_ms,", ",latency,"),
-                            good.replace(",fixed,", ",uniform:2,")]) + "\n")
+    f.write_text(
+        "\n".join(
+            [
+                HEADER,
+                good,
+                good.replace(",closed,", ",sometimes,"),
+                good.replace(",tpot_ms,", ",latency,"),
+                good.replace(",fixed,", ",uniform:2,"),
+            ]
+        )
+        + "\n"
+    )
     rows, errors = read_serving_runs(f)
     assert len(rows) == 1
-    assert errors == ["line 3: column load: cannot read 'sometimes'", "line 4: column metric: cannot read 'latency'",
-                      "line 5: column lengths: cannot read 'uniform:2'"]
+    assert errors == [
+        "line 3: column load: cannot read 'sometimes'",
+        "line 4: column metric: cannot read 'latency'",
+        "line 5: column lengths: cannot read 'uniform:2'",
+    ]
     f.write_text("id,model\nx,y\n")
     with pytest.raises(Exception, match="missing columns source, gpu, engine"):
         read_serving_runs(f)
@@ -65,15 +83,31 @@ def test_closed_load_tpot_and_throughput_on_a_known_schedule(tmp_path):
 
 
 def test_open_load_runs_everything_at_once_and_per_gpu_divides(tmp_path):
-    (row,) = _rows(tmp_path, "a,src,Qwen3-30B-A3B,H100,vllm,,bf16,2,1,1,open,,40,100,200,fixed,output_tok_s_per_gpu,1.0,")
+    (row,) = _rows(
+        tmp_path, "a,src,Qwen3-30B-A3B,H100,vllm,,bf16,2,1,1,open,,40,100,200,fixed,output_tok_s_per_gpu,1.0,"
+    )
     p = predict_serving(row, latency=_const(0.010))
     assert p.run is not None and p.run.peak_running == 40 and p.run.makespan_s == pytest.approx(2.0)
     assert p.predicted == pytest.approx(8000 / 2.0 / 2)
 
 
 def test_request_lengths_follow_the_row():
-    base = dict(line=2, id="a", source="s", model="Qwen3-30B-A3B", gpu="H100", engine="vllm", engine_version="", precision="bf16",
-                load="closed", concurrency=4, num_prompts=1000, metric="tpot_ms", measured=1.0, notes="")
+    base = dict(
+        line=2,
+        id="a",
+        source="s",
+        model="Qwen3-30B-A3B",
+        gpu="H100",
+        engine="vllm",
+        engine_version="",
+        precision="bf16",
+        load="closed",
+        concurrency=4,
+        num_prompts=1000,
+        metric="tpot_ms",
+        measured=1.0,
+        notes="",
+    )
     from rl.engine import Engine, EngineShape
 
     base.update(engine=Engine.vllm, shape=EngineShape())

@@ -36,7 +36,12 @@ def test_dispatcher_properties():
     }
     assert set(want) == set(Dispatcher) == set(_DISPATCHER_TRAITS)
     for d, (kind, backend, flex, ag) in want.items():
-        assert (d.moe_token_dispatcher_type, d.moe_flex_dispatcher_backend, d.is_flex, d.is_allgather) == (kind, backend, flex, ag), d
+        assert (d.moe_token_dispatcher_type, d.moe_flex_dispatcher_backend, d.is_flex, d.is_allgather) == (
+            kind,
+            backend,
+            flex,
+            ag,
+        ), d
 
 
 def test_recompute_properties():
@@ -46,14 +51,19 @@ def test_recompute_properties():
 
 
 def test_enum_mask_reads_properties():
-    t = LayoutTable.from_layouts([Layout(world_size=8, ep=8, dispatcher=d) for d in ("alltoall", "flex+deepep", "allgather", "flex+hybridep")])
+    t = LayoutTable.from_layouts(
+        [Layout(world_size=8, ep=8, dispatcher=d) for d in ("alltoall", "flex+deepep", "allgather", "flex+hybridep")]
+    )
     assert enum_mask(t, "dispatcher", Dispatcher, lambda d: d.is_flex).tolist() == [False, True, False, True]
     assert enum_mask(t, "dispatcher", Dispatcher, lambda d: d.is_allgather).tolist() == [False, False, True, False]
     assert enum_mask(t.select(slice(0, 0)), "dispatcher", Dispatcher, lambda d: d.is_flex).shape == (0,)
 
 
 def test_string_columns_are_codes_into_categories():
-    lays = [Layout(world_size=8, ep=8, dispatcher=d, exp_avg_dtype=x) for d, x in (("flex+deepep", "bf16"), ("alltoall", "fp32"), ("flex+deepep", "fp32"))]
+    lays = [
+        Layout(world_size=8, ep=8, dispatcher=d, exp_avg_dtype=x)
+        for d, x in (("flex+deepep", "bf16"), ("alltoall", "fp32"), ("flex+deepep", "fp32"))
+    ]
     t = LayoutTable.from_layouts(lays)
     assert {c: t.cols[c].dtype.itemsize for c in CODED_COLUMNS} == dict.fromkeys(CODED_COLUMNS, 2)
     assert t["dispatcher"].tolist() == ["flex+deepep", "alltoall", "flex+deepep"]
@@ -90,10 +100,16 @@ def test_adding_a_dispatcher_is_one_member_and_one_traits_row(tmp_path):
     layout_py = tmp_path / "specs" / "layout.py"
     src = layout_py.read_text()
     member = '    flex_hybridep = "flex+hybridep"\n'
-    row = '    Dispatcher.flex_hybridep: _DispatcherTraits("flex", "hybridep", "HybridEP", "hybrid_ep", ("hybridep",)),\n'
+    row = (
+        '    Dispatcher.flex_hybridep: _DispatcherTraits("flex", "hybridep", "HybridEP", "hybrid_ep", ("hybridep",)),\n'
+    )
     assert src.count(member) == 1 and src.count(row) == 1
     src = src.replace(member, member + '    flex_deepep_ll = "flex+deepep_ll"\n')
-    src = src.replace(row, row + '    Dispatcher.flex_deepep_ll: _DispatcherTraits("flex", "deepep", "DeepEP", "deep_ep", ("deepep_ll",)),\n')
+    src = src.replace(
+        row,
+        row
+        + '    Dispatcher.flex_deepep_ll: _DispatcherTraits("flex", "deepep", "DeepEP", "deep_ep", ("deepep_ll",)),\n',
+    )
     layout_py.write_text(src)
     script = textwrap.dedent(
         f"""
@@ -111,14 +127,29 @@ def test_adding_a_dispatcher_is_one_member_and_one_traits_row(tmp_path):
         new, deep = estimate(m, c, w, lay), estimate(m, c, w, lay.replace(dispatcher="flex+deepep"))
         assert new.time == deep.time and new.memory == deep.memory, (new.time, deep.time)
         print("ok")
-        """
+        """  # noqa: E501
     )
     env = {"PYTHONPATH": str(tmp_path), "PATH": os.environ.get("PATH", "")}
     out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
-    suite = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "test_dispatcher_contract.py"],
-                           cwd=tmp_path, env=env, capture_output=True, text=True)
+    suite = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            "test_dispatcher_contract.py",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert suite.returncode == 0, suite.stdout[-3000:]
     assert "25 passed" in suite.stdout  # 5 cases x 5 dispatchers, flex+deepep_ll among them
 
@@ -131,8 +162,18 @@ def test_appending_rows_keeps_coded_columns_coded_and_values_whole():
 
     m = load_model("Qwen3-30B-A3B")
     valid = enumerate_layouts(SearchSpace.load(), m, 8, Workload(seq_length=4096, global_batch_size=16)).valid
-    extra = Layout.from_dict({"world_size": 8, "tp": 1, "pp": 1, "ep": 8, "micro_batch_size": 3, "dispatcher": "allgather",
-                              "recompute_granularity": "selective", "recompute_modules": ["core_attn", "moe_act"]})
+    extra = Layout.from_dict(
+        {
+            "world_size": 8,
+            "tp": 1,
+            "pp": 1,
+            "ep": 8,
+            "micro_batch_size": 3,
+            "dispatcher": "allgather",
+            "recompute_granularity": "selective",
+            "recompute_modules": ["core_attn", "moe_act"],
+        }
+    )
     both = valid.append(LayoutTable.from_layouts([extra]))
     assert len(both) == len(valid) + 1 and both.row(len(valid)).key() == extra.key()
     assert all(both.row(i).key() == valid.row(i).key() for i in (0, len(valid) // 2, len(valid) - 1))

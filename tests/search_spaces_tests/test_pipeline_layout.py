@@ -176,5 +176,3 @@ def test_malformed_strings(text: str, mtp: int, needle: str) -> None:
     assert exc.value.rule_id == "pipeline_layout"
     assert needle in exc.value.reason
     assert text in exc.value.reason
-
-

@@ -264,7 +264,9 @@ def test_the_valid_table_is_one_byte_a_row_per_dimension(minimax: ModelSpec) -> 
     assert [a.dtype.itemsize for a in held.values()] == [1] * 10
     assert v.cols["pp"] is v.cols["num_layers_in_first_pipeline_stage"]
     i = len(v) // 2
-    assert v.row(i).to_dict() == {k: v[k][i].item() if k != "recompute_modules" else [x for x in v[k][i].split(",") if x] for k in v.cols}
+    assert v.row(i).to_dict() == {
+        k: v[k][i].item() if k != "recompute_modules" else [x for x in v[k][i].split(",") if x] for k in v.cols
+    }
 
 
 def test_enumeration_matches_brute_force(tmp_path: Path, minimax: ModelSpec) -> None:

@@ -234,15 +234,39 @@ BAD: dict[str, tuple[Layout, str | dict[str, Any], Workload, tuple[str, ...]]] =
         ("exp_avg_dtype (bf16)", "exp_avg_sq_dtype (fp32)"),
     ),
     "dispatcher": (seed_layout(ep=1, dispatcher="flex+deepep"), {}, WORKLOAD, ("flex+deepep", "etp 1 * ep 1 = 1")),
-    "dispatcher_fabric": (seed_layout(ep=16, dispatcher="flex+deepep"), {}, WORKLOAD, ("flex+deepep", "AWS EFA v3", "etp 1 x ep 16 = 16", "issue 369")),
-    "dispatcher_release": (seed_layout(dispatcher="flex+hybridep"), {}, WORKLOAD,
-                           ("flex+hybridep", "megatron-core 0.15", "arrived in 0.16"), RuleEnv(megatron_core=(0, 15))),
-    "cp_attention_variant": (seed_layout(cp=2, pp=1, vpp=1), {"softmax_type": "learnable"}, WORKLOAD,
-                             ("cp 2 with softmax_type learnable", "--cp-comm-type a2a", "use cp 1")),
-    "cpu_offloading": (seed_layout(), {}, WORKLOAD, ("--cpu-offloading-num-layers 2", "pp 8", "recompute full uniform 1"),
-                       RuleEnv(cpu_offloading_num_layers=2)),
-    "cuda_graphs": (seed_layout(), {}, WORKLOAD, ("--cuda-graph-impl local", "recompute full uniform 1", "full_iteration"),
-                    RuleEnv(cuda_graph_impl="local")),
+    "dispatcher_fabric": (
+        seed_layout(ep=16, dispatcher="flex+deepep"),
+        {},
+        WORKLOAD,
+        ("flex+deepep", "AWS EFA v3", "etp 1 x ep 16 = 16", "issue 369"),
+    ),
+    "dispatcher_release": (
+        seed_layout(dispatcher="flex+hybridep"),
+        {},
+        WORKLOAD,
+        ("flex+hybridep", "megatron-core 0.15", "arrived in 0.16"),
+        RuleEnv(megatron_core=(0, 15)),
+    ),
+    "cp_attention_variant": (
+        seed_layout(cp=2, pp=1, vpp=1),
+        {"softmax_type": "learnable"},
+        WORKLOAD,
+        ("cp 2 with softmax_type learnable", "--cp-comm-type a2a", "use cp 1"),
+    ),
+    "cpu_offloading": (
+        seed_layout(),
+        {},
+        WORKLOAD,
+        ("--cpu-offloading-num-layers 2", "pp 8", "recompute full uniform 1"),
+        RuleEnv(cpu_offloading_num_layers=2),
+    ),
+    "cuda_graphs": (
+        seed_layout(),
+        {},
+        WORKLOAD,
+        ("--cuda-graph-impl local", "recompute full uniform 1", "full_iteration"),
+        RuleEnv(cuda_graph_impl="local"),
+    ),
 }
 
 #: The environment of the rules that read one (the others ignore it): the seed's cluster, AWS p5en with EFA v3.
@@ -279,10 +303,19 @@ def test_rule_rejects_bad_layout(rule_id: str, minimax: ModelSpec) -> None:
 
 
 def test_dispatcher_fabric_per_network(minimax: ModelSpec) -> None:
-    cross = seed_layout(pp=4, vpp=1, ep=16, dispatcher="flex+deepep", num_layers_in_first_pipeline_stage=16, num_layers_in_last_pipeline_stage=14)
+    cross = seed_layout(
+        pp=4,
+        vpp=1,
+        ep=16,
+        dispatcher="flex+deepep",
+        num_layers_in_first_pipeline_stage=16,
+        num_layers_in_last_pipeline_stage=14,
+    )
     assert check_layout(cross, minimax, WORKLOAD) == []  # no network named: not checked
     assert [r for r, _ in check_layout(cross, minimax, WORKLOAD, EFA_ENV)] == ["dispatcher_fabric"]
-    assert "dispatcher_fabric" in dict(check_layout(cross.replace(dispatcher="flex+hybridep"), minimax, WORKLOAD, EFA_ENV))
+    assert "dispatcher_fabric" in dict(
+        check_layout(cross.replace(dispatcher="flex+hybridep"), minimax, WORKLOAD, EFA_ENV)
+    )
     assert check_layout(cross.replace(dispatcher="alltoall"), minimax, WORKLOAD, EFA_ENV) == []
     assert check_layout(cross.replace(ep=8), minimax, WORKLOAD, EFA_ENV) == []  # EP 8 inside one 8-GPU node
     ib = RuleEnv(network=load_network("ib-ndr"), nvlink_size=8)
@@ -296,7 +329,9 @@ def test_query_groups_rule_follows_the_release(minimax: ModelSpec) -> None:
     assert "query_groups_tp" not in dict(check_layout(tp16, minimax, WORKLOAD, RuleEnv(megatron_core=(0, 16))))
     old = dict(check_layout(tp16, minimax, WORKLOAD, RuleEnv(megatron_core=(0, 15))))
     assert "megatron-core 0.15" in old["query_groups_tp"] and "0.16 or later" in old["query_groups_tp"]
-    assert "query_groups_tp" not in dict(check_layout(seed_layout(tp=8, sequence_parallel=True), minimax, WORKLOAD, RuleEnv(megatron_core=(0, 13))))
+    assert "query_groups_tp" not in dict(
+        check_layout(seed_layout(tp=8, sequence_parallel=True), minimax, WORKLOAD, RuleEnv(megatron_core=(0, 13)))
+    )
 
 
 def test_odd_moe_layers_per_stage_with_a2a_overlap_warn(minimax: ModelSpec) -> None:
@@ -304,7 +339,9 @@ def test_odd_moe_layers_per_stage_with_a2a_overlap_warn(minimax: ModelSpec) -> N
     assert layout_warnings(lay, minimax, RunOptions()) == []
     warn = layout_warnings(lay, minimax, RunOptions(overlap_moe_expert_parallel_comm=True))
     assert len(warn) == 1 and "issue 1810" in warn[0] and "rank 0 stage 0: 1" in warn[0]
-    even = seed_layout(pp=2, vpp=1, num_layers_in_first_pipeline_stage=0, num_layers_in_last_pipeline_stage=0)  # 31 + 31
+    even = seed_layout(
+        pp=2, vpp=1, num_layers_in_first_pipeline_stage=0, num_layers_in_last_pipeline_stage=0
+    )  # 31 + 31
     assert "rank 0 stage 0: 31" in layout_warnings(even, minimax, RunOptions(overlap_moe_expert_parallel_comm=True))[0]
 
 

@@ -19,8 +19,21 @@ HEARTBEAT = dict(heartbeat_interval_s=1, heartbeat_grace_s=2)
 def config(storage: str, results_dir: str, trials: int):  # noqa: ANN201
     from tuner.study import TuneConfig
 
-    return TuneConfig(model="MiniMax-M2", gpus="4xH200", layers=4, global_batch_size=8, stack="megatron", study="w", storage=storage,
-                      results_dir=results_dir, trials=trials, prune_margin=None, recalibrate_after=0, policy="queue", **HEARTBEAT)
+    return TuneConfig(
+        model="MiniMax-M2",
+        gpus="4xH200",
+        layers=4,
+        global_batch_size=8,
+        stack="megatron",
+        study="w",
+        storage=storage,
+        results_dir=results_dir,
+        trials=trials,
+        prune_margin=None,
+        recalibrate_after=0,
+        policy="queue",
+        **HEARTBEAT,
+    )
 
 
 class Sleepy(TrialBackend):
@@ -46,12 +59,18 @@ class Sleepy(TrialBackend):
                 time.sleep(0.1)
             raise SystemExit(f"trial {trial_number} sent no heartbeat")
         time.sleep(self.step_s)
-        return Measurement(layout=layout, source="measured", tokens_per_s_per_gpu=1000.0 + len(self.layouts), peak_bytes=50 * 2**30,
-                           step_times_s=(1.0,))
+        return Measurement(
+            layout=layout,
+            source="measured",
+            tokens_per_s_per_gpu=1000.0 + len(self.layouts),
+            peak_bytes=50 * 2**30,
+            step_times_s=(1.0,),
+        )
 
 
 def has_heartbeat(storage: str, number: int) -> bool:
-    """Trial ``number`` of study "w" has a heartbeat recorded (journal: its system attribute; RDB: Optuna's heartbeat table)."""
+    """Trial ``number`` of study "w" has a heartbeat recorded (journal: its system attribute; RDB: Optuna's heartbeat
+    table)."""
     if storage.startswith("journal:"):
         import optuna
 

@@ -38,13 +38,25 @@ def _make_study(tmp_path: Path) -> tuple[str, Path]:
     """A study as `tune --backend local` leaves it: the study's inputs, and one COMPLETE trial per
     measured layout with ``user_attrs["result"]`` (source "measured", peak_gib = reserved)."""
     results = tmp_path / "results"
-    cfg = TuneConfig(model="MiniMax-M2", gpus="4xH200", layers=4, global_batch_size=8, backend="local", stack="megatron",
-                     results_dir=str(results), study="h200-slice")
+    cfg = TuneConfig(
+        model="MiniMax-M2",
+        gpus="4xH200",
+        layers=4,
+        global_batch_size=8,
+        backend="local",
+        stack="megatron",
+        results_dir=str(results),
+        study="h200-slice",
+    )
     prep = prepare(cfg)
     name = cfg.study_name(prep.model, prep.cluster)
     (results / name).mkdir(parents=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    st = optuna.create_study(study_name=name, storage=f"sqlite:///{(results / name / 'study.db').as_posix()}", directions=["maximize", "minimize"])
+    st = optuna.create_study(
+        study_name=name,
+        storage=f"sqlite:///{(results / name / 'study.db').as_posix()}",
+        directions=["maximize", "minimize"],
+    )
     st.set_user_attr("config", cfg.to_dict())
     st.set_user_attr("resolved", _resolved(prep))
     st.set_user_attr("model_spec", model_spec_to_dict(prep.model))
@@ -52,22 +64,46 @@ def _make_study(tmp_path: Path) -> tuple[str, Path]:
     for r in _rows():
         lay = Layout.from_dict(r["layout"])
         res = {
-            "layout": lay.to_dict(), "label": lay.label, "source": "measured",
-            "tokens_per_s_per_gpu": r["tokens_per_s_per_gpu"], "peak_gib": r["peak_reserved_gib"],
-            "step_time_s": r["step_time_s"], "step_times_s": r["step_times_s"], "losses": r["losses"],
-            "peak_allocated_gib": r["peak_allocated_gib"], "step_time_cv": r["step_time_cv"], "notes": r["notes"],
-            "pred_tokens_per_s_per_gpu": r["pred_tokens_per_s_per_gpu"], "pred_peak_gib": r["pred_peak_gib"], "pred_step_time_s": r["pred_step_time_s"],
+            "layout": lay.to_dict(),
+            "label": lay.label,
+            "source": "measured",
+            "tokens_per_s_per_gpu": r["tokens_per_s_per_gpu"],
+            "peak_gib": r["peak_reserved_gib"],
+            "step_time_s": r["step_time_s"],
+            "step_times_s": r["step_times_s"],
+            "losses": r["losses"],
+            "peak_allocated_gib": r["peak_allocated_gib"],
+            "step_time_cv": r["step_time_cv"],
+            "notes": r["notes"],
+            "pred_tokens_per_s_per_gpu": r["pred_tokens_per_s_per_gpu"],
+            "pred_peak_gib": r["pred_peak_gib"],
+            "pred_step_time_s": r["pred_step_time_s"],
         }
-        st.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, values=[r["tokens_per_s_per_gpu"], r["peak_reserved_gib"]],
-                                               user_attrs={"key": lay.key(), "result": res}))
+        st.add_trial(
+            optuna.trial.create_trial(
+                state=optuna.trial.TrialState.COMPLETE,
+                values=[r["tokens_per_s_per_gpu"], r["peak_reserved_gib"]],
+                user_attrs={"key": lay.key(), "result": res},
+            )
+        )
     return name, results
 
 
 def _observations(rows: list[dict]) -> list[Observation]:
     m, c = slice_model(load_model("MiniMax-M2"), 4), parse_gpus("4xH200")
     w = Workload(seq_length=8192, global_batch_size=8)
-    return [Observation(model=m, cluster=c, workload=w, layout=Layout.from_dict(r["layout"]), step_time_s=r["step_time_s"],
-                        peak_gib=r["peak_reserved_gib"], label=r["label"]) for r in rows]
+    return [
+        Observation(
+            model=m,
+            cluster=c,
+            workload=w,
+            layout=Layout.from_dict(r["layout"]),
+            step_time_s=r["step_time_s"],
+            peak_gib=r["peak_reserved_gib"],
+            label=r["label"],
+        )
+        for r in rows
+    ]
 
 
 def _errors(obs: list[Observation], cal) -> tuple[float, float]:
@@ -82,7 +118,9 @@ def test_calibrate_study_fits_measured_trials_and_the_file_loads(tmp_path):
     shipped = SHIPPED_CALIBRATION_FILE.read_text()
     name, results = _make_study(tmp_path)
     out = tmp_path / "cal.yaml"
-    r = runner.invoke(app, ["calibrate", "--study", name, "--results-dir", str(results), "--out", str(out), "--max-nfev", "40"])
+    r = runner.invoke(
+        app, ["calibrate", "--study", name, "--results-dir", str(results), "--out", str(out), "--max-nfev", "40"]
+    )
     assert r.exit_code == 0, r.output
     doc = yaml.safe_load(out.read_text())
     prov = doc["provenance"]
@@ -111,7 +149,18 @@ def test_calibrate_study_without_measured_trials_fails_cleanly(tmp_path):
     st2 = optuna.create_study(study_name="empty", storage=f"sqlite:///{(results / name / 'study.db').as_posix()}")
     for k, v in st.user_attrs.items():
         st2.set_user_attr(k, v)
-    r = runner.invoke(app, ["calibrate", "--study", "empty", "--storage", f"sqlite:///{(results / name / 'study.db').as_posix()}", "--out", str(tmp_path / "x.yaml")])
+    r = runner.invoke(
+        app,
+        [
+            "calibrate",
+            "--study",
+            "empty",
+            "--storage",
+            f"sqlite:///{(results / name / 'study.db').as_posix()}",
+            "--out",
+            str(tmp_path / "x.yaml"),
+        ],
+    )
     assert r.exit_code == 2 and "no finished trial measured" in r.output
 
 
@@ -136,25 +185,46 @@ def test_bench_extrapolation_fits_small_slices_and_judges_4gpu(capsys):
     with pytest.raises(SystemExit):
         bench_trial_calibration.main(["--fit-data", str(FIXTURE)])  # --judge-data missing
     assert "go together" in capsys.readouterr().err
-    args = ["--fit-data", str(SWEEPS / "sweep_l2_2gpu.jsonl"), str(SWEEPS / "sweep_l1_1gpu_local.jsonl"),
-            "--judge-data", str(FIXTURE), "--judge-gpus", "4xH200", "--max-nfev", "60", "--json"]
+    args = [
+        "--fit-data",
+        str(SWEEPS / "sweep_l2_2gpu.jsonl"),
+        str(SWEEPS / "sweep_l1_1gpu_local.jsonl"),
+        "--judge-data",
+        str(FIXTURE),
+        "--judge-gpus",
+        "4xH200",
+        "--max-nfev",
+        "60",
+        "--json",
+    ]
     assert bench_trial_calibration.main(args) == 0
     r = json.loads(capsys.readouterr().out)
     fit_files, judge_files = r["data"]["fit"], r["data"]["judge"]
     assert [(f["rows"], f["kinds"], f["skipped"]) for f in fit_files] == [
-        (11, "11 2xH200 2-layer", {"not finished (crash)": 1}), (3, "3 1xH200 1-layer", {})]
+        (11, "11 2xH200 2-layer", {"not finished (crash)": 1}),
+        (3, "3 1xH200 1-layer", {}),
+    ]
     assert [(f["rows"], f["kinds"], f["skipped"]) for f in judge_files] == [
-        (12, "12 4xH200 4-layer", {"not finished (timeout)": 1, "other GPUs (2xH200)": 3})]
+        (12, "12 4xH200 4-layer", {"not finished (timeout)": 1, "other GPUs (2xH200)": 3})
+    ]
     assert len(r["sets"]["fit"]) == 14 and len(r["sets"]["judge"]) == 12
     changed = r["harness_layout_changed"]
-    assert len(changed["fit"]) == 3 and all(x.startswith("1xH200 L1 ") for x in changed["fit"]) and changed["judge"] == []
+    assert (
+        len(changed["fit"]) == 3 and all(x.startswith("1xH200 L1 ") for x in changed["fit"]) and changed["judge"] == []
+    )
     fit, judge = r["scores"]["fit"], r["scores"]["judge"]
     # With the mapping the shipped calibration's 1-GPU peaks are ~5% under reserved (listed as run: ~13% under).
     one_gpu = [x for x in fit["before"]["rows"] if x["label"].startswith("1xH200")]
     assert len(one_gpu) == 3 and all(abs(x["pred_peak_gib"] / x["reserved_gib"] - 1) < 0.08 for x in one_gpu), one_gpu
-    assert fit["after"]["step_median"] < 0.5 * fit["before"]["step_median"], (fit["before"]["step_median"], fit["after"]["step_median"])
+    assert fit["after"]["step_median"] < 0.5 * fit["before"]["step_median"], (
+        fit["before"]["step_median"],
+        fit["after"]["step_median"],
+    )
     assert judge["after"]["step_median"] < 0.15 < 0.4 < judge["before"]["step_median"]
-    assert judge["after"]["peak_reserved_median"] < 0.05 and judge["after"]["peak_reserved_median"] < 0.5 * judge["before"]["peak_reserved_median"]
+    assert (
+        judge["after"]["peak_reserved_median"] < 0.05
+        and judge["after"]["peak_reserved_median"] < 0.5 * judge["before"]["peak_reserved_median"]
+    )
 
 
 def test_bench_refuses_bad_rows_and_overlapping_sets(tmp_path, capsys):

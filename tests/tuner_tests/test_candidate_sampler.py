@@ -26,7 +26,9 @@ def _values(params: dict[str, str]) -> list[float]:
 
 def _with_pruned_trials() -> tuple[list[tuple[str, str]], int]:
     """The loop before CandidateSampler: every skipped proposal a PRUNED trial."""
-    study = optuna.create_study(directions=["maximize", "minimize"], sampler=optuna.samplers.NSGAIISampler(seed=3, population_size=4))
+    study = optuna.create_study(
+        directions=["maximize", "minimize"], sampler=optuna.samplers.NSGAIISampler(seed=3, population_size=4)
+    )
     seen: set[tuple[str, str]] = set()
     order: list[tuple[str, str]] = []
     while len(order) < N:
@@ -48,8 +50,13 @@ def test_skipped_proposals_are_no_trials_and_the_evaluated_layouts_are_the_same(
     def propose(params: dict[str, str], repeat: bool = False) -> Proposal | None:
         return Proposal(params, 0, None, "", None) if _runnable(params, seen) else None  # type: ignore[arg-type]
 
-    sampler = CandidateSampler(memo_parents(optuna.samplers.NSGAIISampler(seed=3, population_size=4)), dict(DISTS), propose,
-                               lambda: skips.append(1), lambda: False)
+    sampler = CandidateSampler(
+        memo_parents(optuna.samplers.NSGAIISampler(seed=3, population_size=4)),
+        dict(DISTS),
+        propose,
+        lambda: skips.append(1),
+        lambda: False,
+    )
     study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
     order: list[tuple[str, str]] = []
     for _ in range(N):
@@ -63,4 +70,10 @@ def test_skipped_proposals_are_no_trials_and_the_evaluated_layouts_are_the_same(
     before, trials_before = _with_pruned_trials()
     assert order == before
     assert len(study.trials) == N and trials_before == N + len(skips) > N
-    assert {t.system_attrs["NSGAIISampler:generation"] for t in study.trials} == {0, 1, 2, 3, 4}  # Optuna's key, 5 generations
+    assert {t.system_attrs["NSGAIISampler:generation"] for t in study.trials} == {
+        0,
+        1,
+        2,
+        3,
+        4,
+    }  # Optuna's key, 5 generations

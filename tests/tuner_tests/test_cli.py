@@ -26,7 +26,20 @@ def _run(*args: str):
 def main_run(tmp_path_factory):
     """One real main job: MiniMax-M2 on 64 H200 (the seed's job), 16 trials, the front drawn (--png)."""
     d = tmp_path_factory.mktemp("results")
-    r = _run("--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "16", "--results-dir", str(d), "--study", "m2", "--verbose", "--png")
+    r = _run(
+        "--model",
+        "MiniMax-M2",
+        "--gpus",
+        "64xH200",
+        "--trials",
+        "16",
+        "--results-dir",
+        str(d),
+        "--study",
+        "m2",
+        "--verbose",
+        "--png",
+    )
     return r, d / "m2"
 
 
@@ -55,7 +68,10 @@ def test_exported_recipe_is_valid_and_predicted(main_run):
     assert lay["pp"] > 1  # the seed job's best layout pipelines its 62 layers: the layout string is exported
     counts = layer_counts_from_string(lay["pipeline_model_parallel_layout"], lay["pp"], 62)
     assert sum(map(sum, counts)) == 62
-    assert f"--pipeline-model-parallel-layout '{lay['pipeline_model_parallel_layout']}'" in (out / "run_slime.sh").read_text()
+    assert (
+        f"--pipeline-model-parallel-layout '{lay['pipeline_model_parallel_layout']}'"
+        in (out / "run_slime.sh").read_text()
+    )
     # bash accepts both scripts
     for f in ("run_slime.sh", "megatron_args.sh"):
         assert subprocess.run(["bash", "-n", str(out / f)]).returncode == 0
@@ -76,7 +92,18 @@ def test_resume_never_evaluates_a_layout_twice(main_run):
     import optuna
 
     r, out = main_run
-    again = _run("--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "12", "--results-dir", str(out.parent), "--study", "m2")
+    again = _run(
+        "--model",
+        "MiniMax-M2",
+        "--gpus",
+        "64xH200",
+        "--trials",
+        "12",
+        "--results-dir",
+        str(out.parent),
+        "--study",
+        "m2",
+    )
     assert again.exit_code == 0, again.output
     st = optuna.load_study(study_name="m2", storage=f"sqlite:///{out / 'study.db'}")
     done = [t for t in st.trials if t.state == optuna.trial.TrialState.COMPLETE]
@@ -88,7 +115,9 @@ def test_resume_never_evaluates_a_layout_twice(main_run):
 
 def test_resume_with_other_inputs_is_refused(main_run):
     _, out = main_run
-    r = runner.invoke(app, ["--model", "MiniMax-M2", "--gpus", "128xH200", "--results-dir", str(out.parent), "--study", "m2"])
+    r = runner.invoke(
+        app, ["--model", "MiniMax-M2", "--gpus", "128xH200", "--results-dir", str(out.parent), "--study", "m2"]
+    )
     assert r.exit_code == 2
     assert "already exists with" in r.output and "num_gpus=64" in r.output and "num_gpus=128" in r.output
     assert "Optuna search" not in r.output  # refused before the progress bar starts
@@ -109,9 +138,27 @@ def test_resume_with_another_cost_model_is_refused_and_the_study_still_reads(mai
 
     before = content()
     monkeypatch.setattr(version, "formula_digest", lambda: "0123456789abcdef")
-    r = runner.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "16", "--results-dir", str(out.parent), "--study", "m2"])
+    r = runner.invoke(
+        app,
+        [
+            "--model",
+            "MiniMax-M2",
+            "--gpus",
+            "64xH200",
+            "--trials",
+            "16",
+            "--results-dir",
+            str(out.parent),
+            "--study",
+            "m2",
+        ],
+    )
     assert r.exit_code == 2, r.output
-    assert "another version of the cost model" in r.output and "0123456789abcdef" in r.output and "Traceback" not in r.output
+    assert (
+        "another version of the cost model" in r.output
+        and "0123456789abcdef" in r.output
+        and "Traceback" not in r.output
+    )
     assert content() == before
     p = _run("pareto", "--study", "m2", "--results-dir", str(out.parent), "--top", "3")
     assert p.exit_code == 0 and "Pareto front (predicted;" in p.output
@@ -121,7 +168,17 @@ def test_pareto_and_export_commands(main_run, tmp_path):
     _, out = main_run
     r = _run("pareto", "--study", "m2", "--results-dir", str(out.parent), "--top", "3")
     assert r.exit_code == 0 and "Pareto front (predicted;" in r.output
-    r = _run("export", "--study", "m2", "--results-dir", str(out.parent), "--format", "megatron", "--out", str(tmp_path / "a.sh"))
+    r = _run(
+        "export",
+        "--study",
+        "m2",
+        "--results-dir",
+        str(out.parent),
+        "--format",
+        "megatron",
+        "--out",
+        str(tmp_path / "a.sh"),
+    )
     assert r.exit_code == 0
     text = (tmp_path / "a.sh").read_text()
     assert text.startswith("#") and "MEGATRON_ARGS=(" in text and "--tensor-model-parallel-size" in text
@@ -134,8 +191,24 @@ def test_pareto_and_export_commands(main_run, tmp_path):
 
 def test_estimate_json_seed_layout():
     r = _run(
-        "estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "8", "--vpp", "4", "--ep", "8",
-        "--recompute", "full", "--first-stage-layers", "7", "--last-stage-layers", "7", "--json",
+        "estimate",
+        "--model",
+        "MiniMax-M2",
+        "--gpus",
+        "64xH200",
+        "--pp",
+        "8",
+        "--vpp",
+        "4",
+        "--ep",
+        "8",
+        "--recompute",
+        "full",
+        "--first-stage-layers",
+        "7",
+        "--last-stage-layers",
+        "7",
+        "--json",
     )
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
@@ -153,14 +226,48 @@ def test_workload_flags_take_megatron_spellings_too():
 
 
 def test_check_lists_every_broken_rule():
-    r = runner.invoke(app, ["check", "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "32", "--pp", "3", "--ep", "7"])
+    r = runner.invoke(
+        app, ["check", "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "32", "--pp", "3", "--ep", "7"]
+    )
     assert r.exit_code == 2
     for rule in ("world_div_tp_pp_cp", "heads_div_tp", "experts_div_ep"):
         assert rule in r.output
-    ok = _run("check", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "8", "--vpp", "4", "--ep", "8",
-              "--recompute", "full", "--first-stage-layers", "7", "--last-stage-layers", "7")
+    ok = _run(
+        "check",
+        "--model",
+        "MiniMax-M2",
+        "--gpus",
+        "64xH200",
+        "--pp",
+        "8",
+        "--vpp",
+        "4",
+        "--ep",
+        "8",
+        "--recompute",
+        "full",
+        "--first-stage-layers",
+        "7",
+        "--last-stage-layers",
+        "7",
+    )
     assert ok.exit_code == 0 and "Et|(tt|)*30tL" in ok.output
-    bad = runner.invoke(app, ["check", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "8", "--ep", "8", "--pipeline-layout", "Et|(tt|)*29tL"])
+    bad = runner.invoke(
+        app,
+        [
+            "check",
+            "--model",
+            "MiniMax-M2",
+            "--gpus",
+            "64xH200",
+            "--pp",
+            "8",
+            "--ep",
+            "8",
+            "--pipeline-layout",
+            "Et|(tt|)*29tL",
+        ],
+    )
     assert bad.exit_code == 2 and "pipeline_layout" in bad.output
 
 
@@ -186,19 +293,60 @@ def _write(tmp_path: Path, name: str, text: str) -> str:
         (["--model", "MiniMax-M2", "--gpus", "60xH200"], "not a whole number of 8-GPU nodes"),
         (["--model", "MiniMax-M2", "--gpus", "0xH200"], "at least 1"),
         (["--model", "MiniMax-M2", "--gpus", "lots"], "expected COUNTxGPU"),
-        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--backend", "ray", "--ray-address", "127.0.0.1:1"], "nothing answers there"),
-        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--backend", "ray", "--ray-address", "nonsense"], "expected auto, HOST:PORT"),
-        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--backend", "ray", "--ray-address", ""], "expected auto, HOST:PORT"),
-        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--backend", "ray", "--ray-address", "h:99999999999999999999"], "port 1-65535"),
+        (
+            ["--model", "MiniMax-M2", "--gpus", "64xH200", "--backend", "ray", "--ray-address", "127.0.0.1:1"],
+            "nothing answers there",
+        ),
+        (
+            ["--model", "MiniMax-M2", "--gpus", "64xH200", "--backend", "ray", "--ray-address", "nonsense"],
+            "expected auto, HOST:PORT",
+        ),
+        (
+            ["--model", "MiniMax-M2", "--gpus", "64xH200", "--backend", "ray", "--ray-address", ""],
+            "expected auto, HOST:PORT",
+        ),
+        (
+            [
+                "--model",
+                "MiniMax-M2",
+                "--gpus",
+                "64xH200",
+                "--backend",
+                "ray",
+                "--ray-address",
+                "h:99999999999999999999",
+            ],
+            "port 1-65535",
+        ),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--trial-env", "A=b"], "--trial-env is for --backend ray"),
-        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--backend", "ray", "--trial-env", "\u00c9=1"], "expected NAME=VALUE"),
-        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--parallel-trials", "2"], "--parallel-trials > 1 needs --backend ray"),
+        (
+            ["--model", "MiniMax-M2", "--gpus", "64xH200", "--backend", "ray", "--trial-env", "\u00c9=1"],
+            "expected NAME=VALUE",
+        ),
+        (
+            ["--model", "MiniMax-M2", "--gpus", "64xH200", "--parallel-trials", "2"],
+            "--parallel-trials > 1 needs --backend ray",
+        ),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--storage", "journal:"], "needs a file path"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--storage", "x"], "expected an RDB URL"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--storage", "sqlite://"], "in-memory database"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--storage", "sqlite:///:memory:"], "in-memory database"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--ray-address", "auto"], "--ray-address is for --backend ray"),
-        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--parallel-trials", "2", "--backend", "command", "--command-template", "x.yaml"], "--parallel-trials > 1 needs --backend ray"),
+        (
+            [
+                "--model",
+                "MiniMax-M2",
+                "--gpus",
+                "64xH200",
+                "--parallel-trials",
+                "2",
+                "--backend",
+                "command",
+                "--command-template",
+                "x.yaml",
+            ],
+            "--parallel-trials > 1 needs --backend ray",
+        ),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--trial-env", "NOEQUALS"], "expected NAME=VALUE"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--backend", "local"], "no GPU found"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--backend", "slurm"], "unknown backend"),
@@ -213,12 +361,27 @@ def _write(tmp_path: Path, name: str, text: str) -> str:
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--seed", "-1"], "--seed must be"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--gpus-per-node", "0"], "--gpus-per-node must be at least 1"),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--gpus-per-node", "128"], "exceeds the 64 GPUs"),
-        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--network-gbps", "0"], "--network-gbps must be a number of at least 1 and at most"),
-        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--network-gbps", "nan"], "--network-gbps must be a number of at least 1 and at most"),
-        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--network-gbps", "1e-310"], "--network-gbps must be a number of at least 1 and at most"),
-        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--network-gbps", "1e30"], "at most 100,000 Gb/s per node, got 1e+30"),
+        (
+            ["--model", "MiniMax-M2", "--gpus", "64xH200", "--network-gbps", "0"],
+            "--network-gbps must be a number of at least 1 and at most",
+        ),
+        (
+            ["--model", "MiniMax-M2", "--gpus", "64xH200", "--network-gbps", "nan"],
+            "--network-gbps must be a number of at least 1 and at most",
+        ),
+        (
+            ["--model", "MiniMax-M2", "--gpus", "64xH200", "--network-gbps", "1e-310"],
+            "--network-gbps must be a number of at least 1 and at most",
+        ),
+        (
+            ["--model", "MiniMax-M2", "--gpus", "64xH200", "--network-gbps", "1e30"],
+            "at most 100,000 Gb/s per node, got 1e+30",
+        ),
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--usd-per-gpu-hour", "nan"], "--usd-per-gpu-hour must be"),
-        (["--model", "MiniMax-M2", "--gpus", "64xH200", "--network-gbps", "1e308"], "Gb/s per node, got 1e+308"),  # "got inf" before
+        (
+            ["--model", "MiniMax-M2", "--gpus", "64xH200", "--network-gbps", "1e308"],
+            "Gb/s per node, got 1e+308",
+        ),  # "got inf" before
         (["--model", "MiniMax-M2", "--gpus", "8x0xH200"], "'8x0xH200': the GPUs per node must be at least 1"),
         (["--model", "MiniMax-M2", "--gpus", "0x8xH200"], "'0x8xH200': the node count must be at least 1"),
         (["--model", "Llama-3.1-8B", "--gpus", "8xA100", "--precision", "fp8"], "A100 has no fp8"),
@@ -242,7 +405,10 @@ def test_bad_results_dir_and_storage_refused_before_any_work(tmp_path):
     for extra, needle in (
         (["--results-dir", str(blocker)], f"{blocker} is a file, not a folder"),
         (["--results-dir", str(blocker / "sub")], f"{blocker} is a file, not a folder"),
-        (["--storage", "bogus://x", "--results-dir", str(tmp_path / "r")], "--storage 'bogus://x': not an RDB URL SQLAlchemy can open"),
+        (
+            ["--storage", "bogus://x", "--results-dir", str(tmp_path / "r")],
+            "--storage 'bogus://x': not an RDB URL SQLAlchemy can open",
+        ),
     ):
         r = runner.invoke(app, base + extra)
         assert r.exit_code == 2, r.output
@@ -253,9 +419,22 @@ def test_bad_results_dir_and_storage_refused_before_any_work(tmp_path):
 
 def test_trial_steps_and_warmup_checked(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    args = ["--model", "MiniMax-M2", "--layers", "2", "--gpus", "2xH200", "--backend", "local", "--results-dir", str(tmp_path)]
-    for bad, needle in ((["--trial-steps", "4", "--trial-warmup-steps", "4"], "--trial-warmup-steps must be from 0 to 3"),
-                        (["--trial-steps", "0"], "--trial-steps must be from 1")):
+    args = [
+        "--model",
+        "MiniMax-M2",
+        "--layers",
+        "2",
+        "--gpus",
+        "2xH200",
+        "--backend",
+        "local",
+        "--results-dir",
+        str(tmp_path),
+    ]
+    for bad, needle in (
+        (["--trial-steps", "4", "--trial-warmup-steps", "4"], "--trial-warmup-steps must be from 0 to 3"),
+        (["--trial-steps", "0"], "--trial-steps must be from 1"),
+    ):
         r = runner.invoke(app, args + bad)
         assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output, r.output
     r = runner.invoke(app, [a if a != "2xH200" else "2x1xH200" for a in args])  # two nodes of one GPU
@@ -268,17 +447,23 @@ def test_bad_files(tmp_path):
     r = runner.invoke(app, ["--model", cfg, "--gpus", "8xH100", "--results-dir", str(tmp_path / "r")])
     assert r.exit_code == 2 and "missing num_hidden_layers" in r.output
     space = _write(tmp_path, "space.yaml", "tp: [1, 2]\nzero_stage: [1]\n")
-    r = runner.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--space", space, "--results-dir", str(tmp_path / "r")])
+    r = runner.invoke(
+        app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--space", space, "--results-dir", str(tmp_path / "r")]
+    )
     assert r.exit_code == 2 and "zero_stage" in r.output
     cal = _write(tmp_path, "cal.yaml", "gemm_eff: 0.5\n")
-    r = runner.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--calibration", cal, "--results-dir", str(tmp_path / "r")])
+    r = runner.invoke(
+        app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--calibration", cal, "--results-dir", str(tmp_path / "r")]
+    )
     assert r.exit_code == 2 and "unknown constants" in r.output
 
 
 def test_console_script_has_no_traceback():
     p = subprocess.run(
         [sys.executable, "-m", "tuner.cli", "--model", "NoSuchModel", "--gpus", "64xH200"],
-        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert p.returncode == 2
     assert "unknown model" in p.stderr and "Traceback" not in p.stderr + p.stdout
@@ -293,7 +478,11 @@ def test_check_takes_split_from_layout_string():
     r = runner.invoke(app, base + ["--pp", "8", "--vpp", "4", "--pipeline-layout", "E|(t|)*62L"])
     assert r.exit_code == 2 and "--vpp is 4" in r.output
     # contradicts --first/--last
-    r = runner.invoke(app, base + ["--pp", "8", "--first-stage-layers", "8", "--last-stage-layers", "6", "--pipeline-layout", "Et|(tt|)*30tL"])
+    r = runner.invoke(
+        app,
+        base
+        + ["--pp", "8", "--first-stage-layers", "8", "--last-stage-layers", "6", "--pipeline-layout", "Et|(tt|)*30tL"],
+    )
     assert r.exit_code == 2 and "leave them out" in r.output
     # an even split that does not divide suggests a first/last split
     r = runner.invoke(app, base + ["--pp", "8", "--vpp", "4"])
@@ -301,8 +490,23 @@ def test_check_takes_split_from_layout_string():
 
 
 def test_check_reports_tuner_policy_as_note():
-    r = _run("check", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "2", "--ep", "8", "--recompute", "full",
-             "--first-stage-layers", "31", "--last-stage-layers", "31")
+    r = _run(
+        "check",
+        "--model",
+        "MiniMax-M2",
+        "--gpus",
+        "64xH200",
+        "--pp",
+        "2",
+        "--ep",
+        "8",
+        "--recompute",
+        "full",
+        "--first-stage-layers",
+        "31",
+        "--last-stage-layers",
+        "31",
+    )
     assert r.exit_code == 0, r.output
     assert "pipeline_split_canonical" in r.output and "Megatron accepts it" in r.output
 
@@ -314,7 +518,9 @@ def test_estimate_error_is_not_eaten_by_markup():
 
 
 def test_dense_model_note_is_printed_whole(tmp_path):
-    r = _run("--model", "Llama-3.1-8B", "--gpus", "8xH100", "--trials", "4", "--results-dir", str(tmp_path), "--verbose")
+    r = _run(
+        "--model", "Llama-3.1-8B", "--gpus", "8xH100", "--trials", "4", "--results-dir", str(tmp_path), "--verbose"
+    )
     assert r.exit_code == 0, r.output
     assert "collapsed to [1], [1], [alltoall]" in r.output
 
@@ -324,7 +530,10 @@ def test_dense_model_note_is_printed_whole(tmp_path):
     [
         (["--recompute", "bogus"], "--recompute 'bogus': accepted none, selective, full"),
         (["--dispatcher", "nccl"], "--dispatcher 'nccl': accepted alltoall"),
-        (["--recompute", "full", "--recompute-modules", "core_attn"], "--recompute-modules needs --recompute selective"),
+        (
+            ["--recompute", "full", "--recompute-modules", "core_attn"],
+            "--recompute-modules needs --recompute selective",
+        ),
         (["--pipeline-layout", ""], "pipeline_layout"),
     ],
 )
@@ -338,7 +547,10 @@ def test_estimate_bad_layout_flags(extra, needle):
     "cfg,needle",
     [
         ({"num_local_experts": -8}, "non-negative"),
-        ({"topk_method": "noaux_tc", "n_group": float("inf")}, "n_group must be an integer, got inf"),  # OverflowError before
+        (
+            {"topk_method": "noaux_tc", "n_group": float("inf")},
+            "n_group must be an integer, got inf",
+        ),  # OverflowError before
         ({"mlp_only_layers": 5}, "mlp_only_layers must be a list of layer indices, got 5"),  # no field named before
         ({"mlp_only_layers": [[1]]}, "mlp_only_layers must be a list of layer indices"),
         ({"tuner": {"moe_layer_freq": 5}}, "tuner.moe_layer_freq must be a list of 0 / 1 per layer"),
@@ -349,12 +561,23 @@ def test_estimate_bad_layout_flags(extra, needle):
         ({"head_dim": "x"}, "head_dim must be an integer"),
         ({"tuner": [1, 2]}, "'tuner' section must be an object"),
         ({"text_config": "x", "hidden_size": None}, "text_config must be an object"),
-        ({"kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 0}, "needs qk_nope_head_dim (qk_head_dim) and v_head_dim > 0"),
+        (
+            {"kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 0},
+            "needs qk_nope_head_dim (qk_head_dim) and v_head_dim > 0",
+        ),
     ],
 )
 def test_bad_model_config_values(cfg, needle, tmp_path):
-    base = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-            "intermediate_size": 14336, "vocab_size": 32000, "num_local_experts": 8, "num_experts_per_tok": 2}
+    base = {
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 32000,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+    }
     base.update(cfg)
     base = {k: v for k, v in base.items() if v is not None}
     p = tmp_path / "config.json"
@@ -374,27 +597,78 @@ def test_a_deeply_nested_config_is_refused_cleanly(tmp_path):
 def test_binary_files_are_rejected_cleanly(tmp_path):
     junk = tmp_path / "junk.bin"
     junk.write_bytes(bytes(range(256)) * 4)
-    for args in (["--model", str(junk), "--gpus", "8xH100"], ["--model", "MiniMax-M2", "--gpus", "64xH200", "--space", str(junk)],
-                 ["--model", "MiniMax-M2", "--gpus", "64xH200", "--calibration", str(junk)]):
+    for args in (
+        ["--model", str(junk), "--gpus", "8xH100"],
+        ["--model", "MiniMax-M2", "--gpus", "64xH200", "--space", str(junk)],
+        ["--model", "MiniMax-M2", "--gpus", "64xH200", "--calibration", str(junk)],
+    ):
         r = runner.invoke(app, args + ["--results-dir", str(tmp_path / "r")])
         assert r.exit_code == 2 and "Traceback" not in r.output, (args, r.output)
 
 
 def test_calibration_values_are_range_checked(tmp_path):
     p = tmp_path / "cal.yaml"
-    for text in ("gemm_efficiency: -0.5\n", "gemm_efficiency: 0\n", "hbm_efficiency: .nan\n", "moe_load_imbalance: 0.5\n",
-                 "gemm_generation_factor_blackwell_ultra: 1.0e-300\n", "gemm_family_factor_blackwell: 0.05\n"):
+    for text in (
+        "gemm_efficiency: -0.5\n",
+        "gemm_efficiency: 0\n",
+        "hbm_efficiency: .nan\n",
+        "moe_load_imbalance: 0.5\n",
+        "gemm_generation_factor_blackwell_ultra: 1.0e-300\n",
+        "gemm_family_factor_blackwell: 0.05\n",
+    ):
         p.write_text(text)
-        r = runner.invoke(app, ["estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "2", "--ep", "8", "--calibration", str(p)])
+        r = runner.invoke(
+            app,
+            [
+                "estimate",
+                "--model",
+                "MiniMax-M2",
+                "--gpus",
+                "64xH200",
+                "--pp",
+                "2",
+                "--ep",
+                "8",
+                "--calibration",
+                str(p),
+            ],
+        )
         assert r.exit_code == 2 and "calibration" in r.output, (text, r.output)
 
 
 @pytest.mark.slow
 def test_equivalent_inputs_resume_the_same_study(tmp_path):
-    a = _run("--model", "MiniMax-M2", "--layers", "4", "--gpus", "16xH200", "--trials", "3", "--results-dir", str(tmp_path), "--study", "eq")
+    a = _run(
+        "--model",
+        "MiniMax-M2",
+        "--layers",
+        "4",
+        "--gpus",
+        "16xH200",
+        "--trials",
+        "3",
+        "--results-dir",
+        str(tmp_path),
+        "--study",
+        "eq",
+    )
     assert a.exit_code == 0, a.output
-    b = _run("--model", "minimax-m2", "--layers", "4", "--gpus", "2x8xH200", "--network-gbps", "3200", "--trials", "3", "--results-dir", str(tmp_path),
-             "--study", "eq")
+    b = _run(
+        "--model",
+        "minimax-m2",
+        "--layers",
+        "4",
+        "--gpus",
+        "2x8xH200",
+        "--network-gbps",
+        "3200",
+        "--trials",
+        "3",
+        "--results-dir",
+        str(tmp_path),
+        "--study",
+        "eq",
+    )
     assert b.exit_code == 0, b.output
 
 
@@ -423,7 +697,11 @@ def test_debug_anywhere_shows_the_traceback_and_still_exits_2():
     args = ["estimate", "--model", "NoSuchModel", "--gpus", "64xH200"]
     plain = runner.invoke(app, args)
     assert plain.exit_code == 2 and "Traceback" not in plain.output
-    assert plain.stdout == "" and plain.stderr.count("\n") == 1 and plain.stderr.startswith("error: --model 'NoSuchModel': unknown model")
+    assert (
+        plain.stdout == ""
+        and plain.stderr.count("\n") == 1
+        and plain.stderr.startswith("error: --model 'NoSuchModel': unknown model")
+    )
     for where in (0, 1, len(args)):  # before the sub-command, right after it, at the end
         r = runner.invoke(app, args[:where] + ["--debug"] + args[where:])
         assert r.exit_code == 2, (where, r.output)
@@ -446,12 +724,15 @@ def test_a_value_after_double_dash_is_not_taken_for_debug():
     assert _take_debug(["a", "--", "--debug"]) == (["a", "--", "--debug"], False)
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["estimate", "--tpp", "2"], "No such option: --tpp"),
-    (["pareto", "--top", "-1"], "--top"),
-    (["estimate", "--tp", "two"], "Invalid value for '--tp'"),
-    (["nosuchcommand"], "No such command 'nosuchcommand'"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["estimate", "--tpp", "2"], "No such option: --tpp"),
+        (["pareto", "--top", "-1"], "--top"),
+        (["estimate", "--tp", "two"], "Invalid value for '--tp'"),
+        (["nosuchcommand"], "No such command 'nosuchcommand'"),
+    ],
+)
 def test_usage_errors_are_one_red_line(args, needle):
     r = runner.invoke(app, args)
     assert r.exit_code == 2, r.output
@@ -468,7 +749,12 @@ def test_an_internal_error_is_one_line_exit_1_with_the_traceback_under_debug(mon
 
     monkeypatch.setattr(specs, "list_gpus", boom)
     r = runner.invoke(app, ["gpus"])
-    assert r.exit_code == 1 and "internal error: RuntimeError: a bug" in r.stderr and "--debug" in r.stderr and "Traceback" not in r.output
+    assert (
+        r.exit_code == 1
+        and "internal error: RuntimeError: a bug" in r.stderr
+        and "--debug" in r.stderr
+        and "Traceback" not in r.output
+    )
     r = runner.invoke(app, ["gpus", "--debug"])
     assert r.exit_code == 1 and "Traceback" in r.stderr and "RuntimeError: a bug" in r.stderr
 
@@ -483,11 +769,25 @@ def test_ctrl_c_in_the_main_job_says_how_to_resume(monkeypatch, tmp_path):
 
     monkeypatch.setattr(tuner.study, "run_study", interrupted)
     rd = tmp_path / "my results"
-    args = ["--model", "Llama-3.1-8B", "--gpus", "8xH100", "--trials", "3", "--results-dir", str(rd), "--study", "x.y-1"]
+    args = [
+        "--model",
+        "Llama-3.1-8B",
+        "--gpus",
+        "8xH100",
+        "--trials",
+        "3",
+        "--results-dir",
+        str(rd),
+        "--study",
+        "x.y-1",
+    ]
     r = runner.invoke(app, args + ["--debug"])
     assert r.exit_code == 130, r.output
     line = next(ln for ln in r.stderr.splitlines() if "to resume: " in ln)
-    assert shlex.split(line.split("resume: ", 1)[1]) == ["tune", *args]  # pastes back as the same command, --debug aside
+    assert shlex.split(line.split("resume: ", 1)[1]) == [
+        "tune",
+        *args,
+    ]  # pastes back as the same command, --debug aside
     # without --trials the same command would only show the study: the resume command adds --resume
     args = [a for a in args if a not in ("--trials", "3")]
     r = runner.invoke(app, args)
@@ -495,17 +795,22 @@ def test_ctrl_c_in_the_main_job_says_how_to_resume(monkeypatch, tmp_path):
     assert r.exit_code == 130 and shlex.split(line.split("resume: ", 1)[1]) == ["tune", *args, "--resume"]
 
 
-# --------------------------------------------------------------------------- study names, suggested commands (issue 18.7)
+# --------------------------------------------------------------------------- study names, suggested commands (issue
+# 18.7)
 
 
 @pytest.mark.parametrize("name", ["a;rm -rf x", "../up", "-x", ""])
 def test_pareto_and_export_check_study_names_as_tune_does(name, tmp_path):
-    main = runner.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--study", name, "--results-dir", str(tmp_path)])
+    main = runner.invoke(
+        app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--study", name, "--results-dir", str(tmp_path)]
+    )
     for cmd in (["pareto"], ["export", "--format", "slime"], ["verify", "--reference", "tp=1"]):
         r = runner.invoke(app, [*cmd, "--study", name, "--results-dir", str(tmp_path)])
         assert r.exit_code == 2, (cmd, r.output)
         if name:
-            assert r.stderr == main.stderr and "a study name is 1-128 letters" in r.stderr  # the same rule, the same message
+            assert (
+                r.stderr == main.stderr and "a study name is 1-128 letters" in r.stderr
+            )  # the same rule, the same message
         else:
             assert "--study is required" in r.stderr
     assert not any(tmp_path.iterdir())
@@ -515,7 +820,20 @@ def test_suggested_commands_are_shell_quoted_and_run_as_printed(tmp_path):
     import shlex
 
     rd = tmp_path / "results; dir $HOME"  # a space, a ';' and a '$' in the path
-    r = _run("--model", "Llama-3.1-8B", "--gpus", "8xH100", "--trials", "6", "--top", "1", "--results-dir", str(rd), "--study", "q")
+    r = _run(
+        "--model",
+        "Llama-3.1-8B",
+        "--gpus",
+        "8xH100",
+        "--trials",
+        "6",
+        "--top",
+        "1",
+        "--results-dir",
+        str(rd),
+        "--study",
+        "q",
+    )
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
     more = next(i for i, ln in enumerate(lines) if "more on the front" in ln)
@@ -525,7 +843,13 @@ def test_suggested_commands_are_shell_quoted_and_run_as_printed(tmp_path):
     assert again.exit_code == 0 and "Pareto front (predicted;" in again.output
     nxt = next(i for i, ln in enumerate(lines) if ln.startswith("Next: measure"))
     trials_cmd = shlex.split(lines[nxt + 1])  # the same job with real trials and a budget
-    assert trials_cmd[:5] == ["tune", "--model", "Llama-3.1-8B", "--gpus", "8xH100"] and trials_cmd[-6:-1] == ["--backend", "ray", "--ray-address", "auto", "--gpu-hours"]
+    assert trials_cmd[:5] == ["tune", "--model", "Llama-3.1-8B", "--gpus", "8xH100"] and trials_cmd[-6:-1] == [
+        "--backend",
+        "ray",
+        "--ray-address",
+        "auto",
+        "--gpu-hours",
+    ]
     assert trials_cmd[trials_cmd.index("--results-dir") + 1] == str(rd)
     missing = runner.invoke(app, ["pareto", "--study", "nope", "--results-dir", str(rd)])
     suggestion = missing.stderr.split("`")[1]
@@ -542,11 +866,21 @@ def test_calibrate_records_its_command_shell_quoted(tmp_path):
     r = runner.invoke(app, ["calibrate", "--data", str(data), "--out", str(out), "--max-nfev", "5"])
     assert r.exit_code == 0, r.output
     doc = yaml.safe_load(out.read_text())
-    assert shlex.split(doc["provenance"]["command"]) == ["tune", "calibrate", "--data", str(data), "--out", str(out), "--max-nfev", "5"]
+    assert shlex.split(doc["provenance"]["command"]) == [
+        "tune",
+        "calibrate",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--max-nfev",
+        "5",
+    ]
     assert f"--calibration '{out}'" in r.stdout
 
 
-# --------------------------------------------------------------------------- estimate --layers, the layout options (issue 13.6, 18.7)
+# --------------------------------------------------------------------------- estimate --layers, the layout options
+# (issue 13.6, 18.7)
 
 
 def test_estimate_takes_layers_like_the_main_job():
@@ -555,9 +889,13 @@ def test_estimate_takes_layers_like_the_main_job():
     assert r.exit_code == 0, r.output
     sliced = json.loads(r.stdout)
     assert sliced["label"] == full["label"] == "TP1 PP1 EP4 DP4"
-    assert sliced["memory_gib"]["weights"] < full["memory_gib"]["weights"] / 10  # 4 of 62 layers (embedding and head kept)
+    assert (
+        sliced["memory_gib"]["weights"] < full["memory_gib"]["weights"] / 10
+    )  # 4 of 62 layers (embedding and head kept)
     ok = _run("check", "--model", "MiniMax-M2", "--gpus", "4xH200", "--ep", "2", "--pp", "2", "--layers", "4")
-    assert ok.exit_code == 0 and "MiniMax-M2[4 layers]" in ok.output and "'Ett|ttL'" in ok.output, ok.output  # 4 layers over PP 2
+    assert ok.exit_code == 0 and "MiniMax-M2[4 layers]" in ok.output and "'Ett|ttL'" in ok.output, (
+        ok.output
+    )  # 4 layers over PP 2
     for bad, needle in (("0", "--layers must be"), ("63", "--layers must be from 1 to 62")):
         r = runner.invoke(app, ["estimate", "--model", "MiniMax-M2", "--gpus", "4xH200", "--layers", bad])
         assert r.exit_code == 2 and needle in r.stderr, r.output
@@ -571,7 +909,9 @@ def test_estimate_and_check_share_one_declaration_of_the_layout_options():
     from tuner.cli._layout import LayoutFlags
 
     cmd = typer.main.get_command(app)
-    want = {f.metadata["option"].default.split("/")[0] for f in dataclasses.fields(LayoutFlags)}  # each field's first flag name
+    want = {
+        f.metadata["option"].default.split("/")[0] for f in dataclasses.fields(LayoutFlags)
+    }  # each field's first flag name
     for name in ("estimate", "check"):
         opts = {o for p in cmd.get_command(None, name).params for o in p.opts}
         assert want <= opts, (name, want - opts)
@@ -600,7 +940,10 @@ def test_export_formats_come_from_the_registry(main_run, tmp_path, monkeypatch):
     _, out = main_run
     assert exporter_names() == ["recipe", "slime", "megatron", "bridge", "nemo-rl", "slime-rl"]
     r = runner.invoke(app, ["export", "--study", "m2", "--results-dir", str(out.parent), "--format", "yaml"])
-    assert r.exit_code == 2 and "--format 'yaml': accepted recipe, slime, megatron, bridge, nemo-rl or slime-rl" in r.stderr
+    assert (
+        r.exit_code == 2
+        and "--format 'yaml': accepted recipe, slime, megatron, bridge, nemo-rl or slime-rl" in r.stderr
+    )
     # the RL formats render `tune rl` plans: a training study's layout is refused, naming where they come from
     r = runner.invoke(app, ["export", "--study", "m2", "--results-dir", str(out.parent), "--format", "nemo-rl"])
     assert r.exit_code == 2 and "renders an RL post-training plan" in r.stderr and "tune rl" in r.stderr
@@ -633,13 +976,19 @@ def test_export_out_writes_scripts_executable(main_run, tmp_path):
 
 
 def test_tune_rl_is_mounted_and_imported_only_when_used():
-    code = ("import sys; from typer.testing import CliRunner; from tuner.cli import app; r = CliRunner().invoke(app, ['models']); "
-            "assert r.exit_code == 0 and 'rl.cli' not in sys.modules; "
-            "assert 'tuner.cli.catalogue' in sys.modules and not {'tuner.cli.estimate', 'tuner.cli.fit'} & set(sys.modules); "
-            "r = CliRunner().invoke(app, ['rl', '--help']); "
-            "assert r.exit_code == 0 and 'validate' in r.output and 'calibrate' in r.output and 'rl.cli' in sys.modules; "
-            "assert sys.modules['typer.rich_utils'].Table.__name__ == '_FoldingHelpTable'; print('ok')")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
+    code = (
+        "import sys; from typer.testing import CliRunner; from tuner.cli import app; r = CliRunner().invoke(app, "
+        "['models']); "
+        "assert r.exit_code == 0 and 'rl.cli' not in sys.modules; "
+        "assert 'tuner.cli.catalogue' in sys.modules and not {'tuner.cli.estimate', 'tuner.cli.fit'} & "
+        "set(sys.modules); "
+        "r = CliRunner().invoke(app, ['rl', '--help']); "
+        "assert r.exit_code == 0 and 'validate' in r.output and 'calibrate' in r.output and 'rl.cli' in sys.modules; "
+        "assert sys.modules['typer.rich_utils'].Table.__name__ == '_FoldingHelpTable'; print('ok')"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2]
+    )
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
     r = runner.invoke(app, ["rl", "validate"])  # through the root app: one line, exit 2, as every command
     assert r.exit_code == 2 and "Traceback" not in r.output
@@ -647,11 +996,15 @@ def test_tune_rl_is_mounted_and_imported_only_when_used():
 
 def test_split_hint_never_suggests_a_refused_split():
     base = ["estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "2", "--ep", "8"]
-    r = runner.invoke(app, [*base, "--first-stage-layers", "31", "--last-stage-layers", "31"])  # the even split restated
+    r = runner.invoke(
+        app, [*base, "--first-stage-layers", "31", "--last-stage-layers", "31"]
+    )  # the even split restated
     assert r.exit_code == 2 and "leave both 0" in r.output and "try --first-stage-layers" not in r.output
     r = runner.invoke(app, [*base, "--first-stage-layers", "40", "--last-stage-layers", "40"])  # too many layers
     assert r.exit_code == 2 and "rule pipeline_split" in r.output
-    assert "try --first-stage-layers 31 --last-stage-layers 31" not in r.output and "try --first-stage-layers" in r.output
+    assert (
+        "try --first-stage-layers 31 --last-stage-layers 31" not in r.output and "try --first-stage-layers" in r.output
+    )
 
 
 def test_split_hint_gives_up_on_far_more_virtual_stages_than_layers():
@@ -668,19 +1021,72 @@ def test_constants_that_overflow_the_step_are_refused_before_any_study(tmp_path,
     message, exit 2, and no study is created (Optuna would refuse the nan and leave an empty study behind)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "huge.yaml").write_text("constants:\n  moe_load_imbalance: 1.0e+300\n")
-    est = runner.invoke(app, ["estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--vpp", "4",
-                              "--ep", "8", "--recompute", "full", "--first-stage-layers", "7", "--last-stage-layers", "7",
-                              "--calibration", "huge.yaml"])
+    est = runner.invoke(
+        app,
+        [
+            "estimate",
+            "--model",
+            "MiniMax-M2",
+            "--gpus",
+            "64xH200",
+            "--tp",
+            "1",
+            "--pp",
+            "8",
+            "--vpp",
+            "4",
+            "--ep",
+            "8",
+            "--recompute",
+            "full",
+            "--first-stage-layers",
+            "7",
+            "--last-stage-layers",
+            "7",
+            "--calibration",
+            "huge.yaml",
+        ],
+    )
     assert est.exit_code == 2 and "non-finite step time or peak memory" in est.output and "Traceback" not in est.output
     (tmp_path / "tiny.yaml").write_text("constants:\n  cpu_adam_params_per_s_per_node: 1.0e-300\n")
-    main = runner.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--calibration", "tiny.yaml", "--trials", "4", "--study", "adam"])
+    main = runner.invoke(
+        app,
+        [
+            "--model",
+            "MiniMax-M2",
+            "--gpus",
+            "64xH200",
+            "--calibration",
+            "tiny.yaml",
+            "--trials",
+            "4",
+            "--study",
+            "adam",
+        ],
+    )
     assert main.exit_code == 2 and "non-finite" in main.output and "--calibration" in main.output
     assert not (tmp_path / "results" / "adam").exists()
 
 
 def test_an_empty_megatron_core_is_refused_by_estimate_as_by_the_main_job():
-    r = runner.invoke(app, ["estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--ep", "8",
-                            "--megatron-core", ""])
+    r = runner.invoke(
+        app,
+        [
+            "estimate",
+            "--model",
+            "MiniMax-M2",
+            "--gpus",
+            "64xH200",
+            "--tp",
+            "1",
+            "--pp",
+            "8",
+            "--ep",
+            "8",
+            "--megatron-core",
+            "",
+        ],
+    )
     assert r.exit_code == 2 and "--megatron-core ''" in r.output and "known: 0.13" in r.output
 
 
@@ -698,21 +1104,43 @@ def test_main_job_fits_the_terminal_and_cuts_no_cell(tmp_path, monkeypatch, term
     assert any(ln.startswith("Best layout (predicted, trial ") for ln in lines[:4])
 
 
-ESTIMATE = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--vpp", "4", "--ep", "8", "--recompute", "full",
-            "--first-stage-layers", "7", "--last-stage-layers", "7"]
+ESTIMATE = [
+    "--model",
+    "MiniMax-M2",
+    "--gpus",
+    "64xH200",
+    "--tp",
+    "1",
+    "--pp",
+    "8",
+    "--vpp",
+    "4",
+    "--ep",
+    "8",
+    "--recompute",
+    "full",
+    "--first-stage-layers",
+    "7",
+    "--last-stage-layers",
+    "7",
+]
 
 
 @pytest.mark.parametrize("width", [80, 120])
-@pytest.mark.parametrize(("args", "needle"), [
-    (["--help"], "--accumulate-allreduce-grads-in-fp32"),  # an option name is never folded
-    (["rl", "--help"], "--gpu-memory-utilization"),
-    (["estimate", *ESTIMATE], "dispatcher_buffers"),
-    (["check", *ESTIMATE], "valid"),
-    (["models"], "Qwen3-235B-A22B"),
-    (["gpus"], "GB300"),
-    (["validate", "--data", "cost_model/data/seed_runs.csv"], "TP1 PP8 VPP4 EP8 DP8"),
-    (["validate", "--trials", "tests/fixtures/h200_te_call12/sweep.jsonl"], "mm-fp8-tensorwise"),
-], ids=["help", "rl-help", "estimate", "check", "models", "gpus", "validate", "validate-trials"])
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--help"], "--accumulate-allreduce-grads-in-fp32"),  # an option name is never folded
+        (["rl", "--help"], "--gpu-memory-utilization"),
+        (["estimate", *ESTIMATE], "dispatcher_buffers"),
+        (["check", *ESTIMATE], "valid"),
+        (["models"], "Qwen3-235B-A22B"),
+        (["gpus"], "GB300"),
+        (["validate", "--data", "cost_model/data/seed_runs.csv"], "TP1 PP8 VPP4 EP8 DP8"),
+        (["validate", "--trials", "tests/fixtures/h200_te_call12/sweep.jsonl"], "mm-fp8-tensorwise"),
+    ],
+    ids=["help", "rl-help", "estimate", "check", "models", "gpus", "validate", "validate-trials"],
+)
 def test_each_command_fits_the_terminal_and_cuts_no_cell(terminal, monkeypatch, width, args, needle):
     """At 80 and 120 columns no line is wider and no cell is cut; what a narrow terminal leaves out is in --json."""
     fits = terminal(width)

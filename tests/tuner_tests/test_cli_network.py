@@ -25,14 +25,28 @@ def _run(*args: str):
 def efa_run(tmp_path_factory):
     """The main job on the seed's cluster (H200: AWS p5en, EFA v3 by default)."""
     d = tmp_path_factory.mktemp("results")
-    r = _run("--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "12", "--results-dir", str(d), "--study", "efa", "--verbose")
+    r = _run(
+        "--model",
+        "MiniMax-M2",
+        "--gpus",
+        "64xH200",
+        "--trials",
+        "12",
+        "--results-dir",
+        str(d),
+        "--study",
+        "efa",
+        "--verbose",
+    )
     return r, d / "efa"
 
 
 def test_main_job_prints_and_records_the_network(efa_run):
     r, out = efa_run
     assert r.exit_code == 0, r.output
-    assert "Network: NVLink domain 8 GPUs; efa-v3 (AWS EFA v3), 3,200 Gb/s per node; megatron-core 0.19 rules" in r.output
+    assert (
+        "Network: NVLink domain 8 GPUs; efa-v3 (AWS EFA v3), 3,200 Gb/s per node; megatron-core 0.19 rules" in r.output
+    )
     assert "dispatcher_fabric" in r.output  # the cross-node flex layouts are counted as refused
     rec = yaml.safe_load((out / "recipe.yaml").read_text())
     validate_recipe(rec)
@@ -58,11 +72,43 @@ def test_efa_main_job_never_recommends_a_dispatcher_that_does_not_run_there(efa_
 
 
 def test_network_on_infiniband_allows_cross_node_deepep(tmp_path):
-    r = _run("check", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "4", "--ep", "16", "--dispatcher", "flex+deepep",
-             "--first-stage-layers", "16", "--last-stage-layers", "14", "--network", "ib-ndr")
+    r = _run(
+        "check",
+        "--model",
+        "MiniMax-M2",
+        "--gpus",
+        "64xH200",
+        "--pp",
+        "4",
+        "--ep",
+        "16",
+        "--dispatcher",
+        "flex+deepep",
+        "--first-stage-layers",
+        "16",
+        "--last-stage-layers",
+        "14",
+        "--network",
+        "ib-ndr",
+    )
     assert r.exit_code == 0, r.output
-    r = _run("check", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "4", "--ep", "16", "--dispatcher", "flex+deepep",
-             "--first-stage-layers", "16", "--last-stage-layers", "14")
+    r = _run(
+        "check",
+        "--model",
+        "MiniMax-M2",
+        "--gpus",
+        "64xH200",
+        "--pp",
+        "4",
+        "--ep",
+        "16",
+        "--dispatcher",
+        "flex+deepep",
+        "--first-stage-layers",
+        "16",
+        "--last-stage-layers",
+        "14",
+    )
     assert r.exit_code == 2 and "dispatcher_fabric" in r.output and "AWS EFA v3" in r.output
 
 
@@ -88,8 +134,28 @@ def test_a_gpu_without_a_default_network_needs_one(tmp_path, monkeypatch):
     monkeypatch.setattr(hw, "load_gpu", lambda name: bare)
     r = runner.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH100", "--results-dir", str(tmp_path)])
     assert r.exit_code == 2 and "has no default network; name it with --network (known: efa-v2" in r.output
-    r = runner.invoke(app, ["estimate", "--model", "MiniMax-M2", "--gpus", "64xH100", "--pp", "8", "--ep", "8", "--recompute", "full",
-                            "--network", "ib-ndr", "--first-stage-layers", "7", "--last-stage-layers", "7"])
+    r = runner.invoke(
+        app,
+        [
+            "estimate",
+            "--model",
+            "MiniMax-M2",
+            "--gpus",
+            "64xH100",
+            "--pp",
+            "8",
+            "--ep",
+            "8",
+            "--recompute",
+            "full",
+            "--network",
+            "ib-ndr",
+            "--first-stage-layers",
+            "7",
+            "--last-stage-layers",
+            "7",
+        ],
+    )
     assert r.exit_code == 0, r.output
 
 
@@ -100,30 +166,97 @@ def test_host_memory_below_the_model_s_needs_is_refused_with_both_numbers(tmp_pa
         "recompute:\n  - {granularity: full, method: uniform, num_layers: [1]}\n"
         "optimizer_offload_fraction: [1.0]\ndispatcher: [alltoall]\n"
     )
-    r = runner.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--space", str(space), "--host-memory-gib", "64",
-                            "--results-dir", str(tmp_path / "r")])
+    r = runner.invoke(
+        app,
+        [
+            "--model",
+            "MiniMax-M2",
+            "--gpus",
+            "64xH200",
+            "--space",
+            str(space),
+            "--host-memory-gib",
+            "64",
+            "--results-dir",
+            str(tmp_path / "r"),
+        ],
+    )
     assert r.exit_code == 2, r.output
     assert "--host-memory-gib 64: every layout that fits in GPU memory needs more host memory per node" in r.output
     assert "GiB predicted" in r.output
-    r = runner.invoke(app, ["estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "2", "--pp", "2", "--ep", "8",
-                            "--recompute", "full", "--optimizer-offload-fraction", "1", "--host-memory-gib", "300"])
+    r = runner.invoke(
+        app,
+        [
+            "estimate",
+            "--model",
+            "MiniMax-M2",
+            "--gpus",
+            "64xH200",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--ep",
+            "8",
+            "--recompute",
+            "full",
+            "--optimizer-offload-fraction",
+            "1",
+            "--host-memory-gib",
+            "300",
+        ],
+    )
     assert r.exit_code == 0 and "GiB per node of 300 GiB (does NOT fit)" in r.output
 
 
 def test_resuming_with_other_host_memory_or_bandwidth_is_refused_in_the_options_terms(tmp_path):
-    base = ["--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8", "--trials", "2", "--stack", "megatron",
-            "--results-dir", str(tmp_path), "--study", "h"]
+    base = [
+        "--model",
+        "MiniMax-M2",
+        "--layers",
+        "4",
+        "--gpus",
+        "4xH200",
+        "--global-batch",
+        "8",
+        "--trials",
+        "2",
+        "--stack",
+        "megatron",
+        "--results-dir",
+        str(tmp_path),
+        "--study",
+        "h",
+    ]
     assert _run(*base).exit_code == 0
     r = _run(*base, "--host-memory-gib", "512")
-    assert r.exit_code == 2 and "--host-memory-gib 2,048 GiB" in r.output and "--host-memory-gib 512 GiB" in r.output, r.output
+    assert r.exit_code == 2 and "--host-memory-gib 2,048 GiB" in r.output and "--host-memory-gib 512 GiB" in r.output, (
+        r.output
+    )
     r = _run(*base, "--network-gbps", "400")
     assert r.exit_code == 2 and "--network-gbps 400 Gb/s per node" in r.output, r.output
     assert _run(*base).exit_code == 0  # the same inputs resume it
 
 
 def test_a_study_opens_by_a_sqlite_url_with_a_query_and_names_a_changed_network(tmp_path):
-    base = ["--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8", "--trials", "2", "--stack", "megatron",
-            "--results-dir", str(tmp_path), "--study", "q"]
+    base = [
+        "--model",
+        "MiniMax-M2",
+        "--layers",
+        "4",
+        "--gpus",
+        "4xH200",
+        "--global-batch",
+        "8",
+        "--trials",
+        "2",
+        "--stack",
+        "megatron",
+        "--results-dir",
+        str(tmp_path),
+        "--study",
+        "q",
+    ]
     assert _run(*base).exit_code == 0
     db = tmp_path / "q" / "study.db"
     r = _run("pareto", "--study", "q", "--storage", f"sqlite:///{db}?timeout=5")
@@ -134,6 +267,22 @@ def test_a_study_opens_by_a_sqlite_url_with_a_query_and_names_a_changed_network(
 
 @pytest.mark.parametrize("value", ["inf", "nan", "0", "-5"])
 def test_host_memory_that_is_not_a_finite_positive_number_is_refused(value):
-    r = runner.invoke(app, ["estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--ep", "8",
-                            "--host-memory-gib", value])
+    r = runner.invoke(
+        app,
+        [
+            "estimate",
+            "--model",
+            "MiniMax-M2",
+            "--gpus",
+            "64xH200",
+            "--tp",
+            "1",
+            "--pp",
+            "8",
+            "--ep",
+            "8",
+            "--host-memory-gib",
+            value,
+        ],
+    )
     assert r.exit_code == 2 and "--host-memory-gib must be a finite positive number of GiB" in r.output, r.output

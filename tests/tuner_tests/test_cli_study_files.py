@@ -21,8 +21,11 @@ MAIN = ["--model", "Llama-3.1-8B", "--gpus", "8xH200", "--trials", "2", "--study
 def _digest(folder: Path) -> dict[str, str]:
     """Each file's sha256; the database by its rows (SQLite's own checkpoint of the write-ahead log, when an earlier
     in-process connection is collected, moves bytes between study.db and study.db-wal without changing a row)."""
-    out = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())
-           if p.is_file() and not p.name.startswith("study.db")}
+    out = {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.iterdir())
+        if p.is_file() and not p.name.startswith("study.db")
+    }
     with sqlite3.connect(folder / "study.db") as db:
         out["study.db"] = hashlib.sha256("\n".join(db.iterdump()).encode()).hexdigest()
     return out
@@ -36,17 +39,22 @@ def study(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.mark.parametrize(("args", "flag", "target"), [
-    (["export", "--format", "recipe"], "--out", "study.db"),
-    (["export", "--format", "slime"], "--out", "config.yaml"),
-    (["timeline"], "--out", "study.db"),
-    (["report"], "--out", "study.db"),
-    (["pareto"], "--csv", "study.db"),
-])
+@pytest.mark.parametrize(
+    ("args", "flag", "target"),
+    [
+        (["export", "--format", "recipe"], "--out", "study.db"),
+        (["export", "--format", "slime"], "--out", "config.yaml"),
+        (["timeline"], "--out", "study.db"),
+        (["report"], "--out", "study.db"),
+        (["pareto"], "--csv", "study.db"),
+    ],
+)
 def test_an_output_over_the_study_s_own_files_is_refused(study, args, flag, target):
     folder = study / "results" / "base"
     before = _digest(folder)
-    r = runner.invoke(app, [*args, "--study", "base", "--results-dir", str(study / "results"), flag, str(folder / target)])
+    r = runner.invoke(
+        app, [*args, "--study", "base", "--results-dir", str(study / "results"), flag, str(folder / target)]
+    )
     assert r.exit_code == 2, r.output
     assert f"{flag} '{folder / target}' is a study's own file" in r.output and "Traceback" not in r.output
     assert _digest(folder) == before
@@ -65,10 +73,25 @@ def test_resuming_under_another_storage_is_refused(study):
     journal = study / "other.log"
     r = runner.invoke(app, [*MAIN, "--results-dir", str(study / "results"), "--storage", f"journal:{journal}"])
     assert r.exit_code == 2, r.output
-    assert "study 'base'" in r.output and "is kept in 'sqlite:///" in r.output and "Resume it with no --storage" in r.output
+    assert (
+        "study 'base'" in r.output
+        and "is kept in 'sqlite:///" in r.output
+        and "Resume it with no --storage" in r.output
+    )
     assert _digest(folder) == before and not journal.exists()
     # the same database named by its absolute path is the same storage: the study resumes
-    r = runner.invoke(app, [*MAIN, "--trials", "1", "--results-dir", str(study / "results"), "--storage", f"sqlite:///{(folder / 'study.db').resolve()}"])
+    r = runner.invoke(
+        app,
+        [
+            *MAIN,
+            "--trials",
+            "1",
+            "--results-dir",
+            str(study / "results"),
+            "--storage",
+            f"sqlite:///{(folder / 'study.db').resolve()}",
+        ],
+    )
     assert r.exit_code == 0, r.output
 
 
@@ -84,8 +107,20 @@ def test_a_journal_study_s_record_is_not_overwritten(tmp_path):
     """Its folder has no study.db, so config.yaml (where its trials are kept) was written over before."""
     folder, journal, _ = _journal_study(tmp_path, "sj")
     rec = (folder / "config.yaml").read_bytes()
-    r = runner.invoke(app, ["export", "--study", "sj", "--results-dir", str(tmp_path / "results"), "--format", "slime",
-                            "--out", str(folder / "config.yaml")])
+    r = runner.invoke(
+        app,
+        [
+            "export",
+            "--study",
+            "sj",
+            "--results-dir",
+            str(tmp_path / "results"),
+            "--format",
+            "slime",
+            "--out",
+            str(folder / "config.yaml"),
+        ],
+    )
     assert r.exit_code == 2 and "is a study's own file" in r.output, r.output
     assert (folder / "config.yaml").read_bytes() == rec
 
@@ -107,13 +142,16 @@ def test_a_resume_with_an_unreadable_record_is_refused_not_forked(tmp_path, dama
     """Before, a garbled config.yaml made the resume start a new empty SQLite study beside the journal's trials and
     rewrite the folder's outputs; a binary one crashed (UnicodeDecodeError)."""
     folder, journal, args = _journal_study(tmp_path, "sj2")
-    (folder / "config.yaml").write_bytes({"garbled": b"config: [unclosed\n", "binary": bytes(range(128, 256)),
-                                          "not a record": b"- 1\n- 2\n"}[damage])
+    (folder / "config.yaml").write_bytes(
+        {"garbled": b"config: [unclosed\n", "binary": bytes(range(128, 256)), "not a record": b"- 1\n- 2\n"}[damage]
+    )
     before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
     jbefore = journal.read_bytes()
     r = runner.invoke(app, args)
     assert r.exit_code == 2 and "config.yaml cannot be read" in r.output and "internal error" not in r.output, r.output
-    after = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != ".tune.lock"}  # the run's lock stays, by design
+    after = {
+        p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != ".tune.lock"
+    }  # the run's lock stays, by design
     assert after == before and journal.read_bytes() == jbefore
 
 
@@ -121,29 +159,48 @@ def test_a_folder_without_its_record_is_not_resumed_into_another_storage(tmp_pat
     folder, journal, args = _journal_study(tmp_path, "sj3")
     (folder / "config.yaml").unlink()
     r = runner.invoke(app, args)  # no --storage: would start a SQLite study beside the journal study's outputs
-    assert r.exit_code == 2 and "holds a study's outputs" in r.output and "no config.yaml or study.db" in r.output, r.output
+    assert r.exit_code == 2 and "holds a study's outputs" in r.output and "no config.yaml or study.db" in r.output, (
+        r.output
+    )
     assert not (folder / "study.db").exists()
     r = runner.invoke(app, [*args, "--storage", f"journal:{journal}"])  # with its storage: resumed
     assert r.exit_code == 0 and "4 layouts evaluated in total" in r.output, r.output
 
 
-@pytest.mark.parametrize(("args", "flag", "target", "ok"), [
-    (["export", "--format", "slime"], "--out", "recipe.yaml", False),  # a shell script into the recipe: written before
-    (["export", "--format", "megatron"], "--out", "pareto.csv", False),
-    (["pareto"], "--csv", "recipe.yaml", False),
-    (["report"], "--out", "pareto.csv", False),
-    (["timeline"], "--out", "recipe.yaml", False),
-    (["export", "--format", "recipe"], "--out", "recipe.yaml", True),  # the same kind of file: the user's to rewrite
-    (["pareto"], "--csv", "pareto.csv", True),
-])
+@pytest.mark.parametrize(
+    ("args", "flag", "target", "ok"),
+    [
+        (
+            ["export", "--format", "slime"],
+            "--out",
+            "recipe.yaml",
+            False,
+        ),  # a shell script into the recipe: written before
+        (["export", "--format", "megatron"], "--out", "pareto.csv", False),
+        (["pareto"], "--csv", "recipe.yaml", False),
+        (["report"], "--out", "pareto.csv", False),
+        (["timeline"], "--out", "recipe.yaml", False),
+        (
+            ["export", "--format", "recipe"],
+            "--out",
+            "recipe.yaml",
+            True,
+        ),  # the same kind of file: the user's to rewrite
+        (["pareto"], "--csv", "pareto.csv", True),
+    ],
+)
 def test_a_study_s_outputs_are_only_rewritten_by_their_own_kind(study, args, flag, target, ok):
     folder = study / "results" / "base"
     before = (folder / target).read_bytes()
-    r = runner.invoke(app, [*args, "--study", "base", "--results-dir", str(study / "results"), flag, str(folder / target)])
+    r = runner.invoke(
+        app, [*args, "--study", "base", "--results-dir", str(study / "results"), flag, str(folder / target)]
+    )
     if ok:
         assert r.exit_code == 0, r.output
         return
-    assert r.exit_code == 2 and f"would write over the study's own {target} with another kind of file" in r.output, r.output
+    assert r.exit_code == 2 and f"would write over the study's own {target} with another kind of file" in r.output, (
+        r.output
+    )
     assert (folder / target).read_bytes() == before
 
 
@@ -154,12 +211,24 @@ def _run(args, cwd=None, monkeypatch=None):
 
 
 def test_a_relative_storage_is_the_same_file_from_any_folder(tmp_path, monkeypatch):
-    """The record keeps the store resolved where it was written: the same journal named absolutely from elsewhere resumes
+    """The record keeps the store resolved where it was written: the same journal named absolutely from elsewhere
+    resumes
     (refused before); the same relative name from another folder, a different file, is refused (it forked before)."""
     k, other = tmp_path / "k", tmp_path / "other"
     (k / "J").mkdir(parents=True)
     (other / "J").mkdir(parents=True)
-    args = ["--model", "Llama-3.1-8B", "--gpus", "8xH200", "--trials", "2", "--study", "s", "--results-dir", str(k / "R")]
+    args = [
+        "--model",
+        "Llama-3.1-8B",
+        "--gpus",
+        "8xH200",
+        "--trials",
+        "2",
+        "--study",
+        "s",
+        "--results-dir",
+        str(k / "R"),
+    ]
     assert _run([*args, "--storage", "journal:J/s.log"], k, monkeypatch).exit_code == 0
     pareto = (k / "R" / "s" / "pareto.csv").read_bytes()
     r = _run([*args, "--storage", "journal:J/s.log"], other, monkeypatch)
@@ -167,7 +236,9 @@ def test_a_relative_storage_is_the_same_file_from_any_folder(tmp_path, monkeypat
     assert (k / "R" / "s" / "pareto.csv").read_bytes() == pareto and not (other / "J" / "s.log").exists()
     r = _run([*args, "--storage", f"journal:{k / 'J' / 's.log'}"], other, monkeypatch)
     assert r.exit_code == 0 and "4 layouts evaluated in total" in r.output, r.output
-    r = _run(["pareto", "--study", "s", "--results-dir", str(k / "R")], other, monkeypatch)  # the recorded store, found from here
+    r = _run(
+        ["pareto", "--study", "s", "--results-dir", str(k / "R")], other, monkeypatch
+    )  # the recorded store, found from here
     assert r.exit_code == 0 and "Pareto front" in r.output, r.output
 
 
@@ -177,7 +248,9 @@ def test_a_moved_study_folder_resumes_and_is_not_forked(tmp_path, monkeypatch):
     assert runner.invoke(app, [*args, "--results-dir", "M", "--storage", "sqlite:///M/s/study.db"]).exit_code == 0
     (tmp_path / "M").rename(tmp_path / "M2")
     (tmp_path / "M" / "s").mkdir(parents=True)
-    r = runner.invoke(app, [*args, "--results-dir", "M2", "--storage", "sqlite:///M/s/study.db"])  # a new empty store: forked before
+    r = runner.invoke(
+        app, [*args, "--results-dir", "M2", "--storage", "sqlite:///M/s/study.db"]
+    )  # a new empty store: forked before
     assert r.exit_code == 2 and "holds study.db, and this run would start a new store" in r.output, r.output
     assert not (tmp_path / "M" / "s" / "study.db").exists()
     r = runner.invoke(app, [*args, "--results-dir", "M2"])  # refused before: the record named M's database
@@ -193,9 +266,24 @@ def test_charts_are_not_a_study_and_side_files_are_its_own(tmp_path):
     folder, journal, jargs = _journal_study(tmp_path, "j")
     for target in (folder / ".tune.lock", res / "new" / "study.db-wal"):
         target.write_text("x") if not target.exists() else None
-        r = runner.invoke(app, ["export", "--study", "new", "--results-dir", str(res), "--format", "recipe", "--out", str(target)])
+        r = runner.invoke(
+            app, ["export", "--study", "new", "--results-dir", str(res), "--format", "recipe", "--out", str(target)]
+        )
         assert r.exit_code == 2 and "is a study's own file" in r.output, (target, r.output)
-    r = runner.invoke(app, ["export", "--study", "new", "--results-dir", str(res), "--format", "recipe", "--out", str(folder / "recipe.yaml")])
+    r = runner.invoke(
+        app,
+        [
+            "export",
+            "--study",
+            "new",
+            "--results-dir",
+            str(res),
+            "--format",
+            "recipe",
+            "--out",
+            str(folder / "recipe.yaml"),
+        ],
+    )
     assert r.exit_code == 2 and "is study 'j''s own recipe.yaml; this writes study 'new''s" in r.output, r.output
 
 
@@ -207,7 +295,9 @@ def test_a_damaged_record_is_a_users_file_not_an_internal_error(tmp_path, record
     (res / "s" / "config.yaml").write_bytes(record)
     r = runner.invoke(app, args)
     assert r.exit_code == 2 and "internal error" not in r.output and "config.yaml" in r.output, r.output
-    assert "delete it to resume the folder's study.db with no --storage" in r.output  # not "remove the folder": it holds the trials
+    assert (
+        "delete it to resume the folder's study.db with no --storage" in r.output
+    )  # not "remove the folder": it holds the trials
     r = runner.invoke(app, ["pareto", "--study", "s", "--results-dir", str(res)])  # study.db is beside it: still read
     assert r.exit_code == 0, r.output
 
@@ -216,23 +306,68 @@ def test_verify_may_rewrite_the_study_s_recipe(study):
     """tune verify --out writes the recipe with its correctness block: the study's recipe.yaml is its kind of file (it
     was refused as another kind). Without torch the command then stops on the harness's needs, before any write."""
     folder = study / "results" / "base"
-    r = runner.invoke(app, ["verify", "--study", "base", "--results-dir", str(study / "results"), "--trial", "0",
-                            "--reference", "tp=2,pp=1", "--out", str(folder / "recipe.yaml")])
+    r = runner.invoke(
+        app,
+        [
+            "verify",
+            "--study",
+            "base",
+            "--results-dir",
+            str(study / "results"),
+            "--trial",
+            "0",
+            "--reference",
+            "tp=2,pp=1",
+            "--out",
+            str(folder / "recipe.yaml"),
+        ],
+    )
     assert "would write over" not in r.output and "is a study's own file" not in r.output, r.output
-    r = runner.invoke(app, ["verify", "--study", "base", "--results-dir", str(study / "results"), "--trial", "0",
-                            "--reference", "tp=2,pp=1", "--out", str(folder / "pareto.csv")])
+    r = runner.invoke(
+        app,
+        [
+            "verify",
+            "--study",
+            "base",
+            "--results-dir",
+            str(study / "results"),
+            "--trial",
+            "0",
+            "--reference",
+            "tp=2,pp=1",
+            "--out",
+            str(folder / "pareto.csv"),
+        ],
+    )
     assert r.exit_code == 2 and "would write over the study's own pareto.csv" in r.output, r.output
 
 
 def _bytes(folder: Path) -> dict[str, str]:
-    """Each file's sha256 (SQLite's side files -wal and -shm left out: a reader may make them, the store is study.db)."""
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())
-            if p.is_file() and not p.name.startswith("study.db-") and p.name != ".tune.lock"}  # the lock holds the running pid
+    """Each file's sha256 (SQLite's side files -wal and -shm left out: a reader may make them, the store is
+    study.db)."""
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.iterdir())
+        if p.is_file() and not p.name.startswith("study.db-") and p.name != ".tune.lock"
+    }  # the lock holds the running pid
 
 
 def _other_study_db(tmp_path: Path) -> bytes:
-    r = runner.invoke(app, ["--model", "Llama-3.1-8B", "--gpus", "8xH200", "--trials", "1", "--study", "other",
-                            "--results-dir", str(tmp_path / "o")])
+    r = runner.invoke(
+        app,
+        [
+            "--model",
+            "Llama-3.1-8B",
+            "--gpus",
+            "8xH200",
+            "--trials",
+            "1",
+            "--study",
+            "other",
+            "--results-dir",
+            str(tmp_path / "o"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     return _db_bytes(tmp_path / "o" / "other" / "study.db", tmp_path / "other.db")
 
@@ -261,14 +396,16 @@ def studies_made_elsewhere(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("made")
     res = {d: root / d / "results" for d in DAMAGES}
     runs = [[*MAIN, "--results-dir", str(r)] for r in res.values()]
-    code = ("import json, runpy, sys\n"
-            "for argv in json.loads(sys.argv[1]):\n"
-            "    sys.argv = ['tune', *argv]\n"
-            "    try:\n"
-            "        runpy.run_module('tuner.cli', run_name='__main__', alter_sys=True)\n"
-            "    except SystemExit as e:\n"
-            "        if e.code not in (None, 0):\n"
-            "            raise\n")
+    code = (
+        "import json, runpy, sys\n"
+        "for argv in json.loads(sys.argv[1]):\n"
+        "    sys.argv = ['tune', *argv]\n"
+        "    try:\n"
+        "        runpy.run_module('tuner.cli', run_name='__main__', alter_sys=True)\n"
+        "    except SystemExit as e:\n"
+        "        if e.code not in (None, 0):\n"
+        "            raise\n"
+    )
     made = subprocess.run([sys.executable, "-c", code, json.dumps(runs)], capture_output=True, text=True)
     assert made.returncode == 0, made.stdout + made.stderr
     return res
@@ -345,8 +482,12 @@ def test_a_read_only_study_is_read_by_the_reading_commands_and_refused_by_a_run(
     res = read_only_copy
     folder = res / "base"
     before = _digest(folder)
-    for args in (["pareto"], ["export", "--out", str(tmp_path / "r.yaml")], ["report", "--out", str(tmp_path / "r.html")],
-                 ["timeline", "--out", str(tmp_path / "t.json")]):
+    for args in (
+        ["pareto"],
+        ["export", "--out", str(tmp_path / "r.yaml")],
+        ["report", "--out", str(tmp_path / "r.html")],
+        ["timeline", "--out", str(tmp_path / "t.json")],
+    ):
         r = runner.invoke(app, [*args, "--study", "base", "--results-dir", str(res)])
         assert r.exit_code == 0 and "Traceback" not in r.output, (args, r.output)
     assert (tmp_path / "r.yaml").is_file() and (tmp_path / "r.html").is_file()

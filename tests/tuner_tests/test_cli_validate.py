@@ -11,7 +11,9 @@ from typer.testing import CliRunner
 from tuner.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
-TE_SWEEP = ROOT / "tests/fixtures/h200_te_call12/sweep.jsonl"  # a copy of benchmarks/results/h200_te_2026-12-01/call12/sweep.jsonl
+TE_SWEEP = (
+    ROOT / "tests/fixtures/h200_te_call12/sweep.jsonl"
+)  # a copy of benchmarks/results/h200_te_2026-12-01/call12/sweep.jsonl
 NO_TE = ROOT / "tests/fixtures/h200_minimax_slice.jsonl"
 runner = CliRunner()
 
@@ -58,38 +60,106 @@ def test_validate_trials_predicts_each_stack_with_its_calibration(tmp_path):
         ("not json", "not JSON"),
         (json.dumps({"model": "MiniMax-M2", "status": "ok"}), "the row has no layout"),
         ("[1, 2, 3]", "the line is a JSON list, not an object"),
-        (json.dumps({"model": "GPT-5", "layout": {"tp": 1}, "status": "ok"}), "model 'GPT-5' is not a bundled model or a slice of one"),
+        (
+            json.dumps({"model": "GPT-5", "layout": {"tp": 1}, "status": "ok"}),
+            "model 'GPT-5' is not a bundled model or a slice of one",
+        ),
         (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "versions": "x"}), "cannot read the row"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "seq_length": True}), "seq_length must be a whole number >= 1, got True"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "global_batch_size": 8.9}), "global_batch_size must be a whole number"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "run_options": {"harness": {"cross_entropy_fusion": "false"}}}),
-         "run_options.harness.cross_entropy_fusion must be true or false, got 'false'"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "run_options": {"harness": {"megatron_fusions": 1}}}),
-         "run_options.harness.megatron_fusions must be true or false, got 1"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "options": {"megatron_fusions": "yes"}}),
-         "options.megatron_fusions must be true or false, got 'yes'"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "options": {"megatron_fusions": True},
-                     "run_options": {"harness": {"megatron_fusions": False}}}), "the row contradicts itself"),
-        (TE_SWEEP.read_text().splitlines()[0].replace('"global_batch_size": 8', '"global_batch_size": 1e400'),
-         "global_batch_size must be a whole number >= 1, got inf"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]),
-                     "layout": {k: v for k, v in json.loads(TE_SWEEP.read_text().splitlines()[0])["layout"].items() if k != "pp"}}),
-         "the layout lacks pp"),
-        (json.dumps({k: v for k, v in json.loads(TE_SWEEP.read_text().splitlines()[0]).items() if k != "gpus"}), "the row lacks gpus"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "run_options": {"harness": {"fp8_recipe": "blockwise"}}}),
-         "fp8_recipe 'blockwise': the trials reader predicts the delayed and tensorwise recipes"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "model": "MiniMax-M2[0 layers]"}),
-         "model 'MiniMax-M2[0 layers]': a slice has 1 to 62 layers"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "versions": {"transformer_engine": 123}}),
-         "versions.transformer_engine must be a version string"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "versions": {"transformer_engine": "banana"}}),
-         "got 'banana'"),
-        (TE_SWEEP.read_text().splitlines()[0].replace('"step_time_s": ', '"step_time_s": 1.0, "step_time_s": ', 1),
-         "key 'step_time_s' appears twice in one object"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "model": "Qwen3-30B-A3B[1 layers]"}),
-         "has hidden_size 2048, but megatron-core ran hidden_size 3072 (run_options.transformer): the row is of another model"),
-        (json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "model": "MiniMax-M2[2 layers]"}),
-         "has num_layers 2, but megatron-core ran num_layers 1"),
+        (
+            json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "seq_length": True}),
+            "seq_length must be a whole number >= 1, got True",
+        ),
+        (
+            json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "global_batch_size": 8.9}),
+            "global_batch_size must be a whole number",
+        ),
+        (
+            json.dumps(
+                {
+                    **json.loads(TE_SWEEP.read_text().splitlines()[0]),
+                    "run_options": {"harness": {"cross_entropy_fusion": "false"}},
+                }
+            ),
+            "run_options.harness.cross_entropy_fusion must be true or false, got 'false'",
+        ),
+        (
+            json.dumps(
+                {
+                    **json.loads(TE_SWEEP.read_text().splitlines()[0]),
+                    "run_options": {"harness": {"megatron_fusions": 1}},
+                }
+            ),
+            "run_options.harness.megatron_fusions must be true or false, got 1",
+        ),
+        (
+            json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "options": {"megatron_fusions": "yes"}}),
+            "options.megatron_fusions must be true or false, got 'yes'",
+        ),
+        (
+            json.dumps(
+                {
+                    **json.loads(TE_SWEEP.read_text().splitlines()[0]),
+                    "options": {"megatron_fusions": True},
+                    "run_options": {"harness": {"megatron_fusions": False}},
+                }
+            ),
+            "the row contradicts itself",
+        ),
+        (
+            TE_SWEEP.read_text().splitlines()[0].replace('"global_batch_size": 8', '"global_batch_size": 1e400'),
+            "global_batch_size must be a whole number >= 1, got inf",
+        ),
+        (
+            json.dumps(
+                {
+                    **json.loads(TE_SWEEP.read_text().splitlines()[0]),
+                    "layout": {
+                        k: v for k, v in json.loads(TE_SWEEP.read_text().splitlines()[0])["layout"].items() if k != "pp"
+                    },
+                }
+            ),
+            "the layout lacks pp",
+        ),
+        (
+            json.dumps({k: v for k, v in json.loads(TE_SWEEP.read_text().splitlines()[0]).items() if k != "gpus"}),
+            "the row lacks gpus",
+        ),
+        (
+            json.dumps(
+                {
+                    **json.loads(TE_SWEEP.read_text().splitlines()[0]),
+                    "run_options": {"harness": {"fp8_recipe": "blockwise"}},
+                }
+            ),
+            "fp8_recipe 'blockwise': the trials reader predicts the delayed and tensorwise recipes",
+        ),
+        (
+            json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "model": "MiniMax-M2[0 layers]"}),
+            "model 'MiniMax-M2[0 layers]': a slice has 1 to 62 layers",
+        ),
+        (
+            json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "versions": {"transformer_engine": 123}}),
+            "versions.transformer_engine must be a version string",
+        ),
+        (
+            json.dumps(
+                {**json.loads(TE_SWEEP.read_text().splitlines()[0]), "versions": {"transformer_engine": "banana"}}
+            ),
+            "got 'banana'",
+        ),
+        (
+            TE_SWEEP.read_text().splitlines()[0].replace('"step_time_s": ', '"step_time_s": 1.0, "step_time_s": ', 1),
+            "key 'step_time_s' appears twice in one object",
+        ),
+        (
+            json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "model": "Qwen3-30B-A3B[1 layers]"}),
+            "has hidden_size 2048, but megatron-core ran hidden_size 3072 (run_options.transformer): the row is of "
+            "another model",
+        ),
+        (
+            json.dumps({**json.loads(TE_SWEEP.read_text().splitlines()[0]), "model": "MiniMax-M2[2 layers]"}),
+            "has num_layers 2, but megatron-core ran num_layers 1",
+        ),
         (_ran({"fp8": "hybrid"}, drop="precision"), "the row's precision is not given but it ran fp8"),
         (_ran({"fp8": "e4m3"}), "the row's precision is bf16 but it ran fp8"),
         (_ran({"hidden_size": 4096.0}), "megatron-core ran hidden_size 4096"),
@@ -107,7 +177,8 @@ def test_bad_trials_files_are_one_message_exit_2(tmp_path, line, needle):
 
 
 def test_validate_trials_applies_each_row_s_model_overrides(tmp_path):
-    """The GPT-OSS rows ran one EP rank's 16 experts with features turned off in turn (``model_overrides``): predicted as
+    """The GPT-OSS rows ran one EP rank's 16 experts with features turned off in turn (``model_overrides``): predicted
+    as
     they ran, the biases-off row is faster and every slice holds 16 experts' memory, not 128."""
     rows = ROOT / "benchmarks/results/h200_te_2026-12-01/call18/sweep.jsonl"
     r = runner.invoke(app, ["validate", "--trials", str(rows), "--json"])
@@ -116,7 +187,9 @@ def test_validate_trials_applies_each_row_s_model_overrides(tmp_path):
     assert by["oss-no-bias"]["step_time_s"]["predicted"] < by["oss-full"]["step_time_s"]["predicted"]
     assert by["oss-full"]["peak_gib"]["predicted"] < 1.2 * by["oss-full"]["peak_gib"]["measured_reserved"]
     bad = tmp_path / "t.jsonl"
-    bad.write_text(json.dumps({**json.loads(rows.read_text().splitlines()[1]), "model_overrides": {"experts": 16}}) + "\n")
+    bad.write_text(
+        json.dumps({**json.loads(rows.read_text().splitlines()[1]), "model_overrides": {"experts": 16}}) + "\n"
+    )
     r = runner.invoke(app, ["validate", "--trials", str(bad)])
     assert r.exit_code == 2 and "model_overrides names ['experts']" in r.output
 
@@ -169,8 +242,13 @@ def test_a_te_release_with_a_suffix_is_read_by_its_major_minor(tmp_path):
 
     f = tmp_path / "t.jsonl"
     row = json.loads(TE_SWEEP.read_text().splitlines()[0])
-    f.write_text("\n".join(json.dumps({**row, "versions": {**row.get("versions", {}), "transformer_engine": v}})
-                           for v in ("2.20rc1", "2.20+abc", "1.13.0.dev0+git")) + "\n")
+    f.write_text(
+        "\n".join(
+            json.dumps({**row, "versions": {**row.get("versions", {}), "transformer_engine": v}})
+            for v in ("2.20rc1", "2.20+abc", "1.13.0.dev0+git")
+        )
+        + "\n"
+    )
     rows, _ = read_trials([f])
     assert [r.options.te_version for r in rows] == ["2.20", "2.20", "1.13"]
 
@@ -184,7 +262,8 @@ def test_a_file_whose_every_row_is_left_out_says_why(tmp_path):
 
 
 def test_validate_trials_pools_the_spread_of_configurations_run_more_than_once(tmp_path):
-    """Rows of one configuration in several files are runs of one layout: their pooled spread, the median |error| a model
+    """Rows of one configuration in several files are runs of one layout: their pooled spread, the median |error| a
+    model
     exact on their mean would show on single runs, and the model's error against each configuration's mean."""
     first, second = (json.loads(x) for x in TE_SWEEP.read_text().splitlines()[:2])
     runs = [{**first, "step_time_s": t} for t in (1.0, 1.1, 1.2)]
@@ -212,9 +291,9 @@ def test_validate_trials_pools_the_spread_of_configurations_run_more_than_once(t
 
 
 def test_the_spread_counts_runs_not_copies_and_keeps_apart_what_ran_differently(tmp_path):
-    """One file given twice is refused (each row would count as two runs); a row that repeats another's measurement to the
-    last digit is a copy, counted once; rows of one layout run with a setting that changes the timed steps but not the
-    model's inputs (TE's fused permutation, a profiled step) are not runs of one configuration; the same GPU spelled
+    """One file given twice is refused (each row would count as two runs); a row that repeats another's measurement to
+    the last digit is a copy, counted once; rows of one layout run with a setting that changes the timed steps but not
+    the model's inputs (TE's fused permutation, a profiled step) are not runs of one configuration; the same GPU spelled
     another way is."""
     first = json.loads(TE_SWEEP.read_text().splitlines()[0])
     f = tmp_path / "a.jsonl"
@@ -224,17 +303,26 @@ def test_the_spread_counts_runs_not_copies_and_keeps_apart_what_ran_differently(
     for second in (f, link, tmp_path / "." / "a.jsonl"):
         r = runner.invoke(app, ["validate", "--trials", str(f), "--trials", str(second)])
         assert r.exit_code == 2 and "the same file as --trials" in r.output and "Traceback" not in r.output
-    rows = [{**first, "step_time_s": 1.0}, {**first, "step_time_s": 1.0}, {**first, "step_time_s": 1.2, "gpus": "1xh200"},
-            {**first, "step_time_s": 0.8, "options": {**first["options"], "moe_permute_fusion": True}},
-            {**first, "step_time_s": 0.9, "options": {**first["options"], "profile_step": 6}}]
+    rows = [
+        {**first, "step_time_s": 1.0},
+        {**first, "step_time_s": 1.0},
+        {**first, "step_time_s": 1.2, "gpus": "1xh200"},
+        {**first, "step_time_s": 0.8, "options": {**first["options"], "moe_permute_fusion": True}},
+        {**first, "step_time_s": 0.9, "options": {**first["options"], "profile_step": 6}},
+    ]
     g = tmp_path / "rows.jsonl"
     g.write_text("\n".join(json.dumps(x) for x in rows) + "\n")
     r = runner.invoke(app, ["validate", "--trials", str(g), "--json"])
     assert r.exit_code == 0, r.output
     sp = json.loads(r.output)["trials"]["summary"]["run_spread"]
-    # 1.0 (its copy counted once) and 1.2 on "1xh200" pool; the fused and the profiled runs are configurations of their own
+    # 1.0 (its copy counted once) and 1.2 on "1xh200" pool; the fused and the profiled runs are configurations of their
+    # own
     assert (sp["configurations"], sp["repeated"], sp["repeat_runs"], sp["dof"], sp["identical_rows"]) == (3, 1, 2, 1, 1)
     assert sp["spread"] == pytest.approx((0.1 * 2**0.5) / 1.1)  # runs 1.0 and 1.2: standard deviation 0.1414, mean 1.1
     r = runner.invoke(app, ["validate", "--trials", str(g), "--no-rows"])
     text = r.output.replace("\n", " ")
-    assert "1 configuration ran more than once (2 runs)" in text and "1 degree of freedom" in text and "1 row repeating" in text
+    assert (
+        "1 configuration ran more than once (2 runs)" in text
+        and "1 degree of freedom" in text
+        and "1 row repeating" in text
+    )

@@ -143,5 +143,9 @@ def test_recorded_h200_curves_decide_as_recorded():
         assert r.correlation == pytest.approx(case["correlation"], abs=1e-9)
         assert r.final_loss_difference == pytest.approx(case["final_loss_difference"], abs=1e-9)
     assert by["pass_tp2_ep2"]["result"] == "pass" and by["pass_tp2_ep2"]["final_loss_difference"] < 0.001
-    assert by["fault_embedding_shard_misplaced"]["failed_metrics"] == ["correlation", "point_wise_tolerance", "final_loss"]
+    assert by["fault_embedding_shard_misplaced"]["failed_metrics"] == [
+        "correlation",
+        "point_wise_tolerance",
+        "final_loss",
+    ]
     assert by["fault_sp_norm_grad_unreduced"]["result"] == "pass"

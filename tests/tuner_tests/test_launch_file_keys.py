@@ -11,6 +11,8 @@ BRIDGE_PERF = Path(__file__).resolve().parents[1] / "fixtures" / "launch" / "qwe
 
 def test_a_numeric_perf_matrix_key_is_named_as_not_understood(tmp_path):
     f = tmp_path / "perf.yaml"
-    f.write_text(BRIDGE_PERF.read_text().replace("        cuda_graphs: false\n", "        cuda_graphs: false\n        1: 2\n", 1))
+    f.write_text(
+        BRIDGE_PERF.read_text().replace("        cuda_graphs: false\n", "        cuda_graphs: false\n        1: 2\n", 1)
+    )
     lf = read_launch(f, model="Qwen3-30B-A3B", gpus="H100")
     assert "perf_matrix.h100.num_gpus_16.common.1" in lf.not_understood

@@ -27,15 +27,35 @@ PINNED_CALIBRATION = str(Path(__file__).parents[1] / "fixtures" / "calibration_p
 
 
 def _cfg(tmp_path, **kw):
-    base = dict(model="MiniMax-M2", gpus="4xH200", layers=4, global_batch_size=8, backend="local", trials=6, policy="queue",
-                stack="megatron", results_dir=str(tmp_path), trial_steps=6, study="s", calibration=PINNED_CALIBRATION)
+    base = dict(
+        model="MiniMax-M2",
+        gpus="4xH200",
+        layers=4,
+        global_batch_size=8,
+        backend="local",
+        trials=6,
+        policy="queue",
+        stack="megatron",
+        results_dir=str(tmp_path),
+        trial_steps=6,
+        study="s",
+        calibration=PINNED_CALIBRATION,
+    )
     base.update(kw)
     return TuneConfig(**base)
 
 
 def _backend(tmp_path, steps=6):
-    return LocalBackend(trials_dir=tmp_path / "s" / "trials", num_gpus=4, steps=steps, warmup_steps=2, timeout_s=30,
-                        launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02)
+    return LocalBackend(
+        trials_dir=tmp_path / "s" / "trials",
+        num_gpus=4,
+        steps=steps,
+        warmup_steps=2,
+        timeout_s=30,
+        launcher=[sys.executable, FAKE],
+        env=HarnessEnv(),
+        poll_s=0.02,
+    )
 
 
 #: The fake reports each step 1000 times longer than it sleeps: the study sees steps of seconds, and a trial
@@ -94,7 +114,9 @@ def recalibrated_study(tmp_path_factory):
 def test_layers_slices_the_model_and_names_the_study(tmp_path):
     prep = prepare(_cfg(tmp_path, study=None, backend="model"))
     assert prep.model.num_layers == 4 and prep.model.hidden_size == 3072
-    assert prep.config.study_name(prep.model, prep.cluster) == "MiniMax-M2-L4-4xH200-s8192-gbs8-megatron"  # --stack megatron
+    assert (
+        prep.config.study_name(prep.model, prep.cluster) == "MiniMax-M2-L4-4xH200-s8192-gbs8-megatron"
+    )  # --stack megatron
 
 
 def test_measured_trials_land_in_the_study(measured_study):
@@ -103,7 +125,14 @@ def test_measured_trials_land_in_the_study(measured_study):
     assert res.evaluated_now >= 3 and rows
     for r in rows:
         assert r["source"] == "measured" and r["tokens_per_s_per_gpu"] > 0 and r["peak_gib"] == 90.0
-        assert {"pred_tokens_per_s_per_gpu", "pred_peak_gib", "pred_step_time_s", "layout", "step_times_s", "log_path"} <= set(r)
+        assert {
+            "pred_tokens_per_s_per_gpu",
+            "pred_peak_gib",
+            "pred_step_time_s",
+            "layout",
+            "step_times_s",
+            "log_path",
+        } <= set(r)
         assert Path(r["log_path"], "steps.jsonl").exists()
     # nothing the harness cannot run here (flex without DeepEP) was enqueued
     assert all("flex" not in r["layout"]["dispatcher"] for r in rows)
@@ -145,12 +174,19 @@ def test_a_failed_trial_is_one_line_on_stderr(tmp_path):
     import subprocess
 
     code = (
-        "import sys; from pathlib import Path; from test_local_study import _cfg, _backend; from tuner.study import prepare, run_study;"
+        "import sys; from pathlib import Path; from test_local_study import _cfg, _backend; from tuner.study import "
+        "prepare, run_study;"
         "run_study(prepare(_cfg(Path(sys.argv[1]), trials=2)), backend=_backend(Path(sys.argv[1])))"
     )
     root = Path(__file__).parents[2]
-    env = {**os.environ, "FAKE_TRIAL_MODE": "crash", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(root)])}
-    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env, timeout=120, cwd=root)
+    env = {
+        **os.environ,
+        "FAKE_TRIAL_MODE": "crash",
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(root)]),
+    }
+    p = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env, timeout=120, cwd=root
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     assert "failed with parameters" in p.stderr and "crash" in p.stderr  # Optuna's one line per failed trial ...
     assert "Traceback" not in p.stderr  # ... without the traceback of an outcome
@@ -166,7 +202,14 @@ def test_interrupt_keeps_finished_trials_and_resumes(tmp_path, slow_tp):
                 raise KeyboardInterrupt
             return super().run(layout, **kw)
 
-    b = Interrupting(trials_dir=tmp_path / "s" / "trials", num_gpus=4, steps=4, launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02)
+    b = Interrupting(
+        trials_dir=tmp_path / "s" / "trials",
+        num_gpus=4,
+        steps=4,
+        launcher=[sys.executable, FAKE],
+        env=HarnessEnv(),
+        poll_s=0.02,
+    )
     with pytest.raises(KeyboardInterrupt):
         run_study(prepare(_cfg(tmp_path, prune_margin=None)), backend=b)
     st = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/s/study.db")
@@ -180,10 +223,28 @@ def test_interrupt_keeps_finished_trials_and_resumes(tmp_path, slow_tp):
 
 
 def test_cli_layers_and_local_gpu_count(tmp_path, monkeypatch):
-    r = CliRunner().invoke(app, ["--model", "MiniMax-M2", "--layers", "0", "--gpus", "4xH200", "--results-dir", str(tmp_path)])
+    r = CliRunner().invoke(
+        app, ["--model", "MiniMax-M2", "--layers", "0", "--gpus", "4xH200", "--results-dir", str(tmp_path)]
+    )
     assert r.exit_code == 2 and "--layers" in r.output
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    r = CliRunner().invoke(app, ["--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8", "--backend", "local", "--results-dir", str(tmp_path)])
+    r = CliRunner().invoke(
+        app,
+        [
+            "--model",
+            "MiniMax-M2",
+            "--layers",
+            "4",
+            "--gpus",
+            "4xH200",
+            "--global-batch",
+            "8",
+            "--backend",
+            "local",
+            "--results-dir",
+            str(tmp_path),
+        ],
+    )
     assert r.exit_code == 2 and "this machine's 2 GPUs" in r.output and "--gpus 2xH200" in r.output
 
 
@@ -231,7 +292,9 @@ def test_recalibrates_as_it_goes_and_reranks_the_queue(recalibrated_study):
 
 
 def test_recalibrate_after_zero_keeps_the_fixed_queue(tmp_path, slow_tp):
-    res = run_study(prepare(_cfg(tmp_path, prune_margin=None, trials=4, recalibrate_after=0)), backend=_backend(tmp_path, steps=4))
+    res = run_study(
+        prepare(_cfg(tmp_path, prune_margin=None, trials=4, recalibrate_after=0)), backend=_backend(tmp_path, steps=4)
+    )
     assert "recalibrations" not in res.study.user_attrs
     assert not [t for t in res.study.trials if "after recalibration" in str(t.user_attrs.get("enqueued", ""))]
 
@@ -246,9 +309,13 @@ def test_real_trials_without_te_predict_the_optimizer_that_runs(tmp_path):
     """Without TE the harness runs the precision-aware optimizer off: the study predicts (and exports) that."""
     local = prepare(_cfg(tmp_path))
     model = prepare(_cfg(tmp_path, backend="model", study="m"))
-    assert not any(local.enumeration.valid.row(i).use_precision_aware_optimizer for i in range(len(local.enumeration.valid)))
+    assert not any(
+        local.enumeration.valid.row(i).use_precision_aware_optimizer for i in range(len(local.enumeration.valid))
+    )
     assert any("precision-aware optimizer is off" in n for n in local.enumeration.notes)
-    assert all(model.enumeration.valid.row(i).use_precision_aware_optimizer for i in range(0, len(model.enumeration.valid), 97))
+    assert all(
+        model.enumeration.valid.row(i).use_precision_aware_optimizer for i in range(0, len(model.enumeration.valid), 97)
+    )
 
 
 def test_confirm_runs_remeasure_the_finalists_interleaved_and_report_the_mean(tmp_path, monkeypatch):
@@ -276,8 +343,13 @@ def test_confirm_runs_remeasure_the_finalists_interleaved_and_report_the_mean(tm
     assert r.exit_code == 0 and "confirmed: trial" in r.output and "over 3 runs" in r.output
     import csv
 
-    assert {int(x["runs"]) for x in csv.DictReader(csv_path.open())} <= {1, 3} and "runs" in csv_path.read_text().splitlines()[0]
-    r = CliRunner().invoke(app, ["export", "--study", "s", "--results-dir", str(tmp_path), "--trial", str(confirmed[0]["trial"])])
+    assert {int(x["runs"]) for x in csv.DictReader(csv_path.open())} <= {
+        1,
+        3,
+    } and "runs" in csv_path.read_text().splitlines()[0]
+    r = CliRunner().invoke(
+        app, ["export", "--study", "s", "--results-dir", str(tmp_path), "--trial", str(confirmed[0]["trial"])]
+    )
     assert r.exit_code == 0 and "Measured more than once (--confirm-runs): 3 runs" in r.output
 
 
@@ -299,12 +371,20 @@ def test_confirmation_waits_for_queued_search_trials(tmp_path, monkeypatch):
     st = res.study
     index = CandidateIndex(prep.enumeration.valid, prep.fits)
     done = {r["key"] for r in trial_rows(st)}
-    fresh = [int(i) for i in np.flatnonzero(prep.fits) if prep.enumeration.valid.row(int(i)).key() not in done
-             and "flex" not in prep.enumeration.valid.row(int(i)).dispatcher.value][:3]
+    fresh = [
+        int(i)
+        for i in np.flatnonzero(prep.fits)
+        if prep.enumeration.valid.row(int(i)).key() not in done
+        and "flex" not in prep.enumeration.valid.row(int(i)).dispatcher.value
+    ][:3]
     for i in fresh:
         st.enqueue_trial(index.params_of_row(i), user_attrs={"enqueued": "left over"})
     res = run_study(prep, backend=_backend(tmp_path))  # evaluates one of them (--trials 1), two stay queued
-    assert res.evaluated_now == 1 and res.confirmed_now == 0 and "2 queued layouts of the search are still waiting" in res.confirm_note
+    assert (
+        res.evaluated_now == 1
+        and res.confirmed_now == 0
+        and "2 queued layouts of the search are still waiting" in res.confirm_note
+    )
 
 
 def _raising_at(tmp_path, call: int, exc: BaseException) -> LocalBackend:
@@ -319,8 +399,16 @@ def _raising_at(tmp_path, call: int, exc: BaseException) -> LocalBackend:
                 raise exc
             return super().run(layout, **kw)
 
-    return Raising(trials_dir=tmp_path / "s" / "trials", num_gpus=4, steps=6, warmup_steps=2, timeout_s=30,
-                   launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02)
+    return Raising(
+        trials_dir=tmp_path / "s" / "trials",
+        num_gpus=4,
+        steps=6,
+        warmup_steps=2,
+        timeout_s=30,
+        launcher=[sys.executable, FAKE],
+        env=HarnessEnv(),
+        poll_s=0.02,
+    )
 
 
 def test_a_failed_confirmation_run_is_reported_and_confirmation_tops_up(tmp_path, monkeypatch):
@@ -332,7 +420,11 @@ def test_a_failed_confirmation_run_is_reported_and_confirmation_tops_up(tmp_path
     monkeypatch.setenv("FAKE_REPORT_STEP_S", "2.0")
 
     # the first confirmation run (the second run of all) runs out of memory
-    b = _raising_at(tmp_path, 2, TrialFailed(FailureKind.oom, "CUDA out of memory (fake)", str(tmp_path), memory_reached_bytes=150 * 2**30))
+    b = _raising_at(
+        tmp_path,
+        2,
+        TrialFailed(FailureKind.oom, "CUDA out of memory (fake)", str(tmp_path), memory_reached_bytes=150 * 2**30),
+    )
     prep = prepare(_cfg(tmp_path, prune_margin=None, trials=1, confirm_runs=2))
     res = run_study(prep, backend=b)
     (row,) = [r for r in trial_rows(res.study) if r["trial"] == 0]
@@ -356,8 +448,14 @@ def test_an_interrupted_confirmation_is_completed_on_resume(tmp_path, monkeypatc
     with pytest.raises(KeyboardInterrupt):
         run_study(prep, backend=b)
     res = run_study(prep, backend=_backend(tmp_path))
-    done = [t for t in res.study.trials if t.user_attrs.get("repeat_of") == 0 and t.state == optuna.trial.TrialState.COMPLETE]
-    assert len(done) == 2 and res.evaluated_now == 1  # the cut run made up, and the resumed search still had its one trial
+    done = [
+        t
+        for t in res.study.trials
+        if t.user_attrs.get("repeat_of") == 0 and t.state == optuna.trial.TrialState.COMPLETE
+    ]
+    assert (
+        len(done) == 2 and res.evaluated_now == 1
+    )  # the cut run made up, and the resumed search still had its one trial
 
 
 def test_the_confirmation_phase_runs_no_search_trial_when_another_worker_took_a_run(tmp_path, monkeypatch):
@@ -377,9 +475,19 @@ def test_the_confirmation_phase_runs_no_search_trial_when_another_worker_took_a_
                 other.tell(taken, state=optuna.trial.TrialState.FAIL)
             return super().run(layout, **kw)
 
-    b = OtherWorker(trials_dir=tmp_path / "s" / "trials", num_gpus=4, steps=6, warmup_steps=2, timeout_s=30,
-                    launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02)
+    b = OtherWorker(
+        trials_dir=tmp_path / "s" / "trials",
+        num_gpus=4,
+        steps=6,
+        warmup_steps=2,
+        timeout_s=30,
+        launcher=[sys.executable, FAKE],
+        env=HarnessEnv(),
+        poll_s=0.02,
+    )
     res = run_study(prepare(_cfg(tmp_path, prune_margin=None, trials=1, confirm_runs=2)), backend=b)
     assert res.evaluated_now == 1 and res.confirmed_now == 1 and b.calls == 2  # the sampled stand-in was not measured
     (stand_in,) = [t for t in res.study.trials if "confirmation phase" in str(t.user_attrs.get("skipped", ""))]
-    assert stand_in.state == optuna.trial.TrialState.PRUNED and stand_in.number == max(t.number for t in res.study.trials)
+    assert stand_in.state == optuna.trial.TrialState.PRUNED and stand_in.number == max(
+        t.number for t in res.study.trials
+    )

@@ -1,4 +1,5 @@
-"""tuner.verify.parity, .component, .correctness: the gradient-parity metrics, the optimizer component test's arithmetic and decision, the recipe block."""
+"""tuner.verify.parity, .component, .correctness: the gradient-parity metrics, the optimizer component test's arithmetic
+and decision, the recipe block."""
 
 from __future__ import annotations
 
@@ -13,11 +14,21 @@ from launch.harness.gather import GRAD_DUMP_FORMAT, model_fingerprint
 from specs.errors import TunerError
 from tuner.verify.component import adam_reference, component_bound, decide_component_test, reconstruct_fp32, split_fp32
 from tuner.verify.correctness import correctness_block
-from tuner.verify.parity import BF16_RELATIVE_FLOOR, ParityThresholds, compare_grad_dumps, compare_gradients, parity_block, tensor_diff
+from tuner.verify.parity import (
+    BF16_RELATIVE_FLOOR,
+    ParityThresholds,
+    compare_grad_dumps,
+    compare_gradients,
+    parity_block,
+    tensor_diff,
+)
 
 RNG = np.random.default_rng(0)
-G = {"a.weight": RNG.standard_normal((64, 32)).astype(np.float32), "b.norm.weight": RNG.standard_normal(32).astype(np.float32),
-     "c.experts.linear_fc1.weight3": RNG.standard_normal((16, 8)).astype(np.float32)}
+G = {
+    "a.weight": RNG.standard_normal((64, 32)).astype(np.float32),
+    "b.norm.weight": RNG.standard_normal(32).astype(np.float32),
+    "c.experts.linear_fc1.weight3": RNG.standard_normal((16, 8)).astype(np.float32),
+}
 
 
 # ---- tensor metrics on recorded gradients
@@ -87,7 +98,11 @@ def test_chunked_sums_equal_one_pass():
 def test_a_parity_result_reads_back_from_its_dict():
     r = compare_gradients({**G, "b.norm.weight": 2 * G["b.norm.weight"]}, G, ParityThresholds.from_noise(1e-3))
     back = type(r).from_dict(json.loads(json.dumps(r.to_dict())))
-    assert back.failed_metrics == r.failed_metrics and back.worst_rel_l2 == r.worst_rel_l2 and back.thresholds == r.thresholds
+    assert (
+        back.failed_metrics == r.failed_metrics
+        and back.worst_rel_l2 == r.worst_rel_l2
+        and back.thresholds == r.thresholds
+    )
     with pytest.raises(TunerError, match="per-tensor"):
         type(r).from_dict(r.to_dict(all_tensors=False))
 
@@ -96,7 +111,9 @@ def test_threshold_from_the_reference_noise():
     rep = {k: v * (1 + 1e-4 * RNG.standard_normal(v.shape)).astype(np.float32) for k, v in G.items()}
     noise = compare_gradients(rep, G)
     th = ParityThresholds.from_noise(noise)
-    assert th.rel_l2 == BF16_RELATIVE_FLOOR and th.noise_rel_l2 == pytest.approx(noise.worst_rel_l2)  # 10 x noise is below the floor
+    assert th.rel_l2 == BF16_RELATIVE_FLOOR and th.noise_rel_l2 == pytest.approx(
+        noise.worst_rel_l2
+    )  # 10 x noise is below the floor
     th = ParityThresholds.from_noise(0.01)
     assert th.rel_l2 == pytest.approx(0.1) and th.cosine == pytest.approx(1 - 0.01 / 2) and "0.01" in th.source
     bad = compare_gradients({k: v for k, v in G.items() if k != "a.weight"}, G)
@@ -111,7 +128,14 @@ def _dump(path, grads, **meta):
     for k, v in grads.items():
         np.save(path / "tensors" / f"{k}.npy", v)
         t[k] = {"file": f"tensors/{k}.npy", "shape": list(v.shape), "dtype": "float32"}
-    m = {"format": GRAD_DUMP_FORMAT, "label": path.name, "model_fingerprint": "abc", "checkpoint": "/ck", "batch": {"data_step_offset": 40}, "tensors": t}
+    m = {
+        "format": GRAD_DUMP_FORMAT,
+        "label": path.name,
+        "model_fingerprint": "abc",
+        "checkpoint": "/ck",
+        "batch": {"data_step_offset": 40},
+        "tensors": t,
+    }
     m.update(meta)
     (path / "index.json").write_text(json.dumps(m))
     return path
@@ -144,9 +168,13 @@ def test_model_fingerprint_ignores_the_source_text_only():
 
 
 def test_te_remainders_rebuild_fp32_bit_for_bit():
-    x = np.concatenate([RNG.standard_normal(100_000).astype(np.float32) * 0.02,
-                        np.array([0.0, -0.0, 1.0, -1.0, 3.4e38, -3.4e38, 1e-40, np.inf, -np.inf], np.float32),
-                        np.array([0x3F808000, 0xBF808000, 0x3F80FFFF, 0x00008000], np.uint32).view(np.float32)])
+    x = np.concatenate(
+        [
+            RNG.standard_normal(100_000).astype(np.float32) * 0.02,
+            np.array([0.0, -0.0, 1.0, -1.0, 3.4e38, -3.4e38, 1e-40, np.inf, -np.inf], np.float32),
+            np.array([0x3F808000, 0xBF808000, 0x3F80FFFF, 0x00008000], np.uint32).view(np.float32),
+        ]
+    )
     hi, rem = split_fp32(x)
     assert hi.dtype == np.uint16 and rem.dtype == np.int16
     back = reconstruct_fp32(hi, rem)
@@ -191,29 +219,70 @@ def test_clip_coefficient_is_megatrons():
 
 
 def _rows(errs, *, bitwise=True, errors=()):
-    kinds = {"default": "baseline", "explicit_masters": "bitwise", "gpu": "test", "gpu_bf16_moments": "test", "offload": "test"}
+    kinds = {
+        "default": "baseline",
+        "explicit_masters": "bitwise",
+        "gpu": "test",
+        "gpu_bf16_moments": "test",
+        "offload": "test",
+    }
     rows = []
     for arm, by_step in errs.items():
         for s, e in by_step.items():
-            rows.append({"event": "arm", "arm": arm, "kind": kinds.get(arm, "control"), "step": s, "worst_rel_l2": e, "worst_tensor": f"{arm}.w"})
+            rows.append(
+                {
+                    "event": "arm",
+                    "arm": arm,
+                    "kind": kinds.get(arm, "control"),
+                    "step": s,
+                    "worst_rel_l2": e,
+                    "worst_tensor": f"{arm}.w",
+                }
+            )
     for s in (1, 3):
-        rows.append({"event": "bitwise", "arm": "gpu", "against": "explicit_masters", "step": s, "identical": bitwise, "mismatched": 0 if bitwise else 7,
-                     "elements": 100})
+        rows.append(
+            {
+                "event": "bitwise",
+                "arm": "gpu",
+                "against": "explicit_masters",
+                "step": s,
+                "identical": bitwise,
+                "mismatched": 0 if bitwise else 7,
+                "elements": 100,
+            }
+        )
     for arm in errors:
         rows.append({"event": "arm_error", "arm": arm, "message": "RuntimeError: boom"})
     return rows
 
 
-GOOD = {"default": {1: 1e-7, 3: 5e-5}, "explicit_masters": {1: 1e-7, 3: 5e-5}, "gpu": {1: 2e-7, 3: 6e-5}, "gpu_bf16_moments": {1: 2e-7, 3: 4e-3},
-        "offload": {1: 3e-7, 3: 8e-5}, "control_remainders_dropped": {1: 0.4, 3: 0.5}, "control_wrong_eps": {1: 0.02, 3: 0.03},
-        "control_wrong_beta2": {1: 1e-7, 3: 0.05}, "control_bf16_masters": {1: 0.6, 3: 0.7}}
+GOOD = {
+    "default": {1: 1e-7, 3: 5e-5},
+    "explicit_masters": {1: 1e-7, 3: 5e-5},
+    "gpu": {1: 2e-7, 3: 6e-5},
+    "gpu_bf16_moments": {1: 2e-7, 3: 4e-3},
+    "offload": {1: 3e-7, 3: 8e-5},
+    "control_remainders_dropped": {1: 0.4, 3: 0.5},
+    "control_wrong_eps": {1: 0.02, 3: 0.03},
+    "control_wrong_beta2": {1: 1e-7, 3: 0.05},
+    "control_bf16_masters": {1: 0.6, 3: 0.7},
+}
 
 
 def test_component_decision_pass_and_the_seed_form():
     r = decide_component_test(_rows(GOOD))
-    assert r.passed and r.bound == {1: component_bound(1e-7), 3: component_bound(5e-5)} and r.bound[3] == pytest.approx(1.1e-3)
-    assert r.arms["control_wrong_beta2"]["verdict"] == "failed as expected" and "after 3 steps" in r.arms["control_wrong_beta2"]["why"]
-    assert r.arms["gpu_bf16_moments"]["verdict"] == "fail" and r.arms["gpu_bf16_moments"]["required"] is False  # reported, not deciding
+    assert (
+        r.passed
+        and r.bound == {1: component_bound(1e-7), 3: component_bound(5e-5)}
+        and r.bound[3] == pytest.approx(1.1e-3)
+    )
+    assert (
+        r.arms["control_wrong_beta2"]["verdict"] == "failed as expected"
+        and "after 3 steps" in r.arms["control_wrong_beta2"]["why"]
+    )
+    assert (
+        r.arms["gpu_bf16_moments"]["verdict"] == "fail" and r.arms["gpu_bf16_moments"]["required"] is False
+    )  # reported, not deciding
     e = r.entry(shape="one MoE layer", gpu="H200", date="2026-12-02")
     assert set(e) == {"test", "shape", "gpu", "date", "result", "detail", "note"} and e["result"] == "pass"
     assert "bitwise identical" in e["detail"] and "negative controls" in e["detail"]
@@ -221,22 +290,32 @@ def test_component_decision_pass_and_the_seed_form():
     assert not decide_component_test(_rows(GOOD), required_moments=("fp32", "bf16")).passed
 
 
-@pytest.mark.parametrize("change, problem", [
-    ({"control_wrong_eps": {1: 2e-7, 3: 6e-5}, "control_wrong_beta2": {1: 1e-7, 3: 6e-5}}, "no negative control of class hyperparameter failed"),
-    ({"control_remainders_dropped": {1: 2e-7, 3: 6e-5}}, "no negative control of class remainders failed"),
-    ({"control_bf16_masters": {1: 2e-7, 3: 6e-5}}, "no negative control of class masters failed"),
-    ({"offload": {1: 3e-7, 3: 5e-3}}, "arm offload: fail"),
-])
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (
+            {"control_wrong_eps": {1: 2e-7, 3: 6e-5}, "control_wrong_beta2": {1: 1e-7, 3: 6e-5}},
+            "no negative control of class hyperparameter failed",
+        ),
+        ({"control_remainders_dropped": {1: 2e-7, 3: 6e-5}}, "no negative control of class remainders failed"),
+        ({"control_bf16_masters": {1: 2e-7, 3: 6e-5}}, "no negative control of class masters failed"),
+        ({"offload": {1: 3e-7, 3: 5e-3}}, "arm offload: fail"),
+    ],
+)
 def test_component_decision_fails_when_a_control_passes_or_an_arm_is_off(change, problem):
     r = decide_component_test(_rows({**GOOD, **change}))
     assert not r.passed and any(problem in p for p in r.problems)
 
 
 def test_one_wrong_hyperparameter_caught_is_enough_and_the_other_is_reported():
-    # The issue's controls: "a wrong epsilon or beta". On the H200 (2026-12-01) beta2 0.95 for 0.98 stayed within the bound
-    # after 3 steps while epsilon 1e-6 failed at once: the test passes and says which control did not fail.
+    # The issue's controls: "a wrong epsilon or beta". On the H200 (2026-12-01) beta2 0.95 for 0.98 stayed within the
+    # bound after 3 steps while epsilon 1e-6 failed at once: the test passes and says which control did not fail.
     r = decide_component_test(_rows({**GOOD, "control_wrong_beta2": {1: 1e-7, 3: 6e-5}}))
-    assert r.passed and r.arms["control_wrong_beta2"]["verdict"] == "did not fail" and r.arms["control_wrong_eps"]["verdict"] == "failed as expected"
+    assert (
+        r.passed
+        and r.arms["control_wrong_beta2"]["verdict"] == "did not fail"
+        and r.arms["control_wrong_eps"]["verdict"] == "failed as expected"
+    )
     assert r.arms["control_wrong_beta2"]["detects"] == "hyperparameter"
 
 
@@ -252,19 +331,31 @@ def test_component_decision_bitwise_mismatch_errors_and_missing_default():
 # ---- the recipe block
 
 
-CONV = {"result": "pass", "summary": "passed", "reference": "TP1 PP1", "convergence": {"steps": 20, "result": "pass", "correlation": 0.9998}}
+CONV = {
+    "result": "pass",
+    "summary": "passed",
+    "reference": "TP1 PP1",
+    "convergence": {"steps": 20, "result": "pass", "correlation": 0.9998},
+}
 
 
 def test_correctness_block_verified_needs_both_checks():
     good_par = compare_gradients(G, G)
     b = correctness_block(convergence=CONV, grad_parity=good_par, component_tests=[{"test": "t", "result": "pass"}])
     assert b["result"] == "pass" and b["convergence"]["correlation"] == 0.9998 and b["grad_parity"]["result"] == "pass"
-    assert b["reference"] == "TP1 PP1" and b["component_tests"][0]["test"] == "t" and "1 of 1 component test passed" in b["summary"]
+    assert (
+        b["reference"] == "TP1 PP1"
+        and b["component_tests"][0]["test"] == "t"
+        and "1 of 1 component test passed" in b["summary"]
+    )
     only = correctness_block(convergence=CONV)
     assert only["result"] == "incomplete" and "gradient parity" in only["note"]
     bad_par = compare_gradients({**G, "b.norm.weight": 2 * G["b.norm.weight"]}, G)
     assert correctness_block(convergence=CONV, grad_parity=bad_par)["result"] == "fail"
-    assert correctness_block(convergence=CONV, grad_parity=good_par, component_tests=[{"result": "fail"}])["result"] == "fail"
+    assert (
+        correctness_block(convergence=CONV, grad_parity=good_par, component_tests=[{"result": "fail"}])["result"]
+        == "fail"
+    )
     assert correctness_block(convergence={**CONV, "result": "error"}, grad_parity=good_par)["result"] == "error"
 
 
@@ -276,12 +367,29 @@ def test_a_recipe_with_both_checks_is_verified():
     from specs import Workload, load_model, parse_gpus
     from specs.layout import Layout
 
-    m, c, w = slice_model(load_model("MiniMax-M2"), 1), parse_gpus("1xH200"), Workload(seq_length=8192, global_batch_size=8)
+    m, c, w = (
+        slice_model(load_model("MiniMax-M2"), 1),
+        parse_gpus("1xH200"),
+        Workload(seq_length=8192, global_batch_size=8),
+    )
     lay = Layout(world_size=1)
-    meas = Measurement(layout=lay, source="measured", tokens_per_s_per_gpu=30000.0, peak_bytes=100 * 2**30, step_times_s=(1.0, 1.0))
+    meas = Measurement(
+        layout=lay, source="measured", tokens_per_s_per_gpu=30000.0, peak_bytes=100 * 2**30, step_times_s=(1.0, 1.0)
+    )
     blk = correctness_block(convergence=CONV, grad_parity=compare_gradients(G, G))
-    rec = export.recipe_dict(m, c, w, lay, estimate=estimate(m, c, w, lay), measurement=meas, study="s", correctness=blk)
+    rec = export.recipe_dict(
+        m, c, w, lay, estimate=estimate(m, c, w, lay), measurement=meas, study="s", correctness=blk
+    )
     export.validate_recipe(rec)
     assert rec["status"] == "verified" and rec["correctness"]["grad_parity"]["result"] == "pass"
-    rec = export.recipe_dict(m, c, w, lay, estimate=estimate(m, c, w, lay), measurement=meas, study="s", correctness=correctness_block(convergence=CONV))
+    rec = export.recipe_dict(
+        m,
+        c,
+        w,
+        lay,
+        estimate=estimate(m, c, w, lay),
+        measurement=meas,
+        study="s",
+        correctness=correctness_block(convergence=CONV),
+    )
     assert rec["status"] == "measured"

@@ -23,7 +23,8 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 def test_written_against_this_optuna_release():
     assert ".".join(optuna.__version__.split(".")[:2]) in _optuna.OPTUNA_CHECKED_RELEASES, (
         f"tuner/study/_optuna.py was checked against Optuna {', '.join(_optuna.OPTUNA_CHECKED_RELEASES)}; {optuna.__version__} "
-        "is installed: check every item of its docstring, then add the release to OPTUNA_CHECKED_RELEASES")
+        "is installed: check every item of its docstring, then add the release to OPTUNA_CHECKED_RELEASES"
+    )
     assert ".".join(_optuna.OPTUNA_VERSION.split(".")[:2]) in _optuna.OPTUNA_CHECKED_RELEASES
 
 
@@ -36,9 +37,13 @@ def test_the_private_names_used_exist():
     assert frozen._trial_id == trial._trial_id and callable(frozen._validate)
     assert _optuna.storage_of(study) is study._storage
     # the storage methods the module calls by id, with their parameters
-    for name, params in [("set_trial_user_attr", ["trial_id", "key", "value"]), ("set_trial_state_values", ["trial_id", "state", "values"]),
-                         ("create_new_trial", ["study_id", "template_trial"]), ("get_trial_number_from_id", ["trial_id"]),
-                         ("set_trial_system_attr", ["trial_id", "key", "value"])]:
+    for name, params in [
+        ("set_trial_user_attr", ["trial_id", "key", "value"]),
+        ("set_trial_state_values", ["trial_id", "state", "values"]),
+        ("create_new_trial", ["study_id", "template_trial"]),
+        ("get_trial_number_from_id", ["trial_id"]),
+        ("set_trial_system_attr", ["trial_id", "key", "value"]),
+    ]:
         assert list(inspect.signature(getattr(optuna.storages.BaseStorage, name)).parameters)[1:] == params, name
 
 
@@ -50,30 +55,51 @@ def test_popping_a_queued_trial_relies_on_the_state_change():
 
 
 def test_the_heartbeat_interface_and_where_optimize_uses_it():
-    assert set(BaseHeartbeat.__abstractmethods__) == {"record_heartbeat", "_get_stale_trial_ids", "get_heartbeat_interval",
-                                                      "get_heartbeat_stale_trial_callback"}
-    assert not issubclass(JournalStorage, BaseHeartbeat), "Optuna's journal storage has a heartbeat now: use it instead of ours"
+    assert set(BaseHeartbeat.__abstractmethods__) == {
+        "record_heartbeat",
+        "_get_stale_trial_ids",
+        "get_heartbeat_interval",
+        "get_heartbeat_stale_trial_callback",
+    }
+    assert not issubclass(JournalStorage, BaseHeartbeat), (
+        "Optuna's journal storage has a heartbeat now: use it instead of ours"
+    )
     src = inspect.getsource(optuna.study._optimize._run_trial)
     assert "fail_stale_trials" in src and "get_heartbeat_thread" in src
     assert list(inspect.signature(RDBStorage.__init__).parameters)[1:] == [
-        "url", "engine_kwargs", "skip_compatibility_check", "heartbeat_interval", "grace_period", "heartbeat_stale_trial_callback",
-        "failed_trial_callback", "skip_table_creation"]
+        "url",
+        "engine_kwargs",
+        "skip_compatibility_check",
+        "heartbeat_interval",
+        "grace_period",
+        "heartbeat_stale_trial_callback",
+        "failed_trial_callback",
+        "skip_table_creation",
+    ]
 
 
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
 def test_the_journal_heartbeat_fails_a_stale_trial_and_retries_it(tmp_path):
     failed = []
-    storage = _optuna.HeartbeatJournalStorage(JournalFileBackend(str(tmp_path / "j.log")), heartbeat_interval=1, grace_period=5,
-                                              heartbeat_stale_trial_callback=lambda st, t: failed.append(t.number))
+    storage = _optuna.HeartbeatJournalStorage(
+        JournalFileBackend(str(tmp_path / "j.log")),
+        heartbeat_interval=1,
+        grace_period=5,
+        heartbeat_stale_trial_callback=lambda st, t: failed.append(t.number),
+    )
     assert is_heartbeat_enabled(storage)
     study = optuna.create_study(storage=storage, directions=["maximize", "minimize"])
     dist = {"tp": CategoricalDistribution(["1", "2"])}
-    tid, number = _optuna.create_trial(study, create_trial(state=TrialState.RUNNING, params={"tp": "2"}, distributions=dist))
+    tid, number = _optuna.create_trial(
+        study, create_trial(state=TrialState.RUNNING, params={"tp": "2"}, distributions=dist)
+    )
     storage.record_heartbeat(tid)
     optuna.storages.fail_stale_trials(study)
     assert study.trials[number].state == TrialState.RUNNING and not failed  # beating
     storage.set_trial_system_attr(tid, _optuna.HEARTBEAT_ATTR, time.time() - 10)  # last beat 10 s ago (grace 5 s)
-    other = _optuna.HeartbeatJournalStorage(JournalFileBackend(str(tmp_path / "j.log")), heartbeat_interval=1, grace_period=5)
+    other = _optuna.HeartbeatJournalStorage(
+        JournalFileBackend(str(tmp_path / "j.log")), heartbeat_interval=1, grace_period=5
+    )
     assert other._get_stale_trial_ids(study._study_id) == [tid]  # another worker sees it from the journal
     optuna.storages.fail_stale_trials(study)
     assert study.trials[number].state == TrialState.FAIL and failed == [number]
@@ -84,7 +110,9 @@ def test_the_retry_callback_attributes():
     """records.retried_numbers and the retry's record read Optuna's retry attributes without its ExperimentalWarning."""
     study = optuna.create_study()
     dist = {"tp": CategoricalDistribution(["1", "2"])}
-    study.add_trial(create_trial(state=TrialState.FAIL, params={"tp": "2"}, distributions=dist, user_attrs={"key": "k"}))
+    study.add_trial(
+        create_trial(state=TrialState.FAIL, params={"tp": "2"}, distributions=dist, user_attrs={"key": "k"})
+    )
     with pytest.warns(optuna.exceptions.ExperimentalWarning):
         cb = RetryHeartbeatStaleTrialCallback(max_retry=2)
     cb(study, study.trials[0])
@@ -102,12 +130,24 @@ def test_the_rdb_schema_the_bulk_writer_writes(tmp_path):
 
     assert models.SCHEMA_VERSION == _optuna.RDB_SCHEMA_VERSION
     storage = RDBStorage(f"sqlite:///{tmp_path / 'a.db'}")
-    assert storage._version_manager.get_head_version() == storage._version_manager.get_current_version() == _optuna.RDB_ALEMBIC_REVISION
+    assert (
+        storage._version_manager.get_head_version()
+        == storage._version_manager.get_current_version()
+        == _optuna.RDB_ALEMBIC_REVISION
+    )
     assert list(inspect.signature(_create_scoped_session).parameters) == ["scoped_session", "ignore_integrity_error"]
     rels = set(models.TrialModel.__mapper__.relationships.keys())
     assert {"params", "values", "user_attributes", "system_attributes", "intermediate_values", "study"} <= rels
-    cols = {m.__tablename__: set(m.__table__.columns.keys()) for m in (models.TrialModel, models.TrialParamModel, models.TrialValueModel,
-                                                                        models.TrialUserAttributeModel, models.TrialSystemAttributeModel)}
+    cols = {
+        m.__tablename__: set(m.__table__.columns.keys())
+        for m in (
+            models.TrialModel,
+            models.TrialParamModel,
+            models.TrialValueModel,
+            models.TrialUserAttributeModel,
+            models.TrialSystemAttributeModel,
+        )
+    }
     assert cols == {
         "trials": {"trial_id", "number", "study_id", "state", "datetime_start", "datetime_complete"},
         "trial_params": {"param_id", "trial_id", "param_name", "param_value", "distribution_json"},
@@ -118,15 +158,22 @@ def test_the_rdb_schema_the_bulk_writer_writes(tmp_path):
 
 
 def _templates(n: int) -> list[optuna.trial.FrozenTrial]:
-    dist = {"tp": CategoricalDistribution(["1", "2", "4"]), "dispatcher": CategoricalDistribution(["alltoall", "flex+deepep"])}
+    dist = {
+        "tp": CategoricalDistribution(["1", "2", "4"]),
+        "dispatcher": CategoricalDistribution(["alltoall", "flex+deepep"]),
+    }
     t0 = datetime.datetime(2026, 12, 1, 10, 0, 0, 123456)
     out = []
     for i in range(n):
         state = [TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED][i % 3]
-        t = create_trial(state=state, values=[1000.0 + i, float("inf") if i == 3 else 40.5] if state == TrialState.COMPLETE else None,
-                         params={"tp": ["1", "2", "4"][i % 3], "dispatcher": "alltoall"}, distributions=dist,
-                         user_attrs={"key": f"k{i}", "result": {"layout": {"tp": i}, "step_time_s": 1.5, "nan": float("nan")}},
-                         system_attrs={"NSGAIISampler:generation": 0})
+        t = create_trial(
+            state=state,
+            values=[1000.0 + i, float("inf") if i == 3 else 40.5] if state == TrialState.COMPLETE else None,
+            params={"tp": ["1", "2", "4"][i % 3], "dispatcher": "alltoall"},
+            distributions=dist,
+            user_attrs={"key": f"k{i}", "result": {"layout": {"tp": i}, "step_time_s": 1.5, "nan": float("nan")}},
+            system_attrs={"NSGAIISampler:generation": 0},
+        )
         t.datetime_start = t0 + datetime.timedelta(seconds=i)
         t.datetime_complete = t.datetime_start + datetime.timedelta(milliseconds=5)
         out.append(t)
@@ -137,8 +184,24 @@ def _same(a: optuna.trial.FrozenTrial, b: optuna.trial.FrozenTrial) -> bool:
     def norm(d):
         return {k: (str(v) if v != v else v) for k, v in d.items()} if isinstance(d, dict) else d
 
-    return (a.number, a.state, a.values, a.params, a.distributions, a.system_attrs, a.datetime_start, a.datetime_complete) == (
-        b.number, b.state, b.values, b.params, b.distributions, b.system_attrs, b.datetime_start, b.datetime_complete
+    return (
+        a.number,
+        a.state,
+        a.values,
+        a.params,
+        a.distributions,
+        a.system_attrs,
+        a.datetime_start,
+        a.datetime_complete,
+    ) == (
+        b.number,
+        b.state,
+        b.values,
+        b.params,
+        b.distributions,
+        b.system_attrs,
+        b.datetime_start,
+        b.datetime_complete,
     ) and {k: norm(v) for k, v in a.user_attrs.items()} == {k: norm(v) for k, v in b.user_attrs.items()}
 
 
@@ -160,7 +223,12 @@ def test_bulk_written_trials_read_back_as_add_trial_writes_them(tmp_path):
 def test_the_bulk_writer_refuses_what_add_trial_refuses(tmp_path):
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", directions=["maximize", "minimize"])
     _optuna.add_finished_trials(study, _templates(1))
-    other = create_trial(state=TrialState.COMPLETE, values=[1.0, 2.0], params={"tp": "8"}, distributions={"tp": CategoricalDistribution(["8", "16"])})
+    other = create_trial(
+        state=TrialState.COMPLETE,
+        values=[1.0, 2.0],
+        params={"tp": "8"},
+        distributions={"tp": CategoricalDistribution(["8", "16"])},
+    )
     with pytest.raises(ValueError):
         _optuna.add_finished_trials(study, [other])  # tp's choices differ from the study's
     with pytest.raises(ValueError):
@@ -176,7 +244,11 @@ def test_a_new_study_file_is_the_one_rdb_storage_makes(tmp_path):
     def contents(path):
         with sqlite3.connect(path) as c:
             schema = sorted(c.execute("SELECT type, name, sql FROM sqlite_master"))
-            return schema, list(c.execute("SELECT * FROM version_info")), list(c.execute("SELECT * FROM alembic_version"))
+            return (
+                schema,
+                list(c.execute("SELECT * FROM version_info")),
+                list(c.execute("SELECT * FROM alembic_version")),
+            )
 
     RDBStorage(f"sqlite:///{tmp_path / 'optuna.db'}")
     assert _optuna.create_sqlite_schema(tmp_path / "ours.db")
@@ -186,7 +258,9 @@ def test_a_new_study_file_is_the_one_rdb_storage_makes(tmp_path):
     assert storage._version_manager.get_current_version() == _optuna.RDB_ALEMBIC_REVISION
     study = optuna.create_study(storage=storage, study_name="s")
     study.add_trial(create_trial(value=1.0, params={"x": "a"}, distributions={"x": CategoricalDistribution(["a"])}))
-    assert [t.value for t in optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'ours.db'}").trials] == [1.0]
+    assert [t.value for t in optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'ours.db'}").trials] == [
+        1.0
+    ]
 
 
 def test_closing_the_storages_writes_the_log_into_the_study_file(tmp_path):
@@ -197,14 +271,28 @@ def test_closing_the_storages_writes_the_log_into_the_study_file(tmp_path):
     from optuna.storages._rdb import storage as rdb
 
     own = rdb._VersionManager
-    storage = _optuna.ThreadSafeRDBStorage(f"sqlite:///{db}", engine_kwargs=_optuna.local_sqlite_engine_kwargs(db),
-                                           skip_table_creation=True, skip_compatibility_check=True, stamped=True)  # as open_study opens a file it made
+    storage = _optuna.ThreadSafeRDBStorage(
+        f"sqlite:///{db}",
+        engine_kwargs=_optuna.local_sqlite_engine_kwargs(db),
+        skip_table_creation=True,
+        skip_compatibility_check=True,
+        stamped=True,
+    )  # as open_study opens a file it made
     assert rdb._VersionManager is own and callable(own._init_alembic)  # swapped for the open only
     assert type(storage._version_manager).__bases__ == (own,)
     study = optuna.create_study(storage=storage, study_name="s")
-    assert _optuna._alembic_revision(storage) == storage._version_manager.get_current_version() == _optuna.RDB_ALEMBIC_REVISION
+    assert (
+        _optuna._alembic_revision(storage)
+        == storage._version_manager.get_current_version()
+        == _optuna.RDB_ALEMBIC_REVISION
+    )
     assert _optuna._bulk_backend(study) is storage  # the stamp read without alembic: the bulk writer's schema
-    assert _optuna.add_finished_trials(study, [create_trial(value=1.0, params={"x": "a"}, distributions={"x": CategoricalDistribution(["a"])})]) == 1
+    assert (
+        _optuna.add_finished_trials(
+            study, [create_trial(value=1.0, params={"x": "a"}, distributions={"x": CategoricalDistribution(["a"])})]
+        )
+        == 1
+    )
     assert (tmp_path / "study.db-wal").exists()
     _optuna.close_storages()
     assert not (tmp_path / "study.db-wal").exists() and not (tmp_path / "study.db-shm").exists()
@@ -218,8 +306,13 @@ def test_closing_reaches_an_engine_its_storage_left_behind(tmp_path):
     collector never scans: the engine is still closed, and the log folded into study.db."""
     db = tmp_path / "study.db"
     assert _optuna.create_sqlite_schema(str(db))
-    storage = _optuna.ThreadSafeRDBStorage(f"sqlite:///{db}", engine_kwargs=_optuna.local_sqlite_engine_kwargs(db),
-                                           skip_table_creation=True, skip_compatibility_check=True, stamped=True)
+    storage = _optuna.ThreadSafeRDBStorage(
+        f"sqlite:///{db}",
+        engine_kwargs=_optuna.local_sqlite_engine_kwargs(db),
+        skip_table_creation=True,
+        skip_compatibility_check=True,
+        stamped=True,
+    )
     study = optuna.create_study(storage=storage, study_name="s")
     study.add_trial(create_trial(value=1.0, params={"x": "a"}, distributions={"x": CategoricalDistribution(["a"])}))
     left_behind = storage.engine  # stands for the cycle that keeps it alive

@@ -15,8 +15,17 @@ pytestmark = pytest.mark.slow  # a study of its own (module fixture)
 
 
 def _row(trial: int, gib: float, tps: float) -> dict:
-    return {"trial": trial, "source": "predicted", "layout": Layout(world_size=8).to_dict(), "peak_gib": gib, "tokens_per_s_per_gpu": tps,
-            "mfu": 0.1, "usd_per_million_tokens": 1.0, "headroom_gib": 10.0, "step_time_s": 1.0}
+    return {
+        "trial": trial,
+        "source": "predicted",
+        "layout": Layout(world_size=8).to_dict(),
+        "peak_gib": gib,
+        "tokens_per_s_per_gpu": tps,
+        "mfu": 0.1,
+        "usd_per_million_tokens": 1.0,
+        "headroom_gib": 10.0,
+        "step_time_s": 1.0,
+    }
 
 
 def _crowded(n_front: int = 30, n_behind: int = 120) -> list[dict]:
@@ -48,13 +57,19 @@ def _boxes(fig, labels):
 def test_every_listed_point_is_numbered_with_its_trial(crowded):
     fig, labels, front = crowded
     assert [a.get_text() for a in labels] == [str(r["trial"]) for r in front]
-    assert [tuple(a.xy) for a in labels] == [(r["peak_gib"], r["tokens_per_s_per_gpu"]) for r in front]  # each label points at its dot
+    assert [tuple(a.xy) for a in labels] == [
+        (r["peak_gib"], r["tokens_per_s_per_gpu"]) for r in front
+    ]  # each label points at its dot
 
 
 def test_no_two_labels_overlap_on_a_crowded_front(crowded):
     fig, labels, _ = crowded
     boxes = _boxes(fig, labels)
-    hits = [(labels[i].get_text(), labels[j].get_text()) for i, j in itertools.combinations(range(len(boxes)), 2) if boxes[i].overlaps(boxes[j])]
+    hits = [
+        (labels[i].get_text(), labels[j].get_text())
+        for i, j in itertools.combinations(range(len(boxes)), 2)
+        if boxes[i].overlaps(boxes[j])
+    ]
     assert not hits
     ax_box = fig.axes[0].get_window_extent(fig.canvas.get_renderer())
     assert all(ax_box.x0 <= b.x0 and b.x1 <= ax_box.x1 and ax_box.y0 <= b.y0 and b.y1 <= ax_box.y1 for b in boxes)

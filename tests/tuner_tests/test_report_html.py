@@ -70,8 +70,11 @@ class _Page(HTMLParser):
 @pytest.fixture(scope="module")
 def page(tmp_path_factory):
     d = tmp_path_factory.mktemp("results")
-    r = runner.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "16", "--results-dir", str(d), "--study", "rep"],
-                      catch_exceptions=False)
+    r = runner.invoke(
+        app,
+        ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "16", "--results-dir", str(d), "--study", "rep"],
+        catch_exceptions=False,
+    )
     assert r.exit_code == 0, r.output
     out = d / "rep"
     assert f"Results in {out}/:" in r.output and "report.html" in r.output  # listed with the other files
@@ -93,7 +96,9 @@ def test_the_page_is_self_contained(page):
     for u in p.links:  # the study's files, linked relative to the page
         if not u.startswith("http"):
             assert (out / u).is_file(), u
-    assert {"recipe.yaml", "pareto.csv", "run_slime.sh", "megatron_args.sh", "config.yaml"} <= {Path(u).name for u in p.links}
+    assert {"recipe.yaml", "pareto.csv", "run_slime.sh", "megatron_args.sh", "config.yaml"} <= {
+        Path(u).name for u in p.links
+    }
 
 
 def test_every_trial_is_on_the_page_with_its_numbers(page):
@@ -103,7 +108,9 @@ def test_every_trial_is_on_the_page_with_its_numbers(page):
     assert sorted(r["trial"] for r in data["rows"]) == sorted(r["trial"] for r in rows)
     by = {r["trial"]: r for r in rows}
     for r in data["rows"]:
-        assert r["tps"] == pytest.approx(by[r["trial"]]["tokens_per_s_per_gpu"]) and r["peak"] == pytest.approx(by[r["trial"]]["peak_gib"])
+        assert r["tps"] == pytest.approx(by[r["trial"]]["tokens_per_s_per_gpu"]) and r["peak"] == pytest.approx(
+            by[r["trial"]]["peak_gib"]
+        )
         assert f"trial {r['trial']}" in r["hover"] and r["label"] in r["hover"]
     fig = _json_script(p, "fig-front-spec")
     assert fig["data"][0]["name"] == "evaluated trials" and sorted(fig["data"][0]["customdata"]) == sorted(by)
@@ -179,8 +186,27 @@ def test_the_main_job_without_plotly_writes_everything_else_and_says_so(tmp_path
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "plotly" else real(name, *a))
-    r = CliRunner().invoke(app, ["--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8", "--trials", "3",
-                                 "--stack", "megatron", "--results-dir", str(tmp_path), "--study", "np"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "--model",
+            "MiniMax-M2",
+            "--layers",
+            "4",
+            "--gpus",
+            "4xH200",
+            "--global-batch",
+            "8",
+            "--trials",
+            "3",
+            "--stack",
+            "megatron",
+            "--results-dir",
+            str(tmp_path),
+            "--study",
+            "np",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "report.html was not written" in r.output and "pip install 'plotly>=5'" in r.output
     assert (tmp_path / "np" / "recipe.yaml").exists() and not (tmp_path / "np" / "report.html").exists()

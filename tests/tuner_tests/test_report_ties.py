@@ -17,14 +17,23 @@ NONE_AG = [0.98, 0.93, 0.98, 0.98, 0.99, 0.92, 0.97, 0.95, 0.90, 1.04]
 def _row(trial, times, source="measured", **lay):
     layout = Layout(world_size=2, ep=2, micro_batch_size=2, **lay)
     med = sorted(times)[len(times) // 2] if times else 1.0
-    return {"trial": trial, "source": source, "layout": layout.to_dict(), "step_times_s": list(times),
-            "tokens_per_s_per_gpu": 65536 / 2 / med}
+    return {
+        "trial": trial,
+        "source": source,
+        "layout": layout.to_dict(),
+        "step_times_s": list(times),
+        "tokens_per_s_per_gpu": 65536 / 2 / med,
+    }
 
 
 def test_a_trial_within_noise_ties_and_a_slow_one_does_not():
-    rows = [_row(2, BEST), _row(0, NONE_AG, dispatcher="allgather"), _row(4, [1.10 * t for t in BEST]),
-            _row(5, [1.0, 1.0]),  # too few steps to say
-            _row(6, BEST, source="predicted")]
+    rows = [
+        _row(2, BEST),
+        _row(0, NONE_AG, dispatcher="allgather"),
+        _row(4, [1.10 * t for t in BEST]),
+        _row(5, [1.0, 1.0]),  # too few steps to say
+        _row(6, BEST, source="predicted"),
+    ]
     ties = measured_ties(rows, 2)
     assert [t["trial"] for t in ties] == [0]
     t = ties[0]
@@ -69,11 +78,20 @@ def test_the_recipe_names_the_tied_trials():
 
     rows = [_row(2, BEST), _row(0, NONE_AG, dispatcher="allgather"), _row(4, [1.10 * t for t in BEST])]
     notes = ties_note(rows, 2)
-    assert len(notes) == 1 and "trial 0 (TP1 PP1 EP2 DP2, none, allgather, mbs 2, -2.0%)" in notes[0] and "trial 4" not in notes[0]
+    assert (
+        len(notes) == 1
+        and "trial 0 (TP1 PP1 EP2 DP2, none, allgather, mbs 2, -2.0%)" in notes[0]
+        and "trial 4" not in notes[0]
+    )
     assert ties_note(rows, 4) == []  # 10% slower than its nearest: nothing ties with it
     lay = Layout.from_dict(rows[0]["layout"])
-    rec = export.recipe_dict(slice_model(load_model("MiniMax-M2"), 2), parse_gpus("2xH200"), Workload(seq_length=8192, global_batch_size=8),
-                             lay, extra_notes=notes)
+    rec = export.recipe_dict(
+        slice_model(load_model("MiniMax-M2"), 2),
+        parse_gpus("2xH200"),
+        Workload(seq_length=8192, global_batch_size=8),
+        lay,
+        extra_notes=notes,
+    )
     export.validate_recipe(rec)
     assert notes[0] in rec["notes"]
 
@@ -109,16 +127,29 @@ def test_a_mixed_study_is_judged_against_its_fastest_measured_trial(capsys, monk
 
 
 def _pred(trial, tps, peak=100.0, **lay):
-    return {"trial": trial, "source": "predicted", "layout": Layout(world_size=2, ep=2, micro_batch_size=2, **lay).to_dict(),
-            "tokens_per_s_per_gpu": tps, "peak_gib": peak}
+    return {
+        "trial": trial,
+        "source": "predicted",
+        "layout": Layout(world_size=2, ep=2, micro_batch_size=2, **lay).to_dict(),
+        "tokens_per_s_per_gpu": tps,
+        "peak_gib": peak,
+    }
 
 
 def test_predicted_layouts_within_one_percent_of_a_predicted_best_are_named():
     from tuner.report import PREDICTED_TIE, predicted_ties, predicted_ties_text, ties_note
 
-    rows = [_pred(0, 1000.0), _pred(1, 995.0, 80.0, dispatcher="allgather"), _pred(2, 1000.0 * (1 - PREDICTED_TIE) - 0.01),
-            _pred(3, 999.0), _row(4, BEST)]
-    assert [(t["trial"], round(t["gap"], 4)) for t in predicted_ties(rows, 0)] == [(3, 0.001), (1, 0.005)]  # not 2 (just over), not 4 (measured)
+    rows = [
+        _pred(0, 1000.0),
+        _pred(1, 995.0, 80.0, dispatcher="allgather"),
+        _pred(2, 1000.0 * (1 - PREDICTED_TIE) - 0.01),
+        _pred(3, 999.0),
+        _row(4, BEST),
+    ]
+    assert [(t["trial"], round(t["gap"], 4)) for t in predicted_ties(rows, 0)] == [
+        (3, 0.001),
+        (1, 0.005),
+    ]  # not 2 (just over), not 4 (measured)
     text = predicted_ties_text(rows, 0)
     assert text is not None and text.startswith("predicted within 1% of trial 0: trial 3 (")
     assert "trial 1 (TP1 PP1 EP2 DP2, none, allgather, mbs 2): 995.0 tokens/s/GPU (-0.5%), peak 80.0 GiB" in text

@@ -22,8 +22,20 @@ ROOT = Path(__file__).resolve().parents[2]
 SEED_LAUNCH = ROOT / "tests/fixtures/launch/seed_minimax_m2_launch.sh"
 SEED_RECIPE = ROOT / "tests/fixtures/seed_minimax_m2_recipe.yaml"
 #: The seed's layout as explicit flags (seeds/001: TP1 PP8 VPP4 EP8, first/last 7, full recompute, mbs 1).
-SEED_FLAGS = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "8", "--ep", "8", "--recompute", "full",
-              "--pipeline-layout", "Et|(tt|)*30tL"]
+SEED_FLAGS = [
+    "--model",
+    "MiniMax-M2",
+    "--gpus",
+    "64xH200",
+    "--pp",
+    "8",
+    "--ep",
+    "8",
+    "--recompute",
+    "full",
+    "--pipeline-layout",
+    "Et|(tt|)*30tL",
+]
 
 
 def _estimate(*args: str) -> dict:
@@ -55,26 +67,35 @@ def test_megatron_is_an_alias_of_megatron_lm():
 
 def test_megatron_bridge_sets_its_perf_recipe_options():
     o = resolve_run_options(RunFlags(), "megatron-bridge").options
-    assert (o.grad_reduce_in_fp32, o.cross_entropy_loss_fusion, o.cross_entropy_fusion_impl, o.optimizer_fp8_recipe) == (
-        False, True, "te", "tensorwise")
+    assert (
+        o.grad_reduce_in_fp32,
+        o.cross_entropy_loss_fusion,
+        o.cross_entropy_fusion_impl,
+        o.optimizer_fp8_recipe,
+    ) == (False, True, "te", "tensorwise")
 
 
 def test_a_flag_overrides_the_preset_and_the_line_says_so():
-    run = resolve_run_options(RunFlags(accumulate_allreduce_grads_in_fp32=True, cross_entropy_loss_fusion=True), "megatron-bridge")
+    run = resolve_run_options(
+        RunFlags(accumulate_allreduce_grads_in_fp32=True, cross_entropy_loss_fusion=True), "megatron-bridge"
+    )
     assert run.options.grad_reduce_in_fp32 is True
     assert run.overrides == ("--accumulate-allreduce-grads-in-fp32",)  # the loss fusion repeats the preset's value
     assert "stack megatron-bridge" in run.line and "overrides: --accumulate-allreduce-grads-in-fp32" in run.line
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (RunFlags(grad_reduce_in_bf16=True, accumulate_allreduce_grads_in_fp32=True), "contradict each other"),
-    (RunFlags(cuda_graph_impl="none", cuda_graph_scope=("moe_router",)), "no graph is captured"),
-    (RunFlags(cross_entropy_fusion_impl="te"), "the cross-entropy loss fusion is off"),
-    (RunFlags(cross_entropy_loss_fusion=False, cross_entropy_fusion_impl="te"), "--no-cross-entropy-loss-fusion"),
-    (RunFlags(fp8_param_gather=True), "--precision is bf16"),
-    (RunFlags(cuda_graph_scope=("everything",)), "accepted full, full_iteration"),
-    (RunFlags(fp8_recipe="mxfp9"), "--fp8-recipe 'mxfp9': accepted delayed, tensorwise"),
-])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (RunFlags(grad_reduce_in_bf16=True, accumulate_allreduce_grads_in_fp32=True), "contradict each other"),
+        (RunFlags(cuda_graph_impl="none", cuda_graph_scope=("moe_router",)), "no graph is captured"),
+        (RunFlags(cross_entropy_fusion_impl="te"), "the cross-entropy loss fusion is off"),
+        (RunFlags(cross_entropy_loss_fusion=False, cross_entropy_fusion_impl="te"), "--no-cross-entropy-loss-fusion"),
+        (RunFlags(fp8_param_gather=True), "--precision is bf16"),
+        (RunFlags(cuda_graph_scope=("everything",)), "accepted full, full_iteration"),
+        (RunFlags(fp8_recipe="mxfp9"), "--fp8-recipe 'mxfp9': accepted delayed, tensorwise"),
+    ],
+)
 def test_contradictory_or_unknown_flags_are_refused(flags, message):
     with pytest.raises(TunerError, match=re.escape(message)):
         resolve_run_options(flags)
@@ -88,49 +109,85 @@ def test_an_unknown_stack_names_the_accepted_ones():
 def test_fp8_recipe_with_bf16_is_the_optimizers_recipe():
     """Megatron copies --fp8-recipe onto the optimizer config: tensorwise keeps fp32 master weights in a bf16 run."""
     o = resolve_run_options(RunFlags(fp8_recipe="tensorwise")).options
-    assert (o.fp8_recipe, o.optimizer_fp8_recipe, o.precision_aware_owns_masters(Precision.bf16)) == ("delayed", "tensorwise", False)
+    assert (o.fp8_recipe, o.optimizer_fp8_recipe, o.precision_aware_owns_masters(Precision.bf16)) == (
+        "delayed",
+        "tensorwise",
+        False,
+    )
     assert resolve_run_options(RunFlags(fp8_recipe="tensorwise"), precision="fp8").options.fp8_recipe == "tensorwise"
 
 
 def test_cuda_graph_impl_without_scope_captures_whole_layers():
     assert resolve_run_options(RunFlags(cuda_graph_impl="transformer_engine")).options.cuda_graph_scope == ("full",)
-    assert resolve_run_options(RunFlags(cuda_graph_impl="full_iteration")).options.cuda_graph_scope == ("full_iteration",)
-    assert resolve_run_options(RunFlags(cuda_graph_scope=("attn,moe_router",))).options.cuda_graph_scope == ("attn", "moe_router")
+    assert resolve_run_options(RunFlags(cuda_graph_impl="full_iteration")).options.cuda_graph_scope == (
+        "full_iteration",
+    )
+    assert resolve_run_options(RunFlags(cuda_graph_scope=("attn,moe_router",))).options.cuda_graph_scope == (
+        "attn",
+        "moe_router",
+    )
 
 
-
-@pytest.mark.parametrize("impl, scope, args", [
-    ("local", None, ["--cuda-graph-impl", "local"]),
-    ("transformer_engine", ("attn",), ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "attn"]),
-    ("full_iteration", None, ["--cuda-graph-impl", "full_iteration"]),
-    (None, ("moe_router",), ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "moe_router"]),
-])
+@pytest.mark.parametrize(
+    "impl, scope, args",
+    [
+        ("local", None, ["--cuda-graph-impl", "local"]),
+        ("transformer_engine", ("attn",), ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "attn"]),
+        ("full_iteration", None, ["--cuda-graph-impl", "full_iteration"]),
+        (None, ("moe_router",), ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "moe_router"]),
+    ],
+)
 def test_the_cuda_graph_impl_given_is_the_one_exported(impl, scope, args):
     o = resolve_run_options(RunFlags(cuda_graph_impl=impl, cuda_graph_scope=scope)).options
     a = run_option_args(o)
     i = a.index("--cuda-graph-impl")
-    assert a[i:i + len(args)] == args and a.count("--cuda-graph-impl") == 1
+    assert a[i : i + len(args)] == args and a.count("--cuda-graph-impl") == 1
 
 
 def test_per_layer_cuda_graphs_refuse_full_recompute_and_cpu_offloading():
     """megatron/core/transformer/transformer_config.py at d98e8a64: per-layer graphs refuse both; full_iteration not."""
     env = RuleEnv.of(options=resolve_run_options(RunFlags(cuda_graph_impl="local")).options)
-    full = dict(check_layout(Layout(world_size=8, tp=1, pp=1, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
-                             load_model("Llama-3.1-8B"), Workload(seq_length=8192, global_batch_size=128), env))
+    full = dict(
+        check_layout(
+            Layout(
+                world_size=8,
+                tp=1,
+                pp=1,
+                recompute_granularity="full",
+                recompute_method="uniform",
+                recompute_num_layers=1,
+            ),
+            load_model("Llama-3.1-8B"),
+            Workload(seq_length=8192, global_batch_size=128),
+            env,
+        )
+    )
     assert "cuda_graphs" in full
     for impl, offload, bad in (("full_iteration", 0, False), ("local", 2, True), ("full_iteration", 2, False)):
         env = RuleEnv.of(options=RunOptions(cuda_graph_impl=impl, cpu_offloading_num_layers=offload))
-        got = dict(check_layout(Layout(world_size=8, tp=1, pp=1), load_model("Llama-3.1-8B"), Workload(seq_length=8192, global_batch_size=128), env))
+        got = dict(
+            check_layout(
+                Layout(world_size=8, tp=1, pp=1),
+                load_model("Llama-3.1-8B"),
+                Workload(seq_length=8192, global_batch_size=128),
+                env,
+            )
+        )
         assert ("cuda_graphs" in got) == bad, (impl, offload, got)
-
 
 
 def test_a_perf_config_with_cuda_graphs_and_cpu_offloading_is_refused_by_name(tmp_path):
     """Megatron refuses cuda_graphs: true (impl local) with CPU offloading at start-up: so does tune, naming both."""
     f = tmp_path / "perf.yaml"
-    f.write_text(BRIDGE_PERF.read_text().replace("        cuda_graphs: false\n        tp: 1\n        pp: 2\n",
-                                                 "        cuda_graphs: true\n        cpu_offloading_num_layers: 47\n"
-                                                 "        tp: 1\n        pp: 1\n", 1).replace("vp: 12", "vp: null", 1))
+    f.write_text(
+        BRIDGE_PERF.read_text()
+        .replace(
+            "        cuda_graphs: false\n        tp: 1\n        pp: 2\n",
+            "        cuda_graphs: true\n        cpu_offloading_num_layers: 47\n        tp: 1\n        pp: 1\n",
+            1,
+        )
+        .replace("vp: 12", "vp: null", 1)
+    )
     r = runner.invoke(app, ["--from", str(f), "--model", "Qwen3-30B-A3B", "--gpus", "16xH100"])
     assert r.exit_code == 2, r.output
     assert "--cuda-graph-impl local with --cpu-offloading-num-layers 47" in " ".join(r.output.split())
@@ -147,7 +204,10 @@ def test_estimate_prices_bf16_main_grads_and_says_which_stack():
     assert bf16["peak_gib"] < base["peak_gib"]
     r = runner.invoke(app, ["estimate", *SEED_FLAGS, "--stack", "megatron-bridge", "--no-cross-entropy-loss-fusion"])
     assert r.exit_code == 0, r.output
-    assert "stack megatron-bridge (specs/data/stacks/megatron-bridge.yaml); overrides: --no-cross-entropy-loss-fusion" in r.output
+    assert (
+        "stack megatron-bridge (specs/data/stacks/megatron-bridge.yaml); overrides: --no-cross-entropy-loss-fusion"
+        in r.output
+    )
 
 
 def test_contradictory_flags_exit_2_on_every_estimating_command(tmp_path):
@@ -167,8 +227,17 @@ def test_every_run_flag_has_one_alias_on_every_estimating_command():
     root = typer.main.get_command(app)
     for cmd in (root, *(root.get_command(None, n) for n in ("estimate", "check", "timeline"))):
         opts = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
-        for flag in ("--stack", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--cross-entropy-fusion-impl",
-                     "--cuda-graph-scope", "--moe-permute-fusion", "--no-moe-permute-fusion", "--fp8-recipe", "--task"):
+        for flag in (
+            "--stack",
+            "--grad-reduce-in-bf16",
+            "--accumulate-allreduce-grads-in-fp32",
+            "--cross-entropy-fusion-impl",
+            "--cuda-graph-scope",
+            "--moe-permute-fusion",
+            "--no-moe-permute-fusion",
+            "--fp8-recipe",
+            "--task",
+        ):
             assert flag in opts, (cmd.name, flag)
 
 
@@ -201,7 +270,9 @@ def test_a_model_argument_is_not_written_twice():
     from specs import Layout, Workload, load_model, parse_gpus
 
     opts = dataclasses.replace(RunOptions(), moe_permute_fusion=True, apply_rope_fusion=False)
-    argv = megatron_args(load_model("MiniMax-M2"), parse_gpus("64xH200"), Workload(), Layout(world_size=64, ep=8, pp=2), options=opts)
+    argv = megatron_args(
+        load_model("MiniMax-M2"), parse_gpus("64xH200"), Workload(), Layout(world_size=64, ep=8, pp=2), options=opts
+    )
     assert argv.count("--moe-permute-fusion") == 1 and argv.count("--no-rope-fusion") == 1
 
 
@@ -212,8 +283,17 @@ def _from(path: Path, gpus: str | None = "H200", model: str | None = None):
     from tuner.cli._common import RunChoice
     from tuner.cli._from import launch_inputs
 
-    return launch_inputs(path, None, model=model, gpus=gpus, seq_len=8192, global_batch=128, precision="bf16", layers=None,
-                         run=RunChoice(stack=None, flags=RunFlags()))
+    return launch_inputs(
+        path,
+        None,
+        model=model,
+        gpus=gpus,
+        seq_len=8192,
+        global_batch=128,
+        precision="bf16",
+        layers=None,
+        run=RunChoice(stack=None, flags=RunFlags()),
+    )
 
 
 def _estimate_from(fi) -> tuple[float, float]:
@@ -221,15 +301,26 @@ def _estimate_from(fi) -> tuple[float, float]:
     from specs import Layout, Workload, load_model, parse_gpus
 
     o = resolve_run_options(fi.run.flags, fi.run.stack).options
-    e = estimate(load_model(fi.model), parse_gpus(fi.gpus), Workload(seq_length=fi.seq_len, global_batch_size=fi.global_batch),
-                 Layout.from_dict(fi.baseline), options=o)
+    e = estimate(
+        load_model(fi.model),
+        parse_gpus(fi.gpus),
+        Workload(seq_length=fi.seq_len, global_batch_size=fi.global_batch),
+        Layout.from_dict(fi.baseline),
+        options=o,
+    )
     return e.tokens_per_s_per_gpu, e.peak_bytes
 
 
 def test_the_seed_launch_gives_the_explicit_flags_estimate():
     """seeds/001's run block with slime's MiniMax-M2 MODEL_ARGS: the same numbers as tune estimate with its flags."""
     fi = _from(SEED_LAUNCH)
-    assert (fi.model, fi.gpus, fi.seq_len, fi.global_batch, fi.run.stack) == ("MiniMax-M2", "8x8xH200", 8192, 128, "slime")
+    assert (fi.model, fi.gpus, fi.seq_len, fi.global_batch, fi.run.stack) == (
+        "MiniMax-M2",
+        "8x8xH200",
+        8192,
+        128,
+        "slime",
+    )
     explicit = _estimate(*SEED_FLAGS)
     tps, peak = _estimate_from(fi)
     assert (tps, peak / 2**30) == (explicit["tokens_per_s_per_gpu"], explicit["peak_gib"])
@@ -244,13 +335,19 @@ def test_every_argument_of_the_launch_is_sorted_once():
     sorted_ = set(lf.understood) | set(lf.no_effect) | set(lf.not_understood)
     assert flags == sorted_ and not lf.not_understood
     assert not set(lf.understood) & set(lf.no_effect)
-    assert "--lr" in lf.no_effect and "--tensor-model-parallel-size" in lf.understood and "--hidden-size" in lf.understood
+    assert (
+        "--lr" in lf.no_effect and "--tensor-model-parallel-size" in lf.understood and "--hidden-size" in lf.understood
+    )
 
 
 def test_an_argument_not_understood_is_named_and_kept(tmp_path):
     f = tmp_path / "run.sh"
-    f.write_text(SEED_LAUNCH.read_text().replace("--attention-backend flash", "--attention-backend flash --my-new-flag 3 \\\n  "
-                                                                              "--accumulate-allreduce-grads-in-fp32"))
+    f.write_text(
+        SEED_LAUNCH.read_text().replace(
+            "--attention-backend flash",
+            "--attention-backend flash --my-new-flag 3 \\\n  --accumulate-allreduce-grads-in-fp32",
+        )
+    )
     lf = _from(f).launch
     assert lf.not_understood == ("--my-new-flag",) and "--my-new-flag 3" in " ".join(lf.user_args)
     assert "not understood: --my-new-flag" in lf.summary
@@ -260,19 +357,39 @@ def test_flags_on_the_command_line_win_over_the_file():
     from tuner.cli._common import RunChoice
     from tuner.cli._from import launch_inputs
 
-    fi = launch_inputs(SEED_LAUNCH, None, model=None, gpus="H200", seq_len=8192, global_batch=128, precision="bf16", layers=None,
-                       run=RunChoice(stack="megatron-bridge", flags=RunFlags(grad_reduce_in_bf16=True)))
+    fi = launch_inputs(
+        SEED_LAUNCH,
+        None,
+        model=None,
+        gpus="H200",
+        seq_len=8192,
+        global_batch=128,
+        precision="bf16",
+        layers=None,
+        run=RunChoice(stack="megatron-bridge", flags=RunFlags(grad_reduce_in_bf16=True)),
+    )
     run = resolve_run_options(fi.run.flags, fi.run.stack)  # the file's --accumulate-allreduce-grads-in-fp32 gives way
     assert run.options.grad_reduce_in_fp32 is False and run.preset.name == "megatron-bridge"
 
 
-@pytest.mark.parametrize(("text", "name", "message"), [
-    ("hello world\n", "notes.txt", "no command with -- arguments"),
-    ("a: 1\n", "x.yaml", "performance config (ConfigContainer, perf_matrix), a NeMo-RL config (policy section), or a recipe.yaml"),
-    ("torchrun pretrain_gpt.py --hidden-size 1234 --num-attention-heads 7\n", "run.sh", "is none of the presets"),
-    ("torchrun pretrain_gpt.py --tensor-model-parallel-size 2\n", "run.sh", "names no model"),
-    ("torchrun pretrain_gpt.py --tensor-model-parallel-size two\n", "run.sh", "--tensor-model-parallel-size: invalid int value: 'two'"),
-])
+@pytest.mark.parametrize(
+    ("text", "name", "message"),
+    [
+        ("hello world\n", "notes.txt", "no command with -- arguments"),
+        (
+            "a: 1\n",
+            "x.yaml",
+            "performance config (ConfigContainer, perf_matrix), a NeMo-RL config (policy section), or a recipe.yaml",
+        ),
+        ("torchrun pretrain_gpt.py --hidden-size 1234 --num-attention-heads 7\n", "run.sh", "is none of the presets"),
+        ("torchrun pretrain_gpt.py --tensor-model-parallel-size 2\n", "run.sh", "names no model"),
+        (
+            "torchrun pretrain_gpt.py --tensor-model-parallel-size two\n",
+            "run.sh",
+            "--tensor-model-parallel-size: invalid int value: 'two'",
+        ),
+    ],
+)
 def test_a_file_that_is_not_a_launch_is_refused(tmp_path, text, name, message):
     f = tmp_path / name
     f.write_text(text)
@@ -288,16 +405,39 @@ def test_gpus_that_disagree_with_the_file_are_refused():
 def test_the_main_job_from_the_seed_launch(tmp_path):
     """The launch is the first trial, printed as the baseline beside the best; exports keep the user's arguments."""
     space = tmp_path / "space.yaml"
-    space.write_text("tp: [1]\npp: [8]\nvpp: [4, 8]\ncp: [1]\nep: [8]\netp: [1]\nmicro_batch_size: [1]\n"
-                     "recompute:\n  - {granularity: full, method: uniform, num_layers: 1}\noptimizer_offload_fraction: [0.0]\n"
-                     "dispatcher: [alltoall]\n")
-    r = runner.invoke(app, ["--from", str(SEED_LAUNCH), "--gpus", "H200", "--space", str(space), "--trials", "2",
-                            "--results-dir", str(tmp_path), "--study", "s"], env={"COLUMNS": "200"})
+    space.write_text(
+        "tp: [1]\npp: [8]\nvpp: [4, 8]\ncp: [1]\nep: [8]\netp: [1]\nmicro_batch_size: [1]\n"
+        "recompute:\n  - {granularity: full, method: uniform, num_layers: 1}\noptimizer_offload_fraction: [0.0]\n"
+        "dispatcher: [alltoall]\n"
+    )
+    r = runner.invoke(
+        app,
+        [
+            "--from",
+            str(SEED_LAUNCH),
+            "--gpus",
+            "H200",
+            "--space",
+            str(space),
+            "--trials",
+            "2",
+            "--results-dir",
+            str(tmp_path),
+            "--study",
+            "s",
+        ],
+        env={"COLUMNS": "200"},
+    )
     assert r.exit_code == 0, r.output
     explicit = _estimate(*SEED_FLAGS)
-    assert f"its layout TP1 PP8 VPP4 EP8 DP8: {explicit['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU predicted" in r.output
+    assert (
+        f"its layout TP1 PP8 VPP4 EP8 DP8: {explicit['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU predicted" in r.output
+    )
     assert "the study evaluates it" in r.output and "none not understood" in r.output
-    assert re.search(r"your launch \(trial 0\): [\d,.]+ tokens/s/GPU predicted, [\d.]+ GiB; best: TP1 PP8 VPP\d EP8 DP8, .*[+-]\d+%", r.output)
+    assert re.search(
+        r"your launch \(trial 0\): [\d,.]+ tokens/s/GPU predicted, [\d.]+ GiB; best: TP1 PP8 VPP\d EP8 DP8, .*[+-]\d+%",
+        r.output,
+    )
     assert "stack slime (specs/data/stacks/slime.yaml)" in r.output
     assert "--command-template launch/templates/slime_command.yaml" in r.output
     run = (tmp_path / "s/run_slime.sh").read_text()
@@ -340,9 +480,17 @@ def test_a_megatron_bridge_override_yaml_is_read_setting_by_setting():
     lf = fi.launch
     assert (lf.kind, fi.run.stack, fi.seq_len, fi.global_batch) == ("megatron-bridge", "megatron-bridge", 4096, 512)
     assert lf.not_understood == ("model.my_experimental_knob",)
-    assert {"optimizer.lr", "logger.log_interval", "dist.use_torch_fsdp2", "model.gradient_accumulation_fusion"} <= set(lf.no_effect)
-    assert {"model.expert_model_parallel_size", "ddp.grad_reduce_in_fp32", "model.recompute_modules"} <= set(lf.understood)
-    assert (fi.baseline["ep"], fi.baseline["recompute_modules"], fi.baseline["use_distributed_optimizer"]) == (16, ["moe_act"], True)
+    assert {"optimizer.lr", "logger.log_interval", "dist.use_torch_fsdp2", "model.gradient_accumulation_fusion"} <= set(
+        lf.no_effect
+    )
+    assert {"model.expert_model_parallel_size", "ddp.grad_reduce_in_fp32", "model.recompute_modules"} <= set(
+        lf.understood
+    )
+    assert (fi.baseline["ep"], fi.baseline["recompute_modules"], fi.baseline["use_distributed_optimizer"]) == (
+        16,
+        ["moe_act"],
+        True,
+    )
     o = resolve_run_options(fi.run.flags, fi.run.stack).options
     assert (o.grad_reduce_in_fp32, o.cross_entropy_fusion_impl, o.overlap_grad_reduce) == (False, "te", True)
 
@@ -364,13 +512,33 @@ def test_a_megatron_bridge_performance_config_is_read_entry_by_entry():
     of that; every setting of its ConfigContainer and of the entry read is sorted once, the rest named."""
     fi = _from(BRIDGE_PERF, gpus="H100", model="Qwen3-30B-A3B")
     lf = fi.launch
-    assert (fi.gpus, fi.seq_len, fi.global_batch, fi.precision, fi.run.stack) == ("2x8xH100", 4096, 512, "bf16", "megatron-bridge")
+    assert (fi.gpus, fi.seq_len, fi.global_batch, fi.precision, fi.run.stack) == (
+        "2x8xH100",
+        4096,
+        512,
+        "bf16",
+        "megatron-bridge",
+    )
     b = fi.baseline
-    assert (b["tp"], b["pp"], b["vpp"], b["ep"], b["micro_batch_size"], b["recompute_granularity"]) == (1, 2, 12, 8, 1, "none")
+    assert (b["tp"], b["pp"], b["vpp"], b["ep"], b["micro_batch_size"], b["recompute_granularity"]) == (
+        1,
+        2,
+        12,
+        8,
+        1,
+        "none",
+    )
     assert lf.not_understood == ("model.moe_router_fusion",)
     doc = yaml.safe_load(BRIDGE_PERF.read_text())
-    read = {*_leaves(doc["ConfigContainer"]), *(f"perf_matrix.h100.num_gpus_16.{k}" for k in _leaves(doc["perf_matrix"]["h100"]["num_gpus_16"])
-                                               if not k.startswith("fp8_cs")), "perf_matrix.h100.num_gpus_16.bf16"}  # its precision
+    read = {
+        *_leaves(doc["ConfigContainer"]),
+        *(
+            f"perf_matrix.h100.num_gpus_16.{k}"
+            for k in _leaves(doc["perf_matrix"]["h100"]["num_gpus_16"])
+            if not k.startswith("fp8_cs")
+        ),
+        "perf_matrix.h100.num_gpus_16.bf16",
+    }  # its precision
     got = [*lf.understood, *lf.no_effect, *lf.not_understood]
     assert len(got) == len(set(got)) and set(got) == read, set(got) ^ read
     fp8 = read_launch(BRIDGE_PERF, model="Qwen3-30B-A3B", gpus="16xH100", precision="fp8")
@@ -380,18 +548,25 @@ def test_a_megatron_bridge_performance_config_is_read_entry_by_entry():
     assert (gb.nodes, gb.gpus_per_node, gb.layout["micro_batch_size"]) == (2, 4, 4)
     # cuda_graphs: true is model.enable_cuda_graph, megatron-core's cuda_graph_impl "local" (whole layers)
     assert (gb.run_flags.cuda_graph_impl, gb.run_flags.cuda_graph_scope) == ("local", None)
-    assert "perf_matrix.gb200.num_gpus_8.common.cuda_graphs" in gb.understood and gb.not_understood == ("model.moe_router_fusion",)
+    assert "perf_matrix.gb200.num_gpus_8.common.cuda_graphs" in gb.understood and gb.not_understood == (
+        "model.moe_router_fusion",
+    )
 
 
-@pytest.mark.parametrize("key, value, flags", [
-    ("cuda_graphs", "true", {"cuda_graph_impl": "local"}),
-    ("cuda_graphs", "false", {}),
-    ("recompute_num_layers", "5", {"recompute": "full", "recompute_method": "block", "recompute_num_layers": 5}),
-    ("recompute_num_layers", "null", {}),
-    ("cpu_offloading_num_layers", "20", {"cpu_offloading_num_layers": 20}),
-    ("cpu_offloading_num_layers", "0", {}),
-])
-def test_a_performance_config_s_perf_matrix_settings_are_read_as_bridge_s_scripts_apply_them(tmp_path, key, value, flags):
+@pytest.mark.parametrize(
+    "key, value, flags",
+    [
+        ("cuda_graphs", "true", {"cuda_graph_impl": "local"}),
+        ("cuda_graphs", "false", {}),
+        ("recompute_num_layers", "5", {"recompute": "full", "recompute_method": "block", "recompute_num_layers": 5}),
+        ("recompute_num_layers", "null", {}),
+        ("cpu_offloading_num_layers", "20", {"cpu_offloading_num_layers": 20}),
+        ("cpu_offloading_num_layers", "0", {}),
+    ],
+)
+def test_a_performance_config_s_perf_matrix_settings_are_read_as_bridge_s_scripts_apply_them(
+    tmp_path, key, value, flags
+):
     """Megatron-Bridge 22a838d7 scripts/performance/utils/helpers.py l.114-135: each perf_matrix setting as the run
     option or layout flag it sets; a null, false or 0 sets nothing and is still understood."""
     f = tmp_path / "perf.yaml"
@@ -399,44 +574,83 @@ def test_a_performance_config_s_perf_matrix_settings_are_read_as_bridge_s_script
     lf = read_launch(f, model="Qwen3-30B-A3B", gpus="H100")
     assert f"perf_matrix.h100.num_gpus_16.common.{key}" in lf.understood
     base = read_launch(BRIDGE_PERF, model="Qwen3-30B-A3B", gpus="H100")
-    assert lf.run_flags == dataclasses.replace(base.run_flags, **{k: v for k, v in flags.items() if hasattr(base.run_flags, k)})
+    assert lf.run_flags == dataclasses.replace(
+        base.run_flags, **{k: v for k, v in flags.items() if hasattr(base.run_flags, k)}
+    )
     assert lf.layout == {**base.layout, **{k: v for k, v in flags.items() if not hasattr(base.run_flags, k)}}
 
 
 def test_a_whole_megatron_bridge_config_as_it_saves_one_is_read_setting_by_setting():
-    """A dumped ConfigContainer (GPT-OSS-120B's H100 performance recipe): the model found from its architecture, and each
+    """A dumped ConfigContainer (GPT-OSS-120B's H100 performance recipe): the model found from its architecture, and
+    each
     of its 669 settings sorted exactly once: understood, without effect, or named as not understood."""
     path = ROOT / "tests/fixtures/launch/gpt_oss_120b_pretrain_h100_config_dump.yaml"
     fi = _from(path, gpus="64xH100")
     lf = fi.launch
-    assert (fi.model, fi.seq_len, fi.global_batch, fi.precision, fi.run.stack) == ("GPT-OSS-120B", 4096, 512, "bf16", "megatron-bridge")
+    assert (fi.model, fi.seq_len, fi.global_batch, fi.precision, fi.run.stack) == (
+        "GPT-OSS-120B",
+        4096,
+        512,
+        "bf16",
+        "megatron-bridge",
+    )
     b = fi.baseline
     assert (b["tp"], b["pp"], b["ep"], b["recompute_granularity"]) == (1, 4, 8, "selective")
     o = resolve_run_options(fi.run.flags, fi.run.stack).options  # ddp and mixed_precision agree on bf16 reduction
-    assert (o.grad_reduce_in_fp32, o.cross_entropy_fusion_impl, o.cuda_graph_scope) == (False, "te", ())  # impl none: no graphs
+    assert (o.grad_reduce_in_fp32, o.cross_entropy_fusion_impl, o.cuda_graph_scope) == (
+        False,
+        "te",
+        (),
+    )  # impl none: no graphs
     doc = yaml.safe_load(path.read_text())
-    settings = {f"{k}.{kk}" if isinstance(v, dict) and k != "optimizer_config_override_provider" else k
-                for k, v in doc.items() for kk in (v if isinstance(v, dict) else [None])}
+    settings = {
+        f"{k}.{kk}" if isinstance(v, dict) and k != "optimizer_config_override_provider" else k
+        for k, v in doc.items()
+        for kk in (v if isinstance(v, dict) else [None])
+    }
     got = [*lf.understood, *lf.no_effect, *lf.not_understood]
     assert len(settings) == 669 and len(got) == len(set(got)) and set(got) == settings, set(got) ^ settings
     assert {"model.moe_shared_expert_overlap", "model.delay_wgrad_compute"} <= set(lf.not_understood)
     assert {"checkpoint.save", "logger.log_interval", "optimizer.lr"} <= set(lf.no_effect)
 
 
-@pytest.mark.parametrize(("gpus", "message"), [
-    (None, "its perf_matrix has several GPUs (h100: 16 GPUs; gb200: 8 GPUs; b200: 8 GPUs); give --gpus"),
-    ("32xH100", "its perf_matrix has no entry for 32 x H100"),
-    ("H200", "its perf_matrix has no entry for H200"),
-])
+@pytest.mark.parametrize(
+    ("gpus", "message"),
+    [
+        (None, "its perf_matrix has several GPUs (h100: 16 GPUs; gb200: 8 GPUs; b200: 8 GPUs); give --gpus"),
+        ("32xH100", "its perf_matrix has no entry for 32 x H100"),
+        ("H200", "its perf_matrix has no entry for H200"),
+    ],
+)
 def test_a_performance_config_without_an_entry_for_the_gpus_is_refused(gpus, message):
-    r = runner.invoke(app, ["estimate", "--from", str(BRIDGE_PERF), "--model", "Qwen3-30B-A3B", *(["--gpus", gpus] if gpus else [])])
+    r = runner.invoke(
+        app, ["estimate", "--from", str(BRIDGE_PERF), "--model", "Qwen3-30B-A3B", *(["--gpus", gpus] if gpus else [])]
+    )
     assert r.exit_code == 2 and message in " ".join(r.output.split()) and "Traceback" not in r.output, r.output
 
 
 def test_estimate_from_a_performance_config_is_its_entrys_explicit_flags():
     d = _estimate("--from", str(BRIDGE_PERF), "--model", "Qwen3-30B-A3B", "--gpus", "H100")
-    explicit = _estimate("--model", "Qwen3-30B-A3B", "--gpus", "16xH100", "--stack", "megatron-bridge", "--seq-len", "4096",
-                         "--global-batch", "512", "--pp", "2", "--vpp", "12", "--ep", "8", "--cross-entropy-fusion-impl", "te")
+    explicit = _estimate(
+        "--model",
+        "Qwen3-30B-A3B",
+        "--gpus",
+        "16xH100",
+        "--stack",
+        "megatron-bridge",
+        "--seq-len",
+        "4096",
+        "--global-batch",
+        "512",
+        "--pp",
+        "2",
+        "--vpp",
+        "12",
+        "--ep",
+        "8",
+        "--cross-entropy-fusion-impl",
+        "te",
+    )
     assert (d["tokens_per_s_per_gpu"], d["peak_gib"]) == (explicit["tokens_per_s_per_gpu"], explicit["peak_gib"])
 
 
@@ -444,13 +658,21 @@ def test_a_nemo_rl_config_is_read_through_its_defaults_chain():
     fi = _from(ROOT / "tests/fixtures/launch/nemo_rl_lora.yaml", gpus="H100")
     lf = fi.launch
     assert (lf.kind, fi.run.stack, fi.model, fi.gpus, fi.seq_len, fi.global_batch) == (
-        "nemo-rl", "nemo-rl", "Llama-3.1-8B", "2x8xH100", 2048, 128)
+        "nemo-rl",
+        "nemo-rl",
+        "Llama-3.1-8B",
+        "2x8xH100",
+        2048,
+        128,
+    )
     assert (fi.baseline["tp"], fi.baseline["micro_batch_size"], fi.baseline["recompute_granularity"]) == (2, 2, "full")
     assert (fi.run.task, fi.run.lora_rank, fi.run.lora_target_modules) == ("lora", 16, "linear_qkv,linear_proj")
     assert {"grpo", "loss_fn", "policy.generation", "policy.megatron_cfg.optimizer.lr"} <= set(lf.no_effect)
     assert not lf.not_understood
     base = _from(ROOT / "tests/fixtures/launch/nemo_rl_base.yaml", gpus="H100")
-    assert base.baseline["recompute_granularity"] == "none" and base.run.task is None  # checkpointing off: recompute unread
+    assert (
+        base.baseline["recompute_granularity"] == "none" and base.run.task is None
+    )  # checkpointing off: recompute unread
 
 
 def test_a_lora_recipe_read_with_from_gives_its_task(tmp_path):
@@ -467,15 +689,31 @@ def test_a_lora_recipe_read_with_from_gives_its_task(tmp_path):
 def test_a_nemo_rl_config_without_its_defaults_file_is_refused(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text((ROOT / "tests/fixtures/launch/nemo_rl_lora.yaml").read_text())
-    with pytest.raises(TunerError, match="defaults: file 'nemo_rl_base.yaml': cannot read it .*; put it beside the file"):
+    with pytest.raises(
+        TunerError, match="defaults: file 'nemo_rl_base.yaml': cannot read it .*; put it beside the file"
+    ):
         _from(f, gpus="H100")
 
 
 def test_a_study_is_not_resumed_with_other_run_options(tmp_path):
-    args = ["--model", "Llama-3.1-8B", "--gpus", "8xH100", "--trials", "2", "--study", "r", "--results-dir", str(tmp_path)]
+    args = [
+        "--model",
+        "Llama-3.1-8B",
+        "--gpus",
+        "8xH100",
+        "--trials",
+        "2",
+        "--study",
+        "r",
+        "--results-dir",
+        str(tmp_path),
+    ]
     assert runner.invoke(app, args).exit_code == 0
     r = runner.invoke(app, [*args, "--grad-reduce-in-bf16"])
-    assert r.exit_code == 2 and "run options grad_reduce_in_fp32=True; this run asks for run options grad_reduce_in_fp32=False" in r.output
+    assert (
+        r.exit_code == 2
+        and "run options grad_reduce_in_fp32=True; this run asks for run options grad_reduce_in_fp32=False" in r.output
+    )
     r = runner.invoke(app, [*args, "--task", "lora"])
     assert r.exit_code == 2 and "--task pretrain" in r.output and "--task lora" in r.output
 
@@ -487,8 +725,10 @@ def test_a_sourced_model_file_is_read_and_an_unset_array_is_named(tmp_path):
     (tmp_path / "models").mkdir()
     (tmp_path / "models/minimax-m2.sh").write_text(text[:cut])
     run = tmp_path / "run.sh"
-    run.write_text('SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"\n'
-                   'source "${SCRIPT_DIR}/models/minimax-m2.sh"\n' + text[cut:])
+    run.write_text(
+        'SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"\n'
+        'source "${SCRIPT_DIR}/models/minimax-m2.sh"\n' + text[cut:]
+    )
     assert _estimate_from(_from(run)) == _estimate_from(_from(SEED_LAUNCH))
     alone = tmp_path / "alone.sh"
     alone.write_text(text[cut:])
@@ -500,11 +740,31 @@ def test_a_launch_outside_the_space_is_the_first_trial_priced_with_its_stack(tmp
     """The seed's launch (VPP 4) with a space that holds only VPP 8, on the megatron-bridge stack: its layout is added
     as a candidate and trial 0 records the launch's own estimate (the model backend prices the study's run options)."""
     space = tmp_path / "space.yaml"
-    space.write_text("tp: [1]\npp: [8]\nvpp: [8]\ncp: [1]\nep: [8]\netp: [1]\nmicro_batch_size: [1]\n"
-                     "recompute:\n  - {granularity: full, method: uniform, num_layers: 1}\noptimizer_offload_fraction: [0.0]\n"
-                     "dispatcher: [alltoall]\n")
-    r = runner.invoke(app, ["--from", str(SEED_LAUNCH), "--gpus", "H200", "--space", str(space), "--trials", "2", "--stack",
-                            "megatron-bridge", "--results-dir", str(tmp_path), "--study", "s"], env={"COLUMNS": "200"})
+    space.write_text(
+        "tp: [1]\npp: [8]\nvpp: [8]\ncp: [1]\nep: [8]\netp: [1]\nmicro_batch_size: [1]\n"
+        "recompute:\n  - {granularity: full, method: uniform, num_layers: 1}\noptimizer_offload_fraction: [0.0]\n"
+        "dispatcher: [alltoall]\n"
+    )
+    r = runner.invoke(
+        app,
+        [
+            "--from",
+            str(SEED_LAUNCH),
+            "--gpus",
+            "H200",
+            "--space",
+            str(space),
+            "--trials",
+            "2",
+            "--stack",
+            "megatron-bridge",
+            "--results-dir",
+            str(tmp_path),
+            "--study",
+            "s",
+        ],
+        env={"COLUMNS": "200"},
+    )
     assert r.exit_code == 0, r.output
     assert "the study evaluates it" in r.output
     # the shipped template runs slime: a megatron-bridge launch is pointed to how to write its own
@@ -524,14 +784,26 @@ def test_the_comparison_names_what_to_change_from_the_launch():
     from tuner.cli._from import layout_changes
 
     a = Layout.from_dict({"world_size": 16, "tp": 1, "pp": 2, "vpp": 12, "ep": 8, "micro_batch_size": 1})
-    b = Layout.from_dict({"world_size": 16, "tp": 1, "pp": 2, "vpp": 4, "ep": 8, "micro_batch_size": 2,
-                          "recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": 4})
+    b = Layout.from_dict(
+        {
+            "world_size": 16,
+            "tp": 1,
+            "pp": 2,
+            "vpp": 4,
+            "ep": 8,
+            "micro_batch_size": 2,
+            "recompute_granularity": "full",
+            "recompute_method": "block",
+            "recompute_num_layers": 4,
+        }
+    )
     assert layout_changes(a, b) == ["VPP 12->4", "micro-batch 1->2", "recompute none->full block 4"]
     assert layout_changes(a, a) == []
 
 
 def test_allgather_under_slime_is_refused_or_taken_as_the_alltoall_slime_runs(tmp_path):
-    """slime rewrites the allgather dispatcher to alltoall: an explicit --dispatcher allgather is refused under it, and a
+    """slime rewrites the allgather dispatcher to alltoall: an explicit --dispatcher allgather is refused under it, and
+    a
     launch asking for allgather is estimated as the alltoall it runs."""
     r = runner.invoke(app, ["estimate", *SEED_FLAGS, "--dispatcher", "allgather"])
     assert r.exit_code == 2 and "--stack slime rewrites it to alltoall" in r.output
@@ -545,8 +817,24 @@ def test_a_recipe_read_back_with_from_keeps_its_stack_dispatcher_and_prediction(
     """A Megatron-Bridge study's recipe.yaml (its best is allgather, which the slime-style `run` command writes as
     alltoall) read back by `tune estimate --from` gives the recipe's own prediction, on its own stack."""
     perf = ROOT / "tests/fixtures/launch/qwen3_30b_a3b_llm_pretrain.yaml"
-    r = runner.invoke(app, ["--from", str(perf), "--model", "Qwen3-30B-A3B", "--gpus", "H100", "--trials", "3",
-                            "--results-dir", str(tmp_path), "--study", "q"], env={"COLUMNS": "200"})
+    r = runner.invoke(
+        app,
+        [
+            "--from",
+            str(perf),
+            "--model",
+            "Qwen3-30B-A3B",
+            "--gpus",
+            "H100",
+            "--trials",
+            "3",
+            "--results-dir",
+            str(tmp_path),
+            "--study",
+            "q",
+        ],
+        env={"COLUMNS": "200"},
+    )
     assert r.exit_code == 0, r.output
     rec = yaml.safe_load((tmp_path / "q/recipe.yaml").read_text())
     back = _estimate("--from", str(tmp_path / "q/recipe.yaml"))
@@ -557,22 +845,29 @@ def test_a_recipe_read_back_with_from_keeps_its_stack_dispatcher_and_prediction(
 def test_a_megatron_lm_launch_without_bf16_is_refused_as_fp32(tmp_path):
     """Megatron-LM trains in fp32 without --bf16: not priced as bf16."""
     f = tmp_path / "fp32.sh"
-    f.write_text("torchrun pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
-                 "--group-query-attention --num-query-groups 8 --ffn-hidden-size 14336 --seq-length 8192 "
-                 "--max-position-embeddings 131072 --swiglu --normalization RMSNorm --tensor-model-parallel-size 2 "
-                 "--sequence-parallel\n")
+    f.write_text(
+        "torchrun pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
+        "--group-query-attention --num-query-groups 8 --ffn-hidden-size 14336 --seq-length 8192 "
+        "--max-position-embeddings 131072 --swiglu --normalization RMSNorm --tensor-model-parallel-size 2 "
+        "--sequence-parallel\n"
+    )
     r = runner.invoke(app, ["estimate", "--from", str(f), "--model", "Llama-3.1-8B", "--gpus", "8xH100"])
     assert r.exit_code == 2 and "no --bf16" in r.output and "fp32" in r.output, r.output
     f.write_text(f.read_text().replace("--swiglu", "--swiglu --bf16"))
-    assert runner.invoke(app, ["estimate", "--from", str(f), "--model", "Llama-3.1-8B", "--gpus", "8xH100"]).exit_code == 0
+    assert (
+        runner.invoke(app, ["estimate", "--from", str(f), "--model", "Llama-3.1-8B", "--gpus", "8xH100"]).exit_code == 0
+    )
 
 
 def test_a_recipe_round_trip_does_not_repeat_the_scripts_own_arguments(tmp_path):
     """run_slime.sh's own `--save "$SAVE_DIR"` (and the like) read back from a recipe.yaml are not kept again."""
     src = SEED_LAUNCH
     for study in ("a", "b"):
-        r = runner.invoke(app, ["--from", str(src), "--gpus", "H200", "--trials", "1", "--results-dir", str(tmp_path),
-                                "--study", study], env={"COLUMNS": "200"})
+        r = runner.invoke(
+            app,
+            ["--from", str(src), "--gpus", "H200", "--trials", "1", "--results-dir", str(tmp_path), "--study", study],
+            env={"COLUMNS": "200"},
+        )
         assert r.exit_code == 0, r.output
         src = tmp_path / study / "recipe.yaml"
     for name in ("run_slime.sh", "megatron_args.sh"):
@@ -612,11 +907,20 @@ def test_layers_per_virtual_stage_are_megatrons_virtual_pipeline_size(tmp_path):
     assert "vpp" not in read_launch(f).layout
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    (LLAMA_70B_LAUNCH.replace("stage 5", "stage 3"), "80 layers in 4 pipeline stages are not whole virtual stages of 3 layers"),
-    ("torchrun pretrain_gpt.py --bf16 --pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 5\n",
-     "needs the model's layer count"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            LLAMA_70B_LAUNCH.replace("stage 5", "stage 3"),
+            "80 layers in 4 pipeline stages are not whole virtual stages of 3 layers",
+        ),
+        (
+            "torchrun pretrain_gpt.py --bf16 --pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage "
+            "5\n",
+            "needs the model's layer count",
+        ),
+    ],
+)
 def test_layers_per_virtual_stage_that_cannot_be_read_are_refused(tmp_path, text, message):
     f = tmp_path / "run.sh"
     f.write_text(text)
@@ -636,9 +940,12 @@ def test_a_variables_default_is_the_files_value_else_the_default(tmp_path, monke
     """${VAR:-default} and ${VAR-default}: the file's assignment, else the default; never the reader's environment."""
     monkeypatch.setenv("PP", "2")
     f = tmp_path / "run.sh"
-    f.write_text('TP=${TP:-4}\nEMPTY=\n' + LLAMA_70B_LAUNCH.replace("--tensor-model-parallel-size 8", "--tensor-model-parallel-size ${TP:-2}")
-                 .replace("--pipeline-model-parallel-size 4", "--pipeline-model-parallel-size=${PP:-4}")
-                 .replace("--seq-length 8192", "--seq-length ${EMPTY-8192}${EMPTY:-4096}"))
+    f.write_text(
+        "TP=${TP:-4}\nEMPTY=\n"
+        + LLAMA_70B_LAUNCH.replace("--tensor-model-parallel-size 8", "--tensor-model-parallel-size ${TP:-2}")
+        .replace("--pipeline-model-parallel-size 4", "--pipeline-model-parallel-size=${PP:-4}")
+        .replace("--seq-length 8192", "--seq-length ${EMPTY-8192}${EMPTY:-4096}")
+    )
     lf = read_launch(f)
     assert (lf.layout["tp"], lf.layout["pp"], lf.seq_length) == (4, 4, 4096)
 
@@ -649,14 +956,22 @@ def test_the_exported_megatron_lm_script_reads_back_whole(tmp_path):
     from specs import Layout, Workload, load_model, parse_gpus
 
     f = tmp_path / "megatron_args.sh"
-    f.write_text(megatron_args_script(load_model("Llama-3.1-8B"), parse_gpus("16xH100"), Workload(), Layout(world_size=16, tp=2)))
+    f.write_text(
+        megatron_args_script(load_model("Llama-3.1-8B"), parse_gpus("16xH100"), Workload(), Layout(world_size=16, tp=2))
+    )
     lf = read_launch(f)
     assert (lf.model, lf.nodes, lf.gpus_per_node, lf.not_understood) == ("Llama-3.1-8B", 2, 8, ())
-    args = re.split(r"^\s*torchrun ", f.read_text(), flags=re.M)[0]  # the arguments; after an unknown script torchrun's are read
-    f.write_text(args + 'torchrun --nnodes 2 --node_rank 0 --nproc-per-node 8 --master-addr h "$SCRIPT" "${MEGATRON_ARGS[@]}"\n')
+    args = re.split(r"^\s*torchrun ", f.read_text(), flags=re.M)[
+        0
+    ]  # the arguments; after an unknown script torchrun's are read
+    f.write_text(
+        args + 'torchrun --nnodes 2 --node_rank 0 --nproc-per-node 8 --master-addr h "$SCRIPT" "${MEGATRON_ARGS[@]}"\n'
+    )
     lf = read_launch(f)
     assert (lf.nodes, lf.gpus_per_node, lf.not_understood) == (2, 8, ())
-    assert {"--nnodes", "--nproc-per-node"} <= set(lf.understood) and {"--node_rank", "--master-addr"} <= set(lf.no_effect)
+    assert {"--nnodes", "--nproc-per-node"} <= set(lf.understood) and {"--node_rank", "--master-addr"} <= set(
+        lf.no_effect
+    )
     assert not {"--nnodes", "--node_rank"} & set(" ".join(lf.user_args).split())
 
 
@@ -687,6 +1002,22 @@ def test_a_study_stored_before_a_run_option_existed_resumes_unless_one_it_has_di
 
 
 def test_estimate_refuses_full_recompute_under_per_layer_cuda_graphs():
-    r = runner.invoke(app, ["estimate", "--model", "Llama-3.1-8B", "--gpus", "8xH200", "--tp", "1", "--pp", "1",
-                            "--recompute", "full", "--cuda-graph-impl", "local"])
+    r = runner.invoke(
+        app,
+        [
+            "estimate",
+            "--model",
+            "Llama-3.1-8B",
+            "--gpus",
+            "8xH200",
+            "--tp",
+            "1",
+            "--pp",
+            "1",
+            "--recompute",
+            "full",
+            "--cuda-graph-impl",
+            "local",
+        ],
+    )
     assert r.exit_code == 2 and "breaks rule cuda_graphs" in r.output, r.output

@@ -11,7 +11,9 @@ from tuner.study import TuneConfig
 @pytest.fixture(scope="module")
 def case():
     """A 2-layer MiniMax-M2 slice on 8 H200, 6 trials a study."""
-    return prepare_case(TuneConfig(backend="command", model="MiniMax-M2", gpus="8xH200", layers=2, global_batch_size=16, trials=6))
+    return prepare_case(
+        TuneConfig(backend="command", model="MiniMax-M2", gpus="8xH200", layers=2, global_batch_size=16, trials=6)
+    )
 
 
 def test_a_tiny_run_gives_every_metric_per_policy(case, tmp_path):
@@ -20,7 +22,11 @@ def test_a_tiny_run_gives_every_metric_per_policy(case, tmp_path):
     assert [r.policy for r in results] == policies * 2
     by = {r.policy: r for r in results if r.seed == 0}
     assert by["model"].trials == 0 and by["model"].gpu_hours == 0.0
-    assert 1 <= by["queue"].trials and by["queue"].gpu_hours > 0 and sum(by["queue"].outcomes.values()) == by["queue"].trials
+    assert (
+        1 <= by["queue"].trials
+        and by["queue"].gpu_hours > 0
+        and sum(by["queue"].outcomes.values()) == by["queue"].trials
+    )
     assert 1 <= by["gain"].trials and by["gain"].gpu_hours > 0
     # random order spends (at least) the gain policy's GPU-hours, stopping at the first trial that reaches them
     assert by["random"].gpu_hours >= by["gain"].gpu_hours

@@ -22,8 +22,26 @@ pytestmark = pytest.mark.slow  # studies and trial processes of the fake harness
 
 runner = CliRunner()
 FAKE = str(Path(__file__).parents[1] / "launch_tests" / "fake_trial.py")
-SEED = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--vpp", "4", "--ep", "8", "--recompute", "full",
-        "--first-stage-layers", "7", "--last-stage-layers", "7"]
+SEED = [
+    "--model",
+    "MiniMax-M2",
+    "--gpus",
+    "64xH200",
+    "--tp",
+    "1",
+    "--pp",
+    "8",
+    "--vpp",
+    "4",
+    "--ep",
+    "8",
+    "--recompute",
+    "full",
+    "--first-stage-layers",
+    "7",
+    "--last-stage-layers",
+    "7",
+]
 
 
 def test_timeline_of_a_layout_from_flags(tmp_path):
@@ -56,7 +74,10 @@ def test_estimate_plot_writes_the_breakdown(tmp_path):
 
 
 def test_timeline_of_a_predicted_trial(tmp_path):
-    r = runner.invoke(app, ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "6", "--results-dir", str(tmp_path), "--study", "p"])
+    r = runner.invoke(
+        app,
+        ["--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "6", "--results-dir", str(tmp_path), "--study", "p"],
+    )
     assert r.exit_code == 0, r.output
     import optuna
 
@@ -78,18 +99,43 @@ def test_local_backend_passes_the_profile_step():
 
 def test_profile_step_is_checked():
     with pytest.raises(TunerError, match="--trial-profile-step must be a step from 1 to --trial-steps"):
-        prepare(TuneConfig(model="MiniMax-M2", gpus="4xH200", layers=4, backend="local", trial_steps=6, trial_profile_step=7))
+        prepare(
+            TuneConfig(
+                model="MiniMax-M2", gpus="4xH200", layers=4, backend="local", trial_steps=6, trial_profile_step=7
+            )
+        )
     with pytest.raises(TunerError, match="--trial-profile-step is for --backend local"):
         prepare(TuneConfig(model="MiniMax-M2", gpus="64xH200", trial_profile_step=2))
 
 
 def test_measured_trial_s_profile_and_its_prediction_side_by_side(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
-    cfg = TuneConfig(model="MiniMax-M2", gpus="4xH200", layers=4, global_batch_size=8, backend="local", trials=2, stack="megatron",
-                     results_dir=str(tmp_path), trial_steps=6, study="s", prune_margin=None, trial_profile_step=2)
+    cfg = TuneConfig(
+        model="MiniMax-M2",
+        gpus="4xH200",
+        layers=4,
+        global_batch_size=8,
+        backend="local",
+        trials=2,
+        stack="megatron",
+        results_dir=str(tmp_path),
+        trial_steps=6,
+        study="s",
+        prune_margin=None,
+        trial_profile_step=2,
+    )
     prep = prepare(cfg)
-    backend = LocalBackend(trials_dir=tmp_path / "s" / "trials", num_gpus=4, steps=6, warmup_steps=2, timeout_s=30,
-                           launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02, harness_options={"profile_step": 2})
+    backend = LocalBackend(
+        trials_dir=tmp_path / "s" / "trials",
+        num_gpus=4,
+        steps=6,
+        warmup_steps=2,
+        timeout_s=30,
+        launcher=[sys.executable, FAKE],
+        env=HarnessEnv(),
+        poll_s=0.02,
+        harness_options={"profile_step": 2},
+    )
     run_study(prep, backend=backend)
     import optuna
 
@@ -116,10 +162,32 @@ def test_two_timelines_on_one_time_axis(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # where a trace without --out would go
     seed = tmp_path / "seed.json"
     assert runner.invoke(app, ["timeline", *SEED, "--out", str(seed)]).exit_code == 0
-    other = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--vpp", "8", "--cp", "2", "--ep", "8",
-             "--dispatcher", "flex+deepep", "--first-stage-layers", "7", "--last-stage-layers", "7"]
+    other = [
+        "--model",
+        "MiniMax-M2",
+        "--gpus",
+        "64xH200",
+        "--tp",
+        "1",
+        "--pp",
+        "8",
+        "--vpp",
+        "8",
+        "--cp",
+        "2",
+        "--ep",
+        "8",
+        "--dispatcher",
+        "flex+deepep",
+        "--first-stage-layers",
+        "7",
+        "--last-stage-layers",
+        "7",
+    ]
     png = tmp_path / "both.png"
-    r = runner.invoke(app, ["timeline", *other, "--out", str(tmp_path / "best.json"), "--png", str(png), "--compare", str(seed)])
+    r = runner.invoke(
+        app, ["timeline", *other, "--out", str(tmp_path / "best.json"), "--png", str(png), "--compare", str(seed)]
+    )
     assert r.exit_code == 0, r.output
     assert png.read_bytes()[:4] == b"\x89PNG"
     r = runner.invoke(app, ["timeline", *other, "--compare", str(seed)])
@@ -128,9 +196,24 @@ def test_two_timelines_on_one_time_axis(tmp_path, monkeypatch):
     r = runner.invoke(app, ["timeline", *other, "--png", str(png), "--compare", str(tmp_path / "junk.json")])
     assert r.exit_code == 2 and "not a trace written by tune timeline" in r.output
     assert not list(tmp_path.glob("timeline_*.json"))  # refused before the trace was written
-    # the network's rules apply as in tune estimate: DeepEP across two nodes of EFA is refused, on InfiniBand it is drawn
-    wide = ["--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "2", "--ep", "16", "--dispatcher", "flex+deepep",
-            "--out", str(tmp_path / "wide.json")]
+    # the network's rules apply as in tune estimate: DeepEP across two nodes of EFA is refused, on InfiniBand it is
+    # drawn
+    wide = [
+        "--model",
+        "MiniMax-M2",
+        "--gpus",
+        "64xH200",
+        "--tp",
+        "1",
+        "--pp",
+        "2",
+        "--ep",
+        "16",
+        "--dispatcher",
+        "flex+deepep",
+        "--out",
+        str(tmp_path / "wide.json"),
+    ]
     r = runner.invoke(app, ["timeline", *wide])
     assert r.exit_code == 2 and "dispatcher_fabric" in r.output
     assert runner.invoke(app, ["timeline", *wide, "--network", "ib-ndr"]).exit_code == 0
@@ -138,7 +221,9 @@ def test_two_timelines_on_one_time_axis(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "accepted: " in r.output and "png" in r.output
 
 
-@pytest.mark.parametrize("name,msg", [("x.txt", "not an image type"), ("", "give an image file name"), ("nosuch/x.png", "does not exist")])
+@pytest.mark.parametrize(
+    "name,msg", [("x.txt", "not an image type"), ("", "give an image file name"), ("nosuch/x.png", "does not exist")]
+)
 def test_estimate_plot_path_is_checked_before_the_estimate(tmp_path, monkeypatch, name, msg):
     monkeypatch.chdir(tmp_path)
     r = runner.invoke(app, ["estimate", *SEED, "--plot", name])

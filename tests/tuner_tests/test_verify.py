@@ -51,19 +51,42 @@ def test_plan_writes_the_checkpoint_once_and_loads_it_in_both_arms(m4, c4, tmp_p
     p = plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path / "v", steps=20)
     ref, cand = p.arms
     assert (ref.name, cand.name) == ("reference", "candidate")
-    assert ref.save_checkpoint == ref.load_checkpoint == cand.load_checkpoint == p.checkpoint_dir == str(tmp_path / "v" / "checkpoint")
+    assert (
+        ref.save_checkpoint
+        == ref.load_checkpoint
+        == cand.load_checkpoint
+        == p.checkpoint_dir
+        == str(tmp_path / "v" / "checkpoint")
+    )
     assert cand.save_checkpoint is None and cand.fault is None
     o_ref, o_cand = ref.harness_options(p), cand.harness_options(p)
     # the same data, hyperparameters and starting weights; only the layout differs
     same = {k: v for k, v in o_ref.items() if k not in ("save_checkpoint", "pretrain_steps")}
     assert same == {k: v for k, v in o_cand.items() if k not in ("save_checkpoint", "pretrain_steps")}
-    assert o_ref["data_step_offset"] == o_cand["data_step_offset"] == 40  # the measured steps read the rows after the warm start's
-    assert o_ref["data"] == "corpus" and len(o_ref["corpus_sha256"]) == 64 and o_ref["lr"] == 1e-4 and o_ref["pretrain_steps"] == 40 and o_cand["pretrain_steps"] == 0
+    assert (
+        o_ref["data_step_offset"] == o_cand["data_step_offset"] == 40
+    )  # the measured steps read the rows after the warm start's
+    assert (
+        o_ref["data"] == "corpus"
+        and len(o_ref["corpus_sha256"]) == 64
+        and o_ref["lr"] == 1e-4
+        and o_ref["pretrain_steps"] == 40
+        and o_cand["pretrain_steps"] == 0
+    )
     d = p.to_dict()
-    assert d["checkpoint"] == {"dir": p.checkpoint_dir, "written_by": "reference", "loaded_by": ["reference", "candidate"]}
+    assert d["checkpoint"] == {
+        "dir": p.checkpoint_dir,
+        "written_by": "reference",
+        "loaded_by": ["reference", "candidate"],
+    }
     # the arms' harness specs carry them
     spec = build_spec(m4, CAND, WL, env=HarnessEnv(), steps=20, options=o_cand)
-    assert spec.load_checkpoint == p.checkpoint_dir and spec.data == "corpus" and spec.lr == 1e-4 and spec.lr_warmup_steps == 5
+    assert (
+        spec.load_checkpoint == p.checkpoint_dir
+        and spec.data == "corpus"
+        and spec.lr == 1e-4
+        and spec.lr_warmup_steps == 5
+    )
     assert json.loads(spec.to_json())["corpus_sha256"] == p.corpus_sha256
 
 
@@ -87,11 +110,24 @@ def test_plan_rejects_bad_pairs(m4, c4, tmp_path):
 
 def test_parse_layout_spec():
     lay = parse_layout_spec("tp=2,pp=1,ep=2,mbs=1,recompute=full", 4)
-    assert (lay.tp, lay.ep, lay.sequence_parallel, lay.recompute_method, lay.recompute_num_layers) == (2, 2, True, "uniform", 1)
+    assert (lay.tp, lay.ep, lay.sequence_parallel, lay.recompute_method, lay.recompute_num_layers) == (
+        2,
+        2,
+        True,
+        "uniform",
+        1,
+    )
     assert parse_layout_spec("tp=1", 4) == Layout(world_size=4)
     assert parse_layout_spec("tp=2 sequence_parallel=false", 4).sequence_parallel is False
-    for bad, msg in (("", "key=value"), ("tp", "not key=value"), ("tp=x", "not an integer"), ("tq=2", "unknown layout keys"),
-                     ("tp=1,tp=2", "twice"), ("sequence_parallel=maybe", "true/false"), ("recompute=sometimes", "recompute")):
+    for bad, msg in (
+        ("", "key=value"),
+        ("tp", "not key=value"),
+        ("tp=x", "not an integer"),
+        ("tq=2", "unknown layout keys"),
+        ("tp=1,tp=2", "twice"),
+        ("sequence_parallel=maybe", "true/false"),
+        ("recompute=sometimes", "recompute"),
+    ):
         with pytest.raises(TunerError, match=msg):
             parse_layout_spec(bad, 4)
 
@@ -103,7 +139,9 @@ def test_a_matching_pair_passes_and_the_checkpoint_is_removed(m4, c4, tmp_path, 
     o = run_verify(p, _fake_factory(), on_arm=lambda a, s: seen.append((a, s)))
     assert o.result == "pass", o.summary()
     assert seen == [("reference", "start"), ("reference", "done"), ("candidate", "start"), ("candidate", "done")]
-    assert len(o.reference_losses) == len(o.candidate_losses) == 20 and o.reference_losses != o.candidate_losses  # TP noise
+    assert (
+        len(o.reference_losses) == len(o.candidate_losses) == 20 and o.reference_losses != o.candidate_losses
+    )  # TP noise
     assert o.convergence.correlation > 0.999 and o.convergence.final_loss_difference < 0.03
     assert not Path(p.checkpoint_dir).exists()
     d = json.loads((tmp_path / "v" / "verify.json").read_text())
@@ -121,7 +159,9 @@ def test_keep_checkpoint_then_reuse_it_as_init_checkpoint(m4, c4, tmp_path, monk
     run_verify(p, _fake_factory(), keep_checkpoint=True)
     ck = Path(p.checkpoint_dir)
     assert (ck / "init.json").exists()
-    p2 = plan_verify(m4, c4, WL, CAND, REF, out_dir=tmp_path / "v2", steps=5, init_checkpoint=ck, fault="embedding_shard_misplaced")
+    p2 = plan_verify(
+        m4, c4, WL, CAND, REF, out_dir=tmp_path / "v2", steps=5, init_checkpoint=ck, fault="embedding_shard_misplaced"
+    )
     assert all(a.load_checkpoint == str(ck) and a.save_checkpoint is None and a.pretrain_steps == 0 for a in p2.arms)
     assert p2.warm_start_steps == 0 and p2.to_dict()["checkpoint"]["written_by"] == "the user"
     o = run_verify(p2, _fake_factory())
@@ -138,11 +178,17 @@ def test_negative_control_fails_and_names_the_metric(m4, c4, tmp_path, monkeypat
     o = run_verify(p, _fake_factory())
     assert o.result == "fail" and "final_loss" in o.convergence.failed_metrics
     blk = convergence_block(o)
-    assert blk["result"] == "fail" and "final_loss" in blk["convergence"]["failed_metrics"] and "final loss 4.5113 vs 3.7526" in blk["summary"]
+    assert (
+        blk["result"] == "fail"
+        and "final_loss" in blk["convergence"]["failed_metrics"]
+        and "final loss 4.5113 vs 3.7526" in blk["summary"]
+    )
 
 
 def test_a_fault_that_would_change_nothing_is_refused_before_any_run(m4, c4, tmp_path):
-    p = plan_verify(m4, c4, WL, Layout(world_size=4, ep=2), REF, out_dir=tmp_path / "v", steps=5, fault="sp_norm_grad_unreduced")
+    p = plan_verify(
+        m4, c4, WL, Layout(world_size=4, ep=2), REF, out_dir=tmp_path / "v", steps=5, fault="sp_norm_grad_unreduced"
+    )
     with pytest.raises(InfeasibleLayout, match="TP > 1 with sequence parallelism"):
         run_verify(p, _fake_factory())
 
@@ -194,8 +240,27 @@ def test_the_candidate_cannot_start_without_the_reference_checkpoint(m4, c4, tmp
 
 @pytest.fixture
 def study(tmp_path):
-    r = runner.invoke(app, ["--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8", "--trials", "6",
-                            "--results-dir", str(tmp_path), "--study", "s", "--stack", "megatron"])
+    r = runner.invoke(
+        app,
+        [
+            "--model",
+            "MiniMax-M2",
+            "--layers",
+            "4",
+            "--gpus",
+            "4xH200",
+            "--global-batch",
+            "8",
+            "--trials",
+            "6",
+            "--results-dir",
+            str(tmp_path),
+            "--study",
+            "s",
+            "--stack",
+            "megatron",
+        ],
+    )
     assert r.exit_code == 0, r.output
     return tmp_path
 
@@ -204,10 +269,16 @@ def _patch_cli(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # the study's 4 GPUs
     # the study's best predicted layout uses the flex dispatcher: a machine with DeepEP / HybridEP installed
     env = HarnessEnv(deep_ep=True, hybrid_ep=True)
-    monkeypatch.setattr(loss_check_mod, "local_backend_factory",
-                        lambda timeout_s=900.0: local_backend_factory(timeout_s=timeout_s, launcher=[sys.executable, FAKE], env=env))
-    monkeypatch.setattr(parity_check_mod, "parity_backend_factory",
-                        lambda timeout_s=900.0: parity_backend_factory(timeout_s=timeout_s, launcher=[sys.executable, FAKE], env=env))
+    monkeypatch.setattr(
+        loss_check_mod,
+        "local_backend_factory",
+        lambda timeout_s=900.0: local_backend_factory(timeout_s=timeout_s, launcher=[sys.executable, FAKE], env=env),
+    )
+    monkeypatch.setattr(
+        parity_check_mod,
+        "parity_backend_factory",
+        lambda timeout_s=900.0: parity_backend_factory(timeout_s=timeout_s, launcher=[sys.executable, FAKE], env=env),
+    )
     import launch.local_backend as lb
 
     monkeypatch.setattr(lb, "check_harness_dependencies", lambda what="": None)
@@ -217,7 +288,22 @@ def test_cli_verify_pass_stores_the_block_and_export_carries_it(study, monkeypat
     _patch_cli(monkeypatch)
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
     out = study / "recipe.yaml"
-    r = runner.invoke(app, ["verify", "--study", "s", "--results-dir", str(study), "--reference", "tp=1,pp=1,ep=1", "--steps", "8", "--out", str(out)])
+    r = runner.invoke(
+        app,
+        [
+            "verify",
+            "--study",
+            "s",
+            "--results-dir",
+            str(study),
+            "--reference",
+            "tp=1,pp=1,ep=1",
+            "--steps",
+            "8",
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "pass" in r.output and "correlation" in r.output
     rec = yaml.safe_load(out.read_text())
@@ -225,32 +311,58 @@ def test_cli_verify_pass_stores_the_block_and_export_carries_it(study, monkeypat
     # the loss check alone is not enough: gradient parity is still to run
     assert rec["correctness"]["result"] == "incomplete" and rec["correctness"]["convergence"]["steps"] == 8
     assert rec["correctness"]["convergence"]["result"] == "pass" and "gradient parity" in rec["correctness"]["note"]
-    assert rec["status"] == "predicted"  # a model-backend study: predicted throughput, verified numerics do not make it measured
-    p = runner.invoke(app, ["verify", "--study", "s", "--results-dir", str(study), "--reference", "tp=1,pp=1,ep=1", "--grad-parity"])
+    assert (
+        rec["status"] == "predicted"
+    )  # a model-backend study: predicted throughput, verified numerics do not make it measured
+    p = runner.invoke(
+        app, ["verify", "--study", "s", "--results-dir", str(study), "--reference", "tp=1,pp=1,ep=1", "--grad-parity"]
+    )
     assert p.exit_code == 0 and "pass" in p.output, p.output
     e = runner.invoke(app, ["export", "--study", "s", "--results-dir", str(study)])
     cor = yaml.safe_load(e.output)["correctness"]
-    assert e.exit_code == 0 and cor["result"] == "pass" and cor["grad_parity"]["result"] == "pass" and cor["convergence"]["result"] == "pass"
+    assert (
+        e.exit_code == 0
+        and cor["result"] == "pass"
+        and cor["grad_parity"]["result"] == "pass"
+        and cor["convergence"]["result"] == "pass"
+    )
 
 
 def test_cli_verify_fail_exits_1_and_keeps_the_study_clean(study, monkeypatch):
     _patch_cli(monkeypatch)
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
-    r = runner.invoke(app, ["verify", "--study", "s", "--results-dir", str(study), "--reference", "tp=1", "--steps", "20",
-                            "--fault", "non_causal_attention"])
+    r = runner.invoke(
+        app,
+        [
+            "verify",
+            "--study",
+            "s",
+            "--results-dir",
+            str(study),
+            "--reference",
+            "tp=1",
+            "--steps",
+            "20",
+            "--fault",
+            "non_causal_attention",
+        ],
+    )
     assert r.exit_code == 1 and "fail" in r.output
     e = runner.invoke(app, ["export", "--study", "s", "--results-dir", str(study)])
     assert yaml.safe_load(e.output)["correctness"]["result"] == "not run"  # a negative control is not stored
 
 
-@pytest.mark.parametrize("args,msg", [
-    (["--reference", "tp=3"], "breaks rule"),
-    (["--reference", "tq=1"], "unknown layout keys"),
-    ([], "--reference is required"),
-    (["--reference", "tp=1", "--trial", "999"], "not a finished trial"),
-    (["--reference", "tp=1", "--steps", "1"], "--steps"),
-    (["--reference", "tp=1", "--out", "/nonexistent_dir/r.yaml"], "does not exist"),
-])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--reference", "tp=3"], "breaks rule"),
+        (["--reference", "tq=1"], "unknown layout keys"),
+        ([], "--reference is required"),
+        (["--reference", "tp=1", "--trial", "999"], "not a finished trial"),
+        (["--reference", "tp=1", "--steps", "1"], "--steps"),
+        (["--reference", "tp=1", "--out", "/nonexistent_dir/r.yaml"], "does not exist"),
+    ],
+)
 def test_cli_verify_bad_input_is_one_line(study, monkeypatch, args, msg):
     _patch_cli(monkeypatch)
     r = runner.invoke(app, ["verify", "--study", "s", "--results-dir", str(study), *args])
@@ -261,7 +373,9 @@ def test_cli_verify_without_the_gpu_extra_says_so(study, monkeypatch):
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("torch", "megatron.core") else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in ("torch", "megatron.core") else real(name, *a)
+    )
     r = runner.invoke(app, ["verify", "--study", "s", "--results-dir", str(study), "--reference", "tp=1"])
     assert r.exit_code == 2 and "gpu extra" in r.output and "Traceback" not in r.output
 
@@ -269,13 +383,44 @@ def test_cli_verify_without_the_gpu_extra_says_so(study, monkeypatch):
 def test_cli_verify_a_given_candidate_layout(study, monkeypatch):
     _patch_cli(monkeypatch)
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
-    r = runner.invoke(app, ["verify", "--study", "s", "--results-dir", str(study), "--candidate", "tp=2,ep=2", "--reference", "tp=1",
-                            "--steps", "6", "--warm-start-steps", "3"])
+    r = runner.invoke(
+        app,
+        [
+            "verify",
+            "--study",
+            "s",
+            "--results-dir",
+            str(study),
+            "--candidate",
+            "tp=2,ep=2",
+            "--reference",
+            "tp=1",
+            "--steps",
+            "6",
+            "--warm-start-steps",
+            "3",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "candidate TP2 PP1 EP2" in r.output
     v = json.loads((study / "s" / "verify" / "layout-tp2-pp1-ep2-dp2" / "verify.json").read_text())
     assert v["result"] == "pass" and v["plan"]["warm_start_steps"] == 3
-    r = runner.invoke(app, ["verify", "--study", "s", "--results-dir", str(study), "--candidate", "tp=2", "--trial", "0", "--reference", "tp=1"])
+    r = runner.invoke(
+        app,
+        [
+            "verify",
+            "--study",
+            "s",
+            "--results-dir",
+            str(study),
+            "--candidate",
+            "tp=2",
+            "--trial",
+            "0",
+            "--reference",
+            "tp=1",
+        ],
+    )
     assert r.exit_code == 2 and "not both" in r.output
 
 
@@ -287,45 +432,115 @@ def test_harness_spec_checks_the_verify_fields(m4):
     with pytest.raises(InfeasibleLayout, match="loads none"):
         build_spec(m4, CAND, WL, env=HarnessEnv(), options={"fault": "embedding_shard_misplaced"})
     with pytest.raises(InfeasibleLayout, match="TP > 1"):
-        build_spec(m4, Layout(world_size=4, ep=2), WL, env=HarnessEnv(), options={"fault": "embedding_shard_misplaced", "load_checkpoint": "x"})
+        build_spec(
+            m4,
+            Layout(world_size=4, ep=2),
+            WL,
+            env=HarnessEnv(),
+            options={"fault": "embedding_shard_misplaced", "load_checkpoint": "x"},
+        )
     # under TE the mask fault builds TE's attention with no mask (launch/harness/build.py _patch_te_block)
-    assert build_spec(m4, CAND, WL, env=HarnessEnv(transformer_engine=True), options={"fault": "non_causal_attention"}).fault == "non_causal_attention"
+    assert (
+        build_spec(
+            m4, CAND, WL, env=HarnessEnv(transformer_engine=True), options={"fault": "non_causal_attention"}
+        ).fault
+        == "non_causal_attention"
+    )
 
 
 def test_a_measured_trial_that_passes_is_exported_as_verified(tmp_path, monkeypatch):
-    """A local-backend study (fake harness) measures trials; `tune verify --trial N` passes; the recipe is `verified`."""
+    """A local-backend study (fake harness) measures trials; `tune verify --trial N` passes; the recipe is
+    `verified`."""
     from launch.local_backend import LocalBackend
     from tuner.study import TuneConfig, prepare, run_study, trial_rows
 
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
     monkeypatch.setenv("FAKE_STEP_S", "0.02")
     monkeypatch.setenv("FAKE_REPORT_STEP_S", "2.0")  # a plausible step time for a 4-layer slice (MFU < 1)
-    cfg = TuneConfig(model="MiniMax-M2", gpus="4xH200", layers=4, global_batch_size=8, backend="local", trials=2, stack="megatron",
-                     results_dir=str(tmp_path), trial_steps=4, study="m", prune_margin=None)
-    be = LocalBackend(trials_dir=tmp_path / "m" / "trials", num_gpus=4, steps=4, warmup_steps=2, timeout_s=30,
-                      launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02)
+    cfg = TuneConfig(
+        model="MiniMax-M2",
+        gpus="4xH200",
+        layers=4,
+        global_batch_size=8,
+        backend="local",
+        trials=2,
+        stack="megatron",
+        results_dir=str(tmp_path),
+        trial_steps=4,
+        study="m",
+        prune_margin=None,
+    )
+    be = LocalBackend(
+        trials_dir=tmp_path / "m" / "trials",
+        num_gpus=4,
+        steps=4,
+        warmup_steps=2,
+        timeout_s=30,
+        launcher=[sys.executable, FAKE],
+        env=HarnessEnv(),
+        poll_s=0.02,
+    )
     res = run_study(prepare(cfg), backend=be)
     row = next(r for r in trial_rows(res.study) if r["source"] == "measured" and Layout.from_dict(r["layout"]) != REF)
     _patch_cli(monkeypatch)
     out = tmp_path / "recipe.yaml"
-    r = runner.invoke(app, ["verify", "--study", "m", "--results-dir", str(tmp_path), "--trial", str(row["trial"]), "--reference", "tp=1",
-                            "--steps", "6", "--warm-start-steps", "2", "--out", str(out)])
+    r = runner.invoke(
+        app,
+        [
+            "verify",
+            "--study",
+            "m",
+            "--results-dir",
+            str(tmp_path),
+            "--trial",
+            str(row["trial"]),
+            "--reference",
+            "tp=1",
+            "--steps",
+            "6",
+            "--warm-start-steps",
+            "2",
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     rec = yaml.safe_load(out.read_text())
     validate_recipe(rec)
     assert rec["status"] == "measured" and rec["correctness"]["result"] == "incomplete"  # no gradient parity yet
-    p = runner.invoke(app, ["verify", "--study", "m", "--results-dir", str(tmp_path), "--trial", str(row["trial"]), "--reference", "tp=1",
-                            "--grad-parity", "--out", str(out)])
+    p = runner.invoke(
+        app,
+        [
+            "verify",
+            "--study",
+            "m",
+            "--results-dir",
+            str(tmp_path),
+            "--trial",
+            str(row["trial"]),
+            "--reference",
+            "tp=1",
+            "--grad-parity",
+            "--out",
+            str(out),
+        ],
+    )
     assert p.exit_code == 0, p.output
     rec = yaml.safe_load(out.read_text())
     validate_recipe(rec)
-    assert rec["status"] == "verified" and rec["result"]["tokens_per_s_per_gpu"] > 0 and rec["correctness"]["result"] == "pass"
+    assert (
+        rec["status"] == "verified"
+        and rec["result"]["tokens_per_s_per_gpu"] > 0
+        and rec["correctness"]["result"] == "pass"
+    )
     e = runner.invoke(app, ["export", "--study", "m", "--results-dir", str(tmp_path), "--trial", str(row["trial"])])
     assert yaml.safe_load(e.output)["status"] == "verified"
     # a failed gradient parity (stored by a later check) makes it not verified, whatever the loss check said
     res.study.set_user_attr(f"verify-parity:{row['trial']}", {"result": "fail", "summary": "failed relative_l2"})
     e = runner.invoke(app, ["export", "--study", "m", "--results-dir", str(tmp_path), "--trial", str(row["trial"])])
-    assert yaml.safe_load(e.output)["status"] == "measured" and yaml.safe_load(e.output)["correctness"]["result"] == "fail"
+    assert (
+        yaml.safe_load(e.output)["status"] == "measured" and yaml.safe_load(e.output)["correctness"]["result"] == "fail"
+    )
 
 
 def test_cli_verify_refuses_before_any_arm_runs(study, monkeypatch):
@@ -336,8 +551,19 @@ def test_cli_verify_refuses_before_any_arm_runs(study, monkeypatch):
 
     monkeypatch.setattr(lb, "check_harness_dependencies", lambda what="": None)
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
-    args = ["verify", "--study", "s", "--results-dir", str(study), "--reference", "tp=1,pp=1,ep=1", "--steps", "8",
-            "--candidate", "tp=1,pp=1,ep=4,dispatcher=flex+deepep"]
+    args = [
+        "verify",
+        "--study",
+        "s",
+        "--results-dir",
+        str(study),
+        "--reference",
+        "tp=1,pp=1,ep=1",
+        "--steps",
+        "8",
+        "--candidate",
+        "tp=1,pp=1,ep=4,dispatcher=flex+deepep",
+    ]
     for visible in ("0,1", ""):  # fewer GPUs than the study's 4
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
         r = runner.invoke(app, args)
@@ -350,11 +576,14 @@ def test_cli_verify_refuses_before_any_arm_runs(study, monkeypatch):
     assert not (study / "s" / "verify").exists() or not any((study / "s" / "verify").rglob("steps.jsonl"))
 
 
-@pytest.mark.parametrize("args,msg", [
-    (["--reference", "tp=1", "--grad-parity", "--noise-factor", "0"], "--noise-factor"),
-    (["--reference", "tp=1", "--grad-parity", "--out", "/nonexistent_dir/r.yaml"], "does not exist"),
-    (["--reference", "tp=1,pp=1,ep=1", "--grad-parity", "--candidate", "tp=1,pp=1,ep=1"], "same layout"),
-])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--reference", "tp=1", "--grad-parity", "--noise-factor", "0"], "--noise-factor"),
+        (["--reference", "tp=1", "--grad-parity", "--out", "/nonexistent_dir/r.yaml"], "does not exist"),
+        (["--reference", "tp=1,pp=1,ep=1", "--grad-parity", "--candidate", "tp=1,pp=1,ep=1"], "same layout"),
+    ],
+)
 def test_cli_grad_parity_bad_input_is_refused_before_any_gpu_work(study, monkeypatch, args, msg):
     _patch_cli(monkeypatch)
     r = runner.invoke(app, ["verify", "--study", "s", "--results-dir", str(study), *args])

@@ -259,7 +259,8 @@ class TuneGroup(TyperGroup):
                      "--storage, or restore the file from a copy")
                 code = 2
             else:
-                say(escape(f"{type(e).__name__}: {e}") + ("" if debug else " (re-run with --debug for the traceback, and report it)"),
+                say(escape(f"{type(e).__name__}: {e}")
+                    + ("" if debug else " (re-run with --debug for the traceback, and report it)"),
                     label="[bold red]internal error:[/]", indent=0, console=err)
                 code = 1
         if standalone_mode:

@@ -21,7 +21,8 @@ def table_rows(front: list[dict[str, Any]], top: int) -> list[dict[str, Any]]:
 
 def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: str = "tune pareto --top 0") -> None:
     """The Pareto table in seven columns that fit 80 (its ``trial`` column numbers the points of ``pareto.png``; a
-    selective recompute shows its modules, short: ``act+ln+attn``); then how many rows were left out. Offload, dispatcher, layer split, MFU and $/1M tokens are in ``pareto.csv`` and ``report.html``.
+    selective recompute shows its modules, short: ``act+ln+attn``); then how many rows were left out. Offload,
+    dispatcher, layer split, MFU and $/1M tokens are in ``pareto.csv`` and ``report.html``.
 
     Args:
         front: rows of :func:`tuner.report.front_rows`, fastest first.
@@ -50,7 +51,8 @@ def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: st
 
 
 #: The recompute modules (specs.layout.RECOMPUTE_MODULES) as the Pareto table names them; pareto.csv has the full names.
-_SHORT_MODULES = {"core_attn": "attn", "moe_act": "act", "layernorm": "ln", "mla_up_proj": "mla", "shared_experts": "shexp"}
+_SHORT_MODULES = {"core_attn": "attn", "moe_act": "act", "layernorm": "ln", "mla_up_proj": "mla",
+                  "shared_experts": "shexp"}
 
 
 def _short_recompute(label: str) -> str:
@@ -89,5 +91,6 @@ def print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:
     caveat = ("runs of one layout can differ by more than their own noise (docs/measurements.md), so treat them as "
               "equally fast and choose on memory, or re-measure them (--confirm-runs)." if spread is None
               else "treat them as equally fast and choose on memory, or give them more runs (--confirm-runs).")
-    say(f"[yellow]within measurement noise of trial {best['trial']}[/] ({TIE_Z:g} standard errors of the difference of {basis}): "
-        f"{escape(listed)}{more}. Their step times cannot rank these layouts; {caveat}", hang=2, console=out)
+    say(f"[yellow]within measurement noise of trial {best['trial']}[/] ({TIE_Z:g} standard errors of the difference "
+        f"of {basis}): {escape(listed)}{more}. Their step times cannot rank these layouts; {caveat}", hang=2,
+        console=out)

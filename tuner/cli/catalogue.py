@@ -87,8 +87,8 @@ def gpus(as_json: JsonOpt = False) -> None:
         return
     say("Bundled GPUs: dense (non-sparse) peaks from NVIDIA datasheets; memory as nvidia-smi reports it "
         "(specs/data/gpus/*.yaml). NVLink: GB/s per direction; domain: GPUs one NVLink domain joins.", indent=0, hang=2)
-    cols = [Col("name"), Col("GiB", "right"), Col("bf16 TFLOP/s", "right"), Col("fp8 TFLOP/s", "right"), Col("HBM TB/s", "right"),
-            Col("NVLink", "right"), Col("per node", "right", 1), Col("domain", "right")]
+    cols = [Col("name"), Col("GiB", "right"), Col("bf16 TFLOP/s", "right"), Col("fp8 TFLOP/s", "right"),
+            Col("HBM TB/s", "right"), Col("NVLink", "right"), Col("per node", "right", 1), Col("domain", "right")]
     out.print(fitted_table(cols, [[r["name"], f"{r['memory_gib']:.1f}", f"{r['bf16_tflops']:.0f}",
                                    "-" if r["fp8_tflops"] is None else f"{r['fp8_tflops']:.0f}",
                                    f"{r['hbm_tb_per_s']:.2f}", f"{r['nvlink_gb_per_s_per_direction']:.0f}",

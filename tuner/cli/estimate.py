@@ -262,11 +262,13 @@ def _print_estimate(e: Any, d: dict[str, Any], lay: Any, m: Any, c: Any, w: Any,
     """Print ``tune estimate``'s text: the estimate ``e`` (``d``, its JSON form) of layout ``lay``; ``bounds`` the 90%
     intervals of throughput (tokens/s/GPU) and peak memory (bytes)."""
     lo, hi, mlo, mhi = bounds
-    say(f"[bold]{lay.label}[/] ({escape(m.name)} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}) - [bold]predicted[/] by the "
-        "analytical model", indent=0, hang=4)
-    say(f"recompute {lay.recompute_label}, offload {lay.offload_label}, {lay.dispatcher.value} dispatcher, micro-batch {lay.micro_batch_size}")
-    out.print(f"  {escape(stack.line)}" + (f"; task {w.task}" + (f", LoRA rank {w.lora_rank} on {','.join(w.lora_target_modules)}"
-                                                                  if w.task == "lora" else "") if w.task != "pretrain" else ""))
+    say(f"[bold]{lay.label}[/] ({escape(m.name)} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}) - "
+        "[bold]predicted[/] by the analytical model", indent=0, hang=4)
+    say(f"recompute {lay.recompute_label}, offload {lay.offload_label}, {lay.dispatcher.value} dispatcher, "
+        f"micro-batch {lay.micro_batch_size}")
+    out.print(f"  {escape(stack.line)}"
+              + (f"; task {w.task}" + (f", LoRA rank {w.lora_rank} on {','.join(w.lora_target_modules)}"
+                                       if w.task == "lora" else "") if w.task != "pretrain" else ""))
     if launch is not None:
         from tuner.cli._from import arguments_read
 

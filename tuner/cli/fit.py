@@ -15,7 +15,19 @@ from rich.table import Table
 
 from specs import parse_gpus
 from specs.errors import TunerError
-from tuner.cli._common import CliState, Col, ForceOpt, ResultsOpt, err, fitted_table, load_study, out, say, shell_command, study_context
+from tuner.cli._common import (
+    CliState,
+    Col,
+    ForceOpt,
+    ResultsOpt,
+    err,
+    fitted_table,
+    load_study,
+    out,
+    say,
+    shell_command,
+    study_context,
+)
 
 if TYPE_CHECKING:
     from cost_model.run_table import RowProblem
@@ -120,16 +132,18 @@ def _trials(trials: list[Path], calibration: Path | None, as_json: bool, rows: b
     if rows:
         say("Real trials, measured and predicted: step time (s) and peak memory (GiB; measured: the reserved peak)",
             indent=0, hang=2)
-        cols = [Col("row", "left", 6), Col("label"), Col("model", "left", 5), Col("GPUs", "left", 4), Col("prec.", "left", 3),
-                Col("TE", "left", 2), Col("step s", "right"), Col("pred.", "right"), Col("error", "right"), Col("peak GiB", "right"),
-                Col("pred.", "right"), Col("error", "right", 1)]
-        out.print(fitted_table(cols, [[p.row.source, p.row.label, p.row.model.name, p.row.gpus, str(p.row.workload.precision),
-                                       "yes" if p.row.transformer_engine else "no", f"{p.row.step_time_s:.3f}", f"{p.step_time_s:.3f}",
-                                       _pct(p.step_error), f"{p.row.peak_reserved_gib:.2f}", f"{p.peak_gib:.2f}", _pct(p.memory_error)]
+        cols = [Col("row", "left", 6), Col("label"), Col("model", "left", 5), Col("GPUs", "left", 4),
+                Col("prec.", "left", 3), Col("TE", "left", 2), Col("step s", "right"), Col("pred.", "right"),
+                Col("error", "right"), Col("peak GiB", "right"), Col("pred.", "right"), Col("error", "right", 1)]
+        out.print(fitted_table(cols, [[p.row.source, p.row.label, p.row.model.name, p.row.gpus,
+                                       str(p.row.workload.precision), "yes" if p.row.transformer_engine else "no",
+                                       f"{p.row.step_time_s:.3f}", f"{p.step_time_s:.3f}", _pct(p.step_error),
+                                       f"{p.row.peak_reserved_gib:.2f}", f"{p.peak_gib:.2f}", _pct(p.memory_error)]
                                       for p in preds]))
     for line in skipped:
         say(escape(line), label="[yellow]left out:[/]", indent=0, console=err)
-    say("Summary: |error| of step time and peak memory, median and max; Spearman of step time over the rows", indent=0, hang=2)
+    say("Summary: |error| of step time and peak memory, median and max; Spearman of step time over the rows",
+        indent=0, hang=2)
     srows = []
     for k in ("all", "te", "no_te"):
         v = summ[k]
@@ -150,14 +164,16 @@ def _trials(trials: list[Path], calibration: Path | None, as_json: bool, rows: b
     copies = (f"; {n(sp['identical_rows'], 'row')} repeating another's measurement to the last digit counted once"
               if sp["identical_rows"] else "")
     if sp["spread"] is not None:
-        say(f"run-to-run spread: {n(sp['repeated'], 'configuration')} ran more than once ({sp['repeat_runs']} runs): their step "
-            f"times spread {sp['spread'] * 100:.1f}% (pooled standard deviation / mean, {n(sp['dof'], 'degree')} of freedom), so a "
-            f"model exact on each configuration's mean would show a step median |error| of about {sp['noise_floor'] * 100:.1f}% on "
-            f"single runs; against each configuration's mean ({n(sp['configurations'], 'configuration')}) the model's is "
+        say(f"run-to-run spread: {n(sp['repeated'], 'configuration')} ran more than once ({sp['repeat_runs']} runs): "
+            f"their step times spread {sp['spread'] * 100:.1f}% (pooled standard deviation / mean, "
+            f"{n(sp['dof'], 'degree')} of freedom), so a model exact on each configuration's mean would show a step "
+            f"median |error| of about {sp['noise_floor'] * 100:.1f}% on single runs; against each configuration's mean "
+            f"({n(sp['configurations'], 'configuration')}) the model's is "
             f"{sp['step_median_abs_error_of_means'] * 100:.1f}%{copies}", indent=0, hang=2, markup=False)
     else:
-        say(f"run-to-run spread: no configuration ran twice in these files ({n(sp['configurations'], 'configuration')}): the "
-            f"step errors above include the machine's run-to-run spread, which these rows cannot measure{copies}",
+        say("run-to-run spread: no configuration ran twice in these files "
+            f"({n(sp['configurations'], 'configuration')}): the step errors above include the machine's run-to-run "
+            f"spread, which these rows cannot measure{copies}",
             indent=0, hang=2, markup=False)
     return data
 
@@ -212,8 +228,9 @@ def validate(
         return
     if rows:
         out.print("Predicted (analytical model) vs published: tokens/s/GPU or TFLOP/s/GPU (unit)")
-        cols = [Col("id", "left", 6), Col("model"), Col("GPUs", "right"), Col("prec.", "left", 3), Col("layout"), Col("unit", "left", 5),
-                Col("published", "right"), Col("predicted", "right"), Col("error", "right"), Col("fits", "left", 2)]
+        cols = [Col("id", "left", 6), Col("model"), Col("GPUs", "right"), Col("prec.", "left", 3), Col("layout"),
+                Col("unit", "left", 5), Col("published", "right"), Col("predicted", "right"), Col("error", "right"),
+                Col("fits", "left", 2)]
         prows = []
         for p in preds:
             r, m = p.run, p.run.model
@@ -227,7 +244,8 @@ def validate(
     if unrep:
         out.print(f"Runs the model cannot represent ({len(unrep)}): listed, not estimated")
         out.print(fitted_table([Col("id", "left", 2), Col("model"), Col("GPUs", "left", 1), Col("reason")],
-                               [[r.run_id, r.model_name, f"{r.num_gpus}x{r.gpu_type}", str(r.unrepresentable)] for r in unrep]))
+                               [[r.run_id, r.model_name, f"{r.num_gpus}x{r.gpu_type}", str(r.unrepresentable)]
+                                for r in unrep]))
     out.print("Summary per GPU type and precision (Spearman: per model, over >= 3 layouts)")
     grows = []
     for s in summarize(preds):
@@ -235,17 +253,18 @@ def validate(
         grows.append([s["group"][0], s["group"][1], str(s["rows"]), f"{s['median_abs_error'] * 100:.1f}%",
                       f"{s['mape'] * 100:.1f}%", rho])
     allp = summarize(preds, key=lambda p: ("all", "all"))[0]
-    grows.append(["all", "all", str(allp["rows"]), f"{allp['median_abs_error'] * 100:.1f}%", f"{allp['mape'] * 100:.1f}%", ""])
-    out.print(fitted_table([Col("GPU"), Col("prec."), Col("runs", "right"), Col("median |error|", "right"), Col("MAPE", "right"),
-                            Col("Spearman per model")], grows))
-    say(f"{len(preds)} runs estimated, {len(unrep)} not representable (listed above), {_bad_rows(problems)} rows with unreadable cells (on stderr); "
-        f"predicted not to fit at 0% headroom: {sum(1 for p in preds if not p.fits)}. "
+    grows.append(["all", "all", str(allp["rows"]), f"{allp['median_abs_error'] * 100:.1f}%",
+                  f"{allp['mape'] * 100:.1f}%", ""])
+    out.print(fitted_table([Col("GPU"), Col("prec."), Col("runs", "right"), Col("median |error|", "right"),
+                            Col("MAPE", "right"), Col("Spearman per model")], grows))
+    say(f"{len(preds)} runs estimated, {len(unrep)} not representable (listed above), {_bad_rows(problems)} rows with "
+        f"unreadable cells (on stderr); predicted not to fit at 0% headroom: {sum(1 for p in preds if not p.fits)}. "
         f"Calibration: {calibration or 'shipped (cost_model/data/calibration.yaml)'}", indent=0, hang=2, markup=False)
     older = sum(1 for p in preds if release_factor(p.run.framework_version) < 1.0)
     if older:
-        say(f"{older} runs of NeMo container releases before {REFERENCE_RELEASE[0]}.{REFERENCE_RELEASE[1]:02d} are predicted "
-            f"{RELEASE_GAIN_PER_MONTH * 100:.2f}% slower per month of releases (the gain the published repeats measure; "
-            "cost_model.validate.release_factor)", indent=0, hang=2)
+        say(f"{older} runs of NeMo container releases before {REFERENCE_RELEASE[0]}.{REFERENCE_RELEASE[1]:02d} are "
+            f"predicted {RELEASE_GAIN_PER_MONTH * 100:.2f}% slower per month of releases (the gain the published "
+            "repeats measure; cost_model.validate.release_factor)", indent=0, hang=2)
 
 
 def _study_runs(study: str, storage: str | None, results_dir: Path) -> list[Any]:

@@ -436,7 +436,8 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
 
         say(compare_line(prep, best, rows), indent=0, markup=False)
     if best["source"] == "predicted":
-        for gap in gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay), prep.model, prep.cluster.gpu, prep.calibration)[:2]:
+        for gap in gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay), prep.model, prep.cluster.gpu,
+                        prep.calibration)[:2]:
             say(gap.line, label="note:", indent=0, markup=False)
     out.print()
     print_front(front, top, title=f"Pareto front ({src_word}; tok/s = tokens/s/GPU, 90% interval; * may not fit)",
@@ -458,13 +459,14 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
         if prep.stack is not None and prep.stack.flags and prep.stack.preset.name == "slime":
             # run flags need the user's own stack: the harness (local, ray) runs its own and refuses them
             say(f"Next: measure the contenders through your own launch, which has these run flags (about "
-                f"{trial_gh:,.1f} GPU-hours a trial; docs/trials.md#through-your-own-launch):", indent=0, hang=2, markup=False)
+                f"{trial_gh:,.1f} GPU-hours a trial; docs/trials.md#through-your-own-launch):", indent=0, hang=2,
+                markup=False)
             print_command("tune", *args, "--backend", "command", "--command-template",
                           "launch/templates/slime_command.yaml", "--gpu-hours", budget)
         elif prep.stack is not None and prep.stack.flags:
             # the shipped template runs slime's entry point: another stack's launch needs a template of its own
-            say(f"Next: measure the contenders through your own {prep.stack.preset.name} launch, which has these run flags "
-                f"(about {trial_gh:,.1f} GPU-hours a trial): write its launch template "
+            say(f"Next: measure the contenders through your own {prep.stack.preset.name} launch, which has these run "
+                f"flags (about {trial_gh:,.1f} GPU-hours a trial): write its launch template "
                 "(docs/trials.md#a-template-for-a-torchrun-launch), then:", indent=0, hang=2, markup=False)
             print_command("tune", *args, "--backend", "command", "--command-template",
                           "YOUR_TEMPLATE.yaml", "--gpu-hours", budget)
@@ -490,11 +492,12 @@ def _print_plan(prep: Any, cfg: Any) -> None:
 
     pp = policy_params(prep, n_trials(cfg))
     each = cheapest_trial_gpu_hours(prep)
-    buys = f"; --gpu-hours {cfg.gpu_hours:g} buys at most {int(cfg.gpu_hours // each)} of them" if cfg.gpu_hours and each == each else ""
-    say(f"Plan: {fmt_int(int(prep.contenders.sum()))} contenders (candidates not surely slower than the best); a trial costs "
-        f"about {fmt_gpu_hours(each)} GPU-hours "
-        f"({prep.cluster.num_gpus} GPUs, {pp.startup_s:.0f} s start-up until measured, {pp.steps} steps){buys}; at most "
-        f"{pp.max_trials} trials; stop when no untried layout may beat the best by {cfg.stop_gain:.0%} at "
+    buys = (f"; --gpu-hours {cfg.gpu_hours:g} buys at most {int(cfg.gpu_hours // each)} of them"
+            if cfg.gpu_hours and each == each else "")
+    say(f"Plan: {fmt_int(int(prep.contenders.sum()))} contenders (candidates not surely slower than the best); a trial "
+        f"costs about {fmt_gpu_hours(each)} GPU-hours "
+        f"({prep.cluster.num_gpus} GPUs, {pp.startup_s:.0f} s start-up until measured, {pp.steps} steps){buys}; "
+        f"at most {pp.max_trials} trials; stop when no untried layout may beat the best by {cfg.stop_gain:.0%} at "
         f"{cfg.stop_confidence:.0%} confidence", indent=0, hang=2, markup=False)
 
 
@@ -502,15 +505,18 @@ def _print_space(prep: Any, cfg: Any) -> None:
     """``--verbose``: the network, the space's counts by rule, what was left out and why."""
     en, c = prep.enumeration, prep.cluster
     say(f"Network: {escape(c.network_label)}; megatron-core {prep.options.megatron_core} rules", indent=0, hang=2)
-    out.print(f"Layouts considered: {fmt_int(en.considered)}; break a Megatron rule: {fmt_int(en.considered - len(en.valid))}")
+    out.print(f"Layouts considered: {fmt_int(en.considered)}; "
+              f"break a Megatron rule: {fmt_int(en.considered - len(en.valid))}")
     for rid, cnt in sorted(en.rule_counts.items(), key=lambda kv: -kv[1]):
         if cnt:
             out.print(f"  {rid:<34} {fmt_int(cnt):>12}")
     rule = (f"a fixed {cfg.memory_headroom:.0%} headroom" if cfg.memory_headroom is not None else
             f"memory interval of the {prep.bars.family} error bars" if prep.bars else "the prediction")
-    say(f"Valid: {fmt_int(prep.n_valid)}; not fitting ({rule}): {fmt_int(prep.n_valid - prep.n_fit - prep.n_over_host)}; "
+    say(f"Valid: {fmt_int(prep.n_valid)}; "
+        f"not fitting ({rule}): {fmt_int(prep.n_valid - prep.n_fit - prep.n_over_host)}; "
         f"over host memory: {fmt_int(prep.n_over_host)}; candidates: {fmt_int(prep.n_fit)}, "
-        f"of which surely slower than the best: {fmt_int(int((prep.fits & ~prep.contenders).sum()))}", indent=0, hang=2)
+        f"of which surely slower than the best: {fmt_int(int((prep.fits & ~prep.contenders).sum()))}",
+        indent=0, hang=2)
     for note in en.notes:
         say(note, label="note:", indent=0, markup=False)
     out.print(f"(enumerated and checked in {prep.enumerate_seconds:.2f} s, estimated in {prep.estimate_seconds:.2f} s)")

@@ -96,8 +96,9 @@ def pareto(
     st, m, c, w, cfg, rows, front = study_front(study, storage, results_dir, ("--csv", csv_out, "pareto.csv"),
                                                 force=force)
     srcs = {r["source"] for r in front}
-    say(f"Study [bold]{escape(st.study_name)}[/]: {escape(m.name)} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}; "
-        f"backend {escape(str(cfg.get('backend')))}; {len(rows):,} layouts evaluated", indent=0, hang=2)
+    say(f"Study [bold]{escape(st.study_name)}[/]: {escape(m.name)} on {c.label}, seq {w.seq_length:,}, "
+        f"gbs {w.global_batch_size}; backend {escape(str(cfg.get('backend')))}; {len(rows):,} layouts evaluated",
+        indent=0, hang=2)
     more = shell_command("tune", "pareto", *study_flags(st.study_name, results_dir), "--top", "0")
     print_front(front, top,
                 title=f"Pareto front ({' and '.join(sorted(srcs))}; tok/s = tokens/s/GPU, 90% interval; * may not fit)",
@@ -129,7 +130,8 @@ def pareto(
                                 Col("err %", "right"), Col("pred. GiB", "right", 2), Col("GiB", "right", 1)], cells))
     for rec in st.user_attrs.get("recalibrations", []):
         if "error" in rec:
-            say(f"refit after {rec['after_measured_trials']} measured trials failed ({rec['error']}); the previous constants were kept",
+            say(f"refit after {rec['after_measured_trials']} measured trials failed ({rec['error']}); the previous "
+                "constants were kept",
                 indent=0, hang=2, markup=False)
         else:
             se = rec.get("step_median_abs_error")

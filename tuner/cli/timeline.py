@@ -142,8 +142,10 @@ def timeline(
     _write_json(path, trace, "--out", force)
     e = det.estimate
     say(f"[bold]{e.layout.label}[/] ({title}) - [bold]predicted[/] by the analytical model", indent=0, hang=4)
-    say(f"step {trace_step_seconds(trace):.3f} s (the estimate's {e.step_time_s:.3f} s), pipeline bubble {max(0.0, trace_bubble_fraction(trace)):.1%} of the step, "
-              f"{e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU; {det.pp} pipeline ranks x {det.vpp} virtual stages, {det.num_microbatches} micro-batches")
+    say(f"step {trace_step_seconds(trace):.3f} s (the estimate's {e.step_time_s:.3f} s), "
+        f"pipeline bubble {max(0.0, trace_bubble_fraction(trace)):.1%} of the step, "
+        f"{e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU; {det.pp} pipeline ranks x {det.vpp} virtual stages, "
+        f"{det.num_microbatches} micro-batches")
     if stack_line:
         say(stack_line, markup=False)
     say(f"predicted trace: {path}", markup=False)
