@@ -36,15 +36,8 @@ def main() -> None:
         for _ in range(a.repeat):
             t0 = time.perf_counter()
             page = study_report(
-                res.out_dir / "report.html",
-                study=res.study_name,
-                model=prep.model,
-                cluster=prep.cluster,
-                workload=prep.workload,
-                rows=rows,
-                front=front,
-                backend="model",
-                calibration=prep.calibration,
+                res.out_dir / "report.html", study=res.study_name, model=prep.model, cluster=prep.cluster,
+                workload=prep.workload, rows=rows, front=front, backend="model", calibration=prep.calibration,
                 memory_headroom=prep.config.memory_headroom,
             )
             times.append(time.perf_counter() - t0)

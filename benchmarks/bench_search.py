@@ -92,9 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default="minimax,deepseek,llama70b", help=f"comma-separated: {', '.join(CASES)}")
     ap.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated: {', '.join(POLICIES)}")
     ap.add_argument(
-        "--errors",
-        choices=("bars", "kfold"),
-        default="bars",
+        "--errors", choices=("bars", "kfold"), default="bars",
         help="size of the worlds' step-time error: the job's error bars (default) or the k-fold median error",
     )
     ap.add_argument(
@@ -102,10 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", type=Path, help="JSON output file")
     ap.add_argument(
-        "--merge",
-        type=Path,
-        nargs="*",
-        default=[],
+        "--merge", type=Path, nargs="*", default=[],
         help="JSON outputs of earlier runs: their worlds join this run's in the summary (a world run here wins)",
     )
     args = ap.parse_args(argv)

@@ -39,20 +39,12 @@ def _compare(prep, layouts) -> dict:
     for lay in layouts:
         t0 = time.perf_counter()
         one = estimate(
-            prep.model,
-            prep.cluster,
-            prep.workload,
-            lay,
-            calibration=prep.calibration,
+            prep.model, prep.cluster, prep.workload, lay, calibration=prep.calibration,
             memory_headroom=prep.config.memory_headroom,
         )
         t1 = time.perf_counter()
         tab = estimate_table(
-            prep.model,
-            prep.cluster,
-            prep.workload,
-            LayoutTable.from_layouts([lay]),
-            calibration=prep.calibration,
+            prep.model, prep.cluster, prep.workload, LayoutTable.from_layouts([lay]), calibration=prep.calibration,
             memory_headroom=prep.config.memory_headroom,
         ).row(0, lay)
         t2 = time.perf_counter()
@@ -61,14 +53,8 @@ def _compare(prep, layouts) -> dict:
         diffs.append(d)
         worst.append(
             (
-                abs(d),
-                d,
-                lay.label,
-                lay.recompute_label,
-                lay.vpp,
-                lay.num_layers_in_first_pipeline_stage,
-                lay.num_layers_in_last_pipeline_stage,
-                tab.time["pp_bubble"] / tab.step_time_s,
+                abs(d), d, lay.label, lay.recompute_label, lay.vpp, lay.num_layers_in_first_pipeline_stage,
+                lay.num_layers_in_last_pipeline_stage, tab.time["pp_bubble"] / tab.step_time_s,
                 one.time["pp_bubble"] / one.step_time_s,
             )
         )

@@ -98,9 +98,7 @@ def layout_flags(lay: dict[str, Any]) -> list[str]:
         f.append("--no-precision-aware-optimizer")
     if lay["num_layers_in_first_pipeline_stage"] or lay["num_layers_in_last_pipeline_stage"]:
         f += [
-            "--first-stage-layers",
-            str(lay["num_layers_in_first_pipeline_stage"]),
-            "--last-stage-layers",
+            "--first-stage-layers", str(lay["num_layers_in_first_pipeline_stage"]), "--last-stage-layers",
             str(lay["num_layers_in_last_pipeline_stage"]),
         ]
     return f
@@ -143,18 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             name, _, rest = r["model"].partition("[")
             cmd = [
-                "estimate",
-                "--model",
-                name,
-                "--gpus",
-                r["gpus"],
-                "--seq-len",
-                str(r["seq_length"]),
-                "--global-batch",
-                str(r["global_batch_size"]),
-                "--precision",
-                r["precision"],
-                "--json",
+                "estimate", "--model", name, "--gpus", r["gpus"], "--seq-len", str(r["seq_length"]), "--global-batch",
+                str(r["global_batch_size"]), "--precision", r["precision"], "--json",
             ]
             if rest:
                 cmd += ["--layers", rest.split()[0]]

@@ -214,13 +214,8 @@ def observations(rows: list[dict[str, Any]], layers: int, peak: str, long_labels
         label = long_label(r, layers) if long_labels else f"#{r['n']} {r['label']}"
         out.append(
             Observation(
-                model=model,
-                cluster=cluster,
-                workload=w,
-                layout=ran_layout(r),
-                step_time_s=float(r["step_time_s"]),
-                peak_gib=float(r[peak]),
-                label=label,
+                model=model, cluster=cluster, workload=w, layout=ran_layout(r), step_time_s=float(r["step_time_s"]),
+                peak_gib=float(r[peak]), label=label,
             )
         )
     return out
@@ -353,31 +348,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=4, help="slice depth of rows whose model field gives none")
     ap.add_argument("--reverse", action="store_true", help="fit on the judge half and judge on the fit half")
     ap.add_argument(
-        "--fit-data",
-        nargs="+",
-        metavar="FILE",
-        default=None,
+        "--fit-data", nargs="+", metavar="FILE", default=None,
         help="extrapolation mode: fit on the finished rows of these files (with --judge-data)",
     )
     ap.add_argument(
-        "--judge-data",
-        nargs="+",
-        metavar="FILE",
-        default=None,
+        "--judge-data", nargs="+", metavar="FILE", default=None,
         help="extrapolation mode: judge on the finished rows of these files",
     )
     ap.add_argument(
-        "--fit-gpus",
-        nargs="+",
-        metavar="GPUS",
-        default=None,
+        "--fit-gpus", nargs="+", metavar="GPUS", default=None,
         help="only rows of --fit-data with these gpus fields (e.g. 2xH200)",
     )
     ap.add_argument(
-        "--judge-gpus",
-        nargs="+",
-        metavar="GPUS",
-        default=None,
+        "--judge-gpus", nargs="+", metavar="GPUS", default=None,
         help="only rows of --judge-data with these gpus fields (e.g. 4xH200)",
     )
     ap.add_argument("--max-nfev", type=int, default=200)

@@ -23,15 +23,8 @@ from urllib.parse import quote
 
 def _render(page: Path, fragment: str) -> tuple[str, list[str]]:
     cmd = [
-        "chromium",
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--enable-logging=stderr",
-        "--v=0",
-        "--virtual-time-budget=8000",
-        "--dump-dom",
-        page.resolve().as_uri() + fragment,
+        "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
+        "--virtual-time-budget=8000", "--dump-dom", page.resolve().as_uri() + fragment,
     ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     console = [line for line in p.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
@@ -107,14 +100,8 @@ def main() -> int:
     if a.screenshot:
         subprocess.run(
             [
-                "chromium",
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--hide-scrollbars",
-                f"--screenshot={a.screenshot}",
-                "--window-size=1400,2600",
-                "--virtual-time-budget=8000",
+                "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                f"--screenshot={a.screenshot}", "--window-size=1400,2600", "--virtual-time-budget=8000",
                 a.page.resolve().as_uri(),
             ],
             capture_output=True,

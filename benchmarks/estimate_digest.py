@@ -60,11 +60,8 @@ CASES = (
         global_batch_size=512,
         precision=Precision.fp8,
         options=RunOptions(
-            moe_router_force_load_balancing=True,
-            overlap_moe_expert_parallel_comm=True,
-            overlap_grad_reduce=True,
-            tp_comm_overlap=True,
-            cuda_graph_scope=("moe_router",),
+            moe_router_force_load_balancing=True, overlap_moe_expert_parallel_comm=True, overlap_grad_reduce=True,
+            tp_comm_overlap=True, cuda_graph_scope=("moe_router",),
         ),
     ),
     Case(
@@ -92,12 +89,8 @@ def columns(est: EstimateTable) -> dict[str, np.ndarray]:
     cols = {f"memory.{k}": v for k, v in est.memory.items()}
     cols.update({f"time.{k}": v for k, v in est.time.items()})
     cols.update(
-        peak_bytes=est.peak_bytes,
-        step_time_s=est.step_time_s,
-        tokens_per_s_per_gpu=est.tokens_per_s_per_gpu,
-        mfu=est.mfu,
-        model_tflops_per_gpu=est.model_tflops_per_gpu,
-        usd_per_million_tokens=est.usd_per_million_tokens,
+        peak_bytes=est.peak_bytes, step_time_s=est.step_time_s, tokens_per_s_per_gpu=est.tokens_per_s_per_gpu,
+        mfu=est.mfu, model_tflops_per_gpu=est.model_tflops_per_gpu, usd_per_million_tokens=est.usd_per_million_tokens,
         fits=est.fits.astype(float),
     )
     return cols

@@ -68,15 +68,7 @@ CASES: list[tuple[str, int, int, int, int, int, int, str, int]] = [
 ALL_BACKENDS = {"fused": {"NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "1"}, "default": {}}
 BACKENDS = {k: ALL_BACKENDS[k] for k in os.environ.get("BACKENDS", "fused").split(",")}
 FIELDS = (
-    "id",
-    "heads",
-    "kv_heads",
-    "head_dim_qk",
-    "head_dim_v",
-    "seq_length",
-    "window",
-    "softmax_type",
-    "micro_batch_size",
+    "id", "heads", "kv_heads", "head_dim_qk", "head_dim_v", "seq_length", "window", "softmax_type", "micro_batch_size",
 )
 
 

@@ -125,10 +125,8 @@ def _copies(q: Any) -> None:
     pin32 = torch.empty(n, dtype=torch.float32, pin_memory=True).normal_()
     page32 = torch.empty(n, dtype=torch.float32).normal_()
     for name, dst, src in (
-        ("h2d_pinned_fp32_to_fp32", gpu32, pin32),
-        ("h2d_pinned_fp32_to_bf16", gpu16, pin32),
-        ("h2d_pageable_fp32_to_fp32", gpu32, page32),
-        ("h2d_pageable_fp32_to_bf16", gpu16, page32),
+        ("h2d_pinned_fp32_to_fp32", gpu32, pin32), ("h2d_pinned_fp32_to_bf16", gpu16, pin32),
+        ("h2d_pageable_fp32_to_fp32", gpu32, page32), ("h2d_pageable_fp32_to_bf16", gpu16, page32),
         ("d2h_fp32_to_pinned", pin32, gpu32),
     ):
         ts, blocked = [], []
@@ -373,11 +371,7 @@ def measure() -> int:
         emit(r)
     only = set(filter(None, os.environ.get("OFFLOAD_ONLY", "").split(",")))
     for kind, fraction, threads in (
-        ("bf16", 1.0, None),
-        ("fp32", 1.0, None),
-        ("bf16", 0.5, None),
-        ("bf16", 1.0, 1),
-        ("fp32", 1.0, 1),
+        ("bf16", 1.0, None), ("fp32", 1.0, None), ("bf16", 0.5, None), ("bf16", 1.0, 1), ("fp32", 1.0, 1),
     ):
         tag = f"{kind}-{fraction}-{threads or 'default'}"
         if only and tag not in only:

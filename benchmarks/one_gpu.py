@@ -40,16 +40,10 @@ def decoder_model(cfg: Any, model: dict[str, Any], max_sequence_length: int, see
     model_parallel_cuda_manual_seed(seed)
     block = get_gpt_decoder_block_spec(cfg, use_transformer_engine=True, normalization="RMSNorm", vp_stage=None)
     m = GPTModel(
-        config=cfg,
-        transformer_layer_spec=block,
-        vocab_size=model["vocab_size"],
-        max_sequence_length=max_sequence_length,
-        pre_process=True,
-        post_process=False,
-        share_embeddings_and_output_weights=False,
-        position_embedding_type="rope",
-        rotary_percent=model["rotary_percent"],
-        rotary_base=int(model["rotary_base"]),
+        config=cfg, transformer_layer_spec=block, vocab_size=model["vocab_size"],
+        max_sequence_length=max_sequence_length, pre_process=True, post_process=False,
+        share_embeddings_and_output_weights=False, position_embedding_type="rope",
+        rotary_percent=model["rotary_percent"], rotary_base=int(model["rotary_base"]),
     )
     m.cuda(torch.cuda.current_device())
     m.train()

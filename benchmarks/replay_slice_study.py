@@ -77,14 +77,8 @@ def replay(
         hbm_bytes=hbm_gib * GIB,
         gpus=1,
         params=PolicyParams(
-            sigma=bars.throughput.sigma,
-            bias=bars.throughput.mu,
-            memory_sigma=bars.memory.sigma,
-            startup_s=60.0,
-            steps=8,
-            max_runs=2,
-            max_trials=40,
-            gpu_hours=gpu_hours,
+            sigma=bars.throughput.sigma, bias=bars.throughput.mu, memory_sigma=bars.memory.sigma, startup_s=60.0,
+            steps=8, max_runs=2, max_trials=40, gpu_hours=gpu_hours,
         ),
     )
     used = dict.fromkeys(names, 0)

@@ -53,14 +53,7 @@ from tuner.study.policy import GainPolicy
 from tuner.study.run import POLICY_BEST_ATTR
 
 __all__ = [
-    "POLICIES",
-    "SLICE_POLICIES",
-    "TODAY_HEADROOM",
-    "Case",
-    "WorldResult",
-    "gain_loop",
-    "prepare_case",
-    "run_world",
+    "POLICIES", "SLICE_POLICIES", "TODAY_HEADROOM", "Case", "WorldResult", "gain_loop", "prepare_case", "run_world",
     "summarize",
 ]
 
@@ -130,13 +123,8 @@ def prepare_case(config: TuneConfig) -> Case:
     # the queue policy takes no GPU-hour budget (--gpu-hours belongs to the gain policy)
     today = prepare(dataclasses.replace(config, policy="queue", memory_headroom=TODAY_HEADROOM, gpu_hours=None))
     base = WorldTable(
-        new.model,
-        new.cluster,
-        new.workload,
-        new.enumeration.valid,
-        estimates=new.estimates,
-        calibration=new.calibration,
-        options=new.options,
+        new.model, new.cluster, new.workload, new.enumeration.valid, estimates=new.estimates,
+        calibration=new.calibration, options=new.options,
     )
     return Case(new=new, today=today, base=base)
 
@@ -292,9 +280,7 @@ def gain_loop(
             )
             continue
         policy.observe(
-            d.index,
-            meas.tokens_per_s_per_gpu,
-            gpu_hours=(backend.gpu_seconds - before) / 3600,
+            d.index, meas.tokens_per_s_per_gpu, gpu_hours=(backend.gpu_seconds - before) / 3600,
             peak_bytes=meas.peak_bytes,
         )
         if not d.repeat:

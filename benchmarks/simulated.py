@@ -78,25 +78,9 @@ from specs import DEFAULT_RUN_OPTIONS, Cluster, GPUSpec, ModelSpec, Precision, R
 from specs.layout import Layout, LayoutTable
 
 __all__ = [
-    "FEATURES",
-    "SLICE_A2A",
-    "SLICE_LAYERS",
-    "SLICE_STARTUP_S",
-    "SLICE_UNSEEN_FEATURES",
-    "SLICE_UNSEEN_PARTS",
-    "TIME_GROUPS",
-    "SliceMeasurement",
-    "SlicePlan",
-    "ErrorStructure",
-    "SimulatedBackend",
-    "TrialCost",
-    "World",
-    "WorldTable",
-    "feature_hashes",
-    "layout_hashes",
-    "layout_normals",
-    "slice_plan",
-    "startup_seconds",
+    "FEATURES", "SLICE_A2A", "SLICE_LAYERS", "SLICE_STARTUP_S", "SLICE_UNSEEN_FEATURES", "SLICE_UNSEEN_PARTS",
+    "TIME_GROUPS", "SliceMeasurement", "SlicePlan", "ErrorStructure", "SimulatedBackend", "TrialCost", "World",
+    "WorldTable", "feature_hashes", "layout_hashes", "layout_normals", "slice_plan", "startup_seconds",
 ]
 
 #: The groups of step-time parts that share one per-world error factor, and each group's sigma relative to
@@ -683,10 +667,8 @@ class SimulatedBackend(TrialBackend):
         if peak > hbm:
             self._charge(key, "oom", self.startup_s + mean_s, 1, mean_s)
             raise TrialFailed(
-                FailureKind.oom,
-                f"{where}: out of memory at {hbm / 2**30:.1f} GiB (true peak {peak / 2**30:.1f} GiB)",
-                memory_reached_bytes=hbm,
-                wall_s=self.startup_s + mean_s,
+                FailureKind.oom, f"{where}: out of memory at {hbm / 2**30:.1f} GiB (true peak {peak / 2**30:.1f} GiB)",
+                memory_reached_bytes=hbm, wall_s=self.startup_s + mean_s,
             )
         u = float(rng.random())
         hang = u < w.errors.hang_rate

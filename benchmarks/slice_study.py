@@ -93,27 +93,9 @@ def run_case(c: dict[str, Any], rid: str, name: str, gpus: str, left: float) -> 
     t = time.monotonic()
     rc = sweep.main(
         [
-            "--model",
-            MODEL,
-            "--layers",
-            str(LAYERS),
-            "--gpus",
-            gpus,
-            "--seq-len",
-            str(SEQ_LEN),
-            "--global-batch",
-            str(GLOBAL_BATCH),
-            "--layouts",
-            str(lay_file),
-            "--out",
-            str(out_file),
-            "--steps",
-            str(STEPS),
-            "--warmup",
-            str(WARMUP),
-            "--timeout",
-            f"{max(60.0, min(240.0, left - 10)):.0f}",
-            "--trials-dir",
+            "--model", MODEL, "--layers", str(LAYERS), "--gpus", gpus, "--seq-len", str(SEQ_LEN), "--global-batch",
+            str(GLOBAL_BATCH), "--layouts", str(lay_file), "--out", str(out_file), "--steps", str(STEPS), "--warmup",
+            str(WARMUP), "--timeout", f"{max(60.0, min(240.0, left - 10)):.0f}", "--trials-dir",
             str(WORK / "trials" / rid),
         ]
     )

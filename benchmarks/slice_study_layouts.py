@@ -55,13 +55,7 @@ CASES: list[dict[str, Any]] = [
     *[
         _case(f"mbs2-{k}", 35, micro_batch_size=2, **_REC[k])
         for k in (
-            "none",
-            "sel-core_attn",
-            "sel-ca-moe_act-ln",
-            "sel-moe",
-            "full-uniform1",
-            "full-block1",
-            "full-block2",
+            "none", "sel-core_attn", "sel-ca-moe_act-ln", "sel-moe", "full-uniform1", "full-block1", "full-block2",
         )
     ],
     *[

@@ -29,24 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 JOB = [
-    "--model",
-    "MiniMax-M2",
-    "--layers",
-    "8",
-    "--gpus",
-    "64xH200",
-    "--global-batch",
-    "256",
-    "--stack",
-    "megatron",
-    "--backend",
-    "command",
-    "--trial-steps",
-    "4",
-    "--trial-policy",
-    "queue",
-    "--study",
-    "w",
+    "--model", "MiniMax-M2", "--layers", "8", "--gpus", "64xH200", "--global-batch", "256", "--stack", "megatron",
+    "--backend", "command", "--trial-steps", "4", "--trial-policy", "queue", "--study", "w",
 ]
 
 
@@ -58,13 +42,8 @@ def _template(folder: Path, step_s: float) -> Path:
         yaml.safe_dump(
             {
                 "argv": [
-                    sys.executable,
-                    str(ROOT / "tests" / "launch_tests" / "fake_trial.py"),
-                    "--FAKE_FORMAT=megatron",
-                    "--FAKE_STEPS={steps}",
-                    f"--FAKE_STEP_S={step_s}",
-                    "--FAKE_REPORT_STEP_S=2.0",
-                    "{layout_args}",
+                    sys.executable, str(ROOT / "tests" / "launch_tests" / "fake_trial.py"), "--FAKE_FORMAT=megatron",
+                    "--FAKE_STEPS={steps}", f"--FAKE_STEP_S={step_s}", "--FAKE_REPORT_STEP_S=2.0", "{layout_args}",
                 ]
             }
         )
@@ -124,20 +103,8 @@ def run(kind: str, workers: int, trials: int, kill: bool) -> dict[str, object]:
         procs = [
             subprocess.Popen(
                 [
-                    sys.executable,
-                    "-m",
-                    "tuner.cli",
-                    *JOB,
-                    "--command-template",
-                    str(tpl),
-                    "--trials",
-                    str(trials),
-                    "--storage",
-                    url,
-                    "--seed",
-                    str(i),
-                    "--results-dir",
-                    str(folder / f"r{i}"),
+                    sys.executable, "-m", "tuner.cli", *JOB, "--command-template", str(tpl), "--trials", str(trials),
+                    "--storage", url, "--seed", str(i), "--results-dir", str(folder / f"r{i}"),
                 ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,

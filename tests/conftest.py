@@ -59,17 +59,8 @@ def seed_workload():
 def seed_tuned() -> Layout:
     """seeds/001: TP1 PP8 VPP4 EP8 ETP1 DP8, full uniform 1, precision-aware distopt, no offload, alltoall, 7/7."""
     return Layout(
-        world_size=64,
-        tp=1,
-        pp=8,
-        vpp=4,
-        ep=8,
-        etp=1,
-        micro_batch_size=1,
-        recompute_granularity="full",
-        recompute_method="uniform",
-        recompute_num_layers=1,
-        num_layers_in_first_pipeline_stage=7,
+        world_size=64, tp=1, pp=8, vpp=4, ep=8, etp=1, micro_batch_size=1, recompute_granularity="full",
+        recompute_method="uniform", recompute_num_layers=1, num_layers_in_first_pipeline_stage=7,
         num_layers_in_last_pipeline_stage=7,
     )
 
@@ -79,16 +70,7 @@ def seed_reference() -> Layout:
     """seeds/001 reference port: TP2 SP PP2 EP8 ETP1, full uniform 1, optimizer offload 1.0 (overlapped),
     precision-aware."""
     return Layout(
-        world_size=64,
-        tp=2,
-        sequence_parallel=True,
-        pp=2,
-        ep=8,
-        etp=1,
-        micro_batch_size=1,
-        recompute_granularity="full",
-        recompute_method="uniform",
-        recompute_num_layers=1,
-        optimizer_offload_fraction=1.0,
-        overlap_cpu_optimizer_d2h_h2d=True,
+        world_size=64, tp=2, sequence_parallel=True, pp=2, ep=8, etp=1, micro_batch_size=1,
+        recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1,
+        optimizer_offload_fraction=1.0, overlap_cpu_optimizer_d2h_h2d=True,
     )

@@ -38,8 +38,7 @@ def test_good_rows_read_with_defaults_and_comments_skipped(tmp_path):
 @pytest.mark.parametrize(
     "row, message",
     [
-        (",2,1.5,", "line 2: column name: cannot read ''"),
-        ("a,two,1.5,", "line 2: column n: cannot read 'two'"),
+        (",2,1.5,", "line 2: column name: cannot read ''"), ("a,two,1.5,", "line 2: column n: cannot read 'two'"),
         ("a,0,1.5,", "line 2: column n: cannot read '0'"),
         ("a,2,0,", "line 2: column time_s: cannot read '0' (a positive finite number)"),
         ("a,2,nan,", "line 2: column time_s: cannot read 'nan' (a positive finite number)"),

@@ -28,28 +28,11 @@ NOTE = DATA / "published_runs_fixes.md"
 
 #: The columns added to published_runs.csv, with Megatron's names.
 COLUMNS = (
-    "use_megatron_fsdp",
-    "cpu_offloading_num_layers",
-    "use_precision_aware_optimizer",
-    "exp_avg_dtype",
-    "exp_avg_sq_dtype",
-    "grad_reduce_in_fp32",
-    "fp8_recipe",
-    "fp8_param_gather",
-    "fp4_param_gather",
-    "cross_entropy_loss_fusion",
-    "cross_entropy_fusion_impl",
-    "te_version",
-    "recompute_granularity",
-    "recompute_method",
-    "recompute_num_layers",
-    "recompute_modules",
-    "overlap_moe_expert_parallel_comm",
-    "cuda_graph_impl",
-    "cuda_graph_scope",
-    "optimizer",
-    "optimizer_fp8_recipe",
-    "recipe_source",
+    "use_megatron_fsdp", "cpu_offloading_num_layers", "use_precision_aware_optimizer", "exp_avg_dtype",
+    "exp_avg_sq_dtype", "grad_reduce_in_fp32", "fp8_recipe", "fp8_param_gather", "fp4_param_gather",
+    "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "te_version", "recompute_granularity", "recompute_method",
+    "recompute_num_layers", "recompute_modules", "overlap_moe_expert_parallel_comm", "cuda_graph_impl",
+    "cuda_graph_scope", "optimizer", "optimizer_fp8_recipe", "recipe_source",
 )
 
 #: Transformer Engine (major.minor) class of each container, for the fused cross-entropy's bytes: up to TE 2.17 the

@@ -33,37 +33,12 @@ TAG_OF_RELEASE = {
 }
 REPO = "NVIDIA-NeMo/Megatron-Bridge"
 FIELDS = [
-    "id",
-    "model",
-    "gpu_type",
-    "num_gpus",
-    "framework_version",
-    "bridge_tag",
-    "preset",
-    "preset_match",
-    "use_megatron_fsdp",
-    "cpu_offloading_num_layers",
-    "use_precision_aware_optimizer",
-    "exp_avg_dtype",
-    "exp_avg_sq_dtype",
-    "master_param_storage",
-    "main_grad_dtype",
-    "grad_reduce_in_fp32",
-    "fp8_param_gather",
-    "fp4_param_gather",
-    "cross_entropy_loss_fusion",
-    "cross_entropy_fusion_impl",
-    "recompute_granularity",
-    "recompute_method",
-    "recompute_num_layers",
-    "recompute_modules",
-    "overlap_moe_expert_parallel_comm",
-    "delay_wgrad_compute",
-    "cuda_graph_impl",
-    "cuda_graph_scope",
-    "optimizer",
-    "extra",
-    "source",
+    "id", "model", "gpu_type", "num_gpus", "framework_version", "bridge_tag", "preset", "preset_match",
+    "use_megatron_fsdp", "cpu_offloading_num_layers", "use_precision_aware_optimizer", "exp_avg_dtype",
+    "exp_avg_sq_dtype", "master_param_storage", "main_grad_dtype", "grad_reduce_in_fp32", "fp8_param_gather",
+    "fp4_param_gather", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "recompute_granularity",
+    "recompute_method", "recompute_num_layers", "recompute_modules", "overlap_moe_expert_parallel_comm",
+    "delay_wgrad_compute", "cuda_graph_impl", "cuda_graph_scope", "optimizer", "extra", "source",
 ]
 
 
@@ -117,9 +92,7 @@ def match(presets: list[dict], key: str, gpu: str, prec: str, r: dict) -> list[d
             continue
         vp = p["virtual_pipeline_model_parallel_size"] or 1
         if (
-            p["tensor_model_parallel_size"],
-            p["pipeline_model_parallel_size"],
-            p["context_parallel_size"],
+            p["tensor_model_parallel_size"], p["pipeline_model_parallel_size"], p["context_parallel_size"],
             p["micro_batch_size"],
         ) != (_int(r["tp"]), _int(r["pp"]), _int(r["cp"]) or 1, _int(r["mbs"]) or 1):
             continue
@@ -271,14 +244,8 @@ def resolve(r: dict, presets_by_tag: dict[str, list[dict]]) -> dict | None:
     }
     if family_only:
         for k in (
-            "use_megatron_fsdp",
-            "cpu_offloading_num_layers",
-            "overlap_moe_expert_parallel_comm",
-            "delay_wgrad_compute",
-            "cuda_graph_impl",
-            "cuda_graph_scope",
-            "recompute_method",
-            "recompute_num_layers",
+            "use_megatron_fsdp", "cpu_offloading_num_layers", "overlap_moe_expert_parallel_comm", "delay_wgrad_compute",
+            "cuda_graph_impl", "cuda_graph_scope", "recompute_method", "recompute_num_layers",
         ):
             out[k] = ""
         out["recompute_granularity"] = (

@@ -17,50 +17,21 @@ from specs.layout import Layout, LayoutTable
 
 #: A MoE model: layer 0 dense, layers 1-3 MoE, one MTP layer, per-head QK norm, SwiGLU.
 TINY_MOE = ModelSpec(
-    name="tiny-moe",
-    num_layers=4,
-    hidden_size=64,
-    num_attention_heads=4,
-    num_query_groups=2,
-    kv_channels=16,
-    ffn_hidden_size=256,
-    vocab_size=1024,
-    num_experts=8,
-    moe_router_topk=2,
-    moe_ffn_hidden_size=32,
-    moe_shared_expert_intermediate_size=64,
-    moe_layer_freq=(0, 1, 1, 1),
-    qk_layernorm=True,
-    mtp_num_layers=1,
+    name="tiny-moe", num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2, kv_channels=16,
+    ffn_hidden_size=256, vocab_size=1024, num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=32,
+    moe_shared_expert_intermediate_size=64, moe_layer_freq=(0, 1, 1, 1), qk_layernorm=True, mtp_num_layers=1,
 )
 
 #: A dense GPT in Korthikanti et al.'s setting: multi-head attention, ffn = 4h, a 2-matrix (GeLU) MLP.
 TINY_DENSE = ModelSpec(
-    name="tiny-dense",
-    num_layers=8,
-    hidden_size=64,
-    num_attention_heads=4,
-    num_query_groups=4,
-    kv_channels=16,
-    ffn_hidden_size=256,
-    vocab_size=1024,
-    moe_layer_freq=(0,) * 8,
-    gated_linear_unit=False,
+    name="tiny-dense", num_layers=8, hidden_size=64, num_attention_heads=4, num_query_groups=4, kv_channels=16,
+    ffn_hidden_size=256, vocab_size=1024, moe_layer_freq=(0,) * 8, gated_linear_unit=False,
 )
 
 TEST_GPU = GPUSpec(
-    name="T1",
-    hbm_bytes=80 * 2**30,
-    peak_flops_bf16=1e15,
-    peak_flops_fp8=2e15,
-    peak_flops_fp4=0.0,
-    hbm_bytes_per_s=2e12,
-    nvlink_bytes_per_s=4e11,
-    pcie_bytes_per_s=5e10,
-    gpus_per_node=4,
-    nvlink_domain=4,
-    family="hopper",
-    source="round numbers for tests",
+    name="T1", hbm_bytes=80 * 2**30, peak_flops_bf16=1e15, peak_flops_fp8=2e15, peak_flops_fp4=0.0,
+    hbm_bytes_per_s=2e12, nvlink_bytes_per_s=4e11, pcie_bytes_per_s=5e10, gpus_per_node=4, nvlink_domain=4,
+    family="hopper", source="round numbers for tests",
 )
 
 #: 16 GPUs: 4 nodes of 4, 200 GB/s of network per node (50 GB/s per GPU).

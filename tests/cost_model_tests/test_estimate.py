@@ -55,14 +55,8 @@ def test_single_estimate_is_the_table_row_with_the_simulated_pipeline(
 
 def test_single_estimate_equals_the_table_without_a_pipeline(minimax, h200x64, seed_workload):
     lay = Layout(
-        world_size=64,
-        tp=1,
-        pp=1,
-        ep=64,
-        recompute_granularity="full",
-        recompute_method="uniform",
-        recompute_num_layers=1,
-        optimizer_offload_fraction=1.0,
+        world_size=64, tp=1, pp=1, ep=64, recompute_granularity="full", recompute_method="uniform",
+        recompute_num_layers=1, optimizer_offload_fraction=1.0,
     )
     tab = estimate_table(minimax, h200x64, seed_workload, LayoutTable.from_layouts([lay])).row(0, lay)
     one = estimate(minimax, h200x64, seed_workload, lay)
@@ -126,15 +120,8 @@ def test_bf16_moments_shrink_optimizer(minimax, h200x64, seed_workload, seed_tun
 def test_ep_across_nodes_is_slower(minimax, h200x64, seed_workload, seed_tuned):
 
     lay8 = Layout(
-        world_size=64,
-        tp=1,
-        pp=4,
-        ep=8,
-        recompute_granularity="full",
-        recompute_method="uniform",
-        recompute_num_layers=1,
-        num_layers_in_first_pipeline_stage=15,
-        num_layers_in_last_pipeline_stage=15,
+        world_size=64, tp=1, pp=4, ep=8, recompute_granularity="full", recompute_method="uniform",
+        recompute_num_layers=1, num_layers_in_first_pipeline_stage=15, num_layers_in_last_pipeline_stage=15,
     )
     lay16 = lay8.replace(ep=16)
     e8 = estimate(minimax, h200x64, seed_workload, lay8)
@@ -304,12 +291,9 @@ def test_calibration_files_refuse_a_repeated_key_an_empty_file_and_say_where_yam
 @pytest.mark.parametrize(
     ("name", "value", "bad"),
     [
-        ("grouped_gemm_efficiency_floor", 1e-3, 0.0),
-        ("elementwise_backward_ratio", 2.0, 0.0),
-        ("dense_mlp_elementwise_share", 0.5, -0.1),
-        ("norm_elementwise_share", 0.5, 1.5),
-        ("moe_act_elementwise_share", 0.5, 1.5),
-        ("backward_working_set_fraction", 0.5, -1.0),
+        ("grouped_gemm_efficiency_floor", 1e-3, 0.0), ("elementwise_backward_ratio", 2.0, 0.0),
+        ("dense_mlp_elementwise_share", 0.5, -0.1), ("norm_elementwise_share", 0.5, 1.5),
+        ("moe_act_elementwise_share", 0.5, 1.5), ("backward_working_set_fraction", 0.5, -1.0),
         ("base_process_groups", 2.0, -1.0),
     ],
 )
@@ -322,23 +306,12 @@ def test_former_inline_constants_keep_their_values_and_ranges(name, value, bad):
 
 
 _HUGE = [
-    "attention_call_macs",
-    "attention_window_extra_keys",
-    "attention_sink_extra_keys",
-    "moe_layer_overhead_s",
-    "moe_host_sync_latency_s",
-    "expert_gemm_overhead_s",
-    "fp8_quantize_overhead_s",
+    "attention_call_macs", "attention_window_extra_keys", "attention_sink_extra_keys", "moe_layer_overhead_s",
+    "moe_host_sync_latency_s", "expert_gemm_overhead_s", "fp8_quantize_overhead_s",
 ]
 _EFFICIENCIES = [
-    "gemm_efficiency",
-    "grouped_gemm_efficiency",
-    "attention_efficiency",
-    "hbm_efficiency",
-    "nvlink_efficiency",
-    "alltoall_nvlink_efficiency",
-    "network_efficiency",
-    "pcie_efficiency",
+    "gemm_efficiency", "grouped_gemm_efficiency", "attention_efficiency", "hbm_efficiency", "nvlink_efficiency",
+    "alltoall_nvlink_efficiency", "network_efficiency", "pcie_efficiency",
 ]
 
 
@@ -398,12 +371,7 @@ def test_a_table_estimated_in_row_blocks_is_the_table_estimated_whole(monkeypatc
     assert len(valid) > 3 * 97
     blocks = estimate_table(model, cluster, w, valid)
     for name in (
-        "peak_bytes",
-        "step_time_s",
-        "tokens_per_s_per_gpu",
-        "mfu",
-        "model_tflops_per_gpu",
-        "usd_per_million_tokens",
+        "peak_bytes", "step_time_s", "tokens_per_s_per_gpu", "mfu", "model_tflops_per_gpu", "usd_per_million_tokens",
         "host_bytes_per_node",
     ):
         np.testing.assert_allclose(getattr(blocks, name), getattr(whole, name), rtol=1e-15, err_msg=name)

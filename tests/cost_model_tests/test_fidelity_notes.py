@@ -52,25 +52,8 @@ def test_recompute_notes_follow_the_model_kind():
 
 def test_estimate_json_and_text_carry_the_gaps():
     args = [
-        "estimate",
-        "--model",
-        "MiniMax-M2",
-        "--gpus",
-        "64xH200",
-        "--tp",
-        "1",
-        "--pp",
-        "8",
-        "--vpp",
-        "4",
-        "--ep",
-        "8",
-        "--recompute",
-        "full",
-        "--first-stage-layers",
-        "7",
-        "--last-stage-layers",
-        "7",
+        "estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--vpp", "4", "--ep", "8",
+        "--recompute", "full", "--first-stage-layers", "7", "--last-stage-layers", "7",
     ]
     r = CliRunner().invoke(app, [*args, "--json"])
     assert r.exit_code == 0, r.output
@@ -92,22 +75,8 @@ def test_main_job_prints_the_gap_of_its_best_layout(tmp_path):
     r = CliRunner().invoke(
         app,
         [
-            "--model",
-            "Qwen3-30B-A3B",
-            "--gpus",
-            "8xH100",
-            "--global-batch",
-            "16",
-            "--space",
-            str(space),
-            "--stack",
-            "megatron",
-            "--trials",
-            "2",
-            "--results-dir",
-            str(tmp_path),
-            "--study",
-            "full",
+            "--model", "Qwen3-30B-A3B", "--gpus", "8xH100", "--global-batch", "16", "--space", str(space), "--stack",
+            "megatron", "--trials", "2", "--results-dir", str(tmp_path), "--study", "full",
         ],
     )
     assert r.exit_code == 0, r.output

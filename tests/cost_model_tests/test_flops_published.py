@@ -138,10 +138,7 @@ def test_gpt_oss_sliding_window_accounting():
     assert abs(megatron_flops_per_token(m, 4096) / 1e9 / 32.6 - 1) < 0.01
     # the older release's 27.2: non-gated experts and no window
     old = m.replace(
-        gated_linear_unit=False,
-        window_size=0,
-        activation_func="silu",
-        activation_func_clamp_value=0.0,
+        gated_linear_unit=False, window_size=0, activation_func="silu", activation_func_clamp_value=0.0,
         glu_linear_offset=0.0,
     )
     assert abs(megatron_flops_per_token(old, 4096) / 1e9 / 27.2 - 1) < 0.01

@@ -14,18 +14,12 @@ from specs.layout import Layout
 def test_gpt_oss_config_reads_its_features():
     m = load_model("GPT-OSS-120B")
     assert (m.add_bias_linear, m.add_qkv_bias, m.softmax_type, m.activation_func) == (
-        True,
-        True,
-        "learnable",
-        "quick_gelu",
+        True, True, "learnable", "quick_gelu",
     )
     assert (m.activation_func_clamp_value, m.glu_linear_offset) == (7.0, 1.0)
     q = load_model("Qwen3-30B-A3B")  # every other model keeps Megatron-core's defaults of the others
     assert (q.add_bias_linear, q.softmax_type, q.activation_func, q.activation_func_clamp_value) == (
-        False,
-        "vanilla",
-        "silu",
-        0.0,
+        False, "vanilla", "silu", 0.0,
     )
 
 
@@ -161,9 +155,7 @@ def test_yarn_details_read_as_transformers_reads_them(tmp_path):
     rs = {"rope_type": "yarn", "factor": 32.0, "beta_fast": None}
     m = load_model(_gpt_oss_config(tmp_path, rope_scaling=rs, max_position_embeddings=131072))
     assert (
-        m.rope_scaling_original_max_position_embeddings,
-        m.rope_scaling_beta_fast,
-        m.rope_scaling_beta_slow,
+        m.rope_scaling_original_max_position_embeddings, m.rope_scaling_beta_fast, m.rope_scaling_beta_slow,
         m.rope_scaling_truncate,
     ) == (131072, 32.0, 1.0, True)
     shipped = load_model("GPT-OSS-120B")

@@ -53,10 +53,7 @@ def test_catalogs_have_sources():
 @pytest.mark.parametrize(
     "text,total,per_node,nodes",
     [
-        ("64xH200", 64, 8, 8),
-        ("8x8xH200", 64, 8, 8),
-        ("4xH100", 4, 4, 1),
-        ("16x4xGB200", 64, 4, 16),
+        ("64xH200", 64, 8, 8), ("8x8xH200", 64, 8, 8), ("4xH100", 4, 4, 1), ("16x4xGB200", 64, 4, 16),
         ("1xa100", 1, 1, 1),
     ],
 )

@@ -17,15 +17,8 @@ from specs.layout import Dispatcher, Layout, LayoutTable, RecomputeGranularity, 
 estimate_mod = importlib.import_module("cost_model.estimate")  # the package re-exports the function under the same name
 
 BEST = Layout(
-    world_size=64,
-    tp=1,
-    pp=4,
-    vpp=8,
-    ep=16,
-    recompute_granularity=RecomputeGranularity.selective,
-    recompute_modules=("moe",),
-    dispatcher=Dispatcher.flex_deepep,
-    num_layers_in_first_pipeline_stage=16,
+    world_size=64, tp=1, pp=4, vpp=8, ep=16, recompute_granularity=RecomputeGranularity.selective,
+    recompute_modules=("moe",), dispatcher=Dispatcher.flex_deepep, num_layers_in_first_pipeline_stage=16,
     num_layers_in_last_pipeline_stage=14,
 )
 
@@ -68,11 +61,7 @@ def test_chunks_hold_the_layers_megatron_gives_them(minimax, seed_tuned):
     layers_ds, moe_ds = chunk_layers(
         ds,
         Layout(
-            world_size=64,
-            pp=4,
-            vpp=2,
-            ep=16,
-            num_layers_in_first_pipeline_stage=15,
+            world_size=64, pp=4, vpp=2, ep=16, num_layers_in_first_pipeline_stage=15,
             num_layers_in_last_pipeline_stage=14,
         ),
     )
@@ -86,15 +75,8 @@ def test_forward_is_a_third_of_compute_and_half_of_tp(minimax, h200x64, seed_wor
     # (2) x forward, so every chunk's forward compute is a third of its compute; TP collectives are half forward
     # (recompute.FORWARD_TP_SHARE).
     lay = Layout(
-        world_size=64,
-        tp=2,
-        sequence_parallel=True,
-        pp=4,
-        vpp=2,
-        ep=8,
-        micro_batch_size=1,
-        num_layers_in_first_pipeline_stage=16,
-        num_layers_in_last_pipeline_stage=14,
+        world_size=64, tp=2, sequence_parallel=True, pp=4, vpp=2, ep=8, micro_batch_size=1,
+        num_layers_in_first_pipeline_stage=16, num_layers_in_last_pipeline_stage=14,
     )
     measured = estimate_details(minimax, h200x64, seed_workload, lay)
     # with core attention's forward at a third too (its measured share is 0.238: compute.ATTENTION_FORWARD_SHARE)
@@ -121,12 +103,7 @@ def test_equal_ranks_give_the_closed_form_exactly(minimax, h200x64, seed_workloa
         Layout(world_size=64, pp=4, vpp=2, ep=16),
         Layout(world_size=64, pp=8, vpp=1, ep=8, micro_batch_size=2),
         Layout(
-            world_size=64,
-            pp=2,
-            vpp=4,
-            ep=32,
-            recompute_granularity="full",
-            recompute_method="uniform",
+            world_size=64, pp=2, vpp=4, ep=32, recompute_granularity="full", recompute_method="uniform",
             recompute_num_layers=1,
         ),
     ):
@@ -167,14 +144,7 @@ def test_estimate_details_agrees_with_estimate(minimax, h200x64, seed_workload, 
 
 def test_what_the_overlaps_hide(minimax, h200x64, seed_workload):
     lay = Layout(
-        world_size=64,
-        tp=2,
-        sequence_parallel=True,
-        pp=4,
-        vpp=2,
-        cp=2,
-        ep=8,
-        num_layers_in_first_pipeline_stage=16,
+        world_size=64, tp=2, sequence_parallel=True, pp=4, vpp=2, cp=2, ep=8, num_layers_in_first_pipeline_stage=16,
         num_layers_in_last_pipeline_stage=14,
     )
     plain = estimate_details(minimax, h200x64, seed_workload, lay)
@@ -203,12 +173,7 @@ def test_what_the_overlaps_hide(minimax, h200x64, seed_workload):
 
 def test_a_pipeline_of_one(minimax, h200x64, seed_workload):
     lay = Layout(
-        world_size=64,
-        pp=1,
-        ep=64,
-        recompute_granularity="full",
-        recompute_method="uniform",
-        recompute_num_layers=1,
+        world_size=64, pp=1, ep=64, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1,
         optimizer_offload_fraction=1.0,
     )
     w = Workload(seq_length=8192, global_batch_size=128)

@@ -23,26 +23,12 @@ from specs import RunOptions
 from specs.layout import Dispatcher, Layout, RecomputeGranularity
 
 BEST = Layout(
-    world_size=64,
-    tp=1,
-    pp=4,
-    vpp=8,
-    ep=16,
-    recompute_granularity=RecomputeGranularity.selective,
-    recompute_modules=("moe",),
-    dispatcher=Dispatcher.flex_deepep,
-    num_layers_in_first_pipeline_stage=16,
+    world_size=64, tp=1, pp=4, vpp=8, ep=16, recompute_granularity=RecomputeGranularity.selective,
+    recompute_modules=("moe",), dispatcher=Dispatcher.flex_deepep, num_layers_in_first_pipeline_stage=16,
     num_layers_in_last_pipeline_stage=14,
 )
 OVERLAPPED = Layout(
-    world_size=64,
-    tp=2,
-    sequence_parallel=True,
-    pp=4,
-    vpp=2,
-    cp=2,
-    ep=8,
-    num_layers_in_first_pipeline_stage=16,
+    world_size=64, tp=2, sequence_parallel=True, pp=4, vpp=2, cp=2, ep=8, num_layers_in_first_pipeline_stage=16,
     num_layers_in_last_pipeline_stage=14,
 )
 OPTS = RunOptions(tp_comm_overlap=True, overlap_moe_expert_parallel_comm=True, overlap_grad_reduce=True)

@@ -114,16 +114,8 @@ def main() -> int:
     if dump:
         os.makedirs(dump, exist_ok=True)
         keys = (
-            "NNODES",
-            "NODE_RANK",
-            "NPROC_PER_NODE",
-            "MASTER_ADDR",
-            "MASTER_PORT",
-            "TUNE_TRIAL_ATTEMPT",
-            "NCCL_NVLS_ENABLE",
-            "CUDA_DEVICE_MAX_CONNECTIONS",
-            "CUDA_VISIBLE_DEVICES",
-            "FAKE_EXTRA",
+            "NNODES", "NODE_RANK", "NPROC_PER_NODE", "MASTER_ADDR", "MASTER_PORT", "TUNE_TRIAL_ATTEMPT",
+            "NCCL_NVLS_ENABLE", "CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_VISIBLE_DEVICES", "FAKE_EXTRA",
         )
         trial = os.path.basename(os.path.dirname(out_path)) if out_path else "run"
         with open(os.path.join(dump, f"{trial}.node{node}.attempt{attempt}.json"), "w") as f:

@@ -111,11 +111,7 @@ class Kit:
 
     def run(self, backend: TrialBackend, trial_number: int = 0, reporter=None) -> Measurement:
         return backend.run(
-            LAYOUT,
-            model=self.model,
-            cluster=parse_gpus("2xH200"),
-            workload=WL,
-            reporter=reporter,
+            LAYOUT, model=self.model, cluster=parse_gpus("2xH200"), workload=WL, reporter=reporter,
             trial_number=trial_number,
         )
 

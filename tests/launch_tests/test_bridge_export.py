@@ -64,33 +64,14 @@ def _others(doc: dict, written: set[tuple[str, str]]) -> dict:
 
 
 QWEN_PP = Layout(
-    world_size=16,
-    tp=2,
-    pp=2,
-    vpp=2,
-    ep=4,
-    etp=1,
-    micro_batch_size=2,
-    sequence_parallel=True,
-    recompute_granularity=RecomputeGranularity.full,
-    recompute_method=RecomputeMethod.uniform,
-    recompute_num_layers=1,
-    optimizer_offload_fraction=0.5,
-    dispatcher=Dispatcher.alltoall,
-    exp_avg_dtype="bf16",
-    exp_avg_sq_dtype="bf16",
-    num_layers_in_first_pipeline_stage=22,
-    num_layers_in_last_pipeline_stage=26,
+    world_size=16, tp=2, pp=2, vpp=2, ep=4, etp=1, micro_batch_size=2, sequence_parallel=True,
+    recompute_granularity=RecomputeGranularity.full, recompute_method=RecomputeMethod.uniform, recompute_num_layers=1,
+    optimizer_offload_fraction=0.5, dispatcher=Dispatcher.alltoall, exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16",
+    num_layers_in_first_pipeline_stage=22, num_layers_in_last_pipeline_stage=26,
 )
 GPT_OSS = Layout(
-    world_size=64,
-    tp=2,
-    pp=2,
-    ep=8,
-    micro_batch_size=1,
-    sequence_parallel=True,
-    recompute_granularity=RecomputeGranularity.selective,
-    recompute_modules=("core_attn", "moe_act"),
+    world_size=64, tp=2, pp=2, ep=8, micro_batch_size=1, sequence_parallel=True,
+    recompute_granularity=RecomputeGranularity.selective, recompute_modules=("core_attn", "moe_act"),
 )
 
 
@@ -184,18 +165,8 @@ def test_the_main_job_from_a_bridge_yaml_writes_it_and_export_gives_the_same(tmp
     r = runner.invoke(
         app,
         [
-            "--from",
-            str(OVERRIDE),
-            "--model",
-            "Qwen3-30B-A3B",
-            "--gpus",
-            "16xH100",
-            "--trials",
-            "1",
-            "--study",
-            "b",
-            "--results-dir",
-            str(tmp_path),
+            "--from", str(OVERRIDE), "--model", "Qwen3-30B-A3B", "--gpus", "16xH100", "--trials", "1", "--study", "b",
+            "--results-dir", str(tmp_path),
         ],
     )
     assert r.exit_code == 0, r.output

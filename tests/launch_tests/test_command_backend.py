@@ -44,14 +44,8 @@ def _tpl(tmp_path: Path, doc: dict | str, name: str = "t.yaml") -> Path:
 def _megatron(mode: str = "ok", step_ms: float = 100.0, *more: str) -> list[str]:
     """The fake trial program printing Megatron's log: ``{steps}`` iterations of ``step_ms`` each (without waiting)."""
     return [
-        sys.executable,
-        FAKE,
-        "--FAKE_FORMAT=megatron",
-        "--FAKE_STEPS={steps}",
-        f"--FAKE_TRIAL_MODE={mode}",
-        "--FAKE_STEP_S=0",
-        f"--FAKE_REPORT_STEP_S={step_ms / 1000}",
-        *more,
+        sys.executable, FAKE, "--FAKE_FORMAT=megatron", "--FAKE_STEPS={steps}", f"--FAKE_TRIAL_MODE={mode}",
+        "--FAKE_STEP_S=0", f"--FAKE_REPORT_STEP_S={step_ms / 1000}", *more,
     ]
 
 
@@ -72,17 +66,8 @@ def test_placeholders_are_substituted_per_element_and_never_through_a_shell(tmp_
     dump = tmp_path / "dump"
     monkeypatch.setenv("EVIL", "x; rm -rf / $(touch pwned) `id` \"'")
     literal = [
-        "--tp={tp}",
-        "{pp}",
-        "{ep}",
-        "{etp}",
-        "{dp}",
-        "{env:EVIL}",
-        "a b;c",
-        "$(echo hi)",
-        "{{literal}}",
-        "{world_size}x{gpus_per_node}",
-        "{steps}",
+        "--tp={tp}", "{pp}", "{ep}", "{etp}", "{dp}", "{env:EVIL}", "a b;c", "$(echo hi)", "{{literal}}",
+        "{world_size}x{gpus_per_node}", "{steps}",
     ]
     tpl = load_template(_tpl(tmp_path, {
         "argv": [*_megatron("ok", 1.0, f"--FAKE_ENV_DUMP={dump}"), *literal],
@@ -292,10 +277,7 @@ def test_failure_logs_classify_like_the_local_backend(tmp_path, m4):
             ]
         }
         b = CommandBackend(
-            command_template=_tpl(tmp_path, doc, name + ".yaml"),
-            trials_dir=tmp_path / name,
-            steps=4,
-            warmup_steps=1,
+            command_template=_tpl(tmp_path, doc, name + ".yaml"), trials_dir=tmp_path / name, steps=4, warmup_steps=1,
             poll_s=0.02,
         )
         with pytest.raises(TrialFailed) as e:
@@ -395,26 +377,9 @@ def test_a_measurement_above_the_gpus_peak_is_flagged_and_kept_out_of_the_best(t
 
     runner = CliRunner()
     args = [
-        "--model",
-        "MiniMax-M2",
-        "--layers",
-        "4",
-        "--gpus",
-        "4xH200",
-        "--global-batch",
-        "8",
-        "--stack",
-        "megatron",
-        "--backend",
-        "command",
-        "--trials",
-        "1",
-        "--trial-steps",
-        "4",
-        "--results-dir",
-        str(tmp_path / "res"),
-        "--study",
-        "c",
+        "--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8", "--stack", "megatron",
+        "--backend", "command", "--trials", "1", "--trial-steps", "4", "--results-dir", str(tmp_path / "res"),
+        "--study", "c",
     ]
     for name, step_ms in (("ok.yaml", 2000.0), ("fast.yaml", 1.0), ("floor.yaml", 200.0)):
         tpl = _tpl(tmp_path, {"argv": [*_megatron("ok", step_ms), "{layout_args}"]}, name)

@@ -26,29 +26,12 @@ from tuner.verify.inputs import parse_layout_spec
 WL = Workload(seq_length=8192, global_batch_size=128)
 #: MiniMax-M2 on 64 H200: EP 8 inside one NVLink domain, so every dispatcher runs on the default fabric
 BASE = Layout(
-    world_size=64,
-    pp=4,
-    ep=8,
-    num_layers_in_first_pipeline_stage=15,
-    num_layers_in_last_pipeline_stage=15,
-    recompute_granularity="full",
-    recompute_method="uniform",
-    recompute_num_layers=1,
+    world_size=64, pp=4, ep=8, num_layers_in_first_pipeline_stage=15, num_layers_in_last_pipeline_stage=15,
+    recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1,
 )
 CHECK = [
-    "check",
-    "--model",
-    "MiniMax-M2",
-    "--gpus",
-    "64xH200",
-    "--pp",
-    "4",
-    "--first-stage-layers",
-    "15",
-    "--last-stage-layers",
-    "15",
-    "--recompute",
-    "full",
+    "check", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "4", "--first-stage-layers", "15",
+    "--last-stage-layers", "15", "--recompute", "full",
 ]
 
 

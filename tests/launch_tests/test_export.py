@@ -453,11 +453,7 @@ def test_model_args_carry_rope_norm_and_router_numerics():
 
 def test_deepep_across_nodes_carries_a_network_note(model, cluster, workload, seed_layout):
     cross = seed_layout.replace(
-        pp=4,
-        vpp=8,
-        ep=16,
-        dispatcher="flex+deepep",
-        num_layers_in_first_pipeline_stage=16,
+        pp=4, vpp=8, ep=16, dispatcher="flex+deepep", num_layers_in_first_pipeline_stage=16,
         num_layers_in_last_pipeline_stage=14,
     )
     inside = seed_layout.replace(dispatcher="flex+deepep")  # EP 8 within one 8-GPU node
@@ -487,17 +483,8 @@ def test_the_users_arguments_and_the_tools_never_say_one_thing_twice_or_against_
     tuned = [["--bf16"], ["--tensor-model-parallel-size", "4"]]
     free = [["--attention-backend", "flash"], ["--lr-warmup-fraction", "0.1"], ["--attention-softmax-in-fp32"]]
     user = [
-        "--fp16",
-        "--tensor-model-parallel-size",
-        "8",
-        "--recompute-activations",
-        "--lr-warmup-iters",
-        "5",
-        "--attention-backend",
-        "fused",
-        "--attention-softmax-in-fp32",
-        "--log-interval",
-        "1",
+        "--fp16", "--tensor-model-parallel-size", "8", "--recompute-activations", "--lr-warmup-iters", "5",
+        "--attention-backend", "fused", "--attention-softmax-in-fp32", "--log-interval", "1",
     ]
     assert merge_user_args(tuned, free, user) == (
         [["--attention-softmax-in-fp32"]],

@@ -33,48 +33,20 @@ W = Workload(seq_length=8192, global_batch_size=128)
 LAYOUTS = {
     # the seed's tuned layout: 'Et|(tt|)*30tL', full recompute, alltoall
     "seed": Layout(
-        world_size=64,
-        tp=1,
-        pp=8,
-        vpp=4,
-        ep=8,
-        etp=1,
-        micro_batch_size=1,
-        recompute_granularity="full",
-        recompute_method="uniform",
-        recompute_num_layers=1,
-        num_layers_in_first_pipeline_stage=7,
+        world_size=64, tp=1, pp=8, vpp=4, ep=8, etp=1, micro_batch_size=1, recompute_granularity="full",
+        recompute_method="uniform", recompute_num_layers=1, num_layers_in_first_pipeline_stage=7,
         num_layers_in_last_pipeline_stage=7,
     ),
     # slime's reference port: TP 2 with SP, PP 2, optimizer offload
     "port": Layout(
-        world_size=64,
-        tp=2,
-        sequence_parallel=True,
-        pp=2,
-        ep=8,
-        etp=1,
-        micro_batch_size=1,
-        recompute_granularity="full",
-        recompute_method="block",
-        recompute_num_layers=2,
-        optimizer_offload_fraction=0.5,
+        world_size=64, tp=2, sequence_parallel=True, pp=2, ep=8, etp=1, micro_batch_size=1,
+        recompute_granularity="full", recompute_method="block", recompute_num_layers=2, optimizer_offload_fraction=0.5,
         overlap_cpu_optimizer_d2h_h2d=True,
     ),
     # CP 2, micro-batch 2, selective recompute of two modules, flex + DeepEP, ETP 2, an uneven split
     "flex": Layout(
-        world_size=64,
-        tp=2,
-        pp=4,
-        vpp=2,
-        cp=2,
-        ep=4,
-        etp=2,
-        micro_batch_size=2,
-        recompute_granularity="selective",
-        recompute_modules=("core_attn", "moe_act"),
-        dispatcher="flex+deepep",
-        num_layers_in_first_pipeline_stage=15,
+        world_size=64, tp=2, pp=4, vpp=2, cp=2, ep=4, etp=2, micro_batch_size=2, recompute_granularity="selective",
+        recompute_modules=("core_attn", "moe_act"), dispatcher="flex+deepep", num_layers_in_first_pipeline_stage=15,
         num_layers_in_last_pipeline_stage=15,
     ),
 }
@@ -115,12 +87,8 @@ def _expected(layout: Layout, model) -> dict:
     from search_spaces.pipeline import emit_layout_string, layer_counts_from_string
 
     pls = emit_layout_string(
-        model.num_layers,
-        layout.pp,
-        layout.vpp,
-        layout.num_layers_in_first_pipeline_stage,
-        layout.num_layers_in_last_pipeline_stage,
-        model.mtp_num_layers,
+        model.num_layers, layout.pp, layout.vpp, layout.num_layers_in_first_pipeline_stage,
+        layout.num_layers_in_last_pipeline_stage, model.mtp_num_layers,
     )
     counts = layer_counts_from_string(pls, layout.pp, model.num_layers, model.mtp_num_layers)
     full = layout.recompute_granularity.value == "full"
@@ -150,21 +118,8 @@ def _expected(layout: Layout, model) -> dict:
 
 def _arrived(d: dict) -> dict:
     keys = (
-        "tp",
-        "pp",
-        "vpp",
-        "cp",
-        "ep",
-        "etp",
-        "sequence_parallel",
-        "recompute",
-        "dispatcher",
-        "flex_backend",
-        "optimizer_offload_fraction",
-        "pipeline_layout",
-        "layers_per_rank",
-        "num_layers",
-        "moe_layer_freq",
+        "tp", "pp", "vpp", "cp", "ep", "etp", "sequence_parallel", "recompute", "dispatcher", "flex_backend",
+        "optimizer_offload_fraction", "pipeline_layout", "layers_per_rank", "num_layers", "moe_layer_freq",
     )
     return {k: d[k] for k in keys}
 
@@ -182,16 +137,9 @@ def test_run_slime_sh_executes_and_its_values_arrive(name, tmp_path, model, clus
     assert script.read_text().startswith("#!/usr/bin/env bash\n")
     assert stat.S_IMODE(script.stat().st_mode) == 0o755
     env = _env(
-        tmp_path,
-        PYTHON=sys.executable,
-        SLIME_ENTRY=FAKE_SLIME,
-        SLIME_DIR=str(FAKES),
-        HF_CKPT="/ckpt/MiniMax M2",
-        TORCH_DIST="/ckpt/torch dist",
-        SFT_DATA="/data/rows;1.parquet",
-        SAVE_DIR="/ckpt/out $HOME",
-        TENSORBOARD_DIR="/tmp/prof $HOME",
-        NVLINK_COUNT="4",
+        tmp_path, PYTHON=sys.executable, SLIME_ENTRY=FAKE_SLIME, SLIME_DIR=str(FAKES), HF_CKPT="/ckpt/MiniMax M2",
+        TORCH_DIST="/ckpt/torch dist", SFT_DATA="/data/rows;1.parquet", SAVE_DIR="/ckpt/out $HOME",
+        TENSORBOARD_DIR="/tmp/prof $HOME", NVLINK_COUNT="4",
         FAKE_ENTRY_ENV="CUDA_DEVICE_MAX_CONNECTIONS,PYTORCH_CUDA_ALLOC_CONF,TORCHINDUCTOR_COMPILE_THREADS,NCCL_NVLS_ENABLE",
     )
     p = subprocess.run([str(script)], env=env, cwd=_glob_trap(tmp_path), capture_output=True, text=True, timeout=60)
@@ -236,14 +184,8 @@ def test_run_slime_sh_executes_and_its_values_arrive(name, tmp_path, model, clus
 
 
 BASE = dict(
-    PYTHON=sys.executable,
-    SLIME_ENTRY=FAKE_SLIME,
-    SLIME_DIR=str(FAKES),
-    HF_CKPT="/c",
-    TORCH_DIST="/t",
-    SFT_DATA="/d",
-    SAVE_DIR="/s",
-    NVLINK_COUNT="0",
+    PYTHON=sys.executable, SLIME_ENTRY=FAKE_SLIME, SLIME_DIR=str(FAKES), HF_CKPT="/c", TORCH_DIST="/t", SFT_DATA="/d",
+    SAVE_DIR="/s", NVLINK_COUNT="0",
 )
 
 
@@ -336,12 +278,8 @@ def test_megatron_args_sh_sourced_into_pretrain_gpt(name, tmp_path, model, clust
     env = _env(tmp_path, PYTHON=sys.executable)
     cmd = 'source "$1"; "$PYTHON" "$2" "${MEGATRON_ARGS[@]}"'
     p = subprocess.run(
-        [BASH, "-c", cmd, "bash", str(f), str(FAKES / "pretrain_gpt.py")],
-        env=env,
-        cwd=_glob_trap(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [BASH, "-c", cmd, "bash", str(f), str(FAKES / "pretrain_gpt.py")], env=env, cwd=_glob_trap(tmp_path),
+        capture_output=True, text=True, timeout=60,
     )
     assert p.returncode == 0, p.stderr
     d = json.loads((tmp_path / "dump.json").read_text())
@@ -388,12 +326,8 @@ def test_megatron_args_sh_run_launches_pretrain_gpt_with_the_users_data(tmp_path
     lay = LAYOUTS["seed"]
     f = _write(tmp_path, "megatron", model, cluster, lay)
     env = _launch_env(
-        tmp_path,
-        DATA_PATH="/data/my corpus_text_document",
-        TOKENIZER_MODEL="/ckpt/MiniMax M2",
-        TRAIN_ITERS="500",
-        NODE_RANK="3",
-        MASTER_ADDR="10.0.0.1",
+        tmp_path, DATA_PATH="/data/my corpus_text_document", TOKENIZER_MODEL="/ckpt/MiniMax M2", TRAIN_ITERS="500",
+        NODE_RANK="3", MASTER_ADDR="10.0.0.1",
     )
     p = subprocess.run([str(f)], env=env, cwd=_glob_trap(tmp_path), capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
@@ -402,29 +336,12 @@ def test_megatron_args_sh_run_launches_pretrain_gpt_with_the_users_data(tmp_path
     n = len(megatron_args(model, cluster, W, lay))
     assert d["argv"][:n] == megatron_args(model, cluster, W, lay)
     assert d["argv"][n:] == [
-        "--data-path",
-        "/data/my corpus_text_document",
-        "--split",
-        "99,1,0",
-        "--tokenizer-type",
-        "HuggingFaceTokenizer",
-        "--tokenizer-model",
-        "/ckpt/MiniMax M2",
-        "--train-iters",
-        "500",
-        "--save",
-        "checkpoints/MiniMax-M2",
-        "--load",
-        "checkpoints/MiniMax-M2",
-        "--save-interval",
-        "1000",
+        "--data-path", "/data/my corpus_text_document", "--split", "99,1,0", "--tokenizer-type", "HuggingFaceTokenizer",
+        "--tokenizer-model", "/ckpt/MiniMax M2", "--train-iters", "500", "--save", "checkpoints/MiniMax-M2", "--load",
+        "checkpoints/MiniMax-M2", "--save-interval", "1000",
     ]
     assert d["env"]["FAKE_TORCHRUN_OPTS"].split() == [
-        "--nnodes=8",
-        "--node-rank=3",
-        "--nproc-per-node=8",
-        "--master-addr=10.0.0.1",
-        "--master-port=29500",
+        "--nnodes=8", "--node-rank=3", "--nproc-per-node=8", "--master-addr=10.0.0.1", "--master-port=29500",
     ]
 
 
@@ -455,63 +372,19 @@ def test_megatron_args_sh_run_with_mock_data_and_missing_variables(tmp_path, mod
     assert p.returncode == 0, p.stderr
     argv = json.loads((tmp_path / "dump.json").read_text())["argv"]
     assert argv[-13:] == [
-        "--mock-data",
-        "--tokenizer-type",
-        "NullTokenizer",
-        "--train-iters",
-        "5",
-        "--save",
-        "/ck",
-        "--load",
-        "/ck",
-        "--save-interval",
-        "1000",
-        "--tensorboard-dir",
-        "/tb",
+        "--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters", "5", "--save", "/ck", "--load", "/ck",
+        "--save-interval", "1000", "--tensorboard-dir", "/tb",
     ]
 
 
 #: A Megatron-LM launch's training settings as ``tune --from`` keeps them (without effect on the estimate): its schedule
 #: (warm-up in iterations), data, tokenizer through its own variable, checkpoints and logging.
 USER = (
-    "--use-mcore-models",
-    "--max-position-embeddings",
-    "131072",
-    "--train-iters",
-    "50000",
-    "--lr",
-    "1.5e-4",
-    "--min-lr",
-    "1.5e-5",
-    "--lr-decay-style",
-    "cosine",
-    "--lr-warmup-iters",
-    "2000",
-    "--weight-decay",
-    "0.1",
-    "--clip-grad",
-    "1.0",
-    "--attention-dropout",
-    "0.0",
-    "--data-path",
-    "$DATA_PATH",
-    "--tokenizer-type",
-    "HuggingFaceTokenizer",
-    "--tokenizer-model",
-    "$TOKENIZER",
-    "--split",
-    "99,1,0",
-    "--save-interval",
-    "1000",
-    "--save",
-    "/ckpt/out",
-    "--load",
-    "/ckpt/out",
-    "--tensorboard-dir",
-    "/logs/tb",
-    "--wandb-project",
-    "llama70b-pretrain",
-    "--log-throughput",
+    "--use-mcore-models", "--max-position-embeddings", "131072", "--train-iters", "50000", "--lr", "1.5e-4", "--min-lr",
+    "1.5e-5", "--lr-decay-style", "cosine", "--lr-warmup-iters", "2000", "--weight-decay", "0.1", "--clip-grad", "1.0",
+    "--attention-dropout", "0.0", "--data-path", "$DATA_PATH", "--tokenizer-type", "HuggingFaceTokenizer",
+    "--tokenizer-model", "$TOKENIZER", "--split", "99,1,0", "--save-interval", "1000", "--save", "/ckpt/out", "--load",
+    "/ckpt/out", "--tensorboard-dir", "/logs/tb", "--wandb-project", "llama70b-pretrain", "--log-throughput",
 )
 
 
@@ -594,10 +467,7 @@ def test_with_the_users_launch_run_slime_sh_runs_the_users_training(tmp_path, mo
 
 def test_with_the_users_mock_data_megatron_args_sh_needs_no_variable_and_adds_no_tokenizer(tmp_path, model, cluster):
     ctx = ExportContext(
-        model=model,
-        cluster=cluster,
-        workload=W,
-        layout=LAYOUTS["seed"],
+        model=model, cluster=cluster, workload=W, layout=LAYOUTS["seed"],
         user_args=("--mock-data", "--train-iters", "10", "--recompute-activations"),
     )
     f = get_exporter("megatron").write(ctx, tmp_path / "megatron_args.sh")
@@ -660,11 +530,7 @@ def test_scripts_from_a_hostile_name_run_only_the_launch(tmp_path, model, cluste
     assert argv[argv.index("--x") + 1] == evil  # one word, as written
     p = subprocess.run(
         [
-            BASH,
-            "-c",
-            'source "$1"; "$PYTHON" "$2" "${MEGATRON_ARGS[@]}"',
-            "bash",
-            str(meg),
+            BASH, "-c", 'source "$1"; "$PYTHON" "$2" "${MEGATRON_ARGS[@]}"', "bash", str(meg),
             str(FAKES / "pretrain_gpt.py"),
         ],
         env=env,

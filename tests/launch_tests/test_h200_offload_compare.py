@@ -95,8 +95,7 @@ def test_bad_files_get_one_message(tmp_path, capsys):
         ("params_per_s", 0, "params_per_s must be a finite number > 0"),
         ("threads", 1e400, "threads must be a whole number >= 1"),
         ("threads", True, "threads must be a whole number >= 1"),
-        ("threads", 1.7, "threads must be a whole number >= 1"),
-        ("fused", "yes", "fused must be true or false"),
+        ("threads", 1.7, "threads must be a whole number >= 1"), ("fused", "yes", "fused must be true or false"),
     ],
 )
 def test_bad_primitive_rows_are_refused(tmp_path, field, value, message):

@@ -197,10 +197,8 @@ def test_a_file_without_measured_rows_is_refused(tmp_path):
 @pytest.mark.parametrize(
     "field, value, needle",
     [
-        ("seq_length", 4096, "seq_length 4096"),
-        ("micro_batch_size", 2, "micro_batch_size 2"),
-        ("model", "MiniMax-M2[2 layers]", "model 'MiniMax-M2[2 layers]'"),
-        ("precision", "fp8", "precision 'fp8'"),
+        ("seq_length", 4096, "seq_length 4096"), ("micro_batch_size", 2, "micro_batch_size 2"),
+        ("model", "MiniMax-M2[2 layers]", "model 'MiniMax-M2[2 layers]'"), ("precision", "fp8", "precision 'fp8'"),
     ],
 )
 def test_a_row_of_another_workload_is_refused(tmp_path, field, value, needle):
@@ -217,8 +215,7 @@ def test_a_row_of_another_workload_is_refused(tmp_path, field, value, needle):
 @pytest.mark.parametrize(
     "rows, profile, compared",
     [
-        ("recompute.jsonl", None, "compare.json"),
-        ("recompute.jsonl", "profile.jsonl", "compare_kernels.json"),
+        ("recompute.jsonl", None, "compare.json"), ("recompute.jsonl", "profile.jsonl", "compare_kernels.json"),
         ("recompute_rope.jsonl", None, "compare_rope.json"),
         ("recompute_rope.jsonl", "profile_rope.jsonl", "compare_kernels_rope.json"),
     ],
@@ -282,10 +279,8 @@ def test_kernels_rows_are_checked_field_by_field(tmp_path):
     rows = d / "recompute.jsonl"
     prof = [json.loads(ln) for ln in (d / "profile.jsonl").read_text().splitlines() if ln.strip()]
     for field, value, message in (
-        ("variant", ["full"], "is not one this benchmark runs"),
-        ("round", "0", "round must be a whole"),
-        ("round", -1, "round must be a whole"),
-        ("apply_rope_fusion", "no", "must be true or false"),
+        ("variant", ["full"], "is not one this benchmark runs"), ("round", "0", "round must be a whole"),
+        ("round", -1, "round must be a whole"), ("apply_rope_fusion", "no", "must be true or false"),
     ):
         f = tmp_path / "p.jsonl"
         f.write_text(json.dumps({**prof[0], field: value}) + "\n")

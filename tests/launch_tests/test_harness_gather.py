@@ -243,12 +243,8 @@ def test_the_swiglu_interleave_is_undone():
 def test_plan_edge_cases():
     tied = gather_plan(
         ParamShard(
-            name="output_layer.weight",
-            shape=(8, 4),
-            tensor_model_parallel=True,
-            partition_dim=0,
-            shared_embedding=True,
-            pre_process=False,
+            name="output_layer.weight", shape=(8, 4), tensor_model_parallel=True, partition_dim=0,
+            shared_embedding=True, pre_process=False,
         ),
         tp=2,
         etp=1,
@@ -284,11 +280,8 @@ def test_torch_side_matches_numpy_where_torch_is_installed():
     full = np.random.default_rng(2).standard_normal((8, 3)).astype(np.float32)
     plan = gather_plan(
         ParamShard(
-            name="decoder.layers.0.mlp.experts.linear_fc1.weight0",
-            shape=(4, 3),
-            tensor_model_parallel=True,
-            partition_dim=0,
-            is_expert=True,
+            name="decoder.layers.0.mlp.experts.linear_fc1.weight0", shape=(4, 3), tensor_model_parallel=True,
+            partition_dim=0, is_expert=True,
         ),
         tp=1,
         etp=2,

@@ -47,16 +47,8 @@ def test_slice_rejects_bad_counts(n):
 
 def test_spec_round_trip_and_fields(m4):
     lay = Layout(
-        world_size=4,
-        tp=2,
-        pp=2,
-        ep=2,
-        sequence_parallel=True,
-        micro_batch_size=1,
-        recompute_granularity="full",
-        recompute_method="uniform",
-        recompute_num_layers=1,
-        dispatcher="allgather",
+        world_size=4, tp=2, pp=2, ep=2, sequence_parallel=True, micro_batch_size=1, recompute_granularity="full",
+        recompute_method="uniform", recompute_num_layers=1, dispatcher="allgather",
     )
     spec = build_spec(m4, lay, WL, env=HarnessEnv(), steps=6, warmup_steps=2)
     again = HarnessSpec.from_json(spec.to_json())

@@ -30,14 +30,8 @@ def m4():
 @pytest.fixture
 def backend(tmp_path):
     return LocalBackend(
-        trials_dir=tmp_path / "trials",
-        num_gpus=4,
-        steps=5,
-        warmup_steps=2,
-        timeout_s=20,
-        launcher=[sys.executable, FAKE],
-        env=HarnessEnv(),
-        poll_s=0.02,
+        trials_dir=tmp_path / "trials", num_gpus=4, steps=5, warmup_steps=2, timeout_s=20,
+        launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02,
     )
 
 
@@ -111,11 +105,7 @@ def test_gpu_detection_and_registration(monkeypatch):
         LocalBackend(num_gpus=1, timeout_s=0)
     # CUDA reads CUDA_VISIBLE_DEVICES up to the first entry that is not a device (or repeats one)
     for value, ids in (
-        ("0,,1", ["0"]),
-        ("abc", []),
-        ("0,-1,1", ["0"]),
-        ("0,0", ["0"]),
-        ("3, 5 ,GPU-ab12", ["3", "5", "GPU-ab12"]),
+        ("0,,1", ["0"]), ("abc", []), ("0,-1,1", ["0"]), ("0,0", ["0"]), ("3, 5 ,GPU-ab12", ["3", "5", "GPU-ab12"]),
     ):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
         assert visible_device_ids() == ids and machine_gpu_count() == len(ids), value
@@ -133,14 +123,8 @@ def test_fewer_gpus_than_the_machine_uses_the_first_ones(tmp_path, m4, monkeypat
     seen = {}
     for n in (2, 4):
         b = LocalBackend(
-            trials_dir=tmp_path / f"t{n}",
-            num_gpus=n,
-            steps=3,
-            warmup_steps=1,
-            timeout_s=20,
-            launcher=[sys.executable, FAKE],
-            env=HarnessEnv(),
-            poll_s=0.02,
+            trials_dir=tmp_path / f"t{n}", num_gpus=n, steps=3, warmup_steps=1, timeout_s=20,
+            launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02,
         )
         b.run(Layout(world_size=n, ep=n), model=m4, cluster=parse_gpus(f"{n}xH200"), workload=WL, trial_number=n)
         (f,) = [p for p in dump.iterdir() if json.loads(p.read_text())["out"].startswith(str(tmp_path / f"t{n}"))]

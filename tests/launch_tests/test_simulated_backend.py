@@ -38,11 +38,7 @@ def _world(base, seed=0, **errors):
 
 def _run(backend, world, row, reporter=None):
     return backend.run(
-        world.base.table.row(row),
-        model=world.model,
-        cluster=world.cluster,
-        workload=world.workload,
-        reporter=reporter,
+        world.base.table.row(row), model=world.model, cluster=world.cluster, workload=world.workload, reporter=reporter,
         trial_number=1,
     )
 

@@ -15,8 +15,7 @@ from specs.layout import Layout
 @pytest.mark.parametrize(
     "lines, extra, needle",
     [
-        (None, [], "No such file"),
-        (['{"ep": 2'], [], "line 1: not a layout"),
+        (None, [], "No such file"), (['{"ep": 2'], [], "line 1: not a layout"),
         (['{"ep": 2}', "[1, 2]"], [], "line 2: not a layout"),
         (['{"ep": 2, "no_such_field": 1}'], [], "line 1: not a layout"),
         (['{"ep": 2}'], ["--steps", "4", "--warmup", "4"], "warm-up steps in [0, steps)"),
@@ -29,17 +28,8 @@ def test_bad_input_is_one_message(tmp_path, capsys, lines, extra, needle):
     out = tmp_path / "out.jsonl"
     rc = sweep.main(
         [
-            "--layers",
-            "2",
-            "--gpus",
-            "2xH200",
-            "--layouts",
-            str(f),
-            "--out",
-            str(out),
-            "--trials-dir",
-            str(tmp_path / "t"),
-            *extra,
+            "--layers", "2", "--gpus", "2xH200", "--layouts", str(f), "--out", str(out), "--trials-dir",
+            str(tmp_path / "t"), *extra,
         ]
     )
     err = capsys.readouterr().err
@@ -72,15 +62,7 @@ def test_nothing_starts_without_the_gpu_extra_or_the_gpus(tmp_path, capsys, monk
     f = tmp_path / "layouts.jsonl"
     f.write_text('{"ep": 2}\n')
     args = [
-        "--layers",
-        "2",
-        "--gpus",
-        "2xH200",
-        "--layouts",
-        str(f),
-        "--out",
-        str(tmp_path / "o"),
-        "--trials-dir",
+        "--layers", "2", "--gpus", "2xH200", "--layouts", str(f), "--out", str(tmp_path / "o"), "--trials-dir",
         str(tmp_path / "t"),
     ]
     real = importlib.util.find_spec

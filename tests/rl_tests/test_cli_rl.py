@@ -42,18 +42,8 @@ def synthetic_engines(monkeypatch, request):
 
 
 JOB = [
-    "--model",
-    "Qwen3-30B-A3B",
-    "--gpus",
-    "4x8xH100",
-    "--prompt-len",
-    "256",
-    "--response-len",
-    "4096",
-    "--prompts-per-step",
-    "16",
-    "--generations-per-prompt",
-    "16",
+    "--model", "Qwen3-30B-A3B", "--gpus", "4x8xH100", "--prompt-len", "256", "--response-len", "4096",
+    "--prompts-per-step", "16", "--generations-per-prompt", "16",
 ]
 
 
@@ -235,22 +225,9 @@ def test_calibrate_refuses_an_async_depth_out_of_range():
     r = CliRunner().invoke(
         app,
         [
-            "rl",
-            "calibrate",
-            "--log",
-            str(ROOT / "tests" / "fixtures" / "rl_logs" / "nemo_rl_grpo_sync.log"),
-            "--model",
-            "Qwen3-30B-A3B",
-            "--gpus",
-            "4x8xH100",
-            "--rollout-gpus",
-            "16",
-            "--async-steps",
-            "9",
-            "--rollout-layout",
-            "vllm:tp=2,ep=1,pp=1",
-            "--trainer-layout",
-            "megatron:tp=1,cp=1,ep=8,pp=1,vpp=1",
+            "rl", "calibrate", "--log", str(ROOT / "tests" / "fixtures" / "rl_logs" / "nemo_rl_grpo_sync.log"),
+            "--model", "Qwen3-30B-A3B", "--gpus", "4x8xH100", "--rollout-gpus", "16", "--async-steps", "9",
+            "--rollout-layout", "vllm:tp=2,ep=1,pp=1", "--trainer-layout", "megatron:tp=1,cp=1,ep=8,pp=1,vpp=1",
         ],
     )
     assert (
@@ -271,25 +248,9 @@ def test_the_deepest_accepted_sweep_and_good_options_still_plan():
     r = CliRunner().invoke(
         app,
         [
-            "rl",
-            *JOB,
-            "--no-colocated",
-            "--async-steps",
-            "8",
-            "--prompts-per-step",
-            "2",
-            "--engine-tp",
-            "8",
-            "--engine-ep",
-            "8",
-            "--gpu-memory-utilization",
-            "0.9",
-            "--max-num-seqs",
-            "256",
-            "--enforce-eager",
-            "--top",
-            "1",
-            "--json",
+            "rl", *JOB, "--no-colocated", "--async-steps", "8", "--prompts-per-step", "2", "--engine-tp", "8",
+            "--engine-ep", "8", "--gpu-memory-utilization", "0.9", "--max-num-seqs", "256", "--enforce-eager", "--top",
+            "1", "--json",
         ],
     )
     assert r.exit_code == 0, r.output
@@ -378,31 +339,10 @@ def test_calibrate_from_a_nemo_rl_log(tmp_path):
     r = CliRunner().invoke(
         app,
         [
-            "rl",
-            "calibrate",
-            "--log",
-            str(ROOT / "tests" / "fixtures" / "rl_logs" / "nemo_rl_grpo_sync.log"),
-            "--model",
-            "Qwen3-30B-A3B",
-            "--gpus",
-            "4x8xH100",
-            "--rollout-gpus",
-            "32",
-            "--colocated",
-            "--rollout-layout",
-            "vllm:tp=2,ep=1,pp=1",
-            "--trainer-layout",
-            "megatron:tp=1,cp=1,ep=8,pp=1,vpp=1",
-            "--prompt-len",
-            "256",
-            "--response-len",
-            "4096",
-            "--prompts-per-step",
-            "16",
-            "--generations-per-prompt",
-            "16",
-            "--json",
-            "--out",
+            "rl", "calibrate", "--log", str(ROOT / "tests" / "fixtures" / "rl_logs" / "nemo_rl_grpo_sync.log"),
+            "--model", "Qwen3-30B-A3B", "--gpus", "4x8xH100", "--rollout-gpus", "32", "--colocated", "--rollout-layout",
+            "vllm:tp=2,ep=1,pp=1", "--trainer-layout", "megatron:tp=1,cp=1,ep=8,pp=1,vpp=1", "--prompt-len", "256",
+            "--response-len", "4096", "--prompts-per-step", "16", "--generations-per-prompt", "16", "--json", "--out",
             str(out),
         ],
     )
@@ -420,18 +360,8 @@ def test_fp8_generation_and_training_reach_the_recipe(tmp_path):
     r = CliRunner().invoke(
         app,
         [
-            "rl",
-            *JOB,
-            "--top",
-            "1",
-            "--generation-precision",
-            "fp8",
-            "--training-precision",
-            "fp8_blockwise",
-            "--trainer-backend",
-            "megatron",
-            "--out",
-            str(tmp_path),
+            "rl", *JOB, "--top", "1", "--generation-precision", "fp8", "--training-precision", "fp8_blockwise",
+            "--trainer-backend", "megatron", "--out", str(tmp_path),
         ],
     )
     assert r.exit_code == 0, r.output
@@ -470,20 +400,8 @@ def test_the_export_is_the_fastest_plan_inside_the_trainer_s_validated_scope(tmp
 
     monkeypatch.setattr(cli_rl, "enumerate_plans", reordered)
     seed = [
-        "--model",
-        "MiniMax-M3",
-        "--gpus",
-        "32x8xH200",
-        "--framework",
-        "nemo-rl",
-        "--prompt-len",
-        "2048",
-        "--response-len",
-        "6144",
-        "--prompts-per-step",
-        "32",
-        "--generations-per-prompt",
-        "16",
+        "--model", "MiniMax-M3", "--gpus", "32x8xH200", "--framework", "nemo-rl", "--prompt-len", "2048",
+        "--response-len", "6144", "--prompts-per-step", "32", "--generations-per-prompt", "16",
     ]
     r = CliRunner().invoke(app, ["rl", *seed, "--out", str(tmp_path), "--json"])
     assert r.exit_code == 0, r.output
@@ -553,17 +471,8 @@ def test_the_readmes_refused_slime_job_says_why(tmp_path, monkeypatch):
     r = CliRunner().invoke(
         app,
         [
-            "rl",
-            "--model",
-            "MiniMax-M3",
-            "--gpus",
-            "32x8xH200",
-            "--framework",
-            "slime",
-            "--prompt-len",
-            "2048",
-            "--response-len",
-            "6144",
+            "rl", "--model", "MiniMax-M3", "--gpus", "32x8xH200", "--framework", "slime", "--prompt-len", "2048",
+            "--response-len", "6144",
         ],
     )
     assert r.exit_code == 2, r.output
@@ -600,20 +509,9 @@ def test_calibrate_names_rollout_gpus_that_are_not_whole_nodes():
     r = CliRunner().invoke(
         app,
         [
-            "rl",
-            "calibrate",
-            "--log",
-            str(ROOT / "tests" / "fixtures" / "rl_logs" / "nemo_rl_grpo_sync.log"),
-            "--model",
-            "Qwen3-30B-A3B",
-            "--gpus",
-            "4x8xH100",
-            "--rollout-gpus",
-            "17",
-            "--rollout-layout",
-            "vllm:tp=2,ep=1,pp=1",
-            "--trainer-layout",
-            "megatron:tp=1,cp=1,ep=8,pp=1,vpp=1",
+            "rl", "calibrate", "--log", str(ROOT / "tests" / "fixtures" / "rl_logs" / "nemo_rl_grpo_sync.log"),
+            "--model", "Qwen3-30B-A3B", "--gpus", "4x8xH100", "--rollout-gpus", "17", "--rollout-layout",
+            "vllm:tp=2,ep=1,pp=1", "--trainer-layout", "megatron:tp=1,cp=1,ep=8,pp=1,vpp=1",
         ],
     )
     msg = " ".join(r.stderr.split())
@@ -633,20 +531,8 @@ def test_calibrate_names_a_timer_that_is_not_a_number(tmp_path, value):
     r = CliRunner().invoke(
         app,
         [
-            "rl",
-            "calibrate",
-            "--log",
-            str(log),
-            "--model",
-            "Qwen3-30B-A3B",
-            "--gpus",
-            "4x8xH100",
-            "--rollout-gpus",
-            "32",
-            "--colocated",
-            "--rollout-layout",
-            "vllm:tp=2,ep=1,pp=1",
-            "--trainer-layout",
+            "rl", "calibrate", "--log", str(log), "--model", "Qwen3-30B-A3B", "--gpus", "4x8xH100", "--rollout-gpus",
+            "32", "--colocated", "--rollout-layout", "vllm:tp=2,ep=1,pp=1", "--trainer-layout",
             "megatron:tp=1,cp=1,ep=8,pp=1,vpp=1",
         ],
     )

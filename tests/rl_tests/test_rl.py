@@ -132,13 +132,7 @@ def test_latency_table_interpolates_and_extrapolates():
 
 def test_colocated_step_is_the_sum():
     s = compose_step(
-        generation_s=100,
-        logprob_s=10,
-        training_s=40,
-        refit_s=5,
-        switch_s=8,
-        overhead_s=2,
-        colocated=True,
+        generation_s=100, logprob_s=10, training_s=40, refit_s=5, switch_s=8, overhead_s=2, colocated=True,
         async_steps=0,
     )
     assert s.step_time_s == pytest.approx(165)
@@ -164,13 +158,7 @@ def test_async_step_overlaps_and_sync_split_has_the_bubble():
 def test_colocated_async_is_refused():
     with pytest.raises(TunerError, match="non-colocated"):
         compose_step(
-            generation_s=1,
-            logprob_s=1,
-            training_s=1,
-            refit_s=1,
-            switch_s=1,
-            overhead_s=0,
-            colocated=True,
+            generation_s=1, logprob_s=1, training_s=1, refit_s=1, switch_s=1, overhead_s=0, colocated=True,
             async_steps=1,
         )
 
@@ -180,13 +168,8 @@ def test_colocated_async_is_refused():
 
 def _job(**kw):
     base = dict(
-        model=load_model("Qwen3-30B-A3B"),
-        cluster=parse_gpus("4x8xH100"),
-        prompt_len=256,
-        response_len=4096,
-        mean_prompt_len=150,
-        responses=LengthDistribution.from_mean_max(2000, 4096),
-        prompts_per_step=16,
+        model=load_model("Qwen3-30B-A3B"), cluster=parse_gpus("4x8xH100"), prompt_len=256, response_len=4096,
+        mean_prompt_len=150, responses=LengthDistribution.from_mean_max(2000, 4096), prompts_per_step=16,
         generations_per_prompt=16,
     )
     base.update(kw)
@@ -348,12 +331,7 @@ def test_slime_log_reader():
     assert [s.step for s in steps] == [0, 1]
     s = steps[0]
     assert (s.step_time_s, s.generation_s, s.training_s, s.logprob_s, s.refit_s, s.switch_s) == (
-        183.0,
-        120.0,
-        40.0,
-        10.0,
-        6.0,
-        5.0,
+        183.0, 120.0, 40.0, 10.0, 6.0, 5.0,
     )
 
 

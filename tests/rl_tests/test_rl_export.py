@@ -28,16 +28,9 @@ def _latency(job, shape):
 
 def seed_plan(engine=Engine.vllm, framework=Framework.nemo_rl, backend=TrainerBackend.automodel, model="MiniMax-M3"):
     job = RLJob(
-        model=load_model(model),
-        cluster=parse_gpus("32x8xH200"),
-        framework=framework,
-        engine=engine,
-        prompt_len=2048,
-        response_len=6144,
-        mean_prompt_len=512,
-        responses=LengthDistribution.from_mean_max(3072, 6144),
-        prompts_per_step=32,
-        generations_per_prompt=16,
+        model=load_model(model), cluster=parse_gpus("32x8xH200"), framework=framework, engine=engine, prompt_len=2048,
+        response_len=6144, mean_prompt_len=512, responses=LengthDistribution.from_mean_max(3072, 6144),
+        prompts_per_step=32, generations_per_prompt=16,
     )
     wl = rl_workload(sequences=512, mean_total_len=512 + 3072, max_total_len=8192)
     sub = parse_gpus("16x8xH200")
@@ -66,28 +59,15 @@ def _get(d, path):
 
 
 SEED_KEYS = [
-    "cluster.num_nodes",
-    "cluster.gpus_per_node",
-    "grpo.num_prompts_per_step",
-    "grpo.num_generations_per_prompt",
-    "policy.train_global_batch_size",
-    "policy.train_micro_batch_size",
-    "policy.logprob_batch_size",
-    "policy.max_total_sequence_length",
-    "policy.dtensor_cfg.context_parallel_size",
-    "policy.dtensor_cfg.expert_parallel_size",
-    "policy.dtensor_cfg.activation_checkpointing",
-    "policy.generation.max_new_tokens",
-    "policy.generation.colocated.enabled",
-    "policy.generation.colocated.resources.num_nodes",
-    "policy.generation.colocated.resources.gpus_per_node",
-    "policy.generation.vllm_cfg.tensor_parallel_size",
-    "policy.generation.vllm_cfg.pipeline_parallel_size",
-    "policy.generation.vllm_cfg.expert_parallel_size",
-    "policy.generation.vllm_cfg.gpu_memory_utilization",
-    "policy.generation.vllm_cfg.enforce_eager",
-    "policy.generation.vllm_cfg.max_model_len",
-    "data.max_input_seq_length",
+    "cluster.num_nodes", "cluster.gpus_per_node", "grpo.num_prompts_per_step", "grpo.num_generations_per_prompt",
+    "policy.train_global_batch_size", "policy.train_micro_batch_size", "policy.logprob_batch_size",
+    "policy.max_total_sequence_length", "policy.dtensor_cfg.context_parallel_size",
+    "policy.dtensor_cfg.expert_parallel_size", "policy.dtensor_cfg.activation_checkpointing",
+    "policy.generation.max_new_tokens", "policy.generation.colocated.enabled",
+    "policy.generation.colocated.resources.num_nodes", "policy.generation.colocated.resources.gpus_per_node",
+    "policy.generation.vllm_cfg.tensor_parallel_size", "policy.generation.vllm_cfg.pipeline_parallel_size",
+    "policy.generation.vllm_cfg.expert_parallel_size", "policy.generation.vllm_cfg.gpu_memory_utilization",
+    "policy.generation.vllm_cfg.enforce_eager", "policy.generation.vllm_cfg.max_model_len", "data.max_input_seq_length",
 ]
 
 
@@ -176,16 +156,9 @@ FAKE_SLIME = Path(__file__).resolve().parent / "fake_entry" / "slime_rl"
 
 def _sglang_plan(colocated: bool, async_steps: int, shape: EngineShape, eager: bool):
     job = RLJob(
-        model=load_model("Qwen3-30B-A3B"),
-        cluster=parse_gpus("4x8xH100"),
-        framework=Framework.slime,
-        engine=Engine.sglang,
-        prompt_len=512,
-        response_len=4096,
-        mean_prompt_len=200,
-        responses=LengthDistribution.from_mean_max(2000, 4096),
-        prompts_per_step=32,
-        generations_per_prompt=8,
+        model=load_model("Qwen3-30B-A3B"), cluster=parse_gpus("4x8xH100"), framework=Framework.slime,
+        engine=Engine.sglang, prompt_len=512, response_len=4096, mean_prompt_len=200,
+        responses=LengthDistribution.from_mean_max(2000, 4096), prompts_per_step=32, generations_per_prompt=8,
     )
     n_train = 32 if colocated else 16
     tr = trainer_for_layout(

@@ -48,10 +48,7 @@ def test_bad_rows_are_named_by_line_and_column_and_good_rows_still_read(tmp_path
     f.write_text(
         "\n".join(
             [
-                HEADER,
-                good,
-                good.replace(",closed,", ",sometimes,"),
-                good.replace(",tpot_ms,", ",latency,"),
+                HEADER, good, good.replace(",closed,", ",sometimes,"), good.replace(",tpot_ms,", ",latency,"),
                 good.replace(",fixed,", ",uniform:2,"),
             ]
         )
@@ -93,20 +90,8 @@ def test_open_load_runs_everything_at_once_and_per_gpu_divides(tmp_path):
 
 def test_request_lengths_follow_the_row():
     base = dict(
-        line=2,
-        id="a",
-        source="s",
-        model="Qwen3-30B-A3B",
-        gpu="H100",
-        engine="vllm",
-        engine_version="",
-        precision="bf16",
-        load="closed",
-        concurrency=4,
-        num_prompts=1000,
-        metric="tpot_ms",
-        measured=1.0,
-        notes="",
+        line=2, id="a", source="s", model="Qwen3-30B-A3B", gpu="H100", engine="vllm", engine_version="",
+        precision="bf16", load="closed", concurrency=4, num_prompts=1000, metric="tpot_ms", measured=1.0, notes="",
     )
     from rl.engine import Engine, EngineShape
 

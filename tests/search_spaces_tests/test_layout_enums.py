@@ -37,10 +37,7 @@ def test_dispatcher_properties():
     assert set(want) == set(Dispatcher) == set(_DISPATCHER_TRAITS)
     for d, (kind, backend, flex, ag) in want.items():
         assert (d.moe_token_dispatcher_type, d.moe_flex_dispatcher_backend, d.is_flex, d.is_allgather) == (
-            kind,
-            backend,
-            flex,
-            ag,
+            kind, backend, flex, ag,
         ), d
 
 
@@ -135,14 +132,7 @@ def test_adding_a_dispatcher_is_one_member_and_one_traits_row(tmp_path):
     assert out.stdout.strip() == "ok"
     suite = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "--rootdir",
-            str(tmp_path),
+            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
             "test_dispatcher_contract.py",
         ],
         cwd=tmp_path,

@@ -55,13 +55,9 @@ def test_empty_chunk_allowed() -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        ((62, 3, 1), "num_layers (62) is not a multiple of pp (3)"),
-        ((64, 8, 3), "8 layers per pipeline rank"),
-        ((62, 8, 1, 9, 9), "44 layers"),
-        ((62, 8, 4, 5, 7), "first (5)"),
-        ((62, 1, 1, 7, 0), "pp is 1"),
-        ((62, 2, 4, 30, 30), "must equal num_layers (62)"),
-        ((62, 8, 1, 0, 13), "last (13)"),
+        ((62, 3, 1), "num_layers (62) is not a multiple of pp (3)"), ((64, 8, 3), "8 layers per pipeline rank"),
+        ((62, 8, 1, 9, 9), "44 layers"), ((62, 8, 4, 5, 7), "first (5)"), ((62, 1, 1, 7, 0), "pp is 1"),
+        ((62, 2, 4, 30, 30), "must equal num_layers (62)"), ((62, 8, 1, 0, 13), "last (13)"),
         ((62, 8, 4, 3, 3), "first (3)"),
     ],
 )
@@ -119,9 +115,7 @@ def test_parse_deepseek_doc_example() -> None:
 @pytest.mark.parametrize(
     ("text", "pp", "layers", "mtp", "stages"),
     [
-        ("Et*3|(tt|)*6tmL", 2, 16, 1, 8),
-        ("Et*3|(tt|)*6mL", 2, 15, 1, 8),
-        ("Et*7|t*7mL", 2, 14, 1, 2),
+        ("Et*3|(tt|)*6tmL", 2, 16, 1, 8), ("Et*3|(tt|)*6mL", 2, 15, 1, 8), ("Et*7|t*7mL", 2, 14, 1, 2),
         ("Et*2|(tt|)*5t|tmL", 4, 14, 1, 8),
     ],
 )
@@ -155,14 +149,11 @@ def test_an_empty_stage_is_refused(text: str) -> None:
 @pytest.mark.parametrize(
     ("text", "mtp", "needle"),
     [
-        ("Et*31| t*31L", 0, "invalid characters ' '"),
-        ("E((t|)*2)*15L", 0, "nested parentheses"),
+        ("Et*31| t*31L", 0, "invalid characters ' '"), ("E((t|)*2)*15L", 0, "nested parentheses"),
         ("Et*31|t*31", 0, "exactly one E and one L"),
         ("Et*31|t*30L", 0, "has 61 decoder layers t, the model has num_layers 62"),
-        ("Et*31|t*31|L", 0, "3 stage(s), which is not a multiple of pp (2)"),
-        ("(Et*31|t*31L)", 0, "followed by '*n'"),
-        ("Et*31x|t*31L", 0, "invalid characters 'x'"),
-        ("L|Et*31|t*31|", 0, "first layer must be the embedding E"),
+        ("Et*31|t*31|L", 0, "3 stage(s), which is not a multiple of pp (2)"), ("(Et*31|t*31L)", 0, "followed by '*n'"),
+        ("Et*31x|t*31L", 0, "invalid characters 'x'"), ("L|Et*31|t*31|", 0, "first layer must be the embedding E"),
         ("Et*31|t*31mL", 0, "has 1 MTP layers m, the model has mtp_num_layers 0"),
         ("Et*30m|t*32L", 1, "decoder layers t must come before the MTP layers m"),
         ("|Et*31|t*31|L", 0, "E must be in stage 0"),

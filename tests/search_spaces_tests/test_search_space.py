@@ -161,38 +161,17 @@ def test_minimax_default_enumeration(minimax: ModelSpec, monkeypatch: pytest.Mon
         return np.flatnonzero(mask)
 
     seed = find(
-        tp=1,
-        pp=8,
-        vpp=4,
-        cp=1,
-        ep=8,
-        etp=1,
-        micro_batch_size=1,
-        recompute_granularity="full",
-        recompute_method="uniform",
-        recompute_num_layers=1,
-        num_layers_in_first_pipeline_stage=7,
-        num_layers_in_last_pipeline_stage=7,
-        dispatcher="alltoall",
-        optimizer_offload_fraction=0.0,
+        tp=1, pp=8, vpp=4, cp=1, ep=8, etp=1, micro_batch_size=1, recompute_granularity="full",
+        recompute_method="uniform", recompute_num_layers=1, num_layers_in_first_pipeline_stage=7,
+        num_layers_in_last_pipeline_stage=7, dispatcher="alltoall", optimizer_offload_fraction=0.0,
     )
     assert len(seed) == 1
     lay = v.row(int(seed[0]))
     assert lay.label == "TP1 PP8 VPP4 EP8 DP8"
     assert emit_layout_string(62, lay.pp, lay.vpp, 7, 7) == "Et|(tt|)*30tL"
     ref = find(
-        tp=2,
-        pp=2,
-        vpp=1,
-        cp=1,
-        ep=8,
-        etp=1,
-        micro_batch_size=1,
-        recompute_granularity="full",
-        recompute_method="uniform",
-        recompute_num_layers=1,
-        num_layers_in_first_pipeline_stage=0,
-        dispatcher="alltoall",
+        tp=2, pp=2, vpp=1, cp=1, ep=8, etp=1, micro_batch_size=1, recompute_granularity="full",
+        recompute_method="uniform", recompute_num_layers=1, num_layers_in_first_pipeline_stage=0, dispatcher="alltoall",
         optimizer_offload_fraction=1.0,
     )
     assert len(ref) == 1 and v.row(int(ref[0])).sequence_parallel

@@ -27,21 +27,9 @@ def llama8b() -> ModelSpec:
 def seed_layout(**changes: Any) -> Layout:
     """The seed recipe: TP1 PP8 VPP4 EP8 ETP1 DP8, mbs 1, full uniform 1, first/last 7, alltoall, 64 GPUs."""
     base = Layout(
-        world_size=64,
-        tp=1,
-        pp=8,
-        vpp=4,
-        cp=1,
-        ep=8,
-        etp=1,
-        micro_batch_size=1,
-        recompute_granularity="full",
-        recompute_method="uniform",
-        recompute_num_layers=1,
-        num_layers_in_first_pipeline_stage=7,
-        num_layers_in_last_pipeline_stage=7,
-        dispatcher="alltoall",
-        use_distributed_optimizer=True,
+        world_size=64, tp=1, pp=8, vpp=4, cp=1, ep=8, etp=1, micro_batch_size=1, recompute_granularity="full",
+        recompute_method="uniform", recompute_num_layers=1, num_layers_in_first_pipeline_stage=7,
+        num_layers_in_last_pipeline_stage=7, dispatcher="alltoall", use_distributed_optimizer=True,
         use_precision_aware_optimizer=True,
     )
     return base.replace(**changes)
@@ -50,19 +38,9 @@ def seed_layout(**changes: Any) -> Layout:
 def slime_reference_layout() -> Layout:
     """slime's MiniMax-M2 layout ported to 64 GPUs: TP2 SP PP2 EP8 ETP1, full uniform 1, CPU Adam (1.0)."""
     return Layout(
-        world_size=64,
-        tp=2,
-        sequence_parallel=True,
-        pp=2,
-        ep=8,
-        etp=1,
-        recompute_granularity="full",
-        recompute_method="uniform",
-        recompute_num_layers=1,
-        optimizer_offload_fraction=1.0,
-        overlap_cpu_optimizer_d2h_h2d=True,
-        use_precision_aware_optimizer=True,
-        use_distributed_optimizer=True,
+        world_size=64, tp=2, sequence_parallel=True, pp=2, ep=8, etp=1, recompute_granularity="full",
+        recompute_method="uniform", recompute_num_layers=1, optimizer_offload_fraction=1.0,
+        overlap_cpu_optimizer_d2h_h2d=True, use_precision_aware_optimizer=True, use_distributed_optimizer=True,
     )
 
 
@@ -101,12 +79,7 @@ BAD: dict[str, tuple[Layout, str | dict[str, Any], Workload, tuple[str, ...]]] =
     ),
     "ffn_div_tp": (
         seed_layout(
-            tp=32,
-            pp=2,
-            vpp=1,
-            ep=1,
-            sequence_parallel=True,
-            num_layers_in_first_pipeline_stage=0,
+            tp=32, pp=2, vpp=1, ep=1, sequence_parallel=True, num_layers_in_first_pipeline_stage=0,
             num_layers_in_last_pipeline_stage=0,
         ),
         "Llama-3.1-8B:ffn_hidden_size=14000",
@@ -145,12 +118,7 @@ BAD: dict[str, tuple[Layout, str | dict[str, Any], Workload, tuple[str, ...]]] =
     ),
     "sp_seq_div_tp": (
         seed_layout(
-            tp=8,
-            cp=2,
-            sequence_parallel=True,
-            pp=1,
-            vpp=1,
-            num_layers_in_first_pipeline_stage=0,
+            tp=8, cp=2, sequence_parallel=True, pp=1, vpp=1, num_layers_in_first_pipeline_stage=0,
             num_layers_in_last_pipeline_stage=0,
         ),
         {},
@@ -184,9 +152,7 @@ BAD: dict[str, tuple[Layout, str | dict[str, Any], Workload, tuple[str, ...]]] =
     ),
     "recompute_selective": (
         seed_layout(
-            recompute_granularity="selective",
-            recompute_method="none",
-            recompute_num_layers=1,
+            recompute_granularity="selective", recompute_method="none", recompute_num_layers=1,
             recompute_modules=("core_attn",),
         ),
         {},
@@ -201,14 +167,8 @@ BAD: dict[str, tuple[Layout, str | dict[str, Any], Workload, tuple[str, ...]]] =
     ),
     "recompute_modules_model": (
         seed_layout(
-            pp=2,
-            vpp=1,
-            ep=1,
-            num_layers_in_first_pipeline_stage=0,
-            num_layers_in_last_pipeline_stage=0,
-            recompute_granularity="selective",
-            recompute_method="none",
-            recompute_num_layers=0,
+            pp=2, vpp=1, ep=1, num_layers_in_first_pipeline_stage=0, num_layers_in_last_pipeline_stage=0,
+            recompute_granularity="selective", recompute_method="none", recompute_num_layers=0,
             recompute_modules=("core_attn", "moe"),
         ),
         "Llama-3.1-8B",
@@ -304,11 +264,7 @@ def test_rule_rejects_bad_layout(rule_id: str, minimax: ModelSpec) -> None:
 
 def test_dispatcher_fabric_per_network(minimax: ModelSpec) -> None:
     cross = seed_layout(
-        pp=4,
-        vpp=1,
-        ep=16,
-        dispatcher="flex+deepep",
-        num_layers_in_first_pipeline_stage=16,
+        pp=4, vpp=1, ep=16, dispatcher="flex+deepep", num_layers_in_first_pipeline_stage=16,
         num_layers_in_last_pipeline_stage=14,
     )
     assert check_layout(cross, minimax, WORKLOAD) == []  # no network named: not checked
@@ -362,11 +318,7 @@ def test_more_reasons(minimax: ModelSpec, llama8b: ModelSpec) -> None:
     )
     assert r["interleaved_schedule"] == "vpp (2) > 1 needs pp > 1, got pp 1"
     dense = seed_layout(
-        pp=2,
-        vpp=1,
-        ep=1,
-        num_layers_in_first_pipeline_stage=0,
-        num_layers_in_last_pipeline_stage=0,
+        pp=2, vpp=1, ep=1, num_layers_in_first_pipeline_stage=0, num_layers_in_last_pipeline_stage=0,
         dispatcher="allgather",
     )
     assert "dispatcher must be alltoall (got allgather)" in reasons(dense, llama8b)["dispatcher"]

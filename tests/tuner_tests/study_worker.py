@@ -60,10 +60,7 @@ class Sleepy(TrialBackend):
             raise SystemExit(f"trial {trial_number} sent no heartbeat")
         time.sleep(self.step_s)
         return Measurement(
-            layout=layout,
-            source="measured",
-            tokens_per_s_per_gpu=1000.0 + len(self.layouts),
-            peak_bytes=50 * 2**30,
+            layout=layout, source="measured", tokens_per_s_per_gpu=1000.0 + len(self.layouts), peak_bytes=50 * 2**30,
             step_times_s=(1.0,),
         )
 

@@ -39,14 +39,8 @@ def _make_study(tmp_path: Path) -> tuple[str, Path]:
     measured layout with ``user_attrs["result"]`` (source "measured", peak_gib = reserved)."""
     results = tmp_path / "results"
     cfg = TuneConfig(
-        model="MiniMax-M2",
-        gpus="4xH200",
-        layers=4,
-        global_batch_size=8,
-        backend="local",
-        stack="megatron",
-        results_dir=str(results),
-        study="h200-slice",
+        model="MiniMax-M2", gpus="4xH200", layers=4, global_batch_size=8, backend="local", stack="megatron",
+        results_dir=str(results), study="h200-slice",
     )
     prep = prepare(cfg)
     name = cfg.study_name(prep.model, prep.cluster)
@@ -94,13 +88,8 @@ def _observations(rows: list[dict]) -> list[Observation]:
     w = Workload(seq_length=8192, global_batch_size=8)
     return [
         Observation(
-            model=m,
-            cluster=c,
-            workload=w,
-            layout=Layout.from_dict(r["layout"]),
-            step_time_s=r["step_time_s"],
-            peak_gib=r["peak_reserved_gib"],
-            label=r["label"],
+            model=m, cluster=c, workload=w, layout=Layout.from_dict(r["layout"]), step_time_s=r["step_time_s"],
+            peak_gib=r["peak_reserved_gib"], label=r["label"],
         )
         for r in rows
     ]
@@ -152,13 +141,8 @@ def test_calibrate_study_without_measured_trials_fails_cleanly(tmp_path):
     r = runner.invoke(
         app,
         [
-            "calibrate",
-            "--study",
-            "empty",
-            "--storage",
-            f"sqlite:///{(results / name / 'study.db').as_posix()}",
-            "--out",
-            str(tmp_path / "x.yaml"),
+            "calibrate", "--study", "empty", "--storage", f"sqlite:///{(results / name / 'study.db').as_posix()}",
+            "--out", str(tmp_path / "x.yaml"),
         ],
     )
     assert r.exit_code == 2 and "no finished trial measured" in r.output
@@ -186,16 +170,8 @@ def test_bench_extrapolation_fits_small_slices_and_judges_4gpu(capsys):
         bench_trial_calibration.main(["--fit-data", str(FIXTURE)])  # --judge-data missing
     assert "go together" in capsys.readouterr().err
     args = [
-        "--fit-data",
-        str(SWEEPS / "sweep_l2_2gpu.jsonl"),
-        str(SWEEPS / "sweep_l1_1gpu_local.jsonl"),
-        "--judge-data",
-        str(FIXTURE),
-        "--judge-gpus",
-        "4xH200",
-        "--max-nfev",
-        "60",
-        "--json",
+        "--fit-data", str(SWEEPS / "sweep_l2_2gpu.jsonl"), str(SWEEPS / "sweep_l1_1gpu_local.jsonl"), "--judge-data",
+        str(FIXTURE), "--judge-gpus", "4xH200", "--max-nfev", "60", "--json",
     ]
     assert bench_trial_calibration.main(args) == 0
     r = json.loads(capsys.readouterr().out)

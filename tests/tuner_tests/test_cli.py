@@ -27,18 +27,8 @@ def main_run(tmp_path_factory):
     """One real main job: MiniMax-M2 on 64 H200 (the seed's job), 16 trials, the front drawn (--png)."""
     d = tmp_path_factory.mktemp("results")
     r = _run(
-        "--model",
-        "MiniMax-M2",
-        "--gpus",
-        "64xH200",
-        "--trials",
-        "16",
-        "--results-dir",
-        str(d),
-        "--study",
-        "m2",
-        "--verbose",
-        "--png",
+        "--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "16", "--results-dir", str(d), "--study", "m2",
+        "--verbose", "--png",
     )
     return r, d / "m2"
 
@@ -93,15 +83,7 @@ def test_resume_never_evaluates_a_layout_twice(main_run):
 
     r, out = main_run
     again = _run(
-        "--model",
-        "MiniMax-M2",
-        "--gpus",
-        "64xH200",
-        "--trials",
-        "12",
-        "--results-dir",
-        str(out.parent),
-        "--study",
+        "--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "12", "--results-dir", str(out.parent), "--study",
         "m2",
     )
     assert again.exit_code == 0, again.output
@@ -141,15 +123,7 @@ def test_resume_with_another_cost_model_is_refused_and_the_study_still_reads(mai
     r = runner.invoke(
         app,
         [
-            "--model",
-            "MiniMax-M2",
-            "--gpus",
-            "64xH200",
-            "--trials",
-            "16",
-            "--results-dir",
-            str(out.parent),
-            "--study",
+            "--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "16", "--results-dir", str(out.parent), "--study",
             "m2",
         ],
     )
@@ -169,14 +143,7 @@ def test_pareto_and_export_commands(main_run, tmp_path):
     r = _run("pareto", "--study", "m2", "--results-dir", str(out.parent), "--top", "3")
     assert r.exit_code == 0 and "Pareto front (predicted;" in r.output
     r = _run(
-        "export",
-        "--study",
-        "m2",
-        "--results-dir",
-        str(out.parent),
-        "--format",
-        "megatron",
-        "--out",
+        "export", "--study", "m2", "--results-dir", str(out.parent), "--format", "megatron", "--out",
         str(tmp_path / "a.sh"),
     )
     assert r.exit_code == 0
@@ -191,24 +158,8 @@ def test_pareto_and_export_commands(main_run, tmp_path):
 
 def test_estimate_json_seed_layout():
     r = _run(
-        "estimate",
-        "--model",
-        "MiniMax-M2",
-        "--gpus",
-        "64xH200",
-        "--pp",
-        "8",
-        "--vpp",
-        "4",
-        "--ep",
-        "8",
-        "--recompute",
-        "full",
-        "--first-stage-layers",
-        "7",
-        "--last-stage-layers",
-        "7",
-        "--json",
+        "estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "8", "--vpp", "4", "--ep", "8", "--recompute",
+        "full", "--first-stage-layers", "7", "--last-stage-layers", "7", "--json",
     )
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
@@ -233,38 +184,14 @@ def test_check_lists_every_broken_rule():
     for rule in ("world_div_tp_pp_cp", "heads_div_tp", "experts_div_ep"):
         assert rule in r.output
     ok = _run(
-        "check",
-        "--model",
-        "MiniMax-M2",
-        "--gpus",
-        "64xH200",
-        "--pp",
-        "8",
-        "--vpp",
-        "4",
-        "--ep",
-        "8",
-        "--recompute",
-        "full",
-        "--first-stage-layers",
-        "7",
-        "--last-stage-layers",
-        "7",
+        "check", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "8", "--vpp", "4", "--ep", "8", "--recompute",
+        "full", "--first-stage-layers", "7", "--last-stage-layers", "7",
     )
     assert ok.exit_code == 0 and "Et|(tt|)*30tL" in ok.output
     bad = runner.invoke(
         app,
         [
-            "check",
-            "--model",
-            "MiniMax-M2",
-            "--gpus",
-            "64xH200",
-            "--pp",
-            "8",
-            "--ep",
-            "8",
-            "--pipeline-layout",
+            "check", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "8", "--ep", "8", "--pipeline-layout",
             "Et|(tt|)*29tL",
         ],
     )
@@ -307,13 +234,7 @@ def _write(tmp_path: Path, name: str, text: str) -> str:
         ),
         (
             [
-                "--model",
-                "MiniMax-M2",
-                "--gpus",
-                "64xH200",
-                "--backend",
-                "ray",
-                "--ray-address",
+                "--model", "MiniMax-M2", "--gpus", "64xH200", "--backend", "ray", "--ray-address",
                 "h:99999999999999999999",
             ],
             "port 1-65535",
@@ -334,16 +255,8 @@ def _write(tmp_path: Path, name: str, text: str) -> str:
         (["--model", "MiniMax-M2", "--gpus", "64xH200", "--ray-address", "auto"], "--ray-address is for --backend ray"),
         (
             [
-                "--model",
-                "MiniMax-M2",
-                "--gpus",
-                "64xH200",
-                "--parallel-trials",
-                "2",
-                "--backend",
-                "command",
-                "--command-template",
-                "x.yaml",
+                "--model", "MiniMax-M2", "--gpus", "64xH200", "--parallel-trials", "2", "--backend", "command",
+                "--command-template", "x.yaml",
             ],
             "--parallel-trials > 1 needs --backend ray",
         ),
@@ -420,15 +333,7 @@ def test_bad_results_dir_and_storage_refused_before_any_work(tmp_path):
 def test_trial_steps_and_warmup_checked(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     args = [
-        "--model",
-        "MiniMax-M2",
-        "--layers",
-        "2",
-        "--gpus",
-        "2xH200",
-        "--backend",
-        "local",
-        "--results-dir",
+        "--model", "MiniMax-M2", "--layers", "2", "--gpus", "2xH200", "--backend", "local", "--results-dir",
         str(tmp_path),
     ]
     for bad, needle in (
@@ -460,10 +365,8 @@ def test_bad_files(tmp_path):
 
 def test_console_script_has_no_traceback():
     p = subprocess.run(
-        [sys.executable, "-m", "tuner.cli", "--model", "NoSuchModel", "--gpus", "64xH200"],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).resolve().parents[2],
+        [sys.executable, "-m", "tuner.cli", "--model", "NoSuchModel", "--gpus", "64xH200"], capture_output=True,
+        text=True, cwd=Path(__file__).resolve().parents[2],
     )
     assert p.returncode == 2
     assert "unknown model" in p.stderr and "Traceback" not in p.stderr + p.stdout
@@ -491,21 +394,8 @@ def test_check_takes_split_from_layout_string():
 
 def test_check_reports_tuner_policy_as_note():
     r = _run(
-        "check",
-        "--model",
-        "MiniMax-M2",
-        "--gpus",
-        "64xH200",
-        "--pp",
-        "2",
-        "--ep",
-        "8",
-        "--recompute",
-        "full",
-        "--first-stage-layers",
-        "31",
-        "--last-stage-layers",
-        "31",
+        "check", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "2", "--ep", "8", "--recompute", "full",
+        "--first-stage-layers", "31", "--last-stage-layers", "31",
     )
     assert r.exit_code == 0, r.output
     assert "pipeline_split_canonical" in r.output and "Megatron accepts it" in r.output
@@ -609,27 +499,14 @@ def test_binary_files_are_rejected_cleanly(tmp_path):
 def test_calibration_values_are_range_checked(tmp_path):
     p = tmp_path / "cal.yaml"
     for text in (
-        "gemm_efficiency: -0.5\n",
-        "gemm_efficiency: 0\n",
-        "hbm_efficiency: .nan\n",
-        "moe_load_imbalance: 0.5\n",
-        "gemm_generation_factor_blackwell_ultra: 1.0e-300\n",
-        "gemm_family_factor_blackwell: 0.05\n",
+        "gemm_efficiency: -0.5\n", "gemm_efficiency: 0\n", "hbm_efficiency: .nan\n", "moe_load_imbalance: 0.5\n",
+        "gemm_generation_factor_blackwell_ultra: 1.0e-300\n", "gemm_family_factor_blackwell: 0.05\n",
     ):
         p.write_text(text)
         r = runner.invoke(
             app,
             [
-                "estimate",
-                "--model",
-                "MiniMax-M2",
-                "--gpus",
-                "64xH200",
-                "--pp",
-                "2",
-                "--ep",
-                "8",
-                "--calibration",
+                "estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "2", "--ep", "8", "--calibration",
                 str(p),
             ],
         )
@@ -639,35 +516,13 @@ def test_calibration_values_are_range_checked(tmp_path):
 @pytest.mark.slow
 def test_equivalent_inputs_resume_the_same_study(tmp_path):
     a = _run(
-        "--model",
-        "MiniMax-M2",
-        "--layers",
-        "4",
-        "--gpus",
-        "16xH200",
-        "--trials",
-        "3",
-        "--results-dir",
-        str(tmp_path),
-        "--study",
-        "eq",
+        "--model", "MiniMax-M2", "--layers", "4", "--gpus", "16xH200", "--trials", "3", "--results-dir", str(tmp_path),
+        "--study", "eq",
     )
     assert a.exit_code == 0, a.output
     b = _run(
-        "--model",
-        "minimax-m2",
-        "--layers",
-        "4",
-        "--gpus",
-        "2x8xH200",
-        "--network-gbps",
-        "3200",
-        "--trials",
-        "3",
-        "--results-dir",
-        str(tmp_path),
-        "--study",
-        "eq",
+        "--model", "minimax-m2", "--layers", "4", "--gpus", "2x8xH200", "--network-gbps", "3200", "--trials", "3",
+        "--results-dir", str(tmp_path), "--study", "eq",
     )
     assert b.exit_code == 0, b.output
 
@@ -727,8 +582,7 @@ def test_a_value_after_double_dash_is_not_taken_for_debug():
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["estimate", "--tpp", "2"], "No such option: --tpp"),
-        (["pareto", "--top", "-1"], "--top"),
+        (["estimate", "--tpp", "2"], "No such option: --tpp"), (["pareto", "--top", "-1"], "--top"),
         (["estimate", "--tp", "two"], "Invalid value for '--tp'"),
         (["nosuchcommand"], "No such command 'nosuchcommand'"),
     ],
@@ -770,16 +624,7 @@ def test_ctrl_c_in_the_main_job_says_how_to_resume(monkeypatch, tmp_path):
     monkeypatch.setattr(tuner.study, "run_study", interrupted)
     rd = tmp_path / "my results"
     args = [
-        "--model",
-        "Llama-3.1-8B",
-        "--gpus",
-        "8xH100",
-        "--trials",
-        "3",
-        "--results-dir",
-        str(rd),
-        "--study",
-        "x.y-1",
+        "--model", "Llama-3.1-8B", "--gpus", "8xH100", "--trials", "3", "--results-dir", str(rd), "--study", "x.y-1",
     ]
     r = runner.invoke(app, args + ["--debug"])
     assert r.exit_code == 130, r.output
@@ -821,18 +666,8 @@ def test_suggested_commands_are_shell_quoted_and_run_as_printed(tmp_path):
 
     rd = tmp_path / "results; dir $HOME"  # a space, a ';' and a '$' in the path
     r = _run(
-        "--model",
-        "Llama-3.1-8B",
-        "--gpus",
-        "8xH100",
-        "--trials",
-        "6",
-        "--top",
-        "1",
-        "--results-dir",
-        str(rd),
-        "--study",
-        "q",
+        "--model", "Llama-3.1-8B", "--gpus", "8xH100", "--trials", "6", "--top", "1", "--results-dir", str(rd),
+        "--study", "q",
     )
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
@@ -844,11 +679,7 @@ def test_suggested_commands_are_shell_quoted_and_run_as_printed(tmp_path):
     nxt = next(i for i, ln in enumerate(lines) if ln.startswith("Next: measure"))
     trials_cmd = shlex.split(lines[nxt + 1])  # the same job with real trials and a budget
     assert trials_cmd[:5] == ["tune", "--model", "Llama-3.1-8B", "--gpus", "8xH100"] and trials_cmd[-6:-1] == [
-        "--backend",
-        "ray",
-        "--ray-address",
-        "auto",
-        "--gpu-hours",
+        "--backend", "ray", "--ray-address", "auto", "--gpu-hours",
     ]
     assert trials_cmd[trials_cmd.index("--results-dir") + 1] == str(rd)
     missing = runner.invoke(app, ["pareto", "--study", "nope", "--results-dir", str(rd)])
@@ -867,14 +698,7 @@ def test_calibrate_records_its_command_shell_quoted(tmp_path):
     assert r.exit_code == 0, r.output
     doc = yaml.safe_load(out.read_text())
     assert shlex.split(doc["provenance"]["command"]) == [
-        "tune",
-        "calibrate",
-        "--data",
-        str(data),
-        "--out",
-        str(out),
-        "--max-nfev",
-        "5",
+        "tune", "calibrate", "--data", str(data), "--out", str(out), "--max-nfev", "5",
     ]
     assert f"--calibration '{out}'" in r.stdout
 
@@ -1024,26 +848,8 @@ def test_constants_that_overflow_the_step_are_refused_before_any_study(tmp_path,
     est = runner.invoke(
         app,
         [
-            "estimate",
-            "--model",
-            "MiniMax-M2",
-            "--gpus",
-            "64xH200",
-            "--tp",
-            "1",
-            "--pp",
-            "8",
-            "--vpp",
-            "4",
-            "--ep",
-            "8",
-            "--recompute",
-            "full",
-            "--first-stage-layers",
-            "7",
-            "--last-stage-layers",
-            "7",
-            "--calibration",
+            "estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--vpp", "4", "--ep",
+            "8", "--recompute", "full", "--first-stage-layers", "7", "--last-stage-layers", "7", "--calibration",
             "huge.yaml",
         ],
     )
@@ -1052,15 +858,7 @@ def test_constants_that_overflow_the_step_are_refused_before_any_study(tmp_path,
     main = runner.invoke(
         app,
         [
-            "--model",
-            "MiniMax-M2",
-            "--gpus",
-            "64xH200",
-            "--calibration",
-            "tiny.yaml",
-            "--trials",
-            "4",
-            "--study",
+            "--model", "MiniMax-M2", "--gpus", "64xH200", "--calibration", "tiny.yaml", "--trials", "4", "--study",
             "adam",
         ],
     )
@@ -1072,19 +870,8 @@ def test_an_empty_megatron_core_is_refused_by_estimate_as_by_the_main_job():
     r = runner.invoke(
         app,
         [
-            "estimate",
-            "--model",
-            "MiniMax-M2",
-            "--gpus",
-            "64xH200",
-            "--tp",
-            "1",
-            "--pp",
-            "8",
-            "--ep",
-            "8",
-            "--megatron-core",
-            "",
+            "estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--ep", "8",
+            "--megatron-core", "",
         ],
     )
     assert r.exit_code == 2 and "--megatron-core ''" in r.output and "known: 0.13" in r.output
@@ -1105,24 +892,8 @@ def test_main_job_fits_the_terminal_and_cuts_no_cell(tmp_path, monkeypatch, term
 
 
 ESTIMATE = [
-    "--model",
-    "MiniMax-M2",
-    "--gpus",
-    "64xH200",
-    "--tp",
-    "1",
-    "--pp",
-    "8",
-    "--vpp",
-    "4",
-    "--ep",
-    "8",
-    "--recompute",
-    "full",
-    "--first-stage-layers",
-    "7",
-    "--last-stage-layers",
-    "7",
+    "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--vpp", "4", "--ep", "8", "--recompute",
+    "full", "--first-stage-layers", "7", "--last-stage-layers", "7",
 ]
 
 

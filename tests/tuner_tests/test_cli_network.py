@@ -26,16 +26,7 @@ def efa_run(tmp_path_factory):
     """The main job on the seed's cluster (H200: AWS p5en, EFA v3 by default)."""
     d = tmp_path_factory.mktemp("results")
     r = _run(
-        "--model",
-        "MiniMax-M2",
-        "--gpus",
-        "64xH200",
-        "--trials",
-        "12",
-        "--results-dir",
-        str(d),
-        "--study",
-        "efa",
+        "--model", "MiniMax-M2", "--gpus", "64xH200", "--trials", "12", "--results-dir", str(d), "--study", "efa",
         "--verbose",
     )
     return r, d / "efa"
@@ -73,41 +64,13 @@ def test_efa_main_job_never_recommends_a_dispatcher_that_does_not_run_there(efa_
 
 def test_network_on_infiniband_allows_cross_node_deepep(tmp_path):
     r = _run(
-        "check",
-        "--model",
-        "MiniMax-M2",
-        "--gpus",
-        "64xH200",
-        "--pp",
-        "4",
-        "--ep",
-        "16",
-        "--dispatcher",
-        "flex+deepep",
-        "--first-stage-layers",
-        "16",
-        "--last-stage-layers",
-        "14",
-        "--network",
-        "ib-ndr",
+        "check", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "4", "--ep", "16", "--dispatcher", "flex+deepep",
+        "--first-stage-layers", "16", "--last-stage-layers", "14", "--network", "ib-ndr",
     )
     assert r.exit_code == 0, r.output
     r = _run(
-        "check",
-        "--model",
-        "MiniMax-M2",
-        "--gpus",
-        "64xH200",
-        "--pp",
-        "4",
-        "--ep",
-        "16",
-        "--dispatcher",
-        "flex+deepep",
-        "--first-stage-layers",
-        "16",
-        "--last-stage-layers",
-        "14",
+        "check", "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "4", "--ep", "16", "--dispatcher", "flex+deepep",
+        "--first-stage-layers", "16", "--last-stage-layers", "14",
     )
     assert r.exit_code == 2 and "dispatcher_fabric" in r.output and "AWS EFA v3" in r.output
 
@@ -137,23 +100,8 @@ def test_a_gpu_without_a_default_network_needs_one(tmp_path, monkeypatch):
     r = runner.invoke(
         app,
         [
-            "estimate",
-            "--model",
-            "MiniMax-M2",
-            "--gpus",
-            "64xH100",
-            "--pp",
-            "8",
-            "--ep",
-            "8",
-            "--recompute",
-            "full",
-            "--network",
-            "ib-ndr",
-            "--first-stage-layers",
-            "7",
-            "--last-stage-layers",
-            "7",
+            "estimate", "--model", "MiniMax-M2", "--gpus", "64xH100", "--pp", "8", "--ep", "8", "--recompute", "full",
+            "--network", "ib-ndr", "--first-stage-layers", "7", "--last-stage-layers", "7",
         ],
     )
     assert r.exit_code == 0, r.output
@@ -169,16 +117,8 @@ def test_host_memory_below_the_model_s_needs_is_refused_with_both_numbers(tmp_pa
     r = runner.invoke(
         app,
         [
-            "--model",
-            "MiniMax-M2",
-            "--gpus",
-            "64xH200",
-            "--space",
-            str(space),
-            "--host-memory-gib",
-            "64",
-            "--results-dir",
-            str(tmp_path / "r"),
+            "--model", "MiniMax-M2", "--gpus", "64xH200", "--space", str(space), "--host-memory-gib", "64",
+            "--results-dir", str(tmp_path / "r"),
         ],
     )
     assert r.exit_code == 2, r.output
@@ -187,23 +127,8 @@ def test_host_memory_below_the_model_s_needs_is_refused_with_both_numbers(tmp_pa
     r = runner.invoke(
         app,
         [
-            "estimate",
-            "--model",
-            "MiniMax-M2",
-            "--gpus",
-            "64xH200",
-            "--tp",
-            "2",
-            "--pp",
-            "2",
-            "--ep",
-            "8",
-            "--recompute",
-            "full",
-            "--optimizer-offload-fraction",
-            "1",
-            "--host-memory-gib",
-            "300",
+            "estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "2", "--pp", "2", "--ep", "8",
+            "--recompute", "full", "--optimizer-offload-fraction", "1", "--host-memory-gib", "300",
         ],
     )
     assert r.exit_code == 0 and "GiB per node of 300 GiB (does NOT fit)" in r.output
@@ -211,22 +136,8 @@ def test_host_memory_below_the_model_s_needs_is_refused_with_both_numbers(tmp_pa
 
 def test_resuming_with_other_host_memory_or_bandwidth_is_refused_in_the_options_terms(tmp_path):
     base = [
-        "--model",
-        "MiniMax-M2",
-        "--layers",
-        "4",
-        "--gpus",
-        "4xH200",
-        "--global-batch",
-        "8",
-        "--trials",
-        "2",
-        "--stack",
-        "megatron",
-        "--results-dir",
-        str(tmp_path),
-        "--study",
-        "h",
+        "--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8", "--trials", "2", "--stack",
+        "megatron", "--results-dir", str(tmp_path), "--study", "h",
     ]
     assert _run(*base).exit_code == 0
     r = _run(*base, "--host-memory-gib", "512")
@@ -240,22 +151,8 @@ def test_resuming_with_other_host_memory_or_bandwidth_is_refused_in_the_options_
 
 def test_a_study_opens_by_a_sqlite_url_with_a_query_and_names_a_changed_network(tmp_path):
     base = [
-        "--model",
-        "MiniMax-M2",
-        "--layers",
-        "4",
-        "--gpus",
-        "4xH200",
-        "--global-batch",
-        "8",
-        "--trials",
-        "2",
-        "--stack",
-        "megatron",
-        "--results-dir",
-        str(tmp_path),
-        "--study",
-        "q",
+        "--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8", "--trials", "2", "--stack",
+        "megatron", "--results-dir", str(tmp_path), "--study", "q",
     ]
     assert _run(*base).exit_code == 0
     db = tmp_path / "q" / "study.db"
@@ -270,19 +167,8 @@ def test_host_memory_that_is_not_a_finite_positive_number_is_refused(value):
     r = runner.invoke(
         app,
         [
-            "estimate",
-            "--model",
-            "MiniMax-M2",
-            "--gpus",
-            "64xH200",
-            "--tp",
-            "1",
-            "--pp",
-            "8",
-            "--ep",
-            "8",
-            "--host-memory-gib",
-            value,
+            "estimate", "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--ep", "8",
+            "--host-memory-gib", value,
         ],
     )
     assert r.exit_code == 2 and "--host-memory-gib must be a finite positive number of GiB" in r.output, r.output

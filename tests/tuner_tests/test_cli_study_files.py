@@ -43,10 +43,8 @@ def study(tmp_path_factory) -> Path:
     ("args", "flag", "target"),
     [
         (["export", "--format", "recipe"], "--out", "study.db"),
-        (["export", "--format", "slime"], "--out", "config.yaml"),
-        (["timeline"], "--out", "study.db"),
-        (["report"], "--out", "study.db"),
-        (["pareto"], "--csv", "study.db"),
+        (["export", "--format", "slime"], "--out", "config.yaml"), (["timeline"], "--out", "study.db"),
+        (["report"], "--out", "study.db"), (["pareto"], "--csv", "study.db"),
     ],
 )
 def test_an_output_over_the_study_s_own_files_is_refused(study, args, flag, target):
@@ -83,12 +81,7 @@ def test_resuming_under_another_storage_is_refused(study):
     r = runner.invoke(
         app,
         [
-            *MAIN,
-            "--trials",
-            "1",
-            "--results-dir",
-            str(study / "results"),
-            "--storage",
+            *MAIN, "--trials", "1", "--results-dir", str(study / "results"), "--storage",
             f"sqlite:///{(folder / 'study.db').resolve()}",
         ],
     )
@@ -110,14 +103,7 @@ def test_a_journal_study_s_record_is_not_overwritten(tmp_path):
     r = runner.invoke(
         app,
         [
-            "export",
-            "--study",
-            "sj",
-            "--results-dir",
-            str(tmp_path / "results"),
-            "--format",
-            "slime",
-            "--out",
+            "export", "--study", "sj", "--results-dir", str(tmp_path / "results"), "--format", "slime", "--out",
             str(folder / "config.yaml"),
         ],
     )
@@ -218,16 +204,7 @@ def test_a_relative_storage_is_the_same_file_from_any_folder(tmp_path, monkeypat
     (k / "J").mkdir(parents=True)
     (other / "J").mkdir(parents=True)
     args = [
-        "--model",
-        "Llama-3.1-8B",
-        "--gpus",
-        "8xH200",
-        "--trials",
-        "2",
-        "--study",
-        "s",
-        "--results-dir",
-        str(k / "R"),
+        "--model", "Llama-3.1-8B", "--gpus", "8xH200", "--trials", "2", "--study", "s", "--results-dir", str(k / "R"),
     ]
     assert _run([*args, "--storage", "journal:J/s.log"], k, monkeypatch).exit_code == 0
     pareto = (k / "R" / "s" / "pareto.csv").read_bytes()
@@ -273,14 +250,7 @@ def test_charts_are_not_a_study_and_side_files_are_its_own(tmp_path):
     r = runner.invoke(
         app,
         [
-            "export",
-            "--study",
-            "new",
-            "--results-dir",
-            str(res),
-            "--format",
-            "recipe",
-            "--out",
+            "export", "--study", "new", "--results-dir", str(res), "--format", "recipe", "--out",
             str(folder / "recipe.yaml"),
         ],
     )
@@ -309,34 +279,16 @@ def test_verify_may_rewrite_the_study_s_recipe(study):
     r = runner.invoke(
         app,
         [
-            "verify",
-            "--study",
-            "base",
-            "--results-dir",
-            str(study / "results"),
-            "--trial",
-            "0",
-            "--reference",
-            "tp=2,pp=1",
-            "--out",
-            str(folder / "recipe.yaml"),
+            "verify", "--study", "base", "--results-dir", str(study / "results"), "--trial", "0", "--reference",
+            "tp=2,pp=1", "--out", str(folder / "recipe.yaml"),
         ],
     )
     assert "would write over" not in r.output and "is a study's own file" not in r.output, r.output
     r = runner.invoke(
         app,
         [
-            "verify",
-            "--study",
-            "base",
-            "--results-dir",
-            str(study / "results"),
-            "--trial",
-            "0",
-            "--reference",
-            "tp=2,pp=1",
-            "--out",
-            str(folder / "pareto.csv"),
+            "verify", "--study", "base", "--results-dir", str(study / "results"), "--trial", "0", "--reference",
+            "tp=2,pp=1", "--out", str(folder / "pareto.csv"),
         ],
     )
     assert r.exit_code == 2 and "would write over the study's own pareto.csv" in r.output, r.output
@@ -356,15 +308,7 @@ def _other_study_db(tmp_path: Path) -> bytes:
     r = runner.invoke(
         app,
         [
-            "--model",
-            "Llama-3.1-8B",
-            "--gpus",
-            "8xH200",
-            "--trials",
-            "1",
-            "--study",
-            "other",
-            "--results-dir",
+            "--model", "Llama-3.1-8B", "--gpus", "8xH200", "--trials", "1", "--study", "other", "--results-dir",
             str(tmp_path / "o"),
         ],
     )
@@ -483,9 +427,7 @@ def test_a_read_only_study_is_read_by_the_reading_commands_and_refused_by_a_run(
     folder = res / "base"
     before = _digest(folder)
     for args in (
-        ["pareto"],
-        ["export", "--out", str(tmp_path / "r.yaml")],
-        ["report", "--out", str(tmp_path / "r.html")],
+        ["pareto"], ["export", "--out", str(tmp_path / "r.yaml")], ["report", "--out", str(tmp_path / "r.html")],
         ["timeline", "--out", str(tmp_path / "t.json")],
     ):
         r = runner.invoke(app, [*args, "--study", "base", "--results-dir", str(res)])

@@ -28,18 +28,8 @@ PINNED_CALIBRATION = str(Path(__file__).parents[1] / "fixtures" / "calibration_p
 
 def _cfg(tmp_path, **kw):
     base = dict(
-        model="MiniMax-M2",
-        gpus="4xH200",
-        layers=4,
-        global_batch_size=8,
-        backend="local",
-        trials=6,
-        policy="queue",
-        stack="megatron",
-        results_dir=str(tmp_path),
-        trial_steps=6,
-        study="s",
-        calibration=PINNED_CALIBRATION,
+        model="MiniMax-M2", gpus="4xH200", layers=4, global_batch_size=8, backend="local", trials=6, policy="queue",
+        stack="megatron", results_dir=str(tmp_path), trial_steps=6, study="s", calibration=PINNED_CALIBRATION,
     )
     base.update(kw)
     return TuneConfig(**base)
@@ -47,14 +37,8 @@ def _cfg(tmp_path, **kw):
 
 def _backend(tmp_path, steps=6):
     return LocalBackend(
-        trials_dir=tmp_path / "s" / "trials",
-        num_gpus=4,
-        steps=steps,
-        warmup_steps=2,
-        timeout_s=30,
-        launcher=[sys.executable, FAKE],
-        env=HarnessEnv(),
-        poll_s=0.02,
+        trials_dir=tmp_path / "s" / "trials", num_gpus=4, steps=steps, warmup_steps=2, timeout_s=30,
+        launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02,
     )
 
 
@@ -203,11 +187,7 @@ def test_interrupt_keeps_finished_trials_and_resumes(tmp_path, slow_tp):
             return super().run(layout, **kw)
 
     b = Interrupting(
-        trials_dir=tmp_path / "s" / "trials",
-        num_gpus=4,
-        steps=4,
-        launcher=[sys.executable, FAKE],
-        env=HarnessEnv(),
+        trials_dir=tmp_path / "s" / "trials", num_gpus=4, steps=4, launcher=[sys.executable, FAKE], env=HarnessEnv(),
         poll_s=0.02,
     )
     with pytest.raises(KeyboardInterrupt):
@@ -231,18 +211,8 @@ def test_cli_layers_and_local_gpu_count(tmp_path, monkeypatch):
     r = CliRunner().invoke(
         app,
         [
-            "--model",
-            "MiniMax-M2",
-            "--layers",
-            "4",
-            "--gpus",
-            "4xH200",
-            "--global-batch",
-            "8",
-            "--backend",
-            "local",
-            "--results-dir",
-            str(tmp_path),
+            "--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8", "--backend", "local",
+            "--results-dir", str(tmp_path),
         ],
     )
     assert r.exit_code == 2 and "this machine's 2 GPUs" in r.output and "--gpus 2xH200" in r.output
@@ -400,14 +370,8 @@ def _raising_at(tmp_path, call: int, exc: BaseException) -> LocalBackend:
             return super().run(layout, **kw)
 
     return Raising(
-        trials_dir=tmp_path / "s" / "trials",
-        num_gpus=4,
-        steps=6,
-        warmup_steps=2,
-        timeout_s=30,
-        launcher=[sys.executable, FAKE],
-        env=HarnessEnv(),
-        poll_s=0.02,
+        trials_dir=tmp_path / "s" / "trials", num_gpus=4, steps=6, warmup_steps=2, timeout_s=30,
+        launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02,
     )
 
 
@@ -476,14 +440,8 @@ def test_the_confirmation_phase_runs_no_search_trial_when_another_worker_took_a_
             return super().run(layout, **kw)
 
     b = OtherWorker(
-        trials_dir=tmp_path / "s" / "trials",
-        num_gpus=4,
-        steps=6,
-        warmup_steps=2,
-        timeout_s=30,
-        launcher=[sys.executable, FAKE],
-        env=HarnessEnv(),
-        poll_s=0.02,
+        trials_dir=tmp_path / "s" / "trials", num_gpus=4, steps=6, warmup_steps=2, timeout_s=30,
+        launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02,
     )
     res = run_study(prepare(_cfg(tmp_path, prune_margin=None, trials=1, confirm_runs=2)), backend=b)
     assert res.evaluated_now == 1 and res.confirmed_now == 1 and b.calls == 2  # the sampled stand-in was not measured

@@ -189,22 +189,8 @@ def test_the_main_job_without_plotly_writes_everything_else_and_says_so(tmp_path
     r = CliRunner().invoke(
         app,
         [
-            "--model",
-            "MiniMax-M2",
-            "--layers",
-            "4",
-            "--gpus",
-            "4xH200",
-            "--global-batch",
-            "8",
-            "--trials",
-            "3",
-            "--stack",
-            "megatron",
-            "--results-dir",
-            str(tmp_path),
-            "--study",
-            "np",
+            "--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8", "--trials", "3",
+            "--stack", "megatron", "--results-dir", str(tmp_path), "--study", "np",
         ],
     )
     assert r.exit_code == 0, r.output

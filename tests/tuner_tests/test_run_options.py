@@ -23,17 +23,7 @@ SEED_LAUNCH = ROOT / "tests/fixtures/launch/seed_minimax_m2_launch.sh"
 SEED_RECIPE = ROOT / "tests/fixtures/seed_minimax_m2_recipe.yaml"
 #: The seed's layout as explicit flags (seeds/001: TP1 PP8 VPP4 EP8, first/last 7, full recompute, mbs 1).
 SEED_FLAGS = [
-    "--model",
-    "MiniMax-M2",
-    "--gpus",
-    "64xH200",
-    "--pp",
-    "8",
-    "--ep",
-    "8",
-    "--recompute",
-    "full",
-    "--pipeline-layout",
+    "--model", "MiniMax-M2", "--gpus", "64xH200", "--pp", "8", "--ep", "8", "--recompute", "full", "--pipeline-layout",
     "Et|(tt|)*30tL",
 ]
 
@@ -68,10 +58,7 @@ def test_megatron_is_an_alias_of_megatron_lm():
 def test_megatron_bridge_sets_its_perf_recipe_options():
     o = resolve_run_options(RunFlags(), "megatron-bridge").options
     assert (
-        o.grad_reduce_in_fp32,
-        o.cross_entropy_loss_fusion,
-        o.cross_entropy_fusion_impl,
-        o.optimizer_fp8_recipe,
+        o.grad_reduce_in_fp32, o.cross_entropy_loss_fusion, o.cross_entropy_fusion_impl, o.optimizer_fp8_recipe,
     ) == (False, True, "te", "tensorwise")
 
 
@@ -150,11 +137,7 @@ def test_per_layer_cuda_graphs_refuse_full_recompute_and_cpu_offloading():
     full = dict(
         check_layout(
             Layout(
-                world_size=8,
-                tp=1,
-                pp=1,
-                recompute_granularity="full",
-                recompute_method="uniform",
+                world_size=8, tp=1, pp=1, recompute_granularity="full", recompute_method="uniform",
                 recompute_num_layers=1,
             ),
             load_model("Llama-3.1-8B"),
@@ -228,15 +211,8 @@ def test_every_run_flag_has_one_alias_on_every_estimating_command():
     for cmd in (root, *(root.get_command(None, n) for n in ("estimate", "check", "timeline"))):
         opts = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
         for flag in (
-            "--stack",
-            "--grad-reduce-in-bf16",
-            "--accumulate-allreduce-grads-in-fp32",
-            "--cross-entropy-fusion-impl",
-            "--cuda-graph-scope",
-            "--moe-permute-fusion",
-            "--no-moe-permute-fusion",
-            "--fp8-recipe",
-            "--task",
+            "--stack", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--cross-entropy-fusion-impl",
+            "--cuda-graph-scope", "--moe-permute-fusion", "--no-moe-permute-fusion", "--fp8-recipe", "--task",
         ):
             assert flag in opts, (cmd.name, flag)
 
@@ -315,11 +291,7 @@ def test_the_seed_launch_gives_the_explicit_flags_estimate():
     """seeds/001's run block with slime's MiniMax-M2 MODEL_ARGS: the same numbers as tune estimate with its flags."""
     fi = _from(SEED_LAUNCH)
     assert (fi.model, fi.gpus, fi.seq_len, fi.global_batch, fi.run.stack) == (
-        "MiniMax-M2",
-        "8x8xH200",
-        8192,
-        128,
-        "slime",
+        "MiniMax-M2", "8x8xH200", 8192, 128, "slime",
     )
     explicit = _estimate(*SEED_FLAGS)
     tps, peak = _estimate_from(fi)
@@ -413,18 +385,8 @@ def test_the_main_job_from_the_seed_launch(tmp_path):
     r = runner.invoke(
         app,
         [
-            "--from",
-            str(SEED_LAUNCH),
-            "--gpus",
-            "H200",
-            "--space",
-            str(space),
-            "--trials",
-            "2",
-            "--results-dir",
-            str(tmp_path),
-            "--study",
-            "s",
+            "--from", str(SEED_LAUNCH), "--gpus", "H200", "--space", str(space), "--trials", "2", "--results-dir",
+            str(tmp_path), "--study", "s",
         ],
         env={"COLUMNS": "200"},
     )
@@ -513,20 +475,11 @@ def test_a_megatron_bridge_performance_config_is_read_entry_by_entry():
     fi = _from(BRIDGE_PERF, gpus="H100", model="Qwen3-30B-A3B")
     lf = fi.launch
     assert (fi.gpus, fi.seq_len, fi.global_batch, fi.precision, fi.run.stack) == (
-        "2x8xH100",
-        4096,
-        512,
-        "bf16",
-        "megatron-bridge",
+        "2x8xH100", 4096, 512, "bf16", "megatron-bridge",
     )
     b = fi.baseline
     assert (b["tp"], b["pp"], b["vpp"], b["ep"], b["micro_batch_size"], b["recompute_granularity"]) == (
-        1,
-        2,
-        12,
-        8,
-        1,
-        "none",
+        1, 2, 12, 8, 1, "none",
     )
     assert lf.not_understood == ("model.moe_router_fusion",)
     doc = yaml.safe_load(BRIDGE_PERF.read_text())
@@ -588,11 +541,7 @@ def test_a_whole_megatron_bridge_config_as_it_saves_one_is_read_setting_by_setti
     fi = _from(path, gpus="64xH100")
     lf = fi.launch
     assert (fi.model, fi.seq_len, fi.global_batch, fi.precision, fi.run.stack) == (
-        "GPT-OSS-120B",
-        4096,
-        512,
-        "bf16",
-        "megatron-bridge",
+        "GPT-OSS-120B", 4096, 512, "bf16", "megatron-bridge",
     )
     b = fi.baseline
     assert (b["tp"], b["pp"], b["ep"], b["recompute_granularity"]) == (1, 4, 8, "selective")
@@ -632,24 +581,8 @@ def test_a_performance_config_without_an_entry_for_the_gpus_is_refused(gpus, mes
 def test_estimate_from_a_performance_config_is_its_entrys_explicit_flags():
     d = _estimate("--from", str(BRIDGE_PERF), "--model", "Qwen3-30B-A3B", "--gpus", "H100")
     explicit = _estimate(
-        "--model",
-        "Qwen3-30B-A3B",
-        "--gpus",
-        "16xH100",
-        "--stack",
-        "megatron-bridge",
-        "--seq-len",
-        "4096",
-        "--global-batch",
-        "512",
-        "--pp",
-        "2",
-        "--vpp",
-        "12",
-        "--ep",
-        "8",
-        "--cross-entropy-fusion-impl",
-        "te",
+        "--model", "Qwen3-30B-A3B", "--gpus", "16xH100", "--stack", "megatron-bridge", "--seq-len", "4096",
+        "--global-batch", "512", "--pp", "2", "--vpp", "12", "--ep", "8", "--cross-entropy-fusion-impl", "te",
     )
     assert (d["tokens_per_s_per_gpu"], d["peak_gib"]) == (explicit["tokens_per_s_per_gpu"], explicit["peak_gib"])
 
@@ -658,12 +591,7 @@ def test_a_nemo_rl_config_is_read_through_its_defaults_chain():
     fi = _from(ROOT / "tests/fixtures/launch/nemo_rl_lora.yaml", gpus="H100")
     lf = fi.launch
     assert (lf.kind, fi.run.stack, fi.model, fi.gpus, fi.seq_len, fi.global_batch) == (
-        "nemo-rl",
-        "nemo-rl",
-        "Llama-3.1-8B",
-        "2x8xH100",
-        2048,
-        128,
+        "nemo-rl", "nemo-rl", "Llama-3.1-8B", "2x8xH100", 2048, 128,
     )
     assert (fi.baseline["tp"], fi.baseline["micro_batch_size"], fi.baseline["recompute_granularity"]) == (2, 2, "full")
     assert (fi.run.task, fi.run.lora_rank, fi.run.lora_target_modules) == ("lora", 16, "linear_qkv,linear_proj")
@@ -697,16 +625,7 @@ def test_a_nemo_rl_config_without_its_defaults_file_is_refused(tmp_path):
 
 def test_a_study_is_not_resumed_with_other_run_options(tmp_path):
     args = [
-        "--model",
-        "Llama-3.1-8B",
-        "--gpus",
-        "8xH100",
-        "--trials",
-        "2",
-        "--study",
-        "r",
-        "--results-dir",
-        str(tmp_path),
+        "--model", "Llama-3.1-8B", "--gpus", "8xH100", "--trials", "2", "--study", "r", "--results-dir", str(tmp_path),
     ]
     assert runner.invoke(app, args).exit_code == 0
     r = runner.invoke(app, [*args, "--grad-reduce-in-bf16"])
@@ -748,20 +667,8 @@ def test_a_launch_outside_the_space_is_the_first_trial_priced_with_its_stack(tmp
     r = runner.invoke(
         app,
         [
-            "--from",
-            str(SEED_LAUNCH),
-            "--gpus",
-            "H200",
-            "--space",
-            str(space),
-            "--trials",
-            "2",
-            "--stack",
-            "megatron-bridge",
-            "--results-dir",
-            str(tmp_path),
-            "--study",
-            "s",
+            "--from", str(SEED_LAUNCH), "--gpus", "H200", "--space", str(space), "--trials", "2", "--stack",
+            "megatron-bridge", "--results-dir", str(tmp_path), "--study", "s",
         ],
         env={"COLUMNS": "200"},
     )
@@ -820,18 +727,8 @@ def test_a_recipe_read_back_with_from_keeps_its_stack_dispatcher_and_prediction(
     r = runner.invoke(
         app,
         [
-            "--from",
-            str(perf),
-            "--model",
-            "Qwen3-30B-A3B",
-            "--gpus",
-            "H100",
-            "--trials",
-            "3",
-            "--results-dir",
-            str(tmp_path),
-            "--study",
-            "q",
+            "--from", str(perf), "--model", "Qwen3-30B-A3B", "--gpus", "H100", "--trials", "3", "--results-dir",
+            str(tmp_path), "--study", "q",
         ],
         env={"COLUMNS": "200"},
     )
@@ -1005,19 +902,8 @@ def test_estimate_refuses_full_recompute_under_per_layer_cuda_graphs():
     r = runner.invoke(
         app,
         [
-            "estimate",
-            "--model",
-            "Llama-3.1-8B",
-            "--gpus",
-            "8xH200",
-            "--tp",
-            "1",
-            "--pp",
-            "1",
-            "--recompute",
-            "full",
-            "--cuda-graph-impl",
-            "local",
+            "estimate", "--model", "Llama-3.1-8B", "--gpus", "8xH200", "--tp", "1", "--pp", "1", "--recompute", "full",
+            "--cuda-graph-impl", "local",
         ],
     )
     assert r.exit_code == 2 and "breaks rule cuda_graphs" in r.output, r.output

@@ -23,24 +23,8 @@ pytestmark = pytest.mark.slow  # studies and trial processes of the fake harness
 runner = CliRunner()
 FAKE = str(Path(__file__).parents[1] / "launch_tests" / "fake_trial.py")
 SEED = [
-    "--model",
-    "MiniMax-M2",
-    "--gpus",
-    "64xH200",
-    "--tp",
-    "1",
-    "--pp",
-    "8",
-    "--vpp",
-    "4",
-    "--ep",
-    "8",
-    "--recompute",
-    "full",
-    "--first-stage-layers",
-    "7",
-    "--last-stage-layers",
-    "7",
+    "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--vpp", "4", "--ep", "8", "--recompute",
+    "full", "--first-stage-layers", "7", "--last-stage-layers", "7",
 ]
 
 
@@ -111,18 +95,8 @@ def test_profile_step_is_checked():
 def test_measured_trial_s_profile_and_its_prediction_side_by_side(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
     cfg = TuneConfig(
-        model="MiniMax-M2",
-        gpus="4xH200",
-        layers=4,
-        global_batch_size=8,
-        backend="local",
-        trials=2,
-        stack="megatron",
-        results_dir=str(tmp_path),
-        trial_steps=6,
-        study="s",
-        prune_margin=None,
-        trial_profile_step=2,
+        model="MiniMax-M2", gpus="4xH200", layers=4, global_batch_size=8, backend="local", trials=2, stack="megatron",
+        results_dir=str(tmp_path), trial_steps=6, study="s", prune_margin=None, trial_profile_step=2,
     )
     prep = prepare(cfg)
     backend = LocalBackend(
@@ -163,26 +137,8 @@ def test_two_timelines_on_one_time_axis(tmp_path, monkeypatch):
     seed = tmp_path / "seed.json"
     assert runner.invoke(app, ["timeline", *SEED, "--out", str(seed)]).exit_code == 0
     other = [
-        "--model",
-        "MiniMax-M2",
-        "--gpus",
-        "64xH200",
-        "--tp",
-        "1",
-        "--pp",
-        "8",
-        "--vpp",
-        "8",
-        "--cp",
-        "2",
-        "--ep",
-        "8",
-        "--dispatcher",
-        "flex+deepep",
-        "--first-stage-layers",
-        "7",
-        "--last-stage-layers",
-        "7",
+        "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "8", "--vpp", "8", "--cp", "2", "--ep", "8",
+        "--dispatcher", "flex+deepep", "--first-stage-layers", "7", "--last-stage-layers", "7",
     ]
     png = tmp_path / "both.png"
     r = runner.invoke(
@@ -199,20 +155,8 @@ def test_two_timelines_on_one_time_axis(tmp_path, monkeypatch):
     # the network's rules apply as in tune estimate: DeepEP across two nodes of EFA is refused, on InfiniBand it is
     # drawn
     wide = [
-        "--model",
-        "MiniMax-M2",
-        "--gpus",
-        "64xH200",
-        "--tp",
-        "1",
-        "--pp",
-        "2",
-        "--ep",
-        "16",
-        "--dispatcher",
-        "flex+deepep",
-        "--out",
-        str(tmp_path / "wide.json"),
+        "--model", "MiniMax-M2", "--gpus", "64xH200", "--tp", "1", "--pp", "2", "--ep", "16", "--dispatcher",
+        "flex+deepep", "--out", str(tmp_path / "wide.json"),
     ]
     r = runner.invoke(app, ["timeline", *wide])
     assert r.exit_code == 2 and "dispatcher_fabric" in r.output

@@ -111,22 +111,13 @@ def test_plan_rejects_bad_pairs(m4, c4, tmp_path):
 def test_parse_layout_spec():
     lay = parse_layout_spec("tp=2,pp=1,ep=2,mbs=1,recompute=full", 4)
     assert (lay.tp, lay.ep, lay.sequence_parallel, lay.recompute_method, lay.recompute_num_layers) == (
-        2,
-        2,
-        True,
-        "uniform",
-        1,
+        2, 2, True, "uniform", 1,
     )
     assert parse_layout_spec("tp=1", 4) == Layout(world_size=4)
     assert parse_layout_spec("tp=2 sequence_parallel=false", 4).sequence_parallel is False
     for bad, msg in (
-        ("", "key=value"),
-        ("tp", "not key=value"),
-        ("tp=x", "not an integer"),
-        ("tq=2", "unknown layout keys"),
-        ("tp=1,tp=2", "twice"),
-        ("sequence_parallel=maybe", "true/false"),
-        ("recompute=sometimes", "recompute"),
+        ("", "key=value"), ("tp", "not key=value"), ("tp=x", "not an integer"), ("tq=2", "unknown layout keys"),
+        ("tp=1,tp=2", "twice"), ("sequence_parallel=maybe", "true/false"), ("recompute=sometimes", "recompute"),
     ):
         with pytest.raises(TunerError, match=msg):
             parse_layout_spec(bad, 4)
@@ -243,22 +234,8 @@ def study(tmp_path):
     r = runner.invoke(
         app,
         [
-            "--model",
-            "MiniMax-M2",
-            "--layers",
-            "4",
-            "--gpus",
-            "4xH200",
-            "--global-batch",
-            "8",
-            "--trials",
-            "6",
-            "--results-dir",
-            str(tmp_path),
-            "--study",
-            "s",
-            "--stack",
-            "megatron",
+            "--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8", "--trials", "6",
+            "--results-dir", str(tmp_path), "--study", "s", "--stack", "megatron",
         ],
     )
     assert r.exit_code == 0, r.output
@@ -291,17 +268,8 @@ def test_cli_verify_pass_stores_the_block_and_export_carries_it(study, monkeypat
     r = runner.invoke(
         app,
         [
-            "verify",
-            "--study",
-            "s",
-            "--results-dir",
-            str(study),
-            "--reference",
-            "tp=1,pp=1,ep=1",
-            "--steps",
-            "8",
-            "--out",
-            str(out),
+            "verify", "--study", "s", "--results-dir", str(study), "--reference", "tp=1,pp=1,ep=1", "--steps", "8",
+            "--out", str(out),
         ],
     )
     assert r.exit_code == 0, r.output
@@ -334,16 +302,7 @@ def test_cli_verify_fail_exits_1_and_keeps_the_study_clean(study, monkeypatch):
     r = runner.invoke(
         app,
         [
-            "verify",
-            "--study",
-            "s",
-            "--results-dir",
-            str(study),
-            "--reference",
-            "tp=1",
-            "--steps",
-            "20",
-            "--fault",
+            "verify", "--study", "s", "--results-dir", str(study), "--reference", "tp=1", "--steps", "20", "--fault",
             "non_causal_attention",
         ],
     )
@@ -355,10 +314,8 @@ def test_cli_verify_fail_exits_1_and_keeps_the_study_clean(study, monkeypatch):
 @pytest.mark.parametrize(
     "args,msg",
     [
-        (["--reference", "tp=3"], "breaks rule"),
-        (["--reference", "tq=1"], "unknown layout keys"),
-        ([], "--reference is required"),
-        (["--reference", "tp=1", "--trial", "999"], "not a finished trial"),
+        (["--reference", "tp=3"], "breaks rule"), (["--reference", "tq=1"], "unknown layout keys"),
+        ([], "--reference is required"), (["--reference", "tp=1", "--trial", "999"], "not a finished trial"),
         (["--reference", "tp=1", "--steps", "1"], "--steps"),
         (["--reference", "tp=1", "--out", "/nonexistent_dir/r.yaml"], "does not exist"),
     ],
@@ -386,19 +343,8 @@ def test_cli_verify_a_given_candidate_layout(study, monkeypatch):
     r = runner.invoke(
         app,
         [
-            "verify",
-            "--study",
-            "s",
-            "--results-dir",
-            str(study),
-            "--candidate",
-            "tp=2,ep=2",
-            "--reference",
-            "tp=1",
-            "--steps",
-            "6",
-            "--warm-start-steps",
-            "3",
+            "verify", "--study", "s", "--results-dir", str(study), "--candidate", "tp=2,ep=2", "--reference", "tp=1",
+            "--steps", "6", "--warm-start-steps", "3",
         ],
     )
     assert r.exit_code == 0, r.output
@@ -408,16 +354,7 @@ def test_cli_verify_a_given_candidate_layout(study, monkeypatch):
     r = runner.invoke(
         app,
         [
-            "verify",
-            "--study",
-            "s",
-            "--results-dir",
-            str(study),
-            "--candidate",
-            "tp=2",
-            "--trial",
-            "0",
-            "--reference",
+            "verify", "--study", "s", "--results-dir", str(study), "--candidate", "tp=2", "--trial", "0", "--reference",
             "tp=1",
         ],
     )
@@ -458,27 +395,12 @@ def test_a_measured_trial_that_passes_is_exported_as_verified(tmp_path, monkeypa
     monkeypatch.setenv("FAKE_STEP_S", "0.02")
     monkeypatch.setenv("FAKE_REPORT_STEP_S", "2.0")  # a plausible step time for a 4-layer slice (MFU < 1)
     cfg = TuneConfig(
-        model="MiniMax-M2",
-        gpus="4xH200",
-        layers=4,
-        global_batch_size=8,
-        backend="local",
-        trials=2,
-        stack="megatron",
-        results_dir=str(tmp_path),
-        trial_steps=4,
-        study="m",
-        prune_margin=None,
+        model="MiniMax-M2", gpus="4xH200", layers=4, global_batch_size=8, backend="local", trials=2, stack="megatron",
+        results_dir=str(tmp_path), trial_steps=4, study="m", prune_margin=None,
     )
     be = LocalBackend(
-        trials_dir=tmp_path / "m" / "trials",
-        num_gpus=4,
-        steps=4,
-        warmup_steps=2,
-        timeout_s=30,
-        launcher=[sys.executable, FAKE],
-        env=HarnessEnv(),
-        poll_s=0.02,
+        trials_dir=tmp_path / "m" / "trials", num_gpus=4, steps=4, warmup_steps=2, timeout_s=30,
+        launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02,
     )
     res = run_study(prepare(cfg), backend=be)
     row = next(r for r in trial_rows(res.study) if r["source"] == "measured" and Layout.from_dict(r["layout"]) != REF)
@@ -487,21 +409,8 @@ def test_a_measured_trial_that_passes_is_exported_as_verified(tmp_path, monkeypa
     r = runner.invoke(
         app,
         [
-            "verify",
-            "--study",
-            "m",
-            "--results-dir",
-            str(tmp_path),
-            "--trial",
-            str(row["trial"]),
-            "--reference",
-            "tp=1",
-            "--steps",
-            "6",
-            "--warm-start-steps",
-            "2",
-            "--out",
-            str(out),
+            "verify", "--study", "m", "--results-dir", str(tmp_path), "--trial", str(row["trial"]), "--reference",
+            "tp=1", "--steps", "6", "--warm-start-steps", "2", "--out", str(out),
         ],
     )
     assert r.exit_code == 0, r.output
@@ -511,18 +420,8 @@ def test_a_measured_trial_that_passes_is_exported_as_verified(tmp_path, monkeypa
     p = runner.invoke(
         app,
         [
-            "verify",
-            "--study",
-            "m",
-            "--results-dir",
-            str(tmp_path),
-            "--trial",
-            str(row["trial"]),
-            "--reference",
-            "tp=1",
-            "--grad-parity",
-            "--out",
-            str(out),
+            "verify", "--study", "m", "--results-dir", str(tmp_path), "--trial", str(row["trial"]), "--reference",
+            "tp=1", "--grad-parity", "--out", str(out),
         ],
     )
     assert p.exit_code == 0, p.output
@@ -552,17 +451,8 @@ def test_cli_verify_refuses_before_any_arm_runs(study, monkeypatch):
     monkeypatch.setattr(lb, "check_harness_dependencies", lambda what="": None)
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
     args = [
-        "verify",
-        "--study",
-        "s",
-        "--results-dir",
-        str(study),
-        "--reference",
-        "tp=1,pp=1,ep=1",
-        "--steps",
-        "8",
-        "--candidate",
-        "tp=1,pp=1,ep=4,dispatcher=flex+deepep",
+        "verify", "--study", "s", "--results-dir", str(study), "--reference", "tp=1,pp=1,ep=1", "--steps", "8",
+        "--candidate", "tp=1,pp=1,ep=4,dispatcher=flex+deepep",
     ]
     for visible in ("0,1", ""):  # fewer GPUs than the study's 4
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)

@@ -73,10 +73,7 @@ def test_component_test_with_the_fake_program_passes_and_gives_the_seed_entry(tm
 @pytest.mark.parametrize(
     "mode, result",
     [
-        ("control_passes", "fail"),
-        ("bitwise", "fail"),
-        ("offload_fails", "fail"),
-        ("crash", "error"),
+        ("control_passes", "fail"), ("bitwise", "fail"), ("offload_fails", "fail"), ("crash", "error"),
         ("no_default", "error"),
     ],
 )
@@ -111,14 +108,7 @@ def _ckpt(m1, c1, tmp_path, monkeypatch):
 def test_parity_passes_for_a_layout_pair_and_reuses_the_reference(m1, c1, tmp_path, monkeypatch):
     ck = _ckpt(m1, c1, tmp_path, monkeypatch)
     p = plan_grad_parity(
-        m1,
-        c1,
-        WL,
-        MBS2,
-        REF,
-        out_dir=tmp_path / "p1",
-        init_checkpoint=ck,
-        reference_dir=tmp_path / "ref",
+        m1, c1, WL, MBS2, REF, out_dir=tmp_path / "p1", init_checkpoint=ck, reference_dir=tmp_path / "ref",
         data_step_offset=2,
     )
     o = run_grad_parity(p, _factory())
@@ -137,16 +127,8 @@ def test_parity_passes_for_a_layout_pair_and_reuses_the_reference(m1, c1, tmp_pa
     ).exists()  # the candidate's dump is removed; the reference's are kept for the next pair
     # the scaled-gradient fault on the same pair fails (the loss check above passed), reusing the reference's two runs
     p2 = plan_grad_parity(
-        m1,
-        c1,
-        WL,
-        MBS2,
-        REF,
-        out_dir=tmp_path / "p2",
-        init_checkpoint=ck,
-        reference_dir=tmp_path / "ref",
-        data_step_offset=2,
-        fault="norm_grad_scaled",
+        m1, c1, WL, MBS2, REF, out_dir=tmp_path / "p2", init_checkpoint=ck, reference_dir=tmp_path / "ref",
+        data_step_offset=2, fault="norm_grad_scaled",
     )
     o2 = run_grad_parity(p2, _factory())
     assert (
@@ -160,16 +142,8 @@ def test_parity_passes_for_a_layout_pair_and_reuses_the_reference(m1, c1, tmp_pa
     # and the mask fault fails on every tensor
     o3 = run_grad_parity(
         plan_grad_parity(
-            m1,
-            c1,
-            WL,
-            REF,
-            REF,
-            out_dir=tmp_path / "p3",
-            init_checkpoint=ck,
-            reference_dir=tmp_path / "ref",
-            data_step_offset=2,
-            fault="non_causal_attention",
+            m1, c1, WL, REF, REF, out_dir=tmp_path / "p3", init_checkpoint=ck, reference_dir=tmp_path / "ref",
+            data_step_offset=2, fault="non_causal_attention",
         ),
         _factory(),
     )

@@ -20,17 +20,9 @@ from sqlalchemy.engine import Engine
 #: ``_set_trial_param`` (what the public ``create_new_trial`` / ``set_trial_param`` and Optuna's ``_CachedStorage``
 #: call).
 WRITE_METHODS = (
-    "create_new_study",
-    "delete_study",
-    "set_study_user_attr",
-    "set_study_system_attr",
-    "_create_new_trial",
-    "_set_trial_param",
-    "set_trial_state_values",
-    "set_trial_intermediate_value",
-    "set_trial_user_attr",
-    "set_trial_system_attr",
-    "record_heartbeat",
+    "create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr", "_create_new_trial",
+    "_set_trial_param", "set_trial_state_values", "set_trial_intermediate_value", "set_trial_user_attr",
+    "set_trial_system_attr", "record_heartbeat",
 )
 
 

@@ -18,20 +18,9 @@ def main(argv: list[str]) -> None:
     it = iter(rest)
     for tok in it:  # slime's own flags with one value or none; the rest is Megatron's
         if tok in (
-            "--actor-num-nodes",
-            "--actor-num-gpus-per-node",
-            "--hf-checkpoint",
-            "--ref-load",
-            "--prompt-data",
-            "--tensorboard-dir",
-            "--num-rollout",
-            "--num-epoch",
-            "--rollout-batch-size",
-            "--loss-type",
-            "--rollout-function-path",
-            "--load",
-            "--save",
-            "--save-interval",
+            "--actor-num-nodes", "--actor-num-gpus-per-node", "--hf-checkpoint", "--ref-load", "--prompt-data",
+            "--tensorboard-dir", "--num-rollout", "--num-epoch", "--rollout-batch-size", "--loss-type",
+            "--rollout-function-path", "--load", "--save", "--save-interval",
         ):
             if tok in slime:
                 print(f"fake_slime_train: {tok} given twice", file=sys.stderr)

@@ -19,24 +19,11 @@ from pathlib import Path
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="train.py", allow_abbrev=False)
     for flag in (
-        "--actor-num-nodes",
-        "--actor-num-gpus-per-node",
-        "--rollout-num-gpus",
-        "--rollout-num-gpus-per-engine",
-        "--tensor-model-parallel-size",
-        "--pipeline-model-parallel-size",
-        "--context-parallel-size",
-        "--expert-model-parallel-size",
-        "--expert-tensor-parallel-size",
-        "--recompute-num-layers",
-        "--rollout-batch-size",
-        "--n-samples-per-prompt",
-        "--global-batch-size",
-        "--rollout-max-prompt-len",
-        "--rollout-max-response-len",
-        "--sglang-max-running-requests",
-        "--sglang-ep-size",
-        "--sglang-dp-size",
+        "--actor-num-nodes", "--actor-num-gpus-per-node", "--rollout-num-gpus", "--rollout-num-gpus-per-engine",
+        "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+        "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--recompute-num-layers",
+        "--rollout-batch-size", "--n-samples-per-prompt", "--global-batch-size", "--rollout-max-prompt-len",
+        "--rollout-max-response-len", "--sglang-max-running-requests", "--sglang-ep-size", "--sglang-dp-size",
     ):
         p.add_argument(flag, type=int, default=None)
     p.add_argument("--sglang-mem-fraction-static", type=float, default=None)
