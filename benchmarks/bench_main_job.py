@@ -95,10 +95,15 @@ def _driver(results_dir: str) -> None:
         finally:
             t3 = time.perf_counter()
     out = {
-        "imports_s": round(t1 - t0, 3), "job_s": round(t3 - t2, 3),
-        "prepare_s": round(marks["prepare1"] - marks["prepare0"], 3), "study_s": round(marks["study1"] - marks["study0"], 3),
+        "imports_s": round(t1 - t0, 3),
+        "job_s": round(t3 - t2, 3),
+        "prepare_s": round(marks["prepare1"] - marks["prepare0"], 3),
+        "study_s": round(marks["study1"] - marks["study0"], 3),
         "report_s": round(t3 - marks["study1"], 3),
-        "writes_open": counts["tx_open"], "writes_trials": counts["tx_trials"], "evaluated": counts["evaluated"], "skipped": counts["skipped"],
+        "writes_open": counts["tx_open"],
+        "writes_trials": counts["tx_trials"],
+        "evaluated": counts["evaluated"],
+        "skipped": counts["skipped"],
         "writes_per_trial": round(counts["tx_trials"] / max(1, counts["evaluated"]), 3),
     }
     print("BENCH " + json.dumps(out))
@@ -122,8 +127,18 @@ def _floor() -> None:
     est = estimate_table(model, cluster, w, en.valid, options=DEFAULT_RUN_OPTIONS)
     fit = int((est.fits & est.host_fits).sum())
     t2 = time.perf_counter()
-    print("FLOOR " + json.dumps({"floor_imports_s": round(t1 - t0, 3), "floor_s": round(t2 - t0, 3), "considered": en.considered,
-                                 "valid": len(en.valid), "fit": fit}))
+    print(
+        "FLOOR "
+        + json.dumps(
+            {
+                "floor_imports_s": round(t1 - t0, 3),
+                "floor_s": round(t2 - t0, 3),
+                "considered": en.considered,
+                "valid": len(en.valid),
+                "fit": fit,
+            }
+        )
+    )
 
 
 def _children_cpu() -> float:
@@ -146,7 +161,12 @@ def _wall(cmd: list[str], code: Path = ROOT, *more: Path) -> tuple[float, str, f
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--checkout", type=Path, default=ROOT, help="the copy of the project whose main job is timed (default: this one)")
+    ap.add_argument(
+        "--checkout",
+        type=Path,
+        default=ROOT,
+        help="the copy of the project whose main job is timed (default: this one)",
+    )
     ap.add_argument("--driver", help=argparse.SUPPRESS)
     ap.add_argument("--floor", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -164,19 +184,55 @@ def main() -> None:
             fl = json.loads(next(x for x in fl_out.splitlines() if x.startswith("FLOOR "))[6:])
             wall, job_out, cpu = _wall([sys.executable, "-m", "tuner.cli", *JOB, "--results-dir", f"{tmp}/w{i}"], code)
             if f"Space: {fl['considered']:,} layouts, {fl['valid']:,} valid, " not in job_out:
-                raise SystemExit(f"the floor's space ({fl['considered']:,} layouts, {fl['valid']:,} valid) is not the main job's:\n{job_out[:1500]}")
-            _, drv, _ = _wall([sys.executable, str(Path(__file__).resolve()), "--driver", f"{tmp}/d{i}"], code, ROOT / "tests" / "tuner_tests")
+                raise SystemExit(
+                    f"the floor's space ({fl['considered']:,} layouts, {fl['valid']:,} valid) is not the main "
+                    f"job's:\n{job_out[:1500]}"
+                )
+            _, drv, _ = _wall(
+                [sys.executable, str(Path(__file__).resolve()), "--driver", f"{tmp}/d{i}"],
+                code,
+                ROOT / "tests" / "tuner_tests",
+            )
             d = json.loads(next(x for x in drv.splitlines() if x.startswith("BENCH "))[6:])
-            row = {"benchmark": "main_job", "run": i, "floor_wall_s": round(floor_wall, 2), "floor_cpu_s": round(floor_cpu, 2), **fl,
-                   "main_job_wall_s": round(wall, 2), "main_job_cpu_s": round(cpu, 2), **d,
-                   "ratio_wall": round(wall / floor_wall, 2), "ratio_cpu": round(cpu / floor_cpu, 2), "ratio_job_floor": round(d["job_s"] / fl["floor_s"], 2),
-                   "load_avg_1m": round(os.getloadavg()[0], 2)}
+            row = {
+                "benchmark": "main_job",
+                "run": i,
+                "floor_wall_s": round(floor_wall, 2),
+                "floor_cpu_s": round(floor_cpu, 2),
+                **fl,
+                "main_job_wall_s": round(wall, 2),
+                "main_job_cpu_s": round(cpu, 2),
+                **d,
+                "ratio_wall": round(wall / floor_wall, 2),
+                "ratio_cpu": round(cpu / floor_cpu, 2),
+                "ratio_job_floor": round(d["job_s"] / fl["floor_s"], 2),
+                "load_avg_1m": round(os.getloadavg()[0], 2),
+            }
             rows.append(row)
             print(json.dumps(row), flush=True)
-    summary = {"benchmark": "main_job_summary", "checkout": str(code), "runs": len(rows), "target_ratio": 2.0, "target_writes_per_trial": 2,
-               "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
-    for k in ("floor_wall_s", "floor_cpu_s", "floor_s", "main_job_wall_s", "main_job_cpu_s", "job_s", "study_s", "ratio_wall", "ratio_cpu",
-              "ratio_job_floor", "writes_per_trial"):
+    summary = {
+        "benchmark": "main_job_summary",
+        "checkout": str(code),
+        "runs": len(rows),
+        "target_ratio": 2.0,
+        "target_writes_per_trial": 2,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+    }
+    for k in (
+        "floor_wall_s",
+        "floor_cpu_s",
+        "floor_s",
+        "main_job_wall_s",
+        "main_job_cpu_s",
+        "job_s",
+        "study_s",
+        "ratio_wall",
+        "ratio_cpu",
+        "ratio_job_floor",
+        "writes_per_trial",
+    ):
         v = [r[k] for r in rows]
         summary[k] = {"median": round(statistics.median(v), 3), "min": min(v), "max": max(v)}
     print(json.dumps(summary))

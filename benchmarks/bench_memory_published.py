@@ -25,7 +25,12 @@ from pathlib import Path
 from cost_model.validate import predict_runs, read_runs
 
 #: The run options the Megatron-Bridge preset sets that change a published row's predicted memory, by CSV column.
-STACK_COLUMNS = ("grad_reduce_in_fp32", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "optimizer_fp8_recipe")
+STACK_COLUMNS = (
+    "grad_reduce_in_fp32",
+    "cross_entropy_loss_fusion",
+    "cross_entropy_fusion_impl",
+    "optimizer_fp8_recipe",
+)
 
 
 def with_stack_settings(runs: list, path: str) -> list[str]:
@@ -62,7 +67,9 @@ def _over(preds: list) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default=str(Path(__file__).resolve().parent / "data" / "published_runs.csv"))
-    ap.add_argument("--stack-settings", action="store_true", help="also read Megatron-Bridge rows with the preset's settings")
+    ap.add_argument(
+        "--stack-settings", action="store_true", help="also read Megatron-Bridge rows with the preset's settings"
+    )
     a = ap.parse_args()
     runs, _ = read_runs([a.data])
     preds = predict_runs(runs)
@@ -71,19 +78,37 @@ def main() -> None:
         changed = with_stack_settings(runs, a.data)
         preds = predict_runs(runs)
         print(f"row settings only: {len(before)} rows predicted above their GPU's memory: {' '.join(before)}")
-        print(f"Megatron-Bridge preset for blank settings ({len(changed)} rows changed): {len(_over(preds))} rows: "
-              f"{' '.join(_over(preds))}")
+        print(
+            f"Megatron-Bridge preset for blank settings ({len(changed)} rows changed): {len(_over(preds))} rows: "
+            f"{' '.join(_over(preds))}"
+        )
     groups: dict[tuple[str, str, str], list[float]] = collections.defaultdict(list)
     for p in preds:
         r = p.run
-        key = ("moe" if r.model.is_moe else "dense", str(getattr(r.workload.precision, "value", r.workload.precision)), r.cluster.gpu.name)
+        key = (
+            "moe" if r.model.is_moe else "dense",
+            str(getattr(r.workload.precision, "value", r.workload.precision)),
+            r.cluster.gpu.name,
+        )
         groups[key].append(p.peak_gib / (r.cluster.gpu.hbm_bytes / 2**30))
     n_fit = sum(p.fits for p in preds)
-    print(f"{len(preds)} rows estimated; predicted to fit: {n_fit}; predicted NOT to fit (they ran): {len(preds) - n_fit}")
+    print(
+        f"{len(preds)} rows estimated; predicted to fit: {n_fit}; predicted NOT to fit (they ran): {len(preds) - n_fit}"
+    )
     print(f"{'kind':6} {'precision':9} {'GPU':6} {'rows':>4} {'fit':>4} {'median peak/HBM':>16}")
     for k in sorted(groups):
         ratios = groups[k]
-        fit = sum(1 for p in preds if ("moe" if p.run.model.is_moe else "dense", str(getattr(p.run.workload.precision, "value", p.run.workload.precision)), p.run.cluster.gpu.name) == k and p.fits)
+        fit = sum(
+            1
+            for p in preds
+            if (
+                "moe" if p.run.model.is_moe else "dense",
+                str(getattr(p.run.workload.precision, "value", p.run.workload.precision)),
+                p.run.cluster.gpu.name,
+            )
+            == k
+            and p.fits
+        )
         print(f"{k[0]:6} {k[1]:9} {k[2]:6} {len(ratios):>4} {fit:>4} {statistics.median(ratios):>16.2f}")
 
 

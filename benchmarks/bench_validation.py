@@ -38,16 +38,28 @@ def main() -> None:
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--max-nfev", type=int, default=60)
     ap.add_argument("--rows", default=None, help="also write every held-out row's prediction here (JSON lines)")
-    ap.add_argument("--hold-out", action="append", default=None, metavar="MODEL",
-                    help="run only this model's fold (repeatable; each still fitted on every other model's rows)")
-    ap.add_argument("--fine-tuning", action="store_true",
-                    help="run only the folds of the models with SFT or LoRA rows (added to any --hold-out)")
+    ap.add_argument(
+        "--hold-out",
+        action="append",
+        default=None,
+        metavar="MODEL",
+        help="run only this model's fold (repeatable; each still fitted on every other model's rows)",
+    )
+    ap.add_argument(
+        "--fine-tuning",
+        action="store_true",
+        help="run only the folds of the models with SFT or LoRA rows (added to any --hold-out)",
+    )
     a = ap.parse_args()
     t0 = time.perf_counter()
     runs, problems = read_runs([a.data, str(ROOT / "cost_model" / "data" / "seed_runs.csv")])
     models = a.hold_out
     if a.fine_tuning:
-        tuned_models = {r.model.name for r in runs if r.model is not None and r.workload is not None and r.workload.task != "pretrain"}
+        tuned_models = {
+            r.model.name
+            for r in runs
+            if r.model is not None and r.workload is not None and r.workload.task != "pretrain"
+        }
         models = sorted(set(models or ()) | tuned_models)
     folds = kfold_by_model(runs, processes=a.processes, max_nfev=a.max_nfev, models=models)
     preds: list[Prediction] = []
@@ -64,39 +76,83 @@ def main() -> None:
             v = spearman(pr, pu)
             if v == v:
                 rho[m] = round(v, 3)
-        return {"rows": len(sel), "median_abs_error": round(float(np.median(e)), 4) if len(e) else None,
-                "mape": round(float(np.mean(e)), 4) if len(e) else None, "spearman_by_model": rho,
-                "spearman_median": round(statistics.median(rho.values()), 3) if rho else None}
+        return {
+            "rows": len(sel),
+            "median_abs_error": round(float(np.median(e)), 4) if len(e) else None,
+            "mape": round(float(np.mean(e)), 4) if len(e) else None,
+            "spearman_by_model": rho,
+            "spearman_median": round(statistics.median(rho.values()), 3) if rho else None,
+        }
 
     if a.rows:
         with open(a.rows, "w", encoding="utf-8") as fh:
             for p in preds:
-                fh.write(json.dumps({"run_id": p.run.run_id, "model": p.run.model.name, "gpu_type": p.run.gpu_type,
-                                     "precision": p.run.precision, "metric": p.run.metric,
-                                     "predicted": round(p.predicted, 2), "published": p.published,
-                                     "error": round(p.error, 4)}) + "\n")
-    moe = [p for p in preds if p.run.is_moe and p.run.gpu_type in ("H100", "B200") and p.run.precision != "nvfp4" and p.run.metric == "tokens"]
+                fh.write(
+                    json.dumps(
+                        {
+                            "run_id": p.run.run_id,
+                            "model": p.run.model.name,
+                            "gpu_type": p.run.gpu_type,
+                            "precision": p.run.precision,
+                            "metric": p.run.metric,
+                            "predicted": round(p.predicted, 2),
+                            "published": p.published,
+                            "error": round(p.error, 4),
+                        }
+                    )
+                    + "\n"
+                )
+    moe = [
+        p
+        for p in preds
+        if p.run.is_moe
+        and p.run.gpu_type in ("H100", "B200")
+        and p.run.precision != "nvfp4"
+        and p.run.metric == "tokens"
+    ]
     dense = [p for p in preds if not p.run.model.is_moe]
     tuned = [p for p in preds if p.run.workload.task in ("sft", "lora")]
-    seed = {p.run.run_id: round(p.tokens_per_s_per_gpu, 1) for p in predict_runs([r for r in runs if "seed" in r.run_id], DEFAULT_CALIBRATION)}
+    seed = {
+        p.run.run_id: round(p.tokens_per_s_per_gpu, 1)
+        for p in predict_runs([r for r in runs if "seed" in r.run_id], DEFAULT_CALIBRATION)
+    }
     out = {
         "benchmark": "kfold_by_model",
         "data": a.data,
         "rows_estimated": len(preds),
         "rows_not_representable": sum(1 for r in runs if r.unrepresentable),
         "moe_h100_b200": stats(moe),
-        "moe_h100_b200_by_precision": {k: stats([p for p in moe if p.run.precision == k]) for k in sorted({p.run.precision for p in moe})},
+        "moe_h100_b200_by_precision": {
+            k: stats([p for p in moe if p.run.precision == k]) for k in sorted({p.run.precision for p in moe})
+        },
         "dense": stats(dense),
-        "fine_tuning": {**stats(tuned), **{t: stats([p for p in tuned if p.run.workload.task == t]) for t in ("sft", "lora")},
-                        "rows_each": [{"run_id": p.run.run_id, "task": p.run.task, "model": p.run.model.name,
-                                       "gpus": f"{p.run.num_gpus}x{p.run.gpu_type}", "precision": p.run.precision,
-                                       "layout": p.run.layout.label, "published": p.published,
-                                       "predicted": round(p.predicted, 1), "error": round(p.error, 4)} for p in tuned]},
+        "fine_tuning": {
+            **stats(tuned),
+            **{t: stats([p for p in tuned if p.run.workload.task == t]) for t in ("sft", "lora")},
+            "rows_each": [
+                {
+                    "run_id": p.run.run_id,
+                    "task": p.run.task,
+                    "model": p.run.model.name,
+                    "gpus": f"{p.run.num_gpus}x{p.run.gpu_type}",
+                    "precision": p.run.precision,
+                    "layout": p.run.layout.label,
+                    "published": p.published,
+                    "predicted": round(p.predicted, 1),
+                    "error": round(p.error, 4),
+                }
+                for p in tuned
+            ],
+        },
         "all": stats(preds),
         "per_model": {m: stats([p for p in preds if p.run.model.name == m]) for m in folds},
-        # each fold's release gain per month, measured on its training models' repeats (cost_model.validate.measure_release_gain)
+        # each fold's release gain per month, measured on its training models' repeats
+        # (cost_model.validate.measure_release_gain)
         "release_gain_per_month_by_fold": {m: round(f["release_gain"], 5) for m, f in folds.items()},
-        "seed_anchors_shipped_calibration": {"tuned (measured 2034.42)": seed.get("seed-tuned"), "reference (measured 557.8)": seed.get("seed-reference")},
+        "seed_anchors_shipped_calibration": {
+            "tuned (measured 2034.42)": seed.get("seed-tuned"),
+            "reference (measured 557.8)": seed.get("seed-reference"),
+        },
         "seconds": round(time.perf_counter() - t0, 1),
         "machine": f"{platform.machine()}, {platform.python_version()}",
     }

@@ -118,7 +118,8 @@ def measure_release_gain(runs: Sequence[Run]) -> dict[str, Any]:
             pairs.append((a.run_id, b.run_id, months, b.published / a.published))
     total = sum(p[2] for p in pairs)
     gain = math.exp(sum(math.log(p[3]) for p in pairs) / total) - 1.0 if total else 0.0
-    return {"gain_per_month": gain, "pairs": pairs, "median_ratio": statistics.median(p[3] for p in pairs) if pairs else 1.0,
+    return {"gain_per_month": gain, "pairs": pairs,
+            "median_ratio": statistics.median(p[3] for p in pairs) if pairs else 1.0,
             "months": sorted({p[2] for p in pairs})}
 
 
@@ -148,7 +149,8 @@ class Prediction:
 
 def _group_key(run: Run) -> tuple[Any, ...]:
     w, c = run.workload, run.cluster
-    return (run.model.name, run.model.mtp_num_layers, c.gpu.name, c.num_gpus, c.gpus_per_node, w.seq_length, w.global_batch_size, w.precision, run.options)  # type: ignore[union-attr]
+    return (run.model.name, run.model.mtp_num_layers, c.gpu.name, c.num_gpus, c.gpus_per_node,  # type: ignore[union-attr]
+            w.seq_length, w.global_batch_size, w.precision, run.options)  # type: ignore[union-attr]
 
 
 class RunBatch:
@@ -176,8 +178,10 @@ class RunBatch:
         tok, tfl, fits, peak = np.zeros(n), np.zeros(n), np.zeros(n, dtype=bool), np.zeros(n)
         for idx, table in self.groups:
             r = self.runs[idx[0]]
-            e = estimate_table(r.model, r.cluster, r.workload, table, calibration=calibration, memory_headroom=0.0, options=r.options)  # type: ignore[arg-type]
-            tok[idx], tfl[idx], fits[idx], peak[idx] = e.tokens_per_s_per_gpu, e.model_tflops_per_gpu, e.fits, e.peak_bytes / 2**30
+            e = estimate_table(r.model, r.cluster, r.workload, table,  # type: ignore[arg-type]
+                               calibration=calibration, memory_headroom=0.0, options=r.options)
+            tok[idx], tfl[idx], fits[idx], peak[idx] = (e.tokens_per_s_per_gpu, e.model_tflops_per_gpu, e.fits,
+                                                        e.peak_bytes / 2**30)
         return tok * self.release_factor, tfl * self.release_factor, fits, peak
 
     def targets(self) -> np.ndarray:
@@ -194,7 +198,8 @@ def predict_runs(runs: Sequence[Run], calibration: Calibration = DEFAULT_CALIBRA
     """Predictions for the representable runs (others are left to the caller to list with their reason)."""
     batch = RunBatch(runs)
     tok, tfl, fits, peak = batch.predict(calibration)
-    return [Prediction(r, float(tok[i]), float(tfl[i]), bool(fits[i]), float(peak[i])) for i, r in enumerate(batch.runs)]
+    return [Prediction(r, float(tok[i]), float(tfl[i]), bool(fits[i]), float(peak[i]))
+            for i, r in enumerate(batch.runs)]
 
 
 def _ranks(x: Sequence[float]) -> np.ndarray:

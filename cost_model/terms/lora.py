@@ -48,8 +48,9 @@ def check_targets(c: TableContext) -> None:
             ``linear_kv_down_proj`` ... instead).
     """
     if _lora(c) and c.dims.is_mla and "linear_qkv" in c.workload.lora_target_modules:
-        raise TunerError("--lora-target-modules linear_qkv: this model has multi-latent attention, which has no linear_qkv "
-                         "(its projections are linear_q_proj, linear_kv_down_proj, linear_kv_up_proj); leave linear_qkv out")
+        raise TunerError("--lora-target-modules linear_qkv: this model has multi-latent attention, which has no "
+                         "linear_qkv (its projections are linear_q_proj, linear_kv_down_proj, linear_kv_up_proj); "
+                         "leave linear_qkv out")
 
 
 def _per_module(c: TableContext) -> tuple[float, float, float, float, float, float, float]:
@@ -65,7 +66,8 @@ def _per_module(c: TableContext) -> tuple[float, float, float, float, float, flo
     fc2 = r * (m.ffn + m.h) if "linear_fc2" in t else 0.0
     efc1 = r * (m.h + g * m.moe_ffn) if "linear_fc1" in t else 0.0
     efc2 = r * (m.moe_ffn + m.h) if "linear_fc2" in t else 0.0
-    shared = (r * (m.h + g * m.shared_ffn) if "linear_fc1" in t else 0.0) + (r * (m.shared_ffn + m.h) if "linear_fc2" in t else 0.0)
+    shared = ((r * (m.h + g * m.shared_ffn) if "linear_fc1" in t else 0.0)
+              + (r * (m.shared_ffn + m.h) if "linear_fc2" in t else 0.0))
     return qkv, proj, fc1, fc2, efc1, efc2, shared if m.shared_ffn else 0.0
 
 

@@ -46,7 +46,8 @@ def test_lora_keeps_frozen_weights_and_gives_the_adapters_grads_and_state():
 
 
 def test_moe_experts_share_one_adapter_per_ep_rank():
-    """Qwen3-30B-A3B at EP 8: each MoE layer's local experts share one fc1 and one fc2 adapter (share_expert_adapters)."""
+    """Qwen3-30B-A3B at EP 8: each MoE layer's local experts share one fc1 and one fc2 adapter
+    (share_expert_adapters)."""
     m, base, lora = _pair("Qwen3-30B-A3B", "8xH100", Layout(world_size=8, ep=8))
     h, d, fm = m.hidden_size, m.kv_channels, m.moe_ffn_hidden_size
     q, kv = m.num_attention_heads * d, 2 * m.num_query_groups * d
@@ -63,8 +64,9 @@ def test_tensor_parallelism_splits_the_adapters():
 
 def _ctx(task: str):
     m, c = load_model("Llama-3.1-8B"), parse_gpus("8xH100")
-    return context.build_context(m, c, Workload(task=task), LayoutTable.from_layouts([Layout(world_size=8)]), Calibration(),
-                                 DEFAULT_RUN_OPTIONS)
+    return context.build_context(
+        m, c, Workload(task=task), LayoutTable.from_layouts([Layout(world_size=8)]), Calibration(), DEFAULT_RUN_OPTIONS
+    )
 
 
 def test_frozen_gemms_skip_the_weight_gradient():
@@ -87,12 +89,18 @@ def test_lora_is_faster_and_sft_is_pretraining():
     assert lora.time["compute"] < pre.time["compute"] and lora.time["dp_comm"] < pre.time["dp_comm"]
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--task", "lora", "--lora-rank", "0"], "--lora-rank must be a positive integer, got 0"),
-    (["--task", "lora", "--lora-target-modules", "linear_qkv,router"], "--lora-target-modules 'router': accepted linear_qkv"),
-    (["--lora-rank", "8"], "--lora-rank and --lora-target-modules need --task lora"),
-    (["--task", "dpo"], "--task 'dpo': accepted pretrain, sft, lora"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--task", "lora", "--lora-rank", "0"], "--lora-rank must be a positive integer, got 0"),
+        (
+            ["--task", "lora", "--lora-target-modules", "linear_qkv,router"],
+            "--lora-target-modules 'router': accepted linear_qkv",
+        ),
+        (["--lora-rank", "8"], "--lora-rank and --lora-target-modules need --task lora"),
+        (["--task", "dpo"], "--task 'dpo': accepted pretrain, sft, lora"),
+    ],
+)
 def test_bad_lora_input_exits_2(args, message):
     r = CliRunner().invoke(app, ["estimate", "--model", "Llama-3.1-8B", "--gpus", "8xH100", *args])
     assert r.exit_code == 2 and message in r.output, r.output
@@ -100,10 +108,17 @@ def test_bad_lora_input_exits_2(args, message):
 
 def test_lora_on_a_module_the_model_does_not_have_is_refused():
     m, c = load_model("DeepSeek-V3"), parse_gpus("256xH100")
-    lay = Layout(world_size=256, pp=16, ep=16, num_layers_in_first_pipeline_stage=3, num_layers_in_last_pipeline_stage=2)
+    lay = Layout(
+        world_size=256, pp=16, ep=16, num_layers_in_first_pipeline_stage=3, num_layers_in_last_pipeline_stage=2
+    )
     with pytest.raises(TunerError, match="multi-latent attention, which has no linear_qkv"):
         estimate(m, c, Workload(task="lora"), lay)
-    assert estimate(m, c, Workload(task="lora", lora_target_modules=("linear_fc1", "linear_fc2")), lay).memory["main_grads"] > 0
+    assert (
+        estimate(m, c, Workload(task="lora", lora_target_modules=("linear_fc1", "linear_fc2")), lay).memory[
+            "main_grads"
+        ]
+        > 0
+    )
     assert dataclasses.replace(Workload(task="lora"), lora_rank=8).lora_rank == 8
 
 
@@ -111,7 +126,9 @@ def test_published_sft_and_lora_runs_are_validated_with_their_task(tmp_path):
     """The Megatron-Bridge SFT / LoRA rows of the run table are predicted (with --task), not refused."""
     from cost_model.validate import read_runs
 
-    runs = {r.run_id: r for r in read_runs(Path(__file__).resolve().parents[2] / "benchmarks/data/published_runs.csv")[0]}
+    runs = {
+        r.run_id: r for r in read_runs(Path(__file__).resolve().parents[2] / "benchmarks/data/published_runs.csv")[0]
+    }
     assert runs["102"].workload.task == "sft" and runs["103"].workload.task == "lora"
     assert not runs["103"].unrepresentable
 
@@ -138,7 +155,8 @@ def test_adapters_cost_their_memory_passes(monkeypatch):
     microbatches = w.global_batch_size // (8 // 2)
     w = dataclasses.replace(w)  # a new object: estimate() keeps recent results by the workload's identity
     assert with_adapters - estimate(m, c, w, lay).time["compute"] == pytest.approx(
-        microbatches * m.num_layers * float(attn[0, 0]), rel=1e-6)
+        microbatches * m.num_layers * float(attn[0, 0]), rel=1e-6
+    )
 
 
 def test_published_lora_rows_read_their_recipe_adapters():
@@ -146,7 +164,9 @@ def test_published_lora_rows_read_their_recipe_adapters():
     from cost_model.run_table import _lora_settings
     from cost_model.validate import read_runs
 
-    runs = {r.run_id: r for r in read_runs(Path(__file__).resolve().parents[2] / "benchmarks/data/published_runs.csv")[0]}
+    runs = {
+        r.run_id: r for r in read_runs(Path(__file__).resolve().parents[2] / "benchmarks/data/published_runs.csv")[0]
+    }
     assert (runs["391"].workload.lora_rank, runs["391"].workload.lora_target_modules) == (16, ("linear_qkv",))
     assert runs["102"].workload.lora_rank == Workload().lora_rank  # SFT keeps the defaults (unused)
     with pytest.raises(TunerError, match="lora_rank='0': a positive integer"):

@@ -259,7 +259,9 @@ def test_cuda_graph_buffer_bytes():
     assert memory.cuda_graph_buffer_bytes(te, inflight).tolist() == [[2 * layer_input * 2 * 3, 2 * layer_input * 2 * 1]]
     # from TE 2.7 megatron-core reuses the graphs' input buffers: the in-flight inputs are the layers' saved inputs
     reuse = make_ctx(options=RunOptions(cuda_graph_scope=("attn", "moe_router"), te_version="2.7"), **BASE)
-    assert memory.cuda_graph_buffer_bytes(reuse, inflight).tolist() == [[1 * layer_input * 2 * 3, 1 * layer_input * 2 * 1]]
+    assert memory.cuda_graph_buffer_bytes(reuse, inflight).tolist() == [
+        [1 * layer_input * 2 * 3, 1 * layer_input * 2 * 1]
+    ]
     whole = make_ctx(options=RunOptions(cuda_graph_scope=("full_iteration",)), **BASE)
     assert not memory.cuda_graph_buffer_bytes(whole, inflight).any()
     assert not memory.cuda_graph_buffer_bytes(make_ctx(**BASE), inflight).any()

@@ -20,8 +20,40 @@ ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "cost_model" / "data" / "seed_runs.csv"
 HEADER = SEED.read_text().splitlines()[0]
 ROW = ",".join(
-    ["7", "src", "Megatron-Bridge / NeMo container 26.04", "Pre-Training", "LLAMA3_8B", "N", "H100", "8", "1", "1", "", "1", "1", "", "8", "", "1",
-     "128", "", "8192", "FP8", "", "", "", "", "14000", "reported", "700", "reported", "", "51.5", "high"]
+    [
+        "7",
+        "src",
+        "Megatron-Bridge / NeMo container 26.04",
+        "Pre-Training",
+        "LLAMA3_8B",
+        "N",
+        "H100",
+        "8",
+        "1",
+        "1",
+        "",
+        "1",
+        "1",
+        "",
+        "8",
+        "",
+        "1",
+        "128",
+        "",
+        "8192",
+        "FP8",
+        "",
+        "",
+        "",
+        "",
+        "14000",
+        "reported",
+        "700",
+        "reported",
+        "",
+        "51.5",
+        "high",
+    ]
 )
 runner = CliRunner()
 
@@ -127,9 +159,19 @@ def test_precision_changes_rate_and_weight_memory():
 
 def test_run_options_move_the_prediction_the_right_way(minimax, h200x64, seed_workload, seed_tuned):
     base = estimate(minimax, h200x64, seed_workload, seed_tuned)
-    balanced = estimate(minimax, h200x64, seed_workload, seed_tuned, options=RunOptions(moe_router_force_load_balancing=True))
-    overlap = estimate(minimax, h200x64, seed_workload, seed_tuned, options=RunOptions(overlap_moe_expert_parallel_comm=True, overlap_grad_reduce=True))
-    graphs = estimate(minimax, h200x64, seed_workload, seed_tuned, options=RunOptions(cuda_graph_scope=("full_iteration",)))
+    balanced = estimate(
+        minimax, h200x64, seed_workload, seed_tuned, options=RunOptions(moe_router_force_load_balancing=True)
+    )
+    overlap = estimate(
+        minimax,
+        h200x64,
+        seed_workload,
+        seed_tuned,
+        options=RunOptions(overlap_moe_expert_parallel_comm=True, overlap_grad_reduce=True),
+    )
+    graphs = estimate(
+        minimax, h200x64, seed_workload, seed_tuned, options=RunOptions(cuda_graph_scope=("full_iteration",))
+    )
     for other in (balanced, overlap, graphs):
         assert other.step_time_s <= base.step_time_s
     with pytest.raises(ValueError):
@@ -138,7 +180,8 @@ def test_run_options_move_the_prediction_the_right_way(minimax, h200x64, seed_wo
 
 @pytest.mark.slow
 def test_the_blackwell_ultra_factor_is_fitted_only_beside_other_blackwell_rows(tmp_path):
-    """On B300 / GB300 rows alone the Ultra factor and Blackwell's multiply the same peaks: only Blackwell's is fitted."""
+    """On B300 / GB300 rows alone the Ultra factor and Blackwell's multiply the same peaks: only Blackwell's is
+    fitted."""
     import csv
 
     from cost_model.calibrate import fit_calibration
@@ -176,7 +219,11 @@ def test_a_release_regression_of_one_configuration_is_left_out_with_the_faster_r
     assert why["8"].startswith("a release regression: row 7") and "1.30x faster" in why["8"]
     assert why["7"] == why["9"] == why["10"] == ""
     published, _ = read_runs(PUBLISHED)
-    assert sorted(r.run_id for r in published if r.unrepresentable.startswith("a release regression")) == ["211", "212", "59"]
+    assert sorted(r.run_id for r in published if r.unrepresentable.startswith("a release regression")) == [
+        "211",
+        "212",
+        "59",
+    ]
     # the threshold sits in the gap of the published repeats: 55 configurations within 1.16x, three at 1.58-1.77x
     assert 1.16 < RELEASE_REGRESSION_RATIO < 1.58
 
@@ -184,7 +231,14 @@ def test_a_release_regression_of_one_configuration_is_left_out_with_the_faster_r
 def test_a_run_table_refuses_a_column_twice_a_repeated_id_and_an_impossible_figure(tmp_path):
     r = runner.invoke(app, ["validate", "--data", str(_csv(tmp_path, ROW, header=HEADER.replace(",vpp,", ",tp,")))])
     assert r.exit_code == 2 and "column(s) tp appear twice in the header" in r.output
-    runs, problems = read_runs(_csv(tmp_path, ROW, ROW.replace(",14000,", ",13000,"), ROW.replace("7,src", "9,src", 1).replace(",14000,", ",1e308,")))
+    runs, problems = read_runs(
+        _csv(
+            tmp_path,
+            ROW,
+            ROW.replace(",14000,", ",13000,"),
+            ROW.replace("7,src", "9,src", 1).replace(",14000,", ",1e308,"),
+        )
+    )
     assert [r.run_id for r in runs] == ["7"]
     why = {(p.run_id, p.column): p.message for p in problems}
     assert "id '7' is already the id of row 1" in why[("7", "id")]
@@ -203,14 +257,18 @@ def test_rows_without_ids_in_two_tables_are_not_repeats(tmp_path):
 
 def test_bridge_bf16_rows_hand_the_optimizer_fp8_recipe_tensorwise():
     # benchmarks/data/published_runs_cards.md F1: Megatron-Bridge's bf16 runs keep fp32 masters (the optimizer gets
-    # MixedPrecisionConfig's fp8_recipe "tensorwise"); fp8 rows follow their own recipe; rows without a recipe read stay None
+    # MixedPrecisionConfig's fp8_recipe "tensorwise"); fp8 rows follow their own recipe; rows without a recipe read stay
+    # None
     published, _ = read_runs(PUBLISHED)
     by_id = {r.run_id: r for r in published if r.options is not None}
     assert by_id["8"].options.optimizer_fp8_recipe == "tensorwise"  # GPT-OSS-120B H100 bf16, Bridge v0.3.0
     assert not by_id["8"].options.precision_aware_owns_masters(Precision.bf16)
     assert by_id["52"].options.optimizer_fp8_recipe is None  # Qwen3-235B H100 fp8: its fp8_recipe decides
-    assert all(r.options.optimizer_fp8_recipe is None for r in published if r.options is not None and r.workload is not None
-               and r.workload.precision != Precision.bf16)
+    assert all(
+        r.options.optimizer_fp8_recipe is None
+        for r in published
+        if r.options is not None and r.workload is not None and r.workload.precision != Precision.bf16
+    )
 
 
 def test_a_bad_note_or_setting_leaves_out_its_row_only(tmp_path):
@@ -221,7 +279,9 @@ def test_a_bad_note_or_setting_leaves_out_its_row_only(tmp_path):
     keep[1]["other_notes"] += "; mtp_num_layers=abc"
     keep[2]["overlap_moe_expert_parallel_comm"] = "banana"
     keep[3]["optimizer_fp8_recipe"] = "None"  # blank and "none" both mean unset
-    runs, problems = read_runs(_table(tmp_path, keep, encoding="utf-8-sig"))  # with a byte-order mark, as spreadsheets write
+    runs, problems = read_runs(
+        _table(tmp_path, keep, encoding="utf-8-sig")
+    )  # with a byte-order mark, as spreadsheets write
     why = {r.run_id: r.unrepresentable for r in runs}
     assert set(why) == {"1", "8", "9", "10"} and not problems  # the ids were read: the BOM is not part of 'id'
     assert "first (1000) + last (0) leaves" in why["1"]
@@ -245,21 +305,39 @@ def test_a_published_run_of_an_older_release_is_predicted_slower_by_the_measured
 
     assert REFERENCE_RELEASE == (26, 8)
     assert release_factor("Megatron-Bridge / NeMo container 26.08") == 1.0
-    assert release_factor("Megatron-Bridge / NeMo container 26.02.01") == pytest.approx((1 + RELEASE_GAIN_PER_MONTH) ** -6)
+    assert release_factor("Megatron-Bridge / NeMo container 26.02.01") == pytest.approx(
+        (1 + RELEASE_GAIN_PER_MONTH) ** -6
+    )
     assert release_factor("Megatron-Bridge / NeMo container 25.11") == pytest.approx((1 + RELEASE_GAIN_PER_MONTH) ** -9)
     # the trend is not extrapolated: before 25.09 (the oldest table) as 25.09, after 26.08 as 26.08
-    assert release_factor("Megatron-Bridge / NeMo container 20.01") == release_factor("Megatron-Bridge / NeMo container 25.09")
-    assert release_factor("Megatron-Bridge / NeMo container 25.09") == pytest.approx((1 + RELEASE_GAIN_PER_MONTH) ** -11)
-    assert release_factor("Megatron-Bridge / NeMo container 27.03") == release_factor("Megatron-Bridge / NeMo container 26.13") == 1.0
-    for none in ("Megatron-Bridge (model verification card, Jul/Aug-2026)", "NeMo 24.07 container (Megatron-Core ~0.8)",
-                 "seed: slime MiniMax-M2 recipe", ""):
+    assert release_factor("Megatron-Bridge / NeMo container 20.01") == release_factor(
+        "Megatron-Bridge / NeMo container 25.09"
+    )
+    assert release_factor("Megatron-Bridge / NeMo container 25.09") == pytest.approx(
+        (1 + RELEASE_GAIN_PER_MONTH) ** -11
+    )
+    assert (
+        release_factor("Megatron-Bridge / NeMo container 27.03")
+        == release_factor("Megatron-Bridge / NeMo container 26.13")
+        == 1.0
+    )
+    for none in (
+        "Megatron-Bridge (model verification card, Jul/Aug-2026)",
+        "NeMo 24.07 container (Megatron-Core ~0.8)",
+        "seed: slime MiniMax-M2 recipe",
+        "",
+    ):
         assert release_factor(none) == 1.0
     new = ROW.replace("7,src", "8,src", 1).replace("container 26.04", "container 26.08").replace(",128,", ",256,")
     old = ROW.replace(",128,", ",256,")
     runs, _ = read_runs(_csv(tmp_path, old, new))
     p = {q.run.run_id: q for q in predict_runs(runs)}
-    assert p["7"].tokens_per_s_per_gpu / p["8"].tokens_per_s_per_gpu == pytest.approx((1 + RELEASE_GAIN_PER_MONTH) ** -4, rel=1e-9)
-    assert p["7"].model_tflops_per_gpu / p["8"].model_tflops_per_gpu == pytest.approx((1 + RELEASE_GAIN_PER_MONTH) ** -4, rel=1e-9)
+    assert p["7"].tokens_per_s_per_gpu / p["8"].tokens_per_s_per_gpu == pytest.approx(
+        (1 + RELEASE_GAIN_PER_MONTH) ** -4, rel=1e-9
+    )
+    assert p["7"].model_tflops_per_gpu / p["8"].model_tflops_per_gpu == pytest.approx(
+        (1 + RELEASE_GAIN_PER_MONTH) ** -4, rel=1e-9
+    )
     assert p["7"].peak_gib == p["8"].peak_gib
 
 
@@ -270,26 +348,39 @@ def test_the_release_gain_is_what_the_published_repeats_measure(tmp_path):
 
     a = ROW.replace(",128,", ",256,")
     b = a.replace("7,src", "8,src", 1).replace("container 26.04", "container 26.08").replace(",14000,", ",15400,")
-    c = a.replace("7,src", "9,src", 1).replace("container 26.04", "container 26.06").replace(",14000,", ",12000,")  # the middle one is not used
+    c = (
+        a.replace("7,src", "9,src", 1).replace("container 26.04", "container 26.06").replace(",14000,", ",12000,")
+    )  # the middle one is not used
     runs, _ = read_runs(_csv(tmp_path, a, b, c))
     m = measure_release_gain(runs)
     assert m["pairs"] == [("7", "8", 4, pytest.approx(1.1))]
-    assert m["gain_per_month"] == pytest.approx(1.1 ** 0.25 - 1)
+    assert m["gain_per_month"] == pytest.approx(1.1**0.25 - 1)
     published, _ = read_runs(PUBLISHED)
     m = measure_release_gain(published)
     assert len(m["pairs"]) == 30 and m["months"] == [2, 3, 4, 5, 7]
     assert abs(m["gain_per_month"] - RELEASE_GAIN_PER_MONTH) < 5e-5
 
 
-@pytest.mark.parametrize(("column", "value", "reason"), [
-    ("cuda_graph_impl", "banana", "cuda_graph_impl 'banana': accepted none, local, transformer_engine, full_iteration"),
-    ("dispatcher", "banana", "dispatcher 'banana': name alltoall, allgather, DeepEP or HybridEP"),
-    ("recompute_granularity", "banana", "recompute_granularity 'banana': accepted none, selective, full"),
-    ("te_version", "2.-5", "te_version '2.-5': expected major.minor"),
-    ("cpu_offloading_num_layers", "abc", "cpu_offloading_num_layers 'abc': expected a non-negative integer"),
-    ("vpp", "4", "vpp 4 with pp 1: Megatron's virtual pipeline needs pp > 1"),
-    ("other_notes", "optimizer_offload_fraction=1.5", "note optimizer_offload_fraction='1.5': expected a fraction from 0 to 1"),
-])
+@pytest.mark.parametrize(
+    ("column", "value", "reason"),
+    [
+        (
+            "cuda_graph_impl",
+            "banana",
+            "cuda_graph_impl 'banana': accepted none, local, transformer_engine, full_iteration",
+        ),
+        ("dispatcher", "banana", "dispatcher 'banana': name alltoall, allgather, DeepEP or HybridEP"),
+        ("recompute_granularity", "banana", "recompute_granularity 'banana': accepted none, selective, full"),
+        ("te_version", "2.-5", "te_version '2.-5': expected major.minor"),
+        ("cpu_offloading_num_layers", "abc", "cpu_offloading_num_layers 'abc': expected a non-negative integer"),
+        ("vpp", "4", "vpp 4 with pp 1: Megatron's virtual pipeline needs pp > 1"),
+        (
+            "other_notes",
+            "optimizer_offload_fraction=1.5",
+            "note optimizer_offload_fraction='1.5': expected a fraction from 0 to 1",
+        ),
+    ],
+)
 def test_a_setting_cell_the_reader_cannot_take_leaves_out_its_row_naming_the_column(tmp_path, column, value, reason):
     # an adversarial review (2026-12-03): these fell back quietly (graphs on, alltoall, no recompute, TE 2.-5 read, vpp
     # ignored) or ended in a message that named no column ("invalid literal for int()")
@@ -317,14 +408,19 @@ def test_the_kfold_measures_the_release_gain_on_its_training_models_only(tmp_pat
 
     a = ROW.replace(",128,", ",256,")
     b = a.replace("7,src", "8,src", 1).replace("container 26.04", "container 26.08").replace(",14000,", ",15400,")
-    other = a.replace("7,src", "9,src", 1).replace("LLAMA3_8B", "LLAMA3_70B").replace(",14000,", ",1500,").replace(",700,", ",600,")
+    other = (
+        a.replace("7,src", "9,src", 1)
+        .replace("LLAMA3_8B", "LLAMA3_70B")
+        .replace(",14000,", ",1500,")
+        .replace(",700,", ",600,")
+    )
     other2 = other.replace("9,src", "10,src", 1).replace(",256,", ",512,")
     runs, problems = read_runs(_csv(tmp_path, a, b, other, other2))
     assert not problems and all(not r.unrepresentable for r in runs)
     folds = kfold_by_model(runs, max_nfev=2)
     held = {r.model.name: m for m, f in folds.items() for r in f["runs"]}
     assert folds[held["Llama-3.1-8B"]]["release_gain"] == 0.0  # its training fold (the 70B rows) has no repeats
-    assert folds[held["Llama-3.1-70B"]]["release_gain"] == pytest.approx(1.1 ** 0.25 - 1)
+    assert folds[held["Llama-3.1-70B"]]["release_gain"] == pytest.approx(1.1**0.25 - 1)
     one = kfold_by_model(runs, max_nfev=2, models=["Llama-3.1-70B"])  # one fold, still fitted on the other model
     assert list(one) == ["Llama-3.1-70B"] and [r.run_id for r in one["Llama-3.1-70B"]["runs"]] == ["9", "10"]
     assert one["Llama-3.1-70B"]["release_gain"] == folds["Llama-3.1-70B"]["release_gain"]

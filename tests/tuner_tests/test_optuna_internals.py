@@ -1,4 +1,5 @@
-"""The Optuna private API that tuner/study/_optuna.py is written against (Optuna 5.1.0, checked against 5.0.0): these tests fail when a
+"""The Optuna private API that tuner/study/_optuna.py is written against (Optuna 5.1.0, checked against 5.0.0): these
+tests fail when a
 name, a signature, a behaviour or the RDB schema it relies on changes, so an Optuna upgrade is checked here first."""
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 def test_written_against_this_optuna_release():
     assert ".".join(optuna.__version__.split(".")[:2]) in _optuna.OPTUNA_CHECKED_RELEASES, (
-        f"tuner/study/_optuna.py was checked against Optuna {', '.join(_optuna.OPTUNA_CHECKED_RELEASES)}; {optuna.__version__} "
+        f"tuner/study/_optuna.py was checked against Optuna {', '.join(_optuna.OPTUNA_CHECKED_RELEASES)}; "
+        f"{optuna.__version__} "
         "is installed: check every item of its docstring, then add the release to OPTUNA_CHECKED_RELEASES"
     )
     assert ".".join(_optuna.OPTUNA_VERSION.split(".")[:2]) in _optuna.OPTUNA_CHECKED_RELEASES
@@ -48,7 +50,8 @@ def test_the_private_names_used_exist():
 
 
 def test_popping_a_queued_trial_relies_on_the_state_change():
-    """ThreadSafeRDBStorage locks set_trial_state_values because Study._pop_waiting_trial_id takes a queued trial by it."""
+    """ThreadSafeRDBStorage locks set_trial_state_values because Study._pop_waiting_trial_id takes a queued trial by
+    it."""
     src = inspect.getsource(optuna.study.Study._pop_waiting_trial_id)
     assert "set_trial_state_values" in src and "TrialState.RUNNING" in src
     assert "set_trial_state_values" in _optuna.ThreadSafeRDBStorage.__dict__

@@ -19,10 +19,15 @@ from tuner.study.policy import GainPolicy, PolicyParams
 def _policy(predicted, *, codes=None, peak=None, **kw):
     n = len(predicted)
     params = PolicyParams(**{"sigma": 0.1, "run_sigma": 0.02, "startup_s": 100.0, "steps": 10, **kw})
-    return GainPolicy(predicted=np.asarray(predicted, float), step_time_s=np.full(n, 1.0),
-                      peak_bytes=np.asarray(peak if peak is not None else [50e9] * n, float),
-                      codes=np.asarray(codes if codes is not None else [[i] for i in range(n)], dtype=np.int64),
-                      hbm_bytes=100e9, gpus=8, params=params)
+    return GainPolicy(
+        predicted=np.asarray(predicted, float),
+        step_time_s=np.full(n, 1.0),
+        peak_bytes=np.asarray(peak if peak is not None else [50e9] * n, float),
+        codes=np.asarray(codes if codes is not None else [[i] for i in range(n)], dtype=np.int64),
+        hbm_bytes=100e9,
+        gpus=8,
+        params=params,
+    )
 
 
 def test_first_pick_is_the_fastest_that_fits():
@@ -145,7 +150,9 @@ def test_the_answer_is_always_measured_in_full():
         if d.slice:
             p.observe_slice(d.index, float(truth[d.index]), gpu_hours=float(p.slice_gpu_hours(d.index)))
         else:
-            p.observe(d.index, float(p.predicted[d.index] * truth[d.index]), gpu_hours=float(p.trial_gpu_hours(d.index)))
+            p.observe(
+                d.index, float(p.predicted[d.index] * truth[d.index]), gpu_hours=float(p.trial_gpu_hours(d.index))
+            )
         inc = p.incumbent()
         assert inc is None or p.runs[inc] > 0
     assert kinds[0] == "full" and "slice" in kinds and d.index is None
@@ -173,20 +180,40 @@ class _Truth(TrialBackend):
         e = self._estimate(model, cluster, workload, layout)
         tps = e.tokens_per_s_per_gpu * (1.1 if layout.tp == 1 else 0.9)
         step = e.step_time_s * e.tokens_per_s_per_gpu / tps
-        return Measurement(layout=layout, source="measured", tokens_per_s_per_gpu=tps, peak_bytes=e.peak_bytes,
-                           step_times_s=(step,) * 4, extra={"wall_s": 100.0})
+        return Measurement(
+            layout=layout,
+            source="measured",
+            tokens_per_s_per_gpu=tps,
+            peak_bytes=e.peak_bytes,
+            step_times_s=(step,) * 4,
+            extra={"wall_s": 100.0},
+        )
 
 
-SPACE = ("tp: [1, 2, 4]\npp: [1]\nvpp: [1]\ncp: [1]\nep: [1, 2]\netp: [1]\nmicro_batch_size: [1, 2]\n"
-         "recompute:\n  - {granularity: none}\n  - {granularity: full, method: uniform, num_layers: [1]}\n"
-         "optimizer_offload_fraction: [0.0]\ndispatcher: [alltoall]\npipeline_split: {even: true, max_stage_deficit: 0}\n")
+SPACE = (
+    "tp: [1, 2, 4]\npp: [1]\nvpp: [1]\ncp: [1]\nep: [1, 2]\netp: [1]\nmicro_batch_size: [1, 2]\n"
+    "recompute:\n  - {granularity: none}\n  - {granularity: full, method: uniform, num_layers: [1]}\n"
+    "optimizer_offload_fraction: [0.0]\ndispatcher: [alltoall]\npipeline_split: {even: true, max_stage_deficit: 0}\n"
+)
 
 
 def _cfg(tmp_path, **kw):
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
-    base = dict(model="Qwen3-30B-A3B", gpus="8xH100", layers=4, global_batch_size=16, backend="command", trials=30,
-                stack="megatron", results_dir=str(tmp_path), trial_steps=4, study="p", prune_margin=None, space=str(space))
+    base = dict(
+        model="Qwen3-30B-A3B",
+        gpus="8xH100",
+        layers=4,
+        global_batch_size=16,
+        backend="command",
+        trials=30,
+        stack="megatron",
+        results_dir=str(tmp_path),
+        trial_steps=4,
+        study="p",
+        prune_margin=None,
+        space=str(space),
+    )
     base.update(kw)
     return TuneConfig(**base)
 
@@ -207,7 +234,9 @@ def test_the_users_launch_is_measured_first_under_the_policy(tmp_path):
     """`tune --from`: the launch (TP 4, surely slower here, so never the policy's own pick) is trial 0, measured."""
     from specs import Layout
 
-    launch = Layout.from_dict({"world_size": 8, "tp": 4, "pp": 1, "ep": 2, "micro_batch_size": 1, "sequence_parallel": True})
+    launch = Layout.from_dict(
+        {"world_size": 8, "tp": 4, "pp": 1, "ep": 2, "micro_batch_size": 1, "sequence_parallel": True}
+    )
     prep = prepare(_cfg(tmp_path, baseline=launch.to_dict()))
     assert prep.baseline_row is not None
     res = run_study(prep, backend=_Truth())
@@ -215,8 +244,15 @@ def test_the_users_launch_is_measured_first_under_the_policy(tmp_path):
     first = rows[0]
     assert first["trial"] == 0 and first["source"] == "measured"
     assert (first["layout"]["tp"], first["layout"]["ep"], first["layout"]["micro_batch_size"]) == (4, 2, 1)
-    assert sum(1 for r in rows if (r["layout"]["tp"], r["layout"]["ep"], r["layout"]["micro_batch_size"]) == (4, 2, 1)
-               and r["layout"]["recompute_granularity"] == "none") == 1  # not measured twice
+    assert (
+        sum(
+            1
+            for r in rows
+            if (r["layout"]["tp"], r["layout"]["ep"], r["layout"]["micro_batch_size"]) == (4, 2, 1)
+            and r["layout"]["recompute_granularity"] == "none"
+        )
+        == 1
+    )  # not measured twice
     from tuner.cli._from import compare_line
 
     best = max(rows, key=lambda r: r["tokens_per_s_per_gpu"])
@@ -231,19 +267,22 @@ def test_a_study_under_the_policy_keeps_to_its_gpu_hours(tmp_path):
     assert res.gpu_hours_now <= 1.0 + 1e-9 and "budget" in (res.stop_note or "")
 
 
-@pytest.mark.parametrize(("args", "msg"), [
-    (["--gpu-hours", "0"], "--gpu-hours must be a positive number"),
-    (["--gpu-hours", "-3"], "--gpu-hours must be a positive number"),
-    (["--gpu-hours", "nan"], "--gpu-hours must be a positive number"),
-    (["--gpu-hours", "abc"], "--gpu-hours"),
-    (["--gpu-hours", "5", "--backend", "model"], "budget of real trials"),
-    (["--stop-gain", "0.05"], "stop real trials"),
-    (["--gpu-hours", "5", "--backend", "command", "--trial-policy", "queue"], "drive the gain policy"),
-    (["--confirm-runs", "2", "--backend", "command"], "belong to --trial-policy queue"),
-    (["--stop-confidence", "0.8", "--backend", "model"], "stop real trials"),
-    (["--stop-confidence", "1", "--backend", "command"], "--stop-confidence must be a fraction strictly"),
-    (["--stop-confidence", "0", "--backend", "command"], "--stop-confidence must be a fraction"),
-])
+@pytest.mark.parametrize(
+    ("args", "msg"),
+    [
+        (["--gpu-hours", "0"], "--gpu-hours must be a positive number"),
+        (["--gpu-hours", "-3"], "--gpu-hours must be a positive number"),
+        (["--gpu-hours", "nan"], "--gpu-hours must be a positive number"),
+        (["--gpu-hours", "abc"], "--gpu-hours"),
+        (["--gpu-hours", "5", "--backend", "model"], "budget of real trials"),
+        (["--stop-gain", "0.05"], "stop real trials"),
+        (["--gpu-hours", "5", "--backend", "command", "--trial-policy", "queue"], "drive the gain policy"),
+        (["--confirm-runs", "2", "--backend", "command"], "belong to --trial-policy queue"),
+        (["--stop-confidence", "0.8", "--backend", "model"], "stop real trials"),
+        (["--stop-confidence", "1", "--backend", "command"], "--stop-confidence must be a fraction strictly"),
+        (["--stop-confidence", "0", "--backend", "command"], "--stop-confidence must be a fraction"),
+    ],
+)
 def test_bad_budget_and_stopping_inputs_are_refused(tmp_path, args, msg):
     r = CliRunner().invoke(app, ["--model", "Qwen3-30B-A3B", "--gpus", "8xH100", "--results-dir", str(tmp_path), *args])
     assert r.exit_code == 2 and msg in r.output, r.output
@@ -263,8 +302,12 @@ class _Pruning(_Truth):
 
         m = super().run(layout, model=model, cluster=cluster, workload=workload)
         if layout.ep == 1:
-            raise TrialStopped("slower than the best", step_times_s=m.step_times_s, tokens_per_s_per_gpu=[m.tokens_per_s_per_gpu] * 4,
-                               wall_s=50.0)
+            raise TrialStopped(
+                "slower than the best",
+                step_times_s=m.step_times_s,
+                tokens_per_s_per_gpu=[m.tokens_per_s_per_gpu] * 4,
+                wall_s=50.0,
+            )
         return m
 
 
@@ -284,8 +327,10 @@ def test_a_refused_budget_leaves_no_study(tmp_path):
 def test_the_default_trial_of_export_is_the_main_jobs_best(tmp_path):
     from tuner.report import pick_trial_row
 
-    rows = [{"trial": 0, "tokens_per_s_per_gpu": 10.0, "peak_gib": 1.0, "layout": {"world_size": 8}},
-            {"trial": 1, "tokens_per_s_per_gpu": 20.0, "peak_gib": 2.0, "layout": {"world_size": 8}}]
+    rows = [
+        {"trial": 0, "tokens_per_s_per_gpu": 10.0, "peak_gib": 1.0, "layout": {"world_size": 8}},
+        {"trial": 1, "tokens_per_s_per_gpu": 20.0, "peak_gib": 2.0, "layout": {"world_size": 8}},
+    ]
     from specs import load_model
 
     assert pick_trial_row("s", rows, load_model("Llama-3.1-8B"), None, "export", best=0)["trial"] == 0
@@ -296,8 +341,14 @@ def test_the_best_is_one_that_fits_when_it_can():
     from tuner.report import pick_best
 
     def row(trial, tps, peak, fit, headroom):
-        return {"trial": trial, "tokens_per_s_per_gpu": tps, "peak_gib": peak, "fit": fit, "headroom_gib": headroom,
-                "layout": Layout(world_size=8, micro_batch_size=trial + 1)}
+        return {
+            "trial": trial,
+            "tokens_per_s_per_gpu": tps,
+            "peak_gib": peak,
+            "fit": fit,
+            "headroom_gib": headroom,
+            "layout": Layout(world_size=8, micro_batch_size=trial + 1),
+        }
 
     over = row(0, 120.0, 99.0, "may not fit", -19.0)
     inside = row(1, 100.0, 70.0, "may not fit", 10.0)

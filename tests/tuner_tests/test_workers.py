@@ -26,11 +26,36 @@ HERE = Path(__file__).parent
 def test_two_workers_with_trials_10_each_evaluate_20_distinct_layouts(tmp_path):
     journal = tmp_path / "shared" / "study.log"
     journal.parent.mkdir()  # the shared folder exists (a mistyped one is refused)
-    cmd = [sys.executable, "-m", "tuner.cli", "--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8",
-           "--stack", "megatron", "--trials", "10", "--study", "w", "--storage", f"journal:{journal}", "--results-dir", str(tmp_path / "res")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tuner.cli",
+        "--model",
+        "MiniMax-M2",
+        "--layers",
+        "4",
+        "--gpus",
+        "4xH200",
+        "--global-batch",
+        "8",
+        "--stack",
+        "megatron",
+        "--trials",
+        "10",
+        "--study",
+        "w",
+        "--storage",
+        f"journal:{journal}",
+        "--results-dir",
+        str(tmp_path / "res"),
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    procs = [subprocess.Popen([*cmd, "--seed", str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
-             for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [*cmd, "--seed", str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path
+        )
+        for i in range(2)
+    ]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     now = [int(re.search(r"\((\d+) now[;)]", o).group(1)) for o in outs]
@@ -68,22 +93,74 @@ def test_four_workers_started_together_on_a_fresh_database_measure_each_layout_o
     url = fresh_postgres() if kind == "postgres" else f"sqlite:///{tmp_path / 'shared.db'}"
     tpl = tmp_path / "t.yaml"
     fake = str(HERE.parent / "launch_tests" / "fake_trial.py")
-    tpl.write_text(yaml.safe_dump({"argv": [sys.executable, fake, "--FAKE_FORMAT=megatron", "--FAKE_STEPS={steps}", "--FAKE_STEP_S=0",
-                                            "--FAKE_REPORT_STEP_S=2.0", "{layout_args}"]}))
-    cmd = [sys.executable, "-m", "tuner.cli", "--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200", "--global-batch", "8",
-           "--stack", "megatron", "--backend", "command", "--command-template", str(tpl), "--trials", "3", "--trial-steps", "4",
-           "--trial-policy", "queue",
-           "--study", "w", "--storage", url]
+    tpl.write_text(
+        yaml.safe_dump(
+            {
+                "argv": [
+                    sys.executable,
+                    fake,
+                    "--FAKE_FORMAT=megatron",
+                    "--FAKE_STEPS={steps}",
+                    "--FAKE_STEP_S=0",
+                    "--FAKE_REPORT_STEP_S=2.0",
+                    "{layout_args}",
+                ]
+            }
+        )
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "tuner.cli",
+        "--model",
+        "MiniMax-M2",
+        "--layers",
+        "4",
+        "--gpus",
+        "4xH200",
+        "--global-batch",
+        "8",
+        "--stack",
+        "megatron",
+        "--backend",
+        "command",
+        "--command-template",
+        str(tpl),
+        "--trials",
+        "3",
+        "--trial-steps",
+        "4",
+        "--trial-policy",
+        "queue",
+        "--study",
+        "w",
+        "--storage",
+        url,
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    procs = [subprocess.Popen([*cmd, "--seed", str(i), "--results-dir", str(tmp_path / f"r{i}")], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path) for i in range(4)]
+    procs = [
+        subprocess.Popen(
+            [*cmd, "--seed", str(i), "--results-dir", str(tmp_path / f"r{i}")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
+        for i in range(4)
+    ]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     st = optuna.load_study(study_name="w", storage=url)
     ran = [t.user_attrs["key"] for t in st.trials if "result" in t.user_attrs or "failure" in t.user_attrs]
     assert len(ran) == len(set(ran)) == 12
-    # no proposal that breaks a rule, does not fit or was run is a trial: the rest lost a claim to a worker starting with it
-    others = [t.user_attrs.get("skipped", "") for t in st.trials if "result" not in t.user_attrs and "failure" not in t.user_attrs]
+    # no proposal that breaks a rule, does not fit or was run is a trial: the rest lost a claim to a worker starting
+    # with it
+    others = [
+        t.user_attrs.get("skipped", "")
+        for t in st.trials
+        if "result" not in t.user_attrs and "failure" not in t.user_attrs
+    ]
     assert all(s.endswith("at the same moment)") for s in others), others
 
 
@@ -96,12 +173,23 @@ def test_a_killed_worker_loses_nothing(tmp_path, kind):
     from tuner.study import prepare, run_study, trial_rows
 
     (tmp_path / "shared").mkdir()
-    storage = (f"journal:{tmp_path / 'shared' / 'j.log'}" if kind == "journal" else fresh_postgres() if kind == "postgres"
-               else f"sqlite:///{tmp_path / 'shared' / 's.db'}")
+    storage = (
+        f"journal:{tmp_path / 'shared' / 'j.log'}"
+        if kind == "journal"
+        else fresh_postgres()
+        if kind == "postgres"
+        else f"sqlite:///{tmp_path / 'shared' / 's.db'}"
+    )
     marker = tmp_path / "running"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    a = subprocess.Popen([sys.executable, str(HERE / "study_worker.py"), storage, str(tmp_path / "a"), str(marker)], env=env, cwd=tmp_path,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    a = subprocess.Popen(
+        [sys.executable, str(HERE / "study_worker.py"), storage, str(tmp_path / "a"), str(marker)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         seen = []
         for line in a.stdout:  # until worker A's trial is RUNNING with a heartbeat in the storage (or A ends)
@@ -158,25 +246,42 @@ def test_journal_storage_errors_and_the_recorded_storage(tmp_path):
     assert out.exit_code == 2 and "is missing" in out.output and not missing.exists()  # reading creates nothing
     typo = tmp_path / "no-such-dir" / "j.log"
     out = r.invoke(app, [*job, "--trials", "2", "--study", "t", "--storage", f"journal:{typo}", "--results-dir", res])
-    assert out.exit_code == 2 and "does not exist" in out.output and not typo.parent.exists()  # no stray journal of its own
+    assert (
+        out.exit_code == 2 and "does not exist" in out.output and not typo.parent.exists()
+    )  # no stray journal of its own
     j = tmp_path / "ok.log"
     out = r.invoke(app, [*job, "--trials", "3", "--study", "ok", "--storage", f"journal:{j}", "--results-dir", res])
     assert out.exit_code == 0, out.output
-    out = r.invoke(app, ["pareto", "--study", "ok", "--results-dir", res])  # no --storage: the one recorded in config.yaml
+    out = r.invoke(
+        app, ["pareto", "--study", "ok", "--results-dir", res]
+    )  # no --storage: the one recorded in config.yaml
     assert out.exit_code == 0 and "Pareto front" in out.output
-    # a worker killed mid-line leaves a cut last line: refused before anything is appended (an appended record would make
-    # the whole journal unreadable), and the file is left byte for byte
+    # a worker killed mid-line leaves a cut last line: refused before anything is appended (an appended record would
+    # make the whole journal unreadable), and the file is left byte for byte
     cut = tmp_path / "cut.log"
     cut.write_bytes(j.read_bytes() + b'{"op_code": 5, "worker_id": "x", "trial')
     before = cut.read_bytes()
-    out = r.invoke(app, [*job, "--trials", "3", "--study", "ok", "--storage", f"journal:{cut}",
-                            "--results-dir", str(tmp_path / "res2")])  # another folder: res/ok records ok.log as its storage
+    out = r.invoke(
+        app,
+        [
+            *job,
+            "--trials",
+            "3",
+            "--study",
+            "ok",
+            "--storage",
+            f"journal:{cut}",
+            "--results-dir",
+            str(tmp_path / "res2"),
+        ],
+    )  # another folder: res/ok records ok.log as its storage
     assert out.exit_code == 2 and "line" in out.output and "left as it is" in out.output, out.output
     assert cut.read_bytes() == before
 
 
 def test_a_storage_error_while_reading_a_study_is_a_user_error(monkeypatch):
-    """A damaged database can pass the open and fail on a later read (Optuna's StorageInternalError): one message, exit 2."""
+    """A damaged database can pass the open and fail on a later read (Optuna's StorageInternalError): one message, exit
+    2."""
     import optuna
     from typer.testing import CliRunner
 
@@ -211,9 +316,19 @@ def test_two_workers_that_pick_one_layout_at_once_never_both_measure_it():
     from tuner.study.records import claimed_elsewhere
 
     def running(trial_id: int, number: int) -> FrozenTrial:
-        return FrozenTrial(number=number, state=TrialState.RUNNING, value=None, datetime_start=datetime.datetime.now(),
-                           datetime_complete=None, params={}, distributions={}, user_attrs={"key": "tp2-pp1"}, system_attrs={},
-                           intermediate_values={}, trial_id=trial_id)
+        return FrozenTrial(
+            number=number,
+            state=TrialState.RUNNING,
+            value=None,
+            datetime_start=datetime.datetime.now(),
+            datetime_complete=None,
+            params={},
+            distributions={},
+            user_attrs={"key": "tp2-pp1"},
+            system_attrs={},
+            intermediate_values={},
+            trial_id=trial_id,
+        )
 
     for numbers in ((7, 7), (7, 8), (8, 7)):
         trials = [running(1, numbers[0]), running(2, numbers[1])]

@@ -1,5 +1,6 @@
-"""Every use of Optuna's private API in this project, in one module, written against **Optuna 5.1.0** (and checked against 5.0.0: 5.1 changed none of the
-names, signatures or the RDB schema below; its ORM models only gained type annotations).
+"""Every use of Optuna's private API in this project, in one module, written against **Optuna 5.1.0** (and checked
+against 5.0.0: 5.1 changed none of the names, signatures or the RDB schema below; its ORM models only gained type
+annotations).
 
 The study code uses Optuna's public API (studies, ``ask``/``tell``, ``enqueue_trial``, ``add_trial``, samplers,
 storages, heartbeats) and nothing private outside this module. What it needs beyond that, and why:
@@ -12,7 +13,8 @@ storages, heartbeats) and nothing private outside this module. What it needs bey
    once; on SQLite that check-and-set is not atomic between threads (two threads of ``--parallel-trials``
    were seen to pop the same trial: "Cannot tell a PRUNED trial"), nor between processes (SQLite ignores the
    row lock Optuna asks for, ``SELECT ... FOR UPDATE``, and pysqlite reads outside a transaction: two workers
-   on one file pop the same trial), so on a SQLite file the call also holds an ``flock`` on the database file. Across processes PostgreSQL's row locks or the journal file's lock serialise it.
+   on one file pop the same trial), so on a SQLite file the call also holds an ``flock`` on the database file. Across
+   processes PostgreSQL's row locks or the journal file's lock serialise it.
 3. **A heartbeat for the journal storage** (:class:`HeartbeatJournalStorage`): Optuna 5.0's and 5.1's ``RDBStorage``
    implements ``optuna.storages._heartbeat.BaseHeartbeat`` (``record_heartbeat``, ``_get_stale_trial_ids``,
    ``get_heartbeat_interval``, ``get_heartbeat_stale_trial_callback``), ``JournalStorage`` does not. With it,
@@ -55,9 +57,10 @@ from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import FrozenTrial, TrialState
 
 __all__ = [
-    "HEARTBEAT_ATTR", "OPTUNA_CHECKED_RELEASES", "OPTUNA_VERSION", "RDB_ALEMBIC_REVISION", "RDB_SCHEMA_VERSION", "HeartbeatJournalStorage", "ThreadSafeRDBStorage",
-    "add_finished_trials", "close_storages", "create_sqlite_schema", "create_trial", "retried_trial_number", "retry_history", "set_trial_state",
-    "set_trial_user_attr", "storage_of", "trial_id_of",
+    "HEARTBEAT_ATTR", "OPTUNA_CHECKED_RELEASES", "OPTUNA_VERSION", "RDB_ALEMBIC_REVISION", "RDB_SCHEMA_VERSION",
+    "HeartbeatJournalStorage", "ThreadSafeRDBStorage", "add_finished_trials", "close_storages", "create_sqlite_schema",
+    "create_trial", "retried_trial_number", "retry_history", "set_trial_state", "set_trial_user_attr", "storage_of",
+    "trial_id_of",
 ]
 
 #: The Optuna release this module is written against.
@@ -67,7 +70,8 @@ OPTUNA_CHECKED_RELEASES = ("5.0", "5.1")
 #: ``optuna.storages._rdb.models.SCHEMA_VERSION`` and the alembic revision of that schema (Optuna 5.0.0 and 5.1.0).
 RDB_SCHEMA_VERSION = 12
 RDB_ALEMBIC_REVISION = "v3.2.0.a"
-#: The trial system attribute :class:`HeartbeatJournalStorage` keeps a trial's last heartbeat in (seconds since the epoch).
+#: The trial system attribute :class:`HeartbeatJournalStorage` keeps a trial's last heartbeat in (seconds since the
+#: epoch).
 HEARTBEAT_ATTR = "tune:heartbeat"
 
 
@@ -78,7 +82,8 @@ def retry_history(trial: FrozenTrial) -> list[int]:
 
 
 def retried_trial_number(trial: FrozenTrial) -> int | None:
-    """The first trial of a retry series (``RetryHeartbeatStaleTrialCallback.retried_trial_number``, without its warning)."""
+    """The first trial of a retry series (``RetryHeartbeatStaleTrialCallback.retried_trial_number``, without its
+    warning)."""
     return trial.system_attrs.get("failed_trial", None)
 
 
@@ -114,7 +119,8 @@ def set_trial_user_attr(study: optuna.Study, trial_id: int, key: str, value: Any
     study._storage.set_trial_user_attr(trial_id, key, value)
 
 
-def set_trial_state(study: optuna.Study, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
+def set_trial_state(study: optuna.Study, trial_id: int, state: TrialState,
+                    values: Sequence[float] | None = None) -> bool:
     """Finish (or start) a trial by id; False if another worker changed its state first.
 
     Raises:
@@ -177,7 +183,8 @@ def create_sqlite_schema(path: str | Path) -> bool:
                 version_info_id=1, schema_version=models.SCHEMA_VERSION, library_version=optuna.__version__))
             conn.execute(sqlalchemy.text("CREATE TABLE alembic_version (\n\tversion_num VARCHAR(32) NOT NULL, \n\t"
                                          "CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)\n)"))
-            conn.execute(sqlalchemy.text("INSERT INTO alembic_version (version_num) VALUES (:v)"), {"v": RDB_ALEMBIC_REVISION})
+            conn.execute(sqlalchemy.text("INSERT INTO alembic_version (version_num) VALUES (:v)"),
+                         {"v": RDB_ALEMBIC_REVISION})
     finally:
         engine.dispose()
     return True
@@ -202,7 +209,8 @@ def close_storages() -> None:
 
 
 class _StampedVersionManager(optuna.storages._rdb.storage._VersionManager):
-    """Optuna's ``_VersionManager`` for a file :func:`create_sqlite_schema` made: its ``alembic_version`` row is there."""
+    """Optuna's ``_VersionManager`` for a file :func:`create_sqlite_schema` made: its ``alembic_version`` row is
+    there."""
 
     def _init_alembic(self) -> None:
         return None  # Optuna's reads the row through alembic and returns when it is there
@@ -219,7 +227,8 @@ class ThreadSafeRDBStorage(RDBStorage):
     already exists, a duplicate ``alembic_version`` row or a locked file: such a
     worker tries again, up to :data:`SCHEMA_ATTEMPTS` times, and then finds the tables made.
 
-    ``stamped``: the file was made by :func:`create_sqlite_schema` (item 5 above), so alembic is not asked for its stamp."""
+    ``stamped``: the file was made by :func:`create_sqlite_schema` (item 5 above), so alembic is not asked for its
+    stamp."""
 
     def __init__(self, *args: Any, stamped: bool = False, **kwargs: Any) -> None:
         from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
@@ -239,9 +248,11 @@ class ThreadSafeRDBStorage(RDBStorage):
             try:
                 super().__init__(*args, **kwargs)
                 break
-            except (IntegrityError, OperationalError, ProgrammingError) as e:  # a concurrent creation's duplicate table or row
-                if attempt == SCHEMA_ATTEMPTS or not any(w in str(e) for w in ("already exists", "duplicate key", "UniqueViolation",
-                                                                               "UNIQUE constraint failed", "database is locked")):
+            except (IntegrityError, OperationalError, ProgrammingError) as e:
+                # a concurrent creation's duplicate table or row
+                if attempt == SCHEMA_ATTEMPTS or not any(w in str(e) for w in (
+                        "already exists", "duplicate key", "UniqueViolation", "UNIQUE constraint failed",
+                        "database is locked")):
                     raise
                 time.sleep(0.2 * attempt)
         self._state_lock = threading.Lock()
@@ -319,7 +330,8 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
         return [
             t._trial_id
             for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
-            if isinstance(t.system_attrs.get(HEARTBEAT_ATTR), (int, float)) and now - t.system_attrs[HEARTBEAT_ATTR] > grace
+            if isinstance(t.system_attrs.get(HEARTBEAT_ATTR), (int, float))
+            and now - t.system_attrs[HEARTBEAT_ATTR] > grace
         ]
 
     def get_heartbeat_interval(self) -> int | None:
@@ -383,7 +395,8 @@ def add_finished_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> i
         return 0
     for t in trials:
         if not t.state.is_finished() or t.intermediate_values:
-            raise ValueError(f"add_finished_trials takes finished trials without intermediate values, got {t.state.name}")
+            raise ValueError("add_finished_trials takes finished trials without intermediate values, got "
+                             f"{t.state.name}")
         t._validate()
     backend = _bulk_backend(study)
     if backend is None:
@@ -402,7 +415,8 @@ def add_finished_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> i
         known: dict[str, Any] = {}
         for name in {n for t in trials for n in t.params}:
             prev = (session.query(models.TrialParamModel).join(models.TrialModel)
-                    .filter(models.TrialModel.study_id == study._study_id).filter(models.TrialParamModel.param_name == name).first())
+                    .filter(models.TrialModel.study_id == study._study_id)
+                    .filter(models.TrialParamModel.param_name == name).first())
             if prev is not None:
                 known[name] = dists.json_to_distribution(prev.distribution_json)
         for t in trials:
@@ -421,12 +435,15 @@ def add_finished_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> i
         conn = session.connection()
         for t in trials:
             key = conn.execute(add_trial, {"study_id": study._study_id, "number": number, "state": t.state,
-                                           "datetime_start": t.datetime_start, "datetime_complete": t.datetime_complete}).inserted_primary_key
+                                           "datetime_start": t.datetime_start,
+                                           "datetime_complete": t.datetime_complete}).inserted_primary_key
             assert key is not None  # an INSERT of one row
             tid = key[0]
             number += 1
-            params.extend({"trial_id": tid, "param_name": name, "param_value": t.distributions[name].to_internal_repr(value),
-                           "distribution_json": dists.distribution_to_json(t.distributions[name])} for name, value in t.params.items())
+            params.extend({"trial_id": tid, "param_name": name,
+                           "param_value": t.distributions[name].to_internal_repr(value),
+                           "distribution_json": dists.distribution_to_json(t.distributions[name])}
+                          for name, value in t.params.items())
             for objective, value in enumerate(t.values or ()):
                 stored, kind = models.TrialValueModel.value_to_stored_repr(value)
                 values.append({"trial_id": tid, "objective": objective, "value": stored, "value_type": kind})

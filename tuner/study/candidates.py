@@ -264,7 +264,8 @@ class CandidateQueue:
         sure = np.flatnonzero(prep.surely_fits)
         sure_fastest = [int(i) for i in sure[np.argsort(-est.tokens_per_s_per_gpu[sure], kind="stable")[:4]]]
         # the model backend evaluates the fastest layouts that surely fit first: the best it names is the table's
-        order = [int(i) for i in fastest] + spread if backend.measured else sure_fastest + spread + [int(i) for i in fastest]
+        order = ([int(i) for i in fastest] + spread if backend.measured
+                 else sure_fastest + spread + [int(i) for i in fastest])
         if prep.baseline_row is not None and prep.fits[prep.baseline_row]:
             order.insert(0, prep.baseline_row)  # the user's own layout (tune --from) is always evaluated
         budget = min(MAX_ENQUEUED, max(1, (3 * n_trials) // 4)) - queued_already
@@ -347,9 +348,11 @@ class CandidateQueue:
         for number, res in measured:
             peak = res.get("peak_gib")
             st_s = float(res.get("step_time_s") or "nan")
-            obs.append(Observation(model=prep.model, cluster=prep.cluster, workload=prep.workload, layout=Layout.from_dict(res["layout"]),
+            obs.append(Observation(model=prep.model, cluster=prep.cluster, workload=prep.workload,
+                                   layout=Layout.from_dict(res["layout"]),
                                    step_time_s=st_s if math.isfinite(st_s) and st_s > 0 else None,
-                                   peak_gib=float(peak) if peak and math.isfinite(float(peak)) else None, label=f"trial {number}"))
+                                   peak_gib=float(peak) if peak and math.isfinite(float(peak)) else None,
+                                   label=f"trial {number}"))
         record: dict[str, Any] = {"after_measured_trials": n}
         try:
             fit = fit_observations(obs, start=self.calibration, max_nfev=100)

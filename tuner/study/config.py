@@ -16,13 +16,21 @@ from typing import Any
 
 from specs import NEWEST_MEGATRON_CORE, Cluster, ModelSpec, RunOptions, megatron_core_version
 from specs.errors import TunerError
-from specs.study_files import RECORD_ERRORS, STUDY_OUTPUT_FILES, STUDY_OWN_FILES, check_output_path, is_study_folder, read_study_record
+from specs.study_files import (
+    RECORD_ERRORS,
+    STUDY_OUTPUT_FILES,
+    STUDY_OWN_FILES,
+    check_output_path,
+    is_study_folder,
+    read_study_record,
+)
 
 __all__ = [
     "DEFAULT_TRIALS", "STACKS", "TuneConfig", "harness_without_te", "n_trials", "run_options_for_backend",
     "study_run_options", "trial_env_dict", "trial_warmup_steps",
     # specs.study_files', which the study code and the command lines import from here
-    "RECORD_ERRORS", "STUDY_OUTPUT_FILES", "STUDY_OWN_FILES", "check_output_path", "is_study_folder", "read_study_record",
+    "RECORD_ERRORS", "STUDY_OUTPUT_FILES", "STUDY_OWN_FILES", "check_output_path", "is_study_folder",
+    "read_study_record",
 ]
 
 #: Training stacks a recipe can target (``specs/data/stacks/``; ``megatron`` is ``megatron-lm``).
@@ -76,9 +84,9 @@ class TuneConfig:
     predicted not to fit, was evaluated before or is being run by another worker) does not. Fewer when the space
     runs out of such layouts (:attr:`TuneResult.budget_note` says so). Confirmation runs are extra."""
     resume: bool = False
-    """``--resume``: evaluate more layouts in a study that already holds trials (the default number, :data:`DEFAULT_TRIALS`,
-    after any an interrupted run left queued). Without it, and without ``--trials``, a run of an existing study evaluates
-    nothing and reports the study as it is."""
+    """``--resume``: evaluate more layouts in a study that already holds trials (the default number,
+    :data:`DEFAULT_TRIALS`, after any an interrupted run left queued). Without it, and without ``--trials``, a run of an
+    existing study evaluates nothing and reports the study as it is."""
     backend: str = "model"
     stack: str = "slime"
     """Training stack the recipe targets, a preset of :mod:`specs.stacks` whose run options the estimates use:
@@ -117,16 +125,17 @@ class TuneConfig:
     trial_timeout_s: float = 900.0
     """Wall-clock limit of one real trial, model build included (seconds)."""
     trial_profile_step: int | None = None
-    """Real trials of the ``local`` backend: profile this step of each trial with ``torch.profiler`` (1 .. ``trial_steps``;
-    the harness writes a Chrome trace per pipeline stage into the trial's folder, :attr:`HarnessSpec.profile_step`), for
-    ``tune timeline --study S --trial N`` to show beside the predicted step; None = no profiling. A warm-up step keeps the
-    profiler's overhead out of the measurement."""
+    """Real trials of the ``local`` backend: profile this step of each trial with ``torch.profiler`` (1 ..
+    ``trial_steps``; the harness writes a Chrome trace per pipeline stage into the trial's folder,
+    :attr:`HarnessSpec.profile_step`), for ``tune timeline --study S --trial N`` to show beside the predicted step; None
+    = no profiling. A warm-up step keeps the profiler's overhead out of the measurement."""
     prune_margin: float | None = 0.25
     """Stop a real trial whose running median throughput is below best / (1 + margin); None = never prune."""
     command_template: str | None = None
     """The launch template of the ``command`` backend (``--command-template FILE``)."""
     ray_address: str | None = None
-    """``--ray-address``: ``auto``, ``HOST:PORT`` or ``ray://...``; None starts a local Ray instance (``ray`` backend)."""
+    """``--ray-address``: ``auto``, ``HOST:PORT`` or ``ray://...``; None starts a local Ray instance (``ray``
+    backend)."""
     parallel_trials: int = 1
     """Trials run at once by this worker (``ray`` backend: each its own placement group)."""
     trial_env: tuple[str, ...] = ()
@@ -167,11 +176,11 @@ class TuneConfig:
         return self.backend not in BACKENDS or backend_class(self.backend).source == "measured"
 
     def study_name(self, model: ModelSpec, cluster: Cluster) -> str:
-        """``--study``, or ``<model>[-L<layers>]-<cluster>-s<seq>-gbs<batch>`` then what else makes the space or its numbers
-        differ from the defaults, each only when it does: ``-fp8``, the network (``-ib-ndr``) when it is not the GPU's
-        server's, ``-<N>gbps`` (``--network-gbps``), ``-megatron`` (``--stack``), ``-mc<release>`` (``--megatron-core``
-        other than the newest), ``-sft`` / ``-lora`` (``--task``), ``-r<digest>`` (run options other than the stack's) and
-        the backend of real trials (``-local``). A run with another of these inputs so opens
+        """``--study``, or ``<model>[-L<layers>]-<cluster>-s<seq>-gbs<batch>`` then what else makes the space or its
+        numbers differ from the defaults, each only when it does: ``-fp8``, the network (``-ib-ndr``) when it is not the
+        GPU's server's, ``-<N>gbps`` (``--network-gbps``), ``-megatron`` (``--stack``), ``-mc<release>``
+        (``--megatron-core`` other than the newest), ``-sft`` / ``-lora`` (``--task``), ``-r<digest>`` (run options
+        other than the stack's) and the backend of real trials (``-local``). A run with another of these inputs so opens
         its own study instead of being refused by the existing one. Obeys the ``--study`` name rule.
 
         Raises:
@@ -203,7 +212,8 @@ class TuneConfig:
             import hashlib
             import json
 
-            extra += "-r" + hashlib.sha1(json.dumps(self.run_flags, sort_keys=True, default=str).encode()).hexdigest()[:6]
+            extra += "-r" + hashlib.sha1(
+                json.dumps(self.run_flags, sort_keys=True, default=str).encode()).hexdigest()[:6]
         if self.measured:
             extra += f"-{self.backend}"
         return f"{base}{sl}-{cluster.label}-s{self.seq_length}-gbs{self.global_batch_size}{extra}"[:128]
@@ -242,7 +252,8 @@ def cheapest_trial_gpu_hours(prep: Any) -> float:
     :func:`policy_params` plus ``--trial-steps`` predicted steps, times the cluster's GPUs; NaN without contenders."""
     pp = policy_params(prep, 1)
     step = prep.estimates.step_time_s[prep.contenders]
-    return float((pp.startup_s + pp.steps * float(step.min())) * prep.cluster.num_gpus / 3600) if len(step) else float("nan")
+    return (float((pp.startup_s + pp.steps * float(step.min())) * prep.cluster.num_gpus / 3600) if len(step)
+            else float("nan"))
 
 
 def check_budget(prep: Any) -> None:
@@ -259,8 +270,8 @@ def check_budget(prep: Any) -> None:
     cheapest = cheapest_trial_gpu_hours(prep)
     if cfg.gpu_hours < cheapest:
         raise TunerError(f"--gpu-hours {cfg.gpu_hours:g}: one trial of the quickest candidate is predicted to cost "
-                         f"{fmt_gpu_hours(cheapest)} GPU-hours ({prep.cluster.num_gpus} GPUs, start-up and {cfg.trial_steps} "
-                         "steps); give at least that")
+                         f"{fmt_gpu_hours(cheapest)} GPU-hours ({prep.cluster.num_gpus} GPUs, start-up and "
+                         f"{cfg.trial_steps} steps); give at least that")
 
 
 def harness_without_te(backend: str) -> bool:
@@ -312,7 +323,8 @@ def study_run_options(config: TuneConfig) -> Any:
     if config.backend in ("local", "ray"):
         if run.flags:
             raise TunerError(f"--backend {config.backend}: real trials run the trial harness's own stack, so run flags "
-                             f"({', '.join(run.flags)}) cannot apply; leave them out, or use --backend model or command")
+                             f"({', '.join(run.flags)}) cannot apply; leave them out, or use --backend model or "
+                             "command")
         return dataclasses.replace(run, options=run_options_for_backend(config.backend, config.megatron_core))
     return run
 
@@ -359,8 +371,8 @@ def _validate_config(config: TuneConfig) -> None:
     """
     if config.study is not None and not _STUDY_NAME_RE.fullmatch(config.study):
         raise TunerError(
-            f"--study {config.study!r}: a study name is 1-128 letters, digits, '.', '_' or '-', starting with a letter or "
-            "digit (it names the folder results/<study>/)"
+            f"--study {config.study!r}: a study name is 1-128 letters, digits, '.', '_' or '-', starting with a letter "
+            "or digit (it names the folder results/<study>/)"
         )
     if config.trials is not None and config.trials < 1:
         raise TunerError(f"--trials must be at least 1, got {config.trials}")
@@ -369,12 +381,14 @@ def _validate_config(config: TuneConfig) -> None:
     if config.layers is not None and (not _is_int(config.layers) or config.layers < 1):
         raise TunerError(f"--layers must be a positive integer (decoder layers of the slice), got {config.layers!r}")
     if config.prune_margin is not None and not (math.isfinite(config.prune_margin) and config.prune_margin >= 0):
-        raise TunerError(f"--prune-margin must be a finite number >= 0 (negative: never prune), got {config.prune_margin}")
+        raise TunerError("--prune-margin must be a finite number >= 0 (negative: never prune), got "
+                         f"{config.prune_margin}")
     if config.trial_steps < 1:
         raise TunerError(f"--trial-steps must be from 1 up, got {config.trial_steps}")
     if not 0 <= trial_warmup_steps(config) < config.trial_steps:
         raise TunerError(
-            f"--trial-warmup-steps must be from 0 to {config.trial_steps - 1} (fewer than --trial-steps {config.trial_steps}), got {config.trial_warmup_steps}"
+            f"--trial-warmup-steps must be from 0 to {config.trial_steps - 1} (fewer than --trial-steps "
+            f"{config.trial_steps}), got {config.trial_warmup_steps}"
         )
     from launch.registry import backend_class, backends_where
 
@@ -385,10 +399,11 @@ def _validate_config(config: TuneConfig) -> None:
 
     ps = config.trial_profile_step
     if ps is not None and not 1 <= ps <= config.trial_steps:
-        raise TunerError(f"--trial-profile-step must be a step from 1 to --trial-steps ({config.trial_steps}), got {ps}")
+        raise TunerError(f"--trial-profile-step must be a step from 1 to --trial-steps ({config.trial_steps}), got "
+                         f"{ps}")
     if ps is not None and "--trial-profile-step" not in backend.own_flags:
-        raise TunerError(f"--trial-profile-step is for --backend {_reads('--trial-profile-step')} (its trial folders are on this machine; "
-                         f"this run uses --backend {config.backend})")
+        raise TunerError(f"--trial-profile-step is for --backend {_reads('--trial-profile-step')} (its trial folders "
+                         f"are on this machine; this run uses --backend {config.backend})")
     if not (math.isfinite(config.trial_timeout_s) and config.trial_timeout_s > 0):
         raise TunerError(f"--trial-timeout must be a positive number of seconds, got {config.trial_timeout_s}")
     if config.megatron_core is not None:
@@ -396,9 +411,11 @@ def _validate_config(config: TuneConfig) -> None:
 
         megatron_core_version(config.megatron_core)
     if config.command_template and "--command-template" not in backend.own_flags:
-        raise TunerError(f"--command-template is for --backend {_reads('--command-template')} (this run uses --backend {config.backend})")
+        raise TunerError(f"--command-template is for --backend {_reads('--command-template')} (this run uses --backend "
+                         f"{config.backend})")
     if config.ray_address is not None and "--ray-address" not in backend.own_flags:
-        raise TunerError(f"--ray-address is for --backend {_reads('--ray-address')} (this run uses --backend {config.backend})")
+        raise TunerError(f"--ray-address is for --backend {_reads('--ray-address')} (this run uses --backend "
+                         f"{config.backend})")
     if config.ray_address is not None:
         from launch.ray_backend import parse_ray_address
 
@@ -406,17 +423,21 @@ def _validate_config(config: TuneConfig) -> None:
     if config.parallel_trials < 1:
         raise TunerError(f"--parallel-trials must be at least 1, got {config.parallel_trials!r}")
     if config.parallel_trials > 1 and "--parallel-trials" not in backend.own_flags:
-        raise TunerError(f"--parallel-trials > 1 needs --backend {_reads('--parallel-trials')} (the {config.backend} backend runs one trial at a time)")
+        raise TunerError(f"--parallel-trials > 1 needs --backend {_reads('--parallel-trials')} (the {config.backend} "
+                         "backend runs one trial at a time)")
     trial_env_dict(config.trial_env)
     if config.confirm_runs < 0:
-        raise TunerError(f"--confirm-runs must be 0 (no confirmation) or more runs per layout, got {config.confirm_runs!r}")
+        raise TunerError("--confirm-runs must be 0 (no confirmation) or more runs per layout, got "
+                         f"{config.confirm_runs!r}")
     if config.confirm_runs and backend.source != "measured":
         raise TunerError(f"--confirm-runs re-measures real trials; --backend {config.backend} measures nothing "
                          f"(use --backend {backends_where(lambda b: b.source == 'measured')})")
     if config.recalibrate_after < 0:
-        raise TunerError(f"--recalibrate-after must be 0 (never) or a number of measured trials, got {config.recalibrate_after!r}")
+        raise TunerError("--recalibrate-after must be 0 (never) or a number of measured trials, got "
+                         f"{config.recalibrate_after!r}")
     if config.trial_env and "--trial-env" not in backend.own_flags:
-        raise TunerError(f"--trial-env is for --backend {_reads('--trial-env')} (this run uses --backend {config.backend})")
+        raise TunerError(f"--trial-env is for --backend {_reads('--trial-env')} (this run uses --backend "
+                         f"{config.backend})")
     if not 1 <= config.heartbeat_interval_s < config.heartbeat_grace_s:  # else a live trial would be failed as stale
         raise TunerError(f"the heartbeat grace period ({config.heartbeat_grace_s!r} s) must exceed its interval "
                          f"({config.heartbeat_interval_s!r} s, at least 1)")
@@ -424,24 +445,31 @@ def _validate_config(config: TuneConfig) -> None:
         if not (math.isfinite(config.gpu_hours) and config.gpu_hours > 0):
             raise TunerError(f"--gpu-hours must be a positive number of GPU-hours, got {config.gpu_hours}")
         if not config.measured:
-            raise TunerError("--gpu-hours is a budget of real trials; --backend model measures nothing (use --backend local, ray or command)")
+            raise TunerError("--gpu-hours is a budget of real trials; --backend model measures nothing (use --backend "
+                             "local, ray or command)")
     if config.policy not in POLICIES:
         raise TunerError(f"--trial-policy {config.policy!r}: accepted {', '.join(POLICIES)}")
     if config.policy == "queue" and (config.gpu_hours is not None
-                                     or (config.stop_gain, config.stop_confidence) != (_DEFAULT_STOP_GAIN, _DEFAULT_STOP_CONFIDENCE)):
-        raise TunerError("--gpu-hours, --stop-gain and --stop-confidence drive the gain policy; --trial-policy queue runs "
-                         "--trials layouts in the predicted order (leave them out, or use --trial-policy gain)")
-    if config.policy == "gain" and config.measured and (config.confirm_runs or config.recalibrate_after != _DEFAULT_RECALIBRATE_AFTER):
-        raise TunerError("--confirm-runs and --recalibrate-after belong to --trial-policy queue; the gain policy repeats close "
-                         "rivals and learns from every measurement itself (leave them out, or use --trial-policy queue)")
+                                     or (config.stop_gain, config.stop_confidence)
+                                     != (_DEFAULT_STOP_GAIN, _DEFAULT_STOP_CONFIDENCE)):
+        raise TunerError("--gpu-hours, --stop-gain and --stop-confidence drive the gain policy; --trial-policy queue "
+                         "runs --trials layouts in the predicted order (leave them out, or use --trial-policy gain)")
+    if config.policy == "gain" and config.measured and (config.confirm_runs
+                                                        or config.recalibrate_after != _DEFAULT_RECALIBRATE_AFTER):
+        raise TunerError("--confirm-runs and --recalibrate-after belong to --trial-policy queue; the gain policy "
+                         "repeats close rivals and learns from every measurement itself (leave them out, or use "
+                         "--trial-policy queue)")
     if not (math.isfinite(config.stop_confidence) and 0 < config.stop_confidence < 1):
-        raise TunerError(f"--stop-confidence must be a fraction strictly between 0 and 1 (e.g. 0.9), got {config.stop_confidence}")
+        raise TunerError("--stop-confidence must be a fraction strictly between 0 and 1 (e.g. 0.9), got "
+                         f"{config.stop_confidence}")
     if not (math.isfinite(config.stop_gain) and 0 <= config.stop_gain < 1):
         raise TunerError(f"--stop-gain must be a fraction at least 0 and below 1 (e.g. 0.02), got {config.stop_gain}")
-    if not config.measured and (config.stop_gain, config.stop_confidence) != (_DEFAULT_STOP_GAIN, _DEFAULT_STOP_CONFIDENCE):
+    if not config.measured and ((config.stop_gain, config.stop_confidence)
+                                != (_DEFAULT_STOP_GAIN, _DEFAULT_STOP_CONFIDENCE)):
         raise TunerError("--stop-gain and --stop-confidence stop real trials; --backend model measures nothing "
                          "(use --backend local, ray or command)")
-    if config.memory_headroom is not None and not (math.isfinite(config.memory_headroom) and 0 <= config.memory_headroom < 1):
+    if config.memory_headroom is not None and not (math.isfinite(config.memory_headroom)
+                                                   and 0 <= config.memory_headroom < 1):
         raise TunerError(f"--memory-headroom must be a fraction from 0 to 1 (e.g. 0.07), got {config.memory_headroom}")
     if config.storage is not None:
         _check_storage_syntax(config.storage)
@@ -451,7 +479,8 @@ def _validate_config(config: TuneConfig) -> None:
 def storage_file(url: str) -> Path | None:
     """The file of a file-backed Optuna storage, as written (relative paths stay relative), or None for a server URL,
     an in-memory or ``file:`` SQLite URL, or a malformed one. ``journal:PATH`` and ``journal://PATH`` (Optuna's
-    ``JournalFileBackend`` path); SQLite as SQLAlchemy reads it (``make_url``: ``sqlite+pysqlite:///``, query strings)."""
+    ``JournalFileBackend`` path); SQLite as SQLAlchemy reads it (``make_url``: ``sqlite+pysqlite:///``, query
+    strings)."""
     if url.startswith("journal:"):
         path = url[len("journal:"):]
         path = path[2:] if path.startswith("//") else path
@@ -491,7 +520,8 @@ def _check_results_dir(results_dir: str) -> None:
     for a in (p, *p.parents):
         if a.exists():
             if not a.is_dir():
-                raise TunerError(f"--results-dir {results_dir!r}: {a} is a file, not a folder; give a folder (it will hold <results-dir>/<study>/)")
+                raise TunerError(f"--results-dir {results_dir!r}: {a} is a file, not a folder; give a folder (it will "
+                                 "hold <results-dir>/<study>/)")
             return
 
 
@@ -504,9 +534,11 @@ def _check_storage_syntax(url: str) -> None:
         if not path or path == "//":
             raise TunerError("--storage journal:PATH needs a file path, e.g. journal:/shared/tune/study.log")
     elif "://" not in url:
-        raise TunerError(f"--storage {_mask(url)!r}: expected an RDB URL (sqlite:///path.db, postgresql://user@host/db) or journal:PATH")
+        raise TunerError(f"--storage {_mask(url)!r}: expected an RDB URL (sqlite:///path.db, "
+                         "postgresql://user@host/db) or journal:PATH")
     elif url.split("?")[0] in ("sqlite://", "sqlite:///", "sqlite:///:memory:"):
-        raise TunerError(f"--storage {url!r} is an in-memory database: the study would be lost when tune exits; give a file, e.g. sqlite:///tune.db")
+        raise TunerError(f"--storage {url!r} is an in-memory database: the study would be lost when tune exits; give a "
+                         "file, e.g. sqlite:///tune.db")
     else:
         from sqlalchemy.engine import make_url
         from sqlalchemy.exc import ArgumentError, NoSuchModuleError
@@ -514,11 +546,13 @@ def _check_storage_syntax(url: str) -> None:
         try:
             dialect = make_url(url).get_dialect()  # the database kind is one SQLAlchemy knows
         except (ArgumentError, NoSuchModuleError, ValueError) as e:
-            raise TunerError(f"--storage {_mask(url)!r}: not an RDB URL SQLAlchemy can open ({_mask(str(e).splitlines()[0])}); "
-                             "give sqlite:///path.db, postgresql://user@host/db, mysql://... or journal:PATH") from None
+            raise TunerError(f"--storage {_mask(url)!r}: not an RDB URL SQLAlchemy can open "
+                             f"({_mask(str(e).splitlines()[0])}); give sqlite:///path.db, postgresql://user@host/db, "
+                             "mysql://... or journal:PATH") from None
         try:
             dialect.import_dbapi()
         except ImportError as e:
-            extra = " (the postgres extra: pip install 'megatron-layout-tuner[postgres]')" if url.startswith("postgres") else ""
+            extra = (" (the postgres extra: pip install 'megatron-layout-tuner[postgres]')"
+                     if url.startswith("postgres") else "")
             raise TunerError(f"--storage {_mask(url)!r}: its database driver is not installed ({e}); pip install "
                              f"{'psycopg[binary]' if 'psycopg' in str(e) else e.name or 'the driver'}{extra}") from None

@@ -33,8 +33,8 @@ the augmented expected improvement of Huang et al. 2006 (J. Global Optim. 34:441
 ``alpha1`` (the correlation of the slice with the full layout, ``sd / sqrt(sd^2 + slice_sigma^2)``; 1 for a full
 trial) x ``alpha2`` (``1 - noise / sqrt(sd^2 + slice_sigma^2 + noise^2)``, the share of the observation that is
 not noise), per expected GPU-hour; under ``gpu_hours``, only a slice that leaves the budget for a full trial of its
-layout (its value comes through that trial). A slice never measures memory, never becomes the incumbent and never ends the
-search: the answer and the stopping statement name a layout measured in full; slices only narrow the others.
+layout (its value comes through that trial). A slice never measures memory, never becomes the incumbent and never ends
+the search: the answer and the stopping statement name a layout measured in full; slices only narrow the others.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def fmt_gpu_hours(x: float) -> str:
 Array = npt.NDArray[np.float64]
 
 #: Standard deviation of one run's log throughput about its layout's mean: the run-to-run spread measured on one H200
-#: over every repeated configuration of the TE sweeps (``tune validate --trials``, ``benchmarks/results/h200_te_2026-12-04``).
+#: over every repeated configuration of the TE sweeps (``tune validate --trials``,
+#: ``benchmarks/results/h200_te_2026-12-04``).
 RUN_SIGMA = 0.085
 
 
@@ -176,7 +177,8 @@ class GainPolicy:
     sliced: npt.NDArray[np.bool_] = field(init=False)
     p_fit: Array = field(init=False)
     """Each candidate's chance to fit in memory: before any trial P(predicted x exp(N(memory_bias, memory_sigma)) <=
-    hbm_bytes), then given the measured peaks and out-of-memory failures (:func:`cost_model.uncertainty.chance_to_fit`)."""
+    hbm_bytes), then given the measured peaks and out-of-memory failures
+    (:func:`cost_model.uncertainty.chance_to_fit`)."""
     _peaks: dict[int, float] = field(init=False, default_factory=dict)
     _oom: set[int] = field(init=False, default_factory=set)
     _obs: list[_Obs] = field(init=False, default_factory=list)
@@ -197,14 +199,16 @@ class GainPolicy:
         self._v = np.zeros((0, n))
         self._shift, self._reduce = np.zeros(n), np.zeros(n)
         p = self.params
-        self.p_fit = ndtr((np.log(self.hbm_bytes / np.maximum(self.peak_bytes, 1.0)) - p.memory_bias) / max(p.memory_sigma, 1e-9))
+        self.p_fit = ndtr((np.log(self.hbm_bytes / np.maximum(self.peak_bytes, 1.0)) - p.memory_bias)
+                          / max(p.memory_sigma, 1e-9))
 
     # ---- belief -----------------------------------------------------------------------------------------
 
     def _prior_cov(self, i: int) -> Array:
         p = self.params
         differ: npt.NDArray[np.int64] = (self.codes != self.codes[i]).sum(axis=1)
-        out: Array = p.level**2 + p.sigma**2 * (p.shared + (1 - p.shared) * p.per_dimension ** differ.astype(np.float64))
+        out: Array = p.level**2 + p.sigma**2 * (p.shared
+                                                + (1 - p.shared) * p.per_dimension ** differ.astype(np.float64))
         return out
 
     def posterior(self) -> tuple[Array, Array]:
@@ -230,9 +234,9 @@ class GainPolicy:
         self._reduce += row * row
         self._obs.append(_Obs(index, value, noise))
 
-    def observe(self, index: int, tokens_per_s_per_gpu: float | None, *, gpu_hours: float, startup_s: float | None = None,
-                pruned: bool = False, failed: bool = False, peak_bytes: float | None = None,
-                out_of_memory: bool = False) -> None:
+    def observe(self, index: int, tokens_per_s_per_gpu: float | None, *, gpu_hours: float,
+                startup_s: float | None = None, pruned: bool = False, failed: bool = False,
+                peak_bytes: float | None = None, out_of_memory: bool = False) -> None:
         """Record a finished trial of candidate ``index``: its throughput (None when it failed), the GPU-hours it cost,
         (when measured) its start-up seconds and peak memory per GPU (bytes), and whether it ran out of memory. A
         pruned trial's few steps count for a fraction of a run. A peak or an out-of-memory updates every candidate's
@@ -260,8 +264,9 @@ class GainPolicy:
         from cost_model.uncertainty import chance_to_fit
 
         p = self.params
-        self.p_fit = chance_to_fit(self.peak_bytes, self.hbm_bytes, sigma=max(p.memory_sigma, 1e-9), shared=p.memory_shared,
-                                   bias=p.memory_bias, measured=self._peaks, out_of_memory=self._oom)
+        self.p_fit = chance_to_fit(self.peak_bytes, self.hbm_bytes, sigma=max(p.memory_sigma, 1e-9),
+                                   shared=p.memory_shared, bias=p.memory_bias, measured=self._peaks,
+                                   out_of_memory=self._oom)
 
     def observe_slice(self, index: int, speed_ratio: float | None, *, gpu_hours: float) -> None:
         """Record a finished slice trial of candidate ``index``: predicted / measured slice step time (None when it
@@ -310,7 +315,8 @@ class GainPolicy:
         if self.slice_step_time_s is None or self.slice_gpus is None:
             raise ValueError("slice trials asked of a policy built without slice_step_time_s, slice_gpus, slice_sigma")
         p = self.params
-        return np.asarray((p.slice_startup_s + p.steps * self.slice_step_time_s[index]) * self.slice_gpus[index] / 3600.0)
+        return np.asarray((p.slice_startup_s + p.steps * self.slice_step_time_s[index]) * self.slice_gpus[index]
+                          / 3600.0)
 
     def incumbent(self) -> int | None:
         """The measured candidate of highest posterior mean throughput (the answer so far)."""
@@ -359,7 +365,8 @@ class GainPolicy:
         pick = int(np.flatnonzero(affordable)[np.argmax(value[affordable])])
         return Decision(pick)
 
-    def _full_or_slice(self, open_: npt.NDArray[np.bool_], ei: Array, sd: Array, cost: Array, budget_left: float) -> Decision:
+    def _full_or_slice(self, open_: npt.NDArray[np.bool_], ei: Array, sd: Array, cost: Array,
+                       budget_left: float) -> Decision:
         """The best by augmented expected improvement per GPU-hour among a full trial and a slice of each candidate
         that may beat the incumbent (see the module docstring)."""
         assert self.slice_sigma is not None
@@ -369,7 +376,8 @@ class GainPolicy:
         s_cost = self.slice_gpu_hours(slice(None))
         u2 = self.slice_sigma**2
         part = ei * self.p_fit * (sd / np.sqrt(sd**2 + u2)) * (1 - run / np.sqrt(sd**2 + u2 + run**2))
-        cut = open_ & ~self.sliced & (s_cost + cost <= budget_left)  # a slice is worth something if a full trial can follow
+        # a slice is worth something if a full trial can follow
+        cut = open_ & ~self.sliced & (s_cost + cost <= budget_left)
         if not full_ok.any() and not cut.any():
             if open_.any():
                 return Decision(None, reason=self._budget_reason(float(min(cost[open_].min(), s_cost[open_].min()))))
@@ -413,5 +421,6 @@ class GainPolicy:
         self.base_trials, self.base_gpu_hours = self.trials, self.spent_gpu_hours
 
     def _budget_reason(self, cheapest: float) -> str:
-        return (f"the GPU-hour budget is spent ({fmt_gpu_hours(self.run_gpu_hours)} of {fmt_gpu_hours(self.params.gpu_hours or 0.0)}; "
-                f"the cheapest trial left costs {fmt_gpu_hours(cheapest)})")
+        return (f"the GPU-hour budget is spent ({fmt_gpu_hours(self.run_gpu_hours)} of "
+                f"{fmt_gpu_hours(self.params.gpu_hours or 0.0)}; the cheapest trial left costs "
+                f"{fmt_gpu_hours(cheapest)})")

@@ -2,8 +2,8 @@
 
 Optuna's storage costs more than such a trial: through ``Study.optimize`` every parameter, attribute and state
 change of a trial is a transaction of its own (732 for the 48 trials of the main job before this module, ~50 SQL
-statements each trial; ``docs/benchmarks.md``). Here the sampler (the same NSGA-II, same seed) runs on an in-memory study,
-Optuna's own ``InMemoryStorage`` through ``ask``/``tell``, which holds the study's finished trials and this run's
+statements each trial; ``docs/benchmarks.md``). Here the sampler (the same NSGA-II, same seed) runs on an in-memory
+study, Optuna's own ``InMemoryStorage`` through ``ask``/``tell``, which holds the study's finished trials and this run's
 proposals; only evaluated layouts reach the study's storage, each written whole:
 
 * the default storage (the study's own SQLite file, one ``tune`` process at a time): evaluated trials are
@@ -123,7 +123,8 @@ class CandidateSampler(optuna.samplers.BaseSampler):
 
     def __init__(self, inner: optuna.samplers.BaseSampler, distributions: dict[str, BaseDistribution],
                  propose: Callable[[dict[str, str], bool], Proposal | None], note_skip: Callable[[], int | None],
-                 stop: Callable[[], bool], *, fallback: Callable[[int], Queued] | None = None, explore: bool = True) -> None:
+                 stop: Callable[[], bool], *, fallback: Callable[[int], Queued] | None = None,
+                 explore: bool = True) -> None:
         self.inner = inner
         self.distributions = distributions
         self._propose, self._note_skip, self._stop = propose, note_skip, stop
@@ -147,7 +148,8 @@ class CandidateSampler(optuna.samplers.BaseSampler):
         self._sampled[_optuna.trial_id_of(trial)] = sampled
         return params
 
-    def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         while True:
             try:
                 q = self.queue.popleft()
@@ -162,7 +164,8 @@ class CandidateSampler(optuna.samplers.BaseSampler):
         _optuna.pin_generation(self.inner, study, trial)  # one generation for the trial, however many draws
         while True:
             rel = self.inner.sample_relative(study, trial, space)
-            params = {p: rel[p] if p in rel else self.inner.sample_independent(study, trial, p, d) for p, d in self.distributions.items()}
+            params = {p: rel[p] if p in rel else self.inner.sample_independent(study, trial, p, d)
+                      for p, d in self.distributions.items()}
             prop = self._propose(params, False)
             if prop is not None and prop.skip is None:
                 return self._settle(trial, Sampled(prop, None), params)
@@ -176,7 +179,8 @@ class CandidateSampler(optuna.samplers.BaseSampler):
             if row is not None or self._stop():
                 return self._settle(trial, Sampled(None, row), params)
 
-    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution) -> Any:
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
         return self.inner.sample_independent(study, trial, param_name, param_distribution)
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
@@ -185,7 +189,8 @@ class CandidateSampler(optuna.samplers.BaseSampler):
             # no parameter to suggest, so Optuna never asks sample_relative: the trial settles on a candidate here
             self.sample_relative(study, trial, {})
 
-    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None) -> None:
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
         self.inner.after_trial(study, trial, state, values)
 
     def reseed_rng(self) -> None:
@@ -213,8 +218,9 @@ class PredictedTrials:
         """The in-memory study the sampler runs on: the study's COMPLETE trials (parameters, values, the sampler's
         system attributes), then the queue (:attr:`CandidateQueue.first`)."""
         run = self.study_run
-        self.sampler = CandidateSampler(memo_parents(optuna.samplers.NSGAIISampler(seed=run.cfg.seed, population_size=16)), dict(run.index.distributions()),
-                                        self._propose, run.note_skip, lambda: not run.budget_left())
+        self.sampler = CandidateSampler(
+            memo_parents(optuna.samplers.NSGAIISampler(seed=run.cfg.seed, population_size=16)),
+            dict(run.index.distributions()), self._propose, run.note_skip, lambda: not run.budget_left())
         mirror = optuna.create_study(directions=["maximize", "minimize"], sampler=self.sampler)
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             mirror.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, values=t.values, params=t.params,
@@ -265,7 +271,8 @@ class PredictedTrials:
             self._enqueue_fallback(mirror, row)
 
     def _enqueue_fallback(self, mirror: optuna.Study, row: int) -> None:
-        mirror.enqueue_trial(self.study_run.index.params_of_row(row), user_attrs=TrialRecord(enqueued=QUEUED_FALLBACK).attrs())
+        mirror.enqueue_trial(self.study_run.index.params_of_row(row),
+                             user_attrs=TrialRecord(enqueued=QUEUED_FALLBACK).attrs())
 
     def _stale_before(self) -> datetime.datetime:
         return datetime.datetime.now() - datetime.timedelta(seconds=self.study_run.heartbeat.grace_s)
@@ -294,11 +301,14 @@ class PredictedTrials:
             failed = mirror.tell(trial, state=TrialState.FAIL)
             run.release()
             if not isinstance(e, KeyboardInterrupt):
-                self._write(failed, TrialRecord(key=prop.key, enqueued=enqueued, error=f"{type(e).__name__}: {e}"[:2000]), TrialState.FAIL, None)
+                self._write(failed,
+                            TrialRecord(key=prop.key, enqueued=enqueued, error=f"{type(e).__name__}: {e}"[:2000]),
+                            TrialState.FAIL, None)
             raise
         else:
             pred = m.extra.get("estimate")  # the model backend's measurement is the estimate itself
-            result = result_of(prop.layout, m, pred if isinstance(pred, Estimate) else run.predict(prop.layout), model=prep.model, cluster=prep.cluster)
+            result = result_of(prop.layout, m, pred if isinstance(pred, Estimate) else run.predict(prop.layout),
+                               model=prep.model, cluster=prep.cluster)
             record = TrialRecord(key=prop.key, enqueued=enqueued, result=result, **summary_of(result))
             values = [m.tokens_per_s_per_gpu, m.peak_bytes / 2**30]
         frozen = mirror.tell(trial, values, state=state)
@@ -310,16 +320,18 @@ class PredictedTrials:
 
     def _write(self, frozen: FrozenTrial, record: TrialRecord, state: TrialState, values: list[float] | None) -> bool:
         """Write one evaluated trial (buffered on the default storage); False when another worker's claim wins."""
-        common: dict[str, Any] = dict(params=frozen.params, distributions=frozen.distributions, user_attrs=record.attrs(),
-                                      system_attrs=frozen.system_attrs)
+        common: dict[str, Any] = dict(params=frozen.params, distributions=frozen.distributions,
+                                      user_attrs=record.attrs(), system_attrs=frozen.system_attrs)
         if not self.shared:
             self.pending.append(optuna.trial.create_trial(state=state, values=values, **common))
             return True
         tid, number = _optuna.create_trial(self.study, optuna.trial.create_trial(state=TrialState.RUNNING, **common))
         self.writes += 1
         try:
-            if claimed_elsewhere(self.study.get_trials(deepcopy=False), tid, record.key or "", stale_before=self._stale_before()):
-                _optuna.set_trial_user_attr(self.study, tid, "skipped", DUPLICATE + " (claimed by another worker at the same moment)")
+            if claimed_elsewhere(self.study.get_trials(deepcopy=False), tid, record.key or "",
+                                 stale_before=self._stale_before()):
+                _optuna.set_trial_user_attr(self.study, tid, "skipped",
+                                            DUPLICATE + " (claimed by another worker at the same moment)")
                 _optuna.set_trial_state(self.study, tid, TrialState.PRUNED)
                 self.writes += 2
                 return False

@@ -18,7 +18,18 @@ from cost_model.uncertainty import ErrorBars, error_bars
 from launch.harness.spec import slice_model
 from search_spaces.rules import RuleEnv, check_layout
 from search_spaces.space import Enumeration, SearchSpace, enumerate_layouts
-from specs import DEFAULT_RUN_OPTIONS, Cluster, Layout, LayoutTable, ModelSpec, Precision, RunOptions, Workload, load_model, parse_gpus
+from specs import (
+    DEFAULT_RUN_OPTIONS,
+    Cluster,
+    Layout,
+    LayoutTable,
+    ModelSpec,
+    Precision,
+    RunOptions,
+    Workload,
+    load_model,
+    parse_gpus,
+)
 from specs.errors import TunerError, enum_member
 from specs.hardware import network_bytes_per_s
 from specs.layout import Dispatcher
@@ -54,7 +65,8 @@ class Prepared:
     stack: Any = None
     """The :class:`specs.stacks.StackRun` of the run (the preset, the flags over it)."""
     baseline_row: int | None = None
-    """Row of the valid table that is ``config.baseline`` (None: no baseline, or it breaks a rule or is not in the space)."""
+    """Row of the valid table that is ``config.baseline`` (None: no baseline, or it breaks a rule or is not in the
+    space)."""
     n_over_host: int = 0
     """Layouts that fit in GPU memory but are predicted over ``--host-memory-gib`` per node (refused)."""
     bars: ErrorBars | None = None
@@ -109,7 +121,8 @@ def prepare(config: TuneConfig) -> Prepared:
     )
     workload = Workload(seq_length=config.seq_length, global_batch_size=config.global_batch_size,
                         precision=enum_member(Precision, config.precision, "--precision"),
-                        task=config.task, lora_rank=config.lora_rank, lora_target_modules=tuple(config.lora_target_modules))
+                        task=config.task, lora_rank=config.lora_rank,
+                        lora_target_modules=tuple(config.lora_target_modules))
     if workload.precision.value == "fp8" and not cluster.gpu.peak_flops_fp8:
         raise TunerError(f"--precision fp8: {cluster.gpu.name} has no fp8 tensor cores; use --precision bf16")
     space = SearchSpace.load(config.space)
@@ -129,7 +142,8 @@ def prepare(config: TuneConfig) -> Prepared:
     est = estimate_table(model, cluster, workload, en.valid, calibration=cal, memory_headroom=headroom, options=opts)
     t2 = time.perf_counter()
     # a fixed --memory-headroom is the whole rule; else only what does not fit even at its optimistic memory is out
-    gpu_fits = est.fits if config.memory_headroom is not None else ~bars.surely_over(est.peak_bytes, cluster.gpu.hbm_bytes)
+    gpu_fits = (est.fits if config.memory_headroom is not None
+                else ~bars.surely_over(est.peak_bytes, cluster.gpu.hbm_bytes))
     if not gpu_fits.any():
         raise TunerError(_no_fit_message(config, model, cluster, workload, space, cal, en, est, headroom))
     host_fits = est.host_fits
@@ -137,9 +151,10 @@ def prepare(config: TuneConfig) -> Prepared:
     if not fits.any():
         need = float(est.host_bytes_per_node[gpu_fits].min()) / 2**30
         raise TunerError(
-            f"--host-memory-gib {cluster.host_memory_bytes_per_node / 2**30:,.3g}: every layout that fits in GPU memory needs more "
-            f"host memory per node (the least: {need:,.1f} GiB predicted, the training processes and CPU optimizer offload); "
-            f"give at least {math.ceil(need):,} GiB, or leave offload out of the space (--space)"
+            f"--host-memory-gib {cluster.host_memory_bytes_per_node / 2**30:,.3g}: every layout that fits in GPU "
+            f"memory needs more host memory per node (the least: {need:,.1f} GiB predicted, the training processes and "
+            f"CPU optimizer offload); give at least {math.ceil(need):,} GiB, or leave offload out of the space "
+            "(--space)"
         )
     idx = np.flatnonzero(fits)
     front_local = pareto_mask(est.tokens_per_s_per_gpu[idx], est.peak_bytes[idx])
@@ -181,12 +196,12 @@ def _model(config: TuneConfig) -> ModelSpec:
         first_moe = next((i for i, f in enumerate(load_model(config.model).moe_layer_freq) if f), 0) + 1
         if config.layers is None:
             raise TunerError(
-                f"model {model.name!r} declares {model.num_experts} experts but none of its {model.num_layers} layers is an MoE layer "
-                "(first_k_dense_replace / moe_layer_freq cover them all); fix its config"
+                f"model {model.name!r} declares {model.num_experts} experts but none of its {model.num_layers} layers "
+                "is an MoE layer (first_k_dense_replace / moe_layer_freq cover them all); fix its config"
             )
         raise TunerError(
-            f"--layers {config.layers}: the first {config.layers} layers of {load_model(config.model).name} are all dense, so the "
-            f"slice has no MoE layer to tune; use --layers {first_moe} or more"
+            f"--layers {config.layers}: the first {config.layers} layers of {load_model(config.model).name} are all "
+            f"dense, so the slice has no MoE layer to tune; use --layers {first_moe} or more"
         )
     return model
 
@@ -200,24 +215,28 @@ def _stack_space(config: TuneConfig, model: ModelSpec, space: SearchSpace, stack
     """
     stack_notes: list[str] = []
     if config.allow_config_args and model.extra_megatron_args:
-        stack_notes.append(f"--allow-config-args: the model's config adds to every trial and export: {shlex.join(model.extra_megatron_args)}")
+        stack_notes.append("--allow-config-args: the model's config adds to every trial and export: "
+                           f"{shlex.join(model.extra_megatron_args)}")
     if stack.preset.drops_allgather and Dispatcher.allgather in space.dispatcher:
         kept = tuple(d for d in space.dispatcher if d != Dispatcher.allgather)
         if not kept:
-            raise TunerError("--stack slime: the search space allows only the allgather dispatcher, which slime rewrites to alltoall; add alltoall or use --stack megatron-lm")
+            raise TunerError("--stack slime: the search space allows only the allgather dispatcher, which slime "
+                             "rewrites to alltoall; add alltoall or use --stack megatron-lm")
         space = space.replace(dispatcher=kept)
-        stack_notes.append("--stack slime: the allgather dispatcher is left out (slime rewrites it to alltoall); use --stack megatron-lm to include it")
+        stack_notes.append("--stack slime: the allgather dispatcher is left out (slime rewrites it to alltoall); use "
+                           "--stack megatron-lm to include it")
     if harness_without_te(config.backend) and True in space.use_precision_aware_optimizer:
         # The harness turns the precision-aware optimizer off without TE (launch/harness/build.py): predict,
         # measure and export the layout as it runs (fp32 master weights, not TE's 2-byte remainders).
         space = space.replace(use_precision_aware_optimizer=(False,))
-        stack_notes.append("real trials without Transformer Engine: the precision-aware optimizer is off (it needs TE's FusedAdam), "
-                           "so the layouts are predicted and measured with fp32 master weights")
+        stack_notes.append("real trials without Transformer Engine: the precision-aware optimizer is off (it needs "
+                           "TE's FusedAdam), so the layouts are predicted and measured with fp32 master weights")
     return space, stack_notes
 
 
 def global_batch_notes(global_batch_size: int, num_gpus: int, dp: int, micro_batch_size: int) -> list[str]:
-    """Warnings about ``--global-batch`` for the cluster and for the predicted fastest layout (DP ``dp``, ``micro_batch_size``).
+    """Warnings about ``--global-batch`` for the cluster and for the predicted fastest layout (DP ``dp``,
+    ``micro_batch_size``).
 
     - fewer rows than GPUs: the batch, not memory, caps data parallelism (DP <= rows), so every layout spreads one model
       replica over at least ``ceil(num_gpus / global_batch_size)`` GPUs;
@@ -230,20 +249,22 @@ def global_batch_notes(global_batch_size: int, num_gpus: int, dp: int, micro_bat
     notes = []
     if global_batch_size < num_gpus:
         notes.append(
-            f"--global-batch {global_batch_size:,} is fewer rows than GPUs ({num_gpus:,}): the batch caps data parallelism at "
-            f"{global_batch_size:,}, so each model replica spans at least {math.ceil(num_gpus / global_batch_size):,} GPUs; "
-            "check the batch you will train with"
+            f"--global-batch {global_batch_size:,} is fewer rows than GPUs ({num_gpus:,}): the batch caps data "
+            f"parallelism at {global_batch_size:,}, so each model replica spans at least "
+            f"{math.ceil(num_gpus / global_batch_size):,} GPUs; check the batch you will train with"
         )
     if global_batch_size // (dp * micro_batch_size) <= 1:
         notes.append(
             f"the predicted fastest layout runs one micro-batch per step on each of its {dp:,} data-parallel ranks "
-            f"(--global-batch {global_batch_size:,} / DP {dp:,} / micro-batch {micro_batch_size}): its pipeline cannot fill and no "
-            "gradient reduction overlaps the backward; a larger --global-batch gives each rank more micro-batches"
+            f"(--global-batch {global_batch_size:,} / DP {dp:,} / micro-batch {micro_batch_size}): its pipeline cannot "
+            "fill and no gradient reduction overlaps the backward; a larger --global-batch gives each rank more "
+            "micro-batches"
         )
     return notes
 
 
-def _with_baseline(en: Enumeration, baseline: dict[str, Any], model: ModelSpec, workload: Workload, env: RuleEnv) -> Enumeration:
+def _with_baseline(en: Enumeration, baseline: dict[str, Any], model: ModelSpec, workload: Workload,
+                   env: RuleEnv) -> Enumeration:
     """``en`` with the user's launch layout (``tune --from``) appended to its valid layouts when the space does not hold
     it and it breaks no rule, so that it is estimated and evaluated like every candidate (a note says so)."""
     if _baseline_row(en.valid, baseline) is not None:
@@ -257,7 +278,8 @@ def _with_baseline(en: Enumeration, baseline: dict[str, Any], model: ModelSpec, 
 
 
 def _baseline_row(valid: Any, baseline: dict[str, Any] | None) -> int | None:
-    """The row of ``valid`` (a :class:`specs.LayoutTable`) equal to the layout ``baseline`` (its ``to_dict``), or None."""
+    """The row of ``valid`` (a :class:`specs.LayoutTable`) equal to the layout ``baseline`` (its ``to_dict``), or
+    None."""
     if baseline is None or len(valid) == 0:
         return None
     want = Layout.from_dict(baseline).key()
@@ -286,8 +308,8 @@ def _no_fit_message(
         worst = ", ".join(f"{k} ({v})" for k, v in sorted(en.rule_counts.items(), key=lambda kv: -kv[1])[:3] if v)
         return (
             f"no layout of the search space is valid for {model.name} on {cluster.num_gpus} GPUs "
-            f"(seq {workload.seq_length}, global batch {workload.global_batch_size}); most common rules broken: {worst}. "
-            "Change --global-batch / --gpus or widen the space (--space)."
+            f"(seq {workload.seq_length}, global batch {workload.global_batch_size}); most common rules broken: "
+            f"{worst}. Change --global-batch / --gpus or widen the space (--space)."
         )
     best = float(est.peak_bytes.min()) / 2**30
     msg = (
@@ -306,7 +328,8 @@ def _no_fit_message(
         sizes = [n for n in (2, 4, 8) if cluster.num_gpus < n < per] + sizes
     for n in sizes:
         try:
-            c2 = dataclasses.replace(cluster, num_gpus=n, gpus_per_node=min(max(cluster.gpus_per_node, min(n, cluster.gpu.gpus_per_node)), n))
+            c2 = dataclasses.replace(cluster, num_gpus=n, gpus_per_node=min(
+                max(cluster.gpus_per_node, min(n, cluster.gpu.gpus_per_node)), n))
             en2 = enumerate_layouts(space, model, n, workload, RuleEnv.of(c2, study_run_options(config).options))
             if len(en2.valid) == 0:
                 continue
@@ -315,5 +338,7 @@ def _no_fit_message(
         except TunerError:
             continue
         if e2.fits.any():
-            return msg + f" The fewest GPUs on which a layout of this space fits: {n} ({c2.label}). Try --gpus {n}x{cluster.gpu.name}."
-    return msg + " No cluster up to 16,384 GPUs of this kind fits it with this space; widen the space (offload, recompute)."
+            return msg + (f" The fewest GPUs on which a layout of this space fits: {n} ({c2.label}). "
+                          f"Try --gpus {n}x{cluster.gpu.name}.")
+    return msg + (" No cluster up to 16,384 GPUs of this kind fits it with this space; widen the space (offload, "
+                  "recompute).")

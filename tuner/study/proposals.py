@@ -17,7 +17,8 @@ QUEUED_FIRST = "predicted front / fastest predicted"
 DUPLICATE = "duplicate: this layout was already evaluated (or is being run) in this study"
 #: Why a trial is skipped when its layout, free when it was proposed, was claimed by another trial at the same moment.
 CLAIM_RACE = f"{DUPLICATE} (claimed by another worker or thread at the same moment)"
-QUEUED_FALLBACK = f"next unevaluated candidate (fastest predicted; the sampler proposed {FALLBACK_AFTER_SKIPS} skipped layouts in a row)"
+QUEUED_FALLBACK = (f"next unevaluated candidate (fastest predicted; the sampler proposed {FALLBACK_AFTER_SKIPS} "
+                   "skipped layouts in a row)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,8 @@ from specs import Cluster, ModelSpec
 from specs.layout import Layout
 from tuner.study import _optuna
 
-__all__ = ["SUMMARY_FIELDS", "TrialRecord", "best_measured", "claimed_elsewhere", "is_settled", "retried_numbers", "summary_of", "trial_rows"]
+__all__ = ["SUMMARY_FIELDS", "TrialRecord", "best_measured", "claimed_elsewhere", "is_settled", "retried_numbers",
+           "summary_of", "trial_rows"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -59,8 +60,8 @@ class TrialRecord:
     gpu_hours: float | None = None
     """GPU-hours the trial cost: its wall time (start-up included) times the cluster's GPUs."""
     label: str | None = None
-    """The layout's label (``TP1 PP4 VPP8 EP16 DP16``), a flat copy of ``result``'s (or ``failure``'s / ``pruned``'s), so
-    that Optuna's dashboard shows it as a column (:func:`summary_of`)."""
+    """The layout's label (``TP1 PP4 VPP8 EP16 DP16``), a flat copy of ``result``'s (or ``failure``'s / ``pruned``'s),
+    so that Optuna's dashboard shows it as a column (:func:`summary_of`)."""
     source: str | None = None
     """``predicted`` or ``measured``, a flat copy of ``result``'s."""
     tokens_per_s_per_gpu: float | None = None
@@ -103,7 +104,8 @@ def summary_of(outcome: Mapping[str, Any]) -> dict[str, Any]:
     """The :data:`SUMMARY_FIELDS` of a ``result`` / ``failure`` / ``pruned`` dict that it has (scalars only), as
     :class:`TrialRecord` fields: recorded in the same write as the outcome, they make the trial readable in
     ``optuna-dashboard``'s trial table without unfolding the nested outcome."""
-    return {k: outcome[k] for k in SUMMARY_FIELDS if isinstance(outcome.get(k), (str, int, float)) and not isinstance(outcome.get(k), bool)}
+    return {k: outcome[k] for k in SUMMARY_FIELDS
+            if isinstance(outcome.get(k), (str, int, float)) and not isinstance(outcome.get(k), bool)}
 
 
 def _gib(n_bytes: float) -> float:
@@ -112,7 +114,8 @@ def _gib(n_bytes: float) -> float:
 
 def prediction_of(pred: Estimate) -> dict[str, float]:
     """The analytical prediction of a layout, as a record stores it (tokens/s/GPU, GiB, seconds): the single-layout
-    estimate (:func:`cost_model.estimate.estimate`, the numbers ``tune estimate`` prints), not the search table's row."""
+    estimate (:func:`cost_model.estimate.estimate`, the numbers ``tune estimate`` prints), not the search table's
+    row."""
     return {
         "pred_tokens_per_s_per_gpu": pred.tokens_per_s_per_gpu,
         "pred_peak_gib": _gib(pred.peak_bytes),
@@ -181,16 +184,17 @@ def implausible(result: Mapping[str, Any], band: Band | None = None) -> str | No
     if band is not None and isinstance(tps, float) and isinstance(pred, float) and pred > 0:
         ratio, floor = tps / pred, band.high * band.high / band.low
         if ratio > floor:
-            return (f"measured throughput is {ratio:.2f} x the prediction, past the model's fastest step ({band.high:.2f} x) "
-                    f"by more than its error bar (over {floor:.2f} x), so the run likely did less work per step than the "
-                    f"study's batch and sequence: {ask}")
+            return (f"measured throughput is {ratio:.2f} x the prediction, past the model's fastest step "
+                    f"({band.high:.2f} x) by more than its error bar (over {floor:.2f} x), so the run likely did less "
+                    f"work per step than the study's batch and sequence: {ask}")
     return None
 
 
 def failure_of(layout: Layout, e: TrialFailed, prediction: Mapping[str, float]) -> dict[str, Any]:
     """A failed trial's ``failure``: kind, message, log, the layout, the prediction, and for an out-of-memory
     the memory the failing rank had reached (GiB) when known."""
-    fail: dict[str, Any] = {"kind": e.kind.value, "message": str(e), "log_path": e.log_path, "layout": layout.to_dict(), "label": layout.label, **prediction}
+    fail: dict[str, Any] = {"kind": e.kind.value, "message": str(e), "log_path": e.log_path, "layout": layout.to_dict(),
+                            "label": layout.label, **prediction}
     if not math.isnan(e.memory_reached_bytes):
         fail["memory_reached_gib"] = _gib(e.memory_reached_bytes)
     return fail
@@ -234,7 +238,8 @@ def evaluated_keys(trials: Sequence[FrozenTrial]) -> set[str]:
     return out
 
 
-def claimed_elsewhere(trials: Sequence[FrozenTrial], trial_id: int | None, key: str, *, stale_before: datetime.datetime | None = None) -> bool:
+def claimed_elsewhere(trials: Sequence[FrozenTrial], trial_id: int | None, key: str, *,
+                      stale_before: datetime.datetime | None = None) -> bool:
     """Another trial of the study than ``trial_id`` (Optuna's ``_trial_id``; None: none is this run's) has this layout,
     settled or RUNNING. Called after the trial's own key is written: of two workers that pick a layout at once, the one
     that reads second sees the other's key and yields (both may yield; neither can miss the other), so no layout is
@@ -288,7 +293,8 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
         r = TrialRecord.of(t)
         if t.state == TrialState.FAIL and r.repeat_of is not None and r.failure is not None:
             f = r.failure
-            failed.setdefault(int(r.repeat_of), []).append({"trial": t.number, "kind": f.get("kind"), "memory_reached_gib": f.get("memory_reached_gib")})
+            failed.setdefault(int(r.repeat_of), []).append({"trial": t.number, "kind": f.get("kind"),
+                                                            "memory_reached_gib": f.get("memory_reached_gib")})
             continue
         if t.state != TrialState.COMPLETE:
             continue
@@ -313,7 +319,9 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
         row.update(
             runs=len(runs), runs_tokens_per_s_per_gpu=tps, runs_step_time_s=steps,
             tokens_per_s_per_gpu=mean, step_time_s=sum(steps) / len(steps),
-            peak_gib=max(float(x["peak_gib"]) for x in runs), headroom_gib=min(float(x.get("headroom_gib", float("nan"))) for x in runs),
-            mfu=float(row.get("mfu", float("nan"))) * mean / first, usd_per_million_tokens=float(row.get("usd_per_million_tokens", float("nan"))) * first / mean,
+            peak_gib=max(float(x["peak_gib"]) for x in runs),
+            headroom_gib=min(float(x.get("headroom_gib", float("nan"))) for x in runs),
+            mfu=float(row.get("mfu", float("nan"))) * mean / first,
+            usd_per_million_tokens=float(row.get("usd_per_million_tokens", float("nan"))) * first / mean,
         )
     return rows

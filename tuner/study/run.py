@@ -61,8 +61,8 @@ from tuner.study.storage import Heartbeat, StudyLock, is_own_store, open_study
 
 __all__ = ["FALLBACK_AFTER_SKIPS", "POLICY_BEST_ATTR", "Proposal", "StudyRun", "TuneResult", "run_study"]
 
-#: The study attribute holding the trial the gain policy's stop named best: the measured layout of highest posterior mean
-#: throughput (its runs and its neighbours' measurements together, not its own noisy mean alone).
+#: The study attribute holding the trial the gain policy's stop named best: the measured layout of highest posterior
+#: mean throughput (its runs and its neighbours' measurements together, not its own noisy mean alone).
 POLICY_BEST_ATTR = "policy_best_trial"
 
 log = logging.getLogger("tuner.study")
@@ -125,7 +125,8 @@ class StudyRun:
         backend: overrides ``prep.config.backend`` (tests).
     """
 
-    def __init__(self, prep: Prepared, *, on_trial: Callable[[int, int], None] | None = None, backend: TrialBackend | None = None) -> None:
+    def __init__(self, prep: Prepared, *, on_trial: Callable[[int, int], None] | None = None,
+                 backend: TrialBackend | None = None) -> None:
         cfg = prep.config
         self.prep = prep
         self.cfg = cfg
@@ -142,7 +143,8 @@ class StudyRun:
         self.index: CandidateIndex
         self.queue: CandidateQueue
         self.sampler: CandidateSampler
-        """Real trials: the study's sampler; the candidates this process runs next are queued in it, not in the storage."""
+        """Real trials: the study's sampler; the candidates this process runs next are queued in it, not in the
+        storage."""
         self.pruner: StepTimePruner | None = None
         # shared (self._lock)
         self._lock = threading.Lock()
@@ -196,8 +198,9 @@ class StudyRun:
         if n is not None and n < prep.cluster.num_gpus:
             backend.close()
             raise TunerError(
-                f"--backend ray: the Ray cluster has {n:g} GPUs and --gpus asks for {prep.cluster.num_gpus}; connect to a bigger "
-                "cluster (--ray-address auto on one of its nodes) or tune a slice that fits (--layers N with --gpus for what the cluster has)"
+                f"--backend ray: the Ray cluster has {n:g} GPUs and --gpus asks for {prep.cluster.num_gpus}; connect "
+                "to a bigger cluster (--ray-address auto on one of its nodes) or tune a slice that fits (--layers N "
+                "with --gpus for what the cluster has)"
             )
         heartbeat = self.heartbeat if (cfg.storage and backend.measured) else None
         try:
@@ -216,18 +219,22 @@ class StudyRun:
         if held and cfg.trials is None and not cfg.resume:
             # re-running the same command shows the study; more trials only when asked for
             self.n_trials = 0
-            report_only = (f"study {self.name!r} already holds {held} trials: shown as they are, none added; --trials N "
-                           f"evaluates N more layouts, --resume continues it ({DEFAULT_TRIALS} more)")
+            report_only = (f"study {self.name!r} already holds {held} trials: shown as they are, none added; --trials "
+                           f"N evaluates N more layouts, --resume continues it ({DEFAULT_TRIALS} more)")
         self._seen = evaluated_keys(trials)
         waiting = [t for t in trials if t.state == TrialState.WAITING] if backend.measured else []
         self._fail_leftovers(trials)
-        self.queue = CandidateQueue(prep, self.index, backend, seen=self._seen, n_trials=self.n_trials, queued_already=len(waiting),
-                                    recalibrate_after=cfg.recalibrate_after, parallel=cfg.parallel_trials)
+        self.queue = CandidateQueue(prep, self.index, backend, seen=self._seen, n_trials=self.n_trials,
+                                    queued_already=len(waiting), recalibrate_after=cfg.recalibrate_after,
+                                    parallel=cfg.parallel_trials)
         if backend.measured:
-            # trials only for layouts to run: queued candidates and the sampler's proposals are checked before a trial holds them
+            # trials only for layouts to run: queued candidates and the sampler's proposals are checked before a trial
+            # holds them
             self.sampler = CandidateSampler(
-                self.study.sampler, dict(self.index.distributions()), self._propose, self.note_skip, self._sampling_stopped,
-                fallback=lambda row: Queued(self.index.params_of_row(row), TrialRecord(enqueued=QUEUED_FALLBACK).attrs()),
+                self.study.sampler, dict(self.index.distributions()), self._propose, self.note_skip,
+                self._sampling_stopped,
+                fallback=lambda row: Queued(self.index.params_of_row(row),
+                                            TrialRecord(enqueued=QUEUED_FALLBACK).attrs()),
                 explore=cfg.policy != "gain")
             self.study.sampler = self.sampler
         # confirmation runs left queued by an interrupted run go first (Optuna runs the oldest queued trial first);
@@ -235,7 +242,8 @@ class StudyRun:
         self._total = self.n_trials + sum(1 for t in waiting if TrialRecord.of(t).repeat_of is not None)
         # Ctrl-C with trials running in worker threads (--parallel-trials): Optuna waits for them, so tell the
         # backend to stop them (each kills its processes and frees its placement group) before it waits.
-        old_handlers: dict[signal.Signals, Any] = {}  # SIGTERM (a scheduler's stop, `kill`) as Ctrl-C: the trials stop, a resumed run runs their layouts again
+        # SIGTERM (a scheduler's stop, `kill`) as Ctrl-C: the trials stop, a resumed run runs their layouts again
+        old_handlers: dict[signal.Signals, Any] = {}
         if threading.current_thread() is threading.main_thread():
             old_handlers = {s: signal.signal(s, self._on_sigint) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -264,9 +272,9 @@ class StudyRun:
             short = report_only or (self._exhausted if self._started < self.n_trials else None)
             return TuneResult(
                 prepared=prep, study=self.study, study_name=self.name, storage=self.storage_url, out_dir=self.out_dir,
-                evaluated_now=c.evaluated, skipped_now=c.skipped, backend=backend.name, pruned_now=c.pruned, failed_now=c.failed,
-                confirmed_now=c.confirmed, confirm_note=self._confirm_note, budget_note=short, stop_note=self._stop_note,
-                gpu_hours_now=self._gpu_hours,
+                evaluated_now=c.evaluated, skipped_now=c.skipped, backend=backend.name, pruned_now=c.pruned,
+                failed_now=c.failed, confirmed_now=c.confirmed, confirm_note=self._confirm_note, budget_note=short,
+                stop_note=self._stop_note, gpu_hours_now=self._gpu_hours,
             )
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
@@ -288,7 +296,8 @@ class StudyRun:
                 return
             stale = datetime.datetime.now() - datetime.timedelta(seconds=self.heartbeat.grace_s)
             running = [t for t in running if t.datetime_start is not None and t.datetime_start < stale]
-            why = f"left RUNNING by a worker that stopped (a predicted trial takes milliseconds; this one was RUNNING for over {self.heartbeat.grace_s} s)"
+            why = ("left RUNNING by a worker that stopped (a predicted trial takes milliseconds; this one was RUNNING "
+                   f"for over {self.heartbeat.grace_s} s)")
         else:
             why = "left running by an interrupted run"
         for t in running:
@@ -302,12 +311,14 @@ class StudyRun:
             pass  # finished meanwhile (another worker)
 
     def _settle(self, wait_s: float = 60.0) -> None:
-        """After an interrupt: wait (at most ``wait_s``) for this process's trials to leave RUNNING, then fail any left."""
+        """After an interrupt: wait (at most ``wait_s``) for this process's trials to leave RUNNING, then fail any
+        left."""
         deadline = time.monotonic() + wait_s
         while True:
             with self._lock:
                 mine = set(self._mine)
-            running = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if t.number in mine]
+            running = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                       if t.number in mine]
             if not running:
                 return
             if time.monotonic() > deadline:
@@ -335,13 +346,15 @@ class StudyRun:
             return Proposal(params, row, lay, key, DUPLICATE)
         if row is None:
             broken = check_layout(lay, self.prep.model, self.prep.workload)
-            return Proposal(params, None, lay, key, "; ".join(f"[{r}] {m}" for r, m in broken) if broken else "predicted not to fit in memory")
-        why = "refused by the backend earlier in this run" if refused else self.backend.refusal(lay, self.prep.model, self.prep.workload)
+            return Proposal(params, None, lay, key,
+                            "; ".join(f"[{r}] {m}" for r, m in broken) if broken else "predicted not to fit in memory")
+        why = ("refused by the backend earlier in this run" if refused
+               else self.backend.refusal(lay, self.prep.model, self.prep.workload))
         return Proposal(params, row, lay, key, why)
 
     def _propose(self, params: dict[str, str], repeat: bool) -> Proposal | None:
-        """Real trials: the proposal of these parameters (:meth:`resolve`, None for no candidate), checked before a trial
-        holds it; on a shared storage a layout another worker's trial holds is a duplicate."""
+        """Real trials: the proposal of these parameters (:meth:`resolve`, None for no candidate), checked before a
+        trial holds it; on a shared storage a layout another worker's trial holds is a duplicate."""
         prop = self.resolve(params, repeat=repeat, explain=False)
         if (prop is not None and prop.skip is None and not repeat and self.cfg.storage
                 and claimed_elsewhere(self.study.get_trials(deepcopy=False), None, prop.key)):
@@ -349,7 +362,8 @@ class StudyRun:
         return prop
 
     def _sampling_stopped(self) -> bool:
-        """Real trials: the sampler proposes no new layout (the budget is spent, the space ran out, or the run confirms)."""
+        """Real trials: the sampler proposes no new layout (the budget is spent, the space ran out, or the run
+        confirms)."""
         with self._lock:
             return self._confirming or self._started >= self.n_trials or self._exhausted is not None
 
@@ -388,9 +402,10 @@ class StudyRun:
             row = self.queue.next_unevaluated(self._seen | self._refused)
             if row is None:
                 self._exhausted = (
-                    f"the space ran out: all {self.prep.n_fit:,} candidates (valid and predicted to fit) have been evaluated in "
-                    f"this study, are being run by other workers or cannot be run by the {self.backend.name} backend here; "
-                    f"this run evaluated {self._started} of the {self.n_trials} layouts --trials asked for"
+                    f"the space ran out: all {self.prep.n_fit:,} candidates (valid and predicted to fit) have been "
+                    "evaluated in this study, are being run by other workers or cannot be run by the "
+                    f"{self.backend.name} backend here; this run evaluated {self._started} of the {self.n_trials} "
+                    "layouts --trials asked for"
                 )
             return row
 
@@ -426,14 +441,16 @@ class StudyRun:
             self.on_trial(done, total)
 
     def predict(self, layout: Layout) -> Estimate:
-        """The single-layout estimate of ``layout`` (:func:`cost_model.estimate.estimate`, as ``tune estimate`` prints it)
-        with this study's calibration and headroom and the run options of its backend: the prediction a trial records.
+        """The single-layout estimate of ``layout`` (:func:`cost_model.estimate.estimate`, as ``tune estimate`` prints
+        it) with this study's calibration and headroom and the run options of its backend: the prediction a trial
+        records.
 
         Raises:
             InfeasibleLayout: the layout breaks a rule (a candidate never does).
         """
-        return estimate(self.prep.model, self.prep.cluster, self.prep.workload, layout, calibration=self.prep.calibration,
-                        memory_headroom=self.prep.headroom, options=self.prep.options)
+        return estimate(self.prep.model, self.prep.cluster, self.prep.workload, layout,
+                        calibration=self.prep.calibration, memory_headroom=self.prep.headroom,
+                        options=self.prep.options)
 
     def next_number(self) -> int:
         """(Default storage) the number the next trial will get."""
@@ -469,8 +486,10 @@ class StudyRun:
         pos = {int(r): i for i, r in enumerate(pol_rows)}
         est = prep.estimates
         policy = GainPolicy(
-            predicted=est.tokens_per_s_per_gpu[pol_rows], step_time_s=est.step_time_s[pol_rows], peak_bytes=est.peak_bytes[pol_rows],
-            codes=np.stack([self.index.codes[d][pol_rows] for d in self.index.params] or [np.zeros(len(pol_rows), dtype=np.int64)], axis=1),
+            predicted=est.tokens_per_s_per_gpu[pol_rows], step_time_s=est.step_time_s[pol_rows],
+            peak_bytes=est.peak_bytes[pol_rows],
+            codes=np.stack([self.index.codes[d][pol_rows] for d in self.index.params]
+                           or [np.zeros(len(pol_rows), dtype=np.int64)], axis=1),
             hbm_bytes=prep.cluster.gpu.hbm_bytes, gpus=prep.cluster.num_gpus, params=policy_params(prep, self.n_trials))
         observed: set[int] = set()
         first_of: dict[int, int] = {}
@@ -492,15 +511,18 @@ class StudyRun:
                     break
                 row = int(pol_rows[d.index])
                 lay = prep.enumeration.valid.row(row)
-                if not d.repeat and (lay.key() in self._seen or self.backend.refusal(lay, prep.model, prep.workload) is not None):
-                    policy.failed[d.index] = True  # evaluated elsewhere, or this backend cannot run it: never picked again
+                if not d.repeat and (lay.key() in self._seen
+                                     or self.backend.refusal(lay, prep.model, prep.workload) is not None):
+                    # evaluated elsewhere, or this backend cannot run it: never picked again
+                    policy.failed[d.index] = True
                     continue
                 policy.take(d.index)
                 attrs = TrialRecord(enqueued="policy: run again" if d.repeat else "policy: expected gain per GPU-hour",
                                     repeat_of=first_of.get(d.index) if d.repeat else None).attrs()
                 self.sampler.push(self.index.params_of_row(row), attrs, repeat=d.repeat)
                 picks.append(d)
-            todo = len(self.sampler.queue)  # with any pick a trial queued in the storage (a stale trial's retry) took the place of
+            # with any pick a trial queued in the storage (a stale trial's retry) took the place of
+            todo = len(self.sampler.queue)
             if not todo:
                 if self._stop_note is not None:
                     return
@@ -524,11 +546,13 @@ class StudyRun:
         self.sampler.push(self.index.params_of_row(row), TrialRecord(enqueued="your launch (--from)").attrs())
         with self._lock:
             self._total = max(self._total, self._done + 1)
-        self.study.optimize(self.objective, n_trials=1, callbacks=[self.after_trial], catch=(TrialFailed,), gc_after_trial=False)
+        self.study.optimize(self.objective, n_trials=1, callbacks=[self.after_trial], catch=(TrialFailed,),
+                            gc_after_trial=False)
 
     def _feed(self, policy: Any, pos: dict[int, int], observed: set[int], first_of: dict[int, int]) -> None:
         """Give the policy every finished trial of the study it has not seen (this worker's and others')."""
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
+        for t in self.study.get_trials(deepcopy=False,
+                                       states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
             if t.number in observed:
                 continue
             r = TrialRecord.of(t)
@@ -544,22 +568,24 @@ class StudyRun:
             gh = float(r.gpu_hours or 0.0)
             if r.result and r.result.get("source") == "measured":
                 peak = r.result.get("peak_gib")
-                policy.observe(i, float(r.result["tokens_per_s_per_gpu"]), gpu_hours=gh, startup_s=r.result.get("startup_s"),
+                policy.observe(i, float(r.result["tokens_per_s_per_gpu"]), gpu_hours=gh,
+                               startup_s=r.result.get("startup_s"),
                                peak_bytes=float(peak) * 2**30 if peak is not None else None)
             elif r.pruned and r.pruned.get("tokens_per_s_per_gpu"):
                 steps = [float(x) for x in r.pruned["tokens_per_s_per_gpu"]]  # every step, warm-up included
                 timed = steps[trial_warmup_steps(self.cfg):] or steps
                 policy.observe(i, statistics.median(timed), gpu_hours=gh, pruned=True)
             else:
-                policy.observe(i, None, gpu_hours=gh, failed=True, out_of_memory=bool(r.failure and r.failure.get("kind") == "oom"))
+                policy.observe(i, None, gpu_hours=gh, failed=True,
+                               out_of_memory=bool(r.failure and r.failure.get("kind") == "oom"))
 
     def _stop_statement(self, policy: Any, reason: str, first_of: dict[int, int], rows: np.ndarray) -> str:
         """One line: how many trials and GPU-hours the policy spent, which trial is best, and why it stopped."""
         inc = policy.incumbent()
         best = f"trial {first_of[inc]}" if inc is not None and inc in first_of else "no measured trial"
         n = policy.run_trials
-        return (f"stopped after {n} trial{'s' if n != 1 else ''} ({fmt_gpu_hours(policy.run_gpu_hours)} GPU-hours); best: {best}; "
-                + reason.replace("the best", best if inc is not None else "the best"))
+        return (f"stopped after {n} trial{'s' if n != 1 else ''} ({fmt_gpu_hours(policy.run_gpu_hours)} GPU-hours); "
+                f"best: {best}; " + reason.replace("the best", best if inc is not None else "the best"))
 
     def _confirm(self) -> None:
         """``--confirm-runs``: rounds of :func:`tuner.study.confirm.enqueue_round`, each run to its end, one trial at a
@@ -604,10 +630,12 @@ class StudyRun:
         repeat_of = rec.repeat_of  # a confirmation run of that trial's layout (--confirm-runs)
         if confirming and repeat_of is None:
             # another worker took a queued confirmation run, so Optuna sampled a new layout: not a search now
-            TrialRecord.write(trial, skipped="sampled during the confirmation phase (its queued runs were taken by another worker)")
+            TrialRecord.write(trial, skipped="sampled during the confirmation phase (its queued runs were taken by "
+                                             "another worker)")
             raise optuna.TrialPruned("not a confirmation run")
         params = {p: trial.suggest_categorical(p, self.index.labels[p]) for p in self.index.params}
-        sampled = self.sampler.take(trial._trial_id)  # None: Optuna gave the trial fixed parameters (queued in the storage)
+        # None: Optuna gave the trial fixed parameters (queued in the storage)
+        sampled = self.sampler.take(trial._trial_id)
         if sampled is None:
             prop = self.resolve(params, repeat=repeat_of is not None)
         elif sampled.proposal is None:
@@ -626,7 +654,8 @@ class StudyRun:
         if repeat_of is None:
             if not self.reserve():
                 trial.study.stop()
-                TrialRecord.write(trial, skipped=f"not run: this run's {self.n_trials} layouts (--trials) were started by its other trials")
+                TrialRecord.write(trial, skipped=f"not run: this run's {self.n_trials} layouts (--trials) were started "
+                                                 "by its other trials")
                 raise optuna.TrialPruned("budget spent")
             if not self.claim(prop.key, trial._trial_id):
                 self.release()
@@ -636,8 +665,9 @@ class StudyRun:
         pred = prediction_of(predicted)
         t0 = time.monotonic()
         try:
-            m = self.backend.run(prop.layout, model=self.prep.model, cluster=self.prep.cluster, workload=self.prep.workload,
-                                 reporter=self._reporter(trial, repeat_of), trial_number=trial.number)
+            m = self.backend.run(prop.layout, model=self.prep.model, cluster=self.prep.cluster,
+                                 workload=self.prep.workload, reporter=self._reporter(trial, repeat_of),
+                                 trial_number=trial.number)
         except TrialFailed as e:
             failure = failure_of(prop.layout, e, pred)
             TrialRecord.write(trial, failure=failure, gpu_hours=self._spend(e.wall_s, t0), **summary_of(failure))
@@ -693,7 +723,8 @@ class StudyRun:
         """The sampler found no layout for this trial: record why and end it (``TrialPruned``); stop the study when the
         budget is spent or the space ran out (else the queued candidate was claimed by another worker meanwhile)."""
         with self._lock:
-            why = self._exhausted or (f"not run: this run's {self.n_trials} layouts (--trials) were started by its other trials"
+            why = self._exhausted or (f"not run: this run's {self.n_trials} layouts (--trials) were started by its "
+                                      "other trials"
                                       if self._started >= self.n_trials else None)
         if why is not None:
             trial.study.stop()
@@ -721,8 +752,8 @@ class StudyRun:
                 self._done += 1
             done, total, confirming = self._done, self._total, self._confirming
             spent = self._started >= self.n_trials or self._exhausted is not None
-            if (self.cfg.policy == "queue" and self.queue.lazy and not confirming and not spent and not self.sampler.queue
-                    and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,))):
+            if (self.cfg.policy == "queue" and self.queue.lazy and not confirming and not spent
+                    and not self.sampler.queue and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,))):
                 # no new search trial is queued once the budget is spent (nor while confirming)
                 self.queue.recalibrate(study)
                 row = self.queue.pop_rest(self._seen)

@@ -24,10 +24,20 @@ from launch import TrialFailed
 from specs import ModelSpec
 from specs.errors import TunerError
 from specs.files import write_output
-from tuner.study.config import RECORD_ERRORS, STUDY_OUTPUT_FILES, TuneConfig, _mask, read_study_record, storage_file, storage_place, trial_warmup_steps
+from tuner.study.config import (
+    RECORD_ERRORS,
+    STUDY_OUTPUT_FILES,
+    TuneConfig,
+    _mask,
+    read_study_record,
+    storage_file,
+    storage_place,
+    trial_warmup_steps,
+)
 from tuner.study.prepare import Prepared
 
-__all__ = ["METRIC_NAMES", "Heartbeat", "StudyLock", "model_spec_from_dict", "model_spec_to_dict", "open_storage", "open_study", "resolved", "storage_url"]
+__all__ = ["METRIC_NAMES", "Heartbeat", "StudyLock", "model_spec_from_dict", "model_spec_to_dict", "open_storage",
+           "open_study", "resolved", "storage_url"]
 
 log = logging.getLogger("tuner.study")
 
@@ -71,16 +81,17 @@ def retry_dead_worker_trial(grace_s: int) -> Any:
         again = copy.copy(trial)
         attrs = {k: v for k, v in trial.user_attrs.items() if k not in ("intermediate_tokens_per_s_per_gpu", "retried")}
         first = _optuna.retried_trial_number(trial)
-        attrs["retried"] = (f"trial {trial.number}{f' (a retry of trial {first})' if first is not None else ''} was left RUNNING by a "
-                            f"worker that sent no heartbeat for over {grace_s} s (killed or lost); its layout is run again")
+        attrs["retried"] = (f"trial {trial.number}{f' (a retry of trial {first})' if first is not None else ''} was "
+                            f"left RUNNING by a worker that sent no heartbeat for over {grace_s} s (killed or lost); "
+                            "its layout is run again")
         again.user_attrs = attrs
         history = _optuna.retry_history(trial)
         if len(history) + 1 > MAX_RETRIES:
-            log.warning("trial %d: its worker stopped (no heartbeat for over %d s), for the %d. time with this layout; it stays failed",
-                        trial.number, grace_s, len(history) + 1)
+            log.warning("trial %d: its worker stopped (no heartbeat for over %d s), for the %d. time with this layout; "
+                        "it stays failed", trial.number, grace_s, len(history) + 1)
         else:
-            log.warning("trial %d was left RUNNING by a worker that stopped (no heartbeat for over %d s): failed, and its layout queued again",
-                        trial.number, grace_s)
+            log.warning("trial %d was left RUNNING by a worker that stopped (no heartbeat for over %d s): failed, and "
+                        "its layout queued again", trial.number, grace_s)
         retry(study, again)
 
     return callback
@@ -111,9 +122,9 @@ def _check_journal_lines(url: str, path: Path, *, read_only: bool = False) -> st
         bad = _first_bad_journal_line(url, path)
     if bad is not None:
         raise TunerError(
-            f"--storage {_mask(url)!r}: {path} is not an Optuna journal file: line {bad} is not a JSON record; the file "
-            "was left as it is. If a worker was killed while writing, remove that last line (keep a copy) and run again; "
-            "otherwise give a new path or an existing journal")
+            f"--storage {_mask(url)!r}: {path} is not an Optuna journal file: line {bad} is not a JSON record; the "
+            "file was left as it is. If a worker was killed while writing, remove that last line (keep a copy) and run "
+            "again; otherwise give a new path or an existing journal")
     return None
 
 
@@ -170,8 +181,8 @@ def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None =
 
         if create and not Path(path).parent.is_dir():
             # not created here: on a shared filesystem a mistyped folder would give one worker a journal of its own
-            raise TunerError(f"--storage {url!r}: the folder {str(Path(path).parent)!r} does not exist; create it (on the filesystem "
-                             "the workers share) and run again")
+            raise TunerError(f"--storage {url!r}: the folder {str(Path(path).parent)!r} does not exist; create it (on "
+                             "the filesystem the workers share) and run again")
         note = _check_journal_lines(url, Path(path), read_only=not create)
         if note is not None:
             print(note, file=sys.stderr)
@@ -185,12 +196,15 @@ def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None =
             raise TunerError(f"--storage {url!r}: cannot open the journal file ({e.strerror or e})") from None
         except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
             # JSON lines that are not Optuna's operations (no 'op_code') fail in the journal's replay
-            raise TunerError(f"--storage {url!r}: {path} is not an Optuna journal file (JSON lines); give a new path or an existing journal") from None
+            raise TunerError(f"--storage {url!r}: {path} is not an Optuna journal file (JSON lines); give a new path "
+                             "or an existing journal") from None
     if heartbeat is None:
         return url
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeat_interval is "experimental" since 2.9
-        return _optuna.ThreadSafeRDBStorage(url, heartbeat_interval=heartbeat.interval_s, grace_period=heartbeat.grace_s,
+        # heartbeat_interval is "experimental" since 2.9
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return _optuna.ThreadSafeRDBStorage(url, heartbeat_interval=heartbeat.interval_s,
+                                            grace_period=heartbeat.grace_s,
                                             heartbeat_stale_trial_callback=retry_dead_worker_trial(heartbeat.grace_s))
 
 
@@ -267,10 +281,11 @@ def _recorded_yarn_details(spec: dict[str, Any], missing: frozenset[str] | set[s
         preset = model_spec_to_dict(load_model(str(spec.get("name", ""))))
     except TunerError:
         preset = None
-    if preset is not None and all(json.loads(json.dumps(v)) == preset.get(k) for k, v in spec.items() if k not in ("name", "source")):
+    if preset is not None and all(json.loads(json.dumps(v)) == preset.get(k) for k, v in spec.items()
+                                  if k not in ("name", "source")):
         return {k: preset[k] for k in missing}
-    log.warning("model %r was recorded without YaRN's details (%s): its commands use plain RoPE (--position-embedding-type rope)",
-                spec.get("name"), ", ".join(sorted(missing)))
+    log.warning("model %r was recorded without YaRN's details (%s): its commands use plain RoPE "
+                "(--position-embedding-type rope)", spec.get("name"), ", ".join(sorted(missing)))
     return {"rope_scaling_type": ""}
 
 
@@ -298,7 +313,8 @@ def _as_option(key: str, value: Any) -> str:
     return f"{key}={value!r}"
 
 
-def check_study_config(study: optuna.Study, config: TuneConfig, name: str, calibration: Calibration, now: dict[str, Any]) -> None:
+def check_study_config(study: optuna.Study, config: TuneConfig, name: str, calibration: Calibration,
+                       now: dict[str, Any]) -> None:
     """A resumed study must have been made with the same resolved inputs and cost-model constants.
 
     Raises:
@@ -332,8 +348,8 @@ def check_study_config(study: optuna.Study, config: TuneConfig, name: str, calib
     if old_digest is not None and old_digest != formula_digest():
         raise TunerError(
             f"study {name!r} was evaluated by another version of the cost model (formulas {old_digest}, this one "
-            f"{formula_digest()}); its predictions would mix with new ones. Use another --study name (the old study and its "
-            "trials stay as they are: tune pareto / tune export read them)."
+            f"{formula_digest()}); its predictions would mix with new ones. Use another --study name (the old study "
+            "and its trials stay as they are: tune pareto / tune export read them)."
         )
     old_cal = study.user_attrs.get("calibration")
     cal_now = calibration.to_dict()
@@ -353,7 +369,8 @@ def check_study_config(study: optuna.Study, config: TuneConfig, name: str, calib
 
 class _FailedTrialOneLine(logging.Filter):
     """Optuna logs a failed trial with its traceback; a trial that failed as an outcome (out of memory,
-    timeout, crash: :class:`TrialFailed`) or was interrupted (Ctrl-C) keeps only Optuna's one line naming the trial and the error."""
+    timeout, crash: :class:`TrialFailed`) or was interrupted (Ctrl-C) keeps only Optuna's one line naming the trial and
+    the error."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and isinstance(record.exc_info[1], (TrialFailed, KeyboardInterrupt)):
@@ -370,7 +387,8 @@ def quiet_optuna() -> None:
             h.addFilter(_FailedTrialOneLine())
 
 
-def open_study(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, *, heartbeat: Heartbeat | None = None) -> tuple[optuna.Study, str]:
+def open_study(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, *,
+               heartbeat: Heartbeat | None = None) -> tuple[optuna.Study, str]:
     """Create or load the study, check it was made with the same inputs, store them in it and in
     ``results/<study>/config.yaml``. A refused study leaves no folder behind.
 
@@ -420,13 +438,15 @@ def _check_same_storage(cfg: TuneConfig, name: str, out_dir: Path) -> None:
     new_file = storage_file(now)
     starts_new = new_file is not None and not new_file.exists()
     if not rec.exists():
-        outputs = [f for f in STUDY_OUTPUT_FILES if f != "pareto.png" and (out_dir / f).exists()]  # a chart is not a study's
+        # a chart is not a study's
+        outputs = [f for f in STUDY_OUTPUT_FILES if f != "pareto.png" and (out_dir / f).exists()]
         if db.exists() and cfg.storage and here != own:
-            raise TunerError(f"study {name!r}: {out_dir} holds study.db but no config.yaml, and this run names {_mask(cfg.storage)!r}; "
-                             "resume it with no --storage, or give another --study name")
+            raise TunerError(f"study {name!r}: {out_dir} holds study.db but no config.yaml, and this run names "
+                             f"{_mask(cfg.storage)!r}; resume it with no --storage, or give another --study name")
         if not db.exists() and not cfg.storage and outputs:
-            raise TunerError(f"study {name!r}: {out_dir} holds a study's outputs ({', '.join(outputs)}) but no config.yaml or study.db "
-                             "(they say where its trials are kept); resume it with its --storage, or give another --study name")
+            raise TunerError(f"study {name!r}: {out_dir} holds a study's outputs ({', '.join(outputs)}) but no "
+                             "config.yaml or study.db (they say where its trials are kept); resume it with its "
+                             "--storage, or give another --study name")
         return
     fix = ("delete it to resume the folder's study.db with no --storage" if db.exists()
            else "delete it and resume with the study's --storage")
@@ -436,31 +456,31 @@ def _check_same_storage(cfg: TuneConfig, name: str, out_dir: Path) -> None:
     except RECORD_ERRORS + (yaml.YAMLError,) as e:
         old, why = None, f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
     if why or not isinstance(old, dict):
-        raise TunerError(f"study {name!r}: {rec} cannot be read ({why}); it says where the study's trials are kept. Restore it, "
-                         f"or {fix}; or give another --study name")
+        raise TunerError(f"study {name!r}: {rec} cannot be read ({why}); it says where the study's trials are kept. "
+                         f"Restore it, or {fix}; or give another --study name")
     was = old["config"].get("storage")
     place = old.get("storage_place")
     if (was is not None and not isinstance(was, str)) or (place is not None and not isinstance(place, str)):
-        raise TunerError(f"study {name!r}: {rec} records a storage that is not a URL ({was!r}); it says where the study's trials "
-                         f"are kept. Restore it, or {fix}; or give another --study name")
+        raise TunerError(f"study {name!r}: {rec} records a storage that is not a URL ({was!r}); it says where the "
+                         f"study's trials are kept. Restore it, or {fix}; or give another --study name")
     # the recorded store, resolved where it was written (older records: resolved now, as it was named)
     then = own if not was else (place or storage_place(was))
     then_file = storage_file(then)
     if then != here and (then_file is None or then_file.exists()):
         again = "no --storage" if not was else f"--storage {_mask(then)!r}"
-        raise TunerError(f"study {name!r} in {out_dir} is kept in {_mask(then)!r} ({rec}); this run names {_mask(now)!r}. "
-                         f"Resume it with {again}, or give another --study name")
+        raise TunerError(f"study {name!r} in {out_dir} is kept in {_mask(then)!r} ({rec}); this run names "
+                         f"{_mask(now)!r}. Resume it with {again}, or give another --study name")
     # the recorded store is still there and named, or gone (moved with its folder, or deleted): the run resumes from the
     # one it names, but does not start a new, empty store beside the folder's own study.db
     if db.exists() and here != own and starts_new:
-        raise TunerError(f"study {name!r}: {out_dir} holds study.db, and this run would start a new store at {_mask(now)!r} "
-                         "instead; resume it with no --storage, or give another --study name")
+        raise TunerError(f"study {name!r}: {out_dir} holds study.db, and this run would start a new store at "
+                         f"{_mask(now)!r} instead; resume it with no --storage, or give another --study name")
     check_store_holds(now, name, f"{rec} records study {name!r}")
 
 
 def sqlite_read_only(path: Path) -> Any:
-    """A ``sqlite3`` connection that cannot write ``path``: ``mode=ro``, or ``immutable=1`` where the folder is read-only
-    and the file was left in write-ahead-log mode (its ``-shm`` cannot be made)."""
+    """A ``sqlite3`` connection that cannot write ``path``: ``mode=ro``, or ``immutable=1`` where the folder is
+    read-only and the file was left in write-ahead-log mode (its ``-shm`` cannot be made)."""
     import sqlite3
     from urllib.parse import quote
 
@@ -498,13 +518,15 @@ def check_store_holds(url: str, name: str, why: str) -> None:
         finally:
             conn.close()
     except sqlite3.Error as e:
-        raise TunerError(f"study {name!r}: {why}, but its store {f} is not an Optuna study database ({e}); {fix}") from None
+        raise TunerError(f"study {name!r}: {why}, but its store {f} is not an Optuna study database "
+                         f"({e}); {fix}") from None
     if name not in names:
-        raise TunerError(f"study {name!r}: {why}, but its store {f} holds {', '.join(map(repr, names[:5])) or 'no study'} "
-                         f"instead; {fix}")
+        raise TunerError(f"study {name!r}: {why}, but its store {f} holds "
+                         f"{', '.join(map(repr, names[:5])) or 'no study'} instead; {fix}")
 
 
-def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, heartbeat: Heartbeat | None) -> tuple[optuna.Study, str]:
+def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path,
+                   heartbeat: Heartbeat | None) -> tuple[optuna.Study, str]:
     from tuner.study import _optuna
 
     url = storage_url(cfg, out_dir)
@@ -512,7 +534,8 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, he
     try:
         if heartbeat is None and not url.startswith("journal:"):
             # --parallel-trials: atomic state changes among threads; the study's own file: commits without an fsync each
-            kw: dict[str, Any] = {} if cfg.storage else {"engine_kwargs": _optuna.local_sqlite_engine_kwargs(out_dir / "study.db")}
+            kw: dict[str, Any] = ({} if cfg.storage
+                                  else {"engine_kwargs": _optuna.local_sqlite_engine_kwargs(out_dir / "study.db")})
             if not cfg.storage and _optuna.create_sqlite_schema(out_dir / "study.db"):  # made here, of Optuna's schema
                 kw.update(skip_table_creation=True, skip_compatibility_check=True, stamped=True)
             storage: Any = _optuna.ThreadSafeRDBStorage(url, **kw)
@@ -529,11 +552,13 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, he
         raise
     except (ValueError, ImportError) as e:  # bad storage URL, missing DB driver, unreadable journal
         if url.startswith("journal:"):
-            raise TunerError(f"--storage {_mask(url)!r}: not an Optuna journal file (JSON lines) or unreadable; give a new path or an existing journal") from None
+            raise TunerError(f"--storage {_mask(url)!r}: not an Optuna journal file (JSON lines) or unreadable; give a "
+                             "new path or an existing journal") from None
         raise TunerError(f"--storage {_mask(url)!r}: cannot open the study ({_mask(str(e))})") from None
     except Exception as e:  # SQLAlchemy errors: unwritable path, locked or corrupt file
         if type(e).__module__.startswith("sqlalchemy") or isinstance(e, optuna.exceptions.StorageInternalError):
-            raise TunerError(f"--storage {_mask(url)!r}: cannot open the study ({type(e).__name__}: {_mask(str(e).splitlines()[0])})") from None
+            raise TunerError(f"--storage {_mask(url)!r}: cannot open the study ({type(e).__name__}: "
+                             f"{_mask(str(e).splitlines()[0])})") from None
         raise
     now = resolved(prep)
     check_study_config(study, cfg, name, prep.calibration, now)
@@ -541,9 +566,10 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, he
     new_model = json.loads(json.dumps(model_spec_to_dict(prep.model)))
     if isinstance(old_model, dict) and old_model != new_model:  # the same --model path, its config.json edited since
         # a field added to ModelSpec after the study was made counts as its default there
-        defaults = json.loads(json.dumps({f.name: f.default for f in dataclasses.fields(ModelSpec) if f.default is not dataclasses.MISSING}))
-        # its name and source are where it was read from: the same config.json by another path or moved is the same model
-        # (a field that only reaches the exported command, not the estimate, counts as unrecorded there instead)
+        defaults = json.loads(json.dumps({f.name: f.default for f in dataclasses.fields(ModelSpec)
+                                          if f.default is not dataclasses.MISSING}))
+        # its name and source are where it was read from: the same config.json by another path or moved is the same
+        # model (a field that only reaches the exported command, not the estimate, counts as unrecorded there instead)
         unrecorded = {k for k in _EXPORT_ONLY_MODEL_FIELDS if k not in old_model}
         changed = sorted(k for k in (set(old_model) | set(new_model)) - {"name", "source"} - unrecorded
                          if old_model.get(k, defaults.get(k)) != new_model.get(k, defaults.get(k)))
@@ -557,21 +583,23 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, he
         )
     if study.metric_names != list(METRIC_NAMES):  # a resumed study keeps them: no write
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # set_metric_names: "experimental" since 3.2
+            # set_metric_names: "experimental" since 3.2
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(list(METRIC_NAMES))
     old_space = study.user_attrs.get("space")
     new_space = json.loads(json.dumps(prep.space.to_dict()))  # as the storage gives it back
     if old_space is not None and old_space != new_space:
         changed = sorted(k for k in set(old_space) | set(new_space) if old_space.get(k) != new_space.get(k))
         raise TunerError(
-            f"study {name!r} was searched over another space ({', '.join(changed)} differ); Optuna cannot change a study's "
-            "choices. Use another --study name, or the same --space to resume."
+            f"study {name!r} was searched over another space ({', '.join(changed)} differ); Optuna cannot change a "
+            "study's choices. Use another --study name, or the same --space to resume."
         )
     stored = study.user_attrs
     from cost_model.version import formula_digest
 
     for key, value in (("config", cfg.to_dict()), ("resolved", now), ("model_spec", model_spec_to_dict(prep.model)),
-                       ("calibration", prep.calibration.to_dict()), ("space", prep.space.to_dict()), ("cost_model_digest", formula_digest())):
+                       ("calibration", prep.calibration.to_dict()), ("space", prep.space.to_dict()),
+                       ("cost_model_digest", formula_digest())):
         if stored.get(key) != json.loads(json.dumps(value)):  # a resumed study with the same inputs: no write
             study.set_user_attr(key, value)
     write_output(out_dir / "config.yaml", yaml.safe_dump(
@@ -603,8 +631,8 @@ class StudyLock:
         try:
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
-            raise TunerError(f"cannot write the study's lock file {self.path} ({e.strerror}): a run needs its study folder "
-                             "writable") from None
+            raise TunerError(f"cannot write the study's lock file {self.path} ({e.strerror}): a run needs its study "
+                             "folder writable") from None
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -614,8 +642,8 @@ class StudyLock:
                 who = ""
             os.close(self.fd)
             raise TunerError(
-                f"study {name!r} is being run by another tune process{f' (pid {who})' if who else ''}; wait for it to finish, "
-                "or let several workers share it through --storage journal:PATH or an RDB URL"
+                f"study {name!r} is being run by another tune process{f' (pid {who})' if who else ''}; wait for it to "
+                "finish, or let several workers share it through --storage journal:PATH or an RDB URL"
             ) from None
         try:
             os.ftruncate(self.fd, 0)
