@@ -162,9 +162,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument(
-        "--checkout",
-        type=Path,
-        default=ROOT,
+        "--checkout", type=Path, default=ROOT,
         help="the copy of the project whose main job is timed (default: this one)",
     )
     ap.add_argument("--driver", help=argparse.SUPPRESS)
@@ -221,17 +219,8 @@ def main() -> None:
         "cpus": os.cpu_count(),
     }
     for k in (
-        "floor_wall_s",
-        "floor_cpu_s",
-        "floor_s",
-        "main_job_wall_s",
-        "main_job_cpu_s",
-        "job_s",
-        "study_s",
-        "ratio_wall",
-        "ratio_cpu",
-        "ratio_job_floor",
-        "writes_per_trial",
+        "floor_wall_s", "floor_cpu_s", "floor_s", "main_job_wall_s", "main_job_cpu_s", "job_s", "study_s", "ratio_wall",
+        "ratio_cpu", "ratio_job_floor", "writes_per_trial",
     ):
         v = [r[k] for r in rows]
         summary[k] = {"median": round(statistics.median(v), 3), "min": min(v), "max": max(v)}

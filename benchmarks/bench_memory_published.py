@@ -26,10 +26,7 @@ from cost_model.validate import predict_runs, read_runs
 
 #: The run options the Megatron-Bridge preset sets that change a published row's predicted memory, by CSV column.
 STACK_COLUMNS = (
-    "grad_reduce_in_fp32",
-    "cross_entropy_loss_fusion",
-    "cross_entropy_fusion_impl",
-    "optimizer_fp8_recipe",
+    "grad_reduce_in_fp32", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "optimizer_fp8_recipe",
 )
 
 

@@ -39,10 +39,7 @@ def main() -> None:
     ap.add_argument("--max-nfev", type=int, default=60)
     ap.add_argument("--rows", default=None, help="also write every held-out row's prediction here (JSON lines)")
     ap.add_argument(
-        "--hold-out",
-        action="append",
-        default=None,
-        metavar="MODEL",
+        "--hold-out", action="append", default=None, metavar="MODEL",
         help="run only this model's fold (repeatable; each still fitted on every other model's rows)",
     )
     ap.add_argument(

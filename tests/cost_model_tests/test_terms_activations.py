@@ -165,11 +165,7 @@ def test_kept_bytes():
 
 def test_recomputed_fraction_counts_every_chunk():
     block = dict(
-        tp=2,
-        sequence_parallel=True,
-        pp=2,
-        recompute_granularity="full",
-        recompute_method="block",
+        tp=2, sequence_parallel=True, pp=2, recompute_granularity="full", recompute_method="block",
         recompute_num_layers=1,
     )
     # 8 layers on pp 2: 4 per rank; one chunk -> the first layer of it; two chunks of 2 -> the first of each

@@ -21,38 +21,9 @@ SEED = ROOT / "cost_model" / "data" / "seed_runs.csv"
 HEADER = SEED.read_text().splitlines()[0]
 ROW = ",".join(
     [
-        "7",
-        "src",
-        "Megatron-Bridge / NeMo container 26.04",
-        "Pre-Training",
-        "LLAMA3_8B",
-        "N",
-        "H100",
-        "8",
-        "1",
-        "1",
-        "",
-        "1",
-        "1",
-        "",
-        "8",
-        "",
-        "1",
-        "128",
-        "",
-        "8192",
-        "FP8",
-        "",
-        "",
-        "",
-        "",
-        "14000",
-        "reported",
-        "700",
-        "reported",
-        "",
-        "51.5",
-        "high",
+        "7", "src", "Megatron-Bridge / NeMo container 26.04", "Pre-Training", "LLAMA3_8B", "N", "H100", "8", "1", "1",
+        "", "1", "1", "", "8", "", "1", "128", "", "8192", "FP8", "", "", "", "", "14000", "reported", "700",
+        "reported", "", "51.5", "high",
     ]
 )
 runner = CliRunner()
@@ -233,9 +204,7 @@ def test_a_run_table_refuses_a_column_twice_a_repeated_id_and_an_impossible_figu
     assert r.exit_code == 2 and "column(s) tp appear twice in the header" in r.output
     runs, problems = read_runs(
         _csv(
-            tmp_path,
-            ROW,
-            ROW.replace(",14000,", ",13000,"),
+            tmp_path, ROW, ROW.replace(",14000,", ",13000,"),
             ROW.replace("7,src", "9,src", 1).replace(",14000,", ",1e308,"),
         )
     )
@@ -322,10 +291,8 @@ def test_a_published_run_of_an_older_release_is_predicted_slower_by_the_measured
         == 1.0
     )
     for none in (
-        "Megatron-Bridge (model verification card, Jul/Aug-2026)",
-        "NeMo 24.07 container (Megatron-Core ~0.8)",
-        "seed: slime MiniMax-M2 recipe",
-        "",
+        "Megatron-Bridge (model verification card, Jul/Aug-2026)", "NeMo 24.07 container (Megatron-Core ~0.8)",
+        "seed: slime MiniMax-M2 recipe", "",
     ):
         assert release_factor(none) == 1.0
     new = ROW.replace("7,src", "8,src", 1).replace("container 26.04", "container 26.08").replace(",128,", ",256,")

@@ -42,8 +42,7 @@ def test_the_private_names_used_exist():
     for name, params in [
         ("set_trial_user_attr", ["trial_id", "key", "value"]),
         ("set_trial_state_values", ["trial_id", "state", "values"]),
-        ("create_new_trial", ["study_id", "template_trial"]),
-        ("get_trial_number_from_id", ["trial_id"]),
+        ("create_new_trial", ["study_id", "template_trial"]), ("get_trial_number_from_id", ["trial_id"]),
         ("set_trial_system_attr", ["trial_id", "key", "value"]),
     ]:
         assert list(inspect.signature(getattr(optuna.storages.BaseStorage, name)).parameters)[1:] == params, name
@@ -70,14 +69,8 @@ def test_the_heartbeat_interface_and_where_optimize_uses_it():
     src = inspect.getsource(optuna.study._optimize._run_trial)
     assert "fail_stale_trials" in src and "get_heartbeat_thread" in src
     assert list(inspect.signature(RDBStorage.__init__).parameters)[1:] == [
-        "url",
-        "engine_kwargs",
-        "skip_compatibility_check",
-        "heartbeat_interval",
-        "grace_period",
-        "heartbeat_stale_trial_callback",
-        "failed_trial_callback",
-        "skip_table_creation",
+        "url", "engine_kwargs", "skip_compatibility_check", "heartbeat_interval", "grace_period",
+        "heartbeat_stale_trial_callback", "failed_trial_callback", "skip_table_creation",
     ]
 
 
@@ -144,10 +137,7 @@ def test_the_rdb_schema_the_bulk_writer_writes(tmp_path):
     cols = {
         m.__tablename__: set(m.__table__.columns.keys())
         for m in (
-            models.TrialModel,
-            models.TrialParamModel,
-            models.TrialValueModel,
-            models.TrialUserAttributeModel,
+            models.TrialModel, models.TrialParamModel, models.TrialValueModel, models.TrialUserAttributeModel,
             models.TrialSystemAttributeModel,
         )
     }
@@ -188,23 +178,9 @@ def _same(a: optuna.trial.FrozenTrial, b: optuna.trial.FrozenTrial) -> bool:
         return {k: (str(v) if v != v else v) for k, v in d.items()} if isinstance(d, dict) else d
 
     return (
-        a.number,
-        a.state,
-        a.values,
-        a.params,
-        a.distributions,
-        a.system_attrs,
-        a.datetime_start,
-        a.datetime_complete,
+        a.number, a.state, a.values, a.params, a.distributions, a.system_attrs, a.datetime_start, a.datetime_complete,
     ) == (
-        b.number,
-        b.state,
-        b.values,
-        b.params,
-        b.distributions,
-        b.system_attrs,
-        b.datetime_start,
-        b.datetime_complete,
+        b.number, b.state, b.values, b.params, b.distributions, b.system_attrs, b.datetime_start, b.datetime_complete,
     ) and {k: norm(v) for k, v in a.user_attrs.items()} == {k: norm(v) for k, v in b.user_attrs.items()}
 
 
@@ -310,11 +286,8 @@ def test_closing_reaches_an_engine_its_storage_left_behind(tmp_path):
     db = tmp_path / "study.db"
     assert _optuna.create_sqlite_schema(str(db))
     storage = _optuna.ThreadSafeRDBStorage(
-        f"sqlite:///{db}",
-        engine_kwargs=_optuna.local_sqlite_engine_kwargs(db),
-        skip_table_creation=True,
-        skip_compatibility_check=True,
-        stamped=True,
+        f"sqlite:///{db}", engine_kwargs=_optuna.local_sqlite_engine_kwargs(db), skip_table_creation=True,
+        skip_compatibility_check=True, stamped=True,
     )
     study = optuna.create_study(storage=storage, study_name="s")
     study.add_trial(create_trial(value=1.0, params={"x": "a"}, distributions={"x": CategoricalDistribution(["a"])}))

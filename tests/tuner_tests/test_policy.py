@@ -201,18 +201,8 @@ def _cfg(tmp_path, **kw):
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
     base = dict(
-        model="Qwen3-30B-A3B",
-        gpus="8xH100",
-        layers=4,
-        global_batch_size=16,
-        backend="command",
-        trials=30,
-        stack="megatron",
-        results_dir=str(tmp_path),
-        trial_steps=4,
-        study="p",
-        prune_margin=None,
-        space=str(space),
+        model="Qwen3-30B-A3B", gpus="8xH100", layers=4, global_batch_size=16, backend="command", trials=30,
+        stack="megatron", results_dir=str(tmp_path), trial_steps=4, study="p", prune_margin=None, space=str(space),
     )
     base.update(kw)
     return TuneConfig(**base)
@@ -272,8 +262,7 @@ def test_a_study_under_the_policy_keeps_to_its_gpu_hours(tmp_path):
     [
         (["--gpu-hours", "0"], "--gpu-hours must be a positive number"),
         (["--gpu-hours", "-3"], "--gpu-hours must be a positive number"),
-        (["--gpu-hours", "nan"], "--gpu-hours must be a positive number"),
-        (["--gpu-hours", "abc"], "--gpu-hours"),
+        (["--gpu-hours", "nan"], "--gpu-hours must be a positive number"), (["--gpu-hours", "abc"], "--gpu-hours"),
         (["--gpu-hours", "5", "--backend", "model"], "budget of real trials"),
         (["--stop-gain", "0.05"], "stop real trials"),
         (["--gpu-hours", "5", "--backend", "command", "--trial-policy", "queue"], "drive the gain policy"),
@@ -303,9 +292,7 @@ class _Pruning(_Truth):
         m = super().run(layout, model=model, cluster=cluster, workload=workload)
         if layout.ep == 1:
             raise TrialStopped(
-                "slower than the best",
-                step_times_s=m.step_times_s,
-                tokens_per_s_per_gpu=[m.tokens_per_s_per_gpu] * 4,
+                "slower than the best", step_times_s=m.step_times_s, tokens_per_s_per_gpu=[m.tokens_per_s_per_gpu] * 4,
                 wall_s=50.0,
             )
         return m

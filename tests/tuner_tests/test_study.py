@@ -39,10 +39,7 @@ class FlakyBackend(TrialBackend):
         if self.calls % 3 == 0:
             raise TrialFailed(FailureKind.oom, "CUDA out of memory (fake)", log_path="/tmp/x.log")
         return Measurement(
-            layout=layout,
-            source="measured",
-            tokens_per_s_per_gpu=1000.0 + self.calls,
-            peak_bytes=50 * 2**30,
+            layout=layout, source="measured", tokens_per_s_per_gpu=1000.0 + self.calls, peak_bytes=50 * 2**30,
             step_times_s=(1.0, 1.1),
         )
 
@@ -145,18 +142,8 @@ def test_a_second_run_of_a_running_study_is_refused(tmp_path):
     from tuner.study.storage import StudyLock as _StudyLock
 
     args = [
-        "--model",
-        "MiniMax-M2",
-        "--layers",
-        "4",
-        "--gpus",
-        "64xH200",
-        "--trials",
-        "4",
-        "--results-dir",
-        str(tmp_path),
-        "--study",
-        "busy",
+        "--model", "MiniMax-M2", "--layers", "4", "--gpus", "64xH200", "--trials", "4", "--results-dir", str(tmp_path),
+        "--study", "busy",
     ]
     lock = _StudyLock(tmp_path / "busy", "busy")  # as if another tune process were running it
     r = CliRunner().invoke(app, args)
@@ -174,18 +161,8 @@ def test_resume_with_another_space_is_refused_before_anything_is_written(tmp_pat
     from tuner.cli import app
 
     args = [
-        "--model",
-        "MiniMax-M2",
-        "--layers",
-        "4",
-        "--gpus",
-        "16xH200",
-        "--trials",
-        "4",
-        "--results-dir",
-        str(tmp_path),
-        "--study",
-        "sp",
+        "--model", "MiniMax-M2", "--layers", "4", "--gpus", "16xH200", "--trials", "4", "--results-dir", str(tmp_path),
+        "--study", "sp",
     ]
     assert CliRunner().invoke(app, args).exit_code == 0
     before = (tmp_path / "sp" / "config.yaml").read_text()
@@ -217,18 +194,8 @@ def test_resume_after_the_model_config_was_edited_is_refused(tmp_path):
     cfg = json.loads((Path(specs.__file__).parent / "data" / "models" / "GPT-OSS-120B.json").read_text())
     (folder / "config.json").write_text(json.dumps(cfg))
     args = [
-        "--model",
-        str(folder),
-        "--gpus",
-        "16xH100",
-        "--layers",
-        "2",
-        "--trials",
-        "3",
-        "--results-dir",
-        str(tmp_path / "r"),
-        "--study",
-        "oss",
+        "--model", str(folder), "--gpus", "16xH100", "--layers", "2", "--trials", "3", "--results-dir",
+        str(tmp_path / "r"), "--study", "oss",
     ]
     assert CliRunner().invoke(app, args).exit_code == 0
     before = (tmp_path / "r" / "oss" / "config.yaml").read_text()
@@ -250,18 +217,8 @@ def test_resume_after_the_model_config_was_edited_is_refused(tmp_path):
     import optuna
 
     mm = [
-        "--model",
-        "MiniMax-M2",
-        "--layers",
-        "2",
-        "--gpus",
-        "8xH200",
-        "--trials",
-        "2",
-        "--results-dir",
-        str(tmp_path / "r"),
-        "--study",
-        "mm",
+        "--model", "MiniMax-M2", "--layers", "2", "--gpus", "8xH200", "--trials", "2", "--results-dir",
+        str(tmp_path / "r"), "--study", "mm",
     ]
     assert CliRunner().invoke(app, mm).exit_code == 0
     st = optuna.load_study(study_name="mm", storage=f"sqlite:///{tmp_path / 'r' / 'mm' / 'study.db'}")
@@ -378,12 +335,7 @@ pipeline_split: {even: true, max_stage_deficit: 0}
 def _small(tmp_path, **kw):
     """MiniMax-M2 cut to 4 layers on 4 H200: 8,776 candidates, prepared in ~0.1 s."""
     base = dict(
-        model="MiniMax-M2",
-        gpus="4xH200",
-        layers=4,
-        global_batch_size=8,
-        stack="megatron",
-        results_dir=str(tmp_path),
+        model="MiniMax-M2", gpus="4xH200", layers=4, global_batch_size=8, stack="megatron", results_dir=str(tmp_path),
         study="s",
     )
     base.update(kw)
@@ -396,14 +348,8 @@ def _seven(tmp_path, **kw):
     space = tmp_path / "seven.yaml"
     space.write_text(SEVEN)
     base = dict(
-        model="Llama-3.1-8B",
-        gpus="8xH100",
-        global_batch_size=16,
-        space=str(space),
-        stack="megatron",
-        memory_headroom=0.4,
-        results_dir=str(tmp_path),
-        study="seven",
+        model="Llama-3.1-8B", gpus="8xH100", global_batch_size=16, space=str(space), stack="megatron",
+        memory_headroom=0.4, results_dir=str(tmp_path), study="seven",
     )
     base.update(kw)
     return prepare(TuneConfig(**base))
@@ -464,16 +410,8 @@ def test_real_trials_in_a_space_of_one_candidate_run_it_once(tmp_path, policy):
     (tmp_path / "one.yaml").write_text(one)
     p = prepare(
         TuneConfig(
-            model="Llama-3.1-8B",
-            gpus="8xH100",
-            global_batch_size=16,
-            space=str(tmp_path / "one.yaml"),
-            stack="megatron",
-            memory_headroom=0.4,
-            results_dir=str(tmp_path),
-            study="one",
-            trials=3,
-            policy=policy,
+            model="Llama-3.1-8B", gpus="8xH100", global_batch_size=16, space=str(tmp_path / "one.yaml"),
+            stack="megatron", memory_headroom=0.4, results_dir=str(tmp_path), study="one", trials=3, policy=policy,
         )
     )
     assert p.n_fit == 1
@@ -495,23 +433,8 @@ def test_the_cli_says_when_the_space_ran_out(tmp_path):
     r = CliRunner().invoke(
         app,
         [
-            "--model",
-            "Llama-3.1-8B",
-            "--gpus",
-            "8xH100",
-            "--global-batch",
-            "16",
-            "--space",
-            str(space),
-            "--stack",
-            "megatron",
-            "--memory-headroom",
-            "0.4",
-            "--trials",
-            "20",
-            "--results-dir",
-            str(tmp_path),
-            "--study",
+            "--model", "Llama-3.1-8B", "--gpus", "8xH100", "--global-batch", "16", "--space", str(space), "--stack",
+            "megatron", "--memory-headroom", "0.4", "--trials", "20", "--results-dir", str(tmp_path), "--study",
             "seven",
         ],
     )
@@ -551,10 +474,7 @@ class Concurrent(TrialBackend):
             if n % 5 == 0:
                 raise TrialFailed(FailureKind.oom, "CUDA out of memory (fake)")
             return Measurement(
-                layout=layout,
-                source="measured",
-                tokens_per_s_per_gpu=1000.0 + n,
-                peak_bytes=50 * 2**30,
+                layout=layout, source="measured", tokens_per_s_per_gpu=1000.0 + n, peak_bytes=50 * 2**30,
                 step_times_s=(1.0,),
             )
         finally:

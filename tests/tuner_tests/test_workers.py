@@ -27,27 +27,9 @@ def test_two_workers_with_trials_10_each_evaluate_20_distinct_layouts(tmp_path):
     journal = tmp_path / "shared" / "study.log"
     journal.parent.mkdir()  # the shared folder exists (a mistyped one is refused)
     cmd = [
-        sys.executable,
-        "-m",
-        "tuner.cli",
-        "--model",
-        "MiniMax-M2",
-        "--layers",
-        "4",
-        "--gpus",
-        "4xH200",
-        "--global-batch",
-        "8",
-        "--stack",
-        "megatron",
-        "--trials",
-        "10",
-        "--study",
-        "w",
-        "--storage",
-        f"journal:{journal}",
-        "--results-dir",
-        str(tmp_path / "res"),
+        sys.executable, "-m", "tuner.cli", "--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200",
+        "--global-batch", "8", "--stack", "megatron", "--trials", "10", "--study", "w", "--storage",
+        f"journal:{journal}", "--results-dir", str(tmp_path / "res"),
     ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     procs = [
@@ -97,55 +79,22 @@ def test_four_workers_started_together_on_a_fresh_database_measure_each_layout_o
         yaml.safe_dump(
             {
                 "argv": [
-                    sys.executable,
-                    fake,
-                    "--FAKE_FORMAT=megatron",
-                    "--FAKE_STEPS={steps}",
-                    "--FAKE_STEP_S=0",
-                    "--FAKE_REPORT_STEP_S=2.0",
-                    "{layout_args}",
+                    sys.executable, fake, "--FAKE_FORMAT=megatron", "--FAKE_STEPS={steps}", "--FAKE_STEP_S=0",
+                    "--FAKE_REPORT_STEP_S=2.0", "{layout_args}",
                 ]
             }
         )
     )
     cmd = [
-        sys.executable,
-        "-m",
-        "tuner.cli",
-        "--model",
-        "MiniMax-M2",
-        "--layers",
-        "4",
-        "--gpus",
-        "4xH200",
-        "--global-batch",
-        "8",
-        "--stack",
-        "megatron",
-        "--backend",
-        "command",
-        "--command-template",
-        str(tpl),
-        "--trials",
-        "3",
-        "--trial-steps",
-        "4",
-        "--trial-policy",
-        "queue",
-        "--study",
-        "w",
-        "--storage",
-        url,
+        sys.executable, "-m", "tuner.cli", "--model", "MiniMax-M2", "--layers", "4", "--gpus", "4xH200",
+        "--global-batch", "8", "--stack", "megatron", "--backend", "command", "--command-template", str(tpl),
+        "--trials", "3", "--trial-steps", "4", "--trial-policy", "queue", "--study", "w", "--storage", url,
     ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     procs = [
         subprocess.Popen(
-            [*cmd, "--seed", str(i), "--results-dir", str(tmp_path / f"r{i}")],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-            cwd=tmp_path,
+            [*cmd, "--seed", str(i), "--results-dir", str(tmp_path / f"r{i}")], stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path,
         )
         for i in range(4)
     ]
@@ -183,12 +132,8 @@ def test_a_killed_worker_loses_nothing(tmp_path, kind):
     marker = tmp_path / "running"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     a = subprocess.Popen(
-        [sys.executable, str(HERE / "study_worker.py"), storage, str(tmp_path / "a"), str(marker)],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        [sys.executable, str(HERE / "study_worker.py"), storage, str(tmp_path / "a"), str(marker)], env=env,
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
         seen = []
@@ -264,14 +209,7 @@ def test_journal_storage_errors_and_the_recorded_storage(tmp_path):
     out = r.invoke(
         app,
         [
-            *job,
-            "--trials",
-            "3",
-            "--study",
-            "ok",
-            "--storage",
-            f"journal:{cut}",
-            "--results-dir",
+            *job, "--trials", "3", "--study", "ok", "--storage", f"journal:{cut}", "--results-dir",
             str(tmp_path / "res2"),
         ],
     )  # another folder: res/ok records ok.log as its storage
