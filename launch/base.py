@@ -139,16 +139,8 @@ class TrialBackend(abc.ABC):
         return cls()
 
     @abc.abstractmethod
-    def run(
-        self,
-        layout: Layout,
-        *,
-        model: ModelSpec,
-        cluster: Cluster,
-        workload: Workload,
-        reporter: StepReporter | None = None,
-        trial_number: int | None = None,
-    ) -> Measurement:
+    def run(self, layout: Layout, *, model: ModelSpec, cluster: Cluster, workload: Workload,
+            reporter: StepReporter | None = None, trial_number: int | None = None) -> Measurement:
         """Evaluate ``layout``; ``reporter`` may stop a real trial after a step, ``trial_number`` names its folder.
 
         Raises:

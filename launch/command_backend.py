@@ -283,16 +283,8 @@ class CommandBackend(MeasuredBackend):
                    warmup_steps=settings.warmup_steps, timeout_s=settings.timeout_s,
                    megatron_core=settings.megatron_core)
 
-    def run(
-        self,
-        layout: Layout,
-        *,
-        model: ModelSpec,
-        cluster: Cluster,
-        workload: Workload,
-        reporter: StepReporter | None = None,
-        trial_number: int | None = None,
-    ) -> Measurement:
+    def run(self, layout: Layout, *, model: ModelSpec, cluster: Cluster, workload: Workload,
+            reporter: StepReporter | None = None, trial_number: int | None = None) -> Measurement:
         """Run ``layout`` with the template's command.
 
         Raises:

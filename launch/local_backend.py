@@ -161,17 +161,9 @@ class LocalBackend(MeasuredBackend):
             return [*self.launcher, *harness_args(spec_path, out_path)]
         return torchrun_command(self.num_gpus, spec_path, out_path, master_port=free_port(), python=sys.executable)
 
-    def run(
-        self,
-        layout: Layout,
-        *,
-        model: ModelSpec,
-        cluster: Cluster,
-        workload: Workload,
-        reporter: StepReporter | None = None,
-        trial_number: int | None = None,
-        trial_dir: str | None = None,
-    ) -> Measurement:
+    def run(self, layout: Layout, *, model: ModelSpec, cluster: Cluster, workload: Workload,
+            reporter: StepReporter | None = None, trial_number: int | None = None,
+            trial_dir: str | None = None) -> Measurement:
         """Run ``layout`` as the harness; ``trial_dir`` names its folder (default: the trial number).
 
         Raises:

@@ -31,16 +31,8 @@ class ModelBackend(TrialBackend):
         opts = settings.options if settings.options is not None else DEFAULT_RUN_OPTIONS
         return cls(calibration=cal, memory_headroom=settings.memory_headroom, options=opts)
 
-    def run(
-        self,
-        layout: Layout,
-        *,
-        model: ModelSpec,
-        cluster: Cluster,
-        workload: Workload,
-        reporter: StepReporter | None = None,
-        trial_number: int | None = None,
-    ) -> Measurement:
+    def run(self, layout: Layout, *, model: ModelSpec, cluster: Cluster, workload: Workload,
+            reporter: StepReporter | None = None, trial_number: int | None = None) -> Measurement:
         """The estimate of ``layout`` (``reporter`` and ``trial_number`` are ignored: nothing runs)."""
         e = estimate(model, cluster, workload, layout, calibration=self.calibration,
                      memory_headroom=self.memory_headroom, options=self.options)

@@ -303,16 +303,8 @@ class RayBackend(MeasuredBackend):
 
     # ---- one trial ----
 
-    def run(
-        self,
-        layout: Layout,
-        *,
-        model: ModelSpec,
-        cluster: Cluster,
-        workload: Workload,
-        reporter: StepReporter | None = None,
-        trial_number: int | None = None,
-    ) -> Measurement:
+    def run(self, layout: Layout, *, model: ModelSpec, cluster: Cluster, workload: Workload,
+            reporter: StepReporter | None = None, trial_number: int | None = None) -> Measurement:
         """Run ``layout`` as the harness on the cluster.
 
         Raises:
