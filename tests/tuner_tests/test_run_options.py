@@ -408,6 +408,29 @@ def test_the_main_job_from_the_seed_launch(tmp_path):
     assert rec["stack"]["preset"] == "slime" and "--lr" in rec["stack"]["user_args"]
 
 
+def test_another_launch_of_the_same_job_is_evaluated_in_its_study(tmp_path):
+    """A second `tune --from` of the same job (same run options, so the same study) with another layout: its layout
+    is added to the study, and only it."""
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "tp: [1]\npp: [2, 8]\nvpp: [1]\ncp: [1]\nep: [8]\netp: [1]\nmicro_batch_size: [1]\n"
+        "recompute:\n  - {granularity: full, method: uniform, num_layers: 1}\noptimizer_offload_fraction: [0.0]\n"
+        "dispatcher: [alltoall]\n"
+    )
+    other = tmp_path / "pp2.sh"
+    text = SEED_LAUNCH.read_text().replace("--pipeline-model-parallel-size 8", "--pipeline-model-parallel-size 2")
+    other.write_text(text.replace(" \\\n  --pipeline-model-parallel-layout 'Et|(tt|)*30tL'", ""))
+    args = ["--gpus", "H200", "--space", str(space), "--results-dir", str(tmp_path), "--study", "s"]
+    first = runner.invoke(app, ["--from", str(SEED_LAUNCH), *args, "--trials", "1"], env={"COLUMNS": "200"})
+    assert first.exit_code == 0, first.output
+    second = runner.invoke(app, ["--from", str(other), *args], env={"COLUMNS": "200"})
+    assert second.exit_code == 0, second.output
+    assert "2 layouts evaluated in total (1 now)" in second.output and "your launch's layout added" in second.output
+    assert "your launch (trial 1): " in second.output and "TP1 PP2 EP8 DP32" in second.output
+    third = runner.invoke(app, ["--from", str(other), *args], env={"COLUMNS": "200"})
+    assert "(0 now)" in third.output and "none added" in third.output
+
+
 def test_estimate_from_the_seed_launch_is_the_explicit_flags_estimate():
     """`tune estimate --from` takes the launch's layout and options: the numbers of the explicit flags, and the launch's
     arguments as read."""

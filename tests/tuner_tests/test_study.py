@@ -684,6 +684,8 @@ def test_gpt_oss_commands_follow_the_studys_megatron_core(tmp_path):
     ({"network": "ib-ndr"}, "-ib-ndr"), ({"stack": "megatron"}, "-megatron"), ({"megatron_core": "0.15"}, "-mc0.15"),
     ({"precision": "fp8"}, "-fp8"), ({"network_gbps": 1600.0}, "-1600gbps"), ({"backend": "local"}, "-local"),
     ({"network": "ib-ndr", "stack": "megatron", "megatron_core": "0.13"}, "-ib-ndr-megatron-mc0.13"),
+    ({"task": "lora"}, "-lora"), ({"task": "lora", "lora_rank": 16}, "-lora16"),
+    ({"task": "lora", "lora_rank": 16, "lora_target_modules": ("linear_qkv",)}, "-lora16-qkv"),
 ])  # fmt: skip
 def test_the_default_study_name_holds_what_makes_the_space_differ(kw, suffix):
     from specs import load_model, parse_gpus

@@ -179,7 +179,8 @@ class TuneConfig:
         """``--study``, or ``<model>[-L<layers>]-<cluster>-s<seq>-gbs<batch>`` then what else makes the space or its
         numbers differ from the defaults, each only when it does: ``-fp8``, the network (``-ib-ndr``) when it is not the
         GPU's server's, ``-<N>gbps`` (``--network-gbps``), ``-megatron`` (``--stack``), ``-mc<release>``
-        (``--megatron-core`` other than the newest), ``-sft`` / ``-lora`` (``--task``), ``-r<digest>`` (run options
+        (``--megatron-core`` other than the newest), ``-sft`` / ``-lora`` (``--task``; ``-lora16-qkv``: rank and
+        targets other than the defaults), ``-r<digest>`` (run options
         other than the stack's) and the backend of real trials (``-local``). A run with another of these inputs so opens
         its own study instead of being refused by the existing one. Obeys the ``--study`` name rule.
 
@@ -208,6 +209,11 @@ class TuneConfig:
                 extra += f"-mc{release}"
         if self.task != "pretrain":
             extra += f"-{self.task}"
+        if self.task == "lora" and self.lora_rank != 32:
+            extra += str(self.lora_rank)
+        if self.task == "lora" and tuple(self.lora_target_modules) != ("linear_qkv", "linear_proj", "linear_fc1",
+                                                                       "linear_fc2"):
+            extra += "-" + "+".join(m.removeprefix("linear_") for m in self.lora_target_modules)
         if self.run_flags:  # run options other than the stack's: a short digest of them
             import hashlib
             import json

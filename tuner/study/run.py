@@ -216,12 +216,17 @@ class StudyRun:
         trials = self.study.get_trials(deepcopy=False)
         held = sum(1 for t in trials if t.state.is_finished())
         report_only = None
-        if held and cfg.trials is None and not cfg.resume:
-            # re-running the same command shows the study; more trials only when asked for
-            self.n_trials = 0
-            report_only = (f"study {self.name!r} already holds {held} trials: shown as they are, none added; --trials "
-                           f"N evaluates N more layouts, --resume continues it ({DEFAULT_TRIALS} more)")
         self._seen = evaluated_keys(trials)
+        if held and cfg.trials is None and not cfg.resume:
+            # re-running the same command shows the study; more trials only when asked for, but a launch (--from)
+            # the study has not evaluated is: it is the baseline every answer is compared with
+            row = prep.baseline_row
+            launch_new = (row is not None and bool(prep.fits[row])
+                          and prep.enumeration.valid.row(row).key() not in self._seen)
+            self.n_trials = 1 if launch_new else 0
+            added = "your launch's layout added, no other" if launch_new else "shown as they are, none added"
+            report_only = (f"study {self.name!r} already holds {held} trials: {added}; --trials "
+                           f"N evaluates N more layouts, --resume continues it ({DEFAULT_TRIALS} more)")
         waiting = [t for t in trials if t.state == TrialState.WAITING] if backend.measured else []
         self._fail_leftovers(trials)
         self.queue = CandidateQueue(prep, self.index, backend, seen=self._seen, n_trials=self.n_trials,
@@ -249,7 +254,7 @@ class StudyRun:
         try:
             if self.on_trial:
                 self.on_trial(0, self._total)  # the study is open and its queue set: trials start now
-            if report_only is not None:
+            if report_only is not None and not self.n_trials:
                 pass
             elif backend.measured and cfg.policy == "gain":
                 self._search_policy()
