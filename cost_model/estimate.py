@@ -368,7 +368,7 @@ def _estimate_table(model: ModelSpec, cluster: Cluster, workload: Workload, tabl
         time=time,
         step_time_s=step,
         tokens_per_s_per_gpu=tps,
-        mfu=mfu(model, tps, cluster.gpu.peak_flops_bf16),
+        mfu=mfu(model, tps, cluster.gpu.peak_flops_bf16, workload.task),
         model_tflops_per_gpu=megatron_flops_per_token(model, workload.seq_length) * tps / 1e12,
         usd_per_million_tokens=cluster.usd_per_gpu_hour / (tps * 3600.0) * 1e6,
         hbm_bytes=cluster.gpu.hbm_bytes,

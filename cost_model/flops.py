@@ -61,14 +61,16 @@ def megatron_flops_per_token(model: ModelSpec, seq_length: int) -> float:
     return float(total)
 
 
-def mfu(model: ModelSpec, tokens_per_s_per_gpu: _Rate, peak_flops_bf16: float) -> _Rate:
-    """Model FLOP utilisation by the seed's convention: ``6 * N_active * tokens/s / peak``.
+def mfu(model: ModelSpec, tokens_per_s_per_gpu: _Rate, peak_flops_bf16: float, task: str = "pretrain") -> _Rate:
+    """Model FLOP utilisation by the seed's convention: ``6 * N_active * tokens/s / peak``; ``4 * N_active`` for
+    ``task`` ``lora``, whose frozen weights skip the weight-gradient GEMM (forward and input gradient only: the
+    count the time terms use, ``docs/stacks.md#tasks``; the adapters' FLOPs are negligible).
 
     ``N_active`` is :meth:`ModelSpec.active_params`; ``peak`` is the GPU's dense bf16 peak (FLOP/s), the datasheet's,
     not the fitted one; ``tokens_per_s_per_gpu`` a number or an array. At 2,034.42 tokens/s/GPU on H200 (989.4 TFLOP/s)
     MiniMax-M2 gives 0.1285 (seeds/001 ``result.mfu``). Attention's s^2 term is not counted.
     """
-    return 6.0 * model.active_params() * tokens_per_s_per_gpu / peak_flops_bf16
+    return (4.0 if task == "lora" else 6.0) * model.active_params() * tokens_per_s_per_gpu / peak_flops_bf16
 
 
 def usd_per_million_tokens(usd_per_gpu_hour: float, tokens_per_s_per_gpu: float) -> float:

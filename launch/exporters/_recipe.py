@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from cost_model import flops
 from cost_model.uncertainty import error_bars
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._describe import _layout_note, _summary
@@ -104,13 +105,13 @@ def measurement_from_row(row: Mapping[str, Any], layout: Layout) -> Measurement 
     )
 
 
-def _result(measurement: Measurement, model: ModelSpec, cluster: Cluster) -> dict[str, Any]:
+def _result(measurement: Measurement, model: ModelSpec, cluster: Cluster, task: str) -> dict[str, Any]:
     tps = float(measurement.tokens_per_s_per_gpu)
     times = [float(t) for t in measurement.step_times_s]
     cv = None
     if len(times) >= 2 and statistics.fmean(times) > 0:
         cv = _num(100.0 * statistics.stdev(times) / statistics.fmean(times), 2)
-    mfu = 6.0 * model.active_params() * tps / cluster.gpu.peak_flops_bf16  # cost_model.flops.mfu
+    mfu = flops.mfu(model, tps, cluster.gpu.peak_flops_bf16, task)
     return {
         "tokens_per_s_per_gpu": _num(tps, 2),
         "usd_per_million_tokens": _sig(cluster.usd_per_gpu_hour * 1e6 / (tps * 3600.0)),
@@ -230,7 +231,7 @@ def recipe_dict(
     run = slime_script(model, cluster, workload, layout, options=options, user_args=user_args)
     pls = _pipeline_layout_string(layout, model)
 
-    status, result, failure_note = _status(measurement, correctness, model, cluster)
+    status, result, failure_note = _status(measurement, correctness, model, cluster, workload.task)
 
     core, core_why = _min_megatron_core(layout, model)
     stack_note = f"megatron-core >= {core}: {'; '.join(core_why)}."
@@ -265,7 +266,7 @@ def recipe_dict(
 
 
 def _status(measurement: Measurement | None, correctness: Mapping[str, Any] | None, model: ModelSpec,
-            cluster: Cluster) -> tuple[str, dict[str, Any] | None, str | None]:
+            cluster: Cluster, task: str) -> tuple[str, dict[str, Any] | None, str | None]:
     """The recipe's ``status`` (predicted, measured, failed or verified), its ``result`` section and the failure's note.
     """
     status, result, failure_note = "predicted", None, None
@@ -276,7 +277,7 @@ def _status(measurement: Measurement | None, correctness: Mapping[str, Any] | No
                 f"; log: {measurement.log_path}" if measurement.log_path else ""
             )
         else:
-            status, result = "measured", _result(measurement, model, cluster)
+            status, result = "measured", _result(measurement, model, cluster, task)
     if status == "measured" and correctness is not None and correctness.get("result") == "pass":
         status = "verified"
     return status, result, failure_note

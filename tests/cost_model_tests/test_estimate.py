@@ -335,6 +335,21 @@ def test_the_calibration_constants_are_bounded(field, text, bound, tmp_path):
         assert getattr(load_calibration(p), field) == 0.01
 
 
+def test_lora_mfu_counts_four_flops_per_frozen_parameter():
+    """LoRA's frozen weights skip the weight gradient: MFU counts 4 x N_active per token, not the 6 x of training
+    every weight."""
+    from cost_model.flops import mfu
+
+    model = load_model("Llama-3.1-8B")
+    cl = parse_gpus("8xH100")
+    lay = Layout(world_size=8, tp=1, pp=1)
+    full = estimate(model, cl, Workload(seq_length=8192, global_batch_size=128), lay)
+    lora = estimate(model, cl, Workload(seq_length=8192, global_batch_size=128, task="lora"), lay)
+    assert full.mfu == pytest.approx(6.0 * model.active_params() * full.tokens_per_s_per_gpu / cl.gpu.peak_flops_bf16)
+    assert lora.mfu == pytest.approx(4.0 * model.active_params() * lora.tokens_per_s_per_gpu / cl.gpu.peak_flops_bf16)
+    assert mfu(model, 1000.0, 1e15, "lora") == pytest.approx(mfu(model, 1000.0, 1e15) * 4 / 6)
+
+
 def test_mfu_is_over_the_datasheet_bf16_peak_on_every_gpu():
     """MFU (the seed's convention) divides by the datasheet's dense bf16 peak, not by the peak the fitted family and
     generation factors give the time terms: the same throughput on B200 and B300 (both 2,250 TFLOP/s) is the same

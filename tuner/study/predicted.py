@@ -308,7 +308,7 @@ class PredictedTrials:
         else:
             pred = m.extra.get("estimate")  # the model backend's measurement is the estimate itself
             result = result_of(prop.layout, m, pred if isinstance(pred, Estimate) else run.predict(prop.layout),
-                               model=prep.model, cluster=prep.cluster)
+                               model=prep.model, cluster=prep.cluster, task=prep.workload.task)
             record = TrialRecord(key=prop.key, enqueued=enqueued, result=result, **summary_of(result))
             values = [m.tokens_per_s_per_gpu, m.peak_bytes / 2**30]
         frozen = mirror.tell(trial, values, state=state)

@@ -123,13 +123,14 @@ def prediction_of(pred: Estimate) -> dict[str, float]:
     }
 
 
-def result_of(layout: Layout, m: Measurement, pred: Estimate, *, model: ModelSpec, cluster: Cluster) -> dict[str, Any]:
+def result_of(layout: Layout, m: Measurement, pred: Estimate, *, model: ModelSpec, cluster: Cluster,
+              task: str = "pretrain") -> dict[str, Any]:
     """A trial's ``result``: what the backend reported and what was predicted (``pred``: the layout's
     :func:`cost_model.estimate.estimate`).
 
     Units: tokens/s/GPU, GiB (peak and headroom per GPU), seconds (median step time over the measured steps),
-    MFU as 6 x N_active x tokens/s over the GPU's dense bf16 peak, US$ per 1M tokens; a measured trial adds its
-    steps, losses, allocated peak (GiB), step-time CV, wall time and log folder.
+    MFU as 6 x N_active x tokens/s over the GPU's dense bf16 peak (4 x for ``task`` lora), US$ per 1M tokens; a
+    measured trial adds its steps, losses, allocated peak (GiB), step-time CV, wall time and log folder.
     """
     gpu = cluster.gpu
     tps = m.tokens_per_s_per_gpu
@@ -141,7 +142,7 @@ def result_of(layout: Layout, m: Measurement, pred: Estimate, *, model: ModelSpe
         "peak_gib": _gib(m.peak_bytes),
         "headroom_gib": _gib(gpu.hbm_bytes - m.peak_bytes),
         "step_time_s": float(np.median(m.step_times_s)) if m.step_times_s else float("nan"),
-        "mfu": mfu(model, tps, gpu.peak_flops_bf16),
+        "mfu": mfu(model, tps, gpu.peak_flops_bf16, task),
         "usd_per_million_tokens": cluster.usd_per_gpu_hour / (tps * 3600) * 1e6,
         **prediction_of(pred),
         "pred_model_tflops_per_gpu": pred.model_tflops_per_gpu,

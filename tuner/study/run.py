@@ -690,7 +690,8 @@ class StudyRun:
             self._skip(trial, str(e))
         wall = m.extra.get("wall_s")
         gpu_hours = self._spend(wall, t0)
-        result = result_of(prop.layout, m, predicted, model=self.prep.model, cluster=self.prep.cluster)
+        result = result_of(prop.layout, m, predicted, model=self.prep.model, cluster=self.prep.cluster,
+                           task=self.prep.workload.task)
         if m.step_times_s:
             # the steps a trial ran, warm-up included, at its median step: the rest of its wall time is start-up
             ran = max(len(m.step_times_s), self.cfg.trial_steps) * float(np.median(m.step_times_s))
