@@ -6,22 +6,13 @@ Each row becomes a :class:`Run`: the model preset, the cluster, the workload, th
 model TFLOP/s/GPU. Rows the model cannot represent keep the reason (:attr:`Run.unrepresentable`); rows with bad cells
 are reported as :class:`RowProblem` naming the row and column. Nothing is dropped silently.
 
-Conventions for published rows (``shared/data/published_runs.md``):
-- NVIDIA's MoE benchmarks force-balance the routing and are dropless (Megatron-Bridge
-  performance-summary footnote), except the 25.09 ``tokendrop`` rows;
-- Megatron-Bridge and NeMo performance recipes overlap DP communication
-  (``overlap_grad_reduce`` / ``overlap_param_gather``) and TP communication
-  (``tp_comm_overlap``); rows may override any option with ``key=value`` in ``other_notes``;
-- a blank recompute cell means the recipe default (none), a blank dispatcher the
-  alltoall dispatcher, a blank or ``1*`` ETP means 1;
-- the setting columns (:data:`SETTING_COLUMNS`: FSDP, activation offload, precision-aware optimizer and its
-  dtypes, main-gradient dtype, fp8 recipe and parameter gather, fused cross-entropy, recompute, EP A2A overlap,
-  CUDA graphs, optimizer) were read in each row's Megatron-Bridge recipe at its tag
-  (``benchmarks/data/published_runs_fixes.md``); where they are blank, ``other_notes`` and the defaults apply:
-  fp32 main gradients, bf16 weights beside any quantised copy, native cross-entropy, Adam, and ``tensorwise``
-  for an fp8 precision cell that says CS (current scaling), else ``delayed``;
-- two runs of one configuration :data:`RELEASE_REGRESSION_RATIO` (1.3x) or more apart are a release's regression,
-  not a layout effect: the slower is left out, naming the faster (:func:`mark_release_regressions`);
+Conventions for published rows (``shared/data/published_runs.md``): MoE benchmarks force-balance the routing and are
+dropless, except the 25.09 ``tokendrop`` rows; Megatron-Bridge and NeMo recipes overlap DP and TP communication; a blank
+recompute cell is none, a blank dispatcher alltoall, a blank or ``1*`` ETP 1; the setting columns
+(:data:`SETTING_COLUMNS`) hold what each row's recipe set (``benchmarks/data/published_runs_fixes.md``), else
+``key=value`` in ``other_notes``, else fp32 main gradients, native cross-entropy, Adam and the fp8 recipe its precision
+cell names; two runs of one configuration :data:`RELEASE_REGRESSION_RATIO` (1.3x) apart are a release's regression:
+the slower is left out (:func:`mark_release_regressions`).
 """
 
 from __future__ import annotations
@@ -54,15 +45,8 @@ from specs.errors import InfeasibleLayout, TunerError
 from specs.files import parse_errors, read_user_text
 from specs.layout import RECOMPUTE_MODULES, Dispatcher, Layout
 
-__all__ = [
-    "REQUIRED_COLUMNS",
-    "RELEASE_REGRESSION_RATIO",
-    "Run",
-    "RowProblem",
-    "read_runs",
-    "model_alias",
-    "mark_release_regressions",
-]
+__all__ = ["REQUIRED_COLUMNS", "RELEASE_REGRESSION_RATIO", "Run", "RowProblem", "read_runs", "model_alias",
+           "mark_release_regressions"]
 
 #: Columns a run table must have (any order; more columns are ignored).
 REQUIRED_COLUMNS = ("model", "gpu_type", "num_gpus", "tp", "pp", "gbs", "seq_len", "precision")
@@ -85,21 +69,11 @@ SETTING_COLUMNS = OPTIONAL_COLUMNS[15:]
 #: Model names used in the published tables -> bundled presets (keys normalised by :func:`_norm`).
 #: Llama 3 and Llama 3.1 share the architecture at 8K tokens (only RoPE scaling differs).
 _ALIASES = {
-    "llama38b": "Llama-3.1-8B",
-    "llama318b": "Llama-3.1-8B",
-    "llama370b": "Llama-3.1-70B",
-    "llama3170b": "Llama-3.1-70B",
-    "llama31405b": "Llama-3.1-405B",
-    "llama3405b": "Llama-3.1-405B",
-    "qwen330ba3b": "Qwen3-30B-A3B",
-    "qwen3235ba22b": "Qwen3-235B-A22B",
-    "deepseekv3": "DeepSeek-V3",
-    "kimik2": "Kimi-K2",
-    "gptoss120b": "GPT-OSS-120B",
-    "mixtral8x7b": "Mixtral-8x7B",
-    "mixtral8x22b": "Mixtral-8x22B",
-    "minimaxm2": "MiniMax-M2",
-    "minimaxm3": "MiniMax-M3",
+    "llama38b": "Llama-3.1-8B", "llama318b": "Llama-3.1-8B", "llama370b": "Llama-3.1-70B",
+    "llama3170b": "Llama-3.1-70B", "llama31405b": "Llama-3.1-405B", "llama3405b": "Llama-3.1-405B",
+    "qwen330ba3b": "Qwen3-30B-A3B", "qwen3235ba22b": "Qwen3-235B-A22B", "deepseekv3": "DeepSeek-V3",
+    "kimik2": "Kimi-K2", "gptoss120b": "GPT-OSS-120B", "mixtral8x7b": "Mixtral-8x7B", "mixtral8x22b": "Mixtral-8x22B",
+    "minimaxm2": "MiniMax-M2", "minimaxm3": "MiniMax-M3",
 }
 
 #: Model-name fragments the cost model has no layer type for, with the reason.
