@@ -86,9 +86,7 @@ def verify(
     ``verified`` only when the convergence check and gradient parity both passed for its layout.
     """
     from specs.layout import Layout
-    from tuner.verify.correctness import stored_correctness
     from tuner.verify.inputs import parse_layout_spec
-    from tuner.verify.loss_check import VerifyOutcome, convergence_block, local_backend_factory, plan_verify, run_verify
 
     if component is not None:
         if grad_parity:
@@ -119,6 +117,24 @@ def verify(
                      init_checkpoint=init_checkpoint, corpus=corpus, fault=fault, parity_step=parity_step,
                      noise_factor=noise_factor, noise_floor=noise_floor, timeout=timeout, out_file=out_file)
         return
+    _convergence(st, m, c, w, cfg, lay, ref, trial_no, row, name=name, results_dir=results_dir, steps=steps, lr=lr,
+                 lr_warmup_steps=lr_warmup_steps, warm_start_steps=warm_start_steps, init_checkpoint=init_checkpoint,
+                 corpus=corpus, fault=fault, timeout=timeout, keep_checkpoint=keep_checkpoint, out_file=out_file)
+
+
+
+def _convergence(st: Any, m: Any, c: Any, w: Any, cfg: Any, lay: Any, ref: Any, trial_no: int | None, row: Any, *,
+                 name: str, results_dir: Path, steps: int, lr: float, lr_warmup_steps: int, warm_start_steps: int,
+                 init_checkpoint: Path | None, corpus: Path | None, fault: str | None, timeout: float,
+                 keep_checkpoint: bool, out_file: Path | None) -> None:
+    """The convergence check of ``tune verify``: both arms trained, their loss curves compared, the block stored.
+
+    Raises:
+        typer.Exit: code 1 when the check did not pass.
+    """
+    from tuner.verify.correctness import stored_correctness
+    from tuner.verify.loss_check import VerifyOutcome, convergence_block, local_backend_factory, plan_verify, run_verify
+
     plan = plan_verify(m, c, w, lay, ref, out_dir=results_dir / st.study_name / "verify" / name, steps=steps, lr=lr,
                        lr_warmup_steps=lr_warmup_steps, warm_start_steps=warm_start_steps,
                        init_checkpoint=init_checkpoint, corpus=corpus, fault=fault)
@@ -146,7 +162,6 @@ def verify(
                       _recipe_text(st, m, c, w, cfg, lay, row, stored_correctness(st, trial_no, convergence=block)))
     if outcome.result != "pass":
         raise typer.Exit(code=1)
-
 
 def _check_out(out_file: Path | None) -> None:
     if out_file is not None:
