@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("specs", "search_spaces", "cost_model", "rl")
+PACKAGES = ("specs", "search_spaces", "cost_model", "launch", "rl", "tuner")
 MAX_FUNCTION_LINES = 100
 MAX_MODULE_LINES = 800
 

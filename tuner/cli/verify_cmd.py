@@ -78,16 +78,15 @@ def verify(
 ) -> None:
     """Train the study's layout and a reference layout from the same weights on the same text; compare the loss curves.
 
-    Megatron-Bridge's validate_convergence metrics and thresholds decide (correlation >= 0.95, final loss
-    within 3%, point-wise 10/5/2% with at most 10% of steps out, 3-sigma outliers), and a missing step or a
-    NaN fails. Runs on this machine's GPUs (the gpu extra); the layouts must be for its GPU count.
+    Megatron-Bridge's validate_convergence metrics and thresholds decide (correlation >= 0.95, final loss within 3%,
+    point-wise 10/5/2% with at most 10% of steps out, 3-sigma outliers), and a missing step or a NaN fails. Runs on
+    this machine's GPUs (the gpu extra); the layouts must be for its GPU count.
     With --grad-parity, every parameter's gradient is compared instead (relative L2 and cosine, against the
     reference's own run-to-run noise); with --component optimizer, the optimizer component test runs. A recipe is
     ``verified`` only when the convergence check and gradient parity both passed for its layout.
     """
     from specs.layout import Layout
     from tuner.verify.inputs import parse_layout_spec
-
     if component is not None:
         if grad_parity:
             raise TunerError("give --component or --grad-parity, not both")
