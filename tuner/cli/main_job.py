@@ -447,6 +447,10 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
     say(f"Results in {res.out_dir}/: {', '.join(p.name for p in files.values())}", indent=0, hang=2, markup=False)
     if report_note:
         say(report_note, indent=0, hang=2, markup=False)
+    from launch.exporters import bridge_left_out
+
+    if why := bridge_left_out(cfg.bridge_yaml):
+        say(f"no megatron_bridge.yaml: {why}", hang=2, markup=False)
     if best["source"] == "predicted":
         from tuner.study.config import cheapest_trial_gpu_hours, policy_params
 
