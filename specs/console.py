@@ -83,9 +83,14 @@ def say(text: str, *, label: str = "", indent: int = 2, markup: bool = True, con
     console = console or out
     body = Text.from_markup(text) if markup else Text(text)
     head = (Text.from_markup(label) if markup else Text(label)) if label else Text()
-    hang = head.cell_len + (1 if label else 0) if hang is None else hang
-    width = max(console.width - indent - hang, 20)
-    for k, line in enumerate(body.wrap(console, width)):
+    lead = head.cell_len + (1 if label else 0)  # the first line's own prefix after the indent
+    hang = lead if hang is None else hang
+    lines = list(body.wrap(console, max(console.width - indent - lead, 20)))
+    if len(lines) > 1 and hang != lead:  # the first line as wide as its own prefix allows, the rest under the hang
+        rest = body[len(lines[0].plain):]
+        rest = rest[len(rest.plain) - len(rest.plain.lstrip()):]
+        lines = [lines[0], *rest.wrap(console, max(console.width - indent - hang, 20))]
+    for k, line in enumerate(lines):
         line.rstrip()
         prefix = Text(" " * indent) + ((head + " " if label else Text()) if k == 0 else Text(" " * hang))
         console.print(prefix + line, soft_wrap=True)
