@@ -536,14 +536,14 @@ def _print_plan_text(job: RLJob, framework: Framework, cal: RLCalibration, ps: P
     split_rej = {k.removesuffix(" (splits)"): v for k, v in ps.rejected.items() if k.endswith("(splits)")}
     counts = f"Plans considered: {ps.considered:,}; evaluated: {len(ps.plans):,}; set aside: "
     if verbose:
-        _out.print(counts + (", ".join(f"{k} ({v})" for k, v in plan_rej.items()) or "none")
-                   + ("; splits not tried: " + ", ".join(f"{k} ({v} split{'s' if v != 1 else ''})" for k,
-                                                         v in split_rej.items()) if split_rej else ""),
-                   highlight=False, markup=False)
+        say(counts + (", ".join(f"{k} ({v})" for k, v in plan_rej.items()) or "none")
+            + ("; splits not tried: " + ", ".join(f"{k} ({v} split{'s' if v != 1 else ''})" for k,
+                                                  v in split_rej.items()) if split_rej else ""),
+            indent=0, hang=2, markup=False, console=_out)
     else:
-        _out.print(counts + f"{sum(plan_rej.values()):,}" + (f"; splits not tried: {sum(split_rej.values()):,}"
-                                                             if split_rej else "")
-                   + " (--verbose says why)", highlight=False, markup=False)
+        say(counts + f"{sum(plan_rej.values()):,}" + (f"; splits not tried: {sum(split_rej.values()):,}"
+                                                      if split_rej else "")
+            + " (--verbose says why)", indent=0, hang=2, markup=False, console=_out)
     headers = _print_plans("Fastest plans (predicted seconds per step)", ranked[:top], async_steps=async_steps)
     _print_plans("Fastest plan per rollout-GPU count (every count, not a Pareto front)", ps.fastest_per_rollout_gpus(),
                  async_steps=async_steps)

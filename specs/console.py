@@ -3,11 +3,13 @@ terminal's width, and paragraphs with a hanging indent. (``tune`` and ``tune rl`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import cast
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions
 from rich.measure import Measurement
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
@@ -28,6 +30,21 @@ class Col:
     drop: int = 0
 
 
+class _Trimmed(Table):
+    """A :class:`rich.table.Table` whose lines end at their last character: rich pads every cell to its column's
+    width, which leaves a short last cell's padding at the end of its line."""
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Segment]:
+        table = cast(Iterable[Segment], super().__rich_console__(console, options))  # a Table yields only segments
+        for line in Segment.split_lines(table):
+            while line and not line[-1].control and not line[-1].text.rstrip():
+                line.pop()
+            if line and not line[-1].control:
+                line[-1] = Segment(line[-1].text.rstrip(), line[-1].style)
+            yield from line
+            yield Segment.line()
+
+
 def fitted_table(cols: Sequence[Col], rows: Sequence[Sequence[str]], console: Console | None = None) -> Table:
     """A borderless table (the main job's style) of the columns that fit ``console``'s width (default :data:`out`).
 
@@ -39,7 +56,7 @@ def fitted_table(cols: Sequence[Col], rows: Sequence[Sequence[str]], console: Co
     keep = list(range(len(cols)))
 
     def build() -> Table:
-        t = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
+        t = _Trimmed(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
         for i in keep:
             t.add_column(cols[i].header, justify="right" if cols[i].justify == "right" else "left", overflow="fold")
         for r in rows:
@@ -66,9 +83,14 @@ def say(text: str, *, label: str = "", indent: int = 2, markup: bool = True, con
     console = console or out
     body = Text.from_markup(text) if markup else Text(text)
     head = (Text.from_markup(label) if markup else Text(label)) if label else Text()
-    hang = head.cell_len + (1 if label else 0) if hang is None else hang
-    width = max(console.width - indent - hang, 20)
-    for k, line in enumerate(body.wrap(console, width)):
+    lead = head.cell_len + (1 if label else 0)  # the first line's own prefix after the indent
+    hang = lead if hang is None else hang
+    lines = list(body.wrap(console, max(console.width - indent - lead, 20)))
+    if len(lines) > 1 and hang != lead:  # the first line as wide as its own prefix allows, the rest under the hang
+        rest = body[len(lines[0].plain):]
+        rest = rest[len(rest.plain) - len(rest.plain.lstrip()):]
+        lines = [lines[0], *rest.wrap(console, max(console.width - indent - hang, 20))]
+    for k, line in enumerate(lines):
         line.rstrip()
         prefix = Text(" " * indent) + ((head + " " if label else Text()) if k == 0 else Text(" " * hang))
         console.print(prefix + line, soft_wrap=True)

@@ -19,8 +19,8 @@ err.width = 100_000
 @pytest.fixture
 def terminal(monkeypatch):
     """``terminal(width)`` sets the command line's consoles to ``width`` columns (as ``COLUMNS`` does when the output
-    is piped) and returns a check of an output at that width: no line wider, no cell cut (no ``…``); it returns the
-    output's lines."""
+    is piped) and returns a check of an output at that width: no line wider, none ending in a space (unless
+    ``padded``: typer's ``--help`` panels pad theirs), no cell cut (no ``…``); it returns the output's lines."""
 
     def at(width: int):
         from tuner.cli._common import err, out
@@ -29,9 +29,11 @@ def terminal(monkeypatch):
             monkeypatch.setattr(console, "width", width)
         monkeypatch.setenv("COLUMNS", str(width))  # typer's --help makes its console at each call
 
-        def check(text: str) -> list[str]:
+        def check(text: str, *, padded: bool = False) -> list[str]:
             lines = text.splitlines()
             assert max(map(len, lines)) <= width, "\n".join(ln for ln in lines if len(ln) > width)
+            ragged = [repr(ln) for ln in lines if ln != ln.rstrip()]
+            assert padded or not ragged, "\n".join(ragged)
             assert "…" not in text, "\n".join(ln for ln in lines if "…" in ln)
             return lines
 

@@ -7,7 +7,7 @@ formats register from :mod:`rl.exporters`. A new format: one :class:`Exporter` s
 from __future__ import annotations
 
 from launch.exporters._base import ExportContext, Exporter
-from launch.exporters._bridge import BridgeExporter, bridge_yaml
+from launch.exporters._bridge import BridgeExporter, bridge_left_out, bridge_yaml
 from launch.exporters._megatron import MegatronArgsExporter, megatron_args_script
 from launch.exporters._recipe import (
     RecipeExporter,
@@ -22,9 +22,9 @@ from launch.exporters._registry import exporter_names, exporters, get_exporter, 
 from launch.exporters._slime import SLIME_SCRIPT_ENV, SlimeScriptExporter, slime_script
 
 __all__ = ["BridgeExporter", "ExportContext", "Exporter", "MegatronArgsExporter", "RecipeExporter", "SLIME_SCRIPT_ENV",
-           "SlimeScriptExporter", "dump_recipe", "bridge_yaml", "exporter_names", "exporters", "get_exporter",
-           "main_job_exporters", "measurement_from_row", "megatron_args_script", "recipe_dict", "recipe_schema",
-           "register_exporter", "slime_script", "validate_recipe", "write_recipe"]
+           "SlimeScriptExporter", "bridge_left_out", "dump_recipe", "bridge_yaml", "exporter_names", "exporters",
+           "get_exporter", "main_job_exporters", "measurement_from_row", "megatron_args_script", "recipe_dict",
+           "recipe_schema", "register_exporter", "slime_script", "validate_recipe", "write_recipe"]
 
 register_exporter(RecipeExporter())
 register_exporter(SlimeScriptExporter())

@@ -25,11 +25,19 @@ from specs.layout import RecomputeGranularity
 from specs.precision import TORCH_DTYPES
 from specs.units import GIB
 
-__all__ = ["BridgeExporter", "bridge_settings", "bridge_yaml"]
+__all__ = ["BridgeExporter", "bridge_left_out", "bridge_settings", "bridge_yaml"]
 
 
 def _perf_config(doc: Any) -> bool:
     return isinstance(doc, Mapping) and ("perf_matrix" in doc or "ConfigContainer" in doc)
+
+
+def bridge_left_out(bridge_yaml: str) -> str:
+    """Why the ``bridge`` format cannot write into the ``tune --from`` YAML ``bridge_yaml`` ("" when it can): the
+    main job says it where it leaves ``megatron_bridge.yaml`` out, ``tune export --format bridge`` where it refuses."""
+    if bridge_yaml and _perf_config(yaml.safe_load(bridge_yaml)):
+        return "the --from file is a performance config (perf_matrix): its entry sets the layout"
+    return ""
 
 
 def bridge_settings(context: ExportContext) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
@@ -189,12 +197,11 @@ def bridge_yaml(context: ExportContext) -> str:
         TunerError: the YAML is a performance config, or as :func:`bridge_settings`.
     """
     doc: Any = {}
+    if why := bridge_left_out(context.bridge_yaml):
+        raise TunerError("--format bridge writes into a Megatron-Bridge override YAML or saved ConfigContainer; "
+                         f"{why}: use --format recipe or megatron for this study")
     if context.bridge_yaml:
         doc = yaml.safe_load(context.bridge_yaml)
-        if _perf_config(doc):
-            raise TunerError("--format bridge writes into a Megatron-Bridge override YAML or saved ConfigContainer; "
-                             "this study's --from file is a performance config (ConfigContainer, perf_matrix), whose "
-                             "perf_matrix entry sets the layout: use --format recipe or megatron for this study")
     always, if_present = bridge_settings(context)
     out = _merge(dict(doc), always, if_present)
     body = yaml.dump(out, Dumper=_Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
@@ -211,7 +218,7 @@ class BridgeExporter(Exporter):
                    "with them written in, or an override of just them)")
 
     def in_main_job(self, context: ExportContext) -> bool:
-        return bool(context.bridge_yaml) and not _perf_config(yaml.safe_load(context.bridge_yaml))
+        return bool(context.bridge_yaml) and not bridge_left_out(context.bridge_yaml)
 
     def render(self, context: ExportContext) -> str:
         return bridge_yaml(context)

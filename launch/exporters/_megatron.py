@@ -155,7 +155,8 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
     if model.qk_layernorm_full_dim:
         head.append("# --spec needs slime's slime_plugins package on PYTHONPATH (full-width QK norm).")
     head.append(f"if {_EXECUTED}; then {STRICT_MODE}; fi")
-    user_vars = user_arg_variables(user_args, known=[n for n, _, _ in own.checks])
+    # of the user's arguments, those written (not slime's own, which megatron_args leaves out)
+    user_vars = user_arg_variables(argv, known=[n for n, _, _ in own.checks])
     if own.checks or user_vars:
         head += [f'if {_EXECUTED} && [ "${{1:-}}" != --print ]; then',
                  *require_set("megatron_args.sh", [*own.checks, *user_vars], "  "), "fi"]

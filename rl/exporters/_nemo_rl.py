@@ -155,7 +155,9 @@ def render_nemo_rl_yaml(plan: RLPlan, job: RLJob) -> str:
         where = ".".join(str(k) for k in e.absolute_path) or "(top)"
         raise TunerError(f"the NeMo-RL recipe fails rl/schema/nemo_rl_grpo.schema.json at {where}: {e.message}") \
             from None
-    head = "".join(c + "\n" for line in prediction_lines(plan, job) for c in comment(line, None))
+    place = ("place this file two folders below NeMo-RL's examples/configs/grpo_math_1B.yaml, e.g. in "
+             "examples/configs/recipes/llm/: `defaults` names that file relative to this one")
+    head = "".join(c + "\n" for line in [*prediction_lines(plan, job), place] for c in comment(line, None))
     return head + yaml.safe_dump(cfg, sort_keys=False)
 
 

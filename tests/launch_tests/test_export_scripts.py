@@ -563,3 +563,13 @@ def test_a_variable_the_users_kept_arguments_expand_is_named_when_unset(name, tm
     env.pop("PROFILE_DIR", None)
     p = subprocess.run(["bash", str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "set PROFILE_DIR to" in p.stderr and "unbound" not in p.stderr, p.stderr
+
+
+def test_megatron_args_sh_requires_only_the_variables_of_the_arguments_it_writes(model, cluster):
+    """A slime launch's own arguments (``--hf-checkpoint "$HF_CKPT"``) are not Megatron-LM's: megatron_args.sh leaves
+    them out, and with them their variables; a kept argument's variable stays required."""
+    ctx = ExportContext(model=model, cluster=cluster, workload=W, layout=LAYOUTS["seed"],
+                        user_args=("--hf-checkpoint", "$HF_CKPT", "--profile-dir", "$PROFILE_DIR"))
+    text = get_exporter("megatron").render(ctx)
+    assert "HF_CKPT" not in text and "--hf-checkpoint" not in text
+    assert "set PROFILE_DIR to" in text and '--profile-dir "$PROFILE_DIR"' in text

@@ -111,11 +111,12 @@ def test_recipe_names_the_trained_model_not_the_engine_data_model(tmp_path):
     assert nemo_rl_config(plan, job)["policy"]["model_name"] == str(folder.resolve())
 
 
-def test_recipe_says_it_is_a_prediction():
+def test_recipe_says_it_is_a_prediction_and_where_it_must_sit():
     plan, job = seed_plan()
     head = [line for line in render_nemo_rl_yaml(plan, job).splitlines() if line.startswith("#")]
     assert any("PREDICTED" in line for line in head) and any("measured: none" in line for line in head)
     assert any(f"{plan.step_time_s:.1f} s" in line for line in head)
+    assert any("two folders below NeMo-RL's examples/configs/grpo_math_1B.yaml" in line for line in head)
 
 
 def test_slime_script():

@@ -756,6 +756,8 @@ def test_a_recipe_read_back_with_from_keeps_its_stack_dispatcher_and_prediction(
         env={"COLUMNS": "200"},
     )
     assert r.exit_code == 0, r.output
+    assert not (tmp_path / "q/megatron_bridge.yaml").exists() and "no megatron_bridge.yaml: the --from file is a " \
+        "performance config" in r.output  # and says why
     rec = yaml.safe_load((tmp_path / "q/recipe.yaml").read_text())
     back = _estimate("--from", str(tmp_path / "q/recipe.yaml"))
     assert back["stack"] == rec["stack"]["preset"] == "megatron-bridge"

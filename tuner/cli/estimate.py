@@ -265,16 +265,15 @@ def _print_estimate(e: Any, d: dict[str, Any], lay: Any, m: Any, c: Any, w: Any,
     say(f"[bold]{lay.label}[/] ({escape(m.name)} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}) - "
         "[bold]predicted[/] by the analytical model", indent=0, hang=4)
     say(f"recompute {lay.recompute_label}, offload {lay.offload_label}, {lay.dispatcher.value} dispatcher, "
-        f"micro-batch {lay.micro_batch_size}")
-    out.print(f"  {escape(stack.line)}"
-              + (f"; task {w.task}" + (f", LoRA rank {w.lora_rank} on {','.join(w.lora_target_modules)}"
-                                       if w.task == "lora" else "") if w.task != "pretrain" else ""))
+        f"micro-batch {lay.micro_batch_size}", hang=2)
+    say(stack.line + (f"; task {w.task}" + (f", LoRA rank {w.lora_rank} on {','.join(w.lora_target_modules)}"
+                                             if w.task == "lora" else "") if w.task != "pretrain" else ""),
+        hang=2, markup=False)
     if launch is not None:
         from tuner.cli._from import arguments_read
 
-        out.print(f"  your launch ({launch.launch.path.name}): "
-                  f"{arguments_read(launch.launch, verbose=False, hint='--json')}",
-                  markup=False)
+        say(f"your launch ({launch.launch.path.name}): {arguments_read(launch.launch, verbose=False, hint='--json')}",
+            hang=2, markup=False)
         for n in launch.launch.model_notes:
             say(n, label="note:", markup=False)
     if d["pipeline_model_parallel_layout"]:
@@ -292,8 +291,8 @@ def _print_estimate(e: Any, d: dict[str, Any], lay: Any, m: Any, c: Any, w: Any,
               f"{fit}")
     host = "fits" if e.host_fits else "[red]does NOT fit[/]"
     say(f"predicted host memory {e.host_bytes_per_node / GIB:,.1f} GiB per node of "
-        f"{c.host_memory_bytes_per_node / GIB:,.0f} GiB ({host})")
-    say(f"network {escape(c.network_label)}; megatron-core {stack.options.megatron_core} rules")
+        f"{c.host_memory_bytes_per_node / GIB:,.0f} GiB ({host})", hang=2)
+    say(f"network {escape(c.network_label)}; megatron-core {stack.options.megatron_core} rules", hang=2)
     for wline in d["warnings"]:
         say(escape(wline), label="[yellow]warning:[/]")
     for g in found:

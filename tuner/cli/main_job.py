@@ -267,16 +267,17 @@ def _print_header(prep: Any, cfg: Any, launch: Any, *, verbose: bool) -> None:
     """The job's first lines: model, GPUs, workload, stack (and the launch file's, the space, the plan when asked)."""
     c = prep.cluster
     w = prep.workload
-    out.print(f"[bold]{escape(prep.model.name)}[/] on {c.label}, {c.network.key if c.network else 'custom network'}, "
-              f"seq {w.seq_length:,}, gbs {w.global_batch_size}, {w.precision.value}, {cfg.backend} backend")
+    say(f"[bold]{escape(prep.model.name)}[/] on {c.label}, {c.network.key if c.network else 'custom network'}, "
+        f"seq {w.seq_length:,}, gbs {w.global_batch_size}, {w.precision.value}, {cfg.backend} backend",
+        indent=0, hang=2)
     task = "" if w.task == "pretrain" else f"; task {w.task}" + (f", LoRA rank {w.lora_rank}" if w.task == "lora"
                                                                  else "")
-    out.print(escape(prep.stack.line + task))
+    say(prep.stack.line + task, indent=0, hang=2, markup=False)
     if launch is not None:
         from tuner.cli._from import launch_lines
 
         for line in launch_lines(prep, launch, verbose=verbose):
-            say(line.lstrip(), indent=len(line) - len(line.lstrip()), markup=False)
+            say(line.lstrip(), indent=len(line) - len(line.lstrip()), hang=2, markup=False)
     if verbose:
         _print_space(prep, cfg)
     if cfg.measured and cfg.policy == "gain":
@@ -427,14 +428,14 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
         f"Space: {fmt_int(en.considered)} layouts, {fmt_int(prep.n_valid)} valid, {fmt_int(prep.n_fit)} candidates "
         f"({fmt_int(int((prep.fits & ~prep.surely_fits).sum()))} may not fit)"
     )
-    out.print(_study_counts(res, len(rows), cfg.measured))
+    say(_study_counts(res, len(rows), cfg.measured), indent=0, hang=2)
     for note in (res.budget_note, res.confirm_note):
         if note:
             say(escape(note), label="note:", indent=0)
     if launch is not None:
         from tuner.cli._from import compare_line
 
-        say(compare_line(prep, best, rows), indent=0, markup=False)
+        say(compare_line(prep, best, rows), indent=0, hang=2, markup=False)
     if best["source"] == "predicted":
         for gap in gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay), prep.model, prep.cluster.gpu,
                         prep.calibration)[:2]:
@@ -446,6 +447,10 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
     say(f"Results in {res.out_dir}/: {', '.join(p.name for p in files.values())}", indent=0, hang=2, markup=False)
     if report_note:
         say(report_note, indent=0, hang=2, markup=False)
+    from launch.exporters import bridge_left_out
+
+    if why := bridge_left_out(cfg.bridge_yaml):
+        say(f"no megatron_bridge.yaml: {why}", hang=2, markup=False)
     if best["source"] == "predicted":
         from tuner.study.config import cheapest_trial_gpu_hours, policy_params
 
@@ -526,22 +531,21 @@ def _print_best(best: dict[str, Any], tied: list[dict[str, Any]], pls: str, hbm_
     """The result block: the layout, its throughput and memory with their 90% intervals, the layout string, ties."""
     src = best["source"]
     out.print(f"[bold green]Best layout[/] ({src}, trial {best['trial']}): [bold]{best['label']}[/]")
-    out.print(f"  recompute {best['recompute']}, offload {best['offload']}, {best['dispatcher']}, micro-batch "
-              f"{best['micro_batch_size']}")
-    out.print(f"  tokens/s/GPU {best['tokens_per_s_per_gpu']:,.0f} (90%: {best['tokens_per_s_per_gpu_low']:,.0f}-"
-              f"{best['tokens_per_s_per_gpu_high']:,.0f}); MFU {best['mfu']:.1%}; "
-              f"${best['usd_per_million_tokens']:.2f}/1M tok")
+    say(f"recompute {best['recompute']}, offload {best['offload']}, {best['dispatcher']}, micro-batch "
+        f"{best['micro_batch_size']}", hang=2, markup=False)
+    say(f"tokens/s/GPU {best['tokens_per_s_per_gpu']:,.0f} (90%: {best['tokens_per_s_per_gpu_low']:,.0f}-"
+        f"{best['tokens_per_s_per_gpu_high']:,.0f}); MFU {best['mfu']:.1%}; "
+        f"${best['usd_per_million_tokens']:.2f}/1M tok", hang=2, markup=False)
     mem = (f"{best['peak_gib']:.1f} GiB" if src == "measured" else
            f"{best['peak_gib']:.1f} GiB (at most {best['peak_gib_high']:.1f})")
-    out.print(f"  peak {mem} of {hbm_gib:.1f}; step {best['step_time_s']:.2f} s")
+    say(f"peak {mem} of {hbm_gib:.1f}; step {best['step_time_s']:.2f} s", hang=2, markup=False)
     if pls:
         out.print(f"  --pipeline-model-parallel-layout '{pls}'", markup=False)
     if best.get("fit") == "may not fit":
-        out.print("  [yellow]warning:[/] no candidate surely fits; this one may not: a real trial tells "
-                  "(docs/error_bars.md)")
+        say("no candidate surely fits; this one may not: a real trial tells (docs/error_bars.md)",
+            label="[yellow]warning:[/]")
     if tied:
         names = ", ".join(str(t["trial"]) for t in tied[:4]) + (f" and {len(tied) - 4} more" if len(tied) > 4 else "")
-        out.print(f"  tie: trial{'s' if len(tied) > 1 else ''} {names} within 1%; the least memory wins "
-                  "(docs/studies.md#ties)",
-                  markup=False)
+        say(f"tie: trial{'s' if len(tied) > 1 else ''} {names} within 1%; the least memory wins (docs/studies.md#ties)",
+            hang=2, markup=False)
 
