@@ -54,6 +54,51 @@ from tuner.cli._front import print_front, print_ties, table_rows
 __all__ = ["main_job"]
 
 
+# the options of real trials (rich_help_panel Trials)
+TrialStepsOpt = Annotated[int, typer.Option("--trial-steps", rich_help_panel="Trials", help=(
+    "Optimizer steps per real trial, warm-up steps included."))]
+TrialWarmupStepsOpt = Annotated[int | None, typer.Option("--trial-warmup-steps", rich_help_panel="Trials", help=(
+    "Leading steps of a real trial left out of its median step time (default: half of --trial-steps; MoE step "
+    "times on H200 settled only after about 10 steps)."))]
+TrialTimeoutOpt = Annotated[float, typer.Option("--trial-timeout", rich_help_panel="Trials", help=(
+    "Seconds one real trial may run, model build included; then its process group is killed."))]
+TrialProfileStepOpt = Annotated[int | None, typer.Option("--trial-profile-step", rich_help_panel="Trials", help=(
+    "--backend local: profile this step of every trial with torch.profiler (a Chrome trace per pipeline stage in "
+    "the trial's folder, shown by `tune timeline --study S --trial N` beside the predicted step); a warm-up step "
+    "keeps the profiler's overhead out of the measurement."))]
+CommandTemplateOpt = Annotated[Path | None, typer.Option("--command-template", rich_help_panel="Trials", help=(
+    "Launch template (YAML/JSON argv with placeholders) of --backend command; launch/templates/slime_command.yaml "
+    "ships."))]
+RecalibrateAfterOpt = Annotated[int, typer.Option("--recalibrate-after", rich_help_panel="Trials", help=(
+    "Real trials: refit the cost model to the measurements after every N measured trials and re-rank the "
+    "candidates not yet run (0 = never)."))]
+ConfirmRunsOpt = Annotated[int, typer.Option("--confirm-runs", rich_help_panel="Trials", help=(
+    "Real trials: after the search, bring the fastest measured layout and those within its noise (at most 4) to N "
+    "more runs each, interleaved, and rank them by all their runs (0 = no)."))]
+RayAddressOpt = Annotated[str | None, typer.Option("--ray-address", rich_help_panel="Trials", help=(
+    "Ray cluster of --backend ray: auto, HOST:PORT or ray://HOST:PORT (default: start a local Ray "
+    "instance)."))]
+ParallelTrialsOpt = Annotated[int, typer.Option("--parallel-trials", rich_help_panel="Trials", help=(
+    "Real trials this worker runs at once (--backend ray; each its own placement group)."))]
+TrialEnvOpt = Annotated[list[str] | None, typer.Option("--trial-env", rich_help_panel="Trials", help=(
+    "NAME=VALUE for every rank of a real trial (--backend ray), repeatable, e.g. --trial-env "
+    "NCCL_IB_HCA=mlx5."))]
+PruneMarginOpt = Annotated[float, typer.Option("--prune-margin", rich_help_panel="Trials", help=(
+    "Stop a real trial more than this fraction slower than the best so far (after its warm-up and 2 measured "
+    "steps); negative = never."))]
+TrialPolicyOpt = Annotated[str, typer.Option("--trial-policy", rich_help_panel="Trials", help=(
+    "Real trials: gain (the expected gain per GPU-hour, until the stopping rule or the budget says stop) or queue "
+    "(the predicted front and fastest first, then NSGA-II, for --trials layouts)."))]
+GpuHoursOpt = Annotated[float | None, typer.Option("--gpu-hours", rich_help_panel="Trials", help=(
+    "Real trials: the GPU-hours this run may spend (a trial costs its wall time, start-up included, "
+    "times --gpus)."))]
+StopConfidenceOpt = Annotated[float, typer.Option("--stop-confidence", rich_help_panel="Trials", help=(
+    "Real trials: stop when no untried layout may beat the best by more than --stop-gain with this "
+    "confidence."))]
+StopGainOpt = Annotated[float, typer.Option("--stop-gain", rich_help_panel="Trials", help=(
+    "Real trials: the gain over the best (a fraction) the stopping rule looks for."))]
+
+
 @run_options
 def main_job(
     ctx: typer.Context,
@@ -81,37 +126,17 @@ def main_job(
         "GPUs), ray (the harness on a Ray cluster's nodes) or command (your slime / Megatron-LM launch command, "
         "--command-template)."))] = "model",
     layers: LayersOpt = None,
-    trial_steps: Annotated[int, typer.Option("--trial-steps", rich_help_panel="Trials", help=(
-        "Optimizer steps per real trial, warm-up steps included."))] = 20,
-    trial_warmup_steps: Annotated[int | None, typer.Option("--trial-warmup-steps", rich_help_panel="Trials", help=(
-        "Leading steps of a real trial left out of its median step time (default: half of --trial-steps; MoE step "
-        "times on H200 settled only after about 10 steps)."))] = None,
-    trial_timeout: Annotated[float, typer.Option("--trial-timeout", rich_help_panel="Trials", help=(
-        "Seconds one real trial may run, model build included; then its process group is killed."))] = 900.0,
-    trial_profile_step: Annotated[int | None, typer.Option("--trial-profile-step", rich_help_panel="Trials", help=(
-        "--backend local: profile this step of every trial with torch.profiler (a Chrome trace per pipeline stage in "
-        "the trial's folder, shown by `tune timeline --study S --trial N` beside the predicted step); a warm-up step "
-        "keeps the profiler's overhead out of the measurement."))] = None,
-    command_template: Annotated[Path | None, typer.Option("--command-template", rich_help_panel="Trials", help=(
-        "Launch template (YAML/JSON argv with placeholders) of --backend command; launch/templates/slime_command.yaml "
-        "ships."))] = None,
-    recalibrate_after: Annotated[int, typer.Option("--recalibrate-after", rich_help_panel="Trials", help=(
-        "Real trials: refit the cost model to the measurements after every N measured trials and re-rank the "
-        "candidates not yet run (0 = never)."))] = 4,
-    confirm_runs: Annotated[int, typer.Option("--confirm-runs", rich_help_panel="Trials", help=(
-        "Real trials: after the search, bring the fastest measured layout and those within its noise (at most 4) to N "
-        "more runs each, interleaved, and rank them by all their runs (0 = no)."))] = 0,
-    ray_address: Annotated[str | None, typer.Option("--ray-address", rich_help_panel="Trials", help=(
-        "Ray cluster of --backend ray: auto, HOST:PORT or ray://HOST:PORT (default: start a local Ray "
-        "instance)."))] = None,
-    parallel_trials: Annotated[int, typer.Option("--parallel-trials", rich_help_panel="Trials", help=(
-        "Real trials this worker runs at once (--backend ray; each its own placement group)."))] = 1,
-    trial_env: Annotated[list[str] | None, typer.Option("--trial-env", rich_help_panel="Trials", help=(
-        "NAME=VALUE for every rank of a real trial (--backend ray), repeatable, e.g. --trial-env "
-        "NCCL_IB_HCA=mlx5."))] = None,
-    prune_margin: Annotated[float, typer.Option("--prune-margin", rich_help_panel="Trials", help=(
-        "Stop a real trial more than this fraction slower than the best so far (after its warm-up and 2 measured "
-        "steps); negative = never."))] = 0.25,
+    trial_steps: TrialStepsOpt = 20,
+    trial_warmup_steps: TrialWarmupStepsOpt = None,
+    trial_timeout: TrialTimeoutOpt = 900.0,
+    trial_profile_step: TrialProfileStepOpt = None,
+    command_template: CommandTemplateOpt = None,
+    recalibrate_after: RecalibrateAfterOpt = 4,
+    confirm_runs: ConfirmRunsOpt = 0,
+    ray_address: RayAddressOpt = None,
+    parallel_trials: ParallelTrialsOpt = 1,
+    trial_env: TrialEnvOpt = None,
+    prune_margin: PruneMarginOpt = 0.25,
     from_file: Annotated[Path | None, typer.Option("--from", rich_help_panel="Job", help=(
         "Your launch: a Megatron-LM / slime argument list or shell script (MODEL_ARGS=(...) arrays expanded), a "
         "recipe.yaml, a Megatron-Bridge YAML (override, perf_matrix config or saved ConfigContainer; give --model) or "
@@ -127,17 +152,10 @@ def main_job(
         "--trials, re-running a command shows its study as it is."))] = False,
     results_dir: ResultsOpt = Path("results"),
     seed: Annotated[int, typer.Option("--seed", help="Sampler seed.", rich_help_panel="Study")] = 0,
-    trial_policy: Annotated[str, typer.Option("--trial-policy", rich_help_panel="Trials", help=(
-        "Real trials: gain (the expected gain per GPU-hour, until the stopping rule or the budget says stop) or queue "
-        "(the predicted front and fastest first, then NSGA-II, for --trials layouts)."))] = "gain",
-    gpu_hours: Annotated[float | None, typer.Option("--gpu-hours", rich_help_panel="Trials", help=(
-        "Real trials: the GPU-hours this run may spend (a trial costs its wall time, start-up included, "
-        "times --gpus)."))] = None,
-    stop_confidence: Annotated[float, typer.Option("--stop-confidence", rich_help_panel="Trials", help=(
-        "Real trials: stop when no untried layout may beat the best by more than --stop-gain with this "
-        "confidence."))] = 0.9,
-    stop_gain: Annotated[float, typer.Option("--stop-gain", rich_help_panel="Trials", help=(
-        "Real trials: the gain over the best (a fraction) the stopping rule looks for."))] = 0.02,
+    trial_policy: TrialPolicyOpt = "gain",
+    gpu_hours: GpuHoursOpt = None,
+    stop_confidence: StopConfidenceOpt = 0.9,
+    stop_gain: StopGainOpt = 0.02,
     top: Annotated[int, typer.Option("--top", min=0, rich_help_panel="Output", help=(
         "Rows of the Pareto table to print (0 = all)."))] = 7,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", rich_help_panel="Output", help=(
