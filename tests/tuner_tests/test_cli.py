@@ -940,6 +940,16 @@ def test_the_pareto_table_names_recompute_in_one_short_word():
     assert [_short_recompute(x) for x in ("full uniform 1", "full block 2", "none")] == ["full u1", "full b2", "none"]
 
 
+def test_the_pareto_table_always_shows_the_best_layout():
+    from tuner.cli._front import table_rows
+
+    front = [{"trial": t} for t in (5, 6, 7, 8, 3, 9)]
+    assert [r["trial"] for r in table_rows(front, 3, keep=3)] == [5, 6, 3]
+    assert [r["trial"] for r in table_rows(front, 3, keep=6)] == [5, 6, 7]
+    assert [r["trial"] for r in table_rows(front, 3, keep=42)] == [5, 6, 7]
+    assert table_rows(front, 0, keep=3) == front
+
+
 def test_an_error_wraps_at_the_terminal_under_its_first_word(terminal):
     fits = terminal(80)
     r = runner.invoke(app, ["--model", "Foo", "--gpus", "64xH200"])

@@ -14,12 +14,18 @@ from tuner.cli._common import out, print_command, say
 __all__ = ["print_front", "print_ties", "table_rows"]
 
 
-def table_rows(front: list[dict[str, Any]], top: int) -> list[dict[str, Any]]:
-    """The rows of ``front`` the table prints: the first ``top`` (all when ``top`` <= 0)."""
-    return front if top <= 0 else front[:top]
+def table_rows(front: list[dict[str, Any]], top: int, keep: int | None = None) -> list[dict[str, Any]]:
+    """The rows of ``front`` the table prints: the first ``top`` (all when ``top`` <= 0), the last of them replaced by
+    trial ``keep`` (the best layout) when it is on the front further down."""
+    if top <= 0 or len(front) <= top:
+        return front
+    rows = front[:top]
+    kept = [r for r in front[top:] if r["trial"] == keep]
+    return rows[:-1] + kept[:1] if kept else rows
 
 
-def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: str = "tune pareto --top 0") -> None:
+def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: str = "tune pareto --top 0",
+                best_trial: int | None = None) -> None:
     """The Pareto table in seven columns that fit 80 (its ``trial`` column numbers the points of ``pareto.png``; a
     selective recompute shows its modules, short: ``act+ln+attn``); then how many rows were left out. Offload,
     dispatcher, layer split, MFU and $/1M tokens are in ``pareto.csv`` and ``report.html``.
@@ -29,6 +35,7 @@ def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: st
         top: rows to print (0 = all).
         title: the table's title.
         more_hint: where the rest is, e.g. ``tune pareto --study NAME --top 0`` (shell-quoted).
+        best_trial: the best layout's trial, always among the rows printed when it is on the front.
     """
     out.print(title)  # not the table's title: rich wraps a title to the table's width
     t = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
@@ -37,7 +44,8 @@ def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: st
                                                 ("peak GiB", "right")]
     for col, just in columns:
         t.add_column(col, justify=just, overflow="fold", no_wrap=col in ("trial", "layout"))
-    for r in table_rows(front, top):
+    shown = table_rows(front, top, best_trial)
+    for r in shown:
         rec = _short_recompute(r["recompute"])
         star = "*" if r.get("fit") == "may not fit" else " "
         lo, hi = r.get("tokens_per_s_per_gpu_low"), r.get("tokens_per_s_per_gpu_high")
@@ -45,8 +53,8 @@ def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: st
         t.add_row(str(r["trial"]), r["label"], rec, str(r["micro_batch_size"]), f"{r['tokens_per_s_per_gpu']:,.0f}",
                   band, f"{r['peak_gib']:.1f}{star}")
     out.print(t)
-    if top > 0 and len(front) > top:
-        out.print(f"{len(front) - top} more on the front:")
+    if len(front) > len(shown):
+        out.print(f"{len(front) - len(shown)} more on the front:")
         print_command(*shlex.split(more_hint))
 
 

@@ -391,7 +391,8 @@ def _write_results(res: Any, prep: Any, cfg: Any, rows: list[dict[str, Any]], fr
             plot_front(
                 files["plot"], rows, front,
                 title=f"{prep.model.name} on {c.label}, seq {w.seq_length}, gbs {w.global_batch_size} ({src_word})",
-                usable_gib=prep.estimates.usable_bytes / GIB, labelled=table_rows(front, top), force=True,
+                usable_gib=prep.estimates.usable_bytes / GIB, labelled=table_rows(front, top, best["trial"]),
+                force=True,
             )
         from launch.exporters import measurement_from_row
         from tuner.report import runs_note, ties_note
@@ -439,7 +440,7 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
     src_word = "measured" if cfg.measured else "predicted"
     flags = study_flags(res.study_name, results_dir)
     pls = pipeline_layout_of(lay, prep.model)
-    _print_best(best, tied, pls, c.gpu.hbm_bytes / GIB)
+    _print_best(best, tied, pls, c.gpu.hbm_bytes / GIB, prep.model.num_experts > 0)
     if res.stop_note:
         out.print(f"  {escape(res.stop_note)}", soft_wrap=False)
     out.print(
@@ -460,7 +461,7 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
             say(gap.line, label="note:", indent=0, markup=False)
     out.print()
     print_front(front, top, title=f"Pareto front ({src_word}; tok/s = tokens/s/GPU, 90% interval; * may not fit)",
-                more_hint=shell_command("tune", "pareto", *flags, "--top", "0"))
+                more_hint=shell_command("tune", "pareto", *flags, "--top", "0"), best_trial=best["trial"])
     print_ties(rows, best)
     say(f"Results in {res.out_dir}/: {', '.join(p.name for p in files.values())}", indent=0, hang=2, markup=False)
     if report_note:
@@ -545,11 +546,13 @@ def _print_space(prep: Any, cfg: Any) -> None:
     out.print(f"(enumerated and checked in {prep.enumerate_seconds:.2f} s, estimated in {prep.estimate_seconds:.2f} s)")
 
 
-def _print_best(best: dict[str, Any], tied: list[dict[str, Any]], pls: str, hbm_gib: float) -> None:
-    """The result block: the layout, its throughput and memory with their 90% intervals, the layout string, ties."""
+def _print_best(best: dict[str, Any], tied: list[dict[str, Any]], pls: str, hbm_gib: float, moe: bool) -> None:
+    """The result block: the layout, its throughput and memory with their 90% intervals, the layout string, ties
+    (the token dispatcher only for a MoE model)."""
     src = best["source"]
     out.print(f"[bold green]Best layout[/] ({src}, trial {best['trial']}): [bold]{best['label']}[/]")
-    say(f"recompute {best['recompute']}, offload {best['offload']}, {best['dispatcher']}, micro-batch "
+    dispatcher = f"{best['dispatcher']}, " if moe else ""
+    say(f"recompute {best['recompute']}, offload {best['offload']}, {dispatcher}micro-batch "
         f"{best['micro_batch_size']}", hang=2, markup=False)
     say(f"tokens/s/GPU {best['tokens_per_s_per_gpu']:,.0f} (90%: {best['tokens_per_s_per_gpu_low']:,.0f}-"
         f"{best['tokens_per_s_per_gpu_high']:,.0f}); MFU {best['mfu']:.1%}; "
