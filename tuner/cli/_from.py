@@ -237,7 +237,7 @@ def launch_lines(prep: Any, fi: FromInputs, *, verbose: bool = False) -> list[st
     if e is None:
         lines.append(f"  its layout {label}: not estimated, {why}")
         return lines
-    fit = "fits" if e.fits else "does NOT fit"
+    fit = fit_verdict(prep, e)
     trial = ("the study evaluates it" if prep.baseline_row is not None and prep.fits[prep.baseline_row]
              else "not a candidate of the search (outside the space, or predicted not to fit)")
     lines.append(f"  its layout {label}: {e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU predicted, {e.peak_gib:.1f} GiB "
@@ -268,6 +268,16 @@ def layout_changes(launch: Layout, best: Layout) -> list[str]:
     return [f"{name} {get(a)}->{get(b)}" for name, get in fields if get(a) != get(b)]
 
 
+def fit_verdict(prep: Any, e: Any) -> str:
+    """``fits``, ``may not fit`` or ``does NOT fit`` for the estimate ``e`` of a layout of the job, by the job's fit
+    rule: the 90% memory interval against the GPU (as ``tune estimate`` says it), or ``--memory-headroom``'s margin."""
+    if prep.config.memory_headroom is not None or prep.bars is None:
+        return "fits" if e.fits else "does NOT fit"
+    lo, hi = prep.bars.memory_interval(e.peak_bytes)
+    hbm = prep.cluster.gpu.hbm_bytes
+    return "fits" if hi <= hbm else "does NOT fit" if lo > hbm else "may not fit"
+
+
 def compare_line(prep: Any, best: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> str:
     """``your launch (trial T): N tokens/s/GPU measured|predicted, X GiB; best: LABEL, M tokens/s/GPU, Y GiB, +P%;
     change: ...``. The launch's own trial among ``rows`` (the study's trial rows) gives its numbers, measured when it
@@ -280,15 +290,17 @@ def compare_line(prep: Any, best: dict[str, Any], rows: list[dict[str, Any]] | N
     e, why = baseline_estimate(prep)
     if mine:
         r = mine[0]
-        tps, gib, src, fits = float(r["tokens_per_s_per_gpu"]), float(r["peak_gib"]), str(r["source"]), True
+        tps, gib, src = float(r["tokens_per_s_per_gpu"]), float(r["peak_gib"]), str(r["source"])
+        verdict = "fits" if src == "measured" else str(r.get("fit") or "fits")
         who = f"your launch (trial {r['trial']})"
     elif e is not None:
-        tps, gib, src, fits, who = e.tokens_per_s_per_gpu, e.peak_bytes / GIB, "predicted", bool(e.fits), "your launch"
+        tps, gib, src, who = e.tokens_per_s_per_gpu, e.peak_bytes / GIB, "predicted", "your launch"
+        verdict = fit_verdict(prep, e)
     else:
         return (f"your launch: not estimated ({why}); best: {best['label']}, "
                 f"{best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU")
     gain = best["tokens_per_s_per_gpu"] / tps - 1 if tps > 0 else float("nan")
-    fit = "" if fits else " (predicted not to fit)"
+    fit = "" if verdict == "fits" else f" ({verdict}, predicted)"
     changes = layout_changes(base, _layout_of(best))
     change = f"; change: {', '.join(changes)}" if changes else "; it is your launch's layout"
     if changes and "predicted" in (best["source"], src) and abs(gain) < ratio_within_error():
