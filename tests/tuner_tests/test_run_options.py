@@ -427,6 +427,7 @@ def test_another_launch_of_the_same_job_is_evaluated_in_its_study(tmp_path):
     assert second.exit_code == 0, second.output
     assert "2 layouts evaluated in total (1 now)" in second.output and "your launch's layout added" in second.output
     assert "your launch (trial 1): " in second.output and "TP1 PP2 EP8 DP32" in second.output
+    assert "GiB (may not fit); the study evaluates it" in second.output  # tune estimate's verdict, by the 90% band
     third = runner.invoke(app, ["--from", str(other), *args], env={"COLUMNS": "200"})
     assert "(0 now)" in third.output and "none added" in third.output
 
