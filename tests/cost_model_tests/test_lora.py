@@ -111,8 +111,13 @@ def test_lora_on_a_module_the_model_does_not_have_is_refused():
     lay = Layout(
         world_size=256, pp=16, ep=16, num_layers_in_first_pipeline_stage=3, num_layers_in_last_pipeline_stage=2
     )
-    with pytest.raises(TunerError, match="multi-latent attention, which has no linear_qkv"):
-        estimate(m, c, Workload(task="lora"), lay)
+    with pytest.raises(TunerError, match="multi-latent attention, which has no linear_qkv") as e:
+        estimate(m, c, Workload(task="lora", lora_target_modules=("linear_qkv", "linear_fc1")), lay)
+    assert "--lora-target-modules linear_fc1)" in str(e.value) and "linear_q_proj" not in str(e.value)
+    on_mla = Workload(task="lora").on_model(m.is_mla)  # the default targets: what Bridge's default adapts there
+    assert on_mla.lora_target_modules == ("linear_proj", "linear_fc1", "linear_fc2")
+    assert estimate(m, c, on_mla, lay).memory["main_grads"] > 0
+    assert Workload(task="lora").on_model(False) == Workload(task="lora")
     assert (
         estimate(m, c, Workload(task="lora", lora_target_modules=("linear_fc1", "linear_fc2")), lay).memory[
             "main_grads"
