@@ -183,6 +183,7 @@ class MegatronArgsExporter(Exporter):
 
     name = "megatron"
     file_name = "megatron_args.sh"
+    trains_every_weight = True  # Megatron-LM has no LoRA arguments
     description = ("megatron_args.sh: run it to launch Megatron-LM's pretrain_gpt.py with torchrun on your data "
                    "(DATA_PATH, TOKENIZER_MODEL, TRAIN_ITERS); source it for MEGATRON_ARGS")
     executable = True

@@ -210,6 +210,7 @@ class SlimeScriptExporter(Exporter):
 
     name = "slime"
     file_name = "run_slime.sh"
+    trains_every_weight = True  # slime has no LoRA arguments
     description = ("run_slime.sh: a slime SFT training launch of your rows (bash; needs HF_CKPT, TORCH_DIST, SFT_DATA, "
                    "SAVE_DIR and a running Ray cluster)")
     executable = True

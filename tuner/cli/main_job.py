@@ -446,7 +446,14 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
     say(f"Results in {res.out_dir}/: {', '.join(p.name for p in files.values())}", indent=0, hang=2, markup=False)
     if report_note:
         say(report_note, indent=0, hang=2, markup=False)
-    if best["source"] == "predicted":
+    if prep.workload.task == "lora":
+        from launch.exporters import exporters
+
+        full = [e.file_name for e in exporters().values() if e.trains_every_weight and e.file_name in
+                {p.name for p in files.values()}]
+        say(f"{' and '.join(full)} train every weight (no LoRA there): more memory than predicted; "
+            "megatron_bridge.yaml trains the adapters (peft)", label="note:", indent=0, markup=False)
+    elif best["source"] == "predicted":
         from tuner.study.config import cheapest_trial_gpu_hours, policy_params
 
         pp = policy_params(prep, 1)
