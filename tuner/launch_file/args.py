@@ -97,7 +97,7 @@ class LaunchFile:
     """The launch's arguments without effect or not understood, with their values, in order: the exports keep them."""
     task: LaunchTask | None = None
     """``task``, ``lora_rank``, ``lora_target_modules`` when the file trains LoRA adapters (NeMo-RL
-    ``policy.megatron_cfg.peft.enabled``), else None."""
+    ``policy.megatron_cfg.peft.enabled``, a Megatron-Bridge YAML's LoRA ``peft``), else None."""
 
     @property
     def summary(self) -> str:
