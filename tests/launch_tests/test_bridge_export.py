@@ -202,3 +202,6 @@ def test_lora_writes_bridge_s_peft_section_and_the_main_job_writes_it(tmp_path):
     assert not fi.launch.not_understood and _from(f, "16xH100", "Qwen3-30B-A3B").run.task is None
     assert {e.file_name for e in exporters().values() if e.trains_every_weight} == {"run_slime.sh",
                                                                                     "megatron_args.sh"}
+    for name in ("megatron", "slime"):  # and their headers say so
+        assert "this trains every weight" in " ".join(get_exporter(name).render(ctx).split())
+        assert "every weight" not in get_exporter(name).render(_context(None, "Qwen3-30B-A3B", "16xH100", lay))
