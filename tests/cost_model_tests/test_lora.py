@@ -127,17 +127,6 @@ def test_lora_on_a_module_the_model_does_not_have_is_refused():
     assert dataclasses.replace(Workload(task="lora"), lora_rank=8).lora_rank == 8
 
 
-def test_published_sft_and_lora_runs_are_validated_with_their_task(tmp_path):
-    """The Megatron-Bridge SFT / LoRA rows of the run table are predicted (with --task), not refused."""
-    from cost_model.validate import read_runs
-
-    runs = {
-        r.run_id: r for r in read_runs(Path(__file__).resolve().parents[2] / "benchmarks/data/published_runs.csv")[0]
-    }
-    assert runs["102"].workload.task == "sft" and runs["103"].workload.task == "lora"
-    assert not runs["103"].unrepresentable
-
-
 def test_adapters_cost_their_memory_passes(monkeypatch):
     """Each adapted layer reads and writes its input 6 times and its output 10 times a token (bf16), at the achieved
     HBM bandwidth: Llama-3.1-8B with adapters on linear_qkv only, TP 2 (qkv is column-parallel: whole input, half the
@@ -164,14 +153,17 @@ def test_adapters_cost_their_memory_passes(monkeypatch):
     )
 
 
-def test_published_lora_rows_read_their_recipe_adapters():
-    """Megatron-Bridge's Llama-3-70B LoRA perf recipes adapt linear_qkv only at rank 16; a bad note names itself."""
+def test_published_lora_rows_read_their_task_and_recipe_adapters():
+    """The Megatron-Bridge SFT / LoRA rows of the run table are predicted (with --task), not refused; its Llama-3-70B
+    LoRA perf recipes adapt linear_qkv only at rank 16; a bad note names itself."""
     from cost_model.run_table import _lora_settings
     from cost_model.validate import read_runs
 
     runs = {
         r.run_id: r for r in read_runs(Path(__file__).resolve().parents[2] / "benchmarks/data/published_runs.csv")[0]
     }
+    assert runs["102"].workload.task == "sft" and runs["103"].workload.task == "lora"
+    assert not runs["103"].unrepresentable
     assert (runs["391"].workload.lora_rank, runs["391"].workload.lora_target_modules) == (16, ("linear_qkv",))
     assert runs["102"].workload.lora_rank == Workload().lora_rank  # SFT keeps the defaults (unused)
     with pytest.raises(TunerError, match="lora_rank='0': a positive integer"):
