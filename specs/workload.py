@@ -85,6 +85,15 @@ class Workload:
     def tokens_per_step(self) -> int:
         return self.seq_length * self.global_batch_size
 
+    def on_model(self, mla: bool) -> Workload:
+        """This workload on a model with (``mla``) or without multi-latent attention: with it, the default LoRA
+        targets less ``linear_qkv``, which MLA does not have (Megatron-Bridge matches ``target_modules`` by module
+        name, so its default adapts ``linear_proj``, ``linear_fc1`` and ``linear_fc2`` there); otherwise unchanged."""
+        if not (mla and self.task == "lora" and self.lora_target_modules == LORA_TARGET_MODULES):
+            return self
+        return dataclasses.replace(self, lora_target_modules=tuple(m for m in LORA_TARGET_MODULES
+                                                                   if m != "linear_qkv"))
+
 
 #: ``--cuda-graph-scope`` values (Megatron-core ``transformer_config.py``) that capture the MoE
 #: router and token preprocessing, whose small kernels make up the fixed per-layer MoE cost.

@@ -44,13 +44,13 @@ def check_targets(c: TableContext) -> None:
     """Refuse a target the model does not have.
 
     Raises:
-        TunerError: ``linear_qkv`` on a multi-latent-attention model (its attention has ``linear_q_proj`` /
-            ``linear_kv_down_proj`` ... instead).
+        TunerError: ``linear_qkv`` on a multi-latent-attention model (:meth:`specs.Workload.on_model` drops it from
+            the default targets).
     """
     if _lora(c) and c.dims.is_mla and "linear_qkv" in c.workload.lora_target_modules:
+        rest = ",".join(m for m in c.workload.lora_target_modules if m != "linear_qkv") or "linear_proj"
         raise TunerError("--lora-target-modules linear_qkv: this model has multi-latent attention, which has no "
-                         "linear_qkv (its projections are linear_q_proj, linear_kv_down_proj, linear_kv_up_proj); "
-                         "leave linear_qkv out")
+                         f"linear_qkv; give linear_proj, linear_fc1 or linear_fc2 (e.g. --lora-target-modules {rest})")
 
 
 def _per_module(c: TableContext) -> tuple[float, float, float, float, float, float, float]:

@@ -61,6 +61,8 @@ class Exporter(abc.ABC):
     file_name: ClassVar[str]  # file the main job writes under ``results/<study>/``, e.g. ``"recipe.yaml"``
     description: ClassVar[str]  # one line for ``--help``
     executable: ClassVar[bool] = False  # whether the file is a program (written with mode 0o755)
+    trains_every_weight: ClassVar[bool] = False
+    """Whether the file's launch has no LoRA arguments, so that with ``--task lora`` it trains every weight."""
     main_job: ClassVar[bool] = True
     """Whether ``tune`` writes this file for its best layout (False: only ``tune export --format``)."""
 

@@ -4,6 +4,7 @@ With the user's Bridge override YAML or saved ``ConfigContainer`` (``tune --from
 layout and the priced run options written into its own keys, every other key unchanged and in order (PyYAML drops
 comments); without one, an override of just those keys. A key the layout makes irrelevant is set to null only where the
 file has it. A performance config (``perf_matrix``) is refused: Bridge's scripts apply that entry over the container.
+With ``--task lora`` a ``peft`` section holds LoRA's rank and targets (the file's own adapter class, else LoRA).
 
 Key names: NVIDIA-NeMo/Megatron-Bridge 067f987d ``src/megatron/bridge/training/config.py`` and
 ``docs/megatron-lm-to-megatron-bridge.md``; ``model.*`` are megatron-core's ``TransformerConfig`` /
@@ -25,7 +26,11 @@ from specs.layout import RecomputeGranularity
 from specs.precision import TORCH_DTYPES
 from specs.units import GIB
 
-__all__ = ["BridgeExporter", "bridge_left_out", "bridge_settings", "bridge_yaml"]
+__all__ = ["LORA_CLASS", "BridgeExporter", "bridge_left_out", "bridge_settings", "bridge_yaml"]
+
+#: The ``peft`` section's class for ``--task lora`` (``_target_`` as a saved ``run_config.yaml`` writes it:
+#: Megatron-Bridge 067f987d ``tests/unit_tests/models/test_adapter_export.py``; ``src/megatron/bridge/peft/lora.py``).
+LORA_CLASS = "megatron.bridge.peft.lora.LoRA"
 
 
 def _perf_config(doc: Any) -> bool:
@@ -85,6 +90,8 @@ def bridge_settings(context: ExportContext) -> tuple[dict[str, dict[str, Any]], 
     always = {"model": m,
               "train": {"micro_batch_size": lay.micro_batch_size, "global_batch_size": work.global_batch_size},
               "optimizer": opt, "ddp": {"use_distributed_optimizer": lay.use_distributed_optimizer}}
+    if work.task == "lora":  # the fields of peft/lora.py's LoRA dataclass (l.143-147)
+        always["peft"] = {"dim": work.lora_rank, "target_modules": list(work.lora_target_modules)}
 
     o, d = context.options or RunOptions(), RunOptions()
     if_present: dict[str, dict[str, Any]] = {
@@ -204,13 +211,14 @@ def bridge_yaml(context: ExportContext) -> str:
         doc = yaml.safe_load(context.bridge_yaml)
     always, if_present = bridge_settings(context)
     out = _merge(dict(doc), always, if_present)
+    if "peft" in always and not isinstance(doc.get("peft"), Mapping):  # no adapter class of the file's own to keep
+        out["peft"] = {"_target_": LORA_CLASS, **out["peft"]}
     body = yaml.dump(out, Dumper=_Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
     return _header(context, out) + body
 
 
 class BridgeExporter(Exporter):
-    """``megatron_bridge.yaml``; the main job writes it for a ``--from`` Bridge YAML that is not a performance
-    config."""
+    """``megatron_bridge.yaml`` (:meth:`in_main_job` says when the main job writes it)."""
 
     name = "bridge"
     file_name = "megatron_bridge.yaml"
@@ -218,7 +226,11 @@ class BridgeExporter(Exporter):
                    "with them written in, or an override of just them)")
 
     def in_main_job(self, context: ExportContext) -> bool:
-        return bool(context.bridge_yaml) and not bridge_left_out(context.bridge_yaml)
+        """With a ``--from`` Bridge YAML that is not a performance config, or for ``--task lora`` (the one exported
+        format that trains LoRA adapters) without such a file."""
+        if not context.bridge_yaml:
+            return context.workload.task == "lora"
+        return not bridge_left_out(context.bridge_yaml)
 
     def render(self, context: ExportContext) -> str:
         return bridge_yaml(context)

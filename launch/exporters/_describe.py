@@ -124,6 +124,15 @@ def _pp_phrase(layout: Layout, model: ModelSpec, pls: str | None) -> str:
     return f"PP {layout.pp} (first stage {first} layers, last stage {last}{others})"
 
 
+def _every_weight_note(workload: Workload, framework: str) -> list[str]:
+    """A header sentence for a format whose launch has no LoRA arguments (``framework``'s): with ``--task lora`` it
+    trains every weight; none for another task."""
+    if workload.task != "lora":
+        return []
+    return [f"Priced for --task lora, but {framework} has no LoRA: this trains every weight, with more memory than "
+            "predicted; `tune export --format bridge` writes Megatron-Bridge's LoRA (peft)."]
+
+
 def _summary(layout: Layout, model: ModelSpec, workload: Workload, pls: str | None = None) -> str:
     """One sentence in the seed's style (``layout.summary``)."""
     if pls is None:

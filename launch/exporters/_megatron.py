@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from launch.exporters._base import ExportContext, Exporter
-from launch.exporters._describe import _summary
+from launch.exporters._describe import _every_weight_note, _summary
 from launch.exporters._flags import EXCLUSIVE_FLAGS, megatron_args
 from launch.exporters._shell import SHEBANG, STRICT_MODE, Sh, bash_array, comment, require_set, user_arg_variables
 from specs import Cluster, ModelSpec, RunOptions, Workload
@@ -145,6 +145,7 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
         *comment(f"Megatron-LM arguments for {model.name} on {cluster.num_gpus} {cluster.gpu.name} "
                  f"({cluster.num_nodes} x {cluster.gpus_per_node}): {layout.label}", None),
         *comment(_summary(layout, model, workload)),
+        *(line for note in _every_weight_note(workload, "Megatron-LM") for line in comment(note)),
         "# Exported by megatron-layout-tuner. Three uses (bash):",
         "#   ./megatron_args.sh           launch pretrain_gpt.py with torchrun on this node (run it on every node with",
         *("#" + " " * 32 + line for line in runs),
@@ -184,6 +185,7 @@ class MegatronArgsExporter(Exporter):
 
     name = "megatron"
     file_name = "megatron_args.sh"
+    trains_every_weight = True  # Megatron-LM has no LoRA arguments
     description = ("megatron_args.sh: run it to launch Megatron-LM's pretrain_gpt.py with torchrun on your data "
                    "(DATA_PATH, TOKENIZER_MODEL, TRAIN_ITERS); source it for MEGATRON_ARGS")
     executable = True

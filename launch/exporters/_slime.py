@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from launch.exporters._base import ExportContext, Exporter
-from launch.exporters._describe import _summary
+from launch.exporters._describe import _every_weight_note, _summary
 from launch.exporters._flags import (
     _OPTIMIZER_LINES,
     HPARAM_FLAGS,
@@ -133,6 +133,7 @@ def slime_script(
         *comment(f"slime: {model.name} on {cluster.num_gpus} {cluster.gpu.name} ({cluster.num_nodes} x "
                  f"{cluster.gpus_per_node}), {layout.label}", None),
         *comment(_summary(layout, model, workload)),
+        *(line for note in _every_weight_note(workload, "slime") for line in comment(note)),
         *comment(
             "Trains on your rows with slime's SFT path. Needs a Ray cluster running on the nodes (`ray start --head` "
             "on the first, `ray start --address HEAD:6379` on the others) and HF_CKPT, TORCH_DIST, SFT_DATA"
@@ -210,6 +211,7 @@ class SlimeScriptExporter(Exporter):
 
     name = "slime"
     file_name = "run_slime.sh"
+    trains_every_weight = True  # slime has no LoRA arguments
     description = ("run_slime.sh: a slime SFT training launch of your rows (bash; needs HF_CKPT, TORCH_DIST, SFT_DATA, "
                    "SAVE_DIR and a running Ray cluster)")
     executable = True

@@ -111,8 +111,13 @@ def test_lora_on_a_module_the_model_does_not_have_is_refused():
     lay = Layout(
         world_size=256, pp=16, ep=16, num_layers_in_first_pipeline_stage=3, num_layers_in_last_pipeline_stage=2
     )
-    with pytest.raises(TunerError, match="multi-latent attention, which has no linear_qkv"):
-        estimate(m, c, Workload(task="lora"), lay)
+    with pytest.raises(TunerError, match="multi-latent attention, which has no linear_qkv") as e:
+        estimate(m, c, Workload(task="lora", lora_target_modules=("linear_qkv", "linear_fc1")), lay)
+    assert "--lora-target-modules linear_fc1)" in str(e.value) and "linear_q_proj" not in str(e.value)
+    on_mla = Workload(task="lora").on_model(m.is_mla)  # the default targets: what Bridge's default adapts there
+    assert on_mla.lora_target_modules == ("linear_proj", "linear_fc1", "linear_fc2")
+    assert estimate(m, c, on_mla, lay).memory["main_grads"] > 0
+    assert Workload(task="lora").on_model(False) == Workload(task="lora")
     assert (
         estimate(m, c, Workload(task="lora", lora_target_modules=("linear_fc1", "linear_fc2")), lay).memory[
             "main_grads"
@@ -120,17 +125,6 @@ def test_lora_on_a_module_the_model_does_not_have_is_refused():
         > 0
     )
     assert dataclasses.replace(Workload(task="lora"), lora_rank=8).lora_rank == 8
-
-
-def test_published_sft_and_lora_runs_are_validated_with_their_task(tmp_path):
-    """The Megatron-Bridge SFT / LoRA rows of the run table are predicted (with --task), not refused."""
-    from cost_model.validate import read_runs
-
-    runs = {
-        r.run_id: r for r in read_runs(Path(__file__).resolve().parents[2] / "benchmarks/data/published_runs.csv")[0]
-    }
-    assert runs["102"].workload.task == "sft" and runs["103"].workload.task == "lora"
-    assert not runs["103"].unrepresentable
 
 
 def test_adapters_cost_their_memory_passes(monkeypatch):
@@ -159,14 +153,17 @@ def test_adapters_cost_their_memory_passes(monkeypatch):
     )
 
 
-def test_published_lora_rows_read_their_recipe_adapters():
-    """Megatron-Bridge's Llama-3-70B LoRA perf recipes adapt linear_qkv only at rank 16; a bad note names itself."""
+def test_published_lora_rows_read_their_task_and_recipe_adapters():
+    """The Megatron-Bridge SFT / LoRA rows of the run table are predicted (with --task), not refused; its Llama-3-70B
+    LoRA perf recipes adapt linear_qkv only at rank 16; a bad note names itself."""
     from cost_model.run_table import _lora_settings
     from cost_model.validate import read_runs
 
     runs = {
         r.run_id: r for r in read_runs(Path(__file__).resolve().parents[2] / "benchmarks/data/published_runs.csv")[0]
     }
+    assert runs["102"].workload.task == "sft" and runs["103"].workload.task == "lora"
+    assert not runs["103"].unrepresentable
     assert (runs["391"].workload.lora_rank, runs["391"].workload.lora_target_modules) == (16, ("linear_qkv",))
     assert runs["102"].workload.lora_rank == Workload().lora_rank  # SFT keeps the defaults (unused)
     with pytest.raises(TunerError, match="lora_rank='0': a positive integer"):

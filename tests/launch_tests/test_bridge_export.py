@@ -174,3 +174,34 @@ def test_the_main_job_from_a_bridge_yaml_writes_it_and_export_gives_the_same(tmp
     r = runner.invoke(app, ["export", "--study", "b", "--results-dir", str(tmp_path), "--format", "bridge"])
     assert r.exit_code == 0, r.output
     assert r.stdout == written and yaml.safe_load(written)["logger"] == {"log_interval": 1}
+
+
+def test_lora_writes_bridge_s_peft_section_and_the_main_job_writes_it(tmp_path):
+    """``--task lora``: the LoRA class, rank and targets (Megatron-Bridge ``peft/lora.py``); a file's own adapter
+    class and settings are kept. Megatron-LM's and slime's scripts have none, so they train every weight."""
+    from launch.exporters import exporters
+
+    lora = Workload(seq_length=4096, global_batch_size=512, task="lora", lora_rank=16,
+                    lora_target_modules=("linear_qkv", "linear_fc1"))
+    lay = Layout(world_size=16, ep=16, micro_batch_size=1)
+    ctx = ExportContext(model=load_model("Qwen3-30B-A3B"), cluster=parse_gpus("16xH100"), workload=lora, layout=lay)
+    bridge = get_exporter("bridge")
+    assert bridge.in_main_job(ctx) and not bridge.in_main_job(_context(None, "Qwen3-30B-A3B", "16xH100", lay))
+    assert yaml.safe_load(bridge.render(ctx))["peft"] == {
+        "_target_": "megatron.bridge.peft.lora.LoRA", "dim": 16, "target_modules": ["linear_qkv", "linear_fc1"]}
+    f = tmp_path / "dora.yaml"
+    f.write_text(OVERRIDE.read_text() + "peft:\n  _target_: megatron.bridge.peft.dora.DoRA\n  dim: 8\n  alpha: 64\n")
+    own = yaml.safe_load(bridge.render(ExportContext(model=ctx.model, cluster=ctx.cluster, workload=lora, layout=lay,
+                                                     bridge_yaml=f.read_text())))["peft"]
+    assert own == {"_target_": "megatron.bridge.peft.dora.DoRA", "dim": 16, "alpha": 64,
+                   "target_modules": ["linear_qkv", "linear_fc1"]}
+    assert "peft" not in yaml.safe_load(bridge.render(_context(None, "Qwen3-30B-A3B", "16xH100", lay)))
+    # read back with --from: the same task; another adapter class is not LoRA
+    fi = _from(bridge.write(ctx, tmp_path / "megatron_bridge.yaml"), "16xH100", "Qwen3-30B-A3B")
+    assert (fi.run.task, fi.run.lora_rank, fi.run.lora_target_modules) == ("lora", 16, "linear_qkv,linear_fc1")
+    assert not fi.launch.not_understood and _from(f, "16xH100", "Qwen3-30B-A3B").run.task is None
+    assert {e.file_name for e in exporters().values() if e.trains_every_weight} == {"run_slime.sh",
+                                                                                    "megatron_args.sh"}
+    for name in ("megatron", "slime"):  # and their headers say so
+        assert "this trains every weight" in " ".join(get_exporter(name).render(ctx).split())
+        assert "every weight" not in get_exporter(name).render(_context(None, "Qwen3-30B-A3B", "16xH100", lay))

@@ -687,6 +687,19 @@ def test_suggested_commands_are_shell_quoted_and_run_as_printed(tmp_path):
     assert shlex.split(suggestion)[-4:] == ["--study", "nope", "--results-dir", str(rd)]
 
 
+def test_a_lora_job_says_which_exported_files_train_every_weight(tmp_path):
+    """Megatron-LM's and slime's scripts have no LoRA; megatron_bridge.yaml holds the adapters; real trials (which
+    would train every weight too) are not suggested."""
+    r = _run("--model", "Llama-3.1-8B", "--gpus", "8xH100", "--task", "lora", "--trials", "3", "--results-dir",
+             str(tmp_path), "--study", "l")
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.stdout.split())
+    assert ("note: run_slime.sh and megatron_args.sh train every weight (no LoRA there): more memory than predicted; "
+            "megatron_bridge.yaml trains the adapters (peft)") in text
+    assert "peft" in yaml.safe_load((tmp_path / "l" / "megatron_bridge.yaml").read_text())
+    assert "--backend" not in text
+
+
 def test_calibrate_records_its_command_shell_quoted(tmp_path):
     import shlex
 

@@ -328,6 +328,19 @@ def test_confirm_runs_need_real_trials(tmp_path):
         prepare(_cfg(tmp_path, backend="model", confirm_runs=1))
 
 
+@pytest.mark.parametrize("backend", ["local", "ray", "command"])
+def test_lora_is_refused_with_real_trials_which_train_every_weight(backend):
+    from tuner.study import _validate_config
+
+    with pytest.raises(TunerError, match=f"--task lora: the trials of --backend {backend} would train every weight.*"
+                                         "use --backend model"):
+        _validate_config(TuneConfig(model="m", gpus="8xH100", task="lora", backend=backend))
+    # sft is pretraining's step at the packed length (specs.Workload.task): the harness measures it as it is
+    _validate_config(TuneConfig(model="m", gpus="8xH100", task="sft", backend=backend))
+    r = CliRunner().invoke(app, ["--model", "Llama-3.1-8B", "--gpus", "8xH100", "--task", "lora", "--backend", backend])
+    assert r.exit_code == 2 and "--task lora" in r.output and "Traceback" not in r.output
+
+
 def test_confirmation_waits_for_queued_search_trials(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
     monkeypatch.setenv("FAKE_STEP_S", "0.01")

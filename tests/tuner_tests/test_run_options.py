@@ -851,6 +851,56 @@ def test_layers_per_virtual_stage_that_cannot_be_read_are_refused(tmp_path, text
     assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, r.output
 
 
+#: A Megatron-LM launch whose pipeline split counts the embedding and the loss as layers: (62 + 2) / 8 = 8 a rank.
+ACCOUNTED_LAUNCH = """torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py \\
+  --num-layers 62 --hidden-size 3072 --ffn-hidden-size 1536 --num-attention-heads 48 --kv-channels 128 \\
+  --group-query-attention --num-query-groups 8 --num-experts 256 --moe-ffn-hidden-size 1536 --moe-router-topk 8 \\
+  --micro-batch-size 1 --global-batch-size 128 --seq-length 8192 \\
+  --tensor-model-parallel-size 1 --pipeline-model-parallel-size 8 --expert-model-parallel-size 8 \\
+  --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split \\
+  --num-layers-per-virtual-pipeline-stage 2 --bf16
+"""
+
+
+def test_embedding_and_loss_counted_in_the_pipeline_split_are_megatrons_stage_sizes(tmp_path):
+    """Megatron-LM's get_num_layers_to_build (transformer_block.py at d98e8a64): 8 layers a rank, vpp 8 / 2 = 4 virtual
+    stages of 2; the first rank's first stage builds one fewer (the embedding), the last rank's last one (the loss)."""
+    from search_spaces.pipeline import stage_layer_counts
+
+    f = tmp_path / "acc.sh"
+    f.write_text(ACCOUNTED_LAUNCH)
+    lf = read_launch(f)
+    assert not lf.not_understood and "--account-for-loss-in-pipeline-split" in lf.understood
+    lay = lf.layout
+    assert (lay["pp"], lay["vpp"], lay["first_stage_layers"], lay["last_stage_layers"]) == (8, 4, 7, 7)
+    counts = stage_layer_counts(62, 8, 4, 7, 7)
+    assert counts[0] == [1, 2, 2, 2] and counts[7] == [2, 2, 2, 1] and all(c == [2] * 4 for c in counts[1:7])
+    r = runner.invoke(app, ["estimate", "--from", str(f), "--gpus", "H100"])
+    assert r.exit_code == 0 and "'Et|(tt|)*30tL'" in r.output and "pipeline_split" not in r.output, r.output
+    # the embedding only, pp 7, no virtual stages: (62 + 1) / 7 = 9 a rank, 8 decoder layers on the first
+    f.write_text(ACCOUNTED_LAUNCH.replace("--account-for-loss-in-pipeline-split", "")
+                 .replace("size 8 --expert", "size 7 --expert")
+                 .replace("--num-layers-per-virtual-pipeline-stage 2", ""))
+    lay = read_launch(f).layout
+    assert (lay["first_stage_layers"], "last_stage_layers" in lay, "vpp" in lay) == (8, False, False)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("--num-layers-per-virtual-pipeline-stage 2", "--num-virtual-stages-per-pipeline-rank 3",
+         "62 layers + 2 (embedding, loss) do not split into 8 pipeline ranks of 3 equal virtual stages"),
+        ("--num-layers-per-virtual-pipeline-stage 2", "--decoder-first-pipeline-num-layers 6",
+         "with --decoder-first-pipeline-num-layers: Megatron-LM accepts one way"),
+    ],
+)
+def test_an_accounted_split_megatron_refuses_is_refused(tmp_path, old, new, message):
+    f = tmp_path / "acc.sh"
+    f.write_text(ACCOUNTED_LAUNCH.replace(old, new))
+    r = runner.invoke(app, ["estimate", "--from", str(f), "--gpus", "H100"])
+    assert r.exit_code == 2 and message in " ".join(r.output.split()), r.output
+
+
 def test_recompute_activations_is_selective_recompute(tmp_path):
     """Megatron-LM's validate_args: --recompute-activations sets recompute_granularity = 'selective'."""
     f = tmp_path / "run.sh"

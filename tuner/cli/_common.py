@@ -555,12 +555,12 @@ RUN_FLAG_OPTIONS: dict[str, Any] = {
 _TASK = "Workload"
 TaskOpt = Annotated[str | None, typer.Option("--task", rich_help_panel=_TASK, help=(
     "pretrain (default), sft (packed sequences, loss on the responses: the same compute) or lora (frozen base weights, "
-    "low-rank adapters with their own gradients and optimizer state)."))]
+    "low-rank adapters with their own gradients and optimizer state; predictions only)."))]
 LoraRankOpt = Annotated[int | None, typer.Option("--lora-rank", rich_help_panel=_TASK, help=(
     "--task lora: the adapters' rank r (default 32, Megatron-Bridge's)."))]
 LoraTargetsOpt = Annotated[str | None, typer.Option("--lora-target-modules", rich_help_panel=_TASK, help=(
     "--task lora: comma-separated linear layers to adapt (default Megatron-Bridge's: "
-    "linear_qkv,linear_proj,linear_fc1,linear_fc2)."))]
+    "linear_qkv,linear_proj,linear_fc1,linear_fc2; an MLA model's leaves linear_qkv out)."))]
 
 
 def fold_options(func: Any, param: str, kind: str, added: list[inspect.Parameter],

@@ -111,7 +111,8 @@ def _inputs(model: str | None, gpus: str | None, gpus_per_node: int | None, netw
     c = parse_gpus(require(gpus, "--gpus", "64xH200"), gpus_per_node=gpus_per_node,
                    inter_node_bytes_per_s=network_bytes_per_s(network_gbps) if network_gbps is not None else None,
                    usd_per_gpu_hour=usd, network=network, host_memory_gib=host_memory_gib, require_network=True)
-    w = Workload(seq_length=seq_len, global_batch_size=global_batch, precision=Precision(precision), **(task or {}))
+    w = Workload(seq_length=seq_len, global_batch_size=global_batch, precision=Precision(precision),
+                 **(task or {})).on_model(m.is_mla)
     if precision == "fp8" and not c.gpu.peak_flops_fp8:
         raise TunerError(f"--precision fp8: {c.gpu.name} has no fp8 tensor cores; use --precision bf16")
     return m, c, w

@@ -470,7 +470,14 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
 
     if why := bridge_left_out(cfg.bridge_yaml):
         say(f"no megatron_bridge.yaml: {why}", hang=2, markup=False)
-    if best["source"] == "predicted":
+    if prep.workload.task == "lora":
+        from launch.exporters import exporters
+
+        full = [e.file_name for e in exporters().values() if e.trains_every_weight and e.file_name in
+                {p.name for p in files.values()}]
+        say(f"{' and '.join(full)} train every weight (no LoRA there): more memory than predicted; "
+            "megatron_bridge.yaml trains the adapters (peft)", label="note:", indent=0, markup=False)
+    elif best["source"] == "predicted":
         from tuner.study.config import cheapest_trial_gpu_hours, policy_params
 
         pp = policy_params(prep, 1)

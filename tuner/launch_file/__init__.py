@@ -21,7 +21,7 @@ from specs.errors import TunerError
 from specs.files import parse_errors, read_user_text
 from specs.hardware import load_gpu
 from tuner.launch_file.args import NO_EFFECT_ARGS, LaunchFile, LaunchTask, _read_args
-from tuner.launch_file.bridge import _bridge_args, _perf_matrix_args
+from tuner.launch_file.bridge import _bridge_args, _lora_of, _perf_matrix_args
 from tuner.launch_file.nemo_rl import _nemo_rl_args, _nemo_rl_doc, _section
 from tuner.launch_file.shell import _launch_args
 
@@ -91,7 +91,8 @@ def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | Non
         if isinstance(doc, Mapping) and any(k in doc for k in ("model", "train", "ddp",
                                                           "optimizer")) and "schema_version" not in doc:
             argv, names = _bridge_args(doc, label)
-            return _read_args(p, "megatron-bridge", [], argv, model, None, names=names)
+            lf = _read_args(p, "megatron-bridge", [], argv, model, None, names=names)
+            return replace(lf, task=_lora_of(doc) or lf.task)
         if not (isinstance(doc, Mapping) and isinstance(doc.get("run"), str) and "schema_version" in doc):
             raise TunerError(f"{label}: a YAML file of none of the accepted forms; {accepted}")
         gpu = _section(doc, "gpu")

@@ -97,7 +97,7 @@ class LaunchFile:
     """The launch's arguments without effect or not understood, with their values, in order: the exports keep them."""
     task: LaunchTask | None = None
     """``task``, ``lora_rank``, ``lora_target_modules`` when the file trains LoRA adapters (NeMo-RL
-    ``policy.megatron_cfg.peft.enabled``), else None."""
+    ``policy.megatron_cfg.peft.enabled``, a Megatron-Bridge YAML's LoRA ``peft``), else None."""
 
     @property
     def summary(self) -> str:
@@ -130,6 +130,10 @@ _BRIDGE_NO_EFFECT = frozenset({
     "--num-workers", "--dataloader-type", "--random-seed", "--use-custom-fsdp"})
 
 
+#: Megatron-LM's flags that count the embedding / the loss as one layer of the first / last pipeline rank's share.
+_ACCOUNT_FLAGS = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False, prog="launch", exit_on_error=False)
     ints = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
@@ -155,10 +159,10 @@ def _parser() -> argparse.ArgumentParser:
               "--overlap-grad-reduce", "--overlap-moe-expert-parallel-comm", "--tp-comm-overlap",
               "--moe-router-force-load-balancing", "--use-megatron-fsdp", "--no-rope-fusion",
               "--no-bias-swiglu-fusion", "--enable-cuda-graph", "--external-cuda-graph", "--rope-fusion",
-              "--bias-swiglu-fusion", "--recompute-activations"):
+              "--bias-swiglu-fusion", "--recompute-activations", *_ACCOUNT_FLAGS):
         p.add_argument(a, action="store_true", default=None)
     for a in ("--sequence-parallel", "--use-distributed-optimizer", "--use-precision-aware-optimizer",
-              "--optimizer-cpu-offload",
+              "--optimizer-cpu-offload", *_ACCOUNT_FLAGS,
               "--cross-entropy-loss-fusion", "--moe-permute-fusion", "--fp8-param-gather", "--overlap-grad-reduce",
               "--overlap-moe-expert-parallel-comm", "--tp-comm-overlap", "--moe-router-force-load-balancing",
               "--use-megatron-fsdp", "--moe-enable-deepep", "--overlap-cpu-optimizer-d2h-h2d", "--fp16"):
@@ -301,8 +305,7 @@ def _layout_of(ns: argparse.Namespace, slime: bool) -> dict[str, Any]:
     return d
 
 
-def _vpp_of_stage_layers(ns: argparse.Namespace, arch: Mapping[str, list[str]], model: str | None, argv: Sequence[str],
-                         label: str) -> int:
+def _vpp_of_stage_layers(ns: argparse.Namespace, arch: Mapping[str, list[str]], model: str | None, label: str) -> int:
     """The virtual pipeline size ``--num-layers-per-virtual-pipeline-stage N`` gives, as Megatron-LM's
     ``validate_args`` computes it (megatron/training/arguments.py): ``L // pp // N``, ``L`` the launch's
     ``--num-layers`` (else the model's layer count), plus one for each of ``--account-for-embedding-in-pipeline-split``
@@ -323,26 +326,75 @@ def _vpp_of_stage_layers(ns: argparse.Namespace, arch: Mapping[str, list[str]], 
     if ns.decoder_first_pipeline_num_layers is not None or ns.decoder_last_pipeline_num_layers is not None:
         raise TunerError(f"{label}: {flag} with an uneven pipeline (--decoder-first/last-pipeline-num-layers): "
                          "Megatron-LM asks for --num-virtual-stages-per-pipeline-rank there")
-    if "--num-layers" in arch and arch["--num-layers"]:
-        layers: int | None = int(arch["--num-layers"][0])
-    else:
-        layers = None
-        if model is not None:
-            from specs import load_model
-
-            try:
-                layers = load_model(model, allow_config_args=True).num_layers  # its layer count only
-            except TunerError:
-                layers = None
-    if layers is None:
-        raise TunerError(f"{label}: {flag} needs the model's layer count to give the virtual pipeline size; add "
-                         "--num-layers to the file or give --model")
-    total = layers + sum(f in argv for f in ("--account-for-embedding-in-pipeline-split",
-                                             "--account-for-loss-in-pipeline-split"))
+    layers = _layer_count(arch, model, f"{label}: {flag} needs the model's layer count to give the virtual pipeline "
+                                       "size")
+    total = layers + _accounted(ns)
     if n < 1 or total % pp or (total // pp) % n:
         raise TunerError(f"{label}: {flag}: {total} layers in {pp} pipeline stages are not whole virtual stages of {n} "
                          "layers (Megatron-LM refuses it); accepted: a divisor of the layers per pipeline stage")
     return int(total // pp // n)
+
+
+def _layer_count(arch: Mapping[str, list[str]], model: str | None, why: str) -> int:
+    """The launch's ``--num-layers``, else the model's layer count.
+
+    Raises:
+        TunerError: neither is known (``why`` names what needs it).
+    """
+    if "--num-layers" in arch and arch["--num-layers"]:
+        return int(arch["--num-layers"][0])
+    if model is not None:
+        from specs import load_model
+
+        try:
+            return load_model(model, allow_config_args=True).num_layers  # its layer count only
+        except TunerError:
+            pass
+    raise TunerError(f"{why}; add --num-layers to the file or give --model")
+
+
+def _accounted(ns: argparse.Namespace) -> int:
+    """How many of the embedding and the loss the launch counts as layers of the pipeline split (0, 1 or 2)."""
+    return int(bool(ns.account_for_embedding_in_pipeline_split)) + int(bool(ns.account_for_loss_in_pipeline_split))
+
+
+def _accounted_split(ns: argparse.Namespace, arch: Mapping[str, list[str]], model: str | None, vpp: int,
+                     label: str) -> dict[str, int]:
+    """The first and last pipeline ranks' decoder layers (``first_stage_layers``, ``last_stage_layers``) of a launch
+    that counts the embedding and/or the loss as a layer (:data:`_ACCOUNT_FLAGS`), as Megatron-LM builds them
+    (megatron/core/transformer/transformer_block.py ``get_num_layers_to_build`` at d98e8a64): each of the ``pp`` ranks
+    holds ``(L + accounted) / pp`` of them, and the first rank's first virtual stage one decoder layer fewer for the
+    embedding, the last rank's last one fewer for the loss. Empty when neither flag is set or pp is 1.
+
+    Raises:
+        TunerError: an uneven split or layout string given too, counts that do not divide (Megatron-LM's asserts), or
+            a rank left without decoder layers (not modelled).
+    """
+    pp = ns.pipeline_model_parallel_size or 1
+    if not _accounted(ns) or pp == 1:
+        return {}
+    given = [a for a, v in (("--decoder-first-pipeline-num-layers", ns.decoder_first_pipeline_num_layers),
+                            ("--decoder-last-pipeline-num-layers", ns.decoder_last_pipeline_num_layers),
+                            ("--pipeline-model-parallel-layout", ns.pipeline_model_parallel_layout)) if v is not None]
+    if given:
+        raise TunerError(f"{label}: --account-for-embedding/loss-in-pipeline-split with {given[0]}: Megatron-LM "
+                         "accepts one way of splitting the layers")
+    layers = _layer_count(arch, model, f"{label}: --account-for-embedding/loss-in-pipeline-split needs the model's "
+                                       "layer count")
+    total = layers + _accounted(ns)
+    if total % pp or (total // pp) % vpp:
+        raise TunerError(f"{label}: {layers} layers + {_accounted(ns)} (embedding, loss) do not split into {pp} "
+                         f"pipeline ranks of {vpp} equal virtual stages (Megatron-LM refuses it)")
+    per_rank = total // pp
+    out = {}
+    if ns.account_for_embedding_in_pipeline_split:
+        out["first_stage_layers"] = per_rank - 1
+    if ns.account_for_loss_in_pipeline_split:
+        out["last_stage_layers"] = per_rank - 1
+    if 0 in out.values():
+        raise TunerError(f"{label}: with {per_rank} layers per pipeline rank the embedding or the loss takes a whole "
+                         "rank's share, leaving it no decoder layer: not modelled")
+    return out
 
 
 def _run_flags_of(ns: argparse.Namespace) -> RunFlags:
@@ -437,10 +489,11 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
     # Bridge's recipes turn the distributed optimizer on
     lay = _layout_of(ns, slime or kind in ("megatron-bridge", "nemo-rl"))
     if ns.num_layers_per_virtual_pipeline_stage is not None:
-        vpp = _vpp_of_stage_layers(ns, arch, name, argv, label)
+        vpp = _vpp_of_stage_layers(ns, arch, name, label)
         lay.pop("vpp", None)
         if vpp > 1:
             lay["vpp"] = vpp
+    lay |= _accounted_split(ns, arch, name, int(lay.get("vpp", 1)), label)
     if ns.use_dynamic_batch_size and ns.max_tokens_per_gpu and ns.seq_length and "micro_batch_size" not in lay:
         lay["micro_batch_size"] = max(1, ns.max_tokens_per_gpu * (ns.context_parallel_size or 1) // ns.seq_length)
     return LaunchFile(

@@ -8,7 +8,7 @@ from typing import Any
 
 from specs.errors import TunerError
 from specs.precision import TORCH_DTYPES
-from tuner.launch_file.args import _BRIDGE_NO_EFFECT, NO_EFFECT_ARGS, _model_flags, _parser
+from tuner.launch_file.args import _BRIDGE_NO_EFFECT, NO_EFFECT_ARGS, LaunchTask, _model_flags, _parser
 
 #: Sections of a Megatron-Bridge ``ConfigContainer`` (``training/config.py``) whose settings do not change the estimate.
 _BRIDGE_NO_EFFECT_SECTIONS = frozenset({"scheduler", "logger", "checkpoint", "rng", "tokenizer", "validation",
@@ -25,6 +25,22 @@ _BRIDGE_RENAMED = {"num_moe_experts": "num-experts",
                    "num_layers_in_first_pipeline_stage": "decoder-first-pipeline-num-layers",
                    "num_layers_in_last_pipeline_stage": "decoder-last-pipeline-num-layers",
                    "bias_activation_fusion": "bias-swiglu-fusion", "apply_rope_fusion": "rope-fusion"}
+
+
+def _lora_of(doc: Mapping[str, Any]) -> LaunchTask | None:
+    """The task of a ``peft`` section of Megatron-Bridge's LoRA (``_target_`` ``megatron.bridge.peft.lora.LoRA``, or
+    none: an override of a recipe's LoRA): its ``dim`` (Bridge's default 32) and ``target_modules``; None for no
+    ``peft`` section or another adapter class."""
+    peft = doc.get("peft")
+    if not isinstance(peft, Mapping) or str(peft.get("_target_", "megatron.bridge.peft.lora.LoRA")) != (
+            "megatron.bridge.peft.lora.LoRA"):
+        return None
+    task: LaunchTask = {"task": "lora"}
+    if isinstance(peft.get("dim"), int) and not isinstance(peft.get("dim"), bool):
+        task["lora_rank"] = peft["dim"]
+    if isinstance(peft.get("target_modules"), list) and peft["target_modules"]:
+        task["lora_target_modules"] = ",".join(map(str, peft["target_modules"]))
+    return task
 
 
 def _bridge_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[str, str]]:
@@ -76,6 +92,9 @@ def _bridge_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[st
             continue
         if sec not in _BRIDGE_SECTIONS or not isinstance(body, Mapping):
             put(f"--{sec}", sec)
+            continue
+        if sec == "peft" and _lora_of(doc) is not None:  # read as the task (:func:`_lora_of`)
+            empties.extend(f"{sec}.{k}" for k in body)
             continue
         for k, v in body.items():
             key = str(k)

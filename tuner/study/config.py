@@ -403,6 +403,10 @@ def _validate_config(config: TuneConfig) -> None:
     def _reads(flag: str) -> str:
         return backends_where(lambda b: flag in b.own_flags)
 
+    if config.task == "lora" and backend.source == "measured":
+        raise TunerError(f"--task lora: the trials of --backend {config.backend} would train every weight (the harness "
+                         "and the command's layout arguments have no LoRA); use --backend "
+                         f"{backends_where(lambda b: b.source != 'measured')} (predictions)")
     ps = config.trial_profile_step
     if ps is not None and not 1 <= ps <= config.trial_steps:
         raise TunerError(f"--trial-profile-step must be a step from 1 to --trial-steps ({config.trial_steps}), got "

@@ -122,7 +122,7 @@ def prepare(config: TuneConfig) -> Prepared:
     workload = Workload(seq_length=config.seq_length, global_batch_size=config.global_batch_size,
                         precision=enum_member(Precision, config.precision, "--precision"),
                         task=config.task, lora_rank=config.lora_rank,
-                        lora_target_modules=tuple(config.lora_target_modules))
+                        lora_target_modules=tuple(config.lora_target_modules)).on_model(model.is_mla)
     if workload.precision.value == "fp8" and not cluster.gpu.peak_flops_fp8:
         raise TunerError(f"--precision fp8: {cluster.gpu.name} has no fp8 tensor cores; use --precision bf16")
     space = SearchSpace.load(config.space)
