@@ -451,6 +451,22 @@ def _validate_config(config: TuneConfig) -> None:
     if not 1 <= config.heartbeat_interval_s < config.heartbeat_grace_s:  # else a live trial would be failed as stale
         raise TunerError(f"the heartbeat grace period ({config.heartbeat_grace_s!r} s) must exceed its interval "
                          f"({config.heartbeat_interval_s!r} s, at least 1)")
+    _validate_policy(config)
+    if config.memory_headroom is not None and not (math.isfinite(config.memory_headroom)
+                                                   and 0 <= config.memory_headroom < 1):
+        raise TunerError(f"--memory-headroom must be a fraction from 0 to 1 (e.g. 0.07), got {config.memory_headroom}")
+    if config.storage is not None:
+        _check_storage_syntax(config.storage)
+    _check_results_dir(config.results_dir)
+
+
+def _validate_policy(config: TuneConfig) -> None:
+    """Check the real-trial search policy's flags: ``--trial-policy``, ``--gpu-hours``, ``--stop-gain``,
+    ``--stop-confidence`` and what belongs to the queue policy.
+
+    Raises:
+        TunerError: the first bad input, named with what it accepts.
+    """
     if config.gpu_hours is not None:
         if not (math.isfinite(config.gpu_hours) and config.gpu_hours > 0):
             raise TunerError(f"--gpu-hours must be a positive number of GPU-hours, got {config.gpu_hours}")
@@ -478,12 +494,6 @@ def _validate_config(config: TuneConfig) -> None:
                                 != (_DEFAULT_STOP_GAIN, _DEFAULT_STOP_CONFIDENCE)):
         raise TunerError("--stop-gain and --stop-confidence stop real trials; --backend model measures nothing "
                          "(use --backend local, ray or command)")
-    if config.memory_headroom is not None and not (math.isfinite(config.memory_headroom)
-                                                   and 0 <= config.memory_headroom < 1):
-        raise TunerError(f"--memory-headroom must be a fraction from 0 to 1 (e.g. 0.07), got {config.memory_headroom}")
-    if config.storage is not None:
-        _check_storage_syntax(config.storage)
-    _check_results_dir(config.results_dir)
 
 
 def storage_file(url: str) -> Path | None:
