@@ -499,14 +499,13 @@ class StudyRun:
         observed: set[int] = set()
         first_of: dict[int, int] = {}
         n_jobs = cfg.parallel_trials if self.backend.parallel_trials else 1
-        self._feed(policy, pos, observed, first_of)
-        policy.start_run()
+        self._feed(policy, pos, observed, first_of)  # earlier runs' trials: learnt from, not counted
         self._run_launch_first()
         while True:
             self._feed(policy, pos, observed, first_of)
             picks: list[Decision] = []
             while len(picks) < n_jobs:
-                d = policy.next()
+                d = policy.next(in_flight=len(picks))
                 if d.index is None:
                     if not picks:
                         self._stop_note = self._stop_statement(policy, d.reason, first_of, pol_rows)
@@ -555,7 +554,10 @@ class StudyRun:
                             gc_after_trial=False)
 
     def _feed(self, policy: Any, pos: dict[int, int], observed: set[int], first_of: dict[int, int]) -> None:
-        """Give the policy every finished trial of the study it has not seen (this worker's and others')."""
+        """Give the policy every finished trial of the study it has not seen: this run's count against its budgets,
+        earlier runs' and other workers' (a shared storage) only teach it."""
+        with self._lock:
+            mine = set(self._mine)
         for t in self.study.get_trials(deepcopy=False,
                                        states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
             if t.number in observed:
@@ -571,18 +573,19 @@ class StudyRun:
             if r.repeat_of is None:
                 first_of.setdefault(i, t.number)
             gh = float(r.gpu_hours or 0.0)
+            own = t.number in mine
             if r.result and r.result.get("source") == "measured":
                 peak = r.result.get("peak_gib")
                 policy.observe(i, float(r.result["tokens_per_s_per_gpu"]), gpu_hours=gh,
                                startup_s=r.result.get("startup_s"),
-                               peak_bytes=float(peak) * 2**30 if peak is not None else None)
+                               peak_bytes=float(peak) * 2**30 if peak is not None else None, own=own)
             elif r.pruned and r.pruned.get("tokens_per_s_per_gpu"):
                 steps = [float(x) for x in r.pruned["tokens_per_s_per_gpu"]]  # every step, warm-up included
                 timed = steps[trial_warmup_steps(self.cfg):] or steps
-                policy.observe(i, statistics.median(timed), gpu_hours=gh, pruned=True)
+                policy.observe(i, statistics.median(timed), gpu_hours=gh, pruned=True, own=own)
             else:
                 policy.observe(i, None, gpu_hours=gh, failed=True,
-                               out_of_memory=bool(r.failure and r.failure.get("kind") == "oom"))
+                               out_of_memory=bool(r.failure and r.failure.get("kind") == "oom"), own=own)
 
     def _stop_statement(self, policy: Any, reason: str, first_of: dict[int, int], rows: np.ndarray) -> str:
         """One line: how many trials and GPU-hours the policy spent, which trial is best, and why it stopped."""
