@@ -17,6 +17,7 @@ import datetime
 import logging
 import signal
 import statistics
+import textwrap
 import threading
 import time
 import warnings
@@ -680,6 +681,7 @@ class StudyRun:
             failure = failure_of(prop.layout, e, pred)
             TrialRecord.write(trial, failure=failure, gpu_hours=self._spend(e.wall_s, t0), **summary_of(failure))
             self.finished("failed", progress=False)
+            _say_failed(trial.number, failure)
             raise
         except TrialStopped as e:
             pruned = pruned_of(prop.layout, e, pred)
@@ -705,6 +707,7 @@ class StudyRun:
             failure = {**failure_of(prop.layout, bad, pred), "result": result}
             TrialRecord.write(trial, failure=failure, gpu_hours=gpu_hours, **summary_of(failure))
             self.finished("failed", progress=False)
+            _say_failed(trial.number, failure)
             raise bad
         TrialRecord.write(trial, result=result, gpu_hours=gpu_hours, **summary_of(result))
         self.finished("confirmed" if repeat_of is not None else "evaluated", progress=False)
@@ -772,6 +775,13 @@ class StudyRun:
             study.stop()
         if counted and self.on_trial:
             self.on_trial(done, total)
+
+
+def _say_failed(number: int, failure: dict[str, Any]) -> None:
+    """One warning (``tuner.study``'s logger, wrapped at 80 columns) for a failed trial: its number, layout and why
+    (Optuna's own line is silenced: :func:`tuner.study.storage.quiet_optuna`)."""
+    log.warning(textwrap.fill(f"trial {number} ({failure['label']}) failed: {failure['message']}", width=80,
+                              subsequent_indent="  ", break_long_words=False, break_on_hyphens=False))
 
 
 def run_study(
