@@ -6,7 +6,8 @@ proposal that cannot or need not be evaluated (breaks a rule, does not fit, was 
 another worker, is refused by the backend) is skipped and costs nothing. Real trials (a backend that
 measures) run under ``Study.optimize`` on the study's storage, with Optuna's heartbeat when workers share it;
 their sampler (:class:`tuner.study.predicted.CandidateSampler`) proposes the queued candidates in order, then
-NSGA-II's, and checks each proposal before a trial holds it, so a skipped proposal is never a trial;
+NSGA-II's, and checks each proposal before a trial holds it, so a skipped proposal is never a trial; under the
+gain policy (``--trial-policy gain``) :class:`tuner.study.policy_trials.PolicyTrials` picks the layouts;
 a backend that only predicts (``model``) runs through :class:`tuner.study.predicted.PredictedTrials`, which
 samples in memory and writes only evaluated layouts.
 """
