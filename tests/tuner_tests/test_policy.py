@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from launch import Measurement, TrialBackend
 from tuner.cli import app
-from tuner.study import TuneConfig, prepare, run_study, trial_rows
+from tuner.study import TuneConfig, open_storage, prepare, run_study, trial_rows
 from tuner.study.policy import GainPolicy, PolicyParams
 
 
@@ -276,7 +276,7 @@ class _OtherWorker(_Truth):
         from tuner.study.candidates import CandidateIndex
 
         super().__init__()
-        self.prep, self.storage = prep, storage
+        self.prep, self.storage, self.study = prep, storage, None
         self.index = CandidateIndex(prep.enumeration.valid, prep.fits)
         rows = np.flatnonzero(prep.contenders)
         self.left = [int(r) for r in rows[np.argsort(-prep.estimates.tokens_per_s_per_gpu[rows])]]
@@ -288,7 +288,8 @@ class _OtherWorker(_Truth):
         lay = self.prep.enumeration.valid.row(row)
         tps = float(self.prep.estimates.tokens_per_s_per_gpu[row]) * 0.9
         result = {"source": "measured", "tokens_per_s_per_gpu": tps, "peak_gib": 10.0}
-        optuna.load_study(study_name="p", storage=self.storage).add_trial(optuna.trial.create_trial(
+        self.study = self.study or optuna.load_study(study_name="p", storage=open_storage(self.storage))
+        self.study.add_trial(optuna.trial.create_trial(
             state=optuna.trial.TrialState.COMPLETE, values=[tps, 10.0], params=self.index.params_of_row(row),
             distributions=self.index.distributions(), user_attrs={"key": lay.key(), "result": result, "gpu_hours": 5.0},
         ))
@@ -297,7 +298,7 @@ class _OtherWorker(_Truth):
 
 def test_workers_on_a_shared_storage_count_only_their_own_trials(tmp_path):
     """The policy learns from every worker's trials; --trials and --gpu-hours count this worker's."""
-    storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    storage = f"journal:{tmp_path / 'shared.log'}"
     prep = prepare(_cfg(tmp_path, trials=3, gpu_hours=10.0, storage=storage))
     backend = _OtherWorker(prep, storage)
     res = run_study(prep, backend=backend)
@@ -439,7 +440,7 @@ def test_the_study_feeds_measured_peaks_and_out_of_memory_to_the_policy(tmp_path
         return observe(self, index, tps, **kw)
 
     monkeypatch.setattr(policy_mod.GainPolicy, "observe", spy)
-    prep = prepare(_cfg(tmp_path))
+    prep = prepare(_cfg(tmp_path, trials=6))
     res = run_study(prep, backend=_OomOnMbs2())
     rows = {r["trial"]: r for r in trial_rows(res.study)}
     assert any(oom for _, _, oom in seen) and any(p is not None for _, p, _ in seen)
