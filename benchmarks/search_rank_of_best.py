@@ -32,7 +32,7 @@ def main() -> int:
     from benchmarks.simulated import World
     from tuner.study import TuneConfig
     from tuner.study.policy import GainPolicy
-    from tuner.study.run import policy_params
+    from tuner.study.config import policy_params
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worlds", type=int, default=200)

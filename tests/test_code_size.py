@@ -1,5 +1,5 @@
-"""Functions and modules of a readable size (CONTRIBUTING.md): no function over 100 lines, no module over 800, in the
-packages brought to that size. A package joins :data:`PACKAGES` once it holds to it."""
+"""Functions and modules of a readable size (CONTRIBUTING.md): no function over 100 lines, no module over 800, in every
+product package."""
 
 from __future__ import annotations
 

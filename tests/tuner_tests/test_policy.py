@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from launch import Measurement, TrialBackend
 from tuner.cli import app
-from tuner.study import TuneConfig, prepare, run_study, trial_rows
+from tuner.study import TuneConfig, open_storage, prepare, run_study, trial_rows
 from tuner.study.policy import GainPolicy, PolicyParams
 
 
@@ -91,6 +91,17 @@ def test_trials_cap():
     p = _policy([100, 99, 98], max_trials=1)
     p.observe(0, 100.0, gpu_hours=0.1)
     assert "trials allowed" in p.next().reason
+
+
+def test_only_own_trials_count_against_the_budgets():
+    p = _policy([100, 99, 98, 97], max_trials=2, gpu_hours=1.0)
+    p.take(0)  # picked, then run by another worker: pending here until observed, but not this run's trial
+    p.observe(0, 100.0, gpu_hours=0.9, own=False)
+    p.observe(1, 99.0, gpu_hours=0.9, own=False)
+    assert (p.trials, p.run_trials, p.run_gpu_hours) == (2, 0, 0.0) and p.runs[:2].tolist() == [1, 1]
+    p.take(2)
+    assert p.next(in_flight=1).index == 3  # learnt from the others' trials, one of its own two left
+    assert "trials allowed" in p.next(in_flight=2).reason
 
 
 def test_a_failed_layout_is_not_picked_again():
@@ -257,6 +268,46 @@ def test_a_study_under_the_policy_keeps_to_its_gpu_hours(tmp_path):
     assert res.gpu_hours_now <= 1.0 + 1e-9 and "budget" in (res.stop_note or "")
 
 
+class _OtherWorker(_Truth):
+    """As :class:`_Truth`; during each of its trials another worker on the shared storage measures a contender of the
+    lowest predicted throughput, 10% slower than predicted, in 5 GPU-hours."""
+
+    def __init__(self, prep, storage) -> None:
+        from tuner.study.candidates import CandidateIndex
+
+        super().__init__()
+        self.prep, self.storage, self.study = prep, storage, None
+        self.index = CandidateIndex(prep.enumeration.valid, prep.fits)
+        rows = np.flatnonzero(prep.contenders)
+        self.left = [int(r) for r in rows[np.argsort(-prep.estimates.tokens_per_s_per_gpu[rows])]]
+
+    def run(self, layout, *, model, cluster, workload, reporter=None, trial_number=None):
+        import optuna
+
+        row = self.left.pop()
+        lay = self.prep.enumeration.valid.row(row)
+        tps = float(self.prep.estimates.tokens_per_s_per_gpu[row]) * 0.9
+        result = {"source": "measured", "tokens_per_s_per_gpu": tps, "peak_gib": 10.0}
+        self.study = self.study or optuna.load_study(study_name="p", storage=open_storage(self.storage))
+        self.study.add_trial(optuna.trial.create_trial(
+            state=optuna.trial.TrialState.COMPLETE, values=[tps, 10.0], params=self.index.params_of_row(row),
+            distributions=self.index.distributions(), user_attrs={"key": lay.key(), "result": result, "gpu_hours": 5.0},
+        ))
+        return super().run(layout, model=model, cluster=cluster, workload=workload)
+
+
+def test_workers_on_a_shared_storage_count_only_their_own_trials(tmp_path):
+    """The policy learns from every worker's trials; --trials and --gpu-hours count this worker's."""
+    storage = f"journal:{tmp_path / 'shared.log'}"
+    prep = prepare(_cfg(tmp_path, trials=3, gpu_hours=10.0, storage=storage))
+    backend = _OtherWorker(prep, storage)
+    res = run_study(prep, backend=backend)
+    assert backend.runs == 3 and res.evaluated_now + res.confirmed_now == 3
+    assert res.stop_note is not None and res.stop_note.startswith("stopped after 3 trials (0.667 GPU-hours)")
+    assert "the 3 trials allowed (--trials) are spent" in res.stop_note
+    assert sum("result" in t.user_attrs for t in res.study.trials) == 6  # and the other worker's three
+
+
 @pytest.mark.parametrize(
     ("args", "msg"),
     [
@@ -389,7 +440,7 @@ def test_the_study_feeds_measured_peaks_and_out_of_memory_to_the_policy(tmp_path
         return observe(self, index, tps, **kw)
 
     monkeypatch.setattr(policy_mod.GainPolicy, "observe", spy)
-    prep = prepare(_cfg(tmp_path))
+    prep = prepare(_cfg(tmp_path, trials=6))
     res = run_study(prep, backend=_OomOnMbs2())
     rows = {r["trial"]: r for r in trial_rows(res.study)}
     assert any(oom for _, _, oom in seen) and any(p is not None for _, p, _ in seen)

@@ -162,10 +162,13 @@ class GainPolicy:
     gpus: int
     params: PolicyParams
     spent_gpu_hours: float = 0.0
+    """GPU-hours of every trial observed (earlier runs' and other workers' included)."""
     trials: int = 0
-    base_trials: int = 0
-    """Trials the study held before this run (``--trials`` and ``--gpu-hours`` count this run's own)."""
-    base_gpu_hours: float = 0.0
+    """Trials observed (earlier runs' and other workers' included)."""
+    run_trials: int = 0
+    """This run's own trials (observed with ``own``): what ``max_trials`` (``--trials``) counts."""
+    run_gpu_hours: float = 0.0
+    """GPU-hours of this run's own trials and slices: what ``gpu_hours`` (``--gpu-hours``) counts."""
     slice_step_time_s: Array | None = None
     slice_gpus: Array | None = None
     slice_sigma: Array | None = None
@@ -236,14 +239,18 @@ class GainPolicy:
 
     def observe(self, index: int, tokens_per_s_per_gpu: float | None, *, gpu_hours: float,
                 startup_s: float | None = None, pruned: bool = False, failed: bool = False,
-                peak_bytes: float | None = None, out_of_memory: bool = False) -> None:
+                peak_bytes: float | None = None, out_of_memory: bool = False, own: bool = True) -> None:
         """Record a finished trial of candidate ``index``: its throughput (None when it failed), the GPU-hours it cost,
         (when measured) its start-up seconds and peak memory per GPU (bytes), and whether it ran out of memory. A
         pruned trial's few steps count for a fraction of a run. A peak or an out-of-memory updates every candidate's
-        chance to fit."""
+        chance to fit. Every trial teaches the policy; only this run's own (``own``; not an earlier run's, nor
+        another worker's on a shared storage) counts against ``max_trials`` and ``gpu_hours``."""
         self.pending[index] = False
         self.trials += 1
         self.spent_gpu_hours += gpu_hours
+        if own:
+            self.run_trials += 1
+            self.run_gpu_hours += gpu_hours
         if startup_s is not None and math.isfinite(startup_s) and startup_s > 0:
             self._startup.append(startup_s)
         self._learn_memory(index, peak_bytes, out_of_memory)
@@ -268,9 +275,10 @@ class GainPolicy:
                                    shared=p.memory_shared, bias=p.memory_bias, measured=self._peaks,
                                    out_of_memory=self._oom)
 
-    def observe_slice(self, index: int, speed_ratio: float | None, *, gpu_hours: float) -> None:
+    def observe_slice(self, index: int, speed_ratio: float | None, *, gpu_hours: float, own: bool = True) -> None:
         """Record a finished slice trial of candidate ``index``: predicted / measured slice step time (None when it
-        failed: nothing learnt, never sliced again) and the GPU-hours it cost.
+        failed: nothing learnt, never sliced again) and the GPU-hours it cost (counted against ``gpu_hours`` when
+        ``own``, as in :meth:`observe`).
 
         Raises:
             ValueError: the policy was built without slices.
@@ -281,6 +289,8 @@ class GainPolicy:
         self.sliced[index] = True
         self.slices += 1
         self.spent_gpu_hours += gpu_hours
+        if own:
+            self.run_gpu_hours += gpu_hours
         if speed_ratio is None or not speed_ratio > 0:
             return
         noise = math.hypot(self.params.run_sigma, float(self.slice_sigma[index]))
@@ -330,10 +340,11 @@ class GainPolicy:
         """P(true throughput > target) of the candidates ``idx`` under their posterior (``mean``, ``sd``: of all)."""
         return np.asarray(ndtr((mean[idx] + np.log(self.predicted[idx]) - math.log(target)) / sd[idx]))
 
-    def next(self) -> Decision:
-        """What to do next (see the module docstring)."""
+    def next(self, in_flight: int = 0) -> Decision:
+        """What to do next (see the module docstring), with ``in_flight`` trials of this run picked and not yet
+        observed (they count against ``max_trials``; a pick another worker runs instead does not)."""
         p = self.params
-        if self.trials - self.base_trials + int(self.pending.sum()) >= p.max_trials:
+        if self.run_trials + in_flight >= p.max_trials:
             return Decision(None, reason=f"the {p.max_trials} trials allowed (--trials) are spent")
         mean, sd = self.posterior()
         open_ = (self.runs == 0) & ~self.failed & ~self.pending
@@ -405,20 +416,6 @@ class GainPolicy:
                 return Decision(None, reason=self._budget_reason(float(self.trial_gpu_hours(pick))))
         return Decision(None, reason=f"no untried layout may beat the best by more than {p.min_gain:.0%} "
                                      f"at {p.confidence:.0%} confidence")
-
-    @property
-    def run_gpu_hours(self) -> float:
-        """GPU-hours of this run's trials."""
-        return self.spent_gpu_hours - self.base_gpu_hours
-
-    @property
-    def run_trials(self) -> int:
-        """This run's trials."""
-        return self.trials - self.base_trials
-
-    def start_run(self) -> None:
-        """What was observed so far belongs to earlier runs: the budgets count from here."""
-        self.base_trials, self.base_gpu_hours = self.trials, self.spent_gpu_hours
 
     def _budget_reason(self, cheapest: float) -> str:
         return (f"the GPU-hour budget is spent ({fmt_gpu_hours(self.run_gpu_hours)} of "

@@ -6,7 +6,8 @@ proposal that cannot or need not be evaluated (breaks a rule, does not fit, was 
 another worker, is refused by the backend) is skipped and costs nothing. Real trials (a backend that
 measures) run under ``Study.optimize`` on the study's storage, with Optuna's heartbeat when workers share it;
 their sampler (:class:`tuner.study.predicted.CandidateSampler`) proposes the queued candidates in order, then
-NSGA-II's, and checks each proposal before a trial holds it, so a skipped proposal is never a trial;
+NSGA-II's, and checks each proposal before a trial holds it, so a skipped proposal is never a trial; under the
+gain policy (``--trial-policy gain``) :class:`tuner.study.policy_trials.PolicyTrials` picks the layouts;
 a backend that only predicts (``model``) runs through :class:`tuner.study.predicted.PredictedTrials`, which
 samples in memory and writes only evaluated layouts.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import datetime
 import logging
 import signal
-import statistics
+import textwrap
 import threading
 import time
 import warnings
@@ -39,9 +40,9 @@ from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 from tuner.study import _optuna
 from tuner.study.candidates import CandidateIndex, CandidateQueue
-from tuner.study.config import DEFAULT_TRIALS, check_budget, n_trials, policy_params, trial_env_dict, trial_warmup_steps
+from tuner.study.config import DEFAULT_TRIALS, check_budget, n_trials, trial_env_dict, trial_warmup_steps
 from tuner.study.confirm import MAX_CONFIRM_ROUNDS, enqueue_round
-from tuner.study.policy import Decision, fmt_gpu_hours
+from tuner.study.policy_trials import POLICY_BEST_ATTR, PolicyTrials
 from tuner.study.predicted import CandidateSampler, PredictedTrials, Queued
 from tuner.study.prepare import Prepared
 from tuner.study.proposals import CLAIM_RACE, DUPLICATE, FALLBACK_AFTER_SKIPS, QUEUED_FALLBACK, QUEUED_FIRST, Proposal
@@ -60,10 +61,6 @@ from tuner.study.records import (
 from tuner.study.storage import Heartbeat, StudyLock, is_own_store, open_study
 
 __all__ = ["FALLBACK_AFTER_SKIPS", "POLICY_BEST_ATTR", "Proposal", "StudyRun", "TuneResult", "run_study"]
-
-#: The study attribute holding the trial the gain policy's stop named best: the measured layout of highest posterior
-#: mean throughput (its runs and its neighbours' measurements together, not its own noisy mean alone).
-POLICY_BEST_ATTR = "policy_best_trial"
 
 log = logging.getLogger("tuner.study")
 
@@ -176,8 +173,45 @@ class StudyRun:
                 be opened, or the Ray cluster has fewer GPUs than ``--gpus``.
             KeyboardInterrupt: Ctrl-C (finished trials are kept; the one cut off is run again on resume).
         """
+        self.backend = self._open_backend()
+        report_only = self._open()
+        # Ctrl-C with trials running in worker threads (--parallel-trials): Optuna waits for them, so tell the
+        # backend to stop them (each kills its processes and frees its placement group) before it waits.
+        # SIGTERM (a scheduler's stop, `kill`) as Ctrl-C: the trials stop, a resumed run runs their layouts again
+        old_handlers: dict[signal.Signals, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            old_handlers = {s: signal.signal(s, self._on_sigint) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            if self.on_trial:
+                self.on_trial(0, self._total)  # the study is open and its queue set: trials start now
+            if report_only is None or self.n_trials:
+                self._evaluate()
+        except KeyboardInterrupt:
+            self.backend.cancel()
+            self._settle()  # Optuna does not wait for its worker threads: let them record their trials
+            raise
+        finally:
+            for s, h in old_handlers.items():
+                signal.signal(s, h)
+            self.backend.close()
+        with self._lock:
+            c = self._counts
+            short = report_only or (self._exhausted if self._started < self.n_trials else None)
+            return TuneResult(
+                prepared=self.prep, study=self.study, study_name=self.name, storage=self.storage_url,
+                out_dir=self.out_dir, evaluated_now=c.evaluated, skipped_now=c.skipped, backend=self.backend.name,
+                pruned_now=c.pruned, failed_now=c.failed, confirmed_now=c.confirmed, confirm_note=self._confirm_note,
+                budget_note=short, stop_note=self._stop_note, gpu_hours_now=self._gpu_hours,
+            )
+
+    def _open_backend(self) -> TrialBackend:
+        """The backend of ``--backend`` (or the one given), checked to have the GPUs of ``--gpus``.
+
+        Raises:
+            TunerError: the backend cannot be opened, or the Ray cluster has fewer GPUs than ``--gpus``.
+        """
         prep, cfg = self.prep, self.cfg
-        self.backend = self._given_backend or get_backend(cfg.backend, BackendSettings(
+        backend = self._given_backend or get_backend(cfg.backend, BackendSettings(
             calibration=prep.calibration,
             memory_headroom=prep.headroom,
             options=prep.options,
@@ -193,7 +227,6 @@ class StudyRun:
             extra_env=trial_env_dict(cfg.trial_env),
             profile_step=cfg.trial_profile_step,
         ))
-        backend = self.backend
         n = backend.cluster_gpus()
         if n is not None and n < prep.cluster.num_gpus:
             backend.close()
@@ -202,6 +235,17 @@ class StudyRun:
                 "to a bigger cluster (--ray-address auto on one of its nodes) or tune a slice that fits (--layers N "
                 "with --gpus for what the cluster has)"
             )
+        return backend
+
+    def _open(self) -> str | None:
+        """Open the study (the backend is closed if it is refused) and set up the run: its candidates, queue,
+        sampler (real trials) and budget. Returns why the run only shows the study (it already holds trials and
+        ``--trials`` was not given), if it does.
+
+        Raises:
+            TunerError: as :meth:`run`.
+        """
+        prep, cfg, backend = self.prep, self.cfg, self.backend
         heartbeat = self.heartbeat if (cfg.storage and backend.measured) else None
         try:
             if backend.measured:
@@ -214,19 +258,8 @@ class StudyRun:
             self.pruner = StepTimePruner(warmup_steps=trial_warmup_steps(cfg), margin=cfg.prune_margin)
         self.index = CandidateIndex(prep.enumeration.valid, prep.fits)
         trials = self.study.get_trials(deepcopy=False)
-        held = sum(1 for t in trials if t.state.is_finished())
-        report_only = None
         self._seen = evaluated_keys(trials)
-        if held and cfg.trials is None and not cfg.resume:
-            # re-running the same command shows the study; more trials only when asked for, but a launch (--from)
-            # the study has not evaluated is: it is the baseline every answer is compared with
-            row = prep.baseline_row
-            launch_new = (row is not None and bool(prep.fits[row])
-                          and prep.enumeration.valid.row(row).key() not in self._seen)
-            self.n_trials = 1 if launch_new else 0
-            added = "your launch's layout added, no other" if launch_new else "shown as they are, none added"
-            report_only = (f"study {self.name!r} already holds {held} trials: {added}; --trials "
-                           f"N evaluates N more layouts, --resume continues it ({DEFAULT_TRIALS} more)")
+        report_only = self._held_note(sum(1 for t in trials if t.state.is_finished()))
         waiting = [t for t in trials if t.state == TrialState.WAITING] if backend.measured else []
         self._fail_leftovers(trials)
         self.queue = CandidateQueue(prep, self.index, backend, seen=self._seen, n_trials=self.n_trials,
@@ -245,42 +278,36 @@ class StudyRun:
         # confirmation runs left queued by an interrupted run go first (Optuna runs the oldest queued trial first);
         # they do not count against --trials
         self._total = self.n_trials + sum(1 for t in waiting if TrialRecord.of(t).repeat_of is not None)
-        # Ctrl-C with trials running in worker threads (--parallel-trials): Optuna waits for them, so tell the
-        # backend to stop them (each kills its processes and frees its placement group) before it waits.
-        # SIGTERM (a scheduler's stop, `kill`) as Ctrl-C: the trials stop, a resumed run runs their layouts again
-        old_handlers: dict[signal.Signals, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            old_handlers = {s: signal.signal(s, self._on_sigint) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            if self.on_trial:
-                self.on_trial(0, self._total)  # the study is open and its queue set: trials start now
-            if report_only is not None and not self.n_trials:
-                pass
-            elif backend.measured and cfg.policy == "gain":
-                self._search_policy()
-            elif backend.measured:
-                self._search_measured()
-                if cfg.confirm_runs:
-                    self._confirm()
-            else:
-                PredictedTrials(self).run()
-        except KeyboardInterrupt:
-            backend.cancel()
-            self._settle()  # Optuna does not wait for its worker threads: let them record their trials
-            raise
-        finally:
-            for s, h in old_handlers.items():
-                signal.signal(s, h)
-            backend.close()
-        with self._lock:
-            c = self._counts
-            short = report_only or (self._exhausted if self._started < self.n_trials else None)
-            return TuneResult(
-                prepared=prep, study=self.study, study_name=self.name, storage=self.storage_url, out_dir=self.out_dir,
-                evaluated_now=c.evaluated, skipped_now=c.skipped, backend=backend.name, pruned_now=c.pruned,
-                failed_now=c.failed, confirmed_now=c.confirmed, confirm_note=self._confirm_note, budget_note=short,
-                stop_note=self._stop_note, gpu_hours_now=self._gpu_hours,
-            )
+        return report_only
+
+    def _held_note(self, held: int) -> str | None:
+        """Re-running the same command shows a study that holds ``held`` finished trials: more trials only when
+        asked for (``--trials``, ``--resume``), but a launch (``--from``) the study has not evaluated is measured, the
+        baseline every answer is compared with. Sets the budget of that case; the note saying so (None: a run)."""
+        prep, cfg = self.prep, self.cfg
+        if not held or cfg.trials is not None or cfg.resume:
+            return None
+        row = prep.baseline_row
+        launch_new = (row is not None and bool(prep.fits[row])
+                      and prep.enumeration.valid.row(row).key() not in self._seen)
+        self.n_trials = 1 if launch_new else 0
+        added = "your launch's layout added, no other" if launch_new else "shown as they are, none added"
+        return (f"study {self.name!r} already holds {held} trials: {added}; --trials N evaluates N more layouts, "
+                f"--resume continues it ({DEFAULT_TRIALS} more)")
+
+    def _evaluate(self) -> None:
+        """Evaluate layouts by the backend's path: real trials under the gain policy or the queue (then the
+        confirmation runs), or predictions."""
+        if not self.backend.measured:
+            PredictedTrials(self).run()
+        elif self.cfg.policy == "gain":
+            stop = PolicyTrials(self).run()
+            with self._lock:
+                self._stop_note = stop
+        else:
+            self._search_measured()
+            if self.cfg.confirm_runs:
+                self._confirm()
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         self.backend.cancel()
@@ -457,6 +484,24 @@ class StudyRun:
                         calibration=self.prep.calibration, memory_headroom=self.prep.headroom,
                         options=self.prep.options)
 
+    def has_seen(self, key: str) -> bool:
+        """The layout was evaluated in the study when the run started, or taken by this run since."""
+        with self._lock:
+            return key in self._seen
+
+    def own_trials(self) -> set[int]:
+        """Numbers of the trials this run ran (or runs): what its budgets count."""
+        with self._lock:
+            return set(self._mine)
+
+    def optimize(self, n_trials: int, *, n_jobs: int = 1) -> None:
+        """Run ``n_trials`` real trials (the sampler's queue first) in ``n_jobs`` threads; the progress's total grows
+        to hold them."""
+        with self._lock:
+            self._total = max(self._total, self._done + n_trials)
+        self.study.optimize(self.objective, n_trials=n_trials, callbacks=[self.after_trial], catch=(TrialFailed,),
+                            gc_after_trial=False, n_jobs=n_jobs)
+
     def next_number(self) -> int:
         """(Default storage) the number the next trial will get."""
         return len(self.study.get_trials(deepcopy=False))
@@ -479,118 +524,6 @@ class StudyRun:
         while self.budget_left():
             self.study.optimize(self.objective, n_trials=None, callbacks=[self.after_trial], catch=(TrialFailed,),
                                 gc_after_trial=False, n_jobs=n_jobs)
-
-    def _search_policy(self) -> None:
-        """Real trials under :class:`tuner.study.policy.GainPolicy`: a round picks up to ``--parallel-trials`` layouts
-        (new ones, or repeats of measured ones), runs them, and feeds every finished trial of the study (other
-        workers' too) to the policy, until it stops; why it stopped is :attr:`TuneResult.stop_note`."""
-        from tuner.study.policy import GainPolicy
-
-        prep, cfg = self.prep, self.cfg
-        pol_rows = np.flatnonzero(prep.contenders)
-        pos = {int(r): i for i, r in enumerate(pol_rows)}
-        est = prep.estimates
-        policy = GainPolicy(
-            predicted=est.tokens_per_s_per_gpu[pol_rows], step_time_s=est.step_time_s[pol_rows],
-            peak_bytes=est.peak_bytes[pol_rows],
-            codes=np.stack([self.index.codes[d][pol_rows] for d in self.index.params]
-                           or [np.zeros(len(pol_rows), dtype=np.int64)], axis=1),
-            hbm_bytes=prep.cluster.gpu.hbm_bytes, gpus=prep.cluster.num_gpus, params=policy_params(prep, self.n_trials))
-        observed: set[int] = set()
-        first_of: dict[int, int] = {}
-        n_jobs = cfg.parallel_trials if self.backend.parallel_trials else 1
-        self._feed(policy, pos, observed, first_of)
-        policy.start_run()
-        self._run_launch_first()
-        while True:
-            self._feed(policy, pos, observed, first_of)
-            picks: list[Decision] = []
-            while len(picks) < n_jobs:
-                d = policy.next()
-                if d.index is None:
-                    if not picks:
-                        self._stop_note = self._stop_statement(policy, d.reason, first_of, pol_rows)
-                        inc = policy.incumbent()
-                        if inc is not None and inc in first_of:
-                            self.study.set_user_attr(POLICY_BEST_ATTR, first_of[inc])
-                    break
-                row = int(pol_rows[d.index])
-                lay = prep.enumeration.valid.row(row)
-                if not d.repeat and (lay.key() in self._seen
-                                     or self.backend.refusal(lay, prep.model, prep.workload) is not None):
-                    # evaluated elsewhere, or this backend cannot run it: never picked again
-                    policy.failed[d.index] = True
-                    continue
-                policy.take(d.index)
-                attrs = TrialRecord(enqueued="policy: run again" if d.repeat else "policy: expected gain per GPU-hour",
-                                    repeat_of=first_of.get(d.index) if d.repeat else None).attrs()
-                self.sampler.push(self.index.params_of_row(row), attrs, repeat=d.repeat)
-                picks.append(d)
-            # with any pick a trial queued in the storage (a stale trial's retry) took the place of
-            todo = len(self.sampler.queue)
-            if not todo:
-                if self._stop_note is not None:
-                    return
-                continue
-            with self._lock:
-                self._total = max(self._total, self._done + todo)
-            # a pick stays pending until its trial is fed back: one another worker runs is not picked again meanwhile
-            self.study.optimize(self.objective, n_trials=todo, callbacks=[self.after_trial], catch=(TrialFailed,),
-                                gc_after_trial=False, n_jobs=min(n_jobs, todo))
-
-    def _run_launch_first(self) -> None:
-        """The user's launch (``tune --from``) is measured before the policy's picks, whether or not the policy would
-        pick it: it is the baseline every answer is compared with. Nothing when the study already evaluated it."""
-        prep = self.prep
-        row = prep.baseline_row
-        if row is None or not prep.fits[row]:
-            return
-        lay = prep.enumeration.valid.row(row)
-        if lay.key() in self._seen or self.backend.refusal(lay, prep.model, prep.workload) is not None:
-            return
-        self.sampler.push(self.index.params_of_row(row), TrialRecord(enqueued="your launch (--from)").attrs())
-        with self._lock:
-            self._total = max(self._total, self._done + 1)
-        self.study.optimize(self.objective, n_trials=1, callbacks=[self.after_trial], catch=(TrialFailed,),
-                            gc_after_trial=False)
-
-    def _feed(self, policy: Any, pos: dict[int, int], observed: set[int], first_of: dict[int, int]) -> None:
-        """Give the policy every finished trial of the study it has not seen (this worker's and others')."""
-        for t in self.study.get_trials(deepcopy=False,
-                                       states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
-            if t.number in observed:
-                continue
-            r = TrialRecord.of(t)
-            if r.skipped is not None or r.interrupted is not None:
-                continue
-            row = self.index.find_fitting({k: str(v) for k, v in t.params.items()})
-            i = pos.get(row) if row is not None else None
-            observed.add(t.number)
-            if i is None:
-                continue
-            if r.repeat_of is None:
-                first_of.setdefault(i, t.number)
-            gh = float(r.gpu_hours or 0.0)
-            if r.result and r.result.get("source") == "measured":
-                peak = r.result.get("peak_gib")
-                policy.observe(i, float(r.result["tokens_per_s_per_gpu"]), gpu_hours=gh,
-                               startup_s=r.result.get("startup_s"),
-                               peak_bytes=float(peak) * 2**30 if peak is not None else None)
-            elif r.pruned and r.pruned.get("tokens_per_s_per_gpu"):
-                steps = [float(x) for x in r.pruned["tokens_per_s_per_gpu"]]  # every step, warm-up included
-                timed = steps[trial_warmup_steps(self.cfg):] or steps
-                policy.observe(i, statistics.median(timed), gpu_hours=gh, pruned=True)
-            else:
-                policy.observe(i, None, gpu_hours=gh, failed=True,
-                               out_of_memory=bool(r.failure and r.failure.get("kind") == "oom"))
-
-    def _stop_statement(self, policy: Any, reason: str, first_of: dict[int, int], rows: np.ndarray) -> str:
-        """One line: how many trials and GPU-hours the policy spent, which trial is best, and why it stopped."""
-        inc = policy.incumbent()
-        best = f"trial {first_of[inc]}" if inc is not None and inc in first_of else "no measured trial"
-        n = policy.run_trials
-        return (f"stopped after {n} trial{'s' if n != 1 else ''} ({fmt_gpu_hours(policy.run_gpu_hours)} GPU-hours); "
-                f"best: {best}; " + reason.replace("the best", best if inc is not None else "the best"))
 
     def _confirm(self) -> None:
         """``--confirm-runs``: rounds of :func:`tuner.study.confirm.enqueue_round`, each run to its end, one trial at a
@@ -677,6 +610,7 @@ class StudyRun:
             failure = failure_of(prop.layout, e, pred)
             TrialRecord.write(trial, failure=failure, gpu_hours=self._spend(e.wall_s, t0), **summary_of(failure))
             self.finished("failed", progress=False)
+            _say_failed(trial.number, failure)
             raise
         except TrialStopped as e:
             pruned = pruned_of(prop.layout, e, pred)
@@ -702,6 +636,7 @@ class StudyRun:
             failure = {**failure_of(prop.layout, bad, pred), "result": result}
             TrialRecord.write(trial, failure=failure, gpu_hours=gpu_hours, **summary_of(failure))
             self.finished("failed", progress=False)
+            _say_failed(trial.number, failure)
             raise bad
         TrialRecord.write(trial, result=result, gpu_hours=gpu_hours, **summary_of(result))
         self.finished("confirmed" if repeat_of is not None else "evaluated", progress=False)
@@ -769,6 +704,13 @@ class StudyRun:
             study.stop()
         if counted and self.on_trial:
             self.on_trial(done, total)
+
+
+def _say_failed(number: int, failure: dict[str, Any]) -> None:
+    """One warning (``tuner.study``'s logger, wrapped at 80 columns) for a failed trial: its number, layout and why
+    (Optuna's own line is silenced: :func:`tuner.study.storage.quiet_optuna`)."""
+    log.warning(textwrap.fill(f"trial {number} ({failure['label']}) failed: {failure['message']}", width=80,
+                              subsequent_indent="  ", break_long_words=False, break_on_hyphens=False))
 
 
 def run_study(

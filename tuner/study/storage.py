@@ -20,7 +20,6 @@ import yaml
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 
 from cost_model.calibration import BASE_CALIBRATION, Calibration
-from launch import TrialFailed
 from specs import ModelSpec
 from specs.errors import TunerError
 from specs.files import write_output
@@ -367,24 +366,12 @@ def check_study_config(study: optuna.Study, config: TuneConfig, name: str, calib
         )
 
 
-class _FailedTrialOneLine(logging.Filter):
-    """Optuna logs a failed trial with its traceback; a trial that failed as an outcome (out of memory,
-    timeout, crash: :class:`TrialFailed`) or was interrupted (Ctrl-C) keeps only Optuna's one line naming the trial and
-    the error."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], (TrialFailed, KeyboardInterrupt)):
-            record.exc_info = None
-            record.exc_text = None
-        return True
-
-
 def quiet_optuna() -> None:
-    """Optuna at WARNING, without tracebacks for trial outcomes (on every handler of its root logger)."""
+    """Optuna at WARNING, without its lines on each failed trial (``Trial 2 failed with parameters: {...}``, the
+    warnings of its ``optuna.study._optimize`` logger, optuna 4): the run reports a failed trial itself, an interrupt
+    and an unexpected error reach the CLI."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    for h in logging.getLogger("optuna").handlers:
-        if not any(isinstance(f, _FailedTrialOneLine) for f in h.filters):
-            h.addFilter(_FailedTrialOneLine())
+    logging.getLogger("optuna.study._optimize").setLevel(logging.ERROR)
 
 
 def open_study(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, *,
