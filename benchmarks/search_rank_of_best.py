@@ -31,8 +31,8 @@ def main() -> int:
     from benchmarks.search_bench import prepare_case
     from benchmarks.simulated import World
     from tuner.study import TuneConfig
-    from tuner.study.policy import GainPolicy
     from tuner.study.config import policy_params
+    from tuner.study.policy import GainPolicy
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worlds", type=int, default=200)
