@@ -663,18 +663,44 @@ def _cuda_graph_scope(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -
     return _b(np.full(len(t), _cuda_graph_scope_problem(m, env) is None))
 
 
+#: The first megatron-core release with ``--cuda-graph-impl`` (core_v0.15.0 arguments.py l.1405; core_v0.14.0 has
+#: only ``--enable-cuda-graph`` / ``--external-cuda-graph``).
+CUDA_GRAPH_IMPL_SINCE = (0, 15)
+#: The first release whose ``--cuda-graph-scope`` takes several module names (core_v0.16.0 arguments.py l.1430,
+#: ``nargs='+'``); before it one of ``full``, ``attn``, ``full_iteration`` (core_v0.15.0 l.1411-1412).
+CUDA_GRAPH_MODULES_SINCE = (0, 16)
+
+
+def _cuda_graph_release_problem(env: RuleEnv) -> str | None:
+    """Why ``--megatron-core`` lacks the run's CUDA graph flags; None when it has them."""
+    core, rel = env.megatron_core, env.version_label
+    if env.cuda_graph_impl == "none":
+        return None
+    if core < CUDA_GRAPH_IMPL_SINCE:
+        return (f"--cuda-graph-impl does not exist in megatron-core {rel} (--megatron-core; it arrived in 0.15); "
+                "leave CUDA graphs out or use a newer release")
+    if env.cuda_graph_impl_arg == "full_iteration" and core < FULL_ITERATION_IMPL_SINCE:
+        return (f"--cuda-graph-impl full_iteration does not exist in megatron-core {rel} (--megatron-core; it "
+                "arrived in 0.18); use --cuda-graph-impl local --cuda-graph-scope full_iteration")
+    scope = [x for x in env.cuda_graph_scope if x != "full"]
+    if core < CUDA_GRAPH_MODULES_SINCE and (len(scope) > 1 or set(scope) - {"attn", "full_iteration"}):
+        return (f"--cuda-graph-scope {','.join(scope)}: megatron-core {rel} takes one of full, attn, full_iteration "
+                "(module scopes such as moe_router arrived in 0.16)")
+    return None
+
+
 def _cuda_graph_release_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -> str:
-    return (f"--cuda-graph-impl full_iteration does not exist in megatron-core {env.version_label} (--megatron-core; "
-            "it arrived in 0.18); use --cuda-graph-impl local --cuda-graph-scope full_iteration")
+    return _cuda_graph_release_problem(env) or "the release has these CUDA graph flags"
 
 
 @rule("cuda_graph_release", (), explain=_cuda_graph_release_x)
 def _cuda_graph_release(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> BoolArray:
-    """``--cuda-graph-impl full_iteration`` needs megatron-core 0.18 or later (:data:`FULL_ITERATION_IMPL_SINCE`;
+    """the CUDA graph flags of the run exist in ``--megatron-core``: ``--cuda-graph-impl`` from 0.15
+    (:data:`CUDA_GRAPH_IMPL_SINCE`), ``full_iteration`` as an impl from 0.18 (:data:`FULL_ITERATION_IMPL_SINCE`;
     ``TransformerConfig.cuda_graph_impl`` is ``Literal['none', 'local', 'transformer_engine']`` at 1dcf0da
-    transformer_config.py l.788 and in core_v0.16.0 / core_v0.17.0). A run option: every layout fails alike."""
-    ok = env.cuda_graph_impl_arg != "full_iteration" or env.megatron_core >= FULL_ITERATION_IMPL_SINCE
-    return _b(np.full(len(t), ok))
+    transformer_config.py l.788 and in core_v0.16.0 / core_v0.17.0), module scopes from 0.16
+    (:data:`CUDA_GRAPH_MODULES_SINCE`; megatron/training/arguments.py). A run option: every layout fails alike."""
+    return _b(np.full(len(t), _cuda_graph_release_problem(env) is None))
 
 
 # --------------------------------------------------------------------------- EP all-to-all overlap

@@ -324,6 +324,11 @@ RUN_OPTION_CASES: list[tuple[dict[str, Any], dict[str, Any], str, set[str]]] = [
      "bf16", set()),
     (_NO_RECOMPUTE, {"cuda_graph_impl": "full_iteration", "megatron_core": "0.17"}, "bf16", {"cuda_graph_release"}),
     (_NO_RECOMPUTE, {"cuda_graph_impl": "full_iteration", "megatron_core": "0.18"}, "bf16", set()),
+    (_NO_RECOMPUTE, {"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ("attn",), "megatron_core": "0.15"},
+     "bf16", set()),
+    (_NO_RECOMPUTE, {"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ("attn", "moe_router"),
+                     "megatron_core": "0.15"}, "bf16", {"cuda_graph_release"}),
+    (_NO_RECOMPUTE, {"cuda_graph_impl": "local", "megatron_core": "0.14"}, "bf16", {"cuda_graph_release"}),
     # --optimizer dist_muon (optimizer_config.py l.380-383, arguments.py l.1177-1183 at 1dcf0da)
     ({"use_precision_aware_optimizer": False}, {"optimizer": "dist_muon"}, "bf16", set()),
     ({"use_precision_aware_optimizer": False}, {"optimizer": "dist_muon", "megatron_core": "0.17"}, "bf16",
