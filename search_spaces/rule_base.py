@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from collections.abc import Callable
@@ -41,18 +42,45 @@ class RuleEnv:
     """``--cpu-offloading-num-layers`` of the run (activation offloading; 0 = off)."""
     cuda_graph_impl: str = "none"
     """The CUDA graph implementation megatron-core runs (:attr:`specs.RunOptions.cuda_graph_effective_impl`)."""
+    cuda_graph_impl_arg: str = "none"
+    """``--cuda-graph-impl`` as written (:attr:`specs.RunOptions.cuda_graph_impl`); before megatron-core 0.18 the
+    deprecated scope ``full_iteration`` runs under ``local``."""
+    cuda_graph_scope: tuple[str, ...] = ()
+    """``--cuda-graph-scope`` values (``full``: whole layers, Megatron's empty scope)."""
+    overlap_moe_expert_parallel_comm: bool = False
+    """``--overlap-moe-expert-parallel-comm`` of the run."""
+    optimizer: str = "adam"
+    """``--optimizer`` of the run (``adam`` or ``dist_muon``)."""
+    overlap_grad_reduce: bool = False
+    """``--overlap-grad-reduce`` / ``--overlap-param-gather`` of the run."""
+    use_megatron_fsdp: bool = False
+    """``--use-megatron-fsdp`` of the run."""
+    fp8_param_gather: bool = False
+    """``--fp8-param-gather`` of the run (read with an fp8-format precision only)."""
+    fp8_recipe: str = "delayed"
+    """``--fp8-recipe`` of the ``fp8`` precision (the other fp8 formats are recipes of their own)."""
 
     @classmethod
     def of(cls, cluster: Cluster | None = None, options: RunOptions | None = None) -> RuleEnv:
-        """The environment of a cluster and run options (their release, network and NVLink domain)."""
-        return cls(
-            megatron_core=options.megatron_core_tuple if options is not None
-            else megatron_core_version(NEWEST_MEGATRON_CORE),
-            network=cluster.network if cluster is not None else None,
-            nvlink_size=cluster.nvlink_size if cluster is not None else 0,
-            cp_comm_type=options.cp_comm_type if options is not None else "p2p",
-            cpu_offloading_num_layers=options.cpu_offloading_num_layers if options is not None else 0,
-            cuda_graph_impl=options.cuda_graph_effective_impl if options is not None else "none",
+        """The environment of a cluster and run options (their release, network, NVLink domain and run flags)."""
+        net = cls(network=cluster.network if cluster is not None else None,
+                  nvlink_size=cluster.nvlink_size if cluster is not None else 0)
+        if options is None:
+            return net
+        return dataclasses.replace(
+            net,
+            megatron_core=options.megatron_core_tuple,
+            cp_comm_type=options.cp_comm_type,
+            cpu_offloading_num_layers=options.cpu_offloading_num_layers,
+            cuda_graph_impl=options.cuda_graph_effective_impl,
+            cuda_graph_impl_arg=options.cuda_graph_impl if options.cuda_graph_scope else "none",
+            cuda_graph_scope=options.cuda_graph_scope,
+            overlap_moe_expert_parallel_comm=options.overlap_moe_expert_parallel_comm,
+            optimizer=options.optimizer,
+            overlap_grad_reduce=options.overlap_grad_reduce,
+            use_megatron_fsdp=options.use_megatron_fsdp,
+            fp8_param_gather=options.fp8_param_gather,
+            fp8_recipe=options.fp8_recipe,
         )
 
     @property

@@ -43,6 +43,7 @@ __all__ = [
     "POLICY_RULES",
     "check_table",
     "check_layout",
+    "run_option_problems",
     "applicable_recompute_modules",
     "layout_warnings",
 ]
@@ -86,3 +87,14 @@ def check_layout(layout: Layout, model: ModelSpec, workload: Workload,
         for rule in RULES
         if not bool(rule.check(table, model, workload, env)[0])
     ]
+
+
+def run_option_problems(model: ModelSpec, workload: Workload, env: RuleEnv) -> list[tuple[str, str]]:
+    """The rules that read no layout column (``columns`` empty: the run options alone break them) and that ``env``
+    breaks for ``model``: then no layout can run.
+
+    Returns: ``[(rule_id, reason), ...]`` in check order; empty when the options leave layouts to search."""
+    probe = Layout(world_size=1)
+    table = LayoutTable.from_layouts([probe])
+    return [(rule.id, rule.explain(probe, model, workload, env)) for rule in RULES
+            if not rule.columns and not bool(rule.check(table, model, workload, env)[0])]

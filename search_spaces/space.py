@@ -18,7 +18,15 @@ import numpy as np
 import numpy.typing as npt
 import yaml
 
-from search_spaces.rules import DEFAULT_RULE_ENV, RULES, Rule, RuleEnv, applicable_recompute_modules
+from search_spaces.rule_checks import MUON_DISTOPT_SINCE
+from search_spaces.rules import (
+    DEFAULT_RULE_ENV,
+    RULES,
+    Rule,
+    RuleEnv,
+    applicable_recompute_modules,
+    run_option_problems,
+)
 from specs import ModelSpec, Workload
 from specs._data import load_user_yaml
 from specs.errors import TunerError
@@ -426,8 +434,19 @@ def _dim(name: str, cols: Mapping[str, Sequence[Any]]) -> _Dim:
     return _Dim(name, arrays, sizes.pop())
 
 
-def _build_dims(space: SearchSpace, model: ModelSpec, notes: list[str]) -> list[_Dim]:
+def _build_dims(space: SearchSpace, model: ModelSpec, notes: list[str], env: RuleEnv) -> list[_Dim]:
     ep, etp, dispatcher = space.ep, space.etp, space.dispatcher
+    precision_aware, distopt = space.use_precision_aware_optimizer, space.use_distributed_optimizer
+    if env.optimizer == "dist_muon":  # rule dist_muon: the precision-aware optimizer is Adam's only
+        if precision_aware != (False,):
+            notes.append("--optimizer dist_muon: use_precision_aware_optimizer set to [false] (Adam's only), so no "
+                         "optimizer CPU offload")
+        precision_aware = (False,)
+        if env.megatron_core < MUON_DISTOPT_SINCE:
+            if distopt != (False,):
+                notes.append(f"--optimizer dist_muon: use_distributed_optimizer set to [false] (megatron-core "
+                             f"{env.version_label} refuses it with Muon; accepted from 0.18)")
+            distopt = (False,)
     if not model.is_moe:
         if (ep, etp, dispatcher) != ((1,), (1,), (Dispatcher.alltoall,)):
             notes.append(f"model {model.name!r} is dense: ep, etp and dispatcher collapsed to [1], [1], [alltoall]")
@@ -491,8 +510,8 @@ def _build_dims(space: SearchSpace, model: ModelSpec, notes: list[str]) -> list[
         ),
         _dim("optimizer_offload_fraction", {"optimizer_offload_fraction": space.optimizer_offload_fraction}),
         _dim("overlap_cpu_optimizer_d2h_h2d", {"overlap_cpu_optimizer_d2h_h2d": space.overlap_cpu_optimizer_d2h_h2d}),
-        _dim("use_distributed_optimizer", {"use_distributed_optimizer": space.use_distributed_optimizer}),
-        _dim("use_precision_aware_optimizer", {"use_precision_aware_optimizer": space.use_precision_aware_optimizer}),
+        _dim("use_distributed_optimizer", {"use_distributed_optimizer": distopt}),
+        _dim("use_precision_aware_optimizer", {"use_precision_aware_optimizer": precision_aware}),
         _dim("exp_avg_dtype", {"exp_avg_dtype": space.exp_avg_dtype}),
         _dim("exp_avg_sq_dtype", {"exp_avg_sq_dtype": space.exp_avg_sq_dtype}),
         _dim("dispatcher", {"dispatcher": [d.value for d in dispatcher]}),
@@ -579,15 +598,17 @@ def enumerate_layouts(space: SearchSpace, model: ModelSpec, cluster_world_size: 
     and notes.
 
     For a dense model ep/etp/dispatcher collapse to ``[1]/[1]/[alltoall]``; recompute modules the model lacks are
-    dropped (both said in ``notes``). Rules run in :data:`~search_spaces.rules.RULES` order on partial products, once
-    per combination of the options they read, so ``rule_counts`` equals :func:`~search_spaces.rules.check_table` on the
-    full product.
+    dropped; with ``env.optimizer`` ``dist_muon`` the precision-aware optimizer (and, before megatron-core 0.18, the
+    distributed optimizer) is off (each said in ``notes``). Rules run in :data:`~search_spaces.rules.RULES` order on
+    partial products, once per combination of the options they read, so ``rule_counts`` equals
+    :func:`~search_spaces.rules.check_table` on the full product.
 
-    Raises TunerError: ``cluster_world_size`` not positive, or no recompute option left for the model."""
+    Raises TunerError: ``cluster_world_size`` not positive, the run options in ``env`` break a rule whatever the
+    layout (:func:`~search_spaces.rules.run_option_problems`), or no recompute option left for the model."""
     if not isinstance(cluster_world_size, int) or cluster_world_size < 1:
         raise TunerError(f"the GPU count must be a positive integer, got {cluster_world_size!r}")
     notes: list[str] = []
-    dims = _build_dims(space, model, notes)
+    dims = _build_dims(space, model, notes, env)
     prod = _Product(dims, cluster_world_size)
     considered = math.prod(d.size for d in dims)
     counts = {r.id: 0 for r in RULES}
@@ -612,4 +633,7 @@ def enumerate_layouts(space: SearchSpace, model: ModelSpec, cluster_world_size: 
     prod.cross([n for n in prod.order if n not in prod.crossed])
     valid = prod.table()
     assert sum(counts.values()) + len(valid) == considered, (sum(counts.values()), len(valid), considered)
+    broken = run_option_problems(model, workload, env) if not len(valid) else []
+    if broken:
+        raise TunerError("no layout can run with these run options: " + "; ".join(f"[{r}] {why}" for r, why in broken))
     return Enumeration(considered=considered, rule_counts=counts, valid=valid, notes=notes)

@@ -14,7 +14,7 @@ from specs.errors import TunerError
 from specs.layout import Dispatcher, Layout, RecomputeGranularity
 
 __all__ = ["SEED_ENV", "OPTIMIZER_HPARAMS", "HPARAM_FLAGS", "EXCLUSIVE_FLAGS", "merge_user_args", "MISC_ARGS",
-           "misc_args", "misc_lines", "Framework", "model_args", "layout_args", "megatron_args"]
+           "misc_args", "misc_lines", "optimizer_lines", "Framework", "model_args", "layout_args", "megatron_args"]
 
 Framework = Literal["megatron", "slime"]
 
@@ -32,6 +32,15 @@ _OPTIMIZER_LINES: tuple[tuple[str, ...], ...] = (
     ("--lr-warmup-fraction", "0.1", "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.98"),
 )
 OPTIMIZER_HPARAMS: tuple[str, ...] = tuple(a for line in _OPTIMIZER_LINES for a in line)
+
+
+def optimizer_lines(options: RunOptions | None) -> tuple[tuple[str, ...], ...]:
+    """:data:`_OPTIMIZER_LINES` with the run's ``--optimizer`` (``options.optimizer``; None: the seed's adam), so that a
+    command that writes them writes ``--optimizer`` once (:func:`options_args` with ``hparams``)."""
+    if options is None:
+        return _OPTIMIZER_LINES
+    return tuple(tuple(options.optimizer if i and line[i - 1] == "--optimizer" else a for i, a in enumerate(line))
+                 for line in _OPTIMIZER_LINES)
 
 #: The seed's numerics flags (dropout off, fp32 gradient accumulation and softmax, flash attention).
 _MISC_LINES: tuple[tuple[str, ...], ...] = (
@@ -61,15 +70,21 @@ def misc_args(model: ModelSpec, options: RunOptions | None = None) -> tuple[str,
     return tuple(a for line in misc_lines(model, options) for a in line)
 
 
-def options_args(model: ModelSpec, workload: Workload, options: RunOptions | None, layout: Layout) -> list[str]:
+def options_args(model: ModelSpec, workload: Workload, options: RunOptions | None, layout: Layout, *,
+                 hparams: bool = False) -> list[str]:
     """The run options' arguments other than Megatron-LM's defaults, less those the model's own arguments write and
-    ``--tp-comm-overlap`` at TP 1 (Megatron-LM's ``validate_args`` refuses it without sequence parallelism)."""
+    ``--tp-comm-overlap`` at TP 1 (Megatron-LM's ``validate_args`` refuses it without sequence parallelism); with
+    ``hparams`` (the command writes :func:`optimizer_lines`, which carry it) less ``--optimizer``."""
     if options is None:
         return []
     from specs.stacks import run_option_args
 
     skip = (*model.extra_megatron_args, *(("--tp-comm-overlap",) if layout.tp == 1 else ()))
-    return run_option_args(options, precision=workload.precision.value, skip=skip)
+    a = run_option_args(options, precision=workload.precision.value, skip=skip)
+    if hparams and "--optimizer" in a:
+        i = a.index("--optimizer")
+        del a[i:i + 2]
+    return a
 
 
 #: slime's own arguments (its RL loop, rollout engine and Ray placement; THUDM/slime ``slime/utils/arguments.py``):
@@ -525,7 +540,7 @@ def megatron_args(model: ModelSpec, cluster: Cluster, workload: Workload, layout
         *layout_args(layout, model, workload, framework="megatron"),
         "--max-position-embeddings", str(workload.seq_length),
         *_precision_args(workload, "megatron"),
-        *OPTIMIZER_HPARAMS,
+        *(a for line in optimizer_lines(options) for a in line),
         *misc_args(model, options),
-        *options_args(model, workload, options, layout),
+        *options_args(model, workload, options, layout, hparams=True),
     ]  # fmt: skip

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._describe import _every_weight_note, _summary
 from launch.exporters._flags import (
-    _OPTIMIZER_LINES,
     HPARAM_FLAGS,
     SEED_ENV,
     _check,
@@ -21,6 +20,7 @@ from launch.exporters._flags import (
     merge_user_args,
     misc_lines,
     model_args,
+    optimizer_lines,
     options_args,
 )
 from launch.exporters._shell import (
@@ -189,10 +189,10 @@ def _groups(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layo
     ]
     groups += group_flags(_parallel_args(layout, model) + _recompute_args(layout))
     groups += [("--use-dynamic-batch-size",), ("--max-tokens-per-gpu", str(_max_tokens_per_gpu(layout, workload)))]
-    groups += list(_OPTIMIZER_LINES) * hparams
+    groups += list(optimizer_lines(options)) * hparams
     groups += group_flags(_optimizer_layout_args(layout))
     groups += list(misc_lines(model, options)) * hparams
-    groups += group_flags(options_args(model, workload, options, layout))
+    groups += group_flags(options_args(model, workload, options, layout, hparams=hparams))
     prec = _precision_args(workload, "slime")
     if prec:
         groups.append(prec)

@@ -33,7 +33,7 @@ from launch.export import (
     validate_recipe,
     write_recipe,
 )
-from specs import Workload, load_model, parse_gpus
+from specs import RunOptions, Workload, load_model, parse_gpus
 from specs.errors import TunerError
 from specs.layout import Layout
 
@@ -329,6 +329,17 @@ def test_layout_args_options(model, workload, seed_layout):
         layout_args(
             seed_layout.replace(use_precision_aware_optimizer=False, optimizer_offload_fraction=0.5), model, workload
         )
+
+
+@pytest.mark.parametrize("user_args", [(), ("--lr", "3e-4")])
+def test_optimizer_is_written_once(model, cluster, workload, seed_layout, user_args):
+    lay = seed_layout.replace(use_precision_aware_optimizer=False)
+    muon = RunOptions(optimizer="dist_muon")
+    argv = megatron_args(model, cluster, workload, lay, options=muon, user_args=user_args)
+    assert argv.count("--optimizer") == 1 and argv[argv.index("--optimizer") + 1] == "dist_muon"
+    script = shlex.split(slime_script(model, cluster, workload, lay, options=muon, user_args=user_args))
+    assert script.count("--optimizer") == 1 and script[script.index("--optimizer") + 1] == "dist_muon"
+    assert megatron_args(model, cluster, workload, lay).count("--optimizer") == 1  # the seed's adam
 
 
 def test_world_size_must_match_cluster(model, workload, seed_layout):

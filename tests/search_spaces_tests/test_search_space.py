@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -10,9 +11,9 @@ import pytest
 import yaml
 
 from search_spaces.pipeline import emit_layout_string, layer_counts_from_string, stage_layer_counts
-from search_spaces.rules import RULE_IDS, RULES, Rule, check_layout, check_table
+from search_spaces.rules import RULE_IDS, RULES, Rule, RuleEnv, check_layout, check_table
 from search_spaces.space import PipelineSplitSpace, SearchSpace, enumerate_layouts
-from specs import ModelSpec, Workload, load_model
+from specs import ModelSpec, RunOptions, Workload, load_model
 from specs.errors import TunerError
 from specs.layout import LayoutTable
 
@@ -295,6 +296,13 @@ use_distributed_optimizer: [true, false]
         "cp_attention_variant",
         "cpu_offloading",  # activation offloading is off here
         "cuda_graphs",  # CUDA graphs are off here
+        "cuda_graph_scope",
+        "cuda_graph_release",
+        "ep_overlap",  # the run options' rules: default options here
+        "ep_overlap_options",
+        "dist_muon_options",
+        "dist_muon",
+        "fp8_param_gather_offload",
         "recompute_selective",
         "recompute_none",
         "recompute_modules_model",
@@ -327,3 +335,25 @@ def test_dense_model_collapses_expert_dims() -> None:
 def test_bad_world_size(minimax: ModelSpec) -> None:
     with pytest.raises(TunerError, match="positive integer"):
         enumerate_layouts(SearchSpace.load(), minimax, 0, WORKLOAD)
+
+
+def _small_space() -> SearchSpace:
+    return dataclasses.replace(SearchSpace.load(), tp=(1, 2), pp=(1, 2), vpp=(1, 2), cp=(1,), ep=(4, 8),
+                               micro_batch_size=(1,), optimizer_offload_fraction=(0.0, 1.0),
+                               use_distributed_optimizer=(True, False))
+
+
+@pytest.mark.parametrize(("core", "distopt"), [("0.19", {True, False}), ("0.17", {False})])
+def test_dist_muon_turns_the_precision_aware_optimizer_off(core: str, distopt: set[bool]) -> None:
+    env = RuleEnv.of(None, RunOptions(optimizer="dist_muon", megatron_core=core))
+    e = enumerate_layouts(_small_space(), load_model("Qwen3-30B-A3B"), 8, WORKLOAD, env)
+    assert len(e.valid) and not e.valid["use_precision_aware_optimizer"].any()
+    assert set(e.valid["use_distributed_optimizer"].tolist()) == distopt
+    assert not e.valid["optimizer_offload_fraction"].any()
+    assert any("dist_muon" in n and "use_precision_aware_optimizer" in n for n in e.notes)
+
+
+def test_options_no_layout_can_run_with_name_their_rule() -> None:
+    env = RuleEnv.of(None, RunOptions(cuda_graph_impl="full_iteration", megatron_core="0.16"))
+    with pytest.raises(TunerError, match=r"no layout can run with these run options: \[cuda_graph_release\]"):
+        enumerate_layouts(_small_space(), load_model("Qwen3-30B-A3B"), 8, WORKLOAD, env)

@@ -7,7 +7,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from search_spaces.rules import RULE_IDS, RULES, RuleEnv, check_layout, check_table, layout_warnings
+from search_spaces.rules import (
+    RULE_IDS,
+    RULES,
+    RuleEnv,
+    check_layout,
+    check_table,
+    layout_warnings,
+    run_option_problems,
+)
 from specs import ModelSpec, RunOptions, Workload, load_model, load_network
 from specs.layout import Layout, LayoutTable
 
@@ -48,7 +56,7 @@ def test_rules_have_ids_and_sources() -> None:
     assert len(RULE_IDS) == len(set(RULE_IDS)) == len(RULES)
     for rule in RULES:
         assert rule.description and (".py" in rule.description or "policy" in rule.description), rule.id
-        assert rule.columns
+        assert rule.columns or "every layout fails alike" in rule.description, rule.id  # a run option's rule
 
 
 def test_seed_layout_is_valid(minimax: ModelSpec) -> None:
@@ -227,7 +235,137 @@ BAD: dict[str, tuple[Layout, str | dict[str, Any], Workload, tuple[str, ...]]] =
         ("--cuda-graph-impl local", "recompute full uniform 1", "full_iteration"),
         RuleEnv(cuda_graph_impl="local"),
     ),
+    "cuda_graph_scope": (
+        seed_layout(),
+        {},
+        WORKLOAD,
+        ("must not contain both moe and moe_router",),
+        RuleEnv.of(None, RunOptions(cuda_graph_impl="transformer_engine", cuda_graph_scope=("moe", "moe_router"))),
+    ),
+    "cuda_graph_release": (
+        seed_layout(),
+        {},
+        WORKLOAD,
+        ("megatron-core 0.16", "arrived in 0.18", "--cuda-graph-impl local --cuda-graph-scope full_iteration"),
+        RuleEnv.of(None, RunOptions(cuda_graph_impl="full_iteration", megatron_core="0.16")),
+    ),
+    "ep_overlap": (
+        seed_layout(),
+        {},
+        WORKLOAD,
+        ("--overlap-moe-expert-parallel-comm", "recompute full uniform 1 (no full recompute)"),
+        RuleEnv.of(None, RunOptions(overlap_moe_expert_parallel_comm=True)),
+    ),
+    "ep_overlap_options": (
+        seed_layout(ep=1),
+        "Llama-3.1-8B",
+        WORKLOAD,
+        ("Llama-3.1-8B is dense",),
+        RuleEnv.of(None, RunOptions(overlap_moe_expert_parallel_comm=True)),
+    ),
+    "dist_muon_options": (
+        seed_layout(),
+        {},
+        WORKLOAD,
+        ("megatron-core 0.15 has no --optimizer dist_muon",),
+        RuleEnv.of(None, RunOptions(optimizer="dist_muon", megatron_core="0.15")),
+    ),
+    "dist_muon": (
+        seed_layout(),
+        {},
+        WORKLOAD,
+        ("--optimizer dist_muon", "precision-aware optimizer"),
+        RuleEnv.of(None, RunOptions(optimizer="dist_muon")),
+    ),
+    "fp8_param_gather_offload": (
+        seed_layout(optimizer_offload_fraction=1.0),
+        {},
+        Workload(seq_length=8192, global_batch_size=128, precision="fp8"),
+        ("--fp8-param-gather needs --fp8-recipe delayed", "tensorwise"),
+        RuleEnv.of(None, RunOptions(fp8_param_gather=True, fp8_recipe="tensorwise")),
+    ),
 }
+
+#: The seed layout with no recompute: what the run-option rules below accept unless they say otherwise.
+_NO_RECOMPUTE = dict(recompute_granularity="none", recompute_method="none", recompute_num_layers=0)
+#: (layout changes, run options, workload precision, the run-option rules it breaks), megatron-core as given.
+RUN_OPTION_CASES: list[tuple[dict[str, Any], dict[str, Any], str, set[str]]] = [
+    # --overlap-moe-expert-parallel-comm (transformer_config.py l.1878-1932 at 1dcf0da, l.3002-3071 at d98e8a64)
+    (_NO_RECOMPUTE, {"overlap_moe_expert_parallel_comm": True}, "bf16", set()),
+    ({}, {"overlap_moe_expert_parallel_comm": True}, "bf16", {"ep_overlap"}),
+    ({**_NO_RECOMPUTE, "vpp": 1}, {"overlap_moe_expert_parallel_comm": True}, "bf16", {"ep_overlap"}),
+    ({**_NO_RECOMPUTE, "ep": 1}, {"overlap_moe_expert_parallel_comm": True}, "bf16", {"ep_overlap"}),
+    ({**_NO_RECOMPUTE, "dispatcher": "allgather"}, {"overlap_moe_expert_parallel_comm": True}, "bf16",
+     {"ep_overlap"}),
+    ({**_NO_RECOMPUTE, "dispatcher": "flex+deepep"}, {"overlap_moe_expert_parallel_comm": True}, "bf16", set()),
+    ({**_NO_RECOMPUTE, "recompute_granularity": "selective", "recompute_modules": ("moe",)},
+     {"overlap_moe_expert_parallel_comm": True}, "bf16", {"ep_overlap"}),
+    ({**_NO_RECOMPUTE, "recompute_granularity": "selective", "recompute_modules": ("moe",)},
+     {"overlap_moe_expert_parallel_comm": True, "megatron_core": "0.16"}, "bf16", set()),
+    (_NO_RECOMPUTE, {"overlap_moe_expert_parallel_comm": True, "cuda_graph_impl": "local",
+                     "megatron_core": "0.16"}, "bf16", {"ep_overlap_options"}),
+    (_NO_RECOMPUTE, {"overlap_moe_expert_parallel_comm": True, "cuda_graph_impl": "local"}, "bf16", set()),
+    (_NO_RECOMPUTE, {"overlap_moe_expert_parallel_comm": True, "cuda_graph_impl": "transformer_engine",
+                     "cuda_graph_scope": ("attn", "moe")}, "bf16", {"ep_overlap_options", "cuda_graph_scope"}),
+    # CUDA graphs (transformer_config.py l.1742-1821 at 1dcf0da, l.2798-2869 at d98e8a64)
+    ({**_NO_RECOMPUTE, "recompute_granularity": "selective", "recompute_modules": ("moe",)},
+     {"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ("attn", "moe_router", "moe_preprocess")}, "bf16",
+     {"cuda_graphs"}),
+    ({**_NO_RECOMPUTE, "recompute_granularity": "selective", "recompute_modules": ("core_attn", "moe_act")},
+     {"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ("attn", "moe_router", "moe_preprocess")}, "bf16",
+     set()),
+    (_NO_RECOMPUTE, {"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ("moe",)}, "bf16",
+     {"cuda_graph_scope"}),
+    (_NO_RECOMPUTE, {"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ("moe_preprocess",)}, "bf16",
+     {"cuda_graph_scope"}),
+    (_NO_RECOMPUTE, {"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ("full_iteration",)}, "bf16",
+     {"cuda_graph_scope"}),
+    (_NO_RECOMPUTE, {"cuda_graph_impl": "local", "cuda_graph_scope": ("full_iteration",), "megatron_core": "0.16"},
+     "bf16", set()),
+    (_NO_RECOMPUTE, {"cuda_graph_impl": "full_iteration", "megatron_core": "0.17"}, "bf16", {"cuda_graph_release"}),
+    (_NO_RECOMPUTE, {"cuda_graph_impl": "full_iteration", "megatron_core": "0.18"}, "bf16", set()),
+    (_NO_RECOMPUTE, {"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ("attn",), "megatron_core": "0.15"},
+     "bf16", set()),
+    (_NO_RECOMPUTE, {"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ("attn", "moe_router"),
+                     "megatron_core": "0.15"}, "bf16", {"cuda_graph_release"}),
+    (_NO_RECOMPUTE, {"cuda_graph_impl": "local", "megatron_core": "0.14"}, "bf16", {"cuda_graph_release"}),
+    # --optimizer dist_muon (optimizer_config.py l.380-383, arguments.py l.1177-1183 at 1dcf0da)
+    ({"use_precision_aware_optimizer": False}, {"optimizer": "dist_muon"}, "bf16", set()),
+    ({"use_precision_aware_optimizer": False}, {"optimizer": "dist_muon", "megatron_core": "0.17"}, "bf16",
+     {"dist_muon"}),
+    ({"use_precision_aware_optimizer": False, "use_distributed_optimizer": False},
+     {"optimizer": "dist_muon", "megatron_core": "0.17"}, "bf16", set()),
+    ({"use_precision_aware_optimizer": False, "use_distributed_optimizer": False},
+     {"optimizer": "dist_muon", "megatron_core": "0.16", "overlap_grad_reduce": True}, "bf16", {"dist_muon_options"}),
+    ({"use_precision_aware_optimizer": False}, {"optimizer": "dist_muon", "use_megatron_fsdp": True}, "bf16",
+     {"dist_muon_options"}),
+    # fp8 parameters with optimizer CPU offload (arguments.py l.1194-1197 at 1dcf0da, l.1889-1892 at d98e8a64)
+    ({"optimizer_offload_fraction": 0.5}, {"fp8_param_gather": True}, "fp8", set()),
+    ({"optimizer_offload_fraction": 0.5}, {"fp8_param_gather": True, "fp8_recipe": "tensorwise"}, "fp8",
+     {"fp8_param_gather_offload"}),
+    ({"optimizer_offload_fraction": 0.5}, {"fp8_param_gather": True}, "mxfp8", {"fp8_param_gather_offload"}),
+    ({}, {"fp8_param_gather": True, "fp8_recipe": "tensorwise"}, "fp8", set()),
+]
+_RUN_OPTION_RULES = {"cuda_graphs", "cuda_graph_scope", "cuda_graph_release", "ep_overlap", "ep_overlap_options",
+                     "dist_muon_options", "dist_muon", "fp8_param_gather_offload"}
+
+
+@pytest.mark.parametrize(("changes", "options", "precision", "broken"), RUN_OPTION_CASES)
+def test_run_option_rules(changes: dict[str, Any], options: dict[str, Any], precision: str, broken: set[str],
+                          minimax: ModelSpec) -> None:
+    layout = seed_layout(**changes)
+    workload = Workload(seq_length=8192, global_batch_size=128, precision=precision)
+    env = RuleEnv.of(None, RunOptions(**options))
+    got = {r for r, _ in check_layout(layout, minimax, workload, env)}
+    assert got & _RUN_OPTION_RULES == broken
+    assert got - _RUN_OPTION_RULES == set()  # the seed layout passes every other rule
+
+
+def test_run_option_problems_name_only_the_options_rules(minimax: ModelSpec) -> None:
+    env = RuleEnv.of(None, RunOptions(overlap_moe_expert_parallel_comm=True, optimizer="dist_muon",
+                                      megatron_core="0.15"))
+    assert [r for r, _ in run_option_problems(minimax, WORKLOAD, env)] == ["dist_muon_options"]
+    assert run_option_problems(minimax, WORKLOAD, RuleEnv.of(None, RunOptions())) == []
 
 #: The environment of the rules that read one (the others ignore it): the seed's cluster, AWS p5en with EFA v3.
 EFA_ENV = RuleEnv(network=load_network("efa-v3"), nvlink_size=8)
