@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from search_spaces import rule_checks  # noqa: F401  (registers the rules)
+from search_spaces import rule_checks, rule_options  # noqa: F401  (register the rules)
 from search_spaces.rule_base import (
     DEFAULT_RULE_ENV,
     MOE_RECOMPUTE_MODULES,

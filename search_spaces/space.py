@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import yaml
 
-from search_spaces.rule_checks import MUON_DISTOPT_SINCE
+from search_spaces.rule_options import MUON_DISTOPT_SINCE
 from search_spaces.rules import (
     DEFAULT_RULE_ENV,
     RULES,
