@@ -79,7 +79,8 @@ def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | Non
                 argv.append(f"--{k}")
                 names[f"--{k}"] = str(k)
             if not isinstance(doc.get("perf_matrix"), Mapping):
-                return _read_args(p, "megatron-bridge", [], argv, model, None, names=names)
+                return _some_understood(_read_args(p, "megatron-bridge", [], argv, model, None, names=names), label,
+                                        accepted)
             more, more_names, pgpu, count, pper = _perf_matrix_args(doc["perf_matrix"], label, gpus, precision,
                                                                     fp8_recipe)
             lf = _read_args(p, "megatron-bridge", [], argv + more, model, None, names={**names, **more_names})
@@ -91,7 +92,8 @@ def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | Non
         if isinstance(doc, Mapping) and any(k in doc for k in ("model", "train", "ddp",
                                                           "optimizer")) and "schema_version" not in doc:
             argv, names = _bridge_args(doc, label)
-            lf = _read_args(p, "megatron-bridge", [], argv, model, None, names=names)
+            lf = _some_understood(_read_args(p, "megatron-bridge", [], argv, model, None, names=names), label,
+                                  accepted)
             return replace(lf, task=_lora_of(doc) or lf.task)
         if not (isinstance(doc, Mapping) and isinstance(doc.get("run"), str) and "schema_version" in doc):
             raise TunerError(f"{label}: a YAML file of none of the accepted forms; {accepted}")
@@ -104,6 +106,17 @@ def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | Non
         return _recipe_blocks(lf, doc)
     launcher, argv = _safe_args(text, label, accepted, p.parent)
     return _read_args(p, "shell", launcher, argv, model, None)
+
+
+def _some_understood(lf: LaunchFile, label: str, accepted: str) -> LaunchFile:
+    """``lf``, a Megatron-Bridge YAML read, when the tuner understood at least one of its settings.
+
+    Raises:
+        TunerError: nothing in it is understood (e.g. a YAML with a ``model`` key that is no Bridge config)."""
+    if not lf.understood:
+        raise TunerError(f"{label}: none of its settings is one the tuner reads ({lf.short_summary(limit=4)}); "
+                         f"{accepted}")
+    return lf
 
 
 def _recipe_blocks(lf: LaunchFile, doc: Mapping[str, Any]) -> LaunchFile:

@@ -50,6 +50,11 @@ _TORCHRUN_ARGS = frozenset(f"--{a}" for n in ("nnodes", "nproc-per-node", "node-
 _IDENTITY = ("hidden_size", "num_attention_heads", "num_experts", "moe_ffn_hidden_size", "vocab_size",
              "moe_router_topk", "num_query_groups", "kv_channels", "kv_lora_rank", "q_lora_rank")
 
+#: Architecture arguments a Megatron-Bridge YAML's ``model`` section must agree on with ``--model``'s preset (where
+#: the file sets them); ``--num-layers`` may be fewer (a slice).
+_BRIDGE_IDENTITY = ("hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
+                    "num_experts", "moe_ffn_hidden_size", "moe_router_topk", "kv_lora_rank", "q_lora_rank")
+
 #: The launch arguments of the slime RL framework (a file that has one is a slime launch).
 _SLIME_ONLY = ("--actor-num-nodes", "--actor-num-gpus-per-node", "--max-tokens-per-gpu", "--use-dynamic-batch-size",
                "--rollout-batch-size", "--hf-checkpoint", "--debug-train-only")
@@ -268,6 +273,34 @@ def _identify_model(arch: Mapping[str, list[str]], given: str | None) -> tuple[s
     return name, layers, tuple(notes)
 
 
+def _other_model(arch: Mapping[str, list[str]], given: str, names: Mapping[str, str], label: str) -> None:
+    """Refuse a Megatron-Bridge YAML whose architecture settings (:data:`_BRIDGE_IDENTITY`, ``num_layers`` above the
+    preset's) are not those of the ``--model`` preset ``given``; a setting the preset leaves unset is compared only for
+    ``num_experts`` (a MoE file against a dense preset). Settings the file does not give are not compared.
+
+    Raises:
+        TunerError: a setting differs, naming each with the file's and the preset's value."""
+    from launch.exporters._flags import model_args
+    from specs import load_model
+
+    try:
+        m = load_model(given)
+    except TunerError:
+        return  # a config.json path: not a preset to compare with
+    pre, _ = _flag_values(model_args(m), set(arch) | {"--num-layers"})
+    wrong: list[str] = []
+    for flag, v in arch.items():
+        key = flag[2:].replace("-", "_")
+        p = pre.get(flag)
+        if key == "num_layers" and p and v and int(v[0]) > int(p[0]):
+            wrong.append(f"{names.get(flag, flag)} {' '.join(v)} ({m.name}: {' '.join(p)})")
+        elif key in _BRIDGE_IDENTITY and v and (p or key == "num_experts") and _numbers(p or []) != _numbers(v):
+            wrong.append(f"{names.get(flag, flag)} {' '.join(v)} ({m.name}: {' '.join(p) if p else 'unset'})")
+    if wrong:
+        raise TunerError(f"{label}: its model settings are not {m.name}'s: {', '.join(wrong)}; give --model with the "
+                         "preset of the file's model, or leave those settings out of the file")
+
+
 def _layout_of(ns: argparse.Namespace, slime: bool) -> dict[str, Any]:
     """:class:`tuner.cli._layout.LayoutFlags` fields of the parsed launch (``slime``: a stack that turns the distributed
     optimizer on unless told otherwise: slime, Megatron-Bridge's recipes)."""
@@ -441,6 +474,8 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
         name, layers, notes = _identify_model(arch, model)
     except TunerError as e:
         raise TunerError(f"{label}: {e}") from None
+    if model and kind in ("megatron-bridge", "nemo-rl"):
+        _other_model(arch, model, names or {}, label)
     slime = any(w.split("=")[0] in _SLIME_ONLY for w in argv)
     if kind == "shell" and not slime and name is not None and not (ns.bf16 or ns.fp8_format):
         # Megatron-LM's arguments.py: without --bf16 / --fp16 the run trains in fp32 (slime turns --bf16 on itself)

@@ -3,7 +3,8 @@ Megatron-LM arguments."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Mapping, Set
 from typing import Any
 
 from specs.errors import TunerError
@@ -25,6 +26,31 @@ _BRIDGE_RENAMED = {"num_moe_experts": "num-experts",
                    "num_layers_in_first_pipeline_stage": "decoder-first-pipeline-num-layers",
                    "num_layers_in_last_pipeline_stage": "decoder-last-pipeline-num-layers",
                    "bias_activation_fusion": "bias-swiglu-fusion", "apply_rope_fusion": "rope-fusion"}
+
+
+def _understood_keys(known: Set[str]) -> frozenset[str]:
+    """The Megatron-Bridge setting names the reader turns into an argument the estimate reads: each of ``known``
+    (Megatron-LM flags) spelled as a setting, and :data:`_BRIDGE_RENAMED`'s settings."""
+    keys = {f[2:].replace("-", "_") for f in known if f.startswith("--") and not f.startswith("--no-")}
+    renamed = {"--" + v: k for k, v in _BRIDGE_RENAMED.items()}
+    return frozenset(keys | {k for f, k in renamed.items() if f in known} | {"grad_reduce_in_fp32"})
+
+
+def _near_miss(key: str, where: str, keys: frozenset[str], label: str) -> None:
+    """Refuse a setting ``key`` (at ``where``) the reader does not know that is a typo of one it reads: a close match
+    (:func:`difflib.get_close_matches`, cutoff 0.85) at most two letters off; a typo would silently leave the setting at
+    Megatron's default. Real settings beside a read one (``fp4_recipe``, ``tp_comm_overlap_ag``,
+    ``sequence_parallel_size`` in a dumped ``ConfigContainer``) differ by a digit or by more letters, and stay named as
+    not understood.
+
+    Raises:
+        TunerError: ``key`` is a typo of one of ``keys``."""
+    for close in difflib.get_close_matches(key, keys - {key}, n=1, cutoff=0.85):
+        ops = [op for op in difflib.SequenceMatcher(None, key, close).get_opcodes() if op[0] != "equal"]
+        changed = key[ops[0][1]:ops[-1][2]] + close[ops[0][3]:ops[-1][4]] if ops else ""
+        if sum(max(i2 - i1, j2 - j1) for _, i1, i2, j1, j2 in ops) <= 2 and not changed.isdigit():
+            raise TunerError(f"{label}: {where} is not a Megatron-Bridge setting the tuner reads; did you mean "
+                             f"{close}? Fix it in the file")
 
 
 def _lora_of(doc: Mapping[str, Any]) -> LaunchTask | None:
@@ -52,6 +78,7 @@ def _bridge_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[st
     names: dict[str, str] = {}
     empties: list[str] = []
     known = set(_parser()._option_string_actions) | _model_flags()
+    keys = _understood_keys(known)
 
     def put(flag: str, where: str, *values: str) -> None:
         if flag in names and names[flag] != where:  # a second section sets the same argument: named too
@@ -117,6 +144,8 @@ def _bridge_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[st
                     empties.append(where)
                 continue
             flag = "--" + _BRIDGE_RENAMED.get(key, key.replace("_", "-"))
+            if flag not in known and flag not in NO_EFFECT_ARGS and flag not in _BRIDGE_NO_EFFECT:
+                _near_miss(key, where, keys, label)
             if isinstance(v, bool):
                 put(flag if v else "--no-" + flag[2:], where)
             elif isinstance(v, list) and not v:  # an empty list: nothing of it (e.g. no CUDA graph modules)
