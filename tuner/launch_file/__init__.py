@@ -109,11 +109,12 @@ def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | Non
 
 
 def _some_understood(lf: LaunchFile, label: str, accepted: str) -> LaunchFile:
-    """``lf``, a Megatron-Bridge YAML read, when the tuner understood at least one of its settings.
+    """``lf``, a Megatron-Bridge YAML read, when the tuner knows at least one of its settings (understood, or known
+    to have no effect on the estimate).
 
     Raises:
         TunerError: nothing in it is understood (e.g. a YAML with a ``model`` key that is no Bridge config)."""
-    if not lf.understood:
+    if not lf.understood and not lf.no_effect:
         raise TunerError(f"{label}: none of its settings is one the tuner reads ({lf.short_summary(limit=4)}); "
                          f"{accepted}")
     return lf
