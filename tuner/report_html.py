@@ -345,7 +345,7 @@ def render_report(*, study: str, heading: str, rows: Sequence[Mapping[str, Any]]
         "measurement's from the run-to-run spread); peak at most: the high end of the predicted peak; fit: fits, may "
         "not fit (a real trial tells) or ran.</p>",
         _table(["trial", "layout", "recompute", "offload", "dispatcher", "mbs", "first/last", "tokens/s/GPU", "90%",
-                "MFU (6N)", "peak GiB", "peak at most", "fit", "step s", "source", "--pipeline-model-parallel-layout"],
+                "MFU", "peak GiB", "peak at most", "fit", "step s", "source", "--pipeline-model-parallel-layout"],
                front_body, left=(1, 2, 3, 4, 6, 12, 14, 15)),
         '<h2 id="breakdown">Where the memory and the step go</h2>',
         "<p>Each front layout's predicted memory per GPU (worst pipeline rank) and step time, by part, least memory "

@@ -280,7 +280,8 @@ def _print_estimate(e: Any, d: dict[str, Any], lay: Any, m: Any, c: Any, w: Any,
     if d["pipeline_model_parallel_layout"]:
         out.print(f"  --pipeline-model-parallel-layout '{d['pipeline_model_parallel_layout']}'")
     out.print(f"  tokens/s/GPU {e.tokens_per_s_per_gpu:,.1f} (90%: {lo:,.0f}-{hi:,.0f}); step {e.step_time_s:.2f} s")
-    out.print(f"  MFU {e.mfu:.1%} (6N); model TFLOP/s/GPU {e.model_tflops_per_gpu:.0f}; "
+    flops = "4N" if w.task == "lora" else "6N"
+    out.print(f"  MFU {e.mfu:.1%} ({flops}); model TFLOP/s/GPU {e.model_tflops_per_gpu:.0f}; "
               f"${e.usd_per_million_tokens:.2f} per 1M tokens")
     if memory_headroom is not None:
         fit = "fits" if e.fits else "[red]does NOT fit[/]"

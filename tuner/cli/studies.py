@@ -100,9 +100,11 @@ def pareto(
         f"gbs {w.global_batch_size}; backend {escape(str(cfg.get('backend')))}; {len(rows):,} layouts evaluated",
         indent=0, hang=2)
     more = shell_command("tune", "pareto", *study_flags(st.study_name, results_dir), "--top", "0")
+    from tuner.report import BEST_TRIAL_ATTR
+
     print_front(front, top,
                 title=f"Pareto front ({' and '.join(sorted(srcs))}; tok/s = tokens/s/GPU, 90% interval; * may not fit)",
-                more_hint=more)
+                more_hint=more, best_trial=st.user_attrs.get(BEST_TRIAL_ATTR))
     print_ties(rows, front[0])
     real = [t for t in st.trials if "pruned" in t.user_attrs
             or ("failure" in t.user_attrs and "pred_peak_gib" in t.user_attrs["failure"])]
