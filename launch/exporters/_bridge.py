@@ -33,7 +33,8 @@ from specs.layout import RecomputeGranularity
 from specs.precision import TORCH_DTYPES
 from specs.units import GIB
 
-__all__ = ["LORA_CLASS", "BridgeExporter", "bridge_left_out", "bridge_settings", "bridge_yaml", "grad_reduce_note"]
+__all__ = ["LORA_CLASS", "BridgeExporter", "bridge_left_out", "bridge_scripts_note", "bridge_settings", "bridge_yaml",
+           "grad_reduce_note"]
 
 #: The ``peft`` section's class for ``--task lora`` (``_target_`` as a saved ``run_config.yaml`` writes it:
 #: Megatron-Bridge 067f987d ``tests/unit_tests/models/test_adapter_export.py``; ``src/megatron/bridge/peft/lora.py``).
@@ -84,6 +85,20 @@ def grad_reduce_note(context: ExportContext) -> str:
         return ""
     return (f"priced with bf16 gradient reduction, but mixed_precision: {name} reduces in fp32 (it wins over ddp): "
             "set mixed_precision.grad_reduce_in_fp32 false in your recipe")
+
+
+def bridge_scripts_note(bridge_yaml: str, *, slime: bool = False) -> str:
+    """What ``recipe.yaml``, ``run_slime.sh`` and ``megatron_args.sh`` are beside a ``tune --from`` Bridge YAML
+    ``bridge_yaml`` ("" without one): their training settings are the tool's own, as without ``--from`` (the file's
+    are Bridge ``ConfigContainer`` keys, most of them in the Python recipe it overrides, not Megatron-LM arguments to
+    carry); ``slime`` adds that slime's path is SFT (``run_slime.sh``), whatever the file trains."""
+    if not bridge_yaml:
+        return ""
+    use = ("set the tuned layout in your Bridge performance config" if bridge_left_out(bridge_yaml)
+           else "megatron_bridge.yaml is your run with the tuned layout: use it")
+    sft = "; slime trains through its SFT path (--loss-type sft_loss), whatever your file trains" if slime else ""
+    return ("not derived from your Megatron-Bridge file's training settings (optimizer, learning rate and schedule, "
+            f"weight decay, iterations, seed): they are this tool's own{sft}; {use}")
 
 
 def bridge_settings(context: ExportContext) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:

@@ -170,6 +170,8 @@ def test_the_main_job_from_a_bridge_yaml_writes_it_and_export_gives_the_same(tmp
         ],
     )
     assert r.exit_code == 0, r.output
+    assert ("note: recipe.yaml, run_slime.sh, megatron_args.sh: not derived from your Megatron-Bridge file's training "
+            "settings") in " ".join(r.output.split())
     written = (tmp_path / "b" / "megatron_bridge.yaml").read_text()
     r = runner.invoke(app, ["export", "--study", "b", "--results-dir", str(tmp_path), "--format", "bridge"])
     assert r.exit_code == 0, r.output
@@ -241,3 +243,16 @@ def test_bf16_gradient_reduction_is_written_where_bridge_reads_it_last(tmp_path)
     f = tmp_path / "megatron_bridge.yaml"
     f.write_text(yaml.safe_dump(doc, sort_keys=False))
     assert _from(f, "16xH100", "Qwen3-30B-A3B").run.flags.grad_reduce_in_bf16 is True
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "slime", "recipe"])
+def test_the_other_scripts_say_they_are_not_the_bridge_file_s_training(fmt):
+    """From a Bridge YAML the Megatron-LM and slime scripts carry the tool's own hyperparameters (the file's are
+    ConfigContainer keys): their headers say so and name megatron_bridge.yaml; without one they say nothing of it."""
+    lay = Layout(world_size=16, ep=16, micro_batch_size=1)
+    text = get_exporter(fmt).render(_context(OVERRIDE, "Qwen3-30B-A3B", "16xH100", lay))
+    head = " ".join(x[2:] for x in text.splitlines()[1:5] if x.startswith("# "))
+    assert head.startswith("Not derived from your Megatron-Bridge file's training settings (optimizer, learning rate")
+    assert "megatron_bridge.yaml is your run with the tuned layout: use it." in head
+    assert ("slime trains through its SFT path" in head) is (fmt != "megatron")
+    assert "Not derived from" not in get_exporter(fmt).render(_context(None, "Qwen3-30B-A3B", "16xH100", lay))
