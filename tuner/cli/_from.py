@@ -320,15 +320,15 @@ def compare_line(prep: Any, best: dict[str, Any], rows: list[dict[str, Any]] | N
         then = f"; change: {', '.join(changes)}"
     else:
         less = gib - float(best["peak_gib"])
-        why = [f"the best uses {less:.1f} GiB less"] if less >= 0.05 else []
+        notes = [f"the best uses {less:.1f} GiB less"] if less >= 0.05 else []
         if not predicted:
             keep = "measured as fast as the best or faster: keep it"
         elif abs(gain) < err:
-            keep, why = "within the model's error of the best: keep it, or measure both", [
-                f"a difference under {err:.0%} is within it", *why]
+            keep, notes = "within the model's error of the best: keep it, or measure both", [
+                f"a difference under {err:.0%} is within it", *notes]
         else:
             keep = f"predicted {-gain:.0%} faster than the best: keep it, or measure both"
-        then = f"; your layout is {keep} ({'; '.join([*why, 'the best differs in: ' + ', '.join(changes)])})"
+        then = f"; your layout is {keep} ({'; '.join([*notes, 'the best differs in: ' + ', '.join(changes)])})"
     return (f"{who}: {tps:,.1f} tokens/s/GPU {src}{band}, {gib:.1f} GiB{fit}; best: {best['label']}, "
             f"{best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU {best['source']}, {best['peak_gib']:.1f} GiB, "
             f"{gain:+.0%}{then}")
