@@ -9,7 +9,14 @@ With ``--task lora`` a ``peft`` section holds LoRA's rank and targets (the file'
 Key names: NVIDIA-NeMo/Megatron-Bridge 067f987d ``src/megatron/bridge/training/config.py`` and
 ``docs/megatron-lm-to-megatron-bridge.md``; ``model.*`` are megatron-core's ``TransformerConfig`` /
 ``ModelParallelConfig`` fields (NVIDIA/Megatron-LM d98e8a64); a dtype string is what Bridge's override turns into a
-``torch.dtype`` (``utils/activation_map.py`` ``str_to_dtype``)."""
+``torch.dtype`` (``utils/activation_map.py`` ``str_to_dtype``).
+
+The gradient-reduction dtype is written where it wins at run time: ``mixed_precision.setup`` copies its
+``grad_reduce_in_fp32`` over ``ddp``'s (``training/mixed_precision.py`` ``update_config_with_precision_overrides``,
+``training/config.py`` l.2012-2016), and the recipes' ``mixed_precision: bf16_mixed`` sets it true
+(``recipes/common.py`` l.130). So bf16 reduction is written in ``ddp`` and in ``mixed_precision``: into the file's
+mapping, or for ``bf16_mixed`` (or no ``mixed_precision``) as that preset's ``MixedPrecisionConfig`` with
+``grad_reduce_in_fp32: false``; another preset's name is kept and the header says what to set."""
 
 from __future__ import annotations
 
@@ -26,7 +33,8 @@ from specs.layout import RecomputeGranularity
 from specs.precision import TORCH_DTYPES
 from specs.units import GIB
 
-__all__ = ["LORA_CLASS", "BridgeExporter", "bridge_left_out", "bridge_settings", "bridge_yaml"]
+__all__ = ["LORA_CLASS", "BridgeExporter", "bridge_left_out", "bridge_scripts_note", "bridge_settings", "bridge_yaml",
+           "grad_reduce_note"]
 
 #: The ``peft`` section's class for ``--task lora`` (``_target_`` as a saved ``run_config.yaml`` writes it:
 #: Megatron-Bridge 067f987d ``tests/unit_tests/models/test_adapter_export.py``; ``src/megatron/bridge/peft/lora.py``).
@@ -43,6 +51,54 @@ def bridge_left_out(bridge_yaml: str) -> str:
     if bridge_yaml and _perf_config(yaml.safe_load(bridge_yaml)):
         return "the --from file is a performance config (perf_matrix): its entry sets the layout"
     return ""
+
+
+#: Megatron-Bridge 067f987d ``training/mixed_precision.py`` ``bf16_mixed()``, as a saved config writes it, with bf16
+#: gradient reduction: the ``mixed_precision`` written where the file names that preset or none (the recipes' default).
+_BF16_MIXED = {"_target_": "megatron.bridge.training.mixed_precision.MixedPrecisionConfig", "bf16": True,
+               "params_dtype": {"_call_": False, "_target_": "torch.bfloat16"},
+               "pipeline_dtype": {"_call_": False, "_target_": "torch.bfloat16"}, "autocast_enabled": False}
+
+
+def _preset(context: ExportContext) -> str | None:
+    """The ``mixed_precision`` preset name the ``--from`` file gives (``"bf16_mixed"`` where it has none, the recipes'
+    default); None where it is a mapping."""
+    doc = yaml.safe_load(context.bridge_yaml) if context.bridge_yaml else None
+    mp = doc.get("mixed_precision") if isinstance(doc, Mapping) else None
+    if isinstance(mp, Mapping):
+        return None
+    return str(mp or "bf16_mixed").replace("-", "_")
+
+
+def _bf16_preset(context: ExportContext) -> bool:
+    """Whether ``mixed_precision`` is written as :data:`_BF16_MIXED`: a bf16 study, the file naming ``bf16_mixed`` or
+    no preset."""
+    return _preset(context) == "bf16_mixed" and context.workload.precision.value == "bf16"
+
+
+def grad_reduce_note(context: ExportContext) -> str:
+    """Where the written file does not set the priced bf16 gradient reduction ("" where it does): a ``mixed_precision``
+    preset other than ``bf16_mixed`` sets ``grad_reduce_in_fp32`` true over ``ddp``'s."""
+    o = context.options or RunOptions()
+    name = _preset(context)
+    if o.grad_reduce_in_fp32 or name is None or _bf16_preset(context):
+        return ""
+    return (f"priced with bf16 gradient reduction, but mixed_precision: {name} reduces in fp32 (it wins over ddp): "
+            "set mixed_precision.grad_reduce_in_fp32 false in your recipe")
+
+
+def bridge_scripts_note(bridge_yaml: str, *, slime: bool = False) -> str:
+    """What ``recipe.yaml``, ``run_slime.sh`` and ``megatron_args.sh`` are beside a ``tune --from`` Bridge YAML
+    ``bridge_yaml`` ("" without one): their training settings are the tool's own, as without ``--from`` (the file's
+    are Bridge ``ConfigContainer`` keys, most of them in the Python recipe it overrides, not Megatron-LM arguments to
+    carry); ``slime`` adds that slime's path is SFT (``run_slime.sh``), whatever the file trains."""
+    if not bridge_yaml:
+        return ""
+    use = ("set the tuned layout in your Bridge performance config" if bridge_left_out(bridge_yaml)
+           else "megatron_bridge.yaml is your run with the tuned layout: use it")
+    sft = "; slime trains through its SFT path (--loss-type sft_loss), whatever your file trains" if slime else ""
+    return ("not derived from your Megatron-Bridge file's training settings (optimizer, learning rate and schedule, "
+            f"weight decay, iterations, seed): they are this tool's own{sft}; {use}")
 
 
 def bridge_settings(context: ExportContext) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
@@ -104,7 +160,8 @@ def bridge_settings(context: ExportContext) -> tuple[dict[str, dict[str, Any]], 
         "optimizer": {"optimizer_cpu_offload": False, "exp_avg_dtype": "fp32", "exp_avg_sq_dtype": "fp32"},
     }
     runs: dict[str, dict[str, Any]] = {
-        "ddp": {"overlap_grad_reduce": o.overlap_grad_reduce, "overlap_param_gather": o.overlap_grad_reduce},
+        "ddp": {"overlap_grad_reduce": o.overlap_grad_reduce, "overlap_param_gather": o.overlap_grad_reduce,
+                "grad_reduce_in_fp32": o.grad_reduce_in_fp32},
         "model": {"cross_entropy_loss_fusion": o.cross_entropy_loss_fusion, "apply_rope_fusion": o.apply_rope_fusion,
                   "bias_activation_fusion": o.bias_activation_fusion, "cp_comm_type": o.cp_comm_type,
                   "cpu_offloading": o.cpu_offloading_num_layers > 0},
@@ -116,7 +173,8 @@ def bridge_settings(context: ExportContext) -> tuple[dict[str, dict[str, Any]], 
     if model.is_moe:
         runs["model"] |= {"moe_permute_fusion": o.moe_permute_fusion,
                           "moe_router_force_load_balancing": o.moe_router_force_load_balancing}
-    defaults = {"overlap_grad_reduce": d.overlap_grad_reduce, "overlap_param_gather": d.overlap_grad_reduce,
+    defaults = {"grad_reduce_in_fp32": d.grad_reduce_in_fp32,
+                "overlap_grad_reduce": d.overlap_grad_reduce, "overlap_param_gather": d.overlap_grad_reduce,
                 "cross_entropy_loss_fusion": d.cross_entropy_loss_fusion,
                 "cross_entropy_fusion_impl": d.cross_entropy_fusion_impl, "apply_rope_fusion": d.apply_rope_fusion,
                 "bias_activation_fusion": d.bias_activation_fusion,
@@ -129,6 +187,13 @@ def bridge_settings(context: ExportContext) -> tuple[dict[str, dict[str, Any]], 
                 always.setdefault(sec, {})[k] = v
             else:
                 if_present.setdefault(sec, {})[k] = v
+    # mixed_precision's grad_reduce_in_fp32 wins over ddp's (module docstring)
+    preset = _preset(context)
+    if preset is None:
+        (if_present if o.grad_reduce_in_fp32 else always)["mixed_precision"] = {
+            "grad_reduce_in_fp32": o.grad_reduce_in_fp32}
+    elif not o.grad_reduce_in_fp32 and _bf16_preset(context):
+        always["mixed_precision"] = {**_BF16_MIXED, "grad_reduce_in_fp32": False}
     return always, if_present
 
 
@@ -194,6 +259,9 @@ def _header(context: ExportContext, doc: Mapping[str, Any]) -> str:
     have, priced = _file_precision(doc), str(context.workload.precision)
     if have is not None and have != priced:
         lines.append(f"# Priced at {priced}, but its mixed_precision is {have}: set it to match.")
+    grads = "fp32" if (context.options or RunOptions()).grad_reduce_in_fp32 else "bf16"
+    lines.append(f"# Gradients reduced in {grads}, as priced (ddp and mixed_precision grad_reduce_in_fp32)."
+                 if not (note := grad_reduce_note(context)) else f"# Not as priced: {note}.")
     return "\n".join(lines) + "\n"
 
 

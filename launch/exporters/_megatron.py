@@ -10,9 +10,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from launch.exporters._base import ExportContext, Exporter
+from launch.exporters._bridge import bridge_scripts_note
 from launch.exporters._describe import _every_weight_note, _summary
 from launch.exporters._flags import EXCLUSIVE_FLAGS, megatron_args
-from launch.exporters._shell import SHEBANG, STRICT_MODE, Sh, bash_array, comment, require_set, user_arg_variables
+from launch.exporters._shell import (
+    SHEBANG,
+    STRICT_MODE,
+    Sh,
+    bash_array,
+    comment,
+    require_set,
+    user_arg_variables,
+    with_note,
+)
 from specs import Cluster, ModelSpec, RunOptions, Workload
 from specs.layout import Layout
 
@@ -191,5 +201,6 @@ class MegatronArgsExporter(Exporter):
     executable = True
 
     def render(self, context: ExportContext) -> str:
-        return megatron_args_script(context.model, context.cluster, context.workload, context.layout,
+        body = megatron_args_script(context.model, context.cluster, context.workload, context.layout,
                                     options=context.options, user_args=context.user_args)
+        return with_note(body, bridge_scripts_note(context.bridge_yaml))

@@ -19,9 +19,10 @@ import yaml
 from cost_model import flops
 from cost_model.uncertainty import error_bars
 from launch.exporters._base import ExportContext, Exporter
+from launch.exporters._bridge import bridge_scripts_note
 from launch.exporters._describe import _layout_note, _summary
 from launch.exporters._flags import GPT_YARN_SINCE, SEED_ENV, _max_tokens_per_gpu, _pipeline_layout_string
-from launch.exporters._shell import comment
+from launch.exporters._shell import comment, with_note
 from launch.exporters._slime import slime_script
 from specs import Cluster, ModelSpec, RunOptions, Workload
 from specs.errors import TunerError
@@ -486,4 +487,4 @@ class RecipeExporter(Exporter):
                           extra_notes=context.notes, options=context.options, stack=context.stack,
                           user_args=context.user_args)
         validate_recipe(rec)
-        return dump_recipe(rec)
+        return with_note(dump_recipe(rec), bridge_scripts_note(context.bridge_yaml, slime=True))

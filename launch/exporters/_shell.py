@@ -45,6 +45,14 @@ def comment(text: str, width: int | None = 110) -> list[str]:
     return ["# " + line for line in (textwrap.wrap(flat, width, break_on_hyphens=False) if width else [flat])]
 
 
+def with_note(text: str, note: str) -> str:
+    """``text`` with ``note`` (none when "") as :func:`comment` lines after its first line (a shebang or the header)."""
+    if not note:
+        return text
+    first, _, rest = text.partition("\n")
+    return "\n".join([first, *comment(note[0].upper() + note[1:] + ".")]) + "\n" + rest
+
+
 def words(group: Iterable[str]) -> str:
     """A line of shell words (:func:`word` each), separated by spaces."""
     return " ".join(word(x) for x in group)

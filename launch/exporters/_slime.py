@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from launch.exporters._base import ExportContext, Exporter
+from launch.exporters._bridge import bridge_scripts_note
 from launch.exporters._describe import _every_weight_note, _summary
 from launch.exporters._flags import (
     HPARAM_FLAGS,
@@ -33,6 +34,7 @@ from launch.exporters._shell import (
     group_flags,
     require_set,
     user_arg_variables,
+    with_note,
 )
 from specs import Cluster, ModelSpec, RunOptions, Workload
 from specs.layout import Dispatcher, Layout
@@ -222,4 +224,4 @@ class SlimeScriptExporter(Exporter):
         head = [SHEBANG,
                 f"# {self.file_name}, exported by megatron-layout-tuner: run it as it is (./{self.file_name}).",
                 STRICT_MODE]
-        return "\n".join(head) + "\n" + body
+        return with_note("\n".join(head) + "\n" + body, bridge_scripts_note(context.bridge_yaml, slime=True))

@@ -170,6 +170,8 @@ def test_the_main_job_from_a_bridge_yaml_writes_it_and_export_gives_the_same(tmp
         ],
     )
     assert r.exit_code == 0, r.output
+    assert ("note: recipe.yaml, run_slime.sh, megatron_args.sh: not derived from your Megatron-Bridge file's training "
+            "settings") in " ".join(r.output.split())
     written = (tmp_path / "b" / "megatron_bridge.yaml").read_text()
     r = runner.invoke(app, ["export", "--study", "b", "--results-dir", str(tmp_path), "--format", "bridge"])
     assert r.exit_code == 0, r.output
@@ -205,3 +207,52 @@ def test_lora_writes_bridge_s_peft_section_and_the_main_job_writes_it(tmp_path):
     for name in ("megatron", "slime"):  # and their headers say so
         assert "this trains every weight" in " ".join(get_exporter(name).render(ctx).split())
         assert "every weight" not in get_exporter(name).render(_context(None, "Qwen3-30B-A3B", "16xH100", lay))
+
+
+def _grads(path: Path | None, text: str = "", **workload) -> tuple[str, dict]:
+    """The bridge export with bf16 gradient reduction priced (the ``megatron-bridge`` stack's), of ``path``'s file
+    with ``text`` appended: (its header, its YAML)."""
+    from specs import RunOptions
+
+    ctx = ExportContext(model=load_model("Qwen3-30B-A3B"), cluster=parse_gpus("16xH100"),
+                        workload=Workload(seq_length=4096, global_batch_size=512, **workload),
+                        layout=Layout(world_size=16, ep=16, micro_batch_size=1),
+                        bridge_yaml=(path.read_text() if path else "") + text,
+                        options=RunOptions(grad_reduce_in_fp32=False))
+    out = get_exporter("bridge").render(ctx)
+    return "".join(x for x in out.splitlines(keepends=True) if x.startswith("#")), yaml.safe_load(out)
+
+
+def test_bf16_gradient_reduction_is_written_where_bridge_reads_it_last(tmp_path):
+    """Bridge's ``mixed_precision`` overwrites ``ddp.grad_reduce_in_fp32`` and its ``bf16_mixed`` preset (the recipes'
+    default) reduces in fp32: the priced bf16 reduction is written into both, the preset as its config."""
+    head, doc = _grads(OVERRIDE)  # no mixed_precision: the recipe's bf16_mixed
+    mp = doc["mixed_precision"]
+    assert doc["ddp"]["grad_reduce_in_fp32"] is False and mp["grad_reduce_in_fp32"] is False
+    assert mp["_target_"].endswith("MixedPrecisionConfig") and mp["bf16"] and mp["params_dtype"]["_target_"] == (
+        "torch.bfloat16")
+    assert "# Gradients reduced in bf16, as priced" in head
+    assert _grads(OVERRIDE, "mixed_precision: bf16-mixed\n")[1]["mixed_precision"] == mp
+    _, saved = _grads(DUMP)  # a saved config's mapping: only its key is written
+    assert saved["mixed_precision"]["grad_reduce_in_fp32"] is False and saved["mixed_precision"]["fp8_recipe"] == (
+        "tensorwise")
+    head, fp8 = _grads(OVERRIDE, "mixed_precision: bf16_with_fp8_current_scaling_mixed\n", precision="fp8")
+    assert fp8["mixed_precision"] == "bf16_with_fp8_current_scaling_mixed"
+    assert "# Not as priced: priced with bf16 gradient reduction, but mixed_precision: " in head
+    # read back, the file reduces in bf16
+    f = tmp_path / "megatron_bridge.yaml"
+    f.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert _from(f, "16xH100", "Qwen3-30B-A3B").run.flags.grad_reduce_in_bf16 is True
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "slime", "recipe"])
+def test_the_other_scripts_say_they_are_not_the_bridge_file_s_training(fmt):
+    """From a Bridge YAML the Megatron-LM and slime scripts carry the tool's own hyperparameters (the file's are
+    ConfigContainer keys): their headers say so and name megatron_bridge.yaml; without one they say nothing of it."""
+    lay = Layout(world_size=16, ep=16, micro_batch_size=1)
+    text = get_exporter(fmt).render(_context(OVERRIDE, "Qwen3-30B-A3B", "16xH100", lay))
+    head = " ".join(x[2:] for x in text.splitlines()[1:5] if x.startswith("# "))
+    assert head.startswith("Not derived from your Megatron-Bridge file's training settings (optimizer, learning rate")
+    assert "megatron_bridge.yaml is your run with the tuned layout: use it." in head
+    assert ("slime trains through its SFT path" in head) is (fmt != "megatron")
+    assert "Not derived from" not in get_exporter(fmt).render(_context(None, "Qwen3-30B-A3B", "16xH100", lay))

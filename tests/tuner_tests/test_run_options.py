@@ -397,7 +397,8 @@ def test_the_main_job_from_the_seed_launch(tmp_path):
     )
     assert "the study evaluates it" in r.output and "none not understood" in r.output
     assert re.search(
-        r"your launch \(trial 0\): [\d,.]+ tokens/s/GPU predicted, [\d.]+ GiB; best: TP1 PP8 VPP\d EP8 DP8, .*[+-]\d+%",
+        r"your launch \(trial 0\): [\d,.]+ tokens/s/GPU predicted \(90%: [\d,]+-[\d,]+\), [\d.]+ GiB; best: TP1 PP8 "
+        r"VPP\d EP8 DP8, .*[+-]\d+%",
         r.output,
     )
     assert "stack slime (specs/data/stacks/slime.yaml)" in r.output
@@ -730,6 +731,49 @@ def test_the_comparison_names_what_to_change_from_the_launch():
     )
     assert layout_changes(a, b) == ["VPP 12->4", "micro-batch 1->2", "recompute none->full block 4"]
     assert layout_changes(a, a) == []
+
+
+def _compare(best_tps: float, best_gib: float, src: str = "predicted", launch_src: str = "predicted") -> str:
+    """The compare line of a launch TP1 PP1 DP8 (1,000 tokens/s/GPU, 60 GiB) against a best TP2 PP1 DP4."""
+    from types import SimpleNamespace
+
+    from cost_model.uncertainty import Band, ErrorBars
+    from specs import Layout
+    from tuner.cli._from import compare_line
+
+    launch, other = Layout(world_size=8), Layout(world_size=8, tp=2, sequence_parallel=True)
+    bars = ErrorBars(family="x", throughput=Band(low=0.8, high=1.1), memory=Band(low=0.9, high=1.1))
+    prep = SimpleNamespace(config=SimpleNamespace(baseline=launch.to_dict(), memory_headroom=None), bars=bars)
+    rows = [{"trial": 0, "layout": launch.to_dict(), "tokens_per_s_per_gpu": 1000.0, "peak_gib": 60.0,
+             "source": launch_src, "fit": "fits"}]
+    best = {"trial": 1, "label": other.label, "layout": other, "tokens_per_s_per_gpu": best_tps, "peak_gib": best_gib,
+            "source": src}
+    return compare_line(prep, best, rows)
+
+
+@pytest.mark.parametrize("best_tps", [990.0, 1100.0, 900.0])
+def test_a_best_within_the_model_s_error_or_slower_is_no_change_to_make(best_tps):
+    """The best is the least memory within 1% of the fastest (a little slower than the launch at a tie), or within the
+    model's error on a ratio of two predictions: the line says to keep the launch or measure both, not to change."""
+    line = _compare(best_tps, 50.0)
+    assert "change:" not in line and f"{best_tps / 1000 - 1:+.0%};" in line
+    assert ("your layout is within the model's error of the best: keep it, or measure both (a difference under 16% is "
+            "within it; the best uses 10.0 GiB less; the best differs in: TP 1->2, sequence parallel off->on)") in line
+
+
+def test_a_gain_beyond_the_error_is_a_change_and_a_much_slower_best_says_keep():
+    assert _compare(1300.0, 50.0).endswith("+30%; change: TP 1->2, sequence parallel off->on")
+    assert "; your layout is predicted 30% faster than the best: keep it, or measure both (" in _compare(700.0, 50.0)
+    measured = _compare(990.0, 60.0, "measured", "measured")
+    assert "measured as fast as the best or faster: keep it (the best differs in: TP 1->2" in measured
+    assert _compare(1010.0, 60.0, "measured", "measured").endswith("+1%; change: TP 1->2, sequence parallel off->on")
+
+
+def test_the_launch_s_prediction_has_its_90_percent_interval():
+    """As ``tune estimate`` gives it: the prediction times the job's throughput band; none for a measurement."""
+    assert _compare(1300.0, 50.0).startswith(
+        "your launch (trial 0): 1,000.0 tokens/s/GPU predicted (90%: 800-1,100), 60.0 GiB; best: TP2 PP1 DP4")
+    assert "(90%" not in _compare(1300.0, 50.0, "measured", "measured")
 
 
 def test_allgather_under_slime_is_refused_or_taken_as_the_alltoall_slime_runs(tmp_path):

@@ -279,35 +279,59 @@ def fit_verdict(prep: Any, e: Any) -> str:
 
 
 def compare_line(prep: Any, best: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> str:
-    """``your launch (trial T): N tokens/s/GPU measured|predicted, X GiB; best: LABEL, M tokens/s/GPU, Y GiB, +P%;
-    change: ...``. The launch's own trial among ``rows`` (the study's trial rows) gives its numbers, measured when it
-    was; else its prediction."""
+    """``your launch (trial T): N tokens/s/GPU measured|predicted (90%: LO-HI), X GiB; best: LABEL, M tokens/s/GPU,
+    Y GiB, +P%;`` then what to do. The launch's own trial among ``rows`` (the study's trial rows) gives its numbers,
+    measured when it was; else its prediction; a prediction's 90% interval is the job's error bars' (``prep.bars``,
+    as ``tune estimate`` gives it).
+
+    What to do: ``change: ...`` only for a gain beyond the model's error on a predicted ratio
+    (:func:`cost_model.uncertainty.ratio_within_error`) or a measured one; a predicted gain within it, or a loss (the
+    best is the least memory within 1% of the fastest that fits, :func:`tuner.report.pick_best`, so it can be a little
+    slower than the launch), says to keep the launch or measure both, and names the best's differences as such."""
     from specs import Layout
 
     base = Layout.from_dict(prep.config.baseline)
     mine = [r for r in rows or () if _layout_of(r).key() == base.key() and r.get("tokens_per_s_per_gpu")]
     mine.sort(key=lambda r: r.get("source") != "measured")  # a measurement first
-    e, why = baseline_estimate(prep)
     if mine:
         r = mine[0]
         tps, gib, src = float(r["tokens_per_s_per_gpu"]), float(r["peak_gib"]), str(r["source"])
         verdict = "fits" if src == "measured" else str(r.get("fit") or "fits")
         who = f"your launch (trial {r['trial']})"
-    elif e is not None:
+    else:
+        e, why = baseline_estimate(prep)
+        if e is None:
+            return (f"your launch: not estimated ({why}); best: {best['label']}, "
+                    f"{best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU")
         tps, gib, src, who = e.tokens_per_s_per_gpu, e.peak_bytes / GIB, "predicted", "your launch"
         verdict = fit_verdict(prep, e)
-    else:
-        return (f"your launch: not estimated ({why}); best: {best['label']}, "
-                f"{best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU")
+    band = ""
+    if src == "predicted" and prep.bars is not None:
+        lo, hi = prep.bars.throughput_interval(tps)
+        band = f" (90%: {lo:,.0f}-{hi:,.0f})"
     gain = best["tokens_per_s_per_gpu"] / tps - 1 if tps > 0 else float("nan")
     fit = "" if verdict == "fits" else f" ({verdict}, predicted)"
     changes = layout_changes(base, _layout_of(best))
-    change = f"; change: {', '.join(changes)}" if changes else "; it is your launch's layout"
-    if changes and "predicted" in (best["source"], src) and abs(gain) < ratio_within_error():
-        change += f" (a gain under {ratio_within_error():.0%} is within the model's error: measure both)"
-    return (f"{who}: {tps:,.1f} tokens/s/GPU {src}, {gib:.1f} GiB{fit}; best: {best['label']}, "
+    err = ratio_within_error()
+    predicted = "predicted" in (best["source"], src)
+    if not changes:
+        then = "; it is your launch's layout"
+    elif gain > 0 and not (predicted and gain < err):
+        then = f"; change: {', '.join(changes)}"
+    else:
+        less = gib - float(best["peak_gib"])
+        notes = [f"the best uses {less:.1f} GiB less"] if less >= 0.05 else []
+        if not predicted:
+            keep = "measured as fast as the best or faster: keep it"
+        elif abs(gain) < err:
+            keep, notes = "within the model's error of the best: keep it, or measure both", [
+                f"a difference under {err:.0%} is within it", *notes]
+        else:
+            keep = f"predicted {-gain:.0%} faster than the best: keep it, or measure both"
+        then = f"; your layout is {keep} ({'; '.join([*notes, 'the best differs in: ' + ', '.join(changes)])})"
+    return (f"{who}: {tps:,.1f} tokens/s/GPU {src}{band}, {gib:.1f} GiB{fit}; best: {best['label']}, "
             f"{best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU {best['source']}, {best['peak_gib']:.1f} GiB, "
-            f"{gain:+.0%}{change}")
+            f"{gain:+.0%}{then}")
 
 
 def _layout_of(row: dict[str, Any]) -> Any:

@@ -467,9 +467,13 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
     if report_note:
         say(report_note, indent=0, hang=2, markup=False)
     from launch.exporters import bridge_left_out
+    from launch.exporters._bridge import bridge_scripts_note
 
     if why := bridge_left_out(cfg.bridge_yaml):
         say(f"no megatron_bridge.yaml: {why}", hang=2, markup=False)
+    if note := bridge_scripts_note(cfg.bridge_yaml):
+        names = [p.name for p in files.values() if p.suffix in (".sh", ".yaml") and p.name != "megatron_bridge.yaml"]
+        say(f"{', '.join(names)}: {note}", label="note:", indent=0, markup=False)
     if prep.workload.task == "lora":
         from launch.exporters import exporters
 
