@@ -69,6 +69,16 @@ def test_a_numeric_perf_matrix_key_is_named_as_not_understood(tmp_path):
         ),
         ("model:\n  sequence_paralel: true\n", "Qwen3-30B-A3B", "did you mean sequence_parallel?"),
         ("model:\n  num_layer: 4\n", "Qwen3-30B-A3B", "did you mean num_layers?"),
+        (  # another adapter class: priced as LoRA or as full training, both wrong
+            "model:\n  tensor_model_parallel_size: 1\npeft:\n  _target_: megatron.bridge.peft.lora.CanonicalLoRA\n",
+            "Qwen3-30B-A3B",
+            "peft._target_ megatron.bridge.peft.lora.CanonicalLoRA: the tuner prices Megatron-Bridge's LoRA",
+        ),
+        (  # every linear module but these: not the named targets the tuner prices
+            "model:\n  tensor_model_parallel_size: 1\npeft:\n  dim: 16\n  exclude_modules: [linear_fc2]\n",
+            "Qwen3-30B-A3B",
+            "peft.exclude_modules: the tuner prices the adapters of named modules; give peft.target_modules",
+        ),
     ],
 )
 def test_a_bridge_yaml_that_would_be_misread_is_refused(tmp_path, text, model, message):

@@ -94,7 +94,7 @@ def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | Non
             argv, names = _bridge_args(doc, label)
             lf = _some_understood(_read_args(p, "megatron-bridge", [], argv, model, None, names=names), label,
                                   accepted)
-            return replace(lf, task=_lora_of(doc) or lf.task)
+            return replace(lf, task=_lora_of(doc, label) or lf.task)
         if not (isinstance(doc, Mapping) and isinstance(doc.get("run"), str) and "schema_version" in doc):
             raise TunerError(f"{label}: a YAML file of none of the accepted forms; {accepted}")
         gpu = _section(doc, "gpu")

@@ -53,14 +53,24 @@ def _near_miss(key: str, where: str, keys: frozenset[str], label: str) -> None:
                              f"{close}? Fix it in the file")
 
 
-def _lora_of(doc: Mapping[str, Any]) -> LaunchTask | None:
+def _lora_of(doc: Mapping[str, Any], label: str = "the file") -> LaunchTask | None:
     """The task of a ``peft`` section of Megatron-Bridge's LoRA (``_target_`` ``megatron.bridge.peft.lora.LoRA``, or
     none: an override of a recipe's LoRA): its ``dim`` (Bridge's default 32) and ``target_modules``; None for no
-    ``peft`` section or another adapter class."""
+    ``peft`` section.
+
+    Raises:
+        TunerError: another adapter class (priced as LoRA it would be wrong, as full training wronger), or
+            ``exclude_modules`` (Bridge adapts every linear module but those; the tuner prices named targets)."""
     peft = doc.get("peft")
-    if not isinstance(peft, Mapping) or str(peft.get("_target_", "megatron.bridge.peft.lora.LoRA")) != (
-            "megatron.bridge.peft.lora.LoRA"):
+    if not isinstance(peft, Mapping):
         return None
+    target = str(peft.get("_target_", "megatron.bridge.peft.lora.LoRA"))
+    if target != "megatron.bridge.peft.lora.LoRA":
+        raise TunerError(f"{label}: peft._target_ {target}: the tuner prices Megatron-Bridge's LoRA "
+                         "(megatron.bridge.peft.lora.LoRA) only; use it, or leave the peft section out")
+    if peft.get("exclude_modules"):
+        raise TunerError(f"{label}: peft.exclude_modules: the tuner prices the adapters of named modules; give "
+                         "peft.target_modules instead (of linear_qkv, linear_proj, linear_fc1, linear_fc2)")
     task: LaunchTask = {"task": "lora"}
     if isinstance(peft.get("dim"), int) and not isinstance(peft.get("dim"), bool):
         task["lora_rank"] = peft["dim"]
@@ -120,7 +130,7 @@ def _bridge_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[st
         if sec not in _BRIDGE_SECTIONS or not isinstance(body, Mapping):
             put(f"--{sec}", sec)
             continue
-        if sec == "peft" and _lora_of(doc) is not None:  # read as the task (:func:`_lora_of`)
+        if sec == "peft" and _lora_of(doc, label) is not None:  # read as the task (:func:`_lora_of`)
             empties.extend(f"{sec}.{k}" for k in body)
             continue
         for k, v in body.items():
