@@ -198,7 +198,7 @@ def test_lora_writes_bridge_s_peft_section_and_the_main_job_writes_it(tmp_path):
     assert own == {"_target_": "megatron.bridge.peft.dora.DoRA", "dim": 16, "alpha": 64,
                    "target_modules": ["linear_qkv", "linear_fc1"]}
     assert "peft" not in yaml.safe_load(bridge.render(_context(None, "Qwen3-30B-A3B", "16xH100", lay)))
-    # read back with --from: the same task; another adapter class is refused (tests/tuner_tests/test_launch_file_keys.py)
+    # read back with --from: the same task (another adapter class is refused: test_launch_file_keys.py)
     fi = _from(bridge.write(ctx, tmp_path / "megatron_bridge.yaml"), "16xH100", "Qwen3-30B-A3B")
     assert (fi.run.task, fi.run.lora_rank, fi.run.lora_target_modules) == ("lora", 16, "linear_qkv,linear_fc1")
     assert not fi.launch.not_understood
