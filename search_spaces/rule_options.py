@@ -14,13 +14,23 @@ from specs.layout import Dispatcher, Layout, LayoutTable
 
 
 #: The per-layer CUDA graph implementations: megatron-core refuses them with full recompute and with activation
-#: offloading (``full_iteration`` passes both checks).
+#: offloading (``full_iteration`` passes both checks from core 0.18).
 _LAYER_GRAPH_IMPLS = ("local", "transformer_engine")
 
 #: The first megatron-core release with ``--cuda-graph-impl full_iteration`` (core_v0.16.0 transformer_config.py l.776
 #: and core_v0.17.0 l.857: ``Literal['none', 'local', 'transformer_engine']``; core_v0.18.0 l.927 adds it); before it
-#: the whole step is captured by ``--cuda-graph-impl local --cuda-graph-scope full_iteration``.
+#: the whole step is captured by ``--cuda-graph-impl local --cuda-graph-scope full_iteration``. It is also the first
+#: release whose full-iteration graph runs with CPU offloading (core_v0.18.0 transformer_config.py l.2243:
+#: ``self.cpu_offloading and self.cuda_graph_impl != "full_iteration"``; core_v0.16.0 l.1722, core_v0.17.0 l.1951
+#: refuse any impl).
 FULL_ITERATION_IMPL_SINCE = (0, 18)
+#: The first megatron-core release whose CUDA graphs run with recompute beyond a selective recompute under an
+#: ``attn``-scope ``transformer_engine`` graph (core_v0.15.0 transformer_config.py l.1397-1408: "CUDA graphs not
+#: supported with activation recomputation."; core_v0.16.0 l.1780-1784 checks per scope).
+GRAPH_RECOMPUTE_SCOPES_SINCE = (0, 16)
+#: The modules core 0.15 refuses to recompute under its ``attn`` graph ('attn cuda graph is not supported with
+#: {module} recompute.', core_v0.15.0 transformer_config.py l.1405-1408).
+_ATTN_GRAPH_NO_RECOMPUTE = ("core_attn", "mla_up_proj")
 
 
 def _moe_router_graphed(env: RuleEnv) -> bool:
@@ -30,11 +40,33 @@ def _moe_router_graphed(env: RuleEnv) -> bool:
     return "moe_router" in scope or (env.cuda_graph_impl == "local" and "moe_preprocess" in scope)
 
 
+def _graphs_refuse_cpu_offloading(env: RuleEnv) -> bool:
+    """megatron-core refuses the run's CUDA graphs with ``--cpu-offloading-num-layers``: per-layer graphs always,
+    the full-iteration graph before :data:`FULL_ITERATION_IMPL_SINCE`."""
+    if not env.cpu_offloading_num_layers or env.cuda_graph_impl == "none":
+        return False
+    return env.cuda_graph_impl in _LAYER_GRAPH_IMPLS or env.megatron_core < FULL_ITERATION_IMPL_SINCE
+
+
+def _attn_graph_recompute_ok(env: RuleEnv) -> bool:
+    """Core 0.15 accepts a selective recompute under the run's graph: ``transformer_engine`` with scope ``attn``."""
+    return env.cuda_graph_impl == "transformer_engine" and tuple(env.cuda_graph_scope) == ("attn",)
+
+
 def _cuda_graphs_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -> str:
-    impl = env.cuda_graph_impl
-    if env.cpu_offloading_num_layers:
-        return (f"--cuda-graph-impl {impl} with --cpu-offloading-num-layers {env.cpu_offloading_num_layers}: Megatron "
-                "refuses CUDA graphs with CPU offloading; use --cuda-graph-impl full_iteration, or drop one of them")
+    impl = env.cuda_graph_impl if env.cuda_graph_impl_arg == "none" else env.cuda_graph_impl_arg
+    rel = env.version_label
+    if _graphs_refuse_cpu_offloading(env):
+        fix = ("use --cuda-graph-impl full_iteration, or drop one of them" if env.cuda_graph_impl in _LAYER_GRAPH_IMPLS
+               else "drop one of them (accepted with full_iteration from 0.18)")
+        return (f"--cuda-graph-impl {impl} with --cpu-offloading-num-layers {env.cpu_offloading_num_layers}: "
+                f"megatron-core {rel} refuses CUDA graphs with CPU offloading; {fix}")
+    if env.megatron_core < GRAPH_RECOMPUTE_SCOPES_SINCE:
+        if lay.recompute_granularity.value == "selective" and _attn_graph_recompute_ok(env):
+            return (f"recompute {lay.recompute_label} under the attn CUDA graph: megatron-core {rel} refuses "
+                    f"{' and '.join(_ATTN_GRAPH_NO_RECOMPUTE)} recompute there; recompute other modules")
+        return (f"recompute {lay.recompute_label} with CUDA graphs: megatron-core {rel} runs recompute only as "
+                "selective under --cuda-graph-impl transformer_engine --cuda-graph-scope attn; change one of them")
     if lay.recompute_granularity.value == "full":
         return (f"--cuda-graph-impl {impl} with recompute {lay.recompute_label}: Megatron runs full recompute only "
                 "with --cuda-graph-impl full_iteration; use selective or no recompute, or that impl")
@@ -44,17 +76,30 @@ def _cuda_graphs_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -> str:
 
 @rule("cuda_graphs", ("recompute_granularity", "recompute_modules"), explain=_cuda_graphs_x)
 def _cuda_graphs(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> BoolArray:
-    """per-layer CUDA graphs (``--cuda-graph-impl local`` or ``transformer_engine``) run neither with activation
-    offloading nor with full recompute; ``full_iteration`` (also the deprecated ``--cuda-graph-scope
-    full_iteration``) runs with both (megatron/core/transformer/transformer_config.py TransformerConfig.__post_init__
-    at d98e8a64: "CUDA graphs not supported with CPU offloading.", "full recompute is only supported with full
-    iteration CUDA graph."); with ``transformer_engine`` a selective recompute of ``moe`` cannot have ``moe_router``
-    in the scope ("moe recompute is not supported with moe_router CUDA graph", l.1815-1821 at 1dcf0da, l.2862-2869 at
-    d98e8a64)."""
+    """CUDA graphs with activation offloading and recompute (megatron/core/transformer/transformer_config.py
+    TransformerConfig.__post_init__). CPU offloading: refused with every impl before core 0.18 ("CUDA graphs not
+    supported with CPU offloading.", core_v0.15.0 l.1395-1396, core_v0.16.0 l.1722, core_v0.17.0 l.1951), then
+    with the per-layer ones only (core_v0.18.0 l.2243). Recompute in core 0.15: only selective, only under a
+    ``transformer_engine`` graph of scope ``attn``, and not of ``core_attn`` or ``mla_up_proj`` ("CUDA graphs not
+    supported with activation recomputation.", core_v0.15.0 l.1397-1408; full recompute also by
+    megatron/training/arguments.py l.1202-1204). From core 0.16 per-layer graphs (``local``,
+    ``transformer_engine``) run without full recompute, ``full_iteration`` (also the deprecated
+    ``--cuda-graph-scope full_iteration``) with it ("full recompute is only supported with full iteration CUDA
+    graph.", core_v0.16.0 l.1780-1784, d98e8a64); with ``transformer_engine`` a selective recompute of ``moe`` cannot
+    have ``moe_router`` in the scope ("moe recompute is not supported with moe_router CUDA graph", l.1815-1821 at
+    1dcf0da, l.2862-2869 at d98e8a64)."""
+    if env.cuda_graph_impl == "none":
+        return np.ones(len(t), dtype=np.bool_)
+    if _graphs_refuse_cpu_offloading(env):
+        return np.zeros(len(t), dtype=np.bool_)
+    if env.megatron_core < GRAPH_RECOMPUTE_SCOPES_SINCE:
+        ok = t.isin("recompute_granularity", "none")
+        if _attn_graph_recompute_ok(env):
+            ok |= t.isin("recompute_granularity", "selective") & ~t.where(
+                "recompute_modules", lambda s: bool(set(s.split(",")) & set(_ATTN_GRAPH_NO_RECOMPUTE)))
+        return _b(ok)
     if env.cuda_graph_impl not in _LAYER_GRAPH_IMPLS:
         return np.ones(len(t), dtype=np.bool_)
-    if env.cpu_offloading_num_layers:
-        return np.zeros(len(t), dtype=np.bool_)
     ok = ~t.isin("recompute_granularity", "full")
     if env.cuda_graph_impl == "transformer_engine" and "moe_router" in env.cuda_graph_scope:
         ok &= ~t.where("recompute_modules", lambda s: "moe" in s.split(","))
@@ -73,8 +118,9 @@ def _cuda_graph_scope_problem(m: ModelSpec, env: RuleEnv) -> str | None:
         return "--cuda-graph-scope must not contain both moe and moe_router; give one of them"
     if impl == "transformer_engine" and "moe_preprocess" in scope and "moe_router" not in scope:
         return "--cuda-graph-scope moe_preprocess needs moe_router in the scope too"
-    if not m.is_moe and ("moe" in scope or "moe_router" in scope):
-        return f"--cuda-graph-scope moe / moe_router need MoE layers, and {m.name} is dense"
+    if not m.is_moe and ("moe" in scope or _moe_router_graphed(env)):
+        return (f"--cuda-graph-scope moe / moe_router need MoE layers (local adds moe_router to moe_preprocess), and "
+                f"{m.name} is dense")
     if m.is_moe and "mlp" in scope and m.num_dense_layers == 0:
         return f"--cuda-graph-scope mlp captures dense MLPs, and every layer of {m.name} is MoE; use moe_router"
     if m.is_moe and "moe" in scope:
@@ -93,9 +139,10 @@ def _cuda_graph_scope(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -
     (megatron/core/transformer/transformer_config.py TransformerConfig.__post_init__ at 1dcf0da l.1764-1803, at
     d98e8a64 l.2798-2850 with cuda_graph_config.py l.107-111): ``full_iteration`` not with ``transformer_engine``; not
     both ``moe`` and ``moe_router`` ('cuda_graph_scope must not contain both moe and moe_router.'); ``moe_preprocess``
-    only with ``moe_router``; ``moe``/``moe_router`` only for MoE; ``mlp`` only with dense layers; ``moe`` only with
-    drop-padding MoE ('moe cuda graph is only supported with drop-padding MoE.'), which this tool never sets. A run
-    option: every layout fails alike."""
+    only with ``moe_router`` (``local`` adds ``moe_router`` to it, 1dcf0da l.1751-1760); ``moe``/``moe_router``
+    only for MoE ('moe cuda graph is only supported for MoE.', 1dcf0da l.1777-1781); ``mlp`` only with dense
+    layers; ``moe`` only with drop-padding MoE ('moe cuda graph is only supported with drop-padding MoE.'), which
+    this tool never sets. A run option: every layout fails alike."""
     return _b(np.full(len(t), _cuda_graph_scope_problem(m, env) is None))
 
 
@@ -141,6 +188,20 @@ def _cuda_graph_release(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv)
 
 # --------------------------------------------------------------------------- EP all-to-all overlap
 
+#: The first megatron-core release with ``--overlap-moe-expert-parallel-comm`` (core_v0.14.0 arguments.py l.2889;
+#: absent from core_v0.13.0 and core_v0.13.1).
+EP_OVERLAP_SINCE = (0, 14)
+#: The megatron-core releases ``[first, end)`` whose overlap block refuses an MTP layer with pp 1 and CUDA graphs
+#: other than ``transformer_engine`` (transformer_config.py core_v0.16.0 l.1892-1906, core_v0.17.0 l.2124-2138,
+#: 1dcf0da l.1918-1932; neither check in core_v0.14.0 l.1298-1337, core_v0.15.0 l.1441-1480; core_v0.18.0
+#: l.2439-2451 keeps only the ``transformer_engine`` scope check).
+OVERLAP_MTP_GRAPH_CHECKS = ((0, 16), (0, 18))
+
+
+def _overlap_mtp_graph_checks(env: RuleEnv) -> bool:
+    first, end = OVERLAP_MTP_GRAPH_CHECKS
+    return first <= env.megatron_core < end
+
 #: The first megatron-core release that refuses ``moe`` in ``--recompute-modules`` with the EP all-to-all overlap
 #: (core_v0.17.0 transformer_config.py l.2111; absent from core_v0.16.0 and 1dcf0da).
 OVERLAP_NO_MOE_RECOMPUTE_SINCE = (0, 17)
@@ -158,7 +219,7 @@ def _ep_overlap_problems(lay: Layout, m: ModelSpec, env: RuleEnv) -> list[str]:
         out.append(f"recompute {lay.recompute_label} (no full recompute)")
     if env.megatron_core >= OVERLAP_NO_MOE_RECOMPUTE_SINCE and "moe" in lay.recompute_modules:
         out.append(f"moe in recompute_modules (refused from megatron-core 0.17; --megatron-core {env.version_label})")
-    if m.mtp_num_layers == 1 and lay.pp == 1 and env.megatron_core < FULL_ITERATION_IMPL_SINCE:
+    if m.mtp_num_layers == 1 and lay.pp == 1 and _overlap_mtp_graph_checks(env):
         out.append(f"an MTP layer with pp 1 (megatron-core {env.version_label} needs pp > 1)")
     return out
 
@@ -176,9 +237,9 @@ def _ep_overlap(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> Bool
     virtual_pipeline_model_parallel_size (vpp > 1; arguments.py l.525-527 at 1dcf0da sets it None for one stage per
     rank), ep > 1, dispatcher alltoall or flex, no full recompute ('disable full recomputation when enabling
     overlap_moe_expert_parallel_comm'), no recompute method and num_layers (set here only with full recompute), no
-    ``moe`` in recompute_modules from core 0.17 (:data:`OVERLAP_NO_MOE_RECOMPUTE_SINCE`) and, before core 0.18, an
-    MTP layer only with pp > 1; bf16 or fp16 (every precision here trains in bf16). What the
-    layout does not decide is rule ep_overlap_options."""
+    ``moe`` in recompute_modules from core 0.17 (:data:`OVERLAP_NO_MOE_RECOMPUTE_SINCE`) and, in core 0.16 and 0.17,
+    an MTP layer only with pp > 1 (:data:`OVERLAP_MTP_GRAPH_CHECKS`); bf16 or fp16 (every precision here trains in
+    bf16). What the layout does not decide is rule ep_overlap_options."""
     if not env.overlap_moe_expert_parallel_comm or not m.is_moe:
         return np.ones(len(t), dtype=np.bool_)
     ok = (t["ep"] > 1) & ~t.isin("dispatcher", Dispatcher.allgather.value)
@@ -186,7 +247,7 @@ def _ep_overlap(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> Bool
     ok &= ~t.isin("recompute_granularity", "full")
     if env.megatron_core >= OVERLAP_NO_MOE_RECOMPUTE_SINCE:
         ok &= ~t.where("recompute_modules", lambda s: "moe" in s.split(","))
-    if m.mtp_num_layers == 1 and env.megatron_core < FULL_ITERATION_IMPL_SINCE:
+    if m.mtp_num_layers == 1 and _overlap_mtp_graph_checks(env):
         ok &= t["pp"] > 1
     return _b(ok)
 
@@ -195,14 +256,17 @@ def _ep_overlap_options_problem(m: ModelSpec, env: RuleEnv) -> str | None:
     """Why megatron-core refuses ``--overlap-moe-expert-parallel-comm`` whatever the layout; None when it does not."""
     if not env.overlap_moe_expert_parallel_comm:
         return None
+    if env.megatron_core < EP_OVERLAP_SINCE:
+        return (f"--overlap-moe-expert-parallel-comm does not exist in megatron-core {env.version_label} "
+                "(--megatron-core; it arrived in 0.14); leave it out or use a newer release")
     if not m.is_moe:
         return f"--overlap-moe-expert-parallel-comm overlaps the expert all-to-all, and {m.name} is dense"
     if m.mtp_num_layers > 1:
         return (f"--overlap-moe-expert-parallel-comm runs with at most one MTP layer, and {m.name} has "
                 f"{m.mtp_num_layers}")
-    if env.cuda_graph_impl == "none":
+    if env.cuda_graph_impl == "none" or env.megatron_core < OVERLAP_MTP_GRAPH_CHECKS[0]:
         return None
-    if env.megatron_core < FULL_ITERATION_IMPL_SINCE and env.cuda_graph_impl_arg != "transformer_engine":
+    if _overlap_mtp_graph_checks(env) and env.cuda_graph_impl_arg != "transformer_engine":
         return (f"--cuda-graph-impl {env.cuda_graph_impl_arg} with --overlap-moe-expert-parallel-comm: megatron-core "
                 f"{env.version_label} runs the overlap only with --cuda-graph-impl transformer_engine graphs")
     if env.cuda_graph_impl == "transformer_engine" and set(env.cuda_graph_scope) & {"moe", "mlp"}:
@@ -217,11 +281,13 @@ def _ep_overlap_options_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) 
 
 @rule("ep_overlap_options", (), explain=_ep_overlap_options_x)
 def _ep_overlap_options(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> BoolArray:
-    """``--overlap-moe-expert-parallel-comm`` whatever the layout (transformer_config.py TransformerConfig.__post_init__
-    at 1dcf0da: ep > 1, so MoE only, l.1889-1891; at most one MTP layer, l.1915-1917; CUDA graphs only
+    """``--overlap-moe-expert-parallel-comm`` whatever the layout: from core 0.14 (:data:`EP_OVERLAP_SINCE`);
+    (transformer_config.py TransformerConfig.__post_init__ at 1dcf0da) ep > 1, so MoE only, l.1889-1891; at most one
+    MTP layer, l.1915-1917; in core 0.16 and 0.17 (:data:`OVERLAP_MTP_GRAPH_CHECKS`) CUDA graphs only
     ``transformer_engine`` without ``moe`` or ``mlp`` in the scope, l.1924-1932, 'CUDA graph scope on moe and mlp is
     not supported with overlap_moe_expert_parallel_comm'; from core 0.18, l.3063-3071 at d98e8a64, only the scope
-    check of ``transformer_engine``). A run option: every layout fails alike."""
+    check of ``transformer_engine``; core 0.14 and 0.15 check no CUDA graph there. A run option: every layout fails
+    alike."""
     return _b(np.full(len(t), _ep_overlap_options_problem(m, env) is None))
 
 

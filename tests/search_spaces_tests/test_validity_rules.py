@@ -288,7 +288,18 @@ BAD: dict[str, tuple[Layout, str | dict[str, Any], Workload, tuple[str, ...]]] =
 
 #: The seed layout with no recompute: what the run-option rules below accept unless they say otherwise.
 _NO_RECOMPUTE = dict(recompute_granularity="none", recompute_method="none", recompute_num_layers=0)
-#: (layout changes, run options, workload precision, the run-option rules it breaks), megatron-core as given.
+#: The seed layout on one pipeline stage, no recompute.
+_ONE_STAGE = dict(_NO_RECOMPUTE, pp=1, vpp=1, num_layers_in_first_pipeline_stage=0, num_layers_in_last_pipeline_stage=0)
+#: A dense layout for Llama-3.1-8B (key ``model``: see RUN_OPTION_CASES).
+_DENSE = dict(_NO_RECOMPUTE, model="Llama-3.1-8B", pp=2, vpp=1, ep=1, num_layers_in_first_pipeline_stage=0,
+              num_layers_in_last_pipeline_stage=0)
+_MTP1 = dict(_ONE_STAGE, model={"mtp_num_layers": 1})
+_SELECTIVE = dict(_NO_RECOMPUTE, recompute_granularity="selective", recompute_modules=("moe_act",))
+_TE_ATTN = {"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ("attn",)}
+_FULL_ITER_LOCAL = {"cuda_graph_impl": "local", "cuda_graph_scope": ("full_iteration",)}
+_OVERLAP = {"overlap_moe_expert_parallel_comm": True}
+#: (layout changes, run options, workload precision, the run-option rules it breaks), megatron-core as given, on
+#: MiniMax-M2 unless the layout changes hold ``model``: a model name or changes to MiniMax-M2.
 RUN_OPTION_CASES: list[tuple[dict[str, Any], dict[str, Any], str, set[str]]] = [
     # --overlap-moe-expert-parallel-comm (transformer_config.py l.1878-1932 at 1dcf0da, l.3002-3071 at d98e8a64)
     (_NO_RECOMPUTE, {"overlap_moe_expert_parallel_comm": True}, "bf16", set()),
@@ -305,6 +316,18 @@ RUN_OPTION_CASES: list[tuple[dict[str, Any], dict[str, Any], str, set[str]]] = [
     (_NO_RECOMPUTE, {"overlap_moe_expert_parallel_comm": True, "cuda_graph_impl": "local",
                      "megatron_core": "0.16"}, "bf16", {"ep_overlap_options"}),
     (_NO_RECOMPUTE, {"overlap_moe_expert_parallel_comm": True, "cuda_graph_impl": "local"}, "bf16", set()),
+    (_NO_RECOMPUTE, {**_OVERLAP, "cuda_graph_impl": "local", "megatron_core": "0.17"}, "bf16", {"ep_overlap_options"}),
+    # core 0.15 checks no CUDA graph in the overlap block (core_v0.15.0 l.1441-1480)
+    (_NO_RECOMPUTE, {**_OVERLAP, "cuda_graph_impl": "local", "megatron_core": "0.15"}, "bf16", set()),
+    # the flag arrived in core 0.14 (core_v0.14.0 arguments.py l.2889)
+    (_NO_RECOMPUTE, {**_OVERLAP, "megatron_core": "0.13"}, "bf16", {"ep_overlap_options"}),
+    (_NO_RECOMPUTE, {**_OVERLAP, "megatron_core": "0.14"}, "bf16", set()),
+    # an MTP layer needs pp > 1 in core 0.16 and 0.17 only (core_v0.16.0 l.1892-1896, core_v0.17.0 l.2124-2128)
+    (_MTP1, {**_OVERLAP, "megatron_core": "0.14"}, "bf16", set()),
+    (_MTP1, {**_OVERLAP, "megatron_core": "0.15"}, "bf16", set()),
+    (_MTP1, {**_OVERLAP, "megatron_core": "0.16"}, "bf16", {"ep_overlap"}),
+    (_MTP1, {**_OVERLAP, "megatron_core": "0.17"}, "bf16", {"ep_overlap"}),
+    (_MTP1, {**_OVERLAP, "megatron_core": "0.18"}, "bf16", set()),
     (_NO_RECOMPUTE, {"overlap_moe_expert_parallel_comm": True, "cuda_graph_impl": "transformer_engine",
                      "cuda_graph_scope": ("attn", "moe")}, "bf16", {"ep_overlap_options", "cuda_graph_scope"}),
     # CUDA graphs (transformer_config.py l.1742-1821 at 1dcf0da, l.2798-2869 at d98e8a64)
@@ -329,6 +352,26 @@ RUN_OPTION_CASES: list[tuple[dict[str, Any], dict[str, Any], str, set[str]]] = [
     (_NO_RECOMPUTE, {"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ("attn", "moe_router"),
                      "megatron_core": "0.15"}, "bf16", {"cuda_graph_release"}),
     (_NO_RECOMPUTE, {"cuda_graph_impl": "local", "megatron_core": "0.14"}, "bf16", {"cuda_graph_release"}),
+    # local adds moe_router to moe_preprocess, for MoE only (1dcf0da l.1751-1781)
+    (_DENSE, {"cuda_graph_impl": "local", "cuda_graph_scope": ("moe_preprocess",)}, "bf16", {"cuda_graph_scope"}),
+    (_DENSE, {"cuda_graph_impl": "local", "cuda_graph_scope": ("attn",)}, "bf16", set()),
+    # core 0.15: recompute only selective under a transformer_engine attn graph (core_v0.15.0 l.1397-1408)
+    ({}, {**_TE_ATTN, "megatron_core": "0.15"}, "bf16", {"cuda_graphs"}),
+    (_SELECTIVE, {**_TE_ATTN, "megatron_core": "0.15"}, "bf16", set()),
+    ({**_SELECTIVE, "recompute_modules": ("core_attn",)}, {**_TE_ATTN, "megatron_core": "0.15"}, "bf16",
+     {"cuda_graphs"}),
+    (_SELECTIVE, {"cuda_graph_impl": "transformer_engine", "megatron_core": "0.15"}, "bf16", {"cuda_graphs"}),
+    (_SELECTIVE, {"cuda_graph_impl": "local", "cuda_graph_scope": ("attn",), "megatron_core": "0.15"}, "bf16",
+     {"cuda_graphs"}),
+    ({}, {**_FULL_ITER_LOCAL, "megatron_core": "0.15"}, "bf16", {"cuda_graphs"}),
+    ({}, {**_FULL_ITER_LOCAL, "megatron_core": "0.16"}, "bf16", set()),
+    # CPU offloading: no CUDA graph before core 0.18, then full_iteration (core_v0.17.0 l.1951, core_v0.18.0 l.2243)
+    (_ONE_STAGE, {**_FULL_ITER_LOCAL, "megatron_core": "0.15", "cpu_offloading_num_layers": 2}, "bf16",
+     {"cuda_graphs"}),
+    (_ONE_STAGE, {**_FULL_ITER_LOCAL, "megatron_core": "0.17", "cpu_offloading_num_layers": 2}, "bf16",
+     {"cuda_graphs"}),
+    (_ONE_STAGE, {"cuda_graph_impl": "full_iteration", "megatron_core": "0.18", "cpu_offloading_num_layers": 2},
+     "bf16", set()),
     # --optimizer dist_muon (optimizer_config.py l.380-383, arguments.py l.1177-1183 at 1dcf0da)
     ({"use_precision_aware_optimizer": False}, {"optimizer": "dist_muon"}, "bf16", set()),
     ({"use_precision_aware_optimizer": False}, {"optimizer": "dist_muon", "megatron_core": "0.17"}, "bf16",
@@ -353,10 +396,12 @@ _RUN_OPTION_RULES = {"cuda_graphs", "cuda_graph_scope", "cuda_graph_release", "e
 @pytest.mark.parametrize(("changes", "options", "precision", "broken"), RUN_OPTION_CASES)
 def test_run_option_rules(changes: dict[str, Any], options: dict[str, Any], precision: str, broken: set[str],
                           minimax: ModelSpec) -> None:
+    changes = dict(changes)
+    model = _model(changes.pop("model", {}), minimax)
     layout = seed_layout(**changes)
     workload = Workload(seq_length=8192, global_batch_size=128, precision=precision)
     env = RuleEnv.of(None, RunOptions(**options))
-    got = {r for r, _ in check_layout(layout, minimax, workload, env)}
+    got = {r for r, _ in check_layout(layout, model, workload, env)}
     assert got & _RUN_OPTION_RULES == broken
     assert got - _RUN_OPTION_RULES == set()  # the seed layout passes every other rule
 

@@ -16,6 +16,8 @@ QWEN = ["check", "--model", "Qwen3-30B-A3B", "--gpus", "8xH100", "--tp", "1", "-
     (["--recompute", "selective", "--recompute-modules", "moe", "--cuda-graph-impl", "transformer_engine",
       "--cuda-graph-scope", "attn,moe_router,moe_preprocess"], "cuda_graphs"),
     (["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "moe"], "cuda_graph_scope"),
+    (["--megatron-core", "0.15", "--recompute", "full", "--cuda-graph-impl", "transformer_engine",
+      "--cuda-graph-scope", "attn"], "cuda_graphs"),
     (["--optimizer", "dist_muon"], "dist_muon"),
     (["--megatron-core", "0.16", "--cuda-graph-impl", "full_iteration"], "cuda_graph_release"),
     (["--precision", "fp8", "--fp8-param-gather", "--optimizer-offload-fraction", "1", "--fp8-recipe", "tensorwise"],
