@@ -27,6 +27,7 @@ SEED_ENV: dict[str, str] = {
     "NCCL_NVLS_ENABLE": '$([ "$NVLINK_COUNT" -gt 0 ] && echo 1 || echo 0)',
 }
 
+
 def launch_env(argv: Sequence[str], options: RunOptions | None, base: Mapping[str, str] = SEED_ENV) -> dict[str, str]:
     """``base`` as Megatron-LM's ``validate_args`` accepts it beside the arguments ``argv`` on megatron-core
     ``options.megatron_core`` (None: the newest):
