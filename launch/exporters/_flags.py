@@ -5,7 +5,7 @@ recipe (``tests/fixtures/seed_minimax_m2_recipe.yaml``) gives the environment, o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from launch.exporters._shell import group_flags
@@ -13,8 +13,9 @@ from specs import NEWEST_MEGATRON_CORE, Cluster, ModelSpec, Precision, RunOption
 from specs.errors import TunerError
 from specs.layout import Dispatcher, Layout, RecomputeGranularity
 
-__all__ = ["SEED_ENV", "OPTIMIZER_HPARAMS", "HPARAM_FLAGS", "EXCLUSIVE_FLAGS", "merge_user_args", "MISC_ARGS",
-           "misc_args", "misc_lines", "optimizer_lines", "Framework", "model_args", "layout_args", "megatron_args"]
+__all__ = ["SEED_ENV", "launch_env", "NO_NAN_CHECK", "OPTIMIZER_HPARAMS", "HPARAM_FLAGS", "EXCLUSIVE_FLAGS",
+           "merge_user_args", "MISC_ARGS", "misc_args", "misc_lines", "optimizer_lines", "Framework", "model_args",
+           "layout_args", "megatron_args"]
 
 Framework = Literal["megatron", "slime"]
 
@@ -25,6 +26,36 @@ SEED_ENV: dict[str, str] = {
     "TORCHINDUCTOR_COMPILE_THREADS": "1",
     "NCCL_NVLS_ENABLE": '$([ "$NVLINK_COUNT" -gt 0 ] && echo 1 || echo 0)',
 }
+
+
+def launch_env(argv: Sequence[str], options: RunOptions | None, base: Mapping[str, str] = SEED_ENV) -> dict[str, str]:
+    """``base`` as Megatron-LM's ``validate_args`` accepts it beside the arguments ``argv`` on megatron-core
+    ``options.megatron_core`` (None: the newest):
+
+    - no ``CUDA_DEVICE_MAX_CONNECTIONS`` with ``--use-megatron-fsdp`` or ``--use-torch-fsdp2`` (asserted not 1:
+      ``megatron/training/arguments.py`` l.1048-1049 and l.1166-1167 at d98e8a64, l.622-623 and l.687-688 at 1dcf0da);
+    - CUDA graphs before 0.16: expandable segments off (asserted for every impl: l.1198-1201 at core_v0.15.0);
+    - ``--cuda-graph-impl transformer_engine`` (or ``--external-cuda-graph``) from 0.16: ``NCCL_GRAPH_REGISTER=0``,
+      which keeps expandable segments (asserted: l.1961-1968 at d98e8a64, l.1270-1277 at 1dcf0da).
+
+    Values are shell text, as in :data:`SEED_ENV`."""
+    env = dict(base)
+    if {"--use-megatron-fsdp", "--use-torch-fsdp2"} & set(argv):
+        env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+    impl = "none"
+    for i, a in enumerate(argv):
+        if a == "--cuda-graph-impl" and i + 1 < len(argv):
+            impl = argv[i + 1]
+        elif a in ("--enable-cuda-graph", "--external-cuda-graph"):  # 0.16 maps them to local / transformer_engine
+            impl = "local" if a == "--enable-cuda-graph" else "transformer_engine"
+    release = megatron_core_version(options.megatron_core if options is not None else NEWEST_MEGATRON_CORE)
+    if impl != "none" and release < (0, 16):
+        if "PYTORCH_CUDA_ALLOC_CONF" in env:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:False"
+    elif impl == "transformer_engine":
+        env["NCCL_GRAPH_REGISTER"] = "0"
+    return env
+
 
 #: The seed's optimizer hyperparameters, two lines as its ``run:`` block writes them.
 _OPTIMIZER_LINES: tuple[tuple[str, ...], ...] = (
@@ -70,17 +101,26 @@ def misc_args(model: ModelSpec, options: RunOptions | None = None) -> tuple[str,
     return tuple(a for line in misc_lines(model, options) for a in line)
 
 
+#: Megatron-LM's NaN check turned off: asserted with a whole-iteration CUDA graph (``--cuda-graph-impl full_iteration``,
+#: or ``local`` with ``--cuda-graph-scope full_iteration``; ``megatron/training/arguments.py`` l.1235-1237 at d98e8a64,
+#: l.724-727 at 1dcf0da).
+NO_NAN_CHECK = "--no-check-for-nan-in-loss-and-grad"
+
+
 def options_args(model: ModelSpec, workload: Workload, options: RunOptions | None, layout: Layout, *,
                  hparams: bool = False) -> list[str]:
     """The run options' arguments other than Megatron-LM's defaults, less those the model's own arguments write and
-    ``--tp-comm-overlap`` at TP 1 (Megatron-LM's ``validate_args`` refuses it without sequence parallelism); with
-    ``hparams`` (the command writes :func:`optimizer_lines`, which carry it) less ``--optimizer``."""
+    ``--tp-comm-overlap`` at TP 1 (Megatron-LM's ``validate_args`` refuses it without sequence parallelism), with
+    :data:`NO_NAN_CHECK` beside a whole-iteration CUDA graph; with ``hparams`` (the command writes
+    :func:`optimizer_lines`, which carry it) less ``--optimizer``."""
     if options is None:
         return []
     from specs.stacks import run_option_args
 
     skip = (*model.extra_megatron_args, *(("--tp-comm-overlap",) if layout.tp == 1 else ()))
     a = run_option_args(options, precision=workload.precision.value, skip=skip)
+    if options.cuda_graph_effective_impl == "full_iteration":
+        a.append(NO_NAN_CHECK)
     if hparams and "--optimizer" in a:
         i = a.index("--optimizer")
         del a[i:i + 2]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._bridge import bridge_scripts_note
 from launch.exporters._describe import _every_weight_note, _summary
-from launch.exporters._flags import EXCLUSIVE_FLAGS, megatron_args
+from launch.exporters._flags import EXCLUSIVE_FLAGS, SEED_ENV, launch_env, megatron_args
 from launch.exporters._shell import (
     SHEBANG,
     STRICT_MODE,
@@ -53,6 +53,12 @@ MEGATRON_SCRIPT_ENV: dict[str, str] = {
     "MASTER_ADDR": "the first node's address (torchrun --master-addr); default localhost",
     "MASTER_PORT": "a free port on the first node (torchrun --master-port); default 29500",
 }
+
+
+#: The environment ``megatron_args.sh`` exports when run, before :func:`launch_env`: Megatron-LM asserts
+#: ``CUDA_DEVICE_MAX_CONNECTIONS=1`` before Blackwell with TP or CP > 1, unless FSDP or the EP overlap is on
+#: (``megatron/training/arguments.py`` l.1453-1479 at d98e8a64); run_slime.sh exports the seed's value always.
+_RUN_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": SEED_ENV["CUDA_DEVICE_MAX_CONNECTIONS"]}
 
 
 def _need(v: str) -> str:
@@ -137,7 +143,8 @@ class _OwnRunArgs:
 def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, *,
                          options: RunOptions | None = None, user_args: Sequence[str] = ()) -> str:
     """A bash file defining ``MEGATRON_ARGS=( ... )`` (each element ``shlex.quote``-d): run, it launches
-    ``pretrain_gpt.py`` with torchrun and the arguments of :data:`MEGATRON_SCRIPT_ENV`; ``--print`` prints the array;
+    ``pretrain_gpt.py`` with torchrun, the arguments of :data:`MEGATRON_SCRIPT_ENV` and the environment of
+    :func:`launch_env` over :data:`_RUN_ENV`; ``--print`` prints the array;
     sourced, it only defines it. With ``user_args`` the run adds only what they do not set (:class:`_OwnRunArgs`).
 
     Raises:
@@ -180,6 +187,7 @@ def megatron_args_script(model: ModelSpec, cluster: Cluster, workload: Workload,
         f"if {_EXECUTED}; then",
         '  if [ "${1:-}" = --print ]; then printf \'%s\\n\' "${MEGATRON_ARGS[@]}"; exit 0; fi',
         *(own.lines(name) if own.adds else []),
+        *(f"  export {k}={v}" for k, v in launch_env(argv, options, _RUN_ENV).items()),
         f'  torchrun --nnodes "${{NNODES:-{cluster.num_nodes}}}" --node-rank "${{NODE_RANK:-0}}" '
         f"--nproc-per-node {cluster.gpus_per_node} \\",
         '    --master-addr "${MASTER_ADDR:-localhost}" --master-port "${MASTER_PORT:-29500}" \\',

@@ -21,9 +21,9 @@ from cost_model.uncertainty import error_bars
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._bridge import bridge_scripts_note
 from launch.exporters._describe import _layout_note, _summary
-from launch.exporters._flags import GPT_YARN_SINCE, SEED_ENV, _max_tokens_per_gpu, _pipeline_layout_string
+from launch.exporters._flags import GPT_YARN_SINCE, _max_tokens_per_gpu, _pipeline_layout_string
 from launch.exporters._shell import comment, with_note
-from launch.exporters._slime import slime_script
+from launch.exporters._slime import slime_env, slime_script
 from specs import Cluster, ModelSpec, RunOptions, Workload
 from specs.errors import TunerError
 from specs.files import write_output
@@ -258,7 +258,7 @@ def recipe_dict(
         "result": result,
         "prediction": _prediction(estimate, model, cluster, workload) if estimate is not None else None,
         "correctness": {"result": "not run", "note": _CORRECTNESS_NOTE} if correctness is None else dict(correctness),
-        "env": dict(SEED_ENV),
+        "env": slime_env(model, cluster, workload, layout, options=options, user_args=user_args),
         "patches": [],
         "run": run,
         "notes": notes,

@@ -9,7 +9,6 @@ from launch.exporters._bridge import bridge_scripts_note
 from launch.exporters._describe import _every_weight_note, _summary
 from launch.exporters._flags import (
     HPARAM_FLAGS,
-    SEED_ENV,
     _check,
     _dispatcher_args,
     _max_tokens_per_gpu,
@@ -18,6 +17,7 @@ from launch.exporters._flags import (
     _pipeline_layout_string,
     _precision_args,
     _recompute_args,
+    launch_env,
     merge_user_args,
     misc_lines,
     model_args,
@@ -39,7 +39,8 @@ from launch.exporters._shell import (
 from specs import Cluster, ModelSpec, RunOptions, Workload
 from specs.layout import Dispatcher, Layout
 
-__all__ = ["SEED_NUM_ROLLOUT", "SEED_ROLLOUT", "SFT_ROLLOUT", "SLIME_SCRIPT_ENV", "slime_script", "SlimeScriptExporter"]
+__all__ = ["SEED_NUM_ROLLOUT", "SEED_ROLLOUT", "SFT_ROLLOUT", "SLIME_SCRIPT_ENV", "slime_env", "slime_script",
+           "SlimeScriptExporter"]
 
 #: slime's supervised fine-tuning rollout (``slime/rollout/sft_rollout.py``, as slime's ``scripts/run-*-sft.sh`` use
 #: it).
@@ -120,13 +121,7 @@ def slime_script(
     Raises:
         TunerError: as :func:`layout_args`, or the world size is not the cluster's GPU count.
     """
-    _check(layout, model, workload, cluster)
-    groups = _groups(model, cluster, workload, layout, options, hparams=not user_args)
-    user: list[list[str]] = []
-    if user_args:  # the user's launch is their training: no hyperparameter of the tool's, theirs win
-        misc = [g for line in misc_lines(model, options) for g in group_flags(line) if g[0] not in HPARAM_FLAGS]
-        free, user = merge_user_args([*groups, *group_flags(model_args(model))], misc, user_args)
-        groups += free
+    groups, user = _command_groups(model, cluster, workload, layout, options, user_args)
     user_flags = {g[0] for g in user}
     save_dir = not {"--save", "--load"} <= user_flags
     reads = [v for v, on in (("SAVE_INTERVAL", "--save-interval" not in user_flags),
@@ -154,7 +149,7 @@ def slime_script(
         "NVLINK_COUNT=${NVLINK_COUNT:-$(nvidia-smi topo -m 2>/dev/null | grep -o 'NV[0-9][0-9]*' | wc -l || true)}",
         "",
     ]
-    out += [f"export {k}={v}" for k, v in SEED_ENV.items()]
+    out += [f"export {k}={v}" for k, v in _env(groups, user, model, options).items()]
     out += ["", bash_array("MODEL_ARGS", model_args(model)).rstrip("\n"), ""]
     out += [*_run_args(user_flags), ""]
     if model.is_moe and layout.dispatcher == Dispatcher.allgather:
@@ -164,6 +159,39 @@ def slime_script(
         groups.append([Sh(f'"{a}"') if "$" in a and '"' not in a else a for a in g])  # "$VAR" stays an expansion
     out += command((Sh('"$PYTHON"'), Sh('"$SLIME_ENTRY"')), groups)
     return "\n".join(out) + "\n"
+
+
+def _command_groups(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, options: RunOptions | None,
+                    user_args: Sequence[str]) -> tuple[list[Sequence[str]], list[list[str]]]:
+    """The command's flag groups (:func:`_groups`, with the free ones the user's launch does not set) and the user's
+    kept groups (``tune --from``: the tool's hyperparameters left out, the user's win).
+
+    Raises:
+        TunerError: as :func:`layout_args`, or the world size is not the cluster's GPU count."""
+    _check(layout, model, workload, cluster)
+    groups = _groups(model, cluster, workload, layout, options, hparams=not user_args)
+    user: list[list[str]] = []
+    if user_args:
+        misc = [g for line in misc_lines(model, options) for g in group_flags(line) if g[0] not in HPARAM_FLAGS]
+        free, user = merge_user_args([*groups, *group_flags(model_args(model))], misc, user_args)
+        groups += free
+    return groups, user
+
+
+def _env(groups: Sequence[Sequence[str]], user: Sequence[Sequence[str]], model: ModelSpec,
+         options: RunOptions | None) -> dict[str, str]:
+    """The seed's environment for the command of ``groups`` and ``user`` (:func:`launch_env`)."""
+    return launch_env([str(a) for g in (*groups, *user) for a in g] + model_args(model), options)
+
+
+def slime_env(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, *,
+              options: RunOptions | None = None, user_args: Sequence[str] = ()) -> dict[str, str]:
+    """The environment :func:`slime_script` exports (name -> shell text): :data:`SEED_ENV` as Megatron-LM accepts it
+    beside the command's arguments (:func:`launch_env`).
+
+    Raises:
+        TunerError: as :func:`slime_script`."""
+    return _env(*_command_groups(model, cluster, workload, layout, options, user_args), model, options)
 
 
 def _groups(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, options: RunOptions | None, *,

@@ -573,3 +573,80 @@ def test_megatron_args_sh_requires_only_the_variables_of_the_arguments_it_writes
     text = get_exporter("megatron").render(ctx)
     assert "HF_CKPT" not in text and "--hf-checkpoint" not in text
     assert "set PROFILE_DIR to" in text and '--profile-dir "$PROFILE_DIR"' in text
+
+
+# --------------------------------------------------------------------------- what Megatron-LM asserts at start-up
+
+
+def _options(core: str | None = "0.16", **flags):
+    from specs.stacks import RunFlags, resolve_run_options
+
+    return resolve_run_options(RunFlags(**flags), megatron_core=core).options
+
+
+def _render(name: str, model, cluster, options) -> str:
+    ctx = ExportContext(model=model, cluster=cluster, workload=W, layout=LAYOUTS["port"], options=options)
+    return get_exporter(name).render(ctx)
+
+
+@pytest.mark.parametrize(("core", "flags", "alloc", "register"), [
+    # arguments.py l.1270-1277 at 1dcf0da (slime's pin), l.1961-1968 at d98e8a64: NCCL_GRAPH_REGISTER=0 beside
+    # expandable segments with TE's graphs
+    ("0.16", {"cuda_graph_impl": "transformer_engine"}, "expandable_segments:True", "0"),
+    (None, {"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ("attn",)}, "expandable_segments:True", "0"),
+    ("0.16", {"cuda_graph_impl": "local"}, "expandable_segments:True", None),
+    (None, {"cuda_graph_impl": "full_iteration"}, "expandable_segments:True", None),
+    ("0.16", {}, "expandable_segments:True", None),
+    # core_v0.15.0 l.1198-1201: no expandable segments with any CUDA graph
+    ("0.15", {"cuda_graph_impl": "transformer_engine"}, "expandable_segments:False", None),
+    ("0.15", {}, "expandable_segments:True", None),
+])  # fmt: skip
+def test_the_slime_launch_env_is_one_megatron_accepts_beside_its_cuda_graphs(core, flags, alloc, register, model,
+                                                                            cluster):
+    import yaml
+
+    opts = _options(core, **flags)
+    script = _render("slime", model, cluster, opts)
+    exported = dict(ln.removeprefix("export ").split("=", 1) for ln in script.splitlines()
+                    if ln.startswith("export ") and "PYTHONPATH" not in ln)
+    assert (exported["PYTORCH_CUDA_ALLOC_CONF"], exported.get("NCCL_GRAPH_REGISTER")) == (alloc, register)
+    assert exported["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert yaml.safe_load(_render("recipe", model, cluster, opts))["env"] == exported  # the recipe's env is the same
+
+
+@pytest.mark.parametrize(("flags", "nan_check_off"), [
+    ({"cuda_graph_impl": "full_iteration"}, True),  # arguments.py l.1235-1237 at d98e8a64
+    ({"cuda_graph_impl": "local", "cuda_graph_scope": ("full_iteration",)}, True),  # l.724-727 at 1dcf0da
+    ({"cuda_graph_impl": "transformer_engine"}, False),
+    ({}, False),
+])  # fmt: skip
+def test_a_whole_iteration_cuda_graph_is_exported_with_the_nan_check_off(flags, nan_check_off, model, cluster):
+    from launch.exporters._flags import NO_NAN_CHECK
+
+    opts = _options(None, **flags)
+    argv = megatron_args(model, cluster, W, LAYOUTS["port"], options=opts)
+    assert argv.count(NO_NAN_CHECK) == nan_check_off
+    assert _render("slime", model, cluster, opts).count(NO_NAN_CHECK) == nan_check_off
+
+
+@pytest.mark.parametrize(("flags", "want"), [
+    # TP 2 on Hopper: arguments.py l.1453-1479 at d98e8a64 asserts CUDA_DEVICE_MAX_CONNECTIONS=1
+    ({}, {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_GRAPH_REGISTER": None}),
+    ({"cuda_graph_impl": "transformer_engine"}, {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_GRAPH_REGISTER": "0"}),
+    # Megatron-FSDP: l.1166-1167 asserts it is not 1
+    ({"use_megatron_fsdp": True}, {"CUDA_DEVICE_MAX_CONNECTIONS": None, "NCCL_GRAPH_REGISTER": None}),
+])  # fmt: skip
+def test_megatron_args_sh_run_exports_the_env_megatron_asserts(flags, want, tmp_path, model, cluster):
+    f = tmp_path / "megatron_args.sh"
+    f.write_text(_render("megatron", model, cluster, _options(None, **flags)))
+    env = _launch_env(tmp_path, DATA_PATH="MOCK", TRAIN_ITERS="1")
+    env["FAKE_ENTRY_ENV"] += "," + ",".join(want)
+    p = subprocess.run([BASH, str(f)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    got = json.loads((tmp_path / "dump.json").read_text())["env"]
+    assert {k: got[k] for k in want} == want
+    if not flags:  # sourced, it changes nothing of the caller's environment
+        cmd = 'source "$1"; echo "${CUDA_DEVICE_MAX_CONNECTIONS-unset}"'
+        p = subprocess.run([BASH, "-c", cmd, "bash", str(f)], env=_env(tmp_path), capture_output=True, text=True,
+                           timeout=60)
+        assert p.stdout.strip() == "unset", p.stderr
