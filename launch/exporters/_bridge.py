@@ -20,6 +20,7 @@ mapping, or for ``bf16_mixed`` (or no ``mixed_precision``) as that preset's ``Mi
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping
 from typing import Any
 
@@ -246,7 +247,20 @@ def _file_precision(doc: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _header(context: ExportContext, doc: Mapping[str, Any]) -> str:
+def _changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """``section.key`` of every setting ``after`` adds to ``before`` or gives another value (sections compared one
+    level down; a whole new section is named once)."""
+    out = []
+    for sec, body in after.items():
+        old = before.get(sec)
+        if isinstance(body, Mapping) and isinstance(old, Mapping):
+            out += [f"{sec}.{k}" for k, v in body.items() if k not in old or old[k] != v]
+        elif old != body:
+            out.append(str(sec))
+    return out
+
+
+def _header(context: ExportContext, doc: Mapping[str, Any], changed: list[str] | None = None) -> str:
     lay, est, from_file = context.layout, context.estimate, bool(context.bridge_yaml)
     lines = [f"# Megatron-Bridge settings for {context.model.name} on {context.cluster.label}: {lay.label}"]
     if est is not None:
@@ -254,6 +268,9 @@ def _header(context: ExportContext, doc: Mapping[str, Any]) -> str:
                      f"{est.peak_bytes / GIB:.1f} GiB peak per GPU")
     if from_file:
         lines.append("# Your --from file with the layout in its keys (its comments are not kept).")
+        if changed:  # the layout and the priced run options, where the file had other values or none
+            lines += ["# " + line for line in
+                      textwrap.wrap("Set here: " + ", ".join(changed) + ".", 100, break_on_hyphens=False)]
     else:
         lines.append("# An override: merge these keys into your ConfigContainer recipe.")
     have, priced = _file_precision(doc), str(context.workload.precision)
@@ -282,7 +299,7 @@ def bridge_yaml(context: ExportContext) -> str:
     if "peft" in always and not isinstance(doc.get("peft"), Mapping):  # no adapter class of the file's own to keep
         out["peft"] = {"_target_": LORA_CLASS, **out["peft"]}
     body = yaml.dump(out, Dumper=_Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
-    return _header(context, out) + body
+    return _header(context, out, _changed(doc, out) if context.bridge_yaml else None) + body
 
 
 class BridgeExporter(Exporter):

@@ -123,6 +123,19 @@ def test_keys_the_layout_makes_irrelevant_are_cleared_only_where_the_file_has_th
     ) == (None, None, None)
 
 
+def test_the_header_names_every_setting_the_export_sets_in_the_file():
+    from launch.exporters._bridge import bridge_yaml
+
+    lay = Layout(world_size=16, pp=2, vpp=2, ep=8, micro_batch_size=2)
+    text = bridge_yaml(_context(OVERRIDE, "Qwen3-30B-A3B", "16xH100", lay))
+    header = " ".join(line.removeprefix("# ") for line in text.splitlines() if line.startswith("#"))
+    assert "Set here: " in header and "model.pipeline_model_parallel_size" in header
+    assert "train.micro_batch_size" in header and "train.train_iters" not in header  # kept as the file has it
+    before, after = yaml.safe_load(OVERRIDE.read_text()), yaml.safe_load(text)
+    named = header.split("Set here: ")[1].split(".", 1)[0]  # the first section named
+    assert named in after and all(after[s] == before[s] for s in before if f"{s}." not in header and s not in header)
+
+
 def test_a_precision_other_than_the_file_s_is_named_in_its_header(tmp_path):
     """The file trains bf16 (no mixed_precision: Bridge's default); a study priced at fp8 says so."""
     ctx = _context(OVERRIDE, "Qwen3-30B-A3B", "16xH100", QWEN_PP)

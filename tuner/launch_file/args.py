@@ -131,7 +131,8 @@ _BRIDGE_NO_EFFECT = frozenset({
     "--train-iters", "--eval-iters", "--eval-interval", "--finetune-lr", "--average-in-collective",
     "--check-for-nan-in-grad", "--check-for-large-grads", "--data-parallel-sharding-strategy",
     "--gradient-accumulation-fusion", "--use-torch-fsdp2", "--bf16", "--params-dtype", "--pipeline-dtype",
-    "--autocast-dtype", "--grad-reduce-in-fp32", "--overlap-param-gather", "--data-path", "--blend", "--split",
+    "--autocast-dtype", "--autocast-enabled", "--grad-reduce-in-fp32", "--overlap-param-gather", "--data-path",
+    "--blend", "--split",
     "--num-workers", "--dataloader-type", "--random-seed", "--use-custom-fsdp"})
 
 
