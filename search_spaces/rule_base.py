@@ -145,6 +145,26 @@ def rule(id: str, columns: tuple[str, ...], *, explain: ExplainFn) -> Callable[[
     return register
 
 
+def options_rule(id: str) -> Callable[[Callable[[ModelSpec, RuleEnv], str | None]],
+                                      Callable[[ModelSpec, RuleEnv], str | None]]:
+    """Register a rule of the run options alone (no layout column: every layout fails alike). The decorated
+    ``problem(model, env)`` says why megatron-core refuses the options, None when it does not; its docstring is the
+    rule's description."""
+
+    def register(problem: Callable[[ModelSpec, RuleEnv], str | None]) -> Callable[[ModelSpec, RuleEnv], str | None]:
+        def check(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> BoolArray:
+            return _b(np.full(len(t), problem(m, env) is None))
+
+        def explain(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -> str:
+            return problem(m, env) or "the run options are accepted"
+
+        REGISTERED.append(Rule(id=id, description=" ".join((problem.__doc__ or "").split()), columns=(),
+                               check_fn=check, explain_fn=explain, uses_env=True))
+        return problem
+
+    return register
+
+
 # --------------------------------------------------------------------------- helpers
 
 

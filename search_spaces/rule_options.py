@@ -1,12 +1,13 @@
 """The validity rules that tie the run options (EP all-to-all overlap, CUDA graphs, the optimizer, fp8 parameter
 gather) to the layout's recompute, dispatcher and pipeline, or to the megatron-core release: checks and explanations in
-pairs, as in :mod:`search_spaces.rule_checks`. Registered in :data:`search_spaces.rules.RULES`."""
+pairs, as in :mod:`search_spaces.rule_checks`, and the rules of the options alone (:func:`options_rule`). Registered in
+:data:`search_spaces.rules.RULES`."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from search_spaces.rule_base import BoolArray, RuleEnv, _b, rule
+from search_spaces.rule_base import BoolArray, RuleEnv, _b, options_rule, rule
 from specs import ModelSpec, Workload
 from specs.layout import Dispatcher, Layout, LayoutTable
 
@@ -106,8 +107,16 @@ def _cuda_graphs(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> Boo
     return _b(ok)
 
 
+@options_rule("cuda_graph_scope")
 def _cuda_graph_scope_problem(m: ModelSpec, env: RuleEnv) -> str | None:
-    """Why megatron-core refuses the run's per-layer CUDA graph scope for ``m``; None when it accepts it."""
+    """the per-layer CUDA graph scope megatron-core accepts for the model
+    (megatron/core/transformer/transformer_config.py TransformerConfig.__post_init__ at 1dcf0da l.1764-1803, at
+    d98e8a64 l.2798-2850 with cuda_graph_config.py l.107-111): ``full_iteration`` not with ``transformer_engine``; not
+    both ``moe`` and ``moe_router`` ('cuda_graph_scope must not contain both moe and moe_router.'); ``moe_preprocess``
+    only with ``moe_router`` (``local`` adds ``moe_router`` to it, 1dcf0da l.1751-1760); ``moe``/``moe_router``
+    only for MoE ('moe cuda graph is only supported for MoE.', 1dcf0da l.1777-1781); ``mlp`` only with dense
+    layers; ``moe`` only with drop-padding MoE ('moe cuda graph is only supported with drop-padding MoE.'), which
+    this tool never sets. A run option: every layout fails alike."""
     impl, scope = env.cuda_graph_impl, env.cuda_graph_scope
     if env.cuda_graph_impl_arg == "transformer_engine" and "full_iteration" in scope:
         return ("--cuda-graph-scope full_iteration does not run with --cuda-graph-impl transformer_engine; use "
@@ -129,23 +138,6 @@ def _cuda_graph_scope_problem(m: ModelSpec, env: RuleEnv) -> str | None:
     return None
 
 
-def _cuda_graph_scope_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -> str:
-    return _cuda_graph_scope_problem(m, env) or "the CUDA graph scope is accepted"
-
-
-@rule("cuda_graph_scope", (), explain=_cuda_graph_scope_x)
-def _cuda_graph_scope(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> BoolArray:
-    """the per-layer CUDA graph scope megatron-core accepts for the model
-    (megatron/core/transformer/transformer_config.py TransformerConfig.__post_init__ at 1dcf0da l.1764-1803, at
-    d98e8a64 l.2798-2850 with cuda_graph_config.py l.107-111): ``full_iteration`` not with ``transformer_engine``; not
-    both ``moe`` and ``moe_router`` ('cuda_graph_scope must not contain both moe and moe_router.'); ``moe_preprocess``
-    only with ``moe_router`` (``local`` adds ``moe_router`` to it, 1dcf0da l.1751-1760); ``moe``/``moe_router``
-    only for MoE ('moe cuda graph is only supported for MoE.', 1dcf0da l.1777-1781); ``mlp`` only with dense
-    layers; ``moe`` only with drop-padding MoE ('moe cuda graph is only supported with drop-padding MoE.'), which
-    this tool never sets. A run option: every layout fails alike."""
-    return _b(np.full(len(t), _cuda_graph_scope_problem(m, env) is None))
-
-
 #: The first megatron-core release with ``--cuda-graph-impl`` (core_v0.15.0 arguments.py l.1405; core_v0.14.0 has
 #: only ``--enable-cuda-graph`` / ``--external-cuda-graph``).
 CUDA_GRAPH_IMPL_SINCE = (0, 15)
@@ -154,8 +146,13 @@ CUDA_GRAPH_IMPL_SINCE = (0, 15)
 CUDA_GRAPH_MODULES_SINCE = (0, 16)
 
 
-def _cuda_graph_release_problem(env: RuleEnv) -> str | None:
-    """Why ``--megatron-core`` lacks the run's CUDA graph flags; None when it has them."""
+@options_rule("cuda_graph_release")
+def _cuda_graph_release_problem(m: ModelSpec, env: RuleEnv) -> str | None:
+    """the CUDA graph flags of the run exist in ``--megatron-core``: ``--cuda-graph-impl`` from 0.15
+    (:data:`CUDA_GRAPH_IMPL_SINCE`), ``full_iteration`` as an impl from 0.18 (:data:`FULL_ITERATION_IMPL_SINCE`;
+    ``TransformerConfig.cuda_graph_impl`` is ``Literal['none', 'local', 'transformer_engine']`` at 1dcf0da
+    transformer_config.py l.788 and in core_v0.16.0 / core_v0.17.0), module scopes from 0.16
+    (:data:`CUDA_GRAPH_MODULES_SINCE`; megatron/training/arguments.py). A run option: every layout fails alike."""
     core, rel = env.megatron_core, env.version_label
     if env.cuda_graph_impl == "none":
         return None
@@ -170,20 +167,6 @@ def _cuda_graph_release_problem(env: RuleEnv) -> str | None:
         return (f"--cuda-graph-scope {','.join(scope)}: megatron-core {rel} takes one of full, attn, full_iteration "
                 "(module scopes such as moe_router arrived in 0.16)")
     return None
-
-
-def _cuda_graph_release_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -> str:
-    return _cuda_graph_release_problem(env) or "the release has these CUDA graph flags"
-
-
-@rule("cuda_graph_release", (), explain=_cuda_graph_release_x)
-def _cuda_graph_release(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> BoolArray:
-    """the CUDA graph flags of the run exist in ``--megatron-core``: ``--cuda-graph-impl`` from 0.15
-    (:data:`CUDA_GRAPH_IMPL_SINCE`), ``full_iteration`` as an impl from 0.18 (:data:`FULL_ITERATION_IMPL_SINCE`;
-    ``TransformerConfig.cuda_graph_impl`` is ``Literal['none', 'local', 'transformer_engine']`` at 1dcf0da
-    transformer_config.py l.788 and in core_v0.16.0 / core_v0.17.0), module scopes from 0.16
-    (:data:`CUDA_GRAPH_MODULES_SINCE`; megatron/training/arguments.py). A run option: every layout fails alike."""
-    return _b(np.full(len(t), _cuda_graph_release_problem(env) is None))
 
 
 # --------------------------------------------------------------------------- EP all-to-all overlap
@@ -252,8 +235,15 @@ def _ep_overlap(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> Bool
     return _b(ok)
 
 
+@options_rule("ep_overlap_options")
 def _ep_overlap_options_problem(m: ModelSpec, env: RuleEnv) -> str | None:
-    """Why megatron-core refuses ``--overlap-moe-expert-parallel-comm`` whatever the layout; None when it does not."""
+    """``--overlap-moe-expert-parallel-comm`` whatever the layout: from core 0.14 (:data:`EP_OVERLAP_SINCE`);
+    (transformer_config.py TransformerConfig.__post_init__ at 1dcf0da) ep > 1, so MoE only, l.1889-1891; at most one
+    MTP layer, l.1915-1917; in core 0.16 and 0.17 (:data:`OVERLAP_MTP_GRAPH_CHECKS`) CUDA graphs only
+    ``transformer_engine`` without ``moe`` or ``mlp`` in the scope, l.1924-1932, 'CUDA graph scope on moe and mlp is
+    not supported with overlap_moe_expert_parallel_comm'; from core 0.18, l.3063-3071 at d98e8a64, only the scope
+    check of ``transformer_engine``; core 0.14 and 0.15 check no CUDA graph there. A run option: every layout fails
+    alike."""
     if not env.overlap_moe_expert_parallel_comm:
         return None
     if env.megatron_core < EP_OVERLAP_SINCE:
@@ -275,22 +265,6 @@ def _ep_overlap_options_problem(m: ModelSpec, env: RuleEnv) -> str | None:
     return None
 
 
-def _ep_overlap_options_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -> str:
-    return _ep_overlap_options_problem(m, env) or "the EP all-to-all overlap runs with these options"
-
-
-@rule("ep_overlap_options", (), explain=_ep_overlap_options_x)
-def _ep_overlap_options(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> BoolArray:
-    """``--overlap-moe-expert-parallel-comm`` whatever the layout: from core 0.14 (:data:`EP_OVERLAP_SINCE`);
-    (transformer_config.py TransformerConfig.__post_init__ at 1dcf0da) ep > 1, so MoE only, l.1889-1891; at most one
-    MTP layer, l.1915-1917; in core 0.16 and 0.17 (:data:`OVERLAP_MTP_GRAPH_CHECKS`) CUDA graphs only
-    ``transformer_engine`` without ``moe`` or ``mlp`` in the scope, l.1924-1932, 'CUDA graph scope on moe and mlp is
-    not supported with overlap_moe_expert_parallel_comm'; from core 0.18, l.3063-3071 at d98e8a64, only the scope
-    check of ``transformer_engine``; core 0.14 and 0.15 check no CUDA graph there. A run option: every layout fails
-    alike."""
-    return _b(np.full(len(t), _ep_overlap_options_problem(m, env) is None))
-
-
 # --------------------------------------------------------------------------- optimizer options
 
 #: The first megatron-core release with ``--optimizer dist_muon`` (core_v0.15.0 arguments.py l.2198: choices adam,
@@ -302,8 +276,12 @@ MUON_SINCE = (0, 16)
 MUON_DISTOPT_SINCE = (0, 18)
 
 
-def _muon_options_problem(env: RuleEnv) -> str | None:
-    """Why megatron-core refuses ``--optimizer dist_muon`` with these options whatever the layout; None when not."""
+@options_rule("dist_muon_options")
+def _muon_options_problem(m: ModelSpec, env: RuleEnv) -> str | None:
+    """``--optimizer dist_muon`` whatever the layout: not before core 0.16 (:data:`MUON_SINCE`); never with
+    Megatron-FSDP (megatron/training/arguments.py l.1183 at 1dcf0da, l.1740 at d98e8a64); in core 0.16 no overlapped
+    grad reduce or param gather (l.1179-1180 at 1dcf0da; core_v0.17.0 l.1478-1480 keeps them for ``muon`` only). A
+    run option: every layout fails alike."""
     if env.optimizer != "dist_muon":
         return None
     if env.megatron_core < MUON_SINCE:
@@ -314,19 +292,6 @@ def _muon_options_problem(env: RuleEnv) -> str | None:
         return (f"--optimizer dist_muon does not run with --overlap-grad-reduce / --overlap-param-gather in "
                 f"megatron-core {env.version_label} (accepted from 0.17)")
     return None
-
-
-def _muon_options_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -> str:
-    return _muon_options_problem(env) or "dist_muon runs with these options"
-
-
-@rule("dist_muon_options", (), explain=_muon_options_x)
-def _muon_options(t: LayoutTable, m: ModelSpec, w: Workload, env: RuleEnv) -> BoolArray:
-    """``--optimizer dist_muon`` whatever the layout: not before core 0.16 (:data:`MUON_SINCE`); never with
-    Megatron-FSDP (megatron/training/arguments.py l.1183 at 1dcf0da, l.1740 at d98e8a64); in core 0.16 no overlapped
-    grad reduce or param gather (l.1179-1180 at 1dcf0da; core_v0.17.0 l.1478-1480 keeps them for ``muon`` only). A
-    run option: every layout fails alike."""
-    return _b(np.full(len(t), _muon_options_problem(env) is None))
 
 
 def _muon_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -> str:
