@@ -129,7 +129,7 @@ class CommandTemplate:
         Raises:
             TunerError: an ``{env:NAME}`` variable is not set, or the layout cannot be written as flags.
         """
-        from launch.export import _pipeline_layout_string, layout_args, model_args, model_for_release
+        from launch.exporters._flags import _pipeline_layout_string, layout_args, model_args, model_for_release
 
         environ = os.environ if environ is None else environ
         missing = [n for n in self.env_names if n not in environ]

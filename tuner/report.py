@@ -492,8 +492,8 @@ def export_context(model: ModelSpec, cluster: Cluster, workload: Workload, layou
                    correctness: Any = None, notes: Sequence[str] = (), megatron_core: str | None = None,
                    options: Any = None, stack: str = "", user_args: Sequence[str] = (), bridge_yaml: str = "") -> Any:
     """The :class:`launch.exporters.ExportContext` of ``layout``, with the cost model's estimate of it; its model as the
-    commands for ``megatron_core`` (None: the newest) build it (:func:`launch.export.model_for_release`), with a note
-    when that differs.
+    commands for ``megatron_core`` (None: the newest) build it (:func:`launch.exporters._flags.model_for_release`),
+    with a note when that differs.
 
     Args:
         calibration: the study's :class:`~cost_model.calibration.Calibration` (None: the shipped one).
@@ -508,8 +508,8 @@ def export_context(model: ModelSpec, cluster: Cluster, workload: Workload, layou
     Raises:
         TunerError: the layout breaks a rule of the estimate.
     """
-    from launch.export import model_for_release
     from launch.exporters import ExportContext
+    from launch.exporters._flags import model_for_release
 
     kw: dict[str, Any] = {"memory_headroom": memory_headroom}
     if calibration is not None:

@@ -16,7 +16,7 @@ from flag_parsing import argv_flags
 from launch import BackendSettings, get_backend
 from launch.base import FailureKind, TrialFailed
 from launch.command_backend import SLIME_TEMPLATE, CommandBackend, load_template
-from launch.export import layout_args, model_args
+from launch.exporters._flags import layout_args, model_args
 from launch.harness.spec import slice_model
 from launch.megatron_log import MegatronLogReader, parse_megatron_log
 from specs import Workload, load_model, parse_gpus

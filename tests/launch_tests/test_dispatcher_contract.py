@@ -14,8 +14,7 @@ from typer.testing import CliRunner
 
 from cost_model.estimate import estimate
 from cost_model.validate import _dispatcher_cell
-from launch.export import recipe_schema
-from launch.exporters import ExportContext, get_exporter, megatron_args_script
+from launch.exporters import ExportContext, get_exporter, megatron_args_script, recipe_schema
 from launch.harness.spec import HarnessEnv, unsupported_reasons
 from search_spaces.rules import check_layout
 from specs import LayoutTable, Workload, load_model, parse_gpus

@@ -1,4 +1,4 @@
-"""Tests of the exporters (launch/exporters, through the launch/export.py names) against the measured MiniMax-M2 seed
+"""Tests of the exporters (launch/exporters) against the measured MiniMax-M2 seed
 recipe.
 
 The seed's YAML is in tests/fixtures/seed_minimax_m2_recipe.yaml, copied verbatim.
@@ -21,18 +21,8 @@ from flag_parsing import command_flags
 
 from cost_model.types import Estimate
 from launch.base import FailureKind, Measurement
-from launch.export import (
-    dump_recipe,
-    layout_args,
-    megatron_args,
-    megatron_args_script,
-    model_args,
-    model_for_release,
-    recipe_dict,
-    slime_script,
-    validate_recipe,
-    write_recipe,
-)
+from launch.exporters import dump_recipe, megatron_args_script, recipe_dict, slime_script, validate_recipe, write_recipe
+from launch.exporters._flags import layout_args, megatron_args, model_args, model_for_release
 from specs import RunOptions, Workload, load_model, parse_gpus
 from specs.errors import TunerError
 from specs.layout import Layout
@@ -447,7 +437,7 @@ def test_recipe_yaml_round_trips(tmp_path, model, cluster, workload, seed_layout
 
 def test_model_args_carry_rope_norm_and_router_numerics():
     """Without these a run would train a different model than the checkpoint (Megatron defaults differ)."""
-    from launch.export import model_args
+    from launch.exporters._flags import model_args
     from specs import load_model
 
     llama = _argv_flags(model_args(load_model("Llama-3.1-70B")))

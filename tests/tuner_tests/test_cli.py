@@ -11,7 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from launch.export import validate_recipe
+from launch.exporters import validate_recipe
 from search_spaces.pipeline import layer_counts_from_string
 from tuner.cli import app
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from launch.export import validate_recipe
+from launch.exporters import validate_recipe
 from specs import load_gpu
 from tuner.cli import app
 

@@ -361,7 +361,7 @@ def test_correctness_block_verified_needs_both_checks():
 
 def test_a_recipe_with_both_checks_is_verified():
     from cost_model.estimate import estimate
-    from launch import export
+    from launch import exporters as export
     from launch.base import Measurement
     from launch.harness.spec import slice_model
     from specs import Workload, load_model, parse_gpus

@@ -71,7 +71,7 @@ def test_tune_prints_the_ties(capsys, monkeypatch):
 
 
 def test_the_recipe_names_the_tied_trials():
-    from launch import export
+    from launch import exporters as export
     from launch.harness.spec import slice_model
     from specs import Workload, load_model, parse_gpus
     from tuner.report import ties_note

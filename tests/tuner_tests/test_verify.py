@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import tuner.verify.loss_check as loss_check_mod
 import tuner.verify.parity_check as parity_check_mod
-from launch.export import validate_recipe
+from launch.exporters import validate_recipe
 from launch.harness.spec import HarnessEnv, build_spec, slice_model
 from specs import Workload, load_model, parse_gpus
 from specs.errors import InfeasibleLayout, TunerError

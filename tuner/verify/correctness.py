@@ -1,7 +1,7 @@
 """The recipe's ``correctness`` block from what ``tune verify`` found (the seed's form).
 
 Its ``result`` is ``pass`` only when both the convergence check and gradient parity pass (what
-``launch.export`` needs for ``status: verified``).
+``launch.exporters`` needs for ``status: verified``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ def correctness_block(*, convergence: Mapping[str, Any] | None = None,
     :func:`parity_block`) and ``component_tests`` entries, each None / empty when not run.
 
     ``result`` is ``pass`` only when the convergence check and gradient parity both passed and no component test
-    failed (``launch.export`` then marks a measured recipe ``verified``); ``fail`` when one failed; ``error`` when one
-    could not finish; else ``incomplete``."""
+    failed (``launch.exporters`` then marks a measured recipe ``verified``); ``fail`` when one failed; ``error`` when
+    one could not finish; else ``incomplete``."""
     conv = dict(convergence) if convergence is not None else None
     gp = parity_block(grad_parity) if isinstance(grad_parity,
                                                  ParityResult) else (dict(grad_parity) if grad_parity is not None
