@@ -21,4 +21,5 @@ TERM_MODULES = (
     "cost_model.terms.comm",
     "cost_model.terms.recompute",
     "cost_model.terms.optimizer",
+    "cost_model.terms.lora",
 )
