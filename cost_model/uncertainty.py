@@ -96,6 +96,12 @@ class ErrorBars:
         """(low, high) peak bytes per GPU of a prediction (a float or an array)."""
         return peak_bytes * self.memory.low, peak_bytes * self.memory.high
 
+    def fit_verdict(self, peak_bytes: float, hbm_bytes: float) -> str:
+        """``fits`` (even the high end of the memory interval fits), ``does not fit`` (not even the low end) or
+        ``may not fit``, for a predicted peak (bytes per GPU) on a GPU of ``hbm_bytes``."""
+        lo, hi = self.memory_interval(peak_bytes)
+        return "fits" if hi <= hbm_bytes else "does not fit" if lo > hbm_bytes else "may not fit"
+
     def surely_over(self, peak_bytes: npt.NDArray[np.float64], hbm_bytes: float) -> npt.NDArray[np.bool_]:
         """Layouts that do not fit even at the low end of their memory interval."""
         return peak_bytes * self.memory.low > hbm_bytes

@@ -256,3 +256,12 @@ def test_the_memory_band_says_how_much_of_its_error_a_job_shares():
     assert f.shared_share(x, ["a", "a", "a", "b", "b", "b", "c"]) == pytest.approx(1 - 0.01 / np.var(x, ddof=1))
     with pytest.raises(TunerError, match="shared"):
         Band(low=0.9, high=1.1, shared=1.2)
+
+
+def test_the_fit_verdict_reads_both_ends_of_the_memory_interval():
+    bars = error_bars(load_model("MiniMax-M2"), parse_gpus("64xH200").gpu, "bf16")
+    lo, hi = bars.memory_interval(100.0)
+    assert lo < 100.0 < hi
+    assert bars.fit_verdict(100.0, hi) == "fits"
+    assert bars.fit_verdict(100.0, (lo + hi) / 2) == "may not fit"
+    assert bars.fit_verdict(100.0, lo * 0.99) == "does not fit"

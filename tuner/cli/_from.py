@@ -273,9 +273,8 @@ def fit_verdict(prep: Any, e: Any) -> str:
     rule: the 90% memory interval against the GPU (as ``tune estimate`` says it), or ``--memory-headroom``'s margin."""
     if prep.config.memory_headroom is not None or prep.bars is None:
         return "fits" if e.fits else "does NOT fit"
-    lo, hi = prep.bars.memory_interval(e.peak_bytes)
-    hbm = prep.cluster.gpu.hbm_bytes
-    return "fits" if hi <= hbm else "does NOT fit" if lo > hbm else "may not fit"
+    verdict = str(prep.bars.fit_verdict(e.peak_bytes, prep.cluster.gpu.hbm_bytes))
+    return "does NOT fit" if verdict == "does not fit" else verdict
 
 
 def compare_line(prep: Any, best: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> str:

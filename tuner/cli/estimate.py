@@ -171,7 +171,7 @@ def estimate(
     mlo, mhi = bars.memory_interval(e.peak_bytes)
     d.update(predicted_low=lo, predicted_high=hi, peak_gib_low=mlo / GIB, peak_gib_high=mhi / GIB,
              error_bars=bars.to_dict(), fit=(("fits" if e.fits else "does not fit") if memory_headroom is not None else
-                  "fits" if mhi <= e.hbm_bytes else "does not fit" if mlo > e.hbm_bytes else "may not fit"))
+                                             bars.fit_verdict(e.peak_bytes, e.hbm_bytes)))
     d["pipeline_model_parallel_layout"] = pipeline_layout_of(lay, m)
     d["network"] = c.network.key if c.network else None
     d["megatron_core"] = opts.megatron_core
@@ -283,12 +283,9 @@ def _print_estimate(e: Any, d: dict[str, Any], lay: Any, m: Any, c: Any, w: Any,
     flops = "4N" if w.task == "lora" else "6N"
     out.print(f"  MFU {e.mfu:.1%} ({flops}); model TFLOP/s/GPU {e.model_tflops_per_gpu:.0f}; "
               f"${e.usd_per_million_tokens:.2f} per 1M tokens")
+    fit = {"fits": "fits", "does not fit": "[red]does NOT fit[/]", "may not fit": "[yellow]may not fit[/]"}[d["fit"]]
     if memory_headroom is not None:
-        fit = "fits" if e.fits else "[red]does NOT fit[/]"
         fit += f" with {memory_headroom:.0%} headroom"
-    else:
-        fit = ("fits" if mhi <= e.hbm_bytes else "[red]does NOT fit[/]" if mlo > e.hbm_bytes else "[yellow]may not "
-               "fit[/]")
     out.print(f"  peak {e.peak_gib:.1f} GiB (90%: {mlo / GIB:.1f}-{mhi / GIB:.1f}) of {e.hbm_bytes / GIB:.1f} GiB: "
               f"{fit}")
     host = "fits" if e.host_fits else "[red]does NOT fit[/]"
