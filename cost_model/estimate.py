@@ -237,14 +237,14 @@ def _microbatch_window(c: TableContext, per_mb: dict[str, Array]) -> Array:
     return out
 
 
-def _time_parts(c: TableContext, dense: Array, experts: Array, owned: Array, copies: Array) -> dict[str, Array]:
-    """Seconds per step per part ``(n,)``, in :data:`TIME_PARTS` order.
+def _time_parts(c: TableContext, dense: Array, experts: Array, owned: Array,
+                per_mb: dict[str, Array]) -> dict[str, Array]:
+    """Seconds per step per part ``(n,)``, in :data:`TIME_PARTS` order, from :func:`_time_per_microbatch`'s ``per_mb``.
 
     The step runs M micro-batches at the slowest rank's pace plus the fill and drain
     (:func:`cost_model.terms.schedule.bubble_time`); each micro-batch part is its share of the
     ranks' busy time ``M x mean``.
     """
-    per_mb = _time_per_microbatch(c, copies)
     total = _microbatch_window(c, per_mb)
     slowest = schedule.slowest_rank_time(total)
     mean = schedule.mean_rank_time(c, total)
@@ -279,16 +279,25 @@ def estimate_table(
 
     Raises TunerError: ``memory_headroom`` outside [0, 1), a precision the GPU has no tensor cores for, or calibration
     constants that give a non-finite step time or peak memory."""
-    if not 0.0 <= memory_headroom < 1.0:
-        raise TunerError(f"--memory-headroom must be in [0, 1), got {memory_headroom}")
+    _check_headroom(memory_headroom)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         n = len(table)
         if n <= ROW_BLOCK:
-            out = _estimate_table(model, cluster, workload, table, calibration, memory_headroom, options)
+            out = _estimate_rows(model, cluster, workload, table, calibration, memory_headroom, options)[0]
         else:
             blocks = (table.select(slice(lo, lo + ROW_BLOCK)) for lo in range(0, n, ROW_BLOCK))  # views
-            out = _in_blocks((_estimate_table(model, cluster, workload, b, calibration, memory_headroom,
-                                              options) for b in blocks), n)
+            out = _in_blocks((_estimate_rows(model, cluster, workload, b, calibration, memory_headroom,
+                                             options)[0] for b in blocks), n)
+    return _checked(out)
+
+
+def _check_headroom(memory_headroom: float) -> None:
+    if not 0.0 <= memory_headroom < 1.0:
+        raise TunerError(f"--memory-headroom must be in [0, 1), got {memory_headroom}")
+
+
+def _checked(out: EstimateTable) -> EstimateTable:
+    """``out``, or TunerError when a row's step time or peak memory is not finite (bad calibration constants)."""
     bad = ~(np.isfinite(out.step_time_s) & np.isfinite(out.peak_bytes) & (out.step_time_s > 0))
     if bad.any():
         parts = sorted({k for k, v in {**out.time, **out.memory}.items() if not np.all(np.isfinite(v[bad]))})
@@ -344,9 +353,11 @@ def _row_arrays(t: EstimateTable) -> dict[str, Array]:
     }
 
 
-def _estimate_table(model: ModelSpec, cluster: Cluster, workload: Workload, table: LayoutTable,
-                    calibration: Calibration,
-                    memory_headroom: float, options: RunOptions) -> EstimateTable:
+def _estimate_rows(model: ModelSpec, cluster: Cluster, workload: Workload, table: LayoutTable,
+                   calibration: Calibration, memory_headroom: float,
+                   options: RunOptions) -> tuple[EstimateTable, TableContext, Array, dict[str, Array]]:
+    """The :class:`EstimateTable` of ``table``'s rows, with what the single estimate reuses: the context, the routed
+    token copies and :func:`_time_per_microbatch`'s seconds per rank class."""
     c = context.build_context(model, cluster, workload, table, calibration, options)
     lora.check_targets(c)
     dense = params.dense_params(c)
@@ -358,7 +369,8 @@ def _estimate_table(model: ModelSpec, cluster: Cluster, workload: Workload, tabl
     total = np.where(c.live, _total(by_rank), -1.0)
     worst = np.argmax(total, axis=1)
     rows = np.arange(c.n)
-    time = _time_parts(c, dense, experts, owned, copies)
+    per_mb = _time_per_microbatch(c, copies)
+    time = _time_parts(c, dense, experts, owned, per_mb)
 
     step = _total(time)
     tps = c.global_batch * c.seq / step / c.world
@@ -375,7 +387,7 @@ def _estimate_table(model: ModelSpec, cluster: Cluster, workload: Workload, tabl
         usable_bytes=cluster.gpu.hbm_bytes * (1 - memory_headroom),
         host_bytes_per_node=optimizer.host_bytes_per_node(c, owned, np.add(*lora.trainable_params(c, dense, experts))),
         host_memory_bytes=cluster.host_memory_bytes_per_node,
-    )
+    ), c, copies, per_mb
 
 
 def estimate(
@@ -457,14 +469,13 @@ def _single(
     if broken:
         rule_id, reason = broken[0]
         raise InfeasibleLayout(rule_id, reason)
-    t = LayoutTable.from_layouts([layout])
-    row = estimate_table(
-        model, cluster, workload, t, calibration=calibration, memory_headroom=memory_headroom, options=options
-    ).row(0, layout)
-    c = context.build_context(model, cluster, workload, t, calibration, options)
-    copies = activations.routed_token_copies(c)
+    _check_headroom(memory_headroom)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        table, c, copies, per_mb = _estimate_rows(model, cluster, workload, LayoutTable.from_layouts([layout]),
+                                                  calibration, memory_headroom, options)
+    row = _checked(table).row(0, layout)
     m = int(c.micro_batches[0])
-    times = step_detail.chunk_times(c, _time_per_microbatch, copies, model, layout, hidden=details)
+    times = step_detail.chunk_times(c, per_mb, _time_per_microbatch, copies, model, layout, hidden=details)
     est = row
     if layout.pp > 1:
         busy = sum(row.time[p] for p in step_detail.CHUNK_PARTS)  # the ranks' mean busy time, M x mean
@@ -478,12 +489,11 @@ def _single(
                                   usd_per_million_tokens=row.usd_per_million_tokens / k)
     if not details:
         return est, None
-    return est, _details(c, est, times, copies, model, layout, m)
+    return est, _details(c, est, times, copies, per_mb, model, layout, m)
 
 
-def _details(c: TableContext, est: Estimate, times: step_detail.ChunkTimes, copies: Array, model: ModelSpec,
-             layout: Layout,
-             m: int) -> step_detail.StepDetails:
+def _details(c: TableContext, est: Estimate, times: step_detail.ChunkTimes, copies: Array, per_mb: dict[str, Array],
+             model: ModelSpec, layout: Layout, m: int) -> step_detail.StepDetails:
     """The :class:`~cost_model.step_detail.StepDetails` of one layout (see :func:`estimate_details`)."""
     layers, moe = step_detail.chunk_layers(model, layout)
     cls = step_detail.rank_class_of(model, layout, [int(x) for x in c.rank[0]])
@@ -492,7 +502,6 @@ def _details(c: TableContext, est: Estimate, times: step_detail.ChunkTimes, copi
     tdense, texp = lora.trainable_params(c, dense, experts)
     owned = state.owned_params(c, tdense, texp)
     c0 = step_detail.no_overlap(c)
-    per_mb = _time_per_microbatch(c, copies)
     total = _total({p: per_mb[p] for p in step_detail.CHUNK_PARTS})
     window = _microbatch_window(c, per_mb)
     tail: dict[str, list[float]] = {p: [] for p in step_detail.TAIL_PARTS}

@@ -218,6 +218,7 @@ def _sum_tables(tables: list[Table]) -> Table:
 
 def chunk_times(
     c: TableContext,
+    per_rank: dict[str, Array],
     per_microbatch: PerMicrobatch,
     copies: Array,
     model: ModelSpec,
@@ -228,15 +229,15 @@ def chunk_times(
     """Forward and backward seconds of every (pipeline rank, virtual chunk) of ``layout``, by part, as a
     :class:`ChunkTimes`; with ``hidden`` also what the overlaps hide.
 
-    Each part of a rank's chunks adds up to the part's time per micro-batch of the rank's class in ``per_microbatch(c,
-    copies)`` (``c`` the one-layout context, ``copies`` its routed token copies, ``(1, 1)``); the chunks share it as
-    that composition evaluated per chunk (:func:`chunk_context`) does, their forward as :func:`forward_parts` says.
+    Each part of a rank's chunks adds up to the part's time per micro-batch of the rank's class in ``per_rank``
+    (``per_microbatch(c, copies)``: ``c`` the one-layout context, ``copies`` its routed token copies, ``(1, 1)``); the
+    chunks share it as that composition evaluated per chunk (:func:`chunk_context`) does, their forward as
+    :func:`forward_parts` says.
 
     Raises InfeasibleLayout: (``pipeline_split``) the layers do not split as the layout asks."""
     pp, vpp = layout.pp, layout.vpp
     layers, moe = chunk_layers(model, layout)
     cls = list(rank_class_of(model, layout, [int(x) for x in c.rank[0]]))
-    per_rank = per_microbatch(c, copies)
     cc = chunk_context(c, layers, moe, layout.recompute_num_layers)
     totals = per_microbatch(cc, copies)
     fwd = forward_parts(cc, copies)

@@ -816,7 +816,7 @@ def test_tune_rl_is_mounted_and_imported_only_when_used():
     code = (
         "import sys; from typer.testing import CliRunner; from tuner.cli import app; r = CliRunner().invoke(app, "
         "['models']); "
-        "assert r.exit_code == 0 and 'rl.cli' not in sys.modules; "
+        "assert r.exit_code == 0 and 'rl.cli' not in sys.modules and 'typer.rich_utils' not in sys.modules; "
         "assert 'tuner.cli.catalogue' in sys.modules and not {'tuner.cli.estimate', 'tuner.cli.fit'} & "
         "set(sys.modules); "
         "r = CliRunner().invoke(app, ['rl', '--help']); "

@@ -224,7 +224,7 @@ def _spread(front: np.ndarray, peak: np.ndarray, k: int) -> list[int]:
     if len(front) <= k:
         return [int(i) for i in front]
     by_mem = front[np.argsort(peak[front])]
-    picks = np.unique(np.round(np.linspace(0, len(by_mem) - 1, k)).astype(int))
+    picks = sorted(set(np.round(np.linspace(0, len(by_mem) - 1, k)).astype(int).tolist()))  # not np.unique: numpy.ma
     return [int(by_mem[i]) for i in picks]
 
 

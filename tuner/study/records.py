@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
+import statistics
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
@@ -141,7 +141,7 @@ def result_of(layout: Layout, m: Measurement, pred: Estimate, *, model: ModelSpe
         "tokens_per_s_per_gpu": tps,
         "peak_gib": _gib(m.peak_bytes),
         "headroom_gib": _gib(gpu.hbm_bytes - m.peak_bytes),
-        "step_time_s": float(np.median(m.step_times_s)) if m.step_times_s else float("nan"),
+        "step_time_s": statistics.median(map(float, m.step_times_s)) if m.step_times_s else float("nan"),
         "mfu": mfu(model, tps, gpu.peak_flops_bf16, task),
         "usd_per_million_tokens": cluster.usd_per_gpu_hour / (tps * 3600) * 1e6,
         **prediction_of(pred),
