@@ -67,11 +67,12 @@ import numpy as np
 from cost_model.calibrate import Observation, fit_observations, predict_observations
 from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
 from cost_model.validate import spearman
-from launch.harness.spec import HarnessEnv, harness_layout, slice_model
+from launch.harness.spec import HarnessEnv, harness_layout
 from search_spaces.rules import check_layout
 from specs import Workload, load_model, parse_gpus
 from specs.errors import TunerError
 from specs.layout import Layout
+from specs.model import slice_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -79,9 +79,10 @@ BASE_LAYOUT = {
 
 
 def _spec(cid: str, seq: int) -> Any:
-    from launch.harness.spec import HarnessEnv, build_spec, override_model, slice_model
+    from launch.harness.spec import HarnessEnv, build_spec, override_model
     from specs import Workload, load_model
     from specs.layout import Layout
+    from specs.model import slice_model
 
     name, layers, experts, precision, recipe, fused = CONFIGS[cid]
     model = override_model(slice_model(load_model(name), layers), {"num_experts": experts})

@@ -19,9 +19,9 @@ from pathlib import Path
 
 
 def main() -> int:
-    from launch.harness.spec import slice_model
     from launch.local_backend import LocalBackend
     from specs import Layout, Workload, load_model, parse_gpus
+    from specs.model import slice_model
 
     out = Path(os.environ.get("OUT") or "h200_profile_out")
     out.mkdir(parents=True, exist_ok=True)

@@ -104,9 +104,10 @@ def variants(modules: tuple[str, ...]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _spec(slice_id: str, rec: dict[str, Any], extra_layers: int = 0) -> Any:
-    from launch.harness.spec import HarnessEnv, build_spec, override_model, slice_model
+    from launch.harness.spec import HarnessEnv, build_spec, override_model
     from specs import Workload, load_model
     from specs.layout import Layout
+    from specs.model import slice_model
 
     name, layers, _, ov = SLICES[slice_id]
     model = override_model(slice_model(load_model(name), layers + extra_layers), ov)

@@ -120,12 +120,13 @@ def keep_log(cid: str, path: Path | str | None) -> None:
 def run_sweep_case(c: dict[str, Any], cid: str, out_name: str) -> dict[str, Any]:
     from launch.base import TrialFailed
     from launch.harness.results import read_results
-    from launch.harness.spec import harness_layout, override_model, slice_model
+    from launch.harness.spec import harness_layout, override_model
     from launch.local_backend import LocalBackend
     from search_spaces.rules import check_layout
     from specs import Workload, load_model, parse_gpus
     from specs.errors import TunerError
     from specs.layout import Layout
+    from specs.model import slice_model
 
     model = slice_model(load_model(c["model"]), c["layers"])
     model = override_model(model, c.get("model_overrides"), c["id"])
@@ -275,9 +276,9 @@ def _e(x: Any) -> str:
 
 
 def _parity_setup() -> tuple[Any, Any, Any, Any]:
-    from launch.harness.spec import slice_model
     from specs import Workload, load_model, parse_gpus
     from specs.layout import Layout
+    from specs.model import slice_model
 
     e = int(os.environ.get("PARITY_EXPERTS", "64"))
     m = slice_model(load_model("MiniMax-M2"), 1)

@@ -667,3 +667,20 @@ def load_model(name_or_path: str, *, allow_config_args: bool = False) -> ModelSp
         )
     cfg = json.loads(files[key].read_text())
     return model_from_hf_config(cfg, name=key)
+
+
+def slice_model(model: ModelSpec, num_layers: int | None) -> ModelSpec:
+    """``model`` cut to its first ``num_layers`` decoder layers at full width (their ``moe_layer_freq`` entries; MTP
+    layers dropped).
+
+    Raises:
+        TunerError: ``num_layers`` is not from 1 to the model's layer count.
+    """
+    if num_layers is None or num_layers == model.num_layers:
+        return model
+    if not 1 <= num_layers <= model.num_layers:
+        raise TunerError(f"--layers must be from 1 to {model.num_layers} (the layers of {model.name}), got "
+                         f"{num_layers!r}")
+    return model.replace(name=f"{model.name}[{num_layers} layers]", num_layers=num_layers,
+                         moe_layer_freq=model.moe_layer_freq[:num_layers],
+                         window_attn_skip_freq=model.window_attn_skip_freq[:num_layers], mtp_num_layers=0)

@@ -27,7 +27,7 @@ import numpy as np
 from cost_model.calibration import Calibration, load_calibration
 from cost_model.estimate import estimate
 from cost_model.validate import spearman
-from launch.harness.spec import HarnessEnv, harness_layout, override_model, slice_model
+from launch.harness.spec import HarnessEnv, harness_layout, override_model
 from specs import (
     HARNESS_RUN_OPTIONS,
     HARNESS_TE_RUN_OPTIONS,
@@ -42,6 +42,7 @@ from specs import (
 from specs.errors import InfeasibleLayout, TunerError, enum_member
 from specs.files import RepeatedKey, read_user_text, unique_keys
 from specs.layout import Layout
+from specs.model import slice_model
 from tuner.report import pooled_spread
 
 __all__ = ["NO_TE_CALIBRATION_FILE", "TrialPrediction", "TrialRow", "json_lines", "predict_trials", "read_trials",

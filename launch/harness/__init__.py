@@ -6,7 +6,7 @@ kinds), :mod:`~launch.harness.pruner`. torch and megatron-core: :mod:`~launch.ha
 
 from launch.harness.pruner import StepTimePruner
 from launch.harness.results import HarnessResult, StepRecord, classify_failure, read_results
-from launch.harness.spec import HarnessEnv, HarnessSpec, build_spec, slice_model, torchrun_command, unsupported_reasons
+from launch.harness.spec import HarnessEnv, HarnessSpec, build_spec, torchrun_command, unsupported_reasons
 
 __all__ = [
     "HarnessEnv",
@@ -17,7 +17,6 @@ __all__ = [
     "build_spec",
     "classify_failure",
     "read_results",
-    "slice_model",
     "torchrun_command",
     "unsupported_reasons",
 ]

@@ -17,7 +17,7 @@ from specs.errors import TunerError
 from specs.layout import Layout, RecomputeGranularity
 
 __all__ = ["FAULTS", "FP8_RECIPES", "HARNESS_OPTIONS", "HarnessEnv", "HarnessSpec", "build_spec", "fault_reasons",
-           "harness_layout", "override_model", "slice_model", "torchrun_command", "unsupported_reasons",
+           "harness_layout", "override_model", "torchrun_command", "unsupported_reasons",
            "HARNESS_MODULE"]
 
 #: The module ``torchrun -m`` starts.
@@ -58,23 +58,6 @@ HARNESS_OPTIONS = frozenset({
     "saved_tensor_census", "dump_grads", "label", "profile_step", "forward_only_steps", "memory_phases",
     "gc_after_build", "megatron_fusions",
 })
-
-
-def slice_model(model: ModelSpec, num_layers: int | None) -> ModelSpec:
-    """``model`` cut to its first ``num_layers`` decoder layers at full width (their ``moe_layer_freq`` entries; MTP
-    layers dropped).
-
-    Raises:
-        TunerError: ``num_layers`` is not from 1 to the model's layer count.
-    """
-    if num_layers is None or num_layers == model.num_layers:
-        return model
-    if not 1 <= num_layers <= model.num_layers:
-        raise TunerError(f"--layers must be from 1 to {model.num_layers} (the layers of {model.name}), got "
-                         f"{num_layers!r}")
-    return model.replace(name=f"{model.name}[{num_layers} layers]", num_layers=num_layers,
-                         moe_layer_freq=model.moe_layer_freq[:num_layers],
-                         window_attn_skip_freq=model.window_attn_skip_freq[:num_layers], mtp_num_layers=0)
 
 
 def override_model(model: ModelSpec, overrides: Any, where: str = "model_overrides") -> ModelSpec:

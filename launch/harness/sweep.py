@@ -17,12 +17,13 @@ from typing import Any
 
 from cost_model.estimate import estimate
 from launch.base import TrialFailed
-from launch.harness.spec import harness_layout, slice_model
+from launch.harness.spec import harness_layout
 from launch.local_backend import LocalBackend
 from search_spaces.rules import check_layout
 from specs import HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS, Workload, load_model, parse_gpus
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
+from specs.model import slice_model
 from specs.units import GIB
 
 

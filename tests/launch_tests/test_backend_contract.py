@@ -17,10 +17,11 @@ import yaml
 
 from launch import Measurement, TrialBackend, TrialFailed, TrialStopped, backend_class, backends
 from launch.base import FailureKind
-from launch.harness.spec import HarnessEnv, slice_model
+from launch.harness.spec import HarnessEnv
 from specs import Workload, load_model, parse_gpus
 from specs.errors import TunerError
 from specs.layout import Layout
+from specs.model import slice_model
 
 from .fake_trial import FAKE, recorded_pids, survivors, wait_until
 

@@ -17,11 +17,11 @@ from launch import BackendSettings, get_backend
 from launch.base import FailureKind, TrialFailed
 from launch.command_backend import SLIME_TEMPLATE, CommandBackend, load_template
 from launch.exporters._flags import layout_args, model_args
-from launch.harness.spec import slice_model
 from launch.megatron_log import MegatronLogReader, parse_megatron_log
 from specs import Workload, load_model, parse_gpus
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
+from specs.model import slice_model
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LOGS = FIXTURES / "megatron_logs"

@@ -9,10 +9,11 @@ import pytest
 
 from launch.harness.hostmem import offload_host_bytes, parse_kib_fields
 from launch.harness.results import parse_results
-from launch.harness.spec import FAULTS, HarnessEnv, HarnessSpec, build_spec, slice_model
+from launch.harness.spec import FAULTS, HarnessEnv, HarnessSpec, build_spec
 from specs import Workload, load_model
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
+from specs.model import slice_model
 
 TE, NO_TE = HarnessEnv(transformer_engine=True), HarnessEnv()
 L1 = Layout(world_size=1)

@@ -13,13 +13,13 @@ from launch.harness.spec import (
     build_spec,
     parse_argv,
     recompute_kwargs,
-    slice_model,
     torchrun_command,
     unsupported_reasons,
 )
 from specs import Workload, load_model
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
+from specs.model import slice_model
 
 WL = Workload(seq_length=8192, global_batch_size=8)
 

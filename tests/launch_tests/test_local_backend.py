@@ -11,11 +11,12 @@ import pytest
 
 from launch import get_backend
 from launch.base import FailureKind, TrialFailed
-from launch.harness.spec import HarnessEnv, slice_model
+from launch.harness.spec import HarnessEnv
 from launch.local_backend import SAFE_ENV, LocalBackend, machine_gpu_count, visible_device_ids
 from specs import Workload, load_model, parse_gpus
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
+from specs.model import slice_model
 
 FAKE = str(Path(__file__).with_name("fake_trial.py"))
 GIB = 2**30

@@ -16,11 +16,12 @@ import threading
 
 import pytest
 
-from launch.harness.spec import HarnessEnv, slice_model
+from launch.harness.spec import HarnessEnv
 from launch.ray_backend import NODE_PYTHON, RayBackend, node_plan, torchrun_node_command
 from specs import Workload, load_model, parse_gpus
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
+from specs.model import slice_model
 
 from .fake_trial import FAKE, recorded_pids, survivors, wait_until
 

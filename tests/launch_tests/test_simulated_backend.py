@@ -13,11 +13,11 @@ from benchmarks.simulated import ErrorStructure, SimulatedBackend, World, WorldT
 from launch import TrialFailed, TrialStopped, backend_class
 from launch.base import FailureKind
 from launch.harness.pruner import StepTimePruner
-from launch.harness.spec import slice_model
 from search_spaces.rules import RuleEnv
 from search_spaces.space import SearchSpace, enumerate_layouts
 from specs import DEFAULT_RUN_OPTIONS, Workload, load_model, parse_gpus
 from specs.errors import TunerError
+from specs.model import slice_model
 
 QUIET = {"crash_rate": 0.0, "hang_rate": 0.0}
 

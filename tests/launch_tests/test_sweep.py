@@ -7,9 +7,10 @@ import pytest
 
 from cost_model.estimate import estimate
 from launch.harness import sweep
-from launch.harness.spec import HarnessEnv, harness_layout, slice_model
+from launch.harness.spec import HarnessEnv, harness_layout
 from specs import HARNESS_RUN_OPTIONS, Workload, load_model, parse_gpus
 from specs.layout import Layout
+from specs.model import slice_model
 
 
 @pytest.mark.parametrize(

@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 from benchmarks import bench_trial_calibration
 from cost_model.calibrate import Observation, fit_observations, predict_observations
 from cost_model.calibration import DEFAULT_CALIBRATION, SHIPPED_CALIBRATION_FILE, load_calibration
-from launch.harness.spec import slice_model
 from specs import Workload, load_model, parse_gpus
 from specs.layout import Layout
+from specs.model import slice_model
 from tuner.cli import app
 from tuner.study import TuneConfig, model_spec_to_dict, prepare
 from tuner.study.storage import resolved as _resolved

@@ -363,9 +363,9 @@ def test_a_recipe_with_both_checks_is_verified():
     from cost_model.estimate import estimate
     from launch import exporters as export
     from launch.base import Measurement
-    from launch.harness.spec import slice_model
     from specs import Workload, load_model, parse_gpus
     from specs.layout import Layout
+    from specs.model import slice_model
 
     m, c, w = (
         slice_model(load_model("MiniMax-M2"), 1),

@@ -72,8 +72,8 @@ def test_tune_prints_the_ties(capsys, monkeypatch):
 
 def test_the_recipe_names_the_tied_trials():
     from launch import exporters as export
-    from launch.harness.spec import slice_model
     from specs import Workload, load_model, parse_gpus
+    from specs.model import slice_model
     from tuner.report import ties_note
 
     rows = [_row(2, BEST), _row(0, NONE_AG, dispatcher="allgather"), _row(4, [1.10 * t for t in BEST])]

@@ -13,10 +13,11 @@ from typer.testing import CliRunner
 import tuner.verify.loss_check as loss_check_mod
 import tuner.verify.parity_check as parity_check_mod
 from launch.exporters import validate_recipe
-from launch.harness.spec import HarnessEnv, build_spec, slice_model
+from launch.harness.spec import HarnessEnv, build_spec
 from specs import Workload, load_model, parse_gpus
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
+from specs.model import slice_model
 from tuner.cli import app
 from tuner.verify.inputs import parse_layout_spec
 from tuner.verify.loss_check import convergence_block, local_backend_factory, plan_verify, run_verify

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from launch.harness.spec import HarnessEnv, slice_model
+from launch.harness.spec import HarnessEnv
 from specs import Workload, load_model, parse_gpus
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
+from specs.model import slice_model
 from tuner.verify.component import plan_component_test, run_component_test
 from tuner.verify.inputs import checkpoint_model_reasons
 from tuner.verify.loss_check import plan_verify

@@ -76,8 +76,8 @@ def launch_inputs(path: Path, ctx: Any, *, model: str | None, gpus: str | None, 
     Raises:
         TunerError: the file cannot be read (:func:`tuner.launch_file.read_launch`), names no model and no
             ``--model`` is given, its GPUs are unknown or disagree, or its layout cannot be estimated."""
-    from launch.harness.spec import slice_model
     from specs import load_model, parse_gpus
+    from specs.model import slice_model
     from tuner.cli._layout import LayoutFlags, apply_layout_string
     from tuner.launch_file import read_launch
 

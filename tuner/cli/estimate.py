@@ -98,9 +98,9 @@ def _inputs(model: str | None, gpus: str | None, gpus_per_node: int | None, netw
 
     Raises:
         TunerError: a missing, unknown or malformed model, GPU, network or workload value."""
-    from launch.harness.spec import slice_model
     from specs import Precision, Workload, load_model, parse_gpus
     from specs.hardware import network_bytes_per_s
+    from specs.model import slice_model
 
     if precision not in ("bf16", "fp8"):
         raise TunerError(f"--precision {precision!r}: accepted bf16 or fp8")

@@ -311,7 +311,8 @@ class PredictedTrials:
                                model=prep.model, cluster=prep.cluster, task=prep.workload.task)
             record = TrialRecord(key=prop.key, enqueued=enqueued, result=result, **summary_of(result))
             values = [m.tokens_per_s_per_gpu, m.peak_bytes / 2**30]
-        frozen = mirror.tell(trial, values, state=state)
+        mirror.tell(trial, values, state=state)
+        frozen = mirror.get_trials(deepcopy=False)[trial.number]  # Study.tell returns a deep copy
         if self._write(frozen, record, state, values):
             run.finished(outcome)
         else:  # another worker claimed the layout at the same moment, with a lower number: it counts there
@@ -320,8 +321,8 @@ class PredictedTrials:
 
     def _write(self, frozen: FrozenTrial, record: TrialRecord, state: TrialState, values: list[float] | None) -> bool:
         """Write one evaluated trial (buffered on the default storage); False when another worker's claim wins."""
-        common: dict[str, Any] = dict(params=frozen.params, distributions=frozen.distributions,
-                                      user_attrs=record.attrs(), system_attrs=frozen.system_attrs)
+        common: dict[str, Any] = dict(params=dict(frozen.params), distributions=dict(frozen.distributions),
+                                      user_attrs=record.attrs(), system_attrs=dict(frozen.system_attrs))
         if not self.shared:
             self.pending.append(optuna.trial.create_trial(state=state, values=values, **common))
             return True

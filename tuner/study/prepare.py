@@ -15,7 +15,6 @@ import numpy as np
 from cost_model.calibration import Calibration, load_calibration
 from cost_model.estimate import EstimateTable, estimate_table
 from cost_model.uncertainty import ErrorBars, error_bars
-from launch.harness.spec import slice_model
 from search_spaces.rules import RuleEnv, check_layout
 from search_spaces.space import Enumeration, SearchSpace, enumerate_layouts
 from specs import (
@@ -33,6 +32,7 @@ from specs import (
 from specs.errors import TunerError, enum_member
 from specs.hardware import network_bytes_per_s
 from specs.layout import Dispatcher
+from specs.model import slice_model
 from tuner.pareto import pareto_mask
 from tuner.study.config import TuneConfig, _validate_config, harness_without_te, study_run_options
 

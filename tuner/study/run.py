@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import optuna
@@ -34,7 +34,6 @@ from cost_model.estimate import estimate
 from cost_model.types import Estimate
 from launch import BackendSettings, StepReporter, TrialBackend, TrialFailed, TrialStopped, get_backend
 from launch.base import FailureKind
-from launch.harness.pruner import StepTimePruner
 from search_spaces.rules import check_layout
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
@@ -58,6 +57,9 @@ from tuner.study.records import (
     result_of,
     summary_of,
 )
+
+if TYPE_CHECKING:
+    from launch.harness.pruner import StepTimePruner
 from tuner.study.storage import Heartbeat, StudyLock, is_own_store, open_study
 
 __all__ = ["FALLBACK_AFTER_SKIPS", "POLICY_BEST_ATTR", "Proposal", "StudyRun", "TuneResult", "run_study"]
@@ -254,7 +256,9 @@ class StudyRun:
         except BaseException:
             backend.close()  # a Ray instance this run started must not outlive a refused study
             raise
-        if cfg.prune_margin is not None:
+        if cfg.prune_margin is not None and backend.measured:  # real trials' step times
+            from launch.harness.pruner import StepTimePruner
+
             self.pruner = StepTimePruner(warmup_steps=trial_warmup_steps(cfg), margin=cfg.prune_margin)
         self.index = CandidateIndex(prep.enumeration.valid, prep.fits)
         trials = self.study.get_trials(deepcopy=False)
