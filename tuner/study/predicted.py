@@ -208,7 +208,7 @@ class PredictedTrials:
     def __init__(self, run: StudyRun) -> None:
         self.study_run = run
         self.study = run.study
-        self.shared = bool(run.cfg.storage)
+        self.shared = bool(run.cfg.store.storage)
         self.pending: list[FrozenTrial] = []
         self.writes = 0
         self._last_flush = time.monotonic()
@@ -219,7 +219,7 @@ class PredictedTrials:
         system attributes), then the queue (:attr:`CandidateQueue.first`)."""
         run = self.study_run
         self.sampler = CandidateSampler(
-            memo_parents(optuna.samplers.NSGAIISampler(seed=run.cfg.seed, population_size=16)),
+            memo_parents(optuna.samplers.NSGAIISampler(seed=run.cfg.store.seed, population_size=16)),
             dict(run.index.distributions()), self._propose, run.note_skip, lambda: not run.budget_left())
         mirror = optuna.create_study(directions=["maximize", "minimize"], sampler=self.sampler)
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
