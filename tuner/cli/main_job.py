@@ -199,12 +199,12 @@ def _tune_config(a: dict[str, Any]) -> Any:
 
     run, launch, prune_margin = a["run"], a["launch"], a["prune_margin"]
     as_str = {k: str(a[k]) if a[k] else None for k in ("space", "calibration", "command_template")}
+    given = {"baseline": launch.baseline, "user_args": launch.launch.user_args,
+             "bridge_yaml": launch.launch.path.read_text() if launch.launch.kind == "megatron-bridge" else ""
+             } if launch else {}
     return c.TuneConfig(
         job=group(c.JobOptions, model=require(a["model"], "--model", "MiniMax-M2"),
-                  gpus=require(a["gpus"], "--gpus", "64xH200"), baseline=launch.baseline if launch else None,
-                  user_args=launch.launch.user_args if launch else (),
-                  bridge_yaml=launch.launch.path.read_text() if launch and launch.launch.kind == "megatron-bridge"
-                  else ""),
+                  gpus=require(a["gpus"], "--gpus", "64xH200"), **given),
         cluster=group(c.ClusterOptions),
         workload=group(c.WorkloadOptions, seq_length=a["seq_len"], global_batch_size=a["global_batch"],
                        **run.workload_kw()),

@@ -26,6 +26,7 @@ from specs.study_files import (
 )
 
 __all__ = [
+    "ClusterOptions", "JobOptions", "SearchOptions", "StackOptions", "StudyOptions", "TrialOptions", "WorkloadOptions",
     "DEFAULT_TRIALS", "STACKS", "TuneConfig", "harness_without_te", "n_trials", "run_options_for_backend",
     "study_run_options", "trial_env_dict", "trial_warmup_steps",
     # specs.study_files', which the study code and the command lines import from here
@@ -36,7 +37,7 @@ __all__ = [
 #: Training stacks a recipe can target (``specs/data/stacks/``; ``megatron`` is ``megatron-lm``).
 STACKS = ("slime", "megatron-lm", "megatron-bridge", "nemo-rl", "megatron")
 
-#: Trial policies of real trials (:attr:`TuneConfig.policy`).
+#: Trial policies of real trials (:attr:`TrialOptions.policy`).
 POLICIES = ("gain", "queue")
 
 #: Layouts a run evaluates when ``--trials`` is not given.

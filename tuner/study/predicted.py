@@ -14,7 +14,7 @@ proposals; only evaluated layouts reach the study's storage, each written whole:
 * a shared storage (``--storage``): each evaluated layout is claimed as a RUNNING trial with its record (one
   write), checked against the other workers' trials (a read), and finished (one write), so two workers never
   both count a layout; a claim left RUNNING by a worker that stopped is ignored once it is older than the grace
-  period (:attr:`TuneConfig.heartbeat_grace_s`) and failed by the next run.
+  period (:attr:`TrialOptions.heartbeat_grace_s`) and failed by the next run.
 
 Skipped proposals are never written, and never become trials of the in-memory study either: the sampler
 (:class:`CandidateSampler`) checks each NSGA-II proposal against the candidate table and draws again, within the
