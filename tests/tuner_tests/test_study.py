@@ -682,6 +682,21 @@ def test_gpt_oss_commands_follow_the_studys_megatron_core(tmp_path):
 # ---- study semantics: what a re-run does, what the default name holds, the global batch ----
 
 
+def test_a_config_is_stored_as_one_flat_mapping_and_read_back_into_its_groups():
+    flat = dict(model="MiniMax-M2", gpus="64xH200", seq_length=4096, backend="local", trial_steps=12, stack="megatron",
+                seed=3, layers=4, network="ib-ndr", storage="postgresql://tuner:secret@db/tune")
+    cfg = TuneConfig.from_dict(flat)
+    assert (cfg.workload.seq_length, cfg.search.backend, cfg.trial.trial_steps, cfg.run.stack, cfg.store.seed,
+            cfg.job.layers, cfg.cluster.network) == (4096, "local", 12, "megatron", 3, 4, "ib-ndr")
+    stored = cfg.to_dict()  # config.yaml's and the study's "config": every option once, by its own name
+    assert not any(isinstance(v, dict) for k, v in stored.items() if k != "run_flags")
+    assert stored["storage"] == "postgresql://tuner@db/tune"  # the password is never stored
+    assert TuneConfig.from_dict(stored) == TuneConfig.from_dict({**flat, "storage": stored["storage"]})
+    assert TuneConfig.from_dict({"seed": 5}, cfg).to_dict() == {**stored, "seed": 5}  # a group's field replaced
+    with pytest.raises(TypeError, match="no option seq_len"):
+        TuneConfig.from_dict({**flat, "seq_len": 4096})
+
+
 @pytest.mark.parametrize(("kw", "suffix"), [
     ({}, ""), ({"network": "efa-v3"}, ""), ({"megatron_core": "0.19"}, ""),  # the defaults add nothing
     ({"network": "ib-ndr"}, "-ib-ndr"), ({"stack": "megatron"}, "-megatron"), ({"megatron_core": "0.15"}, "-mc0.15"),
