@@ -38,7 +38,7 @@ def main() -> None:
             page = study_report(
                 res.out_dir / "report.html", study=res.study_name, model=prep.model, cluster=prep.cluster,
                 workload=prep.workload, rows=rows, front=front, backend="model", calibration=prep.calibration,
-                memory_headroom=prep.config.search.memory_headroom,
+                memory_headroom=prep.headroom,
             )
             times.append(time.perf_counter() - t0)
         size = page.stat().st_size
