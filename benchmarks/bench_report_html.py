@@ -28,7 +28,7 @@ def main() -> None:
     from tuner.study import TuneConfig, prepare, run_study, trial_rows
 
     with tempfile.TemporaryDirectory() as d:
-        prep = prepare(TuneConfig(model="MiniMax-M2", gpus="64xH200", results_dir=d))
+        prep = prepare(TuneConfig.from_dict(dict(model="MiniMax-M2", gpus="64xH200", results_dir=d)))
         res = run_study(prep)
         rows = trial_rows(res.study)
         front = front_rows(rows, prep.model)
@@ -38,7 +38,7 @@ def main() -> None:
             page = study_report(
                 res.out_dir / "report.html", study=res.study_name, model=prep.model, cluster=prep.cluster,
                 workload=prep.workload, rows=rows, front=front, backend="model", calibration=prep.calibration,
-                memory_headroom=prep.config.memory_headroom,
+                memory_headroom=prep.headroom,
             )
             times.append(time.perf_counter() - t0)
         size = page.stat().st_size

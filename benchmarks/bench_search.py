@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     meta: dict[str, Any] = {}
     for c in cases:
         t = time.perf_counter()
-        case = prepare_case(TuneConfig(backend="command", gpu_hours=args.gpu_hours, **CASES[c]))
+        case = prepare_case(TuneConfig.from_dict(dict(backend="command", gpu_hours=args.gpu_hours, **CASES[c])))
         _PREPARED[c] = case
         new, today = case.new, case.today
         e = _errors(case, args.errors)

@@ -40,12 +40,12 @@ def _compare(prep, layouts) -> dict:
         t0 = time.perf_counter()
         one = estimate(
             prep.model, prep.cluster, prep.workload, lay, calibration=prep.calibration,
-            memory_headroom=prep.config.memory_headroom,
+            memory_headroom=prep.headroom,
         )
         t1 = time.perf_counter()
         tab = estimate_table(
             prep.model, prep.cluster, prep.workload, LayoutTable.from_layouts([lay]), calibration=prep.calibration,
-            memory_headroom=prep.config.memory_headroom,
+            memory_headroom=prep.headroom,
         ).row(0, lay)
         t2 = time.perf_counter()
         t_one, t_tab = t_one + t1 - t0, t_tab + t2 - t1
@@ -92,7 +92,7 @@ def main() -> None:
     from tuner.study import TuneConfig, prepare, run_study, trial_rows
 
     with tempfile.TemporaryDirectory() as d:
-        prep = prepare(TuneConfig(model="MiniMax-M2", gpus="64xH200", results_dir=d))
+        prep = prepare(TuneConfig.from_dict(dict(model="MiniMax-M2", gpus="64xH200", results_dir=d)))
         res = run_study(prep)
         from specs.layout import Layout
 

@@ -121,7 +121,7 @@ def prepare_case(config: TuneConfig) -> Case:
     """
     new = prepare(config)
     # the queue policy takes no GPU-hour budget (--gpu-hours belongs to the gain policy)
-    today = prepare(dataclasses.replace(config, policy="queue", memory_headroom=TODAY_HEADROOM, gpu_hours=None))
+    today = prepare(TuneConfig.from_dict(dict(policy="queue", memory_headroom=TODAY_HEADROOM, gpu_hours=None), config))
     base = WorldTable(
         new.model, new.cluster, new.workload, new.enumeration.valid, estimates=new.estimates,
         calibration=new.calibration, options=new.options,
@@ -131,7 +131,7 @@ def prepare_case(config: TuneConfig) -> Case:
 
 def _backend(world: World, cfg: TuneConfig) -> SimulatedBackend:
     return SimulatedBackend(
-        world, steps=cfg.trial_steps, warmup_steps=trial_warmup_steps(cfg), timeout_s=cfg.trial_timeout_s
+        world, steps=cfg.trial.trial_steps, warmup_steps=trial_warmup_steps(cfg), timeout_s=cfg.trial.trial_timeout_s
     )
 
 
@@ -158,7 +158,7 @@ def _in_memory(url: str, **_: Any) -> optuna.storages.BaseStorage:
 
 
 def _study(prep: Prepared, world: World, seed: int, tmp: str) -> tuple[Layout | None, SimulatedBackend]:
-    cfg = dataclasses.replace(prep.config, results_dir=tmp, seed=seed % 2**32)
+    cfg = TuneConfig.from_dict(dict(results_dir=tmp, seed=seed % 2**32), prep.config)
     backend = _backend(world, cfg)
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(_optuna, "ThreadSafeRDBStorage", _in_memory))
@@ -173,8 +173,8 @@ def _random(prep: Prepared, world: World, seed: int, gpu_hours: float) -> tuple[
     cfg = prep.config
     backend = _backend(world, cfg)
     pruner = (
-        StepTimePruner(warmup_steps=trial_warmup_steps(cfg), margin=cfg.prune_margin)
-        if cfg.prune_margin is not None
+        StepTimePruner(warmup_steps=trial_warmup_steps(cfg), margin=cfg.trial.prune_margin)
+        if cfg.trial.prune_margin is not None
         else None
     )
     rows = np.flatnonzero(prep.fits)
@@ -235,8 +235,8 @@ def gain_loop(
         **extra,
     )
     pruner = (
-        StepTimePruner(warmup_steps=trial_warmup_steps(cfg), margin=cfg.prune_margin)
-        if cfg.prune_margin is not None
+        StepTimePruner(warmup_steps=trial_warmup_steps(cfg), margin=cfg.trial.prune_margin)
+        if cfg.trial.prune_margin is not None
         else None
     )
     warm = trial_warmup_steps(cfg)

@@ -40,7 +40,7 @@ def main() -> int:
     a = ap.parse_args()
     out = {}
     for name in a.cases.split(","):
-        case = prepare_case(TuneConfig(**CASES[name]))
+        case = prepare_case(TuneConfig.from_dict(CASES[name]))
         prep, base = case.new, case.base
         rows = np.flatnonzero(prep.contenders)
         est = prep.estimates

@@ -159,7 +159,7 @@ def test_a_storage_password_stays_out_of_the_files():
     from tuner.study.config import TuneConfig, storage_place
 
     url = "postgresql://tuner:s3cret@db.example:5432/studies"
-    kept = TuneConfig(model="m", gpus="g", storage=url).to_dict()["storage"]
+    kept = TuneConfig.from_dict(dict(model="m", gpus="g", storage=url)).to_dict()["storage"]
     assert kept == "postgresql://tuner@db.example:5432/studies"
     # one place, any password
     assert storage_place(url) == storage_place("postgresql://tuner:other@db.example:5432/studies")

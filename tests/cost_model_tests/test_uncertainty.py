@@ -50,7 +50,7 @@ def _cfg(tmp_path, **kw):
         results_dir=str(tmp_path),
     )
     base.update(kw)
-    return TuneConfig(**base)
+    return TuneConfig.from_dict(base)
 
 
 def test_only_what_surely_does_not_fit_is_pruned(tmp_path):

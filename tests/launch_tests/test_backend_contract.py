@@ -302,4 +302,4 @@ def test_its_own_flags_are_tune_flags_refused_with_every_other_backend(name):
             if flag in backend_class(other).own_flags:
                 continue
             with pytest.raises(TunerError, match=f"{flag}.* --backend {name}"):
-                _validate_config(TuneConfig(model="m", gpus="8xH200", backend=other, **field))
+                _validate_config(TuneConfig.from_dict(dict(model="m", gpus="8xH200", backend=other, **field)))

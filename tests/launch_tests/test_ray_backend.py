@@ -159,10 +159,10 @@ def test_a_study_runs_ray_trials_two_at_a_time(ray_cluster, tmp_path):
 
     from tuner.study import TuneConfig, prepare, run_study, trial_rows
 
-    cfg = TuneConfig(
+    cfg = TuneConfig.from_dict(dict(
         model="MiniMax-M2", gpus="2xH200", layers=2, global_batch_size=8, backend="ray", trials=4, stack="megatron",
         results_dir=str(tmp_path), trial_steps=4, study="r", parallel_trials=2, prune_margin=None,
-    )
+    ))
     # The first two trials meet at a barrier (the first waits until the second started): run one after the other,
     # the first would fail there.
     fake = {"FAKE_BARRIER": f"{tmp_path / 'barrier'}:2", "FAKE_REPORT_STEP_S": "1.0"}
@@ -179,10 +179,10 @@ def test_ctrl_c_stops_parallel_trials_and_leaves_the_study_consistent(ray_cluste
 
     from tuner.study import TuneConfig, prepare, run_study
 
-    cfg = TuneConfig(
+    cfg = TuneConfig.from_dict(dict(
         model="MiniMax-M2", gpus="2xH200", layers=2, global_batch_size=8, backend="ray", trials=4, stack="megatron",
         results_dir=str(tmp_path), trial_steps=8, study="c", parallel_trials=2, prune_margin=None,
-    )
+    ))
     pid_dir = tmp_path / "c" / "pids"
     b = _backend(
         ray_cluster, tmp_path / "c", {"FAKE_TRIAL_MODE": "hang"}, steps=8

@@ -19,7 +19,7 @@ HEARTBEAT = dict(heartbeat_interval_s=1, heartbeat_grace_s=2)
 def config(storage: str, results_dir: str, trials: int):  # noqa: ANN201
     from tuner.study import TuneConfig
 
-    return TuneConfig(
+    return TuneConfig.from_dict(dict(
         model="MiniMax-M2",
         gpus="4xH200",
         layers=4,
@@ -33,7 +33,7 @@ def config(storage: str, results_dir: str, trials: int):  # noqa: ANN201
         recalibrate_after=0,
         policy="queue",
         **HEARTBEAT,
-    )
+    ))
 
 
 class Sleepy(TrialBackend):

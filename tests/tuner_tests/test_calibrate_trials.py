@@ -38,10 +38,10 @@ def _make_study(tmp_path: Path) -> tuple[str, Path]:
     """A study as `tune --backend local` leaves it: the study's inputs, and one COMPLETE trial per
     measured layout with ``user_attrs["result"]`` (source "measured", peak_gib = reserved)."""
     results = tmp_path / "results"
-    cfg = TuneConfig(
+    cfg = TuneConfig.from_dict(dict(
         model="MiniMax-M2", gpus="4xH200", layers=4, global_batch_size=8, backend="local", stack="megatron",
         results_dir=str(results), study="h200-slice",
-    )
+    ))
     prep = prepare(cfg)
     name = cfg.study_name(prep.model, prep.cluster)
     (results / name).mkdir(parents=True)

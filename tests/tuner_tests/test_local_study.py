@@ -33,7 +33,7 @@ def _cfg(tmp_path, **kw):
         stack="megatron", results_dir=str(tmp_path), trial_steps=6, study="s", calibration=PINNED_CALIBRATION,
     )
     base.update(kw)
-    return TuneConfig(**base)
+    return TuneConfig.from_dict(base)
 
 
 def _backend(tmp_path, steps=6):
@@ -336,9 +336,9 @@ def test_lora_is_refused_with_real_trials_which_train_every_weight(backend):
 
     with pytest.raises(TunerError, match=f"--task lora: the trials of --backend {backend} would train every weight.*"
                                          "use --backend model"):
-        _validate_config(TuneConfig(model="m", gpus="8xH100", task="lora", backend=backend))
+        _validate_config(TuneConfig.from_dict(dict(model="m", gpus="8xH100", task="lora", backend=backend)))
     # sft is pretraining's step at the packed length (specs.Workload.task): the harness measures it as it is
-    _validate_config(TuneConfig(model="m", gpus="8xH100", task="sft", backend=backend))
+    _validate_config(TuneConfig.from_dict(dict(model="m", gpus="8xH100", task="sft", backend=backend)))
     r = CliRunner().invoke(app, ["--model", "Llama-3.1-8B", "--gpus", "8xH100", "--task", "lora", "--backend", backend])
     assert r.exit_code == 2 and "--task lora" in r.output and "Traceback" not in r.output
 

@@ -216,7 +216,7 @@ def _cfg(tmp_path, **kw):
         stack="megatron", results_dir=str(tmp_path), trial_steps=4, study="p", prune_margin=None, space=str(space),
     )
     base.update(kw)
-    return TuneConfig(**base)
+    return TuneConfig.from_dict(base)
 
 
 def test_a_study_under_the_policy_stops_itself_and_counts_gpu_hours(tmp_path):

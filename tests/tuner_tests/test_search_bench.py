@@ -12,7 +12,8 @@ from tuner.study import TuneConfig
 def case():
     """A 2-layer MiniMax-M2 slice on 8 H200, 6 trials a study."""
     return prepare_case(
-        TuneConfig(backend="command", model="MiniMax-M2", gpus="8xH200", layers=2, global_batch_size=16, trials=6)
+        TuneConfig.from_dict(dict(backend="command", model="MiniMax-M2", gpus="8xH200", layers=2, global_batch_size=16,
+                                  trials=6))
     )
 
 

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.slow  # whole studies on SQLite, some of them with work
 
 @pytest.fixture(scope="module")
 def prep():
-    return prepare(TuneConfig(model="Mixtral-8x7B", gpus="16xH100", seq_length=4096, global_batch_size=64))
+    return prepare(TuneConfig.from_dict(dict(model="Mixtral-8x7B", gpus="16xH100", seq_length=4096,
+                                             global_batch_size=64)))
 
 
 class FlakyBackend(TrialBackend):
@@ -47,7 +48,7 @@ class FlakyBackend(TrialBackend):
 def _cfg(prep, tmp_path, **kw):
     import dataclasses
 
-    return dataclasses.replace(prep, config=dataclasses.replace(prep.config, results_dir=str(tmp_path), **kw))
+    return dataclasses.replace(prep, config=TuneConfig.from_dict(dict(results_dir=str(tmp_path), **kw), prep.config))
 
 
 def test_failures_are_outcomes(prep, tmp_path):
@@ -127,7 +128,8 @@ def test_no_valid_layout_message(tmp_path):
     space.write_text("tp: [3]\n")  # 32 heads are not divisible by 3
     with pytest.raises(TunerError, match="no layout of the search space is valid") as e:
         prepare(
-            TuneConfig(model="Mixtral-8x7B", gpus="16xH100", seq_length=4096, global_batch_size=64, space=str(space))
+            TuneConfig.from_dict(dict(model="Mixtral-8x7B", gpus="16xH100", seq_length=4096, global_batch_size=64,
+                                      space=str(space)))
         )
     assert "heads_div_tp" in str(e.value) or "world_div_tp_pp_cp" in str(e.value)
 
@@ -258,11 +260,11 @@ def test_default_study_names_obey_the_study_name_rule(path_name, expect):
     import dataclasses
 
     m = dataclasses.replace(m, name=path_name)  # load_model names a config.json by its folder (or the file's stem)
-    name = TuneConfig(model="x", gpus="8xH200").study_name(m, parse_gpus("8xH200"))
+    name = TuneConfig.from_dict(dict(model="x", gpus="8xH200")).study_name(m, parse_gpus("8xH200"))
     assert _STUDY_NAME_RE.match(name) and name.startswith(expect + "-8xH200"), name
     sliced = dataclasses.replace(m, name=path_name + "[4 layers]")
     assert (
-        TuneConfig(model="x", gpus="8xH200", layers=4)
+        TuneConfig.from_dict(dict(model="x", gpus="8xH200", layers=4))
         .study_name(sliced, parse_gpus("8xH200"))
         .startswith(expect + "-L4-8xH200")
     )
@@ -339,7 +341,7 @@ def _small(tmp_path, **kw):
         study="s",
     )
     base.update(kw)
-    return prepare(TuneConfig(**base))
+    return prepare(TuneConfig.from_dict(base))
 
 
 def _seven(tmp_path, **kw):
@@ -352,7 +354,7 @@ def _seven(tmp_path, **kw):
         memory_headroom=0.4, results_dir=str(tmp_path), study="seven",
     )
     base.update(kw)
-    return prepare(TuneConfig(**base))
+    return prepare(TuneConfig.from_dict(base))
 
 
 def _keys(study, state=optuna.trial.TrialState.COMPLETE):
@@ -409,10 +411,10 @@ def test_real_trials_in_a_space_of_one_candidate_run_it_once(tmp_path, policy):
     )
     (tmp_path / "one.yaml").write_text(one)
     p = prepare(
-        TuneConfig(
+        TuneConfig.from_dict(dict(
             model="Llama-3.1-8B", gpus="8xH100", global_batch_size=16, space=str(tmp_path / "one.yaml"),
             stack="megatron", memory_headroom=0.4, results_dir=str(tmp_path), study="one", trials=3, policy=policy,
-        )
+        ))
     )
     assert p.n_fit == 1
     res = run_study(p, backend=FlakyBackend())
@@ -623,7 +625,8 @@ def test_a_study_from_before_a_constant_was_named_resumes_but_another_value_is_r
     # when the field keeps the base value (the formula is unchanged); a stored value that differs is refused.
     from tuner.study import open_storage
 
-    p = prepare(TuneConfig(model="MiniMax-M2", gpus="64xH200", trials=3, results_dir=str(tmp_path), study="old"))
+    p = prepare(TuneConfig.from_dict(dict(model="MiniMax-M2", gpus="64xH200", trials=3, results_dir=str(tmp_path),
+                                          study="old")))
     run_study(p)
     url = f"sqlite:///{tmp_path}/old/study.db"
     study = optuna.load_study(study_name="old", storage=open_storage(url))
@@ -679,6 +682,21 @@ def test_gpt_oss_commands_follow_the_studys_megatron_core(tmp_path):
 # ---- study semantics: what a re-run does, what the default name holds, the global batch ----
 
 
+def test_a_config_is_stored_as_one_flat_mapping_and_read_back_into_its_groups():
+    flat = dict(model="MiniMax-M2", gpus="64xH200", seq_length=4096, backend="local", trial_steps=12, stack="megatron",
+                seed=3, layers=4, network="ib-ndr", storage="postgresql://tuner:secret@db/tune")
+    cfg = TuneConfig.from_dict(flat)
+    assert (cfg.workload.seq_length, cfg.search.backend, cfg.trial.trial_steps, cfg.run.stack, cfg.store.seed,
+            cfg.job.layers, cfg.cluster.network) == (4096, "local", 12, "megatron", 3, 4, "ib-ndr")
+    stored = cfg.to_dict()  # config.yaml's and the study's "config": every option once, by its own name
+    assert not any(isinstance(v, dict) for k, v in stored.items() if k != "run_flags")
+    assert stored["storage"] == "postgresql://tuner@db/tune"  # the password is never stored
+    assert TuneConfig.from_dict(stored) == TuneConfig.from_dict({**flat, "storage": stored["storage"]})
+    assert TuneConfig.from_dict({"seed": 5}, cfg).to_dict() == {**stored, "seed": 5}  # a group's field replaced
+    with pytest.raises(TypeError, match="no option seq_len"):
+        TuneConfig.from_dict({**flat, "seq_len": 4096})
+
+
 @pytest.mark.parametrize(("kw", "suffix"), [
     ({}, ""), ({"network": "efa-v3"}, ""), ({"megatron_core": "0.19"}, ""),  # the defaults add nothing
     ({"network": "ib-ndr"}, "-ib-ndr"), ({"stack": "megatron"}, "-megatron"), ({"megatron_core": "0.15"}, "-mc0.15"),
@@ -692,7 +710,8 @@ def test_the_default_study_name_holds_what_makes_the_space_differ(kw, suffix):
     from tuner.study.config import _STUDY_NAME_RE
 
     cluster = parse_gpus("64xH200", network=kw.get("network"), require_network=True)
-    name = TuneConfig(model="MiniMax-M2", gpus="64xH200", **kw).study_name(load_model("MiniMax-M2"), cluster)
+    name = TuneConfig.from_dict(dict(model="MiniMax-M2", gpus="64xH200", **kw)).study_name(load_model("MiniMax-M2"),
+                                                                                            cluster)
     assert name == "MiniMax-M2-8x8xH200-s8192-gbs128" + suffix and _STUDY_NAME_RE.match(name)
 
 

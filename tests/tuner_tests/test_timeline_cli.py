@@ -84,20 +84,20 @@ def test_local_backend_passes_the_profile_step():
 def test_profile_step_is_checked():
     with pytest.raises(TunerError, match="--trial-profile-step must be a step from 1 to --trial-steps"):
         prepare(
-            TuneConfig(
+            TuneConfig.from_dict(dict(
                 model="MiniMax-M2", gpus="4xH200", layers=4, backend="local", trial_steps=6, trial_profile_step=7
-            )
+            ))
         )
     with pytest.raises(TunerError, match="--trial-profile-step is for --backend local"):
-        prepare(TuneConfig(model="MiniMax-M2", gpus="64xH200", trial_profile_step=2))
+        prepare(TuneConfig.from_dict(dict(model="MiniMax-M2", gpus="64xH200", trial_profile_step=2)))
 
 
 def test_measured_trial_s_profile_and_its_prediction_side_by_side(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
-    cfg = TuneConfig(
+    cfg = TuneConfig.from_dict(dict(
         model="MiniMax-M2", gpus="4xH200", layers=4, global_batch_size=8, backend="local", trials=2, stack="megatron",
         results_dir=str(tmp_path), trial_steps=6, study="s", prune_margin=None, trial_profile_step=2,
-    )
+    ))
     prep = prepare(cfg)
     backend = LocalBackend(
         trials_dir=tmp_path / "s" / "trials",

@@ -395,10 +395,10 @@ def test_a_measured_trial_that_passes_is_exported_as_verified(tmp_path, monkeypa
     monkeypatch.setenv("FAKE_TRIAL_MODE", "ok")
     monkeypatch.setenv("FAKE_STEP_S", "0.02")
     monkeypatch.setenv("FAKE_REPORT_STEP_S", "2.0")  # a plausible step time for a 4-layer slice (MFU < 1)
-    cfg = TuneConfig(
+    cfg = TuneConfig.from_dict(dict(
         model="MiniMax-M2", gpus="4xH200", layers=4, global_batch_size=8, backend="local", trials=2, stack="megatron",
         results_dir=str(tmp_path), trial_steps=4, study="m", prune_margin=None,
-    )
+    ))
     be = LocalBackend(
         trials_dir=tmp_path / "m" / "trials", num_gpus=4, steps=4, warmup_steps=2, timeout_s=30,
         launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02,

@@ -258,7 +258,7 @@ def check_study_name(name: str) -> str:
     """
     from tuner.study import TuneConfig, _validate_config
 
-    _validate_config(TuneConfig(model="-", gpus="-", study=name))  # checks only the study name of these inputs
+    _validate_config(TuneConfig.from_dict({"model": "-", "gpus": "-", "study": name}))  # checks only the study name
     return name
 
 

@@ -205,7 +205,7 @@ def baseline_estimate(prep: Any) -> tuple[Any, str]:
     from cost_model.estimate import estimate
     from specs import Layout
 
-    lay = Layout.from_dict(prep.config.baseline)
+    lay = Layout.from_dict(prep.config.job.baseline)
     try:
         return estimate(prep.model, prep.cluster, prep.workload, lay, calibration=prep.calibration,
                         memory_headroom=prep.headroom, options=prep.options), ""
@@ -227,7 +227,7 @@ def launch_lines(prep: Any, fi: FromInputs, *, verbose: bool = False) -> list[st
     ``verbose``, else the first few of each list and ``--verbose`` / ``--json`` for all), its layout and its predicted
     throughput and memory."""
     lf = fi.launch
-    lay = prep.config.baseline
+    lay = prep.config.job.baseline
     e, why = baseline_estimate(prep)
     lines = [f"Your launch ({lf.path.name}): {arguments_read(lf, verbose=verbose)}"]
     lines += [f"  note: {n}" for n in lf.model_notes]
@@ -271,7 +271,7 @@ def layout_changes(launch: Layout, best: Layout) -> list[str]:
 def fit_verdict(prep: Any, e: Any) -> str:
     """``fits``, ``may not fit`` or ``does NOT fit`` for the estimate ``e`` of a layout of the job, by the job's fit
     rule: the 90% memory interval against the GPU (as ``tune estimate`` says it), or ``--memory-headroom``'s margin."""
-    if prep.config.memory_headroom is not None or prep.bars is None:
+    if prep.config.search.memory_headroom is not None or prep.bars is None:
         return "fits" if e.fits else "does NOT fit"
     verdict = str(prep.bars.fit_verdict(e.peak_bytes, prep.cluster.gpu.hbm_bytes))
     return "does NOT fit" if verdict == "does not fit" else verdict
@@ -289,7 +289,7 @@ def compare_line(prep: Any, best: dict[str, Any], rows: list[dict[str, Any]] | N
     slower than the launch), says to keep the launch or measure both, and names the best's differences as such."""
     from specs import Layout
 
-    base = Layout.from_dict(prep.config.baseline)
+    base = Layout.from_dict(prep.config.job.baseline)
     mine = [r for r in rows or () if _layout_of(r).key() == base.key() and r.get("tokens_per_s_per_gpu")]
     mine.sort(key=lambda r: r.get("source") != "measured")  # a measurement first
     if mine:

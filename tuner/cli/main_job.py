@@ -6,6 +6,7 @@ one, it returns and the sub-command runs.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -184,43 +185,37 @@ def main_job(
     _run_main(cfg, top, results_dir, state, launch, verbose=verbose, png=png)
 
 
-#: The options of :func:`main_job` that are :class:`tuner.study.TuneConfig` fields of the same name and value.
-_AS_GIVEN = ("gpus_per_node", "network_gbps", "network", "megatron_core", "host_memory_gib", "usd_per_gpu_hour",
-             "precision", "memory_headroom", "study", "storage", "trials", "resume", "backend", "seed", "layers",
-             "trial_steps", "trial_warmup_steps", "allow_config_args", "trial_profile_step", "ray_address",
-             "recalibrate_after", "confirm_runs", "parallel_trials", "gpu_hours", "stop_confidence", "stop_gain")
-
-
 def _tune_config(a: dict[str, Any]) -> Any:
-    """The :class:`tuner.study.TuneConfig` of :func:`main_job`'s arguments ``a`` (with those ``--from`` gives).
+    """The :class:`tuner.study.TuneConfig` of :func:`main_job`'s arguments ``a`` (with those ``--from`` gives): each
+    option group of the options named as its fields, and the rest converted.
 
     Raises:
         TunerError: no ``--model`` or ``--gpus``; ``--lora-rank`` or ``--lora-target-modules`` without ``--task lora``.
     """
-    from tuner.study import TuneConfig
+    from tuner.study import config as c
+
+    def group(kind: Any, **kw: Any) -> Any:
+        return kind(**{f.name: a[f.name] for f in dataclasses.fields(kind) if f.name in a and f.name not in kw}, **kw)
 
     run, launch, prune_margin = a["run"], a["launch"], a["prune_margin"]
-    return TuneConfig(
-        **{k: a[k] for k in _AS_GIVEN},
-        model=require(a["model"], "--model", "MiniMax-M2"),
-        gpus=require(a["gpus"], "--gpus", "64xH200"),
-        seq_length=a["seq_len"],
-        global_batch_size=a["global_batch"],
-        space=str(a["space"]) if a["space"] else None,
-        calibration=str(a["calibration"]) if a["calibration"] else None,
-        stack=run.stack or "slime",
-        run_flags={k: list(v) if isinstance(v, tuple) else v for k, v in run.flags.given().items()},
-        baseline=launch.baseline if launch else None,
-        **run.workload_kw(),
-        user_args=launch.launch.user_args if launch else (),
-        bridge_yaml=launch.launch.path.read_text() if launch and launch.launch.kind == "megatron-bridge" else "",
-        results_dir=str(a["results_dir"]),
-        trial_timeout_s=a["trial_timeout"],
-        command_template=str(a["command_template"]) if a["command_template"] else None,
-        trial_env=tuple(a["trial_env"] or ()),
-        policy=a["trial_policy"],
-        # NaN is rejected later
-        prune_margin=None if (not math.isnan(prune_margin) and prune_margin < 0) else prune_margin,
+    as_str = {k: str(a[k]) if a[k] else None for k in ("space", "calibration", "command_template")}
+    given = {"baseline": launch.baseline, "user_args": launch.launch.user_args,
+             "bridge_yaml": launch.launch.path.read_text() if launch.launch.kind == "megatron-bridge" else ""
+             } if launch else {}
+    return c.TuneConfig(
+        job=group(c.JobOptions, model=require(a["model"], "--model", "MiniMax-M2"),
+                  gpus=require(a["gpus"], "--gpus", "64xH200"), **given),
+        cluster=group(c.ClusterOptions),
+        workload=group(c.WorkloadOptions, seq_length=a["seq_len"], global_batch_size=a["global_batch"],
+                       **run.workload_kw()),
+        search=group(c.SearchOptions, space=as_str["space"], calibration=as_str["calibration"]),
+        trial=group(c.TrialOptions, trial_timeout_s=a["trial_timeout"], command_template=as_str["command_template"],
+                    trial_env=tuple(a["trial_env"] or ()), policy=a["trial_policy"],
+                    # NaN is rejected later
+                    prune_margin=None if (not math.isnan(prune_margin) and prune_margin < 0) else prune_margin),
+        store=group(c.StudyOptions, results_dir=str(a["results_dir"])),
+        run=group(c.StackOptions, stack=run.stack or "slime",
+                  run_flags={k: list(v) if isinstance(v, tuple) else v for k, v in run.flags.given().items()}),
     )
 
 
@@ -273,9 +268,9 @@ def _prepare_main(cfg: Any) -> Any:
 
     _validate_config(cfg)  # flag combinations first: one message about the flags, before any backend is probed
     # unknown / unavailable backends before any work; one the study opens (Ray) is probed there
-    backend = backend_class(cfg.backend)
+    backend = backend_class(cfg.search.backend)
     if not backend.opened_by_study:
-        get_backend(cfg.backend, BackendSettings(command_template=cfg.command_template))
+        get_backend(cfg.search.backend, BackendSettings(command_template=cfg.trial.command_template))
     prep = prepare(cfg)
     backend.check_machine(prep.cluster)  # before any output or trial
     return prep
@@ -286,7 +281,7 @@ def _print_header(prep: Any, cfg: Any, launch: Any, *, verbose: bool) -> None:
     c = prep.cluster
     w = prep.workload
     say(f"[bold]{escape(prep.model.name)}[/] on {c.label}, {c.network.key if c.network else 'custom network'}, "
-        f"seq {w.seq_length:,}, gbs {w.global_batch_size}, {w.precision.value}, {cfg.backend} backend",
+        f"seq {w.seq_length:,}, gbs {w.global_batch_size}, {w.precision.value}, {cfg.search.backend} backend",
         indent=0, hang=2)
     task = "" if w.task == "pretrain" else f"; task {w.task}" + (f", LoRA rank {w.lora_rank}" if w.task == "lora"
                                                                  else "")
@@ -298,7 +293,7 @@ def _print_header(prep: Any, cfg: Any, launch: Any, *, verbose: bool) -> None:
             say(line.lstrip(), indent=len(line) - len(line.lstrip()), hang=2, markup=False)
     if verbose:
         _print_space(prep, cfg)
-    if cfg.measured and cfg.policy == "gain":
+    if cfg.measured and cfg.trial.policy == "gain":
         _print_plan(prep, cfg)
 
 
@@ -310,7 +305,7 @@ def _run_with_progress(prep: Any, cfg: Any, state: CliState) -> Any:
     # a refused study (other inputs, a busy lock, a bad storage) prints its error without a bar before it.
     progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=out, transient=not cfg.measured)
-    task = progress.add_task(f"Optuna search ({cfg.backend} backend)", total=None)
+    task = progress.add_task(f"Optuna search ({cfg.search.backend} backend)", total=None)
 
     count = [0, 0]  # done, total: a resume runs what was left
 
@@ -352,7 +347,7 @@ def _choose_best(res: Any, rows: list[dict[str, Any]], prep: Any, cfg: Any) -> t
 
     c = prep.cluster
     front = front_rows(rows, prep.model, prep.bars, c.gpu.hbm_bytes / GIB)
-    if cfg.memory_headroom is not None:  # a fixed margin is the whole fit rule: every candidate fits by it
+    if cfg.search.memory_headroom is not None:  # a fixed margin is the whole fit rule: every candidate fits by it
         for r in front:
             if r.get("fit") == "may not fit":
                 r["fit"] = "fits"
@@ -403,13 +398,14 @@ def _write_results(res: Any, prep: Any, cfg: Any, rows: list[dict[str, Any]], fr
                                   measurement=measurement_from_row(best_row, lay),
                                   notes=runs_note(best_row) + ties_note(rows, best["trial"]),
                                   megatron_core=prep.options.megatron_core, options=prep.options,
-                                  stack=prep.stack.preset.name, user_args=cfg.user_args, bridge_yaml=cfg.bridge_yaml))
+                                  stack=prep.stack.preset.name, user_args=cfg.job.user_args,
+                                  bridge_yaml=cfg.job.bridge_yaml))
         from tuner.report_html import ReportUnavailable, study_report
 
         try:
             files["report"] = study_report(res.out_dir / "report.html", study=res.study_name, model=prep.model,
                                            cluster=c, workload=w, rows=rows,
-                                           front=front, backend=cfg.backend, calibration=prep.calibration,
+                                           front=front, backend=cfg.search.backend, calibration=prep.calibration,
                                            memory_headroom=prep.headroom, files={**{p.name: p for p in files.values()},
                                                   "config.yaml": res.out_dir / "config.yaml"}, force=True)
         # the study, the front and the recipe files are written: only the page is left out
@@ -469,9 +465,9 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
     from launch.exporters import bridge_left_out
     from launch.exporters._bridge import bridge_scripts_note
 
-    if why := bridge_left_out(cfg.bridge_yaml):
+    if why := bridge_left_out(cfg.job.bridge_yaml):
         say(f"no megatron_bridge.yaml: {why}", hang=2, markup=False)
-    if note := bridge_scripts_note(cfg.bridge_yaml):
+    if note := bridge_scripts_note(cfg.job.bridge_yaml):
         names = [p.name for p in files.values() if p.suffix in (".sh", ".yaml") and p.name != "megatron_bridge.yaml"]
         say(f"{', '.join(names)}: {note}", label="note:", indent=0, markup=False)
     if prep.workload.task == "lora":
@@ -517,7 +513,7 @@ def _real_trial_args(argv: tuple[str, ...], prep: Any, cfg: Any) -> list[str]:
     """The user's arguments for the same job with real trials: without the output flags, --trials (the policy and the
     budget decide) and --study (real trials go to a study of their own)."""
     args = _drop_args(argv, {"--trials", "--study", "--top"}, ("-v", "--verbose", "--png"))
-    return args or ["--model", prep.model.name, "--gpus", cfg.gpus]
+    return args or ["--model", prep.model.name, "--gpus", cfg.job.gpus]
 
 
 def _print_plan(prep: Any, cfg: Any) -> None:
@@ -527,13 +523,13 @@ def _print_plan(prep: Any, cfg: Any) -> None:
 
     pp = policy_params(prep, n_trials(cfg))
     each = cheapest_trial_gpu_hours(prep)
-    buys = (f"; --gpu-hours {cfg.gpu_hours:g} buys at most {int(cfg.gpu_hours // each)} of them"
-            if cfg.gpu_hours and each == each else "")
+    buys = (f"; --gpu-hours {cfg.trial.gpu_hours:g} buys at most {int(cfg.trial.gpu_hours // each)} of them"
+            if cfg.trial.gpu_hours and each == each else "")
     say(f"Plan: {fmt_int(int(prep.contenders.sum()))} contenders (candidates not surely slower than the best); a trial "
         f"costs about {fmt_gpu_hours(each)} GPU-hours "
         f"({prep.cluster.num_gpus} GPUs, {pp.startup_s:.0f} s start-up until measured, {pp.steps} steps){buys}; "
-        f"at most {pp.max_trials} trials; stop when no untried layout may beat the best by {cfg.stop_gain:.0%} at "
-        f"{cfg.stop_confidence:.0%} confidence", indent=0, hang=2, markup=False)
+        f"at most {pp.max_trials} trials; stop when no untried layout may beat the best by "
+        f"{cfg.trial.stop_gain:.0%} at {cfg.trial.stop_confidence:.0%} confidence", indent=0, hang=2, markup=False)
 
 
 def _print_space(prep: Any, cfg: Any) -> None:
@@ -545,7 +541,7 @@ def _print_space(prep: Any, cfg: Any) -> None:
     for rid, cnt in sorted(en.rule_counts.items(), key=lambda kv: -kv[1]):
         if cnt:
             out.print(f"  {rid:<34} {fmt_int(cnt):>12}")
-    rule = (f"a fixed {cfg.memory_headroom:.0%} headroom" if cfg.memory_headroom is not None else
+    rule = (f"a fixed {cfg.search.memory_headroom:.0%} headroom" if cfg.search.memory_headroom is not None else
             f"memory interval of the {prep.bars.family} error bars" if prep.bars else "the prediction")
     say(f"Valid: {fmt_int(prep.n_valid)}; "
         f"not fitting ({rule}): {fmt_int(prep.n_valid - prep.n_fit - prep.n_over_host)}; "

@@ -9,10 +9,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 from specs import NEWEST_MEGATRON_CORE, Cluster, ModelSpec, RunOptions, megatron_core_version
 from specs.errors import TunerError
@@ -26,6 +26,7 @@ from specs.study_files import (
 )
 
 __all__ = [
+    "ClusterOptions", "JobOptions", "SearchOptions", "StackOptions", "StudyOptions", "TrialOptions", "WorkloadOptions",
     "DEFAULT_TRIALS", "STACKS", "TuneConfig", "harness_without_te", "n_trials", "run_options_for_backend",
     "study_run_options", "trial_env_dict", "trial_warmup_steps",
     # specs.study_files', which the study code and the command lines import from here
@@ -36,7 +37,7 @@ __all__ = [
 #: Training stacks a recipe can target (``specs/data/stacks/``; ``megatron`` is ``megatron-lm``).
 STACKS = ("slime", "megatron-lm", "megatron-bridge", "nemo-rl", "megatron")
 
-#: Trial policies of real trials (:attr:`TuneConfig.policy`).
+#: Trial policies of real trials (:attr:`TrialOptions.policy`).
 POLICIES = ("gain", "queue")
 
 #: Layouts a run evaluates when ``--trials`` is not given.
@@ -51,11 +52,31 @@ _DEFAULT_RECALIBRATE_AFTER = 4
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class TuneConfig:
-    """Everything a tuning run depends on; saved with the study (``config.yaml``)."""
+class JobOptions:
+    """The job (``tune --help``'s Job options): the model, the GPUs and what a ``tune --from`` launch brings."""
 
     model: str
     gpus: str
+    layers: int | None = None
+    """Slice the model to its first N decoder layers at full width (``--layers``) for the
+    estimate and the trials; None = the whole model."""
+    allow_config_args: bool = False
+    """Use the launch arguments a ``--model`` config.json's ``tuner`` section adds (``--allow-config-args``;
+    :func:`specs.load_model`); they are printed and recorded in the recipe."""
+    baseline: dict[str, Any] | None = None
+    """A layout (:meth:`specs.Layout.to_dict`) the run evaluates first when it is a candidate (``tune --from``: the
+    launch file's own layout)."""
+    user_args: tuple[str, ...] = ()
+    """The launch file's own arguments that the exported commands keep (``tune --from``)."""
+    bridge_yaml: str = ""
+    """The text of a ``tune --from`` Megatron-Bridge YAML, which the ``bridge`` export writes the layout into; ""
+    when the launch was none."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClusterOptions:
+    """The cluster's options beside ``--gpus`` (``tune --help``'s Cluster options); None = the GPU's server type's."""
+
     gpus_per_node: int | None = None
     network_gbps: float | None = None
     """Per-node network bandwidth in Gb/s: an override of the fabric's (``network``); default the fabric's."""
@@ -67,51 +88,43 @@ class TuneConfig:
     host_memory_gib: float | None = None
     """Host memory per node in GiB (``--host-memory-gib``); None = the server type's (H200 p5en: 2,048)."""
     usd_per_gpu_hour: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkloadOptions:
+    """The workload (``tune --help``'s Workload options; :class:`specs.Workload`)."""
+
     seq_length: int = 8192
     global_batch_size: int = 128
     precision: str = "bf16"
+    task: str = "pretrain"
+    """``--task``: pretrain, sft or lora (:attr:`specs.Workload.task`)."""
+    lora_rank: int = 32
+    lora_target_modules: tuple[str, ...] = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchOptions:
+    """The search (``tune --help``'s Search options)."""
+
     space: str | None = None
     calibration: str | None = None
     memory_headroom: float | None = None
     """Fraction of HBM kept free (``--memory-headroom``): a fixed margin, the whole fit rule. None = the error bars'
     rule (:mod:`cost_model.uncertainty`): a layout is a candidate unless even its optimistic memory is over the GPU,
     and "may not fit" unless its pessimistic memory fits."""
-    study: str | None = None
-    storage: str | None = None
     trials: int | None = None
     """Layouts this run evaluates (None = :data:`DEFAULT_TRIALS`): with real trials, each measured, stopped early by
     the pruner or failed (out of memory, timeout, crash) counts; a proposal that is skipped (breaks a rule, is
     predicted not to fit, was evaluated before or is being run by another worker) does not. Fewer when the space
     runs out of such layouts (:attr:`TuneResult.budget_note` says so). Confirmation runs are extra."""
-    resume: bool = False
-    """``--resume``: evaluate more layouts in a study that already holds trials (the default number,
-    :data:`DEFAULT_TRIALS`, after any an interrupted run left queued). Without it, and without ``--trials``, a run of an
-    existing study evaluates nothing and reports the study as it is."""
     backend: str = "model"
-    stack: str = "slime"
-    """Training stack the recipe targets, a preset of :mod:`specs.stacks` whose run options the estimates use:
-    ``slime`` (drops the allgather dispatcher, which slime rewrites to alltoall), ``megatron-lm`` (alias
-    ``megatron``), ``megatron-bridge`` or ``nemo-rl``."""
-    run_flags: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Run flags given over the stack's (:class:`specs.stacks.RunFlags` fields; lists for tuples). They apply to the
-    ``model`` and ``command`` backends; the harness of real trials runs its own stack."""
-    baseline: dict[str, Any] | None = None
-    """A layout (:meth:`specs.Layout.to_dict`) the run evaluates first when it is a candidate (``tune --from``: the
-    launch file's own layout)."""
-    user_args: tuple[str, ...] = ()
-    """The launch file's own arguments that the exported commands keep (``tune --from``)."""
-    bridge_yaml: str = ""
-    """The text of a ``tune --from`` Megatron-Bridge YAML, which the ``bridge`` export writes the layout into; ""
-    when the launch was none."""
-    task: str = "pretrain"
-    """``--task``: pretrain, sft or lora (:attr:`specs.Workload.task`)."""
-    lora_rank: int = 32
-    lora_target_modules: tuple[str, ...] = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
-    seed: int = 0
-    results_dir: str = "results"
-    layers: int | None = None
-    """Slice the model to its first N decoder layers at full width (``--layers``) for the
-    estimate and the trials; None = the whole model."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrialOptions:
+    """Real trials and their policy (``tune --help``'s Trials options; the heartbeats of shared storage)."""
+
     trial_steps: int = 20
     """Optimizer steps per real trial, warm-up included."""
     trial_warmup_steps: int | None = None
@@ -119,9 +132,6 @@ class TuneConfig:
     ``trial_steps``. On 2 x H200 (MiniMax-M2 slice, no TE) a trial's step time fell by
     20-40% over its first ~10 steps before it settled
     (benchmarks/results/h200_x2_2026-11-29/step_times.jsonl), hence 10 of the default 20."""
-    allow_config_args: bool = False
-    """Use the launch arguments a ``--model`` config.json's ``tuner`` section adds (``--allow-config-args``;
-    :func:`specs.load_model`); they are printed and recorded in the recipe."""
     trial_timeout_s: float = 900.0
     """Wall-clock limit of one real trial, model build included (seconds)."""
     trial_profile_step: int | None = None
@@ -167,13 +177,83 @@ class TuneConfig:
     queues its layout again (Optuna's ``grace_period`` and ``RetryHeartbeatStaleTrialCallback``). With the
     ``model`` backend (trials of milliseconds) a trial left RUNNING this long is taken for a stopped worker's too."""
 
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StudyOptions:
+    """Where the study is kept and how it goes on (``tune --help``'s Study options)."""
+
+    study: str | None = None
+    storage: str | None = None
+    resume: bool = False
+    """``--resume``: evaluate more layouts in a study that already holds trials (the default number,
+    :data:`DEFAULT_TRIALS`, after any an interrupted run left queued). Without it, and without ``--trials``, a run of an
+    existing study evaluates nothing and reports the study as it is."""
+    results_dir: str = "results"
+    seed: int = 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StackOptions:
+    """The training stack and the run flags over it (``tune --help``'s Run options)."""
+
+    stack: str = "slime"
+    """Training stack the recipe targets, a preset of :mod:`specs.stacks` whose run options the estimates use:
+    ``slime`` (drops the allgather dispatcher, which slime rewrites to alltoall), ``megatron-lm`` (alias
+    ``megatron``), ``megatron-bridge`` or ``nemo-rl``."""
+    run_flags: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Run flags given over the stack's (:class:`specs.stacks.RunFlags` fields; lists for tuples). They apply to the
+    ``model`` and ``command`` backends; the harness of real trials runs its own stack."""
+
+
+#: The keys of :meth:`TuneConfig.to_dict` in the order a study's ``config.yaml`` lists them.
+_STORED_ORDER = (
+    "model", "gpus", "gpus_per_node", "network_gbps", "network", "megatron_core", "host_memory_gib", "usd_per_gpu_hour",
+    "seq_length", "global_batch_size", "precision", "space", "calibration", "memory_headroom", "study", "storage",
+    "trials", "resume", "backend", "stack", "run_flags", "baseline", "user_args", "bridge_yaml", "task", "lora_rank",
+    "lora_target_modules", "seed", "results_dir", "layers", "trial_steps", "trial_warmup_steps", "allow_config_args",
+    "trial_timeout_s", "trial_profile_step", "prune_margin", "command_template", "ray_address", "parallel_trials",
+    "trial_env", "gpu_hours", "policy", "stop_confidence", "stop_gain", "recalibrate_after", "confirm_runs",
+    "heartbeat_interval_s", "heartbeat_grace_s",
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TuneConfig:
+    """Everything a tuning run depends on, in the option groups of ``tune --help``; saved with the study as one flat
+    mapping (:meth:`to_dict`, ``config.yaml``; each key is one group's field), read back by :meth:`from_dict`."""
+
+    job: JobOptions
+    cluster: ClusterOptions = dataclasses.field(default_factory=ClusterOptions)
+    workload: WorkloadOptions = dataclasses.field(default_factory=WorkloadOptions)
+    search: SearchOptions = dataclasses.field(default_factory=SearchOptions)
+    trial: TrialOptions = dataclasses.field(default_factory=TrialOptions)
+    store: StudyOptions = dataclasses.field(default_factory=StudyOptions)
+    run: StackOptions = dataclasses.field(default_factory=StackOptions)
+
+    @classmethod
+    def from_dict(cls, flat: Mapping[str, Any], base: TuneConfig | None = None) -> TuneConfig:
+        """The config of flat keys (:meth:`to_dict`'s): each group of its own keys, the rest its defaults (with
+        ``base``: ``base``'s values).
+
+        Raises:
+            TypeError: a key of no group; no ``model`` or ``gpus`` without ``base``.
+        """
+        left = dict(flat)
+        groups: dict[str, Any] = {}
+        for name, kind in get_type_hints(cls).items():
+            own = {f.name: left.pop(f.name) for f in dataclasses.fields(kind) if f.name in left}
+            groups[name] = kind(**own) if base is None else dataclasses.replace(getattr(base, name), **own)
+        if left:
+            raise TypeError(f"TuneConfig has no option {', '.join(left)}")
+        return cls(**groups)
+
     @property
     def measured(self) -> bool:
         """Its backend's trials run on GPUs (the class's ``source``); a name not registered here (a study's record
         from elsewhere) counts as measured."""
         from launch.registry import BACKENDS, backend_class
 
-        return self.backend not in BACKENDS or backend_class(self.backend).source == "measured"
+        return self.search.backend not in BACKENDS or backend_class(self.search.backend).source == "measured"
 
     def study_name(self, model: ModelSpec, cluster: Cluster) -> str:
         """``--study``, or ``<model>[-L<layers>]-<cluster>-s<seq>-gbs<batch>`` then what else makes the space or its
@@ -187,54 +267,55 @@ class TuneConfig:
         Raises:
             TunerError: ``megatron_core`` is not a release (:func:`specs.megatron_core_version`).
         """
-        if self.study:
-            return self.study
+        if self.store.study:
+            return self.store.study
+        w, cl, run = self.workload, self.cluster, self.run
         name = re.sub(r"\[\d+ layers?\]$", "", model.name)  # a --layers slice is named below
         base = Path(name).stem if name.endswith(".json") else name
         # a default name obeys the --study rule (_STUDY_NAME_RE), whatever a config.json path is called
         base = re.sub(r"[^A-Za-z0-9._-]+", "-", base).lstrip("._-")[:64] or "model"
-        sl = f"-L{self.layers}" if self.layers else ""
+        sl = f"-L{self.job.layers}" if self.job.layers else ""
         extra = ""
-        if self.precision != "bf16":
-            extra += f"-{self.precision}"
+        if w.precision != "bf16":
+            extra += f"-{w.precision}"
         if cluster.network is not None and cluster.network.key != cluster.gpu.network:
             extra += f"-{cluster.network.key}"
-        if self.network_gbps is not None:
-            extra += "-" + format(self.network_gbps, "g").replace("+", "") + "gbps"
-        if self.stack != "slime":
-            extra += f"-{self.stack}"
-        if self.megatron_core is not None:
-            release = "{}.{}".format(*megatron_core_version(self.megatron_core))
+        if cl.network_gbps is not None:
+            extra += "-" + format(cl.network_gbps, "g").replace("+", "") + "gbps"
+        if run.stack != "slime":
+            extra += f"-{run.stack}"
+        if cl.megatron_core is not None:
+            release = "{}.{}".format(*megatron_core_version(cl.megatron_core))
             if release != NEWEST_MEGATRON_CORE:
                 extra += f"-mc{release}"
-        if self.task != "pretrain":
-            extra += f"-{self.task}"
-        if self.task == "lora" and self.lora_rank != 32:
-            extra += str(self.lora_rank)
-        if self.task == "lora" and tuple(self.lora_target_modules) != ("linear_qkv", "linear_proj", "linear_fc1",
-                                                                       "linear_fc2"):
-            extra += "-" + "+".join(m.removeprefix("linear_") for m in self.lora_target_modules)
-        if self.run_flags:  # run options other than the stack's: a short digest of them
+        if w.task != "pretrain":
+            extra += f"-{w.task}"
+        if w.task == "lora" and w.lora_rank != 32:
+            extra += str(w.lora_rank)
+        if w.task == "lora" and tuple(w.lora_target_modules) != WorkloadOptions().lora_target_modules:
+            extra += "-" + "+".join(m.removeprefix("linear_") for m in w.lora_target_modules)
+        if run.run_flags:  # run options other than the stack's: a short digest of them
             import hashlib
             import json
 
             extra += "-r" + hashlib.sha1(
-                json.dumps(self.run_flags, sort_keys=True, default=str).encode()).hexdigest()[:6]
+                json.dumps(run.run_flags, sort_keys=True, default=str).encode()).hexdigest()[:6]
         if self.measured:
-            extra += f"-{self.backend}"
-        return f"{base}{sl}-{cluster.label}-s{self.seq_length}-gbs{self.global_batch_size}{extra}"[:128]
+            extra += f"-{self.search.backend}"
+        return f"{base}{sl}-{cluster.label}-s{w.seq_length}-gbs{w.global_batch_size}{extra}"[:128]
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field, as plain values (stored with the study and in ``config.yaml``): the storage URL without its
-        password, which is taken from ``--storage`` or the driver's own sources (``PGPASSWORD``, ``~/.pgpass``)."""
-        d = dataclasses.asdict(self)
-        d["storage"] = None if self.storage is None else without_password(self.storage)
-        return d
+        """Every group's fields as one flat mapping of plain values (stored with the study and in ``config.yaml``):
+        the storage URL without its password, which is taken from ``--storage`` or the driver's own sources
+        (``PGPASSWORD``, ``~/.pgpass``)."""
+        d = {k: v for f in dataclasses.fields(self) for k, v in dataclasses.asdict(getattr(self, f.name)).items()}
+        d["storage"] = None if self.store.storage is None else without_password(self.store.storage)
+        return {k: d.pop(k) for k in _STORED_ORDER} | d
 
 
 def n_trials(config: TuneConfig) -> int:
-    """Layouts the run evaluates: ``config.trials``, or :data:`DEFAULT_TRIALS` when None."""
-    return config.trials if config.trials is not None else DEFAULT_TRIALS
+    """Layouts the run evaluates: ``--trials``, or :data:`DEFAULT_TRIALS` when None."""
+    return config.search.trials if config.search.trials is not None else DEFAULT_TRIALS
 
 
 def policy_params(prep: Any, max_trials: int) -> Any:
@@ -243,7 +324,7 @@ def policy_params(prep: Any, max_trials: int) -> Any:
     first trial replaces)."""
     from tuner.study.policy import PolicyParams
 
-    cfg, bars = prep.config, prep.bars
+    cfg, bars = prep.config.trial, prep.bars
     return PolicyParams(
         sigma=bars.throughput.sigma, bias=bars.throughput.mu, memory_sigma=bars.memory.sigma,
         **({"memory_shared": bars.memory.shared} if bars.memory.shared is not None else {}),
@@ -270,8 +351,8 @@ def check_budget(prep: Any) -> None:
     """
     from tuner.study.policy import fmt_gpu_hours
 
-    cfg = prep.config
-    if cfg.gpu_hours is None or not cfg.measured or cfg.policy != "gain":
+    cfg = prep.config.trial
+    if cfg.gpu_hours is None or not prep.config.measured or cfg.policy != "gain":
         return
     cheapest = cheapest_trial_gpu_hours(prep)
     if cfg.gpu_hours < cheapest:
@@ -323,21 +404,23 @@ def study_run_options(config: TuneConfig) -> Any:
     """
     from specs.stacks import RunFlags, resolve_run_options
 
-    given: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in (config.run_flags or {}).items()}
+    given: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in (config.run.run_flags or {}).items()}
     flags = RunFlags(**given)
-    run = resolve_run_options(flags, config.stack, precision=config.precision, megatron_core=config.megatron_core)
-    if config.backend in ("local", "ray"):
+    backend, megatron_core = config.search.backend, config.cluster.megatron_core
+    run = resolve_run_options(flags, config.run.stack, precision=config.workload.precision, megatron_core=megatron_core)
+    if backend in ("local", "ray"):
         if run.flags:
-            raise TunerError(f"--backend {config.backend}: real trials run the trial harness's own stack, so run flags "
+            raise TunerError(f"--backend {backend}: real trials run the trial harness's own stack, so run flags "
                              f"({', '.join(run.flags)}) cannot apply; leave them out, or use --backend model or "
                              "command")
-        return dataclasses.replace(run, options=run_options_for_backend(config.backend, config.megatron_core))
+        return dataclasses.replace(run, options=run_options_for_backend(backend, megatron_core))
     return run
 
 
 def trial_warmup_steps(config: TuneConfig) -> int:
-    """The warm-up steps of a real trial: ``config.trial_warmup_steps``, or half of ``trial_steps`` when None."""
-    return config.trial_steps // 2 if config.trial_warmup_steps is None else config.trial_warmup_steps
+    """The warm-up steps of a real trial: ``--trial-warmup-steps``, or half of ``--trial-steps`` when None."""
+    t = config.trial
+    return t.trial_steps // 2 if t.trial_warmup_steps is None else t.trial_warmup_steps
 
 
 def trial_env_dict(items: Sequence[str]) -> dict[str, str]:
@@ -375,89 +458,90 @@ def _validate_config(config: TuneConfig) -> None:
     Raises:
         TunerError: the first bad input, named with what it accepts.
     """
-    if config.study is not None and not _STUDY_NAME_RE.fullmatch(config.study):
+    t, st, headroom, layers = config.trial, config.store, config.search.memory_headroom, config.job.layers
+    if st.study is not None and not _STUDY_NAME_RE.fullmatch(st.study):
         raise TunerError(
-            f"--study {config.study!r}: a study name is 1-128 letters, digits, '.', '_' or '-', starting with a letter "
+            f"--study {st.study!r}: a study name is 1-128 letters, digits, '.', '_' or '-', starting with a letter "
             "or digit (it names the folder results/<study>/)"
         )
-    if config.trials is not None and config.trials < 1:
-        raise TunerError(f"--trials must be at least 1, got {config.trials}")
-    if config.seed < 0 or config.seed >= 2**32:
-        raise TunerError(f"--seed must be from 0 to 2**32 - 1, got {config.seed}")
-    if config.layers is not None and (not _is_int(config.layers) or config.layers < 1):
-        raise TunerError(f"--layers must be a positive integer (decoder layers of the slice), got {config.layers!r}")
-    if config.prune_margin is not None and not (math.isfinite(config.prune_margin) and config.prune_margin >= 0):
+    if config.search.trials is not None and config.search.trials < 1:
+        raise TunerError(f"--trials must be at least 1, got {config.search.trials}")
+    if st.seed < 0 or st.seed >= 2**32:
+        raise TunerError(f"--seed must be from 0 to 2**32 - 1, got {st.seed}")
+    if layers is not None and (not _is_int(layers) or layers < 1):
+        raise TunerError(f"--layers must be a positive integer (decoder layers of the slice), got {layers!r}")
+    if t.prune_margin is not None and not (math.isfinite(t.prune_margin) and t.prune_margin >= 0):
         raise TunerError("--prune-margin must be a finite number >= 0 (negative: never prune), got "
-                         f"{config.prune_margin}")
-    if config.trial_steps < 1:
-        raise TunerError(f"--trial-steps must be from 1 up, got {config.trial_steps}")
-    if not 0 <= trial_warmup_steps(config) < config.trial_steps:
+                         f"{t.prune_margin}")
+    if t.trial_steps < 1:
+        raise TunerError(f"--trial-steps must be from 1 up, got {t.trial_steps}")
+    if not 0 <= trial_warmup_steps(config) < t.trial_steps:
         raise TunerError(
-            f"--trial-warmup-steps must be from 0 to {config.trial_steps - 1} (fewer than --trial-steps "
-            f"{config.trial_steps}), got {config.trial_warmup_steps}"
+            f"--trial-warmup-steps must be from 0 to {t.trial_steps - 1} (fewer than --trial-steps "
+            f"{t.trial_steps}), got {t.trial_warmup_steps}"
         )
     from launch.registry import backend_class, backends_where
 
-    backend = backend_class(config.backend)  # its traits decide which backend-only flags it takes
+    name = config.search.backend
+    backend = backend_class(name)  # its traits decide which backend-only flags it takes
 
     def _reads(flag: str) -> str:
         return backends_where(lambda b: flag in b.own_flags)
 
-    if config.task == "lora" and backend.source == "measured":
-        raise TunerError(f"--task lora: the trials of --backend {config.backend} would train every weight (the harness "
+    if config.workload.task == "lora" and backend.source == "measured":
+        raise TunerError(f"--task lora: the trials of --backend {name} would train every weight (the harness "
                          "and the command's layout arguments have no LoRA); use --backend "
                          f"{backends_where(lambda b: b.source != 'measured')} (predictions)")
-    ps = config.trial_profile_step
-    if ps is not None and not 1 <= ps <= config.trial_steps:
-        raise TunerError(f"--trial-profile-step must be a step from 1 to --trial-steps ({config.trial_steps}), got "
+    ps = t.trial_profile_step
+    if ps is not None and not 1 <= ps <= t.trial_steps:
+        raise TunerError(f"--trial-profile-step must be a step from 1 to --trial-steps ({t.trial_steps}), got "
                          f"{ps}")
     if ps is not None and "--trial-profile-step" not in backend.own_flags:
         raise TunerError(f"--trial-profile-step is for --backend {_reads('--trial-profile-step')} (its trial folders "
-                         f"are on this machine; this run uses --backend {config.backend})")
-    if not (math.isfinite(config.trial_timeout_s) and config.trial_timeout_s > 0):
-        raise TunerError(f"--trial-timeout must be a positive number of seconds, got {config.trial_timeout_s}")
-    if config.megatron_core is not None:
+                         f"are on this machine; this run uses --backend {name})")
+    if not (math.isfinite(t.trial_timeout_s) and t.trial_timeout_s > 0):
+        raise TunerError(f"--trial-timeout must be a positive number of seconds, got {t.trial_timeout_s}")
+    if config.cluster.megatron_core is not None:
         from specs import megatron_core_version
 
-        megatron_core_version(config.megatron_core)
-    if config.command_template and "--command-template" not in backend.own_flags:
+        megatron_core_version(config.cluster.megatron_core)
+    if t.command_template and "--command-template" not in backend.own_flags:
         raise TunerError(f"--command-template is for --backend {_reads('--command-template')} (this run uses --backend "
-                         f"{config.backend})")
-    if config.ray_address is not None and "--ray-address" not in backend.own_flags:
+                         f"{name})")
+    if t.ray_address is not None and "--ray-address" not in backend.own_flags:
         raise TunerError(f"--ray-address is for --backend {_reads('--ray-address')} (this run uses --backend "
-                         f"{config.backend})")
-    if config.ray_address is not None:
+                         f"{name})")
+    if t.ray_address is not None:
         from launch.ray_backend import parse_ray_address
 
-        parse_ray_address(config.ray_address)
-    if config.parallel_trials < 1:
-        raise TunerError(f"--parallel-trials must be at least 1, got {config.parallel_trials!r}")
-    if config.parallel_trials > 1 and "--parallel-trials" not in backend.own_flags:
-        raise TunerError(f"--parallel-trials > 1 needs --backend {_reads('--parallel-trials')} (the {config.backend} "
+        parse_ray_address(t.ray_address)
+    if t.parallel_trials < 1:
+        raise TunerError(f"--parallel-trials must be at least 1, got {t.parallel_trials!r}")
+    if t.parallel_trials > 1 and "--parallel-trials" not in backend.own_flags:
+        raise TunerError(f"--parallel-trials > 1 needs --backend {_reads('--parallel-trials')} (the {name} "
                          "backend runs one trial at a time)")
-    trial_env_dict(config.trial_env)
-    if config.confirm_runs < 0:
+    trial_env_dict(t.trial_env)
+    if t.confirm_runs < 0:
         raise TunerError("--confirm-runs must be 0 (no confirmation) or more runs per layout, got "
-                         f"{config.confirm_runs!r}")
-    if config.confirm_runs and backend.source != "measured":
-        raise TunerError(f"--confirm-runs re-measures real trials; --backend {config.backend} measures nothing "
+                         f"{t.confirm_runs!r}")
+    if t.confirm_runs and backend.source != "measured":
+        raise TunerError(f"--confirm-runs re-measures real trials; --backend {name} measures nothing "
                          f"(use --backend {backends_where(lambda b: b.source == 'measured')})")
-    if config.recalibrate_after < 0:
+    if t.recalibrate_after < 0:
         raise TunerError("--recalibrate-after must be 0 (never) or a number of measured trials, got "
-                         f"{config.recalibrate_after!r}")
-    if config.trial_env and "--trial-env" not in backend.own_flags:
+                         f"{t.recalibrate_after!r}")
+    if t.trial_env and "--trial-env" not in backend.own_flags:
         raise TunerError(f"--trial-env is for --backend {_reads('--trial-env')} (this run uses --backend "
-                         f"{config.backend})")
-    if not 1 <= config.heartbeat_interval_s < config.heartbeat_grace_s:  # else a live trial would be failed as stale
-        raise TunerError(f"the heartbeat grace period ({config.heartbeat_grace_s!r} s) must exceed its interval "
-                         f"({config.heartbeat_interval_s!r} s, at least 1)")
+                         f"{name})")
+    if not 1 <= t.heartbeat_interval_s < t.heartbeat_grace_s:  # else a live trial would be failed as stale
+        raise TunerError(f"the heartbeat grace period ({t.heartbeat_grace_s!r} s) must exceed its interval "
+                         f"({t.heartbeat_interval_s!r} s, at least 1)")
     _validate_policy(config)
-    if config.memory_headroom is not None and not (math.isfinite(config.memory_headroom)
-                                                   and 0 <= config.memory_headroom < 1):
-        raise TunerError(f"--memory-headroom must be a fraction from 0 to 1 (e.g. 0.07), got {config.memory_headroom}")
-    if config.storage is not None:
-        _check_storage_syntax(config.storage)
-    _check_results_dir(config.results_dir)
+    if headroom is not None and not (math.isfinite(headroom) and 0 <= headroom < 1):
+        raise TunerError(f"--memory-headroom must be a fraction from 0 to 1 (e.g. 0.07), got {headroom}")
+    if st.storage is not None:
+        _check_storage_syntax(st.storage)
+    _check_results_dir(st.results_dir)
 
 
 def _validate_policy(config: TuneConfig) -> None:
@@ -467,30 +551,30 @@ def _validate_policy(config: TuneConfig) -> None:
     Raises:
         TunerError: the first bad input, named with what it accepts.
     """
-    if config.gpu_hours is not None:
-        if not (math.isfinite(config.gpu_hours) and config.gpu_hours > 0):
-            raise TunerError(f"--gpu-hours must be a positive number of GPU-hours, got {config.gpu_hours}")
+    t = config.trial
+    if t.gpu_hours is not None:
+        if not (math.isfinite(t.gpu_hours) and t.gpu_hours > 0):
+            raise TunerError(f"--gpu-hours must be a positive number of GPU-hours, got {t.gpu_hours}")
         if not config.measured:
             raise TunerError("--gpu-hours is a budget of real trials; --backend model measures nothing (use --backend "
                              "local, ray or command)")
-    if config.policy not in POLICIES:
-        raise TunerError(f"--trial-policy {config.policy!r}: accepted {', '.join(POLICIES)}")
-    if config.policy == "queue" and (config.gpu_hours is not None
-                                     or (config.stop_gain, config.stop_confidence)
-                                     != (_DEFAULT_STOP_GAIN, _DEFAULT_STOP_CONFIDENCE)):
+    if t.policy not in POLICIES:
+        raise TunerError(f"--trial-policy {t.policy!r}: accepted {', '.join(POLICIES)}")
+    if t.policy == "queue" and (t.gpu_hours is not None
+                                or (t.stop_gain, t.stop_confidence) != (_DEFAULT_STOP_GAIN, _DEFAULT_STOP_CONFIDENCE)):
         raise TunerError("--gpu-hours, --stop-gain and --stop-confidence drive the gain policy; --trial-policy queue "
                          "runs --trials layouts in the predicted order (leave them out, or use --trial-policy gain)")
-    if config.policy == "gain" and config.measured and (config.confirm_runs
-                                                        or config.recalibrate_after != _DEFAULT_RECALIBRATE_AFTER):
+    if t.policy == "gain" and config.measured and (t.confirm_runs
+                                                   or t.recalibrate_after != _DEFAULT_RECALIBRATE_AFTER):
         raise TunerError("--confirm-runs and --recalibrate-after belong to --trial-policy queue; the gain policy "
                          "repeats close rivals and learns from every measurement itself (leave them out, or use "
                          "--trial-policy queue)")
-    if not (math.isfinite(config.stop_confidence) and 0 < config.stop_confidence < 1):
+    if not (math.isfinite(t.stop_confidence) and 0 < t.stop_confidence < 1):
         raise TunerError("--stop-confidence must be a fraction strictly between 0 and 1 (e.g. 0.9), got "
-                         f"{config.stop_confidence}")
-    if not (math.isfinite(config.stop_gain) and 0 <= config.stop_gain < 1):
-        raise TunerError(f"--stop-gain must be a fraction at least 0 and below 1 (e.g. 0.02), got {config.stop_gain}")
-    if not config.measured and ((config.stop_gain, config.stop_confidence)
+                         f"{t.stop_confidence}")
+    if not (math.isfinite(t.stop_gain) and 0 <= t.stop_gain < 1):
+        raise TunerError(f"--stop-gain must be a fraction at least 0 and below 1 (e.g. 0.02), got {t.stop_gain}")
+    if not config.measured and ((t.stop_gain, t.stop_confidence)
                                 != (_DEFAULT_STOP_GAIN, _DEFAULT_STOP_CONFIDENCE)):
         raise TunerError("--stop-gain and --stop-confidence stop real trials; --backend model measures nothing "
                          "(use --backend local, ray or command)")

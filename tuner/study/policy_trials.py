@@ -57,7 +57,7 @@ class PolicyTrials:
             KeyboardInterrupt: Ctrl-C (as :meth:`tuner.study.run.StudyRun.run`).
         """
         run, prep, policy = self.study_run, self.study_run.prep, self.policy
-        n_jobs = run.cfg.parallel_trials if run.backend.parallel_trials else 1
+        n_jobs = run.cfg.trial.parallel_trials if run.backend.parallel_trials else 1
         self.feed()  # earlier runs' trials: learnt from, not counted
         self._run_launch_first()
         while True:

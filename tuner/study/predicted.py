@@ -14,7 +14,7 @@ proposals; only evaluated layouts reach the study's storage, each written whole:
 * a shared storage (``--storage``): each evaluated layout is claimed as a RUNNING trial with its record (one
   write), checked against the other workers' trials (a read), and finished (one write), so two workers never
   both count a layout; a claim left RUNNING by a worker that stopped is ignored once it is older than the grace
-  period (:attr:`TuneConfig.heartbeat_grace_s`) and failed by the next run.
+  period (:attr:`TrialOptions.heartbeat_grace_s`) and failed by the next run.
 
 Skipped proposals are never written, and never become trials of the in-memory study either: the sampler
 (:class:`CandidateSampler`) checks each NSGA-II proposal against the candidate table and draws again, within the
@@ -208,7 +208,7 @@ class PredictedTrials:
     def __init__(self, run: StudyRun) -> None:
         self.study_run = run
         self.study = run.study
-        self.shared = bool(run.cfg.storage)
+        self.shared = bool(run.cfg.store.storage)
         self.pending: list[FrozenTrial] = []
         self.writes = 0
         self._last_flush = time.monotonic()
@@ -219,7 +219,7 @@ class PredictedTrials:
         system attributes), then the queue (:attr:`CandidateQueue.first`)."""
         run = self.study_run
         self.sampler = CandidateSampler(
-            memo_parents(optuna.samplers.NSGAIISampler(seed=run.cfg.seed, population_size=16)),
+            memo_parents(optuna.samplers.NSGAIISampler(seed=run.cfg.store.seed, population_size=16)),
             dict(run.index.distributions()), self._propose, run.note_skip, lambda: not run.budget_left())
         mirror = optuna.create_study(directions=["maximize", "minimize"], sampler=self.sampler)
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):

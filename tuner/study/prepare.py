@@ -65,7 +65,7 @@ class Prepared:
     stack: Any = None
     """The :class:`specs.stacks.StackRun` of the run (the preset, the flags over it)."""
     baseline_row: int | None = None
-    """Row of the valid table that is ``config.baseline`` (None: no baseline, or it breaks a rule or is not in the
+    """Row of the valid table that is ``config.job.baseline`` (None: no baseline, or it breaks a rule or is not in the
     space)."""
     n_over_host: int = 0
     """Layouts that fit in GPU memory but are predicted over ``--host-memory-gib`` per node (refused)."""
@@ -110,39 +110,40 @@ def prepare(config: TuneConfig) -> Prepared:
     """
     _validate_config(config)
     model = _model(config)
+    c, w, search, baseline = config.cluster, config.workload, config.search, config.job.baseline
     cluster = parse_gpus(
-        config.gpus,
-        gpus_per_node=config.gpus_per_node,
-        inter_node_bytes_per_s=network_bytes_per_s(config.network_gbps) if config.network_gbps is not None else None,
-        usd_per_gpu_hour=config.usd_per_gpu_hour,
-        network=config.network,
-        host_memory_gib=config.host_memory_gib,
+        config.job.gpus,
+        gpus_per_node=c.gpus_per_node,
+        inter_node_bytes_per_s=network_bytes_per_s(c.network_gbps) if c.network_gbps is not None else None,
+        usd_per_gpu_hour=c.usd_per_gpu_hour,
+        network=c.network,
+        host_memory_gib=c.host_memory_gib,
         require_network=True,
     )
-    workload = Workload(seq_length=config.seq_length, global_batch_size=config.global_batch_size,
-                        precision=enum_member(Precision, config.precision, "--precision"),
-                        task=config.task, lora_rank=config.lora_rank,
-                        lora_target_modules=tuple(config.lora_target_modules)).on_model(model.is_mla)
+    workload = Workload(seq_length=w.seq_length, global_batch_size=w.global_batch_size,
+                        precision=enum_member(Precision, w.precision, "--precision"),
+                        task=w.task, lora_rank=w.lora_rank,
+                        lora_target_modules=tuple(w.lora_target_modules)).on_model(model.is_mla)
     if workload.precision.value == "fp8" and not cluster.gpu.peak_flops_fp8:
         raise TunerError(f"--precision fp8: {cluster.gpu.name} has no fp8 tensor cores; use --precision bf16")
-    space = SearchSpace.load(config.space)
+    space = SearchSpace.load(search.space)
     stack = study_run_options(config)
     space, stack_notes = _stack_space(config, model, space, stack)
-    cal = load_calibration(config.calibration)
+    cal = load_calibration(search.calibration)
     opts = stack.options
     env = RuleEnv.of(cluster, opts)
     t0 = time.perf_counter()
     en = enumerate_layouts(space, model, cluster.num_gpus, workload, env)
     en.notes.extend(stack_notes)
-    if config.baseline is not None:
-        en = _with_baseline(en, config.baseline, model, workload, env)
+    if baseline is not None:
+        en = _with_baseline(en, baseline, model, workload, env)
     t1 = time.perf_counter()
     bars = error_bars(model, cluster.gpu, workload.precision)
-    headroom = bars.headroom if config.memory_headroom is None else config.memory_headroom
+    headroom = bars.headroom if search.memory_headroom is None else search.memory_headroom
     est = estimate_table(model, cluster, workload, en.valid, calibration=cal, memory_headroom=headroom, options=opts)
     t2 = time.perf_counter()
     # a fixed --memory-headroom is the whole rule; else only what does not fit even at its optimistic memory is out
-    gpu_fits = (est.fits if config.memory_headroom is not None
+    gpu_fits = (est.fits if search.memory_headroom is not None
                 else ~bars.surely_over(est.peak_bytes, cluster.gpu.hbm_bytes))
     if not gpu_fits.any():
         raise TunerError(_no_fit_message(config, model, cluster, workload, space, cal, en, est, headroom))
@@ -177,7 +178,7 @@ def prepare(config: TuneConfig) -> Prepared:
         estimate_seconds=t2 - t1,
         options=opts,
         stack=stack,
-        baseline_row=_baseline_row(en.valid, config.baseline),
+        baseline_row=_baseline_row(en.valid, baseline),
         n_over_host=int(np.count_nonzero(gpu_fits & ~host_fits)),
         bars=bars,
         headroom=headroom,
@@ -191,16 +192,17 @@ def _model(config: TuneConfig) -> ModelSpec:
     Raises:
         TunerError: a MoE model (or its slice) without an MoE layer.
     """
-    model = slice_model(load_model(config.model, allow_config_args=config.allow_config_args), config.layers)
+    job = config.job
+    model = slice_model(load_model(job.model, allow_config_args=job.allow_config_args), job.layers)
     if model.num_experts and not model.num_moe_layers:
-        first_moe = next((i for i, f in enumerate(load_model(config.model).moe_layer_freq) if f), 0) + 1
-        if config.layers is None:
+        first_moe = next((i for i, f in enumerate(load_model(job.model).moe_layer_freq) if f), 0) + 1
+        if job.layers is None:
             raise TunerError(
                 f"model {model.name!r} declares {model.num_experts} experts but none of its {model.num_layers} layers "
                 "is an MoE layer (first_k_dense_replace / moe_layer_freq cover them all); fix its config"
             )
         raise TunerError(
-            f"--layers {config.layers}: the first {config.layers} layers of {load_model(config.model).name} are all "
+            f"--layers {job.layers}: the first {job.layers} layers of {load_model(job.model).name} are all "
             f"dense, so the slice has no MoE layer to tune; use --layers {first_moe} or more"
         )
     return model
@@ -214,7 +216,7 @@ def _stack_space(config: TuneConfig, model: ModelSpec, space: SearchSpace, stack
         TunerError: the space allows only the allgather dispatcher under slime.
     """
     stack_notes: list[str] = []
-    if config.allow_config_args and model.extra_megatron_args:
+    if config.job.allow_config_args and model.extra_megatron_args:
         stack_notes.append("--allow-config-args: the model's config adds to every trial and export: "
                            f"{shlex.join(model.extra_megatron_args)}")
     if stack.preset.drops_allgather and Dispatcher.allgather in space.dispatcher:
@@ -225,7 +227,7 @@ def _stack_space(config: TuneConfig, model: ModelSpec, space: SearchSpace, stack
         space = space.replace(dispatcher=kept)
         stack_notes.append("--stack slime: the allgather dispatcher is left out (slime rewrites it to alltoall); use "
                            "--stack megatron-lm to include it")
-    if harness_without_te(config.backend) and True in space.use_precision_aware_optimizer:
+    if harness_without_te(config.search.backend) and True in space.use_precision_aware_optimizer:
         # The harness turns the precision-aware optimizer off without TE (launch/harness/build.py): predict,
         # measure and export the layout as it runs (fp32 master weights, not TE's 2-byte remainders).
         space = space.replace(use_precision_aware_optimizer=(False,))
@@ -316,7 +318,7 @@ def _no_fit_message(
         f"{model.name} fits on no layout of the search space on {cluster.label}: the smallest predicted peak is "
         f"{best:.1f} GiB per GPU against {est.usable_bytes / 2**30:.1f} GiB usable "
         f"({cluster.gpu.hbm_bytes / 2**30:.1f} GiB less {headroom:.0%} headroom)."
-        if config.memory_headroom is not None else
+        if config.search.memory_headroom is not None else
         f"{model.name} fits on no layout of the search space on {cluster.label}: the smallest predicted peak is "
         f"{best:.1f} GiB per GPU, over the GPU's {cluster.gpu.hbm_bytes / 2**30:.1f} GiB even at the low end of its "
         "memory interval (docs/error_bars.md)."

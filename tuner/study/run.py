@@ -121,7 +121,7 @@ class StudyRun:
         prep: the candidates (:func:`tuner.study.prepare.prepare`).
         on_trial: called with (0, total) when the study is open and trials start, then after every evaluated
             layout with (done, total), e.g. to move a progress bar.
-        backend: overrides ``prep.config.backend`` (tests).
+        backend: overrides ``prep.config.search.backend`` (tests).
     """
 
     def __init__(self, prep: Prepared, *, on_trial: Callable[[int, int], None] | None = None,
@@ -130,11 +130,11 @@ class StudyRun:
         self.prep = prep
         self.cfg = cfg
         self.name = cfg.study_name(prep.model, prep.cluster)
-        self.out_dir = Path(cfg.results_dir) / self.name
+        self.out_dir = Path(cfg.store.results_dir) / self.name
         self.on_trial = on_trial
         self.n_trials = n_trials(cfg)
         self._given_backend = backend
-        self.heartbeat = Heartbeat(interval_s=cfg.heartbeat_interval_s, grace_s=cfg.heartbeat_grace_s)
+        self.heartbeat = Heartbeat(interval_s=cfg.trial.heartbeat_interval_s, grace_s=cfg.trial.heartbeat_grace_s)
         # set up by run()
         self.backend: TrialBackend
         self.study: optuna.Study
@@ -213,21 +213,21 @@ class StudyRun:
             TunerError: the backend cannot be opened, or the Ray cluster has fewer GPUs than ``--gpus``.
         """
         prep, cfg = self.prep, self.cfg
-        backend = self._given_backend or get_backend(cfg.backend, BackendSettings(
+        backend = self._given_backend or get_backend(cfg.search.backend, BackendSettings(
             calibration=prep.calibration,
             memory_headroom=prep.headroom,
             options=prep.options,
             trials_dir=self.out_dir / "trials",
             num_gpus=prep.cluster.num_gpus,
-            steps=cfg.trial_steps,
+            steps=cfg.trial.trial_steps,
             warmup_steps=trial_warmup_steps(cfg),
-            timeout_s=cfg.trial_timeout_s,
-            command_template=cfg.command_template,
+            timeout_s=cfg.trial.trial_timeout_s,
+            command_template=cfg.trial.command_template,
             megatron_core=prep.options.megatron_core,
-            address=cfg.ray_address,
+            address=cfg.trial.ray_address,
             gpus_per_node=prep.cluster.gpus_per_node,
-            extra_env=trial_env_dict(cfg.trial_env),
-            profile_step=cfg.trial_profile_step,
+            extra_env=trial_env_dict(cfg.trial.trial_env),
+            profile_step=cfg.trial.trial_profile_step,
         ))
         n = backend.cluster_gpus()
         if n is not None and n < prep.cluster.num_gpus:
@@ -248,7 +248,7 @@ class StudyRun:
             TunerError: as :meth:`run`.
         """
         prep, cfg, backend = self.prep, self.cfg, self.backend
-        heartbeat = self.heartbeat if (cfg.storage and backend.measured) else None
+        heartbeat = self.heartbeat if (cfg.store.storage and backend.measured) else None
         try:
             if backend.measured:
                 check_budget(prep)  # before the study is opened: a refused run leaves no study behind
@@ -256,10 +256,10 @@ class StudyRun:
         except BaseException:
             backend.close()  # a Ray instance this run started must not outlive a refused study
             raise
-        if cfg.prune_margin is not None and backend.measured:  # real trials' step times
+        if cfg.trial.prune_margin is not None and backend.measured:  # real trials' step times
             from launch.harness.pruner import StepTimePruner
 
-            self.pruner = StepTimePruner(warmup_steps=trial_warmup_steps(cfg), margin=cfg.prune_margin)
+            self.pruner = StepTimePruner(warmup_steps=trial_warmup_steps(cfg), margin=cfg.trial.prune_margin)
         self.index = CandidateIndex(prep.enumeration.valid, prep.fits)
         trials = self.study.get_trials(deepcopy=False)
         self._seen = evaluated_keys(trials)
@@ -267,8 +267,8 @@ class StudyRun:
         waiting = [t for t in trials if t.state == TrialState.WAITING] if backend.measured else []
         self._fail_leftovers(trials)
         self.queue = CandidateQueue(prep, self.index, backend, seen=self._seen, n_trials=self.n_trials,
-                                    queued_already=len(waiting), recalibrate_after=cfg.recalibrate_after,
-                                    parallel=cfg.parallel_trials)
+                                    queued_already=len(waiting), recalibrate_after=cfg.trial.recalibrate_after,
+                                    parallel=cfg.trial.parallel_trials)
         if backend.measured:
             # trials only for layouts to run: queued candidates and the sampler's proposals are checked before a trial
             # holds them
@@ -277,7 +277,7 @@ class StudyRun:
                 self._sampling_stopped,
                 fallback=lambda row: Queued(self.index.params_of_row(row),
                                             TrialRecord(enqueued=QUEUED_FALLBACK).attrs()),
-                explore=cfg.policy != "gain")
+                explore=cfg.trial.policy != "gain")
             self.study.sampler = self.sampler
         # confirmation runs left queued by an interrupted run go first (Optuna runs the oldest queued trial first);
         # they do not count against --trials
@@ -289,7 +289,7 @@ class StudyRun:
         asked for (``--trials``, ``--resume``), but a launch (``--from``) the study has not evaluated is measured, the
         baseline every answer is compared with. Sets the budget of that case; the note saying so (None: a run)."""
         prep, cfg = self.prep, self.cfg
-        if not held or cfg.trials is not None or cfg.resume:
+        if not held or cfg.search.trials is not None or cfg.store.resume:
             return None
         row = prep.baseline_row
         launch_new = (row is not None and bool(prep.fits[row])
@@ -304,13 +304,13 @@ class StudyRun:
         confirmation runs), or predictions."""
         if not self.backend.measured:
             PredictedTrials(self).run()
-        elif self.cfg.policy == "gain":
+        elif self.cfg.trial.policy == "gain":
             stop = PolicyTrials(self).run()
             with self._lock:
                 self._stop_note = stop
         else:
             self._search_measured()
-            if self.cfg.confirm_runs:
+            if self.cfg.trial.confirm_runs:
                 self._confirm()
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
@@ -327,7 +327,7 @@ class StudyRun:
         worker that stopped.
         """
         running = [t for t in trials if t.state == TrialState.RUNNING]
-        if self.cfg.storage:
+        if self.cfg.store.storage:
             if self.backend.measured:
                 return
             stale = datetime.datetime.now() - datetime.timedelta(seconds=self.heartbeat.grace_s)
@@ -392,7 +392,7 @@ class StudyRun:
         """Real trials: the proposal of these parameters (:meth:`resolve`, None for no candidate), checked before a
         trial holds it; on a shared storage a layout another worker's trial holds is a duplicate."""
         prop = self.resolve(params, repeat=repeat, explain=False)
-        if (prop is not None and prop.skip is None and not repeat and self.cfg.storage
+        if (prop is not None and prop.skip is None and not repeat and self.cfg.store.storage
                 and claimed_elsewhere(self.study.get_trials(deepcopy=False), None, prop.key)):
             return Proposal(prop.params, prop.row, prop.layout, prop.key, DUPLICATE)
         return prop
@@ -409,7 +409,7 @@ class StudyRun:
         with self._lock:
             if key in self._seen:
                 return False
-            if self.cfg.storage and claimed_elsewhere(self.study.get_trials(deepcopy=False), trial_id, key):
+            if self.cfg.store.storage and claimed_elsewhere(self.study.get_trials(deepcopy=False), trial_id, key):
                 return False
             self._seen.add(key)
             return True
@@ -433,7 +433,7 @@ class StudyRun:
             if self._skips_in_a_row < FALLBACK_AFTER_SKIPS:
                 return None
             self._skips_in_a_row = 0
-            if self.cfg.storage:  # what the other workers evaluated meanwhile
+            if self.cfg.store.storage:  # what the other workers evaluated meanwhile
                 self._seen |= evaluated_keys(self.study.get_trials(deepcopy=False))
             row = self.queue.next_unevaluated(self._seen | self._refused)
             if row is None:
@@ -513,7 +513,7 @@ class StudyRun:
     # ---- real trials: Study.optimize on the study's storage -------------------------------------------------
 
     def _search_measured(self) -> None:
-        if self.cfg.storage:
+        if self.cfg.store.storage:
             # a stopped worker's stale trial is failed, and its layout queued, before this run queues its own first
             # layouts: the retry runs ahead of them and is recorded as the retry (Optuna's ``fail_stale_trials``, which
             # ``Study.optimize`` runs again before each trial; a no-op on a storage without the heartbeat)
@@ -522,7 +522,7 @@ class StudyRun:
                 optuna.storages.fail_stale_trials(self.study)
         for row in self.queue.first:
             self.sampler.push(self.index.params_of_row(row), TrialRecord(enqueued=QUEUED_FIRST).attrs())
-        n_jobs = self.cfg.parallel_trials  # > 1 only for a backend that reads --parallel-trials (_validate_config)
+        n_jobs = self.cfg.trial.parallel_trials  # > 1 only for a backend reading --parallel-trials (_validate_config)
         # Optuna stops when this run's budget is spent or the space ran out (study.stop in after_trial / objective);
         # a layout of the budget given back after the stop (a refusal at run time) takes one more round
         while self.budget_left():
@@ -533,7 +533,7 @@ class StudyRun:
         """``--confirm-runs``: rounds of :func:`tuner.study.confirm.enqueue_round`, each run to its end, one trial at a
         time (concurrent trials on one host slow each other)."""
         for _ in range(MAX_CONFIRM_ROUNDS):
-            rnd = enqueue_round(self.study, self.cfg.confirm_runs)
+            rnd = enqueue_round(self.study, self.cfg.trial.confirm_runs)
             if rnd.note:
                 with self._lock:
                     self._confirm_note = rnd.note
@@ -632,7 +632,7 @@ class StudyRun:
                            task=self.prep.workload.task)
         if m.step_times_s:
             # the steps a trial ran, warm-up included, at its median step: the rest of its wall time is start-up
-            ran = max(len(m.step_times_s), self.cfg.trial_steps) * float(np.median(m.step_times_s))
+            ran = max(len(m.step_times_s), self.cfg.trial.trial_steps) * float(np.median(m.step_times_s))
             result["startup_s"] = max(gpu_hours * 3600 / self.prep.cluster.num_gpus - ran, 0.0)
         why = implausible(result, None if self.prep.bars is None else self.prep.bars.throughput)
         if why is not None:  # kept, marked, and out of the front and the best: a FAIL with its numbers
@@ -697,7 +697,7 @@ class StudyRun:
                 self._done += 1
             done, total, confirming = self._done, self._total, self._confirming
             spent = self._started >= self.n_trials or self._exhausted is not None
-            if (self.cfg.policy == "queue" and self.queue.lazy and not confirming and not spent
+            if (self.cfg.trial.policy == "queue" and self.queue.lazy and not confirming and not spent
                     and not self.sampler.queue and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,))):
                 # no new search trial is queued once the budget is spent (nor while confirming)
                 self.queue.recalibrate(study)
@@ -736,7 +736,7 @@ def run_study(
         prep: the pruned candidates from :func:`tuner.study.prepare.prepare`.
         on_trial: called with (0, total) when the study is open and trials start, then after every evaluated
             layout with (done, total), e.g. to start and move a progress bar.
-        backend: overrides ``prep.config.backend`` (tests).
+        backend: overrides ``prep.config.search.backend`` (tests).
 
     Returns:
         The study and what this run added.
@@ -746,7 +746,7 @@ def run_study(
             ``tune`` process is running the same study in its default storage.
     """
     run = StudyRun(prep, on_trial=on_trial, backend=backend)
-    if prep.config.storage and not is_own_store(prep.config, run.out_dir):
+    if prep.config.store.storage and not is_own_store(prep.config, run.out_dir):
         return run.run()
     out_dir = run.out_dir
     created = not out_dir.exists()

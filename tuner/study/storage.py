@@ -209,8 +209,8 @@ def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None =
 
 def storage_url(config: TuneConfig, out_dir: Path) -> str:
     """``--storage``, or the study's own SQLite file ``results/<study>/study.db``."""
-    if config.storage:
-        return config.storage
+    if config.store.storage:
+        return config.store.storage
     return f"sqlite:///{(out_dir / 'study.db').as_posix()}"
 
 
@@ -237,16 +237,16 @@ def resolved(prep: Prepared) -> dict[str, Any]:
         "seq_length": prep.workload.seq_length,
         "global_batch_size": prep.workload.global_batch_size,
         "precision": prep.workload.precision.value,
-        "backend": prep.config.backend,
-        "stack": prep.config.stack,
+        "backend": prep.config.search.backend,
+        "stack": prep.config.run.stack,
         "task": prep.workload.task,
         "lora_rank": prep.workload.lora_rank if prep.workload.task == "lora" else None,
         "lora_target_modules": list(prep.workload.lora_target_modules) if prep.workload.task == "lora" else None,
         "run_options": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(prep.options).items()},
-        "memory_headroom": prep.config.memory_headroom,
+        "memory_headroom": prep.config.search.memory_headroom,
         "layers": prep.model.num_layers,
         # real trials: steps and warm-up decide what a measurement is (step times drift for ~10 steps)
-        "trial_steps": prep.config.trial_steps if measured else None,
+        "trial_steps": prep.config.trial.trial_steps if measured else None,
         "trial_warmup_steps": trial_warmup_steps(prep.config) if measured else None,
     }
 
@@ -393,7 +393,7 @@ def open_study(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, *,
     except FileExistsError:
         created = False
     except OSError as e:
-        raise TunerError(f"--results-dir {cfg.results_dir!r}: cannot create {out_dir} ({e.strerror})") from None
+        raise TunerError(f"--results-dir {cfg.store.results_dir!r}: cannot create {out_dir} ({e.strerror})") from None
     try:
         return _open_study_in(cfg, prep, name, out_dir, heartbeat)
     except BaseException:
@@ -427,10 +427,10 @@ def _check_same_storage(cfg: TuneConfig, name: str, out_dir: Path) -> None:
     if not rec.exists():
         # a chart is not a study's
         outputs = [f for f in STUDY_OUTPUT_FILES if f != "pareto.png" and (out_dir / f).exists()]
-        if db.exists() and cfg.storage and here != own:
+        if db.exists() and cfg.store.storage and here != own:
             raise TunerError(f"study {name!r}: {out_dir} holds study.db but no config.yaml, and this run names "
-                             f"{_mask(cfg.storage)!r}; resume it with no --storage, or give another --study name")
-        if not db.exists() and not cfg.storage and outputs:
+                             f"{_mask(cfg.store.storage)!r}; resume it with no --storage, or give another --study name")
+        if not db.exists() and not cfg.store.storage and outputs:
             raise TunerError(f"study {name!r}: {out_dir} holds a study's outputs ({', '.join(outputs)}) but no "
                              "config.yaml or study.db (they say where its trials are kept); resume it with its "
                              "--storage, or give another --study name")
@@ -521,9 +521,10 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path,
     try:
         if heartbeat is None and not url.startswith("journal:"):
             # --parallel-trials: atomic state changes among threads; the study's own file: commits without an fsync each
-            kw: dict[str, Any] = ({} if cfg.storage
+            kw: dict[str, Any] = ({} if cfg.store.storage
                                   else {"engine_kwargs": _optuna.local_sqlite_engine_kwargs(out_dir / "study.db")})
-            if not cfg.storage and _optuna.create_sqlite_schema(out_dir / "study.db"):  # made here, of Optuna's schema
+            # made here, of Optuna's schema
+            if not cfg.store.storage and _optuna.create_sqlite_schema(out_dir / "study.db"):
                 kw.update(skip_table_creation=True, skip_compatibility_check=True, stamped=True)
             storage: Any = _optuna.ThreadSafeRDBStorage(url, **kw)
         else:
@@ -532,7 +533,7 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path,
             study_name=name,
             storage=storage,
             directions=["maximize", "minimize"],
-            sampler=optuna.samplers.NSGAIISampler(seed=cfg.seed, population_size=16),
+            sampler=optuna.samplers.NSGAIISampler(seed=cfg.store.seed, population_size=16),
             load_if_exists=True,
         )
     except TunerError:

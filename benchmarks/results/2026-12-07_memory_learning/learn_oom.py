@@ -31,7 +31,7 @@ def feed(self, policy, pos, observed, first_of):
                                  measured=measured, out_of_memory=oom)
 
 case_name, n = sys.argv[1], int(sys.argv[2])
-case = prepare_case(TuneConfig(**bench_search.CASES[case_name]))
+case = prepare_case(TuneConfig.from_dict(bench_search.CASES[case_name]))
 out = []
 for seed in range(n):
     for learn in (False, True):
