@@ -14,10 +14,8 @@ def pareto_mask(throughput: np.ndarray, memory: np.ndarray) -> np.ndarray:
     if n == 0:
         return np.zeros(0, dtype=bool)
     order = np.lexsort((memory, -throughput))  # by throughput desc, then memory asc
+    mem = memory[order]
+    best_before = np.concatenate(([np.inf], np.fmin.accumulate(mem)[:-1]))  # the least memory of those ahead
     keep = np.zeros(n, dtype=bool)
-    best_mem = np.inf
-    for i in order:
-        if memory[i] < best_mem:
-            keep[i] = True
-            best_mem = memory[i]
+    keep[order] = mem < best_before
     return keep

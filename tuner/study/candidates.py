@@ -141,8 +141,10 @@ def _dimension_codes(table: LayoutTable, cols: tuple[str, ...]) -> tuple[np.ndar
     if (len(shared) > 1 or any(c not in table.cats for c in cols) or not len(table)
             or max(len(table.cats[c]) for c in cols) > _FEW_CATEGORIES):
         return _row_codes(table, cols)
-    used = np.flatnonzero(np.bincount(codes, minlength=len(table.cats[cols[0]])))
-    first_of = np.array([int(np.argmax(codes == u)) for u in used], dtype=np.int64)
+    first_row = np.full(len(table.cats[cols[0]]), len(table), dtype=np.int64)
+    np.minimum.at(first_row, codes, np.arange(len(table)))  # each category's first row
+    used = np.flatnonzero(first_row < len(table))
+    first_of = first_row[used]
     inv_used, _, k = _row_codes(table.select(first_of), cols)
     first = np.full(k, len(table), dtype=np.int64)
     np.minimum.at(first, inv_used, first_of)
