@@ -365,9 +365,11 @@ def harness_without_te(backend: str) -> bool:
     """The study's trials run the harness (a backend whose class has ``runs_harness``: ``local``, ``ray``) and
     Transformer Engine is not importable here. For ``ray`` this is read on the driver: run the driver in the
     nodes' Python environment."""
+    if not _runs_harness(backend):
+        return False
     from launch.harness.spec import HarnessEnv
 
-    return _runs_harness(backend) and not HarnessEnv.detect().transformer_engine
+    return not HarnessEnv.detect().transformer_engine
 
 
 def _runs_harness(backend: str) -> bool:
