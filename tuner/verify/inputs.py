@@ -13,7 +13,8 @@ from specs import Cluster, ModelSpec, Workload
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 
-__all__ = ["check_pair", "checkpoint_model_reasons", "json_default", "layout_text", "parse_layout_spec"]
+__all__ = ["check_inputs", "check_pair", "checkpoint_model_reasons", "json_default", "layout_text", "parse_layout_spec",
+           "refuse_unrunnable"]
 
 
 _LAYOUT_KEYS_HELP = ("tp, pp, vpp, cp, ep, etp, micro_batch_size (or mbs), recompute (none|selective|full), "
@@ -99,6 +100,41 @@ def check_pair(candidate: Layout, reference: Layout, model: ModelSpec, cluster: 
     if candidate == reference and fault is None:
         raise TunerError(f"the candidate and the reference are the same layout ({candidate.label}): nothing to "
                          f"compare; give another {what}")
+
+
+def check_inputs(candidate: Layout, reference: Layout, model: ModelSpec, cluster: Cluster, workload: Workload, *,
+                 fault: str | None, what: str, init_checkpoint: str | Path | None, corpus: str | Path | None) -> Any:
+    """The corpus (:func:`launch.harness.data.load_corpus`) of a check with a known ``fault``, a pair
+    :func:`check_pair` accepts and an ``init_checkpoint`` of ``model``.
+
+    Raises:
+        InfeasibleLayout: as :func:`check_pair`.
+        TunerError: as :func:`check_pair`; an unknown fault, a checkpoint of another model or a bad corpus.
+    """
+    from launch.harness.data import load_corpus
+    from launch.harness.spec import FAULTS
+
+    if fault is not None and fault not in FAULTS:
+        raise TunerError(f"--fault {fault!r}: accepted {', '.join(FAULTS)}")
+    check_pair(candidate, reference, model, cluster, workload, fault, what)
+    why = checkpoint_model_reasons(init_checkpoint, model) if init_checkpoint is not None else []
+    if why:
+        raise TunerError("--init-checkpoint: " + "; ".join(why))
+    return load_corpus(corpus)
+
+
+def refuse_unrunnable(factory: Any, plan: Any, hint: str = "") -> None:
+    """Refuse a check one of whose arms (``plan.arms``) cannot run here, before any runs: no GPU time on a check that
+    cannot finish.
+
+    Raises:
+        InfeasibleLayout: naming the arm and why.
+    """
+    for arm in plan.arms:
+        why = factory(plan, arm).refusal(arm.layout, plan.model, plan.workload)
+        if why:
+            raise InfeasibleLayout("harness_env", f"the {arm.name} arm ({arm.layout.label}) cannot run here: {why}"
+                                   + hint)
 
 
 def json_default(x: Any) -> Any:

@@ -26,10 +26,10 @@ from typing import Any
 
 from launch.base import Measurement, TrialFailed, TrialStopped
 from specs import Cluster, ModelSpec, Workload
-from specs.errors import InfeasibleLayout, TunerError
+from specs.errors import TunerError
 from specs.layout import Layout
 from tuner.verify.convergence import ConvergenceResult, ConvergenceThresholds, compare_losses
-from tuner.verify.inputs import check_pair, checkpoint_model_reasons, json_default
+from tuner.verify.inputs import check_inputs, json_default, refuse_unrunnable
 
 __all__ = ["DEFAULT_LR", "VerifyArm", "VerifyOutcome", "VerifyPlan", "convergence_block", "local_backend_factory",
            "plan_verify", "run_verify"]
@@ -166,15 +166,10 @@ def plan_verify(model: ModelSpec, cluster: Cluster, workload: Workload, candidat
         TunerError: the layouts are for another GPU count or identical, ``steps`` < 3,
             a bad learning rate or corpus, or an unknown fault.
     """
-    from launch.harness.data import load_corpus
-    from launch.harness.spec import FAULTS
-
     if steps < 3:
         raise TunerError(f"--steps must be at least 3 (a correlation needs a curve), got {steps!r}")
     if not 0 < lr < 1:
         raise TunerError(f"--lr must be in (0, 1), got {lr!r}")
-    if fault is not None and fault not in FAULTS:
-        raise TunerError(f"--fault {fault!r}: accepted {', '.join(FAULTS)}")
     for flag, v in (("--lr-warmup-steps", lr_warmup_steps), ("--warm-start-steps", warm_start_steps)):
         if v < 0:
             raise TunerError(f"{flag} must be 0 or more, got {v!r}")
@@ -186,12 +181,9 @@ def plan_verify(model: ModelSpec, cluster: Cluster, workload: Workload, candidat
         if not (ic.is_dir() and (ic / "metadata.json").exists()):
             raise TunerError(f"--init-checkpoint {str(ic)!r}: not a megatron-core distributed checkpoint (a folder "
                              "with metadata.json)")
-        why = checkpoint_model_reasons(ic, model)
-        if why:
-            raise TunerError("--init-checkpoint: " + "; ".join(why))
         warm_start_steps = 0
-    check_pair(candidate, reference, model, cluster, workload, fault, "--reference")
-    c = load_corpus(corpus)
+    c = check_inputs(candidate, reference, model, cluster, workload, fault=fault, what="--reference",
+                     init_checkpoint=init_checkpoint, corpus=corpus)
     out = Path(out_dir)
     ckpt = str(Path(init_checkpoint)) if init_checkpoint is not None else str(out / "checkpoint")
     save = None if init_checkpoint is not None else ckpt
@@ -236,12 +228,8 @@ def run_verify(plan: VerifyPlan, backend_factory: BackendFactory | None = None, 
         TunerError: ``out_dir`` cannot be written.
         InfeasibleLayout: an arm cannot run here (e.g. another GPU count)."""
     factory = backend_factory or local_backend_factory()
-    for arm in plan.arms:  # both arms, before either runs: no GPU time on a check that cannot finish
-        why = factory(plan, arm).refusal(arm.layout, plan.model, plan.workload)
-        if why:
-            raise InfeasibleLayout("harness_env", f"the {arm.name} arm ({arm.layout.label}) cannot run here: {why}; "
-                                   "check a layout this machine can run with --candidate KEY=VALUE,... (e.g. the same "
-                                   "layout with dispatcher=alltoall)")
+    refuse_unrunnable(factory, plan, "; check a layout this machine can run with --candidate KEY=VALUE,... (e.g. the "
+                      "same layout with dispatcher=alltoall)")
     out = Path(plan.out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -256,10 +244,10 @@ def run_verify(plan: VerifyPlan, backend_factory: BackendFactory | None = None, 
     logs: dict[str, str] = {}
     versions: dict[str, Any] = {}
     error = ""
+    say = on_arm or (lambda arm, state: None)
     try:
         for arm in plan.arms:
-            if on_arm:
-                on_arm(arm.name, "start")
+            say(arm.name, "start")
             backend = factory(plan, arm)
             try:
                 m: Measurement = backend.run(arm.layout, model=plan.model, cluster=plan.cluster, workload=plan.workload,
@@ -267,14 +255,12 @@ def run_verify(plan: VerifyPlan, backend_factory: BackendFactory | None = None, 
             except (TrialFailed, TrialStopped) as e:
                 logs[arm.name] = getattr(e, "log_path", "") or str(out / arm.name)
                 error = f"the {arm.name} arm ({arm.layout.label}) did not finish: {e}"
-                if on_arm:
-                    on_arm(arm.name, "failed")
+                say(arm.name, "failed")
                 break
             logs[arm.name] = m.log_path
             losses[arm.name] = tuple(m.losses)
             versions = (m.extra.get("summary") or {}).get("versions", versions)
-            if on_arm:
-                on_arm(arm.name, "done")
+            say(arm.name, "done")
     finally:
         if not keep_checkpoint and plan.init_checkpoint is None:  # never delete the user's checkpoint
             shutil.rmtree(plan.checkpoint_dir, ignore_errors=True)

@@ -40,10 +40,6 @@ NOISE_FACTOR = 10.0
 _CHUNK = 1 << 22
 
 
-# --------------------------------------------------------------------------------------------------
-# tensor comparison
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TensorDiff:
     """One tensor of the candidate against the same tensor of the reference (norms in the tensor's units)."""
@@ -72,14 +68,6 @@ class TensorDiff:
     def finite(self) -> bool:
         return self.nonfinite_candidate == 0 and self.nonfinite_reference == 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "shape_candidate": list(self.shape_candidate),
-                "shape_reference": list(self.shape_reference), "numel": self.numel,
-                "norm_candidate": self.norm_candidate, "norm_reference": self.norm_reference,
-                "diff_norm": self.diff_norm, "rel_l2": self.rel_l2, "cosine": self.cosine,
-                "max_abs_diff": self.max_abs_diff, "nonfinite_candidate": self.nonfinite_candidate,
-                "nonfinite_reference": self.nonfinite_reference}
-
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TensorDiff:
         return cls(**{**d, "shape_candidate": tuple(d["shape_candidate"]),
@@ -94,34 +82,27 @@ def tensor_diff(name: str, candidate: Any, reference: Any, *, chunk: int = _CHUN
     """
     c, r = np.asarray(candidate), np.asarray(reference)
     nan = float("nan")
+    head: dict[str, Any] = {"name": name, "shape_candidate": tuple(c.shape), "shape_reference": tuple(r.shape),
+                            "numel": int(r.size)}
+    unknown: dict[str, Any] = dict.fromkeys(("norm_candidate", "norm_reference", "diff_norm", "rel_l2", "cosine",
+                                             "max_abs_diff"), nan)
     if c.shape != r.shape:
-        return TensorDiff(name=name, shape_candidate=tuple(c.shape), shape_reference=tuple(r.shape), numel=int(r.size),
-                          norm_candidate=nan, norm_reference=nan, diff_norm=nan, rel_l2=nan, cosine=nan,
-                          max_abs_diff=nan)
+        return TensorDiff(**head, **unknown)
     cf, rf = c.reshape(-1), r.reshape(-1)
-    cc = rr = cr = dd = 0.0
-    mx = 0.0
+    cc = rr = cr = dd = mx = 0.0
     bad_c = bad_r = 0
     for i in range(0, cf.size, chunk):
         a = np.asarray(cf[i:i + chunk], dtype=np.float64)
         b = np.asarray(rf[i:i + chunk], dtype=np.float64)
-        fa, fb = np.isfinite(a), np.isfinite(b)
-        nba, nbb = int(a.size - np.count_nonzero(fa)), int(b.size - np.count_nonzero(fb))
-        bad_c += nba
-        bad_r += nbb
-        if nba or nbb:
+        bad_c += int(a.size - np.count_nonzero(np.isfinite(a)))
+        bad_r += int(b.size - np.count_nonzero(np.isfinite(b)))
+        if bad_c or bad_r:
             continue
         d = a - b
-        cc += float(np.dot(a, a))
-        rr += float(np.dot(b, b))
-        cr += float(np.dot(a, b))
-        dd += float(np.dot(d, d))
-        if d.size:
-            mx = max(mx, float(np.max(np.abs(d))))
+        cc, rr, cr, dd = cc + float(a @ a), rr + float(b @ b), cr + float(a @ b), dd + float(d @ d)
+        mx = max(mx, float(np.max(np.abs(d), initial=0.0)))
     if bad_c or bad_r:
-        return TensorDiff(name=name, shape_candidate=tuple(c.shape), shape_reference=tuple(r.shape), numel=int(r.size),
-                          norm_candidate=nan, norm_reference=nan, diff_norm=nan, rel_l2=nan, cosine=nan,
-                          max_abs_diff=nan, nonfinite_candidate=bad_c, nonfinite_reference=bad_r)
+        return TensorDiff(**head, **unknown, nonfinite_candidate=bad_c, nonfinite_reference=bad_r)
     nc, nr, nd = math.sqrt(cc), math.sqrt(rr), math.sqrt(dd)
     rel = (0.0 if nd == 0 else math.inf) if nr == 0 else nd / nr
     if nc == 0 and nr == 0:
@@ -130,8 +111,8 @@ def tensor_diff(name: str, candidate: Any, reference: Any, *, chunk: int = _CHUN
         cos = 0.0
     else:
         cos = max(-1.0, min(1.0, cr / (nc * nr)))
-    return TensorDiff(name=name, shape_candidate=tuple(c.shape), shape_reference=tuple(r.shape), numel=int(r.size),
-                      norm_candidate=nc, norm_reference=nr, diff_norm=nd, rel_l2=rel, cosine=cos, max_abs_diff=mx)
+    return TensorDiff(**head, norm_candidate=nc, norm_reference=nr, diff_norm=nd, rel_l2=rel, cosine=cos,
+                      max_abs_diff=mx)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -173,9 +154,6 @@ class ParityThresholds:
                f"bf16 floor {floor:g}) = {t:.3g}")
         return cls(rel_l2=t, cosine=1.0 - t * t / 2, noise_rel_l2=worst, noise_cosine=worst_cos, factor=factor,
                    floor=floor, source=src)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -220,21 +198,15 @@ class ParityResult:
         """
         if "per_tensor" not in d:
             raise TunerError("a parity result needs its per-tensor rows to be read back")
-        th = d.get("thresholds") or {}
+        th = d.get("thresholds")
         return cls(passed=bool(d["passed"]), failed_metrics=tuple(d["failed_metrics"]),
-                   tensors=tuple(TensorDiff.from_dict(t) for t in d["per_tensor"]),
-                   missing=tuple(d.get("missing", ())), extra=tuple(d.get("extra", ())),
-                   thresholds=ParityThresholds(**th) if th else ParityThresholds(),
-                   candidate=d.get("candidate", "candidate"),
-                   reference=d.get("reference", "reference"), messages=tuple(d.get("messages", ())))
+                   tensors=tuple(TensorDiff.from_dict(t) for t in d["per_tensor"]), missing=tuple(d["missing"]),
+                   extra=tuple(d["extra"]), thresholds=ParityThresholds(**th) if th else ParityThresholds(),
+                   candidate=d["candidate"], reference=d["reference"], messages=tuple(d["messages"]))
 
     def worst_tensors(self, k: int = 5) -> list[TensorDiff]:
         """The ``k`` tensors with the largest relative error (not-finite and mismatched ones first)."""
-        def key(t: TensorDiff) -> tuple[int, float]:
-            if not t.shape_ok or not t.finite:
-                return (0, 0.0)
-            return (1, -t.rel_l2 if t.rel_l2 == t.rel_l2 else 0.0)
-        return sorted(self.tensors, key=key)[:k]
+        return sorted(self.tensors, key=lambda t: (1, -t.rel_l2) if t.shape_ok and t.finite else (0, 0.0))[:k]
 
     def summary(self) -> str:
         n = len(self.compared)
@@ -251,17 +223,13 @@ class ParityResult:
             "summary": self.summary(),
             "candidate": self.candidate, "reference": self.reference, "tensors_compared": len(self.compared),
             "tensors": len(self.tensors),
-            "worst_rel_l2": _finite_or_none(self.worst_rel_l2), "worst_cosine": _finite_or_none(self.worst_cosine),
-            "worst": [t.to_dict() for t in self.worst_tensors(5)], "missing": list(self.missing),
-            "extra": list(self.extra), "thresholds": self.thresholds.to_dict(), "messages": list(self.messages),
+            "worst_rel_l2": _sig(self.worst_rel_l2, 17), "worst_cosine": _sig(self.worst_cosine, 17),
+            "worst": [asdict(t) for t in self.worst_tensors(5)], "missing": list(self.missing),
+            "extra": list(self.extra), "thresholds": asdict(self.thresholds), "messages": list(self.messages),
         }
         if all_tensors:
-            d["per_tensor"] = [t.to_dict() for t in self.tensors]
+            d["per_tensor"] = [asdict(t) for t in self.tensors]
         return d
-
-
-def _finite_or_none(x: float) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
 def compare_gradients(candidate: Mapping[str, Any], reference: Mapping[str, Any],
@@ -315,20 +283,13 @@ def compare_gradients(candidate: Mapping[str, Any], reference: Mapping[str, Any]
                         thresholds=th, candidate=candidate_label, reference=reference_label, messages=tuple(msgs))
 
 
-# --------------------------------------------------------------------------------------------------
-# gradient dumps (the harness writes them, :mod:`launch.harness.grads`)
-
-
 @dataclass(frozen=True, slots=True)
 class GradDump:
-    """A gradient dump: ``index.json`` (what ran) and one ``.npy`` file per parameter (loaded lazily, memory-mapped)."""
+    """A gradient dump (the harness writes it, :mod:`launch.harness.grads`): ``index.json`` (what ran) and one
+    ``.npy`` file per parameter."""
 
     path: Path
     meta: dict[str, Any]
-
-    @property
-    def names(self) -> list[str]:
-        return sorted(self.meta["tensors"])
 
     @property
     def label(self) -> str:
@@ -341,32 +302,14 @@ class GradDump:
             TunerError: the file is missing or not the recorded shape.
         """
         t = self.meta["tensors"][name]
-        f = self.path / t["file"]
         try:
-            a: np.ndarray = np.load(f, mmap_mode="r")
+            a: np.ndarray = np.load(self.path / t["file"], mmap_mode="r")
         except (OSError, ValueError) as e:
             raise TunerError(f"gradient dump {self.path}: cannot read {t['file']} for {name} ({e})") from None
         if list(a.shape) != list(t["shape"]):
             raise TunerError(f"gradient dump {self.path}: {t['file']} has shape {list(a.shape)}, the index says "
                              f"{t['shape']}")
         return a
-
-    def mapping(self) -> _LazyDump:
-        return _LazyDump(self)
-
-
-class _LazyDump(Mapping[str, np.ndarray]):
-    def __init__(self, dump: GradDump) -> None:
-        self._d = dump
-
-    def __getitem__(self, k: str) -> np.ndarray:
-        return self._d.tensor(k)
-
-    def __iter__(self) -> Any:
-        return iter(self._d.names)
-
-    def __len__(self) -> int:
-        return len(self._d.meta["tensors"])
 
 
 def load_grad_dump(path: str | Path) -> GradDump:
@@ -387,12 +330,6 @@ def load_grad_dump(path: str | Path) -> GradDump:
     return GradDump(p, meta)
 
 
-def _same(what: str, a: Any, b: Any, ca: GradDump, cb: GradDump) -> None:
-    if a != b:
-        raise TunerError(f"the gradient dumps {ca.path} and {cb.path} are not of the same {what} ({a!r} vs {b!r}): "
-                         "gradient parity compares two layouts of one model from one checkpoint on one global batch")
-
-
 def compare_grad_dumps(candidate: str | Path | GradDump, reference: str | Path | GradDump,
                        thresholds: ParityThresholds | None = None) -> ParityResult:
     """:func:`compare_gradients` on two dumps, after checking they are comparable.
@@ -403,10 +340,13 @@ def compare_grad_dumps(candidate: str | Path | GradDump, reference: str | Path |
     """
     c = candidate if isinstance(candidate, GradDump) else load_grad_dump(candidate)
     r = reference if isinstance(reference, GradDump) else load_grad_dump(reference)
-    _same("model", c.meta.get("model_fingerprint"), r.meta.get("model_fingerprint"), c, r)
-    _same("checkpoint", c.meta.get("checkpoint"), r.meta.get("checkpoint"), c, r)
-    _same("batch", c.meta.get("batch"), r.meta.get("batch"), c, r)
-    return compare_gradients(c.mapping(), r.mapping(), thresholds, candidate_label=c.label, reference_label=r.label)
+    for what, key in (("model", "model_fingerprint"), ("checkpoint", "checkpoint"), ("batch", "batch")):
+        if c.meta.get(key) != r.meta.get(key):
+            raise TunerError(f"the gradient dumps {c.path} and {r.path} are not of the same {what} "
+                             f"({c.meta.get(key)!r} vs {r.meta.get(key)!r}): gradient parity compares two layouts "
+                             "of one model from one checkpoint on one global batch")
+    return compare_gradients({n: c.tensor(n) for n in c.meta["tensors"]}, {n: r.tensor(n) for n in r.meta["tensors"]},
+                             thresholds, candidate_label=c.label, reference_label=r.label)
 
 
 def parity_block(result: ParityResult, *, date: str = "", gpu: str = "", seconds: float | None = None,
@@ -434,8 +374,5 @@ def parity_block(result: ParityResult, *, date: str = "", gpu: str = "", seconds
 
 
 def _sig(x: float, n: int = 3) -> float | None:
-    if not isinstance(x, (int, float)) or not math.isfinite(x):
-        return None
-    if x == 0:
-        return 0.0
-    return float(f"{x:.{n}g}")
+    """``x`` to ``n`` significant digits (17: exact); None when it is not finite."""
+    return float(f"{x:.{n}g}") if math.isfinite(x) else None
