@@ -137,19 +137,10 @@ class ComponentResult:
     def entry(self, *, shape: str, gpu: str, date: str, note: str = "") -> dict[str, Any]:
         """The recipe's ``correctness.component_tests`` entry in the seed's form (test, shape, gpu, date, result,
         detail, note)."""
-        offl = "offload" in self.arms
-        return {
-            "test": "precision-aware Adam on the GPU"
-            + (" and CPU optimizer offload (fraction 1.0, overlapped copies)" if offl else "")
-                    + ", each against an FP64 reference",
-            "shape": shape,
-            "gpu": gpu,
-            "date": date,
-            "result": self.result,
-            "detail": self.detail(),
-            "note": note or "the optimizer step is elementwise: the arms are fed the same recorded gradients as the "
-            "FP64 reference",
-        }
+        return {"test": _test_name("offload" in self.arms), "shape": shape, "gpu": gpu, "date": date,
+                "result": self.result, "detail": self.detail(),
+                "note": note or "the optimizer step is elementwise: the arms are fed the same recorded gradients as "
+                "the FP64 reference"}
 
     def to_dict(self) -> dict[str, Any]:
         return {"result": self.result, "steps": list(self.steps),
@@ -157,6 +148,11 @@ class ComponentResult:
                 "bound": {str(k): v for k, v in self.bound.items()}, "arms": self.arms, "bitwise": self.bitwise,
                 "problems": list(self.problems), "required_moments": list(self.required_moments),
                 "detail": self.detail()}
+
+
+def _test_name(offload: bool) -> str:
+    return ("precision-aware Adam on the GPU" + (" and CPU optimizer offload (fraction 1.0, overlapped copies)"
+                                                 if offload else "") + ", each against an FP64 reference")
 
 
 def _fmt(x: Any) -> str:
@@ -176,14 +172,12 @@ def decide_component_test(rows: Iterable[Mapping[str, Any]], *,
 
     Raises:
         TunerError: no row of the ``default`` arm (no bound can be set)."""
-    rows = list(rows)
     by_arm: dict[str, dict[int, Mapping[str, Any]]] = {}
     kinds: dict[str, str] = {}
     errors: dict[str, str] = {}
     bit_rows = []
     for r in rows:
-        ev = r.get("event")
-        if ev == "arm":
+        if (ev := r.get("event")) == "arm":
             by_arm.setdefault(str(r["arm"]), {})[int(r["step"])] = r
             kinds[str(r["arm"])] = str(r.get("kind", ""))
         elif ev == "arm_error":
@@ -322,9 +316,7 @@ class ComponentOutcome:
         """The ``correctness.component_tests`` entry in the seed's form."""
         shape = self.plan.spec.shape_text(self.experts or self.plan.spec.num_experts)
         if self.decision is None:
-            return {"test": "precision-aware Adam on the GPU and CPU optimizer offload (fraction 1.0, overlapped "
-                            "copies), each against an FP64 reference", "shape": shape, "gpu": self.plan.gpu,
-                    "date": self.date,
+            return {"test": _test_name(True), "shape": shape, "gpu": self.plan.gpu, "date": self.date,
                     "result": "error", "detail": self.error, "note": "the component program did not finish"}
         return self.decision.entry(shape=shape, gpu=self.plan.gpu, date=self.date)
 

@@ -99,13 +99,7 @@ class ConvergenceResult:
         return "failed " + ", ".join(self.failed_metrics) + ": " + "; ".join(self.messages)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["missing_steps"] = list(self.missing_steps)
-        d["non_finite_steps"] = list(self.non_finite_steps)
-        d["failed_metrics"] = list(self.failed_metrics)
-        d["messages"] = list(self.messages)
-        d["result"] = self.result
-        return d
+        return {**asdict(self), "result": self.result}
 
 
 def as_curve(values: Mapping[int, float] | Sequence[float], *, first_step: int = 1) -> dict[int, float]:
@@ -152,32 +146,25 @@ def compare_losses(candidate: Mapping[int, float] | Sequence[float], reference: 
     good = [s for s in common if s not in bad]
     skip = int(len(good) * th.skip_first_percent / 100.0)
     good = good[skip:]
-    c = np.array([cand[s] for s in good], dtype=float)
-    g = np.array([ref[s] for s in good], dtype=float)
     nan = float("nan")
     if len(good) < 2:
         failed.append("too_few_steps")
         msgs.append(f"{len(good)} comparable steps; need at least 2")
-        return ConvergenceResult(
-            passed=False, failed_metrics=tuple(failed), steps=len(steps), compared_steps=len(good), correlation=nan,
-            final_loss_difference=nan, pointwise_failures=0, pointwise_failure_ratio=nan, outliers=0, outlier_ratio=nan,
-            missing_steps=missing, non_finite_steps=bad, messages=tuple(msgs), thresholds=th,
-        )
-
-    m, m_failed, m_msgs = _curve_metrics(c, g, good, th)
-    failed += m_failed
-    msgs += m_msgs
+        m: dict[str, Any] = {"correlation": nan, "final_loss_difference": nan, "pointwise_failures": 0,
+                             "pointwise_failure_ratio": nan, "outliers": 0, "outlier_ratio": nan}
+    else:
+        c = np.array([cand[s] for s in good], dtype=float)
+        g = np.array([ref[s] for s in good], dtype=float)
+        m, m_failed, m_msgs = _curve_metrics(c, g, good, th)
+        failed += m_failed
+        msgs += m_msgs
     return ConvergenceResult(passed=not failed, failed_metrics=tuple(failed), steps=len(steps),
-                             compared_steps=len(good), correlation=m["correlation"],
-                             final_loss_difference=m["final_loss_difference"],
-                             pointwise_failures=int(m["pointwise_failures"]),
-                             pointwise_failure_ratio=m["pointwise_failure_ratio"], outliers=int(m["outliers"]),
-                             outlier_ratio=m["outlier_ratio"], missing_steps=missing, non_finite_steps=bad,
-                             messages=tuple(msgs), thresholds=th)
+                             compared_steps=len(good), missing_steps=missing, non_finite_steps=bad,
+                             messages=tuple(msgs), thresholds=th, **m)
 
 
 def _curve_metrics(c: np.ndarray, g: np.ndarray, good: Sequence[int],
-                   th: ConvergenceThresholds) -> tuple[dict[str, float], list[str], list[str]]:
+                   th: ConvergenceThresholds) -> tuple[dict[str, Any], list[str], list[str]]:
     """Bridge's four metrics of the candidate ``c`` against the reference ``g`` (same steps ``good``, finite, >= 2):
     the values, the failed metrics' names and their messages."""
     failed: list[str] = []
