@@ -1,10 +1,5 @@
-"""The layout options of ``tune estimate`` and ``tune check``, declared once.
-
-:class:`LayoutFlags` is one dataclass whose fields carry their ``typer.Option`` (flag names, help,
-panel) in their metadata, as megatron-core's dataclasses carry their argparse metadata.
-:func:`layout_options` adds every field as an option to a command and hands the command one
-``layout: LayoutFlags``; :meth:`LayoutFlags.to_layout` turns the flags into a :class:`Layout`.
-"""
+"""The layout options of ``tune estimate`` and ``tune check``, declared once: :class:`LayoutFlags`'s fields carry
+their ``typer.Option`` in their metadata; :func:`layout_options` gives a command all of them as one ``layout``."""
 
 from __future__ import annotations
 
@@ -64,12 +59,10 @@ class LayoutFlags:
 
     @property
     def vpp_given(self) -> bool:
-        """``--vpp`` other than its default."""
         return self.vpp != 1
 
     @property
     def split_given(self) -> bool:
-        """``--first-stage-layers`` or ``--last-stage-layers`` given."""
         return bool(self.first_stage_layers or self.last_stage_layers)
 
     def to_layout(self, world_size: int) -> Any:
@@ -107,23 +100,14 @@ class LayoutFlags:
                       use_distributed_optimizer=not self.no_distributed_optimizer)
 
 
-def _parameters() -> list[inspect.Parameter]:
-    hints = typing.get_type_hints(LayoutFlags)
-    return [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
-                              annotation=Annotated[hints[f.name], f.metadata["option"]])
-            for f in dataclasses.fields(LayoutFlags)]
-
-
-_PARAMETERS = _parameters()
-_NAMES = tuple(p.name for p in _PARAMETERS)
+_HINTS = typing.get_type_hints(LayoutFlags)
+_PARAMETERS = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                                 annotation=Annotated[_HINTS[f.name], f.metadata["option"]])
+               for f in dataclasses.fields(LayoutFlags)]
 
 
 def layout_options(func: F) -> F:
-    """Give a command every :class:`LayoutFlags` option; the command takes them as one ``layout: LayoutFlags``.
-
-    Raises:
-        TypeError: ``func`` has no ``layout`` parameter, or one of its own parameters has a layout flag's name.
-    """
+    """Give a command every :class:`LayoutFlags` option, taken as one ``layout: LayoutFlags`` (:func:`fold_options`)."""
     return fold_options(func, "layout", "LayoutFlags", _PARAMETERS, lambda v: LayoutFlags(**v), "layout options")  # type: ignore[no-any-return]
 
 

@@ -13,31 +13,8 @@ from rich.markup import escape
 from cost_model.fidelity import gaps
 from cost_model.uncertainty import error_bars
 from specs.errors import InfeasibleLayout, TunerError
-from tuner.cli._common import (
-    GIB,
-    CalOpt,
-    Col,
-    GbsOpt,
-    GpusOpt,
-    HeadroomOpt,
-    HostMemOpt,
-    LayersOpt,
-    MegatronCoreOpt,
-    ModelOpt,
-    NetOpt,
-    NetworkOpt,
-    PerNodeOpt,
-    PrecOpt,
-    PriceOpt,
-    RunChoice,
-    SeqOpt,
-    err,
-    fitted_table,
-    out,
-    require,
-    run_options,
-    say,
-)
+from tuner.cli import _common as C
+from tuner.cli._common import GIB, Col, RunChoice, err, fitted_table, out, require, run_options, say
 from tuner.cli._from import FromOpt
 from tuner.cli._layout import LayoutFlags, apply_layout_string, layout_options, split_hint
 
@@ -76,24 +53,20 @@ def rule_error(ex: InfeasibleLayout, m: Any, lay: Any) -> TunerError:
 
 
 def refuse_env_rules(lay: Any, m: Any, w: Any, c: Any, opts: Any) -> None:
-    """Refuse a layout that breaks a rule of the cluster's network or the megatron-core release (``dispatcher_fabric``,
-    ``query_groups_tp``): the estimate itself does not check them (the search's enumeration does).
-
-    Raises:
-        TunerError: the first such rule broken, with its reason.
-    """
+    """Raise a TunerError for the first rule of the cluster's network or the megatron-core release the layout breaks
+    (``dispatcher_fabric``, ``query_groups_tp``): the estimate does not check them (the search's enumeration does)."""
     from search_spaces.rules import RuleEnv, check_layout
 
-    broken = [(r, why) for r,
-              why in check_layout(lay, m, w, RuleEnv.of(c, opts)) if r in ("dispatcher_fabric", "query_groups_tp")]
+    broken = [(r, why) for r, why in check_layout(lay, m, w, RuleEnv.of(c, opts))
+              if r in ("dispatcher_fabric", "query_groups_tp")]
     if broken:
         raise TunerError(f"the layout breaks rule {broken[0][0]}: {broken[0][1]}")
 
 
 def _inputs(model: str | None, gpus: str | None, gpus_per_node: int | None, network_gbps: float | None,
-            usd: float | None,
-            seq_len: int, global_batch: int, precision: str, layers: int | None, network: str | None = None,
-            host_memory_gib: float | None = None, task: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
+            usd: float | None, seq_len: int, global_batch: int, precision: str, layers: int | None,
+            network: str | None = None, host_memory_gib: float | None = None,
+            task: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
     """(model, cluster, workload) of the command line; ``layers`` slices the model as ``tune --layers`` does.
 
     Raises:
@@ -126,11 +99,11 @@ def estimate(
     layout: LayoutFlags,
     run: RunChoice,
     from_file: FromOpt = None,
-    model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None,
-    network_gbps: NetOpt = None,
-    usd_per_gpu_hour: PriceOpt = None, seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
-    calibration: CalOpt = None, memory_headroom: HeadroomOpt = None,
-    network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None, host_memory_gib: HostMemOpt = None,
+    model: C.ModelOpt = None, gpus: C.GpusOpt = None, layers: C.LayersOpt = None, gpus_per_node: C.PerNodeOpt = None,
+    network_gbps: C.NetOpt = None, usd_per_gpu_hour: C.PriceOpt = None, seq_len: C.SeqOpt = 8192,
+    global_batch: C.GbsOpt = 128, precision: C.PrecOpt = "bf16", calibration: C.CalOpt = None,
+    memory_headroom: C.HeadroomOpt = None, network: C.NetworkOpt = None, megatron_core: C.MegatronCoreOpt = None,
+    host_memory_gib: C.HostMemOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as JSON.")] = False,
     plot: Annotated[Path | None, typer.Option("--plot", help=(
         "Also draw the memory and time parts as stacked bars (PNG)."))] = None,
@@ -204,9 +177,10 @@ def estimate(
 @app.command()
 @layout_options
 @run_options
-def check(layout: LayoutFlags, run: RunChoice, model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None,
-          gpus_per_node: PerNodeOpt = None, seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128,
-          precision: PrecOpt = "bf16", network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None) -> None:
+def check(layout: LayoutFlags, run: RunChoice, model: C.ModelOpt = None, gpus: C.GpusOpt = None,
+          layers: C.LayersOpt = None, gpus_per_node: C.PerNodeOpt = None, seq_len: C.SeqOpt = 8192,
+          global_batch: C.GbsOpt = 128, precision: C.PrecOpt = "bf16", network: C.NetworkOpt = None,
+          megatron_core: C.MegatronCoreOpt = None) -> None:
     """Is a layout valid under Megatron's rules? Lists every rule it breaks (exit 2 if any).
 
     With --pipeline-layout the string is checked with Megatron's layout grammar and rules, and the

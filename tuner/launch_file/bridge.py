@@ -4,6 +4,7 @@ Megatron-LM arguments."""
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping, Set
 from typing import Any
 
@@ -13,10 +14,8 @@ from tuner.launch_file.args import _BRIDGE_NO_EFFECT, NO_EFFECT_ARGS, LaunchTask
 
 #: Sections of a Megatron-Bridge ``ConfigContainer`` (``training/config.py``) whose settings do not change the estimate.
 _BRIDGE_NO_EFFECT_SECTIONS = frozenset({"scheduler", "logger", "checkpoint", "rng", "tokenizer", "validation",
-                                        "profiling",
-                                         "rerun_state_machine", "ft", "straggler", "nvrx_straggler",
-                                        "inprocess_restart",
-                                         "tensor_inspect", "env_vars"})
+                                        "profiling", "rerun_state_machine", "ft", "straggler", "nvrx_straggler",
+                                        "inprocess_restart", "tensor_inspect", "env_vars"})
 #: Sections read setting by setting.
 _BRIDGE_SECTIONS = frozenset({"model", "train", "dataset", "optimizer", "ddp", "dist", "comm_overlap",
                               "mixed_precision", "peft"})
@@ -213,10 +212,7 @@ def _gpu_words(gpus: str | None) -> tuple[int | None, str | None]:
         return None, None
     parts = gpus.strip().split("x")
     nums = [int(x) for x in parts[:-1] if x.isdigit()]
-    count = 1
-    for n in nums:
-        count *= n
-    return (count if nums else None), parts[-1]
+    return (math.prod(nums) if nums else None), parts[-1]
 
 
 def _perf_matrix_args(matrix: Mapping[str, Any], label: str, gpus: str | None, precision: str | None,
@@ -261,6 +257,11 @@ def _perf_matrix_args(matrix: Mapping[str, Any], label: str, gpus: str | None, p
     argv: list[str] = list(prec_args)
     names = {a: f"{where}.{block}" for a in prec_args if a.startswith("--")}
     per_node: int | None = None
+
+    def put(at: str, flag: str, *values: str) -> None:
+        argv.extend((flag, *values))
+        names[flag] = at
+
     for part in ("common", block):
         body = entry.get(part) or {}
         if not isinstance(body, Mapping):
@@ -269,30 +270,21 @@ def _perf_matrix_args(matrix: Mapping[str, Any], label: str, gpus: str | None, p
             at = f"{where}.{part}.{k}"
             if k == "num_gpus_per_node" and isinstance(v, int):
                 per_node = v
-                argv.append(f"--empty:{at}")  # understood: sets the GPUs per node
-                names[f"--empty:{at}"] = at
+                put(at, f"--empty:{at}")  # understood: sets the GPUs per node
             elif k in _PERF_MATRIX_SETTINGS and v in (None, False, 0):
-                argv.append(f"--empty:{at}")  # understood: the script sets nothing
-                names[f"--empty:{at}"] = at
+                put(at, f"--empty:{at}")  # understood: the script sets nothing
             elif k in _PERF_MATRIX_SETTINGS and (v is True if k == "cuda_graphs" else type(v) is int and v > 0):
                 flags = _PERF_MATRIX_SETTINGS[k](v)
                 argv += flags
                 names.update({f: at for f in flags if f.startswith("--")})
             elif k in _PERF_MATRIX_UNREAD:
-                argv.append(f"--{at}")  # a placeholder without effect (its name has a dot)
-                names[f"--{at}"] = at
+                put(at, f"--{at}")  # a placeholder without effect (its name has a dot)
             elif k in _PERF_MATRIX_ARGS and isinstance(v, bool):
-                flag = _PERF_MATRIX_ARGS[k]
-                argv.append(flag if v else "--no-" + flag[2:])
-                names[argv[-1]] = at
+                put(at, _PERF_MATRIX_ARGS[k] if v else "--no-" + _PERF_MATRIX_ARGS[k][2:])
             elif k in _PERF_MATRIX_ARGS and v is None:  # unset: Megatron's default (e.g. vp: null, no virtual stages)
-                argv.append(f"--empty:{at}")
-                names[f"--empty:{at}"] = at
+                put(at, f"--empty:{at}")
             elif k in _PERF_MATRIX_ARGS:
-                argv += [_PERF_MATRIX_ARGS[k], str(v)]
-                names[_PERF_MATRIX_ARGS[k]] = at
+                put(at, _PERF_MATRIX_ARGS[k], str(v))
             else:  # a key the performance scripts do not read, or a value they would not accept
-                flag = f"--perf-matrix-{k.replace('_', '-')}"
-                argv += [flag, str(v)]
-                names[flag] = at
+                put(at, f"--perf-matrix-{k.replace('_', '-')}", str(v))
     return argv, names, gpu, int(key.removeprefix("num_gpus_")), per_node
