@@ -66,12 +66,9 @@ def breakdown_figures(items: Sequence[tuple[str, Estimate]], *, title: str = "")
 
 
 def front_trend(items: Sequence[Estimate]) -> list[str]:
-    """Sentences naming what changes most from the front's least-memory layout to its most-memory one (the items in
-    that order): the memory part that grows most (GiB) and the time parts that shrink and grow most (seconds).
-
-    Returns:
-        Up to three sentences; empty for fewer than two layouts.
-    """
+    """Sentences naming what changes most from the front's least-memory layout to its most-memory one (the items in that
+    order): the memory part that grows most (GiB) and the time parts that shrink and grow most (seconds). Returns up to
+    three sentences; empty for fewer than two layouts."""
     if len(items) < 2:
         return []
     a, b = items[0], items[-1]
@@ -94,10 +91,7 @@ def front_trend(items: Sequence[Estimate]) -> list[str]:
 def check_image_path(option: str, path: Path, *, force: bool = False) -> None:
     """Refuse an image path matplotlib cannot write, before any work: empty, a folder, a missing folder, or a suffix
     that is not one of matplotlib's file types (``FigureCanvasBase.get_supported_filetypes``: png, pdf, svg, ...).
-
-    Raises:
-        TunerError: naming ``option``, the path and what is accepted.
-    """
+    Raises TunerError: naming ``option``, the path and what is accepted."""
     from matplotlib.backend_bases import FigureCanvasBase
 
     from specs.errors import TunerError
@@ -115,11 +109,8 @@ def check_image_path(option: str, path: Path, *, force: bool = False) -> None:
 
 
 def save_figure(fig: Any, path: Path, *, force: bool = False) -> None:
-    """Draw ``fig`` in the file type of ``path``'s suffix and write it with :func:`specs.files.write_output`.
-
-    Raises:
-        TunerError: as :func:`specs.files.write_output`.
-    """
+    """Draw ``fig`` in the file type of ``path``'s suffix and write it with :func:`specs.files.write_output`. Raises
+    TunerError: as :func:`specs.files.write_output`."""
     import io
 
     from specs.files import write_output
@@ -131,11 +122,7 @@ def save_figure(fig: Any, path: Path, *, force: bool = False) -> None:
 
 def plot_breakdown(path: Path, e: Estimate, *, title: str = "") -> None:
     """A PNG of one layout's two stacked bars: memory parts (GiB per GPU, worst pipeline rank, against the usable
-    memory) and time parts (seconds per step).
-
-    Raises:
-        OSError: the file cannot be written.
-    """
+    memory) and time parts (seconds per step). Raises OSError: the file cannot be written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -186,11 +173,9 @@ _GANTT_LABELS = {"forward": "forward (F<micro-batch>)", "backward": "backward (B
 
 def plot_timelines(path: Path, traces: Sequence[dict[str, Any]], *, titles: Sequence[str] | None = None,
                    force: bool = False) -> None:
-    """A PNG Gantt chart of step traces (:func:`cost_model.timeline.step_trace`), one panel each on a common time
-    axis: per pipeline rank its forward / backward chunks and the same time by part.
-
-    Raises:
-        OSError: the file cannot be written."""
+    """A PNG Gantt chart of step traces (:func:`cost_model.timeline.step_trace`), one panel each on a common time axis:
+    per pipeline rank its forward / backward chunks and the same time by part. Raises OSError: the file cannot be
+    written."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -205,11 +205,8 @@ class TuneGroup(TyperGroup):
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, windows_expand_args: bool = True, **extra: Any) -> Any:
-        """Run the command line (``args``, default ``sys.argv[1:]``) and turn every error into an exit code.
-
-        Returns:
-            The exit code when ``standalone_mode`` is False (else it exits the process with it).
-        """
+        """Run the command line (``args``, default ``sys.argv[1:]``) and turn every error into an exit code. Returns the
+        exit code when ``standalone_mode`` is False (else it exits the process with it)."""
         import signal
         import threading
 
@@ -282,11 +279,8 @@ def _is_storage_error(e: BaseException) -> bool:
 
 
 def require(value: Any, flag: str, example: str) -> Any:
-    """``value``, unless it is missing.
-
-    Raises:
-        TunerError: ``value`` is None or "" (the message shows ``flag example``).
-    """
+    """``value``, unless it is missing. Raises TunerError: ``value`` is None or "" (the message shows ``flag
+    example``)."""
     if value is None or value == "":
         raise TunerError(f"{flag} is required, e.g. {flag} {example}")
     return value
@@ -329,11 +323,8 @@ def study_flags(study: str, results_dir: Path) -> list[str]:
 
 
 def check_study_name(name: str) -> str:
-    """``name``, if it obeys the rule ``tune --study`` applies (the same rule, the same message).
-
-    Raises:
-        TunerError: the name is not 1-128 letters, digits, '.', '_' or '-' starting with a letter or digit.
-    """
+    """``name``, if it obeys the rule ``tune --study`` applies (the same rule, the same message). Raises TunerError: the
+    name is not 1-128 letters, digits, '.', '_' or '-' starting with a letter or digit."""
     from tuner.study import TuneConfig, _validate_config
 
     _validate_config(TuneConfig(model="-", gpus="-", study=name))  # checks only the study name of these inputs
@@ -360,10 +351,8 @@ def recorded_storage(config_yaml: Path) -> str | None:
 
 def load_study(study: str | None, storage: str | None, results_dir: Path, *, writes: bool = False) -> Any:
     """The Optuna study ``study`` (``--storage``, else the one ``config.yaml`` records, else
-    ``results/<study>/study.db``), a SQLite file opened read-only unless the command ``writes`` to it.
-
-    Raises:
-        TunerError: no or a bad ``--study``, no such database or study, or a storage that cannot be opened."""
+    ``results/<study>/study.db``), a SQLite file opened read-only unless the command ``writes`` to it. Raises
+    TunerError: no or a bad ``--study``, no such database or study, or a storage that cannot be opened."""
     import optuna
 
     name = check_study_name(require(study, "--study", "MiniMax-M2-8x8xH200-s8192-gbs128"))
@@ -416,11 +405,8 @@ def load_study(study: str | None, storage: str | None, results_dir: Path, *, wri
 
 
 def study_context(st: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
-    """(model, cluster, workload, config) a study made by ``tune`` was evaluated with (as stored in it).
-
-    Raises:
-        TunerError: the study was not made by ``tune`` (its inputs are not stored in it).
-    """
+    """(model, cluster, workload, config) a study made by ``tune`` was evaluated with (as stored in it). Raises
+    TunerError: the study was not made by ``tune`` (its inputs are not stored in it)."""
     from specs import Workload, parse_gpus
     from tuner.study import model_spec_from_dict
 
@@ -565,11 +551,9 @@ LoraTargetsOpt = Annotated[str | None, typer.Option("--lora-target-modules", ric
 
 def fold_options(func: Any, param: str, kind: str, added: list[inspect.Parameter],
                  build: Callable[[dict[str, Any]], Any], what: str) -> Any:
-    """``func`` with the options ``added`` in place of its parameter ``param``, which gets
-    ``build(their values by name)`` (a ``kind``): how a command takes many options as one object.
-
-    Raises:
-        TypeError: ``func`` has no ``param``, or a parameter named as an added option."""
+    """``func`` with the options ``added`` in place of its parameter ``param``, which gets ``build(their values by
+    name)`` (a ``kind``): how a command takes many options as one object. Raises TypeError: ``func`` has no ``param``,
+    or a parameter named as an added option."""
     sig = inspect.signature(func, eval_str=True)
     if param not in sig.parameters:
         raise TypeError(f"{func.__name__}: @{what.replace(' ', '_')} needs a `{param}: {kind}` parameter")
@@ -590,12 +574,9 @@ def fold_options(func: Any, param: str, kind: str, added: list[inspect.Parameter
 
 
 def run_options(func: Any) -> Any:
-    """Give a command ``--stack`` and every run flag (:data:`RUN_FLAG_OPTIONS`); the command takes them as one
-    ``run: RunChoice`` (the preset's name and the :class:`specs.stacks.RunFlags` given).
-
-    Raises:
-        TypeError: ``func`` has no ``run`` parameter, or one of its own parameters has a run flag's name.
-    """
+    """Give a command ``--stack`` and every run flag (:data:`RUN_FLAG_OPTIONS`); the command takes them as one ``run:
+    RunChoice`` (the preset's name and the :class:`specs.stacks.RunFlags` given). Raises TypeError: ``func`` has no
+    ``run`` parameter, or one of its own parameters has a run flag's name."""
     import inspect
 
     from specs.stacks import RunFlags
@@ -631,10 +612,7 @@ class RunChoice:
 
     def workload_kw(self) -> dict[str, Any]:
         """``--task``, ``--lora-rank`` and ``--lora-target-modules`` as :class:`specs.Workload` fields (those given).
-
-        Raises:
-            TunerError: ``--lora-rank`` or ``--lora-target-modules`` without ``--task lora``.
-        """
+        Raises TunerError: ``--lora-rank`` or ``--lora-target-modules`` without ``--task lora``."""
         kw: dict[str, Any] = {}
         if self.task is not None:
             kw["task"] = self.task.strip().lower()
@@ -647,11 +625,8 @@ class RunChoice:
         return kw
 
     def resolve(self, precision: str = "bf16", megatron_core: str | None = None) -> Any:
-        """:func:`specs.stacks.resolve_run_options` of these flags: a :class:`specs.stacks.StackRun`.
-
-        Raises:
-            TunerError: an unknown stack or value, or contradictory flags.
-        """
+        """:func:`specs.stacks.resolve_run_options` of these flags: a :class:`specs.stacks.StackRun`. Raises TunerError:
+        an unknown stack or value, or contradictory flags."""
         from specs.stacks import resolve_run_options
 
         return resolve_run_options(self.flags, self.stack, precision=precision, megatron_core=megatron_core)

@@ -68,11 +68,8 @@ class LayoutFlags:
     def to_layout(self, world_size: int) -> Any:
         """The :class:`Layout` of these flags on ``world_size`` GPUs, Megatron's defaults filling in (selective
         recompute of ``core_attn``; full recompute ``uniform`` over 1 layer; sequence parallelism when TP > 1); the
-        pipeline string is applied by :func:`apply_layout_string`.
-
-        Raises:
-            TunerError: ``--recompute-modules`` without ``--recompute selective``, or a value :class:`Layout`
-                refuses."""
+        pipeline string is applied by :func:`apply_layout_string`. Raises TunerError: ``--recompute-modules`` without
+        ``--recompute selective``, or a value :class:`Layout` refuses."""
         from specs.layout import Layout
 
         gran = self.recompute
@@ -147,12 +144,9 @@ def split_hint(model: Any, lay: Any) -> str:
 
 def apply_layout_string(lay: Any, model: Any, text: str, *, vpp_given: bool, split_given: bool) -> tuple[Any, bool,
                                                                                                          str]:
-    """(layout with vpp / first / last from a ``--pipeline-model-parallel-layout`` string, whether the split rules
-    must be skipped (a valid string not of the first/last form), a note).
-
-    Raises:
-        InfeasibleLayout: the string breaks Megatron's rules or contradicts --vpp / --first-stage-layers /
-            --last-stage-layers."""
+    """(layout with vpp / first / last from a ``--pipeline-model-parallel-layout`` string, whether the split rules must
+    be skipped (a valid string not of the first/last form), a note). Raises InfeasibleLayout: the string breaks
+    Megatron's rules or contradicts --vpp / --first-stage-layers / --last-stage-layers."""
     from search_spaces.pipeline import LAYOUT_RULE_ID, layer_counts_from_string, stage_layer_counts
 
     counts = layer_counts_from_string(text, lay.pp, model.num_layers, model.mtp_num_layers)

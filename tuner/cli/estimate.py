@@ -25,9 +25,7 @@ app = typer.Typer()
 
 def estimable_layout(layout: LayoutFlags, m: Any, w: Any, c: Any, opts: Any) -> Any:
     """The layout the flags give, with ``--pipeline-layout`` applied, as ``estimate`` and ``timeline`` estimate it.
-
-    Raises:
-        TunerError: a layout string the cost model cannot represent, or a network / release rule broken."""
+    Raises TunerError: a layout string the cost model cannot represent, or a network / release rule broken."""
     lay = layout.to_layout(c.num_gpus)
     if layout.pipeline_layout is not None:
         lay, odd, _ = apply_layout_string(lay, m, layout.pipeline_layout, vpp_given=layout.vpp_given,
@@ -67,10 +65,8 @@ def _inputs(model: str | None, gpus: str | None, gpus_per_node: int | None, netw
             usd: float | None, seq_len: int, global_batch: int, precision: str, layers: int | None,
             network: str | None = None, host_memory_gib: float | None = None,
             task: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
-    """(model, cluster, workload) of the command line; ``layers`` slices the model as ``tune --layers`` does.
-
-    Raises:
-        TunerError: a missing, unknown or malformed model, GPU, network or workload value."""
+    """(model, cluster, workload) of the command line; ``layers`` slices the model as ``tune --layers`` does. Raises
+    TunerError: a missing, unknown or malformed model, GPU, network or workload value."""
     from launch.harness.spec import slice_model
     from specs import Precision, Workload, load_model, parse_gpus
     from specs.hardware import network_bytes_per_s

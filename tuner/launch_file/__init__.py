@@ -42,13 +42,10 @@ def read_launch(path: str | Path, *, model: str | None = None, gpus: str | None 
                 fp8_recipe: str | None = None) -> LaunchFile:
     """Read the launch file ``path`` (see the module docstring); ``model`` (``--model``) names the model when given;
     ``gpus``, ``precision`` and ``fp8_recipe`` (``--gpus``, ``--precision``, ``--fp8-recipe``) pick the entry of a
-    Megatron-Bridge performance config's ``perf_matrix`` (:func:`_perf_matrix_args`).
-
-    Raises:
-        TunerError: the file cannot be read, is none of the accepted forms (a shell script or argument list with a
-            command that has ``--`` arguments, a Megatron-Bridge YAML, a NeMo-RL config or a ``recipe.yaml`` with a
-            ``run`` block), or names a model that is neither a preset nor given with ``--model``.
-    """
+    Megatron-Bridge performance config's ``perf_matrix`` (:func:`_perf_matrix_args`). Raises TunerError: the file cannot
+    be read, is none of the accepted forms (a shell script or argument list with a command that has ``--`` arguments, a
+    Megatron-Bridge YAML, a NeMo-RL config or a ``recipe.yaml`` with a ``run`` block), or names a model that is neither
+    a preset nor given with ``--model``."""
     p = Path(path)
     label = f"--from {str(p)!r}"
     accepted = ("accepted: a Megatron-LM / slime argument list or shell script, a Megatron-Bridge override YAML "
@@ -109,11 +106,9 @@ def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | Non
 
 
 def _some_understood(lf: LaunchFile, label: str, accepted: str) -> LaunchFile:
-    """``lf``, a Megatron-Bridge YAML read, when the tuner knows at least one of its settings (understood, or known
-    to have no effect on the estimate).
-
-    Raises:
-        TunerError: nothing in it is understood (e.g. a YAML with a ``model`` key that is no Bridge config)."""
+    """``lf``, a Megatron-Bridge YAML read, when the tuner knows at least one of its settings (understood, or known to
+    have no effect on the estimate). Raises TunerError: nothing in it is understood (e.g. a YAML with a ``model`` key
+    that is no Bridge config)."""
     if not lf.understood and not lf.no_effect:
         raise TunerError(f"{label}: none of its settings is one the tuner reads ({lf.short_summary(limit=4)}); "
                          f"{accepted}")

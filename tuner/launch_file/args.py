@@ -213,11 +213,8 @@ def _flag_values(argv: Sequence[str], names: set[str] | frozenset[str]) -> tuple
 
 
 def _identify_model(arch: Mapping[str, list[str]], given: str | None) -> tuple[str | None, int | None, tuple[str, ...]]:
-    """(preset, slice layers, notes) the architecture arguments ``arch`` name; ``given`` (``--model``) wins.
-
-    Raises:
-        TunerError: architecture arguments that match no preset (and no ``--model``).
-    """
+    """(preset, slice layers, notes) the architecture arguments ``arch`` name; ``given`` (``--model``) wins. Raises
+    TunerError: architecture arguments that match no preset (and no ``--model``)."""
     from launch.exporters._flags import model_args
     from specs import list_models, load_model
 
@@ -266,10 +263,8 @@ def _identify_model(arch: Mapping[str, list[str]], given: str | None) -> tuple[s
 def _other_model(arch: Mapping[str, list[str]], given: str, names: Mapping[str, str], label: str) -> None:
     """Refuse a Megatron-Bridge YAML whose architecture settings (:data:`_BRIDGE_IDENTITY`, ``num_layers`` above the
     preset's) are not those of the ``--model`` preset ``given``; a setting the preset leaves unset is compared only for
-    ``num_experts`` (a MoE file against a dense preset). Settings the file does not give are not compared.
-
-    Raises:
-        TunerError: a setting differs, naming each with the file's and the preset's value."""
+    ``num_experts`` (a MoE file against a dense preset). Settings the file does not give are not compared. Raises
+    TunerError: a setting differs, naming each with the file's and the preset's value."""
     from launch.exporters._flags import model_args
     from specs import load_model
 
@@ -329,15 +324,12 @@ def _layout_of(ns: argparse.Namespace, slime: bool) -> dict[str, Any]:
 
 
 def _vpp_of_stage_layers(ns: argparse.Namespace, arch: Mapping[str, list[str]], model: str | None, label: str) -> int:
-    """The virtual pipeline size ``--num-layers-per-virtual-pipeline-stage N`` gives, as Megatron-LM's
-    ``validate_args`` computes it (megatron/training/arguments.py): ``L // pp // N``, ``L`` the launch's
-    ``--num-layers`` (else the model's layer count), plus one for each of ``--account-for-embedding-in-pipeline-split``
-    and ``--account-for-loss-in-pipeline-split``.
-
-    Raises:
-        TunerError: the layer count is unknown (no ``--num-layers`` and no model), another way of giving the virtual
-            pipeline is given too, a first/last stage size is given, or the counts do not divide (Megatron's asserts).
-    """
+    """The virtual pipeline size ``--num-layers-per-virtual-pipeline-stage N`` gives, as Megatron-LM's ``validate_args``
+    computes it (megatron/training/arguments.py): ``L // pp // N``, ``L`` the launch's ``--num-layers`` (else the
+    model's layer count), plus one for each of ``--account-for-embedding-in-pipeline-split`` and
+    ``--account-for-loss-in-pipeline-split``. Raises TunerError: the layer count is unknown (no ``--num-layers`` and no
+    model), another way of giving the virtual pipeline is given too, a first/last stage size is given, or the counts do
+    not divide (Megatron's asserts)."""
     n, pp = ns.num_layers_per_virtual_pipeline_stage, ns.pipeline_model_parallel_size or 1
     flag = f"--num-layers-per-virtual-pipeline-stage {n}"
     others = [a for a, v in (("--num-virtual-stages-per-pipeline-rank", ns.num_virtual_stages_per_pipeline_rank),
@@ -359,11 +351,8 @@ def _vpp_of_stage_layers(ns: argparse.Namespace, arch: Mapping[str, list[str]], 
 
 
 def _layer_count(arch: Mapping[str, list[str]], model: str | None, why: str) -> int:
-    """The launch's ``--num-layers``, else the model's layer count.
-
-    Raises:
-        TunerError: neither is known (``why`` names what needs it).
-    """
+    """The launch's ``--num-layers``, else the model's layer count. Raises TunerError: neither is known (``why`` names
+    what needs it)."""
     if "--num-layers" in arch and arch["--num-layers"]:
         return int(arch["--num-layers"][0])
     if model is not None:
@@ -387,12 +376,9 @@ def _accounted_split(ns: argparse.Namespace, arch: Mapping[str, list[str]], mode
     that counts the embedding and/or the loss as a layer (:data:`_ACCOUNT_FLAGS`), as Megatron-LM builds them
     (megatron/core/transformer/transformer_block.py ``get_num_layers_to_build`` at d98e8a64): each of the ``pp`` ranks
     holds ``(L + accounted) / pp`` of them, and the first rank's first virtual stage one decoder layer fewer for the
-    embedding, the last rank's last one fewer for the loss. Empty when neither flag is set or pp is 1.
-
-    Raises:
-        TunerError: an uneven split or layout string given too, counts that do not divide (Megatron-LM's asserts), or
-            a rank left without decoder layers (not modelled).
-    """
+    embedding, the last rank's last one fewer for the loss. Empty when neither flag is set or pp is 1. Raises
+    TunerError: an uneven split or layout string given too, counts that do not divide (Megatron-LM's asserts), or a rank
+    left without decoder layers (not modelled)."""
     pp = ns.pipeline_model_parallel_size or 1
     if not _accounted(ns) or pp == 1:
         return {}

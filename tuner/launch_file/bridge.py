@@ -40,10 +40,7 @@ def _near_miss(key: str, where: str, keys: frozenset[str], label: str) -> None:
     (:func:`difflib.get_close_matches`, cutoff 0.85) at most two letters off; a typo would silently leave the setting at
     Megatron's default. Real settings beside a read one (``fp4_recipe``, ``tp_comm_overlap_ag``,
     ``sequence_parallel_size`` in a dumped ``ConfigContainer``) differ by a digit or by more letters, and stay named as
-    not understood.
-
-    Raises:
-        TunerError: ``key`` is a typo of one of ``keys``."""
+    not understood. Raises TunerError: ``key`` is a typo of one of ``keys``."""
     for close in difflib.get_close_matches(key, keys - {key}, n=1, cutoff=0.85):
         ops = [op for op in difflib.SequenceMatcher(None, key, close).get_opcodes() if op[0] != "equal"]
         changed = key[ops[0][1]:ops[-1][2]] + close[ops[0][3]:ops[-1][4]] if ops else ""
@@ -55,11 +52,8 @@ def _near_miss(key: str, where: str, keys: frozenset[str], label: str) -> None:
 def _lora_of(doc: Mapping[str, Any], label: str = "the file") -> LaunchTask | None:
     """The task of a ``peft`` section of Megatron-Bridge's LoRA (``_target_`` ``megatron.bridge.peft.lora.LoRA``, or
     none: an override of a recipe's LoRA): its ``dim`` (Bridge's default 32) and ``target_modules``; None for no
-    ``peft`` section.
-
-    Raises:
-        TunerError: another adapter class (priced as LoRA it would be wrong, as full training wronger), or
-            ``exclude_modules`` (Bridge adapts every linear module but those; the tuner prices named targets)."""
+    ``peft`` section. Raises TunerError: another adapter class (priced as LoRA it would be wrong, as full training
+    wronger), or ``exclude_modules`` (Bridge adapts every linear module but those; the tuner prices named targets)."""
     peft = doc.get("peft")
     if not isinstance(peft, Mapping):
         return None
@@ -219,10 +213,8 @@ def _perf_matrix_args(matrix: Mapping[str, Any], label: str, gpus: str | None, p
                       fp8_recipe: str | None) -> tuple[list[str], dict[str, str], str, int, int | None]:
     """The ``perf_matrix`` entry (``{gpu: {num_gpus_N: {common, bf16, fp8_cs}}}``) of ``--gpus`` and ``--precision`` as
     Megatron-LM arguments: (arguments, each one's ``perf_matrix.gpu.num_gpus_N.key``, GPU, GPU count, GPUs per node).
-
-    Raises:
-        TunerError: no entry for the GPU, the count or the precision (naming those the file has), or a malformed
-            matrix."""
+    Raises TunerError: no entry for the GPU, the count or the precision (naming those the file has), or a malformed
+    matrix."""
     have = {str(g).lower(): body for g, body in matrix.items() if isinstance(body, Mapping)}
     menu = "; ".join(f"{g}: {', '.join(str(k).removeprefix('num_gpus_') for k in b)} GPUs" for g, b in have.items())
     count, gpu = _gpu_words(gpus)

@@ -32,11 +32,8 @@ def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, A
 
 
 def _nemo_rl_doc(p: Path, doc: Mapping[str, Any], label: str, depth: int = 0) -> dict[str, Any]:
-    """``doc`` with its ``defaults:`` files (relative to ``p``) merged under it, as NeMo-RL's config loader does.
-
-    Raises:
-        TunerError: a ``defaults`` file that cannot be read, or a chain deeper than 8.
-    """
+    """``doc`` with its ``defaults:`` files (relative to ``p``) merged under it, as NeMo-RL's config loader does. Raises
+    TunerError: a ``defaults`` file that cannot be read, or a chain deeper than 8."""
     from specs._data import read_user_yaml
 
     parent = doc.get("defaults")
@@ -62,11 +59,9 @@ def _section(doc: Mapping[str, Any], key: str) -> Mapping[str, Any]:
 
 def _nemo_rl_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[str, str], str | None, int | None,
                                                                int | None, LaunchTask | None]:
-    """A NeMo-RL config's Megatron trainer (``policy.megatron_cfg``) as Megatron-LM arguments: (argv, names, the
-    Hugging Face id, nodes, GPUs per node, LoRA task fields or None).
-
-    Raises:
-        TunerError: the config trains with NeMo-RL's DTensor path (``policy.megatron_cfg.enabled`` false)."""
+    """A NeMo-RL config's Megatron trainer (``policy.megatron_cfg``) as Megatron-LM arguments: (argv, names, the Hugging
+    Face id, nodes, GPUs per node, LoRA task fields or None). Raises TunerError: the config trains with NeMo-RL's
+    DTensor path (``policy.megatron_cfg.enabled`` false)."""
     policy = _section(doc, "policy")
     mcfg = _section(policy, "megatron_cfg")
     if not mcfg.get("enabled"):

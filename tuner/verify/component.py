@@ -330,13 +330,11 @@ def plan_component_test(*, out_dir: str | Path, experts: int | None = None, max_
                         steps: tuple[int, ...] = (1, 3), moments: tuple[str, ...] = ("fp32",),
                         arms: tuple[str, ...] | None = None, env: Any = None, gpu: str = "H200",
                         check_machine: bool = True) -> ComponentPlan:
-    """The component test's plan, refused before any GPU time when this machine cannot run it. ``experts``: exactly
-    this many (default: as many as fit, up to ``max_experts``); ``moments``: the dtypes whose arms decide (the
-    recipe's ``exp_avg_dtype``); ``env``: a :class:`launch.harness.spec.HarnessEnv` (default probed).
-
-    Raises:
-        TunerError: no Transformer Engine (precision-aware Adam is TE's FusedAdam), no torch / megatron-core, no GPU
-            (``check_machine``), or bad ``moments``."""
+    """The component test's plan, refused before any GPU time when this machine cannot run it. ``experts``: exactly this
+    many (default: as many as fit, up to ``max_experts``); ``moments``: the dtypes whose arms decide (the recipe's
+    ``exp_avg_dtype``); ``env``: a :class:`launch.harness.spec.HarnessEnv` (default probed). Raises TunerError: no
+    Transformer Engine (precision-aware Adam is TE's FusedAdam), no torch / megatron-core, no GPU (``check_machine``),
+    or bad ``moments``."""
     from launch.harness.component import ComponentSpec
     from launch.harness.spec import HarnessEnv
 
@@ -363,10 +361,8 @@ def plan_component_test(*, out_dir: str | Path, experts: int | None = None, max_
 def run_component_test(plan: ComponentPlan, *, launcher: list[str] | None = None,
                        timeout_s: float = 900.0) -> ComponentOutcome:
     """Run the component program (one process, one GPU, killed after ``timeout_s``) and decide; writes
-    ``component_spec.json``, ``component.jsonl``, ``log.txt`` and ``component.json`` under the plan's folder.
-
-    Raises:
-        TunerError: the folder cannot be written."""
+    ``component_spec.json``, ``component.jsonl``, ``log.txt`` and ``component.json`` under the plan's folder. Raises
+    TunerError: the folder cannot be written."""
     import os
     import subprocess
     import sys

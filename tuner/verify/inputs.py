@@ -23,10 +23,8 @@ _LAYOUT_KEYS_HELP = ("tp, pp, vpp, cp, ep, etp, micro_batch_size (or mbs), recom
 
 def parse_layout_spec(text: str, world_size: int) -> Layout:
     """A layout from ``key=value`` pairs, e.g. ``tp=1,pp=1,ep=1``: :class:`Layout`'s field names plus ``mbs`` and
-    ``recompute`` (``full``: uniform, 1 layer; ``selective``: ``core_attn``); others take Megatron's defaults.
-
-    Raises:
-        TunerError: an empty string, a pair without ``=``, an unknown key or a bad value."""
+    ``recompute`` (``full``: uniform, 1 layer; ``selective``: ``core_attn``); others take Megatron's defaults. Raises
+    TunerError: an empty string, a pair without ``=``, an unknown key or a bad value."""
     if not text or not text.strip():
         raise TunerError(f"a layout is key=value pairs, e.g. 'tp=1,pp=1,ep=1'; got {text!r}")
     d: dict[str, Any] = {}
@@ -82,13 +80,9 @@ def parse_layout_spec(text: str, world_size: int) -> Layout:
 
 def check_pair(candidate: Layout, reference: Layout, model: ModelSpec, cluster: Cluster, workload: Workload,
                fault: str | None, what: str) -> None:
-    """Both layouts use all of ``cluster``'s GPUs, keep Megatron's rules, and differ (unless ``fault`` is set).
-
-    Raises:
-        InfeasibleLayout: a layout breaks one of Megatron's rules (the rule and the reason are named).
-        TunerError: a layout is for another GPU count, or the two are the same layout without a fault
-            (``what`` names the flag to change).
-    """
+    """Both layouts use all of ``cluster``'s GPUs, keep Megatron's rules, and differ (unless ``fault`` is set). Raises
+    InfeasibleLayout: a layout breaks one of Megatron's rules (the rule and the reason are named); TunerError: a layout
+    is for another GPU count, or the two are the same layout without a fault (``what`` names the flag to change)."""
     for name, lay in (("candidate", candidate), ("reference", reference)):
         if lay.world_size != cluster.num_gpus:
             raise TunerError(f"the {name} layout {lay.label} is for {lay.world_size} GPUs, the check for "
@@ -104,13 +98,9 @@ def check_pair(candidate: Layout, reference: Layout, model: ModelSpec, cluster: 
 
 def check_inputs(candidate: Layout, reference: Layout, model: ModelSpec, cluster: Cluster, workload: Workload, *,
                  fault: str | None, what: str, init_checkpoint: str | Path | None, corpus: str | Path | None) -> Any:
-    """The corpus (:func:`launch.harness.data.load_corpus`) of a check with a known ``fault``, a pair
-    :func:`check_pair` accepts and an ``init_checkpoint`` of ``model``.
-
-    Raises:
-        InfeasibleLayout: as :func:`check_pair`.
-        TunerError: as :func:`check_pair`; an unknown fault, a checkpoint of another model or a bad corpus.
-    """
+    """The corpus (:func:`launch.harness.data.load_corpus`) of a check with a known ``fault``, a pair :func:`check_pair`
+    accepts and an ``init_checkpoint`` of ``model``. Raises InfeasibleLayout: as :func:`check_pair`; TunerError: as
+    :func:`check_pair`; an unknown fault, a checkpoint of another model or a bad corpus."""
     from launch.harness.data import load_corpus
     from launch.harness.spec import FAULTS
 
@@ -125,11 +115,7 @@ def check_inputs(candidate: Layout, reference: Layout, model: ModelSpec, cluster
 
 def refuse_unrunnable(factory: Any, plan: Any, hint: str = "") -> None:
     """Refuse a check one of whose arms (``plan.arms``) cannot run here, before any runs: no GPU time on a check that
-    cannot finish.
-
-    Raises:
-        InfeasibleLayout: naming the arm and why.
-    """
+    cannot finish. Raises InfeasibleLayout: naming the arm and why."""
     for arm in plan.arms:
         why = factory(plan, arm).refusal(arm.layout, plan.model, plan.workload)
         if why:

@@ -222,11 +222,8 @@ def local_backend_factory(*, timeout_s: float = 900.0, launcher: list[str] | Non
 def run_verify(plan: VerifyPlan, backend_factory: BackendFactory | None = None, *, keep_checkpoint: bool = False,
                on_arm: Callable[[str, str], None] | None = None) -> VerifyOutcome:
     """Run both arms of ``plan`` and compare their loss curves; write ``verify.json`` and ``losses.png``. An arm that
-    fails makes the outcome ``error``, not ``fail``. ``on_arm`` gets (arm, "start" | "done" | "failed").
-
-    Raises:
-        TunerError: ``out_dir`` cannot be written.
-        InfeasibleLayout: an arm cannot run here (e.g. another GPU count)."""
+    fails makes the outcome ``error``, not ``fail``. ``on_arm`` gets (arm, "start" | "done" | "failed"). Raises
+    TunerError: ``out_dir`` cannot be written; InfeasibleLayout: an arm cannot run here (e.g. another GPU count)."""
     factory = backend_factory or local_backend_factory()
     refuse_unrunnable(factory, plan, "; check a layout this machine can run with --candidate KEY=VALUE,... (e.g. the "
                       "same layout with dispatcher=alltoall)")

@@ -135,10 +135,8 @@ class ParityThresholds:
     def from_noise(cls, noise: ParityResult | float, *, factor: float = NOISE_FACTOR,
                    floor: float = BF16_RELATIVE_FLOOR) -> ParityThresholds:
         """Thresholds ``max(factor x noise, floor)`` from ``noise``: the reference's second run against its first
-        (:func:`compare_gradients`) or its worst relative L2 error.
-
-        Raises:
-            TunerError: the noise comparison itself is broken (missing tensors, other shapes, NaN)."""
+        (:func:`compare_gradients`) or its worst relative L2 error. Raises TunerError: the noise comparison itself is
+        broken (missing tensors, other shapes, NaN)."""
         worst, worst_cos = (noise.worst_rel_l2, noise.worst_cosine) if isinstance(noise, ParityResult) else (
             float(noise), None)
         if isinstance(noise, ParityResult):
@@ -191,11 +189,8 @@ class ParityResult:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ParityResult:
-        """Inverse of :meth:`to_dict` (with ``per_tensor``); the thresholds come back as recorded.
-
-        Raises:
-            TunerError: a dict without the per-tensor rows.
-        """
+        """Inverse of :meth:`to_dict` (with ``per_tensor``); the thresholds come back as recorded. Raises TunerError: a
+        dict without the per-tensor rows."""
         if "per_tensor" not in d:
             raise TunerError("a parity result needs its per-tensor rows to be read back")
         th = d.get("thresholds")
@@ -296,11 +291,8 @@ class GradDump:
         return str(self.meta.get("label") or self.meta.get("layout_label") or self.path.name)
 
     def tensor(self, name: str) -> np.ndarray:
-        """The gradient of ``name`` (float32, memory-mapped).
-
-        Raises:
-            TunerError: the file is missing or not the recorded shape.
-        """
+        """The gradient of ``name`` (float32, memory-mapped). Raises TunerError: the file is missing or not the recorded
+        shape."""
         t = self.meta["tensors"][name]
         try:
             a: np.ndarray = np.load(self.path / t["file"], mmap_mode="r")
@@ -313,11 +305,8 @@ class GradDump:
 
 
 def load_grad_dump(path: str | Path) -> GradDump:
-    """Read a gradient dump's index.
-
-    Raises:
-        TunerError: not a folder with an ``index.json`` of format :data:`GRAD_DUMP_FORMAT`.
-    """
+    """Read a gradient dump's index. Raises TunerError: not a folder with an ``index.json`` of format
+    :data:`GRAD_DUMP_FORMAT`."""
     p = Path(path)
     idx = p / "index.json"
     try:
@@ -332,12 +321,9 @@ def load_grad_dump(path: str | Path) -> GradDump:
 
 def compare_grad_dumps(candidate: str | Path | GradDump, reference: str | Path | GradDump,
                        thresholds: ParityThresholds | None = None) -> ParityResult:
-    """:func:`compare_gradients` on two dumps, after checking they are comparable.
-
-    Raises:
-        TunerError: a dump that cannot be read, or two dumps of another model (fingerprint), another
-            starting checkpoint or another batch (data offset, global batch, sequence length, corpus).
-    """
+    """:func:`compare_gradients` on two dumps, after checking they are comparable. Raises TunerError: a dump that cannot
+    be read, or two dumps of another model (fingerprint), another starting checkpoint or another batch (data offset,
+    global batch, sequence length, corpus)."""
     c = candidate if isinstance(candidate, GradDump) else load_grad_dump(candidate)
     r = reference if isinstance(reference, GradDump) else load_grad_dump(reference)
     for what, key in (("model", "model_fingerprint"), ("checkpoint", "checkpoint"), ("batch", "batch")):

@@ -190,12 +190,10 @@ def _reusable(arm: GradParityArm, plan: GradParityPlan) -> bool:
 
 def run_grad_parity(plan: GradParityPlan, backend_factory: Callable[[GradParityPlan, GradParityArm], Any] | None = None,
                     *, on_arm: Callable[[str, str], None] | None = None) -> GradParityOutcome:
-    """Run the arms of ``plan`` (reusing the reference's dumps where they fit), set the threshold from the
-    reference's noise and compare the candidate; writes ``parity.json``.
-
-    Raises:
-        InfeasibleLayout: an arm cannot run here (checked for every arm before any runs).
-        TunerError: the folder cannot be written, or the noise measurement itself is broken."""
+    """Run the arms of ``plan`` (reusing the reference's dumps where they fit), set the threshold from the reference's
+    noise and compare the candidate; writes ``parity.json``. Raises InfeasibleLayout: an arm cannot run here (checked
+    for every arm before any runs); TunerError: the folder cannot be written, or the noise measurement itself is
+    broken."""
     factory = backend_factory or parity_backend_factory()
     refuse_unrunnable(factory, plan)
     out = Path(plan.out_dir)
