@@ -1,13 +1,10 @@
 """A user's launch as the tuner's inputs: ``tune --from FILE``.
 
-:func:`read_launch` reads a Megatron-LM / slime argument list or shell script (``MODEL_ARGS=( ... )`` arrays and
-``NAME=value`` assignments expanded where the launch uses them, ``"${MODEL_ARGS[@]}"`` included), this project's
-``recipe.yaml`` (its ``run`` block, its model and GPU), a Megatron-Bridge override YAML or performance config
-(``ConfigContainer`` and ``perf_matrix``), or a NeMo-RL config. The launch's arguments are parsed with :mod:`argparse`
-and sorted three ways (:class:`LaunchFile`): **understood** (the model, the GPUs, the workload, the layout and the run
-options the cost model prices), **known without effect** on the estimate (:data:`NO_EFFECT_ARGS`: learning rate, paths,
-logging, RL rollout settings ...) and **not understood** (named, never dropped). The arguments that are not understood
-or have no effect are kept, in order, for the exported commands (:attr:`LaunchFile.user_args`). """
+:func:`read_launch` reads a Megatron-LM / slime argument list or shell script (:mod:`.shell`), this project's
+``recipe.yaml``, a Megatron-Bridge override YAML or performance config (:mod:`.bridge`) or a NeMo-RL config
+(:mod:`.nemo_rl`). Its arguments are sorted three ways (:class:`LaunchFile`): understood (what the cost model
+prices), known without effect on the estimate (:data:`NO_EFFECT_ARGS`) and not understood (named, never dropped);
+the last two are kept, in order, for the exported commands."""
 
 from __future__ import annotations
 

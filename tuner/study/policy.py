@@ -67,45 +67,38 @@ class PolicyParams:
     """The policy's prior and rules; units: seconds, GPU-hours, fractions."""
 
     sigma: float
-    """Standard deviation of ``log(measured / predicted)`` tokens/s/GPU before any trial (the error band's)."""
+    """Standard deviation and mean (``bias``) of ``log(measured / predicted)`` tokens/s/GPU before any trial (the
+    error band's)."""
     bias: float = 0.0
-    """Mean of ``log(measured / predicted)`` before any trial (the error band's centre)."""
     shared: float = 0.58
     """``rho``: share of the band's variance common to every layout of the job: 1 - (0.102 / 0.158)^2, the held-out
     published residuals' spread within a (model, GPU, precision) group against their whole spread
     (``benchmarks/results/2026-12-07_error_bars/heldout_rows.jsonl``, 201 rows in 36 groups of 3 or more)."""
     level: float = 0.5
-    """Standard deviation of the log error common to every layout on the user's stack (see the module docstring)."""
     per_dimension: float = 0.6
-    """``c``: correlation kept for each search dimension in which two layouts differ."""
+    """``level`` and ``c`` of the module docstring."""
     run_sigma: float = RUN_SIGMA
-    """Standard deviation of one run's log throughput about its layout's mean (:data:`RUN_SIGMA`)."""
     memory_sigma: float = 0.03
-    """Standard deviation of ``log(measured / predicted)`` peak memory (the chance a layout fits)."""
+    """Standard deviation and mean (``memory_bias``) of ``log(measured / predicted)`` peak memory."""
     memory_bias: float = 0.0
     memory_shared: float = 0.54
     """Share of the memory error's variance common to every layout of the job (the memory band's ``shared``,
     :attr:`cost_model.uncertainty.Band.shared`): a measured peak or an out-of-memory moves every candidate's chance
     to fit through it (:func:`cost_model.uncertainty.chance_to_fit`)."""
     confidence: float = 0.9
-    """The stopping rule's confidence."""
     min_gain: float = 0.02
-    """The stopping rule's gain: stop when nothing may beat the incumbent by more than this fraction."""
+    """The stopping rule: stop when nothing may beat the incumbent by more than ``min_gain`` at ``confidence``."""
     startup_s: float = 300.0
-    """Seconds a trial spends before its first step (process start, model build, first step's warm-up), until a
-    trial measures it."""
+    """Seconds before a trial's first step (process start, model build, warm-up), until a trial measures it."""
     steps: int = 20
-    """Steps of a full trial."""
     max_runs: int = 3
-    """Most runs of one layout (the first and its repeats)."""
+    """Steps of a full trial; runs of one layout (the first and its repeats)."""
     gpu_hours: float | None = None
-    """Budget; None = no limit but ``max_trials``."""
     max_trials: int = 48
-    """Most trials (repeats included; slices not counted)."""
+    """Budget (None: none) and most trials (repeats included, slices not)."""
     slice_startup_s: float = 90.0
-    """Seconds a slice trial spends before its first step (one or two nodes, a few layers to build): an assumption."""
+    """Seconds before a slice trial's first step (one or two nodes, a few layers to build): an assumption."""
     max_slices: int = 400
-    """Most slice trials."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,18 +137,15 @@ class GainPolicy:
     gpus: int
     params: PolicyParams
     spent_gpu_hours: float = 0.0
-    """GPU-hours of every trial observed (earlier runs' and other workers' included)."""
     trials: int = 0
-    """Trials observed (earlier runs' and other workers' included)."""
+    """GPU-hours and trials observed (earlier runs' and other workers' included)."""
     run_trials: int = 0
-    """This run's own trials (observed with ``own``): what ``max_trials`` (``--trials``) counts."""
     run_gpu_hours: float = 0.0
-    """GPU-hours of this run's own trials and slices: what ``gpu_hours`` (``--gpu-hours``) counts."""
+    """This run's own trials and GPU-hours (observed with ``own``): what ``max_trials`` and ``gpu_hours`` count."""
     slice_step_time_s: Array | None = None
     slice_gpus: Array | None = None
     slice_sigma: Array | None = None
     slices: int = 0
-    """Slice trials observed."""
     runs: npt.NDArray[np.int64] = field(init=False)
     failed: npt.NDArray[np.bool_] = field(init=False)
     pending: npt.NDArray[np.bool_] = field(init=False)
@@ -185,8 +175,6 @@ class GainPolicy:
         p = self.params
         self.p_fit = ndtr((np.log(self.hbm_bytes / np.maximum(self.peak_bytes, 1.0)) - p.memory_bias)
                           / max(p.memory_sigma, 1e-9))
-
-    # ---- belief -----------------------------------------------------------------------------------------
 
     def _prior_cov(self, i: int) -> Array:
         p = self.params
@@ -273,8 +261,6 @@ class GainPolicy:
     def take(self, index: int) -> None:
         """Mark a candidate as being measured (so a parallel pick does not take it twice)."""
         self.pending[index] = True
-
-    # ---- choice -----------------------------------------------------------------------------------------
 
     @property
     def startup_s(self) -> float:

@@ -1,15 +1,11 @@
 """The optimizer component test (``tune verify --component optimizer``): precision-aware Adam against FP64.
 
-Precision-aware Adam as megatron-core runs it with Transformer Engine, fed the same gradients as an FP64
-reference Adam (:func:`adam_reference`); the worst tensor's relative L2 error of the update (the master weights'
-displacement from the initial weights after 1 and after 3 steps) must be within the seed's bound,
-``2 x the default GPU optimizer's error + 1e-3`` (``../shared/seeds/001_*``, its
-``correctness.component_tests``), the FP32 masters that TE rebuilds from bf16 weights and 16-bit
-remainders (:func:`reconstruct_fp32`) must be bitwise identical to an arm with explicit FP32
-masters, and every negative control must fail (:func:`decide_component_test`).
-
-The GPU program is :mod:`launch.harness.component` (:func:`run_component_test` starts it); the decision
-here is pure Python and NumPy, tested in CI on recorded numbers.
+Megatron-core's precision-aware Adam (Transformer Engine) and an FP64 Adam (:func:`adam_reference`) take the same
+gradients; the worst tensor's relative L2 error of the update after 1 and 3 steps must be within the seed's bound,
+``2 x the default GPU optimizer's error + 1e-3`` (``../shared/seeds/001_*``, ``correctness.component_tests``), the
+FP32 masters TE rebuilds from bf16 weights and 16-bit remainders (:func:`reconstruct_fp32`) must be bitwise those of
+an arm with explicit FP32 masters, and every negative control must fail (:func:`decide_component_test`). The GPU
+program is :mod:`launch.harness.component`; the decision here is NumPy, tested in CI on recorded numbers.
 """
 
 from __future__ import annotations

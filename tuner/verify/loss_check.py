@@ -1,16 +1,12 @@
 """``tune verify``: does a layout train the same numbers as a reference layout?
 
 :func:`plan_verify` plans two arms of the same model, GPUs and workload. The reference arm trains
-``warm_start_steps`` from the seed (from random weights a check compares little more than how fast each arm
-learns byte frequencies), writes a megatron-core distributed checkpoint once (``<out>/checkpoint``), loads it back
-and trains ``steps`` steps with a fresh optimizer; the candidate arm loads the same checkpoint (resharded to its
-TP/PP/VPP/EP) and trains ``steps`` steps. With ``init_checkpoint`` both load the user's checkpoint instead. Both
-see the same byte-tokenised rows in Megatron's sample order (:mod:`launch.harness.data`), the same hyperparameters
-(Adam, linear warm-up then constant learning rate, clipping 1.0, weight decay 0.1) and global batch; the loss of a
-step is the mean over the global batch. :func:`tuner.verify.convergence.compare_losses` decides.
-
-Outputs under ``<out>``: ``verify.json``, ``losses.png`` and each arm's harness folder (``reference/``,
-``candidate/``); the checkpoint is deleted afterwards unless kept. Runs on this machine's GPUs (local backend).
+``warm_start_steps`` from the seed, writes a megatron-core distributed checkpoint (``<out>/checkpoint``), loads it
+back and trains ``steps`` steps with a fresh optimizer; the candidate arm loads the same checkpoint (resharded) and
+trains ``steps`` steps (with ``init_checkpoint`` both load the user's). Both see the same byte-tokenised rows in
+Megatron's sample order (:mod:`launch.harness.data`) and hyperparameters; a step's loss is the mean over the global
+batch. :func:`tuner.verify.convergence.compare_losses` decides. Outputs under ``<out>``: ``verify.json``,
+``losses.png`` and each arm's harness folder.
 """
 
 from __future__ import annotations
@@ -38,8 +34,8 @@ __all__ = ["DEFAULT_LR", "VerifyArm", "VerifyOutcome", "VerifyPlan", "convergenc
 DEFAULT_LR = 1e-4
 #: Linear learning-rate warm-up, steps (of the warm start and of each arm's measured steps).
 DEFAULT_LR_WARMUP = 5
-#: Steps the reference arm trains from the seed before writing the check's starting checkpoint: a check
-#: that starts from random weights compares little more than how fast each arm learns byte frequencies.
+#: Steps the reference arm trains before writing the starting checkpoint: from random weights a check compares
+#: little more than how fast each arm learns byte frequencies.
 DEFAULT_WARM_START = 40
 #: Seed of the initial weights (the reference arm writes them; both arms load them).
 DEFAULT_SEED = 1234
