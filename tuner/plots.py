@@ -16,9 +16,6 @@ from cost_model.estimate import MEMORY_PARTS, TIME_PARTS
 from cost_model.types import Estimate
 from specs.units import GIB
 
-__all__ = ["check_image_path", "MEMORY_COLOURS", "TIME_COLOURS", "breakdown_figures", "front_trend", "plot_breakdown",
-           "save_figure", "plot_timelines"]
-
 #: One colour per part, shared by every chart (plotly and matplotlib take the same hex strings).
 MEMORY_COLOURS = {
     "weights": "#1f77b4", "main_grads": "#aec7e8", "optimizer": "#ff7f0e", "activations": "#2ca02c",

@@ -214,13 +214,16 @@ class TuneGroup(TyperGroup):
         # `kill`, a scheduler: as Ctrl-C
         old_term = signal.signal(signal.SIGTERM, signal.default_int_handler) if main else None
         try:
-            return self._main(args, prog_name, complete_var, standalone_mode, windows_expand_args, **extra)
+            code = self._run(args, prog_name, complete_var, windows_expand_args, **extra)
         finally:
             if old_term is not None:
                 signal.signal(signal.SIGTERM, old_term)
+        if standalone_mode:
+            sys.exit(code)
+        return code
 
-    def _main(self, args: Sequence[str] | None, prog_name: str | None, complete_var: str | None, standalone_mode: bool,
-              windows_expand_args: bool, **extra: Any) -> Any:
+    def _run(self, args: Sequence[str] | None, prog_name: str | None, complete_var: str | None,
+             windows_expand_args: bool, **extra: Any) -> int:
         argv, flag = _take_debug(sys.argv[1:] if args is None else args)
         debug = flag or os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
         extra.setdefault("obj", CliState(argv=tuple(argv), debug=debug))
@@ -260,8 +263,6 @@ class TuneGroup(TyperGroup):
                     + ("" if debug else " (re-run with --debug for the traceback, and report it)"),
                     label="[bold red]internal error:[/]", indent=0, console=err)
                 code = 1
-        if standalone_mode:
-            sys.exit(code)
         return code
 
 
@@ -577,18 +578,13 @@ def run_options(func: Any) -> Any:
     """Give a command ``--stack`` and every run flag (:data:`RUN_FLAG_OPTIONS`); the command takes them as one ``run:
     RunChoice`` (the preset's name and the :class:`specs.stacks.RunFlags` given). Raises TypeError: ``func`` has no
     ``run`` parameter, or one of its own parameters has a run flag's name."""
-    import inspect
-
     from specs.stacks import RunFlags
 
     task_names = ("task", "lora_rank", "lora_target_modules")
-    added = [inspect.Parameter("stack", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=StackOpt),
-             inspect.Parameter("task", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=TaskOpt),
-             inspect.Parameter("lora_rank", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=LoraRankOpt),
-             inspect.Parameter("lora_target_modules", inspect.Parameter.KEYWORD_ONLY, default=None,
-                               annotation=LoraTargetsOpt)]
-    added += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=a) for n,
-              a in RUN_FLAG_OPTIONS.items()]
+    options = {"stack": StackOpt, "task": TaskOpt, "lora_rank": LoraRankOpt, "lora_target_modules": LoraTargetsOpt,
+               **RUN_FLAG_OPTIONS}
+    added = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=a)
+             for n, a in options.items()]
 
     def build(v: dict[str, Any]) -> RunChoice:
         given = {n: v[n] for n in RUN_FLAG_OPTIONS}

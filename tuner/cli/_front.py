@@ -11,8 +11,6 @@ from rich.table import Table
 
 from tuner.cli._common import out, print_command, say
 
-__all__ = ["print_front", "print_ties", "table_rows"]
-
 
 def table_rows(front: list[dict[str, Any]], top: int, keep: int | None = None) -> list[dict[str, Any]]:
     """The rows of ``front`` the table prints: the first ``top`` (all when ``top`` <= 0), the last of them replaced by

@@ -16,8 +16,6 @@ from specs.errors import InfeasibleLayout, TunerError, enum_member
 from specs.layout import Dispatcher, RecomputeGranularity, RecomputeMethod
 from tuner.cli._common import fold_options
 
-__all__ = ["LayoutFlags", "layout_options", "apply_layout_string", "split_hint"]
-
 F = TypeVar("F", bound=Callable[..., Any])
 
 

@@ -10,8 +10,6 @@ import typer
 
 from tuner.cli._common import GIB, Col, fitted_table, out, say
 
-__all__ = ["app", "models", "gpus"]
-
 app = typer.Typer()
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the list as JSON (every field, at any width).")]

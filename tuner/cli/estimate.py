@@ -18,8 +18,6 @@ from tuner.cli._common import GIB, Col, RunChoice, err, fitted_table, out, requi
 from tuner.cli._from import FromOpt
 from tuner.cli._layout import LayoutFlags, apply_layout_string, layout_options, split_hint
 
-__all__ = ["app", "estimate", "check"]
-
 app = typer.Typer()
 
 

@@ -449,10 +449,9 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
         # Megatron-LM's arguments.py: without --bf16 / --fp16 the run trains in fp32 (slime turns --bf16 on itself)
         raise TunerError(f"{label}: no --bf16 (or --fp8-format): Megatron-LM would train in fp32, which is not "
                          "modelled; accepted bf16 (--bf16) or fp8 (--fp8-format)")
-    understood = sorted({w.split("=")[0] for w in argv if w.startswith("--")} - {w.split("=")[0] for w in extras
-                                                                                 if w.startswith("--")})
-    if names:
-        understood = sorted({names.get(n, n) for n in understood})
+    rename = names or {}
+    understood = [rename.get(n, n) for n in {w.split("=")[0] for w in argv if w.startswith("--")}
+                  - {w.split("=")[0] for w in extras if w.startswith("--")}]
     no_effect: list[str] = []
     not_understood: list[str] = []
     understood_empty: list[str] = []
@@ -462,13 +461,11 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
         if w.startswith("--"):
             n = w.split("=")[0]
             if n.startswith("--empty:"):
-                understood_empty.append(names.get(n, n) if names else n)
+                understood_empty.append(rename.get(n, n))
                 continue
             positive = "--" + n[5:] if n.startswith("--no-") else n
             without = n in NO_EFFECT_ARGS or (names is not None and (positive in _BRIDGE_NO_EFFECT or "." in n))
-            if names and n.startswith("--nemo-rl."):
-                without = True
-            (no_effect if without else not_understood).append(names.get(n, n) if names else n)
+            (no_effect if without else not_understood).append(rename.get(n, n))
             keep = True
         # an array the file uses but neither sets nor sources: arguments unknown
         elif (v := _VAR.match(w)) and v.group(2):

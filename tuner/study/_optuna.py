@@ -42,13 +42,6 @@ from optuna.storages import JournalStorage, RDBStorage
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import FrozenTrial, TrialState
 
-__all__ = [
-    "HEARTBEAT_ATTR", "OPTUNA_CHECKED_RELEASES", "RDB_ALEMBIC_REVISION", "RDB_SCHEMA_VERSION",
-    "HeartbeatJournalStorage", "ThreadSafeRDBStorage", "add_finished_trials", "close_storages", "create_sqlite_schema",
-    "create_trial", "retried_trial_number", "retry_history", "set_trial_state", "set_trial_user_attr",
-    "trial_id_of",
-]
-
 #: The Optuna releases (major.minor) whose private API this module was checked against, item by item.
 OPTUNA_CHECKED_RELEASES = ("5.0", "5.1")
 #: ``optuna.storages._rdb.models.SCHEMA_VERSION`` and the alembic revision of that schema (Optuna 5.0.0 and 5.1.0).

@@ -40,8 +40,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Decision", "GainPolicy", "PolicyParams", "fmt_gpu_hours"]
-
 
 def ndtr(x: Any) -> Any:
     """``scipy.special.ndtr``, imported when first asked (the import costs the main job ~0.15 s)."""

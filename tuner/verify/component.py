@@ -25,10 +25,6 @@ from launch.harness.component import COMPONENT_ARMS, AdamHyper
 from specs.errors import TunerError
 from tuner.verify.inputs import json_default
 
-__all__ = ["COMPONENT_BOUND_ABS", "COMPONENT_BOUND_FACTOR", "ComponentOutcome", "ComponentPlan", "ComponentResult",
-           "adam_reference", "component_bound", "decide_component_test", "plan_component_test", "reconstruct_fp32",
-           "run_component_test", "split_fp32"]
-
 #: The seed's bound of the component test: ``COMPONENT_BOUND_FACTOR x default error + COMPONENT_BOUND_ABS``
 #: (``../shared/seeds/001_*``: "bound 2 x the default GPU optimizer's error + 1e-3").
 COMPONENT_BOUND_FACTOR = 2.0

@@ -32,20 +32,15 @@ import numpy as np
 
 from specs.errors import TunerError
 
-__all__ = ["ConvergenceThresholds", "ConvergenceResult", "compare_losses", "as_curve"]
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ConvergenceThresholds:
-    """Megatron-Bridge ``validate_convergence`` defaults (``convergence_config``)."""
+    """Megatron-Bridge ``validate_convergence`` defaults (``convergence_config``; see the module docstring)."""
 
     correlation_threshold: float = 0.95
     high_loss_tolerance: float = 0.10
-    """Relative tolerance where the reference loss > 2.0."""
     medium_loss_tolerance: float = 0.05
-    """Relative tolerance where 0.5 < reference loss <= 2.0."""
     low_loss_tolerance: float = 0.02
-    """Relative tolerance where the reference loss <= 0.5."""
     max_outlier_ratio: float = 0.10
     """Largest fraction of steps allowed out of the point-wise tolerance (and as 3-sigma outliers)."""
     final_loss_tolerance: float = 0.03
@@ -110,21 +105,10 @@ def as_curve(values: Mapping[int, float] | Sequence[float], *, first_step: int =
 
 def compare_losses(candidate: Mapping[int, float] | Sequence[float], reference: Mapping[int, float] | Sequence[float],
                    thresholds: ConvergenceThresholds | None = None) -> ConvergenceResult:
-    """Compare a candidate loss curve to a reference (golden) curve; see the module docstring.
-
-    Args:
-        candidate: losses of the layout under test, ``{step: loss}`` or a list from step 1.
-        reference: losses of the reference layout, same form.
-        thresholds: Bridge's defaults when None.
-
-    Returns:
-        The result; ``passed`` is False when any check fails, ``failed_metrics`` says which
-        (``missing_steps``, ``non_finite``, ``correlation``, ``point_wise_tolerance``,
-        ``final_loss``, ``outliers``, or ``too_few_steps`` when fewer than 2 steps compare).
-
-    Raises:
-        TunerError: both curves are empty.
-    """
+    """Compare the losses of the layout under test with the reference's (each ``{step: loss}`` or a list from step
+    1; ``thresholds`` default to Bridge's): ``failed_metrics`` among ``missing_steps``, ``non_finite``,
+    ``correlation``, ``point_wise_tolerance``, ``final_loss``, ``outliers`` and ``too_few_steps`` (fewer than 2
+    steps compare). Raises TunerError: both curves are empty."""
     th = thresholds or ConvergenceThresholds()
     cand, ref = as_curve(candidate), as_curve(reference)
     steps = sorted(set(cand) | set(ref))

@@ -11,8 +11,6 @@ from typing import Any
 
 from tuner.verify.parity import ParityResult, parity_block
 
-__all__ = ["correctness_block", "stored_correctness"]
-
 
 def correctness_block(*, convergence: Mapping[str, Any] | None = None,
                       grad_parity: ParityResult | Mapping[str, Any] | None = None,

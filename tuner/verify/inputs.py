@@ -13,10 +13,6 @@ from specs import Cluster, ModelSpec, Workload
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 
-__all__ = ["check_inputs", "check_pair", "checkpoint_model_reasons", "json_default", "layout_text", "parse_layout_spec",
-           "refuse_unrunnable"]
-
-
 _LAYOUT_KEYS_HELP = ("tp, pp, vpp, cp, ep, etp, micro_batch_size (or mbs), recompute (none|selective|full), "
                      "dispatcher, sequence_parallel, ...")
 

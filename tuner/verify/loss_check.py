@@ -27,9 +27,6 @@ from specs.layout import Layout
 from tuner.verify.convergence import ConvergenceResult, ConvergenceThresholds, compare_losses
 from tuner.verify.inputs import check_inputs, json_default, refuse_unrunnable
 
-__all__ = ["DEFAULT_LR", "VerifyArm", "VerifyOutcome", "VerifyPlan", "convergence_block", "local_backend_factory",
-           "plan_verify", "run_verify"]
-
 #: MiniMax-M2 slice (the loss rose from 12.6 to 17.7, then spiked; bf16 noise grew into 14% differences).
 DEFAULT_LR = 1e-4
 #: Linear learning-rate warm-up, steps (of the warm start and of each arm's measured steps).
@@ -147,21 +144,11 @@ def plan_verify(model: ModelSpec, cluster: Cluster, workload: Workload, candidat
                 warm_start_steps: int = DEFAULT_WARM_START, init_checkpoint: str | Path | None = None,
                 seed: int = DEFAULT_SEED, corpus: str | Path | None = None, fault: str | None = None,
                 thresholds: ConvergenceThresholds | None = None) -> VerifyPlan:
-    """The checkpoint-once, load-many plan for a candidate / reference pair (no GPU work; see the module docstring).
-
-    Args:
-        model: the model (already sliced with ``--layers`` where needed); both layouts use all of ``cluster``.
-        steps: optimizer steps per arm (>= 3); ``lr`` the peak learning rate after ``lr_warmup_steps``.
-        warm_start_steps: steps the reference arm trains before it writes the starting checkpoint.
-        init_checkpoint: a megatron-core distributed checkpoint of this model both arms load instead (no warm start).
-        corpus: a UTF-8 text file, or None for CPython's bundled documentation.
-        fault: a deliberate bug for the candidate arm (:data:`launch.harness.spec.FAULTS`): a negative control.
-
-    Raises:
-        InfeasibleLayout: a layout breaks one of Megatron's rules (the rule and the reason are named).
-        TunerError: the layouts are for another GPU count or identical, ``steps`` < 3,
-            a bad learning rate or corpus, or an unknown fault.
-    """
+    """The checkpoint-once, load-many plan of a candidate / reference pair (see the module docstring): ``steps`` (>= 3)
+    per arm at peak ``lr`` after ``lr_warmup_steps``; ``corpus`` a UTF-8 text file (None: CPython's bundled
+    documentation); ``fault`` a deliberate bug of the candidate arm (:data:`launch.harness.spec.FAULTS`). Raises
+    InfeasibleLayout or TunerError: as :func:`tuner.verify.inputs.check_inputs`; ``steps`` < 3, a bad learning rate
+    or warm-up."""
     if steps < 3:
         raise TunerError(f"--steps must be at least 3 (a correlation needs a curve), got {steps!r}")
     if not 0 < lr < 1:

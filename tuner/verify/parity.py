@@ -27,10 +27,6 @@ import numpy as np
 from launch.harness.gather import GRAD_DUMP_FORMAT
 from specs.errors import TunerError
 
-__all__ = ["BF16_RELATIVE_FLOOR", "NOISE_FACTOR", "GradDump", "ParityResult", "ParityThresholds", "TensorDiff",
-           "compare_grad_dumps", "compare_gradients", "load_grad_dump", "parity_block", "tensor_diff"]
-
-
 #: torch.testing.assert_close's default relative tolerance for torch.bfloat16 (``rtol=1.6e-2``,
 #: torch/testing/_comparison.py ``_DTYPE_PRECISIONS``): the floor of the parity threshold.
 BF16_RELATIVE_FLOOR = 1.6e-2

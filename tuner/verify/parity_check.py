@@ -24,9 +24,6 @@ from tuner.verify.inputs import check_inputs, json_default, layout_text, refuse_
 from tuner.verify.loss_check import DEFAULT_LR
 from tuner.verify.parity import ParityResult, ParityThresholds, compare_grad_dumps, load_grad_dump, parity_block
 
-__all__ = ["GradParityArm", "GradParityOutcome", "GradParityPlan", "parity_backend_factory", "plan_grad_parity",
-           "run_grad_parity"]
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class GradParityArm:
@@ -88,18 +85,10 @@ def plan_grad_parity(model: ModelSpec, cluster: Cluster, workload: Workload, can
                      data_step_offset: int = 0, fault: str | None = None, factor: float = 10.0,
                      floor: float = 1.6e-2) -> GradParityPlan:
     """The gradient-parity plan: reference, a second reference run (its noise sets the threshold), candidate; one
-    forward and backward each from one checkpoint on one global batch (:mod:`tuner.verify.parity`).
-
-    Args:
-        init_checkpoint: a checkpoint of ``model`` every arm loads (None: the reference writes the seed's weights).
-        reference_dir: where the reference's two dumps go (default ``<out>``); reused by later candidates.
-        data_step_offset: the optimizer step whose rows are the batch.
-        factor, floor: the threshold rule (:meth:`tuner.verify.parity.ParityThresholds.from_noise`).
-
-    Raises:
-        InfeasibleLayout: a layout breaks one of Megatron's rules.
-        TunerError: another GPU count, the same layouts without a fault, a checkpoint of another model, or a bad
-            corpus, fault or threshold."""
+    forward and backward each from ``init_checkpoint`` (None: the seed's weights, written by the reference) on the
+    rows of step ``data_step_offset``. The reference's dumps go to ``reference_dir`` (default ``out_dir``), reused by
+    later candidates; ``factor`` and ``floor`` make the threshold (:meth:`ParityThresholds.from_noise`). Raises
+    InfeasibleLayout or TunerError: as :func:`tuner.verify.inputs.check_inputs`, or a bad threshold rule."""
     if not (factor >= 1 and 0 < floor < 1):
         raise TunerError(f"--noise-factor must be >= 1 and --noise-floor in (0, 1), got {factor!r}, {floor!r}")
     c = check_inputs(candidate, reference, model, cluster, workload, fault=fault, what="reference",
