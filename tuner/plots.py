@@ -156,14 +156,8 @@ def plot_breakdown(path: Path, e: Estimate, *, title: str = "") -> None:
 
 
 #: Gantt colours of the trace's event categories (:mod:`cost_model.timeline`).
-_GANTT = {
-    "forward": "#6baed6", "backward": "#2171b5", "compute": TIME_COLOURS["compute"],
-    "recompute": TIME_COLOURS["recompute"],
-    "tp_comm": TIME_COLOURS["tp_comm"], "cp_comm": TIME_COLOURS["cp_comm"], "ep_comm": TIME_COLOURS["ep_comm"],
-    "pp_p2p": TIME_COLOURS["pp_p2p"],
-    "dp_comm": TIME_COLOURS["dp_comm"], "optimizer": TIME_COLOURS["optimizer"], "offload": TIME_COLOURS["offload"],
-    "hidden": "#bdbdbd",
-}
+_GANTT = {"forward": "#6baed6", "backward": "#2171b5", "hidden": "#bdbdbd",
+          **{k: v for k, v in TIME_COLOURS.items() if k != "pp_bubble"}}
 _GANTT_LABELS = {"forward": "forward (F<micro-batch>)", "backward": "backward (B<micro-batch>)",
                  "hidden": "communication hidden behind compute"}
 

@@ -204,7 +204,12 @@ def check(layout: LayoutFlags, run: RunChoice, model: C.ModelOpt = None, gpus: C
     notes += [f"warning: {x}" for x in layout_warnings(lay, m, opts)]
     policy = [(r, why) for r, why in broken if r in POLICY_RULES]
     broken = [(r, why) for r, why in broken if r not in POLICY_RULES]
-    if not broken:
+    if broken:
+        out.print(f"[red]invalid[/]: {lay.label} breaks {len(broken)} rule(s):")
+        for rid, reason in broken:
+            hint = split_hint(m, lay) if rid == "pipeline_split" and layout.pipeline_layout is None else ""
+            say(f"{reason}{hint}", label=f"[{rid}]", markup=False)
+    else:
         from tuner.report import pipeline_layout_of
 
         out.print(f"[green]valid[/]: {lay.label} ({escape(m.name)}, {c.num_gpus} GPUs, seq {w.seq_length}, gbs "
@@ -212,18 +217,12 @@ def check(layout: LayoutFlags, run: RunChoice, model: C.ModelOpt = None, gpus: C
         pls = layout.pipeline_layout or pipeline_layout_of(lay, m)
         if pls:
             out.print(f"  --pipeline-model-parallel-layout '{pls}'", markup=False)
-        for rid, reason in policy:
-            say(f"(the tuner's own convention; Megatron accepts it): {reason}", label=f"note [{rid}]", markup=False)
-        for note in notes:
-            say(note, label="note:", markup=False)
-        return
-    out.print(f"[red]invalid[/]: {lay.label} breaks {len(broken)} rule(s):")
-    for rid, reason in broken:
-        hint = split_hint(m, lay) if rid == "pipeline_split" and layout.pipeline_layout is None else ""
-        say(f"{reason}{hint}", label=f"[{rid}]", markup=False)
     for rid, reason in policy:
         say(f"(the tuner's own convention; Megatron accepts it): {reason}", label=f"note [{rid}]", markup=False)
-    raise typer.Exit(code=2)
+    if broken:
+        raise typer.Exit(code=2)
+    for note in notes:
+        say(note, label="note:", markup=False)
 
 
 def _print_estimate(e: Any, d: dict[str, Any], lay: Any, m: Any, c: Any, w: Any, stack: Any, launch: Any,

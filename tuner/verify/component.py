@@ -126,13 +126,13 @@ class ComponentResult:
             parts.append("problems: " + "; ".join(self.problems))
         return "; ".join(parts)
 
-    def entry(self, *, shape: str, gpu: str, date: str, note: str = "") -> dict[str, Any]:
+    def entry(self, *, shape: str, gpu: str, date: str) -> dict[str, Any]:
         """The recipe's ``correctness.component_tests`` entry in the seed's form (test, shape, gpu, date, result,
         detail, note)."""
         return {"test": _test_name("offload" in self.arms), "shape": shape, "gpu": gpu, "date": date,
                 "result": self.result, "detail": self.detail(),
-                "note": note or "the optimizer step is elementwise: the arms are fed the same recorded gradients as "
-                "the FP64 reference"}
+                "note": "the optimizer step is elementwise: the arms are fed the same recorded gradients as the FP64 "
+                "reference"}
 
     def to_dict(self) -> dict[str, Any]:
         return {"result": self.result, "steps": list(self.steps),

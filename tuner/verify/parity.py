@@ -331,8 +331,8 @@ def compare_grad_dumps(candidate: str | Path | GradDump, reference: str | Path |
                              thresholds, candidate_label=c.label, reference_label=r.label)
 
 
-def parity_block(result: ParityResult, *, date: str = "", gpu: str = "", seconds: float | None = None,
-                 note: str = "") -> dict[str, Any]:
+def parity_block(result: ParityResult, *, date: str = "", gpu: str = "",
+                 seconds: float | None = None) -> dict[str, Any]:
     """The recipe's ``correctness.grad_parity`` entry (seed style: short fields, the worst tensors by name and
     layout)."""
     worst = [{"tensor": t.name, "rel_l2": _sig(t.rel_l2), "cosine": _sig(t.cosine, 9)} for t in result.worst_tensors(3)]
@@ -350,8 +350,8 @@ def parity_block(result: ParityResult, *, date: str = "", gpu: str = "", seconds
         d["date"] = date
     if seconds is not None:
         d["seconds"] = round(float(seconds), 1)
-    d["note"] = note or ("one forward and backward of one global batch from one checkpoint in each layout; every "
-                         "parameter's full fp32 gradient compared by relative L2 error and cosine")
+    d["note"] = ("one forward and backward of one global batch from one checkpoint in each layout; every parameter's "
+                 "full fp32 gradient compared by relative L2 error and cosine")
     return d
 
 
