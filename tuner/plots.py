@@ -1,10 +1,6 @@
-"""Charts of where a step's time and a GPU's memory go: the breakdown of one layout or of a Pareto front (stacked
-bars), and a step timeline (a Chrome trace of :mod:`cost_model.timeline`) drawn as a Gantt chart.
-
-The breakdowns come as plotly figure specs (plain dicts: ``{"data": [...], "layout": {...}}``, for
-``tuner/report_html.py``, which embeds them without importing plotly) and as matplotlib PNGs (``tune estimate
---plot``, ``tune timeline --png``). Every number is the analytical model's prediction.
-"""
+"""Charts of where a step's time and a GPU's memory go (predicted): stacked bars of one layout or a Pareto front, as
+plotly figure specs (plain dicts, for ``tuner/report_html.py``) and PNGs (``tune estimate --plot``), and a step
+timeline (:mod:`cost_model.timeline`) as a Gantt chart (``tune timeline --png``)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""What every ``tune`` command area shares: the consoles, the error boundary, shell-safe suggested
-commands, the study loading helpers and the option aliases of the job, cluster, workload and study.
-
-The area modules (``main_job``, ``estimate``, ``studies``, ``fit``, ``verify_cmd``, ``catalogue``)
-import this module and :mod:`tuner.cli._layout`; nothing here imports an area module, so the
-package has no import cycle (``tests/test_package_order.py``).
-"""
+"""What every ``tune`` command area shares: the consoles, the error boundary, shell-safe suggested commands, the
+study loading helpers and the shared options. Nothing here imports an area module (no import cycle)."""
 
 from __future__ import annotations
 

@@ -16,9 +16,8 @@
    ~50 SQL statements (~15 ms) a trial. For schema :data:`RDB_SCHEMA_VERSION` / :data:`RDB_ALEMBIC_REVISION` the rows
    go into Optuna's tables (``optuna.storages._rdb.models``) in one session; other storages take ``Study.add_trial``.
 5. **A new study file without alembic** (:func:`create_sqlite_schema`): the tables, rows and stamp ``RDBStorage``
-   would write, written directly; it then opens the file with ``skip_table_creation``, ``skip_compatibility_check``
-   and without ``_VersionManager._init_alembic`` (:class:`ThreadSafeRDBStorage` ``stamped``), saving alembic's
-   import and script walk (~0.5 s).
+   would write, written directly, then opened without ``_VersionManager._init_alembic`` (:class:`ThreadSafeRDBStorage`
+   ``stamped``): no import of alembic nor walk of its scripts (~0.5 s).
 6. **One NSGA-II generation per trial** (:func:`pin_generation`) and **whether a trial was queued**
    (:func:`is_queued`, the ``fixed_params`` system attribute): the candidate sampler draws many times in one trial,
    so the generation ``BaseGASampler.get_trial_generation`` finds on the first draw is kept on the trial
@@ -222,16 +221,9 @@ class ThreadSafeRDBStorage(RDBStorage):
 
 
 class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
-    """Optuna's ``JournalStorage`` with Optuna's heartbeat (item 3 above): the writer's clock in the trial's system
-    attribute :data:`HEARTBEAT_ATTR`; a RUNNING trial is stale when the checking worker's clock is more than the grace
-    period past it (the workers' clocks must agree, as NTP keeps them).
-
-    Args:
-        log_storage: the journal backend (``JournalFileBackend``).
-        heartbeat_interval: seconds between heartbeats (a positive integer, as for ``RDBStorage``).
-        grace_period: seconds without a heartbeat after which a RUNNING trial is stale (None: twice the interval).
-        heartbeat_stale_trial_callback: called with each trial ``fail_stale_trials`` failed.
-    """
+    """Optuna's ``JournalStorage`` with Optuna's heartbeat (item 3 above), arguments as ``RDBStorage``'s: the writer's
+    clock in the trial's system attribute :data:`HEARTBEAT_ATTR`; a RUNNING trial is stale when the checking worker's
+    clock is ``grace_period`` (default twice the interval) seconds past it (the workers' clocks must agree)."""
 
     def __init__(self, log_storage: Any, *, heartbeat_interval: int, grace_period: int | None = None,
                  heartbeat_stale_trial_callback: Callable[[optuna.Study, FrozenTrial], None] | None = None) -> None:
@@ -299,19 +291,10 @@ def _bulk_backend(study: optuna.Study) -> RDBStorage | None:
 
 
 def add_finished_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> int:
-    """Add finished trials (COMPLETE, PRUNED or FAIL; no intermediate values) to the study, numbered in order.
-
-    On an RDB storage of the pinned schema all of them go in one transaction (one write); otherwise each takes
-    ``Study.add_trial`` (one write each). Either way each trial is validated as ``Study.add_trial`` validates it,
-    and a parameter whose distribution differs from the one the study already has for it is refused.
-
-    Returns:
-        The number of transactions written (0 for no trials).
-
-    Raises:
-        ValueError: a trial is not finished, fails validation, or has a parameter distribution the study's
-            earlier trials contradict.
-    """
+    """Add finished trials (no intermediate values) to the study, numbered in order: on an RDB storage of the pinned
+    schema in one transaction, else by ``Study.add_trial`` each (item 4). Returns the transactions written. Raises
+    ValueError as ``Study.add_trial`` does (an unfinished or invalid trial, a parameter distribution the study's earlier
+    trials contradict)."""
     if not trials:
         return 0
     for t in trials:

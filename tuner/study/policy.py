@@ -112,20 +112,10 @@ class Decision:
 
 @dataclass(slots=True)
 class GainPolicy:
-    """The policy over ``n`` candidates (arrays of shape ``(n,)``; ``codes`` of shape ``(n, d)``).
-
-    Args:
-        predicted: predicted tokens/s/GPU.
-        step_time_s: predicted step time, seconds.
-        peak_bytes: predicted peak memory per GPU, bytes.
-        codes: each candidate's code in every search dimension (integers).
-        hbm_bytes: the GPU's memory, bytes.
-        gpus: GPUs a trial takes.
-        params: the prior and the rules.
-        slice_step_time_s: predicted step time of each candidate's slice, seconds (None: no slice trials).
-        slice_gpus: GPUs each candidate's slice takes.
-        slice_sigma: standard deviation of the log error of each candidate's step time that its slice does not see.
-    """
+    """The policy over ``n`` candidates: their predicted tokens/s/GPU, step time (s) and peak memory per GPU (bytes),
+    arrays of shape ``(n,)``, and ``codes`` in every search dimension, ``(n, d)``; ``hbm_bytes`` the GPU's memory,
+    ``gpus`` a trial's. Slice trials (optional): each slice's predicted step time (s), GPUs, and the standard deviation
+    of the log error of the step time its slice does not see."""
 
     predicted: Array
     step_time_s: Array

@@ -153,17 +153,11 @@ def _fmt(x: Any) -> str:
 
 def decide_component_test(rows: Iterable[Mapping[str, Any]], *,
                           required_moments: Sequence[str] = ("fp32",)) -> ComponentResult:
-    """Decide the component test from the JSON lines of :mod:`launch.harness.component` (events ``arm``,
-    ``bitwise``, ``arm_error``).
-
-    Pass when every ``test`` arm whose moments are in ``required_moments`` is within :func:`component_bound` of the
-    ``default`` arm's error at every step, the rebuilt masters are bitwise identical, and every class of bug
-    (``ComponentArm.detects``) has a ``control`` arm over the bound (or differing bitwise). A control that crashed
-    detected nothing; one within the bound is reported as "did not fail" (beta2 0.95 for 0.98 stays within it after 3
-    steps, ``benchmarks/results/h200_te_2026-12-01/call12``).
-
-    Raises:
-        TunerError: no row of the ``default`` arm (no bound can be set)."""
+    """Decide the component test from the JSON lines of :mod:`launch.harness.component`: pass when every ``test`` arm
+    whose moments are in ``required_moments`` is within :func:`component_bound` of the ``default`` arm's error at
+    every step, the rebuilt masters are bitwise identical, and every class of bug (``ComponentArm.detects``) has a
+    ``control`` arm over the bound or differing bitwise (a crashed control detected nothing; beta2 0.95 for 0.98 stays
+    within it, ``benchmarks/results/h200_te_2026-12-01/call12``). Raises TunerError: no row of the ``default`` arm."""
     by_arm: dict[str, dict[int, Mapping[str, Any]]] = {}
     kinds: dict[str, str] = {}
     errors: dict[str, str] = {}

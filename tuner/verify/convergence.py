@@ -1,24 +1,17 @@
 """Comparing two training-loss curves: Megatron-Bridge's convergence metrics, stricter about missing data.
 
-Source: ``validate_convergence`` in NVIDIA-NeMo/Megatron-Bridge
-``scripts/performance/utils/evaluate.py`` (HEAD 067f987d; ``../shared/notes/slime_minimax_bridge.md`` §3).
-Its default thresholds are the defaults of :class:`ConvergenceThresholds`:
+Source: ``validate_convergence`` in NVIDIA-NeMo/Megatron-Bridge ``scripts/performance/utils/evaluate.py``
+(067f987d), whose defaults are :class:`ConvergenceThresholds`'s:
 
-- **correlation**: Pearson correlation of the two curves (``numpy.corrcoef``) >= 0.95;
+- **correlation**: Pearson correlation of the two curves >= 0.95;
 - **final_loss**: ``|candidate[-1] - reference[-1]| / reference[-1]`` <= 3%;
-- **point_wise_tolerance**: at each step, ``|candidate - reference| / reference`` must be within
-  10% where the reference loss is above 2.0, 5% where it is in (0.5, 2.0], 2% at or below 0.5;
-  fails when more than 10% of the steps are out;
-- **outliers**: a step whose residual ``candidate - reference`` is over 3 standard deviations from the mean is an
-  outlier; fails when more than 10% of steps are (Chebyshev: at most 1/9 can be; kept for parity with Bridge);
-- ``skip_first_percent`` (default 0) drops the leading steps from the four checks above.
+- **point_wise_tolerance**: ``|candidate - reference| / reference`` within 10% where the reference loss is above
+  2.0, 5% in (0.5, 2.0], 2% at or below 0.5, at all but 10% of the steps;
+- **outliers**: at most 10% of the steps' residuals over 3 standard deviations from their mean;
+- ``skip_first_percent`` (default 0) drops the leading steps from these four.
 
-Differences from Bridge, on purpose (Bridge lets these pass silently, since NaN compares false):
-
-- **non_finite**: any NaN or Inf loss in either curve fails;
-- **missing_steps**: a step present in one curve and not the other fails (Bridge fills it with NaN);
-- a curve with no variance has no correlation: it fails as ``correlation`` unless both curves are
-  identical (then the correlation is taken as 1).
+Stricter than Bridge (where NaN compares false and passes): a NaN or Inf loss fails (**non_finite**), a step in one
+curve only fails (**missing_steps**), and a flat curve has no correlation unless both curves are identical.
 """
 
 from __future__ import annotations

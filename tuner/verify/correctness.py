@@ -16,13 +16,10 @@ def correctness_block(*, convergence: Mapping[str, Any] | None = None,
                       grad_parity: ParityResult | Mapping[str, Any] | None = None,
                       component_tests: Sequence[Mapping[str, Any]] = (), reference: str | None = None,
                       configuration: str | None = None) -> dict[str, Any]:
-    """The recipe's ``correctness`` block in the seed's form: the loss-curve check's block
-    (:func:`tuner.verify.loss_check.convergence_block`), gradient parity (a :class:`ParityResult` or its
-    :func:`parity_block`) and ``component_tests`` entries, each None / empty when not run.
-
-    ``result`` is ``pass`` only when the convergence check and gradient parity both passed and no component test
-    failed (``launch.exporters`` then marks a measured recipe ``verified``); ``fail`` when one failed; ``error`` when
-    one could not finish; else ``incomplete``."""
+    """The recipe's ``correctness`` block in the seed's form from the checks run (None / empty: not run): ``pass``
+    only when the convergence check and gradient parity passed and no component test failed (``launch.exporters``
+    then marks a measured recipe ``verified``), ``fail`` when one failed, ``error`` when one did not finish, else
+    ``incomplete``."""
     conv = dict(convergence) if convergence is not None else None
     gp = parity_block(grad_parity) if isinstance(grad_parity,
                                                  ParityResult) else (dict(grad_parity) if grad_parity is not None

@@ -1,16 +1,11 @@
-"""Gradient parity's metrics: every parameter's gradient in a candidate layout against a reference layout (pure
-NumPy; the GPU program, :mod:`launch.harness.train` with ``dump_grads``, only produces the numbers).
+"""Gradient parity's metrics (NumPy; :mod:`launch.harness.train` with ``dump_grads`` produces the numbers).
 
-From one checkpoint and one global batch, every parameter's full gradient (gathered over its shards, fp32, named
-layout-independently: :mod:`launch.harness.gather`) is compared by relative L2 error ``||c - r|| / ||r||`` (0 when
-both are zero, inf when only ``r`` is) and cosine ``<c, r> / (||c|| ||r||)`` (1 when both are zero), in float64
-over chunks. A scaled gradient (``c = 2 r``) has cosine 1 and relative error 1, so the relative error catches the
-seed's bug class and the cosine a wrong direction. Failures: ``missing_tensor``, ``shape_mismatch``,
-``non_finite``, ``relative_l2``, ``cosine``.
-
-Threshold (:meth:`ParityThresholds.from_noise`): ``max(NOISE_FACTOR x worst noise between two reference runs,
-BF16_RELATIVE_FLOOR)``; the floor because two runs of one layout may repeat bit for bit while two layouts round
-differently in bf16. The cosine threshold is ``1 - t**2 / 2`` (two vectors of equal length differing by ``t``).
+Every parameter's full fp32 gradient (:mod:`launch.harness.gather`) of the candidate and the reference, from one
+checkpoint and one global batch, is compared by relative L2 error ``||c - r|| / ||r||`` (catches a scaled gradient,
+the seed's bug class) and cosine ``<c, r> / (||c|| ||r||)`` (a wrong direction), in float64 over chunks. The
+threshold (:meth:`ParityThresholds.from_noise`) is ``max(NOISE_FACTOR x the worst noise between two reference runs,
+BF16_RELATIVE_FLOOR)`` (two runs of one layout may repeat bit for bit while two layouts round differently in bf16),
+the cosine's ``1 - t**2 / 2`` (two vectors of equal length differing by ``t``).
 """
 
 from __future__ import annotations
