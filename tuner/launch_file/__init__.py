@@ -57,7 +57,9 @@ def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | Non
                  precision: str | None, fp8_recipe: str | None) -> LaunchFile:
     if p.suffix in (".yaml", ".yml"):
         doc = read_user_yaml(text, label)
-        if isinstance(doc, Mapping) and isinstance(doc.get("policy"), Mapping):
+        if not isinstance(doc, Mapping):
+            raise TunerError(f"{label}: a YAML file of none of the accepted forms; {accepted}")
+        if isinstance(doc.get("policy"), Mapping):
             argv, names, hf, nodes, per_node, task = _nemo_rl_args(_nemo_rl_doc(p, doc, label), label)
             given = model or _preset_of_hf(hf)
             if given is None:
@@ -66,10 +68,9 @@ def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | Non
             lf = _read_args(p, "nemo-rl", [], argv, given, None, names=names)
             return replace(lf, stack="nemo-rl", nodes=nodes or lf.nodes, gpus_per_node=per_node or lf.gpus_per_node,
                            task=task or lf.task)
-        if isinstance(doc, Mapping) and isinstance(doc.get("ConfigContainer"), Mapping):  # a performance config
+        if isinstance(doc.get("ConfigContainer"), Mapping):  # a performance config
             argv, names = _bridge_args(doc["ConfigContainer"], label)
-            others = [k for k in doc if k not in ("ConfigContainer", "perf_matrix")]
-            for k in others:
+            for k in (k for k in doc if k not in ("ConfigContainer", "perf_matrix")):
                 argv.append(f"--{k}")
                 names[f"--{k}"] = str(k)
             if not isinstance(doc.get("perf_matrix"), Mapping):
@@ -83,13 +84,12 @@ def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | Non
             if count % per_node:
                 raise TunerError(f"{label}: perf_matrix: {count} GPUs are not whole nodes of {per_node}")
             return replace(lf, gpu=spec.name, nodes=count // per_node, gpus_per_node=per_node)
-        if isinstance(doc, Mapping) and any(k in doc for k in ("model", "train", "ddp",
-                                                          "optimizer")) and "schema_version" not in doc:
+        if any(k in doc for k in ("model", "train", "ddp", "optimizer")) and "schema_version" not in doc:
             argv, names = _bridge_args(doc, label)
             lf = _some_understood(_read_args(p, "megatron-bridge", [], argv, model, None, names=names), label,
                                   accepted)
             return replace(lf, task=_lora_of(doc, label) or lf.task)
-        if not (isinstance(doc, Mapping) and isinstance(doc.get("run"), str) and "schema_version" in doc):
+        if not (isinstance(doc.get("run"), str) and "schema_version" in doc):
             raise TunerError(f"{label}: a YAML file of none of the accepted forms; {accepted}")
         gpu = _section(doc, "gpu")
         launcher, argv = _safe_args(doc["run"], label, accepted)

@@ -58,9 +58,8 @@ class ConvergenceResult:
     passed: bool
     failed_metrics: tuple[str, ...]
     steps: int
-    """Steps in the union of both curves."""
     compared_steps: int
-    """Steps used by the four Bridge checks (after ``skip_first_percent``; finite in both)."""
+    """Steps in the union of both curves; those the four Bridge checks use (after ``skip_first_percent``)."""
     correlation: float
     final_loss_difference: float
     """Relative difference of the last common step's losses (fraction, not %)."""

@@ -35,26 +35,23 @@ def parse_layout_spec(text: str, world_size: int) -> Layout:
             raise TunerError(f"layout {text!r}: {k} given twice")
         d[k] = v
     d.setdefault("world_size", world_size)
-    ints = {"world_size", "tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size", "recompute_num_layers",
-            "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"}
+    numbers = {**dict.fromkeys(("world_size", "tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size",
+                                "recompute_num_layers", "num_layers_in_first_pipeline_stage",
+                                "num_layers_in_last_pipeline_stage"), int), "optimizer_offload_fraction": float}
     bools = {"sequence_parallel", "use_distributed_optimizer", "use_precision_aware_optimizer",
              "overlap_cpu_optimizer_d2h_h2d"}
     out: dict[str, Any] = {}
     for k, v in d.items():
-        if k in ints:
+        if k in numbers:
             try:
-                out[k] = int(v)
-            except (TypeError, ValueError):
-                raise TunerError(f"layout {text!r}: {k}={v!r} is not an integer") from None
+                out[k] = numbers[k](v)
+            except ValueError:
+                what = "an integer" if numbers[k] is int else "a number"
+                raise TunerError(f"layout {text!r}: {k}={v!r} is not {what}") from None
         elif k in bools:
             if str(v).lower() not in ("true", "false", "1", "0", "on", "off"):
                 raise TunerError(f"layout {text!r}: {k}={v!r} is not true/false")
             out[k] = str(v).lower() in ("true", "1", "on")
-        elif k == "optimizer_offload_fraction":
-            try:
-                out[k] = float(v)
-            except ValueError:
-                raise TunerError(f"layout {text!r}: {k}={v!r} is not a number") from None
         elif k == "recompute_modules":
             out[k] = tuple(x for x in str(v).split("+") if x)
         else:

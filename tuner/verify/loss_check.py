@@ -40,19 +40,15 @@ DEFAULT_SEED = 1234
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class VerifyArm:
-    """One training run of the check."""
+    """One training run of the check (``reference`` or ``candidate``): the reference trains ``pretrain_steps`` and
+    writes ``save_checkpoint``; both start from ``load_checkpoint``; ``fault``, a deliberate bug (negative control)."""
 
     name: str
-    """``reference`` or ``candidate``."""
     layout: Layout
     save_checkpoint: str | None
-    """Where this arm writes the initial weights before loading them back (the reference arm only)."""
     load_checkpoint: str
-    """The checkpoint this arm starts from (the same for both arms)."""
     fault: str | None = None
-    """A deliberate bug (negative control); None for a real check."""
     pretrain_steps: int = 0
-    """Warm-start steps this arm trains before writing ``save_checkpoint``."""
 
     def harness_options(self, plan: VerifyPlan) -> dict[str, Any]:
         """Fields of this arm's :class:`launch.harness.spec.HarnessSpec`."""
@@ -326,6 +322,6 @@ def convergence_block(outcome: VerifyOutcome) -> dict[str, Any]:
 
 
 def _round(x: float, nd: int) -> float | None:
-    return round(float(x), nd) if x == x and math.isfinite(x) else None
+    return round(float(x), nd) if math.isfinite(x) else None
 
 

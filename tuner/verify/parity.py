@@ -111,13 +111,11 @@ class ParityThresholds:
     """What a tensor may differ by between two layouts (see the module docstring for the rule)."""
 
     rel_l2: float = BF16_RELATIVE_FLOOR
-    """Largest relative L2 error a tensor may have."""
     cosine: float = 1.0 - BF16_RELATIVE_FLOOR**2 / 2
-    """Smallest cosine a tensor may have."""
+    """The largest relative L2 error and the smallest cosine a tensor may have."""
     noise_rel_l2: float | None = None
-    """The worst relative L2 error between two runs of the reference (None: not measured)."""
     noise_cosine: float | None = None
-    """The smallest cosine between two runs of the reference (None: not measured)."""
+    """The same between two runs of the reference (None: not measured)."""
     factor: float = NOISE_FACTOR
     floor: float = BF16_RELATIVE_FLOOR
     source: str = "floor only (the noise between two runs of the reference was not measured)"
@@ -153,9 +151,8 @@ class ParityResult:
     failed_metrics: tuple[str, ...]
     tensors: tuple[TensorDiff, ...]
     missing: tuple[str, ...] = ()
-    """Tensors of the reference that the candidate lacks."""
     extra: tuple[str, ...] = ()
-    """Tensors of the candidate that the reference lacks."""
+    """Tensors of the candidate that the reference lacks (``missing``: the other way round)."""
     thresholds: ParityThresholds = field(default_factory=ParityThresholds)
     candidate: str = "candidate"
     reference: str = "reference"

@@ -27,15 +27,14 @@ from tuner.verify.parity import ParityResult, ParityThresholds, compare_grad_dum
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class GradParityArm:
-    """One forward and backward of the parity check."""
+    """One forward and backward of the parity check: ``reference``, ``reference_repeat`` (the noise run) or
+    ``candidate``; the reference writes the seed's weights to ``save_checkpoint`` when the check has none."""
 
     name: str
-    """``reference``, ``reference_repeat`` (the noise run) or ``candidate``."""
     layout: Layout
     dump_dir: str
     fault: str | None = None
     save_checkpoint: str | None = None
-    """The reference arm writes the seed's weights here when the check has no checkpoint of its own."""
 
     def harness_options(self, plan: GradParityPlan) -> dict[str, Any]:
         return {
@@ -120,9 +119,8 @@ class GradParityOutcome:
     plan: GradParityPlan
     result: str
     parity: ParityResult | None = None
-    """The candidate against the reference."""
     noise: ParityResult | None = None
-    """The reference's second run against its first."""
+    """The reference's second run against its first (``parity``: the candidate against the reference)."""
     thresholds: ParityThresholds | None = None
     error: str = ""
     arm_seconds: dict[str, float] = field(default_factory=dict)
