@@ -63,8 +63,10 @@ def _inputs(model: str | None, gpus: str | None, gpus_per_node: int | None, netw
             usd: float | None, seq_len: int, global_batch: int, precision: str, layers: int | None,
             network: str | None = None, host_memory_gib: float | None = None,
             task: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
-    """(model, cluster, workload) of the command line; ``layers`` slices the model as ``tune --layers`` does. Raises
-    TunerError: a missing, unknown or malformed model, GPU, network or workload value."""
+    """(model, cluster, workload) of the command line; ``layers`` slices the model as ``tune --layers`` does.
+
+    Raises:
+        TunerError: a missing, unknown or malformed model, GPU, network or workload value."""
     from launch.harness.spec import slice_model
     from specs import Precision, Workload, load_model, parse_gpus
     from specs.hardware import network_bytes_per_s
