@@ -141,16 +141,11 @@ def estimate(
     d.update(predicted_low=lo, predicted_high=hi, peak_gib_low=mlo / GIB, peak_gib_high=mhi / GIB,
              error_bars=bars.to_dict(), fit=(("fits" if e.fits else "does not fit") if memory_headroom is not None else
                                              bars.fit_verdict(e.peak_bytes, e.hbm_bytes)))
-    d["pipeline_model_parallel_layout"] = pipeline_layout_of(lay, m)
-    d["network"] = c.network.key if c.network else None
-    d["megatron_core"] = opts.megatron_core
-    d["warnings"] = layout_warnings(lay, m, opts)
     found = gaps(lay, m, c.gpu, cal)
-    d["known_gaps"] = [g.long for g in found]
-    d["stack"] = stack.preset.name
-    d["task"] = w.task
-    d["run_flags"] = list(stack.overrides)
-    d["run_options"] = run_options_dict(opts)
+    d.update(pipeline_model_parallel_layout=pipeline_layout_of(lay, m), network=c.network.key if c.network else None,
+             megatron_core=opts.megatron_core, warnings=layout_warnings(lay, m, opts),
+             known_gaps=[g.long for g in found], stack=stack.preset.name, task=w.task, run_flags=list(stack.overrides),
+             run_options=run_options_dict(opts))
     if launch is not None:
         from tuner.cli._from import launch_summary
 
