@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -319,8 +319,24 @@ def compare_grad_dumps(candidate: str | Path | GradDump, reference: str | Path |
             raise TunerError(f"the gradient dumps {c.path} and {r.path} are not of the same {what} "
                              f"({c.meta.get(key)!r} vs {r.meta.get(key)!r}): gradient parity compares two layouts "
                              "of one model from one checkpoint on one global batch")
-    return compare_gradients({n: c.tensor(n) for n in c.meta["tensors"]}, {n: r.tensor(n) for n in r.meta["tensors"]},
-                             thresholds, candidate_label=c.label, reference_label=r.label)
+    return compare_gradients(_Lazy(c), _Lazy(r), thresholds, candidate_label=c.label, reference_label=r.label)
+
+
+class _Lazy(Mapping[str, np.ndarray]):
+    """A dump's tensors, each memory-mapped only while compared (a model's thousands at once would run out of file
+    descriptors)."""
+
+    def __init__(self, dump: GradDump) -> None:
+        self.dump = dump
+
+    def __getitem__(self, k: str) -> np.ndarray:
+        return self.dump.tensor(k)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.dump.meta["tensors"])
+
+    def __len__(self) -> int:
+        return len(self.dump.meta["tensors"])
 
 
 def parity_block(result: ParityResult, *, date: str = "", gpu: str = "",
